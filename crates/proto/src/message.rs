@@ -1,0 +1,126 @@
+//! The messages carried inside frames: what a stream asks for and how it ends.
+//!
+//! Every message is JSON with unknown fields refused, so a version mismatch between the host
+//! and an agent shows up as a clear error instead of silently ignored options.
+
+use serde::{Deserialize, Serialize};
+
+/// Channel numbers used in [`crate::FrameKind::Data`] and [`crate::FrameKind::Eof`] frames.
+pub mod channel {
+    /// Bytes the host sends into the stream (an import's tar stream).
+    pub const INPUT: u8 = 0;
+    pub const STDOUT: u8 = 1;
+    pub const STDERR: u8 = 2;
+    /// A pseudo-terminal's combined output.
+    pub const TERMINAL: u8 = 3;
+}
+
+/// Protocol revision; the agent announces it in [`Hello`] and the host refuses a mismatch.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Upper bound on the command string of an exec, so a request always fits in one frame.
+pub const MAX_COMMAND_LEN: usize = 256 * 1024;
+
+/// Sent by the agent on the control stream as soon as it is ready for requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Hello {
+    pub protocol: u32,
+    pub agent_version: String,
+}
+
+/// What an `Open` frame asks the agent to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Request {
+    /// Answered with `Done(Response::Pong)`; used for liveness and latency checks.
+    Ping,
+    Exec(ExecRequest),
+}
+
+/// Run `sh -c command` in the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecRequest {
+    pub command: String,
+    pub cwd: String,
+    /// Added to the agent's base environment (PATH, HOME, USER, LANG, TERM).
+    pub env: Vec<(String, String)>,
+    /// 0 means no deadline.
+    pub timeout_ms: u64,
+    /// Allocate a 24x80 pseudo-terminal; output then arrives on [`channel::TERMINAL`].
+    pub terminal: bool,
+    /// Per-channel cap on the bytes sent back; the rest is read and dropped.
+    pub output_limit: u64,
+    /// Grace period between SIGTERM and SIGKILL when the deadline passes or on cancel.
+    pub kill_grace_ms: u64,
+}
+
+/// How a stream finished successfully.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Response {
+    Pong,
+    Exit(ExecExit),
+}
+
+/// How an exec ended. Output travelled separately as `Data` frames.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecExit {
+    pub exit_code: Option<i32>,
+    /// Signal name such as `SIGKILL` when the command was killed by a signal.
+    pub signal: Option<String>,
+    pub timed_out: bool,
+    pub cancelled: bool,
+    pub duration_ms: u64,
+    /// Some output was dropped because a channel reached `output_limit`.
+    pub truncated: bool,
+}
+
+/// Payload of an `Error` frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ErrorBody {
+    pub message: String,
+}
+
+/// Encodes a message as a frame payload.
+pub fn to_payload<T: Serialize>(message: &T) -> Vec<u8> {
+    // Serialising these plain structs cannot fail: no maps with non-string keys, no
+    // fallible Serialize impls.
+    serde_json::to_vec(message).expect("protocol messages always serialise")
+}
+
+/// Decodes a frame payload, naming what was expected when it does not parse.
+pub fn from_payload<'a, T: Deserialize<'a>>(
+    what: &'static str,
+    payload: &'a [u8],
+) -> Result<T, crate::ProtoError> {
+    serde_json::from_slice(payload).map_err(|err| crate::ProtoError::BadMessage {
+        what,
+        detail: err.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_round_trip_and_unknown_fields_refused() {
+        let req = Request::Exec(ExecRequest {
+            command: "echo hi".into(),
+            cwd: "/".into(),
+            env: vec![("A".into(), "b".into())],
+            timeout_ms: 1000,
+            terminal: false,
+            output_limit: 10,
+            kill_grace_ms: 100,
+        });
+        let bytes = to_payload(&req);
+        assert_eq!(from_payload::<Request>("request", &bytes).unwrap(), req);
+        let err = from_payload::<Request>("request", br#"{"exec":{"command":"x","bogus":1}}"#);
+        assert!(err.is_err());
+    }
+}

@@ -1,1 +1,204 @@
-//! Shared helpers for the end-to-end tests.
+//! Shared helpers for the end-to-end tests: locate the built binaries, give every test its
+//! own `DYNOCAP_HOME`, run `dynocap` as a user would, and clean up sandboxes afterwards.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// `target/<profile>/` — where cargo put `dynocap` and `dynocap-agent` for this test run.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>
+    let dir = exe.parent().and_then(Path::parent).expect("test binary lives in target/<profile>/deps");
+    for bin in ["dynocap", "dynocap-agent"] {
+        assert!(
+            dir.join(bin).is_file(),
+            "{} is missing: build the workspace first (`cargo build --workspace` or `cargo test --workspace`)",
+            dir.join(bin).display()
+        );
+    }
+    dir.to_path_buf()
+}
+
+pub fn dynocap_bin() -> PathBuf {
+    bin_dir().join("dynocap")
+}
+
+/// Whether this test may run: it needs root (namespaces mapped to a host uid range, cgroups).
+/// Outside CI a non-root run skips with the reason; in CI a missing requirement is a failure,
+/// because CI runs as root and nothing may be silently skipped there.
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: needs root (user namespaces mapped to a host uid range, cgroup limits), and CI must run as root");
+    }
+    eprintln!("SKIPPED {test}: needs root (user namespaces mapped to a host uid range, cgroup limits)");
+    false
+}
+
+/// A private `DYNOCAP_HOME`; every sandbox started through it is destroyed on drop.
+pub struct TestHome {
+    dir: tempfile::TempDir,
+}
+
+impl Default for TestHome {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestHome {
+    pub fn new() -> Self {
+        // Short paths: control sockets live under it and unix socket paths are limited.
+        let dir = tempfile::Builder::new().prefix("dc").tempdir_in("/tmp").expect("temp DYNOCAP_HOME");
+        Self { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(dynocap_bin());
+        cmd.env("DYNOCAP_HOME", self.path()).env_remove("DYNOCAP_BACKEND");
+        cmd
+    }
+
+    /// Runs `dynocap ARGS` and returns its output, whatever the exit status.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command().args(args).output().expect("spawn dynocap")
+    }
+
+    /// Runs `dynocap --json ARGS`, asserts success and parses stdout.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let out = self.command().arg("--json").args(args).output().expect("spawn dynocap");
+        assert!(
+            out.status.success(),
+            "dynocap {args:?} failed ({}):\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("dynocap --json prints JSON")
+    }
+
+    /// Runs `dynocap --json ARGS`, asserts failure and returns the error object.
+    pub fn json_err(&self, args: &[&str]) -> Value {
+        let out = self.command().arg("--json").args(args).output().expect("spawn dynocap");
+        assert!(!out.status.success(), "dynocap {args:?} unexpectedly succeeded: {}", String::from_utf8_lossy(&out.stdout));
+        let value: Value = serde_json::from_slice(&out.stdout).expect("errors are JSON with --json");
+        value["error"].clone()
+    }
+
+    /// Boots a raw sandbox with extra `run` flags and returns its JSON object.
+    pub fn sandbox(&self, name: &str, flags: &[&str]) -> Value {
+        let mut args = vec!["run", name];
+        args.extend_from_slice(flags);
+        self.json(&args)
+    }
+
+    /// `dynocap --json exec NAME -- COMMAND` with extra exec flags before `--`.
+    pub fn exec(&self, name: &str, flags: &[&str], command: &str) -> Value {
+        let mut args = vec!["exec", name];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", command]);
+        self.json(&args)
+    }
+
+    /// stdout of a command that must succeed.
+    pub fn sh(&self, name: &str, command: &str) -> String {
+        let result = self.exec(name, &[], command);
+        assert_eq!(result["exitCode"], 0, "`{command}` failed: {result:#}");
+        result["stdout"].as_str().expect("stdout").to_owned()
+    }
+
+    /// Host pids of the supervisors of this home's sandboxes.
+    pub fn supervisor_pids(&self) -> Vec<i32> {
+        let db = self.path().join("catalog.db");
+        let out = Command::new("sqlite3")
+            .arg(&db)
+            .arg("SELECT supervisor_pid FROM sandboxes WHERE supervisor_pid IS NOT NULL")
+            .output()
+            .expect("sqlite3 is installed (apt-get install sqlite3)");
+        String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect()
+    }
+}
+
+impl Drop for TestHome {
+    fn drop(&mut self) {
+        let Ok(out) = self.command().args(["--json", "ps"]).output() else { return };
+        let Ok(value) = serde_json::from_slice::<Value>(&out.stdout) else { return };
+        for sandbox in value["sandboxes"].as_array().into_iter().flatten() {
+            if let Some(name) = sandbox["name"].as_str() {
+                let _ = self.command().args(["destroy", name]).output();
+            }
+        }
+    }
+}
+
+/// Host processes whose real uid is in DynoCap's guest range (guest processes run there).
+pub fn processes_in_guest_uid_range() -> Vec<(i32, u32, String)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return found };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else { continue };
+        let uid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|u| u.parse::<u32>().ok());
+        let name = status.lines().find_map(|l| l.strip_prefix("Name:")).unwrap_or("").trim().to_owned();
+        if let Some(uid) = uid {
+            if (1_000_000..1_065_536).contains(&uid) {
+                found.push((pid, uid, name));
+            }
+        }
+    }
+    found
+}
+
+/// Polls `check` until it returns true or `secs` pass.
+pub fn wait_until(secs: u64, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    check()
+}
+
+/// Every descendant of `pid` (children, grandchildren, ...) from /proc's parent links.
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut parent_of = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else { continue };
+        if let Some(ppid) = rest.split(' ').nth(1).and_then(|p| p.parse::<i32>().ok()) {
+            parent_of.push((child, ppid));
+        }
+    }
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for &(child, ppid) in &parent_of {
+            if ppid == p {
+                found.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    found
+}
+
+pub fn pid_exists(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}

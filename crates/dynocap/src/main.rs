@@ -1,1 +1,31 @@
-fn main() {}
+//! `dynocap`: the one user-facing binary. Parses the command line and hands off to the
+//! command modules; `supervise` is dispatched before any thread exists, because the jail
+//! backend forks a child that runs Rust code.
+
+mod cli;
+mod commands;
+mod doctor;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    if let cli::Command::Supervise(args) = &cli.command {
+        return commands::supervise(args);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("dynocap: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(commands::dispatch(cli))
+}

@@ -1,1 +1,20 @@
-//! placeholder
+//! DynoCap engine: everything between a caller (CLI or MCP server) and a guest — request
+//! validation, the catalog, guest images, the per-sandbox supervisor and the client that
+//! talks to it.
+
+pub mod agent_conn;
+pub mod backend;
+pub mod catalog;
+pub mod control;
+pub mod error;
+pub mod exec;
+pub mod home;
+pub mod image;
+pub mod sandboxes;
+pub mod spec;
+pub mod supervisor;
+
+pub use error::{Error, ErrorCode, Result};
+pub use exec::ExecResult;
+pub use home::Home;
+pub use sandboxes::{Engine, SandboxInfo};

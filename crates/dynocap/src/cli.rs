@@ -1,0 +1,86 @@
+//! The command line: every subcommand, flag and default, in one place.
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "dynocap", version, about = "Isolated Linux sandboxes for coding agents")]
+pub struct Cli {
+    /// Print results as JSON objects (CONTRACT.md) instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Boot a raw sandbox: a bare, ephemeral Linux box.
+    Run(RunArgs),
+    /// Run a shell command in a raw sandbox; exits with the command's exit code.
+    Exec(ExecArgs),
+    /// List raw sandboxes.
+    Ps,
+    /// Destroy a raw sandbox and release its name.
+    Destroy(TargetArgs),
+    /// Report what this machine supports and what to install or enable.
+    Doctor,
+    /// Internal: run a sandbox's supervisor (started by `run`).
+    #[command(hide = true)]
+    Supervise(SuperviseArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Sandbox name: 1-63 characters from a-z, 0-9, '_', '.', '-'.
+    pub name: String,
+    /// Lifetime in seconds (30 to 86400); the sandbox is destroyed when it ends.
+    #[arg(long = "ttl", value_name = "SECONDS")]
+    pub ttl_seconds: Option<u64>,
+    /// CPU quota in whole CPUs (default 1).
+    #[arg(long)]
+    pub cpus: Option<u64>,
+    /// Memory limit in MiB, no swap (default 1024).
+    #[arg(long = "memory-mb", value_name = "MB")]
+    pub memory_mb: Option<u64>,
+    /// Network mode (default none: loopback only).
+    #[arg(long, value_name = "MODE")]
+    pub network: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Sandbox name.
+    pub name: String,
+    /// Working directory inside the sandbox (default /).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Environment variable for the command, KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Deadline in seconds (default 30); the command's process group is killed at it.
+    #[arg(long = "timeout", value_name = "SECONDS")]
+    pub timeout_seconds: Option<u64>,
+    /// Run in a 24x80 pseudo-terminal and print the screen transcript.
+    #[arg(long)]
+    pub tty: bool,
+    /// The command, run with `sh -c`; several words are joined with spaces.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// Name (or id).
+    pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    #[arg(long)]
+    pub home: std::path::PathBuf,
+    #[arg(long)]
+    pub id: String,
+    #[arg(long = "ready-fd")]
+    pub ready_fd: i32,
+}

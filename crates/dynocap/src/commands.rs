@@ -1,0 +1,132 @@
+//! One function per subcommand: turn parsed arguments into engine calls and print results.
+
+use std::io::Write;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::ExitCode;
+
+use dynocap_engine::spec::{ExecSpec, RunSpec};
+use dynocap_engine::{Engine, Error, ExecResult, Home};
+
+use crate::cli::{Cli, Command, ExecArgs, RunArgs, SuperviseArgs};
+use crate::output::{fail, print_json, sandbox_rows, table, SANDBOX_HEADERS};
+
+pub async fn dispatch(cli: Cli) -> ExitCode {
+    let json = cli.json;
+    let result = match cli.command {
+        Command::Doctor => return crate::doctor::run(json),
+        Command::Supervise(_) => unreachable!("supervise is dispatched before the runtime starts"),
+        command => with_engine(json, command).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => fail(json, &err),
+    }
+}
+
+async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
+    let engine = Engine::new(Home::from_env()?)?;
+    match command {
+        Command::Run(args) => run(&engine, json, args).await,
+        Command::Exec(args) => exec(&engine, json, args).await,
+        Command::Ps => {
+            let sandboxes = engine.ps()?;
+            if json {
+                print_json(&serde_json::json!({ "sandboxes": sandboxes }));
+            } else {
+                print!("{}", table(SANDBOX_HEADERS, &sandbox_rows(&sandboxes)));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Destroy(args) => {
+            let destroyed = engine.destroy(&args.name).await?;
+            if json {
+                print_json(&serde_json::json!({ "destroyed": destroyed }));
+            } else {
+                println!("destroyed {destroyed}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Doctor | Command::Supervise(_) => unreachable!("handled by dispatch"),
+    }
+}
+
+async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Error> {
+    let spec = RunSpec::raw(&args.name, args.network.as_deref(), args.ttl_seconds, args.cpus, args.memory_mb)?;
+    let info = engine.run(&spec).await?;
+    if json {
+        print_json(&info);
+    } else {
+        print!("{}", table(SANDBOX_HEADERS, &sandbox_rows(std::slice::from_ref(&info))));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn exec(engine: &Engine, json: bool, args: ExecArgs) -> Result<ExitCode, Error> {
+    let env = args
+        .env
+        .iter()
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| Error::invalid(format!("--env {pair:?} must be KEY=VALUE")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let command = args.command.join(" ");
+    let spec = ExecSpec::new(&command, args.cwd.as_deref(), "/", env, args.timeout_seconds, args.tty)?;
+    let result = engine.exec(&args.name, &spec).await?;
+    if json {
+        print_json(&result);
+    } else {
+        print_exec(&result, spec.timeout_seconds);
+    }
+    Ok(exit_code_of(&result))
+}
+
+/// Writes a command's output as the command itself would have: stdout to stdout, stderr to
+/// stderr, plus a note when it was cut short.
+fn print_exec(result: &ExecResult, timeout_seconds: u64) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(result.stdout.as_deref().or(result.transcript.as_deref()).unwrap_or("").as_bytes());
+    let _ = stdout.flush();
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(result.stderr.as_deref().unwrap_or("").as_bytes());
+    if result.truncated {
+        let _ = writeln!(stderr, "dynocap: output was truncated to 1 MiB per stream");
+    }
+    if result.timed_out {
+        let _ = writeln!(stderr, "dynocap: command timed out after {timeout_seconds}s; its process group was killed");
+    }
+}
+
+/// The shell's conventions: the exit code, 128+N for signal N, 124 for a timeout.
+fn exit_code_of(result: &ExecResult) -> ExitCode {
+    if result.timed_out {
+        return ExitCode::from(124);
+    }
+    if let Some(code) = result.exit_code {
+        return ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1));
+    }
+    let signal = result
+        .signal
+        .as_deref()
+        .and_then(|name| name.parse::<nix::sys::signal::Signal>().ok())
+        .map_or(1, |s| s as i32);
+    ExitCode::from(u8::try_from(128 + signal).unwrap_or(255))
+}
+
+pub fn supervise(args: &SuperviseArgs) -> ExitCode {
+    // SAFETY: `run` started us with the ready pipe on this descriptor and nothing else in this
+    // process has taken ownership of it.
+    let ready = unsafe { OwnedFd::from_raw_fd(args.ready_fd) };
+    let home = match Home::at(args.home.clone()) {
+        Ok(home) => home,
+        Err(err) => {
+            eprintln!("dynocap supervise: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match dynocap_engine::supervisor::main(home, &args.id, ready) {
+        0 => ExitCode::SUCCESS,
+        _ => ExitCode::FAILURE,
+    }
+}

@@ -1,0 +1,83 @@
+//! How results reach a person (aligned tables) or a program (`--json`, CONTRACT.md objects),
+//! and how errors are reported in either mode.
+
+use std::process::ExitCode;
+
+use dynocap_engine::{Error, SandboxInfo};
+use serde::Serialize;
+
+pub fn print_json<T: Serialize>(value: &T) {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => println!("{text}"),
+        Err(err) => eprintln!("dynocap: cannot encode the result: {err}"),
+    }
+}
+
+/// Reports an error: a JSON error object on stdout with `--json`, a readable line on stderr
+/// otherwise. Always exits 1, so scripts can tell a refused call from a command's failure
+/// only through `--json` (`dynocap exec` uses the command's own exit code on success).
+pub fn fail(json: bool, err: &Error) -> ExitCode {
+    if json {
+        print_json(&serde_json::json!({ "error": { "code": err.code, "message": err.message } }));
+    }
+    eprintln!("dynocap: {err}");
+    ExitCode::FAILURE
+}
+
+/// A left-aligned table with a header row.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[String]| {
+        let mut text = String::new();
+        for (i, (cell, width)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                text.push_str(cell);
+            } else {
+                text.push_str(&format!("{cell:<width$}  "));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&headers.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>());
+    for row in rows {
+        line(row);
+    }
+    out
+}
+
+pub fn sandbox_rows(sandboxes: &[SandboxInfo]) -> Vec<Vec<String>> {
+    sandboxes
+        .iter()
+        .map(|s| {
+            vec![
+                s.name.clone(),
+                s.state.as_str().to_owned(),
+                s.backend.clone(),
+                s.network.clone(),
+                s.cpus.to_string(),
+                s.memory_mb.to_string(),
+                s.expires_at.clone(),
+            ]
+        })
+        .collect()
+}
+
+pub const SANDBOX_HEADERS: &[&str] = &["NAME", "STATE", "BACKEND", "NETWORK", "CPUS", "MEMORY_MB", "EXPIRES"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns() {
+        let out = table(&["A", "LONGER"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(out, "A    LONGER\nxyz  1\n");
+    }
+}

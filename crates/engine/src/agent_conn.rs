@@ -1,0 +1,164 @@
+//! The supervisor's end of the agent channel: one connection, many concurrent streams.
+//!
+//! A reader task routes each incoming frame to the stream it belongs to; a writer task owns
+//! the write half. Everything the agent sends is untrusted: frames for unknown streams are
+//! dropped, and the connection's death ends every open stream with an error.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dynocap_proto::{
+    from_payload, to_payload, Frame, FrameKind, FrameReader, FrameWriter, Hello, Request,
+    CONTROL_STREAM, GUEST_STREAM_BIT, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+
+use crate::error::{Error, Result};
+
+type Routes = Arc<Mutex<HashMap<u32, mpsc::Sender<Frame>>>>;
+
+/// Frames buffered per stream before the reader waits for that stream's consumer.
+const STREAM_QUEUE: usize = 256;
+
+#[derive(Clone)]
+pub struct AgentConn {
+    outgoing: mpsc::Sender<Frame>,
+    routes: Routes,
+    next_stream: Arc<AtomicU32>,
+}
+
+/// One request in flight: its frames, in order, until `Done` or `Error`.
+pub struct AgentStream {
+    id: u32,
+    incoming: mpsc::Receiver<Frame>,
+    outgoing: mpsc::Sender<Frame>,
+    routes: Routes,
+}
+
+impl AgentConn {
+    /// Starts the reader and writer tasks and waits for the agent's hello.
+    pub async fn start<R, W>(read: R, write: W, hello_timeout: Duration) -> Result<(Self, Hello)>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut reader = FrameReader::new(read);
+        let first = tokio::time::timeout(hello_timeout, reader.read_frame())
+            .await
+            .map_err(|_| {
+                Error::timeout(format!(
+                    "the guest agent did not answer within {}s of boot",
+                    hello_timeout.as_secs()
+                ))
+            })?
+            .map_err(|err| Error::internal(format!("waiting for the guest agent: {err}")))?
+            .ok_or_else(|| Error::internal("the guest agent exited before saying hello"))?;
+        if first.kind != FrameKind::Hello || first.stream != CONTROL_STREAM {
+            return Err(Error::internal("the guest agent spoke before saying hello"));
+        }
+        let hello: Hello = from_payload("hello", &first.payload)
+            .map_err(|err| Error::internal(err.to_string()))?;
+        if hello.protocol != PROTOCOL_VERSION {
+            return Err(Error::internal(format!(
+                "the guest agent speaks protocol {} but this dynocap speaks {}; install matching dynocap and dynocap-agent binaries",
+                hello.protocol, PROTOCOL_VERSION
+            )));
+        }
+
+        let (outgoing, mut queue) = mpsc::channel::<Frame>(1024);
+        let mut writer = FrameWriter::new(write);
+        tokio::spawn(async move {
+            while let Some(frame) = queue.recv().await {
+                if writer.write_frame(&frame).await.is_err() {
+                    break;
+                }
+            }
+        });
+
+        let routes: Routes = Arc::default();
+        let reader_routes = routes.clone();
+        tokio::spawn(async move {
+            loop {
+                let frame = match reader.read_frame().await {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(err) => {
+                        eprintln!("agent channel: {err}; closing it");
+                        break;
+                    }
+                };
+                let route = lock(&reader_routes).get(&frame.stream).cloned();
+                match route {
+                    Some(tx) => {
+                        // A consumer that went away just loses its frames.
+                        let _ = tx.send(frame).await;
+                    }
+                    None if frame.stream & GUEST_STREAM_BIT != 0 => {
+                        eprintln!("agent opened stream {:#x}, which nothing serves yet", frame.stream);
+                    }
+                    None => {}
+                }
+            }
+            // Dropping every sender ends every stream.
+            lock(&reader_routes).clear();
+        });
+
+        Ok((Self { outgoing, routes, next_stream: Arc::new(AtomicU32::new(1)) }, hello))
+    }
+
+    /// Opens a stream with `request`.
+    pub async fn open(&self, request: &Request) -> Result<AgentStream> {
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed) & !GUEST_STREAM_BIT;
+        let (tx, incoming) = mpsc::channel(STREAM_QUEUE);
+        lock(&self.routes).insert(id, tx);
+        let stream =
+            AgentStream { id, incoming, outgoing: self.outgoing.clone(), routes: self.routes.clone() };
+        stream.send(FrameKind::Open, to_payload(request)).await?;
+        Ok(stream)
+    }
+
+    /// Round trip of a ping, for health checks.
+    pub async fn ping(&self) -> Result<()> {
+        let mut stream = self.open(&Request::Ping).await?;
+        match stream.next().await {
+            Some(frame) if frame.kind == FrameKind::Done => Ok(()),
+            Some(_) => Err(Error::internal("the guest agent answered a ping with something else")),
+            None => Err(agent_gone()),
+        }
+    }
+}
+
+impl AgentStream {
+    /// The next frame of this stream; `None` when the connection closed.
+    pub async fn next(&mut self) -> Option<Frame> {
+        self.incoming.recv().await
+    }
+
+    /// Asks the agent to stop this stream's work.
+    pub async fn cancel(&self) -> Result<()> {
+        self.send(FrameKind::Cancel, Vec::new()).await
+    }
+
+    async fn send(&self, kind: FrameKind, payload: Vec<u8>) -> Result<()> {
+        self.outgoing.send(Frame::new(self.id, kind, payload)).await.map_err(|_| agent_gone())
+    }
+}
+
+impl Drop for AgentStream {
+    fn drop(&mut self) {
+        lock(&self.routes).remove(&self.id);
+    }
+}
+
+pub fn agent_gone() -> Error {
+    Error::internal("the sandbox's guest agent is gone (the sandbox was destroyed or crashed)")
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The maps stay consistent even if a holder panicked: every update is a single insert or
+    // remove. So a poisoned lock is still safe to use.
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,125 @@
+//! The seam between the supervisor and the ways of booting a guest. A backend boots a guest
+//! whose PID 1 is `dynocap-agent` and hands back a byte stream to it; everything else (exec,
+//! import, diff, egress) goes through the agent, so it behaves the same on every backend.
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+use crate::image::{Image, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
+
+/// Everything a backend needs to boot one guest.
+#[derive(Debug, Clone)]
+pub struct BootSpec {
+    /// Unique, stable id: names cgroups and state; never reused.
+    pub id: String,
+    /// The guest's hostname (the sandbox name).
+    pub hostname: String,
+    pub image: Image,
+    pub state_dir: PathBuf,
+    pub agent_binary: PathBuf,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    pub pids: u64,
+}
+
+/// A running guest.
+pub trait Guest: Send {
+    /// The host end of the agent channel (taken once).
+    fn take_channel(&mut self) -> Option<OwnedFd>;
+    /// Becomes readable when the guest has died (a pidfd for the jail).
+    fn exit_fd(&self) -> BorrowedFd<'_>;
+    /// Host pid of the guest's init (or its VMM), for logs and diagnostics.
+    fn pid(&self) -> i32;
+    /// Stops the guest and releases everything it held.
+    fn destroy(self: Box<Self>) -> Result<()>;
+}
+
+pub trait Backend {
+    fn name(&self) -> &'static str;
+    /// Boots a guest. May require the calling process to be single-threaded.
+    fn boot(&self, spec: &BootSpec) -> Result<Box<dyn Guest>>;
+    /// Removes whatever a sandbox whose supervisor died left behind. Idempotent.
+    fn cleanup_leftovers(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
+}
+
+/// Selects the backend: `DYNOCAP_BACKEND` if set, else the best one this machine supports.
+pub fn select() -> Result<Box<dyn Backend>> {
+    match std::env::var("DYNOCAP_BACKEND").ok().as_deref() {
+        None | Some("") | Some("auto") | Some("jail") => Ok(Box::new(JailBackend)),
+        Some("vm") => Err(Error::invalid(
+            "DYNOCAP_BACKEND=vm: the vm backend is not available in this build; unset DYNOCAP_BACKEND or set it to jail",
+        )),
+        Some(other) => Err(Error::invalid(format!(
+            "DYNOCAP_BACKEND={other} is not a backend; use jail, vm or auto"
+        ))),
+    }
+}
+
+/// Linux namespaces, overlay root, seccomp, cgroups (crate `dynocap-backend-jail`).
+pub struct JailBackend;
+
+struct JailGuest(dynocap_backend_jail::Jail);
+
+impl Backend for JailBackend {
+    fn name(&self) -> &'static str {
+        "jail"
+    }
+
+    fn boot(&self, spec: &BootSpec) -> Result<Box<dyn Guest>> {
+        use dynocap_backend_jail::{GuestDir, JailSpec, Limits, RoBind};
+        let jail_spec = JailSpec {
+            name: spec.hostname.clone(),
+            cgroup_name: spec.id.clone(),
+            image_root: spec.image.root.clone(),
+            ro_binds: spec
+                .image
+                .ro_binds
+                .iter()
+                .map(|(source, target)| RoBind { source: source.clone(), target: target.clone() })
+                .collect(),
+            state_dir: spec.state_dir.clone(),
+            guest_dirs: vec![GuestDir {
+                path: SANDBOX_HOME.into(),
+                uid: SANDBOX_UID,
+                gid: SANDBOX_GID,
+                mode: 0o755,
+            }],
+            agent_binary: spec.agent_binary.clone(),
+            agent_args: vec![
+                "--exec-user".into(),
+                format!("{SANDBOX_UID}:{SANDBOX_GID}"),
+                "--home".into(),
+                SANDBOX_HOME.into(),
+            ],
+            limits: Limits {
+                cpu_millis: u64::from(spec.cpus) * 1000,
+                memory_bytes: spec.memory_mb * 1024 * 1024,
+                pids: spec.pids,
+            },
+        };
+        let jail = dynocap_backend_jail::Jail::spawn(&jail_spec)
+            .map_err(|err| Error::internal(format!("booting the jail: {err}")))?;
+        Ok(Box::new(JailGuest(jail)))
+    }
+
+    fn cleanup_leftovers(&self, id: &str, state_dir: &std::path::Path) -> Result<()> {
+        dynocap_backend_jail::cleanup_leftovers(id, state_dir)
+            .map_err(|err| Error::internal(format!("cleaning up sandbox {id}: {err}")))
+    }
+}
+
+impl Guest for JailGuest {
+    fn take_channel(&mut self) -> Option<OwnedFd> {
+        self.0.take_channel()
+    }
+    fn exit_fd(&self) -> BorrowedFd<'_> {
+        self.0.pidfd()
+    }
+    fn pid(&self) -> i32 {
+        self.0.pid().as_raw()
+    }
+    fn destroy(self: Box<Self>) -> Result<()> {
+        self.0.destroy().map_err(|err| Error::internal(format!("destroying the jail: {err}")))
+    }
+}

@@ -1,0 +1,228 @@
+//! Runs one command through the agent and turns its frames into the Exec object of
+//! CONTRACT.md. Output is guest data: it is bounded here again (whatever the agent claims),
+//! decoded lossily, and a terminal's bytes are rendered by a terminal emulator, never echoed.
+
+use std::time::Duration;
+
+use dynocap_proto::{channel, from_payload, ErrorBody, ExecExit, ExecRequest, FrameKind, Request, Response};
+use serde::{Deserialize, Serialize};
+
+use crate::agent_conn::{agent_gone, AgentConn};
+use crate::error::{Error, Result};
+use crate::spec::{ExecSpec, EXEC_KILL_GRACE_MS, EXEC_OUTPUT_LIMIT};
+
+/// The Exec object (CONTRACT.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResult {
+    pub exit_code: Option<i32>,
+    pub signal: Option<String>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stdout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stderr: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub transcript: Option<String>,
+    pub truncated: bool,
+}
+
+/// Terminal geometry promised by the tools reference.
+pub const TERMINAL_ROWS: u16 = 24;
+pub const TERMINAL_COLS: u16 = 80;
+/// Lines of scrollback kept for a transcript, on top of the visible screen.
+const TERMINAL_SCROLLBACK: usize = 10_000;
+
+/// A byte buffer that keeps at most `limit` bytes and remembers whether it dropped any.
+struct Capped {
+    bytes: Vec<u8>,
+    limit: usize,
+    dropped: bool,
+}
+
+impl Capped {
+    fn new(limit: usize) -> Self {
+        Self { bytes: Vec::new(), limit, dropped: false }
+    }
+    fn push(&mut self, data: &[u8]) {
+        let room = self.limit.saturating_sub(self.bytes.len());
+        if data.len() > room {
+            self.dropped = true;
+        }
+        self.bytes.extend_from_slice(&data[..data.len().min(room)]);
+    }
+}
+
+/// Runs `spec` through `conn`. `cancelled` resolves when the caller gave up (client
+/// disconnected); the command is then killed and its partial result returned.
+pub async fn run(
+    conn: &AgentConn,
+    spec: &ExecSpec,
+    cancelled: impl std::future::Future<Output = ()>,
+) -> Result<ExecResult> {
+    let limit = usize::try_from(EXEC_OUTPUT_LIMIT).unwrap_or(usize::MAX);
+    let request = Request::Exec(ExecRequest {
+        command: spec.command.clone(),
+        cwd: spec.cwd.clone(),
+        env: spec.env.clone(),
+        timeout_ms: spec.timeout_seconds.saturating_mul(1000),
+        terminal: spec.terminal,
+        output_limit: EXEC_OUTPUT_LIMIT,
+        kill_grace_ms: EXEC_KILL_GRACE_MS,
+    });
+    let mut stream = conn.open(&request).await?;
+    let mut stdout = Capped::new(limit);
+    let mut stderr = Capped::new(limit);
+    let mut terminal = Capped::new(limit);
+    let mut cancelled = std::pin::pin!(cancelled);
+    let mut cancel_sent = false;
+    // Past the command's own deadline plus the kill grace, an agent that still has not
+    // answered is broken; do not wait on it forever.
+    let hard_deadline = tokio::time::Instant::now()
+        + Duration::from_secs(spec.timeout_seconds)
+        + Duration::from_millis(EXEC_KILL_GRACE_MS)
+        + Duration::from_secs(30);
+
+    let exit: ExecExit = loop {
+        let frame = tokio::select! {
+            frame = stream.next() => frame,
+            () = &mut cancelled, if !cancel_sent => {
+                cancel_sent = true;
+                stream.cancel().await?;
+                continue;
+            }
+            () = tokio::time::sleep_until(hard_deadline) => {
+                let _ = stream.cancel().await;
+                return Err(Error::internal("the guest agent did not report the end of the command in time"));
+            }
+        };
+        let Some(frame) = frame else { return Err(agent_gone()) };
+        match frame.kind {
+            FrameKind::Data => {
+                let Some((&chan, data)) = frame.payload.split_first() else { continue };
+                match chan {
+                    channel::STDOUT => stdout.push(data),
+                    channel::STDERR => stderr.push(data),
+                    channel::TERMINAL => terminal.push(data),
+                    _ => {}
+                }
+            }
+            FrameKind::Eof => {}
+            FrameKind::Done => match from_payload::<Response>("exec result", &frame.payload) {
+                Ok(Response::Exit(exit)) => break exit,
+                Ok(other) => return Err(Error::internal(format!("unexpected agent answer {other:?}"))),
+                Err(err) => return Err(Error::internal(err.to_string())),
+            },
+            FrameKind::Error => {
+                let message = from_payload::<ErrorBody>("error", &frame.payload)
+                    .map(|body| body.message)
+                    .unwrap_or_else(|_| "malformed error from the guest agent".into());
+                return Err(Error::invalid(format!(
+                    "the sandbox could not run the command: {}",
+                    sanitize_line(&message, 500)
+                )));
+            }
+            _ => {}
+        }
+    };
+
+    let truncated = exit.truncated || stdout.dropped || stderr.dropped || terminal.dropped;
+    let (stdout, stderr, transcript) = if spec.terminal {
+        (None, None, Some(render_terminal(&terminal.bytes)))
+    } else {
+        (
+            Some(String::from_utf8_lossy(&stdout.bytes).into_owned()),
+            Some(String::from_utf8_lossy(&stderr.bytes).into_owned()),
+            None,
+        )
+    };
+    Ok(ExecResult {
+        exit_code: exit.exit_code,
+        signal: exit.signal.map(|s| sanitize_line(&s, 32)),
+        timed_out: exit.timed_out,
+        duration_ms: exit.duration_ms,
+        stdout,
+        stderr,
+        transcript,
+        truncated,
+    })
+}
+
+/// Renders raw terminal output as a 24x80 terminal shows it: scrollback first, then the
+/// screen, trailing blanks trimmed. Cursor movement, `\r` and colours are interpreted, so the
+/// transcript contains text only.
+pub fn render_terminal(bytes: &[u8]) -> String {
+    let mut parser = vt100::Parser::new(TERMINAL_ROWS, TERMINAL_COLS, TERMINAL_SCROLLBACK);
+    parser.process(bytes);
+    let mut lines: Vec<String> = Vec::new();
+    parser.screen_mut().set_scrollback(usize::MAX);
+    let depth = parser.screen().scrollback();
+    // Walk the scrollback one line at a time: at offset k the top visible row is the k-th
+    // line above the screen.
+    for offset in (1..=depth).rev() {
+        parser.screen_mut().set_scrollback(offset);
+        if let Some(row) = parser.screen().rows(0, TERMINAL_COLS).next() {
+            lines.push(row);
+        }
+    }
+    parser.screen_mut().set_scrollback(0);
+    lines.extend(parser.screen().rows(0, TERMINAL_COLS));
+    for line in &mut lines {
+        line.truncate(line.trim_end().len());
+    }
+    while lines.last().is_some_and(String::is_empty) {
+        lines.pop();
+    }
+    let mut out = lines.join("\n");
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out
+}
+
+/// Makes guest-provided text safe to embed in a one-line message: control characters become
+/// spaces and the length is bounded.
+pub fn sanitize_line(text: &str, max_chars: usize) -> String {
+    let mut out: String =
+        text.chars().take(max_chars).map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if text.chars().count() > max_chars {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_interprets_carriage_return_and_colours() {
+        let out = render_terminal(b"progress 10%\rprogress 100%\n\x1b[31mred\x1b[0m text\n");
+        assert_eq!(out, "progress 100%\nred text\n");
+    }
+
+    #[test]
+    fn terminal_keeps_scrollback_in_order() {
+        let input: String = (0..60).map(|i| format!("line {i}\r\n")).collect();
+        let out = render_terminal(input.as_bytes());
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 60);
+        assert_eq!(lines[0], "line 0");
+        assert_eq!(lines[59], "line 59");
+    }
+
+    #[test]
+    fn capped_buffer_drops_and_flags() {
+        let mut buf = Capped::new(4);
+        buf.push(b"ab");
+        buf.push(b"cdef");
+        assert_eq!((buf.bytes.as_slice(), buf.dropped), (&b"abcd"[..], true));
+    }
+
+    #[test]
+    fn sanitize_strips_controls_and_bounds() {
+        assert_eq!(sanitize_line("a\x1b[2Jb\nc", 100), "a [2Jb c");
+        assert_eq!(sanitize_line("abcdef", 3), "abc…");
+    }
+}

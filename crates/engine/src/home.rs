@@ -1,0 +1,72 @@
+//! Where DynoCap keeps its state on the host (`DYNOCAP_HOME`) and the layout inside it.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Context, Result};
+
+/// The state directory and the paths derived from it.
+#[derive(Debug, Clone)]
+pub struct Home {
+    root: PathBuf,
+}
+
+impl Home {
+    /// `DYNOCAP_HOME`, else `$XDG_DATA_HOME/dynocap`, else `~/.local/share/dynocap`.
+    pub fn from_env() -> Result<Self> {
+        if let Some(dir) = std::env::var_os("DYNOCAP_HOME").filter(|v| !v.is_empty()) {
+            return Self::at(PathBuf::from(dir));
+        }
+        if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+            return Self::at(PathBuf::from(dir).join("dynocap"));
+        }
+        let home = std::env::var_os("HOME").filter(|v| !v.is_empty()).ok_or_else(|| {
+            crate::Error::internal("neither DYNOCAP_HOME nor HOME is set; set DYNOCAP_HOME to a directory for DynoCap's state")
+        })?;
+        Self::at(PathBuf::from(home).join(".local/share/dynocap"))
+    }
+
+    /// Uses `root` as the state directory, creating it (mode 0700) if needed.
+    pub fn at(root: PathBuf) -> Result<Self> {
+        let root = if root.is_absolute() {
+            root
+        } else {
+            std::env::current_dir().context("reading the working directory")?.join(root)
+        };
+        for dir in [root.clone(), root.join("run"), root.join("sandboxes"), root.join("logs")] {
+            create_private_dir(&dir)?;
+        }
+        Ok(Self { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn catalog_path(&self) -> PathBuf {
+        self.root.join("catalog.db")
+    }
+    pub fn images_dir(&self) -> PathBuf {
+        self.root.join("images")
+    }
+    /// Per-sandbox runtime state (overlay upper layer and friends); removed on destroy.
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.root.join("sandboxes").join(id)
+    }
+    /// The supervisor's log; kept after the sandbox is gone, so a lost sandbox can be diagnosed.
+    pub fn supervisor_log(&self, id: &str) -> PathBuf {
+        self.root.join("logs").join(format!("{id}.log"))
+    }
+    pub fn control_socket(&self, id: &str) -> PathBuf {
+        self.root.join("run").join(format!("{id}.sock"))
+    }
+}
+
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+        Ok(()) => Ok(()),
+        Err(err) => Err(crate::Error::internal(format!(
+            "cannot create state directory {}: {err}; set DYNOCAP_HOME to a writable directory",
+            dir.display()
+        ))),
+    }
+}

@@ -1,0 +1,171 @@
+//! Guest images: the read-only root a sandbox starts from.
+//!
+//! The default image `host` is a small skeleton (a minimal `/etc`, mountpoints) plus the host's
+//! system directories bound read-only. It never contains or binds a home directory. Other
+//! images (a Debian rootfs for the VM backend) provide the same [`Image`] shape.
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Context, Error, Result};
+
+/// Guest uid/gid of the unprivileged user every command runs as.
+pub const SANDBOX_UID: u32 = 1000;
+pub const SANDBOX_GID: u32 = 1000;
+pub const SANDBOX_HOME: &str = "/home/sandbox";
+
+/// What a backend needs to build a guest root.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub name: String,
+    /// The read-only lower layer.
+    pub root: PathBuf,
+    /// Host paths bound read-only into the guest: (host source, guest target).
+    pub ro_binds: Vec<(PathBuf, PathBuf)>,
+}
+
+/// Bump when the skeleton's content changes, so old skeletons are rebuilt.
+const HOST_IMAGE_REVISION: &str = "1";
+
+/// Top-level system directories taken from the host. On a merged-/usr system most are
+/// symlinks into /usr and are reproduced as symlinks.
+const HOST_SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// Host files under /etc a guest needs for TLS; bound read-only when present.
+const HOST_ETC_BINDS: &[&str] = &["etc/ssl/certs", "etc/ca-certificates"];
+
+/// Prepares (once) and returns the `host` image under `images_dir`.
+pub fn host_image(images_dir: &Path) -> Result<Image> {
+    let dir = images_dir.join("host");
+    let root = dir.join("rootfs");
+    let marker = dir.join("revision");
+    let current = fs::read_to_string(&marker).unwrap_or_default();
+    if current.trim() != HOST_IMAGE_REVISION || !root.is_dir() {
+        build_host_skeleton(&dir, &root)?;
+        fs::write(&marker, HOST_IMAGE_REVISION).context("writing the image revision")?;
+    }
+
+    let mut ro_binds = Vec::new();
+    for name in HOST_SYSTEM_DIRS {
+        let host = Path::new("/").join(name);
+        if is_real_dir(&host) {
+            ro_binds.push((host, Path::new("/").join(name)));
+        }
+    }
+    for rel in HOST_ETC_BINDS {
+        let host = Path::new("/").join(rel);
+        if is_real_dir(&host) {
+            ro_binds.push((host, Path::new("/").join(rel)));
+        }
+    }
+    Ok(Image { name: "host".into(), root, ro_binds })
+}
+
+fn is_real_dir(path: &Path) -> bool {
+    fs::symlink_metadata(path).map(|m| m.is_dir()).unwrap_or(false)
+}
+
+/// Builds the skeleton in a fresh directory and swaps it in, so a crash mid-build never leaves
+/// a half-made image that later sandboxes would use.
+fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
+    fs::create_dir_all(dir).context(format_args!("creating {}", dir.display()))?;
+    let staging = dir.join(format!("rootfs.new-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&staging);
+    let mk = |rel: &str, mode: u32| -> Result<()> {
+        let path = staging.join(rel);
+        fs::create_dir_all(&path).context(format_args!("creating {}", path.display()))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+            .context(format_args!("setting the mode of {}", path.display()))
+    };
+    mk("", 0o755)?;
+    for rel in ["etc", "proc", "dev", "sys", "run", "home", "var", "var/tmp", "root", ".dynocap", "etc/ssl"] {
+        mk(rel, 0o755)?;
+    }
+    mk("tmp", 0o1777)?;
+    mk("var/tmp", 0o1777)?;
+    mk("root", 0o700)?;
+
+    for name in HOST_SYSTEM_DIRS {
+        let host = Path::new("/").join(name);
+        let target = staging.join(name);
+        match fs::symlink_metadata(&host) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let link = fs::read_link(&host).context(format_args!("reading {}", host.display()))?;
+                symlink(&link, &target).context(format_args!("creating {}", target.display()))?;
+            }
+            Ok(meta) if meta.is_dir() => mk(name, 0o755)?,
+            _ => {}
+        }
+    }
+    for rel in HOST_ETC_BINDS {
+        if is_real_dir(&Path::new("/").join(rel)) {
+            mk(rel, 0o755)?;
+        }
+    }
+    // The agent binary is bound onto this file.
+    write_file(&staging.join(".dynocap/agent"), "", 0o755)?;
+
+    let files: &[(&str, String, u32)] = &[
+        (
+            "etc/passwd",
+            format!(
+                "root:x:0:0:root:/root:/bin/sh\n\
+                 sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:DynoCap sandbox user:{SANDBOX_HOME}:/bin/sh\n\
+                 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+            0o644,
+        ),
+        (
+            "etc/group",
+            format!("root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"),
+            0o644,
+        ),
+        ("etc/hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n".into(), 0o644),
+        // The guest has no network by default; an empty resolver config makes lookups fail
+        // fast instead of timing out against a nameserver it cannot reach.
+        ("etc/resolv.conf", "# DynoCap: no DNS inside the sandbox unless its network mode provides it\n".into(), 0o644),
+        ("etc/nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n".into(), 0o644),
+        ("etc/shells", "/bin/sh\n/bin/bash\n".into(), 0o644),
+    ];
+    for (rel, content, mode) in files {
+        write_file(&staging.join(rel), content, *mode)?;
+    }
+
+    if root.exists() {
+        let old = dir.join(format!("rootfs.old-{}", std::process::id()));
+        fs::rename(root, &old).context("replacing the old image skeleton")?;
+        let _ = fs::remove_dir_all(&old);
+    }
+    fs::rename(&staging, root).map_err(|err| {
+        Error::internal(format!("installing the image skeleton at {}: {err}", root.display()))
+    })
+}
+
+fn write_file(path: &Path, content: &str, mode: u32) -> Result<()> {
+    fs::write(path, content).context(format_args!("writing {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .context(format_args!("setting the mode of {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skeleton_has_no_home_and_binds_only_system_dirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = host_image(dir.path()).unwrap();
+        let passwd = fs::read_to_string(image.root.join("etc/passwd")).unwrap();
+        assert!(passwd.contains("sandbox:x:1000:1000"));
+        assert!(fs::read_dir(image.root.join("home")).unwrap().next().is_none());
+        for (host, guest) in &image.ro_binds {
+            assert_eq!(host, guest);
+            assert!(!host.starts_with("/home") && !host.starts_with("/root"), "{host:?}");
+        }
+        assert!(image.ro_binds.iter().any(|(h, _)| h == Path::new("/usr")));
+        // A second call reuses the skeleton.
+        let again = host_image(dir.path()).unwrap();
+        assert_eq!(again.root, image.root);
+    }
+}

@@ -1,0 +1,392 @@
+//! The client API for sandboxes: start a supervisor, talk to it, list and destroy. Used by the
+//! CLI and the MCP server alike, so both behave the same.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rand::Rng;
+use serde::Serialize;
+use tokio::io::BufReader;
+use tokio::net::UnixStream;
+
+use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
+use crate::control::{read_message, write_message, ControlReply, ControlRequest};
+use crate::error::{Context, Error, Result};
+use crate::exec::ExecResult;
+use crate::home::Home;
+use crate::spec::{ExecSpec, RunSpec};
+use crate::supervisor::ReadyMessage;
+
+/// How long `run` waits for a supervisor to report its guest ready.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+/// A `starting` record whose supervisor never registered is considered lost after this.
+const STARTING_GRACE: chrono::TimeDelta = chrono::TimeDelta::seconds(300);
+
+/// The raw sandbox object (CONTRACT.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxInfo {
+    pub name: String,
+    pub state: State,
+    pub backend: String,
+    pub network: String,
+    pub cpus: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u64,
+    pub ttl_seconds: u64,
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+impl SandboxInfo {
+    pub fn from_record(record: &Record) -> Self {
+        Self {
+            name: record.name.clone().unwrap_or_else(|| record.id.clone()),
+            state: record.state,
+            backend: record.backend.clone(),
+            network: record.network.as_str().to_owned(),
+            cpus: record.cpus,
+            memory_mb: record.memory_mb,
+            ttl_seconds: record.ttl_seconds,
+            created_at: rfc3339(record.created_at),
+            expires_at: rfc3339(record.expires_at),
+        }
+    }
+}
+
+pub fn rfc3339(time: chrono::DateTime<chrono::Utc>) -> String {
+    time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Entry point for all sandbox operations.
+pub struct Engine {
+    home: Home,
+    /// The executable re-run as `supervise`; the running dynocap binary by default.
+    supervisor_exe: PathBuf,
+}
+
+impl Engine {
+    pub fn new(home: Home) -> Result<Self> {
+        let supervisor_exe = match std::env::var_os("DYNOCAP_BIN").filter(|v| !v.is_empty()) {
+            Some(path) => PathBuf::from(path),
+            None => std::env::current_exe().context("locating the dynocap executable")?,
+        };
+        Ok(Self { home, supervisor_exe })
+    }
+
+    /// For embedders (benchmarks, tests) whose own executable is not `dynocap`.
+    pub fn with_supervisor_exe(home: Home, supervisor_exe: PathBuf) -> Self {
+        Self { home, supervisor_exe }
+    }
+
+    pub fn home(&self) -> &Home {
+        &self.home
+    }
+
+    fn catalog(&self) -> Result<Catalog> {
+        Catalog::open(&self.home.catalog_path())
+    }
+
+    /// Boots a raw sandbox and returns once its agent answers.
+    pub async fn run(&self, spec: &RunSpec) -> Result<SandboxInfo> {
+        spec.network.ensure_available()?;
+        let backend = crate::backend::select()?;
+        let catalog = self.catalog()?;
+        self.reconcile(&catalog)?;
+        let now = chrono::Utc::now();
+        let ttl = chrono::TimeDelta::seconds(i64::try_from(spec.ttl_seconds).unwrap_or(i64::MAX));
+        let record = Record {
+            id: new_id("sbx"),
+            kind: Kind::Raw,
+            name: Some(spec.name.clone()),
+            state: State::Starting,
+            backend: backend.name().to_owned(),
+            network: spec.network,
+            cpus: spec.cpus,
+            memory_mb: spec.memory_mb,
+            ttl_seconds: spec.ttl_seconds,
+            created_at: now,
+            expires_at: now + ttl,
+            supervisor: None,
+            note: None,
+        };
+        catalog.insert(&record)?;
+        match self.start_supervisor(&catalog, &record.id).await {
+            Ok(()) => {}
+            Err(err) => {
+                let _ = backend.cleanup_leftovers(&record.id, &self.home.sandbox_dir(&record.id));
+                let _ = std::fs::remove_dir_all(self.home.sandbox_dir(&record.id));
+                catalog.delete(&record.id)?;
+                return Err(err);
+            }
+        }
+        let record = catalog.get(&record.id)?.ok_or_else(|| {
+            Error::internal("the sandbox record vanished right after start (destroyed concurrently?)")
+        })?;
+        Ok(SandboxInfo::from_record(&record))
+    }
+
+    /// Spawns `dynocap supervise` detached and waits for its ready report.
+    async fn start_supervisor(&self, catalog: &Catalog, id: &str) -> Result<()> {
+        let (ready_read, ready_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .context("creating the ready pipe")?;
+        let log_path = self.home.supervisor_log(id);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .context(format_args!("opening {}", log_path.display()))?;
+        let mut command = tokio::process::Command::new(&self.supervisor_exe);
+        command
+            .arg("supervise")
+            .arg("--home")
+            .arg(self.home.root())
+            .arg("--id")
+            .arg(id)
+            .arg("--ready-fd")
+            .arg(SUPERVISOR_READY_FD.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().context("duplicating the log file")?)
+            .stderr(log)
+            .kill_on_drop(false);
+        let ready_raw = ready_write.as_raw_fd();
+        // SAFETY: the closure runs in the forked child before exec and only calls the
+        // async-signal-safe functions setsid, dup2 and fcntl on descriptors it owns.
+        unsafe {
+            command.pre_exec(move || {
+                // Own session: the supervisor outlives the caller's terminal and its ^C.
+                libc::setsid();
+                if ready_raw == SUPERVISOR_READY_FD {
+                    let flags = libc::fcntl(ready_raw, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(ready_raw, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(ready_raw, SUPERVISOR_READY_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(|err| {
+            Error::internal(format!(
+                "starting the supervisor {}: {err}",
+                self.supervisor_exe.display()
+            ))
+        })?;
+        drop(ready_write);
+        if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
+            if let Some(process) = ProcessId::of(pid) {
+                catalog.set_supervisor(id, process)?;
+            }
+        }
+        // The child is reaped by tokio in the background once it exits.
+        drop(child);
+
+        let report = tokio::time::timeout(BOOT_TIMEOUT, read_ready(ready_read)).await;
+        match report {
+            Err(_) => {
+                self.kill_supervisor(catalog, id);
+                Err(Error::timeout(format!(
+                    "the sandbox did not become ready within {}s; see {}",
+                    BOOT_TIMEOUT.as_secs(),
+                    log_path.display()
+                )))
+            }
+            Ok(Ok(Some(ReadyMessage::Ready))) => Ok(()),
+            Ok(Ok(Some(ReadyMessage::Failed(err)))) => Err(err),
+            Ok(Ok(None)) | Ok(Err(_)) => Err(Error::internal(format!(
+                "the supervisor exited before the sandbox was ready; see {}{}",
+                log_path.display(),
+                log_tail(&log_path)
+            ))),
+        }
+    }
+
+    fn kill_supervisor(&self, catalog: &Catalog, id: &str) {
+        if let Ok(Some(Record { supervisor: Some(process), .. })) = catalog.get(id) {
+            if process.is_alive() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(process.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+
+    /// Runs a command in a raw sandbox (default cwd `/`).
+    pub async fn exec(&self, name: &str, spec: &ExecSpec) -> Result<ExecResult> {
+        let record = self.live_record(name, Kind::Raw)?;
+        match self.call(&record, &ControlRequest::Exec { spec: spec.clone() }).await? {
+            ControlReply::Exec(result) => Ok(result),
+            ControlReply::Error(err) => Err(err),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Agent round trip through the supervisor (health check, latency benchmark).
+    pub async fn ping(&self, name: &str) -> Result<()> {
+        let record = self.live_record(name, Kind::Raw)?;
+        match self.call(&record, &ControlRequest::Ping).await? {
+            ControlReply::Pong => Ok(()),
+            ControlReply::Error(err) => Err(err),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Raw sandboxes: live ones and lost ones not yet destroyed.
+    pub fn ps(&self) -> Result<Vec<SandboxInfo>> {
+        let catalog = self.catalog()?;
+        self.reconcile(&catalog)?;
+        Ok(catalog
+            .list()?
+            .iter()
+            .filter(|r| r.kind == Kind::Raw)
+            .map(SandboxInfo::from_record)
+            .collect())
+    }
+
+    /// Destroys a raw sandbox and releases its name. A lost record is cleaned and removed.
+    pub async fn destroy(&self, name: &str) -> Result<String> {
+        let catalog = self.catalog()?;
+        self.reconcile(&catalog)?;
+        let record = find(&catalog, name)?;
+        if record.kind != Kind::Raw {
+            return Err(Error::conflict(format!(
+                "\"{name}\" is a task; finish it with task finish or remove it with rm"
+            )));
+        }
+        let display = record.name.clone().unwrap_or_else(|| record.id.clone());
+        if record.state.is_live() {
+            match self.call(&record, &ControlRequest::Destroy).await {
+                Ok(ControlReply::Destroyed) => {}
+                Ok(ControlReply::Error(err)) => return Err(err),
+                Ok(other) => return Err(unexpected(&other)),
+                // The supervisor died between the liveness check and the call.
+                Err(_) => {
+                    self.reconcile(&catalog)?;
+                }
+            }
+        }
+        if let Some(current) = catalog.get(&record.id)? {
+            if !current.state.is_live() {
+                crate::backend::select()?
+                    .cleanup_leftovers(&current.id, &self.home.sandbox_dir(&current.id))?;
+                let _ = std::fs::remove_dir_all(self.home.sandbox_dir(&current.id));
+                catalog.delete(&current.id)?;
+            }
+        }
+        Ok(display)
+    }
+
+    fn live_record(&self, name: &str, kind: Kind) -> Result<Record> {
+        let catalog = self.catalog()?;
+        let record = find(&catalog, name)?;
+        if record.kind != kind {
+            let what = if kind == Kind::Raw { "a task; use task exec" } else { "a raw sandbox; use exec" };
+            return Err(Error::conflict(format!("\"{name}\" is {what}")));
+        }
+        if !record.state.is_live() || !supervisor_alive(&record) {
+            self.reconcile(&catalog)?;
+            let state = catalog.get(&record.id)?.map(|r| r.state).unwrap_or(State::Destroyed);
+            return Err(Error::conflict(format!(
+                "sandbox \"{name}\" is {}, not running; destroy it and start a new one",
+                state.as_str()
+            )));
+        }
+        Ok(record)
+    }
+
+    /// Sends one request to a supervisor and waits for its reply.
+    async fn call(&self, record: &Record, request: &ControlRequest) -> Result<ControlReply> {
+        let path = self.home.control_socket(&record.id);
+        let mut stream = UnixStream::connect(&path).await.map_err(|err| {
+            Error::internal(format!(
+                "cannot reach the supervisor of \"{}\" at {}: {err}",
+                record.name.as_deref().unwrap_or(&record.id),
+                path.display()
+            ))
+        })?;
+        write_message(&mut stream, request).await?;
+        let (read, _write) = stream.split();
+        let mut reader = BufReader::new(read);
+        let reply = read_message::<ControlReply, _>(&mut reader).await?;
+        reply.ok_or_else(|| Error::internal("the supervisor closed the connection without replying"))
+    }
+
+    /// Marks records whose supervisor is gone as `lost` and removes what they left behind.
+    /// Any client may do this; the state transition makes sure only one cleans up.
+    pub fn reconcile(&self, catalog: &Catalog) -> Result<()> {
+        let now = chrono::Utc::now();
+        for record in catalog.list()? {
+            if !record.state.is_live() {
+                continue;
+            }
+            let dead = match record.supervisor {
+                Some(process) => !process.is_alive(),
+                None => now - record.created_at > STARTING_GRACE,
+            };
+            if !dead {
+                continue;
+            }
+            let note = match record.supervisor {
+                Some(p) => format!("its supervisor (pid {}) died without cleaning up; the guest was removed", p.pid),
+                None => "its supervisor never started".to_owned(),
+            };
+            if catalog.transition(&record.id, record.state, State::Lost, Some(&note))? {
+                let _ = std::fs::remove_file(self.home.control_socket(&record.id));
+                crate::backend::select()?
+                    .cleanup_leftovers(&record.id, &self.home.sandbox_dir(&record.id))?;
+                let _ = std::fs::remove_dir_all(self.home.sandbox_dir(&record.id));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Descriptor number on which a supervisor finds its ready pipe.
+pub const SUPERVISOR_READY_FD: i32 = 3;
+
+fn supervisor_alive(record: &Record) -> bool {
+    record.supervisor.is_some_and(|p| p.is_alive())
+}
+
+fn find(catalog: &Catalog, name: &str) -> Result<Record> {
+    catalog.find(name)?.ok_or_else(|| {
+        Error::not_found(format!("no sandbox or task named \"{name}\"; list them with `dynocap ps` or `dynocap ls`"))
+    })
+}
+
+fn unexpected(reply: &ControlReply) -> Error {
+    Error::internal(format!("unexpected reply from the supervisor: {reply:?}"))
+}
+
+/// `PREFIX-` plus 12 random lowercase alphanumerics.
+pub fn new_id(prefix: &str) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    let suffix: String =
+        (0..12).map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())])).collect();
+    format!("{prefix}-{suffix}")
+}
+
+async fn read_ready(fd: OwnedFd) -> std::io::Result<Option<ReadyMessage>> {
+    let receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?;
+    let mut reader = BufReader::new(receiver);
+    match read_message::<ReadyMessage, _>(&mut reader).await {
+        Ok(message) => Ok(message),
+        Err(err) => Err(std::io::Error::other(err.to_string())),
+    }
+}
+
+/// The last lines of a log, to make a failed start self-explanatory.
+fn log_tail(path: &std::path::Path) -> String {
+    let Ok(text) = std::fs::read_to_string(path) else { return String::new() };
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail: Vec<&str> = lines.into_iter().rev().collect();
+    format!(":\n{}", tail.join("\n"))
+}
+

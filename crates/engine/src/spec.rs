@@ -1,0 +1,252 @@
+//! Requests as a caller states them, their defaults and ranges (the MCP tools reference), and
+//! the validation that refuses bad values with a message naming the parameter and the fix.
+//! Values out of range are refused, never clamped.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+pub const TTL_MIN: u64 = 30;
+pub const TTL_MAX: u64 = 86_400;
+pub const TTL_DEFAULT: u64 = 1_800;
+pub const CPUS_MIN: u32 = 1;
+pub const CPUS_MAX: u32 = 64;
+pub const RAW_CPUS_DEFAULT: u32 = 1;
+pub const TASK_CPUS_DEFAULT: u32 = 2;
+pub const MEMORY_MB_MIN: u64 = 64;
+pub const MEMORY_MB_MAX: u64 = 1_048_576;
+pub const MEMORY_MB_DEFAULT: u64 = 1_024;
+/// Process count cap per sandbox: stops fork bombs while leaving room for real builds.
+pub const PIDS_LIMIT: u64 = 1_024;
+
+pub const EXEC_TIMEOUT_DEFAULT: u64 = 30;
+pub const EXEC_TIMEOUT_MAX: u64 = 86_400;
+/// Bytes of stdout and of stderr returned per exec; the rest is dropped and `truncated` set.
+pub const EXEC_OUTPUT_LIMIT: u64 = 1024 * 1024;
+pub const EXEC_KILL_GRACE_MS: u64 = 2_000;
+
+/// Network modes of the spec. Only `none` exists until the egress proxy lands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    None,
+    Filtered,
+    Nat,
+}
+
+impl Network {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Filtered => "filtered",
+            Self::Nat => "nat",
+        }
+    }
+
+    pub fn parse(value: &str) -> Result<Self> {
+        match value {
+            "none" => Ok(Self::None),
+            "filtered" => Ok(Self::Filtered),
+            "nat" => Ok(Self::Nat),
+            other => Err(Error::invalid(format!(
+                "network \"{other}\" is not a network mode; use \"none\", \"filtered\" or \"nat\""
+            ))),
+        }
+    }
+
+    /// Refuses modes this build cannot provide, rather than handing out a sandbox whose
+    /// network differs from what was asked for.
+    pub fn ensure_available(self) -> Result<()> {
+        match self {
+            Self::None => Ok(()),
+            other => Err(Error::internal(format!(
+                "network \"{}\" is not available in this version of DynoCap (only \"none\" is); \
+                 no sandbox was started",
+                other.as_str()
+            ))),
+        }
+    }
+}
+
+/// Parameters of `dynocap run` / `dynocap_run`, defaults already applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunSpec {
+    pub name: String,
+    pub network: Network,
+    pub ttl_seconds: u64,
+    pub cpus: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u64,
+}
+
+impl RunSpec {
+    /// Applies the raw-sandbox defaults to whatever the caller left out, then validates.
+    pub fn raw(
+        name: &str,
+        network: Option<&str>,
+        ttl_seconds: Option<u64>,
+        cpus: Option<u64>,
+        memory_mb: Option<u64>,
+    ) -> Result<Self> {
+        validate_name(name)?;
+        let spec = Self {
+            name: name.to_owned(),
+            network: network.map(Network::parse).transpose()?.unwrap_or(Network::None),
+            ttl_seconds: check_range("ttlSeconds", ttl_seconds.unwrap_or(TTL_DEFAULT), TTL_MIN, TTL_MAX)?,
+            cpus: check_cpus(cpus.unwrap_or(u64::from(RAW_CPUS_DEFAULT)))?,
+            memory_mb: check_range(
+                "memoryMB",
+                memory_mb.unwrap_or(MEMORY_MB_DEFAULT),
+                MEMORY_MB_MIN,
+                MEMORY_MB_MAX,
+            )?,
+        };
+        Ok(spec)
+    }
+}
+
+fn check_cpus(cpus: u64) -> Result<u32> {
+    let cpus = check_range("cpus", cpus, u64::from(CPUS_MIN), u64::from(CPUS_MAX))?;
+    u32::try_from(cpus).map_err(|_| Error::invalid("cpus is out of range"))
+}
+
+/// Refuses `value` outside `min..=max`, naming the parameter and the range.
+pub fn check_range(param: &str, value: u64, min: u64, max: u64) -> Result<u64> {
+    if value < min {
+        return Err(Error::invalid(format!(
+            "{param} {value} is below the minimum {min}; use a value from {min} to {max}"
+        )));
+    }
+    if value > max {
+        return Err(Error::invalid(format!(
+            "{param} {value} is above the maximum {max}; use a value from {min} to {max}"
+        )));
+    }
+    Ok(value)
+}
+
+/// Sandbox and task names: `[a-z0-9][a-z0-9_.-]{0,62}`. They end up in hostnames, paths and
+/// cgroup names, so nothing else is accepted.
+pub fn validate_name(name: &str) -> Result<()> {
+    let bytes = name.as_bytes();
+    let valid = !bytes.is_empty()
+        && bytes.len() <= 63
+        && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
+        && bytes.iter().all(|&b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.' || b == b'-'
+        });
+    if valid && !name.starts_with("task-") && !name.starts_with("sbx-") {
+        return Ok(());
+    }
+    if name.starts_with("task-") || name.starts_with("sbx-") {
+        return Err(Error::invalid(format!(
+            "name \"{name}\" starts with a prefix reserved for generated ids (task-, sbx-); pick another name"
+        )));
+    }
+    Err(Error::invalid(format!(
+        "name {name:?} is not valid: use 1 to 63 characters from a-z, 0-9, '_', '.', '-', starting with a letter or digit"
+    )))
+}
+
+/// Parameters of an exec (`dynocap exec`, `dynocap_exec`, `dynocap_task_exec`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecSpec {
+    pub command: String,
+    pub cwd: String,
+    pub env: Vec<(String, String)>,
+    pub timeout_seconds: u64,
+    pub terminal: bool,
+}
+
+impl ExecSpec {
+    pub fn new(
+        command: &str,
+        cwd: Option<&str>,
+        default_cwd: &str,
+        env: Vec<(String, String)>,
+        timeout_seconds: Option<u64>,
+        terminal: bool,
+    ) -> Result<Self> {
+        if command.trim().is_empty() {
+            return Err(Error::invalid("command is empty; give the shell command to run"));
+        }
+        if command.len() > dynocap_proto::MAX_COMMAND_LEN {
+            return Err(Error::invalid(format!(
+                "command is {} bytes, more than the {} allowed; put long scripts in a file in the sandbox",
+                command.len(),
+                dynocap_proto::MAX_COMMAND_LEN
+            )));
+        }
+        if command.contains('\0') {
+            return Err(Error::invalid("command contains a NUL byte"));
+        }
+        let cwd = cwd.unwrap_or(default_cwd);
+        if !cwd.starts_with('/') || cwd.contains('\0') {
+            return Err(Error::invalid(format!(
+                "cwd {cwd:?} must be an absolute path inside the sandbox, such as {default_cwd}"
+            )));
+        }
+        for (key, value) in &env {
+            let key_ok = !key.is_empty()
+                && !key.starts_with(|c: char| c.is_ascii_digit())
+                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !key_ok {
+                return Err(Error::invalid(format!(
+                    "env key {key:?} is not a valid variable name (letters, digits and '_', not starting with a digit)"
+                )));
+            }
+            if value.contains('\0') {
+                return Err(Error::invalid(format!("env value of {key} contains a NUL byte")));
+            }
+        }
+        let timeout_seconds = check_range(
+            "timeoutSeconds",
+            timeout_seconds.unwrap_or(EXEC_TIMEOUT_DEFAULT),
+            1,
+            EXEC_TIMEOUT_MAX,
+        )?;
+        Ok(Self { command: command.to_owned(), cwd: cwd.to_owned(), env, timeout_seconds, terminal })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["a", "web-1", "x.y_z", "0abc", &"a".repeat(63)] {
+            validate_name(ok).unwrap();
+        }
+        for bad in ["", "-a", "A", "a b", "a/b", "é", &"a".repeat(64), "task-x", "sbx-1", "_x", ".x"] {
+            assert!(validate_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn ttl_edges_and_defaults() {
+        let spec = RunSpec::raw("a", None, None, None, None).unwrap();
+        assert_eq!((spec.ttl_seconds, spec.cpus, spec.memory_mb), (1800, 1, 1024));
+        assert_eq!(spec.network, Network::None);
+        assert!(RunSpec::raw("a", None, Some(30), None, None).is_ok());
+        assert!(RunSpec::raw("a", None, Some(86_400), None, None).is_ok());
+        let low = RunSpec::raw("a", None, Some(29), None, None).unwrap_err();
+        assert_eq!(low.code, crate::ErrorCode::InvalidArgument);
+        assert!(low.message.contains("ttlSeconds 29"), "{low}");
+        assert!(RunSpec::raw("a", None, Some(86_401), None, None).is_err());
+        assert!(RunSpec::raw("a", None, None, Some(0), None).is_err());
+        assert!(RunSpec::raw("a", Some("wifi"), None, None, None).is_err());
+    }
+
+    #[test]
+    fn exec_validation() {
+        let spec = ExecSpec::new("true", None, "/", vec![], None, false).unwrap();
+        assert_eq!((spec.cwd.as_str(), spec.timeout_seconds), ("/", 30));
+        assert!(ExecSpec::new("", None, "/", vec![], None, false).is_err());
+        assert!(ExecSpec::new("true", Some("rel"), "/", vec![], None, false).is_err());
+        assert!(ExecSpec::new("true", None, "/", vec![("A=B".into(), "x".into())], None, false).is_err());
+        assert!(ExecSpec::new("true", None, "/", vec![], Some(0), false).is_err());
+    }
+}

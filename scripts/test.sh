@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs the whole DynoCap test suite: unit tests and the end-to-end tests that drive the real
+# binaries. The end-to-end tests need root (namespaces mapped to a host uid range, cgroups).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+
+cargo build --workspace --all-targets --locked
+cargo test --workspace --locked -- --test-threads "${DYNOCAP_TEST_THREADS:-4}"

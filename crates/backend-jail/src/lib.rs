@@ -1,1 +1,78 @@
-//! placeholder
+//! DynoCap's jail backend: runs the guest agent as PID 1 of fresh user, mount, pid, network,
+//! IPC, UTS and cgroup namespaces, on an overlay root, inside cgroup limits, with Docker's
+//! default capabilities, `no_new_privs` and a seccomp denylist.
+//!
+//! The engine calls [`Jail::spawn`] with a [`JailSpec`], talks to the agent over
+//! [`Jail::take_channel`], watches [`Jail::pidfd`], and ends with [`Jail::destroy`];
+//! [`cleanup_leftovers`] repairs after a supervisor that died, [`probe`] reports what the
+//! machine supports.
+//!
+//! How a jail comes up (supervisor on the left, guest init on the right):
+//!
+//! ```text
+//! validate spec, create state/{upper,work,root},
+//! cgroups dynocap/<name> + limits, channels
+//! clone(NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS) ──► waits on the sync socket
+//! write uid_map/gid_map, join cgroups,
+//! release ─────────────────────────────────────────► unshare(NEWCGROUP), / rslave,
+//!                                                    open host paths, become guest root,
+//!                                                    overlay + /proc /dev /tmp + binds,
+//!                                                    pivot_root, hostname, lo up, fds,
+//!                                                    caps, no_new_privs, seccomp,
+//!                                                    pdeathsig, execve(agent)
+//! error pipe: EOF = running, text = failure ◄────────┘
+//! ```
+//!
+//! # What the caller must do
+//!
+//! - Call [`Jail::spawn`] while the process has one thread (before any async runtime), from a
+//!   thread that lives as long as the sandbox (the guest dies with that thread:
+//!   `PR_SET_PDEATHSIG`).
+//! - Not reap children it did not start (no `waitpid(-1)`, `SIGCHLD` not `SIG_IGN`):
+//!   [`Jail::destroy`] reaps the init. Watch [`Jail::pidfd`] for the guest's death.
+//! - Give the process fds 1 and 2 it is happy for the guest to inherit (its log): a pipe is
+//!   safer than a log file, which the guest could truncate.
+//! - Run as root for the full id range (guest `0..65536` on host `1_000_000..`); an
+//!   unprivileged caller gets one id (guest 1000) and needs `dynocap/` cgroup parents
+//!   delegated to it.
+//! - Know that an image owned by host root shows as `nobody` in the guest and is read-only to
+//!   guest root there; directories the guest must own (its `/root`, `/home/<user>`,
+//!   `/workspace`) are created with [`JailSpec::guest_dirs`]. Bind targets must exist in the
+//!   image when their parent is one of its (unwritable) directories.
+//! - After a supervisor crash, call [`cleanup_leftovers`] before reusing the name.
+//!
+//! Module map: [`spec`](JailSpec) (what is asked), `spawn` + `child` (the two halves above),
+//! `rootfs`/`resolve`/`newmount` (the filesystem), `cgroup` (limits), `idmap` (user
+//! namespace), `caps`, `seccomp`, `net`, `sync` (clone handshake), `layers` + `remove` (state
+//! dir), `jail` (the handle), `cleanup`, `probe`.
+
+mod caps;
+mod cgroup;
+mod child;
+mod cleanup;
+mod error;
+mod failure;
+mod idmap;
+mod jail;
+mod layers;
+mod mountinfo;
+mod net;
+mod newmount;
+mod probe;
+mod remove;
+mod resolve;
+mod rootfs;
+mod seccomp;
+mod spawn;
+mod spec;
+mod sync;
+mod sys;
+
+pub use caps::{docker_default_mask, DOCKER_DEFAULT};
+pub use cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT as CGROUP_PARENT};
+pub use cleanup::cleanup_leftovers;
+pub use error::JailError;
+pub use idmap::{IdMap, IdRange, ROOTLESS_GUEST_ID, ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE};
+pub use jail::Jail;
+pub use probe::{probe, CgroupProbe, Check, ControllerProbe, Probe};
+pub use spec::{GuestDir, JailSpec, Limits, RoBind, AGENT_GUEST_PATH, CHANNEL_FD};

@@ -1,0 +1,377 @@
+//! The sandbox's cgroups: `dynocap/<name>` in each hierarchy that manages cpu, memory or pids
+//! (v1, v2 or a hybrid), with the limits applied before any guest process exists, then the
+//! guest moved in, and at the end every process in them killed and the directories removed.
+
+mod layout;
+mod limits;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
+pub use layout::{CgroupLayoutKind, CgroupVersion, Controller};
+pub(crate) use layout::{Hierarchy, Layout};
+
+use crate::error::{JailError, HINT_PRIVILEGE};
+use crate::spec::Limits;
+use crate::sys;
+
+/// Directory under each hierarchy root that holds every sandbox's cgroup.
+pub const PARENT: &str = "dynocap";
+
+/// How long to keep killing before giving up on a cgroup that will not empty.
+const KILL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `rmdir` may keep answering EBUSY (exiting tasks still being torn down).
+const RMDIR_TIMEOUT: Duration = Duration::from_secs(5);
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// One sandbox cgroup directory in one hierarchy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Leaf {
+    pub version: CgroupVersion,
+    pub dir: PathBuf,
+}
+
+/// The sandbox's cgroup in every hierarchy involved.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CgroupSet {
+    leaves: Vec<Leaf>,
+}
+
+impl CgroupSet {
+    /// Creates `dynocap/<name>` where cpu, memory and pids are managed and applies `limits`.
+    /// Fails (leaving nothing behind) if a controller is missing or a limit cannot be written.
+    pub fn create(layout: &Layout, name: &str, limits: &Limits) -> Result<CgroupSet, JailError> {
+        // Group the controllers by the hierarchy managing them.
+        let mut plan: Vec<(&Hierarchy, Vec<Controller>)> = Vec::new();
+        for controller in Controller::ALL {
+            let hierarchy = layout
+                .locate(controller)
+                .ok_or_else(|| missing(controller))?;
+            match plan
+                .iter_mut()
+                .find(|(h, _)| h.mount_point == hierarchy.mount_point)
+            {
+                Some((_, list)) => list.push(controller),
+                None => plan.push((hierarchy, vec![controller])),
+            }
+        }
+        let mut set = CgroupSet::default();
+        let result = (|| {
+            for (hierarchy, controllers) in &plan {
+                let leaf = create_leaf(hierarchy, controllers, name)?;
+                set.leaves.push(leaf.clone());
+                for &controller in controllers {
+                    apply(&leaf, controller, limits)?;
+                }
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => Ok(set),
+            Err(e) => {
+                // Best effort: the original error is the one to report.
+                let _ = set.remove();
+                Err(e)
+            }
+        }
+    }
+
+    /// The existing `dynocap/<name>` directories in every mounted hierarchy (whatever their
+    /// controllers): what a crashed supervisor may have left.
+    pub fn existing(layout: &Layout, name: &str) -> CgroupSet {
+        let leaves = layout
+            .hierarchies
+            .iter()
+            .map(|h| Leaf {
+                version: h.version,
+                dir: h.mount_point.join(PARENT).join(name),
+            })
+            .filter(|leaf| leaf.dir.is_dir())
+            .collect();
+        CgroupSet { leaves }
+    }
+
+    /// The cgroup directories, one per hierarchy.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.leaves.iter().map(|l| l.dir.clone()).collect()
+    }
+
+    /// Moves process `pid` into every leaf.
+    pub fn attach(&self, pid: Pid) -> Result<(), JailError> {
+        for leaf in &self.leaves {
+            let procs = leaf.dir.join("cgroup.procs");
+            std::fs::write(&procs, pid.to_string()).map_err(|e| {
+                JailError::io(&format!("move process {pid} into"), &procs, e).hint(HINT_PRIVILEGE)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Kills every process in the leaves and removes them; returns what was left behind.
+    pub fn remove(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for leaf in &self.leaves {
+            if let Err(e) = kill_all(leaf) {
+                problems.push(e);
+            }
+            if let Err(e) = rmdir_retrying(&leaf.dir) {
+                problems.push(e);
+            }
+        }
+        problems
+    }
+}
+
+fn missing(controller: Controller) -> JailError {
+    JailError::LimitUnavailable {
+        limit: controller.name(),
+        reason: format!(
+            "no mounted cgroup hierarchy offers the {0} controller (checked /proc/self/mountinfo); \
+             mount it (cgroup v1) or make it available in the v2 root's cgroup.controllers",
+            controller.name()
+        ),
+    }
+}
+
+fn mkdir_ok_if_exists(dir: &Path) -> Result<(), JailError> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(JailError::io("create cgroup", dir, e).hint(HINT_PRIVILEGE)),
+    }
+}
+
+fn create_leaf(
+    hierarchy: &Hierarchy,
+    controllers: &[Controller],
+    name: &str,
+) -> Result<Leaf, JailError> {
+    let parent = hierarchy.mount_point.join(PARENT);
+    let dir = parent.join(name);
+    mkdir_ok_if_exists(&parent)?;
+    match hierarchy.version {
+        CgroupVersion::V1 => {
+            if hierarchy.has("cpuset") {
+                inherit_cpuset(&parent)?;
+            }
+        }
+        CgroupVersion::V2 => {
+            // A v2 controller is usable in a cgroup only if every ancestor enables it for its
+            // children.
+            for cgroup in [&hierarchy.mount_point, &parent] {
+                enable_controllers(cgroup, controllers)?;
+            }
+        }
+    }
+    std::fs::create_dir(&dir).map_err(|e| {
+        let err = JailError::io("create cgroup", &dir, e);
+        if dir.exists() {
+            err.hint("it is left from a sandbox whose supervisor died; call cleanup_leftovers(name, state_dir)")
+        } else {
+            err.hint(HINT_PRIVILEGE)
+        }
+    })?;
+    let leaf = Leaf {
+        version: hierarchy.version,
+        dir,
+    };
+    if hierarchy.version == CgroupVersion::V1 && hierarchy.has("cpuset") {
+        if let Err(e) = inherit_cpuset(&leaf.dir) {
+            let _ = std::fs::remove_dir(&leaf.dir);
+            return Err(e);
+        }
+    }
+    Ok(leaf)
+}
+
+/// A new v1 cpuset cgroup starts with no CPUs and no memory nodes, and no task can join it
+/// until they are set: copy the parent's.
+fn inherit_cpuset(dir: &Path) -> Result<(), JailError> {
+    let Some(parent) = dir.parent() else {
+        return Ok(());
+    };
+    for file in ["cpuset.cpus", "cpuset.mems"] {
+        let own = dir.join(file);
+        let current = std::fs::read_to_string(&own).map_err(|e| JailError::io("read", &own, e))?;
+        if current.trim().is_empty() {
+            let from = parent.join(file);
+            let value =
+                std::fs::read_to_string(&from).map_err(|e| JailError::io("read", &from, e))?;
+            std::fs::write(&own, value.trim()).map_err(|e| JailError::io("write", &own, e))?;
+        }
+    }
+    Ok(())
+}
+
+fn enable_controllers(cgroup: &Path, controllers: &[Controller]) -> Result<(), JailError> {
+    let file = cgroup.join("cgroup.subtree_control");
+    let enabled = std::fs::read_to_string(&file).map_err(|e| JailError::io("read", &file, e))?;
+    for controller in controllers {
+        let name = controller.name();
+        if enabled.split_whitespace().any(|c| c == name) {
+            continue;
+        }
+        std::fs::write(&file, format!("+{name}")).map_err(|e| JailError::LimitUnavailable {
+            limit: name,
+            reason: format!(
+                "cannot enable the {name} controller in {}: {e}; {HINT_PRIVILEGE} \
+                 (on v2 a controller cannot be enabled for a cgroup that has processes of its own)",
+                file.display()
+            ),
+        })?;
+    }
+    Ok(())
+}
+
+fn apply(leaf: &Leaf, controller: Controller, limits: &Limits) -> Result<(), JailError> {
+    let swap = limits::SwapFacts::probe(leaf.version, &leaf.dir);
+    for setting in limits::settings(leaf.version, controller, limits, swap)? {
+        let path = leaf.dir.join(setting.file);
+        std::fs::write(&path, &setting.value).map_err(|e| JailError::LimitUnavailable {
+            limit: controller.name(),
+            reason: format!("writing {:?} to {}: {e}", setting.value, path.display()),
+        })?;
+    }
+    Ok(())
+}
+
+/// Pids listed in `dir/cgroup.procs` (none if the cgroup is gone).
+fn procs(dir: &Path) -> Result<Vec<Pid>, String> {
+    match std::fs::read_to_string(dir.join("cgroup.procs")) {
+        Ok(text) => Ok(text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .map(Pid::from_raw)
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(format!("cannot read {}/cgroup.procs: {e}", dir.display())),
+    }
+}
+
+/// SIGKILLs every process in the cgroup until it is empty.
+///
+/// A pid read from `cgroup.procs` may be reused by an unrelated process before we signal it,
+/// so each one is first pinned with a pidfd and only signalled through it if, after pinning,
+/// the pid is still listed in the cgroup. (If the pinned process died and its pid was reused
+/// inside the cgroup, the pidfd still names the dead process and the signal goes nowhere.)
+/// On v2 with `cgroup.kill` (Linux 5.14) the kernel does all of this atomically.
+fn kill_all(leaf: &Leaf) -> Result<(), String> {
+    if leaf.version == CgroupVersion::V2 {
+        let kill = leaf.dir.join("cgroup.kill");
+        if kill.exists() {
+            std::fs::write(&kill, "1")
+                .map_err(|e| format!("cannot write 1 to {}: {e}", kill.display()))?;
+        }
+    }
+    let deadline = Instant::now() + KILL_TIMEOUT;
+    loop {
+        let pids = procs(&leaf.dir)?;
+        if pids.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "processes {pids:?} are still in {} after {}s of SIGKILL",
+                leaf.dir.display(),
+                KILL_TIMEOUT.as_secs()
+            ));
+        }
+        for pid in pids {
+            let Ok(pidfd) = sys::pidfd_open(pid) else {
+                continue; // already gone
+            };
+            if procs(&leaf.dir)?.contains(&pid) {
+                match sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&pidfd), Signal::SIGKILL) {
+                    Ok(()) | Err(Errno::ESRCH) => {}
+                    Err(e) => {
+                        return Err(format!(
+                            "cannot kill process {pid} in {}: {e}",
+                            leaf.dir.display()
+                        ))
+                    }
+                }
+            }
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+fn rmdir_retrying(dir: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + RMDIR_TIMEOUT;
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                std::thread::sleep(POLL_INTERVAL);
+            }
+            Err(e) => return Err(format!("cannot remove cgroup {}: {e}", dir.display())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The v2 path cannot run for real on a host whose controllers sit on v1; on a plain
+    /// directory tree standing in for cgroupfs it shows which files are written.
+    #[test]
+    fn v2_flow_on_a_stand_in_hierarchy() {
+        let swap_active =
+            std::fs::read_to_string("/proc/swaps").is_ok_and(|s| s.lines().count() > 1);
+        if swap_active {
+            return; // The stand-in has no memory.swap.max: creation would rightly refuse.
+        }
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().to_path_buf();
+        std::fs::write(root.join("cgroup.subtree_control"), "cpu").expect("root control");
+        std::fs::create_dir(root.join(PARENT)).expect("parent");
+        std::fs::write(root.join(PARENT).join("cgroup.subtree_control"), "")
+            .expect("parent control");
+        let layout = Layout {
+            hierarchies: vec![Hierarchy {
+                version: CgroupVersion::V2,
+                mount_point: root.clone(),
+                controllers: vec!["cpu".into(), "memory".into(), "pids".into()],
+            }],
+        };
+        let limits = Limits {
+            cpu_millis: 2500,
+            memory_bytes: 1 << 30,
+            pids: 500,
+        };
+        let set = CgroupSet::create(&layout, "box", &limits).expect("create");
+        let leaf = root.join("dynocap/box");
+        assert_eq!(set.paths(), vec![leaf.clone()]);
+        let read = |p: &Path| std::fs::read_to_string(p).expect("read");
+        assert_eq!(read(&leaf.join("cpu.max")), "250000 100000");
+        assert_eq!(read(&leaf.join("memory.max")), "1073741824");
+        assert_eq!(read(&leaf.join("pids.max")), "500");
+        // "cpu" was already enabled at the root, so only memory and pids were written there
+        // (the stand-in keeps the last write); the parent had nothing and got all three.
+        assert_eq!(read(&root.join("cgroup.subtree_control")), "+pids");
+        assert_eq!(read(&root.join("dynocap/cgroup.subtree_control")), "+pids");
+        // A second sandbox of the same name is refused with the way out.
+        let err = CgroupSet::create(&layout, "box", &limits).expect_err("exists");
+        assert!(err.to_string().contains("cleanup_leftovers"), "{err}");
+    }
+
+    #[test]
+    fn missing_controller_is_named() {
+        let layout = Layout {
+            hierarchies: vec![],
+        };
+        let limits = Limits {
+            cpu_millis: 1000,
+            memory_bytes: 1 << 30,
+            pids: 10,
+        };
+        let err = CgroupSet::create(&layout, "x", &limits).expect_err("no hierarchies");
+        assert!(err.to_string().contains("cpu controller"), "{err}");
+    }
+}

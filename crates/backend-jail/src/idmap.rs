@@ -1,0 +1,202 @@
+//! How guest uids/gids map to host ids ([`IdMap`]), and writing that map into a new user
+//! namespace (`/proc/<pid>/{setgroups,uid_map,gid_map}`).
+//!
+//! Two modes:
+//! - **root** (the supervisor runs as host root): guest ids `0..65536` map to host
+//!   `1_000_000..1_065_536`. Guest root is never host root; host ids below the range (the
+//!   host's own users) do not exist in the guest, so host files show as `nobody`.
+//! - **rootless** (an unprivileged supervisor): the kernel allows mapping only the caller's
+//!   own ids, which appear as guest `1000:1000`; `setgroups` is denied (required before an
+//!   unprivileged `gid_map` write, and it means the guest cannot drop the caller's
+//!   supplementary groups).
+//!
+//! All sandboxes of a root supervisor share the one range: they are kept apart by their
+//! namespaces, not by distinct host ids.
+
+use std::path::PathBuf;
+
+use nix::unistd::{getegid, geteuid, Pid};
+
+use crate::error::{JailError, HINT_PRIVILEGE};
+
+/// First host id of the range guest ids map to when the supervisor runs as root.
+pub const ROOT_MODE_HOST_BASE: u32 = 1_000_000;
+/// Number of guest ids mapped when the supervisor runs as root.
+pub const ROOT_MODE_COUNT: u32 = 65_536;
+/// Guest uid and gid the caller's own ids appear as when the supervisor is unprivileged.
+pub const ROOTLESS_GUEST_ID: u32 = 1000;
+
+/// One contiguous mapping: guest ids `guest..guest+count` are host ids `host..host+count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdRange {
+    /// First id inside the namespace.
+    pub guest: u32,
+    /// First id outside.
+    pub host: u32,
+    /// How many ids.
+    pub count: u32,
+}
+
+impl IdRange {
+    fn to_host(self, guest: u32) -> Option<u32> {
+        let offset = guest.checked_sub(self.guest)?;
+        (offset < self.count).then(|| self.host + offset)
+    }
+
+    fn to_guest(self, host: u32) -> Option<u32> {
+        let offset = host.checked_sub(self.host)?;
+        (offset < self.count).then(|| self.guest + offset)
+    }
+
+    /// The `/proc/<pid>/uid_map` line for this range.
+    fn map_line(self) -> String {
+        format!("{} {} {}\n", self.guest, self.host, self.count)
+    }
+}
+
+/// How guest ids map to host ids for one jail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdMap {
+    /// The uid mapping.
+    pub uids: IdRange,
+    /// The gid mapping.
+    pub gids: IdRange,
+    rootless: bool,
+}
+
+impl IdMap {
+    /// The map a jail spawned by this process gets: root mode when the effective uid is 0,
+    /// else rootless.
+    pub fn for_current_process() -> IdMap {
+        let uid = geteuid();
+        if uid.is_root() {
+            IdMap::root_mode()
+        } else {
+            IdMap::rootless(uid.as_raw(), getegid().as_raw())
+        }
+    }
+
+    /// Guest `0..65536` on host `1_000_000..1_065_536`.
+    pub fn root_mode() -> IdMap {
+        let range = IdRange {
+            guest: 0,
+            host: ROOT_MODE_HOST_BASE,
+            count: ROOT_MODE_COUNT,
+        };
+        IdMap {
+            uids: range,
+            gids: range,
+            rootless: false,
+        }
+    }
+
+    /// The caller's `host_uid`/`host_gid` as guest 1000:1000, nothing else mapped.
+    pub fn rootless(host_uid: u32, host_gid: u32) -> IdMap {
+        let one = |host| IdRange {
+            guest: ROOTLESS_GUEST_ID,
+            host,
+            count: 1,
+        };
+        IdMap {
+            uids: one(host_uid),
+            gids: one(host_gid),
+            rootless: true,
+        }
+    }
+
+    /// The host uid a guest uid is, if it is mapped.
+    pub fn to_host(&self, guest_uid: u32) -> Option<u32> {
+        self.uids.to_host(guest_uid)
+    }
+
+    /// The host gid a guest gid is, if it is mapped.
+    pub fn gid_to_host(&self, guest_gid: u32) -> Option<u32> {
+        self.gids.to_host(guest_gid)
+    }
+
+    /// The guest uid a host uid appears as, if it is mapped.
+    pub fn to_guest(&self, host_uid: u32) -> Option<u32> {
+        self.uids.to_guest(host_uid)
+    }
+
+    /// The guest gid a host gid appears as, if it is mapped.
+    pub fn gid_to_guest(&self, host_gid: u32) -> Option<u32> {
+        self.gids.to_guest(host_gid)
+    }
+
+    /// True when only the caller's own ids are mapped (unprivileged supervisor).
+    pub fn is_rootless(&self) -> bool {
+        self.rootless
+    }
+
+    /// Guest uid the agent runs as: 0 in root mode, 1000 when rootless.
+    pub fn init_uid(&self) -> u32 {
+        if self.rootless {
+            ROOTLESS_GUEST_ID
+        } else {
+            0
+        }
+    }
+
+    /// Guest gid the agent runs as.
+    pub fn init_gid(&self) -> u32 {
+        self.init_uid()
+    }
+
+    /// Host uid/gid that own what the guest init owns: the overlay's upper and work dirs.
+    pub(crate) fn init_host_ids(&self) -> (u32, u32) {
+        // The init ids lie inside their ranges by construction: the fallbacks are never taken.
+        (
+            self.to_host(self.init_uid()).unwrap_or(self.uids.host),
+            self.gid_to_host(self.init_gid()).unwrap_or(self.gids.host),
+        )
+    }
+
+    /// Writes the map for the (not yet running) child `pid` that owns a fresh user namespace.
+    pub(crate) fn write_for(&self, pid: Pid) -> Result<(), JailError> {
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        let write = |file: &str, content: &str| {
+            let path = proc_dir.join(file);
+            // One write(2): the kernel accepts a map only in a single write.
+            std::fs::write(&path, content).map_err(|e| {
+                JailError::io(&format!("write {content:?} to"), &path, e).hint(HINT_PRIVILEGE)
+            })
+        };
+        if self.rootless {
+            write("setgroups", "deny")?;
+        }
+        write("uid_map", &self.uids.map_line())?;
+        write("gid_map", &self.gids.map_line())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_mode_never_maps_host_root() {
+        let map = IdMap::root_mode();
+        assert_eq!(map.to_host(0), Some(1_000_000));
+        assert_eq!(map.to_host(1000), Some(1_001_000));
+        assert_eq!(map.to_host(65_535), Some(1_065_535));
+        assert_eq!(map.to_host(65_536), None);
+        assert_eq!(map.to_guest(0), None);
+        assert_eq!(map.to_guest(1_000_000), Some(0));
+        assert_eq!(map.init_uid(), 0);
+        assert_eq!(map.init_host_ids(), (1_000_000, 1_000_000));
+        assert_eq!(map.uids.map_line(), "0 1000000 65536\n");
+    }
+
+    #[test]
+    fn rootless_maps_only_the_caller() {
+        let map = IdMap::rootless(1234, 5678);
+        assert_eq!(map.to_host(1000), Some(1234));
+        assert_eq!(map.gid_to_host(1000), Some(5678));
+        assert_eq!(map.to_host(0), None);
+        assert_eq!(map.to_host(1001), None);
+        assert_eq!(map.init_uid(), 1000);
+        assert_eq!(map.init_host_ids(), (1234, 5678));
+        assert_eq!(map.gids.map_line(), "1000 5678 1\n");
+    }
+}

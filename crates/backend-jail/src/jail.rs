@@ -1,0 +1,172 @@
+//! [`Jail`]: a running sandbox as the supervisor holds it (the init's pid and pidfd, the
+//! channel, the cgroups and layers it owns) and its teardown.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+
+use nix::errno::Errno;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::cgroup::CgroupSet;
+use crate::error::JailError;
+use crate::idmap::IdMap;
+use crate::layers::Layers;
+use crate::spec::JailSpec;
+use crate::sys;
+
+/// A running sandbox. Dropping it without [`Jail::destroy`] tears it down too (best effort,
+/// errors ignored).
+#[derive(Debug)]
+pub struct Jail {
+    name: String,
+    pid: Pid,
+    pidfd: OwnedFd,
+    channel: Option<OwnedFd>,
+    id_map: IdMap,
+    cgroups: CgroupSet,
+    layers: Layers,
+    /// How the init ended, once reaped.
+    exit: Option<WaitStatus>,
+    torn_down: bool,
+}
+
+impl Jail {
+    /// Builds and starts a sandbox; returns once the agent has been exec'd.
+    ///
+    /// Must be called while the calling process has exactly one thread (before any tokio
+    /// runtime or other thread starts): the guest init runs Rust code between clone and exec,
+    /// which is only sound in a copy of a single-threaded process. Checked via
+    /// `/proc/self/status`; refused otherwise.
+    ///
+    /// The thread that calls this must outlive the sandbox: the guest is SIGKILLed when it
+    /// exits (`PR_SET_PDEATHSIG` follows the creating thread). The caller must not reap
+    /// children it did not start (`waitpid(-1)`, `SIGCHLD` set to `SIG_IGN`): [`Jail::destroy`]
+    /// reaps the init.
+    pub fn spawn(spec: &JailSpec) -> Result<Jail, JailError> {
+        crate::spawn::spawn(spec)
+    }
+
+    pub(crate) fn new(
+        spec: &JailSpec,
+        pid: Pid,
+        pidfd: OwnedFd,
+        channel: OwnedFd,
+        id_map: IdMap,
+        cgroups: CgroupSet,
+        layers: Layers,
+    ) -> Jail {
+        Jail {
+            name: spec.name.clone(),
+            pid,
+            pidfd,
+            channel: Some(channel),
+            id_map,
+            cgroups,
+            layers,
+            exit: None,
+            torn_down: false,
+        }
+    }
+
+    /// The sandbox's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Host pid of the guest's PID 1 (the agent).
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// The host end of the agent channel (a `SOCK_STREAM` unix socket, close-on-exec; the
+    /// guest end is the agent's fd 3). `None` after the first call.
+    pub fn take_channel(&mut self) -> Option<OwnedFd> {
+        self.channel.take()
+    }
+
+    /// A pidfd of the guest init: it becomes readable when the guest dies (the whole pid
+    /// namespace dies with its init), for async "guest died" detection.
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    /// How guest ids map to host ids.
+    pub fn id_map(&self) -> IdMap {
+        self.id_map
+    }
+
+    /// The sandbox's cgroup directories, one per hierarchy involved.
+    pub fn cgroup_paths(&self) -> Vec<PathBuf> {
+        self.cgroups.paths()
+    }
+
+    pub(crate) fn cgroup_set(&self) -> &CgroupSet {
+        &self.cgroups
+    }
+
+    /// Reaps the init if it has exited, without blocking; `Some` once it has (and from then
+    /// on), `None` while it runs.
+    pub fn try_wait(&mut self) -> Result<Option<WaitStatus>, JailError> {
+        if self.exit.is_none() {
+            match waitpid(self.pid, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => {}
+                Ok(status) => self.exit = Some(status),
+                Err(e) => return Err(JailError::sys(format!("waitpid({})", self.pid), e)),
+            }
+        }
+        Ok(self.exit)
+    }
+
+    /// SIGKILLs the init (the whole pid namespace dies with it), reaps it, kills whatever is
+    /// left in the cgroups, removes them, and deletes `upper/`, `work/` and `root/` from the
+    /// state dir. The guest's mounts live only in its mount namespace, which is gone with it.
+    pub fn destroy(mut self) -> Result<(), JailError> {
+        let problems = self.teardown();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(JailError::Teardown(problems))
+        }
+    }
+
+    fn teardown(&mut self) -> Vec<String> {
+        if std::mem::replace(&mut self.torn_down, true) {
+            return Vec::new();
+        }
+        let mut problems = Vec::new();
+        self.channel = None;
+        if self.exit.is_none() {
+            match sys::pidfd_send_signal(self.pidfd.as_fd(), Signal::SIGKILL) {
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(e) => problems.push(format!("cannot SIGKILL the guest init {}: {e}", self.pid)),
+            }
+            loop {
+                match waitpid(self.pid, None) {
+                    Ok(status) => {
+                        self.exit = Some(status);
+                        break;
+                    }
+                    Err(Errno::EINTR) => continue,
+                    // Reaped by someone else: nothing left to wait for.
+                    Err(Errno::ECHILD) => break,
+                    Err(e) => {
+                        problems.push(format!("cannot reap the guest init {}: {e}", self.pid));
+                        break;
+                    }
+                }
+            }
+        }
+        problems.extend(self.cgroups.remove());
+        problems.extend(self.layers.remove());
+        problems
+    }
+}
+
+impl Drop for Jail {
+    fn drop(&mut self) {
+        // Errors cannot be reported from drop; destroy() is the checked path.
+        let _ = self.teardown();
+    }
+}

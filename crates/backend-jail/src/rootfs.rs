@@ -1,0 +1,373 @@
+//! The guest's filesystem, built by the guest init inside its own mount namespace and then
+//! made its root:
+//!
+//! ```text
+//! /              overlay: lower = image_root, upper = state/upper (nosuid, nodev)
+//! /proc          fresh procfs of the new pid namespace (nosuid, nodev, noexec), with
+//!                Docker's masked paths covered and its read-only paths re-bound read-only
+//! /dev           tmpfs 0755 (nosuid, noexec) with the host's null, zero, full, random,
+//!                urandom and tty bound in (no mknod in a user namespace), devpts at /dev/pts
+//!                (its own instance), tmpfs /dev/shm, and the usual symlinks
+//! /tmp           tmpfs 1777 (nosuid, nodev)
+//! <ro_binds>     recursive binds, read-only, nosuid, nodev
+//! /.dynocap/agent  the agent binary, bound read-only
+//! ```
+//!
+//! Host paths are opened once, early, by [`open_host`] while the init still has the
+//! supervisor's host uid: the state dir may be private to it (0700), and the init loses that
+//! access when it becomes the guest's root. Everything after that goes through those fds,
+//! and mount targets are resolved inside the new root (see `resolve`). No sysfs is mounted:
+//! it would show the host's devices and network interfaces' hardware.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{open, openat, OFlag};
+use nix::mount::{umount2, MntFlags};
+use nix::sys::stat::{fstat, Mode, SFlag};
+use nix::unistd::{chdir, fchdir, pivot_root, symlinkat};
+
+use crate::failure::{Context, Failure};
+use crate::newmount::{self, FsContext, NODEV, NOEXEC, NOSUID, RDONLY};
+use crate::resolve::{self, Kind};
+
+/// Host device nodes bound into the guest's /dev.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// /proc files hidden behind /dev/null, and directories behind an empty read-only tmpfs, as
+/// Docker masks them: host information (kernel memory, timers, keys, hardware) the guest has
+/// no use for.
+const PROC_MASKED_FILES: &[&str] = &[
+    "kcore",
+    "keys",
+    "latency_stats",
+    "timer_list",
+    "timer_stats",
+    "sched_debug",
+];
+const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi"];
+/// /proc entries made read-only, as Docker does. In the jail's user namespace most of these
+/// already belong to (unmapped) host root; this also freezes the namespace-owned ones
+/// (e.g. the netns sysctls under sys/net).
+const PROC_READ_ONLY: &[&str] = &["bus", "fs", "irq", "sys", "sysrq-trigger"];
+
+/// Symlinks created in the guest's /dev: (name, target).
+const DEV_LINKS: &[(&str, &str)] = &[
+    ("ptmx", "pts/ptmx"),
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+];
+
+/// What the root is built from (all host paths absolute, targets relative to the guest root).
+#[derive(Debug, Clone)]
+pub(crate) struct RootPlan {
+    pub image_root: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    /// Where the overlay is attached on the host side (`state/root`).
+    pub mountpoint: PathBuf,
+    /// (host source, guest target relative to `/`).
+    pub binds: Vec<(PathBuf, PathBuf)>,
+    pub agent: PathBuf,
+    /// Relative guest path of the agent (`.dynocap/agent`).
+    pub agent_target: PathBuf,
+    /// Guest gid owning pty slaves (`tty`, 5) if it is mapped.
+    pub tty_gid: Option<u32>,
+}
+
+/// A host source opened for binding.
+pub(crate) struct Source {
+    fd: OwnedFd,
+    host: PathBuf,
+    is_dir: bool,
+}
+
+/// Every host file the root needs, opened before the init drops the supervisor's uid.
+pub(crate) struct HostFds {
+    image: OwnedFd,
+    upper: OwnedFd,
+    work: OwnedFd,
+    mountpoint: OwnedFd,
+    binds: Vec<(Source, PathBuf)>,
+    agent: Source,
+    devices: Vec<(&'static str, Source)>,
+}
+
+fn open_dir(path: &Path) -> Result<OwnedFd, Failure> {
+    open(
+        path,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .context(|| format!("opening {}", path.display()))
+}
+
+/// Opens a bind source, following symlinks as `mount --bind` does.
+fn open_source(path: &Path) -> Result<Source, Failure> {
+    let fd = open(path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())
+        .context(|| format!("opening bind source {}", path.display()))?;
+    let is_dir =
+        is_dir(fd.as_fd()).context(|| format!("stat of bind source {}", path.display()))?;
+    Ok(Source {
+        fd,
+        host: path.to_owned(),
+        is_dir,
+    })
+}
+
+fn is_dir(fd: BorrowedFd<'_>) -> Result<bool, nix::errno::Errno> {
+    let st = fstat(fd)?;
+    Ok(SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR)
+}
+
+/// Opens every host path in `plan` (see the module doc for why this happens first).
+pub(crate) fn open_host(plan: &RootPlan) -> Result<HostFds, Failure> {
+    Ok(HostFds {
+        image: open_dir(&plan.image_root)?,
+        upper: open_dir(&plan.upper)?,
+        work: open_dir(&plan.work)?,
+        mountpoint: open_dir(&plan.mountpoint)?,
+        binds: plan
+            .binds
+            .iter()
+            .map(|(source, target)| Ok((open_source(source)?, target.clone())))
+            .collect::<Result<_, Failure>>()?,
+        agent: open_source(&plan.agent)?,
+        devices: DEVICES
+            .iter()
+            .map(|name| Ok((*name, open_source(&Path::new("/dev").join(name))?)))
+            .collect::<Result<_, Failure>>()?,
+    })
+}
+
+/// `/proc/self/fd/N`: how a path-taking interface (overlay's layer options) is pointed at an
+/// fd. The kernel follows these magic links without checking the directories above the
+/// target, which the init may no longer be allowed to search.
+fn fd_path(fd: BorrowedFd<'_>) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// Builds the whole tree and pivots into it. On return the old root is gone.
+pub(crate) fn build(plan: &RootPlan, host: &HostFds) -> Result<(), Failure> {
+    let root = mount_overlay(plan, host)?;
+    let root = root.as_fd();
+
+    let proc = FsContext::new("proc").context(|| "creating a procfs instance")?;
+    let proc = attach_new(root, "proc", proc, NOSUID | NODEV | NOEXEC)?;
+    mask_proc(proc.as_fd(), host)?;
+
+    mount_dev(root, plan, host)?;
+
+    let tmp = tmpfs(&[("mode", "1777")])?;
+    attach_new(root, "tmp", tmp, NOSUID | NODEV)?;
+
+    for (source, target) in &host.binds {
+        bind_read_only(root, source, target, true)?;
+    }
+    bind_read_only(root, &host.agent, &plan.agent_target, false)?;
+
+    pivot(root)
+}
+
+/// Creates the overlay, attaches it on `state/root` and returns its root.
+fn mount_overlay(plan: &RootPlan, host: &HostFds) -> Result<OwnedFd, Failure> {
+    let what = || {
+        format!(
+            "mounting the overlay (lower {}, upper {}) on {}",
+            plan.image_root.display(),
+            plan.upper.display(),
+            plan.mountpoint.display()
+        )
+    };
+    let ctx = FsContext::new("overlay").context(what)?;
+    ctx.set("lowerdir", &fd_path(host.image.as_fd()))
+        .context(what)?;
+    ctx.set("upperdir", &fd_path(host.upper.as_fd()))
+        .context(what)?;
+    ctx.set("workdir", &fd_path(host.work.as_fd()))
+        .context(what)?;
+    // Overlay metadata in user.overlay.* xattrs: the trusted.* namespace needs host
+    // CAP_SYS_ADMIN.
+    ctx.flag("userxattr").context(what)?;
+    let root = ctx
+        .mount(NOSUID | NODEV)
+        .map_err(|(errno, log)| with_log(Failure::new(what(), errno), &log))?;
+    newmount::attach(root.as_fd(), host.mountpoint.as_fd()).context(what)?;
+    Ok(root)
+}
+
+fn with_log(failure: Failure, log: &str) -> Failure {
+    if log.is_empty() {
+        failure
+    } else {
+        Failure::message(format!("{failure} (kernel: {log})"))
+    }
+}
+
+fn tmpfs(options: &[(&str, &str)]) -> Result<FsContext, Failure> {
+    let ctx = FsContext::new("tmpfs").context(|| "creating a tmpfs instance")?;
+    for (key, value) in options {
+        ctx.set(key, value)
+            .context(|| format!("setting tmpfs option {key}={value}"))?;
+    }
+    Ok(ctx)
+}
+
+/// Mounts a new filesystem instance at `rel` (a directory) inside `root`.
+fn attach_new(
+    root: BorrowedFd<'_>,
+    rel: &str,
+    ctx: FsContext,
+    attrs: u64,
+) -> Result<OwnedFd, Failure> {
+    let what = || format!("mounting /{rel}");
+    let target = resolve::mountpoint(root, Path::new(rel), Kind::Dir)
+        .context(|| format!("creating the mountpoint /{rel}"))?;
+    let mount = ctx
+        .mount(attrs)
+        .map_err(|(errno, log)| with_log(Failure::new(what(), errno), &log))?;
+    newmount::attach(mount.as_fd(), target.as_fd()).context(what)?;
+    Ok(mount)
+}
+
+/// Binds `source` read-only (plus nosuid, nodev) at `target` inside `root`.
+fn bind_read_only(
+    root: BorrowedFd<'_>,
+    source: &Source,
+    target: &Path,
+    recursive: bool,
+) -> Result<(), Failure> {
+    let what = || {
+        format!(
+            "binding {} read-only onto /{}",
+            source.host.display(),
+            target.display()
+        )
+    };
+    let kind = if source.is_dir { Kind::Dir } else { Kind::File };
+    let target_fd = resolve::mountpoint(root, target, kind)
+        .context(|| format!("creating the mountpoint /{}", target.display()))?;
+    if is_dir(target_fd.as_fd()).context(what)? != source.is_dir {
+        let (source_kind, target_kind) = if source.is_dir {
+            ("a directory", "is not")
+        } else {
+            ("not a directory", "is one")
+        };
+        return Err(Failure::message(format!(
+            "{}: the source is {source_kind} but the target {target_kind}",
+            what()
+        )));
+    }
+    let tree = newmount::clone_tree(source.fd.as_fd(), recursive).context(what)?;
+    // Read-only before it is attached: never visible writable, submounts included.
+    newmount::set_attrs(tree.as_fd(), RDONLY | NOSUID | NODEV, recursive).context(what)?;
+    newmount::attach(tree.as_fd(), target_fd.as_fd()).context(what)
+}
+
+fn mount_dev(root: BorrowedFd<'_>, plan: &RootPlan, host: &HostFds) -> Result<(), Failure> {
+    let ctx = tmpfs(&[("mode", "0755"), ("size", "1m"), ("nr_inodes", "4096")])?;
+    let dev = attach_new(root, "dev", ctx, NOSUID | NOEXEC)?;
+    let dev = dev.as_fd();
+
+    for (name, source) in &host.devices {
+        let what = || format!("binding /dev/{name} from the host");
+        let node = openat(
+            dev,
+            *name,
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o666),
+        )
+        .context(|| format!("creating /dev/{name}"))?;
+        drop(node);
+        let target = openat(
+            dev,
+            *name,
+            OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        )
+        .context(what)?;
+        let tree = newmount::clone_tree(source.fd.as_fd(), false).context(what)?;
+        newmount::set_attrs(tree.as_fd(), NOSUID | NOEXEC, false).context(what)?;
+        newmount::attach(tree.as_fd(), target.as_fd()).context(what)?;
+    }
+
+    let devpts = FsContext::new("devpts").context(|| "creating a devpts instance")?;
+    // Its own instance (the only kind since Linux 4.7; explicit for older kernels): the
+    // guest sees none of the host's terminals.
+    devpts
+        .flag("newinstance")
+        .context(|| "setting devpts option newinstance")?;
+    for (key, value) in [("ptmxmode", "0666"), ("mode", "0620")] {
+        devpts
+            .set(key, value)
+            .context(|| format!("setting devpts option {key}={value}"))?;
+    }
+    if let Some(gid) = plan.tty_gid {
+        devpts
+            .set("gid", &gid.to_string())
+            .context(|| "setting devpts option gid")?;
+    }
+    attach_new(dev, "pts", devpts, NOSUID | NOEXEC)?;
+
+    let shm = tmpfs(&[("mode", "1777")])?;
+    attach_new(dev, "shm", shm, NOSUID | NODEV | NOEXEC)?;
+
+    for (name, target) in DEV_LINKS {
+        symlinkat(*target, dev, *name).context(|| format!("creating the symlink /dev/{name}"))?;
+    }
+    Ok(())
+}
+
+/// Applies the masks and read-only binds on the fresh /proc (see the constants).
+fn mask_proc(proc: BorrowedFd<'_>, host: &HostFds) -> Result<(), Failure> {
+    let Some((_, null)) = host.devices.iter().find(|(name, _)| *name == "null") else {
+        return Err(Failure::message(
+            "no host /dev/null to mask /proc entries with",
+        ));
+    };
+    let present = |name: &str| match resolve::open_in_root(proc, Path::new(name)) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(nix::errno::Errno::ENOENT) => Ok(None),
+        Err(e) => Err(Failure::new(format!("opening /proc/{name}"), e)),
+    };
+    for name in PROC_MASKED_FILES {
+        if let Some(target) = present(name)? {
+            let what = || format!("masking /proc/{name}");
+            let tree = newmount::clone_tree(null.fd.as_fd(), false).context(what)?;
+            // Not nodev: reading the masked file is reading /dev/null.
+            newmount::set_attrs(tree.as_fd(), RDONLY | NOSUID | NOEXEC, false).context(what)?;
+            newmount::attach(tree.as_fd(), target.as_fd()).context(what)?;
+        }
+    }
+    for name in PROC_MASKED_DIRS {
+        if let Some(target) = present(name)? {
+            let what = || format!("masking /proc/{name}");
+            let empty = tmpfs(&[("mode", "0555"), ("size", "0")])?
+                .mount(RDONLY | NOSUID | NODEV | NOEXEC)
+                .map_err(|(errno, log)| with_log(Failure::new(what(), errno), &log))?;
+            newmount::attach(empty.as_fd(), target.as_fd()).context(what)?;
+        }
+    }
+    for name in PROC_READ_ONLY {
+        if let Some(target) = present(name)? {
+            let what = || format!("making /proc/{name} read-only");
+            let tree = newmount::clone_tree(target.as_fd(), true).context(what)?;
+            newmount::set_attrs(tree.as_fd(), RDONLY | NOSUID | NODEV | NOEXEC, true)
+                .context(what)?;
+            newmount::attach(tree.as_fd(), target.as_fd()).context(what)?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes `root` the root of this mount namespace and detaches the old one entirely.
+fn pivot(root: BorrowedFd<'_>) -> Result<(), Failure> {
+    fchdir(root).context(|| "entering the new root")?;
+    // pivot_root(".", ".") stacks the old root on top of the new one, so no put_old
+    // directory is needed; the detach below then drops every host mount from view.
+    pivot_root(".", ".").context(|| "pivot_root into the new root")?;
+    umount2(".", MntFlags::MNT_DETACH).context(|| "detaching the old root")?;
+    chdir("/").context(|| "entering /")
+}

@@ -1,0 +1,227 @@
+//! The supervisor's half of starting a jail: preflight checks, host-side preparation
+//! (layers, cgroups, channels), the clone, and the handshake with the guest init (id maps,
+//! cgroup membership, release, wait for exec or a failure report).
+
+use std::ffi::CString;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sched::CloneFlags;
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use nix::sys::wait::WaitStatus;
+use nix::unistd::{Gid, Uid};
+
+use crate::caps;
+use crate::cgroup::{CgroupSet, Layout};
+use crate::child::{self, ChildEnds, ChildPlan};
+use crate::error::JailError;
+use crate::idmap::IdMap;
+use crate::jail::Jail;
+use crate::layers::Layers;
+use crate::newmount;
+use crate::rootfs::RootPlan;
+use crate::seccomp;
+use crate::spec::{guest_relative, JailSpec, AGENT_GUEST_PATH, CHANNEL_FD};
+use crate::sync::{self, Channels, Outcome};
+use crate::sys::{self, CloneResult};
+
+/// Namespaces the guest gets at clone; the cgroup namespace follows once it is in its
+/// cgroups (see `child`).
+const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWUSER
+    .union(CloneFlags::CLONE_NEWNS)
+    .union(CloneFlags::CLONE_NEWPID)
+    .union(CloneFlags::CLONE_NEWNET)
+    .union(CloneFlags::CLONE_NEWIPC)
+    .union(CloneFlags::CLONE_NEWUTS);
+
+/// How long the guest init may take from release to exec.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Guest group that owns pty slaves.
+const TTY_GID: u32 = 5;
+
+const PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+const HINT_USERNS: &str = "user namespaces look disabled or exhausted: check \
+    /proc/sys/user/max_user_namespaces, kernel.unprivileged_userns_clone (Debian) and \
+    kernel.apparmor_restrict_unprivileged_userns (Ubuntu); `dynocap doctor` shows details";
+
+pub(crate) fn spawn(spec: &JailSpec) -> Result<Jail, JailError> {
+    match sys::thread_count() {
+        Ok(1) => {}
+        Ok(threads) => return Err(JailError::NotSingleThreaded { threads }),
+        Err(e) => return Err(JailError::io("read", Path::new("/proc/self/status"), e)),
+    }
+    spec.validate()?;
+    if !newmount::available() {
+        return Err(JailError::sys(
+            "the fd-based mount API (mount_setattr)",
+            nix::errno::Errno::ENOSYS,
+        )
+        .hint("the jail backend needs Linux 5.12 or newer"));
+    }
+    let ids = IdMap::for_current_process();
+    let plan = plan(spec, &ids)?;
+    let layout = Layout::discover()?;
+
+    let layers = Layers::prepare(spec, &ids)?;
+    let cgroups = match CgroupSet::create(&layout, &spec.name, &spec.limits) {
+        Ok(cgroups) => cgroups,
+        Err(e) => {
+            let _ = layers.remove();
+            return Err(e);
+        }
+    };
+    let undo = |layers: &Layers, cgroups: &CgroupSet| {
+        let _ = cgroups.remove();
+        let _ = layers.remove();
+    };
+    let (channels, host_channel, guest_channel) = match make_channels() {
+        Ok(c) => c,
+        Err(e) => {
+            undo(&layers, &cgroups);
+            return Err(e);
+        }
+    };
+
+    // SAFETY: the process was verified single-threaded above and nothing since has started a
+    // thread; the child branch ends in child::run, which never returns.
+    let cloned = unsafe { sys::clone_fork(NAMESPACES) };
+    let (pid, pidfd) = match cloned {
+        Ok(CloneResult::Child) => {
+            let Channels {
+                sync_parent,
+                sync_child,
+                errors_read,
+                errors_write,
+            } = channels;
+            // Our copy of the supervisor's ends must close, or EOF could never be seen.
+            drop((sync_parent, errors_read, host_channel));
+            let ends = ChildEnds {
+                sync: sync_child,
+                errors: errors_write,
+                channel: guest_channel,
+            };
+            child::run(&plan, ends)
+        }
+        Ok(CloneResult::Parent { pid, pidfd }) => (pid, pidfd),
+        Err(errno) => {
+            undo(&layers, &cgroups);
+            return Err(JailError::sys(
+                "clone into new user/mount/pid/net/ipc/uts namespaces",
+                errno,
+            )
+            .hint(HINT_USERNS));
+        }
+    };
+    let Channels {
+        sync_parent,
+        sync_child,
+        errors_read,
+        errors_write,
+    } = channels;
+    drop((sync_child, errors_write, guest_channel));
+
+    // From here on, dropping `jail` kills the init and removes everything.
+    let mut jail = Jail::new(spec, pid, pidfd, host_channel, ids, cgroups, layers);
+    ids.write_for(pid)?;
+    jail.cgroup_set().attach(pid)?;
+    sync::release(sync_parent.as_fd())
+        .map_err(|e| JailError::sys("releasing the guest init", e))?;
+    match sync::read_outcome(errors_read.as_fd(), SETUP_TIMEOUT)
+        .map_err(|e| JailError::sys("reading the guest init's error pipe", e))?
+    {
+        Outcome::Exec => {}
+        Outcome::Failed(report) => return Err(JailError::GuestSetup(report)),
+        Outcome::TimedOut => {
+            return Err(JailError::Timeout {
+                what: "the guest init to exec the agent",
+                secs: SETUP_TIMEOUT.as_secs(),
+            })
+        }
+    }
+    if let Some(status) = jail.try_wait()? {
+        return Err(JailError::GuestDied(describe(status)));
+    }
+    // The init no longer needs the supervisor's end once it has exec'd.
+    drop(sync_parent);
+    Ok(jail)
+}
+
+/// The sync and error channels, and the agent channel (a `SOCK_STREAM` socketpair, both ends
+/// close-on-exec: the init re-creates its end as fd 3 without the flag).
+fn make_channels() -> Result<(Channels, std::os::fd::OwnedFd, std::os::fd::OwnedFd), JailError> {
+    let channels = Channels::new().map_err(|e| JailError::sys("creating the sync channels", e))?;
+    let (host, guest) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| JailError::sys("creating the agent channel socketpair", e))?;
+    Ok((channels, host, guest))
+}
+
+fn cstring(what: &str, s: &str) -> Result<CString, JailError> {
+    CString::new(s)
+        .map_err(|_| JailError::InvalidSpec(format!("{what} contains a NUL byte: {s:?}")))
+}
+
+/// Everything the guest init will need, built before clone.
+fn plan(spec: &JailSpec, ids: &IdMap) -> Result<ChildPlan, JailError> {
+    let layers = Layers::at(&spec.state_dir);
+    let binds = spec
+        .ro_binds
+        .iter()
+        .map(|b| Ok((b.source.clone(), guest_relative(&b.target)?)))
+        .collect::<Result<Vec<(PathBuf, PathBuf)>, JailError>>()?;
+    let root = RootPlan {
+        image_root: spec.image_root.clone(),
+        upper: layers.upper,
+        work: layers.work,
+        mountpoint: layers.root,
+        binds,
+        agent: spec.agent_binary.clone(),
+        agent_target: guest_relative(Path::new(AGENT_GUEST_PATH))?,
+        tty_gid: ids.gid_to_host(TTY_GID).map(|_| TTY_GID),
+    };
+    let exe = cstring("agent path", AGENT_GUEST_PATH)?;
+    let mut argv = vec![
+        exe.clone(),
+        cstring("argument", "--channel-fd")?,
+        cstring("argument", &CHANNEL_FD.to_string())?,
+    ];
+    for arg in &spec.agent_args {
+        argv.push(cstring("agent argument", arg)?);
+    }
+    let home = if ids.is_rootless() {
+        "HOME=/"
+    } else {
+        "HOME=/root"
+    };
+    let envp = [PATH, home, "container=dynocap"]
+        .iter()
+        .map(|v| cstring("environment", v))
+        .collect::<Result<_, _>>()?;
+    Ok(ChildPlan {
+        hostname: spec.hostname.clone(),
+        root,
+        uid: Uid::from_raw(ids.init_uid()),
+        gid: Gid::from_raw(ids.init_gid()),
+        drop_groups: !ids.is_rootless(),
+        exe,
+        argv,
+        envp,
+        seccomp: seccomp::program()?,
+        caps: caps::docker_default_mask(),
+    })
+}
+
+fn describe(status: WaitStatus) -> String {
+    match status {
+        WaitStatus::Exited(_, code) => format!("exit status {code}"),
+        WaitStatus::Signaled(_, signal, _) => format!("killed by {signal}"),
+        other => format!("{other:?}"),
+    }
+}

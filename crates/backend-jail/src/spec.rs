@@ -1,0 +1,294 @@
+//! What the engine asks for: [`JailSpec`] and its parts, and the checks that run before
+//! anything is created (names, absolute guest paths, limits in range, host paths present).
+
+use std::path::{Component, Path, PathBuf};
+
+use crate::error::JailError;
+
+/// Where the agent binary appears inside the guest.
+pub const AGENT_GUEST_PATH: &str = "/.dynocap/agent";
+
+/// The agent's end of the channel socket inside the guest.
+pub const CHANNEL_FD: i32 = 3;
+
+/// Everything needed to build one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JailSpec {
+    /// Stable, never-reused key of the sandbox: the cgroup leaf name (`dynocap/<name>`) and
+    /// what [`crate::cleanup_leftovers`] is called with. 1 to 63 characters from
+    /// `[A-Za-z0-9_.-]`, starting with a letter or digit.
+    pub name: String,
+    /// Hostname inside the guest; same rules as `name`.
+    pub hostname: String,
+    /// Read-only lower layer of the overlay root (a rootfs directory owned by host root). It
+    /// may contain empty directories as mountpoints for `ro_binds`, `/proc`, `/dev`, `/tmp`.
+    pub image_root: PathBuf,
+    /// Host paths bound read-only (recursive, nosuid, nodev) over the root, in this order.
+    pub ro_binds: Vec<RoBind>,
+    /// Per-sandbox directory the caller created; `upper/`, `work/` and `root/` are made in it.
+    pub state_dir: PathBuf,
+    /// Directories created in the upper layer before start, owned by the host ids their guest
+    /// ids map to (e.g. `/home/sandbox` 1000:1000 0o755).
+    pub guest_dirs: Vec<GuestDir>,
+    /// Host path of the agent; bound read-only onto [`AGENT_GUEST_PATH`].
+    pub agent_binary: PathBuf,
+    /// The guest runs `/.dynocap/agent --channel-fd 3 <agent_args...>`.
+    pub agent_args: Vec<String>,
+    /// cgroup limits; the jail does not start if one cannot be applied.
+    pub limits: Limits,
+}
+
+/// A host path bound read-only into the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoBind {
+    /// Host path (file or directory); it must exist.
+    pub source: PathBuf,
+    /// Absolute guest path, resolved inside the guest root (its symlinks cannot lead out).
+    /// Created (in the upper layer) when missing, which needs its parent to be writable by the
+    /// guest's root: not a directory of a host-root-owned image.
+    pub target: PathBuf,
+}
+
+/// A directory created in the upper layer before the guest starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestDir {
+    /// Absolute guest path.
+    pub path: PathBuf,
+    /// Guest uid of the owner.
+    pub uid: u32,
+    /// Guest gid of the owner.
+    pub gid: u32,
+    /// Permission bits (at most 0o7777).
+    pub mode: u32,
+}
+
+/// cgroup limits for the whole sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// CPU bandwidth in thousandths of a CPU: 1000 = one CPU (at least 10).
+    pub cpu_millis: u64,
+    /// Memory (RAM, no swap) in bytes (at least 4 MiB).
+    pub memory_bytes: u64,
+    /// Maximum number of tasks (processes and threads), at least 1.
+    pub pids: u64,
+}
+
+/// Smallest CPU share: the kernel refuses a CFS quota under 1 ms per 100 ms period.
+pub(crate) const MIN_CPU_MILLIS: u64 = 10;
+/// Largest CPU share accepted (1024 CPUs); keeps the quota arithmetic far from overflow.
+pub(crate) const MAX_CPU_MILLIS: u64 = 1024 * 1000;
+/// Below this the agent itself cannot run.
+pub(crate) const MIN_MEMORY_BYTES: u64 = 4 << 20;
+/// Longest sandbox name (a hostname label).
+const MAX_NAME_LEN: usize = 63;
+
+impl JailSpec {
+    /// Checks everything that can be checked without creating anything.
+    pub(crate) fn validate(&self) -> Result<(), JailError> {
+        validate_name(&self.name)?;
+        validate_name(&self.hostname)?;
+        require_dir("image_root", &self.image_root)?;
+        require_dir("state_dir", &self.state_dir)?;
+        require_absolute("agent_binary", &self.agent_binary)?;
+        match std::fs::metadata(&self.agent_binary) {
+            Ok(meta) if meta.is_file() => {}
+            Ok(_) => {
+                return Err(invalid(format!(
+                    "agent_binary {} is not a regular file",
+                    self.agent_binary.display()
+                )))
+            }
+            Err(e) => return Err(JailError::io("use agent_binary", &self.agent_binary, e)),
+        }
+        for bind in &self.ro_binds {
+            require_absolute("ro_bind source", &bind.source)?;
+            if let Err(e) = std::fs::metadata(&bind.source) {
+                return Err(JailError::io("bind (read-only)", &bind.source, e)
+                    .hint("the source of a read-only bind must exist on the host"));
+            }
+            let rel = guest_relative(&bind.target)?;
+            if rel.as_os_str().is_empty() {
+                return Err(invalid(format!(
+                    "ro_bind {} targets the guest root",
+                    bind.source.display()
+                )));
+            }
+            if rel.starts_with(".dynocap") {
+                return Err(invalid(format!(
+                    "ro_bind target {} is reserved for the agent",
+                    bind.target.display()
+                )));
+            }
+        }
+        for dir in &self.guest_dirs {
+            if guest_relative(&dir.path)?.as_os_str().is_empty() {
+                return Err(invalid("a guest_dir names the guest root".to_string()));
+            }
+            if dir.mode > 0o7777 {
+                return Err(invalid(format!(
+                    "guest_dir {} has mode {:o}; at most 0o7777",
+                    dir.path.display(),
+                    dir.mode
+                )));
+            }
+        }
+        self.limits.validate()
+    }
+}
+
+impl Limits {
+    fn validate(&self) -> Result<(), JailError> {
+        if !(MIN_CPU_MILLIS..=MAX_CPU_MILLIS).contains(&self.cpu_millis) {
+            return Err(invalid(format!(
+                "limits.cpu_millis is {}; it must be between {MIN_CPU_MILLIS} and {MAX_CPU_MILLIS} (1000 = one CPU)",
+                self.cpu_millis
+            )));
+        }
+        if self.memory_bytes < MIN_MEMORY_BYTES {
+            return Err(invalid(format!(
+                "limits.memory_bytes is {}; it must be at least {MIN_MEMORY_BYTES}",
+                self.memory_bytes
+            )));
+        }
+        if self.pids == 0 {
+            return Err(invalid("limits.pids must be at least 1".to_string()));
+        }
+        Ok(())
+    }
+}
+
+/// Checks a sandbox name: it becomes a hostname and a cgroup directory name.
+pub(crate) fn validate_name(name: &str) -> Result<(), JailError> {
+    let ok_len = (1..=MAX_NAME_LEN).contains(&name.len());
+    let ok_first = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric());
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok_len && ok_first && ok_chars {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "name {name:?} must be 1 to {MAX_NAME_LEN} characters from [A-Za-z0-9_.-], starting with a letter or digit"
+        )))
+    }
+}
+
+/// Turns an absolute guest path into a path relative to the guest root, refusing `.`, `..`
+/// and anything that is not plain names (so it cannot climb out of the root it is joined to).
+pub(crate) fn guest_relative(path: &Path) -> Result<PathBuf, JailError> {
+    let mut components = path.components();
+    if components.next() != Some(Component::RootDir) {
+        return Err(invalid(format!(
+            "guest path {} is not absolute",
+            path.display()
+        )));
+    }
+    let mut rel = PathBuf::new();
+    for component in components {
+        match component {
+            Component::Normal(name) => rel.push(name),
+            _ => {
+                return Err(invalid(format!(
+                    "guest path {} must not contain '.' or '..'",
+                    path.display()
+                )))
+            }
+        }
+    }
+    Ok(rel)
+}
+
+fn require_absolute(what: &str, path: &Path) -> Result<(), JailError> {
+    if path.is_absolute() {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "{what} {} is not an absolute path",
+            path.display()
+        )))
+    }
+}
+
+fn require_dir(what: &str, path: &Path) -> Result<(), JailError> {
+    require_absolute(what, path)?;
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(invalid(format!(
+            "{what} {} is not a directory",
+            path.display()
+        ))),
+        Err(e) => Err(JailError::io(&format!("use {what}"), path, e)),
+    }
+}
+
+fn invalid(message: String) -> JailError {
+    JailError::InvalidSpec(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for good in ["a", "task-1", "Box_2.x", &"x".repeat(63)] {
+            assert!(validate_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "-a", ".", "..", "a/b", "a b", "é", &"x".repeat(64)] {
+            assert!(validate_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn guest_paths() {
+        assert_eq!(
+            guest_relative(Path::new("/usr/bin")).ok(),
+            Some(PathBuf::from("usr/bin"))
+        );
+        assert_eq!(guest_relative(Path::new("/")).ok(), Some(PathBuf::new()));
+        // A trailing slash, doubled slashes and inner "." are plain spelling variants.
+        assert_eq!(
+            guest_relative(Path::new("//a//b/")).ok(),
+            Some(PathBuf::from("a/b"))
+        );
+        assert_eq!(
+            guest_relative(Path::new("/a/./b")).ok(),
+            Some(PathBuf::from("a/b"))
+        );
+        for bad in ["usr", "/a/../b", "/..", ""] {
+            assert!(guest_relative(Path::new(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn limits() {
+        let ok = Limits {
+            cpu_millis: 1000,
+            memory_bytes: 1 << 30,
+            pids: 100,
+        };
+        assert!(ok.validate().is_ok());
+        assert!(Limits {
+            cpu_millis: 9,
+            ..ok
+        }
+        .validate()
+        .is_err());
+        assert!(Limits {
+            cpu_millis: MAX_CPU_MILLIS + 1,
+            ..ok
+        }
+        .validate()
+        .is_err());
+        assert!(Limits {
+            memory_bytes: 1 << 20,
+            ..ok
+        }
+        .validate()
+        .is_err());
+        assert!(Limits { pids: 0, ..ok }.validate().is_err());
+    }
+}

@@ -1,0 +1,198 @@
+//! Raw system calls the jail needs that neither std nor nix wrap (fork-style `clone` with a
+//! pidfd, pidfds, `close_range`, `dup2` onto a fixed number, `_exit`), each behind a small
+//! safe (or documented-unsafe) function.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::errno::Errno;
+use nix::sched::CloneFlags;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
+/// What `clone_fork` returned in this process.
+pub(crate) enum CloneResult {
+    /// We are the new process.
+    Child,
+    /// We are the caller; the child is `pid`, and `pidfd` refers to it.
+    Parent { pid: Pid, pidfd: OwnedFd },
+}
+
+/// `clone(2)` with fork semantics (the child continues on a copy of the caller's stack) into
+/// the namespaces in `namespaces`, with `SIGCHLD` as exit signal and a pidfd for the child
+/// returned atomically (`CLONE_PIDFD`: no window in which the pid could be reused).
+///
+/// # Safety
+///
+/// As for `fork(2)`: if the calling process has other threads, the child may only make
+/// async-signal-safe calls (raw syscalls; no allocation, no locks: another thread may have
+/// held them at the time of the clone). In every case the child must end in `execve` or
+/// [`exit_now`], never by returning into code that believes it is the parent.
+pub(crate) unsafe fn clone_fork(namespaces: CloneFlags) -> Result<CloneResult, Errno> {
+    let mut pidfd: libc::c_int = -1;
+    let flags = namespaces.bits() | libc::CLONE_PIDFD | libc::SIGCHLD;
+    // SAFETY: x86_64 raw clone takes (flags, stack, parent_tid, child_tid, tls). A null stack
+    // gives fork semantics (the child runs on its own copy of this stack); with CLONE_PIDFD
+    // the kernel writes the pidfd through `parent_tid`, which points at a live c_int. The
+    // caller upholds the single-thread contract above.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::c_long::from(flags),
+            0usize,
+            &mut pidfd as *mut libc::c_int,
+            0usize,
+            0usize,
+        )
+    };
+    match ret {
+        -1 => Err(Errno::last()),
+        0 => Ok(CloneResult::Child),
+        child => {
+            let pid = i32::try_from(child).map_err(|_| Errno::EOVERFLOW)?;
+            // SAFETY: on success the kernel installed `pidfd` in our table; nothing else owns it.
+            let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+            Ok(CloneResult::Parent {
+                pid: Pid::from_raw(pid),
+                pidfd,
+            })
+        }
+    }
+}
+
+/// `pidfd_open(2)`: a stable handle on process `pid` (fails with ESRCH if it is gone).
+pub(crate) fn pidfd_open(pid: Pid) -> Result<OwnedFd, Errno> {
+    // SAFETY: pidfd_open takes a pid and flags (0) and returns a new fd or -1.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0u32) };
+    if ret < 0 {
+        return Err(Errno::last());
+    }
+    let fd = RawFd::try_from(ret).map_err(|_| Errno::EBADF)?;
+    // SAFETY: the kernel just returned this new fd; we are its only owner.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `pidfd_send_signal(2)`: signals exactly the process `pidfd` refers to, never a process
+/// that reused its pid.
+pub(crate) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: Signal) -> Result<(), Errno> {
+    // SAFETY: pidfd is a valid fd for the duration of the call; info is NULL (the kernel
+    // fills in a SI_USER siginfo), flags 0.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    if ret < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(())
+    }
+}
+
+/// Marks every fd from `first` up close-on-exec (`close_range(first, ~0, CLOSE_RANGE_CLOEXEC)`):
+/// whatever the supervisor had open cannot leak into the guest, while fds still needed before
+/// exec keep working.
+pub(crate) fn cloexec_from(first: u32) -> Result<(), Errno> {
+    // SAFETY: close_range only changes fd flags with CLOSE_RANGE_CLOEXEC; no memory involved.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if ret < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(())
+    }
+}
+
+/// Duplicates `fd` onto the number `target` (replacing whatever was there), without
+/// close-on-exec: the way an fd is handed to the program about to be exec'd.
+///
+/// Only for the guest init between clone and exec: `target` may be an fd some `OwnedFd` of
+/// the copied parent state believes it owns, which is fine because that state never runs
+/// again in this process.
+pub(crate) fn dup_onto(fd: BorrowedFd<'_>, target: RawFd) -> Result<(), Errno> {
+    if fd.as_raw_fd() == target {
+        // dup2 would be a no-op and leave FD_CLOEXEC set.
+        // SAFETY: F_SETFD on a valid fd only changes its flags.
+        let ret = unsafe { libc::fcntl(target, libc::F_SETFD, 0) };
+        return if ret < 0 { Err(Errno::last()) } else { Ok(()) };
+    }
+    // SAFETY: dup2 atomically replaces `target`; see the function comment for ownership.
+    let ret = unsafe { libc::dup2(fd.as_raw_fd(), target) };
+    if ret < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(())
+    }
+}
+
+/// A close-on-exec duplicate of `fd` numbered `min` or higher (`F_DUPFD_CLOEXEC`): keeps an
+/// fd clear of the low numbers the guest init later fills with stdio and the channel.
+pub(crate) fn dup_at_least(fd: BorrowedFd<'_>, min: RawFd) -> Result<OwnedFd, Errno> {
+    let new = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(min))?;
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) just returned this new fd; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// True if `fd` is open in this process.
+pub(crate) fn fd_is_open(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD only queries flags; an unused number yields EBADF.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+}
+
+/// Ends this process now, without unwinding, destructors or atexit handlers: the only
+/// correct way out of a forked child that must not touch the parent's state.
+pub(crate) fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and has no preconditions.
+    unsafe { libc::_exit(code) }
+}
+
+/// Number of threads in this process, from `/proc/self/status`.
+pub(crate) fn thread_count() -> std::io::Result<usize> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| std::io::Error::other("no Threads: line in /proc/self/status"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pidfd_of_self() {
+        let fd = pidfd_open(nix::unistd::getpid()).expect("pidfd_open");
+        assert!(fd.as_raw_fd() >= 0);
+        // Signal 0 probes without delivering anything.
+        let ret = probe_with_signal_zero(fd.as_raw_fd());
+        assert_eq!(ret, 0);
+    }
+
+    fn probe_with_signal_zero(fd: RawFd) -> libc::c_long {
+        // SAFETY: signal 0 is a permission/existence probe; fd is valid for the call.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd,
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0u32,
+            )
+        }
+    }
+
+    #[test]
+    fn counts_threads() {
+        assert!(thread_count().expect("status") >= 1);
+    }
+}

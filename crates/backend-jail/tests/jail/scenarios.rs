@@ -1,0 +1,789 @@
+//! The jail scenarios. Each runs in a fresh, single-threaded process (see `main` in
+//! tests/jail.rs) and panics on failure.
+
+use std::io::BufRead;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dynocap_backend_jail::{
+    cleanup_leftovers, docker_default_mask, probe, Jail, JailError, RoBind, ROOT_MODE_COUNT,
+    ROOT_MODE_HOST_BASE,
+};
+
+use crate::fixture::{cgroup_file, host_uid, pids_in_ns, read_trimmed, sh_ok, Fixture, Guest};
+
+/// (name, function) of every scenario.
+pub const ALL: &[(&str, fn())] = &[
+    ("isolation", isolation),
+    ("seccomp", seccomp),
+    ("filesystem", filesystem),
+    ("memory_limit", memory_limit),
+    ("pids_limit", pids_limit),
+    ("cpu_limit", cpu_limit),
+    ("destroy_leaves_nothing", destroy_leaves_nothing),
+    ("supervisor_death", supervisor_death),
+    ("setup_errors", setup_errors),
+    ("single_thread_required", single_thread_required),
+    ("script_agent", script_agent),
+    (
+        "unprivileged_caller_gets_a_hint",
+        unprivileged_caller_gets_a_hint,
+    ),
+    (
+        "rootless_with_delegated_cgroups",
+        rootless_with_delegated_cgroups,
+    ),
+    ("probe_reports_ready", probe_reports_ready),
+];
+
+fn isolation() {
+    let fx = Fixture::new();
+    let spec = fx.spec("iso-test");
+    let mut guest = Guest::spawn(&spec);
+    let host_pid = guest.jail().pid().as_raw();
+    let f = guest.facts();
+    let fact = |k: &str| f.get(k).cloned().unwrap_or_default();
+
+    assert_eq!(fact("pid"), "1", "the agent is PID 1");
+    assert_eq!(fact("cmdline1"), "/.dynocap/agent");
+    assert_eq!(fact("ppid"), "0", "no parent visible in the pid namespace");
+    assert_eq!(fact("procs"), "1", "only guest processes in /proc");
+    assert_eq!(
+        fact("fds"),
+        "0,1,2,3",
+        "exactly stdio and the channel at exec"
+    );
+    assert_eq!(fact("fd0"), "/dev/null");
+    assert_eq!(fact("uid_map"), "0 1000000 65536");
+    assert_eq!(fact("gid_map"), "0 1000000 65536");
+    assert_eq!(fact("Uid"), "0 0 0 0");
+    assert_eq!(fact("Groups"), "", "supplementary groups cleared");
+    assert_eq!(fact("hostname"), "iso-test");
+    assert_eq!(fact("netdevs"), "lo", "only loopback");
+    assert_eq!(fact("lo"), "up");
+    assert_eq!(fact("NoNewPrivs"), "1");
+    assert_eq!(fact("Seccomp"), "2");
+    let docker = format!("{:016x}", docker_default_mask());
+    assert_eq!(fact("CapBnd"), docker);
+    assert_eq!(fact("CapEff"), docker);
+    assert_eq!(fact("CapPrm"), docker);
+    assert_eq!(fact("CapInh"), "0000000000000000");
+    assert_eq!(fact("CapAmb"), "0000000000000000");
+    for line in fact("cgroup").split(' ') {
+        assert!(
+            line.ends_with(":/"),
+            "cgroup namespace root expected, got {line}"
+        );
+    }
+    assert_eq!(
+        fact("env"),
+        "HOME,PATH,container",
+        "no supervisor environment leaks"
+    );
+
+    // Host view: the guest runs as the mapped id, never host root, in its own namespaces.
+    assert_eq!(host_uid(host_pid), Some(ROOT_MODE_HOST_BASE));
+    let own_userns = std::fs::read_link("/proc/self/ns/user").expect("ns");
+    let guest_userns = std::fs::read_link(format!("/proc/{host_pid}/ns/user")).expect("ns");
+    assert_ne!(own_userns, guest_userns);
+    assert_eq!(guest.jail().id_map().to_host(0), Some(ROOT_MODE_HOST_BASE));
+    for dir in guest.jail().cgroup_paths() {
+        let procs = read_trimmed(&dir.join("cgroup.procs"));
+        assert!(
+            procs.split_whitespace().any(|p| p == host_pid.to_string()),
+            "{} lacks the init",
+            dir.display()
+        );
+        assert!(dir.ends_with("dynocap/iso-test"), "{}", dir.display());
+    }
+    guest.destroy();
+}
+
+fn seccomp() {
+    let fx = Fixture::new();
+    let mut guest = Guest::spawn(&fx.spec("seccomp-test"));
+    let expect = |guest: &mut Guest, probe: &str, want: &str| {
+        let (status, result) = guest.probe(probe);
+        assert_eq!(
+            (status.as_str(), result.as_str()),
+            ("exit=0", want),
+            "probe {probe}"
+        );
+    };
+    expect(&mut guest, "mount", "EPERM");
+    expect(&mut guest, "umount", "EPERM");
+    expect(&mut guest, "unshare-user", "EPERM");
+    expect(&mut guest, "unshare-net", "EPERM");
+    expect(&mut guest, "unshare-files", "ok");
+    expect(&mut guest, "clone-newuser", "EPERM");
+    expect(&mut guest, "fork", "ok");
+    expect(&mut guest, "clone3", "ENOSYS");
+    expect(&mut guest, "setns", "EPERM");
+    expect(&mut guest, "keyctl", "EPERM");
+    expect(&mut guest, "bpf", "EPERM");
+    expect(&mut guest, "io_uring", "EPERM");
+    expect(&mut guest, "userfaultfd", "EPERM");
+    expect(&mut guest, "personality 0x40000", "EPERM");
+    expect(&mut guest, "personality 0xffffffff", "ok");
+    expect(&mut guest, "tiocsti", "EPERM");
+    expect(&mut guest, "vsock", "EPERM");
+    expect(&mut guest, "chroot", "ok");
+
+    // x32 syscall numbers: killed (SIGSYS = 31), never EPERM or executed.
+    let (status, result) = guest.probe("x32");
+    assert_eq!(status, "signal=31", "x32 getpid: {result}");
+
+    // The i386 ABI (int 0x80) fails the arch check and is killed, if the kernel has it at all.
+    let host = Command::new(std::env::current_exe().expect("exe"))
+        .args(["guest-probe", "i386"])
+        .output()
+        .expect("host i386 probe");
+    let (status, result) = guest.probe("i386");
+    if host.status.success() {
+        assert_eq!(status, "signal=31", "i386 getpid in the guest: {result}");
+    } else {
+        println!(
+            "note: no IA32 emulation on this kernel ({:?}); guest got {status}",
+            host.status
+        );
+        assert_ne!(status, "exit=0");
+    }
+
+    // The util-linux tools fail too.
+    let (status, out) = guest.sh("unshare -U true");
+    assert_ne!(status, "exit=0", "unshare -U must fail: {out}");
+    let (status, out) = guest.sh("unshare -r true");
+    assert_ne!(status, "exit=0", "unshare -r must fail: {out}");
+    guest.destroy();
+}
+
+fn filesystem() {
+    let fx = Fixture::new();
+    let spec = fx.spec("fs-test");
+    let mut guest = Guest::spawn(&spec);
+    let upper = fx.state.join("upper");
+
+    // Writes land in the upper layer, never in the image.
+    sh_ok(&mut guest, "echo hello > /newfile && cat /newfile");
+    assert_eq!(read_trimmed(&upper.join("newfile")), "hello");
+    assert!(!fx.image.join("newfile").exists());
+
+    // Image files (host root's, unmapped in the guest) and read-only binds are unwritable.
+    let (status, out) = guest.sh("echo x >> /etc/motd");
+    assert_ne!(status, "exit=0", "{out}");
+    assert_eq!(read_trimmed(&fx.image.join("etc/motd")), "image file");
+    let (status, out) = guest.sh("touch /usr/dynocap-test-file");
+    assert_ne!(status, "exit=0", "{out}");
+    assert!(out.contains("Read-only file system"), "{out}");
+    assert!(!Path::new("/usr/dynocap-test-file").exists());
+    let (status, out) = guest.sh("echo x > /.dynocap/agent");
+    assert_ne!(status, "exit=0", "{out}");
+    let mounts = sh_ok(&mut guest, "cat /proc/self/mountinfo");
+    let usr = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some("/usr"))
+        .unwrap_or_else(|| panic!("no /usr mount in {mounts}"));
+    assert!(
+        usr.split(' ').nth(5).is_some_and(|o| o.starts_with("ro,")),
+        "{usr}"
+    );
+    // (The masks on /proc entries are checked below.)
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| !p.starts_with("/proc/"))
+        .collect();
+    points.sort_unstable();
+    assert_eq!(
+        points,
+        [
+            "/",
+            "/.dynocap/agent",
+            "/dev",
+            "/dev/full",
+            "/dev/null",
+            "/dev/pts",
+            "/dev/random",
+            "/dev/shm",
+            "/dev/tty",
+            "/dev/urandom",
+            "/dev/zero",
+            "/etc/ld.so.cache",
+            "/proc",
+            "/tmp",
+            "/usr"
+        ],
+        "exactly the jail's mounts, none of the host's"
+    );
+
+    // /tmp and /dev/shm: writable tmpfs with the sticky bit.
+    let out = sh_ok(
+        &mut guest,
+        "touch /tmp/t /dev/shm/s && stat -c '%a %u' /tmp /dev/shm",
+    );
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["1777 0", "1777 0"]);
+
+    // /dev: the bound nodes work, pts is private, the symlinks exist.
+    let out = sh_ok(
+        &mut guest,
+        "echo x > /dev/null && head -c 16 /dev/urandom | wc -c && head -c 4 /dev/zero | wc -c",
+    );
+    assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["16", "4"]);
+    assert_eq!(sh_ok(&mut guest, "readlink /dev/ptmx").trim(), "pts/ptmx");
+    sh_ok(
+        &mut guest,
+        "test -c /dev/pts/ptmx && test -L /dev/fd && test -L /dev/stdin",
+    );
+    let listing = sh_ok(&mut guest, "ls /dev | tr '\\n' ' '");
+    assert_eq!(
+        listing.trim(),
+        "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero"
+    );
+
+    // /proc: host-revealing entries masked, sysctls read-only.
+    let masked = "for f in timer_list kcore keys sched_debug; do [ -e /proc/$f ] && cat /proc/$f; done | wc -c";
+    assert_eq!(sh_ok(&mut guest, masked).trim(), "0");
+    let (status, out) = guest.sh("echo 1 > /proc/sys/net/ipv4/ip_forward");
+    assert_ne!(status, "exit=0", "{out}");
+    assert!(out.contains("Read-only file system"), "{out}");
+    assert_eq!(sh_ok(&mut guest, "ls -A /proc/acpi | wc -l").trim(), "0");
+
+    // The agent will need terminals: a pty pair can be opened on the private devpts.
+    let (status, result) = guest.probe("pty");
+    assert_eq!((status.as_str(), result.as_str()), ("exit=0", "/dev/pts/0"));
+
+    // Nothing of the host's home or root is visible.
+    assert_eq!(sh_ok(&mut guest, "ls -A /root").trim(), "");
+    assert_eq!(sh_ok(&mut guest, "ls -A /home").trim(), "sandbox");
+    sh_ok(&mut guest, "test ! -e /root/.cargo && test ! -e /work");
+
+    // Guest dirs: owned by their guest ids inside, by the mapped ids on the host.
+    let out = sh_ok(
+        &mut guest,
+        "stat -c '%u:%g %a' /home/sandbox /workspace / /root /etc",
+    );
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "1000:1000 755",
+            "1000:1000 755",
+            "0:0 755",
+            "0:0 700",
+            "65534:65534 755"
+        ],
+        "guest dirs and / are the guest's; image dirs are host root's (nobody)"
+    );
+    sh_ok(&mut guest, "echo x > /root/.profile");
+    let meta = std::fs::metadata(upper.join("home/sandbox")).expect("stat");
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&meta),
+        ROOT_MODE_HOST_BASE + 1000
+    );
+    // Guest root can hand files to the sandbox user (CAP_CHOWN over mapped ids).
+    sh_ok(
+        &mut guest,
+        "touch /workspace/f && chown 1000:1000 /workspace/f",
+    );
+    guest.destroy();
+    assert!(!upper.exists(), "destroy removes the upper layer");
+}
+
+fn memory_limit() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec("mem-test");
+    spec.limits.memory_bytes = 256 << 20;
+    let mut guest = Guest::spawn(&spec);
+    let limit = if let Some(v1) = guest
+        .jail()
+        .cgroup_paths()
+        .iter()
+        .map(|d| d.join("memory.limit_in_bytes"))
+        .find(|p| p.exists())
+    {
+        let memsw = v1.with_file_name("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            assert_eq!(
+                read_trimmed(&memsw),
+                (256u64 << 20).to_string(),
+                "no swap on top"
+            );
+        }
+        read_trimmed(&v1)
+    } else {
+        read_trimmed(&cgroup_file(guest.jail(), "memory.max"))
+    };
+    assert_eq!(limit, (256u64 << 20).to_string());
+
+    let (status, result) = guest.probe("alloc 2048");
+    assert_eq!(
+        status, "signal=9",
+        "allocating 2 GiB under 256 MiB must be OOM-killed: {result}"
+    );
+    // The agent itself survives.
+    assert_eq!(guest.facts().get("pid").map(String::as_str), Some("1"));
+    let (status, result) = guest.probe("alloc 64");
+    assert_eq!(
+        (status.as_str(), result.as_str()),
+        ("exit=0", "survived 16384")
+    );
+    guest.destroy();
+}
+
+fn pids_limit() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec("pids-test");
+    spec.limits.pids = 32;
+    let mut guest = Guest::spawn(&spec);
+    assert_eq!(read_trimmed(&cgroup_file(guest.jail(), "pids.max")), "32");
+    let (status, result) = guest.probe("forkloop");
+    assert_eq!(status, "exit=0", "{result}");
+    let forked: usize = result
+        .strip_prefix("forked=")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("bad forkloop result {result}"));
+    assert!(forked < 32, "{result}");
+    assert!(result.ends_with("error=EAGAIN"), "{result}");
+    // Room again afterwards.
+    sh_ok(&mut guest, "true");
+    guest.destroy();
+}
+
+fn cpu_limit() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec("cpu-test");
+    spec.limits.cpu_millis = 500;
+    let mut guest = Guest::spawn(&spec);
+    let jail = guest.jail();
+    let stat_file = if let Some(quota) = jail
+        .cgroup_paths()
+        .iter()
+        .map(|d| d.join("cpu.cfs_quota_us"))
+        .find(|p| p.exists())
+    {
+        assert_eq!(read_trimmed(&quota), "50000");
+        assert_eq!(
+            read_trimmed(&quota.with_file_name("cpu.cfs_period_us")),
+            "100000"
+        );
+        quota.with_file_name("cpu.stat")
+    } else {
+        let max = cgroup_file(jail, "cpu.max");
+        assert_eq!(read_trimmed(&max), "50000 100000");
+        max.with_file_name("cpu.stat")
+    };
+    // A busy loop gets throttled.
+    let (status, _) = guest.probe("spin 1000");
+    assert_eq!(status, "exit=0");
+    let stat = read_trimmed(&stat_file);
+    let throttled: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("nr_throttled "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(throttled > 0, "no throttling recorded: {stat}");
+    guest.destroy();
+}
+
+fn destroy_leaves_nothing() {
+    let fx = Fixture::new();
+    let mut guest = Guest::spawn(&fx.spec("destroy-test"));
+    sh_ok(
+        &mut guest,
+        "for i in 1 2 3; do setsid sleep 1000 >/dev/null 2>&1 & done; true",
+    );
+    let host_pid = guest.jail().pid().as_raw();
+    let ns = std::fs::read_link(format!("/proc/{host_pid}/ns/pid"))
+        .expect("ns")
+        .to_string_lossy()
+        .into_owned();
+    let in_ns = pids_in_ns(&ns);
+    assert!(
+        in_ns.len() >= 4,
+        "init and 3 sleepers expected, got {in_ns:?}"
+    );
+    let cgroups = guest.jail().cgroup_paths();
+    guest.destroy();
+
+    assert_eq!(
+        pids_in_ns(&ns),
+        Vec::<i32>::new(),
+        "processes survived destroy"
+    );
+    for pid in in_ns {
+        assert_eq!(host_uid(pid), None, "guest process {pid} still exists");
+    }
+    // No process runs as a jail host id any more, unless it belongs to another jail (other
+    // test suites may run theirs meanwhile): none may be in this jail's cgroup.
+    let range = ROOT_MODE_HOST_BASE..ROOT_MODE_HOST_BASE + ROOT_MODE_COUNT;
+    let ours: Vec<i32> = std::fs::read_dir("/proc")
+        .expect("proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&pid| host_uid(pid).is_some_and(|uid| range.contains(&uid)))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .is_ok_and(|c| c.contains("dynocap/destroy-test"))
+        })
+        .collect();
+    assert_eq!(
+        ours,
+        Vec::<i32>::new(),
+        "processes with jail host ids survived destroy"
+    );
+    for dir in cgroups {
+        assert!(!dir.exists(), "{} survived destroy", dir.display());
+    }
+    for layer in ["upper", "work", "root"] {
+        assert!(!fx.state.join(layer).exists(), "{layer} survived destroy");
+    }
+}
+
+/// Role of the helper process in `supervisor_death`: spawn a jail, report its pid, wait to
+/// be killed.
+pub fn spawner_role() -> i32 {
+    let image = std::env::var_os("DYNOCAP_JAIL_IMAGE").expect("image");
+    let state = std::env::var_os("DYNOCAP_JAIL_STATE").expect("state");
+    let fx = Fixture::at(image.into(), state.into());
+    let mut jail = Jail::spawn(&fx.spec("orphan-test")).expect("spawn");
+    let _channel = jail.take_channel();
+    println!("pid={}", jail.pid());
+    std::mem::forget(jail); // Never destroyed: this process gets SIGKILLed.
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn supervisor_death() {
+    let fx = Fixture::new();
+    let mut spawner = Command::new(std::env::current_exe().expect("exe"))
+        .env("DYNOCAP_JAIL_ROLE", "spawner")
+        .env("DYNOCAP_JAIL_IMAGE", &fx.image)
+        .env("DYNOCAP_JAIL_STATE", &fx.state)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawner");
+    let mut line = String::new();
+    std::io::BufReader::new(spawner.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("pid line");
+    let pid: i32 = line
+        .trim()
+        .strip_prefix("pid=")
+        .and_then(|p| p.parse().ok())
+        .expect("pid");
+    let pidfd = pidfd_open(pid);
+    let cgroup_leaves: Vec<_> = ["cpu", "memory", "pids", "unified"]
+        .iter()
+        .map(|h| {
+            Path::new("/sys/fs/cgroup")
+                .join(h)
+                .join("dynocap/orphan-test")
+        })
+        .filter(|p| p.exists())
+        .collect();
+    assert!(!cgroup_leaves.is_empty());
+
+    spawner.kill().expect("SIGKILL the supervisor");
+    spawner.wait().expect("reap the supervisor");
+    assert!(
+        wait_readable(pidfd.as_fd(), Duration::from_secs(10)),
+        "guest survived its supervisor"
+    );
+
+    cleanup_leftovers("orphan-test", &fx.state).expect("cleanup_leftovers");
+    for leaf in &cgroup_leaves {
+        assert!(!leaf.exists(), "{} left after cleanup", leaf.display());
+    }
+    assert!(!fx.state.exists(), "the emptied state dir is removed");
+    // Idempotent.
+    cleanup_leftovers("orphan-test", &fx.state).expect("second cleanup");
+}
+
+fn setup_errors() {
+    let fx = Fixture::new();
+
+    // A missing bind source is refused before anything is created.
+    let mut spec = fx.spec("err-test");
+    spec.ro_binds.push(RoBind {
+        source: "/nonexistent/dir".into(),
+        target: "/opt".into(),
+    });
+    let err = Jail::spawn(&spec).expect_err("missing source");
+    println!("missing source error: {err}");
+    assert!(err.to_string().contains("/nonexistent/dir"), "{err}");
+    assert!(!fx.state.join("upper").exists());
+
+    // A failure inside the guest init comes back as a readable message, and nothing is left.
+    let mut spec = fx.spec("err-test");
+    spec.ro_binds.push(RoBind {
+        source: "/usr/share".into(),
+        target: "/etc/motd".into(),
+    });
+    let err = Jail::spawn(&spec).expect_err("directory onto a file");
+    let text = err.to_string();
+    println!("guest setup error: {text}");
+    assert!(matches!(err, JailError::GuestSetup(_)), "{text}");
+    assert!(
+        text.contains("/usr/share") && text.contains("/etc/motd"),
+        "{text}"
+    );
+    assert!(
+        !fx.state.join("upper").exists(),
+        "layers left after a failed spawn"
+    );
+    assert!(
+        !Path::new("/sys/fs/cgroup/pids/dynocap/err-test").exists(),
+        "cgroup left after a failed spawn"
+    );
+    assert!(!Path::new("/sys/fs/cgroup/unified/dynocap/err-test").exists());
+
+    // A leftover cgroup is reported with the way out, which works.
+    let leftover = Path::new("/sys/fs/cgroup/pids/dynocap/err-test");
+    std::fs::create_dir_all(leftover).expect("fake leftover");
+    let err = Jail::spawn(&fx.spec("err-test")).expect_err("leftover");
+    println!("leftover error: {err}");
+    assert!(err.to_string().contains("cleanup_leftovers"), "{err}");
+    cleanup_leftovers("err-test", &fx.state).expect("cleanup");
+    std::fs::create_dir_all(&fx.state).expect("state dir again");
+    let mut guest = Guest::spawn(&fx.spec("err-test"));
+    assert_eq!(guest.facts().get("pid").map(String::as_str), Some("1"));
+    guest.destroy();
+
+    // Invalid names and limits.
+    let mut spec = fx.spec("../escape");
+    assert!(matches!(Jail::spawn(&spec), Err(JailError::InvalidSpec(_))));
+    spec.name = "ok".into();
+    spec.limits.cpu_millis = 0;
+    assert!(matches!(Jail::spawn(&spec), Err(JailError::InvalidSpec(_))));
+}
+
+fn single_thread_required() {
+    let fx = Fixture::new();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let _ = rx.recv();
+    });
+    let err = Jail::spawn(&fx.spec("thread-test")).expect_err("must refuse");
+    assert!(
+        matches!(err, JailError::NotSingleThreaded { threads: 2 }),
+        "{err}"
+    );
+    drop(tx);
+    thread.join().expect("join");
+    assert!(!fx.state.join("upper").exists());
+}
+
+fn script_agent() {
+    let fx = Fixture::new();
+    let script = fx.tmp.path().join("agent.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho \"hello $1 $2 $3 uid=$(id -u) host=$(hostname)\" >&3\nread line <&3\n",
+    )
+    .expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let mut spec = fx.spec("script-test");
+    spec.agent_binary = script;
+    spec.agent_args = vec!["extra".into()];
+    let mut jail = Jail::spawn(&spec).expect("spawn");
+    let stream = std::os::unix::net::UnixStream::from(jail.take_channel().expect("channel"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut line = String::new();
+    std::io::BufReader::new(&stream)
+        .read_line(&mut line)
+        .expect("hello");
+    assert_eq!(
+        line.trim(),
+        "hello --channel-fd 3 extra uid=0 host=script-test"
+    );
+    jail.destroy().expect("destroy");
+}
+
+fn unprivileged_caller_gets_a_hint() {
+    let fx = Fixture::new();
+    // Let an unprivileged user reach the fixture.
+    for dir in [fx.tmp.path(), fx.state.as_path()] {
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+    }
+    std::os::unix::fs::chown(&fx.state, Some(65534), Some(65534)).expect("chown");
+    let out = Command::new(std::env::current_exe().expect("exe"))
+        .env("DYNOCAP_JAIL_ROLE", "unprivileged")
+        .env("DYNOCAP_JAIL_IMAGE", &fx.image)
+        .env("DYNOCAP_JAIL_STATE", &fx.state)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("unprivileged child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("cannot create cgroup /sys/fs/cgroup/"),
+        "{text}"
+    );
+    assert!(text.contains("run the supervisor as root"), "{text}");
+}
+
+/// Role of the helper in `unprivileged_caller_gets_a_hint`: try, print the error.
+pub fn unprivileged_role() -> i32 {
+    let image = std::env::var_os("DYNOCAP_JAIL_IMAGE").expect("image");
+    let state = std::env::var_os("DYNOCAP_JAIL_STATE").expect("state");
+    let fx = Fixture::at(image.into(), state.into());
+    let mut spec = fx.spec("rootless-test");
+    spec.guest_dirs.clear();
+    match Jail::spawn(&spec) {
+        Ok(jail) => {
+            let _ = jail.destroy();
+            println!("unexpectedly spawned");
+            1
+        }
+        Err(e) => {
+            println!("{e}");
+            0
+        }
+    }
+}
+
+fn probe_reports_ready() {
+    let report = probe();
+    println!("{report:#?}");
+    assert!(report.ready(), "{report:#?}");
+}
+
+fn pidfd_open(pid: i32) -> OwnedFd {
+    // SAFETY: pidfd_open takes a pid and flags.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    assert!(fd >= 0, "pidfd_open({pid}) failed");
+    let fd = i32::try_from(fd).expect("fd");
+    // SAFETY: a new fd we own.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+        if nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16)).unwrap_or(0) > 0 {
+            return true;
+        }
+    }
+    false
+}
+
+/// The cgroup parents `dynocap/` of the v1 cpu, memory and pids hierarchies, chowned to an
+/// unprivileged user for the guard's lifetime (how an administrator delegates them).
+struct Delegated(Vec<(std::path::PathBuf, u32, u32)>);
+
+impl Delegated {
+    fn to(uid: u32) -> Delegated {
+        let mut saved = Vec::new();
+        for controller in ["cpu", "memory", "pids"] {
+            let dir = Path::new("/sys/fs/cgroup").join(controller).join("dynocap");
+            if !dir.parent().is_some_and(Path::is_dir) {
+                continue;
+            }
+            std::fs::create_dir_all(&dir).expect("dynocap cgroup");
+            let meta = std::fs::metadata(&dir).expect("stat");
+            use std::os::unix::fs::MetadataExt;
+            saved.push((dir.clone(), meta.uid(), meta.gid()));
+            for entry in [dir.clone(), dir.join("cgroup.procs")] {
+                std::os::unix::fs::chown(&entry, Some(uid), Some(uid)).expect("chown");
+            }
+        }
+        Delegated(saved)
+    }
+}
+
+impl Drop for Delegated {
+    fn drop(&mut self) {
+        for (dir, uid, gid) in &self.0 {
+            let _ = std::os::unix::fs::chown(dir, Some(*uid), Some(*gid));
+            let _ = std::os::unix::fs::chown(dir.join("cgroup.procs"), Some(*uid), Some(*gid));
+        }
+    }
+}
+
+fn rootless_with_delegated_cgroups() {
+    if !Path::new("/sys/fs/cgroup/pids").is_dir() {
+        println!("note: no v1 pids hierarchy; delegation test needs the v1 layout");
+        return;
+    }
+    let fx = Fixture::new();
+    for dir in [fx.tmp.path(), fx.state.as_path()] {
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+    }
+    std::os::unix::fs::chown(&fx.state, Some(65534), Some(65534)).expect("chown");
+    let delegated = Delegated::to(65534);
+    let out = Command::new(std::env::current_exe().expect("exe"))
+        .env("DYNOCAP_JAIL_ROLE", "rootless")
+        .env("DYNOCAP_JAIL_IMAGE", &fx.image)
+        .env("DYNOCAP_JAIL_STATE", &fx.state)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("rootless child");
+    drop(delegated);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("rootless ok"), "{text}");
+}
+
+/// Role of the helper in `rootless_with_delegated_cgroups`: a full jail as an unprivileged
+/// user (uid 65534), whose ids appear as guest 1000.
+pub fn rootless_role() -> i32 {
+    let image = std::env::var_os("DYNOCAP_JAIL_IMAGE").expect("image");
+    let state = std::env::var_os("DYNOCAP_JAIL_STATE").expect("state");
+    let fx = Fixture::at(image.into(), state.into());
+    let mut spec = fx.spec("rootless-ok");
+    // Only guest 1000 exists: the image's root-owned /root cannot be given to anyone.
+    spec.guest_dirs = vec![dynocap_backend_jail::GuestDir {
+        path: "/workspace".into(),
+        uid: 1000,
+        gid: 1000,
+        mode: 0o755,
+    }];
+    let mut guest = Guest::spawn(&spec);
+    assert!(guest.jail().id_map().is_rootless());
+    assert_eq!(guest.jail().id_map().to_host(1000), Some(65534));
+    let f = guest.facts();
+    let fact = |k: &str| f.get(k).cloned().unwrap_or_default();
+    assert_eq!(fact("pid"), "1");
+    assert_eq!(fact("uid_map"), "1000 65534 1");
+    assert_eq!(fact("Uid"), "1000 1000 1000 1000");
+    assert_eq!(fact("hostname"), "rootless-ok");
+    assert_eq!(fact("lo"), "up");
+    assert_eq!(fact("Seccomp"), "2");
+    assert_eq!(fact("NoNewPrivs"), "1");
+    assert_eq!(fact("CapBnd"), format!("{:016x}", docker_default_mask()));
+    assert_eq!(
+        fact("CapEff"),
+        "0000000000000000",
+        "a non-root guest init keeps no capabilities"
+    );
+    sh_ok(&mut guest, "echo hi > /workspace/f && echo t > /tmp/t");
+    assert_eq!(read_trimmed(&fx.state.join("upper/workspace/f")), "hi");
+    let (status, result) = guest.probe("mount");
+    assert_eq!((status.as_str(), result.as_str()), ("exit=0", "EPERM"));
+    let cgroups = guest.jail().cgroup_paths();
+    guest.destroy();
+    for dir in cgroups {
+        assert!(!dir.exists(), "{} survived destroy", dir.display());
+    }
+    println!("rootless ok");
+    0
+}

@@ -23,7 +23,10 @@ fn run_ps_exec_destroy_with_defaults() {
     let ps = home.json(&["ps"]);
     assert_eq!(ps["sandboxes"].as_array().unwrap().len(), 1);
     let table = String::from_utf8(home.run(&["ps"]).stdout).unwrap();
-    assert!(table.starts_with("NAME") && table.contains("box1") && table.contains("running"), "{table}");
+    assert!(
+        table.starts_with("NAME") && table.contains("box1") && table.contains("running"),
+        "{table}"
+    );
 
     assert_eq!(home.json(&["destroy", "box1"])["destroyed"], "box1");
     assert_eq!(home.json(&["ps"])["sandboxes"].as_array().unwrap().len(), 0);
@@ -41,29 +44,58 @@ fn names_and_ranges_are_validated_not_clamped() {
     let home = TestHome::new();
     for (args, needle) in [
         (vec!["run", "Bad_Name"], "not valid"),
-        (vec!["run", "ok", "--ttl", "29"], "ttlSeconds 29 is below the minimum 30"),
-        (vec!["run", "ok", "--ttl", "86401"], "ttlSeconds 86401 is above the maximum 86400"),
+        (
+            vec!["run", "ok", "--ttl", "29"],
+            "ttlSeconds 29 is below the minimum 30",
+        ),
+        (
+            vec!["run", "ok", "--ttl", "86401"],
+            "ttlSeconds 86401 is above the maximum 86400",
+        ),
         (vec!["run", "ok", "--cpus", "0"], "cpus 0"),
         (vec!["run", "ok", "--memory-mb", "1"], "memoryMB 1"),
         (vec!["run", "ok", "--network", "wifi"], "not a network mode"),
     ] {
         let err = home.json_err(&args);
         assert_eq!(err["code"], "invalid_argument", "{args:?}");
-        assert!(err["message"].as_str().unwrap().contains(needle), "{args:?}: {err}");
+        assert!(
+            err["message"].as_str().unwrap().contains(needle),
+            "{args:?}: {err}"
+        );
     }
     let err = home.json_err(&["run", "ok", "--network", "filtered"]);
     assert_eq!(err["code"], "internal");
-    assert!(err["message"].as_str().unwrap().contains("not available"), "{err}");
-    assert_eq!(home.json(&["ps"])["sandboxes"].as_array().unwrap().len(), 0, "nothing was started");
+    assert!(
+        err["message"].as_str().unwrap().contains("not available"),
+        "{err}"
+    );
+    assert_eq!(
+        home.json(&["ps"])["sandboxes"].as_array().unwrap().len(),
+        0,
+        "nothing was started"
+    );
 
     let low = home.sandbox("edge-low", &["--ttl", "30"]);
     assert_eq!(low["ttlSeconds"], 30);
-    let high = home.sandbox("edge-high", &["--ttl", "86400", "--cpus", "2", "--memory-mb", "512"]);
-    assert_eq!((high["ttlSeconds"].as_u64(), high["cpus"].as_u64(), high["memoryMB"].as_u64()), (Some(86400), Some(2), Some(512)));
+    let high = home.sandbox(
+        "edge-high",
+        &["--ttl", "86400", "--cpus", "2", "--memory-mb", "512"],
+    );
+    assert_eq!(
+        (
+            high["ttlSeconds"].as_u64(),
+            high["cpus"].as_u64(),
+            high["memoryMB"].as_u64()
+        ),
+        (Some(86400), Some(2), Some(512))
+    );
 
     let dup = home.json_err(&["run", "edge-low"]);
     assert_eq!(dup["code"], "conflict");
-    assert!(dup["message"].as_str().unwrap().contains("already taken"), "{dup}");
+    assert!(
+        dup["message"].as_str().unwrap().contains("already taken"),
+        "{dup}"
+    );
     let missing = home.json_err(&["destroy", "nope"]);
     assert_eq!(missing["code"], "not_found");
 }
@@ -80,14 +112,30 @@ fn ttl_expiry_destroys_the_sandbox() {
     let guest = descendants(pids[0]);
     assert!(!guest.is_empty(), "the supervisor has a guest");
     assert!(
-        wait_until(90, || home.json(&["ps"])["sandboxes"].as_array().unwrap().is_empty()),
+        wait_until(90, || home.json(&["ps"])["sandboxes"]
+            .as_array()
+            .unwrap()
+            .is_empty()),
         "the sandbox is gone after its TTL"
     );
-    assert!(wait_until(10, || !pid_exists(pids[0])), "the supervisor exited");
+    assert!(
+        wait_until(10, || !pid_exists(pids[0])),
+        "the supervisor exited"
+    );
     for pid in guest {
         assert!(!pid_exists(pid), "guest process {pid} survived expiry");
     }
-    let log = std::fs::read_to_string(home.path().join("logs").read_dir().unwrap().next().unwrap().unwrap().path()).unwrap();
+    let log = std::fs::read_to_string(
+        home.path()
+            .join("logs")
+            .read_dir()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path(),
+    )
+    .unwrap();
     assert!(log.contains("expired after its TTL of 30s"), "{log}");
 }
 
@@ -105,7 +153,10 @@ fn killed_supervisor_leaves_no_guest_and_record_is_lost() {
     assert!(guest.len() >= 2, "init and the background sleep: {guest:?}");
     // SAFETY: plain kill(2) of a pid we own.
     assert_eq!(unsafe { libc::kill(supervisor, libc::SIGKILL) }, 0);
-    assert!(wait_until(20, || guest.iter().all(|&p| !pid_exists(p))), "guest processes survived: {guest:?}");
+    assert!(
+        wait_until(20, || guest.iter().all(|&p| !pid_exists(p))),
+        "guest processes survived: {guest:?}"
+    );
 
     let ps = home.json(&["ps"]);
     let sandbox = &ps["sandboxes"][0];
@@ -115,10 +166,15 @@ fn killed_supervisor_leaves_no_guest_and_record_is_lost() {
     assert_eq!(err["code"], "conflict");
     assert!(err["message"].as_str().unwrap().contains("lost"), "{err}");
     // Cleanup removed the cgroups and the state directory.
-    let id_dirs: Vec<_> = std::fs::read_dir(home.path().join("sandboxes")).unwrap().collect();
+    let id_dirs: Vec<_> = std::fs::read_dir(home.path().join("sandboxes"))
+        .unwrap()
+        .collect();
     assert!(id_dirs.is_empty(), "state left behind: {id_dirs:?}");
     home.json(&["destroy", "victim"]);
-    assert!(home.json(&["ps"])["sandboxes"].as_array().unwrap().is_empty());
+    assert!(home.json(&["ps"])["sandboxes"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
@@ -138,7 +194,11 @@ fn ten_sandboxes_side_by_side() {
         .collect();
     for handle in handles {
         let out = handle.join().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     for name in &names {
         // Each sandbox is its own box: own hostname, own files.
@@ -148,5 +208,8 @@ fn ten_sandboxes_side_by_side() {
     for name in &names {
         assert_eq!(home.sh(name, "cat /tmp/who"), format!("{name}\n"));
     }
-    assert_eq!(home.json(&["ps"])["sandboxes"].as_array().unwrap().len(), 10);
+    assert_eq!(
+        home.json(&["ps"])["sandboxes"].as_array().unwrap().len(),
+        10
+    );
 }

@@ -10,7 +10,10 @@ use serde_json::Value;
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> -> target/<profile>
-    let dir = exe.parent().and_then(Path::parent).expect("test binary lives in target/<profile>/deps");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps");
     for bin in ["dynocap", "dynocap-agent"] {
         assert!(
             dir.join(bin).is_file(),
@@ -37,7 +40,9 @@ pub fn require_root(test: &str) -> bool {
     if std::env::var_os("CI").is_some() {
         panic!("{test}: needs root (user namespaces mapped to a host uid range, cgroup limits), and CI must run as root");
     }
-    eprintln!("SKIPPED {test}: needs root (user namespaces mapped to a host uid range, cgroup limits)");
+    eprintln!(
+        "SKIPPED {test}: needs root (user namespaces mapped to a host uid range, cgroup limits)"
+    );
     false
 }
 
@@ -55,7 +60,10 @@ impl Default for TestHome {
 impl TestHome {
     pub fn new() -> Self {
         // Short paths: control sockets live under it and unix socket paths are limited.
-        let dir = tempfile::Builder::new().prefix("dc").tempdir_in("/tmp").expect("temp DYNOCAP_HOME");
+        let dir = tempfile::Builder::new()
+            .prefix("dc")
+            .tempdir_in("/tmp")
+            .expect("temp DYNOCAP_HOME");
         Self { dir }
     }
 
@@ -65,7 +73,8 @@ impl TestHome {
 
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(dynocap_bin());
-        cmd.env("DYNOCAP_HOME", self.path()).env_remove("DYNOCAP_BACKEND");
+        cmd.env("DYNOCAP_HOME", self.path())
+            .env_remove("DYNOCAP_BACKEND");
         cmd
     }
 
@@ -76,7 +85,12 @@ impl TestHome {
 
     /// Runs `dynocap --json ARGS`, asserts success and parses stdout.
     pub fn json(&self, args: &[&str]) -> Value {
-        let out = self.command().arg("--json").args(args).output().expect("spawn dynocap");
+        let out = self
+            .command()
+            .arg("--json")
+            .args(args)
+            .output()
+            .expect("spawn dynocap");
         assert!(
             out.status.success(),
             "dynocap {args:?} failed ({}):\nstdout: {}\nstderr: {}",
@@ -89,9 +103,19 @@ impl TestHome {
 
     /// Runs `dynocap --json ARGS`, asserts failure and returns the error object.
     pub fn json_err(&self, args: &[&str]) -> Value {
-        let out = self.command().arg("--json").args(args).output().expect("spawn dynocap");
-        assert!(!out.status.success(), "dynocap {args:?} unexpectedly succeeded: {}", String::from_utf8_lossy(&out.stdout));
-        let value: Value = serde_json::from_slice(&out.stdout).expect("errors are JSON with --json");
+        let out = self
+            .command()
+            .arg("--json")
+            .args(args)
+            .output()
+            .expect("spawn dynocap");
+        assert!(
+            !out.status.success(),
+            "dynocap {args:?} unexpectedly succeeded: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let value: Value =
+            serde_json::from_slice(&out.stdout).expect("errors are JSON with --json");
         value["error"].clone()
     }
 
@@ -102,12 +126,30 @@ impl TestHome {
         self.json(&args)
     }
 
-    /// `dynocap --json exec NAME -- COMMAND` with extra exec flags before `--`.
+    /// `dynocap --json exec NAME -- COMMAND` with extra exec flags before `--`. The process
+    /// exits with the command's exit code, so only the printed Exec object is checked.
     pub fn exec(&self, name: &str, flags: &[&str], command: &str) -> Value {
-        let mut args = vec!["exec", name];
+        let mut args = vec!["--json", "exec", name];
         args.extend_from_slice(flags);
         args.extend_from_slice(&["--", command]);
-        self.json(&args)
+        let out = self.command().args(&args).output().expect("spawn dynocap");
+        let value: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|err| {
+            panic!(
+                "dynocap {args:?} printed no JSON ({err}, {}):\nstdout: {}\nstderr: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        assert!(
+            value.get("error").is_none(),
+            "dynocap {args:?} failed: {value:#}"
+        );
+        assert!(
+            value.get("timedOut").is_some(),
+            "not an Exec object: {value:#}"
+        );
+        value
     }
 
     /// stdout of a command that must succeed.
@@ -125,14 +167,21 @@ impl TestHome {
             .arg("SELECT supervisor_pid FROM sandboxes WHERE supervisor_pid IS NOT NULL")
             .output()
             .expect("sqlite3 is installed (apt-get install sqlite3)");
-        String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect()
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
     }
 }
 
 impl Drop for TestHome {
     fn drop(&mut self) {
-        let Ok(out) = self.command().args(["--json", "ps"]).output() else { return };
-        let Ok(value) = serde_json::from_slice::<Value>(&out.stdout) else { return };
+        let Ok(out) = self.command().args(["--json", "ps"]).output() else {
+            return;
+        };
+        let Ok(value) = serde_json::from_slice::<Value>(&out.stdout) else {
+            return;
+        };
         for sandbox in value["sandboxes"].as_array().into_iter().flatten() {
             if let Some(name) = sandbox["name"].as_str() {
                 let _ = self.command().args(["destroy", name]).output();
@@ -144,16 +193,27 @@ impl Drop for TestHome {
 /// Host processes whose real uid is in DynoCap's guest range (guest processes run there).
 pub fn processes_in_guest_uid_range() -> Vec<(i32, u32, String)> {
     let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else { return found };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
     for entry in entries.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
         let uid = status
             .lines()
             .find_map(|l| l.strip_prefix("Uid:"))
             .and_then(|l| l.split_whitespace().next())
             .and_then(|u| u.parse::<u32>().ok());
-        let name = status.lines().find_map(|l| l.strip_prefix("Name:")).unwrap_or("").trim().to_owned();
+        let name = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Name:"))
+            .unwrap_or("")
+            .trim()
+            .to_owned();
         if let Some(uid) = uid {
             if (1_000_000..1_065_536).contains(&uid) {
                 found.push((pid, uid, name));
@@ -179,9 +239,15 @@ pub fn wait_until(secs: u64, mut check: impl FnMut() -> bool) -> bool {
 pub fn descendants(pid: i32) -> Vec<i32> {
     let mut parent_of = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else { continue };
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
         if let Some(ppid) = rest.split(' ').nth(1).and_then(|p| p.parse::<i32>().ok()) {
             parent_of.push((child, ppid));
         }

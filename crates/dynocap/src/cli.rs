@@ -3,7 +3,11 @@
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "dynocap", version, about = "Isolated Linux sandboxes for coding agents")]
+#[command(
+    name = "dynocap",
+    version,
+    about = "Isolated Linux sandboxes for coding agents"
+)]
 pub struct Cli {
     /// Print results as JSON objects (CONTRACT.md) instead of tables.
     #[arg(long, global = true)]

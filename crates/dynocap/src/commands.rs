@@ -13,8 +13,9 @@ use crate::output::{fail, print_json, sandbox_rows, table, SANDBOX_HEADERS};
 pub async fn dispatch(cli: Cli) -> ExitCode {
     let json = cli.json;
     let result = match cli.command {
-        Command::Doctor => return crate::doctor::run(json),
-        Command::Supervise(_) => unreachable!("supervise is dispatched before the runtime starts"),
+        Command::Doctor | Command::Supervise(_) => {
+            unreachable!("doctor and supervise are dispatched before the runtime starts")
+        }
         command => with_engine(json, command).await,
     };
     match result {
@@ -51,12 +52,21 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
 }
 
 async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Error> {
-    let spec = RunSpec::raw(&args.name, args.network.as_deref(), args.ttl_seconds, args.cpus, args.memory_mb)?;
+    let spec = RunSpec::raw(
+        &args.name,
+        args.network.as_deref(),
+        args.ttl_seconds,
+        args.cpus,
+        args.memory_mb,
+    )?;
     let info = engine.run(&spec).await?;
     if json {
         print_json(&info);
     } else {
-        print!("{}", table(SANDBOX_HEADERS, &sandbox_rows(std::slice::from_ref(&info))));
+        print!(
+            "{}",
+            table(SANDBOX_HEADERS, &sandbox_rows(std::slice::from_ref(&info)))
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -72,7 +82,14 @@ async fn exec(engine: &Engine, json: bool, args: ExecArgs) -> Result<ExitCode, E
         })
         .collect::<Result<Vec<_>, _>>()?;
     let command = args.command.join(" ");
-    let spec = ExecSpec::new(&command, args.cwd.as_deref(), "/", env, args.timeout_seconds, args.tty)?;
+    let spec = ExecSpec::new(
+        &command,
+        args.cwd.as_deref(),
+        "/",
+        env,
+        args.timeout_seconds,
+        args.tty,
+    )?;
     let result = engine.exec(&args.name, &spec).await?;
     if json {
         print_json(&result);
@@ -86,7 +103,14 @@ async fn exec(engine: &Engine, json: bool, args: ExecArgs) -> Result<ExitCode, E
 /// stderr, plus a note when it was cut short.
 fn print_exec(result: &ExecResult, timeout_seconds: u64) {
     let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(result.stdout.as_deref().or(result.transcript.as_deref()).unwrap_or("").as_bytes());
+    let _ = stdout.write_all(
+        result
+            .stdout
+            .as_deref()
+            .or(result.transcript.as_deref())
+            .unwrap_or("")
+            .as_bytes(),
+    );
     let _ = stdout.flush();
     let mut stderr = std::io::stderr().lock();
     let _ = stderr.write_all(result.stderr.as_deref().unwrap_or("").as_bytes());
@@ -94,7 +118,10 @@ fn print_exec(result: &ExecResult, timeout_seconds: u64) {
         let _ = writeln!(stderr, "dynocap: output was truncated to 1 MiB per stream");
     }
     if result.timed_out {
-        let _ = writeln!(stderr, "dynocap: command timed out after {timeout_seconds}s; its process group was killed");
+        let _ = writeln!(
+            stderr,
+            "dynocap: command timed out after {timeout_seconds}s; its process group was killed"
+        );
     }
 }
 

@@ -22,7 +22,13 @@ pub struct Check {
 
 impl Check {
     fn new(name: &str, required: bool, ok: bool, detail: String, hint: &str) -> Self {
-        Self { name: name.into(), ok, detail, hint: (!ok).then(|| hint.to_owned()), required }
+        Self {
+            name: name.into(),
+            ok,
+            detail,
+            hint: (!ok).then(|| hint.to_owned()),
+            required,
+        }
     }
 }
 
@@ -64,7 +70,11 @@ pub fn run(json: bool) -> ExitCode {
         print!("{}", table(&["CHECK", "STATUS", "DETAIL"], &rows));
         println!(
             "{}",
-            if ready { "ready: the jail backend can run sandboxes here" } else { "not ready: fix the MISSING items above" }
+            if ready {
+                "ready: the jail backend can run sandboxes here"
+            } else {
+                "not ready: fix the MISSING items above"
+            }
         );
     }
     if ready {
@@ -75,17 +85,25 @@ pub fn run(json: bool) -> ExitCode {
 }
 
 fn jail_checks() -> Vec<Check> {
-    dynocap_backend_jail::probe()
-        .items
-        .into_iter()
-        .map(|item| Check {
-            name: item.name,
-            ok: item.ok,
-            detail: item.detail,
-            hint: if item.ok { None } else { item.hint },
-            required: item.required,
-        })
-        .collect()
+    let probe = dynocap_backend_jail::probe();
+    let from = |name: &str, check: dynocap_backend_jail::Check| Check {
+        name: name.to_owned(),
+        ok: check.ok,
+        detail: check.detail,
+        hint: if check.ok { None } else { check.hint },
+        required: true,
+    };
+    vec![
+        Check::new("kernel", true, true, probe.kernel.clone(), ""),
+        from("user namespaces", probe.user_namespaces),
+        from("overlay in user namespace", probe.overlay_in_userns),
+        from("mount API", probe.mount_api),
+        from("seccomp", probe.seccomp),
+        from(
+            &format!("cgroups ({:?})", probe.cgroups.layout).to_lowercase(),
+            probe.cgroups.check,
+        ),
+    ]
 }
 
 fn agent_check() -> Check {
@@ -102,29 +120,64 @@ fn agent_check() -> Check {
 }
 
 fn tool_check(name: &str, required: bool, argv: &[&str], hint: &str) -> Check {
-    match std::process::Command::new(argv[0]).args(&argv[1..]).output() {
+    match std::process::Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+    {
         Ok(out) if out.status.success() => {
-            let version = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_owned();
+            let version = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned();
             Check::new(name, required, true, version, hint)
         }
-        Ok(out) => Check::new(name, required, false, format!("{} exited with {}", argv[0], out.status), hint),
-        Err(err) => Check::new(name, required, false, format!("{} not found: {err}", argv[0]), hint),
+        Ok(out) => Check::new(
+            name,
+            required,
+            false,
+            format!("{} exited with {}", argv[0], out.status),
+            hint,
+        ),
+        Err(err) => Check::new(
+            name,
+            required,
+            false,
+            format!("{} not found: {err}", argv[0]),
+            hint,
+        ),
     }
 }
 
 /// /dev/kvm must open read-write and answer KVM_GET_API_VERSION.
 fn kvm_check() -> Check {
     const HINT: &str = "the vm backend falls back to software emulation (TCG); enable virtualisation or add your user to the kvm group";
-    let file = match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
         Ok(file) => file,
         Err(err) => return Check::new("kvm", false, false, format!("/dev/kvm: {err}"), HINT),
     };
     const KVM_GET_API_VERSION: libc::c_ulong = 0xAE00;
     // SAFETY: KVM_GET_API_VERSION takes no argument and only reads the open descriptor.
-    let version = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), KVM_GET_API_VERSION, 0) };
+    let version = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            KVM_GET_API_VERSION,
+            0,
+        )
+    };
     if version == 12 {
         Check::new("kvm", false, true, "/dev/kvm answers (API 12); whether a guest kernel boots on it is checked when the vm backend starts".into(), HINT)
     } else {
-        Check::new("kvm", false, false, format!("/dev/kvm answered API version {version}"), HINT)
+        Check::new(
+            "kvm",
+            false,
+            false,
+            format!("/dev/kvm answered API version {version}"),
+            HINT,
+        )
     }
 }

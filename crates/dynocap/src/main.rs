@@ -13,8 +13,11 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    if let cli::Command::Supervise(args) = &cli.command {
-        return commands::supervise(args);
+    // Both fork children that run Rust code, so they run before any other thread exists.
+    match &cli.command {
+        cli::Command::Supervise(args) => return commands::supervise(args),
+        cli::Command::Doctor => return doctor::run(cli.json),
+        _ => {}
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -69,7 +69,15 @@ pub fn sandbox_rows(sandboxes: &[SandboxInfo]) -> Vec<Vec<String>> {
         .collect()
 }
 
-pub const SANDBOX_HEADERS: &[&str] = &["NAME", "STATE", "BACKEND", "NETWORK", "CPUS", "MEMORY_MB", "EXPIRES"];
+pub const SANDBOX_HEADERS: &[&str] = &[
+    "NAME",
+    "STATE",
+    "BACKEND",
+    "NETWORK",
+    "CPUS",
+    "MEMORY_MB",
+    "EXPIRES",
+];
 
 #[cfg(test)]
 mod tests {

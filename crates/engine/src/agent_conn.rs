@@ -97,7 +97,10 @@ impl AgentConn {
                         let _ = tx.send(frame).await;
                     }
                     None if frame.stream & GUEST_STREAM_BIT != 0 => {
-                        eprintln!("agent opened stream {:#x}, which nothing serves yet", frame.stream);
+                        eprintln!(
+                            "agent opened stream {:#x}, which nothing serves yet",
+                            frame.stream
+                        );
                     }
                     None => {}
                 }
@@ -106,7 +109,14 @@ impl AgentConn {
             lock(&reader_routes).clear();
         });
 
-        Ok((Self { outgoing, routes, next_stream: Arc::new(AtomicU32::new(1)) }, hello))
+        Ok((
+            Self {
+                outgoing,
+                routes,
+                next_stream: Arc::new(AtomicU32::new(1)),
+            },
+            hello,
+        ))
     }
 
     /// Opens a stream with `request`.
@@ -114,8 +124,12 @@ impl AgentConn {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed) & !GUEST_STREAM_BIT;
         let (tx, incoming) = mpsc::channel(STREAM_QUEUE);
         lock(&self.routes).insert(id, tx);
-        let stream =
-            AgentStream { id, incoming, outgoing: self.outgoing.clone(), routes: self.routes.clone() };
+        let stream = AgentStream {
+            id,
+            incoming,
+            outgoing: self.outgoing.clone(),
+            routes: self.routes.clone(),
+        };
         stream.send(FrameKind::Open, to_payload(request)).await?;
         Ok(stream)
     }
@@ -125,7 +139,9 @@ impl AgentConn {
         let mut stream = self.open(&Request::Ping).await?;
         match stream.next().await {
             Some(frame) if frame.kind == FrameKind::Done => Ok(()),
-            Some(_) => Err(Error::internal("the guest agent answered a ping with something else")),
+            Some(_) => Err(Error::internal(
+                "the guest agent answered a ping with something else",
+            )),
             None => Err(agent_gone()),
         }
     }
@@ -143,7 +159,10 @@ impl AgentStream {
     }
 
     async fn send(&self, kind: FrameKind, payload: Vec<u8>) -> Result<()> {
-        self.outgoing.send(Frame::new(self.id, kind, payload)).await.map_err(|_| agent_gone())
+        self.outgoing
+            .send(Frame::new(self.id, kind, payload))
+            .await
+            .map_err(|_| agent_gone())
     }
 }
 
@@ -160,5 +179,7 @@ pub fn agent_gone() -> Error {
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // The maps stay consistent even if a holder panicked: every update is a single insert or
     // remove. So a poisoned lock is still safe to use.
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

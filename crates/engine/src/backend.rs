@@ -69,14 +69,17 @@ impl Backend for JailBackend {
     fn boot(&self, spec: &BootSpec) -> Result<Box<dyn Guest>> {
         use dynocap_backend_jail::{GuestDir, JailSpec, Limits, RoBind};
         let jail_spec = JailSpec {
-            name: spec.hostname.clone(),
-            cgroup_name: spec.id.clone(),
+            name: spec.id.clone(),
+            hostname: spec.hostname.clone(),
             image_root: spec.image.root.clone(),
             ro_binds: spec
                 .image
                 .ro_binds
                 .iter()
-                .map(|(source, target)| RoBind { source: source.clone(), target: target.clone() })
+                .map(|(source, target)| RoBind {
+                    source: source.clone(),
+                    target: target.clone(),
+                })
                 .collect(),
             state_dir: spec.state_dir.clone(),
             guest_dirs: vec![GuestDir {
@@ -120,6 +123,8 @@ impl Guest for JailGuest {
         self.0.pid().as_raw()
     }
     fn destroy(self: Box<Self>) -> Result<()> {
-        self.0.destroy().map_err(|err| Error::internal(format!("destroying the jail: {err}")))
+        self.0
+            .destroy()
+            .map_err(|err| Error::internal(format!("destroying the jail: {err}")))
     }
 }

@@ -96,7 +96,10 @@ pub struct ProcessId {
 
 impl ProcessId {
     pub fn of(pid: i32) -> Option<Self> {
-        Some(Self { pid, start_ticks: process_start_ticks(pid)? })
+        Some(Self {
+            pid,
+            start_ticks: process_start_ticks(pid)?,
+        })
     }
 
     /// The same process is still running (not a zombie, not a reused pid).
@@ -104,7 +107,9 @@ impl ProcessId {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
             return false;
         };
-        let Some((state, start)) = parse_stat(&stat) else { return false };
+        let Some((state, start)) = parse_stat(&stat) else {
+            return false;
+        };
         state != 'Z' && state != 'X' && start == self.start_ticks
     }
 }
@@ -157,10 +162,14 @@ impl Catalog {
     pub fn open(path: &Path) -> Result<Self> {
         let conn = Connection::open(path)
             .context(format_args!("opening the catalog {}", path.display()))?;
-        conn.busy_timeout(Duration::from_secs(30)).context("configuring the catalog")?;
-        conn.pragma_update(None, "journal_mode", "WAL").context("enabling WAL on the catalog")?;
-        conn.pragma_update(None, "synchronous", "NORMAL").context("configuring the catalog")?;
-        conn.execute_batch(SCHEMA).context("creating the catalog schema")?;
+        conn.busy_timeout(Duration::from_secs(30))
+            .context("configuring the catalog")?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .context("enabling WAL on the catalog")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .context("configuring the catalog")?;
+        conn.execute_batch(SCHEMA)
+            .context("creating the catalog schema")?;
         Ok(Self { conn })
     }
 
@@ -201,7 +210,11 @@ impl Catalog {
 
     pub fn get(&self, id: &str) -> Result<Option<Record>> {
         self.conn
-            .query_row(&format!("SELECT {COLUMNS} FROM sandboxes WHERE id = ?1"), [id], from_row)
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM sandboxes WHERE id = ?1"),
+                [id],
+                from_row,
+            )
             .optional()
             .context("reading the catalog")
     }
@@ -221,10 +234,15 @@ impl Catalog {
     pub fn list(&self) -> Result<Vec<Record>> {
         let mut stmt = self
             .conn
-            .prepare(&format!("SELECT {COLUMNS} FROM sandboxes ORDER BY created_at, id"))
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM sandboxes ORDER BY created_at, id"
+            ))
             .context("reading the catalog")?;
-        let rows = stmt.query_map([], from_row).context("reading the catalog")?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().context("reading the catalog")
+        let rows = stmt
+            .query_map([], from_row)
+            .context("reading the catalog")?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .context("reading the catalog")
     }
 
     pub fn set_supervisor(&self, id: &str, supervisor: ProcessId) -> Result<()> {
@@ -261,7 +279,9 @@ impl Catalog {
     }
 
     pub fn delete(&self, id: &str) -> Result<()> {
-        self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id]).context("writing the catalog")?;
+        self.conn
+            .execute("DELETE FROM sandboxes WHERE id = ?1", [id])
+            .context("writing the catalog")?;
         Ok(())
     }
 }
@@ -298,7 +318,9 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
         ttl_seconds: row.get(8)?,
         created_at: time(9)?,
         expires_at: time(10)?,
-        supervisor: pid.zip(start).map(|(pid, start_ticks)| ProcessId { pid, start_ticks }),
+        supervisor: pid
+            .zip(start)
+            .map(|(pid, start_ticks)| ProcessId { pid, start_ticks }),
         note: row.get(13)?,
     })
 }
@@ -334,7 +356,10 @@ mod tests {
         let err = catalog.insert(&record("sbx-2", "web")).unwrap_err();
         assert_eq!(err.code, crate::ErrorCode::Conflict);
         assert_eq!(catalog.find("web").unwrap().unwrap().id, "sbx-1");
-        assert_eq!(catalog.find("sbx-1").unwrap().unwrap().name.as_deref(), Some("web"));
+        assert_eq!(
+            catalog.find("sbx-1").unwrap().unwrap().name.as_deref(),
+            Some("web")
+        );
         catalog.delete("sbx-1").unwrap();
         catalog.insert(&record("sbx-2", "web")).unwrap();
     }
@@ -344,17 +369,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let catalog = Catalog::open(&dir.path().join("c.db")).unwrap();
         catalog.insert(&record("sbx-1", "a")).unwrap();
-        assert!(catalog.transition("sbx-1", State::Starting, State::Lost, Some("gone")).unwrap());
-        assert!(!catalog.transition("sbx-1", State::Starting, State::Lost, None).unwrap());
+        assert!(catalog
+            .transition("sbx-1", State::Starting, State::Lost, Some("gone"))
+            .unwrap());
+        assert!(!catalog
+            .transition("sbx-1", State::Starting, State::Lost, None)
+            .unwrap());
         let rec = catalog.get("sbx-1").unwrap().unwrap();
-        assert_eq!((rec.state, rec.note.as_deref()), (State::Lost, Some("gone")));
+        assert_eq!(
+            (rec.state, rec.note.as_deref()),
+            (State::Lost, Some("gone"))
+        );
     }
 
     #[test]
     fn own_process_is_alive_and_stat_parses_odd_names() {
         let me = ProcessId::of(std::process::id() as i32).unwrap();
         assert!(me.is_alive());
-        assert!(!ProcessId { start_ticks: me.start_ticks + 1, ..me }.is_alive());
+        assert!(!ProcessId {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        }
+        .is_alive());
         let stat = "42 (a) b (c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 777 20";
         assert_eq!(parse_stat(stat), Some(('S', 777)));
     }

@@ -17,7 +17,9 @@ pub const MAX_LINE: usize = 16 * 1024 * 1024;
 #[serde(rename_all = "camelCase", tag = "op")]
 pub enum ControlRequest {
     Ping,
-    Exec { spec: ExecSpec },
+    Exec {
+        spec: ExecSpec,
+    },
     /// Tear the sandbox down; the reply is sent once nothing of it is left.
     Destroy,
 }
@@ -65,7 +67,10 @@ where
 
 use tokio::io::AsyncReadExt as _;
 
-pub async fn write_message<T: Serialize, W: AsyncWrite + Unpin>(writer: &mut W, message: &T) -> Result<()> {
+pub async fn write_message<T: Serialize, W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    message: &T,
+) -> Result<()> {
     let mut bytes = serde_json::to_vec(message)
         .map_err(|err| Error::internal(format!("encoding a control message: {err}")))?;
     bytes.push(b'\n');

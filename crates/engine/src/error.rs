@@ -38,7 +38,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into() }
+        Self {
+            code,
+            message: message.into(),
+        }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::InvalidArgument, message)
@@ -83,6 +86,9 @@ mod tests {
     #[test]
     fn display_starts_with_the_code() {
         let err = Error::invalid("ttlSeconds 29 is below the minimum 30");
-        assert_eq!(err.to_string(), "invalid_argument: ttlSeconds 29 is below the minimum 30");
+        assert_eq!(
+            err.to_string(),
+            "invalid_argument: ttlSeconds 29 is below the minimum 30"
+        );
     }
 }

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use dynocap_proto::{channel, from_payload, ErrorBody, ExecExit, ExecRequest, FrameKind, Request, Response};
+use dynocap_proto::{
+    channel, from_payload, ErrorBody, ExecExit, ExecRequest, FrameKind, Request, Response,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::agent_conn::{agent_gone, AgentConn};
@@ -43,7 +45,11 @@ struct Capped {
 
 impl Capped {
     fn new(limit: usize) -> Self {
-        Self { bytes: Vec::new(), limit, dropped: false }
+        Self {
+            bytes: Vec::new(),
+            limit,
+            dropped: false,
+        }
     }
     fn push(&mut self, data: &[u8]) {
         let room = self.limit.saturating_sub(self.bytes.len());
@@ -97,10 +103,14 @@ pub async fn run(
                 return Err(Error::internal("the guest agent did not report the end of the command in time"));
             }
         };
-        let Some(frame) = frame else { return Err(agent_gone()) };
+        let Some(frame) = frame else {
+            return Err(agent_gone());
+        };
         match frame.kind {
             FrameKind::Data => {
-                let Some((&chan, data)) = frame.payload.split_first() else { continue };
+                let Some((&chan, data)) = frame.payload.split_first() else {
+                    continue;
+                };
                 match chan {
                     channel::STDOUT => stdout.push(data),
                     channel::STDERR => stderr.push(data),
@@ -111,7 +121,11 @@ pub async fn run(
             FrameKind::Eof => {}
             FrameKind::Done => match from_payload::<Response>("exec result", &frame.payload) {
                 Ok(Response::Exit(exit)) => break exit,
-                Ok(other) => return Err(Error::internal(format!("unexpected agent answer {other:?}"))),
+                Ok(other) => {
+                    return Err(Error::internal(format!(
+                        "unexpected agent answer {other:?}"
+                    )))
+                }
                 Err(err) => return Err(Error::internal(err.to_string())),
             },
             FrameKind::Error => {
@@ -184,8 +198,11 @@ pub fn render_terminal(bytes: &[u8]) -> String {
 /// Makes guest-provided text safe to embed in a one-line message: control characters become
 /// spaces and the length is bounded.
 pub fn sanitize_line(text: &str, max_chars: usize) -> String {
-    let mut out: String =
-        text.chars().take(max_chars).map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let mut out: String = text
+        .chars()
+        .take(max_chars)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     if text.chars().count() > max_chars {
         out.push('…');
     }

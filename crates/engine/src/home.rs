@@ -30,9 +30,16 @@ impl Home {
         let root = if root.is_absolute() {
             root
         } else {
-            std::env::current_dir().context("reading the working directory")?.join(root)
+            std::env::current_dir()
+                .context("reading the working directory")?
+                .join(root)
         };
-        for dir in [root.clone(), root.join("run"), root.join("sandboxes"), root.join("logs")] {
+        for dir in [
+            root.clone(),
+            root.join("run"),
+            root.join("sandboxes"),
+            root.join("logs"),
+        ] {
             create_private_dir(&dir)?;
         }
         Ok(Self { root })
@@ -62,7 +69,11 @@ impl Home {
 
 fn create_private_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
         Ok(()) => Ok(()),
         Err(err) => Err(crate::Error::internal(format!(
             "cannot create state directory {}: {err}; set DYNOCAP_HOME to a writable directory",

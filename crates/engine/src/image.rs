@@ -26,14 +26,16 @@ pub struct Image {
 }
 
 /// Bump when the skeleton's content changes, so old skeletons are rebuilt.
-const HOST_IMAGE_REVISION: &str = "1";
+const HOST_IMAGE_REVISION: &str = "2";
 
 /// Top-level system directories taken from the host. On a merged-/usr system most are
 /// symlinks into /usr and are reproduced as symlinks.
 const HOST_SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 
-/// Host files under /etc a guest needs for TLS; bound read-only when present.
-const HOST_ETC_BINDS: &[&str] = &["etc/ssl/certs", "etc/ca-certificates"];
+/// Host directories under /etc that system tools need, bound read-only when present: TLS
+/// certificates, and Debian's alternatives (`/usr/bin/awk` is a link through
+/// `/etc/alternatives`). None of them holds secrets.
+const HOST_ETC_BINDS: &[&str] = &["etc/ssl/certs", "etc/ca-certificates", "etc/alternatives"];
 
 /// Prepares (once) and returns the `host` image under `images_dir`.
 pub fn host_image(images_dir: &Path) -> Result<Image> {
@@ -59,11 +61,17 @@ pub fn host_image(images_dir: &Path) -> Result<Image> {
             ro_binds.push((host, Path::new("/").join(rel)));
         }
     }
-    Ok(Image { name: "host".into(), root, ro_binds })
+    Ok(Image {
+        name: "host".into(),
+        root,
+        ro_binds,
+    })
 }
 
 fn is_real_dir(path: &Path) -> bool {
-    fs::symlink_metadata(path).map(|m| m.is_dir()).unwrap_or(false)
+    fs::symlink_metadata(path)
+        .map(|m| m.is_dir())
+        .unwrap_or(false)
 }
 
 /// Builds the skeleton in a fresh directory and swaps it in, so a crash mid-build never leaves
@@ -79,7 +87,9 @@ fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
             .context(format_args!("setting the mode of {}", path.display()))
     };
     mk("", 0o755)?;
-    for rel in ["etc", "proc", "dev", "sys", "run", "home", "var", "var/tmp", "root", ".dynocap", "etc/ssl"] {
+    for rel in [
+        "etc", "proc", "dev", "sys", "run", "home", "var", "var/tmp", "root", ".dynocap", "etc/ssl",
+    ] {
         mk(rel, 0o755)?;
     }
     mk("tmp", 0o1777)?;
@@ -91,7 +101,8 @@ fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
         let target = staging.join(name);
         match fs::symlink_metadata(&host) {
             Ok(meta) if meta.file_type().is_symlink() => {
-                let link = fs::read_link(&host).context(format_args!("reading {}", host.display()))?;
+                let link =
+                    fs::read_link(&host).context(format_args!("reading {}", host.display()))?;
                 symlink(&link, &target).context(format_args!("creating {}", target.display()))?;
             }
             Ok(meta) if meta.is_dir() => mk(name, 0o755)?,
@@ -103,6 +114,8 @@ fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
             mk(rel, 0o755)?;
         }
     }
+    // Binds need their mountpoint's parent in the image.
+    mk("etc/ssl", 0o755)?;
     // The agent binary is bound onto this file.
     write_file(&staging.join(".dynocap/agent"), "", 0o755)?;
 
@@ -138,7 +151,10 @@ fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
         let _ = fs::remove_dir_all(&old);
     }
     fs::rename(&staging, root).map_err(|err| {
-        Error::internal(format!("installing the image skeleton at {}: {err}", root.display()))
+        Error::internal(format!(
+            "installing the image skeleton at {}: {err}",
+            root.display()
+        ))
     })
 }
 
@@ -158,10 +174,16 @@ mod tests {
         let image = host_image(dir.path()).unwrap();
         let passwd = fs::read_to_string(image.root.join("etc/passwd")).unwrap();
         assert!(passwd.contains("sandbox:x:1000:1000"));
-        assert!(fs::read_dir(image.root.join("home")).unwrap().next().is_none());
+        assert!(fs::read_dir(image.root.join("home"))
+            .unwrap()
+            .next()
+            .is_none());
         for (host, guest) in &image.ro_binds {
             assert_eq!(host, guest);
-            assert!(!host.starts_with("/home") && !host.starts_with("/root"), "{host:?}");
+            assert!(
+                !host.starts_with("/home") && !host.starts_with("/root"),
+                "{host:?}"
+            );
         }
         assert!(image.ro_binds.iter().any(|(h, _)| h == Path::new("/usr")));
         // A second call reuses the skeleton.

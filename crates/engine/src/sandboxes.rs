@@ -72,12 +72,18 @@ impl Engine {
             Some(path) => PathBuf::from(path),
             None => std::env::current_exe().context("locating the dynocap executable")?,
         };
-        Ok(Self { home, supervisor_exe })
+        Ok(Self {
+            home,
+            supervisor_exe,
+        })
     }
 
     /// For embedders (benchmarks, tests) whose own executable is not `dynocap`.
     pub fn with_supervisor_exe(home: Home, supervisor_exe: PathBuf) -> Self {
-        Self { home, supervisor_exe }
+        Self {
+            home,
+            supervisor_exe,
+        }
     }
 
     pub fn home(&self) -> &Home {
@@ -122,15 +128,17 @@ impl Engine {
             }
         }
         let record = catalog.get(&record.id)?.ok_or_else(|| {
-            Error::internal("the sandbox record vanished right after start (destroyed concurrently?)")
+            Error::internal(
+                "the sandbox record vanished right after start (destroyed concurrently?)",
+            )
         })?;
         Ok(SandboxInfo::from_record(&record))
     }
 
     /// Spawns `dynocap supervise` detached and waits for its ready report.
     async fn start_supervisor(&self, catalog: &Catalog, id: &str) -> Result<()> {
-        let (ready_read, ready_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .context("creating the ready pipe")?;
+        let (ready_read, ready_write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating the ready pipe")?;
         let log_path = self.home.supervisor_log(id);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -159,7 +167,9 @@ impl Engine {
                 libc::setsid();
                 if ready_raw == SUPERVISOR_READY_FD {
                     let flags = libc::fcntl(ready_raw, libc::F_GETFD);
-                    if flags < 0 || libc::fcntl(ready_raw, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    if flags < 0
+                        || libc::fcntl(ready_raw, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
+                    {
                         return Err(std::io::Error::last_os_error());
                     }
                 } else if libc::dup2(ready_raw, SUPERVISOR_READY_FD) < 0 {
@@ -204,7 +214,11 @@ impl Engine {
     }
 
     fn kill_supervisor(&self, catalog: &Catalog, id: &str) {
-        if let Ok(Some(Record { supervisor: Some(process), .. })) = catalog.get(id) {
+        if let Ok(Some(Record {
+            supervisor: Some(process),
+            ..
+        })) = catalog.get(id)
+        {
             if process.is_alive() {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(process.pid),
@@ -217,7 +231,10 @@ impl Engine {
     /// Runs a command in a raw sandbox (default cwd `/`).
     pub async fn exec(&self, name: &str, spec: &ExecSpec) -> Result<ExecResult> {
         let record = self.live_record(name, Kind::Raw)?;
-        match self.call(&record, &ControlRequest::Exec { spec: spec.clone() }).await? {
+        match self
+            .call(&record, &ControlRequest::Exec { spec: spec.clone() })
+            .await?
+        {
             ControlReply::Exec(result) => Ok(result),
             ControlReply::Error(err) => Err(err),
             other => Err(unexpected(&other)),
@@ -283,12 +300,19 @@ impl Engine {
         let catalog = self.catalog()?;
         let record = find(&catalog, name)?;
         if record.kind != kind {
-            let what = if kind == Kind::Raw { "a task; use task exec" } else { "a raw sandbox; use exec" };
+            let what = if kind == Kind::Raw {
+                "a task; use task exec"
+            } else {
+                "a raw sandbox; use exec"
+            };
             return Err(Error::conflict(format!("\"{name}\" is {what}")));
         }
         if !record.state.is_live() || !supervisor_alive(&record) {
             self.reconcile(&catalog)?;
-            let state = catalog.get(&record.id)?.map(|r| r.state).unwrap_or(State::Destroyed);
+            let state = catalog
+                .get(&record.id)?
+                .map(|r| r.state)
+                .unwrap_or(State::Destroyed);
             return Err(Error::conflict(format!(
                 "sandbox \"{name}\" is {}, not running; destroy it and start a new one",
                 state.as_str()
@@ -311,7 +335,8 @@ impl Engine {
         let (read, _write) = stream.split();
         let mut reader = BufReader::new(read);
         let reply = read_message::<ControlReply, _>(&mut reader).await?;
-        reply.ok_or_else(|| Error::internal("the supervisor closed the connection without replying"))
+        reply
+            .ok_or_else(|| Error::internal("the supervisor closed the connection without replying"))
     }
 
     /// Marks records whose supervisor is gone as `lost` and removes what they left behind.
@@ -330,7 +355,10 @@ impl Engine {
                 continue;
             }
             let note = match record.supervisor {
-                Some(p) => format!("its supervisor (pid {}) died without cleaning up; the guest was removed", p.pid),
+                Some(p) => format!(
+                    "its supervisor (pid {}) died without cleaning up; the guest was removed",
+                    p.pid
+                ),
                 None => "its supervisor never started".to_owned(),
             };
             if catalog.transition(&record.id, record.state, State::Lost, Some(&note))? {
@@ -353,7 +381,9 @@ fn supervisor_alive(record: &Record) -> bool {
 
 fn find(catalog: &Catalog, name: &str) -> Result<Record> {
     catalog.find(name)?.ok_or_else(|| {
-        Error::not_found(format!("no sandbox or task named \"{name}\"; list them with `dynocap ps` or `dynocap ls`"))
+        Error::not_found(format!(
+            "no sandbox or task named \"{name}\"; list them with `dynocap ps` or `dynocap ls`"
+        ))
     })
 }
 
@@ -365,8 +395,9 @@ fn unexpected(reply: &ControlReply) -> Error {
 pub fn new_id(prefix: &str) -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rng();
-    let suffix: String =
-        (0..12).map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())])).collect();
+    let suffix: String = (0..12)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect();
     format!("{prefix}-{suffix}")
 }
 
@@ -381,7 +412,9 @@ async fn read_ready(fd: OwnedFd) -> std::io::Result<Option<ReadyMessage>> {
 
 /// The last lines of a log, to make a failed start self-explanatory.
 fn log_tail(path: &std::path::Path) -> String {
-    let Ok(text) = std::fs::read_to_string(path) else { return String::new() };
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return String::new();
+    };
     let lines: Vec<&str> = text.lines().rev().take(5).collect();
     if lines.is_empty() {
         return String::new();
@@ -389,4 +422,3 @@ fn log_tail(path: &std::path::Path) -> String {
     let tail: Vec<&str> = lines.into_iter().rev().collect();
     format!(":\n{}", tail.join("\n"))
 }
-

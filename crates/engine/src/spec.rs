@@ -92,8 +92,16 @@ impl RunSpec {
         validate_name(name)?;
         let spec = Self {
             name: name.to_owned(),
-            network: network.map(Network::parse).transpose()?.unwrap_or(Network::None),
-            ttl_seconds: check_range("ttlSeconds", ttl_seconds.unwrap_or(TTL_DEFAULT), TTL_MIN, TTL_MAX)?,
+            network: network
+                .map(Network::parse)
+                .transpose()?
+                .unwrap_or(Network::None),
+            ttl_seconds: check_range(
+                "ttlSeconds",
+                ttl_seconds.unwrap_or(TTL_DEFAULT),
+                TTL_MIN,
+                TTL_MAX,
+            )?,
             cpus: check_cpus(cpus.unwrap_or(u64::from(RAW_CPUS_DEFAULT)))?,
             memory_mb: check_range(
                 "memoryMB",
@@ -170,7 +178,9 @@ impl ExecSpec {
         terminal: bool,
     ) -> Result<Self> {
         if command.trim().is_empty() {
-            return Err(Error::invalid("command is empty; give the shell command to run"));
+            return Err(Error::invalid(
+                "command is empty; give the shell command to run",
+            ));
         }
         if command.len() > dynocap_proto::MAX_COMMAND_LEN {
             return Err(Error::invalid(format!(
@@ -198,7 +208,9 @@ impl ExecSpec {
                 )));
             }
             if value.contains('\0') {
-                return Err(Error::invalid(format!("env value of {key} contains a NUL byte")));
+                return Err(Error::invalid(format!(
+                    "env value of {key} contains a NUL byte"
+                )));
             }
         }
         let timeout_seconds = check_range(
@@ -207,7 +219,13 @@ impl ExecSpec {
             1,
             EXEC_TIMEOUT_MAX,
         )?;
-        Ok(Self { command: command.to_owned(), cwd: cwd.to_owned(), env, timeout_seconds, terminal })
+        Ok(Self {
+            command: command.to_owned(),
+            cwd: cwd.to_owned(),
+            env,
+            timeout_seconds,
+            terminal,
+        })
     }
 }
 
@@ -220,7 +238,19 @@ mod tests {
         for ok in ["a", "web-1", "x.y_z", "0abc", &"a".repeat(63)] {
             validate_name(ok).unwrap();
         }
-        for bad in ["", "-a", "A", "a b", "a/b", "é", &"a".repeat(64), "task-x", "sbx-1", "_x", ".x"] {
+        for bad in [
+            "",
+            "-a",
+            "A",
+            "a b",
+            "a/b",
+            "é",
+            &"a".repeat(64),
+            "task-x",
+            "sbx-1",
+            "_x",
+            ".x",
+        ] {
             assert!(validate_name(bad).is_err(), "{bad:?} accepted");
         }
     }
@@ -228,7 +258,10 @@ mod tests {
     #[test]
     fn ttl_edges_and_defaults() {
         let spec = RunSpec::raw("a", None, None, None, None).unwrap();
-        assert_eq!((spec.ttl_seconds, spec.cpus, spec.memory_mb), (1800, 1, 1024));
+        assert_eq!(
+            (spec.ttl_seconds, spec.cpus, spec.memory_mb),
+            (1800, 1, 1024)
+        );
         assert_eq!(spec.network, Network::None);
         assert!(RunSpec::raw("a", None, Some(30), None, None).is_ok());
         assert!(RunSpec::raw("a", None, Some(86_400), None, None).is_ok());
@@ -246,7 +279,15 @@ mod tests {
         assert_eq!((spec.cwd.as_str(), spec.timeout_seconds), ("/", 30));
         assert!(ExecSpec::new("", None, "/", vec![], None, false).is_err());
         assert!(ExecSpec::new("true", Some("rel"), "/", vec![], None, false).is_err());
-        assert!(ExecSpec::new("true", None, "/", vec![("A=B".into(), "x".into())], None, false).is_err());
+        assert!(ExecSpec::new(
+            "true",
+            None,
+            "/",
+            vec![("A=B".into(), "x".into())],
+            None,
+            false
+        )
+        .is_err());
         assert!(ExecSpec::new("true", None, "/", vec![], Some(0), false).is_err());
     }
 }

@@ -34,7 +34,10 @@ pub enum ReadyMessage {
 /// backend forks a child that runs Rust code. Returns the process exit code.
 pub fn main(home: Home, id: &str, ready: OwnedFd) -> i32 {
     let mut ready = std::fs::File::from(ready);
-    log(&format!("supervisor for {id} starting (pid {})", std::process::id()));
+    log(&format!(
+        "supervisor for {id} starting (pid {})",
+        std::process::id()
+    ));
     let booted = boot(&home, id);
     let (catalog, record, guest) = match booted {
         Ok(parts) => parts,
@@ -44,10 +47,16 @@ pub fn main(home: Home, id: &str, ready: OwnedFd) -> i32 {
             return 1;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(err) => {
-            report(&mut ready, &ReadyMessage::Failed(Error::internal(format!("starting the runtime: {err}"))));
+            report(
+                &mut ready,
+                &ReadyMessage::Failed(Error::internal(format!("starting the runtime: {err}"))),
+            );
             let _ = guest.destroy();
             return 1;
         }
@@ -63,7 +72,10 @@ fn boot(home: &Home, id: &str) -> Result<(Catalog, crate::catalog::Record, Box<d
         .get(id)?
         .ok_or_else(|| Error::not_found(format!("no sandbox record {id} to supervise")))?;
     if record.state != State::Starting {
-        return Err(Error::conflict(format!("sandbox {id} is {}, not starting", record.state.as_str())));
+        return Err(Error::conflict(format!(
+            "sandbox {id} is {}, not starting",
+            record.state.as_str()
+        )));
     }
     if let Some(me) = ProcessId::of(i32::try_from(std::process::id()).unwrap_or(i32::MAX)) {
         catalog.set_supervisor(id, me)?;
@@ -71,7 +83,8 @@ fn boot(home: &Home, id: &str) -> Result<(Catalog, crate::catalog::Record, Box<d
     let backend = backend::select()?;
     let image = image::host_image(&home.images_dir())?;
     let state_dir = home.sandbox_dir(id);
-    std::fs::create_dir_all(&state_dir).context(format_args!("creating {}", state_dir.display()))?;
+    std::fs::create_dir_all(&state_dir)
+        .context(format_args!("creating {}", state_dir.display()))?;
     let spec = BootSpec {
         id: id.to_owned(),
         hostname: record.name.clone().unwrap_or_else(|| id.to_owned()),
@@ -83,7 +96,11 @@ fn boot(home: &Home, id: &str) -> Result<(Catalog, crate::catalog::Record, Box<d
         pids: spec::PIDS_LIMIT,
     };
     let guest = backend.boot(&spec)?;
-    log(&format!("guest booted on {} backend, init pid {}", backend.name(), guest.pid()));
+    log(&format!(
+        "guest booted on {} backend, init pid {}",
+        backend.name(),
+        guest.pid()
+    ));
     // The agent must survive the guest's own OOM kills (the agent resets its children to 0).
     // Lowering the score needs host privileges; unprivileged users keep the default.
     let _ = std::fs::write(format!("/proc/{}/oom_score_adj", guest.pid()), "-1000");
@@ -124,9 +141,13 @@ async fn serve(
 ) -> i32 {
     let id = record.id.clone();
     let started = async {
-        let channel = guest.take_channel().ok_or_else(|| Error::internal("the backend gave no agent channel"))?;
+        let channel = guest
+            .take_channel()
+            .ok_or_else(|| Error::internal("the backend gave no agent channel"))?;
         let stream = std::os::unix::net::UnixStream::from(channel);
-        stream.set_nonblocking(true).context("configuring the agent channel")?;
+        stream
+            .set_nonblocking(true)
+            .context("configuring the agent channel")?;
         let stream = UnixStream::from_std(stream).context("registering the agent channel")?;
         let (read, write) = stream.into_split();
         let (conn, hello) = AgentConn::start(read, write, AGENT_HELLO_TIMEOUT).await?;
@@ -136,7 +157,9 @@ async fn serve(
         let listener = UnixListener::bind(&socket_path)
             .context(format_args!("listening on {}", socket_path.display()))?;
         if !catalog.transition(&id, State::Starting, State::Running, None)? {
-            return Err(Error::conflict("the sandbox record changed while it was starting"));
+            return Err(Error::conflict(
+                "the sandbox record changed while it was starting",
+            ));
         }
         Ok::<_, Error>((conn, listener))
     }
@@ -163,8 +186,11 @@ async fn serve(
             return 1;
         }
     };
-    let until_expiry = (record.expires_at - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let until_expiry = (record.expires_at - chrono::Utc::now())
+        .to_std()
+        .unwrap_or(Duration::ZERO);
+    let mut sigterm =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
 
     let mut waiting_for_destroy: Vec<OwnedWriteHalf> = Vec::new();
     let ending = loop {
@@ -190,9 +216,18 @@ async fn serve(
 
     let (state, note) = match ending {
         Ending::Destroyed => (State::Destroyed, None),
-        Ending::Expired => (State::Expired, Some(format!("expired after its TTL of {}s", record.ttl_seconds))),
-        Ending::GuestDied => (State::Lost, Some("the guest's init exited unexpectedly; see the supervisor log".to_owned())),
-        Ending::Signalled => (State::Destroyed, Some("the supervisor was asked to stop (SIGTERM)".to_owned())),
+        Ending::Expired => (
+            State::Expired,
+            Some(format!("expired after its TTL of {}s", record.ttl_seconds)),
+        ),
+        Ending::GuestDied => (
+            State::Lost,
+            Some("the guest's init exited unexpectedly; see the supervisor log".to_owned()),
+        ),
+        Ending::Signalled => (
+            State::Destroyed,
+            Some("the supervisor was asked to stop (SIGTERM)".to_owned()),
+        ),
     };
     if let Some(note) = &note {
         log(note);
@@ -235,14 +270,19 @@ async fn handle_client(
         }
     };
     let reply = match request {
-        ControlRequest::Ping => ControlReply::from_result(conn.ping().await, |()| ControlReply::Pong),
+        ControlRequest::Ping => {
+            ControlReply::from_result(conn.ping().await, |()| ControlReply::Pong)
+        }
         ControlRequest::Exec { spec } => {
             // The client closing its end (or sending anything more) cancels the command.
             let client_gone = async {
                 let mut byte = [0u8; 1];
                 let _ = tokio::io::AsyncReadExt::read(&mut reader, &mut byte).await;
             };
-            ControlReply::from_result(exec::run(conn, &spec, client_gone).await, ControlReply::Exec)
+            ControlReply::from_result(
+                exec::run(conn, &spec, client_gone).await,
+                ControlReply::Exec,
+            )
         }
         ControlRequest::Destroy => {
             // The main loop replies once teardown is complete.
@@ -262,5 +302,8 @@ fn report(ready: &mut std::fs::File, message: &ReadyMessage) {
 
 /// Supervisor log lines go to stderr, which the starter points at the sandbox's log file.
 pub fn log(message: &str) {
-    eprintln!("{} {message}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    eprintln!(
+        "{} {message}",
+        chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    );
 }

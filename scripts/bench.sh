@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Runs the benchmarks with their baselines side by side and prints ratios. Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --release --locked -p dynocap -p dynocap-agent
+cargo bench --locked -p dynocap-e2e --bench sandbox

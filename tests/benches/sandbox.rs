@@ -1,0 +1,201 @@
+//! Sandbox benchmarks, each beside its baseline in the same run (ratios, not absolute times):
+//! 1. `dynocap run` + `exec true` + `destroy` vs `bwrap --unshare-all … true`;
+//! 2. exec round trip of `true` on a running sandbox, through the engine's client API and
+//!    through the `dynocap exec` process, vs spawning `sh -c true` on the host;
+//! 3. resident memory of an idle sandbox's supervisor + agent.
+//!
+//! Run with `scripts/bench.sh` (builds the release binaries first). Needs root and bwrap.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use dynocap_engine::spec::{ExecSpec, RunSpec};
+use dynocap_engine::{Engine, Home};
+
+fn main() {
+    let bins = release_bins();
+    let home_dir = tempfile::Builder::new()
+        .prefix("dcb")
+        .tempdir_in("/tmp")
+        .expect("temp home");
+    std::env::set_var("DYNOCAP_AGENT", bins.join("dynocap-agent"));
+    let dynocap = bins.join("dynocap");
+    let cli = |args: &[&str]| {
+        let out = Command::new(&dynocap)
+            .args(args)
+            .env("DYNOCAP_HOME", home_dir.path())
+            .output()
+            .expect("spawn dynocap");
+        assert!(
+            out.status.success(),
+            "dynocap {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    // 1. Cold start to first command to teardown.
+    let lifecycle = sample(10, |i| {
+        let name = format!("b{i}");
+        cli(&["run", &name]);
+        cli(&["exec", &name, "--", "true"]);
+        cli(&["destroy", &name]);
+    });
+    let bwrap = sample(10, |_| {
+        let status = Command::new("bwrap")
+            .args([
+                "--unshare-all",
+                "--die-with-parent",
+                "--ro-bind",
+                "/usr",
+                "/usr",
+            ])
+            .args([
+                "--symlink",
+                "usr/bin",
+                "/bin",
+                "--symlink",
+                "usr/lib",
+                "/lib",
+                "--symlink",
+                "usr/lib64",
+                "/lib64",
+            ])
+            .args([
+                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true",
+            ])
+            .status()
+            .expect("bwrap is installed (apt-get install bubblewrap)");
+        assert!(status.success());
+    });
+    report(
+        "run + exec true + destroy",
+        &lifecycle,
+        "bwrap --unshare-all true",
+        &bwrap,
+    );
+
+    // 2. Exec round trip on a running sandbox.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let engine = Engine::with_supervisor_exe(
+        Home::at(home_dir.path().to_path_buf()).expect("home"),
+        dynocap.clone(),
+    );
+    let spec = RunSpec::raw("hot", None, None, None, None).expect("spec");
+    runtime.block_on(engine.run(&spec)).expect("boot");
+    let exec_true = ExecSpec::new("true", None, "/", Vec::new(), None, false).expect("exec spec");
+    let api = sample(300, |_| {
+        let result = runtime
+            .block_on(engine.exec("hot", &exec_true))
+            .expect("exec");
+        assert_eq!(result.exit_code, Some(0));
+    });
+    let process = sample(50, |_| cli(&["exec", "hot", "--", "true"]));
+    let host = sample(300, |_| {
+        assert!(Command::new("sh")
+            .args(["-c", "true"])
+            .status()
+            .expect("sh")
+            .success());
+    });
+    report("exec true via client API", &api, "host sh -c true", &host);
+    report(
+        "exec true via dynocap exec",
+        &process,
+        "host sh -c true",
+        &host,
+    );
+    println!("targets: client API median < 2 ms, dynocap exec median < 10 ms");
+
+    // 3. Idle memory.
+    std::thread::sleep(Duration::from_secs(1));
+    let supervisor = supervisor_pid(home_dir.path());
+    let agent = child_pids(supervisor)
+        .into_iter()
+        .next()
+        .expect("the supervisor has a guest");
+    let (sup_kib, agent_kib) = (rss_kib(supervisor), rss_kib(agent));
+    println!(
+        "idle sandbox RSS: supervisor {sup_kib} KiB + agent {agent_kib} KiB = {:.2} MiB (target < 10 MiB, ratio to target {:.2})",
+        (sup_kib + agent_kib) as f64 / 1024.0,
+        (sup_kib + agent_kib) as f64 / (10.0 * 1024.0)
+    );
+    runtime.block_on(engine.destroy("hot")).expect("destroy");
+}
+
+fn release_bins() -> PathBuf {
+    let exe = std::env::current_exe().expect("bench path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf();
+    assert!(
+        dir.join("dynocap").is_file(),
+        "build first: cargo build --release -p dynocap -p dynocap-agent"
+    );
+    dir
+}
+
+/// Runs `f` `n` times (after one warm-up) and returns the durations, sorted.
+fn sample(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
+    f(n);
+    let mut times: Vec<Duration> = (0..n)
+        .map(|i| {
+            let start = Instant::now();
+            f(i);
+            start.elapsed()
+        })
+        .collect();
+    times.sort();
+    times
+}
+
+fn median(times: &[Duration]) -> Duration {
+    times[times.len() / 2]
+}
+
+fn report(name: &str, times: &[Duration], baseline: &str, base: &[Duration]) {
+    let (m, b) = (median(times), median(base));
+    println!(
+        "{name}: median {:.2} ms (p90 {:.2} ms) | {baseline}: median {:.2} ms | ratio {:.2}x",
+        m.as_secs_f64() * 1e3,
+        times[times.len() * 9 / 10].as_secs_f64() * 1e3,
+        b.as_secs_f64() * 1e3,
+        m.as_secs_f64() / b.as_secs_f64()
+    );
+}
+
+fn supervisor_pid(home: &Path) -> i32 {
+    let out = Command::new("sqlite3")
+        .arg(home.join("catalog.db"))
+        .arg("SELECT supervisor_pid FROM sandboxes WHERE name = 'hot'")
+        .output()
+        .expect("sqlite3");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("supervisor pid")
+}
+
+fn child_pids(pid: i32) -> Vec<i32> {
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}

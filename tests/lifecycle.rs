@@ -150,6 +150,11 @@ fn killed_supervisor_leaves_no_guest_and_record_is_lost() {
     home.exec("victim", &[], "sleep 1000 >/dev/null 2>&1 &");
     let supervisor = home.supervisor_pids()[0];
     let guest = descendants(supervisor);
+    let id = home.sandbox_id("victim");
+    assert!(
+        !sandbox_cgroups(&id).is_empty(),
+        "the running sandbox has cgroups"
+    );
     assert!(guest.len() >= 2, "init and the background sleep: {guest:?}");
     // SAFETY: plain kill(2) of a pid we own.
     assert_eq!(unsafe { libc::kill(supervisor, libc::SIGKILL) }, 0);
@@ -212,4 +217,20 @@ fn ten_sandboxes_side_by_side() {
         home.json(&["ps"])["sandboxes"].as_array().unwrap().len(),
         10
     );
+}
+
+/// The sandbox's cgroup directories, on every hierarchy (v1 controllers or the v2 tree).
+fn sandbox_cgroups(id: &str) -> Vec<std::path::PathBuf> {
+    let mut roots = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
+    roots.extend(
+        std::fs::read_dir("/sys/fs/cgroup")
+            .unwrap()
+            .flatten()
+            .map(|h| h.path()),
+    );
+    roots
+        .into_iter()
+        .map(|r| r.join("dynocap").join(id))
+        .filter(|p| p.exists())
+        .collect()
 }

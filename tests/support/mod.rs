@@ -152,11 +152,48 @@ impl TestHome {
         value
     }
 
+    /// `dynocap --json task exec NAME --timeout SECS -- COMMAND`, whatever its exit code.
+    pub fn exec_in_task(&self, name: &str, command: &str, timeout_secs: u64) -> Value {
+        let timeout = timeout_secs.to_string();
+        let out = self
+            .command()
+            .args([
+                "--json",
+                "task",
+                "exec",
+                name,
+                "--timeout",
+                &timeout,
+                "--",
+                command,
+            ])
+            .output()
+            .expect("spawn dynocap");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+            panic!(
+                "task exec printed no JSON: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
     /// stdout of a command that must succeed.
     pub fn sh(&self, name: &str, command: &str) -> String {
         let result = self.exec(name, &[], command);
         assert_eq!(result["exitCode"], 0, "`{command}` failed: {result:#}");
         result["stdout"].as_str().expect("stdout").to_owned()
+    }
+
+    /// The id behind a sandbox or task name, from the catalog.
+    pub fn sandbox_id(&self, name: &str) -> String {
+        let out = Command::new("sqlite3")
+            .arg(self.path().join("catalog.db"))
+            .arg(format!("SELECT id FROM sandboxes WHERE name = '{name}'"))
+            .output()
+            .expect("sqlite3 is installed (apt-get install sqlite3)");
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        assert!(!id.is_empty(), "no record named {name}");
+        id
     }
 
     /// Host pids of the supervisors of this home's sandboxes.
@@ -267,4 +304,88 @@ pub fn descendants(pid: i32) -> Vec<i32> {
 
 pub fn pid_exists(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Runs git on the host for building fixtures, isolated from the machine's configuration.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "Test")
+        .env("GIT_AUTHOR_EMAIL", "test@example.com")
+        .env("GIT_COMMITTER_NAME", "Test")
+        .env("GIT_COMMITTER_EMAIL", "test@example.com")
+        .env("GIT_ALLOW_PROTOCOL", "file")
+        .output()
+        .expect("git is installed");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn write(path: &Path, content: &str) {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).expect("create parent");
+    }
+    std::fs::write(path, content).expect("write fixture file");
+}
+
+pub fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A project a user might have: two branches, a stash, an ignored file, an untracked file,
+/// an uncommitted edit, a deleted tracked file, a symlink and an executable script, plus
+/// things that must never come (hooks, credentials in the remote URL, a reflog).
+pub fn sample_project(dir: &Path) {
+    git(dir, &["init", "-q", "-b", "main"]);
+    write(&dir.join("README.md"), "# sample\n");
+    write(&dir.join("src/lib.rs"), "pub fn answer() -> u32 { 42 }\n");
+    write(&dir.join("gone.txt"), "to be deleted\n");
+    write(&dir.join("run.sh"), "#!/bin/sh\necho run\n");
+    chmod(&dir.join("run.sh"), 0o755);
+    write(&dir.join(".gitignore"), "target/\n.env\n");
+    write(&dir.join("package.json"), "{\n  \"name\": \"sample\",\n  \"version\": \"1.0.0\",\n  \"scripts\": {\n    \"test\": \"node test.js\"\n  }\n}\n");
+    std::os::unix::fs::symlink("src/lib.rs", dir.join("link-to-lib")).expect("symlink");
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "first"]);
+    git(dir, &["checkout", "-q", "-b", "feature"]);
+    write(&dir.join("feature.txt"), "feature work\n");
+    git(dir, &["add", "feature.txt"]);
+    git(dir, &["commit", "-q", "-m", "feature commit"]);
+    git(dir, &["checkout", "-q", "main"]);
+    write(
+        &dir.join("src/lib.rs"),
+        "pub fn answer() -> u32 { 41 + 1 }\n",
+    );
+    write(&dir.join("stashed.txt"), "stash me\n");
+    git(dir, &["add", "stashed.txt"]);
+    git(dir, &["stash", "-q"]);
+    // Uncommitted state the import must capture.
+    write(
+        &dir.join("src/lib.rs"),
+        "pub fn answer() -> u32 { 6 * 7 }\n",
+    );
+    std::fs::remove_file(dir.join("gone.txt")).expect("rm");
+    write(&dir.join("notes.txt"), "untracked but not ignored\n");
+    write(&dir.join(".env"), "SECRET=hunter2\n");
+    write(&dir.join("target/debug/big.bin"), "build output\n");
+    git(
+        dir,
+        &[
+            "remote",
+            "add",
+            "origin",
+            "https://user:s3cret-token@example.com/repo.git",
+        ],
+    );
+    write(&dir.join(".git/hooks/pre-commit"), "#!/bin/sh\necho hook\n");
+    chmod(&dir.join(".git/hooks/pre-commit"), 0o755);
 }

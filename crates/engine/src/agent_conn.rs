@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dynocap_proto::{
-    from_payload, to_payload, Frame, FrameKind, FrameReader, FrameWriter, Hello, Request,
-    CONTROL_STREAM, GUEST_STREAM_BIT, PROTOCOL_VERSION,
+    channel, from_payload, to_payload, Frame, FrameKind, FrameReader, FrameWriter, Hello, Request,
+    CONTROL_STREAM, DATA_CHUNK, GUEST_STREAM_BIT, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
@@ -158,11 +158,58 @@ impl AgentStream {
         self.send(FrameKind::Cancel, Vec::new()).await
     }
 
+    /// A handle that feeds bytes into this stream's input channel from blocking code (a
+    /// tar writer running on a blocking thread).
+    pub fn input(&self) -> InputWriter {
+        InputWriter {
+            id: self.id,
+            outgoing: self.outgoing.clone(),
+        }
+    }
+
     async fn send(&self, kind: FrameKind, payload: Vec<u8>) -> Result<()> {
         self.outgoing
             .send(Frame::new(self.id, kind, payload))
             .await
             .map_err(|_| agent_gone())
+    }
+}
+
+/// `std::io::Write` into a stream's [`channel::INPUT`], in frames of at most
+/// [`DATA_CHUNK`] bytes. Blocks when the agent's queue is full (back-pressure); use it from a
+/// blocking thread only.
+pub struct InputWriter {
+    id: u32,
+    outgoing: mpsc::Sender<Frame>,
+}
+
+impl InputWriter {
+    /// Marks the end of the input.
+    pub fn finish(self) -> std::io::Result<()> {
+        self.push(FrameKind::Eof, vec![channel::INPUT])
+    }
+
+    fn push(&self, kind: FrameKind, payload: Vec<u8>) -> std::io::Result<()> {
+        self.outgoing
+            .blocking_send(Frame::new(self.id, kind, payload))
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the guest agent is gone")
+            })
+    }
+}
+
+impl std::io::Write for InputWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(DATA_CHUNK);
+        let mut payload = Vec::with_capacity(n + 1);
+        payload.push(channel::INPUT);
+        payload.extend_from_slice(&buf[..n]);
+        self.push(FrameKind::Data, payload)?;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

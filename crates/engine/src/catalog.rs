@@ -84,6 +84,8 @@ pub struct Record {
     pub supervisor: Option<ProcessId>,
     /// Why a sandbox ended up `lost`, or other notes for the user.
     pub note: Option<String>,
+    /// Kind-specific JSON (a task's start spec, source and result).
+    pub detail: Option<String>,
 }
 
 /// A process identity that survives pid reuse: the pid plus its start time in clock ticks
@@ -149,14 +151,15 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     expires_at       TEXT NOT NULL,
     supervisor_pid   INTEGER,
     supervisor_start INTEGER,
-    note             TEXT
+    note             TEXT,
+    detail           TEXT
 );
 -- A name is bound to at most one record until it is released (raw: destroy; task: rm).
 CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_name ON sandboxes (name) WHERE name IS NOT NULL;
 ";
 
 const COLUMNS: &str = "id, kind, name, state, backend, network, cpus, memory_mb, ttl_seconds, \
-                       created_at, expires_at, supervisor_pid, supervisor_start, note";
+                       created_at, expires_at, supervisor_pid, supervisor_start, note, detail";
 
 impl Catalog {
     pub fn open(path: &Path) -> Result<Self> {
@@ -176,7 +179,7 @@ impl Catalog {
     /// Inserts a new record; a name already bound is a `conflict`.
     pub fn insert(&self, record: &Record) -> Result<()> {
         let result = self.conn.execute(
-            &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)"),
+            &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"),
             params![
                 record.id,
                 record.kind.as_str(),
@@ -192,6 +195,7 @@ impl Catalog {
                 record.supervisor.map(|p| p.pid),
                 record.supervisor.map(|p| p.start_ticks),
                 record.note,
+                record.detail,
             ],
         );
         match result {
@@ -278,6 +282,24 @@ impl Catalog {
         Ok(changed == 1)
     }
 
+    pub fn set_detail(&self, id: &str, detail: &str) -> Result<()> {
+        self.conn
+            .execute(
+                "UPDATE sandboxes SET detail = ?2 WHERE id = ?1",
+                params![id, detail],
+            )
+            .context("writing the catalog")?;
+        Ok(())
+    }
+
+    /// Unbinds the record's name so it can be used again; the record itself stays.
+    pub fn release_name(&self, id: &str) -> Result<()> {
+        self.conn
+            .execute("UPDATE sandboxes SET name = NULL WHERE id = ?1", [id])
+            .context("writing the catalog")?;
+        Ok(())
+    }
+
     pub fn delete(&self, id: &str) -> Result<()> {
         self.conn
             .execute("DELETE FROM sandboxes WHERE id = ?1", [id])
@@ -322,6 +344,7 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
             .zip(start)
             .map(|(pid, start_ticks)| ProcessId { pid, start_ticks }),
         note: row.get(13)?,
+        detail: row.get(14)?,
     })
 }
 
@@ -345,6 +368,7 @@ mod tests {
             expires_at: now,
             supervisor: None,
             note: None,
+            detail: None,
         }
     }
 

@@ -22,6 +22,10 @@ pub enum ControlRequest {
     },
     /// Tear the sandbox down; the reply is sent once nothing of it is left.
     Destroy,
+    /// Tasks: the patch baseline → working tree, with the host's summary.
+    Diff,
+    /// Tasks: final diff, guest destroyed, patch verified, results written.
+    Finish,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -30,6 +34,8 @@ pub enum ControlReply {
     Pong,
     Exec(ExecResult),
     Destroyed,
+    Diff(crate::task_spec::DiffResult),
+    Finished(crate::task_spec::FinishResult),
     Error(Error),
 }
 

@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod control;
 pub mod error;
 pub mod exec;
+pub mod finish;
 pub mod hardened_git;
 pub mod home;
 pub mod image;
@@ -16,6 +17,9 @@ pub mod patch;
 pub mod sandboxes;
 pub mod spec;
 pub mod supervisor;
+pub mod task_spec;
+pub mod tasks;
+pub mod workspace;
 
 pub use error::{Error, ErrorCode, Result};
 pub use exec::ExecResult;

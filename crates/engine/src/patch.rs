@@ -1135,9 +1135,9 @@ fn is_bidi_control(c: char) -> bool {
 fn human_bytes(n: usize) -> String {
     const KIB: usize = 1024;
     const MIB: usize = 1024 * 1024;
-    if n >= MIB && n % MIB == 0 {
+    if n >= MIB && n.is_multiple_of(MIB) {
         format!("{} MiB", n / MIB)
-    } else if n >= KIB && n % KIB == 0 {
+    } else if n >= KIB && n.is_multiple_of(KIB) {
         format!("{} KiB", n / KIB)
     } else {
         format!("{n}-byte")

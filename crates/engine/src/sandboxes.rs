@@ -17,6 +17,7 @@ use crate::exec::ExecResult;
 use crate::home::Home;
 use crate::spec::{ExecSpec, RunSpec};
 use crate::supervisor::ReadyMessage;
+use crate::task_spec::Progress;
 
 /// How long `run` waits for a supervisor to report its guest ready.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
@@ -90,53 +91,92 @@ impl Engine {
         &self.home
     }
 
-    fn catalog(&self) -> Result<Catalog> {
+    pub(crate) fn catalog(&self) -> Result<Catalog> {
         Catalog::open(&self.home.catalog_path())
     }
 
     /// Boots a raw sandbox and returns once its agent answers.
     pub async fn run(&self, spec: &RunSpec) -> Result<SandboxInfo> {
         spec.network.ensure_available()?;
+        let record = self.new_record(
+            Kind::Raw,
+            Some(spec.name.clone()),
+            spec.network,
+            spec.cpus,
+            spec.memory_mb,
+            spec.ttl_seconds,
+            None,
+        )?;
+        let record = self.launch(record, &|_| {}).await?;
+        Ok(SandboxInfo::from_record(&record))
+    }
+
+    /// A fresh `starting` record for a new sandbox.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new_record(
+        &self,
+        kind: Kind,
+        name: Option<String>,
+        network: crate::spec::Network,
+        cpus: u32,
+        memory_mb: u64,
+        ttl_seconds: u64,
+        detail: Option<String>,
+    ) -> Result<Record> {
         let backend = crate::backend::select()?;
-        let catalog = self.catalog()?;
-        self.reconcile(&catalog)?;
         let now = chrono::Utc::now();
-        let ttl = chrono::TimeDelta::seconds(i64::try_from(spec.ttl_seconds).unwrap_or(i64::MAX));
-        let record = Record {
-            id: new_id("sbx"),
-            kind: Kind::Raw,
-            name: Some(spec.name.clone()),
+        let ttl = chrono::TimeDelta::seconds(i64::try_from(ttl_seconds).unwrap_or(i64::MAX));
+        Ok(Record {
+            id: new_id(if kind == Kind::Raw { "sbx" } else { "task" }),
+            kind,
+            name,
             state: State::Starting,
             backend: backend.name().to_owned(),
-            network: spec.network,
-            cpus: spec.cpus,
-            memory_mb: spec.memory_mb,
-            ttl_seconds: spec.ttl_seconds,
+            network,
+            cpus,
+            memory_mb,
+            ttl_seconds,
             created_at: now,
             expires_at: now + ttl,
             supervisor: None,
             note: None,
-        };
+            detail,
+        })
+    }
+
+    /// Inserts `record`, starts its supervisor and waits until the sandbox is ready,
+    /// forwarding progress. If this future is dropped before that (a cancelled request), or
+    /// the start fails, everything made so far is removed.
+    pub(crate) async fn launch(
+        &self,
+        record: Record,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<Record> {
+        let catalog = self.catalog()?;
+        self.reconcile(&catalog)?;
         catalog.insert(&record)?;
-        match self.start_supervisor(&catalog, &record.id).await {
-            Ok(()) => {}
-            Err(err) => {
-                let _ = backend.cleanup_leftovers(&record.id, &self.home.sandbox_dir(&record.id));
-                let _ = std::fs::remove_dir_all(self.home.sandbox_dir(&record.id));
-                catalog.delete(&record.id)?;
-                return Err(err);
-            }
-        }
-        let record = catalog.get(&record.id)?.ok_or_else(|| {
+        let mut guard = StartGuard {
+            home: self.home.clone(),
+            id: record.id.clone(),
+            armed: true,
+        };
+        self.start_supervisor(&catalog, &record.id, progress)
+            .await?;
+        guard.armed = false;
+        catalog.get(&record.id)?.ok_or_else(|| {
             Error::internal(
                 "the sandbox record vanished right after start (destroyed concurrently?)",
             )
-        })?;
-        Ok(SandboxInfo::from_record(&record))
+        })
     }
 
     /// Spawns `dynocap supervise` detached and waits for its ready report.
-    async fn start_supervisor(&self, catalog: &Catalog, id: &str) -> Result<()> {
+    async fn start_supervisor(
+        &self,
+        catalog: &Catalog,
+        id: &str,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<()> {
         let (ready_read, ready_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating the ready pipe")?;
         let log_path = self.home.supervisor_log(id);
@@ -193,37 +233,21 @@ impl Engine {
         // The child is reaped by tokio in the background once it exits.
         drop(child);
 
-        let report = tokio::time::timeout(BOOT_TIMEOUT, read_ready(ready_read)).await;
+        let report = tokio::time::timeout(BOOT_TIMEOUT, read_ready(ready_read, progress)).await;
         match report {
-            Err(_) => {
-                self.kill_supervisor(catalog, id);
-                Err(Error::timeout(format!(
-                    "the sandbox did not become ready within {}s; see {}",
-                    BOOT_TIMEOUT.as_secs(),
-                    log_path.display()
-                )))
-            }
+            Err(_) => Err(Error::timeout(format!(
+                "the sandbox did not become ready within {}s; see {}",
+                BOOT_TIMEOUT.as_secs(),
+                log_path.display()
+            ))),
             Ok(Ok(Some(ReadyMessage::Ready))) => Ok(()),
             Ok(Ok(Some(ReadyMessage::Failed(err)))) => Err(err),
-            Ok(Ok(None)) | Ok(Err(_)) => Err(Error::internal(format!(
-                "the supervisor exited before the sandbox was ready; see {}{}",
-                log_path.display(),
-                log_tail(&log_path)
-            ))),
-        }
-    }
-
-    fn kill_supervisor(&self, catalog: &Catalog, id: &str) {
-        if let Ok(Some(Record {
-            supervisor: Some(process),
-            ..
-        })) = catalog.get(id)
-        {
-            if process.is_alive() {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(process.pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+            Ok(Ok(Some(ReadyMessage::Progress(_)) | None)) | Ok(Err(_)) => {
+                Err(Error::internal(format!(
+                    "the supervisor exited before the sandbox was ready; see {}{}",
+                    log_path.display(),
+                    log_tail(&log_path)
+                )))
             }
         }
     }
@@ -296,7 +320,7 @@ impl Engine {
         Ok(display)
     }
 
-    fn live_record(&self, name: &str, kind: Kind) -> Result<Record> {
+    pub(crate) fn live_record(&self, name: &str, kind: Kind) -> Result<Record> {
         let catalog = self.catalog()?;
         let record = find(&catalog, name)?;
         if record.kind != kind {
@@ -322,7 +346,11 @@ impl Engine {
     }
 
     /// Sends one request to a supervisor and waits for its reply.
-    async fn call(&self, record: &Record, request: &ControlRequest) -> Result<ControlReply> {
+    pub(crate) async fn call(
+        &self,
+        record: &Record,
+        request: &ControlRequest,
+    ) -> Result<ControlReply> {
         let path = self.home.control_socket(&record.id);
         let mut stream = UnixStream::connect(&path).await.map_err(|err| {
             Error::internal(format!(
@@ -379,7 +407,7 @@ fn supervisor_alive(record: &Record) -> bool {
     record.supervisor.is_some_and(|p| p.is_alive())
 }
 
-fn find(catalog: &Catalog, name: &str) -> Result<Record> {
+pub(crate) fn find(catalog: &Catalog, name: &str) -> Result<Record> {
     catalog.find(name)?.ok_or_else(|| {
         Error::not_found(format!(
             "no sandbox or task named \"{name}\"; list them with `dynocap ps` or `dynocap ls`"
@@ -387,7 +415,7 @@ fn find(catalog: &Catalog, name: &str) -> Result<Record> {
     })
 }
 
-fn unexpected(reply: &ControlReply) -> Error {
+pub(crate) fn unexpected(reply: &ControlReply) -> Error {
     Error::internal(format!("unexpected reply from the supervisor: {reply:?}"))
 }
 
@@ -401,12 +429,58 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}-{suffix}")
 }
 
-async fn read_ready(fd: OwnedFd) -> std::io::Result<Option<ReadyMessage>> {
+/// Reads the supervisor's ready pipe: progress lines, then the final word (or EOF).
+async fn read_ready(
+    fd: OwnedFd,
+    progress: &(dyn Fn(Progress) + Send + Sync),
+) -> std::io::Result<Option<ReadyMessage>> {
     let receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?;
     let mut reader = BufReader::new(receiver);
-    match read_message::<ReadyMessage, _>(&mut reader).await {
-        Ok(message) => Ok(message),
-        Err(err) => Err(std::io::Error::other(err.to_string())),
+    loop {
+        match read_message::<ReadyMessage, _>(&mut reader).await {
+            Ok(Some(ReadyMessage::Progress(p))) => progress(p),
+            Ok(message) => return Ok(message),
+            Err(err) => return Err(std::io::Error::other(err.to_string())),
+        }
+    }
+}
+
+/// Undoes a start that did not complete: kills the supervisor (its guest dies with it),
+/// removes leftovers and the record. Runs on failure and when the start future is dropped.
+struct StartGuard {
+    home: Home,
+    id: String,
+    armed: bool,
+}
+
+impl Drop for StartGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(catalog) = Catalog::open(&self.home.catalog_path()) else {
+            return;
+        };
+        if let Ok(Some(record)) = catalog.get(&self.id) {
+            if let Some(process) = record.supervisor.filter(ProcessId::is_alive) {
+                let pid = nix::unistd::Pid::from_raw(process.pid);
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                // The guest's init dies with its parent; wait briefly so cleanup finds it gone.
+                for _ in 0..50 {
+                    if !process.is_alive() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        if let Ok(backend) = crate::backend::select() {
+            let _ = backend.cleanup_leftovers(&self.id, &self.home.sandbox_dir(&self.id));
+        }
+        let _ = std::fs::remove_dir_all(self.home.sandbox_dir(&self.id));
+        let _ = std::fs::remove_file(self.home.control_socket(&self.id));
+        let _ = std::fs::remove_dir_all(crate::finish::results_dir(self.home.root(), &self.id));
+        let _ = catalog.delete(&self.id);
     }
 }
 

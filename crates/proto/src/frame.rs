@@ -77,7 +77,11 @@ pub enum FrameError {
 
 impl Frame {
     pub fn new(stream: u32, kind: FrameKind, payload: Vec<u8>) -> Self {
-        Self { stream, kind, payload }
+        Self {
+            stream,
+            kind,
+            payload,
+        }
     }
 
     /// Encodes the frame. Panics are impossible: callers that build payloads larger than the
@@ -85,7 +89,9 @@ impl Frame {
     pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
         let body_len = 4 + 1 + self.payload.len();
         if body_len > MAX_FRAME_LEN {
-            return Err(FrameError::BadLength(u32::try_from(body_len).unwrap_or(u32::MAX)));
+            return Err(FrameError::BadLength(
+                u32::try_from(body_len).unwrap_or(u32::MAX),
+            ));
         }
         let len = u32::try_from(body_len).map_err(|_| FrameError::BadLength(u32::MAX))?;
         let mut out = Vec::with_capacity(4 + body_len);
@@ -139,7 +145,11 @@ impl FrameDecoder {
         };
         let payload = self.buf[HEADER_LEN..4 + body_len].to_vec();
         self.buf.drain(..4 + body_len);
-        Ok(Some(Frame { stream, kind, payload }))
+        Ok(Some(Frame {
+            stream,
+            kind,
+            payload,
+        }))
     }
 
     /// Bytes received but not yet part of a returned frame.

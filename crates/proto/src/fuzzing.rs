@@ -1,7 +1,9 @@
 //! The body of the decoder fuzz target, shared with a deterministic unit test so every
 //! `cargo test` exercises it on pseudo-random input too.
 
-use crate::{from_payload, ErrorBody, FrameDecoder, FrameKind, Hello, Request, Response, MAX_FRAME_LEN};
+use crate::{
+    from_payload, ErrorBody, FrameDecoder, FrameKind, Hello, Request, Response, MAX_FRAME_LEN,
+};
 
 /// Feeds `data` to a decoder in chunks whose sizes come from the data itself, parses every
 /// frame's payload as the message its kind implies, and checks the decoder's memory bound.

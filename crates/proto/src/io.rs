@@ -14,7 +14,11 @@ pub struct FrameReader<R> {
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(inner: R) -> Self {
-        Self { inner, decoder: FrameDecoder::new(), buf: vec![0; 64 * 1024].into_boxed_slice() }
+        Self {
+            inner,
+            decoder: FrameDecoder::new(),
+            buf: vec![0; 64 * 1024].into_boxed_slice(),
+        }
     }
 
     /// The next frame, or `Ok(None)` on a clean end of stream between frames.

@@ -4,8 +4,8 @@
 //! Both sides treat the other as untrusted input: frames are bounded ([`MAX_FRAME_LEN`]),
 //! messages are strict JSON, and any violation is an error value, never a panic.
 
-pub mod fuzzing;
 mod frame;
+pub mod fuzzing;
 mod io;
 mod message;
 
@@ -15,8 +15,9 @@ pub use frame::{
 };
 pub use io::{FrameReader, FrameWriter};
 pub use message::{
-    channel, from_payload, to_payload, ErrorBody, ExecExit, ExecRequest, Hello, Request,
-    Response, MAX_COMMAND_LEN, PROTOCOL_VERSION,
+    channel, from_payload, to_payload, BaselineRequest, DiffRequest, ErrorBody, ExecExit,
+    ExecRequest, Hello, ReceiveFileRequest, Request, Response, UnpackRequest, MAX_COMMAND_LEN,
+    PROTOCOL_VERSION,
 };
 
 /// Errors a protocol peer reports.

@@ -36,6 +36,58 @@ pub enum Request {
     /// Answered with `Done(Response::Pong)`; used for liveness and latency checks.
     Ping,
     Exec(ExecRequest),
+    /// Unpack the tar stream the host sends on [`channel::INPUT`] into a workspace.
+    Unpack(UnpackRequest),
+    /// Store the bytes the host sends on [`channel::INPUT`] in a file only the agent reads
+    /// (the imported history bundle).
+    ReceiveFile(ReceiveFileRequest),
+    /// Turn the unpacked workspace into a git repository and record its baseline.
+    Baseline(BaselineRequest),
+    /// Send the patch baseline → working tree on [`channel::STDOUT`].
+    Diff(DiffRequest),
+}
+
+/// See [`Request::Unpack`]. The destination must not exist or be an empty directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UnpackRequest {
+    pub dest: String,
+    /// Guest ids that own everything unpacked.
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    /// Refuse archives whose content exceeds this many bytes.
+    pub max_bytes: u64,
+}
+
+/// See [`Request::ReceiveFile`]. `name` is a plain file name inside the agent's private
+/// state directory (no `/`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReceiveFileRequest {
+    pub name: String,
+    pub max_bytes: u64,
+}
+
+/// See [`Request::Baseline`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BaselineRequest {
+    pub workspace: String,
+    /// A file received with [`Request::ReceiveFile`] holding the project's history.
+    pub bundle: Option<String>,
+    /// What HEAD was on the host: `refs/heads/NAME` or a commit id. Ignored without a bundle.
+    pub head: Option<String>,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+}
+
+/// See [`Request::Diff`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DiffRequest {
+    pub workspace: String,
+    /// A patch larger than this is refused with an error instead of being sent.
+    pub max_bytes: u64,
 }
 
 /// Run `sh -c command` in the guest.
@@ -62,6 +114,21 @@ pub struct ExecRequest {
 pub enum Response {
     Pong,
     Exit(ExecExit),
+    Unpacked {
+        files: u64,
+        bytes: u64,
+    },
+    Received {
+        bytes: u64,
+    },
+    /// The baseline commit in the agent's private repository.
+    Baseline {
+        commit: String,
+    },
+    /// The patch was sent in full; `bytes` is its length.
+    Diff {
+        bytes: u64,
+    },
 }
 
 /// How an exec ended. Output travelled separately as `Data` frames.

@@ -1,0 +1,341 @@
+//! The supervisor's side of a task's workspace: bringing the project into the guest
+//! (tar stream, history bundle, baseline) and taking the patch out.
+//!
+//! The host keeps its own copy of what it sent (`baseline.tar` in the sandbox's state
+//! directory). Verification and the package.json comparison read that copy, never anything
+//! the guest says the baseline was.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use dynocap_proto::{
+    channel, from_payload, BaselineRequest, DiffRequest, ErrorBody, FrameKind, ReceiveFileRequest,
+    Request, Response, UnpackRequest,
+};
+
+use crate::agent_conn::{agent_gone, AgentConn, AgentStream};
+use crate::error::{Context, Error, Result};
+use crate::exec::sanitize_line;
+use crate::hardened_git::HardenedGit;
+use crate::image::{SANDBOX_GID, SANDBOX_UID};
+use crate::import::{self, History};
+use crate::patch::DEFAULT_MAX_PATCH_BYTES;
+use crate::task_spec::Progress;
+
+pub const WORKSPACE: &str = "/workspace";
+/// The host's copy of the imported tree, in the sandbox's state directory.
+pub const BASELINE_TAR: &str = "baseline.tar";
+/// Largest project the guest accepts (bytes of file content).
+const MAX_IMPORT_BYTES: u64 = 64 * 1024 * 1024 * 1024;
+const BUNDLE_NAME: &str = "history.bundle";
+
+/// What an import brought.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    pub root: PathBuf,
+    pub history: History,
+    pub files: u64,
+    pub bytes: u64,
+    /// Things left out (sockets, files that vanished mid-read, …), for the user.
+    pub notes: Vec<String>,
+}
+
+/// Copies `project` into the guest's `/workspace` and records the baseline.
+pub async fn import(
+    conn: &AgentConn,
+    project: &Path,
+    history: History,
+    state_dir: &Path,
+    progress: &(dyn Fn(Progress) + Send + Sync),
+) -> Result<Imported> {
+    let project = project.to_owned();
+    let plan = tokio::task::spawn_blocking(move || import::plan(&project, history))
+        .await
+        .context("planning the import")??;
+    let root = plan.root.clone();
+    let message = format!("importing {}", root.display());
+    progress(Progress {
+        message: message.clone(),
+        done: 0,
+        total: Some(plan.bytes),
+    });
+    let head = if plan.history == History::None {
+        None
+    } else {
+        Some(head_of(&root)?)
+    };
+
+    let stream = conn
+        .open(&Request::Unpack(UnpackRequest {
+            dest: WORKSPACE.into(),
+            owner_uid: SANDBOX_UID,
+            owner_gid: SANDBOX_GID,
+            max_bytes: MAX_IMPORT_BYTES,
+        }))
+        .await?;
+    let input = stream.input();
+    let baseline_path = state_dir.join(BASELINE_TAR);
+    let (progress_tx, mut progress_rx) = tokio::sync::mpsc::channel::<(u64, u64)>(4);
+    let writer = tokio::task::spawn_blocking(
+        move || -> Result<(import::ImportPlan, import::TarSummary)> {
+            let copy = std::fs::File::create(&baseline_path)
+                .context(format_args!("creating {}", baseline_path.display()))?;
+            let mut tee = Tee {
+                guest: input,
+                copy: std::io::BufWriter::new(copy),
+            };
+            let mut last_report = std::time::Instant::now();
+            let summary = import::write_tar(&plan, &mut tee, &mut |done, total| {
+                if last_report.elapsed() >= std::time::Duration::from_millis(200) {
+                    last_report = std::time::Instant::now();
+                    let _ = progress_tx.try_send((done, total));
+                }
+            })?;
+            tee.copy.flush().context("writing the baseline copy")?;
+            tee.guest.finish().map_err(|_| agent_gone())?;
+            Ok((plan, summary))
+        },
+    );
+    let mut writer = std::pin::pin!(writer);
+    let written = loop {
+        tokio::select! {
+            Some((done, total)) = progress_rx.recv() => {
+                progress(Progress { message: message.clone(), done, total: Some(total) });
+            }
+            joined = &mut writer => break joined.context("streaming the project").and_then(|r| r),
+        }
+    };
+    let (plan, summary) = match written {
+        Ok(parts) => parts,
+        Err(err) => {
+            // Tell the agent to throw away what it unpacked so far; the tar stream itself
+            // cannot say that it was cut short.
+            let _ = stream.cancel().await;
+            return Err(err);
+        }
+    };
+    match finish_stream(stream, "unpacking the project").await? {
+        Response::Unpacked { .. } => {}
+        other => return Err(unexpected("unpack", &other)),
+    }
+    progress(Progress {
+        message,
+        done: summary.bytes,
+        total: Some(summary.bytes),
+    });
+
+    let bundle = if plan.history == History::None {
+        None
+    } else {
+        let dir = state_dir.to_owned();
+        let bundle_path = tokio::task::spawn_blocking(move || import::write_bundle(&plan, &dir))
+            .await
+            .context("bundling the history")??;
+        match bundle_path {
+            Some(path) => {
+                send_file(conn, &path, BUNDLE_NAME).await?;
+                let _ = std::fs::remove_file(&path);
+                Some(BUNDLE_NAME.to_owned())
+            }
+            None => None,
+        }
+    };
+    let with_history = bundle.is_some();
+    let stream = conn
+        .open(&Request::Baseline(BaselineRequest {
+            workspace: WORKSPACE.into(),
+            head: if with_history { head } else { None },
+            bundle,
+            owner_uid: SANDBOX_UID,
+            owner_gid: SANDBOX_GID,
+        }))
+        .await?;
+    match finish_stream(stream, "recording the baseline").await? {
+        Response::Baseline { .. } => {}
+        other => return Err(unexpected("baseline", &other)),
+    }
+    Ok(Imported {
+        root,
+        history: if with_history { history } else { History::None },
+        files: summary.files,
+        bytes: summary.bytes,
+        notes: summary.notes.iter().map(|n| format!("{n:?}")).collect(),
+    })
+}
+
+/// The patch baseline → current working tree, as the guest's agent computes it. Bounded here
+/// too, whatever the agent does.
+pub async fn diff(conn: &AgentConn) -> Result<Vec<u8>> {
+    let max = DEFAULT_MAX_PATCH_BYTES;
+    let mut stream = conn
+        .open(&Request::Diff(DiffRequest {
+            workspace: WORKSPACE.into(),
+            max_bytes: u64::try_from(max).unwrap_or(u64::MAX),
+        }))
+        .await?;
+    let mut patch = Vec::new();
+    loop {
+        let Some(frame) = stream.next().await else {
+            return Err(agent_gone());
+        };
+        match frame.kind {
+            FrameKind::Data => {
+                if let Some((&channel::STDOUT, data)) = frame.payload.split_first() {
+                    if patch.len() + data.len() > max {
+                        let _ = stream.cancel().await;
+                        return Err(Error::invalid(format!(
+                            "the diff is over the {} MiB limit; remove generated or large files from /workspace, or add them to .gitignore",
+                            max / (1024 * 1024)
+                        )));
+                    }
+                    patch.extend_from_slice(data);
+                }
+            }
+            FrameKind::Done => {
+                return match from_payload::<Response>("diff result", &frame.payload) {
+                    Ok(Response::Diff { .. }) => Ok(patch),
+                    Ok(other) => Err(unexpected("diff", &other)),
+                    Err(err) => Err(Error::internal(err.to_string())),
+                }
+            }
+            FrameKind::Error => return Err(agent_error("computing the diff", &frame.payload)),
+            _ => {}
+        }
+    }
+}
+
+/// The content of files in the host's baseline copy, for judging changes (package.json
+/// scripts, symlink targets). Loaded once, on first use.
+#[derive(Default)]
+pub struct BaselineIndex {
+    files: HashMap<String, Vec<u8>>,
+}
+
+/// Baseline files worth keeping in memory: small, and needed to judge a change.
+const INDEXED_MAX_BYTES: u64 = 4 * 1024 * 1024;
+
+impl BaselineIndex {
+    pub fn load(tar_path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(tar_path)
+            .context(format_args!("opening {}", tar_path.display()))?;
+        let mut archive = tar::Archive::new(std::io::BufReader::new(file));
+        let mut files = HashMap::new();
+        for entry in archive.entries().context("reading the baseline copy")? {
+            let mut entry = entry.context("reading the baseline copy")?;
+            let Ok(path) = entry.path().map(|p| p.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            let kind = entry.header().entry_type();
+            if kind.is_symlink() {
+                if let Some(target) = entry.link_name_bytes() {
+                    files.insert(path, target.into_owned());
+                }
+            } else if kind.is_file()
+                && path.rsplit('/').next() == Some("package.json")
+                && entry.size() <= INDEXED_MAX_BYTES
+            {
+                let mut content = Vec::new();
+                entry
+                    .read_to_end(&mut content)
+                    .context("reading the baseline copy")?;
+                files.insert(path, content);
+            }
+        }
+        Ok(Self { files })
+    }
+
+    pub fn get(&self, path: &str) -> Option<Vec<u8>> {
+        self.files.get(path).cloned()
+    }
+}
+
+/// Writes the guest-bound stream and the host's copy at once.
+struct Tee<G: Write, C: Write> {
+    guest: G,
+    copy: C,
+}
+
+impl<G: Write, C: Write> Write for Tee<G, C> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.guest.write(buf)?;
+        self.copy.write_all(&buf[..n])?;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.guest.flush()?;
+        self.copy.flush()
+    }
+}
+
+/// `refs/heads/NAME` when HEAD is on a branch, else the commit id.
+fn head_of(root: &Path) -> Result<String> {
+    let git = |args: &[&str]| HardenedGit::new(root).args(args).run();
+    if let Ok(out) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        let name = String::from_utf8_lossy(&out).trim().to_owned();
+        if name.starts_with("refs/heads/") {
+            return Ok(name);
+        }
+    }
+    let out = git(&["rev-parse", "--verify", "HEAD"])
+        .map_err(|err| Error::internal(format!("reading HEAD of {}: {err}", root.display())))?;
+    Ok(String::from_utf8_lossy(&out).trim().to_owned())
+}
+
+async fn send_file(conn: &AgentConn, path: &Path, name: &str) -> Result<()> {
+    let size = std::fs::metadata(path)
+        .context(format_args!("reading {}", path.display()))?
+        .len();
+    let stream = conn
+        .open(&Request::ReceiveFile(ReceiveFileRequest {
+            name: name.into(),
+            max_bytes: size,
+        }))
+        .await?;
+    let input = stream.input();
+    let source = path.to_owned();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let mut file =
+            std::fs::File::open(&source).context(format_args!("opening {}", source.display()))?;
+        let mut input = input;
+        std::io::copy(&mut file, &mut input).map_err(|_| agent_gone())?;
+        input.finish().map_err(|_| agent_gone())
+    })
+    .await
+    .context("sending the history")??;
+    match finish_stream(stream, "receiving the history").await? {
+        Response::Received { .. } => Ok(()),
+        other => Err(unexpected("receive", &other)),
+    }
+}
+
+/// Waits for a stream's `Done`, ignoring output; an `Error` becomes an `internal` error.
+async fn finish_stream(mut stream: AgentStream, what: &str) -> Result<Response> {
+    loop {
+        let Some(frame) = stream.next().await else {
+            return Err(agent_gone());
+        };
+        match frame.kind {
+            FrameKind::Done => {
+                return from_payload::<Response>("result", &frame.payload)
+                    .map_err(|err| Error::internal(format!("{what}: {err}")))
+            }
+            FrameKind::Error => return Err(agent_error(what, &frame.payload)),
+            _ => {}
+        }
+    }
+}
+
+fn agent_error(what: &str, payload: &[u8]) -> Error {
+    let message = from_payload::<ErrorBody>("error", payload)
+        .map(|body| body.message)
+        .unwrap_or_else(|_| "malformed error from the guest agent".into());
+    Error::internal(format!(
+        "{what} in the sandbox failed: {}",
+        sanitize_line(&message, 500)
+    ))
+}
+
+fn unexpected(what: &str, response: &Response) -> Error {
+    Error::internal(format!("the guest agent answered {what} with {response:?}"))
+}

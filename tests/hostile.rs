@@ -1,0 +1,102 @@
+//! A hostile guest: everything it writes is data to the host. Git configuration, hooks,
+//! attributes and filters in the workspace never run on the host; symlinks are never followed
+//! and arrive as symlinks; odd names stay inside the repository; huge trees and files do not
+//! break the diff or the finish, which verifies or says exactly why not.
+
+use dynocap_e2e::*;
+
+#[test]
+fn nothing_the_guest_writes_runs_or_is_followed_on_the_host() {
+    if !require_root("nothing_the_guest_writes_runs_or_is_followed_on_the_host") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().unwrap();
+    sample_project(project.path());
+    let markers = tempfile::tempdir().unwrap();
+    let marker = |what: &str| markers.path().join(what).display().to_string();
+    let task = home.json(&[
+        "task",
+        "start",
+        project.path().to_str().unwrap(),
+        "--name",
+        "evil",
+    ]);
+    let id = task["id"].as_str().unwrap().to_owned();
+
+    // Every way git could be made to run a program, each touching a host path if it ran there.
+    let script = format!(
+        r#"set -e
+        git config core.fsmonitor 'touch {fsmonitor}'
+        git config core.hooksPath .evilhooks
+        git config diff.external 'touch {external}'
+        git config filter.evil.clean 'touch {clean}; cat'
+        git config filter.evil.smudge 'touch {smudge}; cat'
+        git config diff.evil.textconv 'touch {textconv}; cat'
+        printf '* filter=evil diff=evil\n' > .gitattributes
+        mkdir -p .evilhooks .husky
+        for h in pre-commit post-checkout post-applypatch pre-applypatch post-merge; do
+            printf '#!/bin/sh\ntouch {hook}\n' > .git/hooks/$h; chmod +x .git/hooks/$h
+            cp .git/hooks/$h .evilhooks/$h
+        done
+        printf '#!/bin/sh\ntouch {hook}\n' > .husky/pre-commit; chmod +x .husky/pre-commit
+        ln -s /etc/passwd evil
+        ln -s /root/.ssh/id_rsa key
+        printf 'x\n' > '..\..\escape'
+        printf 'diff --git a/../../escape b/../../escape\n--- a/../../escape\n+++ b/../../escape\n@@ -0,0 +1 @@\n+pwned\n' > lying-patch.txt
+        mkdir many && cd many && seq 1 100000 | xargs touch && cd ..
+        truncate -s 1G sparse.bin
+        echo done"#,
+        fsmonitor = marker("fsmonitor"),
+        external = marker("external"),
+        clean = marker("clean"),
+        smudge = marker("smudge"),
+        textconv = marker("textconv"),
+        hook = marker("hook"),
+    );
+    let out = home.exec_in_task("evil", &script, 300);
+    assert_eq!(out["exitCode"], 0, "{out:#}");
+
+    let diff = home.run(&["--json", "task", "diff", "evil"]);
+    let diff_json: serde_json::Value = serde_json::from_slice(&diff.stdout).unwrap();
+    let finished = home.json(&["task", "finish", "evil"]);
+    let ran: Vec<_> = std::fs::read_dir(markers.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        ran.is_empty(),
+        "guest-controlled programs ran on the host: {ran:?}"
+    );
+    assert!(!std::path::Path::new("/escape").exists());
+
+    // finish verifies, or says exactly why not.
+    if finished["verified"] != true {
+        let why = finished["verifyError"]
+            .as_str()
+            .expect("an unverified finish says why");
+        assert!(!why.is_empty());
+    }
+    let patch =
+        std::fs::read_to_string(home.path().join("results").join(&id).join("patch.diff")).unwrap();
+    if diff_json.get("error").is_none() {
+        let flagged = diff_json["sensitivePaths"].to_string();
+        for needle in [
+            "\"evil\"",
+            "/etc/passwd",
+            "\"key\"",
+            "/root/.ssh/id_rsa",
+            ".gitattributes",
+            ".husky/pre-commit",
+        ] {
+            assert!(flagged.contains(needle), "{needle} not flagged: {flagged}");
+        }
+        assert!(
+            patch.contains("new file mode 120000"),
+            "symlinks travel as symlinks"
+        );
+        assert!(patch.contains("lying-patch.txt"));
+        assert_eq!(finished["verified"], true, "{finished:#}");
+    }
+}

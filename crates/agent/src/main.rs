@@ -1,1 +1,335 @@
-fn main() {}
+//! `dynocap-agent`: the guest's PID 1. Owns the command line, the order of start-up steps
+//! (mounts, reaper, channel, runtime) and the way the process ends.
+//!
+//! ```text
+//! dynocap-agent --channel-fd N [--exec-user UID:GID] [--home DIR]
+//! dynocap-agent --channel-path PATH [--exec-user UID:GID] [--home DIR]
+//! ```
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Writes one line to stderr. Never panics (unlike `eprintln!`, which panics when stderr is a
+/// closed pipe): as PID 1 a panic would take the whole guest down.
+macro_rules! log {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "dynocap-agent: {}", format_args!($($arg)*));
+    }};
+}
+
+mod channel;
+mod command;
+mod exec;
+mod fsutil;
+mod git;
+mod init;
+mod input;
+mod reaper;
+mod repo;
+mod server;
+mod spawn;
+mod statedir;
+mod unpack;
+
+#[cfg(test)]
+mod scenarios;
+#[cfg(test)]
+mod task_scenarios;
+
+const USAGE: &str =
+    "usage: dynocap-agent --channel-fd N [--exec-user UID:GID] [--home DIR]\n       \
+                     dynocap-agent --channel-path PATH [--exec-user UID:GID] [--home DIR]";
+
+/// Where the byte stream to the host comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ChannelArg {
+    /// An inherited descriptor (a socketpair end in the jail backend).
+    Fd(RawFd),
+    /// A character device such as a virtio-serial port (VM backend).
+    Path(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Command {
+    Run {
+        channel: ChannelArg,
+        config: server::Config,
+    },
+    Help,
+    Version,
+}
+
+fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, String> {
+    let mut channel = None;
+    let mut exec_user = None;
+    let mut home = None;
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let arg = arg
+            .into_string()
+            .map_err(|a| format!("argument {a:?} is not UTF-8"))?;
+        // Both `--flag value` and `--flag=value` are accepted, as most tools do.
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_owned(), Some(value.to_owned()))
+            }
+            _ => (arg, None),
+        };
+        let mut value = |name: &str| -> Result<String, String> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => args
+                    .next()
+                    .ok_or_else(|| format!("{name} needs a value"))?
+                    .into_string()
+                    .map_err(|a| format!("value {a:?} of {name} is not UTF-8")),
+            }
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Command::Help),
+            "-V" | "--version" => return Ok(Command::Version),
+            "--channel-fd" | "--channel-path" if channel.is_some() => {
+                return Err("give exactly one of --channel-fd and --channel-path".into());
+            }
+            "--channel-fd" => {
+                let raw = value("--channel-fd")?;
+                let fd: RawFd = raw
+                    .parse()
+                    .map_err(|_| format!("--channel-fd {raw:?} is not a file descriptor number"))?;
+                // 0-2 are the agent's stdio; stderr carries its log, which would corrupt frames.
+                if fd < 3 {
+                    return Err(format!(
+                        "--channel-fd {fd}: must be 3 or higher (0-2 are stdio)"
+                    ));
+                }
+                channel = Some(ChannelArg::Fd(fd));
+            }
+            "--channel-path" => {
+                let path = value("--channel-path")?;
+                if path.is_empty() {
+                    return Err("--channel-path is empty".into());
+                }
+                channel = Some(ChannelArg::Path(path.into()));
+            }
+            "--exec-user" => {
+                if exec_user.is_some() {
+                    return Err("--exec-user given twice".into());
+                }
+                exec_user = Some(parse_exec_user(&value("--exec-user")?)?);
+            }
+            "--home" => {
+                if home.is_some() {
+                    return Err("--home given twice".into());
+                }
+                let dir = value("--home")?;
+                if !dir.starts_with('/') {
+                    return Err(format!("--home {dir:?} must be an absolute path"));
+                }
+                home = Some(PathBuf::from(dir));
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let channel = channel.ok_or("one of --channel-fd or --channel-path is required")?;
+    Ok(Command::Run {
+        channel,
+        config: server::Config {
+            exec_user,
+            home,
+            ..server::Config::default()
+        },
+    })
+}
+
+fn parse_exec_user(text: &str) -> Result<spawn::ExecUser, String> {
+    let bad = || format!("--exec-user {text:?} must be UID:GID (two numbers)");
+    let (uid, gid) = text.split_once(':').ok_or_else(bad)?;
+    Ok(spawn::ExecUser {
+        uid: uid.parse().map_err(|_| bad())?,
+        gid: gid.parse().map_err(|_| bad())?,
+    })
+}
+
+/// Takes ownership of the inherited channel descriptor after checking it is open.
+fn adopt_fd(fd: RawFd) -> Result<OwnedFd, String> {
+    nix::fcntl::fcntl(
+        // SAFETY: the borrow only lives for this fcntl call; F_GETFD on a closed number fails
+        // with EBADF instead of touching anything.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+        nix::fcntl::FcntlArg::F_GETFD,
+    )
+    .map_err(|err| format!("--channel-fd {fd} is not an open descriptor: {err}"))?;
+    // SAFETY: the descriptor is open (checked above), it is >= 3 so std's stdio does not own it,
+    // and nothing else in this process has claimed it: the command line is parsed once.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn open_channel(arg: &ChannelArg) -> Result<OwnedFd, String> {
+    match arg {
+        ChannelArg::Fd(fd) => adopt_fd(*fd),
+        ChannelArg::Path(path) => {
+            use nix::fcntl::OFlag;
+            nix::fcntl::open(
+                path.as_path(),
+                OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(|err| format!("cannot open --channel-path {}: {err}", path.display()))
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let (channel, config) = match parse_args(std::env::args_os().skip(1)) {
+        Ok(Command::Run { channel, config }) => (channel, config),
+        // Like log!, never panic on a closed stdout.
+        Ok(Command::Help) => {
+            let _ = writeln!(std::io::stdout(), "{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Version) => {
+            let _ = writeln!(
+                std::io::stdout(),
+                "dynocap-agent {}",
+                env!("CARGO_PKG_VERSION")
+            );
+            return ExitCode::SUCCESS;
+        }
+        Err(msg) => {
+            log!("{msg}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+
+    // Mounts come first: the channel path (/dev/vport…) and /dev/null may only exist after them.
+    init::setup();
+    init::ensure_stdio_open();
+    if let Err(err) = reaper::start() {
+        log!("cannot start the reaper thread: {err}");
+        return ExitCode::from(1);
+    }
+    let fd = match open_channel(&channel) {
+        Ok(fd) => fd,
+        Err(msg) => {
+            log!("{msg}");
+            return ExitCode::from(2);
+        }
+    };
+
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            log!("cannot build the runtime: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let ended = runtime.block_on(async move {
+        let (reader, writer) = match channel::split(fd) {
+            Ok(halves) => halves,
+            Err(err) => {
+                log!(
+                    "the channel cannot be polled (socket, pipe or character device needed): {err}"
+                );
+                return None;
+            }
+        };
+        Some(server::serve(reader, writer, config).await)
+    });
+    drop(runtime);
+
+    if nix::unistd::getpid().as_raw() == 1 {
+        // Everything still alive belongs to this guest; nothing may outlive the channel.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), nix::sys::signal::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while reaper::has_children() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    match ended {
+        Some(server::Ended::Eof) => {
+            log!("the host closed the channel; exiting");
+            ExitCode::SUCCESS
+        }
+        Some(server::Ended::Broken(err)) => {
+            log!("exiting: {err}");
+            ExitCode::from(1)
+        }
+        None => ExitCode::from(2),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, String> {
+        parse_args(args.iter().map(OsString::from))
+    }
+
+    #[test]
+    fn full_command_line() {
+        let cmd = parse(&[
+            "--channel-fd",
+            "3",
+            "--exec-user",
+            "1000:100",
+            "--home=/home/u",
+        ]);
+        assert_eq!(
+            cmd,
+            Ok(Command::Run {
+                channel: ChannelArg::Fd(3),
+                config: server::Config {
+                    exec_user: Some(spawn::ExecUser {
+                        uid: 1000,
+                        gid: 100
+                    }),
+                    home: Some("/home/u".into()),
+                    ..server::Config::default()
+                },
+            })
+        );
+        let cmd = parse(&["--channel-path=/dev/vport0p1"]);
+        assert_eq!(
+            cmd,
+            Ok(Command::Run {
+                channel: ChannelArg::Path("/dev/vport0p1".into()),
+                config: server::Config::default(),
+            })
+        );
+        assert_eq!(parse(&["--help"]), Ok(Command::Help));
+        assert_eq!(parse(&["--version"]), Ok(Command::Version));
+    }
+
+    #[test]
+    fn bad_command_lines_are_refused() {
+        for args in [
+            &[][..],
+            &["--channel-fd"],
+            &["--channel-fd", "x"],
+            &["--channel-fd", "2"],
+            &["--channel-fd", "-1"],
+            &["--channel-fd", "3", "--channel-path", "/dev/x"],
+            &["--channel-fd", "3", "--exec-user", "1000"],
+            &["--channel-fd", "3", "--exec-user", "a:b"],
+            &["--channel-fd", "3", "--home", "relative"],
+            &["--channel-fd", "3", "--bogus"],
+            &["--channel-path", ""],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn adopt_fd_refuses_closed_descriptors() {
+        assert!(adopt_fd(987_654).is_err());
+    }
+}

@@ -6,7 +6,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::image::{Image, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
+use crate::image::{Image, AGENT_STATE_DIR, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 
 /// Everything a backend needs to boot one guest.
 #[derive(Debug, Clone)]
@@ -82,12 +82,22 @@ impl Backend for JailBackend {
                 })
                 .collect(),
             state_dir: spec.state_dir.clone(),
-            guest_dirs: vec![GuestDir {
-                path: SANDBOX_HOME.into(),
-                uid: SANDBOX_UID,
-                gid: SANDBOX_GID,
-                mode: 0o755,
-            }],
+            guest_dirs: vec![
+                GuestDir {
+                    path: SANDBOX_HOME.into(),
+                    uid: SANDBOX_UID,
+                    gid: SANDBOX_GID,
+                    mode: 0o755,
+                },
+                // The agent's private state (baseline repository, received files): guest
+                // root only, so nothing the sandbox user runs can read or move the baseline.
+                GuestDir {
+                    path: AGENT_STATE_DIR.into(),
+                    uid: 0,
+                    gid: 0,
+                    mode: 0o700,
+                },
+            ],
             agent_binary: spec.agent_binary.clone(),
             agent_args: vec![
                 "--exec-user".into(),

@@ -14,6 +14,8 @@ use crate::error::{Context, Error, Result};
 pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 1000;
 pub const SANDBOX_HOME: &str = "/home/sandbox";
+/// Where the agent keeps its private state (the agent's own default).
+pub const AGENT_STATE_DIR: &str = "/var/lib/dynocap";
 
 /// What a backend needs to build a guest root.
 #[derive(Debug, Clone)]
@@ -26,7 +28,7 @@ pub struct Image {
 }
 
 /// Bump when the skeleton's content changes, so old skeletons are rebuilt.
-const HOST_IMAGE_REVISION: &str = "2";
+const HOST_IMAGE_REVISION: &str = "3";
 
 /// Top-level system directories taken from the host. On a merged-/usr system most are
 /// symlinks into /usr and are reproduced as symlinks.

@@ -1,0 +1,669 @@
+//! One exec request from validation to its final status: the environment, streaming output
+//! under the per-channel cap, the deadline / cancel kill sequence, and the short drain after
+//! the leader exits.
+//!
+//! All of an exec's frames are sent from its one task, so `Data` frames can never overtake
+//! its `Eof` frames or its final `Done`.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use dynocap_proto::{ExecExit, ExecRequest, Frame, FrameKind, DATA_CHUNK, MAX_COMMAND_LEN};
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
+use tokio::sync::mpsc;
+
+use crate::reaper::ExitStatus;
+use crate::server::{Config, Outbox};
+use crate::spawn::{self, ChildSpec, Spawned};
+
+/// PATH every command starts with.
+pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The shell that runs every command.
+const SHELL: &std::ffi::CStr = c"/bin/sh";
+/// HOME when `--home` is not given and this directory exists; `/` otherwise.
+const DEFAULT_HOME: &str = "/home/sandbox";
+
+/// Bytes read per chunk. Smaller than [`DATA_CHUNK`] so that 100 concurrent execs keep the
+/// agent's memory small; the frames are still well filled.
+const READ_CHUNK: usize = 32 * 1024;
+const _: () = assert!(READ_CHUNK <= DATA_CHUNK);
+
+/// After the leader exits, output still arriving is collected until this long passes without
+/// any, so that a background process holding the pipe open cannot hold the exec.
+const QUIET: Duration = Duration::from_millis(100);
+/// Upper bound for that drain, so that a background process that never stops writing cannot
+/// hold the exec either.
+const DRAIN_CAP: Duration = Duration::from_secs(1);
+/// Longest grace period between SIGTERM and SIGKILL honoured (one day).
+const MAX_GRACE_MS: u64 = 24 * 60 * 60 * 1000;
+/// How often SIGKILL is repeated until the process group is gone, and for how long at most.
+const KILL_RETRY: Duration = Duration::from_millis(10);
+const KILL_GIVE_UP: Duration = Duration::from_secs(5);
+
+/// Why the host wants an exec stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// A `Cancel` frame: SIGTERM, grace period, SIGKILL, like a timeout.
+    Cancel,
+    /// The channel is gone: SIGKILL at once.
+    Shutdown,
+}
+
+/// The base environment every command gets before the request's own variables.
+pub fn base_env(home: &str, terminal: bool) -> Vec<(String, String)> {
+    [
+        ("PATH", BASE_PATH),
+        ("HOME", home),
+        ("USER", "sandbox"),
+        ("LOGNAME", "sandbox"),
+        ("LANG", "C.UTF-8"),
+        ("TERM", if terminal { "xterm-256color" } else { "dumb" }),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+fn home_dir(config: &Config) -> String {
+    match &config.home {
+        Some(home) => home.to_string_lossy().into_owned(),
+        None if Path::new(DEFAULT_HOME).is_dir() => DEFAULT_HOME.to_owned(),
+        None => "/".to_owned(),
+    }
+}
+
+/// Validates a request and turns it into what the child needs. The error is the message of
+/// the stream's `Error` frame.
+pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, String> {
+    if req.command.len() > MAX_COMMAND_LEN {
+        return Err(format!(
+            "command is {} bytes long; the limit is {MAX_COMMAND_LEN}",
+            req.command.len()
+        ));
+    }
+    let command = CString::new(req.command.as_bytes())
+        .map_err(|_| "command contains a NUL byte".to_owned())?;
+
+    if !req.cwd.starts_with('/') {
+        return Err(format!(
+            "working directory {:?} must be an absolute path",
+            req.cwd
+        ));
+    }
+    let cwd = CString::new(req.cwd.as_bytes())
+        .map_err(|_| "working directory contains a NUL byte".to_owned())?;
+    match std::fs::metadata(&req.cwd) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(format!(
+                "working directory {} is not a directory in the sandbox",
+                req.cwd
+            ))
+        }
+        Err(_) => {
+            return Err(format!(
+                "working directory {} does not exist in the sandbox",
+                req.cwd
+            ))
+        }
+    }
+
+    let mut env = base_env(&home_dir(config), req.terminal);
+    let mut index: HashMap<String, usize> = env
+        .iter()
+        .enumerate()
+        .map(|(i, (k, _))| (k.clone(), i))
+        .collect();
+    for (key, value) in &req.env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') {
+            return Err(format!(
+                "environment variable name {key:?} is invalid: it must be non-empty and contain no '=' or NUL"
+            ));
+        }
+        if value.contains('\0') {
+            return Err(format!(
+                "environment variable {key} has a NUL byte in its value"
+            ));
+        }
+        match index.get(key) {
+            Some(&i) => env[i].1.clone_from(value),
+            None => {
+                index.insert(key.clone(), env.len());
+                env.push((key.clone(), value.clone()));
+            }
+        }
+    }
+    let env = env
+        .into_iter()
+        .map(|(k, v)| CString::new(format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| "environment contains a NUL byte".to_owned())?;
+
+    let uid = nix::unistd::getuid().as_raw();
+    Ok(ChildSpec {
+        program: SHELL.to_owned(),
+        argv: vec![c"sh".to_owned(), c"-c".to_owned(), command],
+        env,
+        cwd,
+        terminal: req.terminal,
+        user: config.exec_user.filter(|user| user.uid != uid),
+        stdin: None,
+    })
+}
+
+/// One output channel of a running command.
+struct Output {
+    channel: u8,
+    fd: AsyncFd<OwnedFd>,
+}
+
+/// What happened on an [`Output`] so far. Kept apart from it because the readiness guard of a
+/// `select!` branch borrows the outputs until the whole `select!` ends.
+#[derive(Clone, Copy)]
+struct Progress {
+    /// Bytes sent to the host (never more than the limit).
+    sent: u64,
+    open: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KillPhase {
+    Idle,
+    /// SIGTERM sent; SIGKILL at this instant.
+    Terminating(Instant),
+    Killed,
+}
+
+/// Runs the exec, streaming its output as `Data` then `Eof` frames on `stream`. Returns the
+/// exit for the `Done` frame, or the message for an `Error` frame when it could not start.
+pub async fn run(
+    req: ExecRequest,
+    config: &Config,
+    stream: u32,
+    outbox: &Outbox,
+    mut stop: mpsc::Receiver<Stop>,
+) -> Result<ExecExit, String> {
+    let spec = prepare(&req, config)?;
+    let started = Instant::now();
+    let Spawned {
+        pid,
+        mut exit,
+        outputs,
+    } = spawn::spawn(&spec).map_err(|err| format!("cannot start the command: {err}"))?;
+    let pgid = Pid::from_raw(pid);
+    let outputs = match register_outputs(outputs) {
+        Ok(outputs) => outputs,
+        Err(err) => {
+            // Without its output the command is useless, and nobody would ever stop it.
+            kill_group_until_gone(pgid).await;
+            return Err(format!("cannot watch the command's output: {err}"));
+        }
+    };
+
+    let limit = req.output_limit;
+    // Bounded so that `now + grace` cannot overflow, whatever the host asks for.
+    let grace = Duration::from_millis(req.kill_grace_ms.min(MAX_GRACE_MS));
+    let deadline = if req.timeout_ms > 0 {
+        started.checked_add(Duration::from_millis(req.timeout_ms))
+    } else {
+        None
+    };
+    let mut progress = vec![
+        Progress {
+            sent: 0,
+            open: true
+        };
+        outputs.len()
+    ];
+    let mut buf = vec![0_u8; READ_CHUNK];
+    let mut exited = false;
+    let mut status: Option<ExitStatus> = None;
+    let mut ended_at = started;
+    let mut last_data = started;
+    let mut kill = KillPhase::Idle;
+    let mut stop_open = true;
+    let (mut timed_out, mut cancelled, mut truncated) = (false, false, false);
+
+    loop {
+        let grace_at = match kill {
+            KillPhase::Terminating(at) => Some(at),
+            _ => None,
+        };
+        // Never finish between SIGTERM and SIGKILL: processes ignoring SIGTERM must not
+        // survive a timeout just because the leader exited.
+        if exited && grace_at.is_none() && !progress.iter().any(|p| p.open) {
+            break;
+        }
+        let quiet_at = (exited && grace_at.is_none())
+            .then(|| (ended_at.max(last_data) + QUIET).min(ended_at + DRAIN_CAP));
+        // Once the leader is gone, look now and then whether SIGTERM already emptied the
+        // group, instead of sitting out the whole grace period.
+        let grace_check_at = grace_at.map(|at| {
+            if exited {
+                at.min(Instant::now() + KILL_RETRY)
+            } else {
+                at
+            }
+        });
+        let watch = |i: usize| match progress.get(i) {
+            Some(p) if p.open => outputs.get(i).map(|o| (o, p.sent < limit)),
+            _ => None,
+        };
+        let (first, second) = (watch(0), watch(1));
+
+        // Control arms come first: a command flooding its output must not starve its deadline.
+        tokio::select! {
+            biased;
+            message = stop.recv(), if stop_open && !exited && kill != KillPhase::Killed => {
+                match message {
+                    None => stop_open = false,
+                    Some(Stop::Cancel) => {
+                        if kill == KillPhase::Idle {
+                            cancelled = true;
+                            kill = begin_terminate(pgid, grace);
+                        }
+                    }
+                    Some(Stop::Shutdown) => {
+                        cancelled = true;
+                        kill_group_until_gone(pgid).await;
+                        kill = KillPhase::Killed;
+                    }
+                }
+            }
+            () = sleep_until(deadline), if deadline.is_some() && !exited && kill == KillPhase::Idle => {
+                timed_out = true;
+                kill = begin_terminate(pgid, grace);
+            }
+            () = sleep_until(grace_check_at), if grace_at.is_some() => {
+                if grace_at.is_some_and(|at| Instant::now() >= at) {
+                    kill_group_until_gone(pgid).await;
+                    kill = KillPhase::Killed;
+                } else if group_gone(pgid) {
+                    kill = KillPhase::Killed;
+                }
+            }
+            result = &mut exit, if !exited => {
+                exited = true;
+                ended_at = Instant::now();
+                match result {
+                    Ok(s) => status = Some(s),
+                    Err(_) => log!("exit status of pid {pid} was lost"),
+                }
+            }
+            () = sleep_until(quiet_at), if quiet_at.is_some() => {
+                let now = Instant::now();
+                // Data may be waiting only because the host is slow to read; keep going, up
+                // to the cap.
+                if now < ended_at + DRAIN_CAP && output_pending(&outputs, &progress) {
+                    last_data = now;
+                } else {
+                    break;
+                }
+            }
+            (ready, permit) = wait_output(first, outbox), if first.is_some() => {
+                let got = read_ready(ready, &mut buf);
+                let sink = Sink { stream, channel: outputs[0].channel, limit, permit };
+                if handle_read(&mut progress[0], got, &buf, sink, &mut truncated) {
+                    last_data = Instant::now();
+                }
+            }
+            (ready, permit) = wait_output(second, outbox), if second.is_some() => {
+                let got = read_ready(ready, &mut buf);
+                let sink = Sink { stream, channel: outputs[1].channel, limit, permit };
+                if handle_read(&mut progress[1], got, &buf, sink, &mut truncated) {
+                    last_data = Instant::now();
+                }
+            }
+        }
+    }
+
+    let channels: Vec<u8> = outputs.iter().map(|o| o.channel).collect();
+    for (output, _) in outputs.into_iter().zip(&progress).filter(|(_, p)| p.open) {
+        // Whoever still holds the pipe must never block on a full pipe or die of SIGPIPE.
+        tokio::spawn(discard_until_eof(output.fd));
+    }
+    for channel in channels {
+        outbox
+            .send(Frame::new(stream, FrameKind::Eof, vec![channel]))
+            .await;
+    }
+    let duration = ended_at.saturating_duration_since(started);
+    Ok(ExecExit {
+        exit_code: status.and_then(ExitStatus::code),
+        signal: status.and_then(ExitStatus::signal_name),
+        timed_out,
+        cancelled,
+        duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+        truncated,
+    })
+}
+
+fn register_outputs(outputs: Vec<(u8, OwnedFd)>) -> io::Result<Vec<Output>> {
+    outputs
+        .into_iter()
+        .map(|(channel, fd)| {
+            Ok(Output {
+                channel,
+                fd: AsyncFd::new(fd)?,
+            })
+        })
+        .collect()
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits until `output` is readable and, when its bytes are still to be sent
+/// (`want_room`), for room in the outbox. Readiness comes first so that idle commands never
+/// sit on outbox slots other streams need. Cancel-safe: nothing is consumed until the caller
+/// reads.
+async fn wait_output<'a>(
+    output: Option<(&'a Output, bool)>,
+    outbox: &'a Outbox,
+) -> (
+    io::Result<AsyncFdReadyGuard<'a, OwnedFd>>,
+    Option<mpsc::Permit<'a, Frame>>,
+) {
+    let Some((output, want_room)) = output else {
+        return std::future::pending().await;
+    };
+    let ready = output.fd.readable().await;
+    let permit = if ready.is_ok() && want_room {
+        outbox.reserve().await
+    } else {
+        None
+    };
+    (ready, permit)
+}
+
+/// Where the bytes of one read go.
+struct Sink<'a> {
+    stream: u32,
+    channel: u8,
+    limit: u64,
+    /// Room in the outbox; `None` while under the limit means the host side is gone.
+    permit: Option<mpsc::Permit<'a, Frame>>,
+}
+
+/// What one read attempt gave.
+enum ReadResult {
+    Data(usize),
+    Eof,
+    Retry,
+}
+
+fn read_ready(ready: io::Result<AsyncFdReadyGuard<'_, OwnedFd>>, buf: &mut [u8]) -> ReadResult {
+    let mut guard = match ready {
+        Ok(guard) => guard,
+        Err(err) => {
+            log!("cannot poll command output: {err}");
+            return ReadResult::Eof;
+        }
+    };
+    match guard.try_io(|fd| Ok(nix::unistd::read(fd.get_ref(), buf)?)) {
+        Err(_would_block) => ReadResult::Retry,
+        Ok(Ok(0)) => ReadResult::Eof,
+        Ok(Ok(n)) => ReadResult::Data(n),
+        Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => ReadResult::Retry,
+        // A pty master reports EIO once every slave descriptor is closed: that is its EOF.
+        Ok(Err(err)) if err.raw_os_error() == Some(libc::EIO) => ReadResult::Eof,
+        Ok(Err(err)) => {
+            log!("reading command output failed: {err}");
+            ReadResult::Eof
+        }
+    }
+}
+
+/// Applies one read to its channel: forwards what fits under the limit, counts the rest as
+/// truncated. Returns whether bytes were read.
+fn handle_read(
+    progress: &mut Progress,
+    got: ReadResult,
+    buf: &[u8],
+    sink: Sink<'_>,
+    truncated: &mut bool,
+) -> bool {
+    let n = match got {
+        ReadResult::Data(n) => n,
+        ReadResult::Eof => {
+            progress.open = false;
+            return false;
+        }
+        ReadResult::Retry => return false,
+    };
+    let room = usize::try_from(sink.limit.saturating_sub(progress.sent)).unwrap_or(usize::MAX);
+    let take = n.min(room);
+    if take < n {
+        *truncated = true;
+    }
+    if take > 0 {
+        if let Some(permit) = sink.permit {
+            let mut payload = Vec::with_capacity(1 + take);
+            payload.push(sink.channel);
+            payload.extend_from_slice(&buf[..take]);
+            permit.send(Frame::new(sink.stream, FrameKind::Data, payload));
+        }
+        progress.sent += u64::try_from(take).unwrap_or(u64::MAX);
+    }
+    true
+}
+
+/// Whether any open output has bytes (or its EOF) waiting right now.
+fn output_pending(outputs: &[Output], progress: &[Progress]) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds: Vec<PollFd<'_>> = outputs
+        .iter()
+        .zip(progress)
+        .filter(|(_, p)| p.open)
+        .map(|(o, _)| PollFd::new(o.fd.get_ref().as_fd(), PollFlags::POLLIN))
+        .collect();
+    if poll(&mut fds, PollTimeout::ZERO).is_err() {
+        return false;
+    }
+    fds.iter().any(|fd| {
+        fd.revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP))
+    })
+}
+
+/// Reads and drops everything until EOF, for outputs still held open after the exec ended.
+async fn discard_until_eof(fd: AsyncFd<OwnedFd>) {
+    let mut buf = [0_u8; 4096];
+    loop {
+        let mut guard = match fd.readable().await {
+            Ok(guard) => guard,
+            Err(_) => return,
+        };
+        match guard.try_io(|fd| Ok(nix::unistd::read(fd.get_ref(), &mut buf)?)) {
+            Err(_would_block) => {}
+            Ok(Ok(0)) => return,
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
+            Ok(Err(_)) => return,
+        }
+    }
+}
+
+/// Sends SIGTERM (and SIGCONT, so stopped processes can act on it) to the group.
+fn begin_terminate(pgid: Pid, grace: Duration) -> KillPhase {
+    let _ = killpg(pgid, Signal::SIGTERM);
+    let _ = killpg(pgid, Signal::SIGCONT);
+    KillPhase::Terminating(Instant::now() + grace)
+}
+
+/// Whether no process (not even a zombie) is left in the group.
+fn group_gone(pgid: Pid) -> bool {
+    killpg(pgid, None) == Err(Errno::ESRCH)
+}
+
+/// SIGKILLs the process group until the kernel says it no longer exists, so that a group that
+/// keeps forking cannot outrun one signal. The group only disappears once its zombies are
+/// reaped, which the reaper thread does on its own.
+pub async fn kill_group_until_gone(pgid: Pid) {
+    let give_up = Instant::now() + KILL_GIVE_UP;
+    loop {
+        match killpg(pgid, Signal::SIGKILL) {
+            Err(Errno::ESRCH) => return,
+            Err(err) => {
+                log!("cannot kill process group {pgid}: {err}");
+                return;
+            }
+            Ok(()) => {}
+        }
+        if Instant::now() >= give_up {
+            log!("process group {pgid} still exists after {KILL_GIVE_UP:?} of SIGKILL");
+            return;
+        }
+        tokio::time::sleep(KILL_RETRY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(command: &str, cwd: &str) -> ExecRequest {
+        ExecRequest {
+            command: command.into(),
+            cwd: cwd.into(),
+            env: vec![],
+            timeout_ms: 0,
+            terminal: false,
+            output_limit: 1024,
+            kill_grace_ms: 0,
+        }
+    }
+
+    fn env_of(spec: &ChildSpec) -> Vec<String> {
+        spec.env
+            .iter()
+            .map(|e| e.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn base_environment_and_overrides() {
+        let config = Config {
+            exec_user: None,
+            home: Some("/home/me".into()),
+            ..Config::default()
+        };
+        let mut req = request("true", "/");
+        req.env = vec![
+            ("PATH".into(), "/opt/bin".into()),
+            ("FOO".into(), "a=b".into()),
+        ];
+        let spec = prepare(&req, &config).expect("valid");
+        assert_eq!(
+            env_of(&spec),
+            [
+                "PATH=/opt/bin",
+                "HOME=/home/me",
+                "USER=sandbox",
+                "LOGNAME=sandbox",
+                "LANG=C.UTF-8",
+                "TERM=dumb",
+                "FOO=a=b"
+            ]
+        );
+        req.terminal = true;
+        let spec = prepare(&req, &config).expect("valid");
+        assert!(env_of(&spec).contains(&"TERM=xterm-256color".to_owned()));
+    }
+
+    #[test]
+    fn default_home_falls_back_to_root() {
+        let home = home_dir(&Config::default());
+        if Path::new(DEFAULT_HOME).is_dir() {
+            assert_eq!(home, DEFAULT_HOME);
+        } else {
+            assert_eq!(home, "/");
+        }
+    }
+
+    #[test]
+    fn invalid_requests_are_refused_with_a_reason() {
+        let config = Config::default();
+        let long = "x".repeat(MAX_COMMAND_LEN + 1);
+        let cases: Vec<(ExecRequest, &str)> = vec![
+            (request(&long, "/"), "limit"),
+            (request("a\0b", "/"), "NUL"),
+            (
+                request("true", "/no/such/dir"),
+                "working directory /no/such/dir does not exist in the sandbox",
+            ),
+            (request("true", "/etc/passwd"), "is not a directory"),
+            (request("true", "relative"), "absolute"),
+            (request("true", ""), "absolute"),
+            (
+                ExecRequest {
+                    env: vec![("".into(), "v".into())],
+                    ..request("true", "/")
+                },
+                "invalid",
+            ),
+            (
+                ExecRequest {
+                    env: vec![("A=B".into(), "v".into())],
+                    ..request("true", "/")
+                },
+                "invalid",
+            ),
+            (
+                ExecRequest {
+                    env: vec![("A\0".into(), "v".into())],
+                    ..request("true", "/")
+                },
+                "invalid",
+            ),
+            (
+                ExecRequest {
+                    env: vec![("A".into(), "v\0".into())],
+                    ..request("true", "/")
+                },
+                "NUL",
+            ),
+        ];
+        for (req, needle) in cases {
+            let err = prepare(&req, &config).expect_err("must be refused");
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+    }
+
+    #[test]
+    fn exec_user_equal_to_ours_is_not_applied() {
+        let uid = nix::unistd::getuid().as_raw();
+        let config = Config {
+            exec_user: Some(spawn::ExecUser { uid, gid: 0 }),
+            home: None,
+            ..Config::default()
+        };
+        assert_eq!(
+            prepare(&request("true", "/"), &config).expect("valid").user,
+            None
+        );
+        let other = Config {
+            exec_user: Some(spawn::ExecUser {
+                uid: uid + 1,
+                gid: 5,
+            }),
+            home: None,
+            ..Config::default()
+        };
+        assert!(prepare(&request("true", "/"), &other)
+            .expect("valid")
+            .user
+            .is_some());
+    }
+}

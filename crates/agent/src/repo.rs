@@ -1,0 +1,830 @@
+//! `Baseline` and `Diff`: the user's repository in the workspace, and the agent's private
+//! record of the imported state.
+//!
+//! Two repositories are involved:
+//!
+//! - the **user's** (`<workspace>/.git`), made by git running *as the sandbox user* (the
+//!   request's owner), so the user owns it and nothing the agent does there runs with more
+//!   privilege than the user has. It gets the imported history and HEAD, and an index equal to
+//!   HEAD, so `git status` in the guest shows the uncommitted changes the project had on the
+//!   host. What the user does with it later does not matter to the agent.
+//! - the **private** one (`<state dir>/baseline.git`, with its index `<state dir>/index`),
+//!   owned by the agent in a 0700 directory the user cannot enter. The baseline is a commit of
+//!   the whole work tree there (`refs/dynocap/baseline`); every diff is baseline → work tree,
+//!   computed there, with `--git-dir`/`--work-tree` given on every call so that the
+//!   workspace's own `.git` (config, hooks, attributes filters) is never read. Where git
+//!   supports it (2.40+), `GIT_ATTR_SOURCE` points at the empty tree so the work tree's
+//!   `.gitattributes` cannot change content either.
+//!
+//! Both requests hold the server's repository lock, so they never race on the private index.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use dynocap_proto::{
+    channel, BaselineRequest, DiffRequest, Frame, FrameKind, Response, DATA_CHUNK,
+};
+use nix::errno::Errno;
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fchmod, fstatat, Mode};
+use nix::unistd::{fchown, unlinkat, Gid, Uid, UnlinkatFlags};
+use tokio::sync::{mpsc, Mutex};
+
+use crate::command::{stop_requested, Child, RunError};
+use crate::exec::Stop;
+use crate::fsutil;
+use crate::git::{self, first_line, is_object_id, Git, Run};
+use crate::server::{Config, Outbox};
+use crate::spawn::ExecUser;
+use crate::statedir::{
+    self, BASELINE_FILES, BASELINE_INDEX, BASELINE_INDEX_LOCK, BASELINE_REPO, BASELINE_WORKSPACE,
+};
+
+/// Branch a repository starts on when the host did not name one.
+const DEFAULT_BRANCH: &str = "main";
+/// Fixed date of the baseline commit, so the same tree always gives the same commit.
+const BASELINE_DATE: &str = "@0 +0000";
+
+/// What HEAD was on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Head {
+    Branch(String),
+    Commit(String),
+}
+
+fn parse_head(head: &str) -> Result<Head, String> {
+    if let Some(branch) = head.strip_prefix("refs/heads/") {
+        // git check-ref-format runs later; these keep the name from ever looking like an
+        // option or a path.
+        if branch.is_empty()
+            || branch.starts_with('-')
+            || branch.contains("..")
+            || branch.bytes().any(|b| b.is_ascii_control() || b == b' ')
+        {
+            return Err(format!("head {head:?} is not a valid branch name"));
+        }
+        return Ok(Head::Branch(branch.to_owned()));
+    }
+    let lower = head.to_ascii_lowercase();
+    if is_object_id(&lower) {
+        return Ok(Head::Commit(lower));
+    }
+    Err(format!(
+        "head {head:?} is neither refs/heads/NAME nor a full commit id"
+    ))
+}
+
+/// Checks a workspace path and opens it without following symlinks.
+fn open_workspace(workspace: &str) -> Result<(PathBuf, OwnedFd), String> {
+    let path = PathBuf::from(workspace);
+    if !path.is_absolute() || path.components().any(|c| c == Component::ParentDir) {
+        return Err(format!(
+            "workspace {workspace:?} must be an absolute path without '..'"
+        ));
+    }
+    // `/workspace/` and `/workspace/.` are `/workspace`: the baseline records one spelling.
+    let path: PathBuf = path.components().collect();
+    let fd = fsutil::open_dir_nofollow(&path)
+        .map_err(|err| format!("cannot open the workspace {workspace}: {err}"))?;
+    Ok((path, fd))
+}
+
+fn cancelled_or(err: RunError, what: &str) -> String {
+    match err {
+        RunError::Cancelled => format!("{what} was cancelled"),
+        RunError::Failed(message) => message,
+    }
+}
+
+/// Takes the repository lock, unless a stop comes first.
+async fn lock<'a>(
+    lock: &'a Mutex<()>,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<tokio::sync::MutexGuard<'a, ()>, RunError> {
+    tokio::select! {
+        biased;
+        () = stop_requested(stop) => Err(RunError::Cancelled),
+        guard = lock.lock() => Ok(guard),
+    }
+}
+
+/// Runs a blocking closure on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|err| format!("internal error: {err}"))?
+}
+
+/// The private repository's paths.
+struct Private {
+    dir: PathBuf,
+    git_dir: PathBuf,
+    index: PathBuf,
+}
+
+impl Private {
+    fn new(state_dir: &Path) -> Self {
+        Self {
+            dir: state_dir.to_path_buf(),
+            git_dir: state_dir.join(OsStr::from_bytes(BASELINE_REPO.to_bytes())),
+            index: state_dir.join(OsStr::from_bytes(BASELINE_INDEX.to_bytes())),
+        }
+    }
+
+    /// A run in the private repository: as the agent, in the state directory, with the
+    /// private index and (when supported) attributes read from the empty tree.
+    fn run(&self, git: &Git) -> Run<'_> {
+        let mut run = Run::new(&self.dir).env("GIT_INDEX_FILE", self.index.to_string_lossy());
+        if git.attr_source {
+            run = run.env("GIT_ATTR_SOURCE", git::EMPTY_TREE_SHA1);
+        }
+        run
+    }
+
+    /// `--git-dir=… --work-tree=… rest…`
+    fn args(&self, work_tree: &Path, rest: &[&str]) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec![
+            arg_with("--git-dir=", &self.git_dir),
+            arg_with("--work-tree=", work_tree),
+        ];
+        args.extend(rest.iter().map(Into::into));
+        args
+    }
+}
+
+fn arg_with(prefix: &str, path: &Path) -> OsString {
+    let mut arg = OsString::from(prefix);
+    arg.push(path.as_os_str());
+    arg
+}
+
+/// Handles `Baseline`.
+pub async fn baseline(
+    req: BaselineRequest,
+    config: &Config,
+    repo_lock: &Mutex<()>,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<Response, String> {
+    let (workspace, ws_fd) = open_workspace(&req.workspace)?;
+    let head = match (&req.bundle, &req.head) {
+        (Some(_), Some(head)) => Some(parse_head(head)?),
+        // Without history the head only names the branch to start on, when it is one.
+        (None, Some(head)) => parse_head(head)
+            .ok()
+            .filter(|h| matches!(h, Head::Branch(_))),
+        (_, None) => None,
+    };
+    let owner = ExecUser {
+        uid: req.owner_uid,
+        gid: req.owner_gid,
+    };
+    let user = (owner.uid != nix::unistd::geteuid().as_raw()).then_some(owner);
+
+    let _guard = lock(repo_lock, stop)
+        .await
+        .map_err(|err| cancelled_or(err, "the baseline"))?;
+    let state_dir = config.state_dir.clone();
+    let bundle_name = req.bundle.clone();
+    // Opening the state directory and copying the bundle are blocking file work.
+    let (state_fd, bundle) = blocking(move || {
+        let state_fd = statedir::open_state_dir(&state_dir)?;
+        let bundle = match bundle_name {
+            None => None,
+            Some(name) => Some(bundle_for(state_fd.as_fd(), &name, user)?),
+        };
+        Ok((state_fd, bundle))
+    })
+    .await?;
+    let git = git::git(stop)
+        .await
+        .map_err(|err| cancelled_or(err, "the baseline"))?;
+    let had_git_dir = fstatat(
+        ws_fd.as_fd(),
+        c".git",
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .is_ok();
+    let private = Private::new(&config.state_dir);
+
+    // Until the user's repository is done, the previous baseline (if any) is untouched.
+    let mut replacing = false;
+    let outcome = async {
+        user_repository(git, &workspace, user, head.as_ref(), bundle, stop).await?;
+        replacing = true;
+        let commit = record_baseline(git, &private, &workspace, stop).await?;
+        write_workspace_note(&state_fd, &workspace)?;
+        Ok::<_, RunError>(commit)
+    }
+    .await;
+    match outcome {
+        Ok(commit) => Ok(Response::Baseline { commit }),
+        Err(err) => {
+            let message = cancelled_or(err, "the baseline");
+            let state = state_fd;
+            blocking(move || {
+                // What this request made is removed: the half-made private repository (the
+                // previous one is gone once it was being replaced), and the user's .git when
+                // it did not exist before.
+                for name in BASELINE_FILES.iter().filter(|_| replacing) {
+                    if let Err(err) = fsutil::remove_at(state.as_fd(), name) {
+                        log!("cleaning up the failed baseline: {err}");
+                    }
+                }
+                if !had_git_dir {
+                    if let Err(err) = fsutil::remove_at(ws_fd.as_fd(), c".git") {
+                        log!("cleaning up the workspace's .git after a failed baseline: {err}");
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+            Err(message)
+        }
+    }
+}
+
+/// Records which workspace the baseline is of, so a diff of another path is refused.
+fn write_workspace_note(state_fd: &OwnedFd, workspace: &Path) -> Result<(), String> {
+    let name = BASELINE_WORKSPACE;
+    let _ = unlinkat(state_fd.as_fd(), name, UnlinkatFlags::NoRemoveDir);
+    let fd = openat(
+        state_fd.as_fd(),
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::S_IRUSR | Mode::S_IWUSR,
+    )
+    .map_err(|err| format!("cannot record the baseline's workspace: {err}"))?;
+    File::from(fd)
+        .write_all(workspace.as_os_str().as_bytes())
+        .map_err(|err| format!("cannot record the baseline's workspace: {err}"))
+}
+
+/// A descriptor of the bundle the sandbox user's git can read: the file itself when git runs
+/// as the agent, else a copy owned by that user whose name is removed at once (git opens it
+/// as `/proc/self/fd/0`, which re-checks the file's own permissions but not the 0700 state
+/// directory's).
+fn bundle_for(
+    state_fd: std::os::fd::BorrowedFd<'_>,
+    name: &str,
+    user: Option<ExecUser>,
+) -> Result<OwnedFd, String> {
+    let mut original = statedir::open_received(state_fd, name)?;
+    let Some(user) = user else {
+        return Ok(OwnedFd::from(original));
+    };
+    let temp = c".bundle-for-fetch";
+    let _ = unlinkat(state_fd, temp, UnlinkatFlags::NoRemoveDir);
+    let fd = openat(
+        state_fd,
+        temp,
+        OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::S_IRUSR | Mode::S_IWUSR,
+    )
+    .map_err(|err| format!("cannot copy the bundle: {err}"))?;
+    let _ = unlinkat(state_fd, temp, UnlinkatFlags::NoRemoveDir);
+    fchown(
+        fd.as_fd(),
+        Some(Uid::from_raw(user.uid)),
+        Some(Gid::from_raw(user.gid)),
+    )
+    .and_then(|()| fchmod(fd.as_fd(), Mode::S_IRUSR | Mode::S_IWUSR))
+    .map_err(|err| format!("cannot hand the bundle copy to uid {}: {err}", user.uid))?;
+    let mut copy = File::from(fd);
+    std::io::copy(&mut original, &mut copy)
+        .map_err(|err| format!("cannot copy the bundle: {err}"))?;
+    Ok(OwnedFd::from(copy))
+}
+
+/// The path the bundle has in git's eyes: its standard input, reopened.
+const BUNDLE_PATH: &str = "/proc/self/fd/0";
+
+/// Makes the user's repository: init, history, HEAD, index = HEAD. Runs as `user`.
+async fn user_repository(
+    git: &Git,
+    workspace: &Path,
+    user: Option<ExecUser>,
+    head: Option<&Head>,
+    bundle: Option<OwnedFd>,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<(), RunError> {
+    let dup = |fd: &OwnedFd| {
+        fd.try_clone()
+            .map_err(|err| RunError::Failed(format!("cannot pass the bundle to git: {err}")))
+    };
+    let as_user = || Run::new(workspace).user(user);
+    let git_dir = arg_with("--git-dir=", &workspace.join(".git"));
+    let work_tree = arg_with("--work-tree=", workspace);
+    let in_repo = |rest: &[&str]| -> Vec<OsString> {
+        let mut args = vec![git_dir.clone(), work_tree.clone()];
+        args.extend(rest.iter().map(Into::into));
+        args
+    };
+
+    // What the bundle holds decides the object format and whether HEAD is in it.
+    let mut refs: Vec<(String, String)> = Vec::new();
+    if let Some(bundle) = &bundle {
+        let out = git
+            .run(
+                &["bundle", "list-heads", BUNDLE_PATH],
+                Run::new(Path::new("/")).user(user).stdin(dup(bundle)?),
+                stop,
+            )
+            .await?;
+        refs = String::from_utf8_lossy(&out)
+            .lines()
+            .filter_map(|line| {
+                let (oid, name) = line.split_once(' ')?;
+                Some((oid.to_owned(), name.to_owned()))
+            })
+            .collect();
+        if let Some(Head::Branch(branch)) = head {
+            let wanted = format!("refs/heads/{branch}");
+            if !refs.iter().any(|(_, name)| *name == wanted) {
+                return Err(RunError::Failed(format!(
+                    "the history bundle has no branch {branch}"
+                )));
+            }
+        }
+    }
+    let sha256 = match head {
+        Some(Head::Commit(id)) => id.len() == 64,
+        _ => refs.first().is_some_and(|(oid, _)| oid.len() == 64),
+    };
+
+    let branch = match head {
+        Some(Head::Branch(branch)) => branch.as_str(),
+        _ => DEFAULT_BRANCH,
+    };
+    git.run(
+        &["check-ref-format", &format!("refs/heads/{branch}")],
+        Run::new(Path::new("/")),
+        stop,
+    )
+    .await
+    .map_err(|_| RunError::Failed(format!("{branch:?} is not a valid branch name")))?;
+    let initial = format!("--initial-branch={branch}");
+    let mut init = vec!["init", "-q", initial.as_str()];
+    if sha256 {
+        init.push("--object-format=sha256");
+    }
+    git.run(&init, as_user(), stop).await?;
+
+    let Some(bundle) = bundle else {
+        return Ok(());
+    };
+    let mut fetch = vec![
+        "fetch",
+        "-q",
+        "--update-head-ok",
+        "--no-tags",
+        BUNDLE_PATH,
+        "refs/heads/*:refs/heads/*",
+    ];
+    // A detached HEAD's history may be in the bundle only under HEAD.
+    if matches!(head, Some(Head::Commit(_))) && refs.iter().any(|(_, name)| name == "HEAD") {
+        fetch.push("HEAD");
+    }
+    git.run(
+        &in_repo(&fetch),
+        as_user()
+            .config("protocol.file.allow=always")
+            .stdin(dup(&bundle)?),
+        stop,
+    )
+    .await?;
+    drop(bundle);
+
+    match head {
+        Some(Head::Branch(branch)) => {
+            let target = format!("refs/heads/{branch}");
+            git.run(
+                &in_repo(&["symbolic-ref", "HEAD", &target]),
+                as_user(),
+                stop,
+            )
+            .await?;
+        }
+        Some(Head::Commit(id)) => {
+            let commit = format!("{id}^{{commit}}");
+            let found = git
+                .run(
+                    &in_repo(&["rev-parse", "-q", "--verify", &commit]),
+                    as_user(),
+                    stop,
+                )
+                .await
+                .map_err(|_| RunError::Failed(format!("the history bundle has no commit {id}")))?;
+            let found = first_line(&found);
+            git.run(
+                &in_repo(&["update-ref", "--no-deref", "HEAD", &found]),
+                as_user(),
+                stop,
+            )
+            .await?;
+        }
+        None => {}
+    }
+    // HEAD may be unborn (no head given and no `main` in the bundle): then there is nothing
+    // to reset to, and every file shows as untracked.
+    let (_, has_head) = git
+        .run_status(
+            &in_repo(&["rev-parse", "-q", "--verify", "HEAD^{commit}"]),
+            as_user(),
+            stop,
+        )
+        .await?;
+    if has_head.success() {
+        git.run(&in_repo(&["reset", "-q"]), as_user(), stop).await?;
+    }
+    Ok(())
+}
+
+/// Makes the private repository afresh and commits the whole work tree as the baseline.
+async fn record_baseline(
+    git: &Git,
+    private: &Private,
+    workspace: &Path,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<String, RunError> {
+    let state_dir = private.dir.clone();
+    blocking(move || {
+        let fd = statedir::open_state_dir(&state_dir)?;
+        for name in BASELINE_FILES {
+            fsutil::remove_at(fd.as_fd(), name)
+                .map_err(|err| format!("cannot remove the previous baseline: {err}"))?;
+        }
+        Ok(())
+    })
+    .await?;
+    let init: [&OsStr; 5] = [
+        "init".as_ref(),
+        "--bare".as_ref(),
+        "-q".as_ref(),
+        "--object-format=sha1".as_ref(),
+        private.git_dir.as_os_str(),
+    ];
+    git.run(&init, Run::new(&private.dir), stop).await?;
+    std::fs::set_permissions(
+        &private.git_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .map_err(|err| RunError::Failed(format!("cannot protect the private repository: {err}")))?;
+    if git.attr_source {
+        // GIT_ATTR_SOURCE names the empty tree; make sure the object exists.
+        let out = git
+            .run(
+                &private.args(workspace, &["hash-object", "-w", "-t", "tree", "/dev/null"]),
+                Run::new(&private.dir),
+                stop,
+            )
+            .await?;
+        if first_line(&out) != git::EMPTY_TREE_SHA1 {
+            return Err(RunError::Failed(format!(
+                "git hashed the empty tree as {}",
+                first_line(&out)
+            )));
+        }
+    }
+    // --force: the baseline is the work tree exactly as imported, ignored files included (the
+    // host may have sent tracked files that a .gitignore matches).
+    add_all(git, private, workspace, &["--force"], stop).await?;
+    let tree = first_line(
+        &git.run(
+            &private.args(workspace, &["write-tree"]),
+            private.run(git),
+            stop,
+        )
+        .await?,
+    );
+    let commit = first_line(
+        &git.run(
+            &private.args(workspace, &["commit-tree", &tree, "-m", "dynocap baseline"]),
+            private
+                .run(git)
+                .env("GIT_AUTHOR_NAME", git::IDENTITY_NAME)
+                .env("GIT_AUTHOR_EMAIL", git::IDENTITY_EMAIL)
+                .env("GIT_AUTHOR_DATE", BASELINE_DATE)
+                .env("GIT_COMMITTER_DATE", BASELINE_DATE),
+            stop,
+        )
+        .await?,
+    );
+    if !is_object_id(&commit) {
+        return Err(RunError::Failed(format!(
+            "git commit-tree printed {commit:?}, not a commit id"
+        )));
+    }
+    git.run(
+        &private.args(workspace, &["update-ref", "refs/dynocap/baseline", &commit]),
+        private.run(git),
+        stop,
+    )
+    .await?;
+    Ok(commit)
+}
+
+/// `git add -A` into the private index. Paths git cannot add are skipped, not fatal: a nested
+/// repository without a commit, or a tracked file replaced by a FIFO or socket, must not make
+/// every later diff fail. They are logged; a skipped tracked path keeps its previous entry.
+async fn add_all(
+    git: &Git,
+    private: &Private,
+    workspace: &Path,
+    extra: &[&str],
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<(), RunError> {
+    let mut rest = vec!["add", "-A", "--ignore-errors"];
+    rest.extend_from_slice(extra);
+    let (_, finished) = git
+        .run_status(&private.args(workspace, &rest), private.run(git), stop)
+        .await?;
+    match finished.status {
+        Some(crate::reaper::ExitStatus::Exited(0)) => Ok(()),
+        // --ignore-errors: some paths were skipped, the rest is in the index.
+        Some(crate::reaper::ExitStatus::Exited(1)) => {
+            log!(
+                "git add skipped paths in {}: {}",
+                workspace.display(),
+                String::from_utf8_lossy(&finished.stderr).trim()
+            );
+            Ok(())
+        }
+        _ => Err(RunError::Failed(format!(
+            "git add failed ({})",
+            finished.describe()
+        ))),
+    }
+}
+
+/// The exact diff invocation: every option that changes the patch's shape is pinned.
+const DIFF_ARGS: &[&str] = &[
+    "-c",
+    "diff.noprefix=false",
+    "-c",
+    "diff.mnemonicPrefix=false",
+    "-c",
+    "diff.suppressBlankEmpty=false",
+    "-c",
+    "diff.relative=false",
+    "-c",
+    "color.ui=never",
+    "-c",
+    "core.quotePath=true",
+    "diff",
+    "--cached",
+    "--binary",
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--no-renames",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+    "--submodule=short",
+    // A guest-written .gitmodules with `ignore = all` must not hide a submodule change.
+    "--ignore-submodules=none",
+    "--full-index",
+    "refs/dynocap/baseline",
+];
+
+/// Handles `Diff`: streams the patch baseline → work tree on STDOUT.
+pub async fn diff(
+    req: DiffRequest,
+    config: &Config,
+    repo_lock: &Mutex<()>,
+    stream: u32,
+    outbox: &Outbox,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<Response, String> {
+    let (workspace, _ws_fd) = open_workspace(&req.workspace)?;
+    let _guard = lock(repo_lock, stop)
+        .await
+        .map_err(|err| cancelled_or(err, "the diff"))?;
+    let git = git::git(stop)
+        .await
+        .map_err(|err| cancelled_or(err, "the diff"))?;
+    let private = Private::new(&config.state_dir);
+
+    let state_dir = config.state_dir.clone();
+    let recorded = blocking(move || {
+        let fd = statedir::open_state_dir(&state_dir)?;
+        let note = openat(
+            fd.as_fd(),
+            BASELINE_WORKSPACE,
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|err| match err {
+            Errno::ENOENT => "there is no baseline: send Baseline before Diff".to_owned(),
+            err => format!("cannot read the baseline's record: {err}"),
+        })?;
+        let mut recorded = Vec::new();
+        File::from(note)
+            .read_to_end(&mut recorded)
+            .map_err(|err| format!("cannot read the baseline's record: {err}"))?;
+        // A stale lock is from a git this agent killed (cancel): nobody else uses the index.
+        match unlinkat(fd.as_fd(), BASELINE_INDEX_LOCK, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => {}
+            Err(err) => return Err(format!("cannot remove a stale index lock: {err}")),
+        }
+        let has_index = fstatat(
+            fd.as_fd(),
+            BASELINE_INDEX,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .is_ok();
+        Ok((recorded, has_index))
+    })
+    .await?;
+    let (recorded, has_index) = recorded;
+    if recorded != workspace.as_os_str().as_bytes() {
+        return Err(format!(
+            "the baseline is of {}, not of {}",
+            String::from_utf8_lossy(&recorded),
+            workspace.display()
+        ));
+    }
+
+    let run = |rest: &[&str]| (private.args(&workspace, rest), private.run(git));
+    let outcome: Result<u64, RunError> = async {
+        if !has_index {
+            // The index is the baseline's entries plus what earlier diffs added; rebuilt from
+            // the baseline, tracked files that are ignored now stay tracked.
+            let (args, r) = run(&["read-tree", "refs/dynocap/baseline"]);
+            git.run(&args, r, stop).await?;
+        }
+        add_all(git, &private, &workspace, &[], stop).await?;
+        let (args, r) = run(DIFF_ARGS);
+        stream_diff(git, &args, r, req.max_bytes, stream, outbox, stop).await
+    }
+    .await;
+    match outcome {
+        Ok(bytes) => {
+            outbox
+                .send(Frame::new(stream, FrameKind::Eof, vec![channel::STDOUT]))
+                .await;
+            Ok(Response::Diff { bytes })
+        }
+        Err(RunError::Cancelled) => Err("the diff was cancelled".into()),
+        Err(RunError::Failed(message)) => Err(message),
+    }
+}
+
+/// Runs the diff and forwards its stdout as it comes, up to `max_bytes`.
+async fn stream_diff(
+    git: &Git,
+    args: &[OsString],
+    run: Run<'_>,
+    max_bytes: u64,
+    stream: u32,
+    outbox: &Outbox,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<u64, RunError> {
+    let spec = git.spec(args, run).map_err(RunError::Failed)?;
+    let mut child = Child::spawn(&spec)
+        .map_err(|err| RunError::Failed(format!("cannot start git diff: {err}")))?;
+    let mut buf = vec![0_u8; DATA_CHUNK];
+    let mut sent: u64 = 0;
+    loop {
+        let read = tokio::select! {
+            biased;
+            () = stop_requested(stop) => None,
+            read = child.read(&mut buf) => Some(read),
+        };
+        let n = match read {
+            None => {
+                child.kill().await;
+                return Err(RunError::Cancelled);
+            }
+            Some(Ok(0)) => break,
+            Some(Ok(n)) => n,
+            Some(Err(err)) => {
+                child.kill().await;
+                return Err(RunError::Failed(format!(
+                    "cannot read git diff's output: {err}"
+                )));
+            }
+        };
+        let len = u64::try_from(n).unwrap_or(u64::MAX);
+        if sent.saturating_add(len) > max_bytes {
+            child.kill().await;
+            return Err(RunError::Failed(format!(
+                "the diff is over {max_bytes} bytes; it was not sent in full (ask for a larger \
+                 limit, or look at fewer changes)"
+            )));
+        }
+        let permit = tokio::select! {
+            biased;
+            () = stop_requested(stop) => None,
+            permit = outbox.reserve() => Some(permit),
+        };
+        match permit {
+            None => {
+                child.kill().await;
+                return Err(RunError::Cancelled);
+            }
+            // The host is gone: nobody will read the rest.
+            Some(None) => {
+                child.kill().await;
+                return Err(RunError::Cancelled);
+            }
+            Some(Some(permit)) => {
+                let mut payload = Vec::with_capacity(1 + n);
+                payload.push(channel::STDOUT);
+                payload.extend_from_slice(&buf[..n]);
+                permit.send(Frame::new(stream, FrameKind::Data, payload));
+            }
+        }
+        sent += len;
+    }
+    let finished = tokio::select! {
+        biased;
+        () = stop_requested(stop) => None,
+        finished = child.wait() => Some(finished),
+    };
+    match finished {
+        None => {
+            child.kill().await;
+            Err(RunError::Cancelled)
+        }
+        Some(finished) if finished.success() => Ok(sent),
+        Some(finished) => Err(RunError::Failed(format!(
+            "git diff failed ({})",
+            finished.describe()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fallback for git older than 2.40 (Debian's 2.39 when present): no
+    /// `GIT_ATTR_SOURCE`, same baseline.
+    #[tokio::test]
+    async fn a_baseline_without_attr_source_support() {
+        // Needs both gits of this machine (2.39 in /usr/bin, 2.47 in /usr/local/bin).
+        if !Path::new("/usr/bin/git").exists() || !Path::new("/usr/local/bin/git").exists() {
+            return;
+        }
+        crate::init::setup();
+        let git = Git {
+            program: c"/usr/bin/git".to_owned(),
+            attr_source: false,
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = dir.path().join("ws");
+        std::fs::create_dir(&ws).expect("mkdir");
+        std::fs::write(ws.join("a.txt"), "a\n").expect("write");
+        let state = dir.path().join("state");
+        statedir::open_state_dir(&state).expect("state dir");
+        let private = Private::new(&state);
+        let (_tx, mut stop) = mpsc::channel(1);
+        let commit = match record_baseline(&git, &private, &ws, &mut stop).await {
+            Ok(commit) => commit,
+            Err(err) => panic!("{err:?}"),
+        };
+        // Same tree, fixed identity and date: the commit id is known in advance.
+        let expected = match record_baseline(
+            &Git {
+                program: c"/usr/local/bin/git".to_owned(),
+                attr_source: true,
+            },
+            &private,
+            &ws,
+            &mut stop,
+        )
+        .await
+        {
+            Ok(commit) => commit,
+            Err(err) => panic!("{err:?}"),
+        };
+        assert_eq!(commit, expected);
+    }
+
+    #[test]
+    fn heads_parse() {
+        assert_eq!(
+            parse_head("refs/heads/feature/x"),
+            Ok(Head::Branch("feature/x".into()))
+        );
+        let id = "0123456789abcdef0123456789ABCDEF01234567";
+        assert_eq!(parse_head(id), Ok(Head::Commit(id.to_ascii_lowercase())));
+        for bad in [
+            "refs/heads/",
+            "refs/heads/-x",
+            "refs/heads/a..b",
+            "refs/heads/a b",
+            "main",
+            "refs/tags/v1",
+            "0123",
+        ] {
+            assert!(parse_head(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,480 @@
+//! The conversation with the host: the frame reader loop and its dispatch, the one writer task
+//! that owns the channel's write half, the table of open streams, and the shutdown when the
+//! channel ends.
+//!
+//! Nothing the host sends can make the agent panic or exit: a bad request or a frame for a
+//! stream that does not exist is answered with an `Error` frame on that stream. Only a broken
+//! channel (end of stream, framing error, I/O error) ends [`serve`].
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use dynocap_proto::{
+    channel, from_payload, to_payload, ErrorBody, Frame, FrameKind, FrameReader, FrameWriter,
+    Hello, ProtoError, Request, Response, CONTROL_STREAM, GUEST_STREAM_BIT, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::exec::{self, Stop};
+use crate::input::{self, Input, InputReader};
+use crate::spawn::ExecUser;
+use crate::{repo, statedir, unpack};
+
+/// Frames waiting for the writer. Small on purpose: when the host reads slowly, producers wait
+/// (and commands block on their pipes) instead of the agent buffering output.
+const OUTBOX_CAPACITY: usize = 16;
+/// Finished stream ids remembered so that a `Cancel` racing with the end of its exec is
+/// ignored instead of answered with an error after the stream's last frame.
+const RECENT_STREAMS: usize = 4096;
+/// How long shutdown waits for execs to die and report, then for the writer to flush.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
+
+/// What the command line configures for every request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Commands run as this user (when it differs from the agent's).
+    pub exec_user: Option<ExecUser>,
+    /// HOME of commands; `/home/sandbox` (or `/` without it) when unset.
+    pub home: Option<PathBuf>,
+    /// The agent's private directory: received files and the baseline repository.
+    pub state_dir: PathBuf,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            exec_user: None,
+            home: None,
+            state_dir: PathBuf::from(statedir::DEFAULT_STATE_DIR),
+        }
+    }
+}
+
+/// Why [`serve`] returned.
+#[derive(Debug)]
+pub enum Ended {
+    /// The host closed the channel between frames.
+    Eof,
+    /// The channel broke: a framing error, an I/O error, or EOF in the middle of a frame.
+    Broken(ProtoError),
+}
+
+/// The sending side of the writer task. Sends never fail: once the writer is gone (the host
+/// stopped reading), frames are dropped, and commands still run to completion.
+#[derive(Clone)]
+pub struct Outbox {
+    tx: mpsc::Sender<Frame>,
+}
+
+impl Outbox {
+    pub async fn send(&self, frame: Frame) {
+        let _ = self.tx.send(frame).await;
+    }
+
+    /// Room for one frame, or `None` when the writer is gone.
+    pub async fn reserve(&self) -> Option<mpsc::Permit<'_, Frame>> {
+        self.tx.reserve().await.ok()
+    }
+
+    async fn send_error(&self, stream: u32, message: String) {
+        self.send(Frame::new(
+            stream,
+            FrameKind::Error,
+            to_payload(&ErrorBody { message }),
+        ))
+        .await;
+    }
+
+    async fn send_done(&self, stream: u32, response: &Response) {
+        self.send(Frame::new(stream, FrameKind::Done, to_payload(response)))
+            .await;
+    }
+}
+
+/// Streams with work in progress, and the ids of recently finished ones.
+#[derive(Default)]
+struct Streams {
+    active: HashMap<u32, mpsc::Sender<Stop>>,
+    /// Where the host's INPUT bytes go, for streams that take input and have not had their
+    /// `Eof` yet. Dropping a sender (cancel, shutdown) tells the consumer the input was cut.
+    inputs: HashMap<u32, mpsc::Sender<Input>>,
+    recent: VecDeque<u32>,
+    recent_set: HashSet<u32>,
+}
+
+impl Streams {
+    fn open(&mut self, id: u32, stop: mpsc::Sender<Stop>) {
+        self.active.insert(id, stop);
+        if self.recent_set.remove(&id) {
+            self.recent.retain(|&r| r != id);
+        }
+    }
+
+    fn finish(&mut self, id: u32) {
+        self.active.remove(&id);
+        self.inputs.remove(&id);
+        if self.recent_set.insert(id) {
+            self.recent.push_back(id);
+            if self.recent.len() > RECENT_STREAMS {
+                if let Some(old) = self.recent.pop_front() {
+                    self.recent_set.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn known(&self, id: u32) -> bool {
+        self.active.contains_key(&id) || self.recent_set.contains(&id)
+    }
+}
+
+type SharedStreams = Arc<Mutex<Streams>>;
+
+fn lock(streams: &SharedStreams) -> MutexGuard<'_, Streams> {
+    // Every update is a single insert/remove, so the table is consistent even after a panic.
+    streams.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Serves one channel until it ends, then kills what is still running and returns why.
+pub async fn serve<R, W>(reader: R, writer: W, config: Config) -> Ended
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(OUTBOX_CAPACITY);
+    let outbox = Outbox { tx };
+    let writer_task = tokio::spawn(write_frames(FrameWriter::new(writer), rx));
+    let hello = Hello {
+        protocol: PROTOCOL_VERSION,
+        agent_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    outbox
+        .send(Frame::new(
+            CONTROL_STREAM,
+            FrameKind::Hello,
+            to_payload(&hello),
+        ))
+        .await;
+
+    let mut server = Server {
+        config: Arc::new(config),
+        outbox,
+        streams: SharedStreams::default(),
+        tasks: JoinSet::new(),
+        repo_lock: Arc::default(),
+    };
+    let mut frames = FrameReader::new(reader);
+    let ended = loop {
+        // Collect finished tasks so the set does not grow with every exec ever run.
+        while let Some(result) = server.tasks.try_join_next() {
+            log_join_error(result);
+        }
+        match frames.read_frame().await {
+            Ok(Some(frame)) => server.dispatch(frame).await,
+            Ok(None) => break Ended::Eof,
+            Err(err) => break Ended::Broken(err),
+        }
+    };
+    server.shutdown().await;
+    // The writer ends once every sender is gone; the server holds the last one.
+    drop(server);
+    if tokio::time::timeout(FLUSH_WAIT, writer_task).await.is_err() {
+        log!("the host is not reading; dropping the last frames");
+    }
+    ended
+}
+
+struct Server {
+    config: Arc<Config>,
+    outbox: Outbox,
+    streams: SharedStreams,
+    tasks: JoinSet<()>,
+    /// Held by Baseline and Diff, which share the private repository and its index.
+    repo_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Server {
+    async fn dispatch(&mut self, frame: Frame) {
+        let id = frame.stream;
+        match frame.kind {
+            FrameKind::Open => self.open(id, &frame.payload).await,
+            FrameKind::Cancel => {
+                let outcome = {
+                    let mut streams = lock(&self.streams);
+                    // Cut the input first, so a worker waiting for bytes wakes up.
+                    streams.inputs.remove(&id);
+                    match streams.active.get(&id) {
+                        // A full queue means a stop is already pending: nothing to add.
+                        Some(stop) => {
+                            let _ = stop.try_send(Stop::Cancel);
+                            Ok(())
+                        }
+                        // The exec finished while the cancel was on its way: nothing to do.
+                        None if streams.known(id) => Ok(()),
+                        None => Err(format!("cannot cancel stream {id}: no such stream is open")),
+                    }
+                };
+                if let Err(message) = outcome {
+                    self.outbox.send_error(id, message).await;
+                }
+            }
+            FrameKind::Data | FrameKind::Eof => {
+                let (known, input) = {
+                    let mut streams = lock(&self.streams);
+                    let is_input = frame.payload.first() == Some(&channel::INPUT);
+                    let input = match (is_input, frame.kind) {
+                        (false, _) => None,
+                        (true, FrameKind::Eof) => streams.inputs.remove(&id),
+                        (true, _) => streams.inputs.get(&id).cloned(),
+                    };
+                    (streams.known(id), input)
+                };
+                if !known {
+                    let message =
+                        format!("{:?} frame for stream {id}, which is not open", frame.kind);
+                    return self.outbox.send_error(id, message).await;
+                }
+                // Execs read /dev/null, not the host, so input to them is dropped, as is input
+                // after Eof or to a stream whose worker has stopped reading (it failed, or
+                // finished). Otherwise this waits while the worker's queue is full: that is
+                // the back-pressure that keeps the host from filling the agent's memory.
+                if let Some(tx) = input {
+                    let item = if frame.kind == FrameKind::Eof {
+                        Input::Eof
+                    } else if frame.payload.len() > 1 {
+                        Input::Data {
+                            payload: frame.payload,
+                            start: 1,
+                        }
+                    } else {
+                        return;
+                    };
+                    let _ = tx.send(item).await;
+                }
+            }
+            // Only the agent sends these. Answering an Error with an Error could ping-pong.
+            FrameKind::Done | FrameKind::Error | FrameKind::Hello => {
+                log!(
+                    "ignoring a {:?} frame from the host on stream {id}",
+                    frame.kind
+                );
+            }
+        }
+    }
+
+    async fn open(&mut self, id: u32, payload: &[u8]) {
+        if id == CONTROL_STREAM {
+            let message = "stream 0 is the control stream; requests need a stream id of 1 or more";
+            return self.outbox.send_error(id, message.into()).await;
+        }
+        if id & GUEST_STREAM_BIT != 0 {
+            let message = format!(
+                "stream {id} has bit 31 set, which is reserved for streams the guest opens"
+            );
+            return self.outbox.send_error(id, message).await;
+        }
+        if lock(&self.streams).active.contains_key(&id) {
+            return self
+                .outbox
+                .send_error(id, format!("stream {id} is already open"))
+                .await;
+        }
+        let request = match from_payload::<Request>("request", payload) {
+            Ok(request) => request,
+            Err(err) => return self.outbox.send_error(id, err.to_string()).await,
+        };
+        match request {
+            Request::Ping => self.outbox.send_done(id, &Response::Pong).await,
+            Request::Exec(req) => {
+                let (stop_rx, _) = self.register(id, false);
+                let config = Arc::clone(&self.config);
+                let outbox = self.outbox.clone();
+                self.spawn_stream(id, async move {
+                    exec::run(req, &config, id, &outbox, stop_rx)
+                        .await
+                        .map(Response::Exit)
+                });
+            }
+            Request::Unpack(req) => {
+                let (stop_rx, input_rx) = self.register(id, true);
+                self.spawn_stream(id, async move {
+                    with_input(stop_rx, input_rx, move |input, cancelled| {
+                        unpack::unpack(&req, input, cancelled)
+                    })
+                    .await
+                });
+            }
+            Request::ReceiveFile(req) => {
+                let (stop_rx, input_rx) = self.register(id, true);
+                let state_dir = self.config.state_dir.clone();
+                self.spawn_stream(id, async move {
+                    with_input(stop_rx, input_rx, move |input, _| {
+                        statedir::receive_file(&state_dir, &req, input)
+                    })
+                    .await
+                });
+            }
+            Request::Baseline(req) => {
+                let (mut stop_rx, _) = self.register(id, false);
+                let config = Arc::clone(&self.config);
+                let repo_lock = Arc::clone(&self.repo_lock);
+                self.spawn_stream(id, async move {
+                    repo::baseline(req, &config, &repo_lock, &mut stop_rx).await
+                });
+            }
+            Request::Diff(req) => {
+                let (mut stop_rx, _) = self.register(id, false);
+                let config = Arc::clone(&self.config);
+                let repo_lock = Arc::clone(&self.repo_lock);
+                let outbox = self.outbox.clone();
+                self.spawn_stream(id, async move {
+                    repo::diff(req, &config, &repo_lock, id, &outbox, &mut stop_rx).await
+                });
+            }
+        }
+    }
+
+    /// Enters a stream in the table: its stop queue and, when it takes the host's bytes, its
+    /// input queue.
+    fn register(
+        &mut self,
+        id: u32,
+        takes_input: bool,
+    ) -> (mpsc::Receiver<Stop>, Option<mpsc::Receiver<Input>>) {
+        // Two slots: a Cancel, then the Shutdown that may escalate it.
+        let (stop_tx, stop_rx) = mpsc::channel(2);
+        let mut streams = lock(&self.streams);
+        streams.open(id, stop_tx);
+        let input_rx = takes_input.then(|| {
+            let (tx, rx) = input::queue();
+            streams.inputs.insert(id, tx);
+            rx
+        });
+        (stop_rx, input_rx)
+    }
+
+    /// Runs a stream's work as a task that ends the stream with `Done` or `Error`.
+    fn spawn_stream<F>(&mut self, id: u32, work: F)
+    where
+        F: Future<Output = Result<Response, String>> + Send + 'static,
+    {
+        let outbox = self.outbox.clone();
+        let streams = Arc::clone(&self.streams);
+        self.tasks.spawn(async move {
+            let result = work.await;
+            // Leave the table before the last frame, so the host may reuse the id as soon as
+            // it has seen that frame.
+            lock(&streams).finish(id);
+            match result {
+                Ok(response) => outbox.send_done(id, &response).await,
+                Err(message) => outbox.send_error(id, message).await,
+            }
+        });
+    }
+
+    /// Kills every exec still running and waits (bounded) for them to finish.
+    async fn shutdown(&mut self) {
+        let stops: Vec<_> = {
+            let mut streams = lock(&self.streams);
+            // Workers reading input learn that it was cut.
+            streams.inputs.clear();
+            streams.active.values().cloned().collect()
+        };
+        for stop in stops {
+            let _ = stop.try_send(Stop::Shutdown);
+        }
+        let drained = tokio::time::timeout(SHUTDOWN_WAIT, async {
+            while let Some(result) = self.tasks.join_next().await {
+                log_join_error(result);
+            }
+        })
+        .await;
+        if drained.is_err() {
+            log!("some execs did not finish within {SHUTDOWN_WAIT:?} of shutdown");
+            self.tasks.abort_all();
+        }
+    }
+}
+
+/// Runs `work` on the blocking pool with a reader of the stream's input. A stop request raises
+/// the cancel flag the worker (and its reader) checks.
+async fn with_input<F>(
+    mut stop: mpsc::Receiver<Stop>,
+    input: Option<mpsc::Receiver<Input>>,
+    work: F,
+) -> Result<Response, String>
+where
+    F: FnOnce(InputReader, &AtomicBool) -> Result<Response, String> + Send + 'static,
+{
+    let Some(input) = input else {
+        return Err("internal error: the stream has no input queue".into());
+    };
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let reader = InputReader::new(input, Arc::clone(&cancelled));
+    let flag = Arc::clone(&cancelled);
+    let mut worker = tokio::task::spawn_blocking(move || work(reader, &flag));
+    let mut stop_open = true;
+    loop {
+        tokio::select! {
+            joined = &mut worker => {
+                return joined.unwrap_or_else(|err| Err(format!("internal error: {err}")));
+            }
+            message = stop.recv(), if stop_open => match message {
+                Some(_) => cancelled.store(true, Ordering::Relaxed),
+                None => stop_open = false,
+            },
+        }
+    }
+}
+
+fn log_join_error(result: Result<(), tokio::task::JoinError>) {
+    if let Err(err) = result {
+        log!("a stream task failed: {err}");
+    }
+}
+
+/// The only writer of the channel. On a write error the host is gone: the receiver is dropped
+/// so that every later send is a no-op.
+async fn write_frames<W: AsyncWrite + Unpin>(
+    mut writer: FrameWriter<W>,
+    mut rx: mpsc::Receiver<Frame>,
+) {
+    while let Some(frame) = rx.recv().await {
+        if let Err(err) = writer.write_frame(&frame).await {
+            log!("writing to the host failed: {err}; further frames are dropped");
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finished_streams_are_remembered_boundedly() {
+        let mut streams = Streams::default();
+        let (tx, _rx) = mpsc::channel(1);
+        streams.open(1, tx.clone());
+        assert!(streams.known(1));
+        streams.finish(1);
+        assert!(streams.known(1) && !streams.active.contains_key(&1));
+        // Reusing an id makes it active again and forgets it as finished.
+        streams.open(1, tx);
+        assert!(streams.active.contains_key(&1));
+        assert!(!streams.recent_set.contains(&1));
+        for id in 10..10 + u32::try_from(RECENT_STREAMS).expect("small") + 5 {
+            streams.finish(id);
+        }
+        assert_eq!(streams.recent.len(), RECENT_STREAMS);
+        assert_eq!(streams.recent_set.len(), RECENT_STREAMS);
+        assert!(!streams.known(10));
+    }
+}

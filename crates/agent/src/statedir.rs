@@ -1,0 +1,279 @@
+//! The agent's private state directory (`/var/lib/dynocap` by default): mode 0700, owned by
+//! the agent, never readable or writable by the sandbox user. It holds the files the host sends
+//! with `ReceiveFile` (the history bundle) and the private baseline repository.
+//!
+//! Received files are written under a temporary name and renamed into place once complete, so
+//! a cancelled or oversized transfer never leaves a partial file under the requested name.
+
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+
+use dynocap_proto::{ReceiveFileRequest, Response};
+use nix::errno::Errno;
+use nix::fcntl::{openat, renameat, OFlag, AT_FDCWD};
+use nix::sys::stat::{fchmod, fstat, Mode, SFlag};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+use crate::fsutil;
+use crate::input::InputReader;
+
+/// Where the agent keeps its state unless configured otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/dynocap";
+
+/// Names inside the state directory the agent uses itself; `ReceiveFile` may not take them.
+/// The private baseline repository (a bare git directory).
+pub const BASELINE_REPO: &CStr = c"baseline.git";
+/// Its index (outside the git directory, given as `GIT_INDEX_FILE`).
+pub const BASELINE_INDEX: &CStr = c"index";
+pub const BASELINE_INDEX_LOCK: &CStr = c"index.lock";
+/// The workspace path the baseline was taken of.
+pub const BASELINE_WORKSPACE: &CStr = c"baseline-workspace";
+/// Every name above, for cleanup.
+pub const BASELINE_FILES: [&CStr; 4] = [
+    BASELINE_REPO,
+    BASELINE_INDEX,
+    BASELINE_INDEX_LOCK,
+    BASELINE_WORKSPACE,
+];
+
+/// Longest file name accepted (Linux's NAME_MAX).
+const NAME_MAX: usize = 255;
+
+/// Checks that `name` is a plain file name the host may use in the state directory.
+pub fn validate_name(name: &str) -> Result<CString, String> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return Err(format!(
+            "file name {name:?} must be a plain name: non-empty, no '/', not '.' or '..'"
+        ));
+    }
+    if name.starts_with('.') {
+        return Err(format!(
+            "file name {name:?} may not start with '.' (reserved for the agent's temporary files)"
+        ));
+    }
+    if name.len() > NAME_MAX {
+        return Err(format!(
+            "file name is {} bytes long; the limit is {NAME_MAX}",
+            name.len()
+        ));
+    }
+    if BASELINE_FILES
+        .iter()
+        .any(|r| r.to_bytes() == name.as_bytes())
+    {
+        return Err(format!(
+            "file name {name:?} is reserved for the agent's own state"
+        ));
+    }
+    CString::new(name).map_err(|_| format!("file name {name:?} contains a NUL byte"))
+}
+
+/// Opens the state directory, creating it (and its parents) when missing. It must be a real
+/// directory owned by the agent; its mode is forced to 0700.
+pub fn open_state_dir(path: &Path) -> Result<OwnedFd, String> {
+    let fail = |what: &str, err: &dyn std::fmt::Display| {
+        format!(
+            "cannot {what} the state directory {}: {err}",
+            path.display()
+        )
+    };
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(format!(
+            "the state directory {} must be an absolute path below /",
+            path.display()
+        ));
+    };
+    if !path.is_absolute() {
+        return Err(format!(
+            "the state directory {} must be an absolute path",
+            path.display()
+        ));
+    }
+    std::fs::create_dir_all(parent).map_err(|err| fail("create the parent of", &err))?;
+    let name = fsutil::cstring(name).map_err(|err| fail("name", &err))?;
+    // Parents are system directories (root's); only the last component is ours to check.
+    let parent_fd = openat(
+        AT_FDCWD,
+        parent,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|err| fail("open the parent of", &err))?;
+    match nix::sys::stat::mkdirat(parent_fd.as_fd(), name.as_c_str(), Mode::S_IRWXU) {
+        Ok(()) | Err(Errno::EEXIST) => {}
+        Err(err) => return Err(fail("create", &err)),
+    }
+    let dir = fsutil::open_dir_at(parent_fd.as_fd(), &name).map_err(|err| match err {
+        Errno::ELOOP | Errno::ENOTDIR => format!(
+            "the state directory {} is not a directory (or is a symlink)",
+            path.display()
+        ),
+        err => fail("open", &err),
+    })?;
+    let stat = fstat(dir.as_fd()).map_err(|err| fail("inspect", &err))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if stat.st_uid != euid {
+        return Err(format!(
+            "the state directory {} belongs to uid {}, not to the agent (uid {euid})",
+            path.display(),
+            stat.st_uid
+        ));
+    }
+    fchmod(dir.as_fd(), Mode::S_IRWXU).map_err(|err| fail("protect", &err))?;
+    Ok(dir)
+}
+
+/// Opens a file received earlier, read-only, refusing anything but a regular file.
+pub fn open_received(dir: BorrowedFd<'_>, name: &str) -> Result<File, String> {
+    let cname = validate_name(name)?;
+    let fd = openat(
+        dir,
+        cname.as_c_str(),
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|err| match err {
+        Errno::ENOENT => format!("no file named {name:?} was received"),
+        err => format!("cannot open the received file {name:?}: {err}"),
+    })?;
+    let stat = fstat(fd.as_fd()).map_err(|err| format!("cannot inspect {name:?}: {err}"))?;
+    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        return Err(format!("the received file {name:?} is not a regular file"));
+    }
+    Ok(File::from(fd))
+}
+
+/// Handles `ReceiveFile` on a blocking thread: the input stream goes to
+/// `<state dir>/<name>`, at most `max_bytes` of it.
+pub fn receive_file(
+    state_dir: &Path,
+    req: &ReceiveFileRequest,
+    mut input: InputReader,
+) -> Result<Response, String> {
+    let name = validate_name(&req.name)?;
+    let dir = open_state_dir(state_dir)?;
+    let temp = CString::new(format!(".receiving-{}", req.name))
+        .map_err(|_| "file name contains a NUL byte".to_owned())?;
+    match unlinkat(dir.as_fd(), temp.as_c_str(), UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(err) => return Err(format!("cannot clear a stale temporary file: {err}")),
+    }
+    let fd = openat(
+        dir.as_fd(),
+        temp.as_c_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::S_IRUSR | Mode::S_IWUSR,
+    )
+    .map_err(|err| format!("cannot create {:?} in the state directory: {err}", req.name))?;
+    let mut file = File::from(fd);
+    let outcome = copy_bounded(&mut input, &mut file, req.max_bytes);
+    drop(file);
+    let result = match outcome {
+        Ok(bytes) => renameat(dir.as_fd(), temp.as_c_str(), dir.as_fd(), name.as_c_str())
+            .map(|()| bytes)
+            .map_err(|err| format!("cannot move {:?} into place: {err}", req.name)),
+        Err(CopyError::TooBig) => Err(format!(
+            "{:?} is over {} bytes; nothing was kept",
+            req.name, req.max_bytes
+        )),
+        Err(CopyError::Read(_)) if input.aborted() => Err(format!(
+            "receiving {:?} was cancelled; nothing was kept",
+            req.name
+        )),
+        Err(CopyError::Read(err)) => Err(format!("reading {:?} failed: {err}", req.name)),
+        Err(CopyError::Write(err)) => Err(format!("writing {:?} failed: {err}", req.name)),
+    };
+    // Closing the queue lets the frame reader drop what the host still sends.
+    drop(input);
+    match result {
+        Ok(bytes) => Ok(Response::Received { bytes }),
+        Err(message) => {
+            let _ = unlinkat(dir.as_fd(), temp.as_c_str(), UnlinkatFlags::NoRemoveDir);
+            Err(message)
+        }
+    }
+}
+
+/// Why [`copy_bounded`] stopped.
+pub enum CopyError {
+    TooBig,
+    Read(io::Error),
+    Write(io::Error),
+}
+
+/// Copies `from` to its end into `to`, failing as soon as more than `max` bytes came.
+pub fn copy_bounded(from: &mut impl Read, to: &mut impl Write, max: u64) -> Result<u64, CopyError> {
+    let mut buf = vec![0_u8; 64 * 1024];
+    let mut total: u64 = 0;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => n,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(CopyError::Read(err)),
+        };
+        total = total.saturating_add(u64::try_from(n).unwrap_or(u64::MAX));
+        if total > max {
+            return Err(CopyError::TooBig);
+        }
+        to.write_all(&buf[..n]).map_err(CopyError::Write)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    #[test]
+    fn names_are_plain() {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "/abs",
+            ".hidden",
+            "index",
+            "baseline.git",
+            "a\0b",
+        ] {
+            assert!(validate_name(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(validate_name(&"x".repeat(256)).is_err());
+        assert!(validate_name("history.bundle").is_ok());
+    }
+
+    #[test]
+    fn the_state_dir_is_private_and_must_be_ours() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = base.path().join("a/b/state");
+        open_state_dir(&dir).expect("created");
+        let meta = std::fs::metadata(&dir).expect("exists");
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o700);
+        assert_eq!(meta.uid(), nix::unistd::geteuid().as_raw());
+        // A loose mode is tightened.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        open_state_dir(&dir).expect("reopened");
+        assert_eq!(
+            std::fs::metadata(&dir)
+                .expect("exists")
+                .permissions()
+                .mode()
+                & 0o7777,
+            0o700
+        );
+        let link = base.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).expect("symlink");
+        assert!(open_state_dir(&link).is_err());
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&dir, Some(1000), Some(1000)).expect("chown");
+            assert!(open_state_dir(&dir)
+                .expect_err("foreign")
+                .contains("belongs to uid 1000"));
+        }
+    }
+}

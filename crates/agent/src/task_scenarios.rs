@@ -1,0 +1,1376 @@
+//! End-to-end scenarios for the task requests (`Unpack`, `ReceiveFile`, `Baseline`, `Diff`):
+//! the real server in process, spoken to over a duplex as the host does, with tar streams built
+//! by the tar crate and repositories made by the real git.
+//!
+//! Ownership: when the tests run as root, the workspace owner and the exec user are uid/gid
+//! 1000 (no passwd entry is needed: the agent only calls setuid/setgid), so that the user's
+//! repository really is made by another user and the private one really is out of its reach.
+//! Run as anyone else, owner and exec user are the current user and the ownership checks are
+//! skipped.
+//!
+//! Every helper process (git for fixtures, `git apply`, `cp`) goes through the agent's own
+//! spawn path and reaper: `std::process::Command::wait` would race the reaper thread.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dynocap_proto::{
+    channel, BaselineRequest, DiffRequest, Frame, FrameKind, ReceiveFileRequest, Request, Response,
+    UnpackRequest, DATA_CHUNK,
+};
+use tar::{EntryType, Header};
+use tokio::sync::mpsc;
+
+use crate::command::{self, env_list};
+use crate::scenarios::{req, Host, Outcome, PATIENCE};
+use crate::server::Config;
+use crate::spawn::{ChildSpec, ExecUser};
+
+/// A temporary world: a base directory every test user can traverse, with the workspace and
+/// the agent's state directory inside.
+struct Sandbox {
+    base: tempfile::TempDir,
+    uid: u32,
+    gid: u32,
+    config: Config,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        let base = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod base");
+        let (exec_user, uid, gid) = if nix::unistd::geteuid().is_root() {
+            (
+                Some(ExecUser {
+                    uid: 1000,
+                    gid: 1000,
+                }),
+                1000,
+                1000,
+            )
+        } else {
+            let (uid, gid) = (
+                nix::unistd::getuid().as_raw(),
+                nix::unistd::getgid().as_raw(),
+            );
+            (None, uid, gid)
+        };
+        let config = Config {
+            exec_user,
+            home: None,
+            state_dir: base.path().join("state"),
+        };
+        Sandbox {
+            base,
+            uid,
+            gid,
+            config,
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.base.path().join(rel)
+    }
+
+    fn ws(&self) -> PathBuf {
+        self.path("ws")
+    }
+
+    fn root(&self) -> bool {
+        nix::unistd::geteuid().is_root()
+    }
+}
+
+fn text(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// Runs a shell script as the test process's user, with a git environment that ignores the
+/// machine's configuration and accepts repositories owned by others. Panics on failure.
+async fn sh(cwd: &Path, script: &str) -> String {
+    let (out, finished) = sh_status(cwd, script).await;
+    assert!(
+        finished.success(),
+        "{script}: {}\n{}",
+        finished.describe(),
+        String::from_utf8_lossy(&out)
+    );
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn sh_status(cwd: &Path, script: &str) -> (Vec<u8>, command::Finished) {
+    let spec = ChildSpec {
+        program: c"/bin/sh".to_owned(),
+        argv: vec![
+            c"sh".to_owned(),
+            c"-c".to_owned(),
+            CString::new(script).expect("no NUL"),
+        ],
+        env: env_list([
+            ("PATH", crate::exec::BASE_PATH),
+            ("HOME", "/nonexistent"),
+            ("LC_ALL", "C"),
+            ("GIT_CONFIG_NOSYSTEM", "1"),
+            ("GIT_CONFIG_GLOBAL", "/dev/null"),
+            // Looking must not rewrite the user's index as root.
+            ("GIT_OPTIONAL_LOCKS", "0"),
+            ("GIT_CONFIG_COUNT", "1"),
+            ("GIT_CONFIG_KEY_0", "safe.directory"),
+            ("GIT_CONFIG_VALUE_0", "*"),
+            ("GIT_AUTHOR_NAME", "Tester"),
+            ("GIT_AUTHOR_EMAIL", "tester@example.com"),
+            ("GIT_COMMITTER_NAME", "Tester"),
+            ("GIT_COMMITTER_EMAIL", "tester@example.com"),
+        ])
+        .expect("env"),
+        cwd: CString::new(text(cwd)).expect("no NUL"),
+        terminal: false,
+        user: None,
+        stdin: None,
+    };
+    let (_stop_tx, mut stop) = mpsc::channel(1);
+    match command::run(&spec, 256 * 1024 * 1024, &mut stop).await {
+        Ok(result) => result,
+        Err(err) => panic!("{script}: {err:?}"),
+    }
+}
+
+/// Builds GNU tar streams as the host does, plus hand-made hostile entries.
+struct Tar(tar::Builder<Vec<u8>>);
+
+fn header(kind: EntryType, mode: u32, size: u64) -> Header {
+    let mut header = Header::new_gnu();
+    header.set_entry_type(kind);
+    header.set_mode(mode);
+    header.set_size(size);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header
+}
+
+impl Tar {
+    fn new() -> Tar {
+        Tar(tar::Builder::new(Vec::new()))
+    }
+
+    fn dir(&mut self, path: &str) -> &mut Self {
+        let mut h = header(EntryType::Directory, 0o755, 0);
+        self.0
+            .append_data(&mut h, path, std::io::empty())
+            .expect("dir");
+        self
+    }
+
+    fn file(&mut self, path: &str, mode: u32, data: &[u8]) -> &mut Self {
+        let mut h = header(EntryType::Regular, mode, len64(data.len()));
+        self.0.append_data(&mut h, path, data).expect("file");
+        self
+    }
+
+    fn symlink(&mut self, path: &str, target: &str) -> &mut Self {
+        let mut h = header(EntryType::Symlink, 0o777, 0);
+        self.0.append_link(&mut h, path, target).expect("symlink");
+        self
+    }
+
+    /// An entry written byte for byte, bypassing the crate's path checks.
+    fn raw(&mut self, name: &[u8], kind: EntryType, link: &[u8], data: &[u8]) -> &mut Self {
+        let mut h = header(kind, 0o644, len64(data.len()));
+        {
+            let gnu = h.as_gnu_mut().expect("gnu header");
+            gnu.name[..name.len()].copy_from_slice(name);
+            gnu.linkname[..link.len()].copy_from_slice(link);
+        }
+        h.set_cksum();
+        self.0.append(&h, data).expect("raw");
+        self
+    }
+
+    fn finish(self) -> Vec<u8> {
+        self.0.into_inner().expect("finish")
+    }
+}
+
+/// The tar of a directory tree as the host would send it (no `.git` at the top).
+fn tar_of(dir: &Path) -> Vec<u8> {
+    fn add(tar: &mut Tar, root: &Path, rel: &Path) {
+        let mut names: Vec<_> = std::fs::read_dir(root.join(rel))
+            .expect("read_dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        names.sort();
+        for name in names {
+            if rel.as_os_str().is_empty() && name == ".git" {
+                continue;
+            }
+            let path = rel.join(&name);
+            let full = root.join(&path);
+            let meta = std::fs::symlink_metadata(&full).expect("lstat");
+            let shown = text(&path);
+            if meta.is_dir() {
+                tar.dir(&format!("{shown}/"));
+                add(tar, root, &path);
+            } else if meta.file_type().is_symlink() {
+                tar.symlink(&shown, &text(&std::fs::read_link(&full).expect("readlink")));
+            } else {
+                let mode = if meta.mode() & 0o100 != 0 {
+                    0o755
+                } else {
+                    0o644
+                };
+                tar.file(&shown, mode, &std::fs::read(&full).expect("read"));
+            }
+        }
+    }
+    let mut tar = Tar::new();
+    add(&mut tar, dir, Path::new(""));
+    tar.finish()
+}
+
+/// What a tree holds, for comparing two of them.
+#[derive(Debug, PartialEq, Eq)]
+enum Node {
+    Dir,
+    File { exec: bool, data: Vec<u8> },
+    Link(PathBuf),
+}
+
+fn snapshot(root: &Path) -> BTreeMap<PathBuf, Node> {
+    fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, Node>) {
+        for entry in std::fs::read_dir(root.join(rel)).expect("read_dir") {
+            let name = entry.expect("entry").file_name();
+            if rel.as_os_str().is_empty() && name == ".git" {
+                continue;
+            }
+            let path = rel.join(&name);
+            let full = root.join(&path);
+            let meta = std::fs::symlink_metadata(&full).expect("lstat");
+            if meta.is_dir() {
+                out.insert(path.clone(), Node::Dir);
+                walk(root, &path, out);
+            } else if meta.file_type().is_symlink() {
+                out.insert(
+                    path,
+                    Node::Link(std::fs::read_link(&full).expect("readlink")),
+                );
+            } else {
+                out.insert(
+                    path,
+                    Node::File {
+                        exec: meta.mode() & 0o100 != 0,
+                        data: std::fs::read(&full).expect("read"),
+                    },
+                );
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, Path::new(""), &mut out);
+    out
+}
+
+/// Sends bytes on the INPUT channel, then (optionally) its Eof.
+async fn send_input(host: &Host, id: u32, bytes: &[u8], eof: bool) {
+    for chunk in bytes.chunks(DATA_CHUNK) {
+        let mut payload = vec![channel::INPUT];
+        payload.extend_from_slice(chunk);
+        host.send(Frame::new(id, FrameKind::Data, payload)).await;
+    }
+    if eof {
+        host.send(Frame::new(id, FrameKind::Eof, vec![channel::INPUT]))
+            .await;
+    }
+}
+
+fn unpack_request(sb: &Sandbox, dest: &Path, max_bytes: u64) -> Request {
+    Request::Unpack(UnpackRequest {
+        dest: text(dest),
+        owner_uid: sb.uid,
+        owner_gid: sb.gid,
+        max_bytes,
+    })
+}
+
+async fn unpack(host: &Host, sb: &Sandbox, dest: &Path, tar: &[u8], max_bytes: u64) -> Outcome {
+    let (id, rx) = host.open(&unpack_request(sb, dest, max_bytes)).await;
+    send_input(host, id, tar, true).await;
+    rx.collect().await
+}
+
+async fn receive(host: &Host, name: &str, bytes: &[u8], max_bytes: u64) -> Outcome {
+    let request = Request::ReceiveFile(ReceiveFileRequest {
+        name: name.into(),
+        max_bytes,
+    });
+    let (id, rx) = host.open(&request).await;
+    send_input(host, id, bytes, true).await;
+    rx.collect().await
+}
+
+async fn baseline(
+    host: &Host,
+    sb: &Sandbox,
+    ws: &Path,
+    bundle: Option<&str>,
+    head: Option<&str>,
+) -> Outcome {
+    let request = Request::Baseline(BaselineRequest {
+        workspace: text(ws),
+        bundle: bundle.map(Into::into),
+        head: head.map(Into::into),
+        owner_uid: sb.uid,
+        owner_gid: sb.gid,
+    });
+    host.open(&request).await.1.collect().await
+}
+
+async fn diff(host: &Host, ws: &Path, max_bytes: u64) -> Outcome {
+    let request = Request::Diff(DiffRequest {
+        workspace: text(ws),
+        max_bytes,
+    });
+    host.open(&request).await.1.collect().await
+}
+
+fn commit_of(outcome: &Outcome) -> String {
+    match &outcome.done {
+        Some(Response::Baseline { commit }) => commit.clone(),
+        other => panic!(
+            "expected a baseline, got {other:?} (error {:?})",
+            outcome.error
+        ),
+    }
+}
+
+/// The patch of a successful diff, checked against its Done.
+fn patch_of(outcome: &Outcome) -> Vec<u8> {
+    match &outcome.done {
+        Some(Response::Diff { bytes }) => {
+            assert_eq!(*bytes, len64(outcome.stdout.len()));
+            assert_eq!(outcome.eofs, [channel::STDOUT]);
+            outcome.stdout.clone()
+        }
+        other => panic!("expected a diff, got {other:?} (error {:?})", outcome.error),
+    }
+}
+
+/// Runs a script in the workspace as the exec user, through an Exec request.
+async fn as_user(host: &Host, ws: &Path, script: &str) -> String {
+    let mut request = req(script);
+    request.cwd = text(ws);
+    let outcome = host.exec(request).await;
+    assert_eq!(
+        outcome.exit().exit_code,
+        Some(0),
+        "{script}: {}",
+        String::from_utf8_lossy(&outcome.stderr)
+    );
+    outcome.stdout()
+}
+
+/// The key property: the patch applied to a copy of the original tree gives the current tree.
+async fn assert_patch_reproduces(sb: &Sandbox, original: &Path, patch: &[u8], current: &Path) {
+    let scratch = tempfile::tempdir_in(sb.base.path()).expect("scratch");
+    let copy = scratch.path().join("tree");
+    let patch_file = scratch.path().join("patch.diff");
+    std::fs::write(&patch_file, patch).expect("write patch");
+    sh(
+        scratch.path(),
+        &format!(
+            "cp -a '{}' tree && cd tree && git apply --whitespace=nowarn '{}'",
+            text(original),
+            text(&patch_file)
+        ),
+    )
+    .await;
+    let (got, want) = (snapshot(&copy), snapshot(current));
+    if got != want {
+        panic!(
+            "patch does not reproduce the tree:\n{}\ngot {:#?}\nwant {:#?}",
+            String::from_utf8_lossy(patch),
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>()
+        );
+    }
+}
+
+fn len64(n: usize) -> u64 {
+    u64::try_from(n).expect("usize fits u64")
+}
+
+/// A pseudo-random-looking byte.
+fn byte(n: u64) -> u8 {
+    u8::try_from(n % 251).expect("below 256")
+}
+
+fn mode_of(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path).expect("lstat").mode() & 0o7777
+}
+
+fn owner_of(path: &Path) -> (u32, u32) {
+    let meta = std::fs::symlink_metadata(path).expect("lstat");
+    (meta.uid(), meta.gid())
+}
+
+#[tokio::test]
+async fn unpack_builds_the_tree_safely() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let long_path = format!("{}/{}", "d".repeat(120), "f".repeat(120));
+    let long_target = "t".repeat(300);
+    let mut tar = Tar::new();
+    tar.dir("src/")
+        .file("src/main.rs", 0o644, b"fn main() {}\n")
+        .file("run.sh", 0o4775, b"#!/bin/sh\necho hi\n")
+        .symlink("passwd", "/etc/passwd")
+        .file("a/b/c/deep.txt", 0o600, b"deep")
+        .file(&long_path, 0o644, b"long")
+        .symlink("longlink", &long_target)
+        .file("empty", 0o644, b"");
+    let tar = tar.finish();
+    let outcome = unpack(&host, &sb, &sb.ws(), &tar, 1 << 20).await;
+    let bytes = 13 + 18 + "/etc/passwd".len() + 4 + 4 + 300;
+    assert_eq!(
+        outcome.done,
+        Some(Response::Unpacked {
+            files: 7,
+            bytes: len64(bytes)
+        }),
+        "{:?}",
+        outcome.error
+    );
+
+    let ws = sb.ws();
+    assert_eq!(
+        std::fs::read(ws.join("src/main.rs")).expect("read"),
+        b"fn main() {}\n"
+    );
+    assert_eq!(std::fs::read(ws.join(&long_path)).expect("read"), b"long");
+    assert_eq!(
+        std::fs::read(ws.join("a/b/c/deep.txt")).expect("read"),
+        b"deep"
+    );
+    assert_eq!(
+        std::fs::read_link(ws.join("passwd")).expect("link"),
+        Path::new("/etc/passwd")
+    );
+    assert_eq!(
+        std::fs::read_link(ws.join("longlink")).expect("link"),
+        Path::new(&long_target)
+    );
+    assert_eq!(mode_of(&ws), 0o755);
+    assert_eq!(mode_of(&ws.join("src/main.rs")), 0o644);
+    assert_eq!(
+        mode_of(&ws.join("run.sh")),
+        0o755,
+        "setuid must be stripped"
+    );
+    assert_eq!(mode_of(&ws.join("a/b/c/deep.txt")), 0o644);
+    assert_eq!(mode_of(&ws.join("empty")), 0o644);
+    for dir in ["src", "a", "a/b", "a/b/c"] {
+        assert_eq!(mode_of(&ws.join(dir)), 0o755, "{dir}");
+    }
+    for path in [
+        "",
+        "src",
+        "src/main.rs",
+        "run.sh",
+        "passwd",
+        "a",
+        "a/b/c",
+        "a/b/c/deep.txt",
+        "longlink",
+    ] {
+        assert_eq!(owner_of(&ws.join(path)), (sb.uid, sb.gid), "{path:?}");
+    }
+
+    // An existing empty directory is fine; a non-empty one is refused and left alone.
+    let empty = sb.path("empty-dest");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let outcome = unpack(&host, &sb, &empty, &tar, 1 << 20).await;
+    assert!(matches!(
+        outcome.done,
+        Some(Response::Unpacked { files: 7, .. })
+    ));
+    let outcome = unpack(&host, &sb, &empty, &tar, 1 << 20).await;
+    assert!(outcome.error().contains("not empty"), "{}", outcome.error());
+    assert!(empty.join("src/main.rs").exists());
+
+    let outcome = unpack(&host, &sb, Path::new("relative/ws"), &tar, 1 << 20).await;
+    assert!(outcome.error().contains("absolute"), "{}", outcome.error());
+}
+
+#[tokio::test]
+async fn unpack_refusals_leave_nothing_behind() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let prefix = |tar: &mut Tar| {
+        tar.file("ok.txt", 0o644, b"fine")
+            .dir("d/")
+            .file("d/x", 0o755, b"x");
+    };
+    let with = |f: &dyn Fn(&mut Tar)| {
+        let mut tar = Tar::new();
+        prefix(&mut tar);
+        f(&mut tar);
+        tar.finish()
+    };
+    let outside = sb.path("outside");
+    std::fs::create_dir(&outside).expect("mkdir");
+    let outside_text = text(&outside);
+
+    let complete = with(&|_| {});
+    let mut cases: Vec<(&str, Vec<u8>, u64, &str)> = vec![
+        (
+            "dotdot",
+            with(&|t| {
+                t.raw(b"../escape", EntryType::Regular, b"", b"x");
+            }),
+            1 << 20,
+            "'..'",
+        ),
+        (
+            "nested dotdot",
+            with(&|t| {
+                t.raw(b"d/../../escape", EntryType::Regular, b"", b"x");
+            }),
+            1 << 20,
+            "'..'",
+        ),
+        (
+            "absolute",
+            with(&|t| {
+                t.raw(b"/abs", EntryType::Regular, b"", b"x");
+            }),
+            1 << 20,
+            "absolute",
+        ),
+        (
+            "beneath a symlink",
+            with(&|t| {
+                t.symlink("link", &outside_text).raw(
+                    b"link/planted",
+                    EntryType::Regular,
+                    b"",
+                    b"x",
+                );
+            }),
+            1 << 20,
+            "which is a symlink",
+        ),
+        (
+            "hard link",
+            with(&|t| {
+                t.raw(b"hard", EntryType::Link, b"ok.txt", b"");
+            }),
+            1 << 20,
+            "hard link",
+        ),
+        (
+            "fifo",
+            with(&|t| {
+                t.raw(b"fifo", EntryType::Fifo, b"", b"");
+            }),
+            1 << 20,
+            "FIFO",
+        ),
+        (
+            "device",
+            with(&|t| {
+                t.raw(b"dev", EntryType::Char, b"", b"");
+            }),
+            1 << 20,
+            "device",
+        ),
+        (
+            "duplicate",
+            with(&|t| {
+                t.file("ok.txt", 0o644, b"again");
+            }),
+            1 << 20,
+            "twice",
+        ),
+        (
+            "directory over a file",
+            with(&|t| {
+                t.dir("ok.txt/");
+            }),
+            1 << 20,
+            "not a directory",
+        ),
+        ("oversize", complete.clone(), 4, "more than 4 bytes"),
+        (
+            "oversize by symlink target",
+            with(&|t| {
+                t.symlink("l", "0123456789");
+            }),
+            10,
+            "more than 10 bytes",
+        ),
+        (
+            "truncated inside a file",
+            with(&|t| {
+                t.file("big", 0o644, &[7; 5000]);
+            }),
+            1 << 20,
+            "ended early",
+        ),
+        (
+            "no end-of-archive blocks",
+            complete[..complete.len() - 1024].to_vec(),
+            1 << 20,
+            "ended early",
+        ),
+        (
+            "one end-of-archive block",
+            complete[..complete.len() - 512].to_vec(),
+            1 << 20,
+            "ended early",
+        ),
+        (
+            "truncated inside a header",
+            complete[..700].to_vec(),
+            1 << 20,
+            "ended early",
+        ),
+        (
+            "junk after the end",
+            [complete.clone(), b"junk".to_vec()].concat(),
+            1 << 20,
+            "after the end",
+        ),
+        ("not a tar", vec![b'x'; 2048], 1 << 20, "not a valid tar"),
+    ];
+    // Cut the big file's data short.
+    let truncated = &mut cases[11].1;
+    let cut = truncated.len() - 1024 - 3000;
+    truncated.truncate(cut);
+
+    for (i, (name, tar, max, expected)) in cases.iter().enumerate() {
+        let dest = sb.path(&format!("dest-{i}"));
+        let outcome = unpack(&host, &sb, &dest, tar, *max).await;
+        let error = outcome.error();
+        assert!(
+            error.contains(expected),
+            "{name}: {error:?} should mention {expected:?}"
+        );
+        assert!(!dest.exists(), "{name}: {} left behind", dest.display());
+    }
+    assert_eq!(std::fs::read_dir(&outside).expect("read").count(), 0);
+    assert!(!sb.path("escape").exists());
+
+    // A destination that existed (empty) is emptied and handed back as it was.
+    let existing = sb.path("existing");
+    std::fs::create_dir(&existing).expect("mkdir");
+    std::os::unix::fs::chown(&existing, Some(sb.uid), Some(sb.gid)).expect("chown");
+    std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+    let outcome = unpack(&host, &sb, &existing, &cases[0].1, 1 << 20).await;
+    assert!(outcome.error().contains("'..'"));
+    assert_eq!(std::fs::read_dir(&existing).expect("read").count(), 0);
+    assert_eq!(mode_of(&existing), 0o750);
+    assert_eq!(owner_of(&existing), (sb.uid, sb.gid));
+
+    // The agent is still fine.
+    let outcome = unpack(&host, &sb, &sb.ws(), &complete, 1 << 20).await;
+    assert!(matches!(
+        outcome.done,
+        Some(Response::Unpacked { files: 2, bytes: 5 })
+    ));
+}
+
+/// A tar big enough that the host is still sending when the test interferes.
+fn big_tar() -> Vec<u8> {
+    let mut tar = Tar::new();
+    let data = vec![b'z'; 64 * 1024];
+    for i in 0..300 {
+        tar.file(&format!("dir{}/file{i}", i % 10), 0o644, &data);
+    }
+    tar.finish()
+}
+
+async fn eventually(mut check: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + PATIENCE;
+    while std::time::Instant::now() < until {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn cancel_during_unpack_cleans_up() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let tar = big_tar();
+    let dest = sb.ws();
+    let (id, rx) = host.open(&unpack_request(&sb, &dest, 1 << 30)).await;
+    send_input(&host, id, &tar[..tar.len() / 3], false).await;
+    assert!(
+        eventually(|| std::fs::read_dir(&dest).is_ok_and(|mut d| d.next().is_some())).await,
+        "unpacking never started"
+    );
+    host.send(Frame::new(id, FrameKind::Cancel, vec![])).await;
+    // Input the host had in flight is dropped, not an error.
+    send_input(&host, id, &tar[tar.len() / 3..tar.len() / 2], false).await;
+    let outcome = rx.collect().await;
+    assert!(outcome.error().contains("cancelled"), "{}", outcome.error());
+    assert!(!dest.exists());
+
+    // The same id, reopened, works.
+    let request = dynocap_proto::to_payload(&unpack_request(&sb, &dest, 1 << 30));
+    let rx = host.open_raw(id, request).await;
+    send_input(&host, id, &tar, true).await;
+    let outcome = rx.collect().await;
+    assert!(
+        matches!(outcome.done, Some(Response::Unpacked { files: 300, .. })),
+        "{:?}",
+        outcome.error
+    );
+}
+
+#[tokio::test]
+async fn channel_end_during_unpack_cleans_up() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let tar = big_tar();
+    let dest = sb.ws();
+    let (id, _rx) = host.open(&unpack_request(&sb, &dest, 1 << 30)).await;
+    send_input(&host, id, &tar[..tar.len() / 3], false).await;
+    assert!(eventually(|| std::fs::read_dir(&dest).is_ok_and(|mut d| d.next().is_some())).await);
+    host.close().await;
+    assert!(!dest.exists());
+}
+
+#[tokio::test]
+async fn receive_file_is_private_and_bounded() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let data: Vec<u8> = (0..200_000_u64).map(byte).collect();
+    let outcome = receive(&host, "history.bundle", &data, 1 << 20).await;
+    assert_eq!(
+        outcome.done,
+        Some(Response::Received {
+            bytes: len64(data.len())
+        })
+    );
+    let state = &sb.config.state_dir;
+    assert_eq!(
+        std::fs::read(state.join("history.bundle")).expect("read"),
+        data
+    );
+    assert_eq!(mode_of(state), 0o700);
+    assert_eq!(mode_of(&state.join("history.bundle")), 0o600);
+    assert_eq!(
+        owner_of(state),
+        (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw()
+        )
+    );
+
+    let outcome = receive(&host, "too-big", &data, 1000).await;
+    assert!(
+        outcome.error().contains("over 1000 bytes"),
+        "{}",
+        outcome.error()
+    );
+    // Only the first file is there: no partial, no temporary.
+    let names: Vec<_> = std::fs::read_dir(state)
+        .expect("read")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names, ["history.bundle"]);
+
+    for bad in ["", "a/b", "..", ".hidden", "index", "baseline.git"] {
+        let outcome = receive(&host, bad, b"x", 10).await;
+        assert!(
+            outcome.error().contains(&format!("{bad:?}")),
+            "{bad:?}: {}",
+            outcome.error()
+        );
+    }
+
+    // Cancel in the middle: nothing kept.
+    let request = Request::ReceiveFile(ReceiveFileRequest {
+        name: "cut".into(),
+        max_bytes: 1 << 30,
+    });
+    let (id, rx) = host.open(&request).await;
+    send_input(&host, id, &data, false).await;
+    host.send(Frame::new(id, FrameKind::Cancel, vec![])).await;
+    let outcome = rx.collect().await;
+    assert!(outcome.error().contains("cancelled"), "{}", outcome.error());
+    assert!(!state.join("cut").exists());
+}
+
+/// A project with history on two branches and uncommitted work, its bundle and its tar.
+async fn project_with_history(sb: &Sandbox) -> (PathBuf, Vec<u8>, Vec<u8>) {
+    sh(
+        sb.base.path(),
+        "git init -q -b main src && cd src \
+         && echo one > a.txt && mkdir dir && echo x > dir/f && git add -A \
+         && git commit -q -m first \
+         && git checkout -q -b feature && echo two >> a.txt && git commit -qam second \
+         && git checkout -q main && echo main2 > m.txt && git add m.txt \
+         && git commit -qm main-only \
+         && git checkout -q feature && echo dirty >> a.txt && echo new > untracked.txt \
+         && git bundle create -q ../history.bundle --branches",
+    )
+    .await;
+    let src = sb.path("src");
+    let bundle = std::fs::read(sb.path("history.bundle")).expect("bundle");
+    (src.clone(), bundle, tar_of(&src))
+}
+
+#[tokio::test]
+async fn baseline_with_history_recreates_the_users_repository() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let (_src, bundle, tar) = project_with_history(&sb).await;
+    let ws = sb.ws();
+    assert!(unpack(&host, &sb, &ws, &tar, 1 << 30).await.done.is_some());
+    let outcome = receive(&host, "history.bundle", &bundle, 1 << 30).await;
+    assert!(outcome.done.is_some(), "{:?}", outcome.error);
+
+    let outcome = baseline(
+        &host,
+        &sb,
+        &ws,
+        Some("history.bundle"),
+        Some("refs/heads/feature"),
+    )
+    .await;
+    let commit = commit_of(&outcome);
+    assert!(crate::git::is_object_id(&commit), "{commit}");
+
+    let w = text(&ws);
+    if sb.root() {
+        for path in [
+            ".git",
+            ".git/config",
+            ".git/index",
+            ".git/HEAD",
+            ".git/refs/heads/main",
+        ] {
+            assert_eq!(owner_of(&ws.join(path)), (1000, 1000), "{path}");
+        }
+    }
+    assert_eq!(
+        sh(&ws, "git symbolic-ref HEAD").await,
+        "refs/heads/feature\n"
+    );
+    assert_eq!(sh(&ws, "git log --format=%s").await, "second\nfirst\n");
+    assert_eq!(
+        sh(&ws, "git for-each-ref --format='%(refname)' refs/heads").await,
+        "refs/heads/feature\nrefs/heads/main\n"
+    );
+    assert_eq!(
+        sh(&ws, "git status --porcelain").await,
+        " M a.txt\n?? untracked.txt\n"
+    );
+    // The user can work with it.
+    assert_eq!(
+        as_user(
+            &host,
+            &ws,
+            "git status --porcelain && git rev-parse --abbrev-ref HEAD"
+        )
+        .await,
+        " M a.txt\n?? untracked.txt\nfeature\n"
+    );
+
+    // The private record: the whole work tree, in a repository only the agent reaches.
+    let private = sb.config.state_dir.join("baseline.git");
+    let p = text(&private);
+    assert_eq!(
+        sh(
+            &ws,
+            &format!("git --git-dir='{p}' rev-parse refs/dynocap/baseline")
+        )
+        .await,
+        format!("{commit}\n")
+    );
+    assert_eq!(
+        sh(
+            &ws,
+            &format!("git --git-dir='{p}' ls-tree -r --name-only {commit}")
+        )
+        .await,
+        "a.txt\ndir/f\nuntracked.txt\n"
+    );
+    assert_eq!(mode_of(&private), 0o700);
+    assert_eq!(mode_of(&sb.config.state_dir), 0o700);
+    if sb.root() {
+        // The sandbox user cannot read the bundle or the private repository.
+        let outcome = host
+            .exec({
+                let mut r = req(&format!(
+                    "cat '{}/history.bundle' >/dev/null 2>&1 || echo denied; \
+                     ls '{p}' >/dev/null 2>&1 || echo denied",
+                    text(&sb.config.state_dir)
+                ));
+                r.cwd = w.clone();
+                r
+            })
+            .await;
+        assert_eq!(outcome.stdout(), "denied\ndenied\n");
+    }
+
+    // A detached HEAD at a commit id, in another workspace; the baseline moves there.
+    let second = sh(&ws, "git rev-parse feature").await.trim().to_owned();
+    let first = sh(&ws, "git rev-parse feature~1").await.trim().to_owned();
+    let ws2 = sb.path("ws2");
+    assert!(unpack(&host, &sb, &ws2, &tar, 1 << 30).await.done.is_some());
+    let outcome = baseline(
+        &host,
+        &sb,
+        &ws2,
+        Some("history.bundle"),
+        Some(&first.to_uppercase()),
+    )
+    .await;
+    let commit2 = commit_of(&outcome);
+    assert_eq!(
+        commit2, commit,
+        "same tree, same fixed identity and date: same commit"
+    );
+    assert_eq!(sh(&ws2, "git rev-parse HEAD").await.trim(), first);
+    assert!(!sh_status(&ws2, "git symbolic-ref -q HEAD")
+        .await
+        .1
+        .success());
+    let status = sh(&ws2, "git status --porcelain").await;
+    assert_eq!(status, " M a.txt\n?? untracked.txt\n");
+    assert_ne!(first, second);
+    // Diffs now refuse the first workspace: the baseline is of ws2.
+    assert!(diff(&host, &ws, 1 << 20)
+        .await
+        .error()
+        .contains("baseline is of"));
+
+    // A branch that is not in the bundle fails and removes what it made; the previous
+    // baseline stays.
+    let ws3 = sb.path("ws3");
+    assert!(unpack(&host, &sb, &ws3, &tar, 1 << 30).await.done.is_some());
+    let outcome = baseline(
+        &host,
+        &sb,
+        &ws3,
+        Some("history.bundle"),
+        Some("refs/heads/nope"),
+    )
+    .await;
+    assert!(
+        outcome.error().contains("no branch nope"),
+        "{}",
+        outcome.error()
+    );
+    assert!(!ws3.join(".git").exists());
+    assert!(patch_of(&diff(&host, &ws2, 1 << 20).await).is_empty());
+
+    // A bundle that was never received, a bad head.
+    let outcome = baseline(&host, &sb, &ws3, Some("missing.bundle"), None).await;
+    assert!(
+        outcome.error().contains("no file named"),
+        "{}",
+        outcome.error()
+    );
+    let outcome = baseline(&host, &sb, &ws3, Some("history.bundle"), Some("main")).await;
+    assert!(outcome.error().contains("neither"), "{}", outcome.error());
+}
+
+/// A tree with a bit of everything a diff has to carry.
+fn rich_tree(root: &Path) {
+    let w = |rel: &str, data: &[u8]| {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, data).expect("write");
+    };
+    w("README.md", b"# Project\n\nSome text.\n");
+    w("bin/tool", b"#!/bin/sh\necho tool\n");
+    std::fs::set_permissions(
+        root.join("bin/tool"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .expect("chmod");
+    w("lib/x.rs", b"pub fn x() -> u32 {\n    1\n}\n");
+    let binary: Vec<u8> = (0..3000_u64).map(|i| byte(i * 7)).collect();
+    w("data.bin", &binary);
+    w("gone.txt", b"to be deleted\n");
+    w("plain.txt", b"becomes executable\n");
+    w("space name.txt", b"spaces\n");
+    w("\u{fc}n\u{ef}.txt", b"unicode\n");
+    w("dir/to-replace", b"a file that becomes a directory\n");
+    w("no-newline", b"no newline at end");
+    std::os::unix::fs::symlink("README.md", root.join("link-to-readme")).expect("symlink");
+    std::os::unix::fs::symlink("a", root.join("retarget")).expect("symlink");
+}
+
+#[tokio::test]
+async fn diff_round_trip_reproduces_the_work_tree() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    rich_tree(&src);
+    let ws = sb.ws();
+    let outcome = unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30).await;
+    assert!(outcome.done.is_some(), "{:?}", outcome.error);
+
+    let outcome = diff(&host, &ws, 1 << 20).await;
+    assert!(
+        outcome.error().contains("no baseline"),
+        "{}",
+        outcome.error()
+    );
+
+    let outcome = baseline(&host, &sb, &ws, None, None).await;
+    commit_of(&outcome);
+    assert_eq!(sh(&ws, "git symbolic-ref HEAD").await, "refs/heads/main\n");
+    let status = sh(&ws, "git status --porcelain").await;
+    assert!(
+        !status.is_empty() && status.lines().all(|l| l.starts_with("?? ")),
+        "{status}"
+    );
+    if sb.root() {
+        assert_eq!(owner_of(&ws.join(".git")), (1000, 1000));
+    }
+
+    // Nothing changed yet: an empty patch.
+    let patch = patch_of(&diff(&host, &ws, 1 << 20).await);
+    assert!(patch.is_empty(), "{}", String::from_utf8_lossy(&patch));
+
+    as_user(
+        &host,
+        &ws,
+        "printf 'changed\\n' >> README.md && rm gone.txt && echo new > added.txt \
+         && chmod +x plain.txt && ln -s lib/x.rs new-link && rm retarget && ln -s b retarget \
+         && head -c 5000 /dev/urandom > data.bin && printf '\\000\\001\\002' > new.bin \
+         && rm dir/to-replace && mkdir dir/to-replace && echo inner > dir/to-replace/inner.txt \
+         && : > empty-new && printf x > 'space name.txt' && mkdir -p deep/er \
+         && echo d > deep/er/f && printf 'more' >> no-newline && rm link-to-readme \
+         && printf 'fn y() {}\\n' > lib/x.rs && git add -A \
+         && git -c user.name=agent -c user.email=agent@example.com commit -qm 'agent commit' \
+         && echo after-commit > after.txt && echo more >> \u{fc}n\u{ef}.txt",
+    )
+    .await;
+
+    let patch = patch_of(&diff(&host, &ws, 1 << 30).await);
+    let text_patch = String::from_utf8_lossy(&patch);
+    assert!(
+        text_patch.contains("diff --git a/README.md b/README.md"),
+        "{text_patch}"
+    );
+    assert!(
+        text_patch.contains("deleted file mode 100644"),
+        "{text_patch}"
+    );
+    assert!(text_patch.contains("new file mode 120000"), "{text_patch}");
+    assert!(
+        text_patch.contains("old mode 100644\nnew mode 100755"),
+        "{text_patch}"
+    );
+    assert!(text_patch.contains("GIT binary patch"), "{text_patch}");
+    assert!(
+        text_patch.contains("\"a/\\303\\274n\\303\\257.txt\""),
+        "quotePath: {text_patch}"
+    );
+    assert!(
+        text_patch.contains("b/after.txt"),
+        "commits in the guest do not hide changes"
+    );
+    assert_patch_reproduces(&sb, &src, &patch, &ws).await;
+
+    // The same state gives the same patch (the second run uses the stat cache), however the
+    // workspace is spelled.
+    let again = patch_of(&diff(&host, &ws.join("."), 1 << 30).await);
+    assert_eq!(again, patch);
+
+    // The limit.
+    let outcome = diff(&host, &ws, 100).await;
+    assert!(
+        outcome.error().contains("the diff is over 100 bytes"),
+        "{}",
+        outcome.error()
+    );
+    // The index survives a refused diff.
+    let again = patch_of(&diff(&host, &ws, 1 << 30).await);
+    assert_eq!(again, patch);
+}
+
+#[tokio::test]
+async fn diff_ignores_the_workspaces_git_config_and_attributes() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    std::fs::write(src.join("crlf.txt"), b"a\r\nb\r\n").expect("write");
+    std::fs::write(src.join("evil.txt"), b"original\n").expect("write");
+    let ws = sb.ws();
+    assert!(unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30)
+        .await
+        .done
+        .is_some());
+    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+
+    let marker = sb.path("marker");
+    let marker_text = text(&marker);
+    as_user(
+        &host,
+        &ws,
+        &format!(
+            "printf '* filter=evil\\n*.txt text eol=lf\\n' > .gitattributes \
+             && printf '[filter \"evil\"]\\n\\tclean = \"touch {marker_text}; cat\"\\n\\tsmudge = \"touch {marker_text}; cat\"\\n[core]\\n\\tfsmonitor = \"touch {marker_text}\"\\n\\thooksPath = hooks\\n' >> .git/config \
+             && printf 'a\\r\\nb\\r\\nc\\r\\n' > crlf.txt && printf 'changed\\n' > evil.txt"
+        ),
+    )
+    .await;
+    let (_tx, mut stop) = mpsc::channel(1);
+    let git = match crate::git::git(&mut stop).await {
+        Ok(git) => git,
+        Err(err) => panic!("git: {err:?}"),
+    };
+    let patch = patch_of(&diff(&host, &ws, 1 << 30).await);
+    let text_patch = String::from_utf8_lossy(&patch);
+    assert!(!marker.exists(), "the workspace's git config was used");
+    assert!(text_patch.contains("+changed"), "{text_patch}");
+    if git.attr_source {
+        // The work tree's attributes did not normalise the line endings.
+        assert!(text_patch.contains("+c\r\n"), "{text_patch:?}");
+        assert_patch_reproduces(&sb, &src, &patch, &ws).await;
+    }
+}
+
+#[tokio::test]
+async fn files_ignored_later_stay_tracked() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    for (rel, data) in [
+        ("keep.txt", "keep\n"),
+        ("build/out.txt", "built\n"),
+        ("secret.env", "A=1\n"),
+        (".gitignore", "*.log\n"),
+        ("app.log", "imported although ignored\n"),
+    ] {
+        let path = src.join(rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, data).expect("write");
+    }
+    let ws = sb.ws();
+    assert!(unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30)
+        .await
+        .done
+        .is_some());
+    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+
+    as_user(
+        &host,
+        &ws,
+        "printf '*.log\\nbuild/\\nsecret.env\\nnew-ignored.txt\\n' > .gitignore \
+         && echo changed > build/out.txt && echo new > new-ignored.txt \
+         && echo more >> app.log && echo noise > other.log",
+    )
+    .await;
+    let patch = patch_of(&diff(&host, &ws, 1 << 30).await);
+    let text_patch = String::from_utf8_lossy(&patch).into_owned();
+    assert!(!text_patch.contains("deleted file"), "{text_patch}");
+    assert!(!text_patch.contains("b/new-ignored.txt"), "{text_patch}");
+    assert!(!text_patch.contains("b/other.log"), "{text_patch}");
+    assert!(!text_patch.contains("b/secret.env"), "{text_patch}");
+    assert!(text_patch.contains("b/build/out.txt\n"), "{text_patch}");
+    assert!(
+        text_patch.contains("+more"),
+        "an imported ignored file is tracked: {text_patch}"
+    );
+    assert!(text_patch.contains("b/.gitignore\n"), "{text_patch}");
+
+    // Without its index, the agent rebuilds it from the baseline: same answer.
+    std::fs::remove_file(sb.config.state_dir.join("index")).expect("remove index");
+    let again = patch_of(&diff(&host, &ws, 1 << 30).await);
+    assert_eq!(String::from_utf8_lossy(&again), text_patch);
+}
+
+#[tokio::test]
+async fn a_large_tree_round_trips() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let mut tar = Tar::new();
+    let mut expected_bytes = 0_u64;
+    for i in 0..20_000_u32 {
+        let data = format!("file {i}\n").repeat(1 + usize::try_from(i % 50).expect("small"));
+        expected_bytes += len64(data.len());
+        tar.file(
+            &format!("d{:02}/e{:02}/f{i}.txt", i % 37, i % 11),
+            0o644,
+            data.as_bytes(),
+        );
+    }
+    let big: Vec<u8> = (0..8 * 1024 * 1024_u64)
+        .map(|i| byte(i.wrapping_mul(2_654_435_761) >> 24))
+        .collect();
+    expected_bytes += len64(big.len());
+    tar.file("big.bin", 0o644, &big);
+    let tar = tar.finish();
+    let ws = sb.ws();
+    let started = std::time::Instant::now();
+    let outcome = unpack(&host, &sb, &ws, &tar, 1 << 32).await;
+    assert_eq!(
+        outcome.done,
+        Some(Response::Unpacked {
+            files: 20_001,
+            bytes: expected_bytes
+        }),
+        "{:?}",
+        outcome.error
+    );
+    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+    as_user(
+        &host,
+        &ws,
+        "echo changed > d00/e00/f0.txt && rm d01/e01/f1.txt",
+    )
+    .await;
+    let patch = patch_of(&diff(&host, &ws, 1 << 30).await);
+    let text_patch = String::from_utf8_lossy(&patch);
+    assert_eq!(text_patch.matches("diff --git").count(), 2, "{text_patch}");
+    assert!(
+        started.elapsed() < Duration::from_secs(300),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn paths_git_cannot_add_do_not_break_the_diff() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    std::fs::write(src.join("a.txt"), "a\n").expect("write");
+    std::fs::write(src.join("pipe"), "becomes a FIFO\n").expect("write");
+    let ws = sb.ws();
+    assert!(unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30)
+        .await
+        .done
+        .is_some());
+    // An empty nested repository at import time.
+    as_user(&host, &ws, "git init -q empty-at-import").await;
+    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+    as_user(
+        &host,
+        &ws,
+        "git init -q scaffold && echo s > scaffold/s.txt && rm pipe && mkfifo pipe \
+         && echo b >> a.txt",
+    )
+    .await;
+    let patch = patch_of(&diff(&host, &ws, 1 << 30).await);
+    let text_patch = String::from_utf8_lossy(&patch);
+    assert!(text_patch.contains("+b"), "{text_patch}");
+    assert!(!text_patch.contains("pipe"), "{text_patch}");
+}
+
+/// The size the brief names: 20,000 files, 200 MB. Slow on a small machine, so not run by
+/// default: `cargo test -p dynocap-agent -- --ignored two_hundred`.
+#[tokio::test]
+#[ignore]
+async fn two_hundred_megabytes_in_twenty_thousand_files() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let mut tar = Tar::new();
+    let mut block = vec![0_u8; 10 * 1024];
+    for i in 0..20_000_u32 {
+        for (j, slot) in block.iter_mut().enumerate() {
+            *slot = byte(u64::from(i) * 31 + len64(j) * 7);
+        }
+        tar.file(
+            &format!("d{:02}/e{:02}/f{i}.bin", i % 37, i % 11),
+            0o644,
+            &block,
+        );
+    }
+    let tar = tar.finish();
+    let ws = sb.ws();
+    let t = std::time::Instant::now();
+    let outcome = unpack(&host, &sb, &ws, &tar, 1 << 32).await;
+    assert!(matches!(
+        outcome.done,
+        Some(Response::Unpacked { files: 20_000, .. })
+    ));
+    let unpacked = t.elapsed();
+    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+    let baselined = t.elapsed();
+    as_user(&host, &ws, "echo changed > d00/e00/f0.bin").await;
+    let patch = patch_of(&diff(&host, &ws, 1 << 30).await);
+    let diffed = t.elapsed();
+    assert_eq!(
+        String::from_utf8_lossy(&patch)
+            .matches("diff --git")
+            .count(),
+        1
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "unpack {unpacked:?}, baseline {:?}, diff {:?}",
+        baselined - unpacked,
+        diffed - baselined
+    );
+}
+
+#[tokio::test]
+async fn cancelled_baseline_and_diff_clean_up() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let (_src, bundle, tar) = project_with_history(&sb).await;
+    let ws = sb.ws();
+    assert!(unpack(&host, &sb, &ws, &tar, 1 << 30).await.done.is_some());
+    assert!(receive(&host, "history.bundle", &bundle, 1 << 30)
+        .await
+        .done
+        .is_some());
+
+    let request = Request::Baseline(BaselineRequest {
+        workspace: text(&ws),
+        bundle: Some("history.bundle".into()),
+        head: Some("refs/heads/feature".into()),
+        owner_uid: sb.uid,
+        owner_gid: sb.gid,
+    });
+    let (id, rx) = host.open(&request).await;
+    host.send(Frame::new(id, FrameKind::Cancel, vec![])).await;
+    let outcome = rx.collect().await;
+    assert!(outcome.error().contains("cancelled"), "{:?}", outcome);
+    assert!(!ws.join(".git").exists());
+    assert!(!sb.config.state_dir.join("baseline.git").exists());
+
+    // Done properly this time; then a diff cancelled at once leaves nothing in the way.
+    commit_of(
+        &baseline(
+            &host,
+            &sb,
+            &ws,
+            Some("history.bundle"),
+            Some("refs/heads/feature"),
+        )
+        .await,
+    );
+    as_user(&host, &ws, "echo more >> a.txt").await;
+    let request = Request::Diff(DiffRequest {
+        workspace: text(&ws),
+        max_bytes: 1 << 20,
+    });
+    let (id, rx) = host.open(&request).await;
+    host.send(Frame::new(id, FrameKind::Cancel, vec![])).await;
+    let outcome = rx.collect().await;
+    assert!(outcome.error().contains("cancelled"), "{:?}", outcome);
+    let patch = patch_of(&diff(&host, &ws, 1 << 20).await);
+    assert!(String::from_utf8_lossy(&patch).contains("+more"));
+}

@@ -1,0 +1,243 @@
+//! The built `dynocap-agent` binary, driven as the jail backend drives it: one end of a
+//! socketpair passed as `--channel-fd 3`, frames spoken over the other end.
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dynocap_proto::{
+    channel, from_payload, to_payload, ExecRequest, Frame, FrameDecoder, FrameKind, Hello, Request,
+    Response, PROTOCOL_VERSION,
+};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_dynocap-agent");
+
+struct Host {
+    sock: UnixStream,
+    decoder: FrameDecoder,
+}
+
+impl Host {
+    fn send(&mut self, frame: &Frame) {
+        self.sock
+            .write_all(&frame.encode().expect("encode"))
+            .expect("send");
+    }
+
+    fn recv(&mut self) -> Frame {
+        let mut buf = [0_u8; 65536];
+        loop {
+            if let Some(frame) = self.decoder.next_frame().expect("well-formed frames") {
+                return frame;
+            }
+            let n = self.sock.read(&mut buf).expect("read");
+            assert!(n > 0, "agent closed the channel");
+            self.decoder.push(&buf[..n]);
+        }
+    }
+}
+
+/// Starts the agent with `theirs` as descriptor 3.
+fn start_agent(theirs: &UnixStream, extra: &[&str]) -> Child {
+    let mut cmd = Command::new(AGENT);
+    cmd.args(["--channel-fd", "3"]).args(extra);
+    spawn_with_fd3(cmd, theirs)
+}
+
+/// Spawns `cmd` with `theirs` as its descriptor 3.
+fn spawn_with_fd3(mut cmd: Command, theirs: &UnixStream) -> Child {
+    let raw = theirs.as_raw_fd();
+    cmd.stdin(Stdio::null());
+    // SAFETY: the hook only calls dup2/fcntl, which are async-signal-safe, on a descriptor that
+    // stays open in the parent until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if raw == 3 {
+                // dup2 onto itself would keep close-on-exec.
+                if libc::fcntl(3, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(raw, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().expect("spawn the agent")
+}
+
+/// Runs an exec and returns its stdout and final response.
+fn run(host: &mut Host, stream: u32, command: &str) -> (String, Response) {
+    let exec = ExecRequest {
+        command: command.into(),
+        cwd: "/".into(),
+        env: vec![],
+        timeout_ms: 30_000,
+        terminal: false,
+        output_limit: 1 << 20,
+        kill_grace_ms: 100,
+    };
+    host.send(&Frame::new(
+        stream,
+        FrameKind::Open,
+        to_payload(&Request::Exec(exec)),
+    ));
+    let mut stdout = Vec::new();
+    loop {
+        let frame = host.recv();
+        assert_eq!(frame.stream, stream);
+        match frame.kind {
+            FrameKind::Data if frame.payload[0] == channel::STDOUT => {
+                stdout.extend_from_slice(&frame.payload[1..]);
+            }
+            FrameKind::Done => {
+                let response = from_payload::<Response>("response", &frame.payload).expect("exit");
+                return (String::from_utf8(stdout).expect("utf-8"), response);
+            }
+            FrameKind::Data | FrameKind::Eof => {}
+            other => panic!("unexpected {other:?}: {frame:?}"),
+        }
+    }
+}
+
+fn wait_with_deadline(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        assert!(
+            Instant::now() < until,
+            "agent did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn serves_a_socketpair_and_exits_cleanly_on_eof() {
+    let (ours, theirs) = UnixStream::pair().expect("socketpair");
+    let mut child = start_agent(&theirs, &["--home", "/tmp"]);
+    drop(theirs);
+    ours.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let mut host = Host {
+        sock: ours,
+        decoder: FrameDecoder::new(),
+    };
+
+    let hello = host.recv();
+    assert_eq!((hello.stream, hello.kind), (0, FrameKind::Hello));
+    let hello: Hello = from_payload("hello", &hello.payload).expect("hello");
+    assert_eq!(hello.protocol, PROTOCOL_VERSION);
+
+    host.send(&Frame::new(1, FrameKind::Open, to_payload(&Request::Ping)));
+    let pong = host.recv();
+    assert_eq!((pong.stream, pong.kind), (1, FrameKind::Done));
+    assert_eq!(
+        from_payload::<Response>("response", &pong.payload).expect("pong"),
+        Response::Pong
+    );
+
+    // The channel must not leak into commands: only 0-2 are open in the shell. (No pipeline:
+    // the shell would hold pipe ends of its own while `ls` looks.)
+    let (stdout, exit) = run(&mut host, 2, "echo $HOME; ls -1 /proc/$$/fd");
+    assert!(
+        matches!(exit, Response::Exit(ref e) if e.exit_code == Some(0)),
+        "{exit:?}"
+    );
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("/tmp"));
+    let fds: Vec<&str> = lines.collect();
+    assert_eq!(fds, ["0", "1", "2"], "{stdout:?}");
+
+    host.sock
+        .shutdown(std::net::Shutdown::Write)
+        .expect("half-close");
+    let status = wait_with_deadline(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn a_framing_error_is_fatal() {
+    let (mut ours, theirs) = UnixStream::pair().expect("socketpair");
+    let mut child = start_agent(&theirs, &[]);
+    drop(theirs);
+    ours.write_all(&[0xff; 16]).expect("garbage");
+    let status = wait_with_deadline(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(1));
+}
+
+#[test]
+fn bad_arguments_exit_2() {
+    for args in [
+        &["--bogus"][..],
+        &[],
+        &["--channel-fd", "987654"],
+        &["--channel-path", "/nonexistent/port"],
+    ] {
+        let out = Command::new(AGENT)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(!out.stderr.is_empty(), "{args:?} should explain itself");
+    }
+}
+
+/// As PID 1 of a fresh pid namespace (the jail's situation), orphans come to the agent
+/// itself. Skipped where pid namespaces cannot be created.
+#[test]
+fn as_pid_1_it_reaps_orphans_and_ends_cleanly() {
+    let probe = Command::new("unshare")
+        .args(["--fork", "--pid", "--mount-proc", "true"])
+        .output();
+    if !probe.is_ok_and(|out| out.status.success()) {
+        eprintln!("skipped: cannot create a pid namespace here");
+        return;
+    }
+    let (ours, theirs) = UnixStream::pair().expect("socketpair");
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--fork",
+        "--pid",
+        "--mount-proc",
+        AGENT,
+        "--channel-fd",
+        "3",
+    ]);
+    let mut child = spawn_with_fd3(cmd, &theirs);
+    drop(theirs);
+    ours.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let mut host = Host {
+        sock: ours,
+        decoder: FrameDecoder::new(),
+    };
+    assert_eq!(host.recv().kind, FrameKind::Hello);
+
+    let command =
+        "echo $PPID; sh -c 'sleep 0.2 >/dev/null 2>&1 &'; setsid sleep 1000 >/dev/null 2>&1 &";
+    let (stdout, _) = run(&mut host, 1, command);
+    assert_eq!(stdout, "1\n");
+    // Once the orphaned sleep has exited, no zombie may remain in the namespace.
+    let until = Instant::now() + Duration::from_secs(20);
+    for stream in 2.. {
+        let list_zombies = "sleep 0.3; cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == \"Z\"'";
+        let (zombies, _) = run(&mut host, stream, list_zombies);
+        if zombies.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < until, "zombies remain: {zombies}");
+    }
+    // EOF: the agent kills everything left (the setsid sleep too) and exits 0.
+    host.sock
+        .shutdown(std::net::Shutdown::Write)
+        .expect("half-close");
+    let status = wait_with_deadline(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0));
+}

@@ -1,0 +1,316 @@
+"""The host security policy, enforced by the server whatever the caller says:
+DYNOCAP_MCP_ROOTS (and the always-refused home set), DYNOCAP_MCP_GIT_HOSTS and the URL rules,
+DYNOCAP_MCP_ALLOW_FILTERED / _NAT, DYNOCAP_MCP_ALLOW_SSH_KEY. Every refusal is a
+`policy_denied` result naming the variable or rule, and a stderr line naming the rule.
+
+Refusals happen before the engine is called, so those tests run without root. Requests the
+policy allows reach the engine, which boots a sandbox: those need root."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.client.session import ClientSession
+
+from conftest import Host, connect, err, is_root, need, ok
+
+pytestmark = pytest.mark.anyio
+
+
+async def start(s: ClientSession, **args: Any) -> Any:
+    return await s.call_tool("dynocap_task_start", args)
+
+
+def refused(result: Any, *needles: str) -> str:
+    text = err(result, "policy_denied")
+    for needle in needles:
+        assert needle in text, (needle, text)
+    return text
+
+
+async def allowed(s: ClientSession, result: Any) -> None:
+    """The policy let it through: the task started, or the engine (not the policy) failed."""
+    if result.is_error:
+        text = result.content[0].text
+        assert not text.startswith(("policy_denied", "invalid_argument")), text
+        return
+    task = ok(result)
+    ok(await s.call_tool("dynocap_rm", {"target": task["id"], "force": True, "purge": True}))
+
+
+def needs_root_for_allowed() -> None:
+    need(is_root(), "requests the policy allows boot a sandbox, which needs root")
+
+
+async def test_default_root_is_the_working_directory(host: Host) -> None:
+    app = host.project("app", git=False)
+    async with connect(host) as s:
+        text = refused(await start(s, projectPath=str(host.outside)), "DYNOCAP_MCP_ROOTS", str(host.root))
+        assert "outside the directories" in text
+        err(await start(s, projectPath="relative/path"), "invalid_argument")
+        if is_root():
+            await allowed(s, await start(s, projectPath=str(app)))
+    assert "[rule roots.outside]" in host.server_log()
+
+
+async def test_roots_compare_whole_components(host: Host) -> None:
+    app = host.project("app", git=False)
+    app2 = host.project("app2", git=False)
+    async with connect(host, env={"DYNOCAP_MCP_ROOTS": str(app)}) as s:
+        refused(await start(s, projectPath=str(app2)), "DYNOCAP_MCP_ROOTS")
+        refused(await start(s, projectPath=str(host.root)))
+        if is_root():
+            await allowed(s, await start(s, projectPath=str(app / "src")))
+
+
+async def test_dot_dot_is_resolved_before_the_check(host: Host) -> None:
+    app = host.project("app", git=False)
+    async with connect(host, env={"DYNOCAP_MCP_ROOTS": str(app)}) as s:
+        refused(await start(s, projectPath=f"{app}/../app2"))
+        refused(await start(s, projectPath=f"{app}/../../outside"))
+        refused(await start(s, projectPath=f"{app}/src/../../../home/.ssh"), ".ssh")
+        if is_root():
+            await allowed(s, await start(s, projectPath=f"{app}/src/.."))
+
+
+async def test_symlinks_inside_a_root_are_followed_then_judged(host: Host) -> None:
+    app = host.project("app", git=False)
+    (host.root / "keys").symlink_to(host.home / ".ssh")
+    (host.root / "escape").symlink_to(host.outside)
+    (host.root / "alias").symlink_to(app)
+    async with connect(host) as s:
+        text = refused(await start(s, projectPath=str(host.root / "keys")), ".ssh", "never imported")
+        assert str(host.home / ".ssh") in text  # the resolved target is named
+        refused(await start(s, projectPath=str(host.root / "escape")), "outside the directories")
+        if is_root():
+            await allowed(s, await start(s, projectPath=str(host.root / "alias")))
+    assert "[rule roots.refused-home]" in host.server_log()
+
+
+async def test_a_root_that_is_a_symlink(host: Host) -> None:
+    app = host.project("app", git=False)
+    link = host.outside / "link"
+    link.symlink_to(app)
+    async with connect(host, env={"DYNOCAP_MCP_ROOTS": str(link)}) as s:
+        refused(await start(s, projectPath=str(host.root)))
+        refused(await start(s, projectPath=str(host.outside)))
+        if is_root():
+            await allowed(s, await start(s, projectPath=str(link)))
+            await allowed(s, await start(s, projectPath=str(app / "src")))
+
+
+async def test_home_its_ancestors_and_dot_dirs_are_always_refused(host: Host) -> None:
+    work = host.home / "work" / "proj"
+    work.mkdir(parents=True)
+    roots = ":".join(["/", str(host.home), str(host.base), str(host.home / ".aws"), str(host.home / "work")])
+    async with connect(host, env={"DYNOCAP_MCP_ROOTS": roots}) as s:
+        for path, why in ((host.home, "is the home directory"),
+                          (host.base, "ancestor of the home directory"),
+                          (Path("/"), "ancestor of the home directory"),
+                          (host.home / ".ssh", "dot directory"),
+                          (host.home / ".aws", "dot directory"),
+                          (host.home / ".config" / "nope", "dot directory")):
+            refused(await start(s, projectPath=str(path)), why)
+        if is_root() and Path("/root").is_dir():
+            # The passwd entry's home of the server's user, whatever HOME says.
+            refused(await start(s, projectPath="/root"), "home directory")
+        if is_root():
+            await allowed(s, await start(s, projectPath=str(work)))
+    log = host.server_log()
+    # Each refused root was ignored with a warning naming it.
+    for root in ("/", str(host.home), str(host.base), str(host.home / ".aws")):
+        assert f"ignoring {root}: it " in log, root
+
+
+@pytest.mark.parametrize("where", ["slash", "home", "home-ancestor", "home-dotdir"])
+async def test_started_from_slash_or_home_has_no_default_root(host: Host, where: str) -> None:
+    cwd = {"slash": Path("/"), "home": host.home, "home-ancestor": host.base,
+           "home-dotdir": host.home / ".aws"}[where]
+    app = host.project("app", git=False)
+    async with connect(host, cwd=cwd) as s:
+        for path in (app, host.home / "work", cwd):
+            text = refused(await start(s, projectPath=str(path)), "DYNOCAP_MCP_ROOTS", "no default root")
+            assert f"started from {cwd}" in text
+    assert "[rule roots.none]" in host.server_log()
+    if is_root():
+        async with connect(host, cwd=cwd, env={"DYNOCAP_MCP_ROOTS": str(host.root)}) as s:
+            await allowed(s, await start(s, projectPath=str(app)))
+
+
+async def test_missing_paths_and_files(host: Host) -> None:
+    (host.root / "file.txt").write_text("x")
+    async with connect(host) as s:
+        text = err(await start(s, projectPath=str(host.root / "missing")), "invalid_argument")
+        assert "cannot be opened" in text
+        # Outside the roots, a missing path is refused like any other: no existence oracle.
+        refused(await start(s, projectPath=str(host.outside / "missing")))
+        refused(await start(s, projectPath="/root/.ssh/id_rsa"))
+        err(await start(s, projectPath=str(host.root / "file.txt")), "invalid_argument")
+
+
+async def test_project_path_and_repository_url_together_or_neither(host: Host) -> None:
+    async with connect(host) as s:
+        text = err(await start(s, projectPath=str(host.root), repositoryUrl="https://github.com/o/r"),
+                   "invalid_argument")
+        assert "not both" in text
+        err(await start(s), "invalid_argument")
+        err(await start(s, history="head"), "invalid_argument")
+
+
+BAD_URLS = [
+    ("http://github.com/o/r.git", "git.transport"),
+    ("git://github.com/o/r.git", "git.transport"),
+    ("file:///etc/passwd", "git.transport"),
+    ("ext::sh -c touch% /tmp/pwned", "git.characters"),
+    ("ext::sh", "git.transport"),
+    ("fd::17", "git.transport"),
+    ("/srv/repos/app.git", "git.local"),
+    ("../app", "git.local"),
+    ("app", "git.local"),
+    ("-uhttps://github.com/o/r", "git.option"),
+    ("--upload-pack=touch", "git.option"),
+    ("https://github.com@evil.example/o/r", "git.userinfo"),
+    ("https://token:x-oauth@github.com/o/r", "git.userinfo"),
+    ("https://user@github.com/o/r", "git.userinfo"),
+    ("ssh://git@evil.example@github.com/o/r", "git.userinfo"),
+    ("ssh://-oProxyCommand=touch@github.com/o/r", "git.userinfo"),
+    ("https://evil.example/o/r", "git.host"),
+    ("https://github.com.evil.example/o/r", "git.host"),
+    ("https://github%2Ecom/o/r", "git.host"),
+    ("https://githu%62.com/o/r", "git.host"),
+    ("https://127.0.0.1/o/r", "git.host"),
+    ("https://[::1]/o/r", "git.host"),
+    ("https://2130706433/o/r", "git.host"),
+    ("https://github.com", "git.shape"),
+    ("https://github.com/", "git.shape"),
+    ("https://github.com#@evil.example/o/r", "git.shape"),
+    ("https://github.com?@evil.example/o/r", "git.shape"),
+    ("https://github.com:0/o/r", "git.shape"),
+    ("https://github.com\\@evil.example/o/r", "git.shape"),
+    ("https://github.com/o/r\n--upload-pack=x", "git.characters"),
+    ("https://github.com/o/r\t", "git.characters"),
+    ("https://github.com/o r", "git.characters"),
+    ("https://github.com/o/r\u0000", "git.characters"),
+    ("https://github.com/o/r\u200b", "git.characters"),
+    ("github.com:o/r.git", "git.shape"),
+    ("git@github.com:-oProxyCommand=x", "git.shape"),
+    ("git@evil.example:o/r.git", "git.host"),
+    ("git:pw@github.com:o/r", "git.shape"),
+]
+
+GOOD_URLS = [
+    "https://github.com/octo/app.git",
+    "HTTPS://GitHub.com/octo/app",
+    "https://github.com./octo/app",
+    "https://gitlab.com:443/group/sub/app.git",
+    "ssh://git@github.com/octo/app.git",
+    "ssh://git@bitbucket.org:22/octo/app.git",
+    "git@github.com:octo/app.git",
+]
+
+
+async def test_bad_repository_urls_are_refused(host: Host) -> None:
+    async with connect(host) as s:
+        for url, rule in BAD_URLS:
+            result = await start(s, repositoryUrl=url)
+            text = result.content[0].text
+            assert result.is_error, url
+            assert text.startswith("policy_denied: "), (url, text)
+        assert ok(await s.call_tool("dynocap_ls", {})) == {"tasks": [], "sandboxes": []}
+    log = host.server_log()
+    for _, rule in BAD_URLS:
+        assert f"[rule {rule}]" in log, rule
+
+
+async def test_good_repository_urls_pass_the_policy(host: Host) -> None:
+    needs_root_for_allowed()
+    async with connect(host) as s:
+        for url in GOOD_URLS:
+            result = await start(s, repositoryUrl=url)
+            # Allowed by the policy; cloning itself waits for the egress proxy.
+            assert result.is_error
+            text = result.content[0].text
+            assert not text.startswith(("policy_denied", "invalid_argument")), (url, text)
+        assert ok(await s.call_tool("dynocap_ls", {}))["tasks"] == []
+
+
+async def test_git_hosts_variable(host: Host) -> None:
+    env = {"DYNOCAP_MCP_GIT_HOSTS": "Git.Example.COM., bücher.example"}
+    async with connect(host, env=env) as s:
+        text = refused(await start(s, repositoryUrl="https://github.com/o/r"), "DYNOCAP_MCP_GIT_HOSTS")
+        assert "git.example.com" in text and "xn--bcher-kva.example" in text
+        if is_root():
+            for url in ("https://git.example.com/o/r", "https://BÜCHER.example/o/r",
+                        "git@git.example.com:o/r.git"):
+                await allowed(s, await start(s, repositoryUrl=url))
+    async with connect(host, env={"DYNOCAP_MCP_GIT_HOSTS": ""}) as s:
+        refused(await start(s, repositoryUrl="https://github.com/o/r"), "DYNOCAP_MCP_GIT_HOSTS")
+
+
+async def test_network_flags_for_task_start(host: Host) -> None:
+    app = host.project("app", git=False)
+    async with connect(host) as s:
+        refused(await start(s, projectPath=str(app), network="filtered"), "DYNOCAP_MCP_ALLOW_FILTERED=1")
+        refused(await start(s, projectPath=str(app), network="nat"), "DYNOCAP_MCP_ALLOW_NAT=1")
+        refused(await start(s, repositoryUrl="https://github.com/o/r", network="nat"), "DYNOCAP_MCP_ALLOW_NAT")
+        # Only one flag set: the other mode is still refused.
+    async with connect(host, env={"DYNOCAP_MCP_ALLOW_NAT": "1"}) as s:
+        refused(await start(s, projectPath=str(app), network="filtered"), "DYNOCAP_MCP_ALLOW_FILTERED")
+    flags = {"DYNOCAP_MCP_ALLOW_FILTERED": "1", "DYNOCAP_MCP_ALLOW_NAT": "1"}
+    async with connect(host, env=flags) as s:
+        for mode in ("filtered", "nat"):
+            text = err(await start(s, projectPath=str(app), network=mode), "internal")
+            assert "not available" in text
+        assert ok(await s.call_tool("dynocap_ls", {}))["tasks"] == []
+
+
+def make_key(path: Path) -> Path:
+    need(shutil.which("ssh-keygen") is not None, "ssh-keygen is missing (apt-get install openssh-client)")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "test", "-f", str(path)], check=True)
+    return path
+
+
+async def test_ssh_key_flag_and_file_checks(host: Host) -> None:
+    key = make_key(host.home / ".ssh" / "id_ed25519")
+    rsa = host.home / ".ssh" / "id_rsa_pem"
+    subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-m", "PEM", "-N", "", "-f", str(rsa)],
+                   check=True)
+    secret = host.base / "notes.txt"
+    secret.write_text("TOP-SECRET-4f1c9 do not leak\n")
+    link = host.base / "key-link"
+    link.symlink_to(key)
+    url = "git@github.com:octo/app.git"
+    async with connect(host) as s:
+        refused(await start(s, repositoryUrl=url, sshKeyPath=str(key)), "DYNOCAP_MCP_ALLOW_SSH_KEY=1")
+    async with connect(host, env={"DYNOCAP_MCP_ALLOW_SSH_KEY": "1"}) as s:
+        for bad, why in ((secret, "does not parse"), (Path(f"{key}.pub"), "does not parse"),
+                         (link, "symlink"), (host.home / ".ssh", "not a regular file"),
+                         (host.base / "missing", "cannot be read")):
+            text = refused(await start(s, repositoryUrl=url, sshKeyPath=str(bad)), why)
+            assert "TOP-SECRET" not in text
+        err(await start(s, repositoryUrl=url, sshKeyPath="id_ed25519"), "invalid_argument")
+        text = err(await start(s, projectPath=str(host.root), sshKeyPath=str(key)), "invalid_argument")
+        assert "repositoryUrl" in text
+        if is_root():
+            for good in (key, rsa):
+                await allowed(s, await start(s, repositoryUrl=url, sshKeyPath=str(good)))
+    log = host.server_log()
+    assert "TOP-SECRET" not in log
+    assert "PRIVATE KEY" not in log
+    for rule in ("ssh-key.flag", "ssh-key.format", "ssh-key.file"):
+        assert f"[rule {rule}]" in log, rule
+
+
+async def test_refusals_create_nothing(host: Host) -> None:
+    async with connect(host) as s:
+        refused(await start(s, projectPath=str(host.home / ".ssh")))
+        refused(await start(s, repositoryUrl="http://github.com/o/r"))
+        refused(await s.call_tool("dynocap_run", {"name": "n", "network": "nat"}))
+        assert ok(await s.call_tool("dynocap_ls", {})) == {"tasks": [], "sandboxes": []}
+    assert not any((host.state / "sandboxes").iterdir()) if (host.state / "sandboxes").exists() else True
+    assert os.listdir(host.home / ".ssh") == ["config"]

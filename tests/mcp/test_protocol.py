@@ -1,0 +1,352 @@
+"""The protocol surface: tools/list (snapshot of the whole answer, schema hygiene, defaults
+and ranges exactly as the tools reference says), both protocol generations, and the errors
+that must never take the server down: unknown tools, wrong argument types, bad JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from typing import Any
+
+import anyio
+import pytest
+from jsonschema import Draft202012Validator
+from mcp.shared.exceptions import MCPError
+
+from conftest import DYNOCAP, SNAPSHOTS, Host, connect, err, ok, snapshot
+
+pytestmark = pytest.mark.anyio
+
+TOOLS = [
+    "dynocap_task_start", "dynocap_task_exec", "dynocap_diff", "dynocap_task_finish",
+    "dynocap_ls", "dynocap_rm", "dynocap_run", "dynocap_exec", "dynocap_ps", "dynocap_destroy",
+]
+
+# The parameters of mcp-tools-reference.md: (type, default, minimum, maximum, required).
+# "number" parameters are whole numbers (JSON Schema "integer": 30 and 30.0, never 30.5).
+EXEC_PARAMS = {
+    "name": ("string", None, None, None, True),
+    "command": ("string", None, None, None, True),
+    "cwd": ("string", "<cwd>", None, None, False),
+    "env": ("object", {}, None, None, False),
+    "timeoutSeconds": ("integer", 30, 1, 86400, False),
+    "terminal": ("boolean", False, None, None, False),
+}
+SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
+    "dynocap_task_start": {
+        "projectPath": ("string", None, None, None, False),
+        "repositoryUrl": ("string", None, None, None, False),
+        "history": ("string", "branches", None, None, False),
+        "name": ("string", None, None, None, False),
+        "network": ("string", "none", None, None, False),
+        "ttlSeconds": ("integer", 1800, 30, 86400, False),
+        "cpus": ("integer", 2, 1, 64, False),
+        "memoryMB": ("integer", 1024, 64, 1048576, False),
+        # Not in the reference's parameter list, but named by its security table.
+        "sshKeyPath": ("string", None, None, None, False),
+    },
+    "dynocap_task_exec": {**EXEC_PARAMS, "cwd": ("string", "/workspace", None, None, False)},
+    "dynocap_diff": {"target": ("string", None, None, None, True)},
+    "dynocap_task_finish": {"id": ("string", None, None, None, True)},
+    "dynocap_ls": {},
+    "dynocap_rm": {
+        "target": ("string", None, None, None, True),
+        "force": ("boolean", False, None, None, False),
+        "purge": ("boolean", False, None, None, False),
+    },
+    "dynocap_run": {
+        "name": ("string", None, None, None, True),
+        "network": ("string", "none", None, None, False),
+        "ttlSeconds": ("integer", 1800, 30, 86400, False),
+        "cpus": ("integer", 1, 1, 64, False),
+        "memoryMB": ("integer", 1024, 64, 1048576, False),
+    },
+    "dynocap_exec": {**EXEC_PARAMS, "cwd": ("string", "/", None, None, False)},
+    "dynocap_ps": {},
+    "dynocap_destroy": {"name": ("string", None, None, None, True)},
+}
+
+
+def walk(path: str, value: Any) -> None:
+    """Fails on schema constructs strict clients reject."""
+    if isinstance(value, dict):
+        assert "$schema" not in value, path
+        assert "format" not in value, path
+        assert "$ref" not in value and "$defs" not in value, path
+        if "type" in value:
+            assert isinstance(value["type"], str), f"{path}: type union {value['type']}"
+        for key, child in value.items():
+            walk(f"{path}.{key}", child)
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            walk(f"{path}[{i}]", child)
+
+
+def test_tools_list_snapshot(host: Host) -> None:
+    """The whole tools/list answer, as it is on the wire, against the committed snapshot."""
+    raw = Raw(host)
+    try:
+        init = raw.initialize("2025-11-25")
+        assert init["serverInfo"]["name"] == "dynocap"
+        assert init["capabilities"]["tools"] is not None
+        raw.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        reply = raw.recv()
+    finally:
+        raw.close()
+    assert reply["id"] == 2
+    answer = snapshot("tools_list.json", reply["result"])
+    assert [t["name"] for t in answer["tools"]] == TOOLS
+
+
+async def test_sdk_reads_the_same_tools(host: Host) -> None:
+    async with connect(host) as session:
+        listing = await session.list_tools()
+    tools = [t.model_dump(mode="json", by_alias=True, exclude_unset=True) for t in listing.tools]
+    expected = json.loads((SNAPSHOTS / "tools_list.json").read_text())["tools"]
+    assert tools == expected
+
+
+async def test_modern_protocol_lists_the_same_tools(host: Host) -> None:
+    async with connect(host, modern=True) as session:
+        assert session.protocol_version == "2026-07-28"
+        modern = await session.list_tools()
+        result = await session.call_tool("dynocap_ps", {})
+        assert ok(result) == {"sandboxes": []}
+    async with connect(host) as session:
+        legacy = await session.list_tools()
+    dump = lambda r: [t.model_dump(mode="json", by_alias=True, exclude_unset=True) for t in r.tools]  # noqa: E731
+    assert dump(modern) == dump(legacy)
+
+
+async def test_schemas_follow_the_reference_and_are_clean(host: Host) -> None:
+    async with connect(host) as session:
+        listing = await session.list_tools()
+    tools = {t.name: t for t in listing.tools}
+    assert sorted(tools) == sorted(TOOLS)
+    for name, params in SPEC.items():
+        tool = tools[name]
+        schema = tool.input_schema
+        walk(name, schema)
+        walk(name + ".output", tool.output_schema)
+        Draft202012Validator.check_schema(schema)
+        Draft202012Validator.check_schema(tool.output_schema)
+        assert tool.output_schema["type"] == "object"
+        assert schema["type"] == "object"
+        assert schema["additionalProperties"] is False
+        assert set(schema["properties"]) == set(params), name
+        required = sorted(p for p, spec in params.items() if spec[4])
+        assert sorted(schema.get("required", [])) == required, name
+        for param, (kind, default, minimum, maximum, _) in params.items():
+            prop = schema["properties"][param]
+            assert prop["type"] == kind, (name, param)
+            assert prop.get("description"), (name, param)
+            if default is not None:
+                assert prop["default"] == default, (name, param)
+            else:
+                assert "default" not in prop, (name, param)
+            assert prop.get("minimum") == minimum, (name, param)
+            assert prop.get("maximum") == maximum, (name, param)
+        if "network" in params:
+            assert schema["properties"]["network"]["enum"] == ["none", "filtered", "nat"]
+        if "history" in params:
+            assert schema["properties"]["history"]["enum"] == ["branches", "head", "none"]
+        assert tool.description and len(tool.description) > 60, name
+    # Descriptions name the flags that refuse what an agent may ask for.
+    for flag in ("DYNOCAP_MCP_ALLOW_FILTERED", "DYNOCAP_MCP_ALLOW_NAT", "DYNOCAP_MCP_ROOTS",
+                 "DYNOCAP_MCP_GIT_HOSTS", "DYNOCAP_MCP_ALLOW_SSH_KEY"):
+        assert flag in tools["dynocap_task_start"].description, flag
+    for flag in ("DYNOCAP_MCP_ALLOW_FILTERED", "DYNOCAP_MCP_ALLOW_NAT"):
+        assert flag in tools["dynocap_run"].description, flag
+
+
+async def test_unknown_tool_is_an_error_and_the_server_keeps_running(host: Host) -> None:
+    async with connect(host) as session:
+        with pytest.raises(MCPError) as raised:
+            await session.call_tool("dynocap_nope", {})
+        assert raised.value.error.code == -32602
+        assert "dynocap_nope" in raised.value.error.message
+        assert "dynocap_run" in raised.value.error.message
+        assert ok(await session.call_tool("dynocap_ps", {})) == {"sandboxes": []}
+
+
+WRONG = [
+    ("dynocap_run", {}, "needs \"name\""),
+    ("dynocap_run", {"name": 7}, "name must be a string"),
+    ("dynocap_run", {"name": "a", "ttl": 60}, "does not take \"ttl\""),
+    ("dynocap_run", {"name": "a", "ttlSeconds": "60"}, "ttlSeconds must be a whole number"),
+    ("dynocap_run", {"name": "a", "ttlSeconds": 30.5}, "ttlSeconds must be a whole number"),
+    ("dynocap_run", {"name": "a", "ttlSeconds": True}, "ttlSeconds must be a whole number"),
+    ("dynocap_run", {"name": "a", "ttlSeconds": 29}, "ttlSeconds 29 is below the minimum 30"),
+    ("dynocap_run", {"name": "a", "ttlSeconds": 86401}, "ttlSeconds 86401 is above the maximum 86400"),
+    ("dynocap_run", {"name": "a", "ttlSeconds": -30}, "ttlSeconds -30 is below the minimum 30"),
+    ("dynocap_run", {"name": "a", "cpus": 0}, "cpus 0 is below the minimum 1"),
+    ("dynocap_run", {"name": "a", "cpus": 65}, "cpus 65 is above the maximum 64"),
+    ("dynocap_run", {"name": "a", "memoryMB": 63}, "memoryMB 63 is below the minimum 64"),
+    ("dynocap_run", {"name": "a", "memoryMB": 1048577}, "memoryMB 1048577 is above the maximum"),
+    ("dynocap_run", {"name": "a", "network": "wifi"}, "use one of \"none\", \"filtered\", \"nat\""),
+    ("dynocap_run", {"name": "a", "network": ["none"]}, "network must be a string"),
+    ("dynocap_run", {"name": "Bad Name"}, "is not valid"),
+    ("dynocap_run", {"name": "task-x"}, "reserved"),
+    ("dynocap_run", {"name": ""}, "name must not be empty"),
+    ("dynocap_exec", {"name": "a"}, "needs \"command\""),
+    ("dynocap_exec", {"name": "a", "command": "true", "env": ["A=1"]}, "env must be an object"),
+    ("dynocap_exec", {"name": "a", "command": "true", "env": {"A": 1}}, "env.A must be a string"),
+    ("dynocap_exec", {"name": "a", "command": "true", "terminal": "yes"}, "terminal must be true or false"),
+    ("dynocap_exec", {"name": "a", "command": "true", "timeoutSeconds": 0}, "timeoutSeconds 0 is below"),
+    ("dynocap_exec", {"name": "a", "command": "true", "timeoutSeconds": 86401}, "timeoutSeconds 86401 is above"),
+    ("dynocap_exec", {"name": "a", "command": "true", "cwd": "tmp"}, "must be an absolute path"),
+    ("dynocap_exec", {"name": "a", "command": "true", "env": {"A=B": "x"}}, "not a valid variable name"),
+    ("dynocap_exec", {"name": "a", "command": "  "}, "command is empty"),
+    ("dynocap_task_exec", {"name": "t", "command": "true", "timeoutSeconds": 1.5}, "whole number"),
+    ("dynocap_task_start", {"projectPath": "/x", "ttlSeconds": 29}, "ttlSeconds 29 is below"),
+    ("dynocap_task_start", {"projectPath": "/x", "history": "all"}, "\"branches\", \"head\", \"none\""),
+    ("dynocap_task_start", {"projectPath": "/x", "cpus": 65}, "cpus 65 is above"),
+    ("dynocap_task_start", {"projectPath": "/x", "memoryMB": 1048577}, "memoryMB 1048577 is above"),
+    ("dynocap_task_start", {"projectPath": 5}, "projectPath must be a string"),
+    ("dynocap_task_start", {}, "give projectPath"),
+    ("dynocap_task_start", {"projectPath": "/x", "repositoryUrl": "https://github.com/o/r"}, "not both"),
+    ("dynocap_task_start", {"projectPath": "relative"}, "must be an absolute host path"),
+    ("dynocap_diff", {}, "needs \"target\""),
+    ("dynocap_task_finish", {"target": "x"}, "does not take \"target\""),
+    ("dynocap_rm", {"target": "x", "force": "yes"}, "force must be true or false"),
+    ("dynocap_ls", {"all": True}, "takes no parameters"),
+    ("dynocap_destroy", {"name": None}, "needs \"name\""),
+]
+
+
+async def test_wrong_arguments_are_invalid_argument(host: Host) -> None:
+    async with connect(host) as session:
+        for tool, args, expected in WRONG:
+            text = err(await session.call_tool(tool, args), "invalid_argument")
+            assert expected in text, (tool, args, text)
+        # Nothing was created by any of them, and the server still answers.
+        assert ok(await session.call_tool("dynocap_ps", {})) == {"sandboxes": []}
+
+
+def raw_server(host: Host) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([str(DYNOCAP), "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=open(host.log, "a"), env=host.env(), cwd=host.root)
+
+
+class Raw:
+    """JSON lines over a pipe, for what a well-behaved SDK would never send."""
+
+    def __init__(self, host: Host) -> None:
+        self.proc = raw_server(host)
+
+    def send(self, line: str | dict[str, Any]) -> None:
+        data = line if isinstance(line, str) else json.dumps(line)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def recv(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, "the server closed stdout"
+        return json.loads(line)  # stdout carries JSON-RPC only
+
+    def initialize(self, version: str) -> dict[str, Any]:
+        self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}})
+        reply = self.recv()
+        assert reply["id"] == 0 and reply["result"]["protocolVersion"] == version, reply
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return reply["result"]
+
+    def close(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        return self.proc.wait(timeout=20)
+
+
+def test_bad_json_gets_a_parse_error_and_the_server_keeps_running(host: Host) -> None:
+    raw = Raw(host)
+    try:
+        raw.send("{this is not json")
+        reply = raw.recv()
+        assert reply["id"] is None and reply["error"]["code"] == -32700, reply
+        assert "this is not" not in reply["error"]["message"]  # never echoes the input
+        raw.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}})
+        init = raw.recv()
+        assert init["id"] == 1 and init["result"]["protocolVersion"] == "2025-06-18", init
+        raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for garbage in ('{"jsonrpc": "2.0", "id": 2, "method": "tools/list"', "\x00\x01", "]"):
+            raw.send(garbage)
+            reply = raw.recv()
+            assert reply["error"]["code"] == -32700, reply
+        # Valid JSON that is not a valid request: a JSON-RPC error, not a crash.
+        raw.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": "not an object"})
+        reply = raw.recv()
+        assert reply["error"]["code"] == -32600, reply
+        raw.send({"jsonrpc": "2.0", "id": 4, "method": "no/such/method"})
+        reply = raw.recv()
+        assert reply["id"] == 4 and reply["error"]["code"] == -32601, reply
+        # Wrong argument types inside a valid call: a tool error result.
+        raw.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                  "params": {"name": "dynocap_run", "arguments": {"name": "a", "ttlSeconds": "x"}}})
+        reply = raw.recv()
+        assert reply["id"] == 5 and reply["result"]["isError"] is True, reply
+        assert reply["result"]["content"][0]["text"].startswith("invalid_argument: ")
+        # Still serving.
+        raw.send({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                  "params": {"name": "dynocap_ps", "arguments": {}}})
+        reply = raw.recv()
+        assert reply["id"] == 6 and reply["result"]["structuredContent"] == {"sandboxes": []}, reply
+    finally:
+        code = raw.close()
+    assert code == 0
+    assert "replied with a parse error" in host.server_log()
+
+
+def test_closing_stdin_ends_the_server(host: Host) -> None:
+    raw = Raw(host)
+    started = time.monotonic()
+    assert raw.close() == 0
+    assert time.monotonic() - started < 5
+
+
+async def test_log_file_flag_and_variable(host: Host) -> None:
+    log_file = host.base / "mcp-flag.log"
+    async with connect(host, args=("--log-file", str(log_file))) as session:
+        err(await session.call_tool("dynocap_run", {"name": "a", "network": "nat"}), "policy_denied")
+    text = log_file.read_text()
+    assert "serving MCP on stdio" in text
+    assert "[rule network.nat]" in text
+    async with connect(host, env={"DYNOCAP_MCP_LOG": "1"}) as session:
+        await session.call_tool("dynocap_ps", {})
+    assert "dynocap_ps ok" in (host.state / "logs" / "mcp.log").read_text()
+
+
+async def test_stdout_carries_the_protocol_only(host: Host) -> None:
+    """A refused call and a start-up warning reach stderr, never stdout (the client would
+    choke on a stray line)."""
+    async with connect(host, env={"DYNOCAP_MCP_ROOTS": "/nonexistent:relative",
+                                  "DYNOCAP_MCP_ALLOW_NAT": "maybe"}) as session:
+        with anyio.fail_after(20):
+            text = err(await session.call_tool("dynocap_task_start", {"projectPath": str(host.root)}),
+                       "policy_denied")
+        assert "DYNOCAP_MCP_ROOTS" in text
+    log = host.server_log()
+    assert "ignoring /nonexistent" in log
+    assert "ignoring \"relative\"" in log
+    assert "DYNOCAP_MCP_ALLOW_NAT=\"maybe\"" in log
+
+
+def test_concurrent_requests_all_get_their_answer(host: Host) -> None:
+    """Many requests in flight at once over one pipe all get their answer."""
+    raw = Raw(host)
+    try:
+        raw.initialize("2025-11-25")
+        for i in range(1, 21):
+            raw.send({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                      "params": {"name": "dynocap_ls", "arguments": {}}})
+        ids = {raw.recv()["id"] for _ in range(20)}
+        assert ids == set(range(1, 21))
+    finally:
+        raw.close()
+

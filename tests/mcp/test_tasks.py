@@ -1,0 +1,178 @@
+"""Task tools over MCP: the full cycle start -> exec -> diff (with sensitive paths) -> finish
+-> ls -> rm with purge, the task defaults, history modes, names and ids, errors, progress
+notifications during start, and a cancelled start that leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp.client.session import ClientSession
+
+from conftest import Host, connect, err, ok
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("root_needed")]
+
+TASK_ID = re.compile(r"^task-[a-z0-9]+$")
+
+
+async def sh(s: ClientSession, target: str, command: str, **extra: Any) -> dict[str, Any]:
+    return ok(await s.call_tool("dynocap_task_exec", {"name": target, "command": command, **extra}))
+
+
+async def test_full_task_cycle(host: Host) -> None:
+    app = host.project("app", files={"README.md": "hello\n", "src/main.c": "int main(void) { return 0; }\n"})
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
+
+    async with connect(host) as s:
+        task = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "cycle"},
+                                    progress_callback=on_progress))
+        assert TASK_ID.match(task["id"]), task
+        assert {k: task[k] for k in ("name", "state", "network", "cpus", "memoryMB", "ttlSeconds")} == {
+            "name": "cycle", "state": "running", "network": "none", "cpus": 2, "memoryMB": 1024,
+            "ttlSeconds": 1800}
+        assert task["source"]["projectPath"] == str(app)
+        assert task["source"]["history"] == "branches"
+        assert task["source"]["files"] >= 2 and task["source"]["bytes"] > 0
+        # Progress notifications arrived and only ever went up.
+        assert progress, "no notifications/progress during dynocap_task_start"
+        values = [p[0] for p in progress]
+        assert values == sorted(values) and len(set(values)) == len(values), progress
+
+        out = await sh(s, "cycle", "pwd; cat README.md")
+        assert out["stdout"] == "/workspace\nhello\n"
+        assert (await sh(s, task["id"], "ls src"))["stdout"] == "main.c\n"  # the id works too
+        change = ("echo world >> README.md && mkdir -p .github/workflows && "
+                  "printf 'on: push\\n' > .github/workflows/x.yml && ln -s /etc/passwd link && "
+                  "printf '#!/bin/sh\\necho hi\\n' > run.sh && chmod 755 run.sh")
+        assert (await sh(s, "cycle", change))["exitCode"] == 0
+
+        result = await s.call_tool("dynocap_diff", {"target": "cycle"})
+        assert not result.is_error, result.content[0].text
+        text = result.content[0].text
+        header_line, _, patch = text.partition("\n")
+        header = json.loads(header_line)
+        diff = result.structured_content
+        assert diff == {**header, "patch": patch}
+        assert set(header) == {"files", "additions", "deletions", "sensitivePaths"}
+        assert header["files"] == 4 and header["additions"] >= 4
+        kinds = {(p["path"], p["kind"]) for p in header["sensitivePaths"]}
+        assert (".github/workflows/x.yml", "ci-workflow") in kinds, kinds
+        assert ("link", "symlink") in kinds, kinds
+        assert ("run.sh", "exec-bit") in kinds, kinds
+        assert all(p["reason"] for p in header["sensitivePaths"])
+        assert "+world" in patch and "README.md" in patch
+
+        finish = ok(await s.call_tool("dynocap_task_finish", {"id": "cycle"}))
+        assert finish["id"] == task["id"] and finish["name"] == "cycle"
+        assert finish["state"] == "finished"
+        assert finish["verified"] is True and finish["verifyError"] is None, finish
+        assert (finish["files"], finish["additions"], finish["deletions"]) == (
+            header["files"], header["additions"], header["deletions"])
+        assert finish["sensitivePaths"] == header["sensitivePaths"]
+        saved = Path(finish["patchPath"])
+        assert "+world" in saved.read_text()
+        assert Path(finish["summaryPath"]).is_file() and Path(finish["logPath"]).is_file()
+
+        listed = ok(await s.call_tool("dynocap_ls", {}))
+        [record] = [t for t in listed["tasks"] if t["id"] == task["id"]]
+        assert record["state"] == "finished" and record["name"] == "cycle"
+        err(await s.call_tool("dynocap_task_exec", {"name": "cycle", "command": "true"}), "conflict")
+
+        removed = ok(await s.call_tool("dynocap_rm", {"target": "cycle", "purge": True}))
+        assert removed == {"released": "cycle", "purged": True, "destroyed": False}
+        listed = ok(await s.call_tool("dynocap_ls", {}))
+        assert all(t["id"] != task["id"] for t in listed["tasks"])
+        assert not saved.exists()
+        err(await s.call_tool("dynocap_diff", {"target": task["id"]}), "not_found")
+        # The name is free again.
+        again = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "cycle"}))
+        ok(await s.call_tool("dynocap_rm", {"target": again["id"], "force": True, "purge": True}))
+
+
+async def test_task_defaults_history_and_exec_options(host: Host) -> None:
+    app = host.project("app")
+    git = "git -c user.name=t -c user.email=t@example.com"
+    subprocess.run(f"{git} branch feature && {git} branch other", shell=True, cwd=app, check=True,
+                   env={"PATH": "/usr/bin:/bin", "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": str(host.home)})
+    async with connect(host) as s:
+        branches = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app)}))
+        assert branches["name"] is None and branches["source"]["history"] == "branches"
+        head = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "history": "head",
+                                                            "ttlSeconds": 30, "cpus": 1, "memoryMB": 256}))
+        assert (head["ttlSeconds"], head["cpus"], head["memoryMB"]) == (30, 1, 256)
+        none = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "history": "none"}))
+        assert none["source"]["history"] == "none"
+        refs = "git for-each-ref --format='%(refname)' refs/heads 2>/dev/null; true"
+        assert "refs/heads/feature" in (await sh(s, branches["id"], refs))["stdout"]
+        assert "refs/heads/feature" not in (await sh(s, head["id"], refs))["stdout"]
+        assert "refs/heads/main" not in (await sh(s, none["id"], refs))["stdout"]
+
+        out = await sh(s, branches["id"], 'pwd; echo "$X"', cwd="/tmp", env={"X": "y"})
+        assert out["stdout"] == "/tmp\ny\n"
+        timed = await sh(s, branches["id"], "sleep 20", timeoutSeconds=1)
+        assert timed["timedOut"] is True
+        tty = await sh(s, branches["id"], "test -t 0 && echo tty", terminal=True)
+        assert "tty" in tty["transcript"]
+        for t in (branches, head, none):
+            removed = ok(await s.call_tool("dynocap_rm", {"target": t["id"], "force": True, "purge": True}))
+            assert removed["destroyed"] is True and removed["released"] is None
+
+
+async def test_task_errors(host: Host) -> None:
+    app = host.project("app", git=False)
+    async with connect(host) as s:
+        for tool, args in (("dynocap_task_exec", {"name": "ghost", "command": "true"}),
+                           ("dynocap_diff", {"target": "ghost"}),
+                           ("dynocap_task_finish", {"id": "ghost"}),
+                           ("dynocap_rm", {"target": "ghost"}),
+                           ("dynocap_task_exec", {"name": "task-000000000000", "command": "true"})):
+            err(await s.call_tool(tool, args), "not_found")
+        task = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "busy"}))
+        assert task["source"]["history"] == "none"  # not a git repository: a plain tree
+        err(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "busy"}), "conflict")
+        err(await s.call_tool("dynocap_run", {"name": "busy"}), "conflict")
+        err(await s.call_tool("dynocap_exec", {"name": "busy", "command": "true"}), "conflict")
+        err(await s.call_tool("dynocap_destroy", {"name": "busy"}), "conflict")
+        err(await s.call_tool("dynocap_rm", {"target": "busy"}), "conflict")  # running: needs force
+        removed = ok(await s.call_tool("dynocap_rm", {"target": "busy", "force": True}))
+        assert removed["destroyed"] is True and removed["released"] == "busy"
+        ok(await s.call_tool("dynocap_rm", {"target": task["id"], "purge": True}))
+
+
+async def test_cancelled_start_leaves_nothing(host: Host) -> None:
+    files = {f"pkg{i // 100}/file{i}.txt": f"line {i}\n" * 50 for i in range(3000)}
+    app = host.project("big", files=files)
+    cancelled = anyio.Event()
+
+    async with connect(host) as s:
+        with anyio.CancelScope() as scope:
+            async def on_progress(value: float, total: float | None, message: str | None) -> None:
+                scope.cancel()  # the first sign of life: cancel the start mid-way
+                cancelled.set()
+
+            with anyio.fail_after(120):
+                await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "gone"},
+                                  progress_callback=on_progress)
+        assert cancelled.is_set(), "no progress arrived before the start completed"
+        # Nothing half-made: no record, no sandbox state, the name is free.
+        for _ in range(40):
+            listed = ok(await s.call_tool("dynocap_ls", {}))
+            leftovers = list((host.state / "sandboxes").iterdir())
+            if not listed["tasks"] and not leftovers:
+                break
+            await anyio.sleep(0.25)
+        assert listed["tasks"] == [] and listed["sandboxes"] == [], listed
+        assert leftovers == [], leftovers
+        task = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "gone",
+                                                            "history": "none"}))
+        ok(await s.call_tool("dynocap_rm", {"target": task["id"], "force": True, "purge": True}))
+    assert "dynocap_task_start cancelled by the client" in host.server_log()

@@ -6,3 +6,4 @@ scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release --locked -p dynocap -p dynocap-agent
 cargo bench --locked -p dynocap-e2e --bench sandbox
+cargo bench --locked -p dynocap-e2e --bench tasks

@@ -234,3 +234,63 @@ fn sandbox_cgroups(id: &str) -> Vec<std::path::PathBuf> {
         .filter(|p| p.exists())
         .collect()
 }
+
+#[test]
+fn doctor_reports_what_this_machine_supports() {
+    if !require_root("doctor_reports_what_this_machine_supports") {
+        return;
+    }
+    let home = TestHome::new();
+    let report = home.json(&["doctor"]);
+    assert_eq!(report["ready"], true, "{report:#}");
+    let names: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    for expected in [
+        "user namespaces",
+        "overlay in user namespace",
+        "seccomp",
+        "guest agent",
+        "git",
+        "kvm",
+        "qemu",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+    assert!(names.iter().any(|n| n.starts_with("cgroups")), "{names:?}");
+    // Each failed check tells what to do about it.
+    for check in report["checks"].as_array().unwrap() {
+        if check["ok"] == false {
+            assert!(
+                check["hint"].as_str().is_some_and(|h| !h.is_empty()),
+                "{check}"
+            );
+        }
+    }
+    // A missing agent is a failed required check with a fix, and the exit code says so.
+    let out = home
+        .command()
+        .args(["--json", "doctor"])
+        .env("DYNOCAP_AGENT", "/nonexistent/dynocap-agent")
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ready"], false, "{report:#}");
+    assert!(!out.status.success());
+    let agent = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "guest agent")
+        .unwrap();
+    assert!(
+        agent["detail"].as_str().unwrap().contains("DYNOCAP_AGENT"),
+        "{agent}"
+    );
+}

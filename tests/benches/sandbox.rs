@@ -110,19 +110,38 @@ fn main() {
     );
     println!("targets: client API median < 2 ms, dynocap exec median < 10 ms");
 
-    // 3. Idle memory.
+    // 3. Idle memory: RSS of one sandbox (counts shared libc and binary pages in full), and
+    // per sandbox across ten idle ones: PSS (shared pages split between their users) and
+    // private anonymous memory (what each extra sandbox really adds).
+    for i in 0..9 {
+        cli(&["run", &format!("idle{i}")]);
+    }
     std::thread::sleep(Duration::from_secs(1));
-    let supervisor = supervisor_pid(home_dir.path());
-    let agent = child_pids(supervisor)
-        .into_iter()
-        .next()
-        .expect("the supervisor has a guest");
-    let (sup_kib, agent_kib) = (rss_kib(supervisor), rss_kib(agent));
+    let supervisors = supervisor_pids(home_dir.path());
+    let mut processes = Vec::new();
+    for &sup in &supervisors {
+        processes.push(sup);
+        processes.extend(child_pids(sup));
+    }
+    let hot = supervisors[0];
+    let one_rss: u64 = std::iter::once(hot)
+        .chain(child_pids(hot))
+        .map(|p| status_kib(p, "VmRSS:"))
+        .sum();
+    let n = supervisors.len() as f64;
+    let pss: u64 = processes.iter().map(|&p| rollup_kib(p, "Pss:")).sum();
+    let anon: u64 = processes.iter().map(|&p| rollup_kib(p, "Anonymous:")).sum();
     println!(
-        "idle sandbox RSS: supervisor {sup_kib} KiB + agent {agent_kib} KiB = {:.2} MiB (target < 10 MiB, ratio to target {:.2})",
-        (sup_kib + agent_kib) as f64 / 1024.0,
-        (sup_kib + agent_kib) as f64 / (10.0 * 1024.0)
+        "idle sandbox memory: RSS of one (supervisor + agent) {:.2} MiB | per sandbox of {} idle: PSS {:.2} MiB, private anonymous {:.2} MiB (target < 10 MiB; PSS ratio to target {:.2})",
+        one_rss as f64 / 1024.0,
+        supervisors.len(),
+        pss as f64 / 1024.0 / n,
+        anon as f64 / 1024.0 / n,
+        pss as f64 / 1024.0 / n / 10.0
     );
+    for i in 0..9 {
+        cli(&["destroy", &format!("idle{i}")]);
+    }
     runtime.block_on(engine.destroy("hot")).expect("destroy");
 }
 
@@ -169,16 +188,17 @@ fn report(name: &str, times: &[Duration], baseline: &str, base: &[Duration]) {
     );
 }
 
-fn supervisor_pid(home: &Path) -> i32 {
+/// Supervisors of the live sandboxes in this home, the "hot" one first.
+fn supervisor_pids(home: &Path) -> Vec<i32> {
     let out = Command::new("sqlite3")
         .arg(home.join("catalog.db"))
-        .arg("SELECT supervisor_pid FROM sandboxes WHERE name = 'hot'")
+        .arg("SELECT supervisor_pid FROM sandboxes WHERE state = 'running' ORDER BY name != 'hot', name")
         .output()
         .expect("sqlite3");
     String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("supervisor pid")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
 }
 
 fn child_pids(pid: i32) -> Vec<i32> {
@@ -190,11 +210,23 @@ fn child_pids(pid: i32) -> Vec<i32> {
         .collect()
 }
 
-fn rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+fn status_kib(pid: i32, field: &str) -> u64 {
+    kib_field(
+        &std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default(),
+        field,
+    )
+}
+
+fn rollup_kib(pid: i32, field: &str) -> u64 {
+    kib_field(
+        &std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default(),
+        field,
+    )
+}
+
+fn kib_field(text: &str, field: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)

@@ -29,7 +29,7 @@ EXEC_PARAMS = {
     "name": ("string", None, None, None, True),
     "command": ("string", None, None, None, True),
     "cwd": ("string", "<cwd>", None, None, False),
-    "env": ("object", {}, None, None, False),
+    "env": ("object", None, None, None, False),
     "timeoutSeconds": ("integer", 30, 1, 86400, False),
     "terminal": ("boolean", False, None, None, False),
 }
@@ -110,6 +110,10 @@ async def test_sdk_reads_the_same_tools(host: Host) -> None:
 async def test_modern_protocol_lists_the_same_tools(host: Host) -> None:
     async with connect(host, modern=True) as session:
         assert session.protocol_version == "2026-07-28"
+        # Every version the pinned SDK speaks, newest first.
+        assert session.discover_result is not None
+        assert session.discover_result.supported_versions == [
+            "2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"]
         modern = await session.list_tools()
         result = await session.call_tool("dynocap_ps", {})
         assert ok(result) == {"sandboxes": []}

@@ -158,6 +158,35 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_name ON sandboxes (name) WHERE name IS NOT NULL;
 ";
 
+/// Schema revision, kept in SQLite's `user_version`. Revision 1 lacked `detail`.
+const SCHEMA_VERSION: i64 = 2;
+
+/// Brings a catalog written by an older dynocap up to [`SCHEMA_VERSION`]; refuses one written
+/// by a newer dynocap rather than misreading it.
+fn migrate(conn: &Connection) -> Result<()> {
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .context("reading the catalog version")?;
+    if version > SCHEMA_VERSION {
+        return Err(Error::internal(format!(
+            "the catalog was written by a newer dynocap (schema {version}, this one knows {SCHEMA_VERSION}); upgrade dynocap"
+        )));
+    }
+    let has_detail = conn
+        .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'detail'")
+        .and_then(|mut stmt| stmt.exists([]))
+        .context("inspecting the catalog")?;
+    if !has_detail {
+        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN detail TEXT")
+            .context("upgrading the catalog (adding detail)")?;
+    }
+    if version != SCHEMA_VERSION {
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .context("upgrading the catalog")?;
+    }
+    Ok(())
+}
+
 const COLUMNS: &str = "id, kind, name, state, backend, network, cpus, memory_mb, ttl_seconds, \
                        created_at, expires_at, supervisor_pid, supervisor_start, note, detail";
 
@@ -173,6 +202,7 @@ impl Catalog {
             .context("configuring the catalog")?;
         conn.execute_batch(SCHEMA)
             .context("creating the catalog schema")?;
+        migrate(&conn)?;
         Ok(Self { conn })
     }
 
@@ -386,6 +416,32 @@ mod tests {
         );
         catalog.delete("sbx-1").unwrap();
         catalog.insert(&record("sbx-2", "web")).unwrap();
+    }
+
+    #[test]
+    fn an_old_catalog_is_upgraded_and_a_newer_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, kind TEXT NOT NULL, name TEXT, state TEXT NOT NULL,
+                 backend TEXT NOT NULL, network TEXT NOT NULL, cpus INTEGER NOT NULL, memory_mb INTEGER NOT NULL,
+                 ttl_seconds INTEGER NOT NULL, created_at TEXT NOT NULL, expires_at TEXT NOT NULL,
+                 supervisor_pid INTEGER, supervisor_start INTEGER, note TEXT);",
+            )
+            .unwrap();
+        }
+        let catalog = Catalog::open(&path).unwrap();
+        catalog.insert(&record("sbx-1", "a")).unwrap();
+        assert_eq!(catalog.list().unwrap().len(), 1);
+        drop(catalog);
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
+        let err = Catalog::open(&path).err().unwrap();
+        assert!(err.message.contains("newer dynocap"), "{err}");
     }
 
     #[test]

@@ -165,7 +165,14 @@ fn boot(home: &Home, id: &str) -> Result<(Catalog, Record, Box<dyn Guest>)> {
 /// The agent binary: `DYNOCAP_AGENT`, else `dynocap-agent` beside this executable.
 pub fn agent_binary() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("DYNOCAP_AGENT").filter(|v| !v.is_empty()) {
-        return Ok(path.into());
+        let path = PathBuf::from(path);
+        if path.is_file() {
+            return Ok(path);
+        }
+        return Err(Error::internal(format!(
+            "DYNOCAP_AGENT={} is not a file; point it at a dynocap-agent binary or unset it",
+            path.display()
+        )));
     }
     let exe = std::env::current_exe().context("locating the dynocap executable")?;
     let agent = exe.with_file_name("dynocap-agent");

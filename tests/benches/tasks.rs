@@ -1,0 +1,363 @@
+//! Task benchmarks, each beside the floor a user would reach by hand, in one run:
+//! 1. `task start` vs `git clone --no-local` + copying the untracked files;
+//! 2. `task diff` after 50 changed files vs plain `git diff` on the same tree;
+//! 3. the supervisor's peak resident memory during an import.
+//! On a generated 20,000-file / 200 MB repository with 500 commits, and on a real source tree
+//! (a crate from ~/.cargo/registry, committed into a repository).
+//!
+//! Run with `scripts/bench.sh` (builds the release binaries first). Needs root.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn main() {
+    let bins = release_bins();
+    let work = tempfile::Builder::new()
+        .prefix("dctb")
+        .tempdir_in("/tmp")
+        .expect("temp dir");
+
+    let generated = work.path().join("generated");
+    let started = Instant::now();
+    generate_repo(&generated, 20_000, 10 * 1024, 500);
+    println!(
+        "generated 20,000 files / 200 MB / 500 commits in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    bench_tree(
+        "generated 20k files / 200 MB",
+        &generated,
+        &bins,
+        work.path(),
+    );
+
+    match real_crate_source() {
+        Some(source) => {
+            let real = work.path().join("real");
+            copy_tree(&source, &real);
+            git(&real, &["init", "-q", "-b", "main"]);
+            git(&real, &["add", "-A"]);
+            git(&real, &["commit", "-q", "-m", "import"]);
+            bench_tree(
+                &format!(
+                    "real tree {}",
+                    source.file_name().unwrap_or_default().to_string_lossy()
+                ),
+                &real,
+                &bins,
+                work.path(),
+            );
+        }
+        None => {
+            println!("real tree: no crate source in ~/.cargo/registry/src; run `cargo fetch` first")
+        }
+    }
+}
+
+fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
+    // Untracked, not ignored files: part of what a task brings.
+    for i in 0..20 {
+        std::fs::write(project.join(format!("untracked-{i}.txt")), vec![b'u'; 4096])
+            .expect("write");
+    }
+    let home = tempfile::Builder::new()
+        .prefix("dch")
+        .tempdir_in("/tmp")
+        .expect("home");
+    let dynocap = |args: &[&str]| -> std::process::Output {
+        let out = Command::new(bins.join("dynocap"))
+            .args(args)
+            .env("DYNOCAP_HOME", home.path())
+            .output()
+            .expect("spawn dynocap");
+        assert!(
+            out.status.success(),
+            "dynocap {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let project_arg = project.to_str().expect("utf-8 path");
+
+    let mut peak_rss_kib = 0;
+    let start = sample(3, |i| {
+        let name = format!("b{i}");
+        let watcher = RssWatcher::start(home.path().to_owned());
+        dynocap(&[
+            "task",
+            "start",
+            project_arg,
+            "--name",
+            &name,
+            "--memory-mb",
+            "4096",
+        ]);
+        peak_rss_kib = peak_rss_kib.max(watcher.stop());
+        if i < 3 {
+            dynocap(&["rm", &name, "--force", "--purge"]);
+        }
+    });
+    let floor = sample(3, |i| {
+        let dest = scratch.join(format!("clone-{i}"));
+        let _ = std::fs::remove_dir_all(&dest);
+        let out = Command::new("git")
+            .args(["clone", "-q", "--no-local", project_arg])
+            .arg(&dest)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .output()
+            .expect("git clone");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let untracked = git(
+            project,
+            &["ls-files", "-z", "--others", "--exclude-standard"],
+        );
+        for path in untracked.split('\0').filter(|p| !p.is_empty()) {
+            std::fs::copy(project.join(path), dest.join(path)).expect("copy untracked");
+        }
+        std::fs::remove_dir_all(&dest).expect("cleanup");
+    });
+    report(
+        &format!("{label}: task start"),
+        &start,
+        "git clone --no-local + untracked copy",
+        &floor,
+    );
+
+    // The last started task (b3) stays for the diff benchmark: change 50 files in it and in
+    // a plain clone, then diff both.
+    let change = "for f in $(git ls-files | grep -v '^untracked' | head -50); do echo changed >> \"$f\"; done";
+    let out = Command::new(bins.join("dynocap"))
+        .args(["task", "exec", "b3", "--timeout", "600", "--", change])
+        .env("DYNOCAP_HOME", home.path())
+        .output()
+        .expect("exec");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let diff = sample(5, |_| {
+        dynocap(&["--json", "task", "diff", "b3"]);
+    });
+    let clone = scratch.join("diff-floor");
+    let _ = std::fs::remove_dir_all(&clone);
+    git(
+        scratch,
+        &[
+            "clone",
+            "-q",
+            "--no-local",
+            project_arg,
+            clone.to_str().expect("utf-8"),
+        ],
+    );
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(change)
+        .current_dir(&clone)
+        .status()
+        .expect("sh");
+    assert!(status.success());
+    let plain = sample(5, |_| {
+        git(&clone, &["diff", "--binary"]);
+    });
+    report(
+        &format!("{label}: task diff (50 files changed)"),
+        &diff,
+        "git diff --binary",
+        &plain,
+    );
+    println!(
+        "{label}: supervisor peak RSS during import {:.1} MiB",
+        peak_rss_kib as f64 / 1024.0
+    );
+    dynocap(&["rm", "b3", "--force", "--purge"]);
+    let _ = std::fs::remove_dir_all(&clone);
+}
+
+/// Polls the RSS of every supervisor under a DYNOCAP_HOME while a start runs.
+struct RssWatcher {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<u64>,
+}
+
+impl RssWatcher {
+    fn start(home: PathBuf) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut peak = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                for pid in supervisors(&home) {
+                    peak = peak.max(rss_kib(pid));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            peak
+        });
+        Self { stop, handle }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().unwrap_or(0)
+    }
+}
+
+/// Pids of processes running `dynocap supervise --home HOME`.
+fn supervisors(home: &Path) -> Vec<i32> {
+    let needle = home.as_os_str().as_encoded_bytes().to_vec();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmdline.windows(9).any(|w| w == b"supervise")
+                && cmdline.windows(needle.len()).any(|w| w == needle)
+        })
+        .collect()
+}
+
+fn generate_repo(dir: &Path, files: usize, size: usize, commits: usize) {
+    std::fs::create_dir_all(dir).expect("create");
+    git(dir, &["init", "-q", "-b", "main"]);
+    let per_commit = files / commits;
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    for c in 0..commits {
+        for f in 0..per_commit {
+            let n = c * per_commit + f;
+            let path = dir.join(format!("d{:03}/f{n:05}.txt", n / 100));
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            // Printable pseudo-random text: compresses like source code does not.
+            let content: Vec<u8> = (0..size)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    b"abcdefghijklmnopqrstuvwxyz \n"[usize::try_from(seed % 28).unwrap_or(0)]
+                })
+                .collect();
+            std::fs::write(path, content).expect("write");
+        }
+        git(dir, &["add", "-A"]);
+        git(dir, &["commit", "-q", "-m", &format!("commit {c}")]);
+    }
+}
+
+/// The largest crate source under ~/.cargo/registry/src (at least 1 MB), if any.
+fn real_crate_source() -> Option<PathBuf> {
+    let registry = PathBuf::from(std::env::var_os("CARGO_HOME").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"),
+        PathBuf::from,
+    ))
+    .join("registry/src");
+    let mut best: Option<(u64, PathBuf)> = None;
+    for index in std::fs::read_dir(registry).ok()?.flatten() {
+        for krate in std::fs::read_dir(index.path()).ok()?.flatten() {
+            let size = tree_size(&krate.path());
+            if best.as_ref().is_none_or(|(s, _)| size > *s) {
+                best = Some((size, krate.path()));
+            }
+        }
+    }
+    best.filter(|(size, _)| *size > 1 << 20)
+        .map(|(_, path)| path)
+}
+
+fn tree_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_size(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp");
+    assert!(status.success());
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "Bench")
+        .env("GIT_AUTHOR_EMAIL", "bench@example.com")
+        .env("GIT_COMMITTER_NAME", "Bench")
+        .env("GIT_COMMITTER_EMAIL", "bench@example.com")
+        .output()
+        .expect("git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn release_bins() -> PathBuf {
+    let exe = std::env::current_exe().expect("bench path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf();
+    assert!(
+        dir.join("dynocap").is_file(),
+        "build first: cargo build --release -p dynocap -p dynocap-agent"
+    );
+    dir
+}
+
+/// Runs `f` `n` times (after one warm-up run, given index `n`) and returns sorted durations.
+fn sample(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
+    f(n);
+    let mut times: Vec<Duration> = (0..n)
+        .map(|i| {
+            let start = Instant::now();
+            f(i);
+            start.elapsed()
+        })
+        .collect();
+    times.sort();
+    times
+}
+
+fn report(name: &str, times: &[Duration], baseline: &str, base: &[Duration]) {
+    let (m, b) = (times[times.len() / 2], base[base.len() / 2]);
+    println!(
+        "{name}: median {:.1} ms | {baseline}: median {:.1} ms | ratio {:.2}x (target ≤ 1.5x)",
+        m.as_secs_f64() * 1e3,
+        b.as_secs_f64() * 1e3,
+        m.as_secs_f64() / b.as_secs_f64()
+    );
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}

@@ -466,6 +466,33 @@ fn rm_releases_names_purges_and_refuses_running_tasks_without_force() {
     home.json(&["rm", "keep", "--force", "--purge"]);
 }
 
+#[test]
+fn an_oversized_diff_is_a_clear_error() {
+    if !require_root("an_oversized_diff_is_a_clear_error") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().unwrap();
+    write(&project.path().join("a.txt"), "a\n");
+    start(&home, project.path(), &["--name", "huge"]);
+    // ~90 MB of incompressible text: its patch is over the 64 MiB bound.
+    let made = home.exec_in_task(
+        "huge",
+        "head -c 68000000 /dev/urandom | base64 > big.txt",
+        120,
+    );
+    assert_eq!(made["exitCode"], 0, "{made:#}");
+    let err = home.json_err(&["task", "diff", "huge"]);
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.contains("64") && message.contains("MiB") || message.contains("over"),
+        "{err}"
+    );
+    // The sandbox is still usable afterwards.
+    assert_eq!(task_sh(&home, "huge", "rm big.txt; echo ok"), "ok\n");
+    assert_eq!(home.json(&["task", "diff", "huge"])["files"], 0);
+}
+
 /// Copies a project's working tree with its .git, as a user's own clone would be.
 fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     let status = std::process::Command::new("cp")

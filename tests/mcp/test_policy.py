@@ -111,7 +111,7 @@ async def test_home_its_ancestors_and_dot_dirs_are_always_refused(host: Host) ->
     async with connect(host, env={"DYNOCAP_MCP_ROOTS": roots}) as s:
         for path, why in ((host.home, "is the home directory"),
                           (host.base, "ancestor of the home directory"),
-                          (Path("/"), "ancestor of the home directory"),
+                          (Path("/"), "is the filesystem root"),
                           (host.home / ".ssh", "dot directory"),
                           (host.home / ".aws", "dot directory"),
                           (host.home / ".config" / "nope", "dot directory")):

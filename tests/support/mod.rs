@@ -386,6 +386,11 @@ pub fn sample_project(dir: &Path) {
             "https://user:s3cret-token@example.com/repo.git",
         ],
     );
+    write(
+        &dir.join(".git/info/exclude"),
+        "host-only-exclude-pattern\n",
+    );
+    git(dir, &["config", "dynocap.hostonly", "host-config-value"]);
     write(&dir.join(".git/hooks/pre-commit"), "#!/bin/sh\necho hook\n");
     chmod(&dir.join(".git/hooks/pre-commit"), 0o755);
 }

@@ -54,6 +54,13 @@ pub async fn import(
         .await
         .context("planning the import")??;
     let root = plan.root.clone();
+    let plan = std::sync::Arc::new(plan);
+    // Packing the history is CPU-bound git work independent of the tar stream: run both at
+    // once, so the import costs about as much as the slower of the two.
+    let bundling = (plan.history != History::None).then(|| {
+        let (plan, dir) = (plan.clone(), state_dir.to_owned());
+        tokio::task::spawn_blocking(move || import::write_bundle(&plan, &dir))
+    });
     let message = format!("importing {}", root.display());
     progress(Progress {
         message: message.clone(),
@@ -77,26 +84,26 @@ pub async fn import(
     let input = stream.input();
     let baseline_path = state_dir.join(BASELINE_TAR);
     let (progress_tx, mut progress_rx) = tokio::sync::mpsc::channel::<(u64, u64)>(4);
-    let writer = tokio::task::spawn_blocking(
-        move || -> Result<(import::ImportPlan, import::TarSummary)> {
-            let copy = std::fs::File::create(&baseline_path)
-                .context(format_args!("creating {}", baseline_path.display()))?;
-            let mut tee = Tee {
-                guest: input,
-                copy: std::io::BufWriter::new(copy),
-            };
-            let mut last_report = std::time::Instant::now();
-            let summary = import::write_tar(&plan, &mut tee, &mut |done, total| {
-                if last_report.elapsed() >= std::time::Duration::from_millis(200) {
-                    last_report = std::time::Instant::now();
-                    let _ = progress_tx.try_send((done, total));
-                }
-            })?;
-            tee.copy.flush().context("writing the baseline copy")?;
-            tee.guest.finish().map_err(|_| agent_gone())?;
-            Ok((plan, summary))
-        },
-    );
+    let tar_plan = plan.clone();
+    let writer = tokio::task::spawn_blocking(move || -> Result<import::TarSummary> {
+        let plan = tar_plan;
+        let copy = std::fs::File::create(&baseline_path)
+            .context(format_args!("creating {}", baseline_path.display()))?;
+        let mut tee = Tee {
+            guest: input,
+            copy: std::io::BufWriter::new(copy),
+        };
+        let mut last_report = std::time::Instant::now();
+        let summary = import::write_tar(&plan, &mut tee, &mut |done, total| {
+            if last_report.elapsed() >= std::time::Duration::from_millis(200) {
+                last_report = std::time::Instant::now();
+                let _ = progress_tx.try_send((done, total));
+            }
+        })?;
+        tee.copy.flush().context("writing the baseline copy")?;
+        tee.guest.finish().map_err(|_| agent_gone())?;
+        Ok(summary)
+    });
     let mut writer = std::pin::pin!(writer);
     let written = loop {
         tokio::select! {
@@ -106,7 +113,7 @@ pub async fn import(
             joined = &mut writer => break joined.context("streaming the project").and_then(|r| r),
         }
     };
-    let (plan, summary) = match written {
+    let summary = match written {
         Ok(parts) => parts,
         Err(err) => {
             // Tell the agent to throw away what it unpacked so far; the tar stream itself
@@ -125,21 +132,16 @@ pub async fn import(
         total: Some(summary.bytes),
     });
 
-    let bundle = if plan.history == History::None {
-        None
-    } else {
-        let dir = state_dir.to_owned();
-        let bundle_path = tokio::task::spawn_blocking(move || import::write_bundle(&plan, &dir))
-            .await
-            .context("bundling the history")??;
-        match bundle_path {
+    let bundle = match bundling {
+        None => None,
+        Some(bundling) => match bundling.await.context("bundling the history")?? {
             Some(path) => {
                 send_file(conn, &path, BUNDLE_NAME).await?;
                 let _ = std::fs::remove_file(&path);
                 Some(BUNDLE_NAME.to_owned())
             }
             None => None,
-        }
+        },
     };
     let with_history = bundle.is_some();
     let stream = conn

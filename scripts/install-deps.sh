@@ -11,7 +11,12 @@ packages=(
     iproute2                    # network namespaces for test hosts
     bubblewrap                  # the benchmark's baseline
     ca-certificates
+    python3 python3-venv        # the MCP tests' client: the official Python SDK, in a venv
+    openssh-client              # ssh-keygen: real keys for the MCP sshKeyPath tests
 )
+# The MCP Inspector CLI (MCP tests) is installed with npm; keep a Node.js that is already there
+# (e.g. from NodeSource), else Debian's. The Inspector's own Node comes from npm, see below.
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 missing=()
 for pkg in "${packages[@]}"; do
@@ -30,4 +35,29 @@ if ! command -v cargo >/dev/null 2>&1; then
         echo "install-deps: installing the Rust toolchain with rustup" >&2
         curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
     }
+fi
+
+# The MCP tests' clients, pinned: the Python SDK in target/mcp-venv (tests/mcp/requirements.txt)
+# and the MCP Inspector in tests/mcp/node_modules (tests/mcp/package-lock.json, which also brings
+# the Node.js >= 22.19 it needs). Reinstalled only when the pins change.
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+python=/usr/bin/python3
+[[ -x $python ]] || python="$(command -v python3)"
+venv="$repo/target/mcp-venv"
+want="$(sha256sum "$repo/tests/mcp/requirements.txt" | cut -d' ' -f1)"
+if [[ ! -x $venv/bin/python || "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$want" ]]; then
+    echo "install-deps: installing the MCP test client (Python SDK) into $venv" >&2
+    rm -rf "$venv"
+    "$python" -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$repo/tests/mcp/requirements.txt"
+    echo "$want" >"$venv/.requirements.sha256"
+fi
+want="$(sha256sum "$repo/tests/mcp/package-lock.json" | cut -d' ' -f1)"
+if [[ "$(cat "$repo/tests/mcp/node_modules/.lock.sha256" 2>/dev/null)" != "$want" ]]; then
+    echo "install-deps: installing the MCP Inspector into tests/mcp/node_modules" >&2
+    # `npm install --no-save` follows the lock file and never rewrites it. Not `npm ci`: one of
+    # the Inspector's transitive optional dependencies (Windows-only) is not on the registry,
+    # which `npm ci` takes for an out-of-sync lock file.
+    (cd "$repo/tests/mcp" && npm install --no-save --ignore-scripts --no-audit --no-fund --loglevel=error)
+    echo "$want" >"$repo/tests/mcp/node_modules/.lock.sha256"
 fi

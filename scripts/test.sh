@@ -8,3 +8,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 cargo build --workspace --all-targets --locked
 cargo test --workspace --locked -- --test-threads "${DYNOCAP_TEST_THREADS:-4}"
+
+# MCP end-to-end tests: `dynocap mcp` driven by real MCP clients (the official Python SDK and
+# the MCP Inspector CLI); see tests/mcp/README.md.
+(cd tests/mcp && ../../target/mcp-venv/bin/python -m pytest -q)

@@ -2,6 +2,7 @@
 //! 1. `task start` vs `git clone --no-local` + copying the untracked files;
 //! 2. `task diff` after 50 changed files vs plain `git diff` on the same tree;
 //! 3. the supervisor's peak resident memory during an import.
+//!
 //! On a generated 20,000-file / 200 MB repository with 500 commits, and on a real source tree
 //! (a crate from ~/.cargo/registry, committed into a repository).
 //!
@@ -253,11 +254,12 @@ fn generate_repo(dir: &Path, files: usize, size: usize, commits: usize) {
 
 /// The largest crate source under ~/.cargo/registry/src (at least 1 MB), if any.
 fn real_crate_source() -> Option<PathBuf> {
-    let registry = PathBuf::from(std::env::var_os("CARGO_HOME").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"),
-        PathBuf::from,
-    ))
-    .join("registry/src");
+    let registry = std::env::var_os("CARGO_HOME")
+        .map_or_else(
+            || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"),
+            PathBuf::from,
+        )
+        .join("registry/src");
     let mut best: Option<(u64, PathBuf)> = None;
     for index in std::fs::read_dir(registry).ok()?.flatten() {
         for krate in std::fs::read_dir(index.path()).ok()?.flatten() {

@@ -142,6 +142,12 @@ async def test_started_from_slash_or_home_has_no_default_root(host: Host, where:
             await allowed(s, await start(s, projectPath=str(app)))
 
 
+async def test_an_empty_roots_variable_refuses_everything(host: Host) -> None:
+    app = host.project("app", git=False)
+    async with connect(host, env={"DYNOCAP_MCP_ROOTS": ""}) as s:
+        refused(await start(s, projectPath=str(app)), "DYNOCAP_MCP_ROOTS", "it is empty")
+
+
 async def test_missing_paths_and_files(host: Host) -> None:
     (host.root / "file.txt").write_text("x")
     async with connect(host) as s:

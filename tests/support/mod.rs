@@ -212,13 +212,19 @@ impl TestHome {
 }
 
 impl Drop for TestHome {
+    /// Ends every task and sandbox of this home, so no supervisor outlives its test.
     fn drop(&mut self) {
-        let Ok(out) = self.command().args(["--json", "ps"]).output() else {
+        let Ok(out) = self.command().args(["--json", "ls"]).output() else {
             return;
         };
         let Ok(value) = serde_json::from_slice::<Value>(&out.stdout) else {
             return;
         };
+        for task in value["tasks"].as_array().into_iter().flatten() {
+            if let Some(id) = task["id"].as_str() {
+                let _ = self.command().args(["rm", id, "--force", "--purge"]).output();
+            }
+        }
         for sandbox in value["sandboxes"].as_array().into_iter().flatten() {
             if let Some(name) = sandbox["name"].as_str() {
                 let _ = self.command().args(["destroy", name]).output();

@@ -16,6 +16,12 @@ pub async fn dispatch(cli: Cli) -> ExitCode {
         Command::Doctor | Command::Supervise(_) => {
             unreachable!("doctor and supervise are dispatched before the runtime starts")
         }
+        Command::Mcp(args) => {
+            let options = crate::mcp::Options {
+                log_file: args.log_file,
+            };
+            return crate::mcp::run(options).await;
+        }
         command => with_engine(json, command).await,
     };
     match result {
@@ -28,7 +34,10 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
     let engine = Engine::new(Home::from_env()?)?;
     match command {
         Command::Run(args) => run(&engine, json, args).await,
-        Command::Exec(args) => exec(&engine, json, args).await,
+        Command::Exec(args) => exec(&engine, json, args, false).await,
+        Command::Task(command) => crate::task_commands::task(&engine, json, command).await,
+        Command::Ls => crate::task_commands::ls(&engine, json),
+        Command::Rm(args) => crate::task_commands::rm(&engine, json, args).await,
         Command::Ps => {
             let sandboxes = engine.ps()?;
             if json {
@@ -47,7 +56,9 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Doctor | Command::Supervise(_) => unreachable!("handled by dispatch"),
+        Command::Doctor | Command::Supervise(_) | Command::Mcp(_) => {
+            unreachable!("handled by dispatch")
+        }
     }
 }
 
@@ -71,7 +82,13 @@ async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Err
     Ok(ExitCode::SUCCESS)
 }
 
-async fn exec(engine: &Engine, json: bool, args: ExecArgs) -> Result<ExitCode, Error> {
+/// `exec` and `task exec`: same flags, different default cwd and target kind.
+pub async fn exec(
+    engine: &Engine,
+    json: bool,
+    args: ExecArgs,
+    task: bool,
+) -> Result<ExitCode, Error> {
     let env = args
         .env
         .iter()
@@ -82,15 +99,20 @@ async fn exec(engine: &Engine, json: bool, args: ExecArgs) -> Result<ExitCode, E
         })
         .collect::<Result<Vec<_>, _>>()?;
     let command = args.command.join(" ");
+    let default_cwd = if task { "/workspace" } else { "/" };
     let spec = ExecSpec::new(
         &command,
         args.cwd.as_deref(),
-        "/",
+        default_cwd,
         env,
         args.timeout_seconds,
         args.tty,
     )?;
-    let result = engine.exec(&args.name, &spec).await?;
+    let result = if task {
+        engine.task_exec(&args.name, &spec).await?
+    } else {
+        engine.exec(&args.name, &spec).await?
+    };
     if json {
         print_json(&result);
     } else {

@@ -5,7 +5,9 @@
 mod cli;
 mod commands;
 mod doctor;
+mod mcp;
 mod output;
+mod task_commands;
 
 use std::process::ExitCode;
 
@@ -30,5 +32,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(commands::dispatch(cli))
+    let code = runtime.block_on(commands::dispatch(cli));
+    // `dynocap mcp` may leave a blocking stdin read behind (tokio cannot cancel it): do not
+    // wait for input that will never come.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    code
 }

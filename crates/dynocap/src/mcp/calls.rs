@@ -1,0 +1,279 @@
+//! What each tool does: parse its arguments, apply the host policy, call the engine and
+//! shape the result as CONTRACT.md says (`structuredContent` plus the same JSON as text; the
+//! diff's text is its header line, a newline and the patch). SDK-free, so the MCP SDK can
+//! change without touching the tools.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use dynocap_engine::spec::{ExecSpec, RunSpec};
+use dynocap_engine::task_spec::{Progress, Source, TaskStartSpec};
+use dynocap_engine::{Engine, Error};
+
+use super::args::Args;
+use super::log::Log;
+use super::policy::{Policy, Refusal};
+use super::tools::{definitions, ToolDef};
+
+/// A successful tool result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Output {
+    /// The object of CONTRACT.md.
+    pub structured: Value,
+    /// The text content item: the same JSON, or the diff's header line and patch.
+    pub text: String,
+}
+
+impl Output {
+    fn json<T: Serialize>(value: &T) -> Result<Self, Error> {
+        let structured = serde_json::to_value(value)
+            .map_err(|err| Error::internal(format!("cannot encode the result: {err}")))?;
+        let text = structured.to_string();
+        Ok(Self { structured, text })
+    }
+}
+
+/// The progress callback the engine calls during long steps.
+pub type ProgressFn<'a> = &'a (dyn Fn(Progress) + Send + Sync);
+
+/// The tools, the policy they obey and the engine they drive.
+pub struct Tools {
+    engine: Engine,
+    policy: Policy,
+    log: Log,
+    defs: Vec<ToolDef>,
+}
+
+impl Tools {
+    pub fn new(engine: Engine, policy: Policy, log: Log) -> Self {
+        Self {
+            engine,
+            policy,
+            log,
+            defs: definitions(),
+        }
+    }
+
+    pub fn definitions(&self) -> &[ToolDef] {
+        &self.defs
+    }
+
+    pub fn find(&self, name: &str) -> Option<&ToolDef> {
+        self.defs.iter().find(|t| t.name == name)
+    }
+
+    /// Runs one call of `tool`. Dropping the future cancels the call (the engine's futures
+    /// are cancel-safe: an exec is killed, a start leaves nothing behind).
+    pub async fn call(
+        &self,
+        tool: &ToolDef,
+        arguments: Option<Map<String, Value>>,
+        progress: ProgressFn<'_>,
+    ) -> Result<Output, Error> {
+        let args = Args::new(tool, arguments)?;
+        match tool.name {
+            "dynocap_task_start" => self.task_start(&args, progress).await,
+            "dynocap_task_exec" => {
+                let name = args.required_string("name")?;
+                let spec = exec_spec(&args, "/workspace")?;
+                Output::json(&self.engine.task_exec(&name, &spec).await?)
+            }
+            "dynocap_diff" => {
+                let target = args.required_string("target")?;
+                let diff = self.engine.task_diff(&target).await?;
+                let structured = serde_json::to_value(&diff)
+                    .map_err(|err| Error::internal(format!("cannot encode the diff: {err}")))?;
+                Ok(Output {
+                    structured,
+                    text: diff.to_text(),
+                })
+            }
+            "dynocap_task_finish" => {
+                let id = args.required_string("id")?;
+                Output::json(&self.engine.task_finish(&id).await?)
+            }
+            "dynocap_ls" => Output::json(&self.engine.ls()?),
+            "dynocap_rm" => {
+                let target = args.required_string("target")?;
+                let force = args.boolean("force")?.unwrap_or(false);
+                let purge = args.boolean("purge")?.unwrap_or(false);
+                Output::json(&self.engine.rm(&target, force, purge).await?)
+            }
+            "dynocap_run" => {
+                // Malformed input is invalid_argument before any host rule is applied.
+                let spec = RunSpec::raw(
+                    &args.required_string("name")?,
+                    args.string("network")?.as_deref(),
+                    args.integer("ttlSeconds")?,
+                    args.integer("cpus")?,
+                    args.integer("memoryMB")?,
+                )?;
+                self.enforce(tool, self.policy.check_network(spec.network.as_str()))?;
+                Output::json(&self.engine.run(&spec).await?)
+            }
+            "dynocap_exec" => {
+                let name = args.required_string("name")?;
+                let spec = exec_spec(&args, "/")?;
+                Output::json(&self.engine.exec(&name, &spec).await?)
+            }
+            "dynocap_ps" => Output::json(&json!({ "sandboxes": self.engine.ps()? })),
+            "dynocap_destroy" => {
+                let name = args.required_string("name")?;
+                Output::json(&json!({ "destroyed": self.engine.destroy(&name).await? }))
+            }
+            other => Err(Error::internal(format!(
+                "tool {other} has no implementation"
+            ))),
+        }
+    }
+
+    async fn task_start(&self, args: &Args<'_>, progress: ProgressFn<'_>) -> Result<Output, Error> {
+        let tool = args.tool();
+        let project_path = args.string("projectPath")?;
+        let repository_url = args.string("repositoryUrl")?;
+        let ssh_key = args.string("sshKeyPath")?;
+        // Malformed input first (invalid_argument), then the host rules (policy_denied).
+        if let Some(raw) = &project_path {
+            if !raw.starts_with('/') {
+                return Err(self.refuse(
+                    tool,
+                    Refusal::invalid_argument(
+                        "roots.absolute",
+                        format!(
+                            "projectPath {raw:?} must be an absolute host path, such as /srv/app"
+                        ),
+                    ),
+                ));
+            }
+        }
+        let exclusive = match (&project_path, &repository_url) {
+            (Some(_), Some(_)) => Some("give either projectPath or repositoryUrl, not both"),
+            (None, None) => {
+                Some("give projectPath (a local project directory) or repositoryUrl (a git URL)")
+            }
+            _ => None,
+        };
+        if let Some(message) = exclusive {
+            return Err(self.refuse(tool, Refusal::invalid_argument("source.exclusive", message)));
+        }
+        if ssh_key.is_some() && project_path.is_some() {
+            return Err(self.refuse(
+                tool,
+                Refusal::invalid_argument(
+                    "ssh-key.source",
+                    "sshKeyPath only applies to cloning a repositoryUrl, not to a projectPath",
+                ),
+            ));
+        }
+        let mut spec = TaskStartSpec::new(
+            project_path.as_ref().map(PathBuf::from),
+            repository_url.clone(),
+            args.string("history")?.as_deref(),
+            args.string("name")?,
+            args.string("network")?.as_deref(),
+            args.integer("ttlSeconds")?,
+            args.integer("cpus")?,
+            args.integer("memoryMB")?,
+        )?;
+        self.enforce(tool, self.policy.check_network(spec.network.as_str()))?;
+        if let Some(raw) = &project_path {
+            // The engine imports the resolved path, not the caller's spelling.
+            let resolved = self.enforce(tool, self.policy.check_project_path(raw))?;
+            spec.source = Source::ProjectPath(resolved);
+        }
+        if let Some(raw) = &repository_url {
+            let normalized = self.enforce(tool, self.policy.check_repository_url(raw))?;
+            spec.source = Source::RepositoryUrl(normalized);
+        }
+        if let Some(raw) = &ssh_key {
+            self.enforce(tool, self.policy.check_ssh_key(raw))?;
+        }
+        Output::json(&self.engine.task_start(&spec, progress).await?)
+    }
+
+    /// Passes an allowed value through; logs and converts a refusal.
+    fn enforce<T>(&self, tool: &ToolDef, checked: Result<T, Refusal>) -> Result<T, Error> {
+        checked.map_err(|refusal| self.refuse(tool, refusal))
+    }
+
+    fn refuse(&self, tool: &ToolDef, refusal: Refusal) -> Error {
+        self.log
+            .warn(format_args!("policy refused {}: {refusal}", tool.name));
+        refusal.into_error()
+    }
+}
+
+fn exec_spec(args: &Args<'_>, default_cwd: &str) -> Result<ExecSpec, Error> {
+    let command = args.required_string("command")?;
+    let cwd = args.string("cwd")?;
+    ExecSpec::new(
+        &command,
+        cwd.as_deref(),
+        default_cwd,
+        args.string_map("env")?,
+        args.integer("timeoutSeconds")?,
+        args.boolean("terminal")?.unwrap_or(false),
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::mcp::policy::PolicyInputs;
+
+    fn tools(dir: &std::path::Path) -> Tools {
+        let home = dynocap_engine::Home::at(dir.join("state")).unwrap();
+        let engine = Engine::with_supervisor_exe(home, PathBuf::from("/bin/false"));
+        let policy = Policy::new(&PolicyInputs::default(), &mut |_| {});
+        Tools::new(engine, policy, Log::stderr())
+    }
+
+    #[tokio::test]
+    async fn every_tool_is_implemented() {
+        let dir = tempfile::tempdir().unwrap();
+        let tools = tools(dir.path());
+        let noop = |_: Progress| {};
+        for def in tools.definitions() {
+            let result = tools.call(def, None, &noop).await;
+            if let Err(err) = &result {
+                assert!(!err.message.contains("no implementation"), "{}", def.name);
+                // Without arguments, a tool either needs some or works on the empty catalog.
+                assert_eq!(
+                    err.code,
+                    dynocap_engine::ErrorCode::InvalidArgument,
+                    "{}: {err}",
+                    def.name
+                );
+            }
+        }
+        let ls = tools
+            .call(tools.find("dynocap_ls").unwrap(), None, &noop)
+            .await
+            .unwrap();
+        assert_eq!(ls.structured, json!({ "tasks": [], "sandboxes": [] }));
+        assert_eq!(ls.text, ls.structured.to_string());
+    }
+
+    #[tokio::test]
+    async fn malformed_input_is_reported_before_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let tools = tools(dir.path());
+        let noop = |_: Progress| {};
+        let start = tools.find("dynocap_task_start").unwrap();
+        let args = json!({ "projectPath": "/etc", "ttlSeconds": 29, "network": "nat" });
+        let Value::Object(map) = args else { panic!() };
+        let err = tools.call(start, Some(map), &noop).await.unwrap_err();
+        assert_eq!(
+            err.code,
+            dynocap_engine::ErrorCode::InvalidArgument,
+            "{err}"
+        );
+        let args = json!({ "projectPath": "/etc", "network": "nat" });
+        let Value::Object(map) = args else { panic!() };
+        let err = tools.call(start, Some(map), &noop).await.unwrap_err();
+        assert_eq!(err.code, dynocap_engine::ErrorCode::PolicyDenied, "{err}");
+    }
+}

@@ -1,0 +1,100 @@
+//! `dynocap mcp`: the MCP server over stdio that Claude Desktop, Cursor, Cline and other
+//! clients start. Stdout carries the protocol only; logs go to stderr and, with `--log-file
+//! PATH` or `DYNOCAP_MCP_LOG=1` (`$DYNOCAP_HOME/logs/mcp.log`), to a file.
+//!
+//! Layout: `server` is the only module that names the MCP SDK; `tools` (definitions and
+//! schemas), `args` (strict argument parsing), `calls` (what each tool does), `policy` (the
+//! host security rules), `progress`, `stdio` (framing) and `log` are SDK-free.
+
+mod args;
+mod calls;
+mod local;
+mod log;
+pub mod policy;
+mod progress;
+mod server;
+mod stdio;
+pub mod tools;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use dynocap_engine::{Engine, Home};
+
+use self::log::Log;
+use self::policy::{Policy, PolicyInputs};
+
+/// `DYNOCAP_MCP_LOG=1`: also log to `$DYNOCAP_HOME/logs/mcp.log`.
+pub const ENV_LOG: &str = "DYNOCAP_MCP_LOG";
+
+/// Options of `dynocap mcp`.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Append the log to this file as well as stderr.
+    pub log_file: Option<PathBuf>,
+}
+
+/// Runs the server until the client closes stdin.
+pub async fn run(options: Options) -> ExitCode {
+    let mut log = Log::stderr();
+    let home = match Home::from_env() {
+        Ok(home) => home,
+        Err(err) => {
+            log.warn(format_args!("cannot start: {err}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    let file = options.log_file.clone().or_else(|| {
+        (std::env::var(ENV_LOG).as_deref() == Ok("1")).then(|| home.root().join("logs/mcp.log"))
+    });
+    if let Some(path) = file {
+        match Log::with_file(&path) {
+            Ok(with_file) => log = with_file,
+            Err(err) => log.warn(format_args!(
+                "cannot open the log file {}: {err}; logging to stderr only",
+                path.display()
+            )),
+        }
+    }
+    log.install_tracing();
+    let policy = Policy::new(&PolicyInputs::from_process(), &mut |warning| {
+        log.warn(format_args!("policy: {warning}"));
+    });
+    log.info(format_args!(
+        "dynocap {} serving MCP on stdio; DYNOCAP_HOME={}{}",
+        env!("CARGO_PKG_VERSION"),
+        home.root().display(),
+        log.file_path()
+            .map(|p| format!("; log file {}", p.display()))
+            .unwrap_or_default()
+    ));
+    log.info(format_args!("policy: {}", policy.summary()));
+    let engine = match Engine::new(home) {
+        Ok(engine) => engine,
+        Err(err) => {
+            log.warn(format_args!("cannot start: {err}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    let tools = Arc::new(calls::Tools::new(engine, policy, log.clone()));
+    // The engine's futures are not Send: they run on this thread, in a LocalSet, while the
+    // SDK serves requests on the runtime's workers.
+    let (dispatcher, jobs) = local::Dispatcher::new(tools);
+    let local = tokio::task::LocalSet::new();
+    let served = local
+        .run_until(async {
+            let executor = tokio::task::spawn_local(local::execute(jobs));
+            let served = server::serve(dispatcher, log.clone()).await;
+            executor.abort();
+            served
+        })
+        .await;
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            log.warn(err);
+            ExitCode::FAILURE
+        }
+    }
+}

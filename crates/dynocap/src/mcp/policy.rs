@@ -1,0 +1,1318 @@
+//! The MCP server's host security policy: which host directories a task may import
+//! (`DYNOCAP_MCP_ROOTS` and the always-refused home set), which git URLs it may clone
+//! (`DYNOCAP_MCP_GIT_HOSTS`), and whether the caller may ask for `filtered`/`nat` networking
+//! or hand over an SSH key (`DYNOCAP_MCP_ALLOW_*`). The caller may be a prompt-injected
+//! model, so every decision is made here, from the host's configuration, before the engine
+//! is called. SDK-free: plain functions over paths and strings, unit-tested below.
+
+use std::fmt;
+use std::io::Read;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use base64::Engine as _;
+use dynocap_engine::{Error, ErrorCode};
+
+pub const ENV_ROOTS: &str = "DYNOCAP_MCP_ROOTS";
+pub const ENV_GIT_HOSTS: &str = "DYNOCAP_MCP_GIT_HOSTS";
+pub const ENV_ALLOW_FILTERED: &str = "DYNOCAP_MCP_ALLOW_FILTERED";
+pub const ENV_ALLOW_NAT: &str = "DYNOCAP_MCP_ALLOW_NAT";
+pub const ENV_ALLOW_SSH_KEY: &str = "DYNOCAP_MCP_ALLOW_SSH_KEY";
+pub const DEFAULT_GIT_HOSTS: &str = "github.com,gitlab.com,bitbucket.org";
+
+/// SSH private keys are a few KiB; anything larger is not one.
+const SSH_KEY_MAX_BYTES: u64 = 64 * 1024;
+
+/// A refused request: the error code the caller gets, the rule that fired (logged), and a
+/// message that says what to change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub rule: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    fn denied(rule: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code: ErrorCode::PolicyDenied,
+            rule,
+            message: message.into(),
+        }
+    }
+    fn invalid(rule: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code: ErrorCode::InvalidArgument,
+            rule,
+            message: message.into(),
+        }
+    }
+    /// A malformed request noticed while applying the policy (`invalid_argument`).
+    pub fn invalid_argument(rule: &'static str, message: impl Into<String>) -> Self {
+        Self::invalid(rule, message)
+    }
+
+    pub fn into_error(self) -> Error {
+        Error::new(self.code, self.message)
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} [rule {}]: {}",
+            self.code.as_str(),
+            self.rule,
+            self.message
+        )
+    }
+}
+
+/// What the policy is built from: the environment and the process's situation at start.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyInputs {
+    pub roots: Option<String>,
+    pub git_hosts: Option<String>,
+    pub allow_filtered: Option<String>,
+    pub allow_nat: Option<String>,
+    pub allow_ssh_key: Option<String>,
+    /// The server's working directory at start (the default root).
+    pub cwd: Option<PathBuf>,
+    /// `$HOME` and the passwd entry's home of the server's user.
+    pub homes: Vec<PathBuf>,
+}
+
+impl PolicyInputs {
+    /// Reads the five variables, the working directory and the user's home directories.
+    pub fn from_process() -> Self {
+        let var = |name: &str| std::env::var(name).ok();
+        let mut homes = Vec::new();
+        if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            homes.push(PathBuf::from(home));
+        }
+        if let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::Uid::effective()) {
+            homes.push(user.dir);
+        }
+        Self {
+            roots: var(ENV_ROOTS),
+            git_hosts: var(ENV_GIT_HOSTS),
+            allow_filtered: var(ENV_ALLOW_FILTERED),
+            allow_nat: var(ENV_ALLOW_NAT),
+            allow_ssh_key: var(ENV_ALLOW_SSH_KEY),
+            cwd: std::env::current_dir().ok(),
+            homes,
+        }
+    }
+}
+
+/// The directories a `projectPath` may lie in, or why there are none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Roots {
+    Dirs(Vec<PathBuf>),
+    None { reason: String },
+}
+
+/// The host policy, fixed when the server starts.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    roots: Roots,
+    /// Home directories, as given and as resolved: the refused set is built from them.
+    homes: Vec<PathBuf>,
+    git_hosts: Vec<String>,
+    allow_filtered: bool,
+    allow_nat: bool,
+    allow_ssh_key: bool,
+}
+
+impl Policy {
+    /// Builds the policy; `warn` receives one line per configuration problem (an ignored
+    /// root, an unusable host entry, a flag with a value other than 0 or 1).
+    pub fn new(inputs: &PolicyInputs, warn: &mut dyn FnMut(String)) -> Self {
+        let mut homes = Vec::new();
+        for home in &inputs.homes {
+            if !home.is_absolute() {
+                continue;
+            }
+            let lexical = normalize_lexically(home);
+            if let Ok(resolved) = std::fs::canonicalize(home) {
+                if !homes.contains(&resolved) {
+                    homes.push(resolved);
+                }
+            }
+            if !homes.contains(&lexical) {
+                homes.push(lexical);
+            }
+        }
+        let roots = build_roots(inputs, &homes, warn);
+        let git_hosts = build_git_hosts(inputs.git_hosts.as_deref(), warn);
+        let flag = |name: &str, value: &Option<String>, warn: &mut dyn FnMut(String)| -> bool {
+            match value.as_deref().map(str::trim) {
+                None | Some("") | Some("0") => false,
+                Some("1") => true,
+                Some(other) => {
+                    warn(format!(
+                        "{name}={other:?} is neither 0 nor 1; treating it as 0 (off)"
+                    ));
+                    false
+                }
+            }
+        };
+        Self {
+            roots,
+            homes,
+            git_hosts,
+            allow_filtered: flag(ENV_ALLOW_FILTERED, &inputs.allow_filtered, warn),
+            allow_nat: flag(ENV_ALLOW_NAT, &inputs.allow_nat, warn),
+            allow_ssh_key: flag(ENV_ALLOW_SSH_KEY, &inputs.allow_ssh_key, warn),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn roots(&self) -> &Roots {
+        &self.roots
+    }
+
+    #[cfg(test)]
+    pub fn git_hosts(&self) -> &[String] {
+        &self.git_hosts
+    }
+
+    /// One line describing the effective policy, for the start-up log.
+    pub fn summary(&self) -> String {
+        let roots = match &self.roots {
+            Roots::Dirs(dirs) => dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(":"),
+            Roots::None { .. } => "(none: every projectPath is refused)".to_owned(),
+        };
+        format!(
+            "roots={roots} git_hosts={} allow_filtered={} allow_nat={} allow_ssh_key={}",
+            self.git_hosts.join(","),
+            u8::from(self.allow_filtered),
+            u8::from(self.allow_nat),
+            u8::from(self.allow_ssh_key)
+        )
+    }
+
+    /// Checks a `projectPath`; returns it resolved through symlinks, which is what the
+    /// engine must import (not the caller's spelling).
+    pub fn check_project_path(&self, raw: &str) -> Result<PathBuf, Refusal> {
+        if raw.is_empty() || raw.contains('\0') || !raw.starts_with('/') {
+            return Err(Refusal::invalid(
+                "roots.absolute",
+                format!("projectPath {raw:?} must be an absolute host path, such as /srv/app"),
+            ));
+        }
+        let dirs = match &self.roots {
+            Roots::Dirs(dirs) => dirs,
+            Roots::None { reason } => {
+                return Err(Refusal::denied(
+                    "roots.none",
+                    format!(
+                    "projectPath {raw} is refused: {reason}. Set {ENV_ROOTS} to the directories \
+                         agents may import from (':'-separated) and restart the MCP server"
+                ),
+                ))
+            }
+        };
+        let given = Path::new(raw);
+        let resolved = match std::fs::canonicalize(given) {
+            Ok(resolved) => resolved,
+            Err(err) => {
+                // Nothing to resolve: judge the spelling, so a missing path outside the
+                // roots is refused like any other (no existence oracle outside them).
+                let lexical = normalize_lexically(given);
+                self.check_resolved(raw, &lexical, dirs)?;
+                return Err(Refusal::invalid(
+                    "roots.missing",
+                    format!("projectPath {raw} cannot be opened: {err}"),
+                ));
+            }
+        };
+        self.check_resolved(raw, &resolved, dirs)?;
+        if !resolved.is_dir() {
+            return Err(Refusal::invalid(
+                "roots.not-directory",
+                format!("projectPath {raw} is not a directory; name the project's top directory"),
+            ));
+        }
+        Ok(resolved)
+    }
+
+    fn check_resolved(&self, raw: &str, resolved: &Path, dirs: &[PathBuf]) -> Result<(), Refusal> {
+        let shown = if Path::new(raw) == resolved {
+            raw.to_owned()
+        } else {
+            format!("{raw} (resolves to {})", resolved.display())
+        };
+        if let Some(why) = refused_reason(resolved, &self.homes) {
+            return Err(Refusal::denied(
+                "roots.refused-home",
+                format!(
+                    "projectPath {shown} is refused: it {why}. The home directory, its ancestors \
+                     and the dot directories in it (~/.ssh, ~/.aws, ~/.config, ...) are never \
+                     imported, whatever {ENV_ROOTS} says"
+                ),
+            ));
+        }
+        if dirs.iter().any(|root| resolved.starts_with(root)) {
+            return Ok(());
+        }
+        let list = dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":");
+        Err(Refusal::denied(
+            "roots.outside",
+            format!(
+                "projectPath {shown} is outside the directories this server may import from \
+                 ({ENV_ROOTS}={list}); ask the user to add it to {ENV_ROOTS}"
+            ),
+        ))
+    }
+
+    /// Checks a `repositoryUrl`; returns it with its host normalised (lowercase, IDNA
+    /// A-labels, no trailing dot), which is what the engine must clone.
+    pub fn check_repository_url(&self, raw: &str) -> Result<String, Refusal> {
+        let url = parse_git_url(raw)?;
+        let allowed = self.git_hosts.contains(&url.host);
+        if !allowed {
+            return Err(Refusal::denied(
+                "git.host",
+                format!(
+                    "repositoryUrl host {:?} is not in {ENV_GIT_HOSTS} ({}); ask the user to add \
+                     it there",
+                    url.host,
+                    if self.git_hosts.is_empty() {
+                        "empty".to_owned()
+                    } else {
+                        self.git_hosts.join(",")
+                    }
+                ),
+            ));
+        }
+        Ok(url.to_string())
+    }
+
+    /// Refuses `filtered`/`nat` unless the host set the matching flag. Never downgrades.
+    pub fn check_network(&self, network: &str) -> Result<(), Refusal> {
+        let (allowed, var, what) = match network {
+            "filtered" => (
+                self.allow_filtered,
+                ENV_ALLOW_FILTERED,
+                "HTTPS to the npm registry and the task's git host",
+            ),
+            "nat" => (
+                self.allow_nat,
+                ENV_ALLOW_NAT,
+                "unrestricted Internet access",
+            ),
+            _ => return Ok(()),
+        };
+        if allowed {
+            return Ok(());
+        }
+        Err(Refusal::denied(
+            if network == "nat" {
+                "network.nat"
+            } else {
+                "network.filtered"
+            },
+            format!(
+                "network \"{network}\" ({what}) is refused: the host did not set {var}=1 when \
+                 starting the MCP server. Use network \"none\", or ask the user to set {var}=1"
+            ),
+        ))
+    }
+
+    /// Checks an `sshKeyPath`: allowed by the host flag, a regular file (not a symlink) that
+    /// parses as an SSH private key. Its content is never echoed.
+    pub fn check_ssh_key(&self, raw: &str) -> Result<PathBuf, Refusal> {
+        if !self.allow_ssh_key {
+            return Err(Refusal::denied(
+                "ssh-key.flag",
+                format!(
+                    "sshKeyPath is refused: the host did not set {ENV_ALLOW_SSH_KEY}=1 when \
+                     starting the MCP server. Use an https repositoryUrl, or ask the user to set \
+                     {ENV_ALLOW_SSH_KEY}=1"
+                ),
+            ));
+        }
+        if raw.is_empty() || raw.contains('\0') || !raw.starts_with('/') {
+            return Err(Refusal::invalid(
+                "ssh-key.absolute",
+                format!("sshKeyPath {raw:?} must be an absolute host path"),
+            ));
+        }
+        let path = PathBuf::from(raw);
+        let not_key = |detail: &str| {
+            Refusal::denied(
+                "ssh-key.format",
+                format!(
+                    "sshKeyPath {raw} is refused: {detail}. It must be a regular file holding an \
+                     OpenSSH or PEM (RSA, EC, DSA) private key; its content is not shown"
+                ),
+            )
+        };
+        let meta = std::fs::symlink_metadata(&path).map_err(|err| {
+            Refusal::denied(
+                "ssh-key.file",
+                format!("sshKeyPath {raw} cannot be read: {}", io_reason(&err)),
+            )
+        })?;
+        if meta.file_type().is_symlink() {
+            return Err(not_key("it is a symlink; name the key file itself"));
+        }
+        if !meta.file_type().is_file() {
+            return Err(not_key("it is not a regular file"));
+        }
+        if meta.len() > SSH_KEY_MAX_BYTES {
+            return Err(not_key("it is larger than any SSH private key"));
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(&path)
+            .map_err(|err| {
+                Refusal::denied(
+                    "ssh-key.file",
+                    format!("sshKeyPath {raw} cannot be read: {}", io_reason(&err)),
+                )
+            })?;
+        // It was swapped between the lstat and the open: judge what was opened.
+        match file.metadata() {
+            Ok(meta) if meta.file_type().is_file() => {}
+            _ => return Err(not_key("it is not a regular file")),
+        }
+        let mut bytes = Vec::new();
+        file.by_ref()
+            .take(SSH_KEY_MAX_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|err| {
+                Refusal::denied(
+                    "ssh-key.file",
+                    format!("sshKeyPath {raw} cannot be read: {}", io_reason(&err)),
+                )
+            })?;
+        if bytes.len() as u64 > SSH_KEY_MAX_BYTES {
+            return Err(not_key("it is larger than any SSH private key"));
+        }
+        if !is_ssh_private_key(&bytes) {
+            return Err(not_key("it does not parse as an SSH private key"));
+        }
+        Ok(path)
+    }
+}
+
+/// An I/O error's reason without the OS's "(os error N)" noise.
+fn io_reason(err: &std::io::Error) -> String {
+    match err.kind() {
+        std::io::ErrorKind::NotFound => "no such file".to_owned(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
+        _ => err.to_string(),
+    }
+}
+
+fn build_roots(inputs: &PolicyInputs, homes: &[PathBuf], warn: &mut dyn FnMut(String)) -> Roots {
+    // Set but empty means no roots (refuse every projectPath), like an empty git host list.
+    let Some(value) = inputs.roots.as_deref() else {
+        let Some(cwd) = &inputs.cwd else {
+            return Roots::None {
+                reason: "the server's working directory is unknown, so it has no default root"
+                    .to_owned(),
+            };
+        };
+        let resolved = std::fs::canonicalize(cwd).unwrap_or_else(|_| normalize_lexically(cwd));
+        if let Some(why) = refused_reason(&resolved, homes) {
+            return Roots::None {
+                reason: format!(
+                    "the MCP server was started from {}, which {why}, so it has no default root",
+                    resolved.display()
+                ),
+            };
+        }
+        return Roots::Dirs(vec![resolved]);
+    };
+    let mut dirs = Vec::new();
+    for entry in value.split(':').map(str::trim).filter(|e| !e.is_empty()) {
+        let path = Path::new(entry);
+        if !path.is_absolute() {
+            warn(format!(
+                "{ENV_ROOTS}: ignoring {entry:?}: roots must be absolute paths"
+            ));
+            continue;
+        }
+        let resolved = match std::fs::canonicalize(path) {
+            Ok(resolved) => resolved,
+            Err(err) => {
+                warn(format!(
+                    "{ENV_ROOTS}: ignoring {entry}: {}",
+                    io_reason(&err)
+                ));
+                continue;
+            }
+        };
+        if !resolved.is_dir() {
+            warn(format!("{ENV_ROOTS}: ignoring {entry}: not a directory"));
+            continue;
+        }
+        if let Some(why) = refused_reason(&resolved, homes) {
+            warn(format!(
+                "{ENV_ROOTS}: ignoring {entry}: it {why}, which is never a root"
+            ));
+            continue;
+        }
+        if !dirs.contains(&resolved) {
+            dirs.push(resolved);
+        }
+    }
+    if dirs.is_empty() {
+        return Roots::None {
+            reason: format!(
+                "{ENV_ROOTS} names no usable directory{}",
+                if value.trim().is_empty() {
+                    " (it is empty)"
+                } else {
+                    " (the server's log says why each entry was ignored)"
+                }
+            ),
+        };
+    }
+    Roots::Dirs(dirs)
+}
+
+fn build_git_hosts(value: Option<&str>, warn: &mut dyn FnMut(String)) -> Vec<String> {
+    let value = value.unwrap_or(DEFAULT_GIT_HOSTS);
+    let mut hosts = Vec::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        match normalize_host(entry) {
+            Ok(host) => {
+                if !hosts.contains(&host) {
+                    hosts.push(host);
+                }
+            }
+            Err(why) => warn(format!("{ENV_GIT_HOSTS}: ignoring {entry:?}: {why}")),
+        }
+    }
+    hosts
+}
+
+/// Why `path` (absolute, resolved) is always refused, or `None`: it is a home directory,
+/// an ancestor of one, or lies in a dot directory directly inside one.
+pub fn refused_reason(path: &Path, homes: &[PathBuf]) -> Option<String> {
+    // The ancestor of every home, even when no home directory is known.
+    if path.parent().is_none() {
+        return Some("is the filesystem root".to_owned());
+    }
+    for home in homes {
+        if path == home {
+            return Some(format!("is the home directory {}", home.display()));
+        }
+        if home.starts_with(path) {
+            return Some(format!(
+                "is an ancestor of the home directory {}",
+                home.display()
+            ));
+        }
+        if let Ok(rest) = path.strip_prefix(home) {
+            if let Some(Component::Normal(first)) = rest.components().next() {
+                if first.as_bytes().starts_with(b".") {
+                    return Some(format!(
+                        "lies in the dot directory {}",
+                        home.join(first).display()
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// `.` and `..` resolved on the spelling alone (for paths that do not exist).
+pub fn normalize_lexically(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for component in path.components() {
+        match component {
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(part) => out.push(part),
+        }
+    }
+    out
+}
+
+/// A git URL that passed the shape checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitUrl {
+    pub form: GitForm,
+    pub user: Option<String>,
+    /// Normalised: lowercase ASCII (IDNA A-labels), no trailing dot; IPv6 in brackets.
+    pub host: String,
+    pub port: Option<u16>,
+    /// Everything after the host (and port): `/owner/repo.git`, or `owner/repo.git` for scp.
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GitForm {
+    Https,
+    Ssh,
+    Scp,
+}
+
+impl fmt::Display for GitUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let port = self.port.map(|p| format!(":{p}")).unwrap_or_default();
+        let user = self
+            .user
+            .as_deref()
+            .map(|u| format!("{u}@"))
+            .unwrap_or_default();
+        match self.form {
+            GitForm::Https => write!(f, "https://{}{port}{}", self.host, self.path),
+            GitForm::Ssh => write!(f, "ssh://{user}{}{port}{}", self.host, self.path),
+            GitForm::Scp => write!(f, "{user}{}:{}", self.host, self.path),
+        }
+    }
+}
+
+/// Parses `https://HOST[:port]/path`, `ssh://[user@]HOST[:port]/path` or `user@HOST:path`,
+/// refusing every other transport and every trick that could make git reach another host
+/// or run a command.
+pub fn parse_git_url(raw: &str) -> Result<GitUrl, Refusal> {
+    let shape = |message: String| Refusal::denied("git.shape", message);
+    if raw.is_empty() {
+        return Err(Refusal::invalid(
+            "git.empty",
+            "repositoryUrl is empty; give an https:// or ssh:// git URL",
+        ));
+    }
+    if raw.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Refusal::denied(
+            "git.characters",
+            "repositoryUrl contains whitespace or control characters, which are refused",
+        ));
+    }
+    if raw.starts_with('-') {
+        return Err(Refusal::denied(
+            "git.option",
+            "repositoryUrl starts with '-', which git would read as an option; refused",
+        ));
+    }
+    if raw.contains('\\') {
+        return Err(shape(
+            "repositoryUrl contains a backslash, which is refused".to_owned(),
+        ));
+    }
+    let lower = raw.to_ascii_lowercase();
+    let (form, rest) = if lower.starts_with("https://") {
+        (GitForm::Https, &raw["https://".len()..])
+    } else if lower.starts_with("ssh://") {
+        (GitForm::Ssh, &raw["ssh://".len()..])
+    } else if let Some(index) = raw.find("://") {
+        let scheme = &raw[..index];
+        return Err(Refusal::denied(
+            "git.transport",
+            format!(
+                "repositoryUrl transport {scheme:?} is refused; only https://HOST/..., \
+                 ssh://[user@]HOST/... and user@HOST:path are allowed"
+            ),
+        ));
+    } else if raw.contains("::") {
+        return Err(Refusal::denied(
+            "git.transport",
+            "repositoryUrl uses git's <transport>::<address> syntax (such as ext::), which is \
+             refused; only https://, ssh:// and user@HOST:path are allowed",
+        ));
+    } else {
+        return parse_scp(raw);
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let path = &rest[end..];
+    if !path.starts_with('/') || path.len() < 2 {
+        return Err(shape(format!(
+            "repositoryUrl {raw} names no repository path after the host"
+        )));
+    }
+    if path.starts_with("//") {
+        return Err(shape(format!(
+            "repositoryUrl {raw} has an empty path segment after the host"
+        )));
+    }
+    let (user, host_port) = match authority.rsplit_once('@') {
+        None => (None, authority),
+        Some((userinfo, host_port)) => {
+            if form == GitForm::Https {
+                return Err(Refusal::denied(
+                    "git.userinfo",
+                    "repositoryUrl carries userinfo (user@ or credentials before the host); \
+                     https URLs must not, and github.com@evil.example would reach evil.example",
+                ));
+            }
+            check_user(userinfo)?;
+            (Some(userinfo.to_owned()), host_port)
+        }
+    };
+    check_path_characters(path)?;
+    let (host, port) = split_port(host_port)?;
+    let host = normalize_host(host).map_err(|why| {
+        Refusal::denied("git.host", format!("repositoryUrl host is refused: {why}"))
+    })?;
+    Ok(GitUrl {
+        form,
+        user,
+        host,
+        port,
+        path: path.to_owned(),
+    })
+}
+
+fn parse_scp(raw: &str) -> Result<GitUrl, Refusal> {
+    if raw.starts_with('/') || raw.starts_with('.') || raw.starts_with('~') {
+        return Err(Refusal::denied(
+            "git.local",
+            "repositoryUrl is a local path, which is refused; use projectPath for local \
+             projects",
+        ));
+    }
+    let Some((left, path)) = raw.split_once(':') else {
+        return Err(Refusal::denied(
+            "git.local",
+            format!(
+                "repositoryUrl {raw:?} is not a URL git would fetch from the network (a local \
+                 path?); use https://HOST/..., ssh://[user@]HOST/... or user@HOST:path"
+            ),
+        ));
+    };
+    if left.contains('/') {
+        return Err(Refusal::denied(
+            "git.local",
+            "repositoryUrl is a local path (a '/' before the ':'), which is refused",
+        ));
+    }
+    let Some((user, host)) = left.split_once('@') else {
+        return Err(Refusal::denied(
+            "git.shape",
+            format!(
+                "repositoryUrl {raw:?} is HOST:path without a user; use user@HOST:path \
+                 (e.g. git@github.com:owner/repo.git) or https://"
+            ),
+        ));
+    };
+    check_user(user)?;
+    if path.is_empty() || path.starts_with('-') || path.starts_with('/') && path.len() < 2 {
+        return Err(Refusal::denied(
+            "git.shape",
+            format!("repositoryUrl {raw:?} names no usable repository path after the ':'"),
+        ));
+    }
+    check_path_characters(path)?;
+    let host = normalize_host(host).map_err(|why| {
+        Refusal::denied("git.host", format!("repositoryUrl host is refused: {why}"))
+    })?;
+    Ok(GitUrl {
+        form: GitForm::Scp,
+        user: Some(user.to_owned()),
+        host,
+        port: None,
+        path: path.to_owned(),
+    })
+}
+
+/// The repository path is passed to git and the remote verbatim: printable ASCII only.
+fn check_path_characters(path: &str) -> Result<(), Refusal> {
+    if path.bytes().all(|b| b.is_ascii_graphic()) {
+        return Ok(());
+    }
+    Err(Refusal::denied(
+        "git.characters",
+        "repositoryUrl path contains characters other than printable ASCII, which are refused",
+    ))
+}
+
+fn check_user(user: &str) -> Result<(), Refusal> {
+    let ok = !user.is_empty()
+        && !user.starts_with('-')
+        && user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        return Ok(());
+    }
+    Err(Refusal::denied(
+        "git.userinfo",
+        "repositoryUrl user part is refused: only a plain user name (letters, digits, '.', \
+         '_', '-'; no password, no second '@') may precede the host, as in git@HOST",
+    ))
+}
+
+fn split_port(host_port: &str) -> Result<(&str, Option<u16>), Refusal> {
+    let bad_port = || {
+        Refusal::denied(
+            "git.shape",
+            "repositoryUrl port must be a number from 1 to 65535",
+        )
+    };
+    let (host, port) = if host_port.starts_with('[') {
+        match host_port.find(']') {
+            Some(close) => {
+                let (host, after) = host_port.split_at(close + 1);
+                match after.strip_prefix(':') {
+                    Some(port) => (host, Some(port)),
+                    None if after.is_empty() => (host, None),
+                    None => return Err(bad_port()),
+                }
+            }
+            None => {
+                return Err(Refusal::denied(
+                    "git.host",
+                    "repositoryUrl host has an unclosed '['",
+                ))
+            }
+        }
+    } else {
+        match host_port.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        }
+    };
+    let port = match port {
+        None => None,
+        Some(p) if !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) => {
+            match p.parse::<u16>() {
+                Ok(0) | Err(_) => return Err(bad_port()),
+                Ok(n) => Some(n),
+            }
+        }
+        Some(_) => return Err(bad_port()),
+    };
+    Ok((host, port))
+}
+
+/// Normalises a host for comparison: IP literals canonical (IPv6 in brackets); names
+/// lowercased, one trailing dot dropped, IDNA (UTS 46) mapped to ASCII. Refuses percent
+/// signs and anything that is not a plain DNS name afterwards.
+pub fn normalize_host(host: &str) -> Result<String, String> {
+    if host.is_empty() {
+        return Err("the host is empty".to_owned());
+    }
+    if host.contains('%') {
+        return Err(format!(
+            "{host:?} contains '%' (percent-encoding or a zone id), which is refused"
+        ));
+    }
+    if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return inner
+            .parse::<Ipv6Addr>()
+            .map(|ip| format!("[{ip}]"))
+            .map_err(|_| format!("{host:?} is not a valid IPv6 literal"));
+    }
+    if let Ok(ip) = host.parse::<Ipv6Addr>() {
+        return Ok(format!("[{ip}]"));
+    }
+    let trimmed = host.strip_suffix('.').unwrap_or(host);
+    if trimmed.is_empty() || trimmed.ends_with('.') {
+        return Err(format!("{host:?} is not a valid host name"));
+    }
+    if let Ok(ip) = trimmed.parse::<Ipv4Addr>() {
+        return Ok(ip.to_string());
+    }
+    let ascii = idna::domain_to_ascii_cow(trimmed.as_bytes(), idna::AsciiDenyList::URL)
+        .map_err(|_| format!("{host:?} is not a valid host name (IDNA)"))?;
+    let valid = !ascii.is_empty()
+        && ascii.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        });
+    if !valid {
+        return Err(format!("{host:?} is not a valid host name"));
+    }
+    // WHATWG URL parsers read all-numeric names (0x7f.1, 2130706433) as IPv4 addresses.
+    if ascii
+        .split('.')
+        .next_back()
+        .is_some_and(|last| last.bytes().all(|b| b.is_ascii_digit()) || last.starts_with("0x"))
+    {
+        return Err(format!(
+            "{host:?} looks like a numeric IPv4 address in a non-standard spelling"
+        ));
+    }
+    Ok(ascii.into_owned())
+}
+
+/// Whether `bytes` is one SSH private key: an OpenSSH key (`openssh-key-v1\0` magic) or a
+/// PEM RSA/EC/DSA private key with a valid base64 body, and nothing else but whitespace.
+pub fn is_ssh_private_key(bytes: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return false;
+    };
+    let text = text.trim();
+    const KINDS: [&str; 4] = [
+        "OPENSSH PRIVATE KEY",
+        "RSA PRIVATE KEY",
+        "EC PRIVATE KEY",
+        "DSA PRIVATE KEY",
+    ];
+    for kind in KINDS {
+        let begin = format!("-----BEGIN {kind}-----");
+        let end = format!("-----END {kind}-----");
+        let Some(body) = text
+            .strip_prefix(begin.as_str())
+            .and_then(|rest| rest.strip_suffix(end.as_str()))
+        else {
+            continue;
+        };
+        if body.contains("-----") {
+            return false;
+        }
+        let mut lines: Vec<&str> = body.lines().map(str::trim).collect();
+        // Legacy encrypted PEM: "Proc-Type: 4,ENCRYPTED" and "DEK-Info: ..." headers, then a
+        // blank line, then the body.
+        if kind != "OPENSSH PRIVATE KEY" {
+            while let Some(first) = lines.iter().position(|l| !l.is_empty()) {
+                if lines[first].contains(':') {
+                    lines.drain(..=first);
+                } else {
+                    break;
+                }
+            }
+        }
+        let joined: String = lines.concat();
+        let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(joined.as_bytes())
+        else {
+            return false;
+        };
+        return if kind == "OPENSSH PRIVATE KEY" {
+            decoded.starts_with(b"openssh-key-v1\0")
+        } else {
+            // DER: a SEQUENCE.
+            decoded.len() > 16 && decoded[0] == 0x30
+        };
+    }
+    false
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn policy_with(inputs: PolicyInputs) -> (Policy, Vec<String>) {
+        let mut warnings = Vec::new();
+        let policy = Policy::new(&inputs, &mut |w| warnings.push(w));
+        (policy, warnings)
+    }
+
+    /// A temp tree: `home/` (with `.ssh/`), `projects/app`, `projects/app2`, `other/`.
+    struct Tree {
+        dir: tempfile::TempDir,
+    }
+
+    impl Tree {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            for sub in [
+                "home/.ssh",
+                "home/work/proj",
+                "projects/app/src",
+                "projects/app2",
+                "other",
+            ] {
+                std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+            }
+            Self { dir }
+        }
+        fn path(&self, rel: &str) -> PathBuf {
+            std::fs::canonicalize(self.dir.path()).unwrap().join(rel)
+        }
+        fn inputs(&self, roots: Option<&str>) -> PolicyInputs {
+            PolicyInputs {
+                roots: roots.map(str::to_owned),
+                cwd: Some(self.path("projects")),
+                homes: vec![self.path("home")],
+                ..PolicyInputs::default()
+            }
+        }
+    }
+
+    fn s(path: &Path) -> String {
+        path.display().to_string()
+    }
+
+    #[test]
+    fn default_root_is_the_working_directory() {
+        let tree = Tree::new();
+        let (policy, _) = policy_with(tree.inputs(None));
+        assert_eq!(policy.roots(), &Roots::Dirs(vec![tree.path("projects")]));
+        let app = tree.path("projects/app");
+        assert_eq!(policy.check_project_path(&s(&app)).unwrap(), app);
+        let err = policy
+            .check_project_path(&s(&tree.path("other")))
+            .unwrap_err();
+        assert_eq!(
+            (err.code, err.rule),
+            (ErrorCode::PolicyDenied, "roots.outside")
+        );
+        assert!(err.message.contains(ENV_ROOTS), "{err}");
+    }
+
+    #[test]
+    fn roots_compare_by_components() {
+        let tree = Tree::new();
+        let root = tree.path("projects/app");
+        let (policy, _) = policy_with(tree.inputs(Some(&s(&root))));
+        assert!(policy.check_project_path(&s(&root.join("src"))).is_ok());
+        let err = policy
+            .check_project_path(&s(&tree.path("projects/app2")))
+            .unwrap_err();
+        assert_eq!(err.rule, "roots.outside");
+    }
+
+    #[test]
+    fn dot_dot_and_symlinks_resolve_before_the_check() {
+        let tree = Tree::new();
+        let root = tree.path("projects/app");
+        let (policy, _) = policy_with(tree.inputs(Some(&s(&root))));
+        let escape = format!("{}/../app2", s(&root));
+        assert_eq!(
+            policy.check_project_path(&escape).unwrap_err().rule,
+            "roots.outside"
+        );
+        let inside = format!("{}/src/..", s(&root));
+        assert_eq!(policy.check_project_path(&inside).unwrap(), root);
+        // A symlink inside the root pointing at ~/.ssh.
+        std::os::unix::fs::symlink(tree.path("home/.ssh"), root.join("keys")).unwrap();
+        let err = policy
+            .check_project_path(&s(&root.join("keys")))
+            .unwrap_err();
+        assert_eq!(err.rule, "roots.refused-home");
+        assert!(err.message.contains(".ssh"), "{err}");
+    }
+
+    #[test]
+    fn home_its_ancestors_and_dot_dirs_are_always_refused() {
+        let tree = Tree::new();
+        let root = tree.path("");
+        let (policy, warnings) =
+            policy_with(tree.inputs(Some(&format!("{}:{}:/", s(&root), s(&tree.path("home"))))));
+        // All three roots are refused paths themselves: ignored with a warning each.
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert!(matches!(policy.roots(), Roots::None { .. }));
+
+        let (policy, _) = policy_with(tree.inputs(Some(&s(&tree.path("home/work")))));
+        assert!(policy
+            .check_project_path(&s(&tree.path("home/work/proj")))
+            .is_ok());
+        let homes = vec![tree.path("home")];
+        for refused in ["home", "home/.ssh", "home/.aws/x", ""] {
+            assert!(
+                refused_reason(&tree.path(refused), &homes).is_some(),
+                "{refused}"
+            );
+        }
+        assert!(refused_reason(Path::new("/"), &homes).is_some());
+        assert!(refused_reason(Path::new("/"), &[]).is_some());
+        assert!(refused_reason(&tree.path("home/work/.git"), &homes).is_none());
+    }
+
+    #[test]
+    fn started_from_home_or_root_has_no_default_root() {
+        let tree = Tree::new();
+        for cwd in [
+            tree.path("home"),
+            PathBuf::from("/"),
+            tree.path("home/.config"),
+        ] {
+            let mut inputs = tree.inputs(None);
+            inputs.cwd = Some(cwd.clone());
+            let (policy, _) = policy_with(inputs);
+            let err = policy
+                .check_project_path(&s(&tree.path("projects/app")))
+                .unwrap_err();
+            assert_eq!(err.rule, "roots.none", "{cwd:?}");
+            assert!(err.message.contains(ENV_ROOTS), "{err}");
+        }
+    }
+
+    #[test]
+    fn an_empty_roots_variable_refuses_everything() {
+        let tree = Tree::new();
+        let (policy, _) = policy_with(tree.inputs(Some("")));
+        let err = policy
+            .check_project_path(&s(&tree.path("projects/app")))
+            .unwrap_err();
+        assert_eq!(err.rule, "roots.none");
+        assert!(err.message.contains("empty"), "{err}");
+    }
+
+    #[test]
+    fn a_root_that_is_a_symlink_is_resolved() {
+        let tree = Tree::new();
+        let link = tree.path("other/link");
+        std::os::unix::fs::symlink(tree.path("projects/app"), &link).unwrap();
+        let (policy, _) = policy_with(tree.inputs(Some(&s(&link))));
+        assert_eq!(
+            policy.roots(),
+            &Roots::Dirs(vec![tree.path("projects/app")])
+        );
+        assert!(policy
+            .check_project_path(&s(&tree.path("projects/app/src")))
+            .is_ok());
+        assert!(policy.check_project_path(&s(&link.join("src"))).is_ok());
+    }
+
+    #[test]
+    fn malformed_and_missing_paths() {
+        let tree = Tree::new();
+        let (policy, _) = policy_with(tree.inputs(None));
+        let err = policy.check_project_path("relative/path").unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        let missing = tree.path("projects/nope");
+        let err = policy.check_project_path(&s(&missing)).unwrap_err();
+        assert_eq!(
+            (err.code, err.rule),
+            (ErrorCode::InvalidArgument, "roots.missing")
+        );
+        // Outside the roots a missing path is refused like any other.
+        let err = policy
+            .check_project_path(&s(&tree.path("other/nope")))
+            .unwrap_err();
+        assert_eq!(err.rule, "roots.outside");
+        let file = tree.path("projects/file");
+        std::fs::write(&file, "x").unwrap();
+        assert_eq!(
+            policy.check_project_path(&s(&file)).unwrap_err().rule,
+            "roots.not-directory"
+        );
+    }
+
+    fn git_policy(hosts: Option<&str>) -> Policy {
+        let inputs = PolicyInputs {
+            git_hosts: hosts.map(str::to_owned),
+            ..PolicyInputs::default()
+        };
+        policy_with(inputs).0
+    }
+
+    #[test]
+    fn git_urls_good() {
+        let policy = git_policy(None);
+        for (url, normalized) in [
+            ("https://github.com/o/r.git", "https://github.com/o/r.git"),
+            ("HTTPS://GitHub.COM/o/r", "https://github.com/o/r"),
+            ("https://github.com./o/r", "https://github.com/o/r"),
+            (
+                "https://gitlab.com:443/group/sub/r.git",
+                "https://gitlab.com:443/group/sub/r.git",
+            ),
+            (
+                "ssh://git@github.com/o/r.git",
+                "ssh://git@github.com/o/r.git",
+            ),
+            ("ssh://github.com:22/o/r.git", "ssh://github.com:22/o/r.git"),
+            ("git@github.com:o/r.git", "git@github.com:o/r.git"),
+            ("git@bitbucket.org:o/r", "git@bitbucket.org:o/r"),
+        ] {
+            assert_eq!(
+                policy.check_repository_url(url).as_deref(),
+                Ok(normalized),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn git_urls_bad() {
+        let policy = git_policy(None);
+        for (url, rule) in [
+            ("http://github.com/o/r", "git.transport"),
+            ("git://github.com/o/r", "git.transport"),
+            ("file:///etc/passwd", "git.transport"),
+            ("ext::sh -c touch% /tmp/x", "git.characters"),
+            ("ext::sh", "git.transport"),
+            ("fd::3", "git.transport"),
+            ("/srv/repo.git", "git.local"),
+            ("./repo", "git.local"),
+            ("~/repo", "git.local"),
+            ("repo", "git.local"),
+            ("-uhttps://github.com/o/r", "git.option"),
+            ("--upload-pack=touch /tmp/x", "git.characters"),
+            ("https://github.com@evil.example/o/r", "git.userinfo"),
+            ("https://user:pw@github.com/o/r", "git.userinfo"),
+            ("ssh://a@b@github.com/o/r", "git.userinfo"),
+            ("ssh://-oProxyCommand=x@github.com/o/r", "git.userinfo"),
+            ("https://evil.example/o/r", "git.host"),
+            ("https://github.com.evil.example/o/r", "git.host"),
+            ("https://github%2ecom/o/r", "git.host"),
+            ("https://127.0.0.1/o/r", "git.host"),
+            ("https://[::1]/o/r", "git.host"),
+            ("https://0x7f.1/o/r", "git.host"),
+            ("https://github.com", "git.shape"),
+            ("https://github.com/", "git.shape"),
+            ("https://github.com#@evil.example/o/r", "git.shape"),
+            ("https://github.com:0/o/r", "git.shape"),
+            ("https://github.com:99999/o/r", "git.shape"),
+            ("https://github.com:x/o/r", "git.shape"),
+            ("https://github.com/o/r\n", "git.characters"),
+            ("https://github.com/o r", "git.characters"),
+            ("https://github.com/o/r\u{7f}", "git.characters"),
+            ("https://github.com\\@evil.example/o/r", "git.shape"),
+            ("github.com:o/r", "git.shape"),
+            ("git@github.com:-oProxyCommand=x", "git.shape"),
+            ("git@evil.example:o/r", "git.host"),
+            ("https://github.com/o/r\u{200b}", "git.characters"),
+            ("https://github.com/o/\u{e9}", "git.characters"),
+            ("", "git.empty"),
+        ] {
+            let err = policy.check_repository_url(url).unwrap_err();
+            assert_eq!(err.rule, rule, "{url:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn git_hosts_variable_and_idna() {
+        let policy = git_policy(Some(
+            " Git.Example.COM. , bücher.example,127.0.0.1,bad host",
+        ));
+        assert_eq!(
+            policy.git_hosts(),
+            &["git.example.com", "xn--bcher-kva.example", "127.0.0.1"]
+        );
+        assert!(policy
+            .check_repository_url("https://git.example.com/o/r")
+            .is_ok());
+        assert_eq!(
+            policy
+                .check_repository_url("https://BÜCHER.example/o/r")
+                .unwrap(),
+            "https://xn--bcher-kva.example/o/r"
+        );
+        assert!(policy.check_repository_url("https://127.0.0.1/o/r").is_ok());
+        assert!(policy
+            .check_repository_url("https://github.com/o/r")
+            .is_err());
+        let none = git_policy(Some(""));
+        assert!(none.git_hosts().is_empty());
+        assert!(none.check_repository_url("https://github.com/o/r").is_err());
+    }
+
+    #[test]
+    fn network_flags() {
+        let (closed, _) = policy_with(PolicyInputs::default());
+        assert!(closed.check_network("none").is_ok());
+        let err = closed.check_network("filtered").unwrap_err();
+        assert!(err.message.contains(ENV_ALLOW_FILTERED), "{err}");
+        let err = closed.check_network("nat").unwrap_err();
+        assert!(err.message.contains(ENV_ALLOW_NAT), "{err}");
+        let (open, warnings) = policy_with(PolicyInputs {
+            allow_filtered: Some("1".into()),
+            allow_nat: Some("yes".into()),
+            ..PolicyInputs::default()
+        });
+        assert!(open.check_network("filtered").is_ok());
+        assert!(open.check_network("nat").is_err());
+        assert_eq!(warnings.len(), 1);
+    }
+
+    /// An OpenSSH-format key as ssh-keygen lays it out (magic, then the key blobs).
+    fn openssh_key() -> String {
+        let mut blob = b"openssh-key-v1\0".to_vec();
+        blob.extend_from_slice(&[0, 0, 0, 4]);
+        blob.extend_from_slice(b"none");
+        blob.extend_from_slice(&[7u8; 100]);
+        let body = base64::engine::general_purpose::STANDARD.encode(blob);
+        let lines: Vec<String> = body
+            .as_bytes()
+            .chunks(70)
+            .map(|c| String::from_utf8(c.to_vec()).unwrap())
+            .collect();
+        format!(
+            "-----BEGIN OPENSSH PRIVATE KEY-----\n{}\n-----END OPENSSH PRIVATE KEY-----\n",
+            lines.join("\n")
+        )
+    }
+
+    #[test]
+    fn ssh_key_shapes() {
+        let openssh = openssh_key();
+        assert!(is_ssh_private_key(openssh.as_bytes()));
+        let body = base64::engine::general_purpose::STANDARD.encode([0x30u8; 40]);
+        let rsa =
+            format!("-----BEGIN RSA PRIVATE KEY-----\n{body}\n-----END RSA PRIVATE KEY-----\n");
+        assert!(is_ssh_private_key(rsa.as_bytes()));
+        let encrypted = format!(
+            "-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00\n\n{body}\n-----END EC PRIVATE KEY-----"
+        );
+        assert!(is_ssh_private_key(encrypted.as_bytes()));
+        for bad in [
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB user@host".to_owned(),
+            "-----BEGIN OPENSSH PRIVATE KEY-----\n!!!!\n-----END OPENSSH PRIVATE KEY-----"
+                .to_owned(),
+            openssh.replace("b3Blbn", "AAAAAA"),
+            format!("{openssh}trailing"),
+            rsa.replace("RSA PRIVATE KEY-----\n", "RSA PRIVATE KEY-----\n-----"),
+            "secret".to_owned(),
+        ] {
+            assert!(!is_ssh_private_key(bad.as_bytes()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ssh_key_file_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("id");
+        std::fs::write(&key, openssh_key()).unwrap();
+        let not_key = dir.path().join("notes");
+        std::fs::write(&not_key, "TOP-SECRET-CONTENT").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&key, &link).unwrap();
+
+        let (closed, _) = policy_with(PolicyInputs::default());
+        assert_eq!(
+            closed.check_ssh_key(&s(&key)).unwrap_err().rule,
+            "ssh-key.flag"
+        );
+        let (open, _) = policy_with(PolicyInputs {
+            allow_ssh_key: Some("1".into()),
+            ..PolicyInputs::default()
+        });
+        assert_eq!(open.check_ssh_key(&s(&key)).unwrap(), key);
+        let err = open.check_ssh_key(&s(&not_key)).unwrap_err();
+        assert_eq!(
+            (err.code, err.rule),
+            (ErrorCode::PolicyDenied, "ssh-key.format")
+        );
+        assert!(!err.message.contains("TOP-SECRET"), "{err}");
+        assert_eq!(
+            open.check_ssh_key(&s(&link)).unwrap_err().rule,
+            "ssh-key.format"
+        );
+        assert_eq!(
+            open.check_ssh_key(&s(dir.path())).unwrap_err().rule,
+            "ssh-key.format"
+        );
+        assert_eq!(
+            open.check_ssh_key(&s(&dir.path().join("missing")))
+                .unwrap_err()
+                .rule,
+            "ssh-key.file"
+        );
+        assert_eq!(
+            open.check_ssh_key("id").unwrap_err().code,
+            ErrorCode::InvalidArgument
+        );
+    }
+}

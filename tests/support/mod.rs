@@ -222,7 +222,10 @@ impl Drop for TestHome {
         };
         for task in value["tasks"].as_array().into_iter().flatten() {
             if let Some(id) = task["id"].as_str() {
-                let _ = self.command().args(["rm", id, "--force", "--purge"]).output();
+                let _ = self
+                    .command()
+                    .args(["rm", id, "--force", "--purge"])
+                    .output();
             }
         }
         for sandbox in value["sandboxes"].as_array().into_iter().flatten() {

@@ -40,14 +40,30 @@ const HOST_SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64
 const HOST_ETC_BINDS: &[&str] = &["etc/ssl/certs", "etc/ca-certificates", "etc/alternatives"];
 
 /// Prepares (once) and returns the `host` image under `images_dir`.
+///
+/// Each revision of the skeleton lives in its own directory and is never changed once
+/// installed: running sandboxes use it as their overlay's lower layer, which must not change
+/// under them. Concurrent starts serialise on a lock file while one of them builds it.
 pub fn host_image(images_dir: &Path) -> Result<Image> {
     let dir = images_dir.join("host");
-    let root = dir.join("rootfs");
-    let marker = dir.join("revision");
-    let current = fs::read_to_string(&marker).unwrap_or_default();
-    if current.trim() != HOST_IMAGE_REVISION || !root.is_dir() {
-        build_host_skeleton(&dir, &root)?;
-        fs::write(&marker, HOST_IMAGE_REVISION).context("writing the image revision")?;
+    let root = dir.join(format!("rootfs-r{HOST_IMAGE_REVISION}"));
+    if !root.is_dir() {
+        fs::create_dir_all(&dir).context(format_args!("creating {}", dir.display()))?;
+        let lock_path = dir.join(".lock");
+        let lock_file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .context(format_args!("opening {}", lock_path.display()))?;
+        let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, err)| {
+                Error::internal(format!("locking {}: {err}", lock_path.display()))
+            })?;
+        // Another start may have built it while we waited for the lock.
+        if !root.is_dir() {
+            build_host_skeleton(&dir, &root)?;
+        }
     }
 
     let mut ro_binds = Vec::new();
@@ -76,8 +92,8 @@ fn is_real_dir(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Builds the skeleton in a fresh directory and swaps it in, so a crash mid-build never leaves
-/// a half-made image that later sandboxes would use.
+/// Builds the skeleton in a staging directory and renames it into place, so a crash mid-build
+/// never leaves a half-made image that later sandboxes would use. Callers hold the lock.
 fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
     fs::create_dir_all(dir).context(format_args!("creating {}", dir.display()))?;
     let staging = dir.join(format!("rootfs.new-{}", std::process::id()));
@@ -147,11 +163,6 @@ fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
         write_file(&staging.join(rel), content, *mode)?;
     }
 
-    if root.exists() {
-        let old = dir.join(format!("rootfs.old-{}", std::process::id()));
-        fs::rename(root, &old).context("replacing the old image skeleton")?;
-        let _ = fs::remove_dir_all(&old);
-    }
     fs::rename(&staging, root).map_err(|err| {
         Error::internal(format!(
             "installing the image skeleton at {}: {err}",
@@ -191,5 +202,27 @@ mod tests {
         // A second call reuses the skeleton.
         let again = host_image(dir.path()).unwrap();
         assert_eq!(again.root, image.root);
+    }
+
+    #[test]
+    fn concurrent_first_starts_build_the_skeleton_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| host_image(dir.path())))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap().unwrap().root)
+                .collect()
+        });
+        assert!(roots.windows(2).all(|w| w[0] == w[1]));
+        let leftovers: Vec<_> = fs::read_dir(dir.path().join("host"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("rootfs.new"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 }

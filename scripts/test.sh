@@ -7,7 +7,7 @@ scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 
 cargo build --workspace --all-targets --locked
-cargo test --workspace --locked -- --test-threads "${DYNOCAP_TEST_THREADS:-4}"
+cargo test --workspace --locked --no-fail-fast -- --test-threads "${DYNOCAP_TEST_THREADS:-4}"
 
 # MCP end-to-end tests: `dynocap mcp` driven by real MCP clients (the official Python SDK and
 # the MCP Inspector CLI); see tests/mcp/README.md.

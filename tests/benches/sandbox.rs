@@ -6,9 +6,11 @@
 //!
 //! Run with `scripts/bench.sh` (builds the release binaries first). Needs root and bwrap.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use dynocap_e2e::bench::{proc_kib, release_bins, report, sample};
 
 use dynocap_engine::spec::{ExecSpec, RunSpec};
 use dynocap_engine::{Engine, Home};
@@ -126,11 +128,17 @@ fn main() {
     let hot = supervisors[0];
     let one_rss: u64 = std::iter::once(hot)
         .chain(child_pids(hot))
-        .map(|p| status_kib(p, "VmRSS:"))
+        .map(|p| proc_kib(p, "status", "VmRSS:"))
         .sum();
     let n = supervisors.len() as f64;
-    let pss: u64 = processes.iter().map(|&p| rollup_kib(p, "Pss:")).sum();
-    let anon: u64 = processes.iter().map(|&p| rollup_kib(p, "Anonymous:")).sum();
+    let pss: u64 = processes
+        .iter()
+        .map(|&p| proc_kib(p, "smaps_rollup", "Pss:"))
+        .sum();
+    let anon: u64 = processes
+        .iter()
+        .map(|&p| proc_kib(p, "smaps_rollup", "Anonymous:"))
+        .sum();
     println!(
         "idle sandbox memory: RSS of one (supervisor + agent) {:.2} MiB | per sandbox of {} idle: PSS {:.2} MiB, private anonymous {:.2} MiB (target < 10 MiB; PSS ratio to target {:.2})",
         one_rss as f64 / 1024.0,
@@ -143,49 +151,6 @@ fn main() {
         cli(&["destroy", &format!("idle{i}")]);
     }
     runtime.block_on(engine.destroy("hot")).expect("destroy");
-}
-
-fn release_bins() -> PathBuf {
-    let exe = std::env::current_exe().expect("bench path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf();
-    assert!(
-        dir.join("dynocap").is_file(),
-        "build first: cargo build --release -p dynocap -p dynocap-agent"
-    );
-    dir
-}
-
-/// Runs `f` `n` times (after one warm-up) and returns the durations, sorted.
-fn sample(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
-    f(n);
-    let mut times: Vec<Duration> = (0..n)
-        .map(|i| {
-            let start = Instant::now();
-            f(i);
-            start.elapsed()
-        })
-        .collect();
-    times.sort();
-    times
-}
-
-fn median(times: &[Duration]) -> Duration {
-    times[times.len() / 2]
-}
-
-fn report(name: &str, times: &[Duration], baseline: &str, base: &[Duration]) {
-    let (m, b) = (median(times), median(base));
-    println!(
-        "{name}: median {:.2} ms (p90 {:.2} ms) | {baseline}: median {:.2} ms | ratio {:.2}x",
-        m.as_secs_f64() * 1e3,
-        times[times.len() * 9 / 10].as_secs_f64() * 1e3,
-        b.as_secs_f64() * 1e3,
-        m.as_secs_f64() / b.as_secs_f64()
-    );
 }
 
 /// Supervisors of the live sandboxes in this home, the "hot" one first.
@@ -208,26 +173,4 @@ fn child_pids(pid: i32) -> Vec<i32> {
         .split_whitespace()
         .filter_map(|p| p.parse().ok())
         .collect()
-}
-
-fn status_kib(pid: i32, field: &str) -> u64 {
-    kib_field(
-        &std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default(),
-        field,
-    )
-}
-
-fn rollup_kib(pid: i32, field: &str) -> u64 {
-    kib_field(
-        &std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default(),
-        field,
-    )
-}
-
-fn kib_field(text: &str, field: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use dynocap_e2e::bench::{proc_kib, release_bins, report, sample};
+
 fn main() {
     let bins = release_bins();
     let work = tempfile::Builder::new()
@@ -195,7 +197,7 @@ impl RssWatcher {
             let mut peak = 0;
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 for pid in supervisors(&home) {
-                    peak = peak.max(rss_kib(pid));
+                    peak = peak.max(proc_kib(pid, "status", "VmRSS:"));
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -314,52 +316,4 @@ fn git(dir: &Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn release_bins() -> PathBuf {
-    let exe = std::env::current_exe().expect("bench path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf();
-    assert!(
-        dir.join("dynocap").is_file(),
-        "build first: cargo build --release -p dynocap -p dynocap-agent"
-    );
-    dir
-}
-
-/// Runs `f` `n` times (after one warm-up run, given index `n`) and returns sorted durations.
-fn sample(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
-    f(n);
-    let mut times: Vec<Duration> = (0..n)
-        .map(|i| {
-            let start = Instant::now();
-            f(i);
-            start.elapsed()
-        })
-        .collect();
-    times.sort();
-    times
-}
-
-fn report(name: &str, times: &[Duration], baseline: &str, base: &[Duration]) {
-    let (m, b) = (times[times.len() / 2], base[base.len() / 2]);
-    println!(
-        "{name}: median {:.1} ms | {baseline}: median {:.1} ms | ratio {:.2}x (target ≤ 1.5x)",
-        m.as_secs_f64() * 1e3,
-        b.as_secs_f64() * 1e3,
-        m.as_secs_f64() / b.as_secs_f64()
-    );
-}
-
-fn rss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }

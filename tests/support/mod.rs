@@ -1,6 +1,8 @@
 //! Shared helpers for the end-to-end tests: locate the built binaries, give every test its
 //! own `DYNOCAP_HOME`, run `dynocap` as a user would, and clean up sandboxes afterwards.
 
+pub mod bench;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -254,7 +254,17 @@ impl Engine {
 
     /// Runs a command in a raw sandbox (default cwd `/`).
     pub async fn exec(&self, name: &str, spec: &ExecSpec) -> Result<ExecResult> {
-        let record = self.live_record(name, Kind::Raw)?;
+        self.exec_in(Kind::Raw, name, spec).await
+    }
+
+    /// Runs a command in a live sandbox of the given kind (tasks also log it).
+    pub(crate) async fn exec_in(
+        &self,
+        kind: Kind,
+        name: &str,
+        spec: &ExecSpec,
+    ) -> Result<ExecResult> {
+        let record = self.live_record(name, kind)?;
         match self
             .call(&record, &ControlRequest::Exec { spec: spec.clone() })
             .await?

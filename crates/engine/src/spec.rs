@@ -90,8 +90,36 @@ impl RunSpec {
         memory_mb: Option<u64>,
     ) -> Result<Self> {
         validate_name(name)?;
-        let spec = Self {
+        let resources = Resources::new(network, ttl_seconds, cpus, memory_mb, RAW_CPUS_DEFAULT)?;
+        Ok(Self {
             name: name.to_owned(),
+            network: resources.network,
+            ttl_seconds: resources.ttl_seconds,
+            cpus: resources.cpus,
+            memory_mb: resources.memory_mb,
+        })
+    }
+}
+
+/// What every sandbox (raw or task) is given, defaults applied and every value checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resources {
+    pub network: Network,
+    pub ttl_seconds: u64,
+    pub cpus: u32,
+    pub memory_mb: u64,
+}
+
+impl Resources {
+    /// `default_cpus` differs between raw sandboxes (1) and tasks (2); the rest is shared.
+    pub fn new(
+        network: Option<&str>,
+        ttl_seconds: Option<u64>,
+        cpus: Option<u64>,
+        memory_mb: Option<u64>,
+        default_cpus: u32,
+    ) -> Result<Self> {
+        Ok(Self {
             network: network
                 .map(Network::parse)
                 .transpose()?
@@ -102,15 +130,14 @@ impl RunSpec {
                 TTL_MIN,
                 TTL_MAX,
             )?,
-            cpus: check_cpus(cpus.unwrap_or(u64::from(RAW_CPUS_DEFAULT)))?,
+            cpus: check_cpus(cpus.unwrap_or(u64::from(default_cpus)))?,
             memory_mb: check_range(
                 "memoryMB",
                 memory_mb.unwrap_or(MEMORY_MB_DEFAULT),
                 MEMORY_MB_MIN,
                 MEMORY_MB_MAX,
             )?,
-        };
-        Ok(spec)
+        })
     }
 }
 

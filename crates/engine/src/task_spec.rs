@@ -11,10 +11,7 @@ use crate::error::{Error, Result};
 use crate::import::History;
 use crate::patch::{DiffSummary, SensitivePath};
 use crate::sandboxes::SandboxInfo;
-use crate::spec::{
-    check_range, validate_name, Network, MEMORY_MB_DEFAULT, MEMORY_MB_MAX, MEMORY_MB_MIN,
-    TASK_CPUS_DEFAULT, TTL_DEFAULT, TTL_MAX, TTL_MIN,
-};
+use crate::spec::{validate_name, Network, Resources, TASK_CPUS_DEFAULT};
 
 /// Where a task's project comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,28 +76,15 @@ impl TaskStartSpec {
         if let Some(name) = &name {
             validate_name(name)?;
         }
-        let cpus = check_range("cpus", cpus.unwrap_or(u64::from(TASK_CPUS_DEFAULT)), 1, 64)?;
+        let resources = Resources::new(network, ttl_seconds, cpus, memory_mb, TASK_CPUS_DEFAULT)?;
         Ok(Self {
             source,
             history,
             name,
-            network: network
-                .map(Network::parse)
-                .transpose()?
-                .unwrap_or(Network::None),
-            ttl_seconds: check_range(
-                "ttlSeconds",
-                ttl_seconds.unwrap_or(TTL_DEFAULT),
-                TTL_MIN,
-                TTL_MAX,
-            )?,
-            cpus: u32::try_from(cpus).map_err(|_| Error::invalid("cpus is out of range"))?,
-            memory_mb: check_range(
-                "memoryMB",
-                memory_mb.unwrap_or(MEMORY_MB_DEFAULT),
-                MEMORY_MB_MIN,
-                MEMORY_MB_MAX,
-            )?,
+            network: resources.network,
+            ttl_seconds: resources.ttl_seconds,
+            cpus: resources.cpus,
+            memory_mb: resources.memory_mb,
         })
     }
 }

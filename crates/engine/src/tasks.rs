@@ -50,15 +50,7 @@ impl Engine {
 
     /// Runs a command in a task's workspace (default cwd `/workspace`); logged in exec.jsonl.
     pub async fn task_exec(&self, target: &str, spec: &ExecSpec) -> Result<ExecResult> {
-        let record = self.live_record(target, Kind::Task)?;
-        match self
-            .call(&record, &ControlRequest::Exec { spec: spec.clone() })
-            .await?
-        {
-            ControlReply::Exec(result) => Ok(result),
-            ControlReply::Error(err) => Err(err),
-            other => Err(unexpected(&other)),
-        }
+        self.exec_in(Kind::Task, target, spec).await
     }
 
     /// The patch baseline → working tree and the host's reading of it.

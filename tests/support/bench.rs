@@ -1,0 +1,57 @@
+//! Helpers the benchmarks share: locating the release binaries, sampling, reporting a
+//! measurement beside its baseline as a ratio, and reading a process's memory counters.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// `target/release/`, where `scripts/bench.sh` built `dynocap` and `dynocap-agent`.
+pub fn release_bins() -> PathBuf {
+    let exe = std::env::current_exe().expect("bench path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf();
+    assert!(
+        dir.join("dynocap").is_file() && dir.join("dynocap-agent").is_file(),
+        "build first: cargo build --release -p dynocap -p dynocap-agent"
+    );
+    dir
+}
+
+/// Runs `f` `n` times after one warm-up run (given index `n`); returns the sorted durations.
+pub fn sample(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
+    f(n);
+    let mut times: Vec<Duration> = (0..n)
+        .map(|i| {
+            let start = Instant::now();
+            f(i);
+            start.elapsed()
+        })
+        .collect();
+    times.sort();
+    times
+}
+
+/// Prints one line: the measurement's median and p90, the baseline's median, their ratio.
+pub fn report(name: &str, times: &[Duration], baseline: &str, base: &[Duration]) {
+    let (m, b) = (times[times.len() / 2], base[base.len() / 2]);
+    println!(
+        "{name}: median {:.2} ms (p90 {:.2} ms) | {baseline}: median {:.2} ms | ratio {:.2}x",
+        m.as_secs_f64() * 1e3,
+        times[times.len() * 9 / 10].as_secs_f64() * 1e3,
+        b.as_secs_f64() * 1e3,
+        m.as_secs_f64() / b.as_secs_f64()
+    );
+}
+
+/// A `Field:  N kB` counter of /proc/PID/status (`VmRSS:`) or smaps_rollup (`Pss:`), in KiB.
+pub fn proc_kib(pid: i32, file: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}

@@ -215,7 +215,8 @@ mod tests {
 
     #[test]
     fn terminal_interprets_carriage_return_and_colours() {
-        let out = render_terminal(b"progress 10%\rprogress 100%\n\x1b[31mred\x1b[0m text\n");
+        // What a pty delivers: its line discipline turns each "\n" into "\r\n".
+        let out = render_terminal(b"progress 10%\rprogress 100%\r\n\x1b[31mred\x1b[0m text\r\n");
         assert_eq!(out, "progress 100%\nred text\n");
     }
 

@@ -4,6 +4,11 @@
 # flags what a reviewer must look at, and finish hands back a verified patch that applies to
 # the project. Also shows a raw sandbox. Needs root for the jail backend's uid mapping.
 set -euo pipefail
+# The jail backend needs root; elevate once, keeping the caller's Rust toolchain on PATH.
+if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null 2>&1 || { echo "$0: run this as root (sudo is not installed)" >&2; exit 1; }
+    exec sudo --preserve-env=PATH,HOME,CARGO_HOME,RUSTUP_HOME,DYNOCAP_HOME "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -19,6 +24,7 @@ run() { say "$*"; "$@"; }
 project=$(mktemp -d /tmp/dynocap-sample.XXXXXX)
 git -C "$project" init -q -b main
 printf 'def add(a, b):\n    return a - b\n' > "$project/calc.py"
+printf '__pycache__/\n' > "$project/.gitignore"
 printf '{\n  "name": "sample",\n  "scripts": { "test": "python3 -m pytest" }\n}\n' > "$project/package.json"
 git -C "$project" add -A
 git -C "$project" -c user.name=demo -c user.email=demo@example.com commit -q -m "first version"

@@ -2,6 +2,11 @@
 # Runs the whole DynoCap test suite: unit tests and the end-to-end tests that drive the real
 # binaries. The end-to-end tests need root (namespaces mapped to a host uid range, cgroups).
 set -euo pipefail
+# The jail backend needs root; elevate once, keeping the caller's Rust toolchain on PATH.
+if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null 2>&1 || { echo "$0: run this as root (sudo is not installed)" >&2; exit 1; }
+    exec sudo --preserve-env=PATH,HOME,CARGO_HOME,RUSTUP_HOME,DYNOCAP_HOME "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"

@@ -37,6 +37,13 @@ if ! command -v cargo >/dev/null 2>&1; then
     }
 fi
 
+# The guest agent is a static binary (musl), so it runs in any guest image whatever its libc.
+export PATH="$HOME/.cargo/bin:$PATH"
+if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed | grep -qx x86_64-unknown-linux-musl; then
+    echo "install-deps: adding the Rust target x86_64-unknown-linux-musl (static guest agent)" >&2
+    rustup target add x86_64-unknown-linux-musl
+fi
+
 # The MCP tests' clients, pinned: the Python SDK in target/mcp-venv (tests/mcp/requirements.txt)
 # and the MCP Inspector in tests/mcp/node_modules (tests/mcp/package-lock.json, which also brings
 # the Node.js >= 22.19 it needs). Reinstalled only when the pins change.

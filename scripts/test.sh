@@ -12,7 +12,11 @@ scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 
 cargo build --workspace --all-targets --locked
-cargo test --workspace --locked --no-fail-fast -- --test-threads "${DYNOCAP_TEST_THREADS:-4}"
+# The end-to-end tests boot guests with the static agent, as installs do; the MCP tests below
+# keep finding the agent beside dynocap, the default lookup.
+cargo build --locked --target x86_64-unknown-linux-musl -p dynocap-agent
+DYNOCAP_AGENT="$PWD/target/x86_64-unknown-linux-musl/debug/dynocap-agent" \
+    cargo test --workspace --locked --no-fail-fast -- --test-threads "${DYNOCAP_TEST_THREADS:-4}"
 
 # MCP end-to-end tests: `dynocap mcp` driven by real MCP clients (the official Python SDK and
 # the MCP Inspector CLI); see tests/mcp/README.md.

@@ -21,7 +21,10 @@ fn main() {
         .prefix("dcb")
         .tempdir_in("/tmp")
         .expect("temp home");
-    std::env::set_var("DYNOCAP_AGENT", bins.join("dynocap-agent"));
+    // scripts/bench.sh points DYNOCAP_AGENT at the static agent, as installs use.
+    if std::env::var_os("DYNOCAP_AGENT").is_none() {
+        std::env::set_var("DYNOCAP_AGENT", bins.join("dynocap-agent"));
+    }
     let dynocap = bins.join("dynocap");
     let cli = |args: &[&str]| {
         let out = Command::new(&dynocap)

@@ -321,9 +321,7 @@ impl Engine {
         }
         if let Some(current) = catalog.get(&record.id)? {
             if !current.state.is_live() {
-                crate::backend::select()?
-                    .cleanup_leftovers(&current.id, &self.home.sandbox_dir(&current.id))?;
-                let _ = std::fs::remove_dir_all(self.home.sandbox_dir(&current.id));
+                remove_leftovers(&self.home, &current.id)?;
                 catalog.delete(&current.id)?;
             }
         }
@@ -400,14 +398,20 @@ impl Engine {
                 None => "its supervisor never started".to_owned(),
             };
             if catalog.transition(&record.id, record.state, State::Lost, Some(&note))? {
-                let _ = std::fs::remove_file(self.home.control_socket(&record.id));
-                crate::backend::select()?
-                    .cleanup_leftovers(&record.id, &self.home.sandbox_dir(&record.id))?;
-                let _ = std::fs::remove_dir_all(self.home.sandbox_dir(&record.id));
+                remove_leftovers(&self.home, &record.id)?;
             }
         }
         Ok(())
     }
+}
+
+/// Removes what a sandbox whose supervisor is gone left behind: processes and cgroups (the
+/// backend's part), its state directory and its control socket. Idempotent.
+fn remove_leftovers(home: &Home, id: &str) -> Result<()> {
+    let _ = std::fs::remove_file(home.control_socket(id));
+    crate::backend::select()?.cleanup_leftovers(id, &home.sandbox_dir(id))?;
+    let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
+    Ok(())
 }
 
 /// Descriptor number on which a supervisor finds its ready pipe.
@@ -484,11 +488,7 @@ impl Drop for StartGuard {
                 }
             }
         }
-        if let Ok(backend) = crate::backend::select() {
-            let _ = backend.cleanup_leftovers(&self.id, &self.home.sandbox_dir(&self.id));
-        }
-        let _ = std::fs::remove_dir_all(self.home.sandbox_dir(&self.id));
-        let _ = std::fs::remove_file(self.home.control_socket(&self.id));
+        let _ = remove_leftovers(&self.home, &self.id);
         let _ = std::fs::remove_dir_all(crate::finish::results_dir(self.home.root(), &self.id));
         let _ = catalog.delete(&self.id);
     }

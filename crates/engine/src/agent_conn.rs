@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dynocap_proto::{
-    channel, from_payload, to_payload, Frame, FrameKind, FrameReader, FrameWriter, Hello, Request,
-    CONTROL_STREAM, DATA_CHUNK, GUEST_STREAM_BIT, PROTOCOL_VERSION,
+    channel, from_payload, to_payload, ErrorBody, Frame, FrameKind, FrameReader, FrameWriter,
+    Hello, Request, CONTROL_STREAM, DATA_CHUNK, GUEST_STREAM_BIT, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
@@ -217,6 +217,14 @@ impl Drop for AgentStream {
     fn drop(&mut self) {
         lock(&self.routes).remove(&self.id);
     }
+}
+
+/// The message of an agent's `Error` frame, made safe to show: it is guest text.
+pub fn agent_error_message(payload: &[u8]) -> String {
+    let message = from_payload::<ErrorBody>("error", payload)
+        .map(|body| body.message)
+        .unwrap_or_else(|_| "malformed error from the guest agent".into());
+    crate::exec::sanitize_line(&message, 500)
 }
 
 pub fn agent_gone() -> Error {

@@ -4,12 +4,10 @@
 
 use std::time::Duration;
 
-use dynocap_proto::{
-    channel, from_payload, ErrorBody, ExecExit, ExecRequest, FrameKind, Request, Response,
-};
+use dynocap_proto::{channel, from_payload, ExecExit, ExecRequest, FrameKind, Request, Response};
 use serde::{Deserialize, Serialize};
 
-use crate::agent_conn::{agent_gone, AgentConn};
+use crate::agent_conn::{agent_error_message, agent_gone, AgentConn};
 use crate::error::{Error, Result};
 use crate::spec::{ExecSpec, EXEC_KILL_GRACE_MS, EXEC_OUTPUT_LIMIT};
 
@@ -129,12 +127,9 @@ pub async fn run(
                 Err(err) => return Err(Error::internal(err.to_string())),
             },
             FrameKind::Error => {
-                let message = from_payload::<ErrorBody>("error", &frame.payload)
-                    .map(|body| body.message)
-                    .unwrap_or_else(|_| "malformed error from the guest agent".into());
                 return Err(Error::invalid(format!(
                     "the sandbox could not run the command: {}",
-                    sanitize_line(&message, 500)
+                    agent_error_message(&frame.payload)
                 )));
             }
             _ => {}

@@ -10,13 +10,12 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use dynocap_proto::{
-    channel, from_payload, BaselineRequest, DiffRequest, ErrorBody, FrameKind, ReceiveFileRequest,
-    Request, Response, UnpackRequest,
+    channel, from_payload, BaselineRequest, DiffRequest, FrameKind, ReceiveFileRequest, Request,
+    Response, UnpackRequest,
 };
 
-use crate::agent_conn::{agent_gone, AgentConn, AgentStream};
+use crate::agent_conn::{agent_error_message, agent_gone, AgentConn, AgentStream};
 use crate::error::{Context, Error, Result};
-use crate::exec::sanitize_line;
 use crate::hardened_git::HardenedGit;
 use crate::image::{SANDBOX_GID, SANDBOX_UID};
 use crate::import::{self, History};
@@ -329,12 +328,9 @@ async fn finish_stream(mut stream: AgentStream, what: &str) -> Result<Response> 
 }
 
 fn agent_error(what: &str, payload: &[u8]) -> Error {
-    let message = from_payload::<ErrorBody>("error", payload)
-        .map(|body| body.message)
-        .unwrap_or_else(|_| "malformed error from the guest agent".into());
     Error::internal(format!(
         "{what} in the sandbox failed: {}",
-        sanitize_line(&message, 500)
+        agent_error_message(payload)
     ))
 }
 

@@ -539,12 +539,14 @@ impl TaskContext {
                 t[..end].to_owned()
             })
         };
-        let entry = match result {
+        let mut entry = serde_json::json!({
+            "startedAt": rfc3339(started_at),
+            "command": spec.command,
+            "cwd": spec.cwd,
+            "envKeys": spec.env.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        });
+        let outcome = match result {
             Ok(r) => serde_json::json!({
-                "startedAt": rfc3339(started_at),
-                "command": spec.command,
-                "cwd": spec.cwd,
-                "envKeys": spec.env.iter().map(|(k, _)| k).collect::<Vec<_>>(),
                 "terminal": spec.terminal,
                 "exitCode": r.exit_code,
                 "signal": r.signal,
@@ -555,14 +557,12 @@ impl TaskContext {
                 "transcript": cut(&r.transcript),
                 "truncated": r.truncated || [&r.stdout, &r.stderr, &r.transcript].iter().any(|t| t.as_ref().is_some_and(|t| t.len() > LOG_OUTPUT_BYTES)),
             }),
-            Err(err) => serde_json::json!({
-                "startedAt": rfc3339(started_at),
-                "command": spec.command,
-                "cwd": spec.cwd,
-                "envKeys": spec.env.iter().map(|(k, _)| k).collect::<Vec<_>>(),
-                "error": err.to_string(),
-            }),
+            Err(err) => serde_json::json!({ "error": err.to_string() }),
         };
+        if let (Some(entry), serde_json::Value::Object(outcome)) = (entry.as_object_mut(), outcome)
+        {
+            entry.extend(outcome);
+        }
         let mut file = self
             .exec_log
             .lock()

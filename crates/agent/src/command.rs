@@ -233,24 +233,12 @@ impl Drop for Child {
 }
 
 async fn collect_stderr(fd: AsyncFd<OwnedFd>, sink: Arc<Mutex<Vec<u8>>>) {
-    let mut buf = [0_u8; 4096];
-    loop {
-        let mut guard = match fd.readable().await {
-            Ok(guard) => guard,
-            Err(_) => return,
-        };
-        match guard.try_io(|fd| Ok(nix::unistd::read(fd.get_ref(), &mut buf)?)) {
-            Err(_would_block) => {}
-            Ok(Ok(0)) => return,
-            Ok(Ok(n)) => {
-                let mut kept = sink.lock().unwrap_or_else(PoisonError::into_inner);
-                let room = STDERR_KEEP.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
-            }
-            Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
-            Ok(Err(_)) => return,
-        }
-    }
+    crate::exec::read_until_eof(&fd, |chunk| {
+        let mut kept = sink.lock().unwrap_or_else(PoisonError::into_inner);
+        let room = STDERR_KEEP.saturating_sub(kept.len());
+        kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    })
+    .await;
 }
 
 async fn sleep_until(at: Option<Instant>) {

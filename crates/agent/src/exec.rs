@@ -479,6 +479,11 @@ fn output_pending(outputs: &[Output], progress: &[Progress]) -> bool {
 
 /// Reads and drops everything until EOF, for outputs still held open after the exec ended.
 async fn discard_until_eof(fd: AsyncFd<OwnedFd>) {
+    read_until_eof(&fd, |_| {}).await;
+}
+
+/// Reads a non-blocking descriptor until EOF or an error, handing each chunk to `each`.
+pub async fn read_until_eof(fd: &AsyncFd<OwnedFd>, mut each: impl FnMut(&[u8])) {
     let mut buf = [0_u8; 4096];
     loop {
         let mut guard = match fd.readable().await {
@@ -488,7 +493,7 @@ async fn discard_until_eof(fd: AsyncFd<OwnedFd>) {
         match guard.try_io(|fd| Ok(nix::unistd::read(fd.get_ref(), &mut buf)?)) {
             Err(_would_block) => {}
             Ok(Ok(0)) => return,
-            Ok(Ok(_)) => {}
+            Ok(Ok(n)) => each(&buf[..n]),
             Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
             Ok(Err(_)) => return,
         }

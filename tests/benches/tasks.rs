@@ -134,16 +134,7 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
     // The last started task (b3) stays for the diff benchmark: change 50 files in it and in
     // a plain clone, then diff both.
     let change = "for f in $(git ls-files | grep -v '^untracked' | head -50); do echo changed >> \"$f\"; done";
-    let out = Command::new(bins.join("dynocap"))
-        .args(["task", "exec", "b3", "--timeout", "600", "--", change])
-        .env("DYNOCAP_HOME", home.path())
-        .output()
-        .expect("exec");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    dynocap(&["task", "exec", "b3", "--timeout", "600", "--", change]);
     let diff = sample(5, |_| {
         dynocap(&["--json", "task", "diff", "b3"]);
     });

@@ -20,6 +20,9 @@ pub enum State {
     Expired,
     Destroyed,
     Lost,
+    /// A task whose guest ended before its work could be saved (a dead agent, a killed
+    /// supervisor, a full disk). Its writable layer is kept; `task finish` recovers it.
+    Unsaved,
 }
 
 impl State {
@@ -31,6 +34,7 @@ impl State {
             Self::Expired => "expired",
             Self::Destroyed => "destroyed",
             Self::Lost => "lost",
+            Self::Unsaved => "unsaved",
         }
     }
 
@@ -42,6 +46,7 @@ impl State {
             "expired" => Self::Expired,
             "destroyed" => Self::Destroyed,
             "lost" => Self::Lost,
+            "unsaved" => Self::Unsaved,
             _ => return None,
         })
     }

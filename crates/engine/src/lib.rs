@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod control;
 pub mod error;
 pub mod exec;
+pub mod failpoint;
 pub mod finish;
 pub mod hardened_git;
 pub mod home;

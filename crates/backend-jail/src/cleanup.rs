@@ -18,6 +18,17 @@ use crate::spec::validate_name;
 ///
 /// Must not be called for a sandbox whose supervisor is alive.
 pub fn cleanup_leftovers(name: &str, state_dir: &Path) -> Result<(), JailError> {
+    cleanup(name, state_dir, false)
+}
+
+/// As [`cleanup_leftovers`], but keeps `upper/` (the guest's files) and `state_dir`: for a
+/// sandbox whose work was not saved before its supervisor died, so that a new jail can boot
+/// over it ([`crate::JailSpec::reuse_layers`]).
+pub fn cleanup_leftovers_keeping_layers(name: &str, state_dir: &Path) -> Result<(), JailError> {
+    cleanup(name, state_dir, true)
+}
+
+fn cleanup(name: &str, state_dir: &Path, keep_layers: bool) -> Result<(), JailError> {
     validate_name(name)?;
     if !state_dir.is_absolute() {
         return Err(JailError::InvalidSpec(format!(
@@ -28,6 +39,14 @@ pub fn cleanup_leftovers(name: &str, state_dir: &Path) -> Result<(), JailError> 
     let layout = Layout::discover()?;
     // Processes first, so nothing writes into the layers while they are removed.
     let mut problems = CgroupSet::existing(&layout, name).remove();
+    if keep_layers {
+        problems.extend(Layers::at(state_dir).remove_scratch());
+        return if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(JailError::Teardown(problems))
+        };
+    }
     problems.extend(Layers::at(state_dir).remove());
     match std::fs::remove_dir(state_dir) {
         Ok(()) => {}

@@ -123,7 +123,7 @@ impl Jail {
     /// left in the cgroups, removes them, and deletes `upper/`, `work/` and `root/` from the
     /// state dir. The guest's mounts live only in its mount namespace, which is gone with it.
     pub fn destroy(mut self) -> Result<(), JailError> {
-        let problems = self.teardown();
+        let problems = self.teardown(false);
         if problems.is_empty() {
             Ok(())
         } else {
@@ -131,7 +131,19 @@ impl Jail {
         }
     }
 
-    fn teardown(&mut self) -> Vec<String> {
+    /// As [`Jail::destroy`], but keeps `upper/`, the guest's files, in the state dir: for a
+    /// sandbox whose work could not be saved, so that a later jail can boot over it
+    /// ([`crate::JailSpec::reuse_layers`]). Processes and cgroups are gone all the same.
+    pub fn stop_keeping_layers(mut self) -> Result<(), JailError> {
+        let problems = self.teardown(true);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(JailError::Teardown(problems))
+        }
+    }
+
+    fn teardown(&mut self, keep_layers: bool) -> Vec<String> {
         if std::mem::replace(&mut self.torn_down, true) {
             return Vec::new();
         }
@@ -159,14 +171,19 @@ impl Jail {
             }
         }
         problems.extend(self.cgroups.remove());
-        problems.extend(self.layers.remove());
+        problems.extend(if keep_layers {
+            self.layers.remove_scratch()
+        } else {
+            self.layers.remove()
+        });
         problems
     }
 }
 
 impl Drop for Jail {
     fn drop(&mut self) {
-        // Errors cannot be reported from drop; destroy() is the checked path.
-        let _ = self.teardown();
+        // Errors cannot be reported from drop; destroy() is the checked path. A jail dropped
+        // without either call keeps its files: deleting guest data is never the default.
+        let _ = self.teardown(true);
     }
 }

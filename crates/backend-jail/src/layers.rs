@@ -30,6 +30,9 @@ pub(crate) struct Layers {
     pub upper: PathBuf,
     pub work: PathBuf,
     pub root: PathBuf,
+    /// `upper/` was made by this start (not a kept layer booted again), so undoing the start
+    /// may delete it.
+    fresh_upper: bool,
 }
 
 const HINT_LEFTOVER: &str =
@@ -42,6 +45,7 @@ impl Layers {
             upper: state_dir.join("upper"),
             work: state_dir.join("work"),
             root: state_dir.join("root"),
+            fresh_upper: true,
         }
     }
 
@@ -50,7 +54,11 @@ impl Layers {
     }
 
     /// Creates the layer directories and the guest directories. On error nothing is left.
+    /// With [`JailSpec::reuse_layers`], keeps the existing `upper/` and makes the rest anew.
     pub fn prepare(spec: &JailSpec, ids: &IdMap) -> Result<Layers, JailError> {
+        if spec.reuse_layers {
+            return Self::prepare_over_kept(spec, ids);
+        }
         let layers = Layers::at(&spec.state_dir);
         let mut made = Vec::new();
         let result = (|| {
@@ -94,19 +102,85 @@ impl Layers {
         }
     }
 
+    /// A kept `upper/` with fresh `work/` (overlayfs leaves its scratch there) and `root/`.
+    fn prepare_over_kept(spec: &JailSpec, ids: &IdMap) -> Result<Layers, JailError> {
+        let layers = Layers {
+            fresh_upper: false,
+            ..Layers::at(&spec.state_dir)
+        };
+        match fs::symlink_metadata(&layers.upper) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(JailError::InvalidSpec(format!(
+                    "{} is not a directory; there is no kept layer to boot over",
+                    layers.upper.display()
+                )))
+            }
+            Err(e) => {
+                return Err(JailError::io("use the kept layer", &layers.upper, e)
+                    .hint("the sandbox's upper layer is gone; nothing is left to recover"))
+            }
+        }
+        let result = (|| {
+            for dir in [&layers.work, &layers.root] {
+                match remove_tree(dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(JailError::io("remove", dir, e)),
+                }
+                fs::create_dir(dir).map_err(|e| JailError::io("create", dir, e))?;
+            }
+            let (uid, gid) = ids.init_host_ids();
+            own(&layers.work, uid, gid, 0o700)?;
+            own(
+                &layers.root,
+                nix::unistd::geteuid().as_raw(),
+                nix::unistd::getegid().as_raw(),
+                0o755,
+            )
+        })();
+        match result {
+            Ok(()) => Ok(layers),
+            Err(e) => {
+                let _ = layers.remove_scratch();
+                Err(e)
+            }
+        }
+    }
+
     /// Deletes the three layer directories and everything in them (guest data included,
     /// without following its symlinks). Returns what could not be removed.
     pub fn remove(&self) -> Vec<String> {
-        self.all()
-            .iter()
-            .filter_map(|dir| {
-                remove_tree(dir)
-                    .err()
-                    .map(|e| format!("cannot remove {}: {e}", dir.display()))
-            })
-            .collect()
+        remove_dirs(&self.all())
+    }
+
+    /// Deletes `work/` and `root/` but keeps `upper/`, the guest's files: what a stopped
+    /// sandbox whose work was not saved leaves behind.
+    pub fn remove_scratch(&self) -> Vec<String> {
+        remove_dirs(&[&self.work, &self.root])
+    }
+
+    /// Undoes [`Layers::prepare`] after a failed start: everything, except a kept `upper/`.
+    pub fn undo_prepare(&self) -> Vec<String> {
+        if self.fresh_upper {
+            self.remove()
+        } else {
+            self.remove_scratch()
+        }
     }
 }
+
+fn remove_dirs(dirs: &[&Path]) -> Vec<String> {
+    dirs.iter()
+        .filter_map(|dir| match remove_tree(dir) {
+            Ok(()) => None,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => Some(format!("cannot remove {}: {e}", dir.display())),
+        })
+        .collect()
+}
+
+impl Layers {}
 
 fn own(path: &Path, uid: u32, gid: u32, mode: u32) -> Result<(), JailError> {
     lchown(path, Some(uid), Some(gid))
@@ -265,6 +339,7 @@ mod tests {
                 memory_bytes: 1 << 30,
                 pids: 10,
             },
+            reuse_layers: false,
         }
     }
 

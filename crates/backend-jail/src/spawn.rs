@@ -69,13 +69,13 @@ pub(crate) fn spawn(spec: &JailSpec) -> Result<Jail, JailError> {
     let cgroups = match CgroupSet::create(&layout, &spec.name, &spec.limits) {
         Ok(cgroups) => cgroups,
         Err(e) => {
-            let _ = layers.remove();
+            let _ = layers.undo_prepare();
             return Err(e);
         }
     };
     let undo = |layers: &Layers, cgroups: &CgroupSet| {
         let _ = cgroups.remove();
-        let _ = layers.remove();
+        let _ = layers.undo_prepare();
     };
     let (channels, host_channel, guest_channel) = match make_channels() {
         Ok(c) => c,

@@ -36,6 +36,11 @@ pub struct JailSpec {
     pub agent_args: Vec<String>,
     /// cgroup limits; the jail does not start if one cannot be applied.
     pub limits: Limits,
+    /// Boot over the `upper/` layer a stopped jail kept in `state_dir` (see
+    /// [`crate::Jail::stop_keeping_layers`]) instead of a fresh one: the guest finds its files
+    /// as the last guest left them. `guest_dirs` are not created again. A failed start leaves
+    /// that layer in place.
+    pub reuse_layers: bool,
 }
 
 /// A host path bound read-only into the guest.

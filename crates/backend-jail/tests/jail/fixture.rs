@@ -116,6 +116,7 @@ impl Fixture {
                 memory_bytes: 512 << 20,
                 pids: 256,
             },
+            reuse_layers: false,
         }
     }
 }

@@ -22,6 +22,7 @@ macro_rules! log {
     }};
 }
 
+mod bigfiles;
 mod channel;
 mod command;
 mod exec;

@@ -34,6 +34,7 @@ use nix::sys::stat::{fchmod, fstatat, Mode};
 use nix::unistd::{fchown, unlinkat, Gid, Uid, UnlinkatFlags};
 use tokio::sync::{mpsc, Mutex};
 
+use crate::bigfiles;
 use crate::command::{stop_requested, Child, RunError};
 use crate::exec::Stop;
 use crate::fsutil;
@@ -539,7 +540,7 @@ async fn add_all(
     extra: &[&str],
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<(), RunError> {
-    let mut rest = vec!["add", "-A", "--ignore-errors"];
+    let mut rest = vec!["-c", BIG_FILE_THRESHOLD, "add", "-A", "--ignore-errors"];
     rest.extend_from_slice(extra);
     let (_, finished) = git
         .run_status(&private.args(workspace, &rest), private.run(git), stop)
@@ -562,8 +563,15 @@ async fn add_all(
     }
 }
 
+/// Git streams files above this size into the object store instead of reading them whole
+/// (`git add`), and stores them without delta search; [`bigfiles`] makes the diff carry them
+/// as binary.
+const BIG_FILE_THRESHOLD: &str = "core.bigFileThreshold=8m";
+
 /// The exact diff invocation: every option that changes the patch's shape is pinned.
 const DIFF_ARGS: &[&str] = &[
+    "-c",
+    BIG_FILE_THRESHOLD,
     "-c",
     "diff.noprefix=false",
     "-c",
@@ -659,6 +667,7 @@ pub async fn diff(
             git.run(&args, r, stop).await?;
         }
         add_all(git, &private, &workspace, &[], stop).await?;
+        mark_big_files(git, &private, &workspace, stop).await?;
         let (args, r) = run(DIFF_ARGS);
         stream_diff(git, &args, r, req.max_bytes, stream, outbox, stop).await
     }
@@ -673,6 +682,84 @@ pub async fn diff(
         Err(RunError::Cancelled) => Err("the diff was cancelled".into()),
         Err(RunError::Failed(message)) => Err(message),
     }
+}
+
+/// Lists the changed files over [`bigfiles::BIG_FILE_BYTES`] as `binary` in the private
+/// repository's `info/attributes`, replacing the previous diff's list (see [`bigfiles`]).
+async fn mark_big_files(
+    git: &Git,
+    private: &Private,
+    workspace: &Path,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<(), RunError> {
+    let raw = git
+        .run(
+            &private.args(
+                workspace,
+                &[
+                    "diff",
+                    "--cached",
+                    "--raw",
+                    "-z",
+                    "--no-renames",
+                    "--no-abbrev",
+                    "--ignore-submodules=none",
+                    "refs/dynocap/baseline",
+                ],
+            ),
+            private.run(git),
+            stop,
+        )
+        .await?;
+    let changes = bigfiles::parse_raw(&raw);
+    let mut ids: Vec<&str> = changes
+        .iter()
+        .flat_map(|c| [c.old_blob.as_deref(), c.new_blob.as_deref()])
+        .flatten()
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let sizes = if ids.is_empty() {
+        Default::default()
+    } else {
+        let mut input = ids.join("\n").into_bytes();
+        input.push(b'\n');
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+            .map_err(|err| RunError::Failed(format!("cannot create a pipe: {err}")))?;
+        // Fed from the blocking pool while git reads; git's exit closes the pipe.
+        let feeder = tokio::task::spawn_blocking(move || File::from(write).write_all(&input));
+        let out = git
+            .run(
+                &private.args(
+                    workspace,
+                    &["cat-file", "--batch-check=%(objectname) %(objectsize)"],
+                ),
+                private.run(git).stdin(read),
+                stop,
+            )
+            .await;
+        let _ = feeder.await;
+        bigfiles::parse_sizes(&out?)
+    };
+    let big = |id: &Option<String>| {
+        id.as_ref()
+            .and_then(|id| sizes.get(id))
+            .is_some_and(|&size| size > bigfiles::BIG_FILE_BYTES)
+    };
+    let text = bigfiles::attributes(
+        changes
+            .iter()
+            .filter(|c| big(&c.old_blob) || big(&c.new_blob))
+            .map(|c| c.path.as_slice()),
+    );
+    let info = private.git_dir.join("info");
+    blocking(move || {
+        std::fs::create_dir_all(&info)
+            .and_then(|()| std::fs::write(info.join("attributes"), text))
+            .map_err(|err| format!("cannot write the private repository's attributes: {err}"))
+    })
+    .await
+    .map_err(RunError::Failed)
 }
 
 /// Runs the diff and forwards its stdout as it comes, up to `max_bytes`.
@@ -714,8 +801,8 @@ async fn stream_diff(
         if sent.saturating_add(len) > max_bytes {
             child.kill().await;
             return Err(RunError::Failed(format!(
-                "the diff is over {max_bytes} bytes; it was not sent in full (ask for a larger \
-                 limit, or look at fewer changes)"
+                "the diff is over the {max_bytes} bytes this request allows; it was not sent in \
+                 full"
             )));
         }
         let permit = tokio::select! {

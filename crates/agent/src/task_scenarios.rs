@@ -1097,7 +1097,7 @@ async fn diff_round_trip_reproduces_the_work_tree() {
     // The limit.
     let outcome = diff(&host, &ws, 100).await;
     assert!(
-        outcome.error().contains("the diff is over 100 bytes"),
+        outcome.error().contains("the diff is over the 100 bytes"),
         "{}",
         outcome.error()
     );

@@ -9,3 +9,4 @@ cargo build --release --locked --target x86_64-unknown-linux-musl -p dynocap-age
 export DYNOCAP_AGENT="$PWD/target/x86_64-unknown-linux-musl/release/dynocap-agent"
 cargo bench --locked -p dynocap-e2e --bench sandbox
 cargo bench --locked -p dynocap-e2e --bench tasks
+cargo bench --locked -p dynocap-e2e --bench load

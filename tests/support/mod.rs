@@ -50,7 +50,9 @@ pub fn require_root(test: &str) -> bool {
 
 /// A private `DYNOCAP_HOME`; every sandbox started through it is destroyed on drop.
 pub struct TestHome {
-    dir: tempfile::TempDir,
+    path: PathBuf,
+    /// Removed on drop; `None` for a home the test placed itself ([`TestHome::at`]).
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Default for TestHome {
@@ -66,11 +68,20 @@ impl TestHome {
             .prefix("dc")
             .tempdir_in("/tmp")
             .expect("temp DYNOCAP_HOME");
-        Self { dir }
+        Self {
+            path: dir.path().to_owned(),
+            _dir: Some(dir),
+        }
+    }
+
+    /// A home at `path` (e.g. on a filesystem the test mounted); the test removes it.
+    pub fn at(path: PathBuf) -> Self {
+        std::fs::create_dir_all(&path).expect("create DYNOCAP_HOME");
+        Self { path, _dir: None }
     }
 
     pub fn path(&self) -> &Path {
-        self.dir.path()
+        &self.path
     }
 
     pub fn command(&self) -> Command {

@@ -131,6 +131,32 @@ impl Jail {
         }
     }
 
+    /// Raises the guest's memory limit to `bytes` (never below what it was): for the last
+    /// thing a guest does before it goes, saving its work, which may need more memory than the
+    /// work itself did. Swap stays off (on v1 the memory+swap limit moves with it).
+    pub fn raise_memory_limit(&self, bytes: u64) -> Result<(), JailError> {
+        for dir in self.cgroups.paths() {
+            // v1: memory+swap must stay at least the memory limit, so it goes up first.
+            for file in [
+                "memory.memsw.limit_in_bytes",
+                "memory.limit_in_bytes",
+                "memory.max",
+            ] {
+                let path = dir.join(file);
+                let Ok(current) = std::fs::read_to_string(&path) else {
+                    continue;
+                };
+                let current = current.trim();
+                if current == "max" || current.parse::<u64>().is_ok_and(|c| c >= bytes) {
+                    continue;
+                }
+                std::fs::write(&path, bytes.to_string())
+                    .map_err(|e| JailError::io("raise the memory limit in", &path, e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// As [`Jail::destroy`], but keeps `upper/`, the guest's files, in the state dir: for a
     /// sandbox whose work could not be saved, so that a later jail can boot over it
     /// ([`crate::JailSpec::reuse_layers`]). Processes and cgroups are gone all the same.
@@ -183,7 +209,9 @@ impl Jail {
 impl Drop for Jail {
     fn drop(&mut self) {
         // Errors cannot be reported from drop; destroy() is the checked path. A jail dropped
-        // without either call keeps its files: deleting guest data is never the default.
-        let _ = self.teardown(true);
+        // without either call (a failed start) is undone like its layers' preparation: a
+        // fresh layer goes, a kept one that it booted over stays.
+        let keep = !self.layers.is_fresh();
+        let _ = self.teardown(keep);
     }
 }

@@ -160,6 +160,11 @@ impl Layers {
         remove_dirs(&[&self.work, &self.root])
     }
 
+    /// Whether `upper/` was made by this start rather than kept from a stopped guest.
+    pub fn is_fresh(&self) -> bool {
+        self.fresh_upper
+    }
+
     /// Undoes [`Layers::prepare`] after a failed start: everything, except a kept `upper/`.
     pub fn undo_prepare(&self) -> Vec<String> {
         if self.fresh_upper {

@@ -155,4 +155,7 @@ pub struct SuperviseArgs {
     pub id: String,
     #[arg(long = "ready-fd")]
     pub ready_fd: i32,
+    /// Boot over the layer an unsaved task kept and save its work, instead of starting anew.
+    #[arg(long)]
+    pub recover: bool,
 }

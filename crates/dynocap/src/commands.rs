@@ -174,7 +174,12 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match dynocap_engine::supervisor::main(home, &args.id, ready) {
+    let mode = if args.recover {
+        dynocap_engine::supervisor::Mode::Recover
+    } else {
+        dynocap_engine::supervisor::Mode::Start
+    };
+    match dynocap_engine::supervisor::main(home, &args.id, ready, mode) {
         0 => ExitCode::SUCCESS,
         _ => ExitCode::FAILURE,
     }

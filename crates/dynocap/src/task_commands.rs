@@ -5,6 +5,7 @@
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
+use dynocap_engine::exec::sanitize_line;
 use dynocap_engine::task_spec::{DiffResult, FinishResult, Progress, TaskInfo, TaskStartSpec};
 use dynocap_engine::{Engine, Error};
 
@@ -101,6 +102,15 @@ pub fn ls(engine: &Engine, json: bool) -> Result<ExitCode, Error> {
     let rows: Vec<Vec<String>> = listing.tasks.iter().map(task_row).collect();
     println!("TASKS");
     print!("{}", table(TASK_HEADERS, &rows));
+    for task in &listing.tasks {
+        if let Some(note) = &task.note {
+            println!(
+                "  {}: {}",
+                task.name.as_deref().unwrap_or(&task.id),
+                sanitize_line(note, 1000)
+            );
+        }
+    }
     println!("\nSANDBOXES");
     print!(
         "{}",
@@ -110,6 +120,18 @@ pub fn ls(engine: &Engine, json: bool) -> Result<ExitCode, Error> {
 }
 
 pub async fn rm(engine: &Engine, json: bool, args: RmArgs) -> Result<ExitCode, Error> {
+    if args.purge {
+        if let Ok(task) = engine.task_info(&args.name) {
+            if task.state == dynocap_engine::catalog::State::Unsaved {
+                // Said before it happens: this is the one command that discards kept work.
+                eprintln!(
+                    "dynocap: discarding the unsaved work of task {} (its kept files in {}), as --purge asks",
+                    task.name.as_deref().unwrap_or(&task.id),
+                    engine.home().sandbox_dir(&task.id).display()
+                );
+            }
+        }
+    }
     let result = engine.rm(&args.name, args.force, args.purge).await?;
     if json {
         print_json(&result);
@@ -123,6 +145,11 @@ pub async fn rm(engine: &Engine, json: bool, args: RmArgs) -> Result<ExitCode, E
         }
         if result.purged {
             said.push("deleted its record and results".to_owned());
+        }
+        if let Some(kept) = &result.kept_work {
+            said.push(format!(
+                "its unsaved work stays in {kept}: finish the task by its id to recover it, or rm --purge to discard it"
+            ));
         }
         println!(
             "{}",

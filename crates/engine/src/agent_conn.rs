@@ -20,6 +20,12 @@ use crate::error::{Error, Result};
 
 type Routes = Arc<Mutex<HashMap<u32, mpsc::Sender<Frame>>>>;
 
+/// How often [`AgentConn::while_responsive`] pings, and how long an answer may take. The agent
+/// answers pings on its dispatch loop, beside any running request, so a healthy agent answers
+/// in milliseconds even under load.
+const AGENT_PING_INTERVAL: Duration = Duration::from_secs(3);
+const AGENT_PING_DEADLINE: Duration = Duration::from_secs(20);
+
 /// Frames buffered per stream before the reader waits for that stream's consumer.
 const STREAM_QUEUE: usize = 256;
 
@@ -132,6 +138,35 @@ impl AgentConn {
         };
         stream.send(FrameKind::Open, to_payload(request)).await?;
         Ok(stream)
+    }
+
+    /// Runs `work` (something the agent is doing for us) while checking that the agent still
+    /// answers: a ping every few seconds must come back in time, else the work is abandoned
+    /// with an error. A stopped or wedged agent thus fails a long request instead of hanging it,
+    /// however long the request itself may legitimately take.
+    pub async fn while_responsive<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+    ) -> Result<T> {
+        let watchdog = async {
+            loop {
+                tokio::time::sleep(AGENT_PING_INTERVAL).await;
+                match tokio::time::timeout(AGENT_PING_DEADLINE, self.ping()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => return err,
+                    Err(_) => {
+                        return Error::internal(format!(
+                            "the guest agent stopped answering (no reply to a ping within {}s)",
+                            AGENT_PING_DEADLINE.as_secs()
+                        ))
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            out = work => Ok(out),
+            err = watchdog => Err(err),
+        }
     }
 
     /// Round trip of a ping, for health checks.

@@ -21,6 +21,9 @@ pub struct BootSpec {
     pub cpus: u32,
     pub memory_mb: u64,
     pub pids: u64,
+    /// Boot over the writable layer a stopped guest of this sandbox kept (recovering a task
+    /// whose work was not saved), instead of a fresh one.
+    pub reuse_layer: bool,
 }
 
 /// A running guest.
@@ -31,8 +34,13 @@ pub trait Guest: Send {
     fn exit_fd(&self) -> BorrowedFd<'_>;
     /// Host pid of the guest's init (or its VMM), for logs and diagnostics.
     fn pid(&self) -> i32;
-    /// Stops the guest and releases everything it held.
+    /// Stops the guest and releases everything it held, its writable layer included.
     fn destroy(self: Box<Self>) -> Result<()>;
+    /// Raises the guest's memory limit to `bytes` (never lowers it), for saving its work.
+    fn raise_memory_limit(&self, bytes: u64) -> Result<()>;
+    /// Stops the guest and releases its processes and resources, but keeps its writable layer
+    /// (the agent's files) for a later guest to boot over ([`BootSpec::reuse_layer`]).
+    fn stop_keeping_layer(self: Box<Self>) -> Result<()>;
 }
 
 pub trait Backend {
@@ -41,6 +49,8 @@ pub trait Backend {
     fn boot(&self, spec: &BootSpec) -> Result<Box<dyn Guest>>;
     /// Removes whatever a sandbox whose supervisor died left behind. Idempotent.
     fn cleanup_leftovers(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
+    /// As [`Backend::cleanup_leftovers`], but keeps the writable layer for a later guest.
+    fn cleanup_keeping_layer(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
 }
 
 /// Selects the backend: `DYNOCAP_BACKEND` if set, else the best one this machine supports.
@@ -110,6 +120,7 @@ impl Backend for JailBackend {
                 memory_bytes: spec.memory_mb * 1024 * 1024,
                 pids: spec.pids,
             },
+            reuse_layers: spec.reuse_layer,
         };
         let jail = dynocap_backend_jail::Jail::spawn(&jail_spec)
             .map_err(|err| Error::internal(format!("booting the jail: {err}")))?;
@@ -119,6 +130,11 @@ impl Backend for JailBackend {
     fn cleanup_leftovers(&self, id: &str, state_dir: &std::path::Path) -> Result<()> {
         dynocap_backend_jail::cleanup_leftovers(id, state_dir)
             .map_err(|err| Error::internal(format!("cleaning up sandbox {id}: {err}")))
+    }
+
+    fn cleanup_keeping_layer(&self, id: &str, state_dir: &std::path::Path) -> Result<()> {
+        dynocap_backend_jail::cleanup_leftovers_keeping_layers(id, state_dir)
+            .map_err(|err| Error::internal(format!("stopping what is left of sandbox {id}: {err}")))
     }
 }
 
@@ -136,5 +152,15 @@ impl Guest for JailGuest {
         self.0
             .destroy()
             .map_err(|err| Error::internal(format!("destroying the jail: {err}")))
+    }
+    fn raise_memory_limit(&self, bytes: u64) -> Result<()> {
+        self.0
+            .raise_memory_limit(bytes)
+            .map_err(|err| Error::internal(format!("raising the guest's memory limit: {err}")))
+    }
+    fn stop_keeping_layer(self: Box<Self>) -> Result<()> {
+        self.0
+            .stop_keeping_layers()
+            .map_err(|err| Error::internal(format!("stopping the jail: {err}")))
     }
 }

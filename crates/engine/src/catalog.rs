@@ -23,6 +23,8 @@ pub enum State {
     /// A task whose guest ended before its work could be saved (a dead agent, a killed
     /// supervisor, a full disk). Its writable layer is kept; `task finish` recovers it.
     Unsaved,
+    /// An unsaved task whose work a recovery supervisor is saving now.
+    Recovering,
 }
 
 impl State {
@@ -35,6 +37,7 @@ impl State {
             Self::Destroyed => "destroyed",
             Self::Lost => "lost",
             Self::Unsaved => "unsaved",
+            Self::Recovering => "recovering",
         }
     }
 
@@ -47,13 +50,14 @@ impl State {
             "destroyed" => Self::Destroyed,
             "lost" => Self::Lost,
             "unsaved" => Self::Unsaved,
+            "recovering" => Self::Recovering,
             _ => return None,
         })
     }
 
     /// A supervisor is (supposed to be) running for the sandbox.
     pub fn is_live(self) -> bool {
-        matches!(self, Self::Starting | Self::Running)
+        matches!(self, Self::Starting | Self::Running | Self::Recovering)
     }
 }
 
@@ -107,6 +111,14 @@ impl ProcessId {
             pid,
             start_ticks: process_start_ticks(pid)?,
         })
+    }
+
+    /// The process's run state (`R`, `S`, `T` for stopped, …) while it is alive; `None` once
+    /// it is gone (exited, a zombie, or its pid reused).
+    pub fn run_state(&self) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        let (state, start) = parse_stat(&stat)?;
+        (state != 'Z' && state != 'X' && start == self.start_ticks).then_some(state)
     }
 
     /// The same process is still running (not a zombie, not a reused pid).
@@ -299,6 +311,17 @@ impl Catalog {
             .execute(
                 "UPDATE sandboxes SET state = ?2, note = COALESCE(?3, note) WHERE id = ?1",
                 params![id, state.as_str(), note],
+            )
+            .context("writing the catalog")?;
+        Ok(())
+    }
+
+    /// Replaces the record's note (`None` clears it: the state says all).
+    pub fn set_note(&self, id: &str, note: Option<&str>) -> Result<()> {
+        self.conn
+            .execute(
+                "UPDATE sandboxes SET note = ?2 WHERE id = ?1",
+                params![id, note],
             )
             .context("writing the catalog")?;
         Ok(())

@@ -16,6 +16,7 @@ pub mod image;
 pub mod import;
 pub mod patch;
 pub mod sandboxes;
+pub mod save;
 pub mod spec;
 pub mod supervisor;
 pub mod task_spec;

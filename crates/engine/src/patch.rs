@@ -41,7 +41,7 @@ pub const MODE_SYMLINK: u32 = 0o120_000;
 pub const MODE_GITLINK: u32 = 0o160_000;
 
 /// The review header of a diff (CONTRACT.md "Diff").
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DiffSummary {
     /// Files changed, as `git diff --stat` counts them: distinct paths, so a type change

@@ -16,8 +16,8 @@ use crate::error::{Context, Error, Result};
 use crate::exec::ExecResult;
 use crate::home::Home;
 use crate::spec::{ExecSpec, RunSpec};
-use crate::supervisor::ReadyMessage;
-use crate::task_spec::Progress;
+use crate::supervisor::{Mode, ReadyMessage};
+use crate::task_spec::{Progress, TaskDetail};
 
 /// How long `run` waits for a supervisor to report its guest ready.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
@@ -160,7 +160,7 @@ impl Engine {
             id: record.id.clone(),
             armed: true,
         };
-        self.start_supervisor(&catalog, &record.id, progress)
+        self.start_supervisor(&catalog, &record.id, Mode::Start, progress)
             .await?;
         guard.armed = false;
         catalog.get(&record.id)?.ok_or_else(|| {
@@ -170,13 +170,15 @@ impl Engine {
         })
     }
 
-    /// Spawns `dynocap supervise` detached and waits for its ready report.
-    async fn start_supervisor(
+    /// Spawns `dynocap supervise` detached and waits for its ready report: `None` once the
+    /// sandbox is ready, the task's result when a recovery saved its work.
+    pub(crate) async fn start_supervisor(
         &self,
         catalog: &Catalog,
         id: &str,
+        mode: Mode,
         progress: &(dyn Fn(Progress) + Send + Sync),
-    ) -> Result<()> {
+    ) -> Result<Option<crate::task_spec::FinishResult>> {
         let (ready_read, ready_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating the ready pipe")?;
         let log_path = self.home.supervisor_log(id);
@@ -194,6 +196,7 @@ impl Engine {
             .arg(id)
             .arg("--ready-fd")
             .arg(SUPERVISOR_READY_FD.to_string())
+            .args((mode == Mode::Recover).then_some("--recover"))
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().context("duplicating the log file")?)
             .stderr(log)
@@ -240,7 +243,8 @@ impl Engine {
                 BOOT_TIMEOUT.as_secs(),
                 log_path.display()
             ))),
-            Ok(Ok(Some(ReadyMessage::Ready))) => Ok(()),
+            Ok(Ok(Some(ReadyMessage::Ready))) => Ok(None),
+            Ok(Ok(Some(ReadyMessage::Finished(result)))) => Ok(Some(result)),
             Ok(Ok(Some(ReadyMessage::Failed(err)))) => Err(err),
             Ok(Ok(Some(ReadyMessage::Progress(_)) | None)) | Ok(Err(_)) => {
                 Err(Error::internal(format!(
@@ -313,15 +317,16 @@ impl Engine {
                 Ok(ControlReply::Destroyed) => {}
                 Ok(ControlReply::Error(err)) => return Err(err),
                 Ok(other) => return Err(unexpected(&other)),
-                // The supervisor died between the liveness check and the call.
+                // Dead, stopped or wedged: end it from here.
                 Err(_) => {
+                    self.kill_supervisor(&record).await;
                     self.reconcile(&catalog)?;
                 }
             }
         }
         if let Some(current) = catalog.get(&record.id)? {
             if !current.state.is_live() {
-                remove_leftovers(&self.home, &current.id)?;
+                remove_leftovers(&self.home, &current.id, Keep::Nothing)?;
                 catalog.delete(&current.id)?;
             }
         }
@@ -339,44 +344,80 @@ impl Engine {
             };
             return Err(Error::conflict(format!("\"{name}\" is {what}")));
         }
-        if !record.state.is_live() || !supervisor_alive(&record) {
+        let serving = matches!(record.state, State::Starting | State::Running);
+        if !serving || !supervisor_alive(&record) {
             self.reconcile(&catalog)?;
             let state = catalog
                 .get(&record.id)?
                 .map(|r| r.state)
                 .unwrap_or(State::Destroyed);
-            return Err(Error::conflict(format!(
-                "sandbox \"{name}\" is {}, not running; destroy it and start a new one",
-                state.as_str()
-            )));
+            return Err(Error::conflict(not_running(name, kind, state)));
         }
         Ok(record)
     }
 
-    /// Sends one request to a supervisor and waits for its reply.
+    /// Sends one request to a supervisor and waits for its reply, never forever: a supervisor
+    /// that dies, stays stopped (SIGSTOP) or outlives the request's deadline is an error that
+    /// says so. Callers that end a sandbox then fall back to [`Engine::kill_supervisor`].
     pub(crate) async fn call(
         &self,
         record: &Record,
         request: &ControlRequest,
     ) -> Result<ControlReply> {
+        let display = record.name.as_deref().unwrap_or(&record.id);
         let path = self.home.control_socket(&record.id);
-        let mut stream = UnixStream::connect(&path).await.map_err(|err| {
-            Error::internal(format!(
-                "cannot reach the supervisor of \"{}\" at {}: {err}",
-                record.name.as_deref().unwrap_or(&record.id),
-                path.display()
-            ))
-        })?;
-        write_message(&mut stream, request).await?;
-        let (read, _write) = stream.split();
-        let mut reader = BufReader::new(read);
-        let reply = read_message::<ControlReply, _>(&mut reader).await?;
-        reply
-            .ok_or_else(|| Error::internal("the supervisor closed the connection without replying"))
+        let exchange = async {
+            let mut stream = UnixStream::connect(&path).await.map_err(|err| {
+                Error::internal(format!(
+                    "cannot reach the supervisor of \"{display}\" at {}: {err}",
+                    path.display()
+                ))
+            })?;
+            write_message(&mut stream, request).await?;
+            let (read, _write) = stream.split();
+            let mut reader = BufReader::new(read);
+            let reply = read_message::<ControlReply, _>(&mut reader).await?;
+            reply.ok_or_else(|| {
+                Error::internal(format!(
+                    "the supervisor of \"{display}\" closed the connection without replying"
+                ))
+            })
+        };
+        let deadline = reply_deadline(request);
+        tokio::select! {
+            reply = tokio::time::timeout(deadline, exchange) => reply.unwrap_or_else(|_| {
+                Err(Error::internal(format!(
+                    "the supervisor of \"{display}\" did not answer within {}s; it may be overloaded or wedged: destroy or remove the sandbox to end it",
+                    deadline.as_secs()
+                )))
+            }),
+            err = watch_supervisor(record, display) => Err(err),
+        }
     }
 
-    /// Marks records whose supervisor is gone as `lost` and removes what they left behind.
-    /// Any client may do this; the state transition makes sure only one cleans up.
+    /// Kills a supervisor that no longer answers (its guest dies with it) and waits until it
+    /// is gone, so that [`Engine::reconcile`] can take over its record.
+    pub(crate) async fn kill_supervisor(&self, record: &Record) {
+        let Some(process) = record.supervisor.filter(ProcessId::is_alive) else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(process.pid);
+        // SIGKILL works on a stopped process too.
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        for _ in 0..250 {
+            if !process.is_alive() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Takes over records whose supervisor is gone. Any client may do this; the state
+    /// transition makes sure only one cleans up. What happens depends on what is at stake:
+    /// - a task whose result is on disk (its supervisor died after saving) ends as saved;
+    /// - a task whose work is not saved becomes `unsaved`: its processes and cgroups go, its
+    ///   writable layer stays for `task finish` to recover;
+    /// - a raw sandbox, or a task that never finished starting, is `lost` and removed.
     pub fn reconcile(&self, catalog: &Catalog) -> Result<()> {
         let now = chrono::Utc::now();
         for record in catalog.list()? {
@@ -387,29 +428,64 @@ impl Engine {
                 Some(process) => !process.is_alive(),
                 None => now - record.created_at > STARTING_GRACE,
             };
-            if !dead {
-                continue;
+            if dead {
+                self.take_over(catalog, &record)?;
             }
-            let note = match record.supervisor {
-                Some(p) => format!(
-                    "its supervisor (pid {}) died without cleaning up; the guest was removed",
-                    p.pid
-                ),
-                None => "its supervisor never started".to_owned(),
-            };
-            if catalog.transition(&record.id, record.state, State::Lost, Some(&note))? {
-                remove_leftovers(&self.home, &record.id)?;
+        }
+        Ok(())
+    }
+
+    fn take_over(&self, catalog: &Catalog, record: &Record) -> Result<()> {
+        let pid = match record.supervisor {
+            Some(p) => format!("its supervisor (pid {})", p.pid),
+            None => "its supervisor, which never started,".to_owned(),
+        };
+        let results =
+            crate::save::ResultFiles::new(crate::finish::results_dir(self.home.root(), &record.id));
+        if record.kind == Kind::Task && record.state != State::Starting {
+            if let Some(result) = results.saved_result() {
+                // Saved, then killed before recording it: the result on disk is the truth.
+                let mut detail = TaskDetail::from_json(record.detail.as_deref())?;
+                detail.result = Some(result.clone());
+                if catalog.transition(&record.id, record.state, result.state, None)? {
+                    catalog.set_detail(&record.id, &detail.to_json())?;
+                    remove_leftovers(&self.home, &record.id, Keep::Nothing)?;
+                }
+                return Ok(());
             }
+            let note = format!(
+                "{pid} died before the task's work was saved; its files are kept: finish the task to recover them"
+            );
+            if catalog.transition(&record.id, record.state, State::Unsaved, Some(&note))? {
+                remove_leftovers(&self.home, &record.id, Keep::Layer)?;
+            }
+            return Ok(());
+        }
+        let note = format!("{pid} died without cleaning up; the guest was removed");
+        if catalog.transition(&record.id, record.state, State::Lost, Some(&note))? {
+            remove_leftovers(&self.home, &record.id, Keep::Nothing)?;
         }
         Ok(())
     }
 }
 
+/// What [`remove_leftovers`] keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    Nothing,
+    /// The writable layer (and the state directory holding it): unsaved work.
+    Layer,
+}
+
 /// Removes what a sandbox whose supervisor is gone left behind: processes and cgroups (the
 /// backend's part), its state directory and its control socket. Idempotent.
-fn remove_leftovers(home: &Home, id: &str) -> Result<()> {
+pub(crate) fn remove_leftovers(home: &Home, id: &str, keep: Keep) -> Result<()> {
     let _ = std::fs::remove_file(home.control_socket(id));
-    crate::backend::select()?.cleanup_leftovers(id, &home.sandbox_dir(id))?;
+    let backend = crate::backend::select()?;
+    if keep == Keep::Layer {
+        return backend.cleanup_keeping_layer(id, &home.sandbox_dir(id));
+    }
+    backend.cleanup_leftovers(id, &home.sandbox_dir(id))?;
     let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
     Ok(())
 }
@@ -419,6 +495,30 @@ pub const SUPERVISOR_READY_FD: i32 = 3;
 
 fn supervisor_alive(record: &Record) -> bool {
     record.supervisor.is_some_and(|p| p.is_alive())
+}
+
+/// Why a sandbox or task that is not running cannot take a request, and what to do instead.
+fn not_running(name: &str, kind: Kind, state: State) -> String {
+    match (kind, state) {
+        (Kind::Task, State::Unsaved) => format!(
+            "task \"{name}\" is unsaved: its guest ended before its work could be saved, and its files are kept; finish the task to recover its work"
+        ),
+        (Kind::Task, State::Recovering) => {
+            format!("task \"{name}\" is being recovered; wait for that finish to complete")
+        }
+        (Kind::Task, State::Finished | State::Expired | State::Destroyed) => format!(
+            "task \"{name}\" is {}: its guest is gone and its work is saved; look at its result by finishing it again, and start a new task to keep working",
+            state.as_str()
+        ),
+        (Kind::Task, _) => format!(
+            "task \"{name}\" is {}, not running; start a new task to keep working",
+            state.as_str()
+        ),
+        (Kind::Raw, _) => format!(
+            "sandbox \"{name}\" is {}, not running; destroy it and start a new one",
+            state.as_str()
+        ),
+    }
 }
 
 pub(crate) fn find(catalog: &Catalog, name: &str) -> Result<Record> {
@@ -488,9 +588,58 @@ impl Drop for StartGuard {
                 }
             }
         }
-        let _ = remove_leftovers(&self.home, &self.id);
+        let _ = remove_leftovers(&self.home, &self.id, Keep::Nothing);
         let _ = std::fs::remove_dir_all(crate::finish::results_dir(self.home.root(), &self.id));
         let _ = catalog.delete(&self.id);
+    }
+}
+
+/// How long a supervisor may take to answer `request`. Long requests (a command, a diff, a
+/// finish) are watched on the supervisor's side too (the agent must keep answering pings), so
+/// this only catches a supervisor that is wedged itself.
+fn reply_deadline(request: &ControlRequest) -> Duration {
+    match request {
+        ControlRequest::Ping => Duration::from_secs(30),
+        ControlRequest::Exec { spec } => {
+            Duration::from_secs(spec.timeout_seconds)
+                + Duration::from_millis(crate::spec::EXEC_KILL_GRACE_MS)
+                + Duration::from_secs(60)
+        }
+        ControlRequest::Diff | ControlRequest::Destroy | ControlRequest::Finish => {
+            Duration::from_secs(3600)
+        }
+    }
+}
+
+/// Resolves (with the reason) once the supervisor of `record` has died, or has been stopped
+/// (SIGSTOP, a debugger) for a few seconds in a row: either way no answer is coming.
+async fn watch_supervisor(record: &Record, display: &str) -> Error {
+    const POLL: Duration = Duration::from_millis(250);
+    const STOPPED_FOR: u32 = 12; // polls: 3 s
+    let Some(process) = record.supervisor else {
+        return std::future::pending().await;
+    };
+    let mut stopped = 0;
+    loop {
+        tokio::time::sleep(POLL).await;
+        match process.run_state() {
+            None => {
+                return Error::internal(format!(
+                "the supervisor of \"{display}\" (pid {}) died while handling the request; see {}",
+                process.pid, "its log in the logs directory of DYNOCAP_HOME"
+            ))
+            }
+            Some('T' | 't') => {
+                stopped += 1;
+                if stopped >= STOPPED_FOR {
+                    return Error::internal(format!(
+                        "the supervisor of \"{display}\" (pid {}) is stopped (SIGSTOP or a debugger) and cannot answer; continue it (kill -CONT {}) or destroy or remove the sandbox to end it",
+                        process.pid, process.pid
+                    ));
+                }
+            }
+            Some(_) => stopped = 0,
+        }
     }
 }
 

@@ -1,8 +1,14 @@
 //! The supervisor: one process per sandbox (`dynocap supervise`), detached from whoever
 //! started it. It boots the guest, imports a task's project, holds the agent channel, serves
-//! the control socket, enforces the TTL and tears everything down at the end — for a task,
-//! after saving its patch and logs, so a timer never loses the agent's work. Its death kills
+//! the control socket, enforces the TTL and tears everything down at the end. Its death kills
 //! the guest (the guest's init has a parent-death signal and exits when the channel closes).
+//!
+//! A task's guest goes only after its work is saved ([`crate::save`]): at finish, expiry or a
+//! forced removal the supervisor streams the final patch to disk, stops the guest keeping its
+//! writable layer, writes the summary, answers, and only then deletes the layer. When the work
+//! cannot be saved (a dead or stopped agent, a full disk) the layer stays and the task is
+//! `unsaved`; a supervisor started with [`Mode::Recover`] later boots a guest over that layer
+//! and saves the work the same way.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -24,15 +30,21 @@ use crate::exec::ExecResult;
 use crate::home::Home;
 use crate::patch::{self, DEFAULT_MAX_PATCH_BYTES};
 use crate::sandboxes::rfc3339;
-use crate::spec::ExecSpec;
+use crate::save::{self, ResultFiles, TaskFacts};
+use crate::spec::{ExecSpec, EXEC_KILL_GRACE_MS};
 use crate::task_spec::{DiffResult, FinishResult, Progress, Source, SourceInfo, TaskDetail};
 use crate::workspace::{self, BaselineIndex, BASELINE_TAR};
-use crate::{exec, finish, image, spec};
+use crate::{exec, failpoint, finish, image, spec};
 
 /// How long the agent may take to say hello after the guest starts.
 const AGENT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Output kept per stream in a task's exec log (the caller got up to 1 MiB).
 const LOG_OUTPUT_BYTES: usize = 16 * 1024;
+/// How long past an exec's own deadline (timeout plus the kill grace) the supervisor waits
+/// for the agent's answer before answering for it: the agent may be stopped or wedged.
+const EXEC_HOST_SLACK: Duration = Duration::from_secs(10);
+/// How long requests still being served may take to answer once the sandbox has ended.
+const DRAIN_CLIENTS: Duration = Duration::from_secs(10);
 
 /// What the supervisor tells its starter on the ready pipe: JSON lines, progress first.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -41,17 +53,33 @@ pub enum ReadyMessage {
     Progress(Progress),
     Ready,
     Failed(Error),
+    /// A recovery ([`Mode::Recover`]) saved the task's work: its result.
+    Finished(FinishResult),
+}
+
+/// What a supervisor is started for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Boot a new sandbox (and import a task's project) and serve it until it ends.
+    Start,
+    /// Boot a guest over the writable layer an `unsaved` task kept, save its work, and end.
+    Recover,
 }
 
 /// Entry point of `dynocap supervise`. Must run before any other thread exists: the jail
 /// backend forks a child that runs Rust code. Returns the process exit code.
-pub fn main(home: Home, id: &str, ready: OwnedFd) -> i32 {
+pub fn main(home: Home, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
     let ready = ReadyPipe(Mutex::new(Some(std::fs::File::from(ready))));
     log(&format!(
-        "supervisor for {id} starting (pid {})",
-        std::process::id()
+        "supervisor for {id} starting (pid {}){}",
+        std::process::id(),
+        if mode == Mode::Recover {
+            " to recover the work of an unsaved task"
+        } else {
+            ""
+        }
     ));
-    let (catalog, record, guest) = match boot(&home, id) {
+    let (catalog, record, guest) = match boot(&home, id, mode) {
         Ok(parts) => parts,
         Err(err) => {
             log(&format!("boot failed: {err}"));
@@ -68,11 +96,15 @@ pub fn main(home: Home, id: &str, ready: OwnedFd) -> i32 {
             ready.send(&ReadyMessage::Failed(Error::internal(format!(
                 "starting the runtime: {err}"
             ))));
-            let _ = guest.destroy();
+            // Whoever started us cleans up; a recovering task's files must survive this.
+            let _ = guest.stop_keeping_layer();
             return 1;
         }
     };
-    let code = runtime.block_on(serve(home, catalog, record, guest, ready));
+    let code = match mode {
+        Mode::Start => runtime.block_on(serve(home, catalog, record, guest, ready)),
+        Mode::Recover => runtime.block_on(recover(home, catalog, record, guest, ready)),
+    };
     log("supervisor exiting");
     code
 }
@@ -117,15 +149,20 @@ fn relay_guest_output(pipe: OwnedFd) {
     }
 }
 
-fn boot(home: &Home, id: &str) -> Result<(Catalog, Record, Box<dyn Guest>)> {
+fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn Guest>)> {
     let catalog = Catalog::open(&home.catalog_path())?;
     let record = catalog
         .get(id)?
         .ok_or_else(|| Error::not_found(format!("no sandbox record {id} to supervise")))?;
-    if record.state != State::Starting {
+    let expected = match mode {
+        Mode::Start => State::Starting,
+        Mode::Recover => State::Recovering,
+    };
+    if record.state != expected {
         return Err(Error::conflict(format!(
-            "sandbox {id} is {}, not starting",
-            record.state.as_str()
+            "sandbox {id} is {}, not {}",
+            record.state.as_str(),
+            expected.as_str()
         )));
     }
     if let Some(me) = ProcessId::of(i32::try_from(std::process::id()).unwrap_or(i32::MAX)) {
@@ -145,6 +182,7 @@ fn boot(home: &Home, id: &str) -> Result<(Catalog, Record, Box<dyn Guest>)> {
         cpus: record.cpus,
         memory_mb: record.memory_mb,
         pids: spec::PIDS_LIMIT,
+        reuse_layer: mode == Mode::Recover,
     };
     let (guest, guest_output) = boot_with_piped_output(backend.as_ref(), &spec)?;
     log(&format!(
@@ -208,14 +246,45 @@ impl ReadyPipe {
 /// What a task's supervisor keeps besides the guest.
 struct TaskContext {
     id: String,
-    results_dir: PathBuf,
+    name: Option<String>,
+    created_at: String,
+    files: ResultFiles,
     state_dir: PathBuf,
+    /// What was imported, once the import is done (kept for `summary.json`).
+    source: Option<SourceInfo>,
     exec_log: Mutex<std::fs::File>,
-    baseline: OnceLock<BaselineIndex>,
-    catalog_path: PathBuf,
+    baseline: OnceLock<Arc<BaselineIndex>>,
+}
+
+impl TaskContext {
+    /// Opens the task's results directory (created if needed) and its exec log.
+    fn open(home: &Home, record: &Record, source: Option<SourceInfo>) -> Result<Self> {
+        let files = ResultFiles::new(finish::results_dir(home.root(), &record.id));
+        finish::create_results_dir(&files.dir)?;
+        let exec_log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(files.exec_log())
+            .context("creating the exec log")?;
+        Ok(Self {
+            id: record.id.clone(),
+            name: record.name.clone(),
+            created_at: rfc3339(record.created_at),
+            files,
+            state_dir: home.sandbox_dir(&record.id),
+            source,
+            exec_log: Mutex::new(exec_log),
+            baseline: OnceLock::new(),
+        })
+    }
+
+    fn display_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.id)
+    }
 }
 
 /// Why the supervisor stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ending {
     Destroyed,
     Finished,
@@ -224,21 +293,51 @@ enum Ending {
     Signalled,
 }
 
+impl Ending {
+    /// The state a sandbox is left in when its work (if any) was saved.
+    fn state(self) -> State {
+        match self {
+            Self::Finished => State::Finished,
+            Self::Expired => State::Expired,
+            Self::GuestDied => State::Lost,
+            Self::Destroyed | Self::Signalled => State::Destroyed,
+        }
+    }
+
+    /// What a command still running is told when the sandbox ends under it.
+    fn interrupts(self, what: &str, ttl_seconds: u64) -> String {
+        match self {
+            Self::Finished => format!("the task was finished while the command ran; the command was stopped and its output so far is lost{what}"),
+            Self::Expired => format!("the sandbox reached the end of its TTL ({ttl_seconds}s) while the command ran; the command was stopped{what}"),
+            Self::Destroyed | Self::Signalled => format!("the sandbox was destroyed while the command ran{what}"),
+            Self::GuestDied => "the sandbox's guest died while the command ran".to_owned(),
+        }
+    }
+}
+
 /// Requests that end the sandbox; the main loop handles them after leaving its select.
 enum EndRequest {
     Destroy,
     Finish,
 }
 
+/// What the connection handlers share with the main loop.
+struct Shared {
+    conn: AgentConn,
+    task: Option<TaskContext>,
+    /// Set once the sandbox is ending: what an interrupted command is told.
+    ending: OnceLock<String>,
+}
+
 async fn serve(
     home: Home,
     catalog: Catalog,
-    record: Record,
+    mut record: Record,
     mut guest: Box<dyn Guest>,
     ready: ReadyPipe,
 ) -> i32 {
     let id = record.id.clone();
-    let started = start(&home, &catalog, &record, guest.as_mut(), &ready).await;
+    let started = start(&home, &catalog, &mut record, guest.as_mut(), &ready).await;
     let (conn, listener, task) = match started {
         Ok(parts) => parts,
         Err(err) => {
@@ -251,31 +350,40 @@ async fn serve(
     };
     ready.send(&ReadyMessage::Ready);
 
+    let shared = Arc::new(Shared {
+        conn,
+        task,
+        ending: OnceLock::new(),
+    });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
     let guest_exit = match AsyncFd::new(guest.exit_fd().as_raw_fd()) {
         Ok(fd) => fd,
         Err(err) => {
             log(&format!("cannot watch the guest: {err}"));
-            let _ = guest.destroy();
+            let _ = guest.stop_keeping_layer();
             return 1;
         }
     };
+    // The deadline is fixed once: serving a request never moves it.
     let until_expiry = (record.expires_at - chrono::Utc::now())
         .to_std()
         .unwrap_or(Duration::ZERO);
+    let expiry = tokio::time::sleep_until(tokio::time::Instant::now() + until_expiry);
+    tokio::pin!(expiry);
     let mut sigterm =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
 
+    let mut clients = tokio::task::JoinSet::new();
     let mut waiters: Vec<OwnedWriteHalf> = Vec::new();
     let ending = loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
-                let conn = conn.clone();
+                let shared = shared.clone();
                 let end_tx = end_tx.clone();
-                let task = task.clone();
-                tokio::spawn(async move { handle_client(stream, &conn, task.as_deref(), &end_tx).await });
+                clients.spawn(async move { handle_client(stream, &shared, &end_tx).await });
             }
+            Some(_) = clients.join_next(), if !clients.is_empty() => {}
             Some((request, waiter)) = end_rx.recv() => {
                 waiters.push(waiter);
                 break match request {
@@ -283,7 +391,7 @@ async fn serve(
                     EndRequest::Finish => Ending::Finished,
                 };
             }
-            () = tokio::time::sleep(until_expiry) => break Ending::Expired,
+            () = &mut expiry => break Ending::Expired,
             _ = guest_exit.readable() => break Ending::GuestDied,
             _ = async { match sigterm.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => break Ending::Signalled,
         }
@@ -291,89 +399,299 @@ async fn serve(
     drop(guest_exit);
     drop(listener);
     let _ = std::fs::remove_file(home.control_socket(&id));
-
-    let (state, note) = match ending {
-        Ending::Destroyed => (State::Destroyed, None),
-        Ending::Finished => (State::Finished, None),
-        Ending::Expired => (
-            State::Expired,
-            Some(format!("expired after its TTL of {}s", record.ttl_seconds)),
-        ),
-        Ending::GuestDied => (
-            State::Lost,
-            Some("the guest's init exited unexpectedly; see the supervisor log".to_owned()),
-        ),
-        Ending::Signalled => (
-            State::Destroyed,
-            Some("the supervisor was asked to stop (SIGTERM)".to_owned()),
-        ),
+    let where_saved = match &shared.task {
+        Some(task) => format!("; the task's work is saved in {}", task.files.dir.display()),
+        None => String::new(),
     };
-    if let Some(note) = &note {
-        log(note);
+    let _ = shared
+        .ending
+        .set(ending.interrupts(&where_saved, record.ttl_seconds));
+    match ending {
+        Ending::Expired => log(&format!("expired after its TTL of {}s", record.ttl_seconds)),
+        Ending::GuestDied => log("the guest's init exited unexpectedly"),
+        Ending::Signalled => log("the supervisor was asked to stop (SIGTERM)"),
+        Ending::Destroyed | Ending::Finished => log(&format!("ending: {ending:?}")),
     }
 
-    // A task that ends normally (finish, expiry, destroy) takes its final diff while the guest
-    // still runs, so the agent's work is kept whatever ended it.
-    let final_patch = match (&task, state) {
-        (Some(_), State::Finished | State::Expired | State::Destroyed) => {
-            Some(workspace::diff(&conn).await)
-        }
-        _ => None,
-    };
-    drop(conn);
-    match tokio::task::spawn_blocking(move || guest.destroy()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => log(&format!("teardown: {err}")),
-        Err(err) => log(&format!("teardown panicked: {err}")),
-    }
-
-    let reply = match (&task, final_patch) {
-        (Some(task), Some(patch)) => {
-            let finished = tokio::task::spawn_blocking({
-                let task = task.clone();
-                move || export_results(&task, state, patch)
-            })
-            .await
-            .unwrap_or_else(|err| {
-                Err(Error::internal(format!(
-                    "exporting results panicked: {err}"
-                )))
-            });
-            match finished {
-                Ok(result) => ControlReply::Finished(result),
-                Err(err) => {
-                    log(&format!("exporting results: {err}"));
-                    ControlReply::Error(err)
+    let reply = match &shared.task {
+        Some(task) => {
+            let ended = end_task(&shared.conn, task, guest, record.memory_mb, ending).await;
+            let (state, note, reply) = match ended {
+                TaskEnd::Saved(result) => (result.state, None, ControlReply::Finished(result)),
+                TaskEnd::Unsaved(err) => {
+                    let note = unsaved_note(task, ending, &err);
+                    log(&note);
+                    (
+                        State::Unsaved,
+                        Some(note.clone()),
+                        ControlReply::Error(Error::new(err.code, note)),
+                    )
                 }
-            }
+            };
+            record_end(&catalog, &id, state, note.as_deref(), reply_result(&reply));
+            reply
         }
-        _ => ControlReply::Destroyed,
+        None => {
+            match tokio::task::spawn_blocking(move || guest.destroy()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => log(&format!("teardown: {err}")),
+                Err(err) => log(&format!("teardown panicked: {err}")),
+            }
+            let _ = std::fs::remove_dir_all(home.sandbox_dir(&id));
+            let recorded = match ending {
+                // A raw sandbox that is gone releases its record and name; a lost one stays
+                // visible.
+                Ending::GuestDied => catalog.set_state(
+                    &id,
+                    State::Lost,
+                    Some("the guest's init exited unexpectedly; see the supervisor log"),
+                ),
+                _ => catalog.delete(&id),
+            };
+            if let Err(err) = recorded {
+                log(&format!("updating the catalog: {err}"));
+            }
+            ControlReply::Destroyed
+        }
     };
-    let _ = std::fs::remove_dir_all(home.sandbox_dir(&id));
-    let recorded = match (record.kind, state) {
-        // A raw sandbox that is gone releases its record and name; a lost one stays visible.
-        (Kind::Raw, State::Destroyed | State::Expired) => catalog.delete(&id),
-        _ => catalog.set_state(&id, state, note.as_deref()),
-    };
-    if let Err(err) = recorded {
-        log(&format!("updating the catalog: {err}"));
-    }
     for mut waiter in waiters {
         let _ = write_message(&mut waiter, &reply).await;
+    }
+    // Commands cut off by the end answer their callers before the process goes.
+    let _ = tokio::time::timeout(DRAIN_CLIENTS, async {
+        while clients.join_next().await.is_some() {}
+    })
+    .await;
+    // The work is on disk and everyone has their answer: the guest's files can go.
+    if matches!(reply, ControlReply::Finished(_)) {
+        remove_sandbox_files(&home, &id);
     }
     0
 }
 
-/// Connects to the agent, imports a task's project, opens the control socket and marks the
-/// record running.
-async fn start(
-    home: &Home,
+/// How a task's guest ended.
+enum TaskEnd {
+    /// The work is saved and the result written; the guest is stopped, its layer still kept.
+    Saved(FinishResult),
+    /// The work could not be saved; the guest is stopped and its layer kept.
+    Unsaved(Error),
+}
+
+/// Saves a task's work, then stops its guest (keeping the layer until the caller removes it).
+async fn end_task(
+    conn: &AgentConn,
+    task: &TaskContext,
+    guest: Box<dyn Guest>,
+    memory_mb: u64,
+    ending: Ending,
+) -> TaskEnd {
+    let taken = match ending {
+        Ending::GuestDied => Err(Error::internal(
+            "the guest's init exited unexpectedly (see the supervisor log), so the final diff could not be taken",
+        )),
+        _ => match failpoint::hit("supervisor.final-diff") {
+            Ok(()) => {
+                // git holds a large file whole while it diffs it; the work must not be lost to
+                // the limit the agent worked under.
+                let limit = save_memory_limit(memory_mb);
+                if let Err(err) = guest.raise_memory_limit(limit) {
+                    log(&format!("{err}; saving within the sandbox's own limit"));
+                }
+                save::take_final_patch(conn, &task.files).await
+            }
+            Err(err) => Err(err),
+        },
+    };
+    match tokio::task::spawn_blocking(move || guest.stop_keeping_layer()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => log(&format!("stopping the guest: {err}")),
+        Err(err) => log(&format!("stopping the guest panicked: {err}")),
+    }
+    if let Err(err) = taken {
+        return TaskEnd::Unsaved(err);
+    }
+    if let Err(err) = failpoint::hit("supervisor.patch-saved") {
+        return TaskEnd::Unsaved(err);
+    }
+    let state = ending.state();
+    match finalize(task, state).await {
+        Ok(result) => match failpoint::hit("supervisor.results-written") {
+            Ok(()) => TaskEnd::Saved(result),
+            Err(err) => TaskEnd::Unsaved(err),
+        },
+        Err(err) => TaskEnd::Unsaved(err),
+    }
+}
+
+/// The memory limit while a task's work is saved: twice its own plus 1 GiB (git holds a
+/// large file and its compressed form at once), at most half of the host's memory, never less
+/// than the sandbox had.
+fn save_memory_limit(memory_mb: u64) -> u64 {
+    let own = memory_mb.saturating_mul(1 << 20);
+    let wanted = own.saturating_mul(2).saturating_add(1 << 30);
+    let half_host = host_memory_bytes().map_or(wanted, |total| total / 2);
+    wanted.min(half_host).max(own)
+}
+
+fn host_memory_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Reads, verifies and summarises the saved patch (blocking work, off the runtime).
+async fn finalize(task: &TaskContext, state: State) -> Result<FinishResult> {
+    let baseline = task.baseline();
+    let facts_id = task.id.clone();
+    let name = task.name.clone();
+    let created_at = task.created_at.clone();
+    let source = task.source.clone();
+    let files = task.files.clone();
+    let state_dir = task.state_dir.clone();
+    tokio::task::spawn_blocking(move || {
+        let facts = TaskFacts {
+            id: &facts_id,
+            name: name.as_deref(),
+            created_at: &created_at,
+            source: source.as_ref(),
+            baseline_tar: &state_dir.join(BASELINE_TAR),
+            scratch: &state_dir.join("verify"),
+        };
+        save::finalize(&facts, &files, state, &|path| baseline.get(path))
+    })
+    .await
+    .unwrap_or_else(|err| {
+        Err(Error::internal(format!(
+            "saving the results panicked: {err}"
+        )))
+    })
+}
+
+/// The note an `unsaved` task carries: what happened and what to do.
+fn unsaved_note(task: &TaskContext, ending: Ending, err: &Error) -> String {
+    let when = match ending {
+        Ending::Finished => "when it was finished",
+        Ending::Expired => "when its TTL ran out",
+        Ending::Destroyed | Ending::Signalled => "when it was removed",
+        Ending::GuestDied => "when its guest died",
+    };
+    format!(
+        "the work of task \"{}\" could not be saved {when}: {}. Its files are kept (state unsaved); finish the task again to recover them",
+        task.display_name(),
+        err.message
+    )
+}
+
+fn reply_result(reply: &ControlReply) -> Option<&FinishResult> {
+    match reply {
+        ControlReply::Finished(result) => Some(result),
+        _ => None,
+    }
+}
+
+/// Records how a task ended. The results directory already holds everything needed to list
+/// it, so a catalog that cannot be written loses nothing: it is logged.
+fn record_end(
     catalog: &Catalog,
-    record: &Record,
-    guest: &mut dyn Guest,
-    ready: &ReadyPipe,
-) -> Result<(AgentConn, UnixListener, Option<Arc<TaskContext>>)> {
-    let id = &record.id;
+    id: &str,
+    state: State,
+    note: Option<&str>,
+    result: Option<&FinishResult>,
+) {
+    let recorded = (|| -> Result<()> {
+        if let Some(result) = result {
+            let record = catalog
+                .get(id)?
+                .ok_or_else(|| Error::internal("the task record vanished"))?;
+            let mut detail = TaskDetail::from_json(record.detail.as_deref())?;
+            detail.result = Some(result.clone());
+            catalog.set_detail(id, &detail.to_json())?;
+        }
+        catalog.set_state(id, state, note)?;
+        if note.is_none() {
+            // A saved task's state says all; an older note (why it was unsaved) is history.
+            catalog.set_note(id, None)?;
+        }
+        Ok(())
+    })();
+    if let Err(err) = recorded {
+        log(&format!(
+            "recording the end of the task in the catalog: {err}"
+        ));
+    }
+}
+
+/// Deletes what is left of a sandbox on the host once nothing needs it.
+fn remove_sandbox_files(home: &Home, id: &str) {
+    match backend::select().and_then(|backend| backend.cleanup_leftovers(id, &home.sandbox_dir(id)))
+    {
+        Ok(()) => {}
+        Err(err) => log(&format!("removing the sandbox's files: {err}")),
+    }
+    let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
+}
+
+/// [`Mode::Recover`]: the guest booted over the kept layer; take the diff, save, answer on the
+/// ready pipe and end. The guest has no network and runs nothing of the agent's.
+async fn recover(
+    home: Home,
+    catalog: Catalog,
+    record: Record,
+    mut guest: Box<dyn Guest>,
+    ready: ReadyPipe,
+) -> i32 {
+    let id = record.id.clone();
+    let prepared = async {
+        let conn = connect_agent(guest.as_mut()).await?;
+        let detail = TaskDetail::from_json(record.detail.as_deref())?;
+        let task = TaskContext::open(&home, &record, detail.source)?;
+        Ok::<_, Error>((conn, task))
+    }
+    .await;
+    let (conn, task) = match prepared {
+        Ok(parts) => parts,
+        Err(err) => {
+            log(&format!("recovery failed: {err}"));
+            let _ = tokio::task::spawn_blocking(move || guest.stop_keeping_layer()).await;
+            let note = format!(
+                "the work could not be recovered: {}; its files are still kept, finish the task again to retry",
+                err.message
+            );
+            record_end(&catalog, &id, State::Unsaved, Some(&note), None);
+            ready.send(&ReadyMessage::Failed(Error::new(err.code, note)));
+            return 1;
+        }
+    };
+    ready.send(&ReadyMessage::Progress(Progress {
+        message: format!("recovering the work of task \"{}\"", task.display_name()),
+        done: 0,
+        total: None,
+    }));
+    match end_task(&conn, &task, guest, record.memory_mb, Ending::Finished).await {
+        TaskEnd::Saved(result) => {
+            record_end(&catalog, &id, result.state, None, Some(&result));
+            ready.send(&ReadyMessage::Finished(result));
+            remove_sandbox_files(&home, &id);
+            0
+        }
+        TaskEnd::Unsaved(err) => {
+            let note = unsaved_note(&task, Ending::Finished, &err);
+            log(&note);
+            record_end(&catalog, &id, State::Unsaved, Some(&note), None);
+            ready.send(&ReadyMessage::Failed(Error::new(err.code, note)));
+            1
+        }
+    }
+}
+
+/// The agent's channel, and its hello.
+async fn connect_agent(guest: &mut dyn Guest) -> Result<AgentConn> {
     let channel = guest
         .take_channel()
         .ok_or_else(|| Error::internal("the backend gave no agent channel"))?;
@@ -385,21 +703,30 @@ async fn start(
     let (read, write) = stream.into_split();
     let (conn, hello) = AgentConn::start(read, write, AGENT_HELLO_TIMEOUT).await?;
     log(&format!("agent {} ready", hello.agent_version));
+    Ok(conn)
+}
+
+/// Connects to the agent, imports a task's project, opens the control socket and marks the
+/// record running.
+async fn start(
+    home: &Home,
+    catalog: &Catalog,
+    record: &mut Record,
+    guest: &mut dyn Guest,
+    ready: &ReadyPipe,
+) -> Result<(AgentConn, UnixListener, Option<TaskContext>)> {
+    let id = record.id.clone();
+    let conn = connect_agent(guest).await?;
 
     let task = if record.kind == Kind::Task {
         let mut detail = TaskDetail::from_json(record.detail.as_deref())?;
-        let results_dir = finish::results_dir(home.root(), id);
-        finish::create_results_dir(&results_dir)?;
-        let exec_log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(results_dir.join(finish::EXEC_LOG_FILE))
-            .context("creating the exec log")?;
-        let state_dir = home.sandbox_dir(id);
+        let mut task = TaskContext::open(home, record, None)?;
         let source = match &detail.start.source {
             Source::ProjectPath(path) => {
                 let report = |progress: Progress| ready.send(&ReadyMessage::Progress(progress));
-                let imported = workspace::import(&conn, path, detail.start.history, &state_dir, &report).await?;
+                let imported =
+                    workspace::import(&conn, path, detail.start.history, &task.state_dir, &report)
+                        .await?;
                 for note in &imported.notes {
                     log(&format!("import note: {note}"));
                 }
@@ -418,25 +745,21 @@ async fn start(
                 ))
             }
         };
-        detail.source = Some(source);
-        catalog.set_detail(id, &detail.to_json())?;
-        Some(Arc::new(TaskContext {
-            id: id.clone(),
-            results_dir,
-            state_dir,
-            exec_log: Mutex::new(exec_log),
-            baseline: OnceLock::new(),
-            catalog_path: home.catalog_path(),
-        }))
+        detail.source = Some(source.clone());
+        task.source = Some(source);
+        let detail = detail.to_json();
+        catalog.set_detail(&id, &detail)?;
+        record.detail = Some(detail);
+        Some(task)
     } else {
         None
     };
 
-    let socket_path = home.control_socket(id);
+    let socket_path = home.control_socket(&id);
     let _ = std::fs::remove_file(&socket_path);
     let listener = UnixListener::bind(&socket_path)
         .context(format_args!("listening on {}", socket_path.display()))?;
-    if !catalog.transition(id, State::Starting, State::Running, None)? {
+    if !catalog.transition(&id, State::Starting, State::Running, None)? {
         return Err(Error::conflict(
             "the sandbox record changed while it was starting",
         ));
@@ -447,8 +770,7 @@ async fn start(
 /// Serves one control connection.
 async fn handle_client(
     stream: UnixStream,
-    conn: &AgentConn,
-    task: Option<&TaskContext>,
+    shared: &Shared,
     end: &mpsc::Sender<(EndRequest, OwnedWriteHalf)>,
 ) {
     let (read, mut write) = stream.into_split();
@@ -461,6 +783,8 @@ async fn handle_client(
             return;
         }
     };
+    let conn = &shared.conn;
+    let task = shared.task.as_ref();
     let reply = match request {
         ControlRequest::Ping => {
             ControlReply::from_result(conn.ping().await, |()| ControlReply::Pong)
@@ -472,14 +796,22 @@ async fn handle_client(
                 let _ = tokio::io::AsyncReadExt::read(&mut reader, &mut byte).await;
             };
             let started_at = chrono::Utc::now();
-            let result = exec::run(conn, &spec, client_gone).await;
+            let result = run_exec(conn, &spec, client_gone).await;
+            // A command cut off by the sandbox's end is told why, not that the agent is gone.
+            let result = match (result, shared.ending.get()) {
+                (Err(_), Some(ending)) => Err(Error::conflict(ending.clone())),
+                (result, _) => result,
+            };
             if let Some(task) = task {
                 task.log_exec(&spec, started_at, &result);
             }
             ControlReply::from_result(result, ControlReply::Exec)
         }
         ControlRequest::Diff => match task {
-            Some(task) => ControlReply::from_result(task.diff(conn).await, ControlReply::Diff),
+            Some(task) => ControlReply::from_result(
+                conn.while_responsive(task.diff(conn)).await.and_then(|r| r),
+                ControlReply::Diff,
+            ),
             None => {
                 ControlReply::Error(Error::conflict("diff is for tasks; this is a raw sandbox"))
             }
@@ -501,25 +833,72 @@ async fn handle_client(
     let _ = write_message(&mut write, &reply).await;
 }
 
+/// Runs one command, with the deadline enforced here too: an agent that stopped answering
+/// (SIGSTOP, a wedged guest) cannot hold the caller past the command's own timeout.
+async fn run_exec(
+    conn: &AgentConn,
+    spec: &ExecSpec,
+    cancelled: impl std::future::Future<Output = ()>,
+) -> Result<ExecResult> {
+    let deadline = Duration::from_secs(spec.timeout_seconds)
+        + Duration::from_millis(EXEC_KILL_GRACE_MS)
+        + EXEC_HOST_SLACK;
+    let started = std::time::Instant::now();
+    match tokio::time::timeout(deadline, exec::run(conn, spec, cancelled)).await {
+        Ok(result) => result,
+        Err(_) => {
+            log(&format!(
+                "exec: the agent did not answer within {}s of a {}s command; answering for it",
+                deadline.as_secs(),
+                spec.timeout_seconds
+            ));
+            let note = format!(
+                "dynocap: the sandbox's guest agent did not answer within {}s of the command's {}s timeout; \
+                 the command may still be running in the guest. The guest may be stopped or overloaded: \
+                 destroy the sandbox if this persists.\n",
+                deadline.as_secs() - spec.timeout_seconds,
+                spec.timeout_seconds
+            );
+            Ok(ExecResult {
+                exit_code: None,
+                signal: None,
+                timed_out: true,
+                duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                stdout: (!spec.terminal).then(String::new),
+                stderr: (!spec.terminal).then(|| note.clone()),
+                transcript: spec.terminal.then_some(note),
+                truncated: false,
+            })
+        }
+    }
+}
+
 impl TaskContext {
     async fn diff(&self, conn: &AgentConn) -> Result<DiffResult> {
         let patch = workspace::diff(conn).await?;
-        let summary = self.summarize(&patch)?;
+        let baseline = self.baseline();
+        let summary = patch::summarize(&patch, DEFAULT_MAX_PATCH_BYTES, &|path| baseline.get(path))
+            .map_err(|err| {
+                Error::invalid(format!("the patch from the sandbox was refused: {err}"))
+            })?;
         Ok(DiffResult {
             summary,
             patch: String::from_utf8_lossy(&patch).into_owned(),
         })
     }
 
-    fn summarize(&self, patch: &[u8]) -> Result<patch::DiffSummary> {
-        let baseline = self.baseline.get_or_init(|| {
-            BaselineIndex::load(&self.state_dir.join(BASELINE_TAR)).unwrap_or_else(|err| {
-                log(&format!("reading the baseline copy: {err}"));
-                BaselineIndex::default()
+    /// The host's index of the baseline copy, loaded once.
+    fn baseline(&self) -> Arc<BaselineIndex> {
+        self.baseline
+            .get_or_init(|| {
+                Arc::new(
+                    BaselineIndex::load(&self.state_dir.join(BASELINE_TAR)).unwrap_or_else(|err| {
+                        log(&format!("reading the baseline copy: {err}"));
+                        BaselineIndex::default()
+                    }),
+                )
             })
-        });
-        patch::summarize(patch, DEFAULT_MAX_PATCH_BYTES, &|path| baseline.get(path))
-            .map_err(|err| Error::invalid(format!("the patch from the sandbox was refused: {err}")))
+            .clone()
     }
 
     /// Appends one line to `exec.jsonl`. Output is cut to a few KiB: the log says what ran,
@@ -571,87 +950,6 @@ impl TaskContext {
             log(&format!("writing the exec log: {err}"));
         }
     }
-}
-
-/// Writes `patch.diff` and `summary.json`, verifies the patch and records the result.
-fn export_results(
-    task: &TaskContext,
-    state: State,
-    patch: Result<Vec<u8>>,
-) -> Result<FinishResult> {
-    let patch_path = task.results_dir.join(finish::PATCH_FILE);
-    let (patch_bytes, diff_error) = match patch {
-        Ok(bytes) => (bytes, None),
-        Err(err) => (
-            Vec::new(),
-            Some(format!(
-                "the final diff could not be taken: {}",
-                err.message
-            )),
-        ),
-    };
-    std::fs::write(&patch_path, &patch_bytes)
-        .context(format_args!("writing {}", patch_path.display()))?;
-    let (summary, summary_error) = match task.summarize(&patch_bytes) {
-        Ok(summary) => (summary, None),
-        Err(err) => (
-            patch::DiffSummary {
-                files: 0,
-                additions: 0,
-                deletions: 0,
-                sensitive_paths: Vec::new(),
-            },
-            Some(err.message),
-        ),
-    };
-    let verify_error = match diff_error.or(summary_error) {
-        Some(err) => Some(err),
-        None => finish::verify(
-            &task.state_dir.join(BASELINE_TAR),
-            &patch_path,
-            &task.state_dir.join("verify"),
-        )
-        .err(),
-    };
-    let catalog = Catalog::open(&task.catalog_path)?;
-    let record = catalog
-        .get(&task.id)?
-        .ok_or_else(|| Error::internal("the task record vanished"))?;
-    let result = FinishResult {
-        id: task.id.clone(),
-        name: record.name.clone(),
-        state,
-        verified: verify_error.is_none(),
-        verify_error,
-        patch_path: patch_path.display().to_string(),
-        log_path: task
-            .results_dir
-            .join(finish::EXEC_LOG_FILE)
-            .display()
-            .to_string(),
-        summary_path: task
-            .results_dir
-            .join(finish::SUMMARY_FILE)
-            .display()
-            .to_string(),
-        files: summary.files,
-        additions: summary.additions,
-        deletions: summary.deletions,
-        sensitive_paths: summary.sensitive_paths,
-    };
-    let mut detail = TaskDetail::from_json(record.detail.as_deref())?;
-    detail.result = Some(result.clone());
-    let summary_json = serde_json::json!({
-        "task": result,
-        "source": detail.source,
-        "createdAt": rfc3339(record.created_at),
-        "finishedAt": rfc3339(chrono::Utc::now()),
-    });
-    let summary_text =
-        serde_json::to_string_pretty(&summary_json).context("encoding the summary")?;
-    std::fs::write(&result.summary_path, summary_text).context("writing summary.json")?;
-    catalog.set_detail(&task.id, &detail.to_json())?;
-    Ok(result)
 }
 
 /// Supervisor log lines go to stderr, which the starter points at the sandbox's log file.

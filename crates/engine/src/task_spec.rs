@@ -118,6 +118,10 @@ pub struct TaskInfo {
     pub created_at: String,
     pub expires_at: String,
     pub source: SourceInfo,
+    /// Why the task is in its state, when that needs saying (an `unsaved` task: what went
+    /// wrong and what to do).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub note: Option<String>,
 }
 
 /// The Diff object: the header plus the patch.
@@ -170,6 +174,10 @@ pub struct RmResult {
     pub released: Option<String>,
     pub purged: bool,
     pub destroyed: bool,
+    /// Where the files of an unsaved task stay when it is removed without `purge`: finishing
+    /// it by id still recovers them.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kept_work: Option<String>,
 }
 
 /// Progress of a long step (import, clone, boot), for progress bars and MCP notifications.

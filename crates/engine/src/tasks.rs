@@ -2,12 +2,15 @@
 //! finish it with a verified patch, list and remove records. Same supervisor machinery as raw
 //! sandboxes; task records stay after the guest is gone, until `rm` releases or purges them.
 
+use crate::catalog::Catalog;
 use crate::catalog::{Kind, Record, State};
 use crate::control::{ControlReply, ControlRequest};
 use crate::error::{Error, Result};
 use crate::exec::ExecResult;
-use crate::sandboxes::{find, rfc3339, unexpected, Engine, SandboxInfo};
+use crate::sandboxes::{find, remove_leftovers, rfc3339, unexpected, Engine, Keep, SandboxInfo};
+use crate::save::ResultFiles;
 use crate::spec::ExecSpec;
+use crate::supervisor::Mode;
 use crate::task_spec::{
     DiffResult, FinishResult, LsResult, Progress, RmResult, Source, SourceInfo, TaskDetail,
     TaskInfo, TaskStartSpec,
@@ -63,8 +66,9 @@ impl Engine {
         }
     }
 
-    /// Final diff, guest destroyed, patch verified, results written. A task that already
-    /// ended (finished or expired) answers with its recorded result.
+    /// Final diff, patch saved and verified, results written, guest destroyed. A task that
+    /// already ended answers with its saved result; an `unsaved` one is recovered first: a
+    /// fresh guest boots over its kept files (no network) and its work is saved as usual.
     pub async fn task_finish(&self, target: &str) -> Result<FinishResult> {
         let catalog = self.catalog()?;
         self.reconcile(&catalog)?;
@@ -74,21 +78,106 @@ impl Engine {
                 "\"{target}\" is a raw sandbox; destroy it instead"
             )));
         }
-        if !record.state.is_live() {
-            return TaskDetail::from_json(record.detail.as_deref())?
-                .result
-                .ok_or_else(|| {
-                    Error::conflict(format!(
-                        "task \"{target}\" is {} and has no result to show; remove it with rm",
-                        record.state.as_str()
-                    ))
-                });
+        let record = match record.state {
+            State::Starting | State::Running => {
+                match self.call(&record, &ControlRequest::Finish).await {
+                    Ok(ControlReply::Finished(result)) => return Ok(result),
+                    Ok(ControlReply::Error(err)) => return Err(err),
+                    Ok(other) => return Err(unexpected(&other)),
+                    // Dead, stopped or wedged: end it from here; its work is then kept on disk
+                    // and saved below.
+                    Err(_) => {
+                        self.kill_supervisor(&record).await;
+                        self.reconcile(&catalog)?;
+                        find(&catalog, &record.id)?
+                    }
+                }
+            }
+            _ => record,
+        };
+        match record.state {
+            State::Unsaved => self.recover(&catalog, &record).await,
+            State::Recovering => Err(Error::conflict(format!(
+                "task \"{target}\" is being recovered by another finish; wait for it to complete"
+            ))),
+            _ => self.saved_result(&catalog, &record, target),
         }
-        match self.call(&record, &ControlRequest::Finish).await? {
-            ControlReply::Finished(result) => Ok(result),
-            ControlReply::Error(err) => Err(err),
-            other => Err(unexpected(&other)),
+    }
+
+    /// The result a task that ended saved: from its record, else from its results directory
+    /// (which holds everything needed, whatever happened to the catalog).
+    fn saved_result(
+        &self,
+        catalog: &Catalog,
+        record: &Record,
+        target: &str,
+    ) -> Result<FinishResult> {
+        if let Some(result) = TaskDetail::from_json(record.detail.as_deref())?.result {
+            return Ok(result);
         }
+        let files = ResultFiles::new(crate::finish::results_dir(self.home().root(), &record.id));
+        if let Some(result) = files.saved_result() {
+            let mut detail = TaskDetail::from_json(record.detail.as_deref())?;
+            detail.result = Some(result.clone());
+            catalog.set_detail(&record.id, &detail.to_json())?;
+            return Ok(result);
+        }
+        Err(Error::conflict(format!(
+            "task \"{target}\" is {} and saved no result ({}); remove it with rm",
+            record.state.as_str(),
+            record.note.as_deref().unwrap_or("no reason recorded")
+        )))
+    }
+
+    /// Boots a recovery guest over an unsaved task's kept files and saves its work.
+    async fn recover(&self, catalog: &Catalog, record: &Record) -> Result<FinishResult> {
+        if !catalog.transition(&record.id, State::Unsaved, State::Recovering, None)? {
+            return Err(Error::conflict(format!(
+                "task \"{}\" changed state while its recovery was starting; try again",
+                record.name.as_deref().unwrap_or(&record.id)
+            )));
+        }
+        let recovered = self
+            .start_supervisor(catalog, &record.id, Mode::Recover, &|_| {})
+            .await;
+        match recovered {
+            Ok(Some(result)) => Ok(result),
+            Ok(None) => Err(Error::internal(
+                "the recovery supervisor answered as if it had started a sandbox",
+            )),
+            Err(err) => {
+                // Whatever stopped the recovery, the files stay for the next try.
+                if let Some(current) = catalog.get(&record.id)? {
+                    if let Some(process) = current.supervisor.filter(|p| p.is_alive()) {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(process.pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+                self.reconcile(catalog)?;
+                let _ = catalog.transition(
+                    &record.id,
+                    State::Recovering,
+                    State::Unsaved,
+                    Some(&format!("recovering the work failed: {}", err.message)),
+                );
+                Err(err)
+            }
+        }
+    }
+
+    /// One task's record, by name or id.
+    pub fn task_info(&self, target: &str) -> Result<TaskInfo> {
+        let catalog = self.catalog()?;
+        self.reconcile(&catalog)?;
+        let record = find(&catalog, target)?;
+        if record.kind != Kind::Task {
+            return Err(Error::conflict(format!(
+                "\"{target}\" is a raw sandbox, not a task"
+            )));
+        }
+        task_info(&record)
     }
 
     /// Tasks (live and retained) and raw sandboxes.
@@ -118,6 +207,11 @@ impl Engine {
             )));
         }
         let mut destroyed = false;
+        if record.state == State::Recovering {
+            return Err(Error::conflict(format!(
+                "task \"{target}\" is being recovered by a finish; wait for it to complete"
+            )));
+        }
         if record.state.is_live() {
             if !force {
                 return Err(Error::conflict(format!(
@@ -126,12 +220,25 @@ impl Engine {
             }
             match self.call(&record, &ControlRequest::Destroy).await {
                 Ok(ControlReply::Finished(_) | ControlReply::Destroyed) => destroyed = true,
-                Ok(ControlReply::Error(err)) => return Err(err),
+                // The work could not be saved; the task is unsaved with its files kept,
+                // which removing its name does not change.
+                Ok(ControlReply::Error(_)) => destroyed = true,
                 Ok(other) => return Err(unexpected(&other)),
-                Err(_) => self.reconcile(&catalog)?,
+                Err(_) => {
+                    self.kill_supervisor(&record).await;
+                    self.reconcile(&catalog)?;
+                    destroyed = true;
+                }
             }
         }
+        let current = find(&catalog, &record.id)?;
         let released = record.name.clone();
+        if purge && current.state == State::Unsaved {
+            // The caller was told (CLI) or asked for exactly this (purge): the kept files go.
+            remove_leftovers(self.home(), &record.id, Keep::Nothing)?;
+        }
+        let kept_work = (!purge && current.state == State::Unsaved)
+            .then(|| self.home().sandbox_dir(&record.id).display().to_string());
         if purge {
             let results = crate::finish::results_dir(self.home().root(), &record.id);
             match std::fs::remove_dir_all(&results) {
@@ -152,6 +259,7 @@ impl Engine {
             released,
             purged: purge,
             destroyed,
+            kept_work,
         })
     }
 }
@@ -176,10 +284,13 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         id: record.id.clone(),
         name: record.name.clone(),
         state: match record.state {
-            // Not a CONTRACT state: a task is "running" from the caller's view once created.
+            // Not CONTRACT states: a task is "running" from the caller's view once created,
+            // and one being recovered is still unsaved until its result is written.
             State::Starting => State::Running,
+            State::Recovering => State::Unsaved,
             other => other,
         },
+        note: record.note.clone(),
         backend: record.backend.clone(),
         network: record.network.as_str().to_owned(),
         cpus: record.cpus,

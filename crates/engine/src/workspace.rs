@@ -165,17 +165,33 @@ pub async fn import(
     })
 }
 
-/// The patch baseline → current working tree, as the guest's agent computes it. Bounded here
-/// too, whatever the agent does.
+/// The patch baseline → current working tree, as the guest's agent computes it, in memory:
+/// for showing it (`task diff`), so bounded by [`DEFAULT_MAX_PATCH_BYTES`]. Saving the work
+/// uses [`diff_into`] without a bound.
 pub async fn diff(conn: &AgentConn) -> Result<Vec<u8>> {
-    let max = DEFAULT_MAX_PATCH_BYTES;
+    let mut patch = Vec::new();
+    let max = u64::try_from(DEFAULT_MAX_PATCH_BYTES).unwrap_or(u64::MAX);
+    diff_into(conn, &mut patch, Some(max)).await?;
+    Ok(patch)
+}
+
+/// Streams the patch baseline → current working tree into `out` as the agent produces it,
+/// and returns its size. With `max_bytes`, a larger patch is an `invalid_argument` error (the
+/// agent's diff is cancelled); without, every byte the agent sends is written.
+pub async fn diff_into<W>(conn: &AgentConn, out: &mut W, max_bytes: Option<u64>) -> Result<u64>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
     let mut stream = conn
         .open(&Request::Diff(DiffRequest {
             workspace: WORKSPACE.into(),
-            max_bytes: u64::try_from(max).unwrap_or(u64::MAX),
+            // The bound is enforced here, where the bytes arrive, so that going over it gets
+            // the host's explanation rather than the agent's.
+            max_bytes: u64::MAX,
         }))
         .await?;
-    let mut patch = Vec::new();
+    let mut written: u64 = 0;
     loop {
         let Some(frame) = stream.next().await else {
             return Err(agent_gone());
@@ -183,19 +199,27 @@ pub async fn diff(conn: &AgentConn) -> Result<Vec<u8>> {
         match frame.kind {
             FrameKind::Data => {
                 if let Some((&channel::STDOUT, data)) = frame.payload.split_first() {
-                    if patch.len() + data.len() > max {
+                    let len = u64::try_from(data.len()).unwrap_or(u64::MAX);
+                    if let Some(max) = max_bytes.filter(|&max| written.saturating_add(len) > max) {
                         let _ = stream.cancel().await;
                         return Err(Error::invalid(format!(
-                            "the diff is over the {} MiB limit; remove generated or large files from /workspace, or add them to .gitignore",
+                            "the diff is over the {} MiB that a diff shows; the work is not lost: \
+                             task finish saves the whole patch, whatever its size. To see a \
+                             smaller diff, delete generated or large files from /workspace or list \
+                             them in its .gitignore",
                             max / (1024 * 1024)
                         )));
                     }
-                    patch.extend_from_slice(data);
+                    if let Err(err) = out.write_all(data).await {
+                        let _ = stream.cancel().await;
+                        return Err(Error::internal(format!("writing the patch: {err}")));
+                    }
+                    written = written.saturating_add(len);
                 }
             }
             FrameKind::Done => {
                 return match from_payload::<Response>("diff result", &frame.payload) {
-                    Ok(Response::Diff { .. }) => Ok(patch),
+                    Ok(Response::Diff { .. }) => Ok(written),
                     Ok(other) => Err(unexpected("diff", &other)),
                     Err(err) => Err(Error::internal(err.to_string())),
                 }

@@ -544,7 +544,7 @@ fn nullable(schema: Value) -> Value {
 fn sandbox_properties() -> Map<String, Value> {
     let Value::Object(map) = json!({
         "name": { "type": "string" },
-        "state": { "type": "string", "description": "starting, running, finished, expired, destroyed or lost." },
+        "state": { "type": "string", "description": "starting, running, finished, expired, destroyed or lost; a task whose work could not be saved when its guest ended is unsaved (its files are kept: dynocap_task_finish recovers them)." },
         "backend": { "type": "string", "description": "jail or vm." },
         "network": { "type": "string", "enum": NETWORK_VALUES },
         "cpus": { "type": "integer" },
@@ -598,6 +598,10 @@ fn task_schema() -> Value {
             },
             "required": ["history", "files", "bytes"]
         }),
+    );
+    properties.insert(
+        "note".into(),
+        json!({ "type": "string", "description": "Why the task is in its state, when that needs saying (what went wrong, what to do)." }),
     );
     let mut required = vec!["id"];
     required.extend_from_slice(SANDBOX_REQUIRED);
@@ -701,7 +705,8 @@ fn rm_schema() -> Value {
         "properties": {
             "released": nullable(json!({ "type": "string" })),
             "purged": { "type": "boolean" },
-            "destroyed": { "type": "boolean" }
+            "destroyed": { "type": "boolean" },
+            "keptWork": { "type": "string", "description": "Where an unsaved task's files stay when it is removed without purge; dynocap_task_finish with its id still recovers them." }
         },
         "required": ["released", "purged", "destroyed"]
     })

@@ -1,0 +1,146 @@
+//! Load run: 50 sandboxes started in parallel, then 200 commands at once across them, then
+//! the memory all their supervisors hold. Every start and every command must succeed (a
+//! failure ends the run with its error); the figures are the time each phase took beside the
+//! time one sandbox or one command takes alone in the same run, and the total PSS.
+//!
+//! Run with `scripts/bench.sh` (builds the release binaries first). Needs root.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use dynocap_e2e::bench::{proc_kib, release_bins};
+
+const SANDBOXES: usize = 50;
+const EXECS: usize = 200;
+
+fn main() {
+    let bins = release_bins();
+    let home = tempfile::Builder::new()
+        .prefix("dcl")
+        .tempdir_in("/tmp")
+        .expect("temp home");
+    if std::env::var_os("DYNOCAP_AGENT").is_none() {
+        std::env::set_var("DYNOCAP_AGENT", bins.join("dynocap-agent"));
+    }
+    let dynocap = bins.join("dynocap");
+    let run = |args: &[&str]| -> Duration {
+        let started = Instant::now();
+        let out = Command::new(&dynocap)
+            .args(args)
+            .env("DYNOCAP_HOME", home.path())
+            .output()
+            .expect("spawn dynocap");
+        assert!(
+            out.status.success(),
+            "dynocap {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        started.elapsed()
+    };
+
+    // Alone, for scale.
+    let one_start = run(&["run", "solo"]);
+    let one_exec = run(&["exec", "solo", "--", "echo ok"]);
+    run(&["destroy", "solo"]);
+
+    // 50 starts at once.
+    let started = Instant::now();
+    let starts: Vec<Duration> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..SANDBOXES)
+            .map(|i| scope.spawn(move || run(&["run", &format!("l{i}")])))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("start thread"))
+            .collect()
+    });
+    let all_started = started.elapsed();
+
+    // 200 commands at once, four per sandbox.
+    let started = Instant::now();
+    let mut execs: Vec<Duration> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..EXECS)
+            .map(|i| {
+                scope.spawn(move || {
+                    run(&[
+                        "exec",
+                        &format!("l{}", i % SANDBOXES),
+                        "--",
+                        "echo ok; sleep 0.1",
+                    ])
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("exec thread"))
+            .collect()
+    });
+    let all_execs = started.elapsed();
+    execs.sort();
+
+    std::thread::sleep(Duration::from_secs(1));
+    let supervisors = supervisor_pids(home.path());
+    assert_eq!(supervisors.len(), SANDBOXES, "every sandbox is running");
+    let supervisor_pss: u64 = supervisors
+        .iter()
+        .map(|&p| proc_kib(p, "smaps_rollup", "Pss:"))
+        .sum();
+    let guest_pss: u64 = supervisors
+        .iter()
+        .flat_map(|&p| child_pids(p))
+        .map(|p| proc_kib(p, "smaps_rollup", "Pss:"))
+        .sum();
+
+    let mut slowest_start = starts.clone();
+    slowest_start.sort();
+    println!(
+        "load: {SANDBOXES} starts in parallel: all ready in {:.2} s, slowest {:.2} s (one alone {:.0} ms; parallel/alone ratio {:.1}x for {SANDBOXES}x the work), 0 failed",
+        all_started.as_secs_f64(),
+        slowest_start[SANDBOXES - 1].as_secs_f64(),
+        one_start.as_secs_f64() * 1e3,
+        all_started.as_secs_f64() / one_start.as_secs_f64()
+    );
+    println!(
+        "load: {EXECS} concurrent execs across them: all done in {:.2} s, median {:.0} ms, p90 {:.0} ms (one alone {:.0} ms), 0 failed",
+        all_execs.as_secs_f64(),
+        execs[EXECS / 2].as_secs_f64() * 1e3,
+        execs[EXECS * 9 / 10].as_secs_f64() * 1e3,
+        one_exec.as_secs_f64() * 1e3
+    );
+    println!(
+        "load: PSS of the {} supervisors {:.1} MiB in all ({:.0} KiB each); their guests' agents {:.1} MiB in all",
+        supervisors.len(),
+        supervisor_pss as f64 / 1024.0,
+        supervisor_pss as f64 / supervisors.len() as f64,
+        guest_pss as f64 / 1024.0
+    );
+
+    std::thread::scope(|scope| {
+        for i in 0..SANDBOXES {
+            scope.spawn(move || run(&["destroy", &format!("l{i}")]));
+        }
+    });
+}
+
+fn supervisor_pids(home: &Path) -> Vec<i32> {
+    let out = Command::new("sqlite3")
+        .arg(home.join("catalog.db"))
+        .arg("SELECT supervisor_pid FROM sandboxes WHERE state = 'running'")
+        .output()
+        .expect("sqlite3");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn child_pids(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}

@@ -1,0 +1,578 @@
+//! A task's work is never lost, and nothing waits forever: each test breaks something for
+//! real (SIGKILL or SIGSTOP of a supervisor or an agent, a full disk, a patch larger than any
+//! bound, a kill at a named step of the finish) and checks that the work is either saved or
+//! kept, said so, and recovered by `task finish`; and that every call still answers.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use dynocap_e2e::*;
+use serde_json::Value;
+
+fn project() -> tempfile::TempDir {
+    let project = tempfile::tempdir().unwrap();
+    git(project.path(), &["init", "-q", "-b", "main"]);
+    write(&project.path().join("a.txt"), "one\n");
+    git(project.path(), &["add", "-A"]);
+    git(project.path(), &["commit", "-q", "-m", "first"]);
+    project
+}
+
+fn start(home: &TestHome, project: &Path, name: &str, env: &[(&str, &str)]) -> Value {
+    let out = home
+        .command()
+        .envs(env.iter().copied())
+        .args([
+            "--json",
+            "task",
+            "start",
+            project.to_str().unwrap(),
+            "--name",
+            name,
+        ])
+        .output()
+        .expect("spawn dynocap");
+    assert!(
+        out.status.success(),
+        "task start failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Runs a command that must succeed in the task.
+fn work(home: &TestHome, name: &str, command: &str) {
+    let result = home.exec_in_task(name, command, 300);
+    assert_eq!(result["exitCode"], 0, "`{command}`: {result:#}");
+}
+
+fn task(home: &TestHome, name: &str) -> Value {
+    let ls = home.json(&["ls"]);
+    ls["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == name || t["id"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no task {name} in {ls:#}"))
+}
+
+fn supervisor_of(home: &TestHome, name: &str) -> i32 {
+    let out = Command::new("sqlite3")
+        .arg(home.path().join("catalog.db"))
+        .arg(format!(
+            "SELECT supervisor_pid FROM sandboxes WHERE name = '{name}' OR id = '{name}'"
+        ))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no supervisor recorded for {name}"))
+}
+
+/// The guest's init (the agent, PID 1 of the guest) of a supervisor.
+fn guest_init_of(supervisor: i32) -> i32 {
+    let children =
+        std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
+            .unwrap_or_default();
+    children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.contains("agent"))
+        })
+        .unwrap_or_else(|| panic!("supervisor {supervisor} has no guest init child"))
+}
+
+fn signal(pid: i32, signal: i32) {
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(
+        unsafe { libc::kill(pid, signal) },
+        0,
+        "kill({pid}, {signal})"
+    );
+}
+
+fn gone(pid: i32) -> bool {
+    wait_until(20, || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+    })
+}
+
+fn patch_of(result: &Value) -> String {
+    std::fs::read_to_string(result["patchPath"].as_str().unwrap()).unwrap()
+}
+
+/// `ls` shows the task unsaved with a reason, a plain exec says what to do, and `task finish`
+/// recovers the work: a verified patch holding `expect`.
+fn assert_unsaved_then_recovered(home: &TestHome, name: &str, expect: &str) -> Value {
+    let listed = task(home, name);
+    assert_eq!(listed["state"], "unsaved", "{listed:#}");
+    let note = listed["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("finish"),
+        "the note says what to do: {listed:#}"
+    );
+    let refused = home.json_err(&["task", "exec", name, "--", "true"]);
+    assert!(
+        refused["message"].as_str().unwrap().contains("unsaved"),
+        "{refused}"
+    );
+    let id = listed["id"].as_str().unwrap().to_owned();
+    assert!(
+        home.path()
+            .join("sandboxes")
+            .join(&id)
+            .join("upper")
+            .is_dir(),
+        "the writable layer is kept"
+    );
+    let result = home.json(&["task", "finish", name]);
+    assert_eq!(result["verified"], true, "{result:#}");
+    assert!(
+        patch_of(&result).contains(expect),
+        "recovered work: {result:#}"
+    );
+    assert_eq!(task(home, name)["state"], "finished");
+    assert!(
+        wait_until(20, || !home.path().join("sandboxes").join(&id).exists()),
+        "the kept layer goes once the work is saved"
+    );
+    // Finishing again shows the same saved result.
+    assert_eq!(
+        home.json(&["task", "finish", name])["patchPath"],
+        result["patchPath"]
+    );
+    result
+}
+
+#[test]
+fn a_patch_larger_than_any_bound_is_saved_whole_at_finish_expiry_and_forced_rm() {
+    if !require_root("a_patch_larger_than_any_bound_is_saved_whole") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = project();
+    // 70 MiB of incompressible output (over the 64 MiB a diff shows) and 10 million lines of
+    // text (a line diff of it would not fit the guest's memory) beside a one-line edit.
+    let big = "head -c 73400320 /dev/urandom > generated.bin; seq 1 10000000 > numbers.txt; \
+               seq 1 2000000 > 'odd *name [1].txt'; echo two > a.txt";
+    for (name, how) in [("fin", "finish"), ("ttl", "expiry"), ("gone", "rm")] {
+        let started = if how == "expiry" {
+            home.json(&[
+                "task",
+                "start",
+                project.path().to_str().unwrap(),
+                "--name",
+                name,
+                "--ttl",
+                "30",
+            ])
+        } else {
+            start(&home, project.path(), name, &[])
+        };
+        let id = started["id"].as_str().unwrap().to_owned();
+        work(&home, name, big);
+        let shown = home.json_err(&["task", "diff", name]);
+        assert!(
+            shown["message"]
+                .as_str()
+                .unwrap()
+                .contains("task finish saves the whole patch"),
+            "the advice names what exists: {shown}"
+        );
+        match how {
+            "finish" => {
+                home.json(&["task", "finish", name]);
+            }
+            "expiry" => assert!(
+                wait_until(120, || task(&home, &id)["state"] == "expired"),
+                "the task expired"
+            ),
+            _ => {
+                home.json(&["rm", name, "--force"]);
+            }
+        }
+        let result = home.json(&["task", "finish", &id]);
+        assert_eq!(result["verified"], true, "{how}: {result:#}");
+        assert_eq!(result["files"], 4, "{how}: {result:#}");
+        let patch = std::fs::metadata(result["patchPath"].as_str().unwrap()).unwrap();
+        assert!(
+            patch.len() > 73_400_320,
+            "{how}: the whole file is in the patch"
+        );
+        // Large files travel as binary, matched by their exact (odd) names.
+        let text =
+            String::from_utf8_lossy(&std::fs::read(result["patchPath"].as_str().unwrap()).unwrap())
+                .into_owned();
+        let odd = text
+            .find("diff --git \"a/odd *name [1].txt\"")
+            .or_else(|| text.find("diff --git a/odd *name [1].txt"));
+        let odd = odd.unwrap_or_else(|| panic!("{how}: the odd name is in the patch"));
+        assert!(
+            text[odd..].lines().take(6).any(|l| l == "GIT binary patch"),
+            "{how}"
+        );
+        assert!(
+            text.contains("+two"),
+            "{how}: the small edit is a text diff"
+        );
+        // The saved patch applies at home.
+        let clone = tempfile::tempdir().unwrap();
+        git(
+            clone.path(),
+            &["clone", "-q", project.path().to_str().unwrap(), "."],
+        );
+        git(
+            clone.path(),
+            &["apply", "--check", result["patchPath"].as_str().unwrap()],
+        );
+    }
+}
+
+#[test]
+fn a_killed_supervisor_or_a_dead_guest_keeps_the_work_for_finish_to_recover() {
+    if !require_root("a_killed_supervisor_or_a_dead_guest_keeps_the_work") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = project();
+
+    // Idle supervisor, SIGKILL.
+    start(&home, project.path(), "idle", &[]);
+    work(&home, "idle", "echo idle-work > a.txt");
+    let supervisor = supervisor_of(&home, "idle");
+    signal(supervisor, libc::SIGKILL);
+    assert!(gone(supervisor));
+    assert_unsaved_then_recovered(&home, "idle", "+idle-work");
+
+    // SIGKILL while a command runs: the caller gets an answer, the work is kept.
+    start(&home, project.path(), "busy", &[]);
+    work(
+        &home,
+        "busy",
+        "echo busy-work > a.txt; mkdir -p deep/er; echo x > deep/er/new.txt",
+    );
+    let supervisor = supervisor_of(&home, "busy");
+    let running = home
+        .command()
+        .args([
+            "--json",
+            "task",
+            "exec",
+            "busy",
+            "--timeout",
+            "120",
+            "--",
+            "sleep 100",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    signal(supervisor, libc::SIGKILL);
+    let asked = Instant::now();
+    let out = running.wait_with_output().unwrap();
+    assert!(
+        asked.elapsed() < Duration::from_secs(60),
+        "the caller was answered"
+    );
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(answer.get("error").is_some(), "{answer:#}");
+    let result = assert_unsaved_then_recovered(&home, "busy", "+busy-work");
+    assert!(patch_of(&result).contains("deep/er/new.txt"));
+
+    // The guest's init dies: the supervisor sees it and keeps the layer.
+    start(&home, project.path(), "dead", &[]);
+    work(&home, "dead", "echo dead-work > a.txt");
+    let supervisor = supervisor_of(&home, "dead");
+    signal(guest_init_of(supervisor), libc::SIGKILL);
+    assert!(wait_until(30, || task(&home, "dead")["state"] == "unsaved"));
+    assert_unsaved_then_recovered(&home, "dead", "+dead-work");
+
+    // Removing an unsaved task without purge keeps its files; purge says so and discards.
+    start(&home, project.path(), "kept", &[]);
+    work(&home, "kept", "echo kept-work > a.txt");
+    let id = task(&home, "kept")["id"].as_str().unwrap().to_owned();
+    let supervisor = supervisor_of(&home, "kept");
+    signal(supervisor, libc::SIGKILL);
+    assert!(gone(supervisor));
+    let removed = home.json(&["rm", "kept"]);
+    assert!(removed["keptWork"].as_str().is_some(), "{removed:#}");
+    assert!(home
+        .path()
+        .join("sandboxes")
+        .join(&id)
+        .join("upper")
+        .is_dir());
+    let purged = home
+        .command()
+        .args(["rm", &id, "--purge"])
+        .output()
+        .unwrap();
+    assert!(purged.status.success());
+    assert!(
+        String::from_utf8_lossy(&purged.stderr).contains("discarding the unsaved work"),
+        "purge says what it discards: {}",
+        String::from_utf8_lossy(&purged.stderr)
+    );
+    assert!(!home.path().join("sandboxes").join(&id).exists());
+}
+
+#[test]
+fn a_supervisor_killed_at_any_step_of_finish_leaves_a_result_or_the_work() {
+    if !require_root("a_supervisor_killed_at_any_step_of_finish") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = project();
+    for point in [
+        "supervisor.final-diff",
+        "save.patch-written",
+        "supervisor.patch-saved",
+        "supervisor.results-written",
+    ] {
+        let name = point.replace('.', "-");
+        let armed = format!("{point}=kill");
+        start(
+            &home,
+            project.path(),
+            &name,
+            &[("DYNOCAP_FAILPOINTS", &armed)],
+        );
+        work(&home, &name, &format!("echo {name} > a.txt"));
+        // The supervisor dies mid-finish; the same finish then finds the result on disk or
+        // recovers the kept work through a fresh guest.
+        let result = home.json(&["task", "finish", &name]);
+        assert_eq!(result["verified"], true, "{point}: {result:#}");
+        assert!(patch_of(&result).contains(&format!("+{name}")), "{point}");
+        assert_eq!(task(&home, &name)["state"], "finished", "{point}");
+        let id = result["id"].as_str().unwrap();
+        assert!(home
+            .path()
+            .join("results")
+            .join(id)
+            .join("summary.json")
+            .is_file());
+    }
+}
+
+#[test]
+fn a_full_disk_keeps_the_work_until_there_is_room() {
+    if !require_root("a_full_disk_keeps_the_work_until_there_is_room") {
+        return;
+    }
+    // DYNOCAP_HOME on its own small filesystem, which the test fills.
+    let disk = tempfile::tempdir().unwrap();
+    let image = disk.path().join("home.ext4");
+    let mount = disk.path().join("mnt");
+    std::fs::create_dir(&mount).unwrap();
+    run_ok("truncate", &["-s", "160M", image.to_str().unwrap()]);
+    run_ok(
+        "mkfs.ext4",
+        &["-q", "-F", "-m", "0", image.to_str().unwrap()],
+    );
+    run_ok(
+        "mount",
+        &[
+            "-o",
+            "loop",
+            image.to_str().unwrap(),
+            mount.to_str().unwrap(),
+        ],
+    );
+    let _unmount = Unmount(mount.clone());
+    let home = TestHome::at(mount.join("home"));
+    let project = project();
+    start(&home, project.path(), "full", &[]);
+    work(
+        &home,
+        "full",
+        "seq 1 2000000 > numbers.txt; echo full-work > a.txt",
+    );
+    // Fill what is left, from the host.
+    let ballast = mount.join("ballast");
+    let _ = Command::new("dd")
+        .args([
+            "if=/dev/zero",
+            &format!("of={}", ballast.display()),
+            "bs=1M",
+        ])
+        .stderr(std::process::Stdio::null())
+        .status();
+    let failed = home.json_err(&["task", "finish", "full"]);
+    let message = failed["message"].as_str().unwrap();
+    assert!(
+        message.contains("full") && message.contains("kept"),
+        "{failed}"
+    );
+    std::fs::remove_file(&ballast).unwrap();
+    let result = assert_unsaved_then_recovered(&home, "full", "+full-work");
+    assert!(patch_of(&result).contains("b/numbers.txt"));
+}
+
+#[test]
+fn the_ttl_is_absolute_and_a_command_cut_off_by_it_says_so() {
+    if !require_root("the_ttl_is_absolute") {
+        return;
+    }
+    let home = TestHome::new();
+    home.sandbox("busy", &["--ttl", "30"]);
+    let started = Instant::now();
+    // An exec every 3 s must not keep the sandbox alive past its TTL.
+    let mut last = Value::Null;
+    while started.elapsed() < Duration::from_secs(90) {
+        let out = home
+            .command()
+            .args(["--json", "exec", "busy", "--", "sleep 2"])
+            .output()
+            .unwrap();
+        last = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if last.get("error").is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the sandbox expired at its TTL, not later: {last:#}"
+    );
+    let message = last["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("TTL") || message.contains("no sandbox"),
+        "{last:#}"
+    );
+
+    // A task command still running at expiry is told why it stopped.
+    let project = project();
+    home.json(&[
+        "task",
+        "start",
+        project.path().to_str().unwrap(),
+        "--name",
+        "late",
+        "--ttl",
+        "30",
+    ]);
+    let out = home
+        .command()
+        .args([
+            "--json",
+            "task",
+            "exec",
+            "late",
+            "--timeout",
+            "600",
+            "--",
+            "sleep 300",
+        ])
+        .output()
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("TTL"), "{answer:#}");
+    assert!(message.contains("saved"), "{answer:#}");
+
+    // And one still running when the task is finished.
+    start(&home, project.path(), "done", &[]);
+    let running = home
+        .command()
+        .args([
+            "--json",
+            "task",
+            "exec",
+            "done",
+            "--timeout",
+            "600",
+            "--",
+            "sleep 300",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    home.json(&["task", "finish", "done"]);
+    let answer: Value =
+        serde_json::from_slice(&running.wait_with_output().unwrap().stdout).unwrap();
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("finished while the command ran"),
+        "{answer:#}"
+    );
+}
+
+#[test]
+fn a_stopped_supervisor_or_agent_never_makes_a_call_hang() {
+    if !require_root("a_stopped_supervisor_or_agent_never_makes_a_call_hang") {
+        return;
+    }
+    let home = TestHome::new();
+    // A stopped supervisor: exec answers, destroy ends it from outside.
+    home.sandbox("frozen", &[]);
+    let supervisor = supervisor_of(&home, "frozen");
+    let init = guest_init_of(supervisor);
+    signal(supervisor, libc::SIGSTOP);
+    let asked = Instant::now();
+    let err = home.json_err(&["exec", "frozen", "--timeout", "5", "--", "true"]);
+    assert!(asked.elapsed() < Duration::from_secs(60), "exec answered");
+    assert!(
+        err["message"].as_str().unwrap().contains("stopped"),
+        "{err}"
+    );
+    let destroyed = home.run(&["destroy", "frozen"]);
+    assert!(destroyed.status.success(), "{destroyed:?}");
+    assert!(
+        gone(supervisor) && gone(init),
+        "supervisor and guest are gone"
+    );
+    assert!(home.json(&["ps"])["sandboxes"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    // A stopped supervisor of a task: finish ends it and saves the work.
+    let project = project();
+    start(&home, project.path(), "paused", &[]);
+    work(&home, "paused", "echo paused-work > a.txt");
+    let supervisor = supervisor_of(&home, "paused");
+    signal(supervisor, libc::SIGSTOP);
+    let result = home.json(&["task", "finish", "paused"]);
+    assert!(patch_of(&result).contains("+paused-work"), "{result:#}");
+    assert!(gone(supervisor));
+
+    // A stopped agent: the host enforces the command's deadline, and a finish that cannot
+    // take the diff keeps the work instead of waiting forever.
+    start(&home, project.path(), "numb", &[]);
+    work(&home, "numb", "echo numb-work > a.txt");
+    let init = guest_init_of(supervisor_of(&home, "numb"));
+    signal(init, libc::SIGSTOP);
+    let asked = Instant::now();
+    let timed = home.exec_in_task("numb", "true", 3);
+    assert!(asked.elapsed() < Duration::from_secs(60));
+    assert_eq!(timed["timedOut"], true, "{timed:#}");
+    let failed = home.json_err(&["task", "finish", "numb"]);
+    assert!(
+        failed["message"].as_str().unwrap().contains("kept"),
+        "{failed}"
+    );
+    assert_unsaved_then_recovered(&home, "numb", "+numb-work");
+}
+
+fn run_ok(program: &str, args: &[&str]) {
+    let status = Command::new(program).args(args).status().unwrap();
+    assert!(status.success(), "{program} {args:?}");
+}
+
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}

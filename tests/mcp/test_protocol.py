@@ -5,6 +5,8 @@ that must never take the server down: unknown tools, wrong argument types, bad J
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import time
 from typing import Any
@@ -230,7 +232,11 @@ async def test_wrong_arguments_are_invalid_argument(host: Host) -> None:
 
 def raw_server(host: Host) -> subprocess.Popen[bytes]:
     return subprocess.Popen([str(DYNOCAP), "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=open(host.log, "a"), env=host.env(), cwd=host.root)
+                            stderr=open(host.log, "a"), env=host.env(), cwd=host.root, bufsize=0)
+
+
+# Not a timing assertion: a reply that never comes fails the test instead of hanging it.
+HANG_GUARD_SECONDS = 120
 
 
 class Raw:
@@ -238,18 +244,34 @@ class Raw:
 
     def __init__(self, host: Host) -> None:
         self.proc = raw_server(host)
+        self.pending = b""
 
     def send(self, line: str | dict[str, Any]) -> None:
-        data = line if isinstance(line, str) else json.dumps(line)
+        """A line as it is (str) or a message (dict)."""
+        self.send_bytes(line.encode() if isinstance(line, str) else json.dumps(line).encode())
+
+    def send_bytes(self, line: bytes) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(data.encode() + b"\n")
+        self.proc.stdin.write(line + b"\n")
         self.proc.stdin.flush()
 
     def recv(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, "the server closed stdout"
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.pending:
+            ready, _, _ = select.select([fd], [], [], HANG_GUARD_SECONDS)
+            assert ready, "no reply: the server left a line unanswered"
+            chunk = os.read(fd, 1 << 16)
+            assert chunk, "the server closed stdout"
+            self.pending += chunk
+        line, _, self.pending = self.pending.partition(b"\n")
         return json.loads(line)  # stdout carries JSON-RPC only
+
+    def ping(self, id: int | str) -> None:
+        """The server still answers, and what came before left no reply in between."""
+        self.send({"jsonrpc": "2.0", "id": id, "method": "ping"})
+        reply = self.recv()
+        assert reply == {"jsonrpc": "2.0", "id": id, "result": {}}, reply
 
     def initialize(self, version: str) -> dict[str, Any]:
         self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
@@ -286,7 +308,7 @@ def test_bad_json_gets_a_parse_error_and_the_server_keeps_running(host: Host) ->
         # Valid JSON that is not a valid request: a JSON-RPC error, not a crash.
         raw.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": "not an object"})
         reply = raw.recv()
-        assert reply["error"]["code"] == -32600, reply
+        assert reply["id"] == 3 and reply["error"]["code"] == -32600, reply
         raw.send({"jsonrpc": "2.0", "id": 4, "method": "no/such/method"})
         reply = raw.recv()
         assert reply["id"] == 4 and reply["error"]["code"] == -32601, reply
@@ -354,3 +376,192 @@ def test_concurrent_requests_all_get_their_answer(host: Host) -> None:
     finally:
         raw.close()
 
+
+
+def error_reply(reply: dict[str, Any]) -> tuple[int, Any]:
+    """A JSON-RPC error response, always with an id member (null when it cannot be read)."""
+    assert set(reply) == {"jsonrpc", "id", "error"}, reply
+    assert reply["jsonrpc"] == "2.0", reply
+    assert isinstance(reply["error"]["message"], str) and reply["error"]["message"], reply
+    return reply["error"]["code"], reply["id"]
+
+
+# Lines that are not UTF-8 JSON text, with the id their parse error carries: the request's
+# when it can still be read (the client waits on it), else null.
+UNDECODABLE: list[tuple[str, bytes, int | None]] = [
+    ("invalid UTF-8 in a string value",
+     b'{"jsonrpc":"2.0","id":101,"method":"tools/call","params":{"name":"dynocap_ps","arguments":{"x":"\xff"}}}', 101),
+    ("invalid UTF-8 in a nested key",
+     b'{"jsonrpc":"2.0","id":102,"method":"tools/call","params":{"\xfe\xff":1}}', 102),
+    ("invalid UTF-8 in a key before the id", b'{"\xff":1,"jsonrpc":"2.0","id":103,"method":"ping"}', None),
+    ("invalid UTF-8 between tokens", b'{"jsonrpc":"2.0","id":104,\xff"method":"ping"}', 104),
+    ("truncated multi-byte sequence", b'{"jsonrpc":"2.0","id":105,"method":"ping","params":{"x":"\xe2\x82"}}', 105),
+    ("truncated multi-byte sequence ending the line", b'{"jsonrpc":"2.0","id":106,"method":"ping"}\xe2\x82', 106),
+    ("overlong encoding of '/'", b'{"jsonrpc":"2.0","id":107,"method":"ping","params":{"x":"\xc0\xaf"}}', 107),
+    ("overlong encoding of NUL", b'{"jsonrpc":"2.0","id":108,"method":"ping","params":{"x":"\xc0\x80"}}', 108),
+    ("UTF-8-encoded surrogate", b'{"jsonrpc":"2.0","id":109,"method":"ping","params":{"x":"\xed\xa0\x80"}}', 109),
+    ("code point above U+10FFFF", b'{"jsonrpc":"2.0","id":110,"method":"ping","params":{"x":"\xf4\x90\x80\x80"}}', 110),
+    ("Latin-1 text", '{"jsonrpc":"2.0","id":111,"method":"ping","params":{"x":"caf\u00e9"}}'.encode("latin-1"), 111),
+    ("lone leading surrogate escape", b'{"jsonrpc":"2.0","id":112,"method":"ping","params":{"x":"\\ud800"}}', 112),
+    ("lone trailing surrogate escape", b'{"jsonrpc":"2.0","id":113,"method":"ping","params":{"x":"\\udc00"}}', 113),
+    ("reversed surrogate pair", b'{"jsonrpc":"2.0","id":114,"method":"ping","params":{"x":"\\udc00\\ud800"}}', 114),
+    ("lone surrogate escape in a key", b'{"jsonrpc":"2.0","id":115,"method":"ping","params":{"\\ud800":1}}', 115),
+    ("NUL byte inside a string", b'{"jsonrpc":"2.0","id":116,"method":"ping","params":{"x":"a\x00b"}}', 116),
+    ("NUL bytes", b"\x00\x00\x00", None),
+    ("empty line", b"", None),
+    ("whitespace only", b" \t  ", None),
+    ("a byte order mark only", b"\xef\xbb\xbf", None),
+    ("cut-off JSON", b'{"jsonrpc":"2.0","id":117,"method":"ping"', 117),
+]
+
+
+def check_undecodable(raw: Raw, round: str) -> None:
+    for n, (name, line, id) in enumerate(UNDECODABLE):
+        raw.send_bytes(line)
+        assert error_reply(raw.recv()) == (-32700, id), (round, name)
+        raw.ping(f"{round}-{n}")
+
+
+def test_undecodable_lines_get_parse_errors_and_the_server_keeps_serving(host: Host) -> None:
+    raw = Raw(host)
+    try:
+        # Before the session, and within it.
+        check_undecodable(raw, "before")
+        raw.initialize("2025-11-25")
+        check_undecodable(raw, "after")
+        # A valid tools/call on the same connection still gets its answer.
+        raw.send({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                  "params": {"name": "dynocap_ps", "arguments": {}}})
+        reply = raw.recv()
+        assert reply["id"] == 7 and reply["result"]["structuredContent"] == {"sandboxes": []}, reply
+    finally:
+        code = raw.close()
+    assert code == 0
+    log = host.server_log()
+    assert "not valid UTF-8" in log and "surrogate" in log
+
+
+def test_a_huge_line_gets_a_parse_error_and_the_server_keeps_serving(host: Host) -> None:
+    raw = Raw(host)
+    try:
+        raw.initialize("2025-11-25")
+        # Over the 16 MiB bound: refused from its head, which still names the id.
+        filler = b"a" * (17 * 1024 * 1024)
+        raw.send_bytes(b'{"jsonrpc":"2.0","id":201,"method":"tools/call","params":{"name":"dynocap_ps",'
+                       b'"arguments":{"x":"' + filler + b'"}}}')
+        reply = raw.recv()
+        assert error_reply(reply) == (-32700, 201), reply
+        assert "longer than" in reply["error"]["message"]
+        raw.ping(1)
+        # Long but under the bound, broken at its very end.
+        raw.send_bytes(b'{"jsonrpc":"2.0","id":202,"method":"ping","params":{"x":"' + filler[:4 << 20] + b'\xff"}}')
+        assert error_reply(raw.recv()) == (-32700, 202)
+        raw.ping(2)
+        # Long and valid: served (the tool refuses the unknown parameter, by its id).
+        raw.send_bytes(b'{"jsonrpc":"2.0","id":203,"method":"tools/call","params":{"name":"dynocap_ps",'
+                       b'"arguments":{"x":"' + filler[:4 << 20] + b'"}}}')
+        reply = raw.recv()
+        assert reply["id"] == 203 and reply["result"]["isError"] is True, str(reply)[:300]
+    finally:
+        assert raw.close() == 0
+
+
+# Requests (or what may have been one) that the server cannot serve: the JSON-RPC error and
+# the id of its reply, the request's whenever it can be read, else null.
+REFUSED: list[tuple[Any, int, int | str | None]] = [
+    # Parameters that do not fit the method: invalid params, never "method not found".
+    ({"jsonrpc": "2.0", "id": 1, "method": "tools/call"}, -32602, 1),
+    ({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": None}, -32602, 2),
+    ({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {}}, -32602, 3),
+    ({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "dynocap_ps", "arguments": []}}, -32602, 4),
+    ({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "dynocap_ps", "arguments": "{}"}}, -32602, 5),
+    ({"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "dynocap_ps", "arguments": 0}}, -32602, 6),
+    ({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "dynocap_ps", "arguments": True}}, -32602, 7),
+    ({"jsonrpc": "2.0", "id": "s", "method": "tools/call", "params": {"name": 5, "arguments": {}}}, -32602, "s"),
+    ({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": ["dynocap_ps", {}]}, -32602, 8),
+    ({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "dynocap_ps", "_meta": 1}}, -32602, 9),
+    ({"jsonrpc": "2.0", "id": 10, "method": "tools/list", "params": [1]}, -32602, 10),
+    ({"jsonrpc": "2.0", "id": 11, "method": "initialize", "params": {}}, -32602, 11),
+    # Not a request object.
+    ({"jsonrpc": "2.0", "id": 20, "method": "tools/call", "params": "dynocap_ps"}, -32600, 20),
+    ({"jsonrpc": "2.0", "id": 21, "method": "tools/list", "params": 7}, -32600, 21),
+    ({"jsonrpc": "2.0", "id": 22, "method": 5}, -32600, 22),
+    ({"jsonrpc": "2.0", "id": 23, "method": None}, -32600, 23),
+    ({"jsonrpc": "2.0", "id": 24, "method": ["tools/list"]}, -32600, 24),
+    ({"jsonrpc": "2.0", "method": 1, "params": "bar"}, -32600, None),
+    ({"jsonrpc": "2.0", "id": 25}, -32600, 25),
+    ({"id": 26, "method": "ping"}, -32600, 26),
+    ({"jsonrpc": "1.0", "id": 27, "method": "ping"}, -32600, 27),
+    ({"jsonrpc": 2.0, "id": 28, "method": "ping"}, -32600, 28),
+    ({"jsonrpc": "2.0", "id": 29, "method": "ping", "result": {}}, -32600, 29),
+    ({"foo": "bar"}, -32600, None),
+    ({}, -32600, None),
+    # Batches (MCP has none), and JSON that is no object at all.
+    ([], -32600, None),
+    ([{"jsonrpc": "2.0", "id": 30, "method": "ping"}], -32600, None),
+    ([1, 2, 3], -32600, None),
+    (42, -32600, None),
+    ("ping", -32600, None),
+    (None, -32600, None),
+    (True, -32600, None),
+    # Ids of a type that cannot be one: the reply cannot name them.
+    ({"jsonrpc": "2.0", "id": None, "method": "ping"}, -32600, None),
+    ({"jsonrpc": "2.0", "id": True, "method": "ping"}, -32600, None),
+    ({"jsonrpc": "2.0", "id": {"n": 1}, "method": "ping"}, -32600, None),
+    ({"jsonrpc": "2.0", "id": [1], "method": "ping"}, -32600, None),
+    ({"jsonrpc": "2.0", "id": 1.5, "method": "ping"}, -32600, None),
+    ({"jsonrpc": "2.0", "id": 2**64, "method": "ping"}, -32600, None),
+    # Methods the server does not have.
+    ({"jsonrpc": "2.0", "id": 40, "method": "no/such/method"}, -32601, 40),
+    ({"jsonrpc": "2.0", "id": 41, "method": "no/such/method", "params": [1]}, -32601, 41),
+    ({"jsonrpc": "2.0", "id": "", "method": ""}, -32601, ""),
+]
+
+# Notifications and responses are never answered, however malformed.
+UNANSWERED: list[Any] = [
+    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": "x"},
+    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": [1]},
+    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": 3},
+    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": []}},
+    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 12345}},
+    {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": {}}},
+    {"jsonrpc": "2.0", "method": "notifications/initialized", "params": 5},
+    {"jsonrpc": "2.0", "method": "notifications/initialized", "params": {"_meta": 1}},
+    {"jsonrpc": "2.0", "method": "notifications/no-such"},
+    {"jsonrpc": "2.0", "method": "no/such", "params": {}},
+    {"jsonrpc": "2.0", "id": 999, "result": {}},
+    {"jsonrpc": "2.0", "id": 998, "error": {"code": -32000, "message": "no"}},
+    {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"}},
+    {"jsonrpc": "2.0", "result": {}},
+    {"jsonrpc": "2.0", "id": 997, "result": {}, "error": {"code": 1, "message": "m"}},
+    {"jsonrpc": "2.0", "id": [], "result": {}},
+    {"id": 996, "result": {}},
+]
+
+
+def check_unanswered(raw: Raw, round: str) -> None:
+    for n, message in enumerate(UNANSWERED):
+        raw.send(message)
+        raw.ping(f"{round}-quiet-{n}")
+
+
+def test_every_malformed_request_gets_the_right_error_with_an_id_member(host: Host) -> None:
+    raw = Raw(host)
+    try:
+        # Before the session: nothing ends it, and notifications or responses get no reply.
+        check_unanswered(raw, "before")
+        raw.initialize("2025-11-25")
+        check_unanswered(raw, "after")
+        for message, code, id in REFUSED:
+            raw.send_bytes(json.dumps(message).encode())
+            reply = raw.recv()
+            assert error_reply(reply) == (code, id), (message, reply)
+            if code == -32602:
+                assert "params" in reply["error"]["message"], reply
+        raw.ping("last")
+        raw.send({"jsonrpc": "2.0", "id": 50, "method": "tools/call",
+                  "params": {"name": "dynocap_ps", "arguments": {}}})
+        reply = raw.recv()
+        assert reply["id"] == 50 and reply["result"]["structuredContent"] == {"sandboxes": []}, reply
+    finally:
+        assert raw.close() == 0

@@ -1,6 +1,11 @@
-//! The command line: every subcommand, flag and default, in one place.
+//! The command line: every subcommand, flag and default, in one place, and how a command line
+//! that does not parse is explained.
 
-use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
+use std::num::IntErrorKind;
+
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -72,13 +77,13 @@ pub struct TaskStartArgs {
     #[arg(long, value_name = "MODE")]
     pub network: Option<String>,
     /// Lifetime in seconds (30 to 86400, default 1800); at expiry the task is finished.
-    #[arg(long = "ttl", value_name = "SECONDS")]
+    #[arg(long = "ttl", value_name = "SECONDS", value_parser = whole_number)]
     pub ttl_seconds: Option<u64>,
     /// CPU quota in whole CPUs (default 2).
-    #[arg(long)]
+    #[arg(long, value_parser = whole_number)]
     pub cpus: Option<u64>,
     /// Memory limit in MiB, no swap (default 1024).
-    #[arg(long = "memory-mb", value_name = "MB")]
+    #[arg(long = "memory-mb", value_name = "MB", value_parser = whole_number)]
     pub memory_mb: Option<u64>,
 }
 
@@ -99,13 +104,13 @@ pub struct RunArgs {
     /// Sandbox name: 1-63 characters from a-z, 0-9, '_', '.', '-'.
     pub name: String,
     /// Lifetime in seconds (30 to 86400); the sandbox is destroyed when it ends.
-    #[arg(long = "ttl", value_name = "SECONDS")]
+    #[arg(long = "ttl", value_name = "SECONDS", value_parser = whole_number)]
     pub ttl_seconds: Option<u64>,
     /// CPU quota in whole CPUs (default 1).
-    #[arg(long)]
+    #[arg(long, value_parser = whole_number)]
     pub cpus: Option<u64>,
     /// Memory limit in MiB, no swap (default 1024).
-    #[arg(long = "memory-mb", value_name = "MB")]
+    #[arg(long = "memory-mb", value_name = "MB", value_parser = whole_number)]
     pub memory_mb: Option<u64>,
     /// Network mode (default none: loopback only).
     #[arg(long, value_name = "MODE")]
@@ -123,7 +128,7 @@ pub struct ExecArgs {
     #[arg(long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
     /// Deadline in seconds (default 30); the command's process group is killed at it.
-    #[arg(long = "timeout", value_name = "SECONDS")]
+    #[arg(long = "timeout", value_name = "SECONDS", value_parser = whole_number)]
     pub timeout_seconds: Option<u64>,
     /// Run in a 24x80 pseudo-terminal and print the screen transcript.
     #[arg(long)]
@@ -158,4 +163,170 @@ pub struct SuperviseArgs {
     /// Boot over the layer an unsaved task kept and save its work, instead of starting anew.
     #[arg(long)]
     pub recover: bool,
+}
+
+/// A count, size or number of seconds; the error says what a valid one looks like (clap puts
+/// the flag and the value in front of it).
+fn whole_number(text: &str) -> Result<u64, String> {
+    text.parse::<u64>().map_err(|err| match err.kind() {
+        IntErrorKind::PosOverflow => "too large".to_owned(),
+        IntErrorKind::Empty => "empty; give a whole number".to_owned(),
+        _ => "not a whole number (use digits only)".to_owned(),
+    })
+}
+
+/// Whether the command line asks for `--json`, wherever it stands, and even when the rest of
+/// it does not parse. Only words before a `--` count: after it come the sandbox command's own.
+pub fn json_requested(args: &[OsString]) -> bool {
+    args.iter()
+        .skip(1)
+        .take_while(|arg| *arg != "--")
+        .filter_map(|arg| arg.to_str())
+        .any(|arg| arg == "--json" || arg.starts_with("--json="))
+}
+
+/// Clap's error for `args` as one line: what is wrong (clap names the argument and the value)
+/// and its tips, without colour or the usage block, ending with the help that lists the valid
+/// forms.
+pub fn explain(err: &clap::Error, args: &[OsString]) -> String {
+    let (path, command) = subcommand_path(args);
+    let path = path.join(" ");
+    let subcommands = || {
+        command
+            .get_subcommands()
+            .filter(|sub| !sub.is_hide_set())
+            .map(|sub| sub.get_name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let what = match err.kind() {
+        // Clap's text for the second is the whole help page.
+        ErrorKind::MissingSubcommand | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            format!("`{path}` needs a subcommand: {}", subcommands())
+        }
+        ErrorKind::InvalidSubcommand => format!(
+            "{}; the subcommands of `{path}` are {}",
+            summary(&err.render().to_string()),
+            subcommands()
+        ),
+        _ => summary(&err.render().to_string()),
+    };
+    format!("{what}; see `{path} --help`")
+}
+
+/// The subcommands `args` name (`dynocap task start`), as far as they are valid, and the last
+/// one's definition. Flags are skipped: no command that has subcommands takes an option value.
+fn subcommand_path(args: &[OsString]) -> (Vec<String>, clap::Command) {
+    let mut command = Cli::command();
+    let mut path = vec![command.get_name().to_owned()];
+    for arg in args.iter().skip(1) {
+        let Some(arg) = arg.to_str() else { break };
+        if arg == "--" {
+            break;
+        }
+        if arg.starts_with('-') {
+            continue;
+        }
+        let Some(sub) = command.find_subcommand(arg).cloned() else {
+            break;
+        };
+        path.push(sub.get_name().to_owned());
+        command = sub;
+    }
+    (path, command)
+}
+
+/// Clap's plain error text as one line: `error: ` and the usage block and the pointer to
+/// `--help` dropped, continuation lines joined, each tip its own clause.
+fn summary(rendered: &str) -> String {
+    let mut clauses: Vec<String> = Vec::new();
+    for paragraph in rendered.split("\n\n") {
+        let paragraph = paragraph.trim();
+        if paragraph.starts_with("Usage:") || paragraph.starts_with("For more information") {
+            continue;
+        }
+        for line in paragraph.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let line = line.strip_prefix("error: ").unwrap_or(line);
+            match clauses.last_mut() {
+                Some(clause) if !line.starts_with("tip:") && !paragraph.starts_with("tip:") => {
+                    clause.push(' ');
+                    clause.push_str(line);
+                }
+                _ => clauses.push(line.to_owned()),
+            }
+        }
+    }
+    clauses.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<OsString> {
+        std::iter::once("dynocap")
+            .chain(line.split_whitespace())
+            .map(OsString::from)
+            .collect()
+    }
+
+    fn explained(line: &str) -> String {
+        let args = args(line);
+        let err = Cli::try_parse_from(&args).expect_err("the command line is wrong");
+        explain(&err, &args)
+    }
+
+    #[test]
+    fn json_is_found_anywhere_before_the_command() {
+        assert!(json_requested(&args("--json run x --cpus two")));
+        assert!(json_requested(&args("run x --bogus --json")));
+        assert!(json_requested(&args("task --json start")));
+        assert!(json_requested(&args("--json=yes ps")));
+        assert!(!json_requested(&args("exec x -- echo --json")));
+        assert!(!json_requested(&args("run x --jsonx")));
+    }
+
+    #[test]
+    fn errors_name_the_argument_and_the_help_to_read() {
+        let cases = [
+            (
+                "run x --cpus two",
+                "invalid value 'two' for '--cpus <CPUS>': not a whole number",
+            ),
+            (
+                "exec x --timeout 99999999999999999999 -- true",
+                "'--timeout <SECONDS>': too large",
+            ),
+            ("run x --bogus", "unexpected argument '--bogus' found; tip:"),
+            (
+                "exec x --tmeout 3 -- true",
+                "tip: a similar argument exists: '--timeout'",
+            ),
+            (
+                "run",
+                "the following required arguments were not provided: <NAME>",
+            ),
+            ("frob", "unrecognized subcommand 'frob'"),
+            (
+                "",
+                "`dynocap` needs a subcommand: run, exec, ps, destroy, task, ls, rm, mcp, doctor",
+            ),
+            (
+                "task",
+                "`dynocap task` needs a subcommand: start, exec, diff, finish",
+            ),
+        ];
+        for (line, needle) in cases {
+            let message = explained(line);
+            assert!(message.contains(needle), "{line}: {message}");
+            assert!(
+                !message.contains('\n') && !message.contains('\x1b'),
+                "{line}: {message}"
+            );
+            assert!(!message.contains("Usage:"), "{line}: {message}");
+        }
+        assert!(explained("task start --ttl x").ends_with("; see `dynocap task start --help`"));
+        assert!(explained("frob").contains("the subcommands of `dynocap` are run, exec"));
+        assert!(!explained("frob").contains("supervise"));
+    }
 }

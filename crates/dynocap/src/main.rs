@@ -14,7 +14,11 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match cli::Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(err) => return output::argument_error(&err, &args),
+    };
     // Both fork children that run Rust code, so they run before any other thread exists.
     match &cli.command {
         cli::Command::Supervise(args) => return commands::supervise(args),

@@ -1,6 +1,7 @@
 //! How results reach a person (aligned tables) or a program (`--json`, CONTRACT.md objects),
 //! and how errors are reported in either mode.
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use dynocap_engine::{Error, SandboxInfo};
@@ -22,6 +23,29 @@ pub fn fail(json: bool, err: &Error) -> ExitCode {
     }
     eprintln!("dynocap: {err}");
     ExitCode::FAILURE
+}
+
+/// Reports a command line that does not parse. Help and version requests print as clap prints
+/// them. An error is clap's own text without `--json`, and with it (anywhere before `--`) the
+/// JSON error object on stdout, `invalid_argument` like every refused value. Exits 2 either
+/// way, as clap does, so a usage error stands apart from a refused call (1).
+pub fn argument_error(err: &clap::Error, args: &[OsString]) -> ExitCode {
+    use clap::error::ErrorKind;
+    let asked = matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    );
+    let code = ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(2));
+    if asked || !crate::cli::json_requested(args) {
+        if let Err(print) = err.print() {
+            eprintln!("dynocap: cannot print the usage message: {print}");
+        }
+        return code;
+    }
+    let message = crate::cli::explain(err, args);
+    print_json(&serde_json::json!({ "error": { "code": "invalid_argument", "message": message } }));
+    eprintln!("dynocap: invalid_argument: {message}");
+    code
 }
 
 /// A left-aligned table with a header row.

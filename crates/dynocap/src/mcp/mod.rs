@@ -2,12 +2,15 @@
 //! clients start. Stdout carries the protocol only; logs go to stderr and, with `--log-file
 //! PATH` or `DYNOCAP_MCP_LOG=1` (`$DYNOCAP_HOME/logs/mcp.log`), to a file.
 //!
-//! Layout: `server` is the only module that names the MCP SDK; `tools` (definitions and
-//! schemas), `args` (strict argument parsing), `calls` (what each tool does), `policy` (the
-//! host security rules), `progress`, `stdio` (framing) and `log` are SDK-free.
+//! Layout: `server` and `admission` (which client messages reach the SDK) are the only modules
+//! that name the MCP SDK; `tools` (definitions and schemas), `args` (strict argument parsing),
+//! `calls` (what each tool does), `policy` (the host security rules), `progress`, `stdio`
+//! (framing), `jsonrpc` (envelopes and error replies) and `log` are SDK-free.
 
+mod admission;
 mod args;
 mod calls;
+mod jsonrpc;
 mod local;
 mod log;
 pub mod policy;

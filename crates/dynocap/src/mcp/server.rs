@@ -3,7 +3,7 @@
 //! `notifications/progress` when the request carried a progress token, and drops the tool's
 //! future when the client sends `notifications/cancelled` for it (or goes away), which is
 //! how the engine learns to kill an exec or undo a start. An SDK upgrade touches this file
-//! only.
+//! and `admission` only.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -15,11 +15,13 @@ use rmcp::model::{
     ProtocolVersion, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::{RequestContext, ServerInitializeError};
+use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tokio::sync::mpsc;
 
 use dynocap_engine::task_spec::Progress;
 
+use super::admission::Admission;
 use super::local::Dispatcher;
 use super::log::Log;
 use super::progress::Meter;
@@ -44,8 +46,12 @@ pub async fn serve(tools: Dispatcher, log: Log) -> Result<(), String> {
         log: log.clone(),
         listing,
     };
-    let pipes = stdio::start(log.clone());
-    let running = match rmcp::serve_server(server, (pipes.to_sdk, pipes.from_sdk)).await {
+    let pipes = stdio::start(Admission::new(protocol_versions()), log.clone());
+    // The framing bounds line length already; a second, equal bound here would drop a line of
+    // exactly that size without a word.
+    let transport =
+        AsyncRwTransport::new_server(pipes.to_sdk, pipes.from_sdk).with_max_line_length(usize::MAX);
+    let running = match rmcp::serve_server(server, transport).await {
         Ok(running) => running,
         Err(ServerInitializeError::ConnectionClosed(_)) => {
             pipes.pumps.finish().await;
@@ -66,6 +72,15 @@ pub async fn serve(tools: Dispatcher, log: Log) -> Result<(), String> {
         }
         Err(err) => Err(format!("the MCP session failed: {err}")),
     }
+}
+
+/// Every version the pinned SDK implements, newest first.
+fn protocol_versions() -> Vec<ProtocolVersion> {
+    ProtocolVersion::KNOWN_VERSIONS
+        .iter()
+        .rev()
+        .cloned()
+        .collect()
 }
 
 struct Server {
@@ -95,15 +110,8 @@ impl ServerHandler for Server {
             .with_instructions(INSTRUCTIONS)
     }
 
-    /// Every version the pinned SDK implements, newest first.
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Owned(
-            ProtocolVersion::KNOWN_VERSIONS
-                .iter()
-                .rev()
-                .cloned()
-                .collect(),
-        )
+        Cow::Owned(protocol_versions())
     }
 
     async fn list_tools(

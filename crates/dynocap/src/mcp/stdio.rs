@@ -1,9 +1,10 @@
 //! The stdio framing in front of the MCP SDK: newline-delimited JSON-RPC on stdin/stdout.
-//! Every stdin line is checked to be JSON before the SDK sees it; a line that is not gets a
-//! JSON-RPC parse error (-32700, id null) on stdout and is dropped, and the server keeps
-//! running (the SDK alone would drop it silently). Stdout receives whole lines only, from the
-//! SDK or from these replies, never interleaved. SDK-free: the SDK is handed two in-memory
-//! byte streams.
+//! Every stdin line is read here before the SDK sees it (the SDK drops what it cannot parse
+//! without a word, or answers it without an id): a line that is not one valid message gets
+//! its JSON-RPC error reply here ([`jsonrpc`]), and one the caller's [`Gate`] refuses gets the
+//! gate's reply or is dropped; the server keeps serving the next lines either way. Stdout
+//! receives whole lines only, from the SDK or from these replies, never interleaved.
+//! SDK-free: the SDK is handed two in-memory byte streams.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -12,12 +13,32 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWrite
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::jsonrpc::{self, Message, Rejected};
 use super::log::Log;
 
-/// Longest accepted message line; longer ones are dropped with a parse error reply.
+/// Longest accepted message line; longer ones are dropped with a parse error reply. The SDK
+/// is told not to enforce a limit of its own, so this is the only one.
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
 /// Buffer of the in-memory pipes to and from the SDK.
 const PIPE_BUFFER: usize = 256 * 1024;
+/// Byte order mark: RFC 8259 lets a reader ignore one, and the SDK does.
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Decides, for a message whose envelope is valid, whether the SDK may see it; what it refuses
+/// is answered or dropped as [`Rejected`] says. Called for each line in order, before the SDK
+/// reads it.
+pub trait Gate: Send + 'static {
+    fn admit(&mut self, line: &[u8], message: &Message) -> Result<(), Rejected>;
+}
+
+impl<F> Gate for F
+where
+    F: FnMut(&[u8], &Message) -> Result<(), Rejected> + Send + 'static,
+{
+    fn admit(&mut self, line: &[u8], message: &Message) -> Result<(), Rejected> {
+        self(line, message)
+    }
+}
 
 /// The SDK's side of the framing, and the tasks that pump stdin and stdout.
 pub struct Pipes {
@@ -46,9 +67,9 @@ impl Pumps {
 /// afterwards descriptor 0 reads `/dev/null` and descriptor 1 writes to stderr, so a stray
 /// print or a child process that inherits them can neither corrupt the protocol nor eat its
 /// input.
-pub fn start(log: Log) -> Pipes {
+pub fn start(gate: impl Gate, log: Log) -> Pipes {
     let (input, output) = take_std_streams(&log);
-    start_over(input, output, log)
+    start_over(input, output, gate, log)
 }
 
 type Reader = Box<dyn AsyncRead + Unpin + Send>;
@@ -136,7 +157,7 @@ fn writer(file: std::fs::File, log: &Log) -> Writer {
 }
 
 /// Starts the framing over any byte streams (tests use in-memory pipes).
-pub fn start_over<R, W>(input: R, output: W, log: Log) -> Pipes
+pub fn start_over<R, W>(input: R, output: W, gate: impl Gate, log: Log) -> Pipes
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -144,7 +165,7 @@ where
     let (to_sdk, feed) = tokio::io::duplex(PIPE_BUFFER);
     let (from_sdk, drain) = tokio::io::duplex(PIPE_BUFFER);
     let (replies, reply_rx) = mpsc::unbounded_channel::<Vec<u8>>();
-    let reader = tokio::spawn(read_input(input, feed, replies, log.clone()));
+    let reader = tokio::spawn(read_input(input, feed, gate, replies, log.clone()));
     let writer = tokio::spawn(write_output(drain, reply_rx, output, log));
     Pipes {
         to_sdk,
@@ -153,28 +174,10 @@ where
     }
 }
 
-/// The reply to a line that is not JSON.
-pub fn parse_error(detail: &str) -> Vec<u8> {
-    let reply = serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": null,
-        "error": { "code": -32700, "message": format!("Parse error: {detail}") }
-    });
-    let mut line = reply.to_string().into_bytes();
-    line.push(b'\n');
-    line
-}
-
-/// Whether `line` is one JSON value; `Err` says where it is not (never echoes the input).
-pub fn check_json(line: &[u8]) -> Result<(), String> {
-    serde_json::from_slice::<serde::de::IgnoredAny>(line)
-        .map(|_| ())
-        .map_err(|err| err.to_string())
-}
-
 async fn read_input<R: AsyncRead + Unpin>(
     input: R,
     mut feed: tokio::io::DuplexStream,
+    mut gate: impl Gate,
     replies: mpsc::UnboundedSender<Vec<u8>>,
     log: Log,
 ) {
@@ -193,46 +196,54 @@ async fn read_input<R: AsyncRead + Unpin>(
             }
         }
         if line.len() > MAX_LINE && !line.ends_with(b"\n") {
-            // Too long: skip to the end of the line, then report it.
-            let mut sink = Vec::new();
-            loop {
-                sink.clear();
-                match (&mut input)
-                    .take(64 * 1024)
-                    .read_until(b'\n', &mut sink)
-                    .await
-                {
-                    Ok(0) => break,
-                    Ok(_) if sink.ends_with(b"\n") => break,
-                    Ok(_) => {}
-                    Err(_) => break,
-                }
-            }
+            skip_rest_of_line(&mut input).await;
+            let reply = jsonrpc::too_long(&line, MAX_LINE);
             log.warn(format_args!(
-                "dropped a stdin message longer than {MAX_LINE} bytes"
+                "dropped a stdin message longer than {MAX_LINE} bytes; replied with {}",
+                reply.kind()
             ));
-            let _ = replies.send(parse_error(&format!(
-                "message longer than {MAX_LINE} bytes"
-            )));
+            let _ = replies.send(reply.to_line());
             continue;
         }
         let body = trim_line(&line);
-        if body.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        if let Err(detail) = check_json(body) {
-            log.warn(format_args!(
-                "stdin line is not JSON ({detail}); replied with a parse error"
-            ));
-            let _ = replies.send(parse_error(&detail));
-            continue;
-        }
-        if feed.write_all(body).await.is_err() || feed.write_all(b"\n").await.is_err() {
-            break;
+        let body = body.strip_prefix(UTF8_BOM).unwrap_or(body);
+        let admitted = jsonrpc::read(body).and_then(|message| gate.admit(body, &message));
+        match admitted {
+            Ok(()) => {
+                if feed.write_all(body).await.is_err() || feed.write_all(b"\n").await.is_err() {
+                    break;
+                }
+            }
+            Err(Rejected::Reply(reply)) => {
+                log.warn(format_args!(
+                    "stdin line refused ({}); replied with {}",
+                    reply.message,
+                    reply.kind()
+                ));
+                let _ = replies.send(reply.to_line());
+            }
+            Err(Rejected::Ignore(why)) => log.warn(format_args!("stdin line dropped: {why}")),
         }
     }
     // End of input: the SDK sees end of stream and shuts down.
     let _ = feed.shutdown().await;
+}
+
+/// Reads up to the end of the current line (or of input), keeping none of it.
+async fn skip_rest_of_line<R: AsyncRead + Unpin>(input: &mut BufReader<R>) {
+    let mut sink = Vec::new();
+    loop {
+        sink.clear();
+        match (&mut *input)
+            .take(64 * 1024)
+            .read_until(b'\n', &mut sink)
+            .await
+        {
+            Ok(0) | Err(_) => break,
+            Ok(_) if sink.ends_with(b"\n") => break,
+            Ok(_) => {}
+        }
+    }
 }
 
 fn trim_line(line: &[u8]) -> &[u8] {
@@ -291,21 +302,45 @@ async fn write_line<W: AsyncWrite + Unpin>(output: &mut W, line: &[u8]) -> std::
 mod tests {
     use super::*;
 
+    use crate::mcp::jsonrpc::{ErrorReply, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
+
+    fn gate(_line: &[u8], message: &Message) -> Result<(), Rejected> {
+        match message {
+            Message::Request { id, method, .. } if method == "refused" => Err(Rejected::Reply(
+                ErrorReply::new(id.clone(), METHOD_NOT_FOUND, "refused"),
+            )),
+            Message::Notification { method } if method == "dropped" => {
+                Err(Rejected::Ignore("dropped".into()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     #[tokio::test]
-    async fn bad_lines_get_parse_errors_and_good_lines_pass() {
+    async fn every_line_is_answered_forwarded_or_dropped_by_the_gate() {
         let (mut client_in, server_in) = tokio::io::duplex(4096);
         let (server_out, mut client_out) = tokio::io::duplex(4096);
-        let pipes = start_over(server_in, server_out, Log::stderr());
+        let pipes = start_over(server_in, server_out, gate, Log::stderr());
         client_in
-            .write_all(b"{\"jsonrpc\":\"2.0\"\r\n\n{not json}\n  \n[1,2]\n")
+            .write_all(
+                b"{\"jsonrpc\":\"2.0\"\r\n\n{not json}\n  \n[1,2]\n\
+                  {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\"}\r\n\
+                  \xEF\xBB\xBF{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"a\"}\n\
+                  {\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"refused\"}\n\
+                  {\"jsonrpc\":\"2.0\",\"method\":\"dropped\"}\n\
+                  {\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"a\",\"params\":{\"x\":\"\xff\"}}\n",
+            )
             .await
             .unwrap();
         drop(client_in);
-        // The SDK side receives the valid lines only.
+        // The SDK side receives the admitted lines only, without line endings' \r or a BOM.
         let mut to_sdk = pipes.to_sdk;
         let mut received = String::new();
         to_sdk.read_to_string(&mut received).await.unwrap();
-        assert_eq!(received, "[1,2]\n");
+        assert_eq!(
+            received,
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\"}\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"a\"}\n"
+        );
         // The SDK writes one message and closes.
         let mut from_sdk = pipes.from_sdk;
         from_sdk.write_all(b"{\"ok\":1}\n").await.unwrap();
@@ -314,13 +349,29 @@ mod tests {
         pipes.pumps.finish().await;
         let mut out = String::new();
         client_out.read_to_string(&mut out).await.unwrap();
-        let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines.len(), 3, "{out}");
+        let lines: Vec<serde_json::Value> = out
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        let errors: Vec<(i64, serde_json::Value)> = lines
+            .iter()
+            .filter(|line| line.get("error").is_some())
+            .map(|line| (line["error"]["code"].as_i64().unwrap(), line["id"].clone()))
+            .collect();
+        let null = serde_json::Value::Null;
         assert_eq!(
-            lines.iter().filter(|l| l.contains("-32700")).count(),
-            2,
-            "{out}"
+            errors,
+            [
+                (PARSE_ERROR, null.clone()),
+                (PARSE_ERROR, null.clone()),
+                (PARSE_ERROR, null.clone()),
+                (PARSE_ERROR, null.clone()),
+                (INVALID_REQUEST, null),
+                (METHOD_NOT_FOUND, 3.into()),
+                (PARSE_ERROR, 4.into()),
+            ]
         );
-        assert!(lines.contains(&"{\"ok\":1}"));
+        assert_eq!(lines.len(), errors.len() + 1, "{out}");
+        assert!(lines.contains(&serde_json::json!({"ok": 1})));
     }
 }

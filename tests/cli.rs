@@ -1,0 +1,229 @@
+//! The command line's own errors, through the real binary: with `--json` anywhere before `--`,
+//! an argument clap refuses is the JSON error object on stdout (as every other `--json`
+//! error), naming the argument and the help to read; without it, clap's own text. Help and
+//! version requests print as they always did. No sandbox is started.
+
+use std::process::Output;
+
+use dynocap_e2e::TestHome;
+use serde_json::Value;
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs a command line that must be refused as a usage error, and returns its JSON message.
+fn refused_as_json(home: &TestHome, args: &[&str]) -> String {
+    let out = home.run(args);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{args:?}: a usage error exits 2\nstdout: {}\nstderr: {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let value: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|err| {
+        panic!(
+            "{args:?}: stdout is not one JSON value ({err}): {}",
+            text(&out.stdout)
+        )
+    });
+    let object = value.as_object().expect("an object");
+    assert_eq!(object.len(), 1, "{args:?}: {value}");
+    assert_eq!(
+        value["error"]["code"], "invalid_argument",
+        "{args:?}: {value}"
+    );
+    let message = value["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{args:?}: no message: {value}"))
+        .to_owned();
+    assert!(
+        !message.contains('\x1b'),
+        "{args:?}: colour codes: {message:?}"
+    );
+    assert!(
+        !message.contains("Usage:"),
+        "{args:?}: usage block: {message:?}"
+    );
+    message
+}
+
+#[test]
+fn argument_errors_are_json_objects_wherever_json_stands() {
+    let home = TestHome::new();
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--json", "run", "x", "--cpus", "two"],
+            &["'two'", "--cpus", "whole number", "`dynocap run --help`"],
+        ),
+        (
+            &["run", "x", "--cpus", "two", "--json"],
+            &["'two'", "--cpus", "whole number"],
+        ),
+        (
+            &["run", "--json", "x", "--memory-mb", "1.5"],
+            &["'1.5'", "--memory-mb", "whole number"],
+        ),
+        (&["--json", "run", "x", "--cpus", ""], &["--cpus", "empty"]),
+        (
+            &[
+                "--json",
+                "exec",
+                "x",
+                "--timeout",
+                "99999999999999999999",
+                "--",
+                "true",
+            ],
+            &[
+                "'99999999999999999999'",
+                "--timeout",
+                "too large",
+                "`dynocap exec --help`",
+            ],
+        ),
+        (
+            &[
+                "task",
+                "exec",
+                "t",
+                "--timeout",
+                "99999999999999999999",
+                "--json",
+                "--",
+                "true",
+            ],
+            &["--timeout", "too large", "`dynocap task exec --help`"],
+        ),
+        (
+            &["task", "start", "--json", "--ttl", "18446744073709551616"],
+            &["--ttl", "too large"],
+        ),
+        (
+            &["--json", "run", "x", "--bogus"],
+            &["'--bogus'", "`dynocap run --help`"],
+        ),
+        (
+            &["task", "start", "--json", "--tll", "60"],
+            &["'--tll'", "similar argument exists: '--ttl'"],
+        ),
+        (
+            &["--json", "run"],
+            &["required", "<NAME>", "`dynocap run --help`"],
+        ),
+        (&["--json", "exec", "x"], &["required", "<COMMAND>"]),
+        (
+            &["--json", "destroy"],
+            &["required", "<NAME>", "`dynocap destroy --help`"],
+        ),
+        (
+            &["--json", "run", "x", "--ttl"],
+            &["value is required", "--ttl"],
+        ),
+        (
+            &["--json", "run", "x", "--ttl", "60", "--ttl", "70"],
+            &["--ttl", "multiple times"],
+        ),
+        (
+            &["--json", "task", "start", "/p", "--repo", "https://h/r"],
+            &["--repo", "cannot be used with"],
+        ),
+        (
+            &["--json", "ps", "extra"],
+            &["'extra'", "`dynocap ps --help`"],
+        ),
+        (
+            &["--json", "frob"],
+            &["'frob'", "run, exec, ps", "`dynocap --help`"],
+        ),
+        (&["frob", "--json"], &["'frob'"]),
+        (&["--json"], &["`dynocap` needs a subcommand: run, exec"]),
+        (
+            &["task", "--json"],
+            &["`dynocap task` needs a subcommand: start, exec, diff, finish"],
+        ),
+        (
+            &["--json", "task", "begin"],
+            &["'begin'", "start, exec, diff, finish"],
+        ),
+        (&["--json=true", "ps"], &["--json"]),
+    ];
+    for (args, needles) in cases {
+        let message = refused_as_json(&home, args);
+        for needle in *needles {
+            assert!(
+                message.contains(needle),
+                "{args:?}: {needle:?} not in {message:?}"
+            );
+        }
+        // The hidden internal subcommand is never offered.
+        assert!(!message.contains("supervise"), "{args:?}: {message}");
+    }
+}
+
+#[test]
+fn without_json_argument_errors_stay_clap_text() {
+    let home = TestHome::new();
+    let cases: &[&[&str]] = &[
+        &["run", "x", "--cpus", "two"],
+        &[
+            "exec",
+            "x",
+            "--timeout",
+            "99999999999999999999",
+            "--",
+            "true",
+        ],
+        // After `--`, `--json` is a word of the sandbox command, not a flag.
+        &["run", "x", "--bogus", "--", "--json"],
+        &["frob"],
+    ];
+    for args in cases {
+        let out: Output = home.run(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+        let stderr = text(&out.stderr);
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("For more information, try '--help'."),
+            "{args:?}: {stderr}"
+        );
+    }
+    let stderr = text(&home.run(&["run", "x", "--cpus", "two"]).stderr);
+    assert!(
+        stderr.contains("invalid value 'two' for '--cpus <CPUS>'"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn help_and_version_are_unchanged_by_json() {
+    let home = TestHome::new();
+    for (args, expected) in [
+        (
+            &["--json", "--help"][..],
+            "Usage: dynocap [OPTIONS] <COMMAND>",
+        ),
+        (
+            &["run", "--help", "--json"][..],
+            "Usage: dynocap run [OPTIONS] <NAME>",
+        ),
+        (
+            &["--json", "help", "task"][..],
+            "Usage: dynocap task [OPTIONS] <COMMAND>",
+        ),
+        (
+            &["--version", "--json"][..],
+            concat!("dynocap ", env!("CARGO_PKG_VERSION")),
+        ),
+    ] {
+        let out = home.run(args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains(expected),
+            "{args:?}: {}",
+            text(&out.stdout)
+        );
+    }
+}

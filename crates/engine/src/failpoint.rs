@@ -20,7 +20,8 @@ use crate::error::Result;
 pub fn hit(name: &str) -> Result<()> {
     use std::sync::OnceLock;
     static ARMED: OnceLock<Vec<(String, String)>> = OnceLock::new();
-    let armed = ARMED.get_or_init(|| parse(&std::env::var("DYNOCAP_FAILPOINTS").unwrap_or_default()));
+    let armed =
+        ARMED.get_or_init(|| parse(&std::env::var("DYNOCAP_FAILPOINTS").unwrap_or_default()));
     let Some((_, action)) = armed.iter().find(|(point, _)| point == name) else {
         return Ok(());
     };

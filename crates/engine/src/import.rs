@@ -231,6 +231,9 @@ pub enum ImportError {
     Write(io::Error),
     #[error("internal error: refusing to put {0:?} into the archive: not a plain relative path")]
     UnsafePath(PathBuf),
+    /// A fault a test injected ([`crate::failpoint`]).
+    #[error("{0}")]
+    Fault(crate::error::Error),
 }
 
 impl From<ImportError> for crate::error::Error {
@@ -247,6 +250,7 @@ impl From<ImportError> for crate::error::Error {
                 source: GitError::TimedOut { .. },
                 ..
             } => Self::timeout(err.to_string()),
+            ImportError::Fault(err) => err,
             _ => Self::internal(err.to_string()),
         }
     }
@@ -398,14 +402,20 @@ pub fn write_bundle(plan: &ImportPlan, dir: &Path) -> Result<Option<PathBuf>, Im
         }
         History::None => return Ok(None),
     }
-    let git = git
-        .args(["bundle", "create", "--quiet"])
-        .arg(&path)
-        .args(revs);
-    git.run().map_err(|source| ImportError::Bundle {
+    let bundle_error = |source| ImportError::Bundle {
         path: path.clone(),
         source,
-    })?;
+    };
+    let packing = git
+        .args(["bundle", "create", "--quiet"])
+        .arg(&path)
+        .args(revs)
+        .spawn()
+        .map_err(bundle_error)?;
+    // Fault tests stop or kill the supervisor here, while git packs (an error drops `packing`,
+    // which kills git).
+    crate::failpoint::hit("import.bundle-packing").map_err(ImportError::Fault)?;
+    packing.finish().map_err(bundle_error)?;
     Ok(Some(path))
 }
 

@@ -200,7 +200,8 @@ impl Engine {
             .kill_on_drop(false);
         let ready_raw = ready_write.as_raw_fd();
         // SAFETY: the closure runs in the forked child before exec and only calls the
-        // async-signal-safe functions setsid, dup2 and fcntl on descriptors it owns.
+        // async-signal-safe functions setsid, dup2, fcntl and close_range on descriptors it
+        // owns.
         unsafe {
             command.pre_exec(move || {
                 // Own session: the supervisor outlives the caller's terminal and its ^C.
@@ -215,6 +216,8 @@ impl Engine {
                 } else if libc::dup2(ready_raw, SUPERVISOR_READY_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // The supervisor gets stdio and the ready pipe, nothing else of ours.
+                crate::host_children::cloexec_from(SUPERVISOR_READY_FD.unsigned_abs() + 1);
                 Ok(())
             });
         }
@@ -398,6 +401,9 @@ impl Engine {
                 None => "its supervisor never started".to_owned(),
             };
             if catalog.transition(&record.id, record.state, State::Lost, Some(&note))? {
+                if let Some(process) = record.supervisor {
+                    crate::host_children::kill_session(process);
+                }
                 remove_leftovers(&self.home, &record.id)?;
             }
         }
@@ -486,6 +492,10 @@ impl Drop for StartGuard {
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
+            }
+            // Its host helpers (git packing the history) do not die with it by themselves.
+            if let Some(process) = record.supervisor {
+                crate::host_children::kill_session(process);
             }
         }
         let _ = remove_leftovers(&self.home, &self.id);

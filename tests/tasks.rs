@@ -805,3 +805,169 @@ fn a_supervisor_killed_mid_import_by_a_real_signal_leaves_nothing_running() {
     );
     kill_supervisor_and_check(&home, cli, supervisor, project.path(), &id);
 }
+
+fn mkfifo(path: &std::path::Path) {
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+/// `(path, kind)` of a Task object's skipped paths, and its total.
+fn skipped(task: &serde_json::Value) -> (Vec<(String, String)>, u64) {
+    let listed = task["source"]["skipped"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no source.skipped: {task:#}"))
+        .iter()
+        .map(|p| {
+            assert!(!p["reason"].as_str().unwrap().is_empty(), "{p}");
+            (
+                p["path"].as_str().unwrap().to_owned(),
+                p["kind"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    (listed, task["source"]["skippedTotal"].as_u64().unwrap())
+}
+
+#[test]
+fn unreadable_special_and_vanished_files_are_reported_in_the_task() {
+    if !require_root("unreadable_special_and_vanished_files_are_reported_in_the_task") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().unwrap();
+    let dir = project.path();
+    git(dir, &["init", "-q", "-b", "main"]);
+    for name in ["keep.txt", "vanish.txt", "swap.txt", "fifo", "sock"] {
+        write(&dir.join(name), "content\n");
+    }
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "files"]);
+    // Tracked files that became a fifo and a socket: git lists them, they cannot come.
+    std::fs::remove_file(dir.join("fifo")).unwrap();
+    mkfifo(&dir.join("fifo"));
+    std::fs::remove_file(dir.join("sock")).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(dir.join("sock")).unwrap());
+    // An untracked file dynocap may not read. Mode 000 stops no one running as root, so the
+    // kernel's write-only drop_caches is bound over it, in a mount namespace of the CLI's own
+    // (its supervisor inherits it): opening it for reading fails even for root.
+    let secret = dir.join("secret.key");
+    write(&secret, "");
+    chmod(&secret, 0o000);
+    let cli = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount --bind /proc/sys/vm/drop_caches "$0" && exec "$@""#)
+        .arg(&secret)
+        .arg(dynocap_bin())
+        .args(["--json", "task", "start", "--name", "skips"])
+        .arg(dir)
+        .env("DYNOCAP_HOME", home.path())
+        .env_remove("DYNOCAP_BACKEND")
+        // Stop between listing and reading, to change the tree under the import.
+        .env("DYNOCAP_FAILPOINTS", "import.tar-streaming=stop")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (supervisor, _) = supervisor_of(&home);
+    assert!(
+        wait_until(60, || proc_of(supervisor).is_some_and(|p| p.state == 'T')),
+        "the supervisor did not stop before reading the project"
+    );
+    std::fs::remove_file(dir.join("vanish.txt")).unwrap();
+    std::fs::remove_file(dir.join("swap.txt")).unwrap();
+    mkfifo(&dir.join("swap.txt"));
+    // SAFETY: plain kill(2) of the supervisor this test started.
+    assert_eq!(unsafe { libc::kill(supervisor, libc::SIGCONT) }, 0);
+    let out = wait_for_cli(cli, 120).expect("the start did not finish");
+    assert!(
+        out.status.success(),
+        "start failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    let expected: Vec<(String, String)> = [
+        ("fifo", "special-file"),
+        ("secret.key", "unreadable"),
+        ("sock", "special-file"),
+        ("swap.txt", "changed"),
+        ("vanish.txt", "vanished"),
+    ]
+    .iter()
+    .map(|(p, k)| ((*p).to_owned(), (*k).to_owned()))
+    .collect();
+    assert_eq!(skipped(&task), (expected, 5), "{task:#}");
+    assert!(task["source"]["skipped"][1]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("permission denied"));
+    // ls shows the same, and the copy in the guest has only what came.
+    let ls = home.json(&["ls"]);
+    assert_eq!(ls["tasks"][0]["source"], task["source"]);
+    assert_eq!(
+        task_sh(&home, "skips", "ls -A | grep -v '^.git$'"),
+        "keep.txt\n"
+    );
+}
+
+#[test]
+fn task_start_warns_about_skipped_paths_and_bounds_the_list() {
+    if !require_root("task_start_warns_about_skipped_paths_and_bounds_the_list") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().unwrap();
+    write(&project.path().join("keep.txt"), "keep\n");
+    for i in 0..60 {
+        mkfifo(&project.path().join(format!("pipe{i:02}")));
+    }
+    let out = home.run(&[
+        "task",
+        "start",
+        project.path().to_str().unwrap(),
+        "--name",
+        "pipes",
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("SKIPPED") && stdout.contains(" 60 "),
+        "{stdout}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with("warning: 60 paths of the project did not come into the task"))
+        .unwrap_or_else(|| panic!("no warning: {stderr}"));
+    let listed: Vec<&str> = lines[start + 1..]
+        .iter()
+        .take_while(|l| l.starts_with("  special-file"))
+        .copied()
+        .collect();
+    assert_eq!(listed.len(), 50, "{stderr}");
+    assert!(
+        listed[0].contains("pipe00") && listed[0].contains("a fifo"),
+        "{stderr}"
+    );
+    let log = home
+        .path()
+        .join("logs")
+        .join(format!("{}.log", home.sandbox_id("pipes")));
+    assert_eq!(
+        lines.get(start + 51).copied(),
+        Some(format!("  ... and 10 more, all listed in {}", log.display()).as_str()),
+        "{stderr}"
+    );
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(logged.matches("import note: pipe").count(), 60, "{logged}");
+    let task = &home.json(&["ls"])["tasks"][0];
+    let (listed, total) = skipped(task);
+    assert_eq!((listed.len(), total), (50, 60));
+}

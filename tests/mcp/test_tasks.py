@@ -1,11 +1,14 @@
 """Task tools over MCP: the full cycle start -> exec -> diff (with sensitive paths) -> finish
 -> ls -> rm with purge, the task defaults, history modes, names and ids, errors, progress
-notifications during start, and a cancelled start that leaves nothing behind."""
+notifications during start, a cancelled start that leaves nothing behind, and the project paths
+a start could not bring."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -176,3 +179,24 @@ async def test_cancelled_start_leaves_nothing(host: Host) -> None:
                                                             "history": "none"}))
         ok(await s.call_tool("dynocap_rm", {"target": task["id"], "force": True, "purge": True}))
     assert "dynocap_task_start cancelled by the client" in host.server_log()
+
+
+async def test_task_start_reports_paths_it_could_not_bring(host: Host) -> None:
+    app = host.project("special", git=False, files={"keep.txt": "keep\n"})
+    os.mkfifo(app / "fifo")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(app / "sock"))
+    async with connect(host) as s:
+        result = await s.call_tool("dynocap_task_start", {"projectPath": str(app)})
+        task = ok(result)
+        assert json.loads(result.content[0].text) == task
+        source = task["source"]
+        assert source["files"] == 1 and source["skippedTotal"] == 2, source
+        assert [(p["path"], p["kind"]) for p in source["skipped"]] == [
+            ("fifo", "special-file"), ("sock", "special-file")], source
+        assert "a fifo" in source["skipped"][0]["reason"]
+        # ls keeps them with the record.
+        listed = ok(await s.call_tool("dynocap_ls", {}))
+        [record] = [t for t in listed["tasks"] if t["id"] == task["id"]]
+        assert record["source"] == source
+        ok(await s.call_tool("dynocap_rm", {"target": task["id"], "force": True, "purge": True}))

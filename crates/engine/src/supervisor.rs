@@ -419,6 +419,7 @@ async fn start(
                     history: imported.history,
                     files: imported.files,
                     bytes: imported.bytes,
+                    skipped: crate::task_spec::Skipped::from_notes(&imported.notes),
                 }
             }
             Source::RepositoryUrl(_) => {

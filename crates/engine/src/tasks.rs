@@ -9,8 +9,8 @@ use crate::exec::ExecResult;
 use crate::sandboxes::{find, rfc3339, unexpected, Engine, SandboxInfo};
 use crate::spec::ExecSpec;
 use crate::task_spec::{
-    DiffResult, FinishResult, LsResult, Progress, RmResult, Source, SourceInfo, TaskDetail,
-    TaskInfo, TaskStartSpec,
+    DiffResult, FinishResult, LsResult, Progress, RmResult, Skipped, Source, SourceInfo,
+    TaskDetail, TaskInfo, TaskStartSpec,
 };
 
 impl Engine {
@@ -171,6 +171,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         history: detail.start.history,
         files: 0,
         bytes: 0,
+        skipped: Skipped::default(),
     });
     Ok(TaskInfo {
         id: record.id.clone(),

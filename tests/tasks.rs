@@ -1,5 +1,6 @@
-//! Tasks end to end through the CLI: what an import brings (checked from inside the guest),
-//! exec/diff/finish with a verified patch that applies to the user's project, expiry, ls/rm.
+//! Tasks end to end through the CLI: what an import brings (checked from inside the guest)
+//! and what it reports it could not bring, exec/diff/finish with a verified patch that applies
+//! to the user's project, expiry, ls/rm, and a supervisor killed mid-start.
 
 use dynocap_e2e::*;
 
@@ -595,21 +596,26 @@ fn supervisor_of(home: &TestHome) -> (i32, String) {
     (supervisor.pid, id)
 }
 
-/// Live host processes a supervisor left: in its session, or naming or working in the project
-/// or the sandbox. Zombies hold nothing and are left out.
+/// Live host processes a supervisor left: in its session, or naming the sandbox, or working
+/// in or naming the project. Zombies hold nothing and are left out.
 fn leftovers(supervisor: i32, project: &std::path::Path, id: &str) -> Vec<Proc> {
+    live_processes()
+        .filter(|p| p.session == supervisor || p.cmdline.contains(id) || touches(p, project))
+        .collect()
+}
+
+/// Whether `p` works in `project` or names it.
+fn touches(p: &Proc, project: &std::path::Path) -> bool {
+    p.cmdline.contains(project.to_str().unwrap())
+        || p.cwd.as_deref().is_some_and(|c| c.starts_with(project))
+}
+
+/// Host processes other than this test, zombies left out.
+fn live_processes() -> impl Iterator<Item = Proc> {
     let me = i32::try_from(std::process::id()).unwrap();
-    let project_text = project.to_str().unwrap();
     processes()
         .into_iter()
-        .filter(|p| p.pid != me && !matches!(p.state, 'Z' | 'X'))
-        .filter(|p| {
-            p.session == supervisor
-                || p.cmdline.contains(project_text)
-                || p.cmdline.contains(id)
-                || p.cwd.as_deref().is_some_and(|c| c.starts_with(project))
-        })
-        .collect()
+        .filter(move |p| p.pid != me && !matches!(p.state, 'Z' | 'X'))
 }
 
 /// The descriptors of a process: number and what it points to.
@@ -640,7 +646,7 @@ struct KillLeftovers<'a>(&'a std::path::Path);
 
 impl Drop for KillLeftovers<'_> {
     fn drop(&mut self) {
-        for p in leftovers(-1, self.0, "\0") {
+        for p in live_processes().filter(|p| touches(p, self.0)) {
             // SAFETY: plain kill(2) of a process found working in this test's project.
             unsafe { libc::kill(p.pid, libc::SIGKILL) };
         }

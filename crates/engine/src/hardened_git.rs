@@ -395,10 +395,14 @@ impl RunningGit {
     /// Waits until git ends, or until the timeout runs out and it is killed; returns what it
     /// printed, whatever its exit status.
     pub fn wait(mut self) -> Result<Output, GitError> {
-        let (Some(mut child), Some((stdout, stderr))) = (self.child.take(), self.readers.take())
-        else {
-            return Err(GitError::Io(io::Error::other("git was already waited for")));
-        };
+        let mut child = self
+            .child
+            .take()
+            .expect("a RunningGit holds its child until waited for or dropped");
+        let (stdout, stderr) = self
+            .readers
+            .take()
+            .expect("a RunningGit holds its readers until waited for or dropped");
         let waited = match self.timeout {
             Some(limit) => wait_until(&mut child, self.started + limit),
             None => child.wait().map(Some),

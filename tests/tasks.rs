@@ -1,5 +1,6 @@
-//! Tasks end to end through the CLI: what an import brings (checked from inside the guest),
-//! exec/diff/finish with a verified patch that applies to the user's project, expiry, ls/rm.
+//! Tasks end to end through the CLI: what an import brings (checked from inside the guest)
+//! and what it reports it could not bring, exec/diff/finish with a verified patch that applies
+//! to the user's project, expiry, ls/rm, and a supervisor killed mid-start.
 
 use dynocap_e2e::*;
 
@@ -502,4 +503,477 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
         .status()
         .unwrap();
     assert!(status.success());
+}
+
+/// A project whose history takes minutes to bundle: three thousand similar files, and a
+/// repository configuration (unusual, but git's own) that makes `pack-objects` try each of
+/// them as a delta base for every other, on one thread.
+fn slow_bundle_project(dir: &std::path::Path) {
+    git(dir, &["init", "-q", "-b", "main"]);
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        usize::try_from(seed % 8192).unwrap()
+    };
+    let base: Vec<u8> = (0..8192)
+        .map(|_| b"abcdefghijklmnopqrstuvwxyz \n"[next() % 28])
+        .collect();
+    for i in 0..3000 {
+        let mut content = base.clone();
+        for _ in 0..20 {
+            content[next()] = b'x';
+        }
+        let path = dir.join(format!("d{:02}/f{i:04}.txt", i / 100));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "many similar files"]);
+    for (key, value) in [
+        ("pack.window", "3000"),
+        ("pack.depth", "1000"),
+        ("pack.threads", "1"),
+    ] {
+        git(dir, &["config", key, value]);
+    }
+}
+
+/// A host process as /proc shows it.
+#[derive(Debug)]
+struct Proc {
+    pid: i32,
+    state: char,
+    session: i32,
+    cmdline: String,
+    cwd: Option<std::path::PathBuf>,
+}
+
+fn proc_of(pid: i32) -> Option<Proc> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(Proc {
+        pid,
+        state: fields[0].chars().next()?,
+        session: fields[3].parse().ok()?,
+        cmdline: String::from_utf8_lossy(&cmdline).replace('\0', " "),
+        cwd: std::fs::read_link(format!("/proc/{pid}/cwd")).ok(),
+    })
+}
+
+fn processes() -> Vec<Proc> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter_map(proc_of)
+        .collect()
+}
+
+/// The supervisor of the one sandbox of `home`, once it runs, and its sandbox id.
+fn supervisor_of(home: &TestHome) -> (i32, String) {
+    let needle = format!("supervise --home {} ", home.path().display());
+    let mut found = None;
+    assert!(
+        wait_until(60, || {
+            found = processes()
+                .into_iter()
+                .find(|p| p.cmdline.contains(&needle) && p.state != 'Z');
+            found.is_some()
+        }),
+        "no supervisor started"
+    );
+    let supervisor = found.unwrap();
+    let id = supervisor
+        .cmdline
+        .split(' ')
+        .skip_while(|w| *w != "--id")
+        .nth(1)
+        .expect("--id in the supervisor's command line")
+        .to_owned();
+    (supervisor.pid, id)
+}
+
+/// Live host processes a supervisor left: in its session, or naming the sandbox, or working
+/// in or naming the project. Zombies hold nothing and are left out.
+fn leftovers(supervisor: i32, project: &std::path::Path, id: &str) -> Vec<Proc> {
+    live_processes()
+        .filter(|p| p.session == supervisor || p.cmdline.contains(id) || touches(p, project))
+        .collect()
+}
+
+/// Whether `p` works in `project` or names it.
+fn touches(p: &Proc, project: &std::path::Path) -> bool {
+    p.cmdline.contains(project.to_str().unwrap())
+        || p.cwd.as_deref().is_some_and(|c| c.starts_with(project))
+}
+
+/// Host processes other than this test, zombies left out.
+fn live_processes() -> impl Iterator<Item = Proc> {
+    let me = i32::try_from(std::process::id()).unwrap();
+    processes()
+        .into_iter()
+        .filter(move |p| p.pid != me && !matches!(p.state, 'Z' | 'X'))
+}
+
+/// The descriptors of a process: number and what it points to.
+fn fds(pid: i32) -> Vec<(i32, String)> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let fd = e.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            Some((fd, target.to_string_lossy().into_owned()))
+        })
+        .collect()
+}
+
+fn is_cloexec(pid: i32, fd: i32) -> bool {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap_or_default();
+    let flags = info
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+        .unwrap_or(0);
+    flags & 0o2_000_000 != 0
+}
+
+/// Kills whatever a failed test left running in the project, so it does not pack for minutes.
+struct KillLeftovers<'a>(&'a std::path::Path);
+
+impl Drop for KillLeftovers<'_> {
+    fn drop(&mut self) {
+        for p in live_processes().filter(|p| touches(p, self.0)) {
+            // SAFETY: plain kill(2) of a process found working in this test's project.
+            unsafe { libc::kill(p.pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Waits (at most `secs`: a hang detector, not a timing assertion) for a started CLI.
+fn wait_for_cli(mut child: std::process::Child, secs: u64) -> Option<std::process::Output> {
+    if wait_until(secs, || child.try_wait().unwrap().is_some()) {
+        return Some(child.wait_with_output().unwrap());
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// SIGKILLs `supervisor` mid-start and checks the class: the CLI reports the failure at once
+/// (no helper holds its ready pipe) and nothing the supervisor started runs on.
+fn kill_supervisor_and_check(
+    home: &TestHome,
+    cli: std::process::Child,
+    supervisor: i32,
+    project: &std::path::Path,
+    id: &str,
+) {
+    // SAFETY: plain kill(2) of the supervisor this test started.
+    assert_eq!(unsafe { libc::kill(supervisor, libc::SIGKILL) }, 0);
+    // Before the fix the CLI waited 28-48 s for a git child that held its ready pipe; 15 s is
+    // only a hang detector.
+    let out = wait_for_cli(cli, 15).expect("the CLI did not report the dead supervisor");
+    assert!(!out.status.success());
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("no JSON error: {}", String::from_utf8_lossy(&out.stderr)));
+    let message = err["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("supervisor exited before the sandbox was ready"),
+        "{err:#}"
+    );
+    // The CLI swept the dead supervisor's session before it answered; killed processes may
+    // take a moment to exit (bounded wait, a hang detector again).
+    let mut left = Vec::new();
+    wait_until(10, || {
+        left = leftovers(supervisor, project, id);
+        left.is_empty()
+    });
+    assert!(
+        left.is_empty(),
+        "host processes outlived the supervisor: {left:#?}"
+    );
+    let ls = home.json(&["ls"]);
+    assert_eq!(
+        ls["tasks"],
+        serde_json::json!([]),
+        "the failed start left a record"
+    );
+}
+
+#[test]
+fn a_supervisor_killed_while_git_packs_takes_git_along_and_the_cli_answers_at_once() {
+    if !require_root(
+        "a_supervisor_killed_while_git_packs_takes_git_along_and_the_cli_answers_at_once",
+    ) {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().unwrap();
+    slow_bundle_project(project.path());
+    let _cleanup = KillLeftovers(project.path());
+    // The supervisor stops itself right after starting `git bundle create`; git packs on.
+    let cli = home
+        .command()
+        .args(["--json", "task", "start", project.path().to_str().unwrap()])
+        .env("DYNOCAP_FAILPOINTS", "import.bundle-packing=stop")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (supervisor, id) = supervisor_of(&home);
+    let mut helpers = Vec::new();
+    assert!(
+        wait_until(60, || {
+            helpers = leftovers(supervisor, project.path(), &id)
+                .into_iter()
+                .filter(|p| p.pid != supervisor)
+                .collect();
+            proc_of(supervisor).is_some_and(|p| p.state == 'T')
+                && helpers.iter().any(|p| p.cmdline.contains("pack-objects"))
+        }),
+        "the supervisor did not stop with git packing: {helpers:#?}"
+    );
+    let bundle = helpers
+        .iter()
+        .find(|p| p.cmdline.contains("bundle create"))
+        .expect("git bundle create runs");
+    let pack = helpers
+        .iter()
+        .find(|p| p.cmdline.contains("pack-objects"))
+        .expect("git pack-objects runs");
+
+    // Descriptors: the supervisor's ready pipe is close-on-exec like everything else it holds,
+    // and git holds nothing of the supervisor's beyond its own stdio.
+    let supervisor_fds = fds(supervisor);
+    let ready = supervisor_fds
+        .iter()
+        .find(|(fd, _)| *fd == 3)
+        .map(|(_, target)| target.clone())
+        .expect("the ready pipe at fd 3");
+    assert!(ready.starts_with("pipe:"), "fd 3 is {ready}");
+    let cli_fds = fds(i32::try_from(cli.id()).unwrap());
+    assert!(
+        cli_fds.iter().any(|(_, target)| *target == ready),
+        "fd 3 is not the CLI's ready pipe: {cli_fds:?}"
+    );
+    for (fd, target) in &supervisor_fds {
+        assert!(
+            *fd <= 2 || is_cloexec(supervisor, *fd),
+            "supervisor fd {fd} ({target}) would leak into its children"
+        );
+    }
+    let home_text = home.path().to_str().unwrap();
+    for helper in [bundle, pack] {
+        for (fd, target) in fds(helper.pid) {
+            let foreign = target == ready
+                || target.starts_with("socket:")
+                || target.ends_with("catalog.db")
+                || target.starts_with(&format!("{home_text}/logs"))
+                || target.starts_with(&format!("{home_text}/run"));
+            assert!(
+                !foreign,
+                "{} holds fd {fd} -> {target} of the supervisor",
+                helper.cmdline
+            );
+        }
+    }
+
+    kill_supervisor_and_check(&home, cli, supervisor, project.path(), &id);
+}
+
+#[test]
+fn a_supervisor_killed_mid_import_by_a_real_signal_leaves_nothing_running() {
+    if !require_root("a_supervisor_killed_mid_import_by_a_real_signal_leaves_nothing_running") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().unwrap();
+    slow_bundle_project(project.path());
+    let _cleanup = KillLeftovers(project.path());
+    let cli = home
+        .command()
+        .args(["--json", "task", "start", project.path().to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (supervisor, id) = supervisor_of(&home);
+    // The bundle takes minutes: wait until git's own child is packing, then kill.
+    assert!(
+        wait_until(60, || leftovers(supervisor, project.path(), &id)
+            .iter()
+            .any(|p| p.cmdline.contains("pack-objects"))),
+        "git pack-objects never ran"
+    );
+    kill_supervisor_and_check(&home, cli, supervisor, project.path(), &id);
+}
+
+fn mkfifo(path: &std::path::Path) {
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+/// `(path, kind)` of a Task object's skipped paths, and its total.
+fn skipped(task: &serde_json::Value) -> (Vec<(String, String)>, u64) {
+    let listed = task["source"]["skipped"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no source.skipped: {task:#}"))
+        .iter()
+        .map(|p| {
+            assert!(!p["reason"].as_str().unwrap().is_empty(), "{p}");
+            (
+                p["path"].as_str().unwrap().to_owned(),
+                p["kind"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    (listed, task["source"]["skippedTotal"].as_u64().unwrap())
+}
+
+#[test]
+fn unreadable_special_and_vanished_files_are_reported_in_the_task() {
+    if !require_root("unreadable_special_and_vanished_files_are_reported_in_the_task") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().unwrap();
+    let dir = project.path();
+    git(dir, &["init", "-q", "-b", "main"]);
+    for name in ["keep.txt", "vanish.txt", "swap.txt", "fifo", "sock"] {
+        write(&dir.join(name), "content\n");
+    }
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "files"]);
+    // Tracked files that became a fifo and a socket: git lists them, they cannot come.
+    std::fs::remove_file(dir.join("fifo")).unwrap();
+    mkfifo(&dir.join("fifo"));
+    std::fs::remove_file(dir.join("sock")).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(dir.join("sock")).unwrap());
+    // An untracked file dynocap may not read. Mode 000 stops no one running as root, so the
+    // kernel's write-only drop_caches is bound over it, in a mount namespace of the CLI's own
+    // (its supervisor inherits it): opening it for reading fails even for root.
+    let secret = dir.join("secret.key");
+    write(&secret, "");
+    chmod(&secret, 0o000);
+    let cli = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount --bind /proc/sys/vm/drop_caches "$0" && exec "$@""#)
+        .arg(&secret)
+        .arg(dynocap_bin())
+        .args(["--json", "task", "start", "--name", "skips"])
+        .arg(dir)
+        .env("DYNOCAP_HOME", home.path())
+        .env_remove("DYNOCAP_BACKEND")
+        // Stop between listing and reading, to change the tree under the import.
+        .env("DYNOCAP_FAILPOINTS", "import.tar-streaming=stop")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (supervisor, _) = supervisor_of(&home);
+    assert!(
+        wait_until(60, || proc_of(supervisor).is_some_and(|p| p.state == 'T')),
+        "the supervisor did not stop before reading the project"
+    );
+    std::fs::remove_file(dir.join("vanish.txt")).unwrap();
+    std::fs::remove_file(dir.join("swap.txt")).unwrap();
+    mkfifo(&dir.join("swap.txt"));
+    // SAFETY: plain kill(2) of the supervisor this test started.
+    assert_eq!(unsafe { libc::kill(supervisor, libc::SIGCONT) }, 0);
+    let out = wait_for_cli(cli, 120).expect("the start did not finish");
+    assert!(
+        out.status.success(),
+        "start failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    let expected: Vec<(String, String)> = [
+        ("fifo", "special-file"),
+        ("secret.key", "unreadable"),
+        ("sock", "special-file"),
+        ("swap.txt", "changed"),
+        ("vanish.txt", "vanished"),
+    ]
+    .iter()
+    .map(|(p, k)| ((*p).to_owned(), (*k).to_owned()))
+    .collect();
+    assert_eq!(skipped(&task), (expected, 5), "{task:#}");
+    assert!(task["source"]["skipped"][1]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("permission denied"));
+    // ls shows the same, and the copy in the guest has only what came.
+    let ls = home.json(&["ls"]);
+    assert_eq!(ls["tasks"][0]["source"], task["source"]);
+    assert_eq!(
+        task_sh(&home, "skips", "ls -A | grep -v '^.git$'"),
+        "keep.txt\n"
+    );
+}
+
+#[test]
+fn task_start_warns_about_skipped_paths_and_bounds_the_list() {
+    if !require_root("task_start_warns_about_skipped_paths_and_bounds_the_list") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().unwrap();
+    write(&project.path().join("keep.txt"), "keep\n");
+    for i in 0..60 {
+        mkfifo(&project.path().join(format!("pipe{i:02}")));
+    }
+    let out = home.run(&[
+        "task",
+        "start",
+        project.path().to_str().unwrap(),
+        "--name",
+        "pipes",
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("SKIPPED") && stdout.contains(" 60 "),
+        "{stdout}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with("warning: 60 paths of the project did not come into the task"))
+        .unwrap_or_else(|| panic!("no warning: {stderr}"));
+    let listed: Vec<&str> = lines[start + 1..]
+        .iter()
+        .take_while(|l| l.starts_with("  special-file"))
+        .copied()
+        .collect();
+    assert_eq!(listed.len(), 50, "{stderr}");
+    assert!(
+        listed[0].contains("pipe00") && listed[0].contains("a fifo"),
+        "{stderr}"
+    );
+    let log = home
+        .path()
+        .join("logs")
+        .join(format!("{}.log", home.sandbox_id("pipes")));
+    assert_eq!(
+        lines.get(start + 51).copied(),
+        Some(format!("  ... and 10 more, all listed in {}", log.display()).as_str()),
+        "{stderr}"
+    );
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(logged.matches("import note: pipe").count(), 60, "{logged}");
+    let task = &home.json(&["ls"])["tasks"][0];
+    let (listed, total) = skipped(task);
+    assert_eq!((listed.len(), total), (50, 60));
 }

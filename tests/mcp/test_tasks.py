@@ -1,11 +1,17 @@
 """Task tools over MCP: the full cycle start -> exec -> diff (with sensitive paths) -> finish
 -> ls -> rm with purge, the task defaults, history modes, names and ids, errors, progress
-notifications during start, and a cancelled start that leaves nothing behind."""
+notifications during start, a cancelled start that leaves nothing behind (not even git packing
+its history on the host), and the project paths a start could not bring."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import random
 import re
+import signal
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -176,3 +182,91 @@ async def test_cancelled_start_leaves_nothing(host: Host) -> None:
                                                             "history": "none"}))
         ok(await s.call_tool("dynocap_rm", {"target": task["id"], "force": True, "purge": True}))
     assert "dynocap_task_start cancelled by the client" in host.server_log()
+
+
+def slow_bundle_project(host: Host, name: str) -> Path:
+    """A project whose history takes minutes to bundle: thousands of similar files, and a
+    repository configuration (git's own) that makes pack-objects try each as a delta base for
+    every other, on one thread."""
+    rng = random.Random(7)
+    base = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz \n") for _ in range(8192))
+    files = {}
+    for i in range(3000):
+        text = list(base)
+        for _ in range(20):
+            text[rng.randrange(len(text))] = "x"
+        files[f"d{i // 100:02}/f{i:04}.txt"] = "".join(text)
+    app = host.project(name, files=files)
+    env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
+    for key, value in (("pack.window", "3000"), ("pack.depth", "1000"), ("pack.threads", "1")):
+        subprocess.run(["git", "config", key, value], cwd=app, env=env, check=True)
+    return app
+
+
+def processes_in(project: Path) -> list[tuple[int, str]]:
+    """Live host processes working in `project` or naming it: (pid, command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cwd = os.readlink(entry / "cwd")
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if state not in ("Z", "X") and (Path(cwd).is_relative_to(project) or str(project) in cmdline):
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+async def test_cancelled_start_stops_git_packing_on_the_host(host: Host) -> None:
+    app = slow_bundle_project(host, "slow")
+    async with connect(host) as s:
+        scope = anyio.CancelScope()
+
+        async def start() -> None:
+            with scope:
+                await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "slow"})
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(start)
+                # The bundle takes minutes: cancel once git's own child is packing.
+                while not any("pack-objects" in cmd for _, cmd in processes_in(app)):
+                    await anyio.sleep(0.05)
+                scope.cancel()
+        # Killed processes take a moment to exit; 10 s is a hang bound, the old leak ran on
+        # for minutes here.
+        for _ in range(100):
+            left = processes_in(app)
+            if not left:
+                break
+            await anyio.sleep(0.1)
+        for pid, _ in left:  # a failing run must not leave git packing for minutes
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        assert left == [], f"host processes outlived the cancelled start: {left}"
+        listed = ok(await s.call_tool("dynocap_ls", {}))
+        assert listed["tasks"] == [], listed
+
+
+async def test_task_start_reports_paths_it_could_not_bring(host: Host) -> None:
+    app = host.project("special", git=False, files={"keep.txt": "keep\n"})
+    os.mkfifo(app / "fifo")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(app / "sock"))
+    async with connect(host) as s:
+        result = await s.call_tool("dynocap_task_start", {"projectPath": str(app)})
+        task = ok(result)
+        assert json.loads(result.content[0].text) == task
+        source = task["source"]
+        assert source["files"] == 1 and source["skippedTotal"] == 2, source
+        assert [(p["path"], p["kind"]) for p in source["skipped"]] == [
+            ("fifo", "special-file"), ("sock", "special-file")], source
+        assert "a fifo" in source["skipped"][0]["reason"]
+        # ls keeps them with the record.
+        listed = ok(await s.call_tool("dynocap_ls", {}))
+        [record] = [t for t in listed["tasks"] if t["id"] == task["id"]]
+        assert record["source"] == source
+        ok(await s.call_tool("dynocap_rm", {"target": task["id"], "force": True, "purge": True}))

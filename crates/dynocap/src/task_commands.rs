@@ -89,8 +89,48 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
         print_json(&info);
     } else {
         print!("{}", table(TASK_HEADERS, &[task_row(&info)]));
+        warn_skipped(engine, &info);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Names, on stderr, the project paths that did not come as they are: the start succeeded,
+/// but the copy the agent works on differs from the project there.
+fn warn_skipped(engine: &Engine, task: &TaskInfo) {
+    let skipped = &task.source.skipped;
+    if skipped.is_empty() {
+        return;
+    }
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(
+        err,
+        "warning: {} {} of the project did not come into the task as {} on disk:",
+        skipped.total,
+        if skipped.total == 1 { "path" } else { "paths" },
+        if skipped.total == 1 {
+            "it is"
+        } else {
+            "they are"
+        },
+    );
+    for path in &skipped.paths {
+        let _ = writeln!(
+            err,
+            "  {:<15} {}  {}",
+            path.kind.as_str(),
+            escape(&path.path),
+            path.reason
+        );
+    }
+    let listed = u64::try_from(skipped.paths.len()).unwrap_or(u64::MAX);
+    if skipped.total > listed {
+        let _ = writeln!(
+            err,
+            "  ... and {} more, all listed in {}",
+            skipped.total - listed,
+            engine.home().supervisor_log(&task.id).display()
+        );
+    }
 }
 
 pub fn ls(engine: &Engine, json: bool) -> Result<ExitCode, Error> {
@@ -163,7 +203,9 @@ pub async fn rm(engine: &Engine, json: bool, args: RmArgs) -> Result<ExitCode, E
     Ok(ExitCode::SUCCESS)
 }
 
-const TASK_HEADERS: &[&str] = &["ID", "NAME", "STATE", "FILES", "SOURCE", "EXPIRES"];
+const TASK_HEADERS: &[&str] = &[
+    "ID", "NAME", "STATE", "FILES", "SKIPPED", "SOURCE", "EXPIRES",
+];
 
 fn task_row(task: &TaskInfo) -> Vec<String> {
     vec![
@@ -171,6 +213,7 @@ fn task_row(task: &TaskInfo) -> Vec<String> {
         task.name.clone().unwrap_or_else(|| "-".into()),
         task.state.as_str().to_owned(),
         task.source.files.to_string(),
+        task.source.skipped.total.to_string(),
         task.source
             .project_path
             .clone()

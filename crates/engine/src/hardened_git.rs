@@ -33,6 +33,7 @@
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io::{self, Read};
+use std::marker::PhantomData;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -262,9 +263,12 @@ impl HardenedGit {
 
     /// The command, ready to spawn: cleared environment, global options, `-c` overrides, the
     /// caller's arguments; stdin is `/dev/null`. Convert it with `tokio::process::Command::from`
-    /// for async use.
+    /// for async use. Git gets SIGKILL when the thread that spawns it ends and inherits no
+    /// descriptor beyond stdio ([`crate::host_children::die_with_parent`]): spawn it from a
+    /// thread that outlives it.
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(&self.program);
+        crate::host_children::die_with_parent(&mut cmd);
         cmd.env_clear();
         cmd.env(
             "PATH",
@@ -320,63 +324,40 @@ impl HardenedGit {
         cmd
     }
 
-    /// Runs to completion (or until the [`timeout`](Self::timeout)), capturing stdout and
-    /// stderr, whatever the exit status.
-    pub fn output(&self) -> Result<Output, GitError> {
-        let spawn_error = |source| GitError::Spawn {
-            program: self.program.to_string_lossy().into_owned(),
-            source,
-        };
-        let Some(limit) = self.timeout else {
-            return self.command().output().map_err(spawn_error);
-        };
+    /// Starts git with stdout and stderr captured, in a process group of its own (so a timeout
+    /// or a dropped handle kills whatever git started too). Wait for it with
+    /// [`RunningGit::wait`] on this same thread: git dies with the thread that spawned it.
+    pub fn spawn(&self) -> Result<RunningGit, GitError> {
         let mut cmd = self.command();
         cmd.stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        let mut child = cmd.spawn().map_err(spawn_error)?;
+        let mut child = cmd.spawn().map_err(|source| GitError::Spawn {
+            program: self.program.to_string_lossy().into_owned(),
+            source,
+        })?;
         let stdout = drain(child.stdout.take());
         let stderr = drain(child.stderr.take());
-        let waited = wait_until(&mut child, Instant::now() + limit);
-        if !matches!(waited, Ok(Some(_))) {
-            // Timed out (or waiting failed): kill the whole group, so no grandchild keeps the
-            // pipes open, then reap.
-            if let Ok(pid) = i32::try_from(child.id()) {
-                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-            let _ = child.wait();
-        }
-        let (stdout, stderr) = (join(stdout), join(stderr));
-        match waited {
-            Ok(Some(status)) => Ok(Output {
-                status,
-                stdout: stdout?,
-                stderr: stderr?,
-            }),
-            Ok(None) => Err(GitError::TimedOut {
-                command: self.describe(),
-                after: limit,
-            }),
-            Err(source) => Err(GitError::Wait {
-                command: self.describe(),
-                source,
-            }),
-        }
+        Ok(RunningGit {
+            child: Some(child),
+            readers: Some((stdout, stderr)),
+            timeout: self.timeout,
+            started: Instant::now(),
+            command: self.describe(),
+            _spawning_thread: PhantomData,
+        })
+    }
+
+    /// Runs to completion (or until the [`timeout`](Self::timeout)), capturing stdout and
+    /// stderr, whatever the exit status.
+    pub fn output(&self) -> Result<Output, GitError> {
+        self.spawn()?.wait()
     }
 
     /// Runs to completion and returns stdout; a non-zero exit is an error carrying (the start
     /// of) stderr.
     pub fn run(&self) -> Result<Vec<u8>, GitError> {
-        let output = self.output()?;
-        if output.status.success() {
-            Ok(output.stdout)
-        } else {
-            Err(GitError::Failed {
-                command: self.describe(),
-                status: output.status,
-                stderr: bounded_text(&output.stderr),
-            })
-        }
+        self.spawn()?.finish()
     }
 
     /// `git <subcommand> <first arguments>` for messages.
@@ -390,6 +371,99 @@ impl HardenedGit {
             words.push_str(" …");
         }
         words
+    }
+}
+
+/// A git started by [`HardenedGit::spawn`]. Dropping it unwaited kills git and what it started.
+///
+/// Not `Send`: git's death signal follows the thread that spawned it, so the handle (and the
+/// waiting) stays on that thread, which thus outlives git.
+#[must_use = "dropping a RunningGit kills git"]
+pub struct RunningGit {
+    /// `None` once reaped.
+    child: Option<Child>,
+    readers: Option<(OutputReader, OutputReader)>,
+    timeout: Option<Duration>,
+    started: Instant,
+    command: String,
+    _spawning_thread: PhantomData<*const ()>,
+}
+
+type OutputReader = thread::JoinHandle<io::Result<Vec<u8>>>;
+
+impl RunningGit {
+    /// Waits until git ends, or until the timeout runs out and it is killed; returns what it
+    /// printed, whatever its exit status.
+    pub fn wait(mut self) -> Result<Output, GitError> {
+        let mut child = self
+            .child
+            .take()
+            .expect("a RunningGit holds its child until waited for or dropped");
+        let (stdout, stderr) = self
+            .readers
+            .take()
+            .expect("a RunningGit holds its readers until waited for or dropped");
+        let waited = match self.timeout {
+            Some(limit) => wait_until(&mut child, self.started + limit),
+            None => child.wait().map(Some),
+        };
+        if !matches!(waited, Ok(Some(_))) {
+            // Timed out (or waiting failed): kill the whole group, so no grandchild keeps the
+            // pipes open, then reap.
+            kill_group(&child);
+            let _ = child.wait();
+        }
+        let (stdout, stderr) = (join(stdout), join(stderr));
+        match waited {
+            Ok(Some(status)) => Ok(Output {
+                status,
+                stdout: stdout?,
+                stderr: stderr?,
+            }),
+            Ok(None) => Err(GitError::TimedOut {
+                command: std::mem::take(&mut self.command),
+                after: self.timeout.unwrap_or_default(),
+            }),
+            Err(source) => Err(GitError::Wait {
+                command: std::mem::take(&mut self.command),
+                source,
+            }),
+        }
+    }
+
+    /// [`wait`](Self::wait), then stdout; a non-zero exit is an error carrying (the start of)
+    /// stderr.
+    pub fn finish(self) -> Result<Vec<u8>, GitError> {
+        let command = self.command.clone();
+        let output = self.wait()?;
+        if output.status.success() {
+            Ok(output.stdout)
+        } else {
+            Err(GitError::Failed {
+                command,
+                status: output.status,
+                stderr: bounded_text(&output.stderr),
+            })
+        }
+    }
+}
+
+impl Drop for RunningGit {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_group(&child);
+            let _ = child.wait();
+        }
+        if let Some((stdout, stderr)) = self.readers.take() {
+            let _ = (stdout.join(), stderr.join());
+        }
+    }
+}
+
+/// SIGKILL for git's process group: git and whatever it started.
+fn kill_group(child: &Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
     }
 }
 

@@ -175,34 +175,42 @@ pub enum NoteKind {
     TooDeep,
 }
 
+impl NoteKind {
+    /// What happened to the path, in words (the path itself not included).
+    pub fn reason(&self) -> String {
+        match self {
+            Self::Special(special) => format!(
+                "{}, not imported (fifos, sockets and devices never are)",
+                special.as_str()
+            ),
+            Self::SymlinkInPath => "a directory in its path is a symlink, not followed".into(),
+            Self::PermissionDenied => {
+                "permission denied, not imported (the user running dynocap cannot read it)".into()
+            }
+            Self::UnsafeName => "not a plain relative path, not imported".into(),
+            Self::Changed => "changed type while being imported, not imported".into(),
+            Self::Vanished => "removed while being imported".into(),
+            Self::Shrank => "shrank while being read, padded with zero bytes".into(),
+            Self::ReadAsPlainTree(why) => format!(
+                "git could not read this nested repository ({why}); imported as plain files"
+            ),
+            Self::TooDeep => "repositories nested too deep, not imported".into(),
+        }
+    }
+}
+
+/// A line for logs and messages. The path is the project's, which a hostile party may have
+/// named: its control characters are shown escaped, so it cannot forge log lines.
 impl fmt::Display for Note {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let path = self.path.display();
-        match &self.kind {
-            NoteKind::Special(special) => write!(f, "{path}: {}, not imported", special.as_str()),
-            NoteKind::SymlinkInPath => {
-                write!(
-                    f,
-                    "{path}: a directory in its path is a symlink, not followed"
-                )
+        for c in self.path.to_string_lossy().chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                write!(f, "{c}")?;
             }
-            NoteKind::PermissionDenied => write!(f, "{path}: permission denied, not imported"),
-            NoteKind::UnsafeName => write!(f, "{path}: not a plain relative path, not imported"),
-            NoteKind::Changed => {
-                write!(f, "{path}: changed type while being imported, not imported")
-            }
-            NoteKind::Vanished => write!(f, "{path}: removed while being imported"),
-            NoteKind::Shrank => {
-                write!(f, "{path}: shrank while being read, padded with zero bytes")
-            }
-            NoteKind::ReadAsPlainTree(why) => {
-                write!(
-                    f,
-                    "{path}: git could not read this nested repository ({why}); imported as plain files"
-                )
-            }
-            NoteKind::TooDeep => write!(f, "{path}: repositories nested too deep, not imported"),
         }
+        write!(f, ": {}", self.kind.reason())
     }
 }
 
@@ -231,6 +239,9 @@ pub enum ImportError {
     Write(io::Error),
     #[error("internal error: refusing to put {0:?} into the archive: not a plain relative path")]
     UnsafePath(PathBuf),
+    /// A fault a test injected ([`crate::failpoint`]).
+    #[error("{0}")]
+    Fault(crate::error::Error),
 }
 
 impl From<ImportError> for crate::error::Error {
@@ -247,6 +258,7 @@ impl From<ImportError> for crate::error::Error {
                 source: GitError::TimedOut { .. },
                 ..
             } => Self::timeout(err.to_string()),
+            ImportError::Fault(err) => err,
             _ => Self::internal(err.to_string()),
         }
     }
@@ -398,14 +410,20 @@ pub fn write_bundle(plan: &ImportPlan, dir: &Path) -> Result<Option<PathBuf>, Im
         }
         History::None => return Ok(None),
     }
-    let git = git
-        .args(["bundle", "create", "--quiet"])
-        .arg(&path)
-        .args(revs);
-    git.run().map_err(|source| ImportError::Bundle {
+    let bundle_error = |source| ImportError::Bundle {
         path: path.clone(),
         source,
-    })?;
+    };
+    let packing = git
+        .args(["bundle", "create", "--quiet"])
+        .arg(&path)
+        .args(revs)
+        .spawn()
+        .map_err(bundle_error)?;
+    // Fault tests stop or kill the supervisor here, while git packs (an error drops `packing`,
+    // which kills git).
+    crate::failpoint::hit("import.bundle-packing").map_err(ImportError::Fault)?;
+    packing.finish().map_err(bundle_error)?;
     Ok(Some(path))
 }
 

@@ -12,6 +12,7 @@ pub mod failpoint;
 pub mod finish;
 pub mod hardened_git;
 pub mod home;
+pub mod host_children;
 pub mod image;
 pub mod import;
 pub mod patch;

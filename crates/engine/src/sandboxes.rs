@@ -203,7 +203,8 @@ impl Engine {
             .kill_on_drop(false);
         let ready_raw = ready_write.as_raw_fd();
         // SAFETY: the closure runs in the forked child before exec and only calls the
-        // async-signal-safe functions setsid, dup2 and fcntl on descriptors it owns.
+        // async-signal-safe functions setsid, dup2, fcntl and close_range on descriptors it
+        // owns.
         unsafe {
             command.pre_exec(move || {
                 // Own session: the supervisor outlives the caller's terminal and its ^C.
@@ -218,6 +219,8 @@ impl Engine {
                 } else if libc::dup2(ready_raw, SUPERVISOR_READY_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // The supervisor gets stdio and the ready pipe, nothing else of ours.
+                crate::host_children::cloexec_from(SUPERVISOR_READY_FD.unsigned_abs() + 1);
                 Ok(())
             });
         }
@@ -436,6 +439,10 @@ impl Engine {
     }
 
     fn take_over(&self, catalog: &Catalog, record: &Record) -> Result<()> {
+        // Its host helpers (git packing the history) do not die with it by themselves.
+        if let Some(process) = record.supervisor {
+            crate::host_children::kill_session(process);
+        }
         let pid = match record.supervisor {
             Some(p) => format!("its supervisor (pid {})", p.pid),
             None => "its supervisor, which never started,".to_owned(),
@@ -586,6 +593,10 @@ impl Drop for StartGuard {
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
+            }
+            // Its host helpers (git packing the history) do not die with it by themselves.
+            if let Some(process) = record.supervisor {
+                crate::host_children::kill_session(process);
             }
         }
         let _ = remove_leftovers(&self.home, &self.id, Keep::Nothing);

@@ -69,6 +69,16 @@ pub enum Mode {
 /// Entry point of `dynocap supervise`. Must run before any other thread exists: the jail
 /// backend forks a child that runs Rust code. Returns the process exit code.
 pub fn main(home: Home, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
+    // The ready pipe came without close-on-exec (that is how it crossed exec). Nothing started
+    // from here may inherit it: the starter waits for its end-of-file, which would then only
+    // come when the last such child exits, long after this process died.
+    if let Err(err) = nix::fcntl::fcntl(
+        &ready,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    ) {
+        log(&format!("cannot mark the ready pipe close-on-exec: {err}"));
+        return 1;
+    }
     let ready = ReadyPipe(Mutex::new(Some(std::fs::File::from(ready))));
     log(&format!(
         "supervisor for {id} starting (pid {}){}",
@@ -736,6 +746,7 @@ async fn start(
                     history: imported.history,
                     files: imported.files,
                     bytes: imported.bytes,
+                    skipped: crate::task_spec::Skipped::from_notes(&imported.notes),
                 }
             }
             Source::RepositoryUrl(_) => {

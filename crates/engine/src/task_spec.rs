@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::State;
 use crate::error::{Error, Result};
-use crate::import::History;
+use crate::import::{History, Note, NoteKind};
 use crate::patch::{DiffSummary, SensitivePath};
 use crate::sandboxes::SandboxInfo;
 use crate::spec::{validate_name, Network, Resources, TASK_CPUS_DEFAULT};
@@ -100,6 +100,116 @@ pub struct SourceInfo {
     pub history: History,
     pub files: u64,
     pub bytes: u64,
+    /// `skipped` and `skippedTotal`.
+    #[serde(flatten)]
+    pub skipped: Skipped,
+}
+
+/// How many skipped paths a Task object lists; the supervisor log has them all.
+pub const SKIPPED_LISTED: usize = 50;
+
+/// The paths of a project that did not come as they are on the host (left out, or cut short
+/// while being read): the first [`SKIPPED_LISTED`] by path, and how many in all. An import
+/// never fails for these, so this is the only way a caller learns of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    #[serde(rename = "skipped", default)]
+    pub paths: Vec<SkippedPath>,
+    #[serde(rename = "skippedTotal", default)]
+    pub total: u64,
+}
+
+/// One path an import left out or cut short.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedPath {
+    /// Relative to the project root (lossy UTF-8: a name that is not UTF-8 shows U+FFFD).
+    pub path: String,
+    pub kind: SkipKind,
+    pub reason: String,
+}
+
+/// Why a path did not come, for programs (`reason` says it for people).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SkipKind {
+    /// A fifo, socket or device.
+    SpecialFile,
+    /// DynoCap may not read it (permission denied).
+    Unreadable,
+    /// A directory on its path is a symlink (never followed).
+    SymlinkInPath,
+    /// Git listed a name that is not a plain relative path, or one too long to open.
+    UnsafeName,
+    /// It changed type between listing and reading (e.g. a file swapped for a symlink).
+    Changed,
+    /// It was listed, then removed before it was read.
+    Vanished,
+    /// It shrank while being read: it came padded with zero bytes.
+    Shrank,
+    /// Inside repositories nested too deep.
+    TooDeep,
+}
+
+impl SkipKind {
+    pub const ALL: [Self; 8] = [
+        Self::SpecialFile,
+        Self::Unreadable,
+        Self::SymlinkInPath,
+        Self::UnsafeName,
+        Self::Changed,
+        Self::Vanished,
+        Self::Shrank,
+        Self::TooDeep,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SpecialFile => "special-file",
+            Self::Unreadable => "unreadable",
+            Self::SymlinkInPath => "symlink-in-path",
+            Self::UnsafeName => "unsafe-name",
+            Self::Changed => "changed",
+            Self::Vanished => "vanished",
+            Self::Shrank => "shrank",
+            Self::TooDeep => "too-deep",
+        }
+    }
+}
+
+impl Skipped {
+    /// The skipped paths among an import's notes. A nested repository read as plain files is
+    /// not one: all of its files came.
+    pub fn from_notes(notes: &[Note]) -> Self {
+        let mut paths: Vec<SkippedPath> = notes
+            .iter()
+            .filter_map(|note| {
+                let kind = match note.kind {
+                    NoteKind::Special(_) => SkipKind::SpecialFile,
+                    NoteKind::PermissionDenied => SkipKind::Unreadable,
+                    NoteKind::SymlinkInPath => SkipKind::SymlinkInPath,
+                    NoteKind::UnsafeName => SkipKind::UnsafeName,
+                    NoteKind::Changed => SkipKind::Changed,
+                    NoteKind::Vanished => SkipKind::Vanished,
+                    NoteKind::Shrank => SkipKind::Shrank,
+                    NoteKind::TooDeep => SkipKind::TooDeep,
+                    NoteKind::ReadAsPlainTree(_) => return None,
+                };
+                Some(SkippedPath {
+                    path: note.path.to_string_lossy().into_owned(),
+                    kind,
+                    reason: note.kind.reason(),
+                })
+            })
+            .collect();
+        paths.sort_by(|a, b| a.path.cmp(&b.path));
+        let total = u64::try_from(paths.len()).unwrap_or(u64::MAX);
+        paths.truncate(SKIPPED_LISTED);
+        Self { paths, total }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
 }
 
 /// The Task object (CONTRACT.md).
@@ -210,5 +320,71 @@ impl TaskDetail {
 
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|_| "{}".to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::import::Special;
+
+    fn note(path: &str, kind: NoteKind) -> Note {
+        Note {
+            path: PathBuf::from(path),
+            kind,
+        }
+    }
+
+    #[test]
+    fn skipped_paths_are_sorted_bounded_and_counted() {
+        let mut notes: Vec<Note> = (0..SKIPPED_LISTED + 10)
+            .rev()
+            .map(|i| note(&format!("f{i:03}"), NoteKind::Vanished))
+            .collect();
+        notes.push(note("nested", NoteKind::ReadAsPlainTree("bad".into())));
+        let skipped = Skipped::from_notes(&notes);
+        assert_eq!(skipped.total, u64::try_from(SKIPPED_LISTED + 10).unwrap());
+        assert_eq!(skipped.paths.len(), SKIPPED_LISTED);
+        assert_eq!(skipped.paths[0].path, "f000");
+        assert!(skipped.paths.iter().all(|p| p.kind == SkipKind::Vanished));
+    }
+
+    #[test]
+    fn skip_kind_names_match_their_json() {
+        for kind in SkipKind::ALL {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+    }
+
+    #[test]
+    fn source_json_carries_skipped_paths_and_old_records_still_load() {
+        let source = SourceInfo {
+            project_path: Some("/p".into()),
+            repository_url: None,
+            history: History::None,
+            files: 1,
+            bytes: 2,
+            skipped: Skipped::from_notes(&[note("q", NoteKind::Special(Special::Fifo))]),
+        };
+        let json = serde_json::to_value(&source).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "projectPath": "/p", "history": "none", "files": 1, "bytes": 2,
+                "skipped": [{
+                    "path": "q",
+                    "kind": "special-file",
+                    "reason": "a fifo, not imported (fifos, sockets and devices never are)"
+                }],
+                "skippedTotal": 1
+            })
+        );
+        assert_eq!(serde_json::from_value::<SourceInfo>(json).unwrap(), source);
+        // Records written before skipped paths were reported.
+        let old: SourceInfo = serde_json::from_str(
+            r#"{"projectPath": "/p", "history": "none", "files": 1, "bytes": 2}"#,
+        )
+        .unwrap();
+        assert!(old.skipped.is_empty());
     }
 }

@@ -12,8 +12,8 @@ use crate::save::ResultFiles;
 use crate::spec::ExecSpec;
 use crate::supervisor::Mode;
 use crate::task_spec::{
-    DiffResult, FinishResult, LsResult, Progress, RmResult, Source, SourceInfo, TaskDetail,
-    TaskInfo, TaskStartSpec,
+    DiffResult, FinishResult, LsResult, Progress, RmResult, Skipped, Source, SourceInfo,
+    TaskDetail, TaskInfo, TaskStartSpec,
 };
 
 impl Engine {
@@ -279,6 +279,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         history: detail.start.history,
         files: 0,
         bytes: 0,
+        skipped: Skipped::default(),
     });
     Ok(TaskInfo {
         id: record.id.clone(),

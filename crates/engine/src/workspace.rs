@@ -36,8 +36,9 @@ pub struct Imported {
     pub history: History,
     pub files: u64,
     pub bytes: u64,
-    /// Things left out (sockets, files that vanished mid-read, …), for the user.
-    pub notes: Vec<String>,
+    /// Things left out or read differently (sockets, unreadable files, files that vanished
+    /// mid-read, …), whether found while listing or while reading: for the user.
+    pub notes: Vec<import::Note>,
 }
 
 /// Copies `project` into the guest's `/workspace` and records the baseline.
@@ -53,6 +54,7 @@ pub async fn import(
         .await
         .context("planning the import")??;
     let root = plan.root.clone();
+    let mut notes = plan.notes.clone();
     let plan = std::sync::Arc::new(plan);
     // Packing the history is CPU-bound git work independent of the tar stream: run both at
     // once, so the import costs about as much as the slower of the two.
@@ -142,6 +144,7 @@ pub async fn import(
             None => None,
         },
     };
+    notes.extend(summary.notes);
     let with_history = bundle.is_some();
     let stream = conn
         .open(&Request::Baseline(BaselineRequest {
@@ -161,7 +164,7 @@ pub async fn import(
         history: if with_history { history } else { History::None },
         files: summary.files,
         bytes: summary.bytes,
-        notes: summary.notes.iter().map(|n| format!("{n:?}")).collect(),
+        notes,
     })
 }
 

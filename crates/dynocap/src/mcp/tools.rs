@@ -9,6 +9,7 @@ use dynocap_engine::spec::{
     CPUS_MAX, CPUS_MIN, EXEC_TIMEOUT_DEFAULT, EXEC_TIMEOUT_MAX, MEMORY_MB_DEFAULT, MEMORY_MB_MAX,
     MEMORY_MB_MIN, RAW_CPUS_DEFAULT, TASK_CPUS_DEFAULT, TTL_DEFAULT, TTL_MAX, TTL_MIN,
 };
+use dynocap_engine::task_spec::{SkipKind, SKIPPED_LISTED};
 
 /// What a parameter holds, with its default and range where it has them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -297,7 +298,8 @@ pub fn definitions() -> Vec<ToolDef> {
             title: "Start a task sandbox",
             description: "Imports a project tree or Git repository into an isolated task \
 sandbox, where it is at /workspace. Give exactly one of projectPath or repositoryUrl. Returns \
-the Task object: id (task-...), name, state, limits and source (files, bytes). Then run \
+the Task object: id (task-...), name, state, limits and source (files, bytes, and skipped: \
+project paths that did not come, such as unreadable or special files). Then run \
 commands with dynocap_task_exec, review with dynocap_diff, and end with dynocap_task_finish.\n\
 Defaults: history \"branches\", network \"none\", ttlSeconds 1800, cpus 2, memoryMB 1024.\n\
 Host policy (set by the user who started this server, not by the caller): projectPath must \
@@ -594,7 +596,24 @@ fn task_schema() -> Value {
                 "repositoryUrl": { "type": "string" },
                 "history": { "type": "string", "enum": HISTORY_VALUES },
                 "files": { "type": "integer" },
-                "bytes": { "type": "integer" }
+                "bytes": { "type": "integer" },
+                "skipped": {
+                    "type": "array",
+                    "description": format!(
+                        "Project paths that did not come as they are on disk (left out, or cut \
+                         short while read): the first {SKIPPED_LISTED} by path."
+                    ),
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "path": { "type": "string", "description": "Relative to the project." },
+                            "kind": { "type": "string", "enum": SkipKind::ALL.map(SkipKind::as_str) },
+                            "reason": { "type": "string" }
+                        },
+                        "required": ["path", "kind", "reason"]
+                    }
+                },
+                "skippedTotal": { "type": "integer", "description": "How many paths were skipped in all." }
             },
             "required": ["history", "files", "bytes"]
         }),

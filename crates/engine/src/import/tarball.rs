@@ -47,6 +47,9 @@ pub fn write_tar(
     out: impl Write,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<TarSummary, ImportError> {
+    // Fault tests stop the supervisor here, between listing and reading, to change the tree;
+    // nothing is written yet, so a failure here cannot look like a complete archive.
+    crate::failpoint::hit("import.tar-streaming").map_err(ImportError::Fault)?;
     let mut writer = TarWriter {
         plan,
         builder: Builder::new(Gate { out, open: true }),

@@ -333,7 +333,10 @@ fn a_plain_directory_is_walked_whole_without_any_git_dir() {
     notes.sort();
     assert_eq!(
         notes,
-        ["fifo: a fifo, not imported", "sock: a socket, not imported"]
+        [
+            "fifo: a fifo, not imported (fifos, sockets and devices never are)",
+            "sock: a socket, not imported (fifos, sockets and devices never are)"
+        ]
     );
     let (items, _) = tar_of(&plan);
     expect_files(
@@ -1268,4 +1271,16 @@ fn five_thousand_files() {
     assert_eq!(plan.files, 5_000);
     assert_eq!(summary.files, 5_000);
     assert_eq!(untar(&out).len(), 5_050);
+}
+
+#[test]
+fn a_note_shows_control_characters_in_its_path_escaped() {
+    let note = Note {
+        path: PathBuf::from("evil\n2026-01-01T00:00:00Z forged\x1b[2J"),
+        kind: NoteKind::Vanished,
+    };
+    assert_eq!(
+        note.to_string(),
+        "evil\\n2026-01-01T00:00:00Z forged\\u{1b}[2J: removed while being imported"
+    );
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Context, Error, Result};
 use crate::spec::Network;
@@ -57,14 +58,15 @@ impl State {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Kind {
     Raw,
     Task,
 }
 
 impl Kind {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Raw => "raw",
             Self::Task => "task",
@@ -72,8 +74,11 @@ impl Kind {
     }
 }
 
-/// One catalog row.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One catalog row, and the content of its record file. The serde form is JSON only: the
+/// detail is embedded as the JSON it is, and timestamps are RFC 3339 to the second, as the
+/// catalog keeps them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Record {
     pub id: String,
     pub kind: Kind,
@@ -82,20 +87,25 @@ pub struct Record {
     pub backend: String,
     pub network: Network,
     pub cpus: u32,
+    #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
     pub ttl_seconds: u64,
+    #[serde(with = "rfc3339")]
     pub created_at: chrono::DateTime<chrono::Utc>,
+    #[serde(with = "rfc3339")]
     pub expires_at: chrono::DateTime<chrono::Utc>,
     pub supervisor: Option<ProcessId>,
     /// Why a sandbox ended up `lost`, or other notes for the user.
     pub note: Option<String>,
     /// Kind-specific JSON (a task's start spec, source and result).
+    #[serde(with = "embedded_json")]
     pub detail: Option<String>,
 }
 
 /// A process identity that survives pid reuse: the pid plus its start time in clock ticks
 /// since boot (field 22 of /proc/PID/stat).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ProcessId {
     pub pid: i32,
     pub start_ticks: u64,
@@ -135,6 +145,60 @@ fn parse_stat(stat: &str) -> Option<(char, u64)> {
     // starttime is field 22 overall; after "pid (comm)" the state is field 3.
     let start = fields.nth(22 - 4)?.parse().ok()?;
     Some((state, start))
+}
+
+/// Serde for timestamps: RFC 3339 to the second, the form the catalog stores.
+mod rfc3339 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        time: &chrono::DateTime<chrono::Utc>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&super::timestamp(*time))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<chrono::DateTime<chrono::Utc>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        chrono::DateTime::parse_from_rfc3339(&text)
+            .map(|time| time.with_timezone(&chrono::Utc))
+            .map_err(|err| serde::de::Error::custom(format!("timestamp {text:?}: {err}")))
+    }
+}
+
+/// Serde for a JSON text kept as a string: embedded as the JSON value it is, so a record file
+/// reads as one document, and read back byte for byte.
+mod embedded_json {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use serde_json::value::RawValue;
+
+    pub fn serialize<S: Serializer>(
+        text: &Option<String>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match text {
+            None => serializer.serialize_none(),
+            Some(text) => {
+                let raw: &RawValue = serde_json::from_str(text).map_err(|err| {
+                    serde::ser::Error::custom(format!("the record's detail is not JSON: {err}"))
+                })?;
+                serializer.serialize_some(raw)
+            }
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<String>, D::Error> {
+        let raw = Option::<Box<RawValue>>::deserialize(deserializer)?;
+        Ok(raw.map(|raw| raw.get().to_owned()))
+    }
+}
+
+fn timestamp(time: chrono::DateTime<chrono::Utc>) -> String {
+    time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 pub struct Catalog {
@@ -225,8 +289,8 @@ impl Catalog {
                 record.cpus,
                 record.memory_mb,
                 record.ttl_seconds,
-                record.created_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                record.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                timestamp(record.created_at),
+                timestamp(record.expires_at),
                 record.supervisor.map(|p| p.pid),
                 record.supervisor.map(|p| p.start_ticks),
                 record.note,

@@ -15,6 +15,7 @@ pub mod home;
 pub mod image;
 pub mod import;
 pub mod patch;
+pub mod records;
 pub mod sandboxes;
 pub mod spec;
 pub mod supervisor;

@@ -150,6 +150,27 @@ pub fn scan(home: &Home) -> Result<Vec<(PathBuf, Result<Record>)>> {
     Ok(found)
 }
 
+/// Removes a record's file (gone already is fine) and its directory if that leaves it empty.
+pub(crate) fn remove(home: &Home, kind: Kind, id: &str) -> Result<()> {
+    check_id(id)?;
+    let path = home.record_path(kind, id);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => {
+            return Err(Error::internal(format!(
+                "removing {}: {err}",
+                path.display()
+            )))
+        }
+    }
+    if let Some(dir) = path.parent() {
+        // Not empty means someone still keeps data there; leave it to them.
+        let _ = std::fs::remove_dir(dir);
+    }
+    Ok(())
+}
+
 fn belongs_here(record: Record, kind: Kind, id: &str, path: &Path) -> Result<Record> {
     if record.kind == kind && record.id == id {
         return Ok(record);
@@ -357,6 +378,25 @@ mod tests {
             .1
             .as_ref()
             .is_err_and(|e| e.contains("newer dynocap")));
+    }
+
+    #[test]
+    fn remove_deletes_the_file_and_an_emptied_directory_only() {
+        let (_dir, home) = home();
+        let mut raw = task("sbx-a");
+        raw.kind = Kind::Raw;
+        save(&home, &raw).expect("save");
+        remove(&home, Kind::Raw, "sbx-a").expect("remove");
+        assert!(!home.sandbox_dir("sbx-a").exists());
+        remove(&home, Kind::Raw, "sbx-a").expect("removing twice is fine");
+
+        save(&home, &raw).expect("save");
+        std::fs::create_dir(home.sandbox_dir("sbx-a").join("upper")).expect("mkdir");
+        remove(&home, Kind::Raw, "sbx-a").expect("remove");
+        assert!(
+            home.sandbox_dir("sbx-a").join("upper").exists(),
+            "data kept"
+        );
     }
 
     #[test]

@@ -118,7 +118,7 @@ fn relay_guest_output(pipe: OwnedFd) {
 }
 
 fn boot(home: &Home, id: &str) -> Result<(Catalog, Record, Box<dyn Guest>)> {
-    let catalog = Catalog::open(&home.catalog_path())?;
+    let catalog = Catalog::open(home)?;
     let record = catalog
         .get(id)?
         .ok_or_else(|| Error::not_found(format!("no sandbox record {id} to supervise")))?;
@@ -212,7 +212,7 @@ struct TaskContext {
     state_dir: PathBuf,
     exec_log: Mutex<std::fs::File>,
     baseline: OnceLock<BaselineIndex>,
-    catalog_path: PathBuf,
+    home: Home,
 }
 
 /// Why the supervisor stops.
@@ -426,7 +426,7 @@ async fn start(
             state_dir,
             exec_log: Mutex::new(exec_log),
             baseline: OnceLock::new(),
-            catalog_path: home.catalog_path(),
+            home: home.clone(),
         }))
     } else {
         None
@@ -613,7 +613,7 @@ fn export_results(
         )
         .err(),
     };
-    let catalog = Catalog::open(&task.catalog_path)?;
+    let catalog = Catalog::open(&task.home)?;
     let record = catalog
         .get(&task.id)?
         .ok_or_else(|| Error::internal("the task record vanished"))?;

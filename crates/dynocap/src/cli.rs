@@ -41,8 +41,9 @@ pub enum Command {
     Rm(RmArgs),
     /// Serve the MCP tools over stdio (for Claude Desktop, Cursor, Cline, ...).
     Mcp(McpArgs),
-    /// Report what this machine supports and what to install or enable.
-    Doctor,
+    /// Report what this machine supports and what to install or enable; --repair rebuilds a
+    /// damaged catalog.
+    Doctor(DoctorArgs),
     /// Internal: run a sandbox's supervisor (started by `run`).
     #[command(hide = true)]
     Supervise(SuperviseArgs),
@@ -142,6 +143,15 @@ pub struct ExecArgs {
 pub struct TargetArgs {
     /// Name (or id).
     pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Instead of the checks: rebuild a damaged catalog from the record files in the results
+    /// and sandbox directories (the damaged files are moved aside, never deleted). A healthy
+    /// catalog is left as it is.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 #[derive(Debug, Args)]

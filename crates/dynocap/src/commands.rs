@@ -13,7 +13,7 @@ use crate::output::{fail, print_json, sandbox_rows, table, SANDBOX_HEADERS};
 pub async fn dispatch(cli: Cli) -> ExitCode {
     let json = cli.json;
     let result = match cli.command {
-        Command::Doctor | Command::Supervise(_) => {
+        Command::Doctor(_) | Command::Supervise(_) => {
             unreachable!("doctor and supervise are dispatched before the runtime starts")
         }
         Command::Mcp(args) => {
@@ -56,7 +56,7 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Doctor | Command::Supervise(_) | Command::Mcp(_) => {
+        Command::Doctor(_) | Command::Supervise(_) | Command::Mcp(_) => {
             unreachable!("handled by dispatch")
         }
     }

@@ -1,7 +1,12 @@
 //! `dynocap doctor`: what this machine supports, and for each missing piece what to install
 //! or enable. Every check is a real probe (open the device, run the tool), not a guess.
+//! `dynocap doctor --repair` rebuilds a damaged catalog instead (`repair.rs`).
+
+mod repair;
 
 use std::process::ExitCode;
+
+pub use repair::run as repair;
 
 use serde::Serialize;
 

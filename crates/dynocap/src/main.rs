@@ -22,7 +22,8 @@ fn main() -> ExitCode {
     // Both fork children that run Rust code, so they run before any other thread exists.
     match &cli.command {
         cli::Command::Supervise(args) => return commands::supervise(args),
-        cli::Command::Doctor => return doctor::run(cli.json),
+        cli::Command::Doctor(args) if args.repair => return doctor::repair(cli.json),
+        cli::Command::Doctor(_) => return doctor::run(cli.json),
         _ => {}
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()

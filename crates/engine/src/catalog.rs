@@ -1,13 +1,24 @@
 //! The SQLite catalog: one row per sandbox (raw or task) with its settings, state and the
 //! supervisor that owns it. Every process (CLI, MCP server, supervisors) opens it on its own;
 //! WAL mode and a busy timeout let them share it.
+//!
+//! The catalog is an index: every change to a record is also written to the record's file
+//! (`records.rs`) inside the same write transaction, so that a damaged or lost catalog can be
+//! rebuilt (`dynocap doctor --repair`). A catalog replaced by a repair under a live process
+//! (a supervisor keeps its catalog for the sandbox's life) is noticed and reopened before the
+//! next operation, so no write lands in the old file.
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
 
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+use serde::{Deserialize, Serialize};
 
-use crate::error::{Context, Error, Result};
+use crate::catalog_file::{self, classify, Connected, Failure};
+use crate::catalog_lock;
+use crate::error::{Error, Result};
+use crate::home::Home;
+use crate::records;
 use crate::spec::Network;
 
 /// Lifecycle states, as CONTRACT.md names them (plus `starting` while a supervisor boots).
@@ -61,14 +72,15 @@ impl State {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Kind {
     Raw,
     Task,
 }
 
 impl Kind {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Raw => "raw",
             Self::Task => "task",
@@ -76,8 +88,11 @@ impl Kind {
     }
 }
 
-/// One catalog row.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One catalog row, and the content of its record file. The serde form is JSON only: the
+/// detail is embedded as the JSON it is, and timestamps are RFC 3339 to the second, as the
+/// catalog keeps them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Record {
     pub id: String,
     pub kind: Kind,
@@ -86,20 +101,25 @@ pub struct Record {
     pub backend: String,
     pub network: Network,
     pub cpus: u32,
+    #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
     pub ttl_seconds: u64,
+    #[serde(with = "rfc3339")]
     pub created_at: chrono::DateTime<chrono::Utc>,
+    #[serde(with = "rfc3339")]
     pub expires_at: chrono::DateTime<chrono::Utc>,
     pub supervisor: Option<ProcessId>,
     /// Why a sandbox ended up `lost`, or other notes for the user.
     pub note: Option<String>,
     /// Kind-specific JSON (a task's start spec, source and result).
+    #[serde(with = "embedded_json")]
     pub detail: Option<String>,
 }
 
 /// A process identity that survives pid reuse: the pid plus its start time in clock ticks
 /// since boot (field 22 of /proc/PID/stat).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ProcessId {
     pub pid: i32,
     pub start_ticks: u64,
@@ -149,11 +169,61 @@ fn parse_stat(stat: &str) -> Option<(char, u64)> {
     Some((state, start))
 }
 
-pub struct Catalog {
-    conn: Connection,
+/// Serde for timestamps: RFC 3339 to the second, the form the catalog stores.
+mod rfc3339 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        time: &chrono::DateTime<chrono::Utc>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&super::timestamp(*time))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<chrono::DateTime<chrono::Utc>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        chrono::DateTime::parse_from_rfc3339(&text)
+            .map(|time| time.with_timezone(&chrono::Utc))
+            .map_err(|err| serde::de::Error::custom(format!("timestamp {text:?}: {err}")))
+    }
 }
 
-const SCHEMA: &str = "
+/// Serde for a JSON text kept as a string: embedded as the JSON value it is, so a record file
+/// reads as one document, and read back byte for byte.
+mod embedded_json {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use serde_json::value::RawValue;
+
+    pub fn serialize<S: Serializer>(
+        text: &Option<String>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match text {
+            None => serializer.serialize_none(),
+            Some(text) => {
+                let raw: &RawValue = serde_json::from_str(text).map_err(|err| {
+                    serde::ser::Error::custom(format!("the record's detail is not JSON: {err}"))
+                })?;
+                serializer.serialize_some(raw)
+            }
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<String>, D::Error> {
+        let raw = Option::<Box<RawValue>>::deserialize(deserializer)?;
+        Ok(raw.map(|raw| raw.get().to_owned()))
+    }
+}
+
+fn timestamp(time: chrono::DateTime<chrono::Utc>) -> String {
+    time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+pub(crate) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
     id               TEXT PRIMARY KEY,
     kind             TEXT NOT NULL CHECK (kind IN ('raw', 'task')),
@@ -175,31 +245,17 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_name ON sandboxes (name) WHERE name IS NOT NULL;
 ";
 
-/// Schema revision, kept in SQLite's `user_version`. Revision 1 lacked `detail`.
-const SCHEMA_VERSION: i64 = 2;
+/// Schema revision, kept in SQLite's `user_version`. Revision 1 lacked `detail`; revision 2
+/// had no record files (upgrading to 3 writes them).
+pub(crate) const SCHEMA_VERSION: i64 = 3;
 
-/// Brings a catalog written by an older dynocap up to [`SCHEMA_VERSION`]; refuses one written
-/// by a newer dynocap rather than misreading it.
-fn migrate(conn: &Connection) -> Result<()> {
-    let version: i64 = conn
-        .pragma_query_value(None, "user_version", |row| row.get(0))
-        .context("reading the catalog version")?;
-    if version > SCHEMA_VERSION {
-        return Err(Error::internal(format!(
-            "the catalog was written by a newer dynocap (schema {version}, this one knows {SCHEMA_VERSION}); upgrade dynocap"
-        )));
-    }
+/// Adds the columns an older schema lacks.
+pub(crate) fn migrate_columns(conn: &Connection) -> rusqlite::Result<()> {
     let has_detail = conn
-        .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'detail'")
-        .and_then(|mut stmt| stmt.exists([]))
-        .context("inspecting the catalog")?;
+        .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'detail'")?
+        .exists([])?;
     if !has_detail {
-        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN detail TEXT")
-            .context("upgrading the catalog (adding detail)")?;
-    }
-    if version != SCHEMA_VERSION {
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION)
-            .context("upgrading the catalog")?;
+        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN detail TEXT")?;
     }
     Ok(())
 }
@@ -207,163 +263,308 @@ fn migrate(conn: &Connection) -> Result<()> {
 const COLUMNS: &str = "id, kind, name, state, backend, network, cpus, memory_mb, ttl_seconds, \
                        created_at, expires_at, supervisor_pid, supervisor_start, note, detail";
 
+/// A handle on the catalog of one `DYNOCAP_HOME`.
+pub struct Catalog {
+    home: Home,
+    path: PathBuf,
+    open: Mutex<Connected>,
+}
+
 impl Catalog {
-    pub fn open(path: &Path) -> Result<Self> {
-        let conn = Connection::open(path)
-            .context(format_args!("opening the catalog {}", path.display()))?;
-        conn.busy_timeout(Duration::from_secs(30))
-            .context("configuring the catalog")?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .context("enabling WAL on the catalog")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .context("configuring the catalog")?;
-        conn.execute_batch(SCHEMA)
-            .context("creating the catalog schema")?;
-        migrate(&conn)?;
-        Ok(Self { conn })
+    /// Opens the catalog of `home`, creating it (from the record files, if there are any)
+    /// or upgrading it first when needed.
+    pub fn open(home: &Home) -> Result<Self> {
+        let path = home.catalog_path();
+        let connected = catalog_file::open(home).map_err(|failure| failure.into_error(&path))?;
+        Ok(Self {
+            home: home.clone(),
+            path,
+            open: Mutex::new(connected),
+        })
     }
 
-    /// Inserts a new record; a name already bound is a `conflict`.
+    /// Inserts a new record and writes its file; a name already bound is a `conflict`.
     pub fn insert(&self, record: &Record) -> Result<()> {
-        let result = self.conn.execute(
-            &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"),
-            params![
-                record.id,
-                record.kind.as_str(),
-                record.name,
-                record.state.as_str(),
-                record.backend,
-                record.network.as_str(),
-                record.cpus,
-                record.memory_mb,
-                record.ttl_seconds,
-                record.created_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                record.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                record.supervisor.map(|p| p.pid),
-                record.supervisor.map(|p| p.start_ticks),
-                record.note,
-                record.detail,
-            ],
-        );
-        match result {
-            Ok(_) => Ok(()),
-            Err(rusqlite::Error::SqliteFailure(err, _))
-                if err.code == rusqlite::ErrorCode::ConstraintViolation =>
-            {
-                Err(Error::conflict(format!(
-                    "the name \"{}\" is already taken; pick another name or remove the existing one first",
-                    record.name.as_deref().unwrap_or_default()
-                )))
-            }
-            Err(err) => Err(Error::internal(format!("writing the catalog: {err}"))),
-        }
+        self.write(|conn| {
+            insert_row(conn, record)?;
+            records::save(&self.home, record)?;
+            Ok(())
+        })
     }
 
     pub fn get(&self, id: &str) -> Result<Option<Record>> {
-        self.conn
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM sandboxes WHERE id = ?1"),
-                [id],
-                from_row,
-            )
-            .optional()
-            .context("reading the catalog")
+        self.read(|conn| get_row(conn, id))
     }
 
     /// Finds a record by id or by its bound name.
     pub fn find(&self, name_or_id: &str) -> Result<Option<Record>> {
-        self.conn
-            .query_row(
+        self.read(|conn| {
+            conn.query_row(
                 &format!("SELECT {COLUMNS} FROM sandboxes WHERE id = ?1 OR name = ?1"),
                 [name_or_id],
                 from_row,
             )
             .optional()
-            .context("reading the catalog")
+        })
     }
 
     pub fn list(&self) -> Result<Vec<Record>> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!(
-                "SELECT {COLUMNS} FROM sandboxes ORDER BY created_at, id"
-            ))
-            .context("reading the catalog")?;
-        let rows = stmt
-            .query_map([], from_row)
-            .context("reading the catalog")?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .context("reading the catalog")
+        self.read(list_rows)
     }
 
     pub fn set_supervisor(&self, id: &str, supervisor: ProcessId) -> Result<()> {
-        self.conn
-            .execute(
-                "UPDATE sandboxes SET supervisor_pid = ?2, supervisor_start = ?3 WHERE id = ?1",
-                params![id, supervisor.pid, supervisor.start_ticks],
-            )
-            .context("writing the catalog")?;
-        Ok(())
+        self.modify(id, |record| {
+            record.supervisor = Some(supervisor);
+            true
+        })
+        .map(drop)
     }
 
     pub fn set_state(&self, id: &str, state: State, note: Option<&str>) -> Result<()> {
-        self.conn
-            .execute(
-                "UPDATE sandboxes SET state = ?2, note = COALESCE(?3, note) WHERE id = ?1",
-                params![id, state.as_str(), note],
-            )
-            .context("writing the catalog")?;
-        Ok(())
+        self.modify(id, |record| {
+            record.state = state;
+            if let Some(note) = note {
+                record.note = Some(note.to_owned());
+            }
+            true
+        })
+        .map(drop)
     }
 
     /// Replaces the record's note (`None` clears it: the state says all).
     pub fn set_note(&self, id: &str, note: Option<&str>) -> Result<()> {
-        self.conn
-            .execute(
-                "UPDATE sandboxes SET note = ?2 WHERE id = ?1",
-                params![id, note],
-            )
-            .context("writing the catalog")?;
-        Ok(())
+        self.modify(id, |record| {
+            record.note = note.map(str::to_owned);
+            true
+        })
+        .map(drop)
     }
 
     /// Moves a record from `from` to `to` only if it is still in `from`; tells whether it did.
     /// Two processes noticing the same dead supervisor thus clean it up once.
     pub fn transition(&self, id: &str, from: State, to: State, note: Option<&str>) -> Result<bool> {
-        let changed = self
-            .conn
-            .execute(
-                "UPDATE sandboxes SET state = ?3, note = COALESCE(?4, note) WHERE id = ?1 AND state = ?2",
-                params![id, from.as_str(), to.as_str(), note],
-            )
-            .context("writing the catalog")?;
-        Ok(changed == 1)
+        self.modify(id, |record| {
+            if record.state != from {
+                return false;
+            }
+            record.state = to;
+            if let Some(note) = note {
+                record.note = Some(note.to_owned());
+            }
+            true
+        })
     }
 
     pub fn set_detail(&self, id: &str, detail: &str) -> Result<()> {
-        self.conn
-            .execute(
-                "UPDATE sandboxes SET detail = ?2 WHERE id = ?1",
-                params![id, detail],
-            )
-            .context("writing the catalog")?;
-        Ok(())
+        self.modify(id, |record| {
+            record.detail = Some(detail.to_owned());
+            true
+        })
+        .map(drop)
     }
 
     /// Unbinds the record's name so it can be used again; the record itself stays.
     pub fn release_name(&self, id: &str) -> Result<()> {
-        self.conn
-            .execute("UPDATE sandboxes SET name = NULL WHERE id = ?1", [id])
-            .context("writing the catalog")?;
-        Ok(())
+        self.modify(id, |record| {
+            record.name = None;
+            true
+        })
+        .map(drop)
     }
 
+    /// Removes a record. A raw sandbox's record file goes with it; a task's stays with its
+    /// results (`rm --purge` removes those).
     pub fn delete(&self, id: &str) -> Result<()> {
-        self.conn
-            .execute("DELETE FROM sandboxes WHERE id = ?1", [id])
-            .context("writing the catalog")?;
-        Ok(())
+        self.write(|conn| {
+            let kind: Option<String> = conn
+                .query_row("SELECT kind FROM sandboxes WHERE id = ?1", [id], |row| {
+                    row.get(0)
+                })
+                .optional()
+                .map_err(classify)?;
+            conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id])
+                .map_err(classify)?;
+            if kind.as_deref() == Some(Kind::Raw.as_str()) {
+                records::remove(&self.home, Kind::Raw, id)?;
+            }
+            Ok(())
+        })
     }
+
+    /// Applies `change` to a record (if it says the record changes) in the catalog and in its
+    /// file. If the catalog is damaged the change still goes to the record file, the source a
+    /// repair rebuilds from, so a supervisor finishing a task meanwhile does not lose its end.
+    fn modify(&self, id: &str, change: impl Fn(&mut Record) -> bool) -> Result<bool> {
+        let result = self.write_raw(|conn| {
+            let Some(mut record) = get_row(conn, id).map_err(classify)? else {
+                return Ok(false);
+            };
+            if !change(&mut record) {
+                return Ok(false);
+            }
+            update_row(conn, &record)?;
+            records::save(&self.home, &record)?;
+            Ok(true)
+        });
+        result.map_err(|failure| {
+            if failure.calls_for_repair() {
+                self.modify_record_file(id, &change);
+            }
+            failure.into_error(&self.path)
+        })
+    }
+
+    /// Best effort: the caller reports the catalog's failure either way.
+    fn modify_record_file(&self, id: &str, change: &impl Fn(&mut Record) -> bool) {
+        for kind in [Kind::Task, Kind::Raw] {
+            if let Ok(mut record) = records::load(&self.home.record_path(kind, id)) {
+                if change(&mut record) {
+                    let _ = records::save(&self.home, &record);
+                }
+                return;
+            }
+        }
+    }
+
+    fn read<T>(&self, query: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
+        let open = self.current().map_err(|f| f.into_error(&self.path))?;
+        query(&open.conn).map_err(|err| classify(err).into_error(&self.path))
+    }
+
+    fn write<T>(&self, change: impl FnOnce(&Connection) -> Result<T, Failure>) -> Result<T> {
+        self.write_raw(change)
+            .map_err(|failure| failure.into_error(&self.path))
+    }
+
+    /// Runs `change` in one write transaction on the current catalog file, holding the
+    /// catalog lock shared so that a repair cannot move the file aside meanwhile. Record
+    /// files are written inside the transaction: writers are serialised, so the last file
+    /// written is the last change committed.
+    fn write_raw<T>(
+        &self,
+        change: impl FnOnce(&Connection) -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
+        let mut open = self.current()?;
+        let mut attempts = 0;
+        let _shared = loop {
+            let shared = catalog_lock::Shared::acquire(&self.home)?;
+            if open.is_current(&self.path) {
+                break shared;
+            }
+            attempts += 1;
+            if attempts == 3 {
+                return Err(Failure::Other(Error::internal(format!(
+                    "the catalog {} kept being replaced while this process tried to write to it; retry",
+                    self.path.display()
+                ))));
+            }
+            // Replaced between the check and the lock: reopen (which needs the lock exclusive).
+            drop(shared);
+            *open = catalog_file::open(&self.home)?;
+        };
+        let tx = open
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(classify)?;
+        let value = change(&tx)?;
+        tx.commit().map_err(classify)?;
+        catalog_file::checkpoint(&open.conn);
+        Ok(value)
+    }
+
+    /// The connection, reopened first if the catalog file was replaced since it was opened.
+    fn current(&self) -> Result<MutexGuard<'_, Connected>, Failure> {
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !open.is_current(&self.path) {
+            // Dropping the old connection touches nothing at this path: connections never
+            // checkpoint or delete files on close (`catalog_file::connect`).
+            *open = catalog_file::open(&self.home)?;
+        }
+        Ok(open)
+    }
+}
+
+pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
+    let result = conn.execute(
+        &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"),
+        params![
+            record.id,
+            record.kind.as_str(),
+            record.name,
+            record.state.as_str(),
+            record.backend,
+            record.network.as_str(),
+            record.cpus,
+            record.memory_mb,
+            record.ttl_seconds,
+            timestamp(record.created_at),
+            timestamp(record.expires_at),
+            record.supervisor.map(|p| p.pid),
+            record.supervisor.map(|p| p.start_ticks),
+            record.note,
+            record.detail,
+        ],
+    );
+    match result {
+        Ok(_) => Ok(()),
+        Err(rusqlite::Error::SqliteFailure(err, _))
+            if err.code == rusqlite::ErrorCode::ConstraintViolation =>
+        {
+            Err(Failure::Other(Error::conflict(format!(
+                "the name \"{}\" is already taken; pick another name or remove the existing one first",
+                record.name.as_deref().unwrap_or_default()
+            ))))
+        }
+        Err(err) => Err(classify(err)),
+    }
+}
+
+/// Writes every field of `record` but its id to its row.
+fn update_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
+    conn.execute(
+        "UPDATE sandboxes SET kind = ?2, name = ?3, state = ?4, backend = ?5, network = ?6, \
+         cpus = ?7, memory_mb = ?8, ttl_seconds = ?9, created_at = ?10, expires_at = ?11, \
+         supervisor_pid = ?12, supervisor_start = ?13, note = ?14, detail = ?15 WHERE id = ?1",
+        params![
+            record.id,
+            record.kind.as_str(),
+            record.name,
+            record.state.as_str(),
+            record.backend,
+            record.network.as_str(),
+            record.cpus,
+            record.memory_mb,
+            record.ttl_seconds,
+            timestamp(record.created_at),
+            timestamp(record.expires_at),
+            record.supervisor.map(|p| p.pid),
+            record.supervisor.map(|p| p.start_ticks),
+            record.note,
+            record.detail,
+        ],
+    )
+    .map_err(classify)?;
+    Ok(())
+}
+
+fn get_row(conn: &Connection, id: &str) -> rusqlite::Result<Option<Record>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM sandboxes WHERE id = ?1"),
+        [id],
+        from_row,
+    )
+    .optional()
+}
+
+pub(crate) fn list_rows(conn: &Connection) -> rusqlite::Result<Vec<Record>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM sandboxes ORDER BY created_at, id"
+    ))?;
+    let rows = stmt.query_map([], from_row)?;
+    rows.collect()
 }
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
@@ -409,12 +610,24 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Barrier};
 
+    fn home() -> (tempfile::TempDir, Home) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let home = Home::at(dir.path().to_owned()).expect("home");
+        (dir, home)
+    }
+
+    /// A record whose kind follows its id's prefix, as `new_id` makes them.
     fn record(id: &str, name: &str) -> Record {
         let now = chrono::Utc::now();
         Record {
             id: id.into(),
-            kind: Kind::Raw,
+            kind: if id.starts_with("task-") {
+                Kind::Task
+            } else {
+                Kind::Raw
+            },
             name: Some(name.into()),
             state: State::Starting,
             backend: "jail".into(),
@@ -430,13 +643,30 @@ mod tests {
         }
     }
 
+    fn file_of(home: &Home, id: &str) -> Option<Record> {
+        let kind = if id.starts_with("task-") {
+            Kind::Task
+        } else {
+            Kind::Raw
+        };
+        records::load(&home.record_path(kind, id)).ok()
+    }
+
+    fn ids(records: &[Record]) -> Vec<&str> {
+        records.iter().map(|r| r.id.as_str()).collect()
+    }
+
     #[test]
     fn names_are_unique_until_released() {
-        let dir = tempfile::tempdir().unwrap();
-        let catalog = Catalog::open(&dir.path().join("c.db")).unwrap();
+        let (_dir, home) = home();
+        let catalog = Catalog::open(&home).unwrap();
         catalog.insert(&record("sbx-1", "web")).unwrap();
         let err = catalog.insert(&record("sbx-2", "web")).unwrap_err();
         assert_eq!(err.code, crate::ErrorCode::Conflict);
+        assert!(
+            file_of(&home, "sbx-2").is_none(),
+            "a refused insert writes no file"
+        );
         assert_eq!(catalog.find("web").unwrap().unwrap().id, "sbx-1");
         assert_eq!(
             catalog.find("sbx-1").unwrap().unwrap().name.as_deref(),
@@ -447,35 +677,95 @@ mod tests {
     }
 
     #[test]
+    fn every_change_is_written_to_the_record_file() {
+        let (_dir, home) = home();
+        let catalog = Catalog::open(&home).unwrap();
+        let task = record("task-1", "fix");
+        catalog.insert(&task).unwrap();
+        assert_eq!(
+            file_of(&home, "task-1").unwrap().name.as_deref(),
+            Some("fix")
+        );
+
+        let me = ProcessId::of(i32::try_from(std::process::id()).unwrap()).unwrap();
+        catalog.set_supervisor("task-1", me).unwrap();
+        catalog
+            .transition("task-1", State::Starting, State::Running, None)
+            .unwrap();
+        catalog.set_detail("task-1", r#"{"k":1}"#).unwrap();
+        catalog
+            .set_state("task-1", State::Finished, Some("done"))
+            .unwrap();
+        catalog.release_name("task-1").unwrap();
+        let from_file = file_of(&home, "task-1").unwrap();
+        assert_eq!(from_file, catalog.get("task-1").unwrap().unwrap());
+        assert_eq!(
+            (
+                from_file.state,
+                from_file.supervisor,
+                from_file.note.as_deref(),
+                from_file.detail.as_deref(),
+                from_file.name
+            ),
+            (
+                State::Finished,
+                Some(me),
+                Some("done"),
+                Some(r#"{"k":1}"#),
+                None
+            )
+        );
+
+        // A task's file stays with its results; a raw sandbox's goes with its record.
+        catalog.delete("task-1").unwrap();
+        assert!(file_of(&home, "task-1").is_some());
+        catalog.insert(&record("sbx-1", "box")).unwrap();
+        assert!(file_of(&home, "sbx-1").is_some());
+        catalog.delete("sbx-1").unwrap();
+        assert!(file_of(&home, "sbx-1").is_none());
+        assert!(
+            !home.sandbox_dir("sbx-1").exists(),
+            "its emptied directory too"
+        );
+    }
+
+    #[test]
     fn an_old_catalog_is_upgraded_and_a_newer_one_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.db");
+        let (_dir, home) = home();
+        let path = home.catalog_path();
         {
             let conn = Connection::open(&path).unwrap();
             conn.execute_batch(
                 "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, kind TEXT NOT NULL, name TEXT, state TEXT NOT NULL,
                  backend TEXT NOT NULL, network TEXT NOT NULL, cpus INTEGER NOT NULL, memory_mb INTEGER NOT NULL,
                  ttl_seconds INTEGER NOT NULL, created_at TEXT NOT NULL, expires_at TEXT NOT NULL,
-                 supervisor_pid INTEGER, supervisor_start INTEGER, note TEXT);",
+                 supervisor_pid INTEGER, supervisor_start INTEGER, note TEXT);
+                 INSERT INTO sandboxes VALUES ('task-old', 'task', 'old', 'finished', 'jail', 'none', 2, 1024,
+                 1800, '2025-01-01T00:00:00Z', '2025-01-01T00:30:00Z', NULL, NULL, NULL);",
             )
             .unwrap();
         }
-        let catalog = Catalog::open(&path).unwrap();
+        let catalog = Catalog::open(&home).unwrap();
         catalog.insert(&record("sbx-1", "a")).unwrap();
-        assert_eq!(catalog.list().unwrap().len(), 1);
+        assert_eq!(ids(&catalog.list().unwrap()), ["task-old", "sbx-1"]);
+        assert_eq!(
+            file_of(&home, "task-old").unwrap().state,
+            State::Finished,
+            "the upgrade wrote the record files a rebuild needs"
+        );
         drop(catalog);
         Connection::open(&path)
             .unwrap()
             .pragma_update(None, "user_version", 99)
             .unwrap();
-        let err = Catalog::open(&path).err().unwrap();
+        let err = Catalog::open(&home).err().unwrap();
         assert!(err.message.contains("newer dynocap"), "{err}");
     }
 
     #[test]
     fn transition_happens_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let catalog = Catalog::open(&dir.path().join("c.db")).unwrap();
+        let (_dir, home) = home();
+        let catalog = Catalog::open(&home).unwrap();
         catalog.insert(&record("sbx-1", "a")).unwrap();
         assert!(catalog
             .transition("sbx-1", State::Starting, State::Lost, Some("gone"))
@@ -487,6 +777,232 @@ mod tests {
         assert_eq!(
             (rec.state, rec.note.as_deref()),
             (State::Lost, Some("gone"))
+        );
+        assert_eq!(file_of(&home, "sbx-1").unwrap(), rec);
+    }
+
+    /// Opening a fresh home from many processes at once used to fail with "database is
+    /// locked" while one of them switched the new catalog to WAL.
+    #[test]
+    fn many_first_opens_at_once_all_succeed() {
+        const OPENERS: usize = 16;
+        for round in 0..10 {
+            let (_dir, home) = home();
+            let start = Arc::new(Barrier::new(OPENERS));
+            let openers: Vec<_> = (0..OPENERS)
+                .map(|i| {
+                    let (home, start) = (home.clone(), Arc::clone(&start));
+                    std::thread::spawn(move || -> Result<()> {
+                        start.wait();
+                        let catalog = Catalog::open(&home)?;
+                        catalog.insert(&record(&format!("sbx-{i}"), &format!("n{i}")))
+                    })
+                })
+                .collect();
+            for (i, opener) in openers.into_iter().enumerate() {
+                let result = opener.join().expect("opener thread");
+                assert!(result.is_ok(), "round {round}, opener {i}: {result:?}");
+            }
+            assert_eq!(Catalog::open(&home).unwrap().list().unwrap().len(), OPENERS);
+        }
+    }
+
+    /// A catalog with three records, all in its main file.
+    fn populated() -> (tempfile::TempDir, Home, Vec<Record>) {
+        let (dir, home) = home();
+        let catalog = Catalog::open(&home).unwrap();
+        for (id, name) in [("task-a", "a"), ("task-b", "b"), ("sbx-c", "c")] {
+            catalog.insert(&record(id, name)).unwrap();
+            // Enough bytes per record that the file spans pages a truncation can cut off.
+            let filler = format!(r#"{{"filler":"{}"}}"#, ".".repeat(3000));
+            catalog.set_detail(id, &filler).unwrap();
+        }
+        let made = catalog.list().unwrap();
+        assert_eq!(made.len(), 3);
+        drop(catalog);
+        // Fold the WAL into the main file and remove it, so damage to one file is just that.
+        let plain = Connection::open(home.catalog_path()).unwrap();
+        plain
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        drop(plain);
+        assert!(!catalog_file::suffixed(&home.catalog_path(), "-wal").exists());
+        (dir, home, made)
+    }
+
+    fn damaged_message(home: &Home) -> String {
+        let outcome = Catalog::open(home).and_then(|c| c.list());
+        let err = outcome.expect_err("a damaged catalog is reported, not read");
+        assert_eq!(err.code, crate::ErrorCode::Internal);
+        let path = home.catalog_path().display().to_string();
+        assert!(
+            err.message.contains(&path) && err.message.contains("`dynocap doctor --repair`"),
+            "the message names the file and the remedy: {err}"
+        );
+        err.message
+    }
+
+    #[test]
+    fn damage_is_reported_with_the_file_and_the_remedy() {
+        let (_dir, home, made) = populated();
+        let path = home.catalog_path();
+        let good = std::fs::read(&path).unwrap();
+        assert!(
+            good.len() >= 4 * 4096,
+            "enough pages to truncate: {}",
+            good.len()
+        );
+        // Each case starts from the good main file alone (a failed open may leave a WAL).
+        let reset = |main: &[u8]| {
+            for suffix in ["-wal", "-shm"] {
+                let _ = std::fs::remove_file(catalog_file::suffixed(&path, suffix));
+            }
+            std::fs::write(&path, main).unwrap();
+        };
+
+        reset(&good[..good.len() / 2]);
+        let msg = damaged_message(&home);
+        assert!(
+            msg.contains("is damaged (database disk image is malformed)"),
+            "{msg}"
+        );
+
+        let noise: Vec<u8> = (0..good.len()).map(|_| rand::random::<u8>()).collect();
+        reset(&noise);
+        let msg = damaged_message(&home);
+        assert!(msg.contains("is damaged (file is not a database)"), "{msg}");
+
+        reset(&good);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let msg = damaged_message(&home);
+        assert!(
+            msg.contains("is damaged (it is a directory, not a file)"),
+            "{msg}"
+        );
+        std::fs::remove_dir(&path).unwrap();
+
+        reset(&good);
+        let wal = catalog_file::suffixed(&path, "-wal");
+        std::fs::create_dir(&wal).unwrap();
+        let msg = damaged_message(&home);
+        assert!(
+            msg.contains(&format!(
+                "its write-ahead log {} is a directory",
+                wal.display()
+            )),
+            "{msg}"
+        );
+        std::fs::remove_dir(&wal).unwrap();
+        assert_eq!(Catalog::open(&home).unwrap().list().unwrap(), made);
+    }
+
+    #[test]
+    fn an_empty_or_missing_catalog_is_rebuilt_from_the_record_files() {
+        let (_dir, home, made) = populated();
+        let path = home.catalog_path();
+        std::fs::write(&path, b"").unwrap();
+        assert_eq!(Catalog::open(&home).unwrap().list().unwrap(), made);
+        std::fs::remove_file(&path).unwrap();
+        let catalog = Catalog::open(&home).unwrap();
+        assert_eq!(catalog.list().unwrap(), made);
+        let err = catalog.insert(&record("sbx-d", "a")).unwrap_err();
+        assert_eq!(err.code, crate::ErrorCode::Conflict, "names stay bound");
+    }
+
+    #[test]
+    fn a_name_bound_twice_in_record_files_stays_with_the_newest() {
+        let (_dir, home) = home();
+        let mut old = record("sbx-old", "web");
+        old.created_at -= chrono::TimeDelta::seconds(60);
+        records::save(&home, &old).unwrap();
+        records::save(&home, &record("sbx-new", "web")).unwrap();
+        let catalog = Catalog::open(&home).unwrap();
+        assert_eq!(catalog.find("web").unwrap().unwrap().id, "sbx-new");
+        assert_eq!(catalog.get("sbx-old").unwrap().unwrap().name, None);
+        assert_eq!(
+            file_of(&home, "sbx-old").unwrap().name,
+            None,
+            "the file agrees"
+        );
+    }
+
+    /// Damaged WAL or shared-memory files either read back everything or are reported as
+    /// damage; never a silently different catalog.
+    #[test]
+    fn a_damaged_wal_or_shm_is_read_correctly_or_reported() {
+        for sidecar in ["-wal", "-shm"] {
+            let (_dir, home, made) = populated();
+            // A live process keeps the WAL and the shared-memory index in use.
+            let holder = Catalog::open(&home).unwrap();
+            holder.list().unwrap();
+            let file = catalog_file::suffixed(&home.catalog_path(), sidecar);
+            let size = usize::try_from(std::fs::metadata(&file).unwrap().len()).unwrap();
+            let noise: Vec<u8> = (0..size).map(|_| rand::random::<u8>()).collect();
+            std::fs::write(&file, noise).unwrap();
+            match Catalog::open(&home).and_then(|c| c.list()) {
+                Ok(read) => assert_eq!(read, made, "{sidecar}"),
+                Err(_) => {
+                    damaged_message(&home);
+                }
+            }
+            drop(holder);
+        }
+    }
+
+    #[test]
+    fn a_catalog_replaced_under_an_open_handle_is_reopened() {
+        let (_dir, home, _) = populated();
+        let held = Catalog::open(&home).unwrap();
+        held.list().unwrap();
+        // What a repair does: the old files aside, a new catalog from the record files.
+        let path = home.catalog_path();
+        for suffix in ["-wal", "-shm", ""] {
+            let from = catalog_file::suffixed(&path, suffix);
+            if from.exists() {
+                std::fs::rename(
+                    &from,
+                    catalog_file::suffixed(&home.root().join("old.db"), suffix),
+                )
+                .unwrap();
+            }
+        }
+        let fresh = Catalog::open(&home).unwrap();
+        held.set_state("task-a", State::Finished, None).unwrap();
+        assert_eq!(
+            fresh.get("task-a").unwrap().unwrap().state,
+            State::Finished,
+            "the write went to the new catalog"
+        );
+        drop(held);
+        assert!(
+            catalog_file::suffixed(&path, "-wal").exists(),
+            "closing the old handle left the new catalog's WAL alone"
+        );
+        assert_eq!(fresh.list().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_change_on_a_damaged_catalog_still_reaches_the_record_file() {
+        let (_dir, home, _) = populated();
+        let held = Catalog::open(&home).unwrap();
+        let path = home.catalog_path();
+        drop(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap(),
+        );
+        std::fs::write(&path, vec![0x55u8; 8192]).unwrap();
+        let err = held
+            .set_state("task-b", State::Expired, Some("expired after its TTL"))
+            .unwrap_err();
+        assert!(err.message.contains("doctor --repair"), "{err}");
+        let from_file = file_of(&home, "task-b").unwrap();
+        assert_eq!(
+            (from_file.state, from_file.note.as_deref()),
+            (State::Expired, Some("expired after its TTL"))
         );
     }
 

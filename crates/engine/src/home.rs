@@ -2,7 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::catalog::Kind;
 use crate::error::{Context, Result};
+
+/// The name of a record file inside its record's directory.
+pub const RECORD_FILE: &str = "record.json";
 
 /// The state directory and the paths derived from it.
 #[derive(Debug, Clone)]
@@ -39,6 +43,7 @@ impl Home {
             root.join("run"),
             root.join("sandboxes"),
             root.join("logs"),
+            root.join("results"),
         ] {
             create_private_dir(&dir)?;
         }
@@ -51,12 +56,34 @@ impl Home {
     pub fn catalog_path(&self) -> PathBuf {
         self.root.join("catalog.db")
     }
+    /// Serialises creating, initialising and repairing the catalog across processes (flock).
+    pub fn catalog_lock_path(&self) -> PathBuf {
+        self.root.join("catalog.lock")
+    }
+    /// A task's results (`patch.diff`, `exec.jsonl`, `summary.json`, its record file); kept
+    /// after the task ends, until `rm --purge`.
+    pub fn results_dir(&self, id: &str) -> PathBuf {
+        self.records_root(Kind::Task).join(id)
+    }
+    /// The directory holding one subdirectory per record of `kind`: `results/` for tasks,
+    /// `sandboxes/` for raw sandboxes.
+    pub fn records_root(&self, kind: Kind) -> PathBuf {
+        match kind {
+            Kind::Task => self.root.join("results"),
+            Kind::Raw => self.root.join("sandboxes"),
+        }
+    }
+    /// Where a record's file lives: beside a task's results (kept until `rm --purge`), or in
+    /// a raw sandbox's state directory (which goes when the sandbox does).
+    pub fn record_path(&self, kind: Kind, id: &str) -> PathBuf {
+        self.records_root(kind).join(id).join(RECORD_FILE)
+    }
     pub fn images_dir(&self) -> PathBuf {
         self.root.join("images")
     }
     /// Per-sandbox runtime state (overlay upper layer and friends); removed on destroy.
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
-        self.root.join("sandboxes").join(id)
+        self.records_root(Kind::Raw).join(id)
     }
     /// The supervisor's log; kept after the sandbox is gone, so a lost sandbox can be diagnosed.
     pub fn supervisor_log(&self, id: &str) -> PathBuf {
@@ -79,5 +106,32 @@ fn create_private_dir(dir: &Path) -> Result<()> {
             "cannot create state directory {}: {err}; set DYNOCAP_HOME to a writable directory",
             dir.display()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_files_sit_beside_the_data_they_describe() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let home = Home::at(dir.path().to_owned()).expect("home");
+        assert_eq!(
+            home.results_dir("task-1"),
+            crate::finish::results_dir(home.root(), "task-1")
+        );
+        assert_eq!(
+            home.record_path(Kind::Task, "task-1"),
+            home.results_dir("task-1").join(RECORD_FILE)
+        );
+        assert_eq!(
+            home.record_path(Kind::Raw, "sbx-1"),
+            home.sandbox_dir("sbx-1").join(RECORD_FILE)
+        );
+        assert!(
+            home.records_root(Kind::Task).is_dir(),
+            "created with the home"
+        );
     }
 }

@@ -5,6 +5,8 @@
 pub mod agent_conn;
 pub mod backend;
 pub mod catalog;
+mod catalog_file;
+mod catalog_lock;
 pub mod control;
 pub mod error;
 pub mod exec;
@@ -16,6 +18,8 @@ pub mod host_children;
 pub mod image;
 pub mod import;
 pub mod patch;
+pub mod records;
+pub mod repair;
 pub mod sandboxes;
 pub mod save;
 pub mod spec;

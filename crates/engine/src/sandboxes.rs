@@ -92,7 +92,7 @@ impl Engine {
     }
 
     pub(crate) fn catalog(&self) -> Result<Catalog> {
-        Catalog::open(&self.home.catalog_path())
+        Catalog::open(&self.home)
     }
 
     /// Boots a raw sandbox and returns once its agent answers.
@@ -579,7 +579,7 @@ impl Drop for StartGuard {
         if !self.armed {
             return;
         }
-        let Ok(catalog) = Catalog::open(&self.home.catalog_path()) else {
+        let Ok(catalog) = Catalog::open(&self.home) else {
             return;
         };
         if let Ok(Some(record)) = catalog.get(&self.id) {

@@ -160,7 +160,7 @@ fn relay_guest_output(pipe: OwnedFd) {
 }
 
 fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn Guest>)> {
-    let catalog = Catalog::open(&home.catalog_path())?;
+    let catalog = Catalog::open(home)?;
     let record = catalog
         .get(id)?
         .ok_or_else(|| Error::not_found(format!("no sandbox record {id} to supervise")))?;

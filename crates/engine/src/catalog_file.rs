@@ -1,0 +1,395 @@
+//! The catalog's files on disk (`catalog.db` and SQLite's `-wal` and `-shm` beside it): opening
+//! them, initialising a new or older catalog once under the catalog lock, and turning what goes
+//! wrong into an error that names the file and the remedy.
+//!
+//! A new (or empty) catalog is filled from the record files (`records.rs`), so losing the
+//! catalog loses nothing that a record file still describes; a catalog written before record
+//! files existed gets one per record when it is upgraded.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, ErrorCode as Sqlite, TransactionBehavior};
+
+use crate::catalog::{self, Record};
+use crate::catalog_lock::{self, LOCK_TIMEOUT};
+use crate::error::Error;
+use crate::home::Home;
+use crate::records;
+
+/// How long SQLite waits for another connection's write to finish.
+const BUSY_TIMEOUT: Duration = LOCK_TIMEOUT;
+
+/// What the remedy for a damaged catalog is, in every message that reports one.
+pub(crate) const REPAIR_HINT: &str =
+    "run `dynocap doctor --repair` to rebuild it from the results and sandbox directories";
+
+/// Why a catalog operation failed, before it becomes an [`Error`] that names the catalog.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The files are damaged (or are not files); a repair rebuilds them.
+    Damaged(String),
+    /// This user may not open the files (permissions, read-only filesystem).
+    Inaccessible(String),
+    /// Another process kept the database locked for longer than the busy timeout.
+    Busy(String),
+    /// Any other SQLite failure, with what was being done.
+    Sqlite(String),
+    /// A complete error already (a name conflict, a record file that could not be written).
+    Other(Error),
+}
+
+impl Failure {
+    /// Whether the catalog files themselves are the problem, so that moving them aside and
+    /// rebuilding from the record files is the remedy.
+    pub(crate) fn calls_for_repair(&self) -> bool {
+        matches!(self, Self::Damaged(_) | Self::Inaccessible(_))
+    }
+
+    /// What was wrong, without the remedy (for a repair report).
+    pub(crate) fn reason(&self) -> String {
+        match self {
+            Self::Damaged(reason)
+            | Self::Inaccessible(reason)
+            | Self::Busy(reason)
+            | Self::Sqlite(reason) => reason.clone(),
+            Self::Other(err) => err.message.clone(),
+        }
+    }
+
+    pub(crate) fn into_error(self, catalog: &Path) -> Error {
+        let path = catalog.display();
+        match self {
+            Self::Damaged(reason) => Error::internal(format!(
+                "the catalog {path} is damaged ({reason}); {REPAIR_HINT}"
+            )),
+            Self::Inaccessible(reason) => Error::internal(format!(
+                "the catalog {path} cannot be used ({reason}); give this user read and write \
+                 access to it and its directory, or {REPAIR_HINT}"
+            )),
+            Self::Busy(reason) => Error::internal(format!(
+                "the catalog {path} stayed locked by another dynocap process for over {}s \
+                 ({reason}); retry, and if this persists look for a stuck dynocap process",
+                BUSY_TIMEOUT.as_secs()
+            )),
+            Self::Sqlite(reason) => Error::internal(format!("the catalog {path}: {reason}")),
+            Self::Other(err) => err,
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(err: Error) -> Self {
+        Self::Other(err)
+    }
+}
+
+/// Sorts a SQLite error by what the user can do about it.
+pub(crate) fn classify(err: rusqlite::Error) -> Failure {
+    match &err {
+        rusqlite::Error::SqliteFailure(failure, _) => match failure.code {
+            Sqlite::DatabaseCorrupt | Sqlite::NotADatabase | Sqlite::SystemIoFailure => {
+                Failure::Damaged(err.to_string())
+            }
+            Sqlite::CannotOpen | Sqlite::PermissionDenied | Sqlite::ReadOnly => {
+                Failure::Inaccessible(err.to_string())
+            }
+            Sqlite::DatabaseBusy | Sqlite::DatabaseLocked => Failure::Busy(err.to_string()),
+            _ => Failure::Sqlite(err.to_string()),
+        },
+        // A row this build cannot read back: written by hand or by a broken build.
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..) => {
+            Failure::Damaged(format!("a record in it cannot be read: {err}"))
+        }
+        _ => Failure::Sqlite(err.to_string()),
+    }
+}
+
+/// Which file a path is, as `fs::metadata` sees it: a replaced catalog is a new inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileIdentity {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileIdentity {
+    pub(crate) fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+}
+
+/// An open catalog and which file it is.
+pub(crate) struct Connected {
+    pub(crate) conn: Connection,
+    pub(crate) identity: FileIdentity,
+}
+
+impl Connected {
+    /// Whether `path` still names the file this connection has open. After a repair it names
+    /// the rebuilt catalog, and writes to the old one would be lost.
+    pub(crate) fn is_current(&self, path: &Path) -> bool {
+        FileIdentity::of(path) == Some(self.identity)
+    }
+}
+
+/// What filling a new catalog from the record files did.
+#[derive(Debug, Default)]
+pub(crate) struct Import {
+    /// The records now in the catalog, oldest first.
+    pub restored: Vec<Record>,
+    /// Record files that could not be used, and why.
+    pub skipped: Vec<(PathBuf, String)>,
+    /// Names bound in more than one record file: (id that lost it, name, id that kept it).
+    /// The newest record keeps the name; the others are restored without one.
+    pub released_names: Vec<(String, String, String)>,
+}
+
+/// Opens the catalog, creating or upgrading it first if needed. Takes the catalog lock for
+/// that, so processes opening a fresh home at once initialise it once, in turn.
+pub(crate) fn open(home: &Home) -> Result<Connected, Failure> {
+    let lock = catalog_lock::Exclusive::acquire(home)?;
+    Ok(connect(home, &lock)?.0)
+}
+
+/// [`open`] for a caller that already holds the lock; also tells what was imported when the
+/// catalog was new (`None`: it was not).
+pub(crate) fn connect(
+    home: &Home,
+    _lock: &catalog_lock::Exclusive,
+) -> Result<(Connected, Option<Import>), Failure> {
+    let path = home.catalog_path();
+    preflight(&path)?;
+    let mut conn = Connection::open(&path).map_err(classify)?;
+    // Closing never checkpoints, so it never deletes the `-wal` and `-shm` either: SQLite
+    // does both by file name, which would destroy the evidence of a damaged catalog (a
+    // failed open closes too). Writers checkpoint instead (`Catalog::write_raw`).
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+        .map_err(classify)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(classify)?;
+    // The first read: it checks the header and picks up the WAL, if there is one.
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(classify)?;
+    if version > catalog::SCHEMA_VERSION {
+        return Err(Failure::Other(Error::internal(format!(
+            "the catalog {} was written by a newer dynocap (schema {version}, this one knows {}); \
+             upgrade dynocap",
+            path.display(),
+            catalog::SCHEMA_VERSION
+        ))));
+    }
+    ensure_wal(&conn, &path)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(classify)?;
+    let imported = if version < catalog::SCHEMA_VERSION {
+        let imported = initialise(&mut conn, home)?;
+        checkpoint(&conn);
+        imported
+    } else {
+        None
+    };
+    let identity = FileIdentity::of(&path)
+        .ok_or_else(|| Failure::Damaged("it disappeared right after it was opened".to_owned()))?;
+    Ok((Connected { conn, identity }, imported))
+}
+
+/// Copies what the WAL holds into the main file, so that a damaged WAL loses as little as
+/// possible. Passive: it never waits, and when readers hold it back the next write catches up.
+pub(crate) fn checkpoint(conn: &Connection) {
+    let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+}
+
+/// Refuses, with the reason, catalog files that SQLite would misuse or hang on: a directory,
+/// a FIFO, a file this user may not write.
+fn preflight(path: &Path) -> Result<(), Failure> {
+    let sidecars = [
+        (path.to_owned(), None),
+        (suffixed(path, "-wal"), Some("write-ahead log")),
+        (suffixed(path, "-shm"), Some("shared-memory index")),
+    ];
+    for (file, role) in sidecars {
+        let whose = |what: &str| match role {
+            None => format!("it is {what}"),
+            Some(role) => format!("its {role} {} is {what}", file.display()),
+        };
+        let meta = match std::fs::metadata(&file) {
+            Ok(meta) => meta,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(Failure::Inaccessible(format!("{}: {err}", file.display()))),
+        };
+        if meta.is_dir() {
+            return Err(Failure::Damaged(whose("a directory, not a file")));
+        }
+        if !meta.is_file() {
+            return Err(Failure::Damaged(whose("not a regular file")));
+        }
+        if let Err(err) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&file)
+        {
+            return Err(Failure::Inaccessible(format!("{}: {err}", file.display())));
+        }
+    }
+    Ok(())
+}
+
+/// `path` with `suffix` appended to its file name: `catalog.db` → `catalog.db-wal`.
+pub(crate) fn suffixed(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Switches to WAL unless the catalog already is. Only the first opener of a new catalog
+/// switches, under the catalog lock: every other process opening it waits for that lock, so
+/// none holds the database lock the switch needs (SQLite does not wait for it).
+fn ensure_wal(conn: &Connection, path: &Path) -> Result<(), Failure> {
+    let mode: String = conn
+        .pragma_query_value(None, "journal_mode", |row| row.get(0))
+        .map_err(classify)?;
+    if mode.eq_ignore_ascii_case("wal") {
+        return Ok(());
+    }
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(classify)?;
+    if mode.eq_ignore_ascii_case("wal") {
+        Ok(())
+    } else {
+        Err(Failure::Other(Error::internal(format!(
+            "the catalog {} cannot use write-ahead logging (its journal mode stays {mode}); put \
+             DYNOCAP_HOME on a local filesystem",
+            path.display()
+        ))))
+    }
+}
+
+/// Creates the schema or upgrades an older one, in one transaction. A new catalog is filled
+/// from the record files; an older one gets a record file per record.
+fn initialise(conn: &mut Connection, home: &Home) -> Result<Option<Import>, Failure> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(classify)?;
+    let existed = tx
+        .prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sandboxes'")
+        .and_then(|mut stmt| stmt.exists([]))
+        .map_err(classify)?;
+    tx.execute_batch(catalog::SCHEMA).map_err(classify)?;
+    catalog::migrate_columns(&tx).map_err(classify)?;
+    let imported = if existed {
+        for record in catalog::list_rows(&tx).map_err(classify)? {
+            records::save(home, &record)?;
+        }
+        None
+    } else {
+        Some(import(&tx, home)?)
+    };
+    tx.pragma_update(None, "user_version", catalog::SCHEMA_VERSION)
+        .map_err(classify)?;
+    tx.commit().map_err(classify)?;
+    Ok(imported)
+}
+
+/// Inserts every readable record file into a new catalog. Names stay bound as the files say;
+/// a name bound in two files (a crash between a release and a new start) stays with the
+/// newest record.
+fn import(conn: &Connection, home: &Home) -> Result<Import, Failure> {
+    let mut report = Import::default();
+    let mut found = Vec::new();
+    for (path, record) in records::scan(home)? {
+        match record {
+            Ok(record) => found.push((path, record)),
+            Err(err) => report.skipped.push((path, err.message)),
+        }
+    }
+    found.sort_by(|(_, a), (_, b)| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+    let mut ids = HashSet::new();
+    // Bound name → the record holding it.
+    let mut names: HashMap<String, String> = HashMap::new();
+    for (path, mut record) in found {
+        if !ids.insert(record.id.clone()) {
+            report.skipped.push((
+                path,
+                format!("another record file also describes {}", record.id),
+            ));
+            continue;
+        }
+        if let Some(name) = record.name.clone() {
+            if let Some(holder) = names.get(&name) {
+                report
+                    .released_names
+                    .push((record.id.clone(), name, holder.clone()));
+                record.name = None;
+                records::save(home, &record)?;
+            } else {
+                names.insert(name, record.id.clone());
+            }
+        }
+        catalog::insert_row(conn, &record)?;
+        report.restored.push(record);
+    }
+    report.restored.reverse();
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `ensure_wal` relies on: after the first read, a new connection to a WAL catalog
+    /// knows it is one, so later openers never attempt the switch.
+    #[test]
+    fn a_new_connection_sees_wal_after_its_first_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let home = Home::at(dir.path().to_owned()).expect("home");
+        drop(open(&home).expect("create"));
+        let conn = Connection::open(home.catalog_path()).expect("open");
+        let _: i64 = conn
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .expect("read");
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |row| row.get(0))
+            .expect("query");
+        assert_eq!(mode, "wal");
+    }
+
+    #[test]
+    fn errors_are_sorted_by_what_the_user_can_do() {
+        let sqlite =
+            |code: i32| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+        assert!(
+            matches!(classify(sqlite(11)), Failure::Damaged(_)),
+            "SQLITE_CORRUPT"
+        );
+        assert!(
+            matches!(classify(sqlite(26)), Failure::Damaged(_)),
+            "SQLITE_NOTADB"
+        );
+        assert!(
+            matches!(classify(sqlite(14)), Failure::Inaccessible(_)),
+            "SQLITE_CANTOPEN"
+        );
+        assert!(
+            matches!(classify(sqlite(8)), Failure::Inaccessible(_)),
+            "SQLITE_READONLY"
+        );
+        assert!(
+            matches!(classify(sqlite(5)), Failure::Busy(_)),
+            "SQLITE_BUSY"
+        );
+        let path = Path::new("/h/catalog.db");
+        let busy = classify(sqlite(5)).into_error(path).message;
+        assert!(busy.contains("/h/catalog.db stayed locked"), "{busy}");
+        assert!(!busy.contains("--repair"), "busy is not damage: {busy}");
+    }
+}

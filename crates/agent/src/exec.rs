@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 
 use crate::cgroup::ExecCgroup;
 use crate::reaper::ExitStatus;
+use crate::script;
 use crate::server::{Config, Outbox};
 use crate::spawn::{self, ChildSpec, Spawned};
 
@@ -89,8 +90,7 @@ pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, String> 
             req.command.len()
         ));
     }
-    let command = CString::new(req.command.as_bytes())
-        .map_err(|_| "command contains a NUL byte".to_owned())?;
+    let argv = script::shell_argv(req.command.as_bytes())?;
 
     if !req.cwd.starts_with('/') {
         return Err(format!(
@@ -143,14 +143,24 @@ pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, String> 
     }
     let env = env
         .into_iter()
-        .map(|(k, v)| CString::new(format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| "environment contains a NUL byte".to_owned())?;
+        .map(|(k, v)| {
+            let entry = format!("{k}={v}");
+            if entry.len() >= script::ARG_STRLEN_MAX {
+                return Err(format!(
+                    "environment variable {k} is {} bytes as KEY=VALUE; the kernel takes at \
+                     most {} per variable: put the value in a file in the sandbox",
+                    entry.len(),
+                    script::ARG_STRLEN_MAX - 1
+                ));
+            }
+            CString::new(entry).map_err(|_| "environment contains a NUL byte".to_owned())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
 
     let uid = nix::unistd::getuid().as_raw();
     Ok(ChildSpec {
         program: SHELL.to_owned(),
-        argv: vec![c"sh".to_owned(), c"-c".to_owned(), command],
+        argv,
         env,
         cwd,
         terminal: req.terminal,
@@ -685,6 +695,13 @@ mod tests {
                     ..request("true", "/")
                 },
                 "NUL",
+            ),
+            (
+                ExecRequest {
+                    env: vec![("BIG".into(), "v".repeat(script::ARG_STRLEN_MAX))],
+                    ..request("true", "/")
+                },
+                "at most 131071 per variable",
             ),
         ];
         for (req, needle) in cases {

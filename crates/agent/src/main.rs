@@ -35,6 +35,7 @@ mod init;
 mod input;
 mod reaper;
 mod repo;
+mod script;
 mod server;
 mod spawn;
 mod statedir;

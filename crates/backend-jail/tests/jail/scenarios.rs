@@ -686,7 +686,7 @@ fn script_agent() {
     let script = fx.tmp.path().join("agent.sh");
     std::fs::write(
         &script,
-        "#!/bin/sh\necho \"hello $1 $2 $3 uid=$(id -u) host=$(hostname)\" >&3\nread line <&3\n",
+        "#!/bin/sh\necho \"hello $* uid=$(id -u) host=$(hostname)\" >&3\nread line <&3\n",
     )
     .expect("script");
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
@@ -705,7 +705,7 @@ fn script_agent() {
         .expect("hello");
     assert_eq!(
         line.trim(),
-        "hello --channel-fd 3 extra uid=0 host=script-test"
+        "hello --channel-fd 3 --cgroup-fd 4 extra uid=0 host=script-test"
     );
     jail.destroy().expect("destroy");
 }

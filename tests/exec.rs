@@ -282,7 +282,8 @@ fn command_cgroups(home: &TestHome, name: &str) -> Vec<std::path::PathBuf> {
 }
 
 /// Waits until the sandbox holds nothing but its agent, then checks that from both sides:
-/// on the host (its cgroups) and in the guest (`ps`, which sees only its own exec besides).
+/// on the host (its cgroups) and in the guest (`ps`, which sees only its own exec besides);
+/// and that no command cgroup is left.
 fn assert_only_the_agent_is_left(home: &TestHome, name: &str, what: &str) {
     let only_agent =
         |procs: &[(i32, String)]| procs.len() == 1 && procs[0].1.starts_with("/.dynocap/agent ");
@@ -299,6 +300,12 @@ fn assert_only_the_agent_is_left(home: &TestHome, name: &str, what: &str) {
         .filter(|l| !l.starts_with("1 ") && !l.contains("ps -eo pid=,args="))
         .collect();
     assert!(strays.is_empty(), "{what}: the guest still runs {strays:?}");
+    // Emptied, the commands' cgroups are removed too.
+    assert!(
+        wait_until(30, || command_cgroups(home, name).is_empty()),
+        "{what}: command cgroups are left: {:?}",
+        command_cgroups(home, name)
+    );
 }
 
 /// The whole class of escapes dies with its command when it times out (pipes and a

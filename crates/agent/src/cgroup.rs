@@ -39,6 +39,8 @@ const RETRY: Duration = Duration::from_millis(10);
 const FREEZE_WAIT: Duration = Duration::from_secs(1);
 /// Longest a kill keeps going before giving up on a cgroup that will not empty.
 const KILL_GIVE_UP: Duration = Duration::from_secs(5);
+/// Processes pinned with a pidfd at a time while signalling a cgroup.
+const PIN_BATCH: usize = 128;
 
 /// How a cgroup's members are all killed (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,20 +244,31 @@ impl ExecCgroup {
     /// Sends `signal` to every process in the cgroup, best effort.
     pub fn signal(&self, signal: Signal) {
         if let Ok(pids) = self.pids() {
-            for pid in pids {
-                self.signal_member(pid, signal);
-            }
+            self.signal_members(&pids, signal);
         }
     }
 
-    /// Signals `pid` only if, once pinned by a pidfd, it is still a member: a pid read from
-    /// `cgroup.procs` may have been reaped and reused meanwhile.
-    fn signal_member(&self, pid: Pid, signal: Signal) {
-        let Ok(pidfd) = pidfd_open(pid) else {
-            return; // already gone
-        };
-        if self.pids().is_ok_and(|pids| pids.contains(&pid)) {
-            let _ = pidfd_send_signal(pidfd.as_fd(), signal);
+    /// Signals those of `pids` that, once pinned by a pidfd, are still members: a pid read
+    /// from `cgroup.procs` may have been reaped and reused meanwhile. Pinned in batches, so
+    /// that a full cgroup never takes more descriptors than the agent may have open.
+    fn signal_members(&self, pids: &[Pid], signal: Signal) {
+        for batch in pids.chunks(PIN_BATCH) {
+            let pinned: Vec<(Pid, io::Result<OwnedFd>)> =
+                batch.iter().map(|&pid| (pid, pidfd_open(pid))).collect();
+            let Ok(members) = self.pids() else {
+                return;
+            };
+            for (pid, pidfd) in pinned {
+                if !members.contains(&pid) {
+                    continue;
+                }
+                let _ = match pidfd {
+                    Ok(pidfd) => pidfd_send_signal(pidfd.as_fd(), signal),
+                    Err(err) if err.raw_os_error() == Some(libc::ESRCH) => continue, // gone
+                    // Could not pin it (out of descriptors?): signalling by pid beats not at all.
+                    Err(_) => nix::sys::signal::kill(pid, signal).map_err(io::Error::from),
+                };
+            }
         }
     }
 
@@ -288,11 +301,7 @@ impl ExecCgroup {
     }
 
     async fn kill_round(&self, pids: &[Pid]) -> io::Result<()> {
-        let kill_each = |pids: &[Pid]| {
-            for &pid in pids {
-                self.signal_member(pid, Signal::SIGKILL);
-            }
-        };
+        let kill_each = |pids: &[Pid]| self.signal_members(pids, Signal::SIGKILL);
         match self.parent.method {
             KillMethod::Kill => self.write("cgroup.kill", "1"),
             KillMethod::Signal => {
@@ -584,6 +593,29 @@ mod tests {
             return;
         };
         kill_everything(parent, None, KillMethod::Signal).await;
+    }
+
+    #[tokio::test]
+    async fn a_fork_loop_cannot_outrun_a_kill_without_freezer() {
+        let Some(parent) = TestParent::new("cgroup", Some("pids"), "forkloop") else {
+            return;
+        };
+        // Bounded, as the sandbox's pids limit bounds it in a guest.
+        std::fs::write(parent.0.join("pids.max"), "200").expect("pids.max");
+        crate::init::setup();
+        let cgroups = parent.cgroups(None);
+        assert_eq!(cgroups.method, KillMethod::Signal);
+        let cgroup = cgroups.create().expect("create");
+        let _spawned = start_in(
+            &cgroup,
+            "setsid sh -c 'while :; do sleep 1000 & done' </dev/null >/dev/null 2>&1 & sleep 1000",
+        );
+        wait_for("the loop to fill the cgroup", || {
+            cgroup.pids().is_ok_and(|pids| pids.len() >= 50)
+        })
+        .await;
+        assert!(cgroup.kill_all().await, "the kill kept up with the forks");
+        assert!(cgroup.is_empty());
     }
 
     #[tokio::test]

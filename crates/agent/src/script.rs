@@ -49,25 +49,30 @@ pub fn shell_argv(command: &[u8]) -> Result<Vec<CString>, String> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::ffi::OsStrExt;
-    use std::process::Command;
-
     use super::*;
+    use crate::command;
+    use crate::reaper::ExitStatus;
+    use crate::spawn::ChildSpec;
 
-    /// Runs the argv the way the agent does (program /bin/sh, stdin from /dev/null).
-    fn run(command: &str) -> (i32, String) {
-        let argv = shell_argv(command.as_bytes()).expect("argv");
-        let out = Command::new("/bin/sh")
-            .args(
-                argv[1..]
-                    .iter()
-                    .map(|a| std::ffi::OsStr::from_bytes(a.as_bytes())),
-            )
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("run sh");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        (out.status.code().unwrap_or(-1), text)
+    /// Runs the argv the way the agent does (through its spawn path and reaper: a std
+    /// `Command` would race the reaper thread other tests start for the child's status).
+    async fn run(script: &str) -> (Option<ExitStatus>, String) {
+        crate::init::setup();
+        let spec = ChildSpec {
+            program: c"/bin/sh".to_owned(),
+            argv: shell_argv(script.as_bytes()).expect("argv"),
+            env: command::env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
+            cwd: c"/".to_owned(),
+            terminal: false,
+            user: None,
+            stdin: None,
+            cgroup: None,
+        };
+        let (_stop_tx, mut stop) = tokio::sync::mpsc::channel(1);
+        let Ok((out, finished)) = command::run(&spec, 1024, &mut stop).await else {
+            panic!("sh did not run");
+        };
+        (finished.status, String::from_utf8_lossy(&out).into_owned())
     }
 
     /// A command of exactly `len` bytes: a long no-op comment-like filler, then `tail`.
@@ -89,26 +94,31 @@ mod tests {
         assert!(shell_argv(b"a\0b").is_err());
     }
 
-    #[test]
-    fn long_commands_run_as_written() {
+    #[tokio::test]
+    async fn long_commands_run_as_written() {
         for len in [PIECE_MAX + 1, 200 * 1024, 256 * 1024, 9 * PIECE_MAX + 7] {
             let script = padded(len, " echo \"ok $0 $#\"; exit 3");
             assert_eq!(script.len(), len);
             let argv = shell_argv(script.as_bytes()).expect("argv");
             assert!(argv.iter().all(|a| a.as_bytes().len() < ARG_STRLEN_MAX));
-            assert_eq!(run(&script), (3, "ok sh 0\n".to_owned()), "{len} bytes");
+            let ran = run(&script).await;
+            assert_eq!(
+                ran,
+                (Some(ExitStatus::Exited(3)), "ok sh 0\n".to_owned()),
+                "{len} bytes"
+            );
         }
     }
 
-    #[test]
-    fn pieces_join_exactly_even_inside_quotes_and_multibyte_text() {
+    #[tokio::test]
+    async fn pieces_join_exactly_even_inside_quotes_and_multibyte_text() {
         // Cut points fall inside a quoted string of multi-byte characters: the bytes must
         // come back unchanged, with no separator between pieces.
         let word = "é\"'$ ".repeat(PIECE_MAX / 3);
         let script = format!("printf %s '{}' | wc -c", word.replace('\'', "'\\''"));
         assert!(script.len() > 2 * PIECE_MAX);
-        let (code, out) = run(&script);
-        assert_eq!(code, 0);
+        let (status, out) = run(&script).await;
+        assert_eq!(status, Some(ExitStatus::Exited(0)));
         assert_eq!(out.trim(), word.len().to_string());
     }
 }

@@ -100,3 +100,39 @@ fn nothing_the_guest_writes_runs_or_is_followed_on_the_host() {
         assert_eq!(finished["verified"], true, "{finished:#}");
     }
 }
+
+/// Run as the sandbox user: every way it could move itself out of its command's cgroup (so
+/// that a timeout would miss it) must fail. It prints each one that worked, then "checked".
+const LEAVE_THE_CGROUP: &str = r#"
+mine=$(grep ':/exec-[0-9]*$' /proc/self/cgroup)
+[ -n "$mine" ] || echo "not in a command cgroup: $(cat /proc/self/cgroup)"
+grep -E ' - cgroup2? ' /proc/self/mountinfo && echo "a cgroup filesystem is visible"
+for f in /proc/1/fd/4/cgroup.procs /proc/1/fd/4/tasks /proc/1/fd/4/cgroup.threads \
+         /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/*/cgroup.procs; do
+    [ -e "$f" ] && (echo $$ > "$f") 2>/dev/null && echo "moved through $f"
+done
+ls /proc/1/fd >/dev/null 2>&1 && echo "the agent's descriptors are readable"
+mkdir -p /tmp/cg
+mount -t cgroup2 none /tmp/cg 2>/dev/null && echo "mounted cgroup2"
+mount -t cgroup -o pids none /tmp/cg 2>/dev/null && echo "mounted a v1 hierarchy"
+unshare -Urm true 2>/dev/null && echo "made a user namespace"
+unshare -C true 2>/dev/null && echo "made a cgroup namespace"
+[ "$(grep ':/exec-[0-9]*$' /proc/self/cgroup)" = "$mine" ] || echo "moved: $(cat /proc/self/cgroup)"
+echo checked
+"#;
+
+#[test]
+fn the_sandbox_user_cannot_leave_its_command_cgroup() {
+    if !require_root("the_sandbox_user_cannot_leave_its_command_cgroup") {
+        return;
+    }
+    let home = TestHome::new();
+    home.sandbox("stay", &[]);
+    let result = home.exec("stay", &[], LEAVE_THE_CGROUP);
+    assert_eq!(result["stdout"], "checked\n", "{result:#}");
+    assert_eq!(
+        home.sh("stay", "id -u"),
+        "1000\n",
+        "commands run as the sandbox user"
+    );
+}

@@ -352,6 +352,7 @@ mod tests {
             terminal: false,
             user: None,
             stdin: None,
+            cgroup: None,
         }
     }
 

@@ -1,6 +1,6 @@
 //! One exec request from validation to its final status: the environment, streaming output
-//! under the per-channel cap, the deadline / cancel kill sequence, and the short drain after
-//! the leader exits.
+//! under the per-channel cap, the deadline / cancel kill sequence (the process group and the
+//! command's cgroup), and the short drain after the leader exits.
 //!
 //! All of an exec's frames are sent from its one task, so `Data` frames can never overtake
 //! its `Eof` frames or its final `Done`.
@@ -19,7 +19,9 @@ use nix::unistd::Pid;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use tokio::sync::mpsc;
 
+use crate::cgroup::ExecCgroup;
 use crate::reaper::ExitStatus;
+use crate::script;
 use crate::server::{Config, Outbox};
 use crate::spawn::{self, ChildSpec, Spawned};
 
@@ -88,8 +90,7 @@ pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, String> 
             req.command.len()
         ));
     }
-    let command = CString::new(req.command.as_bytes())
-        .map_err(|_| "command contains a NUL byte".to_owned())?;
+    let argv = script::shell_argv(req.command.as_bytes())?;
 
     if !req.cwd.starts_with('/') {
         return Err(format!(
@@ -142,19 +143,30 @@ pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, String> 
     }
     let env = env
         .into_iter()
-        .map(|(k, v)| CString::new(format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| "environment contains a NUL byte".to_owned())?;
+        .map(|(k, v)| {
+            let entry = format!("{k}={v}");
+            if entry.len() >= script::ARG_STRLEN_MAX {
+                return Err(format!(
+                    "environment variable {k} is {} bytes as KEY=VALUE; the kernel takes at \
+                     most {} per variable: put the value in a file in the sandbox",
+                    entry.len(),
+                    script::ARG_STRLEN_MAX - 1
+                ));
+            }
+            CString::new(entry).map_err(|_| "environment contains a NUL byte".to_owned())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
 
     let uid = nix::unistd::getuid().as_raw();
     Ok(ChildSpec {
         program: SHELL.to_owned(),
-        argv: vec![c"sh".to_owned(), c"-c".to_owned(), command],
+        argv,
         env,
         cwd,
         terminal: req.terminal,
         user: config.exec_user.filter(|user| user.uid != uid),
         stdin: None,
+        cgroup: None,
     })
 }
 
@@ -190,19 +202,37 @@ pub async fn run(
     outbox: &Outbox,
     mut stop: mpsc::Receiver<Stop>,
 ) -> Result<ExecExit, String> {
-    let spec = prepare(&req, config)?;
+    let mut spec = prepare(&req, config)?;
+    let cgroup = match &config.exec_cgroups {
+        Some(cgroups) => {
+            let cgroup = cgroups
+                .create()
+                .map_err(|err| format!("cannot make a cgroup for the command: {err}"))?;
+            spec.cgroup = Some(
+                cgroup
+                    .join_handle()
+                    .map_err(|err| format!("cannot make a cgroup for the command: {err}"))?,
+            );
+            Some(cgroup)
+        }
+        None => None,
+    };
     let started = Instant::now();
     let Spawned {
         pid,
         mut exit,
         outputs,
     } = spawn::spawn(&spec).map_err(|err| format!("cannot start the command: {err}"))?;
-    let pgid = Pid::from_raw(pid);
+    drop(spec);
+    let target = Target {
+        pgid: Pid::from_raw(pid),
+        cgroup,
+    };
     let outputs = match register_outputs(outputs) {
         Ok(outputs) => outputs,
         Err(err) => {
             // Without its output the command is useless, and nobody would ever stop it.
-            kill_group_until_gone(pgid).await;
+            target.kill().await;
             return Err(format!("cannot watch the command's output: {err}"));
         }
     };
@@ -267,25 +297,25 @@ pub async fn run(
                     Some(Stop::Cancel) => {
                         if kill == KillPhase::Idle {
                             cancelled = true;
-                            kill = begin_terminate(pgid, grace);
+                            kill = target.terminate(grace);
                         }
                     }
                     Some(Stop::Shutdown) => {
                         cancelled = true;
-                        kill_group_until_gone(pgid).await;
+                        target.kill().await;
                         kill = KillPhase::Killed;
                     }
                 }
             }
             () = sleep_until(deadline), if deadline.is_some() && !exited && kill == KillPhase::Idle => {
                 timed_out = true;
-                kill = begin_terminate(pgid, grace);
+                kill = target.terminate(grace);
             }
             () = sleep_until(grace_check_at), if grace_at.is_some() => {
                 if grace_at.is_some_and(|at| Instant::now() >= at) {
-                    kill_group_until_gone(pgid).await;
+                    target.kill().await;
                     kill = KillPhase::Killed;
-                } else if group_gone(pgid) {
+                } else if target.gone() {
                     kill = KillPhase::Killed;
                 }
             }
@@ -500,11 +530,38 @@ pub async fn read_until_eof(fd: &AsyncFd<OwnedFd>, mut each: impl FnMut(&[u8])) 
     }
 }
 
-/// Sends SIGTERM (and SIGCONT, so stopped processes can act on it) to the group.
-fn begin_terminate(pgid: Pid, grace: Duration) -> KillPhase {
-    let _ = killpg(pgid, Signal::SIGTERM);
-    let _ = killpg(pgid, Signal::SIGCONT);
-    KillPhase::Terminating(Instant::now() + grace)
+/// What a timeout or a cancel stops: the command's process group and, when the agent has
+/// cgroups to give, the command's cgroup, which also holds what left the group.
+struct Target {
+    pgid: Pid,
+    cgroup: Option<ExecCgroup>,
+}
+
+impl Target {
+    /// Sends SIGTERM (and SIGCONT, so stopped processes can act on it) to every process.
+    fn terminate(&self, grace: Duration) -> KillPhase {
+        for signal in [Signal::SIGTERM, Signal::SIGCONT] {
+            let _ = killpg(self.pgid, signal);
+            if let Some(cgroup) = &self.cgroup {
+                cgroup.signal(signal);
+            }
+        }
+        KillPhase::Terminating(Instant::now() + grace)
+    }
+
+    /// Whether no process (not even a zombie of the group) is left.
+    fn gone(&self) -> bool {
+        group_gone(self.pgid) && self.cgroup.as_ref().is_none_or(ExecCgroup::is_empty)
+    }
+
+    /// SIGKILLs everything until nothing is left (or giving up, logged).
+    async fn kill(&self) {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.kill_all().await;
+        }
+        // Also without a cgroup, and for a group whose leader's zombie is not reaped yet.
+        kill_group_until_gone(self.pgid).await;
+    }
 }
 
 /// Whether no process (not even a zombie) is left in the group.
@@ -638,6 +695,13 @@ mod tests {
                     ..request("true", "/")
                 },
                 "NUL",
+            ),
+            (
+                ExecRequest {
+                    env: vec![("BIG".into(), "v".repeat(script::ARG_STRLEN_MAX))],
+                    ..request("true", "/")
+                },
+                "at most 131071 per variable",
             ),
         ];
         for (req, needle) in cases {

@@ -194,6 +194,7 @@ impl Git {
             terminal: false,
             user: run.user,
             stdin: run.stdin,
+            cgroup: None,
         })
     }
 

@@ -2,9 +2,12 @@
 //! (mounts, reaper, channel, runtime) and the way the process ends.
 //!
 //! ```text
-//! dynocap-agent --channel-fd N [--exec-user UID:GID] [--home DIR]
-//! dynocap-agent --channel-path PATH [--exec-user UID:GID] [--home DIR]
+//! dynocap-agent --channel-fd N [--cgroup-fd N] [--exec-user UID:GID] [--home DIR]
+//! dynocap-agent --channel-path PATH [--cgroup-fd N] [--exec-user UID:GID] [--home DIR]
 //! ```
+//!
+//! `--cgroup-fd` is a directory descriptor of a cgroup delegated to the agent, where each
+//! command gets a cgroup of its own (see `cgroup`).
 
 use std::ffi::OsString;
 use std::io::Write as _;
@@ -23,6 +26,7 @@ macro_rules! log {
 }
 
 mod bigfiles;
+mod cgroup;
 mod channel;
 mod command;
 mod exec;
@@ -32,6 +36,7 @@ mod init;
 mod input;
 mod reaper;
 mod repo;
+mod script;
 mod server;
 mod spawn;
 mod statedir;
@@ -42,9 +47,8 @@ mod scenarios;
 #[cfg(test)]
 mod task_scenarios;
 
-const USAGE: &str =
-    "usage: dynocap-agent --channel-fd N [--exec-user UID:GID] [--home DIR]\n       \
-                     dynocap-agent --channel-path PATH [--exec-user UID:GID] [--home DIR]";
+const USAGE: &str = "usage: dynocap-agent --channel-fd N [--cgroup-fd N] [--exec-user UID:GID] [--home DIR]\n       \
+     dynocap-agent --channel-path PATH [--cgroup-fd N] [--exec-user UID:GID] [--home DIR]";
 
 /// Where the byte stream to the host comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +63,8 @@ enum ChannelArg {
 enum Command {
     Run {
         channel: ChannelArg,
+        /// `--cgroup-fd`: becomes `config.exec_cgroups` once adopted.
+        cgroup_fd: Option<RawFd>,
         config: server::Config,
     },
     Help,
@@ -67,6 +73,7 @@ enum Command {
 
 fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, String> {
     let mut channel = None;
+    let mut cgroup_fd = None;
     let mut exec_user = None;
     let mut home = None;
     let mut args = args.into_iter();
@@ -98,17 +105,17 @@ fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, Stri
                 return Err("give exactly one of --channel-fd and --channel-path".into());
             }
             "--channel-fd" => {
-                let raw = value("--channel-fd")?;
-                let fd: RawFd = raw
-                    .parse()
-                    .map_err(|_| format!("--channel-fd {raw:?} is not a file descriptor number"))?;
                 // 0-2 are the agent's stdio; stderr carries its log, which would corrupt frames.
-                if fd < 3 {
-                    return Err(format!(
-                        "--channel-fd {fd}: must be 3 or higher (0-2 are stdio)"
-                    ));
+                channel = Some(ChannelArg::Fd(parse_fd(
+                    "--channel-fd",
+                    &value("--channel-fd")?,
+                )?));
+            }
+            "--cgroup-fd" => {
+                if cgroup_fd.is_some() {
+                    return Err("--cgroup-fd given twice".into());
                 }
-                channel = Some(ChannelArg::Fd(fd));
+                cgroup_fd = Some(parse_fd("--cgroup-fd", &value("--cgroup-fd")?)?);
             }
             "--channel-path" => {
                 let path = value("--channel-path")?;
@@ -137,14 +144,31 @@ fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, Stri
         }
     }
     let channel = channel.ok_or("one of --channel-fd or --channel-path is required")?;
+    if let (Some(cgroup), ChannelArg::Fd(fd)) = (cgroup_fd, &channel) {
+        if cgroup == *fd {
+            return Err("--cgroup-fd and --channel-fd name the same descriptor".into());
+        }
+    }
     Ok(Command::Run {
         channel,
+        cgroup_fd,
         config: server::Config {
             exec_user,
             home,
             ..server::Config::default()
         },
     })
+}
+
+/// An inherited descriptor number: 3 or higher, since 0-2 are stdio.
+fn parse_fd(flag: &str, raw: &str) -> Result<RawFd, String> {
+    let fd: RawFd = raw
+        .parse()
+        .map_err(|_| format!("{flag} {raw:?} is not a file descriptor number"))?;
+    if fd < 3 {
+        return Err(format!("{flag} {fd}: must be 3 or higher (0-2 are stdio)"));
+    }
+    Ok(fd)
 }
 
 fn parse_exec_user(text: &str) -> Result<spawn::ExecUser, String> {
@@ -156,23 +180,25 @@ fn parse_exec_user(text: &str) -> Result<spawn::ExecUser, String> {
     })
 }
 
-/// Takes ownership of the inherited channel descriptor after checking it is open.
-fn adopt_fd(fd: RawFd) -> Result<OwnedFd, String> {
+/// Takes ownership of an inherited descriptor (named by `flag`) after checking it is open,
+/// and marks it close-on-exec: commands must never inherit it.
+fn adopt_fd(flag: &str, fd: RawFd) -> Result<OwnedFd, String> {
     nix::fcntl::fcntl(
-        // SAFETY: the borrow only lives for this fcntl call; F_GETFD on a closed number fails
+        // SAFETY: the borrow only lives for this fcntl call; F_SETFD on a closed number fails
         // with EBADF instead of touching anything.
         unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-        nix::fcntl::FcntlArg::F_GETFD,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )
-    .map_err(|err| format!("--channel-fd {fd} is not an open descriptor: {err}"))?;
+    .map_err(|err| format!("{flag} {fd} is not an open descriptor: {err}"))?;
     // SAFETY: the descriptor is open (checked above), it is >= 3 so std's stdio does not own it,
-    // and nothing else in this process has claimed it: the command line is parsed once.
+    // and nothing else in this process has claimed it: the command line is parsed once and
+    // the two descriptor flags are checked to differ.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn open_channel(arg: &ChannelArg) -> Result<OwnedFd, String> {
     match arg {
-        ChannelArg::Fd(fd) => adopt_fd(*fd),
+        ChannelArg::Fd(fd) => adopt_fd("--channel-fd", *fd),
         ChannelArg::Path(path) => {
             use nix::fcntl::OFlag;
             nix::fcntl::open(
@@ -186,8 +212,12 @@ fn open_channel(arg: &ChannelArg) -> Result<OwnedFd, String> {
 }
 
 fn main() -> ExitCode {
-    let (channel, config) = match parse_args(std::env::args_os().skip(1)) {
-        Ok(Command::Run { channel, config }) => (channel, config),
+    let (channel, cgroup_fd, mut config) = match parse_args(std::env::args_os().skip(1)) {
+        Ok(Command::Run {
+            channel,
+            cgroup_fd,
+            config,
+        }) => (channel, cgroup_fd, config),
         // Like log!, never panic on a closed stdout.
         Ok(Command::Help) => {
             let _ = writeln!(std::io::stdout(), "{USAGE}");
@@ -221,6 +251,20 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(cgroup_fd) = cgroup_fd {
+        // Without it no timeout could reach what a command moved out of its process group:
+        // better no guest than one that breaks that promise.
+        let cgroups = adopt_fd("--cgroup-fd", cgroup_fd).and_then(|fd| {
+            cgroup::ExecCgroups::new(fd).map_err(|err| format!("--cgroup-fd {cgroup_fd}: {err}"))
+        });
+        match cgroups {
+            Ok(cgroups) => config.exec_cgroups = Some(cgroups),
+            Err(msg) => {
+                log!("{msg}");
+                return ExitCode::from(2);
+            }
+        }
+    }
 
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -280,6 +324,7 @@ mod tests {
         let cmd = parse(&[
             "--channel-fd",
             "3",
+            "--cgroup-fd=4",
             "--exec-user",
             "1000:100",
             "--home=/home/u",
@@ -288,6 +333,7 @@ mod tests {
             cmd,
             Ok(Command::Run {
                 channel: ChannelArg::Fd(3),
+                cgroup_fd: Some(4),
                 config: server::Config {
                     exec_user: Some(spawn::ExecUser {
                         uid: 1000,
@@ -303,6 +349,7 @@ mod tests {
             cmd,
             Ok(Command::Run {
                 channel: ChannelArg::Path("/dev/vport0p1".into()),
+                cgroup_fd: None,
                 config: server::Config::default(),
             })
         );
@@ -324,6 +371,9 @@ mod tests {
             &["--channel-fd", "3", "--home", "relative"],
             &["--channel-fd", "3", "--bogus"],
             &["--channel-path", ""],
+            &["--channel-fd", "3", "--cgroup-fd", "2"],
+            &["--channel-fd", "3", "--cgroup-fd", "3"],
+            &["--channel-fd", "3", "--cgroup-fd", "4", "--cgroup-fd", "5"],
         ] {
             assert!(parse(args).is_err(), "{args:?} should be refused");
         }
@@ -331,6 +381,6 @@ mod tests {
 
     #[test]
     fn adopt_fd_refuses_closed_descriptors() {
-        assert!(adopt_fd(987_654).is_err());
+        assert!(adopt_fd("--channel-fd", 987_654).is_err());
     }
 }

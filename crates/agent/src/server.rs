@@ -21,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use crate::cgroup::ExecCgroups;
 use crate::exec::{self, Stop};
 use crate::input::{self, Input, InputReader};
 use crate::spawn::ExecUser;
@@ -45,6 +46,9 @@ pub struct Config {
     pub home: Option<PathBuf>,
     /// The agent's private directory: received files and the baseline repository.
     pub state_dir: PathBuf,
+    /// Where each command gets its own cgroup (`--cgroup-fd`); without it a timeout kills
+    /// only the command's process group.
+    pub exec_cgroups: Option<Arc<ExecCgroups>>,
 }
 
 impl Default for Config {
@@ -53,6 +57,7 @@ impl Default for Config {
             exec_user: None,
             home: None,
             state_dir: PathBuf::from(statedir::DEFAULT_STATE_DIR),
+            exec_cgroups: None,
         }
     }
 }

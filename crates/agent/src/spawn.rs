@@ -44,6 +44,8 @@ pub struct ChildSpec {
     pub user: Option<ExecUser>,
     /// Standard input of a non-terminal child; `/dev/null` when `None`.
     pub stdin: Option<OwnedFd>,
+    /// `cgroup.procs` of the cgroup the child joins before it runs anything (see `cgroup`).
+    pub cgroup: Option<OwnedFd>,
 }
 
 /// A started command: its pid (also its process group and session id) and the parent's ends
@@ -66,7 +68,10 @@ struct ChildPlan<'a> {
     cwd: &'a CStr,
     stdio: [RawFd; 3],
     controlling_tty: bool,
+    /// `cgroup.procs` to write `0` to, or -1.
+    cgroup_procs: RawFd,
     user: Option<(libc::uid_t, libc::gid_t, bool)>,
+    msg_cgroup: Vec<u8>,
     msg_user: Vec<u8>,
     msg_cwd: Vec<u8>,
     msg_exec: Vec<u8>,
@@ -123,7 +128,9 @@ pub fn spawn(spec: &ChildSpec) -> io::Result<Spawned> {
         cwd: &spec.cwd,
         stdio,
         controlling_tty: spec.terminal,
+        cgroup_procs: spec.cgroup.as_ref().map_or(-1, AsRawFd::as_raw_fd),
         user: spec.user.map(|u| (u.uid, u.gid, privileged)),
+        msg_cgroup: b"dynocap-agent: cannot move the command into its cgroup\n".to_vec(),
         msg_user: spec
             .user
             .map(|u| {
@@ -237,6 +244,13 @@ unsafe fn child_main(plan: &ChildPlan<'_>) -> ! {
         if plan.controlling_tty {
             // Job control and programs that open /dev/tty need a controlling terminal.
             libc::ioctl(0, libc::TIOCSCTTY, 0);
+        }
+        // Join the command's cgroup ("0" is the writer) before running anything, while we
+        // still have the agent's credentials: everything the command starts is born in it,
+        // and the user it runs as cannot move out. (After stdio, so a failure is reported on
+        // the command's stderr.)
+        if plan.cgroup_procs >= 0 && libc::write(plan.cgroup_procs, b"0".as_ptr().cast(), 1) != 1 {
+            child_fail(&plan.msg_cgroup, 126);
         }
         // Undo what the agent's process state would otherwise leak into commands: a blocked
         // signal mask and ignored signals (Rust ignores SIGPIPE) survive execve.

@@ -64,6 +64,7 @@ impl Sandbox {
             exec_user,
             home: None,
             state_dir: base.path().join("state"),
+            exec_cgroups: None,
         };
         Sandbox {
             base,
@@ -132,6 +133,7 @@ async fn sh_status(cwd: &Path, script: &str) -> (Vec<u8>, command::Finished) {
         terminal: false,
         user: None,
         stdin: None,
+        cgroup: None,
     };
     let (_stop_tx, mut stop) = mpsc::channel(1);
     match command::run(&spec, 256 * 1024 * 1024, &mut stop).await {

@@ -11,6 +11,7 @@ use std::convert::Infallible;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{open, OFlag};
@@ -24,6 +25,7 @@ use seccompiler::BpfProgram;
 use crate::caps;
 use crate::failure::{Context, Failure};
 use crate::net;
+use crate::newmount::{self, NODEV, NOEXEC, NOSUID};
 use crate::rootfs::{self, RootPlan};
 use crate::seccomp;
 use crate::spec::CHANNEL_FD;
@@ -32,6 +34,9 @@ use crate::sys;
 
 /// Lowest fd number the init keeps its own channels at, clear of stdio and the channel fd.
 const PRIVATE_FD_BASE: i32 = 10;
+
+/// The agent's handle on the cgroup delegated for its commands (after the channel's fd 3).
+pub(crate) const EXEC_CGROUP_FD: i32 = CHANNEL_FD + 1;
 
 /// Everything the init needs, prepared by the supervisor before clone.
 pub(crate) struct ChildPlan {
@@ -48,6 +53,9 @@ pub(crate) struct ChildPlan {
     pub seccomp: BpfProgram,
     /// Capability mask to keep.
     pub caps: u64,
+    /// Host path of the cgroup delegated to the guest for its commands; the agent gets it as
+    /// fd [`EXEC_CGROUP_FD`].
+    pub exec_cgroup: Option<PathBuf>,
 }
 
 /// The init's ends of the channels.
@@ -130,6 +138,13 @@ fn setup(plan: &ChildPlan, sync_end: &OwnedFd, channel: &OwnedFd) -> Result<Infa
 
     // 4. Open host paths while we still have the supervisor's host uid (see rootfs).
     let host = rootfs::open_host(&plan.root)?;
+    //    The delegated cgroup too, already as the detached mount the agent will get: the
+    //    path is the host's, and cloning a mount takes the capabilities we hold until exec.
+    let exec_cgroup = plan
+        .exec_cgroup
+        .as_deref()
+        .map(detached_cgroup)
+        .transpose()?;
 
     // 5. Become the guest init's ids (guest root, an unprivileged host id) before mounting:
     //    the overlay records its mounter's credentials and creates its work files with them.
@@ -152,7 +167,13 @@ fn setup(plan: &ChildPlan, sync_end: &OwnedFd, channel: &OwnedFd) -> Result<Infa
     stdio()?;
     sys::dup_onto(channel.as_fd(), CHANNEL_FD)
         .context(|| format!("placing the channel at fd {CHANNEL_FD}"))?;
-    let first_private = u32::try_from(CHANNEL_FD + 1).unwrap_or(4);
+    let mut last_handed = CHANNEL_FD;
+    if let Some(cgroup) = &exec_cgroup {
+        sys::dup_onto(cgroup.as_fd(), EXEC_CGROUP_FD)
+            .context(|| format!("placing the exec cgroup at fd {EXEC_CGROUP_FD}"))?;
+        last_handed = EXEC_CGROUP_FD;
+    }
+    let first_private = u32::try_from(last_handed + 1).unwrap_or(5);
     sys::cloexec_from(first_private).context(|| "marking inherited fds close-on-exec")?;
 
     // 9. Lock down: capabilities, then no_new_privs and seccomp (last: it forbids the
@@ -194,6 +215,23 @@ fn reset_signals() -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// A detached bind mount of the cgroup at `path`, for the agent. A mount, not a plain
+/// directory fd: `..` stops at a mount's root, so the handle reaches that cgroup and what the
+/// guest creates below it, never its parent or the host's other cgroups. Detached, so nothing
+/// in the guest's tree shows it.
+fn detached_cgroup(path: &Path) -> Result<OwnedFd, Failure> {
+    let what = || format!("opening the delegated cgroup {}", path.display());
+    let dir = open(
+        path,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .context(what)?;
+    let tree = newmount::clone_tree(dir.as_fd(), false).context(what)?;
+    newmount::set_attrs(tree.as_fd(), NOSUID | NODEV | NOEXEC, false).context(what)?;
+    sys::dup_at_least(tree.as_fd(), PRIVATE_FD_BASE).context(what)
 }
 
 /// fd 0 from /dev/null; fds 1 and 2 too if the supervisor has them closed.

@@ -14,7 +14,7 @@ use nix::unistd::{Gid, Uid};
 
 use crate::caps;
 use crate::cgroup::{CgroupSet, Layout};
-use crate::child::{self, ChildEnds, ChildPlan};
+use crate::child::{self, ChildEnds, ChildPlan, EXEC_CGROUP_FD};
 use crate::error::JailError;
 use crate::idmap::IdMap;
 use crate::jail::Jail;
@@ -62,17 +62,20 @@ pub(crate) fn spawn(spec: &JailSpec) -> Result<Jail, JailError> {
         .hint("the jail backend needs Linux 5.12 or newer"));
     }
     let ids = IdMap::for_current_process();
-    let plan = plan(spec, &ids)?;
+    let mut plan = plan(spec, &ids)?;
     let layout = Layout::discover()?;
 
     let layers = Layers::prepare(spec, &ids)?;
-    let cgroups = match CgroupSet::create(&layout, &spec.name, &spec.limits) {
+    let cgroups = match CgroupSet::create(&layout, &spec.name, &spec.limits, ids.init_host_ids()) {
         Ok(cgroups) => cgroups,
         Err(e) => {
             let _ = layers.undo_prepare();
             return Err(e);
         }
     };
+    if let Some(dir) = cgroups.exec_dir() {
+        hand_exec_cgroup(&mut plan, dir);
+    }
     let undo = |layers: &Layers, cgroups: &CgroupSet| {
         let _ = cgroups.remove();
         let _ = layers.undo_prepare();
@@ -215,7 +218,21 @@ fn plan(spec: &JailSpec, ids: &IdMap) -> Result<ChildPlan, JailError> {
         envp,
         seccomp: seccomp::program()?,
         caps: caps::docker_default_mask(),
+        exec_cgroup: None,
     })
+}
+
+/// Has the init hand the agent the cgroup delegated for its commands, as fd
+/// [`EXEC_CGROUP_FD`] named on its command line beside the channel.
+fn hand_exec_cgroup(plan: &mut ChildPlan, dir: &Path) {
+    plan.exec_cgroup = Some(dir.to_path_buf());
+    let at = plan.argv.len().min(3);
+    let flag = [c"--cgroup-fd".to_owned(), fd_arg(EXEC_CGROUP_FD)];
+    plan.argv.splice(at..at, flag);
+}
+
+fn fd_arg(fd: i32) -> CString {
+    CString::new(fd.to_string()).expect("a number has no NUL byte")
 }
 
 fn describe(status: WaitStatus) -> String {

@@ -24,6 +24,17 @@ pub const EXEC_TIMEOUT_MAX: u64 = 86_400;
 /// Bytes of stdout and of stderr returned per exec; the rest is dropped and `truncated` set.
 pub const EXEC_OUTPUT_LIMIT: u64 = 1024 * 1024;
 pub const EXEC_KILL_GRACE_MS: u64 = 2_000;
+/// Longest `KEY=VALUE` of an exec's environment: the kernel refuses any single environment
+/// string of `MAX_ARG_STRLEN` (128 KiB, its NUL included) or more.
+pub const EXEC_ENV_ENTRY_MAX: usize = 32 * 4096 - 1;
+/// All of an exec's environment entries together: with the longest command, far below what
+/// `execve` accepts (a quarter of the stack limit: 2 MiB by default).
+pub const EXEC_ENV_TOTAL_MAX: usize = 256 * 1024;
+/// Longest working directory (`PATH_MAX` with its NUL).
+pub const EXEC_CWD_MAX: usize = 4095;
+/// Room an exec request takes in its agent frame besides the command, cwd and environment
+/// (field names, numbers, framing).
+const EXEC_REQUEST_OVERHEAD: usize = 4096;
 
 /// Network modes of the spec. Only `none` exists until the egress proxy lands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,7 +222,8 @@ impl ExecSpec {
         }
         if command.len() > dynocap_proto::MAX_COMMAND_LEN {
             return Err(Error::invalid(format!(
-                "command is {} bytes, more than the {} allowed; put long scripts in a file in the sandbox",
+                "command is {} bytes; the limit is {} bytes (256 KiB): put long scripts in a \
+                 file in the sandbox and run that",
                 command.len(),
                 dynocap_proto::MAX_COMMAND_LEN
             )));
@@ -223,6 +235,12 @@ impl ExecSpec {
         if !cwd.starts_with('/') || cwd.contains('\0') {
             return Err(Error::invalid(format!(
                 "cwd {cwd:?} must be an absolute path inside the sandbox, such as {default_cwd}"
+            )));
+        }
+        if cwd.len() > EXEC_CWD_MAX {
+            return Err(Error::invalid(format!(
+                "cwd is {} bytes; the limit is {EXEC_CWD_MAX} bytes (PATH_MAX)",
+                cwd.len()
             )));
         }
         for (key, value) in &env {
@@ -239,6 +257,33 @@ impl ExecSpec {
                     "env value of {key} contains a NUL byte"
                 )));
             }
+            let entry = key.len() + 1 + value.len();
+            if entry > EXEC_ENV_ENTRY_MAX {
+                return Err(Error::invalid(format!(
+                    "env {key} is {entry} bytes as KEY=VALUE; the limit is {EXEC_ENV_ENTRY_MAX} \
+                     bytes per variable (the kernel's): put the value in a file in the sandbox"
+                )));
+            }
+        }
+        let env_total: usize = env.iter().map(|(k, v)| k.len() + 1 + v.len()).sum();
+        if env_total > EXEC_ENV_TOTAL_MAX {
+            return Err(Error::invalid(format!(
+                "env is {env_total} bytes in all (as KEY=VALUE); the limit is \
+                 {EXEC_ENV_TOTAL_MAX} bytes: put large values in files in the sandbox"
+            )));
+        }
+        // Each within its limit, the three must still fit in one request to the agent once
+        // JSON-encoded, where a control character takes six bytes.
+        let encoded = serde_json::to_vec(&(command, cwd, &env))
+            .map_err(|err| Error::internal(format!("encoding the exec request: {err}")))?
+            .len();
+        let room = dynocap_proto::MAX_FRAME_LEN - EXEC_REQUEST_OVERHEAD;
+        if encoded > room {
+            return Err(Error::invalid(format!(
+                "command, cwd and env take {encoded} bytes once encoded for the sandbox (each \
+                 control character takes 6); the limit is {room}: put long scripts in a file in \
+                 the sandbox"
+            )));
         }
         let timeout_seconds = check_range(
             "timeoutSeconds",
@@ -316,5 +361,42 @@ mod tests {
         )
         .is_err());
         assert!(ExecSpec::new("true", None, "/", vec![], Some(0), false).is_err());
+    }
+
+    /// Every size limit is inclusive and named in the refusal.
+    #[test]
+    fn exec_size_limits() {
+        let max = dynocap_proto::MAX_COMMAND_LEN;
+        let exec = |command: &str, cwd: Option<&str>, env: Vec<(String, String)>| {
+            ExecSpec::new(command, cwd, "/", env, None, false)
+        };
+        assert!(exec(&"x".repeat(max), None, vec![]).is_ok());
+        let long = exec(&"x".repeat(max + 1), None, vec![]).unwrap_err();
+        assert_eq!(long.code, crate::ErrorCode::InvalidArgument);
+        assert!(long.message.contains("limit is 262144 bytes"), "{long}");
+
+        let value = |len: usize| vec![("V".to_owned(), "v".repeat(len))];
+        assert!(exec("true", None, value(EXEC_ENV_ENTRY_MAX - 2)).is_ok());
+        let big = exec("true", None, value(EXEC_ENV_ENTRY_MAX - 1)).unwrap_err();
+        assert!(big.message.contains("131071 bytes per variable"), "{big}");
+        let many: Vec<_> = (0..3)
+            .map(|i| (format!("V{i}"), "v".repeat(100_000)))
+            .collect();
+        let total = exec("true", None, many).unwrap_err();
+        assert!(total.message.contains("limit is 262144 bytes"), "{total}");
+
+        let cwd = format!("/{}", "d".repeat(EXEC_CWD_MAX));
+        let deep = exec("true", Some(&cwd), vec![]).unwrap_err();
+        assert!(deep.message.contains("PATH_MAX"), "{deep}");
+
+        // Control characters are short to count but six bytes each on the wire.
+        let controls = exec(&"\u{1}".repeat(max), None, vec![]).unwrap_err();
+        assert!(controls.message.contains("once encoded"), "{controls}");
+        // The longest command of characters JSON doubles, with a full environment, still fits.
+        let full: Vec<_> = ["A", "B"]
+            .iter()
+            .map(|k| ((*k).to_owned(), "v".repeat(EXEC_ENV_TOTAL_MAX / 2 - 3)))
+            .collect();
+        assert!(exec(&"\"".repeat(max), None, full).is_ok());
     }
 }

@@ -1,15 +1,16 @@
 //! The sandbox's cgroups: `dynocap/<name>` in each hierarchy that manages cpu, memory or pids
-//! (v1, v2 or a hybrid), with the limits applied before any guest process exists, then the
-//! guest moved in, and at the end every process in them killed and the directories removed.
+//! (v1, v2 or a hybrid), with the limits applied before any guest process exists, one of them
+//! delegated to the guest for its commands (see `delegate`), then the guest moved in, and at
+//! the end every process in them (and in the cgroups the guest made below) killed and the
+//! directories removed.
 
+mod delegate;
 mod layout;
 mod limits;
+mod tree;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
-use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 pub use layout::{CgroupLayoutKind, CgroupVersion, Controller};
@@ -17,16 +18,9 @@ pub(crate) use layout::{Hierarchy, Layout};
 
 use crate::error::{JailError, HINT_PRIVILEGE};
 use crate::spec::Limits;
-use crate::sys;
 
 /// Directory under each hierarchy root that holds every sandbox's cgroup.
 pub const PARENT: &str = "dynocap";
-
-/// How long to keep killing before giving up on a cgroup that will not empty.
-const KILL_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long `rmdir` may keep answering EBUSY (exiting tasks still being torn down).
-const RMDIR_TIMEOUT: Duration = Duration::from_secs(5);
-const POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// One sandbox cgroup directory in one hierarchy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,12 +33,21 @@ pub(crate) struct Leaf {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct CgroupSet {
     leaves: Vec<Leaf>,
+    /// Index in `leaves` of the cgroup delegated to the guest for its commands.
+    exec: Option<usize>,
 }
 
 impl CgroupSet {
-    /// Creates `dynocap/<name>` where cpu, memory and pids are managed and applies `limits`.
-    /// Fails (leaving nothing behind) if a controller is missing or a limit cannot be written.
-    pub fn create(layout: &Layout, name: &str, limits: &Limits) -> Result<CgroupSet, JailError> {
+    /// Creates `dynocap/<name>` where cpu, memory and pids are managed and applies `limits`,
+    /// then delegates one of the sandbox's cgroups to `guest_root` (the host uid and gid of
+    /// the guest's root). Fails (leaving nothing behind) if a controller is missing or a
+    /// limit or the delegation cannot be written.
+    pub fn create(
+        layout: &Layout,
+        name: &str,
+        limits: &Limits,
+        guest_root: (u32, u32),
+    ) -> Result<CgroupSet, JailError> {
         // Group the controllers by the hierarchy managing them.
         let mut plan: Vec<(&Hierarchy, Vec<Controller>)> = Vec::new();
         for controller in Controller::ALL {
@@ -68,6 +71,12 @@ impl CgroupSet {
                     apply(&leaf, controller, limits)?;
                 }
             }
+            set.exec = Some(delegate::delegate(
+                layout,
+                &mut set.leaves,
+                name,
+                guest_root,
+            )?);
             Ok(())
         })();
         match result {
@@ -92,12 +101,19 @@ impl CgroupSet {
             })
             .filter(|leaf| leaf.dir.is_dir())
             .collect();
-        CgroupSet { leaves }
+        CgroupSet { leaves, exec: None }
     }
 
     /// The cgroup directories, one per hierarchy.
     pub fn paths(&self) -> Vec<PathBuf> {
         self.leaves.iter().map(|l| l.dir.clone()).collect()
+    }
+
+    /// The cgroup delegated to the guest for its commands.
+    pub fn exec_dir(&self) -> Option<&Path> {
+        self.exec
+            .and_then(|i| self.leaves.get(i))
+            .map(|leaf| leaf.dir.as_path())
     }
 
     /// Moves process `pid` into every leaf.
@@ -111,16 +127,15 @@ impl CgroupSet {
         Ok(())
     }
 
-    /// Kills every process in the leaves and removes them; returns what was left behind.
+    /// Kills every process in the leaves and in the cgroups below them, and removes them all;
+    /// returns what was left behind.
     pub fn remove(&self) -> Vec<String> {
         let mut problems = Vec::new();
         for leaf in &self.leaves {
-            if let Err(e) = kill_all(leaf) {
+            if let Err(e) = tree::kill_all(leaf) {
                 problems.push(e);
             }
-            if let Err(e) = rmdir_retrying(&leaf.dir) {
-                problems.push(e);
-            }
+            problems.extend(tree::remove(leaf));
         }
         problems
     }
@@ -145,7 +160,7 @@ fn mkdir_ok_if_exists(dir: &Path) -> Result<(), JailError> {
     }
 }
 
-fn create_leaf(
+pub(super) fn create_leaf(
     hierarchy: &Hierarchy,
     controllers: &[Controller],
     name: &str,
@@ -239,81 +254,6 @@ fn apply(leaf: &Leaf, controller: Controller, limits: &Limits) -> Result<(), Jai
     Ok(())
 }
 
-/// Pids listed in `dir/cgroup.procs` (none if the cgroup is gone).
-fn procs(dir: &Path) -> Result<Vec<Pid>, String> {
-    match std::fs::read_to_string(dir.join("cgroup.procs")) {
-        Ok(text) => Ok(text
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .map(Pid::from_raw)
-            .collect()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(format!("cannot read {}/cgroup.procs: {e}", dir.display())),
-    }
-}
-
-/// SIGKILLs every process in the cgroup until it is empty.
-///
-/// A pid read from `cgroup.procs` may be reused by an unrelated process before we signal it,
-/// so each one is first pinned with a pidfd and only signalled through it if, after pinning,
-/// the pid is still listed in the cgroup. (If the pinned process died and its pid was reused
-/// inside the cgroup, the pidfd still names the dead process and the signal goes nowhere.)
-/// On v2 with `cgroup.kill` (Linux 5.14) the kernel does all of this atomically.
-fn kill_all(leaf: &Leaf) -> Result<(), String> {
-    if leaf.version == CgroupVersion::V2 {
-        let kill = leaf.dir.join("cgroup.kill");
-        if kill.exists() {
-            std::fs::write(&kill, "1")
-                .map_err(|e| format!("cannot write 1 to {}: {e}", kill.display()))?;
-        }
-    }
-    let deadline = Instant::now() + KILL_TIMEOUT;
-    loop {
-        let pids = procs(&leaf.dir)?;
-        if pids.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "processes {pids:?} are still in {} after {}s of SIGKILL",
-                leaf.dir.display(),
-                KILL_TIMEOUT.as_secs()
-            ));
-        }
-        for pid in pids {
-            let Ok(pidfd) = sys::pidfd_open(pid) else {
-                continue; // already gone
-            };
-            if procs(&leaf.dir)?.contains(&pid) {
-                match sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&pidfd), Signal::SIGKILL) {
-                    Ok(()) | Err(Errno::ESRCH) => {}
-                    Err(e) => {
-                        return Err(format!(
-                            "cannot kill process {pid} in {}: {e}",
-                            leaf.dir.display()
-                        ))
-                    }
-                }
-            }
-        }
-        std::thread::sleep(POLL_INTERVAL);
-    }
-}
-
-fn rmdir_retrying(dir: &Path) -> Result<(), String> {
-    let deadline = Instant::now() + RMDIR_TIMEOUT;
-    loop {
-        match std::fs::remove_dir(dir) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
-                std::thread::sleep(POLL_INTERVAL);
-            }
-            Err(e) => return Err(format!("cannot remove cgroup {}: {e}", dir.display())),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,19 +285,26 @@ mod tests {
             memory_bytes: 1 << 30,
             pids: 500,
         };
-        let set = CgroupSet::create(&layout, "box", &limits).expect("create");
+        let me = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
+        let set = CgroupSet::create(&layout, "box", &limits, me).expect("create");
         let leaf = root.join("dynocap/box");
         assert_eq!(set.paths(), vec![leaf.clone()]);
+        // The one v2 leaf also holds the guest's commands, with a bound on what it may create.
+        assert_eq!(set.exec_dir(), Some(leaf.as_path()));
         let read = |p: &Path| std::fs::read_to_string(p).expect("read");
         assert_eq!(read(&leaf.join("cpu.max")), "250000 100000");
         assert_eq!(read(&leaf.join("memory.max")), "1073741824");
         assert_eq!(read(&leaf.join("pids.max")), "500");
+        assert_eq!(read(&leaf.join("cgroup.max.descendants")), "4096");
         // "cpu" was already enabled at the root, so only memory and pids were written there
         // (the stand-in keeps the last write); the parent had nothing and got all three.
         assert_eq!(read(&root.join("cgroup.subtree_control")), "+pids");
         assert_eq!(read(&root.join("dynocap/cgroup.subtree_control")), "+pids");
         // A second sandbox of the same name is refused with the way out.
-        let err = CgroupSet::create(&layout, "box", &limits).expect_err("exists");
+        let err = CgroupSet::create(&layout, "box", &limits, me).expect_err("exists");
         assert!(err.to_string().contains("cleanup_leftovers"), "{err}");
     }
 
@@ -371,7 +318,7 @@ mod tests {
             memory_bytes: 1 << 30,
             pids: 10,
         };
-        let err = CgroupSet::create(&layout, "x", &limits).expect_err("no hierarchies");
+        let err = CgroupSet::create(&layout, "x", &limits, (0, 0)).expect_err("no hierarchies");
         assert!(err.to_string().contains("cpu controller"), "{err}");
     }
 }

@@ -24,6 +24,7 @@ pub const ALL: &[(&str, fn())] = &[
     ("pids_limit", pids_limit),
     ("cpu_limit", cpu_limit),
     ("destroy_leaves_nothing", destroy_leaves_nothing),
+    ("exec_cgroup_delegation", exec_cgroup_delegation),
     ("supervisor_death", supervisor_death),
     ("setup_errors", setup_errors),
     ("single_thread_required", single_thread_required),
@@ -53,8 +54,8 @@ fn isolation() {
     assert_eq!(fact("procs"), "1", "only guest processes in /proc");
     assert_eq!(
         fact("fds"),
-        "0,1,2,3",
-        "exactly stdio and the channel at exec"
+        "0,1,2,3,4",
+        "exactly stdio, the channel and the delegated cgroup at exec"
     );
     assert_eq!(fact("fd0"), "/dev/null");
     assert_eq!(fact("uid_map"), "0 1000000 65536");
@@ -441,6 +442,110 @@ fn destroy_leaves_nothing() {
     }
 }
 
+/// Run by the sandbox user (uid 1000) inside cgroup `a/b` below the delegated one, which it
+/// reaches through the agent's fd 4 (inherited here on purpose: the real agent never lets a
+/// command have it). Prints every way out that worked; nothing, if the delegation is right.
+const ESCAPE_SCRIPT: &str = r#"
+cg=/proc/self/fd/4
+for f in cgroup.procs tasks cgroup.threads a/cgroup.procs a/tasks a/b/cgroup.procs; do
+    [ -e "$cg/$f" ] || continue
+    if (echo $$ > "$cg/$f") 2>/dev/null; then echo "moved through $f"; fi
+done
+mkdir "$cg/mine" 2>/dev/null && echo "made a cgroup"
+grep -q ':/a/b$' /proc/self/cgroup || echo "left a/b: $(cat /proc/self/cgroup)"
+setsid sleep 1000 </dev/null >/dev/null 2>&1 &
+"#;
+
+/// The cgroup delegated for the agent's commands, in each hierarchy it can be in: the guest's
+/// root creates cgroups below it and moves processes in, the sandbox user cannot move out or
+/// create any, nobody in the guest can write its limit files or reach its parent, and destroy
+/// removes whatever the guest made below it.
+fn exec_cgroup_delegation() {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let mounted = |fs: &str, option: &str| {
+        mounts.lines().any(|l| {
+            l.split_once(" - ").is_some_and(|(_, after)| {
+                let mut f = after.split(' ');
+                f.next() == Some(fs) && f.nth(1).is_some_and(|o| o.contains(option))
+            })
+        })
+    };
+    let fx = Fixture::new();
+    std::fs::write(fx.image.join("etc/escape.sh"), ESCAPE_SCRIPT).expect("script");
+    for (choice, available) in [
+        ("v2", mounted("cgroup2", "")),
+        ("freezer", mounted("cgroup", "freezer")),
+        ("pids", mounted("cgroup", "pids")),
+    ] {
+        if !available {
+            println!("note: no {choice} hierarchy mounted; its delegation is not tested");
+            continue;
+        }
+        std::env::set_var("DYNOCAP_EXEC_CGROUP", choice);
+        delegation_in(&fx, &format!("deleg-{choice}"));
+    }
+    std::env::remove_var("DYNOCAP_EXEC_CGROUP");
+}
+
+fn delegation_in(fx: &Fixture, name: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let mut guest = Guest::spawn(&fx.spec(name));
+    let owner = |p: &Path| std::fs::metadata(p).map(|m| m.uid()).expect("stat");
+    let delegated: Vec<_> = guest
+        .jail()
+        .cgroup_paths()
+        .into_iter()
+        .filter(|dir| owner(dir) == ROOT_MODE_HOST_BASE)
+        .collect();
+    let [dir] = &delegated[..] else {
+        panic!("{name}: one cgroup is the guest root's, found {delegated:?}");
+    };
+    assert_eq!(owner(&dir.join("cgroup.procs")), ROOT_MODE_HOST_BASE);
+    let limit = ["pids.max", "cgroup.max.descendants", "freezer.state"]
+        .iter()
+        .find(|f| dir.join(f).exists())
+        .expect("a file the guest must not write");
+    assert_eq!(owner(&dir.join(limit)), 0, "{limit} stays host root's");
+
+    let cg = "/proc/self/fd/4";
+    sh_ok(&mut guest, &format!("mkdir {cg}/a {cg}/a/b"));
+    let (status, out) = guest.sh(&format!("echo 1 > {cg}/{limit}"));
+    assert_ne!(
+        status, "exit=0",
+        "{name}: the guest root wrote {limit}: {out}"
+    );
+    // `..` stops at the delegated cgroup: the sandbox's own name, a sibling there, is unseen.
+    assert_eq!(
+        sh_ok(
+            &mut guest,
+            &format!("test -d {cg}/../a && test ! -e {cg}/../{name} && echo contained")
+        ),
+        "contained
+"
+    );
+    let out = sh_ok(
+        &mut guest,
+        &format!(
+            "echo $$ > {cg}/a/b/cgroup.procs && exec setpriv --reuid 1000 --regid 1000              --clear-groups /bin/sh /etc/escape.sh"
+        ),
+    );
+    assert_eq!(out, "", "{name}: the sandbox user got out");
+    let nested = dir.join("a/b");
+    let survivor = read_trimmed(&nested.join("cgroup.procs"));
+    assert!(!survivor.is_empty(), "{name}: the sleeper runs in a/b");
+
+    guest.destroy();
+    assert!(!dir.exists(), "{name}: {} survived destroy", dir.display());
+    for pid in survivor.split_whitespace() {
+        let pid: i32 = pid.parse().expect("pid");
+        assert_eq!(
+            host_uid(pid),
+            None,
+            "{name}: process {pid} survived destroy"
+        );
+    }
+}
+
 /// Role of the helper process in `supervisor_death`: spawn a jail, report its pid, wait to
 /// be killed.
 pub fn spawner_role() -> i32 {
@@ -581,7 +686,7 @@ fn script_agent() {
     let script = fx.tmp.path().join("agent.sh");
     std::fs::write(
         &script,
-        "#!/bin/sh\necho \"hello $1 $2 $3 uid=$(id -u) host=$(hostname)\" >&3\nread line <&3\n",
+        "#!/bin/sh\necho \"hello $* uid=$(id -u) host=$(hostname)\" >&3\nread line <&3\n",
     )
     .expect("script");
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
@@ -600,7 +705,7 @@ fn script_agent() {
         .expect("hello");
     assert_eq!(
         line.trim(),
-        "hello --channel-fd 3 extra uid=0 host=script-test"
+        "hello --channel-fd 3 --cgroup-fd 4 extra uid=0 host=script-test"
     );
     jail.destroy().expect("destroy");
 }

@@ -1,0 +1,647 @@
+//! One cgroup per command, which none of its processes can leave, so that a timeout or a
+//! cancel stops everything the command started: also what moved to a new session or process
+//! group (`setsid`, daemons, `set -m` job control), which a process-group kill misses.
+//!
+//! The jail hands the agent a handle on the sandbox cgroup delegated to it (`--cgroup-fd`).
+//! Each command gets a child `exec-<n>` of it, joined by the command's first process before
+//! it becomes the sandbox user; that user can write no cgroup file (they belong to the guest's
+//! root) and sees no cgroup filesystem, so it cannot move out. How a cgroup is killed depends
+//! on what the hierarchy offers, and is repeated until `cgroup.procs` is empty:
+//!
+//! - v2 with `cgroup.kill` (Linux 5.14): the kernel kills every member atomically;
+//! - v2 without it: freeze (`cgroup.freeze`), SIGKILL each member, thaw;
+//! - v1 freezer: the same with `freezer.state`;
+//! - any other v1 hierarchy (pids): SIGKILL each member.
+//!
+//! A frozen cgroup cannot fork, so nothing escapes between reading the members and killing
+//! them. A command that ends on its own may leave processes running (a dev server started
+//! with `&`): they keep running, and its cgroup lingers until they are gone; lingering cgroups
+//! that emptied are removed before each new one is made and whenever a command ends.
+
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::io::{self, Read as _, Write as _};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, OFlag};
+use nix::sys::signal::Signal;
+use nix::sys::stat::{mkdirat, Mode};
+use nix::sys::statfs::{fstatfs, CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC};
+use nix::unistd::{unlinkat, Pid, UnlinkatFlags};
+
+/// Pause between kill rounds, and between looks at a cgroup being frozen.
+const RETRY: Duration = Duration::from_millis(10);
+/// Longest wait for a cgroup to freeze; the round kills what it can after that anyway.
+const FREEZE_WAIT: Duration = Duration::from_secs(1);
+/// Longest a kill keeps going before giving up on a cgroup that will not empty.
+const KILL_GIVE_UP: Duration = Duration::from_secs(5);
+/// Processes pinned with a pidfd at a time while signalling a cgroup.
+const PIN_BATCH: usize = 128;
+
+/// How a cgroup's members are all killed (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillMethod {
+    /// Write `1` to `cgroup.kill` (v2).
+    Kill,
+    /// Freeze with `cgroup.freeze`, kill each member, thaw (v2).
+    FreezeV2,
+    /// Freeze with `freezer.state`, kill each member, thaw (v1 freezer).
+    FreezeV1,
+    /// Kill each member (v1 without a freezer).
+    Signal,
+}
+
+impl KillMethod {
+    /// The best method the delegated cgroup `root` offers.
+    fn detect(root: BorrowedFd<'_>) -> io::Result<KillMethod> {
+        let has = |file: &str| {
+            nix::unistd::faccessat(
+                root,
+                file,
+                nix::unistd::AccessFlags::F_OK,
+                nix::fcntl::AtFlags::empty(),
+            )
+            .is_ok()
+        };
+        let fs_type = fstatfs(root)?.filesystem_type();
+        if fs_type == CGROUP2_SUPER_MAGIC {
+            Ok(if has("cgroup.kill") {
+                KillMethod::Kill
+            } else if has("cgroup.freeze") {
+                KillMethod::FreezeV2
+            } else {
+                KillMethod::Signal
+            })
+        } else if fs_type == CGROUP_SUPER_MAGIC {
+            Ok(if has("freezer.state") {
+                KillMethod::FreezeV1
+            } else {
+                KillMethod::Signal
+            })
+        } else {
+            Err(io::Error::other(
+                "the --cgroup-fd descriptor is not a directory of a cgroup filesystem",
+            ))
+        }
+    }
+}
+
+/// The delegated cgroup the agent makes command cgroups in.
+#[derive(Debug)]
+pub struct ExecCgroups {
+    /// A directory handle (through a detached mount in the jail: `..` stays inside).
+    root: OwnedFd,
+    method: KillMethod,
+    next: AtomicU64,
+    /// Cgroups of finished commands that still had processes when the command ended.
+    lingering: Mutex<BTreeSet<u64>>,
+}
+
+/// Handles compare by identity: two are equal only if they are the same.
+impl PartialEq for ExecCgroups {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for ExecCgroups {}
+
+impl ExecCgroups {
+    /// Takes the delegated cgroup `root` (a directory descriptor) and picks how to kill in it.
+    pub fn new(root: OwnedFd) -> io::Result<Arc<ExecCgroups>> {
+        let method = KillMethod::detect(root.as_fd())?;
+        Ok(Self::with_method(root, method))
+    }
+
+    pub(crate) fn with_method(root: OwnedFd, method: KillMethod) -> Arc<ExecCgroups> {
+        Arc::new(ExecCgroups {
+            root,
+            method,
+            next: AtomicU64::new(1),
+            lingering: Mutex::default(),
+        })
+    }
+
+    /// Makes a new, empty cgroup for one command.
+    pub fn create(self: &Arc<Self>) -> io::Result<ExecCgroup> {
+        self.sweep();
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let name = CString::new(format!("exec-{id}")).expect("a name of digits has no NUL");
+        mkdirat(
+            self.root.as_fd(),
+            name.as_c_str(),
+            Mode::from_bits_truncate(0o755),
+        )
+        .map_err(|err| {
+            io::Error::other(format!(
+                "cannot create cgroup {}: {err}",
+                name.to_string_lossy()
+            ))
+        })?;
+        Ok(ExecCgroup {
+            parent: Arc::clone(self),
+            id,
+            name,
+        })
+    }
+
+    /// Removes the lingering cgroups that emptied since.
+    fn sweep(&self) {
+        let mut lingering = self
+            .lingering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        lingering.retain(|&id| !self.try_remove(id));
+    }
+
+    /// Removes cgroup `exec-<id>`; false while it still has processes.
+    fn try_remove(&self, id: u64) -> bool {
+        match unlinkat(
+            self.root.as_fd(),
+            format!("exec-{id}").as_str(),
+            UnlinkatFlags::RemoveDir,
+        ) {
+            Ok(()) | Err(Errno::ENOENT) => true,
+            Err(Errno::EBUSY | Errno::ENOTEMPTY) => false,
+            Err(err) => {
+                log!("cannot remove cgroup exec-{id}: {err}");
+                false
+            }
+        }
+    }
+
+    /// Called when a command ended: removes its cgroup now if it is empty, else later.
+    fn release(&self, id: u64) {
+        if !self.try_remove(id) {
+            self.lingering
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(id);
+        }
+        self.sweep();
+    }
+}
+
+/// One command's cgroup. Dropping it removes the cgroup, now or once its processes are gone.
+#[derive(Debug)]
+pub struct ExecCgroup {
+    parent: Arc<ExecCgroups>,
+    id: u64,
+    name: CString,
+}
+
+impl ExecCgroup {
+    fn open(&self, file: &str, flags: OFlag) -> io::Result<std::fs::File> {
+        let path = format!("{}/{file}", self.name.to_string_lossy());
+        let fd = openat(
+            self.parent.root.as_fd(),
+            path.as_str(),
+            flags | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|err| io::Error::other(format!("cannot open cgroup file {path}: {err}")))?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    fn write(&self, file: &str, value: &str) -> io::Result<()> {
+        self.open(file, OFlag::O_WRONLY)?
+            .write_all(value.as_bytes())
+            .map_err(|err| io::Error::other(format!("cannot write {value:?} to {file}: {err}")))
+    }
+
+    fn read(&self, file: &str) -> io::Result<String> {
+        let mut text = String::new();
+        self.open(file, OFlag::O_RDONLY)?
+            .read_to_string(&mut text)?;
+        Ok(text)
+    }
+
+    /// `cgroup.procs` open for writing: a process that writes `0` to it joins the cgroup.
+    /// For a child between fork and exec, while it still has the agent's credentials.
+    pub fn join_handle(&self) -> io::Result<OwnedFd> {
+        Ok(OwnedFd::from(self.open("cgroup.procs", OFlag::O_WRONLY)?))
+    }
+
+    /// The processes in the cgroup, as pids of the agent's pid namespace.
+    pub fn pids(&self) -> io::Result<Vec<Pid>> {
+        Ok(self
+            .read("cgroup.procs")?
+            .split_whitespace()
+            .filter_map(|pid| pid.parse().ok())
+            .map(Pid::from_raw)
+            .collect())
+    }
+
+    /// Whether no process is left (an unreadable cgroup counts as not empty).
+    pub fn is_empty(&self) -> bool {
+        self.pids().is_ok_and(|pids| pids.is_empty())
+    }
+
+    /// Sends `signal` to every process in the cgroup, best effort.
+    pub fn signal(&self, signal: Signal) {
+        if let Ok(pids) = self.pids() {
+            self.signal_members(&pids, signal);
+        }
+    }
+
+    /// Signals those of `pids` that, once pinned by a pidfd, are still members: a pid read
+    /// from `cgroup.procs` may have been reaped and reused meanwhile. Pinned in batches, so
+    /// that a full cgroup never takes more descriptors than the agent may have open.
+    fn signal_members(&self, pids: &[Pid], signal: Signal) {
+        for batch in pids.chunks(PIN_BATCH) {
+            let pinned: Vec<(Pid, io::Result<OwnedFd>)> =
+                batch.iter().map(|&pid| (pid, pidfd_open(pid))).collect();
+            let Ok(members) = self.pids() else {
+                return;
+            };
+            for (pid, pidfd) in pinned {
+                if !members.contains(&pid) {
+                    continue;
+                }
+                let _ = match pidfd {
+                    Ok(pidfd) => pidfd_send_signal(pidfd.as_fd(), signal),
+                    Err(err) if err.raw_os_error() == Some(libc::ESRCH) => continue, // gone
+                    // Could not pin it (out of descriptors?): signalling by pid beats not at all.
+                    Err(_) => nix::sys::signal::kill(pid, signal).map_err(io::Error::from),
+                };
+            }
+        }
+    }
+
+    /// Kills every process in the cgroup, round after round, until it is empty. Returns false
+    /// if it could not be emptied (logged).
+    pub async fn kill_all(&self) -> bool {
+        let give_up = Instant::now() + KILL_GIVE_UP;
+        loop {
+            match self.pids() {
+                Ok(pids) if pids.is_empty() => return true,
+                Ok(_) if Instant::now() >= give_up => {
+                    log!(
+                        "cgroup {} still has processes after {KILL_GIVE_UP:?} of SIGKILL",
+                        self.name.to_string_lossy()
+                    );
+                    return false;
+                }
+                Ok(pids) => {
+                    if let Err(err) = self.kill_round(&pids).await {
+                        log!("killing cgroup {}: {err}", self.name.to_string_lossy());
+                    }
+                }
+                Err(err) => {
+                    log!("{err}");
+                    return false;
+                }
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+
+    async fn kill_round(&self, pids: &[Pid]) -> io::Result<()> {
+        let kill_each = |pids: &[Pid]| self.signal_members(pids, Signal::SIGKILL);
+        match self.parent.method {
+            KillMethod::Kill => self.write("cgroup.kill", "1"),
+            KillMethod::Signal => {
+                kill_each(pids);
+                Ok(())
+            }
+            KillMethod::FreezeV2 | KillMethod::FreezeV1 => {
+                let (file, freeze, thaw) = match self.parent.method {
+                    KillMethod::FreezeV2 => ("cgroup.freeze", "1", "0"),
+                    _ => ("freezer.state", "FROZEN", "THAWED"),
+                };
+                let froze = self.write(file, freeze);
+                if froze.is_ok() {
+                    self.wait_frozen().await;
+                }
+                // Members read once frozen: none can fork or exit until the thaw, so none is
+                // missed and no pid is reused meanwhile.
+                match self.pids() {
+                    Ok(frozen) => kill_each(&frozen),
+                    Err(_) => kill_each(pids),
+                }
+                // The SIGKILLs take effect as the members thaw.
+                let thawed = match froze {
+                    Ok(()) => self.write(file, thaw),
+                    Err(_) => Ok(()),
+                };
+                froze.and(thawed)
+            }
+        }
+    }
+
+    /// Waits until the freeze took hold, or [`FREEZE_WAIT`] passed.
+    async fn wait_frozen(&self) {
+        let until = Instant::now() + FREEZE_WAIT;
+        while Instant::now() < until {
+            let frozen = match self.parent.method {
+                KillMethod::FreezeV2 => self
+                    .read("cgroup.events")
+                    .is_ok_and(|events| events.lines().any(|l| l.trim() == "frozen 1")),
+                _ => self
+                    .read("freezer.state")
+                    .is_ok_and(|state| state.trim() == "FROZEN"),
+            };
+            if frozen {
+                return;
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+}
+
+impl Drop for ExecCgroup {
+    fn drop(&mut self) {
+        self.parent.release(self.id);
+    }
+}
+
+/// `pidfd_open(2)`: a handle on process `pid` that a reused pid cannot redirect.
+fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags (0) and returns a new fd or -1; no memory is
+    // passed.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0_u32) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(ret).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel just returned this new fd; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `pidfd_send_signal(2)`: signals exactly the process `pidfd` refers to.
+fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: Signal) -> io::Result<()> {
+    // SAFETY: pidfd is valid for the call; info is NULL (the kernel fills in an SI_USER
+    // siginfo) and flags are 0.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0_u32,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against the host's real hierarchies (as root): every kill method, on commands whose
+    //! processes leave the process group in all the usual ways.
+
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::spawn::{self, ChildSpec};
+
+    /// Processes that a process-group kill misses or that shrug off SIGTERM.
+    const ESCAPES: &str = "\
+        setsid sh -c 'trap \"\" TERM; sleep 1001' </dev/null >/dev/null 2>&1 &
+        (trap '' TERM; setsid sleep 1002 </dev/null >/dev/null 2>&1 &) &
+        setsid sh -c '(trap \"\" TERM HUP; sleep 1003) &' </dev/null >/dev/null 2>&1
+        nohup sleep 1004 >/dev/null 2>&1 &
+        trap '' TERM; sleep 1005";
+
+    /// A test cgroup under the root of the hierarchy mounted with `fs_type` (and `option` among
+    /// its super options), removed on drop.
+    struct TestParent(PathBuf);
+
+    impl TestParent {
+        fn new(fs_type: &str, option: Option<&str>, test: &str) -> Option<TestParent> {
+            if !nix::unistd::geteuid().is_root() {
+                eprintln!("SKIPPED {test}: needs root to make cgroups");
+                return None;
+            }
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+            let mount = mountinfo.lines().find_map(|line| {
+                let (before, after) = line.split_once(" - ")?;
+                let mut after = after.split(' ');
+                let (fs, _source, options) = (after.next()?, after.next()?, after.next()?);
+                let matches =
+                    fs == fs_type && option.is_none_or(|o| options.split(',').any(|x| x == o));
+                matches.then(|| before.split(' ').nth(4).map(PathBuf::from))?
+            });
+            let Some(mount) = mount else {
+                eprintln!("SKIPPED {test}: no {fs_type} hierarchy with {option:?} mounted");
+                return None;
+            };
+            let dir = mount.join(format!("dynocap-agent-test-{}-{test}", std::process::id()));
+            std::fs::create_dir(&dir).expect("test cgroup");
+            Some(TestParent(dir))
+        }
+
+        fn cgroups(&self, method: Option<KillMethod>) -> Arc<ExecCgroups> {
+            let fd = nix::fcntl::open(
+                self.0.as_path(),
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .expect("open test cgroup");
+            match method {
+                Some(method) => ExecCgroups::with_method(fd, method),
+                None => ExecCgroups::new(fd).expect("a cgroup directory"),
+            }
+        }
+    }
+
+    impl Drop for TestParent {
+        fn drop(&mut self) {
+            // A failed test may have left processes: kill them, then remove children first,
+            // giving the killed a moment to leave.
+            let mut dirs: Vec<PathBuf> = std::fs::read_dir(&self.0)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect();
+            dirs.push(self.0.clone());
+            for dir in &dirs {
+                kill_listed(dir);
+            }
+            for dir in &dirs {
+                for _ in 0..500 {
+                    match std::fs::remove_dir(dir) {
+                        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                            std::thread::sleep(RETRY);
+                        }
+                        _ => break,
+                    }
+                }
+            }
+        }
+    }
+
+    fn kill_listed(dir: &Path) {
+        for pid in std::fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+        {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+
+    fn start_in(cgroup: &ExecCgroup, script: &str) -> spawn::Spawned {
+        let spec = ChildSpec {
+            program: c"/bin/sh".to_owned(),
+            argv: vec![
+                c"sh".to_owned(),
+                c"-c".to_owned(),
+                CString::new(script).expect("no NUL"),
+            ],
+            env: crate::command::env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
+            cwd: c"/".to_owned(),
+            terminal: false,
+            user: None,
+            stdin: None,
+            cgroup: Some(cgroup.join_handle().expect("join handle")),
+        };
+        spawn::spawn(&spec).expect("spawn")
+    }
+
+    /// How many of `pids` run one of the `sleep 100N` of [`ESCAPES`].
+    fn sleeping(pids: &[Pid]) -> usize {
+        pids.iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"sleep\x00100"))
+            })
+            .count()
+    }
+
+    async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+        for _ in 0..3000 {
+            if check() {
+                return;
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+        panic!("gave up waiting for {what}");
+    }
+
+    /// Runs [`ESCAPES`] in a command cgroup, kills it, and checks nothing survived and the
+    /// cgroup went away.
+    async fn kill_everything(parent: TestParent, method: Option<KillMethod>, expected: KillMethod) {
+        crate::init::setup();
+        let cgroups = parent.cgroups(method);
+        assert_eq!(cgroups.method, expected);
+        let cgroup = cgroups.create().expect("create");
+        let dir = parent.0.join(cgroup.name.to_string_lossy().as_ref());
+        assert!(dir.is_dir());
+        let _spawned = start_in(&cgroup, ESCAPES);
+        wait_for("every escape to start", || {
+            cgroup.pids().is_ok_and(|pids| sleeping(&pids) == 5)
+        })
+        .await;
+        let members = cgroup.pids().expect("pids");
+        cgroup.signal(Signal::SIGTERM);
+        assert!(cgroup.kill_all().await, "{expected:?} emptied the cgroup");
+        assert!(cgroup.is_empty());
+        for pid in members {
+            // Reaped by the reaper thread (we are a child subreaper), or never ours.
+            wait_for("a killed process to be reaped", || {
+                !Path::new(&format!("/proc/{pid}")).exists()
+                    || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                        .is_ok_and(|s| s.contains(") Z"))
+            })
+            .await;
+        }
+        drop(cgroup);
+        assert!(!dir.exists(), "an emptied cgroup is removed when released");
+    }
+
+    #[tokio::test]
+    async fn cgroup_kill_on_v2() {
+        let Some(parent) = TestParent::new("cgroup2", None, "v2kill") else {
+            return;
+        };
+        if !parent.0.join("cgroup.kill").exists() {
+            eprintln!("SKIPPED cgroup_kill_on_v2: the kernel has no cgroup.kill");
+            return;
+        }
+        kill_everything(parent, None, KillMethod::Kill).await;
+    }
+
+    #[tokio::test]
+    async fn freeze_kill_thaw_on_v2() {
+        let Some(parent) = TestParent::new("cgroup2", None, "v2freeze") else {
+            return;
+        };
+        kill_everything(parent, Some(KillMethod::FreezeV2), KillMethod::FreezeV2).await;
+    }
+
+    #[tokio::test]
+    async fn freeze_kill_thaw_on_a_v1_freezer() {
+        let Some(parent) = TestParent::new("cgroup", Some("freezer"), "v1freezer") else {
+            return;
+        };
+        kill_everything(parent, None, KillMethod::FreezeV1).await;
+    }
+
+    #[tokio::test]
+    async fn kill_loop_on_v1_pids() {
+        let Some(parent) = TestParent::new("cgroup", Some("pids"), "v1pids") else {
+            return;
+        };
+        kill_everything(parent, None, KillMethod::Signal).await;
+    }
+
+    #[tokio::test]
+    async fn a_fork_loop_cannot_outrun_a_kill_without_freezer() {
+        let Some(parent) = TestParent::new("cgroup", Some("pids"), "forkloop") else {
+            return;
+        };
+        // Bounded, as the sandbox's pids limit bounds it in a guest.
+        std::fs::write(parent.0.join("pids.max"), "200").expect("pids.max");
+        crate::init::setup();
+        let cgroups = parent.cgroups(None);
+        assert_eq!(cgroups.method, KillMethod::Signal);
+        let cgroup = cgroups.create().expect("create");
+        let _spawned = start_in(
+            &cgroup,
+            "setsid sh -c 'while :; do sleep 1000 & done' </dev/null >/dev/null 2>&1 & sleep 1000",
+        );
+        wait_for("the loop to fill the cgroup", || {
+            cgroup.pids().is_ok_and(|pids| pids.len() >= 50)
+        })
+        .await;
+        assert!(cgroup.kill_all().await, "the kill kept up with the forks");
+        assert!(cgroup.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_cgroup_with_processes_left_lingers_until_they_exit() {
+        let Some(parent) = TestParent::new("cgroup", Some("pids"), "linger") else {
+            return;
+        };
+        crate::init::setup();
+        let cgroups = parent.cgroups(None);
+        let cgroup = cgroups.create().expect("create");
+        let dir = parent.0.join(cgroup.name.to_string_lossy().as_ref());
+        let spawned = start_in(&cgroup, "sleep 1001 </dev/null >/dev/null 2>&1 & echo $!");
+        let status = spawned.exit.await.expect("exit status");
+        assert_eq!(status, crate::reaper::ExitStatus::Exited(0));
+        let survivor = cgroup.pids().expect("pids");
+        assert_eq!(survivor.len(), 1, "the background sleep keeps running");
+        drop(cgroup);
+        assert!(dir.is_dir(), "a cgroup with a process left is kept");
+        let _ = nix::sys::signal::kill(survivor[0], Signal::SIGKILL);
+        wait_for("the survivor to leave", || {
+            std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
+        })
+        .await;
+        // The next command's cgroup sweeps it away.
+        let next = cgroups.create().expect("create");
+        assert!(!dir.exists(), "the emptied cgroup was swept");
+        drop(next);
+    }
+}

@@ -87,6 +87,11 @@ async def test_full_task_cycle(host: Host) -> None:
         saved = Path(finish["patchPath"])
         assert "+world" in saved.read_text()
         assert Path(finish["summaryPath"]).is_file() and Path(finish["logPath"]).is_file()
+        # A finished task's diff is the patch it saved.
+        shown = await s.call_tool("dynocap_diff", {"target": "cycle"})
+        assert not shown.is_error, shown.content[0].text
+        assert "+world" in shown.structured_content["patch"]
+        assert shown.structured_content["files"] == finish["files"]
 
         listed = ok(await s.call_tool("dynocap_ls", {}))
         [record] = [t for t in listed["tasks"] if t["id"] == task["id"]]

@@ -370,12 +370,10 @@ impl Engine {
         let display = record.name.as_deref().unwrap_or(&record.id);
         let path = self.home.control_socket(&record.id);
         let exchange = async {
-            let mut stream = UnixStream::connect(&path).await.map_err(|err| {
-                Error::internal(format!(
-                    "cannot reach the supervisor of \"{display}\" at {}: {err}",
-                    path.display()
-                ))
-            })?;
+            let mut stream = match UnixStream::connect(&path).await {
+                Ok(stream) => stream,
+                Err(err) => return Err(self.unreachable(record, &path, &err)),
+            };
             write_message(&mut stream, request).await?;
             let (read, _write) = stream.split();
             let mut reader = BufReader::new(read);
@@ -395,6 +393,36 @@ impl Engine {
                 )))
             }),
             err = watch_supervisor(record, display) => Err(err),
+        }
+    }
+
+    /// Why a supervisor's socket cannot be reached: most often the sandbox is ending (its TTL
+    /// ran out, or another call destroys or finishes it) and closed its socket first.
+    fn unreachable(&self, record: &Record, path: &std::path::Path, err: &std::io::Error) -> Error {
+        let display = record.name.as_deref().unwrap_or(&record.id);
+        let kind = record.kind;
+        let current = self
+            .catalog()
+            .and_then(|catalog| catalog.get(&record.id))
+            .ok()
+            .flatten();
+        match current {
+            None => Error::not_found(format!(
+                "sandbox \"{display}\" is gone: it ended (destroyed, or its TTL ran out) just before this call"
+            )),
+            Some(current) if !matches!(current.state, State::Starting | State::Running) => {
+                Error::conflict(not_running(display, kind, current.state))
+            }
+            Some(current) if current.supervisor.is_some_and(|p| p.is_alive()) => {
+                Error::conflict(format!(
+                    "{} \"{display}\" is ending (its TTL ran out, or it is being finished or destroyed) and takes no more requests",
+                    if kind == Kind::Task { "task" } else { "sandbox" }
+                ))
+            }
+            Some(_) => Error::internal(format!(
+                "cannot reach the supervisor of \"{display}\" at {}: {err}",
+                path.display()
+            )),
         }
     }
 
@@ -514,7 +542,7 @@ fn not_running(name: &str, kind: Kind, state: State) -> String {
             format!("task \"{name}\" is being recovered; wait for that finish to complete")
         }
         (Kind::Task, State::Finished | State::Expired | State::Destroyed) => format!(
-            "task \"{name}\" is {}: its guest is gone and its work is saved; look at its result by finishing it again, and start a new task to keep working",
+            "task \"{name}\" is {}: its guest is gone and its work is saved (its diff and finish show the saved result); start a new task to keep working",
             state.as_str()
         ),
         (Kind::Task, _) => format!(

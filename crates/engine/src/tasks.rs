@@ -57,7 +57,19 @@ impl Engine {
     }
 
     /// The patch baseline → working tree and the host's reading of it.
+    /// A task that ended shows the patch it saved, with its saved summary.
     pub async fn task_diff(&self, target: &str) -> Result<DiffResult> {
+        let catalog = self.catalog()?;
+        self.reconcile(&catalog)?;
+        let found = find(&catalog, target)?;
+        if found.kind == Kind::Task
+            && matches!(
+                found.state,
+                State::Finished | State::Expired | State::Destroyed | State::Lost
+            )
+        {
+            return self.saved_diff(&catalog, &found, target);
+        }
         let record = self.live_record(target, Kind::Task)?;
         match self.call(&record, &ControlRequest::Diff).await? {
             ControlReply::Diff(result) => Ok(result),
@@ -127,6 +139,35 @@ impl Engine {
             record.state.as_str(),
             record.note.as_deref().unwrap_or("no reason recorded")
         )))
+    }
+
+    /// The saved patch of a task that ended, bounded as a live diff is.
+    fn saved_diff(&self, catalog: &Catalog, record: &Record, target: &str) -> Result<DiffResult> {
+        let result = self.saved_result(catalog, record, target)?;
+        let path = std::path::Path::new(&result.patch_path);
+        let size = std::fs::metadata(path)
+            .map_err(|err| Error::internal(format!("reading {}: {err}", path.display())))?
+            .len();
+        let shown = u64::try_from(crate::patch::DEFAULT_MAX_PATCH_BYTES).unwrap_or(u64::MAX);
+        if size > shown {
+            return Err(Error::invalid(format!(
+                "task \"{target}\" saved a patch of {} MiB, more than the {} MiB a diff shows; read it whole in {}",
+                size / (1024 * 1024),
+                shown / (1024 * 1024),
+                path.display()
+            )));
+        }
+        let patch = std::fs::read(path)
+            .map_err(|err| Error::internal(format!("reading {}: {err}", path.display())))?;
+        Ok(DiffResult {
+            summary: crate::patch::DiffSummary {
+                files: result.files,
+                additions: result.additions,
+                deletions: result.deletions,
+                sensitive_paths: result.sensitive_paths,
+            },
+            patch: String::from_utf8_lossy(&patch).into_owned(),
+        })
     }
 
     /// Boots a recovery guest over an unsaved task's kept files and saves its work.

@@ -70,14 +70,24 @@ fn large_output_is_truncated_and_stdin_is_closed() {
     let Some(home) = booted("large_output_is_truncated_and_stdin_is_closed") else {
         return;
     };
+    // 10 MiB of `a` then a last line: the head and the tail survive, with the count between.
     let big = home.exec(
         "ex",
         &[],
-        "head -c 10485760 /dev/zero | tr '\\0' a; echo done >&2",
+        "head -c 10485760 /dev/zero | tr '\\0' a; echo; echo the-last-line; echo done >&2",
     );
     assert_eq!(big["exitCode"], 0);
     assert_eq!(big["truncated"], true);
-    assert_eq!(big["stdout"].as_str().unwrap().len(), 1024 * 1024);
+    let stdout = big["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("aaaa"), "the head is kept");
+    assert!(stdout.ends_with("\nthe-last-line\n"), "the tail is kept");
+    let omitted = 10_485_760 + 15 - 1024 * 1024;
+    let marker = format!("[… {} bytes omitted …]", thousands(omitted));
+    assert!(
+        stdout.contains(&marker),
+        "the marker counts what was dropped: {marker}"
+    );
+    assert!(stdout.len() < 1024 * 1024 + 100);
     assert_eq!(big["stderr"], "done\n");
     // stdin is /dev/null: cat returns at once instead of waiting for the timeout.
     let cat = home.exec("ex", &["--timeout", "20"], "cat; echo eof");
@@ -464,5 +474,44 @@ fn commands_up_to_the_limit_run_and_longer_ones_are_refused() {
             .unwrap_or_default()
             .contains("262144"),
         "{refused:#}"
+    );
+}
+
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[test]
+fn an_out_of_memory_kill_is_reported_as_such() {
+    if !require_root("an_out_of_memory_kill_is_reported_as_such") {
+        return;
+    }
+    let home = TestHome::new();
+    home.sandbox("small", &["--memory-mb", "64"]);
+    let hog = home.exec(
+        "small",
+        &["--timeout", "60"],
+        "python3 -c 'x = bytearray(512 * 1024 * 1024); print(len(x))'",
+    );
+    assert_eq!(hog["oomKilled"], true, "{hog:#}");
+    assert_eq!(hog["signal"], "SIGKILL", "{hog:#}");
+    let stderr = hog["stderr"].as_str().unwrap();
+    assert!(
+        stderr.contains("memory limit (64 MB)") && stderr.contains("memoryMB"),
+        "{hog:#}"
+    );
+    // The sandbox survives, and a command that fits is not marked.
+    let fine = home.exec("small", &[], "echo fine");
+    assert_eq!(
+        (fine["stdout"].as_str(), fine["oomKilled"].as_bool()),
+        (Some("fine\n"), Some(false))
     );
 }

@@ -77,6 +77,40 @@ async def test_exec_options(host: Host) -> None:
             "invalid_argument")
 
 
+async def test_output_keeps_head_and_tail_and_can_be_bytes(host: Host) -> None:
+    async with connect(host) as s:
+        ok(await s.call_tool("dynocap_run", {"name": "out"}))
+        # A long build log: the default keeps 8 KiB of head and 24 KiB of tail.
+        log = ok(await s.call_tool("dynocap_exec", {
+            "name": "out", "command": "seq 1 200000; echo 'error: the real failure' >&2; seq 1 50000 >&2"}))
+        assert log["truncated"] is True and log["oomKilled"] is False
+        assert log["stdout"].startswith("1\n2\n3\n") and log["stdout"].endswith("\n199999\n200000\n")
+        assert re.search(r"\[… [0-9,]+ bytes omitted …\]", log["stdout"]), log["stdout"][8000:8300]
+        assert 32 * 1024 <= len(log["stdout"].encode()) < 32 * 1024 + 100
+        assert "error: the real failure" in log["stderr"] and log["stderr"].endswith("\n50000\n")
+        # maxOutputBytes asks for more, within its range.
+        more = ok(await s.call_tool("dynocap_exec", {
+            "name": "out", "command": "seq 1 200000", "maxOutputBytes": 1048576}))
+        assert more["truncated"] is True and more["stdout"].endswith("\n200000\n")
+        assert len(more["stdout"].encode()) > 1_000_000
+        whole = ok(await s.call_tool("dynocap_exec", {
+            "name": "out", "command": "seq 1 1000", "maxOutputBytes": 1048576}))
+        assert whole["truncated"] is False and whole["stdout"] == "".join(f"{i}\n" for i in range(1, 1001))
+        err(await s.call_tool("dynocap_exec", {"name": "out", "command": "true", "maxOutputBytes": 0}),
+            "invalid_argument")
+        err(await s.call_tool("dynocap_exec", {"name": "out", "command": "true", "maxOutputBytes": 1048577}),
+            "invalid_argument")
+        # Binary output, byte for byte.
+        raw = ok(await s.call_tool("dynocap_exec", {
+            "name": "out", "command": "printf '\\000\\377\\200ok'", "outputEncoding": "base64"}))
+        import base64
+        assert base64.b64decode(raw["stdout"]) == b"\x00\xff\x80ok"
+        lossy = ok(await s.call_tool("dynocap_exec", {"name": "out", "command": "printf '\\377ok'"}))
+        assert lossy["stdout"] == "\ufffdok"
+        err(await s.call_tool("dynocap_exec", {"name": "out", "command": "true", "outputEncoding": "hex"}),
+            "invalid_argument")
+
+
 async def test_default_exec_timeout_is_30_seconds(host: Host) -> None:
     async with connect(host) as s:
         ok(await s.call_tool("dynocap_run", {"name": "slow"}))

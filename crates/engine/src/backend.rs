@@ -36,6 +36,8 @@ pub trait Guest: Send {
     fn pid(&self) -> i32;
     /// Stops the guest and releases everything it held, its writable layer included.
     fn destroy(self: Box<Self>) -> Result<()>;
+    /// The file counting the guest's OOM kills (`oom_kill N`), where the backend has one.
+    fn memory_events(&self) -> Option<PathBuf>;
     /// Raises the guest's memory limit to `bytes` (never lowers it), for saving its work.
     fn raise_memory_limit(&self, bytes: u64) -> Result<()>;
     /// Stops the guest and releases its processes and resources, but keeps its writable layer
@@ -152,6 +154,14 @@ impl Guest for JailGuest {
         self.0
             .destroy()
             .map_err(|err| Error::internal(format!("destroying the jail: {err}")))
+    }
+    fn memory_events(&self) -> Option<PathBuf> {
+        self.0.cgroup_paths().into_iter().find_map(|dir| {
+            ["memory.events", "memory.oom_control"]
+                .iter()
+                .map(|file| dir.join(file))
+                .find(|path| path.is_file())
+        })
     }
     fn raise_memory_limit(&self, bytes: u64) -> Result<()> {
         self.0

@@ -1,6 +1,8 @@
 //! Runs one command through the agent and turns its frames into the Exec object of
-//! CONTRACT.md. Output is guest data: it is bounded here again (whatever the agent claims),
-//! decoded lossily, and a terminal's bytes are rendered by a terminal emulator, never echoed.
+//! CONTRACT.md. Output is guest data: it is bounded here (its head and its tail, see
+//! [`crate::excerpt`]), decoded lossily or base64-encoded, and a terminal's bytes are rendered
+//! by a terminal emulator, never echoed. The command's deadline is enforced here too, so an
+//! agent that stopped answering cannot hold the caller.
 
 use std::time::Duration;
 
@@ -9,7 +11,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent_conn::{agent_error_message, agent_gone, AgentConn};
 use crate::error::{Error, Result};
-use crate::spec::{ExecSpec, EXEC_KILL_GRACE_MS, EXEC_OUTPUT_LIMIT};
+use crate::excerpt::{excerpt_str, Excerpt};
+use crate::spec::{ExecSpec, OutputEncoding, EXEC_KILL_GRACE_MS};
+
+/// How long past a command's own deadline (timeout plus the kill grace) the agent may take to
+/// report its end before the host answers for it.
+const HOST_SLACK: Duration = Duration::from_secs(10);
 
 /// The Exec object (CONTRACT.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,6 +33,9 @@ pub struct ExecResult {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub transcript: Option<String>,
     pub truncated: bool,
+    /// The sandbox's memory limit killed a process while this command ran.
+    #[serde(default)]
+    pub oom_killed: bool,
 }
 
 /// Terminal geometry promised by the tools reference.
@@ -34,30 +44,6 @@ pub const TERMINAL_COLS: u16 = 80;
 /// Lines of scrollback kept for a transcript, on top of the visible screen.
 const TERMINAL_SCROLLBACK: usize = 10_000;
 
-/// A byte buffer that keeps at most `limit` bytes and remembers whether it dropped any.
-struct Capped {
-    bytes: Vec<u8>,
-    limit: usize,
-    dropped: bool,
-}
-
-impl Capped {
-    fn new(limit: usize) -> Self {
-        Self {
-            bytes: Vec::new(),
-            limit,
-            dropped: false,
-        }
-    }
-    fn push(&mut self, data: &[u8]) {
-        let room = self.limit.saturating_sub(self.bytes.len());
-        if data.len() > room {
-            self.dropped = true;
-        }
-        self.bytes.extend_from_slice(&data[..data.len().min(room)]);
-    }
-}
-
 /// Runs `spec` through `conn`. `cancelled` resolves when the caller gave up (client
 /// disconnected); the command is then killed and its partial result returned.
 pub async fn run(
@@ -65,28 +51,31 @@ pub async fn run(
     spec: &ExecSpec,
     cancelled: impl std::future::Future<Output = ()>,
 ) -> Result<ExecResult> {
-    let limit = usize::try_from(EXEC_OUTPUT_LIMIT).unwrap_or(usize::MAX);
+    let limit = usize::try_from(spec.max_output_bytes).unwrap_or(usize::MAX);
     let request = Request::Exec(ExecRequest {
         command: spec.command.clone(),
         cwd: spec.cwd.clone(),
         env: spec.env.clone(),
         timeout_ms: spec.timeout_seconds.saturating_mul(1000),
         terminal: spec.terminal,
-        output_limit: EXEC_OUTPUT_LIMIT,
+        // All of it: the tail is kept here, and the agent's own cap keeps only a head.
+        output_limit: u64::MAX,
         kill_grace_ms: EXEC_KILL_GRACE_MS,
     });
+    let started = std::time::Instant::now();
     let mut stream = conn.open(&request).await?;
-    let mut stdout = Capped::new(limit);
-    let mut stderr = Capped::new(limit);
-    let mut terminal = Capped::new(limit);
+    let mut stdout = Excerpt::new(limit);
+    let mut stderr = Excerpt::new(limit);
+    // A transcript is rendered from the raw bytes, then bounded as text.
+    let mut terminal = Excerpt::new(limit.saturating_mul(4));
     let mut cancelled = std::pin::pin!(cancelled);
     let mut cancel_sent = false;
     // Past the command's own deadline plus the kill grace, an agent that still has not
-    // answered is broken; do not wait on it forever.
+    // answered is stopped or wedged: answer for it with what came so far.
     let hard_deadline = tokio::time::Instant::now()
         + Duration::from_secs(spec.timeout_seconds)
         + Duration::from_millis(EXEC_KILL_GRACE_MS)
-        + Duration::from_secs(30);
+        + HOST_SLACK;
 
     let exit: ExecExit = loop {
         let frame = tokio::select! {
@@ -98,7 +87,19 @@ pub async fn run(
             }
             () = tokio::time::sleep_until(hard_deadline) => {
                 let _ = stream.cancel().await;
-                return Err(Error::internal("the guest agent did not report the end of the command in time"));
+                stderr.push(format!(
+                    "\ndynocap: the sandbox's guest agent did not report the end of this command within {}s of its {}s timeout, so the host answers for it; the command may still be running. The guest may be stopped or overloaded: destroy the sandbox if this persists.\n",
+                    HOST_SLACK.as_secs() + EXEC_KILL_GRACE_MS / 1000,
+                    spec.timeout_seconds
+                ).as_bytes());
+                break ExecExit {
+                    exit_code: None,
+                    signal: None,
+                    timed_out: true,
+                    cancelled: false,
+                    duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    truncated: false,
+                };
             }
         };
         let Some(frame) = frame else {
@@ -136,13 +137,23 @@ pub async fn run(
         }
     };
 
-    let truncated = exit.truncated || stdout.dropped || stderr.dropped || terminal.dropped;
+    let mut truncated =
+        exit.truncated || stdout.truncated() || stderr.truncated() || terminal.truncated();
+    let encode = |bytes: Vec<u8>| match spec.output_encoding {
+        OutputEncoding::Utf8 => String::from_utf8_lossy(&bytes).into_owned(),
+        OutputEncoding::Base64 => {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        }
+    };
     let (stdout, stderr, transcript) = if spec.terminal {
-        (None, None, Some(render_terminal(&terminal.bytes)))
+        let (text, cut) = excerpt_str(&render_terminal(&terminal.into_bytes()), limit);
+        truncated |= cut;
+        (None, None, Some(encode(text.into_bytes())))
     } else {
         (
-            Some(String::from_utf8_lossy(&stdout.bytes).into_owned()),
-            Some(String::from_utf8_lossy(&stderr.bytes).into_owned()),
+            Some(encode(stdout.into_bytes())),
+            Some(encode(stderr.into_bytes())),
             None,
         )
     };
@@ -155,6 +166,7 @@ pub async fn run(
         stderr,
         transcript,
         truncated,
+        oom_killed: false,
     })
 }
 
@@ -223,14 +235,6 @@ mod tests {
         assert_eq!(lines.len(), 60);
         assert_eq!(lines[0], "line 0");
         assert_eq!(lines[59], "line 59");
-    }
-
-    #[test]
-    fn capped_buffer_drops_and_flags() {
-        let mut buf = Capped::new(4);
-        buf.push(b"ab");
-        buf.push(b"cdef");
-        assert_eq!((buf.bytes.as_slice(), buf.dropped), (&b"abcd"[..], true));
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod catalog_file;
 mod catalog_lock;
 pub mod control;
 pub mod error;
+pub mod excerpt;
 pub mod exec;
 pub mod failpoint;
 pub mod finish;

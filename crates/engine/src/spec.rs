@@ -204,7 +204,38 @@ pub struct ExecSpec {
     pub env: Vec<(String, String)>,
     pub timeout_seconds: u64,
     pub terminal: bool,
+    /// Output kept per stream: its head and its tail, with a marker where bytes were dropped
+    /// ([`crate::excerpt`]).
+    pub max_output_bytes: u64,
+    pub output_encoding: OutputEncoding,
 }
+
+/// How output travels in an Exec result.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputEncoding {
+    /// Text; bytes that are not UTF-8 become U+FFFD.
+    #[default]
+    Utf8,
+    /// The bytes as they came, base64-encoded.
+    Base64,
+}
+
+impl OutputEncoding {
+    pub fn parse(value: &str) -> Result<Self> {
+        match value {
+            "utf8" => Ok(Self::Utf8),
+            "base64" => Ok(Self::Base64),
+            other => Err(Error::invalid(format!(
+                "outputEncoding \"{other}\" is not valid; use \"utf8\" or \"base64\""
+            ))),
+        }
+    }
+}
+
+/// What an MCP exec keeps of each stream unless `maxOutputBytes` asks for more: 8 KiB of head
+/// and 24 KiB of tail, enough for the error at the end of a long build log.
+pub const EXEC_OUTPUT_MCP_DEFAULT: u64 = 32 * 1024;
 
 impl ExecSpec {
     pub fn new(
@@ -297,7 +328,18 @@ impl ExecSpec {
             env,
             timeout_seconds,
             terminal,
+            max_output_bytes: EXEC_OUTPUT_LIMIT,
+            output_encoding: OutputEncoding::Utf8,
         })
+    }
+
+    /// Sets how much output per stream the result keeps (`maxOutputBytes`, 1 to 1 MiB) and
+    /// how it is encoded.
+    pub fn with_output(mut self, max_output_bytes: u64, encoding: OutputEncoding) -> Result<Self> {
+        self.max_output_bytes =
+            check_range("maxOutputBytes", max_output_bytes, 1, EXEC_OUTPUT_LIMIT)?;
+        self.output_encoding = encoding;
+        Ok(self)
     }
 }
 

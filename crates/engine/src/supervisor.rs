@@ -31,18 +31,15 @@ use crate::home::Home;
 use crate::patch::{self, DEFAULT_MAX_PATCH_BYTES};
 use crate::sandboxes::rfc3339;
 use crate::save::{self, ResultFiles, TaskFacts};
-use crate::spec::{ExecSpec, EXEC_KILL_GRACE_MS};
+use crate::spec::ExecSpec;
 use crate::task_spec::{DiffResult, FinishResult, Progress, Source, SourceInfo, TaskDetail};
 use crate::workspace::{self, BaselineIndex, BASELINE_TAR};
 use crate::{exec, failpoint, finish, image, spec};
 
 /// How long the agent may take to say hello after the guest starts.
 const AGENT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
-/// Output kept per stream in a task's exec log (the caller got up to 1 MiB).
-const LOG_OUTPUT_BYTES: usize = 16 * 1024;
-/// How long past an exec's own deadline (timeout plus the kill grace) the supervisor waits
-/// for the agent's answer before answering for it: the agent may be stopped or wedged.
-const EXEC_HOST_SLACK: Duration = Duration::from_secs(10);
+/// Output kept per stream in a task's exec log: its head and tail, as an MCP caller gets it.
+const LOG_OUTPUT_BYTES: usize = 32 * 1024;
 /// How long requests still being served may take to answer once the sandbox has ended.
 const DRAIN_CLIENTS: Duration = Duration::from_secs(10);
 
@@ -335,6 +332,7 @@ enum EndRequest {
 struct Shared {
     conn: AgentConn,
     task: Option<TaskContext>,
+    oom: OomWatch,
     /// Set once the sandbox is ending: what an interrupted command is told.
     ending: OnceLock<String>,
 }
@@ -363,6 +361,10 @@ async fn serve(
     let shared = Arc::new(Shared {
         conn,
         task,
+        oom: OomWatch {
+            events: guest.memory_events(),
+            memory_mb: record.memory_mb,
+        },
         ending: OnceLock::new(),
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
@@ -807,7 +809,10 @@ async fn handle_client(
                 let _ = tokio::io::AsyncReadExt::read(&mut reader, &mut byte).await;
             };
             let started_at = chrono::Utc::now();
-            let result = run_exec(conn, &spec, client_gone).await;
+            let kills_before = shared.oom.kills();
+            let result = exec::run(conn, &spec, client_gone)
+                .await
+                .map(|result| shared.oom.annotate(result, kills_before));
             // A command cut off by the sandbox's end is told why, not that the agent is gone.
             let result = match (result, shared.ending.get()) {
                 (Err(_), Some(ending)) => Err(Error::conflict(ending.clone())),
@@ -844,43 +849,44 @@ async fn handle_client(
     let _ = write_message(&mut write, &reply).await;
 }
 
-/// Runs one command, with the deadline enforced here too: an agent that stopped answering
-/// (SIGSTOP, a wedged guest) cannot hold the caller past the command's own timeout.
-async fn run_exec(
-    conn: &AgentConn,
-    spec: &ExecSpec,
-    cancelled: impl std::future::Future<Output = ()>,
-) -> Result<ExecResult> {
-    let deadline = Duration::from_secs(spec.timeout_seconds)
-        + Duration::from_millis(EXEC_KILL_GRACE_MS)
-        + EXEC_HOST_SLACK;
-    let started = std::time::Instant::now();
-    match tokio::time::timeout(deadline, exec::run(conn, spec, cancelled)).await {
-        Ok(result) => result,
-        Err(_) => {
-            log(&format!(
-                "exec: the agent did not answer within {}s of a {}s command; answering for it",
-                deadline.as_secs(),
-                spec.timeout_seconds
-            ));
-            let note = format!(
-                "dynocap: the sandbox's guest agent did not answer within {}s of the command's {}s timeout; \
-                 the command may still be running in the guest. The guest may be stopped or overloaded: \
-                 destroy the sandbox if this persists.\n",
-                deadline.as_secs() - spec.timeout_seconds,
-                spec.timeout_seconds
-            );
-            Ok(ExecResult {
-                exit_code: None,
-                signal: None,
-                timed_out: true,
-                duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                stdout: (!spec.terminal).then(String::new),
-                stderr: (!spec.terminal).then(|| note.clone()),
-                transcript: spec.terminal.then_some(note),
-                truncated: false,
-            })
+/// The sandbox's count of OOM kills, to tell a command that the memory limit killed
+/// something while it ran (a shell reports that only as exit status 137).
+struct OomWatch {
+    /// `memory.oom_control` (v1) or `memory.events` (v2) of the sandbox's cgroup.
+    events: Option<PathBuf>,
+    memory_mb: u64,
+}
+
+impl OomWatch {
+    fn kills(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.events.as_ref()?).ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix("oom_kill "))
+            .and_then(|n| n.trim().parse().ok())
+    }
+
+    fn annotate(&self, mut result: ExecResult, before: Option<u64>) -> ExecResult {
+        let (Some(before), Some(after)) = (before, self.kills()) else {
+            return result;
+        };
+        if after <= before {
+            return result;
         }
+        result.oom_killed = true;
+        if result.exit_code == Some(137) || result.signal.is_none() && result.exit_code.is_none() {
+            result.signal = Some("SIGKILL".to_owned());
+        }
+        let note = format!(
+            "\ndynocap: the sandbox's memory limit ({} MB) killed a process of this command (out of memory); start the sandbox with more memory (memoryMB) if it needs more.\n",
+            self.memory_mb
+        );
+        for text in [&mut result.stderr, &mut result.transcript]
+            .into_iter()
+            .flatten()
+        {
+            text.push_str(&note);
+        }
+        result
     }
 }
 
@@ -912,8 +918,8 @@ impl TaskContext {
             .clone()
     }
 
-    /// Appends one line to `exec.jsonl`. Output is cut to a few KiB: the log says what ran,
-    /// the caller already got the output.
+    /// Appends one line to `exec.jsonl`. Output keeps its head and tail (32 KiB per stream):
+    /// the log says what ran and how it ended; the caller already got the output.
     fn log_exec(
         &self,
         spec: &ExecSpec,
@@ -921,13 +927,8 @@ impl TaskContext {
         result: &Result<ExecResult>,
     ) {
         let cut = |text: &Option<String>| {
-            text.as_deref().map(|t| {
-                let mut end = t.len().min(LOG_OUTPUT_BYTES);
-                while !t.is_char_boundary(end) {
-                    end -= 1;
-                }
-                t[..end].to_owned()
-            })
+            text.as_deref()
+                .map(|t| crate::excerpt::excerpt_str(t, LOG_OUTPUT_BYTES).0)
         };
         let mut entry = serde_json::json!({
             "startedAt": rfc3339(started_at),
@@ -946,6 +947,7 @@ impl TaskContext {
                 "stderr": cut(&r.stderr),
                 "transcript": cut(&r.transcript),
                 "truncated": r.truncated || [&r.stdout, &r.stderr, &r.transcript].iter().any(|t| t.as_ref().is_some_and(|t| t.len() > LOG_OUTPUT_BYTES)),
+                "oomKilled": r.oom_killed,
             }),
             Err(err) => serde_json::json!({ "error": err.to_string() }),
         };

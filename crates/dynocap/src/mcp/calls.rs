@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use dynocap_engine::spec::{ExecSpec, RunSpec};
+use dynocap_engine::spec::{ExecSpec, OutputEncoding, RunSpec, EXEC_OUTPUT_MCP_DEFAULT};
 use dynocap_engine::task_spec::{Progress, Source, TaskStartSpec};
 use dynocap_engine::{Engine, Error};
 
@@ -208,6 +208,10 @@ impl Tools {
 fn exec_spec(args: &Args<'_>, default_cwd: &str) -> Result<ExecSpec, Error> {
     let command = args.required_string("command")?;
     let cwd = args.string("cwd")?;
+    let encoding = match args.string("outputEncoding")? {
+        Some(value) => OutputEncoding::parse(&value)?,
+        None => OutputEncoding::Utf8,
+    };
     ExecSpec::new(
         &command,
         cwd.as_deref(),
@@ -215,6 +219,11 @@ fn exec_spec(args: &Args<'_>, default_cwd: &str) -> Result<ExecSpec, Error> {
         args.string_map("env")?,
         args.integer("timeoutSeconds")?,
         args.boolean("terminal")?.unwrap_or(false),
+    )?
+    .with_output(
+        args.integer("maxOutputBytes")?
+            .unwrap_or(EXEC_OUTPUT_MCP_DEFAULT),
+        encoding,
     )
 }
 

@@ -1,0 +1,183 @@
+//! Bounded excerpts of command output: the head and the tail, with a marker saying how much
+//! was dropped between them. A build log's first lines say what ran and its last lines say
+//! why it failed, so both ends are worth more to a reader (and to a model) than the first
+//! megabyte alone.
+
+use std::collections::VecDeque;
+
+/// Share of the bound kept from the start; the rest is kept from the end.
+const HEAD_SHARE: usize = 4;
+
+/// Keeps the first `max / 4` and the last `max - max / 4` bytes pushed into it.
+#[derive(Debug)]
+pub struct Excerpt {
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    head_cap: usize,
+    tail_cap: usize,
+    omitted: u64,
+}
+
+impl Excerpt {
+    pub fn new(max: usize) -> Self {
+        let head_cap = max / HEAD_SHARE;
+        Self {
+            head: Vec::new(),
+            tail: VecDeque::new(),
+            head_cap,
+            tail_cap: max - head_cap,
+            omitted: 0,
+        }
+    }
+
+    pub fn push(&mut self, data: &[u8]) {
+        let room = self.head_cap.saturating_sub(self.head.len());
+        let (to_head, rest) = data.split_at(room.min(data.len()));
+        self.head.extend_from_slice(to_head);
+        if rest.len() >= self.tail_cap {
+            self.omitted += (self.tail.len() + rest.len() - self.tail_cap) as u64;
+            self.tail.clear();
+            self.tail.extend(&rest[rest.len() - self.tail_cap..]);
+            return;
+        }
+        self.tail.extend(rest);
+        let excess = self.tail.len().saturating_sub(self.tail_cap);
+        if excess > 0 {
+            self.tail.drain(..excess);
+            self.omitted += excess as u64;
+        }
+    }
+
+    /// Whether bytes were dropped.
+    pub fn truncated(&self) -> bool {
+        self.omitted > 0
+    }
+
+    /// The head, a marker line where bytes were dropped, and the tail. The cut edges are moved
+    /// to character boundaries (the bytes moved count as omitted), so UTF-8 text stays text.
+    pub fn into_bytes(self) -> Vec<u8> {
+        let Self {
+            mut head,
+            tail,
+            mut omitted,
+            ..
+        } = self;
+        let mut tail: Vec<u8> = tail.into();
+        if omitted == 0 {
+            head.extend_from_slice(&tail);
+            return head;
+        }
+        let partial = incomplete_suffix(&head);
+        head.truncate(head.len() - partial);
+        let continuation = tail
+            .iter()
+            .take(3)
+            .take_while(|&&b| b & 0xC0 == 0x80)
+            .count();
+        tail.drain(..continuation);
+        omitted += (partial + continuation) as u64;
+        head.extend_from_slice(marker(omitted).as_bytes());
+        head.extend_from_slice(&tail);
+        head
+    }
+}
+
+/// `text` cut to at most about `max` bytes the same way (head, marker, tail).
+pub fn excerpt_str(text: &str, max: usize) -> (String, bool) {
+    if text.len() <= max {
+        return (text.to_owned(), false);
+    }
+    let mut excerpt = Excerpt::new(max);
+    excerpt.push(text.as_bytes());
+    (
+        String::from_utf8_lossy(&excerpt.into_bytes()).into_owned(),
+        true,
+    )
+}
+
+/// The line put where bytes were dropped: `[… 1,234,567 bytes omitted …]`.
+pub fn marker(omitted: u64) -> String {
+    format!("\n[… {} bytes omitted …]\n", thousands(omitted))
+}
+
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Length of a UTF-8 sequence cut off at the end of `bytes` (0 when it ends cleanly).
+fn incomplete_suffix(bytes: &[u8]) -> usize {
+    for back in 1..=3.min(bytes.len()) {
+        let byte = bytes[bytes.len() - back];
+        if byte & 0xC0 == 0x80 {
+            continue;
+        }
+        let needed = match byte {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if needed > back { back } else { 0 };
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_output_is_kept_whole() {
+        let mut e = Excerpt::new(100);
+        e.push(b"hello ");
+        e.push(b"world");
+        assert!(!e.truncated());
+        assert_eq!(e.into_bytes(), b"hello world");
+    }
+
+    #[test]
+    fn long_output_keeps_head_and_tail_with_the_count_between() {
+        let mut e = Excerpt::new(40);
+        for chunk in (0..1000).map(|i| format!("{i:04}\n")) {
+            e.push(chunk.as_bytes());
+        }
+        assert!(e.truncated());
+        let text = String::from_utf8(e.into_bytes()).unwrap();
+        assert!(text.starts_with("0000\n0001"), "{text}");
+        assert!(text.ends_with("0998\n0999\n"), "{text}");
+        assert!(text.contains("[… 4,960 bytes omitted …]"), "{text}");
+    }
+
+    #[test]
+    fn one_huge_push_is_split_too() {
+        let mut e = Excerpt::new(8);
+        e.push(&[b'x'; 1_000_000]);
+        let bytes = e.into_bytes();
+        assert!(String::from_utf8_lossy(&bytes).contains("999,992 bytes omitted"));
+    }
+
+    #[test]
+    fn cuts_land_on_character_boundaries() {
+        let mut e = Excerpt::new(16);
+        e.push("ééééééééééééééééééé".as_bytes());
+        let text = String::from_utf8(e.into_bytes()).expect("still UTF-8");
+        assert!(text.starts_with("éé") && text.ends_with("éé"), "{text}");
+        let (cut, truncated) = excerpt_str(&"ü".repeat(100), 20);
+        assert!(truncated && !cut.contains('\u{FFFD}'), "{cut}");
+    }
+
+    #[test]
+    fn counts_read_with_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+}

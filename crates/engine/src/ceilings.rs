@@ -5,7 +5,7 @@
 
 use crate::catalog::Record;
 use crate::error::{Error, ErrorCode, Result};
-use crate::spec::{CPUS_MAX, MEMORY_MB_MAX, TTL_MAX};
+use crate::spec::{CPUS_MAX, MEMORY_MB_DEFAULT, MEMORY_MB_MAX, TASK_CPUS_DEFAULT, TTL_MAX};
 
 pub const MAX_CPUS: &str = "DYNOCAP_MAX_CPUS";
 pub const MAX_MEMORY_MB: &str = "DYNOCAP_MAX_MEMORY_MB";
@@ -18,7 +18,8 @@ pub const SANDBOXES_DEFAULT: u64 = 64;
 /// Disk per sandbox, unless the host says otherwise.
 pub const DISK_MB_DEFAULT: u64 = 10_240;
 
-/// The effective ceilings: the host's variables, else defaults taken from the machine.
+/// The effective ceilings: the host's variables, else defaults taken from the machine (its
+/// CPUs, half its memory), never below the spec's defaults for a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ceilings {
     pub cpus: u64,
@@ -75,9 +76,11 @@ impl Ceilings {
                 Some(value) => parse(name, &value),
             }
         };
+        // The defaults never fall below what a request with every value left out asks for:
+        // a one-CPU or small host must still start a default task.
         Ok(Self {
-            cpus: var(MAX_CPUS, facts.cpus.max(1))?,
-            memory_mb: var(MAX_MEMORY_MB, (facts.memory_mb / 2).max(1))?,
+            cpus: var(MAX_CPUS, facts.cpus.max(u64::from(TASK_CPUS_DEFAULT)))?,
+            memory_mb: var(MAX_MEMORY_MB, (facts.memory_mb / 2).max(MEMORY_MB_DEFAULT))?,
             sandboxes: var(MAX_SANDBOXES, SANDBOXES_DEFAULT)?,
             disk_mb: var(MAX_DISK_MB, DISK_MB_DEFAULT)?,
             ttl_seconds: var(MAX_TTL_SECONDS, TTL_MAX)?,
@@ -221,6 +224,17 @@ mod tests {
             (c.cpus, c.memory_mb, c.sandboxes, c.disk_mb, c.ttl_seconds),
             (2, 11_776, 64, 10_240, 86_400)
         );
+    }
+
+    #[test]
+    fn defaults_still_admit_a_default_request_on_a_small_host() {
+        let tiny = HostFacts {
+            cpus: 1,
+            memory_mb: 1_000,
+        };
+        let c = Ceilings::from_lookup(tiny, |_| None).unwrap();
+        assert_eq!((c.cpus, c.memory_mb), (2, 1_024));
+        c.check_request(2, 1_024, 1_800, None).unwrap();
     }
 
     #[test]

@@ -29,6 +29,9 @@ fn main() {
         let out = Command::new(&dynocap)
             .args(args)
             .env("DYNOCAP_HOME", home.path())
+            // 50 sandboxes of the default 1024 MB go past the default ceiling (half of RAM);
+            // memoryMB is a cgroup maximum, not a reservation, and this run stays far below it.
+            .env("DYNOCAP_MAX_MEMORY_MB", "1048576")
             .output()
             .expect("spawn dynocap");
         assert!(

@@ -320,3 +320,67 @@ async def test_refusals_create_nothing(host: Host) -> None:
         assert ok(await s.call_tool("dynocap_ls", {})) == {"tasks": [], "sandboxes": []}
     assert not any((host.state / "sandboxes").iterdir()) if (host.state / "sandboxes").exists() else True
     assert os.listdir(host.home / ".ssh") == ["config"]
+
+
+# Host ceilings (DYNOCAP_MAX_*): the caller cannot ask for more than the host grants. The
+# engine refuses before creating anything, so the per-request checks need no root.
+
+CEILINGS = {"DYNOCAP_MAX_CPUS": "2", "DYNOCAP_MAX_MEMORY_MB": "2048",
+            "DYNOCAP_MAX_TTL_SECONDS": "3600"}
+
+
+async def test_requests_above_a_host_ceiling_are_refused(host: Host) -> None:
+    project = host.project()
+    async with connect(host, env=CEILINGS) as s:
+        for args, needle in [
+            ({"cpus": 64}, "DYNOCAP_MAX_CPUS=2"),
+            ({"memoryMB": 1048576}, "DYNOCAP_MAX_MEMORY_MB=2048"),
+            ({"ttlSeconds": 86400}, "DYNOCAP_MAX_TTL_SECONDS=3600"),
+        ]:
+            refused(await s.call_tool("dynocap_run", {"name": "big", **args}), needle)
+            refused(await start(s, projectPath=str(project), **args), needle)
+        assert ok(await s.call_tool("dynocap_ls", {})) == {"tasks": [], "sandboxes": []}
+
+
+async def test_default_ceilings_come_from_the_host(host: Host) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    async with connect(host) as s:
+        # Half of RAM is always below the spec's 1 TiB maximum.
+        refused(await s.call_tool("dynocap_run", {"name": "big", "memoryMB": 1048576}),
+                "DYNOCAP_MAX_MEMORY_MB=")
+        if cpus < 64:
+            refused(await s.call_tool("dynocap_run", {"name": "big", "cpus": 64}),
+                    f"DYNOCAP_MAX_CPUS={cpus}")
+
+
+@pytest.mark.parametrize("value", ["0", "lots", "-5"])
+def test_an_unusable_ceiling_stops_the_server_at_startup(host: Host, value: str) -> None:
+    from conftest import DYNOCAP
+    proc = subprocess.run([str(DYNOCAP), "mcp"], env=host.env({"DYNOCAP_MAX_MEMORY_MB": value}),
+                          cwd=host.root, input="", capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0, proc
+    assert "DYNOCAP_MAX_MEMORY_MB" in proc.stderr, proc.stderr
+    assert proc.stdout == "", proc.stdout
+
+
+async def test_tool_descriptions_mention_the_host_ceilings(host: Host) -> None:
+    async with connect(host) as s:
+        tools = {t.name: t for t in (await s.list_tools()).tools}
+        for name in ("dynocap_run", "dynocap_task_start"):
+            assert "DYNOCAP_MAX_MEMORY_MB" in (tools[name].description or ""), name
+
+
+async def test_live_sandboxes_share_the_memory_and_count_ceilings(host: Host,
+                                                                   root_needed: None) -> None:
+    env = {"DYNOCAP_MAX_MEMORY_MB": "1000", "DYNOCAP_MAX_SANDBOXES": "2"}
+    async with connect(host, env=env) as s:
+        ok(await s.call_tool("dynocap_run", {"name": "first", "memoryMB": 600}))
+        refused(await s.call_tool("dynocap_run", {"name": "second", "memoryMB": 600}),
+                "DYNOCAP_MAX_MEMORY_MB=1000", "at most 400 MB is left")
+        ok(await s.call_tool("dynocap_run", {"name": "second", "memoryMB": 400}))
+        refused(await s.call_tool("dynocap_run", {"name": "third", "memoryMB": 64}),
+                "DYNOCAP_MAX_SANDBOXES=2")
+        ok(await s.call_tool("dynocap_destroy", {"name": "first"}))
+        ok(await s.call_tool("dynocap_destroy", {"name": "second"}))
+        ok(await s.call_tool("dynocap_run", {"name": "third", "memoryMB": 1000}))
+        ok(await s.call_tool("dynocap_destroy", {"name": "third"}))

@@ -134,6 +134,12 @@ pub struct ExecArgs {
     /// Run in a 24x80 pseudo-terminal and print the screen transcript.
     #[arg(long)]
     pub tty: bool,
+    /// Write the command's output to a terminal byte for byte. Without it, escape sequences
+    /// and other control characters are shown as text (`^[`) when stdout or stderr is a
+    /// terminal, so the guest cannot drive your terminal; use it only for output you trust.
+    /// Pipes and files always get the bytes unchanged.
+    #[arg(long)]
+    pub raw: bool,
     /// The command, run with `sh -c`; several words are joined with spaces.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,

@@ -1,6 +1,6 @@
 //! One function per subcommand: turn parsed arguments into engine calls and print results.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::ExitCode;
 
@@ -116,26 +116,23 @@ pub async fn exec(
     if json {
         print_json(&result);
     } else {
-        print_exec(&result, spec.timeout_seconds);
+        print_exec(&result, spec.timeout_seconds, args.raw);
     }
     Ok(exit_code_of(&result))
 }
 
 /// Writes a command's output as the command itself would have: stdout to stdout, stderr to
-/// stderr, plus a note when it was cut short.
-fn print_exec(result: &ExecResult, timeout_seconds: u64) {
-    let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(
-        result
-            .stdout
-            .as_deref()
-            .or(result.transcript.as_deref())
-            .unwrap_or("")
-            .as_bytes(),
-    );
-    let _ = stdout.flush();
+/// stderr, plus a note when it was cut short. A stream that is a terminal gets the output
+/// neutralised (see `terminal.rs`) unless `raw`.
+fn print_exec(result: &ExecResult, timeout_seconds: u64, raw: bool) {
+    let stdout_text = result
+        .stdout
+        .as_deref()
+        .or(result.transcript.as_deref())
+        .unwrap_or("");
+    write_guest_output(&mut std::io::stdout().lock(), stdout_text, raw);
     let mut stderr = std::io::stderr().lock();
-    let _ = stderr.write_all(result.stderr.as_deref().unwrap_or("").as_bytes());
+    write_guest_output(&mut stderr, result.stderr.as_deref().unwrap_or(""), raw);
     if result.truncated {
         let _ = writeln!(stderr, "dynocap: output was truncated to 1 MiB per stream");
     }
@@ -145,6 +142,17 @@ fn print_exec(result: &ExecResult, timeout_seconds: u64) {
             "dynocap: command timed out after {timeout_seconds}s; its process group was killed"
         );
     }
+}
+
+/// Guest output to `stream`: unchanged for a pipe or file (or with `raw`), neutralised for a
+/// terminal. Write errors (a closed pipe) are ignored, as the command's own output would be.
+fn write_guest_output(stream: &mut (impl Write + IsTerminal), text: &str, raw: bool) {
+    let _ = if raw || !stream.is_terminal() {
+        stream.write_all(text.as_bytes())
+    } else {
+        stream.write_all(crate::terminal::neutralise(text).as_bytes())
+    };
+    let _ = stream.flush();
 }
 
 /// The shell's conventions: the exit code, 128+N for signal N, 124 for a timeout.

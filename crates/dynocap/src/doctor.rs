@@ -47,6 +47,7 @@ pub fn run(json: bool) -> ExitCode {
         "install git (apt-get install git); tasks import and diff projects with it",
     ));
     checks.push(kvm_check());
+    checks.push(ceilings_check());
     checks.push(tool_check(
         "qemu",
         false,
@@ -109,6 +110,28 @@ fn jail_checks() -> Vec<Check> {
             probe.cgroups.check,
         ),
     ]
+}
+
+/// The host ceilings in force (`DYNOCAP_MAX_*`), so the person can see what callers get.
+fn ceilings_check() -> Check {
+    match dynocap_engine::ceilings::Ceilings::from_env() {
+        Ok(ceilings) => {
+            let detail = ceilings
+                .entries()
+                .iter()
+                .map(|(var, value, unit)| format!("{var}={value} ({unit})"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            Check::new("host ceilings", true, true, detail, "")
+        }
+        Err(err) => Check::new(
+            "host ceilings",
+            true,
+            false,
+            err.message,
+            "fix or unset that variable; sandboxes cannot start until then",
+        ),
+    }
 }
 
 fn agent_check() -> Check {

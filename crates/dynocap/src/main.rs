@@ -8,6 +8,7 @@ mod doctor;
 mod mcp;
 mod output;
 mod task_commands;
+mod terminal;
 
 use std::process::ExitCode;
 

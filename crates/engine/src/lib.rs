@@ -7,6 +7,7 @@ pub mod backend;
 pub mod catalog;
 mod catalog_file;
 mod catalog_lock;
+pub mod ceilings;
 pub mod control;
 pub mod error;
 pub mod excerpt;

@@ -97,6 +97,7 @@ impl Engine {
 
     /// Boots a raw sandbox and returns once its agent answers.
     pub async fn run(&self, spec: &RunSpec) -> Result<SandboxInfo> {
+        self.admit(spec.cpus, spec.memory_mb, spec.ttl_seconds)?;
         spec.network.ensure_available()?;
         let record = self.new_record(
             Kind::Raw,

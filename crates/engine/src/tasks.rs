@@ -24,6 +24,7 @@ impl Engine {
         spec: &TaskStartSpec,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<TaskInfo> {
+        self.admit(spec.cpus, spec.memory_mb, spec.ttl_seconds)?;
         spec.network.ensure_available()?;
         if let Source::ProjectPath(path) = &spec.source {
             if !path.is_absolute() {

@@ -73,6 +73,22 @@ pub async fn run(options: Options) -> ExitCode {
             .unwrap_or_default()
     ));
     log.info(format_args!("policy: {}", policy.summary()));
+    // A mistyped ceiling would otherwise surface only at the first start, as a caller's error.
+    match dynocap_engine::ceilings::Ceilings::from_env() {
+        Ok(ceilings) => log.info(format_args!(
+            "ceilings: {}",
+            ceilings
+                .entries()
+                .iter()
+                .map(|(var, value, _)| format!("{var}={value}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        )),
+        Err(err) => {
+            log.warn(format_args!("cannot start: {err}"));
+            return ExitCode::FAILURE;
+        }
+    }
     let engine = match Engine::new(home) {
         Ok(engine) => engine,
         Err(err) => {

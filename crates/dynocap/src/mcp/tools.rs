@@ -327,6 +327,11 @@ the Task object: id (task-...), name, state, limits and source (files, bytes, an
 project paths that did not come, such as unreadable or special files). Then run \
 commands with dynocap_task_exec, review with dynocap_diff, and end with dynocap_task_finish.\n\
 Defaults: history \"branches\", network \"none\", ttlSeconds 1800, cpus 2, memoryMB 1024.\n\
+Host ceilings: the host may cap cpus, memoryMB (per sandbox, and for all live sandboxes \
+together), ttlSeconds and the number of live sandboxes and tasks (DYNOCAP_MAX_CPUS, \
+DYNOCAP_MAX_MEMORY_MB, DYNOCAP_MAX_TTL_SECONDS, DYNOCAP_MAX_SANDBOXES; by default the host's \
+CPUs and half its memory); a request above one is refused with policy_denied, which names the \
+value allowed.\n\
 Host policy (set by the user who started this server, not by the caller): projectPath must \
 resolve, through symlinks, to a directory inside DYNOCAP_MCP_ROOTS (default: the server's \
 working directory); the home directory, its ancestors and dot directories in it (~/.ssh, \
@@ -490,7 +495,12 @@ directory, loopback-only network by default) and returns its Sandbox object. Run
 it with dynocap_exec; destroy it with dynocap_destroy, or it is destroyed when ttlSeconds \
 runs out. Defaults: network \"none\", ttlSeconds 1800, cpus 1, memoryMB 1024. network \
 \"filtered\"/\"nat\" are refused unless the host set DYNOCAP_MCP_ALLOW_FILTERED=1 / \
-DYNOCAP_MCP_ALLOW_NAT=1.",
+DYNOCAP_MCP_ALLOW_NAT=1.\n\
+Host ceilings: the host may cap cpus, memoryMB (per sandbox, and for all live sandboxes \
+together), ttlSeconds and the number of live sandboxes and tasks (DYNOCAP_MAX_CPUS, \
+DYNOCAP_MAX_MEMORY_MB, DYNOCAP_MAX_TTL_SECONDS, DYNOCAP_MAX_SANDBOXES; by default the host's \
+CPUs and half its memory); a request above one is refused with policy_denied, which names the \
+value allowed.",
             params: vec![
                 Param {
                     name: "name",

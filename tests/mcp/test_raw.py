@@ -111,6 +111,30 @@ async def test_output_keeps_head_and_tail_and_can_be_bytes(host: Host) -> None:
             "invalid_argument")
 
 
+async def test_a_running_exec_reports_progress_with_its_latest_output(host: Host) -> None:
+    async with connect(host) as s:
+        ok(await s.call_tool("dynocap_run", {"name": "prog"}))
+        seen: list[tuple[float, float | None, str | None]] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append((progress, total, message))
+
+        result = await s.call_tool(
+            "dynocap_exec",
+            {"name": "prog", "timeoutSeconds": 60,
+             "command": "for i in 1 2 3 4 5 6 7 8; do echo \"\\033[1mbuilding part $i\\033[0m\"; sleep 1; done"},
+            progress_callback=on_progress)
+        assert ok(result)["stdout"].count("building part") == 8
+        await anyio.sleep(0.2)  # notifications are delivered on their own task
+        assert seen, "progress arrived while the command ran"
+        progresses = [p for p, _, _ in seen]
+        assert progresses == sorted(progresses) and len(set(progresses)) == len(progresses)
+        assert all(total == 60 for _, total, _ in seen)
+        messages = [m or "" for _, _, m in seen]
+        assert any("building part" in m for m in messages), messages
+        assert all("\x1b" not in m for m in messages), "escapes are stripped"
+
+
 async def test_default_exec_timeout_is_30_seconds(host: Host) -> None:
     async with connect(host) as s:
         ok(await s.call_tool("dynocap_run", {"name": "slow"}))

@@ -31,6 +31,9 @@ pub enum ControlRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ControlReply {
+    /// Sent before the final reply of a request that asked for progress (an exec with
+    /// `report_progress`); any number of them.
+    Progress(crate::task_spec::Progress),
     Pong,
     Exec(ExecResult),
     Destroyed,

@@ -13,6 +13,7 @@ use crate::agent_conn::{agent_error_message, agent_gone, AgentConn};
 use crate::error::{Error, Result};
 use crate::excerpt::{excerpt_str, Excerpt};
 use crate::spec::{ExecSpec, OutputEncoding, EXEC_KILL_GRACE_MS};
+use crate::task_spec::Progress;
 
 /// How long past a command's own deadline (timeout plus the kill grace) the agent may take to
 /// report its end before the host answers for it.
@@ -50,6 +51,7 @@ pub async fn run(
     conn: &AgentConn,
     spec: &ExecSpec,
     cancelled: impl std::future::Future<Output = ()>,
+    progress: Option<&(dyn Fn(Progress) + Send + Sync)>,
 ) -> Result<ExecResult> {
     let limit = usize::try_from(spec.max_output_bytes).unwrap_or(usize::MAX);
     let request = Request::Exec(ExecRequest {
@@ -77,9 +79,18 @@ pub async fn run(
         + Duration::from_millis(EXEC_KILL_GRACE_MS)
         + HOST_SLACK;
 
+    let mut last_line = String::new();
+    let mut ticks =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
     let exit: ExecExit = loop {
         let frame = tokio::select! {
             frame = stream.next() => frame,
+            _ = ticks.tick(), if progress.is_some() => {
+                if let Some(progress) = progress {
+                    progress(running(started.elapsed(), spec.timeout_seconds, &last_line));
+                }
+                continue;
+            }
             () = &mut cancelled, if !cancel_sent => {
                 cancel_sent = true;
                 stream.cancel().await?;
@@ -115,6 +126,11 @@ pub async fn run(
                     channel::STDERR => stderr.push(data),
                     channel::TERMINAL => terminal.push(data),
                     _ => {}
+                }
+                if progress.is_some() {
+                    if let Some(line) = latest_line(data) {
+                        last_line = line;
+                    }
                 }
             }
             FrameKind::Eof => {}
@@ -168,6 +184,55 @@ pub async fn run(
         truncated,
         oom_killed: false,
     })
+}
+
+/// How often a command that reports progress says how it is going.
+const PROGRESS_EVERY: Duration = Duration::from_secs(3);
+
+/// A progress report: seconds so far of the timeout, and the latest line of output.
+fn running(elapsed: Duration, timeout_seconds: u64, last_line: &str) -> Progress {
+    let secs = elapsed.as_secs();
+    Progress {
+        message: if last_line.is_empty() {
+            format!("running for {secs}s, no output yet")
+        } else {
+            format!("running for {secs}s: {last_line}")
+        },
+        done: secs,
+        total: Some(timeout_seconds),
+    }
+}
+
+/// The last non-blank line of a chunk of output, made safe and short (it is guest text).
+fn latest_line(data: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(data);
+    let line = text
+        .split(['\n', '\r'])
+        .map(|line| line.trim())
+        .rfind(|line| !line.is_empty())?;
+    Some(sanitize_line(&strip_escapes(line), 120))
+}
+
+/// Drops ANSI escape sequences (colours, cursor moves) so a progress message shows text.
+fn strip_escapes(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'[') {
+            chars.next();
+            // CSI: parameters and intermediates, then one final byte in @..~.
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Renders raw terminal output as a 24x80 terminal shows it: scrollback first, then the
@@ -235,6 +300,21 @@ mod tests {
         assert_eq!(lines.len(), 60);
         assert_eq!(lines[0], "line 0");
         assert_eq!(lines[59], "line 59");
+    }
+
+    #[test]
+    fn progress_shows_the_latest_line_as_plain_text() {
+        assert_eq!(latest_line(b"one\ntwo\n\n"), Some("two".to_owned()));
+        assert_eq!(
+            latest_line(b"50%\r\x1b[32m100%\x1b[0m\r"),
+            Some("100%".to_owned())
+        );
+        assert_eq!(latest_line(b"\n \n"), None);
+        let report = running(Duration::from_secs(12), 120, "compiling foo");
+        assert_eq!(
+            (report.message.as_str(), report.done, report.total),
+            ("running for 12s: compiling foo", 12, Some(120))
+        );
     }
 
     #[test]

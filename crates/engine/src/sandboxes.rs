@@ -262,7 +262,18 @@ impl Engine {
 
     /// Runs a command in a raw sandbox (default cwd `/`).
     pub async fn exec(&self, name: &str, spec: &ExecSpec) -> Result<ExecResult> {
-        self.exec_in(Kind::Raw, name, spec).await
+        self.exec_in(Kind::Raw, name, spec, None).await
+    }
+
+    /// As [`Engine::exec`], reporting progress (time so far, the latest line of output) every
+    /// few seconds while the command runs.
+    pub async fn exec_reporting(
+        &self,
+        name: &str,
+        spec: &ExecSpec,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<ExecResult> {
+        self.exec_in(Kind::Raw, name, spec, Some(progress)).await
     }
 
     /// Runs a command in a live sandbox of the given kind (tasks also log it).
@@ -271,10 +282,15 @@ impl Engine {
         kind: Kind,
         name: &str,
         spec: &ExecSpec,
+        progress: Option<&(dyn Fn(Progress) + Send + Sync)>,
     ) -> Result<ExecResult> {
         let record = self.live_record(name, kind)?;
+        let spec = ExecSpec {
+            report_progress: progress.is_some(),
+            ..spec.clone()
+        };
         match self
-            .call(&record, &ControlRequest::Exec { spec: spec.clone() })
+            .call_reporting(&record, &ControlRequest::Exec { spec }, progress)
             .await?
         {
             ControlReply::Exec(result) => Ok(result),
@@ -368,6 +384,16 @@ impl Engine {
         record: &Record,
         request: &ControlRequest,
     ) -> Result<ControlReply> {
+        self.call_reporting(record, request, None).await
+    }
+
+    /// As [`Engine::call`], passing the supervisor's progress lines to `progress`.
+    pub(crate) async fn call_reporting(
+        &self,
+        record: &Record,
+        request: &ControlRequest,
+        progress: Option<&(dyn Fn(Progress) + Send + Sync)>,
+    ) -> Result<ControlReply> {
         let display = record.name.as_deref().unwrap_or(&record.id);
         let path = self.home.control_socket(&record.id);
         let exchange = async {
@@ -378,12 +404,21 @@ impl Engine {
             write_message(&mut stream, request).await?;
             let (read, _write) = stream.split();
             let mut reader = BufReader::new(read);
-            let reply = read_message::<ControlReply, _>(&mut reader).await?;
-            reply.ok_or_else(|| {
-                Error::internal(format!(
-                    "the supervisor of \"{display}\" closed the connection without replying"
-                ))
-            })
+            loop {
+                match read_message::<ControlReply, _>(&mut reader).await? {
+                    Some(ControlReply::Progress(report)) => {
+                        if let Some(progress) = progress {
+                            progress(report);
+                        }
+                    }
+                    Some(reply) => return Ok(reply),
+                    None => {
+                        return Err(Error::internal(format!(
+                            "the supervisor of \"{display}\" closed the connection without replying"
+                        )))
+                    }
+                }
+            }
         };
         let deadline = reply_deadline(request);
         tokio::select! {

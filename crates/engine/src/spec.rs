@@ -208,6 +208,9 @@ pub struct ExecSpec {
     /// ([`crate::excerpt`]).
     pub max_output_bytes: u64,
     pub output_encoding: OutputEncoding,
+    /// Send progress (time so far, the latest line of output) while the command runs.
+    #[serde(default)]
+    pub report_progress: bool,
 }
 
 /// How output travels in an Exec result.
@@ -330,6 +333,7 @@ impl ExecSpec {
             terminal,
             max_output_bytes: EXEC_OUTPUT_LIMIT,
             output_encoding: OutputEncoding::Utf8,
+            report_progress: false,
         })
     }
 

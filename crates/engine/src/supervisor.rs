@@ -810,9 +810,26 @@ async fn handle_client(
             };
             let started_at = chrono::Utc::now();
             let kills_before = shared.oom.kills();
-            let result = exec::run(conn, &spec, client_gone)
-                .await
-                .map(|result| shared.oom.annotate(result, kills_before));
+            let result = if spec.report_progress {
+                // Progress lines go out on this connection while the command runs.
+                let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<Progress>();
+                let report = move |p: Progress| {
+                    let _ = progress_tx.send(p);
+                };
+                let run = exec::run(conn, &spec, client_gone, Some(&report));
+                tokio::pin!(run);
+                loop {
+                    tokio::select! {
+                        result = &mut run => break result,
+                        Some(p) = progress_rx.recv() => {
+                            let _ = write_message(&mut write, &ControlReply::Progress(p)).await;
+                        }
+                    }
+                }
+            } else {
+                exec::run(conn, &spec, client_gone, None).await
+            }
+            .map(|result| shared.oom.annotate(result, kills_before));
             // A command cut off by the sandbox's end is told why, not that the agent is gone.
             let result = match (result, shared.ending.get()) {
                 (Err(_), Some(ending)) => Err(Error::conflict(ending.clone())),

@@ -54,7 +54,17 @@ impl Engine {
 
     /// Runs a command in a task's workspace (default cwd `/workspace`); logged in exec.jsonl.
     pub async fn task_exec(&self, target: &str, spec: &ExecSpec) -> Result<ExecResult> {
-        self.exec_in(Kind::Task, target, spec).await
+        self.exec_in(Kind::Task, target, spec, None).await
+    }
+
+    /// As [`Engine::task_exec`], reporting progress while the command runs.
+    pub async fn task_exec_reporting(
+        &self,
+        target: &str,
+        spec: &ExecSpec,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<ExecResult> {
+        self.exec_in(Kind::Task, target, spec, Some(progress)).await
     }
 
     /// The patch baseline → working tree and the host's reading of it.

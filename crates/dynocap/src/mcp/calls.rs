@@ -78,7 +78,12 @@ impl Tools {
             "dynocap_task_exec" => {
                 let name = args.required_string("name")?;
                 let spec = exec_spec(&args, "/workspace")?;
-                Output::json(&self.engine.task_exec(&name, &spec).await?)
+                Output::json(
+                    &self
+                        .engine
+                        .task_exec_reporting(&name, &spec, progress)
+                        .await?,
+                )
             }
             "dynocap_diff" => {
                 let target = args.required_string("target")?;
@@ -116,7 +121,7 @@ impl Tools {
             "dynocap_exec" => {
                 let name = args.required_string("name")?;
                 let spec = exec_spec(&args, "/")?;
-                Output::json(&self.engine.exec(&name, &spec).await?)
+                Output::json(&self.engine.exec_reporting(&name, &spec, progress).await?)
             }
             "dynocap_ps" => Output::json(&json!({ "sandboxes": self.engine.ps()? })),
             "dynocap_destroy" => {

@@ -92,6 +92,21 @@ pub enum SensitiveKind {
 }
 
 impl SensitiveKind {
+    /// Every kind, in the order the README lists them.
+    pub const ALL: [SensitiveKind; 11] = [
+        SensitiveKind::GitHook,
+        SensitiveKind::GitConfig,
+        SensitiveKind::CiWorkflow,
+        SensitiveKind::PackageScript,
+        SensitiveKind::BuildConfig,
+        SensitiveKind::AgentConfig,
+        SensitiveKind::AgentInstructions,
+        SensitiveKind::Symlink,
+        SensitiveKind::ExecBit,
+        SensitiveKind::UnusualPath,
+        SensitiveKind::UnreadableEntry,
+    ];
+
     /// The `kind` string of the JSON.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -184,25 +184,10 @@ pub(super) const RULES: &[Rule] = &[
          the names it seems to touch are flagged as above, and the patch is not verified")),
 ];
 
-/// The kinds in the order the README lists them.
-const KIND_ORDER: [SensitiveKind; 11] = [
-    GitHook,
-    GitConfig,
-    CiWorkflow,
-    PackageScript,
-    BuildConfig,
-    AgentConfig,
-    AgentInstructions,
-    Symlink,
-    ExecBit,
-    UnusualPath,
-    UnreadableEntry,
-];
-
 /// The table as README markdown: one row per kind, its rules joined.
 pub(crate) fn markdown() -> String {
     let mut out = String::from("| kind | flags |\n|---|---|\n");
-    for kind in KIND_ORDER {
+    for kind in SensitiveKind::ALL {
         let rules: Vec<String> = RULES
             .iter()
             .filter(|r| r.kind == kind)
@@ -211,9 +196,4 @@ pub(crate) fn markdown() -> String {
         out.push_str(&format!("| `{}` | {} |\n", kind.as_str(), rules.join("; ")));
     }
     out
-}
-
-#[cfg(test)]
-pub(super) fn kind_order() -> &'static [SensitiveKind] {
-    &KIND_ORDER
 }

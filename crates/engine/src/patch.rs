@@ -1,6 +1,7 @@
 //! The host's own reading of a guest-produced patch (`git diff --binary`, baseline → working
-//! tree): a strict parser ([`parse`]) and the review summary built on it ([`summarize`]) —
-//! file and line counts plus the paths a reviewer must look at (CONTRACT.md "Diff", `kind`).
+//! tree): a strict parser ([`parse`]) and the review built on it ([`review`], [`summarize`]) —
+//! file and line counts plus the paths a reviewer must look at (CONTRACT.md "Diff", `kind`;
+//! the rules are the table in `patch/rules.rs`).
 //!
 //! The patch is hostile: a prompt-injected agent controls every byte of it. So nothing the
 //! guest wrote is taken on faith — no stats, no header the guest could have made up. The parser
@@ -9,8 +10,15 @@
 //! which `git apply` would otherwise skip over or read as a traditional (non-git) patch. Every
 //! file name that appears in an entry (`diff --git`, `---`/`+++`, `rename`/`copy` lines) must
 //! name the same file, hunks end where their header's counts say (a content line that looks
-//! like a header is content), and a path that could reach outside the repository is refused.
-//! What was summarised is therefore what `git apply` would act on. An entry that changes
+//! like a header is content), and a path that could reach outside the repository or into a
+//! `.git` directory (in any spelling a case-insensitive file system resolves to it) is
+//! refused. Any other name git can write is read as it is (newlines, control characters,
+//! bytes that are not UTF-8) and flagged later. What was summarised is therefore what
+//! `git apply` would act on.
+//!
+//! A refusal never hides the change: the patch is read section by section (each `diff --git`
+//! line starts one), so the review counts an unreadable section as changed files, flags the
+//! names it seems to touch, and reports the refusal next to a summary of everything else. An entry that changes
 //! content must state the file's mode (git writes it on the `index` line), so a symlink cannot
 //! be retargeted by a hunk posing as a regular file: `git apply` refuses a wrong file type.
 //! The one thing a patch does not state is the type of a purely renamed or copied file (no

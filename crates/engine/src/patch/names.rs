@@ -5,8 +5,9 @@
 //! treat many different byte strings as one name: `.GitHub`, `.github.`, `GITHUB~1` and
 //! `.gıthub` can all open `.github` there. So each component is compared in a normal form:
 //! NFKC, full Unicode case folding, the code points HFS+ ignores dropped, the dotless i folded
-//! the way NTFS upcases it, trailing dots and spaces stripped (Windows drops them); and an 8.3
-//! short name (`GITHUB~1`) matches every name it could abbreviate.
+//! the way NTFS upcases it, an NTFS stream suffix (`:$DATA`) and trailing dots and spaces
+//! stripped (Windows drops them); and an 8.3 short name (`GITHUB~1`) matches every name it
+//! could abbreviate.
 
 use unicode_normalization::UnicodeNormalization;
 
@@ -65,6 +66,10 @@ pub(super) fn fold(component: &str) -> String {
         // NTFS upcases U+0131 to `I`, so `.gıt` is `.GIT` there.
         .map(|c| if c == '\u{0131}' { 'i' } else { c })
         .collect();
+    // NTFS reads `name:stream` (`.git::$INDEX_ALLOCATION`) as a stream of `name`.
+    if let Some(colon) = out.find(':') {
+        out.truncate(colon);
+    }
     while out.ends_with(['.', ' ']) {
         out.pop();
     }

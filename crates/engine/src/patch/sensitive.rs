@@ -177,13 +177,18 @@ fn check_rule(check: Check) -> &'static Rule {
 /// unusual names, and what the `+` lines of git's own config files set.
 fn by_name(path: &str, action: Action<'_>, file: Option<&FilePatch<'_>>, found: &mut Found) {
     let components = names::components(path);
-    let mut hit = false;
     let mut kinds = Vec::new();
+    // Files judged by content (package.json, the TOML rules) are sensitive names too: a
+    // look-alike of one is unusual even when its content is harmless.
+    let mut hit = components.last().is_some_and(|c| c.is("package.json"));
     for rule in RULES {
-        if matches!(rule.when, When::TomlKeys(..)) || !rule.when.matches(&components) {
+        if !rule.when.matches(&components) {
             continue;
         }
         hit = true;
+        if matches!(rule.when, When::TomlKeys(..)) {
+            continue;
+        }
         if !kinds.contains(&rule.kind) {
             kinds.push(rule.kind);
             let mut reason = action.describe(rule.what, path);

@@ -1408,6 +1408,15 @@ fn look_alike_names_get_the_real_kind() {
         ("\u{ff0e}npmrc", &[PackageScript, UnusualPath]),
         ("Docker\u{fb01}le", &[BuildConfig, UnusualPath]),
         ("CLAUDE.m\u{1d5bd}", &[AgentConfig, UnusualPath]),
+        ("Makefile\u{a0}", &[PackageScript, UnusualPath]),
+        ("Makefile::$DATA", &[PackageScript, UnusualPath]),
+        ("CLAUDE~1.MD", &[AgentConfig, UnusualPath]),
+        ("PACKAG~1.JSO", &[PackageScript, UnusualPath]),
+        (".github /workflows/x.yml", &[CiWorkflow, UnusualPath]),
+        (
+            ".\u{200d}github/workflows/x.yml",
+            &[CiWorkflow, UnusualPath],
+        ),
         ("docs/makefile.md", &[]),
         ("src/workflows/x.yml", &[]),
         ("GITHUB~1/x.yml", &[]),
@@ -1452,6 +1461,8 @@ fn git_directory_paths_in_any_spelling_are_refused_by_the_parser() {
         ".git",
         "deep/er/.GIT",
         ".git\\config",
+        ".git::$INDEX_ALLOCATION/config",
+        ".GIT:$DATA",
     ];
     for name in names {
         let quoted = name.replace('\\', "\\\\");

@@ -58,14 +58,19 @@ pub(super) fn components(path: &str) -> Vec<Component<'_>> {
 
 /// The normal form of one component (see the module doc).
 pub(super) fn fold(component: &str) -> String {
-    let nfkc: String = component.nfkc().collect();
-    let folded = caseless::default_case_fold_str(&nfkc);
-    let mut out: String = folded
-        .nfkc()
-        .filter(|&c| !is_ignorable(c))
-        // NTFS upcases U+0131 to `I`, so `.gıt` is `.GIT` there.
-        .map(|c| if c == '\u{0131}' { 'i' } else { c })
-        .collect();
+    // ASCII is its own NFKC, and its case fold is its lowercase: the common case stays cheap
+    // for patches of many files.
+    let mut out = if component.is_ascii() {
+        component.to_ascii_lowercase()
+    } else {
+        let nfkc: String = component.nfkc().collect();
+        caseless::default_case_fold_str(&nfkc)
+            .nfkc()
+            .filter(|&c| !is_ignorable(c))
+            // NTFS upcases U+0131 to `I`, so `.gıt` is `.GIT` there.
+            .map(|c| if c == '\u{0131}' { 'i' } else { c })
+            .collect()
+    };
     // NTFS reads `name:stream` (`.git::$INDEX_ALLOCATION`) as a stream of `name`.
     if let Some(colon) = out.find(':') {
         out.truncate(colon);

@@ -1782,3 +1782,39 @@ fn readme_lists_every_kind_with_the_rules_of_the_table() {
         assert_eq!(json.as_str(), Some(kind.as_str()));
     }
 }
+
+/// The TOML reader attributes every line to its dotted key path: headers, dotted and quoted
+/// keys, inline tables and the continuation lines of multi-line values.
+#[test]
+fn toml_watched_parts_follow_tables_and_dotted_keys() {
+    let watch = [
+        "package.build",
+        "build-dependencies",
+        "target.*.build-dependencies",
+    ];
+    let read = |text: &str| toml_keys::watched(text, &watch);
+    assert!(read("[package]\nname = \"x\"\nversion = \"1\"\n").is_empty());
+    assert_eq!(
+        read("[package]\nbuild=\"b.rs\"\n"),
+        ["package.build build=\"b.rs\""]
+    );
+    assert_eq!(read("[ package ]\n\"build\" = \"b.rs\"\n").len(), 1);
+    assert_eq!(read("package.build = \"b.rs\"\n").len(), 1);
+    assert_eq!(
+        read("package = { name = \"x\", build = \"b.rs\" }\n").len(),
+        1
+    );
+    assert_eq!(
+        read("[target.\"cfg(unix)\".build-dependencies]\ncc = \"1\"\n").len(),
+        2
+    );
+    assert_eq!(
+        read("[build-dependencies]\ncc = [\n  \"1\",\n]\n[dependencies]\nx = \"1\"\n").len(),
+        4
+    );
+    // Comments and blank lines are not content.
+    assert_eq!(
+        read("[build-dependencies]\n# a\n\ncc = \"1\"\n"),
+        read("[build-dependencies]\ncc = \"1\"\n")
+    );
+}

@@ -11,20 +11,19 @@
 
 use unicode_normalization::UnicodeNormalization;
 
-/// One path component: as written, and in its normal form.
+/// One path component, in its normal form.
 #[derive(Debug, Clone)]
-pub(super) struct Component<'p> {
-    pub raw: &'p str,
+pub(super) struct Component {
     pub folded: String,
     /// The `PREFIX` of an 8.3 short name `PREFIX~N[.EXT]`, folded.
     short: Option<String>,
 }
 
-impl<'p> Component<'p> {
-    pub fn new(raw: &'p str) -> Self {
+impl Component {
+    pub fn new(raw: &str) -> Self {
         let folded = fold(raw);
         let short = short_name_prefix(&folded).map(str::to_owned);
-        Component { raw, folded, short }
+        Component { folded, short }
     }
 
     /// Whether this component can name `name` (ASCII, as the table writes it) on some file
@@ -44,16 +43,24 @@ impl<'p> Component<'p> {
             && folded[folded.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
     }
 
-    /// Whether the name as written differs from its normal form by more than ASCII case: a
-    /// look-alike when it matches a sensitive name.
-    pub fn is_disguised(&self) -> bool {
-        self.short.is_some() || self.folded != self.raw.to_ascii_lowercase()
+    /// The component as a plain reading sees it: ASCII case aside, exactly as written. A
+    /// name that matches a rule only in its normal form is a look-alike.
+    pub fn plain(raw: &str) -> Self {
+        Component {
+            folded: raw.to_ascii_lowercase(),
+            short: None,
+        }
     }
 }
 
 /// A path's components (`\` separates too, as on Windows).
-pub(super) fn components(path: &str) -> Vec<Component<'_>> {
+pub(super) fn components(path: &str) -> Vec<Component> {
     path.split(['/', '\\']).map(Component::new).collect()
+}
+
+/// A path's components read plainly (see [`Component::plain`]).
+pub(super) fn plain_components(path: &str) -> Vec<Component> {
+    path.split(['/', '\\']).map(Component::plain).collect()
 }
 
 /// The normal form of one component (see the module doc).

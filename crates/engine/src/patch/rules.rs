@@ -46,7 +46,7 @@ pub(super) enum Check {
 
 impl When {
     /// Whether a path (its normal-form components) matches a name rule.
-    pub fn matches(&self, components: &[Component<'_>]) -> bool {
+    pub fn matches(&self, components: &[Component]) -> bool {
         let Some((name, dirs)) = components.split_last() else {
             return false;
         };

@@ -178,15 +178,8 @@ fn check_rule(check: Check) -> &'static Rule {
 fn by_name(path: &str, action: Action<'_>, file: Option<&FilePatch<'_>>, found: &mut Found) {
     let components = names::components(path);
     let mut kinds = Vec::new();
-    // Files judged by content (package.json, the TOML rules) are sensitive names too: a
-    // look-alike of one is unusual even when its content is harmless.
-    let mut hit = components.last().is_some_and(|c| c.is("package.json"));
     for rule in RULES {
-        if !rule.when.matches(&components) {
-            continue;
-        }
-        hit = true;
-        if matches!(rule.when, When::TomlKeys(..)) {
+        if matches!(rule.when, When::TomlKeys(..)) || !rule.when.matches(&components) {
             continue;
         }
         if !kinds.contains(&rule.kind) {
@@ -206,7 +199,6 @@ fn by_name(path: &str, action: Action<'_>, file: Option<&FilePatch<'_>>, found: 
         }
     }
     if components.iter().any(|c| c.is(".git")) {
-        hit = true;
         let rule = check_rule(Check::GitDir);
         let reason = format!(
             "{}; git's own directory is never part of a patch, so the host refused it",
@@ -236,7 +228,11 @@ fn by_name(path: &str, action: Action<'_>, file: Option<&FilePatch<'_>>, found: 
             &format!("{}: {why}", action.describe("a file", path)),
         );
     }
-    if hit && components.iter().any(names::Component::is_disguised) {
+    let plain = names::plain_components(path);
+    if name_matches(&components)
+        .into_iter()
+        .any(|hit| !name_matches(&plain).contains(&hit))
+    {
         let normal: Vec<&str> = components.iter().map(|c| c.folded.as_str()).collect();
         let reason = format!(
             "{}: a look-alike of {}, which case-insensitive or Windows file systems may open \
@@ -246,6 +242,25 @@ fn by_name(path: &str, action: Action<'_>, file: Option<&FilePatch<'_>>, found: 
         );
         found.add(path, unusual, &reason);
     }
+}
+
+/// What a path's name matches: the name rules of the table (by index), and `package.json`
+/// and `.git` (judged in code). Compared between the normal and the plain reading of a
+/// name, it tells a look-alike from a name that is plainly what it says.
+fn name_matches(components: &[names::Component]) -> Vec<usize> {
+    let mut hits: Vec<usize> = RULES
+        .iter()
+        .enumerate()
+        .filter(|(_, rule)| rule.when.matches(components))
+        .map(|(i, _)| i)
+        .collect();
+    if components.last().is_some_and(|c| c.is("package.json")) {
+        hits.push(RULES.len());
+    }
+    if components.iter().any(|c| c.is(".git")) {
+        hits.push(RULES.len() + 1);
+    }
+    hits
 }
 
 /// The TOML rules of the table (`Cargo.toml`, `pyproject.toml`): flagged when the watched

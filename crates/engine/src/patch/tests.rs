@@ -1417,6 +1417,8 @@ fn look_alike_names_get_the_real_kind() {
             ".\u{200d}github/workflows/x.yml",
             &[CiWorkflow, UnusualPath],
         ),
+        ("Caf\u{c9}/Makefile", &[PackageScript]),
+        ("\u{c9}t\u{c9}/.github/workflows/x.yml", &[CiWorkflow]),
         ("docs/makefile.md", &[]),
         ("src/workflows/x.yml", &[]),
         ("GITHUB~1/x.yml", &[]),

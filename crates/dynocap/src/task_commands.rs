@@ -224,7 +224,7 @@ fn task_row(task: &TaskInfo) -> Vec<String> {
 }
 
 /// The header as a list of flagged paths, then the patch (coloured on a terminal). The patch
-/// is guest data: on a terminal its control characters are shown escaped, never interpreted.
+/// is guest data: see [`patch_line`].
 fn print_diff(diff: &DiffResult) {
     let colour = std::io::stdout().is_terminal();
     let mut out = std::io::stdout().lock();
@@ -242,14 +242,10 @@ fn print_diff(diff: &DiffResult) {
             "sensitive paths (review these before applying the patch):"
         );
         for p in &s.sensitive_paths {
-            let kind = serde_json::to_value(p.kind)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  {:<15} {}  {}",
-                kind,
+                "  {:<18} {}  {}",
+                p.kind.as_str(),
                 escape(&p.path),
                 escape(&p.reason)
             );
@@ -257,11 +253,7 @@ fn print_diff(diff: &DiffResult) {
     }
     let _ = writeln!(out);
     for line in diff.patch.lines() {
-        let shown = if colour {
-            escape(line)
-        } else {
-            line.to_owned()
-        };
+        let shown = patch_line(line, colour);
         let painted = match (colour, line.chars().next()) {
             (true, Some('+')) if !line.starts_with("+++") => format!("\x1b[32m{shown}\x1b[0m"),
             (true, Some('-')) if !line.starts_with("---") => format!("\x1b[31m{shown}\x1b[0m"),
@@ -273,10 +265,23 @@ fn print_diff(diff: &DiffResult) {
     }
 }
 
+/// One line of the patch as shown: its header lines (names) always escaped, its content lines
+/// escaped on a terminal and exact otherwise (so that a pipe gets the real bytes).
+fn patch_line(line: &str, terminal: bool) -> String {
+    let content = matches!(line.as_bytes().first(), Some(b' ' | b'+' | b'-'))
+        && !line.starts_with("+++ ")
+        && !line.starts_with("--- ");
+    if terminal || !content {
+        escape(line)
+    } else {
+        line.to_owned()
+    }
+}
+
 fn print_finish(result: &FinishResult) {
     println!(
         "task {} {}",
-        result.name.as_deref().unwrap_or(&result.id),
+        escape(result.name.as_deref().unwrap_or(&result.id)),
         result.state.as_str()
     );
     println!(
@@ -284,50 +289,102 @@ fn print_finish(result: &FinishResult) {
         result.files, result.additions, result.deletions
     );
     for p in &result.sensitive_paths {
-        let kind = serde_json::to_value(p.kind)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
         println!(
-            "  sensitive: {:<15} {}  {}",
-            kind,
+            "  sensitive: {:<18} {}  {}",
+            p.kind.as_str(),
             escape(&p.path),
             escape(&p.reason)
         );
     }
-    match &result.verify_error {
-        None => println!("verified: the patch applies to the imported state"),
-        Some(err) => println!("NOT verified: {}", escape(err)),
+    if let Some(err) = &result.verify_error {
+        println!("NOT verified: {}", escape(err));
+    } else {
+        println!("verified: the patch applies to the imported state");
     }
-    println!("patch:   {}", result.patch_path);
-    println!("log:     {}", result.log_path);
-    println!("summary: {}", result.summary_path);
-    println!(
-        "apply it in your project with: git apply {}",
-        result.patch_path
-    );
+    println!("patch:   {}", escape(&result.patch_path));
+    println!("log:     {}", escape(&result.log_path));
+    println!("summary: {}", escape(&result.summary_path));
+    println!("{}", next_step(result));
 }
 
-/// Shows control characters as escapes so guest text cannot drive the terminal.
+/// What to do with the patch: apply a verified one; inspect, never apply, an unverified one
+/// (its summary may be incomplete: the host could not read all of it).
+fn next_step(result: &FinishResult) -> String {
+    let patch = escape(&result.patch_path);
+    match result.verify_error {
+        None => format!("apply it in your project with: git apply {patch}"),
+        Some(_) => format!(
+            "do not apply this patch: inspect it with less {patch} before doing anything with it"
+        ),
+    }
+}
+
+/// Shows guest text so that it cannot drive or deceive the terminal: control characters as
+/// escapes (`\u{1b}`), bidirectional and invisible format characters as `<U+202E>`.
 fn escape(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            if c.is_control() && c != '\t' {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\t' {
+            out.extend(c.escape_default());
+        } else if is_invisible_format(c) {
+            out.push_str(&format!("<U+{:04X}>", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Characters a terminal renders as nothing or as a reordering of the text around them
+/// (Trojan Source): bidi embeddings, overrides, isolates and marks, zero-width characters.
+fn is_invisible_format(c: char) -> bool {
+    matches!(c, '\u{00ad}' | '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}'
+        | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{206a}'..='\u{206f}' | '\u{feff}')
 }
 
 #[cfg(test)]
 mod tests {
-    use super::escape;
+    use super::{escape, patch_line};
+
+    #[test]
+    fn patch_names_are_always_escaped_and_content_only_on_a_terminal() {
+        let rlo = "\u{202e}";
+        for header in [
+            format!("diff --git a/x{rlo} b/x{rlo}"),
+            format!("+++ b/x{rlo}"),
+            format!("--- a/x{rlo}"),
+            format!("rename to x{rlo}"),
+        ] {
+            for terminal in [true, false] {
+                let shown = patch_line(&header, terminal);
+                assert!(shown.ends_with("x<U+202E>"), "{shown}");
+            }
+        }
+        let content = format!("+let x = 1; {rlo}// \x1b[2J");
+        assert_eq!(patch_line(&content, false), content);
+        assert_eq!(
+            patch_line(&content, true),
+            "+let x = 1; <U+202E>// \\u{1b}[2J"
+        );
+    }
 
     #[test]
     fn escape_neutralises_terminal_sequences() {
         assert_eq!(escape("a\x1b[2Jb"), "a\\u{1b}[2Jb");
         assert_eq!(escape("tab\tok"), "tab\tok");
+        assert_eq!(escape("new\nline\r"), "new\\nline\\r");
+        assert_eq!(escape("\u{9b}31m"), "\\u{9b}31m");
+    }
+
+    #[test]
+    fn escape_shows_bidi_and_invisible_characters() {
+        for c in ('\u{202a}'..='\u{202e}')
+            .chain('\u{2066}'..='\u{2069}')
+            .chain(['\u{200e}', '\u{200f}', '\u{061c}', '\u{200b}', '\u{feff}'])
+        {
+            let shown = escape(&format!("a{c}b"));
+            assert_eq!(shown, format!("a<U+{:04X}>b", u32::from(c)));
+        }
+        assert_eq!(escape("café ✓ 日本"), "café ✓ 日本");
     }
 }

@@ -1,6 +1,7 @@
 //! The host's own reading of a guest-produced patch (`git diff --binary`, baseline → working
-//! tree): a strict parser ([`parse`]) and the review summary built on it ([`summarize`]) —
-//! file and line counts plus the paths a reviewer must look at (CONTRACT.md "Diff", `kind`).
+//! tree): a strict parser ([`parse`]) and the review built on it ([`review`], [`summarize`]) —
+//! file and line counts plus the paths a reviewer must look at (CONTRACT.md "Diff", `kind`;
+//! the rules are the table in `patch/rules.rs`).
 //!
 //! The patch is hostile: a prompt-injected agent controls every byte of it. So nothing the
 //! guest wrote is taken on faith — no stats, no header the guest could have made up. The parser
@@ -9,8 +10,15 @@
 //! which `git apply` would otherwise skip over or read as a traditional (non-git) patch. Every
 //! file name that appears in an entry (`diff --git`, `---`/`+++`, `rename`/`copy` lines) must
 //! name the same file, hunks end where their header's counts say (a content line that looks
-//! like a header is content), and a path that could reach outside the repository is refused.
-//! What was summarised is therefore what `git apply` would act on. An entry that changes
+//! like a header is content), and a path that could reach outside the repository or into a
+//! `.git` directory (in any spelling a case-insensitive file system resolves to it) is
+//! refused. Any other name git can write is read as it is (newlines, control characters,
+//! bytes that are not UTF-8) and flagged later. What was summarised is therefore what
+//! `git apply` would act on.
+//!
+//! A refusal never hides the change: the patch is read section by section (each `diff --git`
+//! line starts one), so the review counts an unreadable section as changed files, flags the
+//! names it seems to touch, and reports the refusal next to a summary of everything else. An entry that changes
 //! content must state the file's mode (git writes it on the `index` line), so a symlink cannot
 //! be retargeted by a hunk posing as a regular file: `git apply` refuses a wrong file type.
 //! The one thing a patch does not state is the type of a purely renamed or copied file (no
@@ -19,7 +27,10 @@
 //! Memory stays linear in the input: the parsed form borrows the hunk bodies from the patch.
 //! Malformed input is an error, never a panic.
 
+mod names;
+mod rules;
 mod sensitive;
+mod toml_keys;
 
 #[cfg(test)]
 mod tests;
@@ -65,7 +76,8 @@ pub struct SensitivePath {
     pub reason: String,
 }
 
-/// The `kind` table of CONTRACT.md.
+/// The `kind` table of CONTRACT.md, with the extensions it allows; each kind's rules are the
+/// table in `patch/rules.rs` (and the README section generated from it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SensitiveKind {
@@ -76,6 +88,54 @@ pub enum SensitiveKind {
     AgentConfig,
     Symlink,
     ExecBit,
+    /// Build and tool configuration that runs code (Dockerfile, conftest.py, .envrc, …).
+    BuildConfig,
+    /// Instructions a coding agent reads (GEMINI.md, .cursorrules, …).
+    AgentInstructions,
+    /// A name with control, invisible or bidirectional characters, or a look-alike of a
+    /// sensitive name.
+    UnusualPath,
+    /// An entry the host could not read: counted, never dropped.
+    UnreadableEntry,
+}
+
+impl SensitiveKind {
+    /// Every kind, in the order the README lists them.
+    pub const ALL: [SensitiveKind; 11] = [
+        SensitiveKind::GitHook,
+        SensitiveKind::GitConfig,
+        SensitiveKind::CiWorkflow,
+        SensitiveKind::PackageScript,
+        SensitiveKind::BuildConfig,
+        SensitiveKind::AgentConfig,
+        SensitiveKind::AgentInstructions,
+        SensitiveKind::Symlink,
+        SensitiveKind::ExecBit,
+        SensitiveKind::UnusualPath,
+        SensitiveKind::UnreadableEntry,
+    ];
+
+    /// The `kind` string of the JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SensitiveKind::GitHook => "git-hook",
+            SensitiveKind::GitConfig => "git-config",
+            SensitiveKind::CiWorkflow => "ci-workflow",
+            SensitiveKind::PackageScript => "package-script",
+            SensitiveKind::AgentConfig => "agent-config",
+            SensitiveKind::Symlink => "symlink",
+            SensitiveKind::ExecBit => "exec-bit",
+            SensitiveKind::BuildConfig => "build-config",
+            SensitiveKind::AgentInstructions => "agent-instructions",
+            SensitiveKind::UnusualPath => "unusual-path",
+            SensitiveKind::UnreadableEntry => "unreadable-entry",
+        }
+    }
+}
+
+/// The sensitive-kinds table as README markdown (the README's copy is checked against it).
+pub fn kinds_markdown() -> String {
+    rules::markdown()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +148,9 @@ pub enum PatchError {
     TooLarge { size: usize, limit: usize },
     #[error("malformed patch, line {line}: {reason}")]
     Malformed { line: usize, reason: String },
+    /// The review's refusal (see [`review`]): one or more malformed entries, already worded.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// One file entry of the patch (one `diff --git` section).
@@ -203,59 +266,283 @@ impl<'a> Iterator for HunkLines<'a> {
 
 /// Reads `patch` into its file entries, refusing anything `git diff` would not have written.
 pub fn parse(patch: &[u8], max_bytes: usize) -> Result<Vec<FilePatch<'_>>, PatchError> {
+    let mut files = Vec::new();
+    for entry in read_entries(patch, max_bytes)? {
+        match entry {
+            Entry::Parsed(file) => files.push(file),
+            Entry::Unreadable(bad) => return Err(malformed(bad.line, bad.reason)),
+        }
+    }
+    Ok(files)
+}
+
+/// One `diff --git` section of the patch (or text outside any), as the host read it.
+#[derive(Debug)]
+pub enum Entry<'a> {
+    Parsed(FilePatch<'a>),
+    Unreadable(Unreadable),
+}
+
+/// A section the parser refused: where, why, and what it seems to touch, so that the review
+/// can still count and flag it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// 1-based line of the problem.
+    pub line: usize,
+    pub reason: String,
+    /// The names its header lines seem to give (best effort, lossy).
+    pub names: Vec<String>,
+    /// How many files it may change, counted high: never fewer than `git apply` would touch.
+    pub files: u64,
+}
+
+/// Splits `patch` at its `diff --git` lines and reads each section on its own, so that one
+/// unreadable entry neither hides the others nor goes uncounted. (A valid patch has no other
+/// line starting `diff --git `: hunk lines start with ` `, `+` or `-`, and base85 data has no
+/// spaces.) Only an oversize patch is an error.
+pub fn read_entries(patch: &[u8], max_bytes: usize) -> Result<Vec<Entry<'_>>, PatchError> {
     if patch.len() > max_bytes {
         return Err(PatchError::TooLarge {
             size: patch.len(),
             limit: max_bytes,
         });
     }
-    if patch.last().is_some_and(|&b| b != b'\n') {
-        let lines = patch.iter().filter(|&&b| b == b'\n').count() + 1;
-        return Err(malformed(
-            lines,
-            "the patch does not end with a newline (truncated?)",
-        ));
+    let mut entries = Vec::new();
+    let mut start = 0usize;
+    let mut start_line = 1usize;
+    let mut pos = 0usize;
+    let mut line_no = 1usize;
+    loop {
+        let at_end = pos >= patch.len();
+        let at_header = !at_end && patch[pos..].starts_with(b"diff --git ");
+        if (at_header || at_end) && pos > start {
+            entries.push(read_section(&patch[..pos], start, start_line));
+            start = pos;
+            start_line = line_no;
+        }
+        if at_end {
+            break;
+        }
+        pos = patch[pos..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(patch.len(), |i| pos + i + 1);
+        line_no += 1;
     }
+    if patch.last().is_some_and(|&b| b != b'\n') {
+        let reason = "the patch does not end with a newline (truncated?)".to_owned();
+        match entries.last_mut() {
+            Some(Entry::Unreadable(bad)) => bad.reason = format!("{reason}; {}", bad.reason),
+            Some(Entry::Parsed(file)) => {
+                let names = file
+                    .old_path
+                    .iter()
+                    .chain(&file.new_path)
+                    .cloned()
+                    .collect();
+                let line = file.line;
+                if let Some(last) = entries.last_mut() {
+                    *last = Entry::Unreadable(Unreadable {
+                        line,
+                        reason,
+                        names,
+                        files: 1,
+                    });
+                }
+            }
+            None => {}
+        }
+    }
+    Ok(entries)
+}
+
+/// Reads the section `input[start..]` (which starts at line `start_line`).
+fn read_section(input: &[u8], start: usize, start_line: usize) -> Entry<'_> {
     let mut lines = Lines {
-        input: patch,
-        pos: 0,
-        line_no: 0,
+        input,
+        pos: start,
+        line_no: start_line - 1,
     };
-    let mut files = Vec::new();
-    while let Some(line) = lines.next() {
-        let Some(header) = line.strip_prefix(b"diff --git ") else {
-            return Err(lines.error(format!(
+    let result = match lines.next() {
+        Some(line) => match line.strip_prefix(b"diff --git ") {
+            Some(header) => parse_file(&mut lines, header).and_then(|file| match lines.next() {
+                None => Ok(file),
+                Some(line) => Err(lines.error(format!(
+                    "expected a 'diff --git' line, found {}",
+                    snippet(line)
+                ))),
+            }),
+            None => Err(lines.error(format!(
                 "expected a 'diff --git' line, found {}",
                 snippet(line)
-            )));
-        };
-        files.push(parse_file(&mut lines, header)?);
+            ))),
+        },
+        None => Err(lines.eof("an empty section")),
+    };
+    match result {
+        Ok(file) => Entry::Parsed(file),
+        Err(err) => {
+            let (line, reason) = match err {
+                PatchError::Malformed { line, reason } => (line, reason),
+                other => (start_line, other.to_string()),
+            };
+            let section = &input[start..];
+            let is_entry = section.starts_with(b"diff --git ");
+            let labels = section
+                .split(|&b| b == b'\n')
+                .filter(|l| l.starts_with(b"+++ "))
+                .count();
+            let labels = u64::try_from(labels).unwrap_or(u64::MAX);
+            Entry::Unreadable(Unreadable {
+                line,
+                reason,
+                names: guess_names(section),
+                files: if is_entry { labels.max(1) } else { labels },
+            })
+        }
     }
-    Ok(files)
+}
+
+/// The names an unreadable section seems to give, read leniently: its `diff --git` line and
+/// its `---`/`+++`/rename/copy lines, decoded if quoted, without their `a/`/`b/` prefix.
+fn guess_names(section: &[u8]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let mut add = |bytes: &[u8]| {
+        let bytes = bytes
+            .strip_prefix(b"a/")
+            .or_else(|| bytes.strip_prefix(b"b/"))
+            .unwrap_or(bytes);
+        let name = String::from_utf8_lossy(bytes).into_owned();
+        if !name.is_empty() && name != "/dev/null" && !names.contains(&name) {
+            names.push(name);
+        }
+    };
+    let decode = |v: &[u8]| -> Vec<u8> {
+        let v = v.strip_suffix(b"\t").unwrap_or(v);
+        match unquote(v) {
+            Ok((name, _)) => name,
+            Err(_) => v.to_vec(),
+        }
+    };
+    // Every line, hunks included: a traditional patch smuggled into a section is what
+    // `git apply` would act on.
+    for line in section.split(|&b| b == b'\n') {
+        if let Some(header) = line.strip_prefix(b"diff --git ") {
+            match header_same_name(header) {
+                Some(name) => add(&name),
+                None => add(&decode(header)),
+            }
+            continue;
+        }
+        for prefix in [
+            &b"--- "[..],
+            b"+++ ",
+            b"rename from ",
+            b"rename to ",
+            b"copy from ",
+            b"copy to ",
+        ] {
+            if let Some(v) = line.strip_prefix(prefix) {
+                add(&decode(v));
+            }
+        }
+    }
+    names.truncate(16);
+    names
+}
+
+/// The host's review of a patch: the summary, and why the patch must not be trusted if it
+/// must not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Review {
+    /// Always filled in, from the entries the host could read and (counted high, flagged) the
+    /// ones it could not.
+    pub summary: DiffSummary,
+    /// The first reason the patch is refused (with how many others), or `None`.
+    pub refusal: Option<String>,
+}
+
+/// Reads `patch` and summarises it for review, refused parts included: a patch the parser
+/// refuses still gets every entry counted and every name it can find flagged, so that a
+/// refusal never looks like an empty change.
+pub fn review(
+    patch: &[u8],
+    max_bytes: usize,
+    baseline: &dyn Fn(&str) -> Option<Vec<u8>>,
+) -> Review {
+    let entries = match read_entries(patch, max_bytes) {
+        Ok(entries) => entries,
+        Err(err) => {
+            let headers = patch
+                .split(|&b| b == b'\n')
+                .filter(|l| l.starts_with(b"diff --git "))
+                .count();
+            let mut summary = DiffSummary {
+                files: u64::try_from(headers).unwrap_or(u64::MAX),
+                ..DiffSummary::default()
+            };
+            let mut found = sensitive::Found::default();
+            sensitive::classify_unreadable(&[], 1, &err.to_string(), &mut found);
+            summary.sensitive_paths = found.into_vec();
+            return Review {
+                summary,
+                refusal: Some(err.to_string()),
+            };
+        }
+    };
+    let mut distinct: HashSet<&str> = HashSet::new();
+    let mut files = 0u64;
+    let mut summary = DiffSummary::default();
+    let mut found = sensitive::Found::default();
+    let mut refusals = Vec::new();
+    for entry in &entries {
+        match entry {
+            Entry::Parsed(file) => {
+                // A lossy name (U+FFFD) may stand for several real ones: count each.
+                let path = file.path();
+                if path.contains('\u{fffd}') || distinct.insert(path) {
+                    files += 1;
+                }
+                summary.additions += file.additions();
+                summary.deletions += file.deletions();
+                sensitive::classify(file, baseline, &mut found);
+            }
+            Entry::Unreadable(bad) => {
+                files = files.saturating_add(bad.files);
+                sensitive::classify_unreadable(&bad.names, bad.line, &bad.reason, &mut found);
+                refusals.push(malformed(bad.line, bad.reason.clone()).to_string());
+            }
+        }
+    }
+    summary.files = files;
+    summary.sensitive_paths = found.into_vec();
+    let refusal = refusals.first().map(|first| match refusals.len() {
+        1 => first.clone(),
+        n => format!("{first} (and {} more unreadable entries)", n - 1),
+    });
+    Review { summary, refusal }
 }
 
 /// Parses `patch` and summarises it for review. `baseline` returns the imported (pre-change)
 /// content of a path when the host has it; it is used to judge `package.json` scripts and
-/// symlink targets, and a path it cannot provide is flagged conservatively.
+/// symlink targets, and a path it cannot provide is flagged conservatively. A patch the host
+/// refuses is an error; [`review`] gives its summary too.
 pub fn summarize(
     patch: &[u8],
     max_bytes: usize,
     baseline: &dyn Fn(&str) -> Option<Vec<u8>>,
 ) -> Result<DiffSummary, PatchError> {
-    let files = parse(patch, max_bytes)?;
-    let distinct: HashSet<&str> = files.iter().map(FilePatch::path).collect();
-    let mut summary = DiffSummary {
-        files: u64::try_from(distinct.len()).unwrap_or(u64::MAX),
-        additions: files.iter().map(FilePatch::additions).sum(),
-        deletions: files.iter().map(FilePatch::deletions).sum(),
-        sensitive_paths: Vec::new(),
-    };
-    let mut found = sensitive::Found::default();
-    for file in &files {
-        sensitive::classify(file, baseline, &mut found);
+    if patch.len() > max_bytes {
+        return Err(PatchError::TooLarge {
+            size: patch.len(),
+            limit: max_bytes,
+        });
     }
-    summary.sensitive_paths = found.into_vec();
-    Ok(summary)
+    let review = review(patch, max_bytes, baseline);
+    match review.refusal {
+        None => Ok(review.summary),
+        Some(reason) => Err(PatchError::Refused(reason)),
+    }
 }
 
 /// Applies `hunks` to `old` exactly where they say (no fuzz, no offsets): the content
@@ -746,19 +1033,22 @@ fn header_same_name(header: &[u8]) -> Option<Vec<u8>> {
     (first == second).then(|| first.to_vec())
 }
 
-/// Whether a `diff --git` line names `a/{old} b/{new}`, each side quoted or not.
+/// Whether a `diff --git` line names `a/{old} b/{new}`, each side quoted or not. The names
+/// are the lossy (U+FFFD) forms, so the line is compared in that form too.
 fn header_matches(header: &[u8], old: &str, new: &str) -> bool {
     fn strip_name<'s>(s: &'s [u8], prefix: &[u8], name: &str) -> Option<&'s [u8]> {
         if s.first() == Some(&b'"') {
             let (decoded, used) = unquote(s).ok()?;
-            (decoded.strip_prefix(prefix)? == name.as_bytes())
+            let decoded = String::from_utf8_lossy(&decoded);
+            (decoded.as_bytes().strip_prefix(prefix)? == name.as_bytes())
                 .then(|| s.get(used..))
                 .flatten()
         } else {
             s.strip_prefix(prefix)?.strip_prefix(name.as_bytes())
         }
     }
-    strip_name(header, b"a/", old)
+    let header = String::from_utf8_lossy(header);
+    strip_name(header.as_bytes(), b"a/", old)
         .and_then(|rest| rest.strip_prefix(b" "))
         .and_then(|rest| strip_name(rest, b"b/", new))
         .is_some_and(<[u8]>::is_empty)
@@ -849,24 +1139,20 @@ fn unquote(s: &[u8]) -> Result<(Vec<u8>, usize), String> {
 }
 
 /// A repository-relative path as the patch wrote it, refused (never normalised) unless it is
-/// plainly inside the repository.
+/// plainly inside the repository and outside git's own directory. Any other byte string git
+/// can write is a name: control characters and newlines (flagged `unusual-path` later), and
+/// bytes that are not UTF-8 (kept as U+FFFD, flagged too).
 fn validate_path(bytes: &[u8]) -> Result<String, String> {
     if bytes.len() > MAX_PATH_BYTES {
         return Err(format!("a path is longer than {MAX_PATH_BYTES} bytes"));
     }
-    let Ok(path) = std::str::from_utf8(bytes) else {
-        return Err(format!("path is not valid UTF-8: {}", snippet(bytes)));
-    };
-    let shown = || sanitize(path, 120);
+    if bytes.contains(&0) {
+        return Err("a path contains a NUL byte, which no file name can".into());
+    }
+    let path = String::from_utf8_lossy(bytes).into_owned();
+    let shown = || sanitize(&path, 120);
     if path.is_empty() {
         return Err("empty path".into());
-    }
-    if let Some(c) = path.chars().find(|&c| c.is_control() || is_bidi_control(c)) {
-        return Err(format!(
-            "path contains the control character U+{:04X}: {}",
-            u32::from(c),
-            shown()
-        ));
     }
     if path.starts_with('/') {
         return Err(format!(
@@ -881,7 +1167,17 @@ fn validate_path(bytes: &[u8]) -> Result<String, String> {
     if path.split('/').any(|c| c.is_empty() || c == ".") {
         return Err(format!("path has an empty or '.' component: {}", shown()));
     }
-    Ok(path.to_owned())
+    // git never diffs its own directory; on a case-insensitive or Windows file system any
+    // spelling of it (`.GIT`, `.git.`, `GIT~1`, `.gıt`) is that directory.
+    if let Some(dir) = path.split(['/', '\\']).find(|c| names::is_git_dir(c)) {
+        return Err(format!(
+            "path {} is inside git's own directory ('{}'): a patch never writes there, and \
+             applied on a case-insensitive file system it would change git's config or hooks",
+            shown(),
+            sanitize(dir, 40)
+        ));
+    }
+    Ok(path)
 }
 
 fn parse_mode(v: &[u8]) -> Option<u32> {
@@ -1126,10 +1422,8 @@ fn is_base85_line(line: &[u8]) -> bool {
             .all(|&b| b.is_ascii_alphanumeric() || b"!#$%&()*+-;<=>?@^_`{|}~".contains(&b))
 }
 
-/// Characters that reorder displayed text (Trojan Source): a path using them could show a
-/// reviewer a name other than the one it has.
 fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    names::is_bidi_control(c)
 }
 
 fn human_bytes(n: usize) -> String {

@@ -130,8 +130,9 @@ pub fn finalize(
     baseline: &dyn Fn(&str) -> Option<Vec<u8>>,
 ) -> Result<FinishResult> {
     let patch_path = files.patch();
+    // A refused patch keeps its summary: every entry counted, every name flagged.
     let (summary, parse_error) = match summarize_file(&patch_path, baseline) {
-        Ok(summary) => (summary, None),
+        Ok(review) => (review.summary, review.refusal.map(|why| refused(&why))),
         Err(err) => (DiffSummary::default(), Some(err)),
     };
     let verify_error = match parse_error {
@@ -167,22 +168,25 @@ pub fn finalize(
 fn summarize_file(
     path: &Path,
     baseline: &dyn Fn(&str) -> Option<Vec<u8>>,
-) -> std::result::Result<DiffSummary, String> {
+) -> std::result::Result<patch::Review, String> {
     let file = std::fs::File::open(path).map_err(|err| format!("reading the patch: {err}"))?;
     let size = file
         .metadata()
         .map_err(|err| format!("reading the patch: {err}"))?
         .len();
     if size == 0 {
-        return Ok(DiffSummary::default());
+        return Ok(patch::Review::default());
     }
     // SAFETY: the patch lives in the task's 0700 results directory, written and closed by
     // this supervisor before this call; nothing else writes it while it is mapped (another
     // process of the same user truncating it would be the same trust domain, not the guest).
     let map =
         unsafe { memmap2::Mmap::map(&file) }.map_err(|err| format!("reading the patch: {err}"))?;
-    patch::summarize(&map, map.len(), baseline)
-        .map_err(|err| format!("the patch from the sandbox was refused: {err}"))
+    Ok(patch::review(&map, map.len(), baseline))
+}
+
+fn refused(why: &str) -> String {
+    format!("the patch from the sandbox was refused: {why}")
 }
 
 /// Writes `bytes` to `path` through a temporary file: synced, renamed, directory synced.

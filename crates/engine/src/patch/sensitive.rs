@@ -1,14 +1,17 @@
 //! Which changed paths a reviewer must look at (CONTRACT.md's `kind` table), and a reason for
 //! each that a person understands.
 //!
-//! Names are matched per path component after folding the way case-insensitive file systems
-//! do (ASCII case, the code points HFS+ ignores, NTFS's trailing dots and spaces), because the
-//! patch may be applied on a Mac or a Windows box: `.HUSKY/pre-commit` is a hook there.
+//! The rules are the table in `rules.rs`; this file applies them. Names are compared in the
+//! normal form of `names.rs`, because the patch may be applied on a Mac or a Windows box:
+//! `.HUSKY/pre-commit` or `GITHUB~1/workflows/x.yml` is a hook or a workflow there.
 
 use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
+use super::names;
+use super::rules::{Check, Rule, When, RULES};
+use super::toml_keys;
 use super::{
     apply_hunks, sanitize, FilePatch, LineKind, SensitiveKind, SensitivePath, MODE_EXECUTABLE,
     MODE_SYMLINK,
@@ -117,7 +120,8 @@ pub(super) fn classify(
         (None, None) => {}
     }
     for &(path, action) in &touched {
-        by_name(file, path, action, found);
+        by_name(path, action, Some(file), found);
+        toml_rules(file, path, action, baseline, found);
     }
     if let Some(new) = new {
         symlink(file, new, baseline, found);
@@ -126,101 +130,201 @@ pub(super) fn classify(
     package_json(file, baseline, found);
 }
 
-/// The kinds a path's name alone decides, plus what the `+` lines of git's own config files
-/// set.
-fn by_name(file: &FilePatch<'_>, path: &str, action: Action<'_>, found: &mut Found) {
-    let components = folded_components(path);
-    let Some((name, dirs)) = components.split_last() else {
-        return;
-    };
-    let name = name.as_str();
-    let parent = dirs.last().map(String::as_str);
-    let has_dir = |dir: &str| dirs.iter().any(|d| d == dir);
-    let has_dirs = |a: &str, b: &str| dirs.windows(2).any(|w| w[0] == a && w[1] == b);
-
-    if has_dirs(".git", "hooks") || (parent == Some(".git") && name == "hooks") || has_dir(".husky")
-    {
-        found.add(
-            path,
-            SensitiveKind::GitHook,
-            &action.describe("git hook", path),
-        );
+/// An entry the parser could not read: flagged as such, and each name it seems to touch is
+/// judged by its name alone (content rules flag it outright, since nothing can be compared).
+pub(super) fn classify_unreadable(names: &[String], line: usize, why: &str, found: &mut Found) {
+    for path in names {
+        by_name(path, Action::Changes, None, found);
+        for rule in RULES {
+            if let When::TomlKeys(..) = rule.when {
+                if rule.when.matches(&names::components(path)) {
+                    let reason = format!(
+                        "{} (its content could not be read)",
+                        Action::Changes.describe(rule.what, path)
+                    );
+                    found.add(path, rule.kind, &reason);
+                }
+            }
+        }
+        if names::components(path)
+            .last()
+            .is_some_and(|c| c.is("package.json"))
+        {
+            let reason = format!("changes {} (its content could not be read)", shown(path));
+            found.add(path, check_rule(Check::NpmScripts).kind, &reason);
+        }
     }
-    let is_git_config = name == ".gitconfig" || (parent == Some(".git") && name == "config");
-    if is_git_config && action.has_new_side() {
+    let rule = check_rule(Check::UnreadableEntry);
+    let reason = format!(
+        "the entry at line {line} could not be read ({why}); it is counted as one changed \
+         file and the patch is not verified"
+    );
+    match names.first() {
+        Some(path) => found.add(path, rule.kind, &reason),
+        None => found.add(&format!("(patch line {line})"), rule.kind, &reason),
+    }
+}
+
+/// The rule of the table that a [`Check`] implements.
+fn check_rule(check: Check) -> &'static Rule {
+    RULES
+        .iter()
+        .find(|r| matches!(r.when, When::Check(c, _) if c == check))
+        .expect("every check has a row in the table (rules.rs)")
+}
+
+/// The kinds a path's name alone decides (the name rules of the table), git's own directory,
+/// unusual names, and what the `+` lines of git's own config files set.
+fn by_name(path: &str, action: Action<'_>, file: Option<&FilePatch<'_>>, found: &mut Found) {
+    let components = names::components(path);
+    let mut kinds = Vec::new();
+    for rule in RULES {
+        if matches!(rule.when, When::TomlKeys(..)) || !rule.when.matches(&components) {
+            continue;
+        }
+        if !kinds.contains(&rule.kind) {
+            kinds.push(rule.kind);
+            let mut reason = action.describe(rule.what, path);
+            if rule.kind == SensitiveKind::GitConfig && action.has_new_side() {
+                if let Some(file) =
+                    file.filter(|_| components.last().is_some_and(|c| c.is(".gitattributes")))
+                {
+                    let drivers = attribute_drivers(file);
+                    if !drivers.is_empty() {
+                        reason.push_str(&format!(" and sets {}", drivers.join(", ")));
+                    }
+                }
+            }
+            found.add(path, rule.kind, &reason);
+        }
+    }
+    if components.iter().any(|c| c.is(".git")) {
+        let rule = check_rule(Check::GitDir);
+        let reason = format!(
+            "{}; git's own directory is never part of a patch, so the host refused it",
+            action.describe("a file inside git's own directory:", path)
+        );
+        found.add(path, rule.kind, &reason);
+    }
+    let is_git_config = components.last().is_some_and(|c| c.is(".gitconfig"))
+        || (components.len() >= 2
+            && components[components.len() - 1].is("config")
+            && components[components.len() - 2].is(".git"));
+    if let Some(file) = file.filter(|_| is_git_config && action.has_new_side()) {
         for value in added_lines(file).filter_map(hooks_path_setting) {
             let reason = if value.is_empty() {
                 "sets core.hooksPath".to_owned()
             } else {
                 format!("sets core.hooksPath to {}", shown(&value))
             };
-            found.add(path, SensitiveKind::GitHook, &reason);
+            found.add(path, check_rule(Check::HooksPath).kind, &reason);
         }
     }
-
-    let git_config = match name {
-        ".gitmodules" => Some("git submodules file"),
-        ".gitattributes" => Some("git attributes file"),
-        _ if is_git_config => Some("git config file"),
-        _ => None,
-    };
-    if let Some(what) = git_config {
-        let mut reason = action.describe(what, path);
-        if name == ".gitattributes" && action.has_new_side() {
-            let drivers = attribute_drivers(file);
-            if !drivers.is_empty() {
-                reason.push_str(&format!(" and sets {}", drivers.join(", ")));
-            }
-        }
-        found.add(path, SensitiveKind::GitConfig, &reason);
-    }
-
-    let ci = has_dirs(".github", "workflows")
-        || has_dir(".circleci")
-        || has_dir(".buildkite")
-        || matches!(
-            name,
-            ".gitlab-ci.yml"
-                | "azure-pipelines.yml"
-                | "azure-pipelines.yaml"
-                | "jenkinsfile"
-                | ".travis.yml"
-        );
-    if ci {
+    let unusual = check_rule(Check::UnusualName).kind;
+    if let Some(why) = names::unusual(path) {
         found.add(
             path,
-            SensitiveKind::CiWorkflow,
-            &action.describe("CI configuration", path),
+            unusual,
+            &format!("{}: {why}", action.describe("a file", path)),
         );
     }
-
-    let script = match name {
-        "build.rs" => Some("Cargo build script"),
-        "setup.py" => Some("Python setup script"),
-        "makefile" | "gnumakefile" => Some("make build file"),
-        ".npmrc" => Some("npm configuration"),
-        "config" | "config.toml" if parent == Some(".cargo") => Some("Cargo configuration"),
-        _ => None,
-    };
-    if let Some(what) = script {
-        found.add(
-            path,
-            SensitiveKind::PackageScript,
-            &action.describe(what, path),
-        );
-    }
-
-    let agent = [".claude", ".cursor", ".vscode", ".idea"]
+    let plain = names::plain_components(path);
+    if name_matches(&components)
         .into_iter()
-        .any(has_dir)
-        || matches!(name, ".mcp.json" | "agents.md" | "claude.md");
-    if agent {
-        let what = "coding-agent or editor configuration";
-        found.add(
-            path,
-            SensitiveKind::AgentConfig,
-            &action.describe(what, path),
+        .any(|hit| !name_matches(&plain).contains(&hit))
+    {
+        let normal: Vec<&str> = components.iter().map(|c| c.folded.as_str()).collect();
+        let reason = format!(
+            "{}: a look-alike of {}, which case-insensitive or Windows file systems may open \
+             as that file",
+            action.describe("a file", path),
+            shown(&normal.join("/"))
         );
+        found.add(path, unusual, &reason);
+    }
+}
+
+/// What a path's name matches: the name rules of the table (by index), and `package.json`
+/// and `.git` (judged in code). Compared between the normal and the plain reading of a
+/// name, it tells a look-alike from a name that is plainly what it says.
+fn name_matches(components: &[names::Component]) -> Vec<usize> {
+    let mut hits: Vec<usize> = RULES
+        .iter()
+        .enumerate()
+        .filter(|(_, rule)| rule.when.matches(components))
+        .map(|(i, _)| i)
+        .collect();
+    if components.last().is_some_and(|c| c.is("package.json")) {
+        hits.push(RULES.len());
+    }
+    if components.iter().any(|c| c.is(".git")) {
+        hits.push(RULES.len() + 1);
+    }
+    hits
+}
+
+/// The TOML rules of the table (`Cargo.toml`, `pyproject.toml`): flagged when the watched
+/// tables or keys differ between the two sides, or when the sides cannot be rebuilt.
+fn toml_rules(
+    file: &FilePatch<'_>,
+    path: &str,
+    action: Action<'_>,
+    baseline: &dyn Fn(&str) -> Option<Vec<u8>>,
+    found: &mut Found,
+) {
+    let components = names::components(path);
+    for rule in RULES {
+        let When::TomlKeys(_, keys) = rule.when else {
+            continue;
+        };
+        if !rule.when.matches(&components) {
+            continue;
+        }
+        let (before, after) = sides(file, action, baseline);
+        let watched = |side: Result<Vec<u8>, String>| {
+            side.map(|text| toml_keys::watched(&String::from_utf8_lossy(&text), keys))
+        };
+        let reason = match (watched(before), watched(after)) {
+            (Ok(before), Ok(after)) if before == after => continue,
+            (Ok(before), Ok(after)) => {
+                let changed = after
+                    .iter()
+                    .filter(|l| !before.contains(l))
+                    .chain(before.iter().filter(|l| !after.contains(l)))
+                    .next()
+                    .map(|l| l.split(' ').next().unwrap_or_default().to_owned())
+                    .unwrap_or_default();
+                format!(
+                    "{} and changes its build settings ({})",
+                    action.describe(rule.what, path),
+                    shown(&changed)
+                )
+            }
+            (Err(why), _) | (_, Err(why)) => format!(
+                "{}; its build settings could not be compared: {why}",
+                action.describe(rule.what, path)
+            ),
+        };
+        found.add(path, rule.kind, &reason);
+    }
+}
+
+/// The content of `path` before and after the entry, from the side of it `action` names.
+fn sides(
+    file: &FilePatch<'_>,
+    action: Action<'_>,
+    baseline: &dyn Fn(&str) -> Option<Vec<u8>>,
+) -> (Result<Vec<u8>, String>, Result<Vec<u8>, String>) {
+    let old = old_content(file, baseline);
+    match action {
+        Action::Deletes | Action::RenamedTo(_) => (old, Ok(Vec::new())),
+        Action::Adds | Action::RenamedFrom(_) | Action::CopiedFrom(_) => {
+            (Ok(Vec::new()), old.and_then(|old| rebuild(file, &old)))
+        }
+        Action::Changes => {
+            let after = old.clone().and_then(|old| rebuild(file, &old));
+            (old, after)
+        }
     }
 }
 
@@ -253,7 +357,7 @@ fn symlink(
         }
         Err(why) => format!("{verb} an unknown target ({why})"),
     };
-    found.add(path, SensitiveKind::Symlink, &reason);
+    found.add(path, check_rule(Check::Symlink).kind, &reason);
 }
 
 /// A symlink's content is its target: the whole new content, or (when the baseline is not at
@@ -297,15 +401,25 @@ fn leaves_repository(link: &str, target: &str) -> bool {
 }
 
 fn exec_bit(file: &FilePatch<'_>, path: &str, found: &mut Found) {
-    if file.new_mode != Some(MODE_EXECUTABLE) {
-        return;
+    if file.new_mode == Some(MODE_EXECUTABLE) {
+        let reason = match file.old_mode {
+            _ if file.is_new => "new executable file".to_owned(),
+            Some(old) => format!("mode {old:o} → {MODE_EXECUTABLE:o}"),
+            None => "made executable".to_owned(),
+        };
+        found.add(path, check_rule(Check::NewExecutable).kind, &reason);
     }
-    let reason = match file.old_mode {
-        _ if file.is_new => "new executable file".to_owned(),
-        Some(old) => format!("mode {old:o} → {MODE_EXECUTABLE:o}"),
-        None => "made executable".to_owned(),
-    };
-    found.add(path, SensitiveKind::ExecBit, &reason);
+    // An executable that keeps its bit but gets new content is a new program all the same.
+    let stays_executable = file.old_mode == Some(MODE_EXECUTABLE)
+        && file.new_mode.unwrap_or(MODE_EXECUTABLE) == MODE_EXECUTABLE;
+    let has_content = !file.hunks.is_empty() || file.is_binary;
+    if stays_executable && has_content && !file.is_deleted {
+        let reason = format!(
+            "changes the content of {}, an executable file (mode {MODE_EXECUTABLE:o})",
+            shown(path)
+        );
+        found.add(path, check_rule(Check::ExecutableContent).kind, &reason);
+    }
 }
 
 /// `package-script` for a `package.json` only when its `scripts` really changed: both sides
@@ -339,6 +453,7 @@ fn package_json(
             .and_then(|old| rebuild(file, old))
             .and_then(|content| scripts_of(&content));
         report_scripts(found, path, before, after, "");
+        package_dependencies(file, path, &old_content, found);
     }
     if let (Some(path), true) = (old, left_old) {
         let before = old_content
@@ -354,9 +469,9 @@ fn package_json(
 }
 
 fn is_package_json(path: &str) -> bool {
-    folded_components(path)
+    names::components(path)
         .last()
-        .is_some_and(|name| name == "package.json")
+        .is_some_and(|name| name.is("package.json"))
 }
 
 fn report_scripts(
@@ -380,9 +495,101 @@ fn report_scripts(
     };
     found.add(
         path,
-        SensitiveKind::PackageScript,
+        check_rule(Check::NpmScripts).kind,
         &format!("{reason}{note}"),
     );
+}
+
+/// The dependency fields whose values npm installs from.
+const DEPENDENCY_FIELDS: [&str; 6] = [
+    "dependencies",
+    "devDependencies",
+    "optionalDependencies",
+    "peerDependencies",
+    "overrides",
+    "resolutions",
+];
+
+/// Flags dependencies the change adds or repoints to git, a local file, a link or a URL:
+/// npm runs such a package's install scripts from wherever it points, unreviewed.
+fn package_dependencies(
+    file: &FilePatch<'_>,
+    path: &str,
+    old_content: &Result<Vec<u8>, String>,
+    found: &mut Found,
+) {
+    let kind = check_rule(Check::NpmDependencies).kind;
+    let parse = |content: &[u8]| -> Result<Map<String, Value>, String> {
+        match serde_json::from_slice(content) {
+            Ok(Value::Object(package)) => Ok(package),
+            Ok(_) => Err("package.json is not a JSON object".to_owned()),
+            Err(err) => Err(format!("package.json is not valid JSON ({err})")),
+        }
+    };
+    let starts_new = file.is_new || file.is_rename || file.is_copy;
+    let before = match old_content {
+        Ok(_) if starts_new => Ok(Map::new()),
+        Ok(old) => parse(old),
+        Err(why) => Err(why.clone()),
+    };
+    let after = old_content
+        .clone()
+        .and_then(|old| rebuild(file, &old))
+        .and_then(|new| parse(&new));
+    let (before, after) = match (before, after) {
+        (Ok(before), Ok(after)) => (before, after),
+        // The scripts check already flags a package.json it cannot compare.
+        _ => return,
+    };
+    let mut risky = Vec::new();
+    for field in DEPENDENCY_FIELDS {
+        let Some(Value::Object(deps)) = after.get(field) else {
+            continue;
+        };
+        let old = before.get(field).and_then(Value::as_object);
+        for (name, spec) in deps {
+            let text = spec
+                .as_str()
+                .map_or_else(|| spec.to_string(), str::to_owned);
+            let unchanged = old.and_then(|o| o.get(name)) == Some(spec);
+            if !unchanged && is_risky_spec(&text) {
+                risky.push(format!("'{}' from {}", sanitize(name, 60), shown(&text)));
+            }
+        }
+    }
+    if let Some(first) = risky.first() {
+        let more = match risky.len() {
+            1 => String::new(),
+            n => format!(" and {} more", n - 1),
+        };
+        let reason =
+            format!("adds or changes the npm dependency {first}{more}: not from the registry");
+        found.add(path, kind, &reason);
+    }
+}
+
+/// Whether an npm dependency spec points somewhere other than the registry: git, a file, a
+/// link, a URL, or a GitHub `owner/repo` shorthand (an `npm:` alias to a registry package and
+/// plain version ranges are fine).
+fn is_risky_spec(spec: &str) -> bool {
+    let spec = spec.trim().to_ascii_lowercase();
+    const PREFIXES: [&str; 10] = [
+        "git+",
+        "git:",
+        "git@",
+        "github:",
+        "gitlab:",
+        "bitbucket:",
+        "file:",
+        "link:",
+        "http:",
+        "https:",
+    ];
+    PREFIXES.iter().any(|p| spec.starts_with(p))
+        || (spec.contains('/') && !spec.starts_with("npm:") && !spec.starts_with('@'))
+        || spec.starts_with('.')
+        || spec.starts_with('/')
+        || spec.starts_with('~')
 }
 
 /// The `scripts` field of a package.json (`None` when it has none).
@@ -560,29 +767,6 @@ fn attribute_drivers(file: &FilePatch<'_>) -> Vec<String> {
         }
     }
     drivers
-}
-
-/// A path's components as a case-insensitive (HFS+, NTFS) file system compares them; `\`
-/// separates too, as on Windows.
-fn folded_components(path: &str) -> Vec<String> {
-    path.split(['/', '\\']).map(fold).collect()
-}
-
-fn fold(component: &str) -> String {
-    let mut folded: String = component
-        .chars()
-        .filter(|&c| !is_hfs_ignorable(c))
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
-    while folded.ends_with(['.', ' ']) {
-        folded.pop();
-    }
-    folded
-}
-
-/// Code points HFS+ drops when it compares names (git's `is_hfs_dotgit` list).
-fn is_hfs_ignorable(c: char) -> bool {
-    matches!(c, '\u{200c}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{206a}'..='\u{206f}' | '\u{feff}')
 }
 
 fn shown(text: &str) -> String {

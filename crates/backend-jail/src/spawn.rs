@@ -20,7 +20,7 @@ use crate::idmap::IdMap;
 use crate::jail::Jail;
 use crate::layers::Layers;
 use crate::newmount;
-use crate::rootfs::RootPlan;
+use crate::rootfs::{self, RootPlan};
 use crate::seccomp;
 use crate::spec::{guest_relative, JailSpec, AGENT_GUEST_PATH, CHANNEL_FD};
 use crate::sync::{self, Channels, Outcome};
@@ -179,6 +179,7 @@ fn plan(spec: &JailSpec, ids: &IdMap) -> Result<ChildPlan, JailError> {
         .iter()
         .map(|b| Ok((b.source.clone(), guest_relative(&b.target)?)))
         .collect::<Result<Vec<(PathBuf, PathBuf)>, JailError>>()?;
+    let (tmp_bytes, shm_bytes) = rootfs::tmpfs_sizes(spec.limits.memory_bytes);
     let root = RootPlan {
         image_root: spec.image_root.clone(),
         upper: layers.upper,
@@ -188,6 +189,8 @@ fn plan(spec: &JailSpec, ids: &IdMap) -> Result<ChildPlan, JailError> {
         agent: spec.agent_binary.clone(),
         agent_target: guest_relative(Path::new(AGENT_GUEST_PATH))?,
         tty_gid: ids.gid_to_host(TTY_GID).map(|_| TTY_GID),
+        tmp_bytes,
+        shm_bytes,
     };
     let exe = cstring("agent path", AGENT_GUEST_PATH)?;
     let mut argv = vec![

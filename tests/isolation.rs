@@ -160,3 +160,58 @@ m, sl = pty.openpty(); print(os.ttyname(sl).startswith(\"/dev/pts/\"))'",
     );
     assert_eq!(work, "1\nsub\ntcp\nTrue\n");
 }
+
+/// Every live sandbox maps its guest ids to its own host range, so what one guest owns is
+/// owned by ids no other guest holds.
+#[test]
+fn live_sandboxes_get_disjoint_host_id_ranges() {
+    if !require_root("live_sandboxes_get_disjoint_host_id_ranges") {
+        return;
+    }
+    let home = TestHome::new();
+    home.sandbox("ida", &[]);
+    home.sandbox("idb", &[]);
+    let range = |name: &str| -> (u32, u32) {
+        let map = home.sh(name, "cat /proc/1/uid_map");
+        let fields: Vec<u32> = map.split_whitespace().map(|v| v.parse().unwrap()).collect();
+        assert_eq!(fields.len(), 3, "one mapping line: {map}");
+        assert_eq!(fields[0], 0, "{map}");
+        assert_eq!(home.sh(name, "cat /proc/1/gid_map"), map, "gids as uids");
+        (fields[1], fields[1] + fields[2])
+    };
+    let (a, b) = (range("ida"), range("idb"));
+    assert!(a.1 <= b.0 || b.1 <= a.0, "ranges overlap: {a:?} {b:?}");
+    for r in [a, b] {
+        assert!(
+            GUEST_UID_POOL.contains(&r.0) && r.1 <= GUEST_UID_POOL.end,
+            "{r:?}"
+        );
+    }
+
+    // A file the sandbox user writes in one belongs, on the host, to a uid outside the other's
+    // map; and the state directory records the range.
+    home.sh("ida", "echo mine > /home/sandbox/owned");
+    let state = home.path().join("sandboxes").join(home.sandbox_id("ida"));
+    let owner = std::os::unix::fs::MetadataExt::uid(
+        &std::fs::metadata(state.join("upper/home/sandbox/owned")).unwrap(),
+    );
+    assert_eq!(owner, a.0 + 1000);
+    assert!(!(b.0..b.1).contains(&owner), "{owner} inside {b:?}");
+    let index: u32 = std::fs::read_to_string(state.join("idrange"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(a.0, 1_000_000 + index * 65_536);
+
+    // A destroyed sandbox's range goes back to the pool; a live one's is never handed out.
+    home.json(&["destroy", "ida"]);
+    assert!(
+        wait_until(20, || !state.exists()),
+        "the state dir goes with the sandbox"
+    );
+    home.sandbox("idc", &[]);
+    let c = range("idc");
+    assert_eq!(c, a, "the freed range is reused");
+    assert_ne!(c, range("idb"));
+}

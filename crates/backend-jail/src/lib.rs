@@ -72,7 +72,9 @@ pub use caps::{docker_default_mask, DOCKER_DEFAULT};
 pub use cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT as CGROUP_PARENT};
 pub use cleanup::{cleanup_leftovers, cleanup_leftovers_keeping_layers};
 pub use error::JailError;
-pub use idmap::{IdMap, IdRange, ROOTLESS_GUEST_ID, ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE};
+pub use idmap::{
+    IdMap, IdRange, ROOTLESS_GUEST_ID, ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE, ROOT_MODE_RANGES,
+};
 pub use jail::Jail;
 pub use probe::{probe, CgroupProbe, Check, ControllerProbe, Probe};
 pub use spec::{GuestDir, JailSpec, Limits, RoBind, AGENT_GUEST_PATH, CHANNEL_FD};

@@ -47,7 +47,7 @@ const HINT_USERNS: &str = "user namespaces look disabled or exhausted: check \
     /proc/sys/user/max_user_namespaces, kernel.unprivileged_userns_clone (Debian) and \
     kernel.apparmor_restrict_unprivileged_userns (Ubuntu); `dynocap doctor` shows details";
 
-pub(crate) fn spawn(spec: &JailSpec) -> Result<Jail, JailError> {
+pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     match sys::thread_count() {
         Ok(1) => {}
         Ok(threads) => return Err(JailError::NotSingleThreaded { threads }),
@@ -61,7 +61,6 @@ pub(crate) fn spawn(spec: &JailSpec) -> Result<Jail, JailError> {
         )
         .hint("the jail backend needs Linux 5.12 or newer"));
     }
-    let ids = IdMap::for_current_process();
     let mut plan = plan(spec, &ids)?;
     let layout = Layout::discover()?;
 

@@ -71,7 +71,9 @@ fn pids_limit_stops_a_fork_bomb() {
     let bomb = home.exec(
         "bomb",
         &["--timeout", "10"],
-        "bomb() { bomb | bomb & }; bomb; sleep 20",
+        // `sleep` is started before the bomb: forked after it, it could find the pids limit
+        // already reached and end the command long before the timeout.
+        "bomb() { bomb | bomb & }; sleep 20 & bomb; wait",
     );
     assert_eq!(bomb["timedOut"], true, "{bomb}");
     // The limit held the bomb and the sandbox still works once the group is gone.

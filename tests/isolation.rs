@@ -76,3 +76,142 @@ fn isolation_facts_inside_the_guest() {
     assert_ne!(home.exec("iso", &[], "touch /usr/bin/evil")["exitCode"], 0);
     let _ = std::fs::remove_file("/root/.dynocap-canary");
 }
+
+/// The seccomp filter is an allowlist: syscalls nobody listed fail, whether the old denylist
+/// named them or not (`kcmp`, `get_mempolicy` worked before), a number no kernel has yet gets
+/// ENOSYS, and the ordinary workload (sh, git, python) still runs under it.
+#[test]
+fn syscalls_outside_the_allowlist_fail_and_the_workload_runs() {
+    if !require_root("syscalls_outside_the_allowlist_fail_and_the_workload_runs") {
+        return;
+    }
+    let home = TestHome::new();
+    home.sandbox("sc", &[]);
+    // Each call with harmless arguments: what matters is the errno the filter gives.
+    let probe = r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(256)
+calls = {
+    "kexec_load": (246, 0, 0, 0, 0),
+    "open_by_handle_at": (304, -100, ctypes.addressof(buf), 0),
+    "name_to_handle_at": (303, -100, ctypes.addressof(buf), ctypes.addressof(buf), ctypes.addressof(buf), 0),
+    "bpf": (321, 0, 0, 0),
+    "userfaultfd": (323, 0),
+    "perf_event_open": (298, ctypes.addressof(buf), 0, -1, -1, 0),
+    "keyctl": (250, 0, -3, 0),
+    "add_key": (248, 0, 0, 0, 0, 0),
+    "io_uring_setup": (425, 1, ctypes.addressof(buf)),
+    "mount": (165, 0, 0, 0, 0, 0),
+    "unshare_newuser": (272, 0x10000000),
+    "clone_newns": (56, 0x00020000 | 17, 0, 0, 0, 0),
+    "setns": (308, 0, 0),
+    "kcmp": (312, os.getpid(), os.getpid(), 0, 0, 0),
+    "get_mempolicy": (239, 0, 0, 0, 0, 0),
+    "sethostname": (170, ctypes.addressof(buf), 1),
+    "clone3": (435, 0, 0),
+    "made_up_1000": (1000,),
+}
+for name, (nr, *args) in calls.items():
+    ctypes.set_errno(0)
+    ret = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    code = errno.errorcode.get(ctypes.get_errno(), "0") if ret == -1 else "ok"
+    print(f"{name}={code}")
+"#;
+    let out = home.sh("sc", &format!("python3 -c '{probe}'"));
+    let results: std::collections::BTreeMap<&str, &str> = out
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .collect();
+    for (name, want) in [
+        ("kexec_load", "EPERM"),
+        ("open_by_handle_at", "EPERM"),
+        ("name_to_handle_at", "EPERM"),
+        ("bpf", "EPERM"),
+        ("userfaultfd", "EPERM"),
+        ("perf_event_open", "EPERM"),
+        ("keyctl", "EPERM"),
+        ("add_key", "EPERM"),
+        ("io_uring_setup", "EPERM"),
+        ("mount", "EPERM"),
+        ("unshare_newuser", "EPERM"),
+        ("clone_newns", "EPERM"),
+        ("setns", "EPERM"),
+        ("kcmp", "EPERM"),
+        ("get_mempolicy", "EPERM"),
+        ("sethostname", "EPERM"),
+        ("clone3", "ENOSYS"),
+        ("made_up_1000", "ENOSYS"),
+    ] {
+        assert_eq!(results.get(name).copied(), Some(want), "{name}: {out}");
+    }
+
+    // The ordinary workload: a shell pipeline, git with a commit, python with threads and a
+    // subprocess, sockets on loopback, a pty.
+    let work = home.sh(
+        "sc",
+        "set -e; cd /tmp && git init -q w && cd w && echo hi > f && git add f && \
+         git -c user.email=a@b -c user.name=a commit -qm one && git log --oneline | wc -l; \
+         python3 -c 'import threading, subprocess, socket, os, pty, tempfile
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+print(subprocess.run([\"sh\", \"-c\", \"echo sub\"], capture_output=True, text=True).stdout.strip())
+s = socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen(); c = socket.create_connection(s.getsockname()); print(\"tcp\")
+m, sl = pty.openpty(); print(os.ttyname(sl).startswith(\"/dev/pts/\"))'",
+    );
+    assert_eq!(work, "1\nsub\ntcp\nTrue\n");
+}
+
+/// Every live sandbox maps its guest ids to its own host range, so what one guest owns is
+/// owned by ids no other guest holds.
+#[test]
+fn live_sandboxes_get_disjoint_host_id_ranges() {
+    if !require_root("live_sandboxes_get_disjoint_host_id_ranges") {
+        return;
+    }
+    let home = TestHome::new();
+    home.sandbox("ida", &[]);
+    home.sandbox("idb", &[]);
+    let range = |name: &str| -> (u32, u32) {
+        let map = home.sh(name, "cat /proc/1/uid_map");
+        let fields: Vec<u32> = map.split_whitespace().map(|v| v.parse().unwrap()).collect();
+        assert_eq!(fields.len(), 3, "one mapping line: {map}");
+        assert_eq!(fields[0], 0, "{map}");
+        assert_eq!(home.sh(name, "cat /proc/1/gid_map"), map, "gids as uids");
+        (fields[1], fields[1] + fields[2])
+    };
+    let (a, b) = (range("ida"), range("idb"));
+    assert!(a.1 <= b.0 || b.1 <= a.0, "ranges overlap: {a:?} {b:?}");
+    for r in [a, b] {
+        assert!(
+            GUEST_UID_POOL.contains(&r.0) && r.1 <= GUEST_UID_POOL.end,
+            "{r:?}"
+        );
+    }
+
+    // A file the sandbox user writes in one belongs, on the host, to a uid outside the other's
+    // map; and the state directory records the range.
+    home.sh("ida", "echo mine > /home/sandbox/owned");
+    let state = home.path().join("sandboxes").join(home.sandbox_id("ida"));
+    let owner = std::os::unix::fs::MetadataExt::uid(
+        &std::fs::metadata(state.join("upper/home/sandbox/owned")).unwrap(),
+    );
+    assert_eq!(owner, a.0 + 1000);
+    assert!(!(b.0..b.1).contains(&owner), "{owner} inside {b:?}");
+    let index: u32 = std::fs::read_to_string(state.join("idrange"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(a.0, 1_000_000 + index * 65_536);
+
+    // A destroyed sandbox's range goes back to the pool; a live one's is never handed out.
+    home.json(&["destroy", "ida"]);
+    assert!(
+        wait_until(20, || !state.exists()),
+        "the state dir goes with the sandbox"
+    );
+    home.sandbox("idc", &[]);
+    let c = range("idc");
+    assert_eq!(c, a, "the freed range is reused");
+    assert_ne!(c, range("idb"));
+}

@@ -579,3 +579,51 @@ impl Drop for Unmount {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// A task whose supervisor died keeps its state dir, and with it its host id range: another
+/// sandbox started meanwhile gets a different one, and the recovery guest booted by
+/// `task finish` maps the same range (its writable layer is owned by those ids; with any
+/// other range the agent could not read its own state and the work would not verify).
+#[test]
+fn a_recovered_task_keeps_its_host_id_range() {
+    if !require_root("a_recovered_task_keeps_its_host_id_range") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = project();
+    home.sandbox("first", &[]);
+    let started = start(&home, project.path(), "ranged", &[]);
+    let id = started["id"].as_str().unwrap().to_owned();
+    let range_file = home.path().join("sandboxes").join(&id).join("idrange");
+    let range = std::fs::read_to_string(&range_file).unwrap();
+    assert_eq!(range, "1\n", "range 0 is taken by the raw sandbox");
+    work(&home, "ranged", "echo ranged-work > a.txt");
+    let supervisor = supervisor_of(&home, "ranged");
+    signal(supervisor, libc::SIGKILL);
+    assert!(gone(supervisor));
+    assert!(wait_until(30, || task(&home, "ranged")["state"] == "unsaved"));
+
+    // The kept layer still holds range 1: a new sandbox gets the next free one, and once the
+    // raw sandbox goes, range 0 is free but the recovery still takes 1.
+    home.sandbox("second", &[]);
+    let second = home
+        .path()
+        .join("sandboxes")
+        .join(home.sandbox_id("second"));
+    assert_eq!(
+        std::fs::read_to_string(second.join("idrange")).unwrap(),
+        "2\n"
+    );
+    let first = home.path().join("sandboxes").join(home.sandbox_id("first"));
+    home.json(&["destroy", "first"]);
+    assert!(wait_until(20, || !first.exists()));
+    assert_eq!(std::fs::read_to_string(&range_file).unwrap(), "1\n");
+
+    assert_unsaved_then_recovered(&home, "ranged", "+ranged-work");
+    let log = std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log"))).unwrap();
+    let boots: Vec<&str> = log.lines().filter(|l| l.contains("guest booted")).collect();
+    assert_eq!(boots.len(), 2, "the start and the recovery: {log}");
+    for boot in boots {
+        assert!(boot.ends_with("host id range 1"), "{boot}");
+    }
+}

@@ -249,7 +249,11 @@ impl Drop for TestHome {
     }
 }
 
-/// Host processes whose real uid is in DynoCap's guest range (guest processes run there).
+/// Host uids of the whole root-mode pool: every live sandbox maps its guest ids to one range
+/// of it (crates/backend-jail/src/idmap.rs).
+pub const GUEST_UID_POOL: std::ops::Range<u32> = 1_000_000..1_000_000 + 16_384 * 65_536;
+
+/// Host processes whose real uid is in DynoCap's guest pool (guest processes run there).
 pub fn processes_in_guest_uid_range() -> Vec<(i32, u32, String)> {
     let mut found = Vec::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -274,7 +278,7 @@ pub fn processes_in_guest_uid_range() -> Vec<(i32, u32, String)> {
             .trim()
             .to_owned();
         if let Some(uid) = uid {
-            if (1_000_000..1_065_536).contains(&uid) {
+            if GUEST_UID_POOL.contains(&uid) {
                 found.push((pid, uid, name));
             }
         }

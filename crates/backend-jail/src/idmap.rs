@@ -2,16 +2,19 @@
 //! namespace (`/proc/<pid>/{setgroups,uid_map,gid_map}`).
 //!
 //! Two modes:
-//! - **root** (the supervisor runs as host root): guest ids `0..65536` map to host
-//!   `1_000_000..1_065_536`. Guest root is never host root; host ids below the range (the
-//!   host's own users) do not exist in the guest, so host files show as `nobody`.
+//! - **root** (the supervisor runs as host root): guest ids `0..65536` map to one range of
+//!   the pool, host `1_000_000 + i * 65536 ..` for the range index `i` the engine allocated
+//!   to the sandbox (as Podman's `--userns=auto` does). Guest root is never host root; host
+//!   ids below the pool (the host's own users) do not exist in the guest, so host files show
+//!   as `nobody`.
 //! - **rootless** (an unprivileged supervisor): the kernel allows mapping only the caller's
 //!   own ids, which appear as guest `1000:1000`; `setgroups` is denied (required before an
 //!   unprivileged `gid_map` write, and it means the guest cannot drop the caller's
 //!   supplementary groups).
 //!
-//! All sandboxes of a root supervisor share the one range: they are kept apart by their
-//! namespaces, not by distinct host ids.
+//! Distinct ranges keep live sandboxes apart even past their namespaces: a guest that
+//! escapes its mount tree still finds every other sandbox's files owned by ids it does not
+//! hold, and cannot signal or ptrace their processes.
 
 use std::path::PathBuf;
 
@@ -23,6 +26,10 @@ use crate::error::{JailError, HINT_PRIVILEGE};
 pub const ROOT_MODE_HOST_BASE: u32 = 1_000_000;
 /// Number of guest ids mapped when the supervisor runs as root.
 pub const ROOT_MODE_COUNT: u32 = 65_536;
+/// How many ranges the root-mode pool holds: host ids `1_000_000..1_074_741_824`, below
+/// 2^31 so no tool that stores a uid in a signed 32-bit int (or the kernel's `(uid_t)-1`
+/// "no change" value) ever meets one.
+pub const ROOT_MODE_RANGES: u32 = 16_384;
 /// Guest uid and gid the caller's own ids appear as when the supervisor is unprivileged.
 pub const ROOTLESS_GUEST_ID: u32 = 1000;
 
@@ -76,11 +83,38 @@ impl IdMap {
         }
     }
 
-    /// Guest `0..65536` on host `1_000_000..1_065_536`.
+    /// As [`IdMap::for_current_process`], with root mode on range `index` of the pool
+    /// (see [`IdMap::root_mode_at`]); a rootless map has no pool and ignores it.
+    pub fn for_current_process_in_range(index: u32) -> Result<IdMap, JailError> {
+        let uid = geteuid();
+        if uid.is_root() {
+            IdMap::root_mode_at(index)
+        } else {
+            Ok(IdMap::rootless(uid.as_raw(), getegid().as_raw()))
+        }
+    }
+
+    /// Guest `0..65536` on host `1_000_000..1_065_536` (range 0 of the pool).
     pub fn root_mode() -> IdMap {
+        IdMap::root_mode_range(0)
+    }
+
+    /// Guest `0..65536` on host `1_000_000 + index * 65536 ..`; `index` must be below
+    /// [`ROOT_MODE_RANGES`].
+    pub fn root_mode_at(index: u32) -> Result<IdMap, JailError> {
+        if index >= ROOT_MODE_RANGES {
+            return Err(JailError::InvalidSpec(format!(
+                "id range {index} is outside the pool of {ROOT_MODE_RANGES} ranges"
+            )));
+        }
+        Ok(IdMap::root_mode_range(index))
+    }
+
+    fn root_mode_range(index: u32) -> IdMap {
         let range = IdRange {
             guest: 0,
-            host: ROOT_MODE_HOST_BASE,
+            // Cannot overflow: index < ROOT_MODE_RANGES keeps this below 2^31.
+            host: ROOT_MODE_HOST_BASE + index * ROOT_MODE_COUNT,
             count: ROOT_MODE_COUNT,
         };
         IdMap {
@@ -186,6 +220,22 @@ mod tests {
         assert_eq!(map.init_uid(), 0);
         assert_eq!(map.init_host_ids(), (1_000_000, 1_000_000));
         assert_eq!(map.uids.map_line(), "0 1000000 65536\n");
+    }
+
+    #[test]
+    fn pool_ranges_are_disjoint_and_bounded() {
+        let first = IdMap::root_mode_at(0).expect("range 0");
+        assert_eq!(first, IdMap::root_mode());
+        let second = IdMap::root_mode_at(1).expect("range 1");
+        assert_eq!(second.to_host(0), Some(1_065_536));
+        assert_eq!(second.to_guest(1_065_535), None);
+        assert_eq!(first.to_guest(1_065_536), None);
+        let last = IdMap::root_mode_at(ROOT_MODE_RANGES - 1).expect("last range");
+        let top = last.to_host(ROOT_MODE_COUNT - 1).expect("mapped");
+        assert!(top < 1 << 31, "{top}");
+        assert_eq!(last.uids.map_line(), format!("0 {} 65536\n", top - 65_535));
+        assert!(IdMap::root_mode_at(ROOT_MODE_RANGES).is_err());
+        assert!(IdMap::root_mode_at(u32::MAX).is_err());
     }
 
     #[test]

@@ -45,7 +45,14 @@ impl Jail {
     /// children it did not start (`waitpid(-1)`, `SIGCHLD` set to `SIG_IGN`): [`Jail::destroy`]
     /// reaps the init.
     pub fn spawn(spec: &JailSpec) -> Result<Jail, JailError> {
-        crate::spawn::spawn(spec)
+        crate::spawn::spawn(spec, IdMap::for_current_process())
+    }
+
+    /// As [`Jail::spawn`], with the guest's ids mapped by `ids` (e.g. a range of the pool the
+    /// caller allocated for this sandbox: [`IdMap::for_current_process_in_range`]). A map the
+    /// process cannot write (root mode without host root) fails the spawn.
+    pub fn spawn_with_ids(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
+        crate::spawn::spawn(spec, ids)
     }
 
     pub(crate) fn new(

@@ -1,6 +1,6 @@
 //! DynoCap's jail backend: runs the guest agent as PID 1 of fresh user, mount, pid, network,
 //! IPC, UTS and cgroup namespaces, on an overlay root, inside cgroup limits, with Docker's
-//! default capabilities, `no_new_privs` and a seccomp denylist.
+//! default capabilities, `no_new_privs` and a seccomp allowlist.
 //!
 //! The engine calls [`Jail::spawn`] with a [`JailSpec`], talks to the agent over
 //! [`Jail::take_channel`], watches [`Jail::pidfd`], and ends with [`Jail::destroy`];
@@ -32,7 +32,8 @@
 //!   [`Jail::destroy`] reaps the init. Watch [`Jail::pidfd`] for the guest's death.
 //! - Give the process fds 1 and 2 it is happy for the guest to inherit (its log): a pipe is
 //!   safer than a log file, which the guest could truncate.
-//! - Run as root for the full id range (guest `0..65536` on host `1_000_000..`); an
+//! - Run as root for the full id range (guest `0..65536` on a host range of the pool from
+//!   `1_000_000`: [`Jail::spawn_with_ids`]); an
 //!   unprivileged caller gets one id (guest 1000) and needs `dynocap/` cgroup parents
 //!   delegated to it.
 //! - Know that an image owned by host root shows as `nobody` in the guest and is read-only to
@@ -72,7 +73,9 @@ pub use caps::{docker_default_mask, DOCKER_DEFAULT};
 pub use cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT as CGROUP_PARENT};
 pub use cleanup::{cleanup_leftovers, cleanup_leftovers_keeping_layers};
 pub use error::JailError;
-pub use idmap::{IdMap, IdRange, ROOTLESS_GUEST_ID, ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE};
+pub use idmap::{
+    IdMap, IdRange, ROOTLESS_GUEST_ID, ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE, ROOT_MODE_RANGES,
+};
 pub use jail::Jail;
 pub use probe::{probe, CgroupProbe, Check, ControllerProbe, Probe};
 pub use spec::{GuestDir, JailSpec, Limits, RoBind, AGENT_GUEST_PATH, CHANNEL_FD};

@@ -7,8 +7,9 @@
 //!                Docker's masked paths covered and its read-only paths re-bound read-only
 //! /dev           tmpfs 0755 (nosuid, noexec) with the host's null, zero, full, random,
 //!                urandom and tty bound in (no mknod in a user namespace), devpts at /dev/pts
-//!                (its own instance), tmpfs /dev/shm, and the usual symlinks
-//! /tmp           tmpfs 1777 (nosuid, nodev)
+//!                (its own instance, at most [`PTY_MAX`] ptys), tmpfs /dev/shm 1777
+//!                (nosuid, nodev, noexec, sized), and the usual symlinks
+//! /tmp           tmpfs 1777 (nosuid, nodev, sized)
 //! <ro_binds>     recursive binds, read-only, nosuid, nodev
 //! /.dynocap/agent  the agent binary, bound read-only
 //! ```
@@ -51,6 +52,25 @@ const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi"];
 /// (e.g. the netns sysctls under sys/net).
 const PROC_READ_ONLY: &[&str] = &["bus", "fs", "irq", "sys", "sysrq-trigger"];
 
+/// Most ptys one guest's devpts hands out. Every non-initial devpts instance draws from the
+/// host-wide pool of `kernel.pty.max` minus `kernel.pty.reserve` (3072 by default): without a
+/// bound one sandbox can take them all and every other `exec --tty` fails with `ENOSPC`.
+pub(crate) const PTY_MAX: u32 = 256;
+
+/// Largest /tmp, and largest /dev/shm (Docker's default `--shm-size`).
+const TMP_MAX_BYTES: u64 = 1 << 30;
+const SHM_MAX_BYTES: u64 = 64 << 20;
+
+/// `size=` of /tmp and /dev/shm for a guest with `memory_bytes` of memory: at most half of it
+/// for /tmp and a quarter for /dev/shm, so a full tmpfs answers `ENOSPC` while the processes
+/// that filled it still have memory left (tmpfs pages are charged to the guest's cgroup).
+pub(crate) fn tmpfs_sizes(memory_bytes: u64) -> (u64, u64) {
+    (
+        (memory_bytes / 2).min(TMP_MAX_BYTES),
+        (memory_bytes / 4).min(SHM_MAX_BYTES),
+    )
+}
+
 /// Symlinks created in the guest's /dev: (name, target).
 const DEV_LINKS: &[(&str, &str)] = &[
     ("ptmx", "pts/ptmx"),
@@ -75,6 +95,10 @@ pub(crate) struct RootPlan {
     pub agent_target: PathBuf,
     /// Guest gid owning pty slaves (`tty`, 5) if it is mapped.
     pub tty_gid: Option<u32>,
+    /// `size=` of /tmp in bytes (see [`tmpfs_sizes`]).
+    pub tmp_bytes: u64,
+    /// `size=` of /dev/shm in bytes.
+    pub shm_bytes: u64,
 }
 
 /// A host source opened for binding.
@@ -160,7 +184,7 @@ pub(crate) fn build(plan: &RootPlan, host: &HostFds) -> Result<(), Failure> {
 
     mount_dev(root, plan, host)?;
 
-    let tmp = tmpfs(&[("mode", "1777")])?;
+    let tmp = tmpfs(&[("mode", "1777"), ("size", &plan.tmp_bytes.to_string())])?;
     attach_new(root, "tmp", tmp, NOSUID | NODEV)?;
 
     for (source, target) in &host.binds {
@@ -299,7 +323,12 @@ fn mount_dev(root: BorrowedFd<'_>, plan: &RootPlan, host: &HostFds) -> Result<()
     devpts
         .flag("newinstance")
         .context(|| "setting devpts option newinstance")?;
-    for (key, value) in [("ptmxmode", "0666"), ("mode", "0620")] {
+    let max = PTY_MAX.to_string();
+    for (key, value) in [
+        ("ptmxmode", "0666"),
+        ("mode", "0620"),
+        ("max", max.as_str()),
+    ] {
         devpts
             .set(key, value)
             .context(|| format!("setting devpts option {key}={value}"))?;
@@ -311,7 +340,7 @@ fn mount_dev(root: BorrowedFd<'_>, plan: &RootPlan, host: &HostFds) -> Result<()
     }
     attach_new(dev, "pts", devpts, NOSUID | NOEXEC)?;
 
-    let shm = tmpfs(&[("mode", "1777")])?;
+    let shm = tmpfs(&[("mode", "1777"), ("size", &plan.shm_bytes.to_string())])?;
     attach_new(dev, "shm", shm, NOSUID | NODEV | NOEXEC)?;
 
     for (name, target) in DEV_LINKS {

@@ -20,7 +20,7 @@ use crate::idmap::IdMap;
 use crate::jail::Jail;
 use crate::layers::Layers;
 use crate::newmount;
-use crate::rootfs::RootPlan;
+use crate::rootfs::{self, RootPlan};
 use crate::seccomp;
 use crate::spec::{guest_relative, JailSpec, AGENT_GUEST_PATH, CHANNEL_FD};
 use crate::sync::{self, Channels, Outcome};
@@ -47,7 +47,7 @@ const HINT_USERNS: &str = "user namespaces look disabled or exhausted: check \
     /proc/sys/user/max_user_namespaces, kernel.unprivileged_userns_clone (Debian) and \
     kernel.apparmor_restrict_unprivileged_userns (Ubuntu); `dynocap doctor` shows details";
 
-pub(crate) fn spawn(spec: &JailSpec) -> Result<Jail, JailError> {
+pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     match sys::thread_count() {
         Ok(1) => {}
         Ok(threads) => return Err(JailError::NotSingleThreaded { threads }),
@@ -61,7 +61,6 @@ pub(crate) fn spawn(spec: &JailSpec) -> Result<Jail, JailError> {
         )
         .hint("the jail backend needs Linux 5.12 or newer"));
     }
-    let ids = IdMap::for_current_process();
     let mut plan = plan(spec, &ids)?;
     let layout = Layout::discover()?;
 
@@ -179,6 +178,7 @@ fn plan(spec: &JailSpec, ids: &IdMap) -> Result<ChildPlan, JailError> {
         .iter()
         .map(|b| Ok((b.source.clone(), guest_relative(&b.target)?)))
         .collect::<Result<Vec<(PathBuf, PathBuf)>, JailError>>()?;
+    let (tmp_bytes, shm_bytes) = rootfs::tmpfs_sizes(spec.limits.memory_bytes);
     let root = RootPlan {
         image_root: spec.image_root.clone(),
         upper: layers.upper,
@@ -188,6 +188,8 @@ fn plan(spec: &JailSpec, ids: &IdMap) -> Result<ChildPlan, JailError> {
         agent: spec.agent_binary.clone(),
         agent_target: guest_relative(Path::new(AGENT_GUEST_PATH))?,
         tty_gid: ids.gid_to_host(TTY_GID).map(|_| TTY_GID),
+        tmp_bytes,
+        shm_bytes,
     };
     let exe = cstring("agent path", AGENT_GUEST_PATH)?;
     let mut argv = vec![

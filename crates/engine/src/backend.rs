@@ -24,6 +24,9 @@ pub struct BootSpec {
     /// Boot over the writable layer a stopped guest of this sandbox kept (recovering a task
     /// whose work was not saved), instead of a fresh one.
     pub reuse_layer: bool,
+    /// The sandbox's host id range (see [`crate::idpool`]); the same for every guest booted
+    /// over one state directory.
+    pub id_range: u32,
 }
 
 /// A running guest.
@@ -124,7 +127,9 @@ impl Backend for JailBackend {
             },
             reuse_layers: spec.reuse_layer,
         };
-        let jail = dynocap_backend_jail::Jail::spawn(&jail_spec)
+        let ids = dynocap_backend_jail::IdMap::for_current_process_in_range(spec.id_range)
+            .map_err(|err| Error::internal(format!("choosing the jail's host ids: {err}")))?;
+        let jail = dynocap_backend_jail::Jail::spawn_with_ids(&jail_spec, ids)
             .map_err(|err| Error::internal(format!("booting the jail: {err}")))?;
         Ok(Box::new(JailGuest(jail)))
     }

@@ -17,6 +17,7 @@ pub mod finish;
 pub mod hardened_git;
 pub mod home;
 pub mod host_children;
+pub mod idpool;
 pub mod image;
 pub mod import;
 pub mod patch;

@@ -180,6 +180,7 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
     let state_dir = home.sandbox_dir(id);
     std::fs::create_dir_all(&state_dir)
         .context(format_args!("creating {}", state_dir.display()))?;
+    let id_range = crate::idpool::reserve(home, id)?;
     let spec = BootSpec {
         id: id.to_owned(),
         hostname: record.name.clone().unwrap_or_else(|| id.to_owned()),
@@ -190,10 +191,11 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
         memory_mb: record.memory_mb,
         pids: spec::PIDS_LIMIT,
         reuse_layer: mode == Mode::Recover,
+        id_range,
     };
     let (guest, guest_output) = boot_with_piped_output(backend.as_ref(), &spec)?;
     log(&format!(
-        "guest booted on {} backend, init pid {}",
+        "guest booted on {} backend, init pid {}, host id range {id_range}",
         backend.name(),
         guest.pid()
     ));

@@ -13,6 +13,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use base64::Engine as _;
+use dynocap_engine::import::{ImportError, ProjectDir};
 use dynocap_engine::{Error, ErrorCode};
 
 pub const ENV_ROOTS: &str = "DYNOCAP_MCP_ROOTS";
@@ -199,9 +200,10 @@ impl Policy {
         )
     }
 
-    /// Checks a `projectPath`; returns it resolved through symlinks, which is what the
-    /// engine must import (not the caller's spelling).
-    pub fn check_project_path(&self, raw: &str) -> Result<PathBuf, Refusal> {
+    /// Checks a `projectPath` and returns the directory, opened: the path is resolved once,
+    /// by that open, and what is checked is the descriptor's own path. The engine imports
+    /// through the descriptor, so no later rename or symlink swap can change what comes.
+    pub fn check_project_path(&self, raw: &str) -> Result<ProjectDir, Refusal> {
         if raw.is_empty() || raw.contains('\0') || !raw.starts_with('/') {
             return Err(Refusal::invalid(
                 "roots.absolute",
@@ -221,27 +223,32 @@ impl Policy {
             }
         };
         let given = Path::new(raw);
-        let resolved = match std::fs::canonicalize(given) {
-            Ok(resolved) => resolved,
-            Err(err) => {
-                // Nothing to resolve: judge the spelling, so a missing path outside the
-                // roots is refused like any other (no existence oracle outside them).
-                let lexical = normalize_lexically(given);
-                self.check_resolved(raw, &lexical, dirs)?;
-                return Err(Refusal::invalid(
-                    "roots.missing",
-                    format!("projectPath {raw} cannot be opened: {err}"),
-                ));
+        match ProjectDir::open(given) {
+            Ok(dir) => {
+                self.check_resolved(raw, dir.path(), dirs)?;
+                Ok(dir)
             }
-        };
-        self.check_resolved(raw, &resolved, dirs)?;
-        if !resolved.is_dir() {
-            return Err(Refusal::invalid(
-                "roots.not-directory",
-                format!("projectPath {raw} is not a directory; name the project's top directory"),
-            ));
+            Err(err) => {
+                // Not opened: judge what the path names now (or its spelling, when nothing),
+                // so a path outside the roots is refused like any other (no existence oracle
+                // outside them), then say why it cannot be imported.
+                let judged =
+                    std::fs::canonicalize(given).unwrap_or_else(|_| normalize_lexically(given));
+                self.check_resolved(raw, &judged, dirs)?;
+                Err(match err {
+                    ImportError::NotADirectory(_) => Refusal::invalid(
+                        "roots.not-directory",
+                        format!(
+                            "projectPath {raw} is not a directory; name the project's top directory"
+                        ),
+                    ),
+                    err => Refusal::invalid(
+                        "roots.missing",
+                        format!("projectPath {raw} cannot be opened: {err}"),
+                    ),
+                })
+            }
         }
-        Ok(resolved)
     }
 
     fn check_resolved(&self, raw: &str, resolved: &Path, dirs: &[PathBuf]) -> Result<(), Refusal> {
@@ -958,7 +965,7 @@ mod tests {
         let (policy, _) = policy_with(tree.inputs(None));
         assert_eq!(policy.roots(), &Roots::Dirs(vec![tree.path("projects")]));
         let app = tree.path("projects/app");
-        assert_eq!(policy.check_project_path(&s(&app)).unwrap(), app);
+        assert_eq!(policy.check_project_path(&s(&app)).unwrap().path(), app);
         let err = policy
             .check_project_path(&s(&tree.path("other")))
             .unwrap_err();
@@ -992,7 +999,7 @@ mod tests {
             "roots.outside"
         );
         let inside = format!("{}/src/..", s(&root));
-        assert_eq!(policy.check_project_path(&inside).unwrap(), root);
+        assert_eq!(policy.check_project_path(&inside).unwrap().path(), root);
         // A symlink inside the root pointing at ~/.ssh.
         std::os::unix::fs::symlink(tree.path("home/.ssh"), root.join("keys")).unwrap();
         let err = policy

@@ -168,7 +168,8 @@ fn plain_trees_worktrees_and_submodules_import() {
         "plain\n/etc/passwd\n"
     );
 
-    // A linked worktree: its .git is a file pointing outside the project.
+    // A linked worktree alone: its .git file points into the main repository, outside the
+    // project, so it is refused, naming the file and where it points.
     let repo = tempfile::tempdir().unwrap();
     sample_project(repo.path());
     let worktrees = tempfile::tempdir().unwrap();
@@ -184,23 +185,35 @@ fn plain_trees_worktrees_and_submodules_import() {
             linked.to_str().unwrap(),
         ],
     );
-    write(&linked.join("wt-only.txt"), "in the worktree\n");
-    start(&home, &linked, &["--name", "wt", "--history", "head"]);
-    assert_eq!(
-        task_sh(
-            &home,
-            "wt",
-            "cat wt-only.txt; git rev-parse --abbrev-ref HEAD"
-        ),
-        "in the worktree\nwt\n"
+    let err = home.json_err(&["task", "start", linked.to_str().unwrap(), "--name", "wt"]);
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("{}/.git points to", linked.display()))
+            && message.contains(&format!("{}/.git/worktrees/linked", repo.path().display())),
+        "{err:#}"
     );
+    // With its main repository in the project, it comes (listed by its own git).
+    let inner = repo.path().join("trees/inner");
+    git(
+        repo.path(),
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            "wt2",
+            inner.to_str().unwrap(),
+        ],
+    );
+    write(&inner.join("wt-only.txt"), "in the worktree\n");
+    start(&home, repo.path(), &["--name", "wt", "--history", "head"]);
     assert_eq!(
         task_sh(
             &home,
             "wt",
-            "test -d .git && test ! -e .git/worktrees && echo own-repo"
+            "cat trees/inner/wt-only.txt; test ! -e trees/inner/.git && echo no-dotgit"
         ),
-        "own-repo\n"
+        "in the worktree\nno-dotgit\n"
     );
 
     // A submodule: its checked-out files come as plain files.

@@ -8,9 +8,11 @@ policy allows reach the engine, which boots a sandbox: those need root."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -384,3 +386,120 @@ async def test_live_sandboxes_share_the_memory_and_count_ceilings(host: Host,
         ok(await s.call_tool("dynocap_destroy", {"name": "second"}))
         ok(await s.call_tool("dynocap_run", {"name": "third", "memoryMB": 1000}))
         ok(await s.call_tool("dynocap_destroy", {"name": "third"}))
+
+
+def useradd(name: str, home: Path) -> None:
+    subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--shell", "/bin/sh", name],
+                   check=True, capture_output=True)
+
+
+def userdel(name: str) -> None:
+    subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+async def test_every_users_home_is_refused_not_only_the_servers(host: Host) -> None:
+    need(is_root() and shutil.which("useradd") is not None, "creating users needs root and useradd")
+    users = host.base / "users"
+    users.mkdir()
+    name = f"dcm{os.getpid()}"
+    alice = users / name
+    useradd(name, alice)
+    try:
+        (alice / ".ssh").mkdir(exist_ok=True)
+        (alice / ".ssh" / "id_ed25519").write_text("secret\n")
+        (alice / "proj").mkdir()
+        (alice / "proj" / "a.txt").write_text("a\n")
+        shared = users / "shared" / "app"
+        shared.mkdir(parents=True)
+        (shared / "b.txt").write_text("b\n")
+        async with connect(host, env={"DYNOCAP_MCP_ROOTS": f"{users}:{host.root}"}) as s:
+            refused(await start(s, projectPath=str(alice)), "is the home directory", str(alice))
+            refused(await start(s, projectPath=str(alice / ".ssh")), str(alice))
+            refused(await start(s, projectPath=str(alice / "proj")), "home directory of another user")
+            refused(await start(s, projectPath=str(users)), "ancestor of the home directory")
+            refused(await start(s, projectPath="/root"), "home directory")
+            # Elsewhere in the root that holds the home, projects still come.
+            await allowed(s, await start(s, projectPath=str(shared)))
+        # The root holding the home stays a root: only the paths in the home are refused.
+        assert f"ignoring {users}" not in host.server_log()
+    finally:
+        userdel(name)
+
+
+async def test_a_git_file_pointing_into_home_exports_nothing(host: Host) -> None:
+    needs_root_for_allowed()
+    # A repository in the user's home, whose history must never reach a guest.
+    secret = host.home / "private-repo"
+    git_env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
+    secret.mkdir()
+    (secret / "diary.txt").write_text("private\n")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "private"]):
+        subprocess.run(["git", *args], cwd=secret, env=git_env, check=True)
+    pointer = host.project("pointer", git=False)
+    (pointer / ".git").write_text(f"gitdir: {secret}/.git\n")
+    common = host.project("common")
+    (common / ".git" / "commondir").write_text(f"{secret}/.git\n")
+    alternates = host.project("alternates")
+    (alternates / ".git" / "objects" / "info" / "alternates").write_text(f"{secret}/.git/objects\n")
+    async with connect(host) as s:
+        for project, file, target in ((pointer, ".git", f"{secret}/.git"),
+                                      (common, ".git/commondir", f"{secret}/.git"),
+                                      (alternates, ".git/objects/info/alternates", "alternates")):
+            for history in ("branches", "none"):
+                text = err(await start(s, projectPath=str(project), history=history), "invalid_argument")
+                assert f"{project}/{file}" in text and target in text, text
+    assert (host.cli("ls") or {}).get("tasks", []) == []
+
+
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Atomically swaps the names `a` and `b` (renameat2 RENAME_EXCHANGE)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(AT_FDCWD, bytes(a), AT_FDCWD, bytes(b), RENAME_EXCHANGE) != 0:
+        raise OSError(ctypes.get_errno(), "renameat2")
+
+
+async def test_a_directory_swapped_for_a_symlink_never_imports_what_was_refused(host: Host) -> None:
+    needs_root_for_allowed()
+    secret = host.home / ".ssh"
+    (secret / "id_secret").write_text("the key\n")
+    project = host.project("proj", git=False, files={"mine.txt": "mine\n"})
+    swap = host.root / "swap"
+    swap.symlink_to(secret)
+    stop = threading.Event()
+    flips = 0
+
+    def flip() -> None:
+        nonlocal flips
+        while not stop.is_set():
+            exchange(project, swap)
+            flips += 1
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    imported = 0
+    try:
+        async with connect(host) as s:
+            for _ in range(30):
+                result = await start(s, projectPath=str(project), history="none")
+                if result.is_error:
+                    # The path was the symlink when the server opened it: refused.
+                    refused(result, ".ssh")
+                    continue
+                task = ok(result)
+                imported += 1
+                assert ".ssh" not in task["source"]["projectPath"], task
+                listing = ok(await s.call_tool("dynocap_task_exec", {
+                    "name": task["id"], "command": "ls -A /workspace"}))["stdout"]
+                # The guest's own .git holds the baseline; nothing of the secret directory.
+                assert [n for n in listing.split() if n != ".git"] == ["mine.txt"], listing
+                ok(await s.call_tool("dynocap_rm", {"target": task["id"], "force": True, "purge": True}))
+    finally:
+        stop.set()
+        flipper.join()
+    assert flips > 0
+    assert imported > 0, "every start was refused: the race was never run"

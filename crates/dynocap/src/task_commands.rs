@@ -6,7 +6,10 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use dynocap_engine::exec::sanitize_line;
-use dynocap_engine::task_spec::{DiffResult, FinishResult, Progress, TaskInfo, TaskStartSpec};
+use dynocap_engine::import::ProjectDir;
+use dynocap_engine::task_spec::{
+    DiffResult, FinishResult, Progress, Source, TaskInfo, TaskStartSpec,
+};
 use dynocap_engine::{Engine, Error};
 
 use crate::cli::{RmArgs, TaskCommand, TaskStartArgs};
@@ -60,6 +63,12 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
         args.cpus,
         args.memory_mb,
     )?;
+    // Opened once, here: the supervisor imports through this descriptor (as the MCP server
+    // does after its policy check), so the directory named now is the one that comes.
+    let dir = match &spec.source {
+        Source::ProjectPath(path) => Some(ProjectDir::open(path)?),
+        Source::RepositoryUrl(_) => None,
+    };
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
@@ -80,7 +89,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
             bar.set_position(progress.done);
         }
     };
-    let started = engine.task_start(&spec, &report).await;
+    let started = engine.task_start_in(&spec, dir, &report).await;
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }

@@ -34,6 +34,7 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io::{self, Read};
 use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -164,7 +165,14 @@ enum Location {
         git_dir: PathBuf,
         work_tree: Option<PathBuf>,
     },
+    /// The work tree is a directory descriptor the caller holds open: git inherits it as
+    /// [`INHERITED_DIR_FD`] and starts in it, with `.git` and `.` as its git dir and work tree,
+    /// so no path names the directory and swapping it for a symlink cannot redirect git.
+    DirFd(RawFd),
 }
+
+/// The descriptor number a [`HardenedGit::in_dir_fd`] git gets its work tree on.
+pub const INHERITED_DIR_FD: RawFd = 3;
 
 /// A `git` invocation hardened against the repository it runs on. Build it, add arguments,
 /// then [`run`](Self::run) it or take the [`Command`] with [`command`](Self::command).
@@ -195,6 +203,14 @@ impl HardenedGit {
             git_dir: git_dir.into(),
             work_tree: work_tree.map(Path::to_path_buf),
         })
+    }
+
+    /// Git in the work tree `dir` (an open directory descriptor, typically `O_PATH`), which
+    /// must stay open until git has been spawned. Git runs at the top of that very directory
+    /// whatever its path says by then; the git directory is its `.git` (a directory or a
+    /// `gitdir:` file, which git resolves itself: check where it points first).
+    pub fn in_dir_fd(dir: BorrowedFd<'_>) -> Self {
+        Self::with_location(Location::DirFd(dir.as_raw_fd()))
     }
 
     fn with_location(location: Location) -> Self {
@@ -296,6 +312,15 @@ impl HardenedGit {
                 cmd.arg("-C").arg(work_tree);
                 cmd.arg(prefixed("--git-dir=", git_dir.as_os_str()));
                 cmd.arg(prefixed("--work-tree=", work_tree.as_os_str()));
+            }
+            Location::DirFd(fd) => {
+                inherit_as(&mut cmd, *fd, INHERITED_DIR_FD);
+                // `-C` goes through the magic link to the directory itself; relative git dir
+                // and work tree then name it from there (git keeps `.` as is when it equals
+                // the current directory, so it never walks a path back to it).
+                cmd.arg("-C")
+                    .arg(format!("/proc/self/fd/{INHERITED_DIR_FD}"));
+                cmd.arg("--git-dir=.git").arg("--work-tree=.");
             }
             Location::GitDir {
                 git_dir,
@@ -501,6 +526,17 @@ fn wait_until(child: &mut Child, deadline: Instant) -> io::Result<Option<ExitSta
         }
         thread::sleep(pause.min(deadline - now));
         pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Makes `fd` (open in this process) the child's descriptor `target`, without close-on-exec.
+/// Runs after [`crate::host_children::die_with_parent`]'s hook, which marks every descriptor
+/// from 3 up close-on-exec: this one is then the only one beyond stdio that crosses exec.
+fn inherit_as(cmd: &mut Command, fd: RawFd, target: RawFd) {
+    // SAFETY: the hook runs in the forked child before exec and only calls dup2 and fcntl
+    // (async-signal-safe, no allocation) through `inherit_as`.
+    unsafe {
+        cmd.pre_exec(move || crate::host_children::inherit_as(fd, target));
     }
 }
 
@@ -831,5 +867,33 @@ mod tests {
             .expect_err("no such binary");
         assert!(err.to_string().contains("/nonexistent/git"), "{err}");
         assert!(err.to_string().contains("install git"), "{err}");
+    }
+
+    #[test]
+    fn a_directory_descriptor_is_followed_not_its_path() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (proj, other) = (tmp.path().join("proj"), tmp.path().join("other"));
+        for (dir, file) in [(&proj, "mine.txt"), (&other, "theirs.txt")] {
+            fs::create_dir(dir).expect("mkdir");
+            git(dir, &["init", "-q"]);
+            fs::write(dir.join(file), "x").expect("write");
+            git(dir, &["add", "-A"]);
+        }
+        let fd = nix::fcntl::open(
+            &proj,
+            nix::fcntl::OFlag::O_PATH
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .expect("open");
+        // The path now leads elsewhere; git must still read the directory that was opened.
+        fs::rename(&proj, tmp.path().join("moved")).expect("rename");
+        std::os::unix::fs::symlink(&other, &proj).expect("symlink");
+        let listed = HardenedGit::in_dir_fd(std::os::fd::AsFd::as_fd(&fd))
+            .args(["ls-files", "-z"])
+            .run()
+            .expect("ls-files");
+        assert_eq!(listed, b"mine.txt\0");
     }
 }

@@ -17,7 +17,7 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
@@ -63,6 +63,25 @@ pub fn cloexec_from(first: u32) {
             libc::CLOSE_RANGE_CLOEXEC,
         );
     }
+}
+
+/// Makes `fd` the descriptor `target` of a child about to exec, without close-on-exec (so it
+/// crosses exec). For a `pre_exec` hook, after [`cloexec_from`]/[`die_with_parent`] marked
+/// everything else: async-signal-safe (dup2 and fcntl only, no allocation).
+pub fn inherit_as(fd: RawFd, target: RawFd) -> io::Result<()> {
+    // SAFETY: dup2 and fcntl only change this process's descriptor table; a bad number is
+    // reported as an error, never undefined behaviour.
+    unsafe {
+        if fd == target {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        } else if libc::dup2(fd, target) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// Kills every process left in the session `leader` led (a supervisor: its session id is its

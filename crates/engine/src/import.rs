@@ -15,12 +15,16 @@
 //! prompt-injected agent wrote). So: git runs hardened ([`crate::hardened_git`]) and only as
 //! plumbing that runs no program the repository names; git's output only ever names paths,
 //! and every path is opened from a descriptor of the project root, beneath it, with no symlink
-//! resolved anywhere (`openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`). Nothing is read
-//! outside the root, not even the git directory a `.git` file points to (git reads that, for
-//! listing and for the bundle). Symlinks come as symlinks, whatever they point to; a `.git`
-//! (file or directory, at any depth) never comes.
+//! resolved anywhere (`openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`). Git itself reads
+//! only beneath the root too: before it runs on a work tree, [`gitdir`] checks that the git
+//! directory (and where a `.git` file or `commondir` points) lies beneath the root, holds no
+//! symlink and names no alternates, and git starts in the work tree's descriptor, not a path.
+//! The root is opened once ([`ProjectDir`], or [`plan`] here): whoever checked that descriptor
+//! checked what is imported. Symlinks come as symlinks, whatever they point to; a `.git` (file
+//! or directory, at any depth) never comes.
 
 mod beneath;
+mod gitdir;
 mod tarball;
 #[cfg(test)]
 mod tests;
@@ -29,7 +33,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -233,6 +237,25 @@ pub enum ImportError {
     Git { root: PathBuf, source: GitError },
     #[error("cannot write the history bundle {}: {source}; check the directory is writable and has space", path.display())]
     Bundle { path: PathBuf, source: GitError },
+    #[error(
+        "{} points to {target}, which is not a directory beneath the project {} reached \
+         without symlinks; the import only reads git data inside the project. Import the \
+         repository it points to instead, or remove the file to import the files alone",
+        file.display(), root.display()
+    )]
+    GitOutside {
+        file: PathBuf,
+        target: String,
+        root: PathBuf,
+    },
+    #[error(
+        "{} names other object stores (git alternates), which the import never reads; run \
+         `git repack -a -d` and remove the file, or import a clone made without --shared",
+        .0.display()
+    )]
+    Alternates(PathBuf),
+    #[error("{} {why}; the import refuses this git directory", path.display())]
+    GitLayout { path: PathBuf, why: String },
     #[error("{} already exists; give write_bundle an empty directory", .0.display())]
     BundleExists(PathBuf),
     #[error("writing the import stream failed: {0}")]
@@ -247,9 +270,11 @@ pub enum ImportError {
 impl From<ImportError> for crate::error::Error {
     fn from(err: ImportError) -> Self {
         match err {
-            ImportError::NotFound(_) | ImportError::NotADirectory(_) => {
-                Self::invalid(err.to_string())
-            }
+            ImportError::NotFound(_)
+            | ImportError::NotADirectory(_)
+            | ImportError::GitOutside { .. }
+            | ImportError::Alternates(_)
+            | ImportError::GitLayout { .. } => Self::invalid(err.to_string()),
             ImportError::Git {
                 source: GitError::TimedOut { .. },
                 ..
@@ -261,6 +286,53 @@ impl From<ImportError> for crate::error::Error {
             ImportError::Fault(err) => err,
             _ => Self::internal(err.to_string()),
         }
+    }
+}
+
+/// A project directory opened once (`O_PATH | O_DIRECTORY`, symlinks in the given path
+/// resolved by that one open). Whoever checks the project checks this descriptor's path, and
+/// the import reads through the descriptor: a path renamed or swapped for a symlink after the
+/// open changes neither what was checked nor what is imported.
+#[derive(Debug)]
+pub struct ProjectDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl ProjectDir {
+    /// Opens `path` (absolute). Errors name the path: missing, not a directory, unreadable.
+    pub fn open(path: &Path) -> Result<Self, ImportError> {
+        let fd = nix::fcntl::open(
+            path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|err| match err {
+            Errno::ENOENT => ImportError::NotFound(path.to_path_buf()),
+            Errno::ENOTDIR => ImportError::NotADirectory(path.to_path_buf()),
+            err => ImportError::Read {
+                path: path.to_path_buf(),
+                source: err.into(),
+            },
+        })?;
+        let path = descriptor_path(fd.as_fd()).map_err(|source| ImportError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Self { fd, path })
+    }
+
+    /// Where the directory was when opened, every symlink resolved (the kernel's name for it).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
     }
 }
 
@@ -306,7 +378,45 @@ fn plan_resolving(
             source: err.into(),
         },
     })?;
+    plan_from(root_fd, root, history, options, resolver)
+}
 
+/// Lists what an import of the directory `dir` brings: a descriptor (`O_PATH |
+/// O_DIRECTORY` is enough) that whoever checked the project opened, once. Nothing names the
+/// project by path any more: its path (for messages and the task's source) is read from the
+/// descriptor, and every read and every git goes through it, so the directory that was
+/// checked is the one imported, whatever is renamed or swapped meanwhile.
+pub fn plan_dir(
+    dir: OwnedFd,
+    history: History,
+    options: &PlanOptions,
+) -> Result<ImportPlan, ImportError> {
+    let root = descriptor_path(dir.as_fd()).map_err(|source| ImportError::Read {
+        path: PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())),
+        source,
+    })?;
+    let stat = fstat(&dir).map_err(|err| ImportError::Read {
+        path: root.clone(),
+        source: err.into(),
+    })?;
+    if beneath::kind_of(&stat) != Kind::Dir {
+        return Err(ImportError::NotADirectory(root));
+    }
+    plan_from(dir, root, history, options, Resolver::Auto)
+}
+
+/// The path the kernel has for an open descriptor (what `/proc/self/fd/N` links to).
+pub fn descriptor_path(fd: BorrowedFd<'_>) -> io::Result<PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+fn plan_from(
+    root_fd: OwnedFd,
+    root: PathBuf,
+    history: History,
+    options: &PlanOptions,
+    resolver: Resolver,
+) -> Result<ImportPlan, ImportError> {
     let mut lister = Lister {
         root: &root,
         root_fd: &root_fd,
@@ -316,8 +426,9 @@ fn plan_resolving(
         notes: Vec::new(),
         visited: HashSet::new(),
     };
-    let is_git = if let Some(git_dir) = lister.git_dir_of(b"") {
-        let git = hardened(options, &git_dir, &root);
+    let is_git = if lister.has_git(b"") {
+        gitdir::check(root_fd.as_fd(), &root, b"", resolver)?;
+        let git = hardened(options, root_fd.as_fd());
         check_repo(&git).map_err(|source| git_error(&root, source))?;
         let listing = ls_files(&git).map_err(|source| git_error(&root, source))?;
         lister.add_listing(&listing, &[], 0)?;
@@ -327,7 +438,7 @@ fn plan_resolving(
         false
     };
     let history = if is_git {
-        effective_history(&hardened(options, &root.join(".git"), &root), history)
+        effective_history(&hardened(options, root_fd.as_fd()), history)
             .map_err(|source| git_error(&root, source))?
     } else {
         History::None
@@ -388,7 +499,7 @@ pub fn write_bundle(plan: &ImportPlan, dir: &Path) -> Result<Option<PathBuf>, Im
         Err(err) if err.kind() == io::ErrorKind::NotFound => {}
         Err(err) => return Err(ImportError::Read { path, source: err }),
     }
-    let git = hardened(&plan.options, &plan.root.join(".git"), &plan.root);
+    let git = hardened(&plan.options, plan.root_fd.as_fd());
     let git_err = |source| git_error(&plan.root, source);
     let head = head_commit(&git).map_err(git_err)?;
     let mut revs: Vec<OsString> = Vec::new();
@@ -427,9 +538,25 @@ pub fn write_bundle(plan: &ImportPlan, dir: &Path) -> Result<Option<PathBuf>, Im
     Ok(Some(path))
 }
 
-/// A hardened git for the repository whose work tree is `work_tree`.
-fn hardened(options: &PlanOptions, git_dir: &Path, work_tree: &Path) -> HardenedGit {
-    let mut git = HardenedGit::with_git_dir(git_dir, Some(work_tree)).timeout(options.git_timeout);
+/// The ref `HEAD` is on (`refs/heads/...`), or the commit it names when detached: the
+/// baseline the guest's history starts from.
+pub fn head_name(plan: &ImportPlan) -> Result<String, ImportError> {
+    let git = hardened(&plan.options, plan.root_fd.as_fd());
+    let git_err = |source| git_error(&plan.root, source);
+    if let Some(branch) = head_branch(&git).map_err(git_err)? {
+        return Ok(branch.to_string_lossy().into_owned());
+    }
+    let out = git
+        .args(["rev-parse", "--verify", "HEAD"])
+        .run()
+        .map_err(git_err)?;
+    Ok(String::from_utf8_lossy(&out).trim().to_owned())
+}
+
+/// A hardened git for the work tree `dir` (a descriptor beneath the root; its git directory
+/// checked by [`gitdir::check`] first).
+fn hardened(options: &PlanOptions, dir: BorrowedFd<'_>) -> HardenedGit {
+    let mut git = HardenedGit::in_dir_fd(dir).timeout(options.git_timeout);
     if let Some(program) = &options.git {
         git = git.program(program);
     }
@@ -593,16 +720,11 @@ impl Lister<'_> {
         });
     }
 
-    /// `<root>/<dir>/.git` when it is a directory or a regular file (a `gitdir:` file); a
+    /// Whether `<root>/<dir>/.git` is a directory or a regular file (a `gitdir:` file); a
     /// symlinked `.git` is not trusted to be one.
-    fn git_dir_of(&self, dir: &[u8]) -> Option<PathBuf> {
-        let probe = Probe::new(self.root_fd.as_fd(), &join(dir, b".git"), self.resolver).ok()?;
-        match probe.kind() {
-            Kind::Dir | Kind::File { .. } => {
-                Some(self.root.join(OsStr::from_bytes(dir)).join(".git"))
-            }
-            _ => None,
-        }
+    fn has_git(&self, dir: &[u8]) -> bool {
+        Probe::new(self.root_fd.as_fd(), &join(dir, b".git"), self.resolver)
+            .is_ok_and(|probe| matches!(probe.kind(), Kind::Dir | Kind::File { .. }))
     }
 
     /// Adds what `git ls-files` listed for the work tree at `prefix` (relative to the root).
@@ -664,12 +786,20 @@ impl Lister<'_> {
             return Ok(());
         }
         self.entries.insert(dir.clone(), EntryKind::Dir);
-        let Some(git_dir) = self.git_dir_of(&dir) else {
+        if !self.has_git(&dir) {
             // An uninitialised submodule (empty), or a directory git took for one.
             return self.list_plain(dir);
-        };
+        }
+        gitdir::check(self.root_fd.as_fd(), self.root, &dir, self.resolver)?;
         let work_tree = self.root.join(OsStr::from_bytes(&dir));
-        let git = hardened(self.options, &git_dir, &work_tree);
+        let work_fd = beneath::open(
+            self.root_fd.as_fd(),
+            &dir,
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+            self.resolver,
+        )
+        .map_err(|err| self.read_error(&dir, err))?;
+        let git = hardened(self.options, work_fd.as_fd());
         match check_repo(&git).and_then(|()| ls_files(&git)) {
             Ok(listing) => self.add_listing(&listing, &dir, depth + 1),
             Err(GitError::Failed { stderr, .. }) => {

@@ -1,7 +1,7 @@
 //! The client API for sandboxes: start a supervisor, talk to it, list and destroy. Used by the
 //! CLI and the MCP server alike, so both behave the same.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use crate::home::Home;
 use crate::spec::{ExecSpec, RunSpec};
 use crate::supervisor::{Mode, ReadyMessage};
 use crate::task_spec::{Progress, TaskDetail};
+use crate::workspace::{PROJECT_FD_ENV, SUPERVISOR_PROJECT_FD};
 
 /// How long `run` waits for a supervisor to report its guest ready.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
@@ -153,6 +154,17 @@ impl Engine {
         record: Record,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<Record> {
+        self.launch_with(record, None, progress).await
+    }
+
+    /// [`Engine::launch`], the supervisor inheriting `project` (a task's checked project
+    /// directory) as [`SUPERVISOR_PROJECT_FD`].
+    pub(crate) async fn launch_with(
+        &self,
+        record: Record,
+        project: Option<BorrowedFd<'_>>,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<Record> {
         let catalog = self.catalog()?;
         self.reconcile(&catalog)?;
         catalog.insert(&record)?;
@@ -161,7 +173,7 @@ impl Engine {
             id: record.id.clone(),
             armed: true,
         };
-        self.start_supervisor(&catalog, &record.id, Mode::Start, progress)
+        self.start_supervisor(&catalog, &record.id, Mode::Start, project, progress)
             .await?;
         guard.armed = false;
         catalog.get(&record.id)?.ok_or_else(|| {
@@ -172,12 +184,15 @@ impl Engine {
     }
 
     /// Spawns `dynocap supervise` detached and waits for its ready report: `None` once the
-    /// sandbox is ready, the task's result when a recovery saved its work.
+    /// sandbox is ready, the task's result when a recovery saved its work. With `project`, the
+    /// supervisor inherits it as [`SUPERVISOR_PROJECT_FD`] (and is told so by
+    /// [`PROJECT_FD_ENV`]); it gets no other descriptor of ours beyond stdio and the ready pipe.
     pub(crate) async fn start_supervisor(
         &self,
         catalog: &Catalog,
         id: &str,
         mode: Mode,
+        project: Option<BorrowedFd<'_>>,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<Option<crate::task_spec::FinishResult>> {
         let (ready_read, ready_write) =
@@ -202,10 +217,26 @@ impl Engine {
             .stdout(log.try_clone().context("duplicating the log file")?)
             .stderr(log)
             .kill_on_drop(false);
+        // Every descriptor of ours is close-on-exec, so the ready pipe and the project are
+        // never below 3, and nothing else we opened could sit on 3 or 4 after the dup2s.
         let ready_raw = ready_write.as_raw_fd();
+        let project_raw = project.map(|fd| fd.as_raw_fd());
+        if project_raw.is_some() {
+            command.env(PROJECT_FD_ENV, SUPERVISOR_PROJECT_FD.to_string());
+        }
+        // The ready pipe goes onto 3 first, which would overwrite the project were it there:
+        // then a duplicate elsewhere (3 being taken, the kernel picks another) goes instead.
+        let aside = match project {
+            Some(fd) if fd.as_raw_fd() == SUPERVISOR_READY_FD => Some(
+                fd.try_clone_to_owned()
+                    .context("duplicating the project descriptor")?,
+            ),
+            _ => None,
+        };
+        let project_raw = aside.as_ref().map(AsRawFd::as_raw_fd).or(project_raw);
         // SAFETY: the closure runs in the forked child before exec and only calls the
         // async-signal-safe functions setsid, dup2, fcntl and close_range on descriptors it
-        // owns.
+        // owns (the project descriptor is open until `spawn` returns: the caller borrows it).
         unsafe {
             command.pre_exec(move || {
                 // Own session: the supervisor outlives the caller's terminal and its ^C.
@@ -220,8 +251,13 @@ impl Engine {
                 } else if libc::dup2(ready_raw, SUPERVISOR_READY_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // The supervisor gets stdio and the ready pipe, nothing else of ours.
-                crate::host_children::cloexec_from(SUPERVISOR_READY_FD.unsigned_abs() + 1);
+                let mut first_closed = SUPERVISOR_READY_FD.unsigned_abs() + 1;
+                if let Some(project_raw) = project_raw {
+                    crate::host_children::inherit_as(project_raw, SUPERVISOR_PROJECT_FD)?;
+                    first_closed = SUPERVISOR_PROJECT_FD.unsigned_abs() + 1;
+                }
+                // The supervisor gets stdio, the ready pipe and the project, nothing else of ours.
+                crate::host_children::cloexec_from(first_closed);
                 Ok(())
             });
         }
@@ -232,6 +268,7 @@ impl Engine {
             ))
         })?;
         drop(ready_write);
+        drop(aside);
         if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
             if let Some(process) = ProcessId::of(pid) {
                 catalog.set_supervisor(id, process)?;

@@ -66,6 +66,8 @@ pub enum Mode {
 /// Entry point of `dynocap supervise`. Must run before any other thread exists: the jail
 /// backend forks a child that runs Rust code. Returns the process exit code.
 pub fn main(home: Home, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
+    // Before anything can start a child: the project descriptor must not leak into one.
+    let claimed = workspace::claim_inherited_project();
     // The ready pipe came without close-on-exec (that is how it crossed exec). Nothing started
     // from here may inherit it: the starter waits for its end-of-file, which would then only
     // come when the last such child exits, long after this process died.
@@ -77,6 +79,11 @@ pub fn main(home: Home, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
         return 1;
     }
     let ready = ReadyPipe(Mutex::new(Some(std::fs::File::from(ready))));
+    if let Err(err) = claimed {
+        log(&format!("cannot take the project descriptor: {err}"));
+        ready.send(&ReadyMessage::Failed(err));
+        return 1;
+    }
     log(&format!(
         "supervisor for {id} starting (pid {}){}",
         std::process::id(),
@@ -738,9 +745,16 @@ async fn start(
         let source = match &detail.start.source {
             Source::ProjectPath(path) => {
                 let report = |progress: Progress| ready.send(&ReadyMessage::Progress(progress));
-                let imported =
-                    workspace::import(&conn, path, detail.start.history, &task.state_dir, &report)
-                        .await?;
+                let inherited = detail.project_fd.is_some();
+                let imported = workspace::import(
+                    &conn,
+                    path,
+                    inherited,
+                    detail.start.history,
+                    &task.state_dir,
+                    &report,
+                )
+                .await?;
                 for note in &imported.notes {
                     log(&format!("import note: {note}"));
                 }

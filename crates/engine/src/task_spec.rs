@@ -309,6 +309,10 @@ pub struct TaskDetail {
     pub start: TaskStartSpec,
     pub source: Option<SourceInfo>,
     pub result: Option<FinishResult>,
+    /// Set when the project is imported through an inherited descriptor: the directory its
+    /// starter opened and checked, passed to the supervisor as this descriptor number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project_fd: Option<i32>,
 }
 
 impl TaskDetail {

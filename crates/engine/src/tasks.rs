@@ -7,6 +7,7 @@ use crate::catalog::{Kind, Record, State};
 use crate::control::{ControlReply, ControlRequest};
 use crate::error::{Error, Result};
 use crate::exec::ExecResult;
+use crate::import::ProjectDir;
 use crate::sandboxes::{find, remove_leftovers, rfc3339, unexpected, Engine, Keep, SandboxInfo};
 use crate::save::ResultFiles;
 use crate::spec::ExecSpec;
@@ -15,29 +16,66 @@ use crate::task_spec::{
     DiffResult, FinishResult, LsResult, Progress, RmResult, Skipped, Source, SourceInfo,
     TaskDetail, TaskInfo, TaskStartSpec,
 };
+use crate::workspace::SUPERVISOR_PROJECT_FD;
 
 impl Engine {
     /// Boots a task sandbox and imports its project; returns once the agent can work in it.
+    /// A `projectPath` is opened here, once (see [`Engine::task_start_in`]).
     /// Dropping the future before it completes removes everything it made.
     pub async fn task_start(
         &self,
         spec: &TaskStartSpec,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<TaskInfo> {
+        let project = match &spec.source {
+            Source::ProjectPath(path) => {
+                if !path.is_absolute() {
+                    return Err(Error::invalid(format!(
+                        "projectPath {} must be an absolute path",
+                        path.display()
+                    )));
+                }
+                Some(ProjectDir::open(path)?)
+            }
+            Source::RepositoryUrl(_) => None,
+        };
+        self.task_start_in(spec, project, progress).await
+    }
+
+    /// [`Engine::task_start`] for a project directory the caller already opened (and
+    /// checked): the supervisor inherits this very descriptor and imports through it, so what
+    /// was checked is what is imported. The task records the descriptor's path.
+    pub async fn task_start_in(
+        &self,
+        spec: &TaskStartSpec,
+        project: Option<ProjectDir>,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<TaskInfo> {
         self.admit(spec.cpus, spec.memory_mb, spec.ttl_seconds)?;
         spec.network.ensure_available()?;
-        if let Source::ProjectPath(path) = &spec.source {
-            if !path.is_absolute() {
-                return Err(Error::invalid(format!(
-                    "projectPath {} must be an absolute path",
-                    path.display()
-                )));
+        let mut start = spec.clone();
+        match (&spec.source, &project) {
+            (Source::ProjectPath(_), Some(dir)) => {
+                start.source = Source::ProjectPath(dir.path().to_path_buf());
             }
+            (Source::ProjectPath(path), None) => {
+                return Err(Error::internal(format!(
+                    "projectPath {} was not opened before the start",
+                    path.display()
+                )))
+            }
+            (Source::RepositoryUrl(_), Some(_)) => {
+                return Err(Error::invalid(
+                    "a project directory was given with a repositoryUrl; give one source",
+                ))
+            }
+            (Source::RepositoryUrl(_), None) => {}
         }
         let detail = TaskDetail {
-            start: spec.clone(),
+            start,
             source: None,
             result: None,
+            project_fd: project.is_some().then_some(SUPERVISOR_PROJECT_FD),
         };
         let record = self.new_record(
             Kind::Task,
@@ -48,7 +86,9 @@ impl Engine {
             spec.ttl_seconds,
             Some(detail.to_json()),
         )?;
-        let record = self.launch(record, progress).await?;
+        let record = self
+            .launch_with(record, project.as_ref().map(ProjectDir::as_fd), progress)
+            .await?;
         task_info(&record)
     }
 
@@ -190,7 +230,7 @@ impl Engine {
             )));
         }
         let recovered = self
-            .start_supervisor(catalog, &record.id, Mode::Recover, &|_| {})
+            .start_supervisor(catalog, &record.id, Mode::Recover, None, &|_| {})
             .await;
         match recovered {
             Ok(Some(result)) => Ok(result),

@@ -7,7 +7,9 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use dynocap_proto::{
     channel, from_payload, BaselineRequest, DiffRequest, FrameKind, ReceiveFileRequest, Request,
@@ -16,7 +18,6 @@ use dynocap_proto::{
 
 use crate::agent_conn::{agent_error_message, agent_gone, AgentConn, AgentStream};
 use crate::error::{Context, Error, Result};
-use crate::hardened_git::HardenedGit;
 use crate::image::{SANDBOX_GID, SANDBOX_UID};
 use crate::import::{self, History};
 use crate::patch::DEFAULT_MAX_PATCH_BYTES;
@@ -41,18 +42,88 @@ pub struct Imported {
     pub notes: Vec<import::Note>,
 }
 
-/// Copies `project` into the guest's `/workspace` and records the baseline.
+/// The environment variable telling a supervisor that its starter passed the project
+/// directory, already checked, as descriptor [`SUPERVISOR_PROJECT_FD`].
+pub const PROJECT_FD_ENV: &str = "DYNOCAP_PROJECT_FD";
+/// The descriptor a supervisor inherits the project directory on (the ready pipe is 3).
+pub const SUPERVISOR_PROJECT_FD: RawFd = 4;
+
+/// The inherited project directory, from [`claim_inherited_project`] until the import.
+static INHERITED_PROJECT: Mutex<Option<OwnedFd>> = Mutex::new(None);
+
+/// Takes the project descriptor the starter passed (if it says it did), marking it
+/// close-on-exec at once: nothing the supervisor starts, the guest least of all, may get a
+/// handle on a host directory. Call first thing, before any child is started.
+pub fn claim_inherited_project() -> Result<()> {
+    let Some(value) = std::env::var_os(PROJECT_FD_ENV) else {
+        return Ok(());
+    };
+    std::env::remove_var(PROJECT_FD_ENV);
+    if value.to_str() != Some(&SUPERVISOR_PROJECT_FD.to_string()) {
+        return Err(Error::internal(format!(
+            "{PROJECT_FD_ENV}={} names an unexpected descriptor (the starter passes {SUPERVISOR_PROJECT_FD})",
+            value.to_string_lossy()
+        )));
+    }
+    // SAFETY: the starter dup2'ed the project directory to this number right before exec and
+    // nothing in this process has used or taken it since (this runs first, once).
+    let fd = unsafe { BorrowedFd::borrow_raw(SUPERVISOR_PROJECT_FD) };
+    nix::fcntl::fcntl(
+        fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(|err| {
+        Error::internal(format!(
+            "the inherited project descriptor {SUPERVISOR_PROJECT_FD} is unusable: {err}"
+        ))
+    })?;
+    // SAFETY: the descriptor is open (fcntl succeeded) and owned by nothing else in this
+    // process; from here the `OwnedFd` alone closes it.
+    let owned = unsafe { OwnedFd::from_raw_fd(SUPERVISOR_PROJECT_FD) };
+    *INHERITED_PROJECT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(owned);
+    Ok(())
+}
+
+/// The inherited project directory, once.
+fn take_inherited_project() -> Option<OwnedFd> {
+    INHERITED_PROJECT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+}
+
+/// Copies the project into the guest's `/workspace` and records the baseline. With
+/// `inherited`, the project is the directory descriptor the supervisor inherited (checked by
+/// whoever started the task, and imported through that very descriptor); `project` is then
+/// only its path as recorded. Without, `project` is resolved here.
 pub async fn import(
     conn: &AgentConn,
     project: &Path,
+    inherited: bool,
     history: History,
     state_dir: &Path,
     progress: &(dyn Fn(Progress) + Send + Sync),
 ) -> Result<Imported> {
+    let dir = if inherited {
+        Some(take_inherited_project().ok_or_else(|| {
+            Error::internal(format!(
+                "the task was to be imported through an inherited descriptor, but the \
+                 supervisor has none for {}",
+                project.display()
+            ))
+        })?)
+    } else {
+        None
+    };
     let project = project.to_owned();
-    let plan = tokio::task::spawn_blocking(move || import::plan(&project, history))
-        .await
-        .context("planning the import")??;
+    let plan = tokio::task::spawn_blocking(move || match dir {
+        Some(dir) => import::plan_dir(dir, history, &import::PlanOptions::default()),
+        None => import::plan(&project, history),
+    })
+    .await
+    .context("planning the import")??;
     let root = plan.root.clone();
     let mut notes = plan.notes.clone();
     let plan = std::sync::Arc::new(plan);
@@ -71,7 +142,12 @@ pub async fn import(
     let head = if plan.history == History::None {
         None
     } else {
-        Some(head_of(&root)?)
+        let plan = plan.clone();
+        Some(
+            tokio::task::spawn_blocking(move || import::head_name(&plan))
+                .await
+                .context("reading HEAD")??,
+        )
     };
 
     let stream = conn
@@ -297,19 +373,6 @@ impl<G: Write, C: Write> Write for Tee<G, C> {
 }
 
 /// `refs/heads/NAME` when HEAD is on a branch, else the commit id.
-fn head_of(root: &Path) -> Result<String> {
-    let git = |args: &[&str]| HardenedGit::new(root).args(args).run();
-    if let Ok(out) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        let name = String::from_utf8_lossy(&out).trim().to_owned();
-        if name.starts_with("refs/heads/") {
-            return Ok(name);
-        }
-    }
-    let out = git(&["rev-parse", "--verify", "HEAD"])
-        .map_err(|err| Error::internal(format!("reading HEAD of {}: {err}", root.display())))?;
-    Ok(String::from_utf8_lossy(&out).trim().to_owned())
-}
-
 async fn send_file(conn: &AgentConn, path: &Path, name: &str) -> Result<()> {
     let size = std::fs::metadata(path)
         .context(format_args!("reading {}", path.display()))?

@@ -183,10 +183,12 @@ impl Tools {
             args.integer("memoryMB")?,
         )?;
         self.enforce(tool, self.policy.check_network(spec.network.as_str()))?;
+        let mut project = None;
         if let Some(raw) = &project_path {
-            // The engine imports the resolved path, not the caller's spelling.
-            let resolved = self.enforce(tool, self.policy.check_project_path(raw))?;
-            spec.source = Source::ProjectPath(resolved);
+            // The engine imports through the very descriptor checked here, not a path.
+            let dir = self.enforce(tool, self.policy.check_project_path(raw))?;
+            spec.source = Source::ProjectPath(dir.path().to_path_buf());
+            project = Some(dir);
         }
         if let Some(raw) = &repository_url {
             let normalized = self.enforce(tool, self.policy.check_repository_url(raw))?;
@@ -195,7 +197,7 @@ impl Tools {
         if let Some(raw) = &ssh_key {
             self.enforce(tool, self.policy.check_ssh_key(raw))?;
         }
-        Output::json(&self.engine.task_start(&spec, progress).await?)
+        Output::json(&self.engine.task_start_in(&spec, project, progress).await?)
     }
 
     /// Passes an allowed value through; logs and converts a refusal.

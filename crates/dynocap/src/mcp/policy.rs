@@ -13,6 +13,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use base64::Engine as _;
+use dynocap_engine::import::{ImportError, ProjectDir};
 use dynocap_engine::{Error, ErrorCode};
 
 pub const ENV_ROOTS: &str = "DYNOCAP_MCP_ROOTS";
@@ -83,6 +84,63 @@ pub struct PolicyInputs {
     pub cwd: Option<PathBuf>,
     /// `$HOME` and the passwd entry's home of the server's user.
     pub homes: Vec<PathBuf>,
+    /// Every other account in the password database, and `/root` (see [`Account`]).
+    pub accounts: Vec<Account>,
+}
+
+/// An account of the password database: its home, and whether it is a person's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub home: PathBuf,
+    /// Root and regular users (uid 0, or uid from [`FIRST_REGULAR_UID`] up, `nobody` aside):
+    /// their whole home is refused. Other system accounts have homes such as `/bin`,
+    /// `/var/www` or `/var/lib/postgresql`, where projects may well live: for those, only
+    /// the home itself, its ancestors and its dot directories are refused.
+    pub person: bool,
+}
+
+/// The first uid `useradd` gives a regular user (`UID_MIN` in most distributions'
+/// `/etc/login.defs`); a deployment with another value still has each such home's dot
+/// directories refused.
+pub const FIRST_REGULAR_UID: u32 = 1000;
+/// `nobody`, a system account despite its high uid.
+const NOBODY_UID: u32 = 65534;
+
+/// Every account of the password database (`getpwent`: `/etc/passwd`, and the directory
+/// services NSS is configured with), plus `/root` whatever the database says.
+pub fn password_database() -> Vec<Account> {
+    // getpwent keeps its position in process-wide state: one reader at a time.
+    static READING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _reading = READING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut accounts = vec![Account {
+        home: PathBuf::from("/root"),
+        person: true,
+    }];
+    // SAFETY: setpwent/getpwent/endpwent are called under the lock above, so no other thread
+    // of ours moves the database position meanwhile; each entry is copied out before the
+    // next call may overwrite it, and its `pw_dir` is a NUL-terminated string when not null.
+    unsafe {
+        libc::setpwent();
+        loop {
+            let entry = libc::getpwent();
+            if entry.is_null() {
+                break;
+            }
+            let (dir, uid) = ((*entry).pw_dir, (*entry).pw_uid);
+            if dir.is_null() {
+                continue;
+            }
+            let home = std::ffi::CStr::from_ptr(dir).to_bytes();
+            accounts.push(Account {
+                home: PathBuf::from(std::ffi::OsStr::from_bytes(home)),
+                person: uid == 0 || (uid >= FIRST_REGULAR_UID && uid != NOBODY_UID),
+            });
+        }
+        libc::endpwent();
+    }
+    accounts
 }
 
 impl PolicyInputs {
@@ -104,6 +162,7 @@ impl PolicyInputs {
             allow_ssh_key: var(ENV_ALLOW_SSH_KEY),
             cwd: std::env::current_dir().ok(),
             homes,
+            accounts: password_database(),
         }
     }
 }
@@ -119,8 +178,8 @@ pub enum Roots {
 #[derive(Debug, Clone)]
 pub struct Policy {
     roots: Roots,
-    /// Home directories, as given and as resolved: the refused set is built from them.
-    homes: Vec<PathBuf>,
+    /// The refused set: the server user's homes and everyone else's.
+    homes: Homes,
     git_hosts: Vec<String>,
     allow_filtered: bool,
     allow_nat: bool,
@@ -146,6 +205,7 @@ impl Policy {
                 homes.push(lexical);
             }
         }
+        let homes = Homes::new(homes, &inputs.accounts);
         let roots = build_roots(inputs, &homes, warn);
         let git_hosts = build_git_hosts(inputs.git_hosts.as_deref(), warn);
         let flag = |name: &str, value: &Option<String>, warn: &mut dyn FnMut(String)| -> bool {
@@ -199,9 +259,10 @@ impl Policy {
         )
     }
 
-    /// Checks a `projectPath`; returns it resolved through symlinks, which is what the
-    /// engine must import (not the caller's spelling).
-    pub fn check_project_path(&self, raw: &str) -> Result<PathBuf, Refusal> {
+    /// Checks a `projectPath` and returns the directory, opened: the path is resolved once,
+    /// by that open, and what is checked is the descriptor's own path. The engine imports
+    /// through the descriptor, so no later rename or symlink swap can change what comes.
+    pub fn check_project_path(&self, raw: &str) -> Result<ProjectDir, Refusal> {
         if raw.is_empty() || raw.contains('\0') || !raw.starts_with('/') {
             return Err(Refusal::invalid(
                 "roots.absolute",
@@ -221,27 +282,32 @@ impl Policy {
             }
         };
         let given = Path::new(raw);
-        let resolved = match std::fs::canonicalize(given) {
-            Ok(resolved) => resolved,
-            Err(err) => {
-                // Nothing to resolve: judge the spelling, so a missing path outside the
-                // roots is refused like any other (no existence oracle outside them).
-                let lexical = normalize_lexically(given);
-                self.check_resolved(raw, &lexical, dirs)?;
-                return Err(Refusal::invalid(
-                    "roots.missing",
-                    format!("projectPath {raw} cannot be opened: {err}"),
-                ));
+        match ProjectDir::open(given) {
+            Ok(dir) => {
+                self.check_resolved(raw, dir.path(), dirs)?;
+                Ok(dir)
             }
-        };
-        self.check_resolved(raw, &resolved, dirs)?;
-        if !resolved.is_dir() {
-            return Err(Refusal::invalid(
-                "roots.not-directory",
-                format!("projectPath {raw} is not a directory; name the project's top directory"),
-            ));
+            Err(err) => {
+                // Not opened: judge what the path names now (or its spelling, when nothing),
+                // so a path outside the roots is refused like any other (no existence oracle
+                // outside them), then say why it cannot be imported.
+                let judged =
+                    std::fs::canonicalize(given).unwrap_or_else(|_| normalize_lexically(given));
+                self.check_resolved(raw, &judged, dirs)?;
+                Err(match err {
+                    ImportError::NotADirectory(_) => Refusal::invalid(
+                        "roots.not-directory",
+                        format!(
+                            "projectPath {raw} is not a directory; name the project's top directory"
+                        ),
+                    ),
+                    err => Refusal::invalid(
+                        "roots.missing",
+                        format!("projectPath {raw} cannot be opened: {err}"),
+                    ),
+                })
+            }
         }
-        Ok(resolved)
     }
 
     fn check_resolved(&self, raw: &str, resolved: &Path, dirs: &[PathBuf]) -> Result<(), Refusal> {
@@ -250,13 +316,14 @@ impl Policy {
         } else {
             format!("{raw} (resolves to {})", resolved.display())
         };
-        if let Some(why) = refused_reason(resolved, &self.homes) {
+        if let Some(why) = self.homes.refused_reason(resolved, false) {
             return Err(Refusal::denied(
                 "roots.refused-home",
                 format!(
-                    "projectPath {shown} is refused: it {why}. The home directory, its ancestors \
-                     and the dot directories in it (~/.ssh, ~/.aws, ~/.config, ...) are never \
-                     imported, whatever {ENV_ROOTS} says"
+                    "projectPath {shown} is refused: it {why}. Home directories (of every \
+                     account), their ancestors and the dot directories in them (~/.ssh, ~/.aws, \
+                     ~/.config, ...), and everything in other users' homes, are never imported, \
+                     whatever {ENV_ROOTS} says"
                 ),
             ));
         }
@@ -419,7 +486,7 @@ fn io_reason(err: &std::io::Error) -> String {
     }
 }
 
-fn build_roots(inputs: &PolicyInputs, homes: &[PathBuf], warn: &mut dyn FnMut(String)) -> Roots {
+fn build_roots(inputs: &PolicyInputs, homes: &Homes, warn: &mut dyn FnMut(String)) -> Roots {
     // Set but empty means no roots (refuse every projectPath), like an empty git host list.
     let Some(value) = inputs.roots.as_deref() else {
         let Some(cwd) = &inputs.cwd else {
@@ -429,7 +496,7 @@ fn build_roots(inputs: &PolicyInputs, homes: &[PathBuf], warn: &mut dyn FnMut(St
             };
         };
         let resolved = std::fs::canonicalize(cwd).unwrap_or_else(|_| normalize_lexically(cwd));
-        if let Some(why) = refused_reason(&resolved, homes) {
+        if let Some(why) = homes.refused_reason(&resolved, true) {
             return Roots::None {
                 reason: format!(
                     "the MCP server was started from {}, which {why}, so it has no default root",
@@ -462,7 +529,7 @@ fn build_roots(inputs: &PolicyInputs, homes: &[PathBuf], warn: &mut dyn FnMut(St
             warn(format!("{ENV_ROOTS}: ignoring {entry}: not a directory"));
             continue;
         }
-        if let Some(why) = refused_reason(&resolved, homes) {
+        if let Some(why) = homes.refused_reason(&resolved, true) {
             warn(format!(
                 "{ENV_ROOTS}: ignoring {entry}: it {why}, which is never a root"
             ));
@@ -501,6 +568,67 @@ fn build_git_hosts(value: Option<&str>, warn: &mut dyn FnMut(String)) -> Vec<Str
         }
     }
     hosts
+}
+
+/// Every home directory the policy refuses, resolved.
+#[derive(Debug, Clone)]
+struct Homes {
+    /// The server user's: as given and as resolved.
+    own: Vec<PathBuf>,
+    /// Everyone else's (resolved), whether a person's.
+    others: Vec<(PathBuf, bool)>,
+}
+
+impl Homes {
+    /// `own` as already resolved; `accounts` are resolved here. An account whose home is `/`
+    /// (the filesystem root is refused anyway; as a home it would refuse everything) or does
+    /// not exist as a directory (`/nonexistent`, `/var/empty` where absent: nothing there to
+    /// protect, and a home created later is a new account the restarted server will read) is
+    /// left out.
+    fn new(own: Vec<PathBuf>, accounts: &[Account]) -> Self {
+        let mut others: Vec<(PathBuf, bool)> = Vec::new();
+        for account in accounts {
+            let Ok(home) = std::fs::canonicalize(&account.home) else {
+                continue;
+            };
+            if home.parent().is_none() || !home.is_dir() || own.contains(&home) {
+                continue;
+            }
+            match others.iter_mut().find(|(known, _)| *known == home) {
+                // Shared by a person and a system account: a person's.
+                Some(known) => known.1 |= account.person,
+                None => others.push((home, account.person)),
+            }
+        }
+        Self { own, others }
+    }
+
+    /// Why `path` (absolute, resolved) is refused, or `None`. `as_root`: judging a root
+    /// rather than a project, where being an ancestor of another user's home is fine (the
+    /// projects in it are judged one by one; `/home` stays a usable root).
+    fn refused_reason(&self, path: &Path, as_root: bool) -> Option<String> {
+        if let Some(why) = refused_reason(path, &self.own) {
+            return Some(why);
+        }
+        let others: Vec<PathBuf> = self.others.iter().map(|(home, _)| home.clone()).collect();
+        if let Some(why) = refused_reason(path, &others) {
+            let ancestor = others
+                .iter()
+                .any(|home| home != path && home.starts_with(path));
+            if !(as_root && ancestor) {
+                return Some(why);
+            }
+        }
+        self.others
+            .iter()
+            .find(|(home, person)| *person && path.starts_with(home))
+            .map(|(home, _)| {
+                format!(
+                    "lies in {}, the home directory of another user",
+                    home.display()
+                )
+            })
+    }
 }
 
 /// Why `path` (absolute, resolved) is always refused, or `None`: it is a home directory,
@@ -958,7 +1086,7 @@ mod tests {
         let (policy, _) = policy_with(tree.inputs(None));
         assert_eq!(policy.roots(), &Roots::Dirs(vec![tree.path("projects")]));
         let app = tree.path("projects/app");
-        assert_eq!(policy.check_project_path(&s(&app)).unwrap(), app);
+        assert_eq!(policy.check_project_path(&s(&app)).unwrap().path(), app);
         let err = policy
             .check_project_path(&s(&tree.path("other")))
             .unwrap_err();
@@ -992,7 +1120,7 @@ mod tests {
             "roots.outside"
         );
         let inside = format!("{}/src/..", s(&root));
-        assert_eq!(policy.check_project_path(&inside).unwrap(), root);
+        assert_eq!(policy.check_project_path(&inside).unwrap().path(), root);
         // A symlink inside the root pointing at ~/.ssh.
         std::os::unix::fs::symlink(tree.path("home/.ssh"), root.join("keys")).unwrap();
         let err = policy
@@ -1026,6 +1154,65 @@ mod tests {
         assert!(refused_reason(Path::new("/"), &homes).is_some());
         assert!(refused_reason(Path::new("/"), &[]).is_some());
         assert!(refused_reason(&tree.path("home/work/.git"), &homes).is_none());
+    }
+
+    #[test]
+    fn every_accounts_home_is_refused_and_other_peoples_whole() {
+        let tree = Tree::new();
+        for dir in [
+            "users/alice/.ssh",
+            "users/alice/proj",
+            "srv/www/site",
+            "srv/www/.cache",
+            "users/shared/app",
+        ] {
+            std::fs::create_dir_all(tree.path(dir)).unwrap();
+        }
+        let mut inputs = tree.inputs(Some(&format!(
+            "{}:{}",
+            s(&tree.path("users")),
+            s(&tree.path("srv"))
+        )));
+        inputs.accounts = vec![
+            Account {
+                home: tree.path("users/alice"),
+                person: true,
+            },
+            Account {
+                home: tree.path("srv/www"),
+                person: false,
+            },
+            Account {
+                home: PathBuf::from("/"),
+                person: false,
+            },
+            Account {
+                home: tree.path("nonexistent"),
+                person: true,
+            },
+        ];
+        let (policy, warnings) = policy_with(inputs);
+        // `users` is an ancestor of alice's home: refused as a project, fine as a root.
+        assert!(warnings.is_empty(), "{warnings:?}");
+        for refused in [
+            "users",
+            "users/alice",
+            "users/alice/.ssh",
+            "users/alice/proj",
+            "srv/www",
+            "srv/www/.cache",
+        ] {
+            let err = policy
+                .check_project_path(&s(&tree.path(refused)))
+                .unwrap_err();
+            assert_eq!(err.rule, "roots.refused-home", "{refused}: {err}");
+        }
+        for allowed in ["users/shared/app", "srv/www/site"] {
+            assert!(
+                policy.check_project_path(&s(&tree.path(allowed))).is_ok(),
+                "{allowed}"
+            );
+        }
     }
 
     #[test]

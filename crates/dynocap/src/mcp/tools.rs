@@ -335,8 +335,8 @@ CPUs and half its memory); a request above one is refused with policy_denied, wh
 value allowed.\n\
 Host policy (set by the user who started this server, not by the caller): projectPath must \
 resolve, through symlinks, to a directory inside DYNOCAP_MCP_ROOTS (default: the server's \
-working directory); the home directory, its ancestors and dot directories in it (~/.ssh, \
-~/.aws, ...) are always refused. repositoryUrl must be https://HOST/..., ssh://[user@]HOST/... \
+working directory); home directories (every account's), their ancestors and dot directories \
+in them (~/.ssh, ~/.aws, ...), and other users' homes, are always refused. repositoryUrl must be https://HOST/..., ssh://[user@]HOST/... \
 or user@HOST:path with HOST in DYNOCAP_MCP_GIT_HOSTS (default github.com, gitlab.com, \
 bitbucket.org). network \"filtered\" and \"nat\" are refused unless the host set \
 DYNOCAP_MCP_ALLOW_FILTERED=1 or DYNOCAP_MCP_ALLOW_NAT=1; sshKeyPath unless \

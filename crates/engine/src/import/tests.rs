@@ -406,14 +406,14 @@ fn non_utf8_names_come_byte_for_byte() {
 }
 
 #[test]
-fn a_linked_worktree_imports_its_own_files_and_history_from_the_main_store() {
+fn a_linked_worktree_is_imported_only_with_its_main_repository_beneath_the_project() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let main = tmp.path().join("main");
     new_repo(&main);
     write(&main.join("shared.txt"), "v1\n");
     git(&main, &["add", "-A"]);
     git(&main, &["commit", "-qm", "base"]);
-    let wt = tmp.path().join("wt");
+    let wt = main.join("trees/wt");
     git(
         &main,
         &[
@@ -429,53 +429,42 @@ fn a_linked_worktree_imports_its_own_files_and_history_from_the_main_store() {
     git(&wt, &["add", "feature.txt"]);
     git(&wt, &["commit", "-qm", "feature"]);
     write(&wt.join("scratch.txt"), "untracked in the worktree\n");
-    write(&main.join("main-only.txt"), "in the main work tree only\n");
-    let feature = git(&wt, &["rev-parse", "HEAD"]);
-    let base = git(&main, &["rev-parse", "main"]);
 
-    let plan = plan(&wt, History::Head).expect("plan");
-    assert!(plan.is_git);
+    // The worktree alone: its `.git` file points into main/.git/worktrees, outside it.
+    let err = plan(&wt, History::Head).expect_err("points outside");
+    let text = err.to_string();
     assert!(
-        fs::metadata(wt.join(".git")).expect("stat").is_file(),
-        "a .git file"
+        text.contains(&format!("{}", wt.join(".git").display()))
+            && text.contains(&format!("{}", main.join(".git/worktrees/wt").display())),
+        "{text}"
     );
+    assert_eq!(
+        crate::error::Error::from(err).code,
+        crate::error::ErrorCode::InvalidArgument
+    );
+
+    // A project holding both: everything git reads is beneath it, and the worktree comes
+    // as a nested repository listed by its own git.
+    let plan = plan(&main, History::Head).expect("plan");
     let (items, _) = tar_of(&plan);
     expect_files(
         &items,
         &[
-            ("feature.txt", file(0o644, "on feature\n")),
-            ("scratch.txt", file(0o644, "untracked in the worktree\n")),
             ("shared.txt", file(0o644, "v1\n")),
+            ("trees/wt/feature.txt", file(0o644, "on feature\n")),
+            (
+                "trees/wt/scratch.txt",
+                file(0o644, "untracked in the worktree\n"),
+            ),
+            ("trees/wt/shared.txt", file(0o644, "v1\n")),
         ],
     );
     no_git_anywhere(&items);
-
     let bundle = write_bundle(&plan, tmp.path())
         .expect("bundle")
         .expect("history");
-    assert_eq!(
-        heads(&bundle),
-        [
-            format!("{} HEAD", feature.trim()),
-            format!("{} refs/heads/feature", feature.trim())
-        ]
-    );
-    let fetched = fetch_bundle(&tmp.path().join("fresh-head"), &bundle);
-    assert!(has_object(&fetched, &feature) && has_object(&fetched, &base));
-
-    let plan = super::plan(&wt, History::Branches).expect("plan");
-    let dir = tmp.path().join("branches");
-    fs::create_dir(&dir).expect("mkdir");
-    let bundle = write_bundle(&plan, &dir).expect("bundle").expect("history");
-    let mut listed = heads(&bundle);
-    listed.sort();
-    let mut expected = [
-        format!("{} HEAD", feature.trim()),
-        format!("{} refs/heads/feature", feature.trim()),
-        format!("{} refs/heads/main", base.trim()),
-    ];
-    expected.sort();
-    assert_eq!(listed, expected);
+    let fetched = fetch_bundle(&tmp.path().join("fresh"), &bundle);
+    assert!(has_object(&fetched, &git(&main, &["rev-parse", "main"])));
 }
 
 #[test]
@@ -891,7 +880,10 @@ fn bad_project_paths_are_refused_with_the_fix() {
 
     // A broken `.git` is not silently read as a plain tree.
     let broken = tmp.path().join("broken");
-    write(&broken.join(".git"), "gitdir: /nonexistent/x\n");
+    write(&broken.join(".git"), "gitdir: .git-missing\n");
+    let err = super::plan(&broken, History::None).expect_err("broken repo");
+    assert!(err.to_string().contains("points to .git-missing"), "{err}");
+    fs::create_dir(broken.join(".git-missing")).expect("mkdir");
     let err = super::plan(&broken, History::None).expect_err("broken repo");
     assert!(err.to_string().contains("git cannot read"), "{err}");
 }
@@ -1007,7 +999,8 @@ fn a_nested_repository_git_cannot_read_comes_as_plain_files() {
 fn a_repository_that_makes_git_block_times_out() {
     let tmp = tempfile::tempdir().expect("tempdir");
     // A git dir whose HEAD is a fifo: git blocks opening it.
-    let fake = tmp.path().join("fake-git-dir");
+    let repo = tmp.path().join("repo");
+    let fake = repo.join("fake-git-dir");
     fs::create_dir_all(fake.join("objects")).expect("mkdir");
     fs::create_dir_all(fake.join("refs")).expect("mkdir");
     nix::unistd::mkfifo(
@@ -1015,7 +1008,6 @@ fn a_repository_that_makes_git_block_times_out() {
         nix::sys::stat::Mode::from_bits_truncate(0o644),
     )
     .expect("mkfifo");
-    let repo = tmp.path().join("repo");
     write(&repo.join(".git"), &format!("gitdir: {}\n", fake.display()));
     write(&repo.join("a"), "a\n");
     let options = PlanOptions {
@@ -1282,5 +1274,117 @@ fn a_note_shows_control_characters_in_its_path_escaped() {
     assert_eq!(
         note.to_string(),
         "evil\\n2026-01-01T00:00:00Z forged\\u{1b}[2J: removed while being imported"
+    );
+}
+
+/// A repository outside the project, with a commit whose file the guest must never see.
+fn outside_repo(dir: &Path) -> PathBuf {
+    let repo = dir.join("elsewhere");
+    new_repo(&repo);
+    write(&repo.join("secret.txt"), "outside history\n");
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "secret"]);
+    repo
+}
+
+fn refused(project: &Path, expected: &[&str]) {
+    for history in [History::Branches, History::None] {
+        let err = plan(project, history).expect_err("refused");
+        let text = err.to_string();
+        for part in expected {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        assert_eq!(
+            crate::error::Error::from(err).code,
+            crate::error::ErrorCode::InvalidArgument,
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn git_pointers_out_of_the_project_are_refused_naming_file_and_target() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let outside = outside_repo(tmp.path());
+    let outside_git = outside.join(".git");
+    let shown = outside_git.display().to_string();
+
+    // A `.git` file, absolute and relative (climbing out with `..`).
+    let p = tmp.path().join("abs");
+    write(&p.join(".git"), &format!("gitdir: {shown}\n"));
+    refused(&p, &[&p.join(".git").display().to_string(), &shown]);
+    let p = tmp.path().join("rel");
+    write(&p.join(".git"), "gitdir: ../elsewhere/.git\n");
+    refused(&p, &["../elsewhere/.git"]);
+
+    // A `..` after a symlinked directory inside the project climbs from the link's target.
+    let p = tmp.path().join("via-link");
+    fs::create_dir_all(p.join("real/.git-store")).expect("mkdir");
+    symlink(outside.join("x"), p.join("hop")).expect("symlink");
+    fs::create_dir_all(outside.join("x")).expect("mkdir");
+    write(&p.join(".git"), "gitdir: hop/../.git\n");
+    refused(&p, &["hop/../.git"]);
+
+    // A real git directory in the project whose `commondir` points out.
+    let p = tmp.path().join("common");
+    new_repo(&p);
+    write(&p.join(".git/commondir"), &format!("{shown}\n"));
+    refused(
+        &p,
+        &[&p.join(".git/commondir").display().to_string(), &shown],
+    );
+
+    // Alternates, either kind.
+    for name in ["alternates", "http-alternates"] {
+        let p = tmp.path().join(name);
+        new_repo(&p);
+        write(
+            &p.join(".git/objects/info").join(name),
+            &format!("{shown}/objects\n"),
+        );
+        refused(&p, &[&format!("objects/info/{name}"), "alternates"]);
+    }
+
+    // A symlink anywhere inside the git directory (here: its object store).
+    let p = tmp.path().join("linked-objects");
+    new_repo(&p);
+    fs::remove_dir_all(p.join(".git/objects")).expect("rm objects");
+    symlink(outside_git.join("objects"), p.join(".git/objects")).expect("symlink");
+    refused(
+        &p,
+        &[&p.join(".git/objects").display().to_string(), "symlink"],
+    );
+
+    // A nested repository (a submodule's `.git` file) pointing out refuses the import too.
+    let p = tmp.path().join("nested");
+    new_repo(&p);
+    write(&p.join("a.txt"), "a\n");
+    write(&p.join("sub/.git"), &format!("gitdir: {shown}\n"));
+    write(&p.join("sub/b.txt"), "b\n");
+    refused(&p, &[&p.join("sub/.git").display().to_string(), &shown]);
+}
+
+#[test]
+fn a_submodule_whose_git_dir_is_in_the_superproject_imports() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let p = tmp.path().join("super");
+    new_repo(&p);
+    write(&p.join("top.txt"), "top\n");
+    // What `git submodule absorbgitdirs` leaves: the module's git dir under .git/modules.
+    let module = p.join(".git/modules/sub");
+    new_repo(&p.join("sub"));
+    write(&p.join("sub/inner.txt"), "inner\n");
+    fs::create_dir_all(p.join(".git/modules")).expect("mkdir modules");
+    fs::rename(p.join("sub/.git"), &module).expect("absorb");
+    write(&p.join("sub/.git"), "gitdir: ../.git/modules/sub\n");
+    git(&p.join("sub"), &["config", "core.worktree", "../../../sub"]);
+    let plan = plan(&p, History::None).expect("plan");
+    let (items, _) = tar_of(&plan);
+    expect_files(
+        &items,
+        &[
+            ("sub/inner.txt", file(0o644, "inner\n")),
+            ("top.txt", file(0o644, "top\n")),
+        ],
     );
 }

@@ -134,6 +134,7 @@ async fn sh_status(cwd: &Path, script: &str) -> (Vec<u8>, command::Finished) {
         user: None,
         stdin: None,
         cgroup: None,
+        extra_group: None,
     };
     let (_stop_tx, mut stop) = mpsc::channel(1);
     match command::run(&spec, 256 * 1024 * 1024, &mut stop).await {
@@ -768,15 +769,15 @@ async fn receive_file_is_private_and_bounded() {
         std::fs::read(state.join("history.bundle")).expect("read"),
         data
     );
-    assert_eq!(mode_of(state), 0o700);
+    // Passable by the guarded git's group only (see gitguard).
+    assert_eq!(mode_of(state), crate::statedir::state_dir_mode().bits());
     assert_eq!(mode_of(&state.join("history.bundle")), 0o600);
-    assert_eq!(
-        owner_of(state),
-        (
-            nix::unistd::geteuid().as_raw(),
-            nix::unistd::getegid().as_raw()
-        )
-    );
+    let group = if sb.root() {
+        crate::gitguard::GIT_GROUP
+    } else {
+        nix::unistd::getegid().as_raw()
+    };
+    assert_eq!(owner_of(state), (nix::unistd::geteuid().as_raw(), group));
 
     let outcome = receive(&host, "too-big", &data, 1000).await;
     assert!(
@@ -890,7 +891,7 @@ async fn baseline_with_history_recreates_the_users_repository() {
     );
 
     // The private record: the whole work tree, in a repository only the agent reaches.
-    let private = sb.config.state_dir.join("baseline.git");
+    let private = sb.config.state_dir.join("private/baseline.git");
     let p = text(&private);
     assert_eq!(
         sh(
@@ -908,8 +909,15 @@ async fn baseline_with_history_recreates_the_users_repository() {
         .await,
         "a.txt\ndir/f\nuntracked.txt\n"
     );
-    assert_eq!(mode_of(&private), 0o700);
-    assert_eq!(mode_of(&sb.config.state_dir), 0o700);
+    // Owned by the sandbox user (git runs as that user), below the agent's directory.
+    let private_dir = sb.config.state_dir.join("private");
+    assert_eq!(mode_of(&private_dir), 0o700);
+    assert_eq!(owner_of(&private_dir), (sb.uid, sb.gid));
+    assert_eq!(owner_of(&private.join("objects")), (sb.uid, sb.gid));
+    assert_eq!(
+        mode_of(&sb.config.state_dir),
+        crate::statedir::state_dir_mode().bits()
+    );
     if sb.root() {
         // The sandbox user cannot read the bundle or the private repository.
         let outcome = host
@@ -1196,7 +1204,7 @@ async fn files_ignored_later_stay_tracked() {
     assert!(text_patch.contains("b/.gitignore\n"), "{text_patch}");
 
     // Without its index, the agent rebuilds it from the baseline: same answer.
-    std::fs::remove_file(sb.config.state_dir.join("index")).expect("remove index");
+    std::fs::remove_file(sb.config.state_dir.join("private/index")).expect("remove index");
     let again = patch_of(&diff(&host, &ws, 1 << 30).await);
     assert_eq!(String::from_utf8_lossy(&again), text_patch);
 }
@@ -1351,7 +1359,7 @@ async fn cancelled_baseline_and_diff_clean_up() {
     let outcome = rx.collect().await;
     assert!(outcome.error().contains("cancelled"), "{:?}", outcome);
     assert!(!ws.join(".git").exists());
-    assert!(!sb.config.state_dir.join("baseline.git").exists());
+    assert!(!sb.config.state_dir.join("private").exists());
 
     // Done properly this time; then a diff cancelled at once leaves nothing in the way.
     commit_of(

@@ -14,7 +14,10 @@
 //!   mode 0710, group [`GIT_GROUP`]: only a process in that group can pass it, and only the
 //!   guarded git runs get the group (as a supplementary group; no other guest process has it,
 //!   and `no_new_privs` stops set-gid programs from granting it). Everything else in the state
-//!   directory is guest root's with mode 0600, so passing it gives git nothing more to read.
+//!   directory is guest root's with mode 0600 (or 0111: the git copy below), so passing it
+//!   gives git nothing more to read. The one thing a guarded git reads beyond what the
+//!   sandbox user can is the private repository itself (a racing symlink can lead git into
+//!   it): the user's own imported tree and index, nothing of root's.
 //!   (A path git can walk is needed: git canonicalizes its git directory, e.g. for a nested
 //!   repository in the work tree, so a `/proc/self/fd` path alone does not do.)
 //! - **Reaching git.** A process of the same uid may normally ptrace a process, write its

@@ -1274,7 +1274,7 @@ async fn a_rewritten_ref_does_not_move_the_baseline() {
 
     let git_dir = text(&sb.config.state_dir.join("private/baseline.git"));
     sh(
-        &sb.base.path().to_path_buf(),
+        sb.base.path(),
         &format!(
             "e=$(git --git-dir='{git_dir}' hash-object -w -t tree /dev/null) \
              && c=$(git --git-dir='{git_dir}' commit-tree $e -m other) \

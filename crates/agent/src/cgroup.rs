@@ -504,6 +504,7 @@ mod tests {
             user: None,
             stdin: None,
             cgroup: Some(cgroup.join_handle().expect("join handle")),
+            extra_group: None,
         };
         spawn::spawn(&spec).expect("spawn")
     }

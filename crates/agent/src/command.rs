@@ -353,6 +353,7 @@ mod tests {
             user: None,
             stdin: None,
             cgroup: None,
+            extra_group: None,
         }
     }
 

@@ -167,6 +167,7 @@ pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, String> 
         user: config.exec_user.filter(|user| user.uid != uid),
         stdin: None,
         cgroup: None,
+        extra_group: None,
     })
 }
 

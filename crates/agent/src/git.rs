@@ -121,6 +121,8 @@ pub struct Run<'a> {
     pub stdin: Option<OwnedFd>,
     /// Cap on collected stdout.
     pub cap: usize,
+    /// Run this copy of git instead, keeping this supplementary group (see `gitguard`).
+    pub guarded: Option<(CString, Option<u32>)>,
 }
 
 impl<'a> Run<'a> {
@@ -132,7 +134,13 @@ impl<'a> Run<'a> {
             config: Vec::new(),
             stdin: None,
             cap: command::OUTPUT_CAP,
+            guarded: None,
         }
+    }
+
+    pub fn guarded(mut self, program: CString, group: Option<u32>) -> Self {
+        self.guarded = Some((program, group));
+        self
     }
 
     pub fn user(mut self, user: Option<ExecUser>) -> Self {
@@ -185,8 +193,12 @@ impl Git {
         ];
         env.extend(run.env.iter().map(|(k, v)| (*k, v.as_str())));
         let env = env_list(env).map_err(|err| err.to_string())?;
+        let (program, extra_group) = match run.guarded {
+            Some((program, group)) => (program, group),
+            None => (self.program.clone(), None),
+        };
         Ok(ChildSpec {
-            program: self.program.clone(),
+            program,
             argv,
             env,
             cwd: CString::new(run.cwd.as_os_str().as_bytes())
@@ -195,6 +207,7 @@ impl Git {
             user: run.user,
             stdin: run.stdin,
             cgroup: None,
+            extra_group,
         })
     }
 

@@ -32,6 +32,7 @@ mod command;
 mod exec;
 mod fsutil;
 mod git;
+mod gitguard;
 mod init;
 mod input;
 mod reaper;

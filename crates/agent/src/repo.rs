@@ -8,20 +8,26 @@
 //!   privilege than the user has. It gets the imported history and HEAD, and an index equal to
 //!   HEAD, so `git status` in the guest shows the uncommitted changes the project had on the
 //!   host. What the user does with it later does not matter to the agent.
-//! - the **private** one (`<state dir>/baseline.git`, with its index `<state dir>/index`),
-//!   owned by the agent in a 0700 directory the user cannot enter. The baseline is a commit of
-//!   the whole work tree there (`refs/dynocap/baseline`); every diff is baseline → work tree,
-//!   computed there, with `--git-dir`/`--work-tree` given on every call so that the
-//!   workspace's own `.git` (config, hooks, attributes filters) is never read. Where git
-//!   supports it (2.40+), `GIT_ATTR_SOURCE` points at the empty tree so the work tree's
-//!   `.gitattributes` cannot change content either.
+//! - the **private** one (`<state dir>/private/baseline.git`, with its index
+//!   `<state dir>/private/index`). The baseline is a commit of the whole work tree there; every
+//!   diff is baseline → work tree, computed there, with `--git-dir`/`--work-tree` given on
+//!   every call so that the workspace's own `.git` (config, hooks, attributes filters) is never
+//!   read. Where git supports it (2.40+), `GIT_ATTR_SOURCE` points at the empty tree so the
+//!   work tree's `.gitattributes` cannot change content either.
+//!
+//! Every git run that reads the workspace runs as the sandbox user, never as the agent: the
+//! user can swap a directory for a symlink while git walks the tree, and git then reads what
+//! the symlink points to. As the sandbox user, that can only be what the user could read
+//! anyway. [`gitguard`] explains how those runs reach the private repository (a descriptor,
+//! below the agent's 0700 state directory) while no other process of that user can reach it
+//! or them. The baseline commit id is kept in the state directory and named explicitly.
 //!
 //! Both requests hold the server's repository lock, so they never race on the private index.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -39,10 +45,12 @@ use crate::command::{stop_requested, Child, RunError};
 use crate::exec::Stop;
 use crate::fsutil;
 use crate::git::{self, first_line, is_object_id, Git, Run};
+use crate::gitguard;
 use crate::server::{Config, Outbox};
 use crate::spawn::ExecUser;
 use crate::statedir::{
-    self, BASELINE_FILES, BASELINE_INDEX, BASELINE_INDEX_LOCK, BASELINE_REPO, BASELINE_WORKSPACE,
+    self, BASELINE_COMMIT, BASELINE_DIR, BASELINE_FILES, BASELINE_INDEX, BASELINE_INDEX_LOCK,
+    BASELINE_REPO, BASELINE_WORKSPACE,
 };
 
 /// Branch a repository starts on when the host did not name one.
@@ -122,27 +130,70 @@ async fn blocking<T: Send + 'static>(
         .map_err(|err| format!("internal error: {err}"))?
 }
 
-/// The private repository's paths.
+/// Where the private repository is.
 struct Private {
+    state_dir: PathBuf,
+    /// `<state dir>/private`
     dir: PathBuf,
-    git_dir: PathBuf,
-    index: PathBuf,
 }
 
 impl Private {
     fn new(state_dir: &Path) -> Self {
         Self {
-            dir: state_dir.to_path_buf(),
-            git_dir: state_dir.join(OsStr::from_bytes(BASELINE_REPO.to_bytes())),
-            index: state_dir.join(OsStr::from_bytes(BASELINE_INDEX.to_bytes())),
+            state_dir: state_dir.to_path_buf(),
+            dir: state_dir.join(OsStr::from_bytes(BASELINE_DIR.to_bytes())),
         }
     }
 
-    /// A run in the private repository: as the agent, in the state directory, with the
-    /// private index and (when supported) attributes read from the empty tree.
-    fn run(&self, git: &Git) -> Run<'_> {
-        let mut run = Run::new(&self.dir).env("GIT_INDEX_FILE", self.index.to_string_lossy());
-        if git.attr_source {
+    /// Opens the private directory for git runs, which run as its owner.
+    fn open(&self, program: &std::ffi::CStr, attr_source: bool) -> Result<Opened, String> {
+        let state = statedir::open_state_dir(&self.state_dir)?;
+        let dir = fsutil::open_dir_at(state.as_fd(), BASELINE_DIR).map_err(|err| match err {
+            Errno::ENOENT => "there is no baseline: send Baseline before Diff".to_owned(),
+            err => format!("cannot open the private repository: {err}"),
+        })?;
+        let stat = nix::sys::stat::fstat(dir.as_fd())
+            .map_err(|err| format!("cannot inspect the private repository: {err}"))?;
+        let user = (stat.st_uid != nix::unistd::geteuid().as_raw()).then_some(ExecUser {
+            uid: stat.st_uid,
+            gid: stat.st_gid,
+        });
+        let exe = gitguard::executable(&self.state_dir, state.as_fd(), program)?;
+        Ok(Opened {
+            dir,
+            exe,
+            user,
+            attr_source,
+            git_dir: self.dir.join(OsStr::from_bytes(BASELINE_REPO.to_bytes())),
+            index: self.dir.join(OsStr::from_bytes(BASELINE_INDEX.to_bytes())),
+        })
+    }
+}
+
+/// The open private directory: what a guarded git run needs.
+struct Opened {
+    /// For the agent's own steps in the directory (it belongs to the sandbox user).
+    dir: OwnedFd,
+    /// The execute-only git (see [`gitguard`]).
+    exe: std::ffi::CString,
+    /// The directory's owner, unless that is the agent.
+    user: Option<ExecUser>,
+    attr_source: bool,
+    git_dir: PathBuf,
+    index: PathBuf,
+}
+
+impl Opened {
+    /// A guarded run in the private repository (see [`gitguard`]): as its owner, with the git
+    /// group, from the execute-only git, with the private index and (when supported)
+    /// attributes read from the empty tree. The working directory is `/`, outside the work
+    /// tree, as the previous location (the state directory) is closed to the user.
+    fn run(&self) -> Run<'static> {
+        let mut run = Run::new(Path::new("/"))
+            .user(self.user)
+            .guarded(self.exe.clone(), self.user.map(|_| gitguard::GIT_GROUP))
+            .env("GIT_INDEX_FILE", self.index.to_string_lossy());
+        if self.attr_source {
             run = run.env("GIT_ATTR_SOURCE", git::EMPTY_TREE_SHA1);
         }
         run
@@ -218,8 +269,13 @@ pub async fn baseline(
     let outcome = async {
         user_repository(git, &workspace, user, head.as_ref(), bundle, stop).await?;
         replacing = true;
-        let commit = record_baseline(git, &private, &workspace, stop).await?;
-        write_workspace_note(&state_fd, &workspace)?;
+        let commit = record_baseline(git, &private, &workspace, user, stop).await?;
+        write_note(&state_fd, BASELINE_COMMIT, commit.as_bytes())?;
+        write_note(
+            &state_fd,
+            BASELINE_WORKSPACE,
+            workspace.as_os_str().as_bytes(),
+        )?;
         Ok::<_, RunError>(commit)
     }
     .await;
@@ -250,9 +306,10 @@ pub async fn baseline(
     }
 }
 
-/// Records which workspace the baseline is of, so a diff of another path is refused.
-fn write_workspace_note(state_fd: &OwnedFd, workspace: &Path) -> Result<(), String> {
-    let name = BASELINE_WORKSPACE;
+/// Writes one of the baseline's records (its workspace, so a diff of another path is
+/// refused; its commit id) into the state directory.
+fn write_note(state_fd: &OwnedFd, name: &std::ffi::CStr, content: &[u8]) -> Result<(), String> {
+    let what = name.to_string_lossy();
     let _ = unlinkat(state_fd.as_fd(), name, UnlinkatFlags::NoRemoveDir);
     let fd = openat(
         state_fd.as_fd(),
@@ -260,10 +317,66 @@ fn write_workspace_note(state_fd: &OwnedFd, workspace: &Path) -> Result<(), Stri
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::S_IRUSR | Mode::S_IWUSR,
     )
-    .map_err(|err| format!("cannot record the baseline's workspace: {err}"))?;
+    .map_err(|err| format!("cannot record the {what}: {err}"))?;
     File::from(fd)
-        .write_all(workspace.as_os_str().as_bytes())
-        .map_err(|err| format!("cannot record the baseline's workspace: {err}"))
+        .write_all(content)
+        .map_err(|err| format!("cannot record the {what}: {err}"))
+}
+
+/// Reads a record written by [`write_note`]; a missing one means there is no baseline.
+fn read_note(state_fd: BorrowedFd<'_>, name: &std::ffi::CStr) -> Result<Vec<u8>, String> {
+    let what = name.to_string_lossy();
+    let note = openat(
+        state_fd,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|err| match err {
+        Errno::ENOENT => "there is no baseline: send Baseline before Diff".to_owned(),
+        err => format!("cannot read the {what}: {err}"),
+    })?;
+    let mut content = Vec::new();
+    File::from(note)
+        .read_to_end(&mut content)
+        .map_err(|err| format!("cannot read the {what}: {err}"))?;
+    Ok(content)
+}
+
+/// Gives the freshly made private directory (nobody else has reached it yet) to `user`,
+/// recursively, following no symlink.
+fn hand_over(dir: BorrowedFd<'_>, user: ExecUser, depth: usize) -> Result<(), String> {
+    const MAX_DEPTH: usize = 8;
+    let fail = |err: Errno| {
+        format!(
+            "cannot hand the private repository to uid {}: {err}",
+            user.uid
+        )
+    };
+    if depth > MAX_DEPTH {
+        return Err(fail(Errno::ELOOP));
+    }
+    fchown(
+        dir,
+        Some(Uid::from_raw(user.uid)),
+        Some(Gid::from_raw(user.gid)),
+    )
+    .map_err(fail)?;
+    for name in fsutil::list_dir(dir).map_err(fail)? {
+        match fsutil::open_dir_at(dir, &name) {
+            Ok(sub) => hand_over(sub.as_fd(), user, depth + 1)?,
+            Err(Errno::ENOTDIR | Errno::ELOOP) => nix::unistd::fchownat(
+                dir,
+                name.as_c_str(),
+                Some(Uid::from_raw(user.uid)),
+                Some(Gid::from_raw(user.gid)),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            )
+            .map_err(fail)?,
+            Err(err) => return Err(fail(err)),
+        }
+    }
+    Ok(())
 }
 
 /// A descriptor of the bundle the sandbox user's git can read: the file itself when git runs
@@ -446,42 +559,60 @@ async fn user_repository(
     Ok(())
 }
 
-/// Makes the private repository afresh and commits the whole work tree as the baseline.
+/// Makes the private repository afresh, owned by `owner` (the sandbox user; `None` when that
+/// is the agent itself), and commits the whole work tree as the baseline.
 async fn record_baseline(
     git: &Git,
     private: &Private,
     workspace: &Path,
+    owner: Option<ExecUser>,
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<String, RunError> {
-    let state_dir = private.dir.clone();
+    let state_dir = private.state_dir.clone();
     blocking(move || {
         let fd = statedir::open_state_dir(&state_dir)?;
         for name in BASELINE_FILES {
             fsutil::remove_at(fd.as_fd(), name)
                 .map_err(|err| format!("cannot remove the previous baseline: {err}"))?;
         }
+        nix::sys::stat::mkdirat(fd.as_fd(), BASELINE_DIR, Mode::S_IRWXU)
+            .map_err(|err| format!("cannot create the private repository: {err}"))?;
         Ok(())
     })
     .await?;
-    let init: [&OsStr; 5] = [
+    // `git init` canonicalizes its target, which a guarded run cannot do (the path leads
+    // through the state directory): the agent makes the empty repository, without templates
+    // (no sample hooks), and hands it over. It reads nothing of the workspace.
+    let init: [&OsStr; 6] = [
         "init".as_ref(),
         "--bare".as_ref(),
         "-q".as_ref(),
+        "--template=".as_ref(),
         "--object-format=sha1".as_ref(),
-        private.git_dir.as_os_str(),
+        OsStr::from_bytes(BASELINE_REPO.to_bytes()),
     ];
     git.run(&init, Run::new(&private.dir), stop).await?;
-    std::fs::set_permissions(
-        &private.git_dir,
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )
-    .map_err(|err| RunError::Failed(format!("cannot protect the private repository: {err}")))?;
+    let state_dir = private.state_dir.clone();
+    blocking(move || {
+        let Some(owner) = owner else {
+            return Ok(());
+        };
+        let state = statedir::open_state_dir(&state_dir)?;
+        let dir = fsutil::open_dir_at(state.as_fd(), BASELINE_DIR)
+            .map_err(|err| format!("cannot open the private repository: {err}"))?;
+        hand_over(dir.as_fd(), owner, 0)
+    })
+    .await?;
+    let state_dir = private.state_dir.clone();
+    let (program, attr_source) = (git.program.clone(), git.attr_source);
+    let private = blocking(move || Private::new(&state_dir).open(&program, attr_source)).await?;
+    let private = &private;
     if git.attr_source {
         // GIT_ATTR_SOURCE names the empty tree; make sure the object exists.
         let out = git
             .run(
                 &private.args(workspace, &["hash-object", "-w", "-t", "tree", "/dev/null"]),
-                Run::new(&private.dir),
+                private.run(),
                 stop,
             )
             .await?;
@@ -498,7 +629,7 @@ async fn record_baseline(
     let tree = first_line(
         &git.run(
             &private.args(workspace, &["write-tree"]),
-            private.run(git),
+            private.run(),
             stop,
         )
         .await?,
@@ -507,7 +638,7 @@ async fn record_baseline(
         &git.run(
             &private.args(workspace, &["commit-tree", &tree, "-m", "dynocap baseline"]),
             private
-                .run(git)
+                .run()
                 .env("GIT_AUTHOR_NAME", git::IDENTITY_NAME)
                 .env("GIT_AUTHOR_EMAIL", git::IDENTITY_EMAIL)
                 .env("GIT_AUTHOR_DATE", BASELINE_DATE)
@@ -521,9 +652,10 @@ async fn record_baseline(
             "git commit-tree printed {commit:?}, not a commit id"
         )));
     }
+    // For people looking at the repository; diffs use the id the agent keeps.
     git.run(
         &private.args(workspace, &["update-ref", "refs/dynocap/baseline", &commit]),
-        private.run(git),
+        private.run(),
         stop,
     )
     .await?;
@@ -535,7 +667,7 @@ async fn record_baseline(
 /// every later diff fail. They are logged; a skipped tracked path keeps its previous entry.
 async fn add_all(
     git: &Git,
-    private: &Private,
+    private: &Opened,
     workspace: &Path,
     extra: &[&str],
     stop: &mut mpsc::Receiver<Stop>,
@@ -543,7 +675,7 @@ async fn add_all(
     let mut rest = vec!["-c", BIG_FILE_THRESHOLD, "add", "-A", "--ignore-errors"];
     rest.extend_from_slice(extra);
     let (_, finished) = git
-        .run_status(&private.args(workspace, &rest), private.run(git), stop)
+        .run_status(&private.args(workspace, &rest), private.run(), stop)
         .await?;
     match finished.status {
         Some(crate::reaper::ExitStatus::Exited(0)) => Ok(()),
@@ -597,7 +729,6 @@ const DIFF_ARGS: &[&str] = &[
     // A guest-written .gitmodules with `ignore = all` must not hide a submodule change.
     "--ignore-submodules=none",
     "--full-index",
-    "refs/dynocap/baseline",
 ];
 
 /// Handles `Diff`: streams the patch baseline → work tree on STDOUT.
@@ -616,40 +747,35 @@ pub async fn diff(
     let git = git::git(stop)
         .await
         .map_err(|err| cancelled_or(err, "the diff"))?;
-    let private = Private::new(&config.state_dir);
-
     let state_dir = config.state_dir.clone();
-    let recorded = blocking(move || {
+    let (recorded, commit, has_index, private) = blocking(move || {
         let fd = statedir::open_state_dir(&state_dir)?;
-        let note = openat(
-            fd.as_fd(),
-            BASELINE_WORKSPACE,
-            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|err| match err {
-            Errno::ENOENT => "there is no baseline: send Baseline before Diff".to_owned(),
-            err => format!("cannot read the baseline's record: {err}"),
-        })?;
-        let mut recorded = Vec::new();
-        File::from(note)
-            .read_to_end(&mut recorded)
-            .map_err(|err| format!("cannot read the baseline's record: {err}"))?;
+        let recorded = read_note(fd.as_fd(), BASELINE_WORKSPACE)?;
+        let commit = String::from_utf8_lossy(&read_note(fd.as_fd(), BASELINE_COMMIT)?).into_owned();
+        if !is_object_id(&commit) {
+            return Err(format!(
+                "the recorded baseline commit {commit:?} is not a commit id; send Baseline again"
+            ));
+        }
+        let private = Private::new(&state_dir).open(&git.program, git.attr_source)?;
         // A stale lock is from a git this agent killed (cancel): nobody else uses the index.
-        match unlinkat(fd.as_fd(), BASELINE_INDEX_LOCK, UnlinkatFlags::NoRemoveDir) {
+        match unlinkat(
+            private.dir.as_fd(),
+            BASELINE_INDEX_LOCK,
+            UnlinkatFlags::NoRemoveDir,
+        ) {
             Ok(()) | Err(Errno::ENOENT) => {}
             Err(err) => return Err(format!("cannot remove a stale index lock: {err}")),
         }
         let has_index = fstatat(
-            fd.as_fd(),
+            private.dir.as_fd(),
             BASELINE_INDEX,
             nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
         )
         .is_ok();
-        Ok((recorded, has_index))
+        Ok((recorded, commit, has_index, private))
     })
     .await?;
-    let (recorded, has_index) = recorded;
     if recorded != workspace.as_os_str().as_bytes() {
         return Err(format!(
             "the baseline is of {}, not of {}",
@@ -658,18 +784,31 @@ pub async fn diff(
         ));
     }
 
-    let run = |rest: &[&str]| (private.args(&workspace, rest), private.run(git));
     let outcome: Result<u64, RunError> = async {
         if !has_index {
             // The index is the baseline's entries plus what earlier diffs added; rebuilt from
             // the baseline, tracked files that are ignored now stay tracked.
-            let (args, r) = run(&["read-tree", "refs/dynocap/baseline"]);
-            git.run(&args, r, stop).await?;
+            git.run(
+                &private.args(&workspace, &["read-tree", &commit]),
+                private.run(),
+                stop,
+            )
+            .await?;
         }
         add_all(git, &private, &workspace, &[], stop).await?;
-        mark_big_files(git, &private, &workspace, stop).await?;
-        let (args, r) = run(DIFF_ARGS);
-        stream_diff(git, &args, r, req.max_bytes, stream, outbox, stop).await
+        mark_big_files(git, &private, &workspace, &commit, stop).await?;
+        let mut args = DIFF_ARGS.to_vec();
+        args.push(&commit);
+        stream_diff(
+            git,
+            &private.args(&workspace, &args),
+            private.run(),
+            req.max_bytes,
+            stream,
+            outbox,
+            stop,
+        )
+        .await
     }
     .await;
     match outcome {
@@ -688,8 +827,9 @@ pub async fn diff(
 /// repository's `info/attributes`, replacing the previous diff's list (see [`bigfiles`]).
 async fn mark_big_files(
     git: &Git,
-    private: &Private,
+    private: &Opened,
     workspace: &Path,
+    baseline: &str,
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<(), RunError> {
     let raw = git
@@ -704,10 +844,10 @@ async fn mark_big_files(
                     "--no-renames",
                     "--no-abbrev",
                     "--ignore-submodules=none",
-                    "refs/dynocap/baseline",
+                    baseline,
                 ],
             ),
-            private.run(git),
+            private.run(),
             stop,
         )
         .await?;
@@ -734,7 +874,7 @@ async fn mark_big_files(
                     workspace,
                     &["cat-file", "--batch-check=%(objectname) %(objectsize)"],
                 ),
-                private.run(git).stdin(read),
+                private.run().stdin(read),
                 stop,
             )
             .await;
@@ -752,14 +892,40 @@ async fn mark_big_files(
             .filter(|c| big(&c.old_blob) || big(&c.new_blob))
             .map(|c| c.path.as_slice()),
     );
-    let info = private.git_dir.join("info");
-    blocking(move || {
-        std::fs::create_dir_all(&info)
-            .and_then(|()| std::fs::write(info.join("attributes"), text))
-            .map_err(|err| format!("cannot write the private repository's attributes: {err}"))
-    })
-    .await
-    .map_err(RunError::Failed)
+    let dir = private
+        .dir
+        .try_clone()
+        .map_err(|err| RunError::Failed(format!("cannot reach the private repository: {err}")))?;
+    blocking(move || write_attributes(dir.as_fd(), &text))
+        .await
+        .map_err(RunError::Failed)
+}
+
+/// Replaces `baseline.git/info/attributes` in the private directory. The directory belongs
+/// to the sandbox user, so every step is relative to a descriptor, follows no symlink, and
+/// makes a new file rather than writing into whatever has the name.
+fn write_attributes(private: BorrowedFd<'_>, text: &[u8]) -> Result<(), String> {
+    let fail = |err: Errno| format!("cannot write the private repository's attributes: {err}");
+    let repo = fsutil::open_dir_at(private, BASELINE_REPO).map_err(fail)?;
+    match nix::sys::stat::mkdirat(repo.as_fd(), c"info", Mode::from_bits_truncate(0o755)) {
+        Ok(()) | Err(Errno::EEXIST) => {}
+        Err(err) => return Err(fail(err)),
+    }
+    let info = fsutil::open_dir_at(repo.as_fd(), c"info").map_err(fail)?;
+    match unlinkat(info.as_fd(), c"attributes", UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(err) => return Err(fail(err)),
+    }
+    let fd = openat(
+        info.as_fd(),
+        c"attributes",
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )
+    .map_err(fail)?;
+    File::from(fd)
+        .write_all(text)
+        .map_err(|err| format!("cannot write the private repository's attributes: {err}"))
 }
 
 /// Runs the diff and forwards its stdout as it comes, up to `max_bytes`.
@@ -850,6 +1016,7 @@ async fn stream_diff(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spawn::ChildSpec;
 
     /// The fallback for git older than 2.40 (Debian's 2.39 when present): no
     /// `GIT_ATTR_SOURCE`, same baseline.
@@ -872,7 +1039,7 @@ mod tests {
         statedir::open_state_dir(&state).expect("state dir");
         let private = Private::new(&state);
         let (_tx, mut stop) = mpsc::channel(1);
-        let commit = match record_baseline(&git, &private, &ws, &mut stop).await {
+        let commit = match record_baseline(&git, &private, &ws, None, &mut stop).await {
             Ok(commit) => commit,
             Err(err) => panic!("{err:?}"),
         };
@@ -884,6 +1051,7 @@ mod tests {
             },
             &private,
             &ws,
+            None,
             &mut stop,
         )
         .await
@@ -892,6 +1060,161 @@ mod tests {
             Err(err) => panic!("{err:?}"),
         };
         assert_eq!(commit, expected);
+    }
+
+    /// What a process of the sandbox user may do to `pid` and to the private repository: one
+    /// word per thing that worked.
+    async fn reach_as_user(user: ExecUser, pid: i32, state: &Path) -> String {
+        let state = state.display();
+        let script = format!(
+            "ls /proc/{pid}/fd >/dev/null 2>&1 && echo fd; \
+             ls /proc/{pid}/cwd/ >/dev/null 2>&1 && echo cwd; \
+             cat /proc/{pid}/environ >/dev/null 2>&1 && echo environ; \
+             ls {state}/private >/dev/null 2>&1 && echo private; \
+             echo 0 2>/dev/null >{state}/private/baseline.git/refs/dynocap/baseline && echo ref; \
+             cat {state}/.git-exec >/dev/null 2>&1 && echo exe; \
+             echo end"
+        );
+        let spec = ChildSpec {
+            program: c"/bin/sh".to_owned(),
+            argv: vec![
+                c"sh".to_owned(),
+                c"-c".to_owned(),
+                std::ffi::CString::new(script).expect("no NUL"),
+            ],
+            env: crate::command::env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
+            cwd: c"/".to_owned(),
+            terminal: false,
+            user: Some(user),
+            stdin: None,
+            cgroup: None,
+            extra_group: None,
+        };
+        let (_tx, mut stop) = mpsc::channel(1);
+        let (out, _) = crate::command::run(&spec, 1 << 20, &mut stop)
+            .await
+            .expect("the probe runs");
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// `/proc/<pid>/status` once the child runs `program_name`.
+    fn status_once_running(pid: i32, program_name: &str) -> String {
+        for _ in 0..1000 {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+            if status.lines().next() == Some(&format!("Name:\t{program_name}")) {
+                return status;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("process {pid} never ran {program_name}");
+    }
+
+    fn line<'a>(status: &'a str, key: &str) -> &'a str {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .expect("status line")
+            .trim()
+    }
+
+    /// The guarded git runs as the sandbox user, with the git group, and neither it nor the
+    /// private repository can be reached by another process of that user; an ordinary
+    /// process of that user can be (the control, so the probe is known to work).
+    #[tokio::test]
+    async fn a_guarded_git_is_the_sandbox_user_and_out_of_its_reach() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        crate::init::setup();
+        let user = ExecUser {
+            uid: 1000,
+            gid: 1000,
+        };
+        let (_tx, mut stop) = mpsc::channel(1);
+        let git = git::git(&mut stop).await.expect("git");
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("chmod");
+        let ws = dir.path().join("ws");
+        std::fs::create_dir(&ws).expect("mkdir");
+        std::fs::write(ws.join("a.txt"), "a\n").expect("write");
+        std::os::unix::fs::chown(&ws, Some(1000), Some(1000)).expect("chown");
+        std::os::unix::fs::chown(ws.join("a.txt"), Some(1000), Some(1000)).expect("chown");
+        let state = dir.path().join("state");
+        let private = Private::new(&state);
+        let commit = record_baseline(git, &private, &ws, Some(user), &mut stop)
+            .await
+            .expect("baseline");
+        let opened = private
+            .open(&git.program, git.attr_source)
+            .expect("open the private repository");
+        assert_eq!(opened.user, Some(user));
+
+        // A git that waits on its standard input, so it can be looked at.
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).expect("pipe");
+        let spec = git
+            .spec(
+                &opened.args(&ws, &["cat-file", "--batch-check"]),
+                opened.run().stdin(read),
+            )
+            .expect("spec");
+        let spawned = crate::spawn::spawn(&spec).expect("spawn git");
+        let status = status_once_running(spawned.pid, ".git-exec");
+        assert_eq!(line(&status, "Uid:"), "1000\t1000\t1000\t1000", "{status}");
+        assert_eq!(line(&status, "Gid:"), "1000\t1000\t1000\t1000", "{status}");
+        let groups = line(&status, "Groups:");
+        assert!(
+            groups
+                .split(' ')
+                .any(|g| g == gitguard::GIT_GROUP.to_string()),
+            "{status}"
+        );
+        assert_eq!(reach_as_user(user, spawned.pid, &state).await, "end\n");
+        drop(write);
+        spawned.exit.await.expect("git exits");
+
+        // The control: an ordinary process of the same user is reachable.
+        let sleeper = ChildSpec {
+            program: c"/bin/sleep".to_owned(),
+            argv: vec![c"sleep".to_owned(), c"1000".to_owned()],
+            env: Vec::new(),
+            cwd: c"/".to_owned(),
+            terminal: false,
+            user: Some(user),
+            stdin: None,
+            cgroup: None,
+            extra_group: None,
+        };
+        let spawned = crate::spawn::spawn(&sleeper).expect("spawn sleep");
+        status_once_running(spawned.pid, "sleep");
+        assert_eq!(
+            reach_as_user(user, spawned.pid, &state).await,
+            "fd\ncwd\nenviron\nend\n"
+        );
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(spawned.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill");
+        spawned.exit.await.expect("sleep exits");
+
+        // The probes could not write the baseline's ref.
+        let out = git
+            .run(
+                &[
+                    arg_with("--git-dir=", &opened.git_dir),
+                    "rev-parse".into(),
+                    "refs/dynocap/baseline".into(),
+                ],
+                Run::new(Path::new("/")),
+                &mut stop,
+            )
+            .await
+            .expect("rev-parse");
+        assert_eq!(first_line(&out), commit);
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub struct ChildSpec {
     pub stdin: Option<OwnedFd>,
     /// `cgroup.procs` of the cgroup the child joins before it runs anything (see `cgroup`).
     pub cgroup: Option<OwnedFd>,
+    /// A supplementary group the child keeps beside `user`'s gid (see `gitguard`); only
+    /// applied with `user`, by a privileged agent.
+    pub extra_group: Option<u32>,
 }
 
 /// A started command: its pid (also its process group and session id) and the parent's ends
@@ -71,6 +74,9 @@ struct ChildPlan<'a> {
     /// `cgroup.procs` to write `0` to, or -1.
     cgroup_procs: RawFd,
     user: Option<(libc::uid_t, libc::gid_t, bool)>,
+    /// The supplementary groups: the user's gid, then the extra group if any.
+    groups: [libc::gid_t; 2],
+    groups_len: usize,
     msg_cgroup: Vec<u8>,
     msg_user: Vec<u8>,
     msg_cwd: Vec<u8>,
@@ -130,6 +136,11 @@ pub fn spawn(spec: &ChildSpec) -> io::Result<Spawned> {
         controlling_tty: spec.terminal,
         cgroup_procs: spec.cgroup.as_ref().map_or(-1, AsRawFd::as_raw_fd),
         user: spec.user.map(|u| (u.uid, u.gid, privileged)),
+        groups: [
+            spec.user.map_or(0, |u| u.gid),
+            spec.extra_group.unwrap_or(0),
+        ],
+        groups_len: if spec.extra_group.is_some() { 2 } else { 1 },
         msg_cgroup: b"dynocap-agent: cannot move the command into its cgroup\n".to_vec(),
         msg_user: spec
             .user
@@ -273,13 +284,15 @@ unsafe fn child_main(plan: &ChildPlan<'_>) -> ! {
         // Nothing but 0-2 may reach the command, whatever the host leaked into the agent.
         libc::syscall(libc::SYS_close_range, 3_u32, u32::MAX, 0_u32);
         if let Some((uid, gid, set_groups)) = plan.user {
-            let groups = [gid];
-            if (set_groups && libc::setgroups(1, groups.as_ptr()) != 0)
+            if (set_groups && libc::setgroups(plan.groups_len, plan.groups.as_ptr()) != 0)
                 || libc::setgid(gid) != 0
                 || libc::setuid(uid) != 0
             {
                 child_fail(&plan.msg_user, 126);
             }
+            // The uid change made us non-dumpable unless fs.suid_dumpable is 1; make sure, so
+            // that no process of the new uid can reach into us before the exec.
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         }
         // After dropping privileges, so the user gets the access they would really have.
         if libc::chdir(plan.cwd.as_ptr()) != 0 {

@@ -1,6 +1,8 @@
-//! The agent's private state directory (`/var/lib/dynocap` by default): mode 0700, owned by
-//! the agent, never readable or writable by the sandbox user. It holds the files the host sends
-//! with `ReceiveFile` (the history bundle) and the private baseline repository.
+//! The agent's private state directory (`/var/lib/dynocap` by default): owned by the agent,
+//! never readable or writable by the sandbox user. It holds the files the host sends with
+//! `ReceiveFile` (the history bundle) and the private baseline repository. A root agent gives
+//! it mode 0710 and group [`GIT_GROUP`], so that the guarded git runs (and nothing else) can
+//! pass it to the private repository; see `gitguard`. Every file in it is 0600.
 //!
 //! Received files are written under a temporary name and renamed into place once complete, so
 //! a cancelled or oversized transfer never leaves a partial file under the requested name.
@@ -18,25 +20,34 @@ use nix::sys::stat::{fchmod, fstat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
 use crate::fsutil;
+use crate::gitguard::GIT_GROUP;
 use crate::input::InputReader;
 
 /// Where the agent keeps its state unless configured otherwise.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/dynocap";
 
 /// Names inside the state directory the agent uses itself; `ReceiveFile` may not take them.
-/// The private baseline repository (a bare git directory).
+/// The directory of the private repository (owned by the sandbox user, reached by git only
+/// through a descriptor: see `gitguard`).
+pub const BASELINE_DIR: &CStr = c"private";
+/// Inside [`BASELINE_DIR`]: the private baseline repository (a bare git directory).
 pub const BASELINE_REPO: &CStr = c"baseline.git";
-/// Its index (outside the git directory, given as `GIT_INDEX_FILE`).
+/// Inside [`BASELINE_DIR`]: its index (outside the git directory, given as `GIT_INDEX_FILE`).
 pub const BASELINE_INDEX: &CStr = c"index";
 pub const BASELINE_INDEX_LOCK: &CStr = c"index.lock";
 /// The workspace path the baseline was taken of.
 pub const BASELINE_WORKSPACE: &CStr = c"baseline-workspace";
-/// Every name above, for cleanup.
-pub const BASELINE_FILES: [&CStr; 4] = [
+/// The baseline commit id, kept where only the agent can write it.
+pub const BASELINE_COMMIT: &CStr = c"baseline-commit";
+/// Every name the agent keeps in the state directory, for cleanup (the repository, index and
+/// lock names are also reserved: they were in the state directory itself before).
+pub const BASELINE_FILES: [&CStr; 6] = [
+    BASELINE_DIR,
+    BASELINE_WORKSPACE,
+    BASELINE_COMMIT,
     BASELINE_REPO,
     BASELINE_INDEX,
     BASELINE_INDEX_LOCK,
-    BASELINE_WORKSPACE,
 ];
 
 /// Longest file name accepted (Linux's NAME_MAX).
@@ -71,8 +82,18 @@ pub fn validate_name(name: &str) -> Result<CString, String> {
     CString::new(name).map_err(|_| format!("file name {name:?} contains a NUL byte"))
 }
 
+/// The state directory's mode: passable by [`GIT_GROUP`] when the agent can give it that group.
+pub fn state_dir_mode() -> Mode {
+    if nix::unistd::geteuid().is_root() {
+        Mode::S_IRWXU | Mode::S_IXGRP
+    } else {
+        Mode::S_IRWXU
+    }
+}
+
 /// Opens the state directory, creating it (and its parents) when missing. It must be a real
-/// directory owned by the agent; its mode is forced to 0700.
+/// directory owned by the agent; its group and mode are forced to [`GIT_GROUP`] and
+/// [`state_dir_mode`] (0700 for an unprivileged agent, whose git runs as itself anyway).
 pub fn open_state_dir(path: &Path) -> Result<OwnedFd, String> {
     let fail = |what: &str, err: &dyn std::fmt::Display| {
         format!(
@@ -122,7 +143,15 @@ pub fn open_state_dir(path: &Path) -> Result<OwnedFd, String> {
             stat.st_uid
         ));
     }
-    fchmod(dir.as_fd(), Mode::S_IRWXU).map_err(|err| fail("protect", &err))?;
+    if nix::unistd::geteuid().is_root() && stat.st_gid != GIT_GROUP {
+        nix::unistd::fchown(
+            dir.as_fd(),
+            None,
+            Some(nix::unistd::Gid::from_raw(GIT_GROUP)),
+        )
+        .map_err(|err| fail("give the git group", &err))?;
+    }
+    fchmod(dir.as_fd(), state_dir_mode()).map_err(|err| fail("protect", &err))?;
     Ok(dir)
 }
 
@@ -239,6 +268,8 @@ mod tests {
             ".hidden",
             "index",
             "baseline.git",
+            "private",
+            "baseline-commit",
             "a\0b",
         ] {
             assert!(validate_name(bad).is_err(), "{bad:?} accepted");
@@ -253,7 +284,11 @@ mod tests {
         let dir = base.path().join("a/b/state");
         open_state_dir(&dir).expect("created");
         let meta = std::fs::metadata(&dir).expect("exists");
-        assert_eq!(meta.permissions().mode() & 0o7777, 0o700);
+        let mode = state_dir_mode().bits();
+        assert_eq!(meta.permissions().mode() & 0o7777, mode);
+        if nix::unistd::geteuid().is_root() {
+            assert_eq!((mode, meta.gid()), (0o710, GIT_GROUP));
+        }
         assert_eq!(meta.uid(), nix::unistd::geteuid().as_raw());
         // A loose mode is tightened.
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -264,7 +299,7 @@ mod tests {
                 .permissions()
                 .mode()
                 & 0o7777,
-            0o700
+            mode
         );
         let link = base.path().join("link");
         std::os::unix::fs::symlink(&dir, &link).expect("symlink");

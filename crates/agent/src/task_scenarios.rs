@@ -134,6 +134,7 @@ async fn sh_status(cwd: &Path, script: &str) -> (Vec<u8>, command::Finished) {
         user: None,
         stdin: None,
         cgroup: None,
+        extra_group: None,
     };
     let (_stop_tx, mut stop) = mpsc::channel(1);
     match command::run(&spec, 256 * 1024 * 1024, &mut stop).await {
@@ -768,15 +769,15 @@ async fn receive_file_is_private_and_bounded() {
         std::fs::read(state.join("history.bundle")).expect("read"),
         data
     );
-    assert_eq!(mode_of(state), 0o700);
+    // Passable by the guarded git's group only (see gitguard).
+    assert_eq!(mode_of(state), crate::statedir::state_dir_mode().bits());
     assert_eq!(mode_of(&state.join("history.bundle")), 0o600);
-    assert_eq!(
-        owner_of(state),
-        (
-            nix::unistd::geteuid().as_raw(),
-            nix::unistd::getegid().as_raw()
-        )
-    );
+    let group = if sb.root() {
+        crate::gitguard::GIT_GROUP
+    } else {
+        nix::unistd::getegid().as_raw()
+    };
+    assert_eq!(owner_of(state), (nix::unistd::geteuid().as_raw(), group));
 
     let outcome = receive(&host, "too-big", &data, 1000).await;
     assert!(
@@ -890,7 +891,7 @@ async fn baseline_with_history_recreates_the_users_repository() {
     );
 
     // The private record: the whole work tree, in a repository only the agent reaches.
-    let private = sb.config.state_dir.join("baseline.git");
+    let private = sb.config.state_dir.join("private/baseline.git");
     let p = text(&private);
     assert_eq!(
         sh(
@@ -908,8 +909,15 @@ async fn baseline_with_history_recreates_the_users_repository() {
         .await,
         "a.txt\ndir/f\nuntracked.txt\n"
     );
-    assert_eq!(mode_of(&private), 0o700);
-    assert_eq!(mode_of(&sb.config.state_dir), 0o700);
+    // Owned by the sandbox user (git runs as that user), below the agent's directory.
+    let private_dir = sb.config.state_dir.join("private");
+    assert_eq!(mode_of(&private_dir), 0o700);
+    assert_eq!(owner_of(&private_dir), (sb.uid, sb.gid));
+    assert_eq!(owner_of(&private.join("objects")), (sb.uid, sb.gid));
+    assert_eq!(
+        mode_of(&sb.config.state_dir),
+        crate::statedir::state_dir_mode().bits()
+    );
     if sb.root() {
         // The sandbox user cannot read the bundle or the private repository.
         let outcome = host
@@ -1196,9 +1204,89 @@ async fn files_ignored_later_stay_tracked() {
     assert!(text_patch.contains("b/.gitignore\n"), "{text_patch}");
 
     // Without its index, the agent rebuilds it from the baseline: same answer.
-    std::fs::remove_file(sb.config.state_dir.join("index")).expect("remove index");
+    std::fs::remove_file(sb.config.state_dir.join("private/index")).expect("remove index");
     let again = patch_of(&diff(&host, &ws, 1 << 30).await);
     assert_eq!(String::from_utf8_lossy(&again), text_patch);
+}
+
+/// Git over the workspace reads as the sandbox user: what that user cannot read (here a
+/// root-only file and a symlink into the agent's state directory) never reaches the patch.
+/// As root, git would have added both contents; the symlink race of a real attack only
+/// decides *when* git meets such a path, so this is the deterministic form of it.
+#[tokio::test]
+async fn what_the_user_cannot_read_stays_out_of_the_patch() {
+    let sb = Sandbox::new();
+    if !sb.root() {
+        return;
+    }
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    std::fs::create_dir_all(src.join("dir")).expect("mkdir");
+    std::fs::write(src.join("dir/a.txt"), "a\n").expect("write");
+    let ws = sb.ws();
+    assert!(unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30)
+        .await
+        .done
+        .is_some());
+    let marker = "ROOT-ONLY-7f3a9c";
+    let bundle = format!("{marker} bundle\n");
+    assert!(receive(&host, "history.bundle", bundle.as_bytes(), 1 << 20)
+        .await
+        .done
+        .is_some());
+    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+
+    // Made by root in the user's tree: a file only root may read, and a directory inside
+    // it swapped for a link into the state directory (where the bundle is).
+    std::fs::write(ws.join("secret.txt"), format!("{marker} file\n")).expect("write");
+    std::fs::set_permissions(
+        ws.join("secret.txt"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .expect("chmod");
+    as_user(&host, &ws, "echo b >> dir/a.txt && mv dir dir.old").await;
+    std::os::unix::fs::symlink(&sb.config.state_dir, ws.join("dir")).expect("symlink");
+    let patch = patch_of(&diff(&host, &ws, 1 << 30).await);
+    let text_patch = String::from_utf8_lossy(&patch);
+    assert!(!text_patch.contains(marker), "{text_patch}");
+    assert!(text_patch.contains("b/dir.old/a.txt"), "{text_patch}");
+    // The link itself is recorded as a link (its target is a path, not the bundle).
+    assert!(text_patch.contains("new file mode 120000"), "{text_patch}");
+}
+
+/// The diff is taken against the commit the agent recorded, not against whatever the
+/// private repository's ref says.
+#[tokio::test]
+async fn a_rewritten_ref_does_not_move_the_baseline() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    std::fs::write(src.join("a.txt"), "a\n").expect("write");
+    let ws = sb.ws();
+    assert!(unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30)
+        .await
+        .done
+        .is_some());
+    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+    as_user(&host, &ws, "echo b >> a.txt").await;
+    let before = patch_of(&diff(&host, &ws, 1 << 30).await);
+
+    let git_dir = text(&sb.config.state_dir.join("private/baseline.git"));
+    sh(
+        sb.base.path(),
+        &format!(
+            "e=$(git --git-dir='{git_dir}' hash-object -w -t tree /dev/null) \
+             && c=$(git --git-dir='{git_dir}' commit-tree $e -m other) \
+             && git --git-dir='{git_dir}' update-ref refs/dynocap/baseline $c"
+        ),
+    )
+    .await;
+    let after = patch_of(&diff(&host, &ws, 1 << 30).await);
+    assert_eq!(
+        String::from_utf8_lossy(&after),
+        String::from_utf8_lossy(&before)
+    );
 }
 
 #[tokio::test]
@@ -1351,7 +1439,7 @@ async fn cancelled_baseline_and_diff_clean_up() {
     let outcome = rx.collect().await;
     assert!(outcome.error().contains("cancelled"), "{:?}", outcome);
     assert!(!ws.join(".git").exists());
-    assert!(!sb.config.state_dir.join("baseline.git").exists());
+    assert!(!sb.config.state_dir.join("private").exists());
 
     // Done properly this time; then a diff cancelled at once leaves nothing in the way.
     commit_of(

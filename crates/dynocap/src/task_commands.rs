@@ -59,6 +59,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
         args.ttl_seconds,
         args.cpus,
         args.memory_mb,
+        args.disk_mb,
     )?;
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new(0);

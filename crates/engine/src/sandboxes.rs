@@ -35,6 +35,9 @@ pub struct SandboxInfo {
     pub cpus: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
+    /// `None` for a record made before sandboxes had a disk limit.
+    #[serde(rename = "diskMB", default)]
+    pub disk_mb: Option<u64>,
     pub ttl_seconds: u64,
     pub created_at: String,
     pub expires_at: String,
@@ -49,6 +52,7 @@ impl SandboxInfo {
             network: record.network.as_str().to_owned(),
             cpus: record.cpus,
             memory_mb: record.memory_mb,
+            disk_mb: record.disk_mb,
             ttl_seconds: record.ttl_seconds,
             created_at: rfc3339(record.created_at),
             expires_at: rfc3339(record.expires_at),
@@ -104,6 +108,7 @@ impl Engine {
             spec.network,
             spec.cpus,
             spec.memory_mb,
+            spec.disk_mb,
             spec.ttl_seconds,
             None,
         )?;
@@ -120,6 +125,7 @@ impl Engine {
         network: crate::spec::Network,
         cpus: u32,
         memory_mb: u64,
+        disk_mb: u64,
         ttl_seconds: u64,
         detail: Option<String>,
     ) -> Result<Record> {
@@ -135,6 +141,7 @@ impl Engine {
             network,
             cpus,
             memory_mb,
+            disk_mb: Some(disk_mb),
             ttl_seconds,
             created_at: now,
             expires_at: now + ttl,

@@ -191,6 +191,7 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
         agent_binary: agent_binary()?,
         cpus: record.cpus,
         memory_mb: record.memory_mb,
+        disk_mb: record.disk_mb,
         pids: spec::PIDS_LIMIT,
         reuse_layer: mode == Mode::Recover,
     };

@@ -109,6 +109,7 @@ impl Tools {
                     args.integer("ttlSeconds")?,
                     args.integer("cpus")?,
                     args.integer("memoryMB")?,
+                    args.integer("diskMB")?,
                 )?;
                 self.enforce(tool, self.policy.check_network(spec.network.as_str()))?;
                 Output::json(&self.engine.run(&spec).await?)
@@ -176,6 +177,7 @@ impl Tools {
             args.integer("ttlSeconds")?,
             args.integer("cpus")?,
             args.integer("memoryMB")?,
+            args.integer("diskMB")?,
         )?;
         self.enforce(tool, self.policy.check_network(spec.network.as_str()))?;
         if let Some(raw) = &project_path {

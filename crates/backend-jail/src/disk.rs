@@ -214,6 +214,38 @@ impl Disk {
     }
 }
 
+/// Writes what the guest wrote to its disk through to the image file (`syncfs`), so that it is
+/// in the host's filesystem, which has reserved the space for it: a host filesystem that fills
+/// up later cannot lose it. Nothing to do without a disk limit (the guest's files are already
+/// the host's). Only the process that mounted the disk (the supervisor) sees it.
+pub fn sync_disk(state_dir: &Path) -> Result<(), JailError> {
+    let paths = DiskPaths::at(state_dir);
+    let dir = match File::open(&paths.mountpoint) {
+        Ok(dir) => dir,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(JailError::io("open the disk at", &paths.mountpoint, e)),
+    };
+    let (Ok(disk), Ok(parent)) = (dir.metadata(), fs::metadata(state_dir)) else {
+        return Ok(());
+    };
+    if std::os::unix::fs::MetadataExt::dev(&disk) == std::os::unix::fs::MetadataExt::dev(&parent) {
+        return Ok(());
+    }
+    // SAFETY: syncfs takes an open fd, which `dir` is for the duration of the call.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(JailError::sys(
+            format!(
+                "writing the sandbox's disk through to {}",
+                paths.image.display()
+            ),
+            Errno::last(),
+        )
+        .hint("the host's filesystem may be full; free space on it"))
+    }
+}
+
 /// Deletes a state dir's image and its (unmounted, or plain and already emptied) mountpoint.
 pub(crate) fn remove_disk(paths: &DiskPaths) -> Vec<String> {
     let mut problems = Vec::new();

@@ -69,6 +69,14 @@ pub fn select() -> Result<Box<dyn Backend>> {
     }
 }
 
+/// Writes what the guest wrote through to the host's filesystem, where a host that fills up
+/// later cannot lose it (the jail's disk is a sparse image: its space is taken on the host only
+/// when written back). Blocking; call it from the supervisor, which mounted the disk.
+pub fn sync_layer(state_dir: &std::path::Path) -> Result<()> {
+    dynocap_backend_jail::sync_disk(state_dir)
+        .map_err(|err| Error::internal(format!("saving the sandbox's files: {err}")))
+}
+
 /// Linux namespaces, overlay root, seccomp, cgroups (crate `dynocap-backend-jail`).
 pub struct JailBackend;
 

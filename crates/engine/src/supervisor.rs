@@ -338,6 +338,8 @@ struct Shared {
     task: Option<TaskContext>,
     /// Set once the sandbox is ending: what an interrupted command is told.
     ending: OnceLock<String>,
+    /// The sandbox's state dir, whose disk is synced after every command.
+    state_dir: PathBuf,
 }
 
 async fn serve(
@@ -359,12 +361,15 @@ async fn serve(
             return 1;
         }
     };
+    // The imported tree and its baseline, on the host's disk before anyone relies on them.
+    sync_layer(home.sandbox_dir(&id)).await;
     ready.send(&ReadyMessage::Ready);
 
     let shared = Arc::new(Shared {
         conn,
         task,
         ending: OnceLock::new(),
+        state_dir: home.sandbox_dir(&id),
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
     let guest_exit = match AsyncFd::new(guest.exit_fd().as_raw_fd()) {
@@ -809,6 +814,7 @@ async fn handle_client(
             };
             let started_at = chrono::Utc::now();
             let result = run_exec(conn, &spec, client_gone).await;
+            sync_layer(shared.state_dir.clone()).await;
             // A command cut off by the sandbox's end is told why, not that the agent is gone.
             let result = match (result, shared.ending.get()) {
                 (Err(_), Some(ending)) => Err(Error::conflict(ending.clone())),
@@ -843,6 +849,16 @@ async fn handle_client(
         }
     };
     let _ = write_message(&mut write, &reply).await;
+}
+
+/// Syncs the guest's disk to the host (see [`backend::sync_layer`]); a failure is logged: the
+/// command has run, and what it wrote may still reach the host.
+async fn sync_layer(state_dir: PathBuf) {
+    match tokio::task::spawn_blocking(move || backend::sync_layer(&state_dir)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => log(&format!("{err}")),
+        Err(err) => log(&format!("syncing the sandbox's disk: {err}")),
+    }
 }
 
 /// Runs one command, with the deadline enforced here too: an agent that stopped answering

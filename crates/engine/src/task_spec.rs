@@ -236,7 +236,7 @@ pub struct TaskInfo {
     #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
     /// `None` for a record made before sandboxes had a disk limit.
-    #[serde(rename = "diskMB", default)]
+    #[serde(rename = "diskMB", default, skip_serializing_if = "Option::is_none")]
     pub disk_mb: Option<u64>,
     pub ttl_seconds: u64,
     pub created_at: String,

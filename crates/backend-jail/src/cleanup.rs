@@ -24,9 +24,9 @@ pub fn cleanup_leftovers(name: &str, state_dir: &Path) -> Result<(), JailError> 
 }
 
 /// As [`cleanup_leftovers`], but keeps `upper/` (the guest's files, in the disk image) and
-/// `state_dir`: for a
-/// sandbox whose work was not saved before its supervisor died, so that a new jail can boot
-/// over it ([`crate::JailSpec::reuse_layers`]).
+/// `state_dir`: for a sandbox whose work was not saved before its supervisor died, so that a
+/// new jail can boot over it ([`crate::JailSpec::reuse_layers`]). Waits (a few seconds at
+/// most) for the dead supervisor's loop device to let go of the image.
 pub fn cleanup_leftovers_keeping_layers(name: &str, state_dir: &Path) -> Result<(), JailError> {
     cleanup(name, state_dir, true)
 }

@@ -189,28 +189,38 @@ impl Disk {
         self.fresh
     }
 
-    /// Unmounts the disk; unless `keep`, deletes the image and the mountpoint too (the layers
-    /// on a plain directory are the caller's to remove first). Returns what failed.
+    /// Unmounts the disk (if this process mounted it); unless `keep`, deletes the image and
+    /// the mountpoint too (the layers on a plain directory are the caller's to remove first).
+    /// Returns what failed.
     pub fn release(&mut self, keep: bool) -> Vec<String> {
-        let mut problems = Vec::new();
-        if std::mem::replace(&mut self.mounted, false) {
-            // A plain unmount, not a lazy one: a kept image must be free before a later guest
-            // mounts it again. The guest (and its copy of the mount) is gone by now.
-            if let Err(e) = umount2(&self.paths.mountpoint, MntFlags::empty()) {
-                problems.push(format!(
-                    "cannot unmount the disk at {}: {e}",
-                    self.paths.mountpoint.display()
-                ));
-                if !keep {
-                    // Deleting the image is still right; the detached mount frees it later.
-                    let _ = umount2(&self.paths.mountpoint, MntFlags::MNT_DETACH);
-                }
-            }
-        }
+        let mut problems = self.unmount(keep);
         if !keep {
             problems.extend(remove_disk(&self.paths));
         }
         problems
+    }
+
+    /// Unmounts the disk if this process mounted it. Once it is unmounted the layers in it are
+    /// out of sight; with `keep`, the image stays for a later guest.
+    pub fn unmount(&mut self, keep: bool) -> Vec<String> {
+        if !std::mem::replace(&mut self.mounted, false) {
+            return Vec::new();
+        }
+        // A plain unmount, not a lazy one: a kept image must be free before a later guest
+        // mounts it again. The guest (and its copy of the mount) is gone by now.
+        match umount2(&self.paths.mountpoint, MntFlags::empty()) {
+            Ok(()) => Vec::new(),
+            Err(e) => {
+                if !keep {
+                    // The image is going anyway: the detached mount frees it once unused.
+                    let _ = umount2(&self.paths.mountpoint, MntFlags::MNT_DETACH);
+                }
+                vec![format!(
+                    "cannot unmount the disk at {}: {e}",
+                    self.paths.mountpoint.display()
+                )]
+            }
+        }
     }
 }
 

@@ -170,9 +170,9 @@ impl Jail {
     }
 
     /// As [`Jail::destroy`], but keeps `upper/`, the guest's files (and the disk image that
-    /// holds them), in the state dir: for a
-    /// sandbox whose work could not be saved, so that a later jail can boot over it
-    /// ([`crate::JailSpec::reuse_layers`]). Processes and cgroups are gone all the same.
+    /// holds them), in the state dir: for a sandbox whose work could not be saved, so that a
+    /// later jail can boot over it ([`crate::JailSpec::reuse_layers`]). Processes and cgroups
+    /// are gone all the same.
     pub fn stop_keeping_layers(mut self) -> Result<(), JailError> {
         let problems = self.teardown(true);
         if problems.is_empty() {
@@ -216,10 +216,9 @@ impl Jail {
         } else {
             // Unmounted first, the disk's layers go with its image at once; on a plain
             // directory (no disk limit) they are removed one file at a time.
-            let mut unmounted = self.disk.release(true);
-            unmounted.extend(self.layers.remove());
-            unmounted.extend(self.disk.release(false));
-            problems.extend(unmounted);
+            problems.extend(self.disk.unmount(false));
+            problems.extend(self.layers.remove());
+            problems.extend(self.disk.release(false));
         }
         problems
     }

@@ -90,6 +90,29 @@ impl DiskPaths {
     }
 }
 
+/// What [`Disk::attach`] does for a spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// No limit: the layers go in a plain directory on the host's filesystem.
+    Plain,
+    /// A new image of this many bytes.
+    Format(u64),
+    /// The image a stopped guest kept, as it is (never formatted again).
+    MountKept,
+}
+
+impl Plan {
+    fn for_spec(spec: &JailSpec, kept_image: bool) -> Plan {
+        match (spec.reuse_layers, spec.disk_bytes) {
+            // A kept image is mounted as it is, whatever the spec says now: the layer is in it.
+            (true, _) if kept_image => Plan::MountKept,
+            // A kept layer from a start without a limit, or no limit asked for.
+            (true, _) | (false, None) => Plan::Plain,
+            (false, Some(bytes)) => Plan::Format(bytes),
+        }
+    }
+}
+
 /// The disk of a starting or running jail, as this process mounted it.
 #[derive(Debug)]
 pub(crate) struct Disk {
@@ -106,9 +129,8 @@ impl Disk {
     /// error nothing made here is left.
     pub fn attach(spec: &JailSpec) -> Result<Disk, JailError> {
         let paths = DiskPaths::at(&spec.state_dir);
-        let kept_image = spec.reuse_layers && paths.image.exists();
-        let Some(bytes) = spec.disk_bytes.filter(|_| !spec.reuse_layers || kept_image) else {
-            // No limit, or a kept layer from a start without one: a plain directory.
+        let plan = Plan::for_spec(spec, paths.image.exists());
+        if plan == Plan::Plain {
             if !spec.reuse_layers {
                 create_mountpoint(&paths.mountpoint)?;
             }
@@ -117,13 +139,13 @@ impl Disk {
                 mounted: false,
                 paths,
             });
-        };
+        }
         if !nix::unistd::geteuid().is_root() {
             return Err(
                 JailError::sys("mounting the sandbox's disk", Errno::EPERM).hint(
                     "a disk limit needs root (a loop device and a mount); run dynocap as root, \
-                 or set DYNOCAP_DISK_LIMIT=off to run sandboxes without a disk limit (their \
-                 files then fill the host's filesystem)",
+                     or set DYNOCAP_DISK_LIMIT=off to run sandboxes without a disk limit (their \
+                     files then fill the host's filesystem)",
                 ),
             );
         }
@@ -133,15 +155,15 @@ impl Disk {
             mounted: false,
             fresh: !spec.reuse_layers,
         };
-        if spec.reuse_layers {
-            wait_released(&disk.paths.image)?;
-        } else {
+        if let Plan::Format(bytes) = plan {
             // Refused when either exists: they may hold a previous sandbox's files.
             create_mountpoint(&disk.paths.mountpoint)?;
             if let Err(e) = make_image(&disk.paths.image, bytes) {
                 let _ = fs::remove_dir(&disk.paths.mountpoint);
                 return Err(e);
             }
+        } else {
+            wait_released(&disk.paths.image)?;
         }
         match disk.mount() {
             Ok(()) => Ok(disk),
@@ -436,6 +458,35 @@ mod tests {
     fn loop_structs_match_the_kernel_abi() {
         assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
         assert_eq!(std::mem::size_of::<LoopConfig>(), 304);
+    }
+
+    #[test]
+    fn a_kept_image_is_mounted_never_formatted() {
+        let mut spec = JailSpec {
+            name: "t".into(),
+            hostname: "t".into(),
+            image_root: "/".into(),
+            ro_binds: vec![],
+            state_dir: "/s".into(),
+            guest_dirs: vec![],
+            agent_binary: "/bin/true".into(),
+            agent_args: vec![],
+            limits: crate::spec::Limits {
+                cpu_millis: 1000,
+                memory_bytes: 1 << 30,
+                pids: 10,
+            },
+            reuse_layers: false,
+            disk_bytes: Some(64 << 20),
+        };
+        assert_eq!(Plan::for_spec(&spec, false), Plan::Format(64 << 20));
+        spec.reuse_layers = true;
+        assert_eq!(Plan::for_spec(&spec, true), Plan::MountKept);
+        assert_eq!(Plan::for_spec(&spec, false), Plan::Plain);
+        spec.disk_bytes = None;
+        assert_eq!(Plan::for_spec(&spec, true), Plan::MountKept);
+        spec.reuse_layers = false;
+        assert_eq!(Plan::for_spec(&spec, false), Plan::Plain);
     }
 
     #[test]

@@ -8,6 +8,7 @@ packages=(
     git                         # tasks import and diff projects with git
     sqlite3                     # tests inspect the catalog
     procps util-linux perl      # used inside sandboxes by the tests (ps, unshare, perl)
+    e2fsprogs                   # mkfs.ext4: every sandbox's disk is an ext4 image
     iproute2                    # network namespaces for test hosts
     bubblewrap                  # the benchmark's baseline
     ca-certificates

@@ -1,4 +1,9 @@
-//! cgroup limits hold (v1 and v2): memory without swap, CPU quota, process count.
+//! Limits hold: cgroups (v1 and v2: memory without swap, CPU quota, process count), the
+//! sandbox's disk (bytes and inodes, ENOSPC in the guest, nothing left on the host), ptys, and
+//! the sizes of /tmp and /dev/shm.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 use dynocap_e2e::*;
 
@@ -81,6 +86,249 @@ fn pids_limit_stops_a_fork_bomb() {
         let out = home.run(&["--json", "exec", "bomb", "--", "echo usable"]);
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains("usable")
     }));
+}
+
+/// Loop devices whose backing file lies under `dir` (`/sys/block/loopN/loop/backing_file`).
+fn loop_devices_under(dir: &Path) -> Vec<String> {
+    std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).ok()?;
+            backing.starts_with(dir.to_str()?).then(|| {
+                format!(
+                    "{}: {}",
+                    entry.file_name().to_string_lossy(),
+                    backing.trim()
+                )
+            })
+        })
+        .collect()
+}
+
+/// Mounts under `dir` in any process's mount namespace on the host.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.to_str().expect("utf-8 temp path");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let Ok(mounts) = std::fs::read_to_string(entry.path().join("mounts")) else {
+            continue;
+        };
+        found.extend(
+            mounts
+                .lines()
+                .filter(|line| line.split(' ').nth(1).is_some_and(|at| at.starts_with(dir)))
+                .map(|line| format!("pid {}: {line}", entry.file_name().to_string_lossy())),
+        );
+    }
+    found
+}
+
+fn state_dir(home: &TestHome, id: &str) -> PathBuf {
+    home.path().join("sandboxes").join(id)
+}
+
+fn kill_supervisor(pid: i32) {
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(
+        unsafe { libc::kill(pid, libc::SIGKILL) },
+        0,
+        "kill -9 {pid}"
+    );
+}
+
+fn assert_nothing_left(home: &TestHome, what: &str) {
+    assert!(
+        wait_until(30, || loop_devices_under(home.path()).is_empty()),
+        "{what}: loop devices left: {:?}",
+        loop_devices_under(home.path())
+    );
+    assert_eq!(
+        mounts_under(home.path()),
+        Vec::<String>::new(),
+        "{what}: mounts left"
+    );
+}
+
+#[test]
+fn a_full_disk_is_enospc_in_the_guest_for_bytes_and_inodes_and_frees_with_rm() {
+    if !require_root("a_full_disk_is_enospc_in_the_guest") {
+        return;
+    }
+    let home = TestHome::new();
+    let info = home.sandbox("small", &["--disk-mb", "128"]);
+    assert_eq!(info["diskMB"], 128, "{info:#}");
+    let ps = home.json(&["ps"]);
+    assert_eq!(ps["sandboxes"][0]["diskMB"], 128, "{ps:#}");
+    let id = home.sandbox_id("small");
+    let image = state_dir(&home, &id).join("disk.img");
+    assert_eq!(
+        std::fs::metadata(&image).expect("disk.img").len(),
+        128 << 20
+    );
+    // Not in the host's mount table: the disk is mounted in the supervisor's namespace only.
+    assert!(
+        std::fs::read_to_string("/proc/self/mounts")
+            .expect("mounts")
+            .lines()
+            .all(|l| !l.contains(home.path().to_str().expect("utf-8"))),
+        "the sandbox's disk shows in the host's mount table"
+    );
+
+    // Bytes: 300 MB do not fit in 128 MiB.
+    let fill = home.exec(
+        "small",
+        &["--timeout", "120"],
+        "head -c 300000000 /dev/zero > ~/big",
+    );
+    assert_ne!(fill["exitCode"], 0, "{fill:#}");
+    assert!(
+        fill["stderr"]
+            .as_str()
+            .expect("stderr")
+            .contains("No space left on device"),
+        "{fill:#}"
+    );
+    let written: u64 = home
+        .sh("small", "stat -c %s ~/big")
+        .trim()
+        .parse()
+        .expect("size");
+    assert!(
+        written < 128 << 20,
+        "wrote {written} bytes to a 128 MiB disk"
+    );
+    // The host holds the image and nothing more: its allocation stays within its size.
+    let allocated = std::fs::metadata(&image).expect("disk.img").blocks() * 512;
+    assert!(
+        allocated <= 128 << 20,
+        "the image takes {allocated} bytes on the host"
+    );
+
+    // rm frees the space for the guest.
+    assert_eq!(
+        home.sh(
+            "small",
+            "rm ~/big && head -c 50000000 /dev/zero > ~/again && echo ok"
+        ),
+        "ok\n"
+    );
+
+    // Inodes: 128 MiB holds 8192 of them (one per 16 KiB); creating files stops there.
+    let files = home.exec(
+        "small",
+        &["--timeout", "300"],
+        "mkdir ~/many && cd ~/many && perl -e 'for ($i = 0; ; $i++) { open(F, \">$i\") or \
+         do { print \"$i $!\\n\"; exit 0 }; close F }'",
+    );
+    let out = files["stdout"].as_str().expect("stdout");
+    let (count, error) = out.trim().split_once(' ').expect("count and error");
+    let count: u64 = count.parse().expect("count");
+    assert_eq!(error, "No space left on device", "{files:#}");
+    assert!(
+        (4_000..8_192).contains(&count),
+        "{count} files on a 128 MiB disk"
+    );
+    assert_eq!(
+        home.sh("small", "rm -rf ~/many ~/again && touch ~/after && echo ok"),
+        "ok\n"
+    );
+
+    home.json(&["destroy", "small"]);
+    assert!(
+        !state_dir(&home, &id).exists(),
+        "the state dir and its image are gone"
+    );
+    assert_nothing_left(&home, "after destroy");
+}
+
+#[test]
+fn a_disk_size_out_of_range_is_refused() {
+    let home = TestHome::new();
+    for bad in ["63", "1048577"] {
+        let err = home.json_err(&["run", "x", "--disk-mb", bad]);
+        assert_eq!(err["code"], "invalid_argument", "{err}");
+        assert!(
+            err["message"].as_str().expect("message").contains("diskMB"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_killed_supervisor_leaves_no_mount_or_loop_device_and_its_task_recovers() {
+    if !require_root("a_killed_supervisor_leaves_no_mount_or_loop_device") {
+        return;
+    }
+    let home = TestHome::new();
+
+    // A raw sandbox: killed, then repaired by whoever looks.
+    home.sandbox("raw", &["--disk-mb", "64"]);
+    let raw = home.sandbox_id("raw");
+    let supervisors = home.supervisor_pids();
+    assert_eq!(supervisors.len(), 1);
+    kill_supervisor(supervisors[0]);
+    assert_nothing_left(&home, "after kill -9 of a raw sandbox's supervisor");
+    assert!(wait_until(30, || {
+        let ps = home.json(&["ps"]);
+        ps["sandboxes"][0]["state"] == "lost"
+    }));
+    home.run(&["destroy", "raw"]);
+    assert!(
+        !state_dir(&home, &raw).exists(),
+        "the lost sandbox's image is gone"
+    );
+
+    // A task: its work is on the kept image; finish boots over it and saves it.
+    let project = tempfile::tempdir().expect("tempdir");
+    git(project.path(), &["init", "-q", "-b", "main"]);
+    write(&project.path().join("a.txt"), "one\n");
+    git(project.path(), &["add", "-A"]);
+    git(project.path(), &["commit", "-q", "-m", "first"]);
+    let task = home.json(&[
+        "task",
+        "start",
+        project.path().to_str().expect("utf-8"),
+        "--name",
+        "kept",
+        "--disk-mb",
+        "256",
+    ]);
+    assert_eq!(task["diskMB"], 256, "{task:#}");
+    let id = task["id"].as_str().expect("id").to_owned();
+    let work = home.exec_in_task("kept", "echo kept-work > a.txt", 60);
+    assert_eq!(work["exitCode"], 0, "{work:#}");
+    let supervisors = home.supervisor_pids();
+    assert_eq!(supervisors.len(), 1);
+    kill_supervisor(supervisors[0]);
+    assert_nothing_left(&home, "after kill -9 of a task's supervisor");
+    assert!(wait_until(30, || {
+        let ls = home.json(&["ls"]);
+        ls["tasks"][0]["state"] == "unsaved"
+    }));
+    assert!(
+        state_dir(&home, &id).join("disk.img").is_file(),
+        "the unsaved task keeps its disk image"
+    );
+    let result = home.json(&["task", "finish", "kept"]);
+    assert_eq!(result["verified"], true, "{result:#}");
+    let patch =
+        std::fs::read_to_string(result["patchPath"].as_str().expect("patchPath")).expect("patch");
+    assert!(patch.contains("+kept-work"), "{patch}");
+    assert!(
+        wait_until(20, || !state_dir(&home, &id).exists()),
+        "the kept image goes once the work is saved"
+    );
+    assert_nothing_left(&home, "after the recovered task finished");
 }
 
 /// A guest's devpts has its own bound: one sandbox opening ptys until it fails stops there

@@ -129,9 +129,9 @@ fn assert_unsaved_then_recovered(home: &TestHome, name: &str, expect: &str) -> V
         home.path()
             .join("sandboxes")
             .join(&id)
-            .join("upper")
-            .is_dir(),
-        "the writable layer is kept"
+            .join("disk.img")
+            .is_file(),
+        "the writable layer (the sandbox's disk) is kept"
     );
     let result = home.json(&["task", "finish", name]);
     assert_eq!(result["verified"], true, "{result:#}");
@@ -312,8 +312,8 @@ fn a_killed_supervisor_or_a_dead_guest_keeps_the_work_for_finish_to_recover() {
         .path()
         .join("sandboxes")
         .join(&id)
-        .join("upper")
-        .is_dir());
+        .join("disk.img")
+        .is_file());
     let purged = home
         .command()
         .args(["rm", &id, "--purge"])

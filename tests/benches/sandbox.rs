@@ -89,7 +89,7 @@ fn main() {
         Home::at(home_dir.path().to_path_buf()).expect("home"),
         dynocap.clone(),
     );
-    let spec = RunSpec::raw("hot", None, None, None, None).expect("spec");
+    let spec = RunSpec::raw("hot", None, None, None, None, None).expect("spec");
     runtime.block_on(engine.run(&spec)).expect("boot");
     let exec_true = ExecSpec::new("true", None, "/", Vec::new(), None, false).expect("exec spec");
     let api = sample(300, |_| {

@@ -45,6 +45,8 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "ttlSeconds": ("integer", 1800, 30, 86400, False),
         "cpus": ("integer", 2, 1, 64, False),
         "memoryMB": ("integer", 1024, 64, 1048576, False),
+        # Extension (CONTRACT.md): the sandbox's disk limit.
+        "diskMB": ("integer", 10240, 64, 1048576, False),
         # Not in the reference's parameter list, but named by its security table.
         "sshKeyPath": ("string", None, None, None, False),
     },
@@ -63,6 +65,7 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "ttlSeconds": ("integer", 1800, 30, 86400, False),
         "cpus": ("integer", 1, 1, 64, False),
         "memoryMB": ("integer", 1024, 64, 1048576, False),
+        "diskMB": ("integer", 10240, 64, 1048576, False),
     },
     "dynocap_exec": {**EXEC_PARAMS, "cwd": ("string", "/", None, None, False)},
     "dynocap_ps": {},
@@ -190,6 +193,8 @@ WRONG = [
     ("dynocap_run", {"name": "a", "cpus": 65}, "cpus 65 is above the maximum 64"),
     ("dynocap_run", {"name": "a", "memoryMB": 63}, "memoryMB 63 is below the minimum 64"),
     ("dynocap_run", {"name": "a", "memoryMB": 1048577}, "memoryMB 1048577 is above the maximum"),
+    ("dynocap_run", {"name": "a", "diskMB": 63}, "diskMB 63 is below the minimum 64"),
+    ("dynocap_run", {"name": "a", "diskMB": 1048577}, "diskMB 1048577 is above the maximum"),
     ("dynocap_run", {"name": "a", "network": "wifi"}, "use one of \"none\", \"filtered\", \"nat\""),
     ("dynocap_run", {"name": "a", "network": ["none"]}, "network must be a string"),
     ("dynocap_run", {"name": "Bad Name"}, "is not valid"),
@@ -209,6 +214,7 @@ WRONG = [
     ("dynocap_task_start", {"projectPath": "/x", "history": "all"}, "\"branches\", \"head\", \"none\""),
     ("dynocap_task_start", {"projectPath": "/x", "cpus": 65}, "cpus 65 is above"),
     ("dynocap_task_start", {"projectPath": "/x", "memoryMB": 1048577}, "memoryMB 1048577 is above"),
+    ("dynocap_task_start", {"projectPath": "/x", "diskMB": 63}, "diskMB 63 is below"),
     ("dynocap_task_start", {"projectPath": 5}, "projectPath must be a string"),
     ("dynocap_task_start", {}, "give projectPath"),
     ("dynocap_task_start", {"projectPath": "/x", "repositoryUrl": "https://github.com/o/r"}, "not both"),

@@ -24,6 +24,7 @@ async def test_run_exec_ps_destroy_with_defaults(host: Host) -> None:
             "name": "web", "state": "running", "network": "none", "cpus": 1, "memoryMB": 1024,
             "ttlSeconds": 1800,
         }
+        assert box["diskMB"] == 10240  # the extension's default
         assert box["backend"] in ("jail", "vm")
         assert RFC3339.match(box["createdAt"]) and RFC3339.match(box["expiresAt"])
 
@@ -45,8 +46,8 @@ async def test_run_exec_ps_destroy_with_defaults(host: Host) -> None:
 
 async def test_explicit_values_and_ttl_edges(host: Host) -> None:
     async with connect(host) as s:
-        box = ok(await s.call_tool("dynocap_run", {"name": "a", "ttlSeconds": 30, "cpus": 2, "memoryMB": 64}))
-        assert (box["ttlSeconds"], box["cpus"], box["memoryMB"]) == (30, 2, 64)
+        box = ok(await s.call_tool("dynocap_run", {"name": "a", "ttlSeconds": 30, "cpus": 2, "memoryMB": 64, "diskMB": 64}))
+        assert (box["ttlSeconds"], box["cpus"], box["memoryMB"], box["diskMB"]) == (30, 2, 64, 64)
         # Integral floats are whole numbers.
         box = ok(await s.call_tool("dynocap_run", {"name": "b", "ttlSeconds": 86400.0, "network": "none"}))
         assert box["ttlSeconds"] == 86400

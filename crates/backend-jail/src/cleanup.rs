@@ -1,18 +1,20 @@
 //! [`cleanup_leftovers`]: removing what a sandbox leaves when its supervisor dies without
 //! `destroy` (SIGKILL, crash). The guest itself is already dying (its init has
 //! `PR_SET_PDEATHSIG(SIGKILL)`); what remains are the cgroup directories, possibly a process
-//! or two still being torn down, and the layers in the state dir.
+//! or two still being torn down, and the layers and disk image in the state dir. The disk's
+//! mount and loop device went with the supervisor's mount namespace.
 
 use std::path::Path;
 
 use crate::cgroup::{CgroupSet, Layout};
+use crate::disk::{remove_disk, wait_released, DiskPaths};
 use crate::error::JailError;
 use crate::layers::Layers;
 use crate::spec::validate_name;
 
 /// Cleans up after a sandbox whose supervisor died: kills every process still in cgroup
 /// `dynocap/<name>` (in every mounted hierarchy), removes those cgroup directories, deletes
-/// `upper/`, `work/` and `root/` from `state_dir`, then `state_dir` itself if that left it
+/// the layers and the disk image from `state_dir`, then `state_dir` itself if that left it
 /// empty (anything else the caller keeps there is not touched). Idempotent: fine if nothing
 /// exists.
 ///
@@ -21,9 +23,10 @@ pub fn cleanup_leftovers(name: &str, state_dir: &Path) -> Result<(), JailError> 
     cleanup(name, state_dir, false)
 }
 
-/// As [`cleanup_leftovers`], but keeps `upper/` (the guest's files) and `state_dir`: for a
-/// sandbox whose work was not saved before its supervisor died, so that a new jail can boot
-/// over it ([`crate::JailSpec::reuse_layers`]).
+/// As [`cleanup_leftovers`], but keeps `upper/` (the guest's files, in the disk image) and
+/// `state_dir`: for a sandbox whose work was not saved before its supervisor died, so that a
+/// new jail can boot over it ([`crate::JailSpec::reuse_layers`]). Waits (a few seconds at
+/// most) for the dead supervisor's loop device to let go of the image.
 pub fn cleanup_leftovers_keeping_layers(name: &str, state_dir: &Path) -> Result<(), JailError> {
     cleanup(name, state_dir, true)
 }
@@ -39,7 +42,13 @@ fn cleanup(name: &str, state_dir: &Path, keep_layers: bool) -> Result<(), JailEr
     let layout = Layout::discover()?;
     // Processes first, so nothing writes into the layers while they are removed.
     let mut problems = CgroupSet::existing(&layout, name).remove();
+    let disk = DiskPaths::at(state_dir);
     if keep_layers {
+        // The image is unmounted once the dead supervisor's namespaces are gone; its layer
+        // (and the scratch `work/` in it) is for the next guest to mount, not for us.
+        if let Err(e) = wait_released(&disk.image) {
+            problems.push(e.to_string());
+        }
         problems.extend(Layers::at(state_dir).remove_scratch());
         return if problems.is_empty() {
             Ok(())
@@ -48,6 +57,7 @@ fn cleanup(name: &str, state_dir: &Path, keep_layers: bool) -> Result<(), JailEr
         };
     }
     problems.extend(Layers::at(state_dir).remove());
+    problems.extend(remove_disk(&disk));
     match std::fs::remove_dir(state_dir) {
         Ok(()) => {}
         Err(e)

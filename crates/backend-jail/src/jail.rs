@@ -10,11 +10,19 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::cgroup::CgroupSet;
+use crate::disk::Disk;
 use crate::error::JailError;
 use crate::idmap::IdMap;
 use crate::layers::Layers;
 use crate::spec::JailSpec;
 use crate::sys;
+
+/// Where a jail's files live: its overlay directories on its disk.
+#[derive(Debug)]
+pub(crate) struct Storage {
+    pub layers: Layers,
+    pub disk: Disk,
+}
 
 /// A running sandbox. Dropping it without [`Jail::destroy`] tears it down too (best effort,
 /// errors ignored).
@@ -27,6 +35,8 @@ pub struct Jail {
     id_map: IdMap,
     cgroups: CgroupSet,
     layers: Layers,
+    /// The disk the writable layers live on.
+    disk: Disk,
     /// How the init ended, once reaped.
     exit: Option<WaitStatus>,
     torn_down: bool,
@@ -62,7 +72,7 @@ impl Jail {
         channel: OwnedFd,
         id_map: IdMap,
         cgroups: CgroupSet,
-        layers: Layers,
+        Storage { layers, disk }: Storage,
     ) -> Jail {
         Jail {
             name: spec.name.clone(),
@@ -72,6 +82,7 @@ impl Jail {
             id_map,
             cgroups,
             layers,
+            disk,
             exit: None,
             torn_down: false,
         }
@@ -127,8 +138,9 @@ impl Jail {
     }
 
     /// SIGKILLs the init (the whole pid namespace dies with it), reaps it, kills whatever is
-    /// left in the cgroups, removes them, and deletes `upper/`, `work/` and `root/` from the
-    /// state dir. The guest's mounts live only in its mount namespace, which is gone with it.
+    /// left in the cgroups, removes them, unmounts the sandbox's disk and deletes it and the
+    /// layers from the state dir. The guest's mounts live only in its mount namespace, which
+    /// is gone with it.
     pub fn destroy(mut self) -> Result<(), JailError> {
         let problems = self.teardown(false);
         if problems.is_empty() {
@@ -164,9 +176,10 @@ impl Jail {
         Ok(())
     }
 
-    /// As [`Jail::destroy`], but keeps `upper/`, the guest's files, in the state dir: for a
-    /// sandbox whose work could not be saved, so that a later jail can boot over it
-    /// ([`crate::JailSpec::reuse_layers`]). Processes and cgroups are gone all the same.
+    /// As [`Jail::destroy`], but keeps `upper/`, the guest's files (and the disk image that
+    /// holds them), in the state dir: for a sandbox whose work could not be saved, so that a
+    /// later jail can boot over it ([`crate::JailSpec::reuse_layers`]). Processes and cgroups
+    /// are gone all the same.
     pub fn stop_keeping_layers(mut self) -> Result<(), JailError> {
         let problems = self.teardown(true);
         if problems.is_empty() {
@@ -204,11 +217,16 @@ impl Jail {
             }
         }
         problems.extend(self.cgroups.remove());
-        problems.extend(if keep_layers {
-            self.layers.remove_scratch()
+        if keep_layers {
+            problems.extend(self.layers.remove_scratch());
+            problems.extend(self.disk.release(true));
         } else {
-            self.layers.remove()
-        });
+            // Unmounted first, the disk's layers go with its image at once; on a plain
+            // directory (no disk limit) they are removed one file at a time.
+            problems.extend(self.disk.unmount(false));
+            problems.extend(self.layers.remove());
+            problems.extend(self.disk.release(false));
+        }
         problems
     }
 }
@@ -218,7 +236,7 @@ impl Drop for Jail {
         // Errors cannot be reported from drop; destroy() is the checked path. A jail dropped
         // without either call (a failed start) is undone like its layers' preparation: a
         // fresh layer goes, a kept one that it booted over stays.
-        let keep = !self.layers.is_fresh();
+        let keep = !self.layers.is_fresh() || !self.disk.is_fresh();
         let _ = self.teardown(keep);
     }
 }

@@ -1,5 +1,6 @@
-//! The overlay's host side: `state_dir/{upper,work,root}`, prepared before the guest starts,
-//! and the guest directories pre-created in the upper layer.
+//! The overlay's host side: `state_dir/disk/{upper,work}` (on the sandbox's disk, see
+//! `disk`) and `state_dir/root`, prepared before the guest starts, and the guest directories
+//! pre-created in the upper layer.
 //!
 //! Ownership matters because the guest's root is an unprivileged host id:
 //! - `upper/` (the merged root's own inode) and `work/` belong to the host id of the guest
@@ -19,6 +20,7 @@ use std::io;
 use std::os::unix::fs::{lchown, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::disk::DiskPaths;
 use crate::error::JailError;
 use crate::idmap::IdMap;
 use crate::remove::remove_tree;
@@ -39,11 +41,12 @@ const HINT_LEFTOVER: &str =
     "the state dir still holds a previous sandbox; call cleanup_leftovers(name, state_dir) first";
 
 impl Layers {
-    /// Where the layers of a sandbox using `state_dir` live.
+    /// Where the layers of a sandbox using `state_dir` live: the writable ones on its disk.
     pub fn at(state_dir: &Path) -> Layers {
+        let disk = DiskPaths::at(state_dir).mountpoint;
         Layers {
-            upper: state_dir.join("upper"),
-            work: state_dir.join("work"),
+            upper: disk.join("upper"),
+            work: disk.join("work"),
             root: state_dir.join("root"),
             fresh_upper: true,
         }
@@ -184,8 +187,6 @@ fn remove_dirs(dirs: &[&Path]) -> Vec<String> {
         })
         .collect()
 }
-
-impl Layers {}
 
 fn own(path: &Path, uid: u32, gid: u32, mode: u32) -> Result<(), JailError> {
     lchown(path, Some(uid), Some(gid))
@@ -345,6 +346,7 @@ mod tests {
                 pids: 10,
             },
             reuse_layers: false,
+            disk_bytes: None,
         }
     }
 
@@ -363,7 +365,7 @@ mod tests {
         fs::create_dir_all(image.join("home")).expect("mkdir");
         fs::set_permissions(image.join("home"), fs::Permissions::from_mode(0o751)).expect("chmod");
         let state = tmp.path().join("state");
-        fs::create_dir(&state).expect("mkdir");
+        fs::create_dir_all(state.join("disk")).expect("mkdir");
         let dirs = vec![
             GuestDir {
                 path: "/home/sandbox".into(),
@@ -405,7 +407,7 @@ mod tests {
         fs::create_dir_all(image.join("var/home")).expect("mkdir");
         std::os::unix::fs::symlink("var/home", image.join("home")).expect("symlink");
         let state = tmp.path().join("state");
-        fs::create_dir(&state).expect("mkdir");
+        fs::create_dir_all(state.join("disk")).expect("mkdir");
 
         let linked = vec![GuestDir {
             path: "/home/x".into(),
@@ -415,7 +417,10 @@ mod tests {
         }];
         let err = Layers::prepare(&spec(&image, &state, linked), &me()).expect_err("symlink");
         assert!(err.to_string().contains("symlink"), "{err}");
-        assert!(!state.join("upper").exists(), "partial state left behind");
+        assert!(
+            !state.join("disk/upper").exists(),
+            "partial state left behind"
+        );
 
         let unmapped = vec![GuestDir {
             path: "/x".into(),
@@ -425,6 +430,6 @@ mod tests {
         }];
         let err = Layers::prepare(&spec(&image, &state, unmapped), &me()).expect_err("unmapped");
         assert!(err.to_string().contains("no host id"), "{err}");
-        assert!(!state.join("upper").exists());
+        assert!(!state.join("disk/upper").exists());
     }
 }

@@ -10,7 +10,9 @@
 //! How a jail comes up (supervisor on the left, guest init on the right):
 //!
 //! ```text
-//! validate spec, create state/{upper,work,root},
+//! validate spec, private mount ns, state/disk.img
+//! mkfs + loop + mount on state/disk,
+//! create state/{disk/upper,disk/work,root},
 //! cgroups dynocap/<name> + limits, channels
 //! clone(NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS) ──► waits on the sync socket
 //! write uid_map/gid_map, join cgroups,
@@ -44,13 +46,14 @@
 //!
 //! Module map: [`spec`](JailSpec) (what is asked), `spawn` + `child` (the two halves above),
 //! `rootfs`/`resolve`/`newmount` (the filesystem), `cgroup` (limits), `idmap` (user
-//! namespace), `caps`, `seccomp`, `net`, `sync` (clone handshake), `layers` + `remove` (state
-//! dir), `jail` (the handle), `cleanup`, `probe`.
+//! namespace), `caps`, `seccomp`, `net`, `sync` (clone handshake), `disk` + `layers` + `remove`
+//! (state dir), `jail` (the handle), `cleanup`, `probe`.
 
 mod caps;
 mod cgroup;
 mod child;
 mod cleanup;
+mod disk;
 mod error;
 mod failure;
 mod idmap;
@@ -72,6 +75,7 @@ mod sys;
 pub use caps::{docker_default_mask, DOCKER_DEFAULT};
 pub use cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT as CGROUP_PARENT};
 pub use cleanup::{cleanup_leftovers, cleanup_leftovers_keeping_layers};
+pub use disk::sync_disk;
 pub use error::JailError;
 pub use idmap::{
     IdMap, IdRange, ROOTLESS_GUEST_ID, ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE, ROOT_MODE_RANGES,

@@ -15,9 +15,10 @@ use nix::unistd::{Gid, Uid};
 use crate::caps;
 use crate::cgroup::{CgroupSet, Layout};
 use crate::child::{self, ChildEnds, ChildPlan, EXEC_CGROUP_FD};
+use crate::disk::Disk;
 use crate::error::JailError;
 use crate::idmap::IdMap;
-use crate::jail::Jail;
+use crate::jail::{Jail, Storage};
 use crate::layers::Layers;
 use crate::newmount;
 use crate::rootfs::{self, RootPlan};
@@ -64,25 +65,36 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     let mut plan = plan(spec, &ids)?;
     let layout = Layout::discover()?;
 
-    let layers = Layers::prepare(spec, &ids)?;
+    // Before the clone: the guest's mount namespace is a copy of this process's, so it sees
+    // the disk mounted here.
+    let mut disk = Disk::attach(spec)?;
+    let layers = match Layers::prepare(spec, &ids) {
+        Ok(layers) => layers,
+        Err(e) => {
+            let _ = disk.release(!disk.is_fresh());
+            return Err(e);
+        }
+    };
     let cgroups = match CgroupSet::create(&layout, &spec.name, &spec.limits, ids.init_host_ids()) {
         Ok(cgroups) => cgroups,
         Err(e) => {
             let _ = layers.undo_prepare();
+            let _ = disk.release(!disk.is_fresh());
             return Err(e);
         }
     };
     if let Some(dir) = cgroups.exec_dir() {
         hand_exec_cgroup(&mut plan, dir);
     }
-    let undo = |layers: &Layers, cgroups: &CgroupSet| {
+    let undo = |layers: &Layers, cgroups: &CgroupSet, disk: &mut Disk| {
         let _ = cgroups.remove();
         let _ = layers.undo_prepare();
+        let _ = disk.release(!disk.is_fresh());
     };
     let (channels, host_channel, guest_channel) = match make_channels() {
         Ok(c) => c,
         Err(e) => {
-            undo(&layers, &cgroups);
+            undo(&layers, &cgroups, &mut disk);
             return Err(e);
         }
     };
@@ -109,7 +121,7 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
         }
         Ok(CloneResult::Parent { pid, pidfd }) => (pid, pidfd),
         Err(errno) => {
-            undo(&layers, &cgroups);
+            undo(&layers, &cgroups, &mut disk);
             return Err(JailError::sys(
                 "clone into new user/mount/pid/net/ipc/uts namespaces",
                 errno,
@@ -126,7 +138,15 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     drop((sync_child, errors_write, guest_channel));
 
     // From here on, dropping `jail` kills the init and removes everything.
-    let mut jail = Jail::new(spec, pid, pidfd, host_channel, ids, cgroups, layers);
+    let mut jail = Jail::new(
+        spec,
+        pid,
+        pidfd,
+        host_channel,
+        ids,
+        cgroups,
+        Storage { layers, disk },
+    );
     ids.write_for(pid)?;
     jail.cgroup_set().attach(pid)?;
     sync::release(sync_parent.as_fd())

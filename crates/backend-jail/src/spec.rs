@@ -41,6 +41,11 @@ pub struct JailSpec {
     /// as the last guest left them. `guest_dirs` are not created again. A failed start leaves
     /// that layer in place.
     pub reuse_layers: bool,
+    /// Size of the sandbox's disk (an ext4 image under `state_dir`, holding the writable
+    /// layer): past it, or past its inodes, the guest's writes fail with ENOSPC. `None` puts
+    /// the writable layer on the host's filesystem without a limit (for rootless use, where a
+    /// loop mount is impossible). With `reuse_layers`, the kept disk is mounted as it is.
+    pub disk_bytes: Option<u64>,
 }
 
 /// A host path bound read-only into the guest.
@@ -84,6 +89,10 @@ pub(crate) const MIN_CPU_MILLIS: u64 = 10;
 pub(crate) const MAX_CPU_MILLIS: u64 = 1024 * 1000;
 /// Below this the agent itself cannot run.
 pub(crate) const MIN_MEMORY_BYTES: u64 = 4 << 20;
+/// Smallest disk: ext4 with its journal and the guest's directories needs a few MiB.
+pub(crate) const MIN_DISK_BYTES: u64 = 16 << 20;
+/// Largest disk (1 PiB): far beyond any host, far below ext4's limits.
+pub(crate) const MAX_DISK_BYTES: u64 = 1 << 50;
 /// Longest sandbox name (a hostname label).
 const MAX_NAME_LEN: usize = 63;
 
@@ -134,6 +143,13 @@ impl JailSpec {
                     "guest_dir {} has mode {:o}; at most 0o7777",
                     dir.path.display(),
                     dir.mode
+                )));
+            }
+        }
+        if let Some(bytes) = self.disk_bytes {
+            if !(MIN_DISK_BYTES..=MAX_DISK_BYTES).contains(&bytes) {
+                return Err(invalid(format!(
+                    "disk_bytes is {bytes}; it must be between {MIN_DISK_BYTES} and {MAX_DISK_BYTES}"
                 )));
             }
         }

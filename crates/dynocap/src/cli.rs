@@ -86,6 +86,10 @@ pub struct TaskStartArgs {
     /// Memory limit in MiB, no swap (default 1024).
     #[arg(long = "memory-mb", value_name = "MB", value_parser = whole_number)]
     pub memory_mb: Option<u64>,
+    /// Disk limit in MiB for everything the sandbox writes (64 to 1048576, default 10240);
+    /// past it, or past its file count (one per 16 KiB), writes fail with ENOSPC.
+    #[arg(long = "disk-mb", value_name = "MB", value_parser = whole_number)]
+    pub disk_mb: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -113,6 +117,10 @@ pub struct RunArgs {
     /// Memory limit in MiB, no swap (default 1024).
     #[arg(long = "memory-mb", value_name = "MB", value_parser = whole_number)]
     pub memory_mb: Option<u64>,
+    /// Disk limit in MiB for everything the sandbox writes (64 to 1048576, default 10240);
+    /// past it, or past its file count (one per 16 KiB), writes fail with ENOSPC.
+    #[arg(long = "disk-mb", value_name = "MB", value_parser = whole_number)]
+    pub disk_mb: Option<u64>,
     /// Network mode (default none: loopback only).
     #[arg(long, value_name = "MODE")]
     pub network: Option<String>,

@@ -69,6 +69,7 @@ async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Err
         args.ttl_seconds,
         args.cpus,
         args.memory_mb,
+        args.disk_mb,
     )?;
     let info = engine.run(&spec).await?;
     if json {

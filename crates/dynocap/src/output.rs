@@ -87,6 +87,8 @@ pub fn sandbox_rows(sandboxes: &[SandboxInfo]) -> Vec<Vec<String>> {
                 s.network.clone(),
                 s.cpus.to_string(),
                 s.memory_mb.to_string(),
+                s.disk_mb
+                    .map_or_else(|| "-".to_owned(), |mb| mb.to_string()),
                 s.expires_at.clone(),
             ]
         })
@@ -100,6 +102,7 @@ pub const SANDBOX_HEADERS: &[&str] = &[
     "NETWORK",
     "CPUS",
     "MEMORY_MB",
+    "DISK_MB",
     "EXPIRES",
 ];
 

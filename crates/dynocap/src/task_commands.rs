@@ -62,6 +62,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
         args.ttl_seconds,
         args.cpus,
         args.memory_mb,
+        args.disk_mb,
     )?;
     // Opened once, here: the supervisor imports through this descriptor (as the MCP server
     // does after its policy check), so the directory named now is the one that comes.

@@ -20,6 +20,9 @@ pub struct BootSpec {
     pub agent_binary: PathBuf,
     pub cpus: u32,
     pub memory_mb: u64,
+    /// The guest's disk (its writable layer); `None` for a sandbox recorded before disks had a
+    /// size, whose kept layer is used as it is.
+    pub disk_mb: Option<u64>,
     pub pids: u64,
     /// Boot over the writable layer a stopped guest of this sandbox kept (recovering a task
     /// whose work was not saved), instead of a fresh one.
@@ -69,6 +72,14 @@ pub fn select() -> Result<Box<dyn Backend>> {
             "DYNOCAP_BACKEND={other} is not a backend; use jail, vm or auto"
         ))),
     }
+}
+
+/// Writes what the guest wrote through to the host's filesystem, where a host that fills up
+/// later cannot lose it (the jail's disk is a sparse image: its space is taken on the host only
+/// when written back). Blocking; call it from the supervisor, which mounted the disk.
+pub fn sync_layer(state_dir: &std::path::Path) -> Result<()> {
+    dynocap_backend_jail::sync_disk(state_dir)
+        .map_err(|err| Error::internal(format!("saving the sandbox's files: {err}")))
 }
 
 /// Linux namespaces, overlay root, seccomp, cgroups (crate `dynocap-backend-jail`).
@@ -126,6 +137,7 @@ impl Backend for JailBackend {
                 pids: spec.pids,
             },
             reuse_layers: spec.reuse_layer,
+            disk_bytes: disk_bytes(spec.disk_mb)?,
         };
         let ids = dynocap_backend_jail::IdMap::for_current_process_in_range(spec.id_range)
             .map_err(|err| Error::internal(format!("choosing the jail's host ids: {err}")))?;
@@ -142,6 +154,22 @@ impl Backend for JailBackend {
     fn cleanup_keeping_layer(&self, id: &str, state_dir: &std::path::Path) -> Result<()> {
         dynocap_backend_jail::cleanup_leftovers_keeping_layers(id, state_dir)
             .map_err(|err| Error::internal(format!("stopping what is left of sandbox {id}: {err}")))
+    }
+}
+
+/// The jail's disk size: `disk_mb`, unless the person running DynoCap turned disk limits off
+/// (`DYNOCAP_DISK_LIMIT=off`, for rootless use where a loop mount is impossible). A fresh
+/// sandbox recorded without a size gets the default.
+fn disk_bytes(disk_mb: Option<u64>) -> Result<Option<u64>> {
+    match std::env::var("DYNOCAP_DISK_LIMIT").ok().as_deref() {
+        None | Some("") | Some("on") => {
+            Ok(Some(disk_mb.unwrap_or(crate::spec::DISK_MB_DEFAULT) << 20))
+        }
+        Some("off") => Ok(None),
+        Some(other) => Err(Error::invalid(format!(
+            "DYNOCAP_DISK_LIMIT={other} is not valid; use on (the default) or off (no disk \
+             limit: sandboxes write to the host's filesystem)"
+        ))),
     }
 }
 

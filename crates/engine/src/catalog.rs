@@ -103,6 +103,9 @@ pub struct Record {
     pub cpus: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
+    /// Size of the sandbox's disk; `None` in records made before sandboxes had one.
+    #[serde(rename = "diskMB", default)]
+    pub disk_mb: Option<u64>,
     pub ttl_seconds: u64,
     #[serde(with = "rfc3339")]
     pub created_at: chrono::DateTime<chrono::Utc>,
@@ -239,15 +242,16 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     supervisor_pid   INTEGER,
     supervisor_start INTEGER,
     note             TEXT,
-    detail           TEXT
+    detail           TEXT,
+    disk_mb          INTEGER
 );
 -- A name is bound to at most one record until it is released (raw: destroy; task: rm).
 CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_name ON sandboxes (name) WHERE name IS NOT NULL;
 ";
 
 /// Schema revision, kept in SQLite's `user_version`. Revision 1 lacked `detail`; revision 2
-/// had no record files (upgrading to 3 writes them).
-pub(crate) const SCHEMA_VERSION: i64 = 3;
+/// had no record files (upgrading to 3 writes them); revision 3 lacked `disk_mb`.
+pub(crate) const SCHEMA_VERSION: i64 = 4;
 
 /// Adds the columns an older schema lacks.
 pub(crate) fn migrate_columns(conn: &Connection) -> rusqlite::Result<()> {
@@ -257,11 +261,17 @@ pub(crate) fn migrate_columns(conn: &Connection) -> rusqlite::Result<()> {
     if !has_detail {
         conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN detail TEXT")?;
     }
+    let has_disk = conn
+        .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'disk_mb'")?
+        .exists([])?;
+    if !has_disk {
+        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN disk_mb INTEGER")?;
+    }
     Ok(())
 }
 
 const COLUMNS: &str = "id, kind, name, state, backend, network, cpus, memory_mb, ttl_seconds, \
-                       created_at, expires_at, supervisor_pid, supervisor_start, note, detail";
+                       created_at, expires_at, supervisor_pid, supervisor_start, note, detail, disk_mb";
 
 /// A handle on the catalog of one `DYNOCAP_HOME`.
 pub struct Catalog {
@@ -489,7 +499,7 @@ impl Catalog {
 
 pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
     let result = conn.execute(
-        &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"),
+        &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"),
         params![
             record.id,
             record.kind.as_str(),
@@ -506,6 +516,7 @@ pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failu
             record.supervisor.map(|p| p.start_ticks),
             record.note,
             record.detail,
+            record.disk_mb,
         ],
     );
     match result {
@@ -527,7 +538,7 @@ fn update_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
     conn.execute(
         "UPDATE sandboxes SET kind = ?2, name = ?3, state = ?4, backend = ?5, network = ?6, \
          cpus = ?7, memory_mb = ?8, ttl_seconds = ?9, created_at = ?10, expires_at = ?11, \
-         supervisor_pid = ?12, supervisor_start = ?13, note = ?14, detail = ?15 WHERE id = ?1",
+         supervisor_pid = ?12, supervisor_start = ?13, note = ?14, detail = ?15, disk_mb = ?16 WHERE id = ?1",
         params![
             record.id,
             record.kind.as_str(),
@@ -544,6 +555,7 @@ fn update_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
             record.supervisor.map(|p| p.start_ticks),
             record.note,
             record.detail,
+            record.disk_mb,
         ],
     )
     .map_err(classify)?;
@@ -604,6 +616,7 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
             .map(|(pid, start_ticks)| ProcessId { pid, start_ticks }),
         note: row.get(13)?,
         detail: row.get(14)?,
+        disk_mb: row.get(15)?,
     })
 }
 
@@ -634,6 +647,7 @@ mod tests {
             network: Network::None,
             cpus: 1,
             memory_mb: 1024,
+            disk_mb: Some(10_240),
             ttl_seconds: 1800,
             created_at: now,
             expires_at: now,

@@ -16,7 +16,7 @@ pub const MAX_TTL_SECONDS: &str = "DYNOCAP_MAX_TTL_SECONDS";
 /// Live sandboxes and tasks together, unless the host says otherwise.
 pub const SANDBOXES_DEFAULT: u64 = 64;
 /// Disk per sandbox, unless the host says otherwise.
-pub const DISK_MB_DEFAULT: u64 = 10_240;
+pub const DISK_MB_DEFAULT: u64 = crate::spec::DISK_MB_DEFAULT;
 
 /// The effective ceilings: the host's variables, else defaults taken from the machine (its
 /// CPUs, half its memory), never below the spec's defaults for a request.
@@ -163,9 +163,15 @@ impl crate::Engine {
     ///
     /// Two starts racing between this check and their catalog insert can both pass; the
     /// window is a few milliseconds in one process, so the bound holds for ordinary use.
-    pub(crate) fn admit(&self, cpus: u32, memory_mb: u64, ttl_seconds: u64) -> Result<()> {
+    pub(crate) fn admit(
+        &self,
+        cpus: u32,
+        memory_mb: u64,
+        disk_mb: u64,
+        ttl_seconds: u64,
+    ) -> Result<()> {
         let ceilings = Ceilings::from_env()?;
-        ceilings.check_request(cpus, memory_mb, ttl_seconds, None)?;
+        ceilings.check_request(cpus, memory_mb, ttl_seconds, Some(disk_mb))?;
         let catalog = self.catalog()?;
         // Records whose supervisor died are not live any more; count only the real ones.
         self.reconcile(&catalog)?;
@@ -287,6 +293,7 @@ mod tests {
             network: crate::spec::Network::None,
             cpus: 1,
             memory_mb,
+            disk_mb: None,
             ttl_seconds: 60,
             created_at: now,
             expires_at: now,

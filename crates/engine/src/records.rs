@@ -259,6 +259,7 @@ mod tests {
             network: Network::None,
             cpus: 2,
             memory_mb: 1024,
+            disk_mb: Some(10_240),
             ttl_seconds: 1800,
             created_at: at("2025-01-02T03:04:05Z"),
             expires_at: at("2025-01-02T03:34:05Z"),

@@ -36,6 +36,9 @@ pub struct SandboxInfo {
     pub cpus: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
+    /// `None` for a record made before sandboxes had a disk limit.
+    #[serde(rename = "diskMB", default, skip_serializing_if = "Option::is_none")]
+    pub disk_mb: Option<u64>,
     pub ttl_seconds: u64,
     pub created_at: String,
     pub expires_at: String,
@@ -50,6 +53,7 @@ impl SandboxInfo {
             network: record.network.as_str().to_owned(),
             cpus: record.cpus,
             memory_mb: record.memory_mb,
+            disk_mb: record.disk_mb,
             ttl_seconds: record.ttl_seconds,
             created_at: rfc3339(record.created_at),
             expires_at: rfc3339(record.expires_at),
@@ -98,7 +102,7 @@ impl Engine {
 
     /// Boots a raw sandbox and returns once its agent answers.
     pub async fn run(&self, spec: &RunSpec) -> Result<SandboxInfo> {
-        self.admit(spec.cpus, spec.memory_mb, spec.ttl_seconds)?;
+        self.admit(spec.cpus, spec.memory_mb, spec.disk_mb, spec.ttl_seconds)?;
         spec.network.ensure_available()?;
         let record = self.new_record(
             Kind::Raw,
@@ -106,6 +110,7 @@ impl Engine {
             spec.network,
             spec.cpus,
             spec.memory_mb,
+            spec.disk_mb,
             spec.ttl_seconds,
             None,
         )?;
@@ -122,6 +127,7 @@ impl Engine {
         network: crate::spec::Network,
         cpus: u32,
         memory_mb: u64,
+        disk_mb: u64,
         ttl_seconds: u64,
         detail: Option<String>,
     ) -> Result<Record> {
@@ -137,6 +143,7 @@ impl Engine {
             network,
             cpus,
             memory_mb,
+            disk_mb: Some(disk_mb),
             ttl_seconds,
             created_at: now,
             expires_at: now + ttl,

@@ -16,6 +16,10 @@ pub const TASK_CPUS_DEFAULT: u32 = 2;
 pub const MEMORY_MB_MIN: u64 = 64;
 pub const MEMORY_MB_MAX: u64 = 1_048_576;
 pub const MEMORY_MB_DEFAULT: u64 = 1_024;
+/// The sandbox's disk (its writable layer): bytes and inodes (one per 16 KiB).
+pub const DISK_MB_MIN: u64 = 64;
+pub const DISK_MB_MAX: u64 = 1_048_576;
+pub const DISK_MB_DEFAULT: u64 = 10_240;
 /// Process count cap per sandbox: stops fork bombs while leaving room for real builds.
 pub const PIDS_LIMIT: u64 = 1_024;
 
@@ -89,6 +93,13 @@ pub struct RunSpec {
     pub cpus: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
+    #[serde(rename = "diskMB", default = "default_disk_mb")]
+    pub disk_mb: u64,
+}
+
+/// The disk of a spec written before disks had a size.
+pub fn default_disk_mb() -> u64 {
+    DISK_MB_DEFAULT
 }
 
 impl RunSpec {
@@ -99,15 +110,24 @@ impl RunSpec {
         ttl_seconds: Option<u64>,
         cpus: Option<u64>,
         memory_mb: Option<u64>,
+        disk_mb: Option<u64>,
     ) -> Result<Self> {
         validate_name(name)?;
-        let resources = Resources::new(network, ttl_seconds, cpus, memory_mb, RAW_CPUS_DEFAULT)?;
+        let resources = Resources::new(
+            network,
+            ttl_seconds,
+            cpus,
+            memory_mb,
+            disk_mb,
+            RAW_CPUS_DEFAULT,
+        )?;
         Ok(Self {
             name: name.to_owned(),
             network: resources.network,
             ttl_seconds: resources.ttl_seconds,
             cpus: resources.cpus,
             memory_mb: resources.memory_mb,
+            disk_mb: resources.disk_mb,
         })
     }
 }
@@ -119,6 +139,8 @@ pub struct Resources {
     pub ttl_seconds: u64,
     pub cpus: u32,
     pub memory_mb: u64,
+    /// MiB of disk for the sandbox's writable layer.
+    pub disk_mb: u64,
 }
 
 impl Resources {
@@ -128,6 +150,7 @@ impl Resources {
         ttl_seconds: Option<u64>,
         cpus: Option<u64>,
         memory_mb: Option<u64>,
+        disk_mb: Option<u64>,
         default_cpus: u32,
     ) -> Result<Self> {
         Ok(Self {
@@ -147,6 +170,12 @@ impl Resources {
                 memory_mb.unwrap_or(MEMORY_MB_DEFAULT),
                 MEMORY_MB_MIN,
                 MEMORY_MB_MAX,
+            )?,
+            disk_mb: check_range(
+                "diskMB",
+                disk_mb.unwrap_or(DISK_MB_DEFAULT),
+                DISK_MB_MIN,
+                DISK_MB_MAX,
             )?,
         })
     }
@@ -375,20 +404,32 @@ mod tests {
 
     #[test]
     fn ttl_edges_and_defaults() {
-        let spec = RunSpec::raw("a", None, None, None, None).unwrap();
+        let spec = RunSpec::raw("a", None, None, None, None, None).unwrap();
         assert_eq!(
             (spec.ttl_seconds, spec.cpus, spec.memory_mb),
             (1800, 1, 1024)
         );
         assert_eq!(spec.network, Network::None);
-        assert!(RunSpec::raw("a", None, Some(30), None, None).is_ok());
-        assert!(RunSpec::raw("a", None, Some(86_400), None, None).is_ok());
-        let low = RunSpec::raw("a", None, Some(29), None, None).unwrap_err();
+        assert!(RunSpec::raw("a", None, Some(30), None, None, None).is_ok());
+        assert!(RunSpec::raw("a", None, Some(86_400), None, None, None).is_ok());
+        let low = RunSpec::raw("a", None, Some(29), None, None, None).unwrap_err();
         assert_eq!(low.code, crate::ErrorCode::InvalidArgument);
         assert!(low.message.contains("ttlSeconds 29"), "{low}");
-        assert!(RunSpec::raw("a", None, Some(86_401), None, None).is_err());
-        assert!(RunSpec::raw("a", None, None, Some(0), None).is_err());
-        assert!(RunSpec::raw("a", Some("wifi"), None, None, None).is_err());
+        assert!(RunSpec::raw("a", None, Some(86_401), None, None, None).is_err());
+        assert!(RunSpec::raw("a", None, None, Some(0), None, None).is_err());
+        assert!(RunSpec::raw("a", Some("wifi"), None, None, None, None).is_err());
+    }
+
+    #[test]
+    fn disk_edges_and_default() {
+        let spec = RunSpec::raw("a", None, None, None, None, None).unwrap();
+        assert_eq!(spec.disk_mb, 10_240);
+        assert!(RunSpec::raw("a", None, None, None, None, Some(64)).is_ok());
+        assert!(RunSpec::raw("a", None, None, None, None, Some(1_048_576)).is_ok());
+        let low = RunSpec::raw("a", None, None, None, None, Some(63)).unwrap_err();
+        assert_eq!(low.code, crate::ErrorCode::InvalidArgument);
+        assert!(low.message.contains("diskMB 63"), "{low}");
+        assert!(RunSpec::raw("a", None, None, None, None, Some(1_048_577)).is_err());
     }
 
     #[test]

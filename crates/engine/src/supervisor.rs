@@ -196,6 +196,7 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
         agent_binary: agent_binary()?,
         cpus: record.cpus,
         memory_mb: record.memory_mb,
+        disk_mb: record.disk_mb,
         pids: spec::PIDS_LIMIT,
         reuse_layer: mode == Mode::Recover,
         id_range,
@@ -344,6 +345,8 @@ struct Shared {
     oom: OomWatch,
     /// Set once the sandbox is ending: what an interrupted command is told.
     ending: OnceLock<String>,
+    /// The sandbox's state dir, whose disk is synced after every command.
+    state_dir: PathBuf,
 }
 
 async fn serve(
@@ -365,6 +368,8 @@ async fn serve(
             return 1;
         }
     };
+    // The imported tree and its baseline, on the host's disk before anyone relies on them.
+    sync_layer(home.sandbox_dir(&id)).await;
     ready.send(&ReadyMessage::Ready);
 
     let shared = Arc::new(Shared {
@@ -375,6 +380,7 @@ async fn serve(
             memory_mb: record.memory_mb,
         },
         ending: OnceLock::new(),
+        state_dir: home.sandbox_dir(&id),
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
     let guest_exit = match AsyncFd::new(guest.exit_fd().as_raw_fd()) {
@@ -846,6 +852,7 @@ async fn handle_client(
                 exec::run(conn, &spec, client_gone, None).await
             }
             .map(|result| shared.oom.annotate(result, kills_before));
+            sync_layer(shared.state_dir.clone()).await;
             // A command cut off by the sandbox's end is told why, not that the agent is gone.
             let result = match (result, shared.ending.get()) {
                 (Err(_), Some(ending)) => Err(Error::conflict(ending.clone())),
@@ -920,6 +927,16 @@ impl OomWatch {
             text.push_str(&note);
         }
         result
+    }
+}
+
+/// Syncs the guest's disk to the host (see [`backend::sync_layer`]); a failure is logged: the
+/// command has run, and what it wrote may still reach the host.
+async fn sync_layer(state_dir: PathBuf) {
+    match tokio::task::spawn_blocking(move || backend::sync_layer(&state_dir)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => log(&format!("{err}")),
+        Err(err) => log(&format!("syncing the sandbox's disk: {err}")),
     }
 }
 

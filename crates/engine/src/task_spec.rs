@@ -33,6 +33,8 @@ pub struct TaskStartSpec {
     pub cpus: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
+    #[serde(rename = "diskMB", default = "crate::spec::default_disk_mb")]
+    pub disk_mb: u64,
 }
 
 impl TaskStartSpec {
@@ -48,6 +50,7 @@ impl TaskStartSpec {
         ttl_seconds: Option<u64>,
         cpus: Option<u64>,
         memory_mb: Option<u64>,
+        disk_mb: Option<u64>,
     ) -> Result<Self> {
         let source = match (project_path, repository_url) {
             (Some(path), None) => Source::ProjectPath(path),
@@ -76,7 +79,14 @@ impl TaskStartSpec {
         if let Some(name) = &name {
             validate_name(name)?;
         }
-        let resources = Resources::new(network, ttl_seconds, cpus, memory_mb, TASK_CPUS_DEFAULT)?;
+        let resources = Resources::new(
+            network,
+            ttl_seconds,
+            cpus,
+            memory_mb,
+            disk_mb,
+            TASK_CPUS_DEFAULT,
+        )?;
         Ok(Self {
             source,
             history,
@@ -85,6 +95,7 @@ impl TaskStartSpec {
             ttl_seconds: resources.ttl_seconds,
             cpus: resources.cpus,
             memory_mb: resources.memory_mb,
+            disk_mb: resources.disk_mb,
         })
     }
 }
@@ -224,6 +235,9 @@ pub struct TaskInfo {
     pub cpus: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
+    /// `None` for a record made before sandboxes had a disk limit.
+    #[serde(rename = "diskMB", default, skip_serializing_if = "Option::is_none")]
+    pub disk_mb: Option<u64>,
     pub ttl_seconds: u64,
     pub created_at: String,
     pub expires_at: String,

@@ -51,7 +51,7 @@ impl Engine {
         project: Option<ProjectDir>,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<TaskInfo> {
-        self.admit(spec.cpus, spec.memory_mb, spec.ttl_seconds)?;
+        self.admit(spec.cpus, spec.memory_mb, spec.disk_mb, spec.ttl_seconds)?;
         spec.network.ensure_available()?;
         let mut start = spec.clone();
         match (&spec.source, &project) {
@@ -83,6 +83,7 @@ impl Engine {
             spec.network,
             spec.cpus,
             spec.memory_mb,
+            spec.disk_mb,
             spec.ttl_seconds,
             Some(detail.to_json()),
         )?;
@@ -388,6 +389,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         network: record.network.as_str().to_owned(),
         cpus: record.cpus,
         memory_mb: record.memory_mb,
+        disk_mb: record.disk_mb,
         ttl_seconds: record.ttl_seconds,
         created_at: rfc3339(record.created_at),
         expires_at: rfc3339(record.expires_at),

@@ -117,6 +117,7 @@ impl Fixture {
                 pids: 256,
             },
             reuse_layers: false,
+            disk_bytes: None,
         }
     }
 }

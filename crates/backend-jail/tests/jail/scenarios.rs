@@ -165,7 +165,7 @@ fn filesystem() {
     let fx = Fixture::new();
     let spec = fx.spec("fs-test");
     let mut guest = Guest::spawn(&spec);
-    let upper = fx.state.join("upper");
+    let upper = fx.state.join("disk/upper");
 
     // Writes land in the upper layer, never in the image.
     sh_ok(&mut guest, "echo hello > /newfile && cat /newfile");
@@ -437,7 +437,7 @@ fn destroy_leaves_nothing() {
     for dir in cgroups {
         assert!(!dir.exists(), "{} survived destroy", dir.display());
     }
-    for layer in ["upper", "work", "root"] {
+    for layer in ["disk/upper", "disk/work", "disk", "root"] {
         assert!(!fx.state.join(layer).exists(), "{layer} survived destroy");
     }
 }
@@ -619,7 +619,7 @@ fn setup_errors() {
     let err = Jail::spawn(&spec).expect_err("missing source");
     println!("missing source error: {err}");
     assert!(err.to_string().contains("/nonexistent/dir"), "{err}");
-    assert!(!fx.state.join("upper").exists());
+    assert!(!fx.state.join("disk/upper").exists());
 
     // A failure inside the guest init comes back as a readable message, and nothing is left.
     let mut spec = fx.spec("err-test");
@@ -636,7 +636,7 @@ fn setup_errors() {
         "{text}"
     );
     assert!(
-        !fx.state.join("upper").exists(),
+        !fx.state.join("disk/upper").exists(),
         "layers left after a failed spawn"
     );
     assert!(
@@ -678,7 +678,7 @@ fn single_thread_required() {
     );
     drop(tx);
     thread.join().expect("join");
-    assert!(!fx.state.join("upper").exists());
+    assert!(!fx.state.join("disk/upper").exists());
 }
 
 fn script_agent() {
@@ -881,7 +881,7 @@ pub fn rootless_role() -> i32 {
         "a non-root guest init keeps no capabilities"
     );
     sh_ok(&mut guest, "echo hi > /workspace/f && echo t > /tmp/t");
-    assert_eq!(read_trimmed(&fx.state.join("upper/workspace/f")), "hi");
+    assert_eq!(read_trimmed(&fx.state.join("disk/upper/workspace/f")), "hi");
     let (status, result) = guest.probe("mount");
     assert_eq!((status.as_str(), result.as_str()), ("exit=0", "EPERM"));
     let cgroups = guest.jail().cgroup_paths();

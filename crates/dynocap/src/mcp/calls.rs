@@ -114,6 +114,7 @@ impl Tools {
                     args.integer("ttlSeconds")?,
                     args.integer("cpus")?,
                     args.integer("memoryMB")?,
+                    args.integer("diskMB")?,
                 )?;
                 self.enforce(tool, self.policy.check_network(spec.network.as_str()))?;
                 Output::json(&self.engine.run(&spec).await?)
@@ -181,6 +182,7 @@ impl Tools {
             args.integer("ttlSeconds")?,
             args.integer("cpus")?,
             args.integer("memoryMB")?,
+            args.integer("diskMB")?,
         )?;
         self.enforce(tool, self.policy.check_network(spec.network.as_str()))?;
         let mut project = None;

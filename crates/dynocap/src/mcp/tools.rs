@@ -7,9 +7,10 @@ use serde_json::{json, Map, Value};
 
 use dynocap_engine::patch::SensitiveKind;
 use dynocap_engine::spec::{
-    CPUS_MAX, CPUS_MIN, EXEC_OUTPUT_LIMIT, EXEC_OUTPUT_MCP_DEFAULT, EXEC_TIMEOUT_DEFAULT,
-    EXEC_TIMEOUT_MAX, MEMORY_MB_DEFAULT, MEMORY_MB_MAX, MEMORY_MB_MIN, RAW_CPUS_DEFAULT,
-    TASK_CPUS_DEFAULT, TTL_DEFAULT, TTL_MAX, TTL_MIN,
+    CPUS_MAX, CPUS_MIN, DISK_MB_DEFAULT, DISK_MB_MAX, DISK_MB_MIN, EXEC_OUTPUT_LIMIT,
+    EXEC_OUTPUT_MCP_DEFAULT, EXEC_TIMEOUT_DEFAULT, EXEC_TIMEOUT_MAX, MEMORY_MB_DEFAULT,
+    MEMORY_MB_MAX, MEMORY_MB_MIN, RAW_CPUS_DEFAULT, TASK_CPUS_DEFAULT, TTL_DEFAULT, TTL_MAX,
+    TTL_MIN,
 };
 use dynocap_engine::task_spec::{SkipKind, SKIPPED_LISTED};
 
@@ -196,6 +197,21 @@ fn memory(description: &'static str) -> Param {
     }
 }
 
+fn disk() -> Param {
+    Param {
+        name: "diskMB",
+        kind: Kind::Integer {
+            min: DISK_MB_MIN,
+            max: DISK_MB_MAX,
+            default: DISK_MB_DEFAULT,
+        },
+        required: false,
+        description: "Disk for everything the sandbox writes, in MB, 64 to 1048576 (default \
+                      10240), with one file per 16 KB. Past it, writes in the sandbox fail \
+                      with \"No space left on device\"; the host's disk is never filled.",
+    }
+}
+
 fn required_string(name: &'static str, description: &'static str) -> Param {
     Param {
         name,
@@ -327,10 +343,11 @@ sandbox, where it is at /workspace. Give exactly one of projectPath or repositor
 the Task object: id (task-...), name, state, limits and source (files, bytes, and skipped: \
 project paths that did not come, such as unreadable or special files). Then run \
 commands with dynocap_task_exec, review with dynocap_diff, and end with dynocap_task_finish.\n\
-Defaults: history \"branches\", network \"none\", ttlSeconds 1800, cpus 2, memoryMB 1024.\n\
+Defaults: history \"branches\", network \"none\", ttlSeconds 1800, cpus 2, memoryMB 1024, \
+diskMB 10240.\n\
 Host ceilings: the host may cap cpus, memoryMB (per sandbox, and for all live sandboxes \
 together), ttlSeconds and the number of live sandboxes and tasks (DYNOCAP_MAX_CPUS, \
-DYNOCAP_MAX_MEMORY_MB, DYNOCAP_MAX_TTL_SECONDS, DYNOCAP_MAX_SANDBOXES; by default the host's \
+DYNOCAP_MAX_MEMORY_MB, DYNOCAP_MAX_DISK_MB, DYNOCAP_MAX_TTL_SECONDS, DYNOCAP_MAX_SANDBOXES; by default the host's \
 CPUs and half its memory); a request above one is refused with policy_denied, which names the \
 value allowed.\n\
 Host policy (set by the user who started this server, not by the caller): projectPath must \
@@ -394,6 +411,7 @@ cancelling the request stops the start and leaves nothing behind.",
                 ),
                 cpus(TASK_CPUS_DEFAULT, "Number of vCPUs, 1 to 64 (default 2)."),
                 memory("RAM in MB, 64 to 1048576 (default 1024). A hard limit, no swap."),
+                disk(),
                 optional_string(
                     "sshKeyPath",
                     "Absolute host path of an SSH private key for cloning an ssh:// or \
@@ -497,7 +515,8 @@ false, purge false.",
             description: "Boots an ephemeral minimal Linux sandbox (no project, no home \
 directory, loopback-only network by default) and returns its Sandbox object. Run commands in \
 it with dynocap_exec; destroy it with dynocap_destroy, or it is destroyed when ttlSeconds \
-runs out. Defaults: network \"none\", ttlSeconds 1800, cpus 1, memoryMB 1024. network \
+runs out. Defaults: network \"none\", ttlSeconds 1800, cpus 1, memoryMB 1024, diskMB 10240. \
+network \
 \"filtered\"/\"nat\" are refused unless the host set DYNOCAP_MCP_ALLOW_FILTERED=1 / \
 DYNOCAP_MCP_ALLOW_NAT=1.\n\
 Host ceilings: the host may cap cpus, memoryMB (per sandbox, and for all live sandboxes \
@@ -531,6 +550,7 @@ value allowed.",
                     "RAM for this sandbox in MB, 64 to 1048576 (default 1024). A hard limit, \
                      no swap.",
                 ),
+                disk(),
             ],
             output_schema: sandbox_schema(),
             hints: HINTS_CREATE,
@@ -594,6 +614,7 @@ fn sandbox_properties() -> Map<String, Value> {
         "network": { "type": "string", "enum": NETWORK_VALUES },
         "cpus": { "type": "integer" },
         "memoryMB": { "type": "integer" },
+        "diskMB": { "type": "integer", "description": "Disk limit in MB (absent in records made before disks had a limit)." },
         "ttlSeconds": { "type": "integer" },
         "createdAt": { "type": "string", "description": "RFC 3339." },
         "expiresAt": { "type": "string", "description": "RFC 3339." }

@@ -1,0 +1,497 @@
+//! The sandbox's disk: a sparse ext4 image `state_dir/disk.img` on a loop device, mounted at
+//! `state_dir/disk`, where the overlay's `upper/` and `work/` live. The guest's writes fill
+//! that filesystem, never the host's: past its size (or its inode count) the guest gets
+//! ENOSPC.
+//!
+//! The mount is made in a private mount namespace of the supervisor (entered once, before the
+//! clone, so the guest's copy of it sees the disk) and the loop device is `LO_FLAGS_AUTOCLEAR`:
+//! when the supervisor dies, even by SIGKILL, its namespace goes, the kernel unmounts the
+//! filesystem and frees the loop device. Nothing is left on the host but the image file, which
+//! is what a kept layer is.
+//!
+//! Without a limit ([`JailSpec::disk_bytes`] `None`, an explicit opt-out for rootless use),
+//! `state_dir/disk` is a plain directory on the host's filesystem.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+
+use crate::error::JailError;
+use crate::spec::JailSpec;
+
+/// File name of the image inside the state dir.
+const IMAGE: &str = "disk.img";
+/// Directory the image is mounted on (or, without a limit, the plain directory) inside the
+/// state dir.
+const MOUNTPOINT: &str = "disk";
+
+/// One inode per this many bytes: 65,536 files per GiB, so a 10 GiB disk holds 655,360 files
+/// (a large `node_modules` has ~100,000) while a runaway file loop stops at its share.
+const BYTES_PER_INODE: &str = "16384";
+
+/// How long a kept image may still be held by the loop device of a guest that is going away
+/// before booting over it is refused (two mounts of one ext4 image would corrupt it).
+const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+/// `LOOP_CONFIGURE` on a device another process bound between `GET_FREE` and it: retry.
+const LOOP_ATTEMPTS: usize = 8;
+
+/// `struct loop_info64` of `<linux/loop.h>`.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+/// `struct loop_config` of `<linux/loop.h>` (Linux 5.8; the backend needs 5.12 anyway).
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+/// Where a state dir keeps its disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DiskPaths {
+    pub image: PathBuf,
+    pub mountpoint: PathBuf,
+}
+
+impl DiskPaths {
+    pub fn at(state_dir: &Path) -> DiskPaths {
+        DiskPaths {
+            image: state_dir.join(IMAGE),
+            mountpoint: state_dir.join(MOUNTPOINT),
+        }
+    }
+}
+
+/// What [`Disk::attach`] does for a spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// No limit: the layers go in a plain directory on the host's filesystem.
+    Plain,
+    /// A new image of this many bytes.
+    Format(u64),
+    /// The image a stopped guest kept, as it is (never formatted again).
+    MountKept,
+}
+
+impl Plan {
+    fn for_spec(spec: &JailSpec, kept_image: bool) -> Plan {
+        match (spec.reuse_layers, spec.disk_bytes) {
+            // A kept image is mounted as it is, whatever the spec says now: the layer is in it.
+            (true, _) if kept_image => Plan::MountKept,
+            // A kept layer from a start without a limit, or no limit asked for.
+            (true, _) | (false, None) => Plan::Plain,
+            (false, Some(bytes)) => Plan::Format(bytes),
+        }
+    }
+}
+
+/// The disk of a starting or running jail, as this process mounted it.
+#[derive(Debug)]
+pub(crate) struct Disk {
+    paths: DiskPaths,
+    /// Mounted by this process (a limited disk); unmounted on release.
+    mounted: bool,
+    /// Made by this start, so undoing the start deletes it.
+    fresh: bool,
+}
+
+impl Disk {
+    /// Makes (or, with [`JailSpec::reuse_layers`], finds) the disk and mounts it. Enters a
+    /// private mount namespace first: call it from the process that will clone the guest. On
+    /// error nothing made here is left.
+    pub fn attach(spec: &JailSpec) -> Result<Disk, JailError> {
+        let paths = DiskPaths::at(&spec.state_dir);
+        let plan = Plan::for_spec(spec, paths.image.exists());
+        if plan == Plan::Plain {
+            if !spec.reuse_layers {
+                create_mountpoint(&paths.mountpoint)?;
+            }
+            return Ok(Disk {
+                fresh: !spec.reuse_layers,
+                mounted: false,
+                paths,
+            });
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Err(
+                JailError::sys("mounting the sandbox's disk", Errno::EPERM).hint(
+                    "a disk limit needs root (a loop device and a mount); run dynocap as root, \
+                     or set DYNOCAP_DISK_LIMIT=off to run sandboxes without a disk limit (their \
+                     files then fill the host's filesystem)",
+                ),
+            );
+        }
+        enter_private_mount_namespace()?;
+        let mut disk = Disk {
+            paths,
+            mounted: false,
+            fresh: !spec.reuse_layers,
+        };
+        if let Plan::Format(bytes) = plan {
+            // Refused when either exists: they may hold a previous sandbox's files.
+            create_mountpoint(&disk.paths.mountpoint)?;
+            if let Err(e) = make_image(&disk.paths.image, bytes) {
+                let _ = fs::remove_dir(&disk.paths.mountpoint);
+                return Err(e);
+            }
+        } else {
+            wait_released(&disk.paths.image)?;
+        }
+        match disk.mount() {
+            Ok(()) => Ok(disk),
+            Err(e) => {
+                let _ = disk.release(!disk.fresh);
+                Err(e)
+            }
+        }
+    }
+
+    fn mount(&mut self) -> Result<(), JailError> {
+        let image = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&self.paths.image)
+            .map_err(|e| JailError::io("open the disk image", &self.paths.image, e))?;
+        // The loop fd only has to live until the mount holds the device: closing it then is
+        // what lets AUTOCLEAR free the device at unmount.
+        let (device, _loop_fd) = attach_loop(&image)?;
+        mount(
+            Some(&device),
+            &self.paths.mountpoint,
+            Some("ext4"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            None::<&str>,
+        )
+        .map_err(|e| {
+            JailError::sys(
+                format!(
+                    "mounting {} ({}) on {}",
+                    self.paths.image.display(),
+                    device.display(),
+                    self.paths.mountpoint.display()
+                ),
+                e,
+            )
+        })?;
+        self.mounted = true;
+        Ok(())
+    }
+
+    /// Whether this start made the disk (rather than booting over a kept one).
+    pub fn is_fresh(&self) -> bool {
+        self.fresh
+    }
+
+    /// Unmounts the disk (if this process mounted it); unless `keep`, deletes the image and
+    /// the mountpoint too (the layers on a plain directory are the caller's to remove first).
+    /// Returns what failed.
+    pub fn release(&mut self, keep: bool) -> Vec<String> {
+        let mut problems = self.unmount(keep);
+        if !keep {
+            problems.extend(remove_disk(&self.paths));
+        }
+        problems
+    }
+
+    /// Unmounts the disk if this process mounted it. Once it is unmounted the layers in it are
+    /// out of sight; with `keep`, the image stays for a later guest.
+    pub fn unmount(&mut self, keep: bool) -> Vec<String> {
+        if !std::mem::replace(&mut self.mounted, false) {
+            return Vec::new();
+        }
+        // A plain unmount, not a lazy one: a kept image must be free before a later guest
+        // mounts it again. The guest (and its copy of the mount) is gone by now.
+        match umount2(&self.paths.mountpoint, MntFlags::empty()) {
+            Ok(()) => Vec::new(),
+            Err(e) => {
+                if !keep {
+                    // The image is going anyway: the detached mount frees it once unused.
+                    let _ = umount2(&self.paths.mountpoint, MntFlags::MNT_DETACH);
+                }
+                vec![format!(
+                    "cannot unmount the disk at {}: {e}",
+                    self.paths.mountpoint.display()
+                )]
+            }
+        }
+    }
+}
+
+/// Writes what the guest wrote to its disk through to the image file (`syncfs`), so that it is
+/// in the host's filesystem, which has reserved the space for it: a host filesystem that fills
+/// up later cannot lose it. Nothing to do without a disk limit (the guest's files are already
+/// the host's). Only the process that mounted the disk (the supervisor) sees it.
+pub fn sync_disk(state_dir: &Path) -> Result<(), JailError> {
+    let paths = DiskPaths::at(state_dir);
+    let dir = match File::open(&paths.mountpoint) {
+        Ok(dir) => dir,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(JailError::io("open the disk at", &paths.mountpoint, e)),
+    };
+    let (Ok(disk), Ok(parent)) = (dir.metadata(), fs::metadata(state_dir)) else {
+        return Ok(());
+    };
+    if std::os::unix::fs::MetadataExt::dev(&disk) == std::os::unix::fs::MetadataExt::dev(&parent) {
+        return Ok(());
+    }
+    // SAFETY: syncfs takes an open fd, which `dir` is for the duration of the call.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(JailError::sys(
+            format!(
+                "writing the sandbox's disk through to {}",
+                paths.image.display()
+            ),
+            Errno::last(),
+        )
+        .hint("the host's filesystem may be full; free space on it"))
+    }
+}
+
+/// Deletes a state dir's image and its (unmounted, or plain and already emptied) mountpoint.
+pub(crate) fn remove_disk(paths: &DiskPaths) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (path, result) in [
+        (&paths.image, fs::remove_file(&paths.image)),
+        (&paths.mountpoint, fs::remove_dir(&paths.mountpoint)),
+    ] {
+        match result {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                problems.push(format!("cannot remove {}: {e}", path.display()));
+            }
+            _ => {}
+        }
+    }
+    problems
+}
+
+/// Waits (up to [`RELEASE_WAIT`]) until no loop device is backed by `image`: after a
+/// supervisor is killed its namespaces, and with them its mount of the disk, go away
+/// asynchronously.
+pub(crate) fn wait_released(image: &Path) -> Result<(), JailError> {
+    let start = Instant::now();
+    loop {
+        let Some(device) = loop_device_of(image) else {
+            return Ok(());
+        };
+        if start.elapsed() > RELEASE_WAIT {
+            return Err(JailError::InvalidSpec(format!(
+                "the disk image {} is still attached to {device}: a previous guest of this \
+                 sandbox still has it mounted; try again once its supervisor is gone",
+                image.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The loop device (e.g. `loop3`) whose backing file is `image`, if any.
+fn loop_device_of(image: &Path) -> Option<String> {
+    let entries = fs::read_dir("/sys/block").ok()?;
+    entries.flatten().find_map(|entry| {
+        let name = entry.file_name().into_string().ok()?;
+        let backing = fs::read_to_string(entry.path().join("loop/backing_file")).ok()?;
+        let backing = backing.trim_end_matches('\n');
+        // A deleted backing file reads as "<path> (deleted)": not this (existing) image.
+        (Path::new(backing) == image).then_some(name)
+    })
+}
+
+/// The guest's disk mount must not show in the host's mount table, and must go when this
+/// process goes: a mount namespace of its own, receiving the host's mounts but sending none.
+fn enter_private_mount_namespace() -> Result<(), JailError> {
+    unshare(CloneFlags::CLONE_NEWNS)
+        .map_err(|e| JailError::sys("creating the supervisor's mount namespace", e))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(|e| JailError::sys("making / a slave mount in the supervisor's namespace", e))
+}
+
+fn create_mountpoint(dir: &Path) -> Result<(), JailError> {
+    fs::create_dir(dir).map_err(|e| {
+        let err = JailError::io("create", dir, e);
+        if dir.exists() {
+            err.hint("the state dir still holds a previous sandbox; call cleanup_leftovers(name, state_dir) first")
+        } else {
+            err
+        }
+    })
+}
+
+/// A sparse file of `bytes` formatted as ext4: no reserved blocks (the guest is the only
+/// user), lazy inode-table and journal init (mkfs writes a few MiB, not the size). The journal
+/// stays: a kept image must survive a host crash in a state the recovery can mount.
+fn make_image(image: &Path, bytes: u64) -> Result<(), JailError> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(image)
+        .map_err(|e| JailError::io("create the disk image", image, e))?;
+    let result = file
+        .set_len(bytes)
+        .map_err(|e| JailError::io("size the disk image", image, e))
+        .and_then(|()| mkfs(image));
+    if result.is_err() {
+        // Best effort: the mkfs error is the one to report.
+        let _ = fs::remove_file(image);
+    }
+    result
+}
+
+fn mkfs(image: &Path) -> Result<(), JailError> {
+    let output = Command::new("mkfs.ext4")
+        .args(["-F", "-q", "-m", "0", "-i", BYTES_PER_INODE])
+        .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
+        .arg(image)
+        .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+        .output()
+        .map_err(|e| {
+            JailError::io("run mkfs.ext4 for", image, e)
+                .hint("install e2fsprogs (apt-get install e2fsprogs)")
+        })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(JailError::InvalidSpec(format!(
+            "mkfs.ext4 {} failed ({}): {}",
+            image.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
+    }
+}
+
+/// Binds `image` to a free loop device with `LO_FLAGS_AUTOCLEAR`; returns the device's path
+/// and an open fd of it (keep it until the device is mounted).
+fn attach_loop(image: &File) -> Result<(PathBuf, File), JailError> {
+    let control_path = Path::new("/dev/loop-control");
+    let control = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(control_path)
+        .map_err(|e| {
+            JailError::io("open", control_path, e)
+                .hint("the disk limit needs loop devices (modprobe loop)")
+        })?;
+    let backing_fd = u32::try_from(image.as_raw_fd()).expect("an open fd is not negative");
+    let mut last = Errno::EBUSY;
+    for _ in 0..LOOP_ATTEMPTS {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number or -1.
+        let number = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        if number < 0 {
+            return Err(JailError::sys(
+                "finding a free loop device (LOOP_CTL_GET_FREE)",
+                Errno::last(),
+            ));
+        }
+        let path = PathBuf::from(format!("/dev/loop{number}"));
+        let device = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| JailError::io("open", &path, e))?;
+        // SAFETY: all-zero is a valid loop_config (integers and byte arrays).
+        let mut config: LoopConfig = unsafe { std::mem::zeroed() };
+        config.fd = backing_fd;
+        config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+        // SAFETY: `config` is a live, initialised struct loop_config the kernel only reads;
+        // `device` is an open loop device.
+        let ret = unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CONFIGURE, &config) };
+        if ret == 0 {
+            return Ok((path, device));
+        }
+        last = Errno::last();
+        // Another process took this device between GET_FREE and CONFIGURE: ask again.
+        if last != Errno::EBUSY {
+            break;
+        }
+    }
+    Err(JailError::sys(
+        "binding the disk image to a loop device (LOOP_CONFIGURE)",
+        last,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loop_structs_match_the_kernel_abi() {
+        assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
+        assert_eq!(std::mem::size_of::<LoopConfig>(), 304);
+    }
+
+    #[test]
+    fn a_kept_image_is_mounted_never_formatted() {
+        let mut spec = JailSpec {
+            name: "t".into(),
+            hostname: "t".into(),
+            image_root: "/".into(),
+            ro_binds: vec![],
+            state_dir: "/s".into(),
+            guest_dirs: vec![],
+            agent_binary: "/bin/true".into(),
+            agent_args: vec![],
+            limits: crate::spec::Limits {
+                cpu_millis: 1000,
+                memory_bytes: 1 << 30,
+                pids: 10,
+            },
+            reuse_layers: false,
+            disk_bytes: Some(64 << 20),
+        };
+        assert_eq!(Plan::for_spec(&spec, false), Plan::Format(64 << 20));
+        spec.reuse_layers = true;
+        assert_eq!(Plan::for_spec(&spec, true), Plan::MountKept);
+        assert_eq!(Plan::for_spec(&spec, false), Plan::Plain);
+        spec.disk_bytes = None;
+        assert_eq!(Plan::for_spec(&spec, true), Plan::MountKept);
+        spec.reuse_layers = false;
+        assert_eq!(Plan::for_spec(&spec, false), Plan::Plain);
+    }
+
+    #[test]
+    fn removing_a_missing_disk_is_fine() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        assert!(remove_disk(&DiskPaths::at(tmp.path())).is_empty());
+    }
+}

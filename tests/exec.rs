@@ -515,3 +515,26 @@ fn an_out_of_memory_kill_is_reported_as_such() {
         (Some("fine\n"), Some(false))
     );
 }
+
+#[test]
+fn several_words_after_the_dashes_run_as_given() {
+    let Some(home) = booted("several_words_after_the_dashes_run_as_given") else {
+        return;
+    };
+    let run = |words: &[&str]| -> serde_json::Value {
+        let out = home
+            .command()
+            .args(["--json", "exec", "ex", "--"])
+            .args(words)
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let printed = run(&["printf", "%s\\n", "a b", "c d", "it's", "$HOME", "*"]);
+    assert_eq!(
+        printed["stdout"], "a b\nc d\nit's\n$HOME\n*\n",
+        "{printed:#}"
+    );
+    // One word is still a shell command.
+    assert_eq!(run(&["echo one && echo two"])["stdout"], "one\ntwo\n");
+}

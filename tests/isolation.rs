@@ -192,8 +192,19 @@ fn live_sandboxes_get_disjoint_host_id_ranges() {
     // map; and the state directory records the range.
     home.sh("ida", "echo mine > /home/sandbox/owned");
     let state = home.path().join("sandboxes").join(home.sandbox_id("ida"));
+    // The upper layer lives on the sandbox's own disk, mounted in its supervisor's mount
+    // namespace only: look at it through that namespace.
+    let supervisor: i32 = sqlite(
+        home.path(),
+        "SELECT supervisor_pid FROM sandboxes WHERE name = 'ida'",
+    )
+    .trim()
+    .parse()
+    .unwrap();
+    let in_namespace = std::path::PathBuf::from(format!("/proc/{supervisor}/root"))
+        .join(state.strip_prefix("/").unwrap());
     let owner = std::os::unix::fs::MetadataExt::uid(
-        &std::fs::metadata(state.join("upper/home/sandbox/owned")).unwrap(),
+        &std::fs::metadata(in_namespace.join("disk/upper/home/sandbox/owned")).unwrap(),
     );
     assert_eq!(owner, a.0 + 1000);
     assert!(!(b.0..b.1).contains(&owner), "{owner} inside {b:?}");
@@ -214,4 +225,13 @@ fn live_sandboxes_get_disjoint_host_id_ranges() {
     let c = range("idc");
     assert_eq!(c, a, "the freed range is reused");
     assert_ne!(c, range("idb"));
+}
+
+fn sqlite(home: &std::path::Path, query: &str) -> String {
+    let out = std::process::Command::new("sqlite3")
+        .arg(home.join("catalog.db"))
+        .arg(query)
+        .output()
+        .expect("sqlite3 is installed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -144,11 +144,12 @@ fn assert_unsaved_then_recovered(home: &TestHome, name: &str, expect: &str) -> V
         wait_until(20, || !home.path().join("sandboxes").join(&id).exists()),
         "the kept layer goes once the work is saved"
     );
-    // Finishing again shows the same saved result, and the diff is the saved patch.
-    assert_eq!(
-        home.json(&["task", "finish", name])["patchPath"],
-        result["patchPath"]
-    );
+    // Finishing again shows the same saved result and says so; the diff is the saved patch.
+    let again = home.json(&["task", "finish", name]);
+    assert_eq!(again["patchPath"], result["patchPath"]);
+    assert_eq!(again["alreadyFinished"], true);
+    let said = home.run(&["task", "finish", name]);
+    assert!(String::from_utf8_lossy(&said.stdout).contains("had already ended"));
     let diff = home.json(&["task", "diff", name]);
     assert!(diff["patch"].as_str().unwrap().contains(expect), "{diff:#}");
     assert_eq!(diff["files"], result["files"]);
@@ -626,4 +627,56 @@ fn a_recovered_task_keeps_its_host_id_range() {
     for boot in boots {
         assert!(boot.ends_with("host id range 1"), "{boot}");
     }
+}
+
+#[test]
+fn a_task_expiring_under_a_damaged_catalog_saves_its_whole_result() {
+    if !require_root("a_task_expiring_under_a_damaged_catalog_saves_its_whole_result") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = project();
+    let started = home.json(&[
+        "task",
+        "start",
+        project.path().to_str().unwrap(),
+        "--name",
+        "orphan",
+        "--ttl",
+        "30",
+    ]);
+    let id = started["id"].as_str().unwrap().to_owned();
+    work(&home, "orphan", "echo orphan-work > a.txt");
+    // The catalog is ruined under the live supervisor (random bytes over it and its WAL).
+    let db = home.path().join("catalog.db");
+    for file in [db.clone(), home.path().join("catalog.db-wal")] {
+        if let Ok(meta) = std::fs::metadata(&file) {
+            std::fs::write(
+                &file,
+                vec![0x5a_u8; usize::try_from(meta.len()).unwrap().max(4096)],
+            )
+            .unwrap();
+        }
+    }
+    let results = home.path().join("results").join(&id);
+    assert!(
+        wait_until(120, || results.join("summary.json").is_file()),
+        "the expiry wrote its summary without the catalog"
+    );
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(results.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["task"]["state"], "expired", "{summary:#}");
+    assert_eq!(summary["task"]["verified"], true, "{summary:#}");
+    assert!(std::fs::read_to_string(results.join("patch.diff"))
+        .unwrap()
+        .contains("+orphan-work"));
+    // The damage is named with its remedy, and the repair brings the expired task back.
+    let err = home.json_err(&["ls"]);
+    assert!(
+        err["message"].as_str().unwrap().contains("doctor --repair"),
+        "{err}"
+    );
+    home.json(&["doctor", "--repair"]);
+    assert!(wait_until(30, || task(&home, &id)["state"] == "expired"));
+    assert_eq!(home.json(&["task", "finish", &id])["verified"], true);
 }

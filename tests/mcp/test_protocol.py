@@ -34,6 +34,9 @@ EXEC_PARAMS = {
     "env": ("object", None, None, None, False),
     "timeoutSeconds": ("integer", 30, 1, 86400, False),
     "terminal": ("boolean", False, None, None, False),
+    # Extensions (CONTRACT.md): output kept per stream (head and tail), and its encoding.
+    "maxOutputBytes": ("integer", 32768, 1, 1048576, False),
+    "outputEncoding": ("string", "utf8", None, None, False),
 }
 SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
     "dynocap_task_start": {

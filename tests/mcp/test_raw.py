@@ -153,7 +153,10 @@ async def test_names_and_errors(host: Host) -> None:
         for bad in ("UPPER", "-dash", "a b", "a/b", "x" * 64, "sbx-1", "task-1"):
             err(await s.call_tool("dynocap_run", {"name": bad}), "invalid_argument")
         ok(await s.call_tool("dynocap_run", {"name": "0.a_b-c"}))
-        err(await s.call_tool("dynocap_exec", {"name": "ghost", "command": "true"}), "not_found")
+        text = err(await s.call_tool("dynocap_exec", {"name": "ghost", "command": "true"}), "not_found")
+        assert "dynocap " not in text, "an MCP error names no CLI command"
+        near = err(await s.call_tool("dynocap_exec", {"name": "0.a_b-d", "command": "true"}), "not_found")
+        assert 'did you mean "0.a_b-c"' in near, near
         err(await s.call_tool("dynocap_destroy", {"name": "ghost"}), "not_found")
         # Raw tools refuse tasks' names and the other way round, with the right tool named.
         text = err(await s.call_tool("dynocap_task_exec", {"name": "dup", "command": "true"}), "conflict")

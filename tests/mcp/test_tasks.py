@@ -87,6 +87,10 @@ async def test_full_task_cycle(host: Host) -> None:
         saved = Path(finish["patchPath"])
         assert "+world" in saved.read_text()
         assert Path(finish["summaryPath"]).is_file() and Path(finish["logPath"]).is_file()
+        # Finishing it again is the same saved result, and says so.
+        again = ok(await s.call_tool("dynocap_task_finish", {"id": "cycle"}))
+        assert again.pop("alreadyFinished") is True and "alreadyFinished" not in finish
+        assert again == finish
         # A finished task's diff is the patch it saved.
         shown = await s.call_tool("dynocap_diff", {"target": "cycle"})
         assert not shown.is_error, shown.content[0].text
@@ -96,6 +100,8 @@ async def test_full_task_cycle(host: Host) -> None:
         listed = ok(await s.call_tool("dynocap_ls", {}))
         [record] = [t for t in listed["tasks"] if t["id"] == task["id"]]
         assert record["state"] == "finished" and record["name"] == "cycle"
+        assert record["result"]["verified"] is True and record["result"]["files"] == finish["files"]
+        assert record["result"]["resultsDir"] == str(Path(finish["patchPath"]).parent)
         err(await s.call_tool("dynocap_task_exec", {"name": "cycle", "command": "true"}), "conflict")
 
         removed = ok(await s.call_tool("dynocap_rm", {"target": "cycle", "purge": True}))

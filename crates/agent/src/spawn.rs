@@ -298,11 +298,24 @@ unsafe fn child_main(plan: &ChildPlan<'_>) -> ! {
         if libc::chdir(plan.cwd.as_ptr()) != 0 {
             child_fail(&plan.msg_cwd, 126);
         }
-        libc::execve(
-            plan.program.as_ptr(),
-            plan.argv.as_ptr(),
-            plan.envp.as_ptr(),
-        );
+        // ETXTBSY: a program the agent has just written (the guarded git's copy) is still
+        // open for writing in another child forked at that moment, until that child's own
+        // exec closes it. Brief, so retry for a while, as Go's os/exec does.
+        for _ in 0..100 {
+            libc::execve(
+                plan.program.as_ptr(),
+                plan.argv.as_ptr(),
+                plan.envp.as_ptr(),
+            );
+            if *libc::__errno_location() != libc::ETXTBSY {
+                break;
+            }
+            let pause = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 10_000_000,
+            };
+            libc::nanosleep(&pause, std::ptr::null_mut());
+        }
         child_fail(&plan.msg_exec, 127)
     }
 }

@@ -128,7 +128,7 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
-    /// Sandbox or task name (or id).
+    /// Name (or id) of the raw sandbox (`exec`) or of the task (`task exec`).
     pub name: String,
     /// Working directory inside the sandbox (default / for sandboxes, /workspace for tasks).
     #[arg(long)]
@@ -148,7 +148,9 @@ pub struct ExecArgs {
     /// Pipes and files always get the bytes unchanged.
     #[arg(long)]
     pub raw: bool,
-    /// The command, run with `sh -c`; several words are joined with spaces.
+    /// The command. One word is a shell command, run with `sh -c` (`-- 'make && make
+    /// test'`); several words are a program and its arguments, passed exactly as given
+    /// (`-- printf '%s\n' 'a b'`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }

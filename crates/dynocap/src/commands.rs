@@ -99,7 +99,7 @@ pub async fn exec(
                 .ok_or_else(|| Error::invalid(format!("--env {pair:?} must be KEY=VALUE")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let command = args.command.join(" ");
+    let command = shell_command(&args.command);
     let default_cwd = if task { "/workspace" } else { "/" };
     let spec = ExecSpec::new(
         &command,
@@ -191,5 +191,42 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
     match dynocap_engine::supervisor::main(home, &args.id, ready, mode) {
         0 => ExitCode::SUCCESS,
         _ => ExitCode::FAILURE,
+    }
+}
+
+/// The `sh -c` command for the words after `--`: one word is a shell command as it stands
+/// (`-- 'make && make test'`); several are a program and its arguments, each quoted so that
+/// it arrives as given (`-- printf '%s\n' 'a b'`), as `docker exec` and `kubectl exec` do.
+fn shell_command(words: &[String]) -> String {
+    match words {
+        [single] => single.clone(),
+        words => words
+            .iter()
+            .map(|word| shell_quote(word))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// `word` in single quotes, each `'` in it written as `'\''`.
+fn shell_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod command_tests {
+    use super::*;
+
+    #[test]
+    fn several_words_are_quoted_one_word_is_shell() {
+        let words = |w: &[&str]| w.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            shell_command(&words(&["make && make test"])),
+            "make && make test"
+        );
+        assert_eq!(
+            shell_command(&words(&["printf", "%s\\n", "a b", "it's"])),
+            r"'printf' '%s\n' 'a b' 'it'\''s'"
+        );
     }
 }

@@ -153,6 +153,23 @@ pub fn ls(engine: &Engine, json: bool) -> Result<ExitCode, Error> {
     println!("TASKS");
     print!("{}", table(TASK_HEADERS, &rows));
     for task in &listing.tasks {
+        if let Some(result) = &task.result {
+            println!(
+                "  {}: {} files changed, {}{}; results in {}",
+                escape(task.name.as_deref().unwrap_or(&task.id)),
+                result.files,
+                if result.verified {
+                    "verified"
+                } else {
+                    "NOT verified"
+                },
+                match result.sensitive_paths {
+                    0 => String::new(),
+                    n => format!(", {n} sensitive paths to review"),
+                },
+                result.results_dir
+            );
+        }
         if let Some(note) = &task.note {
             println!(
                 "  {}: {}",
@@ -290,9 +307,14 @@ fn patch_line(line: &str, terminal: bool) -> String {
 
 fn print_finish(result: &FinishResult) {
     println!(
-        "task {} {}",
+        "task {} {}{}",
         escape(result.name.as_deref().unwrap_or(&result.id)),
-        result.state.as_str()
+        result.state.as_str(),
+        if result.already_finished {
+            " (it had already ended: this is the result it saved then)"
+        } else {
+            ""
+        }
     );
     println!(
         "{} files changed, {} additions, {} deletions",

@@ -636,13 +636,56 @@ fn not_running(name: &str, kind: Kind, state: State) -> String {
     }
 }
 
+/// The record bound to `name` (or with that id). A name that matches nothing is answered with
+/// the closest name in use, or the names in use: the message serves the CLI and MCP alike, so
+/// it names no command.
 pub(crate) fn find(catalog: &Catalog, name: &str) -> Result<Record> {
-    catalog.find(name)?.ok_or_else(|| {
-        Error::not_found(format!(
-            "no sandbox or task named \"{name}\"; list them with `dynocap ps` or `dynocap ls`"
-        ))
-    })
+    if let Some(record) = catalog.find(name)? {
+        return Ok(record);
+    }
+    let names: Vec<String> = catalog.list()?.into_iter().filter_map(|r| r.name).collect();
+    let hint = match closest(name, &names) {
+        Some(near) => format!("; did you mean \"{near}\"?"),
+        None if names.is_empty() => "; there are none".to_owned(),
+        None if names.len() <= 10 => format!("; the names in use are {}", names.join(", ")),
+        None => format!(
+            "; {} names are in use, among them {}",
+            names.len(),
+            names[..10].join(", ")
+        ),
+    };
+    Err(Error::not_found(format!(
+        "no sandbox or task named \"{name}\"{hint}"
+    )))
 }
+
+/// The name in `names` nearest to `typed` by edit distance, if it is near enough to be a typo
+/// (at most one edit per three characters, and at least one).
+fn closest<'a>(typed: &str, names: &'a [String]) -> Option<&'a str> {
+    let allowed = (typed.chars().count() / 3).max(1);
+    names
+        .iter()
+        .map(|name| (edit_distance(typed, name), name))
+        .filter(|(distance, _)| *distance <= allowed)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| name.as_str())
+}
+
+/// Levenshtein distance over characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != *cb);
+            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
 
 pub(crate) fn unexpected(reply: &ControlReply) -> Error {
     Error::internal(format!("unexpected reply from the supervisor: {reply:?}"))
@@ -773,4 +816,24 @@ fn log_tail(path: &std::path::Path) -> String {
     }
     let tail: Vec<&str> = lines.into_iter().rev().collect();
     format!(":\n{}", tail.join("\n"))
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn typos_find_their_name_and_strangers_do_not() {
+        let names = vec!["fix-bug".to_owned(), "web".to_owned(), "web2".to_owned()];
+        assert_eq!(closest("fix-bgu", &names), Some("fix-bug"));
+        assert_eq!(
+            closest("wbe", &names),
+            None,
+            "two edits in three letters is not a typo"
+        );
+        assert!(matches!(closest("web3", &names), Some("web" | "web2")));
+        assert_eq!(closest("database", &names), None);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+    }
 }

@@ -152,6 +152,7 @@ pub fn finalize(
         additions: summary.additions,
         deletions: summary.deletions,
         sensitive_paths: summary.sensitive_paths,
+        already_finished: false,
     };
     let text = serde_json::to_vec_pretty(&SummaryFile {
         task: &result,

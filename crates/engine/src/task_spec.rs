@@ -246,6 +246,34 @@ pub struct TaskInfo {
     /// wrong and what to do).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub note: Option<String>,
+    /// What a task that ended saved: the files it changed, whether the patch verified, and
+    /// where its results are.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub result: Option<ResultBrief>,
+}
+
+/// The part of a saved result worth listing beside a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResultBrief {
+    pub files: u64,
+    pub verified: bool,
+    pub sensitive_paths: usize,
+    pub results_dir: String,
+}
+
+impl ResultBrief {
+    pub fn of(result: &FinishResult) -> Self {
+        Self {
+            files: result.files,
+            verified: result.verified,
+            sensitive_paths: result.sensitive_paths.len(),
+            results_dir: std::path::Path::new(&result.patch_path)
+                .parent()
+                .map(|dir| dir.display().to_string())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// The Diff object: the header plus the patch.
@@ -281,6 +309,9 @@ pub struct FinishResult {
     pub additions: u64,
     pub deletions: u64,
     pub sensitive_paths: Vec<SensitivePath>,
+    /// The task had already ended before this call: this is the result it saved then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub already_finished: bool,
 }
 
 /// The ls object.

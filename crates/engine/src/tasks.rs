@@ -13,8 +13,8 @@ use crate::save::ResultFiles;
 use crate::spec::ExecSpec;
 use crate::supervisor::Mode;
 use crate::task_spec::{
-    DiffResult, FinishResult, LsResult, Progress, RmResult, Skipped, Source, SourceInfo,
-    TaskDetail, TaskInfo, TaskStartSpec,
+    DiffResult, FinishResult, LsResult, Progress, ResultBrief, RmResult, Skipped, Source,
+    SourceInfo, TaskDetail, TaskInfo, TaskStartSpec,
 };
 use crate::workspace::SUPERVISOR_PROJECT_FD;
 
@@ -164,7 +164,12 @@ impl Engine {
             State::Recovering => Err(Error::conflict(format!(
                 "task \"{target}\" is being recovered by another finish; wait for it to complete"
             ))),
-            _ => self.saved_result(&catalog, &record, target),
+            _ => self
+                .saved_result(&catalog, &record, target)
+                .map(|result| FinishResult {
+                    already_finished: true,
+                    ..result
+                }),
         }
     }
 
@@ -394,5 +399,6 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         created_at: rfc3339(record.created_at),
         expires_at: rfc3339(record.expires_at),
         source,
+        result: detail.result.as_ref().map(ResultBrief::of),
     })
 }

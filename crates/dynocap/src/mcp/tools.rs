@@ -683,6 +683,20 @@ fn task_schema() -> Value {
         }),
     );
     properties.insert(
+        "result".into(),
+        json!({
+            "type": "object",
+            "description": "What a task that ended saved (see dynocap_task_finish).",
+            "properties": {
+                "files": { "type": "integer", "description": "Files the patch changes." },
+                "verified": { "type": "boolean" },
+                "sensitivePaths": { "type": "integer", "description": "How many sensitive paths the patch touches." },
+                "resultsDir": { "type": "string" }
+            },
+            "required": ["files", "verified", "sensitivePaths", "resultsDir"]
+        }),
+    );
+    properties.insert(
         "note".into(),
         json!({ "type": "string", "description": "Why the task is in its state, when that needs saying (what went wrong, what to do)." }),
     );
@@ -751,6 +765,7 @@ fn finish_schema() -> Value {
             "name": nullable(json!({ "type": "string" })),
             "state": { "type": "string" },
             "verified": { "type": "boolean" },
+            "alreadyFinished": { "type": "boolean", "description": "The task had already ended before this call; this is the result it saved then. Absent otherwise." },
             "verifyError": nullable(json!({ "type": "string", "description": "Why the patch is not verified. Such a patch must not be applied or offered for applying: tell the user what failed and to inspect patchPath (e.g. less <patchPath>) first." })),
             "patchPath": { "type": "string" },
             "logPath": { "type": "string" },

@@ -61,7 +61,7 @@ fn exit_codes_signals_cwd_env_and_streams() {
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "visible\n");
     assert!(String::from_utf8_lossy(&out.stderr).contains("problem"));
-    let out = home.run(&["exec", "ex", "--", "kill", "-TERM", "$$"]);
+    let out = home.run(&["exec", "ex", "--", "kill -TERM $$"]);
     assert_eq!(out.status.code(), Some(128 + 15));
 }
 
@@ -81,8 +81,11 @@ fn large_output_is_truncated_and_stdin_is_closed() {
     let stdout = big["stdout"].as_str().unwrap();
     assert!(stdout.starts_with("aaaa"), "the head is kept");
     assert!(stdout.ends_with("\nthe-last-line\n"), "the tail is kept");
-    let omitted = 10_485_760 + 15 - 1024 * 1024;
-    let marker = format!("[… {} bytes omitted …]", thousands(omitted));
+    let omitted: u64 = 10_485_760 + 15 - 1024 * 1024;
+    let marker = format!(
+        "[… {} bytes omitted …]",
+        dynocap_engine::excerpt::thousands(omitted)
+    );
     assert!(
         stdout.contains(&marker),
         "the marker counts what was dropped: {marker}"
@@ -411,17 +414,18 @@ fn background_processes_outlive_a_normal_exit_and_their_cgroup_goes_with_them() 
 
 /// `: xxxx…; echo ok` of exactly `len` bytes, as words of at most 100 000 bytes (each
 /// argument of `dynocap` itself is bounded by the kernel too); the CLI joins them with spaces.
+/// Words after `--` that make a command of exactly `len` bytes once the CLI quotes them for
+/// `sh -c` (`'sh' '-c' 'echo ok' '_' 'xxx…' …`): long filler arguments, each under the
+/// kernel's 128 KiB per argument so that the CLI itself can be started with them.
 fn long_command(len: usize) -> Vec<String> {
-    let (head, tail) = (":", "; echo ok");
-    let mut words = vec![head.to_owned()];
-    let mut used = head.len() + 1 + tail.len();
-    while used < len {
-        let n = (len - used - 1).min(100_000);
+    let mut words: Vec<String> = ["sh", "-c", "echo ok", "_"].map(String::from).to_vec();
+    let quoted = |words: &[String]| words.iter().map(|w| w.len() + 3).sum::<usize>() - 1;
+    while quoted(&words) < len {
+        // A new word costs its length plus two quotes and a space.
+        let n = (len - quoted(&words)).saturating_sub(3).clamp(1, 100_000);
         words.push("x".repeat(n));
-        used += n + 1;
     }
-    words.push(tail.to_owned());
-    assert_eq!(words.join(" ").len(), len);
+    assert_eq!(quoted(&words), len, "the filler lands on the exact length");
     words
 }
 
@@ -475,18 +479,6 @@ fn commands_up_to_the_limit_run_and_longer_ones_are_refused() {
             .contains("262144"),
         "{refused:#}"
     );
-}
-
-fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[test]

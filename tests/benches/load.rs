@@ -5,11 +5,10 @@
 //!
 //! Run with `scripts/bench.sh` (builds the release binaries first). Needs root.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use dynocap_e2e::bench::{proc_kib, release_bins};
+use dynocap_e2e::bench::{child_pids, proc_kib, release_bins, running_supervisors};
 
 const SANDBOXES: usize = 50;
 const EXECS: usize = 200;
@@ -85,7 +84,7 @@ fn main() {
     execs.sort();
 
     std::thread::sleep(Duration::from_secs(1));
-    let supervisors = supervisor_pids(home.path());
+    let supervisors = running_supervisors(home.path(), "");
     assert_eq!(supervisors.len(), SANDBOXES, "every sandbox is running");
     let supervisor_pss: u64 = supervisors
         .iter()
@@ -126,24 +125,4 @@ fn main() {
             scope.spawn(move || run(&["destroy", &format!("l{i}")]));
         }
     });
-}
-
-fn supervisor_pids(home: &Path) -> Vec<i32> {
-    let out = Command::new("sqlite3")
-        .arg(home.join("catalog.db"))
-        .arg("SELECT supervisor_pid FROM sandboxes WHERE state = 'running'")
-        .output()
-        .expect("sqlite3");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
-fn child_pids(pid: i32) -> Vec<i32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
 }

@@ -6,11 +6,10 @@
 //!
 //! Run with `scripts/bench.sh` (builds the release binaries first). Needs root and bwrap.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use dynocap_e2e::bench::{proc_kib, release_bins, report, sample};
+use dynocap_e2e::bench::{child_pids, proc_kib, release_bins, report, running_supervisors, sample};
 
 use dynocap_engine::spec::{ExecSpec, RunSpec};
 use dynocap_engine::{Engine, Home};
@@ -122,7 +121,7 @@ fn main() {
         cli(&["run", &format!("idle{i}")]);
     }
     std::thread::sleep(Duration::from_secs(1));
-    let supervisors = supervisor_pids(home_dir.path());
+    let supervisors = running_supervisors(home_dir.path(), "hot");
     let mut processes = Vec::new();
     for &sup in &supervisors {
         processes.push(sup);
@@ -154,26 +153,4 @@ fn main() {
         cli(&["destroy", &format!("idle{i}")]);
     }
     runtime.block_on(engine.destroy("hot")).expect("destroy");
-}
-
-/// Supervisors of the live sandboxes in this home, the "hot" one first.
-fn supervisor_pids(home: &Path) -> Vec<i32> {
-    let out = Command::new("sqlite3")
-        .arg(home.join("catalog.db"))
-        .arg("SELECT supervisor_pid FROM sandboxes WHERE state = 'running' ORDER BY name != 'hot', name")
-        .output()
-        .expect("sqlite3");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
-fn child_pids(pid: i32) -> Vec<i32> {
-    let path = format!("/proc/{pid}/task/{pid}/children");
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
 }

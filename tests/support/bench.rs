@@ -55,3 +55,28 @@ pub fn proc_kib(pid: i32, file: &str, field: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+/// Pids of the supervisors of this home's running sandboxes, the one named `first` (if any)
+/// first.
+pub fn running_supervisors(home: &Path, first: &str) -> Vec<i32> {
+    let out = std::process::Command::new("sqlite3")
+        .arg(home.join("catalog.db"))
+        .arg(format!(
+            "SELECT supervisor_pid FROM sandboxes WHERE state = 'running' ORDER BY name != '{first}', name"
+        ))
+        .output()
+        .expect("sqlite3");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// The direct children of `pid` (a supervisor's guest init).
+pub fn child_pids(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}

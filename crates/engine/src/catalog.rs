@@ -497,28 +497,38 @@ impl Catalog {
     }
 }
 
+/// Runs `statement` with the record's fields as ?1..?16, in [`COLUMNS`] order.
+fn with_row<T>(record: &Record, statement: impl FnOnce(&[&dyn rusqlite::ToSql]) -> T) -> T {
+    let (created, expires) = (timestamp(record.created_at), timestamp(record.expires_at));
+    let pid = record.supervisor.map(|p| p.pid);
+    let start = record.supervisor.map(|p| p.start_ticks);
+    statement(params![
+        record.id,
+        record.kind.as_str(),
+        record.name,
+        record.state.as_str(),
+        record.backend,
+        record.network.as_str(),
+        record.cpus,
+        record.memory_mb,
+        record.ttl_seconds,
+        created,
+        expires,
+        pid,
+        start,
+        record.note,
+        record.detail,
+        record.disk_mb,
+    ])
+}
+
 pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
-    let result = conn.execute(
-        &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"),
-        params![
-            record.id,
-            record.kind.as_str(),
-            record.name,
-            record.state.as_str(),
-            record.backend,
-            record.network.as_str(),
-            record.cpus,
-            record.memory_mb,
-            record.ttl_seconds,
-            timestamp(record.created_at),
-            timestamp(record.expires_at),
-            record.supervisor.map(|p| p.pid),
-            record.supervisor.map(|p| p.start_ticks),
-            record.note,
-            record.detail,
-            record.disk_mb,
-        ],
-    );
+    let result = with_row(record, |row| {
+        conn.execute(
+            &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"),
+            row,
+        )
+    });
     match result {
         Ok(_) => Ok(()),
         Err(rusqlite::Error::SqliteFailure(err, _))
@@ -535,29 +545,14 @@ pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failu
 
 /// Writes every field of `record` but its id to its row.
 fn update_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
-    conn.execute(
-        "UPDATE sandboxes SET kind = ?2, name = ?3, state = ?4, backend = ?5, network = ?6, \
-         cpus = ?7, memory_mb = ?8, ttl_seconds = ?9, created_at = ?10, expires_at = ?11, \
-         supervisor_pid = ?12, supervisor_start = ?13, note = ?14, detail = ?15, disk_mb = ?16 WHERE id = ?1",
-        params![
-            record.id,
-            record.kind.as_str(),
-            record.name,
-            record.state.as_str(),
-            record.backend,
-            record.network.as_str(),
-            record.cpus,
-            record.memory_mb,
-            record.ttl_seconds,
-            timestamp(record.created_at),
-            timestamp(record.expires_at),
-            record.supervisor.map(|p| p.pid),
-            record.supervisor.map(|p| p.start_ticks),
-            record.note,
-            record.detail,
-            record.disk_mb,
-        ],
-    )
+    with_row(record, |row| {
+        conn.execute(
+            "UPDATE sandboxes SET kind = ?2, name = ?3, state = ?4, backend = ?5, network = ?6, \
+             cpus = ?7, memory_mb = ?8, ttl_seconds = ?9, created_at = ?10, expires_at = ?11, \
+             supervisor_pid = ?12, supervisor_start = ?13, note = ?14, detail = ?15, disk_mb = ?16 WHERE id = ?1",
+            row,
+        )
+    })
     .map_err(classify)?;
     Ok(())
 }

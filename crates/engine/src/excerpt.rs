@@ -100,7 +100,8 @@ pub fn marker(omitted: u64) -> String {
     format!("\n[… {} bytes omitted …]\n", thousands(omitted))
 }
 
-fn thousands(n: u64) -> String {
+/// `n` with thousands separators: `1,234,567`.
+pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {

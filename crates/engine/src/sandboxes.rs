@@ -686,7 +686,6 @@ fn edit_distance(a: &str, b: &str) -> usize {
     previous[b.len()]
 }
 
-
 pub(crate) fn unexpected(reply: &ControlReply) -> Error {
     Error::internal(format!("unexpected reply from the supervisor: {reply:?}"))
 }

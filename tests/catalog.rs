@@ -237,7 +237,7 @@ fn a_catalog_this_user_cannot_open_says_which_access_is_missing() {
 /// the raw sandbox, each usable.
 fn assert_everything_is_back(home: &TestHome, ids: &[String; 2], how: &str) {
     let ls = home.json(&["ls"]);
-    let tasks: Vec<(&str, &str)> = ls["tasks"]
+    let mut tasks: Vec<(&str, &str)> = ls["tasks"]
         .as_array()
         .expect("tasks")
         .iter()
@@ -248,6 +248,8 @@ fn assert_everything_is_back(home: &TestHome, ids: &[String; 2], how: &str) {
             )
         })
         .collect();
+    // Records created within the same second list in id order, which is random.
+    tasks.sort_unstable();
     assert_eq!(tasks, [("done", "finished"), ("live", "running")], "{how}");
     let boxes: Vec<(&str, &str)> = ls["sandboxes"]
         .as_array()

@@ -136,7 +136,7 @@ pub struct ExecArgs {
     /// Environment variable for the command, KEY=VALUE (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
-    /// Deadline in seconds (default 30); the command's process group is killed at it.
+    /// Deadline in seconds (default 30); everything the command started is killed at it.
     #[arg(long = "timeout", value_name = "SECONDS", value_parser = whole_number)]
     pub timeout_seconds: Option<u64>,
     /// Run in a 24x80 pseudo-terminal and print the screen transcript.

@@ -269,8 +269,9 @@ fn exec_params(target: &'static str, default_cwd: &'static str, cwd: &'static st
             },
             required: false,
             description: "Execution deadline in seconds (1 to 86400, default 30). At the \
-                          deadline the command's whole process group is killed and the result \
-                          has timedOut: true with the output so far; that is not an error.",
+                          deadline every process the command started is killed, wherever it \
+                          went, and the result has timedOut: true with the output so far; \
+                          that is not an error.",
         },
         Param {
             name: "terminal",

@@ -54,7 +54,12 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "sshKeyPath": ("string", None, None, None, False),
     },
     "dynocap_task_exec": {**EXEC_PARAMS, "cwd": ("string", "/workspace", None, None, False)},
-    "dynocap_diff": {"target": ("string", None, None, None, True)},
+    "dynocap_diff": {
+        "target": ("string", None, None, None, True),
+        # Extensions (CONTRACT.md): narrow the patch text.
+        "paths": ("array", None, None, None, False),
+        "stat": ("boolean", False, None, None, False),
+    },
     "dynocap_task_finish": {"id": ("string", None, None, None, True)},
     "dynocap_ls": {},
     "dynocap_rm": {

@@ -68,7 +68,9 @@ async def test_full_task_cycle(host: Host) -> None:
         header = json.loads(header_line)
         diff = result.structured_content
         assert diff == {**header, "patch": patch}
-        assert set(header) == {"files", "additions", "deletions", "sensitivePaths"}
+        assert set(header) == {"files", "additions", "deletions", "sensitivePaths", "changes",
+                               "omittedFiles"}
+        assert header["omittedFiles"] == [] and len(header["changes"]) == header["files"]
         assert header["files"] == 4 and header["additions"] >= 4
         kinds = {(p["path"], p["kind"]) for p in header["sensitivePaths"]}
         assert (".github/workflows/x.yml", "ci-workflow") in kinds, kinds
@@ -281,3 +283,35 @@ async def test_task_start_reports_paths_it_could_not_bring(host: Host) -> None:
         [record] = [t for t in listed["tasks"] if t["id"] == task["id"]]
         assert record["source"] == source
         ok(await s.call_tool("dynocap_rm", {"target": task["id"], "force": True, "purge": True}))
+
+
+async def test_a_large_diff_keeps_every_file_in_the_header_and_bounds_the_text(host: Host) -> None:
+    app = host.project("big", files={"README.md": "hello\n"})
+    async with connect(host) as s:
+        ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "wide"}))
+        made = await sh(s, "wide", "mkdir -p gen .github/workflows && for i in $(seq 1 120); do "
+                        "seq 1 400 > gen/f$i.txt; done && printf 'on: push\\n' > .github/workflows/z.yml")
+        assert made["exitCode"] == 0, made
+        result = await s.call_tool("dynocap_diff", {"target": "wide"})
+        assert not result.is_error, result.content[0].text
+        diff = result.structured_content
+        header_line, _, text = result.content[0].text.partition("\n")
+        assert text == diff["patch"] and json.loads(header_line)["omittedFiles"] == diff["omittedFiles"]
+        assert diff["files"] == 121 and len(diff["changes"]) == 121
+        assert {c["path"] for c in diff["changes"]} >= {"gen/f1.txt", ".github/workflows/z.yml"}
+        assert all(c["status"] == "added" and c["additions"] in (1, 400) for c in diff["changes"])
+        assert [p["path"] for p in diff["sensitivePaths"]] == [".github/workflows/z.yml"]
+        # About 1.9 KB per file: the text stops at a file boundary before 64 KiB.
+        assert 50_000 < len(diff["patch"].encode()) <= 64 * 1024
+        assert diff["patch"].startswith("diff --git ") and diff["patch"].endswith("+400\n")
+        shown = diff["patch"].count("diff --git ")
+        assert shown + len(diff["omittedFiles"]) == 121
+        # Any file left out can be asked for by name; stat gives the header alone.
+        wanted = diff["omittedFiles"][-1]
+        one = (await s.call_tool("dynocap_diff", {"target": "wide", "paths": [wanted]})).structured_content
+        assert one["patch"].count("diff --git ") == 1 and f"b/{wanted}" in one["patch"]
+        assert len(one["changes"]) == 121 and len(one["omittedFiles"]) == 120
+        stat = (await s.call_tool("dynocap_diff", {"target": "wide", "stat": True})).structured_content
+        assert stat["patch"] == "" and len(stat["changes"]) == 121
+        err(await s.call_tool("dynocap_diff", {"target": "wide", "paths": "gen/f1.txt"}), "invalid_argument")
+        ok(await s.call_tool("dynocap_rm", {"target": "wide", "force": True, "purge": True}))

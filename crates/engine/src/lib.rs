@@ -9,6 +9,7 @@ mod catalog_file;
 mod catalog_lock;
 pub mod ceilings;
 pub mod control;
+pub mod diff_view;
 pub mod error;
 pub mod excerpt;
 pub mod exec;

@@ -163,6 +163,29 @@ impl<'a> Args<'a> {
         }
     }
 
+    /// A list of strings.
+    pub fn string_list(&self, name: &str) -> Result<Option<Vec<String>>, Error> {
+        self.param(name)?;
+        let Some(value) = self.map.get(name) else {
+            return Ok(None);
+        };
+        let Value::Array(items) = value else {
+            return Err(wrong_type(name, "a list of strings", value));
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Value::String(text) => Ok(text.clone()),
+                other => Err(Error::invalid(format!(
+                    "{name}[{i}] must be a string, not {}",
+                    describe(other)
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
     /// An object of string values, as (key, value) pairs in the order given.
     pub fn string_map(&self, name: &str) -> Result<Vec<(String, String)>, Error> {
         self.param(name)?;

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
+use dynocap_engine::diff_view::{self, Selection};
 use dynocap_engine::spec::{ExecSpec, OutputEncoding, RunSpec, EXEC_OUTPUT_MCP_DEFAULT};
 use dynocap_engine::task_spec::{Progress, Source, TaskStartSpec};
 use dynocap_engine::{Engine, Error};
@@ -87,12 +88,25 @@ impl Tools {
             }
             "dynocap_diff" => {
                 let target = args.required_string("target")?;
+                let selection = Selection {
+                    paths: args.string_list("paths")?,
+                    stat: args.boolean("stat")?.unwrap_or(false),
+                };
                 let diff = self.engine.task_diff(&target).await?;
-                let structured = serde_json::to_value(&diff)
+                let view = diff_view::view(&diff.patch, diff_view::DEFAULT_SHOWN_BYTES, &selection);
+                let mut header = serde_json::to_value(&diff.summary)
                     .map_err(|err| Error::internal(format!("cannot encode the diff: {err}")))?;
+                if let Value::Object(fields) = &mut header {
+                    fields.insert("changes".into(), json!(view.changes));
+                    fields.insert("omittedFiles".into(), json!(view.omitted));
+                }
+                let text = format!("{header}\n{}", view.patch);
+                if let Value::Object(fields) = &mut header {
+                    fields.insert("patch".into(), Value::String(view.patch));
+                }
                 Ok(Output {
-                    structured,
-                    text: diff.to_text(),
+                    structured: header,
+                    text,
                 })
             }
             "dynocap_task_finish" => {

@@ -1,0 +1,207 @@
+//! What a diff shows a model: every changed file with its stats, always, and the patch text
+//! bounded. A 4.7 MB patch sent whole is a 9.5 MB answer that no model can use; the header
+//! (every file, every sensitive path) is small and complete, and the text is cut at a file
+//! boundary past the bound, naming the files left out, or narrowed to the files asked for.
+
+use serde::{Deserialize, Serialize};
+
+use crate::patch::{self, FilePatch};
+
+/// Patch text shown by default before the cut (64 KiB).
+pub const DEFAULT_SHOWN_BYTES: usize = 64 * 1024;
+
+/// One changed file of the header.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Change {
+    pub path: String,
+    /// added, deleted, modified, renamed or copied.
+    pub status: &'static str,
+    pub additions: u64,
+    pub deletions: u64,
+    pub binary: bool,
+}
+
+/// The header's file list and the patch text to show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    pub changes: Vec<Change>,
+    pub patch: String,
+    /// Files whose text was left out (past the bound, or not among `paths`).
+    pub omitted: Vec<String>,
+}
+
+/// Which part of the patch to show.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Only these files (by path).
+    pub paths: Option<Vec<String>>,
+    /// The header only, no patch text.
+    pub stat: bool,
+}
+
+/// Cuts `patch` for showing: whole file entries, in patch order, while they fit in
+/// `max_bytes`. When the first entry to show is itself larger, its head is shown up to the
+/// bound (at a line end) with a marker, and it is listed as omitted too. A patch the parser
+/// refuses is shown cut at the bound, with no file list.
+pub fn view(patch_text: &str, max_bytes: usize, selection: &Selection) -> View {
+    let Ok(files) = patch::parse(patch_text.as_bytes(), patch_text.len().max(1)) else {
+        let mut end = patch_text.len().min(max_bytes);
+        while !patch_text.is_char_boundary(end) {
+            end -= 1;
+        }
+        return View {
+            changes: Vec::new(),
+            patch: if selection.stat {
+                String::new()
+            } else {
+                patch_text[..end].to_owned()
+            },
+            omitted: Vec::new(),
+        };
+    };
+    let sections = sections(patch_text, &files);
+    let changes = files.iter().map(change).collect();
+    let mut shown = String::new();
+    let mut omitted = Vec::new();
+    // Once an entry is cut for size, the rest is too: the text is one prefix of the patch.
+    let mut cut = false;
+    for (file, text) in files.iter().zip(sections) {
+        let wanted = !selection.stat
+            && selection
+                .paths
+                .as_ref()
+                .is_none_or(|paths| paths.iter().any(|p| p == file.path()));
+        if wanted && !cut && shown.len() + text.len() <= max_bytes {
+            shown.push_str(text);
+        } else if wanted && !cut && shown.is_empty() {
+            cut = true;
+            let head = head_at_line_end(text, max_bytes);
+            shown.push_str(head);
+            shown.push_str(&format!(
+                "[… the rest of this file's entry ({} bytes) is omitted: ask for it alone with paths …]\n",
+                text.len() - head.len()
+            ));
+            omitted.push(file.path().to_owned());
+        } else {
+            cut |= wanted;
+            omitted.push(file.path().to_owned());
+        }
+    }
+    View {
+        changes,
+        patch: shown,
+        omitted,
+    }
+}
+
+/// The longest prefix of `text` ending at a line end and at most `max` bytes long.
+fn head_at_line_end(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    match text[..end].rfind('\n') {
+        Some(newline) => &text[..=newline],
+        None => "",
+    }
+}
+
+/// The text of each file entry: from its `diff --git` line to the next one's.
+fn sections<'a>(text: &'a str, files: &[FilePatch<'_>]) -> Vec<&'a str> {
+    let mut starts: Vec<usize> = Vec::with_capacity(files.len());
+    let mut wanted = files.iter().map(|f| f.line).peekable();
+    let mut offset = 0;
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        if wanted.peek() == Some(&(index + 1)) {
+            starts.push(offset);
+            wanted.next();
+        }
+        offset += line.len();
+    }
+    let mut ends: Vec<usize> = starts.iter().skip(1).copied().collect();
+    ends.push(text.len());
+    starts
+        .iter()
+        .zip(ends)
+        .map(|(&start, end)| &text[start..end])
+        .collect()
+}
+
+fn change(file: &FilePatch<'_>) -> Change {
+    Change {
+        path: file.path().to_owned(),
+        status: if file.is_new {
+            "added"
+        } else if file.is_deleted {
+            "deleted"
+        } else if file.is_rename {
+            "renamed"
+        } else if file.is_copy {
+            "copied"
+        } else {
+            "modified"
+        },
+        additions: file.additions(),
+        deletions: file.deletions(),
+        binary: file.is_binary,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, lines: usize) -> String {
+        let body: String = (0..lines).map(|i| format!("+line {i}\n")).collect();
+        format!(
+            "diff --git a/{name} b/{name}\nnew file mode 100644\nindex 0000000..1111111\n--- /dev/null\n+++ b/{name}\n@@ -0,0 +1,{lines} @@\n{body}"
+        )
+    }
+
+    #[test]
+    fn the_header_is_whole_and_the_text_stops_at_a_file_boundary() {
+        let patch = [entry("a.txt", 10), entry("b.txt", 1000), entry("c.txt", 10)].concat();
+        let shown = view(&patch, 2000, &Selection::default());
+        assert_eq!(shown.changes.len(), 3);
+        assert_eq!(shown.changes[1].additions, 1000);
+        assert_eq!(shown.changes[0].status, "added");
+        assert_eq!(shown.patch, entry("a.txt", 10));
+        assert_eq!(shown.omitted, ["b.txt", "c.txt"]);
+        let all = view(&patch, usize::MAX, &Selection::default());
+        assert_eq!((all.patch.as_str(), all.omitted.len()), (patch.as_str(), 0));
+    }
+
+    #[test]
+    fn paths_and_stat_narrow_the_text() {
+        let patch = [entry("a.txt", 3), entry("b.txt", 3)].concat();
+        let only_b = Selection {
+            paths: Some(vec!["b.txt".to_owned()]),
+            stat: false,
+        };
+        let shown = view(&patch, DEFAULT_SHOWN_BYTES, &only_b);
+        assert_eq!(
+            (shown.patch, shown.omitted),
+            (entry("b.txt", 3), vec!["a.txt".to_owned()])
+        );
+        let stat = view(
+            &patch,
+            DEFAULT_SHOWN_BYTES,
+            &Selection {
+                paths: None,
+                stat: true,
+            },
+        );
+        assert!(stat.patch.is_empty() && stat.changes.len() == 2);
+    }
+
+    #[test]
+    fn one_huge_file_shows_its_head_and_says_so() {
+        let patch = entry("big.txt", 5000);
+        let shown = view(&patch, 300, &Selection::default());
+        assert!(shown.patch.len() < 400, "{}", shown.patch.len());
+        assert!(patch.starts_with(shown.patch.lines().next().unwrap()));
+        assert!(shown.patch.ends_with("ask for it alone with paths …]\n"));
+        assert_eq!(shown.omitted, ["big.txt"]);
+    }
+}

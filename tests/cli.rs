@@ -227,3 +227,57 @@ fn help_and_version_are_unchanged_by_json() {
         );
     }
 }
+
+#[test]
+fn completions_load_in_a_real_shell_and_the_man_page_covers_every_command() {
+    let home = TestHome::new();
+    let script = home.run(&["completions", "bash"]);
+    assert!(script.status.success());
+    let script_path = home.path().join("dynocap.bash");
+    std::fs::write(&script_path, &script.stdout).unwrap();
+    // bash itself loads it and registers the completion function.
+    let registered = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {} && complete -p dynocap",
+            script_path.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&registered.stdout).contains("_dynocap"),
+        "{registered:?}"
+    );
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let out = home.run(&["completions", shell]);
+        assert!(out.status.success() && !out.stdout.is_empty(), "{shell}");
+        assert!(
+            text(&out.stdout).contains("task"),
+            "{shell} completes subcommands"
+        );
+    }
+    let refused = home.json_err(&["completions", "tcsh"]);
+    assert_eq!(refused["code"], "invalid_argument");
+    let page = home.run(&["man"]);
+    let page = text(&page.stdout);
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH dynocap 1"),
+        "{page}"
+    );
+    for command in [
+        "run",
+        "exec",
+        "task",
+        "ls",
+        "rm",
+        "mcp",
+        "doctor",
+        "completions",
+    ] {
+        assert!(page.contains(command), "the man page names {command}");
+    }
+    assert!(
+        !page.contains("supervise"),
+        "internal commands stay out of the page"
+    );
+}

@@ -52,6 +52,11 @@ async def test_full_task_cycle(host: Host) -> None:
         assert progress, "no notifications/progress during dynocap_task_start"
         values = [p[0] for p in progress]
         assert values == sorted(values) and len(set(values)) == len(values), progress
+        # Every phase says what it is doing: boot, import, history, baseline.
+        messages = " | ".join(p[2] or "" for p in progress)
+        for phase in ("booting the sandbox", "guest agent answered", "importing",
+                      "sending the git history", "recording the baseline"):
+            assert phase in messages, messages
 
         out = await sh(s, "cycle", "pwd; cat README.md")
         assert out["stdout"] == "/workspace\nhello\n"

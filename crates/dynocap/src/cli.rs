@@ -44,9 +44,20 @@ pub enum Command {
     /// Report what this machine supports and what to install or enable; --repair rebuilds a
     /// damaged catalog.
     Doctor(DoctorArgs),
+    /// Print a completion script for a shell: `dynocap completions bash > /etc/bash_completion.d/dynocap`.
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff): `dynocap man | man -l -`.
+    Man,
     /// Internal: run a sandbox's supervisor (started by `run`).
     #[command(hide = true)]
     Supervise(SuperviseArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell: bash, zsh, fish, elvish or powershell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Subcommand)]

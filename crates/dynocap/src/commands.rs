@@ -13,8 +13,10 @@ use crate::output::{fail, print_json, sandbox_rows, table, SANDBOX_HEADERS};
 pub async fn dispatch(cli: Cli) -> ExitCode {
     let json = cli.json;
     let result = match cli.command {
-        Command::Doctor(_) | Command::Supervise(_) => {
-            unreachable!("doctor and supervise are dispatched before the runtime starts")
+        Command::Doctor(_) | Command::Supervise(_) | Command::Completions(_) | Command::Man => {
+            unreachable!(
+                "doctor, supervise, completions and man are dispatched before the runtime starts"
+            )
         }
         Command::Mcp(args) => {
             let options = crate::mcp::Options {
@@ -56,7 +58,11 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Doctor(_) | Command::Supervise(_) | Command::Mcp(_) => {
+        Command::Doctor(_)
+        | Command::Supervise(_)
+        | Command::Mcp(_)
+        | Command::Completions(_)
+        | Command::Man => {
             unreachable!("handled by dispatch")
         }
     }

@@ -4,6 +4,7 @@
 
 mod cli;
 mod commands;
+mod docs;
 mod doctor;
 mod mcp;
 mod output;
@@ -25,6 +26,8 @@ fn main() -> ExitCode {
         cli::Command::Supervise(args) => return commands::supervise(args),
         cli::Command::Doctor(args) if args.repair => return doctor::repair(cli.json),
         cli::Command::Doctor(_) => return doctor::run(cli.json),
+        cli::Command::Completions(args) => return docs::completions(args.shell),
+        cli::Command::Man => return docs::man_page(),
         _ => {}
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -93,6 +93,9 @@ pub fn main(home: Home, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
             ""
         }
     ));
+    ready.send(&ReadyMessage::Progress(workspace::step(
+        "booting the sandbox",
+    )));
     let (catalog, record, guest) = match boot(&home, id, mode) {
         Ok(parts) => parts,
         Err(err) => {
@@ -744,6 +747,9 @@ async fn start(
 ) -> Result<(AgentConn, UnixListener, Option<TaskContext>)> {
     let id = record.id.clone();
     let conn = connect_agent(guest).await?;
+    ready.send(&ReadyMessage::Progress(workspace::step(
+        "the sandbox is up; its guest agent answered",
+    )));
 
     let task = if record.kind == Kind::Task {
         let mut detail = TaskDetail::from_json(record.detail.as_deref())?;

@@ -213,6 +213,7 @@ pub async fn import(
         None => None,
         Some(bundling) => match bundling.await.context("bundling the history")?? {
             Some(path) => {
+                progress(step("sending the git history"));
                 send_file(conn, &path, BUNDLE_NAME).await?;
                 let _ = std::fs::remove_file(&path);
                 Some(BUNDLE_NAME.to_owned())
@@ -222,6 +223,7 @@ pub async fn import(
     };
     notes.extend(summary.notes);
     let with_history = bundle.is_some();
+    progress(step("recording the baseline the diff is taken against"));
     let stream = conn
         .open(&Request::Baseline(BaselineRequest {
             workspace: WORKSPACE.into(),
@@ -306,6 +308,15 @@ where
             FrameKind::Error => return Err(agent_error("computing the diff", &frame.payload)),
             _ => {}
         }
+    }
+}
+
+/// A progress report for a step that has no count of its own.
+pub fn step(message: &str) -> Progress {
+    Progress {
+        message: message.to_owned(),
+        done: 0,
+        total: None,
     }
 }
 

@@ -52,7 +52,7 @@ impl HostFacts {
 }
 
 /// MemTotal from /proc/meminfo, in MiB.
-fn total_memory_mb() -> Option<u64> {
+pub(crate) fn total_memory_mb() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

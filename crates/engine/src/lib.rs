@@ -10,6 +10,7 @@ mod catalog_lock;
 pub mod ceilings;
 pub mod control;
 pub mod diff_view;
+pub mod durable;
 pub mod error;
 pub mod excerpt;
 pub mod exec;

@@ -10,11 +10,9 @@
 //! Format: `{"format": 1, "record": {…}}`, the record in camelCase with its `detail` embedded
 //! as JSON. A newer format is refused rather than misread.
 
-use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -64,7 +62,8 @@ pub fn save(home: &Home, record: &Record) -> Result<()> {
     })
     .context(format_args!("encoding the record {}", record.id))?;
     text.push(b'\n');
-    write_atomically(dir, &path, &text)
+    crate::durable::replace(&path, &text)
+        .context(format_args!("writing the record file {}", path.display()))
 }
 
 /// Reads one record file.
@@ -203,34 +202,6 @@ fn check_id(id: &str) -> Result<()> {
     }
 }
 
-/// Replaces `path` with `bytes` so that any reader (or a crash) sees the old or the new file.
-fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
-    // Unique per process and call; a crashed writer's leftover never matches a live one's.
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let temp = dir.join(format!(
-        ".{RECORD_FILE}.{}.{}.tmp",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let written = (|| -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&temp, path)?;
-        // The rename is durable only once the directory is.
-        File::open(dir)?.sync_all()
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    written.context(format_args!("writing the record file {}", path.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,7 +295,7 @@ mod tests {
         assert_eq!((mode(&dir), mode(&path)), (0o700, 0o600));
 
         // A reader holding the old file keeps the old content: the new one is a new inode.
-        let mut old = File::open(&path).expect("open");
+        let mut old = std::fs::File::open(&path).expect("open");
         record.state = State::Expired;
         save(&home, &record).expect("third");
         let mut text = String::new();

@@ -8,7 +8,6 @@
 //! or half a summary: `patch.diff` without `summary.json` means "saved, not yet read", and a
 //! supervisor killed at any step leaves either a complete result or a kept layer.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -94,7 +93,8 @@ pub async fn take_final_patch(conn: &AgentConn, files: &ResultFiles) -> Result<u
             });
         }
     };
-    publish(&partial, &files.patch())?;
+    crate::durable::publish(&partial, &files.patch())
+        .map_err(|err| disk_error("saving", &files.patch(), &err))?;
     Ok(size)
 }
 
@@ -190,42 +190,15 @@ fn refused(why: &str) -> String {
     format!("the patch from the sandbox was refused: {why}")
 }
 
-/// Writes `bytes` to `path` through a temporary file: synced, renamed, directory synced.
+/// Writes `bytes` to `path` whole or not at all ([`crate::durable`]); a full disk is said as
+/// such, with what to do.
 pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
-    let partial = path.with_extension("partial");
-    let written = (|| -> std::io::Result<()> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&partial)?;
-        file.write_all(bytes)?;
-        file.sync_all()
-    })();
-    if let Err(err) = written {
-        let _ = std::fs::remove_file(&partial);
-        return Err(match err.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
-                out_of_space(path.parent().unwrap_or(Path::new("/")))
-            }
-            _ => disk_error("writing", &partial, &err),
-        });
-    }
-    publish(&partial, path)
-}
-
-/// Renames a finished temporary file into place and syncs the directory, so the name
-/// survives a crash.
-fn publish(partial: &Path, path: &Path) -> Result<()> {
-    std::fs::rename(partial, path).map_err(|err| disk_error("saving", path, &err))?;
-    if let Some(dir) = path.parent() {
-        if let Ok(dir) = std::fs::File::open(dir) {
-            let _ = dir.sync_all();
+    crate::durable::replace(path, bytes).map_err(|err| match err.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
+            out_of_space(path.parent().unwrap_or(Path::new("/")))
         }
-    }
-    Ok(())
+        _ => disk_error("writing", path, &err),
+    })
 }
 
 fn disk_error(what: &str, path: &Path, err: &dyn std::fmt::Display) -> Error {
@@ -251,7 +224,11 @@ mod tests {
         write_durably(&path, b"one").unwrap();
         write_durably(&path, b"two").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"two");
-        assert!(!dir.path().join("summary.partial").exists());
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary left"
+        );
     }
 
     #[test]

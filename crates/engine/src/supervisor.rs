@@ -559,20 +559,8 @@ async fn end_task(
 fn save_memory_limit(memory_mb: u64) -> u64 {
     let own = memory_mb.saturating_mul(1 << 20);
     let wanted = own.saturating_mul(2).saturating_add(1 << 30);
-    let half_host = host_memory_bytes().map_or(wanted, |total| total / 2);
+    let half_host = crate::ceilings::total_memory_mb().map_or(wanted, |mb| (mb << 20) / 2);
     wanted.min(half_host).max(own)
-}
-
-fn host_memory_bytes() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = meminfo
-        .lines()
-        .find_map(|line| line.strip_prefix("MemTotal:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    kib.checked_mul(1024)
 }
 
 /// Reads, verifies and summarises the saved patch (blocking work, off the runtime).

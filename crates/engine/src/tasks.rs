@@ -246,12 +246,7 @@ impl Engine {
             Err(err) => {
                 // Whatever stopped the recovery, the files stay for the next try.
                 if let Some(current) = catalog.get(&record.id)? {
-                    if let Some(process) = current.supervisor.filter(|p| p.is_alive()) {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(process.pid),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
-                    }
+                    self.kill_supervisor(&current).await;
                 }
                 self.reconcile(catalog)?;
                 let _ = catalog.transition(

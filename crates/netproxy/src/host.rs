@@ -1,0 +1,337 @@
+//! Host names: one canonical spelling for every name the proxy compares (allowlist entries,
+//! CONNECT hosts, TLS SNI, resolve overrides), and allowlist patterns over it.
+//!
+//! Canonical means UTS 46 (IDNA) mapped to ASCII, lowercase, one trailing dot dropped. Two
+//! spellings of one name therefore compare equal ("Bücher.example." == "xn--bcher-kva.example"),
+//! and a spelling that a resolver might read as an IPv4 address is not a name at all.
+
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use serde::{Serialize, Serializer};
+
+/// Longest DNS name in presentation form, without the trailing dot.
+const MAX_NAME_LEN: usize = 253;
+/// Longest DNS label.
+const MAX_LABEL_LEN: usize = 63;
+
+/// Why a string is not a host name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error("the host is empty")]
+    Empty,
+    #[error("{0:?} is an IP address; only host names are allowed")]
+    IpAddress(String),
+    #[error(
+        "{0:?} looks like an IPv4 address in a non-standard spelling; only host names are allowed"
+    )]
+    NumericName(String),
+    #[error("{0:?} is not a valid host name: {1}")]
+    Invalid(String, &'static str),
+}
+
+/// Canonical spelling of a host name, or why it is not one. IP literals (v4 dotted, v6 with or
+/// without brackets) are refused as [`HostError::IpAddress`].
+pub fn normalize_host(raw: &str) -> Result<String, HostError> {
+    if raw.is_empty() {
+        return Err(HostError::Empty);
+    }
+    let unbracketed = raw
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(raw);
+    if unbracketed.parse::<Ipv6Addr>().is_ok() {
+        return Err(HostError::IpAddress(raw.to_owned()));
+    }
+    let trimmed = raw.strip_suffix('.').unwrap_or(raw);
+    if trimmed.parse::<Ipv4Addr>().is_ok() {
+        return Err(HostError::IpAddress(raw.to_owned()));
+    }
+    if trimmed.is_empty() {
+        return Err(HostError::Invalid(raw.to_owned(), "it has no labels"));
+    }
+    if trimmed.contains('%') {
+        return Err(HostError::Invalid(
+            raw.to_owned(),
+            "'%' (percent-encoding or a zone id) is not allowed",
+        ));
+    }
+    // URL's deny list refuses the characters that would make the name mean something else
+    // in a URL or a request line (':', '/', '@', '[', ...), so they can never reach a resolver.
+    let ascii = idna::domain_to_ascii_cow(trimmed.as_bytes(), idna::AsciiDenyList::URL)
+        .map_err(|_| HostError::Invalid(raw.to_owned(), "IDNA (UTS 46) mapping failed"))?;
+    if ascii.len() > MAX_NAME_LEN {
+        return Err(HostError::Invalid(
+            raw.to_owned(),
+            "longer than 253 characters",
+        ));
+    }
+    for label in ascii.split('.') {
+        if label.is_empty() {
+            return Err(HostError::Invalid(raw.to_owned(), "it has an empty label"));
+        }
+        if label.len() > MAX_LABEL_LEN {
+            return Err(HostError::Invalid(
+                raw.to_owned(),
+                "a label is longer than 63 characters",
+            ));
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err(HostError::Invalid(
+                raw.to_owned(),
+                "a label starts or ends with '-'",
+            ));
+        }
+        let ok = label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !ok {
+            return Err(HostError::Invalid(
+                raw.to_owned(),
+                "only letters, digits, '-' and '_' are allowed in labels",
+            ));
+        }
+    }
+    // inet_aton (and so getaddrinfo) reads "2130706433", "0x7f.1" and "127.1" as IPv4
+    // addresses; a name whose last label is numeric would bypass the raw-IP refusal.
+    if ascii
+        .rsplit('.')
+        .next()
+        .is_some_and(|last| last.bytes().all(|b| b.is_ascii_digit()) || last.starts_with("0x"))
+    {
+        return Err(HostError::NumericName(raw.to_owned()));
+    }
+    Ok(ascii.into_owned())
+}
+
+/// Why an allowlist entry was refused. Each message names the entry and says what to write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    #[error("allowlist entry {entry:?}: {problem}; write a host name such as example.com or *.example.com")]
+    Entry { entry: String, problem: String },
+}
+
+fn pattern_error(entry: &str, problem: impl Into<String>) -> PatternError {
+    PatternError::Entry {
+        entry: entry.to_owned(),
+        problem: problem.into(),
+    }
+}
+
+/// One allowlist host: an exact name, or `*.suffix`, which matches names below `suffix` but
+/// not `suffix` itself.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HostPattern {
+    /// The canonical name, or for a wildcard the canonical suffix after `*.`.
+    name: String,
+    wildcard: bool,
+}
+
+impl HostPattern {
+    /// Parses an allowlist entry: `example.com`, `Bücher.example.`, `*.example.com`.
+    pub fn parse(entry: &str) -> Result<HostPattern, PatternError> {
+        let entry_trimmed = entry.trim();
+        if entry_trimmed.is_empty() {
+            return Err(pattern_error(entry, "the entry is empty"));
+        }
+        if entry_trimmed.contains("://") || entry_trimmed.contains('/') {
+            return Err(pattern_error(
+                entry,
+                "give the host only, without a scheme or a path",
+            ));
+        }
+        let (wildcard, rest) = match entry_trimmed.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, entry_trimmed),
+        };
+        if rest.contains('*') {
+            return Err(pattern_error(
+                entry,
+                "'*' is allowed only as the whole first label, as in *.example.com",
+            ));
+        }
+        let name = normalize_host(rest).map_err(|err| match err {
+            HostError::IpAddress(_) | HostError::NumericName(_) => {
+                pattern_error(entry, "IP addresses cannot be allowlisted")
+            }
+            HostError::Invalid(_, why) if rest.contains(':') && !rest.starts_with('[') => {
+                pattern_error(entry, format!("remove the port ({why})"))
+            }
+            other => pattern_error(entry, other.to_string()),
+        })?;
+        if wildcard && !name.contains('.') {
+            return Err(pattern_error(
+                entry,
+                "a wildcard needs at least two labels after '*.' (it would cover a whole top-level domain)",
+            ));
+        }
+        Ok(HostPattern { name, wildcard })
+    }
+
+    /// Whether `host` (already canonical, see [`normalize_host`]) matches.
+    pub fn matches(&self, host: &str) -> bool {
+        if !self.wildcard {
+            return host == self.name;
+        }
+        host.strip_suffix(self.name.as_str())
+            .and_then(|prefix| prefix.strip_suffix('.'))
+            .is_some_and(|label| !label.is_empty())
+    }
+
+    /// Whether this is a `*.` pattern.
+    pub fn is_wildcard(&self) -> bool {
+        self.wildcard
+    }
+}
+
+impl fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.wildcard {
+            write!(f, "*.{}", self.name)
+        } else {
+            f.write_str(&self.name)
+        }
+    }
+}
+
+impl std::str::FromStr for HostPattern {
+    type Err = PatternError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        HostPattern::parse(s)
+    }
+}
+
+impl Serialize for HostPattern {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_canonical() {
+        assert_eq!(normalize_host("Example.COM."), Ok("example.com".to_owned()));
+        assert_eq!(
+            normalize_host("bücher.example"),
+            Ok("xn--bcher-kva.example".to_owned())
+        );
+        assert_eq!(
+            normalize_host("BÜCHER.example."),
+            Ok("xn--bcher-kva.example".to_owned())
+        );
+        assert_eq!(
+            normalize_host("xn--bcher-kva.example"),
+            Ok("xn--bcher-kva.example".to_owned())
+        );
+        assert_eq!(
+            normalize_host("_dmarc.example.com"),
+            Ok("_dmarc.example.com".to_owned())
+        );
+    }
+
+    #[test]
+    fn ip_literals_and_numeric_names_are_not_names() {
+        for ip in [
+            "127.0.0.1",
+            "10.0.0.1.",
+            "::1",
+            "[::1]",
+            "[::ffff:127.0.0.1]",
+        ] {
+            assert!(
+                matches!(normalize_host(ip), Err(HostError::IpAddress(_))),
+                "{ip}"
+            );
+        }
+        for n in ["2130706433", "127.1", "0x7f.1", "example.0x7f"] {
+            assert!(
+                matches!(normalize_host(n), Err(HostError::NumericName(_))),
+                "{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_names_are_refused() {
+        for bad in [
+            "",
+            ".",
+            "a..b",
+            ".example.com",
+            "-a.example",
+            "a-.example",
+            "exa mple.com",
+            "example.com:443",
+            "user@example.com",
+            "a/b",
+            "a%2eb",
+            &"a".repeat(64),
+            &format!("{}.com", "a.".repeat(130)),
+        ] {
+            assert!(normalize_host(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn exact_patterns_match_the_name_only() {
+        let p = HostPattern::parse("Registry.NPMJS.org.").unwrap();
+        assert_eq!(p.to_string(), "registry.npmjs.org");
+        assert!(p.matches("registry.npmjs.org"));
+        assert!(!p.matches("www.registry.npmjs.org"));
+        assert!(!p.matches("npmjs.org"));
+        assert!(!p.is_wildcard());
+    }
+
+    #[test]
+    fn idna_patterns_match_either_spelling() {
+        let unicode = HostPattern::parse("bücher.example").unwrap();
+        let ascii = HostPattern::parse("xn--bcher-kva.example").unwrap();
+        assert_eq!(unicode, ascii);
+        assert!(unicode.matches(&normalize_host("BÜCHER.example").unwrap()));
+    }
+
+    #[test]
+    fn wildcards_match_subdomains_only() {
+        let p = HostPattern::parse("*.Example.com").unwrap();
+        assert!(p.is_wildcard());
+        assert_eq!(p.to_string(), "*.example.com");
+        assert!(p.matches("a.example.com"));
+        assert!(p.matches("a.b.example.com"));
+        assert!(!p.matches("example.com"));
+        assert!(!p.matches("badexample.com"));
+        assert!(!p.matches("example.com.evil.org"));
+        assert!(!p.matches(".example.com"));
+    }
+
+    #[test]
+    fn bad_patterns_name_the_entry_and_the_fix() {
+        let cases = [
+            ("", "empty"),
+            ("*", "'*' is allowed only"),
+            ("*.com", "at least two labels"),
+            ("foo.*.com", "'*' is allowed only"),
+            ("*example.com", "'*' is allowed only"),
+            ("https://example.com", "without a scheme"),
+            ("example.com/path", "without a scheme"),
+            ("example.com:443", "remove the port"),
+            ("10.0.0.1", "IP addresses cannot be allowlisted"),
+            ("[2001:db8::1]", "IP addresses cannot be allowlisted"),
+            ("exa mple.com", "not a valid host name"),
+        ];
+        for (entry, fragment) in cases {
+            let message = HostPattern::parse(entry).unwrap_err().to_string();
+            assert!(message.contains(fragment), "{entry:?}: {message}");
+            assert!(message.contains(&format!("{entry:?}")), "{message}");
+            assert!(message.contains("such as example.com"), "{message}");
+        }
+    }
+
+    #[test]
+    fn patterns_serialise_as_strings() {
+        let p: HostPattern = "*.github.com".parse().unwrap();
+        assert_eq!(serde_json::to_string(&p).unwrap(), "\"*.github.com\"");
+    }
+}

@@ -1,0 +1,88 @@
+//! DynoCap's egress proxy: the host side of `filtered` networking.
+//!
+//! Inside a `filtered` guest, clients (curl, npm, git, pip) speak HTTP-proxy protocol to
+//! `127.0.0.1:3128`; each such connection reaches the host as one byte stream, which the
+//! supervisor hands to [`Proxy::serve`]. The proxy decides and relays; it owns no sockets of
+//! its own except the upstream connections it opens, so the jail supervisor and the VM backend
+//! embed it alike.
+//!
+//! # One conversation
+//!
+//! 1. The request head is read (at most 8 KiB, within 30 s). Only `CONNECT host:port` is
+//!    accepted; plain HTTP gets `403`, a malformed request `400`. Every refusal carries its
+//!    reason in a text body and an `X-Dynocap-Refusal` header.
+//! 2. The host is canonicalised ([`normalize_host`]: IDNA to ASCII, lowercase, no trailing
+//!    dot). Raw IP addresses are refused, as is any `host:port` no [`Rule`] of the current
+//!    [`Policy`] allows.
+//! 3. The host is resolved once, on the host, unless a [`ResolveOverrides`] entry names its
+//!    address (then that address is used as is). Resolved addresses that are not
+//!    [`AddrClass::Public`] are dropped; if none remain the request is refused with the class
+//!    ("resolves to a loopback address (127.0.0.1)"). The proxy connects only to a checked
+//!    address, within 10 s, with `TCP_NODELAY`.
+//! 4. The client gets `200 Connection established`. For a [`Protocol::Tls`] rule its whole
+//!    ClientHello is read (at most 64 KiB, across records) and its SNI must equal the CONNECT
+//!    host; for [`Protocol::Ssh`] its first line must start with `SSH-2.0-`. Otherwise the
+//!    tunnel is closed (the client sees a TLS or SSH failure; the decision says why).
+//! 5. The buffered bytes go upstream and both directions are relayed with 256 KiB buffers,
+//!    half-close respected, until both sides end.
+//!
+//! Each conversation ends in exactly one [`Decision`], given to the [`DecisionSink`]:
+//! [`JsonlSink`] writes `network.jsonl` (bounded), [`SummarySink`] aggregates a [`Summary`]
+//! for `summary.json` and the finish result; a pair `(a, b)` of sinks feeds both.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use dynocap_netproxy::{JsonlSink, Policy, Proxy, ResolveOverrides, Rule, HostPattern, SummarySink};
+//!
+//! # async fn run(stream: tokio::net::TcpStream) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut policy = Policy::https_hosts(&["registry.npmjs.org", "github.com"])?;
+//! policy.push(Rule::ssh(HostPattern::parse("github.com")?));
+//! let summary = Arc::new(SummarySink::new());
+//! let log = JsonlSink::create("results/network.jsonl".as_ref())?;
+//! let proxy = Arc::new(Proxy::new(
+//!     policy,
+//!     ResolveOverrides::from_env()?,
+//!     Arc::new((log, summary.clone())),
+//! ));
+//! proxy.serve(stream).await; // one per tunnelled guest connection, each in its own task
+//! let _for_summary_json = summary.snapshot();
+//! # Ok(()) }
+//! ```
+//!
+//! Modules: `addr` (address classes), `host` (canonical names, allowlist patterns), `policy`
+//! (rules), `resolve` (overrides), `http` (request head and responses), `tls` (ClientHello
+//! parser), `sniff` (first bytes in the tunnel), `upstream` (resolve, check, connect), `relay`
+//! (counted bidirectional copy), `decision` (decisions and sinks), `jsonl` (the log file),
+//! `summary` (aggregation), `proxy` (the conversation).
+
+mod addr;
+mod decision;
+mod host;
+mod http;
+mod jsonl;
+mod policy;
+mod proxy;
+mod relay;
+mod resolve;
+mod sniff;
+mod summary;
+mod tls;
+mod upstream;
+
+pub use addr::{classify, AddrClass};
+pub use decision::{Decision, DecisionSink, NullSink};
+pub use host::{normalize_host, HostError, HostPattern, PatternError};
+pub use jsonl::{JsonlSink, DEFAULT_JSONL_CAP};
+pub use policy::{Policy, Protocol, Rule};
+pub use proxy::{Limits, Proxy};
+pub use resolve::{OverrideError, ResolveOverrides, RESOLVE_ENV};
+pub use summary::{
+    HostReached, RefusalEntry, RefusalSummary, Summary, SummarySink, MAX_SUMMARY_HOSTS,
+    MAX_SUMMARY_REFUSALS,
+};
+pub use tls::{parse_client_hello, Hello, HelloError};
+
+#[cfg(test)]
+mod proxy_tests;

@@ -1,0 +1,322 @@
+//! The proxy: one HTTP proxy conversation per client stream, from the request head to the end
+//! of the relay, and exactly one [`Decision`] for it.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::time::{timeout, Instant};
+
+use crate::decision::{Decision, DecisionSink};
+use crate::host::{normalize_host, HostError};
+use crate::http::{self, HeadError, Request};
+use crate::policy::{Policy, Protocol, Rule};
+use crate::relay::{relay, Counts};
+use crate::resolve::ResolveOverrides;
+use crate::sniff;
+use crate::upstream;
+
+/// Bounds of one conversation. The defaults suit real clients; tests shorten the timeouts.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest request head (request line and headers).
+    pub max_head: usize,
+    /// Time to send the whole request head.
+    pub head_timeout: Duration,
+    /// Time to resolve and connect upstream.
+    pub connect_timeout: Duration,
+    /// Time, after the 200, to send the ClientHello or the SSH version line.
+    pub first_bytes_timeout: Duration,
+    /// Largest ClientHello, all its records together.
+    pub max_client_hello: usize,
+    /// Relay buffer per direction; large buffers keep bulk downloads near loopback speed.
+    pub relay_buffer: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_head: 8 * 1024,
+            head_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            first_bytes_timeout: Duration::from_secs(30),
+            max_client_hello: 64 * 1024,
+            relay_buffer: 256 * 1024,
+        }
+    }
+}
+
+/// The egress proxy of one sandbox. Share it (`Arc`) between the tasks serving connections.
+pub struct Proxy {
+    policy: RwLock<Arc<Policy>>,
+    overrides: ResolveOverrides,
+    sink: Arc<dyn DecisionSink>,
+    limits: Limits,
+}
+
+/// Longest client-supplied host kept in a decision when it is not a valid name.
+const MAX_LOGGED_HOST: usize = 255;
+
+/// What the conversation learnt, for its decision.
+#[derive(Default)]
+struct Facts {
+    host: String,
+    port: u16,
+    addr: Option<std::net::SocketAddr>,
+    protocol: Option<Protocol>,
+    policy: Option<Arc<Policy>>,
+}
+
+/// A refused conversation. `status` is the HTTP answer, or `None` to close without one
+/// (the client stopped talking, or the 200 was already sent).
+struct Refusal {
+    status: Option<u16>,
+    reason: String,
+}
+
+impl Refusal {
+    fn http(status: u16, reason: impl Into<String>) -> Refusal {
+        Refusal {
+            status: Some(status),
+            reason: reason.into(),
+        }
+    }
+
+    fn close(reason: impl Into<String>) -> Refusal {
+        Refusal {
+            status: None,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// An allowed conversation that ran its relay.
+struct Relayed {
+    rule: Rule,
+    overridden: bool,
+    counts: Counts,
+    error: Option<std::io::Error>,
+}
+
+impl Proxy {
+    /// A proxy enforcing `policy`, with `overrides` in place of DNS where they apply, recording
+    /// every decision in `sink`.
+    pub fn new(policy: Policy, overrides: ResolveOverrides, sink: Arc<dyn DecisionSink>) -> Proxy {
+        Proxy {
+            policy: RwLock::new(Arc::new(policy)),
+            overrides,
+            sink,
+            limits: Limits::default(),
+        }
+    }
+
+    /// Replaces the default [`Limits`].
+    pub fn with_limits(mut self, limits: Limits) -> Proxy {
+        self.limits = limits;
+        self
+    }
+
+    /// Swaps the policy (clone phase to task phase). Conversations already past their
+    /// policy check keep the policy they were checked against.
+    pub fn set_policy(&self, policy: Policy) {
+        *self.policy.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(policy);
+    }
+
+    /// The policy new conversations are checked against.
+    pub fn policy(&self) -> Arc<Policy> {
+        // Only whole `Arc`s are ever stored, so a poisoned lock still holds a valid policy.
+        self.policy
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Serves one client connection: one HTTP proxy conversation. Records its decision in the
+    /// sink and returns it.
+    pub async fn serve<S>(&self, mut client: S) -> Decision
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let started = Instant::now();
+        let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let mut facts = Facts::default();
+        let outcome = self.converse(&mut client, &mut facts).await;
+        let (allowed, reason, counts) = match outcome {
+            Ok(relayed) => {
+                let mut reason = format!("allowed by {}", relayed.rule);
+                if relayed.overridden {
+                    reason.push_str(" (address from a resolve override)");
+                }
+                if let Some(err) = relayed.error {
+                    let _ = write!(reason, "; the tunnel ended with an error: {err}");
+                }
+                (true, reason, relayed.counts)
+            }
+            Err(refusal) => {
+                if let Some(status) = refusal.status {
+                    let body = refusal_body(status, &refusal.reason, facts.policy.as_deref());
+                    let response = http::refusal_response(status, &refusal.reason, &body);
+                    // The client may already be gone; the decision is recorded either way.
+                    let _ = client.write_all(&response).await;
+                    let _ = client.shutdown().await;
+                }
+                (false, refusal.reason, Counts::default())
+            }
+        };
+        let decision = Decision {
+            time,
+            allowed,
+            host: facts.host,
+            port: facts.port,
+            addr: facts.addr.map(|a| a.to_string()),
+            bytes_up: counts.up,
+            bytes_down: counts.down,
+            reason,
+            protocol: facts.protocol,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        };
+        self.sink.record(&decision);
+        decision
+    }
+
+    async fn converse<S>(&self, client: &mut S, facts: &mut Facts) -> Result<Relayed, Refusal>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let limits = &self.limits;
+        let mut buf = Vec::with_capacity(1024);
+        let head_end = match timeout(
+            limits.head_timeout,
+            http::read_head(client, &mut buf, limits.max_head),
+        )
+        .await
+        {
+            Ok(Ok(end)) => end,
+            Ok(Err(err @ HeadError::TooLarge(_))) => {
+                return Err(Refusal::http(431, err.to_string()))
+            }
+            Ok(Err(err @ HeadError::NotHttp)) => return Err(Refusal::http(400, err.to_string())),
+            Ok(Err(err)) => return Err(Refusal::close(err.to_string())),
+            Err(_) => {
+                return Err(Refusal::close(format!(
+                    "no complete request head within {} s",
+                    limits.head_timeout.as_secs()
+                )))
+            }
+        };
+        let policy = self.policy();
+        facts.policy = Some(policy.clone());
+        let request = http::parse_request(&buf[..head_end])
+            .map_err(|err| Refusal::http(400, err.to_string()))?;
+        let (raw_host, port) = match request {
+            Request::Connect { host, port } => (host, port),
+            Request::Other { method, host, port } => {
+                facts.host = bounded(&host);
+                facts.port = port;
+                return Err(Refusal::http(
+                    403,
+                    format!("plain HTTP ({method}) is refused in a filtered sandbox"),
+                ));
+            }
+        };
+        facts.host = bounded(&raw_host);
+        facts.port = port;
+        let host = match normalize_host(&raw_host) {
+            Ok(host) => host,
+            Err(HostError::IpAddress(_) | HostError::NumericName(_)) => {
+                return Err(Refusal::http(
+                    403,
+                    format!("{} is a raw IP address; connect by host name", facts.host),
+                ))
+            }
+            Err(err) => return Err(Refusal::http(400, err.to_string())),
+        };
+        facts.host.clone_from(&host);
+        let Some(rule) = policy.rule_for(&host, port).cloned() else {
+            let ports = policy.ports_for(&host);
+            let reason = if ports.is_empty() {
+                format!("{host} is not on this sandbox's allowlist")
+            } else {
+                let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+                format!(
+                    "port {port} is not allowed for {host} (allowed: {})",
+                    ports.join(", ")
+                )
+            };
+            return Err(Refusal::http(403, reason));
+        };
+        facts.protocol = Some(rule.protocol);
+
+        let upstream = upstream::connect(&host, port, &self.overrides, limits.connect_timeout)
+            .await
+            .map_err(|err| {
+                facts.addr = err.addr(port);
+                Refusal::http(err.status(), err.to_string())
+            })?;
+        facts.addr = Some(upstream.addr);
+        client
+            .write_all(http::CONNECTED)
+            .await
+            .map_err(|err| Refusal::close(format!("the client went away before the 200: {err}")))?;
+
+        // Bytes after the head are the start of the tunnel (a client that did not wait).
+        let mut first = buf.split_off(head_end);
+        let checked = match rule.protocol {
+            Protocol::Tls => {
+                timeout(
+                    limits.first_bytes_timeout,
+                    sniff::client_hello(client, &mut first, &host, limits.max_client_hello),
+                )
+                .await
+            }
+            Protocol::Ssh => {
+                timeout(
+                    limits.first_bytes_timeout,
+                    sniff::ssh_banner(client, &mut first),
+                )
+                .await
+            }
+        };
+        match checked {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return Err(Refusal::close(err.to_string())),
+            Err(_) => {
+                return Err(Refusal::close(format!(
+                    "the client sent no {} within {} s of the 200",
+                    match rule.protocol {
+                        Protocol::Tls => "complete TLS ClientHello",
+                        Protocol::Ssh => "SSH version line",
+                    },
+                    limits.first_bytes_timeout.as_secs()
+                )))
+            }
+        }
+
+        let (counts, error) = relay(client, upstream.stream, &first, limits.relay_buffer).await;
+        Ok(Relayed {
+            rule,
+            overridden: upstream.overridden,
+            counts,
+            error,
+        })
+    }
+}
+
+/// The refusal's text body: the reason, and for policy refusals what is allowed instead.
+fn refusal_body(status: u16, reason: &str, policy: Option<&Policy>) -> String {
+    match (status, policy) {
+        (400 | 403 | 431, Some(policy)) if policy.is_empty() => format!(
+            "dynocap: {reason}; this sandbox allows no network connections (its allowlist is empty)\n"
+        ),
+        (400 | 403 | 431, Some(policy)) => format!(
+            "dynocap: {reason}; only HTTPS (CONNECT to port 443) to allowlisted hosts is allowed: {policy}\n"
+        ),
+        _ => format!("dynocap: {reason}\n"),
+    }
+}
+
+/// A client-supplied string cut to [`MAX_LOGGED_HOST`] characters.
+fn bounded(text: &str) -> String {
+    text.chars().take(MAX_LOGGED_HOST).collect()
+}

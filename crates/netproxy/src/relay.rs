@@ -1,0 +1,128 @@
+//! Relaying an allowed tunnel: the client's buffered first bytes, then both directions with
+//! large buffers until both sides are done, counting bytes even when it ends in an error.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+/// Bytes moved by one tunnel.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Written to the upstream.
+    pub up: u64,
+    /// Read from the upstream.
+    pub down: u64,
+}
+
+/// Writes `first` upstream, then copies both ways until each side has shut down its half.
+/// Returns the counts and the error that ended the relay, if one did.
+pub(crate) async fn relay<C, U>(
+    client: &mut C,
+    upstream: U,
+    first: &[u8],
+    buffer_size: usize,
+) -> (Counts, Option<io::Error>)
+where
+    C: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut upstream = Counting {
+        inner: upstream,
+        counts: Counts::default(),
+    };
+    let result = async {
+        if !first.is_empty() {
+            upstream.write_all(first).await?;
+        }
+        // Half-close: when one side ends, its peer's write half is shut down and the other
+        // direction keeps flowing until it ends too.
+        tokio::io::copy_bidirectional_with_sizes(client, &mut upstream, buffer_size, buffer_size)
+            .await
+    }
+    .await;
+    (upstream.counts, result.err())
+}
+
+/// Counts the bytes through a stream.
+struct Counting<S> {
+    inner: S,
+    counts: Counts,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counting<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = poll {
+            self.counts.down += (buf.filled().len() - before) as u64;
+        }
+        poll
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counting<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = poll {
+            self.counts.up += n as u64;
+        }
+        poll
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn relays_both_ways_with_half_close_and_counts() {
+        let (mut client, mut client_side) = tokio::io::duplex(1024);
+        let (upstream_side, mut server) = tokio::io::duplex(1024);
+        let proxy =
+            tokio::spawn(
+                async move { relay(&mut client_side, upstream_side, b"first-", 4096).await },
+            );
+        client.write_all(b"request").await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        server.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"first-request", "the client's EOF reaches the server");
+        // The other direction still flows after the client's half-close.
+        let writer = tokio::spawn(async move {
+            server.write_all(&vec![7u8; 100_000]).await.unwrap();
+            server.shutdown().await.unwrap();
+        });
+        let mut down = Vec::new();
+        client.read_to_end(&mut down).await.unwrap();
+        assert_eq!(down.len(), 100_000);
+        writer.await.unwrap();
+        let (counts, err) = proxy.await.unwrap();
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(
+            counts,
+            Counts {
+                up: 13,
+                down: 100_000
+            }
+        );
+    }
+}

@@ -75,14 +75,19 @@ pub(crate) async fn read_head<S: AsyncRead + Unpin>(
 /// The end of a head terminated by CRLF CRLF (or a bare LF LF), searching from `from`.
 fn find_head_end(buf: &[u8], from: usize) -> Option<usize> {
     let tail = buf.get(from..)?;
-    tail.windows(4)
+    let crlf = tail
+        .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .map(|i| from + i + 4)
-        .or_else(|| {
-            tail.windows(2)
-                .position(|w| w == b"\n\n")
-                .map(|i| from + i + 2)
-        })
+        .map(|i| from + i + 4);
+    let lf = tail
+        .windows(2)
+        .position(|w| w == b"\n\n")
+        .map(|i| from + i + 2);
+    // The earlier terminator ends the head; what follows belongs to the tunnel.
+    match (crlf, lf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Parses the request line of `head`.
@@ -258,6 +263,15 @@ mod tests {
                 String::from_utf8_lossy(line)
             );
         }
+    }
+
+    #[test]
+    fn the_earlier_terminator_ends_the_head() {
+        let buf = b"CONNECT a.example:443 HTTP/1.1\n\nbody\r\n\r\n";
+        assert_eq!(find_head_end(buf, 0), Some(32));
+        let buf = b"CONNECT a.example:443 HTTP/1.1\r\n\r\nbody\n\n";
+        assert_eq!(find_head_end(buf, 0), Some(34));
+        assert_eq!(find_head_end(b"CONNECT a:1 HTTP/1.1\r\n", 0), None);
     }
 
     #[tokio::test]

@@ -117,6 +117,7 @@ pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, String> 
     }
 
     let mut env = base_env(&home_dir(config), req.terminal);
+    env.extend(config.egress_env.get());
     let mut index: HashMap<String, usize> = env
         .iter()
         .enumerate()

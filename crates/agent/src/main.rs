@@ -28,13 +28,16 @@ macro_rules! log {
 mod bigfiles;
 mod cgroup;
 mod channel;
+mod clone;
 mod command;
+mod egress;
 mod exec;
 mod fsutil;
 mod git;
 mod gitguard;
 mod init;
 mod input;
+mod proxy_connect;
 mod reaper;
 mod repo;
 mod script;
@@ -213,6 +216,17 @@ fn open_channel(arg: &ChannelArg) -> Result<OwnedFd, String> {
 }
 
 fn main() -> ExitCode {
+    // A helper mode that runs as an ordinary command inside the guest, never as PID 1.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "proxy-connect")
+    {
+        let args: Vec<String> = std::env::args_os()
+            .skip(2)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        return proxy_connect::run(&args);
+    }
     let (channel, cgroup_fd, mut config) = match parse_args(std::env::args_os().skip(1)) {
         Ok(Command::Run {
             channel,

@@ -799,7 +799,8 @@ pub async fn diff(
         mark_big_files(git, &private, &workspace, &commit, stop).await?;
         let mut args = DIFF_ARGS.to_vec();
         args.push(&commit);
-        stream_diff(
+        stream_git_output(
+            "diff",
             git,
             &private.args(&workspace, &args),
             private.run(),
@@ -929,9 +930,12 @@ fn write_attributes(private: BorrowedFd<'_>, text: &[u8]) -> Result<(), String> 
 }
 
 /// Runs the diff and forwards its stdout as it comes, up to `max_bytes`.
-async fn stream_diff(
+/// Runs git and sends its stdout on the stream's STDOUT channel, at most `max_bytes` of it.
+#[allow(clippy::too_many_arguments)] // one git run: what, how, where to, and its bounds
+pub(crate) async fn stream_git_output<S: AsRef<std::ffi::OsStr>>(
+    what: &str,
     git: &Git,
-    args: &[OsString],
+    args: &[S],
     run: Run<'_>,
     max_bytes: u64,
     stream: u32,
@@ -940,7 +944,7 @@ async fn stream_diff(
 ) -> Result<u64, RunError> {
     let spec = git.spec(args, run).map_err(RunError::Failed)?;
     let mut child = Child::spawn(&spec)
-        .map_err(|err| RunError::Failed(format!("cannot start git diff: {err}")))?;
+        .map_err(|err| RunError::Failed(format!("cannot start git {what}: {err}")))?;
     let mut buf = vec![0_u8; DATA_CHUNK];
     let mut sent: u64 = 0;
     loop {
@@ -959,7 +963,7 @@ async fn stream_diff(
             Some(Err(err)) => {
                 child.kill().await;
                 return Err(RunError::Failed(format!(
-                    "cannot read git diff's output: {err}"
+                    "cannot read git {what}'s output: {err}"
                 )));
             }
         };
@@ -967,7 +971,7 @@ async fn stream_diff(
         if sent.saturating_add(len) > max_bytes {
             child.kill().await;
             return Err(RunError::Failed(format!(
-                "the diff is over the {max_bytes} bytes this request allows; it was not sent in \
+                "the {what} is over the {max_bytes} bytes this request allows; it was not sent in \
                  full"
             )));
         }
@@ -1007,7 +1011,7 @@ async fn stream_diff(
         }
         Some(finished) if finished.success() => Ok(sent),
         Some(finished) => Err(RunError::Failed(format!(
-            "git diff failed ({})",
+            "git {what} failed ({})",
             finished.describe()
         ))),
     }

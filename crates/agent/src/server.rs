@@ -22,10 +22,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::cgroup::ExecCgroups;
+use crate::egress::{Egress, EgressEnv};
 use crate::exec::{self, Stop};
 use crate::input::{self, Input, InputReader};
 use crate::spawn::ExecUser;
-use crate::{repo, statedir, unpack};
+use crate::{clone, repo, statedir, unpack};
 
 /// Frames waiting for the writer. Small on purpose: when the host reads slowly, producers wait
 /// (and commands block on their pipes) instead of the agent buffering output.
@@ -49,6 +50,8 @@ pub struct Config {
     /// Where each command gets its own cgroup (`--cgroup-fd`); without it a timeout kills
     /// only the command's process group.
     pub exec_cgroups: Option<Arc<ExecCgroups>>,
+    /// Proxy settings every command gets while the egress listener runs.
+    pub egress_env: EgressEnv,
 }
 
 impl Default for Config {
@@ -58,6 +61,7 @@ impl Default for Config {
             home: None,
             state_dir: PathBuf::from(statedir::DEFAULT_STATE_DIR),
             exec_cgroups: None,
+            egress_env: EgressEnv::default(),
         }
     }
 }
@@ -88,7 +92,12 @@ impl Outbox {
         self.tx.reserve().await.ok()
     }
 
-    async fn send_error(&self, stream: u32, message: String) {
+    /// The queue itself, for tasks that send frames of their own (tunnels).
+    pub fn sender(&self) -> mpsc::Sender<Frame> {
+        self.tx.clone()
+    }
+
+    pub async fn send_error(&self, stream: u32, message: String) {
         self.send(Frame::new(
             stream,
             FrameKind::Error,
@@ -174,6 +183,7 @@ where
         streams: SharedStreams::default(),
         tasks: JoinSet::new(),
         repo_lock: Arc::default(),
+        egress: Arc::default(),
     };
     let mut frames = FrameReader::new(reader);
     let ended = loop {
@@ -203,11 +213,15 @@ struct Server {
     tasks: JoinSet<()>,
     /// Held by Baseline and Diff, which share the private repository and its index.
     repo_lock: Arc<tokio::sync::Mutex<()>>,
+    egress: Arc<Egress>,
 }
 
 impl Server {
     async fn dispatch(&mut self, frame: Frame) {
         let id = frame.stream;
+        if id & GUEST_STREAM_BIT != 0 && frame.kind != FrameKind::Open {
+            return self.egress.route(frame, &self.outbox).await;
+        }
         match frame.kind {
             FrameKind::Open => self.open(id, &frame.payload).await,
             FrameKind::Cancel => {
@@ -265,7 +279,7 @@ impl Server {
                 }
             }
             // Only the agent sends these. Answering an Error with an Error could ping-pong.
-            FrameKind::Done | FrameKind::Error | FrameKind::Hello => {
+            FrameKind::Done | FrameKind::Error | FrameKind::Hello | FrameKind::Window => {
                 log!(
                     "ignoring a {:?} frame from the host on stream {id}",
                     frame.kind
@@ -343,6 +357,24 @@ impl Server {
                     repo::diff(req, &config, &repo_lock, id, &outbox, &mut stop_rx).await
                 });
             }
+            Request::Egress(req) => {
+                let result = self
+                    .egress
+                    .configure(req, &self.config.egress_env, &self.outbox)
+                    .await;
+                match result {
+                    Ok(response) => self.outbox.send_done(id, &response).await,
+                    Err(message) => self.outbox.send_error(id, message).await,
+                }
+            }
+            Request::Clone(req) => {
+                let (mut stop_rx, _) = self.register(id, false);
+                let config = Arc::clone(&self.config);
+                let outbox = self.outbox.clone();
+                self.spawn_stream(id, async move {
+                    clone::clone(req, &config, id, &outbox, &mut stop_rx).await
+                });
+            }
         }
     }
 
@@ -386,6 +418,7 @@ impl Server {
 
     /// Kills every exec still running and waits (bounded) for them to finish.
     async fn shutdown(&mut self) {
+        self.egress.stop();
         let stops: Vec<_> = {
             let mut streams = lock(&self.streams);
             // Workers reading input learn that it was cut.

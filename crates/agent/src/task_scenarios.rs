@@ -65,6 +65,7 @@ impl Sandbox {
             home: None,
             state_dir: base.path().join("state"),
             exec_cgroups: None,
+            egress_env: Default::default(),
         };
         Sandbox {
             base,

@@ -85,9 +85,18 @@ pub struct TaskStartArgs {
     /// How much git history comes: branches (default), head or none.
     #[arg(long, value_name = "branches|head|none")]
     pub history: Option<String>,
-    /// Network mode (default none).
+    /// Network mode (default none): none (loopback only), filtered (HTTPS through the host's
+    /// proxy to the npm registry, the repository's host, DYNOCAP_EGRESS_ALLOW and
+    /// --allow-host), or nat (unrestricted outbound).
     #[arg(long, value_name = "MODE")]
     pub network: Option<String>,
+    /// A host a filtered task may also reach over HTTPS (repeatable; `*.example.com` allowed).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub allow_hosts: Vec<String>,
+    /// SSH private key (no passphrase) for an ssh:// --repo clone; it is readable only by the
+    /// clone and removed when the clone ends.
+    #[arg(long = "ssh-key", value_name = "PATH", requires = "repository_url")]
+    pub ssh_key: Option<std::path::PathBuf>,
     /// Lifetime in seconds (30 to 86400, default 1800); at expiry the task is finished.
     #[arg(long = "ttl", value_name = "SECONDS", value_parser = whole_number)]
     pub ttl_seconds: Option<u64>,
@@ -132,9 +141,13 @@ pub struct RunArgs {
     /// past it, or past its file count (one per 16 KiB), writes fail with ENOSPC.
     #[arg(long = "disk-mb", value_name = "MB", value_parser = whole_number)]
     pub disk_mb: Option<u64>,
-    /// Network mode (default none: loopback only).
+    /// Network mode (default none: loopback only): none, filtered (HTTPS through the host's
+    /// proxy to the npm registry, DYNOCAP_EGRESS_ALLOW and --allow-host) or nat.
     #[arg(long, value_name = "MODE")]
     pub network: Option<String>,
+    /// A host a filtered sandbox may also reach over HTTPS (repeatable; `*.example.com`).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub allow_hosts: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -69,7 +69,7 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
 }
 
 async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Error> {
-    let spec = RunSpec::raw(
+    let mut spec = RunSpec::raw(
         &args.name,
         args.network.as_deref(),
         args.ttl_seconds,
@@ -77,6 +77,7 @@ async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Err
         args.memory_mb,
         args.disk_mb,
     )?;
+    spec.allow_hosts = args.allow_hosts;
     let info = engine.run(&spec).await?;
     if json {
         print_json(&info);

@@ -53,7 +53,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
                 .map_err(|err| Error::internal(format!("reading the working directory: {err}")))?,
         ),
     };
-    let spec = TaskStartSpec::new(
+    let mut spec = TaskStartSpec::new(
         project,
         args.repository_url,
         args.history.as_deref(),
@@ -64,6 +64,14 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
         args.memory_mb,
         args.disk_mb,
     )?;
+    spec.allow_hosts = args.allow_hosts;
+    spec.ssh_key_path = args
+        .ssh_key
+        .map(|key| {
+            std::path::absolute(&key)
+                .map_err(|err| Error::invalid(format!("cannot resolve {}: {err}", key.display())))
+        })
+        .transpose()?;
     // Opened once, here: the supervisor imports through this descriptor (as the MCP server
     // does after its policy check), so the directory named now is the one that comes.
     let dir = match &spec.source {

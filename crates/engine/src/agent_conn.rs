@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dynocap_proto::{
-    channel, from_payload, to_payload, ErrorBody, Frame, FrameKind, FrameReader, FrameWriter,
-    Hello, Request, CONTROL_STREAM, DATA_CHUNK, GUEST_STREAM_BIT, PROTOCOL_VERSION,
+    channel, from_payload, to_payload, tunnel, ErrorBody, Frame, FrameKind, FrameReader,
+    FrameWriter, GuestRequest, Hello, Request, CONTROL_STREAM, DATA_CHUNK, GUEST_STREAM_BIT,
+    PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
@@ -19,6 +20,11 @@ use tokio::sync::mpsc;
 use crate::error::{Error, Result};
 
 type Routes = Arc<Mutex<HashMap<u32, mpsc::Sender<Frame>>>>;
+type Tunnels = Arc<Mutex<HashMap<u32, tunnel::Inbox>>>;
+
+/// Serves the tunnels the guest opens (its egress): gets each new one with the queue its
+/// frames go out on.
+pub type TunnelHandler = Arc<dyn Fn(tunnel::Tunnel, mpsc::Sender<Frame>) + Send + Sync>;
 
 /// How often [`AgentConn::while_responsive`] pings, and how long an answer may take. The agent
 /// answers pings on its dispatch loop, beside any running request, so a healthy agent answers
@@ -34,6 +40,7 @@ pub struct AgentConn {
     outgoing: mpsc::Sender<Frame>,
     routes: Routes,
     next_stream: Arc<AtomicU32>,
+    tunnel_handler: Arc<Mutex<Option<TunnelHandler>>>,
 }
 
 /// One request in flight: its frames, in order, until `Done` or `Error`.
@@ -85,8 +92,12 @@ impl AgentConn {
         });
 
         let routes: Routes = Arc::default();
+        let tunnel_handler: Arc<Mutex<Option<TunnelHandler>>> = Arc::default();
         let reader_routes = routes.clone();
+        let reader_handler = tunnel_handler.clone();
+        let reader_outgoing = outgoing.clone();
         tokio::spawn(async move {
+            let tunnels: Tunnels = Arc::default();
             loop {
                 let frame = match reader.read_frame().await {
                     Ok(Some(frame)) => frame,
@@ -96,23 +107,27 @@ impl AgentConn {
                         break;
                     }
                 };
+                if frame.stream & GUEST_STREAM_BIT != 0 {
+                    let refusal = guest_stream(frame, &tunnels, &reader_handler, &reader_outgoing);
+                    if let Some((stream, message)) = refusal {
+                        let body = to_payload(&ErrorBody { message });
+                        let _ = reader_outgoing
+                            .send(Frame::new(stream, FrameKind::Error, body))
+                            .await;
+                    }
+                    continue;
+                }
                 let route = lock(&reader_routes).get(&frame.stream).cloned();
-                match route {
-                    Some(tx) => {
-                        // A consumer that went away just loses its frames.
-                        let _ = tx.send(frame).await;
-                    }
-                    None if frame.stream & GUEST_STREAM_BIT != 0 => {
-                        eprintln!(
-                            "agent opened stream {:#x}, which nothing serves yet",
-                            frame.stream
-                        );
-                    }
-                    None => {}
+                if let Some(tx) = route {
+                    // A consumer that went away just loses its frames.
+                    let _ = tx.send(frame).await;
                 }
             }
             // Dropping every sender ends every stream.
             lock(&reader_routes).clear();
+            for (_, inbox) in lock(&tunnels).drain() {
+                inbox.close("the agent channel closed");
+            }
         });
 
         Ok((
@@ -120,9 +135,20 @@ impl AgentConn {
                 outgoing,
                 routes,
                 next_stream: Arc::new(AtomicU32::new(1)),
+                tunnel_handler,
             },
             hello,
         ))
+    }
+
+    /// From now on, tunnels the guest opens go to `handler`; before, or after
+    /// [`AgentConn::refuse_tunnels`], they are refused.
+    pub fn serve_tunnels(&self, handler: TunnelHandler) {
+        *lock(&self.tunnel_handler) = Some(handler);
+    }
+
+    pub fn refuse_tunnels(&self) {
+        *lock(&self.tunnel_handler) = None;
     }
 
     /// Opens a stream with `request`.
@@ -272,4 +298,48 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Routes a frame of a stream the guest opened. Returns the stream and a message when the
+/// guest is to be told the stream is refused or broken.
+fn guest_stream(
+    frame: Frame,
+    tunnels: &Tunnels,
+    handler: &Mutex<Option<TunnelHandler>>,
+    outgoing: &mpsc::Sender<Frame>,
+) -> Option<(u32, String)> {
+    let id = frame.stream;
+    if frame.kind == FrameKind::Open {
+        if lock(tunnels).contains_key(&id) {
+            return Some((id, format!("stream {id:#x} is already open")));
+        }
+        match from_payload::<GuestRequest>("guest request", &frame.payload) {
+            Ok(GuestRequest::Tunnel) => {}
+            Err(err) => return Some((id, err.to_string())),
+        }
+        let Some(handler) = lock(handler).clone() else {
+            return Some((
+                id,
+                "this sandbox has no network egress (network \"none\")".to_owned(),
+            ));
+        };
+        let (inbox, tunnel) = tunnel::open(id);
+        lock(tunnels).insert(id, inbox);
+        handler(tunnel, outgoing.clone());
+        return None;
+    }
+    let mut tunnels = lock(tunnels);
+    let inbox = tunnels.get(&id)?;
+    match inbox.deliver(frame) {
+        Ok(true) => None,
+        Ok(false) => {
+            tunnels.remove(&id);
+            None
+        }
+        Err(tunnel::Violation(why)) => {
+            inbox.close(&why);
+            tunnels.remove(&id);
+            Some((id, why))
+        }
+    }
 }

@@ -117,6 +117,9 @@ pub struct Record {
     /// Kind-specific JSON (a task's start spec, source and result).
     #[serde(with = "embedded_json")]
     pub detail: Option<String>,
+    /// What the sandbox may reach through the egress proxy, fixed when it was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::EgressSpec>,
 }
 
 /// A process identity that survives pid reuse: the pid plus its start time in clock ticks
@@ -243,15 +246,17 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     supervisor_start INTEGER,
     note             TEXT,
     detail           TEXT,
-    disk_mb          INTEGER
+    disk_mb          INTEGER,
+    egress           TEXT
 );
 -- A name is bound to at most one record until it is released (raw: destroy; task: rm).
 CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_name ON sandboxes (name) WHERE name IS NOT NULL;
 ";
 
 /// Schema revision, kept in SQLite's `user_version`. Revision 1 lacked `detail`; revision 2
-/// had no record files (upgrading to 3 writes them); revision 3 lacked `disk_mb`.
-pub(crate) const SCHEMA_VERSION: i64 = 4;
+/// had no record files (upgrading to 3 writes them); revision 3 lacked `disk_mb`; revision 4
+/// lacked `egress`.
+pub(crate) const SCHEMA_VERSION: i64 = 5;
 
 /// Adds the columns an older schema lacks.
 pub(crate) fn migrate_columns(conn: &Connection) -> rusqlite::Result<()> {
@@ -267,11 +272,18 @@ pub(crate) fn migrate_columns(conn: &Connection) -> rusqlite::Result<()> {
     if !has_disk {
         conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN disk_mb INTEGER")?;
     }
+    let has_egress = conn
+        .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'egress'")?
+        .exists([])?;
+    if !has_egress {
+        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN egress TEXT")?;
+    }
     Ok(())
 }
 
 const COLUMNS: &str = "id, kind, name, state, backend, network, cpus, memory_mb, ttl_seconds, \
-                       created_at, expires_at, supervisor_pid, supervisor_start, note, detail, disk_mb";
+                       created_at, expires_at, supervisor_pid, supervisor_start, note, detail, disk_mb, \
+                       egress";
 
 /// A handle on the catalog of one `DYNOCAP_HOME`.
 pub struct Catalog {
@@ -519,13 +531,17 @@ fn with_row<T>(record: &Record, statement: impl FnOnce(&[&dyn rusqlite::ToSql]) 
         record.note,
         record.detail,
         record.disk_mb,
+        record
+            .egress
+            .as_ref()
+            .map(|e| serde_json::to_string(e).expect("an egress spec always serialises")),
     ])
 }
 
 pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
     let result = with_row(record, |row| {
         conn.execute(
-            &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"),
+            &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"),
             row,
         )
     });
@@ -549,7 +565,7 @@ fn update_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
         conn.execute(
             "UPDATE sandboxes SET kind = ?2, name = ?3, state = ?4, backend = ?5, network = ?6, \
              cpus = ?7, memory_mb = ?8, ttl_seconds = ?9, created_at = ?10, expires_at = ?11, \
-             supervisor_pid = ?12, supervisor_start = ?13, note = ?14, detail = ?15, disk_mb = ?16 WHERE id = ?1",
+             supervisor_pid = ?12, supervisor_start = ?13, note = ?14, detail = ?15, disk_mb = ?16, egress = ?17 WHERE id = ?1",
             row,
         )
     })
@@ -612,6 +628,11 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
         note: row.get(13)?,
         detail: row.get(14)?,
         disk_mb: row.get(15)?,
+        egress: row
+            .get::<_, Option<String>>(16)?
+            .map(|text| serde_json::from_str(&text))
+            .transpose()
+            .map_err(|_| bad(16, "egress"))?,
     })
 }
 
@@ -649,6 +670,7 @@ mod tests {
             supervisor: None,
             note: None,
             detail: None,
+            egress: None,
         }
     }
 

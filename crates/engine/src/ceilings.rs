@@ -300,6 +300,7 @@ mod tests {
             supervisor: None,
             note: None,
             detail: None,
+            egress: None,
         }
     }
 

@@ -188,6 +188,7 @@ mod tests {
                     supervisor: None,
                     note: None,
                     detail: None,
+                    egress: None,
                 })
                 .expect("insert");
         }

@@ -12,6 +12,7 @@ use tokio::net::UnixStream;
 
 use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
 use crate::control::{read_message, write_message, ControlReply, ControlRequest};
+use crate::egress::EgressSpec;
 use crate::error::{Context, Error, Result};
 use crate::exec::ExecResult;
 use crate::home::Home;
@@ -42,6 +43,9 @@ pub struct SandboxInfo {
     pub ttl_seconds: u64,
     pub created_at: String,
     pub expires_at: String,
+    /// Hosts the egress proxy lets through (HTTPS), for a `filtered` sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_allowlist: Option<Vec<String>>,
 }
 
 impl SandboxInfo {
@@ -57,8 +61,16 @@ impl SandboxInfo {
             ttl_seconds: record.ttl_seconds,
             created_at: rfc3339(record.created_at),
             expires_at: rfc3339(record.expires_at),
+            egress_allowlist: egress_allowlist(record),
         }
     }
+}
+
+/// The hosts a sandbox's proxy lets through, for results and `ls`: `filtered` only.
+pub fn egress_allowlist(record: &Record) -> Option<Vec<String>> {
+    (record.network == crate::spec::Network::Filtered)
+        .then(|| record.egress.as_ref().map(|e| e.allow.clone()))
+        .flatten()
 }
 
 pub fn rfc3339(time: chrono::DateTime<chrono::Utc>) -> String {
@@ -104,7 +116,13 @@ impl Engine {
     pub async fn run(&self, spec: &RunSpec) -> Result<SandboxInfo> {
         self.admit(spec.cpus, spec.memory_mb, spec.disk_mb, spec.ttl_seconds)?;
         spec.network.ensure_available()?;
-        let record = self.new_record(
+        let egress = match spec.network {
+            crate::spec::Network::Filtered => {
+                Some(EgressSpec::from_env(true, &spec.allow_hosts, None)?)
+            }
+            _ => EgressSpec::refuse_hosts(&spec.allow_hosts).map(|()| None)?,
+        };
+        let mut record = self.new_record(
             Kind::Raw,
             Some(spec.name.clone()),
             spec.network,
@@ -114,6 +132,7 @@ impl Engine {
             spec.ttl_seconds,
             None,
         )?;
+        record.egress = egress;
         let record = self.launch(record, &|_| {}).await?;
         Ok(SandboxInfo::from_record(&record))
     }
@@ -150,6 +169,7 @@ impl Engine {
             supervisor: None,
             note: None,
             detail,
+            egress: None,
         })
     }
 

@@ -118,6 +118,8 @@ pub struct TaskFacts<'a> {
     pub baseline_tar: &'a Path,
     /// Scratch space for the verification, removed afterwards.
     pub scratch: &'a Path,
+    /// The egress proxy's summary, for a task that had one.
+    pub network: Option<serde_json::Value>,
 }
 
 /// Reads the saved `patch.diff` (the host parses it itself), verifies it against the host's
@@ -153,6 +155,7 @@ pub fn finalize(
         deletions: summary.deletions,
         sensitive_paths: summary.sensitive_paths,
         already_finished: false,
+        network: facts.network.clone(),
     };
     let text = serde_json::to_vec_pretty(&SummaryFile {
         task: &result,
@@ -248,6 +251,7 @@ mod tests {
             source: None,
             baseline_tar: &baseline,
             scratch: &dir.path().join("scratch"),
+            network: None,
         };
         let result = finalize(&facts, &files, State::Expired, &|_| None).unwrap();
         assert!(result.verified);

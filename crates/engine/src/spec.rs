@@ -40,7 +40,7 @@ pub const EXEC_CWD_MAX: usize = 4095;
 /// (field names, numbers, framing).
 const EXEC_REQUEST_OVERHEAD: usize = 4096;
 
-/// Network modes of the spec. Only `none` exists until the egress proxy lands.
+/// Network modes of the spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
@@ -73,9 +73,9 @@ impl Network {
     /// network differs from what was asked for.
     pub fn ensure_available(self) -> Result<()> {
         match self {
-            Self::None => Ok(()),
+            Self::None | Self::Filtered => Ok(()),
             other => Err(Error::internal(format!(
-                "network \"{}\" is not available in this version of DynoCap (only \"none\" is); \
+                "network \"{}\" is not available in this version of DynoCap (only \"none\" and \"filtered\" are); \
                  no sandbox was started",
                 other.as_str()
             ))),
@@ -95,6 +95,9 @@ pub struct RunSpec {
     pub memory_mb: u64,
     #[serde(rename = "diskMB", default = "default_disk_mb")]
     pub disk_mb: u64,
+    /// Hosts a `filtered` sandbox may also reach (`--allow-host`), beyond the operator's list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_hosts: Vec<String>,
 }
 
 /// The disk of a spec written before disks had a size.
@@ -128,6 +131,7 @@ impl RunSpec {
             cpus: resources.cpus,
             memory_mb: resources.memory_mb,
             disk_mb: resources.disk_mb,
+            allow_hosts: Vec::new(),
         })
     }
 }

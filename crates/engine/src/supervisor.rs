@@ -25,6 +25,7 @@ use crate::agent_conn::AgentConn;
 use crate::backend::{self, BootSpec, Guest};
 use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
 use crate::control::{read_message, write_message, ControlReply, ControlRequest};
+use crate::egress::Egress;
 use crate::error::{Context, Error, Result};
 use crate::exec::ExecResult;
 use crate::home::Home;
@@ -32,12 +33,15 @@ use crate::patch::{self, DEFAULT_MAX_PATCH_BYTES};
 use crate::sandboxes::rfc3339;
 use crate::save::{self, ResultFiles, TaskFacts};
 use crate::spec::ExecSpec;
+use crate::spec::Network;
 use crate::task_spec::{DiffResult, FinishResult, Progress, Source, SourceInfo, TaskDetail};
 use crate::workspace::{self, BaselineIndex, BASELINE_TAR};
 use crate::{exec, failpoint, finish, image, spec};
 
 /// How long the agent may take to say hello after the guest starts.
 const AGENT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
+/// Every egress decision of a sandbox, one JSON line each.
+pub const NETWORK_LOG: &str = "network.jsonl";
 /// Output kept per stream in a task's exec log: its head and tail, as an MCP caller gets it.
 const LOG_OUTPUT_BYTES: usize = 32 * 1024;
 /// How long requests still being served may take to answer once the sandbox has ended.
@@ -274,6 +278,8 @@ struct TaskContext {
     source: Option<SourceInfo>,
     exec_log: Mutex<std::fs::File>,
     baseline: OnceLock<Arc<BaselineIndex>>,
+    /// The task's egress proxy, when it has one: its summary goes into the result.
+    egress: Option<Arc<Egress>>,
 }
 
 impl TaskContext {
@@ -295,6 +301,7 @@ impl TaskContext {
             source,
             exec_log: Mutex::new(exec_log),
             baseline: OnceLock::new(),
+            egress: None,
         })
     }
 
@@ -566,6 +573,10 @@ fn save_memory_limit(memory_mb: u64) -> u64 {
 /// Reads, verifies and summarises the saved patch (blocking work, off the runtime).
 async fn finalize(task: &TaskContext, state: State) -> Result<FinishResult> {
     let baseline = task.baseline();
+    let network = task
+        .egress
+        .as_ref()
+        .and_then(|egress| serde_json::to_value(egress.summary()).ok());
     let facts_id = task.id.clone();
     let name = task.name.clone();
     let created_at = task.created_at.clone();
@@ -580,6 +591,7 @@ async fn finalize(task: &TaskContext, state: State) -> Result<FinishResult> {
             source: source.as_ref(),
             baseline_tar: &state_dir.join(BASELINE_TAR),
             scratch: &state_dir.join("verify"),
+            network,
         };
         save::finalize(&facts, &files, state, &|path| baseline.get(path))
     })
@@ -739,12 +751,30 @@ async fn start(
         "the sandbox is up; its guest agent answered",
     )));
 
+    // The proxy exists from the start, allowing nothing, so every tunnel the guest opens is
+    // decided and logged; it opens to the task's git host for a clone, then to the allowlist
+    // of a `filtered` sandbox.
+    let egress_log = match record.kind {
+        Kind::Task => finish::results_dir(home.root(), &id).join(NETWORK_LOG),
+        Kind::Raw => home.sandbox_dir(&id).join(NETWORK_LOG),
+    };
+    let egress = match &record.egress {
+        Some(spec) => {
+            if record.kind == Kind::Task {
+                finish::create_results_dir(&finish::results_dir(home.root(), &id))?;
+            }
+            Some((Arc::new(Egress::new(spec, &egress_log)?), spec.clone()))
+        }
+        None => None,
+    };
+
     let task = if record.kind == Kind::Task {
         let mut detail = TaskDetail::from_json(record.detail.as_deref())?;
         let mut task = TaskContext::open(home, record, None)?;
+        task.egress = egress.as_ref().map(|(egress, _)| Arc::clone(egress));
+        let report = |progress: Progress| ready.send(&ReadyMessage::Progress(progress));
         let source = match &detail.start.source {
             Source::ProjectPath(path) => {
-                let report = |progress: Progress| ready.send(&ReadyMessage::Progress(progress));
                 let inherited = detail.project_fd.is_some();
                 let imported = workspace::import(
                     &conn,
@@ -765,13 +795,27 @@ async fn start(
                     files: imported.files,
                     bytes: imported.bytes,
                     skipped: crate::task_spec::Skipped::from_notes(&imported.notes),
+                    commit: None,
+                    branch: None,
                 }
             }
-            Source::RepositoryUrl(_) => {
-                return Err(Error::internal(
-                    "cloning a repositoryUrl needs the egress proxy, which is not available in this version of DynoCap; \
-                     clone the repository on the host and pass its directory as projectPath",
-                ))
+            Source::RepositoryUrl(url) => {
+                let Some((egress, _)) = &egress else {
+                    return Err(Error::internal(
+                        "a repositoryUrl task has no egress record; start it again",
+                    ));
+                };
+                let key = detail.ssh_key_path.as_deref();
+                crate::clone::clone_repository(
+                    &conn,
+                    egress,
+                    url,
+                    detail.start.history,
+                    key,
+                    &task.state_dir,
+                    &report,
+                )
+                .await?
             }
         };
         detail.source = Some(source.clone());
@@ -783,6 +827,14 @@ async fn start(
     } else {
         None
     };
+    if let Some((egress, spec)) = &egress {
+        if record.network == Network::Filtered {
+            egress.open(&conn, spec.policy()?).await?;
+            log(&format!("egress open to {}", spec.allow.join(", ")));
+        } else {
+            egress.close(&conn).await?;
+        }
+    }
 
     let socket_path = home.control_socket(&id);
     let _ = std::fs::remove_file(&socket_path);

@@ -35,6 +35,12 @@ pub struct TaskStartSpec {
     pub memory_mb: u64,
     #[serde(rename = "diskMB", default = "crate::spec::default_disk_mb")]
     pub disk_mb: u64,
+    /// Hosts a `filtered` task may also reach (`--allow-host`), beyond the operator's list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_hosts: Vec<String>,
+    /// The SSH key for an ssh `repositoryUrl` clone (its path; the key is read at the clone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_key_path: Option<PathBuf>,
 }
 
 impl TaskStartSpec {
@@ -96,6 +102,8 @@ impl TaskStartSpec {
             cpus: resources.cpus,
             memory_mb: resources.memory_mb,
             disk_mb: resources.disk_mb,
+            allow_hosts: Vec::new(),
+            ssh_key_path: None,
         })
     }
 }
@@ -114,6 +122,12 @@ pub struct SourceInfo {
     /// `skipped` and `skippedTotal`.
     #[serde(flatten)]
     pub skipped: Skipped,
+    /// The commit a `repositoryUrl` task cloned: its patch applies to this commit.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub commit: Option<String>,
+    /// The branch that commit was on.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub branch: Option<String>,
 }
 
 /// How many skipped paths a Task object lists; the supervisor log has them all.
@@ -250,6 +264,9 @@ pub struct TaskInfo {
     /// where its results are.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub result: Option<ResultBrief>,
+    /// Hosts the egress proxy lets through (HTTPS), for a `filtered` task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_allowlist: Option<Vec<String>>,
 }
 
 /// The part of a saved result worth listing beside a task.
@@ -312,6 +329,10 @@ pub struct FinishResult {
     /// The task had already ended before this call: this is the result it saved then.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub already_finished: bool,
+    /// What the egress proxy allowed and refused (`hostsReached`, `refusals`), for a task
+    /// that had egress; every decision is in `network.jsonl` beside the patch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<serde_json::Value>,
 }
 
 /// The ls object.
@@ -358,6 +379,10 @@ pub struct TaskDetail {
     /// starter opened and checked, passed to the supervisor as this descriptor number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project_fd: Option<i32>,
+    /// The SSH key a `repositoryUrl` clone uses: its path only; the supervisor reads the file
+    /// for the clone and the key itself is never stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_key_path: Option<std::path::PathBuf>,
 }
 
 impl TaskDetail {
@@ -414,6 +439,8 @@ mod tests {
             files: 1,
             bytes: 2,
             skipped: Skipped::from_notes(&[note("q", NoteKind::Special(Special::Fifo))]),
+            commit: None,
+            branch: None,
         };
         let json = serde_json::to_value(&source).unwrap();
         assert_eq!(

@@ -5,6 +5,7 @@
 use crate::catalog::Catalog;
 use crate::catalog::{Kind, Record, State};
 use crate::control::{ControlReply, ControlRequest};
+use crate::egress::EgressSpec;
 use crate::error::{Error, Result};
 use crate::exec::ExecResult;
 use crate::import::ProjectDir;
@@ -71,13 +72,38 @@ impl Engine {
             }
             (Source::RepositoryUrl(_), None) => {}
         }
+        let git_host = match &spec.source {
+            Source::RepositoryUrl(url) => Some(crate::clone::GitTarget::parse(url)?.host),
+            Source::ProjectPath(_) => None,
+        };
+        if let Some(path) = &spec.ssh_key_path {
+            if git_host.is_none() {
+                return Err(Error::invalid(
+                    "sshKeyPath only applies to cloning a repositoryUrl, not to a projectPath",
+                ));
+            }
+            // Checked now so a bad key fails before anything starts; read again at the clone.
+            crate::ssh_key::read(path)?;
+        }
+        let filtered = spec.network == crate::spec::Network::Filtered;
+        let egress = if filtered || git_host.is_some() {
+            Some(EgressSpec::from_env(
+                filtered,
+                &spec.allow_hosts,
+                git_host.as_deref(),
+            )?)
+        } else {
+            EgressSpec::refuse_hosts(&spec.allow_hosts)?;
+            None
+        };
         let detail = TaskDetail {
             start,
             source: None,
             result: None,
             project_fd: project.is_some().then_some(SUPERVISOR_PROJECT_FD),
+            ssh_key_path: spec.ssh_key_path.clone(),
         };
-        let record = self.new_record(
+        let mut record = self.new_record(
             Kind::Task,
             spec.name.clone(),
             spec.network,
@@ -87,6 +113,7 @@ impl Engine {
             spec.ttl_seconds,
             Some(detail.to_json()),
         )?;
+        record.egress = egress;
         let record = self
             .launch_with(record, project.as_ref().map(ProjectDir::as_fd), progress)
             .await?;
@@ -373,6 +400,8 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         files: 0,
         bytes: 0,
         skipped: Skipped::default(),
+        commit: None,
+        branch: None,
     });
     Ok(TaskInfo {
         id: record.id.clone(),
@@ -395,5 +424,6 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         expires_at: rfc3339(record.expires_at),
         source,
         result: detail.result.as_ref().map(ResultBrief::of),
+        egress_allowlist: crate::sandboxes::egress_allowlist(record),
     })
 }

@@ -224,19 +224,7 @@ pub async fn import(
     notes.extend(summary.notes);
     let with_history = bundle.is_some();
     progress(step("recording the baseline the diff is taken against"));
-    let stream = conn
-        .open(&Request::Baseline(BaselineRequest {
-            workspace: WORKSPACE.into(),
-            head: if with_history { head } else { None },
-            bundle,
-            owner_uid: SANDBOX_UID,
-            owner_gid: SANDBOX_GID,
-        }))
-        .await?;
-    match finish_stream(stream, "recording the baseline").await? {
-        Response::Baseline { .. } => {}
-        other => return Err(unexpected("baseline", &other)),
-    }
+    record_baseline(conn, bundle, if with_history { head } else { None }).await?;
     Ok(Imported {
         root,
         history: if with_history { history } else { History::None },
@@ -244,6 +232,28 @@ pub async fn import(
         bytes: summary.bytes,
         notes,
     })
+}
+
+/// Has the agent make the workspace's repository (from the history `bundle`, if any; a
+/// clone's own is kept) and record the baseline every diff is taken against.
+pub async fn record_baseline(
+    conn: &AgentConn,
+    bundle: Option<String>,
+    head: Option<String>,
+) -> Result<()> {
+    let stream = conn
+        .open(&Request::Baseline(BaselineRequest {
+            workspace: WORKSPACE.into(),
+            head,
+            bundle,
+            owner_uid: SANDBOX_UID,
+            owner_gid: SANDBOX_GID,
+        }))
+        .await?;
+    match finish_stream(stream, "recording the baseline").await? {
+        Response::Baseline { .. } => Ok(()),
+        other => Err(unexpected("baseline", &other)),
+    }
 }
 
 /// The patch baseline → current working tree, as the guest's agent computes it, in memory:
@@ -412,7 +422,7 @@ async fn send_file(conn: &AgentConn, path: &Path, name: &str) -> Result<()> {
 }
 
 /// Waits for a stream's `Done`, ignoring output; an `Error` becomes an `internal` error.
-async fn finish_stream(mut stream: AgentStream, what: &str) -> Result<Response> {
+pub(crate) async fn finish_stream(mut stream: AgentStream, what: &str) -> Result<Response> {
     loop {
         let Some(frame) = stream.next().await else {
             return Err(agent_gone());

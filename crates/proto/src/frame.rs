@@ -40,6 +40,9 @@ pub enum FrameKind {
     Cancel = 6,
     /// First frame the agent sends, on the control stream; payload is a JSON [`crate::Hello`].
     Hello = 7,
+    /// Flow-control credit for a tunnel stream: payload is `bytes: u32 BE`, the cost of data
+    /// frames the sender of this frame has consumed (see [`crate::tunnel`]).
+    Window = 8,
 }
 
 impl FrameKind {
@@ -52,6 +55,7 @@ impl FrameKind {
             5 => Self::Error,
             6 => Self::Cancel,
             7 => Self::Hello,
+            8 => Self::Window,
             _ => return None,
         })
     }

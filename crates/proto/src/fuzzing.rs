@@ -2,7 +2,8 @@
 //! `cargo test` exercises it on pseudo-random input too.
 
 use crate::{
-    from_payload, ErrorBody, FrameDecoder, FrameKind, Hello, Request, Response, MAX_FRAME_LEN,
+    from_payload, ErrorBody, FrameDecoder, FrameKind, GuestRequest, Hello, Request, Response,
+    MAX_FRAME_LEN,
 };
 
 /// Feeds `data` to a decoder in chunks whose sizes come from the data itself, parses every
@@ -20,7 +21,11 @@ pub fn decode_all(data: &[u8]) {
                     assert!(frame.payload.len() <= MAX_FRAME_LEN);
                     let p = &frame.payload;
                     match frame.kind {
-                        FrameKind::Open => drop(from_payload::<Request>("request", p)),
+                        FrameKind::Open => {
+                            drop(from_payload::<Request>("request", p));
+                            drop(from_payload::<GuestRequest>("guest request", p));
+                        }
+                        FrameKind::Window => drop(crate::tunnel::parse_window(p)),
                         FrameKind::Done => drop(from_payload::<Response>("response", p)),
                         FrameKind::Error => drop(from_payload::<ErrorBody>("error", p)),
                         FrameKind::Hello => drop(from_payload::<Hello>("hello", p)),

@@ -8,6 +8,7 @@ mod frame;
 pub mod fuzzing;
 mod io;
 mod message;
+pub mod tunnel;
 
 pub use frame::{
     Frame, FrameDecoder, FrameError, FrameKind, CONTROL_STREAM, DATA_CHUNK, GUEST_STREAM_BIT,
@@ -15,9 +16,9 @@ pub use frame::{
 };
 pub use io::{FrameReader, FrameWriter};
 pub use message::{
-    channel, from_payload, to_payload, BaselineRequest, DiffRequest, ErrorBody, ExecExit,
-    ExecRequest, Hello, ReceiveFileRequest, Request, Response, UnpackRequest, MAX_COMMAND_LEN,
-    PROTOCOL_VERSION,
+    channel, from_payload, to_payload, BaselineRequest, CloneRequest, DiffRequest, EgressRequest,
+    ErrorBody, ExecExit, ExecRequest, GuestRequest, Hello, ReceiveFileRequest, Request, Response,
+    UnpackRequest, MAX_COMMAND_LEN, PROTOCOL_VERSION,
 };
 
 /// Errors a protocol peer reports.

@@ -13,10 +13,12 @@ pub mod channel {
     pub const STDERR: u8 = 2;
     /// A pseudo-terminal's combined output.
     pub const TERMINAL: u8 = 3;
+    /// The bytes of a tunnel, in both directions.
+    pub const TUNNEL: u8 = 4;
 }
 
 /// Protocol revision; the agent announces it in [`Hello`] and the host refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Upper bound on the command string of an exec, so a request always fits in one frame.
 pub const MAX_COMMAND_LEN: usize = 256 * 1024;
@@ -45,6 +47,65 @@ pub enum Request {
     Baseline(BaselineRequest),
     /// Send the patch baseline → working tree on [`channel::STDOUT`].
     Diff(DiffRequest),
+    /// Start or stop the guest's egress listener, through which commands reach the host's
+    /// proxy; answered with `Done(Response::Egress)`.
+    Egress(EgressRequest),
+    /// Clone a git repository into a workspace through the egress listener, as the sandbox
+    /// user; git's progress comes on [`channel::STDERR`], the end as `Done(Response::Cloned)`.
+    Clone(CloneRequest),
+}
+
+/// What the guest side asks for when it opens a stream (its id has [`crate::GUEST_STREAM_BIT`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum GuestRequest {
+    /// A connection a guest process made to the egress listener: its bytes follow on
+    /// [`channel::TUNNEL`] under the flow control of [`crate::tunnel`].
+    Tunnel,
+}
+
+/// See [`Request::Egress`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressRequest {
+    /// Listen on `127.0.0.1:<port>` and give commands the proxy settings; `None` stops the
+    /// listener and removes the settings.
+    pub listen_port: Option<u16>,
+    /// PEM certificates the guest's TLS clients trust (the system bundle plus the host's
+    /// extra CAs), written to a root-owned file that commands' CA variables point at.
+    pub ca_bundle: Option<String>,
+}
+
+/// See [`Request::Clone`]. The secret fields never appear in logs or command lines.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CloneRequest {
+    pub url: String,
+    /// Must not exist or be an empty directory.
+    pub dest: String,
+    /// `head` (the default branch at depth 1), `branches` (every branch), or `none` (the tree
+    /// of the default branch, without a `.git`).
+    pub history: String,
+    pub owner_uid: u32,
+    pub owner_gid: u32,
+    /// An OpenSSH private key for an `ssh://` clone, placed where only the fetch reads it and
+    /// removed when the fetch ends.
+    pub ssh_key: Option<String>,
+    /// `known_hosts` lines for an SSH clone's host.
+    pub known_hosts: Option<String>,
+    pub timeout_ms: u64,
+}
+
+impl std::fmt::Debug for CloneRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloneRequest")
+            .field("url", &self.url)
+            .field("dest", &self.dest)
+            .field("history", &self.history)
+            .field("ssh_key", &self.ssh_key.as_ref().map(|_| "<redacted>"))
+            .field("timeout_ms", &self.timeout_ms)
+            .finish_non_exhaustive()
+    }
 }
 
 /// See [`Request::Unpack`]. The destination must not exist or be an empty directory.
@@ -128,6 +189,15 @@ pub enum Response {
     /// The patch was sent in full; `bytes` is its length.
     Diff {
         bytes: u64,
+    },
+    /// The egress listener's state after an [`EgressRequest`].
+    Egress {
+        listening: bool,
+    },
+    /// The clone is in the workspace: the commit checked out, and its branch.
+    Cloned {
+        commit: String,
+        branch: Option<String>,
     },
 }
 

@@ -211,7 +211,7 @@ impl Tools {
             spec.source = Source::RepositoryUrl(normalized);
         }
         if let Some(raw) = &ssh_key {
-            self.enforce(tool, self.policy.check_ssh_key(raw))?;
+            spec.ssh_key_path = Some(self.enforce(tool, self.policy.check_ssh_key(raw))?);
         }
         Output::json(&self.engine.task_start_in(&spec, project, progress).await?)
     }

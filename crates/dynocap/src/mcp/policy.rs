@@ -12,7 +12,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
-use base64::Engine as _;
 use dynocap_engine::import::{ImportError, ProjectDir};
 use dynocap_engine::{Error, ErrorCode};
 
@@ -981,62 +980,17 @@ pub fn normalize_host(host: &str) -> Result<String, String> {
     Ok(ascii.into_owned())
 }
 
-/// Whether `bytes` is one SSH private key: an OpenSSH key (`openssh-key-v1\0` magic) or a
-/// PEM RSA/EC/DSA private key with a valid base64 body, and nothing else but whitespace.
+/// Whether `bytes` is an OpenSSH or PEM private key (with or without a passphrase: a
+/// protected key is refused later, with its own message).
 pub fn is_ssh_private_key(bytes: &[u8]) -> bool {
-    let Ok(text) = std::str::from_utf8(bytes) else {
-        return false;
-    };
-    let text = text.trim();
-    const KINDS: [&str; 4] = [
-        "OPENSSH PRIVATE KEY",
-        "RSA PRIVATE KEY",
-        "EC PRIVATE KEY",
-        "DSA PRIVATE KEY",
-    ];
-    for kind in KINDS {
-        let begin = format!("-----BEGIN {kind}-----");
-        let end = format!("-----END {kind}-----");
-        let Some(body) = text
-            .strip_prefix(begin.as_str())
-            .and_then(|rest| rest.strip_suffix(end.as_str()))
-        else {
-            continue;
-        };
-        if body.contains("-----") {
-            return false;
-        }
-        let mut lines: Vec<&str> = body.lines().map(str::trim).collect();
-        // Legacy encrypted PEM: "Proc-Type: 4,ENCRYPTED" and "DEK-Info: ..." headers, then a
-        // blank line, then the body.
-        if kind != "OPENSSH PRIVATE KEY" {
-            while let Some(first) = lines.iter().position(|l| !l.is_empty()) {
-                if lines[first].contains(':') {
-                    lines.drain(..=first);
-                } else {
-                    break;
-                }
-            }
-        }
-        let joined: String = lines.concat();
-        let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(joined.as_bytes())
-        else {
-            return false;
-        };
-        return if kind == "OPENSSH PRIVATE KEY" {
-            decoded.starts_with(b"openssh-key-v1\0")
-        } else {
-            // DER: a SEQUENCE.
-            decoded.len() > 16 && decoded[0] == 0x30
-        };
-    }
-    false
+    dynocap_engine::ssh_key::classify(bytes) != dynocap_engine::ssh_key::KeyKind::NotAKey
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use base64::Engine as _;
 
     fn policy_with(inputs: PolicyInputs) -> (Policy, Vec<String>) {
         let mut warnings = Vec::new();

@@ -1,0 +1,252 @@
+//! The guest end of `filtered` networking: a listener on `127.0.0.1:<port>` whose every
+//! connection becomes a tunnel to the host's proxy, and the settings that point commands'
+//! HTTP clients at it (proxy variables, and the CA bundle when the host adds certificates).
+//!
+//! The listener decides nothing: the host's proxy allows or refuses each connection. It
+//! exists only while the host asks for it (a `filtered` sandbox, or a `none` task's clone).
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use dynocap_proto::tunnel::{self, Inbox};
+use dynocap_proto::{
+    to_payload, EgressRequest, Frame, FrameKind, GuestRequest, Response, GUEST_STREAM_BIT,
+};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::server::Outbox;
+
+/// Where the CA bundle goes: owned by the guest's root (the image's /etc is not), readable by
+/// every command, writable by none.
+pub const CA_BUNDLE_DIR: &str = "/var/lib/dynocap-egress";
+pub const CA_BUNDLE: &str = "/var/lib/dynocap-egress/ca-certificates.crt";
+/// Tunnels open at once; a connection beyond this is closed at once, so a guest cannot make
+/// the agent hold unbounded buffers.
+const MAX_TUNNELS: usize = 256;
+
+/// The variables that point HTTP clients at the listener, and TLS clients at the bundle.
+pub fn proxy_env(port: u16, ca_bundle: bool) -> Vec<(String, String)> {
+    let proxy = format!("http://127.0.0.1:{port}");
+    let mut env: Vec<(&str, String)> = vec![
+        ("HTTPS_PROXY", proxy.clone()),
+        ("HTTP_PROXY", proxy.clone()),
+        ("https_proxy", proxy.clone()),
+        ("http_proxy", proxy.clone()),
+        ("NO_PROXY", "localhost,127.0.0.1".into()),
+        ("no_proxy", "localhost,127.0.0.1".into()),
+        // npm, pip and cargo also read their own settings, which a project's config could
+        // otherwise point elsewhere.
+        ("npm_config_proxy", proxy.clone()),
+        ("npm_config_https_proxy", proxy.clone()),
+        ("PIP_PROXY", proxy.clone()),
+        ("CARGO_HTTP_PROXY", proxy.clone()),
+        ("GIT_CONFIG_COUNT", "1".into()),
+        ("GIT_CONFIG_KEY_0", "http.proxy".into()),
+        ("GIT_CONFIG_VALUE_0", proxy),
+    ];
+    if ca_bundle {
+        for key in [
+            "SSL_CERT_FILE",
+            "NODE_EXTRA_CA_CERTS",
+            "PIP_CERT",
+            "GIT_SSL_CAINFO",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "CARGO_HTTP_CAINFO",
+        ] {
+            env.push((key, CA_BUNDLE.into()));
+        }
+    }
+    env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+/// Commands' extra environment, shared by the listener's owner and every exec.
+#[derive(Debug, Clone, Default)]
+pub struct EgressEnv(Arc<RwLock<Vec<(String, String)>>>);
+
+impl PartialEq for EgressEnv {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for EgressEnv {}
+
+impl EgressEnv {
+    pub fn get(&self) -> Vec<(String, String)> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, env: Vec<(String, String)>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = env;
+    }
+}
+
+/// The tunnels the guest opened, by stream id: where the host's frames for them go.
+pub type Tunnels = Arc<Mutex<HashMap<u32, Inbox>>>;
+
+fn lock(tunnels: &Tunnels) -> std::sync::MutexGuard<'_, HashMap<u32, Inbox>> {
+    // Every update is one insert or remove, so the map is consistent after a panic.
+    tunnels.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The listener, while there is one.
+#[derive(Default)]
+pub struct Egress {
+    listener: Mutex<Option<JoinHandle<()>>>,
+    pub tunnels: Tunnels,
+}
+
+impl Egress {
+    /// Applies an [`EgressRequest`]: starts or stops the listener, writes the CA bundle and
+    /// sets commands' proxy settings.
+    pub async fn configure(
+        &self,
+        req: EgressRequest,
+        env: &EgressEnv,
+        outbox: &Outbox,
+    ) -> Result<Response, String> {
+        self.stop();
+        env.set(Vec::new());
+        let Some(port) = req.listen_port else {
+            return Ok(Response::Egress { listening: false });
+        };
+        if let Some(pem) = &req.ca_bundle {
+            write_ca_bundle(pem)?;
+        }
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .await
+            .map_err(|err| {
+                format!("cannot listen on 127.0.0.1:{port} for the egress proxy: {err}")
+            })?;
+        let task = tokio::spawn(accept_loop(
+            listener,
+            Arc::clone(&self.tunnels),
+            outbox.clone(),
+        ));
+        *self.listener.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+        env.set(proxy_env(port, req.ca_bundle.is_some()));
+        Ok(Response::Egress { listening: true })
+    }
+
+    /// Stops accepting and ends every open tunnel.
+    pub fn stop(&self) {
+        if let Some(task) = self
+            .listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+        for (_, inbox) in lock(&self.tunnels).drain() {
+            inbox.close("the sandbox's egress was turned off");
+        }
+    }
+
+    /// Routes a frame of a guest-opened stream. Frames for a tunnel that is gone (its last
+    /// frames crossing its end) are dropped.
+    pub async fn route(&self, frame: Frame, outbox: &Outbox) {
+        let id = frame.stream;
+        let violation = {
+            let mut tunnels = lock(&self.tunnels);
+            let Some(inbox) = tunnels.get(&id) else {
+                return;
+            };
+            match inbox.deliver(frame) {
+                Ok(true) => None,
+                Ok(false) => {
+                    tunnels.remove(&id);
+                    None
+                }
+                Err(tunnel::Violation(why)) => {
+                    inbox.close(&why);
+                    tunnels.remove(&id);
+                    Some(why)
+                }
+            }
+        };
+        if let Some(why) = violation {
+            log!("tunnel {id:#x}: {why}");
+            outbox.send_error(id, why).await;
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, tunnels: Tunnels, outbox: Outbox) {
+    let next = AtomicU32::new(0);
+    loop {
+        let socket = match listener.accept().await {
+            Ok((socket, _)) => socket,
+            Err(err) => {
+                log!("egress listener: {err}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = socket.set_nodelay(true);
+        let id = {
+            let mut map = lock(&tunnels);
+            if map.len() >= MAX_TUNNELS {
+                log!("egress: {MAX_TUNNELS} connections are open; closing a new one");
+                continue;
+            }
+            let id = loop {
+                let id =
+                    GUEST_STREAM_BIT | (next.fetch_add(1, Ordering::Relaxed) & !GUEST_STREAM_BIT);
+                if !map.contains_key(&id) {
+                    break id;
+                }
+            };
+            let (inbox, tunnel) = tunnel::open(id);
+            map.insert(id, inbox);
+            (id, tunnel)
+        };
+        let (id, tunnel) = id;
+        outbox
+            .send(Frame::new(
+                id,
+                FrameKind::Open,
+                to_payload(&GuestRequest::Tunnel),
+            ))
+            .await;
+        let tunnels = Arc::clone(&tunnels);
+        let sender = outbox.sender();
+        tokio::spawn(async move {
+            // The host logs why a connection failed; the guest's client sees its socket close.
+            let _ = tunnel::pump(tunnel, socket, sender).await;
+            lock(&tunnels).remove(&id);
+        });
+    }
+}
+
+/// Replaces the bundle with `pem`, never following a link planted where it goes.
+fn write_ca_bundle(pem: &str) -> Result<(), String> {
+    let fail = |what: &str, err: std::io::Error| format!("cannot {what} {CA_BUNDLE}: {err}");
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .recursive(true)
+        .create(CA_BUNDLE_DIR)
+        .map_err(|err| fail("create the directory of", err))?;
+    match std::fs::remove_file(CA_BUNDLE) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(fail("replace", err)),
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(CA_BUNDLE)
+        .map_err(|err| fail("create", err))?;
+    file.write_all(pem.as_bytes())
+        .map_err(|err| fail("write", err))
+}

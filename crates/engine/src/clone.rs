@@ -1,0 +1,380 @@
+//! A `repositoryUrl` task's start: the repository is cloned by git inside the guest, through
+//! the egress proxy opened to the repository's host alone (HTTPS on 443, or SSH on 22 with a
+//! key read here and handed to the fetch only), and its files come back to the host as the
+//! baseline copy patches are verified against. The host re-packs that copy entry by entry:
+//! it is guest output, so only plain files, directories and symlinks with clean relative paths
+//! are kept, within a size bound.
+
+use std::io::{Read, Write};
+use std::path::{Component, Path};
+
+use dynocap_proto::{channel, from_payload, CloneRequest, FrameKind, Request, Response};
+
+use crate::agent_conn::{agent_error_message, agent_gone, AgentConn};
+use crate::egress::{clone_policy, Egress};
+use crate::error::{Context, Error, Result};
+use crate::image::{SANDBOX_GID, SANDBOX_UID};
+use crate::import::History;
+use crate::task_spec::{Progress, SourceInfo};
+use crate::workspace::{self, BASELINE_TAR, WORKSPACE};
+
+/// Longest a clone may take.
+const CLONE_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+/// Published host keys of the default git hosts, used when the host user's `known_hosts` has
+/// no entry for the repository's host.
+const DEFAULT_KNOWN_HOSTS: &str = "\
+github.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl
+gitlab.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAfuCHKVTjquxvt6CM6tdG4SLp1Btn/nOeHHE5UOzRdf
+bitbucket.org ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIazEu89wgQZ4bqs3d63QSMzYVa0MuJ2e2gKTKqu+UUO
+";
+
+/// Where a git URL points: its host, and whether it is fetched over SSH.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitTarget {
+    pub host: String,
+    pub ssh: bool,
+}
+
+impl GitTarget {
+    /// `https://host/…`, `ssh://[user@]host/…` or scp-like `user@host:path`. Other schemes and
+    /// ports other than 443 (HTTPS) and 22 (SSH) are refused: the proxy opens nothing else.
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |why: &str| {
+            Error::invalid(format!(
+                "repositoryUrl {}: {why}; give an https:// or ssh:// git URL",
+                strip_userinfo(url)
+            ))
+        };
+        let (ssh, rest) = if let Some(rest) = url.strip_prefix("https://") {
+            (false, rest)
+        } else if let Some(rest) = url.strip_prefix("ssh://") {
+            (true, rest)
+        } else if url.contains("://") {
+            return Err(bad("only https and ssh are fetched"));
+        } else {
+            // scp-like: user@host:path
+            let (authority, _) = url.split_once(':').ok_or_else(|| bad("it is not a URL"))?;
+            let host = authority.rsplit('@').next().unwrap_or(authority);
+            return Self::checked(host, true, None).map_err(|why| bad(&why));
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        let host_port = authority.rsplit('@').next().unwrap_or(authority);
+        let (host, port) = match host_port.rsplit_once(':') {
+            Some((host, port)) if !host.ends_with(']') || host.starts_with('[') => {
+                (host, Some(port))
+            }
+            _ => (host_port, None),
+        };
+        Self::checked(host, ssh, port).map_err(|why| bad(&why))
+    }
+
+    fn checked(host: &str, ssh: bool, port: Option<&str>) -> std::result::Result<Self, String> {
+        if host.is_empty() {
+            return Err("it names no host".into());
+        }
+        let wanted = if ssh { "22" } else { "443" };
+        if let Some(port) = port {
+            if port != wanted {
+                return Err(format!(
+                    "port {port} is not fetched through the proxy (only {wanted} for {})",
+                    if ssh { "ssh" } else { "https" }
+                ));
+            }
+        }
+        Ok(Self {
+            host: host.to_ascii_lowercase(),
+            ssh,
+        })
+    }
+}
+
+/// `https://user:token@host/…` → `https://***@host/…`, so a token never reaches a message.
+pub fn strip_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| matches!(c, '/' | '?' | '#' | '\'' | '"') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        match tail[..end].rfind('@') {
+            Some(user_end) => {
+                out.push_str("***");
+                out.push_str(&tail[user_end..end]);
+            }
+            None => out.push_str(&tail[..end]),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `known_hosts` lines for `host`: the host user's own entries naming it, else the published
+/// keys DynoCap ships for the default git hosts.
+fn known_hosts_for(host: &str) -> String {
+    let names = [host.to_owned(), format!("[{host}]:22")];
+    let own: String = std::env::var_os("HOME")
+        .map(|home| Path::new(&home).join(".ssh/known_hosts"))
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| {
+            let mut fields = line.split_whitespace();
+            let first = fields.next().unwrap_or_default();
+            let hosts = if first.starts_with('@') {
+                fields.next().unwrap_or_default()
+            } else {
+                first
+            };
+            hosts
+                .split(',')
+                .any(|h| names.iter().any(|n| h.eq_ignore_ascii_case(n)))
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
+    if !own.is_empty() {
+        return own;
+    }
+    DEFAULT_KNOWN_HOSTS
+        .lines()
+        .filter(|line| line.split_whitespace().next() == Some(host))
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
+/// Clones `url` into the workspace and records the baseline. The proxy is left open to the
+/// git host alone; the caller sets the task's own network afterwards.
+pub async fn clone_repository(
+    conn: &AgentConn,
+    egress: &Egress,
+    url: &str,
+    history: History,
+    key_path: Option<&Path>,
+    state_dir: &Path,
+    report: &(dyn Fn(Progress) + Send + Sync),
+) -> Result<SourceInfo> {
+    let target = GitTarget::parse(url)?;
+    let ssh_key = match key_path {
+        Some(path) if target.ssh => Some(crate::ssh_key::read(path)?),
+        Some(_) => {
+            return Err(Error::invalid(
+                "sshKeyPath only applies to an ssh:// (or user@host:path) repositoryUrl",
+            ))
+        }
+        None => None,
+    };
+    let known_hosts = target.ssh.then(|| known_hosts_for(&target.host));
+    if known_hosts.as_deref() == Some("") {
+        return Err(Error::invalid(format!(
+            "no SSH host key is known for {}: add it to ~/.ssh/known_hosts of the user running dynocap (ssh-keyscan {} and check the fingerprint), or use an https URL",
+            target.host, target.host
+        )));
+    }
+    egress
+        .open(conn, clone_policy(&target.host, target.ssh)?)
+        .await?;
+    report(workspace::step(&format!("cloning {}", strip_userinfo(url))));
+
+    let partial = state_dir.join("clone.tar.partial");
+    let request = Request::Clone(CloneRequest {
+        url: url.to_owned(),
+        dest: WORKSPACE.into(),
+        history: history.as_str().into(),
+        owner_uid: SANDBOX_UID,
+        owner_gid: SANDBOX_GID,
+        ssh_key,
+        known_hosts,
+        timeout_ms: CLONE_TIMEOUT_MS,
+    });
+    let mut stream = conn.open(&request).await?;
+    let mut archive =
+        std::fs::File::create(&partial).context(format_args!("creating {}", partial.display()))?;
+    let cloned = loop {
+        let Some(frame) = stream.next().await else {
+            return Err(agent_gone());
+        };
+        match frame.kind {
+            FrameKind::Data if frame.payload.first() == Some(&channel::STDOUT) => {
+                archive
+                    .write_all(&frame.payload[1..])
+                    .context("writing the clone's files")?;
+            }
+            FrameKind::Done => {
+                break from_payload::<Response>("clone result", &frame.payload)
+                    .map_err(|err| Error::internal(err.to_string()))?
+            }
+            FrameKind::Error => {
+                let message = strip_userinfo(&agent_error_message(&frame.payload));
+                let _ = std::fs::remove_file(&partial);
+                return Err(Error::invalid(format!(
+                    "cloning {} failed: {message}",
+                    strip_userinfo(url)
+                )));
+            }
+            _ => {}
+        }
+    };
+    drop(archive);
+    let Response::Cloned { commit, branch } = cloned else {
+        return Err(Error::internal(format!(
+            "the guest agent answered a clone with {cloned:?}"
+        )));
+    };
+    report(workspace::step(
+        "recording the baseline the diff is taken against",
+    ));
+    let baseline_tar = state_dir.join(BASELINE_TAR);
+    let repacked = {
+        let (partial, baseline_tar) = (partial.clone(), baseline_tar.clone());
+        tokio::task::spawn_blocking(move || repack(&partial, &baseline_tar))
+            .await
+            .map_err(|err| Error::internal(format!("re-packing the clone panicked: {err}")))?
+    };
+    let _ = std::fs::remove_file(&partial);
+    let (files, bytes) = repacked?;
+    let head = (history == History::None)
+        .then(|| branch.as_ref().map(|b| format!("refs/heads/{b}")))
+        .flatten();
+    workspace::record_baseline(conn, None, head).await?;
+    Ok(SourceInfo {
+        project_path: None,
+        repository_url: Some(strip_userinfo(url)),
+        history,
+        files,
+        bytes,
+        skipped: Default::default(),
+        commit: Some(commit),
+        branch,
+    })
+}
+
+/// Copies the guest's archive of the cloned commit into the host's baseline copy, keeping
+/// only regular files, directories and symlinks under clean relative paths.
+fn repack(from: &Path, to: &Path) -> Result<(u64, u64)> {
+    let bad = |why: String| Error::internal(format!("the clone's files from the guest: {why}"));
+    let input = std::fs::File::open(from).context("reading the clone's files")?;
+    let mut archive = tar::Archive::new(std::io::BufReader::new(input));
+    let output = std::fs::File::create(to).context(format_args!("creating {}", to.display()))?;
+    let mut builder = tar::Builder::new(std::io::BufWriter::new(output));
+    builder.mode(tar::HeaderMode::Deterministic);
+    let (mut files, mut bytes) = (0u64, 0u64);
+    for entry in archive.entries().map_err(|e| bad(e.to_string()))? {
+        let mut entry = entry.map_err(|e| bad(e.to_string()))?;
+        let kind = entry.header().entry_type();
+        if kind == tar::EntryType::XGlobalHeader {
+            continue;
+        }
+        let path = entry.path().map_err(|e| bad(e.to_string()))?.into_owned();
+        if path.as_os_str().is_empty()
+            || !path.components().all(|c| matches!(c, Component::Normal(_)))
+        {
+            return Err(bad(format!("unsafe path {}", path.display())));
+        }
+        let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(mode);
+        if kind.is_dir() {
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_size(0);
+            builder
+                .append_data(&mut header, &path, std::io::empty())
+                .map_err(|e| bad(e.to_string()))?;
+        } else if kind.is_symlink() {
+            let target = entry
+                .link_name()
+                .map_err(|e| bad(e.to_string()))?
+                .ok_or_else(|| bad(format!("symlink {} has no target", path.display())))?
+                .into_owned();
+            header.set_entry_type(tar::EntryType::Symlink);
+            header.set_size(0);
+            builder
+                .append_link(&mut header, &path, &target)
+                .map_err(|e| bad(e.to_string()))?;
+            files += 1;
+        } else if kind.is_file() {
+            let size = entry.size();
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_size(size);
+            let reader: &mut dyn Read = &mut entry;
+            builder
+                .append_data(&mut header, &path, reader.take(size))
+                .map_err(|e| bad(e.to_string()))?;
+            files += 1;
+            bytes += size;
+        } else {
+            return Err(bad(format!(
+                "{} is a {kind:?}, which a commit cannot hold",
+                path.display()
+            )));
+        }
+    }
+    builder
+        .into_inner()
+        .and_then(|mut w| w.flush())
+        .context("writing the baseline copy")?;
+    Ok((files, bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn git_urls_name_their_host_and_transport() {
+        let https = GitTarget::parse("https://tok@Git.Example.com/o/r.git").unwrap();
+        assert_eq!(
+            https,
+            GitTarget {
+                host: "git.example.com".into(),
+                ssh: false
+            }
+        );
+        assert!(GitTarget::parse("ssh://git@h:22/o/r").unwrap().ssh);
+        assert!(GitTarget::parse("git@h:o/r.git").unwrap().ssh);
+        for bad in [
+            "http://h/r",
+            "https://h:8443/r",
+            "ssh://h:2222/r",
+            "ext::sh",
+            "file:///r",
+        ] {
+            assert!(GitTarget::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tokens_never_reach_messages() {
+        assert_eq!(
+            strip_userinfo("fatal: 'https://me:ghp_x@h/a' not found"),
+            "fatal: 'https://***@h/a' not found"
+        );
+    }
+
+    #[test]
+    fn repack_keeps_files_and_refuses_escapes() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("in.tar");
+        let mut b = tar::Builder::new(std::fs::File::create(&src).unwrap());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(2);
+        h.set_mode(0o755);
+        b.append_data(&mut h, "bin/run", &b"hi"[..]).unwrap();
+        b.finish().unwrap();
+        drop(b);
+        let out = dir.path().join("out.tar");
+        assert_eq!(repack(&src, &out).unwrap(), (1, 2));
+
+        let evil = dir.path().join("evil.tar");
+        let mut raw = std::fs::File::create(&evil).unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.as_gnu_mut().unwrap().name[..9].copy_from_slice(b"../escape");
+        h.set_size(0);
+        h.set_cksum();
+        raw.write_all(h.as_bytes()).unwrap();
+        raw.write_all(&[0u8; 1024]).unwrap();
+        drop(raw);
+        assert!(repack(&evil, &out).is_err());
+    }
+}

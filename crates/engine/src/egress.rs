@@ -1,0 +1,238 @@
+//! A sandbox's egress on the host side: what it may reach ([`EgressSpec`], fixed when the
+//! sandbox is created and kept in its record), and, in the supervisor, the proxy that enforces
+//! it for every tunnel the guest opens, with each decision logged to `network.jsonl`.
+//!
+//! The guest decides nothing: its agent only carries connections here. The allowlist comes
+//! from the person running DynoCap (`DYNOCAP_EGRESS_ALLOW`, `--allow-host`), from DynoCap's
+//! defaults (the npm registry) and from the task's own git host; never from the guest.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dynocap_netproxy::{
+    DecisionSink, HostPattern, JsonlSink, Policy, Proxy, ResolveOverrides, Rule, Summary,
+    SummarySink,
+};
+use dynocap_proto::{EgressRequest, Request, Response};
+use serde::{Deserialize, Serialize};
+
+use crate::agent_conn::{AgentConn, TunnelHandler};
+use crate::error::{Context, Error, Result};
+
+/// The port the guest's egress listener takes on its loopback.
+pub const PROXY_PORT: u16 = 3128;
+/// Hosts every `filtered` sandbox may reach: the registry npm uses by default.
+pub const DEFAULT_ALLOW: &[&str] = &["registry.npmjs.org"];
+/// The system CA bundle the guest's extra CAs are added to (Debian's path).
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Largest `DYNOCAP_EXTRA_CA` file.
+const EXTRA_CA_MAX: u64 = 1 << 20;
+
+/// What a sandbox's egress allows, as recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressSpec {
+    /// Host patterns reachable on 443 once the sandbox is up (`filtered` only).
+    pub allow: Vec<String>,
+    /// Resolve overrides, `host:port:addr` (`DYNOCAP_RESOLVE`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resolve: Vec<String>,
+    /// Extra CA certificates the guest trusts (`DYNOCAP_EXTRA_CA`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_ca: Option<PathBuf>,
+}
+
+impl EgressSpec {
+    /// The spec from the operator's environment, hosts the person starting the sandbox added,
+    /// and the task's git host. `filtered` selects whether the allowlist applies at all (a
+    /// `none` task still clones through the proxy, opened to its git host alone).
+    pub fn from_env(filtered: bool, added: &[String], git_host: Option<&str>) -> Result<Self> {
+        let mut allow: Vec<String> = Vec::new();
+        if filtered {
+            let configured = std::env::var("DYNOCAP_EGRESS_ALLOW").unwrap_or_default();
+            let entries = DEFAULT_ALLOW
+                .iter()
+                .map(|s| (*s).to_owned())
+                .chain(git_host.map(str::to_owned))
+                .chain(
+                    split_list(&configured)
+                        .map(|e| (e, "DYNOCAP_EGRESS_ALLOW"))
+                        .map(|(e, _)| e),
+                )
+                .chain(added.iter().cloned());
+            for entry in entries {
+                let pattern = HostPattern::parse(&entry).map_err(|err| {
+                    Error::invalid(format!(
+                        "allowed host {entry:?}: {err}; give a host name such as example.com or *.example.com"
+                    ))
+                })?;
+                let text = pattern.to_string();
+                if !allow.contains(&text) {
+                    allow.push(text);
+                }
+            }
+        } else {
+            Self::refuse_hosts(added)?;
+        }
+        let resolve_env = std::env::var("DYNOCAP_RESOLVE").unwrap_or_default();
+        let resolve: Vec<String> = split_list(&resolve_env).collect();
+        let spec = Self {
+            allow,
+            resolve,
+            extra_ca: std::env::var_os("DYNOCAP_EXTRA_CA")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+        };
+        spec.overrides()?;
+        if let Some(path) = &spec.extra_ca {
+            read_extra_ca(path)?;
+        }
+        Ok(spec)
+    }
+
+    /// Refuses hosts added to a sandbox whose network is not `filtered`.
+    pub fn refuse_hosts(added: &[String]) -> Result<()> {
+        if added.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "allowed hosts only apply to network \"filtered\"; pass network filtered or drop them",
+            ))
+        }
+    }
+
+    /// The policy once the sandbox is up: HTTPS to the allowlist.
+    pub fn policy(&self) -> Result<Policy> {
+        Policy::https_hosts(&self.allow)
+            .map_err(|err| Error::internal(format!("the recorded allowlist is invalid: {err}")))
+    }
+
+    pub fn overrides(&self) -> Result<ResolveOverrides> {
+        ResolveOverrides::parse(&self.resolve.join(",")).map_err(|err| {
+            Error::invalid(format!(
+                "DYNOCAP_RESOLVE: {err}; use host:port:address entries separated by commas, as curl's --resolve"
+            ))
+        })
+    }
+
+    /// The CA bundle the guest gets: the system's certificates plus the extra ones, or
+    /// `None` when there are no extra ones (the guest keeps its own store).
+    pub fn ca_bundle(&self) -> Result<Option<String>> {
+        let Some(extra) = &self.extra_ca else {
+            return Ok(None);
+        };
+        let extra = read_extra_ca(extra)?;
+        let mut bundle = std::fs::read_to_string(SYSTEM_CA_BUNDLE).unwrap_or_default();
+        if !bundle.is_empty() && !bundle.ends_with('\n') {
+            bundle.push('\n');
+        }
+        bundle.push_str(&extra);
+        Ok(Some(bundle))
+    }
+}
+
+/// The policy of a clone: the git host alone, on the port its URL's scheme uses.
+pub fn clone_policy(host: &str, ssh: bool) -> Result<Policy> {
+    let pattern = HostPattern::parse(host)
+        .map_err(|err| Error::invalid(format!("the repository's host {host:?}: {err}")))?;
+    let mut policy = Policy::deny_all();
+    policy.push(if ssh {
+        Rule::ssh(pattern)
+    } else {
+        Rule::https(pattern)
+    });
+    Ok(policy)
+}
+
+fn split_list(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_owned)
+}
+
+/// Reads and checks `DYNOCAP_EXTRA_CA`: a regular file of PEM certificates.
+fn read_extra_ca(path: &Path) -> Result<String> {
+    let hint = "point DYNOCAP_EXTRA_CA at a PEM file of CA certificates";
+    let meta = std::fs::metadata(path)
+        .context(format_args!("DYNOCAP_EXTRA_CA={}; {hint}", path.display()))?;
+    if !meta.is_file() || meta.len() > EXTRA_CA_MAX {
+        return Err(Error::invalid(format!(
+            "DYNOCAP_EXTRA_CA={} is not a regular file of at most {EXTRA_CA_MAX} bytes; {hint}",
+            path.display()
+        )));
+    }
+    let text = std::fs::read_to_string(path)
+        .context(format_args!("reading DYNOCAP_EXTRA_CA={}", path.display()))?;
+    if !text.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(Error::invalid(format!(
+            "DYNOCAP_EXTRA_CA={} holds no PEM certificate (-----BEGIN CERTIFICATE-----); {hint}",
+            path.display()
+        )));
+    }
+    Ok(text)
+}
+
+/// The supervisor's proxy for one sandbox.
+pub struct Egress {
+    proxy: Arc<Proxy>,
+    summary: Arc<SummarySink>,
+    ca_bundle: Option<String>,
+}
+
+impl Egress {
+    /// A proxy that allows nothing yet, logging to `log` (`network.jsonl`).
+    pub fn new(spec: &EgressSpec, log: &Path) -> Result<Self> {
+        let jsonl = JsonlSink::create(log).context(format_args!("creating {}", log.display()))?;
+        let summary = Arc::new(SummarySink::new());
+        let sink: Arc<dyn DecisionSink> = Arc::new((jsonl, Arc::clone(&summary)));
+        let proxy = Arc::new(Proxy::new(Policy::deny_all(), spec.overrides()?, sink));
+        Ok(Self {
+            proxy,
+            summary,
+            ca_bundle: spec.ca_bundle()?,
+        })
+    }
+
+    /// Applies `policy` and has the guest listen, so commands reach the proxy.
+    pub async fn open(&self, conn: &AgentConn, policy: Policy) -> Result<()> {
+        self.proxy.set_policy(policy);
+        let proxy = Arc::clone(&self.proxy);
+        let handler: TunnelHandler = Arc::new(move |tunnel, outgoing| {
+            let proxy = Arc::clone(&proxy);
+            tokio::spawn(async move {
+                let (near, far) = tokio::io::duplex(256 * 1024);
+                let pumping = tokio::spawn(dynocap_proto::tunnel::pump(tunnel, near, outgoing));
+                proxy.serve(far).await;
+                let _ = pumping.await;
+            });
+        });
+        conn.serve_tunnels(handler);
+        self.configure_guest(conn, Some(PROXY_PORT)).await
+    }
+
+    /// Stops the guest's listener and refuses every later tunnel.
+    pub async fn close(&self, conn: &AgentConn) -> Result<()> {
+        self.proxy.set_policy(Policy::deny_all());
+        conn.refuse_tunnels();
+        self.configure_guest(conn, None).await
+    }
+
+    pub fn summary(&self) -> Summary {
+        self.summary.snapshot()
+    }
+
+    async fn configure_guest(&self, conn: &AgentConn, port: Option<u16>) -> Result<()> {
+        let request = Request::Egress(EgressRequest {
+            listen_port: port,
+            ca_bundle: port.and(self.ca_bundle.clone()),
+        });
+        let stream = conn.open(&request).await?;
+        match crate::workspace::finish_stream(stream, "configuring the guest's egress").await? {
+            Response::Egress { .. } => Ok(()),
+            other => Err(Error::internal(format!(
+                "the guest agent answered an egress request with {other:?}"
+            ))),
+        }
+    }
+}

@@ -10,3 +10,4 @@ export DYNOCAP_AGENT="$PWD/target/x86_64-unknown-linux-musl/release/dynocap-agen
 cargo bench --locked -p dynocap-e2e --bench sandbox
 cargo bench --locked -p dynocap-e2e --bench tasks
 cargo bench --locked -p dynocap-e2e --bench load
+cargo bench --locked -p dynocap-e2e --bench network

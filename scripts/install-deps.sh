@@ -14,6 +14,8 @@ packages=(
     ca-certificates
     python3 python3-venv        # the MCP tests' client: the official Python SDK, in a venv
     openssh-client              # ssh-keygen: real keys for the MCP sshKeyPath tests
+    openssh-server openssl curl # network tests: an sshd serving git, a test CA, HTTPS clients
+    python3-pip netcat-openbsd  # network tests: pip download and UDP/TCP probes in the guest
 )
 # The MCP Inspector CLI (MCP tests) is installed with npm; keep a Node.js that is already there
 # (e.g. from NodeSource), else Debian's. The Inspector's own Node comes from npm, see below.

@@ -2,6 +2,7 @@
 //! own `DYNOCAP_HOME`, run `dynocap` as a user would, and clean up sandboxes afterwards.
 
 pub mod bench;
+pub mod netfix;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -51,6 +52,8 @@ pub fn require_root(test: &str) -> bool {
 /// A private `DYNOCAP_HOME`; every sandbox started through it is destroyed on drop.
 pub struct TestHome {
     path: PathBuf,
+    /// Extra environment for every `dynocap` command of this home ([`TestHome::with_env`]).
+    env: Vec<(String, String)>,
     /// Removed on drop; `None` for a home the test placed itself ([`TestHome::at`]).
     _dir: Option<tempfile::TempDir>,
 }
@@ -70,6 +73,7 @@ impl TestHome {
             .expect("temp DYNOCAP_HOME");
         Self {
             path: dir.path().to_owned(),
+            env: Vec::new(),
             _dir: Some(dir),
         }
     }
@@ -77,7 +81,17 @@ impl TestHome {
     /// A home at `path` (e.g. on a filesystem the test mounted); the test removes it.
     pub fn at(path: PathBuf) -> Self {
         std::fs::create_dir_all(&path).expect("create DYNOCAP_HOME");
-        Self { path, _dir: None }
+        Self {
+            path,
+            env: Vec::new(),
+            _dir: None,
+        }
+    }
+
+    /// Sets `key=value` for every `dynocap` command this home runs (cleanup included).
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -87,7 +101,8 @@ impl TestHome {
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(dynocap_bin());
         cmd.env("DYNOCAP_HOME", self.path())
-            .env_remove("DYNOCAP_BACKEND");
+            .env_remove("DYNOCAP_BACKEND")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
 

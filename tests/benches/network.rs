@@ -1,0 +1,233 @@
+//! Network benchmarks, each beside the same work done directly on the host in the same run,
+//! against the loopback fixtures of tests/support/netfix.rs:
+//! 1. a 200 MB HTTPS download with curl inside a `filtered` sandbox vs the same curl on the
+//!    host straight to the server (target: throughput ratio >= 0.8);
+//! 2. the cost of a new connection: TLS connected time (`time_appconnect`) of 50 sequential
+//!    curl runs through the proxy vs direct (target: under 2 ms added);
+//! 3. `task start --repo https://...` vs a plain `git clone` of the same repository from the
+//!    same server (target: ratio <= 1.3).
+//!
+//! curl's own timers measure 1 and 2, so the exec round trip is not counted. Run with
+//! `scripts/bench.sh` (builds the release binaries first). Needs root.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use dynocap_e2e::bench::{release_bins, report, sample};
+use dynocap_e2e::netfix::{product, scrub_client_env, NetFix, BIG_BYTES, GIT_HOST, OTHER_HOST};
+
+const CONNECTIONS: usize = 50;
+const DOWNLOADS: usize = 3;
+/// The clone benchmark's repository: files of incompressible bytes, so the transfer and not
+/// only the per-request overhead counts.
+const REPO_FILES: usize = 2_000;
+const REPO_FILE_BYTES: usize = 16 * 1024;
+
+fn main() {
+    let bins = release_bins();
+    if std::env::var_os("DYNOCAP_AGENT").is_none() {
+        std::env::set_var("DYNOCAP_AGENT", bins.join("dynocap-agent"));
+    }
+    let fix = NetFix::start();
+    let home = tempfile::Builder::new()
+        .prefix("dcnb")
+        .tempdir_in("/tmp")
+        .expect("temp home");
+    let dynocap = |args: &[&str]| -> Output {
+        let out = Command::new(bins.join("dynocap"))
+            .args(args)
+            .env("DYNOCAP_HOME", home.path())
+            .envs(fix.product_env())
+            .output()
+            .expect("spawn dynocap");
+        assert!(
+            out.status.success(),
+            "dynocap {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    // curl -w output of a command run in the sandbox.
+    let in_sandbox = |command: &str| -> String {
+        let out = dynocap(&["--json", "exec", "net", "--timeout", "600", "--", command]);
+        let exec: serde_json::Value = serde_json::from_slice(&out.stdout).expect("Exec JSON");
+        assert_eq!(exec["exitCode"], 0, "{command}: {exec:#}");
+        exec["stdout"].as_str().expect("stdout").to_owned()
+    };
+    let on_host = |args: &[&str]| -> String {
+        let mut cmd = Command::new("curl");
+        scrub_client_env(&mut cmd);
+        let out = cmd
+            .args(["-sS", "--fail"])
+            .args(fix.curl_direct())
+            .args(args)
+            .output()
+            .expect("curl");
+        assert!(out.status.success(), "curl {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    // Direct baselines first: they need nothing from DynoCap.
+    let big = format!("https://{OTHER_HOST}/big/{BIG_BYTES}");
+    let small = format!("https://{OTHER_HOST}/");
+    let timed = ["-o", "/dev/null", "-w", "%{time_total}\n", big.as_str()];
+    on_host(&timed); // warm-up
+    let direct_download = sorted((0..DOWNLOADS).map(|_| seconds(&on_host(&timed))).collect());
+    let direct_connect = sorted(
+        (0..CONNECTIONS)
+            .map(|_| {
+                seconds(&on_host(&[
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{time_appconnect}\n",
+                    &small,
+                ]))
+            })
+            .collect(),
+    );
+
+    dynocap(&[
+        "run",
+        "net",
+        "--network",
+        "filtered",
+        product::FLAG_ALLOW_HOST,
+        OTHER_HOST,
+    ]);
+
+    // 1. Throughput.
+    let download = format!("curl -sS --fail -o /dev/null -w '%{{time_total}}\\n' {big}");
+    in_sandbox(&download); // warm-up
+    let proxied = sorted(
+        (0..DOWNLOADS)
+            .map(|_| seconds(&in_sandbox(&download)))
+            .collect(),
+    );
+    report(
+        "200 MB download through filtered",
+        &proxied,
+        "same curl on host loopback",
+        &direct_download,
+    );
+    let mbps = |d: Duration| BIG_BYTES as f64 / 1e6 / d.as_secs_f64();
+    let (p, d) = (
+        proxied[proxied.len() / 2],
+        direct_download[direct_download.len() / 2],
+    );
+    println!(
+        "throughput: filtered {:.0} MB/s | direct {:.0} MB/s | ratio {:.2} (target >= 0.8)",
+        mbps(p),
+        mbps(d),
+        mbps(p) / mbps(d)
+    );
+
+    // 2. Added latency per new connection.
+    let proxied = sorted(
+        in_sandbox(&format!(
+            "for i in $(seq {CONNECTIONS}); do \
+             curl -sS --fail -o /dev/null -w '%{{time_appconnect}}\\n' {small} || exit 1; done"
+        ))
+        .lines()
+        .map(seconds)
+        .collect(),
+    );
+    report(
+        &format!("new TLS connection through the proxy ({CONNECTIONS} sequential)"),
+        &proxied,
+        "direct",
+        &direct_connect,
+    );
+    println!(
+        "added latency per connection: {:.2} ms (median; target < 2 ms)",
+        (proxied[proxied.len() / 2].as_secs_f64()
+            - direct_connect[direct_connect.len() / 2].as_secs_f64())
+            * 1e3
+    );
+    dynocap(&["destroy", "net"]);
+
+    // 3. task start --repo vs git clone.
+    generate_repo(&fix.repo.root.join("bench.git"), fix.dir());
+    let url = format!("https://{GIT_HOST}/bench.git");
+    let start = sample(3, |i| {
+        let name = format!("r{i}");
+        dynocap(&["task", "start", "--repo", &url, "--name", &name]);
+        dynocap(&["rm", &name, "--force", "--purge"]);
+    });
+    let scratch = fix.dir().join("clones");
+    let ca = format!("http.sslCAInfo={}", fix.ca.ca_cert.display());
+    let resolve = format!("http.curloptResolve={GIT_HOST}:443:{}", fix.addr);
+    let clone = sample(3, |i| {
+        let dest = scratch.join(i.to_string());
+        let mut cmd = Command::new("git");
+        scrub_client_env(&mut cmd);
+        let out = cmd
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .args(["-c", &ca, "-c", &resolve, "clone", "-q", &url])
+            .arg(&dest)
+            .output()
+            .expect("git clone");
+        assert!(out.status.success(), "{out:?}");
+        std::fs::remove_dir_all(&dest).expect("remove clone");
+    });
+    report(
+        &format!(
+            "task start --repo ({REPO_FILES} files, {} MB)",
+            REPO_FILES * REPO_FILE_BYTES / 1_000_000
+        ),
+        &start,
+        "git clone over the same server",
+        &clone,
+    );
+}
+
+fn seconds(text: &str) -> Duration {
+    Duration::from_secs_f64(
+        text.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("curl printed no time: {text:?}")),
+    )
+}
+
+fn sorted(mut times: Vec<Duration>) -> Vec<Duration> {
+    times.sort();
+    times
+}
+
+/// A bare repository at `bare` with [`REPO_FILES`] files of pseudo-random bytes in one
+/// commit, built in a work tree under `scratch`.
+fn generate_repo(bare: &Path, scratch: &Path) {
+    let work = scratch.join("bench-work");
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    for i in 0..REPO_FILES {
+        let mut bytes = Vec::with_capacity(REPO_FILE_BYTES);
+        while bytes.len() < REPO_FILE_BYTES {
+            // xorshift64: cheap, incompressible enough for a pack.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            bytes.extend_from_slice(&state.to_le_bytes());
+        }
+        let path = work.join(format!("dir{}/file{i}.bin", i % 50));
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, bytes).expect("write");
+    }
+    let git = |dir: &Path, args: &[&str]| dynocap_e2e::git(dir, args);
+    git(&work, &["init", "-q", "-b", "main"]);
+    git(&work, &["add", "-A"]);
+    git(&work, &["commit", "-q", "-m", "bench"]);
+    git(
+        scratch,
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            work.to_str().expect("utf-8"),
+            bare.to_str().expect("utf-8"),
+        ],
+    );
+    std::fs::remove_dir_all(&work).expect("remove work tree");
+}

@@ -4,6 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 
 /// Longest proxy response head read before the tunnel starts.
@@ -77,9 +78,17 @@ fn relay(stream: TcpStream) -> ExitCode {
         let _ = std::io::copy(&mut std::io::stdin().lock(), &mut upstream_write);
         let _ = upstream_write.shutdown(Shutdown::Write);
     });
+    // Straight to descriptor 1: `Stdout` is line-buffered, and a binary record that does not
+    // end in a newline would wait in its buffer while ssh waits for it.
+    let stdout = match std::io::stdout().as_fd().try_clone_to_owned() {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(err) => {
+            eprintln!("dynocap: cannot write to stdout: {err}");
+            return ExitCode::from(1);
+        }
+    };
     let mut upstream_read = stream;
-    let _ = std::io::copy(&mut upstream_read, &mut std::io::stdout().lock());
-    let _ = std::io::stdout().flush();
+    let _ = std::io::copy(&mut upstream_read, &mut &stdout);
     drop(sender);
     ExitCode::SUCCESS
 }

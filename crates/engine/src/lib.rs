@@ -31,6 +31,7 @@ pub mod spec;
 pub mod supervisor;
 pub mod task_spec;
 pub mod tasks;
+pub mod usernet;
 pub mod workspace;
 
 pub use error::{Error, ErrorCode, Result};

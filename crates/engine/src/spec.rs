@@ -40,7 +40,7 @@ pub const EXEC_CWD_MAX: usize = 4095;
 /// (field names, numbers, framing).
 const EXEC_REQUEST_OVERHEAD: usize = 4096;
 
-/// Network modes of the spec. Only `none` exists until the egress proxy lands.
+/// Network modes of the spec. `filtered` waits for the egress proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
@@ -74,8 +74,9 @@ impl Network {
     pub fn ensure_available(self) -> Result<()> {
         match self {
             Self::None => Ok(()),
+            Self::Nat => crate::usernet::available(),
             other => Err(Error::internal(format!(
-                "network \"{}\" is not available in this version of DynoCap (only \"none\" is); \
+                "network \"{}\" is not available in this version of DynoCap (\"none\" and \"nat\" are); \
                  no sandbox was started",
                 other.as_str()
             ))),

@@ -14,6 +14,8 @@ packages=(
     ca-certificates
     python3 python3-venv        # the MCP tests' client: the official Python SDK, in a venv
     openssh-client              # ssh-keygen: real keys for the MCP sshKeyPath tests
+    passt                       # pasta: user-mode networking for network "nat"
+    curl wget netcat-openbsd iputils-ping  # network tests run them inside guests (host /usr)
 )
 # The MCP Inspector CLI (MCP tests) is installed with npm; keep a Node.js that is already there
 # (e.g. from NodeSource), else Debian's. The Inspector's own Node comes from npm, see below.

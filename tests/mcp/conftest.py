@@ -144,9 +144,12 @@ def host() -> Any:
 
 @contextlib.asynccontextmanager
 async def connect(host: Host, *, cwd: Path | str | None = None, env: dict[str, str] | None = None,
-                  args: tuple[str, ...] = (), modern: bool = False) -> AsyncIterator[ClientSession]:
-    """Starts `dynocap mcp` for `host` and yields an initialized client session."""
-    params = StdioServerParameters(command=str(DYNOCAP), args=["mcp", *args], env=host.env(env),
+                  args: tuple[str, ...] = (), modern: bool = False,
+                  wrap: tuple[str, ...] = ()) -> AsyncIterator[ClientSession]:
+    """Starts `dynocap mcp` for `host` and yields an initialized client session. `wrap` is a
+    command the server runs under (e.g. one that enters a test network namespace)."""
+    argv = [*wrap, str(DYNOCAP), "mcp", *args]
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=host.env(env),
                                    cwd=str(cwd or host.root))
     with open(host.log, "a") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write):

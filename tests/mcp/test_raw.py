@@ -4,13 +4,18 @@ cancellation of a running exec."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
+import shutil
+import subprocess
+import time
 
 import anyio
 import pytest
 
-from conftest import Host, connect, err, ok
+from conftest import Host, connect, err, need, ok
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("root_needed")]
 
@@ -174,10 +179,9 @@ async def test_network_flags_for_run(host: Host) -> None:
     assert "[rule network.filtered]" in log and "[rule network.nat]" in log
     flags = {"DYNOCAP_MCP_ALLOW_FILTERED": "1", "DYNOCAP_MCP_ALLOW_NAT": "1"}
     async with connect(host, env=flags) as s:
-        for mode in ("filtered", "nat"):
-            # Allowed by the host, not built yet: a clear internal error, never a downgrade.
-            text = err(await s.call_tool("dynocap_run", {"name": "n", "network": mode}), "internal")
-            assert "not available" in text
+        # Allowed by the host, not built yet: a clear internal error, never a downgrade.
+        text = err(await s.call_tool("dynocap_run", {"name": "n", "network": "filtered"}), "internal")
+        assert "not available" in text
         assert ok(await s.call_tool("dynocap_ps", {})) == {"sandboxes": []}
         ok(await s.call_tool("dynocap_run", {"name": "n", "network": "none"}))
 
@@ -224,3 +228,79 @@ async def test_structured_and_text_agree_for_every_raw_tool(host: Host) -> None:
                            ("dynocap_destroy", {"name": "t"})):
             result = await s.call_tool(tool, args)
             assert json.loads(result.content[0].text) == ok(result), tool
+
+
+class NetnsHost:
+    """A network namespace standing in for the host (`H`) and one for a test server (`S`), on a
+    veth pair in 198.51.100.0/24 (a documentation range, only inside these namespaces); H's
+    default route leads to S and nowhere else. H has a server on its own loopback. Deleted on
+    exit, also after a failure."""
+
+    def __init__(self) -> None:
+        tag = f"{os.getpid()}m{next(NetnsHost._count)}"
+        self.h, self.s = f"dmh{tag}", f"dms{tag}"
+        self.server: subprocess.Popen[bytes] | None = None
+
+    _count = itertools.count()
+
+    def __enter__(self) -> "NetnsHost":
+        need(shutil.which("pasta") is not None, "pasta is missing (apt-get install passt)")
+        try:
+            for cmd in (f"netns add {self.h}", f"netns add {self.s}",
+                        f"-n {self.h} link set lo up", f"-n {self.s} link set lo up",
+                        f"-n {self.h} link add veth-h type veth peer name veth-s",
+                        f"-n {self.h} link set veth-s netns {self.s}",
+                        f"-n {self.h} addr add 198.51.100.1/24 dev veth-h",
+                        f"-n {self.s} addr add 198.51.100.2/24 dev veth-s",
+                        f"-n {self.h} link set veth-h up", f"-n {self.s} link set veth-s up",
+                        f"-n {self.h} route add default via 198.51.100.2"):
+                subprocess.run(["ip", *cmd.split()], check=True)
+            self.server = subprocess.Popen(
+                ["nsenter", f"--net=/run/netns/{self.h}", "--", "python3", "-m", "http.server", "8081",
+                 "--bind", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            probe = ["nsenter", f"--net=/run/netns/{self.h}", "--", "curl", "-sf", "-m", "2",
+                     "-o", "/dev/null", "http://127.0.0.1:8081/"]
+            for _ in range(100):
+                if subprocess.run(probe).returncode == 0:
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError("H's loopback server did not come up")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.server is not None:
+            self.server.kill()
+            self.server.wait()
+        for ns in (self.h, self.s):
+            subprocess.run(["ip", "netns", "delete", ns], stderr=subprocess.DEVNULL)
+
+    def wrap(self) -> tuple[str, ...]:
+        """Runs the MCP server in H (network only; `ip netns exec` would hide the cgroups)."""
+        return ("nsenter", f"--net=/run/netns/{self.h}", "--")
+
+
+async def test_nat_run_works_when_allowed(host: Host) -> None:
+    with NetnsHost() as world:
+        async with connect(host, wrap=world.wrap()) as s:
+            err(await s.call_tool("dynocap_run", {"name": "n", "network": "nat"}), "policy_denied")
+        async with connect(host, env={"DYNOCAP_MCP_ALLOW_NAT": "1"}, wrap=world.wrap()) as s:
+            box = ok(await s.call_tool("dynocap_run", {"name": "n", "network": "nat"}))
+            assert box["network"] == "nat"
+            assert ok(await s.call_tool("dynocap_ps", {}))["sandboxes"][0]["network"] == "nat"
+
+            async def sh(command: str) -> dict:
+                return ok(await s.call_tool("dynocap_exec", {"name": "n", "command": command}))
+
+            route = await sh("ip route show default")
+            assert "via 198.51.100.2" in route["stdout"], route
+            links = await sh("ip -o link show | awk -F': ' '{print $2}'")
+            assert links["stdout"].split() == ["lo", "veth-h"], links
+            # H's loopback server answers in H (checked above) but not from the guest.
+            for target in ("127.0.0.1", "198.51.100.1"):
+                got = await sh(f"curl -sS -m 5 http://{target}:8081/")
+                assert got["exitCode"] != 0, got
+            ok(await s.call_tool("dynocap_destroy", {"name": "n"}))

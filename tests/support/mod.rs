@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod netfix;
+pub mod netns;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -33,6 +33,10 @@ pub const DOCKER_DEFAULT: &[(u32, &str)] = &[
     (31, "CAP_SETFCAP"),
 ];
 
+/// Raw and packet sockets: dropped for a guest on user-mode networking
+/// ([`crate::JailSpec::net_raw`]).
+pub(crate) const CAP_NET_RAW: u32 = 13;
+
 /// The Docker default set as a bit mask (bit n = capability n), as `/proc/<pid>/status`
 /// prints it in `CapBnd`.
 pub fn docker_default_mask() -> u64 {

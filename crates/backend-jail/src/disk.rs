@@ -478,6 +478,7 @@ mod tests {
             },
             reuse_layers: false,
             disk_bytes: Some(64 << 20),
+            net_raw: true,
         };
         assert_eq!(Plan::for_spec(&spec, false), Plan::Format(64 << 20));
         spec.reuse_layers = true;

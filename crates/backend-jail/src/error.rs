@@ -78,6 +78,10 @@ pub enum JailError {
     #[error("building the seccomp filter failed: {0}")]
     Seccomp(String),
 
+    /// User-mode networking (pasta) could not be started or stopped.
+    #[error("user-mode networking: {0}")]
+    UserNet(String),
+
     /// Tearing a sandbox down left something behind; each entry names one leftover.
     #[error("teardown incomplete: {}", .0.join("; "))]
     Teardown(Vec<String>),

@@ -347,6 +347,7 @@ mod tests {
             },
             reuse_layers: false,
             disk_bytes: None,
+            net_raw: true,
         }
     }
 

@@ -46,7 +46,7 @@
 //!
 //! Module map: [`spec`](JailSpec) (what is asked), `spawn` + `child` (the two halves above),
 //! `rootfs`/`resolve`/`newmount` (the filesystem), `cgroup` (limits), `idmap` (user
-//! namespace), `caps`, `seccomp`, `net`, `sync` (clone handshake), `disk` + `layers` + `remove`
+//! namespace), `caps`, `seccomp`, `net`, `usernet` (pasta, for `nat`), `sync` (clone handshake), `disk` + `layers` + `remove`
 //! (state dir), `jail` (the handle), `cleanup`, `probe`.
 
 mod caps;
@@ -71,6 +71,7 @@ mod spawn;
 mod spec;
 mod sync;
 mod sys;
+mod usernet;
 
 pub use caps::{docker_default_mask, DOCKER_DEFAULT};
 pub use cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT as CGROUP_PARENT};
@@ -83,3 +84,4 @@ pub use idmap::{
 pub use jail::Jail;
 pub use probe::{probe, CgroupProbe, Check, ControllerProbe, Probe};
 pub use spec::{GuestDir, JailSpec, Limits, RoBind, AGENT_GUEST_PATH, CHANNEL_FD};
+pub use usernet::{find_pasta, log_worthy as usernet_log_worthy, UserNet, PASTA, PASTA_MISSING};

@@ -239,7 +239,11 @@ fn plan(spec: &JailSpec, ids: &IdMap) -> Result<ChildPlan, JailError> {
         argv,
         envp,
         seccomp: seccomp::program()?,
-        caps: caps::docker_default_mask(),
+        caps: if spec.net_raw {
+            caps::docker_default_mask()
+        } else {
+            caps::docker_default_mask() & !(1 << caps::CAP_NET_RAW)
+        },
         exec_cgroup: None,
     })
 }

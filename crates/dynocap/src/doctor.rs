@@ -46,6 +46,7 @@ pub fn run(json: bool) -> ExitCode {
         &["git", "--version"],
         "install git (apt-get install git); tasks import and diff projects with it",
     ));
+    checks.push(pasta_check());
     checks.push(kvm_check());
     checks.push(ceilings_check());
     checks.push(tool_check(
@@ -143,6 +144,38 @@ fn agent_check() -> Check {
             false,
             err.message,
             "build it with `cargo build --release -p dynocap-agent` and install it beside dynocap",
+        ),
+    }
+}
+
+/// pasta (package `passt`) gives `nat` sandboxes their network. It prints no version of its
+/// own ("unknown version" on Debian 12), so the package's version is reported.
+fn pasta_check() -> Check {
+    let hint = "network \"nat\" needs pasta: apt install passt";
+    match dynocap_backend_jail::find_pasta() {
+        Ok(path) => {
+            let package = std::process::Command::new("dpkg-query")
+                .args(["-W", "-f=${Version}", "passt"])
+                .output()
+                .ok()
+                .filter(|out| out.status.success())
+                .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+                .filter(|v| !v.is_empty());
+            let detail = match package {
+                Some(version) => format!(
+                    "{} (passt {version}); network \"nat\" uses it",
+                    path.display()
+                ),
+                None => format!("{}; network \"nat\" uses it", path.display()),
+            };
+            Check::new("pasta", false, true, detail, hint)
+        }
+        Err(_) => Check::new(
+            "pasta",
+            false,
+            false,
+            "pasta not found on PATH: network \"nat\" is unavailable".into(),
+            hint,
         ),
     }
 }

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use crate::error::{Error, Result};
 use crate::image::{Image, AGENT_STATE_DIR, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
+use crate::spec::Network;
+use crate::usernet;
 
 /// Everything a backend needs to boot one guest.
 #[derive(Debug, Clone)]
@@ -30,6 +32,9 @@ pub struct BootSpec {
     /// The sandbox's host id range (see [`crate::idpool`]); the same for every guest booted
     /// over one state directory.
     pub id_range: u32,
+    /// The guest's network. A recovery boot ([`BootSpec::reuse_layer`]) gets `None` whatever
+    /// the sandbox asked for: it only saves work.
+    pub network: Network,
 }
 
 /// A running guest.
@@ -85,7 +90,23 @@ pub fn sync_layer(state_dir: &std::path::Path) -> Result<()> {
 /// Linux namespaces, overlay root, seccomp, cgroups (crate `dynocap-backend-jail`).
 pub struct JailBackend;
 
-struct JailGuest(dynocap_backend_jail::Jail);
+struct JailGuest {
+    jail: dynocap_backend_jail::Jail,
+    /// pasta, for a `nat` guest.
+    usernet: Option<dynocap_backend_jail::UserNet>,
+}
+
+impl JailGuest {
+    /// Stops pasta first: the guest's network goes before the guest.
+    fn stop_usernet(&mut self) -> Result<()> {
+        match self.usernet.take() {
+            Some(usernet) => usernet
+                .stop()
+                .map_err(|err| Error::internal(format!("stopping the guest's network: {err}"))),
+            None => Ok(()),
+        }
+    }
+}
 
 impl Backend for JailBackend {
     fn name(&self) -> &'static str {
@@ -94,19 +115,29 @@ impl Backend for JailBackend {
 
     fn boot(&self, spec: &BootSpec) -> Result<Box<dyn Guest>> {
         use dynocap_backend_jail::{GuestDir, JailSpec, Limits, RoBind};
+        let nat = spec.network == Network::Nat;
+        let mut ro_binds: Vec<RoBind> = spec
+            .image
+            .ro_binds
+            .iter()
+            .map(|(source, target)| RoBind {
+                source: source.clone(),
+                target: target.clone(),
+            })
+            .collect();
+        if nat {
+            // Checked before anything is built: a missing pasta leaves no sandbox behind.
+            usernet::available()?;
+            ro_binds.push(RoBind {
+                source: usernet::write_resolv_conf(&spec.state_dir)?,
+                target: "/etc/resolv.conf".into(),
+            });
+        }
         let jail_spec = JailSpec {
             name: spec.id.clone(),
             hostname: spec.hostname.clone(),
             image_root: spec.image.root.clone(),
-            ro_binds: spec
-                .image
-                .ro_binds
-                .iter()
-                .map(|(source, target)| RoBind {
-                    source: source.clone(),
-                    target: target.clone(),
-                })
-                .collect(),
+            ro_binds,
             state_dir: spec.state_dir.clone(),
             guest_dirs: vec![
                 GuestDir {
@@ -138,12 +169,19 @@ impl Backend for JailBackend {
             },
             reuse_layers: spec.reuse_layer,
             disk_bytes: disk_bytes(spec.disk_mb)?,
+            net_raw: !nat,
         };
         let ids = dynocap_backend_jail::IdMap::for_current_process_in_range(spec.id_range)
             .map_err(|err| Error::internal(format!("choosing the jail's host ids: {err}")))?;
         let jail = dynocap_backend_jail::Jail::spawn_with_ids(&jail_spec, ids)
             .map_err(|err| Error::internal(format!("booting the jail: {err}")))?;
-        Ok(Box::new(JailGuest(jail)))
+        // On failure the jail is dropped, which tears it down: no sandbox is left behind.
+        let usernet = if nat {
+            Some(usernet::start(jail.pid(), &spec.state_dir)?)
+        } else {
+            None
+        };
+        Ok(Box::new(JailGuest { jail, usernet }))
     }
 
     fn cleanup_leftovers(&self, id: &str, state_dir: &std::path::Path) -> Result<()> {
@@ -175,21 +213,23 @@ fn disk_bytes(disk_mb: Option<u64>) -> Result<Option<u64>> {
 
 impl Guest for JailGuest {
     fn take_channel(&mut self) -> Option<OwnedFd> {
-        self.0.take_channel()
+        self.jail.take_channel()
     }
     fn exit_fd(&self) -> BorrowedFd<'_> {
-        self.0.pidfd()
+        self.jail.pidfd()
     }
     fn pid(&self) -> i32 {
-        self.0.pid().as_raw()
+        self.jail.pid().as_raw()
     }
-    fn destroy(self: Box<Self>) -> Result<()> {
-        self.0
+    fn destroy(mut self: Box<Self>) -> Result<()> {
+        let network = self.stop_usernet();
+        self.jail
             .destroy()
-            .map_err(|err| Error::internal(format!("destroying the jail: {err}")))
+            .map_err(|err| Error::internal(format!("destroying the jail: {err}")))?;
+        network
     }
     fn memory_events(&self) -> Option<PathBuf> {
-        self.0.cgroup_paths().into_iter().find_map(|dir| {
+        self.jail.cgroup_paths().into_iter().find_map(|dir| {
             ["memory.events", "memory.oom_control"]
                 .iter()
                 .map(|file| dir.join(file))
@@ -197,13 +237,15 @@ impl Guest for JailGuest {
         })
     }
     fn raise_memory_limit(&self, bytes: u64) -> Result<()> {
-        self.0
+        self.jail
             .raise_memory_limit(bytes)
             .map_err(|err| Error::internal(format!("raising the guest's memory limit: {err}")))
     }
-    fn stop_keeping_layer(self: Box<Self>) -> Result<()> {
-        self.0
+    fn stop_keeping_layer(mut self: Box<Self>) -> Result<()> {
+        let network = self.stop_usernet();
+        self.jail
             .stop_keeping_layers()
-            .map_err(|err| Error::internal(format!("stopping the jail: {err}")))
+            .map_err(|err| Error::internal(format!("stopping the jail: {err}")))?;
+        network
     }
 }

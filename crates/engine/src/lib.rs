@@ -34,6 +34,7 @@ pub mod ssh_key;
 pub mod supervisor;
 pub mod task_spec;
 pub mod tasks;
+pub mod usernet;
 pub mod workspace;
 
 pub use error::{Error, ErrorCode, Result};

@@ -74,11 +74,7 @@ impl Network {
     pub fn ensure_available(self) -> Result<()> {
         match self {
             Self::None | Self::Filtered => Ok(()),
-            other => Err(Error::internal(format!(
-                "network \"{}\" is not available in this version of DynoCap (only \"none\" and \"filtered\" are); \
-                 no sandbox was started",
-                other.as_str()
-            ))),
+            Self::Nat => crate::usernet::available(),
         }
     }
 }

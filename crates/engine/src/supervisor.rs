@@ -207,6 +207,11 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
         pids: spec::PIDS_LIMIT,
         reuse_layer: mode == Mode::Recover,
         id_range,
+        // Recovery only saves work: no network, whatever the sandbox had.
+        network: match mode {
+            Mode::Start => record.network,
+            Mode::Recover => spec::Network::None,
+        },
     };
     let (guest, guest_output) = boot_with_piped_output(backend.as_ref(), &spec)?;
     log(&format!(

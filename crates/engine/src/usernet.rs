@@ -1,0 +1,104 @@
+//! The `nat` network mode on the jail backend: what the guest is told (its resolver) and the
+//! supervisor's side of running pasta (the parent-death tie, its messages in the sandbox's
+//! log). Starting pasta and keeping the guest off the host's addresses is
+//! [`dynocap_backend_jail::UserNet`]'s job; the VM backend uses QEMU's user networking instead.
+
+use std::io::{BufRead, Read};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use dynocap_backend_jail::{find_pasta, usernet_log_worthy, UserNet};
+
+use crate::error::{Context, Error, Result};
+use crate::host_children;
+
+/// The guest's resolver: pasta answers DNS sent here by forwarding it to the host's first
+/// nameserver. Link-local, so it collides with nothing the guest may want to reach, and
+/// nothing else of the host answers on it.
+pub const DNS_FORWARD: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+
+/// Longest line of pasta's output copied into the log.
+const LOG_LINE_BYTES: u64 = 4096;
+
+/// Whether this machine can give a guest `nat`; the error names what is missing and the fix.
+pub fn available() -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(Error::invalid(
+            "network \"nat\" needs DynoCap to run as root (pasta must enter the guest's \
+             network namespace); use network \"none\" or run as root",
+        ));
+    }
+    find_pasta().map_err(|_| Error::invalid(dynocap_backend_jail::PASTA_MISSING))?;
+    Ok(())
+}
+
+/// Writes the resolver configuration a `nat` guest gets (bound read-only over its
+/// `/etc/resolv.conf`) into `state_dir`; returns its path.
+pub fn write_resolv_conf(state_dir: &Path) -> Result<PathBuf> {
+    let path = state_dir.join("resolv.conf");
+    std::fs::write(
+        &path,
+        format!("# DynoCap: network \"nat\" (DNS through pasta)\nnameserver {DNS_FORWARD}\n"),
+    )
+    .context(format_args!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// Starts pasta for the guest whose init is `guest_pid`; returns once the guest's network is
+/// up. Call from the thread that holds the guest: pasta dies with it.
+pub fn start(guest_pid: nix::unistd::Pid, state_dir: &Path) -> Result<UserNet> {
+    let (usernet, stderr) = UserNet::start(
+        guest_pid,
+        DNS_FORWARD,
+        state_dir,
+        host_children::die_with_parent,
+    )
+    .map_err(|err| Error::internal(format!("starting the guest's network: {err}")))?;
+    crate::supervisor::log(&format!(
+        "network \"nat\": pasta (pid {}) serves the guest's network namespace",
+        usernet.pid().unwrap_or(0)
+    ));
+    std::thread::Builder::new()
+        .name("pasta-log".into())
+        .spawn(move || relay(stderr))
+        .context("starting the pasta log relay")?;
+    Ok(usernet)
+}
+
+/// Copies pasta's messages into the log, line by line, bounded.
+fn relay(stderr: impl Read) {
+    let mut reader = std::io::BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut reader)
+            .take(LOG_LINE_BYTES)
+            .read_until(b'\n', &mut line)
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim_end();
+                if usernet_log_worthy(text) {
+                    crate::supervisor::log(&format!("pasta: {text}"));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guest_resolver_is_the_forwarded_address() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write_resolv_conf(dir.path()).expect("written");
+        let text = std::fs::read_to_string(path).expect("read");
+        assert!(
+            text.lines().any(|l| l == "nameserver 169.254.1.1"),
+            "{text}"
+        );
+    }
+}

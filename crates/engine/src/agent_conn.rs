@@ -92,7 +92,7 @@ impl AgentConn {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break,
                     Err(err) => {
-                        eprintln!("agent channel: {err}; closing it");
+                        tracing::error!("agent channel: {err}; closing it");
                         break;
                     }
                 };
@@ -103,7 +103,7 @@ impl AgentConn {
                         let _ = tx.send(frame).await;
                     }
                     None if frame.stream & GUEST_STREAM_BIT != 0 => {
-                        eprintln!(
+                        tracing::warn!(
                             "agent opened stream {:#x}, which nothing serves yet",
                             frame.stream
                         );

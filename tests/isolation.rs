@@ -300,3 +300,37 @@ fn sysfs_is_read_only_masked_and_shows_the_sandboxs_limits() {
     );
     assert_eq!(cpus, "1\n");
 }
+
+/// A host whose own /sys is partly hidden (a container runtime masks /sys/firmware) cannot
+/// give a user namespace a new sysfs: the sandbox starts without /sys, and the supervisor's
+/// log says why.
+#[test]
+fn a_host_hiding_part_of_its_sys_runs_sandboxes_without_one() {
+    if !require_root("a_host_hiding_part_of_its_sys_runs_sandboxes_without_one") {
+        return;
+    }
+    let home = TestHome::new();
+    // dynocap (and the supervisor it starts) in a mount namespace of its own, with
+    // /sys/firmware covered as Docker covers it; nothing changes on the host.
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs -o ro none /sys/firmware && exec "$@""#)
+        .arg("sh")
+        .arg(dynocap_bin())
+        .args(["--json", "run", "nosys"])
+        .env("DYNOCAP_HOME", home.path())
+        .env_remove("DYNOCAP_BACKEND")
+        .output()
+        .expect("unshare is installed (util-linux)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(home.sh("nosys", "ls -A /sys | wc -l"), "0\n");
+    assert_eq!(home.sh("nosys", "echo works"), "works\n");
+    let id = home.sandbox_id("nosys");
+    let log = std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log")))
+        .expect("the supervisor's log");
+    assert!(log.contains("the guest has no /sys"), "{log}");
+}

@@ -28,6 +28,11 @@
 //! nothing under /sys is writable, so none of it can be changed from inside. The cgroup view
 //! lets a runtime size itself to the sandbox's limits, not the host's, and is read-only too:
 //! the guest cannot raise a limit or move a process through it.
+//!
+//! The kernel refuses a new sysfs in a user namespace while part of the host's own /sys is
+//! hidden under another mount (a container runtime masking /sys/firmware, for one). The guest
+//! then gets no /sys rather than not starting, and the init says so on its stderr, which the
+//! supervisor copies into its log.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -414,8 +419,23 @@ fn mask_proc(proc: BorrowedFd<'_>, host: &HostFds) -> Result<(), Failure> {
 /// Mounts the network namespace's sysfs read-only at /sys, masks [`SYS_MASKED_DIRS`], and
 /// shows the sandbox's cgroups at /sys/fs/cgroup.
 fn mount_sys(root: BorrowedFd<'_>, host: &HostFds) -> Result<(), Failure> {
+    const WHAT: &str = "mounting /sys";
     let sysfs = FsContext::new("sysfs").context(|| "creating a sysfs instance")?;
-    let sys = attach_new(root, "sys", sysfs, RDONLY | NOSUID | NODEV | NOEXEC)?;
+    let sys = match sysfs.mount(RDONLY | NOSUID | NODEV | NOEXEC) {
+        Ok(sys) => sys,
+        Err((nix::errno::Errno::EPERM, log)) => {
+            eprintln!(
+                "jail: the guest has no /sys: the kernel refused a sysfs ({}), as it does while \
+                 part of the host's /sys is hidden under another mount",
+                if log.is_empty() { "EPERM" } else { &log }
+            );
+            return Ok(());
+        }
+        Err((errno, log)) => return Err(with_log(Failure::new(WHAT, errno), &log)),
+    };
+    let target = resolve::mountpoint(root, Path::new("sys"), Kind::Dir)
+        .context(|| "creating the mountpoint /sys")?;
+    newmount::attach(sys.as_fd(), target.as_fd()).context(|| WHAT)?;
     let sys = sys.as_fd();
     for name in SYS_MASKED_DIRS {
         let target = match resolve::open_in_root(sys, Path::new(name)) {

@@ -139,7 +139,7 @@ pub(crate) struct HostFds {
     agent: Source,
     devices: Vec<(&'static str, Source)>,
     /// The sandbox's cgroup directories, with where each shows under /sys/fs/cgroup.
-    cgroups: Vec<(Source, PathBuf)>,
+    cgroups: Vec<(Source, CgroupView)>,
 }
 
 fn open_dir(path: &Path) -> Result<OwnedFd, Failure> {
@@ -189,7 +189,7 @@ pub(crate) fn open_host(plan: &RootPlan) -> Result<HostFds, Failure> {
         cgroups: plan
             .cgroups
             .iter()
-            .map(|view| Ok((open_source(&view.host)?, view.guest.clone())))
+            .map(|view| Ok((open_source(&view.host)?, view.clone())))
             .collect::<Result<_, Failure>>()?,
     })
 }
@@ -460,14 +460,14 @@ fn attach_empty(target: BorrowedFd<'_>, name: &str) -> Result<(), Failure> {
 /// Binds each of the sandbox's cgroups read-only at its place under /sys/fs/cgroup: one that
 /// is /sys/fs/cgroup itself directly, the others into a small tmpfs made read-only once its
 /// directories exist (as Docker does on cgroup v1).
-fn mount_cgroup_views(sys: BorrowedFd<'_>, views: &[(Source, PathBuf)]) -> Result<(), Failure> {
+fn mount_cgroup_views(sys: BorrowedFd<'_>, views: &[(Source, CgroupView)]) -> Result<(), Failure> {
     const WHAT: &str = "showing the sandbox's cgroups at /sys/fs/cgroup";
     // The kernel makes this directory in every sysfs instance; a read-only sysfs could not
     // get it created.
     let target = resolve::open_in_root(sys, Path::new("fs/cgroup"))
         .context(|| format!("{WHAT}: opening /sys/fs/cgroup"))?;
-    if let [(source, guest)] = views {
-        if guest.as_os_str().is_empty() {
+    if let [(source, view)] = views {
+        if view.guest.as_os_str().is_empty() {
             return bind_cgroup(target.as_fd(), source);
         }
     }
@@ -475,10 +475,15 @@ fn mount_cgroup_views(sys: BorrowedFd<'_>, views: &[(Source, PathBuf)]) -> Resul
         .mount(NOSUID | NODEV | NOEXEC)
         .map_err(|(errno, log)| with_log(Failure::new(WHAT, errno), &log))?;
     newmount::attach(dir.as_fd(), target.as_fd()).context(|| WHAT)?;
-    for (source, guest) in views {
+    for (source, view) in views {
+        let guest = &view.guest;
         let at = resolve::mountpoint(dir.as_fd(), guest, Kind::Dir)
             .context(|| format!("{WHAT}: creating /sys/fs/cgroup/{}", guest.display()))?;
         bind_cgroup(at.as_fd(), source)?;
+        for alias in &view.aliases {
+            symlinkat(guest, dir.as_fd(), alias.as_str())
+                .context(|| format!("{WHAT}: linking /sys/fs/cgroup/{alias}"))?;
+        }
     }
     newmount::set_attrs(dir.as_fd(), RDONLY | NOSUID | NODEV | NOEXEC, false)
         .context(|| format!("{WHAT}: making /sys/fs/cgroup read-only"))

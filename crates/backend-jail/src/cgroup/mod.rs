@@ -29,6 +29,9 @@ pub(crate) struct CgroupView {
     pub host: PathBuf,
     /// Where it shows, relative to the guest's `/sys/fs/cgroup` (empty: that directory).
     pub guest: PathBuf,
+    /// Symlinks to `guest` beside it, one per controller of a co-mounted v1 hierarchy
+    /// (`cpu` and `cpuacct` -> `cpu,cpuacct`), as systemd and Docker make them.
+    pub aliases: Vec<String>,
 }
 
 /// One sandbox cgroup directory in one hierarchy.
@@ -141,9 +144,16 @@ impl CgroupSet {
                     // `<hierarchy mount>/dynocap/<name>`: the hierarchy's own name is two up.
                     CgroupVersion::V1 => PathBuf::from(leaf.dir.parent()?.parent()?.file_name()?),
                 };
+                let name = guest.to_str().unwrap_or_default();
+                let aliases = if name.contains(',') {
+                    name.split(',').map(str::to_owned).collect()
+                } else {
+                    Vec::new()
+                };
                 Some(CgroupView {
                     host: leaf.dir.clone(),
                     guest,
+                    aliases,
                 })
             })
             .collect()
@@ -298,10 +308,13 @@ mod tests {
         }
     }
 
-    fn views(set: &CgroupSet) -> Vec<(String, String)> {
+    fn views(set: &CgroupSet) -> Vec<(String, String, Vec<String>)> {
         set.guest_views()
             .into_iter()
-            .map(|v| (v.host.display().to_string(), v.guest.display().to_string()))
+            .map(|v| {
+                let (host, guest) = (v.host.display(), v.guest.display());
+                (host.to_string(), guest.to_string(), v.aliases)
+            })
             .collect()
     }
 
@@ -318,11 +331,19 @@ mod tests {
         assert_eq!(
             views(&hybrid),
             [
-                ("/sys/fs/cgroup/cpu,cpuacct/dynocap/box", "cpu,cpuacct"),
-                ("/sys/fs/cgroup/memory/dynocap/box", "memory"),
-                ("/sys/fs/cgroup/unified/dynocap/box", "unified"),
+                (
+                    "/sys/fs/cgroup/cpu,cpuacct/dynocap/box",
+                    "cpu,cpuacct",
+                    &["cpu", "cpuacct"][..]
+                ),
+                ("/sys/fs/cgroup/memory/dynocap/box", "memory", &[]),
+                ("/sys/fs/cgroup/unified/dynocap/box", "unified", &[]),
             ]
-            .map(|(h, g)| (h.to_owned(), g.to_owned()))
+            .map(|(h, g, a)| (
+                h.to_owned(),
+                g.to_owned(),
+                a.iter().map(|a| a.to_string()).collect()
+            ))
         );
         let unified = CgroupSet {
             leaves: vec![leaf(CgroupVersion::V2, "/sys/fs/cgroup/dynocap/box")],
@@ -330,7 +351,11 @@ mod tests {
         };
         assert_eq!(
             views(&unified),
-            [("/sys/fs/cgroup/dynocap/box".to_owned(), String::new())]
+            [(
+                "/sys/fs/cgroup/dynocap/box".to_owned(),
+                String::new(),
+                vec![]
+            )]
         );
     }
 

@@ -281,3 +281,94 @@ fn completions_load_in_a_real_shell_and_the_man_page_covers_every_command() {
         "internal commands stay out of the page"
     );
 }
+
+/// `doctor --json` with `DYNOCAP_AGENT` at `agent`: the whole report, and its agent check.
+fn doctor_with_agent(home: &TestHome, agent: &std::path::Path) -> (Value, Value) {
+    let out = home
+        .command()
+        .args(["--json", "doctor"])
+        .env("DYNOCAP_AGENT", agent)
+        .output()
+        .expect("spawn dynocap doctor");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|err| {
+        panic!("doctor --json is JSON ({err}): {}", text(&out.stdout));
+    });
+    let check = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "guest agent")
+        .cloned()
+        .unwrap_or_else(|| panic!("no guest agent check: {report:#}"));
+    (report, check)
+}
+
+/// The agent's linkage decides whether it starts in an image other than the host's: a static
+/// (musl) agent passes, a glibc one is a warning naming the build that fixes it, and nothing
+/// sends the person to install QEMU for the vm backend this build does not have.
+#[test]
+fn doctor_tells_a_static_agent_from_a_glibc_one_and_leaves_qemu_out() {
+    let home = TestHome::new();
+    let bins = dynocap_e2e::bin_dir();
+    let musl = bins
+        .parent()
+        .expect("target dir")
+        .join("x86_64-unknown-linux-musl")
+        .join(bins.file_name().expect("profile dir"))
+        .join("dynocap-agent");
+    assert!(
+        musl.is_file(),
+        "{} is missing: cargo build --target x86_64-unknown-linux-musl -p dynocap-agent",
+        musl.display()
+    );
+    let (_, check) = doctor_with_agent(&home, &musl);
+    assert_eq!(check["ok"], true, "{check}");
+    assert_eq!(check["status"], "ok", "{check}");
+    assert!(
+        check["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("statically linked")),
+        "{check}"
+    );
+
+    // The workspace's own build of the agent is glibc's.
+    let (report, check) = doctor_with_agent(&home, &bins.join("dynocap-agent"));
+    assert_eq!(check["ok"], false, "{check}");
+    assert_eq!(check["status"], "warning", "{check}");
+    assert_eq!(check["required"], false, "a warning, not a stop: {check}");
+    let detail = check["detail"].as_str().expect("detail");
+    assert!(
+        detail.contains("dynamically linked") && detail.contains("ld-linux"),
+        "{check}"
+    );
+    let hint = check["hint"].as_str().expect("a hint");
+    assert!(
+        hint.contains("cargo build --release --target x86_64-unknown-linux-musl -p dynocap-agent"),
+        "{hint}"
+    );
+    let vm = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "vm backend")
+        .unwrap_or_else(|| panic!("no vm backend row: {report:#}"));
+    assert_eq!(vm["status"], "notBuilt", "{vm}");
+
+    // Neither the JSON nor the table recommends QEMU or KVM.
+    let table = home
+        .command()
+        .arg("doctor")
+        .env("DYNOCAP_AGENT", bins.join("dynocap-agent"))
+        .output()
+        .expect("spawn dynocap doctor");
+    let table = text(&table.stdout);
+    assert!(
+        table.contains("vm backend") && table.contains("not in this build"),
+        "{table}"
+    );
+    for text in [table.as_str(), &report.to_string()] {
+        for advice in ["install QEMU", "qemu-system", "kvm group"] {
+            assert!(!text.contains(advice), "{advice}: {text}");
+        }
+    }
+}

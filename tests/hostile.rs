@@ -103,12 +103,15 @@ fn nothing_the_guest_writes_runs_or_is_followed_on_the_host() {
 
 /// Run as the sandbox user: every way it could move itself out of its command's cgroup (so
 /// that a timeout would miss it) must fail. It prints each one that worked, then "checked".
+/// The sandbox's cgroups show at /sys/fs/cgroup (for runtimes that read their limits), but
+/// only through read-only mounts.
 const LEAVE_THE_CGROUP: &str = r#"
 mine=$(grep ':/exec-[0-9]*$' /proc/self/cgroup)
 [ -n "$mine" ] || echo "not in a command cgroup: $(cat /proc/self/cgroup)"
-grep -E ' - cgroup2? ' /proc/self/mountinfo && echo "a cgroup filesystem is visible"
+grep -E ' - cgroup2? ' /proc/self/mountinfo | grep -vE '^([^ ]+ ){5}ro,' && echo "a cgroup filesystem is writable"
 for f in /proc/1/fd/4/cgroup.procs /proc/1/fd/4/tasks /proc/1/fd/4/cgroup.threads \
-         /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/*/cgroup.procs; do
+         /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/*/cgroup.procs \
+         /sys/fs/cgroup/*/*/cgroup.procs /sys/fs/cgroup/*/tasks; do
     [ -e "$f" ] && (echo $$ > "$f") 2>/dev/null && echo "moved through $f"
 done
 ls /proc/1/fd >/dev/null 2>&1 && echo "the agent's descriptors are readable"

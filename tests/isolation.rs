@@ -235,3 +235,102 @@ fn sqlite(home: &std::path::Path, query: &str) -> String {
         .expect("sqlite3 is installed");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// The guest's /sys: its own network namespace's sysfs, read-only everywhere, runc's masks in
+/// place, and the sandbox's cgroups at /sys/fs/cgroup, where runtimes size themselves.
+#[test]
+fn sysfs_is_read_only_masked_and_shows_the_sandboxs_limits() {
+    if !require_root("sysfs_is_read_only_masked_and_shows_the_sandboxs_limits") {
+        return;
+    }
+    let home = TestHome::new();
+    home.sandbox("sys", &["--cpus", "1", "--memory-mb", "300"]);
+
+    // Every mount at or below /sys is read-only, nosuid, nodev and noexec.
+    let mounts = home.sh(
+        "sys",
+        "awk '$5 == \"/sys\" || index($5, \"/sys/\") == 1 { print $5, $6 }' /proc/self/mountinfo",
+    );
+    assert!(
+        mounts.lines().count() >= 3,
+        "sysfs, a mask, cgroups: {mounts}"
+    );
+    for line in mounts.lines() {
+        let options: Vec<&str> = line.split_whitespace().nth(1).unwrap().split(',').collect();
+        for flag in ["ro", "nosuid", "nodev", "noexec"] {
+            assert!(options.contains(&flag), "{flag} missing: {line}\n{mounts}");
+        }
+    }
+    let fs_type = home.sh("sys", "stat -f -c %T /sys");
+    assert_eq!(fs_type, "sysfs\n");
+
+    // Writes fail, to sysfs and to the cgroup files alike.
+    for path in [
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+        "/sys/fs/cgroup/new-file",
+        "/sys/class/net/lo/mtu",
+    ] {
+        let write = home.exec("sys", &[], &format!("echo 1 > {path}"));
+        assert_ne!(write["exitCode"], 0, "{path}: {write}");
+    }
+
+    // Only the guest's network interfaces.
+    assert_eq!(home.sh("sys", "ls /sys/class/net"), "lo\n");
+
+    // Masked: firmware tables and the energy counters.
+    assert_eq!(home.sh("sys", "ls -A /sys/firmware | wc -l"), "0\n");
+    assert_eq!(home.sh("sys", "stat -f -c %T /sys/firmware"), "tmpfs\n");
+
+    // The memory limit, where a v2 (memory.max) or v1 (memory/memory.limit_in_bytes) reader
+    // looks for it.
+    let memory = home.sh(
+        "sys",
+        "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes",
+    );
+    assert_eq!(memory.trim(), (300u64 << 20).to_string());
+
+    // CPUs the way the JVM computes them: quota / period from cpu.max (v2) or the CFS files
+    // (v1), rounded up.
+    let cpus = home.sh(
+        "sys",
+        "if [ -f /sys/fs/cgroup/cpu.max ]; then read quota period < /sys/fs/cgroup/cpu.max; \
+         else quota=$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us); \
+         period=$(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us); fi; \
+         echo $(( (quota + period - 1) / period ))",
+    );
+    assert_eq!(cpus, "1\n");
+}
+
+/// A host whose own /sys is partly hidden (a container runtime masks /sys/firmware) cannot
+/// give a user namespace a new sysfs: the sandbox starts without /sys, and the supervisor's
+/// log says why.
+#[test]
+fn a_host_hiding_part_of_its_sys_runs_sandboxes_without_one() {
+    if !require_root("a_host_hiding_part_of_its_sys_runs_sandboxes_without_one") {
+        return;
+    }
+    let home = TestHome::new();
+    // dynocap (and the supervisor it starts) in a mount namespace of its own, with
+    // /sys/firmware covered as Docker covers it; nothing changes on the host.
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs -o ro none /sys/firmware && exec "$@""#)
+        .arg("sh")
+        .arg(dynocap_bin())
+        .args(["--json", "run", "nosys"])
+        .env("DYNOCAP_HOME", home.path())
+        .env_remove("DYNOCAP_BACKEND")
+        .output()
+        .expect("unshare is installed (util-linux)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(home.sh("nosys", "ls -A /sys | wc -l"), "0\n");
+    assert_eq!(home.sh("nosys", "echo works"), "works\n");
+    let id = home.sandbox_id("nosys");
+    let log = std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log")))
+        .expect("the supervisor's log");
+    assert!(log.contains("the guest has no /sys"), "{log}");
+}

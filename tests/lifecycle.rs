@@ -255,8 +255,7 @@ fn doctor_reports_what_this_machine_supports() {
         "seccomp",
         "guest agent",
         "git",
-        "kvm",
-        "qemu",
+        "vm backend",
     ] {
         assert!(
             names.contains(&expected),
@@ -264,9 +263,9 @@ fn doctor_reports_what_this_machine_supports() {
         );
     }
     assert!(names.iter().any(|n| n.starts_with("cgroups")), "{names:?}");
-    // Each failed check tells what to do about it.
+    // Each failed check tells what to do about it (a backend not built in needs nothing).
     for check in report["checks"].as_array().unwrap() {
-        if check["ok"] == false {
+        if check["ok"] == false && check["status"] != "notBuilt" {
             assert!(
                 check["hint"].as_str().is_some_and(|h| !h.is_empty()),
                 "{check}"

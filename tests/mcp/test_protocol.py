@@ -362,6 +362,32 @@ async def test_log_file_flag_and_variable(host: Host) -> None:
     assert "dynocap_ps ok" in (host.state / "logs" / "mcp.log").read_text()
 
 
+async def test_log_format_json_and_levels(host: Host) -> None:
+    """DYNOCAP_LOG_FORMAT=json: every line the server logs is one JSON object; a mistyped
+    DYNOCAP_LOG is reported with the valid levels and info stays the level; DYNOCAP_LOG=warn
+    keeps the info lines out."""
+    async with connect(host, env={"DYNOCAP_LOG_FORMAT": "json", "DYNOCAP_LOG": "chatty"}) as session:
+        await session.call_tool("dynocap_ps", {})
+    lines = [json.loads(line) for line in host.server_log().splitlines()]
+    assert lines, "the server logged nothing"
+    for line in lines:
+        assert {"timestamp", "level", "message", "target"} <= line.keys(), line
+    warning = lines[0]
+    assert warning["level"] == "WARN", warning
+    assert "DYNOCAP_LOG=chatty" in warning["message"], warning
+    assert "error, warn, info, debug or trace" in warning["message"], warning
+    messages = [line["message"] for line in lines if line["target"] == "dynocap::mcp"]
+    assert any("serving MCP on stdio" in m for m in messages), messages
+    assert any("dynocap_ps ok" in m for m in messages), messages
+
+    host.log.unlink()
+    async with connect(host, env={"DYNOCAP_LOG": "warn"}) as session:
+        await session.call_tool("dynocap_ps", {})
+    log = host.server_log()
+    assert "serving MCP on stdio" not in log, log
+    assert "dynocap_ps ok" not in log, log
+
+
 async def test_stdout_carries_the_protocol_only(host: Host) -> None:
     """A refused call and a start-up warning reach stderr, never stdout (the client would
     choke on a stray line)."""

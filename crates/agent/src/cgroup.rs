@@ -5,7 +5,8 @@
 //! The jail hands the agent a handle on the sandbox cgroup delegated to it (`--cgroup-fd`).
 //! Each command gets a child `exec-<n>` of it, joined by the command's first process before
 //! it becomes the sandbox user; that user can write no cgroup file (they belong to the guest's
-//! root) and sees no cgroup filesystem, so it cannot move out. How a cgroup is killed depends
+//! root) and sees the cgroup filesystems only through read-only mounts (/sys/fs/cgroup), so
+//! it cannot move out. How a cgroup is killed depends
 //! on what the hierarchy offers, and is repeated until `cgroup.procs` is empty:
 //!
 //! - v2 with `cgroup.kill` (Linux 5.14): the kernel kills every member atomically;

@@ -10,6 +10,9 @@
 //!                (its own instance, at most [`PTY_MAX`] ptys), tmpfs /dev/shm 1777
 //!                (nosuid, nodev, noexec, sized), and the usual symlinks
 //! /tmp           tmpfs 1777 (nosuid, nodev, sized)
+//! /sys           sysfs of the guest's network namespace, read-only (nosuid, nodev, noexec),
+//!                with runc's masked paths covered; /sys/fs/cgroup shows the sandbox's own
+//!                cgroups, bound read-only (see `CgroupSet::guest_views`)
 //! <ro_binds>     recursive binds, read-only, nosuid, nodev
 //! /.dynocap/agent  the agent binary, bound read-only
 //! ```
@@ -17,8 +20,19 @@
 //! Host paths are opened once, early, by [`open_host`] while the init still has the
 //! supervisor's host uid: the state dir may be private to it (0700), and the init loses that
 //! access when it becomes the guest's root. Everything after that goes through those fds,
-//! and mount targets are resolved inside the new root (see `resolve`). No sysfs is mounted:
-//! it would show the host's devices and network interfaces' hardware.
+//! and mount targets are resolved inside the new root (see `resolve`).
+//!
+//! The sysfs instance belongs to the guest's network namespace, so /sys/class/net lists the
+//! guest's interfaces only. The rest of it (devices, CPUs, the kernel's settings) is what
+//! runtimes and tools (`lscpu`, the JVM, Go, Node) read, and what Docker shows a container;
+//! nothing under /sys is writable, so none of it can be changed from inside. The cgroup view
+//! lets a runtime size itself to the sandbox's limits, not the host's, and is read-only too:
+//! the guest cannot raise a limit or move a process through it.
+//!
+//! The kernel refuses a new sysfs in a user namespace while part of the host's own /sys is
+//! hidden under another mount (a container runtime masking /sys/firmware, for one). The guest
+//! then gets no /sys rather than not starting, and the init says so on its stderr, which the
+//! supervisor copies into its log.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -28,6 +42,7 @@ use nix::mount::{umount2, MntFlags};
 use nix::sys::stat::{fstat, Mode, SFlag};
 use nix::unistd::{chdir, fchdir, pivot_root, symlinkat};
 
+use crate::cgroup::CgroupView;
 use crate::failure::{Context, Failure};
 use crate::newmount::{self, FsContext, NODEV, NOEXEC, NOSUID, RDONLY};
 use crate::resolve::{self, Kind};
@@ -51,6 +66,10 @@ const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi"];
 /// already belong to (unmapped) host root; this also freezes the namespace-owned ones
 /// (e.g. the netns sysctls under sys/net).
 const PROC_READ_ONLY: &[&str] = &["bus", "fs", "irq", "sys", "sysrq-trigger"];
+/// /sys directories covered by an empty read-only tmpfs, as runc masks them: firmware tables
+/// (ACPI, DMI, EFI variables) and the RAPL energy counters of powercap, a known side channel
+/// on what other tenants compute.
+const SYS_MASKED_DIRS: &[&str] = &["firmware", "devices/virtual/powercap"];
 
 /// Most ptys one guest's devpts hands out. Every non-initial devpts instance draws from the
 /// host-wide pool of `kernel.pty.max` minus `kernel.pty.reserve` (3072 by default): without a
@@ -99,6 +118,8 @@ pub(crate) struct RootPlan {
     pub tmp_bytes: u64,
     /// `size=` of /dev/shm in bytes.
     pub shm_bytes: u64,
+    /// The sandbox's cgroups, shown read-only under /sys/fs/cgroup.
+    pub cgroups: Vec<CgroupView>,
 }
 
 /// A host source opened for binding.
@@ -117,6 +138,8 @@ pub(crate) struct HostFds {
     binds: Vec<(Source, PathBuf)>,
     agent: Source,
     devices: Vec<(&'static str, Source)>,
+    /// The sandbox's cgroup directories, with where each shows under /sys/fs/cgroup.
+    cgroups: Vec<(Source, CgroupView)>,
 }
 
 fn open_dir(path: &Path) -> Result<OwnedFd, Failure> {
@@ -163,6 +186,11 @@ pub(crate) fn open_host(plan: &RootPlan) -> Result<HostFds, Failure> {
             .iter()
             .map(|name| Ok((*name, open_source(&Path::new("/dev").join(name))?)))
             .collect::<Result<_, Failure>>()?,
+        cgroups: plan
+            .cgroups
+            .iter()
+            .map(|view| Ok((open_source(&view.host)?, view.clone())))
+            .collect::<Result<_, Failure>>()?,
     })
 }
 
@@ -183,6 +211,7 @@ pub(crate) fn build(plan: &RootPlan, host: &HostFds) -> Result<(), Failure> {
     mask_proc(proc.as_fd(), host)?;
 
     mount_dev(root, plan, host)?;
+    mount_sys(root, host)?;
 
     let tmp = tmpfs(&[("mode", "1777"), ("size", &plan.tmp_bytes.to_string())])?;
     attach_new(root, "tmp", tmp, NOSUID | NODEV)?;
@@ -372,11 +401,7 @@ fn mask_proc(proc: BorrowedFd<'_>, host: &HostFds) -> Result<(), Failure> {
     }
     for name in PROC_MASKED_DIRS {
         if let Some(target) = present(name)? {
-            let what = || format!("masking /proc/{name}");
-            let empty = tmpfs(&[("mode", "0555"), ("size", "0")])?
-                .mount(RDONLY | NOSUID | NODEV | NOEXEC)
-                .map_err(|(errno, log)| with_log(Failure::new(what(), errno), &log))?;
-            newmount::attach(empty.as_fd(), target.as_fd()).context(what)?;
+            attach_empty(target.as_fd(), &format!("/proc/{name}"))?;
         }
     }
     for name in PROC_READ_ONLY {
@@ -389,6 +414,87 @@ fn mask_proc(proc: BorrowedFd<'_>, host: &HostFds) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// Mounts the network namespace's sysfs read-only at /sys, masks [`SYS_MASKED_DIRS`], and
+/// shows the sandbox's cgroups at /sys/fs/cgroup.
+fn mount_sys(root: BorrowedFd<'_>, host: &HostFds) -> Result<(), Failure> {
+    const WHAT: &str = "mounting /sys";
+    let sysfs = FsContext::new("sysfs").context(|| "creating a sysfs instance")?;
+    let sys = match sysfs.mount(RDONLY | NOSUID | NODEV | NOEXEC) {
+        Ok(sys) => sys,
+        Err((nix::errno::Errno::EPERM, log)) => {
+            eprintln!(
+                "jail: the guest has no /sys: the kernel refused a sysfs ({}), as it does while \
+                 part of the host's /sys is hidden under another mount",
+                if log.is_empty() { "EPERM" } else { &log }
+            );
+            return Ok(());
+        }
+        Err((errno, log)) => return Err(with_log(Failure::new(WHAT, errno), &log)),
+    };
+    let target = resolve::mountpoint(root, Path::new("sys"), Kind::Dir)
+        .context(|| "creating the mountpoint /sys")?;
+    newmount::attach(sys.as_fd(), target.as_fd()).context(|| WHAT)?;
+    let sys = sys.as_fd();
+    for name in SYS_MASKED_DIRS {
+        let target = match resolve::open_in_root(sys, Path::new(name)) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ENOENT) => continue,
+            Err(e) => return Err(Failure::new(format!("opening /sys/{name}"), e)),
+        };
+        attach_empty(target.as_fd(), &format!("/sys/{name}"))?;
+    }
+    mount_cgroup_views(sys, &host.cgroups)
+}
+
+/// Covers `target` with an empty read-only tmpfs.
+fn attach_empty(target: BorrowedFd<'_>, name: &str) -> Result<(), Failure> {
+    let what = || format!("masking {name}");
+    let empty = tmpfs(&[("mode", "0555"), ("size", "0")])?
+        .mount(RDONLY | NOSUID | NODEV | NOEXEC)
+        .map_err(|(errno, log)| with_log(Failure::new(what(), errno), &log))?;
+    newmount::attach(empty.as_fd(), target.as_fd()).context(what)
+}
+
+/// Binds each of the sandbox's cgroups read-only at its place under /sys/fs/cgroup: one that
+/// is /sys/fs/cgroup itself directly, the others into a small tmpfs made read-only once its
+/// directories exist (as Docker does on cgroup v1).
+fn mount_cgroup_views(sys: BorrowedFd<'_>, views: &[(Source, CgroupView)]) -> Result<(), Failure> {
+    const WHAT: &str = "showing the sandbox's cgroups at /sys/fs/cgroup";
+    // The kernel makes this directory in every sysfs instance; a read-only sysfs could not
+    // get it created.
+    let target = resolve::open_in_root(sys, Path::new("fs/cgroup"))
+        .context(|| format!("{WHAT}: opening /sys/fs/cgroup"))?;
+    if let [(source, view)] = views {
+        if view.guest.as_os_str().is_empty() {
+            return bind_cgroup(target.as_fd(), source);
+        }
+    }
+    let dir = tmpfs(&[("mode", "0755"), ("size", "64k"), ("nr_inodes", "64")])?
+        .mount(NOSUID | NODEV | NOEXEC)
+        .map_err(|(errno, log)| with_log(Failure::new(WHAT, errno), &log))?;
+    newmount::attach(dir.as_fd(), target.as_fd()).context(|| WHAT)?;
+    for (source, view) in views {
+        let guest = &view.guest;
+        let at = resolve::mountpoint(dir.as_fd(), guest, Kind::Dir)
+            .context(|| format!("{WHAT}: creating /sys/fs/cgroup/{}", guest.display()))?;
+        bind_cgroup(at.as_fd(), source)?;
+        for alias in &view.aliases {
+            symlinkat(guest, dir.as_fd(), alias.as_str())
+                .context(|| format!("{WHAT}: linking /sys/fs/cgroup/{alias}"))?;
+        }
+    }
+    newmount::set_attrs(dir.as_fd(), RDONLY | NOSUID | NODEV | NOEXEC, false)
+        .context(|| format!("{WHAT}: making /sys/fs/cgroup read-only"))
+}
+
+/// Binds one cgroup directory (no submounts: a cgroup has none) read-only onto `target`.
+fn bind_cgroup(target: BorrowedFd<'_>, source: &Source) -> Result<(), Failure> {
+    let what = || format!("binding the cgroup {} read-only", source.host.display());
+    let tree = newmount::clone_tree(source.fd.as_fd(), false).context(what)?;
+    newmount::set_attrs(tree.as_fd(), RDONLY | NOSUID | NODEV | NOEXEC, false).context(what)?;
+    newmount::attach(tree.as_fd(), target).context(what)
 }
 
 /// Makes `root` the root of this mount namespace and detaches the old one entirely.

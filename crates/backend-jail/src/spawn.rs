@@ -86,6 +86,7 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     if let Some(dir) = cgroups.exec_dir() {
         hand_exec_cgroup(&mut plan, dir);
     }
+    plan.root.cgroups = cgroups.guest_views();
     let undo = |layers: &Layers, cgroups: &CgroupSet, disk: &mut Disk| {
         let _ = cgroups.remove();
         let _ = layers.undo_prepare();
@@ -210,6 +211,8 @@ fn plan(spec: &JailSpec, ids: &IdMap) -> Result<ChildPlan, JailError> {
         tty_gid: ids.gid_to_host(TTY_GID).map(|_| TTY_GID),
         tmp_bytes,
         shm_bytes,
+        // Known once the cgroups exist (see `spawn`).
+        cgroups: Vec::new(),
     };
     let exe = cstring("agent path", AGENT_GUEST_PATH)?;
     let mut argv = vec![

@@ -183,6 +183,8 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
     // SAFETY: `run` started us with the ready pipe on this descriptor and nothing else in this
     // process has taken ownership of it.
     let ready = unsafe { OwnedFd::from_raw_fd(args.ready_fd) };
+    // Stderr is the sandbox's log file (see `Sandboxes::start_supervisor`).
+    crate::logging::init(&crate::logging::Settings::from_env(), std::io::stderr);
     let home = match Home::at(args.home.clone()) {
         Ok(home) => home,
         Err(err) => {

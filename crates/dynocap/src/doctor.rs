@@ -2,6 +2,7 @@
 //! or enable. Every check is a real probe (open the device, run the tool), not a guess.
 //! `dynocap doctor --repair` rebuilds a damaged catalog instead (`repair.rs`).
 
+mod elf;
 mod repair;
 
 use std::process::ExitCode;
@@ -17,6 +18,7 @@ use crate::output::{print_json, table};
 pub struct Check {
     pub name: String,
     pub ok: bool,
+    pub status: Status,
     pub detail: String,
     /// What to do when `ok` is false.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -25,11 +27,41 @@ pub struct Check {
     pub required: bool,
 }
 
+/// What a check found, as the table shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Status {
+    Ok,
+    /// A required piece is missing: sandboxes cannot start.
+    Missing,
+    /// Sandboxes start, but something will not work as expected (see the hint).
+    Warning,
+    /// The piece belongs to a backend this binary was built without: nothing to do.
+    NotBuilt,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Missing => "MISSING",
+            Status::Warning => "warning",
+            Status::NotBuilt => "not in this build",
+        }
+    }
+}
+
 impl Check {
     fn new(name: &str, required: bool, ok: bool, detail: String, hint: &str) -> Self {
+        let status = match (ok, required) {
+            (true, _) => Status::Ok,
+            (false, true) => Status::Missing,
+            (false, false) => Status::Warning,
+        };
         Self {
             name: name.into(),
             ok,
+            status,
             detail,
             hint: (!ok).then(|| hint.to_owned()),
             required,
@@ -47,14 +79,16 @@ pub fn run(json: bool) -> ExitCode {
         "install git (apt-get install git); tasks import and diff projects with it",
     ));
     checks.push(pasta_check());
-    checks.push(kvm_check());
     checks.push(ceilings_check());
-    checks.push(tool_check(
-        "qemu",
-        false,
-        &["qemu-system-x86_64", "--version"],
-        "install QEMU for the vm backend (apt-get install qemu-system-x86)",
-    ));
+    // KVM and QEMU matter to the vm backend only; nothing to install for one not built in.
+    checks.push(Check {
+        name: "vm backend".into(),
+        ok: false,
+        status: Status::NotBuilt,
+        detail: "sandboxes run on the jail backend; KVM and QEMU are not used".into(),
+        hint: None,
+        required: false,
+    });
     let ready = checks.iter().all(|c| c.ok || !c.required);
     if json {
         print_json(&serde_json::json!({ "ready": ready, "checks": checks }));
@@ -62,16 +96,11 @@ pub fn run(json: bool) -> ExitCode {
         let rows: Vec<Vec<String>> = checks
             .iter()
             .map(|c| {
-                let status = match (c.ok, c.required) {
-                    (true, _) => "ok",
-                    (false, true) => "MISSING",
-                    (false, false) => "missing (optional)",
-                };
                 let text = match &c.hint {
                     Some(hint) => format!("{} — {hint}", c.detail),
                     None => c.detail.clone(),
                 };
-                vec![c.name.clone(), status.to_owned(), text]
+                vec![c.name.clone(), c.status.label().to_owned(), text]
             })
             .collect();
         print!("{}", table(&["CHECK", "STATUS", "DETAIL"], &rows));
@@ -97,6 +126,11 @@ fn jail_checks() -> Vec<Check> {
         name: name.to_owned(),
         ok: check.ok,
         detail: check.detail,
+        status: if check.ok {
+            Status::Ok
+        } else {
+            Status::Missing
+        },
         hint: if check.ok { None } else { check.hint },
         required: true,
     };
@@ -135,15 +169,44 @@ fn ceilings_check() -> Check {
     }
 }
 
+/// The guest agent: found, and linked so that it starts in any image. A glibc build only
+/// starts where the host's loader and libc are (the `host` image).
 fn agent_check() -> Check {
-    match dynocap_engine::supervisor::agent_binary() {
-        Ok(path) => Check::new("guest agent", true, true, path.display().to_string(), ""),
+    // The static agent's target on this architecture (x86_64-unknown-linux-musl here).
+    let musl = format!("{}-unknown-linux-musl", std::env::consts::ARCH);
+    let build = format!(
+        "build the static agent with `cargo build --release --target {musl} -p dynocap-agent` \
+         and install target/{musl}/release/dynocap-agent beside dynocap (or point DYNOCAP_AGENT at it)"
+    );
+    let path = match dynocap_engine::supervisor::agent_binary() {
+        Ok(path) => path,
+        Err(err) => return Check::new("guest agent", true, false, err.message, &build),
+    };
+    let linkage = std::fs::read(&path)
+        .map_err(|err| format!("reading it: {err}"))
+        .and_then(|bytes| elf::linkage(&bytes));
+    let shown = path.display();
+    match linkage {
+        Ok(elf::Linkage::Static) => Check::new(
+            "guest agent",
+            true,
+            true,
+            format!("{shown}: statically linked, starts in any image"),
+            "",
+        ),
+        Ok(dynamic) => Check::new(
+            "guest agent",
+            false,
+            false,
+            format!("{shown}: {dynamic}; it starts in the host image only, not in an image without that libc"),
+            &build,
+        ),
         Err(err) => Check::new(
             "guest agent",
             true,
             false,
-            err.message,
-            "build it with `cargo build --release -p dynocap-agent` and install it beside dynocap",
+            format!("{shown}: {err}"),
+            &build,
         ),
     }
 }
@@ -207,38 +270,5 @@ fn tool_check(name: &str, required: bool, argv: &[&str], hint: &str) -> Check {
             format!("{} not found: {err}", argv[0]),
             hint,
         ),
-    }
-}
-
-/// /dev/kvm must open read-write and answer KVM_GET_API_VERSION.
-fn kvm_check() -> Check {
-    const HINT: &str = "the vm backend falls back to software emulation (TCG); enable virtualisation or add your user to the kvm group";
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(file) => file,
-        Err(err) => return Check::new("kvm", false, false, format!("/dev/kvm: {err}"), HINT),
-    };
-    const KVM_GET_API_VERSION: libc::c_ulong = 0xAE00;
-    // SAFETY: KVM_GET_API_VERSION takes no argument and only reads the open descriptor.
-    let version = unsafe {
-        libc::ioctl(
-            std::os::fd::AsRawFd::as_raw_fd(&file),
-            KVM_GET_API_VERSION,
-            0,
-        )
-    };
-    if version == 12 {
-        Check::new("kvm", false, true, "/dev/kvm answers (API 12); whether a guest kernel boots on it is checked when the vm backend starts".into(), HINT)
-    } else {
-        Check::new(
-            "kvm",
-            false,
-            false,
-            format!("/dev/kvm answered API version {version}"),
-            HINT,
-        )
     }
 }

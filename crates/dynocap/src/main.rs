@@ -6,6 +6,7 @@ mod cli;
 mod commands;
 mod docs;
 mod doctor;
+mod logging;
 mod mcp;
 mod output;
 mod task_commands;

@@ -103,7 +103,7 @@ impl AgentConn {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break,
                     Err(err) => {
-                        eprintln!("agent channel: {err}; closing it");
+                        tracing::error!("agent channel: {err}; closing it");
                         break;
                     }
                 };

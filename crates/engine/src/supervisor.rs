@@ -70,6 +70,8 @@ pub enum Mode {
 /// Entry point of `dynocap supervise`. Must run before any other thread exists: the jail
 /// backend forks a child that runs Rust code. Returns the process exit code.
 pub fn main(home: Home, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
+    // Every line of this log names the sandbox (the guest relay thread enters it too).
+    let _span = tracing::info_span!("supervisor", sandbox = %id).entered();
     // Before anything can start a child: the project descriptor must not leak into one.
     let claimed = workspace::claim_inherited_project();
     // The ready pipe came without close-on-exec (that is how it crossed exec). Nothing started
@@ -79,16 +81,16 @@ pub fn main(home: Home, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
         &ready,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     ) {
-        log(&format!("cannot mark the ready pipe close-on-exec: {err}"));
+        tracing::error!("cannot mark the ready pipe close-on-exec: {err}");
         return 1;
     }
     let ready = ReadyPipe(Mutex::new(Some(std::fs::File::from(ready))));
     if let Err(err) = claimed {
-        log(&format!("cannot take the project descriptor: {err}"));
+        tracing::error!("cannot take the project descriptor: {err}");
         ready.send(&ReadyMessage::Failed(err));
         return 1;
     }
-    log(&format!(
+    tracing::info!(
         "supervisor for {id} starting (pid {}){}",
         std::process::id(),
         if mode == Mode::Recover {
@@ -96,14 +98,14 @@ pub fn main(home: Home, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
         } else {
             ""
         }
-    ));
+    );
     ready.send(&ReadyMessage::Progress(workspace::step(
         "booting the sandbox",
     )));
     let (catalog, record, guest) = match boot(&home, id, mode) {
         Ok(parts) => parts,
         Err(err) => {
-            log(&format!("boot failed: {err}"));
+            tracing::error!("boot failed: {err}");
             ready.send(&ReadyMessage::Failed(err));
             return 1;
         }
@@ -126,7 +128,7 @@ pub fn main(home: Home, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
         Mode::Start => runtime.block_on(serve(home, catalog, record, guest, ready)),
         Mode::Recover => runtime.block_on(recover(home, catalog, record, guest, ready)),
     };
-    log("supervisor exiting");
+    tracing::info!("supervisor exiting");
     code
 }
 
@@ -162,10 +164,10 @@ fn relay_guest_output(pipe: OwnedFd) {
         line.clear();
         match (&mut reader).take(4096).read_until(b'\n', &mut line) {
             Ok(0) | Err(_) => return,
-            Ok(_) => log(&format!(
+            Ok(_) => tracing::info!(
                 "guest: {}",
                 crate::exec::sanitize_line(String::from_utf8_lossy(&line).trim_end(), 4096)
-            )),
+            ),
         }
     }
 }
@@ -213,15 +215,18 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
             Mode::Recover => spec::Network::None,
         },
     };
+    let booting = std::time::Instant::now();
     let (guest, guest_output) = boot_with_piped_output(backend.as_ref(), &spec)?;
-    log(&format!(
-        "guest booted on {} backend, init pid {}, host id range {id_range}",
+    tracing::info!(
+        "guest booted in {:.2}s on {} backend, init pid {}, host id range {id_range}",
+        booting.elapsed().as_secs_f64(),
         backend.name(),
         guest.pid()
-    ));
+    );
+    let span = tracing::Span::current();
     std::thread::Builder::new()
         .name("guest-log".into())
-        .spawn(move || relay_guest_output(guest_output))
+        .spawn(move || span.in_scope(|| relay_guest_output(guest_output)))
         .context("starting the guest log relay")?;
     // The agent must survive the guest's own OOM kills (the agent resets its children to 0).
     // Lowering the score needs host privileges; unprivileged users keep the default.
@@ -372,11 +377,12 @@ async fn serve(
     ready: ReadyPipe,
 ) -> i32 {
     let id = record.id.clone();
+    let starting = std::time::Instant::now();
     let started = start(&home, &catalog, &mut record, guest.as_mut(), &ready).await;
     let (conn, listener, task) = match started {
         Ok(parts) => parts,
         Err(err) => {
-            log(&format!("start failed: {err}"));
+            tracing::error!("start failed: {err}");
             ready.send(&ReadyMessage::Failed(err));
             let _ = tokio::task::spawn_blocking(move || guest.destroy()).await;
             let _ = std::fs::remove_dir_all(home.sandbox_dir(&id));
@@ -386,6 +392,11 @@ async fn serve(
     // The imported tree and its baseline, on the host's disk before anyone relies on them.
     sync_layer(home.sandbox_dir(&id)).await;
     ready.send(&ReadyMessage::Ready);
+    tracing::info!(
+        "ready in {:.2}s after the boot; serving until {}",
+        starting.elapsed().as_secs_f64(),
+        rfc3339(record.expires_at)
+    );
 
     let shared = Arc::new(Shared {
         conn,
@@ -401,7 +412,7 @@ async fn serve(
     let guest_exit = match AsyncFd::new(guest.exit_fd().as_raw_fd()) {
         Ok(fd) => fd,
         Err(err) => {
-            log(&format!("cannot watch the guest: {err}"));
+            tracing::error!("cannot watch the guest: {err}");
             let _ = guest.stop_keeping_layer();
             return 1;
         }
@@ -449,10 +460,10 @@ async fn serve(
         .ending
         .set(ending.interrupts(&where_saved, record.ttl_seconds));
     match ending {
-        Ending::Expired => log(&format!("expired after its TTL of {}s", record.ttl_seconds)),
-        Ending::GuestDied => log("the guest's init exited unexpectedly"),
-        Ending::Signalled => log("the supervisor was asked to stop (SIGTERM)"),
-        Ending::Destroyed | Ending::Finished => log(&format!("ending: {ending:?}")),
+        Ending::Expired => tracing::info!("expired after its TTL of {}s", record.ttl_seconds),
+        Ending::GuestDied => tracing::warn!("the guest's init exited unexpectedly"),
+        Ending::Signalled => tracing::info!("the supervisor was asked to stop (SIGTERM)"),
+        Ending::Destroyed | Ending::Finished => tracing::info!("ending: {ending:?}"),
     }
 
     let reply = match &shared.task {
@@ -462,7 +473,7 @@ async fn serve(
                 TaskEnd::Saved(result) => (result.state, None, ControlReply::Finished(result)),
                 TaskEnd::Unsaved(err) => {
                     let note = unsaved_note(task, ending, &err);
-                    log(&note);
+                    tracing::warn!("{note}");
                     (
                         State::Unsaved,
                         Some(note.clone()),
@@ -476,8 +487,8 @@ async fn serve(
         None => {
             match tokio::task::spawn_blocking(move || guest.destroy()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(err)) => log(&format!("teardown: {err}")),
-                Err(err) => log(&format!("teardown panicked: {err}")),
+                Ok(Err(err)) => tracing::error!("teardown: {err}"),
+                Err(err) => tracing::error!("teardown panicked: {err}"),
             }
             let _ = std::fs::remove_dir_all(home.sandbox_dir(&id));
             let recorded = match ending {
@@ -491,7 +502,7 @@ async fn serve(
                 _ => catalog.delete(&id),
             };
             if let Err(err) = recorded {
-                log(&format!("updating the catalog: {err}"));
+                tracing::error!("updating the catalog: {err}");
             }
             ControlReply::Destroyed
         }
@@ -537,7 +548,7 @@ async fn end_task(
                 // the limit the agent worked under.
                 let limit = save_memory_limit(memory_mb);
                 if let Err(err) = guest.raise_memory_limit(limit) {
-                    log(&format!("{err}; saving within the sandbox's own limit"));
+                    tracing::warn!("{err}; saving within the sandbox's own limit");
                 }
                 save::take_final_patch(conn, &task.files).await
             }
@@ -546,8 +557,8 @@ async fn end_task(
     };
     match tokio::task::spawn_blocking(move || guest.stop_keeping_layer()).await {
         Ok(Ok(())) => {}
-        Ok(Err(err)) => log(&format!("stopping the guest: {err}")),
-        Err(err) => log(&format!("stopping the guest panicked: {err}")),
+        Ok(Err(err)) => tracing::error!("stopping the guest: {err}"),
+        Err(err) => tracing::error!("stopping the guest panicked: {err}"),
     }
     if let Err(err) = taken {
         return TaskEnd::Unsaved(err);
@@ -656,9 +667,7 @@ fn record_end(
         Ok(())
     })();
     if let Err(err) = recorded {
-        log(&format!(
-            "recording the end of the task in the catalog: {err}"
-        ));
+        tracing::error!("recording the end of the task in the catalog: {err}");
     }
 }
 
@@ -667,7 +676,7 @@ fn remove_sandbox_files(home: &Home, id: &str) {
     match backend::select().and_then(|backend| backend.cleanup_leftovers(id, &home.sandbox_dir(id)))
     {
         Ok(()) => {}
-        Err(err) => log(&format!("removing the sandbox's files: {err}")),
+        Err(err) => tracing::error!("removing the sandbox's files: {err}"),
     }
     let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
 }
@@ -692,7 +701,7 @@ async fn recover(
     let (conn, task) = match prepared {
         Ok(parts) => parts,
         Err(err) => {
-            log(&format!("recovery failed: {err}"));
+            tracing::error!("recovery failed: {err}");
             let _ = tokio::task::spawn_blocking(move || guest.stop_keeping_layer()).await;
             let note = format!(
                 "the work could not be recovered: {}; its files are still kept, finish the task again to retry",
@@ -717,7 +726,7 @@ async fn recover(
         }
         TaskEnd::Unsaved(err) => {
             let note = unsaved_note(&task, Ending::Finished, &err);
-            log(&note);
+            tracing::warn!("{note}");
             record_end(&catalog, &id, State::Unsaved, Some(&note), None);
             ready.send(&ReadyMessage::Failed(Error::new(err.code, note)));
             1
@@ -737,7 +746,7 @@ async fn connect_agent(guest: &mut dyn Guest) -> Result<AgentConn> {
     let stream = UnixStream::from_std(stream).context("registering the agent channel")?;
     let (read, write) = stream.into_split();
     let (conn, hello) = AgentConn::start(read, write, AGENT_HELLO_TIMEOUT).await?;
-    log(&format!("agent {} ready", hello.agent_version));
+    tracing::info!("agent {} ready", hello.agent_version);
     Ok(conn)
 }
 
@@ -791,7 +800,7 @@ async fn start(
                 )
                 .await?;
                 for note in &imported.notes {
-                    log(&format!("import note: {note}"));
+                    tracing::info!("import note: {note}");
                 }
                 SourceInfo {
                     project_path: Some(imported.root.display().to_string()),
@@ -882,6 +891,12 @@ async fn handle_client(
                 let _ = tokio::io::AsyncReadExt::read(&mut reader, &mut byte).await;
             };
             let started_at = chrono::Utc::now();
+            tracing::debug!(
+                "exec: {} bytes of command in {}, timeout {}s",
+                spec.command.len(),
+                spec.cwd,
+                spec.timeout_seconds
+            );
             let kills_before = shared.oom.kills();
             let result = if spec.report_progress {
                 // Progress lines go out on this connection while the command runs.
@@ -909,6 +924,16 @@ async fn handle_client(
                 (Err(_), Some(ending)) => Err(Error::conflict(ending.clone())),
                 (result, _) => result,
             };
+            match &result {
+                Ok(done) => tracing::debug!(
+                    "exec ended in {}ms: exit code {:?}, signal {:?}, timed out {}",
+                    done.duration_ms,
+                    done.exit_code,
+                    done.signal,
+                    done.timed_out
+                ),
+                Err(err) => tracing::debug!("exec failed: {err}"),
+            }
             if let Some(task) = task {
                 task.log_exec(&spec, started_at, &result);
             }
@@ -986,8 +1011,8 @@ impl OomWatch {
 async fn sync_layer(state_dir: PathBuf) {
     match tokio::task::spawn_blocking(move || backend::sync_layer(&state_dir)).await {
         Ok(Ok(())) => {}
-        Ok(Err(err)) => log(&format!("{err}")),
-        Err(err) => log(&format!("syncing the sandbox's disk: {err}")),
+        Ok(Err(err)) => tracing::warn!("{err}"),
+        Err(err) => tracing::warn!("syncing the sandbox's disk: {err}"),
     }
 }
 
@@ -1011,7 +1036,7 @@ impl TaskContext {
             .get_or_init(|| {
                 Arc::new(
                     BaselineIndex::load(&self.state_dir.join(BASELINE_TAR)).unwrap_or_else(|err| {
-                        log(&format!("reading the baseline copy: {err}"));
+                        tracing::warn!("reading the baseline copy: {err}");
                         BaselineIndex::default()
                     }),
                 )
@@ -1061,15 +1086,13 @@ impl TaskContext {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Err(err) = writeln!(file, "{entry}") {
-            log(&format!("writing the exec log: {err}"));
+            tracing::error!("writing the exec log: {err}");
         }
     }
 }
 
-/// Supervisor log lines go to stderr, which the starter points at the sandbox's log file.
+/// An info line in the supervisor's log (the subscriber writes to stderr, which the starter
+/// points at the sandbox's log file). The `tracing` macros, which carry a level, are better.
 pub fn log(message: &str) {
-    eprintln!(
-        "{} {message}",
-        chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-    );
+    tracing::info!("{message}");
 }

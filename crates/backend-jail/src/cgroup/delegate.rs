@@ -8,8 +8,9 @@
 //! `cgroup.subtree_control`) belong to the guest's root; the limit files stay host root's, so
 //! the guest cannot raise its own limits, and whatever it sets on the children it makes is
 //! bounded by them. Commands run as another guest user, who can write none of these files.
-//! The guest reaches the cgroup only through a detached bind mount its agent inherits as a
-//! descriptor (see `child`): nothing in the guest's file tree shows it.
+//! The guest changes the cgroup only through a detached bind mount its agent inherits as a
+//! descriptor (see `child`): the guest's file tree shows it read-only (/sys/fs/cgroup, for
+//! runtimes reading their limits; see `rootfs`).
 //!
 //! Which hierarchy, best first (`DYNOCAP_EXEC_CGROUP=v2|freezer|pids` forces one):
 //!

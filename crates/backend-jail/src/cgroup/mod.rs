@@ -22,6 +22,18 @@ use crate::spec::Limits;
 /// Directory under each hierarchy root that holds every sandbox's cgroup.
 pub const PARENT: &str = "dynocap";
 
+/// One of the sandbox's cgroups as the guest sees it (see [`CgroupSet::guest_views`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CgroupView {
+    /// The cgroup's directory on the host.
+    pub host: PathBuf,
+    /// Where it shows, relative to the guest's `/sys/fs/cgroup` (empty: that directory).
+    pub guest: PathBuf,
+    /// Symlinks to `guest` beside it, one per controller of a co-mounted v1 hierarchy
+    /// (`cpu` and `cpuacct` -> `cpu,cpuacct`), as systemd and Docker make them.
+    pub aliases: Vec<String>,
+}
+
 /// One sandbox cgroup directory in one hierarchy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Leaf {
@@ -114,6 +126,37 @@ impl CgroupSet {
         self.exec
             .and_then(|i| self.leaves.get(i))
             .map(|leaf| leaf.dir.as_path())
+    }
+
+    /// Where each of the sandbox's cgroups shows in the guest's `/sys/fs/cgroup`, as Docker
+    /// lays it out, so that runtimes reading their limits there find the sandbox's: a v1
+    /// leaf under its hierarchy's directory name (`memory`, `cpu,cpuacct`), the v2 leaf at
+    /// `/sys/fs/cgroup` itself when there is no v1 leaf, else under `unified` (systemd's
+    /// hybrid name).
+    pub fn guest_views(&self) -> Vec<CgroupView> {
+        let any_v1 = self.leaves.iter().any(|l| l.version == CgroupVersion::V1);
+        self.leaves
+            .iter()
+            .filter_map(|leaf| {
+                let guest = match leaf.version {
+                    CgroupVersion::V2 if !any_v1 => PathBuf::new(),
+                    CgroupVersion::V2 => PathBuf::from("unified"),
+                    // `<hierarchy mount>/dynocap/<name>`: the hierarchy's own name is two up.
+                    CgroupVersion::V1 => PathBuf::from(leaf.dir.parent()?.parent()?.file_name()?),
+                };
+                let name = guest.to_str().unwrap_or_default();
+                let aliases = if name.contains(',') {
+                    name.split(',').map(str::to_owned).collect()
+                } else {
+                    Vec::new()
+                };
+                Some(CgroupView {
+                    host: leaf.dir.clone(),
+                    guest,
+                    aliases,
+                })
+            })
+            .collect()
     }
 
     /// Moves process `pid` into every leaf.
@@ -257,6 +300,64 @@ fn apply(leaf: &Leaf, controller: Controller, limits: &Limits) -> Result<(), Jai
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn leaf(version: CgroupVersion, dir: &str) -> Leaf {
+        Leaf {
+            version,
+            dir: PathBuf::from(dir),
+        }
+    }
+
+    fn views(set: &CgroupSet) -> Vec<(String, String, Vec<String>)> {
+        set.guest_views()
+            .into_iter()
+            .map(|v| {
+                let (host, guest) = (v.host.display(), v.guest.display());
+                (host.to_string(), guest.to_string(), v.aliases)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn guest_views_follow_dockers_layout() {
+        let hybrid = CgroupSet {
+            leaves: vec![
+                leaf(CgroupVersion::V1, "/sys/fs/cgroup/cpu,cpuacct/dynocap/box"),
+                leaf(CgroupVersion::V1, "/sys/fs/cgroup/memory/dynocap/box"),
+                leaf(CgroupVersion::V2, "/sys/fs/cgroup/unified/dynocap/box"),
+            ],
+            exec: Some(2),
+        };
+        assert_eq!(
+            views(&hybrid),
+            [
+                (
+                    "/sys/fs/cgroup/cpu,cpuacct/dynocap/box",
+                    "cpu,cpuacct",
+                    &["cpu", "cpuacct"][..]
+                ),
+                ("/sys/fs/cgroup/memory/dynocap/box", "memory", &[]),
+                ("/sys/fs/cgroup/unified/dynocap/box", "unified", &[]),
+            ]
+            .map(|(h, g, a)| (
+                h.to_owned(),
+                g.to_owned(),
+                a.iter().map(|a| a.to_string()).collect()
+            ))
+        );
+        let unified = CgroupSet {
+            leaves: vec![leaf(CgroupVersion::V2, "/sys/fs/cgroup/dynocap/box")],
+            exec: Some(0),
+        };
+        assert_eq!(
+            views(&unified),
+            [(
+                "/sys/fs/cgroup/dynocap/box".to_owned(),
+                String::new(),
+                vec![]
+            )]
+        );
+    }
 
     /// The v2 path cannot run for real on a host whose controllers sit on v1; on a plain
     /// directory tree standing in for cgroupfs it shows which files are written.

@@ -1,85 +1,89 @@
 //! The MCP server's log. Stdout belongs to the protocol, so every line goes to stderr (MCP
 //! clients keep a server's stderr in their logs) and, when asked (`--log-file PATH`, or
-//! `DYNOCAP_MCP_LOG=1` for `$DYNOCAP_HOME/logs/mcp.log`), is appended to a file too. The
-//! SDK's own diagnostics (`tracing`, warnings and up) are routed to the same place.
+//! `DYNOCAP_MCP_LOG=1` for `$DYNOCAP_HOME/logs/mcp.log`), is appended to a file too. Lines are
+//! `tracing` events, formatted and filtered as `crate::logging` says (`DYNOCAP_LOG`,
+//! `DYNOCAP_LOG_FORMAT`); the SDK's own diagnostics land in the same place.
 
 use std::fmt::Display;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::logging;
+
+/// Target of the server's own events.
+const TARGET: &str = "dynocap::mcp";
 
 /// A cheap, cloneable handle on the log.
 #[derive(Clone, Default)]
 pub struct Log {
-    file: Option<Arc<Mutex<File>>>,
-    path: Option<PathBuf>,
+    /// The file the lines are appended to as well, once one is open.
+    file: Arc<Mutex<Option<(File, PathBuf)>>>,
 }
 
 impl Log {
-    /// Logs to stderr only.
+    /// Logs to stderr only (until [`Log::open_file`]).
     pub fn stderr() -> Self {
         Self::default()
     }
 
-    /// Logs to stderr and appends to `path` (created mode 0600 if missing).
-    pub fn with_file(path: &Path) -> std::io::Result<Self> {
+    /// Appends every later line to `path` too (created mode 0600 if missing).
+    pub fn open_file(&self, path: &Path) -> std::io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
             .open(path)?;
-        Ok(Self {
-            file: Some(Arc::new(Mutex::new(file))),
-            path: Some(path.to_path_buf()),
-        })
+        *self.file.lock().unwrap_or_else(PoisonError::into_inner) = Some((file, path.to_owned()));
+        Ok(())
     }
 
-    pub fn file_path(&self) -> Option<&Path> {
-        self.path.as_deref()
+    pub fn file_path(&self) -> Option<PathBuf> {
+        self.file
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|(_, path)| path.clone())
     }
 
     pub fn info(&self, message: impl Display) {
-        self.line("info", message);
+        tracing::info!(target: TARGET, "{message}");
     }
 
     pub fn warn(&self, message: impl Display) {
-        self.line("warn", message);
+        tracing::warn!(target: TARGET, "{message}");
     }
 
-    fn line(&self, level: &str, message: impl Display) {
-        let stamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        let text = format!("{stamp} dynocap mcp {level}: {message}\n");
-        self.write_raw(text.as_bytes());
+    /// Makes this log the process's `tracing` subscriber: before anything is logged, or the
+    /// line is lost.
+    pub fn install_tracing(&self) {
+        let log = self.clone();
+        logging::init(&logging::Settings::from_env(), move || LineWriter {
+            log: log.clone(),
+        });
     }
 
     fn write_raw(&self, bytes: &[u8]) {
         let _ = std::io::stderr().lock().write_all(bytes);
-        if let Some(file) = &self.file {
-            if let Ok(mut file) = file.lock() {
-                let _ = file.write_all(bytes);
-            }
+        if let Some((file, _)) = self
+            .file
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
+            let _ = file.write_all(bytes);
         }
-    }
-
-    /// Routes `tracing` events (the MCP SDK's diagnostics) at WARN and above to this log.
-    pub fn install_tracing(&self) {
-        let log = self.clone();
-        let _ = tracing_subscriber::fmt()
-            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-            .with_target(true)
-            .with_writer(move || TracingWriter { log: log.clone() })
-            .try_init();
     }
 }
 
-/// One `tracing` event's bytes, forwarded to the log.
-struct TracingWriter {
+/// Where the subscriber writes an event: its formatted line comes in one write.
+struct LineWriter {
     log: Log,
 }
 
-impl Write for TracingWriter {
+impl Write for LineWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.log.write_raw(buf);
         Ok(buf.len())

@@ -40,7 +40,8 @@ pub struct Options {
 
 /// Runs the server until the client closes stdin.
 pub async fn run(options: Options) -> ExitCode {
-    let mut log = Log::stderr();
+    let log = Log::stderr();
+    log.install_tracing();
     let home = match Home::from_env() {
         Ok(home) => home,
         Err(err) => {
@@ -52,15 +53,13 @@ pub async fn run(options: Options) -> ExitCode {
         (std::env::var(ENV_LOG).as_deref() == Ok("1")).then(|| home.root().join("logs/mcp.log"))
     });
     if let Some(path) = file {
-        match Log::with_file(&path) {
-            Ok(with_file) => log = with_file,
-            Err(err) => log.warn(format_args!(
+        if let Err(err) = log.open_file(&path) {
+            log.warn(format_args!(
                 "cannot open the log file {}: {err}; logging to stderr only",
                 path.display()
-            )),
+            ));
         }
     }
-    log.install_tracing();
     let policy = Policy::new(&PolicyInputs::from_process(), &mut |warning| {
         log.warn(format_args!("policy: {warning}"));
     });

@@ -70,6 +70,27 @@ pub enum TaskCommand {
     Diff(TargetArgs),
     /// End the task: final diff, sandbox destroyed, patch verified and saved.
     Finish(TargetArgs),
+    /// Commit a finished task's verified patch to a new branch of its project; your current
+    /// branch, index and working tree are left as they are.
+    Apply(TaskApplyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TaskApplyArgs {
+    /// Task name or id (the task must be finished: `dynocap task finish NAME`).
+    pub name: String,
+    /// The branch to create, from the commit the task started on (default:
+    /// dynocap/<task name>). An existing branch is never moved.
+    #[arg(long, value_name = "BRANCH")]
+    pub branch: Option<String>,
+    /// Apply even though the patch changes sensitive paths (hooks, CI, build scripts, ...);
+    /// review them first with `dynocap task diff NAME`. The commit message lists them.
+    #[arg(long)]
+    pub accept_sensitive: bool,
+    /// Apply to this clone of the project's repository instead of the task's project
+    /// directory (required for a task cloned from a URL).
+    #[arg(long, value_name = "PATH")]
+    pub to: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -350,7 +371,7 @@ mod tests {
             ),
             (
                 "task",
-                "`dynocap task` needs a subcommand: start, exec, diff, finish",
+                "`dynocap task` needs a subcommand: start, exec, diff, finish, apply",
             ),
         ];
         for (line, needle) in cases {

@@ -3,6 +3,7 @@
 //! talks to it.
 
 pub mod agent_conn;
+pub mod apply;
 pub mod backend;
 pub mod catalog;
 mod catalog_file;

@@ -764,6 +764,7 @@ async fn start(
                     history: imported.history,
                     files: imported.files,
                     bytes: imported.bytes,
+                    base_commit: imported.base_commit,
                     skipped: crate::task_spec::Skipped::from_notes(&imported.notes),
                 }
             }

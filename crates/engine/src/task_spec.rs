@@ -111,6 +111,11 @@ pub struct SourceInfo {
     pub history: History,
     pub files: u64,
     pub bytes: u64,
+    /// The commit the imported tree was taken on top of (`HEAD` then); absent when the project
+    /// was not a git repository or had no commit, and in records made before it was kept.
+    /// `task apply` branches from it.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub base_commit: Option<String>,
     /// `skipped` and `skippedTotal`.
     #[serde(flatten)]
     pub skipped: Skipped,
@@ -413,6 +418,7 @@ mod tests {
             history: History::None,
             files: 1,
             bytes: 2,
+            base_commit: None,
             skipped: Skipped::from_notes(&[note("q", NoteKind::Special(Special::Fifo))]),
         };
         let json = serde_json::to_value(&source).unwrap();

@@ -175,7 +175,7 @@ impl Engine {
 
     /// The result a task that ended saved: from its record, else from its results directory
     /// (which holds everything needed, whatever happened to the catalog).
-    fn saved_result(
+    pub(crate) fn saved_result(
         &self,
         catalog: &Catalog,
         record: &Record,
@@ -372,6 +372,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         history: detail.start.history,
         files: 0,
         bytes: 0,
+        base_commit: None,
         skipped: Skipped::default(),
     });
     Ok(TaskInfo {

@@ -19,7 +19,17 @@ use crate::output::{print_json, sandbox_rows, table, SANDBOX_HEADERS};
 pub async fn task(engine: &Engine, json: bool, command: TaskCommand) -> Result<ExitCode, Error> {
     match command {
         TaskCommand::Start(args) => start(engine, json, args).await,
-        TaskCommand::Exec(args) => crate::commands::exec(engine, json, args, true).await,
+        TaskCommand::Exec(args) => {
+            crate::commands::exec(
+                engine,
+                json,
+                &args.name,
+                args.cwd.as_deref(),
+                args.exec,
+                true,
+            )
+            .await
+        }
         TaskCommand::Diff(args) => {
             let diff = engine.task_diff(&args.name).await?;
             if json {

@@ -32,6 +32,7 @@ pub mod spec;
 pub mod supervisor;
 pub mod task_spec;
 pub mod tasks;
+pub mod wording;
 pub mod workspace;
 
 pub use error::{Error, ErrorCode, Result};

@@ -360,3 +360,67 @@ fn an_unverified_patch_or_a_project_without_a_commit_is_refused() {
     let err = home.json_err(&["task", "apply", "escap"]);
     assert_eq!(err["code"], "not_found", "{err:#}");
 }
+
+#[test]
+fn applying_runs_nothing_the_repository_names() {
+    if !require_root("applying_runs_nothing_the_repository_names") {
+        return;
+    }
+    let home = TestHome::new();
+    let repo = tempfile::tempdir().unwrap();
+    let repo = repo.path();
+    git(repo, &["init", "-q", "-b", "main"]);
+    write(&repo.join("a.txt"), "a\n");
+    write(&repo.join(".gitattributes"), "* filter=evil diff=evil\n");
+    git(repo, &["add", "-A"]);
+    git(repo, &["commit", "-q", "-m", "base"]);
+    // Every program a repository's own config or hooks can name, each leaving a marker.
+    let markers = tempfile::tempdir().unwrap();
+    let marker = |what: &str| markers.path().join(what).display().to_string();
+    let script = |name: &str, what: &str| {
+        let path = repo.join(".git/hooks").join(name);
+        write(&path, &format!("#!/bin/sh\ntouch {}\ncat\n", marker(what)));
+        chmod(&path, 0o755);
+        path.display().to_string()
+    };
+    for hook in [
+        "reference-transaction",
+        "post-commit",
+        "pre-commit",
+        "post-checkout",
+    ] {
+        script(hook, hook);
+    }
+    let filter = script("filter", "filter");
+    let gpg = script("gpg", "gpg");
+    let fsmonitor = script("fsmonitor", "fsmonitor");
+    for (key, value) in [
+        ("filter.evil.clean", filter.as_str()),
+        ("filter.evil.smudge", filter.as_str()),
+        ("filter.evil.process", filter.as_str()),
+        ("diff.evil.textconv", filter.as_str()),
+        ("core.fsmonitor", fsmonitor.as_str()),
+        ("commit.gpgSign", "true"),
+        ("gpg.program", gpg.as_str()),
+    ] {
+        git(repo, &["config", key, value]);
+    }
+
+    start(&home, repo, "quiet");
+    agent(&home, "quiet", "printf 'b\\n' > a.txt");
+    home.json(&["task", "finish", "quiet"]);
+    let applied = home.json(&["task", "apply", "quiet"]);
+    let ran: Vec<String> = std::fs::read_dir(markers.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        ran.is_empty(),
+        "git ran programs the repository names: {ran:?}"
+    );
+    assert_eq!(applied["branch"], "dynocap/quiet");
+    assert_eq!(
+        git(repo, &["cat-file", "blob", "dynocap/quiet:a.txt"]),
+        "b\n"
+    );
+}

@@ -24,6 +24,9 @@ use crate::hardened_git::{GitError, HardenedGit};
 /// Longest any one git command may run on the user's repository.
 const GIT_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// Most paths passed to one git command.
+const PATHS_PER_COMMAND: usize = 500;
+
 /// The identity a commit gets when neither the repository nor the user's git configuration
 /// names one.
 const FALLBACK_NAME: &str = "DynoCap";
@@ -244,18 +247,23 @@ impl Repo {
         paths: &[String],
         parse: fn(&[u8]) -> Option<(String, T)>,
     ) -> Result<HashMap<String, T>> {
-        let out = self
-            .git()
-            .args(command)
-            .args(paths)
-            .run()
-            .map_err(|err| self.failed(&err))?;
         let wanted: std::collections::HashSet<&str> = paths.iter().map(String::as_str).collect();
-        Ok(out
-            .split(|&b| b == 0)
-            .filter_map(parse)
-            .filter(|(path, _)| wanted.contains(path.as_str()))
-            .collect())
+        let mut found = HashMap::new();
+        // In batches: a patch touching many thousands of files must not exceed ARG_MAX.
+        for batch in paths.chunks(PATHS_PER_COMMAND) {
+            let out = self
+                .git()
+                .args(command)
+                .args(batch)
+                .run()
+                .map_err(|err| self.failed(&err))?;
+            found.extend(
+                out.split(|&b| b == 0)
+                    .filter_map(parse)
+                    .filter(|(path, _)| wanted.contains(path.as_str())),
+            );
+        }
+        Ok(found)
     }
 
     /// Builds the commit `patch` applied to `base` makes, with `message`, and returns its id.
@@ -268,7 +276,12 @@ impl Repo {
         scratch: &Path,
     ) -> Result<String> {
         let index = scratch.join("index");
-        let on_temp_index = || self.git().index_file(&index);
+        // A split index would leave shared-index files in the repository for a throwaway index.
+        let on_temp_index = || {
+            self.git()
+                .index_file(&index)
+                .config("core.splitIndex", "false")
+        };
         on_temp_index()
             .args(["read-tree", base])
             .run()

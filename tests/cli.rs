@@ -372,3 +372,146 @@ fn doctor_tells_a_static_agent_from_a_glibc_one_and_leaves_qemu_out() {
         }
     }
 }
+
+/// Runs `dynocap --json ARGS` that the engine refuses; returns (code, message).
+fn refused(home: &TestHome, envs: &[(&str, &str)], args: &[&str]) -> (String, String) {
+    let out = home
+        .command()
+        .envs(envs.iter().copied())
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("spawn dynocap");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{args:?}: {}",
+        text(&out.stderr)
+    );
+    let value: Value = serde_json::from_slice(&out.stdout).expect("a JSON error");
+    let field = |name: &str| value["error"][name].as_str().unwrap_or_default().to_owned();
+    (field("code"), field("message"))
+}
+
+#[test]
+fn refusals_name_the_flags_that_were_typed() {
+    let home = TestHome::new();
+    let project = tempfile::tempdir().expect("tempdir");
+    let project = project.path().to_str().expect("utf-8");
+    // (environment, command line, what the message says, what it must not say)
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a str, &'a str);
+    let cases: &[Case] = &[
+        (
+            &[],
+            &["run", "x", "--ttl", "10"],
+            "--ttl 10 is below the minimum 30",
+            "ttlSeconds",
+        ),
+        (
+            &[],
+            &["task", "start", project, "--memory-mb", "1"],
+            "--memory-mb 1 is below the minimum",
+            "memoryMB",
+        ),
+        (
+            &[],
+            &["exec", "x", "--timeout", "0", "--", "true"],
+            "--timeout 0 is below the minimum 1",
+            "timeoutSeconds",
+        ),
+        (
+            &[("DYNOCAP_MAX_TTL_SECONDS", "60")],
+            &["run", "x", "--ttl", "120"],
+            "--ttl 120 is above the host's ceiling 60",
+            "ttlSeconds",
+        ),
+    ];
+    for (envs, args, said, unsaid) in cases {
+        let (code, message) = refused(&home, envs, args);
+        assert!(
+            code == "invalid_argument" || code == "policy_denied",
+            "{args:?}: {code}"
+        );
+        assert!(message.contains(said), "{args:?}: {message}");
+        assert!(!message.contains(unsaid), "{args:?}: {message}");
+    }
+    // Without --json, the same wording on stderr.
+    let out = home.run(&["run", "x", "--ttl", "10"]);
+    assert!(
+        text(&out.stderr).contains("invalid_argument: --ttl 10 is below"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn each_exec_help_names_only_what_it_accepts() {
+    let home = TestHome::new();
+    let raw = text(&home.run(&["exec", "--help"]).stdout);
+    assert!(
+        raw.contains("Name (or id) of the raw sandbox; for a task, use `dynocap task exec`"),
+        "{raw}"
+    );
+    assert!(raw.contains("(default /)"), "{raw}");
+    assert!(!raw.contains("/workspace"), "{raw}");
+    let task = text(&home.run(&["task", "exec", "--help"]).stdout);
+    assert!(
+        task.contains("Name (or id) of the task; for a raw sandbox, use `dynocap exec`"),
+        "{task}"
+    );
+    assert!(task.contains("(default /workspace)"), "{task}");
+}
+
+#[test]
+fn refusals_point_to_the_command_to_run_instead() {
+    if !dynocap_e2e::require_root("refusals_point_to_the_command_to_run_instead") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().expect("tempdir");
+    dynocap_e2e::write(&project.path().join("a.txt"), "a\n");
+    home.json(&["run", "box"]);
+    home.json(&[
+        "task",
+        "start",
+        project.path().to_str().expect("utf-8"),
+        "--name",
+        "job",
+    ]);
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["exec", "job", "--", "true"],
+            "\"job\" is a task, not a raw sandbox; run commands in it with `dynocap task exec job`",
+        ),
+        (
+            &["task", "exec", "box", "--", "true"],
+            "\"box\" is a raw sandbox, not a task; run commands in it with `dynocap exec box`",
+        ),
+        (
+            &["destroy", "job"],
+            "finish it with `dynocap task finish job` or remove it with `dynocap rm job`",
+        ),
+        (
+            &["task", "finish", "box"],
+            "destroy it with `dynocap destroy box` instead",
+        ),
+        (&["rm", "job"], "or pass --force to end it here"),
+    ];
+    for (args, said) in cases {
+        let (code, message) = refused(&home, &[], args);
+        assert_eq!(code, "conflict", "{args:?}: {message}");
+        assert!(message.contains(said), "{args:?}: {message}");
+        assert!(!message.contains("dynocap_"), "{args:?}: {message}");
+    }
+    home.json(&["task", "finish", "job"]);
+    let (code, message) = refused(&home, &[], &["task", "exec", "job", "--", "true"]);
+    assert_eq!(code, "conflict", "{message}");
+    assert!(message.contains("task \"job\" is finished"), "{message}");
+    assert!(message.contains("`dynocap task diff job`"), "{message}");
+    assert!(
+        message.contains("start a new task with `dynocap task start`"),
+        "{message}"
+    );
+    assert!(!message.contains("destroy it"), "{message}");
+    home.json(&["destroy", "box"]);
+}

@@ -112,6 +112,17 @@ def test_tools_list_snapshot(host: Host) -> None:
     assert [t["name"] for t in answer["tools"]] == TOOLS
 
 
+async def test_applying_a_patch_is_never_a_tool(host: Host) -> None:
+    """`dynocap task apply` stays a person's decision: no tool applies, commits or merges."""
+    async with connect(host) as session:
+        listing = await session.list_tools()
+        names = [t.name for t in listing.tools]
+        assert not [n for n in names if any(w in n for w in ("apply", "commit", "merge"))], names
+        with pytest.raises(MCPError) as raised:
+            await session.call_tool("dynocap_task_apply", {"name": "x"})
+        assert "dynocap_task_apply" in raised.value.error.message
+
+
 async def test_sdk_reads_the_same_tools(host: Host) -> None:
     async with connect(host) as session:
         listing = await session.list_tools()

@@ -164,9 +164,13 @@ async def test_task_errors(host: Host) -> None:
         assert task["source"]["history"] == "none"  # not a git repository: a plain tree
         err(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "busy"}), "conflict")
         err(await s.call_tool("dynocap_run", {"name": "busy"}), "conflict")
-        err(await s.call_tool("dynocap_exec", {"name": "busy", "command": "true"}), "conflict")
-        err(await s.call_tool("dynocap_destroy", {"name": "busy"}), "conflict")
-        err(await s.call_tool("dynocap_rm", {"target": "busy"}), "conflict")  # running: needs force
+        # Hints name tools and parameters, never CLI commands or flags.
+        text = err(await s.call_tool("dynocap_exec", {"name": "busy", "command": "true"}), "conflict")
+        assert "dynocap_task_exec" in text and "dynocap task" not in text, text
+        text = err(await s.call_tool("dynocap_destroy", {"name": "busy"}), "conflict")
+        assert "dynocap_task_finish" in text and "dynocap_rm" in text, text
+        text = err(await s.call_tool("dynocap_rm", {"target": "busy"}), "conflict")  # needs force
+        assert "force: true" in text and "--force" not in text, text
         removed = ok(await s.call_tool("dynocap_rm", {"target": "busy", "force": True}))
         assert removed["destroyed"] is True and removed["released"] == "busy"
         ok(await s.call_tool("dynocap_rm", {"target": task["id"], "purge": True}))

@@ -26,8 +26,9 @@ pub struct Cli {
 pub enum Command {
     /// Boot a raw sandbox: a bare, ephemeral Linux box.
     Run(RunArgs),
-    /// Run a shell command in a raw sandbox; exits with the command's exit code.
-    Exec(ExecArgs),
+    /// Run a shell command in a raw sandbox; exits with the command's exit code (for a task:
+    /// `dynocap task exec`).
+    Exec(SandboxExecArgs),
     /// List raw sandboxes.
     Ps,
     /// Destroy a raw sandbox and release its name.
@@ -65,11 +66,32 @@ pub enum TaskCommand {
     /// Copy a project into a new task sandbox at /workspace.
     Start(TaskStartArgs),
     /// Run a shell command in the task's workspace; exits with the command's exit code.
-    Exec(ExecArgs),
+    Exec(TaskExecArgs),
     /// Show what the agent changed, with risky paths flagged.
     Diff(TargetArgs),
     /// End the task: final diff, sandbox destroyed, patch verified and saved.
     Finish(TargetArgs),
+    /// Commit a finished task's verified patch to a new branch of its project; your current
+    /// branch, index and working tree are left as they are.
+    Apply(TaskApplyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TaskApplyArgs {
+    /// Task name or id (the task must be finished: `dynocap task finish NAME`).
+    pub name: String,
+    /// The branch to create, from the commit the task started on (default:
+    /// dynocap/<task name>). An existing branch is never moved.
+    #[arg(long, value_name = "BRANCH")]
+    pub branch: Option<String>,
+    /// Apply even though the patch changes sensitive paths (hooks, CI, build scripts, ...);
+    /// review them first with `dynocap task diff NAME`. The commit message lists them.
+    #[arg(long)]
+    pub accept_sensitive: bool,
+    /// Apply to this clone of the project's repository instead of the task's project
+    /// directory (required for a task cloned from a URL).
+    #[arg(long, value_name = "PATH")]
+    pub to: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -150,13 +172,34 @@ pub struct RunArgs {
     pub allow_hosts: Vec<String>,
 }
 
+/// `dynocap exec`: the target is a raw sandbox (a task is refused, and the message says to
+/// use `task exec`), so its help says only that.
 #[derive(Debug, Args)]
-pub struct ExecArgs {
-    /// Name (or id) of the raw sandbox (`exec`) or of the task (`task exec`).
+pub struct SandboxExecArgs {
+    /// Name (or id) of the raw sandbox; for a task, use `dynocap task exec`.
     pub name: String,
-    /// Working directory inside the sandbox (default / for sandboxes, /workspace for tasks).
+    /// Working directory inside the sandbox (default /).
     #[arg(long)]
     pub cwd: Option<String>,
+    #[command(flatten)]
+    pub exec: ExecArgs,
+}
+
+/// `dynocap task exec`.
+#[derive(Debug, Args)]
+pub struct TaskExecArgs {
+    /// Name (or id) of the task; for a raw sandbox, use `dynocap exec`.
+    pub name: String,
+    /// Working directory inside the task's sandbox (default /workspace).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    #[command(flatten)]
+    pub exec: ExecArgs,
+}
+
+/// What both exec commands take besides the target.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
     /// Environment variable for the command, KEY=VALUE (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
@@ -363,7 +406,7 @@ mod tests {
             ),
             (
                 "task",
-                "`dynocap task` needs a subcommand: start, exec, diff, finish",
+                "`dynocap task` needs a subcommand: start, exec, diff, finish, apply",
             ),
         ];
         for (line, needle) in cases {

@@ -36,7 +36,17 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
     let engine = Engine::new(Home::from_env()?)?;
     match command {
         Command::Run(args) => run(&engine, json, args).await,
-        Command::Exec(args) => exec(&engine, json, args, false).await,
+        Command::Exec(args) => {
+            exec(
+                &engine,
+                json,
+                &args.name,
+                args.cwd.as_deref(),
+                args.exec,
+                false,
+            )
+            .await
+        }
         Command::Task(command) => crate::task_commands::task(&engine, json, command).await,
         Command::Ls => crate::task_commands::ls(&engine, json),
         Command::Rm(args) => crate::task_commands::rm(&engine, json, args).await,
@@ -94,6 +104,8 @@ async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Err
 pub async fn exec(
     engine: &Engine,
     json: bool,
+    target: &str,
+    cwd: Option<&str>,
     args: ExecArgs,
     task: bool,
 ) -> Result<ExitCode, Error> {
@@ -110,16 +122,16 @@ pub async fn exec(
     let default_cwd = if task { "/workspace" } else { "/" };
     let spec = ExecSpec::new(
         &command,
-        args.cwd.as_deref(),
+        cwd,
         default_cwd,
         env,
         args.timeout_seconds,
         args.tty,
     )?;
     let result = if task {
-        engine.task_exec(&args.name, &spec).await?
+        engine.task_exec(target, &spec).await?
     } else {
-        engine.exec(&args.name, &spec).await?
+        engine.exec(target, &spec).await?
     };
     if json {
         print_json(&result);

@@ -17,11 +17,14 @@ pub fn print_json<T: Serialize>(value: &T) {
 /// Reports an error: a JSON error object on stdout with `--json`, a readable line on stderr
 /// otherwise. Always exits 1, so scripts can tell a refused call from a command's failure
 /// only through `--json` (`dynocap exec` uses the command's own exit code on success).
+/// The message is the command line's wording of it (`--ttl`, `dynocap task exec NAME`), not
+/// the MCP one (`ttlSeconds`, `dynocap_task_exec`).
 pub fn fail(json: bool, err: &Error) -> ExitCode {
+    let message = err.cli_text();
     if json {
-        print_json(&serde_json::json!({ "error": { "code": err.code, "message": err.message } }));
+        print_json(&serde_json::json!({ "error": { "code": err.code, "message": message } }));
     }
-    eprintln!("dynocap: {err}");
+    eprintln!("dynocap: {}: {message}", err.code.as_str());
     ExitCode::FAILURE
 }
 

@@ -5,6 +5,7 @@
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
+use dynocap_engine::apply::ApplySpec;
 use dynocap_engine::exec::sanitize_line;
 use dynocap_engine::import::ProjectDir;
 use dynocap_engine::task_spec::{
@@ -12,13 +13,23 @@ use dynocap_engine::task_spec::{
 };
 use dynocap_engine::{Engine, Error};
 
-use crate::cli::{RmArgs, TaskCommand, TaskStartArgs};
+use crate::cli::{RmArgs, TaskApplyArgs, TaskCommand, TaskStartArgs};
 use crate::output::{print_json, sandbox_rows, table, SANDBOX_HEADERS};
 
 pub async fn task(engine: &Engine, json: bool, command: TaskCommand) -> Result<ExitCode, Error> {
     match command {
         TaskCommand::Start(args) => start(engine, json, args).await,
-        TaskCommand::Exec(args) => crate::commands::exec(engine, json, args, true).await,
+        TaskCommand::Exec(args) => {
+            crate::commands::exec(
+                engine,
+                json,
+                &args.name,
+                args.cwd.as_deref(),
+                args.exec,
+                true,
+            )
+            .await
+        }
         TaskCommand::Diff(args) => {
             let diff = engine.task_diff(&args.name).await?;
             if json {
@@ -37,7 +48,64 @@ pub async fn task(engine: &Engine, json: bool, command: TaskCommand) -> Result<E
             }
             Ok(ExitCode::SUCCESS)
         }
+        TaskCommand::Apply(args) => apply(engine, json, args).await,
     }
+}
+
+async fn apply(engine: &Engine, json: bool, args: TaskApplyArgs) -> Result<ExitCode, Error> {
+    let to = args
+        .to
+        .as_deref()
+        .map(|path| {
+            std::path::absolute(path)
+                .map_err(|err| Error::invalid(format!("cannot resolve {}: {err}", path.display())))
+        })
+        .transpose()?;
+    let spec = ApplySpec {
+        target: args.name,
+        branch: args.branch,
+        accept_sensitive: args.accept_sensitive,
+        to,
+    };
+    let applied = engine.task_apply(&spec).await?;
+    if json {
+        print_json(&applied);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "task {} applied to {} on the new branch {}",
+        escape(applied.name.as_deref().unwrap_or(&applied.id)),
+        escape(&applied.repository),
+        escape(&applied.branch)
+    );
+    println!(
+        "commit {} (on {}), {} {} changed:",
+        applied.commit,
+        applied.base_commit,
+        applied.files.len(),
+        if applied.files.len() == 1 {
+            "path"
+        } else {
+            "paths"
+        }
+    );
+    for file in &applied.files {
+        println!("  {}", escape(file));
+    }
+    for p in &applied.sensitive_paths_accepted {
+        println!(
+            "  sensitive, accepted: {:<18} {}  {}",
+            p.kind.as_str(),
+            escape(&p.path),
+            escape(&p.reason)
+        );
+    }
+    println!(
+        "your current branch and working tree are unchanged; see it with: git -C {} show {}",
+        escape(&applied.repository),
+        escape(&applied.branch)
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitCode, Error> {
@@ -352,7 +420,11 @@ fn print_finish(result: &FinishResult) {
 fn next_step(result: &FinishResult) -> String {
     let patch = escape(&result.patch_path);
     match result.verify_error {
-        None => format!("apply it in your project with: git apply {patch}"),
+        None => format!(
+            "apply it to a new branch of your project with: dynocap task apply {} (or by hand: \
+             git apply {patch})",
+            escape(result.name.as_deref().unwrap_or(&result.id))
+        ),
         Some(_) => format!(
             "do not apply this patch: inspect it with less {patch} before doing anything with it"
         ),

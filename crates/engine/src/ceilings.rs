@@ -6,6 +6,7 @@
 use crate::catalog::Record;
 use crate::error::{Error, ErrorCode, Result};
 use crate::spec::{CPUS_MAX, MEMORY_MB_DEFAULT, MEMORY_MB_MAX, TASK_CPUS_DEFAULT, TTL_MAX};
+use crate::wording::{self, Param};
 
 pub const MAX_CPUS: &str = "DYNOCAP_MAX_CPUS";
 pub const MAX_MEMORY_MB: &str = "DYNOCAP_MAX_MEMORY_MB";
@@ -120,11 +121,16 @@ impl Ceilings {
         ttl_seconds: u64,
         disk_mb: Option<u64>,
     ) -> Result<()> {
-        above(MAX_CPUS, "cpus", u64::from(cpus), self.cpus)?;
-        above(MAX_MEMORY_MB, "memoryMB", memory_mb, self.memory_mb)?;
-        above(MAX_TTL_SECONDS, "ttlSeconds", ttl_seconds, self.ttl_seconds)?;
+        above(MAX_CPUS, wording::CPUS, u64::from(cpus), self.cpus)?;
+        above(MAX_MEMORY_MB, wording::MEMORY_MB, memory_mb, self.memory_mb)?;
+        above(
+            MAX_TTL_SECONDS,
+            wording::TTL_SECONDS,
+            ttl_seconds,
+            self.ttl_seconds,
+        )?;
         if let Some(disk_mb) = disk_mb {
-            above(MAX_DISK_MB, "diskMB", disk_mb, self.disk_mb)?;
+            above(MAX_DISK_MB, wording::DISK_MB, disk_mb, self.disk_mb)?;
         }
         Ok(())
     }
@@ -144,14 +150,16 @@ impl Ceilings {
         let used: u64 = live.iter().map(|r| r.memory_mb).sum();
         if used.saturating_add(memory_mb) > self.memory_mb {
             let left = self.memory_mb.saturating_sub(used);
-            return Err(denied(format!(
-                "memoryMB {memory_mb} would bring the live sandboxes to {} MB; the host allows \
-                 {} MB in all ({MAX_MEMORY_MB}={}) and {used} MB are in use, so at most {left} \
-                 MB is left: ask for less or destroy a sandbox first",
-                used.saturating_add(memory_mb),
-                self.memory_mb,
-                self.memory_mb
-            )));
+            let total = used.saturating_add(memory_mb);
+            let allowed = self.memory_mb;
+            return Err(Error::worded(ErrorCode::PolicyDenied, |s| {
+                format!(
+                    "{} {memory_mb} would bring the live sandboxes to {total} MB; the host \
+                     allows {allowed} MB in all ({MAX_MEMORY_MB}={allowed}) and {used} MB are in \
+                     use, so at most {left} MB is left: ask for less or destroy a sandbox first",
+                    s.param(wording::MEMORY_MB)
+                )
+            }));
         }
         Ok(())
     }
@@ -190,12 +198,15 @@ fn parse(name: &str, value: &std::ffi::OsStr) -> Result<u64> {
     }
 }
 
-fn above(var: &str, param: &str, value: u64, ceiling: u64) -> Result<()> {
+fn above(var: &str, param: Param, value: u64, ceiling: u64) -> Result<()> {
     if value > ceiling {
-        return Err(denied(format!(
-            "{param} {value} is above the host's ceiling {ceiling} ({var}={ceiling}); ask for \
-             at most {ceiling}, or have the person running DynoCap raise {var}"
-        )));
+        return Err(Error::worded(ErrorCode::PolicyDenied, |s| {
+            format!(
+                "{} {value} is above the host's ceiling {ceiling} ({var}={ceiling}); ask for \
+                 at most {ceiling}, or have the person running DynoCap raise {var}",
+                s.param(param)
+            )
+        }));
     }
     Ok(())
 }

@@ -245,7 +245,7 @@ pub async fn clone_repository(
         files,
         bytes,
         skipped: Default::default(),
-        commit: Some(commit),
+        base_commit: Some(commit),
         branch,
     })
 }

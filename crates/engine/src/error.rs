@@ -31,7 +31,17 @@ impl ErrorCode {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Error {
     pub code: ErrorCode,
+    /// The text an MCP caller reads (and the CLI too, unless `cli_message` is set).
     pub message: String,
+    /// The same message as a person at the command line reads it, where it differs: flags
+    /// (`--ttl`) and commands (`dynocap task exec NAME`) instead of the parameters and tools
+    /// `message` names (see [`crate::wording`]). It travels with the error from a supervisor.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "cliMessage"
+    )]
+    pub cli_message: Option<String>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -41,7 +51,13 @@ impl Error {
         Self {
             code,
             message: message.into(),
+            cli_message: None,
         }
+    }
+
+    /// The message for the command line.
+    pub fn cli_text(&self) -> &str {
+        self.cli_message.as_deref().unwrap_or(&self.message)
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::InvalidArgument, message)

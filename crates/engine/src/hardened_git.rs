@@ -184,6 +184,7 @@ pub struct HardenedGit {
     config: Vec<(String, OsString)>,
     args: Vec<OsString>,
     timeout: Option<Duration>,
+    index_file: Option<PathBuf>,
 }
 
 impl HardenedGit {
@@ -221,6 +222,7 @@ impl HardenedGit {
             config: Vec::new(),
             args: Vec::new(),
             timeout: None,
+            index_file: None,
         }
     }
 
@@ -259,6 +261,15 @@ impl HardenedGit {
         self
     }
 
+    /// Use `path` (absolute) as the index instead of the repository's own (`GIT_INDEX_FILE`):
+    /// index plumbing (`read-tree`, `apply --cached`, `write-tree`) then builds a tree without
+    /// touching the index the user works with.
+    #[must_use]
+    pub fn index_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.index_file = Some(path.into());
+        self
+    }
+
     /// One argument after the global options (the first is the subcommand).
     #[must_use]
     pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
@@ -294,6 +305,9 @@ impl HardenedGit {
         );
         for (key, value) in ENVIRONMENT {
             cmd.env(key, value);
+        }
+        if let Some(index) = &self.index_file {
+            cmd.env("GIT_INDEX_FILE", index);
         }
         cmd.arg("--no-pager");
         match &self.location {

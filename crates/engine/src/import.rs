@@ -553,6 +553,25 @@ pub fn head_name(plan: &ImportPlan) -> Result<String, ImportError> {
     Ok(String::from_utf8_lossy(&out).trim().to_owned())
 }
 
+/// The commit `HEAD` names (its full id), `None` when the project is not a git work tree or
+/// has no commit yet: the commit the imported tree was taken on top of, which `task apply`
+/// later branches from.
+pub fn head_commit_id(plan: &ImportPlan) -> Result<Option<String>, ImportError> {
+    if !plan.is_git {
+        return Ok(None);
+    }
+    let git = hardened(&plan.options, plan.root_fd.as_fd());
+    let out = git
+        .args(["rev-parse", "--quiet", "--verify", "HEAD^{commit}"])
+        .output()
+        .map_err(|source| git_error(&plan.root, source))?;
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    Ok(
+        (out.status.success() && id.bytes().all(|b| b.is_ascii_hexdigit()) && !id.is_empty())
+            .then_some(id),
+    )
+}
+
 /// A hardened git for the work tree `dir` (a descriptor beneath the root; its git directory
 /// checked by [`gitdir::check`] first).
 fn hardened(options: &PlanOptions, dir: BorrowedFd<'_>) -> HardenedGit {

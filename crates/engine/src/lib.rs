@@ -3,6 +3,7 @@
 //! talks to it.
 
 pub mod agent_conn;
+pub mod apply;
 pub mod backend;
 pub mod catalog;
 mod catalog_file;
@@ -35,6 +36,7 @@ pub mod supervisor;
 pub mod task_spec;
 pub mod tasks;
 pub mod usernet;
+pub mod wording;
 pub mod workspace;
 
 pub use error::{Error, ErrorCode, Result};

@@ -13,12 +13,13 @@ use tokio::net::UnixStream;
 use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
 use crate::control::{read_message, write_message, ControlReply, ControlRequest};
 use crate::egress::EgressSpec;
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, Error, ErrorCode, Result};
 use crate::exec::ExecResult;
 use crate::home::Home;
 use crate::spec::{ExecSpec, RunSpec};
 use crate::supervisor::{Mode, ReadyMessage};
 use crate::task_spec::{Progress, TaskDetail};
+use crate::wording::{Op, Surface};
 use crate::workspace::{PROJECT_FD_ENV, SUPERVISOR_PROJECT_FD};
 
 /// How long `run` waits for a supervisor to report its guest ready.
@@ -391,9 +392,13 @@ impl Engine {
         self.reconcile(&catalog)?;
         let record = find(&catalog, name)?;
         if record.kind != Kind::Raw {
-            return Err(Error::conflict(format!(
-                "\"{name}\" is a task; finish it with task finish or remove it with rm"
-            )));
+            return Err(Error::worded(ErrorCode::Conflict, |s| {
+                format!(
+                    "\"{name}\" is a task; finish it with {} or remove it with {}",
+                    s.op(Op::TaskFinish, name),
+                    s.op(Op::Rm, name)
+                )
+            }));
         }
         let display = record.name.clone().unwrap_or_else(|| record.id.clone());
         if record.state.is_live() {
@@ -421,12 +426,16 @@ impl Engine {
         let catalog = self.catalog()?;
         let record = find(&catalog, name)?;
         if record.kind != kind {
-            let what = if kind == Kind::Raw {
-                "a task; use task exec"
-            } else {
-                "a raw sandbox; use exec"
-            };
-            return Err(Error::conflict(format!("\"{name}\" is {what}")));
+            return Err(Error::worded(ErrorCode::Conflict, |s| match kind {
+                Kind::Raw => format!(
+                    "\"{name}\" is a task, not a raw sandbox; run commands in it with {}",
+                    s.op(Op::TaskExec, name)
+                ),
+                Kind::Task => format!(
+                    "\"{name}\" is a raw sandbox, not a task; run commands in it with {}",
+                    s.op(Op::Exec, name)
+                ),
+            }));
         }
         let serving = matches!(record.state, State::Starting | State::Running);
         if !serving || !supervisor_alive(&record) {
@@ -435,7 +444,9 @@ impl Engine {
                 .get(&record.id)?
                 .map(|r| r.state)
                 .unwrap_or(State::Destroyed);
-            return Err(Error::conflict(not_running(name, kind, state)));
+            return Err(Error::worded(ErrorCode::Conflict, |s| {
+                not_running(s, name, kind, state)
+            }));
         }
         Ok(record)
     }
@@ -511,7 +522,9 @@ impl Engine {
                 "sandbox \"{display}\" is gone: it ended (destroyed, or its TTL ran out) just before this call"
             )),
             Some(current) if !matches!(current.state, State::Starting | State::Running) => {
-                Error::conflict(not_running(display, kind, current.state))
+                Error::worded(ErrorCode::Conflict, |s| {
+                    not_running(s, display, kind, current.state)
+                })
             }
             Some(current) if current.supervisor.is_some_and(|p| p.is_alive()) => {
                 Error::conflict(format!(
@@ -633,25 +646,34 @@ fn supervisor_alive(record: &Record) -> bool {
 }
 
 /// Why a sandbox or task that is not running cannot take a request, and what to do instead.
-fn not_running(name: &str, kind: Kind, state: State) -> String {
+fn not_running(s: Surface, name: &str, kind: Kind, state: State) -> String {
     match (kind, state) {
         (Kind::Task, State::Unsaved) => format!(
-            "task \"{name}\" is unsaved: its guest ended before its work could be saved, and its files are kept; finish the task to recover its work"
+            "task \"{name}\" is unsaved: its guest ended before its work could be saved, and its \
+             files are kept; {} recovers its work",
+            s.op(Op::TaskFinish, name)
         ),
         (Kind::Task, State::Recovering) => {
             format!("task \"{name}\" is being recovered; wait for that finish to complete")
         }
         (Kind::Task, State::Finished | State::Expired | State::Destroyed) => format!(
-            "task \"{name}\" is {}: its guest is gone and its work is saved (its diff and finish show the saved result); start a new task to keep working",
-            state.as_str()
+            "task \"{name}\" is {}: its guest is gone and its work is saved. See the saved \
+             patch with {} (or {}); to keep working, start a new task with {}",
+            state.as_str(),
+            s.op(Op::TaskDiff, name),
+            s.op(Op::TaskFinish, name),
+            s.op(Op::TaskStart, name)
         ),
         (Kind::Task, _) => format!(
-            "task \"{name}\" is {}, not running; start a new task to keep working",
-            state.as_str()
+            "task \"{name}\" is {}, not running; start a new task with {}",
+            state.as_str(),
+            s.op(Op::TaskStart, name)
         ),
         (Kind::Raw, _) => format!(
-            "sandbox \"{name}\" is {}, not running; destroy it and start a new one",
-            state.as_str()
+            "sandbox \"{name}\" is {}, not running; destroy it with {} and start a new one with {}",
+            state.as_str(),
+            s.op(Op::Destroy, name),
+            s.op(Op::Run, name)
         ),
     }
 }

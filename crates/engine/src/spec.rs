@@ -4,7 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
+use crate::wording::{self, Param};
 
 pub const TTL_MIN: u64 = 30;
 pub const TTL_MAX: u64 = 86_400;
@@ -159,20 +160,20 @@ impl Resources {
                 .transpose()?
                 .unwrap_or(Network::None),
             ttl_seconds: check_range(
-                "ttlSeconds",
+                wording::TTL_SECONDS,
                 ttl_seconds.unwrap_or(TTL_DEFAULT),
                 TTL_MIN,
                 TTL_MAX,
             )?,
             cpus: check_cpus(cpus.unwrap_or(u64::from(default_cpus)))?,
             memory_mb: check_range(
-                "memoryMB",
+                wording::MEMORY_MB,
                 memory_mb.unwrap_or(MEMORY_MB_DEFAULT),
                 MEMORY_MB_MIN,
                 MEMORY_MB_MAX,
             )?,
             disk_mb: check_range(
-                "diskMB",
+                wording::DISK_MB,
                 disk_mb.unwrap_or(DISK_MB_DEFAULT),
                 DISK_MB_MIN,
                 DISK_MB_MAX,
@@ -182,23 +183,31 @@ impl Resources {
 }
 
 fn check_cpus(cpus: u64) -> Result<u32> {
-    let cpus = check_range("cpus", cpus, u64::from(CPUS_MIN), u64::from(CPUS_MAX))?;
+    let cpus = check_range(
+        wording::CPUS,
+        cpus,
+        u64::from(CPUS_MIN),
+        u64::from(CPUS_MAX),
+    )?;
     u32::try_from(cpus).map_err(|_| Error::invalid("cpus is out of range"))
 }
 
-/// Refuses `value` outside `min..=max`, naming the parameter and the range.
-pub fn check_range(param: &str, value: u64, min: u64, max: u64) -> Result<u64> {
-    if value < min {
-        return Err(Error::invalid(format!(
-            "{param} {value} is below the minimum {min}; use a value from {min} to {max}"
-        )));
-    }
-    if value > max {
-        return Err(Error::invalid(format!(
-            "{param} {value} is above the maximum {max}; use a value from {min} to {max}"
-        )));
-    }
-    Ok(value)
+/// Refuses `value` outside `min..=max`, naming the parameter (as the reader knows it) and the
+/// range.
+pub fn check_range(param: Param, value: u64, min: u64, max: u64) -> Result<u64> {
+    let bound = if value < min {
+        format!("below the minimum {min}")
+    } else if value > max {
+        format!("above the maximum {max}")
+    } else {
+        return Ok(value);
+    };
+    Err(Error::worded(ErrorCode::InvalidArgument, |s| {
+        format!(
+            "{} {value} is {bound}; use a value from {min} to {max}",
+            s.param(param)
+        )
+    }))
 }
 
 /// Sandbox and task names: `[a-z0-9][a-z0-9_.-]{0,62}`. They end up in hostnames, paths and
@@ -349,7 +358,7 @@ impl ExecSpec {
             )));
         }
         let timeout_seconds = check_range(
-            "timeoutSeconds",
+            wording::TIMEOUT_SECONDS,
             timeout_seconds.unwrap_or(EXEC_TIMEOUT_DEFAULT),
             1,
             EXEC_TIMEOUT_MAX,
@@ -369,8 +378,13 @@ impl ExecSpec {
     /// Sets how much output per stream the result keeps (`maxOutputBytes`, 1 to 1 MiB) and
     /// how it is encoded.
     pub fn with_output(mut self, max_output_bytes: u64, encoding: OutputEncoding) -> Result<Self> {
+        // An MCP parameter only: the CLI streams everything.
+        const MAX_OUTPUT_BYTES: Param = Param {
+            mcp: "maxOutputBytes",
+            cli: "maxOutputBytes",
+        };
         self.max_output_bytes =
-            check_range("maxOutputBytes", max_output_bytes, 1, EXEC_OUTPUT_LIMIT)?;
+            check_range(MAX_OUTPUT_BYTES, max_output_bytes, 1, EXEC_OUTPUT_LIMIT)?;
         self.output_encoding = encoding;
         Ok(self)
     }

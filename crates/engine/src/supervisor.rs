@@ -808,8 +808,8 @@ async fn start(
                     history: imported.history,
                     files: imported.files,
                     bytes: imported.bytes,
+                    base_commit: imported.base_commit,
                     skipped: crate::task_spec::Skipped::from_notes(&imported.notes),
-                    commit: None,
                     branch: None,
                 }
             }

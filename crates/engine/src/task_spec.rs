@@ -119,13 +119,16 @@ pub struct SourceInfo {
     pub history: History,
     pub files: u64,
     pub bytes: u64,
+    /// The commit the imported tree was taken on top of (`HEAD` then; for a `repositoryUrl`
+    /// task the commit it cloned, to which its patch applies); absent when the project was not
+    /// a git repository or had no commit, and in records made before it was kept. `task apply`
+    /// branches from it.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub base_commit: Option<String>,
     /// `skipped` and `skippedTotal`.
     #[serde(flatten)]
     pub skipped: Skipped,
-    /// The commit a `repositoryUrl` task cloned: its patch applies to this commit.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub commit: Option<String>,
-    /// The branch that commit was on.
+    /// The branch a `repositoryUrl` task's clone checked out.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub branch: Option<String>,
 }
@@ -438,8 +441,8 @@ mod tests {
             history: History::None,
             files: 1,
             bytes: 2,
+            base_commit: None,
             skipped: Skipped::from_notes(&[note("q", NoteKind::Special(Special::Fifo))]),
-            commit: None,
             branch: None,
         };
         let json = serde_json::to_value(&source).unwrap();

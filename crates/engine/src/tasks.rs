@@ -6,7 +6,7 @@ use crate::catalog::Catalog;
 use crate::catalog::{Kind, Record, State};
 use crate::control::{ControlReply, ControlRequest};
 use crate::egress::EgressSpec;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 use crate::exec::ExecResult;
 use crate::import::ProjectDir;
 use crate::sandboxes::{find, remove_leftovers, rfc3339, unexpected, Engine, Keep, SandboxInfo};
@@ -17,6 +17,7 @@ use crate::task_spec::{
     DiffResult, FinishResult, LsResult, Progress, ResultBrief, RmResult, Skipped, Source,
     SourceInfo, TaskDetail, TaskInfo, TaskStartSpec,
 };
+use crate::wording::Op;
 use crate::workspace::SUPERVISOR_PROJECT_FD;
 
 impl Engine {
@@ -165,9 +166,12 @@ impl Engine {
         self.reconcile(&catalog)?;
         let record = find(&catalog, target)?;
         if record.kind != Kind::Task {
-            return Err(Error::conflict(format!(
-                "\"{target}\" is a raw sandbox; destroy it instead"
-            )));
+            return Err(Error::worded(ErrorCode::Conflict, |s| {
+                format!(
+                    "\"{target}\" is a raw sandbox; destroy it with {} instead",
+                    s.op(Op::Destroy, target)
+                )
+            }));
         }
         let record = match record.state {
             State::Starting | State::Running => {
@@ -202,7 +206,7 @@ impl Engine {
 
     /// The result a task that ended saved: from its record, else from its results directory
     /// (which holds everything needed, whatever happened to the catalog).
-    fn saved_result(
+    pub(crate) fn saved_result(
         &self,
         catalog: &Catalog,
         record: &Record,
@@ -218,11 +222,14 @@ impl Engine {
             catalog.set_detail(&record.id, &detail.to_json())?;
             return Ok(result);
         }
-        Err(Error::conflict(format!(
-            "task \"{target}\" is {} and saved no result ({}); remove it with rm",
-            record.state.as_str(),
-            record.note.as_deref().unwrap_or("no reason recorded")
-        )))
+        Err(Error::worded(ErrorCode::Conflict, |s| {
+            format!(
+                "task \"{target}\" is {} and saved no result ({}); remove it with {}",
+                record.state.as_str(),
+                record.note.as_deref().unwrap_or("no reason recorded"),
+                s.op(Op::Rm, target)
+            )
+        }))
     }
 
     /// The saved patch of a task that ended, bounded as a live diff is.
@@ -322,9 +329,12 @@ impl Engine {
         self.reconcile(&catalog)?;
         let record = find(&catalog, target)?;
         if record.kind != Kind::Task {
-            return Err(Error::conflict(format!(
-                "\"{target}\" is a raw sandbox; remove it with destroy"
-            )));
+            return Err(Error::worded(ErrorCode::Conflict, |s| {
+                format!(
+                    "\"{target}\" is a raw sandbox; remove it with {}",
+                    s.op(Op::Destroy, target)
+                )
+            }));
         }
         let mut destroyed = false;
         if record.state == State::Recovering {
@@ -334,9 +344,14 @@ impl Engine {
         }
         if record.state.is_live() {
             if !force {
-                return Err(Error::conflict(format!(
-                    "task \"{target}\" is running; finish it first, or pass force to destroy it (its patch and logs are kept)"
-                )));
+                return Err(Error::worded(ErrorCode::Conflict, |s| {
+                    format!(
+                        "task \"{target}\" is running; finish it first with {}, or pass {} to \
+                         end it here (its patch and logs are kept)",
+                        s.op(Op::TaskFinish, target),
+                        s.flag("force")
+                    )
+                }));
             }
             match self.call(&record, &ControlRequest::Destroy).await {
                 Ok(ControlReply::Finished(_) | ControlReply::Destroyed) => destroyed = true,
@@ -399,8 +414,8 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         history: detail.start.history,
         files: 0,
         bytes: 0,
+        base_commit: None,
         skipped: Skipped::default(),
-        commit: None,
         branch: None,
     });
     Ok(TaskInfo {

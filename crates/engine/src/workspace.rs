@@ -37,6 +37,8 @@ pub struct Imported {
     pub history: History,
     pub files: u64,
     pub bytes: u64,
+    /// The commit `HEAD` named when the project was listed (`None`: not git, or no commit).
+    pub base_commit: Option<String>,
     /// Things left out or read differently (sockets, unreadable files, files that vanished
     /// mid-read, …), whether found while listing or while reading: for the user.
     pub notes: Vec<import::Note>,
@@ -127,6 +129,13 @@ pub async fn import(
     let root = plan.root.clone();
     let mut notes = plan.notes.clone();
     let plan = std::sync::Arc::new(plan);
+    // Read right after the listing, so it is the commit the imported tree sits on.
+    let base_commit = {
+        let plan = plan.clone();
+        tokio::task::spawn_blocking(move || import::head_commit_id(&plan))
+            .await
+            .context("reading HEAD")??
+    };
     // Packing the history is CPU-bound git work independent of the tar stream: run both at
     // once, so the import costs about as much as the slower of the two.
     let bundling = (plan.history != History::None).then(|| {
@@ -230,6 +239,7 @@ pub async fn import(
         history: if with_history { history } else { History::None },
         files: summary.files,
         bytes: summary.bytes,
+        base_commit,
         notes,
     })
 }

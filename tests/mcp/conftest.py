@@ -44,6 +44,11 @@ POLICY_VARS = (
 )
 
 
+# Every git host a test names in a repositoryUrl.
+TEST_GIT_HOSTS = ("github.com", "gitlab.com", "bitbucket.org", "git.example.com", "xn--bcher-kva.example",
+                  "evil.example")
+
+
 def need(ok: bool, reason: str) -> None:
     """Skips (outside CI) or fails (in CI) the current test unless `ok`."""
     if ok:
@@ -91,6 +96,10 @@ class Host:
             "DYNOCAP_HOME": str(self.state),
             "HOME": str(self.home),
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            # Clones the policy lets through go through the egress proxy, which would resolve
+            # these names on the host: send them to a loopback address nothing listens on, so
+            # no test ever sends a DNS query or a packet anywhere else.
+            "DYNOCAP_RESOLVE": ",".join(f"{h}:{p}:127.0.0.9" for h in TEST_GIT_HOSTS for p in (443, 22)),
         }
         env.update(extra or {})
         return env

@@ -178,12 +178,18 @@ async def test_network_flags_for_run(host: Host) -> None:
     log = host.server_log()
     assert "[rule network.filtered]" in log and "[rule network.nat]" in log
     flags = {"DYNOCAP_MCP_ALLOW_FILTERED": "1", "DYNOCAP_MCP_ALLOW_NAT": "1"}
-    async with connect(host, env=flags) as s:
-        # Allowed by the host, not built yet: a clear internal error, never a downgrade.
-        text = err(await s.call_tool("dynocap_run", {"name": "n", "network": "filtered"}), "internal")
-        assert "not available" in text
-        assert ok(await s.call_tool("dynocap_ps", {})) == {"sandboxes": []}
-        ok(await s.call_tool("dynocap_run", {"name": "n", "network": "none"}))
+    async with connect(host, env=dict(flags, DYNOCAP_EGRESS_ALLOW="files.test")) as s:
+        # Allowed by the host: the mode asked for, with its allowlist in the result.
+        sandbox = ok(await s.call_tool("dynocap_run", {"name": "n", "network": "filtered"}))
+        assert sandbox["network"] == "filtered"
+        assert sandbox["egressAllowlist"] == ["registry.npmjs.org", "files.test"]
+        listed = ok(await s.call_tool("dynocap_ps", {}))["sandboxes"]
+        assert [x["egressAllowlist"] for x in listed] == [["registry.npmjs.org", "files.test"]]
+        # A refusal comes back to the command as the proxy's reason (no packet leaves: the
+        # proxy refuses before resolving anything).
+        out = ok(await s.call_tool("dynocap_exec", {"name": "n", "command": "curl -sS https://other.test/ 2>&1; true"}))
+        assert "403" in out["stdout"], out
+        ok(await s.call_tool("dynocap_destroy", {"name": "n"}))
 
 
 async def test_cancelled_exec_is_killed(host: Host) -> None:

@@ -167,7 +167,7 @@ pub async fn clone_repository(
     };
     let known_hosts = target.ssh.then(|| known_hosts_for(&target.host));
     if known_hosts.as_deref() == Some("") {
-        return Err(Error::invalid(format!(
+        return Err(Error::internal(format!(
             "no SSH host key is known for {}: add it to ~/.ssh/known_hosts of the user running dynocap (ssh-keyscan {} and check the fingerprint), or use an https URL",
             target.host, target.host
         )));
@@ -208,10 +208,13 @@ pub async fn clone_repository(
             FrameKind::Error => {
                 let message = strip_userinfo(&agent_error_message(&frame.payload));
                 let _ = std::fs::remove_file(&partial);
-                return Err(Error::invalid(format!(
-                    "cloning {} failed: {message}",
-                    strip_userinfo(url)
-                )));
+                let message = format!("cloning {} failed: {message}", strip_userinfo(url));
+                // CONTRACT: `timeout` for a start-up step that ran out of time.
+                return Err(if message.contains("did not finish within") {
+                    Error::timeout(message)
+                } else {
+                    Error::internal(message)
+                });
             }
             _ => {}
         }

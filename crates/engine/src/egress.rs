@@ -61,11 +61,9 @@ impl EgressSpec {
                 )
                 .chain(added.iter().cloned());
             for entry in entries {
-                let pattern = HostPattern::parse(&entry).map_err(|err| {
-                    Error::invalid(format!(
-                        "allowed host {entry:?}: {err}; give a host name such as example.com or *.example.com"
-                    ))
-                })?;
+                // The pattern's error names the entry and the fix.
+                let pattern = HostPattern::parse(&entry)
+                    .map_err(|err| Error::invalid(format!("egress allowlist: {err}")))?;
                 let text = pattern.to_string();
                 if !allow.contains(&text) {
                     allow.push(text);

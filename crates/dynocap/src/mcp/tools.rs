@@ -407,10 +407,14 @@ cancelling the request stops the start and leaves nothing behind.",
                                   bound until dynocap_rm releases it.",
                 },
                 network(
-                    "\"none\" (default: loopback only), \"filtered\" (HTTPS to the npm \
-                     registry and the task's Git host; needs DYNOCAP_MCP_ALLOW_FILTERED=1 on \
-                     the host) or \"nat\" (unrestricted Internet; needs \
-                     DYNOCAP_MCP_ALLOW_NAT=1). Never silently downgraded.",
+                    "\"none\" (default: loopback only), \"filtered\" (HTTPS on port 443 \
+                     through the host's proxy to the npm registry, the task's Git host and \
+                     hosts the user allowed; commands get HTTPS_PROXY and friends, so npm, \
+                     pip, cargo, git and curl work unchanged; the result lists \
+                     egressAllowlist; needs DYNOCAP_MCP_ALLOW_FILTERED=1 on the host) or \
+                     \"nat\" (unrestricted outbound, without the host's own addresses; needs \
+                     DYNOCAP_MCP_ALLOW_NAT=1). Never silently downgraded. A repositoryUrl is \
+                     cloned through the proxy opened to its host alone, whatever the network.",
                 ),
                 ttl(
                     "Sandbox lifetime, from 30 to 86400 seconds (default 1800). At expiry the \
@@ -563,9 +567,11 @@ value allowed.",
                                   starting with task- or sbx-. Must not be in use.",
                 },
                 network(
-                    "\"none\" (default: loopback only), \"filtered\" (needs \
-                     DYNOCAP_MCP_ALLOW_FILTERED=1 on the host) or \"nat\" (needs \
-                     DYNOCAP_MCP_ALLOW_NAT=1). Never silently downgraded.",
+                    "\"none\" (default: loopback only), \"filtered\" (HTTPS on port 443 \
+                     through the host's proxy to the npm registry and hosts the user allowed; \
+                     the result lists egressAllowlist; needs DYNOCAP_MCP_ALLOW_FILTERED=1 on \
+                     the host) or \"nat\" (unrestricted outbound, without the host's own \
+                     addresses; needs DYNOCAP_MCP_ALLOW_NAT=1). Never silently downgraded.",
                 ),
                 ttl(
                     "Lifetime in seconds, 30 to 86400 (default 1800); the sandbox is destroyed \
@@ -643,7 +649,12 @@ fn sandbox_properties() -> Map<String, Value> {
         "diskMB": { "type": "integer", "description": "Disk limit in MB (absent in records made before disks had a limit)." },
         "ttlSeconds": { "type": "integer" },
         "createdAt": { "type": "string", "description": "RFC 3339." },
-        "expiresAt": { "type": "string", "description": "RFC 3339." }
+        "expiresAt": { "type": "string", "description": "RFC 3339." },
+        "egressAllowlist": {
+            "type": "array",
+            "items": { "type": "string" },
+            "description": "Hosts a filtered sandbox reaches over HTTPS (port 443) through the host's proxy; everything else is refused. Absent for none and nat."
+        }
     }) else {
         return Map::new();
     };
@@ -703,7 +714,9 @@ fn task_schema() -> Value {
                         "required": ["path", "kind", "reason"]
                     }
                 },
-                "skippedTotal": { "type": "integer", "description": "How many paths were skipped in all." }
+                "skippedTotal": { "type": "integer", "description": "How many paths were skipped in all." },
+                "baseCommit": { "type": "string", "description": "The commit the task started from: the project's HEAD, or the commit a repositoryUrl clone checked out. The patch applies to it." },
+                "branch": { "type": "string", "description": "The branch a repositoryUrl clone checked out." }
             },
             "required": ["history", "files", "bytes"]
         }),
@@ -819,7 +832,33 @@ fn finish_schema() -> Value {
             "files": { "type": "integer" },
             "additions": { "type": "integer" },
             "deletions": { "type": "integer" },
-            "sensitivePaths": sensitive_paths_schema()
+            "sensitivePaths": sensitive_paths_schema(),
+            "network": {
+                "type": "object",
+                "description": "What the egress proxy decided, for a task that had one; every decision is in network.jsonl beside the patch.",
+                "properties": {
+                    "hostsReached": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "host": { "type": "string" },
+                                "port": { "type": "integer" },
+                                "connections": { "type": "integer" },
+                                "bytesUp": { "type": "integer" },
+                                "bytesDown": { "type": "integer" }
+                            }
+                        }
+                    },
+                    "refusals": {
+                        "type": "object",
+                        "properties": {
+                            "count": { "type": "integer" },
+                            "first": { "type": "array", "items": { "type": "object" } }
+                        }
+                    }
+                }
+            }
         },
         "required": ["id", "name", "state", "verified", "verifyError", "patchPath", "logPath",
                      "summaryPath", "files", "additions", "deletions", "sensitivePaths"]

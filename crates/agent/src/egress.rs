@@ -57,6 +57,9 @@ pub fn proxy_env(port: u16, ca_bundle: bool) -> Vec<(String, String)> {
             "REQUESTS_CA_BUNDLE",
             "CURL_CA_BUNDLE",
             "CARGO_HTTP_CAINFO",
+            // npm ignores NODE_EXTRA_CA_CERTS for connections through a proxy; its own
+            // setting takes the whole bundle.
+            "npm_config_cafile",
         ] {
             env.push((key, CA_BUNDLE.into()));
         }

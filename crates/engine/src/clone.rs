@@ -49,7 +49,7 @@ impl GitTarget {
             (false, rest)
         } else if let Some(rest) = url.strip_prefix("ssh://") {
             (true, rest)
-        } else if url.contains("://") {
+        } else if url.contains("://") || url.contains("::") {
             return Err(bad("only https and ssh are fetched"));
         } else {
             // scp-like: user@host:path
@@ -72,6 +72,9 @@ impl GitTarget {
         if host.is_empty() {
             return Err("it names no host".into());
         }
+        // IDNA, lowercase, no trailing dot; IP literals are refused (the proxy reaches hosts
+        // by name only).
+        let host = dynocap_netproxy::normalize_host(host).map_err(|err| err.to_string())?;
         let wanted = if ssh { "22" } else { "443" };
         if let Some(port) = port {
             if port != wanted {
@@ -81,10 +84,7 @@ impl GitTarget {
                 ));
             }
         }
-        Ok(Self {
-            host: host.to_ascii_lowercase(),
-            ssh,
-        })
+        Ok(Self { host, ssh })
     }
 }
 

@@ -152,11 +152,11 @@ fn npm_pip_git_and_curl_work_through_filtered_and_are_logged() {
         return;
     }
     let fix = NetFix::start();
-    let home = home_for(&fix, &format!("{PYPI_HOST},*.mirror.test"));
+    let home = home_for(&fix, &format!("{GIT_HOST},{PYPI_HOST},*.mirror.test"));
     let task = filtered_task(&home, "net");
     let id = task_id(&task);
     let allowlist = task[field::EGRESS_ALLOWLIST].to_string();
-    for host in [NPM_HOST, PYPI_HOST, "*.mirror.test"] {
+    for host in [NPM_HOST, GIT_HOST, PYPI_HOST, "*.mirror.test"] {
         assert!(allowlist.contains(host), "{host} not in {allowlist}");
     }
 

@@ -380,10 +380,16 @@ impl HttpsServer {
             dir.join("https.out"),
         );
         daemon.wait_listening(addr, 443)?;
-        Ok(Self {
+        let server = Self {
             _daemon: daemon,
             log,
-        })
+        };
+        // The readiness probe is logged from the connection's thread; wait for it, so a test
+        // counting connections does not count it later.
+        if !crate::wait_until(10, || !server.failed_connections().is_empty()) {
+            return Err("the https server did not log its readiness probe".to_owned());
+        }
+        Ok(server)
     }
 
     fn log_entries(&self) -> Vec<Value> {
@@ -513,6 +519,14 @@ impl SshServer {
             dir.join("sshd.out"),
         );
         daemon.wait_listening(addr, 22)?;
+        // As for the HTTPS server: the probe's log line first, so connection counts start
+        // after it.
+        if !crate::wait_until(10, || daemon.output().contains("Connection closed by")) {
+            return Err(format!(
+                "sshd did not log its readiness probe: {}",
+                daemon.output()
+            ));
+        }
         Ok(Self {
             daemon,
             key,
@@ -529,6 +543,11 @@ impl SshServer {
     /// What sshd logged so far (authentications, sessions).
     pub fn log(&self) -> String {
         self.daemon.output()
+    }
+
+    /// How many connections sshd accepted so far, its readiness probe included.
+    pub fn connections(&self) -> usize {
+        self.log().matches("Connection from").count()
     }
 }
 

@@ -28,7 +28,7 @@ mod field {
     pub const HOSTS_REACHED: &str = "hostsReached";
     pub const REFUSALS: &str = "refusals";
     /// Start result: `source.commit`, the commit a `--repo` clone checked out.
-    pub const SOURCE_COMMIT: &str = "commit";
+    pub const SOURCE_COMMIT: &str = "baseCommit";
 }
 
 /// A home whose `dynocap` commands reach the fixture under its names and trust its CA,
@@ -588,6 +588,28 @@ fn key_marker(key: &Path) -> String {
         .to_owned()
 }
 
+/// A basic regular expression that matches `literal` but not its own text: the first
+/// character goes in brackets (the `grep [f]oo` idiom), so a process whose arguments hold the
+/// pattern is not found by it. `literal` must not contain `'`, being quoted for sh.
+fn not_self_matching(literal: &str) -> String {
+    assert!(!literal.contains('\''), "{literal} is quoted with '");
+    let mut chars = literal.chars();
+    let first = chars.next().expect("a non-empty literal");
+    // Every other character stands for itself in brackets.
+    assert!(
+        !matches!(first, '^' | ']'),
+        "{literal} starts with a bracket-special character"
+    );
+    let mut pattern = format!("[{first}]");
+    for c in chars {
+        if matches!(c, '\\' | '.' | '[' | ']' | '*' | '^' | '$') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern
+}
+
 /// Files under `dir` (recursively) whose bytes contain `needle`.
 fn files_containing(dir: &Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();
@@ -656,9 +678,12 @@ fn repo_over_ssh_uses_the_key_and_leaves_no_trace_of_it() {
     // Gone from the guest: no file holds its bytes (/proc and /sys are not files; /usr is the
     // host's read-only system image, which the key never reached), no process has it in its
     // environment or arguments.
+    // The search's own shell and greps carry its patterns in their command lines, so it uses
+    // patterns that match the marker and the key's path but not themselves.
+    let (marker_re, key_re) = (not_self_matching(&marker), not_self_matching(&key));
     let search = format!(
-        "grep -rlsF --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr -e '{marker}' / ; \
-         cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | grep -caF -e '{marker}' -e '{key}'; true"
+        "grep -rls --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr -e '{marker_re}' / ; \
+         cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | grep -ca -e '{marker_re}' -e '{key_re}'; true"
     );
     let (_, found, _) = run_in(&home, "ssh", &search);
     assert_eq!(found.trim(), "0", "the key is still in the guest: {found}");

@@ -182,6 +182,30 @@ impl Daemon {
         }
     }
 
+    /// Waits until the daemon has printed `needle`. `Err` with its output if it exited first
+    /// or never printed it.
+    fn wait_output(&mut self, needle: &str) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.output().contains(needle) {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Err(format!(
+                    "{} exited ({status}): {}",
+                    self.name,
+                    self.output()
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} did not print {needle:?} after 30 s: {}",
+                    self.name,
+                    self.output()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
     /// What the daemon printed so far.
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()

@@ -291,6 +291,50 @@ fn a_raw_sandbox_gets_the_default_list_plus_allow_host() {
     );
 }
 
+/// A filtered task's allowlist also holds its project's own remotes, when they are on the git
+/// hosts the operator trusts (`DYNOCAP_MCP_GIT_HOSTS`), and nothing else from them. No packet
+/// is sent: only the start result is read.
+#[test]
+fn a_projects_trusted_remotes_join_its_allowlist() {
+    if !require_root("a_projects_trusted_remotes_join_its_allowlist") {
+        return;
+    }
+    let home = TestHome::new().with_env("DYNOCAP_MCP_GIT_HOSTS", "github.com,git.corp.test");
+    let project = home.path().join("project-remotes");
+    write(&project.join("README.md"), "# project\n");
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(["-C", project.to_str().expect("utf-8")])
+            .args(args)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .output()
+            .expect("spawn git");
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    git(&["init", "-q"]);
+    git(&["remote", "add", "origin", "https://GitHub.com/octo/app.git"]);
+    git(&["remote", "add", "corp", "git@git.corp.test:team/app.git"]);
+    git(&["remote", "add", "other", "https://evil.example/x.git"]);
+    let task = home.json(&[
+        "task",
+        "start",
+        project.to_str().expect("utf-8"),
+        "--network",
+        "filtered",
+    ]);
+    let allowlist: Vec<String> = task[field::EGRESS_ALLOWLIST]
+        .as_array()
+        .expect("an allowlist")
+        .iter()
+        .map(|h| h.as_str().expect("a host").to_owned())
+        .collect();
+    assert_eq!(
+        allowlist,
+        ["registry.npmjs.org", "github.com", "git.corp.test"],
+        "{task:#}"
+    );
+}
+
 #[test]
 fn everything_but_https_to_allowed_hosts_is_refused_and_logged() {
     if !require_root("everything_but_https_to_allowed_hosts_is_refused_and_logged") {

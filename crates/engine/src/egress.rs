@@ -23,6 +23,9 @@ use crate::error::{Context, Error, Result};
 pub const PROXY_PORT: u16 = 3128;
 /// Hosts every `filtered` sandbox may reach: the registry npm uses by default.
 pub const DEFAULT_ALLOW: &[&str] = &["registry.npmjs.org"];
+/// Git hosts a task's own remotes may add to its allowlist when `DYNOCAP_MCP_GIT_HOSTS` is
+/// unset (the MCP server's default list of clone hosts).
+pub const DEFAULT_GIT_HOSTS: &str = "github.com,gitlab.com,bitbucket.org";
 /// The system CA bundle the guest's extra CAs are added to (Debian's path).
 const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Largest `DYNOCAP_EXTRA_CA` file.
@@ -46,14 +49,14 @@ impl EgressSpec {
     /// The spec from the operator's environment, hosts the person starting the sandbox added,
     /// and the task's git host. `filtered` selects whether the allowlist applies at all (a
     /// `none` task still clones through the proxy, opened to its git host alone).
-    pub fn from_env(filtered: bool, added: &[String], git_host: Option<&str>) -> Result<Self> {
+    pub fn from_env(filtered: bool, added: &[String], git_hosts: &[String]) -> Result<Self> {
         let mut allow: Vec<String> = Vec::new();
         if filtered {
             let configured = std::env::var("DYNOCAP_EGRESS_ALLOW").unwrap_or_default();
             let entries = DEFAULT_ALLOW
                 .iter()
                 .map(|s| (*s).to_owned())
-                .chain(git_host.map(str::to_owned))
+                .chain(git_hosts.iter().cloned())
                 .chain(
                     split_list(&configured)
                         .map(|e| (e, "DYNOCAP_EGRESS_ALLOW"))
@@ -127,6 +130,25 @@ impl EgressSpec {
         bundle.push_str(&extra);
         Ok(Some(bundle))
     }
+}
+
+/// The hosts of a project's remotes that `DYNOCAP_MCP_GIT_HOSTS` (or its default) names:
+/// they join a `filtered` task's allowlist, so `git fetch` and `git push` of the project's
+/// own remotes work over HTTPS and nothing else is added.
+pub fn remote_hosts(remote_urls: &[String]) -> Vec<String> {
+    let listed = std::env::var("DYNOCAP_MCP_GIT_HOSTS").unwrap_or_else(|_| DEFAULT_GIT_HOSTS.into());
+    let listed: Vec<String> = split_list(&listed)
+        .filter_map(|h| dynocap_netproxy::normalize_host(&h).ok())
+        .collect();
+    let mut hosts = Vec::new();
+    for url in remote_urls {
+        if let Ok(target) = crate::clone::GitTarget::parse(url) {
+            if listed.contains(&target.host) && !hosts.contains(&target.host) {
+                hosts.push(target.host);
+            }
+        }
+    }
+    hosts
 }
 
 /// The policy of a clone: the git host alone, on the port its URL's scheme uses.

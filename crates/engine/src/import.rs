@@ -943,3 +943,45 @@ impl Lister<'_> {
         }
     }
 }
+
+/// Largest `.git/config` read for its remotes.
+const GIT_CONFIG_MAX: u64 = 256 * 1024;
+
+/// The URLs of the project's git remotes (`[remote "…"] url = …` in `.git/config`), read
+/// beneath the project's descriptor without following a symlink. A project without a plain
+/// `.git` directory, or an unreadable config, has none. Only read for its hosts: the values
+/// are never run or fetched from here.
+pub fn remote_urls(project: &ProjectDir) -> Vec<String> {
+    let Ok((file, size, _)) =
+        beneath::open_regular(project.as_fd(), b".git/config", beneath::Resolver::Auto)
+    else {
+        return Vec::new();
+    };
+    if size > GIT_CONFIG_MAX {
+        return Vec::new();
+    }
+    let mut text = String::new();
+    if std::io::Read::read_to_string(&mut std::io::Read::take(file, GIT_CONFIG_MAX), &mut text)
+        .is_err()
+    {
+        return Vec::new();
+    }
+    let mut in_remote = false;
+    let mut urls = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_remote = line.to_ascii_lowercase().starts_with("[remote ");
+            continue;
+        }
+        if !in_remote {
+            continue;
+        }
+        if let Some((key, value)) = line.split_once('=') {
+            let key = key.trim().to_ascii_lowercase();
+            if key == "url" || key == "pushurl" {
+                urls.push(value.trim().trim_matches('"').to_owned());
+            }
+        }
+    }
+    urls
+}

@@ -119,7 +119,7 @@ impl Engine {
         spec.network.ensure_available()?;
         let egress = match spec.network {
             crate::spec::Network::Filtered => {
-                Some(EgressSpec::from_env(true, &spec.allow_hosts, None)?)
+                Some(EgressSpec::from_env(true, &spec.allow_hosts, &[])?)
             }
             _ => EgressSpec::refuse_hosts(&spec.allow_hosts).map(|()| None)?,
         };

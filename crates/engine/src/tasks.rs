@@ -87,12 +87,14 @@ impl Engine {
             crate::ssh_key::read(path)?;
         }
         let filtered = spec.network == crate::spec::Network::Filtered;
+        let mut git_hosts: Vec<String> = git_host.iter().cloned().collect();
+        if let (true, Some(dir)) = (filtered, &project) {
+            // The project's own remotes on the git hosts the operator trusts, so fetch and
+            // push of the project work.
+            git_hosts.extend(crate::egress::remote_hosts(&crate::import::remote_urls(dir)));
+        }
         let egress = if filtered || git_host.is_some() {
-            Some(EgressSpec::from_env(
-                filtered,
-                &spec.allow_hosts,
-                git_host.as_deref(),
-            )?)
+            Some(EgressSpec::from_env(filtered, &spec.allow_hosts, &git_hosts)?)
         } else {
             EgressSpec::refuse_hosts(&spec.allow_hosts)?;
             None

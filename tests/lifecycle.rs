@@ -46,14 +46,14 @@ fn names_and_ranges_are_validated_not_clamped() {
         (vec!["run", "Bad_Name"], "not valid"),
         (
             vec!["run", "ok", "--ttl", "29"],
-            "ttlSeconds 29 is below the minimum 30",
+            "--ttl 29 is below the minimum 30",
         ),
         (
             vec!["run", "ok", "--ttl", "86401"],
-            "ttlSeconds 86401 is above the maximum 86400",
+            "--ttl 86401 is above the maximum 86400",
         ),
-        (vec!["run", "ok", "--cpus", "0"], "cpus 0"),
-        (vec!["run", "ok", "--memory-mb", "1"], "memoryMB 1"),
+        (vec!["run", "ok", "--cpus", "0"], "--cpus 0"),
+        (vec!["run", "ok", "--memory-mb", "1"], "--memory-mb 1"),
         (vec!["run", "ok", "--network", "wifi"], "not a network mode"),
     ] {
         let err = home.json_err(&args);
@@ -63,12 +63,23 @@ fn names_and_ranges_are_validated_not_clamped() {
             "{args:?}: {err}"
         );
     }
-    let err = home.json_err(&["run", "ok", "--network", "filtered"]);
-    assert_eq!(err["code"], "internal");
+    // Allowed hosts only mean something to a filtered sandbox.
+    let err = home.json_err(&["run", "ok", "--allow-host", "example.com"]);
+    assert_eq!(err["code"], "invalid_argument");
     assert!(
-        err["message"].as_str().unwrap().contains("not available"),
+        err["message"].as_str().unwrap().contains("filtered"),
         "{err}"
     );
+    let err = home.json_err(&[
+        "run",
+        "ok",
+        "--network",
+        "filtered",
+        "--allow-host",
+        "*.com",
+    ]);
+    assert_eq!(err["code"], "invalid_argument");
+    assert!(err["message"].as_str().unwrap().contains("*.com"), "{err}");
     assert_eq!(
         home.json(&["ps"])["sandboxes"].as_array().unwrap().len(),
         0,

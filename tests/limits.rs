@@ -258,7 +258,10 @@ fn a_disk_size_out_of_range_is_refused() {
         let err = home.json_err(&["run", "x", "--disk-mb", bad]);
         assert_eq!(err["code"], "invalid_argument", "{err}");
         assert!(
-            err["message"].as_str().expect("message").contains("diskMB"),
+            err["message"]
+                .as_str()
+                .expect("message")
+                .contains("--disk-mb"),
             "{err}"
         );
     }

@@ -136,7 +136,8 @@ impl EgressSpec {
 /// they join a `filtered` task's allowlist, so `git fetch` and `git push` of the project's
 /// own remotes work over HTTPS and nothing else is added.
 pub fn remote_hosts(remote_urls: &[String]) -> Vec<String> {
-    let listed = std::env::var("DYNOCAP_MCP_GIT_HOSTS").unwrap_or_else(|_| DEFAULT_GIT_HOSTS.into());
+    let listed =
+        std::env::var("DYNOCAP_MCP_GIT_HOSTS").unwrap_or_else(|_| DEFAULT_GIT_HOSTS.into());
     let listed: Vec<String> = split_list(&listed)
         .filter_map(|h| dynocap_netproxy::normalize_host(&h).ok())
         .collect();

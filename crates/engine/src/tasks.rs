@@ -91,10 +91,16 @@ impl Engine {
         if let (true, Some(dir)) = (filtered, &project) {
             // The project's own remotes on the git hosts the operator trusts, so fetch and
             // push of the project work.
-            git_hosts.extend(crate::egress::remote_hosts(&crate::import::remote_urls(dir)));
+            git_hosts.extend(crate::egress::remote_hosts(&crate::import::remote_urls(
+                dir,
+            )));
         }
         let egress = if filtered || git_host.is_some() {
-            Some(EgressSpec::from_env(filtered, &spec.allow_hosts, &git_hosts)?)
+            Some(EgressSpec::from_env(
+                filtered,
+                &spec.allow_hosts,
+                &git_hosts,
+            )?)
         } else {
             EgressSpec::refuse_hosts(&spec.allow_hosts)?;
             None

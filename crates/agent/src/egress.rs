@@ -195,7 +195,7 @@ async fn accept_loop(listener: TcpListener, tunnels: Tunnels, outbox: Outbox) {
             }
         };
         let _ = socket.set_nodelay(true);
-        let id = {
+        let (id, tunnel) = {
             let mut map = lock(&tunnels);
             if map.len() >= MAX_TUNNELS {
                 log!("egress: {MAX_TUNNELS} connections are open; closing a new one");
@@ -212,7 +212,6 @@ async fn accept_loop(listener: TcpListener, tunnels: Tunnels, outbox: Outbox) {
             map.insert(id, inbox);
             (id, tunnel)
         };
-        let (id, tunnel) = id;
         outbox
             .send(Frame::new(
                 id,

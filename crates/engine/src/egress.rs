@@ -7,6 +7,7 @@
 //! defaults (the npm registry) and from the task's own git host; never from the guest.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dynocap_netproxy::{
@@ -28,6 +29,9 @@ pub const DEFAULT_ALLOW: &[&str] = &["registry.npmjs.org"];
 pub const DEFAULT_GIT_HOSTS: &str = "github.com,gitlab.com,bitbucket.org";
 /// The system CA bundle the guest's extra CAs are added to (Debian's path).
 const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Tunnels served at once. The agent opens at most 256; this bounds the host's share even if
+/// something else in the guest spoke for it.
+const MAX_TUNNELS: usize = 512;
 /// Largest `DYNOCAP_EXTRA_CA` file.
 const EXTRA_CA_MAX: u64 = 1 << 20;
 
@@ -219,13 +223,22 @@ impl Egress {
     pub async fn open(&self, conn: &AgentConn, policy: Policy) -> Result<()> {
         self.proxy.set_policy(policy);
         let proxy = Arc::clone(&self.proxy);
+        let active = Arc::new(AtomicUsize::new(0));
         let handler: TunnelHandler = Arc::new(move |tunnel, outgoing| {
             let proxy = Arc::clone(&proxy);
+            let active = Arc::clone(&active);
             tokio::spawn(async move {
                 let (near, far) = tokio::io::duplex(256 * 1024);
                 let pumping = tokio::spawn(dynocap_proto::tunnel::pump(tunnel, near, outgoing));
-                proxy.serve(far).await;
+                if active.fetch_add(1, Ordering::AcqRel) < MAX_TUNNELS {
+                    proxy.serve(far).await;
+                } else {
+                    // Closing our end ends the tunnel at once: the guest's client sees EOF.
+                    tracing::warn!("{MAX_TUNNELS} tunnels are open; closing a new one");
+                    drop(far);
+                }
                 let _ = pumping.await;
+                active.fetch_sub(1, Ordering::AcqRel);
             });
         });
         conn.serve_tunnels(handler);

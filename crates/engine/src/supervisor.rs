@@ -844,7 +844,7 @@ async fn start(
     if let Some((egress, spec)) = &egress {
         if record.network == Network::Filtered {
             egress.open(&conn, spec.policy()?).await?;
-            log(&format!("egress open to {}", spec.allow.join(", ")));
+            tracing::info!("egress open to {}", spec.allow.join(", "));
         } else {
             egress.close(&conn).await?;
         }
@@ -1089,10 +1089,4 @@ impl TaskContext {
             tracing::error!("writing the exec log: {err}");
         }
     }
-}
-
-/// An info line in the supervisor's log (the subscriber writes to stderr, which the starter
-/// points at the sandbox's log file). The `tracing` macros, which carry a level, are better.
-pub fn log(message: &str) {
-    tracing::info!("{message}");
 }

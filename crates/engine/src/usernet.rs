@@ -54,10 +54,10 @@ pub fn start(guest_pid: nix::unistd::Pid, state_dir: &Path) -> Result<UserNet> {
         host_children::die_with_parent,
     )
     .map_err(|err| Error::internal(format!("starting the guest's network: {err}")))?;
-    crate::supervisor::log(&format!(
+    tracing::info!(
         "network \"nat\": pasta (pid {}) serves the guest's network namespace",
         usernet.pid().unwrap_or(0)
-    ));
+    );
     std::thread::Builder::new()
         .name("pasta-log".into())
         .spawn(move || relay(stderr))
@@ -80,7 +80,7 @@ fn relay(stderr: impl Read) {
                 let text = String::from_utf8_lossy(&line);
                 let text = text.trim_end();
                 if usernet_log_worthy(text) {
-                    crate::supervisor::log(&format!("pasta: {text}"));
+                    tracing::info!("pasta: {text}");
                 }
             }
         }

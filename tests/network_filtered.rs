@@ -622,6 +622,38 @@ fn repo_over_https_is_the_baseline_with_each_history() {
     );
 }
 
+/// A clone followed by `filtered`: the proxy, opened to the git host alone for the clone,
+/// is then opened to the task's allowlist (which holds the git host), so the task reaches the
+/// repository's host over HTTPS and nothing else.
+#[test]
+fn a_filtered_repo_task_keeps_its_git_host_on_the_allowlist() {
+    if !require_root("a_filtered_repo_task_keeps_its_git_host_on_the_allowlist") {
+        return;
+    }
+    let fix = NetFix::start();
+    let home = home_for(&fix, "");
+    let task = start_repo(
+        &home,
+        &fix.https_repo_url(),
+        &["--network", "filtered", "--name", "fr"],
+    );
+    let allowlist = task[field::EGRESS_ALLOWLIST].to_string();
+    assert!(
+        allowlist.contains(GIT_HOST) && allowlist.contains(NPM_HOST),
+        "{allowlist}"
+    );
+    assert_eq!(
+        ok_in(&home, "fr", &format!("curl -sS --fail https://{GIT_HOST}/")),
+        "dynocap netfix\n"
+    );
+    let refused = fails_in(
+        &home,
+        "fr",
+        &format!("curl -sS --fail https://{OTHER_HOST}/"),
+    );
+    assert!(refused.contains("403"), "{refused}");
+}
+
 /// The second line of a private key file: base64 that appears nowhere else.
 fn key_marker(key: &Path) -> String {
     std::fs::read_to_string(key)

@@ -56,12 +56,21 @@ fn main() {
         assert_eq!(exec["exitCode"], 0, "{command}: {exec:#}");
         exec["stdout"].as_str().expect("stdout").to_owned()
     };
+    let same_bundle = fix.dir().join("system-and-test-ca.pem");
+    let mut bundle = std::fs::read("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    bundle.extend(std::fs::read(&fix.ca.ca_cert).expect("the test CA"));
+    std::fs::write(&same_bundle, bundle).expect("write the bundle");
+    let same_bundle = same_bundle.display().to_string();
     let on_host = |args: &[&str]| -> String {
         let mut cmd = Command::new("curl");
         scrub_client_env(&mut cmd);
         let out = cmd
             .args(["-sS", "--fail"])
             .args(fix.curl_direct())
+            // The guest's curl loads the system bundle plus the test CA (DYNOCAP_EXTRA_CA);
+            // loading ~150 certificates takes longer than a TLS handshake on loopback, so the
+            // baseline loads the same bundle (a later --cacert wins).
+            .args(["--cacert", &same_bundle])
             .args(args)
             .output()
             .expect("curl");

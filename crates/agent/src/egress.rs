@@ -116,7 +116,11 @@ impl Egress {
         env: &EgressEnv,
         outbox: &Outbox,
     ) -> Result<Response, String> {
-        self.stop();
+        // The old listener must be gone (its socket closed) before the port is bound again:
+        // an aborted task is only dropped when the runtime next polls it.
+        if let Some(task) = self.stop() {
+            let _ = task.await;
+        }
         env.set(Vec::new());
         let Some(port) = req.listen_port else {
             return Ok(Response::Egress { listening: false });
@@ -139,19 +143,21 @@ impl Egress {
         Ok(Response::Egress { listening: true })
     }
 
-    /// Stops accepting and ends every open tunnel.
-    pub fn stop(&self) {
-        if let Some(task) = self
+    /// Stops accepting and ends every open tunnel. Returns the aborted listener task, which
+    /// holds the listening socket until it is dropped: await it to be sure the port is free.
+    pub fn stop(&self) -> Option<JoinHandle<()>> {
+        let task = self
             .listener
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+            .take();
+        if let Some(task) = &task {
             task.abort();
         }
         for (_, inbox) in lock(&self.tunnels).drain() {
             inbox.close("the sandbox's egress was turned off");
         }
+        task
     }
 
     /// Routes a frame of a guest-opened stream. Frames for a tunnel that is gone (its last

@@ -418,7 +418,7 @@ impl Server {
 
     /// Kills every exec still running and waits (bounded) for them to finish.
     async fn shutdown(&mut self) {
-        self.egress.stop();
+        let _ = self.egress.stop();
         let stops: Vec<_> = {
             let mut streams = lock(&self.streams);
             // Workers reading input learn that it was cut.

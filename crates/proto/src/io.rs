@@ -17,7 +17,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         Self {
             inner,
             decoder: FrameDecoder::new(),
-            buf: vec![0; 64 * 1024].into_boxed_slice(),
+            buf: vec![0; 256 * 1024].into_boxed_slice(),
         }
     }
 

@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::message::{channel, to_payload, ErrorBody};
-use crate::{Frame, FrameKind, DATA_CHUNK};
+use crate::{Frame, FrameKind};
 
 /// Credit each direction of a tunnel starts with, in cost units (see [`cost`]).
 pub const WINDOW: usize = 4 << 20;
@@ -27,9 +27,17 @@ pub const WINDOW: usize = 4 << 20;
 const FRAME_COST: usize = 64;
 /// Credit is returned in batches of at least this much, not one `Window` frame per data frame.
 const GRANT_BATCH: usize = WINDOW / 8;
+/// Most bytes one data frame of a tunnel carries. Larger than commands' chunks: a download
+/// is bounded by per-frame costs (a wake-up and a write on each side), so fewer, larger
+/// frames move more bytes; still well under the frame bound.
+pub const TUNNEL_CHUNK: usize = 256 * 1024;
+// A full data frame (header, channel byte, chunk) fits the frame bound, and a window holds
+// several of them.
+const _: () =
+    assert!(TUNNEL_CHUNK + 1 + 9 <= crate::MAX_FRAME_LEN && cost(TUNNEL_CHUNK) <= WINDOW / 4);
 
 /// The credit a data frame carrying `len` bytes uses.
-pub fn cost(len: usize) -> usize {
+pub const fn cost(len: usize) -> usize {
     len + FRAME_COST
 }
 
@@ -192,7 +200,7 @@ where
         tokio::spawn(async move {
             let mut sent = 0u64;
             loop {
-                let mut buf = vec![0u8; DATA_CHUNK + 1];
+                let mut buf = vec![0u8; TUNNEL_CHUNK + 1];
                 buf[0] = channel::TUNNEL;
                 let n = match reader.read(&mut buf[1..]).await {
                     Ok(n) => n,
@@ -360,11 +368,11 @@ mod tests {
     #[test]
     fn a_peer_beyond_its_window_is_a_violation() {
         let (inbox, _tunnel) = open(1);
-        let chunk = vec![channel::TUNNEL; DATA_CHUNK + 1];
+        let chunk = vec![channel::TUNNEL; TUNNEL_CHUNK + 1];
         let mut sent = 0;
         loop {
             match inbox.deliver(Frame::new(1, FrameKind::Data, chunk.clone())) {
-                Ok(true) => sent += cost(DATA_CHUNK),
+                Ok(true) => sent += cost(TUNNEL_CHUNK),
                 Ok(false) => panic!("data never ends a tunnel"),
                 Err(Violation(why)) => {
                     assert!(why.contains("beyond its window"), "{why}");
@@ -372,7 +380,7 @@ mod tests {
                 }
             }
         }
-        assert!(sent <= WINDOW && sent + cost(DATA_CHUNK) > WINDOW);
+        assert!(sent <= WINDOW && sent + cost(TUNNEL_CHUNK) > WINDOW);
     }
 
     #[test]

@@ -1,0 +1,210 @@
+"""`repositoryUrl` clones and the network modes end to end over MCP, with the host flags set in
+the server's environment, against the loopback fixtures of netfix.py (a test CA, the HTTPS
+server with git smart HTTP, an sshd serving git):
+
+- an HTTPS clone is the task's baseline (`source.baseCommit`, exec, diff, finish), and a
+  `none` task has no egress afterwards, not even to its git host;
+- a `filtered` clone task reaches its git host and the npm registry only (403 for others), and
+  its finish result reports the hosts reached;
+- an SSH clone with `sshKeyPath` works only with DYNOCAP_MCP_ALLOW_SSH_KEY=1, never echoes
+  the key, and a passphrase-protected key is a clear error that leaves no task;
+- a clone that fails is an `internal:` error with git's message and leaves nothing behind.
+
+Traffic stays on loopback: every name a test uses is resolved through DYNOCAP_RESOLVE to the
+fixture's 127.X.Y.Z (or, for the conftest's other test names, to a loopback address nothing
+listens on), so no DNS query or packet leaves the machine. Needs root."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.client.session import ClientSession
+
+from conftest import Host, connect, err, need, ok, text_of
+from netfix import GIT_HOST, NPM_HOST, OTHER_HOST, REPO, REPO_FILES, SSH_USER, SSHD, NetFix
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("root_needed")]
+
+# What a task's tree must list: the served `main` exactly.
+LIST_FILES = "find . -path ./.git -prune -o -type f -print | sort"
+# A git smart-HTTP request the fixture answers with 200.
+INFO_REFS = f"https://{GIT_HOST}/{REPO}/info/refs?service=git-upload-pack"
+
+
+@pytest.fixture
+def fix() -> Iterator[NetFix]:
+    for tool in ("openssl", "ssh-keygen", "git"):
+        need(shutil.which(tool) is not None, f"{tool} is missing (scripts/install-deps.sh)")
+    need(SSHD.is_file(), f"{SSHD} is missing: install openssh-server (scripts/install-deps.sh)")
+    f = NetFix()
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def server_env(host: Host, fix: NetFix, **flags: str) -> dict[str, str]:
+    """The server's environment: git.test is a trusted git host, every fixture name resolves
+    to the fixture (after the conftest's loopback sinks for the other names), the guest trusts
+    the test CA; plus `flags`."""
+    return {**fix.product_env(host.env()["DYNOCAP_RESOLVE"]), "DYNOCAP_MCP_GIT_HOSTS": GIT_HOST,
+            **flags}
+
+
+async def sh(s: ClientSession, task: str, command: str) -> dict[str, Any]:
+    return ok(await s.call_tool("dynocap_task_exec", {"name": task, "command": command, "timeoutSeconds": 60}))
+
+
+async def ok_sh(s: ClientSession, task: str, command: str) -> str:
+    out = await sh(s, task, command)
+    assert out["exitCode"] == 0, (command, out["stdout"], out["stderr"])
+    return out["stdout"]
+
+
+async def assert_clone_is_the_baseline(s: ClientSession, fix: NetFix, task: dict[str, Any]) -> None:
+    """The task holds `main`'s tree exactly, at its commit; a change shows alone in the diff
+    and finish verifies it."""
+    name = task["name"]
+    assert task["source"]["baseCommit"] == fix.head, task
+    assert (await ok_sh(s, name, LIST_FILES)).splitlines() == sorted(f"./{p}" for p in REPO_FILES)
+    for path, content in REPO_FILES.items():
+        assert await ok_sh(s, name, f"cat {path}") == content
+    assert (await ok_sh(s, name, "git rev-parse HEAD")).strip() == fix.head
+    await ok_sh(s, name, "echo changed >> README.md")
+    diff = await s.call_tool("dynocap_diff", {"target": name})
+    assert not diff.is_error, text_of(diff)
+    assert diff.structured_content["files"] == 1, diff.structured_content
+    patch = diff.structured_content["patch"]
+    assert "README.md" in patch and "+changed" in patch, patch
+
+
+async def finish(s: ClientSession, name: str) -> dict[str, Any]:
+    done = ok(await s.call_tool("dynocap_task_finish", {"id": name}))
+    assert done["state"] == "finished" and done["verified"] is True, done
+    return done
+
+
+async def test_https_clone_then_no_egress(host: Host, fix: NetFix) -> None:
+    url = fix.https_repo_url()
+    async with connect(host, env=server_env(host, fix)) as s:
+        task = ok(await s.call_tool("dynocap_task_start", {"repositoryUrl": url, "name": "https"}))
+        assert task["network"] == "none", task
+        assert task["source"]["repositoryUrl"] == url, task
+        clone = [r for r in fix.requests() if r["path"].startswith(f"/{REPO}/")]
+        assert clone and all(r["sni"] == GIT_HOST for r in clone), fix.https_entries()
+        seen = len(fix.https_entries())
+
+        # No egress after the clone: no name server, and the fixture's address inside the
+        # guest's own network namespace is only the guest's loopback, where nothing listens.
+        by_name = await sh(s, "https", f"curl -sS --max-time 10 {INFO_REFS}")
+        assert by_name["exitCode"] == 6, by_name  # curl: could not resolve host
+        by_addr = await sh(s, "https",
+                           f"curl -sS --max-time 10 --resolve {GIT_HOST}:443:{fix.addr} {INFO_REFS}")
+        assert by_addr["exitCode"] == 7, by_addr  # curl: could not connect
+
+        await assert_clone_is_the_baseline(s, fix, task)
+        done = await finish(s, "https")
+        # The clone's connections are all the task ever made: the curls above never reached
+        # the proxy, not even to be refused.
+        assert {h["host"] for h in done["network"]["hostsReached"]} == {GIT_HOST}, done["network"]
+        assert done["network"]["refusals"]["count"] == 0, done["network"]
+    # Nothing reached the server after the clone, not even a failed handshake.
+    assert fix.https_entries()[seen:] == []
+
+
+async def test_filtered_clone_reaches_its_allowlist_only(host: Host, fix: NetFix) -> None:
+    url = fix.https_repo_url()
+    async with connect(host, env=server_env(host, fix, DYNOCAP_MCP_ALLOW_FILTERED="1")) as s:
+        task = ok(await s.call_tool("dynocap_task_start",
+                                    {"repositoryUrl": url, "name": "filtered", "network": "filtered"}))
+        assert task["network"] == "filtered", task
+        assert sorted(task["egressAllowlist"]) == sorted([GIT_HOST, NPM_HOST]), task
+
+        # The git host, by curl and by git itself through the proxy settings the task has.
+        status = "curl -sS --max-time 20 -o /dev/null -w '%{http_code}'"
+        assert await ok_sh(s, "filtered", f"{status} '{INFO_REFS}'") == "200"
+        refs = await ok_sh(s, "filtered", f"git ls-remote {url}")
+        assert f"{fix.head}\trefs/heads/main" in refs, refs
+        # The npm registry is on the list too (the fixture serves its package document).
+        assert await ok_sh(s, "filtered", f"{status} https://{NPM_HOST}/dynocap-fixture") == "200"
+
+        # A host off the list: the proxy answers CONNECT with 403 and never dials it.
+        before = len(fix.https_entries())
+        other = await sh(s, "filtered",
+                         f"curl -sS --max-time 20 -o /dev/null -w '%{{http_connect}}' https://{OTHER_HOST}/")
+        assert other["exitCode"] != 0 and other["stdout"] == "403", other
+        assert fix.https_entries()[before:] == []
+
+        await assert_clone_is_the_baseline(s, fix, task)
+        done = await finish(s, "filtered")
+    reached = {h["host"] for h in done["network"]["hostsReached"]}
+    assert GIT_HOST in reached and OTHER_HOST not in reached, done["network"]
+    refusals = done["network"]["refusals"]
+    assert refusals["count"] >= 1 and OTHER_HOST in {r["host"] for r in refusals["first"]}, refusals
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and needle in p.read_bytes()]
+
+
+async def test_ssh_clone_with_a_key(host: Host, fix: NetFix) -> None:
+    # The product trusts the host keys of the known_hosts of the user running it.
+    (host.home / ".ssh" / "known_hosts").write_text(fix.known_hosts_line())
+    url = fix.ssh_repo_url()
+    # The key's second line: base64 found nowhere else.
+    marker = fix.key.read_text().splitlines()[1]
+    texts: list[str] = []
+
+    async def start(s: ClientSession, **args: Any) -> Any:
+        result = await s.call_tool("dynocap_task_start", {"repositoryUrl": url, **args})
+        texts.append(text_of(result))
+        return result
+
+    sshd_before = fix.ssh_connections()
+    async with connect(host, env=server_env(host, fix)) as s:
+        text = err(await start(s, sshKeyPath=str(fix.key), name="nokey"), "policy_denied")
+        assert "DYNOCAP_MCP_ALLOW_SSH_KEY" in text, text
+    assert fix.ssh_connections() == sshd_before, fix.sshd_log()
+
+    async with connect(host, env=server_env(host, fix, DYNOCAP_MCP_ALLOW_SSH_KEY="1")) as s:
+        task = ok(await start(s, sshKeyPath=str(fix.key), name="ssh"))
+        # The product records every URL with its userinfo masked (it may hold a token); for
+        # ssh that is the user name.
+        assert task["source"]["repositoryUrl"] == url.replace(f"{SSH_USER}@", "***@"), task
+        assert "Accepted publickey" in fix.sshd_log(), fix.sshd_log()
+        await assert_clone_is_the_baseline(s, fix, task)
+        done = await finish(s, "ssh")
+        texts.append(str(done))
+
+        # A key with a passphrase: refused with a clear message before any connection, and
+        # no task is left.
+        sshd_before = fix.ssh_connections()
+        text = err(await start(s, sshKeyPath=str(fix.passphrase_key), name="locked"), "invalid_argument")
+        assert "protected by a passphrase" in text and str(fix.passphrase_key) in text, text
+        assert fix.ssh_connections() == sshd_before, fix.sshd_log()
+        listed = ok(await s.call_tool("dynocap_ls", {}))
+        assert [t["name"] for t in listed["tasks"]] == ["ssh"], listed
+        texts.append(str(listed))
+
+    for where, text in [*(("a result", t) for t in texts), ("the server log", host.server_log()),
+                        ("sshd's log", fix.sshd_log())]:
+        assert marker not in text, f"the key's content in {where}"
+    assert files_containing(host.state, marker.encode()) == []
+
+
+async def test_a_failed_clone_leaves_nothing(host: Host, fix: NetFix) -> None:
+    missing = fix.https_repo_url("missing.git")
+    async with connect(host, env=server_env(host, fix)) as s:
+        result = await s.call_tool("dynocap_task_start", {"repositoryUrl": missing, "name": "clone"})
+        text = err(result, "internal")
+        # git's own message.
+        assert "not found" in text and "missing.git" in text, text
+        assert ok(await s.call_tool("dynocap_ls", {})) == {"tasks": [], "sandboxes": []}
+        # The name was never taken.
+        task = ok(await s.call_tool("dynocap_task_start",
+                                    {"repositoryUrl": fix.https_repo_url(), "name": "clone"}))
+        assert task["source"]["baseCommit"] == fix.head, task

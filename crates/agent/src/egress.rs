@@ -258,3 +258,56 @@ fn write_ca_bundle(pem: &str) -> Result<(), String> {
     file.write_all(pem.as_bytes())
         .map_err(|err| fail("write", err))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::mpsc;
+
+    fn free_port() -> u16 {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a probe");
+        probe.local_addr().expect("its address").port()
+    }
+
+    fn listen(port: u16) -> EgressRequest {
+        EgressRequest {
+            listen_port: Some(port),
+            ca_bundle: None,
+        }
+    }
+
+    /// The agent's runtime has one thread, as here: an aborted listener holds its socket until
+    /// the runtime drops it, and binding the port again before that failed (a clone's egress
+    /// followed by a filtered sandbox's).
+    #[tokio::test]
+    async fn reconfiguring_frees_the_port_before_binding_it_again() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let outbox = Outbox::for_tests(tx);
+        let (egress, env) = (Egress::default(), EgressEnv::default());
+        let port = free_port();
+        for _ in 0..3 {
+            let answer = egress.configure(listen(port), &env, &outbox).await;
+            assert_eq!(answer, Ok(Response::Egress { listening: true }));
+        }
+        let proxy = format!("http://127.0.0.1:{port}");
+        assert!(env.get().contains(&("HTTPS_PROXY".to_owned(), proxy)));
+
+        // A connection is one tunnel opened towards the host.
+        let _client = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect to the listener");
+        let open = rx.recv().await.expect("an Open frame");
+        assert_eq!(open.kind, FrameKind::Open);
+        assert_ne!(open.stream & GUEST_STREAM_BIT, 0);
+
+        let stopped = EgressRequest {
+            listen_port: None,
+            ca_bundle: None,
+        };
+        let answer = egress.configure(stopped, &env, &outbox).await;
+        assert_eq!(answer, Ok(Response::Egress { listening: false }));
+        assert!(env.get().is_empty(), "no proxy settings without a listener");
+        std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free again");
+        assert!(lock(&egress.tunnels).is_empty(), "its tunnels were closed");
+    }
+}

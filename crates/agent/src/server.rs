@@ -83,6 +83,11 @@ pub struct Outbox {
 }
 
 impl Outbox {
+    #[cfg(test)]
+    pub fn for_tests(tx: mpsc::Sender<Frame>) -> Self {
+        Self { tx }
+    }
+
     pub async fn send(&self, frame: Frame) {
         let _ = self.tx.send(frame).await;
     }

@@ -14,6 +14,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use dynocap_proto::redact::strip_userinfo;
 use dynocap_proto::{CloneRequest, Response};
 use nix::unistd::{fchown, Gid, Uid};
 use tokio::sync::mpsc;
@@ -24,32 +25,6 @@ use crate::fsutil;
 use crate::git::{self, Run};
 use crate::server::{Config, Outbox};
 use crate::spawn::ExecUser;
-
-/// Replaces the user-info part of every URL in `text` (`https://user:token@host` →
-/// `https://***@host`), so a token in a clone URL never reaches a message or a log.
-pub fn strip_userinfo(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find("://") {
-        let (head, tail) = rest.split_at(at + 3);
-        out.push_str(head);
-        let authority_end = tail
-            .find(|c: char| {
-                c == '/' || c == '?' || c == '#' || c.is_whitespace() || c == '\'' || c == '"'
-            })
-            .unwrap_or(tail.len());
-        match tail[..authority_end].rfind('@') {
-            Some(user_end) => {
-                out.push_str("***");
-                out.push_str(&tail[user_end..authority_end]);
-            }
-            None => out.push_str(&tail[..authority_end]),
-        }
-        rest = &tail[authority_end..];
-    }
-    out.push_str(rest);
-    out
-}
 
 /// A fresh private directory for one fetch's secrets, removed on drop.
 struct FetchDir {
@@ -326,25 +301,4 @@ async fn finish(
             .map_err(|err| format!("cannot remove the clone's history: {err}"))?;
     }
     Ok(Response::Cloned { commit, branch })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn userinfo_is_stripped_from_every_url() {
-        assert_eq!(
-            strip_userinfo(
-                "fatal: repository 'https://me:ghp_secret@github.com/a/b.git/' not found"
-            ),
-            "fatal: repository 'https://***@github.com/a/b.git/' not found"
-        );
-        assert_eq!(
-            strip_userinfo("ssh://git@host/x and https://tok@h2/y"),
-            "ssh://***@host/x and https://***@h2/y"
-        );
-        assert_eq!(strip_userinfo("https://host/a@b"), "https://host/a@b");
-        assert_eq!(strip_userinfo("no url here"), "no url here");
-    }
 }

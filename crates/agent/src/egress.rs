@@ -164,25 +164,8 @@ impl Egress {
     /// frames crossing its end) are dropped.
     pub async fn route(&self, frame: Frame, outbox: &Outbox) {
         let id = frame.stream;
-        let violation = {
-            let mut tunnels = lock(&self.tunnels);
-            let Some(inbox) = tunnels.get(&id) else {
-                return;
-            };
-            match inbox.deliver(frame) {
-                Ok(true) => None,
-                Ok(false) => {
-                    tunnels.remove(&id);
-                    None
-                }
-                Err(tunnel::Violation(why)) => {
-                    inbox.close(&why);
-                    tunnels.remove(&id);
-                    Some(why)
-                }
-            }
-        };
-        if let Some(why) = violation {
+        let violation = tunnel::route(&mut lock(&self.tunnels), frame).err();
+        if let Some(tunnel::Violation(why)) = violation {
             log!("tunnel {id:#x}: {why}");
             outbox.send_error(id, why).await;
         }

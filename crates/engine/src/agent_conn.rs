@@ -328,18 +328,7 @@ fn guest_stream(
         handler(tunnel, outgoing.clone());
         return None;
     }
-    let mut tunnels = lock(tunnels);
-    let inbox = tunnels.get(&id)?;
-    match inbox.deliver(frame) {
-        Ok(true) => None,
-        Ok(false) => {
-            tunnels.remove(&id);
-            None
-        }
-        Err(tunnel::Violation(why)) => {
-            inbox.close(&why);
-            tunnels.remove(&id);
-            Some((id, why))
-        }
-    }
+    tunnel::route(&mut lock(tunnels), frame)
+        .err()
+        .map(|tunnel::Violation(why)| (id, why))
 }

@@ -88,28 +88,7 @@ impl GitTarget {
     }
 }
 
-/// `https://user:token@host/…` → `https://***@host/…`, so a token never reaches a message.
-pub fn strip_userinfo(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find("://") {
-        let (head, tail) = rest.split_at(at + 3);
-        out.push_str(head);
-        let end = tail
-            .find(|c: char| matches!(c, '/' | '?' | '#' | '\'' | '"') || c.is_whitespace())
-            .unwrap_or(tail.len());
-        match tail[..end].rfind('@') {
-            Some(user_end) => {
-                out.push_str("***");
-                out.push_str(&tail[user_end..end]);
-            }
-            None => out.push_str(&tail[..end]),
-        }
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
-    out
-}
+pub use dynocap_proto::redact::strip_userinfo;
 
 /// `known_hosts` lines for `host`: the host user's own entries naming it, else the published
 /// keys DynoCap ships for the default git hosts.
@@ -345,14 +324,6 @@ mod tests {
         ] {
             assert!(GitTarget::parse(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn tokens_never_reach_messages() {
-        assert_eq!(
-            strip_userinfo("fatal: 'https://me:ghp_x@h/a' not found"),
-            "fatal: 'https://***@h/a' not found"
-        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod frame;
 pub mod fuzzing;
 mod io;
 mod message;
+pub mod redact;
 pub mod tunnel;
 
 pub use frame::{

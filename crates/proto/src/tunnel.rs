@@ -108,6 +108,31 @@ pub fn open(id: u32) -> (Inbox, Tunnel) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation(pub String);
 
+/// Routes `frame` to its tunnel in `inboxes` and drops the tunnel after its last frame. A
+/// frame for a tunnel that is gone (its last frames crossing its end) is dropped. A peer that
+/// broke the rules ends its tunnel: the violation is returned for the router to tell it.
+pub fn route(
+    inboxes: &mut std::collections::HashMap<u32, Inbox>,
+    frame: Frame,
+) -> Result<(), Violation> {
+    let id = frame.stream;
+    let Some(inbox) = inboxes.get(&id) else {
+        return Ok(());
+    };
+    match inbox.deliver(frame) {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            inboxes.remove(&id);
+            Ok(())
+        }
+        Err(violation) => {
+            inbox.close(&violation.0);
+            inboxes.remove(&id);
+            Err(violation)
+        }
+    }
+}
+
 impl Inbox {
     /// Routes one frame of the tunnel's stream. Never waits. Returns whether the tunnel is
     /// still open for more frames (false after its last frame).

@@ -33,7 +33,9 @@ const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// something else in the guest spoke for it.
 const MAX_TUNNELS: usize = 512;
 /// Largest `DYNOCAP_EXTRA_CA` file.
-const EXTRA_CA_MAX: u64 = 1 << 20;
+const EXTRA_CA_MAX: u64 = 256 * 1024;
+/// Largest bundle sent to the guest: it travels in one request, under the frame bound (1 MiB).
+const CA_BUNDLE_MAX: usize = 900 * 1024;
 
 /// What a sandbox's egress allows, as recorded.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,6 +134,12 @@ impl EgressSpec {
             bundle.push('\n');
         }
         bundle.push_str(&extra);
+        if bundle.len() > CA_BUNDLE_MAX {
+            return Err(Error::invalid(format!(
+                "the guest's CA bundle ({SYSTEM_CA_BUNDLE} plus DYNOCAP_EXTRA_CA) is {} bytes, over the {CA_BUNDLE_MAX} one request carries; give DYNOCAP_EXTRA_CA only the CAs the sandbox needs",
+                bundle.len()
+            )));
+        }
         Ok(Some(bundle))
     }
 }

@@ -128,16 +128,31 @@ pub async fn exec(
         args.timeout_seconds,
         args.tty,
     )?;
-    let result = if task {
-        engine.task_exec(target, &spec).await?
-    } else {
-        engine.exec(target, &spec).await?
-    };
-    if json {
-        print_json(&result);
-    } else {
-        print_exec(&result, spec.timeout_seconds, args.raw);
+    if json || args.tty {
+        // One result object, or a rendered screen: the bounded excerpt, as MCP gets it.
+        let result = if task {
+            engine.task_exec(target, &spec).await?
+        } else {
+            engine.exec(target, &spec).await?
+        };
+        if json {
+            print_json(&result);
+        } else {
+            print_exec(&result, spec.timeout_seconds, args.raw);
+        }
+        return Ok(exit_code_of(&result));
     }
+    // Everything the command prints, as it prints it; the result's excerpt is not shown.
+    let live = crate::exec_output::LiveOutput::new(args.raw);
+    let on_output = |channel, data: &[u8]| live.write(channel, data);
+    let result = if task {
+        engine.task_exec_streaming(target, &spec, &on_output).await
+    } else {
+        engine.exec_streaming(target, &spec, &on_output).await
+    };
+    live.finish();
+    let result = result?;
+    print_end_notes(&result, spec.timeout_seconds);
     Ok(exit_code_of(&result))
 }
 
@@ -156,9 +171,14 @@ fn print_exec(result: &ExecResult, timeout_seconds: u64, raw: bool) {
     if result.truncated {
         let _ = writeln!(stderr, "dynocap: output was truncated to 1 MiB per stream");
     }
+    print_end_notes(result, timeout_seconds);
+}
+
+/// How the command ended, when its exit code alone does not say it.
+fn print_end_notes(result: &ExecResult, timeout_seconds: u64) {
     if result.timed_out {
         let _ = writeln!(
-            stderr,
+            std::io::stderr(),
             "dynocap: command timed out after {timeout_seconds}s; its process group was killed"
         );
     }

@@ -91,10 +91,16 @@ impl Engine {
         if let (true, Some(dir)) = (filtered, &project) {
             // The project's own remotes on the git hosts the operator trusts, so fetch and
             // push of the project work.
-            git_hosts.extend(crate::egress::remote_hosts(&crate::import::remote_urls(dir)));
+            git_hosts.extend(crate::egress::remote_hosts(&crate::import::remote_urls(
+                dir,
+            )));
         }
         let egress = if filtered || git_host.is_some() {
-            Some(EgressSpec::from_env(filtered, &spec.allow_hosts, &git_hosts)?)
+            Some(EgressSpec::from_env(
+                filtered,
+                &spec.allow_hosts,
+                &git_hosts,
+            )?)
         } else {
             EgressSpec::refuse_hosts(&spec.allow_hosts)?;
             None
@@ -125,7 +131,19 @@ impl Engine {
 
     /// Runs a command in a task's workspace (default cwd `/workspace`); logged in exec.jsonl.
     pub async fn task_exec(&self, target: &str, spec: &ExecSpec) -> Result<ExecResult> {
-        self.exec_in(Kind::Task, target, spec, None).await
+        self.exec_in(Kind::Task, target, spec, None, None).await
+    }
+
+    /// As [`Engine::task_exec`], passing all of the command's output to `on_output` as it
+    /// comes (see [`Engine::exec_streaming`]).
+    pub async fn task_exec_streaming(
+        &self,
+        target: &str,
+        spec: &ExecSpec,
+        on_output: crate::sandboxes::OnOutput<'_>,
+    ) -> Result<ExecResult> {
+        self.exec_in(Kind::Task, target, spec, None, Some(on_output))
+            .await
     }
 
     /// As [`Engine::task_exec`], reporting progress while the command runs.
@@ -135,7 +153,8 @@ impl Engine {
         spec: &ExecSpec,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<ExecResult> {
-        self.exec_in(Kind::Task, target, spec, Some(progress)).await
+        self.exec_in(Kind::Task, target, spec, Some(progress), None)
+            .await
     }
 
     /// The patch baseline → working tree and the host's reading of it.

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use dynocap_proto::{channel, from_payload, ExecExit, ExecRequest, FrameKind, Request, Response};
+use dynocap_proto::{
+    channel, exec_window, from_payload, ExecExit, ExecRequest, FrameKind, Request, Response,
+};
 use serde::{Deserialize, Serialize};
 
 use tokio::sync::mpsc;
@@ -72,6 +74,8 @@ pub async fn run(
         // All of it: the tail is kept here, and the agent's own cap keeps only a head.
         output_limit: u64::MAX,
         kill_grace_ms: EXEC_KILL_GRACE_MS,
+        // Streaming waits for its client; a window keeps that wait to this stream alone.
+        output_window: output.is_some(),
     });
     let started = std::time::Instant::now();
     let mut stream = conn.open(&request).await?;
@@ -88,6 +92,8 @@ pub async fn run(
         + Duration::from_millis(EXEC_KILL_GRACE_MS)
         + HOST_SLACK;
 
+    // Window credit consumed and not yet returned to the agent.
+    let mut owed = 0usize;
     let mut last_line = String::new();
     let mut ticks =
         tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
@@ -170,6 +176,14 @@ pub async fn run(
                             cancel_sent = true;
                             stream.cancel().await?;
                         }
+                    }
+                }
+                if output.is_some() {
+                    // Consumed (forwarded, or dropped for a client that is gone): the agent
+                    // may send more.
+                    owed += exec_window::cost(data.len());
+                    if owed >= exec_window::GRANT_BATCH {
+                        stream.grant(std::mem::take(&mut owed)).await?;
                     }
                 }
                 if progress.is_some() {

@@ -218,6 +218,26 @@ fn a_client_that_goes_away_cancels_its_command() {
         );
     }
 
+    // The reader of the CLI's stdout goes away (`dynocap exec … | head -1`): the CLI ends as
+    // of SIGPIPE and the command with it, instead of running on to its timeout.
+    let mut client = home
+        .command()
+        .args(["exec", "st", "--timeout", "600", "--", "exec yes piped"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn dynocap exec");
+    let mut stdout = BufReader::new(client.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("read the first line");
+    assert_eq!(line, "piped\n");
+    drop(stdout);
+    let status = client.wait().expect("reap the client");
+    assert_eq!(status.code(), Some(128 + libc::SIGPIPE));
+    assert!(
+        wait_until(60, || !running(&home, "yes piped")),
+        "the command outlived the pipe"
+    );
+
     // Killed while the command floods a pipe nobody reads: the command is waiting on the
     // client (back-pressure), and still ends with it.
     let mut client = home
@@ -244,4 +264,40 @@ fn a_client_that_goes_away_cancels_its_command() {
         wait_until(60, || !running(&home, "cat /dev/zero")),
         "the flood outlived its client"
     );
+}
+
+#[test]
+fn timeouts_and_out_of_memory_kills_are_told_on_stderr() {
+    if !require_root("timeouts_and_out_of_memory_kills_are_told_on_stderr") {
+        return;
+    }
+    let home = TestHome::new();
+    home.sandbox("small", &["--memory-mb", "64"]);
+    let hog = home.run(&[
+        "exec",
+        "small",
+        "--timeout",
+        "60",
+        "--",
+        "echo before; python3 -c 'x = bytearray(512 * 1024 * 1024)'",
+    ]);
+    let stderr = String::from_utf8_lossy(&hog.stderr);
+    assert_eq!(String::from_utf8_lossy(&hog.stdout), "before\n");
+    assert_eq!(hog.status.code(), Some(128 + 9), "SIGKILL: {stderr}");
+    assert!(
+        stderr.contains("memory limit (64 MB)") && stderr.contains("memoryMB"),
+        "{stderr}"
+    );
+
+    let slow = home.run(&[
+        "exec",
+        "small",
+        "--timeout",
+        "1",
+        "--",
+        "echo started; sleep 100",
+    ]);
+    assert_eq!(slow.status.code(), Some(124));
+    assert_eq!(String::from_utf8_lossy(&slow.stdout), "started\n");
+    assert!(String::from_utf8_lossy(&slow.stderr).contains("timed out after 1s"));
 }

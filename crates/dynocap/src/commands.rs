@@ -138,7 +138,7 @@ pub async fn exec(
         if json {
             print_json(&result);
         } else {
-            print_exec(&result, spec.timeout_seconds, args.raw);
+            print_transcript(&result, spec.timeout_seconds, args.raw);
         }
         return Ok(exit_code_of(&result));
     }
@@ -156,20 +156,16 @@ pub async fn exec(
     Ok(exit_code_of(&result))
 }
 
-/// Writes a command's output as the command itself would have: stdout to stdout, stderr to
-/// stderr, plus a note when it was cut short. A stream that is a terminal gets the output
-/// neutralised (see `terminal.rs`) unless `raw`.
-fn print_exec(result: &ExecResult, timeout_seconds: u64, raw: bool) {
-    let stdout_text = result
-        .stdout
-        .as_deref()
-        .or(result.transcript.as_deref())
-        .unwrap_or("");
-    write_guest_output(&mut std::io::stdout().lock(), stdout_text, raw);
-    let mut stderr = std::io::stderr().lock();
-    write_guest_output(&mut stderr, result.stderr.as_deref().unwrap_or(""), raw);
+/// `--tty`: the rendered screen on stdout, neutralised on a terminal unless `raw` (see
+/// `terminal.rs`), with a note when only its head and tail were kept.
+fn print_transcript(result: &ExecResult, timeout_seconds: u64, raw: bool) {
+    let transcript = result.transcript.as_deref().unwrap_or("");
+    write_guest_output(&mut std::io::stdout().lock(), transcript, raw);
     if result.truncated {
-        let _ = writeln!(stderr, "dynocap: output was truncated to 1 MiB per stream");
+        let _ = writeln!(
+            std::io::stderr(),
+            "dynocap: the transcript was cut to its head and tail; the [… bytes omitted …] line says how much is missing"
+        );
     }
     print_end_notes(result, timeout_seconds);
 }

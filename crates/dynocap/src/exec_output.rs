@@ -1,6 +1,7 @@
 //! A command's output on the user's stdout and stderr while it runs: every byte, in order, as
 //! it arrives. Pipes and files (and `--raw`) get the bytes unchanged; a terminal gets them
 //! neutralised (see `terminal.rs`), with what a piece's cut splits carried to the next piece.
+//! A pipe whose reader went away ends the CLI as SIGPIPE ends a command, and so the command.
 
 use std::io::{IsTerminal, Write};
 use std::sync::{Mutex, PoisonError};
@@ -19,8 +20,7 @@ struct Sink<W> {
     stream: W,
     /// Set when the stream is a terminal and `--raw` was not given.
     neutraliser: Option<Neutraliser>,
-    /// A write failed (the reader went away): the rest is dropped, as the command's own
-    /// output would be.
+    /// A write failed other than with EPIPE (a terminal that went away): the rest is dropped.
     broken: bool,
 }
 
@@ -79,13 +79,19 @@ impl<W: Write + IsTerminal> Sink<W> {
         if self.broken || bytes.is_empty() {
             return;
         }
-        if self
+        match self
             .stream
             .write_all(bytes)
             .and_then(|()| self.stream.flush())
-            .is_err()
         {
-            self.broken = true;
+            Ok(()) => {}
+            // The reader of a pipe is gone (`dynocap exec … | head`): end as a writer in a
+            // pipeline does, of SIGPIPE. Our connection closing cancels the command, which
+            // would otherwise run on to its timeout for nobody.
+            Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {
+                std::process::exit(128 + libc::SIGPIPE)
+            }
+            Err(_) => self.broken = true,
         }
     }
 }

@@ -496,25 +496,30 @@ impl Engine {
         let path = self.home.control_socket(&record.id);
         let deadline = reply_deadline(request);
         let mut expires = tokio::time::Instant::now() + deadline;
+        let too_late = || {
+            Error::internal(format!(
+                "the supervisor of \"{display}\" did not answer within {}s; it may be overloaded or wedged: destroy or remove the sandbox to end it",
+                deadline.as_secs()
+            ))
+        };
         let exchange = async {
-            let mut stream = match UnixStream::connect(&path).await {
-                Ok(stream) => stream,
-                Err(err) => return Err(self.unreachable(record, &path, &err)),
+            let send = async {
+                let mut stream = match UnixStream::connect(&path).await {
+                    Ok(stream) => stream,
+                    Err(err) => return Err(self.unreachable(record, &path, &err)),
+                };
+                write_message(&mut stream, request).await?;
+                Ok(stream)
             };
-            write_message(&mut stream, request).await?;
+            let mut stream = tokio::time::timeout_at(expires, send)
+                .await
+                .map_err(|_| too_late())??;
             let (read, _write) = stream.split();
             let mut reader = BufReader::new(read);
             loop {
-                let message =
-                    match tokio::time::timeout_at(expires, read_message(&mut reader)).await {
-                        Ok(message) => message?,
-                        Err(_) => {
-                            return Err(Error::internal(format!(
-                                "the supervisor of \"{display}\" did not answer within {}s; it may be overloaded or wedged: destroy or remove the sandbox to end it",
-                                deadline.as_secs()
-                            )))
-                        }
-                    };
+                let message = tokio::time::timeout_at(expires, read_message(&mut reader))
+                    .await
+                    .map_err(|_| too_late())??;
                 match message {
                     Some(ControlReply::Progress(report)) => {
                         if let Some(progress) = interim.progress {

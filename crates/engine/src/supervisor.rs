@@ -934,13 +934,7 @@ async fn handle_client(
                 let _ = write_message(&mut write, &ControlReply::Output(chunk)).await;
             }
             let result = result.map(|result| shared.oom.annotate(result, kills_before));
-            if let (
-                true,
-                Ok(ExecResult {
-                    oom_killed: true, ..
-                }),
-            ) = (spec.stream_output, &result)
-            {
+            if spec.stream_output && result.as_ref().is_ok_and(|done| done.oom_killed) {
                 // A streaming client prints the stream, not the result's stderr: tell it there.
                 let note = OutputChunk {
                     channel: OutputChannel::Stderr,

@@ -284,8 +284,10 @@ pub async fn run(
         let quiet_at = (exited && grace_at.is_none())
             .then(|| (ended_at.max(last_data) + QUIET).min(ended_at + DRAIN_CAP));
         // Output that waits only for the host's credit is the host's to take, however slowly
-        // (a streaming client paused on purpose): the drain's cap must not drop it.
-        let starved = quiet_at.is_some()
+        // (a streaming client paused on purpose): the drain's cap must not drop it. Unless the
+        // host cancelled: it may have stopped reading the stream, and returns no more credit.
+        let starved = !cancelled
+            && quiet_at.is_some()
             && window.is_some_and(|w| w.available_permits() < exec_window::cost(READ_CHUNK))
             && output_pending(&outputs, &progress);
         // Once the leader is gone, look now and then whether SIGTERM already emptied the

@@ -10,14 +10,17 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dynocap_proto::{ExecExit, ExecRequest, Frame, FrameKind, DATA_CHUNK, MAX_COMMAND_LEN};
+use dynocap_proto::{
+    exec_window, ExecExit, ExecRequest, Frame, FrameKind, DATA_CHUNK, MAX_COMMAND_LEN,
+};
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore, SemaphorePermit};
 
 use crate::cgroup::ExecCgroup;
 use crate::reaper::ExitStatus;
@@ -197,13 +200,18 @@ enum KillPhase {
 
 /// Runs the exec, streaming its output as `Data` then `Eof` frames on `stream`. Returns the
 /// exit for the `Done` frame, or the message for an `Error` frame when it could not start.
+///
+/// With a `window` (the host asked for flow control), each output frame first takes its cost
+/// from it: when the host stops returning credit, the command's output waits in its pipe.
 pub async fn run(
     req: ExecRequest,
     config: &Config,
     stream: u32,
     outbox: &Outbox,
     mut stop: mpsc::Receiver<Stop>,
+    window: Option<Arc<Semaphore>>,
 ) -> Result<ExecExit, String> {
+    let window = window.as_deref();
     let mut spec = prepare(&req, config)?;
     let cgroup = match &config.exec_cgroups {
         Some(cgroups) => {
@@ -275,6 +283,13 @@ pub async fn run(
         }
         let quiet_at = (exited && grace_at.is_none())
             .then(|| (ended_at.max(last_data) + QUIET).min(ended_at + DRAIN_CAP));
+        // Output that waits only for the host's credit is the host's to take, however slowly
+        // (a streaming client paused on purpose): the drain's cap must not drop it. Unless the
+        // host cancelled: it may have stopped reading the stream, and returns no more credit.
+        let starved = !cancelled
+            && quiet_at.is_some()
+            && window.is_some_and(|w| w.available_permits() < exec_window::cost(READ_CHUNK))
+            && output_pending(&outputs, &progress);
         // Once the leader is gone, look now and then whether SIGTERM already emptied the
         // group, instead of sitting out the whole grace period.
         let grace_check_at = grace_at.map(|at| {
@@ -293,9 +308,15 @@ pub async fn run(
         // Control arms come first: a command flooding its output must not starve its deadline.
         tokio::select! {
             biased;
-            message = stop.recv(), if stop_open && !exited && kill != KillPhase::Killed => {
+            message = stop.recv(), if stop_open && (!exited || window.is_some()) && kill != KillPhase::Killed => {
                 match message {
                     None => stop_open = false,
+                    // Draining for a host that no longer wants the output: stop there.
+                    Some(_) if exited => {
+                        if kill == KillPhase::Idle {
+                            break;
+                        }
+                    }
                     Some(Stop::Cancel) => {
                         if kill == KillPhase::Idle {
                             cancelled = true;
@@ -329,7 +350,7 @@ pub async fn run(
                     Err(_) => log!("exit status of pid {pid} was lost"),
                 }
             }
-            () = sleep_until(quiet_at), if quiet_at.is_some() => {
+            () = sleep_until(quiet_at), if quiet_at.is_some() && !starved => {
                 let now = Instant::now();
                 // Data may be waiting only because the host is slow to read; keep going, up
                 // to the cap.
@@ -339,16 +360,16 @@ pub async fn run(
                     break;
                 }
             }
-            (ready, permit) = wait_output(first, outbox), if first.is_some() => {
+            (ready, permit, credit) = wait_output(first, outbox, window), if first.is_some() => {
                 let got = read_ready(ready, &mut buf);
-                let sink = Sink { stream, channel: outputs[0].channel, limit, permit };
+                let sink = Sink { stream, channel: outputs[0].channel, limit, permit, credit };
                 if handle_read(&mut progress[0], got, &buf, sink, &mut truncated) {
                     last_data = Instant::now();
                 }
             }
-            (ready, permit) = wait_output(second, outbox), if second.is_some() => {
+            (ready, permit, credit) = wait_output(second, outbox, window), if second.is_some() => {
                 let got = read_ready(ready, &mut buf);
-                let sink = Sink { stream, channel: outputs[1].channel, limit, permit };
+                let sink = Sink { stream, channel: outputs[1].channel, limit, permit, credit };
                 if handle_read(&mut progress[1], got, &buf, sink, &mut truncated) {
                     last_data = Instant::now();
                 }
@@ -397,26 +418,56 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Waits until `output` is readable and, when its bytes are still to be sent
-/// (`want_room`), for room in the outbox. Readiness comes first so that idle commands never
-/// sit on outbox slots other streams need. Cancel-safe: nothing is consumed until the caller
-/// reads.
+/// (`want_room`), for the credit a full read may cost (with a `window`) and for room in the
+/// outbox. Readiness comes first so that idle commands never sit on credit or outbox slots.
+/// Cancel-safe: nothing is consumed until the caller reads (an unused credit permit returns
+/// to its window when dropped).
 async fn wait_output<'a>(
     output: Option<(&'a Output, bool)>,
     outbox: &'a Outbox,
+    window: Option<&'a Semaphore>,
 ) -> (
     io::Result<AsyncFdReadyGuard<'a, OwnedFd>>,
     Option<mpsc::Permit<'a, Frame>>,
+    Option<Credit<'a>>,
 ) {
     let Some((output, want_room)) = output else {
         return std::future::pending().await;
     };
     let ready = output.fd.readable().await;
-    let permit = if ready.is_ok() && want_room {
-        outbox.reserve().await
-    } else {
-        None
+    if ready.is_err() || !want_room {
+        return (ready, None, None);
+    }
+    let credit = match window {
+        Some(window) => {
+            let full = exec_window::cost(READ_CHUNK);
+            let need = u32::try_from(full).expect("a read's cost fits u32");
+            match window.acquire_many(need).await {
+                Ok(permit) => Some(Credit { window, permit }),
+                // Closed windows do not exist (it is never closed): read as without one.
+                Err(_) => None,
+            }
+        }
+        None => None,
     };
-    (ready, permit)
+    (ready, outbox.reserve().await, credit)
+}
+
+/// Credit taken for one read: what the frame does not use goes back to the window.
+struct Credit<'a> {
+    window: &'a Semaphore,
+    permit: SemaphorePermit<'a>,
+}
+
+impl Credit<'_> {
+    /// Keeps the cost of a frame of `len` bytes out of the window (until the host returns
+    /// it) and gives the rest back.
+    fn spend(self, len: usize) {
+        let taken = self.permit.num_permits();
+        self.permit.forget();
+        self.window
+            .add_permits(taken.saturating_sub(exec_window::cost(len)));
+    }
 }
 
 /// Where the bytes of one read go.
@@ -426,6 +477,8 @@ struct Sink<'a> {
     limit: u64,
     /// Room in the outbox; `None` while under the limit means the host side is gone.
     permit: Option<mpsc::Permit<'a, Frame>>,
+    /// Flow-controlled execs: the credit for this read.
+    credit: Option<Credit<'a>>,
 }
 
 /// What one read attempt gave.
@@ -485,6 +538,9 @@ fn handle_read(
             payload.push(sink.channel);
             payload.extend_from_slice(&buf[..take]);
             permit.send(Frame::new(sink.stream, FrameKind::Data, payload));
+            if let Some(credit) = sink.credit {
+                credit.spend(take);
+            }
         }
         progress.sent += u64::try_from(take).unwrap_or(u64::MAX);
     }
@@ -606,6 +662,7 @@ mod tests {
             terminal: false,
             output_limit: 1024,
             kill_grace_ms: 0,
+            output_window: false,
         }
     }
 

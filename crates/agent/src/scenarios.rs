@@ -201,6 +201,7 @@ pub(crate) fn req(command: &str) -> ExecRequest {
         terminal: false,
         output_limit: 16 * 1024 * 1024,
         kill_grace_ms: 100,
+        output_window: false,
     }
 }
 

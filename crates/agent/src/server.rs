@@ -14,11 +14,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use dynocap_proto::{
-    channel, from_payload, to_payload, ErrorBody, Frame, FrameKind, FrameReader, FrameWriter,
-    Hello, ProtoError, Request, Response, CONTROL_STREAM, GUEST_STREAM_BIT, PROTOCOL_VERSION,
+    channel, exec_window, from_payload, to_payload, ErrorBody, Frame, FrameKind, FrameReader,
+    FrameWriter, Hello, ProtoError, Request, Response, CONTROL_STREAM, GUEST_STREAM_BIT,
+    PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::cgroup::ExecCgroups;
@@ -124,6 +125,9 @@ struct Streams {
     /// Where the host's INPUT bytes go, for streams that take input and have not had their
     /// `Eof` yet. Dropping a sender (cancel, shutdown) tells the consumer the input was cut.
     inputs: HashMap<u32, mpsc::Sender<Input>>,
+    /// The output credit of flow-controlled execs ([`dynocap_proto::exec_window`]), which the
+    /// host's `Window` frames add to.
+    windows: HashMap<u32, Arc<Semaphore>>,
     recent: VecDeque<u32>,
     recent_set: HashSet<u32>,
 }
@@ -139,6 +143,7 @@ impl Streams {
     fn finish(&mut self, id: u32) {
         self.active.remove(&id);
         self.inputs.remove(&id);
+        self.windows.remove(&id);
         if self.recent_set.insert(id) {
             self.recent.push_back(id);
             if self.recent.len() > RECENT_STREAMS {
@@ -283,8 +288,23 @@ impl Server {
                     let _ = tx.send(item).await;
                 }
             }
+            FrameKind::Window => {
+                let window = lock(&self.streams).windows.get(&id).cloned();
+                let credit = exec_window::parse(&frame.payload);
+                match (window, credit) {
+                    // More credit than the window holds is a confused host: ignoring it keeps
+                    // the bound that protects the host's queues.
+                    (Some(window), Some(credit))
+                        if window.available_permits() + credit <= exec_window::WINDOW =>
+                    {
+                        window.add_permits(credit);
+                    }
+                    // A grant racing with the end of its exec, or a malformed one.
+                    _ => log!("ignoring a Window frame from the host on stream {id}"),
+                }
+            }
             // Only the agent sends these. Answering an Error with an Error could ping-pong.
-            FrameKind::Done | FrameKind::Error | FrameKind::Hello | FrameKind::Window => {
+            FrameKind::Done | FrameKind::Error | FrameKind::Hello => {
                 log!(
                     "ignoring a {:?} frame from the host on stream {id}",
                     frame.kind
@@ -318,10 +338,15 @@ impl Server {
             Request::Ping => self.outbox.send_done(id, &Response::Pong).await,
             Request::Exec(req) => {
                 let (stop_rx, _) = self.register(id, false);
+                let window = req.output_window.then(|| {
+                    let window = Arc::new(Semaphore::new(exec_window::WINDOW));
+                    lock(&self.streams).windows.insert(id, Arc::clone(&window));
+                    window
+                });
                 let config = Arc::clone(&self.config);
                 let outbox = self.outbox.clone();
                 self.spawn_stream(id, async move {
-                    exec::run(req, &config, id, &outbox, stop_rx)
+                    exec::run(req, &config, id, &outbox, stop_rx, window)
                         .await
                         .map(Response::Exit)
                 });

@@ -79,6 +79,7 @@ fn run(host: &mut Host, stream: u32, command: &str) -> (String, Response) {
         terminal: false,
         output_limit: 1 << 20,
         kill_grace_ms: 100,
+        output_window: false,
     };
     host.send(&Frame::new(
         stream,
@@ -235,6 +236,103 @@ fn as_pid_1_it_reaps_orphans_and_ends_cleanly() {
         assert!(Instant::now() < until, "zombies remain: {zombies}");
     }
     // EOF: the agent kills everything left (the setsid sleep too) and exits 0.
+    host.sock
+        .shutdown(std::net::Shutdown::Write)
+        .expect("half-close");
+    let status = wait_with_deadline(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0));
+}
+
+/// A flow-controlled exec sends no more output than its window until the host returns
+/// credit, the channel stays free for other streams meanwhile, and every byte still comes.
+#[test]
+fn a_windowed_exec_waits_for_credit_without_stalling_the_channel() {
+    use dynocap_proto::exec_window;
+
+    let (ours, theirs) = UnixStream::pair().expect("socketpair");
+    let mut child = start_agent(&theirs, &["--home", "/tmp"]);
+    drop(theirs);
+    ours.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let mut host = Host {
+        sock: ours,
+        decoder: FrameDecoder::new(),
+    };
+    assert_eq!(host.recv().kind, FrameKind::Hello);
+
+    const TOTAL: usize = 20_000_000;
+    let exec = ExecRequest {
+        command: format!("head -c {TOTAL} /dev/zero"),
+        cwd: "/".into(),
+        env: vec![],
+        timeout_ms: 120_000,
+        terminal: false,
+        output_limit: u64::MAX,
+        kill_grace_ms: 100,
+        output_window: true,
+    };
+    host.send(&Frame::new(
+        1,
+        FrameKind::Open,
+        to_payload(&Request::Exec(exec.clone())),
+    ));
+    // No credit returned yet: while another command runs for a second (ample time for 20 MB
+    // without a window), everything that comes fits the window, and the other command's end
+    // comes through.
+    let other = ExecRequest {
+        command: "sleep 1".into(),
+        output_window: false,
+        ..exec.clone()
+    };
+    host.send(&Frame::new(
+        2,
+        FrameKind::Open,
+        to_payload(&Request::Exec(other)),
+    ));
+    let (mut received, mut used) = (0, 0);
+    loop {
+        let frame = host.recv();
+        if frame.stream == 2 {
+            match frame.kind {
+                FrameKind::Eof => continue,
+                FrameKind::Done => break,
+                other => panic!("unexpected {other:?}: {frame:?}"),
+            }
+        }
+        assert_eq!((frame.stream, frame.kind), (1, FrameKind::Data));
+        received += frame.payload.len() - 1;
+        used += exec_window::cost(frame.payload.len() - 1);
+        assert!(used <= exec_window::WINDOW, "{used} beyond the window");
+    }
+    assert!(received < TOTAL, "the exec waited for credit");
+
+    // Credit back as the output is taken: all of it arrives.
+    host.send(&exec_window::grant(1, used));
+    let mut owed = 0;
+    let exit = loop {
+        let frame = host.recv();
+        assert_eq!(frame.stream, 1);
+        match frame.kind {
+            FrameKind::Data => {
+                received += frame.payload.len() - 1;
+                owed += exec_window::cost(frame.payload.len() - 1);
+                if owed >= exec_window::GRANT_BATCH {
+                    host.send(&exec_window::grant(1, std::mem::take(&mut owed)));
+                }
+            }
+            FrameKind::Eof => {}
+            FrameKind::Done => {
+                break from_payload::<Response>("response", &frame.payload).expect("exit")
+            }
+            other => panic!("unexpected {other:?}: {frame:?}"),
+        }
+    };
+    assert!(
+        matches!(exit, Response::Exit(ref e) if e.exit_code == Some(0) && !e.truncated),
+        "{exit:?}"
+    );
+    assert_eq!(received, TOTAL, "every byte came");
+
     host.sock
         .shutdown(std::net::Shutdown::Write)
         .expect("half-close");

@@ -128,37 +128,53 @@ pub async fn exec(
         args.timeout_seconds,
         args.tty,
     )?;
-    let result = if task {
-        engine.task_exec(target, &spec).await?
-    } else {
-        engine.exec(target, &spec).await?
-    };
-    if json {
-        print_json(&result);
-    } else {
-        print_exec(&result, spec.timeout_seconds, args.raw);
+    if json || args.tty {
+        // One result object, or a rendered screen: the bounded excerpt, as MCP gets it.
+        let result = if task {
+            engine.task_exec(target, &spec).await?
+        } else {
+            engine.exec(target, &spec).await?
+        };
+        if json {
+            print_json(&result);
+        } else {
+            print_transcript(&result, spec.timeout_seconds, args.raw);
+        }
+        return Ok(exit_code_of(&result));
     }
+    // Everything the command prints, as it prints it; the result's excerpt is not shown.
+    let live = crate::exec_output::LiveOutput::new(args.raw);
+    let on_output = |channel, data: &[u8]| live.write(channel, data);
+    let result = if task {
+        engine.task_exec_streaming(target, &spec, &on_output).await
+    } else {
+        engine.exec_streaming(target, &spec, &on_output).await
+    };
+    live.finish();
+    let result = result?;
+    print_end_notes(&result, spec.timeout_seconds);
     Ok(exit_code_of(&result))
 }
 
-/// Writes a command's output as the command itself would have: stdout to stdout, stderr to
-/// stderr, plus a note when it was cut short. A stream that is a terminal gets the output
-/// neutralised (see `terminal.rs`) unless `raw`.
-fn print_exec(result: &ExecResult, timeout_seconds: u64, raw: bool) {
-    let stdout_text = result
-        .stdout
-        .as_deref()
-        .or(result.transcript.as_deref())
-        .unwrap_or("");
-    write_guest_output(&mut std::io::stdout().lock(), stdout_text, raw);
-    let mut stderr = std::io::stderr().lock();
-    write_guest_output(&mut stderr, result.stderr.as_deref().unwrap_or(""), raw);
+/// `--tty`: the rendered screen on stdout, neutralised on a terminal unless `raw` (see
+/// `terminal.rs`), with a note when only its head and tail were kept.
+fn print_transcript(result: &ExecResult, timeout_seconds: u64, raw: bool) {
+    let transcript = result.transcript.as_deref().unwrap_or("");
+    write_guest_output(&mut std::io::stdout().lock(), transcript, raw);
     if result.truncated {
-        let _ = writeln!(stderr, "dynocap: output was truncated to 1 MiB per stream");
+        let _ = writeln!(
+            std::io::stderr(),
+            "dynocap: the transcript was cut to its head and tail; the [… bytes omitted …] line says how much is missing"
+        );
     }
+    print_end_notes(result, timeout_seconds);
+}
+
+/// How the command ended, when its exit code alone does not say it.
+fn print_end_notes(result: &ExecResult, timeout_seconds: u64) {
     if result.timed_out {
         let _ = writeln!(
-            stderr,
+            std::io::stderr(),
             "dynocap: command timed out after {timeout_seconds}s; its process group was killed"
         );
     }

@@ -6,6 +6,7 @@ mod cli;
 mod commands;
 mod docs;
 mod doctor;
+mod exec_output;
 mod logging;
 mod mcp;
 mod output;

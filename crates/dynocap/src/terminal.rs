@@ -7,6 +7,10 @@
 //!
 //! Colours (SGR) are neutralised like the rest: telling a harmless SGR from the rest means
 //! parsing every terminal's dialect, and a single mistake hands the guest the terminal.
+//!
+//! Streamed output arrives in pieces cut anywhere; [`Neutraliser`] carries what a cut splits
+//! (a UTF-8 character, a CR whose LF is in the next piece) so the result is the same as for
+//! the whole text at once.
 
 use std::fmt::Write;
 
@@ -37,6 +41,72 @@ pub fn neutralise(text: &str) -> String {
     out
 }
 
+/// [`neutralise`] for text that arrives in pieces of bytes. Escape sequences need no carrying:
+/// each control character is rendered on its own, so a sequence split over two pieces comes
+/// out as it would whole.
+#[derive(Debug, Default)]
+pub struct Neutraliser {
+    /// The start of a UTF-8 character the last piece ended in the middle of (at most 3 bytes).
+    partial: Vec<u8>,
+    /// The last piece ended with CR: kept only if the next one starts with LF.
+    carriage_return: bool,
+}
+
+impl Neutraliser {
+    /// The neutralised text of `bytes`, minus what waits for the next piece. Bytes that are not
+    /// UTF-8 become U+FFFD, as `String::from_utf8_lossy` makes them.
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        let mut pending = std::mem::take(&mut self.partial);
+        pending.extend_from_slice(bytes);
+        let mut text = String::with_capacity(pending.len() + 1);
+        if std::mem::take(&mut self.carriage_return) {
+            text.push('\r');
+        }
+        let mut rest = &pending[..];
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(valid) => {
+                    text.push_str(valid);
+                    break;
+                }
+                Err(err) => {
+                    let (valid, after) = rest.split_at(err.valid_up_to());
+                    // `valid_up_to` marks the end of the longest valid prefix.
+                    text.push_str(std::str::from_utf8(valid).expect("checked valid prefix"));
+                    match err.error_len() {
+                        Some(bad) => {
+                            text.push(char::REPLACEMENT_CHARACTER);
+                            rest = &after[bad..];
+                        }
+                        // Cut inside a character: finish it with the next piece.
+                        None => {
+                            self.partial = after.to_vec();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if text.ends_with('\r') {
+            text.pop();
+            self.carriage_return = true;
+        }
+        neutralise(&text)
+    }
+
+    /// What is left once the stream ended: a cut character as U+FFFD, a final CR as `^M`.
+    pub fn finish(&mut self) -> String {
+        let mut text = String::new();
+        if std::mem::take(&mut self.carriage_return) {
+            text.push('\r');
+        }
+        if !std::mem::take(&mut self.partial).is_empty() {
+            text.push(char::REPLACEMENT_CHARACTER);
+        }
+        neutralise(&text)
+    }
+}
+
 /// C1 controls (U+0080..U+009F): terminals in UTF-8 mode may take U+009B as CSI, U+009D as
 /// OSC, U+0090 as DCS, and so on.
 fn is_c1(c: char) -> bool {
@@ -54,7 +124,7 @@ fn is_bidi_control(c: char) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::neutralise;
+    use super::{neutralise, Neutraliser};
 
     /// Nothing a terminal could act on survives: no C0 but newline, tab and CR before LF, no
     /// DEL, no C1, no bidi control.
@@ -120,5 +190,36 @@ mod tests {
     fn every_control_character_is_neutralised() {
         let all: String = (0u32..0x3000).filter_map(char::from_u32).collect();
         assert_inert(&neutralise(&all));
+    }
+
+    /// Every way of cutting `bytes` in two gives what the whole does.
+    fn assert_cuts_agree(bytes: &[u8]) {
+        let whole = neutralise(&String::from_utf8_lossy(bytes));
+        for cut in 0..=bytes.len() {
+            let mut n = Neutraliser::default();
+            let (a, b) = bytes.split_at(cut);
+            let pieces = n.push(a) + &n.push(b) + &n.finish();
+            assert_eq!(pieces, whole, "cut at {cut} of {bytes:?}");
+        }
+    }
+
+    #[test]
+    fn pieces_cut_anywhere_come_out_as_the_whole() {
+        assert_cuts_agree("é ✓ 😀 ünï".as_bytes());
+        assert_cuts_agree(b"\x1b]52;c;eA==\x07 \x1b[2J\xc2\x9b2J \xe2\x80\xaeRLO");
+        assert_cuts_agree(b"line\r\nlone\rcr\r");
+        assert_cuts_agree(b"bad \xff\xfe utf8 \xe2\x80 cut \xf0\x9f\x98");
+    }
+
+    #[test]
+    fn a_split_character_and_a_split_crlf_wait_for_their_ends() {
+        let mut n = Neutraliser::default();
+        assert_eq!(n.push(b"caf\xc3"), "caf");
+        assert_eq!(n.push(b"\xa9 \xc2"), "é ");
+        // U+009B (8-bit CSI) split over two pieces is still shown as a C1 control.
+        assert_eq!(n.push(b"\x9b2J\r"), "<U+009B>2J");
+        assert_eq!(n.push(b"\nnext\r"), "\r\nnext");
+        assert_eq!(n.push(b"x\xe2\x80"), "^Mx");
+        assert_eq!(n.finish(), "\u{FFFD}");
     }
 }

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dynocap_proto::{
-    channel, from_payload, to_payload, tunnel, ErrorBody, Frame, FrameKind, FrameReader,
-    FrameWriter, GuestRequest, Hello, Request, CONTROL_STREAM, DATA_CHUNK, GUEST_STREAM_BIT,
-    PROTOCOL_VERSION,
+    channel, exec_window, from_payload, to_payload, tunnel, ErrorBody, Frame, FrameKind,
+    FrameReader, FrameWriter, GuestRequest, Hello, Request, CONTROL_STREAM, DATA_CHUNK,
+    GUEST_STREAM_BIT, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
@@ -32,8 +32,10 @@ pub type TunnelHandler = Arc<dyn Fn(tunnel::Tunnel, mpsc::Sender<Frame>) + Send 
 const AGENT_PING_INTERVAL: Duration = Duration::from_secs(3);
 const AGENT_PING_DEADLINE: Duration = Duration::from_secs(20);
 
-/// Frames buffered per stream before the reader waits for that stream's consumer.
-const STREAM_QUEUE: usize = 256;
+/// Frames buffered per stream before the reader waits for that stream's consumer (which
+/// stalls every stream). A flow-controlled exec never has more in flight than this: its
+/// window's frames plus its `Eof`s and last frame.
+const STREAM_QUEUE: usize = exec_window::MAX_FRAMES_IN_FLIGHT + 8;
 
 #[derive(Clone)]
 pub struct AgentConn {
@@ -217,6 +219,12 @@ impl AgentStream {
     /// Asks the agent to stop this stream's work.
     pub async fn cancel(&self) -> Result<()> {
         self.send(FrameKind::Cancel, Vec::new()).await
+    }
+
+    /// Returns `credit` of a flow-controlled exec's output window to the agent.
+    pub async fn grant(&self, credit: usize) -> Result<()> {
+        let frame = exec_window::grant(self.id, credit);
+        self.send(frame.kind, frame.payload).await
     }
 
     /// A handle that feeds bytes into this stream's input channel from blocking code (a

@@ -1,6 +1,8 @@
 //! The control protocol between clients (CLI, MCP server) and a sandbox's supervisor: one
 //! JSON request line per connection on the supervisor's unix socket, one JSON reply line.
 //! Closing the connection before the reply cancels the request (an exec is killed).
+//! Before its one final reply, a request may get interim lines: progress, and for an exec
+//! that asked for it, its output as it comes.
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -10,7 +12,8 @@ use crate::exec::ExecResult;
 use crate::spec::ExecSpec;
 
 /// Longest line either side accepts; an exec request carries the command (≤ 256 KiB) and
-/// a reply carries up to 2 MiB of output, JSON-escaped.
+/// a reply carries up to 2 MiB of output, JSON-escaped (a streamed [`OutputChunk`] is at most
+/// 64 KiB, about 88 KiB in base64).
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -34,12 +37,50 @@ pub enum ControlReply {
     /// Sent before the final reply of a request that asked for progress (an exec with
     /// `report_progress`); any number of them.
     Progress(crate::task_spec::Progress),
+    /// Sent while an exec with `stream_output` runs: the next piece of its stdout or stderr,
+    /// in the order the supervisor received them. Any number of them, before the final reply.
+    Output(OutputChunk),
     Pong,
     Exec(ExecResult),
     Destroyed,
     Diff(crate::task_spec::DiffResult),
     Finished(crate::task_spec::FinishResult),
     Error(Error),
+}
+
+/// Which stream of a command a piece of streamed output comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputChannel {
+    Stdout,
+    Stderr,
+}
+
+/// A piece of a command's output, exactly as the guest wrote it (guest data: never trusted as
+/// text). At most [`dynocap_proto::DATA_CHUNK`] bytes, one agent frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputChunk {
+    pub channel: OutputChannel,
+    /// Base64 on the wire: JSON strings cannot carry arbitrary bytes.
+    #[serde(with = "base64_bytes")]
+    pub data: Vec<u8>,
+}
+
+mod base64_bytes {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 impl ControlReply {
@@ -87,4 +128,33 @@ pub async fn write_message<T: Serialize, W: AsyncWrite + Unpin>(
         .write_all(&bytes)
         .await
         .map_err(|err| Error::internal(format!("writing to the supervisor socket: {err}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn output_chunks_carry_any_bytes_within_one_line() {
+        let data: Vec<u8> = (0..=255u8)
+            .cycle()
+            .take(dynocap_proto::DATA_CHUNK)
+            .collect();
+        let reply = ControlReply::Output(OutputChunk {
+            channel: OutputChannel::Stderr,
+            data: data.clone(),
+        });
+        let mut wire = Vec::new();
+        write_message(&mut wire, &reply).await.expect("encode");
+        assert!(wire.len() < 100 * 1024, "one chunk is one short line");
+        assert_eq!(wire.iter().filter(|&&b| b == b'\n').count(), 1);
+        let mut reader = BufReader::new(&wire[..]);
+        match read_message::<ControlReply, _>(&mut reader).await {
+            Ok(Some(ControlReply::Output(chunk))) => {
+                assert_eq!(chunk.channel, OutputChannel::Stderr);
+                assert_eq!(chunk.data, data);
+            }
+            other => panic!("expected the chunk back, got {other:?}"),
+        }
+    }
 }

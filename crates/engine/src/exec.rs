@@ -6,10 +6,15 @@
 
 use std::time::Duration;
 
-use dynocap_proto::{channel, from_payload, ExecExit, ExecRequest, FrameKind, Request, Response};
+use dynocap_proto::{
+    channel, exec_window, from_payload, ExecExit, ExecRequest, FrameKind, Request, Response,
+};
 use serde::{Deserialize, Serialize};
 
+use tokio::sync::mpsc;
+
 use crate::agent_conn::{agent_error_message, agent_gone, AgentConn};
+use crate::control::{OutputChannel, OutputChunk};
 use crate::error::{Error, Result};
 use crate::excerpt::{excerpt_str, Excerpt};
 use crate::spec::{ExecSpec, OutputEncoding, EXEC_KILL_GRACE_MS};
@@ -47,11 +52,17 @@ const TERMINAL_SCROLLBACK: usize = 10_000;
 
 /// Runs `spec` through `conn`. `cancelled` resolves when the caller gave up (client
 /// disconnected); the command is then killed and its partial result returned.
+///
+/// With `output`, every piece of stdout and stderr is also sent there as it comes, whole. The
+/// queue is bounded and this waits for room: a client that reads slowly slows the command
+/// down (the agent waits, then the command blocks on its pipe) instead of the supervisor
+/// buffering without bound.
 pub async fn run(
     conn: &AgentConn,
     spec: &ExecSpec,
     cancelled: impl std::future::Future<Output = ()>,
     progress: Option<&(dyn Fn(Progress) + Send + Sync)>,
+    output: Option<&mpsc::Sender<OutputChunk>>,
 ) -> Result<ExecResult> {
     let limit = usize::try_from(spec.max_output_bytes).unwrap_or(usize::MAX);
     let request = Request::Exec(ExecRequest {
@@ -63,6 +74,8 @@ pub async fn run(
         // All of it: the tail is kept here, and the agent's own cap keeps only a head.
         output_limit: u64::MAX,
         kill_grace_ms: EXEC_KILL_GRACE_MS,
+        // Streaming waits for its client; a window keeps that wait to this stream alone.
+        output_window: output.is_some(),
     });
     let started = std::time::Instant::now();
     let mut stream = conn.open(&request).await?;
@@ -79,6 +92,8 @@ pub async fn run(
         + Duration::from_millis(EXEC_KILL_GRACE_MS)
         + HOST_SLACK;
 
+    // Window credit consumed and not yet returned to the agent.
+    let mut owed = 0usize;
     let mut last_line = String::new();
     let mut ticks =
         tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
@@ -98,11 +113,19 @@ pub async fn run(
             }
             () = tokio::time::sleep_until(hard_deadline) => {
                 let _ = stream.cancel().await;
-                stderr.push(format!(
+                let note = format!(
                     "\ndynocap: the sandbox's guest agent did not report the end of this command within {}s of its {}s timeout, so the host answers for it; the command may still be running. The guest may be stopped or overloaded: destroy the sandbox if this persists.\n",
                     HOST_SLACK.as_secs() + EXEC_KILL_GRACE_MS / 1000,
                     spec.timeout_seconds
-                ).as_bytes());
+                );
+                stderr.push(note.as_bytes());
+                if let Some(sink) = output {
+                    // Never waits: the host is answering for a guest that stopped.
+                    let _ = sink.try_send(OutputChunk {
+                        channel: OutputChannel::Stderr,
+                        data: note.into_bytes(),
+                    });
+                }
                 break ExecExit {
                     exit_code: None,
                     signal: None,
@@ -121,11 +144,47 @@ pub async fn run(
                 let Some((&chan, data)) = frame.payload.split_first() else {
                     continue;
                 };
-                match chan {
-                    channel::STDOUT => stdout.push(data),
-                    channel::STDERR => stderr.push(data),
-                    channel::TERMINAL => terminal.push(data),
-                    _ => {}
+                let streamed = match chan {
+                    channel::STDOUT => {
+                        stdout.push(data);
+                        Some(OutputChannel::Stdout)
+                    }
+                    channel::STDERR => {
+                        stderr.push(data);
+                        Some(OutputChannel::Stderr)
+                    }
+                    channel::TERMINAL => {
+                        terminal.push(data);
+                        None
+                    }
+                    _ => None,
+                };
+                if let (Some(sink), Some(which), false) = (output, streamed, cancel_sent) {
+                    let chunk = OutputChunk {
+                        channel: which,
+                        data: data.to_vec(),
+                    };
+                    // Waiting here for a slow client is the back-pressure; a client that goes
+                    // away meanwhile still cancels the command.
+                    tokio::select! {
+                        sent = sink.send(chunk) => if sent.is_err() {
+                            // The connection's writer stopped: the client is gone.
+                            cancel_sent = true;
+                            stream.cancel().await?;
+                        },
+                        () = &mut cancelled => {
+                            cancel_sent = true;
+                            stream.cancel().await?;
+                        }
+                    }
+                }
+                if output.is_some() {
+                    // Consumed (forwarded, or dropped for a client that is gone): the agent
+                    // may send more.
+                    owed += exec_window::cost(data.len());
+                    if owed >= exec_window::GRANT_BATCH {
+                        stream.grant(std::mem::take(&mut owed)).await?;
+                    }
                 }
                 if progress.is_some() {
                     if let Some(line) = latest_line(data) {

@@ -11,7 +11,7 @@ use tokio::io::BufReader;
 use tokio::net::UnixStream;
 
 use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
-use crate::control::{read_message, write_message, ControlReply, ControlRequest};
+use crate::control::{read_message, write_message, ControlReply, ControlRequest, OutputChannel};
 use crate::egress::EgressSpec;
 use crate::error::{Context, Error, ErrorCode, Result};
 use crate::exec::ExecResult;
@@ -327,7 +327,7 @@ impl Engine {
 
     /// Runs a command in a raw sandbox (default cwd `/`).
     pub async fn exec(&self, name: &str, spec: &ExecSpec) -> Result<ExecResult> {
-        self.exec_in(Kind::Raw, name, spec, None).await
+        self.exec_in(Kind::Raw, name, spec, None, None).await
     }
 
     /// As [`Engine::exec`], reporting progress (time so far, the latest line of output) every
@@ -338,7 +338,22 @@ impl Engine {
         spec: &ExecSpec,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<ExecResult> {
-        self.exec_in(Kind::Raw, name, spec, Some(progress)).await
+        self.exec_in(Kind::Raw, name, spec, Some(progress), None)
+            .await
+    }
+
+    /// As [`Engine::exec`], passing every piece of the command's stdout and stderr to
+    /// `on_output` as it arrives, all of it, in order. `on_output` may block (a slow pipe): the
+    /// command then waits for it. The result still holds the bounded excerpt. A terminal
+    /// command (`spec.terminal`) streams nothing: its transcript is a rendered screen.
+    pub async fn exec_streaming(
+        &self,
+        name: &str,
+        spec: &ExecSpec,
+        on_output: OnOutput<'_>,
+    ) -> Result<ExecResult> {
+        self.exec_in(Kind::Raw, name, spec, None, Some(on_output))
+            .await
     }
 
     /// Runs a command in a live sandbox of the given kind (tasks also log it).
@@ -348,14 +363,20 @@ impl Engine {
         name: &str,
         spec: &ExecSpec,
         progress: Option<&(dyn Fn(Progress) + Send + Sync)>,
+        on_output: Option<OnOutput<'_>>,
     ) -> Result<ExecResult> {
         let record = self.live_record(name, kind)?;
         let spec = ExecSpec {
             report_progress: progress.is_some(),
+            stream_output: on_output.is_some() && !spec.terminal,
             ..spec.clone()
         };
+        let interim = Interim {
+            progress,
+            output: on_output,
+        };
         match self
-            .call_reporting(&record, &ControlRequest::Exec { spec }, progress)
+            .call_with(&record, &ControlRequest::Exec { spec }, interim)
             .await?
         {
             ControlReply::Exec(result) => Ok(result),
@@ -459,32 +480,57 @@ impl Engine {
         record: &Record,
         request: &ControlRequest,
     ) -> Result<ControlReply> {
-        self.call_reporting(record, request, None).await
+        self.call_with(record, request, Interim::default()).await
     }
 
-    /// As [`Engine::call`], passing the supervisor's progress lines to `progress`.
-    pub(crate) async fn call_reporting(
+    /// As [`Engine::call`], passing the supervisor's interim lines (progress, streamed output)
+    /// to `interim`. Streamed output shows the supervisor is alive, so each piece moves the
+    /// deadline on: a slow reader of a long stream is not taken for a wedged supervisor.
+    pub(crate) async fn call_with(
         &self,
         record: &Record,
         request: &ControlRequest,
-        progress: Option<&(dyn Fn(Progress) + Send + Sync)>,
+        interim: Interim<'_>,
     ) -> Result<ControlReply> {
         let display = record.name.as_deref().unwrap_or(&record.id);
         let path = self.home.control_socket(&record.id);
+        let deadline = reply_deadline(request);
+        let mut expires = tokio::time::Instant::now() + deadline;
+        let too_late = || {
+            Error::internal(format!(
+                "the supervisor of \"{display}\" did not answer within {}s; it may be overloaded or wedged: destroy or remove the sandbox to end it",
+                deadline.as_secs()
+            ))
+        };
         let exchange = async {
-            let mut stream = match UnixStream::connect(&path).await {
-                Ok(stream) => stream,
-                Err(err) => return Err(self.unreachable(record, &path, &err)),
+            let send = async {
+                let mut stream = match UnixStream::connect(&path).await {
+                    Ok(stream) => stream,
+                    Err(err) => return Err(self.unreachable(record, &path, &err)),
+                };
+                write_message(&mut stream, request).await?;
+                Ok(stream)
             };
-            write_message(&mut stream, request).await?;
+            let mut stream = tokio::time::timeout_at(expires, send)
+                .await
+                .map_err(|_| too_late())??;
             let (read, _write) = stream.split();
             let mut reader = BufReader::new(read);
             loop {
-                match read_message::<ControlReply, _>(&mut reader).await? {
+                let message = tokio::time::timeout_at(expires, read_message(&mut reader))
+                    .await
+                    .map_err(|_| too_late())??;
+                match message {
                     Some(ControlReply::Progress(report)) => {
-                        if let Some(progress) = progress {
+                        if let Some(progress) = interim.progress {
                             progress(report);
                         }
+                    }
+                    Some(ControlReply::Output(chunk)) => {
+                        if let Some(output) = interim.output {
+                            output(chunk.channel, &chunk.data);
+                        }
+                        expires = tokio::time::Instant::now() + deadline;
                     }
                     Some(reply) => return Ok(reply),
                     None => {
@@ -495,14 +541,8 @@ impl Engine {
                 }
             }
         };
-        let deadline = reply_deadline(request);
         tokio::select! {
-            reply = tokio::time::timeout(deadline, exchange) => reply.unwrap_or_else(|_| {
-                Err(Error::internal(format!(
-                    "the supervisor of \"{display}\" did not answer within {}s; it may be overloaded or wedged: destroy or remove the sandbox to end it",
-                    deadline.as_secs()
-                )))
-            }),
+            reply = exchange => reply,
             err = watch_supervisor(record, display) => Err(err),
         }
     }
@@ -795,6 +835,16 @@ impl Drop for StartGuard {
         let _ = std::fs::remove_dir_all(crate::finish::results_dir(self.home.root(), &self.id));
         let _ = catalog.delete(&self.id);
     }
+}
+
+/// Receives streamed exec output: which stream, and the bytes exactly as the guest wrote them.
+pub type OnOutput<'a> = &'a (dyn Fn(OutputChannel, &[u8]) + Send + Sync);
+
+/// What a caller does with the lines a supervisor sends before its reply.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Interim<'a> {
+    pub progress: Option<&'a (dyn Fn(Progress) + Send + Sync)>,
+    pub output: Option<OnOutput<'a>>,
 }
 
 /// How long a supervisor may take to answer `request`. Long requests (a command, a diff, a

@@ -249,6 +249,11 @@ pub struct ExecSpec {
     /// Send progress (time so far, the latest line of output) while the command runs.
     #[serde(default)]
     pub report_progress: bool,
+    /// Send every byte of stdout and stderr while the command runs
+    /// ([`crate::control::ControlReply::Output`]), unbounded; the final result still carries
+    /// the bounded excerpt. Not for terminal commands (their transcript is a rendered screen).
+    #[serde(default)]
+    pub stream_output: bool,
 }
 
 /// How output travels in an Exec result.
@@ -372,6 +377,7 @@ impl ExecSpec {
             max_output_bytes: EXEC_OUTPUT_LIMIT,
             output_encoding: OutputEncoding::Utf8,
             report_progress: false,
+            stream_output: false,
         })
     }
 

@@ -24,7 +24,9 @@ use tokio::sync::mpsc;
 use crate::agent_conn::AgentConn;
 use crate::backend::{self, BootSpec, Guest};
 use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
-use crate::control::{read_message, write_message, ControlReply, ControlRequest};
+use crate::control::{
+    read_message, write_message, ControlReply, ControlRequest, OutputChannel, OutputChunk,
+};
 use crate::egress::Egress;
 use crate::error::{Context, Error, Result};
 use crate::exec::ExecResult;
@@ -44,6 +46,9 @@ const AGENT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
 pub const NETWORK_LOG: &str = "network.jsonl";
 /// Output kept per stream in a task's exec log: its head and tail, as an MCP caller gets it.
 const LOG_OUTPUT_BYTES: usize = 32 * 1024;
+/// Pieces of streamed exec output (each at most 64 KiB) held for a client that reads slowly
+/// before the command is made to wait: 4 MiB per streaming exec.
+const STREAM_QUEUE_CHUNKS: usize = 64;
 /// How long requests still being served may take to answer once the sandbox has ended.
 const DRAIN_CLIENTS: Duration = Duration::from_secs(10);
 
@@ -898,26 +903,45 @@ async fn handle_client(
                 spec.timeout_seconds
             );
             let kills_before = shared.oom.kills();
-            let result = if spec.report_progress {
-                // Progress lines go out on this connection while the command runs.
-                let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<Progress>();
-                let report = move |p: Progress| {
-                    let _ = progress_tx.send(p);
-                };
-                let run = exec::run(conn, &spec, client_gone, Some(&report));
-                tokio::pin!(run);
-                loop {
-                    tokio::select! {
-                        result = &mut run => break result,
-                        Some(p) = progress_rx.recv() => {
-                            let _ = write_message(&mut write, &ControlReply::Progress(p)).await;
-                        }
+            // Progress lines and streamed output go out on this connection while the command
+            // runs. Output waits for the client (bounded queue); progress is a few small lines.
+            let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<Progress>();
+            let report: &(dyn Fn(Progress) + Send + Sync) = &move |p: Progress| {
+                let _ = progress_tx.send(p);
+            };
+            let (output_tx, mut output_rx) = mpsc::channel::<OutputChunk>(STREAM_QUEUE_CHUNKS);
+            let run = exec::run(
+                conn,
+                &spec,
+                client_gone,
+                spec.report_progress.then_some(report),
+                (spec.stream_output && !spec.terminal).then_some(&output_tx),
+            );
+            tokio::pin!(run);
+            let result = loop {
+                tokio::select! {
+                    result = &mut run => break result,
+                    Some(p) = progress_rx.recv() => {
+                        let _ = write_message(&mut write, &ControlReply::Progress(p)).await;
+                    }
+                    Some(chunk) = output_rx.recv() => {
+                        let _ = write_message(&mut write, &ControlReply::Output(chunk)).await;
                     }
                 }
-            } else {
-                exec::run(conn, &spec, client_gone, None).await
+            };
+            // Output queued before the end goes out before the final reply.
+            while let Ok(chunk) = output_rx.try_recv() {
+                let _ = write_message(&mut write, &ControlReply::Output(chunk)).await;
             }
-            .map(|result| shared.oom.annotate(result, kills_before));
+            let result = result.map(|result| shared.oom.annotate(result, kills_before));
+            if spec.stream_output && result.as_ref().is_ok_and(|done| done.oom_killed) {
+                // A streaming client prints the stream, not the result's stderr: tell it there.
+                let note = OutputChunk {
+                    channel: OutputChannel::Stderr,
+                    data: shared.oom.note().into_bytes(),
+                };
+                let _ = write_message(&mut write, &ControlReply::Output(note)).await;
+            }
             sync_layer(shared.state_dir.clone()).await;
             // A command cut off by the sandbox's end is told why, not that the agent is gone.
             let result = match (result, shared.ending.get()) {
@@ -981,6 +1005,14 @@ impl OomWatch {
             .and_then(|n| n.trim().parse().ok())
     }
 
+    /// What a command's stderr gets when the memory limit killed part of it.
+    fn note(&self) -> String {
+        format!(
+            "\ndynocap: the sandbox's memory limit ({} MB) killed a process of this command (out of memory); start the sandbox with more memory (memoryMB) if it needs more.\n",
+            self.memory_mb
+        )
+    }
+
     fn annotate(&self, mut result: ExecResult, before: Option<u64>) -> ExecResult {
         let (Some(before), Some(after)) = (before, self.kills()) else {
             return result;
@@ -992,10 +1024,7 @@ impl OomWatch {
         if result.exit_code == Some(137) || result.signal.is_none() && result.exit_code.is_none() {
             result.signal = Some("SIGKILL".to_owned());
         }
-        let note = format!(
-            "\ndynocap: the sandbox's memory limit ({} MB) killed a process of this command (out of memory); start the sandbox with more memory (memoryMB) if it needs more.\n",
-            self.memory_mb
-        );
+        let note = self.note();
         for text in [&mut result.stderr, &mut result.transcript]
             .into_iter()
             .flatten()

@@ -131,7 +131,19 @@ impl Engine {
 
     /// Runs a command in a task's workspace (default cwd `/workspace`); logged in exec.jsonl.
     pub async fn task_exec(&self, target: &str, spec: &ExecSpec) -> Result<ExecResult> {
-        self.exec_in(Kind::Task, target, spec, None).await
+        self.exec_in(Kind::Task, target, spec, None, None).await
+    }
+
+    /// As [`Engine::task_exec`], passing all of the command's output to `on_output` as it
+    /// comes (see [`Engine::exec_streaming`]).
+    pub async fn task_exec_streaming(
+        &self,
+        target: &str,
+        spec: &ExecSpec,
+        on_output: crate::sandboxes::OnOutput<'_>,
+    ) -> Result<ExecResult> {
+        self.exec_in(Kind::Task, target, spec, None, Some(on_output))
+            .await
     }
 
     /// As [`Engine::task_exec`], reporting progress while the command runs.
@@ -141,7 +153,8 @@ impl Engine {
         spec: &ExecSpec,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<ExecResult> {
-        self.exec_in(Kind::Task, target, spec, Some(progress)).await
+        self.exec_in(Kind::Task, target, spec, Some(progress), None)
+            .await
     }
 
     /// The patch baseline → working tree and the host's reading of it.

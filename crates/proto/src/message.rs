@@ -167,6 +167,11 @@ pub struct ExecRequest {
     pub output_limit: u64,
     /// Grace period between SIGTERM and SIGKILL when the deadline passes or on cancel.
     pub kill_grace_ms: u64,
+    /// Output is flow-controlled ([`crate::exec_window`]): sent only against credit the host
+    /// returns as it consumes it. Sent only when set, so other requests stay readable by an
+    /// agent that predates it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_window: bool,
 }
 
 /// How a stream finished successfully.
@@ -254,6 +259,7 @@ mod tests {
             terminal: false,
             output_limit: 10,
             kill_grace_ms: 100,
+            output_window: false,
         });
         let bytes = to_payload(&req);
         assert_eq!(from_payload::<Request>("request", &bytes).unwrap(), req);

@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import time
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -139,6 +141,37 @@ async def test_a_running_exec_reports_progress_with_its_latest_output(host: Host
         messages = [m or "" for _, _, m in seen]
         assert any("building part" in m for m in messages), messages
         assert all("\x1b" not in m for m in messages), "escapes are stripped"
+
+
+async def test_progress_keeps_a_command_longer_than_the_clients_timeout_alive(host: Host) -> None:
+    """A client that resets its request timeout on every progress notification (as the MCP
+    TypeScript SDK's resetTimeoutOnProgress does) never gives up on a command that runs longer
+    than that timeout: the server reports progress while the command runs."""
+    client_timeout = 10.0
+    async with connect(host) as s:
+        ok(await s.call_tool("dynocap_run", {"name": "long"}))
+        last = anyio.current_time()
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            nonlocal last
+            last = anyio.current_time()
+
+        result: Any = None
+        async with anyio.create_task_group() as group:
+            async def call() -> None:
+                nonlocal result
+                result = await s.call_tool(
+                    "dynocap_exec",
+                    {"name": "long", "command": "sleep 25; echo done", "timeoutSeconds": 120},
+                    progress_callback=on_progress)
+                group.cancel_scope.cancel()
+
+            group.start_soon(call)
+            while True:
+                await anyio.sleep(0.5)
+                silent = anyio.current_time() - last
+                assert silent < client_timeout, f"no progress for {silent:.1f}s: such a client gives up"
+        assert ok(result)["stdout"] == "done\n"
 
 
 async def test_default_exec_timeout_is_30_seconds(host: Host) -> None:

@@ -356,7 +356,11 @@ impl BaselineIndex {
             .context(format_args!("opening {}", tar_path.display()))?;
         let mut archive = tar::Archive::new(std::io::BufReader::new(file));
         let mut files = HashMap::new();
-        for entry in archive.entries().context("reading the baseline copy")? {
+        // Seeking past the contents it does not keep: O(entries), not O(bytes), on finish's path.
+        for entry in archive
+            .entries_with_seek()
+            .context("reading the baseline copy")?
+        {
             let mut entry = entry.context("reading the baseline copy")?;
             let Ok(path) = entry.path().map(|p| p.to_string_lossy().into_owned()) else {
                 continue;

@@ -1,7 +1,8 @@
 //! Sandbox benchmarks, each beside its baseline in the same run (ratios, not absolute times):
 //! 1. `dynocap run` + `exec true` + `destroy` vs `bwrap --unshare-all … true`;
 //! 2. exec round trip of `true` on a running sandbox, through the engine's client API and
-//!    through the `dynocap exec` process, vs spawning `sh -c true` on the host;
+//!    through the `dynocap exec` process, vs spawning `sh -c true` on the host; and of
+//!    `sleep 1 & true` (a background job holding the output) vs `true`;
 //! 3. resident memory of an idle sandbox's supervisor + agent.
 //!
 //! Run with `scripts/bench.sh` (builds the release binaries first). Needs root and bwrap.
@@ -105,7 +106,23 @@ fn main() {
             .expect("sh")
             .success());
     });
+    // A command that leaves a background job holding its output returns when it exits, not
+    // after a quiet period: the same round trip as `true`.
+    let exec_bg =
+        ExecSpec::new("sleep 1 & true", None, "/", Vec::new(), None, false).expect("exec spec");
+    let background = sample(100, |_| {
+        let result = runtime
+            .block_on(engine.exec("hot", &exec_bg))
+            .expect("exec");
+        assert_eq!(result.exit_code, Some(0));
+    });
     report("exec true via client API", &api, "host sh -c true", &host);
+    report(
+        "exec 'sleep 1 & true' via client API",
+        &background,
+        "exec true via client API",
+        &api,
+    );
     report(
         "exec true via dynocap exec",
         &process,

@@ -1,7 +1,9 @@
 //! Task benchmarks, each beside the floor a user would reach by hand, in one run:
 //! 1. `task start` vs `git clone --no-local` + copying the untracked files;
 //! 2. `task diff` after 50 changed files vs plain `git diff` on the same tree;
-//! 3. the supervisor's peak resident memory during an import.
+//! 3. `task finish` of that 50-file patch, and its verification step vs `git apply --check`
+//!    of the same patch on a checkout;
+//! 4. the supervisor's peak resident memory during an import.
 //!
 //! On a generated 20,000-file / 200 MB repository with 500 commits, and on a real source tree
 //! (a crate from ~/.cargo/registry, committed into a repository).
@@ -170,8 +172,65 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
         "{label}: supervisor peak RSS during import {:.1} MiB",
         peak_rss_kib as f64 / 1024.0
     );
-    dynocap(&["rm", "b3", "--force", "--purge"]);
+
+    // Finish of the same 50-file patch, and its verification step beside `git apply --check`
+    // of that patch on a pristine checkout. The host's baseline copy is taken before finish
+    // removes the sandbox's files, to time the verification again on its own.
+    let baseline_copy = scratch.join("baseline-copy.tar");
+    let baseline = find_file(home.path(), "baseline.tar").expect("the task's baseline.tar");
+    std::fs::copy(&baseline, &baseline_copy).expect("copy baseline.tar");
+    let started = Instant::now();
+    let finished = dynocap(&["--json", "task", "finish", "b3"]);
+    let finish = started.elapsed();
+    let result: serde_json::Value =
+        serde_json::from_slice(&finished.stdout).expect("finish prints JSON");
+    assert_eq!(result["verified"], true, "{result}");
+    let patch = PathBuf::from(result["patchPath"].as_str().expect("patchPath"));
+    let verify = sample(5, |_| {
+        dynocap_engine::finish::verify(&baseline_copy, &patch, &scratch.join("verify-scratch"))
+            .expect("the patch verifies");
+    });
+    git(&clone, &["checkout", "-q", "--", "."]);
+    let check = sample(5, |_| {
+        git(
+            &clone,
+            &["apply", "--check", patch.to_str().expect("utf-8 path")],
+        );
+    });
+    println!(
+        "{label}: task finish (50-file patch) {:.0} ms (target < 1000 ms)",
+        finish.as_secs_f64() * 1e3
+    );
+    report(
+        &format!("{label}: finish's verification (50-file patch)"),
+        &verify,
+        "git apply --check on a checkout",
+        &check,
+    );
+    println!("target: verification ratio <= 1.5x");
+    let _ = Command::new(bins.join("dynocap"))
+        .args(["rm", "b3", "--force", "--purge"])
+        .env("DYNOCAP_HOME", home.path())
+        .output();
+    let _ = std::fs::remove_file(&baseline_copy);
     let _ = std::fs::remove_dir_all(&clone);
+}
+
+/// The first file named `name` under `dir`.
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let kind = entry.file_type().ok()?;
+        if kind.is_file() && entry.file_name() == name {
+            return Some(path);
+        }
+        if kind.is_dir() {
+            if let Some(found) = find_file(&path, name) {
+                return Some(found);
+            }
+        }
+    }
+    None
 }
 
 /// Polls the RSS of every supervisor under a DYNOCAP_HOME while a start runs.

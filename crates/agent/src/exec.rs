@@ -40,11 +40,12 @@ const DEFAULT_HOME: &str = "/home/sandbox";
 const READ_CHUNK: usize = 32 * 1024;
 const _: () = assert!(READ_CHUNK <= DATA_CHUNK);
 
-/// After the leader exits, output still arriving is collected until this long passes without
-/// any, so that a background process holding the pipe open cannot hold the exec.
-const QUIET: Duration = Duration::from_millis(100);
-/// Upper bound for that drain, so that a background process that never stops writing cannot
-/// hold the exec either.
+/// After the leader exits, its output is drained: read until nothing more is there right now
+/// (what it wrote before exiting is already in the pipe, or, for a terminal, is flushed to
+/// the master by the read itself), so a background process holding the pipe open cannot hold
+/// the exec. This bounds that drain, so that a background process that never stops writing,
+/// or a host slow to take the output, cannot hold it either; output that only waits for a
+/// streaming client's credit is not cut (the client takes it at its pace).
 const DRAIN_CAP: Duration = Duration::from_secs(1);
 /// Longest grace period between SIGTERM and SIGKILL honoured (one day).
 const MAX_GRACE_MS: u64 = 24 * 60 * 60 * 1000;
@@ -266,7 +267,6 @@ pub async fn run(
     let mut exited = false;
     let mut status: Option<ExitStatus> = None;
     let mut ended_at = started;
-    let mut last_data = started;
     let mut kill = KillPhase::Idle;
     let mut stop_open = true;
     let (mut timed_out, mut cancelled, mut truncated) = (false, false, false);
@@ -281,15 +281,20 @@ pub async fn run(
         if exited && grace_at.is_none() && !progress.iter().any(|p| p.open) {
             break;
         }
-        let quiet_at = (exited && grace_at.is_none())
-            .then(|| (ended_at.max(last_data) + QUIET).min(ended_at + DRAIN_CAP));
+        // The leader is gone and nothing it wrote is left unread: what arrives later is the
+        // background's, which the exec does not wait for.
+        if exited && grace_at.is_none() && !output_pending(&outputs, &progress) {
+            break;
+        }
         // Output that waits only for the host's credit is the host's to take, however slowly
         // (a streaming client paused on purpose): the drain's cap must not drop it. Unless the
         // host cancelled: it may have stopped reading the stream, and returns no more credit.
         let starved = !cancelled
-            && quiet_at.is_some()
+            && exited
+            && grace_at.is_none()
             && window.is_some_and(|w| w.available_permits() < exec_window::cost(READ_CHUNK))
             && output_pending(&outputs, &progress);
+        let drain_cap_at = (exited && grace_at.is_none() && !starved).then(|| ended_at + DRAIN_CAP);
         // Once the leader is gone, look now and then whether SIGTERM already emptied the
         // group, instead of sitting out the whole grace period.
         let grace_check_at = grace_at.map(|at| {
@@ -350,29 +355,16 @@ pub async fn run(
                     Err(_) => log!("exit status of pid {pid} was lost"),
                 }
             }
-            () = sleep_until(quiet_at), if quiet_at.is_some() && !starved => {
-                let now = Instant::now();
-                // Data may be waiting only because the host is slow to read; keep going, up
-                // to the cap.
-                if now < ended_at + DRAIN_CAP && output_pending(&outputs, &progress) {
-                    last_data = now;
-                } else {
-                    break;
-                }
-            }
+            () = sleep_until(drain_cap_at), if drain_cap_at.is_some() => break,
             (ready, permit, credit) = wait_output(first, outbox, window), if first.is_some() => {
                 let got = read_ready(ready, &mut buf);
                 let sink = Sink { stream, channel: outputs[0].channel, limit, permit, credit };
-                if handle_read(&mut progress[0], got, &buf, sink, &mut truncated) {
-                    last_data = Instant::now();
-                }
+                handle_read(&mut progress[0], got, &buf, sink, &mut truncated);
             }
             (ready, permit, credit) = wait_output(second, outbox, window), if second.is_some() => {
                 let got = read_ready(ready, &mut buf);
                 let sink = Sink { stream, channel: outputs[1].channel, limit, permit, credit };
-                if handle_read(&mut progress[1], got, &buf, sink, &mut truncated) {
-                    last_data = Instant::now();
-                }
+                handle_read(&mut progress[1], got, &buf, sink, &mut truncated);
             }
         }
     }
@@ -511,21 +503,21 @@ fn read_ready(ready: io::Result<AsyncFdReadyGuard<'_, OwnedFd>>, buf: &mut [u8])
 }
 
 /// Applies one read to its channel: forwards what fits under the limit, counts the rest as
-/// truncated. Returns whether bytes were read.
+/// truncated.
 fn handle_read(
     progress: &mut Progress,
     got: ReadResult,
     buf: &[u8],
     sink: Sink<'_>,
     truncated: &mut bool,
-) -> bool {
+) {
     let n = match got {
         ReadResult::Data(n) => n,
         ReadResult::Eof => {
             progress.open = false;
-            return false;
+            return;
         }
-        ReadResult::Retry => return false,
+        ReadResult::Retry => return,
     };
     let room = usize::try_from(sink.limit.saturating_sub(progress.sent)).unwrap_or(usize::MAX);
     let take = n.min(room);
@@ -544,7 +536,6 @@ fn handle_read(
         }
         progress.sent += u64::try_from(take).unwrap_or(u64::MAX);
     }
-    true
 }
 
 /// Whether any open output has bytes (or its EOF) waiting right now.

@@ -440,6 +440,71 @@ async fn a_background_child_holding_stdout_does_not_hold_the_exec() {
     );
 }
 
+/// The exec returns when the command exits, not when its background job does, and keeps
+/// everything the command wrote; the background job keeps running.
+#[tokio::test]
+async fn an_exec_that_backgrounds_a_job_returns_its_output_and_leaves_the_job_running() {
+    let host = Host::start(Config::default()).await;
+    let outcome = host
+        .exec(req("echo $$; echo a; sleep 30 & echo b; echo $! >&2"))
+        .await;
+    let lines: Vec<String> = outcome.stdout().lines().map(str::to_owned).collect();
+    assert_eq!(lines.get(1..), Some(&["a".to_owned(), "b".to_owned()][..]));
+    assert_eq!(outcome.exit().exit_code, Some(0));
+    let sleeper: i32 = String::from_utf8_lossy(&outcome.stderr)
+        .trim()
+        .parse()
+        .expect("the sleeper's pid on stderr");
+    // Alive, not a zombie: the exec ended without stopping it.
+    assert!(
+        proc_stat(sleeper).is_some_and(|f| f.first().map(String::as_str) != Some("Z")),
+        "the background job was stopped with its exec"
+    );
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(first_line_pid(&outcome)),
+        nix::sys::signal::SIGKILL,
+    );
+}
+
+/// What the command wrote right before exiting is never lost, however much, though a
+/// background job still holds the pipe.
+#[tokio::test]
+async fn output_written_right_before_exit_is_drained_in_full() {
+    let host = Host::start(Config::default()).await;
+    for _ in 0..5 {
+        let outcome = host
+            .exec(req(
+                "echo $$; head -c 1000000 /dev/zero | tr '\\0' x; sleep 5 &",
+            ))
+            .await;
+        assert_eq!(outcome.exit().exit_code, Some(0));
+        let stdout = outcome.stdout();
+        let (pid, body) = stdout.split_once('\n').expect("the pid line");
+        assert_eq!(body.len(), 1_000_000);
+        assert!(body.bytes().all(|b| b == b'x'));
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid.parse().expect("a pid")),
+            nix::sys::signal::SIGKILL,
+        );
+    }
+}
+
+/// The same through a terminal, whose output reaches the master through the tty layer.
+#[tokio::test]
+async fn terminal_output_written_right_before_exit_is_drained_in_full() {
+    let host = Host::start(Config::default()).await;
+    for _ in 0..3 {
+        // The job ignores the SIGHUP the session leader's exit sends, so it holds the terminal.
+        let mut request =
+            req("head -c 200000 /dev/zero | tr '\\0' x; (trap '' HUP; exec sleep 5) &");
+        request.terminal = true;
+        let outcome = host.exec(request).await;
+        assert_eq!(outcome.exit().exit_code, Some(0));
+        let xs = outcome.terminal.iter().filter(|&&b| b == b'x').count();
+        assert_eq!(xs, 200_000);
+    }
+}
+
 #[tokio::test]
 async fn a_background_child_that_keeps_writing_does_not_hold_the_exec() {
     let host = Host::start(Config::default()).await;

@@ -354,9 +354,14 @@ impl BaselineIndex {
     pub fn load(tar_path: &Path) -> Result<Self> {
         let file = std::fs::File::open(tar_path)
             .context(format_args!("opening {}", tar_path.display()))?;
-        let mut archive = tar::Archive::new(std::io::BufReader::new(file));
+        // Unbuffered, seeking past the contents it does not keep: O(entries), not O(bytes),
+        // on finish's path (a buffer would fill itself with contents only to drop them).
+        let mut archive = tar::Archive::new(file);
         let mut files = HashMap::new();
-        for entry in archive.entries().context("reading the baseline copy")? {
+        for entry in archive
+            .entries_with_seek()
+            .context("reading the baseline copy")?
+        {
             let mut entry = entry.context("reading the baseline copy")?;
             let Ok(path) = entry.path().map(|p| p.to_string_lossy().into_owned()) else {
                 continue;

@@ -1,0 +1,464 @@
+//! Verification extracts only what the patch touches and reaches the verdict a full unpack
+//! of the baseline would (the full unpack is kept here as the reference).
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::*;
+
+/// The verification as it was before it extracted only the touched entries: the whole
+/// baseline unpacked, then the same `git apply`.
+fn verify_by_full_unpack(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), String> {
+    let result = (|| {
+        if std::fs::metadata(patch).unwrap().len() == 0 {
+            return Ok(());
+        }
+        std::fs::create_dir_all(scratch).unwrap();
+        let mut archive = tar::Archive::new(std::io::BufReader::new(
+            std::fs::File::open(baseline_tar).unwrap(),
+        ));
+        archive.set_preserve_permissions(true);
+        archive.set_overwrite(false);
+        archive
+            .unpack(scratch)
+            .map_err(|err| format!("unpacking the baseline copy: {err}"))?;
+        apply_in(scratch, patch)
+    })();
+    let _ = std::fs::remove_dir_all(scratch);
+    result
+}
+
+/// Runs the test's own (unhardened) git to build fixtures; returns stdout.
+fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+        .args([
+            "-c",
+            "commit.gpgSign=false",
+            "-c",
+            "core.hooksPath=/dev/null",
+        ])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// A tar of `root` (without `.git`) as the import writes it: parents before children, links
+/// not followed.
+fn tar_of(root: &Path, out: &Path) -> PathBuf {
+    fn walk(builder: &mut tar::Builder<std::fs::File>, root: &Path, rel: &Path) {
+        let mut names: Vec<_> = std::fs::read_dir(root.join(rel))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        for name in names {
+            let rel = rel.join(&name);
+            if rel == Path::new(".git") {
+                continue;
+            }
+            let full = root.join(&rel);
+            builder.append_path_with_name(&full, &rel).unwrap();
+            if std::fs::symlink_metadata(&full).unwrap().is_dir() {
+                walk(builder, root, &rel);
+            }
+        }
+    }
+    let mut builder = tar::Builder::new(std::fs::File::create(out).unwrap());
+    builder.follow_symlinks(false);
+    walk(&mut builder, root, Path::new(""));
+    builder.finish().unwrap();
+    out.to_owned()
+}
+
+/// Every path under `dir`, relative, directories included.
+fn listing(dir: &Path) -> BTreeSet<String> {
+    fn walk(root: &Path, rel: &Path, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(root.join(rel)).unwrap() {
+            let entry = entry.unwrap();
+            let rel = rel.join(entry.file_name());
+            out.insert(rel.to_string_lossy().into_owned());
+            if entry.file_type().unwrap().is_dir() {
+                walk(root, &rel, out);
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(dir, Path::new(""), &mut out);
+    out
+}
+
+/// The baseline of the fixtures: a little of everything a patch can touch, and files it does
+/// not touch.
+fn make_baseline(root: &Path) {
+    let write = |rel: &str, data: &[u8]| {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, data).unwrap();
+    };
+    write("a.txt", b"one\ntwo\nthree\nfour\nfive\nsix\nseven\n");
+    write("gone.txt", b"to be deleted\n");
+    write("script.sh", b"#!/bin/sh\necho hi\n");
+    write(
+        "src/lib.rs",
+        b"fn a() {}\nfn b() {}\nfn c() {}\nfn d() {}\nfn e() {}\n",
+    );
+    write("src/.gitattributes", b"*.rs text eol=lf\n");
+    write(".gitattributes", b"*.bin binary\n");
+    write("dir with space/f \"q\".txt", b"quoted\nname\n");
+    write("\u{fc}/na\u{ef}ve.txt", b"utf-8\nname\n");
+    write(
+        "bin.bin",
+        &(0u8..=255).cycle().take(3000).collect::<Vec<_>>(),
+    );
+    write("target.txt", b"link target\n");
+    std::os::unix::fs::symlink("target.txt", root.join("link")).unwrap();
+    std::os::unix::fs::symlink("src", root.join("srclink")).unwrap();
+    for i in 0..40 {
+        write(
+            &format!("filler/{i:02}.txt"),
+            format!("filler {i}\n").as_bytes(),
+        );
+    }
+}
+
+/// The changes of the fixture patch: a rename with edits, a copy, a deletion, a mode change,
+/// a retargeted symlink, a binary edit, quoted and UTF-8 names, a new file in a new directory.
+fn make_changes(root: &Path) {
+    std::fs::rename(root.join("src/lib.rs"), root.join("src/core.rs")).unwrap();
+    std::fs::write(
+        root.join("src/core.rs"),
+        b"fn a() {}\nfn b() {}\nfn c() {}\nfn d() {}\nfn e2() {}\n",
+    )
+    .unwrap();
+    std::fs::copy(root.join("a.txt"), root.join("a-copy.txt")).unwrap();
+    std::fs::remove_file(root.join("gone.txt")).unwrap();
+    std::fs::set_permissions(
+        root.join("script.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::remove_file(root.join("link")).unwrap();
+    std::os::unix::fs::symlink("a.txt", root.join("link")).unwrap();
+    let mut binary = std::fs::read(root.join("bin.bin")).unwrap();
+    binary[100] ^= 0xff;
+    std::fs::write(root.join("bin.bin"), binary).unwrap();
+    std::fs::write(root.join("dir with space/f \"q\".txt"), b"quoted\nname!\n").unwrap();
+    std::fs::write(root.join("\u{fc}/na\u{ef}ve.txt"), b"utf-8\nname!\n").unwrap();
+    std::fs::create_dir_all(root.join("new/deep")).unwrap();
+    std::fs::write(root.join("new/deep/file.txt"), b"new\n").unwrap();
+}
+
+/// A repository with the baseline committed and the changes staged; returns the patch the
+/// guest would produce (`git diff --binary`, renames and copies found).
+fn fixture(dir: &Path) -> (PathBuf, Vec<u8>) {
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    make_baseline(&repo);
+    git(&repo, &["init", "-q"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "base"]);
+    let baseline = tar_of(&repo, &dir.join("baseline.tar"));
+    make_changes(&repo);
+    git(&repo, &["add", "-A"]);
+    let patch = git(
+        &repo,
+        &[
+            "diff",
+            "--cached",
+            "--binary",
+            "--full-index",
+            "-M",
+            "-C",
+            "--find-copies-harder",
+            "--src-prefix=a/",
+            "--dst-prefix=b/",
+        ],
+    );
+    (baseline, patch)
+}
+
+/// The patch's `diff --git` sections, one patch each.
+fn sections(patch: &[u8]) -> Vec<Vec<u8>> {
+    let text = patch.to_vec();
+    let mut starts: Vec<usize> = (0..text.len())
+        .filter(|&i| (i == 0 || text[i - 1] == b'\n') && text[i..].starts_with(b"diff --git "))
+        .collect();
+    starts.push(text.len());
+    starts
+        .windows(2)
+        .map(|w| text[w[0]..w[1]].to_vec())
+        .collect()
+}
+
+/// Asserts that `patch` gets the same verdict, in the same words, both ways; returns it.
+fn same_verdict(baseline: &Path, patch: &[u8], dir: &Path) -> Result<(), String> {
+    let path = dir.join("p.diff");
+    std::fs::write(&path, patch).unwrap();
+    let touched = verify(baseline, &path, &dir.join("scratch-touched"));
+    let full = verify_by_full_unpack(baseline, &path, &dir.join("scratch-full"));
+    let shown = String::from_utf8_lossy(patch);
+    assert_eq!(touched, full, "verdicts differ for\n{shown}");
+    touched
+}
+
+#[test]
+fn a_matching_patch_verifies_and_a_stale_one_explains_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let tar = dir.path().join("base.tar");
+    let mut builder = tar::Builder::new(std::fs::File::create(&tar).unwrap());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(6);
+    header.set_mode(0o644);
+    header.set_cksum();
+    builder
+        .append_data(&mut header, "a.txt", &b"hello\n"[..])
+        .unwrap();
+    builder.finish().unwrap();
+    drop(builder);
+    let good = dir.path().join("good.diff");
+    std::fs::write(
+        &good,
+        "diff --git a/a.txt b/a.txt\nindex ce01362..cc628cc 100644\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-hello\n+world\n",
+    )
+    .unwrap();
+    verify(&tar, &good, &dir.path().join("s1")).unwrap();
+    assert!(!dir.path().join("s1").exists(), "scratch removed");
+
+    let stale = dir.path().join("stale.diff");
+    std::fs::write(
+        &stale,
+        "diff --git a/a.txt b/a.txt\nindex ce01362..cc628cc 100644\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-other\n+world\n",
+    )
+    .unwrap();
+    let err = verify(&tar, &stale, &dir.path().join("s2")).unwrap_err();
+    assert!(err.contains("does not apply"), "{err}");
+
+    let empty = dir.path().join("empty.diff");
+    std::fs::write(&empty, "").unwrap();
+    verify(&tar, &empty, &dir.path().join("s3")).unwrap();
+}
+
+#[test]
+fn the_fixture_patch_has_every_kind_of_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, patch) = fixture(dir.path());
+    let text = String::from_utf8_lossy(&patch);
+    for marker in [
+        "rename from src/lib.rs",
+        "copy to a-copy.txt",
+        "deleted file mode",
+        "new mode 100755",
+        "diff --git a/link b/link",
+        "GIT binary patch",
+        "\"a/dir with space/f \\\"q\\\".txt\"",
+        "\\303\\274/na\\303\\257ve.txt",
+        "new file mode",
+    ] {
+        assert!(text.contains(marker), "no {marker:?} in\n{text}");
+    }
+}
+
+#[test]
+fn only_the_touched_entries_are_extracted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (baseline, patch) = fixture(dir.path());
+    let files = patch::parse(&patch, patch.len()).unwrap();
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    touched::extract(&baseline, &Touched::of(&files), &scratch).unwrap();
+    let expected: BTreeSet<String> = [
+        ".gitattributes",
+        "a.txt",
+        "gone.txt",
+        "script.sh",
+        "link",
+        "bin.bin",
+        "src",
+        "src/lib.rs",
+        "src/.gitattributes",
+        "dir with space",
+        "dir with space/f \"q\".txt",
+        "\u{fc}",
+        "\u{fc}/na\u{ef}ve.txt",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    assert_eq!(listing(&scratch), expected);
+    // Modes and link targets as a full unpack gives them.
+    assert_eq!(
+        std::fs::read_link(scratch.join("link")).unwrap(),
+        Path::new("target.txt")
+    );
+    let mode = std::fs::metadata(scratch.join("script.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o644);
+}
+
+#[test]
+fn the_whole_patch_and_each_entry_verify_as_with_a_full_unpack() {
+    let dir = tempfile::tempdir().unwrap();
+    let (baseline, patch) = fixture(dir.path());
+    same_verdict(&baseline, &patch, dir.path()).unwrap();
+    let sections = sections(&patch);
+    assert!(sections.len() >= 9, "{}", sections.len());
+    for section in &sections {
+        same_verdict(&baseline, section, dir.path()).unwrap();
+    }
+}
+
+/// Every entry of the fixture patch against baselines that differ where it looks: each named
+/// path missing, a file where a leading directory should be, a non-empty directory where a
+/// new file goes, a symlinked leading directory, attributes that change how a file reads.
+#[test]
+fn every_entry_against_altered_baselines_gets_the_full_unpack_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, patch) = fixture(dir.path());
+    let sections = sections(&patch);
+    let original = dir.path().join("original");
+    std::fs::create_dir_all(&original).unwrap();
+    make_baseline(&original);
+
+    type Alter = Box<dyn Fn(&Path)>;
+    let mut alterations: Vec<(String, Alter)> = Vec::new();
+    for name in [
+        "a.txt",
+        "gone.txt",
+        "script.sh",
+        "link",
+        "bin.bin",
+        "src/lib.rs",
+        "dir with space/f \"q\".txt",
+        "\u{fc}/na\u{ef}ve.txt",
+    ] {
+        alterations.push((
+            format!("{name} missing"),
+            Box::new(move |root: &Path| std::fs::remove_file(root.join(name)).unwrap()),
+        ));
+    }
+    alterations.push((
+        "a file where the new file's directory goes".into(),
+        Box::new(|root: &Path| std::fs::write(root.join("new"), b"in the way\n").unwrap()),
+    ));
+    alterations.push((
+        "a non-empty directory where the copy goes".into(),
+        Box::new(|root: &Path| {
+            std::fs::create_dir_all(root.join("a-copy.txt/inner")).unwrap();
+            std::fs::write(root.join("a-copy.txt/inner/x"), b"x\n").unwrap();
+        }),
+    ));
+    alterations.push((
+        "an empty directory where the copy goes".into(),
+        Box::new(|root: &Path| std::fs::create_dir_all(root.join("a-copy.txt")).unwrap()),
+    ));
+    alterations.push((
+        "a symlink as a leading directory".into(),
+        Box::new(|root: &Path| {
+            std::fs::rename(root.join("dir with space"), root.join("real dir")).unwrap();
+            std::os::unix::fs::symlink("real dir", root.join("dir with space")).unwrap();
+        }),
+    ));
+    alterations.push((
+        "a chain of symlinks as a leading directory".into(),
+        Box::new(|root: &Path| {
+            std::fs::rename(root.join("dir with space"), root.join("real dir")).unwrap();
+            std::os::unix::fs::symlink("real dir", root.join("mid")).unwrap();
+            std::os::unix::fs::symlink("mid", root.join("dir with space")).unwrap();
+        }),
+    ));
+    alterations.push((
+        "a symlink out of the tree as a leading directory".into(),
+        Box::new(|root: &Path| {
+            std::fs::remove_dir_all(root.join("dir with space")).unwrap();
+            std::os::unix::fs::symlink("/nonexistent-dynocap", root.join("dir with space"))
+                .unwrap();
+        }),
+    ));
+    alterations.push((
+        "the new file already exists".into(),
+        Box::new(|root: &Path| {
+            std::fs::create_dir_all(root.join("new/deep")).unwrap();
+            std::fs::write(root.join("new/deep/file.txt"), b"new\n").unwrap();
+        }),
+    ));
+    alterations.push((
+        // `text` makes git read CRLF files as LF, so the LF patch applies to them; without
+        // the attributes it would not.
+        "CRLF files the patch edits, read as text by attributes".into(),
+        Box::new(|root: &Path| {
+            std::fs::write(root.join(".gitattributes"), b"*.txt text\n").unwrap();
+            std::fs::write(
+                root.join("dir with space/f \"q\".txt"),
+                b"quoted\r\nname\r\n",
+            )
+            .unwrap();
+            std::fs::write(root.join("\u{fc}/.gitattributes"), b"*.txt -text\n").unwrap();
+            std::fs::write(root.join("\u{fc}/na\u{ef}ve.txt"), b"utf-8\r\nname\r\n").unwrap();
+        }),
+    ));
+
+    let mut failures = 0;
+    for (what, alter) in &alterations {
+        let root = dir.path().join("altered");
+        let _ = std::fs::remove_dir_all(&root);
+        let copied = Command::new("cp")
+            .args(["-a", "--"])
+            .arg(&original)
+            .arg(&root)
+            .status()
+            .unwrap();
+        assert!(copied.success());
+        alter(&root);
+        let baseline = tar_of(&root, &dir.path().join("altered.tar"));
+        for section in &sections {
+            let verdict = std::panic::catch_unwind(|| same_verdict(&baseline, section, dir.path()));
+            match verdict {
+                Ok(Err(_)) => failures += 1,
+                Ok(Ok(())) => {}
+                Err(panic) => {
+                    eprintln!("with {what}:");
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        }
+    }
+    // The alterations do make entries fail (every missing file at least once), so the
+    // comparison above compared refusals too, not only successes.
+    assert!(failures >= 10, "only {failures} refusals");
+}
+
+#[test]
+fn a_patch_against_a_file_missing_from_the_baseline_fails_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let (baseline, _) = fixture(dir.path());
+    let patch = b"diff --git a/nowhere.txt b/nowhere.txt\nindex 0000000..1111111 100644\n\
+--- a/nowhere.txt\n+++ b/nowhere.txt\n@@ -1 +1 @@\n-old\n+new\n";
+    let err = same_verdict(&baseline, patch, dir.path()).unwrap_err();
+    assert!(err.contains("does not apply"), "{err}");
+    assert!(err.contains("nowhere.txt"), "{err}");
+}
+
+#[test]
+fn an_unreadable_patch_is_not_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let (baseline, _) = fixture(dir.path());
+    let path = dir.path().join("bad.diff");
+    std::fs::write(&path, b"not a patch\n").unwrap();
+    let err = verify(&baseline, &path, &dir.path().join("s")).unwrap_err();
+    assert!(err.contains("cannot be read"), "{err}");
+}

@@ -14,10 +14,9 @@ packages=(
     ca-certificates
     python3 python3-venv        # the MCP tests' client: the official Python SDK, in a venv
     openssh-client              # ssh-keygen: real keys for the MCP sshKeyPath tests
-    openssh-server openssl curl # network tests: an sshd serving git, a test CA, HTTPS clients
-    python3-pip netcat-openbsd  # network tests: pip download and UDP/TCP probes in the guest
     passt                       # pasta: user-mode networking for network "nat"
-    curl wget netcat-openbsd iputils-ping  # network tests run them inside guests (host /usr)
+    openssh-server openssl      # network tests: an sshd serving git, a test CA
+    curl wget netcat-openbsd iputils-ping python3-pip  # run inside guests by the network tests (host /usr)
 )
 # The MCP Inspector CLI (MCP tests) is installed with npm; keep a Node.js that is already there
 # (e.g. from NodeSource), else Debian's. The Inspector's own Node comes from npm, see below.

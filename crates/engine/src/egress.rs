@@ -7,7 +7,7 @@
 //! defaults (the npm registry) and from the task's own git host; never from the guest.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dynocap_netproxy::{
@@ -211,6 +211,8 @@ pub struct Egress {
     proxy: Arc<Proxy>,
     summary: Arc<SummarySink>,
     ca_bundle: Option<String>,
+    /// The guest listens and its tunnels come here: a later `open` only swaps the policy.
+    listening: AtomicBool,
 }
 
 impl Egress {
@@ -224,12 +226,18 @@ impl Egress {
             proxy,
             summary,
             ca_bundle: spec.ca_bundle()?,
+            listening: AtomicBool::new(false),
         })
     }
 
     /// Applies `policy` and has the guest listen, so commands reach the proxy.
     pub async fn open(&self, conn: &AgentConn, policy: Policy) -> Result<()> {
         self.proxy.set_policy(policy);
+        // From the clone's policy to the task's: the proxy decides every connection anew, so
+        // the guest's listener and its open tunnels stay as they are.
+        if self.listening.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
         let proxy = Arc::clone(&self.proxy);
         let active = Arc::new(AtomicUsize::new(0));
         let handler: TunnelHandler = Arc::new(move |tunnel, outgoing| {
@@ -250,12 +258,17 @@ impl Egress {
             });
         });
         conn.serve_tunnels(handler);
-        self.configure_guest(conn, Some(PROXY_PORT)).await
+        let configured = self.configure_guest(conn, Some(PROXY_PORT)).await;
+        if configured.is_err() {
+            self.listening.store(false, Ordering::Release);
+        }
+        configured
     }
 
     /// Stops the guest's listener and refuses every later tunnel.
     pub async fn close(&self, conn: &AgentConn) -> Result<()> {
         self.proxy.set_policy(Policy::deny_all());
+        self.listening.store(false, Ordering::Release);
         conn.refuse_tunnels();
         self.configure_guest(conn, None).await
     }

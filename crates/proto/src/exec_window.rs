@@ -5,7 +5,7 @@
 //! command wait; without a window its frames would pile up in front of the shared channel
 //! and stall every other stream of the sandbox.
 
-use crate::{Frame, FrameKind};
+use crate::Frame;
 
 /// Credit a flow-controlled exec starts with, in cost units (see [`cost`]).
 pub const WINDOW: usize = 4 << 20;
@@ -25,8 +25,7 @@ pub fn cost(len: usize) -> usize {
 
 /// A `Window` frame returning `credit` on `stream`.
 pub fn grant(stream: u32, credit: usize) -> Frame {
-    let credit = u32::try_from(credit).unwrap_or(u32::MAX);
-    Frame::new(stream, FrameKind::Window, credit.to_be_bytes().to_vec())
+    crate::tunnel::window_frame(stream, credit)
 }
 
 /// Decodes a `Window` frame's payload (the same 4-byte credit as a tunnel's).
@@ -37,6 +36,7 @@ pub fn parse(payload: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::FrameKind;
 
     #[test]
     fn a_grant_reads_back_and_the_window_bounds_frames() {

@@ -47,7 +47,8 @@ pub fn parse_window(payload: &[u8]) -> Option<usize> {
     usize::try_from(u32::from_be_bytes(bytes)).ok()
 }
 
-fn window_frame(stream: u32, credit: usize) -> Frame {
+/// A `Window` frame returning `credit` on `stream` (tunnels and flow-controlled execs alike).
+pub(crate) fn window_frame(stream: u32, credit: usize) -> Frame {
     let credit = u32::try_from(credit).unwrap_or(u32::MAX);
     Frame::new(stream, FrameKind::Window, credit.to_be_bytes().to_vec())
 }

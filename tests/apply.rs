@@ -38,16 +38,6 @@ fn project(dir: &Path) {
     write(&dir.join("scratch.txt"), "the user's untracked file\n");
 }
 
-fn agent(home: &TestHome, name: &str, script: &str) {
-    let out = home
-        .command()
-        .args(["--json", "task", "exec", name, "--", script])
-        .output()
-        .expect("spawn");
-    let value: Value = serde_json::from_slice(&out.stdout).expect("task exec prints JSON");
-    assert_eq!(value["exitCode"], 0, "the agent's script failed: {value:#}");
-}
-
 fn start(home: &TestHome, project: &Path, name: &str) -> Value {
     let project = project.to_str().expect("utf-8 temp path");
     home.json(&["task", "start", project, "--name", name])
@@ -127,7 +117,7 @@ fn a_verified_patch_lands_exactly_on_a_new_branch_and_nothing_else_moves() {
             .contains("run `dynocap task finish land` first"),
         "{err:#}"
     );
-    agent(&home, "land", AGENT_SCRIPT);
+    home.task_sh("land", AGENT_SCRIPT);
     let finished = home.json(&["task", "finish", "land"]);
     assert_eq!(finished["verified"], true, "{finished:#}");
 
@@ -330,7 +320,7 @@ fn an_unverified_patch_or_a_project_without_a_commit_is_refused() {
     project(repo.path());
     start(&home, repo.path(), "escape");
     // A name the host's review refuses: the patch is saved, but not verified.
-    agent(&home, "escape", "printf 'pwned\\n' > 'x\\..\\..\\evil'");
+    home.task_sh("escape", "printf 'pwned\\n' > 'x\\..\\..\\evil'");
     let finished = home.json(&["task", "finish", "escape"]);
     assert_eq!(finished["verified"], false, "{finished:#}");
     let before = branches(repo.path());
@@ -350,7 +340,7 @@ fn an_unverified_patch_or_a_project_without_a_commit_is_refused() {
     let plain = tempfile::tempdir().unwrap();
     write(&plain.path().join("a.txt"), "a\n");
     start(&home, plain.path(), "plain");
-    agent(&home, "plain", "printf 'b\\n' > a.txt");
+    home.task_sh("plain", "printf 'b\\n' > a.txt");
     home.json(&["task", "finish", "plain"]);
     let err = home.json_err(&["task", "apply", "plain"]);
     let message = err["message"].as_str().unwrap();
@@ -407,7 +397,7 @@ fn applying_runs_nothing_the_repository_names() {
     }
 
     start(&home, repo, "quiet");
-    agent(&home, "quiet", "printf 'b\\n' > a.txt");
+    home.task_sh("quiet", "printf 'b\\n' > a.txt");
     home.json(&["task", "finish", "quiet"]);
     let applied = home.json(&["task", "apply", "quiet"]);
     let ran: Vec<String> = std::fs::read_dir(markers.path())

@@ -11,17 +11,6 @@ fn start(home: &TestHome, project: &std::path::Path, name: &str) {
     home.json(&["task", "start", project, "--name", name]);
 }
 
-/// Runs `script` in the task's /workspace and asserts it succeeded.
-fn agent(home: &TestHome, name: &str, script: &str) {
-    let out = home
-        .command()
-        .args(["--json", "task", "exec", name, "--", script])
-        .output()
-        .expect("spawn");
-    let value: Value = serde_json::from_slice(&out.stdout).expect("task exec prints JSON");
-    assert_eq!(value["exitCode"], 0, "the agent's script failed: {value:#}");
-}
-
 /// The (path, kind) pairs of a result's `sensitivePaths`.
 fn flagged(result: &Value) -> Vec<(String, String)> {
     result["sensitivePaths"]
@@ -61,8 +50,7 @@ fn hostile_names_are_counted_flagged_and_shown_safely() {
     let project = tempfile::tempdir().unwrap();
     sample_project(project.path());
     start(&home, project.path(), "names");
-    agent(
-        &home,
+    home.task_sh(
         "names",
         "set -e
          mkdir -p \"$(printf 'x\\ndiff --git a/evil b')\"
@@ -129,8 +117,7 @@ fn a_patch_the_host_refuses_is_counted_flagged_and_never_offered() {
     sample_project(project.path());
     start(&home, project.path(), "escape");
     // Git on Linux takes `x\..\..\evil` as one name; on Windows it climbs out of the project.
-    agent(
-        &home,
+    home.task_sh(
         "escape",
         "set -e
          printf 'pwned\\n' > 'x\\..\\..\\evil'

@@ -206,6 +206,16 @@ impl TestHome {
         })
     }
 
+    /// stdout of a command that must succeed in a task's /workspace (the default deadline).
+    pub fn task_sh(&self, name: &str, command: &str) -> String {
+        let result = self.exec_in_task(name, command, 30);
+        assert_eq!(
+            result["exitCode"], 0,
+            "`{command}` failed in task {name}: {result:#}"
+        );
+        result["stdout"].as_str().expect("stdout").to_owned()
+    }
+
     /// stdout of a command that must succeed.
     pub fn sh(&self, name: &str, command: &str) -> String {
         let result = self.exec(name, &[], command);

@@ -770,27 +770,25 @@ async fn start(
         "the sandbox is up; its guest agent answered",
     )));
 
+    let mut task = match record.kind {
+        Kind::Task => Some(TaskContext::open(home, record, None)?),
+        Kind::Raw => None,
+    };
     // The proxy exists from the start, allowing nothing, so every tunnel the guest opens is
-    // decided and logged; it opens to the task's git host for a clone, then to the allowlist
-    // of a `filtered` sandbox.
-    let egress_log = match record.kind {
-        Kind::Task => finish::results_dir(home.root(), &id).join(NETWORK_LOG),
-        Kind::Raw => home.sandbox_dir(&id).join(NETWORK_LOG),
+    // decided and logged (beside a task's results); it opens to the task's git host for a
+    // clone, then to the allowlist of a `filtered` sandbox.
+    let egress_log = match &task {
+        Some(task) => task.files.dir.join(NETWORK_LOG),
+        None => home.sandbox_dir(&id).join(NETWORK_LOG),
     };
     let egress = match &record.egress {
-        Some(spec) => {
-            if record.kind == Kind::Task {
-                finish::create_results_dir(&finish::results_dir(home.root(), &id))?;
-            }
-            Some((Arc::new(Egress::new(spec, &egress_log)?), spec.clone()))
-        }
+        Some(spec) => Some(Arc::new(Egress::new(spec, &egress_log)?)),
         None => None,
     };
 
-    let task = if record.kind == Kind::Task {
+    if let Some(task) = task.as_mut() {
         let mut detail = TaskDetail::from_json(record.detail.as_deref())?;
-        let mut task = TaskContext::open(home, record, None)?;
-        task.egress = egress.as_ref().map(|(egress, _)| Arc::clone(egress));
+        task.egress = egress.clone();
         let report = |progress: Progress| ready.send(&ReadyMessage::Progress(progress));
         let source = match &detail.start.source {
             Source::ProjectPath(path) => {
@@ -819,7 +817,7 @@ async fn start(
                 }
             }
             Source::RepositoryUrl(url) => {
-                let Some((egress, _)) = &egress else {
+                let Some(egress) = &egress else {
                     return Err(Error::internal(
                         "a repositoryUrl task has no egress record; start it again",
                     ));
@@ -842,11 +840,8 @@ async fn start(
         let detail = detail.to_json();
         catalog.set_detail(&id, &detail)?;
         record.detail = Some(detail);
-        Some(task)
-    } else {
-        None
-    };
-    if let Some((egress, spec)) = &egress {
+    }
+    if let (Some(egress), Some(spec)) = (&egress, &record.egress) {
         if record.network == Network::Filtered {
             egress.open(&conn, spec.policy()?).await?;
             tracing::info!("egress open to {}", spec.allow.join(", "));

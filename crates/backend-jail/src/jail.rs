@@ -189,10 +189,19 @@ impl Jail {
         }
     }
 
-    fn teardown(&mut self, keep_layers: bool) -> Vec<String> {
-        if std::mem::replace(&mut self.torn_down, true) {
-            return Vec::new();
+    /// Kills the guest: its init, and with it every process of its pid namespace. The rest of
+    /// the teardown ([`Jail::destroy`]) may follow later; until then the cgroups, disk and
+    /// state dir stay.
+    pub fn kill(&mut self) -> Result<(), JailError> {
+        let problems = self.kill_init();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(JailError::Teardown(problems))
         }
+    }
+
+    fn kill_init(&mut self) -> Vec<String> {
         let mut problems = Vec::new();
         self.channel = None;
         if self.exit.is_none() {
@@ -216,6 +225,14 @@ impl Jail {
                 }
             }
         }
+        problems
+    }
+
+    fn teardown(&mut self, keep_layers: bool) -> Vec<String> {
+        if std::mem::replace(&mut self.torn_down, true) {
+            return Vec::new();
+        }
+        let mut problems = self.kill_init();
         problems.extend(self.cgroups.remove());
         if keep_layers {
             problems.extend(self.layers.remove_scratch());

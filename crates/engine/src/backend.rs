@@ -19,6 +19,9 @@ pub struct BootSpec {
     pub hostname: String,
     pub image: Image,
     pub state_dir: PathBuf,
+    /// Where a backend keeps what it builds once and reuses across sandboxes (formatted disk
+    /// templates, boot images), keyed by content.
+    pub cache_dir: PathBuf,
     pub agent_binary: PathBuf,
     pub cpus: u32,
     pub memory_mb: u64,
@@ -45,6 +48,9 @@ pub trait Guest: Send {
     fn exit_fd(&self) -> BorrowedFd<'_>;
     /// Host pid of the guest's init (or its VMM), for logs and diagnostics.
     fn pid(&self) -> i32;
+    /// Kills every process of the guest at once, leaving the rest of [`Guest::destroy`] (its
+    /// cgroups, disk and files) for later: a destroyed sandbox runs nothing from this call on.
+    fn kill(&mut self) -> Result<()>;
     /// Stops the guest and releases everything it held, its writable layer included.
     fn destroy(self: Box<Self>) -> Result<()>;
     /// The file counting the guest's OOM kills (`oom_kill N`), where the backend has one.
@@ -169,6 +175,7 @@ impl Backend for JailBackend {
             },
             reuse_layers: spec.reuse_layer,
             disk_bytes: disk_bytes(spec.disk_mb)?,
+            disk_templates: Some(spec.cache_dir.join("disks")),
             net_raw: !nat,
         };
         let ids = dynocap_backend_jail::IdMap::for_current_process_in_range(spec.id_range)
@@ -220,6 +227,13 @@ impl Guest for JailGuest {
     }
     fn pid(&self) -> i32 {
         self.jail.pid().as_raw()
+    }
+    fn kill(&mut self) -> Result<()> {
+        let network = self.stop_usernet();
+        self.jail
+            .kill()
+            .map_err(|err| Error::internal(format!("killing the jail: {err}")))?;
+        network
     }
     fn destroy(mut self: Box<Self>) -> Result<()> {
         let network = self.stop_usernet();

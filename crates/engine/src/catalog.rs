@@ -86,6 +86,22 @@ impl Kind {
             Self::Task => "task",
         }
     }
+
+    /// What every id of this kind starts with (`sbx-…`, `task-…`).
+    pub fn id_prefix(self) -> &'static str {
+        match self {
+            Self::Raw => "sbx",
+            Self::Task => "task",
+        }
+    }
+
+    /// The kind an id names, from its prefix.
+    pub fn of_id(id: &str) -> Option<Kind> {
+        [Kind::Raw, Kind::Task].into_iter().find(|kind| {
+            id.strip_prefix(kind.id_prefix())
+                .is_some_and(|rest| rest.starts_with('-'))
+        })
+    }
 }
 
 /// One catalog row, and the content of its record file. The serde form is JSON only: the
@@ -285,6 +301,24 @@ const COLUMNS: &str = "id, kind, name, state, backend, network, cpus, memory_mb,
                        created_at, expires_at, supervisor_pid, supervisor_start, note, detail, disk_mb, \
                        egress";
 
+/// How hard a write works to outlive the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lasting {
+    /// Checkpointed into the main file (synced) before the write returns: tasks.
+    Durable,
+    /// Committed to the WAL only: raw sandboxes, whose guests a power loss ends anyway.
+    Volatile,
+}
+
+impl Lasting {
+    fn of(kind: Kind) -> Lasting {
+        match kind {
+            Kind::Task => Lasting::Durable,
+            Kind::Raw => Lasting::Volatile,
+        }
+    }
+}
+
 /// A handle on the catalog of one `DYNOCAP_HOME`.
 pub struct Catalog {
     home: Home,
@@ -307,7 +341,7 @@ impl Catalog {
 
     /// Inserts a new record and writes its file; a name already bound is a `conflict`.
     pub fn insert(&self, record: &Record) -> Result<()> {
-        self.write(|conn| {
+        self.write(Lasting::of(record.kind), |conn| {
             insert_row(conn, record)?;
             records::save(&self.home, record)?;
             Ok(())
@@ -394,10 +428,23 @@ impl Catalog {
         .map(drop)
     }
 
+    /// Marks a raw sandbox `destroyed` and frees its name at once, while its supervisor
+    /// finishes the teardown (which then deletes the record).
+    pub fn release_as_destroyed(&self, id: &str) -> Result<()> {
+        self.modify(id, |record| {
+            record.state = State::Destroyed;
+            record.name = None;
+            true
+        })
+        .map(drop)
+    }
+
     /// Removes a record. A raw sandbox's record file goes with it; a task's stays with its
     /// results (`rm --purge` removes those).
     pub fn delete(&self, id: &str) -> Result<()> {
-        self.write(|conn| {
+        // Deleting a task's record keeps its results and record file; the row alone goes,
+        // which a repair would drop again: nothing to make durable beyond the WAL.
+        self.write(Lasting::Volatile, |conn| {
             let kind: Option<String> = conn
                 .query_row("SELECT kind FROM sandboxes WHERE id = ?1", [id], |row| {
                     row.get(0)
@@ -417,7 +464,9 @@ impl Catalog {
     /// file. If the catalog is damaged the change still goes to the record file, the source a
     /// repair rebuilds from, so a supervisor finishing a task meanwhile does not lose its end.
     fn modify(&self, id: &str, change: impl Fn(&mut Record) -> bool) -> Result<bool> {
-        let result = self.write_raw(|conn| {
+        // Raw sandboxes never outlive the machine; only tasks' changes are checkpointed.
+        let lasting = Lasting::of(Kind::of_id(id).unwrap_or(Kind::Task));
+        let result = self.write_raw(lasting, |conn| {
             let Some(mut record) = get_row(conn, id).map_err(classify)? else {
                 return Ok(false);
             };
@@ -453,8 +502,12 @@ impl Catalog {
         query(&open.conn).map_err(|err| classify(err).into_error(&self.path))
     }
 
-    fn write<T>(&self, change: impl FnOnce(&Connection) -> Result<T, Failure>) -> Result<T> {
-        self.write_raw(change)
+    fn write<T>(
+        &self,
+        lasting: Lasting,
+        change: impl FnOnce(&Connection) -> Result<T, Failure>,
+    ) -> Result<T> {
+        self.write_raw(lasting, change)
             .map_err(|failure| failure.into_error(&self.path))
     }
 
@@ -464,6 +517,7 @@ impl Catalog {
     /// written is the last change committed.
     fn write_raw<T>(
         &self,
+        lasting: Lasting,
         change: impl FnOnce(&Connection) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
         let mut open = self.current()?;
@@ -490,7 +544,13 @@ impl Catalog {
             .map_err(classify)?;
         let value = change(&tx)?;
         tx.commit().map_err(classify)?;
-        catalog_file::checkpoint(&open.conn);
+        // With `synchronous=NORMAL` a commit is consistent after any crash but not synced:
+        // a task's change is copied into the main file at once (synced), so that a damaged
+        // WAL cannot lose it; a raw sandbox's waits for SQLite's own checkpoint every 1000
+        // pages, off the path of `run` and `destroy`.
+        if lasting == Lasting::Durable {
+            catalog_file::checkpoint(&open.conn);
+        }
         Ok(value)
     }
 

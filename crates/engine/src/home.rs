@@ -81,6 +81,10 @@ impl Home {
     pub fn images_dir(&self) -> PathBuf {
         self.root.join("images")
     }
+    /// What backends build once and reuse, keyed by content (formatted disk templates).
+    pub fn cache_dir(&self) -> PathBuf {
+        self.root.join("cache")
+    }
     /// Per-sandbox runtime state (overlay upper layer and friends); removed on destroy.
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.records_root(Kind::Raw).join(id)

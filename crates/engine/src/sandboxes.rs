@@ -155,7 +155,7 @@ impl Engine {
         let now = chrono::Utc::now();
         let ttl = chrono::TimeDelta::seconds(i64::try_from(ttl_seconds).unwrap_or(i64::MAX));
         Ok(Record {
-            id: new_id(if kind == Kind::Raw { "sbx" } else { "task" }),
+            id: new_id(kind.id_prefix()),
             kind,
             name,
             state: State::Starting,
@@ -402,7 +402,8 @@ impl Engine {
         Ok(catalog
             .list()?
             .iter()
-            .filter(|r| r.kind == Kind::Raw)
+            // A destroyed one is only waiting for its supervisor to finish the teardown.
+            .filter(|r| r.kind == Kind::Raw && r.state != State::Destroyed)
             .map(SandboxInfo::from_record)
             .collect())
     }
@@ -422,9 +423,15 @@ impl Engine {
             }));
         }
         let display = record.name.clone().unwrap_or_else(|| record.id.clone());
+        if record.state == State::Destroyed && supervisor_alive(&record) {
+            // Its supervisor is finishing the teardown, and deletes the record when done.
+            return Ok(display);
+        }
         if record.state.is_live() {
             match self.call(&record, &ControlRequest::Destroy).await {
-                Ok(ControlReply::Destroyed) => {}
+                // The guest is dead and the name free; the supervisor tears down the rest
+                // after its reply and then deletes the record.
+                Ok(ControlReply::Destroyed) => return Ok(display),
                 Ok(ControlReply::Error(err)) => return Err(err),
                 Ok(other) => return Err(unexpected(&other)),
                 // Dead, stopped or wedged: end it from here.
@@ -605,6 +612,16 @@ impl Engine {
     pub fn reconcile(&self, catalog: &Catalog) -> Result<()> {
         let now = chrono::Utc::now();
         for record in catalog.list()? {
+            if record.kind == Kind::Raw
+                && record.state == State::Destroyed
+                && !supervisor_alive(&record)
+            {
+                // Destroyed, and its supervisor died before the teardown after its reply was
+                // done: finish that teardown.
+                remove_leftovers(&self.home, &record.id, Keep::Nothing)?;
+                catalog.delete(&record.id)?;
+                continue;
+            }
             if !record.state.is_live() {
                 continue;
             }

@@ -207,6 +207,7 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
         hostname: record.name.clone().unwrap_or_else(|| id.to_owned()),
         image,
         state_dir,
+        cache_dir: home.cache_dir(),
         agent_binary: agent_binary()?,
         cpus: record.cpus,
         memory_mb: record.memory_mb,
@@ -490,24 +491,44 @@ async fn serve(
             reply
         }
         None => {
+            // A raw sandbox's callers wait only for its processes to die and its name to be
+            // free; the slow rest of the teardown (cgroups, the disk's unmount, its files)
+            // follows the reply. Until it is done the record stays, `destroyed` and nameless,
+            // so that if this process dies meanwhile the next reconcile finishes the job.
+            // Blocking, for as long as reaping the guest's init takes (a few ms): the serving
+            // loop is over, so it holds nothing else up.
+            let mut guest = guest;
+            if let Err(err) = guest.kill() {
+                tracing::error!("teardown: {err}");
+            }
+            let recorded = match ending {
+                // A lost raw sandbox stays visible.
+                Ending::GuestDied => catalog.set_state(
+                    &id,
+                    State::Lost,
+                    Some("the guest's init exited unexpectedly; see the supervisor log"),
+                ),
+                _ => catalog.release_as_destroyed(&id),
+            };
+            if let Err(err) = recorded {
+                tracing::error!("updating the catalog: {err}");
+            }
+            for mut waiter in waiters.drain(..) {
+                let _ = write_message(&mut waiter, &ControlReply::Destroyed).await;
+            }
+            if let Err(err) = failpoint::hit("supervisor.destroy.replied") {
+                tracing::error!("{err}");
+            }
             match tokio::task::spawn_blocking(move || guest.destroy()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(err)) => tracing::error!("teardown: {err}"),
                 Err(err) => tracing::error!("teardown panicked: {err}"),
             }
             let _ = std::fs::remove_dir_all(home.sandbox_dir(&id));
-            let recorded = match ending {
-                // A raw sandbox that is gone releases its record and name; a lost one stays
-                // visible.
-                Ending::GuestDied => catalog.set_state(
-                    &id,
-                    State::Lost,
-                    Some("the guest's init exited unexpectedly; see the supervisor log"),
-                ),
-                _ => catalog.delete(&id),
-            };
-            if let Err(err) = recorded {
-                tracing::error!("updating the catalog: {err}");
+            if ending != Ending::GuestDied {
+                if let Err(err) = catalog.delete(&id) {
+                    tracing::error!("updating the catalog: {err}");
+                }
             }
             ControlReply::Destroyed
         }

@@ -291,6 +291,8 @@ impl Drop for TestHome {
                 let _ = self.command().args(["destroy", name]).output();
             }
         }
+        // A warm pool (DYNOCAP_WARM_POOL) is listed nowhere else.
+        let _ = self.command().args(["pool", "--drain"]).output();
     }
 }
 

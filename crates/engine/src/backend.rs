@@ -48,6 +48,8 @@ pub trait Guest: Send {
     fn exit_fd(&self) -> BorrowedFd<'_>;
     /// Host pid of the guest's init (or its VMM), for logs and diagnostics.
     fn pid(&self) -> i32;
+    /// Makes a booted, idle warm-pool guest its claimer's: its hostname and limits.
+    fn claim(&self, hostname: &str, cpus: u32, memory_mb: u64) -> Result<()>;
     /// Kills every process of the guest at once, leaving the rest of [`Guest::destroy`] (its
     /// cgroups, disk and files) for later: a destroyed sandbox runs nothing from this call on.
     fn kill(&mut self) -> Result<()>;
@@ -227,6 +229,18 @@ impl Guest for JailGuest {
     }
     fn pid(&self) -> i32 {
         self.jail.pid().as_raw()
+    }
+    fn claim(&self, hostname: &str, cpus: u32, memory_mb: u64) -> Result<()> {
+        self.jail
+            .set_limits(&dynocap_backend_jail::Limits {
+                cpu_millis: u64::from(cpus) * 1000,
+                memory_bytes: memory_mb * 1024 * 1024,
+                pids: crate::spec::PIDS_LIMIT,
+            })
+            .map_err(|err| Error::internal(format!("applying the claimed limits: {err}")))?;
+        self.jail
+            .set_hostname(hostname)
+            .map_err(|err| Error::internal(format!("naming the claimed sandbox: {err}")))
     }
     fn kill(&mut self) -> Result<()> {
         let network = self.stop_usernet();

@@ -36,6 +36,10 @@ pub enum State {
     Unsaved,
     /// An unsaved task whose work a recovery supervisor is saving now.
     Recovering,
+    /// A warm-pool sandbox booting (`DYNOCAP_WARM_POOL`): nameless, shown nowhere.
+    Warming,
+    /// A warm-pool sandbox booted and idle, waiting for a `run` to claim it.
+    Pooled,
 }
 
 impl State {
@@ -49,6 +53,8 @@ impl State {
             Self::Lost => "lost",
             Self::Unsaved => "unsaved",
             Self::Recovering => "recovering",
+            Self::Warming => "warming",
+            Self::Pooled => "pooled",
         }
     }
 
@@ -62,13 +68,23 @@ impl State {
             "lost" => Self::Lost,
             "unsaved" => Self::Unsaved,
             "recovering" => Self::Recovering,
+            "warming" => Self::Warming,
+            "pooled" => Self::Pooled,
             _ => return None,
         })
     }
 
     /// A supervisor is (supposed to be) running for the sandbox.
     pub fn is_live(self) -> bool {
-        matches!(self, Self::Starting | Self::Running | Self::Recovering)
+        matches!(
+            self,
+            Self::Starting | Self::Running | Self::Recovering | Self::Warming | Self::Pooled
+        )
+    }
+
+    /// A warm-pool sandbox nobody has claimed: never listed, never counted as the user's.
+    pub fn is_pool(self) -> bool {
+        matches!(self, Self::Warming | Self::Pooled)
     }
 }
 
@@ -428,6 +444,75 @@ impl Catalog {
         .map(drop)
     }
 
+    /// Inserts new warm-pool records (made by `make`) until the pool, booting and booted,
+    /// counts `target`; returns those inserted. Counted and inserted in one transaction, so
+    /// processes topping the pool up at once never overfill it.
+    pub fn top_up_pool(
+        &self,
+        target: usize,
+        make: impl Fn() -> Result<Record>,
+    ) -> Result<Vec<Record>> {
+        self.write(Lasting::Volatile, |conn| {
+            let pooled: i64 = conn
+                .query_row(
+                    "SELECT COUNT(*) FROM sandboxes WHERE state IN ('warming', 'pooled')",
+                    [],
+                    |row| row.get(0),
+                )
+                .map_err(classify)?;
+            let have = usize::try_from(pooled).unwrap_or(usize::MAX);
+            let mut added = Vec::new();
+            for _ in have..target {
+                let record = make().map_err(Failure::Other)?;
+                insert_row(conn, &record)?;
+                records::save(&self.home, &record)?;
+                added.push(record);
+            }
+            Ok(added)
+        })
+    }
+
+    /// Takes the oldest booted warm-pool sandbox of `backend` for a caller: `claim` turns its
+    /// record into the caller's (name, limits, times, state). `None` if the pool has none
+    /// ready.
+    pub fn claim_pooled(
+        &self,
+        backend: &str,
+        claim: impl Fn(&mut Record),
+    ) -> Result<Option<Record>> {
+        self.write(Lasting::Volatile, |conn| {
+            let found = conn
+                .query_row(
+                    &format!(
+                        "SELECT {COLUMNS} FROM sandboxes WHERE state = 'pooled' \
+                         AND backend = ?1 ORDER BY created_at LIMIT 1"
+                    ),
+                    [backend],
+                    from_row,
+                )
+                .optional()
+                .map_err(classify)?;
+            let Some(mut record) = found else {
+                return Ok(None);
+            };
+            claim(&mut record);
+            if let Some(name) = &record.name {
+                let taken: Option<i64> = conn
+                    .query_row("SELECT 1 FROM sandboxes WHERE name = ?1", [name], |row| {
+                        row.get(0)
+                    })
+                    .optional()
+                    .map_err(classify)?;
+                if taken.is_some() {
+                    return Err(name_taken(name));
+                }
+            }
+            update_row(conn, &record)?;
+            records::save(&self.home, &record)?;
+            Ok(Some(record))
+        })
+    }
+
     /// Marks a raw sandbox `destroyed` and frees its name at once, while its supervisor
     /// finishes the teardown (which then deletes the record).
     pub fn release_as_destroyed(&self, id: &str) -> Result<()> {
@@ -598,6 +683,12 @@ fn with_row<T>(record: &Record, statement: impl FnOnce(&[&dyn rusqlite::ToSql]) 
     ])
 }
 
+fn name_taken(name: &str) -> Failure {
+    Failure::Other(Error::conflict(format!(
+        "the name \"{name}\" is already taken; pick another name or remove the existing one first"
+    )))
+}
+
 pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
     let result = with_row(record, |row| {
         conn.execute(
@@ -610,10 +701,7 @@ pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failu
         Err(rusqlite::Error::SqliteFailure(err, _))
             if err.code == rusqlite::ErrorCode::ConstraintViolation =>
         {
-            Err(Failure::Other(Error::conflict(format!(
-                "the name \"{}\" is already taken; pick another name or remove the existing one first",
-                record.name.as_deref().unwrap_or_default()
-            ))))
+            Err(name_taken(record.name.as_deref().unwrap_or_default()))
         }
         Err(err) => Err(classify(err)),
     }

@@ -154,9 +154,20 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     // slowest write of a start on cgroup v1), and execs nothing before the second.
     sync::release(sync_parent.as_fd())
         .map_err(|e| JailError::sys("releasing the guest init", e))?;
-    jail.cgroup_set().attach(pid)?;
-    sync::release(sync_parent.as_fd())
-        .map_err(|e| JailError::sys("telling the guest init it is in its cgroups", e))?;
+    let joined = jail.cgroup_set().attach(pid).and_then(|()| {
+        sync::release(sync_parent.as_fd())
+            .map_err(|e| JailError::sys("telling the guest init it is in its cgroups", e))
+    });
+    if let Err(e) = joined {
+        // The init may have failed its setup meanwhile (and exited, hence the broken pipe):
+        // its own report says what went wrong.
+        return Err(
+            match sync::read_outcome(errors_read.as_fd(), Duration::from_secs(2)) {
+                Ok(Outcome::Failed(report)) => JailError::GuestSetup(report),
+                _ => e,
+            },
+        );
+    }
     match sync::read_outcome(errors_read.as_fd(), SETUP_TIMEOUT)
         .map_err(|e| JailError::sys("reading the guest init's error pipe", e))?
     {

@@ -412,7 +412,7 @@ mod tests {
             ("frob", "unrecognized subcommand 'frob'"),
             (
                 "",
-                "`dynocap` needs a subcommand: run, exec, ps, destroy, task, ls, rm, mcp, doctor",
+                "`dynocap` needs a subcommand: run, exec, ps, destroy, pool, task, ls, rm, mcp, doctor",
             ),
             (
                 "task",

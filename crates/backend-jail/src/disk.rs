@@ -479,6 +479,7 @@ mod tests {
             reuse_layers: false,
             disk_bytes: Some(64 << 20),
             net_raw: true,
+            idmap_image: false,
         };
         assert_eq!(Plan::for_spec(&spec, false), Plan::Format(64 << 20));
         spec.reuse_layers = true;

@@ -348,6 +348,7 @@ mod tests {
             reuse_layers: false,
             disk_bytes: None,
             net_raw: true,
+            idmap_image: false,
         }
     }
 

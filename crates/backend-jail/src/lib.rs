@@ -57,6 +57,7 @@ mod disk;
 mod error;
 mod failure;
 mod idmap;
+mod idmapped;
 mod jail;
 mod layers;
 mod mountinfo;

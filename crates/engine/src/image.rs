@@ -1,14 +1,29 @@
 //! Guest images: the read-only root a sandbox starts from.
 //!
 //! The default image `host` is a small skeleton (a minimal `/etc`, mountpoints) plus the host's
-//! system directories bound read-only. It never contains or binds a home directory. Other
-//! images (a Debian rootfs for the VM backend) provide the same [`Image`] shape.
+//! system directories bound read-only. It never contains or binds a home directory. Built
+//! images (`dynocap image build debian`, see [`store`] and [`build`]) are whole root
+//! filesystems and provide the same [`Image`] shape with no host binds.
+//!
+//! A sandbox record names its image by [`ImageRef`] (name and content id), resolved once when
+//! the sandbox is created: a later build of a newer image never changes a sandbox's root,
+//! and a recovery boot gets the very same lower layer.
 
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Context, Error, Result};
+use crate::home::Home;
+
+pub mod build;
+pub mod recipe;
+pub mod store;
+
+/// The image every sandbox gets unless another is asked for (`--image`, `DYNOCAP_IMAGE`).
+pub const DEFAULT_IMAGE: &str = "host";
 
 /// Guest uid/gid of the unprivileged user every command runs as.
 pub const SANDBOX_UID: u32 = 1000;
@@ -25,6 +40,99 @@ pub struct Image {
     pub root: PathBuf,
     /// Host paths bound read-only into the guest: (host source, guest target).
     pub ro_binds: Vec<(PathBuf, PathBuf)>,
+    /// The root is a whole filesystem owned by host root (a built image), which a backend
+    /// shows to the guest as owned by the guest's root (the jail: an idmapped lower layer).
+    pub owned_by_host_root: bool,
+    /// The sandbox user may run commands as the guest's root through the agent's `sudo`
+    /// broker. Only images that opt in; the `host` image never does.
+    pub guest_sudo: bool,
+}
+
+/// Which image a sandbox uses, as its record keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRef {
+    pub name: String,
+    /// Content id of a built image; `None` for `host`, which is made from the host itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+impl ImageRef {
+    pub fn host() -> ImageRef {
+        ImageRef {
+            name: DEFAULT_IMAGE.into(),
+            id: None,
+        }
+    }
+}
+
+/// The image name a start uses when its caller names none: `DYNOCAP_IMAGE`, else `host`.
+pub fn default_name() -> String {
+    std::env::var("DYNOCAP_IMAGE")
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| DEFAULT_IMAGE.to_owned())
+}
+
+/// The error for an image that is not built.
+fn not_built(name: &str) -> Error {
+    if recipe::BUILDABLE.contains(&name) {
+        Error::invalid(format!(
+            "image \"{name}\" is not built; build it with `dynocap image build {name}` \
+             (or use the default image \"host\")"
+        ))
+    } else {
+        Error::invalid(format!(
+            "there is no image named \"{name}\"; images: host (the default), and after \
+             `dynocap image build NAME`: {}",
+            recipe::BUILDABLE.join(", ")
+        ))
+    }
+}
+
+/// Resolves an image name to what a new sandbox records: `host`, or the newest build of a
+/// built image.
+pub fn resolve(home: &Home, name: &str) -> Result<ImageRef> {
+    if name == DEFAULT_IMAGE {
+        return Ok(ImageRef::host());
+    }
+    if !store::is_name(name) {
+        return Err(not_built(name));
+    }
+    let store = store::ImageStore::for_home(home);
+    match store.list()?.into_iter().rev().find(|i| i.name() == name) {
+        Some(image) => Ok(ImageRef {
+            name: name.to_owned(),
+            id: Some(image.id().to_owned()),
+        }),
+        None => Err(not_built(name)),
+    }
+}
+
+/// Opens the image a record names, for booting.
+pub fn open(home: &Home, image: &ImageRef) -> Result<Image> {
+    let Some(id) = &image.id else {
+        return host_image(&home.images_dir());
+    };
+    let built = store::ImageStore::for_home(home)
+        .get(&image.name, id)
+        .ok_or_else(|| {
+            Error::internal(format!(
+                "image {} ({}) is gone from {}; rebuild it with `dynocap image build {}`",
+                image.name,
+                build::short(id),
+                home.images_dir().display(),
+                image.name
+            ))
+        })?;
+    Ok(Image {
+        name: built.name().to_owned(),
+        root: built.rootfs(),
+        ro_binds: Vec::new(),
+        owned_by_host_root: true,
+        guest_sudo: built.meta.guest_sudo,
+    })
 }
 
 /// Bump when the skeleton's content changes, so old skeletons are rebuilt.
@@ -80,9 +188,11 @@ pub fn host_image(images_dir: &Path) -> Result<Image> {
         }
     }
     Ok(Image {
-        name: "host".into(),
+        name: DEFAULT_IMAGE.into(),
         root,
         ro_binds,
+        owned_by_host_root: false,
+        guest_sudo: false,
     })
 }
 

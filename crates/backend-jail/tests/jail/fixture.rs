@@ -119,6 +119,7 @@ impl Fixture {
             reuse_layers: false,
             disk_bytes: None,
             net_raw: true,
+            idmap_image: false,
         }
     }
 }

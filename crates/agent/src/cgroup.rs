@@ -506,6 +506,7 @@ mod tests {
             stdin: None,
             cgroup: Some(cgroup.join_handle().expect("join handle")),
             extra_group: None,
+            stdio: None,
         };
         spawn::spawn(&spec).expect("spawn")
     }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Context, Error, Result};
 use crate::home::Home;
 
+pub mod admin;
 pub mod build;
 pub mod recipe;
 pub mod store;

@@ -228,7 +228,10 @@ fn open_channel(arg: &ChannelArg) -> Result<OwnedFd, String> {
 fn main() -> ExitCode {
     // Under the name `sudo` (the image's /usr/local/bin/sudo links here): a client of the
     // broker, run by the sandbox user.
-    if std::env::args_os().next().is_some_and(|a| sudo::invoked_as_sudo(&a)) {
+    if std::env::args_os()
+        .next()
+        .is_some_and(|a| sudo::invoked_as_sudo(&a))
+    {
         let args: Vec<OsString> = std::env::args_os().skip(1).collect();
         return sudo::client(&args);
     }
@@ -243,31 +246,32 @@ fn main() -> ExitCode {
             .collect();
         return proxy_connect::run(&args);
     }
-    let (channel, cgroup_fd, mut config, sudo_broker) = match parse_args(std::env::args_os().skip(1)) {
-        Ok(Command::Run {
-            channel,
-            cgroup_fd,
-            config,
-            sudo_broker,
-        }) => (channel, cgroup_fd, config, sudo_broker),
-        // Like log!, never panic on a closed stdout.
-        Ok(Command::Help) => {
-            let _ = writeln!(std::io::stdout(), "{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Ok(Command::Version) => {
-            let _ = writeln!(
-                std::io::stdout(),
-                "dynocap-agent {}",
-                env!("CARGO_PKG_VERSION")
-            );
-            return ExitCode::SUCCESS;
-        }
-        Err(msg) => {
-            log!("{msg}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let (channel, cgroup_fd, mut config, sudo_broker) =
+        match parse_args(std::env::args_os().skip(1)) {
+            Ok(Command::Run {
+                channel,
+                cgroup_fd,
+                config,
+                sudo_broker,
+            }) => (channel, cgroup_fd, config, sudo_broker),
+            // Like log!, never panic on a closed stdout.
+            Ok(Command::Help) => {
+                let _ = writeln!(std::io::stdout(), "{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            Ok(Command::Version) => {
+                let _ = writeln!(
+                    std::io::stdout(),
+                    "dynocap-agent {}",
+                    env!("CARGO_PKG_VERSION")
+                );
+                return ExitCode::SUCCESS;
+            }
+            Err(msg) => {
+                log!("{msg}\n{USAGE}");
+                return ExitCode::from(2);
+            }
+        };
 
     // Mounts come first: the channel path (/dev/vport…) and /dev/null may only exist after them.
     init::setup();

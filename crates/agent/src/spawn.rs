@@ -92,7 +92,11 @@ pub fn spawn(spec: &ChildSpec) -> io::Result<Spawned> {
     // that the parent's read ends see EOF once the command (and its children) are done.
     let (stdio, outputs, _child_ends) = if let Some(given) = &spec.stdio {
         (
-            [given[0].as_raw_fd(), given[1].as_raw_fd(), given[2].as_raw_fd()],
+            [
+                given[0].as_raw_fd(),
+                given[1].as_raw_fd(),
+                given[2].as_raw_fd(),
+            ],
             Vec::new(),
             Vec::new(),
         )

@@ -143,7 +143,8 @@ fn run_remote(argv: &[OsString]) -> Result<i32, String> {
         }
         _ => format!("cannot reach the agent at {SOCKET}: {err}"),
     })?;
-    let cwd = std::env::current_dir().map_err(|err| format!("cannot read the working directory: {err}"))?;
+    let cwd = std::env::current_dir()
+        .map_err(|err| format!("cannot read the working directory: {err}"))?;
     let env: Vec<OsString> = std::env::vars_os()
         .map(|(k, v)| {
             let mut entry = k;
@@ -208,8 +209,10 @@ fn decode(body: &[u8]) -> Result<Request, String> {
     let mut rest = body;
     while !rest.is_empty() {
         let (len, tail) = rest.split_at_checked(4).ok_or("truncated field length")?;
-        let len = usize::try_from(u32::from_le_bytes(len.try_into().map_err(|_| "bad length")?))
-            .map_err(|_| "bad length")?;
+        let len = usize::try_from(u32::from_le_bytes(
+            len.try_into().map_err(|_| "bad length")?,
+        ))
+        .map_err(|_| "bad length")?;
         let (field, tail) = tail.split_at_checked(len).ok_or("truncated field")?;
         fields.push(field.to_vec());
         rest = tail;
@@ -264,7 +267,8 @@ fn serve_one(mut stream: UnixStream, allowed: u32) {
         Ok((request, stdio)) => run_local(&stream, request, stdio),
         Err((message, stderr)) => {
             if let Some(stderr) = stderr {
-                let _ = std::fs::File::from(stderr).write_all(format!("sudo: {message}\n").as_bytes());
+                let _ =
+                    std::fs::File::from(stderr).write_all(format!("sudo: {message}\n").as_bytes());
             }
             1
         }
@@ -280,10 +284,18 @@ fn accept(stream: &mut UnixStream, allowed: u32) -> Result<(Request, [OwnedFd; 3
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 3]);
     let (received, fds) = {
         let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-            .map_err(|err| (format!("reading the request: {err}"), None))?;
+        let msg = recvmsg::<()>(
+            stream.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|err| (format!("reading the request: {err}"), None))?;
         let mut fds = Vec::new();
-        for cmsg in msg.cmsgs().map_err(|err| (format!("reading the descriptors: {err}"), None))? {
+        for cmsg in msg
+            .cmsgs()
+            .map_err(|err| (format!("reading the descriptors: {err}"), None))?
+        {
             if let ControlMessageOwned::ScmRights(raw) = cmsg {
                 for fd in raw {
                     // SAFETY: SCM_RIGHTS just installed this descriptor in our table; we are
@@ -294,9 +306,12 @@ fn accept(stream: &mut UnixStream, allowed: u32) -> Result<(Request, [OwnedFd; 3
         }
         (msg.bytes, fds)
     };
-    let stdio: [OwnedFd; 3] = fds
-        .try_into()
-        .map_err(|_| ("the request must carry stdin, stdout and stderr".to_owned(), None))?;
+    let stdio: [OwnedFd; 3] = fds.try_into().map_err(|_| {
+        (
+            "the request must carry stdin, stdout and stderr".to_owned(),
+            None,
+        )
+    })?;
     let stderr = |message: String, stdio: &[OwnedFd; 3]| (message, stdio[2].try_clone().ok());
     let peer = getsockopt(&stream.as_fd(), PeerCredentials)
         .map_err(|err| stderr(format!("cannot identify the caller: {err}"), &stdio))?;
@@ -432,7 +447,8 @@ fn caller_gone(stream: BorrowedFd<'_>) -> bool {
         // POLLIN: the caller sends nothing after its request, so readable means EOF.
         nix::poll::PollFlags::POLLIN,
     )];
-    let timeout = nix::poll::PollTimeout::try_from(CALLER_POLL).unwrap_or(nix::poll::PollTimeout::MAX);
+    let timeout =
+        nix::poll::PollTimeout::try_from(CALLER_POLL).unwrap_or(nix::poll::PollTimeout::MAX);
     match nix::poll::poll(&mut fds, timeout) {
         Ok(0) | Err(_) => false,
         Ok(_) => fds[0].revents().is_some_and(|r| {
@@ -469,15 +485,22 @@ mod tests {
         );
         assert_eq!(parse(&os(&["-v"])), Invocation::Nothing);
         assert!(matches!(parse(&os(&[])), Invocation::Usage(_)));
-        assert!(matches!(parse(&os(&["-u", "sandbox", "id"])), Invocation::Usage(_)));
-        assert!(matches!(parse(&os(&["-g", "x", "id"])), Invocation::Usage(_)));
+        assert!(matches!(
+            parse(&os(&["-u", "sandbox", "id"])),
+            Invocation::Usage(_)
+        ));
+        assert!(matches!(
+            parse(&os(&["-g", "x", "id"])),
+            Invocation::Usage(_)
+        ));
         assert!(invoked_as_sudo(OsStr::new("/usr/local/bin/sudo")));
         assert!(!invoked_as_sudo(OsStr::new("/.dynocap/agent")));
     }
 
     #[test]
     fn requests_round_trip_and_bad_ones_are_refused() {
-        let request = encode(&[VERSION, b"/work", b"2", b"id", b"-u", b"1", b"A=b"]).expect("encode");
+        let request =
+            encode(&[VERSION, b"/work", b"2", b"id", b"-u", b"1", b"A=b"]).expect("encode");
         let body = &request[4..];
         assert_eq!(
             u32::from_le_bytes(request[..4].try_into().expect("4 bytes")) as usize,
@@ -514,7 +537,10 @@ mod tests {
             ],
             1000,
         );
-        let env: Vec<String> = env.into_iter().map(|e| e.into_string().expect("utf8")).collect();
+        let env: Vec<String> = env
+            .into_iter()
+            .map(|e| e.into_string().expect("utf8"))
+            .collect();
         assert!(env.contains(&"HOME=/root".to_owned()));
         assert!(env.contains(&format!("PATH={ROOT_PATH}")));
         assert!(env.contains(&"https_proxy=http://127.0.0.1:3128".to_owned()));

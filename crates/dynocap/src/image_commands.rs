@@ -96,10 +96,7 @@ async fn build(engine: Engine, json: bool, name: String) -> Result<ExitCode, Err
     let (outcome, engine) = built?;
     let image = &outcome.image;
     if json {
-        let info = engine
-            .image_ls()?
-            .into_iter()
-            .find(|i| i.id == image.id());
+        let info = engine.image_ls()?.into_iter().find(|i| i.id == image.id());
         print_json(&serde_json::json!({
             "image": info,
             "origin": match outcome.origin {

@@ -74,7 +74,11 @@ impl Engine {
                 image.name(),
                 build::short(image.id()),
                 info.used_by.join(", "),
-                if info.used_by.len() == 1 { "it" } else { "them" }
+                if info.used_by.len() == 1 {
+                    "it"
+                } else {
+                    "them"
+                }
             )));
         }
         store.remove(&image)?;

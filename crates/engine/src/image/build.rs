@@ -90,6 +90,13 @@ pub fn build(
             origin: Origin::Present,
         });
     }
+    // With a shared cache, its lock is taken first (always in this order: cache, then
+    // store): concurrent builds in many homes then make one mmdebstrap run, and the others
+    // copy its result.
+    let cache_lock = match store.cache() {
+        Some(cache) => Some(BuildLock::take(&cache.join(name), progress)?),
+        None => None,
+    };
     let parent = store.dir().join(name);
     let _lock = BuildLock::take(&parent, progress)?;
     // Another build may have installed it while we waited.
@@ -139,7 +146,7 @@ pub fn build(
             target.display()
         ))
     })?;
-    if origin == Origin::Built {
+    if origin == Origin::Built && cache_lock.is_some() {
         if let Some(cache) = store.cache() {
             if let Err(err) = publish(cache, &image) {
                 progress(&format!(
@@ -152,17 +159,13 @@ pub fn build(
     Ok(Outcome { image, origin })
 }
 
-/// Copies a built image into the shared cache (under the cache's own build lock).
+/// Copies a built image into the shared cache. Callers hold the cache's build lock.
 fn publish(cache: &Path, image: &BuiltImage) -> Result<()> {
     let cache_store = ImageStore::at(cache.to_owned(), None);
     if cache_store.get(image.name(), image.id()).is_some() {
         return Ok(());
     }
     let parent = cache.join(image.name());
-    let _lock = BuildLock::take(&parent, &|_| {})?;
-    if cache_store.get(image.name(), image.id()).is_some() {
-        return Ok(());
-    }
     remove_dead_builds(&parent)?;
     let staging = Staging::new(&parent)?;
     copy_image(&image.dir, &staging.path)?;
@@ -333,12 +336,19 @@ fn run_mmdebstrap(
         .stderr(Stdio::piped())
         // Its own process group: a Ctrl-C reaches us, and we stop it (it cleans up first).
         .process_group(0);
-    if nix::unistd::geteuid().is_root() {
+    let root = nix::unistd::geteuid().is_root();
+    if root {
         cmd.arg("--mode=root");
-        // SAFETY: the closure only makes raw syscalls (unshare, mount), which are
-        // async-signal-safe, and allocates nothing.
-        unsafe {
-            cmd.pre_exec(|| {
+    }
+    // SAFETY: the closure only makes raw syscalls (prctl, unshare, mount), which are
+    // async-signal-safe, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            // If this process dies (SIGKILL), mmdebstrap goes too: no orphan keeps writing
+            // into a build directory the next build will remove. (The calling thread waits
+            // for mmdebstrap throughout, so its exit is this process's.)
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            if root {
                 nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
                 nix::mount::mount(
                     None::<&str>,
@@ -347,9 +357,9 @@ fn run_mmdebstrap(
                     nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
                     None::<&str>,
                 )?;
-                Ok(())
-            });
-        }
+            }
+            Ok(())
+        });
     }
     progress(&format!(
         "running mmdebstrap ({} {}, from {})",

@@ -126,12 +126,13 @@ mod tests {
         let mut reordered = base.clone();
         reordered.packages.reverse();
         assert_eq!(reordered.id(), id);
-        let changes: Vec<Box<dyn Fn(&mut Recipe)>> = vec![
-            Box::new(|r| r.suite = "trixie".into()),
-            Box::new(|r| r.packages.push("vim".into())),
-            Box::new(|r| r.mirror = "http://mirror.example/debian".into()),
-            Box::new(|r| r.mmdebstrap_version = "mmdebstrap 1.5.0".into()),
-            Box::new(|r| r.variant = "apt".into()),
+        let changes: [fn(&mut Recipe); 6] = [
+            |r| r.suite = "trixie".into(),
+            |r| r.packages.push("vim".into()),
+            |r| r.mirror = "http://mirror.example/debian".into(),
+            |r| r.guest_mirror = "https://mirror.example/debian".into(),
+            |r| r.mmdebstrap_version = "mmdebstrap 1.5.0".into(),
+            |r| r.variant = "apt".into(),
         ];
         for change in changes {
             let mut other = base.clone();

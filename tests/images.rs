@@ -398,3 +398,101 @@ fn an_interrupted_build_leaves_nothing() {
     child.wait().expect("wait");
     assert_nothing_left(&home);
 }
+
+/// A flat apt repository holding one small package, under the fixture's HTTPS server at
+/// `https://other.test/apt/`: built here with dpkg-deb and dpkg-scanpackages, unsigned (the
+/// guest's source line says `trusted=yes`), with a Release file listing the index's hash.
+fn serve_apt_repository(fix: &dynocap_e2e::netfix::NetFix) {
+    let repo = fix.dir().join("www/apt");
+    let pkg = fix.dir().join("pkg");
+    dynocap_e2e::write(
+        &pkg.join("DEBIAN/control"),
+        "Package: dynocap-served\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@example.com>\nDescription: served over HTTPS\n",
+    );
+    dynocap_e2e::write(
+        &pkg.join("usr/bin/dynocap-served"),
+        "#!/bin/sh\necho served over https\n",
+    );
+    dynocap_e2e::chmod(&pkg.join("usr/bin/dynocap-served"), 0o755);
+    std::fs::create_dir_all(&repo).expect("mkdir");
+    let run = |cmd: &mut Command| {
+        let out = cmd.output().expect("spawn");
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    run(Command::new("dpkg-deb")
+        .args(["--root-owner-group", "--build"])
+        .arg(&pkg)
+        .arg(repo.join("dynocap-served_1.0_all.deb")));
+    let packages = run(Command::new("dpkg-scanpackages")
+        .args(["--multiversion", "."])
+        .current_dir(&repo));
+    std::fs::write(repo.join("Packages"), &packages).expect("write Packages");
+    let sum =
+        String::from_utf8(run(Command::new("sha256sum").arg(repo.join("Packages")))).expect("utf8");
+    let hash = sum.split_whitespace().next().expect("hash");
+    let date = String::from_utf8(run(Command::new("date").args(["-Ru"]))).expect("utf8");
+    std::fs::write(
+        repo.join("Release"),
+        format!(
+            "Origin: dynocap-test\nLabel: dynocap-test\nDate: {}\nSHA256:\n {hash} {} Packages\n",
+            date.trim(),
+            packages.len()
+        ),
+    )
+    .expect("write Release");
+}
+
+#[test]
+fn sudo_apt_get_install_through_the_filtered_proxy() {
+    use dynocap_e2e::netfix::{NetFix, OTHER_HOST};
+    if !ready("sudo_apt_get_install_through_the_filtered_proxy") {
+        return;
+    }
+    let fix = NetFix::start();
+    serve_apt_repository(&fix);
+    let (mut home, _) = debian_home();
+    for (key, value) in fix.product_env() {
+        home = home.with_env(&key, &value);
+    }
+    home.sandbox(
+        "apt",
+        &[
+            "--image",
+            "debian",
+            "--network",
+            "filtered",
+            "--allow-host",
+            OTHER_HOST,
+        ],
+    );
+    // Only the fixture's repository: nothing may try deb.debian.org from a test. apt trusts
+    // the test CA through the bundle the agent writes for DYNOCAP_EXTRA_CA, and reaches the
+    // server through the proxy settings every command gets (sudo keeps them).
+    home.sh(
+        "apt",
+        "sudo rm -f /etc/apt/sources.list && \
+         echo 'deb [trusted=yes] https://other.test/apt ./' | sudo tee /etc/apt/sources.list.d/fixture.list >/dev/null && \
+         printf 'Acquire::https::CaInfo \"%s\";\\n' \"$SSL_CERT_FILE\" | sudo tee /etc/apt/apt.conf.d/90fixture-ca >/dev/null",
+    );
+    let update = home.exec("apt", &["--timeout", "120"], "sudo apt-get update");
+    assert_eq!(update["exitCode"], 0, "{update:#}");
+    let install = home.exec(
+        "apt",
+        &["--timeout", "120"],
+        "sudo apt-get install -y -q dynocap-served",
+    );
+    assert_eq!(install["exitCode"], 0, "{install:#}");
+    assert_eq!(home.sh("apt", "dynocap-served"), "served over https\n");
+    assert!(
+        !fix.https
+            .requests_for("/apt/dynocap-served_1.0_all.deb")
+            .is_empty(),
+        "the package did not come from the fixture: {:?}",
+        fix.https.requests()
+    );
+}

@@ -36,9 +36,6 @@ pub enum Command {
     /// Work on a copy of a project: start, exec, diff, finish.
     #[command(subcommand)]
     Task(TaskCommand),
-    /// Build, list and remove guest images (`dynocap image build debian`).
-    #[command(subcommand)]
-    Image(ImageCommand),
     /// List tasks (live and retained) and raw sandboxes.
     Ls,
     /// Release a task's name; --purge deletes its results, --force ends it if running.
@@ -48,6 +45,9 @@ pub enum Command {
     /// Report what this machine supports and what to install or enable; --repair rebuilds a
     /// damaged catalog.
     Doctor(DoctorArgs),
+    /// Build, list and remove guest images (`dynocap image build debian`).
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// Print a completion script for a shell: `dynocap completions bash > /etc/bash_completion.d/dynocap`.
     Completions(CompletionsArgs),
     /// Print the manual page (roff): `dynocap man | man -l -`.
@@ -438,6 +438,7 @@ mod tests {
                 "task",
                 "`dynocap task` needs a subcommand: start, exec, diff, finish, apply",
             ),
+            ("image", "`dynocap image` needs a subcommand: build, ls, rm"),
         ];
         for (line, needle) in cases {
             let message = explained(line);

@@ -135,6 +135,11 @@ fn sudo_gives_guest_root_and_the_host_sees_an_unprivileged_uid() {
     let failed = home.exec("root", &[], "sudo sh -c 'echo oops >&2; exit 7'");
     assert_eq!(failed["exitCode"], 7, "{failed:#}");
     assert_eq!(failed["stderr"], "oops\n");
+    // Guest root still cannot reach into the agent (its PID 1): no ptrace, no memory, no fds.
+    for probe in ["cat /proc/1/environ", "readlink /proc/1/fd/0", "cat /proc/1/mem"] {
+        let result = home.exec("root", &[], &format!("sudo {probe}"));
+        assert_ne!(result["exitCode"], 0, "{probe}: {result:#}");
+    }
     let missing = home.exec("root", &[], "sudo no-such-program");
     assert_eq!(missing["exitCode"], 127, "{missing:#}");
 

@@ -281,6 +281,14 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     if sudo_broker {
+        // Commands run through sudo share the agent's uid (guest root); without this they
+        // could ptrace the agent, read its memory and descriptors and speak on its channel.
+        // A non-dumpable process can be traced only with CAP_SYS_PTRACE, which the guest
+        // lacks.
+        if let Err(err) = nix::sys::prctl::set_dumpable(false) {
+            log!("cannot make the agent non-dumpable, so no sudo broker: {err}");
+            return ExitCode::from(1);
+        }
         let user = config.exec_user.map_or(0, |u| u.uid);
         if let Err(err) = sudo::serve(user) {
             // The guest still works; only `sudo` will say it has no root access.

@@ -136,7 +136,11 @@ fn sudo_gives_guest_root_and_the_host_sees_an_unprivileged_uid() {
     assert_eq!(failed["exitCode"], 7, "{failed:#}");
     assert_eq!(failed["stderr"], "oops\n");
     // Guest root still cannot reach into the agent (its PID 1): no ptrace, no memory, no fds.
-    for probe in ["cat /proc/1/environ", "readlink /proc/1/fd/0", "cat /proc/1/mem"] {
+    for probe in [
+        "cat /proc/1/environ",
+        "readlink /proc/1/fd/0",
+        "cat /proc/1/mem",
+    ] {
         let result = home.exec("root", &[], &format!("sudo {probe}"));
         assert_ne!(result["exitCode"], 0, "{probe}: {result:#}");
     }

@@ -45,8 +45,27 @@ pub struct Image {
     /// shows to the guest as owned by the guest's root (the jail: an idmapped lower layer).
     pub owned_by_host_root: bool,
     /// The sandbox user may run commands as the guest's root through the agent's `sudo`
-    /// broker. Only images that opt in; the `host` image never does.
+    /// broker. Only images that opt in; the `host` image never does. The image's `sudo` is a
+    /// link to `/.dynocap/agent`, so a backend must put the agent there.
     pub guest_sudo: bool,
+    /// A built image's content id (`None` for `host`): the key for whatever a backend derives
+    /// from the image and caches (a disk image, an initramfs).
+    pub id: Option<String>,
+    /// The kernel inside a built image, for a backend that boots one.
+    pub kernel: Option<KernelFiles>,
+}
+
+/// A kernel shipped inside an image's rootfs (host paths).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelFiles {
+    /// e.g. `6.1.0-50-cloud-amd64`.
+    pub release: String,
+    /// `rootfs/boot/vmlinuz-<release>`.
+    pub vmlinuz: PathBuf,
+    /// `rootfs/boot/initrd.img-<release>`, Debian's own initramfs, if present.
+    pub initrd: Option<PathBuf>,
+    /// `rootfs/lib/modules/<release>`.
+    pub modules: PathBuf,
 }
 
 /// Which image a sandbox uses, as its record keeps it.
@@ -133,6 +152,16 @@ pub fn open(home: &Home, image: &ImageRef) -> Result<Image> {
         ro_binds: Vec::new(),
         owned_by_host_root: true,
         guest_sudo: built.meta.guest_sudo,
+        id: Some(built.id().to_owned()),
+        kernel: built
+            .kernel_path()
+            .zip(built.modules_dir())
+            .map(|(vmlinuz, modules)| KernelFiles {
+                release: built.meta.kernel.clone().unwrap_or_default(),
+                vmlinuz,
+                initrd: built.initrd_path(),
+                modules,
+            }),
     })
 }
 
@@ -194,6 +223,8 @@ pub fn host_image(images_dir: &Path) -> Result<Image> {
         ro_binds,
         owned_by_host_root: false,
         guest_sudo: false,
+        id: None,
+        kernel: None,
     })
 }
 
@@ -313,6 +344,80 @@ mod tests {
         // A second call reuses the skeleton.
         let again = host_image(dir.path()).unwrap();
         assert_eq!(again.root, image.root);
+    }
+
+    /// Installs a fake built image (metadata and an empty rootfs with a kernel's files).
+    fn fake_build(home: &Home, id: &str, created: &str) {
+        let dir = home.images_dir().join("debian").join(id);
+        fs::create_dir_all(dir.join("rootfs/boot")).unwrap();
+        fs::create_dir_all(dir.join("rootfs/lib/modules/6.1.0-9-cloud-amd64")).unwrap();
+        fs::write(dir.join("rootfs/boot/vmlinuz-6.1.0-9-cloud-amd64"), "").unwrap();
+        let meta = store::ImageMeta {
+            name: "debian".into(),
+            id: id.into(),
+            created: created.into(),
+            size_bytes: 0,
+            suite: "bookworm".into(),
+            packages: vec![],
+            kernel: Some("6.1.0-9-cloud-amd64".into()),
+            guest_sudo: true,
+        };
+        fs::write(
+            dir.join(store::META_FILE),
+            serde_json::to_string(&meta).unwrap(),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_record_names_the_newest_build_and_boots_exactly_that_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path().join("home")).unwrap();
+        let err = resolve(&home, "debian").unwrap_err();
+        assert!(err.message.contains("dynocap image build debian"), "{err}");
+        let err = resolve(&home, "../etc").unwrap_err();
+        assert!(err.message.contains("no image named"), "{err}");
+        assert_eq!(resolve(&home, "host").unwrap(), ImageRef::host());
+
+        let (old, new) = ("1".repeat(64), "2".repeat(64));
+        fake_build(&home, &old, "2026-01-01T00:00:00Z");
+        fake_build(&home, &new, "2026-02-01T00:00:00Z");
+        let picked = resolve(&home, "debian").unwrap();
+        assert_eq!(picked.id.as_deref(), Some(new.as_str()));
+
+        // A record keeps its id: the older build is what it boots, whatever is newer.
+        let image = open(
+            &home,
+            &ImageRef {
+                name: "debian".into(),
+                id: Some(old.clone()),
+            },
+        )
+        .unwrap();
+        let rootfs = home.images_dir().join("debian").join(&old).join("rootfs");
+        assert_eq!(image.root, rootfs);
+        assert!(image.ro_binds.is_empty() && image.owned_by_host_root && image.guest_sudo);
+        assert_eq!(image.id.as_deref(), Some(old.as_str()));
+        let kernel = image.kernel.expect("kernel");
+        assert_eq!(
+            kernel.vmlinuz,
+            rootfs.join("boot/vmlinuz-6.1.0-9-cloud-amd64")
+        );
+        assert_eq!(
+            kernel.modules,
+            rootfs.join("lib/modules/6.1.0-9-cloud-amd64")
+        );
+        assert_eq!(kernel.initrd, None);
+
+        let host = open(&home, &ImageRef::host()).unwrap();
+        assert!(!host.guest_sudo && !host.owned_by_host_root && host.kernel.is_none());
+
+        let gone = ImageRef {
+            name: "debian".into(),
+            id: Some("3".repeat(64)),
+        };
+        let err = open(&home, &gone).unwrap_err();
+        assert!(err.message.contains("dynocap image build debian"), "{err}");
     }
 
     #[test]

@@ -506,3 +506,45 @@ fn sudo_apt_get_install_through_the_filtered_proxy() {
         fix.https.requests()
     );
 }
+
+#[test]
+fn an_unsaved_debian_task_is_recovered_on_its_own_image() {
+    if !ready("an_unsaved_debian_task_is_recovered_on_its_own_image") {
+        return;
+    }
+    let (home, _) = debian_home();
+    let project = tempfile::tempdir().expect("project");
+    sample_project(project.path());
+    let path = project.path().to_str().expect("utf8");
+    home.json(&["task", "start", path, "--name", "kept", "--image", "debian"]);
+    home.task_sh(
+        "kept",
+        "echo root-work | sudo tee /etc/kept >/dev/null; echo kept-work > notes.txt",
+    );
+    let out = Command::new("sqlite3")
+        .arg(home.path().join("catalog.db"))
+        .arg("SELECT supervisor_pid FROM sandboxes WHERE name = 'kept'")
+        .output()
+        .expect("sqlite3");
+    let supervisor: i32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a supervisor pid");
+    Command::new("kill")
+        .args(["-KILL", &supervisor.to_string()])
+        .status()
+        .expect("kill");
+    assert!(wait_until(30, || {
+        let listing = home.json(&["ls"]);
+        listing["tasks"][0]["state"] == "unsaved"
+    }));
+    // Its kept layer sits on this image: removing the image is refused until it is saved.
+    let err = home.json_err(&["image", "rm", "debian"]);
+    assert_eq!(err["code"], "conflict", "{err:#}");
+    let finished = home.json(&["task", "finish", "kept"]);
+    assert_eq!(finished["verified"], true, "{finished:#}");
+    let patch =
+        std::fs::read_to_string(finished["patchPath"].as_str().expect("patchPath")).expect("patch");
+    assert!(patch.contains("+kept-work"), "{patch}");
+    home.json(&["image", "rm", "debian"]);
+}

@@ -2,7 +2,8 @@
 //! made its root:
 //!
 //! ```text
-//! /              overlay: lower = image_root, upper = state/upper (nosuid, nodev)
+//! /              overlay: lower = image_root (or its idmapped clone, see `idmapped`),
+//!                upper = state/upper (nosuid, nodev)
 //! /proc          fresh procfs of the new pid namespace (nosuid, nodev, noexec), with
 //!                Docker's masked paths covered and its read-only paths re-bound read-only
 //! /dev           tmpfs 0755 (nosuid, noexec) with the host's null, zero, full, random,

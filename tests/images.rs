@@ -284,6 +284,25 @@ fn a_missing_image_names_the_build_command() {
 }
 
 #[test]
+fn a_missing_mmdebstrap_names_the_package_to_install() {
+    if !require_root("a_missing_mmdebstrap_names_the_package_to_install") {
+        return;
+    }
+    let home = TestHome::new();
+    let out = home
+        .command()
+        .env("PATH", home.path())
+        .args(["--json", "image", "build", "debian"])
+        .output()
+        .expect("spawn dynocap");
+    assert!(!out.status.success());
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let message = value["error"]["message"].as_str().expect("message");
+    assert!(message.contains("apt-get install mmdebstrap"), "{message}");
+    assert!(entries(&home.path().join("images")).is_empty());
+}
+
+#[test]
 fn rm_is_refused_while_a_sandbox_uses_the_image() {
     if !ready("rm_is_refused_while_a_sandbox_uses_the_image") {
         return;

@@ -93,7 +93,8 @@ pub fn build(
     // With a shared cache, its lock is taken first (always in this order: cache, then
     // store): concurrent builds in many homes then make one mmdebstrap run, and the others
     // copy its result.
-    let cache_lock = match store.cache() {
+    let cache = store.cache().filter(|cache| !same_dir(cache, store.dir()));
+    let cache_lock = match cache {
         Some(cache) => Some(BuildLock::take(&cache.join(name), progress)?),
         None => None,
     };
@@ -109,8 +110,7 @@ pub fn build(
     remove_dead_builds(&parent)?;
     let staging = Staging::new(&parent)?;
 
-    let cached = store
-        .cache()
+    let cached = cache
         .map(|cache| ImageStore::at(cache.to_owned(), None))
         .and_then(|cache| cache.get(name, &id));
     let origin = if let Some(cached) = cached {
@@ -146,17 +146,24 @@ pub fn build(
             target.display()
         ))
     })?;
-    if origin == Origin::Built && cache_lock.is_some() {
-        if let Some(cache) = store.cache() {
-            if let Err(err) = publish(cache, &image) {
-                progress(&format!(
-                    "warning: not shared into {}: {err}",
-                    cache.display()
-                ));
-            }
+    if let (Origin::Built, Some(cache), Some(_)) = (origin, cache, &cache_lock) {
+        if let Err(err) = publish(cache, &image) {
+            progress(&format!(
+                "warning: not shared into {}: {err}",
+                cache.display()
+            ));
         }
     }
     Ok(Outcome { image, origin })
+}
+
+/// Whether two paths name one directory (a cache set to the store itself is no cache: its
+/// lock would be taken twice).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (fs::canonicalize(a), fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
 }
 
 /// Copies a built image into the shared cache. Callers hold the cache's build lock.
@@ -632,6 +639,17 @@ mod tests {
         remove_dead_builds(tmp.path()).expect("clean");
         assert!(!tmp.path().join(".tmp-1-abc").exists());
         assert!(tmp.path().join(&id).exists());
+    }
+
+    #[test]
+    fn a_cache_that_is_the_store_itself_is_recognised() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = tmp.path().join("images");
+        fs::create_dir_all(&store).expect("mkdir");
+        std::os::unix::fs::symlink(&store, tmp.path().join("alias")).expect("symlink");
+        assert!(same_dir(&store, &tmp.path().join("alias")));
+        assert!(same_dir(&store, &tmp.path().join("images/../images")));
+        assert!(!same_dir(&store, tmp.path()));
     }
 
     #[test]

@@ -43,6 +43,8 @@ const VERSION: &[u8] = b"dynocap-sudo-1";
 const MAX_REQUEST: usize = 1 << 20;
 /// PATH of commands run as root, as Debian's sudo sets it (`secure_path`).
 const ROOT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// How long a caller has to send its whole request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the broker checks whether the caller is still there.
 const CALLER_POLL: Duration = Duration::from_millis(200);
 
@@ -263,6 +265,8 @@ pub fn serve(allowed: u32) -> std::io::Result<()> {
 }
 
 fn serve_one(mut stream: UnixStream, allowed: u32) {
+    // A caller that connects and sends nothing must not hold a thread for ever.
+    let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
     let code = match accept(&mut stream, allowed) {
         Ok((request, stdio)) => run_local(&stream, request, stdio),
         Err((message, stderr)) => {

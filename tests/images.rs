@@ -175,28 +175,63 @@ fn sudo_gives_guest_root_and_the_host_sees_an_unprivileged_uid() {
 
     // On the host, the guest's root is an unprivileged uid of the sandbox's range: the
     // agent's own, and a command run through sudo has it too.
-    home.sh("root", "sudo sleep 300 >/dev/null 2>&1 &");
+    home.sh("root", "sudo sleep 3007 >/dev/null 2>&1 &");
+    let is_probe = |pid: i32, name: &str| {
+        name == "sleep"
+            && std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c == b"sleep\x003007\x00")
+    };
     let mut found = Vec::new();
     assert!(
         wait_until(10, || {
             found = processes_in_guest_uid_range();
-            found.iter().any(|(_, _, name)| name == "sleep")
+            found.iter().any(|(pid, _, name)| is_probe(*pid, name))
         }),
         "the sudo'd sleep never showed up: {found:?}"
     );
+    // Other tests' sandboxes run agents too: the sleep's parent is this sandbox's agent.
+    let (sleep_pid, sleep_uid) = found
+        .iter()
+        .find(|(pid, _, name)| is_probe(*pid, name))
+        .map(|(pid, uid, _)| (*pid, *uid))
+        .expect("sleep");
+    let status = std::fs::read_to_string(format!("/proc/{sleep_pid}/status")).expect("status");
+    let parent: i32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("PPid");
     let agent_uid = found
         .iter()
-        .find(|(_, _, name)| name == "agent")
+        .find(|(pid, _, name)| *pid == parent && name == "agent")
         .map(|(_, uid, _)| *uid)
-        .expect("the agent runs in the guest range");
-    let sleep_uid = found
-        .iter()
-        .find(|(_, _, name)| name == "sleep")
-        .map(|(_, uid, _)| *uid)
-        .expect("sleep");
+        .unwrap_or_else(|| panic!("sleep's parent {parent} is not an agent: {found:?}"));
     assert_eq!(sleep_uid, agent_uid, "{found:?}");
     assert_ne!(sleep_uid, 0);
     home.json(&["destroy", "root"]);
+}
+
+#[test]
+fn a_timeout_stops_what_sudo_started_daemons_included() {
+    if !ready("a_timeout_stops_what_sudo_started_daemons_included") {
+        return;
+    }
+    let (home, _) = debian_home();
+    home.sandbox("cut", &["--image", "debian"]);
+    // The daemon leaves the command's process group and session; only the command's cgroup,
+    // which the sudo'd command joins, still holds it.
+    let result = home.exec(
+        "cut",
+        &["--timeout", "3"],
+        "sudo sh -c 'setsid sleep 301 </dev/null >/dev/null 2>&1 & echo started; sleep 100'",
+    );
+    assert_eq!(result["timedOut"], true, "{result:#}");
+    assert_eq!(result["stdout"], "started\n", "{result:#}");
+    let left = home.exec("cut", &[], "ps -eo args | grep -c '^sleep 301' || true");
+    assert_eq!(
+        left["stdout"], "0\n",
+        "the daemon outlived the timeout: {left:#}"
+    );
 }
 
 #[test]

@@ -150,6 +150,46 @@ impl ExecCgroups {
         })
     }
 
+    /// `cgroup.procs` (open for writing) of the command cgroup `pid` is in, if any: what a
+    /// process started on that command's behalf (the `sudo` broker's) joins, so that the
+    /// command's timeout or cancel stops it too. `pid` is of the agent's pid namespace.
+    pub fn join_handle_of(&self, pid: Pid) -> Option<OwnedFd> {
+        let wanted = pid.as_raw().to_string();
+        let dir = nix::dir::Dir::openat(
+            self.root.as_fd(),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let names: Vec<String> = dir
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str().ok().map(str::to_owned))
+            .filter(|name| name.starts_with("exec-"))
+            .collect();
+        names.into_iter().find_map(|name| {
+            let procs = format!("{name}/cgroup.procs");
+            let open = |flags: OFlag| {
+                openat(
+                    self.root.as_fd(),
+                    procs.as_str(),
+                    flags | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+            };
+            let mut members = String::new();
+            std::fs::File::from(open(OFlag::O_RDONLY).ok()?)
+                .read_to_string(&mut members)
+                .ok()?;
+            if members.split_whitespace().any(|p| p == wanted) {
+                open(OFlag::O_WRONLY).ok()
+            } else {
+                None
+            }
+        })
+    }
+
     /// Removes the lingering cgroups that emptied since.
     fn sweep(&self) {
         let mut lingering = self

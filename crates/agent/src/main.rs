@@ -280,21 +280,6 @@ fn main() -> ExitCode {
         log!("cannot start the reaper thread: {err}");
         return ExitCode::from(1);
     }
-    if sudo_broker {
-        // Commands run through sudo share the agent's uid (guest root); without this they
-        // could ptrace the agent, read its memory and descriptors and speak on its channel.
-        // A non-dumpable process can be traced only with CAP_SYS_PTRACE, which the guest
-        // lacks.
-        if let Err(err) = nix::sys::prctl::set_dumpable(false) {
-            log!("cannot make the agent non-dumpable, so no sudo broker: {err}");
-            return ExitCode::from(1);
-        }
-        let user = config.exec_user.map_or(0, |u| u.uid);
-        if let Err(err) = sudo::serve(user) {
-            // The guest still works; only `sudo` will say it has no root access.
-            log!("cannot start the sudo broker at {}: {err}", sudo::SOCKET);
-        }
-    }
     let fd = match open_channel(&channel) {
         Ok(fd) => fd,
         Err(msg) => {
@@ -317,6 +302,21 @@ fn main() -> ExitCode {
         }
     }
 
+    if sudo_broker {
+        // Commands run through sudo share the agent's uid (guest root); without this they
+        // could ptrace the agent, read its memory and descriptors and speak on its channel.
+        // A non-dumpable process can be traced only with CAP_SYS_PTRACE, which the guest
+        // lacks.
+        if let Err(err) = nix::sys::prctl::set_dumpable(false) {
+            log!("cannot make the agent non-dumpable, so no sudo broker: {err}");
+            return ExitCode::from(1);
+        }
+        let user = config.exec_user.map_or(0, |u| u.uid);
+        if let Err(err) = sudo::serve(user, config.exec_cgroups.clone()) {
+            // The guest still works; only `sudo` will say it has no root access.
+            log!("cannot start the sudo broker at {}: {err}", sudo::SOCKET);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -7,8 +7,9 @@
 //! broker's socket ([`SOCKET`]), sends its arguments, working directory and environment, and
 //! passes its stdin, stdout and stderr along (`SCM_RIGHTS`); the broker ([`serve`]) checks the
 //! caller's uid (`SO_PEERCRED`), starts the command as itself in the caller's directory with
-//! the caller's descriptors, and answers with its exit code. When the caller goes away (a
-//! timeout killed it), the broker kills the command's process group.
+//! the caller's descriptors and in the caller's command cgroup (so the command's timeout stops
+//! it and all it started), and answers with its exit code. When the caller goes away (a
+//! timeout killed it), the broker kills the command's process group too.
 //!
 //! Guest root gains nothing on the host: it is the sandbox's unprivileged host uid in the
 //! sandbox's user namespace, inside the same cgroups, seccomp filter and capability bounding
@@ -33,6 +34,9 @@ use nix::sys::socket::{
     MsgFlags,
 };
 
+use std::sync::Arc;
+
+use crate::cgroup::ExecCgroups;
 use crate::reaper::ExitStatus;
 use crate::spawn::{self, ChildSpec};
 
@@ -243,7 +247,7 @@ fn decode(body: &[u8]) -> Result<Request, String> {
 
 /// Starts the broker: listens on [`SOCKET`] for callers with uid `allowed` (and root) and
 /// serves each on a thread of its own.
-pub fn serve(allowed: u32) -> std::io::Result<()> {
+pub fn serve(allowed: u32, cgroups: Option<Arc<ExecCgroups>>) -> std::io::Result<()> {
     let socket = Path::new(SOCKET);
     let dir = socket.parent().unwrap_or(Path::new("/run"));
     std::fs::create_dir_all(dir)?;
@@ -256,19 +260,20 @@ pub fn serve(allowed: u32) -> std::io::Result<()> {
         .name("sudo-broker".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
+                let cgroups = cgroups.clone();
                 let _ = std::thread::Builder::new()
                     .name("sudo".into())
-                    .spawn(move || serve_one(stream, allowed));
+                    .spawn(move || serve_one(stream, allowed, cgroups.as_deref()));
             }
         })?;
     Ok(())
 }
 
-fn serve_one(mut stream: UnixStream, allowed: u32) {
+fn serve_one(mut stream: UnixStream, allowed: u32, cgroups: Option<&ExecCgroups>) {
     // A caller that connects and sends nothing must not hold a thread for ever.
     let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
     let code = match accept(&mut stream, allowed) {
-        Ok((request, stdio)) => run_local(&stream, request, stdio),
+        Ok((request, stdio)) => run_local(&stream, request, stdio, cgroups),
         Err((message, stderr)) => {
             if let Some(stderr) = stderr {
                 let _ =
@@ -375,8 +380,19 @@ fn root_env(caller: &[Vec<u8>], caller_uid: u32) -> Vec<CString> {
 
 /// Runs the request as the agent's own user (guest root) and waits for it, killing its
 /// process group if the caller goes away first.
-fn run_local(stream: &UnixStream, request: Request, stdio: [OwnedFd; 3]) -> i32 {
-    let peer_uid = getsockopt(&stream.as_fd(), PeerCredentials).map_or(0, |c| c.uid());
+fn run_local(
+    stream: &UnixStream,
+    request: Request,
+    stdio: [OwnedFd; 3],
+    cgroups: Option<&ExecCgroups>,
+) -> i32 {
+    let peer = getsockopt(&stream.as_fd(), PeerCredentials).ok();
+    let peer_uid = peer.map_or(0, |c| c.uid());
+    // The caller's command cgroup, so that its timeout stops this command and everything it
+    // starts, daemons included (a process-group kill would miss those).
+    let cgroup = cgroups
+        .zip(peer)
+        .and_then(|(cgroups, peer)| cgroups.join_handle_of(nix::unistd::Pid::from_raw(peer.pid())));
     let fail = |stdio: &[OwnedFd; 3], message: String| {
         let _ = nix::unistd::write(&stdio[2], format!("sudo: {message}\n").as_bytes());
         1
@@ -407,7 +423,7 @@ fn run_local(stream: &UnixStream, request: Request, stdio: [OwnedFd; 3]) -> i32 
         terminal: false,
         user: None,
         stdin: None,
-        cgroup: None,
+        cgroup,
         extra_group: None,
         stdio: Some(stdio),
     };

@@ -603,6 +603,64 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_member_is_found_in_its_command_cgroup() {
+        let Some(parent) = TestParent::new("cgroup", Some("pids"), "joinof") else {
+            return;
+        };
+        crate::init::setup();
+        let cgroups = parent.cgroups(Some(KillMethod::Signal));
+        let (first, second) = (
+            cgroups.create().expect("create"),
+            cgroups.create().expect("create"),
+        );
+        let spawned = start_in(&second, "sleep 1009");
+        let pid = Pid::from_raw(spawned.pid);
+        wait_for("the sleep to join", || {
+            second.pids().is_ok_and(|pids| pids.contains(&pid))
+        })
+        .await;
+        // The handle joins the member's cgroup, not another: a process writing 0 to it lands
+        // beside the sleep.
+        let handle = cgroups.join_handle_of(pid).expect("found");
+        let joined = ChildSpec {
+            cgroup: Some(handle),
+            ..sleep_spec("sleep 1010")
+        };
+        let joiner = spawn::spawn(&joined).expect("spawn");
+        wait_for("the joiner to join", || {
+            second
+                .pids()
+                .is_ok_and(|pids| pids.contains(&Pid::from_raw(joiner.pid)))
+        })
+        .await;
+        assert!(first.is_empty());
+        assert!(
+            cgroups.join_handle_of(Pid::this()).is_none(),
+            "not in any command cgroup"
+        );
+        assert!(second.kill_all().await);
+    }
+
+    fn sleep_spec(script: &str) -> ChildSpec {
+        ChildSpec {
+            program: c"/bin/sh".to_owned(),
+            argv: vec![
+                c"sh".to_owned(),
+                c"-c".to_owned(),
+                CString::new(script).expect("no NUL"),
+            ],
+            env: crate::command::env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
+            cwd: c"/".to_owned(),
+            terminal: false,
+            user: None,
+            stdin: None,
+            cgroup: None,
+            extra_group: None,
+            stdio: None,
+        }
+    }
+
+    #[tokio::test]
     async fn cgroup_kill_on_v2() {
         let Some(parent) = TestParent::new("cgroup2", None, "v2kill") else {
             return;

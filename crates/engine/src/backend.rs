@@ -192,8 +192,8 @@ impl Backend for JailBackend {
 }
 
 /// The agent's command line after its channel: who commands run as, and, in an image that
-/// opts in, the `sudo` broker (see the agent's `sudo` module).
-fn agent_args(image: &Image) -> Vec<String> {
+/// opts in, the `sudo` broker (see the agent's `sudo` module). The same for every backend.
+pub fn agent_args(image: &Image) -> Vec<String> {
     let mut args = vec![
         "--exec-user".into(),
         format!("{SANDBOX_UID}:{SANDBOX_GID}"),

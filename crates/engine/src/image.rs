@@ -20,6 +20,8 @@ use crate::home::Home;
 
 pub mod admin;
 pub mod build;
+mod customise;
+mod mmdebstrap;
 pub mod recipe;
 pub mod store;
 

@@ -34,6 +34,7 @@ pub(super) struct Request {
     pub env: Vec<Vec<u8>>,
 }
 
+/// Parses a request's body (after its length), refusing anything malformed.
 pub(super) fn decode(body: &[u8]) -> Result<Request, String> {
     let mut fields = Vec::new();
     let mut rest = body;

@@ -15,6 +15,7 @@ packages=(
     python3 python3-venv        # the MCP tests' client: the official Python SDK, in a venv
     openssh-client              # ssh-keygen: real keys for the MCP sshKeyPath tests
     passt                       # pasta: user-mode networking for network "nat"
+    mmdebstrap                  # dynocap image build debian (and the image tests)
     openssh-server openssl      # network tests: an sshd serving git, a test CA
     curl wget netcat-openbsd iputils-ping python3-pip  # run inside guests by the network tests (host /usr)
 )

@@ -5,7 +5,7 @@ set -euo pipefail
 # The jail backend needs root; elevate once, keeping the caller's Rust toolchain on PATH.
 if [[ $(id -u) -ne 0 ]]; then
     command -v sudo >/dev/null 2>&1 || { echo "$0: run this as root (sudo is not installed)" >&2; exit 1; }
-    exec sudo --preserve-env=PATH,HOME,CARGO_HOME,RUSTUP_HOME,DYNOCAP_HOME "$0" "$@"
+    exec sudo --preserve-env=PATH,HOME,CARGO_HOME,RUSTUP_HOME,DYNOCAP_HOME,DYNOCAP_TEST_IMAGE_CACHE "$0" "$@"
 fi
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh

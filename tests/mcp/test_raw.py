@@ -51,6 +51,19 @@ async def test_run_exec_ps_destroy_with_defaults(host: Host) -> None:
         err(await s.call_tool("dynocap_exec", {"name": "web", "command": "true"}), "not_found")
 
 
+async def test_results_name_the_image_and_dynocap_image_sets_the_default(host: Host) -> None:
+    async with connect(host) as s:
+        box = ok(await s.call_tool("dynocap_run", {"name": "plain"}))
+        assert box["image"] == "host" and "imageId" not in box
+        ok(await s.call_tool("dynocap_destroy", {"name": "plain"}))
+    # The operator's DYNOCAP_IMAGE is the server's default; one that is not built is refused
+    # with the command that builds it, and nothing starts.
+    async with connect(host, env={"DYNOCAP_IMAGE": "debian"}) as s:
+        text = err(await s.call_tool("dynocap_run", {"name": "deb"}), "invalid_argument")
+        assert "dynocap image build debian" in text
+        assert ok(await s.call_tool("dynocap_ps", {})) == {"sandboxes": []}
+
+
 async def test_explicit_values_and_ttl_edges(host: Host) -> None:
     async with connect(host) as s:
         box = ok(await s.call_tool("dynocap_run", {"name": "a", "ttlSeconds": 30, "cpus": 2, "memoryMB": 64, "diskMB": 64}))

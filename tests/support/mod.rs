@@ -2,6 +2,7 @@
 //! own `DYNOCAP_HOME`, run `dynocap` as a user would, and clean up sandboxes afterwards.
 
 pub mod bench;
+pub mod images;
 pub mod netfix;
 pub mod netns;
 

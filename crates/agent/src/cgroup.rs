@@ -150,6 +150,46 @@ impl ExecCgroups {
         })
     }
 
+    /// `cgroup.procs` (open for writing) of the command cgroup `pid` is in, if any: what a
+    /// process started on that command's behalf (the `sudo` broker's) joins, so that the
+    /// command's timeout or cancel stops it too. `pid` is of the agent's pid namespace.
+    pub fn join_handle_of(&self, pid: Pid) -> Option<OwnedFd> {
+        let wanted = pid.as_raw().to_string();
+        let dir = nix::dir::Dir::openat(
+            self.root.as_fd(),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let names: Vec<String> = dir
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str().ok().map(str::to_owned))
+            .filter(|name| name.starts_with("exec-"))
+            .collect();
+        names.into_iter().find_map(|name| {
+            let procs = format!("{name}/cgroup.procs");
+            let open = |flags: OFlag| {
+                openat(
+                    self.root.as_fd(),
+                    procs.as_str(),
+                    flags | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+            };
+            let mut members = String::new();
+            std::fs::File::from(open(OFlag::O_RDONLY).ok()?)
+                .read_to_string(&mut members)
+                .ok()?;
+            if members.split_whitespace().any(|p| p == wanted) {
+                open(OFlag::O_WRONLY).ok()
+            } else {
+                None
+            }
+        })
+    }
+
     /// Removes the lingering cgroups that emptied since.
     fn sweep(&self) {
         let mut lingering = self
@@ -506,6 +546,7 @@ mod tests {
             stdin: None,
             cgroup: Some(cgroup.join_handle().expect("join handle")),
             extra_group: None,
+            stdio: None,
         };
         spawn::spawn(&spec).expect("spawn")
     }
@@ -559,6 +600,64 @@ mod tests {
         }
         drop(cgroup);
         assert!(!dir.exists(), "an emptied cgroup is removed when released");
+    }
+
+    #[tokio::test]
+    async fn a_member_is_found_in_its_command_cgroup() {
+        let Some(parent) = TestParent::new("cgroup", Some("pids"), "joinof") else {
+            return;
+        };
+        crate::init::setup();
+        let cgroups = parent.cgroups(Some(KillMethod::Signal));
+        let (first, second) = (
+            cgroups.create().expect("create"),
+            cgroups.create().expect("create"),
+        );
+        let spawned = start_in(&second, "sleep 1009");
+        let pid = Pid::from_raw(spawned.pid);
+        wait_for("the sleep to join", || {
+            second.pids().is_ok_and(|pids| pids.contains(&pid))
+        })
+        .await;
+        // The handle joins the member's cgroup, not another: a process writing 0 to it lands
+        // beside the sleep.
+        let handle = cgroups.join_handle_of(pid).expect("found");
+        let joined = ChildSpec {
+            cgroup: Some(handle),
+            ..sleep_spec("sleep 1010")
+        };
+        let joiner = spawn::spawn(&joined).expect("spawn");
+        wait_for("the joiner to join", || {
+            second
+                .pids()
+                .is_ok_and(|pids| pids.contains(&Pid::from_raw(joiner.pid)))
+        })
+        .await;
+        assert!(first.is_empty());
+        assert!(
+            cgroups.join_handle_of(Pid::this()).is_none(),
+            "not in any command cgroup"
+        );
+        assert!(second.kill_all().await);
+    }
+
+    fn sleep_spec(script: &str) -> ChildSpec {
+        ChildSpec {
+            program: c"/bin/sh".to_owned(),
+            argv: vec![
+                c"sh".to_owned(),
+                c"-c".to_owned(),
+                CString::new(script).expect("no NUL"),
+            ],
+            env: crate::command::env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
+            cwd: c"/".to_owned(),
+            terminal: false,
+            user: None,
+            stdin: None,
+            cgroup: None,
+            extra_group: None,
+            stdio: None,
+        }
     }
 
     #[tokio::test]

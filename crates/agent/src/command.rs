@@ -354,6 +354,7 @@ mod tests {
             stdin: None,
             cgroup: None,
             extra_group: None,
+            stdio: None,
         }
     }
 

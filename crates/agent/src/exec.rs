@@ -173,6 +173,7 @@ pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, String> 
         stdin: None,
         cgroup: None,
         extra_group: None,
+        stdio: None,
     })
 }
 

@@ -208,6 +208,7 @@ impl Git {
             stdin: run.stdin,
             cgroup: None,
             extra_group,
+            stdio: None,
         })
     }
 

@@ -4,6 +4,7 @@
 //! ```text
 //! dynocap-agent --channel-fd N [--cgroup-fd N] [--exec-user UID:GID] [--home DIR]
 //! dynocap-agent --channel-path PATH [--cgroup-fd N] [--exec-user UID:GID] [--home DIR]
+//! sudo COMMAND [ARG...]     (under that name: the client of `--sudo-broker`, see `sudo`)
 //! ```
 //!
 //! `--cgroup-fd` is a directory descriptor of a cgroup delegated to the agent, where each
@@ -44,6 +45,7 @@ mod script;
 mod server;
 mod spawn;
 mod statedir;
+mod sudo;
 mod unpack;
 
 #[cfg(test)]
@@ -51,8 +53,8 @@ mod scenarios;
 #[cfg(test)]
 mod task_scenarios;
 
-const USAGE: &str = "usage: dynocap-agent --channel-fd N [--cgroup-fd N] [--exec-user UID:GID] [--home DIR]\n       \
-     dynocap-agent --channel-path PATH [--cgroup-fd N] [--exec-user UID:GID] [--home DIR]";
+const USAGE: &str = "usage: dynocap-agent --channel-fd N [--cgroup-fd N] [--exec-user UID:GID] [--home DIR] [--sudo-broker]\n       \
+     dynocap-agent --channel-path PATH [--cgroup-fd N] [--exec-user UID:GID] [--home DIR] [--sudo-broker]";
 
 /// Where the byte stream to the host comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +72,8 @@ enum Command {
         /// `--cgroup-fd`: becomes `config.exec_cgroups` once adopted.
         cgroup_fd: Option<RawFd>,
         config: server::Config,
+        /// `--sudo-broker`: serve `sudo` for the exec user (see `sudo`).
+        sudo_broker: bool,
     },
     Help,
     Version,
@@ -80,6 +84,7 @@ fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, Stri
     let mut cgroup_fd = None;
     let mut exec_user = None;
     let mut home = None;
+    let mut sudo_broker = false;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let arg = arg
@@ -144,6 +149,7 @@ fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, Stri
                 }
                 home = Some(PathBuf::from(dir));
             }
+            "--sudo-broker" => sudo_broker = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -153,6 +159,9 @@ fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, Stri
             return Err("--cgroup-fd and --channel-fd name the same descriptor".into());
         }
     }
+    if sudo_broker && exec_user.is_none() {
+        return Err("--sudo-broker needs --exec-user (whom it serves)".into());
+    }
     Ok(Command::Run {
         channel,
         cgroup_fd,
@@ -161,6 +170,7 @@ fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, Stri
             home,
             ..server::Config::default()
         },
+        sudo_broker,
     })
 }
 
@@ -216,6 +226,15 @@ fn open_channel(arg: &ChannelArg) -> Result<OwnedFd, String> {
 }
 
 fn main() -> ExitCode {
+    // Under the name `sudo` (the image's /usr/local/bin/sudo links here): a client of the
+    // broker, run by the sandbox user.
+    if std::env::args_os()
+        .next()
+        .is_some_and(|a| sudo::invoked_as_sudo(&a))
+    {
+        let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+        return sudo::client(&args);
+    }
     // A helper mode that runs as an ordinary command inside the guest, never as PID 1.
     if std::env::args_os()
         .nth(1)
@@ -227,30 +246,32 @@ fn main() -> ExitCode {
             .collect();
         return proxy_connect::run(&args);
     }
-    let (channel, cgroup_fd, mut config) = match parse_args(std::env::args_os().skip(1)) {
-        Ok(Command::Run {
-            channel,
-            cgroup_fd,
-            config,
-        }) => (channel, cgroup_fd, config),
-        // Like log!, never panic on a closed stdout.
-        Ok(Command::Help) => {
-            let _ = writeln!(std::io::stdout(), "{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Ok(Command::Version) => {
-            let _ = writeln!(
-                std::io::stdout(),
-                "dynocap-agent {}",
-                env!("CARGO_PKG_VERSION")
-            );
-            return ExitCode::SUCCESS;
-        }
-        Err(msg) => {
-            log!("{msg}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let (channel, cgroup_fd, mut config, sudo_broker) =
+        match parse_args(std::env::args_os().skip(1)) {
+            Ok(Command::Run {
+                channel,
+                cgroup_fd,
+                config,
+                sudo_broker,
+            }) => (channel, cgroup_fd, config, sudo_broker),
+            // Like log!, never panic on a closed stdout.
+            Ok(Command::Help) => {
+                let _ = writeln!(std::io::stdout(), "{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            Ok(Command::Version) => {
+                let _ = writeln!(
+                    std::io::stdout(),
+                    "dynocap-agent {}",
+                    env!("CARGO_PKG_VERSION")
+                );
+                return ExitCode::SUCCESS;
+            }
+            Err(msg) => {
+                log!("{msg}\n{USAGE}");
+                return ExitCode::from(2);
+            }
+        };
 
     // Mounts come first: the channel path (/dev/vport…) and /dev/null may only exist after them.
     init::setup();
@@ -281,6 +302,21 @@ fn main() -> ExitCode {
         }
     }
 
+    if sudo_broker {
+        // Commands run through sudo share the agent's uid (guest root); without this they
+        // could ptrace the agent, read its memory and descriptors and speak on its channel.
+        // A non-dumpable process can be traced only with CAP_SYS_PTRACE, which the guest
+        // lacks.
+        if let Err(err) = nix::sys::prctl::set_dumpable(false) {
+            log!("cannot make the agent non-dumpable, so no sudo broker: {err}");
+            return ExitCode::from(1);
+        }
+        let user = config.exec_user.map_or(0, |u| u.uid);
+        if let Err(err) = sudo::serve(user, config.exec_cgroups.clone()) {
+            // The guest still works; only `sudo` will say it has no root access.
+            log!("cannot start the sudo broker at {}: {err}", sudo::SOCKET);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -357,6 +393,7 @@ mod tests {
                     home: Some("/home/u".into()),
                     ..server::Config::default()
                 },
+                sudo_broker: false,
             })
         );
         let cmd = parse(&["--channel-path=/dev/vport0p1"]);
@@ -366,6 +403,7 @@ mod tests {
                 channel: ChannelArg::Path("/dev/vport0p1".into()),
                 cgroup_fd: None,
                 config: server::Config::default(),
+                sudo_broker: false,
             })
         );
         assert_eq!(parse(&["--help"]), Ok(Command::Help));
@@ -389,6 +427,7 @@ mod tests {
             &["--channel-fd", "3", "--cgroup-fd", "2"],
             &["--channel-fd", "3", "--cgroup-fd", "3"],
             &["--channel-fd", "3", "--cgroup-fd", "4", "--cgroup-fd", "5"],
+            &["--channel-fd", "3", "--sudo-broker"],
         ] {
             assert!(parse(args).is_err(), "{args:?} should be refused");
         }

@@ -1093,6 +1093,7 @@ mod tests {
             stdin: None,
             cgroup: None,
             extra_group: None,
+            stdio: None,
         };
         let (_tx, mut stop) = mpsc::channel(1);
         let (out, _) = crate::command::run(&spec, 1 << 20, &mut stop)
@@ -1191,6 +1192,7 @@ mod tests {
             stdin: None,
             cgroup: None,
             extra_group: None,
+            stdio: None,
         };
         let spawned = crate::spawn::spawn(&sleeper).expect("spawn sleep");
         status_once_running(spawned.pid, "sleep");

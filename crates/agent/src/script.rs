@@ -68,6 +68,7 @@ mod tests {
             stdin: None,
             cgroup: None,
             extra_group: None,
+            stdio: None,
         };
         let (_stop_tx, mut stop) = tokio::sync::mpsc::channel(1);
         let Ok((out, finished)) = command::run(&spec, 1024, &mut stop).await else {

@@ -49,6 +49,9 @@ pub struct ChildSpec {
     /// A supplementary group the child keeps beside `user`'s gid (see `gitguard`); only
     /// applied with `user`, by a privileged agent.
     pub extra_group: Option<u32>,
+    /// Standard input, output and error given as they are (the `sudo` broker passes the
+    /// caller's): no pipes are made and [`Spawned::outputs`] is empty. Not with `terminal`.
+    pub stdio: Option<[OwnedFd; 3]>,
 }
 
 /// A started command: its pid (also its process group and session id) and the parent's ends
@@ -87,7 +90,17 @@ struct ChildPlan<'a> {
 pub fn spawn(spec: &ChildSpec) -> io::Result<Spawned> {
     // The child's ends live in these locals and are closed when this function returns, so
     // that the parent's read ends see EOF once the command (and its children) are done.
-    let (stdio, outputs, _child_ends) = if spec.terminal {
+    let (stdio, outputs, _child_ends) = if let Some(given) = &spec.stdio {
+        (
+            [
+                given[0].as_raw_fd(),
+                given[1].as_raw_fd(),
+                given[2].as_raw_fd(),
+            ],
+            Vec::new(),
+            Vec::new(),
+        )
+    } else if spec.terminal {
         let (master, slave) = open_pty()?;
         let raw = slave.as_raw_fd();
         crate::channel::set_cloexec_nonblocking(&master)?;

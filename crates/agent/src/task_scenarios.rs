@@ -136,6 +136,7 @@ async fn sh_status(cwd: &Path, script: &str) -> (Vec<u8>, command::Finished) {
         stdin: None,
         cgroup: None,
         extra_group: None,
+        stdio: None,
     };
     let (_stop_tx, mut stop) = mpsc::channel(1);
     match command::run(&spec, 256 * 1024 * 1024, &mut stop).await {

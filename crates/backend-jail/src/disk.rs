@@ -489,6 +489,7 @@ mod tests {
             disk_bytes: Some(64 << 20),
             disk_templates: None,
             net_raw: true,
+            idmap_image: false,
         };
         assert_eq!(Plan::for_spec(&spec, false), Plan::Format(64 << 20));
         spec.reuse_layers = true;

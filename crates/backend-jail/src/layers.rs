@@ -349,6 +349,7 @@ mod tests {
             disk_bytes: None,
             disk_templates: None,
             net_raw: true,
+            idmap_image: false,
         }
     }
 

@@ -14,6 +14,7 @@
 //! (a copy of a formatted template) + loop + mount on state/disk,
 //! create state/{disk/upper,disk/work,root},
 //! cgroups dynocap/<name> + limits, channels
+//! [idmap_image: detached idmapped image mount]
 //! clone(NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS) ──► waits on the sync socket
 //! write uid_map/gid_map,
 //! release ─────────────────────────────────────────► / rslave, open host paths,
@@ -40,14 +41,16 @@
 //!   unprivileged caller gets one id (guest 1000) and needs `dynocap/` cgroup parents
 //!   delegated to it.
 //! - Know that an image owned by host root shows as `nobody` in the guest and is read-only to
-//!   guest root there; directories the guest must own (its `/root`, `/home/<user>`,
-//!   `/workspace`) are created with [`JailSpec::guest_dirs`]. Bind targets must exist in the
+//!   guest root there, unless [`JailSpec::idmap_image`] shows it through the guest's id map
+//!   (a whole rootfs such as a built Debian image; root only); directories the guest must own
+//!   (its `/root`, `/home/<user>`, `/workspace`) are created with [`JailSpec::guest_dirs`]. Bind targets must exist in the
 //!   image when their parent is one of its (unwritable) directories.
 //! - After a supervisor crash, call [`cleanup_leftovers`] before reusing the name.
 //!
 //! Module map: [`spec`](JailSpec) (what is asked), `spawn` + `child` (the two halves above),
-//! `rootfs`/`resolve`/`newmount` (the filesystem), `cgroup` (limits), `idmap` (user
-//! namespace), `caps`, `seccomp`, `net`, `usernet` (pasta, for `nat`), `sync` (clone handshake), `disk` + `disk_template` + `layers` +
+//! `rootfs`/`resolve`/`newmount` (the filesystem), `idmapped` (a built image's lower
+//! layer), `cgroup` (limits), `idmap` (user namespace), `caps`, `seccomp`, `net`, `usernet`
+//! (pasta, for `nat`), `sync` (clone handshake), `disk` + `disk_template` + `layers` +
 //! `remove`
 //! (state dir), `jail` (the handle), `cleanup`, `probe`.
 
@@ -60,6 +63,7 @@ mod disk_template;
 mod error;
 mod failure;
 mod idmap;
+mod idmapped;
 mod jail;
 mod layers;
 mod mountinfo;

@@ -189,6 +189,34 @@ pub(crate) fn set_attrs(mount: BorrowedFd<'_>, attrs: u64, recursive: bool) -> R
     ok_from(ret)
 }
 
+/// Makes the detached mount `mount` show its files through `userns`'s id mapping
+/// (`MOUNT_ATTR_IDMAP`), with `attrs` added. Only a detached mount can be idmapped.
+pub(crate) fn set_idmap(
+    mount: BorrowedFd<'_>,
+    userns: BorrowedFd<'_>,
+    attrs: u64,
+) -> Result<(), Errno> {
+    let mut attr = libc::mount_attr {
+        attr_set: attrs | libc::MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: u64::try_from(userns.as_raw_fd()).map_err(|_| Errno::EBADF)?,
+    };
+    let empty = c"";
+    // SAFETY: mount is a valid fd; attr is a live, initialised mount_attr whose size we pass.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            mount.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &mut attr as *mut libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    ok_from(ret)
+}
+
 /// Attaches the detached mount `mount` on top of the file or directory `target` refers to.
 pub(crate) fn attach(mount: BorrowedFd<'_>, target: BorrowedFd<'_>) -> Result<(), Errno> {
     let empty = c"";

@@ -2,7 +2,8 @@
 //! made its root:
 //!
 //! ```text
-//! /              overlay: lower = image_root, upper = state/upper (nosuid, nodev)
+//! /              overlay: lower = image_root (or its idmapped clone, see `idmapped`),
+//!                upper = state/upper (nosuid, nodev)
 //! /proc          fresh procfs of the new pid namespace (nosuid, nodev, noexec), with
 //!                Docker's masked paths covered and its read-only paths re-bound read-only
 //! /dev           tmpfs 0755 (nosuid, noexec) with the host's null, zero, full, random,
@@ -120,6 +121,9 @@ pub(crate) struct RootPlan {
     pub shm_bytes: u64,
     /// The sandbox's cgroups, shown read-only under /sys/fs/cgroup.
     pub cgroups: Vec<CgroupView>,
+    /// A detached idmapped clone of `image_root` (see `idmapped`), open in the supervisor
+    /// across the clone: the lower layer instead of `image_root` itself.
+    pub idmapped_image: Option<std::os::fd::RawFd>,
 }
 
 /// A host source opened for binding.
@@ -171,11 +175,32 @@ fn is_dir(fd: BorrowedFd<'_>) -> Result<bool, nix::errno::Errno> {
 
 /// Opens every host path in `plan` (see the module doc for why this happens first).
 pub(crate) fn open_host(plan: &RootPlan) -> Result<HostFds, Failure> {
+    let mountpoint = open_dir(&plan.mountpoint)?;
+    let image = match plan.idmapped_image {
+        Some(raw) => {
+            // SAFETY: the supervisor keeps this fd open until after the clone, so our copy
+            // of its fd table holds it; nothing else in this process uses it.
+            let tree = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+            // A detached mount cannot be an overlay layer (overlayfs clones its layers, and
+            // only mounts of the caller's namespace can be cloned): attach it first, on the
+            // overlay's own mountpoint, in this private mount namespace. The overlay is
+            // then attached on top of it.
+            newmount::attach(tree.as_fd(), mountpoint.as_fd()).context(|| {
+                format!(
+                    "attaching the idmapped image {} on {}",
+                    plan.image_root.display(),
+                    plan.mountpoint.display()
+                )
+            })?;
+            tree
+        }
+        None => open_dir(&plan.image_root)?,
+    };
     Ok(HostFds {
-        image: open_dir(&plan.image_root)?,
+        image,
         upper: open_dir(&plan.upper)?,
         work: open_dir(&plan.work)?,
-        mountpoint: open_dir(&plan.mountpoint)?,
+        mountpoint,
         binds: plan
             .binds
             .iter()

@@ -4,7 +4,7 @@
 //! or a failure report).
 
 use std::ffi::CString;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use crate::child::{self, ChildEnds, ChildPlan, EXEC_CGROUP_FD};
 use crate::disk::Disk;
 use crate::error::JailError;
 use crate::idmap::IdMap;
+use crate::idmapped;
 use crate::jail::{Jail, Storage};
 use crate::layers::Layers;
 use crate::newmount;
@@ -100,6 +101,19 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
             return Err(e);
         }
     };
+    // Held open across the clone, so the init inherits it; closed here when `spawn` returns.
+    let idmapped_image = if spec.idmap_image {
+        match idmapped::image_tree(&spec.image_root, &ids) {
+            Ok(tree) => Some(tree),
+            Err(e) => {
+                undo(&layers, &cgroups, &mut disk);
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
+    plan.root.idmapped_image = idmapped_image.as_ref().map(|fd| fd.as_raw_fd());
 
     // SAFETY: the process was verified single-threaded above and nothing since has started a
     // thread; the child branch ends in child::run, which never returns.
@@ -229,6 +243,8 @@ fn plan(spec: &JailSpec, ids: &IdMap) -> Result<ChildPlan, JailError> {
         shm_bytes,
         // Known once the cgroups exist (see `spawn`).
         cgroups: Vec::new(),
+        // Made just before the clone (see `spawn`).
+        idmapped_image: None,
     };
     let exe = cstring("agent path", AGENT_GUEST_PATH)?;
     let mut argv = vec![

@@ -54,6 +54,10 @@ pub struct JailSpec {
     /// user-mode networking ([`crate::UserNet`]) must not have it: raw and packet sockets
     /// would let it address packets around the routes that keep it off the host's addresses.
     pub net_raw: bool,
+    /// `image_root` is a whole filesystem owned by host root (a built image): show it to the
+    /// guest through the guest's id map (an idmapped mount, see `idmapped`), so the guest's
+    /// root owns it and can change it (in the upper layer). Needs a root supervisor.
+    pub idmap_image: bool,
 }
 
 /// A host path bound read-only into the guest.

@@ -48,6 +48,9 @@ pub enum Command {
     /// Report what this machine supports and what to install or enable; --repair rebuilds a
     /// damaged catalog.
     Doctor(DoctorArgs),
+    /// Build, list and remove guest images (`dynocap image build debian`).
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// Print a completion script for a shell: `dynocap completions bash > /etc/bash_completion.d/dynocap`.
     Completions(CompletionsArgs),
     /// Print the manual page (roff): `dynocap man | man -l -`.
@@ -55,6 +58,25 @@ pub enum Command {
     /// Internal: run a sandbox's supervisor (started by `run`).
     #[command(hide = true)]
     Supervise(SuperviseArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Build an image (debian: Debian bookworm with git, curl, python3, build-essential and
+    /// the cloud kernel, made with mmdebstrap). Content-addressed: a built recipe is reused.
+    Build(ImageNameArgs),
+    /// List built images.
+    Ls,
+    /// Remove a built image (by name: its newest build; or by id); refused while a live
+    /// sandbox uses it.
+    Rm(ImageNameArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImageNameArgs {
+    /// Image name (debian) or id (at least 4 leading characters, for `rm`).
+    #[arg(value_name = "NAME|ID")]
+    pub name: String,
 }
 
 #[derive(Debug, Args)]
@@ -125,6 +147,10 @@ pub struct TaskStartArgs {
     /// A host a filtered task may also reach over HTTPS (repeatable; `*.example.com` allowed).
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
+    /// The image to boot: host (the host's own /usr, read-only; the default unless
+    /// DYNOCAP_IMAGE names another) or a built image such as debian (`dynocap image build`).
+    #[arg(long, value_name = "NAME")]
+    pub image: Option<String>,
     /// SSH private key (no passphrase) for an ssh:// --repo clone; it is readable only by the
     /// clone and removed when the clone ends.
     #[arg(long = "ssh-key", value_name = "PATH", requires = "repository_url")]
@@ -180,6 +206,10 @@ pub struct RunArgs {
     /// A host a filtered sandbox may also reach over HTTPS (repeatable; `*.example.com`).
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
+    /// The image to boot: host (the host's own /usr, read-only; the default unless
+    /// DYNOCAP_IMAGE names another) or a built image such as debian (`dynocap image build`).
+    #[arg(long, value_name = "NAME")]
+    pub image: Option<String>,
 }
 
 /// `dynocap exec`: the target is a raw sandbox (a task is refused, and the message says to
@@ -418,6 +448,7 @@ mod tests {
                 "task",
                 "`dynocap task` needs a subcommand: start, exec, diff, finish, apply",
             ),
+            ("image", "`dynocap image` needs a subcommand: build, ls, rm"),
         ];
         for (line, needle) in cases {
             let message = explained(line);

@@ -48,6 +48,7 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
             .await
         }
         Command::Task(command) => crate::task_commands::task(&engine, json, command).await,
+        Command::Image(command) => crate::image_commands::image(engine, json, command).await,
         Command::Ls => crate::task_commands::ls(&engine, json),
         Command::Rm(args) => crate::task_commands::rm(&engine, json, args).await,
         Command::Ps => {
@@ -108,6 +109,7 @@ async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Err
         args.disk_mb,
     )?;
     spec.allow_hosts = args.allow_hosts;
+    spec.image = args.image;
     let info = engine.run(&spec).await?;
     if json {
         print_json(&info);

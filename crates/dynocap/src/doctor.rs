@@ -79,6 +79,13 @@ pub fn run(json: bool) -> ExitCode {
         "install git (apt-get install git); tasks import and diff projects with it",
     ));
     checks.push(pasta_check());
+    checks.push(tool_check(
+        "mmdebstrap",
+        false,
+        &["mmdebstrap", "--version"],
+        "apt-get install mmdebstrap; needed only to build images (dynocap image build debian)",
+    ));
+    checks.push(images_check());
     checks.push(ceilings_check());
     // KVM and QEMU matter to the vm backend only; nothing to install for one not built in.
     checks.push(Check {
@@ -145,6 +152,59 @@ fn jail_checks() -> Vec<Check> {
             probe.cgroups.check,
         ),
     ]
+}
+
+/// Built images in this DYNOCAP_HOME, and which one a start gets by default.
+fn images_check() -> Check {
+    let default = dynocap_engine::image::default_name();
+    let listed = dynocap_engine::Home::from_env().and_then(|home| {
+        dynocap_engine::image::store::ImageStore::for_home(&home)
+            .list()
+            .map(|images| (home, images))
+    });
+    let (home, images) = match listed {
+        Ok(found) => found,
+        Err(err) => {
+            return Check::new(
+                "images",
+                false,
+                false,
+                err.message,
+                "set DYNOCAP_HOME to a readable directory",
+            )
+        }
+    };
+    let built: Vec<String> = images
+        .iter()
+        .map(|i| {
+            format!(
+                "{} {} (kernel {})",
+                i.name(),
+                dynocap_engine::image::build::short(i.id()),
+                i.meta.kernel.as_deref().unwrap_or("none")
+            )
+        })
+        .collect();
+    let default_ok = default == dynocap_engine::image::DEFAULT_IMAGE
+        || images.iter().any(|i| i.name() == default);
+    let detail = format!(
+        "built: {}; default image {default}{}",
+        if built.is_empty() {
+            "none".to_owned()
+        } else {
+            built.join(", ")
+        },
+        if std::env::var_os("DYNOCAP_IMAGE").is_some() {
+            " (DYNOCAP_IMAGE)"
+        } else {
+            ""
+        }
+    );
+    let hint = format!(
+        "DYNOCAP_IMAGE={default} is not built in {}; build it with `dynocap image build {default}`",
+        home.images_dir().display()
+    );
+    Check::new("images", false, default_ok, detail, &hint)
 }
 
 /// The host ceilings in force (`DYNOCAP_MAX_*`), so the person can see what callers get.

@@ -7,6 +7,7 @@ mod commands;
 mod docs;
 mod doctor;
 mod exec_output;
+mod image_commands;
 mod logging;
 mod mcp;
 mod output;

@@ -164,12 +164,7 @@ impl Backend for JailBackend {
                 },
             ],
             agent_binary: spec.agent_binary.clone(),
-            agent_args: vec![
-                "--exec-user".into(),
-                format!("{SANDBOX_UID}:{SANDBOX_GID}"),
-                "--home".into(),
-                SANDBOX_HOME.into(),
-            ],
+            agent_args: agent_args(&spec.image),
             limits: Limits {
                 cpu_millis: u64::from(spec.cpus) * 1000,
                 memory_bytes: spec.memory_mb * 1024 * 1024,
@@ -179,6 +174,7 @@ impl Backend for JailBackend {
             disk_bytes: disk_bytes(spec.disk_mb)?,
             disk_templates: Some(spec.cache_dir.join("disks")),
             net_raw: !nat,
+            idmap_image: spec.image.owned_by_host_root,
         };
         let ids = dynocap_backend_jail::IdMap::for_current_process_in_range(spec.id_range)
             .map_err(|err| Error::internal(format!("choosing the jail's host ids: {err}")))?;
@@ -202,6 +198,21 @@ impl Backend for JailBackend {
         dynocap_backend_jail::cleanup_leftovers_keeping_layers(id, state_dir)
             .map_err(|err| Error::internal(format!("stopping what is left of sandbox {id}: {err}")))
     }
+}
+
+/// The agent's command line after its channel: who commands run as, and, in an image that
+/// opts in, the `sudo` broker (see the agent's `sudo` module). The same for every backend.
+pub fn agent_args(image: &Image) -> Vec<String> {
+    let mut args = vec![
+        "--exec-user".into(),
+        format!("{SANDBOX_UID}:{SANDBOX_GID}"),
+        "--home".into(),
+        SANDBOX_HOME.into(),
+    ];
+    if image.guest_sudo {
+        args.push("--sudo-broker".into());
+    }
+    args
 }
 
 /// The jail's disk size: `disk_mb`, unless the person running DynoCap turned disk limits off

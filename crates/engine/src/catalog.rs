@@ -152,6 +152,9 @@ pub struct Record {
     /// What the sandbox may reach through the egress proxy, fixed when it was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::egress::EgressSpec>,
+    /// The image the sandbox boots, fixed when it was created (`host` in older records).
+    #[serde(default = "crate::image::ImageRef::host")]
+    pub image: crate::image::ImageRef,
 }
 
 /// A process identity that survives pid reuse: the pid plus its start time in clock ticks
@@ -279,7 +282,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     note             TEXT,
     detail           TEXT,
     disk_mb          INTEGER,
-    egress           TEXT
+    egress           TEXT,
+    image            TEXT
 );
 -- A name is bound to at most one record until it is released (raw: destroy; task: rm).
 CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_name ON sandboxes (name) WHERE name IS NOT NULL;
@@ -287,8 +291,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_name ON sandboxes (name) WHERE name 
 
 /// Schema revision, kept in SQLite's `user_version`. Revision 1 lacked `detail`; revision 2
 /// had no record files (upgrading to 3 writes them); revision 3 lacked `disk_mb`; revision 4
-/// lacked `egress`.
-pub(crate) const SCHEMA_VERSION: i64 = 5;
+/// lacked `egress`; revision 5 lacked `image` (its records use the `host` image).
+pub(crate) const SCHEMA_VERSION: i64 = 6;
 
 /// Adds the columns an older schema lacks.
 pub(crate) fn migrate_columns(conn: &Connection) -> rusqlite::Result<()> {
@@ -310,12 +314,18 @@ pub(crate) fn migrate_columns(conn: &Connection) -> rusqlite::Result<()> {
     if !has_egress {
         conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN egress TEXT")?;
     }
+    let has_image = conn
+        .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'image'")?
+        .exists([])?;
+    if !has_image {
+        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN image TEXT")?;
+    }
     Ok(())
 }
 
 const COLUMNS: &str = "id, kind, name, state, backend, network, cpus, memory_mb, ttl_seconds, \
                        created_at, expires_at, supervisor_pid, supervisor_start, note, detail, disk_mb, \
-                       egress";
+                       egress, image";
 
 /// How hard a write works to outlive the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -472,22 +482,24 @@ impl Catalog {
         })
     }
 
-    /// Takes the oldest booted warm-pool sandbox of `backend` for a caller: `claim` turns its
+    /// Takes the oldest booted warm-pool sandbox of `backend` and `image` for a caller: `claim` turns its
     /// record into the caller's (name, limits, times, state). `None` if the pool has none
     /// ready.
     pub fn claim_pooled(
         &self,
         backend: &str,
+        image: &crate::image::ImageRef,
         claim: impl Fn(&mut Record),
     ) -> Result<Option<Record>> {
+        let image = serde_json::to_string(image).expect("an image reference always serialises");
         self.write(Lasting::Volatile, |conn| {
             let found = conn
                 .query_row(
                     &format!(
                         "SELECT {COLUMNS} FROM sandboxes WHERE state = 'pooled' \
-                         AND backend = ?1 ORDER BY created_at LIMIT 1"
+                         AND backend = ?1 AND image = ?2 ORDER BY created_at LIMIT 1"
                     ),
-                    [backend],
+                    [backend, image.as_str()],
                     from_row,
                 )
                 .optional()
@@ -654,7 +666,7 @@ impl Catalog {
     }
 }
 
-/// Runs `statement` with the record's fields as ?1..?16, in [`COLUMNS`] order.
+/// Runs `statement` with the record's fields as ?1..?18, in [`COLUMNS`] order.
 fn with_row<T>(record: &Record, statement: impl FnOnce(&[&dyn rusqlite::ToSql]) -> T) -> T {
     let (created, expires) = (timestamp(record.created_at), timestamp(record.expires_at));
     let pid = record.supervisor.map(|p| p.pid);
@@ -680,6 +692,7 @@ fn with_row<T>(record: &Record, statement: impl FnOnce(&[&dyn rusqlite::ToSql]) 
             .egress
             .as_ref()
             .map(|e| serde_json::to_string(e).expect("an egress spec always serialises")),
+        serde_json::to_string(&record.image).expect("an image reference always serialises"),
     ])
 }
 
@@ -692,7 +705,7 @@ fn name_taken(name: &str) -> Failure {
 pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
     let result = with_row(record, |row| {
         conn.execute(
-            &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"),
+            &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18)"),
             row,
         )
     });
@@ -713,7 +726,7 @@ fn update_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
         conn.execute(
             "UPDATE sandboxes SET kind = ?2, name = ?3, state = ?4, backend = ?5, network = ?6, \
              cpus = ?7, memory_mb = ?8, ttl_seconds = ?9, created_at = ?10, expires_at = ?11, \
-             supervisor_pid = ?12, supervisor_start = ?13, note = ?14, detail = ?15, disk_mb = ?16, egress = ?17 WHERE id = ?1",
+             supervisor_pid = ?12, supervisor_start = ?13, note = ?14, detail = ?15, disk_mb = ?16, egress = ?17, image = ?18 WHERE id = ?1",
             row,
         )
     })
@@ -781,6 +794,12 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
             .map(|text| serde_json::from_str(&text))
             .transpose()
             .map_err(|_| bad(16, "egress"))?,
+        image: row
+            .get::<_, Option<String>>(17)?
+            .map(|text| serde_json::from_str(&text))
+            .transpose()
+            .map_err(|_| bad(17, "image"))?
+            .unwrap_or_else(crate::image::ImageRef::host),
     })
 }
 
@@ -819,6 +838,7 @@ mod tests {
             note: None,
             detail: None,
             egress: None,
+            image: crate::image::ImageRef::host(),
         }
     }
 

@@ -312,6 +312,7 @@ mod tests {
             note: None,
             detail: None,
             egress: None,
+            image: crate::image::ImageRef::host(),
         }
     }
 

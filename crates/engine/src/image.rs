@@ -1,14 +1,32 @@
 //! Guest images: the read-only root a sandbox starts from.
 //!
 //! The default image `host` is a small skeleton (a minimal `/etc`, mountpoints) plus the host's
-//! system directories bound read-only. It never contains or binds a home directory. Other
-//! images (a Debian rootfs for the VM backend) provide the same [`Image`] shape.
+//! system directories bound read-only. It never contains or binds a home directory. Built
+//! images (`dynocap image build debian`, see [`store`] and [`build`]) are whole root
+//! filesystems and provide the same [`Image`] shape with no host binds.
+//!
+//! A sandbox record names its image by [`ImageRef`] (name and content id), resolved once when
+//! the sandbox is created: a later build of a newer image never changes a sandbox's root,
+//! and a recovery boot gets the very same lower layer.
 
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Context, Error, Result};
+use crate::home::Home;
+
+pub mod admin;
+pub mod build;
+mod customise;
+mod mmdebstrap;
+pub mod recipe;
+pub mod store;
+
+/// The image every sandbox gets unless another is asked for (`--image`, `DYNOCAP_IMAGE`).
+pub const DEFAULT_IMAGE: &str = "host";
 
 /// Guest uid/gid of the unprivileged user every command runs as.
 pub const SANDBOX_UID: u32 = 1000;
@@ -25,6 +43,128 @@ pub struct Image {
     pub root: PathBuf,
     /// Host paths bound read-only into the guest: (host source, guest target).
     pub ro_binds: Vec<(PathBuf, PathBuf)>,
+    /// The root is a whole filesystem owned by host root (a built image), which a backend
+    /// shows to the guest as owned by the guest's root (the jail: an idmapped lower layer).
+    pub owned_by_host_root: bool,
+    /// The sandbox user may run commands as the guest's root through the agent's `sudo`
+    /// broker. Only images that opt in; the `host` image never does. The image's `sudo` is a
+    /// link to `/.dynocap/agent`, so a backend must put the agent there.
+    pub guest_sudo: bool,
+    /// A built image's content id (`None` for `host`): the key for whatever a backend derives
+    /// from the image and caches (a disk image, an initramfs).
+    pub id: Option<String>,
+    /// The kernel inside a built image, for a backend that boots one.
+    pub kernel: Option<KernelFiles>,
+}
+
+/// A kernel shipped inside an image's rootfs (host paths).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelFiles {
+    /// e.g. `6.1.0-50-cloud-amd64`.
+    pub release: String,
+    /// `rootfs/boot/vmlinuz-<release>`.
+    pub vmlinuz: PathBuf,
+    /// `rootfs/boot/initrd.img-<release>`, Debian's own initramfs, if present.
+    pub initrd: Option<PathBuf>,
+    /// `rootfs/lib/modules/<release>`.
+    pub modules: PathBuf,
+}
+
+/// Which image a sandbox uses, as its record keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRef {
+    pub name: String,
+    /// Content id of a built image; `None` for `host`, which is made from the host itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+impl ImageRef {
+    pub fn host() -> ImageRef {
+        ImageRef {
+            name: DEFAULT_IMAGE.into(),
+            id: None,
+        }
+    }
+}
+
+/// The image name a start uses when its caller names none: `DYNOCAP_IMAGE`, else `host`.
+pub fn default_name() -> String {
+    std::env::var("DYNOCAP_IMAGE")
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| DEFAULT_IMAGE.to_owned())
+}
+
+/// The error for an image that is not built.
+fn not_built(name: &str) -> Error {
+    if recipe::BUILDABLE.contains(&name) {
+        Error::invalid(format!(
+            "image \"{name}\" is not built; build it with `dynocap image build {name}` \
+             (or use the default image \"host\")"
+        ))
+    } else {
+        Error::invalid(format!(
+            "there is no image named \"{name}\"; images: host (the default), and after \
+             `dynocap image build NAME`: {}",
+            recipe::BUILDABLE.join(", ")
+        ))
+    }
+}
+
+/// Resolves an image name to what a new sandbox records: `host`, or the newest build of a
+/// built image.
+pub fn resolve(home: &Home, name: &str) -> Result<ImageRef> {
+    if name == DEFAULT_IMAGE {
+        return Ok(ImageRef::host());
+    }
+    if !store::is_name(name) {
+        return Err(not_built(name));
+    }
+    let store = store::ImageStore::for_home(home);
+    match store.list()?.into_iter().rev().find(|i| i.name() == name) {
+        Some(image) => Ok(ImageRef {
+            name: name.to_owned(),
+            id: Some(image.id().to_owned()),
+        }),
+        None => Err(not_built(name)),
+    }
+}
+
+/// Opens the image a record names, for booting.
+pub fn open(home: &Home, image: &ImageRef) -> Result<Image> {
+    let Some(id) = &image.id else {
+        return host_image(&home.images_dir());
+    };
+    let built = store::ImageStore::for_home(home)
+        .get(&image.name, id)
+        .ok_or_else(|| {
+            Error::internal(format!(
+                "image {} ({}) is gone from {}; rebuild it with `dynocap image build {}`",
+                image.name,
+                build::short(id),
+                home.images_dir().display(),
+                image.name
+            ))
+        })?;
+    Ok(Image {
+        name: built.name().to_owned(),
+        root: built.rootfs(),
+        ro_binds: Vec::new(),
+        owned_by_host_root: true,
+        guest_sudo: built.meta.guest_sudo,
+        id: Some(built.id().to_owned()),
+        kernel: built
+            .kernel_path()
+            .zip(built.modules_dir())
+            .map(|(vmlinuz, modules)| KernelFiles {
+                release: built.meta.kernel.clone().unwrap_or_default(),
+                vmlinuz,
+                initrd: built.initrd_path(),
+                modules,
+            }),
+    })
 }
 
 /// Bump when the skeleton's content changes, so old skeletons are rebuilt.
@@ -80,9 +220,13 @@ pub fn host_image(images_dir: &Path) -> Result<Image> {
         }
     }
     Ok(Image {
-        name: "host".into(),
+        name: DEFAULT_IMAGE.into(),
         root,
         ro_binds,
+        owned_by_host_root: false,
+        guest_sudo: false,
+        id: None,
+        kernel: None,
     })
 }
 
@@ -202,6 +346,80 @@ mod tests {
         // A second call reuses the skeleton.
         let again = host_image(dir.path()).unwrap();
         assert_eq!(again.root, image.root);
+    }
+
+    /// Installs a fake built image (metadata and an empty rootfs with a kernel's files).
+    fn fake_build(home: &Home, id: &str, created: &str) {
+        let dir = home.images_dir().join("debian").join(id);
+        fs::create_dir_all(dir.join("rootfs/boot")).unwrap();
+        fs::create_dir_all(dir.join("rootfs/lib/modules/6.1.0-9-cloud-amd64")).unwrap();
+        fs::write(dir.join("rootfs/boot/vmlinuz-6.1.0-9-cloud-amd64"), "").unwrap();
+        let meta = store::ImageMeta {
+            name: "debian".into(),
+            id: id.into(),
+            created: created.into(),
+            size_bytes: 0,
+            suite: "bookworm".into(),
+            packages: vec![],
+            kernel: Some("6.1.0-9-cloud-amd64".into()),
+            guest_sudo: true,
+        };
+        fs::write(
+            dir.join(store::META_FILE),
+            serde_json::to_string(&meta).unwrap(),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_record_names_the_newest_build_and_boots_exactly_that_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path().join("home")).unwrap();
+        let err = resolve(&home, "debian").unwrap_err();
+        assert!(err.message.contains("dynocap image build debian"), "{err}");
+        let err = resolve(&home, "../etc").unwrap_err();
+        assert!(err.message.contains("no image named"), "{err}");
+        assert_eq!(resolve(&home, "host").unwrap(), ImageRef::host());
+
+        let (old, new) = ("1".repeat(64), "2".repeat(64));
+        fake_build(&home, &old, "2026-01-01T00:00:00Z");
+        fake_build(&home, &new, "2026-02-01T00:00:00Z");
+        let picked = resolve(&home, "debian").unwrap();
+        assert_eq!(picked.id.as_deref(), Some(new.as_str()));
+
+        // A record keeps its id: the older build is what it boots, whatever is newer.
+        let image = open(
+            &home,
+            &ImageRef {
+                name: "debian".into(),
+                id: Some(old.clone()),
+            },
+        )
+        .unwrap();
+        let rootfs = home.images_dir().join("debian").join(&old).join("rootfs");
+        assert_eq!(image.root, rootfs);
+        assert!(image.ro_binds.is_empty() && image.owned_by_host_root && image.guest_sudo);
+        assert_eq!(image.id.as_deref(), Some(old.as_str()));
+        let kernel = image.kernel.expect("kernel");
+        assert_eq!(
+            kernel.vmlinuz,
+            rootfs.join("boot/vmlinuz-6.1.0-9-cloud-amd64")
+        );
+        assert_eq!(
+            kernel.modules,
+            rootfs.join("lib/modules/6.1.0-9-cloud-amd64")
+        );
+        assert_eq!(kernel.initrd, None);
+
+        let host = open(&home, &ImageRef::host()).unwrap();
+        assert!(!host.guest_sudo && !host.owned_by_host_root && host.kernel.is_none());
+
+        let gone = ImageRef {
+            name: "debian".into(),
+            id: Some("3".repeat(64)),
+        };
+        let err = open(&home, &gone).unwrap_err();
+        assert!(err.message.contains("dynocap image build debian"), "{err}");
     }
 
     #[test]

@@ -78,6 +78,7 @@ impl Engine {
                 pool.disk_mb,
                 pool.ttl_seconds,
                 None,
+                None,
             )?;
             record.state = State::Warming;
             Ok(record)
@@ -111,7 +112,15 @@ impl Engine {
         let now = chrono::Utc::now();
         let ttl = chrono::TimeDelta::seconds(i64::try_from(spec.ttl_seconds).unwrap_or(i64::MAX));
         let backend = crate::backend::select()?.name();
-        let Some(record) = catalog.claim_pooled(backend, |record| {
+        // The pool boots the default image; a sandbox of another image is booted afresh.
+        let image = crate::image::resolve(
+            self.home(),
+            &spec
+                .image
+                .clone()
+                .unwrap_or_else(crate::image::default_name),
+        )?;
+        let Some(record) = catalog.claim_pooled(backend, &image, |record| {
             record.name = Some(spec.name.clone());
             record.state = State::Running;
             record.cpus = spec.cpus;

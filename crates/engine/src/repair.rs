@@ -189,6 +189,7 @@ mod tests {
                     note: None,
                     detail: None,
                     egress: None,
+                    image: crate::image::ImageRef::host(),
                 })
                 .expect("insert");
         }

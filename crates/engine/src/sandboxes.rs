@@ -47,6 +47,16 @@ pub struct SandboxInfo {
     /// Hosts the egress proxy lets through (HTTPS), for a `filtered` sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_allowlist: Option<Vec<String>>,
+    /// The image the sandbox boots (`host` or a built image's name).
+    #[serde(default = "default_image_name")]
+    pub image: String,
+    /// The built image's content id (none for `host`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+}
+
+fn default_image_name() -> String {
+    crate::image::DEFAULT_IMAGE.to_owned()
 }
 
 impl SandboxInfo {
@@ -63,6 +73,8 @@ impl SandboxInfo {
             created_at: rfc3339(record.created_at),
             expires_at: rfc3339(record.expires_at),
             egress_allowlist: egress_allowlist(record),
+            image: record.image.name.clone(),
+            image_id: record.image.id.clone(),
         }
     }
 }
@@ -147,6 +159,7 @@ impl Engine {
             spec.disk_mb,
             spec.ttl_seconds,
             None,
+            spec.image.as_deref(),
         )?;
         record.egress = egress;
         let record = self.launch(record, &|_| {}).await?;
@@ -167,8 +180,15 @@ impl Engine {
         disk_mb: u64,
         ttl_seconds: u64,
         detail: Option<String>,
+        image: Option<&str>,
     ) -> Result<Record> {
         let backend = crate::backend::select()?;
+        // Resolved once, now: the record keeps the content id, so the sandbox (and any
+        // recovery boot of it) gets this very image whatever is built later.
+        let image = crate::image::resolve(
+            &self.home,
+            &image.map_or_else(crate::image::default_name, str::to_owned),
+        )?;
         let now = chrono::Utc::now();
         let ttl = chrono::TimeDelta::seconds(i64::try_from(ttl_seconds).unwrap_or(i64::MAX));
         Ok(Record {
@@ -188,6 +208,7 @@ impl Engine {
             note: None,
             detail,
             egress: None,
+            image,
         })
     }
 

@@ -95,6 +95,9 @@ pub struct RunSpec {
     /// Hosts a `filtered` sandbox may also reach (`--allow-host`), beyond the operator's list.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_hosts: Vec<String>,
+    /// The image to boot (`--image`); `None`: `DYNOCAP_IMAGE`, else `host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// The disk of a spec written before disks had a size.
@@ -129,6 +132,7 @@ impl RunSpec {
             memory_mb: resources.memory_mb,
             disk_mb: resources.disk_mb,
             allow_hosts: Vec::new(),
+            image: None,
         })
     }
 }

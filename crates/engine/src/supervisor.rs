@@ -200,7 +200,7 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
         catalog.set_supervisor(id, me)?;
     }
     let backend = backend::select()?;
-    let image = image::host_image(&home.images_dir())?;
+    let image = image::open(home, &record.image)?;
     let state_dir = home.sandbox_dir(id);
     std::fs::create_dir_all(&state_dir)
         .context(format_args!("creating {}", state_dir.display()))?;

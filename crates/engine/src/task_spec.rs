@@ -41,6 +41,9 @@ pub struct TaskStartSpec {
     /// The SSH key for an ssh `repositoryUrl` clone (its path; the key is read at the clone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_key_path: Option<PathBuf>,
+    /// The image to boot (`--image`); `None`: `DYNOCAP_IMAGE`, else `host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 impl TaskStartSpec {
@@ -103,6 +106,7 @@ impl TaskStartSpec {
             memory_mb: resources.memory_mb,
             disk_mb: resources.disk_mb,
             allow_hosts: Vec::new(),
+            image: None,
             ssh_key_path: None,
         })
     }
@@ -270,6 +274,16 @@ pub struct TaskInfo {
     /// Hosts the egress proxy lets through (HTTPS), for a `filtered` task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_allowlist: Option<Vec<String>>,
+    /// The image the task boots (`host` or a built image's name).
+    #[serde(default = "default_image_name")]
+    pub image: String,
+    /// The built image's content id (none for `host`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+}
+
+fn default_image_name() -> String {
+    crate::image::DEFAULT_IMAGE.to_owned()
 }
 
 /// The part of a saved result worth listing beside a task.

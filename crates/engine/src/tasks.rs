@@ -121,6 +121,7 @@ impl Engine {
             spec.disk_mb,
             spec.ttl_seconds,
             Some(detail.to_json()),
+            spec.image.as_deref(),
         )?;
         record.egress = egress;
         let record = self
@@ -461,5 +462,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         source,
         result: detail.result.as_ref().map(ResultBrief::of),
         egress_allowlist: crate::sandboxes::egress_allowlist(record),
+        image: record.image.name.clone(),
+        image_id: record.image.id.clone(),
     })
 }

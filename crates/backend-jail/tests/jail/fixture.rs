@@ -120,6 +120,7 @@ impl Fixture {
             disk_bytes: None,
             disk_templates: None,
             net_raw: true,
+            idmap_image: false,
         }
     }
 }

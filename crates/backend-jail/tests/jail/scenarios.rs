@@ -20,6 +20,7 @@ pub const ALL: &[(&str, fn())] = &[
     ("isolation", isolation),
     ("seccomp", seccomp),
     ("filesystem", filesystem),
+    ("idmapped_image", idmapped_image),
     ("memory_limit", memory_limit),
     ("pids_limit", pids_limit),
     ("cpu_limit", cpu_limit),
@@ -298,6 +299,35 @@ fn filesystem() {
     );
     guest.destroy();
     assert!(!upper.exists(), "destroy removes the upper layer");
+}
+
+/// A built image (a whole rootfs owned by host root) shown through the guest's id map: the
+/// guest's root owns its files and changes them in the upper layer; the image never changes,
+/// and the idmapped mount exists only in the guest's mount namespace.
+fn idmapped_image() {
+    use std::os::unix::fs::MetadataExt;
+    let fx = Fixture::new();
+    let owned = fx.image.join("home/user-file");
+    std::fs::write(&owned, "user's\n").expect("write");
+    std::os::unix::fs::chown(&owned, Some(1000), Some(1000)).expect("chown");
+    let mut spec = fx.spec("idmap-test");
+    spec.idmap_image = true;
+    let mut guest = Guest::spawn(&spec);
+    assert_eq!(
+        sh_ok(&mut guest, "stat -c %u:%g /etc /etc/motd /home/user-file"),
+        "0:0\n0:0\n1000:1000\n"
+    );
+    sh_ok(&mut guest, "echo changed >> /etc/motd");
+    assert_eq!(sh_ok(&mut guest, "cat /etc/motd"), "image file\nchanged\n");
+    assert_eq!(read_trimmed(&fx.image.join("etc/motd")), "image file");
+    let copied = std::fs::metadata(fx.state.join("disk/upper/etc/motd")).expect("copied up");
+    let init_uid = host_uid(guest.jail().pid().as_raw()).expect("init uid");
+    assert_eq!(copied.uid(), init_uid, "owned by the guest root's host uid");
+    assert_ne!(init_uid, 0);
+    let host_mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let image = fx.image.to_string_lossy();
+    assert!(!host_mounts.contains(image.as_ref()), "{host_mounts}");
+    guest.destroy();
 }
 
 fn memory_limit() {

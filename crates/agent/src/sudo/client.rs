@@ -1,0 +1,183 @@
+//! `sudo` as the sandbox user runs it: the agent binary under that name parses the common
+//! sudo options, sends the command to the broker and exits with its exit code.
+
+use std::ffi::{OsStr, OsString};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::ExitCode;
+
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+
+use super::wire::{encode, VERSION};
+use super::SOCKET;
+
+/// True when this binary was started under the name `sudo`.
+pub fn invoked_as_sudo(argv0: &OsStr) -> bool {
+    Path::new(argv0).file_name() == Some(OsStr::new("sudo"))
+}
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Invocation {
+    Run(Vec<OsString>),
+    /// `-v`, `-k`, `-K`: nothing to validate or forget.
+    Nothing,
+    Usage(String),
+}
+
+/// Parses the common sudo options. Options that change who or how are refused: there is one
+/// target (root) and no password.
+fn parse(args: &[OsString]) -> Invocation {
+    let mut rest = args.iter();
+    let mut shell = false;
+    while let Some(arg) = rest.next() {
+        let text = arg.to_string_lossy();
+        match text.as_ref() {
+            "--" => return command(rest.cloned().collect(), shell),
+            "-E" | "-H" | "-n" | "-S" | "-P" | "--preserve-env" | "--non-interactive"
+            | "--set-home" => {}
+            _ if text.starts_with("--preserve-env=") => {}
+            "-v" | "-k" | "-K" | "--validate" | "--reset-timestamp" => return Invocation::Nothing,
+            "-s" | "-i" | "--shell" | "--login" => shell = true,
+            "-u" | "--user" => match rest.next().map(|u| u.to_string_lossy().into_owned()) {
+                Some(user) if ["root", "0", "#0"].contains(&user.as_str()) => {}
+                Some(user) => {
+                    return Invocation::Usage(format!(
+                        "sudo: only root is available in this sandbox, not {user:?}"
+                    ))
+                }
+                None => return Invocation::Usage("sudo: -u needs a user".into()),
+            },
+            _ if text.starts_with('-') && text.len() > 1 => {
+                return Invocation::Usage(format!(
+                    "sudo: option {text} is not supported by DynoCap's sudo; use `sudo COMMAND [ARG...]`"
+                ))
+            }
+            _ => {
+                let mut all = vec![arg.clone()];
+                all.extend(rest.cloned());
+                return command(all, shell);
+            }
+        }
+    }
+    command(Vec::new(), shell)
+}
+
+fn command(args: Vec<OsString>, shell: bool) -> Invocation {
+    match (args.is_empty(), shell) {
+        (true, true) => Invocation::Run(vec!["/bin/bash".into()]),
+        (true, false) => Invocation::Usage("usage: sudo COMMAND [ARG...]".into()),
+        (false, true) => {
+            // `sudo -s CMD ARGS`: the shell runs the words as one command line.
+            let line = args
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(" ");
+            Invocation::Run(vec!["/bin/sh".into(), "-c".into(), line.into()])
+        }
+        (false, false) => Invocation::Run(args),
+    }
+}
+
+/// The `sudo` client. Returns the command's exit code.
+pub fn client(args: &[OsString]) -> ExitCode {
+    let argv = match parse(args) {
+        Invocation::Run(argv) => argv,
+        Invocation::Nothing => return ExitCode::SUCCESS,
+        Invocation::Usage(message) => {
+            let _ = writeln!(std::io::stderr(), "{message}");
+            return ExitCode::from(1);
+        }
+    };
+    match run_remote(&argv) {
+        Ok(code) => ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)),
+        Err(message) => {
+            let _ = writeln!(std::io::stderr(), "sudo: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run_remote(argv: &[OsString]) -> Result<i32, String> {
+    let mut stream = UnixStream::connect(SOCKET).map_err(|err| match err.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            "this sandbox has no root access: its image does not offer sudo (the host image \
+             never does; start the sandbox with --image debian)"
+                .to_owned()
+        }
+        _ => format!("cannot reach the agent at {SOCKET}: {err}"),
+    })?;
+    let cwd = std::env::current_dir()
+        .map_err(|err| format!("cannot read the working directory: {err}"))?;
+    let env: Vec<OsString> = std::env::vars_os()
+        .map(|(k, v)| {
+            let mut entry = k;
+            entry.push("=");
+            entry.push(v);
+            entry
+        })
+        .collect();
+    let mut fields: Vec<&[u8]> = vec![VERSION, cwd.as_os_str().as_bytes()];
+    let argc = argv.len().to_string();
+    fields.push(argc.as_bytes());
+    fields.extend(argv.iter().map(|a| a.as_bytes()));
+    let envc = env.len().to_string();
+    fields.push(envc.as_bytes());
+    fields.extend(env.iter().map(|e| e.as_bytes()));
+    let request = encode(&fields)?;
+
+    let stdio = [0, 1, 2];
+    let rights = [ControlMessage::ScmRights(&stdio)];
+    let first = [std::io::IoSlice::new(&request)];
+    let sent = sendmsg::<()>(stream.as_raw_fd(), &first, &rights, MsgFlags::empty(), None)
+        .map_err(|err| format!("cannot send the request to the agent: {err}"))?;
+    stream
+        .write_all(&request[sent..])
+        .map_err(|err| format!("cannot send the request to the agent: {err}"))?;
+    let mut reply = [0u8; 4];
+    stream
+        .read_exact(&mut reply)
+        .map_err(|_| "the agent ended the command without an exit code".to_owned())?;
+    Ok(i32::from_le_bytes(reply))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn common_sudo_command_lines_parse() {
+        assert_eq!(
+            parse(&os(&["apt-get", "install", "-y", "jq"])),
+            Invocation::Run(os(&["apt-get", "install", "-y", "jq"]))
+        );
+        assert_eq!(
+            parse(&os(&["-E", "-u", "root", "--", "-weird"])),
+            Invocation::Run(os(&["-weird"]))
+        );
+        assert_eq!(
+            parse(&os(&["-s", "id", "-u"])),
+            Invocation::Run(os(&["/bin/sh", "-c", "id -u"]))
+        );
+        assert_eq!(parse(&os(&["-v"])), Invocation::Nothing);
+        assert!(matches!(parse(&os(&[])), Invocation::Usage(_)));
+        assert!(matches!(
+            parse(&os(&["-u", "sandbox", "id"])),
+            Invocation::Usage(_)
+        ));
+        assert!(matches!(
+            parse(&os(&["-g", "x", "id"])),
+            Invocation::Usage(_)
+        ));
+        assert!(invoked_as_sudo(OsStr::new("/usr/local/bin/sudo")));
+        assert!(!invoked_as_sudo(OsStr::new("/.dynocap/agent")));
+    }
+}

@@ -1,0 +1,122 @@
+//! `dynocap image build|ls|rm`: the CLI face of the engine's image store. A build shows a
+//! spinner with mmdebstrap's current stage on a terminal and plain lines otherwise, and a
+//! Ctrl-C (or SIGTERM) stops it cleanly: nothing half-made stays behind.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use dynocap_engine::image::admin::ImageInfo;
+use dynocap_engine::image::build::{short, Origin};
+use dynocap_engine::{Engine, Error};
+
+use crate::cli::ImageCommand;
+use crate::output::{print_json, table};
+
+pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<ExitCode, Error> {
+    match command {
+        ImageCommand::Build(args) => build(engine, json, args.name).await,
+        ImageCommand::Ls => {
+            let images = engine.image_ls()?;
+            if json {
+                print_json(&serde_json::json!({ "images": images }));
+            } else {
+                let rows: Vec<Vec<String>> = images.iter().map(row).collect();
+                print!("{}", table(HEADERS, &rows));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::Rm(args) => {
+            let removed = engine.image_rm(&args.name)?;
+            if json {
+                print_json(&serde_json::json!({ "removed": removed }));
+            } else {
+                println!("removed image {} ({})", removed.name, short(&removed.id));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+const HEADERS: &[&str] = &["NAME", "ID", "SIZE", "CREATED", "KERNEL", "USED_BY"];
+
+fn row(image: &ImageInfo) -> Vec<String> {
+    vec![
+        image.name.clone(),
+        short(&image.id).to_owned(),
+        format!("{:.0} MiB", image.size_bytes as f64 / (1024.0 * 1024.0)),
+        image.created.clone(),
+        image.kernel.clone().unwrap_or_else(|| "-".into()),
+        if image.used_by.is_empty() {
+            "-".into()
+        } else {
+            image.used_by.join(",")
+        },
+    ]
+}
+
+async fn build(engine: Engine, json: bool, name: String) -> Result<ExitCode, Error> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    // From here a Ctrl-C no longer kills this process: the build sees the flag, stops
+    // mmdebstrap (its own process group) and removes its temporary directory.
+    let watcher = {
+        let cancel = Arc::clone(&cancel);
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|err| Error::internal(format!("watching for SIGTERM: {err}")))?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            cancel.store(true, Ordering::SeqCst);
+        })
+    };
+    let flag = Arc::clone(&cancel);
+    let built = tokio::task::spawn_blocking(move || {
+        let spinner = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            bar.set_message(format!("building image {name}"));
+            bar
+        });
+        let progress = |line: &str| match &spinner {
+            Some(bar) => bar.set_message(format!("{name}: {line}")),
+            None => eprintln!("image build {name}: {line}"),
+        };
+        let outcome = engine.image_build(&name, &progress, &flag);
+        if let Some(bar) = &spinner {
+            bar.finish_and_clear();
+        }
+        outcome.map(|outcome| (outcome, engine))
+    })
+    .await
+    .map_err(|err| Error::internal(format!("the image build thread failed: {err}")))?;
+    watcher.abort();
+    let (outcome, engine) = built?;
+    let image = &outcome.image;
+    if json {
+        let info = engine.image_ls()?.into_iter().find(|i| i.id == image.id());
+        print_json(&serde_json::json!({
+            "image": info,
+            "origin": match outcome.origin {
+                Origin::Present => "present",
+                Origin::Cache => "cache",
+                Origin::Built => "built",
+            },
+        }));
+    } else {
+        let how = match outcome.origin {
+            Origin::Present => "already built",
+            Origin::Cache => "copied from the image cache",
+            Origin::Built => "built",
+        };
+        println!(
+            "image {} ({}) {how}: {}",
+            image.name(),
+            short(image.id()),
+            image.rootfs().display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

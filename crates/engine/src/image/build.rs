@@ -1,0 +1,334 @@
+//! `dynocap image build`: a Debian rootfs made with mmdebstrap, customised for DynoCap, and
+//! installed into the store by one atomic rename.
+//!
+//! A build happens in `images/<name>/.tmp-*` under the store's build lock. Whatever stops it
+//! (a failed download, `mmdebstrap` killed, Ctrl-C, a crash of this process) leaves no image
+//! behind: the temporary directory is removed on the way out, or, if this process died, by
+//! the next build, which holds the same lock and so knows no other build is using it (see
+//! `mmdebstrap` for why no mount is ever left inside one).
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::recipe::Recipe;
+use super::store::{BuiltImage, ImageStore, META_FILE, TMP_PREFIX};
+use super::{customise, mmdebstrap};
+use crate::error::{Context, Error, Result};
+
+/// Where the built image came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// This store already had it.
+    Present,
+    /// Copied from `DYNOCAP_IMAGE_CACHE`.
+    Cache,
+    /// Built now by mmdebstrap.
+    Built,
+}
+
+/// A finished build.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub image: BuiltImage,
+    pub origin: Origin,
+}
+
+/// Builds image `name` (or finds it built), reporting progress lines to `progress`. Setting
+/// `cancel` stops the build; it then leaves nothing behind and returns an error.
+pub fn build(
+    store: &ImageStore,
+    name: &str,
+    progress: &dyn Fn(&str),
+    cancel: &AtomicBool,
+) -> Result<Outcome> {
+    let version = mmdebstrap::version()?;
+    let recipe = Recipe::for_name(name, &version).ok_or_else(|| {
+        Error::invalid(format!(
+            "there is no recipe for an image named \"{name}\"; images that can be built: {}",
+            super::recipe::BUILDABLE.join(", ")
+        ))
+    })?;
+    let id = recipe.id();
+    if let Some(image) = store.get(name, &id) {
+        return Ok(Outcome {
+            image,
+            origin: Origin::Present,
+        });
+    }
+    // With a shared cache, its lock is taken first (always in this order: cache, then
+    // store): concurrent builds in many homes then make one mmdebstrap run, and the others
+    // copy its result.
+    let cache = store.cache().filter(|cache| !same_dir(cache, store.dir()));
+    let cache_lock = match cache {
+        Some(cache) => Some(BuildLock::take(&cache.join(name), progress)?),
+        None => None,
+    };
+    let parent = store.dir().join(name);
+    let _lock = BuildLock::take(&parent, progress)?;
+    // Another build may have installed it while we waited.
+    if let Some(image) = store.get(name, &id) {
+        return Ok(Outcome {
+            image,
+            origin: Origin::Present,
+        });
+    }
+    remove_dead_builds(&parent)?;
+    let staging = Staging::new(&parent)?;
+
+    let cached = cache
+        .map(|cache| ImageStore::at(cache.to_owned(), None))
+        .and_then(|cache| cache.get(name, &id));
+    let origin = if let Some(cached) = cached {
+        progress(&format!(
+            "copying image {} from {}",
+            short(&id),
+            cached.dir.display()
+        ));
+        copy_image(&cached.dir, &staging.path)?;
+        Origin::Cache
+    } else {
+        mmdebstrap::run(&recipe, &staging.path.join("rootfs"), progress, cancel)?;
+        progress("customising the rootfs for DynoCap");
+        customise::customise(&staging.path.join("rootfs"), &recipe)?;
+        let meta = customise::describe(&staging.path.join("rootfs"), &recipe, &id);
+        let json = serde_json::to_string_pretty(&meta).expect("image metadata always serialises");
+        fs::write(staging.path.join(META_FILE), json + "\n").context(format_args!(
+            "writing {}",
+            staging.path.join(META_FILE).display()
+        ))?;
+        Origin::Built
+    };
+    if cancel.load(Ordering::SeqCst) {
+        return Err(Error::internal(
+            "the image build was interrupted; nothing was installed",
+        ));
+    }
+    let target = store.image_dir(name, &id);
+    staging.install(&target)?;
+    let image = store.get(name, &id).ok_or_else(|| {
+        Error::internal(format!(
+            "the image installed at {} cannot be read back",
+            target.display()
+        ))
+    })?;
+    if let (Origin::Built, Some(cache), Some(_)) = (origin, cache, &cache_lock) {
+        if let Err(err) = publish(cache, &image) {
+            progress(&format!(
+                "warning: not shared into {}: {err}",
+                cache.display()
+            ));
+        }
+    }
+    Ok(Outcome { image, origin })
+}
+
+/// Whether two paths name one directory (a cache set to the store itself is no cache: its
+/// lock would be taken twice).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (fs::canonicalize(a), fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// Copies a built image into the shared cache. Callers hold the cache's build lock.
+fn publish(cache: &Path, image: &BuiltImage) -> Result<()> {
+    let cache_store = ImageStore::at(cache.to_owned(), None);
+    if cache_store.get(image.name(), image.id()).is_some() {
+        return Ok(());
+    }
+    let parent = cache.join(image.name());
+    remove_dead_builds(&parent)?;
+    let staging = Staging::new(&parent)?;
+    copy_image(&image.dir, &staging.path)?;
+    staging.install(&cache_store.image_dir(image.name(), image.id()))
+}
+
+/// The first 12 characters of an id, as `image ls` shows it.
+pub fn short(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
+/// The store's one-build-at-a-time lock (`images/<name>/.build.lock`, flock).
+struct BuildLock {
+    _lock: nix::fcntl::Flock<fs::File>,
+}
+
+impl BuildLock {
+    fn take(parent: &Path, progress: &dyn Fn(&str)) -> Result<BuildLock> {
+        fs::create_dir_all(parent).context(format_args!("creating {}", parent.display()))?;
+        let path = parent.join(".build.lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .context(format_args!("opening {}", path.display()))?;
+        let file = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        {
+            Ok(lock) => return Ok(BuildLock { _lock: lock }),
+            Err((file, nix::errno::Errno::EWOULDBLOCK)) => file,
+            Err((_, err)) => {
+                return Err(Error::internal(format!(
+                    "locking {}: {err}",
+                    path.display()
+                )))
+            }
+        };
+        progress("waiting for another build of this image to finish");
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, err)| Error::internal(format!("locking {}: {err}", path.display())))?;
+        Ok(BuildLock { _lock: lock })
+    }
+}
+
+/// A build directory that removes itself unless installed.
+struct Staging {
+    path: PathBuf,
+    installed: bool,
+}
+
+impl Staging {
+    fn new(parent: &Path) -> Result<Staging> {
+        let path = parent.join(format!(
+            "{TMP_PREFIX}{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        fs::create_dir(&path).context(format_args!("creating {}", path.display()))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
+            .context(format_args!("setting the mode of {}", path.display()))?;
+        Ok(Staging {
+            path,
+            installed: false,
+        })
+    }
+
+    /// Renames the build into place: the image appears whole or not at all.
+    fn install(mut self, target: &Path) -> Result<()> {
+        fs::rename(&self.path, target).context(format_args!(
+            "installing the image {} at {}",
+            self.path.display(),
+            target.display()
+        ))?;
+        self.installed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.installed {
+            if let Err(err) = remove_build_dir(&self.path) {
+                tracing::warn!("{err}");
+            }
+        }
+    }
+}
+
+/// Removes the `.tmp-*` directories of builds that died. Callers hold the build lock, so no
+/// live build owns any of them.
+fn remove_dead_builds(parent: &Path) -> Result<()> {
+    let entries = fs::read_dir(parent).context(format_args!("reading {}", parent.display()))?;
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+            remove_build_dir(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes a build (or removed image) directory. No mount can be inside it: mmdebstrap's
+/// mounts live in its own mount namespace (see the module doc).
+pub(crate) fn remove_build_dir(path: &Path) -> Result<()> {
+    match fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(err) => Err(Error::internal(format!(
+            "removing {}: {err}; remove it by hand",
+            path.display()
+        ))),
+    }
+}
+
+/// Copies an image directory (rootfs and metadata), hard-linking files where the two stores
+/// share a filesystem: the files are never written, so sharing their inodes is safe.
+fn copy_image(from: &Path, to: &Path) -> Result<()> {
+    fs::copy(from.join(META_FILE), to.join(META_FILE))
+        .context(format_args!("copying {}", from.join(META_FILE).display()))?;
+    let source = from.join("rootfs");
+    let target = to.join("rootfs");
+    let copy = |link: bool| {
+        let mut cmd = Command::new("cp");
+        cmd.arg(if link { "-al" } else { "-a" })
+            .arg("--")
+            .arg(&source)
+            .arg(&target)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd.output()
+    };
+    let linked = copy(true).context("running cp")?;
+    if linked.status.success() {
+        return Ok(());
+    }
+    // Another filesystem: hard links are impossible, copy the bytes.
+    remove_build_dir(&target)?;
+    let copied = copy(false).context("running cp")?;
+    if copied.status.success() {
+        Ok(())
+    } else {
+        Err(Error::internal(format!(
+            "copying {} to {}: {}",
+            source.display(),
+            target.display(),
+            String::from_utf8_lossy(&copied.stderr).trim()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_builds_are_removed_and_installed_images_kept() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let id = "d".repeat(64);
+        fs::create_dir_all(tmp.path().join(".tmp-1-abc/rootfs/etc")).expect("mkdir");
+        fs::create_dir_all(tmp.path().join(&id).join("rootfs")).expect("mkdir");
+        remove_dead_builds(tmp.path()).expect("clean");
+        assert!(!tmp.path().join(".tmp-1-abc").exists());
+        assert!(tmp.path().join(&id).exists());
+    }
+
+    #[test]
+    fn a_cache_that_is_the_store_itself_is_recognised() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = tmp.path().join("images");
+        fs::create_dir_all(&store).expect("mkdir");
+        std::os::unix::fs::symlink(&store, tmp.path().join("alias")).expect("symlink");
+        assert!(same_dir(&store, &tmp.path().join("alias")));
+        assert!(same_dir(&store, &tmp.path().join("images/../images")));
+        assert!(!same_dir(&store, tmp.path()));
+    }
+
+    #[test]
+    fn an_unfinished_staging_dir_removes_itself() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = {
+            let staging = Staging::new(tmp.path()).expect("staging");
+            fs::create_dir_all(staging.path.join("rootfs/usr")).expect("mkdir");
+            staging.path.clone()
+        };
+        assert!(!path.exists());
+        let staging = Staging::new(tmp.path()).expect("staging");
+        let target = tmp.path().join("e".repeat(64));
+        staging.install(&target).expect("install");
+        assert!(target.is_dir());
+    }
+}

@@ -1,0 +1,319 @@
+//! The image store: built images on disk, listed, looked up and removed.
+//!
+//! ```text
+//! images/<name>/<id>/image.json   what was built (ImageMeta)
+//! images/<name>/<id>/rootfs/      the root filesystem, never changed once installed
+//! images/<name>/.tmp-*            a build in progress (removed by the next build if it died)
+//! images/<name>/.build.lock       held by the one build running in this store
+//! ```
+//!
+//! An image directory appears only by an atomic rename of a complete build, so whatever is
+//! listed here is whole. Images are immutable: a running sandbox's overlay uses the rootfs as
+//! its lower layer, which must not change under it; a new recipe makes a new id instead.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Context, Error, Result};
+use crate::home::Home;
+
+/// Name of the metadata file beside each image's rootfs.
+pub const META_FILE: &str = "image.json";
+/// Prefix of build directories in progress.
+pub(crate) const TMP_PREFIX: &str = ".tmp-";
+
+/// What `image.json` records about a built image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageMeta {
+    pub name: String,
+    pub id: String,
+    /// RFC 3339.
+    pub created: String,
+    /// Apparent size of the rootfs in bytes (hard links counted once).
+    pub size_bytes: u64,
+    pub suite: String,
+    pub packages: Vec<String>,
+    /// Kernel release of `/boot/vmlinuz-<release>` in the rootfs, if it has one.
+    pub kernel: Option<String>,
+    /// The sandbox user may become the guest's root with `sudo` (the agent's broker).
+    pub guest_sudo: bool,
+}
+
+/// One built image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltImage {
+    /// `images/<name>/<id>`.
+    pub dir: PathBuf,
+    pub meta: ImageMeta,
+}
+
+impl BuiltImage {
+    pub fn name(&self) -> &str {
+        &self.meta.name
+    }
+    pub fn id(&self) -> &str {
+        &self.meta.id
+    }
+    /// The root filesystem (a directory tree owned by host root).
+    pub fn rootfs(&self) -> PathBuf {
+        self.dir.join("rootfs")
+    }
+    /// `/boot/vmlinuz-<kernel>` inside the rootfs, for a backend that boots a kernel.
+    pub fn kernel_path(&self) -> Option<PathBuf> {
+        let release = self.meta.kernel.as_deref()?;
+        Some(self.rootfs().join(format!("boot/vmlinuz-{release}")))
+    }
+    /// `/boot/initrd.img-<kernel>` inside the rootfs (Debian's own initramfs), if present.
+    pub fn initrd_path(&self) -> Option<PathBuf> {
+        let release = self.meta.kernel.as_deref()?;
+        let path = self.rootfs().join(format!("boot/initrd.img-{release}"));
+        path.is_file().then_some(path)
+    }
+    /// `/lib/modules/<kernel>` inside the rootfs.
+    pub fn modules_dir(&self) -> Option<PathBuf> {
+        let release = self.meta.kernel.as_deref()?;
+        Some(self.rootfs().join(format!("lib/modules/{release}")))
+    }
+}
+
+/// The images of one `DYNOCAP_HOME` (plus, for builds, the shared cache).
+#[derive(Debug, Clone)]
+pub struct ImageStore {
+    dir: PathBuf,
+    cache: Option<PathBuf>,
+}
+
+impl ImageStore {
+    /// The store of `home`, with `DYNOCAP_IMAGE_CACHE` as its build cache when set.
+    pub fn for_home(home: &Home) -> ImageStore {
+        let cache = std::env::var_os("DYNOCAP_IMAGE_CACHE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        ImageStore::at(home.images_dir(), cache)
+    }
+
+    pub fn at(dir: PathBuf, cache: Option<PathBuf>) -> ImageStore {
+        ImageStore { dir, cache }
+    }
+
+    /// `images/`.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where builds are shared between homes (`DYNOCAP_IMAGE_CACHE`), if anywhere.
+    pub fn cache(&self) -> Option<&Path> {
+        self.cache.as_deref()
+    }
+
+    /// `images/<name>/<id>`.
+    pub fn image_dir(&self, name: &str, id: &str) -> PathBuf {
+        self.dir.join(name).join(id)
+    }
+
+    /// Every built image, oldest first. Directories without a readable `image.json` (not
+    /// images: the `host` skeleton, builds in progress) are skipped.
+    pub fn list(&self) -> Result<Vec<BuiltImage>> {
+        let mut images = Vec::new();
+        let names = match fs::read_dir(&self.dir) {
+            Ok(names) => names,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(images),
+            Err(err) => {
+                return Err(Error::internal(format!(
+                    "reading {}: {err}",
+                    self.dir.display()
+                )))
+            }
+        };
+        for name in names.flatten() {
+            let Ok(ids) = fs::read_dir(name.path()) else {
+                continue;
+            };
+            for id in ids.flatten() {
+                if let Some(image) = read_image(&id.path()) {
+                    images.push(image);
+                }
+            }
+        }
+        images.sort_by(|a, b| {
+            (a.meta.created.as_str(), a.id()).cmp(&(b.meta.created.as_str(), b.id()))
+        });
+        Ok(images)
+    }
+
+    /// The image `name_or_id` names: an image name (its newest build), or an id or a unique
+    /// prefix of one (at least 4 characters).
+    pub fn find(&self, name_or_id: &str) -> Result<Option<BuiltImage>> {
+        let images = self.list()?;
+        if let Some(newest) = images.iter().rev().find(|i| i.name() == name_or_id) {
+            return Ok(Some(newest.clone()));
+        }
+        if name_or_id.len() < 4 {
+            return Ok(None);
+        }
+        let matches: Vec<_> = images
+            .into_iter()
+            .filter(|i| i.id().starts_with(name_or_id))
+            .collect();
+        match matches.len() {
+            0 => Ok(None),
+            1 => Ok(matches.into_iter().next()),
+            n => Err(Error::invalid(format!(
+                "{name_or_id} matches {n} images; give more of the id (see dynocap image ls)"
+            ))),
+        }
+    }
+
+    /// The image `name` with exactly this id.
+    pub fn get(&self, name: &str, id: &str) -> Option<BuiltImage> {
+        if !is_id(id) || !is_name(name) {
+            return None;
+        }
+        read_image(&self.image_dir(name, id)).filter(|i| i.name() == name && i.id() == id)
+    }
+
+    /// Removes a built image. Callers check that no live sandbox uses it. The directory is
+    /// renamed out of sight first, so a concurrent lookup sees the whole image or none of it.
+    pub fn remove(&self, image: &BuiltImage) -> Result<()> {
+        let parent = image
+            .dir
+            .parent()
+            .ok_or_else(|| Error::internal(format!("{} has no parent", image.dir.display())))?;
+        let doomed = parent.join(format!("{TMP_PREFIX}rm-{}", image.id()));
+        fs::rename(&image.dir, &doomed)
+            .context(format_args!("removing image {}", image.dir.display()))?;
+        super::build::remove_build_dir(&doomed)
+    }
+}
+
+/// Reads `dir/image.json`, if `dir` is an installed image.
+fn read_image(dir: &Path) -> Option<BuiltImage> {
+    let file_name = dir.file_name()?.to_str()?;
+    if !is_id(file_name) {
+        return None;
+    }
+    let text = fs::read_to_string(dir.join(META_FILE)).ok()?;
+    let meta: ImageMeta = serde_json::from_str(&text).ok()?;
+    (meta.id == file_name && dir.join("rootfs").is_dir()).then(|| BuiltImage {
+        dir: dir.to_owned(),
+        meta,
+    })
+}
+
+/// A content id: 64 lowercase hex digits.
+pub fn is_id(text: &str) -> bool {
+    text.len() == 64
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// An image name: a short lowercase word (it names a directory).
+pub fn is_name(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 32
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !text.starts_with('-')
+}
+
+/// Apparent size of a tree, each inode counted once, symlinks not followed.
+pub(crate) fn tree_size(root: &Path) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if seen.insert((meta.dev(), meta.ino())) {
+                total = total.saturating_add(meta.len());
+            }
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn install(store: &ImageStore, name: &str, id: &str, created: &str) -> BuiltImage {
+        let dir = store.image_dir(name, id);
+        fs::create_dir_all(dir.join("rootfs/boot")).expect("mkdir");
+        let meta = ImageMeta {
+            name: name.into(),
+            id: id.into(),
+            created: created.into(),
+            size_bytes: 1,
+            suite: "bookworm".into(),
+            packages: vec![],
+            kernel: Some("6.1.0-1-cloud-amd64".into()),
+            guest_sudo: true,
+        };
+        fs::write(
+            dir.join(META_FILE),
+            serde_json::to_string(&meta).expect("json"),
+        )
+        .expect("write");
+        BuiltImage { dir, meta }
+    }
+
+    #[test]
+    fn lists_finds_and_removes_installed_images_only() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = ImageStore::at(tmp.path().to_owned(), None);
+        assert!(store.list().expect("empty list").is_empty());
+        let old = install(&store, "debian", &"a".repeat(64), "2026-01-01T00:00:00Z");
+        let new = install(&store, "debian", &"b".repeat(64), "2026-02-01T00:00:00Z");
+        // Not images: a half-made build, the host skeleton, a dir without metadata.
+        fs::create_dir_all(tmp.path().join("debian/.tmp-123/rootfs")).expect("mkdir");
+        fs::create_dir_all(tmp.path().join("host/rootfs-r3")).expect("mkdir");
+        fs::create_dir_all(
+            tmp.path()
+                .join("debian")
+                .join("c".repeat(64))
+                .join("rootfs"),
+        )
+        .expect("mkdir");
+
+        assert_eq!(store.list().expect("list"), vec![old.clone(), new.clone()]);
+        assert_eq!(store.find("debian").expect("find"), Some(new.clone()));
+        assert_eq!(store.find("aaaa").expect("find"), Some(old.clone()));
+        assert_eq!(store.find("aaa").expect("find"), None, "too short a prefix");
+        assert_eq!(store.find("alpine").expect("find"), None);
+        assert_eq!(store.get("debian", old.id()), Some(old.clone()));
+        assert_eq!(store.get("debian", "../x"), None);
+        assert_eq!(
+            old.kernel_path(),
+            Some(old.rootfs().join("boot/vmlinuz-6.1.0-1-cloud-amd64"))
+        );
+
+        store.remove(&old).expect("remove");
+        assert_eq!(store.list().expect("list"), vec![new]);
+        assert!(!old.dir.exists());
+        let leftovers: Vec<_> = fs::read_dir(tmp.path().join("debian"))
+            .expect("read")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-rm"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn names_and_ids_are_plain() {
+        assert!(is_name("debian") && is_name("debian-12"));
+        assert!(!is_name("") && !is_name("../x") && !is_name("-x") && !is_name("Debian"));
+        assert!(is_id(&"0f".repeat(32)));
+        assert!(!is_id(&"0F".repeat(32)) && !is_id("abc"));
+    }
+}

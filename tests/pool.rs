@@ -24,6 +24,34 @@ fn wait_ready(home: &TestHome, ready: u64) -> Value {
     last
 }
 
+/// A process's nice value (field 19 of /proc/PID/stat, after the parenthesised name).
+fn nice(pid: i32) -> i64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_name = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    after_name
+        .split(' ')
+        .nth(16)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no nice value in /proc/{pid}/stat: {stat}"))
+}
+
+fn sqlite_supervisor(home: &TestHome, id: &str) -> i32 {
+    let out = std::process::Command::new("sqlite3")
+        .arg(home.path().join("catalog.db"))
+        .arg(format!(
+            "SELECT supervisor_pid FROM sandboxes WHERE id = '{id}'"
+        ))
+        .output()
+        .expect("sqlite3 is installed");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a supervisor pid")
+}
+
 fn supervisor_log(home: &TestHome, id: &str) -> String {
     std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log"))).unwrap_or_default()
 }
@@ -58,6 +86,12 @@ fn run_claims_a_booted_sandbox_with_its_own_name_limits_and_ttl_and_the_pool_ref
         serde_json::json!([]),
         "pool sandboxes are nobody's: not listed"
     );
+    // Booting and idle, the pool runs at the lowest priority, guests included.
+    for supervisor in home.supervisor_pids() {
+        for pid in std::iter::once(supervisor).chain(descendants(supervisor)) {
+            assert_eq!(nice(pid), 19, "pid {pid} of pool supervisor {supervisor}");
+        }
+    }
 
     // More memory than the pool's default (v1 raises memory+swap first), two CPUs.
     let info = home.sandbox(
@@ -81,6 +115,12 @@ fn run_claims_a_booted_sandbox_with_its_own_name_limits_and_ttl_and_the_pool_ref
         supervisor_log(&home, &big)
     );
     assert_eq!(home.sh("big", "hostname"), "big\n");
+    // Claimed, it and its guest are back at the normal priority, and so is what it runs.
+    let claimed = sqlite_supervisor(&home, &big);
+    for pid in std::iter::once(claimed).chain(descendants(claimed)) {
+        assert_eq!(nice(pid), 0, "pid {pid} of the claimed sandbox");
+    }
+    assert_eq!(home.sh("big", "cut -d' ' -f19 /proc/self/stat"), "0\n");
     assert_eq!(
         guest_limits(&home, "big"),
         ((2048u64 << 20).to_string(), "2".to_owned())

@@ -251,7 +251,14 @@ impl Guest for JailGuest {
             .map_err(|err| Error::internal(format!("applying the claimed limits: {err}")))?;
         self.jail
             .set_hostname(hostname)
-            .map_err(|err| Error::internal(format!("naming the claimed sandbox: {err}")))
+            .map_err(|err| Error::internal(format!("naming the claimed sandbox: {err}")))?;
+        // A pool guest booted at the lowest priority (its supervisor's); its init leads its
+        // own process group, which is all of the idle guest. Best effort, as the lowering was.
+        // SAFETY: setpriority sets a scheduling value; no memory is involved.
+        unsafe {
+            libc::setpriority(libc::PRIO_PGRP, self.jail.pid().as_raw().unsigned_abs(), 0);
+        }
+        Ok(())
     }
     fn kill(&mut self) -> Result<()> {
         let network = self.stop_usernet();

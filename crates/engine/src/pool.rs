@@ -84,7 +84,7 @@ impl Engine {
             Ok(record)
         })?;
         for record in &added {
-            if let Err(err) = self.spawn_supervisor(&catalog, &record.id, Mode::Start, None) {
+            if let Err(err) = self.spawn_supervisor(&catalog, &record.id, Mode::Start, None, true) {
                 // Nothing runs for it: the record goes at once rather than at the next reconcile.
                 let _ = catalog.delete(&record.id);
                 return Err(err);

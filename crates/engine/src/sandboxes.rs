@@ -261,7 +261,7 @@ impl Engine {
         project: Option<BorrowedFd<'_>>,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<Option<crate::task_spec::FinishResult>> {
-        let ready_read = self.spawn_supervisor(catalog, id, mode, project)?;
+        let ready_read = self.spawn_supervisor(catalog, id, mode, project, false)?;
         let log_path = self.home.supervisor_log(id);
         let report = tokio::time::timeout(BOOT_TIMEOUT, read_ready(ready_read, progress)).await;
         match report {
@@ -284,14 +284,19 @@ impl Engine {
     }
 
     /// Spawns `dynocap supervise` detached and returns the read end of its ready pipe (a
-    /// caller that drops it does not wait: the warm pool).
+    /// caller that drops it does not wait: the warm pool). A `background` supervisor (a
+    /// warm-pool boot) runs at the lowest CPU priority, it and its guest, so that it never
+    /// slows the sandboxes in use; its claim restores the normal one. Only where this process
+    /// could raise the priority back (root): elsewhere it runs at the normal priority.
     pub(crate) fn spawn_supervisor(
         &self,
         catalog: &Catalog,
         id: &str,
         mode: Mode,
         project: Option<BorrowedFd<'_>>,
+        background: bool,
     ) -> Result<OwnedFd> {
+        let lowered = background && nix::unistd::geteuid().is_root();
         let (ready_read, ready_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating the ready pipe")?;
         let log_path = self.home.supervisor_log(id);
@@ -332,12 +337,17 @@ impl Engine {
         };
         let project_raw = aside.as_ref().map(AsRawFd::as_raw_fd).or(project_raw);
         // SAFETY: the closure runs in the forked child before exec and only calls the
-        // async-signal-safe functions setsid, dup2, fcntl and close_range on descriptors it
-        // owns (the project descriptor is open until `spawn` returns: the caller borrows it).
+        // async-signal-safe functions setsid, setpriority, dup2, fcntl and close_range on
+        // descriptors it owns (the project descriptor is open until `spawn` returns: the
+        // caller borrows it).
         unsafe {
             command.pre_exec(move || {
                 // Own session: the supervisor outlives the caller's terminal and its ^C.
                 libc::setsid();
+                if lowered {
+                    // Best effort: a supervisor at the normal priority works the same.
+                    libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE);
+                }
                 if ready_raw == SUPERVISOR_READY_FD {
                     let flags = libc::fcntl(ready_raw, libc::F_GETFD);
                     if flags < 0
@@ -751,6 +761,9 @@ pub(crate) fn remove_leftovers(home: &Home, id: &str, keep: Keep) -> Result<()> 
     let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
     Ok(())
 }
+
+/// The nice value of a warm-pool boot (the lowest priority).
+pub const BACKGROUND_NICE: libc::c_int = 19;
 
 /// Descriptor number on which a supervisor finds its ready pipe.
 pub const SUPERVISOR_READY_FD: i32 = 3;

@@ -361,6 +361,22 @@ impl Ending {
     }
 }
 
+/// A warm-pool supervisor booted at the lowest priority (see `Engine::spawn_supervisor`):
+/// once claimed, it runs at the normal one again, every thread of it (its process group).
+fn restore_priority() {
+    // SAFETY: getpriority/setpriority only read and set scheduling values of our own group.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if nice > 0 && libc::setpriority(libc::PRIO_PGRP, 0, 0) != 0 {
+            tracing::warn!(
+                "restoring the normal CPU priority: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
 /// How connection handlers hand the main loop what only it may do (it owns the guest).
 #[derive(Clone)]
 struct MainLoop {
@@ -470,6 +486,7 @@ async fn serve(
                 } else {
                     match guest.claim(&claim.hostname, claim.cpus, claim.memory_mb) {
                         Ok(()) => {
+                            restore_priority();
                             let expires_at = chrono::DateTime::from_timestamp(claim.expires_unix, 0)
                                 .unwrap_or(record.expires_at);
                             let until = (expires_at - chrono::Utc::now())

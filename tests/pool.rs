@@ -217,3 +217,36 @@ fn a_bad_pool_size_is_refused_with_the_variable_and_its_range() {
     assert!(message.contains("DYNOCAP_WARM_POOL=lots"), "{message}");
     assert!(message.contains("from 0 to 16"), "{message}");
 }
+
+#[test]
+fn the_pool_takes_only_room_under_the_ceilings_that_nobody_uses_and_yields_it() {
+    if !require_root("the_pool_takes_only_room_under_the_ceilings_that_nobody_uses_and_yields_it") {
+        return;
+    }
+    // Room for three default sandboxes (1024 MB each) in all.
+    let home = pool_home("3").with_env("DYNOCAP_MAX_MEMORY_MB", "3072");
+    wait_ready(&home, 3);
+
+    // A claim with more memory: the pool gives up a member so the total stays at the ceiling.
+    home.sandbox("big", &["--memory-mb", "2048"]);
+    let status = home.json(&["pool"]);
+    assert_eq!(
+        (status["pool"]["ready"].as_u64().unwrap() + status["pool"]["warming"].as_u64().unwrap()),
+        1,
+        "2048 + one pool sandbox = 3072: {status:#}"
+    );
+    // A start the pool cannot serve is admitted as if the pool were not there, and the pool
+    // yields again.
+    home.sandbox("other", &["--disk-mb", "256"]);
+    let status = home.json(&["pool"]);
+    assert_eq!(status["pool"]["ready"], 0, "{status:#}");
+    assert_eq!(status["pool"]["warming"], 0, "{status:#}");
+    // The ceiling still binds the caller's own sandboxes.
+    let err = home.json_err(&["run", "third"]);
+    assert_eq!(err["code"], "policy_denied", "{err:#}");
+
+    // Room freed, room refilled.
+    home.json(&["destroy", "big"]);
+    home.json(&["destroy", "other"]);
+    wait_ready(&home, 3);
+}

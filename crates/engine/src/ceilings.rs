@@ -137,8 +137,29 @@ impl Ceilings {
 
     /// Refuses a new sandbox of `memory_mb` when the live ones already use up the count or,
     /// with it, would go over the memory ceiling.
-    pub fn check_admission(&self, live: &[Record], memory_mb: u64) -> Result<()> {
+    /// Whether the live sandboxes, warm pool included, are within the ceilings.
+    pub fn hold_for(&self, live: &[Record]) -> bool {
         let live: Vec<&Record> = live.iter().filter(|r| r.state.is_live()).collect();
+        let used: u64 = live.iter().map(|r| r.memory_mb).sum();
+        live.len() as u64 <= self.sandboxes && used <= self.memory_mb
+    }
+
+    /// Whether `count` more sandboxes holding `memory_mb` in all fit beside the live ones,
+    /// warm pool included (for topping the pool up: it only takes room nobody uses).
+    pub fn admits_beside(&self, live: &[Record], count: u64, memory_mb: u64) -> bool {
+        let live: Vec<&Record> = live.iter().filter(|r| r.state.is_live()).collect();
+        let used: u64 = live.iter().map(|r| r.memory_mb).sum();
+        (live.len() as u64).saturating_add(count) <= self.sandboxes
+            && used.saturating_add(memory_mb) <= self.memory_mb
+    }
+
+    /// Refuses a new sandbox of `memory_mb` that would take the live ones past a ceiling. The
+    /// warm pool does not count: it makes room (see `Engine::shrink_pool_to_ceilings`).
+    pub fn check_admission(&self, live: &[Record], memory_mb: u64) -> Result<()> {
+        let live: Vec<&Record> = live
+            .iter()
+            .filter(|r| r.state.is_live() && !r.state.is_pool())
+            .collect();
         let count = live.len() as u64;
         if count >= self.sandboxes {
             return Err(denied(format!(

@@ -68,7 +68,20 @@ impl Engine {
         }
         let catalog = self.catalog()?;
         let pool = pool_spec();
-        let added = catalog.top_up_pool(target, || {
+        // The pool only takes room under the host's ceilings that nobody uses.
+        let ceilings = crate::ceilings::Ceilings::from_env()?;
+        self.reconcile(&catalog)?;
+        let live = catalog.list()?;
+        let pooled = live.iter().filter(|r| r.state.is_pool()).count();
+        let mut room: usize = 0;
+        while pooled + room < target {
+            let more = room as u64 + 1;
+            if !ceilings.admits_beside(&live, more, more * pool.memory_mb) {
+                break;
+            }
+            room += 1;
+        }
+        let added = catalog.top_up_pool(pooled + room, || {
             let mut record = self.new_record(
                 Kind::Raw,
                 None,
@@ -93,9 +106,16 @@ impl Engine {
         Ok(added.len())
     }
 
-    /// [`Engine::top_up_pool`] for callers that must not fail because of the pool: a
-    /// problem is logged, and the next top-up tries again.
-    pub fn top_up_pool_quietly(&self) {
+    /// After a caller's sandbox started: the pool gives up the room it took under the
+    /// host's ceilings, then refills what room is left. For callers that must not fail
+    /// because of the pool: a problem is logged, and the next start tries again.
+    pub async fn rebalance_pool(&self) {
+        if !matches!(target(), Ok(n) if n > 0) {
+            return;
+        }
+        if let Err(err) = self.shrink_pool_to_ceilings().await {
+            tracing::warn!("making room in the warm pool: {err}");
+        }
         if let Err(err) = self.top_up_pool() {
             tracing::warn!("topping up the warm pool: {err}");
         }
@@ -158,6 +178,47 @@ impl Engine {
         }
     }
 
+    /// Ends pool sandboxes, booting ones first, until the live sandboxes are within the
+    /// host's ceilings again: the pool yields the room a caller's sandbox took.
+    pub async fn shrink_pool_to_ceilings(&self) -> Result<()> {
+        let ceilings = crate::ceilings::Ceilings::from_env()?;
+        let catalog = self.catalog()?;
+        loop {
+            let live = catalog.list()?;
+            if ceilings.hold_for(&live) {
+                return Ok(());
+            }
+            let Some(victim) = live
+                .iter()
+                .filter(|r| r.state.is_pool())
+                .min_by_key(|r| r.state == State::Pooled)
+            else {
+                return Ok(());
+            };
+            self.end_pool_member(&catalog, victim).await?;
+        }
+    }
+
+    /// Ends one pool sandbox: its supervisor destroys a ready one; a booting one (or one that
+    /// does not answer) is ended from here.
+    async fn end_pool_member(
+        &self,
+        catalog: &crate::catalog::Catalog,
+        record: &Record,
+    ) -> Result<()> {
+        let destroyed = record.state == State::Pooled
+            && matches!(
+                self.call(record, &ControlRequest::Destroy).await,
+                Ok(ControlReply::Destroyed)
+            );
+        if !destroyed {
+            self.kill_supervisor(record).await;
+            remove_leftovers(self.home(), &record.id, Keep::Nothing)?;
+            catalog.delete(&record.id)?;
+        }
+        Ok(())
+    }
+
     /// What the pool holds now.
     pub fn pool_status(&self) -> Result<PoolStatus> {
         let catalog = self.catalog()?;
@@ -180,17 +241,7 @@ impl Engine {
             .filter(|r| r.state.is_pool())
             .collect();
         for record in &pooled {
-            let destroyed = record.state == State::Pooled
-                && matches!(
-                    self.call(record, &ControlRequest::Destroy).await,
-                    Ok(ControlReply::Destroyed)
-                );
-            if !destroyed {
-                // Still booting, or not answering: end it from here.
-                self.kill_supervisor(record).await;
-                remove_leftovers(self.home(), &record.id, Keep::Nothing)?;
-                catalog.delete(&record.id)?;
-            }
+            self.end_pool_member(&catalog, record).await?;
         }
         Ok(pooled.len())
     }

@@ -141,7 +141,7 @@ impl Engine {
         self.admit(spec.cpus, spec.memory_mb, spec.disk_mb, spec.ttl_seconds)?;
         spec.network.ensure_available()?;
         if let Some(record) = self.claim_from_pool(spec).await? {
-            self.top_up_pool_quietly();
+            self.rebalance_pool().await;
             return Ok(SandboxInfo::from_record(&record));
         }
         let egress = match spec.network {
@@ -163,8 +163,9 @@ impl Engine {
         )?;
         record.egress = egress;
         let record = self.launch(record, &|_| {}).await?;
-        // The pool had none ready (or none fits): have one ready for the next run.
-        self.top_up_pool_quietly();
+        // The pool had none ready (or none fits): have one ready for the next run, in the
+        // room this sandbox left under the ceilings.
+        self.rebalance_pool().await;
         Ok(SandboxInfo::from_record(&record))
     }
 

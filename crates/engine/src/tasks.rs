@@ -127,6 +127,8 @@ impl Engine {
         let record = self
             .launch_with(record, project.as_ref().map(ProjectDir::as_fd), progress)
             .await?;
+        // Tasks boot afresh (the pool holds raw sandboxes); the pool yields their room.
+        self.rebalance_pool().await;
         task_info(&record)
     }
 

@@ -6,6 +6,9 @@
 //! dynocap-agent --channel-path PATH [--cgroup-fd N] [--exec-user UID:GID] [--home DIR]
 //! ```
 //!
+//! In a VM the kernel starts the agent as the initramfs' `/init` with `--vm-boot` first:
+//! see `vm_boot`, which boots the sandbox's disk and re-executes the agent in it.
+//!
 //! `--cgroup-fd` is a directory descriptor of a cgroup delegated to the agent, where each
 //! command gets a cgroup of its own (see `cgroup`).
 
@@ -45,6 +48,7 @@ mod server;
 mod spawn;
 mod statedir;
 mod unpack;
+mod vm_boot;
 
 #[cfg(test)]
 mod scenarios;
@@ -226,6 +230,14 @@ fn main() -> ExitCode {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         return proxy_connect::run(&args);
+    }
+    // The VM backend's initramfs runs us as /init with this flag: boot the disk first.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == vm_boot::FLAG)
+        && nix::unistd::getpid().as_raw() == 1
+    {
+        return vm_boot::run(std::env::args_os().skip(2).collect());
     }
     let (channel, cgroup_fd, mut config) = match parse_args(std::env::args_os().skip(1)) {
         Ok(Command::Run {

@@ -110,6 +110,12 @@ fn boot(agent_args: Vec<OsString>) -> Result<Infallible, String> {
     }
     install_agent()?;
     let port = find_port(&params.port)?;
+    // One line on the console, so a log shows how far a boot got.
+    log!(
+        "vm boot: {} mounted, channel {}; starting the agent in it",
+        params.root.display(),
+        port.display()
+    );
     switch_root()?;
     exec_agent(&port, agent_args)
 }

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::elf;
 use crate::error::{Result, VmError};
-use crate::modinfo;
 
 /// Drivers the guest cannot boot without: the root disk, the agent's channel, the root
 /// filesystem, and the virtio transports of both machine types (microvm: mmio; q35: pci).
@@ -136,7 +136,7 @@ fn visit(
         format!("the module {name} is neither built in nor present under lib/modules")
     })?;
     let bytes = fs::read(path).map_err(|err| format!("reading {}: {err}", path.display()))?;
-    let deps = modinfo::depends(&bytes).map_err(|err| format!("{}: {err}", path.display()))?;
+    let deps = elf::depends(&bytes).map_err(|err| format!("{}: {err}", path.display()))?;
     for dep in deps {
         visit(&dep, builtin, available, done, order, depth + 1)?;
     }
@@ -161,7 +161,7 @@ fn builtin_names(dir: &Path) -> Result<HashSet<String>> {
 
 fn module_name(path: &str) -> Option<String> {
     let file = path.rsplit('/').next()?;
-    Some(modinfo::normalize_name(file.strip_suffix(".ko")?))
+    Some(elf::normalize_name(file.strip_suffix(".ko")?))
 }
 
 /// Every `.ko` under the modules directory, by name.
@@ -190,7 +190,7 @@ fn module_files(dir: &Path) -> Result<BTreeMap<String, PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::modinfo::tests::fake_module;
+    use crate::elf::tests::fake_module;
 
     fn write(path: &Path, bytes: &[u8]) {
         fs::create_dir_all(path.parent().unwrap()).unwrap();

@@ -7,7 +7,7 @@
 //! modules it needs. The agent mounts the root disk — a qcow2 layer over a read-only ext4 made
 //! from the image — switches root into it and serves the channel.
 //!
-//! Modules: [`cpio`] (archive writer), [`modinfo`] and [`kernel`] (which kernel, which
+//! Modules: [`cpio`] (archive writer), [`elf`] and [`kernel`] (which kernel, which
 //! modules), [`initramfs`], [`disk`], [`cache`] (content-addressed artefacts), [`qemu`]
 //! (command line and process), [`qmp`], [`accel`] (KVM or TCG), [`vm`] (the running guest).
 
@@ -15,10 +15,10 @@ pub mod accel;
 pub mod cache;
 pub mod cpio;
 pub mod disk;
+pub mod elf;
 mod error;
 pub mod initramfs;
 pub mod kernel;
-pub mod modinfo;
 pub mod qemu;
 pub mod qmp;
 pub mod vm;

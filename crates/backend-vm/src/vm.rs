@@ -19,7 +19,7 @@ use crate::{accel, disk, initramfs, kernel};
 /// Everything the backend needs to boot one guest.
 #[derive(Debug, Clone)]
 pub struct VmSpec {
-    /// The guest's hostname: letters, digits, `-` and `.` only (it goes on the kernel
+    /// The guest's hostname: letters, digits, `-`, `_` and `.` only (it goes on the kernel
     /// command line).
     pub hostname: String,
     /// The image's root directory: the disk's content, and its kernel and modules.
@@ -186,10 +186,10 @@ fn validate(spec: &VmSpec) -> Result<()> {
         && spec
             .hostname
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
     if !host_ok {
         return Err(VmError::InvalidSpec(format!(
-            "hostname {:?} must be 1-63 letters, digits, '-' or '.'",
+            "hostname {:?} must be 1-63 letters, digits, '-', '_' or '.'",
             spec.hostname
         )));
     }
@@ -305,7 +305,18 @@ fn wait_for_agent(mut vm: Vm, timeout: Duration) -> Result<Vm> {
             }
         }
         let ready = |fd: &PollFd| fd.revents().is_some_and(|r| !r.is_empty());
-        if ready(&fds[1]) {
+        let qemu_exited = ready(&fds[1]);
+        // Readable may also mean end-of-file: QEMU closing its end as it exits.
+        let agent_spoke = ready(&fds[0]) && has_data(channel);
+        if agent_spoke {
+            return Ok(vm);
+        }
+        if qemu_exited || ready(&fds[0]) {
+            // Give an exiting QEMU a moment to finish, so its status is in the error.
+            if !qemu_exited {
+                wait_readable(vm.pidfd.as_fd(), Duration::from_secs(10));
+            }
+            let _ = vm.child.kill();
             let status = vm.child.wait().map(|s| s.to_string()).unwrap_or_default();
             let tail = tail(&vm.paths);
             return Err(VmError::Boot {
@@ -313,13 +324,21 @@ fn wait_for_agent(mut vm: Vm, timeout: Duration) -> Result<Vm> {
                 tail,
             });
         }
-        if fds[0]
-            .revents()
-            .is_some_and(|r| r.contains(PollFlags::POLLIN))
-        {
-            return Ok(vm);
-        }
     }
+}
+
+/// Whether at least one byte waits on `socket` (a peek: the bytes stay for the reader).
+fn has_data(socket: &OwnedFd) -> bool {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut byte = [0_u8; 1];
+    matches!(
+        recv(
+            std::os::fd::AsRawFd::as_raw_fd(socket),
+            &mut byte,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
+        ),
+        Ok(n) if n > 0
+    )
 }
 
 fn pidfd_open(pid: u32) -> Result<OwnedFd> {

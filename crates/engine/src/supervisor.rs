@@ -219,6 +219,7 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
             Mode::Start => record.network,
             Mode::Recover => spec::Network::None,
         },
+        cache_dir: home.cache_dir(),
     };
     let booting = std::time::Instant::now();
     let (guest, guest_output) = boot_with_piped_output(backend.as_ref(), &spec)?;

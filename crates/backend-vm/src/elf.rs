@@ -1,6 +1,7 @@
-//! Reads a kernel module's `depends=` list from its ELF `.modinfo` section, the way `modinfo`
-//! does. Images need not ship `modules.dep` (a kernel package unpacked without running
-//! `depmod` has none), so the module files themselves are the source of truth.
+//! The two things the backend reads out of ELF files: a kernel module's `depends=` list from
+//! its `.modinfo` section (the way `modinfo` does: images need not ship `modules.dep`, which
+//! only `depmod` makes), and whether a program needs a dynamic loader (the initramfs has no
+//! libc, so the agent must be static).
 
 /// The modules `module` (the bytes of a `.ko`) needs loaded first, by name (`-` spelled `_`).
 pub fn depends(module: &[u8]) -> Result<Vec<String>, String> {
@@ -17,6 +18,36 @@ pub fn depends(module: &[u8]) -> Result<Vec<String>, String> {
         }
     }
     Ok(deps)
+}
+
+/// Whether `program` names a program interpreter (`PT_INTERP`): a dynamically linked binary.
+pub fn is_dynamic(program: &[u8]) -> Result<bool, String> {
+    check_header(program)?;
+    let phoff = usize_at(program, 0x20, 8)?;
+    let phentsize = usize_at(program, 0x36, 2)?;
+    let phnum = usize_at(program, 0x38, 2)?;
+    for i in 0..phnum {
+        let base = i
+            .checked_mul(phentsize)
+            .and_then(|o| o.checked_add(phoff))
+            .ok_or("program header offset overflows")?;
+        const PT_INTERP: usize = 3;
+        if usize_at(program, base, 4)? == PT_INTERP {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn check_header(elf: &[u8]) -> Result<(), String> {
+    if elf.get(..4) != Some(b"\x7fELF") {
+        return Err("not an ELF file".into());
+    }
+    // ELFCLASS64, little-endian: what x86_64 binaries are.
+    if elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
+        return Err("not a 64-bit little-endian ELF file".into());
+    }
+    Ok(())
 }
 
 /// Module names are the same with `-` or `_` (the kernel treats them alike).
@@ -119,6 +150,16 @@ pub(crate) mod tests {
         assert_eq!(depends(&module).unwrap(), ["virtio", "virtio_ring"]);
         let module = fake_module(b"depends=\0name=virtio_ring\0");
         assert!(depends(&module).unwrap().is_empty());
+    }
+
+    #[test]
+    fn dynamic_programs_are_told_from_static_ones() {
+        // This test binary is dynamically linked (the gnu target); a module has no program
+        // headers at all.
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert!(is_dynamic(&me).unwrap());
+        assert!(!is_dynamic(&fake_module(b"depends=\0")).unwrap());
+        assert!(is_dynamic(b"#!/bin/sh\n").is_err());
     }
 
     #[test]

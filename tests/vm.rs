@@ -319,13 +319,15 @@ fn a_bad_kernel_fails_with_qemus_reason() {
          kernel/fs/ext4/ext4.ko\nkernel/drivers/virtio/virtio_mmio.ko\n",
     )
     .expect("write");
-    let spec = boot_spec(
+    let mut spec = boot_spec(
         &env,
         &rootfs,
         &env.agent,
         &state.path().join("s"),
         "badkernel",
     );
+    // This rootfs is new on every run: keep its base disk out of the shared cache.
+    spec.cache_dir = state.path().join("cache");
     let err = backend
         .boot(&spec)
         .err()

@@ -147,6 +147,18 @@ fn a_raw_vm_boots_runs_commands_as_the_agent_said_and_is_destroyed() {
     eprintln!("boot to agent hello under TCG: {:.2?}", started.elapsed());
     let pid = guest.pid();
     assert!(alive(pid));
+    // Started as root, QEMU runs as the sandbox's range's first host id, chrooted.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).expect("Uid");
+    assert_eq!(
+        uid_line.split_whitespace().nth(1),
+        Some("1000000"),
+        "{uid_line}"
+    );
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/root")).expect("root"),
+        state.path().join("vm/empty")
+    );
     let channel = guest.take_channel().expect("channel");
     let (code, out) = exec(
         channel,

@@ -86,7 +86,12 @@ fn main() {
     let (kernel, initrd) = artefacts(&cache, &rootfs);
     let floor_initrd = floor_initramfs(&initrd, &rootfs, work.path());
     let floor = sample(RUNS, |i| {
-        floor_boot(&kernel, &floor_initrd, &accel, &work.path().join(format!("floor{i}.log")))
+        floor_boot(
+            &kernel,
+            &floor_initrd,
+            &accel,
+            &work.path().join(format!("floor{i}.log")),
+        )
     });
     println!("under {accel}, 1 vCPU, {MEMORY_MB} MiB, microvm:");
     report(
@@ -181,7 +186,13 @@ fn floor_boot(kernel: &Path, initrd: &Path, accel: &str, console: &Path) {
         append.push_str(&format!("tsc_early_khz={}", qemu::host_tsc_khz()));
     }
     let status = Command::new(qemu::QEMU)
-        .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
+        .args([
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+        ])
         .args(["-M", machine, "-accel", accel])
         .args(["-cpu", if tcg { "max" } else { "host" }])
         .args(["-smp", "1", "-m", &format!("{MEMORY_MB}M")])
@@ -196,7 +207,11 @@ fn floor_boot(kernel: &Path, initrd: &Path, accel: &str, console: &Path) {
         .stdin(Stdio::null())
         .status()
         .expect("run QEMU");
-    assert!(status.success(), "the floor VM failed: see {}", console.display());
+    assert!(
+        status.success(),
+        "the floor VM failed: see {}",
+        console.display()
+    );
 }
 
 /// QEMU's resident memory, in KiB, by kind.

@@ -48,6 +48,17 @@ pub struct QemuConfig {
     pub console_log: PathBuf,
     /// `-sandbox on`: QEMU's seccomp filter (a QEMU built without seccomp refuses it).
     pub seccomp: bool,
+    /// For a QEMU started as root: the host uid and gid it drops to once its files are open,
+    /// and the empty directory it chroots into (Firecracker's jailer does the same).
+    pub drop_to: Option<Confinement>,
+}
+
+/// Where a root-started QEMU goes after opening its files.
+#[derive(Debug, Clone)]
+pub struct Confinement {
+    pub uid: u32,
+    pub gid: u32,
+    pub chroot: PathBuf,
 }
 
 /// The kernel command line: console on the serial port, a panic (PID 1 exiting) stops the VM,
@@ -121,13 +132,21 @@ pub fn argv(config: &QemuConfig) -> Vec<OsString> {
     let mem = format!("{}M", config.memory_mb);
     push(&mut args, &["-smp", &smp, "-m", &mem]);
     if config.seccomp {
-        push(
-            &mut args,
-            &[
-                "-sandbox",
-                "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-            ],
-        );
+        // QEMU 7.2 installs its filter before `-runas` drops privileges, so a dropping QEMU
+        // must still be allowed setuid/setgid; once it runs as an unprivileged uid without
+        // capabilities, that call can no longer raise anything.
+        let sandbox = if config.drop_to.is_some() {
+            "on,obsolete=deny,spawn=deny,resourcecontrol=deny"
+        } else {
+            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+        };
+        push(&mut args, &["-sandbox", sandbox]);
+    }
+    if let Some(confine) = &config.drop_to {
+        let ids = format!("{}:{}", confine.uid, confine.gid);
+        push(&mut args, &["-runas", &ids]);
+        args.push("-chroot".into());
+        args.push(confine.chroot.clone().into());
     }
     args.push("-kernel".into());
     args.push(config.kernel.clone().into());
@@ -178,9 +197,15 @@ fn opt_path(prefix: &str, path: &Path) -> OsString {
 }
 
 /// Starts QEMU with `channel` as fd 3 and `qmp` as fd 4, stdin from /dev/null, stdout
-/// inherited, stderr to `stderr_log`. QEMU gets SIGKILL when the thread that started it dies
-/// (PR_SET_PDEATHSIG); the supervisor starts it from its main thread, so that is when the
-/// supervisor dies.
+/// inherited, stderr to `stderr_log`.
+///
+/// QEMU must not outlive the supervisor. It gets SIGKILL when the thread that started it dies
+/// (PR_SET_PDEATHSIG; the supervisor starts it from its main thread). The kernel clears that
+/// setting when QEMU's credentials change, as they do under `-runas`, so a dropped QEMU has a
+/// second way down, which every QEMU has anyway: the supervisor's death closes the agent
+/// channel, the agent (PID 1) exits on end-of-file, the guest kernel panics, and `-no-reboot`
+/// turns the panic's reboot into QEMU's exit. A guest too wedged for that is killed by
+/// whoever repairs the lost sandbox ([`crate::cleanup_leftovers`], by the pid file).
 pub fn spawn(
     config: &QemuConfig,
     channel: &OwnedFd,
@@ -258,6 +283,7 @@ mod tests {
             disk: "/state/vm,1/disk.qcow2".into(),
             console_log: "/state/vm/console.log".into(),
             seccomp: true,
+            drop_to: None,
         }
     }
 
@@ -311,7 +337,11 @@ mod tests {
                 "socket,id=qmp,fd=4"
             ]
         );
-        assert!(values(&args, "-sandbox")[0].starts_with("on,"));
+        assert_eq!(
+            values(&args, "-sandbox"),
+            ["on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]
+        );
+        assert!(values(&args, "-runas").is_empty());
         let append = values(&args, "-append")[0];
         assert!(append.starts_with("console=ttyS0 "));
         assert!(append.contains(" tsc_early_khz=2300000 "));
@@ -332,6 +362,23 @@ mod tests {
         assert!(values(&args, "-device").contains(&"virtio-blk-pci,drive=root"));
         assert!(values(&args, "-device").contains(&"virtio-serial-pci"));
         assert!(values(&args, "-sandbox").is_empty());
+    }
+
+    #[test]
+    fn a_root_started_qemu_drops_to_its_ids_in_an_empty_chroot() {
+        let mut config = config(Machine::Microvm, Accel::Tcg);
+        config.drop_to = Some(Confinement {
+            uid: 1_065_536,
+            gid: 1_065_536,
+            chroot: "/state/vm/empty".into(),
+        });
+        let args = strings(&argv(&config));
+        assert_eq!(values(&args, "-runas"), ["1065536:1065536"]);
+        assert_eq!(values(&args, "-chroot"), ["/state/vm/empty"]);
+        assert_eq!(
+            values(&args, "-sandbox"),
+            ["on,obsolete=deny,spawn=deny,resourcecontrol=deny"]
+        );
     }
 
     #[test]

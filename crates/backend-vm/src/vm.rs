@@ -42,6 +42,10 @@ pub struct VmSpec {
     pub accel: Option<Accel>,
     /// How long the guest may take to reach the agent.
     pub boot_timeout: Duration,
+    /// For a supervisor running as root: the host uid and gid QEMU runs as once its files are
+    /// open (the sandbox's own id range, as the jail's guest root has), chrooted into an
+    /// empty directory. `None` keeps QEMU as the invoking user.
+    pub run_as: Option<(u32, u32)>,
 }
 
 /// The VM's files inside the sandbox's state directory.
@@ -52,6 +56,8 @@ pub struct VmPaths {
     pub console_log: PathBuf,
     pub qemu_log: PathBuf,
     pub pid_file: PathBuf,
+    /// The empty directory a root-started QEMU chroots into.
+    pub empty: PathBuf,
 }
 
 impl VmPaths {
@@ -62,6 +68,7 @@ impl VmPaths {
             console_log: dir.join("console.log"),
             qemu_log: dir.join("qemu.log"),
             pid_file: dir.join("qemu.pid"),
+            empty: dir.join("empty"),
             dir,
         }
     }
@@ -118,6 +125,10 @@ impl Vm {
             disk: paths.disk.clone(),
             console_log: paths.console_log.clone(),
             seccomp: true,
+            drop_to: match spec.run_as {
+                Some((uid, gid)) => Some(confinement(&paths, uid, gid)?),
+                None => None,
+            },
         };
         let booted = start(&config, &paths, spec.boot_timeout);
         if booted.is_err() && fresh_disk {
@@ -178,6 +189,23 @@ impl Drop for Vm {
             let _ = self.child.wait();
         }
     }
+}
+
+/// An empty, root-owned, read-only directory to chroot QEMU into.
+fn confinement(paths: &VmPaths, uid: u32, gid: u32) -> Result<qemu::Confinement> {
+    use std::os::unix::fs::PermissionsExt;
+    match fs::create_dir(&paths.empty) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(VmError::io("creating", &paths.empty, err)),
+    }
+    fs::set_permissions(&paths.empty, fs::Permissions::from_mode(0o555))
+        .map_err(|err| VmError::io("making read-only", &paths.empty, err))?;
+    Ok(qemu::Confinement {
+        uid,
+        gid,
+        chroot: paths.empty.clone(),
+    })
 }
 
 fn validate(spec: &VmSpec) -> Result<()> {
@@ -464,6 +492,7 @@ mod tests {
             reuse_disk: false,
             accel: Some(Accel::Tcg),
             boot_timeout: Duration::from_secs(1),
+            run_as: None,
         }
     }
 

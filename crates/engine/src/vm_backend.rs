@@ -63,6 +63,7 @@ impl Backend for VmBackend {
             reuse_disk: spec.reuse_layer,
             accel: None,
             boot_timeout: BOOT_TIMEOUT,
+            run_as: run_as(spec.id_range)?,
         };
         let vm = Vm::boot(&vm_spec).map_err(vm_error)?;
         tracing::info!(
@@ -83,6 +84,17 @@ impl Backend for VmBackend {
         dynocap_backend_vm::cleanup_leftovers(state_dir, true)
             .map_err(|err| Error::internal(format!("stopping what is left of sandbox {id}: {err}")))
     }
+}
+
+/// Started as root, QEMU drops to the host ids of the sandbox's range that the jail gives its
+/// guest root: distinct per live sandbox, owning nothing on the host.
+fn run_as(id_range: u32) -> Result<Option<(u32, u32)>> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let map = dynocap_backend_jail::IdMap::root_mode_at(id_range)
+        .map_err(|err| Error::internal(format!("choosing QEMU's host ids: {err}")))?;
+    Ok(Some((map.uids.host, map.gids.host)))
 }
 
 /// The crate's refusals (no QEMU, no kernel in the image, no accelerator chosen) are the

@@ -194,6 +194,59 @@ fn killed_supervisor_leaves_no_guest_and_record_is_lost() {
 }
 
 #[test]
+fn destroy_answers_once_the_guest_is_dead_and_a_supervisor_dying_after_that_is_cleaned_up() {
+    if !require_root(
+        "destroy_answers_once_the_guest_is_dead_and_a_supervisor_dying_after_that_is_cleaned_up",
+    ) {
+        return;
+    }
+    // The supervisor dies right after its reply, before the rest of the teardown.
+    let home = TestHome::new().with_env("DYNOCAP_FAILPOINTS", "supervisor.destroy.replied=kill");
+    home.sandbox("brief", &[]);
+    home.exec("brief", &[], "sleep 1000 >/dev/null 2>&1 &");
+    let supervisor = home.supervisor_pids()[0];
+    let guest = descendants(supervisor);
+    let id = home.sandbox_id("brief");
+    assert!(guest.len() >= 2, "init and the background sleep: {guest:?}");
+
+    assert_eq!(home.json(&["destroy", "brief"])["destroyed"], "brief");
+    // What the answer promises holds at once: the guest runs nothing, the name is free.
+    assert!(
+        guest.iter().all(|&p| !pid_exists(p)),
+        "guest processes outlived the answer: {guest:?}"
+    );
+    assert!(home.json(&["ps"])["sandboxes"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert!(
+        wait_until(20, || !pid_exists(supervisor)),
+        "the failpoint kills the supervisor"
+    );
+    // The next command's reconcile finishes the teardown the supervisor could not.
+    home.json(&["ps"]);
+    assert!(
+        sandbox_cgroups(&id).is_empty(),
+        "cgroups left: {:?}",
+        sandbox_cgroups(&id)
+    );
+    assert!(
+        !home.path().join("sandboxes").join(&id).exists(),
+        "state dir left"
+    );
+    assert!(home.supervisor_pids().is_empty(), "the record is gone");
+    // The name serves a new sandbox.
+    home.sandbox("brief", &[]);
+    assert_eq!(home.sh("brief", "echo again"), "again\n");
+    let id = home.sandbox_id("brief");
+    let supervisor = home.supervisor_pids()[0];
+    home.json(&["destroy", "brief"]);
+    assert!(wait_until(20, || !pid_exists(supervisor)));
+    home.json(&["ps"]);
+    assert!(sandbox_cgroups(&id).is_empty());
+}
+
+#[test]
 fn ten_sandboxes_side_by_side() {
     if !require_root("ten_sandboxes_side_by_side") {
         return;

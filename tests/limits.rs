@@ -244,6 +244,7 @@ fn a_full_disk_is_enospc_in_the_guest_for_bytes_and_inodes_and_frees_with_rm() {
     );
 
     home.json(&["destroy", "small"]);
+    home.wait_for_teardown();
     assert!(
         !state_dir(&home, &id).exists(),
         "the state dir and its image are gone"

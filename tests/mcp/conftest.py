@@ -139,6 +139,7 @@ class Host:
         ls = self.cli("ls") or {}
         for task in ls.get("tasks", []):
             self.cli("rm", "--force", "--purge", task["id"])
+        self.cli("pool", "--drain")  # a warm pool (DYNOCAP_WARM_POOL) is listed nowhere else
         shutil.rmtree(self.base, ignore_errors=True)
 
 

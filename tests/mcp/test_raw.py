@@ -343,3 +343,20 @@ async def test_nat_run_works_when_allowed(host: Host) -> None:
                 got = await sh(f"curl -sS -m 5 http://{target}:8081/")
                 assert got["exitCode"] != 0, got
             ok(await s.call_tool("dynocap_destroy", {"name": "n"}))
+
+
+async def test_a_warm_pool_boots_with_the_server_and_serves_run(host: Host) -> None:
+    async with connect(host, env={"DYNOCAP_WARM_POOL": "1"}) as s:
+        # The server boots the pool when it starts, before any call.
+        deadline = time.monotonic() + 60
+        while (host.cli("pool") or {}).get("pool", {}).get("ready") != 1:
+            assert time.monotonic() < deadline, host.cli("pool")
+            await anyio.sleep(0.1)
+        box = ok(await s.call_tool("dynocap_run", {"name": "pooled", "memoryMB": 512, "ttlSeconds": 90}))
+        assert (box["name"], box["state"], box["memoryMB"], box["ttlSeconds"]) == ("pooled", "running", 512, 90)
+        done = ok(await s.call_tool("dynocap_exec", {"name": "pooled", "command": "hostname"}))
+        assert done["stdout"] == "pooled\n"
+        logs = "".join(p.read_text(errors="replace") for p in (host.state / "logs").glob("*.log"))
+        assert "claimed from the warm pool as pooled" in logs
+        assert [b["name"] for b in ok(await s.call_tool("dynocap_ps", {}))["sandboxes"]] == ["pooled"]
+        assert ok(await s.call_tool("dynocap_destroy", {"name": "pooled"})) == {"destroyed": "pooled"}

@@ -1,5 +1,6 @@
 //! Helpers the benchmarks share: locating the release binaries, sampling, reporting a
-//! measurement beside its baseline as a ratio, and reading a process's memory counters.
+//! measurement beside its baseline as a ratio, reading a process's memory counters, and a
+//! bare MCP client over stdio.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -79,4 +80,92 @@ pub fn child_pids(pid: i32) -> Vec<i32> {
         .split_whitespace()
         .filter_map(|p| p.parse().ok())
         .collect()
+}
+
+/// A minimal MCP client over stdio for benchmarks: `dynocap mcp` speaks newline-delimited
+/// JSON-RPC, so a cycle's cost is measured without an SDK's own overhead in the way.
+pub struct McpSession {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    next_id: u64,
+}
+
+impl McpSession {
+    /// Starts `dynocap mcp` with `envs` and completes the initialize handshake.
+    pub fn start(dynocap: &Path, envs: &[(&str, &str)]) -> McpSession {
+        let mut child = std::process::Command::new(dynocap)
+            .arg("mcp")
+            .envs(envs.iter().copied())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn dynocap mcp");
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut session = McpSession {
+            child,
+            stdin,
+            stdout,
+            next_id: 1,
+        };
+        session.request(
+            "initialize",
+            serde_json::json!({
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "dynocap-bench", "version": "1"}
+            }),
+        );
+        session.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        session
+    }
+
+    fn send(&mut self, message: &serde_json::Value) {
+        use std::io::Write;
+        let mut line = serde_json::to_vec(message).expect("json");
+        line.push(b'\n');
+        self.stdin.write_all(&line).expect("write to dynocap mcp");
+        self.stdin.flush().expect("flush");
+    }
+
+    fn request(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        use std::io::BufRead;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        );
+        loop {
+            let mut line = String::new();
+            let n = self
+                .stdout
+                .read_line(&mut line)
+                .expect("read from dynocap mcp");
+            assert!(n > 0, "dynocap mcp closed its output");
+            let message: serde_json::Value = serde_json::from_str(&line).expect("json line");
+            if message["id"] == id {
+                assert!(message.get("error").is_none(), "{method}: {message}");
+                return message["result"].clone();
+            }
+        }
+    }
+
+    /// Calls a tool and returns its structured result; a tool error fails the benchmark.
+    pub fn call(&mut self, tool: &str, arguments: serde_json::Value) -> serde_json::Value {
+        let result = self.request(
+            "tools/call",
+            serde_json::json!({"name": tool, "arguments": arguments}),
+        );
+        assert_ne!(result["isError"], true, "{tool}: {result}");
+        result
+    }
+}
+
+impl Drop for McpSession {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

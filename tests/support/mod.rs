@@ -250,6 +250,25 @@ impl TestHome {
     }
 }
 
+impl TestHome {
+    /// Waits until every supervisor of this home has exited. `destroy` answers once the
+    /// guest's processes are dead and its name is free; its supervisor removes the rest (its
+    /// cgroups, disk and files) right after, then exits.
+    pub fn wait_for_teardown(&self) {
+        let running = || -> Vec<i32> {
+            self.supervisor_pids()
+                .into_iter()
+                .filter(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+                .collect()
+        };
+        assert!(
+            wait_until(60, || running().is_empty()),
+            "supervisors still running a minute after their sandboxes were destroyed: {:?}",
+            running()
+        );
+    }
+}
+
 impl Drop for TestHome {
     /// Ends every task and sandbox of this home, so no supervisor outlives its test.
     fn drop(&mut self) {
@@ -272,6 +291,8 @@ impl Drop for TestHome {
                 let _ = self.command().args(["destroy", name]).output();
             }
         }
+        // A warm pool (DYNOCAP_WARM_POOL) is listed nowhere else.
+        let _ = self.command().args(["pool", "--drain"]).output();
     }
 }
 

@@ -117,15 +117,14 @@ fn setup(plan: &ChildPlan, sync_end: &OwnedFd, channel: &OwnedFd) -> Result<Infa
     let channel =
         sys::dup_at_least(channel.as_fd(), PRIVATE_FD_BASE).context(|| "moving the channel fd")?;
 
-    // 1. Wait until the supervisor has written our id maps and moved us into the cgroups.
+    // 1. Wait until the supervisor has written our id maps. It moves us into the cgroups
+    //    meanwhile (on cgroup v1 that write waits out an RCU grace period, several ms), and
+    //    says so with a second release before anything of the guest's runs (step 8).
     if !sync::wait_release(sync_end.as_fd()) {
         return Err(Stop::SupervisorGone);
     }
 
-    // 2. A cgroup namespace rooted at our (now joined) cgroups: the guest sees "/".
-    unshare(CloneFlags::CLONE_NEWCGROUP).context(|| "creating the cgroup namespace")?;
-
-    // 3. No mount events flow back to the host; host unmounts still propagate in, so the
+    // 2. No mount events flow back to the host; host unmounts still propagate in, so the
     //    guest never pins a host mount.
     mount(
         None::<&str>,
@@ -136,7 +135,7 @@ fn setup(plan: &ChildPlan, sync_end: &OwnedFd, channel: &OwnedFd) -> Result<Infa
     )
     .context(|| "making / a recursive slave mount")?;
 
-    // 4. Open host paths while we still have the supervisor's host uid (see rootfs).
+    // 3. Open host paths while we still have the supervisor's host uid (see rootfs).
     let host = rootfs::open_host(&plan.root)?;
     //    The delegated cgroup too, already as the detached mount the agent will get: the
     //    path is the host's, and cloning a mount takes the capabilities we hold until exec.
@@ -146,7 +145,7 @@ fn setup(plan: &ChildPlan, sync_end: &OwnedFd, channel: &OwnedFd) -> Result<Infa
         .map(detached_cgroup)
         .transpose()?;
 
-    // 5. Become the guest init's ids (guest root, an unprivileged host id) before mounting:
+    // 4. Become the guest init's ids (guest root, an unprivileged host id) before mounting:
     //    the overlay records its mounter's credentials and creates its work files with them.
     if plan.drop_groups {
         setgroups(&[]).context(|| "clearing supplementary groups")?;
@@ -154,15 +153,15 @@ fn setup(plan: &ChildPlan, sync_end: &OwnedFd, channel: &OwnedFd) -> Result<Infa
     setresgid(plan.gid, plan.gid, plan.gid).context(|| format!("setresgid({})", plan.gid))?;
     setresuid(plan.uid, plan.uid, plan.uid).context(|| format!("setresuid({})", plan.uid))?;
 
-    // 6. Build the root and pivot into it; the host's tree is gone after this.
+    // 5. Build the root and pivot into it; the host's tree is gone after this.
     rootfs::build(&plan.root, &host)?;
     drop(host);
 
-    // 7. Identity and network.
+    // 6. Identity and network.
     sethostname(&plan.hostname).context(|| format!("setting the hostname to {}", plan.hostname))?;
     net::loopback_up().context(|| "bringing up lo")?;
 
-    // 8. Descriptors: 0 = /dev/null, 1 and 2 inherited (the supervisor's log; /dev/null if
+    // 7. Descriptors: 0 = /dev/null, 1 and 2 inherited (the supervisor's log; /dev/null if
     //    closed), 3 = the channel, everything else closed at exec.
     stdio()?;
     sys::dup_onto(channel.as_fd(), CHANNEL_FD)
@@ -175,6 +174,14 @@ fn setup(plan: &ChildPlan, sync_end: &OwnedFd, channel: &OwnedFd) -> Result<Infa
     }
     let first_private = u32::try_from(last_handed + 1).unwrap_or(5);
     sys::cloexec_from(first_private).context(|| "marking inherited fds close-on-exec")?;
+
+    // 8. Once the supervisor says we are in our cgroups: a cgroup namespace rooted at them
+    //    (the guest sees "/"). Nothing the guest controls has run yet; everything after this
+    //    point, the agent included, is charged to and limited by the sandbox's cgroups.
+    if !sync::wait_release(sync_end.as_fd()) {
+        return Err(Stop::SupervisorGone);
+    }
+    unshare(CloneFlags::CLONE_NEWCGROUP).context(|| "creating the cgroup namespace")?;
 
     // 9. Lock down: capabilities, then no_new_privs and seccomp (last: it forbids the
     //    mount-related calls above). The filter is installed by this process and inherited by

@@ -158,7 +158,16 @@ impl Disk {
         if let Plan::Format(bytes) = plan {
             // Refused when either exists: they may hold a previous sandbox's files.
             create_mountpoint(&disk.paths.mountpoint)?;
-            if let Err(e) = make_image(&disk.paths.image, bytes) {
+            let made = match &spec.disk_templates {
+                Some(templates) => crate::disk_template::copy_formatted(
+                    templates,
+                    &disk.paths.image,
+                    bytes,
+                    make_image,
+                ),
+                None => make_image(&disk.paths.image, bytes),
+            };
+            if let Err(e) = made {
                 let _ = fs::remove_dir(&disk.paths.mountpoint);
                 return Err(e);
             }
@@ -478,6 +487,7 @@ mod tests {
             },
             reuse_layers: false,
             disk_bytes: Some(64 << 20),
+            disk_templates: None,
             net_raw: true,
         };
         assert_eq!(Plan::for_spec(&spec, false), Plan::Format(64 << 20));

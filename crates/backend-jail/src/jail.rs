@@ -189,10 +189,44 @@ impl Jail {
         }
     }
 
-    fn teardown(&mut self, keep_layers: bool) -> Vec<String> {
-        if std::mem::replace(&mut self.torn_down, true) {
-            return Vec::new();
+    /// Replaces the guest's cpu, memory and pids limits.
+    pub fn set_limits(&self, limits: &crate::spec::Limits) -> Result<(), JailError> {
+        self.cgroups.update_limits(limits)
+    }
+
+    /// Renames the guest's host (its UTS namespace) from outside: the guest itself may not
+    /// (no `CAP_SYS_ADMIN`, and seccomp refuses `sethostname`). A thread of ours joins the
+    /// namespace for that one call, so nothing else of this process changes namespace.
+    pub fn set_hostname(&self, hostname: &str) -> Result<(), JailError> {
+        let path = PathBuf::from(format!("/proc/{}/ns/uts", self.pid));
+        // The init is our unreaped child, so its pid cannot name another process.
+        let uts = std::fs::File::open(&path).map_err(|e| JailError::io("open", &path, e))?;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)
+                        .map_err(|e| JailError::sys("joining the guest's UTS namespace", e))?;
+                    nix::unistd::sethostname(hostname)
+                        .map_err(|e| JailError::sys(format!("setting the hostname {hostname}"), e))
+                })
+                .join()
+                .unwrap_or_else(|_| Err(JailError::sys("the hostname thread panicked", Errno::EIO)))
+        })
+    }
+
+    /// Kills the guest: its init, and with it every process of its pid namespace. The rest of
+    /// the teardown ([`Jail::destroy`]) may follow later; until then the cgroups, disk and
+    /// state dir stay.
+    pub fn kill(&mut self) -> Result<(), JailError> {
+        let problems = self.kill_init();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(JailError::Teardown(problems))
         }
+    }
+
+    fn kill_init(&mut self) -> Vec<String> {
         let mut problems = Vec::new();
         self.channel = None;
         if self.exit.is_none() {
@@ -216,6 +250,14 @@ impl Jail {
                 }
             }
         }
+        problems
+    }
+
+    fn teardown(&mut self, keep_layers: bool) -> Vec<String> {
+        if std::mem::replace(&mut self.torn_down, true) {
+            return Vec::new();
+        }
+        let mut problems = self.kill_init();
         problems.extend(self.cgroups.remove());
         if keep_layers {
             problems.extend(self.layers.remove_scratch());

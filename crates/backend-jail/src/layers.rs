@@ -347,6 +347,7 @@ mod tests {
             },
             reuse_layers: false,
             disk_bytes: None,
+            disk_templates: None,
             net_raw: true,
         }
     }

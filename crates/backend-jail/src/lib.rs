@@ -11,16 +11,17 @@
 //!
 //! ```text
 //! validate spec, private mount ns, state/disk.img
-//! mkfs + loop + mount on state/disk,
+//! (a copy of a formatted template) + loop + mount on state/disk,
 //! create state/{disk/upper,disk/work,root},
 //! cgroups dynocap/<name> + limits, channels
 //! clone(NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS) ──► waits on the sync socket
-//! write uid_map/gid_map, join cgroups,
-//! release ─────────────────────────────────────────► unshare(NEWCGROUP), / rslave,
-//!                                                    open host paths, become guest root,
-//!                                                    overlay + /proc /dev /tmp + binds,
-//!                                                    pivot_root, hostname, lo up, fds,
-//!                                                    caps, no_new_privs, seccomp,
+//! write uid_map/gid_map,
+//! release ─────────────────────────────────────────► / rslave, open host paths,
+//! join cgroups (meanwhile)                           become guest root, overlay + /proc
+//!                                                    /dev /tmp + binds, pivot_root,
+//!                                                    hostname, lo up, fds,
+//! release ─────────────────────────────────────────► unshare(NEWCGROUP), caps,
+//!                                                    no_new_privs, seccomp,
 //!                                                    pdeathsig, execve(agent)
 //! error pipe: EOF = running, text = failure ◄────────┘
 //! ```
@@ -46,7 +47,8 @@
 //!
 //! Module map: [`spec`](JailSpec) (what is asked), `spawn` + `child` (the two halves above),
 //! `rootfs`/`resolve`/`newmount` (the filesystem), `cgroup` (limits), `idmap` (user
-//! namespace), `caps`, `seccomp`, `net`, `usernet` (pasta, for `nat`), `sync` (clone handshake), `disk` + `layers` + `remove`
+//! namespace), `caps`, `seccomp`, `net`, `usernet` (pasta, for `nat`), `sync` (clone handshake), `disk` + `disk_template` + `layers` +
+//! `remove`
 //! (state dir), `jail` (the handle), `cleanup`, `probe`.
 
 mod caps;
@@ -54,6 +56,7 @@ mod cgroup;
 mod child;
 mod cleanup;
 mod disk;
+mod disk_template;
 mod error;
 mod failure;
 mod idmap;

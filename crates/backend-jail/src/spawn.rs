@@ -1,6 +1,7 @@
 //! The supervisor's half of starting a jail: preflight checks, host-side preparation
 //! (layers, cgroups, channels), the clone, and the handshake with the guest init (id maps,
-//! cgroup membership, release, wait for exec or a failure report).
+//! release, cgroup membership while the init builds the root, second release, wait for exec
+//! or a failure report).
 
 use std::ffi::CString;
 use std::os::fd::AsFd;
@@ -149,9 +150,24 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
         Storage { layers, disk },
     );
     ids.write_for(pid)?;
-    jail.cgroup_set().attach(pid)?;
+    // Two releases: the init builds the guest's root while we move it into its cgroups (the
+    // slowest write of a start on cgroup v1), and execs nothing before the second.
     sync::release(sync_parent.as_fd())
         .map_err(|e| JailError::sys("releasing the guest init", e))?;
+    let joined = jail.cgroup_set().attach(pid).and_then(|()| {
+        sync::release(sync_parent.as_fd())
+            .map_err(|e| JailError::sys("telling the guest init it is in its cgroups", e))
+    });
+    if let Err(e) = joined {
+        // The init may have failed its setup meanwhile (and exited, hence the broken pipe):
+        // its own report says what went wrong.
+        return Err(
+            match sync::read_outcome(errors_read.as_fd(), Duration::from_secs(2)) {
+                Ok(Outcome::Failed(report)) => JailError::GuestSetup(report),
+                _ => e,
+            },
+        );
+    }
     match sync::read_outcome(errors_read.as_fd(), SETUP_TIMEOUT)
         .map_err(|e| JailError::sys("reading the guest init's error pipe", e))?
     {

@@ -46,6 +46,10 @@ pub struct JailSpec {
     /// the writable layer on the host's filesystem without a limit (for rootless use, where a
     /// loop mount is impossible). With `reuse_layers`, the kept disk is mounted as it is.
     pub disk_bytes: Option<u64>,
+    /// Where formatted empty disks are kept, one per size, for new disks to be copied from
+    /// (formatting each afresh costs a process and several fsyncs). `None` formats every
+    /// disk afresh.
+    pub disk_templates: Option<PathBuf>,
     /// Keep `CAP_NET_RAW` (in Docker's default set). A guest whose traffic leaves through
     /// user-mode networking ([`crate::UserNet`]) must not have it: raw and packet sockets
     /// would let it address packets around the routes that keep it off the host's addresses.

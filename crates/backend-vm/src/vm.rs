@@ -159,6 +159,21 @@ impl Vm {
         &self.paths
     }
 
+    /// Kills QEMU at once (the guest with it) and reaps it; the files stay for
+    /// [`Vm::destroy`].
+    pub fn kill(&mut self) -> Result<()> {
+        match self.child.kill() {
+            Ok(()) => {}
+            // Already exited: nothing left to kill.
+            Err(err) if err.kind() == std::io::ErrorKind::InvalidInput => {}
+            Err(err) => return Err(VmError::Unavailable(format!("killing QEMU: {err}"))),
+        }
+        self.child
+            .wait()
+            .map(drop)
+            .map_err(|err| VmError::Unavailable(format!("reaping QEMU: {err}")))
+    }
+
     /// Stops the guest and removes its files, its disk layer included.
     pub fn destroy(mut self) -> Result<()> {
         self.stop();
@@ -173,6 +188,9 @@ impl Vm {
 
     /// QMP `quit` (QEMU flushes the disk and exits), then SIGKILL if it is still there.
     fn stop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
         let _ = self.qmp.execute("quit", Duration::from_secs(5));
         if !wait_readable(self.pidfd.as_fd(), Duration::from_secs(10)) {
             let _ = self.child.kill();

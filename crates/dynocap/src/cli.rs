@@ -33,6 +33,9 @@ pub enum Command {
     Ps,
     /// Destroy a raw sandbox and release its name.
     Destroy(TargetArgs),
+    /// Show the warm pool (DYNOCAP_WARM_POOL=N keeps N sandboxes booted for `run` to
+    /// claim), top it up, or --drain it.
+    Pool(PoolArgs),
     /// Work on a copy of a project: start, exec, diff, finish.
     #[command(subcommand)]
     Task(TaskCommand),
@@ -52,6 +55,13 @@ pub enum Command {
     /// Internal: run a sandbox's supervisor (started by `run`).
     #[command(hide = true)]
     Supervise(SuperviseArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PoolArgs {
+    /// End every warm-pool sandbox (booting or ready) instead of topping the pool up.
+    #[arg(long)]
+    pub drain: bool,
 }
 
 #[derive(Debug, Args)]
@@ -402,7 +412,7 @@ mod tests {
             ("frob", "unrecognized subcommand 'frob'"),
             (
                 "",
-                "`dynocap` needs a subcommand: run, exec, ps, destroy, task, ls, rm, mcp, doctor",
+                "`dynocap` needs a subcommand: run, exec, ps, destroy, pool, task, ls, rm, mcp, doctor",
             ),
             (
                 "task",

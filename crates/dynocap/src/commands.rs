@@ -59,6 +59,26 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Pool(args) => {
+            let (verb, count) = if args.drain {
+                ("drained", engine.drain_pool().await?)
+            } else {
+                ("started", engine.top_up_pool()?)
+            };
+            let status = engine.pool_status()?;
+            if json {
+                print_json(&serde_json::json!({ verb: count, "pool": status }));
+            } else {
+                println!(
+                    "{verb} {count}; warm pool: {} ready, {} booting, target {} ({})",
+                    status.ready,
+                    status.warming,
+                    status.target,
+                    dynocap_engine::pool::POOL_ENV
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Destroy(args) => {
             let destroyed = engine.destroy(&args.name).await?;
             if json {

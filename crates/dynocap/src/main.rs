@@ -32,11 +32,16 @@ fn main() -> ExitCode {
         cli::Command::Man => return docs::man_page(),
         _ => {}
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    // The MCP server serves calls concurrently; every other command is one request, for
+    // which a current-thread runtime starts faster (no worker threads to spawn and park).
+    let mut builder = if matches!(cli.command, cli::Command::Mcp(_)) {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(2);
+        builder
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("dynocap: cannot start the async runtime: {err}");

@@ -73,7 +73,8 @@ impl Engine {
             )));
         }
         match record.state {
-            State::Starting | State::Running => {
+            // A task is never pooled (only raw sandboxes are); treated as still starting.
+            State::Starting | State::Running | State::Warming | State::Pooled => {
                 return Err(Error::conflict(format!(
                     "task \"{target}\" is still running; its patch is saved when it ends: run \
                      `dynocap task finish {target}` first"

@@ -19,6 +19,9 @@ pub struct BootSpec {
     pub hostname: String,
     pub image: Image,
     pub state_dir: PathBuf,
+    /// Where a backend keeps what it builds once and reuses across sandboxes (formatted disk
+    /// templates, boot images), keyed by content.
+    pub cache_dir: PathBuf,
     pub agent_binary: PathBuf,
     pub cpus: u32,
     pub memory_mb: u64,
@@ -35,9 +38,6 @@ pub struct BootSpec {
     /// The guest's network. A recovery boot ([`BootSpec::reuse_layer`]) gets `None` whatever
     /// the sandbox asked for: it only saves work.
     pub network: Network,
-    /// Where a backend keeps what it derives from images, by content (the vm backend's
-    /// initramfs and base disks); shared by every sandbox of the home.
-    pub cache_dir: PathBuf,
 }
 
 /// A running guest.
@@ -48,6 +48,11 @@ pub trait Guest: Send {
     fn exit_fd(&self) -> BorrowedFd<'_>;
     /// Host pid of the guest's init (or its VMM), for logs and diagnostics.
     fn pid(&self) -> i32;
+    /// Makes a booted, idle warm-pool guest its claimer's: its hostname and limits.
+    fn claim(&self, hostname: &str, cpus: u32, memory_mb: u64) -> Result<()>;
+    /// Kills every process of the guest at once, leaving the rest of [`Guest::destroy`] (its
+    /// cgroups, disk and files) for later: a destroyed sandbox runs nothing from this call on.
+    fn kill(&mut self) -> Result<()>;
     /// Stops the guest and releases everything it held, its writable layer included.
     fn destroy(self: Box<Self>) -> Result<()>;
     /// The file counting the guest's OOM kills (`oom_kill N`), where the backend has one.
@@ -171,6 +176,7 @@ impl Backend for JailBackend {
             },
             reuse_layers: spec.reuse_layer,
             disk_bytes: disk_bytes(spec.disk_mb)?,
+            disk_templates: Some(spec.cache_dir.join("disks")),
             net_raw: !nat,
         };
         let ids = dynocap_backend_jail::IdMap::for_current_process_in_range(spec.id_range)
@@ -222,6 +228,25 @@ impl Guest for JailGuest {
     }
     fn pid(&self) -> i32 {
         self.jail.pid().as_raw()
+    }
+    fn claim(&self, hostname: &str, cpus: u32, memory_mb: u64) -> Result<()> {
+        self.jail
+            .set_limits(&dynocap_backend_jail::Limits {
+                cpu_millis: u64::from(cpus) * 1000,
+                memory_bytes: memory_mb * 1024 * 1024,
+                pids: crate::spec::PIDS_LIMIT,
+            })
+            .map_err(|err| Error::internal(format!("applying the claimed limits: {err}")))?;
+        self.jail
+            .set_hostname(hostname)
+            .map_err(|err| Error::internal(format!("naming the claimed sandbox: {err}")))
+    }
+    fn kill(&mut self) -> Result<()> {
+        let network = self.stop_usernet();
+        self.jail
+            .kill()
+            .map_err(|err| Error::internal(format!("killing the jail: {err}")))?;
+        network
     }
     fn destroy(mut self: Box<Self>) -> Result<()> {
         let network = self.stop_usernet();

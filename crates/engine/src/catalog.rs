@@ -36,6 +36,10 @@ pub enum State {
     Unsaved,
     /// An unsaved task whose work a recovery supervisor is saving now.
     Recovering,
+    /// A warm-pool sandbox booting (`DYNOCAP_WARM_POOL`): nameless, shown nowhere.
+    Warming,
+    /// A warm-pool sandbox booted and idle, waiting for a `run` to claim it.
+    Pooled,
 }
 
 impl State {
@@ -49,6 +53,8 @@ impl State {
             Self::Lost => "lost",
             Self::Unsaved => "unsaved",
             Self::Recovering => "recovering",
+            Self::Warming => "warming",
+            Self::Pooled => "pooled",
         }
     }
 
@@ -62,13 +68,23 @@ impl State {
             "lost" => Self::Lost,
             "unsaved" => Self::Unsaved,
             "recovering" => Self::Recovering,
+            "warming" => Self::Warming,
+            "pooled" => Self::Pooled,
             _ => return None,
         })
     }
 
     /// A supervisor is (supposed to be) running for the sandbox.
     pub fn is_live(self) -> bool {
-        matches!(self, Self::Starting | Self::Running | Self::Recovering)
+        matches!(
+            self,
+            Self::Starting | Self::Running | Self::Recovering | Self::Warming | Self::Pooled
+        )
+    }
+
+    /// A warm-pool sandbox nobody has claimed: never listed, never counted as the user's.
+    pub fn is_pool(self) -> bool {
+        matches!(self, Self::Warming | Self::Pooled)
     }
 }
 
@@ -85,6 +101,22 @@ impl Kind {
             Self::Raw => "raw",
             Self::Task => "task",
         }
+    }
+
+    /// What every id of this kind starts with (`sbx-…`, `task-…`).
+    pub fn id_prefix(self) -> &'static str {
+        match self {
+            Self::Raw => "sbx",
+            Self::Task => "task",
+        }
+    }
+
+    /// The kind an id names, from its prefix.
+    pub fn of_id(id: &str) -> Option<Kind> {
+        [Kind::Raw, Kind::Task].into_iter().find(|kind| {
+            id.strip_prefix(kind.id_prefix())
+                .is_some_and(|rest| rest.starts_with('-'))
+        })
     }
 }
 
@@ -285,6 +317,24 @@ const COLUMNS: &str = "id, kind, name, state, backend, network, cpus, memory_mb,
                        created_at, expires_at, supervisor_pid, supervisor_start, note, detail, disk_mb, \
                        egress";
 
+/// How hard a write works to outlive the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lasting {
+    /// Checkpointed into the main file (synced) before the write returns: tasks.
+    Durable,
+    /// Committed to the WAL only: raw sandboxes, whose guests a power loss ends anyway.
+    Volatile,
+}
+
+impl Lasting {
+    fn of(kind: Kind) -> Lasting {
+        match kind {
+            Kind::Task => Lasting::Durable,
+            Kind::Raw => Lasting::Volatile,
+        }
+    }
+}
+
 /// A handle on the catalog of one `DYNOCAP_HOME`.
 pub struct Catalog {
     home: Home,
@@ -307,7 +357,7 @@ impl Catalog {
 
     /// Inserts a new record and writes its file; a name already bound is a `conflict`.
     pub fn insert(&self, record: &Record) -> Result<()> {
-        self.write(|conn| {
+        self.write(Lasting::of(record.kind), |conn| {
             insert_row(conn, record)?;
             records::save(&self.home, record)?;
             Ok(())
@@ -394,10 +444,92 @@ impl Catalog {
         .map(drop)
     }
 
+    /// Inserts new warm-pool records (made by `make`) until the pool, booting and booted,
+    /// counts `target`; returns those inserted. Counted and inserted in one transaction, so
+    /// processes topping the pool up at once never overfill it.
+    pub fn top_up_pool(
+        &self,
+        target: usize,
+        make: impl Fn() -> Result<Record>,
+    ) -> Result<Vec<Record>> {
+        self.write(Lasting::Volatile, |conn| {
+            let pooled: i64 = conn
+                .query_row(
+                    "SELECT COUNT(*) FROM sandboxes WHERE state IN ('warming', 'pooled')",
+                    [],
+                    |row| row.get(0),
+                )
+                .map_err(classify)?;
+            let have = usize::try_from(pooled).unwrap_or(usize::MAX);
+            let mut added = Vec::new();
+            for _ in have..target {
+                let record = make().map_err(Failure::Other)?;
+                insert_row(conn, &record)?;
+                records::save(&self.home, &record)?;
+                added.push(record);
+            }
+            Ok(added)
+        })
+    }
+
+    /// Takes the oldest booted warm-pool sandbox of `backend` for a caller: `claim` turns its
+    /// record into the caller's (name, limits, times, state). `None` if the pool has none
+    /// ready.
+    pub fn claim_pooled(
+        &self,
+        backend: &str,
+        claim: impl Fn(&mut Record),
+    ) -> Result<Option<Record>> {
+        self.write(Lasting::Volatile, |conn| {
+            let found = conn
+                .query_row(
+                    &format!(
+                        "SELECT {COLUMNS} FROM sandboxes WHERE state = 'pooled' \
+                         AND backend = ?1 ORDER BY created_at LIMIT 1"
+                    ),
+                    [backend],
+                    from_row,
+                )
+                .optional()
+                .map_err(classify)?;
+            let Some(mut record) = found else {
+                return Ok(None);
+            };
+            claim(&mut record);
+            if let Some(name) = &record.name {
+                let taken: Option<i64> = conn
+                    .query_row("SELECT 1 FROM sandboxes WHERE name = ?1", [name], |row| {
+                        row.get(0)
+                    })
+                    .optional()
+                    .map_err(classify)?;
+                if taken.is_some() {
+                    return Err(name_taken(name));
+                }
+            }
+            update_row(conn, &record)?;
+            records::save(&self.home, &record)?;
+            Ok(Some(record))
+        })
+    }
+
+    /// Marks a raw sandbox `destroyed` and frees its name at once, while its supervisor
+    /// finishes the teardown (which then deletes the record).
+    pub fn release_as_destroyed(&self, id: &str) -> Result<()> {
+        self.modify(id, |record| {
+            record.state = State::Destroyed;
+            record.name = None;
+            true
+        })
+        .map(drop)
+    }
+
     /// Removes a record. A raw sandbox's record file goes with it; a task's stays with its
     /// results (`rm --purge` removes those).
     pub fn delete(&self, id: &str) -> Result<()> {
-        self.write(|conn| {
+        // Deleting a task's record keeps its results and record file; the row alone goes,
+        // which a repair would drop again: nothing to make durable beyond the WAL.
+        self.write(Lasting::Volatile, |conn| {
             let kind: Option<String> = conn
                 .query_row("SELECT kind FROM sandboxes WHERE id = ?1", [id], |row| {
                     row.get(0)
@@ -417,7 +549,9 @@ impl Catalog {
     /// file. If the catalog is damaged the change still goes to the record file, the source a
     /// repair rebuilds from, so a supervisor finishing a task meanwhile does not lose its end.
     fn modify(&self, id: &str, change: impl Fn(&mut Record) -> bool) -> Result<bool> {
-        let result = self.write_raw(|conn| {
+        // Raw sandboxes never outlive the machine; only tasks' changes are checkpointed.
+        let lasting = Lasting::of(Kind::of_id(id).unwrap_or(Kind::Task));
+        let result = self.write_raw(lasting, |conn| {
             let Some(mut record) = get_row(conn, id).map_err(classify)? else {
                 return Ok(false);
             };
@@ -453,8 +587,12 @@ impl Catalog {
         query(&open.conn).map_err(|err| classify(err).into_error(&self.path))
     }
 
-    fn write<T>(&self, change: impl FnOnce(&Connection) -> Result<T, Failure>) -> Result<T> {
-        self.write_raw(change)
+    fn write<T>(
+        &self,
+        lasting: Lasting,
+        change: impl FnOnce(&Connection) -> Result<T, Failure>,
+    ) -> Result<T> {
+        self.write_raw(lasting, change)
             .map_err(|failure| failure.into_error(&self.path))
     }
 
@@ -464,6 +602,7 @@ impl Catalog {
     /// written is the last change committed.
     fn write_raw<T>(
         &self,
+        lasting: Lasting,
         change: impl FnOnce(&Connection) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
         let mut open = self.current()?;
@@ -490,7 +629,13 @@ impl Catalog {
             .map_err(classify)?;
         let value = change(&tx)?;
         tx.commit().map_err(classify)?;
-        catalog_file::checkpoint(&open.conn);
+        // With `synchronous=NORMAL` a commit is consistent after any crash but not synced:
+        // a task's change is copied into the main file at once (synced), so that a damaged
+        // WAL cannot lose it; a raw sandbox's waits for SQLite's own checkpoint every 1000
+        // pages, off the path of `run` and `destroy`.
+        if lasting == Lasting::Durable {
+            catalog_file::checkpoint(&open.conn);
+        }
         Ok(value)
     }
 
@@ -538,6 +683,12 @@ fn with_row<T>(record: &Record, statement: impl FnOnce(&[&dyn rusqlite::ToSql]) 
     ])
 }
 
+fn name_taken(name: &str) -> Failure {
+    Failure::Other(Error::conflict(format!(
+        "the name \"{name}\" is already taken; pick another name or remove the existing one first"
+    )))
+}
+
 pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
     let result = with_row(record, |row| {
         conn.execute(
@@ -550,10 +701,7 @@ pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failu
         Err(rusqlite::Error::SqliteFailure(err, _))
             if err.code == rusqlite::ErrorCode::ConstraintViolation =>
         {
-            Err(Failure::Other(Error::conflict(format!(
-                "the name \"{}\" is already taken; pick another name or remove the existing one first",
-                record.name.as_deref().unwrap_or_default()
-            ))))
+            Err(name_taken(record.name.as_deref().unwrap_or_default()))
         }
         Err(err) => Err(classify(err)),
     }

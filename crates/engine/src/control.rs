@@ -23,12 +23,28 @@ pub enum ControlRequest {
     Exec {
         spec: ExecSpec,
     },
-    /// Tear the sandbox down; the reply is sent once nothing of it is left.
+    /// Tear the sandbox down; the reply is sent once its guest is dead and its name free
+    /// (the rest of the teardown follows).
     Destroy,
+    /// Make an idle warm-pool sandbox the caller's: the guest's hostname and limits, and
+    /// the supervisor's deadline.
+    Claim(Claim),
     /// Tasks: the patch baseline → working tree, with the host's summary.
     Diff,
     /// Tasks: final diff, guest destroyed, patch verified, results written.
     Finish,
+}
+
+/// What a claim of a warm-pool sandbox sets (its record already says the same).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Claim {
+    pub hostname: String,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    pub ttl_seconds: u64,
+    /// The new deadline, in seconds since the Unix epoch.
+    pub expires_unix: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -43,6 +59,7 @@ pub enum ControlReply {
     Pong,
     Exec(ExecResult),
     Destroyed,
+    Claimed,
     Diff(crate::task_spec::DiffResult),
     Finished(crate::task_spec::FinishResult),
     Error(Error),

@@ -1,6 +1,7 @@
 //! Files replaced whole or not at all: written under a temporary name beside the target,
 //! synced, renamed over it, and the directory synced, so that a reader, or a crash at any
-//! point, sees the old file or the new one, never half of one.
+//! point, sees the old file or the new one, never half of one. [`replace_unsynced`] skips the
+//! syncs for state a power loss ends anyway.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -19,6 +20,27 @@ pub fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         file.write_all(bytes)?;
         file.sync_all()?;
         publish(&temp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written
+}
+
+/// Replaces `path` with `bytes` (mode 0600) whole or not at all for any reader and across a
+/// crash of this process, without waiting for the disk: after a power loss the file may be
+/// the old one, or empty. For state that does not outlive the machine anyway (a raw
+/// sandbox's record: its guest is gone after a power loss too).
+pub fn replace_unsynced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let temp = temporary_beside(path);
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)?;
+        file.write_all(bytes)?;
+        std::fs::rename(&temp, path)
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&temp);

@@ -78,12 +78,12 @@ impl Home {
     pub fn record_path(&self, kind: Kind, id: &str) -> PathBuf {
         self.records_root(kind).join(id).join(RECORD_FILE)
     }
-    /// Artefacts derived from images by content (initramfs, VM base disks); safe to delete.
-    pub fn cache_dir(&self) -> PathBuf {
-        self.root.join("cache")
-    }
     pub fn images_dir(&self) -> PathBuf {
         self.root.join("images")
+    }
+    /// What backends build once and reuse, keyed by content (formatted disk templates).
+    pub fn cache_dir(&self) -> PathBuf {
+        self.root.join("cache")
     }
     /// Per-sandbox runtime state (overlay upper layer and friends); removed on destroy.
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {

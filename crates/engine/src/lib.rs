@@ -26,6 +26,7 @@ pub mod idpool;
 pub mod image;
 pub mod import;
 pub mod patch;
+pub mod pool;
 pub mod records;
 pub mod repair;
 pub mod sandboxes;

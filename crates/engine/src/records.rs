@@ -62,8 +62,14 @@ pub fn save(home: &Home, record: &Record) -> Result<()> {
     })
     .context(format_args!("encoding the record {}", record.id))?;
     text.push(b'\n');
-    crate::durable::replace(&path, &text)
-        .context(format_args!("writing the record file {}", path.display()))
+    // A task's record outlives the machine (its results are the product); a raw sandbox's
+    // dies with its guest, which a power loss ends anyway, so it skips the fsyncs that would
+    // otherwise sit on the path of every `run` and `destroy`.
+    let written = match record.kind {
+        Kind::Task => crate::durable::replace(&path, &text),
+        Kind::Raw => crate::durable::replace_unsynced(&path, &text),
+    };
+    written.context(format_args!("writing the record file {}", path.display()))
 }
 
 /// Reads one record file.

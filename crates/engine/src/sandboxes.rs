@@ -83,6 +83,10 @@ pub struct Engine {
     home: Home,
     /// The executable re-run as `supervise`; the running dynocap binary by default.
     supervisor_exe: PathBuf,
+    /// The catalog, opened on first use and kept for the engine's life: a long-lived
+    /// process (the MCP server) pays for opening it once, not on every call. It reopens
+    /// itself if a repair replaces the file.
+    catalog: std::sync::OnceLock<std::sync::Arc<Catalog>>,
 }
 
 impl Engine {
@@ -94,6 +98,7 @@ impl Engine {
         Ok(Self {
             home,
             supervisor_exe,
+            catalog: std::sync::OnceLock::new(),
         })
     }
 
@@ -102,6 +107,7 @@ impl Engine {
         Self {
             home,
             supervisor_exe,
+            catalog: std::sync::OnceLock::new(),
         }
     }
 
@@ -109,14 +115,23 @@ impl Engine {
         &self.home
     }
 
-    pub(crate) fn catalog(&self) -> Result<Catalog> {
-        Catalog::open(&self.home)
+    pub(crate) fn catalog(&self) -> Result<std::sync::Arc<Catalog>> {
+        if let Some(catalog) = self.catalog.get() {
+            return Ok(catalog.clone());
+        }
+        let opened = std::sync::Arc::new(Catalog::open(&self.home)?);
+        // Two first uses at once: one of the two opens is kept, both work.
+        Ok(self.catalog.get_or_init(|| opened).clone())
     }
 
     /// Boots a raw sandbox and returns once its agent answers.
     pub async fn run(&self, spec: &RunSpec) -> Result<SandboxInfo> {
         self.admit(spec.cpus, spec.memory_mb, spec.disk_mb, spec.ttl_seconds)?;
         spec.network.ensure_available()?;
+        if let Some(record) = self.claim_from_pool(spec).await? {
+            self.top_up_pool_quietly();
+            return Ok(SandboxInfo::from_record(&record));
+        }
         let egress = match spec.network {
             crate::spec::Network::Filtered => {
                 Some(EgressSpec::from_env(true, &spec.allow_hosts, &[])?)
@@ -135,6 +150,8 @@ impl Engine {
         )?;
         record.egress = egress;
         let record = self.launch(record, &|_| {}).await?;
+        // The pool had none ready (or none fits): have one ready for the next run.
+        self.top_up_pool_quietly();
         Ok(SandboxInfo::from_record(&record))
     }
 
@@ -155,7 +172,7 @@ impl Engine {
         let now = chrono::Utc::now();
         let ttl = chrono::TimeDelta::seconds(i64::try_from(ttl_seconds).unwrap_or(i64::MAX));
         Ok(Record {
-            id: new_id(if kind == Kind::Raw { "sbx" } else { "task" }),
+            id: new_id(kind.id_prefix()),
             kind,
             name,
             state: State::Starting,
@@ -223,6 +240,37 @@ impl Engine {
         project: Option<BorrowedFd<'_>>,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<Option<crate::task_spec::FinishResult>> {
+        let ready_read = self.spawn_supervisor(catalog, id, mode, project)?;
+        let log_path = self.home.supervisor_log(id);
+        let report = tokio::time::timeout(BOOT_TIMEOUT, read_ready(ready_read, progress)).await;
+        match report {
+            Err(_) => Err(Error::timeout(format!(
+                "the sandbox did not become ready within {}s; see {}",
+                BOOT_TIMEOUT.as_secs(),
+                log_path.display()
+            ))),
+            Ok(Ok(Some(ReadyMessage::Ready))) => Ok(None),
+            Ok(Ok(Some(ReadyMessage::Finished(result)))) => Ok(Some(result)),
+            Ok(Ok(Some(ReadyMessage::Failed(err)))) => Err(err),
+            Ok(Ok(Some(ReadyMessage::Progress(_)) | None)) | Ok(Err(_)) => {
+                Err(Error::internal(format!(
+                    "the supervisor exited before the sandbox was ready; see {}{}",
+                    log_path.display(),
+                    log_tail(&log_path)
+                )))
+            }
+        }
+    }
+
+    /// Spawns `dynocap supervise` detached and returns the read end of its ready pipe (a
+    /// caller that drops it does not wait: the warm pool).
+    pub(crate) fn spawn_supervisor(
+        &self,
+        catalog: &Catalog,
+        id: &str,
+        mode: Mode,
+        project: Option<BorrowedFd<'_>>,
+    ) -> Result<OwnedFd> {
         let (ready_read, ready_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating the ready pipe")?;
         let log_path = self.home.supervisor_log(id);
@@ -304,25 +352,7 @@ impl Engine {
         }
         // The child is reaped by tokio in the background once it exits.
         drop(child);
-
-        let report = tokio::time::timeout(BOOT_TIMEOUT, read_ready(ready_read, progress)).await;
-        match report {
-            Err(_) => Err(Error::timeout(format!(
-                "the sandbox did not become ready within {}s; see {}",
-                BOOT_TIMEOUT.as_secs(),
-                log_path.display()
-            ))),
-            Ok(Ok(Some(ReadyMessage::Ready))) => Ok(None),
-            Ok(Ok(Some(ReadyMessage::Finished(result)))) => Ok(Some(result)),
-            Ok(Ok(Some(ReadyMessage::Failed(err)))) => Err(err),
-            Ok(Ok(Some(ReadyMessage::Progress(_)) | None)) | Ok(Err(_)) => {
-                Err(Error::internal(format!(
-                    "the supervisor exited before the sandbox was ready; see {}{}",
-                    log_path.display(),
-                    log_tail(&log_path)
-                )))
-            }
-        }
+        Ok(ready_read)
     }
 
     /// Runs a command in a raw sandbox (default cwd `/`).
@@ -402,7 +432,9 @@ impl Engine {
         Ok(catalog
             .list()?
             .iter()
-            .filter(|r| r.kind == Kind::Raw)
+            // A destroyed one is only waiting for its supervisor to finish the teardown; the
+            // warm pool's are nobody's yet.
+            .filter(|r| r.kind == Kind::Raw && r.state != State::Destroyed && !r.state.is_pool())
             .map(SandboxInfo::from_record)
             .collect())
     }
@@ -422,9 +454,15 @@ impl Engine {
             }));
         }
         let display = record.name.clone().unwrap_or_else(|| record.id.clone());
+        if record.state == State::Destroyed && supervisor_alive(&record) {
+            // Its supervisor is finishing the teardown, and deletes the record when done.
+            return Ok(display);
+        }
         if record.state.is_live() {
             match self.call(&record, &ControlRequest::Destroy).await {
-                Ok(ControlReply::Destroyed) => {}
+                // The guest is dead and the name free; the supervisor tears down the rest
+                // after its reply and then deletes the record.
+                Ok(ControlReply::Destroyed) => return Ok(display),
                 Ok(ControlReply::Error(err)) => return Err(err),
                 Ok(other) => return Err(unexpected(&other)),
                 // Dead, stopped or wedged: end it from here.
@@ -605,6 +643,16 @@ impl Engine {
     pub fn reconcile(&self, catalog: &Catalog) -> Result<()> {
         let now = chrono::Utc::now();
         for record in catalog.list()? {
+            if record.kind == Kind::Raw
+                && record.state == State::Destroyed
+                && !supervisor_alive(&record)
+            {
+                // Destroyed, and its supervisor died before the teardown after its reply was
+                // done: finish that teardown.
+                remove_leftovers(&self.home, &record.id, Keep::Nothing)?;
+                catalog.delete(&record.id)?;
+                continue;
+            }
             if !record.state.is_live() {
                 continue;
             }
@@ -623,6 +671,11 @@ impl Engine {
         // Its host helpers (git packing the history) do not die with it by themselves.
         if let Some(process) = record.supervisor {
             crate::host_children::kill_session(process);
+        }
+        if record.state.is_pool() {
+            // Nobody's sandbox yet: nothing to report, only to clean.
+            remove_leftovers(&self.home, &record.id, Keep::Nothing)?;
+            return catalog.delete(&record.id);
         }
         let pid = match record.supervisor {
             Some(p) => format!("its supervisor (pid {})", p.pid),
@@ -852,7 +905,7 @@ pub(crate) struct Interim<'a> {
 /// this only catches a supervisor that is wedged itself.
 fn reply_deadline(request: &ControlRequest) -> Duration {
     match request {
-        ControlRequest::Ping => Duration::from_secs(30),
+        ControlRequest::Ping | ControlRequest::Claim(_) => Duration::from_secs(30),
         ControlRequest::Exec { spec } => {
             Duration::from_secs(spec.timeout_seconds)
                 + Duration::from_millis(crate::spec::EXEC_KILL_GRACE_MS)

@@ -13,6 +13,7 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ use crate::agent_conn::AgentConn;
 use crate::backend::{self, BootSpec, Guest};
 use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
 use crate::control::{
-    read_message, write_message, ControlReply, ControlRequest, OutputChannel, OutputChunk,
+    read_message, write_message, Claim, ControlReply, ControlRequest, OutputChannel, OutputChunk,
 };
 use crate::egress::Egress;
 use crate::error::{Context, Error, Result};
@@ -183,6 +184,8 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
         .get(id)?
         .ok_or_else(|| Error::not_found(format!("no sandbox record {id} to supervise")))?;
     let expected = match mode {
+        // A warm-pool sandbox starts as any raw one; it only ends its start differently.
+        Mode::Start if record.state == State::Warming => State::Warming,
         Mode::Start => State::Starting,
         Mode::Recover => State::Recovering,
     };
@@ -207,6 +210,7 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
         hostname: record.name.clone().unwrap_or_else(|| id.to_owned()),
         image,
         state_dir,
+        cache_dir: home.cache_dir(),
         agent_binary: agent_binary()?,
         cpus: record.cpus,
         memory_mb: record.memory_mb,
@@ -219,7 +223,6 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
             Mode::Start => record.network,
             Mode::Recover => spec::Network::None,
         },
-        cache_dir: home.cache_dir(),
     };
     let booting = std::time::Instant::now();
     let (guest, guest_output) = boot_with_piped_output(backend.as_ref(), &spec)?;
@@ -358,6 +361,13 @@ impl Ending {
     }
 }
 
+/// How connection handlers hand the main loop what only it may do (it owns the guest).
+#[derive(Clone)]
+struct MainLoop {
+    end: mpsc::Sender<(EndRequest, OwnedWriteHalf)>,
+    claim: mpsc::Sender<(Claim, OwnedWriteHalf)>,
+}
+
 /// Requests that end the sandbox; the main loop handles them after leaving its select.
 enum EndRequest {
     Destroy,
@@ -395,8 +405,12 @@ async fn serve(
             return 1;
         }
     };
-    // The imported tree and its baseline, on the host's disk before anyone relies on them.
-    sync_layer(home.sandbox_dir(&id)).await;
+    // The imported tree and its baseline, on the host's disk before anyone relies on them. A
+    // raw sandbox's files do not outlive the machine: nothing to sync.
+    if task.is_some() {
+        sync_layer(home.sandbox_dir(&id)).await;
+    }
+    let mut claimable = record.state == State::Warming;
     ready.send(&ReadyMessage::Ready);
     tracing::info!(
         "ready in {:.2}s after the boot; serving until {}",
@@ -409,12 +423,17 @@ async fn serve(
         task,
         oom: OomWatch {
             events: guest.memory_events(),
-            memory_mb: record.memory_mb,
+            memory_mb: AtomicU64::new(record.memory_mb),
         },
         ending: OnceLock::new(),
         state_dir: home.sandbox_dir(&id),
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
+    let (claim_tx, mut claim_rx) = mpsc::channel::<(Claim, OwnedWriteHalf)>(4);
+    let main_loop = MainLoop {
+        end: end_tx,
+        claim: claim_tx,
+    };
     let guest_exit = match AsyncFd::new(guest.exit_fd().as_raw_fd()) {
         Ok(fd) => fd,
         Err(err) => {
@@ -423,7 +442,8 @@ async fn serve(
             return 1;
         }
     };
-    // The deadline is fixed once: serving a request never moves it.
+    // The deadline is fixed once: serving a request never moves it (claiming a warm-pool
+    // sandbox gives it its claimer's, once).
     let until_expiry = (record.expires_at - chrono::Utc::now())
         .to_std()
         .unwrap_or(Duration::ZERO);
@@ -439,8 +459,36 @@ async fn serve(
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let shared = shared.clone();
-                let end_tx = end_tx.clone();
-                clients.spawn(async move { handle_client(stream, &shared, &end_tx).await });
+                let main_loop = main_loop.clone();
+                clients.spawn(async move { handle_client(stream, &shared, &main_loop).await });
+            }
+            Some((claim, mut waiter)) = claim_rx.recv() => {
+                let reply = if !std::mem::take(&mut claimable) {
+                    ControlReply::Error(Error::conflict(
+                        "this sandbox is not an idle warm-pool sandbox; it cannot be claimed",
+                    ))
+                } else {
+                    match guest.claim(&claim.hostname, claim.cpus, claim.memory_mb) {
+                        Ok(()) => {
+                            let expires_at = chrono::DateTime::from_timestamp(claim.expires_unix, 0)
+                                .unwrap_or(record.expires_at);
+                            let until = (expires_at - chrono::Utc::now())
+                                .to_std()
+                                .unwrap_or(Duration::ZERO);
+                            expiry.as_mut().reset(tokio::time::Instant::now() + until);
+                            record.name = Some(claim.hostname.clone());
+                            record.cpus = claim.cpus;
+                            record.memory_mb = claim.memory_mb;
+                            record.ttl_seconds = claim.ttl_seconds;
+                            record.expires_at = expires_at;
+                            shared.oom.memory_mb.store(claim.memory_mb, Ordering::Relaxed);
+                            tracing::info!("claimed from the warm pool as {}", claim.hostname);
+                            ControlReply::Claimed
+                        }
+                        Err(err) => ControlReply::Error(err),
+                    }
+                };
+                let _ = write_message(&mut waiter, &reply).await;
             }
             Some(_) = clients.join_next(), if !clients.is_empty() => {}
             Some((request, waiter)) = end_rx.recv() => {
@@ -491,24 +539,44 @@ async fn serve(
             reply
         }
         None => {
+            // A raw sandbox's callers wait only for its processes to die and its name to be
+            // free; the slow rest of the teardown (cgroups, the disk's unmount, its files)
+            // follows the reply. Until it is done the record stays, `destroyed` and nameless,
+            // so that if this process dies meanwhile the next reconcile finishes the job.
+            // Blocking, for as long as reaping the guest's init takes (a few ms): the serving
+            // loop is over, so it holds nothing else up.
+            let mut guest = guest;
+            if let Err(err) = guest.kill() {
+                tracing::error!("teardown: {err}");
+            }
+            let recorded = match ending {
+                // A lost raw sandbox stays visible.
+                Ending::GuestDied => catalog.set_state(
+                    &id,
+                    State::Lost,
+                    Some("the guest's init exited unexpectedly; see the supervisor log"),
+                ),
+                _ => catalog.release_as_destroyed(&id),
+            };
+            if let Err(err) = recorded {
+                tracing::error!("updating the catalog: {err}");
+            }
+            for mut waiter in waiters.drain(..) {
+                let _ = write_message(&mut waiter, &ControlReply::Destroyed).await;
+            }
+            if let Err(err) = failpoint::hit("supervisor.destroy.replied") {
+                tracing::error!("{err}");
+            }
             match tokio::task::spawn_blocking(move || guest.destroy()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(err)) => tracing::error!("teardown: {err}"),
                 Err(err) => tracing::error!("teardown panicked: {err}"),
             }
             let _ = std::fs::remove_dir_all(home.sandbox_dir(&id));
-            let recorded = match ending {
-                // A raw sandbox that is gone releases its record and name; a lost one stays
-                // visible.
-                Ending::GuestDied => catalog.set_state(
-                    &id,
-                    State::Lost,
-                    Some("the guest's init exited unexpectedly; see the supervisor log"),
-                ),
-                _ => catalog.delete(&id),
-            };
-            if let Err(err) = recorded {
-                tracing::error!("updating the catalog: {err}");
+            if ending != Ending::GuestDied {
+                if let Err(err) = catalog.delete(&id) {
+                    tracing::error!("updating the catalog: {err}");
+                }
             }
             ControlReply::Destroyed
         }
@@ -855,7 +923,12 @@ async fn start(
     let _ = std::fs::remove_file(&socket_path);
     let listener = UnixListener::bind(&socket_path)
         .context(format_args!("listening on {}", socket_path.display()))?;
-    if !catalog.transition(&id, State::Starting, State::Running, None)? {
+    // A warm-pool sandbox waits, pooled, for a claim; any other is the caller's now.
+    let (from, to) = match record.state {
+        State::Warming => (State::Warming, State::Pooled),
+        _ => (State::Starting, State::Running),
+    };
+    if !catalog.transition(&id, from, to, None)? {
         return Err(Error::conflict(
             "the sandbox record changed while it was starting",
         ));
@@ -864,11 +937,7 @@ async fn start(
 }
 
 /// Serves one control connection.
-async fn handle_client(
-    stream: UnixStream,
-    shared: &Shared,
-    end: &mpsc::Sender<(EndRequest, OwnedWriteHalf)>,
-) {
+async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop) {
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let request = match read_message::<ControlRequest, _>(&mut reader).await {
@@ -938,7 +1007,11 @@ async fn handle_client(
                 };
                 let _ = write_message(&mut write, &ControlReply::Output(note)).await;
             }
-            sync_layer(shared.state_dir.clone()).await;
+            // A task's work is on the host's disk when the command returns; a raw sandbox's
+            // files do not outlive the machine.
+            if task.is_some() {
+                sync_layer(shared.state_dir.clone()).await;
+            }
             // A command cut off by the sandbox's end is told why, not that the agent is gone.
             let result = match (result, shared.ending.get()) {
                 (Err(_), Some(ending)) => Err(Error::conflict(ending.clone())),
@@ -978,7 +1051,11 @@ async fn handle_client(
                 EndRequest::Destroy
             };
             // The main loop replies once teardown is complete.
-            let _ = end.send((kind, write)).await;
+            let _ = main_loop.end.send((kind, write)).await;
+            return;
+        }
+        ControlRequest::Claim(claim) => {
+            let _ = main_loop.claim.send((claim, write)).await;
             return;
         }
     };
@@ -990,7 +1067,8 @@ async fn handle_client(
 struct OomWatch {
     /// `memory.oom_control` (v1) or `memory.events` (v2) of the sandbox's cgroup.
     events: Option<PathBuf>,
-    memory_mb: u64,
+    /// The memory limit, which a warm-pool claim may change.
+    memory_mb: AtomicU64,
 }
 
 impl OomWatch {
@@ -1005,7 +1083,7 @@ impl OomWatch {
     fn note(&self) -> String {
         format!(
             "\ndynocap: the sandbox's memory limit ({} MB) killed a process of this command (out of memory); start the sandbox with more memory (memoryMB) if it needs more.\n",
-            self.memory_mb
+            self.memory_mb.load(Ordering::Relaxed)
         )
     }
 

@@ -47,7 +47,8 @@ impl Backend for VmBackend {
             hostname: spec.hostname.clone(),
             rootfs: spec.image.root.clone(),
             state_dir: spec.state_dir.clone(),
-            cache_dir: spec.cache_dir.clone(),
+            // Beside the jail's `disks/`: initramfs archives, base disks, KVM probe answers.
+            cache_dir: spec.cache_dir.join("vm"),
             agent_binary: spec.agent_binary.clone(),
             agent_args: vec![
                 "--exec-user".into(),
@@ -116,6 +117,19 @@ impl Guest for VmGuest {
     }
     fn pid(&self) -> i32 {
         self.vm.pid()
+    }
+    /// A VM's vCPUs and memory are fixed when QEMU starts and its hostname lives in the
+    /// guest kernel, out of the host's reach: a booted VM cannot become its claimer's.
+    fn claim(&self, _hostname: &str, _cpus: u32, _memory_mb: u64) -> Result<()> {
+        Err(Error::conflict(
+            "a vm sandbox cannot be claimed from the warm pool (its vCPUs, memory and hostname \
+             are fixed at boot); unset DYNOCAP_WARM_POOL for the vm backend",
+        ))
+    }
+    fn kill(&mut self) -> Result<()> {
+        self.vm
+            .kill()
+            .map_err(|err| Error::internal(format!("killing the vm: {err}")))
     }
     fn destroy(self: Box<Self>) -> Result<()> {
         self.vm

@@ -285,6 +285,58 @@ fn enable_controllers(cgroup: &Path, controllers: &[Controller]) -> Result<(), J
     Ok(())
 }
 
+impl CgroupSet {
+    /// Replaces the limits of a live sandbox (a warm-pool sandbox claimed with its caller's
+    /// limits). On v1 a memory limit that grows must raise memory+swap first, which must
+    /// never be below it; one that shrinks lowers memory first.
+    pub fn update_limits(&self, limits: &Limits) -> Result<(), JailError> {
+        for leaf in &self.leaves {
+            for controller in Controller::ALL {
+                if !leaf.dir.join(limit_file(leaf.version, controller)).exists() {
+                    continue;
+                }
+                let swap = limits::SwapFacts::probe(leaf.version, &leaf.dir);
+                let mut writes = limits::settings(leaf.version, controller, limits, swap)?;
+                let current =
+                    std::fs::read_to_string(leaf.dir.join(limit_file(leaf.version, controller)))
+                        .ok()
+                        .and_then(|text| text.trim().parse::<u64>().ok());
+                if controller == Controller::Memory
+                    && current.is_some_and(|now| limits.memory_bytes > now)
+                {
+                    writes.reverse();
+                }
+                for setting in writes {
+                    let path = leaf.dir.join(setting.file);
+                    std::fs::write(&path, &setting.value).map_err(|e| {
+                        JailError::LimitUnavailable {
+                            limit: controller.name(),
+                            reason: format!(
+                                "writing {:?} to {}: {e}",
+                                setting.value,
+                                path.display()
+                            ),
+                        }
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The file that holds `controller`'s limit in a cgroup of `version`: present only where the
+/// controller manages the cgroup.
+fn limit_file(version: CgroupVersion, controller: Controller) -> &'static str {
+    match (version, controller) {
+        (CgroupVersion::V1, Controller::Cpu) => "cpu.cfs_quota_us",
+        (CgroupVersion::V2, Controller::Cpu) => "cpu.max",
+        (CgroupVersion::V1, Controller::Memory) => "memory.limit_in_bytes",
+        (CgroupVersion::V2, Controller::Memory) => "memory.max",
+        (_, Controller::Pids) => "pids.max",
+    }
+}
+
 fn apply(leaf: &Leaf, controller: Controller, limits: &Limits) -> Result<(), JailError> {
     let swap = limits::SwapFacts::probe(leaf.version, &leaf.dir);
     for setting in limits::settings(leaf.version, controller, limits, swap)? {

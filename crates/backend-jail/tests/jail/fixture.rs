@@ -118,6 +118,7 @@ impl Fixture {
             },
             reuse_layers: false,
             disk_bytes: None,
+            disk_templates: None,
             net_raw: true,
         }
     }

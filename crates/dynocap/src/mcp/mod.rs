@@ -95,6 +95,10 @@ pub async fn run(options: Options) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // A warm pool (DYNOCAP_WARM_POOL) boots now, in the background, for the first `run`.
+    if let Err(err) = engine.top_up_pool() {
+        log.warn(format_args!("warm pool: {err}"));
+    }
     let tools = Arc::new(calls::Tools::new(engine, policy, log.clone()));
     // The engine's futures are not Send: they run on this thread, in a LocalSet, while the
     // SDK serves requests on the runtime's workers.

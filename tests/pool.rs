@@ -1,0 +1,179 @@
+//! The warm pool through the CLI (`DYNOCAP_WARM_POOL`): `run` claims a booted sandbox and
+//! gives it its name, limits and TTL; the pool refills; specs the pool cannot serve boot
+//! afresh; a claim that fails leaves the pool as it was; a dead pool sandbox is cleaned up;
+//! `pool --drain` ends it all; a bad pool size is a clear error.
+
+use dynocap_e2e::*;
+use serde_json::Value;
+
+fn pool_home(size: &str) -> TestHome {
+    TestHome::new().with_env("DYNOCAP_WARM_POOL", size)
+}
+
+/// Tops the pool up and waits until it holds `ready` booted sandboxes.
+fn wait_ready(home: &TestHome, ready: u64) -> Value {
+    let mut last = Value::Null;
+    let full = wait_until(120, || {
+        last = home.json(&["pool"]);
+        last["pool"]["ready"] == ready
+    });
+    assert!(
+        full,
+        "the pool never held {ready} ready sandboxes: {last:#}"
+    );
+    last
+}
+
+fn supervisor_log(home: &TestHome, id: &str) -> String {
+    std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log"))).unwrap_or_default()
+}
+
+/// What the guest reads as its memory limit and CPU count (see tests/isolation.rs).
+fn guest_limits(home: &TestHome, name: &str) -> (String, String) {
+    let memory = home.sh(
+        name,
+        "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes",
+    );
+    let cpus = home.sh(
+        name,
+        "if [ -f /sys/fs/cgroup/cpu.max ]; then read quota period < /sys/fs/cgroup/cpu.max; \
+         else quota=$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us); \
+         period=$(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us); fi; \
+         echo $(( (quota + period - 1) / period ))",
+    );
+    (memory.trim().to_owned(), cpus.trim().to_owned())
+}
+
+#[test]
+fn run_claims_a_booted_sandbox_with_its_own_name_limits_and_ttl_and_the_pool_refills() {
+    if !require_root(
+        "run_claims_a_booted_sandbox_with_its_own_name_limits_and_ttl_and_the_pool_refills",
+    ) {
+        return;
+    }
+    let home = pool_home("2");
+    wait_ready(&home, 2);
+    assert_eq!(
+        home.json(&["ps"])["sandboxes"],
+        serde_json::json!([]),
+        "pool sandboxes are nobody's: not listed"
+    );
+
+    // More memory than the pool's default (v1 raises memory+swap first), two CPUs.
+    let info = home.sandbox(
+        "big",
+        &["--cpus", "2", "--memory-mb", "2048", "--ttl", "600"],
+    );
+    assert_eq!(info["name"], "big");
+    assert_eq!(info["state"], "running");
+    assert_eq!(info["cpus"], 2);
+    assert_eq!(info["memoryMB"], 2048);
+    assert_eq!(info["ttlSeconds"], 600);
+    let created =
+        chrono::DateTime::parse_from_rfc3339(info["createdAt"].as_str().unwrap()).unwrap();
+    let expires =
+        chrono::DateTime::parse_from_rfc3339(info["expiresAt"].as_str().unwrap()).unwrap();
+    assert_eq!((expires - created).num_seconds(), 600, "{info:#}");
+    let big = home.sandbox_id("big");
+    assert!(
+        supervisor_log(&home, &big).contains("claimed from the warm pool as big"),
+        "{}",
+        supervisor_log(&home, &big)
+    );
+    assert_eq!(home.sh("big", "hostname"), "big\n");
+    assert_eq!(
+        guest_limits(&home, "big"),
+        ((2048u64 << 20).to_string(), "2".to_owned())
+    );
+
+    // Less memory than the default: lowered.
+    home.sandbox("small", &["--memory-mb", "256"]);
+    let small = home.sandbox_id("small");
+    assert!(supervisor_log(&home, &small).contains("claimed from the warm pool"));
+    assert_eq!(
+        guest_limits(&home, "small"),
+        ((256u64 << 20).to_string(), "1".to_owned())
+    );
+    // The memory limit holds after the claim: past it, the kernel kills.
+    let hog = home.exec(
+        "small",
+        &[],
+        "python3 -c 'b = b\"x\" * (400 << 20); print(len(b))'",
+    );
+    assert_ne!(hog["exitCode"], 0, "{hog:#}");
+
+    let ps = home.json(&["ps"]);
+    assert_eq!(ps["sandboxes"].as_array().unwrap().len(), 2, "{ps:#}");
+    // Each claim booted a replacement.
+    wait_ready(&home, 2);
+
+    // A disk size other than the pool's is made afresh, not claimed.
+    home.sandbox("disk", &["--disk-mb", "256"]);
+    let disk = home.sandbox_id("disk");
+    assert!(!supervisor_log(&home, &disk).contains("claimed from the warm pool"));
+    assert_eq!(home.json(&["pool"])["pool"]["ready"], 2);
+
+    for name in ["big", "small", "disk"] {
+        home.json(&["destroy", name]);
+    }
+    let drained = home.json(&["pool", "--drain"]);
+    assert_eq!(drained["drained"], 2, "{drained:#}");
+    assert_eq!(drained["pool"]["ready"], 0);
+    assert_eq!(drained["pool"]["warming"], 0);
+    home.wait_for_teardown();
+    assert!(home.supervisor_pids().is_empty(), "no record is left");
+}
+
+#[test]
+fn a_claim_under_a_taken_name_leaves_the_pool_as_it_was() {
+    if !require_root("a_claim_under_a_taken_name_leaves_the_pool_as_it_was") {
+        return;
+    }
+    let home = pool_home("1");
+    wait_ready(&home, 1);
+    home.sandbox("twin", &[]);
+    wait_ready(&home, 1);
+    let err = home.json_err(&["run", "twin"]);
+    assert_eq!(err["code"], "conflict", "{err:#}");
+    assert!(
+        err["message"].as_str().unwrap().contains("already taken"),
+        "{err:#}"
+    );
+    let status = home.json(&["pool"]);
+    assert_eq!(
+        status["pool"]["ready"], 1,
+        "the pooled sandbox is still there: {status:#}"
+    );
+    assert_eq!(home.sh("twin", "hostname"), "twin\n");
+}
+
+#[test]
+fn a_dead_pool_sandbox_is_cleaned_up_and_replaced() {
+    if !require_root("a_dead_pool_sandbox_is_cleaned_up_and_replaced") {
+        return;
+    }
+    let home = pool_home("1");
+    wait_ready(&home, 1);
+    let victim = home.supervisor_pids()[0];
+    // SAFETY: plain kill(2) of a pid we own.
+    assert_eq!(unsafe { libc::kill(victim, libc::SIGKILL) }, 0);
+    assert!(wait_until(20, || !pid_exists(victim)));
+    // The next top-up's reconcile removes it and boots another.
+    wait_ready(&home, 1);
+    assert!(!home.supervisor_pids().contains(&victim));
+    // And a run claims the new one.
+    home.sandbox("after", &[]);
+    let id = home.sandbox_id("after");
+    assert!(supervisor_log(&home, &id).contains("claimed from the warm pool"));
+    assert_eq!(home.sh("after", "echo ok"), "ok\n");
+}
+
+#[test]
+fn a_bad_pool_size_is_refused_with_the_variable_and_its_range() {
+    let home = pool_home("lots");
+    let err = home.json_err(&["run", "x"]);
+    assert_eq!(err["code"], "invalid_argument", "{err:#}");
+    let message = err["message"].as_str().unwrap();
+    assert!(message.contains("DYNOCAP_WARM_POOL=lots"), "{message}");
+    assert!(message.contains("from 0 to 16"), "{message}");
+}

@@ -353,3 +353,34 @@ fn a_bad_kernel_fails_with_qemus_reason() {
         "a failed boot leaves no disk behind"
     );
 }
+
+#[test]
+fn a_kept_disk_boots_again_with_the_guests_files() {
+    let Some(env) = vm_env("vm kept disk") else {
+        return;
+    };
+    let backend = vm_backend();
+    let state = tempfile::tempdir().expect("state dir");
+    let mut spec = boot_spec(&env, &env.rootfs, &env.agent, state.path(), "keeper");
+    let mut guest = backend.boot(&spec).expect("boot");
+    let channel = guest.take_channel().expect("channel");
+    // The supervisor still holds the channel when it stops a guest: so does this test.
+    let held = channel.try_clone().expect("dup");
+    // No sync: stopping with the disk kept must get the guest's page cache onto it.
+    let (code, out) = exec(channel, "echo unsaved-work > /home/sandbox/work");
+    assert_eq!(code, Some(0), "{out}");
+    guest.stop_keeping_layer().expect("stop keeping the disk");
+    drop(held);
+    assert!(state.path().join("vm/disk.qcow2").is_file());
+
+    // A recovery boot over the kept disk sees the file.
+    spec.reuse_layer = true;
+    let mut guest = backend.boot(&spec).expect("boot over the kept disk");
+    let channel = guest.take_channel().expect("channel");
+    let (code, out) = exec(channel, "cat /home/sandbox/work");
+    assert_eq!((code, out.trim()), (Some(0), "unsaved-work"));
+    guest.destroy().expect("destroy");
+    backend
+        .cleanup_leftovers(&spec.id, state.path())
+        .expect("cleanup is idempotent");
+}

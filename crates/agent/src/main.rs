@@ -324,6 +324,11 @@ fn main() -> ExitCode {
         while reaper::has_children() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
+        if vm_boot::is_vm_guest() {
+            // The disk may be kept for a later boot (a task's unsaved work): what the guest
+            // wrote must reach it before the VM stops.
+            vm_boot::power_off();
+        }
     }
     match ended {
         Some(server::Ended::Eof) => {

@@ -26,6 +26,23 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 /// The argument that selects this stage (the host puts it first after `--`).
 pub const FLAG: &str = "--vm-boot";
+/// Set in the second stage's environment: this agent is PID 1 of a VM. Commands never see
+/// it: they get the agent's base environment, not its own.
+const VM_ENV: &str = "DYNOCAP_VM_GUEST";
+
+/// Whether this agent is PID 1 of a VM (started by this stage), not of a jail.
+pub fn is_vm_guest() -> bool {
+    std::env::var_os(VM_ENV).is_some()
+}
+
+/// Ends the VM cleanly: everything written reaches the disk, then a reboot, which QEMU's
+/// `-no-reboot` turns into its exit. Only returns if the kernel refuses.
+pub fn power_off() {
+    nix::unistd::sync();
+    if let Err(err) = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT) {
+        log!("cannot stop the VM: {err}");
+    }
+}
 
 /// Where the new root is mounted before the switch.
 const NEW_ROOT: &str = "/newroot";
@@ -360,9 +377,10 @@ fn exec_agent(port: &Path, agent_args: Vec<OsString>) -> Result<Infallible, Stri
     for arg in &agent_args {
         argv.push(cstr(arg.as_bytes())?);
     }
-    let env = [cstr(
-        b"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    )?];
+    let env = [
+        cstr(b"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")?,
+        cstr(format!("{VM_ENV}=1").as_bytes())?,
+    ];
     let path = cstr(AGENT_PATH.as_bytes())?;
     let Err(err) = nix::unistd::execve(&path, &argv, &env);
     Err(format!("executing {AGENT_PATH} in the new root: {err}"))

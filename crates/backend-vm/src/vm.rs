@@ -79,6 +79,9 @@ pub struct Vm {
     child: Child,
     pidfd: OwnedFd,
     channel: Option<OwnedFd>,
+    /// A second descriptor of our end of the channel, kept after the channel is handed out:
+    /// shutting it down is how a stop asks the agent to sync the disk and end the VM.
+    channel_ctl: OwnedFd,
     qmp: Qmp,
     paths: VmPaths,
     accel: Accel,
@@ -174,26 +177,36 @@ impl Vm {
             .map_err(|err| VmError::Unavailable(format!("reaping QEMU: {err}")))
     }
 
-    /// Stops the guest and removes its files, its disk layer included.
+    /// Stops the guest at once and removes its files, its disk layer included: nothing in
+    /// the guest is worth a clean shutdown.
     pub fn destroy(mut self) -> Result<()> {
-        self.stop();
+        self.kill()?;
         remove_files(&self.paths, false)
     }
 
-    /// Stops the guest but keeps its disk layer for a later boot over it.
+    /// Stops the guest with what it wrote on its disk, and keeps the disk layer for a later
+    /// boot over it.
     pub fn stop_keeping_disk(mut self) -> Result<()> {
-        self.stop();
+        self.stop_cleanly();
         remove_files(&self.paths, true)
     }
 
-    /// QMP `quit` (QEMU flushes the disk and exits), then SIGKILL if it is still there.
-    fn stop(&mut self) {
+    /// Closes the channel: the agent syncs the guest's filesystems and reboots, which
+    /// `-no-reboot` makes QEMU's exit. A guest that does not go in time gets QMP `quit`
+    /// (QEMU flushes its own caches to the layer), then SIGKILL.
+    fn stop_cleanly(&mut self) {
         if !matches!(self.child.try_wait(), Ok(None)) {
             return;
         }
-        let _ = self.qmp.execute("quit", Duration::from_secs(5));
-        if !wait_readable(self.pidfd.as_fd(), Duration::from_secs(10)) {
-            let _ = self.child.kill();
+        let _ = nix::sys::socket::shutdown(
+            std::os::fd::AsRawFd::as_raw_fd(&self.channel_ctl),
+            nix::sys::socket::Shutdown::Both,
+        );
+        if !wait_readable(self.pidfd.as_fd(), Duration::from_secs(60)) {
+            let _ = self.qmp.execute("quit", Duration::from_secs(5));
+            if !wait_readable(self.pidfd.as_fd(), Duration::from_secs(10)) {
+                let _ = self.child.kill();
+            }
         }
         let _ = self.child.wait();
     }
@@ -307,10 +320,22 @@ fn start(config: &QemuConfig, paths: &VmPaths, timeout: Duration) -> Result<Vm> 
         }
     };
     let _ = fs::write(&paths.pid_file, pid.to_string());
+    let channel = OwnedFd::from(channel);
+    let channel_ctl = match channel.try_clone() {
+        Ok(fd) => fd,
+        Err(err) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(VmError::Unavailable(format!(
+                "duplicating the channel: {err}"
+            )));
+        }
+    };
     let vm = Vm {
         child,
         pidfd,
-        channel: Some(OwnedFd::from(channel)),
+        channel: Some(channel),
+        channel_ctl,
         qmp: Qmp::new(qmp)?,
         paths: paths.clone(),
         accel: config.accel,

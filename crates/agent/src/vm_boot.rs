@@ -39,9 +39,8 @@ pub fn is_vm_guest() -> bool {
 /// `-no-reboot` turns into its exit. Only returns if the kernel refuses.
 pub fn power_off() {
     nix::unistd::sync();
-    if let Err(err) = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT) {
-        log!("cannot stop the VM: {err}");
-    }
+    let Err(err) = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT);
+    log!("cannot stop the VM: {err}");
 }
 
 /// Where the new root is mounted before the switch.
@@ -185,6 +184,8 @@ fn grow_filesystem(device: &Path) -> Result<(), String> {
     unsafe { blk_get_size64(dev.as_raw_fd(), &mut bytes) }
         .map_err(|err| format!("BLKGETSIZE64: {err}"))?;
     let stat = nix::sys::statfs::statfs(NEW_ROOT).map_err(|err| format!("statfs: {err}"))?;
+    // f_bsize is signed in glibc and unsigned in musl; the conversion serves both.
+    #[allow(clippy::useless_conversion)]
     let block = u64::try_from(stat.block_size()).map_err(|_| "negative block size")?;
     if block == 0 {
         return Err("the filesystem reports a block size of 0".into());

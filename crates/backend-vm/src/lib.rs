@@ -9,10 +9,12 @@
 //!
 //! Modules: [`cpio`] (archive writer), [`elf`] and [`kernel`] (which kernel, which
 //! modules), [`initramfs`], [`disk`], [`cache`] (content-addressed artefacts), [`qemu`]
-//! (command line and process), [`qmp`], [`accel`] (KVM or TCG), [`vm`] (the running guest).
+//! (command line and process), [`qmp`], [`console`] (the bounded console log), [`accel`] (KVM or TCG), [`vm`] (the
+//! running guest).
 
 pub mod accel;
 pub mod cache;
+pub mod console;
 pub mod cpio;
 pub mod disk;
 pub mod elf;

@@ -1,7 +1,7 @@
 //! QEMU's command line, and starting QEMU so that it cannot outlive its supervisor.
 //!
-//! The agent channel and QMP are socketpair ends QEMU inherits as fds 3 and 4 (`-chardev
-//! socket,fd=N`): no socket paths to race on or clean up, and the channel is connected before
+//! The agent channel, QMP and the serial console are socketpair ends QEMU inherits as fds 3,
+//! 4 and 5 (`-chardev socket,fd=N`): no socket paths to race on or clean up, and the channel is connected before
 //! the guest opens its port (a virtio-serial port with no host side reads as end-of-file).
 
 use std::ffi::OsString;
@@ -19,6 +19,7 @@ pub const PORT_NAME: &str = "dynocap";
 /// The fds QEMU finds its two sockets on.
 const CHANNEL_FD: RawFd = 3;
 const QMP_FD: RawFd = 4;
+const CONSOLE_FD: RawFd = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accel {
@@ -45,7 +46,6 @@ pub struct QemuConfig {
     pub initrd: PathBuf,
     pub cmdline: String,
     pub disk: PathBuf,
-    pub console_log: PathBuf,
     /// `-sandbox on`: QEMU's seccomp filter (a QEMU built without seccomp refuses it).
     pub seccomp: bool,
     /// For a QEMU started as root: the host uid and gid it drops to once its files are open,
@@ -154,13 +154,12 @@ pub fn argv(config: &QemuConfig) -> Vec<OsString> {
     args.push(config.initrd.clone().into());
     args.push("-append".into());
     args.push(config.cmdline.clone().into());
-    // The console: the guest's serial port, to a file in the sandbox's state directory.
-    args.push("-chardev".into());
-    args.push(opt_path(
-        "file,id=console,append=on,path=",
-        &config.console_log,
-    ));
-    push(&mut args, &["-serial", "chardev:console"]);
+    // The console: the guest's serial port, to a socket the host relays into a bounded log.
+    let console = format!("socket,id=console,fd={CONSOLE_FD}");
+    push(
+        &mut args,
+        &["-chardev", &console, "-serial", "chardev:console"],
+    );
     // The root disk.
     args.push("-drive".into());
     args.push(opt_path(
@@ -196,8 +195,8 @@ fn opt_path(prefix: &str, path: &Path) -> OsString {
     out
 }
 
-/// Starts QEMU with `channel` as fd 3 and `qmp` as fd 4, stdin from /dev/null, stdout
-/// inherited, stderr to `stderr_log`.
+/// Starts QEMU with `channel` as fd 3, `qmp` as fd 4 and `console` as fd 5, stdin from
+/// /dev/null, stdout inherited, stderr to `stderr_log`.
 ///
 /// QEMU must not outlive the supervisor. It gets SIGKILL when the thread that started it dies
 /// (PR_SET_PDEATHSIG; the supervisor starts it from its main thread). The kernel clears that
@@ -210,6 +209,7 @@ pub fn spawn(
     config: &QemuConfig,
     channel: &OwnedFd,
     qmp: &OwnedFd,
+    console: &OwnedFd,
     stderr_log: &Path,
 ) -> Result<Child> {
     let stderr = std::fs::OpenOptions::new()
@@ -224,8 +224,12 @@ pub fn spawn(
         // SAFETY: F_DUPFD_CLOEXEC just returned this new descriptor; nothing else owns it.
         Ok::<_, VmError>(unsafe { OwnedFd::from_raw_fd(raw) })
     };
-    let (channel_src, qmp_src) = (high(channel)?, high(qmp)?);
-    let (channel_raw, qmp_raw) = (channel_src.as_raw_fd(), qmp_src.as_raw_fd());
+    let (channel_src, qmp_src, console_src) = (high(channel)?, high(qmp)?, high(console)?);
+    let (channel_raw, qmp_raw, console_raw) = (
+        channel_src.as_raw_fd(),
+        qmp_src.as_raw_fd(),
+        console_src.as_raw_fd(),
+    );
     let supervisor = std::process::id();
     let mut command = Command::new(QEMU);
     command
@@ -243,8 +247,11 @@ pub fn spawn(
             if u32::try_from(libc::getppid()).ok() != Some(supervisor) {
                 libc::_exit(1);
             }
-            // dup2 clears close-on-exec on the copies, so QEMU inherits exactly these two.
-            if libc::dup2(channel_raw, CHANNEL_FD) < 0 || libc::dup2(qmp_raw, QMP_FD) < 0 {
+            // dup2 clears close-on-exec on the copies, so QEMU inherits exactly these three.
+            if libc::dup2(channel_raw, CHANNEL_FD) < 0
+                || libc::dup2(qmp_raw, QMP_FD) < 0
+                || libc::dup2(console_raw, CONSOLE_FD) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -259,7 +266,7 @@ pub fn spawn(
             VmError::Unavailable(format!("starting {QEMU}: {err}"))
         }
     })?;
-    drop((channel_src, qmp_src));
+    drop((channel_src, qmp_src, console_src));
     Ok(child)
 }
 
@@ -281,7 +288,6 @@ mod tests {
                 Some(2_300_000),
             ),
             disk: "/state/vm,1/disk.qcow2".into(),
-            console_log: "/state/vm/console.log".into(),
             seccomp: true,
             drop_to: None,
         }
@@ -332,7 +338,7 @@ mod tests {
         assert_eq!(
             values(&args, "-chardev"),
             [
-                "file,id=console,append=on,path=/state/vm/console.log",
+                "socket,id=console,fd=5",
                 "socket,id=agent,fd=3",
                 "socket,id=qmp,fd=4"
             ]

@@ -14,7 +14,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use crate::error::{Result, VmError};
 use crate::qemu::{self, Accel, Machine, QemuConfig};
 use crate::qmp::Qmp;
-use crate::{accel, disk, initramfs, kernel};
+use crate::{accel, console, disk, initramfs, kernel};
 
 /// Everything the backend needs to boot one guest.
 #[derive(Debug, Clone)]
@@ -82,6 +82,8 @@ pub struct Vm {
     /// A second descriptor of our end of the channel, kept after the channel is handed out:
     /// shutting it down is how a stop asks the agent to sync the disk and end the VM.
     channel_ctl: OwnedFd,
+    /// Copies the console into its log; ends when QEMU exits.
+    console_relay: Option<std::thread::JoinHandle<()>>,
     qmp: Qmp,
     paths: VmPaths,
     accel: Accel,
@@ -126,7 +128,6 @@ impl Vm {
             initrd,
             cmdline: qemu::kernel_cmdline(&spec.hostname, &spec.agent_args, tsc_khz),
             disk: paths.disk.clone(),
-            console_log: paths.console_log.clone(),
             seccomp: true,
             drop_to: match spec.run_as {
                 Some((uid, gid)) => Some(confinement(&paths, uid, gid)?),
@@ -160,6 +161,13 @@ impl Vm {
 
     pub fn paths(&self) -> &VmPaths {
         &self.paths
+    }
+
+    /// Waits for the console relay to copy what QEMU wrote (QEMU has exited).
+    fn join_console(&mut self) {
+        if let Some(relay) = self.console_relay.take() {
+            let _ = relay.join();
+        }
     }
 
     /// Kills QEMU at once (the guest with it) and reaps it; the files stay for
@@ -304,10 +312,14 @@ fn start(config: &QemuConfig, paths: &VmPaths, timeout: Duration) -> Result<Vm> 
     };
     let (channel, channel_qemu) = pair("agent channel")?;
     let (qmp, qmp_qemu) = pair("QMP")?;
+    let (console, console_qemu) = pair("console")?;
+    let console_relay = console::relay(console, &paths.console_log)?;
+    // QEMU's ends are closed here once it has its copies: its exit is then the relay's end.
     let mut child = qemu::spawn(
         config,
         &OwnedFd::from(channel_qemu),
         &OwnedFd::from(qmp_qemu),
+        &OwnedFd::from(console_qemu),
         &paths.qemu_log,
     )?;
     let pid = child.id();
@@ -336,6 +348,7 @@ fn start(config: &QemuConfig, paths: &VmPaths, timeout: Duration) -> Result<Vm> 
         pidfd,
         channel: Some(channel),
         channel_ctl,
+        console_relay: Some(console_relay),
         qmp: Qmp::new(qmp)?,
         paths: paths.clone(),
         accel: config.accel,
@@ -350,6 +363,8 @@ fn wait_for_agent(mut vm: Vm, timeout: Duration) -> Result<Vm> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
+            let _ = vm.kill();
+            vm.join_console();
             let tail = tail(&vm.paths);
             drop(vm);
             return Err(VmError::Boot {
@@ -389,6 +404,7 @@ fn wait_for_agent(mut vm: Vm, timeout: Duration) -> Result<Vm> {
             }
             let _ = vm.child.kill();
             let status = vm.child.wait().map(|s| s.to_string()).unwrap_or_default();
+            vm.join_console();
             let tail = tail(&vm.paths);
             return Err(VmError::Boot {
                 reason: format!("QEMU exited ({status}) before the agent answered"),

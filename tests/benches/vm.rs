@@ -83,7 +83,8 @@ fn main() {
         runtime.block_on(exec_true(channel));
         guest.destroy().expect("destroy");
     });
-    let (kernel, initrd) = artefacts(&cache, &rootfs);
+    // The vm backend keeps its artefacts in `vm/` of the cache it is given.
+    let (kernel, initrd) = artefacts(&cache.join("vm"), &rootfs);
     let floor_initrd = floor_initramfs(&initrd, &rootfs, work.path());
     let floor = sample(RUNS, |i| {
         floor_boot(

@@ -11,3 +11,5 @@ cargo bench --locked -p dynocap-e2e --bench sandbox
 cargo bench --locked -p dynocap-e2e --bench tasks
 cargo bench --locked -p dynocap-e2e --bench load
 cargo bench --locked -p dynocap-e2e --bench network
+# Under TCG unless DYNOCAP_VM_ACCEL says otherwise (see tests/benches/vm.rs).
+cargo bench --locked -p dynocap-e2e --bench vm

@@ -35,6 +35,20 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# The vm backend: QEMU and qemu-img (qemu-utils). Both must come from the same QEMU release
+# (qemu-utils Breaks older qemu-system-common); a machine image that carries a newer
+# qemu-utils from backports than the distribution's qemu-system-x86 would otherwise refuse to
+# install, or silently remove qemu-img. So both are installed at qemu-system-x86's version.
+if ! dpkg-query -W -f='${Status}' qemu-system-x86 2>/dev/null | grep -q "install ok installed"; then
+    sudo=""
+    [[ $(id -u) -eq 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq
+    qemu_version=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/{print $2}')
+    echo "install-deps: installing qemu-system-x86 and qemu-utils $qemu_version (vm backend)" >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends --allow-downgrades \
+        "qemu-system-x86=$qemu_version" "qemu-utils=$qemu_version"
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
     [[ -x "$HOME/.cargo/bin/cargo" ]] || {
         echo "install-deps: installing the Rust toolchain with rustup" >&2

@@ -7,6 +7,9 @@
 //! sudo COMMAND [ARG...]     (under that name: the client of `--sudo-broker`, see `sudo`)
 //! ```
 //!
+//! In a VM the kernel starts the agent as the initramfs' `/init` with `--vm-boot` first:
+//! see `vm_boot`, which boots the sandbox's disk and re-executes the agent in it.
+//!
 //! `--cgroup-fd` is a directory descriptor of a cgroup delegated to the agent, where each
 //! command gets a cgroup of its own (see `cgroup`).
 
@@ -47,6 +50,7 @@ mod spawn;
 mod statedir;
 mod sudo;
 mod unpack;
+mod vm_boot;
 
 #[cfg(test)]
 mod scenarios;
@@ -246,6 +250,14 @@ fn main() -> ExitCode {
             .collect();
         return proxy_connect::run(&args);
     }
+    // The VM backend's initramfs runs us as /init with this flag: boot the disk first.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == vm_boot::FLAG)
+        && nix::unistd::getpid().as_raw() == 1
+    {
+        return vm_boot::run(std::env::args_os().skip(2).collect());
+    }
     let (channel, cgroup_fd, mut config, sudo_broker) =
         match parse_args(std::env::args_os().skip(1)) {
             Ok(Command::Run {
@@ -347,6 +359,11 @@ fn main() -> ExitCode {
         let deadline = Instant::now() + Duration::from_secs(2);
         while reaper::has_children() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
+        }
+        if vm_boot::is_vm_guest() {
+            // The disk may be kept for a later boot (a task's unsaved work): what the guest
+            // wrote must reach it before the VM stops.
+            vm_boot::power_off();
         }
     }
     match ended {

@@ -75,12 +75,11 @@ pub trait Backend {
 }
 
 /// Selects the backend: `DYNOCAP_BACKEND` if set, else the best one this machine supports.
+/// `auto` stays `jail` until a KVM probe and a built VM image can decide for `vm`.
 pub fn select() -> Result<Box<dyn Backend>> {
     match std::env::var("DYNOCAP_BACKEND").ok().as_deref() {
         None | Some("") | Some("auto") | Some("jail") => Ok(Box::new(JailBackend)),
-        Some("vm") => Err(Error::invalid(
-            "DYNOCAP_BACKEND=vm: the vm backend is not available in this build; unset DYNOCAP_BACKEND or set it to jail",
-        )),
+        Some("vm") => Ok(Box::new(crate::vm_backend::VmBackend)),
         Some(other) => Err(Error::invalid(format!(
             "DYNOCAP_BACKEND={other} is not a backend; use jail, vm or auto"
         ))),

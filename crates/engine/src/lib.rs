@@ -37,6 +37,7 @@ pub mod supervisor;
 pub mod task_spec;
 pub mod tasks;
 pub mod usernet;
+mod vm_backend;
 pub mod wording;
 pub mod workspace;
 

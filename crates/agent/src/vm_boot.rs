@@ -1,0 +1,426 @@
+//! The VM backend's first stage: the agent as `/init` of the initramfs the host built.
+//!
+//! It loads the kernel modules the host put beside it (`/lib/modules/dynocap.order`, deps
+//! first), mounts the sandbox's disk, grows its ext4 to the disk's size (the disk is a qcow2
+//! layer over the image's smaller base; its virtual size is the sandbox's disk limit), makes
+//! the home and state directories, brings up `lo`, names the host, copies itself onto a tmpfs at
+//! `/.dynocap/agent` in the new root, switches root, and re-executes itself there as PID 1
+//! with the virtio-serial port as its channel. From then on the agent is the same program it
+//! is in a jail.
+//!
+//! Settings come from the kernel command line, which only the host writes:
+//! `dynocap.root=/dev/vda dynocap.port=dynocap dynocap.hostname=NAME`; the agent's own
+//! options (`--exec-user`, `--home`) follow `--` there and reach us as arguments.
+
+use std::convert::Infallible;
+use std::ffi::{CString, OsString};
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+/// The argument that selects this stage (the host puts it first after `--`).
+pub const FLAG: &str = "--vm-boot";
+/// Set in the second stage's environment: this agent is PID 1 of a VM. Commands never see
+/// it: they get the agent's base environment, not its own.
+const VM_ENV: &str = "DYNOCAP_VM_GUEST";
+
+/// Whether this agent is PID 1 of a VM (started by this stage), not of a jail.
+pub fn is_vm_guest() -> bool {
+    std::env::var_os(VM_ENV).is_some()
+}
+
+/// Ends the VM cleanly: everything written reaches the disk, then a reboot, which QEMU's
+/// `-no-reboot` turns into its exit. Only returns if the kernel refuses.
+pub fn power_off() {
+    nix::unistd::sync();
+    let Err(err) = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT);
+    log!("cannot stop the VM: {err}");
+}
+
+/// Where the new root is mounted before the switch.
+const NEW_ROOT: &str = "/newroot";
+/// The module load order the host wrote into the initramfs.
+const MODULE_ORDER: &str = "/lib/modules/dynocap.order";
+/// The agent's path in the new root, as in the jail.
+const AGENT_PATH: &str = "/.dynocap/agent";
+/// How long devices may take to appear after their drivers load (TCG is slow).
+const DEVICE_WAIT: Duration = Duration::from_secs(60);
+
+/// The guest's settings from the kernel command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootParams {
+    pub root: PathBuf,
+    pub port: String,
+    pub hostname: Option<String>,
+}
+
+/// Reads `dynocap.*` settings out of a kernel command line.
+pub fn parse_cmdline(cmdline: &str) -> Result<BootParams, String> {
+    let mut root = None;
+    let mut port = None;
+    let mut hostname = None;
+    for word in cmdline.split_whitespace() {
+        if word == "--" {
+            break;
+        }
+        match word.split_once('=') {
+            Some(("dynocap.root", v)) => root = Some(PathBuf::from(v)),
+            Some(("dynocap.port", v)) => port = Some(v.to_owned()),
+            Some(("dynocap.hostname", v)) => hostname = Some(v.to_owned()),
+            _ => {}
+        }
+    }
+    Ok(BootParams {
+        root: root.ok_or("the kernel command line has no dynocap.root=")?,
+        port: port.ok_or("the kernel command line has no dynocap.port=")?,
+        hostname,
+    })
+}
+
+/// Runs the first stage. Returns only on failure (success ends in `execve`); the caller exits,
+/// which panics the kernel and stops the VM, and the host shows the console's last lines.
+pub fn run(agent_args: Vec<OsString>) -> ExitCode {
+    crate::init::setup();
+    crate::init::ensure_stdio_open();
+    match boot(agent_args) {
+        Ok(never) => match never {},
+        Err(msg) => {
+            log!("vm boot failed: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn boot(agent_args: Vec<OsString>) -> Result<Infallible, String> {
+    let cmdline = fs::read_to_string("/proc/cmdline")
+        .map_err(|err| format!("reading /proc/cmdline: {err}"))?;
+    let params = parse_cmdline(&cmdline)?;
+    load_modules()?;
+    wait_for(&params.root, "the root disk")?;
+    fs::create_dir_all(NEW_ROOT).map_err(|err| format!("creating {NEW_ROOT}: {err}"))?;
+    mount(
+        Some(&params.root),
+        NEW_ROOT,
+        Some("ext4"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|err| format!("mounting {} on {NEW_ROOT}: {err}", params.root.display()))?;
+    if let Err(msg) = grow_filesystem(&params.root) {
+        // The sandbox still works, only with the base image's free space.
+        log!("cannot grow the root filesystem to the disk's size: {msg}");
+    }
+    make_guest_dirs(&agent_args)?;
+    if let Err(err) = loopback_up() {
+        // Only the filtered network's in-guest proxy listener needs it; say so and go on.
+        log!("cannot bring up lo: {err}");
+    }
+    if let Some(name) = &params.hostname {
+        nix::unistd::sethostname(name).map_err(|err| format!("setting the hostname: {err}"))?;
+    }
+    install_agent()?;
+    let port = find_port(&params.port)?;
+    // One line on the console, so a log shows how far a boot got.
+    log!(
+        "vm boot: {} mounted, channel {}; starting the agent in it",
+        params.root.display(),
+        port.display()
+    );
+    switch_root()?;
+    exec_agent(&port, agent_args)
+}
+
+/// Loads each module named in the order file, skipping ones already present.
+fn load_modules() -> Result<(), String> {
+    let order = match fs::read_to_string(MODULE_ORDER) {
+        Ok(text) => text,
+        // A kernel with everything built in needs no modules.
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(format!("reading {MODULE_ORDER}: {err}")),
+    };
+    for name in order.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let path = Path::new("/lib/modules").join(name);
+        let file = fs::File::open(&path).map_err(|err| format!("opening {name}: {err}"))?;
+        match nix::kmod::finit_module(&file, c"", nix::kmod::ModuleInitFlags::empty()) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(err) => return Err(format!("loading the kernel module {name}: {err}")),
+        }
+        // The initramfs is RAM: give the module's pages back now that the kernel has a copy.
+        drop(file);
+        let _ = fs::remove_file(&path);
+    }
+    Ok(())
+}
+
+fn wait_for(path: &Path, what: &str) -> Result<(), String> {
+    let deadline = Instant::now() + DEVICE_WAIT;
+    while !path.exists() {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{what} {} did not appear within {}s (is its driver in the initramfs?)",
+                path.display(),
+                DEVICE_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Grows the mounted ext4 to the whole device (online resize; a no-op when it already fills
+/// it, as on a disk kept from an earlier boot).
+fn grow_filesystem(device: &Path) -> Result<(), String> {
+    let dev =
+        fs::File::open(device).map_err(|err| format!("opening {}: {err}", device.display()))?;
+    let mut bytes: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at `bytes`;
+    // `dev` is an open descriptor for the duration of the call.
+    unsafe { blk_get_size64(dev.as_raw_fd(), &mut bytes) }
+        .map_err(|err| format!("BLKGETSIZE64: {err}"))?;
+    let stat = nix::sys::statfs::statfs(NEW_ROOT).map_err(|err| format!("statfs: {err}"))?;
+    // f_bsize is signed in glibc and unsigned in musl; the conversion serves both.
+    #[allow(clippy::useless_conversion)]
+    let block = u64::try_from(stat.block_size()).map_err(|_| "negative block size")?;
+    if block == 0 {
+        return Err("the filesystem reports a block size of 0".into());
+    }
+    let blocks: u64 = bytes / block;
+    let root = fs::File::open(NEW_ROOT).map_err(|err| format!("opening {NEW_ROOT}: {err}"))?;
+    // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 through the pointer, which points at `blocks`;
+    // `root` is an open descriptor on the mounted ext4 for the duration of the call.
+    unsafe { ext4_resize_fs(root.as_raw_fd(), &blocks) }
+        .map_err(|err| format!("EXT4_IOC_RESIZE_FS to {blocks} blocks: {err}"))?;
+    Ok(())
+}
+
+// BLKGETSIZE64 is `_IOR(0x12, 114, size_t)`; EXT4_IOC_RESIZE_FS is `_IOW('f', 16, __u64)`.
+nix::ioctl_read!(blk_get_size64, 0x12, 114, u64);
+nix::ioctl_write_ptr!(ext4_resize_fs, b'f', 16, u64);
+
+/// The sandbox user's home and the agent's state directory, which the jail backend makes on
+/// the host side; a VM's disk is only reachable from inside.
+fn make_guest_dirs(agent_args: &[OsString]) -> Result<(), String> {
+    let (home, user) = home_and_user(agent_args);
+    let state = Path::new(NEW_ROOT).join(
+        crate::statedir::DEFAULT_STATE_DIR
+            .strip_prefix('/')
+            .unwrap_or(crate::statedir::DEFAULT_STATE_DIR),
+    );
+    make_dir(&state, 0o700, None)?;
+    if let Some(home) = home {
+        let home = Path::new(NEW_ROOT).join(home.strip_prefix("/").unwrap_or(&home));
+        make_dir(&home, 0o755, user)?;
+    }
+    Ok(())
+}
+
+fn make_dir(path: &Path, mode: u32, owner: Option<(u32, u32)>) -> Result<(), String> {
+    if path.is_dir() {
+        return Ok(());
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(|err| format!("creating {}: {err}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|err| format!("setting the mode of {}: {err}", path.display()))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))
+            .map_err(|err| format!("handing {} to {uid}:{gid}: {err}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `--home` and `--exec-user` out of the agent's arguments (already validated by the host;
+/// stage two parses them again strictly).
+fn home_and_user(args: &[OsString]) -> (Option<PathBuf>, Option<(u32, u32)>) {
+    let mut home = None;
+    let mut user = None;
+    let mut it = args.iter().map(|a| a.to_string_lossy().into_owned());
+    while let Some(arg) = it.next() {
+        let (flag, value) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
+            _ => (arg, None),
+        };
+        let value = value.or_else(|| {
+            matches!(flag.as_str(), "--home" | "--exec-user")
+                .then(|| it.next())
+                .flatten()
+        });
+        match (flag.as_str(), value) {
+            ("--home", Some(v)) => home = Some(PathBuf::from(v)),
+            ("--exec-user", Some(v)) => {
+                user = v
+                    .split_once(':')
+                    .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)));
+            }
+            _ => {}
+        }
+    }
+    (home, user)
+}
+
+/// Sets `IFF_UP` on `lo` (a fresh kernel has it down; the jail backend does this from the
+/// host side for its network namespace).
+fn loopback_up() -> Result<(), nix::errno::Errno> {
+    use nix::errno::Errno;
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let sock = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // SAFETY: ifreq is a plain C struct (name array plus a union of integers and pointers);
+    // all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = libc::c_char::from_ne_bytes([*src]);
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name from and writes the flags into `req`, which is a
+    // valid, exclusively borrowed ifreq.
+    unsafe { siocgifflags(sock.as_raw_fd(), &mut req) }?;
+    let up =
+        libc::c_short::try_from(libc::IFF_UP | libc::IFF_RUNNING).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: SIOCGIFFLAGS just initialised the flags member of the union.
+    unsafe { req.ifr_ifru.ifru_flags |= up };
+    // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
+    unsafe { siocsifflags(sock.as_raw_fd(), &req) }?;
+    Ok(())
+}
+
+nix::ioctl_readwrite_bad!(siocgifflags, libc::SIOCGIFFLAGS, libc::ifreq);
+nix::ioctl_write_ptr_bad!(siocsifflags, libc::SIOCSIFFLAGS, libc::ifreq);
+
+/// Copies this binary onto a read-only tmpfs at `/.dynocap/agent` in the new root: the disk
+/// belongs to the sandbox, so the agent must not live where the sandbox could replace it.
+fn install_agent() -> Result<(), String> {
+    let dir = Path::new(NEW_ROOT).join(".dynocap");
+    fs::create_dir_all(&dir).map_err(|err| format!("creating {}: {err}", dir.display()))?;
+    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(
+        Some("tmpfs"),
+        &dir,
+        Some("tmpfs"),
+        nosuid_nodev,
+        Some("mode=0755"),
+    )
+    .map_err(|err| format!("mounting a tmpfs on {}: {err}", dir.display()))?;
+    let target = dir.join("agent");
+    fs::copy("/proc/self/exe", &target)
+        .map_err(|err| format!("copying the agent to {}: {err}", target.display()))?;
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o755))
+        .map_err(|err| format!("making {} executable: {err}", target.display()))?;
+    mount(
+        None::<&str>,
+        &dir,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
+        None::<&str>,
+    )
+    .map_err(|err| format!("making {} read-only: {err}", dir.display()))
+}
+
+/// The `/dev` node of the virtio-serial port named `name` (no udev here to make the
+/// `/dev/virtio-ports/NAME` link).
+fn find_port(name: &str) -> Result<PathBuf, String> {
+    let class = Path::new("/sys/class/virtio-ports");
+    let deadline = Instant::now() + DEVICE_WAIT;
+    loop {
+        if let Ok(entries) = fs::read_dir(class) {
+            for entry in entries.flatten() {
+                let port_name = fs::read_to_string(entry.path().join("name")).unwrap_or_default();
+                if port_name.trim_end() == name {
+                    let dev = Path::new("/dev").join(entry.file_name());
+                    wait_for(&dev, "the agent's virtio-serial port")?;
+                    return Ok(dev);
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "no virtio-serial port named {name:?} appeared within {}s",
+                DEVICE_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Makes the disk the root: the API filesystems go (stage two mounts them again in the new
+/// root), the initramfs' files go (they are RAM), then the new root moves onto `/`.
+fn switch_root() -> Result<(), String> {
+    for target in ["/dev/pts", "/run", "/tmp", "/dev", "/sys", "/proc"] {
+        let _ = umount2(target, MntFlags::MNT_DETACH);
+    }
+    let _ = fs::remove_file("/init");
+    std::env::set_current_dir(NEW_ROOT).map_err(|err| format!("entering {NEW_ROOT}: {err}"))?;
+    mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+        .map_err(|err| format!("moving {NEW_ROOT} onto /: {err}"))?;
+    nix::unistd::chroot(".").map_err(|err| format!("chroot into the new root: {err}"))?;
+    std::env::set_current_dir("/").map_err(|err| format!("entering the new root: {err}"))
+}
+
+fn exec_agent(port: &Path, agent_args: Vec<OsString>) -> Result<Infallible, String> {
+    let cstr = |bytes: &[u8]| CString::new(bytes).map_err(|_| "an argument holds a NUL byte");
+    let mut argv = vec![
+        cstr(AGENT_PATH.as_bytes())?,
+        cstr(b"--channel-path")?,
+        cstr(port.as_os_str().as_bytes())?,
+    ];
+    for arg in &agent_args {
+        argv.push(cstr(arg.as_bytes())?);
+    }
+    let env = [
+        cstr(b"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")?,
+        cstr(format!("{VM_ENV}=1").as_bytes())?,
+    ];
+    let path = cstr(AGENT_PATH.as_bytes())?;
+    let Err(err) = nix::unistd::execve(&path, &argv, &env);
+    Err(format!("executing {AGENT_PATH} in the new root: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_command_line_settings_are_read() {
+        let params = parse_cmdline(
+            "console=ttyS0 dynocap.root=/dev/vda dynocap.port=dynocap dynocap.hostname=box-1 \
+             -- --vm-boot --home /home/sandbox",
+        )
+        .expect("parse");
+        assert_eq!(
+            params,
+            BootParams {
+                root: "/dev/vda".into(),
+                port: "dynocap".into(),
+                hostname: Some("box-1".into()),
+            }
+        );
+        // Anything after `--` is init's arguments, never settings.
+        assert!(parse_cmdline("dynocap.port=p -- dynocap.root=/dev/sda").is_err());
+        assert!(parse_cmdline("dynocap.root=/dev/vda").is_err());
+    }
+
+    #[test]
+    fn home_and_user_come_from_the_agent_arguments() {
+        let args: Vec<OsString> = ["--exec-user", "1000:1001", "--home=/home/sandbox"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(
+            home_and_user(&args),
+            (Some("/home/sandbox".into()), Some((1000, 1001)))
+        );
+        assert_eq!(home_and_user(&[]), (None, None));
+    }
+}

@@ -1,0 +1,586 @@
+//! [`Vm`]: one running guest as the supervisor holds it — QEMU's process and pidfd, the host
+//! end of the agent channel, the QMP connection — and its files in `<state_dir>/vm/`.
+
+use std::fs;
+use std::io::Read as _;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use crate::error::{Result, VmError};
+use crate::qemu::{self, Accel, Machine, QemuConfig};
+use crate::qmp::Qmp;
+use crate::{accel, console, disk, initramfs, kernel};
+
+/// Everything the backend needs to boot one guest.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    /// The guest's hostname: letters, digits, `-`, `_` and `.` only (it goes on the kernel
+    /// command line).
+    pub hostname: String,
+    /// The image's root directory: the disk's content, and its kernel and modules.
+    pub rootfs: PathBuf,
+    /// The sandbox's state directory; the VM's files go in its `vm/`.
+    pub state_dir: PathBuf,
+    /// The backend's content-addressed cache (initramfs, base disks, KVM probes).
+    pub cache_dir: PathBuf,
+    /// The static `dynocap-agent`.
+    pub agent_binary: PathBuf,
+    /// The agent's arguments after `--channel-path` (no whitespace in any).
+    pub agent_args: Vec<String>,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    /// The disk's size: the guest's filesystem grows to it.
+    pub disk_bytes: u64,
+    /// Boot over the disk layer a stopped guest kept, instead of a fresh one.
+    pub reuse_disk: bool,
+    /// `None`: as `DYNOCAP_VM_ACCEL` and the KVM probe say.
+    pub accel: Option<Accel>,
+    /// How long the guest may take to reach the agent.
+    pub boot_timeout: Duration,
+    /// For a supervisor running as root: the host uid and gid QEMU runs as once its files are
+    /// open (the sandbox's own id range, as the jail's guest root has), chrooted into an
+    /// empty directory. `None` keeps QEMU as the invoking user.
+    pub run_as: Option<(u32, u32)>,
+}
+
+/// The VM's files inside the sandbox's state directory.
+#[derive(Debug, Clone)]
+pub struct VmPaths {
+    pub dir: PathBuf,
+    pub disk: PathBuf,
+    pub console_log: PathBuf,
+    pub qemu_log: PathBuf,
+    pub pid_file: PathBuf,
+    /// The empty directory a root-started QEMU chroots into.
+    pub empty: PathBuf,
+}
+
+impl VmPaths {
+    pub fn at(state_dir: &Path) -> Self {
+        let dir = state_dir.join("vm");
+        Self {
+            disk: dir.join("disk.qcow2"),
+            console_log: dir.join("console.log"),
+            qemu_log: dir.join("qemu.log"),
+            pid_file: dir.join("qemu.pid"),
+            empty: dir.join("empty"),
+            dir,
+        }
+    }
+}
+
+/// A running guest.
+pub struct Vm {
+    child: Child,
+    pidfd: OwnedFd,
+    channel: Option<OwnedFd>,
+    /// A second descriptor of our end of the channel, kept after the channel is handed out:
+    /// shutting it down is how a stop asks the agent to sync the disk and end the VM.
+    channel_ctl: OwnedFd,
+    /// Copies the console into its log; ends when QEMU exits.
+    console_relay: Option<std::thread::JoinHandle<()>>,
+    qmp: Qmp,
+    paths: VmPaths,
+    accel: Accel,
+}
+
+impl Vm {
+    /// Builds what is missing (initramfs, base disk, the sandbox's layer), starts QEMU and
+    /// returns once the agent has spoken on the channel. On failure nothing keeps running and
+    /// the error carries the last lines of the console and of QEMU's own log.
+    pub fn boot(spec: &VmSpec) -> Result<Vm> {
+        validate(spec)?;
+        let kernel = kernel::find(&spec.rootfs)?;
+        let accel = match spec.accel {
+            Some(accel) => accel,
+            None => accel::choose(&spec.cache_dir, &kernel.image)?,
+        };
+        let modules = kernel::needed_modules(&kernel)?;
+        let initrd = initramfs::get(&spec.cache_dir, &spec.agent_binary, &modules)?;
+        let paths = VmPaths::at(&spec.state_dir);
+        fs::create_dir_all(&paths.dir).map_err(|err| VmError::io("creating", &paths.dir, err))?;
+        let fresh_disk = !spec.reuse_disk;
+        if spec.reuse_disk {
+            if !paths.disk.is_file() {
+                return Err(VmError::InvalidSpec(format!(
+                    "no kept disk at {} to boot over",
+                    paths.disk.display()
+                )));
+            }
+        } else {
+            let base = disk::base_image(&spec.cache_dir, &spec.rootfs)?;
+            let _ = fs::remove_file(&paths.disk);
+            disk::create_layer(&base, &paths.disk, spec.disk_bytes)?;
+        }
+        let machine = machine()?;
+        let tsc_khz = (machine == Machine::Microvm && accel == Accel::Tcg).then(qemu::host_tsc_khz);
+        let config = QemuConfig {
+            machine,
+            accel,
+            cpus: spec.cpus,
+            memory_mb: spec.memory_mb,
+            kernel: kernel.image.clone(),
+            initrd,
+            cmdline: qemu::kernel_cmdline(&spec.hostname, &spec.agent_args, tsc_khz),
+            disk: paths.disk.clone(),
+            seccomp: true,
+            drop_to: match spec.run_as {
+                Some((uid, gid)) => Some(confinement(&paths, uid, gid)?),
+                None => None,
+            },
+        };
+        let booted = start(&config, &paths, spec.boot_timeout);
+        if booted.is_err() && fresh_disk {
+            let _ = fs::remove_file(&paths.disk);
+        }
+        booted
+    }
+
+    /// The host end of the agent channel (taken once).
+    pub fn take_channel(&mut self) -> Option<OwnedFd> {
+        self.channel.take()
+    }
+
+    /// Readable once QEMU has exited.
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap_or(i32::MAX)
+    }
+
+    pub fn accel(&self) -> Accel {
+        self.accel
+    }
+
+    pub fn paths(&self) -> &VmPaths {
+        &self.paths
+    }
+
+    /// Waits for the console relay to copy what QEMU wrote (QEMU has exited).
+    fn join_console(&mut self) {
+        if let Some(relay) = self.console_relay.take() {
+            let _ = relay.join();
+        }
+    }
+
+    /// Kills QEMU at once (the guest with it) and reaps it; the files stay for
+    /// [`Vm::destroy`].
+    pub fn kill(&mut self) -> Result<()> {
+        match self.child.kill() {
+            Ok(()) => {}
+            // Already exited: nothing left to kill.
+            Err(err) if err.kind() == std::io::ErrorKind::InvalidInput => {}
+            Err(err) => return Err(VmError::Unavailable(format!("killing QEMU: {err}"))),
+        }
+        self.child
+            .wait()
+            .map(drop)
+            .map_err(|err| VmError::Unavailable(format!("reaping QEMU: {err}")))
+    }
+
+    /// Stops the guest at once and removes its files, its disk layer included: nothing in
+    /// the guest is worth a clean shutdown.
+    pub fn destroy(mut self) -> Result<()> {
+        self.kill()?;
+        remove_files(&self.paths, false)
+    }
+
+    /// Stops the guest with what it wrote on its disk, and keeps the disk layer for a later
+    /// boot over it.
+    pub fn stop_keeping_disk(mut self) -> Result<()> {
+        self.stop_cleanly();
+        remove_files(&self.paths, true)
+    }
+
+    /// Closes the channel: the agent syncs the guest's filesystems and reboots, which
+    /// `-no-reboot` makes QEMU's exit. A guest that does not go in time gets QMP `quit`
+    /// (QEMU flushes its own caches to the layer), then SIGKILL.
+    fn stop_cleanly(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        let _ = nix::sys::socket::shutdown(
+            std::os::fd::AsRawFd::as_raw_fd(&self.channel_ctl),
+            nix::sys::socket::Shutdown::Both,
+        );
+        if !wait_readable(self.pidfd.as_fd(), Duration::from_secs(60)) {
+            let _ = self.qmp.execute("quit", Duration::from_secs(5));
+            if !wait_readable(self.pidfd.as_fd(), Duration::from_secs(10)) {
+                let _ = self.child.kill();
+            }
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Vm {
+    /// A `Vm` dropped without `destroy` (an error path) must not leave QEMU running.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// An empty, root-owned, read-only directory to chroot QEMU into.
+fn confinement(paths: &VmPaths, uid: u32, gid: u32) -> Result<qemu::Confinement> {
+    use std::os::unix::fs::PermissionsExt;
+    match fs::create_dir(&paths.empty) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(VmError::io("creating", &paths.empty, err)),
+    }
+    fs::set_permissions(&paths.empty, fs::Permissions::from_mode(0o555))
+        .map_err(|err| VmError::io("making read-only", &paths.empty, err))?;
+    Ok(qemu::Confinement {
+        uid,
+        gid,
+        chroot: paths.empty.clone(),
+    })
+}
+
+fn validate(spec: &VmSpec) -> Result<()> {
+    let host_ok = !spec.hostname.is_empty()
+        && spec.hostname.len() <= 63
+        && spec
+            .hostname
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+    if !host_ok {
+        return Err(VmError::InvalidSpec(format!(
+            "hostname {:?} must be 1-63 letters, digits, '-', '_' or '.'",
+            spec.hostname
+        )));
+    }
+    if let Some(arg) = spec
+        .agent_args
+        .iter()
+        .find(|a| a.is_empty() || a.chars().any(|c| c.is_whitespace() || c.is_control()))
+    {
+        return Err(VmError::InvalidSpec(format!(
+            "agent argument {arg:?} cannot go on a kernel command line"
+        )));
+    }
+    if spec.cpus == 0 || spec.memory_mb < 64 || spec.disk_bytes == 0 {
+        return Err(VmError::InvalidSpec(format!(
+            "{} vCPUs, {} MiB and a {}-byte disk cannot boot a guest",
+            spec.cpus, spec.memory_mb, spec.disk_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// `microvm` where this QEMU has it, else `q35`.
+fn machine() -> Result<Machine> {
+    static MACHINE: std::sync::OnceLock<Machine> = std::sync::OnceLock::new();
+    if let Some(machine) = MACHINE.get() {
+        return Ok(*machine);
+    }
+    let output = std::process::Command::new(qemu::QEMU)
+        .args(["-M", "help"])
+        .output()
+        .map_err(|err| {
+            VmError::Unavailable(format!(
+                "cannot run {} ({err}); install it with `apt-get install qemu-system-x86`",
+                qemu::QEMU
+            ))
+        })?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let machine = if text
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some("microvm"))
+    {
+        Machine::Microvm
+    } else {
+        Machine::Q35
+    };
+    Ok(*MACHINE.get_or_init(|| machine))
+}
+
+fn start(config: &QemuConfig, paths: &VmPaths, timeout: Duration) -> Result<Vm> {
+    let pair = |what: &str| {
+        UnixStream::pair()
+            .map_err(|err| VmError::Unavailable(format!("creating the {what} socketpair: {err}")))
+    };
+    let (channel, channel_qemu) = pair("agent channel")?;
+    let (qmp, qmp_qemu) = pair("QMP")?;
+    let (console, console_qemu) = pair("console")?;
+    let console_relay = console::relay(console, &paths.console_log)?;
+    // QEMU's ends are closed here once it has its copies: its exit is then the relay's end.
+    let mut child = qemu::spawn(
+        config,
+        &OwnedFd::from(channel_qemu),
+        &OwnedFd::from(qmp_qemu),
+        &OwnedFd::from(console_qemu),
+        &paths.qemu_log,
+    )?;
+    let pid = child.id();
+    let pidfd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(err) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(err);
+        }
+    };
+    let _ = fs::write(&paths.pid_file, pid.to_string());
+    let channel = OwnedFd::from(channel);
+    let channel_ctl = match channel.try_clone() {
+        Ok(fd) => fd,
+        Err(err) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(VmError::Unavailable(format!(
+                "duplicating the channel: {err}"
+            )));
+        }
+    };
+    let vm = Vm {
+        child,
+        pidfd,
+        channel: Some(channel),
+        channel_ctl,
+        console_relay: Some(console_relay),
+        qmp: Qmp::new(qmp)?,
+        paths: paths.clone(),
+        accel: config.accel,
+    };
+    wait_for_agent(vm, timeout)
+}
+
+/// Waits until the agent's first bytes (its hello) are on the channel, without reading them:
+/// the supervisor reads the hello itself.
+fn wait_for_agent(mut vm: Vm, timeout: Duration) -> Result<Vm> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let _ = vm.kill();
+            vm.join_console();
+            let tail = tail(&vm.paths);
+            drop(vm);
+            return Err(VmError::Boot {
+                reason: format!("the agent did not answer within {}s", timeout.as_secs()),
+                tail,
+            });
+        }
+        let channel = vm
+            .channel
+            .as_ref()
+            .expect("the channel is only taken after boot");
+        let mut fds = [
+            PollFd::new(channel.as_fd(), PollFlags::POLLIN),
+            PollFd::new(vm.pidfd.as_fd(), PollFlags::POLLIN),
+        ];
+        let wait =
+            PollTimeout::try_from(left.min(Duration::from_secs(1))).unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, wait) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(err) => {
+                return Err(VmError::Unavailable(format!(
+                    "waiting for the guest: {err}"
+                )));
+            }
+        }
+        let ready = |fd: &PollFd| fd.revents().is_some_and(|r| !r.is_empty());
+        let qemu_exited = ready(&fds[1]);
+        // Readable may also mean end-of-file: QEMU closing its end as it exits.
+        let agent_spoke = ready(&fds[0]) && has_data(channel);
+        if agent_spoke {
+            return Ok(vm);
+        }
+        if qemu_exited || ready(&fds[0]) {
+            // Give an exiting QEMU a moment to finish, so its status is in the error.
+            if !qemu_exited {
+                wait_readable(vm.pidfd.as_fd(), Duration::from_secs(10));
+            }
+            let _ = vm.child.kill();
+            let status = vm.child.wait().map(|s| s.to_string()).unwrap_or_default();
+            vm.join_console();
+            let tail = tail(&vm.paths);
+            return Err(VmError::Boot {
+                reason: format!("QEMU exited ({status}) before the agent answered"),
+                tail,
+            });
+        }
+    }
+}
+
+/// Whether at least one byte waits on `socket` (a peek: the bytes stay for the reader).
+fn has_data(socket: &OwnedFd) -> bool {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut byte = [0_u8; 1];
+    matches!(
+        recv(
+            std::os::fd::AsRawFd::as_raw_fd(socket),
+            &mut byte,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
+        ),
+        Ok(n) if n > 0
+    )
+}
+
+fn pidfd_open(pid: u32) -> Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| VmError::Unavailable(format!("pid {pid} does not fit pid_t")))?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; it touches
+    // no memory of ours.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(VmError::Unavailable(format!(
+            "pidfd_open({pid}): {} (Linux 5.3 or later is needed)",
+            std::io::Error::last_os_error()
+        )));
+    }
+    let fd = i32::try_from(fd).map_err(|_| VmError::Unavailable("pidfd out of range".into()))?;
+    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    matches!(poll(&mut fds, timeout), Ok(n) if n > 0)
+}
+
+/// The last lines of the guest console and of QEMU's stderr, for an error message. Guest
+/// output is hostile data: control characters are replaced.
+pub fn tail(paths: &VmPaths) -> String {
+    let mut out = String::new();
+    for (label, path, lines) in [
+        ("guest console", &paths.console_log, 25),
+        ("qemu", &paths.qemu_log, 10),
+    ] {
+        let text = last_lines(path, lines);
+        if !text.is_empty() {
+            out.push_str(&format!(
+                "--- last lines of the {label} ({}) ---\n",
+                path.display()
+            ));
+            out.push_str(&text);
+        }
+    }
+    if out.is_empty() {
+        out.push_str("(the guest console and QEMU's log are empty)");
+    }
+    out
+}
+
+fn last_lines(path: &Path, lines: usize) -> String {
+    const WINDOW: u64 = 64 * 1024;
+    let Ok(mut file) = fs::File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = std::io::Seek::seek(
+        &mut file,
+        std::io::SeekFrom::Start(len.saturating_sub(WINDOW)),
+    );
+    let mut bytes = Vec::new();
+    let _ = file.take(WINDOW).read_to_end(&mut bytes);
+    let text = String::from_utf8_lossy(&bytes);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..]
+        .iter()
+        .map(|l| {
+            let clean: String = l
+                .chars()
+                .map(|c| if c.is_control() && c != '\t' { '?' } else { c })
+                .collect();
+            clean + "\n"
+        })
+        .collect()
+}
+
+fn remove_files(paths: &VmPaths, keep_disk: bool) -> Result<()> {
+    if !keep_disk {
+        return match fs::remove_dir_all(&paths.dir) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                Err(VmError::io("removing", &paths.dir, err))
+            }
+            _ => Ok(()),
+        };
+    }
+    let _ = fs::remove_file(&paths.pid_file);
+    Ok(())
+}
+
+/// Stops a QEMU that a dead supervisor left (normally PR_SET_PDEATHSIG has killed it already)
+/// and removes the VM's files, its disk layer unless `keep_disk`. Idempotent.
+pub fn cleanup_leftovers(state_dir: &Path, keep_disk: bool) -> Result<()> {
+    let paths = VmPaths::at(state_dir);
+    if let Ok(text) = fs::read_to_string(&paths.pid_file) {
+        if let Ok(pid) = text.trim().parse::<i32>() {
+            // Only a QEMU of this sandbox: its command line names this sandbox's disk.
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let disk = paths.disk.as_os_str().as_encoded_bytes();
+            if cmdline.windows(disk.len()).any(|w| w == disk) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+    remove_files(&paths, keep_disk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> VmSpec {
+        VmSpec {
+            hostname: "box-1".into(),
+            rootfs: "/nonexistent".into(),
+            state_dir: "/nonexistent".into(),
+            cache_dir: "/nonexistent".into(),
+            agent_binary: "/nonexistent".into(),
+            agent_args: vec!["--home".into(), "/home/sandbox".into()],
+            cpus: 1,
+            memory_mb: 256,
+            disk_bytes: 1 << 30,
+            reuse_disk: false,
+            accel: Some(Accel::Tcg),
+            boot_timeout: Duration::from_secs(1),
+            run_as: None,
+        }
+    }
+
+    #[test]
+    fn specs_that_cannot_go_on_a_kernel_command_line_are_refused() {
+        assert!(validate(&spec()).is_ok());
+        for bad in ["", "a b", "a\nb", "x=1 init=/bin/sh", &"a".repeat(64)] {
+            let mut s = spec();
+            s.hostname = bad.into();
+            assert!(validate(&s).is_err(), "{bad:?}");
+        }
+        let mut s = spec();
+        s.agent_args.push("--home /x".into());
+        assert!(validate(&s).is_err());
+        let mut s = spec();
+        s.memory_mb = 16;
+        assert!(validate(&s).is_err());
+    }
+
+    #[test]
+    fn the_tail_keeps_the_last_lines_and_defuses_control_characters() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = VmPaths::at(dir.path());
+        fs::create_dir_all(&paths.dir).unwrap();
+        let console: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        fs::write(&paths.console_log, console + "panic\x1b[2J\n").unwrap();
+        let tail = tail(&paths);
+        assert!(tail.contains("line 99\npanic?[2J\n"), "{tail}");
+        assert!(!tail.contains("line 70\n"), "{tail}");
+        assert!(!tail.contains("qemu"));
+    }
+}

@@ -1,0 +1,149 @@
+//! The `vm` backend behind the [`Backend`] trait: each guest is a QEMU microVM booting the
+//! image's own kernel (crate `dynocap-backend-vm`). Selected with `DYNOCAP_BACKEND=vm`;
+//! `DYNOCAP_VM_ACCEL=kvm|tcg` chooses the accelerator (see that crate's `accel`).
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dynocap_backend_vm::{Vm, VmSpec};
+
+use crate::backend::{Backend, BootSpec, Guest};
+use crate::error::{Error, Result};
+use crate::spec::Network;
+
+/// How long a guest may take from QEMU's start to the agent's first word. TCG on a loaded
+/// 2-core machine takes seconds; a minute and a half more is for a machine far busier.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub struct VmBackend;
+
+struct VmGuest {
+    vm: Vm,
+}
+
+impl Backend for VmBackend {
+    fn name(&self) -> &'static str {
+        "vm"
+    }
+
+    fn boot(&self, spec: &BootSpec) -> Result<Box<dyn Guest>> {
+        if !spec.image.ro_binds.is_empty() {
+            return Err(Error::invalid(format!(
+                "the vm backend cannot boot the image \"{}\": it is made of the host's own \
+                 directories; build a guest image with `dynocap image build debian` and start \
+                 the sandbox with it",
+                spec.image.name
+            )));
+        }
+        if spec.network == Network::Nat {
+            return Err(Error::invalid(
+                "network \"nat\" is not available on the vm backend yet; use \"filtered\" or \
+                 \"none\", or the jail backend (DYNOCAP_BACKEND=jail)",
+            ));
+        }
+        let vm_spec = VmSpec {
+            hostname: spec.hostname.clone(),
+            rootfs: spec.image.root.clone(),
+            state_dir: spec.state_dir.clone(),
+            // Beside the jail's `disks/`: initramfs archives, base disks, KVM probe answers.
+            cache_dir: spec.cache_dir.join("vm"),
+            agent_binary: spec.agent_binary.clone(),
+            // The same arguments as the jail's, the sudo broker included where the image
+            // offers one (its `sudo` links to the agent the first stage installs).
+            agent_args: crate::backend::agent_args(&spec.image),
+            cpus: spec.cpus,
+            memory_mb: spec.memory_mb,
+            // The layer's virtual size bounds what the guest can write, whatever
+            // DYNOCAP_DISK_LIMIT says (that switch is about the jail's loop mounts).
+            disk_bytes: spec.disk_mb.unwrap_or(crate::spec::DISK_MB_DEFAULT) << 20,
+            reuse_disk: spec.reuse_layer,
+            accel: None,
+            boot_timeout: BOOT_TIMEOUT,
+            run_as: run_as(spec.id_range)?,
+        };
+        let vm = Vm::boot(&vm_spec).map_err(vm_error)?;
+        tracing::info!(
+            "vm guest: QEMU pid {} ({:?}), console log {}",
+            vm.pid(),
+            vm.accel(),
+            vm.paths().console_log.display()
+        );
+        Ok(Box::new(VmGuest { vm }))
+    }
+
+    fn cleanup_leftovers(&self, id: &str, state_dir: &Path) -> Result<()> {
+        dynocap_backend_vm::cleanup_leftovers(state_dir, false)
+            .map_err(|err| Error::internal(format!("cleaning up sandbox {id}: {err}")))
+    }
+
+    fn cleanup_keeping_layer(&self, id: &str, state_dir: &Path) -> Result<()> {
+        dynocap_backend_vm::cleanup_leftovers(state_dir, true)
+            .map_err(|err| Error::internal(format!("stopping what is left of sandbox {id}: {err}")))
+    }
+}
+
+/// Started as root, QEMU drops to the host ids of the sandbox's range that the jail gives its
+/// guest root: distinct per live sandbox, owning nothing on the host.
+fn run_as(id_range: u32) -> Result<Option<(u32, u32)>> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let map = dynocap_backend_jail::IdMap::root_mode_at(id_range)
+        .map_err(|err| Error::internal(format!("choosing QEMU's host ids: {err}")))?;
+    Ok(Some((map.uids.host, map.gids.host)))
+}
+
+/// The crate's refusals (no QEMU, no kernel in the image, no accelerator chosen) are the
+/// caller's to fix; everything else is internal.
+fn vm_error(err: dynocap_backend_vm::VmError) -> Error {
+    use dynocap_backend_vm::VmError;
+    match err {
+        VmError::Unavailable(_) | VmError::InvalidSpec(_) => Error::invalid(err.to_string()),
+        other => Error::internal(format!("booting the vm: {other}")),
+    }
+}
+
+impl Guest for VmGuest {
+    fn take_channel(&mut self) -> Option<OwnedFd> {
+        self.vm.take_channel()
+    }
+    fn exit_fd(&self) -> BorrowedFd<'_> {
+        self.vm.pidfd()
+    }
+    fn pid(&self) -> i32 {
+        self.vm.pid()
+    }
+    /// A VM's vCPUs and memory are fixed when QEMU starts and its hostname lives in the
+    /// guest kernel, out of the host's reach: a booted VM cannot become its claimer's.
+    fn claim(&self, _hostname: &str, _cpus: u32, _memory_mb: u64) -> Result<()> {
+        Err(Error::conflict(
+            "a vm sandbox cannot be claimed from the warm pool (its vCPUs, memory and hostname \
+             are fixed at boot); unset DYNOCAP_WARM_POOL for the vm backend",
+        ))
+    }
+    fn kill(&mut self) -> Result<()> {
+        self.vm
+            .kill()
+            .map_err(|err| Error::internal(format!("killing the vm: {err}")))
+    }
+    fn destroy(self: Box<Self>) -> Result<()> {
+        self.vm
+            .destroy()
+            .map_err(|err| Error::internal(format!("destroying the vm: {err}")))
+    }
+    /// The guest kernel counts its own OOM kills; the host sees none of them.
+    fn memory_events(&self) -> Option<PathBuf> {
+        None
+    }
+    /// A VM's RAM is fixed when QEMU starts; the guest kernel never OOM-kills the agent (PID
+    /// 1), so saving runs within the sandbox's own memory.
+    fn raise_memory_limit(&self, _bytes: u64) -> Result<()> {
+        Err(Error::internal("a vm's memory cannot be raised after boot"))
+    }
+    fn stop_keeping_layer(self: Box<Self>) -> Result<()> {
+        self.vm
+            .stop_keeping_disk()
+            .map_err(|err| Error::internal(format!("stopping the vm: {err}")))
+    }
+}

@@ -1,0 +1,390 @@
+//! The `vm` backend end to end, at the engine's `Backend` seam: a real QEMU guest booting
+//! Debian's cloud kernel with the static agent as PID 1, under TCG (`DYNOCAP_VM_ACCEL=tcg`
+//! unless the environment says otherwise).
+//!
+//! The guest image is the small busybox rootfs that `scripts/vm-test-rootfs.sh` builds into
+//! `/var/cache/dynocap-test-images/busybox-cloud` (or `DYNOCAP_TEST_VM_ROOTFS`). The agent is
+//! `DYNOCAP_AGENT`, which must be the static musl build. Without `qemu-system-x86_64` the
+//! tests skip with the reason, except in CI, where that is a failure.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dynocap_engine::agent_conn::AgentConn;
+use dynocap_engine::backend::{self, BootSpec};
+use dynocap_engine::image::Image;
+use dynocap_engine::spec::{ExecSpec, Network};
+
+const CACHE: &str = "/var/cache/dynocap-test-images";
+
+/// What every test needs, or `None` (after saying why) when this machine cannot run them.
+struct VmEnv {
+    rootfs: PathBuf,
+    agent: PathBuf,
+    cache: PathBuf,
+}
+
+fn vm_env(test: &str) -> Option<VmEnv> {
+    let have_qemu = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have_qemu {
+        let why = "qemu-system-x86_64 is not installed (scripts/install-deps.sh installs it)";
+        assert!(std::env::var_os("CI").is_none(), "{test}: {why}");
+        eprintln!("SKIPPED {test}: {why}");
+        return None;
+    }
+    if !dynocap_e2e::require_root(test) {
+        return None;
+    }
+    let rootfs = match std::env::var_os("DYNOCAP_TEST_VM_ROOTFS") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let dir = Path::new(CACHE).join("busybox-cloud");
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/vm-test-rootfs.sh");
+            let status = Command::new(&script)
+                .arg(&dir)
+                .status()
+                .expect("run scripts/vm-test-rootfs.sh");
+            assert!(status.success(), "{} failed", script.display());
+            dir
+        }
+    };
+    let agent = std::env::var_os("DYNOCAP_AGENT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            dynocap_e2e::bin_dir().join("../x86_64-unknown-linux-musl/debug/dynocap-agent")
+        });
+    assert!(
+        agent.is_file(),
+        "{test}: the static agent {} is missing: `cargo build --target x86_64-unknown-linux-musl -p dynocap-agent` and set DYNOCAP_AGENT to it",
+        agent.display()
+    );
+    if std::env::var_os("DYNOCAP_VM_ACCEL").is_none() {
+        // SAFETY (edition 2021: set_var is safe): every test sets the same value before any
+        // of them boots, and nothing in the test process reads it concurrently with a change.
+        std::env::set_var("DYNOCAP_VM_ACCEL", "tcg");
+    }
+    Some(VmEnv {
+        rootfs,
+        agent,
+        cache: Path::new(CACHE).join("vm-cache"),
+    })
+}
+
+fn boot_spec(env: &VmEnv, rootfs: &Path, agent: &Path, state: &Path, name: &str) -> BootSpec {
+    BootSpec {
+        id: format!("sbx-{name}"),
+        hostname: name.into(),
+        image: Image {
+            name: "busybox-test".into(),
+            root: rootfs.to_owned(),
+            ro_binds: Vec::new(),
+            owned_by_host_root: true,
+            guest_sudo: false,
+            id: None,
+            kernel: None,
+        },
+        state_dir: state.to_owned(),
+        agent_binary: agent.to_owned(),
+        cpus: 1,
+        memory_mb: 512,
+        disk_mb: Some(2048),
+        pids: 1024,
+        reuse_layer: false,
+        id_range: 0,
+        network: Network::None,
+        cache_dir: env.cache.clone(),
+    }
+}
+
+fn vm_backend() -> Box<dyn backend::Backend> {
+    // SAFETY (edition 2021): as in vm_env.
+    std::env::set_var("DYNOCAP_BACKEND", "vm");
+    let backend = backend::select().expect("DYNOCAP_BACKEND=vm selects the vm backend");
+    assert_eq!(backend.name(), "vm");
+    backend
+}
+
+/// Runs `command` through the agent on `channel` and returns (exit code, stdout).
+fn exec(channel: OwnedFd, command: &str) -> (Option<i32>, String) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let std_stream = std::os::unix::net::UnixStream::from(channel);
+        std_stream.set_nonblocking(true).expect("nonblocking");
+        let stream = tokio::net::UnixStream::from_std(std_stream).expect("register the channel");
+        let (read, write) = stream.into_split();
+        let (conn, hello) = AgentConn::start(read, write, Duration::from_secs(120))
+            .await
+            .expect("the agent says hello");
+        eprintln!("agent hello: {hello:?}");
+        let spec = ExecSpec::new(command, None, "/", Vec::new(), Some(60), false).expect("spec");
+        let result = dynocap_engine::exec::run(&conn, &spec, std::future::pending(), None, None)
+            .await
+            .expect("exec");
+        (result.exit_code, result.stdout.unwrap_or_default())
+    })
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie has no cmdline; count only a process that still runs.
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
+}
+
+#[test]
+fn a_raw_vm_boots_runs_commands_as_the_agent_said_and_is_destroyed() {
+    let Some(env) = vm_env("vm boot/exec/destroy") else {
+        return;
+    };
+    let backend = vm_backend();
+    let state = tempfile::tempdir().expect("state dir");
+    let spec = boot_spec(&env, &env.rootfs, &env.agent, state.path(), "vm-box_1");
+    let started = Instant::now();
+    let mut guest = backend.boot(&spec).expect("boot");
+    eprintln!("boot to agent hello under TCG: {:.2?}", started.elapsed());
+    let pid = guest.pid();
+    assert!(alive(pid));
+    // Started as root, QEMU runs as the sandbox's range's first host id, chrooted.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).expect("Uid");
+    assert_eq!(
+        uid_line.split_whitespace().nth(1),
+        Some("1000000"),
+        "{uid_line}"
+    );
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/root")).expect("root"),
+        state.path().join("vm/empty")
+    );
+    let channel = guest.take_channel().expect("channel");
+    let (code, out) = exec(
+        channel,
+        "uname -r; cat /proc/1/comm; hostname; id -u; df -k / | tail -1; ls -ld /home/sandbox",
+    );
+    eprintln!("{out}");
+    assert_eq!(code, Some(0), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    let kernel = std::fs::read_dir(env.rootfs.join("boot"))
+        .expect("boot dir")
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_prefix("vmlinuz-")
+                .map(str::to_owned)
+        })
+        .next()
+        .expect("a kernel");
+    assert_eq!(lines[0], kernel, "the image's kernel runs the guest");
+    assert_eq!(
+        lines[1], "agent",
+        "PID 1 is the agent, re-executed from /.dynocap/agent"
+    );
+    assert_eq!(lines[2], "vm-box_1");
+    assert_eq!(lines[3], "1000", "commands run as the sandbox user");
+    // The root filesystem was grown to the disk's size (2 GiB), far past the base image.
+    let size_kib: u64 = lines[4]
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("df size");
+    assert!(size_kib > 1_800_000, "root is {size_kib} KiB: {}", lines[4]);
+    assert!(lines[5].contains("sandbox"), "{}", lines[5]);
+
+    let vm_dir = state.path().join("vm");
+    assert!(vm_dir.join("disk.qcow2").is_file());
+    assert!(
+        std::fs::read_to_string(vm_dir.join("console.log"))
+            .expect("console log")
+            .contains("dynocap-agent: vm boot: /dev/vda mounted"),
+        "the console goes to the sandbox's state directory"
+    );
+    guest.destroy().expect("destroy");
+    assert!(!alive(pid), "QEMU is gone after destroy");
+    assert!(!vm_dir.exists(), "destroy removes the VM's files");
+}
+
+/// Not a test of its own: the child process of the SIGKILL test, which boots a guest as a
+/// supervisor does, prints QEMU's pid and waits to be killed.
+#[test]
+fn sigkill_helper() {
+    let Some(state) = std::env::var_os("DYNOCAP_VM_TEST_HELPER_STATE") else {
+        return;
+    };
+    let env = vm_env("sigkill helper").expect("the parent checked the environment");
+    let backend = vm_backend();
+    let spec = boot_spec(&env, &env.rootfs, &env.agent, Path::new(&state), "doomed");
+    let guest = backend.boot(&spec).expect("boot");
+    println!("QEMU_PID={}", guest.pid());
+    std::thread::sleep(Duration::from_secs(3600));
+    drop(guest);
+}
+
+#[test]
+fn sigkill_of_the_supervisor_leaves_no_qemu() {
+    let Some(_env) = vm_env("vm supervisor SIGKILL") else {
+        return;
+    };
+    let state = tempfile::tempdir().expect("state dir");
+    let mut child = Command::new(std::env::current_exe().expect("test exe"))
+        .args([
+            "sigkill_helper",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("DYNOCAP_VM_TEST_HELPER_STATE", state.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the helper");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    let qemu: i32 = loop {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut out, &mut line).expect("read");
+        assert!(
+            n > 0,
+            "the helper exited without booting: {:?}",
+            child.wait()
+        );
+        // libtest prints "test sigkill_helper ... " on the same line.
+        if let Some(pid) = line.split("QEMU_PID=").nth(1) {
+            break pid.trim().parse().expect("pid");
+        }
+    };
+    assert!(alive(qemu));
+    // SAFETY: pidfd_open has no memory effects; the result is checked.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, qemu, 0) };
+    assert!(pidfd >= 0, "pidfd_open");
+    // SAFETY: the kernel just returned this descriptor and nothing else owns it.
+    let pidfd = unsafe {
+        <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(i32::try_from(pidfd).expect("fd"))
+    };
+    child.kill().expect("SIGKILL the supervisor");
+    let _ = child.wait();
+    // QEMU is not our child: its pidfd becomes readable when it exits. The bound only keeps a
+    // broken build from hanging the suite.
+    let mut fds = [nix_poll(&pidfd)];
+    // SAFETY: fds is a valid array of one pollfd for the duration of the call.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, 60_000) };
+    assert_eq!(ready, 1, "QEMU {qemu} outlived its supervisor");
+    assert!(!alive(qemu));
+}
+
+fn nix_poll(fd: &OwnedFd) -> libc::pollfd {
+    libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&fd.as_fd()),
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+#[test]
+fn a_boot_that_fails_shows_the_guest_console() {
+    let Some(env) = vm_env("vm failed boot") else {
+        return;
+    };
+    let backend = vm_backend();
+    let state = tempfile::tempdir().expect("state dir");
+    // An /init the kernel cannot run (a script, and the initramfs has no shell): the kernel
+    // panics with "No working init found", which the error must show.
+    let bad_agent = state.path().join("not-an-agent");
+    std::fs::write(&bad_agent, "#!/bin/sh\nexit 1\n").expect("write");
+    let spec = boot_spec(
+        &env,
+        &env.rootfs,
+        &bad_agent,
+        &state.path().join("s"),
+        "broken",
+    );
+    let err = backend
+        .boot(&spec)
+        .err()
+        .expect("the boot fails")
+        .to_string();
+    eprintln!("{err}");
+    assert!(err.contains("did not boot"), "{err}");
+    assert!(err.contains("guest console"), "{err}");
+    assert!(err.contains("No working init found"), "{err}");
+}
+
+#[test]
+fn a_bad_kernel_fails_with_qemus_reason() {
+    let Some(env) = vm_env("vm bad kernel") else {
+        return;
+    };
+    let backend = vm_backend();
+    let state = tempfile::tempdir().expect("state dir");
+    // A rootfs whose "kernel" is garbage; the drivers are declared built in, so nothing else
+    // is missing.
+    let rootfs = state.path().join("rootfs");
+    let modules = rootfs.join("lib/modules/9.9.9");
+    std::fs::create_dir_all(&modules).expect("mkdir");
+    std::fs::create_dir_all(rootfs.join("boot")).expect("mkdir");
+    std::fs::write(rootfs.join("boot/vmlinuz-9.9.9"), vec![0x5a_u8; 4096]).expect("write");
+    std::fs::write(
+        modules.join("modules.builtin"),
+        "kernel/drivers/block/virtio_blk.ko\nkernel/drivers/char/virtio_console.ko\n\
+         kernel/fs/ext4/ext4.ko\nkernel/drivers/virtio/virtio_mmio.ko\n",
+    )
+    .expect("write");
+    let mut spec = boot_spec(
+        &env,
+        &rootfs,
+        &env.agent,
+        &state.path().join("s"),
+        "badkernel",
+    );
+    // This rootfs is new on every run: keep its base disk out of the shared cache.
+    spec.cache_dir = state.path().join("cache");
+    let err = backend
+        .boot(&spec)
+        .err()
+        .expect("the boot fails")
+        .to_string();
+    eprintln!("{err}");
+    assert!(err.contains("QEMU exited"), "{err}");
+    assert!(err.contains("last lines of the qemu"), "{err}");
+    assert!(
+        !state.path().join("s/vm/disk.qcow2").exists(),
+        "a failed boot leaves no disk behind"
+    );
+}
+
+#[test]
+fn a_kept_disk_boots_again_with_the_guests_files() {
+    let Some(env) = vm_env("vm kept disk") else {
+        return;
+    };
+    let backend = vm_backend();
+    let state = tempfile::tempdir().expect("state dir");
+    let mut spec = boot_spec(&env, &env.rootfs, &env.agent, state.path(), "keeper");
+    let mut guest = backend.boot(&spec).expect("boot");
+    let channel = guest.take_channel().expect("channel");
+    // The supervisor still holds the channel when it stops a guest: so does this test.
+    let held = channel.try_clone().expect("dup");
+    // No sync: stopping with the disk kept must get the guest's page cache onto it.
+    let (code, out) = exec(channel, "echo unsaved-work > /home/sandbox/work");
+    assert_eq!(code, Some(0), "{out}");
+    guest.stop_keeping_layer().expect("stop keeping the disk");
+    drop(held);
+    assert!(state.path().join("vm/disk.qcow2").is_file());
+
+    // A recovery boot over the kept disk sees the file.
+    spec.reuse_layer = true;
+    let mut guest = backend.boot(&spec).expect("boot over the kept disk");
+    let channel = guest.take_channel().expect("channel");
+    let (code, out) = exec(channel, "cat /home/sandbox/work");
+    assert_eq!((code, out.trim()), (Some(0), "unsaved-work"));
+    guest.destroy().expect("destroy");
+    backend
+        .cleanup_leftovers(&spec.id, state.path())
+        .expect("cleanup is idempotent");
+}

@@ -63,7 +63,9 @@ impl Engine {
     /// ones count). Returns how many it started.
     pub fn top_up_pool(&self) -> Result<usize> {
         let target = target()?;
-        if target == 0 {
+        // A VM's vCPUs, memory and hostname are fixed when it boots: only jails can be
+        // claimed, so only the jail backend keeps a pool.
+        if target == 0 || crate::backend::select()?.name() != "jail" {
             return Ok(0);
         }
         let catalog = self.catalog()?;

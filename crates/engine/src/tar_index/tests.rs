@@ -12,7 +12,7 @@ fn sample_tar(path: &Path) -> Vec<String> {
     let long_dir = "d".repeat(120);
     let long_file = format!("{long_dir}/{}", "f".repeat(150));
     let mut names = Vec::new();
-    let mut add_dir = |builder: &mut tar::Builder<std::fs::File>, name: &str| {
+    let add_dir = |builder: &mut tar::Builder<std::fs::File>, name: &str| {
         let mut header = tar::Header::new_gnu();
         header.set_entry_type(tar::EntryType::Directory);
         header.set_mode(0o755);

@@ -242,7 +242,10 @@ fn a_matching_patch_verifies_and_a_stale_one_explains_itself() {
     )
     .unwrap();
     verify(&tar, &good, &dir.path().join("s1")).unwrap();
-    assert!(!dir.path().join("s1").exists(), "scratch removed");
+    assert!(
+        !dir.path().join("s1").exists(),
+        "scratch moved out of the way"
+    );
 
     let stale = dir.path().join("stale.diff");
     std::fs::write(
@@ -256,6 +259,40 @@ fn a_matching_patch_verifies_and_a_stale_one_explains_itself() {
     let empty = dir.path().join("empty.diff");
     std::fs::write(&empty, "").unwrap();
     verify(&tar, &empty, &dir.path().join("s3")).unwrap();
+}
+
+/// The scratch directory's name is free as soon as a verification returns, and what it held
+/// is removed (off the caller's path) whatever the verdict.
+#[test]
+fn the_scratch_directory_is_removed_after_each_verification() {
+    let dir = tempfile::tempdir().unwrap();
+    let (baseline, patch) = fixture(dir.path());
+    tar_index::write_for(&baseline).unwrap();
+    let path = dir.path().join("p.diff");
+    std::fs::write(&path, &patch).unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let scratch = work.join("verify");
+    // Twice in a row on one name, and a refusal.
+    verify(&baseline, &path, &scratch).unwrap();
+    assert!(!scratch.exists());
+    verify(&baseline, &path, &scratch).unwrap();
+    assert!(!scratch.exists());
+    std::fs::write(&path, b"diff --git a/a.txt b/a.txt\nindex 1111111..2222222 100644\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-nope\n+uno\n").unwrap();
+    verify(&baseline, &path, &scratch).unwrap_err();
+    assert!(!scratch.exists());
+    // The removals run on threads of their own: wait for them (bounded, not timed).
+    for _ in 0..1000 {
+        if std::fs::read_dir(&work).unwrap().next().is_none() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let left: Vec<_> = std::fs::read_dir(&work)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    panic!("left behind: {left:?}");
 }
 
 #[test]

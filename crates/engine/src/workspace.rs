@@ -2,8 +2,9 @@
 //! (tar stream, history bundle, baseline) and taking the patch out.
 //!
 //! The host keeps its own copy of what it sent (`baseline.tar` in the sandbox's state
-//! directory). Verification and the package.json comparison read that copy, never anything
-//! the guest says the baseline was.
+//! directory, with its offset index `baseline.tar.idx` beside it, see [`crate::tar_index`]).
+//! Verification and the package.json comparison read that copy, never anything the guest
+//! says the baseline was.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};

@@ -264,6 +264,12 @@ fn exec_diff_finish_gives_a_verified_patch_that_applies_at_home() {
     copy_tree(project.path(), imported_state.path());
     let task = start(&home, project.path(), &["--name", "work"]);
     let id = task["id"].as_str().unwrap().to_owned();
+    // The host's baseline copy has its offset index beside it, for finish's verification.
+    let baseline = home.path().join("sandboxes").join(&id).join("baseline.tar");
+    let index = dynocap_engine::tar_index::TarIndex::load(&baseline)
+        .expect("the import indexes the baseline copy");
+    assert!(index.find("src/lib.rs").is_some());
+    assert!(index.find("src").is_some());
 
     assert_eq!(task_sh(&home, "work", "pwd"), "/workspace\n", "default cwd");
     let agent_work = "set -e

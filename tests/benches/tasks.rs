@@ -179,6 +179,13 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
     let baseline_copy = scratch.join("baseline-copy.tar");
     let baseline = find_file(home.path(), "baseline.tar").expect("the task's baseline.tar");
     std::fs::copy(&baseline, &baseline_copy).expect("copy baseline.tar");
+    // Its offset index too, which verification reads when there is one.
+    let index = dynocap_engine::tar_index::index_path(&baseline);
+    let index_copy = dynocap_engine::tar_index::index_path(&baseline_copy);
+    match std::fs::copy(&index, &index_copy) {
+        Ok(_) => println!("{label}: the baseline has an offset index"),
+        Err(err) => println!("{label}: no offset index ({err}): verification reads every header"),
+    }
     let started = Instant::now();
     let finished = dynocap(&["--json", "task", "finish", "b3"]);
     let finish = started.elapsed();
@@ -213,6 +220,7 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
         .env("DYNOCAP_HOME", home.path())
         .output();
     let _ = std::fs::remove_file(&baseline_copy);
+    let _ = std::fs::remove_file(&index_copy);
     let _ = std::fs::remove_dir_all(&clone);
 }
 

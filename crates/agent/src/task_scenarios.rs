@@ -1026,6 +1026,44 @@ fn rich_tree(root: &Path) {
     std::os::unix::fs::symlink("a", root.join("retarget")).expect("symlink");
 }
 
+/// The baseline's objects are stored, not deflated (the start's largest cost was deflating
+/// the whole tree); a diff's new objects are deflated.
+#[tokio::test]
+async fn the_baseline_is_stored_uncompressed_and_diffs_compress() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    std::fs::write(src.join("zeros.bin"), vec![0u8; 64 * 1024]).expect("write");
+    let ws = sb.ws();
+    let outcome = unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30).await;
+    assert!(outcome.done.is_some(), "{:?}", outcome.error);
+    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+
+    let objects = sb.config.state_dir.join("private/baseline.git/objects");
+    let file = ws.join("zeros.bin");
+    let object_size = |id: &str| {
+        std::fs::metadata(objects.join(&id[..2]).join(&id[2..]))
+            .unwrap_or_else(|err| panic!("loose object {id}: {err}"))
+            .len()
+    };
+    // Stored: zlib's stored blocks hold every byte (64 KiB of zeros would deflate to ~100).
+    let stored = object_size(&git_blob_id(&file).await);
+    assert!(stored > 64 * 1024, "{stored}");
+
+    std::fs::write(&file, vec![0u8; 128 * 1024]).expect("write");
+    patch_of(&diff(&host, &ws, 1 << 30).await);
+    let deflated = object_size(&git_blob_id(&file).await);
+    assert!(deflated < 4096, "{deflated}");
+}
+
+/// The id git gives the blob of the file `path` (SHA-1 repositories).
+async fn git_blob_id(path: &Path) -> String {
+    let dir = path.parent().expect("a file in a directory");
+    let script = format!("git hash-object --no-filters -- '{}'", text(path));
+    sh(dir, &script).await.trim().to_owned()
+}
+
 #[tokio::test]
 async fn diff_round_trip_reproduces_the_work_tree() {
     let sb = Sandbox::new();

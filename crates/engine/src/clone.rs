@@ -210,9 +210,15 @@ pub async fn clone_repository(
     let baseline_tar = state_dir.join(BASELINE_TAR);
     let repacked = {
         let (partial, baseline_tar) = (partial.clone(), baseline_tar.clone());
-        tokio::task::spawn_blocking(move || repack(&partial, &baseline_tar))
-            .await
-            .map_err(|err| Error::internal(format!("re-packing the clone panicked: {err}")))?
+        tokio::task::spawn_blocking(move || {
+            let repacked = repack(&partial, &baseline_tar);
+            if repacked.is_ok() {
+                workspace::index_baseline(&baseline_tar);
+            }
+            repacked
+        })
+        .await
+        .map_err(|err| Error::internal(format!("re-packing the clone panicked: {err}")))?
     };
     let _ = std::fs::remove_file(&partial);
     let (files, bytes) = repacked?;

@@ -525,7 +525,12 @@ pub fn write_bundle(plan: &ImportPlan, dir: &Path) -> Result<Option<PathBuf>, Im
         path: path.clone(),
         source,
     };
+    // Fast zlib: the bundle only crosses to the guest on this machine, where CPU is scarcer
+    // than bytes. Objects already packed in the project are copied as they are; loose ones
+    // are deflated, and at the default level (6) a freshly committed 21 MB tree took 1.1 s
+    // to bundle instead of 0.6 s, all of it on the start's critical path.
     let packing = git
+        .config("pack.compression", "1")
         .args(["bundle", "create", "--quiet"])
         .arg(&path)
         .args(revs)

@@ -34,6 +34,7 @@ pub mod save;
 pub mod spec;
 pub mod ssh_key;
 pub mod supervisor;
+pub mod tar_index;
 pub mod task_spec;
 pub mod tasks;
 pub mod usernet;

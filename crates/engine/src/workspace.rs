@@ -2,8 +2,9 @@
 //! (tar stream, history bundle, baseline) and taking the patch out.
 //!
 //! The host keeps its own copy of what it sent (`baseline.tar` in the sandbox's state
-//! directory). Verification and the package.json comparison read that copy, never anything
-//! the guest says the baseline was.
+//! directory, with its offset index `baseline.tar.idx` beside it, see [`crate::tar_index`]).
+//! Verification and the package.json comparison read that copy, never anything the guest
+//! says the baseline was.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -208,6 +209,11 @@ pub async fn import(
             return Err(err);
         }
     };
+    // The baseline copy is whole: index it while the guest unpacks and takes the history.
+    let indexing = {
+        let baseline_path = state_dir.join(BASELINE_TAR);
+        tokio::task::spawn_blocking(move || index_baseline(&baseline_path))
+    };
     match finish_stream(stream, "unpacking the project").await? {
         Response::Unpacked { .. } => {}
         other => return Err(unexpected("unpack", &other)),
@@ -234,6 +240,8 @@ pub async fn import(
     let with_history = bundle.is_some();
     progress(step("recording the baseline the diff is taken against"));
     record_baseline(conn, bundle, if with_history { head } else { None }).await?;
+    // Only an accelerator (see `index_baseline`): a failure was logged, nothing to report.
+    let _ = indexing.await;
     Ok(Imported {
         root,
         history: if with_history { history } else { History::None },
@@ -337,6 +345,18 @@ pub fn step(message: &str) -> Progress {
         message: message.to_owned(),
         done: 0,
         total: None,
+    }
+}
+
+/// Writes the offset index beside the host's baseline copy ([`crate::tar_index`]), which
+/// makes finish's verification read only the entries the patch touches. Without one,
+/// verification reads every header instead: a failure here is logged, not fatal.
+pub fn index_baseline(baseline_tar: &Path) {
+    if let Err(err) = crate::tar_index::write_for(baseline_tar) {
+        tracing::warn!(
+            "indexing {}: {err}; finish will read the whole baseline copy instead",
+            baseline_tar.display()
+        );
     }
 }
 

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::*;
+use crate::tar_index;
 
 /// The verification as it was before it extracted only the touched entries: the whole
 /// baseline unpacked, then the same `git apply`.
@@ -203,15 +204,21 @@ fn sections(patch: &[u8]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Asserts that `patch` gets the same verdict, in the same words, both ways; returns it.
+/// Asserts that `patch` gets the same verdict, in the same words, from a full unpack, from
+/// the touched entries found by reading the tar through and from those found through its
+/// index; returns it.
 fn same_verdict(baseline: &Path, patch: &[u8], dir: &Path) -> Result<(), String> {
     let path = dir.join("p.diff");
     std::fs::write(&path, patch).unwrap();
-    let touched = verify(baseline, &path, &dir.join("scratch-touched"));
+    let _ = std::fs::remove_file(tar_index::index_path(baseline));
+    let scanned = verify(baseline, &path, &dir.join("scratch-touched"));
+    tar_index::write_for(baseline).unwrap();
+    let indexed = verify(baseline, &path, &dir.join("scratch-indexed"));
     let full = verify_by_full_unpack(baseline, &path, &dir.join("scratch-full"));
     let shown = String::from_utf8_lossy(patch);
-    assert_eq!(touched, full, "verdicts differ for\n{shown}");
-    touched
+    assert_eq!(scanned, full, "verdicts differ for\n{shown}");
+    assert_eq!(indexed, full, "verdicts (indexed) differ for\n{shown}");
+    scanned
 }
 
 #[test]
@@ -235,7 +242,10 @@ fn a_matching_patch_verifies_and_a_stale_one_explains_itself() {
     )
     .unwrap();
     verify(&tar, &good, &dir.path().join("s1")).unwrap();
-    assert!(!dir.path().join("s1").exists(), "scratch removed");
+    assert!(
+        !dir.path().join("s1").exists(),
+        "scratch moved out of the way"
+    );
 
     let stale = dir.path().join("stale.diff");
     std::fs::write(
@@ -249,6 +259,40 @@ fn a_matching_patch_verifies_and_a_stale_one_explains_itself() {
     let empty = dir.path().join("empty.diff");
     std::fs::write(&empty, "").unwrap();
     verify(&tar, &empty, &dir.path().join("s3")).unwrap();
+}
+
+/// The scratch directory's name is free as soon as a verification returns, and what it held
+/// is removed (off the caller's path) whatever the verdict.
+#[test]
+fn the_scratch_directory_is_removed_after_each_verification() {
+    let dir = tempfile::tempdir().unwrap();
+    let (baseline, patch) = fixture(dir.path());
+    tar_index::write_for(&baseline).unwrap();
+    let path = dir.path().join("p.diff");
+    std::fs::write(&path, &patch).unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let scratch = work.join("verify");
+    // Twice in a row on one name, and a refusal.
+    verify(&baseline, &path, &scratch).unwrap();
+    assert!(!scratch.exists());
+    verify(&baseline, &path, &scratch).unwrap();
+    assert!(!scratch.exists());
+    std::fs::write(&path, b"diff --git a/a.txt b/a.txt\nindex 1111111..2222222 100644\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-nope\n+uno\n").unwrap();
+    verify(&baseline, &path, &scratch).unwrap_err();
+    assert!(!scratch.exists());
+    // The removals run on threads of their own: wait for them (bounded, not timed).
+    for _ in 0..1000 {
+        if std::fs::read_dir(&work).unwrap().next().is_none() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let left: Vec<_> = std::fs::read_dir(&work)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    panic!("left behind: {left:?}");
 }
 
 #[test]
@@ -276,38 +320,101 @@ fn only_the_touched_entries_are_extracted() {
     let dir = tempfile::tempdir().unwrap();
     let (baseline, patch) = fixture(dir.path());
     let files = patch::parse(&patch, patch.len()).unwrap();
-    let scratch = dir.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
-    touched::extract(&baseline, &Touched::of(&files), &scratch).unwrap();
-    let expected: BTreeSet<String> = [
-        ".gitattributes",
-        "a.txt",
-        "gone.txt",
-        "script.sh",
-        "link",
-        "bin.bin",
-        "src",
-        "src/lib.rs",
-        "src/.gitattributes",
-        "dir with space",
-        "dir with space/f \"q\".txt",
-        "\u{fc}",
-        "\u{fc}/na\u{ef}ve.txt",
-    ]
-    .into_iter()
-    .map(str::to_owned)
-    .collect();
-    assert_eq!(listing(&scratch), expected);
-    // Modes and link targets as a full unpack gives them.
-    assert_eq!(
-        std::fs::read_link(scratch.join("link")).unwrap(),
-        Path::new("target.txt")
-    );
-    let mode = std::fs::metadata(scratch.join("script.sh"))
-        .unwrap()
-        .permissions()
-        .mode();
-    assert_eq!(mode & 0o777, 0o644);
+    tar_index::write_for(&baseline).unwrap();
+    let index = TarIndex::load(&baseline).unwrap();
+    for (how, source) in [("scan", Source::Scan), ("index", Source::Indexed(&index))] {
+        let scratch = dir.path().join(format!("scratch-{how}"));
+        std::fs::create_dir_all(&scratch).unwrap();
+        touched::extract(&baseline, &source, &Touched::of(&files), &scratch).unwrap();
+        let expected: BTreeSet<String> = [
+            ".gitattributes",
+            "a.txt",
+            "gone.txt",
+            "script.sh",
+            "link",
+            "bin.bin",
+            "src",
+            "src/lib.rs",
+            "src/.gitattributes",
+            "dir with space",
+            "dir with space/f \"q\".txt",
+            "\u{fc}",
+            "\u{fc}/na\u{ef}ve.txt",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        assert_eq!(listing(&scratch), expected, "{how}");
+        // Modes and link targets as a full unpack gives them.
+        assert_eq!(
+            std::fs::read_link(scratch.join("link")).unwrap(),
+            Path::new("target.txt")
+        );
+        let mode = std::fs::metadata(scratch.join("script.sh"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o644, "{how}");
+    }
+}
+
+/// The fixture patch and a stale one, against the fixture baseline with its index missing,
+/// damaged, made for another tar, or sound in form but leading to the wrong entries: each
+/// time the verdict a full unpack gives.
+#[test]
+fn a_missing_damaged_or_wrong_index_gives_the_full_unpack_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let (baseline, patch) = fixture(dir.path());
+    let good_patch = dir.path().join("good.diff");
+    std::fs::write(&good_patch, &patch).unwrap();
+    let stale_patch = dir.path().join("stale.diff");
+    std::fs::write(
+        &stale_patch,
+        b"diff --git a/a.txt b/a.txt\nindex 1111111..2222222 100644\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-not one\n+uno\n",
+    )
+    .unwrap();
+    let index_path = tar_index::index_path(&baseline);
+    tar_index::write_for(&baseline).unwrap();
+    let sound = std::fs::read(&index_path).unwrap();
+    let mut flipped = sound.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 1;
+    // Each name at the next name's offset: a well-formed index that leads astray.
+    let index = TarIndex::load(&baseline).unwrap();
+    let entries: Vec<(String, u64)> = index.beneath("").map(|(n, o)| (n.to_owned(), o)).collect();
+    let shifted: Vec<(String, u64)> = entries
+        .iter()
+        .zip(entries.iter().cycle().skip(1))
+        .map(|((name, _), (_, offset))| (name.clone(), *offset))
+        .collect();
+    let cases: Vec<(&str, Option<Vec<u8>>)> = vec![
+        ("missing", None),
+        ("cut short", Some(sound[..sound.len() - 9].to_vec())),
+        ("a flipped bit", Some(flipped)),
+    ];
+    let check = |what: &str| {
+        for patch in [&good_patch, &stale_patch] {
+            let full = verify_by_full_unpack(&baseline, patch, &dir.path().join("full"));
+            let verdict = verify(&baseline, patch, &dir.path().join("scratch"));
+            assert_eq!(verdict, full, "{what}, {}", patch.display());
+        }
+    };
+    for (what, bytes) in cases {
+        match bytes {
+            None => std::fs::remove_file(&index_path).unwrap(),
+            Some(bytes) => std::fs::write(&index_path, bytes).unwrap(),
+        }
+        check(what);
+    }
+    tar_index::write_entries(&baseline, shifted).unwrap();
+    TarIndex::load(&baseline).expect("the shifted index is well-formed");
+    check("entries at the wrong offsets");
+    // Made for another tar.
+    std::fs::write(&index_path, &sound).unwrap();
+    let mut longer = std::fs::read(&baseline).unwrap();
+    longer.extend_from_slice(&[0; 512]);
+    std::fs::write(&baseline, longer).unwrap();
+    check("stale");
 }
 
 #[test]

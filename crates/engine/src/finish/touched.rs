@@ -21,9 +21,11 @@
 //! same lossy form: at worst a few extra entries are extracted, never one too few.
 
 use std::collections::HashSet;
+use std::io::{Seek, SeekFrom};
 use std::path::Path;
 
 use crate::patch::FilePatch;
+use crate::tar_index::{entry_name, TarIndex};
 
 /// The attributes file git reads in each directory.
 const ATTRIBUTES: &str = ".gitattributes";
@@ -78,6 +80,29 @@ impl Touched {
             .any(|(slash, _)| self.named.contains(&path[..slash]))
     }
 
+    /// The entries of `index` that [`wants`](Self::wants) would pick out of a pass over the
+    /// whole tar (possibly some twice), found by lookups: O(patch), not O(tar).
+    fn lookup<'a>(&'a self, index: &'a TarIndex) -> impl Iterator<Item = (&'a str, u64)> + 'a {
+        let exact = self
+            .named
+            .iter()
+            .chain(&self.leading)
+            .filter_map(|name| index.find(name));
+        let attributes = self.leading.iter().filter_map(|dir| {
+            if dir.is_empty() {
+                index.find(ATTRIBUTES)
+            } else {
+                index.find(&format!("{dir}/{ATTRIBUTES}"))
+            }
+        });
+        let beneath = self
+            .named
+            .iter()
+            .filter(|name| !name.is_empty())
+            .flat_map(|name| index.beneath(name));
+        exact.chain(attributes).chain(beneath)
+    }
+
     /// The named paths beneath the symlink `link` (pointing to `target`), spelled through
     /// its target instead; none when the target leaves the tree.
     fn through(&self, link: &str, target: &str) -> Vec<String> {
@@ -119,16 +144,45 @@ fn resolve(dir: &str, target: &str) -> Option<String> {
     Some(parts.join("/"))
 }
 
+/// Where the entries come from: the tar's offset index, or a pass over every header.
+pub(super) enum Source<'a> {
+    Indexed(&'a TarIndex),
+    Scan,
+}
+
+/// Why an extraction failed.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// The index led somewhere else than it said: read the tar without it.
+    IndexWrong(String),
+    /// The baseline itself cannot be read or unpacked: the verdict, in words for the user.
+    Baseline(String),
+}
+
 /// Extracts into `dest` the entries of `baseline_tar` that `touched` wants, with the same
 /// settings (and so the same modes, links and refusals) as unpacking all of it. Returns how
 /// many entries were extracted.
-pub(super) fn extract(baseline_tar: &Path, touched: &Touched, dest: &Path) -> Result<u64, String> {
+pub(super) fn extract(
+    baseline_tar: &Path,
+    source: &Source<'_>,
+    touched: &Touched,
+    dest: &Path,
+) -> Result<u64, Failure> {
     // As `Archive::unpack` does: an absolute destination.
     let dest = dest
         .canonicalize()
-        .map_err(|err| format!("unpacking the baseline copy: {err}"))?;
+        .map_err(|err| Failure::Baseline(format!("unpacking the baseline copy: {err}")))?;
+    let tar = std::fs::File::open(baseline_tar).map_err(|err| {
+        Failure::Baseline(format!(
+            "the host's baseline copy is missing ({err}); the patch cannot be checked"
+        ))
+    })?;
     let mut extracted = HashSet::new();
-    let mut links = pass(baseline_tar, touched, &dest, &mut extracted)?;
+    let pass = |touched: &Touched, extracted: &mut HashSet<String>| match source {
+        Source::Indexed(index) => pass_indexed(&tar, index, touched, &dest, extracted),
+        Source::Scan => pass_scan(&tar, touched, &dest, extracted).map_err(Failure::Baseline),
+    };
+    let mut links = pass(touched, &mut extracted)?;
     let mut beyond_links: Touched;
     let mut current = touched;
     for _ in 0..MAX_LINK_HOPS {
@@ -142,41 +196,44 @@ pub(super) fn extract(baseline_tar: &Path, touched: &Touched, dest: &Path) -> Re
         }
         beyond_links = Touched::from_names(beyond);
         current = &beyond_links;
-        links = pass(baseline_tar, current, &dest, &mut extracted)?;
+        links = pass(current, &mut extracted)?;
     }
     Ok(u64::try_from(extracted.len()).unwrap_or(u64::MAX))
+}
+
+fn unpacking(err: std::io::Error) -> String {
+    format!("unpacking the baseline copy: {err}")
+}
+
+/// A tar reader over the whole file from its current position, set as `Archive::unpack`
+/// would be.
+fn archive(tar: &std::fs::File) -> tar::Archive<&std::fs::File> {
+    // Unbuffered: each header is one 512-byte read; a buffer would fill itself with contents
+    // only to throw them away (2x slower on 20k entries).
+    let mut archive = tar::Archive::new(tar);
+    archive.set_preserve_permissions(true);
+    archive.set_overwrite(false);
+    archive
 }
 
 /// One pass over the tar: extracts what `touched` wants and `extracted` does not hold yet
 /// (adding it there); returns the symlinks among `touched`'s leading directories, with their
 /// targets.
-fn pass(
-    baseline_tar: &Path,
+fn pass_scan(
+    tar: &std::fs::File,
     touched: &Touched,
     dest: &Path,
     extracted: &mut HashSet<String>,
 ) -> Result<Vec<(String, String)>, String> {
-    let tar = std::fs::File::open(baseline_tar).map_err(|err| {
-        format!("the host's baseline copy is missing ({err}); the patch cannot be checked")
-    })?;
-    let unpacking = |err: std::io::Error| format!("unpacking the baseline copy: {err}");
-    // Unbuffered: each header is one 512-byte read and then a seek past the contents; a
-    // buffer would fill itself with contents only to throw them away (2x slower on 20k
-    // entries).
-    let mut archive = tar::Archive::new(tar);
-    archive.set_preserve_permissions(true);
-    archive.set_overwrite(false);
+    (&*tar).rewind().map_err(unpacking)?;
+    let mut archive = archive(tar);
     // Directories last, deepest first (as `Archive::unpack` does), so that a directory's mode
     // cannot stop its own entries from being written.
     let mut directories = Vec::new();
     let mut links = Vec::new();
     for entry in archive.entries_with_seek().map_err(unpacking)? {
         let mut entry = entry.map_err(unpacking)?;
-        let path = {
-            let bytes = entry.path_bytes();
-            let bytes = bytes.strip_suffix(b"/").unwrap_or(&bytes);
-            String::from_utf8_lossy(bytes).into_owned()
-        };
+        let path = entry_name(&entry.path_bytes());
         if !touched.wants(&path) || !extracted.insert(path.clone()) {
             continue;
         }
@@ -197,6 +254,82 @@ fn pass(
         dir.unpack_in(dest).map_err(unpacking)?;
     }
     Ok(links)
+}
+
+/// [`pass_scan`] through the index: only the wanted entries' headers are read, in tar order.
+fn pass_indexed(
+    tar: &std::fs::File,
+    index: &TarIndex,
+    touched: &Touched,
+    dest: &Path,
+    extracted: &mut HashSet<String>,
+) -> Result<Vec<(String, String)>, Failure> {
+    let mut wanted: Vec<(u64, &str)> = touched
+        .lookup(index)
+        .filter(|(name, _)| !extracted.contains(*name))
+        .map(|(name, offset)| (offset, name))
+        .collect();
+    // In tar order, as a pass over the tar meets them (and each once).
+    wanted.sort_unstable();
+    wanted.dedup();
+    let mut directories = Vec::new();
+    let mut links = Vec::new();
+    for &(offset, name) in &wanted {
+        if !extracted.insert(name.to_owned()) {
+            continue;
+        }
+        let kind = with_entry_at(tar, offset, name, |entry| {
+            let kind = entry.header().entry_type();
+            if kind == tar::EntryType::Directory {
+                return Ok(kind);
+            }
+            if kind.is_symlink() && touched.leading.contains(name) {
+                if let Some(target) = entry.link_name_bytes() {
+                    links.push((
+                        name.to_owned(),
+                        String::from_utf8_lossy(&target).into_owned(),
+                    ));
+                }
+            }
+            entry.unpack_in(dest).map_err(unpacking)?;
+            Ok(kind)
+        })?;
+        if kind == tar::EntryType::Directory {
+            directories.push((name, offset));
+        }
+    }
+    directories.sort_unstable_by(|a, b| b.0.cmp(a.0));
+    for (name, offset) in directories {
+        with_entry_at(tar, offset, name, |entry| {
+            entry.unpack_in(dest).map_err(unpacking).map(|_| ())
+        })?;
+    }
+    Ok(links)
+}
+
+/// Runs `f` on the entry whose first header is at `offset`, checking that it is `name`.
+fn with_entry_at<T>(
+    tar: &std::fs::File,
+    offset: u64,
+    name: &str,
+    f: impl FnOnce(&mut tar::Entry<'_, &std::fs::File>) -> Result<T, String>,
+) -> Result<T, Failure> {
+    let wrong = |why: String| Failure::IndexWrong(format!("entry {name:?} at {offset}: {why}"));
+    (&*tar)
+        .seek(SeekFrom::Start(offset))
+        .map_err(|err| wrong(err.to_string()))?;
+    let mut archive = archive(tar);
+    let mut entries = archive.entries().map_err(|err| wrong(err.to_string()))?;
+    let mut entry = match entries.next() {
+        Some(Ok(entry)) => entry,
+        Some(Err(err)) => return Err(wrong(err.to_string())),
+        None => return Err(wrong("no entry there".to_owned())),
+    };
+    let found = entry_name(&entry.path_bytes());
+    if found != name {
+        return Err(wrong(format!("the entry there is {found:?}")));
+    }
+    f(&mut entry).map_err(Failure::Baseline)
 }
 
 #[cfg(test)]

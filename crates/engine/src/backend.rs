@@ -55,13 +55,27 @@ pub trait Guest: Send {
     fn kill(&mut self) -> Result<()>;
     /// Stops the guest and releases everything it held, its writable layer included.
     fn destroy(self: Box<Self>) -> Result<()>;
-    /// The file counting the guest's OOM kills (`oom_kill N`), where the backend has one.
-    fn memory_events(&self) -> Option<PathBuf>;
+    /// Where the count of the guest's OOM kills is kept.
+    fn oom_counter(&self) -> OomCounter;
     /// Raises the guest's memory limit to `bytes` (never lowers it), for saving its work.
     fn raise_memory_limit(&self, bytes: u64) -> Result<()>;
     /// Stops the guest and releases its processes and resources, but keeps its writable layer
     /// (the agent's files) for a later guest to boot over ([`BootSpec::reuse_layer`]).
     fn stop_keeping_layer(self: Box<Self>) -> Result<()>;
+}
+
+/// Where a guest's OOM kills are counted, so a command can be told that the memory limit
+/// killed part of it (a shell reports that only as exit status 137).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OomCounter {
+    /// A host file with an `oom_kill N` line: the guest's memory cgroup (`memory.events`,
+    /// `memory.oom_control`).
+    HostFile(PathBuf),
+    /// The guest runs its own kernel, out of the host's sight: the agent reads the count
+    /// there ([`dynocap_proto::Request::OomKills`]).
+    GuestKernel,
+    /// Nowhere.
+    None,
 }
 
 pub trait Backend {
@@ -273,13 +287,17 @@ impl Guest for JailGuest {
             .map_err(|err| Error::internal(format!("destroying the jail: {err}")))?;
         network
     }
-    fn memory_events(&self) -> Option<PathBuf> {
-        self.jail.cgroup_paths().into_iter().find_map(|dir| {
-            ["memory.events", "memory.oom_control"]
-                .iter()
-                .map(|file| dir.join(file))
-                .find(|path| path.is_file())
-        })
+    fn oom_counter(&self) -> OomCounter {
+        self.jail
+            .cgroup_paths()
+            .into_iter()
+            .find_map(|dir| {
+                ["memory.events", "memory.oom_control"]
+                    .iter()
+                    .map(|file| dir.join(file))
+                    .find(|path| path.is_file())
+            })
+            .map_or(OomCounter::None, OomCounter::HostFile)
     }
     fn raise_memory_limit(&self, bytes: u64) -> Result<()> {
         self.jail

@@ -25,6 +25,7 @@ pub mod host_children;
 pub mod idpool;
 pub mod image;
 pub mod import;
+mod oom;
 pub mod patch;
 pub mod pool;
 pub mod records;

@@ -88,11 +88,20 @@ pub trait Backend {
     fn cleanup_keeping_layer(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
 }
 
-/// Selects the backend: `DYNOCAP_BACKEND` if set, else the best one this machine supports.
-/// `auto` stays `jail` until a KVM probe and a built VM image can decide for `vm`.
+/// Selects the backend: `DYNOCAP_BACKEND` if set, else (`auto`) the best one this machine
+/// supports for the default image ([`crate::backend_auto`]).
 pub fn select() -> Result<Box<dyn Backend>> {
     match std::env::var("DYNOCAP_BACKEND").ok().as_deref() {
-        None | Some("") | Some("auto") | Some("jail") => Ok(Box::new(JailBackend)),
+        None | Some("") | Some("auto") => {
+            // Without a home there is no built image, so nothing a VM could boot.
+            let auto = crate::home::Home::from_env()
+                .map(|home| crate::backend_auto::choose(&home).backend);
+            match auto {
+                Ok("vm") => Ok(Box::new(crate::vm_backend::VmBackend)),
+                _ => Ok(Box::new(JailBackend)),
+            }
+        }
+        Some("jail") => Ok(Box::new(JailBackend)),
         Some("vm") => Ok(Box::new(crate::vm_backend::VmBackend)),
         Some(other) => Err(Error::invalid(format!(
             "DYNOCAP_BACKEND={other} is not a backend; use jail, vm or auto"

@@ -5,6 +5,7 @@
 pub mod agent_conn;
 pub mod apply;
 pub mod backend;
+pub mod backend_auto;
 pub mod catalog;
 mod catalog_file;
 mod catalog_lock;

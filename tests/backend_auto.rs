@@ -68,7 +68,7 @@ fn auto_probes_kvm_once_records_the_answer_and_doctor_says_why() {
     // The default image is `host`: the jail, with no probe.
     let detail = backend_detail(&home);
     assert!(
-        detail.starts_with("auto picks jail: the default image \"host\""),
+        detail.starts_with("auto picks jail: the image \"host\""),
         "{detail}"
     );
     assert!(records(&home).is_empty(), "nothing was probed for host");
@@ -112,6 +112,11 @@ fn auto_probes_kvm_once_records_the_answer_and_doctor_says_why() {
         ),
         "{detail}"
     );
+    // Even where KVM boots, a sandbox of the `host` image is a jail: `auto` decides by the
+    // sandbox's image, and its supervisor boots what the record names.
+    let host = home.sandbox("hosty", &["--image", "host", "--network", "none"]);
+    assert_eq!(host["backend"], "jail", "{host:#}");
+    assert_eq!(home.sh("hosty", "echo up"), "up\n");
     std::fs::write(&recorded[0], "fails").expect("write");
     let detail = backend_detail(&home);
     assert!(

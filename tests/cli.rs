@@ -357,7 +357,7 @@ fn doctor_tells_a_static_agent_from_a_glibc_one_and_leaves_qemu_out() {
     assert!(
         backend["detail"]
             .as_str()
-            .is_some_and(|d| d.starts_with("auto picks jail: the default image \"host\"")),
+            .is_some_and(|d| d.starts_with("auto picks jail: the image \"host\"")),
         "{backend}"
     );
 

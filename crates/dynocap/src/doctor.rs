@@ -210,7 +210,8 @@ fn backend_check() -> Check {
     }
     match dynocap_engine::Home::from_env() {
         Ok(home) => {
-            let auto = dynocap_engine::backend_auto::choose(&home);
+            let auto =
+                dynocap_engine::backend_auto::choose(&home, &dynocap_engine::image::default_name());
             Check::new(
                 "backend",
                 false,

@@ -88,23 +88,40 @@ pub trait Backend {
     fn cleanup_keeping_layer(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
 }
 
-/// Selects the backend: `DYNOCAP_BACKEND` if set, else (`auto`) the best one this machine
-/// supports for the default image ([`crate::backend_auto`]).
+/// Selects the backend for the default image: `DYNOCAP_BACKEND` if set, else (`auto`) the
+/// best one this machine supports for it ([`crate::backend_auto`]).
 pub fn select() -> Result<Box<dyn Backend>> {
+    select_for(&crate::image::default_name())
+}
+
+/// Selects the backend for a new sandbox of the image named `image`.
+pub fn select_for(image: &str) -> Result<Box<dyn Backend>> {
     match std::env::var("DYNOCAP_BACKEND").ok().as_deref() {
         None | Some("") | Some("auto") => {
             // Without a home there is no built image, so nothing a VM could boot.
             let auto = crate::home::Home::from_env()
-                .map(|home| crate::backend_auto::choose(&home).backend);
+                .map(|home| crate::backend_auto::choose(&home, image).backend);
             match auto {
                 Ok("vm") => Ok(Box::new(crate::vm_backend::VmBackend)),
                 _ => Ok(Box::new(JailBackend)),
             }
         }
-        Some("jail") => Ok(Box::new(JailBackend)),
-        Some("vm") => Ok(Box::new(crate::vm_backend::VmBackend)),
-        Some(other) => Err(Error::invalid(format!(
-            "DYNOCAP_BACKEND={other} is not a backend; use jail, vm or auto"
+        Some(name) => by_name(name).map_err(|_| {
+            Error::invalid(format!(
+                "DYNOCAP_BACKEND={name} is not a backend; use jail, vm or auto"
+            ))
+        }),
+    }
+}
+
+/// The backend a sandbox's record names: its guest is booted and cleaned up by the backend
+/// it was created on, whatever `DYNOCAP_BACKEND` says now.
+pub fn by_name(name: &str) -> Result<Box<dyn Backend>> {
+    match name {
+        "jail" => Ok(Box::new(JailBackend)),
+        "vm" => Ok(Box::new(crate::vm_backend::VmBackend)),
+        other => Err(Error::internal(format!(
+            "the record names the backend \"{other}\", which this build does not have"
         ))),
     }
 }

@@ -1,5 +1,6 @@
 //! `DYNOCAP_BACKEND=auto` (and unset): `vm` where a VM can serve quickly, else `jail`. A VM
-//! needs the default image to be a built image with a kernel (the `host` image is the host's
+//! needs the sandbox's image (the default one unless the start names another) to be a built
+//! image with a kernel (the `host` image is the host's
 //! own directories, which only the jail can use) and KVM to boot that kernel here, as the
 //! probe recorded once for this kernel, QEMU and host kernel ([`dynocap_backend_vm::accel`]).
 //! Emulation (TCG) is never chosen on its own: it is a hundred times slower than the jail.
@@ -23,28 +24,25 @@ impl AutoChoice {
     }
 }
 
-/// Decides for `home`. The first call on a machine whose KVM hangs takes up to
+/// Decides for a sandbox of the image `name` in `home`. The first call on a machine whose KVM hangs takes up to
 /// [`dynocap_backend_vm::probe::TIMEOUT`]; later ones read the recorded answer.
-pub fn choose(home: &Home) -> AutoChoice {
-    let name = image::default_name();
+pub fn choose(home: &Home, name: &str) -> AutoChoice {
     if name == image::DEFAULT_IMAGE {
         return AutoChoice::jail(format!(
-            "the default image \"{name}\" is made of the host's own directories, which only the \
+            "the image \"{name}\" is made of the host's own directories, which only the \
              jail can use; for VMs build an image with a kernel (`dynocap image build debian`) \
              and make it the default (DYNOCAP_IMAGE=debian)"
         ));
     }
-    let opened = image::resolve(home, &name).and_then(|found| image::open(home, &found));
+    let opened = image::resolve(home, name).and_then(|found| image::open(home, &found));
     let built = match opened {
         Ok(built) => built,
-        Err(err) => return AutoChoice::jail(format!("the default image: {}", err.message)),
+        Err(err) => return AutoChoice::jail(format!("the image \"{name}\": {}", err.message)),
     };
     let kernel = match dynocap_backend_vm::kernel::find(&built.root) {
         Ok(kernel) => kernel,
         Err(err) => {
-            return AutoChoice::jail(format!(
-                "the default image \"{name}\" cannot boot as a VM: {err}"
-            ))
+            return AutoChoice::jail(format!("the image \"{name}\" cannot boot as a VM: {err}"))
         }
     };
     if let Err(err) = dynocap_backend_vm::accel::qemu_path() {

@@ -199,7 +199,7 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
     if let Some(me) = ProcessId::of(i32::try_from(std::process::id()).unwrap_or(i32::MAX)) {
         catalog.set_supervisor(id, me)?;
     }
-    let backend = backend::select()?;
+    let backend = backend::by_name(&record.backend)?;
     let image = image::open(home, &record.image)?;
     let state_dir = home.sandbox_dir(id);
     std::fs::create_dir_all(&state_dir)

@@ -24,8 +24,9 @@ impl AutoChoice {
     }
 }
 
-/// Decides for a sandbox of the image `name` in `home`. The first call on a machine whose KVM hangs takes up to
-/// [`dynocap_backend_vm::probe::TIMEOUT`]; later ones read the recorded answer.
+/// Decides for a sandbox of the image `name` in `home`. The first call on a machine whose
+/// KVM hangs takes up to [`dynocap_backend_vm::probe::TIMEOUT`]; later ones read the
+/// recorded answer.
 pub fn choose(home: &Home, name: &str) -> AutoChoice {
     if name == image::DEFAULT_IMAGE {
         return AutoChoice::jail(format!(

@@ -346,13 +346,20 @@ fn doctor_tells_a_static_agent_from_a_glibc_one_and_leaves_qemu_out() {
         hint.contains("cargo build --release --target x86_64-unknown-linux-musl -p dynocap-agent"),
         "{hint}"
     );
-    let vm = report["checks"]
+    // The backend row says what `auto` picks: with the `host` image, the jail, no KVM asked.
+    let backend = report["checks"]
         .as_array()
         .expect("checks")
         .iter()
-        .find(|c| c["name"] == "vm backend")
-        .unwrap_or_else(|| panic!("no vm backend row: {report:#}"));
-    assert_eq!(vm["status"], "notBuilt", "{vm}");
+        .find(|c| c["name"] == "backend")
+        .unwrap_or_else(|| panic!("no backend row: {report:#}"));
+    assert_eq!(backend["status"], "ok", "{backend}");
+    assert!(
+        backend["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("auto picks jail: the image \"host\"")),
+        "{backend}"
+    );
 
     // Neither the JSON nor the table recommends QEMU or KVM.
     let table = home
@@ -363,7 +370,7 @@ fn doctor_tells_a_static_agent_from_a_glibc_one_and_leaves_qemu_out() {
         .expect("spawn dynocap doctor");
     let table = text(&table.stdout);
     assert!(
-        table.contains("vm backend") && table.contains("not in this build"),
+        table.contains("backend") && table.contains("auto picks jail"),
         "{table}"
     );
     for text in [table.as_str(), &report.to_string()] {

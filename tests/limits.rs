@@ -9,21 +9,45 @@ use dynocap_e2e::*;
 
 #[test]
 fn memory_limit_oom_kills_and_sandbox_survives() {
-    if !require_root("memory_limit_oom_kills_and_sandbox_survives") {
+    memory_limit_oom_kills_and_sandbox_survives_on(Backend::Jail);
+}
+
+#[test]
+fn memory_limit_oom_kills_and_sandbox_survives_in_a_vm() {
+    memory_limit_oom_kills_and_sandbox_survives_on(Backend::Vm);
+}
+
+fn memory_limit_oom_kills_and_sandbox_survives_on(backend: Backend) {
+    let Some(home) = TestHome::on(backend, "memory_limit_oom_kills_and_sandbox_survives") else {
         return;
-    }
-    let home = TestHome::new();
-    home.sandbox("mem", &["--memory-mb", "256"]);
+    };
+    let info = home.sandbox("mem", &["--memory-mb", "256"]);
+    assert_eq!(info["backend"], backend.name(), "{info:#}");
+    // Growing 16 MiB at a time: a guest kernel of its own refuses one allocation larger than
+    // its RAM outright (overcommit heuristics), so only growth reaches the OOM killer there.
     let hog = home.exec(
         "mem",
         &["--timeout", "120"],
-        "exec perl -e '$x = \"a\" x (2048 * 1024 * 1024); print length($x)'",
+        "exec perl -e 'my @a; while (1) { push @a, \"a\" x (16 * 1024 * 1024) }'",
     );
     assert_eq!(
         hog["signal"], "SIGKILL",
-        "the 2 GiB allocation was OOM-killed: {hog}"
+        "the ever-growing allocation was OOM-killed: {hog}"
+    );
+    assert_eq!(hog["oomKilled"], true, "the OOM kill is reported: {hog}");
+    assert!(
+        hog["stderr"]
+            .as_str()
+            .expect("stderr")
+            .contains("memory limit (256 MB)"),
+        "{hog}"
     );
     assert_eq!(home.sh("mem", "echo alive"), "alive\n");
+    let calm = home.exec("mem", &[], "true");
+    assert_eq!(
+        calm["oomKilled"], false,
+        "only the command that hit the limit: {calm}"
+    );
 }
 
 #[test]
@@ -250,6 +274,55 @@ fn a_full_disk_is_enospc_in_the_guest_for_bytes_and_inodes_and_frees_with_rm() {
         "the state dir and its image are gone"
     );
     assert_nothing_left(&home, "after destroy");
+}
+
+/// The same limit in a VM: the disk is the guest's qcow2 layer, whose virtual size is the
+/// limit and whose root filesystem was grown to it, so the image's own files take part of it.
+#[test]
+fn a_full_disk_is_enospc_in_a_vm_guest_and_frees_with_rm() {
+    let Some(home) = TestHome::on(Backend::Vm, "a_full_disk_is_enospc_in_a_vm_guest") else {
+        return;
+    };
+    let info = home.sandbox("small", &["--disk-mb", "1024"]);
+    assert_eq!(info["diskMB"], 1024, "{info:#}");
+    assert_eq!(info["backend"], "vm", "{info:#}");
+    let size_kib: u64 = home
+        .sh("small", "df -k / | tail -1 | awk '{print $2}'")
+        .trim()
+        .parse()
+        .expect("df size");
+    assert!(
+        (900_000..1_048_576).contains(&size_kib),
+        "the guest's root is {size_kib} KiB on a 1024 MB disk"
+    );
+    // Bytes: 1.2 GB do not fit on a 1 GiB disk.
+    let fill = home.exec(
+        "small",
+        &["--timeout", "600"],
+        "head -c 1200000000 /dev/zero > ~/big",
+    );
+    assert_ne!(fill["exitCode"], 0, "{fill:#}");
+    assert!(
+        fill["stderr"]
+            .as_str()
+            .expect("stderr")
+            .contains("No space left on device"),
+        "{fill:#}"
+    );
+    let written: u64 = home
+        .sh("small", "stat -c %s ~/big")
+        .trim()
+        .parse()
+        .expect("size");
+    assert!(written < 1 << 30, "wrote {written} bytes to a 1 GiB disk");
+    // rm frees the space for the guest.
+    assert_eq!(
+        home.sh(
+            "small",
+            "rm ~/big && head -c 50000000 /dev/zero > ~/again && echo ok"
+        ),
+        "ok\n"
+    );
 }
 
 #[test]

@@ -253,10 +253,21 @@ fn plain_trees_worktrees_and_submodules_import() {
 
 #[test]
 fn exec_diff_finish_gives_a_verified_patch_that_applies_at_home() {
-    if !require_root("exec_diff_finish_gives_a_verified_patch_that_applies_at_home") {
+    exec_diff_finish_gives_a_verified_patch_that_applies_at_home_on(Backend::Jail);
+}
+
+#[test]
+fn exec_diff_finish_gives_a_verified_patch_that_applies_at_home_in_a_vm() {
+    exec_diff_finish_gives_a_verified_patch_that_applies_at_home_on(Backend::Vm);
+}
+
+fn exec_diff_finish_gives_a_verified_patch_that_applies_at_home_on(backend: Backend) {
+    let Some(home) = TestHome::on(
+        backend,
+        "exec_diff_finish_gives_a_verified_patch_that_applies_at_home",
+    ) else {
         return;
-    }
-    let home = TestHome::new();
+    };
     let project = tempfile::tempdir().unwrap();
     sample_project(project.path());
     // The user's project at the imported state, for applying the patch later.
@@ -264,6 +275,7 @@ fn exec_diff_finish_gives_a_verified_patch_that_applies_at_home() {
     copy_tree(project.path(), imported_state.path());
     let task = start(&home, project.path(), &["--name", "work"]);
     let id = task["id"].as_str().unwrap().to_owned();
+    assert_eq!(task["backend"], backend.name(), "{task:#}");
     // The host's baseline copy has its offset index beside it, for finish's verification.
     let baseline = home.path().join("sandboxes").join(&id).join("baseline.tar");
     let index = dynocap_engine::tar_index::TarIndex::load(&baseline)

@@ -1,6 +1,7 @@
 //! Shared helpers for the end-to-end tests: locate the built binaries, give every test its
 //! own `DYNOCAP_HOME`, run `dynocap` as a user would, and clean up sandboxes afterwards.
 
+pub mod backend;
 pub mod bench;
 pub mod images;
 pub mod netfix;
@@ -10,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
+
+pub use backend::Backend;
 
 /// `target/<profile>/` — where cargo put `dynocap` and `dynocap-agent` for this test run.
 pub fn bin_dir() -> PathBuf {

@@ -257,6 +257,24 @@ async fn hello_then_ping() {
 }
 
 #[tokio::test]
+async fn oom_kills_are_the_kernels_count() {
+    let host = Host::start(Config::default()).await;
+    // The agent's kernel here is the host's, whose count other tests' OOM kills may raise
+    // at any time: the answer lies between a reading before and one after.
+    let before = crate::vmstat::oom_kills().expect("this kernel counts OOM kills");
+    let outcome = host.open(&Request::OomKills).await.1.collect().await;
+    let after = crate::vmstat::oom_kills().expect("this kernel counts OOM kills");
+    let Some(Response::OomKills { count: Some(count) }) = outcome.done else {
+        panic!("not a count: {:?}", outcome.done);
+    };
+    assert!(
+        (before..=after).contains(&count),
+        "{before} <= {count} <= {after}"
+    );
+    assert!(matches!(host.close().await, Ended::Eof));
+}
+
+#[tokio::test]
 async fn exit_codes_and_signals() {
     let host = Host::start(Config::default()).await;
     let ok = host.exec(req("true")).await;

@@ -27,7 +27,7 @@ use crate::egress::{Egress, EgressEnv};
 use crate::exec::{self, Stop};
 use crate::input::{self, Input, InputReader};
 use crate::spawn::ExecUser;
-use crate::{clone, repo, statedir, unpack};
+use crate::{clone, repo, statedir, unpack, vmstat};
 
 /// Frames waiting for the writer. Small on purpose: when the host reads slowly, producers wait
 /// (and commands block on their pipes) instead of the agent buffering output.
@@ -404,6 +404,12 @@ impl Server {
                 self.spawn_stream(id, async move {
                     clone::clone(req, &config, id, &outbox, &mut stop_rx).await
                 });
+            }
+            Request::OomKills => {
+                let count = vmstat::oom_kills();
+                self.outbox
+                    .send_done(id, &Response::OomKills { count })
+                    .await
             }
         }
     }

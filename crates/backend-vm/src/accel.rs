@@ -1,7 +1,8 @@
 //! Choosing between KVM and TCG. `DYNOCAP_VM_ACCEL=kvm|tcg` decides; without it KVM is used
-//! only where a recorded probe says KVM boots this kernel with this QEMU (on some machines
-//! `/dev/kvm` exists but stock kernels hang or fault on it), and otherwise the backend refuses
-//! rather than silently running a hundred times slower under TCG.
+//! only where the probe ([`crate::probe`]) found that KVM boots this kernel with this QEMU (on
+//! some machines `/dev/kvm` exists but stock kernels hang or fault on it), and otherwise the
+//! backend refuses rather than silently running a hundred times slower under TCG. The probe
+//! runs once per guest kernel, QEMU and host kernel; its answer is recorded in the cache.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -21,16 +22,17 @@ const FAILS: &str = "fails";
 pub fn choose(cache_dir: &Path, kernel: &Path) -> Result<Accel> {
     match std::env::var(ENV).ok().as_deref() {
         Some("tcg") => Ok(Accel::Tcg),
-        Some("kvm") => kvm_present().map(|()| Accel::Kvm),
-        None | Some("") | Some("auto") => match recorded(cache_dir, kernel)? {
-            Some(true) => kvm_present().map(|()| Accel::Kvm),
-            Some(false) => Err(VmError::Unavailable(format!(
+        Some("kvm") => kvm_device().map(|()| Accel::Kvm).map_err(|why| {
+            VmError::Unavailable(format!("{why}; set {ENV}=tcg to use software emulation"))
+        }),
+        None | Some("") | Some("auto") => match kvm_verdict(cache_dir, kernel)? {
+            Kvm::Boots { .. } => Ok(Accel::Kvm),
+            Kvm::Fails { .. } => Err(VmError::Unavailable(format!(
                 "KVM does not boot this guest kernel on this machine (a probe found so); set \
                  {ENV}=tcg to use software emulation (slow) or use the jail backend"
             ))),
-            None => Err(VmError::Unavailable(format!(
-                "nobody has checked that KVM boots a guest on this machine; set {ENV}=tcg to use \
-                 software emulation (slow), or {ENV}=kvm to use KVM unchecked"
+            Kvm::Absent(why) => Err(VmError::Unavailable(format!(
+                "{why}; set {ENV}=tcg to use software emulation (slow) or use the jail backend"
             ))),
         },
         Some(other) => Err(VmError::Unavailable(format!(
@@ -39,17 +41,52 @@ pub fn choose(cache_dir: &Path, kernel: &Path) -> Result<Accel> {
     }
 }
 
-fn kvm_present() -> Result<()> {
+/// Whether KVM boots a kernel here, and how that is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kvm {
+    /// The probe booted it; `cached`: the answer was recorded before this call.
+    Boots { cached: bool },
+    /// The probe saw it hang or fail.
+    Fails { cached: bool },
+    /// No usable `/dev/kvm` (the reason); nothing was probed.
+    Absent(String),
+}
+
+/// Whether KVM boots `kernel` here: the recorded answer, else the probe's (then recorded).
+/// Takes up to [`crate::probe::TIMEOUT`] the first time on a machine where KVM hangs.
+pub fn kvm_verdict(cache_dir: &Path, kernel: &Path) -> Result<Kvm> {
+    if let Err(why) = kvm_device() {
+        return Ok(Kvm::Absent(why));
+    }
+    if let Some(boots) = recorded(cache_dir, kernel)? {
+        return Ok(if boots {
+            Kvm::Boots { cached: true }
+        } else {
+            Kvm::Fails { cached: true }
+        });
+    }
+    let boots = crate::probe::kvm_boots(kernel, crate::probe::TIMEOUT)?;
+    record(cache_dir, kernel, boots)?;
+    Ok(if boots {
+        Kvm::Boots { cached: false }
+    } else {
+        Kvm::Fails { cached: false }
+    })
+}
+
+/// Where the answer for `kernel` is (or would be) recorded.
+pub fn record_path(cache_dir: &Path, kernel: &Path) -> Result<PathBuf> {
+    probe_path(cache_dir, kernel)
+}
+
+/// Opens `/dev/kvm` as QEMU will; the reason it cannot, as a sentence.
+fn kvm_device() -> std::result::Result<(), String> {
     fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/kvm")
         .map(drop)
-        .map_err(|err| {
-            VmError::Unavailable(format!(
-                "cannot open /dev/kvm ({err}); set {ENV}=tcg to use software emulation"
-            ))
-        })
+        .map_err(|err| format!("cannot open /dev/kvm ({err})"))
 }
 
 /// Records whether KVM booted a guest of `kernel` (the caller ran the probe).

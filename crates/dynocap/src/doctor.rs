@@ -36,8 +36,6 @@ pub enum Status {
     Missing,
     /// Sandboxes start, but something will not work as expected (see the hint).
     Warning,
-    /// The piece belongs to a backend this binary was built without: nothing to do.
-    NotBuilt,
 }
 
 impl Status {
@@ -46,7 +44,6 @@ impl Status {
             Status::Ok => "ok",
             Status::Missing => "MISSING",
             Status::Warning => "warning",
-            Status::NotBuilt => "not in this build",
         }
     }
 }
@@ -87,15 +84,7 @@ pub fn run(json: bool) -> ExitCode {
     ));
     checks.push(images_check());
     checks.push(ceilings_check());
-    // KVM and QEMU matter to the vm backend only; nothing to install for one not built in.
-    checks.push(Check {
-        name: "vm backend".into(),
-        ok: false,
-        status: Status::NotBuilt,
-        detail: "sandboxes run on the jail backend; KVM and QEMU are not used".into(),
-        hint: None,
-        required: false,
-    });
+    checks.push(backend_check());
     let ready = checks.iter().all(|c| c.ok || !c.required);
     if json {
         print_json(&serde_json::json!({ "ready": ready, "checks": checks }));
@@ -114,7 +103,7 @@ pub fn run(json: bool) -> ExitCode {
         println!(
             "{}",
             if ready {
-                "ready: the jail backend can run sandboxes here"
+                "ready: sandboxes can run here"
             } else {
                 "not ready: fix the MISSING items above"
             }
@@ -205,6 +194,40 @@ fn images_check() -> Check {
         home.images_dir().display()
     );
     Check::new("images", false, default_ok, detail, &hint)
+}
+
+/// Which backend sandboxes get here, and why: `DYNOCAP_BACKEND`, or what `auto` picks.
+fn backend_check() -> Check {
+    let chosen = std::env::var("DYNOCAP_BACKEND").unwrap_or_default();
+    if !matches!(chosen.as_str(), "" | "auto") {
+        return Check::new(
+            "backend",
+            false,
+            true,
+            format!("{chosen} (DYNOCAP_BACKEND)"),
+            "",
+        );
+    }
+    match dynocap_engine::Home::from_env() {
+        Ok(home) => {
+            let auto =
+                dynocap_engine::backend_auto::choose(&home, &dynocap_engine::image::default_name());
+            Check::new(
+                "backend",
+                false,
+                true,
+                format!("auto picks {}: {}", auto.backend, auto.why),
+                "",
+            )
+        }
+        Err(err) => Check::new(
+            "backend",
+            false,
+            false,
+            format!("auto cannot decide: {}", err.message),
+            "set DYNOCAP_HOME to a readable directory",
+        ),
+    }
 }
 
 /// The host ceilings in force (`DYNOCAP_MAX_*`), so the person can see what callers get.

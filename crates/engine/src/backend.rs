@@ -55,13 +55,27 @@ pub trait Guest: Send {
     fn kill(&mut self) -> Result<()>;
     /// Stops the guest and releases everything it held, its writable layer included.
     fn destroy(self: Box<Self>) -> Result<()>;
-    /// The file counting the guest's OOM kills (`oom_kill N`), where the backend has one.
-    fn memory_events(&self) -> Option<PathBuf>;
+    /// Where the count of the guest's OOM kills is kept.
+    fn oom_counter(&self) -> OomCounter;
     /// Raises the guest's memory limit to `bytes` (never lowers it), for saving its work.
     fn raise_memory_limit(&self, bytes: u64) -> Result<()>;
     /// Stops the guest and releases its processes and resources, but keeps its writable layer
     /// (the agent's files) for a later guest to boot over ([`BootSpec::reuse_layer`]).
     fn stop_keeping_layer(self: Box<Self>) -> Result<()>;
+}
+
+/// Where a guest's OOM kills are counted, so a command can be told that the memory limit
+/// killed part of it (a shell reports that only as exit status 137).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OomCounter {
+    /// A host file with an `oom_kill N` line: the guest's memory cgroup (`memory.events`,
+    /// `memory.oom_control`).
+    HostFile(PathBuf),
+    /// The guest runs its own kernel, out of the host's sight: the agent reads the count
+    /// there ([`dynocap_proto::Request::OomKills`]).
+    GuestKernel,
+    /// Nowhere.
+    None,
 }
 
 pub trait Backend {
@@ -74,14 +88,40 @@ pub trait Backend {
     fn cleanup_keeping_layer(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
 }
 
-/// Selects the backend: `DYNOCAP_BACKEND` if set, else the best one this machine supports.
-/// `auto` stays `jail` until a KVM probe and a built VM image can decide for `vm`.
+/// Selects the backend for the default image: `DYNOCAP_BACKEND` if set, else (`auto`) the
+/// best one this machine supports for it ([`crate::backend_auto`]).
 pub fn select() -> Result<Box<dyn Backend>> {
+    select_for(&crate::image::default_name())
+}
+
+/// Selects the backend for a new sandbox of the image named `image`.
+pub fn select_for(image: &str) -> Result<Box<dyn Backend>> {
     match std::env::var("DYNOCAP_BACKEND").ok().as_deref() {
-        None | Some("") | Some("auto") | Some("jail") => Ok(Box::new(JailBackend)),
-        Some("vm") => Ok(Box::new(crate::vm_backend::VmBackend)),
-        Some(other) => Err(Error::invalid(format!(
-            "DYNOCAP_BACKEND={other} is not a backend; use jail, vm or auto"
+        None | Some("") | Some("auto") => {
+            // Without a home there is no built image, so nothing a VM could boot.
+            let auto = crate::home::Home::from_env()
+                .map(|home| crate::backend_auto::choose(&home, image).backend);
+            match auto {
+                Ok("vm") => Ok(Box::new(crate::vm_backend::VmBackend)),
+                _ => Ok(Box::new(JailBackend)),
+            }
+        }
+        Some(name) => by_name(name).map_err(|_| {
+            Error::invalid(format!(
+                "DYNOCAP_BACKEND={name} is not a backend; use jail, vm or auto"
+            ))
+        }),
+    }
+}
+
+/// The backend a sandbox's record names: its guest is booted and cleaned up by the backend
+/// it was created on, whatever `DYNOCAP_BACKEND` says now.
+pub fn by_name(name: &str) -> Result<Box<dyn Backend>> {
+    match name {
+        "jail" => Ok(Box::new(JailBackend)),
+        "vm" => Ok(Box::new(crate::vm_backend::VmBackend)),
+        other => Err(Error::internal(format!(
+            "the record names the backend \"{other}\", which this build does not have"
         ))),
     }
 }
@@ -273,13 +313,17 @@ impl Guest for JailGuest {
             .map_err(|err| Error::internal(format!("destroying the jail: {err}")))?;
         network
     }
-    fn memory_events(&self) -> Option<PathBuf> {
-        self.jail.cgroup_paths().into_iter().find_map(|dir| {
-            ["memory.events", "memory.oom_control"]
-                .iter()
-                .map(|file| dir.join(file))
-                .find(|path| path.is_file())
-        })
+    fn oom_counter(&self) -> OomCounter {
+        self.jail
+            .cgroup_paths()
+            .into_iter()
+            .find_map(|dir| {
+                ["memory.events", "memory.oom_control"]
+                    .iter()
+                    .map(|file| dir.join(file))
+                    .find(|path| path.is_file())
+            })
+            .map_or(OomCounter::None, OomCounter::HostFile)
     }
     fn raise_memory_limit(&self, bytes: u64) -> Result<()> {
         self.jail

@@ -5,6 +5,7 @@
 pub mod agent_conn;
 pub mod apply;
 pub mod backend;
+pub mod backend_auto;
 pub mod catalog;
 mod catalog_file;
 mod catalog_lock;
@@ -25,6 +26,7 @@ pub mod host_children;
 pub mod idpool;
 pub mod image;
 pub mod import;
+mod oom;
 pub mod patch;
 pub mod pool;
 pub mod records;

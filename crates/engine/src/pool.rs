@@ -133,15 +133,13 @@ impl Engine {
         let catalog = self.catalog()?;
         let now = chrono::Utc::now();
         let ttl = chrono::TimeDelta::seconds(i64::try_from(spec.ttl_seconds).unwrap_or(i64::MAX));
-        let backend = crate::backend::select()?.name();
         // The pool boots the default image; a sandbox of another image is booted afresh.
-        let image = crate::image::resolve(
-            self.home(),
-            &spec
-                .image
-                .clone()
-                .unwrap_or_else(crate::image::default_name),
-        )?;
+        let image_name = spec
+            .image
+            .clone()
+            .unwrap_or_else(crate::image::default_name);
+        let backend = crate::backend::select_for(&image_name)?.name();
+        let image = crate::image::resolve(self.home(), &image_name)?;
         let Some(record) = catalog.claim_pooled(backend, &image, |record| {
             record.name = Some(spec.name.clone());
             record.state = State::Running;

@@ -183,13 +183,14 @@ impl Engine {
         detail: Option<String>,
         image: Option<&str>,
     ) -> Result<Record> {
-        let backend = crate::backend::select()?;
         // Resolved once, now: the record keeps the content id, so the sandbox (and any
         // recovery boot of it) gets this very image whatever is built later.
         let image = crate::image::resolve(
             &self.home,
             &image.map_or_else(crate::image::default_name, str::to_owned),
         )?;
+        // `auto` decides by the image: only a built image with a kernel can be a VM.
+        let backend = crate::backend::select_for(&image.name)?;
         let now = chrono::Utc::now();
         let ttl = chrono::TimeDelta::seconds(i64::try_from(ttl_seconds).unwrap_or(i64::MAX));
         Ok(Record {

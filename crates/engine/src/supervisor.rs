@@ -13,7 +13,6 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -32,6 +31,7 @@ use crate::egress::Egress;
 use crate::error::{Context, Error, Result};
 use crate::exec::ExecResult;
 use crate::home::Home;
+use crate::oom::OomWatch;
 use crate::patch::{self, DEFAULT_MAX_PATCH_BYTES};
 use crate::sandboxes::rfc3339;
 use crate::save::{self, ResultFiles, TaskFacts};
@@ -199,7 +199,7 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
     if let Some(me) = ProcessId::of(i32::try_from(std::process::id()).unwrap_or(i32::MAX)) {
         catalog.set_supervisor(id, me)?;
     }
-    let backend = backend::select()?;
+    let backend = backend::by_name(&record.backend)?;
     let image = image::open(home, &record.image)?;
     let state_dir = home.sandbox_dir(id);
     std::fs::create_dir_all(&state_dir)
@@ -437,10 +437,7 @@ async fn serve(
     let shared = Arc::new(Shared {
         conn,
         task,
-        oom: OomWatch {
-            events: guest.memory_events(),
-            memory_mb: AtomicU64::new(record.memory_mb),
-        },
+        oom: OomWatch::new(guest.oom_counter(), record.memory_mb),
         ending: OnceLock::new(),
         state_dir: home.sandbox_dir(&id),
     });
@@ -498,7 +495,7 @@ async fn serve(
                             record.memory_mb = claim.memory_mb;
                             record.ttl_seconds = claim.ttl_seconds;
                             record.expires_at = expires_at;
-                            shared.oom.memory_mb.store(claim.memory_mb, Ordering::Relaxed);
+                            shared.oom.set_memory_mb(claim.memory_mb);
                             tracing::info!("claimed from the warm pool as {}", claim.hostname);
                             ControlReply::Claimed
                         }
@@ -984,7 +981,7 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
                 spec.cwd,
                 spec.timeout_seconds
             );
-            let kills_before = shared.oom.kills();
+            let kills_before = shared.oom.kills(conn).await;
             // Progress lines and streamed output go out on this connection while the command
             // runs. Output waits for the client (bounded queue); progress is a few small lines.
             let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<Progress>();
@@ -1015,7 +1012,10 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
             while let Ok(chunk) = output_rx.try_recv() {
                 let _ = write_message(&mut write, &ControlReply::Output(chunk)).await;
             }
-            let result = result.map(|result| shared.oom.annotate(result, kills_before));
+            let result = match result {
+                Ok(done) => Ok(shared.oom.annotate(conn, done, kills_before).await),
+                Err(err) => Err(err),
+            };
             if spec.stream_output && result.as_ref().is_ok_and(|done| done.oom_killed) {
                 // A streaming client prints the stream, not the result's stderr: tell it there.
                 let note = OutputChunk {
@@ -1077,53 +1077,6 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
         }
     };
     let _ = write_message(&mut write, &reply).await;
-}
-
-/// The sandbox's count of OOM kills, to tell a command that the memory limit killed
-/// something while it ran (a shell reports that only as exit status 137).
-struct OomWatch {
-    /// `memory.oom_control` (v1) or `memory.events` (v2) of the sandbox's cgroup.
-    events: Option<PathBuf>,
-    /// The memory limit, which a warm-pool claim may change.
-    memory_mb: AtomicU64,
-}
-
-impl OomWatch {
-    fn kills(&self) -> Option<u64> {
-        let text = std::fs::read_to_string(self.events.as_ref()?).ok()?;
-        text.lines()
-            .find_map(|line| line.strip_prefix("oom_kill "))
-            .and_then(|n| n.trim().parse().ok())
-    }
-
-    /// What a command's stderr gets when the memory limit killed part of it.
-    fn note(&self) -> String {
-        format!(
-            "\ndynocap: the sandbox's memory limit ({} MB) killed a process of this command (out of memory); start the sandbox with more memory (memoryMB) if it needs more.\n",
-            self.memory_mb.load(Ordering::Relaxed)
-        )
-    }
-
-    fn annotate(&self, mut result: ExecResult, before: Option<u64>) -> ExecResult {
-        let (Some(before), Some(after)) = (before, self.kills()) else {
-            return result;
-        };
-        if after <= before {
-            return result;
-        }
-        result.oom_killed = true;
-        if result.exit_code == Some(137) || result.signal.is_none() && result.exit_code.is_none() {
-            result.signal = Some("SIGKILL".to_owned());
-        }
-        let note = self.note();
-        for text in [&mut result.stderr, &mut result.transcript]
-            .into_iter()
-            .flatten()
-        {
-            text.push_str(&note);
-        }
-        result
-    }
 }
 
 /// Syncs the guest's disk to the host (see [`backend::sync_layer`]); a failure is logged: the

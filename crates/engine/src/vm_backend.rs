@@ -3,12 +3,12 @@
 //! `DYNOCAP_VM_ACCEL=kvm|tcg` chooses the accelerator (see that crate's `accel`).
 
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use dynocap_backend_vm::{Vm, VmSpec};
 
-use crate::backend::{Backend, BootSpec, Guest};
+use crate::backend::{Backend, BootSpec, Guest, OomCounter};
 use crate::error::{Error, Result};
 use crate::spec::Network;
 
@@ -133,8 +133,8 @@ impl Guest for VmGuest {
             .map_err(|err| Error::internal(format!("destroying the vm: {err}")))
     }
     /// The guest kernel counts its own OOM kills; the host sees none of them.
-    fn memory_events(&self) -> Option<PathBuf> {
-        None
+    fn oom_counter(&self) -> OomCounter {
+        OomCounter::GuestKernel
     }
     /// A VM's RAM is fixed when QEMU starts; the guest kernel never OOM-kills the agent (PID
     /// 1), so saving runs within the sandbox's own memory.

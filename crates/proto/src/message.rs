@@ -53,6 +53,10 @@ pub enum Request {
     /// Clone a git repository into a workspace through the egress listener, as the sandbox
     /// user; git's progress comes on [`channel::STDERR`], the end as `Done(Response::Cloned)`.
     Clone(CloneRequest),
+    /// How many processes the guest's own kernel has OOM-killed since it booted (its
+    /// `/proc/vmstat` `oom_kill`), answered with `Done(Response::OomKills)`. Only a guest with
+    /// a kernel of its own (a VM) is asked: in a jail that counter is the host's.
+    OomKills,
 }
 
 /// What the guest side asks for when it opens a stream (its id has [`crate::GUEST_STREAM_BIT`]).
@@ -203,6 +207,10 @@ pub enum Response {
     Cloned {
         commit: String,
         branch: Option<String>,
+    },
+    /// See [`Request::OomKills`]; `None` for a kernel that does not count them.
+    OomKills {
+        count: Option<u64>,
     },
 }
 

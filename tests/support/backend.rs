@@ -1,0 +1,82 @@
+//! Which backend a test's sandboxes run on. The end-to-end tests are written once and run on
+//! each backend through [`TestHome::on`]: a `jail` home is a plain [`TestHome`]; a `vm` home
+//! boots every sandbox as a QEMU guest of the built `debian` image (the image tests' shared
+//! build, see [`crate::images`]), under TCG unless `DYNOCAP_VM_ACCEL` says otherwise, with the
+//! static agent.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use crate::{bin_dir, images, require_root, TestHome};
+
+/// A backend the tests run on (`DYNOCAP_BACKEND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Jail,
+    Vm,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Jail => "jail",
+            Backend::Vm => "vm",
+        }
+    }
+}
+
+impl TestHome {
+    /// A home whose sandboxes run on `backend`, or `None` (after saying why) where this
+    /// machine cannot run it; in CI a missing requirement is a failure instead.
+    pub fn on(backend: Backend, test: &str) -> Option<TestHome> {
+        if !require_root(test) {
+            return None;
+        }
+        match backend {
+            Backend::Jail => Some(TestHome::new()),
+            Backend::Vm => vm_home(test),
+        }
+    }
+}
+
+fn vm_home(test: &str) -> Option<TestHome> {
+    let have_qemu = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have_qemu {
+        let why = "qemu-system-x86_64 is not installed (scripts/install-deps.sh installs it)";
+        assert!(std::env::var_os("CI").is_none(), "{test}: {why}");
+        eprintln!("SKIPPED {test}: {why}");
+        return None;
+    }
+    if !images::require_mmdebstrap(test) {
+        return None;
+    }
+    // A VM's agent is its PID 1 on a kernel with no libc around it: the static build.
+    let agent = std::env::var_os("DYNOCAP_AGENT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| bin_dir().join("../x86_64-unknown-linux-musl/debug/dynocap-agent"));
+    assert!(
+        agent.is_file(),
+        "{test}: the static agent {} is missing: `cargo build --target x86_64-unknown-linux-musl -p dynocap-agent` and set DYNOCAP_AGENT to it",
+        agent.display()
+    );
+    let accel = std::env::var("DYNOCAP_VM_ACCEL").unwrap_or_else(|_| "tcg".to_owned());
+    let (home, _) = images::debian_home();
+    let home = home
+        .with_env("DYNOCAP_BACKEND", Backend::Vm.name())
+        .with_env("DYNOCAP_VM_ACCEL", &accel)
+        .with_env("DYNOCAP_IMAGE", "debian")
+        .with_env("DYNOCAP_AGENT", &agent.to_string_lossy());
+    // The base disk made from the image (hundreds of MB, seconds to write) and the initramfs
+    // are keyed by content and never replaced once made: every home shares one cache, the
+    // one tests/vm.rs uses, instead of making its own.
+    let shared = images::cache_dir().join("vm-cache/vm");
+    std::fs::create_dir_all(&shared).expect("create the shared vm cache");
+    let cache = home.path().join("cache");
+    std::fs::create_dir_all(&cache).expect("create the home's cache");
+    std::os::unix::fs::symlink(&shared, cache.join("vm")).expect("link the shared vm cache");
+    Some(home)
+}

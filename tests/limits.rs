@@ -170,6 +170,33 @@ fn kill_supervisor(pid: i32) {
     );
 }
 
+/// Writes `bytes` of zeros to `~/big` in sandbox `name`, whose disk holds `disk_bytes`: the
+/// write fails with ENOSPC in the guest, and less than the disk was written.
+fn fill_past_the_disk(home: &TestHome, name: &str, bytes: u64, disk_bytes: u64, timeout: &str) {
+    let fill = home.exec(
+        name,
+        &["--timeout", timeout],
+        &format!("head -c {bytes} /dev/zero > ~/big"),
+    );
+    assert_ne!(fill["exitCode"], 0, "{fill:#}");
+    assert!(
+        fill["stderr"]
+            .as_str()
+            .expect("stderr")
+            .contains("No space left on device"),
+        "{fill:#}"
+    );
+    let written: u64 = home
+        .sh(name, "stat -c %s ~/big")
+        .trim()
+        .parse()
+        .expect("size");
+    assert!(
+        written < disk_bytes,
+        "wrote {written} bytes to a disk of {disk_bytes}"
+    );
+}
+
 fn assert_nothing_left(home: &TestHome, what: &str) {
     assert!(
         wait_until(30, || loop_devices_under(home.path()).is_empty()),
@@ -209,28 +236,7 @@ fn a_full_disk_is_enospc_in_the_guest_for_bytes_and_inodes_and_frees_with_rm() {
     );
 
     // Bytes: 300 MB do not fit in 128 MiB.
-    let fill = home.exec(
-        "small",
-        &["--timeout", "120"],
-        "head -c 300000000 /dev/zero > ~/big",
-    );
-    assert_ne!(fill["exitCode"], 0, "{fill:#}");
-    assert!(
-        fill["stderr"]
-            .as_str()
-            .expect("stderr")
-            .contains("No space left on device"),
-        "{fill:#}"
-    );
-    let written: u64 = home
-        .sh("small", "stat -c %s ~/big")
-        .trim()
-        .parse()
-        .expect("size");
-    assert!(
-        written < 128 << 20,
-        "wrote {written} bytes to a 128 MiB disk"
-    );
+    fill_past_the_disk(&home, "small", 300_000_000, 128 << 20, "120");
     // The host holds the image and nothing more: its allocation stays within its size.
     let allocated = std::fs::metadata(&image).expect("disk.img").blocks() * 512;
     assert!(
@@ -296,25 +302,7 @@ fn a_full_disk_is_enospc_in_a_vm_guest_and_frees_with_rm() {
         "the guest's root is {size_kib} KiB on a 1024 MB disk"
     );
     // Bytes: 1.2 GB do not fit on a 1 GiB disk.
-    let fill = home.exec(
-        "small",
-        &["--timeout", "600"],
-        "head -c 1200000000 /dev/zero > ~/big",
-    );
-    assert_ne!(fill["exitCode"], 0, "{fill:#}");
-    assert!(
-        fill["stderr"]
-            .as_str()
-            .expect("stderr")
-            .contains("No space left on device"),
-        "{fill:#}"
-    );
-    let written: u64 = home
-        .sh("small", "stat -c %s ~/big")
-        .trim()
-        .parse()
-        .expect("size");
-    assert!(written < 1 << 30, "wrote {written} bytes to a 1 GiB disk");
+    fill_past_the_disk(&home, "small", 1_200_000_000, 1 << 30, "600");
     // rm frees the space for the guest.
     assert_eq!(
         home.sh(

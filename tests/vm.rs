@@ -27,15 +27,7 @@ struct VmEnv {
 }
 
 fn vm_env(test: &str) -> Option<VmEnv> {
-    let have_qemu = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !have_qemu {
-        let why = "qemu-system-x86_64 is not installed (scripts/install-deps.sh installs it)";
-        assert!(std::env::var_os("CI").is_none(), "{test}: {why}");
-        eprintln!("SKIPPED {test}: {why}");
+    if !dynocap_e2e::backend::require_qemu(test) {
         return None;
     }
     if !dynocap_e2e::require_root(test) {

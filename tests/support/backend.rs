@@ -39,7 +39,9 @@ impl TestHome {
     }
 }
 
-fn vm_home(test: &str) -> Option<TestHome> {
+/// Whether QEMU is installed; says why `test` is skipped when not (and fails it in CI,
+/// which installs QEMU).
+pub fn require_qemu(test: &str) -> bool {
     let have_qemu = Command::new("qemu-system-x86_64")
         .arg("--version")
         .stdout(Stdio::null())
@@ -49,6 +51,12 @@ fn vm_home(test: &str) -> Option<TestHome> {
         let why = "qemu-system-x86_64 is not installed (scripts/install-deps.sh installs it)";
         assert!(std::env::var_os("CI").is_none(), "{test}: {why}");
         eprintln!("SKIPPED {test}: {why}");
+    }
+    have_qemu
+}
+
+fn vm_home(test: &str) -> Option<TestHome> {
+    if !require_qemu(test) {
         return None;
     }
     if !images::require_mmdebstrap(test) {

@@ -53,7 +53,11 @@ pub fn get_or_build(
         return Ok(path);
     }
     fs::create_dir_all(dir).map_err(|err| VmError::io("creating", dir, err))?;
-    let temp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    // Unique per process and per call: two threads of one process (an engine serving two
+    // boots at once) building the same key must not share, or remove, each other's file.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let temp = dir.join(format!(".{name}.tmp-{}-{call}", std::process::id()));
     let _ = fs::remove_file(&temp);
     let built = build(&temp).and_then(|()| match fs::hard_link(&temp, &path) {
         Ok(()) => Ok(()),
@@ -79,6 +83,29 @@ pub fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threads_building_one_key_at_once_all_get_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let barrier = std::sync::Barrier::new(8);
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    let path = get_or_build(dir.path(), "shared", |tmp| {
+                        barrier.wait();
+                        write_new(tmp, b"same content")
+                    })
+                    .expect("every builder succeeds");
+                    assert_eq!(fs::read(path).unwrap(), b"same content");
+                });
+            }
+        });
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["shared"], "no temporary file is left");
+    }
 
     #[test]
     fn keys_separate_inputs() {

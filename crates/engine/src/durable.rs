@@ -10,21 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Replaces `path` with `bytes` (mode 0600).
 pub fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let temp = temporary_beside(path);
-    let written = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        publish(&temp, path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    written
+    write_then_rename(path, bytes, Durability::Synced)
 }
 
 /// Replaces `path` with `bytes` (mode 0600) whole or not at all for any reader and across a
@@ -32,6 +18,17 @@ pub fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// the old one, or empty. For state that does not outlive the machine anyway (a raw
 /// sandbox's record: its guest is gone after a power loss too).
 pub fn replace_unsynced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_then_rename(path, bytes, Durability::Unsynced)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// The file and its directory entry are on the disk before the write returns.
+    Synced,
+    Unsynced,
+}
+
+fn write_then_rename(path: &Path, bytes: &[u8], durability: Durability) -> std::io::Result<()> {
     let temp = temporary_beside(path);
     let written = (|| {
         let mut file = std::fs::OpenOptions::new()
@@ -40,7 +37,13 @@ pub fn replace_unsynced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             .mode(0o600)
             .open(&temp)?;
         file.write_all(bytes)?;
-        std::fs::rename(&temp, path)
+        match durability {
+            Durability::Synced => {
+                file.sync_all()?;
+                publish(&temp, path)
+            }
+            Durability::Unsynced => std::fs::rename(&temp, path),
+        }
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&temp);

@@ -170,9 +170,8 @@ impl Engine {
                     "warm-pool sandbox {} could not be claimed: {why}",
                     record.id
                 );
-                self.kill_supervisor(&record).await;
-                remove_leftovers(self.home(), &record.id, Keep::Nothing)?;
-                catalog.delete(&record.id)?;
+                // Its record already says `running`, so this ends it from here.
+                self.end_pool_member(&catalog, &record).await?;
                 Ok(None)
             }
         }

@@ -125,13 +125,17 @@ fn assert_unsaved_then_recovered(home: &TestHome, name: &str, expect: &str) -> V
         "{refused}"
     );
     let id = listed["id"].as_str().unwrap().to_owned();
+    let layer = match listed["backend"].as_str() {
+        Some("vm") => "vm/disk.qcow2",
+        _ => "disk.img",
+    };
     assert!(
         home.path()
             .join("sandboxes")
             .join(&id)
-            .join("disk.img")
+            .join(layer)
             .is_file(),
-        "the writable layer (the sandbox's disk) is kept"
+        "the writable layer (the sandbox's disk) is kept: {listed:#}"
     );
     let result = home.json(&["task", "finish", name]);
     assert_eq!(result["verified"], true, "{result:#}");
@@ -327,6 +331,45 @@ fn a_killed_supervisor_or_a_dead_guest_keeps_the_work_for_finish_to_recover() {
         String::from_utf8_lossy(&purged.stderr)
     );
     assert!(!home.path().join("sandboxes").join(&id).exists());
+}
+
+/// A vm task's work is on the host's disk after each command, although the guest's own kernel
+/// caches its writes: its supervisor and its QEMU (stopped first, so that it cannot end by
+/// itself when its channel closes) die, and the kept layer boots again on vm for
+/// `task finish`, even where the next command's environment selects the jail.
+#[test]
+fn a_vm_tasks_work_survives_its_supervisor_and_qemu_and_recovers_on_vm() {
+    let test = "a_vm_tasks_work_survives_its_supervisor_and_qemu_and_recovers_on_vm";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let project = project();
+    start(&home, project.path(), "vmbox", &[]);
+    work(&home, "vmbox", "echo vm-work > a.txt");
+    let id = task(&home, "vmbox")["id"].as_str().unwrap().to_owned();
+    let pid_file = home.path().join("sandboxes").join(&id).join("vm/qemu.pid");
+    let qemu: i32 = std::fs::read_to_string(&pid_file)
+        .expect("the vm's pid file")
+        .trim()
+        .parse()
+        .expect("a pid");
+    signal(qemu, libc::SIGSTOP);
+    let supervisor = supervisor_of(&home, "vmbox");
+    signal(supervisor, libc::SIGKILL);
+    assert!(gone(supervisor));
+    assert!(!gone_now(qemu), "a stopped QEMU outlives its supervisor");
+
+    let home = home.with_env("DYNOCAP_BACKEND", "jail");
+    assert_eq!(task(&home, "vmbox")["backend"], "vm");
+    assert!(gone_now(qemu), "the reconcile killed the leftover QEMU");
+    assert_unsaved_then_recovered(&home, "vmbox", "+vm-work");
+}
+
+/// Whether `pid` has exited (or is a zombie) right now.
+fn gone_now(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.contains(") Z "))
+        .unwrap_or(true)
 }
 
 #[test]

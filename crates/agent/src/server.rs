@@ -411,6 +411,17 @@ impl Server {
                     .send_done(id, &Response::OomKills { count })
                     .await
             }
+            Request::Sync => {
+                // Registered like any stream, so its id stays taken until its last frame.
+                let _ = self.register(id, false);
+                // sync(2) waits for the disk; other streams go on meanwhile.
+                self.spawn_stream(id, async move {
+                    tokio::task::spawn_blocking(nix::unistd::sync)
+                        .await
+                        .map(|()| Response::Synced)
+                        .map_err(|err| format!("sync: {err}"))
+                });
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io::Read as _;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -513,24 +513,71 @@ fn remove_files(paths: &VmPaths, keep_disk: bool) -> Result<()> {
     Ok(())
 }
 
-/// Stops a QEMU that a dead supervisor left (normally PR_SET_PDEATHSIG has killed it already)
-/// and removes the VM's files, its disk layer unless `keep_disk`. Idempotent.
+/// How long a leftover QEMU may take to die after SIGKILL. Its exit releases the disk
+/// layer's lock, which a guest booted over the kept layer next needs.
+const LEFTOVER_EXIT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Stops a QEMU that a dead supervisor left (normally PR_SET_PDEATHSIG or the guest's own
+/// exit has ended it already, but a QEMU that dropped privileges has no parent-death signal
+/// and a wedged guest does not exit) and removes the VM's files, its disk layer unless
+/// `keep_disk`. Idempotent.
 pub fn cleanup_leftovers(state_dir: &Path, keep_disk: bool) -> Result<()> {
     let paths = VmPaths::at(state_dir);
-    if let Ok(text) = fs::read_to_string(&paths.pid_file) {
-        if let Ok(pid) = text.trim().parse::<i32>() {
-            // Only a QEMU of this sandbox: its command line names this sandbox's disk.
-            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let disk = paths.disk.as_os_str().as_encoded_bytes();
-            if cmdline.windows(disk.len()).any(|w| w == disk) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
+    stop_leftover_qemu(&paths)?;
+    remove_files(&paths, keep_disk)
+}
+
+/// Kills the QEMU named by the pid file, if it is still this sandbox's, and waits until it is
+/// gone. The pidfd is taken before the check, so a pid reused meanwhile is never signalled.
+fn stop_leftover_qemu(paths: &VmPaths) -> Result<()> {
+    let Some(pid) = fs::read_to_string(&paths.pid_file)
+        .ok()
+        .and_then(|text| text.trim().parse::<u32>().ok())
+    else {
+        return Ok(());
+    };
+    let Ok(pidfd) = pidfd_open(pid) else {
+        // Gone already.
+        return Ok(());
+    };
+    // Only a QEMU of this sandbox: its command line names this sandbox's disk.
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let disk = paths.disk.as_os_str().as_encoded_bytes();
+    if !cmdline.windows(disk.len()).any(|w| w == disk) {
+        return Ok(());
+    }
+    // SAFETY: pidfd_send_signal takes a descriptor we own, a signal number and no siginfo;
+    // it touches no memory of ours.
+    let sent = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if sent < 0 {
+        let err = std::io::Error::last_os_error();
+        // ESRCH: it exited between the check and the signal.
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            return Err(VmError::io("killing the leftover QEMU of", &paths.dir, err));
         }
     }
-    remove_files(&paths, keep_disk)
+    if !wait_readable(pidfd.as_fd(), LEFTOVER_EXIT_TIMEOUT) {
+        return Err(VmError::io(
+            "waiting for the leftover QEMU of",
+            &paths.dir,
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "QEMU (pid {pid}) is still alive {} s after SIGKILL",
+                    LEFTOVER_EXIT_TIMEOUT.as_secs()
+                ),
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -57,11 +57,27 @@ pub trait Guest: Send {
     fn destroy(self: Box<Self>) -> Result<()>;
     /// Where the count of the guest's OOM kills is kept.
     fn oom_counter(&self) -> OomCounter;
+    /// Who must flush the guest's writes for them to be on the host's disk.
+    fn layer_sync(&self) -> LayerSync {
+        LayerSync::HostMount
+    }
     /// Raises the guest's memory limit to `bytes` (never lowers it), for saving its work.
     fn raise_memory_limit(&self, bytes: u64) -> Result<()>;
     /// Stops the guest and releases its processes and resources, but keeps its writable layer
     /// (the agent's files) for a later guest to boot over ([`BootSpec::reuse_layer`]).
     fn stop_keeping_layer(self: Box<Self>) -> Result<()>;
+}
+
+/// Where a guest's writes wait before they reach the host's disk, so that a task's work is
+/// there after every command, whatever dies next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerSync {
+    /// In the host's own page cache: the supervisor mounted the disk ([`sync_layer`]).
+    HostMount,
+    /// In the guest kernel's page cache, out of the host's reach: the agent syncs them to
+    /// its virtual disk ([`dynocap_proto::Request::Sync`]), whose flush QEMU writes through
+    /// to the host's file.
+    GuestKernel,
 }
 
 /// Where a guest's OOM kills are counted, so a command can be told that the memory limit

@@ -212,7 +212,7 @@ impl Engine {
             );
         if !destroyed {
             self.kill_supervisor(record).await;
-            remove_leftovers(self.home(), &record.id, Keep::Nothing)?;
+            remove_leftovers(self.home(), &record.id, &record.backend, Keep::Nothing)?;
             catalog.delete(&record.id)?;
         }
         Ok(())

@@ -239,6 +239,7 @@ impl Engine {
         let mut guard = StartGuard {
             home: self.home.clone(),
             id: record.id.clone(),
+            backend: record.backend.clone(),
             armed: true,
         };
         self.start_supervisor(&catalog, &record.id, Mode::Start, project, progress)
@@ -507,7 +508,7 @@ impl Engine {
         }
         if let Some(current) = catalog.get(&record.id)? {
             if !current.state.is_live() {
-                remove_leftovers(&self.home, &current.id, Keep::Nothing)?;
+                remove_leftovers(&self.home, &current.id, &current.backend, Keep::Nothing)?;
                 catalog.delete(&current.id)?;
             }
         }
@@ -682,7 +683,7 @@ impl Engine {
             {
                 // Destroyed, and its supervisor died before the teardown after its reply was
                 // done: finish that teardown.
-                remove_leftovers(&self.home, &record.id, Keep::Nothing)?;
+                remove_leftovers(&self.home, &record.id, &record.backend, Keep::Nothing)?;
                 catalog.delete(&record.id)?;
                 continue;
             }
@@ -707,7 +708,7 @@ impl Engine {
         }
         if record.state.is_pool() {
             // Nobody's sandbox yet: nothing to report, only to clean.
-            remove_leftovers(&self.home, &record.id, Keep::Nothing)?;
+            remove_leftovers(&self.home, &record.id, &record.backend, Keep::Nothing)?;
             return catalog.delete(&record.id);
         }
         let pid = match record.supervisor {
@@ -723,7 +724,7 @@ impl Engine {
                 detail.result = Some(result.clone());
                 if catalog.transition(&record.id, record.state, result.state, None)? {
                     catalog.set_detail(&record.id, &detail.to_json())?;
-                    remove_leftovers(&self.home, &record.id, Keep::Nothing)?;
+                    remove_leftovers(&self.home, &record.id, &record.backend, Keep::Nothing)?;
                 }
                 return Ok(());
             }
@@ -731,13 +732,13 @@ impl Engine {
                 "{pid} died before the task's work was saved; its files are kept: finish the task to recover them"
             );
             if catalog.transition(&record.id, record.state, State::Unsaved, Some(&note))? {
-                remove_leftovers(&self.home, &record.id, Keep::Layer)?;
+                remove_leftovers(&self.home, &record.id, &record.backend, Keep::Layer)?;
             }
             return Ok(());
         }
         let note = format!("{pid} died without cleaning up; the guest was removed");
         if catalog.transition(&record.id, record.state, State::Lost, Some(&note))? {
-            remove_leftovers(&self.home, &record.id, Keep::Nothing)?;
+            remove_leftovers(&self.home, &record.id, &record.backend, Keep::Nothing)?;
         }
         Ok(())
     }
@@ -752,10 +753,11 @@ pub(crate) enum Keep {
 }
 
 /// Removes what a sandbox whose supervisor is gone left behind: processes and cgroups (the
-/// backend's part), its state directory and its control socket. Idempotent.
-pub(crate) fn remove_leftovers(home: &Home, id: &str, keep: Keep) -> Result<()> {
+/// part of `backend`, the one its record names, whatever `DYNOCAP_BACKEND` says now), its
+/// state directory and its control socket. Idempotent.
+pub(crate) fn remove_leftovers(home: &Home, id: &str, backend: &str, keep: Keep) -> Result<()> {
     let _ = std::fs::remove_file(home.control_socket(id));
-    let backend = crate::backend::select()?;
+    let backend = crate::backend::by_name(backend)?;
     if keep == Keep::Layer {
         return backend.cleanup_keeping_layer(id, &home.sandbox_dir(id));
     }
@@ -892,6 +894,8 @@ async fn read_ready(
 struct StartGuard {
     home: Home,
     id: String,
+    /// The backend the sandbox was being started on: its leftovers are that backend's.
+    backend: String,
     armed: bool,
 }
 
@@ -920,7 +924,7 @@ impl Drop for StartGuard {
                 crate::host_children::kill_session(process);
             }
         }
-        let _ = remove_leftovers(&self.home, &self.id, Keep::Nothing);
+        let _ = remove_leftovers(&self.home, &self.id, &self.backend, Keep::Nothing);
         let _ = std::fs::remove_dir_all(crate::finish::results_dir(self.home.root(), &self.id));
         let _ = catalog.delete(&self.id);
     }

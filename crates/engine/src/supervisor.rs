@@ -22,7 +22,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 
 use crate::agent_conn::AgentConn;
-use crate::backend::{self, BootSpec, Guest};
+use crate::backend::{self, BootSpec, Guest, LayerSync};
 use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
 use crate::control::{
     read_message, write_message, Claim, ControlReply, ControlRequest, OutputChannel, OutputChunk,
@@ -399,6 +399,8 @@ struct Shared {
     ending: OnceLock<String>,
     /// The sandbox's state dir, whose disk is synced after every command.
     state_dir: PathBuf,
+    /// Who syncs that disk.
+    layer_sync: LayerSync,
 }
 
 async fn serve(
@@ -424,7 +426,7 @@ async fn serve(
     // The imported tree and its baseline, on the host's disk before anyone relies on them. A
     // raw sandbox's files do not outlive the machine: nothing to sync.
     if task.is_some() {
-        sync_layer(home.sandbox_dir(&id)).await;
+        sync_layer(guest.layer_sync(), home.sandbox_dir(&id), &conn).await;
     }
     let mut claimable = record.state == State::Warming;
     ready.send(&ReadyMessage::Ready);
@@ -440,6 +442,7 @@ async fn serve(
         oom: OomWatch::new(guest.oom_counter(), record.memory_mb),
         ending: OnceLock::new(),
         state_dir: home.sandbox_dir(&id),
+        layer_sync: guest.layer_sync(),
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
     let (claim_tx, mut claim_rx) = mpsc::channel::<(Claim, OwnedWriteHalf)>(4);
@@ -605,7 +608,7 @@ async fn serve(
     .await;
     // The work is on disk and everyone has their answer: the guest's files can go.
     if matches!(reply, ControlReply::Finished(_)) {
-        remove_sandbox_files(&home, &id);
+        remove_sandbox_files(&home, &id, &record.backend);
     }
     0
 }
@@ -759,9 +762,11 @@ fn record_end(
     }
 }
 
-/// Deletes what is left of a sandbox on the host once nothing needs it.
-fn remove_sandbox_files(home: &Home, id: &str) {
-    match backend::select().and_then(|backend| backend.cleanup_leftovers(id, &home.sandbox_dir(id)))
+/// Deletes what is left of a sandbox on the host, by the backend that booted it, once nothing
+/// needs it.
+fn remove_sandbox_files(home: &Home, id: &str, backend: &str) {
+    match backend::by_name(backend)
+        .and_then(|backend| backend.cleanup_leftovers(id, &home.sandbox_dir(id)))
     {
         Ok(()) => {}
         Err(err) => tracing::error!("removing the sandbox's files: {err}"),
@@ -809,7 +814,7 @@ async fn recover(
         TaskEnd::Saved(result) => {
             record_end(&catalog, &id, result.state, None, Some(&result));
             ready.send(&ReadyMessage::Finished(result));
-            remove_sandbox_files(&home, &id);
+            remove_sandbox_files(&home, &id, &record.backend);
             0
         }
         TaskEnd::Unsaved(err) => {
@@ -1027,7 +1032,7 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
             // A task's work is on the host's disk when the command returns; a raw sandbox's
             // files do not outlive the machine.
             if task.is_some() {
-                sync_layer(shared.state_dir.clone()).await;
+                sync_layer(shared.layer_sync, shared.state_dir.clone(), &shared.conn).await;
             }
             // A command cut off by the sandbox's end is told why, not that the agent is gone.
             let result = match (result, shared.ending.get()) {
@@ -1079,13 +1084,33 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
     let _ = write_message(&mut write, &reply).await;
 }
 
-/// Syncs the guest's disk to the host (see [`backend::sync_layer`]); a failure is logged: the
-/// command has run, and what it wrote may still reach the host.
-async fn sync_layer(state_dir: PathBuf) {
-    match tokio::task::spawn_blocking(move || backend::sync_layer(&state_dir)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => tracing::warn!("{err}"),
-        Err(err) => tracing::warn!("syncing the sandbox's disk: {err}"),
+/// Syncs the guest's disk to the host (see [`LayerSync`]); a failure is logged: the command
+/// has run, and what it wrote may still reach the host.
+async fn sync_layer(how: LayerSync, state_dir: PathBuf, conn: &AgentConn) {
+    let synced = match how {
+        LayerSync::HostMount => {
+            match tokio::task::spawn_blocking(move || backend::sync_layer(&state_dir)).await {
+                Ok(synced) => synced,
+                Err(err) => Err(Error::internal(format!(
+                    "syncing the sandbox's disk: {err}"
+                ))),
+            }
+        }
+        LayerSync::GuestKernel => sync_guest_kernel(conn).await,
+    };
+    if let Err(err) = synced {
+        tracing::warn!("{err}");
+    }
+}
+
+/// Asks the agent to write the guest kernel's cached writes to its disk.
+async fn sync_guest_kernel(conn: &AgentConn) -> Result<()> {
+    let stream = conn.open(&dynocap_proto::Request::Sync).await?;
+    match workspace::finish_stream(stream, "syncing the guest's disk").await? {
+        dynocap_proto::Response::Synced => Ok(()),
+        other => Err(Error::internal(format!(
+            "the agent answered a sync with {other:?}"
+        ))),
     }
 }
 

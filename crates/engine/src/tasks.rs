@@ -394,7 +394,7 @@ impl Engine {
         let released = record.name.clone();
         if purge && current.state == State::Unsaved {
             // The caller was told (CLI) or asked for exactly this (purge): the kept files go.
-            remove_leftovers(self.home(), &record.id, Keep::Nothing)?;
+            remove_leftovers(self.home(), &record.id, &record.backend, Keep::Nothing)?;
         }
         let kept_work = (!purge && current.state == State::Unsaved)
             .then(|| self.home().sandbox_dir(&record.id).display().to_string());

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dynocap_backend_vm::{Vm, VmSpec};
 
-use crate::backend::{Backend, BootSpec, Guest, OomCounter};
+use crate::backend::{Backend, BootSpec, Guest, LayerSync, OomCounter};
 use crate::error::{Error, Result};
 use crate::spec::Network;
 
@@ -135,6 +135,10 @@ impl Guest for VmGuest {
     /// The guest kernel counts its own OOM kills; the host sees none of them.
     fn oom_counter(&self) -> OomCounter {
         OomCounter::GuestKernel
+    }
+    /// The disk is a device of the guest's kernel, which caches what is written to it.
+    fn layer_sync(&self) -> LayerSync {
+        LayerSync::GuestKernel
     }
     /// A VM's RAM is fixed when QEMU starts; the guest kernel never OOM-kills the agent (PID
     /// 1), so saving runs within the sandbox's own memory.

@@ -57,6 +57,10 @@ pub enum Request {
     /// `/proc/vmstat` `oom_kill`), answered with `Done(Response::OomKills)`. Only a guest with
     /// a kernel of its own (a VM) is asked: in a jail that counter is the host's.
     OomKills,
+    /// Write everything the guest's kernel holds for its filesystems through to its disk
+    /// (`sync(2)`), answered with `Done(Response::Synced)`. Only a guest whose disk belongs
+    /// to a kernel of its own (a VM) is asked: a jail's disk is synced from the host.
+    Sync,
 }
 
 /// What the guest side asks for when it opens a stream (its id has [`crate::GUEST_STREAM_BIT`]).
@@ -212,6 +216,8 @@ pub enum Response {
     OomKills {
         count: Option<u64>,
     },
+    /// See [`Request::Sync`].
+    Synced,
 }
 
 /// How an exec ended. Output travelled separately as `Data` frames.

@@ -380,3 +380,78 @@ fn a_kept_disk_boots_again_with_the_guests_files() {
         .cleanup_leftovers(&spec.id, state.path())
         .expect("cleanup is idempotent");
 }
+
+/// The KVM probe boots a kernel taken from an image; started as root, its QEMU must be as
+/// confined as a sandbox's: it is watched while it runs, and must drop to the probe's own id
+/// in an empty root.
+#[test]
+fn a_root_started_kvm_probe_runs_as_its_own_id_in_an_empty_root() {
+    let test = "a_root_started_kvm_probe_runs_as_its_own_id_in_an_empty_root";
+    let Some(env) = vm_env(test) else {
+        return;
+    };
+    if !Path::new("/dev/kvm").exists() {
+        eprintln!("SKIPPED {test}: no /dev/kvm here, so DynoCap never probes KVM");
+        return;
+    }
+    let kernel = dynocap_backend_vm::kernel::find(&env.rootfs).expect("the test image's kernel");
+    // A path of this test's own, to tell its QEMU from any other.
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let probe_kernel = scratch.path().join("vmlinuz-probe-test");
+    std::fs::copy(&kernel.image, &probe_kernel).expect("copy the kernel");
+    let cache = scratch.path().join("cache");
+    let probing = {
+        let (kernel, cache) = (probe_kernel.clone(), cache.clone());
+        std::thread::spawn(move || {
+            dynocap_backend_vm::probe::kvm_boots(&kernel, Duration::from_secs(8), &cache)
+        })
+    };
+    let marker = probe_kernel.as_os_str().as_encoded_bytes().to_vec();
+    let mut seen = None;
+    while seen.is_none() && !probing.is_finished() {
+        seen = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|cmd| cmd.windows(marker.len()).any(|w| w == marker.as_slice()))
+            });
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let Some(qemu) = seen else {
+        let verdict = probing.join().expect("probe thread");
+        eprintln!(
+            "SKIPPED {test}: the probe's QEMU ended before it could be watched ({verdict:?})"
+        );
+        return;
+    };
+    // It drops once its files are open; until then it is root.
+    let uid = |pid: i32| -> Option<u32> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut dropped = None;
+    while Instant::now() < deadline {
+        match uid(qemu) {
+            Some(0) => std::thread::sleep(Duration::from_millis(5)),
+            Some(other) => {
+                dropped = Some((other, std::fs::read_link(format!("/proc/{qemu}/root"))));
+                break;
+            }
+            None => break,
+        }
+    }
+    let verdict = probing.join().expect("probe thread");
+    let (id, root) = dropped
+        .unwrap_or_else(|| panic!("the probe's QEMU (pid {qemu}) never left root ({verdict:?})"));
+    assert_eq!(id, dynocap_backend_vm::probe::PROBE_ID);
+    assert_eq!(
+        root.expect("its root").as_path(),
+        cache.join("probe-root"),
+        "chrooted into the probe's empty root"
+    );
+    assert!(verdict.is_ok(), "{verdict:?}");
+}

@@ -65,7 +65,7 @@ pub fn kvm_verdict(cache_dir: &Path, kernel: &Path) -> Result<Kvm> {
             Kvm::Fails { cached: true }
         });
     }
-    let boots = crate::probe::kvm_boots(kernel, crate::probe::TIMEOUT)?;
+    let boots = crate::probe::kvm_boots(kernel, crate::probe::TIMEOUT, cache_dir)?;
     record(cache_dir, kernel, boots)?;
     Ok(if boots {
         Kvm::Boots { cached: false }

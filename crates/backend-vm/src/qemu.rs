@@ -61,6 +61,49 @@ pub struct Confinement {
     pub chroot: PathBuf,
 }
 
+impl Confinement {
+    /// Drops to `uid:gid` in `dir`, created empty, root-owned and read-only if missing.
+    pub fn in_empty_dir(dir: &Path, uid: u32, gid: u32) -> Result<Confinement> {
+        use std::os::unix::fs::PermissionsExt;
+        match std::fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(err) => return Err(VmError::io("creating", dir, err)),
+        }
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555))
+            .map_err(|err| VmError::io("making read-only", dir, err))?;
+        Ok(Confinement {
+            uid,
+            gid,
+            chroot: dir.to_owned(),
+        })
+    }
+}
+
+/// The arguments that confine QEMU: its seccomp filter (`-sandbox`), and for a root-started
+/// QEMU the ids it drops to and the directory it chroots into once its files are open.
+pub fn confinement_args(seccomp: bool, drop_to: Option<&Confinement>) -> Vec<OsString> {
+    let mut args = Vec::new();
+    if seccomp {
+        // QEMU 7.2 installs its filter before `-runas` drops privileges, so a dropping QEMU
+        // must still be allowed setuid/setgid; once it runs as an unprivileged uid without
+        // capabilities, that call can no longer raise anything.
+        let sandbox = if drop_to.is_some() {
+            "on,obsolete=deny,spawn=deny,resourcecontrol=deny"
+        } else {
+            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+        };
+        push(&mut args, &["-sandbox", sandbox]);
+    }
+    if let Some(confine) = drop_to {
+        let ids = format!("{}:{}", confine.uid, confine.gid);
+        push(&mut args, &["-runas", &ids]);
+        args.push("-chroot".into());
+        args.push(confine.chroot.clone().into());
+    }
+    args
+}
+
 /// The kernel command line: console on the serial port, a panic (PID 1 exiting) stops the VM,
 /// the agent's settings as `dynocap.*` (the kernel keeps dotted words away from init), and
 /// after `--` the agent's own arguments.
@@ -131,23 +174,7 @@ pub fn argv(config: &QemuConfig) -> Vec<OsString> {
     let smp = config.cpus.to_string();
     let mem = format!("{}M", config.memory_mb);
     push(&mut args, &["-smp", &smp, "-m", &mem]);
-    if config.seccomp {
-        // QEMU 7.2 installs its filter before `-runas` drops privileges, so a dropping QEMU
-        // must still be allowed setuid/setgid; once it runs as an unprivileged uid without
-        // capabilities, that call can no longer raise anything.
-        let sandbox = if config.drop_to.is_some() {
-            "on,obsolete=deny,spawn=deny,resourcecontrol=deny"
-        } else {
-            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
-        };
-        push(&mut args, &["-sandbox", sandbox]);
-    }
-    if let Some(confine) = &config.drop_to {
-        let ids = format!("{}:{}", confine.uid, confine.gid);
-        push(&mut args, &["-runas", &ids]);
-        args.push("-chroot".into());
-        args.push(confine.chroot.clone().into());
-    }
+    args.extend(confinement_args(config.seccomp, config.drop_to.as_ref()));
     args.push("-kernel".into());
     args.push(config.kernel.clone().into());
     args.push("-initrd".into());

@@ -130,7 +130,7 @@ impl Vm {
             disk: paths.disk.clone(),
             seccomp: true,
             drop_to: match spec.run_as {
-                Some((uid, gid)) => Some(confinement(&paths, uid, gid)?),
+                Some((uid, gid)) => Some(qemu::Confinement::in_empty_dir(&paths.empty, uid, gid)?),
                 None => None,
             },
         };
@@ -228,23 +228,6 @@ impl Drop for Vm {
             let _ = self.child.wait();
         }
     }
-}
-
-/// An empty, root-owned, read-only directory to chroot QEMU into.
-fn confinement(paths: &VmPaths, uid: u32, gid: u32) -> Result<qemu::Confinement> {
-    use std::os::unix::fs::PermissionsExt;
-    match fs::create_dir(&paths.empty) {
-        Ok(()) => {}
-        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(err) => return Err(VmError::io("creating", &paths.empty, err)),
-    }
-    fs::set_permissions(&paths.empty, fs::Permissions::from_mode(0o555))
-        .map_err(|err| VmError::io("making read-only", &paths.empty, err))?;
-    Ok(qemu::Confinement {
-        uid,
-        gid,
-        chroot: paths.empty.clone(),
-    })
 }
 
 fn validate(spec: &VmSpec) -> Result<()> {

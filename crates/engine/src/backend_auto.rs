@@ -82,3 +82,20 @@ pub fn choose(home: &Home, name: &str) -> AutoChoice {
         Err(err) => AutoChoice::jail(format!("probing KVM: {err}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use dynocap_backend_jail::{ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE, ROOT_MODE_RANGES};
+
+    /// A root-started KVM probe runs as an id no sandbox's range holds.
+    #[test]
+    fn the_probe_runs_as_the_first_id_past_the_sandboxes_pool() {
+        let pool_end = u64::from(ROOT_MODE_HOST_BASE)
+            + u64::from(ROOT_MODE_RANGES) * u64::from(ROOT_MODE_COUNT);
+        assert_eq!(u64::from(dynocap_backend_vm::probe::PROBE_ID), pool_end);
+        assert!(
+            dynocap_backend_vm::probe::PROBE_ID < u32::MAX - 1,
+            "not (uid_t)-1"
+        );
+    }
+}

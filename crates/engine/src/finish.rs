@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Context, Result};
 use crate::exec::sanitize_line;
-use crate::hardened_git::HardenedGit;
+use crate::hardened_git::{GitError, HardenedGit};
 use crate::patch;
 use crate::tar_index::{IndexError, TarIndex};
 
@@ -116,7 +116,8 @@ fn usable_index(baseline_tar: &Path) -> Option<TarIndex> {
 
 /// `git apply`s `patch` to the work tree in `scratch`, made a repository first so that git
 /// reads the in-tree `.gitattributes` as it would in a checkout (outside a repository it
-/// reads none).
+/// reads none). A real apply, not `--check`: only writing the result finds some refusals
+/// (a new file whose directory is a file in the baseline passes `--check`).
 fn apply_in(scratch: &Path, patch: &Path) -> Result<(), String> {
     make_repository(scratch).map_err(|err| format!("creating the scratch repository: {err}"))?;
     let patch_arg = patch.to_string_lossy().into_owned();
@@ -124,9 +125,14 @@ fn apply_in(scratch: &Path, patch: &Path) -> Result<(), String> {
         .args(["apply", "--whitespace=nowarn", "--", &patch_arg])
         .run()
         .map_err(|err| {
+            // git's own words say what does not apply; the command line says nothing more.
+            let why = match err {
+                GitError::Failed { stderr, .. } => stderr,
+                other => other.to_string(),
+            };
             format!(
                 "the patch does not apply to the imported state: {}",
-                sanitize_line(&err.to_string(), 2000)
+                sanitize_line(&why, 2000)
             )
         })?;
     Ok(())

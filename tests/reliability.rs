@@ -167,10 +167,11 @@ fn a_patch_larger_than_any_bound_is_saved_whole_at_finish_expiry_and_forced_rm()
     }
     let home = TestHome::new();
     let project = project();
-    // 70 MiB of incompressible output (over the 64 MiB a diff shows) and 10 million lines of
-    // text (a line diff of it would not fit the guest's memory) beside a one-line edit.
+    // 70 MiB of incompressible output (over the 64 MiB a diff shows) and two texts whose
+    // line diffs would take more than the quarter of the guest's memory a file's diff may
+    // (10 million numbers; 8 million one-byte lines under an odd name) beside a one-line edit.
     let big = "head -c 73400320 /dev/urandom > generated.bin; seq 1 10000000 > numbers.txt; \
-               seq 1 2000000 > 'odd *name [1].txt'; echo two > a.txt";
+               yes | head -c 16000000 > 'odd *name [1].txt'; echo two > a.txt";
     for (name, how) in [("fin", "finish"), ("ttl", "expiry"), ("gone", "rm")] {
         let started = if how == "expiry" {
             home.json(&[

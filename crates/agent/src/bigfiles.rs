@@ -1,16 +1,128 @@
-//! Large files in a diff: which changed files are big enough that the diff must carry them as
-//! binary, and the attributes file that tells git so.
+//! Large files in a diff: which changed files would take too much memory to diff line by line
+//! and must be carried as binary, and the attributes file that tells git so.
 //!
-//! A line diff needs memory in proportion to the number of lines (git's xdiff keeps a record
-//! per line): a 78 MB file of ten million short lines takes 1.4 GB, more than a sandbox's
-//! memory limit, and the OOM-killed diff would lose the patch that saves the agent's work.
-//! As binary, git deflates the blob whole, in memory proportional to its size. Git's own
-//! `core.bigFileThreshold` does not change how `git diff` treats text, so the files over
-//! [`BIG_FILE_BYTES`] are listed, by exact path, in the private repository's
-//! `info/attributes` as `binary` before each diff.
+//! A line diff needs memory for both sides' bytes plus a record per line (git's xdiff): a
+//! 10 MB file of five million one-byte lines takes 415 MB to diff against a copy of itself,
+//! more than a small sandbox has, and the OOM-killed diff would lose the patch that saves the
+//! agent's work. As binary, git deflates the blob whole, in memory proportional to its size.
+//! So each change is estimated ([`line_diff_bytes`]) against a budget the host gives, a share
+//! of the sandbox's memory; lines are counted only where the sizes alone cannot rule the
+//! budget out ([`may_exceed`]). A 9 MB source file of 260k lines stays a readable text diff.
+//! Git's own `core.bigFileThreshold` does not change how `git diff` treats text, so the files
+//! over budget are listed, by exact path, in the private repository's `info/attributes` as
+//! `binary` before each diff.
 
-/// Files larger than this (either side of the change) are diffed as binary.
-pub const BIG_FILE_BYTES: u64 = 8 * 1024 * 1024;
+use std::collections::HashMap;
+
+/// Memory git's line diff takes per line of either side beyond the bytes themselves: xdiff's
+/// record and hash entry (about 40 bytes with git 2.39 on x86-64: 415 MB for 2 × 5 million
+/// lines of 10 MB each), rounded up.
+pub const LINE_RECORD_BYTES: u64 = 64;
+
+/// The budget of one file's line diff when the host names none: what the smallest sandbox
+/// (64 MiB) can spare.
+pub const DEFAULT_LINE_DIFF_BUDGET: u64 = 16 << 20;
+
+/// One side of a change: its blob's size and, once counted, its lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Side {
+    pub bytes: u64,
+    pub lines: Option<u64>,
+}
+
+/// What a line diff of `sides` takes at most: their bytes, and a record per line (every byte
+/// a line where the lines were not counted).
+pub fn line_diff_bytes(sides: &[Side]) -> u64 {
+    sides.iter().fold(0_u64, |total, side| {
+        let lines = side.lines.unwrap_or(side.bytes);
+        total
+            .saturating_add(side.bytes)
+            .saturating_add(lines.saturating_mul(LINE_RECORD_BYTES))
+    })
+}
+
+/// Whether a change with these sides might exceed `budget`, so that its lines are worth
+/// counting (sides whose bytes alone exceed it go binary without a count).
+pub fn may_exceed(sides: &[Side], budget: u64) -> bool {
+    let bytes = sides.iter().fold(0_u64, |t, s| t.saturating_add(s.bytes));
+    bytes <= budget && line_diff_bytes(sides) > budget
+}
+
+/// Counts the lines of each blob in `git cat-file --batch` output as it streams by, without
+/// keeping any blob: `<id> blob <size>\n<size bytes>\n` per object, `<id> missing\n` for
+/// none. Output that breaks the format ends the counting (it comes from the guest's git:
+/// data, not trusted; an uncounted blob counts as every byte a line).
+#[derive(Debug, Default)]
+pub struct BatchLineCounter {
+    header: Vec<u8>,
+    /// The object being read: its id, bytes left, lines so far.
+    body: Option<(String, u64, u64)>,
+    /// The newline after an object's bytes is due.
+    trailer: bool,
+    broken: bool,
+    counts: HashMap<String, u64>,
+}
+
+impl BatchLineCounter {
+    pub fn feed(&mut self, mut data: &[u8]) {
+        while !data.is_empty() && !self.broken {
+            if self.trailer {
+                self.trailer = false;
+                if data[0] != b'\n' {
+                    self.broken = true;
+                    return;
+                }
+                data = &data[1..];
+                continue;
+            }
+            if let Some((id, left, lines)) = &mut self.body {
+                let take = usize::try_from(*left).unwrap_or(usize::MAX).min(data.len());
+                let count = data[..take].iter().filter(|&&b| b == b'\n').count();
+                *lines += u64::try_from(count).unwrap_or(u64::MAX);
+                *left -= u64::try_from(take).unwrap_or(u64::MAX);
+                data = &data[take..];
+                if *left == 0 {
+                    self.counts.insert(std::mem::take(id), *lines);
+                    self.body = None;
+                    self.trailer = true;
+                }
+                continue;
+            }
+            let Some(end) = data.iter().position(|&b| b == b'\n') else {
+                self.header.extend_from_slice(data);
+                // A header is an id and a size; anything longer is not one.
+                self.broken = self.header.len() > 256;
+                return;
+            };
+            self.header.extend_from_slice(&data[..end]);
+            data = &data[end + 1..];
+            let header = std::mem::take(&mut self.header);
+            self.start_object(&header);
+        }
+    }
+
+    fn start_object(&mut self, header: &[u8]) {
+        let text = String::from_utf8_lossy(header);
+        let fields: Vec<&str> = text.split(' ').collect();
+        match fields[..] {
+            [_, "missing"] => {}
+            [id, "blob", size] if crate::git::is_object_id(id) => match size.parse::<u64>() {
+                Ok(0) => {
+                    self.counts.insert(id.to_owned(), 0);
+                    self.trailer = true;
+                }
+                Ok(size) => self.body = Some((id.to_owned(), size, 0)),
+                Err(_) => self.broken = true,
+            },
+            _ => self.broken = true,
+        }
+    }
+
+    /// The lines of every blob read whole.
+    pub fn counts(self) -> HashMap<String, u64> {
+        self.counts
+    }
+}
 
 /// One entry of `git diff --raw -z --no-abbrev --no-renames`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,6 +237,79 @@ mod tests {
             String::from_utf8(text).unwrap(),
             "\"/dir/we\\\\*ird \\\\[x] \\\"q\\\"\\\\\\\\.txt\" binary\n\"/new\\012line\\377\" binary\n"
         );
+    }
+
+    #[test]
+    fn the_estimate_counts_bytes_and_a_record_per_line() {
+        let counted = Side {
+            bytes: 1000,
+            lines: Some(10),
+        };
+        assert_eq!(line_diff_bytes(&[counted]), 1000 + 10 * LINE_RECORD_BYTES);
+        let uncounted = Side {
+            bytes: 1000,
+            lines: None,
+        };
+        assert_eq!(
+            line_diff_bytes(&[counted, uncounted]),
+            2000 + 1010 * LINE_RECORD_BYTES
+        );
+        // Small enough whatever the lines: not worth counting.
+        let small = Side {
+            bytes: 100,
+            lines: None,
+        };
+        assert!(!may_exceed(&[small, small], 200 * (1 + LINE_RECORD_BYTES)));
+        assert!(may_exceed(
+            &[small, small],
+            200 * (1 + LINE_RECORD_BYTES) - 1
+        ));
+        // Over the budget by its bytes alone: binary without a count.
+        assert!(!may_exceed(&[small, small], 199));
+    }
+
+    #[test]
+    fn batch_output_is_counted_across_any_split() {
+        let a = "a".repeat(40);
+        let b = "b".repeat(40);
+        let c = "c".repeat(40);
+        let stream =
+            format!("{a} blob 6\nx\ny\nz\n\n{c} missing\n{b} blob 0\n\n{c} blob 5\nno nl\n");
+        for chunk in 1..stream.len() {
+            let mut counter = BatchLineCounter::default();
+            for piece in stream.as_bytes().chunks(chunk) {
+                counter.feed(piece);
+            }
+            let counts = counter.counts();
+            assert_eq!(counts.get(&a), Some(&3), "chunk {chunk}");
+            assert_eq!(counts.get(&b), Some(&0), "chunk {chunk}");
+            assert_eq!(
+                counts.get(&c),
+                Some(&0),
+                "chunk {chunk}: 'no nl' has no newline"
+            );
+            assert_eq!(counts.len(), 3);
+        }
+    }
+
+    #[test]
+    fn broken_batch_output_stops_the_count() {
+        let a = "a".repeat(40);
+        let b = "b".repeat(40);
+        let mut counter = BatchLineCounter::default();
+        // The byte after a's body must be a newline; after that nothing is trusted.
+        counter.feed(format!("{a} blob 2\n\n\nX{b} blob 1\n\n\n").as_bytes());
+        let counts = counter.counts();
+        assert_eq!(counts.get(&a), Some(&2));
+        assert_eq!(counts.get(&b), None);
+        let mut counter = BatchLineCounter::default();
+        counter.feed(b"not a header\n");
+        counter.feed(format!("{a} blob 1\n\n\n").as_bytes());
+        assert!(counter.counts().is_empty());
+        let mut counter = BatchLineCounter::default();
+        counter.feed(&[b'x'; 300]);
+        counter.feed(format!("\n{a} blob 1\n\n\n").as_bytes());
+        assert!(counter.counts().is_empty());
     }
 
     #[test]

@@ -764,6 +764,9 @@ pub async fn diff(
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<Response, String> {
     let (workspace, _ws_fd) = open_workspace(&req.workspace)?;
+    let line_diff_budget = req
+        .line_diff_budget
+        .unwrap_or(bigfiles::DEFAULT_LINE_DIFF_BUDGET);
     let _guard = lock(repo_lock, stop)
         .await
         .map_err(|err| cancelled_or(err, "the diff"))?;
@@ -819,7 +822,7 @@ pub async fn diff(
             .await?;
         }
         add_all(git, &private, &workspace, &DIFF_COMPRESSION, &[], stop).await?;
-        mark_big_files(git, &private, &workspace, &commit, stop).await?;
+        mark_big_files(git, &private, &workspace, &commit, line_diff_budget, stop).await?;
         let mut args = DIFF_ARGS.to_vec();
         args.push(&commit);
         stream_git_output(
@@ -847,13 +850,15 @@ pub async fn diff(
     }
 }
 
-/// Lists the changed files over [`bigfiles::BIG_FILE_BYTES`] as `binary` in the private
-/// repository's `info/attributes`, replacing the previous diff's list (see [`bigfiles`]).
+/// Lists the changed files whose line diff would take more than `budget` bytes as `binary`
+/// in the private repository's `info/attributes`, replacing the previous diff's list (see
+/// [`bigfiles`]).
 async fn mark_big_files(
     git: &Git,
     private: &Opened,
     workspace: &Path,
     baseline: &str,
+    budget: u64,
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<(), RunError> {
     let raw = git
@@ -876,44 +881,42 @@ async fn mark_big_files(
         )
         .await?;
     let changes = bigfiles::parse_raw(&raw);
-    let mut ids: Vec<&str> = changes
+    let blobs_of = |c: &bigfiles::Change| [c.old_blob.clone(), c.new_blob.clone()];
+    let ids: Vec<String> = changes.iter().flat_map(blobs_of).flatten().collect();
+    let sizes = bigfiles::parse_sizes(
+        &cat_file_batch(
+            git,
+            private,
+            workspace,
+            "--batch-check=%(objectname) %(objectsize)",
+            &ids,
+            stop,
+        )
+        .await?,
+    );
+    let sides = |c: &bigfiles::Change, lines: &std::collections::HashMap<String, u64>| {
+        blobs_of(c)
+            .into_iter()
+            .flatten()
+            .map(|id| bigfiles::Side {
+                // A blob git cannot size is taken as large: binary is the safe side.
+                bytes: sizes.get(&id).copied().unwrap_or(u64::MAX),
+                lines: lines.get(&id).copied(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let no_lines = std::collections::HashMap::new();
+    let to_count: Vec<String> = changes
         .iter()
-        .flat_map(|c| [c.old_blob.as_deref(), c.new_blob.as_deref()])
+        .filter(|c| bigfiles::may_exceed(&sides(c, &no_lines), budget))
+        .flat_map(blobs_of)
         .flatten()
         .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let sizes = if ids.is_empty() {
-        Default::default()
-    } else {
-        let mut input = ids.join("\n").into_bytes();
-        input.push(b'\n');
-        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
-            .map_err(|err| RunError::Failed(format!("cannot create a pipe: {err}")))?;
-        // Fed from the blocking pool while git reads; git's exit closes the pipe.
-        let feeder = tokio::task::spawn_blocking(move || File::from(write).write_all(&input));
-        let out = git
-            .run(
-                &private.args(
-                    workspace,
-                    &["cat-file", "--batch-check=%(objectname) %(objectsize)"],
-                ),
-                private.run().stdin(read),
-                stop,
-            )
-            .await;
-        let _ = feeder.await;
-        bigfiles::parse_sizes(&out?)
-    };
-    let big = |id: &Option<String>| {
-        id.as_ref()
-            .and_then(|id| sizes.get(id))
-            .is_some_and(|&size| size > bigfiles::BIG_FILE_BYTES)
-    };
+    let lines = count_lines(git, private, workspace, &to_count, stop).await?;
     let text = bigfiles::attributes(
         changes
             .iter()
-            .filter(|c| big(&c.old_blob) || big(&c.new_blob))
+            .filter(|c| bigfiles::line_diff_bytes(&sides(c, &lines)) > budget)
             .map(|c| c.path.as_slice()),
     );
     let dir = private
@@ -923,6 +926,109 @@ async fn mark_big_files(
     blocking(move || write_attributes(dir.as_fd(), &text))
         .await
         .map_err(RunError::Failed)
+}
+
+/// `git cat-file BATCH` of the private repository for `ids` (deduplicated); its output.
+async fn cat_file_batch(
+    git: &Git,
+    private: &Opened,
+    workspace: &Path,
+    batch: &str,
+    ids: &[String],
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<Vec<u8>, RunError> {
+    let Some(input) = batch_input(ids) else {
+        return Ok(Vec::new());
+    };
+    let (read, feeder) = feed(input)?;
+    let out = git
+        .run(
+            &private.args(workspace, &["cat-file", batch]),
+            private.run().stdin(read),
+            stop,
+        )
+        .await;
+    let _ = feeder.await;
+    out
+}
+
+/// The lines of each of the blobs `ids`, counted as `git cat-file --batch` streams them: a
+/// blob is never held whole.
+async fn count_lines(
+    git: &Git,
+    private: &Opened,
+    workspace: &Path,
+    ids: &[String],
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<std::collections::HashMap<String, u64>, RunError> {
+    let Some(input) = batch_input(ids) else {
+        return Ok(Default::default());
+    };
+    let (read, feeder) = feed(input)?;
+    let spec = git
+        .spec(
+            &private.args(workspace, &["cat-file", "--batch"]),
+            private.run().stdin(read),
+        )
+        .map_err(RunError::Failed)?;
+    let mut child = Child::spawn(&spec)
+        .map_err(|err| RunError::Failed(format!("cannot start git cat-file: {err}")))?;
+    let mut counter = bigfiles::BatchLineCounter::default();
+    let mut buf = vec![0_u8; 64 * 1024];
+    loop {
+        let read = tokio::select! {
+            biased;
+            () = stop_requested(stop) => None,
+            read = child.read(&mut buf) => Some(read),
+        };
+        match read {
+            None => {
+                child.kill().await;
+                return Err(RunError::Cancelled);
+            }
+            Some(Ok(0)) => break,
+            Some(Ok(n)) => counter.feed(&buf[..n]),
+            Some(Err(err)) => {
+                child.kill().await;
+                return Err(RunError::Failed(format!(
+                    "cannot read git cat-file's output: {err}"
+                )));
+            }
+        }
+    }
+    let _ = feeder.await;
+    let finished = child.wait().await;
+    if !finished.success() {
+        return Err(RunError::Failed(format!(
+            "git cat-file failed ({})",
+            finished.describe()
+        )));
+    }
+    Ok(counter.counts())
+}
+
+/// One id per line, each once; `None` for no ids.
+fn batch_input(ids: &[String]) -> Option<Vec<u8>> {
+    let mut ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return None;
+    }
+    let mut input = ids.join("\n").into_bytes();
+    input.push(b'\n');
+    Some(input)
+}
+
+/// A pipe whose read end is a child's stdin, fed `input` from the blocking pool while the
+/// child reads; the child's exit closes it.
+fn feed(
+    input: Vec<u8>,
+) -> Result<(OwnedFd, tokio::task::JoinHandle<std::io::Result<()>>), RunError> {
+    let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+        .map_err(|err| RunError::Failed(format!("cannot create a pipe: {err}")))?;
+    let feeder = tokio::task::spawn_blocking(move || File::from(write).write_all(&input));
+    Ok((read, feeder))
 }
 
 /// Replaces `baseline.git/info/attributes` in the private directory. The directory belongs

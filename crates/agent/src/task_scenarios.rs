@@ -336,9 +336,14 @@ async fn baseline(
 }
 
 async fn diff(host: &Host, ws: &Path, max_bytes: u64) -> Outcome {
+    diff_within(host, ws, max_bytes, None).await
+}
+
+async fn diff_within(host: &Host, ws: &Path, max_bytes: u64, budget: Option<u64>) -> Outcome {
     let request = Request::Diff(DiffRequest {
         workspace: text(ws),
         max_bytes,
+        line_diff_budget: budget,
     });
     host.open(&request).await.1.collect().await
 }
@@ -1156,6 +1161,64 @@ async fn diff_round_trip_reproduces_the_work_tree() {
     assert_eq!(again, patch);
 }
 
+/// Whether a changed file is diffed line by line depends on what the line diff would take in
+/// memory (its bytes and a record per line, against the budget the host gives), not on its
+/// size alone: a big file of long lines stays readable text, a smaller one of a million short
+/// lines goes binary, and each patch still reproduces the work tree.
+#[tokio::test]
+async fn a_file_goes_binary_only_when_its_line_diff_would_exceed_the_budget() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    // 4 MiB in 4096 lines: about 8.5 MiB to diff. 1 MiB of one-byte lines: about 66 MiB.
+    let long_lines: String = (0..4096).map(|i| format!("{i:01023}\n")).collect();
+    std::fs::write(src.join("long.txt"), &long_lines).expect("write");
+    std::fs::write(src.join("short.txt"), "x\n".repeat(512 * 1024)).expect("write");
+    let ws = sb.ws();
+    assert!(unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30)
+        .await
+        .done
+        .is_some());
+    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+    as_user(
+        &host,
+        &ws,
+        "echo tail >> long.txt && echo tail >> short.txt",
+    )
+    .await;
+
+    // The file's section of a patch: text (it shows the added line) or binary.
+    let shown = |patch: &[u8], name: &str| -> &'static str {
+        let patch = String::from_utf8_lossy(patch);
+        let header = format!("diff --git a/{name} b/{name}");
+        let start = patch
+            .find(&header)
+            .unwrap_or_else(|| panic!("{name} missing"));
+        let section = &patch[start..];
+        let section = &section[..section[1..]
+            .find("diff --git")
+            .map_or(section.len(), |i| i + 1)];
+        if section.contains("GIT binary patch") {
+            "binary"
+        } else {
+            assert!(section.contains("\n+tail\n"), "{section}");
+            "text"
+        }
+    };
+    // The agent's own budget (the smallest sandbox's, 16 MiB), a large one, a tiny one.
+    for (budget, long, short) in [
+        (None, "text", "binary"),
+        (Some(1 << 30), "text", "text"),
+        (Some(1 << 20), "binary", "binary"),
+    ] {
+        let patch = patch_of(&diff_within(&host, &ws, 1 << 30, budget).await);
+        assert_eq!(shown(&patch, "long.txt"), long, "budget {budget:?}");
+        assert_eq!(shown(&patch, "short.txt"), short, "budget {budget:?}");
+        assert_patch_reproduces(&sb, &src, &patch, &ws).await;
+    }
+}
+
 #[tokio::test]
 async fn diff_ignores_the_workspaces_git_config_and_attributes() {
     let sb = Sandbox::new();
@@ -1496,6 +1559,7 @@ async fn cancelled_baseline_and_diff_clean_up() {
     let request = Request::Diff(DiffRequest {
         workspace: text(&ws),
         max_bytes: 1 << 20,
+        line_diff_budget: None,
     });
     let (id, rx) = host.open(&request).await;
     host.send(Frame::new(id, FrameKind::Cancel, vec![])).await;

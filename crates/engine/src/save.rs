@@ -56,7 +56,11 @@ impl ResultFiles {
 /// Streams the patch baseline → working tree into `patch.diff`, whatever its size, and makes
 /// it durable. While the agent works, it must keep answering pings: a stopped or wedged agent
 /// fails the save instead of hanging it. On failure no `patch.diff` is left behind.
-pub async fn take_final_patch(conn: &AgentConn, files: &ResultFiles) -> Result<u64> {
+pub async fn take_final_patch(
+    conn: &AgentConn,
+    files: &ResultFiles,
+    line_diff_budget: u64,
+) -> Result<u64> {
     let partial = files.dir.join(format!("{}.partial", finish::PATCH_FILE));
     let taken = async {
         let file = tokio::fs::OpenOptions::new()
@@ -69,7 +73,7 @@ pub async fn take_final_patch(conn: &AgentConn, files: &ResultFiles) -> Result<u
             .map_err(|err| disk_error("creating", &partial, &err))?;
         let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
         let size = conn
-            .while_responsive(workspace::diff_into(conn, &mut out, None))
+            .while_responsive(workspace::diff_into(conn, &mut out, None, line_diff_budget))
             .await??;
         crate::failpoint::hit("save.patch-written")?;
         use tokio::io::AsyncWriteExt;

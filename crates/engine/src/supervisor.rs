@@ -299,6 +299,9 @@ struct TaskContext {
     baseline: OnceLock<Arc<BaselineIndex>>,
     /// The task's egress proxy, when it has one: its summary goes into the result.
     egress: Option<Arc<Egress>>,
+    /// What one file's line diff may take in the guest ([`workspace::line_diff_budget`]): the
+    /// same for every diff of the task, so `task diff` shows what `task finish` saves.
+    line_diff_budget: u64,
 }
 
 impl TaskContext {
@@ -321,6 +324,7 @@ impl TaskContext {
             exec_log: Mutex::new(exec_log),
             baseline: OnceLock::new(),
             egress: None,
+            line_diff_budget: workspace::line_diff_budget(record.memory_mb),
         })
     }
 
@@ -641,7 +645,7 @@ async fn end_task(
                 if let Err(err) = guest.raise_memory_limit(limit) {
                     tracing::warn!("{err}; saving within the sandbox's own limit");
                 }
-                save::take_final_patch(conn, &task.files).await
+                save::take_final_patch(conn, &task.files, task.line_diff_budget).await
             }
             Err(err) => Err(err),
         },
@@ -1116,7 +1120,7 @@ async fn sync_guest_kernel(conn: &AgentConn) -> Result<()> {
 
 impl TaskContext {
     async fn diff(&self, conn: &AgentConn) -> Result<DiffResult> {
-        let patch = workspace::diff(conn).await?;
+        let patch = workspace::diff(conn, self.line_diff_budget).await?;
         let baseline = self.baseline();
         let summary = patch::summarize(&patch, DEFAULT_MAX_PATCH_BYTES, &|path| baseline.get(path))
             .map_err(|err| {

@@ -277,17 +277,29 @@ pub async fn record_baseline(
 /// The patch baseline → current working tree, as the guest's agent computes it, in memory:
 /// for showing it (`task diff`), so bounded by [`DEFAULT_MAX_PATCH_BYTES`]. Saving the work
 /// uses [`diff_into`] without a bound.
-pub async fn diff(conn: &AgentConn) -> Result<Vec<u8>> {
+pub async fn diff(conn: &AgentConn, line_diff_budget: u64) -> Result<Vec<u8>> {
     let mut patch = Vec::new();
     let max = u64::try_from(DEFAULT_MAX_PATCH_BYTES).unwrap_or(u64::MAX);
-    diff_into(conn, &mut patch, Some(max)).await?;
+    diff_into(conn, &mut patch, Some(max), line_diff_budget).await?;
     Ok(patch)
+}
+
+/// What one file's line diff may take in a guest of `memory_mb`: a quarter of it, the rest
+/// being the agent's, git's own and whatever the sandbox's processes hold. A file whose line
+/// diff would take more is carried as binary (see the agent's `bigfiles`).
+pub fn line_diff_budget(memory_mb: u64) -> u64 {
+    memory_mb.saturating_mul(1 << 20) / 4
 }
 
 /// Streams the patch baseline → current working tree into `out` as the agent produces it,
 /// and returns its size. With `max_bytes`, a larger patch is an `invalid_argument` error (the
 /// agent's diff is cancelled); without, every byte the agent sends is written.
-pub async fn diff_into<W>(conn: &AgentConn, out: &mut W, max_bytes: Option<u64>) -> Result<u64>
+pub async fn diff_into<W>(
+    conn: &AgentConn,
+    out: &mut W,
+    max_bytes: Option<u64>,
+    line_diff_budget: u64,
+) -> Result<u64>
 where
     W: tokio::io::AsyncWrite + Unpin,
 {
@@ -298,6 +310,7 @@ where
             // The bound is enforced here, where the bytes arrive, so that going over it gets
             // the host's explanation rather than the agent's.
             max_bytes: u64::MAX,
+            line_diff_budget: Some(line_diff_budget),
         }))
         .await?;
     let mut written: u64 = 0;

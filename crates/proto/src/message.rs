@@ -157,6 +157,12 @@ pub struct DiffRequest {
     pub workspace: String,
     /// A patch larger than this is refused with an error instead of being sent.
     pub max_bytes: u64,
+    /// The memory one file's line diff may take in the guest; a file whose line diff would
+    /// take more is sent as binary. The host gives a share of the sandbox's memory; without
+    /// it the agent assumes the smallest sandbox's. Sent only when set, so the request stays
+    /// readable by an agent that predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line_diff_budget: Option<u64>,
 }
 
 /// Run `sh -c command` in the guest.

@@ -251,7 +251,7 @@ fn nat_reaches_a_test_server_but_not_the_host_on(backend: Backend) {
     // DNS and TCP through pasta, to the test's own server namespace.
     let got = home.sh(
         "natbox",
-        &format!("curl -sS -m 20 http://{SERVER_NAME}:{SERVER_PORT}/hello.txt"),
+        &format!("curl -sS -m 60 http://{SERVER_NAME}:{SERVER_PORT}/hello.txt"),
     );
     assert_eq!(got, "hello from S\n");
     // The jail's interface copies H's; a VM's leads to QEMU's user networking.
@@ -301,7 +301,7 @@ fn nat_reaches_a_test_server_but_not_the_host_on(backend: Backend) {
             // The rewritten routes still carry the guest's own traffic.
             let got = home.sh(
                 "natbox",
-                &format!("sudo curl -sS -m 20 http://{SERVER_NAME}:{SERVER_PORT}/hello.txt"),
+                &format!("sudo curl -sS -m 60 http://{SERVER_NAME}:{SERVER_PORT}/hello.txt"),
             );
             assert_eq!(got, "hello from S\n");
         }

@@ -8,6 +8,9 @@
 //! - `task start --repo` over HTTPS and SSH: the clone is the baseline; the SSH key is used and
 //!   then gone; bad keys are refused; a failed clone leaves nothing behind.
 //!
+//! The raw-sandbox and refusal tests run on each backend (`vm`: the guest's listener is on its
+//! own loopback, tunnelled over virtio-serial); the rest on the jail.
+//!
 //! Traffic stays on loopback: every name goes through a resolve override to the fixture's
 //! 127.X.Y.Z (this machine's DNS server is not on loopback), and the targets of refusals are
 //! loopback addresses too, so a proxy bug cannot send a packet anywhere else.
@@ -34,7 +37,11 @@ mod field {
 /// A home whose `dynocap` commands reach the fixture under its names and trust its CA,
 /// with `allow` (comma-separated) added to the allowlist.
 fn home_for(fix: &NetFix, allow: &str) -> TestHome {
-    let mut home = TestHome::new();
+    with_fixture(TestHome::new(), fix, allow)
+}
+
+/// `home` (of any backend) made to reach the fixture, as [`home_for`].
+fn with_fixture(mut home: TestHome, fix: &NetFix, allow: &str) -> TestHome {
     for (key, value) in fix.product_env() {
         home = home.with_env(&key, &value);
     }
@@ -247,11 +254,21 @@ fn npm_pip_git_and_curl_work_through_filtered_and_are_logged() {
 
 #[test]
 fn a_raw_sandbox_gets_the_default_list_plus_allow_host() {
-    if !require_root("a_raw_sandbox_gets_the_default_list_plus_allow_host") {
+    a_raw_sandbox_gets_the_default_list_plus_allow_host_on(Backend::Jail);
+}
+
+#[test]
+fn a_raw_sandbox_gets_the_default_list_plus_allow_host_in_a_vm() {
+    a_raw_sandbox_gets_the_default_list_plus_allow_host_on(Backend::Vm);
+}
+
+fn a_raw_sandbox_gets_the_default_list_plus_allow_host_on(backend: Backend) {
+    let test = "a_raw_sandbox_gets_the_default_list_plus_allow_host";
+    let Some(home) = TestHome::on(backend, test) else {
         return;
-    }
+    };
     let fix = NetFix::start();
-    let home = home_for(&fix, "");
+    let home = with_fixture(home, &fix, "");
     let sandbox = home.sandbox(
         "raw",
         &[
@@ -261,6 +278,7 @@ fn a_raw_sandbox_gets_the_default_list_plus_allow_host() {
             OTHER_HOST,
         ],
     );
+    assert_eq!(sandbox["backend"], backend.name(), "{sandbox}");
     let allowlist = sandbox[field::EGRESS_ALLOWLIST].to_string();
     assert!(
         allowlist.contains(NPM_HOST) && allowlist.contains(OTHER_HOST),
@@ -337,15 +355,49 @@ fn a_projects_trusted_remotes_join_its_allowlist() {
 
 #[test]
 fn everything_but_https_to_allowed_hosts_is_refused_and_logged() {
-    if !require_root("everything_but_https_to_allowed_hosts_is_refused_and_logged") {
+    everything_but_https_to_allowed_hosts_is_refused_and_logged_on(Backend::Jail);
+}
+
+#[test]
+fn everything_but_https_to_allowed_hosts_is_refused_and_logged_in_a_vm() {
+    everything_but_https_to_allowed_hosts_is_refused_and_logged_on(Backend::Vm);
+}
+
+/// A CONNECT client for ssh's `ProxyCommand` (`connect.py PROXY HOST PORT`), in Python
+/// because images differ in which `nc` they have, if any.
+const CONNECT_PY: &str = r#"import os, socket, sys, threading
+host, port = sys.argv[1].rsplit(":", 1)
+s = socket.create_connection((host, int(port)))
+s.sendall(f"CONNECT {sys.argv[2]}:{sys.argv[3]} HTTP/1.1\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    byte = s.recv(1)
+    if not byte:
+        sys.exit("the proxy closed the connection")
+    head += byte
+if head.split()[1:2] != [b"200"]:
+    sys.exit(head.decode(errors="replace"))
+def up():
+    while data := os.read(0, 65536):
+        s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+threading.Thread(target=up, daemon=True).start()
+while data := s.recv(65536):
+    os.write(1, data)
+"#;
+
+fn everything_but_https_to_allowed_hosts_is_refused_and_logged_on(backend: Backend) {
+    let test = "everything_but_https_to_allowed_hosts_is_refused_and_logged";
+    let Some(home) = TestHome::on(backend, test) else {
         return;
-    }
+    };
     let fix = NetFix::start();
     // `localhost` is allowed by name so that its refusal comes from the address check: the
     // proxy resolves it on the host (from /etc/hosts, no DNS query) to 127.0.0.1, and no
     // override names that address.
-    let home = home_for(&fix, "localhost");
+    let home = with_fixture(home, &fix, "localhost");
     let task = filtered_task(&home, "deny");
+    assert_eq!(task["backend"], backend.name(), "{task}");
     let id = task_id(&task);
     let addr = fix.addr.to_string();
 
@@ -384,15 +436,22 @@ fn everything_but_https_to_allowed_hosts_is_refused_and_logged() {
     let sshd_before = fix.ssh.connections();
     let out = fails_in(&home, "deny", &format!("curl -sS https://{NPM_HOST}:22/"));
     assert!(out.contains("403"), "{out}");
+    ok_in(
+        &home,
+        "deny",
+        &format!("cat > /tmp/connect.py <<'EOF'\n{CONNECT_PY}EOF"),
+    );
     let out = fails_in(
         &home,
         "deny",
         &format!(
             "ssh -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=no \
-             -o ProxyCommand='nc -X connect -x {} %h %p' git@{NPM_HOST} true",
+             -o ProxyCommand='python3 /tmp/connect.py {} %h %p' git@{NPM_HOST} true",
             product::GUEST_PROXY
         ),
     );
+    // The proxy said no, not the helper: the refusal reached ssh as the helper's message.
+    assert!(out.contains("403"), "{out}");
     assert!(!out.contains("Permission denied"), "reached sshd: {out}");
     refused(&home, &id, NPM_HOST, 22, "port 22 to a non-git host");
 
@@ -486,7 +545,9 @@ fn everything_but_https_to_allowed_hosts_is_refused_and_logged() {
     run_in(
         &home,
         "deny",
-        &format!("echo ping | nc -u -w1 {addr} {port}; echo ping | nc -u -w1 {NPM_HOST} 53"),
+        &format!(
+            "bash -c 'echo ping > /dev/udp/{addr}/{port}; echo ping > /dev/udp/{NPM_HOST}/53'"
+        ),
     );
     let mut buf = [0u8; 64];
     assert!(

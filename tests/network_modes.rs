@@ -1,6 +1,8 @@
-//! Network modes end to end. `none`: the guest reaches nothing, not even a server on the host's
-//! loopback. `nat`: the guest reaches the outside world through pasta (DNS included) but
-//! neither the host's loopback nor the host's own addresses; pasta goes with the sandbox.
+//! Network modes end to end, on each backend. `none`: the guest reaches nothing, not even a
+//! server on the host's loopback. `nat`: the guest reaches the outside world through pasta
+//! (DNS included) but neither the host's loopback nor the host's own addresses; pasta goes
+//! with the sandbox. On `vm` the guest is root of its own kernel: guest root rewriting its
+//! routes still reaches nothing of the host.
 //!
 //! Where packets go: the `none` test targets only 127.0.0.1 and a name. The `nat` tests run
 //! dynocap inside a namespace `H` the test created, whose only route leads to the test's own
@@ -25,6 +27,8 @@ const HOST_PORT: &str = "8081";
 const SERVER_PORT: &str = "8080";
 /// The name `S`'s DNS server answers with `S`'s address.
 const SERVER_NAME: &str = "files.test";
+/// A `nat` VM's gateway: QEMU's user networking, whose alias for "the host's loopback" it is.
+const VM_GATEWAY: &str = "10.0.2.2";
 
 /// A TCP server on the real host's loopback that counts the connections it accepts.
 fn loopback_listener() -> (u16, Arc<AtomicUsize>) {
@@ -200,13 +204,15 @@ impl NatWorld {
             .expect("run a command in H")
     }
 
-    /// `dynocap --json run NAME --network nat` inside `H`.
+    /// `dynocap --json run NAME --network nat` inside `H`, with `home`'s environment (its
+    /// backend among it).
     fn start_nat(&self, home: &TestHome, name: &str) -> Value {
         let out = self
             .topology
             .in_host(&dynocap_bin())
             .env("DYNOCAP_HOME", home.path())
             .env_remove("DYNOCAP_BACKEND")
+            .envs(home.env_vars().iter().map(|(k, v)| (k, v)))
             .args(["--json", "run", name, "--network", "nat"])
             .output()
             .expect("run dynocap in H");
@@ -222,45 +228,142 @@ impl NatWorld {
 
 #[test]
 fn nat_reaches_a_test_server_but_not_the_host() {
-    if !require_root("nat_reaches_a_test_server_but_not_the_host") {
+    nat_reaches_a_test_server_but_not_the_host_on(Backend::Jail);
+}
+
+/// QEMU's user networking in QEMU's own network namespace, which pasta serves.
+#[test]
+fn nat_reaches_a_test_server_but_not_the_host_in_a_vm() {
+    nat_reaches_a_test_server_but_not_the_host_on(Backend::Vm);
+}
+
+fn nat_reaches_a_test_server_but_not_the_host_on(backend: Backend) {
+    let Some(home) = TestHome::on(backend, "nat_reaches_a_test_server_but_not_the_host") else {
         return;
-    }
+    };
     let world = NatWorld::new();
-    let home = TestHome::new();
     let started = world.start_nat(&home, "natbox");
     assert_eq!(started["network"], "nat", "{started}");
+    assert_eq!(started["backend"], backend.name(), "{started}");
     let listed = home.json(&["ps"]);
     assert_eq!(listed["sandboxes"][0]["network"], "nat", "{listed}");
 
     // DNS and TCP through pasta, to the test's own server namespace.
     let got = home.sh(
         "natbox",
-        &format!("curl -sS -m 20 http://{SERVER_NAME}:{SERVER_PORT}/hello.txt"),
+        &format!("curl -sS -m 60 http://{SERVER_NAME}:{SERVER_PORT}/hello.txt"),
     );
     assert_eq!(got, "hello from S\n");
-    let route = home.sh("natbox", "ip route show default");
-    assert!(route.contains(&format!("via {SERVER_ADDR}")), "{route}");
+    // The jail's interface copies H's; a VM's leads to QEMU's user networking.
+    let gateway = match backend {
+        Backend::Jail => SERVER_ADDR,
+        Backend::Vm => VM_GATEWAY,
+    };
+    assert_eq!(default_gateway(&home, "natbox"), gateway);
 
     // The host's loopback, its address on the link, its other addresses: all unreachable.
-    for target in ["127.0.0.1", HOST_ADDR, HOST_OTHER_ADDR] {
-        let command = format!("curl -sS -m 5 http://{target}:{HOST_PORT}/hello.txt");
-        let result = home.exec("natbox", &[], &command);
-        assert_ne!(exit_code(&result), 0, "`{command}` reached H: {result:#}");
-        let command = format!("timeout 5 bash -c 'echo > /dev/tcp/{target}/{HOST_PORT}'");
-        let result = home.exec("natbox", &[], &command);
-        assert_ne!(exit_code(&result), 0, "`{command}` reached H: {result:#}");
+    // On a VM also the gateway, which QEMU maps to the loopback of the namespace it runs in.
+    let mut targets = vec!["127.0.0.1", HOST_ADDR, HOST_OTHER_ADDR];
+    if backend == Backend::Vm {
+        targets.push(VM_GATEWAY);
     }
-    // Nothing in the guest can route around that: no raw sockets.
-    let bounding = home.sh("natbox", "grep CapBnd /proc/self/status");
-    let mask = u64::from_str_radix(bounding.split_whitespace().nth(1).expect("mask"), 16)
-        .expect("hex mask");
-    assert_eq!(
-        mask & (1 << 13),
-        0,
-        "CAP_NET_RAW in a nat guest: {bounding}"
-    );
+    assert_unreachable(&home, "natbox", "", &targets);
+    match backend {
+        // Nothing in the guest can route around that: no raw sockets.
+        Backend::Jail => {
+            let bounding = home.sh("natbox", "grep CapBnd /proc/self/status");
+            assert_eq!(
+                cap_mask(&bounding) & (1 << CAP_NET_RAW),
+                0,
+                "CAP_NET_RAW in a nat guest: {bounding}"
+            );
+        }
+        // Guest root holds every network capability of its own kernel and uses them: it
+        // replaces the default route and routes H's addresses explicitly. What keeps H out
+        // lives in QEMU's namespace, out of the guest's reach.
+        Backend::Vm => {
+            let effective = home.sh("natbox", "sudo grep CapEff /proc/self/status");
+            let mask = cap_mask(&effective);
+            assert_ne!(mask & (1 << CAP_NET_ADMIN), 0, "{effective}");
+            assert_ne!(mask & (1 << CAP_NET_RAW), 0, "{effective}");
+            home.sh(
+                "natbox",
+                &format!("cat > /tmp/routes.py <<'EOF'\n{ROUTES_PY}EOF"),
+            );
+            let routes = home.sh(
+                "natbox",
+                &format!("sudo python3 /tmp/routes.py {VM_GATEWAY} {HOST_ADDR} {HOST_OTHER_ADDR}"),
+            );
+            // Default, and one host route for each of H's addresses, all via the gateway.
+            let via_gateway = routes.lines().filter(|l| l.contains("\t0202000A\t"));
+            assert_eq!(via_gateway.count(), 3, "{routes}");
+            assert_unreachable(&home, "natbox", "sudo ", &targets);
+            // The rewritten routes still carry the guest's own traffic.
+            let got = home.sh(
+                "natbox",
+                &format!("sudo curl -sS -m 60 http://{SERVER_NAME}:{SERVER_PORT}/hello.txt"),
+            );
+            assert_eq!(got, "hello from S\n");
+        }
+    }
     home.json(&["destroy", "natbox"]);
 }
+
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_NET_RAW: u32 = 13;
+
+/// The mask of a `CapXxx:\tHEX` line of /proc/PID/status.
+fn cap_mask(line: &str) -> u64 {
+    u64::from_str_radix(line.split_whitespace().nth(1).expect("mask"), 16).expect("hex mask")
+}
+
+/// Asserts that neither curl nor bash, run with `prefix` (`""` or `"sudo "`), reaches
+/// `H`'s server at any of `targets`.
+fn assert_unreachable(home: &TestHome, name: &str, prefix: &str, targets: &[&str]) {
+    for target in targets {
+        let command = format!("{prefix}curl -sS -m 5 http://{target}:{HOST_PORT}/hello.txt");
+        let result = home.exec(name, &[], &command);
+        assert_ne!(exit_code(&result), 0, "`{command}` reached H: {result:#}");
+        let command = format!("{prefix}timeout 5 bash -c 'echo > /dev/tcp/{target}/{HOST_PORT}'");
+        let result = home.exec(name, &[], &command);
+        assert_ne!(exit_code(&result), 0, "`{command}` reached H: {result:#}");
+    }
+}
+
+/// The guest's default gateway, from /proc (an image need not have `ip`).
+fn default_gateway(home: &TestHome, name: &str) -> String {
+    let hex = home.sh(
+        name,
+        "awk '$2 == \"00000000\" && $8 == \"00000000\" { print $3; exit }' /proc/net/route",
+    );
+    let raw = u32::from_str_radix(hex.trim(), 16)
+        .unwrap_or_else(|err| panic!("no default route in the guest ({err}): {hex:?}"));
+    // /proc/net/route prints the address as the kernel holds it: network order, read as a
+    // native (little-endian) integer.
+    std::net::Ipv4Addr::from(raw.to_le_bytes()).to_string()
+}
+
+/// Run as guest root: `routes.py GATEWAY ADDR...` deletes the default route, adds a host
+/// route via GATEWAY for each ADDR and the default route back (the ioctls `route` uses; the
+/// image has no `ip`), and prints /proc/net/route.
+const ROUTES_PY: &str = r#"import fcntl, socket, struct, sys
+SIOCADDRT, SIOCDELRT = 0x890B, 0x890C
+RTF_UP, RTF_GATEWAY, RTF_HOST = 0x1, 0x2, 0x4
+def sa(ip):
+    return struct.pack("=HH4s8x", socket.AF_INET, 0, socket.inet_aton(ip))
+def route(op, dst, mask, gw, flags):
+    # struct rtentry on x86_64; "0L" pads the end as C does.
+    rt = struct.pack("@L16s16s16sHhLBB3hhPLLH0L", 0, sa(dst), sa(gw), sa(mask), flags,
+                     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    fcntl.ioctl(s.fileno(), op, rt)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+gw, any4 = sys.argv[1], "0.0.0.0"
+route(SIOCDELRT, any4, any4, gw, RTF_UP | RTF_GATEWAY)
+for addr in sys.argv[2:]:
+    route(SIOCADDRT, addr, "255.255.255.255", gw, RTF_UP | RTF_GATEWAY | RTF_HOST)
+route(SIOCADDRT, any4, any4, gw, RTF_UP | RTF_GATEWAY)
+print(open("/proc/net/route").read().strip())
+"#;
 
 /// Live (not zombie) pasta processes among `supervisor`'s children.
 fn live_pasta_children(supervisor: i32) -> Vec<i32> {
@@ -288,12 +391,21 @@ fn is_live_pasta(pid: i32) -> bool {
 
 #[test]
 fn pasta_goes_with_destroy_and_with_a_killed_supervisor() {
-    if !require_root("pasta_goes_with_destroy_and_with_a_killed_supervisor") {
+    pasta_goes_with_destroy_and_with_a_killed_supervisor_on(Backend::Jail);
+}
+
+#[test]
+fn pasta_goes_with_destroy_and_with_a_killed_supervisor_in_a_vm() {
+    pasta_goes_with_destroy_and_with_a_killed_supervisor_on(Backend::Vm);
+}
+
+fn pasta_goes_with_destroy_and_with_a_killed_supervisor_on(backend: Backend) {
+    let test = "pasta_goes_with_destroy_and_with_a_killed_supervisor";
+    let Some(home) = TestHome::on(backend, test) else {
         return;
-    }
+    };
     let world = NatWorld::new();
 
-    let home = TestHome::new();
     world.start_nat(&home, "gone1");
     let supervisor = home.supervisor_pids()[0];
     let pasta = live_pasta_children(supervisor);
@@ -305,7 +417,7 @@ fn pasta_goes_with_destroy_and_with_a_killed_supervisor() {
         pasta[0]
     );
 
-    let home = TestHome::new();
+    let home = TestHome::on(backend, test).expect("the backend served the first home");
     world.start_nat(&home, "gone2");
     let supervisor = home.supervisor_pids()[0];
     let pasta = live_pasta_children(supervisor);

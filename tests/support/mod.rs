@@ -103,6 +103,12 @@ impl TestHome {
         &self.path
     }
 
+    /// The extra environment of this home's `dynocap` commands ([`TestHome::with_env`]), for
+    /// a test that starts `dynocap` in a way of its own (in a network namespace, say).
+    pub fn env_vars(&self) -> &[(String, String)] {
+        &self.env
+    }
+
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(dynocap_bin());
         cmd.env("DYNOCAP_HOME", self.path())

@@ -51,6 +51,7 @@ mod statedir;
 mod sudo;
 mod unpack;
 mod vm_boot;
+mod vm_net;
 mod vmstat;
 
 #[cfg(test)]

@@ -3,13 +3,15 @@
 //! It loads the kernel modules the host put beside it (`/lib/modules/dynocap.order`, deps
 //! first), mounts the sandbox's disk, grows its ext4 to the disk's size (the disk is a qcow2
 //! layer over the image's smaller base; its virtual size is the sandbox's disk limit), makes
-//! the home and state directories, brings up `lo`, names the host, copies itself onto a tmpfs at
+//! the home and state directories, brings up `lo` (and a `nat` guest's NIC: [`crate::vm_net`]),
+//! names the host, copies itself onto a tmpfs at
 //! `/.dynocap/agent` in the new root, switches root, and re-executes itself there as PID 1
 //! with the virtio-serial port as its channel. From then on the agent is the same program it
 //! is in a jail.
 //!
 //! Settings come from the kernel command line, which only the host writes:
-//! `dynocap.root=/dev/vda dynocap.port=dynocap dynocap.hostname=NAME`; the agent's own
+//! `dynocap.root=/dev/vda dynocap.port=dynocap dynocap.hostname=NAME`, and for a `nat` guest
+//! `dynocap.net=ADDR/PREFIX,GATEWAY,RESOLVER`; the agent's own
 //! options (`--exec-user`, `--home`) follow `--` there and reach us as arguments.
 
 use std::convert::Infallible;
@@ -58,6 +60,8 @@ pub struct BootParams {
     pub root: PathBuf,
     pub port: String,
     pub hostname: Option<String>,
+    /// Network `nat`: the NIC's settings.
+    pub nat: Option<crate::vm_net::NatConfig>,
 }
 
 /// Reads `dynocap.*` settings out of a kernel command line.
@@ -65,6 +69,7 @@ pub fn parse_cmdline(cmdline: &str) -> Result<BootParams, String> {
     let mut root = None;
     let mut port = None;
     let mut hostname = None;
+    let mut nat = None;
     for word in cmdline.split_whitespace() {
         if word == "--" {
             break;
@@ -73,6 +78,7 @@ pub fn parse_cmdline(cmdline: &str) -> Result<BootParams, String> {
             Some(("dynocap.root", v)) => root = Some(PathBuf::from(v)),
             Some(("dynocap.port", v)) => port = Some(v.to_owned()),
             Some(("dynocap.hostname", v)) => hostname = Some(v.to_owned()),
+            Some(("dynocap.net", v)) => nat = Some(crate::vm_net::parse_nat(v)?),
             _ => {}
         }
     }
@@ -80,6 +86,7 @@ pub fn parse_cmdline(cmdline: &str) -> Result<BootParams, String> {
         root: root.ok_or("the kernel command line has no dynocap.root=")?,
         port: port.ok_or("the kernel command line has no dynocap.port=")?,
         hostname,
+        nat,
     })
 }
 
@@ -117,9 +124,13 @@ fn boot(agent_args: Vec<OsString>) -> Result<Infallible, String> {
         log!("cannot grow the root filesystem to the disk's size: {msg}");
     }
     make_guest_dirs(&agent_args)?;
-    if let Err(err) = loopback_up() {
+    if let Err(err) = crate::vm_net::loopback_up() {
         // Only the filtered network's in-guest proxy listener needs it; say so and go on.
         log!("cannot bring up lo: {err}");
+    }
+    if let Some(nat) = &params.nat {
+        // A `nat` sandbox without its network would fail its user later and obscurely.
+        crate::vm_net::configure_nat(nat, Path::new(NEW_ROOT), DEVICE_WAIT)?;
     }
     if let Some(name) = &params.hostname {
         nix::unistd::sethostname(name).map_err(|err| format!("setting the hostname: {err}"))?;
@@ -267,38 +278,6 @@ fn home_and_user(args: &[OsString]) -> (Option<PathBuf>, Option<(u32, u32)>) {
     (home, user)
 }
 
-/// Sets `IFF_UP` on `lo` (a fresh kernel has it down; the jail backend does this from the
-/// host side for its network namespace).
-fn loopback_up() -> Result<(), nix::errno::Errno> {
-    use nix::errno::Errno;
-    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
-    let sock = socket(
-        AddressFamily::Inet,
-        SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
-    // SAFETY: ifreq is a plain C struct (name array plus a union of integers and pointers);
-    // all-zero is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = libc::c_char::from_ne_bytes([*src]);
-    }
-    // SAFETY: SIOCGIFFLAGS reads the name from and writes the flags into `req`, which is a
-    // valid, exclusively borrowed ifreq.
-    unsafe { siocgifflags(sock.as_raw_fd(), &mut req) }?;
-    let up =
-        libc::c_short::try_from(libc::IFF_UP | libc::IFF_RUNNING).map_err(|_| Errno::EINVAL)?;
-    // SAFETY: SIOCGIFFLAGS just initialised the flags member of the union.
-    unsafe { req.ifr_ifru.ifru_flags |= up };
-    // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
-    unsafe { siocsifflags(sock.as_raw_fd(), &req) }?;
-    Ok(())
-}
-
-nix::ioctl_readwrite_bad!(siocgifflags, libc::SIOCGIFFLAGS, libc::ifreq);
-nix::ioctl_write_ptr_bad!(siocsifflags, libc::SIOCSIFFLAGS, libc::ifreq);
-
 /// Copies this binary onto a read-only tmpfs at `/.dynocap/agent` in the new root: the disk
 /// belongs to the sandbox, so the agent must not live where the sandbox could replace it.
 fn install_agent() -> Result<(), String> {
@@ -404,8 +383,18 @@ mod tests {
                 root: "/dev/vda".into(),
                 port: "dynocap".into(),
                 hostname: Some("box-1".into()),
+                nat: None,
             }
         );
+        let params = parse_cmdline(
+            "dynocap.root=/dev/vda dynocap.port=p dynocap.net=10.0.2.15/24,10.0.2.2,169.254.1.1",
+        )
+        .expect("parse");
+        assert_eq!(
+            params.nat.map(|n| n.gateway),
+            Some(std::net::Ipv4Addr::new(10, 0, 2, 2))
+        );
+        assert!(parse_cmdline("dynocap.root=/dev/vda dynocap.port=p dynocap.net=bad").is_err());
         // Anything after `--` is init's arguments, never settings.
         assert!(parse_cmdline("dynocap.port=p -- dynocap.root=/dev/sda").is_err());
         assert!(parse_cmdline("dynocap.root=/dev/vda").is_err());

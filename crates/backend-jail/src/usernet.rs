@@ -18,6 +18,9 @@
 //! - The guest's own interface copies the host's address, so the guest reaching "the host's
 //!   address" reaches itself.
 //!
+//! The same pasta serves a `nat` VM ([`UserNet::start_in`]): there the namespace is the one
+//! QEMU runs in, and the guest's packets reach it as QEMU's own sockets.
+//!
 //! pasta runs as host root (`--runas 0`): it drops to `nobody` by default, which then cannot
 //! open the guest's namespace (owned by a user namespace of host root), and the change of uid
 //! would clear the parent-death signal that ties it to the supervisor. It confines itself
@@ -70,7 +73,7 @@ fn is_executable(path: &Path) -> bool {
 /// pasta's arguments for the guest whose namespace is `netns` (a path); `pid_file` is written
 /// once the guest's interface, address and routes are configured.
 fn pasta_args(netns: &Path, dns_forward: Ipv4Addr, pid_file: &Path) -> Vec<String> {
-    [
+    let mut args: Vec<String> = [
         "--foreground",
         "--quiet",
         "--stderr",
@@ -95,7 +98,13 @@ fn pasta_args(netns: &Path, dns_forward: Ipv4Addr, pid_file: &Path) -> Vec<Strin
     ]
     .iter()
     .map(|s| (*s).to_owned())
-    .collect()
+    .collect();
+    if !netns.starts_with("/proc") {
+        // A namespace bound to a file ([`UserNet::start_in`]): the caller removes the file
+        // once pasta has joined, and pasta must not take that for the namespace's end.
+        args.push("--no-netns-quit".into());
+    }
+    args
 }
 
 impl UserNet {
@@ -112,8 +121,23 @@ impl UserNet {
         state_dir: &Path,
         prepare: impl Fn(&mut Command),
     ) -> Result<(UserNet, ChildStderr), JailError> {
-        let pasta = find_pasta()?;
         let netns = PathBuf::from(format!("/proc/{guest}/ns/net"));
+        Self::start_in(&netns, dns_forward, state_dir, prepare)
+    }
+
+    /// As [`UserNet::start`], for the network namespace `netns` names: `/proc/PID/ns/net`, or
+    /// a file it is bound to. A namespace owned by the initial user namespace (a VM's QEMU)
+    /// needs the file: pasta drops `CAP_SYS_PTRACE` before opening it, and then may not open
+    /// another process's `/proc/PID/ns/net` unless it holds every capability that process
+    /// had. The file may be removed once this returns: pasta holds the namespace itself.
+    pub fn start_in(
+        netns: &Path,
+        dns_forward: Ipv4Addr,
+        state_dir: &Path,
+        prepare: impl Fn(&mut Command),
+    ) -> Result<(UserNet, ChildStderr), JailError> {
+        let pasta = find_pasta()?;
+        let netns = netns.to_path_buf();
         let pid_file = state_dir.join("usernet.pid");
         match std::fs::remove_file(&pid_file) {
             Ok(()) => {}
@@ -322,6 +346,20 @@ mod tests {
                 "{expected} missing from {joined}"
             );
         }
+    }
+
+    #[test]
+    fn a_namespace_bound_to_a_file_outlives_the_file() {
+        let on = |netns: &str| {
+            pasta_args(
+                Path::new(netns),
+                Ipv4Addr::new(169, 254, 1, 1),
+                Path::new("/s/usernet.pid"),
+            )
+            .contains(&"--no-netns-quit".to_owned())
+        };
+        assert!(on("/state/vm/netns"));
+        assert!(!on("/proc/7/ns/net"));
     }
 
     #[test]

@@ -10,8 +10,10 @@ use crate::elf;
 use crate::error::{Result, VmError};
 
 /// Drivers the guest cannot boot without: the root disk, the agent's channel, the root
-/// filesystem, and the virtio transports of both machine types (microvm: mmio; q35: pci).
-const REQUIRED: &[&str] = &["virtio_blk", "virtio_console", "ext4"];
+/// filesystem, the NIC of a `nat` guest (one initramfs serves every network mode; a guest
+/// without a NIC never loads more than the module), and the virtio transports of both
+/// machine types (microvm: mmio; q35: pci).
+const REQUIRED: &[&str] = &["virtio_blk", "virtio_console", "ext4", "virtio_net"];
 const TRANSPORTS: &[&str] = &["virtio_mmio", "virtio_pci"];
 
 #[derive(Debug, Clone)]
@@ -234,6 +236,12 @@ mod tests {
             "kernel/drivers/char/virtio_console.ko",
             "virtio,virtio_ring",
         );
+        k("kernel/net/core/failover.ko", "");
+        k("kernel/drivers/net/net_failover.ko", "failover");
+        k(
+            "kernel/drivers/net/virtio_net.ko",
+            "net_failover,virtio,virtio_ring",
+        );
         let kernel = Kernel {
             version: "1.0".into(),
             image: PathBuf::new(),
@@ -251,6 +259,9 @@ mod tests {
                 "virtio",
                 "virtio_blk",
                 "virtio_console",
+                "failover",
+                "net_failover",
+                "virtio_net",
                 "virtio_mmio"
             ]
         );

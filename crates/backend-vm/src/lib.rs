@@ -9,7 +9,7 @@
 //!
 //! Modules: [`cpio`] (archive writer), [`elf`] and [`kernel`] (which kernel, which
 //! modules), [`initramfs`], [`disk`], [`cache`] (content-addressed artefacts), [`qemu`]
-//! (command line and process), [`qmp`], [`console`] (the bounded console log), [`accel`] and [`probe`] (KVM or TCG), [`vm`] (the
+//! (command line and process), [`netns`] (a `nat` guest's namespace for pasta), [`qmp`], [`console`] (the bounded console log), [`accel`] and [`probe`] (KVM or TCG), [`vm`] (the
 //! running guest).
 
 pub mod accel;
@@ -21,6 +21,7 @@ pub mod elf;
 mod error;
 pub mod initramfs;
 pub mod kernel;
+pub mod netns;
 pub mod probe;
 pub mod qemu;
 pub mod qmp;

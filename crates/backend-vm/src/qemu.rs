@@ -3,8 +3,13 @@
 //! The agent channel, QMP and the serial console are socketpair ends QEMU inherits as fds 3,
 //! 4 and 5 (`-chardev socket,fd=N`): no socket paths to race on or clean up, and the channel is connected before
 //! the guest opens its port (a virtio-serial port with no host side reads as end-of-file).
+//!
+//! A `nat` guest gets a NIC on QEMU's user networking (slirp), with QEMU started in a network
+//! namespace of its own: slirp's connections are sockets there, and the caller decides where
+//! that namespace leads (see [`QemuConfig::nat`]).
 
 use std::ffi::OsString;
+use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -20,6 +25,12 @@ pub const PORT_NAME: &str = "dynocap";
 const CHANNEL_FD: RawFd = 3;
 const QMP_FD: RawFd = 4;
 const CONSOLE_FD: RawFd = 5;
+
+/// The guest's side of user networking: slirp's network, the guest's address in it, and the
+/// gateway (slirp itself). Everything the guest sends to the gateway goes out through slirp.
+pub const NAT_NETWORK: &str = "10.0.2.0/24";
+pub const NAT_GUEST_ADDR: &str = "10.0.2.15/24";
+pub const NAT_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accel {
@@ -51,6 +62,12 @@ pub struct QemuConfig {
     /// For a QEMU started as root: the host uid and gid it drops to once its files are open,
     /// and the empty directory it chroots into (Firecracker's jailer does the same).
     pub drop_to: Option<Confinement>,
+    /// `Some(resolver)`: a `nat` guest. It gets a virtio NIC on QEMU's user networking
+    /// (`-netdev user`) and `resolver` as its DNS server, and QEMU starts in a network
+    /// namespace of its own (which needs root): slirp's alias for the host's loopback then
+    /// reaches that namespace's empty loopback, and the guest's connections leave by whatever
+    /// the caller attaches to it. `None`: no NIC at all.
+    pub nat: Option<Ipv4Addr>,
 }
 
 /// Where a root-started QEMU goes after opening its files.
@@ -106,15 +123,26 @@ pub fn confinement_args(seccomp: bool, drop_to: Option<&Confinement>) -> Vec<OsS
 
 /// The kernel command line: console on the serial port, a panic (PID 1 exiting) stops the VM,
 /// the agent's settings as `dynocap.*` (the kernel keeps dotted words away from init), and
-/// after `--` the agent's own arguments.
+/// after `--` the agent's own arguments. A `nat` guest (`nat_dns`) is told its address, its
+/// gateway and its resolver (`dynocap.net=ADDR/PREFIX,GATEWAY,RESOLVER`).
 ///
 /// `tsc_khz`: under TCG on microvm the kernel has nothing to calibrate the TSC against (no
 /// HPET, no ACPI PM timer) and stalls; TCG's guest TSC is the host's, so the host's rate is
 /// the right answer to give it.
-pub fn kernel_cmdline(hostname: &str, agent_args: &[String], tsc_khz: Option<u64>) -> String {
+pub fn kernel_cmdline(
+    hostname: &str,
+    agent_args: &[String],
+    tsc_khz: Option<u64>,
+    nat_dns: Option<Ipv4Addr>,
+) -> String {
     let mut line = String::from("console=ttyS0 quiet panic=-1 reboot=t random.trust_cpu=on ");
     if let Some(khz) = tsc_khz {
         line.push_str(&format!("tsc_early_khz={khz} "));
+    }
+    if let Some(dns) = nat_dns {
+        line.push_str(&format!(
+            "dynocap.net={NAT_GUEST_ADDR},{NAT_GATEWAY},{dns} "
+        ));
     }
     line.push_str(&format!(
         "dynocap.root=/dev/vda dynocap.port={PORT_NAME} dynocap.hostname={hostname} -- --vm-boot"
@@ -207,7 +235,15 @@ pub fn argv(config: &QemuConfig) -> Vec<OsString> {
         &mut args,
         &["-chardev", &qmp, "-mon", "chardev=qmp,mode=control"],
     );
-    // Network `none`: -nodefaults leaves the VM without a NIC.
+    // Network `none` (and `filtered`, which goes over the agent channel): -nodefaults
+    // leaves the VM without a NIC.
+    if config.nat.is_some() {
+        // No host forwards, no SMB or TFTP: only the guest's own outgoing connections. IPv4
+        // only: slirp's IPv6 would give the guest a second way out to keep an eye on.
+        let netdev = format!("user,id=net,ipv6=off,net={NAT_NETWORK},host={NAT_GATEWAY}");
+        let nic = format!("virtio-net-{bus},netdev=net");
+        push(&mut args, &["-netdev", &netdev, "-device", &nic]);
+    }
     args
 }
 
@@ -223,7 +259,8 @@ fn opt_path(prefix: &str, path: &Path) -> OsString {
 }
 
 /// Starts QEMU with `channel` as fd 3, `qmp` as fd 4 and `console` as fd 5, stdin from
-/// /dev/null, stdout inherited, stderr to `stderr_log`.
+/// /dev/null, stdout inherited, stderr to `stderr_log`; a `nat` guest's QEMU in a new network
+/// namespace (its pid names it: `/proc/PID/ns/net`).
 ///
 /// QEMU must not outlive the supervisor. It gets SIGKILL when the thread that started it dies
 /// (PR_SET_PDEATHSIG; the supervisor starts it from its main thread). The kernel clears that
@@ -258,13 +295,15 @@ pub fn spawn(
         console_src.as_raw_fd(),
     );
     let supervisor = std::process::id();
+    let own_netns = config.nat.is_some();
     let mut command = Command::new(QEMU);
     command
         .args(argv(config))
         .stdin(Stdio::null())
         .stderr(Stdio::from(stderr));
     // SAFETY: the closure runs in the child between fork and exec and only makes
-    // async-signal-safe system calls (prctl, getppid, dup2, _exit); it allocates nothing.
+    // async-signal-safe system calls (prctl, getppid, unshare, dup2, _exit); it allocates
+    // nothing.
     unsafe {
         command.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
@@ -273,6 +312,11 @@ pub fn spawn(
             // The supervisor may have died before the prctl: then nobody would kill us.
             if u32::try_from(libc::getppid()).ok() != Some(supervisor) {
                 libc::_exit(1);
+            }
+            // Before `-runas` drops the privilege this takes. QEMU has no CAP_NET_ADMIN in
+            // the namespace once it runs as the sandbox's uid: it cannot change its routes.
+            if own_netns && libc::unshare(libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
             }
             // dup2 clears close-on-exec on the copies, so QEMU inherits exactly these three.
             if libc::dup2(channel_raw, CHANNEL_FD) < 0
@@ -313,10 +357,12 @@ mod tests {
                 "box",
                 &["--home".into(), "/home/sandbox".into()],
                 Some(2_300_000),
+                None,
             ),
             disk: "/state/vm,1/disk.qcow2".into(),
             seccomp: true,
             drop_to: None,
+            nat: None,
         }
     }
 
@@ -411,6 +457,30 @@ mod tests {
         assert_eq!(
             values(&args, "-sandbox"),
             ["on,obsolete=deny,spawn=deny,resourcecontrol=deny"]
+        );
+    }
+
+    #[test]
+    fn a_nat_guest_gets_a_user_network_nic_and_is_told_its_addresses() {
+        let mut config = config(Machine::Microvm, Accel::Tcg);
+        let dns = Ipv4Addr::new(169, 254, 1, 1);
+        config.nat = Some(dns);
+        config.cmdline = kernel_cmdline("box", &[], None, Some(dns));
+        let args = strings(&argv(&config));
+        assert_eq!(
+            values(&args, "-netdev"),
+            ["user,id=net,ipv6=off,net=10.0.2.0/24,host=10.0.2.2"]
+        );
+        assert!(values(&args, "-device").contains(&"virtio-net-device,netdev=net"));
+        let append = values(&args, "-append")[0];
+        assert!(
+            append.contains(" dynocap.net=10.0.2.15/24,10.0.2.2,169.254.1.1 "),
+            "{append}"
+        );
+        // Settings stay before `--`, where the agent reads them.
+        assert!(
+            append.find("dynocap.net=") < append.find(" -- "),
+            "{append}"
         );
     }
 

@@ -46,6 +46,10 @@ pub struct VmSpec {
     /// open (the sandbox's own id range, as the jail's guest root has), chrooted into an
     /// empty directory. `None` keeps QEMU as the invoking user.
     pub run_as: Option<(u32, u32)>,
+    /// `Some(resolver)`: network `nat`. The guest gets a NIC on QEMU's user networking and
+    /// QEMU a network namespace of its own (root only), `/proc/<`[`Vm::pid`]`>/ns/net`, which
+    /// the caller connects to the world once `boot` returns (see [`QemuConfig::nat`]).
+    pub nat_dns: Option<std::net::Ipv4Addr>,
 }
 
 /// The VM's files inside the sandbox's state directory.
@@ -58,6 +62,8 @@ pub struct VmPaths {
     pub pid_file: PathBuf,
     /// The empty directory a root-started QEMU chroots into.
     pub empty: PathBuf,
+    /// Where a `nat` guest's network namespace is bound while pasta joins it.
+    pub netns: PathBuf,
 }
 
 impl VmPaths {
@@ -69,6 +75,7 @@ impl VmPaths {
             qemu_log: dir.join("qemu.log"),
             pid_file: dir.join("qemu.pid"),
             empty: dir.join("empty"),
+            netns: dir.join("netns"),
             dir,
         }
     }
@@ -126,13 +133,14 @@ impl Vm {
             memory_mb: spec.memory_mb,
             kernel: kernel.image.clone(),
             initrd,
-            cmdline: qemu::kernel_cmdline(&spec.hostname, &spec.agent_args, tsc_khz),
+            cmdline: qemu::kernel_cmdline(&spec.hostname, &spec.agent_args, tsc_khz, spec.nat_dns),
             disk: paths.disk.clone(),
             seccomp: true,
             drop_to: match spec.run_as {
                 Some((uid, gid)) => Some(qemu::Confinement::in_empty_dir(&paths.empty, uid, gid)?),
                 None => None,
             },
+            nat: spec.nat_dns,
         };
         let booted = start(&config, &paths, spec.boot_timeout);
         if booted.is_err() && fresh_disk {
@@ -161,6 +169,12 @@ impl Vm {
 
     pub fn paths(&self) -> &VmPaths {
         &self.paths
+    }
+
+    /// A `nat` guest's network namespace (QEMU's), bound to a file for as long as the
+    /// returned guard lives: what the caller hands pasta (see [`crate::netns`]).
+    pub fn netns_file(&self) -> Result<crate::netns::NetnsFile> {
+        crate::netns::NetnsFile::bind(self.pid(), &self.paths.netns)
     }
 
     /// Waits for the console relay to copy what QEMU wrote (QEMU has exited).
@@ -484,6 +498,8 @@ fn last_lines(path: &Path, lines: usize) -> String {
 }
 
 fn remove_files(paths: &VmPaths, keep_disk: bool) -> Result<()> {
+    // A supervisor killed while pasta was joining the namespace left it bound.
+    crate::netns::unbind(&paths.netns);
     if !keep_disk {
         return match fs::remove_dir_all(&paths.dir) {
             Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
@@ -582,6 +598,7 @@ mod tests {
             accel: Some(Accel::Tcg),
             boot_timeout: Duration::from_secs(1),
             run_as: None,
+            nat_dns: None,
         }
     }
 

@@ -1,7 +1,8 @@
-//! The `nat` network mode on the jail backend: what the guest is told (its resolver) and the
-//! supervisor's side of running pasta (the parent-death tie, its messages in the sandbox's
-//! log). Starting pasta and keeping the guest off the host's addresses is
-//! [`dynocap_backend_jail::UserNet`]'s job; the VM backend uses QEMU's user networking instead.
+//! The `nat` network mode: what the guest is told (its resolver) and the supervisor's side of
+//! running pasta (the parent-death tie, its messages in the sandbox's log). Starting pasta and
+//! keeping the guest off the host's addresses is [`dynocap_backend_jail::UserNet`]'s job. pasta
+//! serves a network namespace: a jail's own, or on the vm backend the one QEMU runs in, where
+//! QEMU's user networking turns the guest's packets into sockets (see `vm_backend`).
 
 use std::io::{BufRead, Read};
 use std::net::Ipv4Addr;
@@ -44,11 +45,20 @@ pub fn write_resolv_conf(state_dir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Starts pasta for the guest whose init is `guest_pid`; returns once the guest's network is
-/// up. Call from the thread that holds the guest: pasta dies with it.
+/// Starts pasta for the network namespace of `guest_pid` (a jail's init, or a `nat` VM's
+/// QEMU); returns once that namespace's network is up. Call from the thread that holds the
+/// guest: pasta dies with it.
 pub fn start(guest_pid: nix::unistd::Pid, state_dir: &Path) -> Result<UserNet> {
-    let (usernet, stderr) = UserNet::start(
-        guest_pid,
+    start_in(
+        &PathBuf::from(format!("/proc/{guest_pid}/ns/net")),
+        state_dir,
+    )
+}
+
+/// As [`start`], for the namespace `netns` names (`/proc/PID/ns/net` or a file bound to it).
+pub fn start_in(netns: &Path, state_dir: &Path) -> Result<UserNet> {
+    let (usernet, stderr) = UserNet::start_in(
+        netns,
         DNS_FORWARD,
         state_dir,
         host_children::die_with_parent,

@@ -1,6 +1,14 @@
 //! The `vm` backend behind the [`Backend`] trait: each guest is a QEMU microVM booting the
 //! image's own kernel (crate `dynocap-backend-vm`). Selected with `DYNOCAP_BACKEND=vm`;
 //! `DYNOCAP_VM_ACCEL=kvm|tcg` chooses the accelerator (see that crate's `accel`).
+//!
+//! Network `nat`: QEMU runs in a network namespace of its own with user networking (slirp),
+//! and the jail's pasta ([`crate::usernet`]) serves that namespace exactly as it serves a
+//! jail's, with the same `prohibit` routes for the host's own addresses. Those routes live
+//! in the namespace, out of the guest kernel's reach: guest root can rewrite the guest's
+//! routes and use raw sockets, and every packet still becomes a socket of QEMU's (an
+//! unprivileged uid, no `CAP_NET_ADMIN` there) that pasta carries out. Slirp's alias for
+//! "the host's loopback" leads to the namespace's own, empty loopback.
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -11,6 +19,7 @@ use dynocap_backend_vm::{Vm, VmSpec};
 use crate::backend::{Backend, BootSpec, Guest, LayerSync, OomCounter};
 use crate::error::{Error, Result};
 use crate::spec::Network;
+use crate::usernet;
 
 /// How long a guest may take from QEMU's start to the agent's first word. TCG on a loaded
 /// 2-core machine takes seconds; a minute and a half more is for a machine far busier.
@@ -20,6 +29,20 @@ pub struct VmBackend;
 
 struct VmGuest {
     vm: Vm,
+    /// pasta, for a `nat` guest.
+    usernet: Option<dynocap_backend_jail::UserNet>,
+}
+
+impl VmGuest {
+    /// Stops pasta: the guest's network goes with the guest.
+    fn stop_usernet(&mut self) -> Result<()> {
+        match self.usernet.take() {
+            Some(usernet) => usernet
+                .stop()
+                .map_err(|err| Error::internal(format!("stopping the guest's network: {err}"))),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Backend for VmBackend {
@@ -36,11 +59,11 @@ impl Backend for VmBackend {
                 spec.image.name
             )));
         }
-        if spec.network == Network::Nat {
-            return Err(Error::invalid(
-                "network \"nat\" is not available on the vm backend yet; use \"filtered\" or \
-                 \"none\", or the jail backend (DYNOCAP_BACKEND=jail)",
-            ));
+        let nat = spec.network == Network::Nat;
+        if nat {
+            // Checked before anything is built: a missing pasta leaves no sandbox behind.
+            // Root is needed anyway: QEMU's own network namespace.
+            usernet::available()?;
         }
         let vm_spec = VmSpec {
             hostname: spec.hostname.clone(),
@@ -61,15 +84,27 @@ impl Backend for VmBackend {
             accel: None,
             boot_timeout: BOOT_TIMEOUT,
             run_as: run_as(spec.id_range)?,
+            nat_dns: nat.then_some(usernet::DNS_FORWARD),
         };
         let vm = Vm::boot(&vm_spec).map_err(vm_error)?;
+        // The guest has only just reached its agent; nothing in it has run yet that could
+        // want the network. On failure `vm` is dropped, which kills QEMU.
+        let usernet = if nat {
+            let netns = vm.netns_file().map_err(vm_error)?;
+            let usernet = usernet::start_in(netns.path(), &spec.state_dir)?;
+            // pasta has joined the namespace and the prohibit routes are in: the file goes.
+            drop(netns);
+            Some(usernet)
+        } else {
+            None
+        };
         tracing::info!(
             "vm guest: QEMU pid {} ({:?}), console log {}",
             vm.pid(),
             vm.accel(),
             vm.paths().console_log.display()
         );
-        Ok(Box::new(VmGuest { vm }))
+        Ok(Box::new(VmGuest { vm, usernet }))
     }
 
     fn cleanup_leftovers(&self, id: &str, state_dir: &Path) -> Result<()> {
@@ -123,14 +158,18 @@ impl Guest for VmGuest {
         ))
     }
     fn kill(&mut self) -> Result<()> {
+        let network = self.stop_usernet();
         self.vm
             .kill()
-            .map_err(|err| Error::internal(format!("killing the vm: {err}")))
+            .map_err(|err| Error::internal(format!("killing the vm: {err}")))?;
+        network
     }
-    fn destroy(self: Box<Self>) -> Result<()> {
+    fn destroy(mut self: Box<Self>) -> Result<()> {
+        let network = self.stop_usernet();
         self.vm
             .destroy()
-            .map_err(|err| Error::internal(format!("destroying the vm: {err}")))
+            .map_err(|err| Error::internal(format!("destroying the vm: {err}")))?;
+        network
     }
     /// The guest kernel counts its own OOM kills; the host sees none of them.
     fn oom_counter(&self) -> OomCounter {
@@ -145,9 +184,11 @@ impl Guest for VmGuest {
     fn raise_memory_limit(&self, _bytes: u64) -> Result<()> {
         Err(Error::internal("a vm's memory cannot be raised after boot"))
     }
-    fn stop_keeping_layer(self: Box<Self>) -> Result<()> {
+    fn stop_keeping_layer(mut self: Box<Self>) -> Result<()> {
+        let network = self.stop_usernet();
         self.vm
             .stop_keeping_disk()
-            .map_err(|err| Error::internal(format!("stopping the vm: {err}")))
+            .map_err(|err| Error::internal(format!("stopping the vm: {err}")))?;
+        network
     }
 }

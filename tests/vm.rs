@@ -324,7 +324,8 @@ fn a_bad_kernel_fails_with_qemus_reason() {
     std::fs::write(
         modules.join("modules.builtin"),
         "kernel/drivers/block/virtio_blk.ko\nkernel/drivers/char/virtio_console.ko\n\
-         kernel/fs/ext4/ext4.ko\nkernel/drivers/virtio/virtio_mmio.ko\n",
+         kernel/fs/ext4/ext4.ko\nkernel/drivers/virtio/virtio_mmio.ko\n\
+         kernel/drivers/net/virtio_net.ko\n",
     )
     .expect("write");
     let mut spec = boot_spec(

@@ -250,3 +250,91 @@ fn the_pool_takes_only_room_under_the_ceilings_that_nobody_uses_and_yields_it() 
     home.json(&["destroy", "other"]);
     wait_ready(&home, 3);
 }
+
+/// Sets the mtime of `path` to `unix` seconds (a toucher as a supervisor's request is).
+fn set_mtime(path: &std::path::Path, unix: i64) {
+    let out = std::process::Command::new("touch")
+        .arg("-d")
+        .arg(format!("@{unix}"))
+        .arg(path)
+        .output()
+        .expect("touch");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn mtime_unix(path: &std::path::Path) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .expect("the activity marker")
+        .mtime()
+}
+
+/// A refill boots in a lull, not beside the commands of the sandbox just claimed: every
+/// request a supervisor serves marks the home busy (`run/activity`), and a refill waits until
+/// nothing has for a moment (at most a few seconds).
+#[test]
+fn a_refill_boots_once_the_home_is_quiet() {
+    if !require_root("a_refill_boots_once_the_home_is_quiet") {
+        return;
+    }
+    let home = pool_home("1");
+    wait_ready(&home, 1);
+    let marker = home.path().join("run/activity");
+    home.sandbox("first", &[]);
+    wait_ready(&home, 1);
+
+    // A request marks the home busy.
+    set_mtime(&marker, 0);
+    home.sh("first", "true");
+    let now = chrono::Utc::now().timestamp();
+    assert!(
+        mtime_unix(&marker) >= now - 60,
+        "the exec did not mark the home busy"
+    );
+
+    // Kept busy (marked a second ahead, again and again) while a claim's refill starts: it
+    // cannot boot before that stops.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let toucher = {
+        let (stop, marker) = (std::sync::Arc::clone(&stop), marker.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                set_mtime(&marker, chrono::Utc::now().timestamp() + 1);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    home.sandbox("second", &[]);
+    let second = home.sandbox_id("second");
+    assert!(supervisor_log(&home, &second).contains("claimed from the warm pool"));
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    toucher.join().expect("toucher");
+    wait_ready(&home, 1);
+    let longest_wait = std::fs::read_dir(home.path().join("logs"))
+        .expect("logs")
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .flat_map(|log| {
+            log.lines()
+                .filter_map(|line| {
+                    let rest = line.split("warm-pool boot after ").nth(1)?;
+                    rest.split(' ').next()?.parse::<u64>().ok()
+                })
+                .collect::<Vec<_>>()
+        })
+        .max()
+        .expect("a refill logged its wait");
+    assert!(
+        longest_wait >= 1000,
+        "the refill booted while the home was busy (waited {longest_wait} ms)"
+    );
+    for name in ["first", "second"] {
+        home.json(&["destroy", name]);
+    }
+}

@@ -2,6 +2,7 @@
 //! validation, the catalog, guest images, the per-sandbox supervisor and the client that
 //! talks to it.
 
+mod activity;
 pub mod agent_conn;
 pub mod apply;
 pub mod backend;

@@ -199,6 +199,18 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
     if let Some(me) = ProcessId::of(i32::try_from(std::process::id()).unwrap_or(i32::MAX)) {
         catalog.set_supervisor(id, me)?;
     }
+    if record.state == State::Warming {
+        // A refill boots in a lull, not beside the commands of the sandbox just claimed.
+        let waited = crate::activity::wait_for_quiet(
+            home,
+            crate::activity::QUIET,
+            crate::activity::MAX_WAIT,
+        );
+        tracing::info!(
+            "warm-pool boot after {} ms of waiting for a lull",
+            waited.as_millis()
+        );
+    }
     let backend = backend::by_name(&record.backend)?;
     let image = image::open(home, &record.image)?;
     let state_dir = home.sandbox_dir(id);
@@ -405,6 +417,8 @@ struct Shared {
     state_dir: PathBuf,
     /// Who syncs that disk.
     layer_sync: LayerSync,
+    /// The home, whose activity marker every request touches ([`crate::activity`]).
+    home: Home,
 }
 
 async fn serve(
@@ -447,6 +461,7 @@ async fn serve(
         ending: OnceLock::new(),
         state_dir: home.sandbox_dir(&id),
         layer_sync: guest.layer_sync(),
+        home: home.clone(),
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
     let (claim_tx, mut claim_rx) = mpsc::channel::<(Claim, OwnedWriteHalf)>(4);
@@ -971,6 +986,7 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
             return;
         }
     };
+    crate::activity::note(&shared.home);
     let conn = &shared.conn;
     let task = shared.task.as_ref();
     let reply = match request {

@@ -34,6 +34,34 @@ pub fn sample(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
     times
 }
 
+/// Times `f` and `g` `n` times each, interleaved (f, g, f, g, ...), after one untimed warm-up
+/// of each, with `pause` of idle before every timed run, so that neither pays for work the
+/// other (or its own previous run) left behind: a background thread still deleting files, a
+/// disk still writing back. Returns both sorted.
+pub fn sample_pairs(
+    n: usize,
+    pause: Duration,
+    mut f: impl FnMut(usize),
+    mut g: impl FnMut(usize),
+) -> (Vec<Duration>, Vec<Duration>) {
+    f(n);
+    g(n);
+    let timed = |run: &mut dyn FnMut(usize), i: usize| {
+        std::thread::sleep(pause);
+        let start = Instant::now();
+        run(i);
+        start.elapsed()
+    };
+    let (mut fs, mut gs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        fs.push(timed(&mut f, i));
+        gs.push(timed(&mut g, i));
+    }
+    fs.sort();
+    gs.sort();
+    (fs, gs)
+}
+
 /// Prints one line: the measurement's median and p90, the baseline's median, their ratio.
 pub fn report(name: &str, times: &[Duration], baseline: &str, base: &[Duration]) {
     let (m, b) = (times[times.len() / 2], base[base.len() / 2]);

@@ -171,11 +171,17 @@ const DECOY_NAMES: [&str; 4] = ["history.bundle", "shadow", "baseline-commit", "
 
 /// Content in `text` (a patch, or JSON holding one) that is not the decoys' own: a changed
 /// file named like a decoy whose added content is anything but `user-data` (the bundle is
-/// binary, so it shows as a binary patch), or a line of `/etc/shadow`.
+/// binary, so it shows as a binary patch), or a line of `/etc/shadow` under any name. The
+/// race may show world-readable files of /etc (read as the sandbox user, who may read them
+/// anyway): `/etc/passwd` and `/etc/group` also start a line with `root:`, but with the
+/// `x` that `/etc/shadow` never has in that place.
 fn root_only_content(text: &str) -> Option<String> {
     let text = text.replace("\\n", "\n");
-    if text.contains("\n+root:") {
-        return Some("a line of /etc/shadow".into());
+    if let Some(line) = text
+        .lines()
+        .find(|line| line.starts_with("+root:") && !line.starts_with("+root:x:"))
+    {
+        return Some(format!("a line of /etc/shadow: {line}"));
     }
     for section in text.split("diff --git ").skip(1) {
         let header = section.lines().next().unwrap_or_default();

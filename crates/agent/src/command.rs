@@ -264,9 +264,28 @@ pub async fn run(
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<(Vec<u8>, Finished), RunError> {
     let name = program_name(spec);
+    let mut stdout = Vec::new();
+    let finished = run_streaming(spec, stop, |chunk| {
+        if stdout.len() + chunk.len() > cap {
+            return Err(format!("{name} wrote more than {cap} bytes of output"));
+        }
+        stdout.extend_from_slice(chunk);
+        Ok(())
+    })
+    .await?;
+    Ok((stdout, finished))
+}
+
+/// Runs a program to its end, handing its stdout to `sink` as it comes; an error from the
+/// sink kills it and is the result. A stop request kills it.
+pub async fn run_streaming(
+    spec: &ChildSpec,
+    stop: &mut mpsc::Receiver<Stop>,
+    mut sink: impl FnMut(&[u8]) -> Result<(), String>,
+) -> Result<Finished, RunError> {
+    let name = program_name(spec);
     let mut child = Child::spawn(spec)
         .map_err(|err| RunError::Failed(format!("cannot start {name}: {err}")))?;
-    let mut stdout = Vec::new();
     let mut buf = vec![0_u8; 64 * 1024];
     loop {
         let read = tokio::select! {
@@ -274,25 +293,18 @@ pub async fn run(
             () = stop_requested(stop) => None,
             read = child.read(&mut buf) => Some(read),
         };
-        match read {
+        let failed = match read {
             None => {
                 child.kill().await;
                 return Err(RunError::Cancelled);
             }
             Some(Ok(0)) => break,
-            Some(Ok(n)) if stdout.len() + n > cap => {
-                child.kill().await;
-                return Err(RunError::Failed(format!(
-                    "{name} wrote more than {cap} bytes of output"
-                )));
-            }
-            Some(Ok(n)) => stdout.extend_from_slice(&buf[..n]),
-            Some(Err(err)) => {
-                child.kill().await;
-                return Err(RunError::Failed(format!(
-                    "cannot read the output of {name}: {err}"
-                )));
-            }
+            Some(Ok(n)) => sink(&buf[..n]).err(),
+            Some(Err(err)) => Some(format!("cannot read the output of {name}: {err}")),
+        };
+        if let Some(message) = failed {
+            child.kill().await;
+            return Err(RunError::Failed(message));
         }
     }
     let finished = tokio::select! {
@@ -301,7 +313,7 @@ pub async fn run(
         finished = child.wait() => Some(finished),
     };
     match finished {
-        Some(finished) => Ok((stdout, finished)),
+        Some(finished) => Ok(finished),
         None => {
             child.kill().await;
             Err(RunError::Cancelled)

@@ -971,33 +971,14 @@ async fn count_lines(
             private.run().stdin(read),
         )
         .map_err(RunError::Failed)?;
-    let mut child = Child::spawn(&spec)
-        .map_err(|err| RunError::Failed(format!("cannot start git cat-file: {err}")))?;
     let mut counter = bigfiles::BatchLineCounter::default();
-    let mut buf = vec![0_u8; 64 * 1024];
-    loop {
-        let read = tokio::select! {
-            biased;
-            () = stop_requested(stop) => None,
-            read = child.read(&mut buf) => Some(read),
-        };
-        match read {
-            None => {
-                child.kill().await;
-                return Err(RunError::Cancelled);
-            }
-            Some(Ok(0)) => break,
-            Some(Ok(n)) => counter.feed(&buf[..n]),
-            Some(Err(err)) => {
-                child.kill().await;
-                return Err(RunError::Failed(format!(
-                    "cannot read git cat-file's output: {err}"
-                )));
-            }
-        }
-    }
+    let finished = crate::command::run_streaming(&spec, stop, |chunk| {
+        counter.feed(chunk);
+        Ok(())
+    })
+    .await;
     let _ = feeder.await;
-    let finished = child.wait().await;
+    let finished = finished?;
     if !finished.success() {
         return Err(RunError::Failed(format!(
             "git cat-file failed ({})",

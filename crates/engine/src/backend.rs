@@ -159,18 +159,6 @@ struct JailGuest {
     usernet: Option<dynocap_backend_jail::UserNet>,
 }
 
-impl JailGuest {
-    /// Stops pasta first: the guest's network goes before the guest.
-    fn stop_usernet(&mut self) -> Result<()> {
-        match self.usernet.take() {
-            Some(usernet) => usernet
-                .stop()
-                .map_err(|err| Error::internal(format!("stopping the guest's network: {err}"))),
-            None => Ok(()),
-        }
-    }
-}
-
 impl Backend for JailBackend {
     fn name(&self) -> &'static str {
         "jail"
@@ -316,14 +304,14 @@ impl Guest for JailGuest {
         Ok(())
     }
     fn kill(&mut self) -> Result<()> {
-        let network = self.stop_usernet();
+        let network = crate::usernet::stop(&mut self.usernet);
         self.jail
             .kill()
             .map_err(|err| Error::internal(format!("killing the jail: {err}")))?;
         network
     }
     fn destroy(mut self: Box<Self>) -> Result<()> {
-        let network = self.stop_usernet();
+        let network = crate::usernet::stop(&mut self.usernet);
         self.jail
             .destroy()
             .map_err(|err| Error::internal(format!("destroying the jail: {err}")))?;
@@ -347,7 +335,7 @@ impl Guest for JailGuest {
             .map_err(|err| Error::internal(format!("raising the guest's memory limit: {err}")))
     }
     fn stop_keeping_layer(mut self: Box<Self>) -> Result<()> {
-        let network = self.stop_usernet();
+        let network = crate::usernet::stop(&mut self.usernet);
         self.jail
             .stop_keeping_layers()
             .map_err(|err| Error::internal(format!("stopping the jail: {err}")))?;

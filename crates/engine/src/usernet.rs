@@ -45,6 +45,17 @@ pub fn write_resolv_conf(state_dir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Stops a guest's pasta, if it has one (first, so the guest's network goes before the
+/// guest). Idempotent.
+pub fn stop(usernet: &mut Option<UserNet>) -> Result<()> {
+    match usernet.take() {
+        Some(usernet) => usernet
+            .stop()
+            .map_err(|err| Error::internal(format!("stopping the guest's network: {err}"))),
+        None => Ok(()),
+    }
+}
+
 /// Starts pasta for the network namespace of `guest_pid` (a jail's init, or a `nat` VM's
 /// QEMU); returns once that namespace's network is up. Call from the thread that holds the
 /// guest: pasta dies with it.

@@ -33,18 +33,6 @@ struct VmGuest {
     usernet: Option<dynocap_backend_jail::UserNet>,
 }
 
-impl VmGuest {
-    /// Stops pasta: the guest's network goes with the guest.
-    fn stop_usernet(&mut self) -> Result<()> {
-        match self.usernet.take() {
-            Some(usernet) => usernet
-                .stop()
-                .map_err(|err| Error::internal(format!("stopping the guest's network: {err}"))),
-            None => Ok(()),
-        }
-    }
-}
-
 impl Backend for VmBackend {
     fn name(&self) -> &'static str {
         "vm"
@@ -158,14 +146,14 @@ impl Guest for VmGuest {
         ))
     }
     fn kill(&mut self) -> Result<()> {
-        let network = self.stop_usernet();
+        let network = crate::usernet::stop(&mut self.usernet);
         self.vm
             .kill()
             .map_err(|err| Error::internal(format!("killing the vm: {err}")))?;
         network
     }
     fn destroy(mut self: Box<Self>) -> Result<()> {
-        let network = self.stop_usernet();
+        let network = crate::usernet::stop(&mut self.usernet);
         self.vm
             .destroy()
             .map_err(|err| Error::internal(format!("destroying the vm: {err}")))?;
@@ -185,7 +173,7 @@ impl Guest for VmGuest {
         Err(Error::internal("a vm's memory cannot be raised after boot"))
     }
     fn stop_keeping_layer(mut self: Box<Self>) -> Result<()> {
-        let network = self.stop_usernet();
+        let network = crate::usernet::stop(&mut self.usernet);
         self.vm
             .stop_keeping_disk()
             .map_err(|err| Error::internal(format!("stopping the vm: {err}")))?;

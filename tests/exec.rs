@@ -142,9 +142,20 @@ fn timeout_kills_the_whole_process_group_on(backend: Backend) {
 
 #[test]
 fn terminal_transcript_renders_carriage_returns_and_colours() {
-    let Some(home) = booted("terminal_transcript_renders_carriage_returns_and_colours") else {
+    terminal_transcript_renders_carriage_returns_and_colours_on(Backend::Jail);
+}
+
+#[test]
+fn terminal_transcript_renders_carriage_returns_and_colours_in_a_vm() {
+    terminal_transcript_renders_carriage_returns_and_colours_on(Backend::Vm);
+}
+
+fn terminal_transcript_renders_carriage_returns_and_colours_on(backend: Backend) {
+    let test = "terminal_transcript_renders_carriage_returns_and_colours";
+    let Some(home) = TestHome::on(backend, test) else {
         return;
     };
+    home.sandbox("ex", &[]);
     let result = home.exec(
         "ex",
         &["--tty"],

@@ -282,6 +282,28 @@ fn a_full_disk_is_enospc_in_the_guest_for_bytes_and_inodes_and_frees_with_rm() {
     assert_nothing_left(&home, "after destroy");
 }
 
+/// A VM's CPUs and memory are its own: as many vCPUs as `--cpus`, and `--memory-mb` of RAM
+/// of which the guest kernel keeps a little for itself.
+#[test]
+fn a_vms_vcpus_and_ram_are_its_limits() {
+    let Some(home) = TestHome::on(Backend::Vm, "a_vms_vcpus_and_ram_are_its_limits") else {
+        return;
+    };
+    let info = home.sandbox("sized", &["--cpus", "2", "--memory-mb", "768"]);
+    assert_eq!((info["cpus"].as_u64(), info["memoryMB"].as_u64()), (Some(2), Some(768)));
+    assert_eq!(home.sh("sized", "nproc").trim(), "2");
+    let total_kib: u64 = home
+        .sh("sized", "awk '/^MemTotal:/ {print $2}' /proc/meminfo")
+        .trim()
+        .parse()
+        .expect("MemTotal");
+    assert!(
+        (600 * 1024..=768 * 1024).contains(&total_kib),
+        "MemTotal {total_kib} KiB for --memory-mb 768"
+    );
+    home.json(&["destroy", "sized"]);
+}
+
 /// The same limit in a VM: the disk is the guest's qcow2 layer, whose virtual size is the
 /// limit and whose root filesystem was grown to it, so the image's own files take part of it.
 #[test]

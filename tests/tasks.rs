@@ -416,13 +416,23 @@ fn exec_diff_finish_gives_a_verified_patch_that_applies_at_home_on(backend: Back
 
 #[test]
 fn ttl_expiry_finishes_the_task_and_keeps_the_work() {
-    if !require_root("ttl_expiry_finishes_the_task_and_keeps_the_work") {
+    ttl_expiry_finishes_the_task_and_keeps_the_work_on(Backend::Jail);
+}
+
+#[test]
+fn ttl_expiry_finishes_the_task_and_keeps_the_work_in_a_vm() {
+    ttl_expiry_finishes_the_task_and_keeps_the_work_on(Backend::Vm);
+}
+
+fn ttl_expiry_finishes_the_task_and_keeps_the_work_on(backend: Backend) {
+    let Some(home) = TestHome::on(backend, "ttl_expiry_finishes_the_task_and_keeps_the_work")
+    else {
         return;
-    }
-    let home = TestHome::new();
+    };
     let project = tempfile::tempdir().unwrap();
     write(&project.path().join("a.txt"), "a\n");
     let task = start(&home, project.path(), &["--name", "brief", "--ttl", "30"]);
+    assert_eq!(task["backend"], backend.name(), "{task:#}");
     task_sh(&home, "brief", "echo work > result.txt");
     let id = task["id"].as_str().unwrap().to_owned();
     assert!(
@@ -444,10 +454,21 @@ fn ttl_expiry_finishes_the_task_and_keeps_the_work() {
 
 #[test]
 fn rm_releases_names_purges_and_refuses_running_tasks_without_force() {
-    if !require_root("rm_releases_names_purges_and_refuses_running_tasks_without_force") {
+    rm_releases_names_purges_and_refuses_running_tasks_without_force_on(Backend::Jail);
+}
+
+#[test]
+fn rm_releases_names_purges_and_refuses_running_tasks_without_force_in_a_vm() {
+    rm_releases_names_purges_and_refuses_running_tasks_without_force_on(Backend::Vm);
+}
+
+fn rm_releases_names_purges_and_refuses_running_tasks_without_force_on(backend: Backend) {
+    let Some(home) = TestHome::on(
+        backend,
+        "rm_releases_names_purges_and_refuses_running_tasks_without_force",
+    ) else {
         return;
-    }
-    let home = TestHome::new();
+    };
     let project = tempfile::tempdir().unwrap();
     write(&project.path().join("a.txt"), "a\n");
     let task = start(&home, project.path(), &["--name", "keep"]);

@@ -100,7 +100,8 @@ impl Vm {
             Some(accel) => accel,
             None => accel::choose(&spec.cache_dir, &kernel.image)?,
         };
-        let modules = kernel::needed_modules(&kernel)?;
+        let machine = machine()?;
+        let modules = kernel::needed_modules(&kernel, machine)?;
         let initrd = initramfs::get(&spec.cache_dir, &spec.agent_binary, &modules)?;
         let paths = VmPaths::at(&spec.state_dir);
         fs::create_dir_all(&paths.dir).map_err(|err| VmError::io("creating", &paths.dir, err))?;

@@ -34,7 +34,7 @@ pub struct VmSpec {
     pub agent_args: Vec<String>,
     pub cpus: u32,
     pub memory_mb: u64,
-    /// The disk's size: the guest's filesystem grows to it.
+    /// The disk's size, which its filesystem is made to fill.
     pub disk_bytes: u64,
     /// Boot over the disk layer a stopped guest kept, instead of a fresh one.
     pub reuse_disk: bool,
@@ -114,11 +114,10 @@ impl Vm {
                 )));
             }
         } else {
-            let base = disk::base_image(&spec.cache_dir, &spec.rootfs)?;
+            let base = disk::base_image(&spec.cache_dir, &spec.rootfs, spec.disk_bytes)?;
             let _ = fs::remove_file(&paths.disk);
             disk::create_layer(&base, &paths.disk, spec.disk_bytes)?;
         }
-        let machine = machine()?;
         let tsc_khz = (machine == Machine::Microvm && accel == Accel::Tcg).then(qemu::host_tsc_khz);
         let config = QemuConfig {
             machine,

@@ -18,6 +18,8 @@ use crate::error::{Result, VmError};
 
 /// Bump when the base image's making changes.
 const FORMAT: &str = "dynocap-base-ext4-2";
+/// Bump when the empty layer's making changes.
+const LAYER_FORMAT: &str = "dynocap-layer-qcow2-1";
 
 /// The base's block size: 4 KiB whatever the size (mke2fs would pick 1 KiB blocks below
 /// 512 MiB, which quadruples the metadata and the work of every later resize).
@@ -130,11 +132,27 @@ fn make_ext4(rootfs: &Path, target: &Path, summary: &Summary, fs_bytes: u64) -> 
     Ok(())
 }
 
-/// Creates the sandbox's layer over `base`, `bytes` big (its virtual size).
-pub fn create_layer(base: &Path, layer: &Path, bytes: u64) -> Result<()> {
+/// Creates the sandbox's layer over `base`, `bytes` big (its virtual size), as a copy of an
+/// empty layer cached in `cache_dir` for that base and size. An empty qcow2 layer is the same
+/// bytes every time (its header names the backing file and the size; nothing in it is unique),
+/// so `qemu-img create` runs once per base and size instead of at every boot, where its
+/// process start was on the boot's critical path.
+pub fn create_layer(cache_dir: &Path, base: &Path, layer: &Path, bytes: u64) -> Result<()> {
     let base = base
         .canonicalize()
         .map_err(|err| VmError::io("resolving the base disk", base, err))?;
+    let mut key = Key::new(LAYER_FORMAT);
+    key.add(base.as_os_str().as_encoded_bytes())
+        .add(&bytes.to_le_bytes());
+    let name = format!("layer-{}.qcow2", key.hex());
+    let empty = cache::get_or_build(cache_dir, &name, |temp| qemu_img_create(&base, temp, bytes))?;
+    fs::copy(&empty, layer)
+        .map(drop)
+        .map_err(|err| VmError::io("copying the empty layer to", layer, err))
+}
+
+/// `qemu-img create` of a qcow2 `layer` over the raw `base`, `bytes` big.
+fn qemu_img_create(base: &Path, layer: &Path, bytes: u64) -> Result<()> {
     let mut backing = String::from("backing_file=");
     // qemu-img's -o values separate options with commas; a comma in a path is doubled.
     backing.push_str(&base.to_string_lossy().replace(',', ",,"));
@@ -216,7 +234,13 @@ mod tests {
         }
         if have("qemu-img") {
             let layer = dir.path().join("layer.qcow2");
-            create_layer(&first, &layer, 64 << 20).unwrap();
+            create_layer(&cache, &first, &layer, 64 << 20).unwrap();
+            // A second layer is a copy of the same cached empty layer, and its own file.
+            let second = dir.path().join("second.qcow2");
+            create_layer(&cache, &first, &second, 64 << 20).unwrap();
+            assert_eq!(fs::read(&layer).unwrap(), fs::read(&second).unwrap());
+            fs::write(&second, b"changed").unwrap();
+            assert_ne!(fs::read(&layer).unwrap(), fs::read(&second).unwrap());
             let info = Command::new("qemu-img")
                 .args(["info", "--output=json"])
                 .arg(&layer)

@@ -116,7 +116,7 @@ impl Vm {
         } else {
             let base = disk::base_image(&spec.cache_dir, &spec.rootfs, spec.disk_bytes)?;
             let _ = fs::remove_file(&paths.disk);
-            disk::create_layer(&base, &paths.disk, spec.disk_bytes)?;
+            disk::create_layer(&spec.cache_dir, &base, &paths.disk, spec.disk_bytes)?;
         }
         let tsc_khz = (machine == Machine::Microvm && accel == Accel::Tcg).then(qemu::host_tsc_khz);
         let config = QemuConfig {

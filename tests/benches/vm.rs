@@ -121,6 +121,14 @@ fn main() {
         );
         floor.push(start.elapsed());
     }
+    // Each sandbox sample and the floor sample right after it saw about the same load: the
+    // median of their ratios is steadier than the ratio of the medians on a shared machine.
+    let mut pairs: Vec<f64> = sandbox
+        .iter()
+        .zip(&floor)
+        .map(|(s, f)| s.as_secs_f64() / f.as_secs_f64())
+        .collect();
+    pairs.sort_by(f64::total_cmp);
     sandbox.sort();
     floor.sort();
     println!("under {accel:?}, 1 vCPU, {MEMORY_MB} MiB, microvm, {RUNS} runs each, alternating:");
@@ -129,6 +137,12 @@ fn main() {
         &sandbox,
         "QEMU, same kernel, initramfs, machine and kernel flags, /init reboots at once",
         &floor,
+    );
+    println!(
+        "  median of the {RUNS} adjacent sandbox/floor pairs' ratios: {:.2}x (min {:.2}x, max {:.2}x)",
+        pairs[RUNS / 2],
+        pairs[0],
+        pairs[RUNS - 1]
     );
 
     // 2. QEMU's memory beyond the guest's RAM: two sandboxes, idle after one exec each.

@@ -290,7 +290,10 @@ fn a_vms_vcpus_and_ram_are_its_limits() {
         return;
     };
     let info = home.sandbox("sized", &["--cpus", "2", "--memory-mb", "768"]);
-    assert_eq!((info["cpus"].as_u64(), info["memoryMB"].as_u64()), (Some(2), Some(768)));
+    assert_eq!(
+        (info["cpus"].as_u64(), info["memoryMB"].as_u64()),
+        (Some(2), Some(768))
+    );
     assert_eq!(home.sh("sized", "nproc").trim(), "2");
     let total_kib: u64 = home
         .sh("sized", "awk '/^MemTotal:/ {print $2}' /proc/meminfo")

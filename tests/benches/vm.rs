@@ -2,9 +2,15 @@
 //! the accelerator `DYNOCAP_VM_ACCEL` names (TCG unless set):
 //! 1. boot-to-first-exec of a DynoCap VM sandbox (`Backend::boot`, the agent's hello, `exec
 //!    true`, destroy) vs the floor: QEMU booting the same kernel and initramfs, with the same
-//!    machine, accelerator, vCPUs and memory, straight to a busybox `/init` that reboots at
-//!    once (`-no-reboot` turns that into QEMU's exit);
-//! 2. QEMU's own resident memory beyond the guest's RAM, for an idle sandbox.
+//!    machine arguments (`qemu::machine_args`) and kernel flags (`qemu::kernel_flags`), straight
+//!    to a busybox `/init` that reboots at once (`-no-reboot` turns that into QEMU's exit). The
+//!    two alternate, one sample each in turn, so the shared machine's load falls on both;
+//! 2. QEMU's memory beyond the guest's RAM, for two idle sandboxes side by side, from each
+//!    QEMU's `/proc/PID/smaps`: the guest's RAM (the anonymous mapping of exactly its size)
+//!    and TCG's code buffer (the one writable and executable mapping) are set apart; the rest
+//!    is counted as PSS (QEMU's binary, libraries and the initramfs are shared between the two
+//!    QEMUs and count half for each; more sandboxes share them further) and as private
+//!    anonymous memory (what each further sandbox costs whatever the count).
 //!
 //! Run with `scripts/bench.sh`, or: `DYNOCAP_AGENT=<static release agent> cargo bench -p
 //! dynocap-e2e --bench vm`. Needs root and QEMU; the guest image is the one `tests/vm.rs` uses
@@ -12,11 +18,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dynocap_backend_vm::cpio::CpioWriter;
-use dynocap_backend_vm::qemu;
-use dynocap_e2e::bench::{report, sample};
+use dynocap_backend_vm::qemu::{self, Accel, Machine};
+use dynocap_backend_vm::{initramfs, kernel};
+use dynocap_e2e::bench::report;
 use dynocap_engine::agent_conn::AgentConn;
 use dynocap_engine::backend::{self, BootSpec};
 use dynocap_engine::image::Image;
@@ -24,7 +31,7 @@ use dynocap_engine::spec::{ExecSpec, Network};
 
 const CACHE: &str = "/var/cache/dynocap-test-images";
 const MEMORY_MB: u64 = 512;
-const RUNS: usize = 5;
+const RUNS: usize = 7;
 
 fn main() {
     let agent = PathBuf::from(
@@ -80,50 +87,101 @@ fn main() {
         .build()
         .expect("runtime");
 
-    // 1. Boot to first exec.
-    let sandbox = sample(RUNS, |i| {
+    let accel = match accel.as_str() {
+        "tcg" => Accel::Tcg,
+        "kvm" => Accel::Kvm,
+        other => panic!("DYNOCAP_VM_ACCEL={other}: the bench knows tcg and kvm"),
+    };
+
+    // 1. Boot to first exec. A first boot builds the cached artefacts (base disk, initramfs)
+    // and is not counted; the floor boots the initramfs it built.
+    let boot_exec_destroy = |i: usize| {
         let mut guest = backend.boot(&spec(i)).expect("boot");
         let channel = guest.take_channel().expect("channel");
         runtime.block_on(exec_true(channel));
         guest.destroy().expect("destroy");
-    });
+    };
+    boot_exec_destroy(RUNS);
+    let kernel = kernel::find(&rootfs).expect("kernel");
+    let modules = kernel::needed_modules(&kernel, Machine::Microvm).expect("modules");
     // The vm backend keeps its artefacts in `vm/` of the cache it is given.
-    let (kernel, initrd) = artefacts(&cache.join("vm"), &rootfs);
+    let initrd = initramfs::get(&cache.join("vm"), &agent, &modules).expect("initramfs");
     let floor_initrd = floor_initramfs(&initrd, &rootfs, work.path());
-    let floor = sample(RUNS, |i| {
+    let (mut sandbox, mut floor) = (Vec::new(), Vec::new());
+    for i in 0..RUNS {
+        let start = Instant::now();
+        boot_exec_destroy(i);
+        sandbox.push(start.elapsed());
+        let start = Instant::now();
         floor_boot(
-            &kernel,
+            &kernel.image,
             &floor_initrd,
-            &accel,
+            accel,
             &work.path().join(format!("floor{i}.log")),
-        )
-    });
-    println!("under {accel}, 1 vCPU, {MEMORY_MB} MiB, microvm:");
+        );
+        floor.push(start.elapsed());
+    }
+    // Each sandbox sample and the floor sample right after it saw about the same load: the
+    // median of their ratios is steadier than the ratio of the medians on a shared machine.
+    let mut pairs: Vec<f64> = sandbox
+        .iter()
+        .zip(&floor)
+        .map(|(s, f)| s.as_secs_f64() / f.as_secs_f64())
+        .collect();
+    pairs.sort_by(f64::total_cmp);
+    sandbox.sort();
+    floor.sort();
+    println!("under {accel:?}, 1 vCPU, {MEMORY_MB} MiB, microvm, {RUNS} runs each, alternating:");
     report(
         "vm sandbox boot + exec true + destroy",
         &sandbox,
-        "QEMU, same kernel and initramfs, /init reboots at once",
+        "QEMU, same kernel, initramfs, machine and kernel flags, /init reboots at once",
         &floor,
     );
-
-    // 2. QEMU's overhead over the guest's RAM, idle after one exec.
-    let mut guest = backend.boot(&spec(100)).expect("boot");
-    let channel = guest.take_channel().expect("channel");
-    let conn = runtime.block_on(exec_true(channel));
-    std::thread::sleep(Duration::from_secs(3));
-    let mem = qemu_memory(guest.pid(), MEMORY_MB * 1024);
     println!(
-        "idle vm sandbox: QEMU RSS {} MiB = guest RAM {} MiB + TCG code cache {} MiB + QEMU's \
-         own {} MiB (of which private anonymous {} MiB; the rest is QEMU's binary and \
-         libraries, shared between sandboxes)",
-        mem.rss / 1024,
-        mem.guest_ram / 1024,
-        mem.code_cache / 1024,
-        (mem.rss - mem.guest_ram - mem.code_cache) / 1024,
-        mem.own_anonymous / 1024,
+        "  median of the {RUNS} adjacent sandbox/floor pairs' ratios: {:.2}x (min {:.2}x, max {:.2}x)",
+        pairs[RUNS / 2],
+        pairs[0],
+        pairs[RUNS - 1]
     );
-    drop(conn);
-    guest.destroy().expect("destroy");
+
+    // 2. QEMU's memory beyond the guest's RAM: two sandboxes, idle after one exec each.
+    let mut guests = Vec::new();
+    let mut conns = Vec::new();
+    for i in [100, 101] {
+        let mut guest = backend.boot(&spec(i)).expect("boot");
+        let channel = guest.take_channel().expect("channel");
+        conns.push(runtime.block_on(exec_true(channel)));
+        guests.push(guest);
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let mems: Vec<QemuMemory> = guests
+        .iter()
+        .map(|g| qemu_memory(g.pid(), MEMORY_MB * 1024))
+        .collect();
+    let mean = |f: fn(&QemuMemory) -> u64| mems.iter().map(f).sum::<u64>() / 1024 / 2;
+    println!(
+        "idle vm sandbox, mean of 2 side by side: QEMU's RSS {} MiB = guest RAM touched {} MiB + \
+         TCG code buffer {} MiB (bounded by tb-size; none under KVM) + the rest {} MiB RSS",
+        mean(|m| m.rss),
+        mean(|m| m.guest_ram),
+        mean(|m| m.code_cache),
+        mean(|m| m.rss - m.guest_ram - m.code_cache),
+    );
+    println!(
+        "QEMU's own memory beyond guest RAM, per sandbox: {} MiB PSS without the code buffer \
+         ({} MiB with it), of which {} MiB private anonymous (heap, device and TCG state, \
+         QEMU's copy of the kernel for fw_cfg) and {} MiB PSS of files shared between the \
+         sandboxes' QEMUs (binary, libraries, initramfs)",
+        mean(|m| m.rest_pss),
+        mean(|m| m.rest_pss + m.code_cache),
+        mean(|m| m.rest_anonymous),
+        mean(|m| m.rest_pss - m.rest_anonymous),
+    );
+    drop(conns);
+    for guest in guests {
+        guest.destroy().expect("destroy");
+    }
 }
 
 /// Waits for the agent's hello, runs `true`, and returns the connection (kept by the caller
@@ -142,20 +200,6 @@ async fn exec_true(channel: std::os::fd::OwnedFd) -> AgentConn {
         .expect("exec");
     assert_eq!(result.exit_code, Some(0));
     conn
-}
-
-/// The kernel and the initramfs the sandboxes above booted (the newest initramfs in the
-/// cache is theirs: it was just built or used).
-fn artefacts(cache: &Path, rootfs: &Path) -> (PathBuf, PathBuf) {
-    let kernel = dynocap_backend_vm::kernel::find(rootfs).expect("kernel");
-    let initrd = std::fs::read_dir(cache)
-        .expect("cache")
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with("initramfs-"))
-        .max_by_key(|e| e.metadata().and_then(|m| m.accessed()).ok())
-        .expect("an initramfs")
-        .path();
-    (kernel.image, initrd)
 }
 
 /// The sandbox's initramfs with busybox and an `/floor-init` that reboots, appended as a
@@ -179,28 +223,11 @@ fn floor_initramfs(initrd: &Path, rootfs: &Path, dir: &Path) -> PathBuf {
     path
 }
 
-fn floor_boot(kernel: &Path, initrd: &Path, accel: &str, console: &Path) {
-    let tcg = accel == "tcg";
-    let machine = if tcg {
-        "microvm,rtc=on,isa-serial=on"
-    } else {
-        "microvm,pic=off,pit=off,rtc=on,isa-serial=on"
-    };
-    let mut append = String::from("console=ttyS0 quiet panic=-1 reboot=t rdinit=/floor-init ");
-    if tcg {
-        append.push_str(&format!("tsc_early_khz={}", qemu::host_tsc_khz()));
-    }
+fn floor_boot(kernel: &Path, initrd: &Path, accel: Accel, console: &Path) {
+    let tsc_khz = (accel == Accel::Tcg).then(qemu::host_tsc_khz);
+    let append = format!("{} rdinit=/floor-init", qemu::kernel_flags(tsc_khz));
     let status = Command::new(qemu::QEMU)
-        .args([
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-no-reboot",
-        ])
-        .args(["-M", machine, "-accel", accel])
-        .args(["-cpu", if tcg { "max" } else { "host" }])
-        .args(["-smp", "1", "-m", &format!("{MEMORY_MB}M")])
+        .args(qemu::machine_args(Machine::Microvm, accel, 1, MEMORY_MB))
         .arg("-kernel")
         .arg(kernel)
         .arg("-initrd")
@@ -219,15 +246,17 @@ fn floor_boot(kernel: &Path, initrd: &Path, accel: &str, console: &Path) {
     );
 }
 
-/// QEMU's resident memory, in KiB, by kind.
+/// QEMU's memory, in KiB, by kind.
 struct QemuMemory {
     rss: u64,
-    /// The anonymous mapping of exactly the guest's RAM size.
+    /// The anonymous mapping of exactly the guest's RAM size: the RAM the guest touched.
     guest_ram: u64,
     /// TCG's translated-code buffer: the one writable and executable mapping.
     code_cache: u64,
-    /// Anonymous memory that is neither of the above: QEMU's own heap, stacks, device state.
-    own_anonymous: u64,
+    /// Everything else, as PSS: pages shared with other processes count by their share.
+    rest_pss: u64,
+    /// Everything else that is anonymous: QEMU's heap, stacks, device and TCG state.
+    rest_anonymous: u64,
 }
 
 fn qemu_memory(pid: i32, ram_kib: u64) -> QemuMemory {
@@ -236,9 +265,10 @@ fn qemu_memory(pid: i32, ram_kib: u64) -> QemuMemory {
         rss: 0,
         guest_ram: 0,
         code_cache: 0,
-        own_anonymous: 0,
+        rest_pss: 0,
+        rest_anonymous: 0,
     };
-    let (mut size, mut kind) = (0, "other");
+    let (mut size, mut code, mut anonymous_mapping) = (0, false, false);
     for line in smaps.lines() {
         let mut words = line.split_whitespace();
         let Some(first) = words.next() else {
@@ -247,25 +277,25 @@ fn qemu_memory(pid: i32, ram_kib: u64) -> QemuMemory {
         if first.contains('-') && !first.ends_with(':') {
             // A mapping's header: range, permissions, offset, device, inode, path.
             let perms = words.next().unwrap_or("");
-            kind = if perms.contains('x') && perms.contains('w') {
-                "code"
-            } else {
-                "other"
-            };
+            code = perms.contains('x') && perms.contains('w');
+            // The inode: 0 for anonymous memory.
+            anonymous_mapping = words.nth(2).unwrap_or("0") == "0";
             continue;
         }
         let value: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let guest_ram = anonymous_mapping && size == ram_kib;
         match first {
             "Size:" => size = value,
             "Rss:" => {
                 mem.rss += value;
-                if size == ram_kib {
+                if guest_ram {
                     mem.guest_ram += value;
-                } else if kind == "code" {
+                } else if code {
                     mem.code_cache += value;
                 }
             }
-            "Anonymous:" if size != ram_kib && kind != "code" => mem.own_anonymous += value,
+            "Pss:" if !guest_ram && !code => mem.rest_pss += value,
+            "Anonymous:" if !guest_ram && !code => mem.rest_anonymous += value,
             _ => {}
         }
     }

@@ -1,13 +1,13 @@
 //! The VM backend's first stage: the agent as `/init` of the initramfs the host built.
 //!
 //! It loads the kernel modules the host put beside it (`/lib/modules/dynocap.order`, deps
-//! first), mounts the sandbox's disk, grows its ext4 to the disk's size (the disk is a qcow2
-//! layer over the image's smaller base; its virtual size is the sandbox's disk limit), makes
-//! the home and state directories, brings up `lo` (and a `nat` guest's NIC: [`crate::vm_net`]),
-//! names the host, copies itself onto a tmpfs at
-//! `/.dynocap/agent` in the new root, switches root, and re-executes itself there as PID 1
-//! with the virtio-serial port as its channel. From then on the agent is the same program it
-//! is in a jail.
+//! first), mounts the sandbox's disk, grows its ext4 to the disk's size if it is smaller (the
+//! host makes the base at the disk's size, so only a disk kept from a boot over an older,
+//! smaller base still grows here), makes the home and state directories, brings up `lo` (and
+//! a `nat` guest's NIC: [`crate::vm_net`]), names the host, binds itself read-only at
+//! `/.dynocap/agent` in the new root (on a tmpfs of its own), switches root, and re-executes
+//! itself there as PID 1 with the virtio-serial port as its channel. From then on the agent
+//! is the same program it is in a jail.
 //!
 //! Settings come from the kernel command line, which only the host writes:
 //! `dynocap.root=/dev/vda dynocap.port=dynocap dynocap.hostname=NAME`, and for a `nat` guest
@@ -53,6 +53,11 @@ const MODULE_ORDER: &str = "/lib/modules/dynocap.order";
 const AGENT_PATH: &str = "/.dynocap/agent";
 /// How long devices may take to appear after their drivers load (TCG is slow).
 const DEVICE_WAIT: Duration = Duration::from_secs(60);
+/// How often to look for them meanwhile: they usually appear within milliseconds of the
+/// driver loading, and every millisecond here is one of the boot's.
+const DEVICE_POLL: Duration = Duration::from_millis(2);
+/// This program, as the initramfs holds it.
+const INIT_PATH: &str = "/init";
 
 /// The guest's settings from the kernel command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,13 +184,15 @@ fn wait_for(path: &Path, what: &str) -> Result<(), String> {
                 DEVICE_WAIT.as_secs()
             ));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(DEVICE_POLL);
     }
     Ok(())
 }
 
-/// Grows the mounted ext4 to the whole device (online resize; a no-op when it already fills
-/// it, as on a disk kept from an earlier boot).
+/// Grows the mounted ext4 to the whole device (online resize). The host makes every new disk's
+/// filesystem at the disk's size, so this normally finds nothing to do, and says so from the
+/// superblock alone: the resize ioctl even as a no-op flushes the journal, which costs a
+/// boot tens of milliseconds under TCG.
 fn grow_filesystem(device: &Path) -> Result<(), String> {
     let dev =
         fs::File::open(device).map_err(|err| format!("opening {}: {err}", device.display()))?;
@@ -194,20 +201,41 @@ fn grow_filesystem(device: &Path) -> Result<(), String> {
     // `dev` is an open descriptor for the duration of the call.
     unsafe { blk_get_size64(dev.as_raw_fd(), &mut bytes) }
         .map_err(|err| format!("BLKGETSIZE64: {err}"))?;
-    let stat = nix::sys::statfs::statfs(NEW_ROOT).map_err(|err| format!("statfs: {err}"))?;
-    // f_bsize is signed in glibc and unsigned in musl; the conversion serves both.
-    #[allow(clippy::useless_conversion)]
-    let block = u64::try_from(stat.block_size()).map_err(|_| "negative block size")?;
-    if block == 0 {
-        return Err("the filesystem reports a block size of 0".into());
-    }
+    let mut superblock = [0_u8; 1024];
+    std::os::unix::fs::FileExt::read_exact_at(&dev, &mut superblock, 1024)
+        .map_err(|err| format!("reading the superblock of {}: {err}", device.display()))?;
+    let (fs_blocks, block) = ext4_size(&superblock)?;
     let blocks: u64 = bytes / block;
+    if blocks <= fs_blocks {
+        return Ok(());
+    }
     let root = fs::File::open(NEW_ROOT).map_err(|err| format!("opening {NEW_ROOT}: {err}"))?;
     // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 through the pointer, which points at `blocks`;
     // `root` is an open descriptor on the mounted ext4 for the duration of the call.
     unsafe { ext4_resize_fs(root.as_raw_fd(), &blocks) }
         .map_err(|err| format!("EXT4_IOC_RESIZE_FS to {blocks} blocks: {err}"))?;
     Ok(())
+}
+
+/// The block count and block size an ext4 superblock (the 1024 bytes at offset 1024)
+/// records.
+fn ext4_size(sb: &[u8; 1024]) -> Result<(u64, u64), String> {
+    let u32_at = |at: usize| u32::from_le_bytes([sb[at], sb[at + 1], sb[at + 2], sb[at + 3]]);
+    if u16::from_le_bytes([sb[0x38], sb[0x39]]) != 0xEF53 {
+        return Err("the root disk holds no ext4 superblock".into());
+    }
+    let log = u32_at(0x18);
+    if log > 6 {
+        return Err(format!(
+            "the superblock's block size 1024<<{log} is out of range"
+        ));
+    }
+    let incompat_64bit = u32_at(0x60) & 0x80 != 0;
+    let high = if incompat_64bit { u32_at(0x150) } else { 0 };
+    Ok((
+        (u64::from(high) << 32) | u64::from(u32_at(0x4)),
+        1024 << log,
+    ))
 }
 
 // BLKGETSIZE64 is `_IOR(0x12, 114, size_t)`; EXT4_IOC_RESIZE_FS is `_IOW('f', 16, __u64)`.
@@ -278,8 +306,11 @@ fn home_and_user(args: &[OsString]) -> (Option<PathBuf>, Option<(u32, u32)>) {
     (home, user)
 }
 
-/// Copies this binary onto a read-only tmpfs at `/.dynocap/agent` in the new root: the disk
-/// belongs to the sandbox, so the agent must not live where the sandbox could replace it.
+/// Puts this binary at `/.dynocap/agent` in the new root, read-only, on a tmpfs of its own:
+/// the disk belongs to the sandbox, so the agent must not live where the sandbox could
+/// replace it. The file is the initramfs' own `/init`, bind-mounted onto an empty file
+/// rather than copied: a copy of the 2 MiB binary cost the boot tens of milliseconds under
+/// TCG, and the initramfs keeps it in RAM either way.
 fn install_agent() -> Result<(), String> {
     let dir = Path::new(NEW_ROOT).join(".dynocap");
     fs::create_dir_all(&dir).map_err(|err| format!("creating {}: {err}", dir.display()))?;
@@ -293,10 +324,24 @@ fn install_agent() -> Result<(), String> {
     )
     .map_err(|err| format!("mounting a tmpfs on {}: {err}", dir.display()))?;
     let target = dir.join("agent");
-    fs::copy("/proc/self/exe", &target)
-        .map_err(|err| format!("copying the agent to {}: {err}", target.display()))?;
-    fs::set_permissions(&target, fs::Permissions::from_mode(0o755))
-        .map_err(|err| format!("making {} executable: {err}", target.display()))?;
+    fs::File::create(&target).map_err(|err| format!("creating {}: {err}", target.display()))?;
+    mount(
+        Some(INIT_PATH),
+        &target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|err| format!("binding {INIT_PATH} onto {}: {err}", target.display()))?;
+    // A bind mount takes the read-only flag only on a remount of itself.
+    mount(
+        None::<&str>,
+        &target,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | nosuid_nodev,
+        None::<&str>,
+    )
+    .map_err(|err| format!("making {} read-only: {err}", target.display()))?;
     mount(
         None::<&str>,
         &dir,
@@ -329,17 +374,17 @@ fn find_port(name: &str) -> Result<PathBuf, String> {
                 DEVICE_WAIT.as_secs()
             ));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(DEVICE_POLL);
     }
 }
 
 /// Makes the disk the root: the API filesystems go (stage two mounts them again in the new
-/// root), the initramfs' files go (they are RAM), then the new root moves onto `/`.
+/// root), then the new root moves onto `/`. The initramfs' `/init` stays: it is the agent
+/// the new root sees at `/.dynocap/agent` (the modules already went as they loaded).
 fn switch_root() -> Result<(), String> {
     for target in ["/dev/pts", "/run", "/tmp", "/dev", "/sys", "/proc"] {
         let _ = umount2(target, MntFlags::MNT_DETACH);
     }
-    let _ = fs::remove_file("/init");
     std::env::set_current_dir(NEW_ROOT).map_err(|err| format!("entering {NEW_ROOT}: {err}"))?;
     mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
         .map_err(|err| format!("moving {NEW_ROOT} onto /: {err}"))?;
@@ -398,6 +443,22 @@ mod tests {
         // Anything after `--` is init's arguments, never settings.
         assert!(parse_cmdline("dynocap.port=p -- dynocap.root=/dev/sda").is_err());
         assert!(parse_cmdline("dynocap.root=/dev/vda").is_err());
+    }
+
+    #[test]
+    fn the_superblock_gives_the_filesystem_size() {
+        let mut sb = [0_u8; 1024];
+        assert!(ext4_size(&sb).is_err(), "no magic");
+        sb[0x38..0x3a].copy_from_slice(&0xEF53_u16.to_le_bytes());
+        sb[0x4..0x8].copy_from_slice(&262_144_u32.to_le_bytes());
+        sb[0x18..0x1c].copy_from_slice(&2_u32.to_le_bytes());
+        // The high word counts only with the 64bit feature.
+        sb[0x150..0x154].copy_from_slice(&1_u32.to_le_bytes());
+        assert_eq!(ext4_size(&sb), Ok((262_144, 4096)));
+        sb[0x60..0x64].copy_from_slice(&0x80_u32.to_le_bytes());
+        assert_eq!(ext4_size(&sb), Ok(((1 << 32) + 262_144, 4096)));
+        sb[0x18..0x1c].copy_from_slice(&40_u32.to_le_bytes());
+        assert!(ext4_size(&sb).is_err(), "absurd block size");
     }
 
     #[test]

@@ -135,10 +135,8 @@ pub fn kernel_cmdline(
     tsc_khz: Option<u64>,
     nat_dns: Option<Ipv4Addr>,
 ) -> String {
-    let mut line = String::from("console=ttyS0 quiet panic=-1 reboot=t random.trust_cpu=on ");
-    if let Some(khz) = tsc_khz {
-        line.push_str(&format!("tsc_early_khz={khz} "));
-    }
+    let mut line = kernel_flags(tsc_khz);
+    line.push(' ');
     if let Some(dns) = nat_dns {
         line.push_str(&format!(
             "dynocap.net={NAT_GUEST_ADDR},{NAT_GATEWAY},{dns} "
@@ -150,6 +148,16 @@ pub fn kernel_cmdline(
     for arg in agent_args {
         line.push(' ');
         line.push_str(arg);
+    }
+    line
+}
+
+/// The kernel's own options, without DynoCap's settings: what any guest of this backend boots
+/// with (the benchmark's floor boots with exactly these).
+pub fn kernel_flags(tsc_khz: Option<u64>) -> String {
+    let mut line = String::from("console=ttyS0 quiet panic=-1 reboot=t random.trust_cpu=on");
+    if let Some(khz) = tsc_khz {
+        line.push_str(&format!(" tsc_early_khz={khz}"));
     }
     line
 }
@@ -171,18 +179,24 @@ pub fn host_tsc_khz() -> u64 {
     })
 }
 
-/// QEMU's arguments (without the program name).
-pub fn argv(config: &QemuConfig) -> Vec<OsString> {
+/// TCG's translated-code buffer, in MiB. QEMU 7.2's default for system emulation is 1 GiB,
+/// which the guest's workload fills over time and which then stays resident: up to a GiB
+/// more per sandbox. A boot to the agent's first exec translates about 48 MiB, so 64 MiB
+/// holds it without a flush; past that QEMU flushes the buffer and translates again (time,
+/// not memory). KVM has no such buffer.
+const TCG_CODE_BUFFER_MIB: u32 = 64;
+
+/// The machine QEMU emulates, before any kernel, disk or channel: the same for a sandbox and
+/// for the benchmark's floor.
+pub fn machine_args(machine: Machine, accel: Accel, cpus: u32, memory_mb: u64) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
-    let (machine, bus) = match (config.machine, config.accel) {
+    let machine = match (machine, accel) {
         // Under KVM the guest keeps time with kvmclock and needs no legacy PIC or PIT. The RTC
         // stays in every case: without it the guest's clock starts in 1970 and TLS fails.
-        (Machine::Microvm, Accel::Kvm) => {
-            ("microvm,pic=off,pit=off,rtc=on,isa-serial=on", "device")
-        }
+        (Machine::Microvm, Accel::Kvm) => "microvm,pic=off,pit=off,rtc=on,isa-serial=on",
         // Under TCG the kernel calibrates the TSC against the PIT; without it boot stalls.
-        (Machine::Microvm, Accel::Tcg) => ("microvm,rtc=on,isa-serial=on", "device"),
-        (Machine::Q35, _) => ("q35", "pci"),
+        (Machine::Microvm, Accel::Tcg) => "microvm,rtc=on,isa-serial=on",
+        (Machine::Q35, _) => "q35",
     };
     push(
         &mut args,
@@ -195,13 +209,26 @@ pub fn argv(config: &QemuConfig) -> Vec<OsString> {
         ],
     );
     push(&mut args, &["-M", machine]);
-    match config.accel {
+    match accel {
         Accel::Kvm => push(&mut args, &["-accel", "kvm", "-cpu", "host"]),
-        Accel::Tcg => push(&mut args, &["-accel", "tcg", "-cpu", "max"]),
+        Accel::Tcg => {
+            let tcg = format!("tcg,tb-size={TCG_CODE_BUFFER_MIB}");
+            push(&mut args, &["-accel", &tcg, "-cpu", "max"]);
+        }
     }
-    let smp = config.cpus.to_string();
-    let mem = format!("{}M", config.memory_mb);
+    let smp = cpus.to_string();
+    let mem = format!("{memory_mb}M");
     push(&mut args, &["-smp", &smp, "-m", &mem]);
+    args
+}
+
+/// QEMU's arguments (without the program name).
+pub fn argv(config: &QemuConfig) -> Vec<OsString> {
+    let mut args = machine_args(config.machine, config.accel, config.cpus, config.memory_mb);
+    let bus = match config.machine {
+        Machine::Microvm => "device",
+        Machine::Q35 => "pci",
+    };
     args.extend(confinement_args(config.seccomp, config.drop_to.as_ref()));
     args.push("-kernel".into());
     args.push(config.kernel.clone().into());
@@ -387,7 +414,7 @@ mod tests {
             assert!(args.iter().any(|a| a == flag), "{flag} missing");
         }
         assert_eq!(values(&args, "-M"), ["microvm,rtc=on,isa-serial=on"]);
-        assert_eq!(values(&args, "-accel"), ["tcg"]);
+        assert_eq!(values(&args, "-accel"), ["tcg,tb-size=64"]);
         assert_eq!(values(&args, "-cpu"), ["max"]);
         assert_eq!(values(&args, "-smp"), ["2"]);
         assert_eq!(values(&args, "-m"), ["512M"]);

@@ -34,7 +34,7 @@ pub struct VmSpec {
     pub agent_args: Vec<String>,
     pub cpus: u32,
     pub memory_mb: u64,
-    /// The disk's size: the guest's filesystem grows to it.
+    /// The disk's size, which its filesystem is made to fill.
     pub disk_bytes: u64,
     /// Boot over the disk layer a stopped guest kept, instead of a fresh one.
     pub reuse_disk: bool,
@@ -107,7 +107,8 @@ impl Vm {
             Some(accel) => accel,
             None => accel::choose(&spec.cache_dir, &kernel.image)?,
         };
-        let modules = kernel::needed_modules(&kernel)?;
+        let machine = machine()?;
+        let modules = kernel::needed_modules(&kernel, machine)?;
         let initrd = initramfs::get(&spec.cache_dir, &spec.agent_binary, &modules)?;
         let paths = VmPaths::at(&spec.state_dir);
         fs::create_dir_all(&paths.dir).map_err(|err| VmError::io("creating", &paths.dir, err))?;
@@ -120,11 +121,10 @@ impl Vm {
                 )));
             }
         } else {
-            let base = disk::base_image(&spec.cache_dir, &spec.rootfs)?;
+            let base = disk::base_image(&spec.cache_dir, &spec.rootfs, spec.disk_bytes)?;
             let _ = fs::remove_file(&paths.disk);
-            disk::create_layer(&base, &paths.disk, spec.disk_bytes)?;
+            disk::create_layer(&spec.cache_dir, &base, &paths.disk, spec.disk_bytes)?;
         }
-        let machine = machine()?;
         let tsc_khz = (machine == Machine::Microvm && accel == Accel::Tcg).then(qemu::host_tsc_khz);
         let config = QemuConfig {
             machine,

@@ -348,6 +348,17 @@ async fn diff_within(host: &Host, ws: &Path, max_bytes: u64, budget: Option<u64>
     host.open(&request).await.1.collect().await
 }
 
+/// Unpacks `src` into the sandbox's workspace and takes its baseline; returns the workspace.
+async fn import_tree(host: &Host, sb: &Sandbox, src: &Path) -> PathBuf {
+    let ws = sb.ws();
+    assert!(unpack(host, sb, &ws, &tar_of(src), 1 << 30)
+        .await
+        .done
+        .is_some());
+    commit_of(&baseline(host, sb, &ws, None, None).await);
+    ws
+}
+
 fn commit_of(outcome: &Outcome) -> String {
     match &outcome.done {
         Some(Response::Baseline { commit }) => commit.clone(),
@@ -1175,12 +1186,7 @@ async fn a_file_goes_binary_only_when_its_line_diff_would_exceed_the_budget() {
     let long_lines: String = (0..4096).map(|i| format!("{i:01023}\n")).collect();
     std::fs::write(src.join("long.txt"), &long_lines).expect("write");
     std::fs::write(src.join("short.txt"), "x\n".repeat(512 * 1024)).expect("write");
-    let ws = sb.ws();
-    assert!(unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30)
-        .await
-        .done
-        .is_some());
-    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+    let ws = import_tree(&host, &sb, &src).await;
     as_user(
         &host,
         &ws,
@@ -1227,12 +1233,7 @@ async fn diff_ignores_the_workspaces_git_config_and_attributes() {
     std::fs::create_dir(&src).expect("mkdir");
     std::fs::write(src.join("crlf.txt"), b"a\r\nb\r\n").expect("write");
     std::fs::write(src.join("evil.txt"), b"original\n").expect("write");
-    let ws = sb.ws();
-    assert!(unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30)
-        .await
-        .done
-        .is_some());
-    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+    let ws = import_tree(&host, &sb, &src).await;
 
     let marker = sb.path("marker");
     let marker_text = text(&marker);
@@ -1278,12 +1279,7 @@ async fn files_ignored_later_stay_tracked() {
         std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
         std::fs::write(path, data).expect("write");
     }
-    let ws = sb.ws();
-    assert!(unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30)
-        .await
-        .done
-        .is_some());
-    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+    let ws = import_tree(&host, &sb, &src).await;
 
     as_user(
         &host,
@@ -1366,12 +1362,7 @@ async fn a_rewritten_ref_does_not_move_the_baseline() {
     let src = sb.path("src");
     std::fs::create_dir(&src).expect("mkdir");
     std::fs::write(src.join("a.txt"), "a\n").expect("write");
-    let ws = sb.ws();
-    assert!(unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30)
-        .await
-        .done
-        .is_some());
-    commit_of(&baseline(&host, &sb, &ws, None, None).await);
+    let ws = import_tree(&host, &sb, &src).await;
     as_user(&host, &ws, "echo b >> a.txt").await;
     let before = patch_of(&diff(&host, &ws, 1 << 30).await);
 

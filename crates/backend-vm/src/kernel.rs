@@ -262,32 +262,19 @@ mod tests {
                 .map(|m| m.name)
                 .collect()
         };
-        assert_eq!(
-            names(Machine::Microvm),
-            [
-                "virtio_ring",
-                "virtio",
-                "virtio_blk",
-                "virtio_console",
-                "failover",
-                "net_failover",
-                "virtio_net",
-                "virtio_mmio"
-            ]
-        );
+        let common = [
+            "virtio_ring",
+            "virtio",
+            "virtio_blk",
+            "virtio_console",
+            "failover",
+            "net_failover",
+            "virtio_net",
+        ];
+        assert_eq!(names(Machine::Microvm)[..common.len()], common);
+        assert_eq!(names(Machine::Microvm)[common.len()..], ["virtio_mmio"]);
         // q35's transport is built into this kernel: nothing more to load, and no mmio.
-        assert_eq!(
-            names(Machine::Q35),
-            [
-                "virtio_ring",
-                "virtio",
-                "virtio_blk",
-                "virtio_console",
-                "failover",
-                "net_failover",
-                "virtio_net"
-            ]
-        );
+        assert_eq!(names(Machine::Q35), common);
     }
 
     #[test]

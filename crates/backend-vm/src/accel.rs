@@ -110,12 +110,8 @@ fn recorded(cache_dir: &Path, kernel: &Path) -> Result<Option<bool>> {
 /// gives a new key.
 fn probe_path(cache_dir: &Path, kernel: &Path) -> Result<PathBuf> {
     let mut key = Key::new("dynocap-kvm-probe-1");
-    for file in [kernel.to_owned(), qemu_path()?] {
-        let meta = fs::metadata(&file).map_err(|err| VmError::io("reading", &file, err))?;
-        key.add(file.as_os_str().as_encoded_bytes())
-            .add(&meta.size().to_le_bytes())
-            .add(&meta.mtime().to_le_bytes());
-    }
+    add_file(&mut key, kernel)?;
+    add_file(&mut key, &qemu_path()?)?;
     let release = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -124,6 +120,16 @@ fn probe_path(cache_dir: &Path, kernel: &Path) -> Result<PathBuf> {
 }
 
 /// QEMU's path on `PATH`.
+/// Adds `file`'s identity (path, size, modification time) to `key`: an upgraded QEMU or a
+/// rebuilt kernel gets a new key, without reading either.
+pub fn add_file(key: &mut Key, file: &Path) -> Result<()> {
+    let meta = fs::metadata(file).map_err(|err| VmError::io("reading", file, err))?;
+    key.add(file.as_os_str().as_encoded_bytes())
+        .add(&meta.size().to_le_bytes())
+        .add(&meta.mtime().to_le_bytes());
+    Ok(())
+}
+
 pub fn qemu_path() -> Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)

@@ -107,7 +107,7 @@ impl Vm {
             Some(accel) => accel,
             None => accel::choose(&spec.cache_dir, &kernel.image)?,
         };
-        let machine = machine()?;
+        let machine = machine(&spec.cache_dir)?;
         let modules = kernel::needed_modules(&kernel, machine)?;
         let initrd = initramfs::get(&spec.cache_dir, &spec.agent_binary, &modules)?;
         let paths = VmPaths::at(&spec.state_dir);
@@ -276,11 +276,40 @@ fn validate(spec: &VmSpec) -> Result<()> {
 }
 
 /// `microvm` where this QEMU has it, else `q35`.
-fn machine() -> Result<Machine> {
-    static MACHINE: std::sync::OnceLock<Machine> = std::sync::OnceLock::new();
-    if let Some(machine) = MACHINE.get() {
-        return Ok(*machine);
+/// The machine type this QEMU offers: microvm where it has it, else q35. Asking QEMU
+/// (`-M help`) is a process start of 50–150 ms, so the answer is recorded in the cache per
+/// QEMU binary, as the KVM probe's is; every supervisor boots one guest and would otherwise
+/// ask again.
+fn machine(cache_dir: &Path) -> Result<Machine> {
+    let mut key = crate::cache::Key::new("dynocap-qemu-machine-1");
+    accel::add_file(&mut key, &accel::qemu_path()?)?;
+    let recorded =
+        crate::cache::get_or_build(cache_dir, &format!("machine-{}", key.hex()), |tmp| {
+            let machine = ask_machine()?;
+            crate::cache::write_new(tmp, machine_name(machine).as_bytes())
+        })?;
+    let text =
+        fs::read_to_string(&recorded).map_err(|err| VmError::io("reading", &recorded, err))?;
+    match text.as_str() {
+        "microvm" => Ok(Machine::Microvm),
+        "q35" => Ok(Machine::Q35),
+        _ => {
+            // Not written by us: ask again rather than trust it.
+            let _ = fs::remove_file(&recorded);
+            ask_machine()
+        }
     }
+}
+
+fn machine_name(machine: Machine) -> &'static str {
+    match machine {
+        Machine::Microvm => "microvm",
+        Machine::Q35 => "q35",
+    }
+}
+
+/// Asks QEMU which machine types it has.
+fn ask_machine() -> Result<Machine> {
     let output = std::process::Command::new(qemu::QEMU)
         .args(["-M", "help"])
         .output()
@@ -290,16 +319,25 @@ fn machine() -> Result<Machine> {
                 qemu::QEMU
             ))
         })?;
+    if !output.status.success() {
+        return Err(VmError::Unavailable(format!(
+            "`{} -M help` failed ({}): {}",
+            qemu::QEMU,
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
     let text = String::from_utf8_lossy(&output.stdout);
-    let machine = if text
-        .lines()
-        .any(|l| l.split_whitespace().next() == Some("microvm"))
-    {
-        Machine::Microvm
-    } else {
-        Machine::Q35
-    };
-    Ok(*MACHINE.get_or_init(|| machine))
+    Ok(
+        if text
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("microvm"))
+        {
+            Machine::Microvm
+        } else {
+            Machine::Q35
+        },
+    )
 }
 
 fn start(config: &QemuConfig, paths: &VmPaths, timeout: Duration) -> Result<Vm> {
@@ -582,6 +620,37 @@ fn stop_leftover_qemu(paths: &VmPaths) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// QEMU is asked once per binary: the answer is recorded, read back, and a record that is
+    /// not one of ours is replaced by asking again.
+    #[test]
+    fn the_machine_type_is_asked_once_and_recorded() {
+        if accel::qemu_path().is_err() {
+            eprintln!("SKIPPED the_machine_type_is_asked_once_and_recorded: no QEMU here");
+            return;
+        }
+        let cache = tempfile::tempdir().unwrap();
+        let asked = ask_machine().expect("QEMU answers -M help");
+        assert_eq!(machine(cache.path()).unwrap(), asked);
+        let records: Vec<_> = fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(
+            fs::read_to_string(&records[0]).unwrap(),
+            machine_name(asked)
+        );
+        assert_eq!(machine(cache.path()).unwrap(), asked, "read back");
+        fs::write(&records[0], "garbage").unwrap();
+        assert_eq!(machine(cache.path()).unwrap(), asked, "asked again");
+        assert_eq!(
+            machine(cache.path()).unwrap(),
+            asked,
+            "and recorded again: {}",
+            fs::read_to_string(&records[0]).unwrap_or_default()
+        );
+    }
 
     fn spec() -> VmSpec {
         VmSpec {

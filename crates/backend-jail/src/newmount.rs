@@ -164,7 +164,7 @@ pub(crate) fn clone_tree(source: BorrowedFd<'_>, recursive: bool) -> Result<Owne
 /// below it). Only ever adds restrictions, so it also works on mounts whose flags the kernel
 /// locked when they were copied into this user namespace.
 pub(crate) fn set_attrs(mount: BorrowedFd<'_>, attrs: u64, recursive: bool) -> Result<(), Errno> {
-    let mut attr = libc::mount_attr {
+    let attr = libc::mount_attr {
         attr_set: attrs,
         attr_clr: 0,
         propagation: 0,
@@ -174,19 +174,7 @@ pub(crate) fn set_attrs(mount: BorrowedFd<'_>, attrs: u64, recursive: bool) -> R
     if recursive {
         flags |= libc::AT_RECURSIVE;
     }
-    let empty = c"";
-    // SAFETY: mount is a valid fd; attr is a live, initialised mount_attr whose size we pass.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            mount.as_raw_fd(),
-            empty.as_ptr(),
-            flags,
-            &mut attr as *mut libc::mount_attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    ok_from(ret)
+    mount_setattr(mount, flags, attr)
 }
 
 /// Makes the detached mount `mount` show its files through `userns`'s id mapping
@@ -196,12 +184,22 @@ pub(crate) fn set_idmap(
     userns: BorrowedFd<'_>,
     attrs: u64,
 ) -> Result<(), Errno> {
-    let mut attr = libc::mount_attr {
+    let attr = libc::mount_attr {
         attr_set: attrs | libc::MOUNT_ATTR_IDMAP,
         attr_clr: 0,
         propagation: 0,
         userns_fd: u64::try_from(userns.as_raw_fd()).map_err(|_| Errno::EBADF)?,
     };
+    mount_setattr(mount, libc::AT_EMPTY_PATH, attr)
+}
+
+/// `mount_setattr(2)` on the mount `mount` refers to (the path is empty: `flags` must hold
+/// `AT_EMPTY_PATH`).
+fn mount_setattr(
+    mount: BorrowedFd<'_>,
+    flags: libc::c_int,
+    mut attr: libc::mount_attr,
+) -> Result<(), Errno> {
     let empty = c"";
     // SAFETY: mount is a valid fd; attr is a live, initialised mount_attr whose size we pass.
     let ret = unsafe {
@@ -209,7 +207,7 @@ pub(crate) fn set_idmap(
             libc::SYS_mount_setattr,
             mount.as_raw_fd(),
             empty.as_ptr(),
-            libc::AT_EMPTY_PATH,
+            flags,
             &mut attr as *mut libc::mount_attr,
             std::mem::size_of::<libc::mount_attr>(),
         )

@@ -28,6 +28,12 @@ pub mod store;
 /// The image every sandbox gets unless another is asked for (`--image`, `DYNOCAP_IMAGE`).
 pub const DEFAULT_IMAGE: &str = "host";
 
+/// The image of a listing or result written before sandboxes had images: [`DEFAULT_IMAGE`]
+/// (a serde default).
+pub(crate) fn default_image_name() -> String {
+    DEFAULT_IMAGE.to_owned()
+}
+
 /// Guest uid/gid of the unprivileged user every command runs as.
 pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 1000;

@@ -48,15 +48,11 @@ pub struct SandboxInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_allowlist: Option<Vec<String>>,
     /// The image the sandbox boots (`host` or a built image's name).
-    #[serde(default = "default_image_name")]
+    #[serde(default = "crate::image::default_image_name")]
     pub image: String,
     /// The built image's content id (none for `host`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_id: Option<String>,
-}
-
-fn default_image_name() -> String {
-    crate::image::DEFAULT_IMAGE.to_owned()
 }
 
 impl SandboxInfo {

@@ -533,20 +533,8 @@ mod tests {
 
     fn start_in(cgroup: &ExecCgroup, script: &str) -> spawn::Spawned {
         let spec = ChildSpec {
-            program: c"/bin/sh".to_owned(),
-            argv: vec![
-                c"sh".to_owned(),
-                c"-c".to_owned(),
-                CString::new(script).expect("no NUL"),
-            ],
-            env: crate::command::env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
-            cwd: c"/".to_owned(),
-            terminal: false,
-            user: None,
-            stdin: None,
             cgroup: Some(cgroup.join_handle().expect("join handle")),
-            extra_group: None,
-            stdio: None,
+            ..crate::command::shell_spec(script)
         };
         spawn::spawn(&spec).expect("spawn")
     }
@@ -624,7 +612,7 @@ mod tests {
         let handle = cgroups.join_handle_of(pid).expect("found");
         let joined = ChildSpec {
             cgroup: Some(handle),
-            ..sleep_spec("sleep 1010")
+            ..crate::command::shell_spec("sleep 1010")
         };
         let joiner = spawn::spawn(&joined).expect("spawn");
         wait_for("the joiner to join", || {
@@ -639,25 +627,6 @@ mod tests {
             "not in any command cgroup"
         );
         assert!(second.kill_all().await);
-    }
-
-    fn sleep_spec(script: &str) -> ChildSpec {
-        ChildSpec {
-            program: c"/bin/sh".to_owned(),
-            argv: vec![
-                c"sh".to_owned(),
-                c"-c".to_owned(),
-                CString::new(script).expect("no NUL"),
-            ],
-            env: crate::command::env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
-            cwd: c"/".to_owned(),
-            terminal: false,
-            user: None,
-            stdin: None,
-            cgroup: None,
-            extra_group: None,
-            stdio: None,
-        }
     }
 
     #[tokio::test]

@@ -347,36 +347,43 @@ pub fn env_list<'a>(
         .collect()
 }
 
+/// For tests: `sh -c script` in `/` with the base PATH, as the agent itself, in no command
+/// cgroup.
+#[cfg(test)]
+pub(crate) fn shell_spec(script: &str) -> ChildSpec {
+    ChildSpec {
+        program: c"/bin/sh".to_owned(),
+        argv: vec![
+            c"sh".to_owned(),
+            c"-c".to_owned(),
+            CString::new(script).expect("no NUL"),
+        ],
+        env: env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
+        cwd: c"/".to_owned(),
+        terminal: false,
+        user: None,
+        stdin: None,
+        cgroup: None,
+        extra_group: None,
+        stdio: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn shell(script: &str) -> ChildSpec {
-        ChildSpec {
-            program: c"/bin/sh".to_owned(),
-            argv: vec![
-                c"sh".to_owned(),
-                c"-c".to_owned(),
-                CString::new(script).expect("no NUL"),
-            ],
-            env: env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
-            cwd: c"/".to_owned(),
-            terminal: false,
-            user: None,
-            stdin: None,
-            cgroup: None,
-            extra_group: None,
-            stdio: None,
-        }
-    }
 
     #[tokio::test]
     async fn collects_stdout_stderr_and_status() {
         crate::init::setup();
         let (_stop_tx, mut stop) = mpsc::channel(1);
-        let (out, finished) = run(&shell("echo out; echo err >&2; exit 3"), 1024, &mut stop)
-            .await
-            .expect("runs");
+        let (out, finished) = run(
+            &shell_spec("echo out; echo err >&2; exit 3"),
+            1024,
+            &mut stop,
+        )
+        .await
+        .expect("runs");
         assert_eq!(out, b"out\n");
         assert_eq!(finished.status, Some(ExitStatus::Exited(3)));
         assert_eq!(finished.describe(), "exit 3: err");
@@ -387,13 +394,13 @@ mod tests {
     async fn output_over_the_cap_and_stop_requests_kill_the_group() {
         crate::init::setup();
         let (_stop_tx, mut stop) = mpsc::channel(1);
-        let err = run(&shell("head -c 100000 /dev/zero"), 1000, &mut stop).await;
+        let err = run(&shell_spec("head -c 100000 /dev/zero"), 1000, &mut stop).await;
         assert!(matches!(err, Err(RunError::Failed(m)) if m.contains("more than 1000")));
 
         let (stop_tx, mut stop) = mpsc::channel(1);
         stop_tx.send(Stop::Cancel).await.expect("send");
         let started = Instant::now();
-        let err = run(&shell("sleep 100"), 1000, &mut stop).await;
+        let err = run(&shell_spec("sleep 100"), 1000, &mut stop).await;
         assert!(matches!(err, Err(RunError::Cancelled)));
         assert!(started.elapsed() < Duration::from_secs(20));
     }
@@ -403,9 +410,13 @@ mod tests {
         crate::init::setup();
         let (_stop_tx, mut stop) = mpsc::channel(1);
         let started = Instant::now();
-        let (out, finished) = run(&shell("echo $$; sleep 30 & echo done"), 1024, &mut stop)
-            .await
-            .expect("runs");
+        let (out, finished) = run(
+            &shell_spec("echo $$; sleep 30 & echo done"),
+            1024,
+            &mut stop,
+        )
+        .await
+        .expect("runs");
         assert!(started.elapsed() < Duration::from_secs(15));
         assert!(finished.success());
         let text = String::from_utf8_lossy(&out).into_owned();

@@ -84,18 +84,9 @@ pub fn confinement(cache_dir: &Path, euid_root: bool) -> Result<Option<Confineme
 /// process; true when it ran its init and QEMU exited.
 pub fn kvm_boots(kernel: &Path, timeout: Duration, cache_dir: &Path) -> Result<bool> {
     let confine = confinement(cache_dir, nix::unistd::geteuid().is_root())?;
-    kvm_boots_confined(kernel, timeout, confine.as_ref())
-}
-
-/// [`kvm_boots`] with the confinement given.
-pub fn kvm_boots_confined(
-    kernel: &Path,
-    timeout: Duration,
-    confine: Option<&Confinement>,
-) -> Result<bool> {
     let mut command = Command::new(QEMU);
     command
-        .args(argv(kernel, confine))
+        .args(argv(kernel, confine.as_ref()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());

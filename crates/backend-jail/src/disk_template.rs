@@ -1,6 +1,6 @@
 //! Formatted empty disks to copy from. `mkfs.ext4` costs tens of milliseconds (four fsyncs and
 //! a process start) on every sandbox start; a freshly made ext4 image is the same bytes every
-//! time for one size and one set of options, a few MiB of metadata in a sparse file. So each
+//! time for one size and one set of options, a few hundred KiB of metadata in a sparse file. So each
 //! size is formatted once into a template directory, and a new sandbox's disk is a sparse copy
 //! of it (a reflink where the host filesystem has them).
 //!
@@ -19,7 +19,7 @@ use nix::fcntl::{Flock, FlockArg};
 use crate::error::JailError;
 
 /// Bump when the mkfs options change, so old templates are never copied again.
-const TEMPLATE_REVISION: u32 = 1;
+const TEMPLATE_REVISION: u32 = 2;
 
 /// `FICLONE` of `<linux/fs.h>`: `_IOW(0x94, 9, int)`.
 const FICLONE: libc::c_ulong = 0x4004_9409;
@@ -89,7 +89,26 @@ fn ensure(
     if made.is_err() {
         let _ = fs::remove_file(&partial);
     }
+    if made.is_ok() {
+        remove_other_revisions(templates);
+    }
     made.map(|()| template)
+}
+
+/// Removes templates an older (or newer) revision of the options made: nothing copies them
+/// again, and disks copied from them are files of their own. Best effort, under the lock.
+fn remove_other_revisions(templates: &Path) {
+    let Ok(entries) = fs::read_dir(templates) else {
+        return;
+    };
+    let current = format!("-r{TEMPLATE_REVISION}.img");
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("ext4-") && name.ends_with(".img") && !name.ends_with(&current) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Copies `source` into the empty `target` and sizes it to `bytes`, keeping holes: a reflink
@@ -207,6 +226,24 @@ mod tests {
             .filter(|n| !n.starts_with(".lock"))
             .collect();
         assert_eq!(names, [format!("ext4-{size}-r{TEMPLATE_REVISION}.img")]);
+    }
+
+    #[test]
+    fn publishing_a_template_removes_other_revisions_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let templates = dir.path().join("templates");
+        fs::create_dir_all(&templates).unwrap();
+        let old = templates.join(format!("ext4-{}-r0.img", 1 << 20));
+        let other_size_old = templates.join(format!("ext4-{}-r0.img", 2 << 20));
+        let current_other_size =
+            templates.join(format!("ext4-{}-r{TEMPLATE_REVISION}.img", 2 << 20));
+        let unrelated = templates.join("notes.txt");
+        for path in [&old, &other_size_old, &current_other_size, &unrelated] {
+            File::create(path).unwrap();
+        }
+        copy_formatted(&templates, &dir.path().join("a.img"), 1 << 20, fake_format).unwrap();
+        assert!(!old.exists() && !other_size_old.exists());
+        assert!(current_other_size.exists() && unrelated.exists());
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub struct VmSpec {
     pub hostname: String,
     /// The image's root directory: the disk's content, and its kernel and modules.
     pub rootfs: PathBuf,
+    /// The image's content id, for a built image (immutable once built): the key of its base
+    /// disk in the cache, found without walking the rootfs. `None` keys it by a walk.
+    pub image_id: Option<String>,
     /// The sandbox's state directory; the VM's files go in its `vm/`.
     pub state_dir: PathBuf,
     /// The backend's content-addressed cache (initramfs, base disks, KVM probes).
@@ -121,7 +124,12 @@ impl Vm {
                 )));
             }
         } else {
-            let base = disk::base_image(&spec.cache_dir, &spec.rootfs, spec.disk_bytes)?;
+            let base = disk::base_image(
+                &spec.cache_dir,
+                &spec.rootfs,
+                spec.image_id.as_deref(),
+                spec.disk_bytes,
+            )?;
             let _ = fs::remove_file(&paths.disk);
             disk::create_layer(&spec.cache_dir, &base, &paths.disk, spec.disk_bytes)?;
         }
@@ -666,6 +674,7 @@ mod tests {
         VmSpec {
             hostname: "box-1".into(),
             rootfs: "/nonexistent".into(),
+            image_id: None,
             state_dir: "/nonexistent".into(),
             cache_dir: "/nonexistent".into(),
             agent_binary: "/nonexistent".into(),

@@ -16,7 +16,7 @@
 
 use std::fs;
 use std::io::{Seek as _, SeekFrom, Write as _};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::cache::{self, Key};
@@ -29,21 +29,70 @@ const FORMAT: &str = "dynocap-vmlinux-pvh-1";
 /// The file to pass QEMU as `-kernel` for the bzImage at `bzimage`: the cached PVH ELF, or
 /// the bzImage when the kernel cannot boot that way (the reason is logged when first found,
 /// and recorded in the cache so later boots do not try again).
+///
+/// The artefacts are keyed by the bzImage's bytes (two images with the same kernel share one
+/// ELF, and its page cache). Hashing 14 MiB on every boot cost tens of milliseconds, so the
+/// content key is also recorded per file identity (device, inode, size, mtime and ctime: a
+/// file written in place gets a new ctime), and a known kernel file is not read at all.
 pub fn boot_file(cache_dir: &Path, bzimage: &Path) -> Result<PathBuf> {
+    let memo_name = format!("vmlinux-of-{}", identity(bzimage)?);
+    let memo = fs::read_to_string(cache_dir.join(&memo_name)).unwrap_or_default();
+    if let Some(found) = lookup(cache_dir, memo.trim(), bzimage) {
+        return Ok(found);
+    }
     let bytes = fs::read(bzimage).map_err(|err| VmError::io("reading the kernel", bzimage, err))?;
     let mut key = Key::new(FORMAT);
     key.add(&bytes);
     let key = key.hex();
-    let elf_name = format!("vmlinux-{key}.elf");
-    let none_name = format!("vmlinux-{key}.none");
-    if cache_dir.join(&elf_name).is_file() {
-        return Ok(cache_dir.join(elf_name));
+    let found = match lookup(cache_dir, &key, bzimage) {
+        Some(found) => found,
+        None => build(cache_dir, &key, bzimage, &bytes)?,
+    };
+    cache::get_or_build(cache_dir, &memo_name, |temp| {
+        cache::write_new(temp, key.as_bytes())
+    })?;
+    Ok(found)
+}
+
+/// The identity of `file` as a key: which file it is and whether it changed.
+fn identity(file: &Path) -> Result<String> {
+    let meta = fs::metadata(file).map_err(|err| VmError::io("reading the kernel", file, err))?;
+    let mut key = Key::new("dynocap-file-identity-1");
+    key.add(file.as_os_str().as_encoded_bytes());
+    for field in [meta.dev(), meta.ino(), meta.size()] {
+        key.add(&field.to_le_bytes());
     }
-    if cache_dir.join(&none_name).is_file() {
-        return Ok(bzimage.to_owned());
+    for field in [
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec(),
+    ] {
+        key.add(&field.to_le_bytes());
     }
-    match extract(&bytes) {
-        Ok(elf) => cache::get_or_build(cache_dir, &elf_name, |temp| {
+    Ok(key.hex())
+}
+
+/// What the cache holds for the kernel whose content key is `key`: its ELF, or `bzimage`
+/// itself where a refusal is recorded; `None` if neither (or `key` is not a key).
+fn lookup(cache_dir: &Path, key: &str, bzimage: &Path) -> Option<PathBuf> {
+    if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let elf = cache_dir.join(format!("vmlinux-{key}.elf"));
+    if elf.is_file() {
+        return Some(elf);
+    }
+    cache_dir
+        .join(format!("vmlinux-{key}.none"))
+        .is_file()
+        .then(|| bzimage.to_owned())
+}
+
+/// Extracts the ELF of the kernel `bytes` into the cache under `key`, or records why not.
+fn build(cache_dir: &Path, key: &str, bzimage: &Path, bytes: &[u8]) -> Result<PathBuf> {
+    match extract(bytes) {
+        Ok(elf) => cache::get_or_build(cache_dir, &format!("vmlinux-{key}.elf"), |temp| {
             write_sparse(temp, &elf)?;
             fs::set_permissions(temp, fs::Permissions::from_mode(0o444))
                 .map_err(|err| VmError::io("making read-only", temp, err))
@@ -55,7 +104,7 @@ pub fn boot_file(cache_dir: &Path, bzimage: &Path) -> Result<PathBuf> {
                 bzimage.display(),
                 bytes.len() >> 20
             );
-            cache::get_or_build(cache_dir, &none_name, |temp| {
+            cache::get_or_build(cache_dir, &format!("vmlinux-{key}.none"), |temp| {
                 cache::write_new(temp, why.as_bytes())
             })?;
             Ok(bzimage.to_owned())
@@ -257,7 +306,6 @@ fn write_sparse(path: &Path, elf: &MinimalElf) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::MetadataExt;
 
     /// A kernel-like ELF64: two PT_LOAD segments (the second 8 KiB further on, after a gap
     /// holding bytes nothing references), a PT_NOTE inside the first with Xen notes (`pvh`:
@@ -416,26 +464,35 @@ mod tests {
             elf_path,
             "found again"
         );
-        // Another kernel gets its own file; one without PVH boots as the bzImage, and the
-        // reason is recorded beside the ELF.
+        // The content key is recorded for this file: an ELF removed from the cache is found
+        // missing and made again.
+        fs::remove_file(&elf_path).unwrap();
+        assert_eq!(boot_file(&cache, &bzimage).unwrap(), elf_path, "made again");
+        // Another kernel written over the same file gets its own key (its ctime changed); one
+        // without PVH boots as the bzImage, and the reason is recorded beside the ELF.
         fs::write(
             &bzimage,
             fake_bzimage(&lz4_legacy(&fake_kernel(false), 0x1000)),
         )
         .unwrap();
         assert_eq!(boot_file(&cache, &bzimage).unwrap(), bzimage);
-        let mut names: Vec<String> = fs::read_dir(&cache)
+        assert_eq!(boot_file(&cache, &bzimage).unwrap(), bzimage, "recorded");
+        let names: Vec<String> = fs::read_dir(&cache)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        // The ELF first.
-        names.sort_by_key(|n| n.ends_with(".none"));
-        assert_eq!(names.len(), 2, "{names:?}: no temporary file is left");
-        assert!(
-            names[0].ends_with(".elf") && names[1].ends_with(".none"),
-            "{names:?}"
-        );
-        let reason = fs::read_to_string(cache.join(&names[1])).unwrap();
+        let with = |suffix: &str| -> Vec<&String> {
+            names.iter().filter(|n| n.ends_with(suffix)).collect()
+        };
+        assert_eq!(with(".elf").len(), 1, "{names:?}");
+        assert_eq!(with(".none").len(), 1, "{names:?}");
+        let memos = names
+            .iter()
+            .filter(|n| n.starts_with("vmlinux-of-"))
+            .count();
+        assert_eq!(memos, 2, "{names:?}");
+        assert_eq!(names.len(), 4, "{names:?}: no temporary file is left");
+        let reason = fs::read_to_string(cache.join(with(".none")[0])).unwrap();
         assert!(reason.contains("no PVH entry"), "{reason}");
     }
 

@@ -24,7 +24,7 @@ use crate::elf;
 use crate::error::{Result, VmError};
 
 /// Bump when the extracted file's making changes.
-const FORMAT: &str = "dynocap-vmlinux-pvh-1";
+const FORMAT: &str = "dynocap-vmlinux-pvh-2";
 
 /// The file to pass QEMU as `-kernel` for the bzImage at `bzimage`: the cached PVH ELF, or
 /// the bzImage when the kernel cannot boot that way (the reason is logged when first found,
@@ -118,11 +118,7 @@ pub fn extract(bzimage: &[u8]) -> std::result::Result<MinimalElf, String> {
     let payload = payload(bzimage)?;
     let kernel = decompress(payload)?;
     if !elf::has_pvh_entry(&kernel)? {
-        return Err(
-            "the kernel has no PVH entry point (XEN_ELFNOTE_PHYS32_ENTRY note; \
-                    CONFIG_PVH is off)"
-                .into(),
-        );
+        return Err("the kernel has no PVH entry point (no XEN_ELFNOTE_PHYS32_ENTRY note)".into());
     }
     MinimalElf::of(&kernel)
 }
@@ -243,7 +239,8 @@ fn unlz4_legacy(mut stream: &[u8], size: usize) -> std::result::Result<Vec<u8>, 
 /// original offset (QEMU reads segments by offset; the alignment stays what the ELF says).
 #[derive(Debug, PartialEq, Eq)]
 pub struct MinimalElf {
-    /// (file offset, bytes), in file order.
+    /// (file offset, bytes), in the order they are written: the segments, then the ELF
+    /// header and the program header table, which win where a segment covers them.
     pub pieces: Vec<(usize, Vec<u8>)>,
     /// The file's length: the end of the last piece.
     pub len: usize,
@@ -266,7 +263,7 @@ impl MinimalElf {
         let table = kernel
             .get(phoff..phoff + table_len)
             .ok_or("the program header table lies outside the file")?;
-        let mut pieces = vec![(0, header), (phoff, table.to_vec())];
+        let mut pieces = Vec::new();
         for ph in headers.iter().filter(|ph| ph.file_size > 0) {
             let bytes = ph
                 .offset
@@ -275,7 +272,8 @@ impl MinimalElf {
                 .ok_or("a segment lies outside the file")?;
             pieces.push((ph.offset, bytes.to_vec()));
         }
-        pieces.sort_by_key(|(off, _)| *off);
+        pieces.push((0, header));
+        pieces.push((phoff, table.to_vec()));
         let len = pieces
             .iter()
             .map(|(off, bytes)| off + bytes.len())
@@ -416,6 +414,24 @@ mod tests {
         assert!(
             !gap.is_empty() && gap.iter().all(|b| *b == 0),
             "the gap was copied"
+        );
+    }
+
+    /// A segment that covers the ELF header (offset 0, as some linkers lay them out) does not
+    /// bring back the section header fields.
+    #[test]
+    fn a_segment_over_the_header_keeps_the_header_minimal() {
+        let mut kernel = fake_kernel(true);
+        kernel[0x40 + 8..0x40 + 16].copy_from_slice(&0_u64.to_le_bytes());
+        kernel[0x40 + 0x20..0x40 + 0x28].copy_from_slice(&0x4000_u64.to_le_bytes());
+        let minimal = extract(&fake_bzimage(&lz4_legacy(&kernel, 1 << 20))).unwrap();
+        let file = flatten(&minimal);
+        assert_eq!(file[0x28..0x30], [0; 8], "e_shoff");
+        assert_eq!(file[0x3c..0x3e], [0; 2], "e_shnum");
+        assert_eq!(file[0x40..0x4000], kernel[0x40..0x4000]);
+        assert_eq!(
+            elf::program_headers(&file).unwrap(),
+            elf::program_headers(&kernel).unwrap()
         );
     }
 

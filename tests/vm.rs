@@ -407,7 +407,9 @@ fn a_root_started_kvm_probe_runs_as_its_own_id_in_an_empty_root() {
             dynocap_backend_vm::probe::kvm_boots(&kernel, Duration::from_secs(8), &cache)
         })
     };
-    let marker = probe_kernel.as_os_str().as_encoded_bytes().to_vec();
+    // Its QEMU boots the test's copy of the kernel or the PVH ELF made from it in the test's
+    // cache: either way a path under `scratch`.
+    let marker = scratch.path().as_os_str().as_encoded_bytes().to_vec();
     let mut seen = None;
     while seen.is_none() && !probing.is_finished() {
         seen = std::fs::read_dir("/proc")

@@ -1,7 +1,8 @@
-//! The two things the backend reads out of ELF files: a kernel module's `depends=` list from
-//! its `.modinfo` section (the way `modinfo` does: images need not ship `modules.dep`, which
-//! only `depmod` makes), and whether a program needs a dynamic loader (the initramfs has no
-//! libc, so the agent must be static).
+//! What the backend reads out of ELF files: a kernel module's `depends=` list from its
+//! `.modinfo` section (the way `modinfo` does: images need not ship `modules.dep`, which only
+//! `depmod` makes), whether a program needs a dynamic loader (the initramfs has no libc, so
+//! the agent must be static), and a kernel's program headers and whether its notes name a PVH
+//! entry point (so QEMU can boot the ELF directly, see [`crate::vmlinux`]).
 
 /// The modules `module` (the bytes of a `.ko`) needs loaded first, by name (`-` spelled `_`).
 pub fn depends(module: &[u8]) -> Result<Vec<String>, String> {
@@ -22,18 +23,84 @@ pub fn depends(module: &[u8]) -> Result<Vec<String>, String> {
 
 /// Whether `program` names a program interpreter (`PT_INTERP`): a dynamically linked binary.
 pub fn is_dynamic(program: &[u8]) -> Result<bool, String> {
-    check_header(program)?;
-    let phoff = usize_at(program, 0x20, 8)?;
-    let phentsize = usize_at(program, 0x36, 2)?;
-    let phnum = usize_at(program, 0x38, 2)?;
-    for i in 0..phnum {
-        let base = i
-            .checked_mul(phentsize)
-            .and_then(|o| o.checked_add(phoff))
-            .ok_or("program header offset overflows")?;
-        const PT_INTERP: usize = 3;
-        if usize_at(program, base, 4)? == PT_INTERP {
-            return Ok(true);
+    const PT_INTERP: u32 = 3;
+    Ok(program_headers(program)?
+        .iter()
+        .any(|ph| ph.kind == PT_INTERP))
+}
+
+pub const PT_LOAD: u32 = 1;
+pub const PT_NOTE: u32 = 4;
+
+/// The size of an ELF64 program header, which is what `e_phentsize` must say.
+pub const PHDR_SIZE: usize = 56;
+
+/// One ELF64 program header: the fields the backend uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProgramHeader {
+    pub kind: u32,
+    /// Where the segment's bytes are in the file, and how many there are.
+    pub offset: usize,
+    pub file_size: usize,
+}
+
+/// Where the program header table is (`e_phoff`) and its headers.
+pub fn program_headers(elf: &[u8]) -> Result<Vec<ProgramHeader>, String> {
+    check_header(elf)?;
+    let phoff = usize_at(elf, 0x20, 8)?;
+    let phentsize = usize_at(elf, 0x36, 2)?;
+    let phnum = usize_at(elf, 0x38, 2)?;
+    if phnum > 0 && phentsize < PHDR_SIZE {
+        return Err(format!("program header size {phentsize} is too small"));
+    }
+    (0..phnum)
+        .map(|i| {
+            let base = i
+                .checked_mul(phentsize)
+                .and_then(|o| o.checked_add(phoff))
+                .ok_or("program header offset overflows")?;
+            let kind = u32::try_from(usize_at(elf, base, 4)?)
+                .map_err(|_| "program header type does not fit u32")?;
+            Ok(ProgramHeader {
+                kind,
+                offset: usize_at(elf, base + 0x08, 8)?,
+                file_size: usize_at(elf, base + 0x20, 8)?,
+            })
+        })
+        .collect()
+}
+
+/// Xen's note type for the 32-bit PVH entry point (`XEN_ELFNOTE_PHYS32_ENTRY`), which QEMU
+/// looks for to boot a kernel ELF directly.
+const XEN_ELFNOTE_PHYS32_ENTRY: usize = 0x12;
+
+/// Whether a `PT_NOTE` segment of `kernel` holds a Xen note with the PVH entry point.
+pub fn has_pvh_entry(kernel: &[u8]) -> Result<bool, String> {
+    for ph in program_headers(kernel)? {
+        if ph.kind != PT_NOTE {
+            continue;
+        }
+        let mut notes = slice(kernel, ph.offset, ph.file_size)?;
+        // Each note: name size, descriptor size, type, then name and descriptor, each padded
+        // to 4 bytes.
+        while notes.len() >= 12 {
+            let name_size = usize_at(notes, 0, 4)?;
+            let desc_size = usize_at(notes, 4, 4)?;
+            let kind = usize_at(notes, 8, 4)?;
+            let pad = |n: usize| {
+                n.checked_add(3)
+                    .map(|n| n & !3)
+                    .ok_or("note size overflows")
+            };
+            let name = slice(notes, 12, name_size)?;
+            if name == b"Xen\0" && kind == XEN_ELFNOTE_PHYS32_ENTRY {
+                return Ok(true);
+            }
+            let next = 12_usize
+                .checked_add(pad(name_size)?)
+                .and_then(|n| n.checked_add(pad(desc_size).ok()?))
+                .ok_or("note size overflows")?;
+            notes = notes.get(next..).unwrap_or_default();
         }
     }
     Ok(false)

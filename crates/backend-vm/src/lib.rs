@@ -9,8 +9,8 @@
 //!
 //! Modules: [`cpio`] (archive writer), [`elf`] and [`kernel`] (which kernel, which
 //! modules), [`initramfs`], [`disk`], [`cache`] (content-addressed artefacts), [`qemu`]
-//! (command line and process), [`netns`] (a `nat` guest's namespace for pasta), [`qmp`], [`console`] (the bounded console log), [`accel`] and [`probe`] (KVM or TCG), [`vm`] (the
-//! running guest).
+//! (command line and process), [`netns`] (a `nat` guest's namespace for pasta), [`qmp`], [`console`] (the bounded console log), [`accel`] and [`probe`] (KVM or TCG), [`vmlinux`]
+//! (the kernel ELF QEMU boots through its PVH entry), [`vm`] (the running guest).
 
 pub mod accel;
 pub mod cache;
@@ -26,6 +26,7 @@ pub mod probe;
 pub mod qemu;
 pub mod qmp;
 pub mod vm;
+pub mod vmlinux;
 
 pub use error::{Result, VmError};
 pub use qemu::Accel;

@@ -81,12 +81,15 @@ pub fn confinement(cache_dir: &Path, euid_root: bool) -> Result<Option<Confineme
 }
 
 /// Boots `kernel` under KVM with `timeout`, confined as [`confinement`] says for this
-/// process; true when it ran its init and QEMU exited.
+/// process; true when it ran its init and QEMU exited. It boots the file a microvm sandbox
+/// boots ([`crate::vmlinux::boot_file`]: the PVH ELF where the kernel has one), so the
+/// verdict is about the same entry path.
 pub fn kvm_boots(kernel: &Path, timeout: Duration, cache_dir: &Path) -> Result<bool> {
     let confine = confinement(cache_dir, nix::unistd::geteuid().is_root())?;
+    let boot_file = crate::vmlinux::boot_file(cache_dir, kernel)?;
     let mut command = Command::new(QEMU);
     command
-        .args(argv(kernel, confine.as_ref()))
+        .args(argv(&boot_file, confine.as_ref()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());

@@ -56,6 +56,7 @@ impl Backend for VmBackend {
         let vm_spec = VmSpec {
             hostname: spec.hostname.clone(),
             rootfs: spec.image.root.clone(),
+            image_id: spec.image.id.clone(),
             state_dir: spec.state_dir.clone(),
             // Beside the jail's `disks/`: initramfs archives, base disks, KVM probe answers.
             cache_dir: spec.cache_dir.join("vm"),

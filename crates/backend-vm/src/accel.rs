@@ -107,9 +107,10 @@ fn recorded(cache_dir: &Path, kernel: &Path) -> Result<Option<bool>> {
 }
 
 /// The probe's answer holds for one kernel, one QEMU and one host kernel: any of them changing
-/// gives a new key.
+/// gives a new key. Revision 2: the probe boots what a sandbox boots (the kernel's PVH ELF on
+/// microvm where it has one), so an answer from booting the bzImage is not reused.
 fn probe_path(cache_dir: &Path, kernel: &Path) -> Result<PathBuf> {
-    let mut key = Key::new("dynocap-kvm-probe-1");
+    let mut key = Key::new("dynocap-kvm-probe-2");
     add_file(&mut key, kernel)?;
     add_file(&mut key, &qemu_path()?)?;
     let release = nix::sys::utsname::uname()

@@ -458,3 +458,92 @@ fn a_root_started_kvm_probe_runs_as_its_own_id_in_an_empty_root() {
     );
     assert!(verdict.is_ok(), "{verdict:?}");
 }
+
+/// After a boot, the cache keeps each kind's three most recently used artefacts and anything
+/// used within a day, and loses the rest; a base disk that a kept layer in the home still
+/// names stays however old. A private cache, so other tests' boots (which prune the shared
+/// one) cannot change what this test sees.
+#[test]
+fn a_boot_prunes_long_unused_artefacts_but_not_a_base_a_kept_layer_needs() {
+    let Some(mut env) = vm_env("vm cache pruning") else {
+        return;
+    };
+    let backend = vm_backend();
+    let home = tempfile::tempdir().expect("home");
+    env.cache = home.path().join("cache");
+    let cache = env.cache.join("vm");
+    std::fs::create_dir_all(&cache).expect("cache dir");
+    let days_ago =
+        |days: u64| std::time::SystemTime::now() - Duration::from_secs(days * 24 * 60 * 60);
+    let fake = |name: &str, days: u64| {
+        let path = cache.join(name);
+        std::fs::write(&path, name).expect("write a fake artefact");
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(days_ago(days)))
+            .expect("date the fake artefact");
+        path
+    };
+    let mut kept = Vec::new();
+    let mut pruned = Vec::new();
+    for (prefix, suffix) in [
+        ("initramfs-", ".cpio"),
+        ("vmlinux-", ".elf"),
+        ("base-", ".ext4"),
+    ] {
+        // With this boot's own artefact the newest, the two next-newest stay.
+        kept.push(fake(&format!("{prefix}fake30{suffix}"), 30));
+        kept.push(fake(&format!("{prefix}fake31{suffix}"), 31));
+        pruned.push(fake(&format!("{prefix}fake40{suffix}"), 40));
+        pruned.push(fake(&format!("{prefix}fake41{suffix}"), 41));
+    }
+    // Older than all of them, but a kept task layer in the home is over it.
+    let needed = fake("base-needed.ext4", 50);
+    let sandboxes = home.path().join("sandboxes");
+    let kept_layer = sandboxes.join("task-kept/vm/disk.qcow2");
+    std::fs::create_dir_all(kept_layer.parent().unwrap()).expect("kept layer dir");
+    let made = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+        .arg(&needed)
+        .arg(&kept_layer)
+        .arg("1M")
+        .output()
+        .expect("run qemu-img");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+
+    let state = sandboxes.join("sbx-pruner");
+    let spec = boot_spec(&env, &env.rootfs, &env.agent, &state, "pruner");
+    let guest = backend.boot(&spec).expect("boot");
+    // The pruning runs beside the boot, off its path: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pruned.iter().any(|p| p.exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left: Vec<_> = pruned.iter().filter(|p| p.exists()).collect();
+    assert!(left.is_empty(), "not pruned: {left:?}");
+    let lost: Vec<_> = kept
+        .iter()
+        .chain([&needed])
+        .filter(|p| !p.exists())
+        .collect();
+    assert!(lost.is_empty(), "pruned but should stay: {lost:?}");
+    // This boot's own artefacts are there, and were just marked used.
+    let kinds = |prefix: &str| {
+        std::fs::read_dir(&cache)
+            .expect("list the cache")
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with(prefix) && !name.contains("fake") && !name.contains("needed")
+            })
+            .count()
+    };
+    assert_eq!(kinds("initramfs-"), 1);
+    assert_eq!(kinds("base-"), 1);
+    guest.destroy().expect("destroy");
+}

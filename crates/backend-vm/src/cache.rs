@@ -1,7 +1,7 @@
 //! The backend's content-addressed cache (initramfs archives, base disks, the KVM probe's
 //! answers): a key is the SHA-256 of everything the artefact is made from, and a finished
 //! artefact is linked into place under its key, never replaced, so a running VM's files never
-//! change under it.
+//! change under it. A hit records the use ([`crate::cache_gc`] prunes what goes unused).
 
 use std::fs;
 use std::io::Write as _;
@@ -50,6 +50,7 @@ pub fn get_or_build(
 ) -> Result<PathBuf> {
     let path = dir.join(name);
     if path.is_file() {
+        crate::cache_gc::mark_used(&path);
         return Ok(path);
     }
     fs::create_dir_all(dir).map_err(|err| VmError::io("creating", dir, err))?;

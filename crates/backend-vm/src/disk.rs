@@ -282,6 +282,9 @@ mod tests {
             let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
             assert_eq!(info["virtual-size"], 64_u64 << 20);
             assert_eq!(info["backing-filename-format"], "raw");
+            // The cache's pruning finds the base through the layer's header.
+            let named = crate::cache_gc::qcow2_backing_file(&layer).expect("a backing file");
+            assert_eq!(named.canonicalize().unwrap(), first.canonicalize().unwrap());
         }
     }
 

@@ -14,6 +14,7 @@
 
 pub mod accel;
 pub mod cache;
+pub mod cache_gc;
 pub mod console;
 pub mod cpio;
 pub mod disk;

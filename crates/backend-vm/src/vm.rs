@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
@@ -84,6 +84,32 @@ impl VmPaths {
     }
 }
 
+/// Prunes the cache ([`crate::cache_gc`]) on a thread of its own, off the boot's path: this
+/// guest holds its files open, and its layer names its base.
+fn prune_cache_aside(cache_dir: &Path, state_dir: &Path) {
+    let Some(sandboxes_dir) = state_dir.parent().map(Path::to_path_buf) else {
+        return;
+    };
+    let cache_dir = cache_dir.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("vm-cache-prune".into())
+        .spawn(move || {
+            // Every sandbox of the home: its state directory holds its layer, if it has one.
+            let layers: Vec<PathBuf> = fs::read_dir(&sandboxes_dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|entry| VmPaths::at(&entry.path()).disk)
+                .collect();
+            for path in crate::cache_gc::prune(&cache_dir, &layers, SystemTime::now()) {
+                tracing::info!("removed {} from the vm cache: unused", path.display());
+            }
+        });
+    if let Err(err) = spawned {
+        tracing::warn!("not pruning the vm cache: {err}");
+    }
+}
+
 /// A running guest.
 pub struct Vm {
     child: Child,
@@ -153,6 +179,9 @@ impl Vm {
         let booted = start(&config, &paths, spec.boot_timeout);
         if booted.is_err() && fresh_disk {
             let _ = fs::remove_file(&paths.disk);
+        }
+        if booted.is_ok() {
+            prune_cache_aside(&spec.cache_dir, &spec.state_dir);
         }
         booted
     }

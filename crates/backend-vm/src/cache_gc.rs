@@ -77,7 +77,7 @@ pub fn prune(cache_dir: &Path, layers: &[PathBuf], now: SystemTime) -> Vec<PathB
     }
     for mut files in by_kind {
         // Newest first; the first few stay whatever their age.
-        files.sort_by(|a, b| b.0.cmp(&a.0));
+        files.sort_by_key(|(used, _)| std::cmp::Reverse(*used));
         for (used, path) in files.into_iter().skip(KEEP_PER_KIND) {
             let old = now.duration_since(used).unwrap_or_default() > KEEP_UNUSED_FOR;
             if old && !needed.contains(&path) && fs::remove_file(&path).is_ok() {

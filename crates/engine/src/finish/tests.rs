@@ -13,19 +13,20 @@ use crate::tar_index;
 /// baseline unpacked, then the same `git apply`.
 fn verify_by_full_unpack(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), String> {
     let result = (|| {
-        if std::fs::metadata(patch).unwrap().len() == 0 {
+        let bytes = std::fs::read(patch).unwrap();
+        if bytes.is_empty() {
             return Ok(());
         }
-        std::fs::create_dir_all(scratch).unwrap();
+        let apply = PendingApply::start(scratch)?;
         let mut archive = tar::Archive::new(std::io::BufReader::new(
             std::fs::File::open(baseline_tar).unwrap(),
         ));
         archive.set_preserve_permissions(true);
         archive.set_overwrite(false);
         archive
-            .unpack(scratch)
+            .unpack(apply.tree())
             .map_err(|err| format!("unpacking the baseline copy: {err}"))?;
-        apply_in(scratch, patch)
+        apply.finish(&bytes)
     })();
     let _ = std::fs::remove_dir_all(scratch);
     result
@@ -325,7 +326,14 @@ fn only_the_touched_entries_are_extracted() {
     for (how, source) in [("scan", Source::Scan), ("index", Source::Indexed(&index))] {
         let scratch = dir.path().join(format!("scratch-{how}"));
         std::fs::create_dir_all(&scratch).unwrap();
-        touched::extract(&baseline, &source, &Touched::of(&files), &scratch).unwrap();
+        touched::extract(
+            &baseline,
+            &source,
+            &Touched::of(&files),
+            &scratch,
+            touched::Budget(None),
+        )
+        .unwrap();
         let expected: BTreeSet<String> = [
             ".gitattributes",
             "a.txt",

@@ -10,6 +10,7 @@
 //! entries without reading the others' headers; without a usable index the tar is read
 //! through, with the same verdict.
 
+use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Context, Result};
@@ -54,19 +55,14 @@ fn discard(scratch: &Path) {
         let _ = std::fs::remove_dir_all(scratch);
         return;
     }
-    remove_in_background(aside);
-}
-
-/// Removes the directory `dir` on a thread of its own (in place if none can start).
-fn remove_in_background(dir: PathBuf) {
-    let removing = dir.clone();
+    let removing = aside.clone();
     let spawned = std::thread::Builder::new()
         .name("verify-cleanup".into())
         .spawn(move || {
             let _ = std::fs::remove_dir_all(removing);
         });
     if spawned.is_err() {
-        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(aside);
     }
 }
 
@@ -80,10 +76,9 @@ fn verify_in(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), St
     let files = patch::parse(&bytes, bytes.len())
         .map_err(|err| format!("the patch cannot be read: {err}"))?;
     let touched = Touched::of(&files);
-    let index = usable_index(baseline_tar);
     let verification = Verification {
         baseline_tar,
-        index: index.as_ref(),
+        index: OnceCell::new(),
         touched: &touched,
         patch: &bytes,
     };
@@ -104,7 +99,9 @@ fn verify_in(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), St
 /// One patch's verification, runnable in more than one place.
 struct Verification<'a> {
     baseline_tar: &'a Path,
-    index: Option<&'a TarIndex>,
+    /// The baseline's offset index ([`usable_index`]), read once git is starting: its 0.5 ms
+    /// then cost nothing.
+    index: OnceCell<Option<TarIndex>>,
     touched: &'a Touched,
     patch: &'a [u8],
 }
@@ -113,8 +110,9 @@ impl Verification<'_> {
     /// The verdict, from the touched entries extracted in `scratch` (through the index when
     /// there is one, else or if it proves wrong by a pass over the tar).
     fn run(&self, scratch: &Path, budget: Budget) -> Result<(), String> {
-        if let Some(index) = self.index {
-            let apply = PendingApply::start(scratch)?;
+        let apply = PendingApply::start(scratch)?;
+        let index = self.index.get_or_init(|| usable_index(self.baseline_tar));
+        if let Some(index) = index {
             let source = Source::Indexed(index);
             match touched::extract(
                 self.baseline_tar,
@@ -130,11 +128,24 @@ impl Verification<'_> {
                     );
                     // Whatever the index led to is not what a pass over the tar would
                     // extract: this git is dropped (killed) and the scratch made afresh.
+                    drop(apply);
+                    return self.run_scan(scratch, budget);
                 }
                 Err(other) => return Err(verdict(other)),
             }
         }
+        self.extract_scan(&apply, budget)?;
+        apply.finish(self.patch)
+    }
+
+    /// [`run`](Self::run) by a pass over the tar, in a fresh scratch.
+    fn run_scan(&self, scratch: &Path, budget: Budget) -> Result<(), String> {
         let apply = PendingApply::start(scratch)?;
+        self.extract_scan(&apply, budget)?;
+        apply.finish(self.patch)
+    }
+
+    fn extract_scan(&self, apply: &PendingApply, budget: Budget) -> Result<(), String> {
         touched::extract(
             self.baseline_tar,
             &Source::Scan,
@@ -142,8 +153,8 @@ impl Verification<'_> {
             apply.tree(),
             budget,
         )
-        .map_err(verdict)?;
-        apply.finish(self.patch)
+        .map(|_| ())
+        .map_err(verdict)
     }
 }
 

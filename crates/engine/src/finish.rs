@@ -4,11 +4,12 @@
 //! Verification never touches the user's project or anything the guest wrote besides the patch
 //! bytes: the part of the baseline the patch can see (`touched`: the paths it names, their
 //! leading directories and attributes) is unpacked from the host's own tar into a scratch
-//! repository, and the patch is applied there by a git that reads no system, global or repository-supplied
-//! configuration and runs no hooks, started before the unpacking so that its start costs no
-//! time ([`git_apply`]). The tar's offset index ([`crate::tar_index`]) finds those
-//! entries without reading the others' headers; without a usable index the tar is read
-//! through, with the same verdict.
+//! repository, and the patch is applied there by a git that reads no system, global or
+//! repository-supplied configuration and runs no hooks, started before the unpacking so that
+//! its start costs no time ([`git_apply`]). The tar's offset index ([`crate::tar_index`])
+//! finds those entries without reading the others' headers; without a usable index the tar is
+//! read through, with the same verdict. A text patch of bounded size is verified in memory
+//! ([`in_memory`]), where writing the files costs a tenth of what it does on disk.
 
 use std::cell::OnceCell;
 use std::path::{Path, PathBuf};

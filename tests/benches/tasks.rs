@@ -9,6 +9,12 @@
 //! (a crate from ~/.cargo/registry, committed into a repository).
 //!
 //! Run with `scripts/bench.sh` (builds the release binaries first). Needs root.
+//!
+//! `DYNOCAP_BENCH_TASKS=verify` times only finish's verification beside `git apply --check`
+//! (3 above), on the same trees, without starting a sandbox: the baseline copy is written by
+//! the import's own tar writer and indexed as a task start does. Needs neither root nor the
+//! release binaries. With `DYNOCAP_BENCH_TREE=DIR` as well, the generated tree is made in
+//! `DIR` once and reused by later runs (for profiling the verification over and over).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,25 +23,43 @@ use std::time::{Duration, Instant};
 use dynocap_e2e::bench::{proc_kib, release_bins, report, sample, sample_pairs};
 
 fn main() {
-    let bins = release_bins();
+    let verify_only = std::env::var("DYNOCAP_BENCH_TASKS").is_ok_and(|mode| mode == "verify");
+    let bins = if verify_only {
+        PathBuf::new()
+    } else {
+        release_bins()
+    };
     let work = tempfile::Builder::new()
         .prefix("dctb")
         .tempdir_in("/tmp")
         .expect("temp dir");
 
-    let generated = work.path().join("generated");
-    let started = Instant::now();
-    generate_repo(&generated, 20_000, 10 * 1024, 500);
-    println!(
-        "generated 20,000 files / 200 MB / 500 commits in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    bench_tree(
-        "generated 20k files / 200 MB",
-        &generated,
-        &bins,
-        work.path(),
-    );
+    // The history plays no part in verification: fewer commits make the same tree sooner.
+    let commits = if verify_only { 20 } else { 500 };
+    let kept = std::env::var_os("DYNOCAP_BENCH_TREE")
+        .filter(|_| verify_only)
+        .map(PathBuf::from);
+    let generated = kept
+        .clone()
+        .unwrap_or_else(|| work.path().join("generated"));
+    if kept.is_some() && generated.join(".git").exists() {
+        println!("reusing the tree in {}", generated.display());
+    } else {
+        let started = Instant::now();
+        generate_repo(&generated, 20_000, 10 * 1024, commits);
+        println!(
+            "generated 20,000 files / 200 MB / {commits} commits in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let bench = |label: &str, project: &Path| {
+        if verify_only {
+            bench_verification_only(label, project, work.path());
+        } else {
+            bench_tree(label, project, &bins, work.path());
+        }
+    };
+    bench("generated 20k files / 200 MB", &generated);
 
     match real_crate_source() {
         Some(source) => {
@@ -44,14 +68,12 @@ fn main() {
             git(&real, &["init", "-q", "-b", "main"]);
             git(&real, &["add", "-A"]);
             git(&real, &["commit", "-q", "-m", "import"]);
-            bench_tree(
+            bench(
                 &format!(
                     "real tree {}",
                     source.file_name().unwrap_or_default().to_string_lossy()
                 ),
                 &real,
-                &bins,
-                work.path(),
             );
         }
         None => {
@@ -198,25 +220,44 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
     assert_eq!(result["verified"], true, "{result}");
     let patch = PathBuf::from(result["patchPath"].as_str().expect("patchPath"));
     git(&clone, &["checkout", "-q", "--", "."]);
+    println!(
+        "{label}: task finish (50-file patch) {:.0} ms (target < 1000 ms)",
+        finish.as_secs_f64() * 1e3
+    );
+    bench_verification(label, &baseline_copy, &patch, &clone, scratch);
+    let _ = Command::new(bins.join("dynocap"))
+        .args(["rm", "b3", "--force", "--purge"])
+        .env("DYNOCAP_HOME", home.path())
+        .output();
+    let _ = std::fs::remove_file(&baseline_copy);
+    let _ = std::fs::remove_file(&index_copy);
+    let _ = std::fs::remove_dir_all(&clone);
+}
+
+/// Finish's verification of `patch` against `baseline_tar` beside `git apply --check` of it
+/// on `checkout` (pristine).
+fn bench_verification(
+    label: &str,
+    baseline_tar: &Path,
+    patch: &Path,
+    checkout: &Path,
+    scratch: &Path,
+) {
     // Interleaved, each after a moment of idle: a finish verifies once, and the scratch
     // directory it leaves to a background thread must not be charged to the next sample.
     let (verify, check) = sample_pairs(
         9,
         Duration::from_millis(300),
         |_| {
-            dynocap_engine::finish::verify(&baseline_copy, &patch, &scratch.join("verify-scratch"))
+            dynocap_engine::finish::verify(baseline_tar, patch, &scratch.join("verify-scratch"))
                 .expect("the patch verifies");
         },
         |_| {
             git(
-                &clone,
+                checkout,
                 &["apply", "--check", patch.to_str().expect("utf-8 path")],
             );
         },
-    );
-    println!(
-        "{label}: task finish (50-file patch) {:.0} ms (target < 1000 ms)",
-        finish.as_secs_f64() * 1e3
     );
     report(
         &format!("{label}: finish's verification (50-file patch)"),
@@ -225,12 +266,48 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
         &check,
     );
     println!("target: verification ratio <= 1.5x");
-    let _ = Command::new(bins.join("dynocap"))
-        .args(["rm", "b3", "--force", "--purge"])
-        .env("DYNOCAP_HOME", home.path())
-        .output();
-    let _ = std::fs::remove_file(&baseline_copy);
-    let _ = std::fs::remove_file(&index_copy);
+}
+
+/// The verification step alone (`DYNOCAP_BENCH_TASKS=verify`): the baseline copy written by
+/// the import's tar writer and indexed as a task start does, the patch of 50 changed files
+/// taken by `git diff --binary` in a clone.
+fn bench_verification_only(label: &str, project: &Path, scratch: &Path) {
+    let baseline_tar = scratch.join("baseline-only.tar");
+    let plan = dynocap_engine::import::plan(project, dynocap_engine::import::History::None)
+        .expect("plan the import");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&baseline_tar).expect("create"));
+    dynocap_engine::import::write_tar(&plan, &mut out, &mut |_, _| {}).expect("write the tar");
+    std::io::Write::flush(&mut out).expect("flush the tar");
+    drop(out);
+    dynocap_engine::workspace::index_baseline(&baseline_tar);
+    let clone = scratch.join("verify-floor");
+    let _ = std::fs::remove_dir_all(&clone);
+    // Borrowing the project's objects: `git apply --check` reads none, and a copy of them
+    // would only take disk.
+    git(
+        scratch,
+        &[
+            "clone",
+            "-q",
+            "--shared",
+            project.to_str().expect("utf-8 path"),
+            clone.to_str().expect("utf-8 path"),
+        ],
+    );
+    let change = "for f in $(git ls-files | head -50); do echo changed >> \"$f\"; done";
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(change)
+        .current_dir(&clone)
+        .status()
+        .expect("sh");
+    assert!(status.success());
+    let patch = scratch.join("verify-only.diff");
+    std::fs::write(&patch, git(&clone, &["diff", "--binary"])).expect("write the patch");
+    git(&clone, &["checkout", "-q", "--", "."]);
+    bench_verification(label, &baseline_tar, &patch, &clone, scratch);
+    let _ = std::fs::remove_file(&baseline_tar);
+    let _ = std::fs::remove_file(dynocap_engine::tar_index::index_path(&baseline_tar));
     let _ = std::fs::remove_dir_all(&clone);
 }
 

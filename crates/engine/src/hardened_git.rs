@@ -37,7 +37,7 @@ use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -185,6 +185,7 @@ pub struct HardenedGit {
     args: Vec<OsString>,
     timeout: Option<Duration>,
     index_file: Option<PathBuf>,
+    stdin_piped: bool,
 }
 
 impl HardenedGit {
@@ -223,6 +224,7 @@ impl HardenedGit {
             args: Vec::new(),
             timeout: None,
             index_file: None,
+            stdin_piped: false,
         }
     }
 
@@ -267,6 +269,15 @@ impl HardenedGit {
     #[must_use]
     pub fn index_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.index_file = Some(path.into());
+        self
+    }
+
+    /// Give git a pipe for stdin instead of `/dev/null` ([`RunningGit::take_stdin`]): for
+    /// input a command reads from stdin (`git apply` with no file), which the caller can then
+    /// write while git is already starting.
+    #[must_use]
+    pub fn stdin_piped(mut self) -> Self {
+        self.stdin_piped = true;
         self
     }
 
@@ -371,13 +382,18 @@ impl HardenedGit {
         cmd.stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        if self.stdin_piped {
+            cmd.stdin(Stdio::piped());
+        }
         let mut child = cmd.spawn().map_err(|source| GitError::Spawn {
             program: self.program.to_string_lossy().into_owned(),
             source,
         })?;
+        let stdin = child.stdin.take();
         let stdout = drain(child.stdout.take());
         let stderr = drain(child.stderr.take());
         Ok(RunningGit {
+            stdin,
             child: Some(child),
             readers: Some((stdout, stderr)),
             timeout: self.timeout,
@@ -419,6 +435,8 @@ impl HardenedGit {
 /// waiting) stays on that thread, which thus outlives git.
 #[must_use = "dropping a RunningGit kills git"]
 pub struct RunningGit {
+    /// With [`HardenedGit::stdin_piped`], until the caller takes it.
+    stdin: Option<ChildStdin>,
     /// `None` once reaped.
     child: Option<Child>,
     readers: Option<(OutputReader, OutputReader)>,
@@ -431,9 +449,17 @@ pub struct RunningGit {
 type OutputReader = thread::JoinHandle<io::Result<Vec<u8>>>;
 
 impl RunningGit {
+    /// Git's stdin, once, if it was [piped](HardenedGit::stdin_piped). Git reads until the
+    /// caller drops it.
+    pub fn take_stdin(&mut self) -> Option<ChildStdin> {
+        self.stdin.take()
+    }
+
     /// Waits until git ends, or until the timeout runs out and it is killed; returns what it
     /// printed, whatever its exit status.
     pub fn wait(mut self) -> Result<Output, GitError> {
+        // A stdin still held here would leave git waiting for input that never comes.
+        drop(self.stdin.take());
         let mut child = self
             .child
             .take()

@@ -6,8 +6,7 @@
 //! Verification and the package.json comparison read that copy, never anything the guest
 //! says the baseline was.
 
-use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -23,6 +22,10 @@ use crate::image::{SANDBOX_GID, SANDBOX_UID};
 use crate::import::{self, History};
 use crate::patch::DEFAULT_MAX_PATCH_BYTES;
 use crate::task_spec::Progress;
+
+mod baseline_files;
+
+pub use baseline_files::BaselineIndex;
 
 pub const WORKSPACE: &str = "/workspace";
 /// The host's copy of the imported tree, in the sandbox's state directory.
@@ -370,56 +373,6 @@ pub fn index_baseline(baseline_tar: &Path) {
             "indexing {}: {err}; finish will read the whole baseline copy instead",
             baseline_tar.display()
         );
-    }
-}
-
-/// The content of files in the host's baseline copy, for judging changes (package.json
-/// scripts, symlink targets). Loaded once, on first use.
-#[derive(Default)]
-pub struct BaselineIndex {
-    files: HashMap<String, Vec<u8>>,
-}
-
-/// Baseline files worth keeping in memory: small, and needed to judge a change.
-const INDEXED_MAX_BYTES: u64 = 4 * 1024 * 1024;
-
-impl BaselineIndex {
-    pub fn load(tar_path: &Path) -> Result<Self> {
-        let file = std::fs::File::open(tar_path)
-            .context(format_args!("opening {}", tar_path.display()))?;
-        // Unbuffered, seeking past the contents it does not keep: O(entries), not O(bytes),
-        // on finish's path (a buffer would fill itself with contents only to drop them).
-        let mut archive = tar::Archive::new(file);
-        let mut files = HashMap::new();
-        for entry in archive
-            .entries_with_seek()
-            .context("reading the baseline copy")?
-        {
-            let mut entry = entry.context("reading the baseline copy")?;
-            let Ok(path) = entry.path().map(|p| p.to_string_lossy().into_owned()) else {
-                continue;
-            };
-            let kind = entry.header().entry_type();
-            if kind.is_symlink() {
-                if let Some(target) = entry.link_name_bytes() {
-                    files.insert(path, target.into_owned());
-                }
-            } else if kind.is_file()
-                && path.rsplit('/').next() == Some("package.json")
-                && entry.size() <= INDEXED_MAX_BYTES
-            {
-                let mut content = Vec::new();
-                entry
-                    .read_to_end(&mut content)
-                    .context("reading the baseline copy")?;
-                files.insert(path, content);
-            }
-        }
-        Ok(Self { files })
-    }
-
-    pub fn get(&self, path: &str) -> Option<Vec<u8>> {
-        self.files.get(path).cloned()
     }
 }
 

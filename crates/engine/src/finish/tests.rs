@@ -13,19 +13,20 @@ use crate::tar_index;
 /// baseline unpacked, then the same `git apply`.
 fn verify_by_full_unpack(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), String> {
     let result = (|| {
-        if std::fs::metadata(patch).unwrap().len() == 0 {
+        let bytes = std::fs::read(patch).unwrap();
+        if bytes.is_empty() {
             return Ok(());
         }
-        std::fs::create_dir_all(scratch).unwrap();
+        let apply = PendingApply::start(scratch)?;
         let mut archive = tar::Archive::new(std::io::BufReader::new(
             std::fs::File::open(baseline_tar).unwrap(),
         ));
         archive.set_preserve_permissions(true);
         archive.set_overwrite(false);
         archive
-            .unpack(scratch)
+            .unpack(apply.tree())
             .map_err(|err| format!("unpacking the baseline copy: {err}"))?;
-        apply_in(scratch, patch)
+        apply.finish(&bytes)
     })();
     let _ = std::fs::remove_dir_all(scratch);
     result
@@ -325,7 +326,14 @@ fn only_the_touched_entries_are_extracted() {
     for (how, source) in [("scan", Source::Scan), ("index", Source::Indexed(&index))] {
         let scratch = dir.path().join(format!("scratch-{how}"));
         std::fs::create_dir_all(&scratch).unwrap();
-        touched::extract(&baseline, &source, &Touched::of(&files), &scratch).unwrap();
+        touched::extract(
+            &baseline,
+            &source,
+            &Touched::of(&files),
+            &scratch,
+            touched::Budget(None),
+        )
+        .unwrap();
         let expected: BTreeSet<String> = [
             ".gitattributes",
             "a.txt",
@@ -568,4 +576,49 @@ fn an_unreadable_patch_is_not_verified() {
     std::fs::write(&path, b"not a patch\n").unwrap();
     let err = verify(&baseline, &path, &dir.path().join("s")).unwrap_err();
     assert!(err.contains("cannot be read"), "{err}");
+}
+
+#[test]
+fn an_extraction_stops_at_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (baseline, patch) = fixture(dir.path());
+    let files = patch::parse(&patch, patch.len()).unwrap();
+    tar_index::write_for(&baseline).unwrap();
+    let index = TarIndex::load(&baseline).unwrap();
+    for (how, source) in [("scan", Source::Scan), ("index", Source::Indexed(&index))] {
+        let extract = |budget| {
+            let scratch = dir.path().join(format!("budget-{how}"));
+            let _ = std::fs::remove_dir_all(&scratch);
+            std::fs::create_dir_all(&scratch).unwrap();
+            touched::extract(&baseline, &source, &Touched::of(&files), &scratch, budget)
+        };
+        assert!(
+            matches!(extract(touched::Budget(Some(3))), Err(Failure::OverBudget)),
+            "{how}"
+        );
+        // The fixture's touched files take a few hundred bytes: a budget of a MiB holds them.
+        assert!(extract(touched::Budget(Some(1 << 20))).is_ok(), "{how}");
+    }
+}
+
+#[test]
+fn only_a_bounded_text_patch_is_verified_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, patch) = fixture(dir.path());
+    let with_binary = patch::parse(&patch, patch.len()).unwrap();
+    assert!(with_binary.iter().any(|file| file.is_binary));
+    assert_eq!(in_memory::budget(&with_binary, patch.len()), None);
+
+    let text: Vec<u8> = sections(&patch)
+        .into_iter()
+        .filter(|section| {
+            let section = String::from_utf8_lossy(section);
+            !section.contains("GIT binary patch") && !section.contains("Binary files")
+        })
+        .flatten()
+        .collect();
+    let files = patch::parse(&text, text.len()).unwrap();
+    let budget = in_memory::budget(&files, text.len()).expect("a small text patch qualifies");
+    assert!(budget > 0);
+    assert_eq!(in_memory::budget(&files, usize::MAX), None, "too large");
 }

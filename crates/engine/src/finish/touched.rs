@@ -157,16 +157,34 @@ pub(super) enum Failure {
     IndexWrong(String),
     /// The baseline itself cannot be read or unpacked: the verdict, in words for the user.
     Baseline(String),
+    /// The entries' contents would take more than the budget given.
+    OverBudget,
+}
+
+/// What the extracted contents may take, in bytes (`None`: no bound).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Budget(pub Option<u64>);
+
+impl Budget {
+    /// Counts `entry`'s contents against the budget before it is written.
+    fn spend<R: std::io::Read>(&mut self, entry: &tar::Entry<'_, R>) -> Result<(), Failure> {
+        if let Some(left) = &mut self.0 {
+            *left = left.checked_sub(entry.size()).ok_or(Failure::OverBudget)?;
+        }
+        Ok(())
+    }
 }
 
 /// Extracts into `dest` the entries of `baseline_tar` that `touched` wants, with the same
-/// settings (and so the same modes, links and refusals) as unpacking all of it. Returns how
-/// many entries were extracted.
+/// settings (and so the same modes, links and refusals) as unpacking all of it, stopping at
+/// the first entry whose contents would exceed `budget`. Returns how many entries were
+/// extracted.
 pub(super) fn extract(
     baseline_tar: &Path,
     source: &Source<'_>,
     touched: &Touched,
     dest: &Path,
+    mut budget: Budget,
 ) -> Result<u64, Failure> {
     // As `Archive::unpack` does: an absolute destination.
     let dest = dest
@@ -178,9 +196,9 @@ pub(super) fn extract(
         ))
     })?;
     let mut extracted = HashSet::new();
-    let pass = |touched: &Touched, extracted: &mut HashSet<String>| match source {
-        Source::Indexed(index) => pass_indexed(&tar, index, touched, &dest, extracted),
-        Source::Scan => pass_scan(&tar, touched, &dest, extracted).map_err(Failure::Baseline),
+    let mut pass = |touched: &Touched, extracted: &mut HashSet<String>| match source {
+        Source::Indexed(index) => pass_indexed(&tar, index, touched, &dest, extracted, &mut budget),
+        Source::Scan => pass_scan(&tar, touched, &dest, extracted, &mut budget),
     };
     let mut links = pass(touched, &mut extracted)?;
     let mut beyond_links: Touched;
@@ -206,13 +224,16 @@ fn unpacking(err: std::io::Error) -> String {
 }
 
 /// A tar reader over the whole file from its current position, set as `Archive::unpack`
-/// would be.
+/// would be (but for timestamps).
 fn archive(tar: &std::fs::File) -> tar::Archive<&std::fs::File> {
     // Unbuffered: each header is one 512-byte read; a buffer would fill itself with contents
     // only to throw them away (2x slower on 20k entries).
     let mut archive = tar::Archive::new(tar);
     archive.set_preserve_permissions(true);
     archive.set_overwrite(false);
+    // `git apply` without `--index` compares no timestamps: setting each file's is a system
+    // call per entry for nothing.
+    archive.set_preserve_mtime(false);
     archive
 }
 
@@ -224,15 +245,17 @@ fn pass_scan(
     touched: &Touched,
     dest: &Path,
     extracted: &mut HashSet<String>,
-) -> Result<Vec<(String, String)>, String> {
-    (&*tar).rewind().map_err(unpacking)?;
+    budget: &mut Budget,
+) -> Result<Vec<(String, String)>, Failure> {
+    let baseline = |err| Failure::Baseline(unpacking(err));
+    (&*tar).rewind().map_err(baseline)?;
     let mut archive = archive(tar);
     // Directories last, deepest first (as `Archive::unpack` does), so that a directory's mode
     // cannot stop its own entries from being written.
     let mut directories = Vec::new();
     let mut links = Vec::new();
-    for entry in archive.entries_with_seek().map_err(unpacking)? {
-        let mut entry = entry.map_err(unpacking)?;
+    for entry in archive.entries_with_seek().map_err(baseline)? {
+        let mut entry = entry.map_err(baseline)?;
         let path = entry_name(&entry.path_bytes());
         if !touched.wants(&path) || !extracted.insert(path.clone()) {
             continue;
@@ -247,11 +270,12 @@ fn pass_scan(
                 links.push((path, String::from_utf8_lossy(&target).into_owned()));
             }
         }
-        entry.unpack_in(dest).map_err(unpacking)?;
+        budget.spend(&entry)?;
+        entry.unpack_in(dest).map_err(baseline)?;
     }
     directories.sort_by(|a, b| b.path_bytes().cmp(&a.path_bytes()));
     for mut dir in directories {
-        dir.unpack_in(dest).map_err(unpacking)?;
+        dir.unpack_in(dest).map_err(baseline)?;
     }
     Ok(links)
 }
@@ -263,6 +287,7 @@ fn pass_indexed(
     touched: &Touched,
     dest: &Path,
     extracted: &mut HashSet<String>,
+    budget: &mut Budget,
 ) -> Result<Vec<(String, String)>, Failure> {
     let mut wanted: Vec<(u64, &str)> = touched
         .lookup(index)
@@ -291,7 +316,10 @@ fn pass_indexed(
                     ));
                 }
             }
-            entry.unpack_in(dest).map_err(unpacking)?;
+            budget.spend(entry)?;
+            entry
+                .unpack_in(dest)
+                .map_err(|err| Failure::Baseline(unpacking(err)))?;
             Ok(kind)
         })?;
         if kind == tar::EntryType::Directory {
@@ -301,7 +329,10 @@ fn pass_indexed(
     directories.sort_unstable_by(|a, b| b.0.cmp(a.0));
     for (name, offset) in directories {
         with_entry_at(tar, offset, name, |entry| {
-            entry.unpack_in(dest).map_err(unpacking).map(|_| ())
+            entry
+                .unpack_in(dest)
+                .map_err(|err| Failure::Baseline(unpacking(err)))
+                .map(|_| ())
         })?;
     }
     Ok(links)
@@ -312,7 +343,7 @@ fn with_entry_at<T>(
     tar: &std::fs::File,
     offset: u64,
     name: &str,
-    f: impl FnOnce(&mut tar::Entry<'_, &std::fs::File>) -> Result<T, String>,
+    f: impl FnOnce(&mut tar::Entry<'_, &std::fs::File>) -> Result<T, Failure>,
 ) -> Result<T, Failure> {
     let wrong = |why: String| Failure::IndexWrong(format!("entry {name:?} at {offset}: {why}"));
     (&*tar)
@@ -329,7 +360,7 @@ fn with_entry_at<T>(
     if found != name {
         return Err(wrong(format!("the entry there is {found:?}")));
     }
-    f(&mut entry).map_err(Failure::Baseline)
+    f(&mut entry)
 }
 
 #[cfg(test)]

@@ -50,8 +50,11 @@ impl MemoryDir {
         if free < 2 * MAX_BYTES {
             return None;
         }
-        // mkdtemp: a name nobody else holds (the directory is world-writable), mode 0700.
-        let dir = nix::unistd::mkdtemp(&Path::new(SHM).join("dynocap-verify-XXXXXX")).ok()?;
+        remove_abandoned(Path::new(SHM));
+        // mkdtemp: a name nobody else holds (the directory is world-writable), mode 0700. The
+        // pid in it lets a later verification remove it should this process die first.
+        let template = format!("{PREFIX}{}-XXXXXX", std::process::id());
+        let dir = nix::unistd::mkdtemp(&Path::new(SHM).join(template)).ok()?;
         Some(Self(dir))
     }
 
@@ -62,10 +65,67 @@ impl MemoryDir {
     }
 }
 
+/// The scratch directories' name: `<PREFIX><pid>-<random>`.
+const PREFIX: &str = "dynocap-verify-";
+
+/// Removes scratch directories in `shm` whose process is gone (killed mid-verification): on a
+/// tmpfs they would hold their part of a project in memory until the host reboots. Only this
+/// user's directories: another user's are not ours to judge, nor could we remove them.
+fn remove_abandoned(shm: &Path) {
+    let Ok(entries) = std::fs::read_dir(shm) else {
+        return;
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let ours = std::os::unix::fs::MetadataExt::uid(&match entry.metadata() {
+            Ok(meta) if meta.is_dir() => meta,
+            _ => continue,
+        }) == me;
+        let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH);
+        if ours && gone {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 impl Drop for MemoryDir {
     fn drop(&mut self) {
         // Here and now: unlinking a hundred entries on tmpfs takes less than starting a
         // thread to do it would.
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_scratch_directories_of_dead_processes_are_removed() {
+        let shm = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let abandoned = shm.path().join(format!("{PREFIX}{dead}-aaaaaa"));
+        let live = shm
+            .path()
+            .join(format!("{PREFIX}{}-bbbbbb", std::process::id()));
+        let unrelated = shm.path().join("other-1-cccccc");
+        for dir in [&abandoned, &live, &unrelated] {
+            std::fs::create_dir_all(dir.join("scratch/tree")).unwrap();
+        }
+        remove_abandoned(shm.path());
+        assert!(!abandoned.exists());
+        assert!(live.exists() && unrelated.exists());
     }
 }

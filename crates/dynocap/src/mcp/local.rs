@@ -77,7 +77,16 @@ impl Dispatcher {
                     // The request is gone: drop the call, cancelling its work.
                     () = answer.closed() => return,
                 };
+                let refill = Tools::refills_pool(tool, result.is_ok());
                 let _ = answer.send(result);
+                if refill {
+                    // The reply is on its way. The refill (catalog transactions, a
+                    // supervisor's fork and exec) runs on a thread of its own: the next call,
+                    // which the client may send at once, does not queue behind it here.
+                    let tools = Arc::clone(&tools);
+                    let runtime = tokio::runtime::Handle::current();
+                    tokio::task::spawn_blocking(move || runtime.block_on(tools.refill_pool()));
+                }
             })
         });
         self.jobs

@@ -157,6 +157,12 @@ impl Tools {
         tool.name == "dynocap_run" && succeeded
     }
 
+    /// Blocks until the sandboxes have been quiet for a moment (see
+    /// `Engine::wait_for_lull`): the refill then does not run beside the client's next calls.
+    pub fn wait_for_lull(&self) {
+        self.engine.wait_for_lull();
+    }
+
     /// Tops the warm pool up again (if there is one). Failures are logged by the engine; the
     /// next start tries again.
     pub async fn refill_pool(&self) {

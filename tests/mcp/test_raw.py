@@ -372,4 +372,9 @@ async def test_a_warm_pool_boots_with_the_server_and_serves_run(host: Host) -> N
         logs = "".join(p.read_text(errors="replace") for p in (host.state / "logs").glob("*.log"))
         assert "claimed from the warm pool as pooled" in logs
         assert [b["name"] for b in ok(await s.call_tool("dynocap_ps", {}))["sandboxes"]] == ["pooled"]
+        # The server refills the pool after run's reply, not before it: it fills again.
+        deadline = time.monotonic() + 60
+        while (host.cli("pool") or {}).get("pool", {}).get("ready") != 1:
+            assert time.monotonic() < deadline, host.cli("pool")
+            await anyio.sleep(0.1)
         assert ok(await s.call_tool("dynocap_destroy", {"name": "pooled"})) == {"destroyed": "pooled"}

@@ -14,6 +14,15 @@
 //! - v1 freezer: the same with `freezer.state`;
 //! - any other v1 hierarchy (pids): SIGKILL each member.
 //!
+//! A command's first process joins by writing `0` to a file of its cgroup, between fork and
+//! exec. On v2 that is `cgroup.procs`. On v1 it is `tasks`: `cgroup.procs` moves the writer's
+//! whole thread group, for which the kernel write-locks the global `cgroup_threadgroup_rwsem`
+//! and so waits for an RCU grace period (10-15 ms on a busy host, most of a short command's
+//! latency); `tasks` moves the writing thread only, which, being the caller itself, needs no
+//! such lock. The writer is a freshly forked child, single-threaded, so it moves the whole
+//! process either way. (v2 has no such file for a domain cgroup: `cgroup.threads` refuses to
+//! move a thread out of its domain.)
+//!
 //! A frozen cgroup cannot fork, so nothing escapes between reading the members and killing
 //! them. A command that ends on its own may leave processes running (a dev server started
 //! with `&`): they keep running, and its cgroup lingers until they are gone; lingering cgroups
@@ -97,6 +106,8 @@ pub struct ExecCgroups {
     /// A directory handle (through a detached mount in the jail: `..` stays inside).
     root: OwnedFd,
     method: KillMethod,
+    /// The file a process writes `0` to to join a command cgroup (see the module doc).
+    join_file: &'static str,
     next: AtomicU64,
     /// Cgroups of finished commands that still had processes when the command ended.
     lingering: Mutex<BTreeSet<u64>>,
@@ -119,9 +130,11 @@ impl ExecCgroups {
     }
 
     pub(crate) fn with_method(root: OwnedFd, method: KillMethod) -> Arc<ExecCgroups> {
+        let v1 = fstatfs(root.as_fd()).is_ok_and(|fs| fs.filesystem_type() == CGROUP_SUPER_MAGIC);
         Arc::new(ExecCgroups {
             root,
             method,
+            join_file: if v1 { "tasks" } else { "cgroup.procs" },
             next: AtomicU64::new(1),
             lingering: Mutex::default(),
         })
@@ -150,9 +163,10 @@ impl ExecCgroups {
         })
     }
 
-    /// `cgroup.procs` (open for writing) of the command cgroup `pid` is in, if any: what a
-    /// process started on that command's behalf (the `sudo` broker's) joins, so that the
-    /// command's timeout or cancel stops it too. `pid` is of the agent's pid namespace.
+    /// The join file (open for writing; see [`ExecCgroup::join_handle`]) of the command cgroup
+    /// `pid` is in, if any: what a process started on that command's behalf (the `sudo`
+    /// broker's) joins, so that the command's timeout or cancel stops it too. `pid` is of the
+    /// agent's pid namespace.
     pub fn join_handle_of(&self, pid: Pid) -> Option<OwnedFd> {
         let wanted = pid.as_raw().to_string();
         let dir = nix::dir::Dir::openat(
@@ -169,21 +183,20 @@ impl ExecCgroups {
             .filter(|name| name.starts_with("exec-"))
             .collect();
         names.into_iter().find_map(|name| {
-            let procs = format!("{name}/cgroup.procs");
-            let open = |flags: OFlag| {
+            let open = |file: &str, flags: OFlag| {
                 openat(
                     self.root.as_fd(),
-                    procs.as_str(),
+                    format!("{name}/{file}").as_str(),
                     flags | OFlag::O_CLOEXEC,
                     Mode::empty(),
                 )
             };
             let mut members = String::new();
-            std::fs::File::from(open(OFlag::O_RDONLY).ok()?)
+            std::fs::File::from(open("cgroup.procs", OFlag::O_RDONLY).ok()?)
                 .read_to_string(&mut members)
                 .ok()?;
             if members.split_whitespace().any(|p| p == wanted) {
-                open(OFlag::O_WRONLY).ok()
+                open(self.join_file, OFlag::O_WRONLY).ok()
             } else {
                 None
             }
@@ -261,10 +274,13 @@ impl ExecCgroup {
         Ok(text)
     }
 
-    /// `cgroup.procs` open for writing: a process that writes `0` to it joins the cgroup.
-    /// For a child between fork and exec, while it still has the agent's credentials.
+    /// The join file open for writing (`cgroup.procs`, `tasks` on v1; see the module doc): a
+    /// single-threaded process that writes `0` to it joins the cgroup. For a child between
+    /// fork and exec, while it still has the agent's credentials.
     pub fn join_handle(&self) -> io::Result<OwnedFd> {
-        Ok(OwnedFd::from(self.open("cgroup.procs", OFlag::O_WRONLY)?))
+        Ok(OwnedFd::from(
+            self.open(self.parent.join_file, OFlag::O_WRONLY)?,
+        ))
     }
 
     /// The processes in the cgroup, as pids of the agent's pid namespace.
@@ -627,6 +643,35 @@ mod tests {
             "not in any command cgroup"
         );
         assert!(second.kill_all().await);
+    }
+
+    /// v1 is joined through `tasks` (no global lock, see the module doc), v2 through
+    /// `cgroup.procs`; either way the command's first process, and so what it starts, is in.
+    #[tokio::test]
+    async fn a_command_joins_through_its_hierarchys_join_file() {
+        crate::init::setup();
+        for (fs_type, option, file) in [
+            ("cgroup", Some("pids"), "tasks"),
+            ("cgroup2", None, "cgroup.procs"),
+        ] {
+            let Some(parent) = TestParent::new(fs_type, option, "joinfile") else {
+                continue;
+            };
+            let cgroups = parent.cgroups(None);
+            assert_eq!(cgroups.join_file, file, "{fs_type}");
+            let cgroup = cgroups.create().expect("create");
+            let spawned = start_in(&cgroup, "sleep 1011 & sleep 1012");
+            wait_for(
+                &format!("the command and its child to join ({fs_type})"),
+                || {
+                    cgroup.pids().is_ok_and(|pids| {
+                        pids.contains(&Pid::from_raw(spawned.pid)) && pids.len() >= 2
+                    })
+                },
+            )
+            .await;
+            assert!(cgroup.kill_all().await);
+        }
     }
 
     #[tokio::test]

@@ -44,7 +44,8 @@ pub struct ChildSpec {
     pub user: Option<ExecUser>,
     /// Standard input of a non-terminal child; `/dev/null` when `None`.
     pub stdin: Option<OwnedFd>,
-    /// `cgroup.procs` of the cgroup the child joins before it runs anything (see `cgroup`).
+    /// The join file (`cgroup.procs`, or `tasks` on v1) of the cgroup the child joins before
+    /// it runs anything (see `cgroup`).
     pub cgroup: Option<OwnedFd>,
     /// A supplementary group the child keeps beside `user`'s gid (see `gitguard`); only
     /// applied with `user`, by a privileged agent.
@@ -74,8 +75,8 @@ struct ChildPlan<'a> {
     cwd: &'a CStr,
     stdio: [RawFd; 3],
     controlling_tty: bool,
-    /// `cgroup.procs` to write `0` to, or -1.
-    cgroup_procs: RawFd,
+    /// The cgroup join file to write `0` to, or -1.
+    cgroup_join: RawFd,
     user: Option<(libc::uid_t, libc::gid_t, bool)>,
     /// The supplementary groups: the user's gid, then the extra group if any.
     groups: [libc::gid_t; 2],
@@ -147,7 +148,7 @@ pub fn spawn(spec: &ChildSpec) -> io::Result<Spawned> {
         cwd: &spec.cwd,
         stdio,
         controlling_tty: spec.terminal,
-        cgroup_procs: spec.cgroup.as_ref().map_or(-1, AsRawFd::as_raw_fd),
+        cgroup_join: spec.cgroup.as_ref().map_or(-1, AsRawFd::as_raw_fd),
         user: spec.user.map(|u| (u.uid, u.gid, privileged)),
         groups: [
             spec.user.map_or(0, |u| u.gid),
@@ -273,7 +274,7 @@ unsafe fn child_main(plan: &ChildPlan<'_>) -> ! {
         // still have the agent's credentials: everything the command starts is born in it,
         // and the user it runs as cannot move out. (After stdio, so a failure is reported on
         // the command's stderr.)
-        if plan.cgroup_procs >= 0 && libc::write(plan.cgroup_procs, b"0".as_ptr().cast(), 1) != 1 {
+        if plan.cgroup_join >= 0 && libc::write(plan.cgroup_join, b"0".as_ptr().cast(), 1) != 1 {
             child_fail(&plan.msg_cgroup, 126);
         }
         // Undo what the agent's process state would otherwise leak into commands: a blocked

@@ -123,6 +123,21 @@ impl Engine {
         }
     }
 
+    /// Blocks the calling thread until the home has served no request for a moment (see
+    /// `activity`), or a few seconds passed; at once when there is no pool. For a caller that
+    /// answered a `run` first and refills after ([`Engine::run_leaving_pool`]): the client may
+    /// send its next call at once, and the refill's own work (catalog transactions, a
+    /// supervisor's fork, exec and start-up) would run beside it on a small machine.
+    pub fn wait_for_lull(&self) {
+        if matches!(target(), Ok(n) if n > 0) {
+            crate::activity::wait_for_quiet(
+                self.home(),
+                crate::activity::QUIET,
+                crate::activity::MAX_WAIT,
+            );
+        }
+    }
+
     /// Claims a booted pool sandbox for `spec`, if the pool has one and `spec` fits it.
     /// A pool sandbox that cannot be claimed (its supervisor died) is removed, and `None`
     /// tells the caller to boot one.

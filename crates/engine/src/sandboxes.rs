@@ -132,12 +132,23 @@ impl Engine {
         Ok(self.catalog.get_or_init(|| opened).clone())
     }
 
-    /// Boots a raw sandbox and returns once its agent answers.
+    /// Boots a raw sandbox and returns once its agent answers, the warm pool (if any) topped
+    /// up again: the pool had none ready (or none fits), or gave one, and has the room this
+    /// sandbox left under the ceilings.
     pub async fn run(&self, spec: &RunSpec) -> Result<SandboxInfo> {
+        let info = self.run_leaving_pool(spec).await?;
+        self.rebalance_pool().await;
+        Ok(info)
+    }
+
+    /// As [`Engine::run`], but leaves the warm pool as the start left it: the caller calls
+    /// [`Engine::rebalance_pool`] once its reply is out. A long-lived server (MCP) answers
+    /// first, so that refilling the pool (a catalog transaction and a supervisor's fork and
+    /// exec) is not part of the call's latency.
+    pub async fn run_leaving_pool(&self, spec: &RunSpec) -> Result<SandboxInfo> {
         self.admit(spec.cpus, spec.memory_mb, spec.disk_mb, spec.ttl_seconds)?;
         spec.network.ensure_available()?;
         if let Some(record) = self.claim_from_pool(spec).await? {
-            self.rebalance_pool().await;
             return Ok(SandboxInfo::from_record(&record));
         }
         let egress = match spec.network {
@@ -159,9 +170,6 @@ impl Engine {
         )?;
         record.egress = egress;
         let record = self.launch(record, &|_| {}).await?;
-        // The pool had none ready (or none fits): have one ready for the next run, in the
-        // room this sandbox left under the ceilings.
-        self.rebalance_pool().await;
         Ok(SandboxInfo::from_record(&record))
     }
 

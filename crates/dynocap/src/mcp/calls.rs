@@ -131,7 +131,8 @@ impl Tools {
                     args.integer("diskMB")?,
                 )?;
                 self.enforce(tool, self.policy.check_network(spec.network.as_str()))?;
-                Output::json(&self.engine.run(&spec).await?)
+                // The pool is refilled once the client has its answer (see `refills_pool`).
+                Output::json(&self.engine.run_leaving_pool(&spec).await?)
             }
             "dynocap_exec" => {
                 let name = args.required_string("name")?;
@@ -147,6 +148,25 @@ impl Tools {
                 "tool {other} has no implementation"
             ))),
         }
+    }
+
+    /// Whether a call of `tool` that ended so leaves the warm pool to refill after its reply
+    /// ([`Tools::refill_pool`]): a `run` that succeeded gave a pool sandbox, or its new one
+    /// took room under the ceilings.
+    pub fn refills_pool(tool: &ToolDef, succeeded: bool) -> bool {
+        tool.name == "dynocap_run" && succeeded
+    }
+
+    /// Blocks until the sandboxes have been quiet for a moment (see
+    /// `Engine::wait_for_lull`): the refill then does not run beside the client's next calls.
+    pub fn wait_for_lull(&self) {
+        self.engine.wait_for_lull();
+    }
+
+    /// Tops the warm pool up again (if there is one). Failures are logged by the engine; the
+    /// next start tries again.
+    pub async fn refill_pool(&self) {
+        self.engine.rebalance_pool().await;
     }
 
     async fn task_start(&self, args: &Args<'_>, progress: ProgressFn<'_>) -> Result<Output, Error> {

@@ -77,7 +77,20 @@ impl Dispatcher {
                     // The request is gone: drop the call, cancelling its work.
                     () = answer.closed() => return,
                 };
+                let refill = Tools::refills_pool(tool, result.is_ok());
                 let _ = answer.send(result);
+                if refill {
+                    // The reply is on its way. The refill (catalog transactions, a
+                    // supervisor's fork and exec) runs on a thread of its own, in the next
+                    // lull: the next call, which the client may send at once, neither queues
+                    // behind it here nor shares the CPUs with it.
+                    let tools = Arc::clone(&tools);
+                    let runtime = tokio::runtime::Handle::current();
+                    tokio::task::spawn_blocking(move || {
+                        tools.wait_for_lull();
+                        runtime.block_on(tools.refill_pool());
+                    });
+                }
             })
         });
         self.jobs

@@ -952,9 +952,28 @@ async fn cat_file_batch(
     out
 }
 
-/// The lines of each of the blobs `ids`, counted as `git cat-file --batch` streams them: a
-/// blob is never held whole.
+/// Line counts of blobs this agent has counted (see [`bigfiles::LineCounts`]).
+static LINE_COUNTS: std::sync::LazyLock<bigfiles::LineCounts> =
+    std::sync::LazyLock::new(bigfiles::LineCounts::default);
+
+/// The lines of each of the blobs `ids`: remembered from an earlier diff, else counted as
+/// `git cat-file --batch` streams them (a blob is never held whole).
 async fn count_lines(
+    git: &Git,
+    private: &Opened,
+    workspace: &Path,
+    ids: &[String],
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<std::collections::HashMap<String, u64>, RunError> {
+    let (mut known, unknown) = LINE_COUNTS.split(ids);
+    let counted = count_lines_now(git, private, workspace, &unknown, stop).await?;
+    LINE_COUNTS.remember(&counted);
+    known.extend(counted);
+    Ok(known)
+}
+
+/// [`count_lines`] without the memo.
+async fn count_lines_now(
     git: &Git,
     private: &Opened,
     workspace: &Path,

@@ -225,18 +225,27 @@ mod tests {
         Command::new(tool).arg("--help").output().is_ok()
     }
 
-    #[test]
-    fn the_key_follows_content_and_size_and_the_base_fills_the_disk() {
+    /// A temporary directory holding a one-file rootfs (`root`) and the cache path, or `None`
+    /// (after saying why) without mke2fs.
+    fn tiny_rootfs() -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
         if !have("mke2fs") {
             eprintln!("SKIP: mke2fs is not installed (apt-get install e2fsprogs)");
-            return;
+            return None;
         }
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");
         fs::create_dir_all(root.join("etc")).unwrap();
         fs::write(root.join("etc/hostname"), b"x").unwrap();
-        std::os::unix::fs::symlink("etc", root.join("link")).unwrap();
         let cache = dir.path().join("cache");
+        Some((dir, root, cache))
+    }
+
+    #[test]
+    fn the_key_follows_content_and_size_and_the_base_fills_the_disk() {
+        let Some((dir, root, cache)) = tiny_rootfs() else {
+            return;
+        };
+        std::os::unix::fs::symlink("etc", root.join("link")).unwrap();
         // Not a multiple of the block size: the filesystem stops at the last whole block.
         let size = (64 << 20) + 1000;
         let first = base_image(&cache, &root, None, size).unwrap();
@@ -292,15 +301,9 @@ mod tests {
     /// the rootfs (the walk is only for building), and another id or size is another base.
     #[test]
     fn a_base_keyed_by_image_id_is_found_without_walking() {
-        if !have("mke2fs") {
-            eprintln!("SKIP: mke2fs is not installed (apt-get install e2fsprogs)");
+        let Some((_dir, root, cache)) = tiny_rootfs() else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("root");
-        fs::create_dir_all(root.join("etc")).unwrap();
-        fs::write(root.join("etc/hostname"), b"x").unwrap();
-        let cache = dir.path().join("cache");
+        };
         let size = 64 << 20;
         let first = base_image(&cache, &root, Some("id-1"), size).unwrap();
         let by_walk = base_image(&cache, &root, None, size).unwrap();

@@ -337,3 +337,15 @@ fn read_u32(bytes: &[u8], at: usize) -> u32 {
 
 #[cfg(test)]
 mod tests;
+
+/// Test tars: appends a directory entry `name` (GNU header, 0755).
+#[cfg(test)]
+pub(crate) fn append_test_dir(builder: &mut tar::Builder<std::fs::File>, name: &str) {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Directory);
+    header.set_mode(0o755);
+    header.set_size(0);
+    builder
+        .append_data(&mut header, name, std::io::empty())
+        .expect("append a directory to a test tar");
+}

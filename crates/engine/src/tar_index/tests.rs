@@ -12,15 +12,7 @@ fn sample_tar(path: &Path) -> Vec<String> {
     let long_dir = "d".repeat(120);
     let long_file = format!("{long_dir}/{}", "f".repeat(150));
     let mut names = Vec::new();
-    let add_dir = |builder: &mut tar::Builder<std::fs::File>, name: &str| {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o755);
-        header.set_size(0);
-        builder
-            .append_data(&mut header, name, std::io::empty())
-            .unwrap();
-    };
+    let add_dir = crate::tar_index::append_test_dir;
     let add_file = |builder: &mut tar::Builder<std::fs::File>, name: &str, size: usize| {
         let mut header = tar::Header::new_gnu();
         header.set_mode(0o644);

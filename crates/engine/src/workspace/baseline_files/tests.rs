@@ -13,15 +13,7 @@ const LONG_DIR: &str =
 fn baseline(path: &Path) -> Vec<String> {
     let mut builder = tar::Builder::new(std::fs::File::create(path).unwrap());
     let mut names = Vec::new();
-    let dir = |builder: &mut tar::Builder<std::fs::File>, name: &str| {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o755);
-        header.set_size(0);
-        builder
-            .append_data(&mut header, name, std::io::empty())
-            .unwrap();
-    };
+    let dir = crate::tar_index::append_test_dir;
     dir(&mut builder, "app");
     dir(&mut builder, LONG_DIR);
     let file = |builder: &mut tar::Builder<std::fs::File>, name: &str, content: &[u8]| {

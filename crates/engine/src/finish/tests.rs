@@ -163,6 +163,14 @@ fn make_changes(root: &Path) {
     std::fs::write(root.join("new/deep/file.txt"), b"new\n").unwrap();
 }
 
+/// [`fixture`] with the baseline's offset index written and loaded.
+fn indexed_fixture(dir: &Path) -> (PathBuf, Vec<u8>, TarIndex) {
+    let (baseline, patch) = fixture(dir);
+    tar_index::write_for(&baseline).unwrap();
+    let index = TarIndex::load(&baseline).unwrap();
+    (baseline, patch, index)
+}
+
 /// A repository with the baseline committed and the changes staged; returns the patch the
 /// guest would produce (`git diff --binary`, renames and copies found).
 fn fixture(dir: &Path) -> (PathBuf, Vec<u8>) {
@@ -319,10 +327,8 @@ fn the_fixture_patch_has_every_kind_of_entry() {
 #[test]
 fn only_the_touched_entries_are_extracted() {
     let dir = tempfile::tempdir().unwrap();
-    let (baseline, patch) = fixture(dir.path());
+    let (baseline, patch, index) = indexed_fixture(dir.path());
     let files = patch::parse(&patch, patch.len()).unwrap();
-    tar_index::write_for(&baseline).unwrap();
-    let index = TarIndex::load(&baseline).unwrap();
     for (how, source) in [("scan", Source::Scan), ("index", Source::Indexed(&index))] {
         let scratch = dir.path().join(format!("scratch-{how}"));
         std::fs::create_dir_all(&scratch).unwrap();
@@ -581,10 +587,8 @@ fn an_unreadable_patch_is_not_verified() {
 #[test]
 fn an_extraction_stops_at_its_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let (baseline, patch) = fixture(dir.path());
+    let (baseline, patch, index) = indexed_fixture(dir.path());
     let files = patch::parse(&patch, patch.len()).unwrap();
-    tar_index::write_for(&baseline).unwrap();
-    let index = TarIndex::load(&baseline).unwrap();
     for (how, source) in [("scan", Source::Scan), ("index", Source::Indexed(&index))] {
         let extract = |budget| {
             let scratch = dir.path().join(format!("budget-{how}"));

@@ -39,6 +39,10 @@ pub struct Jail {
     disk: Disk,
     /// How the init ended, once reaped.
     exit: Option<WaitStatus>,
+    /// The guest's mount namespace, held from [`Jail::kill`] until the teardown: freeing it
+    /// unmounts the guest's whole tree and waits for an RCU grace period, which would
+    /// otherwise fall inside the init's exit, and so inside the kill's wait.
+    held_mounts: Option<OwnedFd>,
     torn_down: bool,
 }
 
@@ -84,6 +88,7 @@ impl Jail {
             layers,
             disk,
             exit: None,
+            held_mounts: None,
             torn_down: false,
         }
     }
@@ -218,6 +223,13 @@ impl Jail {
     /// the teardown ([`Jail::destroy`]) may follow later; until then the cgroups, disk and
     /// state dir stay.
     pub fn kill(&mut self) -> Result<(), JailError> {
+        if self.exit.is_none() && self.held_mounts.is_none() {
+            // The init is our unreaped child, so its pid cannot name another process. Without
+            // the hold the kill is only slower.
+            self.held_mounts = std::fs::File::open(format!("/proc/{}/ns/mnt", self.pid))
+                .ok()
+                .map(OwnedFd::from);
+        }
         let problems = self.kill_init();
         if problems.is_empty() {
             Ok(())
@@ -258,6 +270,8 @@ impl Jail {
             return Vec::new();
         }
         let mut problems = self.kill_init();
+        // The guest's mounts go before its disk is unmounted and released.
+        self.held_mounts = None;
         problems.extend(self.cgroups.remove());
         if keep_layers {
             problems.extend(self.layers.remove_scratch());

@@ -25,6 +25,10 @@ pub const ALL: &[(&str, fn())] = &[
     ("pids_limit", pids_limit),
     ("cpu_limit", cpu_limit),
     ("destroy_leaves_nothing", destroy_leaves_nothing),
+    (
+        "kill_then_destroy_leaves_nothing",
+        kill_then_destroy_leaves_nothing,
+    ),
     ("exec_cgroup_delegation", exec_cgroup_delegation),
     ("supervisor_death", supervisor_death),
     ("setup_errors", setup_errors),
@@ -428,8 +432,19 @@ fn cpu_limit() {
 }
 
 fn destroy_leaves_nothing() {
+    ends_leaving_nothing("destroy-test", false);
+}
+
+/// The supervisor's path: `kill` (before its reply) leaves no guest process, and holds the
+/// guest's mount namespace, whose unmounting the teardown then does; `destroy` after it
+/// leaves nothing, that namespace included.
+fn kill_then_destroy_leaves_nothing() {
+    ends_leaving_nothing("kill-test", true);
+}
+
+fn ends_leaving_nothing(name: &str, kill_first: bool) {
     let fx = Fixture::new();
-    let mut guest = Guest::spawn(&fx.spec("destroy-test"));
+    let mut guest = Guest::spawn(&fx.spec(name));
     sh_ok(
         &mut guest,
         "for i in 1 2 3; do setsid sleep 1000 >/dev/null 2>&1 & done; true",
@@ -445,7 +460,33 @@ fn destroy_leaves_nothing() {
         "init and 3 sleepers expected, got {in_ns:?}"
     );
     let cgroups = guest.jail().cgroup_paths();
+    let mounts = std::fs::read_link(format!("/proc/{host_pid}/ns/mnt")).expect("mnt ns");
+    let held = || {
+        std::fs::read_dir("/proc/self/fd")
+            .expect("own fds")
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == mounts))
+    };
+    if kill_first {
+        guest.jail.as_mut().expect("jail").kill().expect("kill");
+        assert_eq!(
+            pids_in_ns(&ns),
+            Vec::<i32>::new(),
+            "processes survived kill"
+        );
+        for &pid in &in_ns {
+            assert_eq!(host_uid(pid), None, "guest process {pid} survived kill");
+        }
+        assert!(
+            held(),
+            "kill let the guest's mount namespace go: {mounts:?}"
+        );
+    }
     guest.destroy();
+    assert!(
+        !held(),
+        "destroy kept the guest's mount namespace: {mounts:?}"
+    );
 
     assert_eq!(
         pids_in_ns(&ns),
@@ -464,7 +505,7 @@ fn destroy_leaves_nothing() {
         .filter(|&pid| host_uid(pid).is_some_and(|uid| range.contains(&uid)))
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-                .is_ok_and(|c| c.contains("dynocap/destroy-test"))
+                .is_ok_and(|c| c.contains(&format!("dynocap/{name}")))
         })
         .collect();
     assert_eq!(

@@ -64,6 +64,8 @@ pub(crate) struct ChildEnds {
     pub errors: OwnedFd,
     /// Becomes the agent's fd 3.
     pub channel: OwnedFd,
+    /// The `tasks` files of the sandbox's v1 cgroups, which the init joins by writing `0`.
+    pub cgroup_joins: Vec<OwnedFd>,
 }
 
 /// Why setup stopped.
@@ -85,8 +87,11 @@ pub(crate) fn run(plan: &ChildPlan, ends: ChildEnds) -> ! {
         sync,
         errors,
         channel,
+        cgroup_joins,
     } = ends;
-    let outcome = panic::catch_unwind(AssertUnwindSafe(|| setup(plan, &sync, &channel)));
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+        setup(plan, &sync, &channel, cgroup_joins)
+    }));
     let message = match outcome {
         Ok(Err(Stop::SupervisorGone)) => sys::exit_now(1),
         Ok(Err(Stop::Failed(failure))) => failure.to_string(),
@@ -104,7 +109,12 @@ pub(crate) fn run(plan: &ChildPlan, ends: ChildEnds) -> ! {
     sys::exit_now(1)
 }
 
-fn setup(plan: &ChildPlan, sync_end: &OwnedFd, channel: &OwnedFd) -> Result<Infallible, Stop> {
+fn setup(
+    plan: &ChildPlan,
+    sync_end: &OwnedFd,
+    channel: &OwnedFd,
+    cgroup_joins: Vec<OwnedFd>,
+) -> Result<Infallible, Stop> {
     // Modes of what we create are exactly the ones asked for.
     umask(Mode::empty());
     // Own session: no controlling terminal (so /dev/tty opens nothing and TIOCSTI has no
@@ -117,9 +127,17 @@ fn setup(plan: &ChildPlan, sync_end: &OwnedFd, channel: &OwnedFd) -> Result<Infa
     let channel =
         sys::dup_at_least(channel.as_fd(), PRIVATE_FD_BASE).context(|| "moving the channel fd")?;
 
-    // 1. Wait until the supervisor has written our id maps. It moves us into the cgroups
-    //    meanwhile (on cgroup v1 that write waits out an RCU grace period, several ms), and
-    //    says so with a second release before anything of the guest's runs (step 8).
+    // 0. Into the sandbox's v1 cgroups, by ourselves: this thread moving itself takes no
+    //    kernel-wide lock, where the supervisor moving us by pid would wait out an RCU grace
+    //    period (see `cgroup`). Still with the supervisor's host ids, though the files'
+    //    openers' credentials are what the kernel checks.
+    for tasks in cgroup_joins {
+        nix::unistd::write(&tasks, b"0").context(|| "joining the sandbox's cgroup")?;
+    }
+
+    // 1. Wait until the supervisor has written our id maps. It moves us into any v2 cgroups
+    //    meanwhile, and says so with a second release before anything of the guest's runs
+    //    (step 8).
     if !sync::wait_release(sync_end.as_fd()) {
         return Err(Stop::SupervisorGone);
     }
@@ -175,7 +193,7 @@ fn setup(plan: &ChildPlan, sync_end: &OwnedFd, channel: &OwnedFd) -> Result<Infa
     let first_private = u32::try_from(last_handed + 1).unwrap_or(5);
     sys::cloexec_from(first_private).context(|| "marking inherited fds close-on-exec")?;
 
-    // 8. Once the supervisor says we are in our cgroups: a cgroup namespace rooted at them
+    // 8. Once the supervisor says we are in all our cgroups: a cgroup namespace rooted at them
     //    (the guest sees "/"). Nothing the guest controls has run yet; everything after this
     //    point, the agent included, is charged to and limited by the sandbox's cgroups.
     if !sync::wait_release(sync_end.as_fd()) {

@@ -15,10 +15,11 @@
 //! create state/{disk/upper,disk/work,root},
 //! cgroups dynocap/<name> + limits, channels
 //! [idmap_image: detached idmapped image mount]
-//! clone(NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS) ──► waits on the sync socket
-//! write uid_map/gid_map,
+//! open the v1 cgroups' tasks files
+//! clone(NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS) ──► joins its v1 cgroups ("0" > tasks),
+//! write uid_map/gid_map,                             waits on the sync socket
 //! release ─────────────────────────────────────────► / rslave, open host paths,
-//! join cgroups (meanwhile)                           become guest root, overlay + /proc
+//! join it to v2 cgroups (meanwhile)                  become guest root, overlay + /proc
 //!                                                    /dev /tmp + binds, pivot_root,
 //!                                                    hostname, lo up, fds,
 //! release ─────────────────────────────────────────► unshare(NEWCGROUP), caps,

@@ -1,7 +1,7 @@
 //! The supervisor's half of starting a jail: preflight checks, host-side preparation
 //! (layers, cgroups, channels), the clone, and the handshake with the guest init (id maps,
-//! release, cgroup membership while the init builds the root, second release, wait for exec
-//! or a failure report).
+//! release, v2 cgroup membership while the init builds the root (it joins its v1 cgroups
+//! itself), second release, wait for exec or a failure report).
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd};
@@ -115,6 +115,15 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     };
     plan.root.idmapped_image = idmapped_image.as_ref().map(|fd| fd.as_raw_fd());
 
+    // The init joins its v1 cgroups itself (see `cgroup`), through files opened here.
+    let cgroup_joins = match cgroups.self_join_files() {
+        Ok(files) => files,
+        Err(e) => {
+            undo(&layers, &cgroups, &mut disk);
+            return Err(e);
+        }
+    };
+
     // SAFETY: the process was verified single-threaded above and nothing since has started a
     // thread; the child branch ends in child::run, which never returns.
     let cloned = unsafe { sys::clone_fork(NAMESPACES) };
@@ -132,6 +141,7 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
                 sync: sync_child,
                 errors: errors_write,
                 channel: guest_channel,
+                cgroup_joins,
             };
             child::run(&plan, ends)
         }
@@ -151,7 +161,7 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
         errors_read,
         errors_write,
     } = channels;
-    drop((sync_child, errors_write, guest_channel));
+    drop((sync_child, errors_write, guest_channel, cgroup_joins));
 
     // From here on, dropping `jail` kills the init and removes everything.
     let mut jail = Jail::new(
@@ -164,11 +174,11 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
         Storage { layers, disk },
     );
     ids.write_for(pid)?;
-    // Two releases: the init builds the guest's root while we move it into its cgroups (the
-    // slowest write of a start on cgroup v1), and execs nothing before the second.
+    // Two releases: the init builds the guest's root while we move it into its v2 cgroups, if
+    // any (it joins its v1 ones itself), and execs nothing before the second.
     sync::release(sync_parent.as_fd())
         .map_err(|e| JailError::sys("releasing the guest init", e))?;
-    let joined = jail.cgroup_set().attach(pid).and_then(|()| {
+    let joined = jail.cgroup_set().attach_rest(pid).and_then(|()| {
         sync::release(sync_parent.as_fd())
             .map_err(|e| JailError::sys("telling the guest init it is in its cgroups", e))
     });

@@ -3,12 +3,22 @@
 //! delegated to the guest for its commands (see `delegate`), then the guest moved in, and at
 //! the end every process in them (and in the cgroups the guest made below) killed and the
 //! directories removed.
+//!
+//! How the guest's init moves in: into a v1 leaf by itself, writing `0` to the leaf's `tasks`
+//! through a file the supervisor opened ([`CgroupSet::self_join_files`]); into a v2 leaf by
+//! the supervisor writing its pid to `cgroup.procs` ([`CgroupSet::attach_rest`]). Moving a
+//! process by pid (or a whole thread group) write-locks the kernel-wide
+//! `cgroup_threadgroup_rwsem`, which waits for an RCU grace period: 10-13 ms per start on
+//! this hybrid host, longer than the init takes to build the guest's root beside it. A single
+//! thread moving itself (`0` to `tasks`) takes no such lock. v2 has no such file for a
+//! process (`cgroup.threads` moves threads only within a threaded subtree).
 
 mod delegate;
 mod layout;
 mod limits;
 mod tree;
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use nix::unistd::Pid;
@@ -159,9 +169,36 @@ impl CgroupSet {
             .collect()
     }
 
-    /// Moves process `pid` into every leaf.
-    pub fn attach(&self, pid: Pid) -> Result<(), JailError> {
-        for leaf in &self.leaves {
+    /// The `tasks` file of every v1 leaf, open for writing (close-on-exec): a single-threaded
+    /// process that writes `0` to each is in those leaves, without the kernel-wide lock a
+    /// move by pid takes. Opened by the supervisor, so that the write is checked against its
+    /// credentials, not the init's.
+    pub fn self_join_files(&self) -> Result<Vec<OwnedFd>, JailError> {
+        self.leaves
+            .iter()
+            .filter(|leaf| leaf.version == CgroupVersion::V1)
+            .map(|leaf| {
+                let tasks = leaf.dir.join("tasks");
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&tasks)
+                    .map(OwnedFd::from)
+                    .map_err(|e| {
+                        JailError::io("open for the guest init to join", &tasks, e)
+                            .hint(HINT_PRIVILEGE)
+                    })
+            })
+            .collect()
+    }
+
+    /// Moves process `pid` into every leaf the process does not join by itself (see
+    /// [`CgroupSet::self_join_files`]): the v2 ones.
+    pub fn attach_rest(&self, pid: Pid) -> Result<(), JailError> {
+        for leaf in self
+            .leaves
+            .iter()
+            .filter(|leaf| leaf.version != CgroupVersion::V1)
+        {
             let procs = leaf.dir.join("cgroup.procs");
             std::fs::write(&procs, pid.to_string()).map_err(|e| {
                 JailError::io(&format!("move process {pid} into"), &procs, e).hint(HINT_PRIVILEGE)

@@ -460,6 +460,16 @@ fn ends_leaving_nothing(name: &str, kill_first: bool) {
         "init and 3 sleepers expected, got {in_ns:?}"
     );
     let cgroups = guest.jail().cgroup_paths();
+    // The init is in each of its cgroups, whichever way it got there (by itself into v1
+    // leaves, moved by the supervisor into v2 ones).
+    for dir in &cgroups {
+        let members = read_trimmed(&dir.join("cgroup.procs"));
+        assert!(
+            members.lines().any(|pid| pid == host_pid.to_string()),
+            "the init {host_pid} is not in {}: {members:?}",
+            dir.display()
+        );
+    }
     let mounts = std::fs::read_link(format!("/proc/{host_pid}/ns/mnt")).expect("mnt ns");
     let held = || {
         std::fs::read_dir("/proc/self/fd")

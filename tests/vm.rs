@@ -307,6 +307,46 @@ fn a_boot_that_fails_shows_the_guest_console() {
     assert!(err.contains("No working init found"), "{err}");
 }
 
+/// A guest that boots but never answers (its `/init` is busybox's init, which has nothing to
+/// start in the initramfs) fails at the boot timeout with what QEMU was doing then: its run
+/// state, where each vCPU was, and how much CPU QEMU used. A boot that hangs with a quiet
+/// console otherwise says nothing at all.
+#[test]
+fn a_boot_that_never_answers_says_what_qemu_was_doing() {
+    let Some(env) = vm_env("vm boot that never answers") else {
+        return;
+    };
+    let busybox = env.rootfs.join("bin/busybox");
+    assert!(busybox.is_file(), "the test image has a static busybox");
+    let state = tempfile::tempdir().expect("state dir");
+    let spec = dynocap_backend_vm::VmSpec {
+        hostname: "silent".into(),
+        rootfs: env.rootfs.clone(),
+        image_id: None,
+        state_dir: state.path().to_owned(),
+        cache_dir: env.cache.clone(),
+        agent_binary: busybox,
+        agent_args: Vec::new(),
+        cpus: 1,
+        memory_mb: 256,
+        disk_bytes: 1 << 30,
+        reuse_disk: false,
+        accel: Some(dynocap_backend_vm::Accel::Tcg),
+        boot_timeout: Duration::from_secs(15),
+        run_as: None,
+        nat_dns: None,
+    };
+    let err = dynocap_backend_vm::Vm::boot(&spec)
+        .err()
+        .expect("a guest that never answers does not boot")
+        .to_string();
+    eprintln!("{err}");
+    assert!(err.contains("did not answer within 15s"), "{err}");
+    assert!(err.contains("QEMU's run state: running"), "{err}");
+    assert!(err.contains("vCPUs: 0: RIP="), "{err}");
+    assert!(err.contains("s of CPU in the 15 s it waited"), "{err}");
+}
+
 #[test]
 fn a_bad_kernel_fails_with_qemus_reason() {
     let Some(env) = vm_env("vm bad kernel") else {

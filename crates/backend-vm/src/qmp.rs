@@ -33,6 +33,16 @@ impl Qmp {
 
     /// Runs `command` and returns its `return` value.
     pub fn execute(&mut self, command: &str, timeout: Duration) -> Result<Value> {
+        self.execute_with(command, None, timeout)
+    }
+
+    /// Runs `command` with `arguments` and returns its `return` value.
+    pub fn execute_with(
+        &mut self,
+        command: &str,
+        arguments: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value> {
         self.reader
             .get_ref()
             .set_read_timeout(Some(timeout))
@@ -42,14 +52,18 @@ impl Qmp {
             if greeting.get("QMP").is_none() {
                 return Err(VmError::Qmp(format!("unexpected greeting {greeting}")));
             }
-            self.send_and_wait("qmp_capabilities")?;
+            self.send_and_wait("qmp_capabilities", None)?;
             self.negotiated = true;
         }
-        self.send_and_wait(command)
+        self.send_and_wait(command, arguments)
     }
 
-    fn send_and_wait(&mut self, command: &str) -> Result<Value> {
-        let line = serde_json::json!({ "execute": command }).to_string() + "\n";
+    fn send_and_wait(&mut self, command: &str, arguments: Option<Value>) -> Result<Value> {
+        let mut request = serde_json::json!({ "execute": command });
+        if let Some(arguments) = arguments {
+            request["arguments"] = arguments;
+        }
+        let line = request.to_string() + "\n";
         self.writer
             .write_all(line.as_bytes())
             .map_err(|err| VmError::Qmp(format!("sending {command}: {err}")))?;

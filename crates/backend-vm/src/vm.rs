@@ -10,6 +10,7 @@ use std::process::Child;
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use serde_json::Value;
 
 use crate::error::{Result, VmError};
 use crate::qemu::{self, Accel, Machine, QemuConfig};
@@ -271,6 +272,106 @@ impl Vm {
     }
 }
 
+impl Vm {
+    /// What QEMU was doing when the agent had not answered after `waited`: its run state, the
+    /// vCPUs' instruction pointers and halt flags, and how much CPU QEMU itself used. A guest
+    /// stuck in a loop, one halted waiting for an interrupt, and a QEMU that never ran the
+    /// guest read differently. Each question has a short deadline; what cannot be learnt is
+    /// left out.
+    fn state_at_timeout(&mut self, waited: Duration) -> String {
+        const ASK: Duration = Duration::from_secs(2);
+        let mut parts = Vec::new();
+        if let Ok(status) = self.qmp.execute("query-status", ASK) {
+            if let Some(status) = status.get("status").and_then(Value::as_str) {
+                parts.push(format!("QEMU's run state: {}", sanitize(status)));
+            }
+        }
+        let registers = self.qmp.execute_with(
+            "human-monitor-command",
+            Some(serde_json::json!({ "command-line": "info registers -a" })),
+            ASK,
+        );
+        if let Some(cpus) = registers
+            .ok()
+            .as_ref()
+            .and_then(Value::as_str)
+            .map(vcpu_summary)
+        {
+            if !cpus.is_empty() {
+                parts.push(format!("vCPUs: {cpus}"));
+            }
+        }
+        if let Some(seconds) = cpu_seconds(self.child.id()) {
+            parts.push(format!(
+                "QEMU used {seconds:.1} s of CPU in the {} s it waited",
+                waited.as_secs()
+            ));
+        }
+        if parts.is_empty() {
+            "(QEMU's state at the timeout could not be read)".to_owned()
+        } else {
+            format!("--- at the timeout: {} ---", parts.join("; "))
+        }
+    }
+}
+
+/// `RIP=… HLT=…` of each vCPU in QEMU's `info registers` text (guest-controlled values, so
+/// only hex digits and the flag are kept).
+fn vcpu_summary(text: &str) -> String {
+    let field = |line: &str, key: &str| -> Option<String> {
+        let value = line
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix(key))?;
+        Some(
+            value
+                .chars()
+                .filter(char::is_ascii_hexdigit)
+                .take(16)
+                .collect(),
+        )
+    };
+    let mut cpus = Vec::new();
+    let mut rip = None;
+    for line in text.lines() {
+        if let Some(value) = field(line, "RIP=") {
+            rip = Some(value);
+        }
+        if let Some(halted) = field(line, "HLT=") {
+            cpus.push(format!(
+                "RIP={} HLT={halted}",
+                rip.take().unwrap_or_else(|| "?".to_owned())
+            ));
+        }
+    }
+    cpus.iter()
+        .enumerate()
+        .map(|(i, cpu)| format!("{i}: {cpu}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// User plus system CPU time of process `pid`, in seconds, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: count fields after it.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace();
+    // Fields 14 and 15 of stat(5) (utime, stime) are the 12th and 13th after the name.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions; it only reads a system constant.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = u64::try_from(ticks).ok().filter(|&t| t > 0)?;
+    Some((utime + stime) as f64 / ticks as f64)
+}
+
+fn sanitize(text: &str) -> String {
+    text.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(40)
+        .collect()
+}
+
 impl Drop for Vm {
     /// A `Vm` dropped without `destroy` (an error path) must not leave QEMU running.
     fn drop(&mut self) {
@@ -445,9 +546,10 @@ fn wait_for_agent(mut vm: Vm, timeout: Duration) -> Result<Vm> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
+            let state = vm.state_at_timeout(timeout);
             let _ = vm.kill();
             vm.join_console();
-            let tail = tail(&vm.paths);
+            let tail = format!("{state}\n{}", tail(&vm.paths));
             drop(vm);
             return Err(VmError::Boot {
                 reason: format!("the agent did not answer within {}s", timeout.as_secs()),
@@ -733,6 +835,29 @@ mod tests {
         let mut s = spec();
         s.memory_mb = 16;
         assert!(validate(&s).is_err());
+    }
+
+    #[test]
+    fn the_vcpu_summary_keeps_each_cpus_rip_and_halt_flag_and_nothing_else() {
+        let text = "CPU#0\nRAX=0000000000000000 RBX=ffffffff82a0c940\n\
+                    RIP=ffffffff81a17a0b RFL=00000246 [---Z-P-] CPL=0 II=0 A20=1 SMM=0 HLT=1\n\
+                    CPU#1\nRIP=00007f\x1b[2Jzz RFL=00000202 HLT=0\n";
+        assert_eq!(
+            vcpu_summary(text),
+            "0: RIP=ffffffff81a17a0b HLT=1, 1: RIP=00007f2 HLT=0"
+        );
+        assert_eq!(vcpu_summary("no registers here"), "");
+    }
+
+    #[test]
+    fn cpu_seconds_reads_a_processs_own_time() {
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(300) {
+            std::hint::black_box(0u64.wrapping_add(1));
+        }
+        let seconds = cpu_seconds(std::process::id()).expect("our own stat");
+        assert!(seconds >= 0.1, "{seconds}");
+        assert_eq!(cpu_seconds(u32::MAX), None);
     }
 
     #[test]

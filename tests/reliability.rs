@@ -362,15 +362,24 @@ fn a_vm_tasks_work_survives_its_supervisor_and_qemu_and_recovers_on_vm() {
 
     let home = home.with_env("DYNOCAP_BACKEND", "jail");
     assert_eq!(task(&home, "vmbox")["backend"], "vm");
-    assert!(gone_now(qemu), "the reconcile killed the leftover QEMU");
+    assert!(
+        gone_now(qemu),
+        "the reconcile killed the leftover QEMU: {:?}",
+        std::fs::read_to_string(format!("/proc/{qemu}/stat"))
+    );
     assert_unsaved_then_recovered(&home, "vmbox", "+vm-work");
 }
 
-/// Whether `pid` has exited (or is a zombie) right now.
+/// Whether `pid` has exited right now: no longer listed, or listed as a zombie (`Z`) or as
+/// dead (`X`, between its exit and its removal, which the exit's notification precedes).
 fn gone_now(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.contains(") Z "))
-        .unwrap_or(true)
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        let state = stat
+            .rfind(')')
+            .and_then(|end| stat[end + 1..].split_whitespace().next());
+        matches!(state, Some("Z" | "X") | None)
+    })
 }
 
 #[test]

@@ -97,12 +97,9 @@ fn signal(pid: i32, signal: i32) {
     );
 }
 
+/// Whether `pid` exits within 20 s (see [`gone_now`]).
 fn gone(pid: i32) -> bool {
-    wait_until(20, || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.contains(") Z "))
-            .unwrap_or(true)
-    })
+    wait_until(20, || gone_now(pid))
 }
 
 fn patch_of(result: &Value) -> String {
@@ -373,13 +370,7 @@ fn a_vm_tasks_work_survives_its_supervisor_and_qemu_and_recovers_on_vm() {
 /// Whether `pid` has exited right now: no longer listed, or listed as a zombie (`Z`) or as
 /// dead (`X`, between its exit and its removal, which the exit's notification precedes).
 fn gone_now(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        // The state follows the command name, which is in parentheses and may hold spaces.
-        let state = stat
-            .rfind(')')
-            .and_then(|end| stat[end + 1..].split_whitespace().next());
-        matches!(state, Some("Z" | "X") | None)
-    })
+    matches!(process_state(pid), Some('Z' | 'X') | None)
 }
 
 #[test]

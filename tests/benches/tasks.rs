@@ -159,25 +159,7 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
     // a plain clone, then diff both.
     let change = "for f in $(git ls-files | grep -v '^untracked' | head -50); do echo changed >> \"$f\"; done";
     dynocap(&["task", "exec", "b3", "--timeout", "600", "--", change]);
-    let clone = scratch.join("diff-floor");
-    let _ = std::fs::remove_dir_all(&clone);
-    git(
-        scratch,
-        &[
-            "clone",
-            "-q",
-            "--no-local",
-            project_arg,
-            clone.to_str().expect("utf-8"),
-        ],
-    );
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg(change)
-        .current_dir(&clone)
-        .status()
-        .expect("sh");
-    assert!(status.success());
+    let clone = changed_clone(scratch, "diff-floor", project_arg, "--no-local", change);
     let (diff, plain) = sample_pairs(
         5,
         Duration::from_millis(100),
@@ -280,28 +262,16 @@ fn bench_verification_only(label: &str, project: &Path, scratch: &Path) {
     std::io::Write::flush(&mut out).expect("flush the tar");
     drop(out);
     dynocap_engine::workspace::index_baseline(&baseline_tar);
-    let clone = scratch.join("verify-floor");
-    let _ = std::fs::remove_dir_all(&clone);
     // Borrowing the project's objects: `git apply --check` reads none, and a copy of them
     // would only take disk.
-    git(
-        scratch,
-        &[
-            "clone",
-            "-q",
-            "--shared",
-            project.to_str().expect("utf-8 path"),
-            clone.to_str().expect("utf-8 path"),
-        ],
-    );
     let change = "for f in $(git ls-files | head -50); do echo changed >> \"$f\"; done";
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg(change)
-        .current_dir(&clone)
-        .status()
-        .expect("sh");
-    assert!(status.success());
+    let clone = changed_clone(
+        scratch,
+        "verify-floor",
+        project.to_str().expect("utf-8 path"),
+        "--shared",
+        change,
+    );
     let patch = scratch.join("verify-only.diff");
     std::fs::write(&patch, git(&clone, &["diff", "--binary"])).expect("write the patch");
     git(&clone, &["checkout", "-q", "--", "."]);
@@ -441,6 +411,31 @@ fn copy_tree(from: &Path, to: &Path) {
         .status()
         .expect("cp");
     assert!(status.success());
+}
+
+/// A fresh clone of `project` in `scratch/name` (`how`: `--no-local`, `--shared`) with the
+/// shell command `change` run in it.
+fn changed_clone(scratch: &Path, name: &str, project: &str, how: &str, change: &str) -> PathBuf {
+    let clone = scratch.join(name);
+    let _ = std::fs::remove_dir_all(&clone);
+    git(
+        scratch,
+        &[
+            "clone",
+            "-q",
+            how,
+            project,
+            clone.to_str().expect("utf-8 path"),
+        ],
+    );
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(change)
+        .current_dir(&clone)
+        .status()
+        .expect("sh");
+    assert!(status.success(), "{change} in {}", clone.display());
+    clone
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {

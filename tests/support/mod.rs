@@ -385,6 +385,18 @@ pub fn descendants(pid: i32) -> Vec<i32> {
     found
 }
 
+/// The state letter of process `pid` in `/proc/<pid>/stat` (`R`, `S`, `T`, `Z`, `X`, ...),
+/// or `None` if it is not listed.
+pub fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
 pub fn pid_exists(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }

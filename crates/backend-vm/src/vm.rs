@@ -270,9 +270,7 @@ impl Vm {
         }
         let _ = self.child.wait();
     }
-}
 
-impl Vm {
     /// What QEMU was doing when the agent had not answered after `waited`: its run state, the
     /// vCPUs' instruction pointers and halt flags, and how much CPU QEMU itself used. A guest
     /// stuck in a loop, one halted waiting for an interrupt, and a QEMU that never ran the

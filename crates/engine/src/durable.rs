@@ -1,7 +1,10 @@
 //! Files replaced whole or not at all: written under a temporary name beside the target,
 //! synced, renamed over it, and the directory synced, so that a reader, or a crash at any
 //! point, sees the old file or the new one, never half of one. [`replace_unsynced`] skips the
-//! syncs for state a power loss ends anyway.
+//! syncs for state a power loss ends anyway, and swaps the new file in rather than renaming it
+//! over the old one: on ext4 a rename over an existing file makes the kernel allocate and start
+//! writing the new file's blocks inside the rename (`auto_da_alloc`, a guard for writers that do
+//! not sync), about 0.1 ms on every record update of a `run`, a claim and a `destroy`.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -42,13 +45,33 @@ fn write_then_rename(path: &Path, bytes: &[u8], durability: Durability) -> std::
                 file.sync_all()?;
                 publish(&temp, path)
             }
-            Durability::Unsynced => std::fs::rename(&temp, path),
+            Durability::Unsynced => swap_in(&temp, path),
         }
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&temp);
     }
     written
+}
+
+/// Puts `temp` where `path` is, atomically for readers: exchanged with the old file
+/// (`RENAME_EXCHANGE`), whose content then sits under the temporary name and is removed; where
+/// there is no old file, or the filesystem cannot exchange, renamed as usual.
+fn swap_in(temp: &Path, path: &Path) -> std::io::Result<()> {
+    use nix::errno::Errno;
+    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+    match renameat2(AT_FDCWD, temp, AT_FDCWD, path, RenameFlags::RENAME_EXCHANGE) {
+        Ok(()) => {
+            // The new content is in place whatever happens here; what could be left is a
+            // hidden `.tmp` beside it with the old content, which no reader takes for a record.
+            if let Err(err) = std::fs::remove_file(temp) {
+                tracing::warn!("removing the replaced copy {}: {err}", temp.display());
+            }
+            Ok(())
+        }
+        Err(Errno::ENOENT | Errno::EINVAL | Errno::ENOSYS) => std::fs::rename(temp, path),
+        Err(errno) => Err(errno.into()),
+    }
 }
 
 /// Renames a finished, synced file into place and syncs its directory, so the new name
@@ -90,5 +113,33 @@ mod tests {
             1,
             "no temporary left"
         );
+    }
+
+    #[test]
+    fn an_unsynced_replace_swaps_the_new_file_in_and_leaves_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("record.json");
+        super::replace_unsynced(&path, b"first").unwrap();
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"first",
+            "no old file to swap with"
+        );
+        let old_inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+        super::replace_unsynced(&path, b"second, longer").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"second, longer");
+        let new_inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+        assert_ne!(
+            old_inode, new_inode,
+            "a new file, not the old one rewritten"
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "the replaced copy is removed"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 }

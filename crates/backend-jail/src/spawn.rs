@@ -67,24 +67,7 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     let mut plan = plan(spec, &ids)?;
     let layout = Layout::discover()?;
 
-    // Before the clone: the guest's mount namespace is a copy of this process's, so it sees
-    // the disk mounted here.
-    let mut disk = Disk::attach(spec)?;
-    let layers = match Layers::prepare(spec, &ids) {
-        Ok(layers) => layers,
-        Err(e) => {
-            let _ = disk.release(!disk.is_fresh());
-            return Err(e);
-        }
-    };
-    let cgroups = match CgroupSet::create(&layout, &spec.name, &spec.limits, ids.init_host_ids()) {
-        Ok(cgroups) => cgroups,
-        Err(e) => {
-            let _ = layers.undo_prepare();
-            let _ = disk.release(!disk.is_fresh());
-            return Err(e);
-        }
-    };
+    let (mut disk, layers, cgroups) = prepare_host_side(spec, &ids, &layout)?;
     if let Some(dir) = cgroups.exec_dir() {
         hand_exec_cgroup(&mut plan, dir);
     }
@@ -124,8 +107,9 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
         }
     };
 
-    // SAFETY: the process was verified single-threaded above and nothing since has started a
-    // thread; the child branch ends in child::run, which never returns.
+    // SAFETY: the process was verified single-threaded above, and the one thread started
+    // since (`prepare_host_side`'s) was joined, so no other thread can hold a lock the child
+    // would need; the child branch ends in child::run, which never returns.
     let cloned = unsafe { sys::clone_fork(NAMESPACES) };
     let (pid, pidfd) = match cloned {
         Ok(CloneResult::Child) => {
@@ -212,6 +196,63 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     Ok(jail)
 }
 
+/// Builds what the guest needs on the host before the clone: its disk, mounted here so that
+/// the guest's mount namespace (a copy of this one) sees it, the layers on it, and its
+/// cgroups. The disk (a copy, a loop device, a mount) and the cgroups (a directory and limit
+/// files per hierarchy) do not depend on each other and each spends most of a millisecond
+/// waiting in the kernel, so a scoped thread builds the cgroups meanwhile. It is joined
+/// before this returns: the clone that follows needs a single-threaded process. On failure
+/// nothing is left behind.
+fn prepare_host_side(
+    spec: &JailSpec,
+    ids: &IdMap,
+    layout: &Layout,
+) -> Result<(Disk, Layers, CgroupSet), JailError> {
+    let create_cgroups =
+        || CgroupSet::create(layout, &spec.name, &spec.limits, ids.init_host_ids());
+    let storage = || -> Result<(Disk, Layers), JailError> {
+        let mut disk = Disk::attach(spec)?;
+        match Layers::prepare(spec, ids) {
+            Ok(layers) => Ok((disk, layers)),
+            Err(e) => {
+                let _ = disk.release(!disk.is_fresh());
+                Err(e)
+            }
+        }
+    };
+    let (storage, cgroups) = std::thread::scope(|scope| {
+        match std::thread::Builder::new()
+            .name("cgroups".into())
+            .spawn_scoped(scope, create_cgroups)
+        {
+            Ok(builder) => {
+                let storage = storage();
+                let cgroups = builder.join().unwrap_or_else(|_| {
+                    Err(JailError::sys(
+                        "the thread creating the cgroups panicked",
+                        nix::errno::Errno::EIO,
+                    ))
+                });
+                (storage, cgroups)
+            }
+            // No thread to spare: one after the other.
+            Err(_) => (storage(), create_cgroups()),
+        }
+    });
+    match (storage, cgroups) {
+        (Ok((disk, layers)), Ok(cgroups)) => Ok((disk, layers, cgroups)),
+        (Ok((mut disk, layers)), Err(e)) => {
+            let _ = layers.undo_prepare();
+            let _ = disk.release(!disk.is_fresh());
+            Err(e)
+        }
+        (Err(e), Ok(cgroups)) => {
+            let _ = cgroups.remove();
+            Err(e)
+        }
+        (Err(e), Err(_)) => Err(e),
+    }
+}
 /// The sync and error channels, and the agent channel (a `SOCK_STREAM` socketpair, both ends
 /// close-on-exec: the init re-creates its end as fd 3 without the flag).
 fn make_channels() -> Result<(Channels, std::os::fd::OwnedFd, std::os::fd::OwnedFd), JailError> {

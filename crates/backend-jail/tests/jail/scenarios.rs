@@ -740,6 +740,15 @@ fn setup_errors() {
     let err = Jail::spawn(&fx.spec("err-test")).expect_err("leftover");
     println!("leftover error: {err}");
     assert!(err.to_string().contains("cleanup_leftovers"), "{err}");
+    // The disk and its layers were built beside the failing cgroups, and are gone with them.
+    assert!(
+        !fx.state.join("disk/upper").exists(),
+        "layers left after the cgroups failed"
+    );
+    assert!(
+        !Path::new("/sys/fs/cgroup/memory/dynocap/err-test").exists(),
+        "a cgroup of another hierarchy left after the cgroups failed"
+    );
     cleanup_leftovers("err-test", &fx.state).expect("cleanup");
     std::fs::create_dir_all(&fx.state).expect("state dir again");
     let mut guest = Guest::spawn(&fx.spec("err-test"));

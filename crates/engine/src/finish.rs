@@ -21,6 +21,7 @@ use crate::tar_index::{IndexError, TarIndex};
 mod git_apply;
 mod in_memory;
 mod touched;
+mod tree_files;
 
 use git_apply::PendingApply;
 use touched::{Budget, Failure, Source, Touched};

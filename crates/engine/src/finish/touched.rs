@@ -24,6 +24,7 @@ use std::collections::HashSet;
 use std::io::{Seek, SeekFrom};
 use std::path::Path;
 
+use super::tree_files::TreeFiles;
 use crate::patch::FilePatch;
 use crate::tar_index::{entry_name, TarIndex};
 
@@ -195,10 +196,18 @@ pub(super) fn extract(
             "the host's baseline copy is missing ({err}); the patch cannot be checked"
         ))
     })?;
+    let mut files = TreeFiles::open(&dest).map_err(|err| Failure::Baseline(unpacking(err)))?;
     let mut extracted = HashSet::new();
-    let mut pass = |touched: &Touched, extracted: &mut HashSet<String>| match source {
-        Source::Indexed(index) => pass_indexed(&tar, index, touched, &dest, extracted, &mut budget),
-        Source::Scan => pass_scan(&tar, touched, &dest, extracted, &mut budget),
+    let mut pass = |touched: &Touched, extracted: &mut HashSet<String>| {
+        let mut out = Out {
+            dest: &dest,
+            files: &mut files,
+            budget: &mut budget,
+        };
+        match source {
+            Source::Indexed(index) => pass_indexed(&tar, index, touched, extracted, &mut out),
+            Source::Scan => pass_scan(&tar, touched, extracted, &mut out),
+        }
     };
     let mut links = pass(touched, &mut extracted)?;
     let mut beyond_links: Touched;
@@ -223,6 +232,36 @@ fn unpacking(err: std::io::Error) -> String {
     format!("unpacking the baseline copy: {err}")
 }
 
+/// Where a pass writes what it extracts, and what it may spend.
+struct Out<'a> {
+    dest: &'a Path,
+    files: &'a mut TreeFiles,
+    budget: &'a mut Budget,
+}
+
+impl Out<'_> {
+    /// Writes a non-directory entry: a regular file through [`TreeFiles`], anything else (and
+    /// a file whose path it cannot take as it is) as `unpack_in` does.
+    fn write<R: std::io::Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), Failure> {
+        self.budget.spend(entry)?;
+        let baseline = |err| Failure::Baseline(unpacking(err));
+        if entry.header().entry_type() == tar::EntryType::Regular {
+            let mode = entry.header().mode().map_err(baseline)?;
+            let name = entry.path_bytes().into_owned();
+            let written = self.files.write(&name, entry, mode).map_err(|err| {
+                Failure::Baseline(unpacking(std::io::Error::new(
+                    err.kind(),
+                    format!("{}: {err}", String::from_utf8_lossy(&name)),
+                )))
+            })?;
+            if written {
+                return Ok(());
+            }
+        }
+        entry.unpack_in(self.dest).map(drop).map_err(baseline)
+    }
+}
+
 /// A tar reader over the whole file from its current position, set as `Archive::unpack`
 /// would be (but for timestamps).
 fn archive(tar: &std::fs::File) -> tar::Archive<&std::fs::File> {
@@ -243,9 +282,8 @@ fn archive(tar: &std::fs::File) -> tar::Archive<&std::fs::File> {
 fn pass_scan(
     tar: &std::fs::File,
     touched: &Touched,
-    dest: &Path,
     extracted: &mut HashSet<String>,
-    budget: &mut Budget,
+    out: &mut Out<'_>,
 ) -> Result<Vec<(String, String)>, Failure> {
     let baseline = |err| Failure::Baseline(unpacking(err));
     (&*tar).rewind().map_err(baseline)?;
@@ -270,12 +308,11 @@ fn pass_scan(
                 links.push((path, String::from_utf8_lossy(&target).into_owned()));
             }
         }
-        budget.spend(&entry)?;
-        entry.unpack_in(dest).map_err(baseline)?;
+        out.write(&mut entry)?;
     }
     directories.sort_by(|a, b| b.path_bytes().cmp(&a.path_bytes()));
     for mut dir in directories {
-        dir.unpack_in(dest).map_err(baseline)?;
+        dir.unpack_in(out.dest).map_err(baseline)?;
     }
     Ok(links)
 }
@@ -285,9 +322,8 @@ fn pass_indexed(
     tar: &std::fs::File,
     index: &TarIndex,
     touched: &Touched,
-    dest: &Path,
     extracted: &mut HashSet<String>,
-    budget: &mut Budget,
+    out: &mut Out<'_>,
 ) -> Result<Vec<(String, String)>, Failure> {
     let mut wanted: Vec<(u64, &str)> = touched
         .lookup(index)
@@ -316,10 +352,7 @@ fn pass_indexed(
                     ));
                 }
             }
-            budget.spend(entry)?;
-            entry
-                .unpack_in(dest)
-                .map_err(|err| Failure::Baseline(unpacking(err)))?;
+            out.write(entry)?;
             Ok(kind)
         })?;
         if kind == tar::EntryType::Directory {
@@ -330,7 +363,7 @@ fn pass_indexed(
     for (name, offset) in directories {
         with_entry_at(tar, offset, name, |entry| {
             entry
-                .unpack_in(dest)
+                .unpack_in(out.dest)
                 .map_err(|err| Failure::Baseline(unpacking(err)))
                 .map(|_| ())
         })?;

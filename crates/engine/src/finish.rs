@@ -11,8 +11,8 @@
 //! read through, with the same verdict. A text patch of bounded size is verified in memory
 //! ([`in_memory`]), where writing the files costs a tenth of what it does on disk.
 
-use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use crate::error::{Context, Result};
 use crate::patch;
@@ -23,7 +23,7 @@ mod in_memory;
 mod touched;
 mod tree_files;
 
-use git_apply::PendingApply;
+use git_apply::Scratch;
 use touched::{Budget, Failure, Source, Touched};
 
 /// Files in a task's results directory.
@@ -80,7 +80,7 @@ fn verify_in(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), St
     let touched = Touched::of(&files);
     let verification = Verification {
         baseline_tar,
-        index: OnceCell::new(),
+        index: OnceLock::new(),
         touched: &touched,
         patch: &bytes,
     };
@@ -101,9 +101,9 @@ fn verify_in(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), St
 /// One patch's verification, runnable in more than one place.
 struct Verification<'a> {
     baseline_tar: &'a Path,
-    /// The baseline's offset index ([`usable_index`]), read once git is starting: its 0.5 ms
-    /// then cost nothing.
-    index: OnceCell<Option<TarIndex>>,
+    /// The baseline's offset index ([`usable_index`]), read once, while git is starting: its
+    /// 0.5 ms then cost nothing.
+    index: OnceLock<Option<TarIndex>>,
     touched: &'a Touched,
     patch: &'a [u8],
 }
@@ -112,51 +112,65 @@ impl Verification<'_> {
     /// The verdict, from the touched entries extracted in `scratch` (through the index when
     /// there is one, else or if it proves wrong by a pass over the tar).
     fn run(&self, scratch: &Path, budget: Budget) -> Result<(), String> {
-        let apply = PendingApply::start(scratch)?;
-        let index = self.index.get_or_init(|| usable_index(self.baseline_tar));
-        if let Some(index) = index {
-            let source = Source::Indexed(index);
-            match touched::extract(
-                self.baseline_tar,
-                &source,
-                self.touched,
-                apply.tree(),
-                budget,
-            ) {
-                Ok(_) => return apply.finish(self.patch),
-                Err(Failure::IndexWrong(why)) => {
-                    tracing::warn!(
-                        "the baseline's index is wrong ({why}); reading the baseline without it"
-                    );
-                    // Whatever the index led to is not what a pass over the tar would
-                    // extract: this git is dropped (killed) and the scratch made afresh.
-                    drop(apply);
-                    return self.run_scan(scratch, budget);
-                }
-                Err(other) => return Err(verdict(other)),
+        let scratch_dir = Scratch::make(scratch)?;
+        // The extraction runs on a thread of its own while this one starts git: starting a
+        // process waits for its exec (0.5 ms and more), and the extraction need not. Git
+        // stays with this thread, which finishes it (see `PendingApply`).
+        let (extracted, apply) = std::thread::scope(|scope| {
+            let extraction = std::thread::Builder::new()
+                .name("verify-extract".into())
+                .spawn_scoped(scope, || self.extract(scratch_dir.tree(), budget));
+            let apply = scratch_dir.start_git();
+            let extracted = match extraction {
+                Ok(thread) => thread.join().unwrap_or_else(|_| {
+                    Err(Failure::Baseline(
+                        "the thread extracting the baseline entries panicked".to_owned(),
+                    ))
+                }),
+                // No thread to spare: one after the other.
+                Err(_) => self.extract(scratch_dir.tree(), budget),
+            };
+            (extracted, apply)
+        });
+        let apply = apply?;
+        match extracted {
+            Ok(()) => apply.finish(self.patch),
+            Err(Failure::IndexWrong(why)) => {
+                tracing::warn!(
+                    "the baseline's index is wrong ({why}); reading the baseline without it"
+                );
+                // Whatever the index led to is not what a pass over the tar would extract:
+                // this git is dropped (killed) and the scratch made afresh.
+                drop(apply);
+                self.run_scan(scratch, budget)
             }
+            Err(other) => Err(verdict(other)),
         }
-        self.extract_scan(&apply, budget)?;
-        apply.finish(self.patch)
+    }
+
+    /// The touched entries, through the index when there is a sound one.
+    fn extract(&self, tree: &Path, budget: Budget) -> Result<(), Failure> {
+        let index = self.index.get_or_init(|| usable_index(self.baseline_tar));
+        let source = match index {
+            Some(index) => Source::Indexed(index),
+            None => Source::Scan,
+        };
+        touched::extract(self.baseline_tar, &source, self.touched, tree, budget).map(drop)
     }
 
     /// [`run`](Self::run) by a pass over the tar, in a fresh scratch.
     fn run_scan(&self, scratch: &Path, budget: Budget) -> Result<(), String> {
-        let apply = PendingApply::start(scratch)?;
-        self.extract_scan(&apply, budget)?;
-        apply.finish(self.patch)
-    }
-
-    fn extract_scan(&self, apply: &PendingApply, budget: Budget) -> Result<(), String> {
+        let scratch_dir = Scratch::make(scratch)?;
+        let apply = scratch_dir.start_git()?;
         touched::extract(
             self.baseline_tar,
             &Source::Scan,
             self.touched,
-            apply.tree(),
+            scratch_dir.tree(),
             budget,
         )
-        .map(|_| ())
-        .map_err(verdict)
+        .map_err(verdict)?;
+        apply.finish(self.patch)
     }
 }
 

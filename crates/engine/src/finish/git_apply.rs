@@ -1,6 +1,6 @@
 //! The `git apply` of a verification and the scratch repository it runs in.
 //!
-//! Git is started before the work tree it applies to is filled: it reads the patch from
+//! Git is started while the work tree it applies to is being filled: it reads the patch from
 //! stdin, and until that ends it has done nothing but start (exec, dynamic loading, repository
 //! setup: 2–4 ms, a third of the verification), which thus overlaps the extraction of the
 //! baseline entries. Git touches the work tree only once the patch is read, so it sees the
@@ -22,17 +22,16 @@ const TREE: &str = "tree";
 /// The git directory, in the scratch directory.
 const GIT_DIR: &str = "git";
 
-/// A `git apply` waiting for its patch while the caller fills [`tree`](Self::tree). Dropped
-/// unfinished, git is killed. Finish it on the thread that started it (git dies with that
-/// thread, see [`RunningGit`]).
-pub(super) struct PendingApply {
-    git: RunningGit,
+/// A scratch directory made afresh, its work tree empty and its repository ready, where
+/// git is not started yet.
+pub(super) struct Scratch {
     tree: PathBuf,
+    git_dir: PathBuf,
 }
 
-impl PendingApply {
-    /// Makes `scratch` afresh (an empty work tree and a repository) and starts git in it.
-    pub fn start(scratch: &Path) -> Result<Self, String> {
+impl Scratch {
+    /// Makes `scratch` afresh: an empty work tree and a repository.
+    pub fn make(scratch: &Path) -> Result<Self, String> {
         let _ = std::fs::remove_dir_all(scratch);
         let tree = scratch.join(TREE);
         std::fs::create_dir_all(&tree)
@@ -44,21 +43,36 @@ impl PendingApply {
         let (tree, git_dir) = (scratch.join(TREE), scratch.join(GIT_DIR));
         make_repository(&git_dir)
             .map_err(|err| format!("creating the scratch repository: {err}"))?;
-        // A real apply, not `--check`: only writing the result finds some refusals (a new
-        // file whose directory is a file in the baseline passes `--check`).
-        let git = HardenedGit::with_git_dir(&git_dir, Some(&tree))
-            .args(["apply", "--whitespace=nowarn"])
-            .stdin_piped()
-            .spawn()
-            .map_err(does_not_apply)?;
-        Ok(Self { git, tree })
+        Ok(Self { tree, git_dir })
     }
 
-    /// The work tree git will apply the patch to.
+    /// The work tree git will apply the patch to, for the caller to fill before
+    /// [`PendingApply::finish`].
     pub fn tree(&self) -> &Path {
         &self.tree
     }
 
+    /// Starts git, waiting for the patch on its stdin. Returns once git runs (its exec done).
+    pub fn start_git(&self) -> Result<PendingApply, String> {
+        // A real apply, not `--check`: only writing the result finds some refusals (a new
+        // file whose directory is a file in the baseline passes `--check`).
+        let git = HardenedGit::with_git_dir(&self.git_dir, Some(&self.tree))
+            .args(["apply", "--whitespace=nowarn"])
+            .stdin_piped()
+            .spawn()
+            .map_err(does_not_apply)?;
+        Ok(PendingApply { git })
+    }
+}
+
+/// A `git apply` waiting for its patch while the caller fills the [`Scratch`]'s tree.
+/// Dropped unfinished, git is killed. Finish it on the thread that started it (git dies with
+/// that thread, see [`RunningGit`]).
+pub(super) struct PendingApply {
+    git: RunningGit,
+}
+
+impl PendingApply {
     /// Hands git the patch and waits for its verdict: `Ok(())` if it applies cleanly.
     pub fn finish(mut self, patch: &[u8]) -> Result<(), String> {
         let written = match self.git.take_stdin() {

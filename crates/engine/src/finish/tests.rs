@@ -17,14 +17,15 @@ fn verify_by_full_unpack(baseline_tar: &Path, patch: &Path, scratch: &Path) -> R
         if bytes.is_empty() {
             return Ok(());
         }
-        let apply = PendingApply::start(scratch)?;
+        let scratch_dir = Scratch::make(scratch)?;
+        let apply = scratch_dir.start_git()?;
         let mut archive = tar::Archive::new(std::io::BufReader::new(
             std::fs::File::open(baseline_tar).unwrap(),
         ));
         archive.set_preserve_permissions(true);
         archive.set_overwrite(false);
         archive
-            .unpack(apply.tree())
+            .unpack(scratch_dir.tree())
             .map_err(|err| format!("unpacking the baseline copy: {err}"))?;
         apply.finish(&bytes)
     })();

@@ -1,6 +1,8 @@
 //! Sandbox benchmarks, each beside its baseline in the same run (ratios, not absolute times):
 //! 1. `run` + `exec true` + `destroy` vs `bwrap --unshare-all … true`: through the CLI and
-//!    through one MCP session, cold and with a ready warm pool (`DYNOCAP_WARM_POOL`);
+//!    through one MCP session, cold and with a ready warm pool (`DYNOCAP_WARM_POOL`); each
+//!    cycle is timed beside a bwrap run, alternately, after the same idle pause, so both see
+//!    the same machine (these machines are shared, and their speed drifts within minutes);
 //! 2. exec round trip of `true` on a running sandbox, through the engine's client API and
 //!    through the `dynocap exec` process, vs spawning `sh -c true` on the host; and of
 //!    `sleep 1 & true` (a background job holding the output) vs `true`;
@@ -12,11 +14,19 @@ use std::process::Command;
 use std::time::Duration;
 
 use dynocap_e2e::bench::{
-    child_pids, proc_kib, release_bins, report, running_supervisors, sample, McpSession,
+    child_pids, pairs, proc_kib, release_bins, report, report_pairs, running_supervisors, sample,
+    McpSession,
 };
 
 use dynocap_engine::spec::{ExecSpec, RunSpec};
 use dynocap_engine::{Engine, Home};
+
+/// Timed cycles per path, each beside a timed bwrap run.
+const CYCLES: usize = 15;
+/// Idle before every timed run: an agent's calls come seconds apart, and this lets a
+/// sandbox's teardown after its reply, and the kernel's cleanup of bwrap's network namespace,
+/// finish before the next run is timed.
+const PAUSE: Duration = Duration::from_millis(200);
 
 fn main() {
     let bins = release_bins();
@@ -42,89 +52,8 @@ fn main() {
         );
     };
 
-    // 1. Cold start to first command to teardown.
-    let lifecycle = sample(10, |i| {
-        let name = format!("b{i}");
-        cli(&["run", &name]);
-        cli(&["exec", &name, "--", "true"]);
-        cli(&["destroy", &name]);
-    });
-    let home_str = home_dir.path().to_str().expect("utf-8 temp path");
-    let mcp_cycle = |session: &mut McpSession, i: usize| {
-        let name = format!("m{i}");
-        session.call("dynocap_run", serde_json::json!({ "name": name }));
-        session.call(
-            "dynocap_exec",
-            serde_json::json!({ "name": name, "command": "true" }),
-        );
-        session.call("dynocap_destroy", serde_json::json!({ "name": name }));
-    };
-    let mut mcp = McpSession::start(&dynocap, &[("DYNOCAP_HOME", home_str)]);
-    let mcp_cold = sample(10, |i| mcp_cycle(&mut mcp, i));
-    drop(mcp);
-
-    // With a warm pool of 2, each cycle starting with the pool ready (its refill after a
-    // claim runs in the background, outside the timed part).
-    let pool_env = [("DYNOCAP_HOME", home_str), ("DYNOCAP_WARM_POOL", "2")];
-    let pool_ready = || {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let out = Command::new(&dynocap)
-                .args(["--json", "pool"])
-                .envs(pool_env)
-                .output()
-                .expect("dynocap pool");
-            let status: serde_json::Value =
-                serde_json::from_slice(&out.stdout).expect("pool status");
-            if status["pool"]["ready"] == 2 {
-                return;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the pool never filled: {status}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    let timed_with_pool = |n: usize, mut cycle: Box<dyn FnMut(usize) + '_>| {
-        let mut times: Vec<Duration> = (0..n)
-            .map(|i| {
-                pool_ready();
-                let started = std::time::Instant::now();
-                cycle(i);
-                started.elapsed()
-            })
-            .collect();
-        times.sort();
-        times
-    };
-    let cli_pool = |args: &[&str]| {
-        let out = Command::new(&dynocap)
-            .args(args)
-            .envs(pool_env)
-            .output()
-            .expect("spawn dynocap");
-        assert!(
-            out.status.success(),
-            "dynocap {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let cli_pooled = timed_with_pool(
-        10,
-        Box::new(|i| {
-            let name = format!("p{i}");
-            cli_pool(&["run", &name]);
-            cli_pool(&["exec", &name, "--", "true"]);
-            cli_pool(&["destroy", &name]);
-        }),
-    );
-    let mut mcp = McpSession::start(&dynocap, &pool_env);
-    let mcp_pooled = timed_with_pool(10, Box::new(|i| mcp_cycle(&mut mcp, 100 + i)));
-    drop(mcp);
-    cli(&["pool", "--drain"]);
-
-    let bwrap = sample(10, |_| {
+    // 1. Start to first command to teardown, each cycle beside a bwrap run (see `pairs`).
+    let bwrap_true = |_: usize| {
         let status = Command::new("bwrap")
             .args([
                 "--unshare-all",
@@ -150,14 +79,98 @@ fn main() {
             .status()
             .expect("bwrap is installed (apt-get install bubblewrap)");
         assert!(status.success());
-    });
-    for (name, times) in [
-        ("run + exec true + destroy (CLI, cold)", &lifecycle),
+    };
+    let cli_cold = pairs(
+        CYCLES,
+        PAUSE,
+        || {},
+        |i| {
+            let name = format!("b{i}");
+            cli(&["run", &name]);
+            cli(&["exec", &name, "--", "true"]);
+            cli(&["destroy", &name]);
+        },
+        bwrap_true,
+    );
+    let home_str = home_dir.path().to_str().expect("utf-8 temp path");
+    let mcp_cycle = |session: &mut McpSession, i: usize| {
+        let name = format!("m{i}");
+        session.call("dynocap_run", serde_json::json!({ "name": name }));
+        session.call(
+            "dynocap_exec",
+            serde_json::json!({ "name": name, "command": "true" }),
+        );
+        session.call("dynocap_destroy", serde_json::json!({ "name": name }));
+    };
+    let mut mcp = McpSession::start(&dynocap, &[("DYNOCAP_HOME", home_str)]);
+    let mcp_cold = pairs(CYCLES, PAUSE, || {}, |i| mcp_cycle(&mut mcp, i), bwrap_true);
+    drop(mcp);
+
+    // With a warm pool of 2, each cycle starting with the pool ready (its refill after a
+    // claim runs in the background, outside the timed part).
+    let pool_env = [("DYNOCAP_HOME", home_str), ("DYNOCAP_WARM_POOL", "2")];
+    let pool_ready = || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = Command::new(&dynocap)
+                .args(["--json", "pool"])
+                .envs(pool_env)
+                .output()
+                .expect("dynocap pool");
+            let status: serde_json::Value =
+                serde_json::from_slice(&out.stdout).expect("pool status");
+            if status["pool"]["ready"] == 2 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pool never filled: {status}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let cli_pool = |args: &[&str]| {
+        let out = Command::new(&dynocap)
+            .args(args)
+            .envs(pool_env)
+            .output()
+            .expect("spawn dynocap");
+        assert!(
+            out.status.success(),
+            "dynocap {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let cli_pooled = pairs(
+        CYCLES,
+        PAUSE,
+        pool_ready,
+        |i| {
+            let name = format!("p{i}");
+            cli_pool(&["run", &name]);
+            cli_pool(&["exec", &name, "--", "true"]);
+            cli_pool(&["destroy", &name]);
+        },
+        bwrap_true,
+    );
+    let mut mcp = McpSession::start(&dynocap, &pool_env);
+    let mcp_pooled = pairs(
+        CYCLES,
+        PAUSE,
+        pool_ready,
+        |i| mcp_cycle(&mut mcp, 100 + i),
+        bwrap_true,
+    );
+    drop(mcp);
+    cli(&["pool", "--drain"]);
+
+    for (name, pairs) in [
+        ("run + exec true + destroy (CLI, cold)", &cli_cold),
         ("run + exec true + destroy (MCP, cold)", &mcp_cold),
         ("run + exec true + destroy (CLI, warm pool)", &cli_pooled),
         ("run + exec true + destroy (MCP, warm pool)", &mcp_pooled),
     ] {
-        report(name, times, "bwrap --unshare-all true", &bwrap);
+        report_pairs(name, pairs, "bwrap --unshare-all true");
     }
     println!("targets: MCP cold <= 2x, CLI cold <= 3x, MCP with a warm pool < 1x");
 

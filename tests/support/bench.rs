@@ -62,6 +62,75 @@ pub fn sample_pairs(
     (fs, gs)
 }
 
+/// Durations of two things timed alternately, in the order they ran: `ours[i]` and
+/// `baseline[i]` are neighbours, so they ran under the same load.
+pub struct Pairs {
+    pub ours: Vec<Duration>,
+    pub baseline: Vec<Duration>,
+}
+
+/// Times `ours` and `baseline` `n` times each, alternately (ours, baseline, ours, ...), after
+/// one untimed warm-up of each. Before every timed run of `ours`, `ready` runs untimed (e.g.
+/// waiting for a warm pool to fill); then, before each timed run of either, `pause` of idle,
+/// so that neither pays for work the other, or its own previous run, left behind after it
+/// returned (a sandbox's teardown after the reply; the kernel's cleanup of bwrap's network
+/// namespace).
+pub fn pairs(
+    n: usize,
+    pause: Duration,
+    mut ready: impl FnMut(),
+    mut ours: impl FnMut(usize),
+    mut baseline: impl FnMut(usize),
+) -> Pairs {
+    ready();
+    ours(n);
+    baseline(n);
+    let timed = |run: &mut dyn FnMut(usize), i: usize| {
+        std::thread::sleep(pause);
+        let start = Instant::now();
+        run(i);
+        start.elapsed()
+    };
+    let mut result = Pairs {
+        ours: Vec::with_capacity(n),
+        baseline: Vec::with_capacity(n),
+    };
+    for i in 0..n {
+        ready();
+        result.ours.push(timed(&mut ours, i));
+        result.baseline.push(timed(&mut baseline, i));
+    }
+    result
+}
+
+/// Prints one line for [`pairs`]: our median and p90, the baseline's median, the ratio of the
+/// medians, and the median of the neighbours' ratios (steadier on a shared machine, where the
+/// load drifts during a run).
+pub fn report_pairs(name: &str, pairs: &Pairs, baseline: &str) {
+    let median = |v: &[Duration]| {
+        let mut v = v.to_vec();
+        v.sort();
+        (v[v.len() / 2], v[v.len() * 9 / 10])
+    };
+    let ((m, p90), (b, _)) = (median(&pairs.ours), median(&pairs.baseline));
+    let mut ratios: Vec<f64> = pairs
+        .ours
+        .iter()
+        .zip(&pairs.baseline)
+        .map(|(o, b)| o.as_secs_f64() / b.as_secs_f64())
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "{name}: median {:.2} ms (p90 {:.2} ms) | {baseline}: median {:.2} ms | ratio {:.2}x, median of {} pair ratios {:.2}x",
+        m.as_secs_f64() * 1e3,
+        p90.as_secs_f64() * 1e3,
+        b.as_secs_f64() * 1e3,
+        m.as_secs_f64() / b.as_secs_f64(),
+        ratios.len(),
+        ratios[ratios.len() / 2]
+    );
+}
+
 /// Prints one line: the measurement's median and p90, the baseline's median, their ratio.
 pub fn report(name: &str, times: &[Duration], baseline: &str, base: &[Duration]) {
     let (m, b) = (times[times.len() / 2], base[base.len() / 2]);

@@ -126,6 +126,9 @@ fn make_baseline(root: &Path) {
         "bin.bin",
         &(0u8..=255).cycle().take(3000).collect::<Vec<_>>(),
     );
+    // Larger than what the indexed extraction reads with a header in one go.
+    let big: String = (0..4000).map(|i| format!("line {i:05}\n")).collect();
+    write("big.txt", big.as_bytes());
     write("target.txt", b"link target\n");
     std::os::unix::fs::symlink("target.txt", root.join("link")).unwrap();
     std::os::unix::fs::symlink("src", root.join("srclink")).unwrap();
@@ -158,6 +161,12 @@ fn make_changes(root: &Path) {
     let mut binary = std::fs::read(root.join("bin.bin")).unwrap();
     binary[100] ^= 0xff;
     std::fs::write(root.join("bin.bin"), binary).unwrap();
+    let big = std::fs::read_to_string(root.join("big.txt")).unwrap();
+    std::fs::write(
+        root.join("big.txt"),
+        big.replace("line 02000\n", "line 2000!\n"),
+    )
+    .unwrap();
     std::fs::write(root.join("dir with space/f \"q\".txt"), b"quoted\nname!\n").unwrap();
     std::fs::write(root.join("\u{fc}/na\u{ef}ve.txt"), b"utf-8\nname!\n").unwrap();
     std::fs::create_dir_all(root.join("new/deep")).unwrap();
@@ -348,6 +357,7 @@ fn only_the_touched_entries_are_extracted() {
             "script.sh",
             "link",
             "bin.bin",
+            "big.txt",
             "src",
             "src/lib.rs",
             "src/.gitattributes",

@@ -169,8 +169,20 @@ pub(super) struct Budget(pub Option<u64>);
 impl Budget {
     /// Counts `entry`'s contents against the budget before it is written.
     fn spend<R: std::io::Read>(&mut self, entry: &tar::Entry<'_, R>) -> Result<(), Failure> {
+        self.spend_bytes(entry.size())
+    }
+
+    /// Gives back what [`spend_bytes`](Self::spend_bytes) took for contents not written.
+    fn refund(&mut self, size: u64) {
         if let Some(left) = &mut self.0 {
-            *left = left.checked_sub(entry.size()).ok_or(Failure::OverBudget)?;
+            *left = left.saturating_add(size);
+        }
+    }
+
+    /// Counts `size` bytes of contents against the budget before they are written.
+    fn spend_bytes(&mut self, size: u64) -> Result<(), Failure> {
+        if let Some(left) = &mut self.0 {
+            *left = left.checked_sub(size).ok_or(Failure::OverBudget)?;
         }
         Ok(())
     }
@@ -203,6 +215,7 @@ pub(super) fn extract(
             dest: &dest,
             files: &mut files,
             budget: &mut budget,
+            buffer: Vec::new(),
         };
         match source {
             Source::Indexed(index) => pass_indexed(&tar, index, touched, extracted, &mut out),
@@ -237,6 +250,8 @@ struct Out<'a> {
     dest: &'a Path,
     files: &'a mut TreeFiles,
     budget: &'a mut Budget,
+    /// Reused by [`write_small_regular`].
+    buffer: Vec<u8>,
 }
 
 impl Out<'_> {
@@ -339,6 +354,9 @@ fn pass_indexed(
         if !extracted.insert(name.to_owned()) {
             continue;
         }
+        if write_small_regular(tar, offset, name, out)? {
+            continue;
+        }
         let kind = with_entry_at(tar, offset, name, |entry| {
             let kind = entry.header().entry_type();
             if kind == tar::EntryType::Directory {
@@ -369,6 +387,84 @@ fn pass_indexed(
         })?;
     }
     Ok(links)
+}
+
+/// How much of the tar [`write_small_regular`] reads at an entry's offset: its header and
+/// contents up to this size, which most source files fit.
+const SMALL_READ: usize = 32 << 10;
+
+/// Writes the entry at `offset` if it is a regular file named `name` whose header stands alone
+/// (no long-name or extended header before it) and whose contents fit [`SMALL_READ`] with
+/// it: one `pread` for both, where the tar crate's reader takes a seek and a read for the
+/// header and more for the contents. `Ok(false)`: not such an entry, nothing was written (the
+/// tar crate's reader takes it, and checks it as it always did).
+fn write_small_regular(
+    tar: &std::fs::File,
+    offset: u64,
+    name: &str,
+    out: &mut Out<'_>,
+) -> Result<bool, Failure> {
+    use std::os::unix::fs::FileExt;
+    let wrong = |why: String| Failure::IndexWrong(format!("entry {name:?} at {offset}: {why}"));
+    out.buffer.resize(SMALL_READ, 0);
+    let mut read = 0;
+    while read < 512 {
+        match tar.read_at(&mut out.buffer[read..], offset + read as u64) {
+            Ok(0) => return Err(wrong("the tar ends there".to_owned())),
+            Ok(n) => read += n,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(Failure::Baseline(unpacking(err))),
+        }
+    }
+    let Some(header) = tar_header(&out.buffer[..512]) else {
+        return Ok(false);
+    };
+    if header.entry_type() != tar::EntryType::Regular {
+        return Ok(false);
+    }
+    let (Ok(size), Ok(mode)) = (header.entry_size(), header.mode()) else {
+        return Ok(false);
+    };
+    let path = header.path_bytes().into_owned();
+    let Some(end) = usize::try_from(size)
+        .ok()
+        .and_then(|size| size.checked_add(512))
+        .filter(|&end| end <= read)
+    else {
+        return Ok(false);
+    };
+    if entry_name(&path) != name {
+        return Err(wrong(format!("the entry there is {:?}", entry_name(&path))));
+    }
+    out.budget.spend_bytes(size)?;
+    let contents = &out.buffer[512..end];
+    let written = out
+        .files
+        .write(&path, &mut &*contents, mode)
+        .map_err(|err| {
+            Failure::Baseline(unpacking(std::io::Error::new(
+                err.kind(),
+                format!("{name}: {err}"),
+            )))
+        })?;
+    if !written {
+        // A path the tree writer does not take as it is goes the tar crate's way, which
+        // counts it again.
+        out.budget.refund(size);
+    }
+    Ok(written)
+}
+
+/// A header block as the tar crate's reader accepts one (a valid checksum), or `None`.
+fn tar_header(block: &[u8]) -> Option<&tar::Header> {
+    let header = tar::Header::from_byte_slice(block);
+    let sum: u32 = block[..148]
+        .iter()
+        .chain(&block[156..])
+        .map(|&b| u32::from(b))
+        .sum::<u32>()
+        + 8 * 32;
+    (header.cksum().ok()? == sum).then_some(header)
 }
 
 /// Runs `f` on the entry whose first header is at `offset`, checking that it is `name`.

@@ -39,16 +39,21 @@ pub struct HostFacts {
 }
 
 impl HostFacts {
+    /// The machine's facts, read once per process: every `run` and task start is checked
+    /// against them, and reading them takes five files of /proc and the cgroup tree.
     pub fn probe() -> Self {
-        // The CPUs this process may use (affinity and cgroup quota included): what a sandbox
-        // can actually get, so a larger request would only over-commit.
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get() as u64)
-            .unwrap_or(1);
-        Self {
-            cpus,
-            memory_mb: total_memory_mb().unwrap_or(MEMORY_MB_MAX),
-        }
+        static FACTS: std::sync::OnceLock<HostFacts> = std::sync::OnceLock::new();
+        *FACTS.get_or_init(|| {
+            // The CPUs this process may use (affinity and cgroup quota included): what a
+            // sandbox can actually get, so a larger request would only over-commit.
+            let cpus = std::thread::available_parallelism()
+                .map(|n| n.get() as u64)
+                .unwrap_or(1);
+            Self {
+                cpus,
+                memory_mb: total_memory_mb().unwrap_or(MEMORY_MB_MAX),
+            }
+        })
     }
 }
 

@@ -197,7 +197,12 @@ fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn G
         )));
     }
     if let Some(me) = ProcessId::of(i32::try_from(std::process::id()).unwrap_or(i32::MAX)) {
-        catalog.set_supervisor(id, me)?;
+        // The starter records its child as soon as the spawn returns; this covers a starter
+        // that died before it could. Writing it again would only take the catalog's write
+        // lock (and a record file rewrite) on the start's path, against the starter's own.
+        if record.supervisor != Some(me) {
+            catalog.set_supervisor(id, me)?;
+        }
     }
     if record.state == State::Warming {
         // A refill boots in a lull, not beside the commands of the sandbox just claimed.

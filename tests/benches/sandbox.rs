@@ -14,8 +14,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use dynocap_e2e::bench::{
-    child_pids, pairs, proc_kib, release_bins, report, report_pairs, running_supervisors, sample,
-    McpSession,
+    child_pids, dynocap_ok, pairs, proc_kib, release_bins, report, report_pairs,
+    running_supervisors, sample, McpSession,
 };
 
 use dynocap_engine::spec::{ExecSpec, RunSpec};
@@ -39,17 +39,16 @@ fn main() {
         std::env::set_var("DYNOCAP_AGENT", bins.join("dynocap-agent"));
     }
     let dynocap = bins.join("dynocap");
+    let home_str = home_dir.path().to_str().expect("utf-8 temp path");
+    let home_env = [("DYNOCAP_HOME", home_str)];
     let cli = |args: &[&str]| {
-        let out = Command::new(&dynocap)
-            .args(args)
-            .env("DYNOCAP_HOME", home_dir.path())
-            .output()
-            .expect("spawn dynocap");
-        assert!(
-            out.status.success(),
-            "dynocap {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        dynocap_ok(&dynocap, &home_env, args);
+    };
+    // One cycle through the CLI, one process per command.
+    let cli_cycle = |envs: &[(&str, &str)], name: &str| {
+        dynocap_ok(&dynocap, envs, &["run", name]);
+        dynocap_ok(&dynocap, envs, &["exec", name, "--", "true"]);
+        dynocap_ok(&dynocap, envs, &["destroy", name]);
     };
 
     // 1. Start to first command to teardown, each cycle beside a bwrap run (see `pairs`).
@@ -84,15 +83,9 @@ fn main() {
         CYCLES,
         PAUSE,
         || {},
-        |i| {
-            let name = format!("b{i}");
-            cli(&["run", &name]);
-            cli(&["exec", &name, "--", "true"]);
-            cli(&["destroy", &name]);
-        },
+        |i| cli_cycle(&home_env, &format!("b{i}")),
         bwrap_true,
     );
-    let home_str = home_dir.path().to_str().expect("utf-8 temp path");
     let mcp_cycle = |session: &mut McpSession, i: usize| {
         let name = format!("m{i}");
         session.call("dynocap_run", serde_json::json!({ "name": name }));
@@ -102,7 +95,7 @@ fn main() {
         );
         session.call("dynocap_destroy", serde_json::json!({ "name": name }));
     };
-    let mut mcp = McpSession::start(&dynocap, &[("DYNOCAP_HOME", home_str)]);
+    let mut mcp = McpSession::start(&dynocap, &home_env);
     let mcp_cold = pairs(CYCLES, PAUSE, || {}, |i| mcp_cycle(&mut mcp, i), bwrap_true);
     drop(mcp);
 
@@ -129,28 +122,11 @@ fn main() {
             std::thread::sleep(Duration::from_millis(20));
         }
     };
-    let cli_pool = |args: &[&str]| {
-        let out = Command::new(&dynocap)
-            .args(args)
-            .envs(pool_env)
-            .output()
-            .expect("spawn dynocap");
-        assert!(
-            out.status.success(),
-            "dynocap {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let cli_pooled = pairs(
         CYCLES,
         PAUSE,
         pool_ready,
-        |i| {
-            let name = format!("p{i}");
-            cli_pool(&["run", &name]);
-            cli_pool(&["exec", &name, "--", "true"]);
-            cli_pool(&["destroy", &name]);
-        },
+        |i| cli_cycle(&pool_env, &format!("p{i}")),
         bwrap_true,
     );
     let mut mcp = McpSession::start(&dynocap, &pool_env);

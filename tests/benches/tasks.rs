@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use dynocap_e2e::bench::{proc_kib, release_bins, report, sample, sample_pairs};
+use dynocap_e2e::bench::{dynocap_ok, proc_kib, release_bins, report, sample, sample_pairs};
 
 fn main() {
     let verify_only = std::env::var("DYNOCAP_BENCH_TASKS").is_ok_and(|mode| mode == "verify");
@@ -92,19 +92,9 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
         .prefix("dch")
         .tempdir_in("/tmp")
         .expect("home");
-    let dynocap = |args: &[&str]| -> std::process::Output {
-        let out = Command::new(bins.join("dynocap"))
-            .args(args)
-            .env("DYNOCAP_HOME", home.path())
-            .output()
-            .expect("spawn dynocap");
-        assert!(
-            out.status.success(),
-            "dynocap {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
-    };
+    let home_str = home.path().to_str().expect("utf-8 temp path");
+    let dynocap =
+        |args: &[&str]| dynocap_ok(&bins.join("dynocap"), &[("DYNOCAP_HOME", home_str)], args);
     let project_arg = project.to_str().expect("utf-8 path");
 
     let mut peak_rss_kib = 0;

@@ -34,32 +34,36 @@ pub fn sample(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
     times
 }
 
-/// Times `f` and `g` `n` times each, interleaved (f, g, f, g, ...), after one untimed warm-up
-/// of each, with `pause` of idle before every timed run, so that neither pays for work the
-/// other (or its own previous run) left behind: a background thread still deleting files, a
-/// disk still writing back. Returns both sorted.
+/// Runs `dynocap ARGS` with `envs` added to the environment; asserts it succeeded, showing
+/// its stderr if not.
+pub fn dynocap_ok(dynocap: &Path, envs: &[(&str, &str)], args: &[&str]) -> std::process::Output {
+    let out = std::process::Command::new(dynocap)
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .expect("spawn dynocap");
+    assert!(
+        out.status.success(),
+        "dynocap {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// [`pairs`] without a `ready` step, both returned sorted.
 pub fn sample_pairs(
     n: usize,
     pause: Duration,
-    mut f: impl FnMut(usize),
-    mut g: impl FnMut(usize),
+    f: impl FnMut(usize),
+    g: impl FnMut(usize),
 ) -> (Vec<Duration>, Vec<Duration>) {
-    f(n);
-    g(n);
-    let timed = |run: &mut dyn FnMut(usize), i: usize| {
-        std::thread::sleep(pause);
-        let start = Instant::now();
-        run(i);
-        start.elapsed()
-    };
-    let (mut fs, mut gs) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for i in 0..n {
-        fs.push(timed(&mut f, i));
-        gs.push(timed(&mut g, i));
-    }
-    fs.sort();
-    gs.sort();
-    (fs, gs)
+    let Pairs {
+        mut ours,
+        mut baseline,
+    } = pairs(n, pause, || {}, f, g);
+    ours.sort();
+    baseline.sort();
+    (ours, baseline)
 }
 
 /// Durations of two things timed alternately, in the order they ran: `ours[i]` and

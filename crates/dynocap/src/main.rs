@@ -33,16 +33,16 @@ fn main() -> ExitCode {
         cli::Command::Man => return docs::man_page(),
         _ => {}
     }
-    // The MCP server serves calls concurrently; every other command is one request, for
-    // which a current-thread runtime starts faster (no worker threads to spawn and park).
-    let mut builder = if matches!(cli.command, cli::Command::Mcp(_)) {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        builder.worker_threads(2);
-        builder
-    } else {
-        tokio::runtime::Builder::new_current_thread()
-    };
-    let runtime = match builder.enable_all().build() {
+    // One thread for every command, the MCP server included: a command is one request, for
+    // which no worker threads need spawning and parking; the server runs every tool call on
+    // one thread anyway (the engine's futures are not `Send`, see `mcp::local`), and running
+    // the SDK's tasks on workers beside it cost a cross-thread wake-up at each hop of every
+    // message (stdin, SDK, call, SDK, stdout). Concurrent calls interleave at their awaits;
+    // heavy work runs on the blocking pool.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("dynocap: cannot start the async runtime: {err}");

@@ -1,7 +1,7 @@
-//! Runs tool calls on the thread that drives the server's `LocalSet`. The engine's futures
-//! are not `Send` (they hold a SQLite connection across awaits), while the MCP SDK runs each
-//! request on the multi-thread runtime; a request therefore hands its call to this thread
-//! and waits for the answer. If the request is dropped (the client cancelled it, or left),
+//! Runs tool calls in the server's `LocalSet`. The engine's futures are not `Send` (they
+//! hold a SQLite connection across awaits), while the MCP SDK wants `Send` request handlers
+//! (it spawns them); a request therefore hands its call to the `LocalSet` and waits for the
+//! answer. If the request is dropped (the client cancelled it, or left),
 //! the answer's receiver closes and the call's future is dropped on this thread, which is
 //! how the engine cancels an exec or undoes a start. SDK-free.
 

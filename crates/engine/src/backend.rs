@@ -48,6 +48,11 @@ pub trait Guest: Send {
     fn exit_fd(&self) -> BorrowedFd<'_>;
     /// Host pid of the guest's init (or its VMM), for logs and diagnostics.
     fn pid(&self) -> i32;
+    /// Readies an idle warm-pool guest for [`Guest::claim`], so that the claim, which is on
+    /// its caller's path, does less.
+    fn prepare_claim(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Makes a booted, idle warm-pool guest its claimer's: its hostname and limits.
     fn claim(&self, hostname: &str, cpus: u32, memory_mb: u64) -> Result<()>;
     /// Kills every process of the guest at once, leaving the rest of [`Guest::destroy`] (its
@@ -283,6 +288,12 @@ impl Guest for JailGuest {
     }
     fn pid(&self) -> i32 {
         self.jail.pid().as_raw()
+    }
+    fn prepare_claim(&mut self) -> Result<()> {
+        // The claim renames the guest: its thread waits in the guest's UTS namespace.
+        self.jail
+            .prepare_rename()
+            .map_err(|err| Error::internal(format!("starting the hostname thread: {err}")))
     }
     fn claim(&self, hostname: &str, cpus: u32, memory_mb: u64) -> Result<()> {
         self.jail

@@ -452,6 +452,12 @@ async fn serve(
         sync_layer(guest.layer_sync(), home.sandbox_dir(&id), &conn).await;
     }
     let mut claimable = record.state == State::Warming;
+    if claimable {
+        // Before it is ready: a claim may follow at once.
+        if let Err(err) = guest.prepare_claim() {
+            tracing::warn!("preparing for a claim (it will be slower): {err}");
+        }
+    }
     ready.send(&ReadyMessage::Ready);
     tracing::info!(
         "ready in {:.2}s after the boot; serving until {}",

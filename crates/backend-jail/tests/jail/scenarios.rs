@@ -68,6 +68,22 @@ fn isolation() {
     assert_eq!(fact("Uid"), "0 0 0 0");
     assert_eq!(fact("Groups"), "", "supplementary groups cleared");
     assert_eq!(fact("hostname"), "iso-test");
+    // Renamed from outside: by a thread started for the call, then by one started ahead (a
+    // warm-pool sandbox's claim). The host keeps its own name.
+    let host_name = nix::unistd::gethostname().expect("host name");
+    guest.jail().set_hostname("renamed-once").expect("rename");
+    assert_eq!(guest.facts()["hostname"], "renamed-once");
+    guest
+        .jail
+        .as_mut()
+        .expect("jail")
+        .prepare_rename()
+        .expect("start the renaming thread");
+    guest.jail().set_hostname("renamed-ahead").expect("rename");
+    assert_eq!(guest.facts()["hostname"], "renamed-ahead");
+    guest.jail().set_hostname("renamed-again").expect("rename");
+    assert_eq!(guest.facts()["hostname"], "renamed-again");
+    assert_eq!(nix::unistd::gethostname().expect("host name"), host_name);
     assert_eq!(fact("netdevs"), "lo", "only loopback");
     assert_eq!(fact("lo"), "up");
     assert_eq!(fact("NoNewPrivs"), "1");

@@ -587,7 +587,8 @@ fn guarded_checks(nr: u32, compiled: &[sock_filter]) -> Result<Vec<sock_filter>,
         Some((head, body)) if head == expected_head => body,
         _ => {
             return Err(JailError::Seccomp(
-                "seccompiler's program does not start with the expected x86_64 arch check;                  the argument checks cannot be placed"
+                "seccompiler's program does not start with the expected x86_64 arch check; \
+                 the argument checks cannot be placed"
                     .to_owned(),
             ))
         }
@@ -599,7 +600,8 @@ fn guarded_checks(nr: u32, compiled: &[sock_filter]) -> Result<Vec<sock_filter>,
     }
     let skip = u8::try_from(body.len()).map_err(|_| {
         JailError::Seccomp(format!(
-            "the argument checks of syscall {nr} take {} instructions; a skip over them takes              at most 255",
+            "the argument checks of syscall {nr} take {} instructions; a skip over them takes \
+             at most 255",
             body.len()
         ))
     })?;
@@ -672,17 +674,22 @@ mod tests {
     /// A classic-BPF interpreter for the instructions seccompiler and the guard emit, run
     /// over a `struct seccomp_data`.
     fn run(program: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+        run_counting(program, arch, nr, args).0
+    }
+
+    /// [`run`], also returning how many instructions ran to reach the verdict.
+    fn run_counting(program: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> (u32, usize) {
         let mut data = [0u8; 64];
         data[0..4].copy_from_slice(&nr.to_le_bytes());
         data[4..8].copy_from_slice(&arch.to_le_bytes());
         for (i, arg) in args.iter().enumerate() {
             data[16 + 8 * i..24 + 8 * i].copy_from_slice(&arg.to_le_bytes());
         }
-        let mut acc: u32 = 0;
-        let mut pc = 0usize;
+        let (mut acc, mut pc, mut steps) = (0u32, 0usize, 0usize);
         loop {
             let ins = &program[pc];
             let k = ins.k;
+            steps += 1;
             let branch = |cond: bool| 1 + usize::from(if cond { ins.jt } else { ins.jf });
             pc += match ins.code {
                 0x20 => {
@@ -699,7 +706,7 @@ mod tests {
                     acc &= k;
                     1
                 }
-                0x06 => return k,
+                0x06 => return (k, steps),
                 other => panic!("opcode {other:#x} not modelled"),
             };
         }
@@ -738,40 +745,6 @@ mod tests {
         assert!(prog.len() < BPF_MAXINSNS);
     }
 
-    /// Instructions run to decide a syscall: the interpreter above, counting.
-    fn steps(program: &[sock_filter], nr: u32, args: [u64; 6]) -> usize {
-        let mut data = [0u8; 64];
-        data[0..4].copy_from_slice(&nr.to_le_bytes());
-        data[4..8].copy_from_slice(&AUDIT_ARCH_X86_64.to_le_bytes());
-        for (i, arg) in args.iter().enumerate() {
-            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&arg.to_le_bytes());
-        }
-        let (mut acc, mut pc, mut steps) = (0u32, 0usize, 0usize);
-        loop {
-            let ins = &program[pc];
-            steps += 1;
-            let branch = |cond: bool| 1 + usize::from(if cond { ins.jt } else { ins.jf });
-            pc += match ins.code {
-                0x20 => {
-                    let at = ins.k as usize;
-                    acc = u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes"));
-                    1
-                }
-                0x05 => 1 + ins.k as usize,
-                0x15 => branch(acc == ins.k),
-                0x25 => branch(acc > ins.k),
-                0x35 => branch(acc >= ins.k),
-                0x45 => branch(acc & ins.k != 0),
-                0x54 => {
-                    acc &= ins.k;
-                    1
-                }
-                0x06 => return steps,
-                other => panic!("opcode {other:#x} not modelled"),
-            };
-        }
-    }
-
     #[test]
     fn every_syscall_is_decided_in_few_instructions() {
         // The kernel runs the filter on every number when it is installed (to cache the
@@ -780,7 +753,7 @@ mod tests {
         let prog = program().expect("program");
         let known = u32::try_from(NEWEST_KNOWN).expect("number");
         let worst = (0..=known + 8)
-            .map(|nr| steps(&prog, nr, [0; 6]))
+            .map(|nr| run_counting(&prog, AUDIT_ARCH_X86_64, nr, [0; 6]).1)
             .max()
             .expect("numbers");
         assert!(worst <= 40, "a syscall took {worst} instructions to decide");

@@ -11,8 +11,7 @@
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -93,21 +92,18 @@ fn lowest_free(used: &BTreeSet<u32>, pool: u32) -> Option<u32> {
     (0..pool).find(|index| !used.contains(index))
 }
 
-/// Writes the index beside a temporary name and renames it in: a crash of the process leaves
-/// either no record or a whole one, never a half-written number another allocation would
-/// misread; a `durable` one is synced first, so that a power loss does too.
+/// Writes the index whole or not at all (`durable`): a crash of the process leaves either no
+/// record or a whole one, never a half-written number another allocation would misread; a
+/// `durable` one is synced, so that a power loss does too.
 fn record(state_dir: &Path, index: u32, durable: bool) -> Result<()> {
     let path = state_dir.join(RANGE_FILE);
-    let staging: PathBuf = state_dir.join(format!("{RANGE_FILE}.new"));
-    let write = || -> std::io::Result<()> {
-        let mut file = File::create(&staging)?;
-        writeln!(file, "{index}")?;
-        if durable {
-            file.sync_all()?;
-        }
-        std::fs::rename(&staging, &path)
+    let text = format!("{index}\n");
+    let written = if durable {
+        crate::durable::replace(&path, text.as_bytes())
+    } else {
+        crate::durable::replace_unsynced(&path, text.as_bytes())
     };
-    write().context(format_args!(
+    written.context(format_args!(
         "recording host id range {index} in {}",
         path.display()
     ))

@@ -258,22 +258,40 @@ impl Out<'_> {
     /// Writes a non-directory entry: a regular file through [`TreeFiles`], anything else (and
     /// a file whose path it cannot take as it is) as `unpack_in` does.
     fn write<R: std::io::Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), Failure> {
-        self.budget.spend(entry)?;
         let baseline = |err| Failure::Baseline(unpacking(err));
         if entry.header().entry_type() == tar::EntryType::Regular {
             let mode = entry.header().mode().map_err(baseline)?;
             let name = entry.path_bytes().into_owned();
-            let written = self.files.write(&name, entry, mode).map_err(|err| {
-                Failure::Baseline(unpacking(std::io::Error::new(
-                    err.kind(),
-                    format!("{}: {err}", String::from_utf8_lossy(&name)),
-                )))
-            })?;
-            if written {
+            let size = entry.size();
+            if self.write_regular(&name, entry, mode, size)? {
                 return Ok(());
             }
         }
+        self.budget.spend(entry)?;
         entry.unpack_in(self.dest).map(drop).map_err(baseline)
+    }
+
+    /// Writes a regular file of `size` bytes through [`TreeFiles`], counted against the
+    /// budget. `Ok(false)`: a path the tree writer does not take as it is; nothing was
+    /// written or counted.
+    fn write_regular(
+        &mut self,
+        name: &[u8],
+        contents: &mut impl std::io::Read,
+        mode: u32,
+        size: u64,
+    ) -> Result<bool, Failure> {
+        self.budget.spend_bytes(size)?;
+        let written = self.files.write(name, contents, mode).map_err(|err| {
+            Failure::Baseline(unpacking(std::io::Error::new(
+                err.kind(),
+                format!("{}: {err}", String::from_utf8_lossy(name)),
+            )))
+        })?;
+        if !written {
+            self.budget.refund(size);
+        }
+        Ok(written)
     }
 }
 
@@ -436,23 +454,11 @@ fn write_small_regular(
     if entry_name(&path) != name {
         return Err(wrong(format!("the entry there is {:?}", entry_name(&path))));
     }
-    out.budget.spend_bytes(size)?;
-    let contents = &out.buffer[512..end];
-    let written = out
-        .files
-        .write(&path, &mut &*contents, mode)
-        .map_err(|err| {
-            Failure::Baseline(unpacking(std::io::Error::new(
-                err.kind(),
-                format!("{name}: {err}"),
-            )))
-        })?;
-    if !written {
-        // A path the tree writer does not take as it is goes the tar crate's way, which
-        // counts it again.
-        out.budget.refund(size);
-    }
-    Ok(written)
+    // The buffer is lent out while the file is written from it.
+    let buffer = std::mem::take(&mut out.buffer);
+    let written = out.write_regular(&path, &mut &buffer[512..end], mode, size);
+    out.buffer = buffer;
+    written
 }
 
 /// A header block as the tar crate's reader accepts one (a valid checksum), or `None`.

@@ -74,8 +74,7 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     plan.root.cgroups = cgroups.guest_views();
     let undo = |layers: &Layers, cgroups: &CgroupSet, disk: &mut Disk| {
         let _ = cgroups.remove();
-        let _ = layers.undo_prepare();
-        let _ = disk.release(!disk.is_fresh());
+        undo_storage(Some(layers), disk);
     };
     let (channels, host_channel, guest_channel) = match make_channels() {
         Ok(c) => c,
@@ -215,7 +214,7 @@ fn prepare_host_side(
         match Layers::prepare(spec, ids) {
             Ok(layers) => Ok((disk, layers)),
             Err(e) => {
-                let _ = disk.release(!disk.is_fresh());
+                undo_storage(None, &mut disk);
                 Err(e)
             }
         }
@@ -242,8 +241,7 @@ fn prepare_host_side(
     match (storage, cgroups) {
         (Ok((disk, layers)), Ok(cgroups)) => Ok((disk, layers, cgroups)),
         (Ok((mut disk, layers)), Err(e)) => {
-            let _ = layers.undo_prepare();
-            let _ = disk.release(!disk.is_fresh());
+            undo_storage(Some(&layers), &mut disk);
             Err(e)
         }
         (Err(e), Ok(cgroups)) => {
@@ -253,6 +251,16 @@ fn prepare_host_side(
         (Err(e), Err(_)) => Err(e),
     }
 }
+
+/// Best effort, after a failed start: undoes the layers (if made), then releases the disk,
+/// keeping its image if it was not made fresh for this start (a recovering task's).
+fn undo_storage(layers: Option<&Layers>, disk: &mut Disk) {
+    if let Some(layers) = layers {
+        let _ = layers.undo_prepare();
+    }
+    let _ = disk.release(!disk.is_fresh());
+}
+
 /// The sync and error channels, and the agent channel (a `SOCK_STREAM` socketpair, both ends
 /// close-on-exec: the init re-creates its end as fd 3 without the flag).
 fn make_channels() -> Result<(Channels, std::os::fd::OwnedFd, std::os::fd::OwnedFd), JailError> {

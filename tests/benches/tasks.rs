@@ -20,7 +20,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use dynocap_e2e::bench::{dynocap_ok, proc_kib, release_bins, report, sample, sample_pairs};
+use dynocap_e2e::bench::{
+    dynocap_ok, pairs, proc_kib, release_bins, report, report_pairs, sample_pairs,
+};
+
+/// Timed task starts per tree, each beside a clone.
+const STARTS: usize = 5;
 
 fn main() {
     let verify_only = std::env::var("DYNOCAP_BENCH_TASKS").is_ok_and(|mode| mode == "verify");
@@ -97,64 +102,87 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
         |args: &[&str]| dynocap_ok(&bins.join("dynocap"), &[("DYNOCAP_HOME", home_str)], args);
     let project_arg = project.to_str().expect("utf-8 path");
 
-    let mut peak_rss_kib = 0;
-    let start = sample(3, |i| {
-        let name = format!("b{i}");
-        let watcher = RssWatcher::start(home.path().to_owned());
-        dynocap(&[
-            "task",
-            "start",
-            project_arg,
-            "--name",
-            &name,
-            "--memory-mb",
-            "4096",
-        ]);
-        peak_rss_kib = peak_rss_kib.max(watcher.stop());
-        if i < 3 {
+    // Each side's leftovers (the started task, the clone) are removed before the next pair,
+    // untimed: the start is timed, not the `rm` of the one before.
+    let peak_rss_kib = std::cell::Cell::new(0);
+    let leftovers: std::cell::RefCell<(Vec<String>, Vec<PathBuf>)> = Default::default();
+    let clear = || {
+        let (tasks, clones) = &mut *leftovers.borrow_mut();
+        for name in tasks.drain(..) {
             dynocap(&["rm", &name, "--force", "--purge"]);
         }
-    });
-    let floor = sample(3, |i| {
-        let dest = scratch.join(format!("clone-{i}"));
-        let _ = std::fs::remove_dir_all(&dest);
-        let out = Command::new("git")
-            .args(["clone", "-q", "--no-local", project_arg])
-            .arg(&dest)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .output()
-            .expect("git clone");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let untracked = git(
-            project,
-            &["ls-files", "-z", "--others", "--exclude-standard"],
-        );
-        for path in untracked.split('\0').filter(|p| !p.is_empty()) {
-            std::fs::copy(project.join(path), dest.join(path)).expect("copy untracked");
+        for clone in clones.drain(..) {
+            std::fs::remove_dir_all(&clone).expect("cleanup");
         }
-        std::fs::remove_dir_all(&dest).expect("cleanup");
-    });
-    report(
+    };
+    let start = pairs(
+        STARTS,
+        Duration::from_millis(200),
+        clear,
+        |i| {
+            let name = format!("b{i}");
+            let watcher = RssWatcher::start(home.path().to_owned());
+            dynocap(&[
+                "task",
+                "start",
+                project_arg,
+                "--name",
+                &name,
+                "--memory-mb",
+                "4096",
+            ]);
+            peak_rss_kib.set(peak_rss_kib.get().max(watcher.stop()));
+            leftovers.borrow_mut().0.push(name);
+        },
+        |i| {
+            let dest = scratch.join(format!("clone-{i}"));
+            let out = Command::new("git")
+                .args(["clone", "-q", "--no-local", project_arg])
+                .arg(&dest)
+                .env("GIT_CONFIG_GLOBAL", "/dev/null")
+                .output()
+                .expect("git clone");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let untracked = git(
+                project,
+                &["ls-files", "-z", "--others", "--exclude-standard"],
+            );
+            for path in untracked.split('\0').filter(|p| !p.is_empty()) {
+                std::fs::copy(project.join(path), dest.join(path)).expect("copy untracked");
+            }
+            leftovers.borrow_mut().1.push(dest);
+        },
+    );
+    report_pairs(
         &format!("{label}: task start"),
         &start,
         "git clone --no-local + untracked copy",
-        &floor,
     );
+    // The last started task stays for the diff benchmark; the last clone goes.
+    let last = {
+        let (tasks, clones) = &mut *leftovers.borrow_mut();
+        for clone in clones.drain(..) {
+            std::fs::remove_dir_all(&clone).expect("cleanup");
+        }
+        tasks.pop().expect("a started task")
+    };
+    clear();
+    let last = last.as_str();
+    let peak_rss_kib = peak_rss_kib.get();
 
-    // The last started task (b3) stays for the diff benchmark: change 50 files in it and in
-    // a plain clone, then diff both.
+    // Change 50 files in the last started task and in a plain clone, then diff both.
     let change = "for f in $(git ls-files | grep -v '^untracked' | head -50); do echo changed >> \"$f\"; done";
-    dynocap(&["task", "exec", "b3", "--timeout", "600", "--", change]);
+    dynocap(&["task", "exec", last, "--timeout", "600", "--", change]);
     let clone = changed_clone(scratch, "diff-floor", project_arg, "--no-local", change);
     let (diff, plain) = sample_pairs(
         5,
         Duration::from_millis(100),
         |_| {
-            dynocap(&["--json", "task", "diff", "b3"]);
+            dynocap(&["--json", "task", "diff", last]);
         },
         |_| {
             git(&clone, &["diff", "--binary"]);
@@ -185,7 +213,7 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
         Err(err) => println!("{label}: no offset index ({err}): verification reads every header"),
     }
     let started = Instant::now();
-    let finished = dynocap(&["--json", "task", "finish", "b3"]);
+    let finished = dynocap(&["--json", "task", "finish", last]);
     let finish = started.elapsed();
     let result: serde_json::Value =
         serde_json::from_slice(&finished.stdout).expect("finish prints JSON");
@@ -198,7 +226,7 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
     );
     bench_verification(label, &baseline_copy, &patch, &clone, scratch);
     let _ = Command::new(bins.join("dynocap"))
-        .args(["rm", "b3", "--force", "--purge"])
+        .args(["rm", last, "--force", "--purge"])
         .env("DYNOCAP_HOME", home.path())
         .output();
     let _ = std::fs::remove_file(&baseline_copy);

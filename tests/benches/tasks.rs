@@ -20,9 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use dynocap_e2e::bench::{
-    dynocap_ok, pairs, proc_kib, release_bins, report, report_pairs, sample_pairs,
-};
+use dynocap_e2e::bench::{dynocap_ok, pairs, proc_kib, release_bins, report_pairs};
 
 /// Timed task starts per tree, each beside a clone.
 const STARTS: usize = 5;
@@ -178,9 +176,10 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
     let change = "for f in $(git ls-files | grep -v '^untracked' | head -50); do echo changed >> \"$f\"; done";
     dynocap(&["task", "exec", last, "--timeout", "600", "--", change]);
     let clone = changed_clone(scratch, "diff-floor", project_arg, "--no-local", change);
-    let (diff, plain) = sample_pairs(
+    let diff = pairs(
         5,
         Duration::from_millis(100),
+        || {},
         |_| {
             dynocap(&["--json", "task", "diff", last]);
         },
@@ -188,11 +187,10 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
             git(&clone, &["diff", "--binary"]);
         },
     );
-    report(
+    report_pairs(
         &format!("{label}: task diff (50 files changed)"),
         &diff,
         "git diff --binary",
-        &plain,
     );
     println!(
         "{label}: supervisor peak RSS during import {:.1} MiB",
@@ -245,9 +243,11 @@ fn bench_verification(
 ) {
     // Interleaved, each after a moment of idle: a finish verifies once, and the scratch
     // directory it leaves to a background thread must not be charged to the next sample.
-    let (verify, check) = sample_pairs(
-        9,
+    // Fifteen pairs: the ratio of the medians of nine moved by 0.1x from run to run.
+    let timed = pairs(
+        15,
         Duration::from_millis(300),
+        || {},
         |_| {
             dynocap_engine::finish::verify(baseline_tar, patch, &scratch.join("verify-scratch"))
                 .expect("the patch verifies");
@@ -259,11 +259,10 @@ fn bench_verification(
             );
         },
     );
-    report(
+    report_pairs(
         &format!("{label}: finish's verification (50-file patch)"),
-        &verify,
+        &timed,
         "git apply --check on a checkout",
-        &check,
     );
     println!("target: verification ratio <= 1.5x");
 }

@@ -50,22 +50,6 @@ pub fn dynocap_ok(dynocap: &Path, envs: &[(&str, &str)], args: &[&str]) -> std::
     out
 }
 
-/// [`pairs`] without a `ready` step, both returned sorted.
-pub fn sample_pairs(
-    n: usize,
-    pause: Duration,
-    f: impl FnMut(usize),
-    g: impl FnMut(usize),
-) -> (Vec<Duration>, Vec<Duration>) {
-    let Pairs {
-        mut ours,
-        mut baseline,
-    } = pairs(n, pause, || {}, f, g);
-    ours.sort();
-    baseline.sort();
-    (ours, baseline)
-}
-
 /// Durations of two things timed alternately, in the order they ran: `ours[i]` and
 /// `baseline[i]` are neighbours, so they ran under the same load.
 pub struct Pairs {

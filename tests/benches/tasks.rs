@@ -452,6 +452,12 @@ fn changed_clone(scratch: &Path, name: &str, project: &str, how: &str, change: &
         .status()
         .expect("sh");
     assert!(status.success(), "{change} in {}", clone.display());
+    // As a checkout someone works in is: its index written after its files, so that git
+    // trusts the files' stat data. Files written in the second the index was are "racily
+    // clean", and every `git diff` reads them whole again; right after a clone and a change
+    // that is every file, and the floor came out at anywhere from 45 to 80 ms for one tree.
+    std::thread::sleep(Duration::from_millis(1100));
+    git(&clone, &["status", "--porcelain"]);
     clone
 }
 

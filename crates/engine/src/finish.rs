@@ -57,14 +57,20 @@ fn discard(scratch: &Path) {
         let _ = std::fs::remove_dir_all(scratch);
         return;
     }
-    let removing = aside.clone();
+    remove_in_background(aside);
+}
+
+/// Removes `dir` and everything in it on a thread of its own, or here if no thread can be
+/// started: a verification's scratch, whose removal the verdict need not wait for.
+fn remove_in_background(dir: PathBuf) {
+    let removing = dir.clone();
     let spawned = std::thread::Builder::new()
         .name("verify-cleanup".into())
         .spawn(move || {
             let _ = std::fs::remove_dir_all(removing);
         });
     if spawned.is_err() {
-        let _ = std::fs::remove_dir_all(aside);
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
 

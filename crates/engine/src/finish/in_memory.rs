@@ -104,16 +104,7 @@ impl Drop for MemoryDir {
         // hundred-odd entries of a 50-file patch takes 0.5–1 ms even on tmpfs, starting a
         // thread a twentieth of that. Should the process end first, the next verification's
         // `remove_abandoned` takes the directory (its name holds this process's pid).
-        let dir = std::mem::take(&mut self.0);
-        let removing = dir.clone();
-        let spawned = std::thread::Builder::new()
-            .name("verify-cleanup".into())
-            .spawn(move || {
-                let _ = std::fs::remove_dir_all(removing);
-            });
-        if spawned.is_err() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        super::remove_in_background(std::mem::take(&mut self.0));
     }
 }
 

@@ -419,7 +419,7 @@ const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 /// The kernel's limit on a classic BPF program.
 const BPF_MAXINSNS: usize = 4096;
 
-fn stmt(code: u16, k: u32) -> sock_filter {
+const fn stmt(code: u16, k: u32) -> sock_filter {
     sock_filter {
         code,
         jt: 0,
@@ -428,7 +428,7 @@ fn stmt(code: u16, k: u32) -> sock_filter {
     }
 }
 
-fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
+const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
     sock_filter { code, jt, jf, k }
 }
 
@@ -498,6 +498,14 @@ fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, JailError> {
     Ok(rules)
 }
 
+/// Step 1 of the module doc, which seccompiler's programs open with too: anything but
+/// `AUDIT_ARCH_X86_64` is killed.
+const ARCH_CHECK: [sock_filter; 3] = [
+    stmt(BPF_LD_W_ABS, DATA_ARCH),
+    jump(BPF_JMP_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
+    stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS),
+];
+
 /// Builds the complete program: the arch check, the guard, a block per syscall allowed only
 /// with given arguments, then the unconditional allowlist as a binary search over ranges of
 /// syscall numbers.
@@ -509,12 +517,7 @@ fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, JailError> {
 /// `clone`) also walked the row at run time. Here any number is decided in a few dozen
 /// instructions.
 pub(crate) fn program() -> Result<BpfProgram, JailError> {
-    let kill = libc::SECCOMP_RET_KILL_PROCESS;
-    let mut program = vec![
-        stmt(BPF_LD_W_ABS, DATA_ARCH),
-        jump(BPF_JMP_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
-        stmt(BPF_RET_K, kill),
-    ];
+    let mut program = ARCH_CHECK.to_vec();
     program.extend(guard()?);
     let mut unconditional = Vec::new();
     for (nr, rules) in rules()? {
@@ -577,12 +580,8 @@ fn guarded_checks(nr: u32, compiled: &[sock_filter]) -> Result<Vec<sock_filter>,
     // seccompiler's program opens with its arch check and the load of the number; what
     // follows only jumps within itself and ends in returns. A layout change must fail loudly
     // rather than produce a wrong filter (seccompiler is pinned).
-    let expected_head = [
-        stmt(BPF_LD_W_ABS, DATA_ARCH),
-        jump(BPF_JMP_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
-        stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS),
-        stmt(BPF_LD_W_ABS, DATA_NR),
-    ];
+    let mut expected_head = ARCH_CHECK.to_vec();
+    expected_head.push(stmt(BPF_LD_W_ABS, DATA_NR));
     let body = match compiled.split_at_checked(expected_head.len()) {
         Some((head, body)) if head == expected_head => body,
         _ => {

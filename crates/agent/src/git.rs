@@ -253,11 +253,15 @@ impl Git {
 
 /// The first argument that is not an option, for messages.
 pub fn subcommand<S: AsRef<OsStr>>(args: &[S]) -> String {
-    args.iter()
-        .map(|a| a.as_ref().to_string_lossy())
-        .find(|a| !a.starts_with('-'))
-        .map(|a| a.into_owned())
-        .unwrap_or_default()
+    let mut args = args.iter().map(|a| a.as_ref().to_string_lossy());
+    while let Some(arg) = args.next() {
+        if arg == "-c" || arg == "-C" {
+            args.next(); // the option's value
+        } else if !arg.starts_with('-') {
+            return arg.into_owned();
+        }
+    }
+    String::new()
 }
 
 /// Whether `text` is a full object id (SHA-1 or SHA-256, lower-case hex).
@@ -301,6 +305,10 @@ mod tests {
         assert!(!is_object_id(&"a".repeat(41)));
         assert!(!is_object_id("refs/heads/main"));
         assert_eq!(subcommand(&["--git-dir=x", "add", "-A"]), "add");
+        assert_eq!(
+            subcommand(&["--git-dir=x", "-c", "core.x=1", "update-index", "-z"]),
+            "update-index"
+        );
     }
 
     #[tokio::test]

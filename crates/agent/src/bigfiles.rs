@@ -53,6 +53,13 @@ pub fn may_exceed(sides: &[Side], budget: u64) -> bool {
     bytes <= budget && line_diff_bytes(sides) > budget
 }
 
+/// Whether no change between files of at most `old_largest` and `new_largest` bytes can take
+/// more than `budget`, lines uncounted: then no file needs sizing or counting at all.
+pub fn none_can_exceed(old_largest: u64, new_largest: u64, budget: u64) -> bool {
+    let side = |bytes| Side { bytes, lines: None };
+    line_diff_bytes(&[side(old_largest), side(new_largest)]) <= budget
+}
+
 /// Line counts by blob id, remembered across diffs. Bounded: when full it starts over (a
 /// count is cheap to take again, and a task touching this many large files is rare).
 #[derive(Debug, Default)]
@@ -247,6 +254,15 @@ pub fn parse_sizes(out: &[u8]) -> std::collections::HashMap<String, u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_rule_out_a_large_line_diff_only_when_every_byte_may_be_a_line() {
+        let budget = 65 * 1000;
+        assert!(none_can_exceed(600, 400, budget));
+        assert!(!none_can_exceed(600, 401, budget));
+        assert!(!none_can_exceed(u64::MAX, 0, budget));
+        assert!(none_can_exceed(0, 0, 0));
+    }
 
     #[test]
     fn raw_records_give_regular_file_blobs_only() {

@@ -46,11 +46,12 @@ use crate::exec::Stop;
 use crate::fsutil;
 use crate::git::{self, first_line, is_object_id, Git, Run};
 use crate::gitguard;
+use crate::journal::{Changed, Tracker};
 use crate::server::{Config, Outbox};
 use crate::spawn::ExecUser;
 use crate::statedir::{
     self, BASELINE_COMMIT, BASELINE_DIR, BASELINE_FILES, BASELINE_INDEX, BASELINE_INDEX_LOCK,
-    BASELINE_REPO, BASELINE_WORKSPACE,
+    BASELINE_LARGEST, BASELINE_REPO, BASELINE_WORKSPACE,
 };
 
 /// Branch a repository starts on when the host did not name one.
@@ -110,10 +111,10 @@ fn cancelled_or(err: RunError, what: &str) -> String {
 }
 
 /// Takes the repository lock, unless a stop comes first.
-async fn lock<'a>(
-    lock: &'a Mutex<()>,
+async fn lock<'a, T>(
+    lock: &'a Mutex<T>,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<tokio::sync::MutexGuard<'a, ()>, RunError> {
+) -> Result<tokio::sync::MutexGuard<'a, T>, RunError> {
     tokio::select! {
         biased;
         () = stop_requested(stop) => Err(RunError::Cancelled),
@@ -194,7 +195,12 @@ impl Opened {
             .guarded(self.exe.clone(), self.user.map(|_| gitguard::GIT_GROUP))
             .env("GIT_INDEX_FILE", self.index.to_string_lossy());
         if self.attr_source {
-            run = run.env("GIT_ATTR_SOURCE", git::EMPTY_TREE_SHA1);
+            run = run
+                .env("GIT_ATTR_SOURCE", git::EMPTY_TREE_SHA1)
+                // The same git (2.40+) writes the index without its trailing SHA-1, which
+                // every later run of a diff would otherwise check again: 1.6 MB for 20,000
+                // files, through the collision-detecting SHA-1, in each of four runs.
+                .config("index.skipHash=true");
         }
         run
     }
@@ -220,7 +226,7 @@ fn arg_with(prefix: &str, path: &Path) -> OsString {
 pub async fn baseline(
     req: BaselineRequest,
     config: &Config,
-    repo_lock: &Mutex<()>,
+    repo_lock: &Mutex<Tracker>,
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<Response, String> {
     let (workspace, ws_fd) = open_workspace(&req.workspace)?;
@@ -238,9 +244,11 @@ pub async fn baseline(
     };
     let user = (owner.uid != nix::unistd::geteuid().as_raw()).then_some(owner);
 
-    let _guard = lock(repo_lock, stop)
+    let mut tracker = lock(repo_lock, stop)
         .await
         .map_err(|err| cancelled_or(err, "the baseline"))?;
+    // The previous journal is of the previous baseline.
+    *tracker = Tracker::Idle;
     let state_dir = config.state_dir.clone();
     let bundle_name = req.bundle.clone();
     // Opening the state directory and copying the bundle are blocking file work.
@@ -266,11 +274,35 @@ pub async fn baseline(
 
     // Until the user's repository is done, the previous baseline (if any) is untouched.
     let mut replacing = false;
+    // The journal starts watching while the user's repository is made (which changes only its
+    // `.git`), and before the baseline is read: a change from then on is in the first diff.
+    let watched = workspace.clone();
+    let journal = tokio::task::spawn_blocking(move || Tracker::started(&watched));
     let outcome = async {
         user_repository(git, &workspace, user, head.as_ref(), bundle, stop).await?;
         replacing = true;
+        *tracker = journal
+            .await
+            .map_err(|err| RunError::Failed(format!("internal error: {err}")))?;
         let commit = record_baseline(git, &private, &workspace, user, stop).await?;
         write_note(&state_fd, BASELINE_COMMIT, commit.as_bytes())?;
+        // Without the note, every diff sizes its changed files with git.
+        let state_dir = config.state_dir.clone();
+        match blocking(move || {
+            let state = statedir::open_state_dir(&state_dir)?;
+            let dir = fsutil::open_dir_at(state.as_fd(), BASELINE_DIR)
+                .map_err(|err| format!("cannot open the private repository: {err}"))?;
+            survey_index(dir.as_fd(), &Default::default())
+        })
+        .await
+        {
+            Ok(survey) => write_note(
+                &state_fd,
+                BASELINE_LARGEST,
+                survey.largest.to_string().as_bytes(),
+            )?,
+            Err(err) => log!("cannot size the baseline's files: {err}"),
+        }
         write_note(
             &state_fd,
             BASELINE_WORKSPACE,
@@ -631,6 +663,7 @@ async fn record_baseline(
         workspace,
         &BASELINE_COMPRESSION,
         &["--force"],
+        None,
         stop,
     )
     .await?;
@@ -673,21 +706,40 @@ async fn record_baseline(
 /// `git add -A` into the private index. Paths git cannot add are skipped, not fatal: a nested
 /// repository without a commit, or a tracked file replaced by a FIFO or socket, must not make
 /// every later diff fail. They are logged; a skipped tracked path keeps its previous entry.
+///
+/// With `within`, NUL-separated workspace-relative paths, only what is at or beneath them.
 async fn add_all(
     git: &Git,
     private: &Opened,
     workspace: &Path,
     compression: &[&str],
     extra: &[&str],
+    within: Option<Vec<u8>>,
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<(), RunError> {
     let mut rest = vec!["-c", BIG_FILE_THRESHOLD];
     rest.extend_from_slice(compression);
-    rest.extend_from_slice(&["add", "-A", "--ignore-errors"]);
+    let mut run = private.run();
+    let mut feeder = None;
+    if let Some(paths) = within {
+        // Names, never patterns: a file may be called `*` or `:(exclude)x`.
+        rest.insert(0, "--literal-pathspecs");
+        rest.extend_from_slice(&["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"]);
+        let (read, feeding) = feed(paths)?;
+        run = run.stdin(read);
+        feeder = Some(feeding);
+    } else {
+        rest.extend_from_slice(&["add", "-A"]);
+    }
+    rest.push("--ignore-errors");
     rest.extend_from_slice(extra);
-    let (_, finished) = git
-        .run_status(&private.args(workspace, &rest), private.run(), stop)
-        .await?;
+    let result = git
+        .run_status(&private.args(workspace, &rest), run, stop)
+        .await;
+    if let Some(feeder) = feeder {
+        let _ = feeder.await;
+    }
+    let (_, finished) = result?;
     match finished.status {
         Some(crate::reaper::ExitStatus::Exited(0)) => Ok(()),
         // --ignore-errors: some paths were skipped, the rest is in the index.
@@ -706,6 +758,213 @@ async fn add_all(
     }
 }
 
+/// Brings the private index up to date for what the journal saw change, as [`add_all`] would
+/// for the whole workspace: the trees through `git add -A` limited to them; the paths
+/// through `git update-index`, which reads and hashes those files alone, less the untracked
+/// ones that git ignores (`git add -A` leaves those out; a tracked file stays tracked
+/// whatever the ignore rules say). A path git refuses fails the whole step, and the caller
+/// then scans everything, which skips such paths one by one.
+async fn add_changed(
+    git: &Git,
+    private: &Opened,
+    workspace: &Path,
+    changed: &Changed,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<(), RunError> {
+    // A pathspec that matches nothing is fatal to `git add`: a directory made and removed
+    // between two diffs (a build's scratch) is gone from the work tree and was never in the
+    // index. What is gone only leaves the index, which `git rm --cached` does quietly.
+    let trees = changed.trees.clone();
+    let ws = workspace.to_path_buf();
+    let (present, gone): (Vec<Vec<u8>>, Vec<Vec<u8>>) = blocking(move || {
+        let root = fsutil::open_dir_nofollow(&ws)
+            .map_err(|err| format!("cannot open {}: {err}", ws.display()))?;
+        Ok(trees
+            .into_iter()
+            .partition(|tree| !is_gone(root.as_fd(), tree)))
+    })
+    .await
+    .map_err(RunError::Failed)?;
+    if !present.is_empty() {
+        let trees = nul_separated(present.iter().map(Vec::as_slice));
+        add_all(
+            git,
+            private,
+            workspace,
+            &DIFF_COMPRESSION,
+            &[],
+            Some(trees),
+            stop,
+        )
+        .await?;
+    }
+    if !gone.is_empty() {
+        let (read, feeder) = feed(nul_separated(gone.iter().map(Vec::as_slice)))?;
+        let rm = [
+            "--literal-pathspecs",
+            "rm",
+            "-r",
+            "-q",
+            "--cached",
+            "--ignore-unmatch",
+            "--pathspec-from-file=-",
+            "--pathspec-file-nul",
+        ];
+        let result = git
+            .run(
+                &private.args(workspace, &rm),
+                private.run().stdin(read),
+                stop,
+            )
+            .await;
+        let _ = feeder.await;
+        result?;
+    }
+    if changed.paths.is_empty() {
+        return Ok(());
+    }
+    let dir = private
+        .dir
+        .try_clone()
+        .map_err(|err| RunError::Failed(format!("cannot reach the private repository: {err}")))?;
+    let candidates = changed.paths.clone();
+    let tracked = blocking(move || survey_index(dir.as_fd(), &candidates))
+        .await
+        .map_err(RunError::Failed)?
+        .tracked;
+    let untracked: std::collections::BTreeSet<Vec<u8>> =
+        changed.paths.difference(&tracked).cloned().collect();
+    let ignored = if untracked.is_empty() {
+        untracked
+    } else {
+        ignored_of(git, private, workspace, &untracked, stop).await?
+    };
+    let paths = nul_separated(
+        changed
+            .paths
+            .iter()
+            .filter(|path| !ignored.contains(*path))
+            .map(Vec::as_slice),
+    );
+    let (read, feeder) = feed(paths)?;
+    let mut rest = vec!["-c", BIG_FILE_THRESHOLD];
+    rest.extend_from_slice(&DIFF_COMPRESSION);
+    rest.extend_from_slice(&["update-index", "-z", "--add", "--remove", "--stdin"]);
+    let result = git
+        .run(
+            &private.args(workspace, &rest),
+            private.run().stdin(read),
+            stop,
+        )
+        .await;
+    let _ = feeder.await;
+    result.map(drop)
+}
+
+/// Whether nothing is at the workspace-relative `path` (as far as the agent can tell without
+/// following a symlink: one on the way leaves the path to `git add`, which knows what to do).
+fn is_gone(workspace: BorrowedFd<'_>, path: &[u8]) -> bool {
+    let how = nix::fcntl::OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .resolve(
+            nix::fcntl::ResolveFlag::RESOLVE_BENEATH | nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS,
+        );
+    matches!(
+        nix::fcntl::openat2(workspace, OsStr::from_bytes(path), how),
+        Err(Errno::ENOENT | Errno::ENOTDIR)
+    )
+}
+
+/// Which of `candidates` the private index tracks, and its largest file.
+fn survey_index(
+    private: BorrowedFd<'_>,
+    candidates: &std::collections::BTreeSet<Vec<u8>>,
+) -> Result<crate::git_index::Survey, String> {
+    let fail = |err: &dyn std::fmt::Display| format!("cannot read the private index: {err}");
+    let fd = openat(
+        private,
+        BASELINE_INDEX,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|err| fail(&err))?;
+    let file = File::from(fd);
+    // Read in one go: growing the buffer as it filled took most of the time.
+    let len = file.metadata().map_err(|err| fail(&err))?.len();
+    let mut bytes = Vec::with_capacity(usize::try_from(len.min(MAX_INDEX_BYTES)).unwrap_or(0) + 1);
+    file.take(MAX_INDEX_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(|err| fail(&err))?;
+    // The private repository is SHA-1 (see `record_baseline`).
+    crate::git_index::survey(&bytes, 20, candidates)
+}
+
+/// The largest private index read (about 80 bytes a file): past it, the diff scans.
+const MAX_INDEX_BYTES: u64 = 1 << 30;
+
+/// Which of the untracked `paths` git ignores. `--no-index`: they are all untracked, and
+/// with the index git would look for each of them through every entry.
+async fn ignored_of(
+    git: &Git,
+    private: &Opened,
+    workspace: &Path,
+    paths: &std::collections::BTreeSet<Vec<u8>>,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<std::collections::BTreeSet<Vec<u8>>, RunError> {
+    // check-ignore reads each line as a pathspec, whose magic starts with `:`; behind `./`
+    // such a name is a name. Git prints each ignored path as it was given.
+    let given: Vec<Vec<u8>> = paths
+        .iter()
+        .map(|path| {
+            if path.starts_with(b":") {
+                [b"./", path.as_slice()].concat()
+            } else {
+                path.clone()
+            }
+        })
+        .collect();
+    let (read, feeder) = feed(nul_separated(given.iter().map(Vec::as_slice)))?;
+    let result = git
+        .run_status(
+            &private.args(workspace, &["check-ignore", "--no-index", "-z", "--stdin"]),
+            private.run().stdin(read),
+            stop,
+        )
+        .await;
+    let _ = feeder.await;
+    let (out, finished) = result?;
+    // 0: some are ignored; 1: none is.
+    if !matches!(
+        finished.status,
+        Some(crate::reaper::ExitStatus::Exited(0 | 1))
+    ) {
+        return Err(RunError::Failed(format!(
+            "git check-ignore failed ({})",
+            finished.describe()
+        )));
+    }
+    let printed: std::collections::BTreeSet<&[u8]> = out
+        .split(|&byte| byte == 0)
+        .filter(|name| !name.is_empty())
+        .collect();
+    Ok(paths
+        .iter()
+        .zip(&given)
+        .filter(|(_, given)| printed.contains(given.as_slice()))
+        .map(|(path, _)| path.clone())
+        .collect())
+}
+
+/// `items`, each followed by a NUL: how git's `-z` inputs take names.
+fn nul_separated<'a>(items: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut joined = Vec::new();
+    for item in items {
+        joined.extend_from_slice(item);
+        joined.push(0);
+    }
+    joined
+}
+
 /// How the baseline's `git add` stores the whole tree: uncompressed. Deflating every file
 /// (zlib level 1 for loose objects, level 6 for the files over [`BIG_FILE_THRESHOLD`], which
 /// go to a pack) was the largest single cost of a task's start: 8.2 s of a 20,000-file /
@@ -714,9 +973,12 @@ async fn add_all(
 const BASELINE_COMPRESSION: [&str; 4] =
     ["-c", "core.looseCompression=0", "-c", "pack.compression=0"];
 
-/// How a diff's `git add` stores the changed files: fast zlib (level 1) for big files too,
-/// whose default (level 6) made a diff of two changed 9 MB files cost a second.
-const DIFF_COMPRESSION: [&str; 4] = ["-c", "core.looseCompression=1", "-c", "pack.compression=1"];
+/// How a diff stores the changed files: stored, like the baseline. Git's default (level 6
+/// for big files) made a diff of two changed 9 MB files cost a second; level 1 still took a
+/// third of the `update-index` of a 50-file diff from the journal (18–49 ms against 14–18).
+/// The price is disk, as for the baseline: each diff's new versions of the changed files at
+/// their full size, in the task's scratch repository.
+const DIFF_COMPRESSION: [&str; 4] = BASELINE_COMPRESSION;
 
 /// Git streams files above this size into the object store instead of reading them whole
 /// (`git add`), and stores them without delta search; [`bigfiles`] makes the diff carry them
@@ -758,7 +1020,7 @@ const DIFF_ARGS: &[&str] = &[
 pub async fn diff(
     req: DiffRequest,
     config: &Config,
-    repo_lock: &Mutex<()>,
+    repo_lock: &Mutex<Tracker>,
     stream: u32,
     outbox: &Outbox,
     stop: &mut mpsc::Receiver<Stop>,
@@ -767,16 +1029,20 @@ pub async fn diff(
     let line_diff_budget = req
         .line_diff_budget
         .unwrap_or(bigfiles::DEFAULT_LINE_DIFF_BUDGET);
-    let _guard = lock(repo_lock, stop)
+    let mut tracker = lock(repo_lock, stop)
         .await
         .map_err(|err| cancelled_or(err, "the diff"))?;
     let git = git::git(stop)
         .await
         .map_err(|err| cancelled_or(err, "the diff"))?;
     let state_dir = config.state_dir.clone();
-    let (recorded, commit, has_index, private) = blocking(move || {
+    let (recorded, commit, baseline_largest, has_index, private) = blocking(move || {
         let fd = statedir::open_state_dir(&state_dir)?;
         let recorded = read_note(fd.as_fd(), BASELINE_WORKSPACE)?;
+        // Written since this note exists; without it, git sizes the changed files.
+        let baseline_largest = read_note(fd.as_fd(), BASELINE_LARGEST)
+            .ok()
+            .and_then(|note| String::from_utf8_lossy(&note).parse::<u64>().ok());
         let commit = String::from_utf8_lossy(&read_note(fd.as_fd(), BASELINE_COMMIT)?).into_owned();
         if !is_object_id(&commit) {
             return Err(format!(
@@ -799,7 +1065,7 @@ pub async fn diff(
             nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
         )
         .is_ok();
-        Ok((recorded, commit, has_index, private))
+        Ok((recorded, commit, baseline_largest, has_index, private))
     })
     .await?;
     if recorded != workspace.as_os_str().as_bytes() {
@@ -821,8 +1087,67 @@ pub async fn diff(
             )
             .await?;
         }
-        add_all(git, &private, &workspace, &DIFF_COMPRESSION, &[], stop).await?;
-        mark_big_files(git, &private, &workspace, &commit, line_diff_budget, stop).await?;
+        // Without an index every file is looked at anyway.
+        let full_scan = req.full_scan || !has_index;
+        let (ws, mut held) = (workspace.clone(), std::mem::take(&mut *tracker));
+        let (held, changed) = blocking(move || {
+            let changed = held.changes(&ws, full_scan);
+            Ok((held, changed))
+        })
+        .await
+        .map_err(RunError::Failed)?;
+        *tracker = held;
+        match changed {
+            None => {
+                add_all(
+                    git,
+                    &private,
+                    &workspace,
+                    &DIFF_COMPRESSION,
+                    &[],
+                    None,
+                    stop,
+                )
+                .await?
+            }
+            Some(changed) => match add_changed(git, &private, &workspace, &changed, stop).await {
+                Err(RunError::Failed(why)) => {
+                    log!("scanning the whole workspace instead: {why}");
+                    add_all(
+                        git,
+                        &private,
+                        &workspace,
+                        &DIFF_COMPRESSION,
+                        &[],
+                        None,
+                        stop,
+                    )
+                    .await?;
+                }
+                done => done?,
+            },
+        }
+        // When no file on either side is large enough for its line diff to go over the
+        // budget, even a line per byte, no file needs sizing or counting.
+        let dir = private.dir.try_clone().map_err(|err| {
+            RunError::Failed(format!("cannot reach the private repository: {err}"))
+        })?;
+        let largest = blocking(move || survey_index(dir.as_fd(), &Default::default()))
+            .await
+            .map(|survey| survey.largest);
+        match (baseline_largest, largest) {
+            (Some(old), Ok(new)) if bigfiles::none_can_exceed(old, new, line_diff_budget) => {
+                if has_attributes(&private) {
+                    set_attributes(&private, Vec::new()).await?;
+                }
+            }
+            (_, largest) => {
+                if let Err(err) = largest {
+                    log!("sizing the changed files with git: {err}");
+                }
+                mark_big_files(git, &private, &workspace, &commit, line_diff_budget, stop).await?;
+            }
+        }
         let mut args = DIFF_ARGS.to_vec();
         args.push(&commit);
         stream_git_output(
@@ -838,6 +1163,10 @@ pub async fn diff(
         .await
     }
     .await;
+    if outcome.is_err() {
+        // The index may hold part of what was taken from the journal: the next diff scans.
+        *tracker = Tracker::Idle;
+    }
     match outcome {
         Ok(bytes) => {
             outbox
@@ -919,6 +1248,26 @@ async fn mark_big_files(
             .filter(|c| bigfiles::line_diff_bytes(&sides(c, &lines)) > budget)
             .map(|c| c.path.as_slice()),
     );
+    set_attributes(private, text).await
+}
+
+/// Whether the private repository's `info/attributes` may list a file: it is there and not
+/// empty, or cannot be looked at.
+fn has_attributes(private: &Opened) -> bool {
+    let path = format!("{}/info/attributes", BASELINE_REPO.to_string_lossy());
+    match fstatat(
+        private.dir.as_fd(),
+        path.as_str(),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    ) {
+        Err(Errno::ENOENT) => false,
+        Ok(stat) => stat.st_size != 0,
+        Err(_) => true,
+    }
+}
+
+/// Replaces the private repository's `info/attributes` with `text`.
+async fn set_attributes(private: &Opened, text: Vec<u8>) -> Result<(), RunError> {
     let dir = private
         .dir
         .try_clone()

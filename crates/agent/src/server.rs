@@ -221,8 +221,9 @@ struct Server {
     outbox: Outbox,
     streams: SharedStreams,
     tasks: JoinSet<()>,
-    /// Held by Baseline and Diff, which share the private repository and its index.
-    repo_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Held by Baseline and Diff, which share the private repository, its index and the
+    /// journal of what changed in the workspace since the last diff.
+    repo_lock: Arc<tokio::sync::Mutex<crate::journal::Tracker>>,
     egress: Arc<Egress>,
 }
 

@@ -39,12 +39,15 @@ pub const BASELINE_INDEX_LOCK: &CStr = c"index.lock";
 pub const BASELINE_WORKSPACE: &CStr = c"baseline-workspace";
 /// The baseline commit id, kept where only the agent can write it.
 pub const BASELINE_COMMIT: &CStr = c"baseline-commit";
+/// The size of the baseline's largest file, as its index records it.
+pub const BASELINE_LARGEST: &CStr = c"baseline-largest";
 /// Every name the agent keeps in the state directory, for cleanup (the repository, index and
 /// lock names are also reserved: they were in the state directory itself before).
-pub const BASELINE_FILES: [&CStr; 6] = [
+pub const BASELINE_FILES: [&CStr; 7] = [
     BASELINE_DIR,
     BASELINE_WORKSPACE,
     BASELINE_COMMIT,
+    BASELINE_LARGEST,
     BASELINE_REPO,
     BASELINE_INDEX,
     BASELINE_INDEX_LOCK,

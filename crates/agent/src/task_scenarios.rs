@@ -94,7 +94,7 @@ fn text(path: &Path) -> String {
 
 /// Runs a shell script as the test process's user, with a git environment that ignores the
 /// machine's configuration and accepts repositories owned by others. Panics on failure.
-async fn sh(cwd: &Path, script: &str) -> String {
+pub(crate) async fn sh(cwd: &Path, script: &str) -> String {
     let (out, finished) = sh_status(cwd, script).await;
     assert!(
         finished.success(),
@@ -344,6 +344,18 @@ async fn diff_within(host: &Host, ws: &Path, max_bytes: u64, budget: Option<u64>
         workspace: text(ws),
         max_bytes,
         line_diff_budget: budget,
+        full_scan: false,
+    });
+    host.open(&request).await.1.collect().await
+}
+
+/// A diff that looks at every file, not at the journal: what `task finish` saves.
+async fn full_diff(host: &Host, ws: &Path) -> Outcome {
+    let request = Request::Diff(DiffRequest {
+        workspace: text(ws),
+        max_bytes: 1 << 30,
+        line_diff_budget: None,
+        full_scan: true,
     });
     host.open(&request).await.1.collect().await
 }
@@ -1045,7 +1057,7 @@ fn rich_tree(root: &Path) {
 /// The baseline's objects are stored, not deflated (the start's largest cost was deflating
 /// the whole tree); a diff's new objects are deflated.
 #[tokio::test]
-async fn the_baseline_is_stored_uncompressed_and_diffs_compress() {
+async fn the_baseline_and_what_diffs_add_are_stored_uncompressed() {
     let sb = Sandbox::new();
     let host = Host::start(sb.config.clone()).await;
     let src = sb.path("src");
@@ -1067,10 +1079,11 @@ async fn the_baseline_is_stored_uncompressed_and_diffs_compress() {
     let stored = object_size(&git_blob_id(&file).await);
     assert!(stored > 64 * 1024, "{stored}");
 
+    // A diff stores the changed file the same way: scratch space is cheaper than the time.
     std::fs::write(&file, vec![0u8; 128 * 1024]).expect("write");
     patch_of(&diff(&host, &ws, 1 << 30).await);
-    let deflated = object_size(&git_blob_id(&file).await);
-    assert!(deflated < 4096, "{deflated}");
+    let changed = object_size(&git_blob_id(&file).await);
+    assert!(changed > 128 * 1024, "{changed}");
 }
 
 /// The id git gives the blob of the file `path` (SHA-1 repositories).
@@ -1170,6 +1183,79 @@ async fn diff_round_trip_reproduces_the_work_tree() {
     // The index survives a refused diff.
     let again = patch_of(&diff(&host, &ws, 1 << 30).await);
     assert_eq!(again, patch);
+}
+
+/// A diff from the journal (what changed since the last diff) is the diff of a full scan,
+/// whatever the agent did in between: each step changes the workspace one way, then the
+/// journal's patch must equal the full scan's (whose own correctness the other scenarios
+/// check against the work tree).
+#[tokio::test]
+async fn a_diff_from_the_journal_equals_a_full_scan() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    rich_tree(&src);
+    for (rel, data) in [
+        ("tree/a/one.txt", "one\n"),
+        ("tree/a/b/two.txt", "two\n"),
+        ("tree/c/three.txt", "three\n"),
+        ("file-to-dir", "file\n"),
+        ("dir-to-file/x", "x\n"),
+        ("target/link-here/t.txt", "t\n"),
+        ("sub/.gitignore", "*.tmp\n"),
+        ("sub/kept.tmp", "tracked although ignored\n"),
+    ] {
+        let path = src.join(rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, data).expect("write");
+    }
+    let ws = import_tree(&host, &sb, &src).await;
+    let git = "git -c user.name=agent -c user.email=agent@example.com";
+    let steps = [
+        // Files: written, made, removed, chmodded, a symlink made and one retargeted.
+        "printf 'changed\\n' >> README.md && echo new > lib/new.rs && rm gone.txt \
+         && chmod +x plain.txt && ln -s lib/x.rs new-link && rm retarget && ln -s b retarget",
+        // Names git could read as patterns or magic.
+        "echo a > ':(exclude)x' && echo b > '*' && echo c > 'with space' && echo d > ':colon'",
+        // Directories: made deep, renamed, removed; a file into a directory and back.
+        "mkdir -p new/deep/er && echo d > new/deep/er/f && mv tree/a tree/moved \
+         && rm -r tree/c && rm file-to-dir && mkdir file-to-dir && echo in > file-to-dir/in \
+         && rm -r dir-to-file && echo now-a-file > dir-to-file",
+        // Then changed inside what was made or moved, which the journal watches by now.
+        "echo more >> tree/moved/b/two.txt && echo more >> new/deep/er/f && echo x > new/x",
+        // Ignore rules: a new untracked file ignored, then revealed by a changed rule; an
+        // ignored tracked file still diffs; a nested .gitignore.
+        "echo junk > junk.log && echo '*.log' >> .gitignore && echo more >> sub/kept.tmp \
+         && echo t > sub/new.tmp",
+        "echo 'nothing' > .gitignore && echo '' > sub/.gitignore",
+        // Touched, not changed; a file made and removed between two diffs; a directory too,
+        // and an empty one made.
+        "touch README.md lib/x.rs && echo brief > brief && rm brief \
+         && mkdir -p scratch/deep && echo x > scratch/deep/f && rm -r scratch && mkdir empty",
+        // A directory swapped for a symlink to another, with tracked files beneath.
+        "rm -r target/link-here && ln -s ../tree target/link-here",
+        // A nested repository, then a commit in it.
+        &format!(
+            "mkdir nested && cd nested && git init -q && echo n > n && git add n \
+             && {git} commit -qm one"
+        ),
+        &format!("cd nested && echo m > m && git add m && {git} commit -qm two"),
+        // A commit in the workspace's own repository hides nothing.
+        &format!("echo late > late.txt && git add -A && {git} commit -qm 'agent commit'"),
+        // Nothing at all.
+        "true",
+    ];
+    for step in steps {
+        as_user(&host, &ws, step).await;
+        let journal = patch_of(&diff(&host, &ws, 1 << 30).await);
+        let full = patch_of(&full_diff(&host, &ws).await);
+        assert_eq!(
+            String::from_utf8_lossy(&journal),
+            String::from_utf8_lossy(&full),
+            "after {step:?}"
+        );
+    }
 }
 
 /// Whether a changed file is diffed line by line depends on what the line diff would take in
@@ -1551,6 +1637,7 @@ async fn cancelled_baseline_and_diff_clean_up() {
         workspace: text(&ws),
         max_bytes: 1 << 20,
         line_diff_budget: None,
+        full_scan: false,
     });
     let (id, rx) = host.open(&request).await;
     host.send(Frame::new(id, FrameKind::Cancel, vec![])).await;

@@ -73,7 +73,13 @@ pub async fn take_final_patch(
             .map_err(|err| disk_error("creating", &partial, &err))?;
         let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
         let size = conn
-            .while_responsive(workspace::diff_into(conn, &mut out, None, line_diff_budget))
+            .while_responsive(workspace::diff_into(
+                conn,
+                &mut out,
+                None,
+                line_diff_budget,
+                workspace::Scan::Everything,
+            ))
             .await??;
         crate::failpoint::hit("save.patch-written")?;
         use tokio::io::AsyncWriteExt;

@@ -277,13 +277,23 @@ pub async fn record_baseline(
     }
 }
 
+/// What the guest's agent looks at for a diff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scan {
+    /// What its journal saw change since the last diff: for showing, where speed matters.
+    Changed,
+    /// Every file: for the patch that is saved, which must not depend on what a journal of
+    /// changes can see (a write through a shared mapping, say).
+    Everything,
+}
+
 /// The patch baseline → current working tree, as the guest's agent computes it, in memory:
 /// for showing it (`task diff`), so bounded by [`DEFAULT_MAX_PATCH_BYTES`]. Saving the work
 /// uses [`diff_into`] without a bound.
 pub async fn diff(conn: &AgentConn, line_diff_budget: u64) -> Result<Vec<u8>> {
     let mut patch = Vec::new();
     let max = u64::try_from(DEFAULT_MAX_PATCH_BYTES).unwrap_or(u64::MAX);
-    diff_into(conn, &mut patch, Some(max), line_diff_budget).await?;
+    diff_into(conn, &mut patch, Some(max), line_diff_budget, Scan::Changed).await?;
     Ok(patch)
 }
 
@@ -302,6 +312,7 @@ pub async fn diff_into<W>(
     out: &mut W,
     max_bytes: Option<u64>,
     line_diff_budget: u64,
+    scan: Scan,
 ) -> Result<u64>
 where
     W: tokio::io::AsyncWrite + Unpin,
@@ -314,6 +325,7 @@ where
             // the host's explanation rather than the agent's.
             max_bytes: u64::MAX,
             line_diff_budget: Some(line_diff_budget),
+            full_scan: scan == Scan::Everything,
         }))
         .await?;
     let mut written: u64 = 0;

@@ -163,6 +163,11 @@ pub struct DiffRequest {
     /// readable by an agent that predates it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub line_diff_budget: Option<u64>,
+    /// Look at every file, not only at what the agent saw change since the last diff: for
+    /// the patch that is saved, which must not depend on what a journal can see. Sent only
+    /// when set, as above.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub full_scan: bool,
 }
 
 /// Run `sh -c command` in the guest.

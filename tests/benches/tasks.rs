@@ -170,10 +170,24 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
     let change = "for f in $(git ls-files | grep -v '^untracked' | head -50); do echo changed >> \"$f\"; done";
     dynocap(&["task", "exec", last, "--timeout", "600", "--", change]);
     let clone = changed_clone(scratch, "diff-floor", project_arg, "--no-local", change);
+    // Before each pair the same 50 files change again on both sides, so that every timed
+    // diff has 50 changes to find (the agent's journal makes a diff of an unchanged tree
+    // cheap, which would flatter it), and the clone's index stays older than the changes,
+    // as a checkout someone works in has.
+    let rechange = || {
+        dynocap(&["task", "exec", last, "--timeout", "600", "--", change]);
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(change)
+            .current_dir(&clone)
+            .status()
+            .expect("sh");
+        assert!(status.success(), "{change} in {}", clone.display());
+    };
     let diff = pairs(
         5,
         Duration::from_millis(100),
-        || {},
+        rechange,
         |_| {
             dynocap(&["--json", "task", "diff", last]);
         },

@@ -394,8 +394,52 @@ impl HardenedGit {
         let stderr = drain(child.stderr.take());
         Ok(RunningGit {
             stdin,
-            child: Some(child),
+            child: Some(Process::Forked(child)),
             readers: Some((stdout, stderr)),
+            timeout: self.timeout,
+            started: Instant::now(),
+            command: self.describe(),
+            _spawning_thread: PhantomData,
+        })
+    }
+
+    /// Like [`spawn`](Self::spawn) with stdin piped, for a git whose work is bounded by what
+    /// the caller feeds it (`git apply` of a patch): started without `fork`
+    /// ([`crate::spawn`]), so git runs sooner and no other thread of this process waits on
+    /// the allocator meanwhile. Git gets no death signal, and needs none: should this process
+    /// die, git reads the end of its input and ends, and a dead supervisor's session is killed
+    /// whole anyway ([`crate::host_children::kill_session`]).
+    pub fn spawn_fed(&self) -> Result<RunningGit, GitError> {
+        let spawn_error = |source| GitError::Spawn {
+            program: self.program.to_string_lossy().into_owned(),
+            source,
+        };
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|err| spawn_error(io::Error::from(err)))
+        };
+        let ((in_read, in_write), (out_read, out_write), (err_read, err_write)) =
+            (pipe()?, pipe()?, pipe()?);
+        let inherit = match self.location {
+            Location::DirFd(fd) => Some((fd, INHERITED_DIR_FD)),
+            _ => None,
+        };
+        let stdio = crate::spawn::Stdio {
+            stdin: &in_read,
+            stdout: &out_write,
+            stderr: &err_write,
+        };
+        let child =
+            crate::spawn::spawn(&self.command(), &stdio, inherit, true).map_err(spawn_error)?;
+        // The child has its own copies; with these closed, git's exit ends the readers.
+        drop((in_read, out_write, err_write));
+        Ok(RunningGit {
+            stdin: Some(ChildStdin::from(in_write)),
+            child: Some(Process::Spawned(child)),
+            readers: Some((
+                drain(Some(std::fs::File::from(out_read))),
+                drain(Some(std::fs::File::from(err_read))),
+            )),
             timeout: self.timeout,
             started: Instant::now(),
             command: self.describe(),
@@ -438,7 +482,7 @@ pub struct RunningGit {
     /// With [`HardenedGit::stdin_piped`], until the caller takes it.
     stdin: Option<ChildStdin>,
     /// `None` once reaped.
-    child: Option<Child>,
+    child: Option<Process>,
     readers: Option<(OutputReader, OutputReader)>,
     timeout: Option<Duration>,
     started: Instant,
@@ -447,6 +491,35 @@ pub struct RunningGit {
 }
 
 type OutputReader = thread::JoinHandle<io::Result<Vec<u8>>>;
+
+/// How a [`RunningGit`]'s process was started.
+enum Process {
+    Forked(Child),
+    Spawned(crate::spawn::Spawned),
+}
+
+impl Process {
+    fn id(&self) -> u32 {
+        match self {
+            Process::Forked(child) => child.id(),
+            Process::Spawned(child) => child.id(),
+        }
+    }
+
+    fn wait(&mut self) -> io::Result<ExitStatus> {
+        match self {
+            Process::Forked(child) => child.wait(),
+            Process::Spawned(child) => child.wait(),
+        }
+    }
+
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        match self {
+            Process::Forked(child) => child.try_wait(),
+            Process::Spawned(child) => child.try_wait(),
+        }
+    }
+}
 
 impl RunningGit {
     /// Git's stdin, once, if it was [piped](HardenedGit::stdin_piped). Git reads until the
@@ -526,7 +599,7 @@ impl Drop for RunningGit {
 }
 
 /// SIGKILL for git's process group: git and whatever it started.
-fn kill_group(child: &Child) {
+fn kill_group(child: &Process) {
     if let Ok(pid) = i32::try_from(child.id()) {
         let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
     }
@@ -554,7 +627,7 @@ fn join(reader: thread::JoinHandle<io::Result<Vec<u8>>>) -> Result<Vec<u8>, GitE
 }
 
 /// Waits for `child` until `deadline`: `Ok(None)` if it is still running then.
-fn wait_until(child: &mut Child, deadline: Instant) -> io::Result<Option<ExitStatus>> {
+fn wait_until(child: &mut Process, deadline: Instant) -> io::Result<Option<ExitStatus>> {
     let mut pause = Duration::from_millis(1);
     loop {
         if let Some(status) = child.try_wait()? {
@@ -896,6 +969,51 @@ mod tests {
             .run()
             .expect("git version");
         assert!(out.starts_with(b"git version "));
+    }
+
+    /// `spawn_fed` runs the same command as `spawn` (environment, arguments, the directory
+    /// descriptor), with what the caller writes on its stdin.
+    #[test]
+    fn a_fed_git_gets_the_same_command_and_its_input() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let fed = script(
+            &tmp.path().join("fed-git"),
+            "#!/bin/sh\nenv | sort\necho ARGS \"$@\"\ncat\nls /proc/self/fd/3/\n",
+        );
+        fs::create_dir(tmp.path().join("proj")).expect("mkdir");
+        fs::write(tmp.path().join("proj/marker"), "").expect("write");
+        let dir = fs::File::open(tmp.path().join("proj")).expect("open");
+        let git = HardenedGit::in_dir_fd(std::os::fd::AsFd::as_fd(&dir))
+            .program(&fed)
+            .args(["apply", "-"]);
+        let mut running = loop {
+            match git.spawn_fed() {
+                Err(GitError::Spawn { source, .. })
+                    if source.raw_os_error() == Some(libc::ETXTBSY) =>
+                {
+                    thread::sleep(Duration::from_millis(20));
+                }
+                other => break other.expect("spawn"),
+            }
+        };
+        std::io::Write::write_all(&mut running.take_stdin().expect("stdin"), b"the patch\n")
+            .expect("feed");
+        let out = String::from_utf8(running.finish().expect("finish")).expect("utf-8");
+        let forked = String::from_utf8(
+            HardenedGit::in_dir_fd(std::os::fd::AsFd::as_fd(&dir))
+                .program(&fed)
+                .args(["apply", "-"])
+                .run()
+                .expect("run"),
+        )
+        .expect("utf-8");
+        // Everything but what was fed is what the forked start printed.
+        assert_eq!(out.replace("the patch\n", ""), forked);
+        assert!(out.contains("ARGS --no-pager -C /proc/self/fd/3"), "{out}");
+        assert!(out.contains("the patch\nmarker\n"), "{out}");
+        // The environment is the hardened one, not this process's (cargo sets this one).
+        assert!(std::env::var_os("CARGO_PKG_NAME").is_some());
+        assert!(!out.contains("CARGO_PKG_NAME="), "{out}");
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub mod records;
 pub mod repair;
 pub mod sandboxes;
 pub mod save;
+pub mod spawn;
 pub mod spec;
 pub mod ssh_key;
 pub mod supervisor;

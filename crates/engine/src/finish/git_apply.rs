@@ -58,8 +58,7 @@ impl Scratch {
         // file whose directory is a file in the baseline passes `--check`).
         let git = HardenedGit::with_git_dir(&self.git_dir, Some(&self.tree))
             .args(["apply", "--whitespace=nowarn"])
-            .stdin_piped()
-            .spawn()
+            .spawn_fed()
             .map_err(does_not_apply)?;
         Ok(PendingApply { git })
     }

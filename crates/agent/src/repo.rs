@@ -719,27 +719,22 @@ async fn add_all(
 ) -> Result<(), RunError> {
     let mut rest = vec!["-c", BIG_FILE_THRESHOLD];
     rest.extend_from_slice(compression);
-    let mut run = private.run();
-    let mut feeder = None;
-    if let Some(paths) = within {
+    if within.is_some() {
         // Names, never patterns: a file may be called `*` or `:(exclude)x`.
         rest.insert(0, "--literal-pathspecs");
         rest.extend_from_slice(&["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"]);
-        let (read, feeding) = feed(paths)?;
-        run = run.stdin(read);
-        feeder = Some(feeding);
     } else {
         rest.extend_from_slice(&["add", "-A"]);
     }
     rest.push("--ignore-errors");
     rest.extend_from_slice(extra);
-    let result = git
-        .run_status(&private.args(workspace, &rest), run, stop)
-        .await;
-    if let Some(feeder) = feeder {
-        let _ = feeder.await;
-    }
-    let (_, finished) = result?;
+    let (_, finished) = match within {
+        Some(paths) => run_fed_status(git, private, workspace, &rest, paths, stop).await?,
+        None => {
+            git.run_status(&private.args(workspace, &rest), private.run(), stop)
+                .await?
+        }
+    };
     match finished.status {
         Some(crate::reaper::ExitStatus::Exited(0)) => Ok(()),
         // --ignore-errors: some paths were skipped, the rest is in the index.
@@ -799,7 +794,6 @@ async fn add_changed(
         .await?;
     }
     if !gone.is_empty() {
-        let (read, feeder) = feed(nul_separated(gone.iter().map(Vec::as_slice)))?;
         let rm = [
             "--literal-pathspecs",
             "rm",
@@ -810,15 +804,8 @@ async fn add_changed(
             "--pathspec-from-file=-",
             "--pathspec-file-nul",
         ];
-        let result = git
-            .run(
-                &private.args(workspace, &rm),
-                private.run().stdin(read),
-                stop,
-            )
-            .await;
-        let _ = feeder.await;
-        result?;
+        let gone = nul_separated(gone.iter().map(Vec::as_slice));
+        run_fed(git, private, workspace, &rm, gone, stop).await?;
     }
     if changed.paths.is_empty() {
         return Ok(());
@@ -846,19 +833,12 @@ async fn add_changed(
             .filter(|path| !ignored.contains(*path))
             .map(Vec::as_slice),
     );
-    let (read, feeder) = feed(paths)?;
     let mut rest = vec!["-c", BIG_FILE_THRESHOLD];
     rest.extend_from_slice(&DIFF_COMPRESSION);
     rest.extend_from_slice(&["update-index", "-z", "--add", "--remove", "--stdin"]);
-    let result = git
-        .run(
-            &private.args(workspace, &rest),
-            private.run().stdin(read),
-            stop,
-        )
-        .await;
-    let _ = feeder.await;
-    result.map(drop)
+    run_fed(git, private, workspace, &rest, paths, stop)
+        .await
+        .map(drop)
 }
 
 /// Whether nothing is at the workspace-relative `path` (as far as the agent can tell without
@@ -923,16 +903,15 @@ async fn ignored_of(
             }
         })
         .collect();
-    let (read, feeder) = feed(nul_separated(given.iter().map(Vec::as_slice)))?;
-    let result = git
-        .run_status(
-            &private.args(workspace, &["check-ignore", "--no-index", "-z", "--stdin"]),
-            private.run().stdin(read),
-            stop,
-        )
-        .await;
-    let _ = feeder.await;
-    let (out, finished) = result?;
+    let (out, finished) = run_fed_status(
+        git,
+        private,
+        workspace,
+        &["check-ignore", "--no-index", "-z", "--stdin"],
+        nul_separated(given.iter().map(Vec::as_slice)),
+        stop,
+    )
+    .await?;
     // 0: some are ignored; 1: none is.
     if !matches!(
         finished.status,
@@ -1234,14 +1213,17 @@ async fn mark_big_files(
             })
             .collect::<Vec<_>>()
     };
-    let no_lines = std::collections::HashMap::new();
+    // What earlier diffs counted decides first: a 9 MB file changed again has its old
+    // version's lines remembered, and with them the new version often needs no count.
+    let (remembered, _) = LINE_COUNTS.split(&ids);
     let to_count: Vec<String> = changes
         .iter()
-        .filter(|c| bigfiles::may_exceed(&sides(c, &no_lines), budget))
+        .filter(|c| bigfiles::may_exceed(&sides(c, &remembered), budget))
         .flat_map(blobs_of)
         .flatten()
         .collect();
-    let lines = count_lines(git, private, workspace, &to_count, stop).await?;
+    let mut lines = count_lines(git, private, workspace, &to_count, stop).await?;
+    lines.extend(remembered);
     let text = bigfiles::attributes(
         changes
             .iter()
@@ -1289,16 +1271,7 @@ async fn cat_file_batch(
     let Some(input) = batch_input(ids) else {
         return Ok(Vec::new());
     };
-    let (read, feeder) = feed(input)?;
-    let out = git
-        .run(
-            &private.args(workspace, &["cat-file", batch]),
-            private.run().stdin(read),
-            stop,
-        )
-        .await;
-    let _ = feeder.await;
-    out
+    run_fed(git, private, workspace, &["cat-file", batch], input, stop).await
 }
 
 /// Line counts of blobs this agent has counted (see [`bigfiles::LineCounts`]).
@@ -1367,6 +1340,49 @@ fn batch_input(ids: &[String]) -> Option<Vec<u8>> {
     let mut input = ids.join("\n").into_bytes();
     input.push(b'\n');
     Some(input)
+}
+
+/// A guarded run in the private repository (see [`Opened::run`]) with `input` on git's stdin,
+/// to its end: its output and how it ended, whatever that was.
+async fn run_fed_status(
+    git: &Git,
+    private: &Opened,
+    workspace: &Path,
+    args: &[&str],
+    input: Vec<u8>,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<(Vec<u8>, crate::command::Finished), RunError> {
+    let (read, feeder) = feed(input)?;
+    let result = git
+        .run_status(
+            &private.args(workspace, args),
+            private.run().stdin(read),
+            stop,
+        )
+        .await;
+    let _ = feeder.await;
+    result
+}
+
+/// [`run_fed_status`] where anything but success is an error, as [`Git::run`] has it.
+async fn run_fed(
+    git: &Git,
+    private: &Opened,
+    workspace: &Path,
+    args: &[&str],
+    input: Vec<u8>,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<Vec<u8>, RunError> {
+    let (out, finished) = run_fed_status(git, private, workspace, args, input, stop).await?;
+    if finished.success() {
+        Ok(out)
+    } else {
+        Err(RunError::Failed(format!(
+            "git {} failed ({})",
+            git::subcommand(args),
+            finished.describe()
+        )))
+    }
 }
 
 /// A pipe whose read end is a child's stdin, fed `input` from the blocking pool while the

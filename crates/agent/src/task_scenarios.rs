@@ -1309,6 +1309,19 @@ async fn a_file_goes_binary_only_when_its_line_diff_would_exceed_the_budget() {
         assert_eq!(shown(&patch, "short.txt"), short, "budget {budget:?}");
         assert_patch_reproduces(&sb, &src, &patch, &ws).await;
     }
+    // Changed again: the old versions' counts are remembered and decide with the new sizes;
+    // the verdicts are those of a first look.
+    as_user(
+        &host,
+        &ws,
+        "echo tail >> long.txt && echo tail >> short.txt",
+    )
+    .await;
+    let patch = patch_of(&diff_within(&host, &ws, 1 << 30, None).await);
+    let first_look = patch_of(&full_diff(&host, &ws).await);
+    assert_eq!(shown(&patch, "long.txt"), "text");
+    assert_eq!(shown(&patch, "short.txt"), "binary");
+    assert_eq!(patch, first_look);
 }
 
 #[tokio::test]

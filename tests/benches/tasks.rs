@@ -176,13 +176,7 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
     // as a checkout someone works in has.
     let rechange = || {
         dynocap(&["task", "exec", last, "--timeout", "600", "--", change]);
-        let status = Command::new("sh")
-            .arg("-c")
-            .arg(change)
-            .current_dir(&clone)
-            .status()
-            .expect("sh");
-        assert!(status.success(), "{change} in {}", clone.display());
+        sh_in(&clone, change);
     };
     let diff = pairs(
         5,
@@ -453,13 +447,7 @@ fn changed_clone(scratch: &Path, name: &str, project: &str, how: &str, change: &
             clone.to_str().expect("utf-8 path"),
         ],
     );
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg(change)
-        .current_dir(&clone)
-        .status()
-        .expect("sh");
-    assert!(status.success(), "{change} in {}", clone.display());
+    sh_in(&clone, change);
     // As a checkout someone works in is: its index written after its files, so that git
     // trusts the files' stat data. Files written in the second the index was are "racily
     // clean", and every `git diff` reads them whole again; right after a clone and a change
@@ -467,6 +455,17 @@ fn changed_clone(scratch: &Path, name: &str, project: &str, how: &str, change: &
     std::thread::sleep(Duration::from_millis(1100));
     git(&clone, &["status", "--porcelain"]);
     clone
+}
+
+/// `sh -c script` in `dir`, which must succeed.
+fn sh_in(dir: &Path, script: &str) {
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .status()
+        .expect("sh");
+    assert!(status.success(), "{script} in {}", dir.display());
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {

@@ -1076,35 +1076,27 @@ pub async fn diff(
         .await
         .map_err(RunError::Failed)?;
         *tracker = held;
-        match changed {
-            None => {
-                add_all(
-                    git,
-                    &private,
-                    &workspace,
-                    &DIFF_COMPRESSION,
-                    &[],
-                    None,
-                    stop,
-                )
-                .await?
-            }
+        let updated = match changed {
             Some(changed) => match add_changed(git, &private, &workspace, &changed, stop).await {
                 Err(RunError::Failed(why)) => {
                     log!("scanning the whole workspace instead: {why}");
-                    add_all(
-                        git,
-                        &private,
-                        &workspace,
-                        &DIFF_COMPRESSION,
-                        &[],
-                        None,
-                        stop,
-                    )
-                    .await?;
+                    false
                 }
-                done => done?,
+                done => done.map(|()| true)?,
             },
+            None => false,
+        };
+        if !updated {
+            add_all(
+                git,
+                &private,
+                &workspace,
+                &DIFF_COMPRESSION,
+                &[],
+                None,
+                stop,
+            )
+            .await?;
         }
         // When no file on either side is large enough for its line diff to go over the
         // budget, even a line per byte, no file needs sizing or counting.

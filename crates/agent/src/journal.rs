@@ -12,12 +12,13 @@
 //! and a nested repository's state is looked at whole on every diff (its directory is always
 //! among the trees), which is what git does with it.
 //!
-//! When the journal cannot vouch for what it holds, it says so ([`Since::Unknown`]) and the
-//! diff scans everything: the kernel's queue overflowed, more paths changed than a scan costs,
-//! the workspace itself was moved or removed. Its blind spots, which the full scan of
-//! `task finish` covers: a write through a shared mapping after the file's descriptor was
-//! closed, and a write through a hard link whose other name is outside the workspace. Both
-//! can only hide a change from `task diff`, never add one to a patch.
+//! When the journal cannot vouch for what it holds, it says so and the diff scans everything:
+//! more paths changed than a scan costs, or the workspace's own ignore rules changed
+//! ([`Since::Everything`]); the kernel's queue overflowed, or the workspace itself was moved
+//! or removed ([`Since::Unknown`], after which a new journal starts). Its blind spots, which
+//! the full scan of `task finish` covers: a write through a shared mapping after the file's
+//! descriptor was closed, and a write through a hard link whose other name is outside the
+//! workspace. Both can only hide a change from `task diff`, never add one to a patch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::{CStr, OsStr};

@@ -44,7 +44,8 @@ const RELEASE_WAIT: Duration = Duration::from_secs(10);
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
-/// `LOOP_CONFIGURE` on a device another process bound between `GET_FREE` and it: retry.
+/// `LOOP_CONFIGURE` on a device another process bound between `GET_FREE` and it (one that is
+/// not a DynoCap start, which waits its turn: see [`attach_loop`]): retry.
 const LOOP_ATTEMPTS: usize = 8;
 
 /// `struct loop_info64` of `<linux/loop.h>`.
@@ -433,6 +434,11 @@ fn attach_loop(image: &File) -> Result<(PathBuf, File), JailError> {
             JailError::io("open", control_path, e)
                 .hint("the disk limit needs loop devices (modprobe loop)")
         })?;
+    // GET_FREE names the lowest unbound device, the same one to every start asking at once,
+    // and only one of them binds it: 50 parallel starts exhausted eight retries. Starts take
+    // turns instead, holding a lock on the control device for the two calls (about 2 ms).
+    let control = nix::fcntl::Flock::lock(control, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, err)| JailError::sys("locking /dev/loop-control", err))?;
     let backing_fd = u32::try_from(image.as_raw_fd()).expect("an open fd is not negative");
     let mut last = Errno::EBUSY;
     for _ in 0..LOOP_ATTEMPTS {
@@ -476,6 +482,47 @@ fn attach_loop(image: &File) -> Result<(PathBuf, File), JailError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Starts that bind their disks at the same moment all get a device: the lowest free one
+    /// used to go to one of them and the others ran out of retries.
+    #[test]
+    fn parallel_starts_each_get_a_loop_device() {
+        if !nix::unistd::geteuid().is_root() || !Path::new("/dev/loop-control").exists() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "loop devices need root and /dev/loop-control"
+            );
+            eprintln!(
+                "SKIPPED parallel_starts_each_get_a_loop_device: needs root and loop devices"
+            );
+            return;
+        }
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let barrier = std::sync::Barrier::new(24);
+        let devices: Vec<PathBuf> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..24)
+                .map(|n| {
+                    let (tmp, barrier) = (tmp.path(), &barrier);
+                    scope.spawn(move || {
+                        let image = File::create(tmp.join(format!("{n}.img"))).expect("image");
+                        image.set_len(1 << 20).expect("size");
+                        barrier.wait();
+                        let (path, device) = attach_loop(&image).expect("a loop device");
+                        // Held until all have one, so that no two share a number.
+                        barrier.wait();
+                        drop(device);
+                        path
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|thread| thread.join().expect("thread"))
+                .collect()
+        });
+        let distinct: std::collections::HashSet<&PathBuf> = devices.iter().collect();
+        assert_eq!(distinct.len(), devices.len(), "{devices:?}");
+    }
 
     #[test]
     fn loop_structs_match_the_kernel_abi() {

@@ -498,28 +498,38 @@ mod tests {
             return;
         }
         let tmp = tempfile::tempdir().expect("tempdir");
-        let barrier = std::sync::Barrier::new(24);
-        let devices: Vec<PathBuf> = std::thread::scope(|scope| {
-            let threads: Vec<_> = (0..24)
-                .map(|n| {
-                    let (tmp, barrier) = (tmp.path(), &barrier);
+        let images: Vec<File> = (0..64)
+            .map(|n| {
+                let image = File::create(tmp.path().join(format!("{n}.img"))).expect("image");
+                image.set_len(1 << 20).expect("size");
+                image
+            })
+            .collect();
+        // Every thread reaches the start line (nothing before it can fail), then binds; each
+        // device stays bound, its descriptor returned, until all are compared.
+        let start = std::sync::Barrier::new(images.len());
+        let bound: Vec<(PathBuf, File)> = std::thread::scope(|scope| {
+            let threads: Vec<_> = images
+                .iter()
+                .map(|image| {
+                    let start = &start;
                     scope.spawn(move || {
-                        let image = File::create(tmp.join(format!("{n}.img"))).expect("image");
-                        image.set_len(1 << 20).expect("size");
-                        barrier.wait();
-                        let (path, device) = attach_loop(&image).expect("a loop device");
-                        // Held until all have one, so that no two share a number.
-                        barrier.wait();
-                        drop(device);
-                        path
+                        start.wait();
+                        attach_loop(image)
                     })
                 })
                 .collect();
             threads
                 .into_iter()
-                .map(|thread| thread.join().expect("thread"))
+                .map(|thread| {
+                    thread
+                        .join()
+                        .expect("thread")
+                        .unwrap_or_else(|err| panic!("a start got no loop device: {err}"))
+                })
                 .collect()
         });
+        let devices: Vec<PathBuf> = bound.iter().map(|(path, _)| path.clone()).collect();
         let distinct: std::collections::HashSet<&PathBuf> = devices.iter().collect();
         assert_eq!(distinct.len(), devices.len(), "{devices:?}");
     }

@@ -23,6 +23,10 @@ fn main() {
         std::env::set_var("DYNOCAP_AGENT", bins.join("dynocap-agent"));
     }
     let dynocap = bins.join("dynocap");
+    let _cleanup = Cleanup {
+        dynocap: &dynocap,
+        home: home.path(),
+    };
     let run = |args: &[&str]| -> Duration {
         let started = Instant::now();
         let out = Command::new(&dynocap)
@@ -119,10 +123,30 @@ fn main() {
         supervisor_pss as f64 / supervisors.len() as f64,
         guest_pss as f64 / 1024.0
     );
+}
 
-    std::thread::scope(|scope| {
-        for i in 0..SANDBOXES {
-            scope.spawn(move || run(&["destroy", &format!("l{i}")]));
-        }
-    });
+/// Destroys every sandbox the run may have started when it ends, however it ends: a failed
+/// start panics, and its home directory goes with it, but not the sandboxes already running.
+struct Cleanup<'a> {
+    dynocap: &'a std::path::Path,
+    home: &'a std::path::Path,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        let names =
+            std::iter::once("solo".to_owned()).chain((0..SANDBOXES).map(|i| format!("l{i}")));
+        let (dynocap, home) = (self.dynocap, self.home);
+        std::thread::scope(|scope| {
+            for name in names {
+                scope.spawn(move || {
+                    // A name never started (or gone already) is an error to ignore here.
+                    let _ = Command::new(dynocap)
+                        .args(["destroy", &name])
+                        .env("DYNOCAP_HOME", home)
+                        .output();
+                });
+            }
+        });
+    }
 }

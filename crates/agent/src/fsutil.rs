@@ -75,23 +75,42 @@ pub fn cstring(name: &OsStr) -> io::Result<CString> {
     })
 }
 
+/// Opens the relative path `rel` beneath `dir` with `flags`, following no symlink on the way or
+/// at its end and never leaving `dir` (openat2's `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`): a
+/// symlink anywhere on it is `ELOOP`. An empty `rel` is `dir` itself.
+pub fn open_beneath(dir: BorrowedFd<'_>, rel: &OsStr, flags: OFlag) -> nix::Result<OwnedFd> {
+    let rel = if rel.is_empty() { OsStr::new(".") } else { rel };
+    let how = nix::fcntl::OpenHow::new()
+        .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .resolve(
+            nix::fcntl::ResolveFlag::RESOLVE_BENEATH | nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS,
+        );
+    nix::fcntl::openat2(dir, rel, how)
+}
+
 /// Names in a directory, without `.` and `..`.
 pub fn list_dir(dir: BorrowedFd<'_>) -> nix::Result<Vec<CString>> {
+    Ok(entries(dir)?.into_iter().map(|(name, _)| name).collect())
+}
+
+/// Names in a directory, without `.` and `..`, each with its type where the file system gives
+/// one (`None` where it does not: ask `fstatat`).
+pub fn entries(dir: BorrowedFd<'_>) -> nix::Result<Vec<(CString, Option<nix::dir::Type>)>> {
     let mut handle = nix::dir::Dir::openat(
         dir,
         c".",
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )?;
-    let mut names = Vec::new();
+    let mut found = Vec::new();
     for entry in handle.iter() {
         let entry = entry?;
         let name = entry.file_name();
         if name != c"." && name != c".." {
-            names.push(name.to_owned());
+            found.push((name.to_owned(), entry.file_type()));
         }
     }
-    Ok(names)
+    Ok(found)
 }
 
 /// Removes `name` inside `dir`: a file or symlink is unlinked (never followed), a directory is

@@ -21,18 +21,17 @@
 //! workspace. Both can only hide a change from `task diff`, never add one to a patch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::ffi::{CStr, OsStr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use nix::dir::{Dir, Type};
+use nix::dir::Type;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
-use nix::sys::stat::Mode;
 
 use crate::fsutil;
 
@@ -60,7 +59,7 @@ fn watch_mask() -> AddWatchFlags {
 pub(crate) struct Changed {
     /// Entries that are not directories, or were not when they changed.
     pub paths: BTreeSet<Vec<u8>>,
-    /// Directories to look at whole. Never the workspace itself: that is [`Since::Unknown`].
+    /// Directories to look at whole. Never the workspace itself: that is [`Since::Everything`].
     pub trees: BTreeSet<Vec<u8>>,
 }
 
@@ -484,8 +483,8 @@ impl Watcher {
         self.by_path.insert(rel.clone(), wd);
         // Listed after the watch is set: an entry made meanwhile is in the listing or in
         // an event, and the trees of the diff cover both.
-        for (name, kind) in
-            entries(dir.as_fd()).map_err(|err| format!("cannot list {}: {err}", show(&rel)))?
+        for (name, kind) in fsutil::entries(dir.as_fd())
+            .map_err(|err| format!("cannot list {}: {err}", show(&rel)))?
         {
             if name.to_bytes() == b".git" {
                 if !rel.is_empty() {
@@ -513,16 +512,11 @@ impl Watcher {
 
     /// Opens the workspace-relative directory `rel`, following no symlink on the way.
     fn open(&self, rel: &[u8]) -> nix::Result<OwnedFd> {
-        let mut dir =
-            nix::fcntl::openat(self.root.as_fd(), c".", fsutil::dir_flags(), Mode::empty())?;
-        for part in rel
-            .split(|&byte| byte == b'/')
-            .filter(|part| !part.is_empty())
-        {
-            let part = fsutil::cstring(OsStr::from_bytes(part)).map_err(|_| Errno::EINVAL)?;
-            dir = fsutil::open_dir_at(dir.as_fd(), &part)?;
-        }
-        Ok(dir)
+        fsutil::open_beneath(
+            self.root.as_fd(),
+            OsStr::from_bytes(rel),
+            fsutil::dir_flags(),
+        )
     }
 
     /// Stops watching `rel` and what is beneath it. A directory moved away keeps its watches
@@ -556,22 +550,6 @@ impl Watcher {
             }
         }
     }
-}
-
-/// A directory's entries and their types (`None` where the filesystem does not say).
-fn entries(dir: BorrowedFd<'_>) -> nix::Result<Vec<(std::ffi::CString, Option<Type>)>> {
-    let fd = nix::fcntl::openat(dir, c".", fsutil::dir_flags(), Mode::empty())?;
-    let mut listing = Dir::from_fd(fd)?;
-    let mut found = Vec::new();
-    for entry in listing.iter() {
-        let entry = entry?;
-        let name: &CStr = entry.file_name();
-        if name.to_bytes() == b"." || name.to_bytes() == b".." {
-            continue;
-        }
-        found.push((name.to_owned(), entry.file_type()));
-    }
-    Ok(found)
 }
 
 fn show(rel: &[u8]) -> String {

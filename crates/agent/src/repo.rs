@@ -205,6 +205,20 @@ impl Opened {
         run
     }
 
+    /// Runs the agent's own blocking file work `f` in the private directory, on the
+    /// blocking pool.
+    async fn in_dir<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(BorrowedFd<'_>) -> Result<T, String> + Send + 'static,
+    ) -> Result<T, RunError> {
+        let dir = self.dir.try_clone().map_err(|err| {
+            RunError::Failed(format!("cannot reach the private repository: {err}"))
+        })?;
+        blocking(move || f(dir.as_fd()))
+            .await
+            .map_err(RunError::Failed)
+    }
+
     /// `--git-dir=… --work-tree=… rest…`
     fn args(&self, work_tree: &Path, rest: &[&str]) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
@@ -284,24 +298,11 @@ pub async fn baseline(
         *tracker = journal
             .await
             .map_err(|err| RunError::Failed(format!("internal error: {err}")))?;
-        let commit = record_baseline(git, &private, &workspace, user, stop).await?;
+        let (commit, largest) = record_baseline(git, &private, &workspace, user, stop).await?;
         write_note(&state_fd, BASELINE_COMMIT, commit.as_bytes())?;
         // Without the note, every diff sizes its changed files with git.
-        let state_dir = config.state_dir.clone();
-        match blocking(move || {
-            let state = statedir::open_state_dir(&state_dir)?;
-            let dir = fsutil::open_dir_at(state.as_fd(), BASELINE_DIR)
-                .map_err(|err| format!("cannot open the private repository: {err}"))?;
-            survey_index(dir.as_fd(), &Default::default())
-        })
-        .await
-        {
-            Ok(survey) => write_note(
-                &state_fd,
-                BASELINE_LARGEST,
-                survey.largest.to_string().as_bytes(),
-            )?,
-            Err(err) => log!("cannot size the baseline's files: {err}"),
+        if let Some(largest) = largest {
+            write_note(&state_fd, BASELINE_LARGEST, largest.to_string().as_bytes())?;
         }
         write_note(
             &state_fd,
@@ -592,14 +593,16 @@ async fn user_repository(
 }
 
 /// Makes the private repository afresh, owned by `owner` (the sandbox user; `None` when that
-/// is the agent itself), and commits the whole work tree as the baseline.
+/// is the agent itself), and commits the whole work tree as the baseline. Returns the commit,
+/// and the size of its largest file as the index records it (`None`, logged, if the index
+/// cannot be read: diffs then size their files with git).
 async fn record_baseline(
     git: &Git,
     private: &Private,
     workspace: &Path,
     owner: Option<ExecUser>,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<String, RunError> {
+) -> Result<(String, Option<u64>), RunError> {
     let state_dir = private.state_dir.clone();
     blocking(move || {
         let fd = statedir::open_state_dir(&state_dir)?;
@@ -700,7 +703,18 @@ async fn record_baseline(
         stop,
     )
     .await?;
-    Ok(commit)
+    let largest = match private
+        .in_dir(|dir| survey_index(dir, &Default::default()))
+        .await
+    {
+        Ok(survey) => Some(survey.largest),
+        Err(err) => {
+            let why = cancelled_or(err, "reading the private index");
+            log!("cannot size the baseline's files: {why}");
+            None
+        }
+    };
+    Ok((commit, largest))
 }
 
 /// `git add -A` into the private index. Paths git cannot add are skipped, not fatal: a nested
@@ -810,14 +824,10 @@ async fn add_changed(
     if changed.paths.is_empty() {
         return Ok(());
     }
-    let dir = private
-        .dir
-        .try_clone()
-        .map_err(|err| RunError::Failed(format!("cannot reach the private repository: {err}")))?;
     let candidates = changed.paths.clone();
-    let tracked = blocking(move || survey_index(dir.as_fd(), &candidates))
-        .await
-        .map_err(RunError::Failed)?
+    let tracked = private
+        .in_dir(move |dir| survey_index(dir, &candidates))
+        .await?
         .tracked;
     let untracked: std::collections::BTreeSet<Vec<u8>> =
         changed.paths.difference(&tracked).cloned().collect();
@@ -844,13 +854,8 @@ async fn add_changed(
 /// Whether nothing is at the workspace-relative `path` (as far as the agent can tell without
 /// following a symlink: one on the way leaves the path to `git add`, which knows what to do).
 fn is_gone(workspace: BorrowedFd<'_>, path: &[u8]) -> bool {
-    let how = nix::fcntl::OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-        .resolve(
-            nix::fcntl::ResolveFlag::RESOLVE_BENEATH | nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS,
-        );
     matches!(
-        nix::fcntl::openat2(workspace, OsStr::from_bytes(path), how),
+        fsutil::open_beneath(workspace, OsStr::from_bytes(path), OFlag::O_PATH),
         Err(Errno::ENOENT | Errno::ENOTDIR)
     )
 }
@@ -1100,10 +1105,8 @@ pub async fn diff(
         }
         // When no file on either side is large enough for its line diff to go over the
         // budget, even a line per byte, no file needs sizing or counting.
-        let dir = private.dir.try_clone().map_err(|err| {
-            RunError::Failed(format!("cannot reach the private repository: {err}"))
-        })?;
-        let largest = blocking(move || survey_index(dir.as_fd(), &Default::default()))
+        let largest = private
+            .in_dir(|dir| survey_index(dir, &Default::default()))
             .await
             .map(|survey| survey.largest);
         match (baseline_largest, largest) {
@@ -1114,7 +1117,8 @@ pub async fn diff(
             }
             (_, largest) => {
                 if let Err(err) = largest {
-                    log!("sizing the changed files with git: {err}");
+                    let why = cancelled_or(err, "reading the private index");
+                    log!("sizing the changed files with git: {why}");
                 }
                 mark_big_files(git, &private, &workspace, &commit, line_diff_budget, stop).await?;
             }
@@ -1242,13 +1246,9 @@ fn has_attributes(private: &Opened) -> bool {
 
 /// Replaces the private repository's `info/attributes` with `text`.
 async fn set_attributes(private: &Opened, text: Vec<u8>) -> Result<(), RunError> {
-    let dir = private
-        .dir
-        .try_clone()
-        .map_err(|err| RunError::Failed(format!("cannot reach the private repository: {err}")))?;
-    blocking(move || write_attributes(dir.as_fd(), &text))
+    private
+        .in_dir(move |dir| write_attributes(dir, &text))
         .await
-        .map_err(RunError::Failed)
 }
 
 /// `git cat-file BATCH` of the private repository for `ids` (deduplicated); its output.
@@ -1636,7 +1636,7 @@ mod tests {
         std::os::unix::fs::chown(ws.join("a.txt"), Some(1000), Some(1000)).expect("chown");
         let state = dir.path().join("state");
         let private = Private::new(&state);
-        let commit = record_baseline(git, &private, &ws, Some(user), &mut stop)
+        let (commit, _) = record_baseline(git, &private, &ws, Some(user), &mut stop)
             .await
             .expect("baseline");
         let opened = private

@@ -1068,6 +1068,11 @@ async fn the_baseline_and_what_diffs_add_are_stored_uncompressed() {
     assert!(outcome.done.is_some(), "{:?}", outcome.error);
     commit_of(&baseline(&host, &sb, &ws, None, None).await);
 
+    // The baseline's largest file, recorded for diffs to rule out large line diffs by.
+    let largest = std::fs::read_to_string(sb.config.state_dir.join("baseline-largest"))
+        .expect("baseline-largest");
+    assert_eq!(largest, (64 * 1024).to_string());
+
     let objects = sb.config.state_dir.join("private/baseline.git/objects");
     let file = ws.join("zeros.bin");
     let object_size = |id: &str| {

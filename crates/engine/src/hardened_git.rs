@@ -306,7 +306,18 @@ impl HardenedGit {
     /// thread that outlives it.
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(&self.program);
+        // Registered first: it marks every descriptor from 3 up close-on-exec, and the
+        // directory descriptor's hook then makes that one cross.
         crate::host_children::die_with_parent(&mut cmd);
+        if let Location::DirFd(fd) = self.location {
+            inherit_as(&mut cmd, fd, INHERITED_DIR_FD);
+        }
+        self.invocation(cmd)
+    }
+
+    /// What `command` runs, without its hooks: cleared environment, global options, `-c`
+    /// overrides, the caller's arguments, stdin `/dev/null`.
+    fn invocation(&self, mut cmd: Command) -> Command {
         cmd.env_clear();
         cmd.env(
             "PATH",
@@ -338,8 +349,7 @@ impl HardenedGit {
                 cmd.arg(prefixed("--git-dir=", git_dir.as_os_str()));
                 cmd.arg(prefixed("--work-tree=", work_tree.as_os_str()));
             }
-            Location::DirFd(fd) => {
-                inherit_as(&mut cmd, *fd, INHERITED_DIR_FD);
+            Location::DirFd(_) => {
                 // `-C` goes through the magic link to the directory itself; relative git dir
                 // and work tree then name it from there (git keeps `.` as is when it equals
                 // the current directory, so it never walks a path back to it).
@@ -392,15 +402,7 @@ impl HardenedGit {
         let stdin = child.stdin.take();
         let stdout = drain(child.stdout.take());
         let stderr = drain(child.stderr.take());
-        Ok(RunningGit {
-            stdin,
-            child: Some(Process::Forked(child)),
-            readers: Some((stdout, stderr)),
-            timeout: self.timeout,
-            started: Instant::now(),
-            command: self.describe(),
-            _spawning_thread: PhantomData,
-        })
+        Ok(self.running(Process::Forked(child), stdin, stdout, stderr))
     }
 
     /// Like [`spawn`](Self::spawn) with stdin piped, for a git whose work is bounded by what
@@ -429,22 +431,35 @@ impl HardenedGit {
             stdout: &out_write,
             stderr: &err_write,
         };
-        let child =
-            crate::spawn::spawn(&self.command(), &stdio, inherit, true).map_err(spawn_error)?;
+        let command = self.invocation(Command::new(&self.program));
+        let child = crate::spawn::spawn(&command, &stdio, inherit, true).map_err(spawn_error)?;
         // The child has its own copies; with these closed, git's exit ends the readers.
         drop((in_read, out_write, err_write));
-        Ok(RunningGit {
-            stdin: Some(ChildStdin::from(in_write)),
-            child: Some(Process::Spawned(child)),
-            readers: Some((
-                drain(Some(std::fs::File::from(out_read))),
-                drain(Some(std::fs::File::from(err_read))),
-            )),
+        Ok(self.running(
+            Process::Spawned(child),
+            Some(ChildStdin::from(in_write)),
+            drain(Some(std::fs::File::from(out_read))),
+            drain(Some(std::fs::File::from(err_read))),
+        ))
+    }
+
+    /// The handle of a git just started.
+    fn running(
+        &self,
+        child: Process,
+        stdin: Option<ChildStdin>,
+        stdout: OutputReader,
+        stderr: OutputReader,
+    ) -> RunningGit {
+        RunningGit {
+            stdin,
+            child: Some(child),
+            readers: Some((stdout, stderr)),
             timeout: self.timeout,
             started: Instant::now(),
             command: self.describe(),
             _spawning_thread: PhantomData,
-        })
+        }
     }
 
     /// Runs to completion (or until the [`timeout`](Self::timeout)), capturing stdout and

@@ -124,7 +124,7 @@ pub fn spawn(
         if fd.as_raw_fd() > 2 {
             sources.push(fd.as_raw_fd());
         } else {
-            let raised = above_stdio(fd)?;
+            let raised = duplicate_from(fd.as_raw_fd(), 3)?;
             sources.push(raised.as_raw_fd());
             lifted.push(raised);
         }
@@ -139,14 +139,7 @@ pub fn spawn(
             )))
         }
         Some((fd, target)) => {
-            // SAFETY: fcntl with F_DUPFD_CLOEXEC reads no memory; a number that is not an open
-            // descriptor is an EBADF error.
-            let raised = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, target + 1) };
-            if raised < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
-            let raised = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raised) };
+            let raised = duplicate_from(fd, target + 1)?;
             let number = raised.as_raw_fd();
             lifted.push(raised);
             Some((number, target))
@@ -235,9 +228,14 @@ fn null_terminated(strings: &[CString]) -> Vec<*mut libc::c_char> {
         .collect()
 }
 
-/// A close-on-exec duplicate of `fd` numbered 3 or more.
-fn above_stdio(fd: &OwnedFd) -> io::Result<OwnedFd> {
-    let raised = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3))?;
+/// A close-on-exec duplicate of `fd` numbered `lowest` or more.
+fn duplicate_from(fd: RawFd, lowest: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl with F_DUPFD_CLOEXEC reads no memory; a number that is not an open
+    // descriptor is an EBADF error.
+    let raised = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, lowest) };
+    if raised < 0 {
+        return Err(io::Error::last_os_error());
+    }
     // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raised) })
 }

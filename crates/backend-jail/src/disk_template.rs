@@ -7,6 +7,14 @@
 //! Templates are immutable once published (written under a temporary name, renamed into
 //! place under a lock), so a copy never sees half of one. Every copy has the template's
 //! filesystem UUID; nothing here or in the kernel's ext4 relies on it being unique.
+//!
+//! A copy made at start is a new file with dirty pages, and binding it to a loop device
+//! (`LOOP_CONFIGURE`) fsyncs it, new directory entries included: a millisecond or two of the
+//! start spent waiting on the host's disk. So a sandbox's teardown leaves a *spare*: one copy
+//! per size, already on disk, under `spares/`. The next start of that size takes it by
+//! renaming it into place, and copies only when there is none. A spare is published (linked
+//! from an unnamed file) only once its data is flushed, so a crash leaves either a whole spare
+//! or none.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -21,6 +29,9 @@ use crate::error::JailError;
 /// Bump when the mkfs options change, so old templates are never copied again.
 const TEMPLATE_REVISION: u32 = 2;
 
+/// Subdirectory of the templates directory holding the spares.
+const SPARES: &str = "spares";
+
 /// `FICLONE` of `<linux/fs.h>`: `_IOW(0x94, 9, int)`.
 const FICLONE: libc::c_ulong = 0x4004_9409;
 
@@ -32,6 +43,9 @@ pub(crate) fn copy_formatted(
     bytes: u64,
     format: impl FnOnce(&Path, u64) -> Result<(), JailError>,
 ) -> Result<(), JailError> {
+    if take_spare(templates, image, bytes)? {
+        return Ok(());
+    }
     let template = ensure(templates, bytes, format)?;
     let source =
         File::open(&template).map_err(|e| JailError::io("open the disk template", &template, e))?;
@@ -50,13 +64,98 @@ pub(crate) fn copy_formatted(
     copied
 }
 
+/// Where the template for `bytes` is (or will be).
+fn template_path(templates: &Path, bytes: u64) -> PathBuf {
+    templates.join(format!("ext4-{bytes}-r{TEMPLATE_REVISION}.img"))
+}
+
+/// Where the spare for `bytes` is published.
+fn spare_path(templates: &Path, bytes: u64) -> PathBuf {
+    templates
+        .join(SPARES)
+        .join(format!("ext4-{bytes}-r{TEMPLATE_REVISION}.img"))
+}
+
+/// Moves the spare for `bytes` to `image` (which must not exist); `false` when there is no
+/// spare (none made yet, or another start took it first).
+fn take_spare(templates: &Path, image: &Path, bytes: u64) -> Result<bool, JailError> {
+    let spare = spare_path(templates, bytes);
+    match nix::fcntl::renameat2(
+        nix::fcntl::AT_FDCWD,
+        &spare,
+        nix::fcntl::AT_FDCWD,
+        image,
+        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+    ) {
+        Ok(()) => Ok(true),
+        Err(nix::errno::Errno::ENOENT) => Ok(false),
+        Err(errno) => Err(JailError::sys(
+            format!(
+                "moving the spare disk {} to {}",
+                spare.display(),
+                image.display()
+            ),
+            errno,
+        )),
+    }
+}
+
+/// Makes the spare for `bytes` from its template, if there is a template and no spare yet;
+/// returns whether it made one. Never formats: a size no start has used gets no spare. Meant
+/// for after a sandbox's reply (its teardown), where the copy and flush cost no one a wait.
+pub fn make_spare(templates: &Path, bytes: u64) -> Result<bool, JailError> {
+    let spare = spare_path(templates, bytes);
+    let template = template_path(templates, bytes);
+    if spare.exists() || !template.is_file() {
+        return Ok(false);
+    }
+    let dir = templates.join(SPARES);
+    fs::create_dir_all(&dir).map_err(|e| JailError::io("create", &dir, e))?;
+    let source =
+        File::open(&template).map_err(|e| JailError::io("open the disk template", &template, e))?;
+    // Unnamed until whole and on disk: a crash meanwhile leaves nothing behind.
+    let copy = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+        .open(&dir)
+        .map_err(|e| JailError::io("create an unnamed spare disk in", &dir, e))?;
+    sparse_copy(&source, &copy, bytes)
+        .and_then(|()| copy.sync_all())
+        .map_err(|e| JailError::io("copy the disk template into a spare in", &dir, e))?;
+    let unnamed = format!("/proc/self/fd/{}", copy.as_raw_fd());
+    match nix::unistd::linkat(
+        nix::fcntl::AT_FDCWD,
+        unnamed.as_str(),
+        nix::fcntl::AT_FDCWD,
+        &spare,
+        nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+    ) {
+        Ok(()) => {}
+        // Another teardown published one first; ours is freed on close.
+        Err(nix::errno::Errno::EEXIST) => return Ok(false),
+        Err(errno) => {
+            return Err(JailError::sys(
+                format!("publishing the spare disk {}", spare.display()),
+                errno,
+            ))
+        }
+    }
+    // Flushes the new name too: the start's fsync (LOOP_CONFIGURE's) then has nothing of
+    // this file's to write but what its rename changed.
+    copy.sync_all()
+        .map_err(|e| JailError::io("flush the spare disk", &spare, e))?;
+    Ok(true)
+}
+
 /// The template for `bytes`, formatted and published first if missing.
 fn ensure(
     templates: &Path,
     bytes: u64,
     format: impl FnOnce(&Path, u64) -> Result<(), JailError>,
 ) -> Result<PathBuf, JailError> {
-    let template = templates.join(format!("ext4-{bytes}-r{TEMPLATE_REVISION}.img"));
+    let template = template_path(templates, bytes);
     if template.is_file() {
         return Ok(template);
     }
@@ -95,18 +194,21 @@ fn ensure(
     made.map(|()| template)
 }
 
-/// Removes templates an older (or newer) revision of the options made: nothing copies them
-/// again, and disks copied from them are files of their own. Best effort, under the lock.
+/// Removes templates an older (or newer) revision of the options made, and their spares:
+/// nothing copies them again, and disks copied from them are files of their own. Best effort,
+/// under the lock.
 fn remove_other_revisions(templates: &Path) {
-    let Ok(entries) = fs::read_dir(templates) else {
-        return;
-    };
     let current = format!("-r{TEMPLATE_REVISION}.img");
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("ext4-") && name.ends_with(".img") && !name.ends_with(&current) {
-            let _ = fs::remove_file(entry.path());
+    for dir in [templates.to_path_buf(), templates.join(SPARES)] {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("ext4-") && name.ends_with(".img") && !name.ends_with(&current) {
+                let _ = fs::remove_file(entry.path());
+            }
         }
     }
 }
@@ -275,5 +377,97 @@ mod tests {
         let err = copy_formatted(&dir.path().join("t"), &image, 1 << 20, fake_format).unwrap_err();
         assert!(err.to_string().contains("create the disk image"), "{err}");
         assert_eq!(fs::read(&image).unwrap(), b"a previous sandbox's files");
+    }
+
+    fn read_all(path: &Path) -> Vec<u8> {
+        let mut content = Vec::new();
+        File::open(path).unwrap().read_to_end(&mut content).unwrap();
+        content
+    }
+
+    #[test]
+    fn a_spare_is_a_flushed_copy_taken_by_one_start_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let templates = dir.path().join("templates");
+        let size = 64 << 20;
+        // No template for the size yet: no spare, and nothing formatted for one.
+        assert!(!make_spare(&templates, size).unwrap());
+        assert!(!templates.exists());
+
+        copy_formatted(&templates, &dir.path().join("a.img"), size, fake_format).unwrap();
+        assert!(make_spare(&templates, size).unwrap());
+        assert!(!make_spare(&templates, size).unwrap(), "one spare per size");
+        let spare = spare_path(&templates, size);
+        let meta = fs::metadata(&spare).unwrap();
+        assert_eq!((meta.len(), meta.mode() & 0o777), (size, 0o600));
+        assert_eq!(read_all(&spare), read_all(&template_path(&templates, size)));
+
+        // The next start takes it (a rename: the spare's very inode), the one after copies.
+        let b = dir.path().join("b.img");
+        let formats_after = std::cell::Cell::new(0);
+        copy_formatted(&templates, &b, size, |p, n| {
+            formats_after.set(formats_after.get() + 1);
+            fake_format(p, n)
+        })
+        .unwrap();
+        assert_eq!(fs::metadata(&b).unwrap().ino(), meta.ino());
+        assert!(!spare.exists());
+        let c = dir.path().join("c.img");
+        copy_formatted(&templates, &c, size, fake_format).unwrap();
+        assert_ne!(fs::metadata(&c).unwrap().ino(), meta.ino());
+        assert_eq!(read_all(&b), read_all(&c));
+        assert_eq!(formats_after.get(), 0);
+        // Only the published spare was ever named: no leftovers in its directory.
+        assert_eq!(fs::read_dir(templates.join(SPARES)).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn teardowns_racing_publish_one_spare_and_leave_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let templates = dir.path().join("templates");
+        let size = 8 << 20;
+        copy_formatted(&templates, &dir.path().join("a.img"), size, fake_format).unwrap();
+        let made: usize = std::thread::scope(|scope| {
+            let racers: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| make_spare(&templates, size).unwrap()))
+                .collect();
+            racers
+                .into_iter()
+                .map(|r| usize::from(r.join().unwrap()))
+                .sum()
+        });
+        assert_eq!(made, 1);
+        let names: Vec<_> = fs::read_dir(templates.join(SPARES))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [spare_path(&templates, size).file_name().unwrap()]);
+    }
+
+    #[test]
+    fn a_spare_never_replaces_an_existing_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let templates = dir.path().join("templates");
+        copy_formatted(&templates, &dir.path().join("a.img"), 1 << 20, fake_format).unwrap();
+        assert!(make_spare(&templates, 1 << 20).unwrap());
+        let image = dir.path().join("kept.img");
+        fs::write(&image, b"a previous sandbox's files").unwrap();
+        let err = copy_formatted(&templates, &image, 1 << 20, fake_format).unwrap_err();
+        assert!(err.to_string().contains("moving the spare disk"), "{err}");
+        assert_eq!(fs::read(&image).unwrap(), b"a previous sandbox's files");
+        assert!(spare_path(&templates, 1 << 20).exists(), "the spare stays");
+    }
+
+    #[test]
+    fn spares_of_other_revisions_go_with_their_templates() {
+        let dir = tempfile::tempdir().unwrap();
+        let templates = dir.path().join("templates");
+        fs::create_dir_all(templates.join(SPARES)).unwrap();
+        let old_spare = templates
+            .join(SPARES)
+            .join(format!("ext4-{}-r0.img", 1 << 20));
+        File::create(&old_spare).unwrap();
+        copy_formatted(&templates, &dir.path().join("a.img"), 1 << 20, fake_format).unwrap();
+        assert!(!old_spare.exists());
     }
 }

@@ -162,6 +162,9 @@ struct JailGuest {
     jail: dynocap_backend_jail::Jail,
     /// pasta, for a `nat` guest.
     usernet: Option<dynocap_backend_jail::UserNet>,
+    /// The disk templates and this guest's disk size, for the spare its teardown leaves the
+    /// next start of that size (see `dynocap_backend_jail::make_spare_disk`).
+    spare_disk: Option<(std::path::PathBuf, u64)>,
 }
 
 impl Backend for JailBackend {
@@ -234,7 +237,12 @@ impl Backend for JailBackend {
         } else {
             None
         };
-        Ok(Box::new(JailGuest { jail, usernet }))
+        let spare_disk = jail_spec.disk_templates.clone().zip(jail_spec.disk_bytes);
+        Ok(Box::new(JailGuest {
+            jail,
+            usernet,
+            spare_disk,
+        }))
     }
 
     fn cleanup_leftovers(&self, id: &str, state_dir: &std::path::Path) -> Result<()> {
@@ -326,6 +334,13 @@ impl Guest for JailGuest {
         self.jail
             .destroy()
             .map_err(|err| Error::internal(format!("destroying the jail: {err}")))?;
+        // After the reply (a teardown's place), so the next start's disk is ready and flushed
+        // without anyone waiting for it. Best effort: without a spare, a start copies.
+        if let Some((templates, bytes)) = &self.spare_disk {
+            if let Err(err) = dynocap_backend_jail::make_spare_disk(templates, *bytes) {
+                tracing::warn!("leaving a spare disk for the next start: {err}");
+            }
+        }
         network
     }
     fn oom_counter(&self) -> OomCounter {

@@ -282,6 +282,66 @@ fn a_full_disk_is_enospc_in_the_guest_for_bytes_and_inodes_and_frees_with_rm() {
     assert_nothing_left(&home, "after destroy");
 }
 
+/// A teardown leaves a spare disk for the next start of its size: a fresh copy of the
+/// formatted template, never the disk it used. The next start takes it (the same file), and
+/// its guest finds an empty disk.
+#[test]
+fn a_teardown_leaves_a_fresh_spare_disk_that_the_next_start_takes() {
+    if !require_root("a_teardown_leaves_a_fresh_spare_disk") {
+        return;
+    }
+    let home = TestHome::new();
+    let spares = home.path().join("cache/disks/spares");
+    let spare = || -> Option<std::path::PathBuf> {
+        std::fs::read_dir(&spares)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("ext4-{}-", 128u64 << 20)))
+            })
+    };
+    home.sandbox("first", &["--disk-mb", "128"]);
+    assert_eq!(
+        home.sh(
+            "first",
+            "echo mine > ~/secret && head -c 10000000 /dev/urandom > ~/blob && echo ok"
+        ),
+        "ok\n"
+    );
+    home.json(&["destroy", "first"]);
+    home.wait_for_teardown();
+    let left = spare().expect("the teardown left a spare disk");
+    let left_inode = std::fs::metadata(&left).expect("spare").ino();
+
+    home.sandbox("second", &["--disk-mb", "128"]);
+    assert!(spare().is_none(), "the start took the spare");
+    let image = state_dir(&home, &home.sandbox_id("second")).join("disk.img");
+    assert_eq!(
+        std::fs::metadata(&image).expect("disk.img").ino(),
+        left_inode,
+        "the start's disk is the spare itself"
+    );
+    assert_eq!(
+        home.sh(
+            "second",
+            "test ! -e ~/secret && test ! -e ~/blob && echo clean"
+        ),
+        "clean\n"
+    );
+    // A size with no spare copies its template as before.
+    home.sandbox("other", &["--disk-mb", "64"]);
+    assert_eq!(home.sh("other", "touch ~/x && echo ok"), "ok\n");
+
+    home.json(&["destroy", "second"]);
+    home.json(&["destroy", "other"]);
+    home.wait_for_teardown();
+    assert!(spare().is_some(), "the next teardown left another");
+    assert_nothing_left(&home, "after destroy");
+}
+
 /// A VM's CPUs and memory are its own: as many vCPUs as `--cpus`, and `--memory-mb` of RAM
 /// of which the guest kernel keeps a little for itself.
 #[test]

@@ -378,3 +378,45 @@ async def test_a_warm_pool_boots_with_the_server_and_serves_run(host: Host) -> N
             assert time.monotonic() < deadline, host.cli("pool")
             await anyio.sleep(0.1)
         assert ok(await s.call_tool("dynocap_destroy", {"name": "pooled"})) == {"destroyed": "pooled"}
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, state) of every process whose parent is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+        except OSError:
+            continue
+        # The command name is in parentheses and may hold spaces: fields follow the last ')'.
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid:
+            found.append((int(entry), fields[0]))
+    return found
+
+
+async def test_the_server_reaps_the_supervisors_it_started(host: Host) -> None:
+    async with connect(host) as s:
+        ok(await s.call_tool("dynocap_run", {"name": "kept"}))
+        # The server is this test's child that runs `dynocap mcp`; the sandbox's supervisor
+        # is the server's child.
+        servers = [pid for pid, _ in _children(os.getpid())
+                   if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1:2] == [b"mcp"]]
+        assert len(servers) == 1, servers
+        server = servers[0]
+        assert any(state != "Z" for _, state in _children(server)), "the supervisor is the server's child"
+        for i in range(3):
+            ok(await s.call_tool("dynocap_run", {"name": f"b{i}"}))
+            ok(await s.call_tool("dynocap_destroy", {"name": f"b{i}"}))
+        # Each destroyed sandbox's supervisor exits after its teardown; the server reaps it.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            zombies = [pid for pid, state in _children(server) if state == "Z"]
+            live = [pid for pid, state in _children(server) if state != "Z"]
+            if not zombies and len(live) == 1:
+                break
+            await anyio.sleep(0.1)
+        assert (zombies, len(live)) == ([], 1), _children(server)
+        ok(await s.call_tool("dynocap_destroy", {"name": "kept"}))

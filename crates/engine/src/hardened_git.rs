@@ -423,8 +423,8 @@ impl HardenedGit {
         let ((in_read, in_write), (out_read, out_write), (err_read, err_write)) =
             (pipe()?, pipe()?, pipe()?);
         let inherit = match self.location {
-            Location::DirFd(fd) => Some((fd, INHERITED_DIR_FD)),
-            _ => None,
+            Location::DirFd(fd) => vec![(fd, INHERITED_DIR_FD)],
+            _ => Vec::new(),
         };
         let stdio = crate::spawn::Stdio {
             stdin: &in_read,
@@ -432,7 +432,8 @@ impl HardenedGit {
             stderr: &err_write,
         };
         let command = self.invocation(Command::new(&self.program));
-        let child = crate::spawn::spawn(&command, &stdio, inherit, true).map_err(spawn_error)?;
+        let child = crate::spawn::spawn(&command, &stdio, &inherit, crate::spawn::Detach::Group)
+            .map_err(spawn_error)?;
         // The child has its own copies; with these closed, git's exit ends the readers.
         drop((in_read, out_write, err_write));
         Ok(self.running(

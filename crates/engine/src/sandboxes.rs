@@ -312,8 +312,14 @@ impl Engine {
             .append(true)
             .open(&log_path)
             .context(format_args!("opening {}", log_path.display()))?;
-        let mut command = tokio::process::Command::new(&self.supervisor_exe);
+        let log = OwnedFd::from(log);
+        let null = OwnedFd::from(
+            std::fs::File::open("/dev/null").context("opening /dev/null for the supervisor")?,
+        );
+        let mut command = std::process::Command::new(&self.supervisor_exe);
         command
+            .env_clear()
+            .envs(std::env::vars_os())
             .arg("supervise")
             .arg("--home")
             .arg(self.home.root())
@@ -321,75 +327,46 @@ impl Engine {
             .arg(id)
             .arg("--ready-fd")
             .arg(SUPERVISOR_READY_FD.to_string())
-            .args((mode == Mode::Recover).then_some("--recover"))
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().context("duplicating the log file")?)
-            .stderr(log)
-            .kill_on_drop(false);
-        // Every descriptor of ours is close-on-exec, so the ready pipe and the project are
-        // never below 3, and nothing else we opened could sit on 3 or 4 after the dup2s.
-        let ready_raw = ready_write.as_raw_fd();
-        let project_raw = project.map(|fd| fd.as_raw_fd());
-        if project_raw.is_some() {
+            .args((mode == Mode::Recover).then_some("--recover"));
+        // The supervisor gets stdio, the ready pipe and the project, nothing else of ours.
+        let mut inherit = vec![(ready_write.as_raw_fd(), SUPERVISOR_READY_FD)];
+        if let Some(project) = project {
             command.env(PROJECT_FD_ENV, SUPERVISOR_PROJECT_FD.to_string());
+            inherit.push((project.as_raw_fd(), SUPERVISOR_PROJECT_FD));
         }
-        // The ready pipe goes onto 3 first, which would overwrite the project were it there:
-        // then a duplicate elsewhere (3 being taken, the kernel picks another) goes instead.
-        let aside = match project {
-            Some(fd) if fd.as_raw_fd() == SUPERVISOR_READY_FD => Some(
-                fd.try_clone_to_owned()
-                    .context("duplicating the project descriptor")?,
-            ),
-            _ => None,
-        };
-        let project_raw = aside.as_ref().map(AsRawFd::as_raw_fd).or(project_raw);
-        // SAFETY: the closure runs in the forked child before exec and only calls the
-        // async-signal-safe functions setsid, setpriority, dup2, fcntl and close_range on
-        // descriptors it owns (the project descriptor is open until `spawn` returns: the
-        // caller borrows it).
-        unsafe {
-            command.pre_exec(move || {
-                // Own session: the supervisor outlives the caller's terminal and its ^C.
-                libc::setsid();
-                if lowered {
-                    // Best effort: a supervisor at the normal priority works the same.
-                    libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE);
-                }
-                if ready_raw == SUPERVISOR_READY_FD {
-                    let flags = libc::fcntl(ready_raw, libc::F_GETFD);
-                    if flags < 0
-                        || libc::fcntl(ready_raw, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                } else if libc::dup2(ready_raw, SUPERVISOR_READY_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let mut first_closed = SUPERVISOR_READY_FD.unsigned_abs() + 1;
-                if let Some(project_raw) = project_raw {
-                    crate::host_children::inherit_as(project_raw, SUPERVISOR_PROJECT_FD)?;
-                    first_closed = SUPERVISOR_PROJECT_FD.unsigned_abs() + 1;
-                }
-                // The supervisor gets stdio, the ready pipe and the project, nothing else of ours.
-                crate::host_children::cloexec_from(first_closed);
-                Ok(())
-            });
-        }
-        let child = command.spawn().map_err(|err| {
+        // Without fork: copying this process's page tables (a server's, with its runtime's
+        // threads) and the copy-on-write faults after it cost a millisecond of every start.
+        // Its own session: the supervisor outlives the caller's terminal and its ^C.
+        let child = crate::spawn::spawn(
+            &command,
+            &crate::spawn::Stdio {
+                stdin: &null,
+                stdout: &log,
+                stderr: &log,
+            },
+            &inherit,
+            crate::spawn::Detach::Session,
+        )
+        .map_err(|err| {
             Error::internal(format!(
                 "starting the supervisor {}: {err}",
                 self.supervisor_exe.display()
             ))
         })?;
         drop(ready_write);
-        drop(aside);
-        if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
-            if let Some(process) = ProcessId::of(pid) {
-                catalog.set_supervisor(id, process)?;
+        let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+        if lowered {
+            // Best effort: a supervisor at the normal priority works the same. A pool boot
+            // waits for a lull before it does anything, so it runs at this priority by then.
+            // SAFETY: setpriority sets a scheduling value of our child; no memory is involved.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, child.id(), BACKGROUND_NICE);
             }
         }
-        // The child is reaped by tokio in the background once it exits.
-        drop(child);
+        child.reap_in_background();
+        if let Some(process) = ProcessId::of(pid) {
+            catalog.set_supervisor(id, process)?;
+        }
         Ok(ready_read)
     }
 

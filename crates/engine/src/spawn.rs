@@ -2,13 +2,15 @@
 //! `CLONE_VM | CLONE_VFORK`, so nothing of this process's memory map is copied and the
 //! allocator's locks (which `fork` takes, stopping every other thread that allocates) are not
 //! touched. For a supervisor verifying a patch, `fork` cost 1–2.5 ms before git ran, while the
-//! thread extracting the baseline waited on the allocator.
+//! thread extracting the baseline waited on the allocator; for the MCP server starting a
+//! sandbox's supervisor, about 0.7 ms of every start.
 //!
 //! `std::process::Command` does the same unless a `pre_exec` hook is set, and
 //! [`die_with_parent`](crate::host_children::die_with_parent) sets one. A child started here
-//! gets no death signal, so it is only for children whose work is bounded by what the caller
-//! feeds them (see [`spawn`]); it inherits no descriptor beyond its stdio and the one named,
-//! as with `die_with_parent`.
+//! gets no death signal: it is for children whose work is bounded by what the caller feeds
+//! them (a verification's git), or that must outlive the caller anyway (a supervisor, in a
+//! session of its own). It inherits no descriptor beyond its stdio and the ones named, as with
+//! `die_with_parent`.
 
 use std::ffi::{CString, OsStr};
 use std::io;
@@ -53,6 +55,40 @@ impl Spawned {
         self.reap(libc::WNOHANG)
     }
 
+    /// Leaves the child to be reaped when it ends, by no one waiting for it: a task of the
+    /// current tokio runtime that watches its pidfd, else a thread of its own. For a child
+    /// that outlives the call (a supervisor), in a process that may outlive the child (the
+    /// MCP server), which must not collect zombies.
+    pub fn reap_in_background(mut self) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+            let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, self.pid, 0) };
+            if let Ok(raw) = i32::try_from(raw) {
+                if raw >= 0 {
+                    // SAFETY: pidfd_open just returned this descriptor; nothing else owns it.
+                    let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+                    let _entered = runtime.enter();
+                    if let Ok(exited) = tokio::io::unix::AsyncFd::new(pidfd) {
+                        runtime.spawn(async move {
+                            // Readable once the child has exited; an error ends the watch,
+                            // and the reap below then collects it if it is gone already.
+                            let _ = exited.readable().await;
+                            let _ = self.try_wait();
+                        });
+                        return;
+                    }
+                }
+            }
+        }
+        let waiter = std::thread::Builder::new()
+            .name("reaper".into())
+            .spawn(move || {
+                let _ = self.wait();
+            });
+        // No thread to spare: the child stays a zombie until this process ends.
+        drop(waiter);
+    }
+
     fn reap(&mut self, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
         if let Some(status) = self.status {
             return Ok(Some(status));
@@ -79,17 +115,28 @@ impl Spawned {
     }
 }
 
+/// How a child started by [`spawn`] stands apart from this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detach {
+    /// In this process's group and session.
+    No,
+    /// In a process group of its own (so it and what it starts can be killed together).
+    Group,
+    /// In a session of its own, leading it: it outlives this process's terminal and its ^C.
+    Session,
+}
+
 /// Starts `command` (whose environment was cleared: only the variables it sets are passed)
-/// with `stdio`, `inherit` (a descriptor of this process and the number it gets in the child,
-/// 3 or more), in a process group of its own when `own_group`. The child's signal mask is
-/// empty and SIGPIPE is back to its default, as `Command` does; it has no other descriptor.
+/// with `stdio` and `inherit` (descriptors of this process, each with the number it gets in
+/// the child: 3 or more, all different), detached as `detach` says. The child's signal mask
+/// is empty and SIGPIPE is back to its default, as `Command` does; it has no other descriptor.
 ///
 /// The program is looked up in the command's `PATH` here, before the child exists.
 pub fn spawn(
     command: &Command,
     stdio: &Stdio<'_>,
-    inherit: Option<(RawFd, RawFd)>,
-    own_group: bool,
+    inherit: &[(RawFd, RawFd)],
+    detach: Detach,
 ) -> io::Result<Spawned> {
     let envs: Vec<(&OsStr, &OsStr)> = command
         .get_envs()
@@ -116,50 +163,52 @@ pub fn spawn(
         .collect::<io::Result<_>>()?;
     let argv = null_terminated(&argv_owned);
     let envp = null_terminated(&env_owned);
-    // A source among 0–2 could be overwritten by an earlier dup2 in the child: such a one is
-    // duplicated above them first (kept open until the child has its own).
+    let mut targets: Vec<RawFd> = inherit.iter().map(|&(_, target)| target).collect();
+    targets.sort_unstable();
+    if let Some(&target) = targets.first().filter(|&&target| target < 3) {
+        return Err(io::Error::other(format!(
+            "a child's descriptor {target} is its stdio, not one to inherit"
+        )));
+    }
+    if targets.windows(2).any(|pair| pair[0] == pair[1]) {
+        return Err(io::Error::other(
+            "two descriptors to inherit under one number",
+        ));
+    }
+    // Every source is handed over from a duplicate numbered above all the targets: a dup2
+    // onto itself would keep it close-on-exec on older C libraries, and a source among the
+    // targets (or among 0–2) could be overwritten by an earlier dup2 in the child. The
+    // duplicates stay open until the child has its own.
+    let above = targets.last().map_or(3, |&top| top + 1);
     let mut lifted: Vec<OwnedFd> = Vec::new();
+    let mut lift = |fd: RawFd| -> io::Result<RawFd> {
+        let raised = duplicate_from(fd, above)?;
+        let number = raised.as_raw_fd();
+        lifted.push(raised);
+        Ok(number)
+    };
     let mut sources = Vec::with_capacity(3);
     for fd in [stdio.stdin, stdio.stdout, stdio.stderr] {
-        if fd.as_raw_fd() > 2 {
-            sources.push(fd.as_raw_fd());
+        sources.push(if fd.as_raw_fd() >= above {
+            fd.as_raw_fd()
         } else {
-            let raised = duplicate_from(fd.as_raw_fd(), 3)?;
-            sources.push(raised.as_raw_fd());
-            lifted.push(raised);
-        }
+            lift(fd.as_raw_fd())?
+        });
     }
-    // The inherited descriptor is handed over from a duplicate numbered above its target: a
-    // dup2 onto itself would keep it close-on-exec on older C libraries, and one below 3
-    // would be overwritten by stdio first.
-    let inherit = match inherit {
-        Some((_, target)) if target < 3 => {
-            return Err(io::Error::other(format!(
-                "a child's descriptor {target} is its stdio, not one to inherit"
-            )))
-        }
-        Some((fd, target)) => {
-            let raised = duplicate_from(fd, target + 1)?;
-            let number = raised.as_raw_fd();
-            lifted.push(raised);
-            Some((number, target))
-        }
-        None => None,
-    };
+    let handed: Vec<(RawFd, RawFd)> = inherit
+        .iter()
+        .map(|&(fd, target)| Ok((lift(fd)?, target)))
+        .collect::<io::Result<_>>()?;
 
     let mut actions = FileActions::new()?;
     for (fd, target) in sources.into_iter().zip(0..) {
         actions.dup2(fd, target)?;
     }
-    let first_closed = match inherit {
-        Some((fd, target)) => {
-            actions.dup2(fd, target)?;
-            target + 1
-        }
-        None => 3,
-    };
-    actions.close_from(first_closed)?;
-    let attributes = Attributes::new(own_group)?;
+    for (fd, target) in handed {
+        actions.dup2(fd, target)?;
+    }
+    actions.close_from(above)?;
+    let attributes = Attributes::new(detach)?;
     let _kept_until_spawned = lifted;
 
     let mut pid: libc::pid_t = 0;
@@ -271,11 +320,11 @@ impl Drop for FileActions {
 }
 
 /// `posix_spawnattr_t`: an empty signal mask, SIGPIPE at its default (Rust ignores it in this
-/// process), and a process group of its own when asked; destroyed on drop.
+/// process), and the group or session [`Detach`] asks for; destroyed on drop.
 struct Attributes(libc::posix_spawnattr_t);
 
 impl Attributes {
-    fn new(own_group: bool) -> io::Result<Self> {
+    fn new(detach: Detach) -> io::Result<Self> {
         // SAFETY: an all-zero posix_spawnattr_t is a valid place for init to write to.
         let mut attributes = Attributes(unsafe { std::mem::zeroed() });
         // SAFETY: init only writes into the struct, owned by `attributes`.
@@ -294,9 +343,14 @@ impl Attributes {
                 &mut attributes.0,
                 &pipe,
             ))?;
-            if own_group {
-                flags |= libc::POSIX_SPAWN_SETPGROUP;
-                check(libc::posix_spawnattr_setpgroup(&mut attributes.0, 0))?;
+            match detach {
+                Detach::No => {}
+                Detach::Group => {
+                    flags |= libc::POSIX_SPAWN_SETPGROUP;
+                    check(libc::posix_spawnattr_setpgroup(&mut attributes.0, 0))?;
+                }
+                // glibc 2.26 and newer: setsid in the child.
+                Detach::Session => flags |= libc::POSIX_SPAWN_SETSID,
             }
             let flags = libc::c_short::try_from(flags).map_err(io::Error::other)?;
             check(libc::posix_spawnattr_setflags(&mut attributes.0, flags))?;
@@ -331,7 +385,7 @@ mod tests {
 
     /// Runs `sh -c script` through [`spawn`] with `input` on stdin; its exit status, stdout
     /// and stderr.
-    fn sh(script: &str, input: &[u8], own_group: bool) -> (ExitStatus, String, String, u32) {
+    fn sh(script: &str, input: &[u8], detach: Detach) -> (ExitStatus, String, String, u32) {
         let mut command = Command::new("sh");
         command
             .env_clear()
@@ -349,8 +403,8 @@ mod tests {
                 stdout: &out_write,
                 stderr: &err_write,
             },
-            None,
-            own_group,
+            &[],
+            detach,
         )
         .expect("spawn");
         drop((in_read, out_write, err_write));
@@ -383,7 +437,7 @@ mod tests {
              test -e /proc/self/fd/{} && echo leaked >&2; exit 7",
             leak_read.as_raw_fd()
         );
-        let (status, out, err, _) = sh(&script, b"fed\n", false);
+        let (status, out, err, _) = sh(&script, b"fed\n", Detach::No);
         assert_eq!(status.code(), Some(7));
         let mut lines = out.lines();
         assert_eq!(lines.next(), Some("fed"));
@@ -395,16 +449,28 @@ mod tests {
     }
 
     #[test]
-    fn sigpipe_is_back_to_its_default_and_the_group_is_its_own() {
+    fn sigpipe_is_back_to_its_default_and_the_group_or_session_is_its_own() {
         // Rust ignores SIGPIPE in this process; the child dies of it, as after `Command`.
-        let (status, out, _, _) = sh("kill -PIPE $$; echo survived", b"", false);
+        let (status, out, _, _) = sh("kill -PIPE $$; echo survived", b"", Detach::No);
         assert_eq!(status.signal(), Some(libc::SIGPIPE), "{out}");
-        // Field 5 of /proc/PID/stat is the process group.
-        let (status, out, _, pid) = sh("cut -d' ' -f5 /proc/$$/stat", b"", true);
+        // Fields 5 and 6 of /proc/PID/stat are the process group and the session.
+        let ids = "cut -d' ' -f5,6 /proc/$$/stat";
+        let (status, out, _, pid) = sh(ids, b"", Detach::Group);
         assert!(status.success());
-        assert_eq!(out.trim(), pid.to_string());
-        let (_, out, _, pid) = sh("cut -d' ' -f5 /proc/$$/stat", b"", false);
-        assert_ne!(out.trim(), pid.to_string());
+        let (group, session) = out.trim().split_once(' ').expect("two fields");
+        assert_eq!(group, pid.to_string());
+        assert_ne!(session, pid.to_string());
+        let (_, out, _, pid) = sh(ids, b"", Detach::Session);
+        assert_eq!(
+            out.trim(),
+            format!("{pid} {pid}"),
+            "leads a session of its own"
+        );
+        let (_, out, _, pid) = sh(ids, b"", Detach::No);
+        assert!(
+            !out.trim().split(' ').any(|id| id == pid.to_string()),
+            "{out}"
+        );
     }
 
     #[test]
@@ -419,8 +485,8 @@ mod tests {
                 stdout: &b,
                 stderr: &b,
             },
-            None,
-            false,
+            &[],
+            Detach::No,
         )
         .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
@@ -453,8 +519,8 @@ mod tests {
                 stdout: &out_write,
                 stderr: &out_write,
             },
-            Some((fd.as_raw_fd(), 3)),
-            false,
+            &[(fd.as_raw_fd(), 3)],
+            Detach::No,
         )
         .expect("spawn");
         drop(out_write);
@@ -465,5 +531,125 @@ mod tests {
         assert!(child.wait().expect("wait").success());
         // The marker, then 0–2, 3 and ls's own directory.
         assert_eq!(out, "here5\n");
+    }
+
+    #[test]
+    fn two_descriptors_cross_as_their_numbers() {
+        // Whatever numbers the two write ends have here (the harness runs tests in parallel,
+        // so they cannot be chosen), they are 3 and 4 in the child.
+        let (a_read, a_write) = pipe();
+        let (b_read, b_write) = pipe();
+        let (out_read, out_write) = pipe();
+        let mut command = Command::new("sh");
+        command.env_clear().env("PATH", "/usr/bin:/bin").args([
+            "-c",
+            "echo to-a >&3; echo to-b >&4; ls /proc/self/fd | wc -l",
+        ]);
+        let (in_read, _in_write) = pipe();
+        let mut child = spawn(
+            &command,
+            &Stdio {
+                stdin: &in_read,
+                stdout: &out_write,
+                stderr: &out_write,
+            },
+            &[(a_write.as_raw_fd(), 3), (b_write.as_raw_fd(), 4)],
+            Detach::No,
+        )
+        .expect("spawn");
+        drop((a_write, b_write, out_write));
+        let read_all = |fd: OwnedFd| {
+            let mut text = String::new();
+            std::fs::File::from(fd)
+                .read_to_string(&mut text)
+                .expect("read");
+            text
+        };
+        assert!(child.wait().expect("wait").success());
+        assert_eq!(read_all(a_read), "to-a\n");
+        assert_eq!(read_all(b_read), "to-b\n");
+        // 0–2, 3, 4 and ls's own directory.
+        assert_eq!(read_all(out_read), "6\n");
+        let err = spawn(
+            &command,
+            &Stdio {
+                stdin: &in_read,
+                stdout: &in_read,
+                stderr: &in_read,
+            },
+            &[(in_read.as_raw_fd(), 3), (in_read.as_raw_fd(), 3)],
+            Detach::No,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("under one number"), "{err}");
+    }
+
+    /// Starts `sleep` for a moment and leaves it to [`Spawned::reap_in_background`]; true
+    /// once its pid is gone from /proc (a zombie keeps it there).
+    fn reaped_in_background() -> bool {
+        let mut command = Command::new("sleep");
+        command.env_clear().env("PATH", "/usr/bin:/bin").arg("0.05");
+        let (a, b) = pipe();
+        let child = spawn(
+            &command,
+            &Stdio {
+                stdin: &a,
+                stdout: &b,
+                stderr: &b,
+            },
+            &[],
+            Detach::Session,
+        )
+        .expect("spawn");
+        let proc_dir = std::path::PathBuf::from(format!("/proc/{}", child.id()));
+        child.reap_in_background();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if !proc_dir.exists() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        false
+    }
+
+    #[test]
+    fn a_child_left_to_the_background_is_reaped_with_or_without_a_runtime() {
+        assert!(reaped_in_background(), "no runtime: a thread reaps it");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // The runtime must run for its task to reap: the check polls from a blocking thread.
+        let reaped = runtime.block_on(async {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let mut command = Command::new("sleep");
+            command.env_clear().env("PATH", "/usr/bin:/bin").arg("0.05");
+            let (a, b) = pipe();
+            let child = spawn(
+                &command,
+                &Stdio {
+                    stdin: &a,
+                    stdout: &b,
+                    stderr: &b,
+                },
+                &[],
+                Detach::Session,
+            )
+            .expect("spawn");
+            let proc_dir = std::path::PathBuf::from(format!("/proc/{}", child.id()));
+            child.reap_in_background();
+            std::thread::spawn(move || {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                let mut gone = false;
+                while std::time::Instant::now() < deadline && !gone {
+                    gone = !proc_dir.exists();
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                let _ = tx.send(gone);
+            });
+            rx.await.expect("the checking thread answers")
+        });
+        assert!(reaped, "a runtime's task reaps it");
     }
 }

@@ -584,9 +584,9 @@ mod tests {
         assert!(err.to_string().contains("under one number"), "{err}");
     }
 
-    /// Starts `sleep` for a moment and leaves it to [`Spawned::reap_in_background`]; true
-    /// once its pid is gone from /proc (a zombie keeps it there).
-    fn reaped_in_background() -> bool {
+    /// Starts `sleep` for a moment and leaves it to [`Spawned::reap_in_background`]; its
+    /// /proc directory, which stays while it is an unreaped zombie.
+    fn sleep_left_to_reap() -> std::path::PathBuf {
         let mut command = Command::new("sleep");
         command.env_clear().env("PATH", "/usr/bin:/bin").arg("0.05");
         let (a, b) = pipe();
@@ -603,52 +603,36 @@ mod tests {
         .expect("spawn");
         let proc_dir = std::path::PathBuf::from(format!("/proc/{}", child.id()));
         child.reap_in_background();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while std::time::Instant::now() < deadline {
-            if !proc_dir.exists() {
-                return true;
+        proc_dir
+    }
+
+    fn gone_within_seconds(dir: &Path, seconds: u64) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+        while dir.exists() {
+            if std::time::Instant::now() > deadline {
+                return false;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        false
+        true
     }
 
     #[test]
     fn a_child_left_to_the_background_is_reaped_with_or_without_a_runtime() {
-        assert!(reaped_in_background(), "no runtime: a thread reaps it");
+        assert!(
+            gone_within_seconds(&sleep_left_to_reap(), 10),
+            "no runtime: a thread reaps it"
+        );
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
-        // The runtime must run for its task to reap: the check polls from a blocking thread.
+        // The runtime's thread drives the reaping task while a blocking thread looks.
         let reaped = runtime.block_on(async {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let mut command = Command::new("sleep");
-            command.env_clear().env("PATH", "/usr/bin:/bin").arg("0.05");
-            let (a, b) = pipe();
-            let child = spawn(
-                &command,
-                &Stdio {
-                    stdin: &a,
-                    stdout: &b,
-                    stderr: &b,
-                },
-                &[],
-                Detach::Session,
-            )
-            .expect("spawn");
-            let proc_dir = std::path::PathBuf::from(format!("/proc/{}", child.id()));
-            child.reap_in_background();
-            std::thread::spawn(move || {
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-                let mut gone = false;
-                while std::time::Instant::now() < deadline && !gone {
-                    gone = !proc_dir.exists();
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                let _ = tx.send(gone);
-            });
-            rx.await.expect("the checking thread answers")
+            let dir = sleep_left_to_reap();
+            tokio::task::spawn_blocking(move || gone_within_seconds(&dir, 10))
+                .await
+                .expect("the check ran")
         });
         assert!(reaped, "a runtime's task reaps it");
     }

@@ -40,6 +40,7 @@ mod fsutil;
 mod git;
 mod git_index;
 mod gitguard;
+mod index_memo;
 mod init;
 mod input;
 mod journal;

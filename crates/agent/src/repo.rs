@@ -46,6 +46,7 @@ use crate::exec::Stop;
 use crate::fsutil;
 use crate::git::{self, first_line, is_object_id, Git, Run};
 use crate::gitguard;
+use crate::index_memo::{self, Memo as IndexMemo, Seen};
 use crate::journal::{Changed, Tracker};
 use crate::server::{Config, Outbox};
 use crate::spawn::ExecUser;
@@ -703,11 +704,17 @@ async fn record_baseline(
         stop,
     )
     .await?;
+    // Read once here, the memo also spares the first diff a read of the index.
     let largest = match private
-        .in_dir(|dir| survey_index(dir, &Default::default()))
+        .in_dir(|dir| {
+            let memo = IndexMemo::current(dir)?;
+            let largest = memo.largest();
+            memo.keep(dir)?;
+            Ok(largest)
+        })
         .await
     {
-        Ok(survey) => Some(survey.largest),
+        Ok(largest) => Some(largest),
         Err(err) => {
             let why = cancelled_or(err, "reading the private index");
             log!("cannot size the baseline's files: {why}");
@@ -824,11 +831,8 @@ async fn add_changed(
     if changed.paths.is_empty() {
         return Ok(());
     }
-    let candidates = changed.paths.clone();
-    let tracked = private
-        .in_dir(move |dir| survey_index(dir, &candidates))
-        .await?
-        .tracked;
+    let memo = private.in_dir(IndexMemo::current).await?;
+    let tracked = memo.tracked_of(&changed.paths);
     let untracked: std::collections::BTreeSet<Vec<u8>> =
         changed.paths.difference(&tracked).cloned().collect();
     let ignored = if untracked.is_empty() {
@@ -836,19 +840,39 @@ async fn add_changed(
     } else {
         ignored_of(git, private, workspace, &untracked, stop).await?
     };
-    let paths = nul_separated(
-        changed
-            .paths
-            .iter()
-            .filter(|path| !ignored.contains(*path))
-            .map(Vec::as_slice),
-    );
+    let fed: Vec<Vec<u8>> = changed
+        .paths
+        .iter()
+        .filter(|path| !ignored.contains(*path))
+        .cloned()
+        .collect();
+    let (ws, looked) = (workspace.to_path_buf(), fed.clone());
+    let before = blocking(move || look_in(&ws, &looked))
+        .await
+        .map_err(RunError::Failed)?;
     let mut rest = vec!["-c", BIG_FILE_THRESHOLD];
     rest.extend_from_slice(&DIFF_COMPRESSION);
     rest.extend_from_slice(&["update-index", "-z", "--add", "--remove", "--stdin"]);
-    run_fed(git, private, workspace, &rest, paths, stop)
+    let paths = nul_separated(fed.iter().map(Vec::as_slice));
+    run_fed(git, private, workspace, &rest, paths, stop).await?;
+    // What git did to each path, for the next diff; without it, that diff reads the index.
+    let ws = workspace.to_path_buf();
+    let after = blocking(move || Ok(look_in(&ws, &fed).map(|after| (fed, after))))
         .await
-        .map(drop)
+        .map_err(RunError::Failed)?;
+    if let Ok((fed, after)) = after {
+        if let Some(memo) = memo.updated(&fed, &before, &after) {
+            private.in_dir(move |dir| memo.keep(dir)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// [`index_memo::look`] at `paths` of the workspace at `workspace`.
+fn look_in(workspace: &Path, paths: &[Vec<u8>]) -> Result<Vec<Seen>, String> {
+    let root = fsutil::open_dir_nofollow(workspace)
+        .map_err(|err| format!("cannot open {}: {err}", workspace.display()))?;
+    Ok(index_memo::look(root.as_fd(), paths))
 }
 
 /// Whether nothing is at the workspace-relative `path` (as far as the agent can tell without
@@ -859,33 +883,6 @@ fn is_gone(workspace: BorrowedFd<'_>, path: &[u8]) -> bool {
         Err(Errno::ENOENT | Errno::ENOTDIR)
     )
 }
-
-/// Which of `candidates` the private index tracks, and its largest file.
-fn survey_index(
-    private: BorrowedFd<'_>,
-    candidates: &std::collections::BTreeSet<Vec<u8>>,
-) -> Result<crate::git_index::Survey, String> {
-    let fail = |err: &dyn std::fmt::Display| format!("cannot read the private index: {err}");
-    let fd = openat(
-        private,
-        BASELINE_INDEX,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|err| fail(&err))?;
-    let file = File::from(fd);
-    // Read in one go: growing the buffer as it filled took most of the time.
-    let len = file.metadata().map_err(|err| fail(&err))?.len();
-    let mut bytes = Vec::with_capacity(usize::try_from(len.min(MAX_INDEX_BYTES)).unwrap_or(0) + 1);
-    file.take(MAX_INDEX_BYTES)
-        .read_to_end(&mut bytes)
-        .map_err(|err| fail(&err))?;
-    // The private repository is SHA-1 (see `record_baseline`).
-    crate::git_index::survey(&bytes, 20, candidates)
-}
-
-/// The largest private index read (about 80 bytes a file): past it, the diff scans.
-const MAX_INDEX_BYTES: u64 = 1 << 30;
 
 /// Which of the untracked `paths` git ignores. `--no-index`: they are all untracked, and
 /// with the index git would look for each of them through every entry.
@@ -1106,9 +1103,13 @@ pub async fn diff(
         // When no file on either side is large enough for its line diff to go over the
         // budget, even a line per byte, no file needs sizing or counting.
         let largest = private
-            .in_dir(|dir| survey_index(dir, &Default::default()))
-            .await
-            .map(|survey| survey.largest);
+            .in_dir(|dir| {
+                let memo = IndexMemo::current(dir)?;
+                let largest = memo.largest();
+                memo.keep(dir)?;
+                Ok(largest)
+            })
+            .await;
         match (baseline_largest, largest) {
             (Some(old), Ok(new)) if bigfiles::none_can_exceed(old, new, line_diff_budget) => {
                 if has_attributes(&private) {

@@ -1263,6 +1263,72 @@ async fn a_diff_from_the_journal_equals_a_full_scan() {
     }
 }
 
+/// Diffs from the journal one after another, with no whole-workspace scan between them, keep
+/// what the agent remembers of the private index (`index_memo`) equal to the index itself,
+/// and the last patch is a full scan's: ignored new files stay out, a tracked ignored file
+/// stays in.
+#[tokio::test]
+async fn consecutive_diffs_from_the_journal_remember_the_index_as_it_is() {
+    use std::os::fd::AsFd;
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    rich_tree(&src);
+    for (rel, data) in [
+        (".gitignore", "*.log\n"),
+        ("sub/.gitignore", "*.tmp\n"),
+        ("sub/kept.tmp", "tracked although ignored\n"),
+    ] {
+        let path = src.join(rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, data).expect("write");
+    }
+    let ws = import_tree(&host, &sb, &src).await;
+    let private = sb.config.state_dir.join("private");
+    let steps = [
+        // An untracked file becomes tracked; a tracked one changes.
+        "echo new > made.txt && printf 'more\\n' >> README.md",
+        // New files that are ignored stay untracked.
+        "echo junk > junk.log && echo t > sub/new.tmp",
+        // A tracked file goes; a symlink comes.
+        "rm made.txt gone.txt && ln -s README.md link",
+        // Back again; an ignored tracked file changes.
+        "echo again > made.txt && echo more >> sub/kept.tmp",
+        // A symlink becomes a file, a file a symlink.
+        "rm link && echo now-a-file > link && rm plain.txt && ln -s README.md plain.txt",
+        // Directories made and removed (the diff then reads the index afresh).
+        "mkdir -p d/e && echo f > d/e/f && rm -r lib",
+        "echo g >> d/e/f && echo more >> junk.log",
+        "true",
+    ];
+    for step in steps {
+        as_user(&host, &ws, step).await;
+        diff(&host, &ws, 1 << 30).await;
+        let dir = std::fs::File::open(&private).expect("the private directory");
+        assert_eq!(
+            crate::index_memo::Memo::remembered_paths(dir.as_fd()),
+            Some(crate::index_memo::Memo::paths_in_index(dir.as_fd())),
+            "after {step:?}"
+        );
+    }
+    let journal = patch_of(&diff(&host, &ws, 1 << 30).await);
+    let full = patch_of(&full_diff(&host, &ws).await);
+    assert_eq!(
+        String::from_utf8_lossy(&journal),
+        String::from_utf8_lossy(&full)
+    );
+    let text = String::from_utf8_lossy(&journal);
+    assert!(
+        !text.contains("junk.log") && !text.contains("sub/new.tmp"),
+        "{text}"
+    );
+    assert!(
+        text.contains("sub/kept.tmp") && text.contains("made.txt"),
+        "{text}"
+    );
+}
+
 /// Whether a changed file is diffed line by line depends on what the line diff would take in
 /// memory (its bytes and a record per line, against the budget the host gives), not on its
 /// size alone: a big file of long lines stays readable text, a smaller one of a million short

@@ -1054,6 +1054,20 @@ fn rich_tree(root: &Path) {
     std::os::unix::fs::symlink("a", root.join("retarget")).expect("symlink");
 }
 
+/// The workspace of a task imported from [`rich_tree`] plus `extra` files (relative path,
+/// content).
+async fn rich_workspace(host: &Host, sb: &Sandbox, extra: &[(&str, &str)]) -> PathBuf {
+    let src = sb.path("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    rich_tree(&src);
+    for (rel, data) in extra {
+        let path = src.join(rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, data).expect("write");
+    }
+    import_tree(host, sb, &src).await
+}
+
 /// The baseline's objects are stored, not deflated (the start's largest cost was deflating
 /// the whole tree); a diff's new objects are deflated.
 #[tokio::test]
@@ -1198,24 +1212,21 @@ async fn diff_round_trip_reproduces_the_work_tree() {
 async fn a_diff_from_the_journal_equals_a_full_scan() {
     let sb = Sandbox::new();
     let host = Host::start(sb.config.clone()).await;
-    let src = sb.path("src");
-    std::fs::create_dir(&src).expect("mkdir");
-    rich_tree(&src);
-    for (rel, data) in [
-        ("tree/a/one.txt", "one\n"),
-        ("tree/a/b/two.txt", "two\n"),
-        ("tree/c/three.txt", "three\n"),
-        ("file-to-dir", "file\n"),
-        ("dir-to-file/x", "x\n"),
-        ("target/link-here/t.txt", "t\n"),
-        ("sub/.gitignore", "*.tmp\n"),
-        ("sub/kept.tmp", "tracked although ignored\n"),
-    ] {
-        let path = src.join(rel);
-        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-        std::fs::write(path, data).expect("write");
-    }
-    let ws = import_tree(&host, &sb, &src).await;
+    let ws = rich_workspace(
+        &host,
+        &sb,
+        &[
+            ("tree/a/one.txt", "one\n"),
+            ("tree/a/b/two.txt", "two\n"),
+            ("tree/c/three.txt", "three\n"),
+            ("file-to-dir", "file\n"),
+            ("dir-to-file/x", "x\n"),
+            ("target/link-here/t.txt", "t\n"),
+            ("sub/.gitignore", "*.tmp\n"),
+            ("sub/kept.tmp", "tracked although ignored\n"),
+        ],
+    )
+    .await;
     let git = "git -c user.name=agent -c user.email=agent@example.com";
     let steps = [
         // Files: written, made, removed, chmodded, a symlink made and one retargeted.
@@ -1272,19 +1283,16 @@ async fn consecutive_diffs_from_the_journal_remember_the_index_as_it_is() {
     use std::os::fd::AsFd;
     let sb = Sandbox::new();
     let host = Host::start(sb.config.clone()).await;
-    let src = sb.path("src");
-    std::fs::create_dir(&src).expect("mkdir");
-    rich_tree(&src);
-    for (rel, data) in [
-        (".gitignore", "*.log\n"),
-        ("sub/.gitignore", "*.tmp\n"),
-        ("sub/kept.tmp", "tracked although ignored\n"),
-    ] {
-        let path = src.join(rel);
-        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-        std::fs::write(path, data).expect("write");
-    }
-    let ws = import_tree(&host, &sb, &src).await;
+    let ws = rich_workspace(
+        &host,
+        &sb,
+        &[
+            (".gitignore", "*.log\n"),
+            ("sub/.gitignore", "*.tmp\n"),
+            ("sub/kept.tmp", "tracked although ignored\n"),
+        ],
+    )
+    .await;
     let private = sb.config.state_dir.join("private");
     let steps = [
         // An untracked file becomes tracked; a tracked one changes.

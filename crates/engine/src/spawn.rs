@@ -383,6 +383,31 @@ mod tests {
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe")
     }
 
+    /// `program` with only PATH in its environment.
+    fn bare(program: &str) -> Command {
+        let mut command = Command::new(program);
+        command.env_clear().env("PATH", "/usr/bin:/bin");
+        command
+    }
+
+    /// Stdin from `input`; stdout and stderr both to `output`.
+    fn stdio<'a>(input: &'a OwnedFd, output: &'a OwnedFd) -> Stdio<'a> {
+        Stdio {
+            stdin: input,
+            stdout: output,
+            stderr: output,
+        }
+    }
+
+    /// Everything written to `fd`'s pipe until its last writer closed it.
+    fn read_all(fd: OwnedFd) -> String {
+        let mut text = String::new();
+        std::fs::File::from(fd)
+            .read_to_string(&mut text)
+            .expect("read");
+        text
+    }
+
     /// Runs `sh -c script` through [`spawn`] with `input` on stdin; its exit status, stdout
     /// and stderr.
     fn sh(script: &str, input: &[u8], detach: Detach) -> (ExitStatus, String, String, u32) {
@@ -475,16 +500,10 @@ mod tests {
 
     #[test]
     fn a_missing_program_is_an_error_before_any_child() {
-        let mut command = Command::new("no-such-program-dynocap");
-        command.env_clear().env("PATH", "/usr/bin:/bin");
         let (a, b) = pipe();
         let err = spawn(
-            &command,
-            &Stdio {
-                stdin: &a,
-                stdout: &b,
-                stderr: &b,
-            },
+            &bare("no-such-program-dynocap"),
+            &stdio(&a, &b),
             &[],
             Detach::No,
         )
@@ -505,29 +524,19 @@ mod tests {
             nix::sys::stat::Mode::empty(),
         )
         .expect("open");
-        let mut command = Command::new("sh");
-        command
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .args(["-c", "cat /proc/self/fd/3/marker; ls /proc/self/fd | wc -l"]);
+        let mut command = bare("sh");
+        command.args(["-c", "cat /proc/self/fd/3/marker; ls /proc/self/fd | wc -l"]);
         let (in_read, _in_write) = pipe();
         let (out_read, out_write) = pipe();
         let mut child = spawn(
             &command,
-            &Stdio {
-                stdin: &in_read,
-                stdout: &out_write,
-                stderr: &out_write,
-            },
+            &stdio(&in_read, &out_write),
             &[(fd.as_raw_fd(), 3)],
             Detach::No,
         )
         .expect("spawn");
         drop(out_write);
-        let mut out = String::new();
-        std::fs::File::from(out_read)
-            .read_to_string(&mut out)
-            .expect("read");
+        let out = read_all(out_read);
         assert!(child.wait().expect("wait").success());
         // The marker, then 0–2, 3 and ls's own directory.
         assert_eq!(out, "here5\n");
@@ -540,31 +549,20 @@ mod tests {
         let (a_read, a_write) = pipe();
         let (b_read, b_write) = pipe();
         let (out_read, out_write) = pipe();
-        let mut command = Command::new("sh");
-        command.env_clear().env("PATH", "/usr/bin:/bin").args([
+        let mut command = bare("sh");
+        command.args([
             "-c",
             "echo to-a >&3; echo to-b >&4; ls /proc/self/fd | wc -l",
         ]);
         let (in_read, _in_write) = pipe();
         let mut child = spawn(
             &command,
-            &Stdio {
-                stdin: &in_read,
-                stdout: &out_write,
-                stderr: &out_write,
-            },
+            &stdio(&in_read, &out_write),
             &[(a_write.as_raw_fd(), 3), (b_write.as_raw_fd(), 4)],
             Detach::No,
         )
         .expect("spawn");
         drop((a_write, b_write, out_write));
-        let read_all = |fd: OwnedFd| {
-            let mut text = String::new();
-            std::fs::File::from(fd)
-                .read_to_string(&mut text)
-                .expect("read");
-            text
-        };
         assert!(child.wait().expect("wait").success());
         assert_eq!(read_all(a_read), "to-a\n");
         assert_eq!(read_all(b_read), "to-b\n");
@@ -572,11 +570,7 @@ mod tests {
         assert_eq!(read_all(out_read), "6\n");
         let err = spawn(
             &command,
-            &Stdio {
-                stdin: &in_read,
-                stdout: &in_read,
-                stderr: &in_read,
-            },
+            &stdio(&in_read, &in_read),
             &[(in_read.as_raw_fd(), 3), (in_read.as_raw_fd(), 3)],
             Detach::No,
         )
@@ -587,20 +581,10 @@ mod tests {
     /// Starts `sleep` for a moment and leaves it to [`Spawned::reap_in_background`]; its
     /// /proc directory, which stays while it is an unreaped zombie.
     fn sleep_left_to_reap() -> std::path::PathBuf {
-        let mut command = Command::new("sleep");
-        command.env_clear().env("PATH", "/usr/bin:/bin").arg("0.05");
+        let mut command = bare("sleep");
+        command.arg("0.05");
         let (a, b) = pipe();
-        let child = spawn(
-            &command,
-            &Stdio {
-                stdin: &a,
-                stdout: &b,
-                stderr: &b,
-            },
-            &[],
-            Detach::Session,
-        )
-        .expect("spawn");
+        let child = spawn(&command, &stdio(&a, &b), &[], Detach::Session).expect("spawn");
         let proc_dir = std::path::PathBuf::from(format!("/proc/{}", child.id()));
         child.reap_in_background();
         proc_dir

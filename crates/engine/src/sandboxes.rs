@@ -356,8 +356,9 @@ impl Engine {
         drop(ready_write);
         let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
         if lowered {
-            // Best effort: a supervisor at the normal priority works the same. A pool boot
-            // waits for a lull before it does anything, so it runs at this priority by then.
+            // Best effort: a supervisor at the normal priority works the same. Only its own
+            // start (exec, the catalog read) can run before this; a pool boot then waits for
+            // a lull, and boots its guest at this priority.
             // SAFETY: setpriority sets a scheduling value of our child; no memory is involved.
             unsafe {
                 libc::setpriority(libc::PRIO_PROCESS, child.id(), BACKGROUND_NICE);

@@ -197,9 +197,13 @@ impl Memo {
             .collect()
     }
 
-    /// No entry of the index is larger than this.
-    pub fn largest(&self) -> u64 {
-        self.largest
+    /// No entry of the private index (in the directory `private`) is larger than this; the
+    /// memo is kept for the next diff.
+    pub fn largest_entry(private: BorrowedFd<'_>) -> Result<u64, String> {
+        let memo = Memo::current(private)?;
+        let largest = memo.largest;
+        memo.keep(private)?;
+        Ok(largest)
     }
 
     /// Records what `git update-index --add --remove` did to `paths`, from what each was

@@ -705,15 +705,7 @@ async fn record_baseline(
     )
     .await?;
     // Read once here, the memo also spares the first diff a read of the index.
-    let largest = match private
-        .in_dir(|dir| {
-            let memo = IndexMemo::current(dir)?;
-            let largest = memo.largest();
-            memo.keep(dir)?;
-            Ok(largest)
-        })
-        .await
-    {
+    let largest = match private.in_dir(IndexMemo::largest_entry).await {
         Ok(largest) => Some(largest),
         Err(err) => {
             let why = cancelled_or(err, "reading the private index");
@@ -840,27 +832,22 @@ async fn add_changed(
     } else {
         ignored_of(git, private, workspace, &untracked, stop).await?
     };
-    let fed: Vec<Vec<u8>> = changed
-        .paths
-        .iter()
-        .filter(|path| !ignored.contains(*path))
-        .cloned()
-        .collect();
-    let (ws, looked) = (workspace.to_path_buf(), fed.clone());
-    let before = blocking(move || look_in(&ws, &looked))
-        .await
-        .map_err(RunError::Failed)?;
+    let fed: std::sync::Arc<Vec<Vec<u8>>> = std::sync::Arc::new(
+        changed
+            .paths
+            .iter()
+            .filter(|path| !ignored.contains(*path))
+            .cloned()
+            .collect(),
+    );
+    let before = look_in(workspace, &fed).await?;
     let mut rest = vec!["-c", BIG_FILE_THRESHOLD];
     rest.extend_from_slice(&DIFF_COMPRESSION);
     rest.extend_from_slice(&["update-index", "-z", "--add", "--remove", "--stdin"]);
     let paths = nul_separated(fed.iter().map(Vec::as_slice));
     run_fed(git, private, workspace, &rest, paths, stop).await?;
     // What git did to each path, for the next diff; without it, that diff reads the index.
-    let ws = workspace.to_path_buf();
-    let after = blocking(move || Ok(look_in(&ws, &fed).map(|after| (fed, after))))
-        .await
-        .map_err(RunError::Failed)?;
-    if let Ok((fed, after)) = after {
+    if let Ok(after) = look_in(workspace, &fed).await {
         if let Some(memo) = memo.updated(&fed, &before, &after) {
             private.in_dir(move |dir| memo.keep(dir)).await?;
         }
@@ -868,11 +855,19 @@ async fn add_changed(
     Ok(())
 }
 
-/// [`index_memo::look`] at `paths` of the workspace at `workspace`.
-fn look_in(workspace: &Path, paths: &[Vec<u8>]) -> Result<Vec<Seen>, String> {
-    let root = fsutil::open_dir_nofollow(workspace)
-        .map_err(|err| format!("cannot open {}: {err}", workspace.display()))?;
-    Ok(index_memo::look(root.as_fd(), paths))
+/// [`index_memo::look`] at `paths` of the workspace at `workspace`, on the blocking pool.
+async fn look_in(
+    workspace: &Path,
+    paths: &std::sync::Arc<Vec<Vec<u8>>>,
+) -> Result<Vec<Seen>, RunError> {
+    let (workspace, paths) = (workspace.to_path_buf(), std::sync::Arc::clone(paths));
+    blocking(move || {
+        let root = fsutil::open_dir_nofollow(&workspace)
+            .map_err(|err| format!("cannot open {}: {err}", workspace.display()))?;
+        Ok(index_memo::look(root.as_fd(), &paths))
+    })
+    .await
+    .map_err(RunError::Failed)
 }
 
 /// Whether nothing is at the workspace-relative `path` (as far as the agent can tell without
@@ -1102,14 +1097,7 @@ pub async fn diff(
         }
         // When no file on either side is large enough for its line diff to go over the
         // budget, even a line per byte, no file needs sizing or counting.
-        let largest = private
-            .in_dir(|dir| {
-                let memo = IndexMemo::current(dir)?;
-                let largest = memo.largest();
-                memo.keep(dir)?;
-                Ok(largest)
-            })
-            .await;
+        let largest = private.in_dir(IndexMemo::largest_entry).await;
         match (baseline_largest, largest) {
             (Some(old), Ok(new)) if bigfiles::none_can_exceed(old, new, line_diff_budget) => {
                 if has_attributes(&private) {

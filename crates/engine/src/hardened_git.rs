@@ -754,8 +754,13 @@ mod tests {
     /// `run`, retried while the script is "busy": a test thread forking meanwhile may hold
     /// the script's write descriptor open until it execs (ETXTBSY).
     fn run_script(git: &HardenedGit) -> Result<Vec<u8>, GitError> {
+        retry_while_busy(|| git.run())
+    }
+
+    /// `start`, again while the script it runs is still busy being written (ETXTBSY).
+    fn retry_while_busy<T>(mut start: impl FnMut() -> Result<T, GitError>) -> Result<T, GitError> {
         for _ in 0..100 {
-            match git.run() {
+            match start() {
                 Err(GitError::Spawn { source, .. })
                     if source.raw_os_error() == Some(libc::ETXTBSY) =>
                 {
@@ -764,7 +769,7 @@ mod tests {
                 other => return other,
             }
         }
-        git.run()
+        start()
     }
 
     /// A stand-in `git` that prints its environment and arguments.
@@ -1002,27 +1007,11 @@ mod tests {
         let git = HardenedGit::in_dir_fd(std::os::fd::AsFd::as_fd(&dir))
             .program(&fed)
             .args(["apply", "-"]);
-        let mut running = loop {
-            match git.spawn_fed() {
-                Err(GitError::Spawn { source, .. })
-                    if source.raw_os_error() == Some(libc::ETXTBSY) =>
-                {
-                    thread::sleep(Duration::from_millis(20));
-                }
-                other => break other.expect("spawn"),
-            }
-        };
+        let mut running = retry_while_busy(|| git.spawn_fed()).expect("spawn");
         std::io::Write::write_all(&mut running.take_stdin().expect("stdin"), b"the patch\n")
             .expect("feed");
         let out = String::from_utf8(running.finish().expect("finish")).expect("utf-8");
-        let forked = String::from_utf8(
-            HardenedGit::in_dir_fd(std::os::fd::AsFd::as_fd(&dir))
-                .program(&fed)
-                .args(["apply", "-"])
-                .run()
-                .expect("run"),
-        )
-        .expect("utf-8");
+        let forked = String::from_utf8(run_script(&git).expect("run")).expect("utf-8");
         // Everything but what was fed is what the forked start printed.
         assert_eq!(out.replace("the patch\n", ""), forked);
         assert!(out.contains("ARGS --no-pager -C /proc/self/fd/3"), "{out}");

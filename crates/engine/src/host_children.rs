@@ -169,18 +169,21 @@ fn session_members(session: i32) -> Vec<Member> {
         .collect()
 }
 
+/// `pidfd_open(2)`: a descriptor of process `pid` that stays its own whoever takes the pid
+/// later; `None` when there is no such process (or no pidfd support).
+pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let raw = i32::try_from(raw).ok().filter(|&raw| raw >= 0)?;
+    // SAFETY: pidfd_open just returned this descriptor; nothing else owns it.
+    Some(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
 /// SIGKILL for `member`, unless its pid names another process by now.
 fn kill_member(member: Member, session: i32) {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, member.pid, 0) };
-    let Ok(raw) = i32::try_from(raw) else {
-        return;
-    };
-    if raw < 0 {
+    let Some(pidfd) = pidfd_open(member.pid) else {
         return; // gone already
-    }
-    // SAFETY: pidfd_open just returned this descriptor; nothing else owns it.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(raw) };
+    };
     // The pidfd pins the process that had the pid when it was opened; if /proc still shows the
     // member's start time under that pid, the pidfd is the member.
     let same = stat_of(member.pid)

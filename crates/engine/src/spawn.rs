@@ -60,24 +60,19 @@ impl Spawned {
     /// that outlives the call (a supervisor), in a process that may outlive the child (the
     /// MCP server), which must not collect zombies.
     pub fn reap_in_background(mut self) {
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-            let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, self.pid, 0) };
-            if let Ok(raw) = i32::try_from(raw) {
-                if raw >= 0 {
-                    // SAFETY: pidfd_open just returned this descriptor; nothing else owns it.
-                    let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
-                    let _entered = runtime.enter();
-                    if let Ok(exited) = tokio::io::unix::AsyncFd::new(pidfd) {
-                        runtime.spawn(async move {
-                            // Readable once the child has exited; an error ends the watch,
-                            // and the reap below then collects it if it is gone already.
-                            let _ = exited.readable().await;
-                            let _ = self.try_wait();
-                        });
-                        return;
-                    }
-                }
+        if let (Ok(runtime), Some(pidfd)) = (
+            tokio::runtime::Handle::try_current(),
+            crate::host_children::pidfd_open(self.pid),
+        ) {
+            let _entered = runtime.enter();
+            if let Ok(exited) = tokio::io::unix::AsyncFd::new(pidfd) {
+                runtime.spawn(async move {
+                    // Readable once the child has exited; an error ends the watch, and the
+                    // reap below then collects it if it is gone already.
+                    let _ = exited.readable().await;
+                    let _ = self.try_wait();
+                });
+                return;
             }
         }
         let waiter = std::thread::Builder::new()

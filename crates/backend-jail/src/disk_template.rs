@@ -64,16 +64,19 @@ pub(crate) fn copy_formatted(
     copied
 }
 
+/// The file name of the template for `bytes`, and of its spares.
+fn image_name(bytes: u64) -> String {
+    format!("ext4-{bytes}-r{TEMPLATE_REVISION}.img")
+}
+
 /// Where the template for `bytes` is (or will be).
 fn template_path(templates: &Path, bytes: u64) -> PathBuf {
-    templates.join(format!("ext4-{bytes}-r{TEMPLATE_REVISION}.img"))
+    templates.join(image_name(bytes))
 }
 
 /// Where the spare for `bytes` is published.
 fn spare_path(templates: &Path, bytes: u64) -> PathBuf {
-    templates
-        .join(SPARES)
-        .join(format!("ext4-{bytes}-r{TEMPLATE_REVISION}.img"))
+    templates.join(SPARES).join(image_name(bytes))
 }
 
 /// Moves the spare for `bytes` to `image` (which must not exist); `false` when there is no

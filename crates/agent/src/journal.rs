@@ -245,6 +245,14 @@ impl Journal {
         }
         let mut changed = std::mem::take(&mut record.changed);
         changed.trees.extend(record.nested.iter().cloned());
+        // A tree is looked at whole, subdirectories included: one beneath another is covered
+        // by it. Whether a directory made inside a new one shows as a tree of its own depends
+        // on whether it came before the new one was watched (in its listing) or after (an
+        // event); the answer does not.
+        let all_trees = changed.trees.clone();
+        changed
+            .trees
+            .retain(|tree| !ancestors(tree).any(|dir| all_trees.contains(dir)));
         let nested = &record.nested;
         // Inside a tree, or inside a nested repository, a path is looked at with its tree.
         // (A file that became a directory is both; its tree covers it.)
@@ -659,6 +667,16 @@ mod tests {
             journal.take(),
             changed(&["new/inner/y", "moved/b/c/f"], &[])
         );
+        // Directories made and removed inside watched ones are trees too, each covered by
+        // the tree above it: one answer whichever events the kernel gave.
+        fs::create_dir_all(root.join("new/inner/later/deeper")).expect("mkdir");
+        fs::create_dir(root.join("moved/b/fresh")).expect("mkdir");
+        assert_eq!(
+            journal.take(),
+            changed(&[], &["new/inner/later", "moved/b/fresh"])
+        );
+        fs::remove_dir_all(root.join("new")).expect("rm -r");
+        assert_eq!(journal.take(), changed(&[], &["new"]));
         // A directory moved out of the workspace is no longer watched.
         let outside = tempfile::tempdir().expect("tempdir");
         fs::rename(root.join("moved"), outside.path().join("moved")).expect("mv");

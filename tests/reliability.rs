@@ -461,6 +461,10 @@ fn a_full_disk_keeps_the_work_until_there_is_room() {
         "{failed}"
     );
     std::fs::remove_file(&ballast).unwrap();
+    // The supervisor records `unsaved` before its reply, in the catalog on this full
+    // filesystem: when that write finds no room, the state is recorded once the supervisor
+    // has gone (the next command's reconcile), so wait for that.
+    home.wait_for_teardown();
     let result = assert_unsaved_then_recovered(&home, "full", "+full-work");
     assert!(patch_of(&result).contains("b/numbers.txt"));
 }

@@ -397,26 +397,106 @@ def _children(pid: int) -> list[tuple[int, str]]:
     return found
 
 
+def _the_server() -> int:
+    """The `dynocap mcp` process this test started."""
+    servers = [pid for pid, _ in _children(os.getpid())
+               if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1:2] == [b"mcp"]]
+    assert len(servers) == 1, servers
+    return servers[0]
+
+
+def _standbys(server: int) -> list[int]:
+    """The server's children that stand by: started as standby supervisors and given no
+    sandbox yet, so their output still goes nowhere."""
+    found = []
+    for pid, state in _children(server):
+        try:
+            words = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            waiting = os.readlink(f"/proc/{pid}/fd/2") == "/dev/null"
+        except OSError:
+            continue
+        if state != "Z" and b"--standby-fd" in words and waiting:
+            found.append(pid)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+async def _until(what: str, check: Any, timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        await anyio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_run_takes_the_standby_supervisor_and_another_stands_by(host: Host) -> None:
+    logs = host.state / "logs"
+    async with connect(host) as s:
+        server = _the_server()
+        # One idle supervisor beside the server: no sandbox yet, its output goes nowhere.
+        [first] = await _until("a standby supervisor", lambda: _standbys(server))
+        assert os.readlink(f"/proc/{first}/fd/2") == "/dev/null"
+        assert not list(logs.glob("*.log")), "a standby has no sandbox, so no log"
+
+        ok(await s.call_tool("dynocap_run", {"name": "a"}))
+        # The standby became a's supervisor: its output is a's log, which says so.
+        [log] = logs.glob("*.log")
+        assert os.readlink(f"/proc/{first}/fd/2") == str(log)
+        assert f"(pid {first})" in log.read_text()
+        assert ok(await s.call_tool("dynocap_exec", {"name": "a", "command": "echo hi"}))["stdout"] == "hi\n"
+        # ...and the next one stands by already.
+        [second] = await _until("the next standby", lambda: [p for p in _standbys(server) if p != first])
+
+        # A standby that died is no loss: the next run spawns its supervisor, and a new
+        # standby takes the place.
+        os.kill(second, 9)
+        await _until("the killed standby to be reaped", lambda: not _alive(second))
+        ok(await s.call_tool("dynocap_run", {"name": "b"}))
+        assert ok(await s.call_tool("dynocap_exec", {"name": "b", "command": "echo there"}))["stdout"] == "there\n"
+        spawned = [pid for pid, state in _children(server) if state != "Z" and pid not in (first, second)
+                   and b"--id" in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")]
+        assert len(spawned) == 1, _children(server)
+        [third] = await _until("a standby after the spawn", lambda: _standbys(server))
+        assert third not in (first, second, spawned[0])
+        ok(await s.call_tool("dynocap_destroy", {"name": "b"}))
+
+    # The server is gone, and its standby with it; the sandbox the standby took lives on, in
+    # a session of its own.
+    await _until("the standby to end with its server", lambda: not _alive(third))
+    assert _alive(first)
+    assert host.cli("exec", "a", "--", "echo", "still here")["stdout"] == "still here\n"
+    assert host.cli("destroy", "a") == {"destroyed": "a"}
+    await _until("a's supervisor to end", lambda: not _alive(first))
+
+
 async def test_the_server_reaps_the_supervisors_it_started(host: Host) -> None:
     async with connect(host) as s:
         ok(await s.call_tool("dynocap_run", {"name": "kept"}))
         # The server is this test's child that runs `dynocap mcp`; the sandbox's supervisor
         # is the server's child.
-        servers = [pid for pid, _ in _children(os.getpid())
-                   if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1:2] == [b"mcp"]]
-        assert len(servers) == 1, servers
-        server = servers[0]
+        server = _the_server()
         assert any(state != "Z" for _, state in _children(server)), "the supervisor is the server's child"
         for i in range(3):
             ok(await s.call_tool("dynocap_run", {"name": f"b{i}"}))
             ok(await s.call_tool("dynocap_destroy", {"name": f"b{i}"}))
         # Each destroyed sandbox's supervisor exits after its teardown; the server reaps it.
+        # Left: kept's supervisor, and the standby for the next run.
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             zombies = [pid for pid, state in _children(server) if state == "Z"]
             live = [pid for pid, state in _children(server) if state != "Z"]
-            if not zombies and len(live) == 1:
+            if not zombies and len(live) == 2:
                 break
             await anyio.sleep(0.1)
-        assert (zombies, len(live)) == ([], 1), _children(server)
+        assert (zombies, len(live)) == ([], 2), _children(server)
+        assert len(_standbys(server)) == 1, _children(server)
         ok(await s.call_tool("dynocap_destroy", {"name": "kept"}))

@@ -289,13 +289,17 @@ pub struct McpArgs {
 pub struct SuperviseArgs {
     #[arg(long)]
     pub home: std::path::PathBuf,
-    #[arg(long)]
-    pub id: String,
-    #[arg(long = "ready-fd")]
-    pub ready_fd: i32,
+    #[arg(long, required_unless_present = "standby_fd", requires = "ready_fd")]
+    pub id: Option<String>,
+    #[arg(long = "ready-fd", requires = "id")]
+    pub ready_fd: Option<i32>,
     /// Boot over the layer an unsaved task kept and save its work, instead of starting anew.
-    #[arg(long)]
+    #[arg(long, requires = "id")]
     pub recover: bool,
+    /// Stand by: wait on this socket for the sandbox to supervise (see the engine's
+    /// `standby`), instead of being given it on the command line.
+    #[arg(long = "standby-fd", conflicts_with_all = ["id", "ready_fd", "recover"])]
+    pub standby_fd: Option<i32>,
 }
 
 /// A count, size or number of seconds; the error says what a valid one looks like (clap puts

@@ -1,10 +1,11 @@
 //! One function per subcommand: turn parsed arguments into engine calls and print results.
 
 use std::io::{IsTerminal, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 
 use dynocap_engine::spec::{ExecSpec, RunSpec};
+use dynocap_engine::supervisor::ReadyMessage;
 use dynocap_engine::{Engine, Error, ExecResult, Home};
 
 use crate::cli::{Cli, Command, ExecArgs, RunArgs, SuperviseArgs};
@@ -230,10 +231,8 @@ fn exit_code_of(result: &ExecResult) -> ExitCode {
 }
 
 pub fn supervise(args: &SuperviseArgs) -> ExitCode {
-    // SAFETY: `run` started us with the ready pipe on this descriptor and nothing else in this
-    // process has taken ownership of it.
-    let ready = unsafe { OwnedFd::from_raw_fd(args.ready_fd) };
-    // Stderr is the sandbox's log file (see `Sandboxes::start_supervisor`).
+    // Stderr is the sandbox's log file (see `Sandboxes::spawn_supervisor`); a standby's is
+    // `/dev/null` until its order brings the log, and the writer looks it up at every line.
     crate::logging::init(&crate::logging::Settings::from_env(), std::io::stderr);
     let home = match Home::at(args.home.clone()) {
         Ok(home) => home,
@@ -247,10 +246,65 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
     } else {
         dynocap_engine::supervisor::Mode::Start
     };
-    match dynocap_engine::supervisor::main(home, &args.id, ready, mode) {
+    let (catalog, id, ready) = match (&args.id, args.ready_fd, args.standby_fd) {
+        (Some(id), Some(ready_fd), None) => {
+            // SAFETY: the starter gave us the ready pipe on this descriptor and nothing else
+            // in this process has taken ownership of it.
+            (None, id.clone(), unsafe { OwnedFd::from_raw_fd(ready_fd) })
+        }
+        (None, None, Some(orders_fd)) => {
+            // Opened while nothing waits on it; a failure here is the supervisor's to report
+            // once it has its sandbox.
+            let catalog = dynocap_engine::catalog::Catalog::open(&home).ok();
+            match await_standby_order(orders_fd) {
+                Some((id, ready)) => (catalog, id, ready),
+                None => return ExitCode::SUCCESS,
+            }
+        }
+        // clap's rules on the arguments admit nothing else.
+        _ => {
+            eprintln!("dynocap supervise: give --id and --ready-fd, or --standby-fd alone");
+            return ExitCode::FAILURE;
+        }
+    };
+    match dynocap_engine::supervisor::main(home, catalog, &id, ready, mode) {
         0 => ExitCode::SUCCESS,
         _ => ExitCode::FAILURE,
     }
+}
+
+/// A standby's wait for its sandbox (see the engine's `standby`): the id and ready pipe, once
+/// its log is this process's stdout and stderr; `None` when the starter went away first, or
+/// sent something else (said on stderr, which is `/dev/null` until an order comes).
+fn await_standby_order(orders_fd: i32) -> Option<(String, OwnedFd)> {
+    // SAFETY: the starter gave us the orders socket on this descriptor and nothing else in
+    // this process has taken ownership of it.
+    let orders = unsafe { OwnedFd::from_raw_fd(orders_fd) };
+    let order = match dynocap_engine::standby::await_order(orders.as_fd()) {
+        Ok(Some(order)) => order,
+        Ok(None) => return None,
+        Err(err) => {
+            eprintln!("dynocap supervise: {err}");
+            return None;
+        }
+    };
+    // Nothing started from here on may hold the socket: the starter's end is what ends the
+    // next standby, not this one.
+    drop(orders);
+    if let Err(err) =
+        nix::unistd::dup2_stdout(&order.log).and_then(|()| nix::unistd::dup2_stderr(&order.log))
+    {
+        // The ready pipe tells the starter; the log could not.
+        let failed = ReadyMessage::Failed(Error::internal(format!(
+            "pointing the supervisor's output at its log: {err}"
+        )));
+        if let Ok(mut line) = serde_json::to_vec(&failed) {
+            line.push(b'\n');
+            let _ = std::fs::File::from(order.ready).write_all(&line);
+        }
+        return None;
+    }
+    Some((order.id, order.ready))
 }
 
 /// The `sh -c` command for the words after `--`: one word is a shell command as it stands

@@ -37,6 +37,7 @@ pub mod save;
 pub mod spawn;
 pub mod spec;
 pub mod ssh_key;
+pub mod standby;
 pub mod supervisor;
 pub mod tar_index;
 pub mod task_spec;

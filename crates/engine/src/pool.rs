@@ -12,7 +12,7 @@
 use crate::catalog::{Kind, Record, State};
 use crate::control::{Claim, ControlReply, ControlRequest};
 use crate::error::{Error, Result};
-use crate::sandboxes::{remove_leftovers, Engine, Keep};
+use crate::sandboxes::{remove_leftovers, Engine, Keep, Via};
 use crate::spec::{Network, RunSpec};
 use crate::supervisor::Mode;
 
@@ -99,7 +99,9 @@ impl Engine {
             Ok(record)
         })?;
         for record in &added {
-            if let Err(err) = self.spawn_supervisor(&catalog, &record.id, Mode::Start, None, true) {
+            if let Err(err) =
+                self.spawn_supervisor(&catalog, &record.id, Mode::Start, Via::Spawn(None), true)
+            {
                 // Nothing runs for it: the record goes at once rather than at the next reconcile.
                 let _ = catalog.delete(&record.id);
                 return Err(err);

@@ -1,7 +1,7 @@
 //! The client API for sandboxes: start a supervisor, talk to it, list and destroy. Used by the
 //! CLI and the MCP server alike, so both behave the same.
 
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -95,6 +95,8 @@ pub struct Engine {
     /// process (the MCP server) pays for opening it once, not on every call. It reopens
     /// itself if a repair replaces the file.
     catalog: std::sync::OnceLock<std::sync::Arc<Catalog>>,
+    /// The supervisor kept standing by, for an engine that keeps one (see `standby`).
+    standby: crate::standby::Slot,
 }
 
 impl Engine {
@@ -107,6 +109,7 @@ impl Engine {
             home,
             supervisor_exe,
             catalog: std::sync::OnceLock::new(),
+            standby: crate::standby::Slot::default(),
         })
     }
 
@@ -116,11 +119,29 @@ impl Engine {
             home,
             supervisor_exe,
             catalog: std::sync::OnceLock::new(),
+            standby: crate::standby::Slot::default(),
         }
     }
 
     pub fn home(&self) -> &Home {
         &self.home
+    }
+
+    pub(crate) fn standby_slot(&self) -> &crate::standby::Slot {
+        &self.standby
+    }
+
+    /// `dynocap supervise --home <home>`, with this process's environment: what every
+    /// supervisor, standby or not, starts as.
+    pub(crate) fn supervisor_command(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(&self.supervisor_exe);
+        command
+            .env_clear()
+            .envs(std::env::vars_os())
+            .arg("supervise")
+            .arg("--home")
+            .arg(self.home.root());
+        command
     }
 
     pub(crate) fn catalog(&self) -> Result<std::sync::Arc<Catalog>> {
@@ -239,6 +260,20 @@ impl Engine {
     ) -> Result<Record> {
         let catalog = self.catalog()?;
         self.reconcile(&catalog)?;
+        let mut record = record;
+        // A raw sandbox goes to the standby supervisor, if this engine keeps one; a task
+        // brings its project, which a standby cannot take. The record names the standby from
+        // the start, so that neither it nor the supervisor writes it again.
+        let via = match project {
+            Some(project) => Via::Spawn(Some(project)),
+            None => match self.take_standby() {
+                Some(standby) => {
+                    record.supervisor = ProcessId::of(standby.pid());
+                    Via::Standby(standby)
+                }
+                None => Via::Spawn(None),
+            },
+        };
         catalog.insert(&record)?;
         let mut guard = StartGuard {
             home: self.home.clone(),
@@ -246,7 +281,7 @@ impl Engine {
             backend: record.backend.clone(),
             armed: true,
         };
-        self.start_supervisor(&catalog, &record.id, Mode::Start, project, progress)
+        self.start_supervisor(&catalog, &record.id, Mode::Start, via, progress)
             .await?;
         guard.armed = false;
         catalog.get(&record.id)?.ok_or_else(|| {
@@ -256,19 +291,17 @@ impl Engine {
         })
     }
 
-    /// Spawns `dynocap supervise` detached and waits for its ready report: `None` once the
-    /// sandbox is ready, the task's result when a recovery saved its work. With `project`, the
-    /// supervisor inherits it as [`SUPERVISOR_PROJECT_FD`] (and is told so by
-    /// [`PROJECT_FD_ENV`]); it gets no other descriptor of ours beyond stdio and the ready pipe.
+    /// Starts the supervisor of sandbox `id` (see [`Via`]) and waits for its ready report:
+    /// `None` once the sandbox is ready, the task's result when a recovery saved its work.
     pub(crate) async fn start_supervisor(
         &self,
         catalog: &Catalog,
         id: &str,
         mode: Mode,
-        project: Option<BorrowedFd<'_>>,
+        via: Via<'_>,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<Option<crate::task_spec::FinishResult>> {
-        let ready_read = self.spawn_supervisor(catalog, id, mode, project, false)?;
+        let ready_read = self.spawn_supervisor(catalog, id, mode, via, false)?;
         let log_path = self.home.supervisor_log(id);
         let report = tokio::time::timeout(BOOT_TIMEOUT, read_ready(ready_read, progress)).await;
         match report {
@@ -300,7 +333,7 @@ impl Engine {
         catalog: &Catalog,
         id: &str,
         mode: Mode,
-        project: Option<BorrowedFd<'_>>,
+        via: Via<'_>,
         background: bool,
     ) -> Result<OwnedFd> {
         let lowered = background && nix::unistd::geteuid().is_root();
@@ -313,16 +346,30 @@ impl Engine {
             .open(&log_path)
             .context(format_args!("opening {}", log_path.display()))?;
         let log = OwnedFd::from(log);
+        let project = match via {
+            Via::Spawn(project) => project,
+            Via::Standby(standby) => {
+                let pid = standby.pid();
+                let handed = standby.hand_over(id, ready_write.as_fd(), log.as_fd());
+                // The next one starts while this one boots the sandbox.
+                self.replenish_standby();
+                match handed {
+                    Ok(()) => return Ok(ready_read),
+                    Err(err) => {
+                        // Its pid in the record is replaced by the spawn's below.
+                        tracing::info!(
+                            "the standby supervisor (pid {pid}) is gone ({err}); starting one for {id}"
+                        );
+                        None
+                    }
+                }
+            }
+        };
         let null = OwnedFd::from(
             std::fs::File::open("/dev/null").context("opening /dev/null for the supervisor")?,
         );
-        let mut command = std::process::Command::new(&self.supervisor_exe);
+        let mut command = self.supervisor_command();
         command
-            .env_clear()
-            .envs(std::env::vars_os())
-            .arg("supervise")
-            .arg("--home")
-            .arg(self.home.root())
             .arg("--id")
             .arg(id)
             .arg("--ready-fd")
@@ -367,6 +414,9 @@ impl Engine {
         child.reap_in_background();
         if let Some(process) = ProcessId::of(pid) {
             catalog.set_supervisor(id, process)?;
+        }
+        if !background {
+            self.replenish_standby();
         }
         Ok(ready_read)
     }
@@ -753,6 +803,16 @@ pub const BACKGROUND_NICE: libc::c_int = 19;
 
 /// Descriptor number on which a supervisor finds its ready pipe.
 pub const SUPERVISOR_READY_FD: i32 = 3;
+
+/// How a sandbox's supervisor starts.
+pub(crate) enum Via<'a> {
+    /// A new `dynocap supervise` process, inheriting a task's checked project directory, if
+    /// given, as [`SUPERVISOR_PROJECT_FD`] (and told so by [`PROJECT_FD_ENV`]); it gets no
+    /// other descriptor of ours beyond stdio and the ready pipe.
+    Spawn(Option<BorrowedFd<'a>>),
+    /// The engine's standby, which falls back to a spawn if it is gone.
+    Standby(crate::standby::Standby),
+}
 
 fn supervisor_alive(record: &Record) -> bool {
     record.supervisor.is_some_and(|p| p.is_alive())

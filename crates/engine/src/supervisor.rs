@@ -75,7 +75,9 @@ pub enum Mode {
 
 /// Entry point of `dynocap supervise`. Must run before any other thread exists: the jail
 /// backend forks a child that runs Rust code. Returns the process exit code.
-pub fn main(home: Home, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
+/// With `catalog`, the catalog opened already (a standby opens it while it waits for its
+/// sandbox); without, the supervisor opens it.
+pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
     // Every line of this log names the sandbox (the guest relay thread enters it too).
     let _span = tracing::info_span!("supervisor", sandbox = %id).entered();
     // Before anything can start a child: the project descriptor must not leak into one.
@@ -108,7 +110,7 @@ pub fn main(home: Home, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
     ready.send(&ReadyMessage::Progress(workspace::step(
         "booting the sandbox",
     )));
-    let (catalog, record, guest) = match boot(&home, id, mode) {
+    let (catalog, record, guest) = match boot(&home, catalog, id, mode) {
         Ok(parts) => parts,
         Err(err) => {
             tracing::error!("boot failed: {err}");
@@ -178,8 +180,16 @@ fn relay_guest_output(pipe: OwnedFd) {
     }
 }
 
-fn boot(home: &Home, id: &str, mode: Mode) -> Result<(Catalog, Record, Box<dyn Guest>)> {
-    let catalog = Catalog::open(home)?;
+fn boot(
+    home: &Home,
+    catalog: Option<Catalog>,
+    id: &str,
+    mode: Mode,
+) -> Result<(Catalog, Record, Box<dyn Guest>)> {
+    let catalog = match catalog {
+        Some(catalog) => catalog,
+        None => Catalog::open(home)?,
+    };
     let record = catalog
         .get(id)?
         .ok_or_else(|| Error::not_found(format!("no sandbox record {id} to supervise")))?;

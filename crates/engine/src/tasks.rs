@@ -9,7 +9,9 @@ use crate::egress::EgressSpec;
 use crate::error::{Error, ErrorCode, Result};
 use crate::exec::ExecResult;
 use crate::import::ProjectDir;
-use crate::sandboxes::{find, remove_leftovers, rfc3339, unexpected, Engine, Keep, SandboxInfo};
+use crate::sandboxes::{
+    find, remove_leftovers, rfc3339, unexpected, Engine, Keep, SandboxInfo, Via,
+};
 use crate::save::ResultFiles;
 use crate::spec::ExecSpec;
 use crate::supervisor::Mode;
@@ -294,7 +296,13 @@ impl Engine {
             )));
         }
         let recovered = self
-            .start_supervisor(catalog, &record.id, Mode::Recover, None, &|_| {})
+            .start_supervisor(
+                catalog,
+                &record.id,
+                Mode::Recover,
+                Via::Spawn(None),
+                &|_| {},
+            )
             .await;
         match recovered {
             Ok(Some(result)) => Ok(result),

@@ -99,6 +99,9 @@ pub async fn run(options: Options) -> ExitCode {
     if let Err(err) = engine.top_up_pool() {
         log.warn(format_args!("warm pool: {err}"));
     }
+    // A server starts many sandboxes: each `run` that needs a new supervisor takes one that
+    // is already running, idle, instead of waiting for a process to start.
+    engine.keep_a_standby_supervisor();
     let tools = Arc::new(calls::Tools::new(engine, policy, log.clone()));
     // The engine's futures are not Send: they run in a LocalSet, beside the SDK's tasks on
     // the same (current-thread) runtime.

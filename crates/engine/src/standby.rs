@@ -1,0 +1,330 @@
+//! A supervisor started ahead of need. A long-lived caller (the MCP server) keeps one
+//! process of `dynocap supervise --standby-fd` idle beside it, holding nothing but itself: no
+//! sandbox, record, disk or namespace. A raw sandbox's start hands it the sandbox's id, ready
+//! pipe and log over a socket, instead of waiting for a new process to exec, load, initialise
+//! its runtime and parse its arguments: about two milliseconds of a start that takes ten.
+//!
+//! The standby ends on its own when the caller does: the caller's end of the socket closes
+//! and the standby's wait for an order reads end-of-file. Once it has an order it is that
+//! sandbox's supervisor, exactly as a freshly spawned one, in a session of its own.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use nix::sys::socket::{
+    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockFlag, SockType,
+};
+
+use crate::catalog::Kind;
+use crate::sandboxes::Engine;
+
+/// The descriptor a standby reads its order from.
+pub const STANDBY_ORDERS_FD: RawFd = 3;
+
+/// The longest id an order may carry; real ones are `sbx-` and twelve characters.
+const MAX_ID_LEN: usize = 64;
+
+/// An idle supervisor, and the socket that gives it its sandbox.
+#[derive(Debug)]
+pub struct Standby {
+    orders: OwnedFd,
+    pid: libc::pid_t,
+}
+
+impl Standby {
+    /// Starts `command` (`dynocap supervise --home H`, with the caller's environment) as a
+    /// standby: in a session of its own, stdio on `/dev/null` until its order brings the
+    /// sandbox's log, and reaped in the background like every supervisor.
+    pub fn start(mut command: Command) -> io::Result<Standby> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
+        let null = OwnedFd::from(
+            std::fs::File::options()
+                .read(true)
+                .write(true)
+                .open("/dev/null")?,
+        );
+        command
+            .arg("--standby-fd")
+            .arg(STANDBY_ORDERS_FD.to_string());
+        let child = crate::spawn::spawn(
+            &command,
+            &crate::spawn::Stdio {
+                stdin: &null,
+                stdout: &null,
+                stderr: &null,
+            },
+            &[(theirs.as_raw_fd(), STANDBY_ORDERS_FD)],
+            crate::spawn::Detach::Session,
+        )?;
+        let pid =
+            libc::pid_t::try_from(child.id()).expect("a pid fits pid_t: the kernel gave it as one");
+        child.reap_in_background();
+        Ok(Standby { orders: ours, pid })
+    }
+
+    /// Hands the standby sandbox `id`, with the write end of its ready pipe and its log
+    /// (the standby's stdout and stderr from then on). An error means the standby is gone
+    /// (or never started) and the caller spawns a supervisor instead.
+    pub fn hand_over(self, id: &str, ready: BorrowedFd<'_>, log: BorrowedFd<'_>) -> io::Result<()> {
+        let fds = [ready.as_raw_fd(), log.as_raw_fd()];
+        let sent = sendmsg::<()>(
+            self.orders.as_raw_fd(),
+            &[IoSlice::new(id.as_bytes())],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )?;
+        if sent != id.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "the standby supervisor took part of its order",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+}
+
+/// What a standby is told to do: supervise sandbox `id`, reporting on `ready`, logging to
+/// `log`. Both descriptors arrive close-on-exec.
+#[derive(Debug)]
+pub struct Order {
+    pub id: String,
+    pub ready: OwnedFd,
+    pub log: OwnedFd,
+}
+
+/// Waits for the order on `orders`: `None` when the caller went away without giving one.
+/// Anything but one well-formed order (an id, two descriptors, nothing cut off) is an error,
+/// and every descriptor that came with it is closed.
+pub fn await_order(orders: BorrowedFd<'_>) -> io::Result<Option<Order>> {
+    let mut id = [0u8; MAX_ID_LEN + 1];
+    let mut space = nix::cmsg_space!([RawFd; 3]);
+    let (len, flags, fds) = loop {
+        let mut iov = [IoSliceMut::new(&mut id)];
+        match recvmsg::<()>(
+            orders.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for cmsg in msg.cmsgs()? {
+                    if let ControlMessageOwned::ScmRights(received) = cmsg {
+                        // SAFETY: the kernel just installed these descriptors in this
+                        // process for this message; nothing else refers to them.
+                        fds.extend(
+                            received
+                                .into_iter()
+                                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                        );
+                    }
+                }
+                break (msg.bytes, msg.flags, fds);
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(err) => return Err(err.into()),
+        }
+    };
+    if len == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    let malformed = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("malformed standby order: {what}"),
+        )
+    };
+    if flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC) {
+        return Err(malformed("cut off"));
+    }
+    let id = std::str::from_utf8(&id[..len]).map_err(|_| malformed("the id is not UTF-8"))?;
+    let plausible = Kind::of_id(id).is_some()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !plausible {
+        return Err(malformed(&format!("{id:?} is not a sandbox id")));
+    }
+    let Ok([ready, log]) = <[OwnedFd; 2]>::try_from(fds) else {
+        return Err(malformed("it must bring two descriptors"));
+    };
+    Ok(Some(Order {
+        id: id.to_owned(),
+        ready,
+        log,
+    }))
+}
+
+/// An engine's standby, if it keeps one.
+#[derive(Debug, Default)]
+pub(crate) struct Slot {
+    wanted: AtomicBool,
+    held: Mutex<Option<Standby>>,
+}
+
+impl Slot {
+    fn take(&self) -> Option<Standby> {
+        self.held.lock().ok()?.take()
+    }
+}
+
+impl Engine {
+    /// Keeps a supervisor standing by from now on, for the raw sandboxes this engine starts:
+    /// for a long-lived caller (the MCP server). Each start that takes it starts the next.
+    pub fn keep_a_standby_supervisor(&self) {
+        self.standby_slot().wanted.store(true, Ordering::Relaxed);
+        self.replenish_standby();
+    }
+
+    /// Starts a standby if this engine keeps one and has none. Failures are logged: a start
+    /// without a standby spawns its supervisor, as a CLI's does.
+    pub(crate) fn replenish_standby(&self) {
+        let slot = self.standby_slot();
+        if !slot.wanted.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(mut held) = slot.held.lock() else {
+            return;
+        };
+        if held.is_some() {
+            return;
+        }
+        match Standby::start(self.supervisor_command()) {
+            Ok(standby) => *held = Some(standby),
+            Err(err) => tracing::warn!("starting a standby supervisor: {err}"),
+        }
+    }
+
+    /// The standby, if this engine keeps one and has one; the caller hands it a sandbox
+    /// ([`Standby::hand_over`]) or drops it, which ends it.
+    pub(crate) fn take_standby(&self) -> Option<Standby> {
+        self.standby_slot().take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+
+    fn pair() -> (OwnedFd, OwnedFd) {
+        socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap()
+    }
+
+    fn send(socket: &OwnedFd, payload: &[u8], fds: &[RawFd]) {
+        let cmsgs = [ControlMessage::ScmRights(fds)];
+        sendmsg::<()>(
+            socket.as_raw_fd(),
+            &[IoSlice::new(payload)],
+            if fds.is_empty() { &[] } else { &cmsgs },
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn an_order_brings_the_id_and_working_descriptors() {
+        let (ours, theirs) = pair();
+        let (ready_read, ready_write) = nix::unistd::pipe().unwrap();
+        let (log_read, log_write) = nix::unistd::pipe().unwrap();
+        let standby = Standby {
+            orders: ours,
+            pid: 42,
+        };
+        standby
+            .hand_over("sbx-abc123def456", ready_write.as_fd(), log_write.as_fd())
+            .unwrap();
+        drop((ready_write, log_write));
+        let order = await_order(theirs.as_fd()).unwrap().expect("an order");
+        assert_eq!(order.id, "sbx-abc123def456");
+        let cloexec = |fd: &OwnedFd| {
+            nix::fcntl::FdFlag::from_bits_truncate(
+                nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).unwrap(),
+            )
+            .contains(nix::fcntl::FdFlag::FD_CLOEXEC)
+        };
+        assert!(cloexec(&order.ready) && cloexec(&order.log));
+        std::fs::File::from(order.ready)
+            .write_all(b"ready")
+            .unwrap();
+        std::fs::File::from(order.log).write_all(b"log").unwrap();
+        let read_all = |fd: OwnedFd| {
+            let mut text = String::new();
+            std::fs::File::from(fd).read_to_string(&mut text).unwrap();
+            text
+        };
+        assert_eq!(read_all(ready_read), "ready");
+        assert_eq!(read_all(log_read), "log");
+    }
+
+    #[test]
+    fn a_caller_gone_without_an_order_dismisses_the_standby() {
+        let (ours, theirs) = pair();
+        drop(ours);
+        assert!(await_order(theirs.as_fd()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_standby_gone_fails_the_hand_over() {
+        let (ours, theirs) = pair();
+        drop(theirs);
+        let (_read, write) = nix::unistd::pipe().unwrap();
+        let standby = Standby {
+            orders: ours,
+            pid: 1,
+        };
+        let err = standby
+            .hand_over("sbx-abc123def456", write.as_fd(), write.as_fd())
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EPIPE));
+    }
+
+    #[test]
+    fn malformed_orders_are_refused_and_their_descriptors_closed() {
+        let cases: [(&[u8], usize, &str); 5] = [
+            (b"sbx-abc123def456", 1, "two descriptors"),
+            (b"sbx-abc123def456", 3, "two descriptors"),
+            (b"../../etc/passwd", 2, "not a sandbox id"),
+            (b"sbx-\xff", 2, "not UTF-8"),
+            (&[b'a'; MAX_ID_LEN + 10], 2, "cut off"),
+        ];
+        for (payload, copies, expected) in cases {
+            let (ours, theirs) = pair();
+            // The order brings copies of a pipe's write end; once ours is closed too, the
+            // read end sees end-of-file only if the refused order left no copy open.
+            let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
+            send(&ours, payload, &vec![write.as_raw_fd(); copies]);
+            drop(write);
+            let err = await_order(theirs.as_fd()).unwrap_err();
+            assert!(err.to_string().contains(expected), "{err}");
+            let mut byte = [0u8; 1];
+            assert_eq!(
+                nix::unistd::read(&read, &mut byte),
+                Ok(0),
+                "{expected}: a descriptor of the refused order was left open"
+            );
+        }
+    }
+}

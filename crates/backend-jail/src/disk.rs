@@ -390,6 +390,31 @@ fn make_image(image: &Path, bytes: u64) -> Result<(), JailError> {
 }
 
 fn mkfs(image: &Path) -> Result<(), JailError> {
+    // The layer directories, made by mkfs from a skeleton beside the image (`-d`): see
+    // `layers::UPPER`. The image's name is this format's alone, and so is the skeleton's.
+    let mut skeleton = image.as_os_str().to_owned();
+    skeleton.push(".skeleton");
+    let skeleton = PathBuf::from(skeleton);
+    let formatted = make_skeleton(&skeleton).and_then(|()| run_mkfs(image, &skeleton));
+    // Best effort: what is left is a few empty directories, replaced by the next format.
+    let _ = fs::remove_dir_all(&skeleton);
+    formatted
+}
+
+fn make_skeleton(skeleton: &Path) -> Result<(), JailError> {
+    match fs::remove_dir_all(skeleton) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(JailError::io("remove the leftover", skeleton, e)),
+    }
+    for dir in [crate::layers::UPPER, crate::layers::WORK] {
+        let path = skeleton.join(dir);
+        fs::create_dir_all(&path).map_err(|e| JailError::io("create", &path, e))?;
+    }
+    Ok(())
+}
+
+fn run_mkfs(image: &Path, skeleton: &Path) -> Result<(), JailError> {
     let output = Command::new("mkfs.ext4")
         .args([
             "-F",
@@ -402,6 +427,8 @@ fn mkfs(image: &Path) -> Result<(), JailError> {
             "^resize_inode",
         ])
         .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
+        .arg("-d")
+        .arg(skeleton)
         .arg(image)
         .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
         .output()
@@ -482,6 +509,7 @@ fn attach_loop(image: &File) -> Result<(PathBuf, File), JailError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layers::{UPPER, WORK};
 
     /// Starts that bind their disks at the same moment all get a device: the lowest free one
     /// used to go to one of them and the others ran out of retries.
@@ -595,6 +623,34 @@ mod tests {
             .expect("dumpe2fs lists the features");
         assert!(features.contains("has_journal"), "{features}");
         assert!(!features.contains("resize_inode"), "{features}");
+        // The layer directories are there, empty, and the skeleton they came from is gone.
+        let list = |dir: &str| {
+            let out = Command::new("debugfs")
+                .args(["-R", &format!("ls {dir}")])
+                .arg(&image)
+                .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+                .output()
+                .expect("run debugfs");
+            let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .filter(|w| {
+                    w.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "+._".contains(c))
+                })
+                .filter(|w| !w.chars().all(|c| c.is_ascii_digit()))
+                .map(str::to_owned)
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(list("/"), [".", "..", "lost+found", UPPER, WORK]);
+        assert_eq!(list(&format!("/{UPPER}")), [".", ".."]);
+        assert_eq!(list(&format!("/{WORK}")), [".", ".."]);
+        let beside: Vec<_> = fs::read_dir(tmp.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(beside, ["disk.img"]);
     }
 
     #[test]

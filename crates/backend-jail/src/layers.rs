@@ -37,6 +37,12 @@ pub(crate) struct Layers {
     fresh_upper: bool,
 }
 
+/// The writable layer and overlayfs's scratch directory, at the top of the sandbox's disk.
+/// A fresh disk has them already, empty (see `disk`'s format), which spares a start the first
+/// directory creations on a newly mounted filesystem (its bitmaps read, a block allocated).
+pub(crate) const UPPER: &str = "upper";
+pub(crate) const WORK: &str = "work";
+
 const HINT_LEFTOVER: &str =
     "the state dir still holds a previous sandbox; call cleanup_leftovers(name, state_dir) first";
 
@@ -45,8 +51,8 @@ impl Layers {
     pub fn at(state_dir: &Path) -> Layers {
         let disk = DiskPaths::at(state_dir).mountpoint;
         Layers {
-            upper: disk.join("upper"),
-            work: disk.join("work"),
+            upper: disk.join(UPPER),
+            work: disk.join(WORK),
             root: state_dir.join("root"),
             fresh_upper: true,
         }
@@ -66,15 +72,19 @@ impl Layers {
         let mut made = Vec::new();
         let result = (|| {
             for dir in layers.all() {
-                fs::create_dir(dir).map_err(|e| {
-                    let err = JailError::io("create", dir, e);
-                    if dir.exists() {
-                        err.hint(HINT_LEFTOVER)
-                    } else {
-                        err
+                match fs::create_dir(dir) {
+                    Ok(()) => made.push(dir),
+                    // The fresh disk's own, empty: nothing of a previous sandbox.
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists && is_empty_dir(dir) => {}
+                    Err(e) => {
+                        let err = JailError::io("create", dir, e);
+                        return Err(if dir.exists() {
+                            err.hint(HINT_LEFTOVER)
+                        } else {
+                            err
+                        });
                     }
-                })?;
-                made.push(dir);
+                }
             }
             let image = fs::metadata(&spec.image_root)
                 .map_err(|e| JailError::io("stat", &spec.image_root, e))?;
@@ -218,6 +228,12 @@ fn image_entry(
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(JailError::io("stat", &path, e)),
     }
+}
+
+/// Whether `path` is a directory (not a symlink to one) with nothing in it.
+fn is_empty_dir(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir())
+        && fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none())
 }
 
 fn create_guest_dir(
@@ -401,6 +417,44 @@ mod tests {
 
         assert!(layers.remove().is_empty());
         assert!(!layers.upper.exists() && !layers.work.exists() && !layers.root.exists());
+    }
+
+    #[test]
+    fn a_fresh_disks_empty_layer_dirs_are_taken_and_anything_in_them_is_a_leftover() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let image = tmp.path().join("image");
+        fs::create_dir_all(&image).expect("mkdir");
+        let state = tmp.path().join("state");
+        // As a freshly formatted disk has them (see `disk`'s format).
+        let disk = state.join("disk");
+        for dir in [UPPER, WORK] {
+            fs::create_dir_all(disk.join(dir)).expect("mkdir");
+        }
+        let s = spec(&image, &state, vec![]);
+        let layers = Layers::prepare(&s, &me()).expect("prepare over the disk's own");
+        assert_eq!(
+            fs::metadata(&layers.work).expect("work").mode() & 0o777,
+            0o700,
+            "taken over and owned as if made"
+        );
+        assert!(layers.remove().is_empty());
+
+        // Anything in them is not a fresh disk's: another sandbox's data is never reused.
+        for dir in [UPPER, WORK] {
+            fs::create_dir_all(disk.join(dir)).expect("mkdir");
+        }
+        fs::write(disk.join(UPPER).join("left"), "over").expect("write");
+        let err = Layers::prepare(&s, &me()).expect_err("a used upper");
+        assert!(err.to_string().contains("cleanup_leftovers"), "{err}");
+        assert!(
+            disk.join(UPPER).join("left").exists(),
+            "a refused prepare deletes nothing"
+        );
+        // A symlink in a layer's place is no directory of the disk's either.
+        fs::remove_dir_all(disk.join(UPPER)).expect("rm");
+        std::os::unix::fs::symlink(tmp.path(), disk.join(UPPER)).expect("symlink");
+        let err = Layers::prepare(&s, &me()).expect_err("a symlinked upper");
+        assert!(err.to_string().contains("cleanup_leftovers"), "{err}");
     }
 
     #[test]

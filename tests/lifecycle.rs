@@ -365,3 +365,56 @@ fn doctor_reports_what_this_machine_supports() {
         "{agent}"
     );
 }
+
+/// Every process whose command line names this home as a `supervise --standby-fd` standby,
+/// with where its stderr goes (`/dev/null` until it is given a sandbox, then that one's log).
+fn standbys_of(home: &TestHome) -> Vec<(i32, String)> {
+    let needle = format!("supervise --home {} --standby-fd", home.path().display());
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| !matches!(process_state(*pid), None | Some('Z')))
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let stderr = std::fs::read_link(format!("/proc/{pid}/fd/2")).ok()?;
+            cmdline
+                .contains(&needle)
+                .then(|| (pid, stderr.display().to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_cli_run_starts_its_supervisor_first_and_a_refused_one_leaves_none() {
+    if !require_root("a_cli_run_starts_its_supervisor_first_and_a_refused_one_leaves_none") {
+        return;
+    }
+    let home = TestHome::new();
+    home.sandbox("first", &[]);
+    // `run` started the supervisor as a standby before its checks, then handed it the sandbox:
+    // it is the sandbox's recorded supervisor, writing to its log, and no other is left.
+    let id = home.sandbox_id("first");
+    let log = home.path().join("logs").join(format!("{id}.log"));
+    let standbys = standbys_of(&home);
+    assert_eq!(
+        standbys,
+        [(home.supervisor_pids()[0], log.display().to_string())],
+        "the standby became the sandbox's supervisor, and is the only one"
+    );
+    assert_eq!(home.sh("first", "echo works"), "works\n");
+
+    // A run refused after the standby started (a host ceiling, checked after) leaves no
+    // idle standby behind: it ends with the command that started it.
+    let refused = home.json_err(&["run", "second", "--memory-mb", "1048576"]);
+    assert_eq!(refused["code"], "policy_denied", "{refused}");
+    assert!(
+        wait_until(10, || standbys_of(&home).len() == 1),
+        "an unused standby outlived its command: {:?}",
+        standbys_of(&home)
+    );
+    assert_eq!(home.json(&["destroy", "first"])["destroyed"], "first");
+    home.wait_for_teardown();
+    assert!(wait_until(10, || standbys_of(&home).is_empty()));
+}

@@ -111,6 +111,8 @@ async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Err
     )?;
     spec.allow_hosts = args.allow_hosts;
     spec.image = args.image;
+    // Its supervisor starts up while the checks and the catalog work below run.
+    engine.start_a_standby_supervisor();
     let info = engine.run(&spec).await?;
     if json {
         print_json(&info);

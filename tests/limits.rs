@@ -318,7 +318,21 @@ fn a_teardown_leaves_a_fresh_spare_disk_that_the_next_start_takes() {
 
     home.sandbox("second", &["--disk-mb", "128"]);
     assert!(spare().is_none(), "the start took the spare");
-    let image = state_dir(&home, &home.sandbox_id("second")).join("disk.img");
+    let state = state_dir(&home, &home.sandbox_id("second"));
+    let image = state.join("disk.img");
+    // Mounted (in the supervisor's namespace) without the inode-table zeroing thread, which
+    // would write the whole inode area into the sparse image over the sandbox's life.
+    let supervisor = home.supervisor_pids()[0];
+    let mountinfo = std::fs::read_to_string(format!("/proc/{supervisor}/mountinfo")).unwrap();
+    let disk = state.join("disk").display().to_string();
+    let line = mountinfo
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(disk.as_str()))
+        .unwrap_or_else(|| panic!("no mount at {disk}:\n{mountinfo}"));
+    assert!(
+        line.contains(" - ext4 ") && line.contains("noinit_itable"),
+        "{line}"
+    );
     assert_eq!(
         std::fs::metadata(&image).expect("disk.img").ino(),
         left_inode,

@@ -105,12 +105,31 @@ pub(super) fn kill_all(leaf: &Leaf) -> Result<(), String> {
                 KILL_TIMEOUT.as_secs()
             ));
         }
-        for (dir, pids) in members {
+        for (dir, pids) in &members {
             for pid in pids {
-                kill_pinned(&dir, pid)?;
+                kill_pinned(dir, *pid)?;
             }
         }
+        // A task in a frozen v1 freezer keeps its SIGKILL pending until it is thawed: the
+        // guest's agent freezes a command's cgroup to kill it, and an agent killed between
+        // its freeze and its thaw (its supervisor killed mid-command) leaves it frozen.
+        for (dir, _) in &members {
+            thaw(dir)?;
+        }
         std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Thaws `dir` if it is a frozen (or freezing) v1 freezer cgroup; elsewhere does nothing.
+fn thaw(dir: &Path) -> Result<(), String> {
+    let state = dir.join("freezer.state");
+    match std::fs::read_to_string(&state) {
+        Ok(now) if now.trim() == "THAWED" => Ok(()),
+        Ok(_) => std::fs::write(&state, "THAWED")
+            .map_err(|e| format!("cannot thaw {}: {e}", dir.display())),
+        // Not a v1 freezer cgroup (or the root one, which has no state), or gone meanwhile.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot read {}: {e}", state.display())),
     }
 }
 
@@ -161,6 +180,7 @@ fn rmdir_retrying(dir: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::process::ExitStatusExt;
 
     #[test]
     fn walk_lists_parents_before_children() {
@@ -176,5 +196,50 @@ mod tests {
         let at = |p: &str| found.iter().position(|f| f == &top.join(p)).expect(p);
         assert!(at("exec-1") < at("exec-1/a"));
         assert!(walk(&tmp.path().join("gone")).expect("walk").is_empty());
+    }
+
+    /// A v1 freezer hierarchy where this machine has one and we may make cgroups in it.
+    fn freezer_root() -> Option<PathBuf> {
+        let root = PathBuf::from("/sys/fs/cgroup/freezer");
+        (nix::unistd::geteuid().is_root() && root.join("tasks").exists()).then_some(root)
+    }
+
+    #[test]
+    fn processes_left_frozen_in_a_v1_freezer_are_killed() {
+        let Some(root) = freezer_root() else {
+            eprintln!("skipped: needs root and a v1 freezer hierarchy (a hybrid cgroup host)");
+            return;
+        };
+        let top = root.join(format!("dynocap-tree-test-{}", std::process::id()));
+        let command = top.join("exec-1");
+        std::fs::create_dir_all(&command).expect("mkdir in the freezer hierarchy");
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("sleep");
+        std::fs::write(command.join("cgroup.procs"), child.id().to_string()).expect("join");
+        // As an agent killed between its freeze and its thaw leaves a command.
+        std::fs::write(command.join("freezer.state"), "FROZEN").expect("freeze");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !std::fs::read_to_string(command.join("freezer.state"))
+            .is_ok_and(|s| s.trim() == "FROZEN")
+        {
+            assert!(Instant::now() < deadline, "the cgroup never froze");
+            std::thread::sleep(POLL_INTERVAL);
+        }
+        let leaf = Leaf {
+            version: CgroupVersion::V1,
+            dir: top.clone(),
+        };
+        let killed = kill_all(&leaf);
+        // Let the child go whatever happened, or a failed kill would hang the test on it.
+        let _ = std::fs::write(command.join("freezer.state"), "THAWED");
+        let _ = child.kill();
+        let status = child.wait().expect("reap sleep");
+        let removed = remove(&leaf);
+        assert_eq!(killed, Ok(()));
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert!(removed.is_empty(), "{removed:?}");
+        assert!(!top.exists());
     }
 }

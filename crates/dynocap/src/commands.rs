@@ -233,9 +233,6 @@ fn exit_code_of(result: &ExecResult) -> ExitCode {
 }
 
 pub fn supervise(args: &SuperviseArgs) -> ExitCode {
-    // Stderr is the sandbox's log file (see `Sandboxes::spawn_supervisor`); a standby's is
-    // `/dev/null` until its order brings the log, and the writer looks it up at every line.
-    crate::logging::init(&crate::logging::Settings::from_env(), std::io::stderr);
     let home = match Home::at(args.home.clone()) {
         Ok(home) => home,
         Err(err) => {
@@ -269,6 +266,9 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Stderr is the sandbox's log file now (see `Sandboxes::spawn_supervisor`; a standby's
+    // was `/dev/null` until its order), where a mistyped DYNOCAP_LOG is reported first.
+    crate::logging::init(&crate::logging::Settings::from_env(), std::io::stderr);
     match dynocap_engine::supervisor::main(home, catalog, &id, ready, mode) {
         0 => ExitCode::SUCCESS,
         _ => ExitCode::FAILURE,

@@ -267,8 +267,22 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(16);
         let outbox = Outbox::for_tests(tx);
         let (egress, env) = (Egress::default(), EgressEnv::default());
-        let port = free_port();
-        for _ in 0..3 {
+        // The probed port is free when probed; another process may take it before the first
+        // bind (the full suite runs beside other tests), and then another port is probed.
+        // Once bound by us, every reconfiguring must bind it again.
+        let mut tries = 0;
+        let port = loop {
+            let port = free_port();
+            match egress.configure(listen(port), &env, &outbox).await {
+                Ok(answer) => {
+                    assert_eq!(answer, Response::Egress { listening: true });
+                    break port;
+                }
+                Err(err) if err.contains("Address already in use") && tries < 10 => tries += 1,
+                Err(err) => panic!("{err}"),
+            }
+        };
+        for _ in 0..2 {
             let answer = egress.configure(listen(port), &env, &outbox).await;
             assert_eq!(answer, Ok(Response::Egress { listening: true }));
         }

@@ -2,7 +2,7 @@
 //! process of `dynocap supervise --standby-fd` idle beside it, holding nothing but itself: no
 //! sandbox, record, disk or namespace. A raw sandbox's start hands it the sandbox's id, ready
 //! pipe and log over a socket, instead of waiting for a new process to exec, load, initialise
-//! its runtime and parse its arguments: about two milliseconds of a start that takes ten.
+//! its runtime and parse its arguments: about 1.5 ms of an MCP `run` that takes about 11.
 //!
 //! The CLI's `run` starts one too, first thing, so that the supervisor's process start
 //! overlaps the checks and the catalog work that come before the hand-over.

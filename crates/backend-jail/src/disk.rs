@@ -25,6 +25,7 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 
 use crate::error::JailError;
+use crate::remove::remove_tree;
 use crate::spec::JailSpec;
 
 /// File name of the image inside the state dir.
@@ -404,16 +405,12 @@ fn mkfs(image: &Path) -> Result<(), JailError> {
     let skeleton = PathBuf::from(skeleton);
     let formatted = make_skeleton(&skeleton).and_then(|()| run_mkfs(image, &skeleton));
     // Best effort: what is left is a few empty directories, replaced by the next format.
-    let _ = fs::remove_dir_all(&skeleton);
+    let _ = remove_tree(&skeleton);
     formatted
 }
 
 fn make_skeleton(skeleton: &Path) -> Result<(), JailError> {
-    match fs::remove_dir_all(skeleton) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(JailError::io("remove the leftover", skeleton, e)),
-    }
+    remove_tree(skeleton).map_err(|e| JailError::io("remove the leftover", skeleton, e))?;
     for dir in [crate::layers::UPPER, crate::layers::WORK] {
         let path = skeleton.join(dir);
         fs::create_dir_all(&path).map_err(|e| JailError::io("create", &path, e))?;

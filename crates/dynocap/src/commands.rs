@@ -5,7 +5,6 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 
 use dynocap_engine::spec::{ExecSpec, RunSpec};
-use dynocap_engine::supervisor::ReadyMessage;
 use dynocap_engine::{Engine, Error, ExecResult, Home};
 
 use crate::cli::{Cli, Command, ExecArgs, RunArgs, SuperviseArgs};
@@ -297,13 +296,12 @@ fn await_standby_order(orders_fd: i32) -> Option<(String, OwnedFd)> {
         nix::unistd::dup2_stdout(&order.log).and_then(|()| nix::unistd::dup2_stderr(&order.log))
     {
         // The ready pipe tells the starter; the log could not.
-        let failed = ReadyMessage::Failed(Error::internal(format!(
-            "pointing the supervisor's output at its log: {err}"
-        )));
-        if let Ok(mut line) = serde_json::to_vec(&failed) {
-            line.push(b'\n');
-            let _ = std::fs::File::from(order.ready).write_all(&line);
-        }
+        dynocap_engine::supervisor::report_failed_start(
+            order.ready,
+            Error::internal(format!(
+                "pointing the supervisor's output at its log: {err}"
+            )),
+        );
         return None;
     }
     Some((order.id, order.ready))

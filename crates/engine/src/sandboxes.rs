@@ -350,13 +350,15 @@ impl Engine {
             Via::Spawn(project) => project,
             Via::Standby(standby) => {
                 let pid = standby.pid();
-                let handed = standby.hand_over(id, ready_write.as_fd(), log.as_fd());
-                // The next one starts while this one boots the sandbox.
-                self.replenish_standby();
-                match handed {
-                    Ok(()) => return Ok(ready_read),
+                match standby.hand_over(id, ready_write.as_fd(), log.as_fd()) {
+                    Ok(()) => {
+                        // The next one starts while this one boots the sandbox.
+                        self.replenish_standby();
+                        return Ok(ready_read);
+                    }
                     Err(err) => {
-                        // Its pid in the record is replaced by the spawn's below.
+                        // Its pid in the record is replaced by the spawn's below, after
+                        // which the next standby starts.
                         tracing::info!(
                             "the standby supervisor (pid {pid}) is gone ({err}); starting one for {id}"
                         );

@@ -665,7 +665,7 @@ async fn record_baseline(
         git,
         private,
         workspace,
-        &BASELINE_COMPRESSION,
+        &BASELINE_STORAGE,
         &["--force"],
         None,
         stop,
@@ -725,13 +725,12 @@ async fn add_all(
     git: &Git,
     private: &Opened,
     workspace: &Path,
-    compression: &[&str],
+    storage: &[&str],
     extra: &[&str],
     within: Option<Vec<u8>>,
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<(), RunError> {
-    let mut rest = vec!["-c", BIG_FILE_THRESHOLD];
-    rest.extend_from_slice(compression);
+    let mut rest = storage.to_vec();
     if within.is_some() {
         // Names, never patterns: a file may be called `*` or `:(exclude)x`.
         rest.insert(0, "--literal-pathspecs");
@@ -777,6 +776,7 @@ async fn add_changed(
     private: &Opened,
     workspace: &Path,
     changed: &Changed,
+    storage: &[&str],
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<(), RunError> {
     // A pathspec that matches nothing is fatal to `git add`: a directory made and removed
@@ -795,16 +795,7 @@ async fn add_changed(
     .map_err(RunError::Failed)?;
     if !present.is_empty() {
         let trees = nul_separated(present.iter().map(Vec::as_slice));
-        add_all(
-            git,
-            private,
-            workspace,
-            &DIFF_COMPRESSION,
-            &[],
-            Some(trees),
-            stop,
-        )
-        .await?;
+        add_all(git, private, workspace, storage, &[], Some(trees), stop).await?;
     }
     if !gone.is_empty() {
         let rm = [
@@ -841,8 +832,7 @@ async fn add_changed(
             .collect(),
     );
     let before = look_in(workspace, &fed).await?;
-    let mut rest = vec!["-c", BIG_FILE_THRESHOLD];
-    rest.extend_from_slice(&DIFF_COMPRESSION);
+    let mut rest = storage.to_vec();
     rest.extend_from_slice(&["update-index", "-z", "--add", "--remove", "--stdin"]);
     let paths = nul_separated(fed.iter().map(Vec::as_slice));
     run_fed(git, private, workspace, &rest, paths, stop).await?;
@@ -949,12 +939,67 @@ fn nul_separated<'a>(items: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
 const BASELINE_COMPRESSION: [&str; 4] =
     ["-c", "core.looseCompression=0", "-c", "pack.compression=0"];
 
+/// How the baseline's `git add` stores the tree: [`BASELINE_COMPRESSION`], with the files
+/// over [`BIG_FILE_THRESHOLD`] streamed into a pack.
+const BASELINE_STORAGE: [&str; 6] = [
+    "-c",
+    BIG_FILE_THRESHOLD,
+    BASELINE_COMPRESSION[0],
+    BASELINE_COMPRESSION[1],
+    BASELINE_COMPRESSION[2],
+    BASELINE_COMPRESSION[3],
+];
+
 /// How a diff stores the changed files: stored, like the baseline. Git's default (level 6
 /// for big files) made a diff of two changed 9 MB files cost a second; level 1 still took a
 /// third of the `update-index` of a 50-file diff from the journal (18–49 ms against 14–18).
 /// The price is disk, as for the baseline: each diff's new versions of the changed files at
 /// their full size, in the task's scratch repository.
 const DIFF_COMPRESSION: [&str; 4] = BASELINE_COMPRESSION;
+
+/// How a diff's `git add` and `git update-index` store the changed files: [`DIFF_COMPRESSION`],
+/// and a file read whole up to a size set by the diff's line budget, streamed into a pack
+/// above it.
+///
+/// Git reads a file under `core.bigFileThreshold` whole (mapped, so from the page cache, and
+/// copied only when an attribute converts its line endings) and writes it as a loose object.
+/// Above it, git streams the file into a new pack, which costs two more passes over the bytes
+/// (the pack's checksum and CRC beside the object's id) and a sync of the pack. With two
+/// 9 MB files changed among 29, the diff's `git add` took 106–120 ms read whole against
+/// 230–270 ms streamed, and the whole `task diff` 379–438 ms against 417–535 (7 runs each).
+///
+/// The line budget is a quarter of the sandbox's memory and bounds what the diff itself holds
+/// of one file; half of it bounds what the add may map of one, between the baseline's 8 MiB
+/// (the smallest sandbox) and git's own default of 512 MiB.
+struct DiffStorage {
+    threshold: String,
+}
+
+impl DiffStorage {
+    /// The smallest size streamed rather than read whole.
+    const FLOOR: u64 = 8 << 20;
+    /// Git's own `core.bigFileThreshold`.
+    const CEILING: u64 = 512 << 20;
+
+    fn for_budget(line_diff_budget: u64) -> Self {
+        let bytes = (line_diff_budget / 2).clamp(Self::FLOOR, Self::CEILING);
+        Self {
+            threshold: format!("core.bigFileThreshold={bytes}"),
+        }
+    }
+
+    /// The `-c` options for git.
+    fn args(&self) -> [&str; 6] {
+        [
+            "-c",
+            &self.threshold,
+            DIFF_COMPRESSION[0],
+            DIFF_COMPRESSION[1],
+            DIFF_COMPRESSION[2],
+            DIFF_COMPRESSION[3],
+        ]
+    }
+}
 
 /// Git streams files above this size into the object store instead of reading them whole
 /// (`git add`), and stores them without delta search; [`bigfiles`] makes the diff carry them
@@ -1005,6 +1050,7 @@ pub async fn diff(
     let line_diff_budget = req
         .line_diff_budget
         .unwrap_or(bigfiles::DEFAULT_LINE_DIFF_BUDGET);
+    let storage = DiffStorage::for_budget(line_diff_budget);
     let mut tracker = lock(repo_lock, stop)
         .await
         .map_err(|err| cancelled_or(err, "the diff"))?;
@@ -1074,26 +1120,20 @@ pub async fn diff(
         .map_err(RunError::Failed)?;
         *tracker = held;
         let updated = match changed {
-            Some(changed) => match add_changed(git, &private, &workspace, &changed, stop).await {
-                Err(RunError::Failed(why)) => {
-                    log!("scanning the whole workspace instead: {why}");
-                    false
+            Some(changed) => {
+                match add_changed(git, &private, &workspace, &changed, &storage.args(), stop).await
+                {
+                    Err(RunError::Failed(why)) => {
+                        log!("scanning the whole workspace instead: {why}");
+                        false
+                    }
+                    done => done.map(|()| true)?,
                 }
-                done => done.map(|()| true)?,
-            },
+            }
             None => false,
         };
         if !updated {
-            add_all(
-                git,
-                &private,
-                &workspace,
-                &DIFF_COMPRESSION,
-                &[],
-                None,
-                stop,
-            )
-            .await?;
+            add_all(git, &private, &workspace, &storage.args(), &[], None, stop).await?;
         }
         // When no file on either side is large enough for its line diff to go over the
         // budget, even a line per byte, no file needs sizing or counting.

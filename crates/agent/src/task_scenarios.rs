@@ -1105,6 +1105,64 @@ async fn the_baseline_and_what_diffs_add_are_stored_uncompressed() {
     assert!(changed > 128 * 1024, "{changed}");
 }
 
+/// A diff reads a changed file whole, as a loose object, up to half its line budget (at least
+/// 8 MiB), and streams a larger one into a pack: the sandbox's size decides what git maps.
+#[tokio::test]
+async fn a_diff_streams_only_the_files_too_large_for_its_budget() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    // 9 MiB: over the floor, under half of a 1 GiB budget.
+    let lines = "a line of a large source file\n".repeat(9 * (1 << 20) / 30);
+    std::fs::write(src.join("big.c"), &lines).expect("write");
+    std::fs::write(src.join("small.c"), "small\n").expect("write");
+    let ws = import_tree(&host, &sb, &src).await;
+    let objects = sb.config.state_dir.join("private/baseline.git/objects");
+    let packs = || {
+        std::fs::read_dir(objects.join("pack"))
+            .expect("the pack directory")
+            .flatten()
+            .filter(|entry| entry.file_name().to_string_lossy().ends_with(".pack"))
+            .count()
+    };
+    let loose = |id: &str| objects.join(&id[..2]).join(&id[2..]).exists();
+    let big = ws.join("big.c");
+
+    // The agent's own budget (16 MiB): 9 MiB is over its 8 MiB, so streamed.
+    as_user(&host, &ws, "echo streamed >> big.c && echo one >> small.c").await;
+    let before = packs();
+    let patch = patch_of(&diff(&host, &ws, 1 << 30).await);
+    assert_patch_reproduces(&sb, &src, &patch, &ws).await;
+    let id = git_blob_id(&big).await;
+    assert!(!loose(&id), "{id} is loose under the default budget");
+    assert_eq!(packs(), before + 1, "the 9 MiB file went to a new pack");
+    assert!(loose(&git_blob_id(&ws.join("small.c")).await));
+
+    // A 1 GiB budget: read whole and written loose, with no new pack.
+    as_user(&host, &ws, "echo loose >> big.c && echo two >> small.c").await;
+    let before = packs();
+    let patch = patch_of(&diff_within(&host, &ws, 1 << 30, Some(1 << 30)).await);
+    assert_patch_reproduces(&sb, &src, &patch, &ws).await;
+    assert!(String::from_utf8_lossy(&patch).contains("\n+loose\n"));
+    let id = git_blob_id(&big).await;
+    assert!(loose(&id), "{id} is not loose under a 1 GiB budget");
+    assert_eq!(packs(), before, "nothing was streamed");
+
+    // The same from a whole-workspace scan, as `task finish` takes it.
+    as_user(&host, &ws, "echo scanned >> big.c").await;
+    let request = Request::Diff(DiffRequest {
+        workspace: text(&ws),
+        max_bytes: 1 << 30,
+        line_diff_budget: Some(1 << 30),
+        full_scan: true,
+    });
+    let patch = patch_of(&host.open(&request).await.1.collect().await);
+    assert_patch_reproduces(&sb, &src, &patch, &ws).await;
+    assert!(loose(&git_blob_id(&big).await));
+    assert_eq!(packs(), before, "nothing was streamed");
+}
+
 /// The id git gives the blob of the file `path` (SHA-1 repositories).
 async fn git_blob_id(path: &Path) -> String {
     let dir = path.parent().expect("a file in a directory");

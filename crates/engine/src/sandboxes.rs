@@ -96,7 +96,7 @@ pub struct Engine {
     /// itself if a repair replaces the file.
     catalog: std::sync::OnceLock<std::sync::Arc<Catalog>>,
     /// The supervisor kept standing by, for an engine that keeps one (see `standby`).
-    standby: crate::standby::Slot,
+    standby: std::sync::Arc<crate::standby::Slot>,
 }
 
 impl Engine {
@@ -109,7 +109,7 @@ impl Engine {
             home,
             supervisor_exe,
             catalog: std::sync::OnceLock::new(),
-            standby: crate::standby::Slot::default(),
+            standby: Default::default(),
         })
     }
 
@@ -119,7 +119,7 @@ impl Engine {
             home,
             supervisor_exe,
             catalog: std::sync::OnceLock::new(),
-            standby: crate::standby::Slot::default(),
+            standby: Default::default(),
         }
     }
 
@@ -127,7 +127,7 @@ impl Engine {
         &self.home
     }
 
-    pub(crate) fn standby_slot(&self) -> &crate::standby::Slot {
+    pub(crate) fn standby_slot(&self) -> &std::sync::Arc<crate::standby::Slot> {
         &self.standby
     }
 
@@ -352,7 +352,6 @@ impl Engine {
                 let pid = standby.pid();
                 match standby.hand_over(id, ready_write.as_fd(), log.as_fd()) {
                     Ok(()) => {
-                        // The next one starts while this one boots the sandbox.
                         self.replenish_standby();
                         return Ok(ready_read);
                     }

@@ -10,12 +10,20 @@
 //! The standby ends on its own when the caller does: the caller's end of the socket closes
 //! and the standby's wait for an order reads end-of-file. Once it has an order it is that
 //! sandbox's supervisor, exactly as a freshly spawned one, in a session of its own.
+//!
+//! The server's next standby starts in the lull after the calls that used the last one (see
+//! `activity`), not beside them: a process start forks, which on cgroup v1 waits for the
+//! machine-wide lock that the new sandbox's boot takes to move its guest between cgroups,
+//! and shares this small machine's two CPUs with the boot and the client's next calls.
+//! Started while the sandbox booted, as it first was, it cost 1.6–1.9 ms of an MCP
+//! `run` + `exec` + `destroy` cycle (25 interleaved cycles each, twice).
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use nix::sys::socket::{
     recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
@@ -30,6 +38,13 @@ pub const STANDBY_ORDERS_FD: RawFd = 3;
 
 /// The longest id an order may carry; real ones are `sbx-` and twelve characters.
 const MAX_ID_LEN: usize = 64;
+
+/// How long the home must have served no request before the next standby starts. Calls of
+/// one burst (a script's `run`, `exec`, `destroy`) come within milliseconds of each other;
+/// an agent's calls come seconds apart, so the standby is up long before the next `run`.
+const REFILL_QUIET: Duration = Duration::from_millis(50);
+/// The longest the next standby waits for that: a home never quiet still gets one.
+const REFILL_MAX_WAIT: Duration = Duration::from_secs(2);
 
 /// An idle supervisor, and the socket that gives it its sandbox.
 #[derive(Debug)]
@@ -177,11 +192,27 @@ pub fn await_order(orders: BorrowedFd<'_>) -> io::Result<Option<Order>> {
 pub(crate) struct Slot {
     wanted: AtomicBool,
     held: Mutex<Option<Standby>>,
+    /// A refill is waiting for its lull: at most one does.
+    refilling: AtomicBool,
 }
 
 impl Slot {
     fn take(&self) -> Option<Standby> {
         self.held.lock().ok()?.take()
+    }
+
+    /// Starts a standby with `command` unless the slot holds one.
+    fn fill(&self, command: Command) {
+        let Ok(mut held) = self.held.lock() else {
+            return;
+        };
+        if held.is_some() {
+            return;
+        }
+        match Standby::start(command) {
+            Ok(standby) => *held = Some(standby),
+            Err(err) => tracing::warn!("starting a standby supervisor: {err}"),
+        }
     }
 }
 
@@ -190,7 +221,7 @@ impl Engine {
     /// for a long-lived caller (the MCP server). Each start that takes it starts the next.
     pub fn keep_a_standby_supervisor(&self) {
         self.standby_slot().wanted.store(true, Ordering::Relaxed);
-        self.replenish_standby();
+        self.fill_standby_slot();
     }
 
     /// For a caller about to start one raw sandbox (the CLI's `run`): starts its supervisor
@@ -204,25 +235,33 @@ impl Engine {
         self.fill_standby_slot();
     }
 
-    /// Starts a standby if this engine keeps one and has none. Failures are logged: a start
-    /// without a standby spawns its supervisor.
+    /// After a start that took the standby or went without one: starts the next standby,
+    /// if this engine keeps one, once the home has been quiet for [`REFILL_QUIET`], on a
+    /// thread of its own. The start under way counts as activity. Failures are logged: a
+    /// start without a standby spawns its supervisor.
     pub(crate) fn replenish_standby(&self) {
-        if self.standby_slot().wanted.load(Ordering::Relaxed) {
-            self.fill_standby_slot();
+        let slot = Arc::clone(self.standby_slot());
+        if !slot.wanted.load(Ordering::Relaxed) || slot.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        crate::activity::note(self.home());
+        let (home, command) = (self.home().clone(), self.supervisor_command());
+        let waiting = Arc::clone(&slot);
+        let spawned = std::thread::Builder::new()
+            .name("standby-refill".into())
+            .spawn(move || {
+                crate::activity::wait_for_quiet(&home, REFILL_QUIET, REFILL_MAX_WAIT);
+                waiting.fill(command);
+                waiting.refilling.store(false, Ordering::Release);
+            });
+        if let Err(err) = spawned {
+            tracing::warn!("starting a standby supervisor: cannot start its thread: {err}");
+            slot.refilling.store(false, Ordering::Release);
         }
     }
 
     fn fill_standby_slot(&self) {
-        let Ok(mut held) = self.standby_slot().held.lock() else {
-            return;
-        };
-        if held.is_some() {
-            return;
-        }
-        match Standby::start(self.supervisor_command()) {
-            Ok(standby) => *held = Some(standby),
-            Err(err) => tracing::warn!("starting a standby supervisor: {err}"),
-        }
+        self.standby_slot().fill(self.supervisor_command());
     }
 
     /// The standby, if this engine keeps one and has one; the caller hands it a sandbox
@@ -341,6 +380,82 @@ mod tests {
                 Ok(0),
                 "{expected}: a descriptor of the refused order was left open"
             );
+        }
+    }
+    /// Sets the home's activity marker to `at` (see `activity`).
+    fn mark_activity(home: &crate::home::Home, at: std::time::SystemTime) {
+        let run = home.root().join("run");
+        std::fs::create_dir_all(&run).unwrap();
+        let marker = run.join("activity");
+        std::fs::File::create(&marker).unwrap();
+        let since_epoch = at.duration_since(std::time::UNIX_EPOCH).unwrap();
+        let time = nix::sys::time::TimeSpec::from_duration(since_epoch);
+        nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            &marker,
+            &time,
+            &time,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .unwrap();
+    }
+
+    fn holds_a_standby(engine: &Engine) -> bool {
+        engine.standby_slot().held.lock().unwrap().is_some()
+    }
+
+    /// The next standby starts once the home is quiet, not beside the calls that used the
+    /// last one; a home that never goes quiet still gets one after [`REFILL_MAX_WAIT`].
+    #[test]
+    fn the_next_standby_waits_for_a_lull() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = crate::home::Home::at(dir.path().to_owned()).unwrap();
+        // `true` stands in for `dynocap supervise`: the slot's bookkeeping is under test.
+        let engine = Engine::with_supervisor_exe(home.clone(), "/bin/true".into());
+        engine.keep_a_standby_supervisor();
+        assert!(holds_a_standby(&engine), "the first standby starts at once");
+
+        drop(engine.take_standby());
+        let taken = std::time::Instant::now();
+        // The refill notes the start it follows as activity, so it waits a moment at least.
+        engine.replenish_standby();
+        // A marker in the future reads as a request served just now, for as long as it lasts.
+        let hour = Duration::from_secs(3600);
+        mark_activity(&home, std::time::SystemTime::now() + hour);
+        // Asked again while one waits: no second refill (whose note of activity would end
+        // the busy spell above and start a standby too soon).
+        engine.replenish_standby();
+        std::thread::sleep(REFILL_MAX_WAIT / 2);
+        if taken.elapsed() < REFILL_MAX_WAIT {
+            assert!(
+                !holds_a_standby(&engine),
+                "a standby started in a busy home"
+            );
+        }
+        let deadline = taken + REFILL_MAX_WAIT * 5;
+        while !holds_a_standby(&engine) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no standby after the longest wait"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(taken.elapsed() >= REFILL_MAX_WAIT, "{:?}", taken.elapsed());
+
+        // Quiet for an hour: the next one starts without waiting that long.
+        drop(engine.take_standby());
+        while engine.standby_slot().refilling.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        mark_activity(&home, std::time::SystemTime::now() - hour);
+        let taken = std::time::Instant::now();
+        engine.replenish_standby();
+        while !holds_a_standby(&engine) {
+            assert!(
+                taken.elapsed() < REFILL_MAX_WAIT * 5,
+                "no standby in a quiet home"
+            );
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }

@@ -321,7 +321,8 @@ fn a_teardown_leaves_a_fresh_spare_disk_that_the_next_start_takes() {
     let state = state_dir(&home, &home.sandbox_id("second"));
     let image = state.join("disk.img");
     // Mounted (in the supervisor's namespace) without the inode-table zeroing thread, which
-    // would write the whole inode area into the sparse image over the sandbox's life.
+    // would write the whole inode area into the sparse image over the sandbox's life, and
+    // without the bitmap prefetch, which would start a thread reading every group's bitmap.
     let supervisor = home.supervisor_pids()[0];
     let mountinfo = std::fs::read_to_string(format!("/proc/{supervisor}/mountinfo")).unwrap();
     let disk = state.join("disk").display().to_string();
@@ -330,7 +331,9 @@ fn a_teardown_leaves_a_fresh_spare_disk_that_the_next_start_takes() {
         .find(|l| l.split(' ').nth(4) == Some(disk.as_str()))
         .unwrap_or_else(|| panic!("no mount at {disk}:\n{mountinfo}"));
     assert!(
-        line.contains(" - ext4 ") && line.contains("noinit_itable"),
+        line.contains(" - ext4 ")
+            && line.contains("noinit_itable")
+            && line.contains("no_prefetch_block_bitmaps"),
         "{line}"
     );
     assert_eq!(

@@ -368,8 +368,12 @@ fn create_mountpoint(dir: &Path) -> Result<(), JailError> {
     })
 }
 
-/// ext4 options of every mount of a sandbox's disk (see `Disk::mount`).
-const MOUNT_OPTIONS: &str = "noinit_itable";
+/// ext4 options of every mount of a sandbox's disk (see `Disk::mount`). Besides
+/// `noinit_itable`, `no_prefetch_block_bitmaps`: by default a mount starts a kernel thread that
+/// reads every group's block bitmap ahead, for the allocator of a large, full filesystem; a
+/// sandbox's disk starts empty. Without the thread a mount took 2.81 ms against 3.49 (median
+/// of 9, a fresh copy of the 10 GiB template on a loop device each time).
+const MOUNT_OPTIONS: &str = "noinit_itable,no_prefetch_block_bitmaps";
 
 /// A sparse file of `bytes` formatted as ext4: no reserved blocks (the guest is the only
 /// user), lazy inode-table and journal init (mkfs writes a few hundred KiB, not the size). The

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import time
 
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -428,6 +429,32 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
+def _disks_made_ahead(home: Path) -> list[str]:
+    """Loop devices bound to an unnamed image in the home's disk cache: disks a standby made
+    ahead (a sandbox that took one keeps the kernel's name for it)."""
+    cache = str(home / "cache" / "disks") + "/"
+    found = []
+    for device in os.listdir("/sys/block"):
+        try:
+            backing = open(f"/sys/block/{device}/loop/backing_file").read().strip()
+        except OSError:
+            continue
+        if backing.startswith(cache) and backing.endswith("(deleted)"):
+            found.append(device)
+    return sorted(found)
+
+
+def _mounted_on(pid: int, mountpoint: Path) -> tuple[str, str]:
+    """(source, mount and filesystem options) of the mount on `mountpoint` in process
+    `pid`'s mount table."""
+    for line in open(f"/proc/{pid}/mountinfo").read().splitlines():
+        left, right = line.split(" - ", 1)
+        if left.split(" ")[4] == str(mountpoint):
+            _, source, options = right.split(" ")[:3]
+            return source, left.split(" ")[5] + "," + options
+    raise AssertionError(f"nothing mounted on {mountpoint} for {pid}")
+
+
 async def _until(what: str, check: Any, timeout: float = 20) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -446,20 +473,37 @@ async def test_a_run_takes_the_standby_supervisor_and_another_stands_by(host: Ho
         [first] = await _until("a standby supervisor", lambda: _standbys(server))
         assert os.readlink(f"/proc/{first}/fd/2") == "/dev/null"
         assert not list(logs.glob("*.log")), "a standby has no sandbox, so no log"
+        # While it waits it makes the default sandbox's disk: an unnamed image on a loop
+        # device, mounted in no namespace, named nowhere in the home.
+        [ahead] = await _until("the standby's disk made ahead", lambda: _disks_made_ahead(host.state))
+        assert not any(f" /dev/{ahead} " in open(f"/proc/{pid}/mountinfo").read()
+                       for pid in (first, server, os.getpid()))
+        assert not list((host.state / "sandboxes").glob("*/disk.img"))
 
         ok(await s.call_tool("dynocap_run", {"name": "a"}))
         # The standby became a's supervisor: its output is a's log, which says so.
         [log] = logs.glob("*.log")
         assert os.readlink(f"/proc/{first}/fd/2") == str(log)
         assert f"(pid {first})" in log.read_text()
+        assert "not usable" not in log.read_text()
+        # a's disk is the one made ahead: named in a's directory, mounted in a's supervisor.
+        sandbox = host.state / "sandboxes" / log.stem
+        assert (sandbox / "disk.img").is_file()
+        source, options = _mounted_on(first, sandbox / "disk")
+        assert source == f"/dev/{ahead}", (source, ahead)
+        assert {"nosuid", "nodev", "noinit_itable", "no_prefetch_block_bitmaps"} <= set(options.split(",")), options
         assert ok(await s.call_tool("dynocap_exec", {"name": "a", "command": "echo hi"}))["stdout"] == "hi\n"
-        # ...and the next one stands by already.
+        # ...and the next one stands by, with a disk of its own made ahead.
         [second] = await _until("the next standby", lambda: [p for p in _standbys(server) if p != first])
+        [second_disk] = await _until("the next disk made ahead",
+                                     lambda: [d for d in _disks_made_ahead(host.state) if d != ahead])
 
-        # A standby that died is no loss: the next run spawns its supervisor, and a new
-        # standby takes the place.
+        # A standby that died is no loss: the kernel frees the disk it made (nothing of it
+        # is left), the next run spawns its supervisor, and a new standby takes the place.
         os.kill(second, 9)
         await _until("the killed standby to be reaped", lambda: not _alive(second))
+        await _until("the killed standby's disk to be freed",
+                     lambda: _disks_made_ahead(host.state) == [ahead])
         ok(await s.call_tool("dynocap_run", {"name": "b"}))
         assert ok(await s.call_tool("dynocap_exec", {"name": "b", "command": "echo there"}))["stdout"] == "there\n"
         spawned = [pid for pid, state in _children(server) if state != "Z" and pid not in (first, second)
@@ -472,10 +516,12 @@ async def test_a_run_takes_the_standby_supervisor_and_another_stands_by(host: Ho
     # The server is gone, and its standby with it; the sandbox the standby took lives on, in
     # a session of its own.
     await _until("the standby to end with its server", lambda: not _alive(third))
+    await _until("the last standby's disk to be freed", lambda: _disks_made_ahead(host.state) == [ahead])
     assert _alive(first)
     assert host.cli("exec", "a", "--", "echo", "still here")["stdout"] == "still here\n"
     assert host.cli("destroy", "a") == {"destroyed": "a"}
     await _until("a's supervisor to end", lambda: not _alive(first))
+    await _until("a's disk to be freed", lambda: _disks_made_ahead(host.state) == [])
 
 
 async def test_the_server_reaps_the_supervisors_it_started(host: Host) -> None:

@@ -103,6 +103,48 @@ fn take_spare(templates: &Path, image: &Path, bytes: u64) -> Result<bool, JailEr
     }
 }
 
+/// An unnamed copy (`O_TMPFILE`, in `templates`) of the template for `bytes`, formatting the
+/// template first with `format` if there is none: a disk made ahead of its sandbox, which
+/// nothing has to clean up if its holder dies. [`link_unnamed`] names it once its sandbox is
+/// known.
+pub(crate) fn unnamed_copy(
+    templates: &Path,
+    bytes: u64,
+    format: impl FnOnce(&Path, u64) -> Result<(), JailError>,
+) -> Result<File, JailError> {
+    let template = ensure(templates, bytes, format)?;
+    let source =
+        File::open(&template).map_err(|e| JailError::io("open the disk template", &template, e))?;
+    let copy = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+        .open(templates)
+        .map_err(|e| JailError::io("create an unnamed disk in", templates, e))?;
+    sparse_copy(&source, &copy, bytes).map_err(|e| {
+        JailError::io(
+            "copy the disk template into an unnamed disk in",
+            templates,
+            e,
+        )
+    })?;
+    Ok(copy)
+}
+
+/// Names the unnamed file `file` (from [`unnamed_copy`]) `path`, which must not exist.
+pub(crate) fn link_unnamed(file: &File, path: &Path) -> Result<(), JailError> {
+    let unnamed = format!("/proc/self/fd/{}", file.as_raw_fd());
+    nix::unistd::linkat(
+        nix::fcntl::AT_FDCWD,
+        unnamed.as_str(),
+        nix::fcntl::AT_FDCWD,
+        path,
+        nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+    )
+    .map_err(|errno| JailError::sys(format!("naming the disk {}", path.display()), errno))
+}
+
 /// Makes the spare for `bytes` from its template, if there is a template and no spare yet;
 /// returns whether it made one. Never formats: a size no start has used gets no spare. Meant
 /// for after a sandbox's reply (its teardown), where the copy and flush cost no one a wait.

@@ -300,6 +300,9 @@ pub struct SuperviseArgs {
     /// `standby`), instead of being given it on the command line.
     #[arg(long = "standby-fd", conflicts_with_all = ["id", "ready_fd", "recover"])]
     pub standby_fd: Option<i32>,
+    /// While standing by, make the default start's disk ahead (see the jail's `prepare_disk`).
+    #[arg(long = "prepare-disk", requires = "standby_fd")]
+    pub prepare_disk: bool,
 }
 
 /// A count, size or number of seconds; the error says what a valid one looks like (clap puts

@@ -244,6 +244,8 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
     } else {
         dynocap_engine::supervisor::Mode::Start
     };
+    // What the standby made ahead while it waited, reported once its log is open.
+    let mut prepared_disk = None;
     let (catalog, id, ready) = match (&args.id, args.ready_fd, args.standby_fd) {
         (Some(id), Some(ready_fd), None) => {
             // SAFETY: the starter gave us the ready pipe on this descriptor and nothing else
@@ -254,8 +256,17 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
             // Opened while nothing waits on it; a failure here is the supervisor's to report
             // once it has its sandbox.
             let catalog = dynocap_engine::catalog::Catalog::open(&home).ok();
+            // SAFETY: the starter gave us the orders socket on this descriptor; it is only
+            // borrowed here, and owned by `await_standby_order` below.
+            let orders = unsafe { std::os::fd::BorrowedFd::borrow_raw(orders_fd) };
+            // Not when the order is already there: the start would wait for it.
+            let prepared = (args.prepare_disk && !dynocap_engine::standby::order_waiting(orders))
+                .then(|| dynocap_engine::backend::prepare_default_start(&home));
             match await_standby_order(orders_fd) {
-                Some((id, ready)) => (catalog, id, ready),
+                Some((id, ready)) => {
+                    prepared_disk = prepared;
+                    (catalog, id, ready)
+                }
                 None => return ExitCode::SUCCESS,
             }
         }
@@ -268,6 +279,11 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
     // Stderr is the sandbox's log file now (see `Sandboxes::spawn_supervisor`; a standby's
     // was `/dev/null` until its order), where a mistyped DYNOCAP_LOG is reported first.
     crate::logging::init(&crate::logging::Settings::from_env(), std::io::stderr);
+    match prepared_disk {
+        Some(Ok(())) => tracing::debug!("the standby made the default start's disk ahead"),
+        Some(Err(err)) => tracing::info!("the standby could not make a disk ahead: {err}"),
+        None => {}
+    }
     match dynocap_engine::supervisor::main(home, catalog, &id, ready, mode) {
         0 => ExitCode::SUCCESS,
         _ => ExitCode::FAILURE,

@@ -223,7 +223,7 @@ impl Backend for JailBackend {
             },
             reuse_layers: spec.reuse_layer,
             disk_bytes: disk_bytes(spec.disk_mb)?,
-            disk_templates: Some(spec.cache_dir.join("disks")),
+            disk_templates: Some(disk_templates(&spec.cache_dir)),
             net_raw: !nat,
             idmap_image: spec.image.owned_by_host_root,
         };
@@ -269,6 +269,26 @@ pub fn agent_args(image: &Image) -> Vec<String> {
         args.push("--sudo-broker".into());
     }
     args
+}
+
+/// For a supervisor standing by (see `standby`): makes ahead what the default start of a raw
+/// sandbox needs of this machine and nothing of the sandbox: on the jail backend, its disk
+/// (see the jail's `prepare_disk`), which the start then takes if it is of that size.
+/// Nothing to do where the default start would make none (the vm backend, disk limits off).
+pub fn prepare_default_start(home: &crate::home::Home) -> Result<()> {
+    if select_for(&crate::image::default_name())?.name() != "jail" {
+        return Ok(());
+    }
+    let Some(bytes) = disk_bytes(None)? else {
+        return Ok(());
+    };
+    dynocap_backend_jail::prepare_disk(&disk_templates(&home.cache_dir()), bytes)
+        .map_err(|err| Error::internal(format!("making a disk ahead: {err}")))
+}
+
+/// Where the jail's formatted empty disks are kept, under the home's cache.
+fn disk_templates(cache_dir: &std::path::Path) -> PathBuf {
+    cache_dir.join("disks")
 }
 
 /// The jail's disk size: `disk_mb`, unless the person running DynoCap turned disk limits off

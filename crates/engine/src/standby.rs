@@ -56,8 +56,10 @@ pub struct Standby {
 impl Standby {
     /// Starts `command` (`dynocap supervise --home H`, with the caller's environment) as a
     /// standby: in a session of its own, stdio on `/dev/null` until its order brings the
-    /// sandbox's log, and reaped in the background like every supervisor.
-    pub fn start(mut command: Command) -> io::Result<Standby> {
+    /// sandbox's log, and reaped in the background like every supervisor. With
+    /// `prepare_disk`, it makes the default start's disk while it waits (for a caller whose
+    /// order comes later, not one about to give it).
+    pub fn start(mut command: Command, prepare_disk: bool) -> io::Result<Standby> {
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -73,6 +75,9 @@ impl Standby {
         command
             .arg("--standby-fd")
             .arg(STANDBY_ORDERS_FD.to_string());
+        if prepare_disk {
+            command.arg("--prepare-disk");
+        }
         let child = crate::spawn::spawn(
             &command,
             &crate::spawn::Stdio {
@@ -122,6 +127,17 @@ pub struct Order {
     pub id: String,
     pub ready: OwnedFd,
     pub log: OwnedFd,
+}
+
+/// Whether an order (or the caller's end) is already waiting on `orders`, without taking it.
+pub fn order_waiting(orders: BorrowedFd<'_>) -> bool {
+    let mut byte = [0u8; 1];
+    nix::sys::socket::recv(
+        orders.as_raw_fd(),
+        &mut byte,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    )
+    .is_ok()
 }
 
 /// Waits for the order on `orders`: `None` when the caller went away without giving one.
@@ -209,7 +225,9 @@ impl Slot {
         if held.is_some() {
             return;
         }
-        match Standby::start(command) {
+        // A server's standby waits seconds for its order and makes the disk meanwhile; the
+        // CLI's gets it within milliseconds.
+        match Standby::start(command, self.wanted.load(Ordering::Relaxed)) {
             Ok(standby) => *held = Some(standby),
             Err(err) => tracing::warn!("starting a standby supervisor: {err}"),
         }

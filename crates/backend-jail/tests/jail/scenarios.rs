@@ -25,6 +25,7 @@ pub const ALL: &[(&str, fn())] = &[
     ("pids_limit", pids_limit),
     ("cpu_limit", cpu_limit),
     ("destroy_leaves_nothing", destroy_leaves_nothing),
+    ("disk_made_ahead", disk_made_ahead),
     (
         "kill_then_destroy_leaves_nothing",
         kill_then_destroy_leaves_nothing,
@@ -445,6 +446,145 @@ fn cpu_limit() {
         .unwrap_or(0);
     assert!(throttled > 0, "no throttling recorded: {stat}");
     guest.destroy();
+}
+
+/// Loop devices bound to a file under `dir`: (device, backing file as the kernel names it).
+fn loops_under(dir: &Path) -> Vec<(String, String)> {
+    let prefix = dir.display().to_string();
+    std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .flatten()
+        .filter_map(|entry| {
+            let device = entry.file_name().to_string_lossy().into_owned();
+            let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).ok()?;
+            let backing = backing.trim_end().to_owned();
+            backing.starts_with(&prefix).then_some((device, backing))
+        })
+        .collect()
+}
+
+/// Waits (10 s at most) for no loop device to be bound to a file under `dir`.
+fn no_loops_left_under(dir: &Path, when: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !loops_under(dir).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{when}: loop devices still bound: {:?}",
+            loops_under(dir)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The mount table line of this process's mount on `target`, if any.
+fn own_mount_on(target: &Path) -> Option<String> {
+    let target = target.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .find(|line| line.split(' ').nth(4) == Some(target.as_str()))
+        .map(str::to_owned)
+}
+
+/// A disk made ahead (as a standby supervisor makes it) is taken by the next start of its
+/// size: until then it is named nowhere and mounted in no namespace; then its image is the
+/// state dir's `disk.img` and its filesystem holds the guest's layer. One of another size is
+/// released, loop device and all, and the start makes its own.
+fn disk_made_ahead() {
+    let fx = Fixture::new();
+    let templates = fx.tmp.path().join("disks");
+    let bytes: u64 = 64 << 20;
+    dynocap_backend_jail::prepare_disk(&templates, bytes).expect("making a disk ahead");
+    let made = dynocap_backend_jail::prepared_disk_image().expect("a disk made ahead");
+    // Nothing but the template is named in the templates directory...
+    let images: Vec<String> = std::fs::read_dir(&templates)
+        .expect("templates")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".img"))
+        .collect();
+    assert_eq!(images.len(), 1, "{images:?}");
+    // ...and the disk made ahead is an unnamed file on a loop device, mounted nowhere.
+    let bound = loops_under(&templates);
+    let [(device, backing)] = bound.as_slice() else {
+        panic!("one loop device expected: {bound:?}");
+    };
+    assert!(backing.ends_with("(deleted)"), "{backing}");
+    let mounted_anywhere = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("mountinfo")).ok())
+        .any(|table| table.contains(&format!(" /dev/{device} ")));
+    assert!(!mounted_anywhere, "/dev/{device} shows in a mount table");
+
+    let mut spec = fx.spec("ahead-test");
+    spec.disk_bytes = Some(bytes);
+    spec.disk_templates = Some(templates.clone());
+    let mut guest = Guest::spawn(&spec);
+    assert!(
+        dynocap_backend_jail::prepared_disk_image().is_none(),
+        "the start took it"
+    );
+    // The very file made ahead. Neither the loop device's number nor the inode's tells: a
+    // start that released the disk made ahead and made its own gets the device and the inode
+    // number just freed. The birth time does.
+    let named = std::fs::metadata(fx.state.join("disk.img")).expect("the image is named");
+    let identity = |meta: &std::fs::Metadata| {
+        (
+            std::os::unix::fs::MetadataExt::ino(meta),
+            meta.created().expect("birth time (statx)"),
+        )
+    };
+    assert_eq!(
+        identity(&named),
+        identity(&made),
+        "disk.img is not the disk made ahead"
+    );
+    let line = own_mount_on(&fx.state.join("disk")).expect("the disk is mounted");
+    assert!(
+        line.contains(&format!(" /dev/{device} "))
+            && line.contains("nosuid")
+            && line.contains("nodev")
+            && line.contains("no_prefetch_block_bitmaps"),
+        "{line}"
+    );
+    sh_ok(
+        &mut guest,
+        "head -c 1048576 /dev/zero > /root/made-ahead && sync",
+    );
+    let written = std::fs::metadata(fx.state.join("disk/upper/root/made-ahead"))
+        .expect("the guest's file is on the disk made ahead");
+    assert_eq!(written.len(), 1 << 20);
+    guest.destroy();
+    assert!(
+        !fx.state.join("disk.img").exists(),
+        "destroy removes the image"
+    );
+    no_loops_left_under(&templates, "after destroy");
+
+    // Made ahead for 64 MiB, started with 128: released at the start, which makes its own.
+    dynocap_backend_jail::prepare_disk(&templates, bytes).expect("making a disk ahead again");
+    let other = Fixture::new();
+    let mut spec = other.spec("ahead-other");
+    spec.disk_bytes = Some(128 << 20);
+    spec.disk_templates = Some(templates.clone());
+    let guest = Guest::spawn(&spec);
+    assert!(dynocap_backend_jail::prepared_disk_image().is_none());
+    let bound = loops_under(&templates);
+    assert!(
+        bound
+            .iter()
+            .all(|(_, backing)| !backing.ends_with("(deleted)")),
+        "the disk made ahead is still bound: {bound:?}"
+    );
+    assert_eq!(
+        std::fs::metadata(other.state.join("disk.img"))
+            .expect("disk.img")
+            .len(),
+        128 << 20
+    );
+    guest.destroy();
+    no_loops_left_under(&templates, "after the second destroy");
 }
 
 fn destroy_leaves_nothing() {

@@ -138,6 +138,9 @@ impl Disk {
     /// private mount namespace first: call it from the process that will clone the guest. On
     /// error nothing made here is left.
     pub fn attach(spec: &JailSpec) -> Result<Disk, JailError> {
+        // Taken by every start, used or not: what the guest's clone copies of this process
+        // must not include a disk made for another.
+        let prepared = PreparedDisk::take();
         let paths = DiskPaths::at(&spec.state_dir);
         let plan = Plan::for_spec(spec, paths.image.exists());
         if plan == Plan::Plain {
@@ -166,12 +169,16 @@ impl Disk {
                 // Named before this process leaves the host's mount namespace: the unnamed
                 // image is on a mount of it, and a link cannot cross from one mount to another
                 // (the new namespace's copy of that filesystem's mount is another).
-                PreparedDisk::take(spec.disk_templates.as_deref(), bytes).and_then(|prepared| {
-                    prepared
-                        .name(&paths.image)
-                        .map_err(|e| eprintln!("dynocap: the disk made ahead is not usable ({e})"))
-                        .ok()
-                })
+                prepared
+                    .filter(|prepared| prepared.fits(spec.disk_templates.as_deref(), bytes))
+                    .and_then(|prepared| {
+                        prepared
+                            .name(&paths.image)
+                            .map_err(|e| {
+                                eprintln!("dynocap: the disk made ahead is not usable ({e})")
+                            })
+                            .ok()
+                    })
             }
             Plan::MountKept | Plan::Plain => None,
         };
@@ -343,6 +350,12 @@ pub fn prepare_disk(templates: &Path, bytes: u64) -> Result<(), JailError> {
     Ok(())
 }
 
+/// Releases the disk this process made ahead, if no start took it: for a process whose start
+/// did not make a jail disk (another backend, a failed boot).
+pub fn release_prepared_disk() {
+    drop(PreparedDisk::take());
+}
+
 /// What the image of the disk this process made ahead is, if it holds one (for tests: the
 /// start that takes it names that very file).
 pub fn prepared_disk_image() -> Option<fs::Metadata> {
@@ -354,15 +367,18 @@ pub fn prepared_disk_image() -> Option<fs::Metadata> {
 }
 
 impl PreparedDisk {
-    /// The disk made ahead, if it is of `bytes` from `templates`. One of another size or
-    /// origin is released: this process starts no other sandbox.
-    fn take(templates: Option<&Path>, bytes: u64) -> Option<PreparedDisk> {
-        let prepared = PREPARED
+    /// The disk made ahead, if any: a supervisor starts one sandbox, which takes it or
+    /// releases it.
+    fn take() -> Option<PreparedDisk> {
+        PREPARED
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()?;
-        (Some(prepared.templates.as_path()) == templates && prepared.bytes == bytes)
-            .then_some(prepared)
+            .take()
+    }
+
+    /// Whether it is the disk a start of `bytes` from `templates` would make.
+    fn fits(&self, templates: Option<&Path>, bytes: u64) -> bool {
+        Some(self.templates.as_path()) == templates && self.bytes == bytes
     }
 
     /// Names the image `image` (which must not exist).

@@ -110,7 +110,11 @@ pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode
     ready.send(&ReadyMessage::Progress(workspace::step(
         "booting the sandbox",
     )));
-    let (catalog, record, guest) = match boot(&home, catalog, id, mode) {
+    let booted = boot(&home, catalog, id, mode);
+    // A disk a standby made ahead and the boot did not take (another backend, a failure) is
+    // of no further use here.
+    dynocap_backend_jail::release_prepared_disk();
+    let (catalog, record, guest) = match booted {
         Ok(parts) => parts,
         Err(err) => {
             tracing::error!("boot failed: {err}");

@@ -585,6 +585,15 @@ fn disk_made_ahead() {
     );
     guest.destroy();
     no_loops_left_under(&templates, "after the second destroy");
+
+    // A start without a disk limit releases it too, before its guest is cloned.
+    dynocap_backend_jail::prepare_disk(&templates, bytes)
+        .expect("making a disk ahead a third time");
+    let plain = Fixture::new();
+    let guest = Guest::spawn(&plain.spec("ahead-plain"));
+    assert!(dynocap_backend_jail::prepared_disk_image().is_none());
+    no_loops_left_under(&templates, "after a start without a disk limit");
+    guest.destroy();
 }
 
 fn destroy_leaves_nothing() {

@@ -490,6 +490,9 @@ async def test_a_run_takes_the_standby_supervisor_and_another_stands_by(host: Ho
         sandbox = host.state / "sandboxes" / log.stem
         assert (sandbox / "disk.img").is_file()
         source, options = _mounted_on(first, sandbox / "disk")
+        # ...and there only: not on the host, nor in the server's namespace.
+        for pid in (os.getpid(), server):
+            assert f" {sandbox / 'disk'} " not in open(f"/proc/{pid}/mountinfo").read()
         assert source == f"/dev/{ahead}", (source, ahead)
         assert {"nosuid", "nodev", "noinit_itable", "no_prefetch_block_bitmaps"} <= set(options.split(",")), options
         assert ok(await s.call_tool("dynocap_exec", {"name": "a", "command": "echo hi"}))["stdout"] == "hi\n"

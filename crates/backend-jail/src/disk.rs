@@ -423,9 +423,10 @@ fn mount_detached(image: &File) -> Result<OwnedFd, JailError> {
     let (device, _loop_fd) = attach_loop(image)?;
     let failed = |e: Errno, detail: String| {
         let what = format!("mounting the disk on {} ahead", device.display());
-        match detail.is_empty() {
-            true => JailError::sys(what, e),
-            false => JailError::sys(format!("{what} ({detail})"), e),
+        if detail.is_empty() {
+            JailError::sys(what, e)
+        } else {
+            JailError::sys(format!("{what} ({detail})"), e)
         }
     };
     let context = FsContext::new("ext4").map_err(|e| failed(e, String::new()))?;

@@ -46,9 +46,7 @@ pub(crate) fn copy_formatted(
     if take_spare(templates, image, bytes)? {
         return Ok(());
     }
-    let template = ensure(templates, bytes, format)?;
-    let source =
-        File::open(&template).map_err(|e| JailError::io("open the disk template", &template, e))?;
+    let source = open_template(templates, bytes, format)?;
     let target = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -112,15 +110,8 @@ pub(crate) fn unnamed_copy(
     bytes: u64,
     format: impl FnOnce(&Path, u64) -> Result<(), JailError>,
 ) -> Result<File, JailError> {
-    let template = ensure(templates, bytes, format)?;
-    let source =
-        File::open(&template).map_err(|e| JailError::io("open the disk template", &template, e))?;
-    let copy = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-        .open(templates)
+    let source = open_template(templates, bytes, format)?;
+    let copy = unnamed_file(templates)
         .map_err(|e| JailError::io("create an unnamed disk in", templates, e))?;
     sparse_copy(&source, &copy, bytes).map_err(|e| {
         JailError::io(
@@ -134,6 +125,33 @@ pub(crate) fn unnamed_copy(
 
 /// Names the unnamed file `file` (from [`unnamed_copy`]) `path`, which must not exist.
 pub(crate) fn link_unnamed(file: &File, path: &Path) -> Result<(), JailError> {
+    link(file, path)
+        .map_err(|errno| JailError::sys(format!("naming the disk {}", path.display()), errno))
+}
+
+/// The template for `bytes`, opened; formatted first with `format` if there is none.
+fn open_template(
+    templates: &Path,
+    bytes: u64,
+    format: impl FnOnce(&Path, u64) -> Result<(), JailError>,
+) -> Result<File, JailError> {
+    let template = ensure(templates, bytes, format)?;
+    File::open(&template).map_err(|e| JailError::io("open the disk template", &template, e))
+}
+
+/// A new file with no name (`O_TMPFILE`) in `dir`, private to root: a copy that a crash
+/// leaves nothing of until [`link`] names it.
+fn unnamed_file(dir: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+        .open(dir)
+}
+
+/// Gives the unnamed `file` the name `path` (which must not exist).
+fn link(file: &File, path: &Path) -> nix::Result<()> {
     let unnamed = format!("/proc/self/fd/{}", file.as_raw_fd());
     nix::unistd::linkat(
         nix::fcntl::AT_FDCWD,
@@ -142,7 +160,6 @@ pub(crate) fn link_unnamed(file: &File, path: &Path) -> Result<(), JailError> {
         path,
         nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
     )
-    .map_err(|errno| JailError::sys(format!("naming the disk {}", path.display()), errno))
 }
 
 /// Makes the spare for `bytes` from its template, if there is a template and no spare yet;
@@ -159,24 +176,12 @@ pub fn make_spare(templates: &Path, bytes: u64) -> Result<bool, JailError> {
     let source =
         File::open(&template).map_err(|e| JailError::io("open the disk template", &template, e))?;
     // Unnamed until whole and on disk: a crash meanwhile leaves nothing behind.
-    let copy = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-        .open(&dir)
+    let copy = unnamed_file(&dir)
         .map_err(|e| JailError::io("create an unnamed spare disk in", &dir, e))?;
     sparse_copy(&source, &copy, bytes)
         .and_then(|()| copy.sync_all())
         .map_err(|e| JailError::io("copy the disk template into a spare in", &dir, e))?;
-    let unnamed = format!("/proc/self/fd/{}", copy.as_raw_fd());
-    match nix::unistd::linkat(
-        nix::fcntl::AT_FDCWD,
-        unnamed.as_str(),
-        nix::fcntl::AT_FDCWD,
-        &spare,
-        nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
-    ) {
+    match link(&copy, &spare) {
         Ok(()) => {}
         // Another teardown published one first; ours is freed on close.
         Err(nix::errno::Errno::EEXIST) => return Ok(false),

@@ -728,6 +728,13 @@ fn stop_leftover_qemu(paths: &VmPaths) -> Result<()> {
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let disk = paths.disk.as_os_str().as_encoded_bytes();
     if !cmdline.windows(disk.len()).any(|w| w == disk) {
+        // A process that is exiting gives back its memory, and its command line reads empty
+        // or cut short: a QEMU already killed (the dead supervisor's session is swept first)
+        // may still be tearing down its threads and guest memory, holding the disk's lock.
+        // Waiting on the pidfd signals nothing, so it is safe whoever the pid names now.
+        if is_qemu(pid) && is_exiting(pid) {
+            wait_for_exit(pid, &pidfd, paths)?;
+        }
         return Ok(());
     }
     // SAFETY: pidfd_send_signal takes a descriptor we own, a signal number and no siginfo;
@@ -748,25 +755,126 @@ fn stop_leftover_qemu(paths: &VmPaths) -> Result<()> {
             return Err(VmError::io("killing the leftover QEMU of", &paths.dir, err));
         }
     }
-    if !wait_readable(pidfd.as_fd(), LEFTOVER_EXIT_TIMEOUT) {
-        return Err(VmError::io(
-            "waiting for the leftover QEMU of",
-            &paths.dir,
-            std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "QEMU (pid {pid}) is still alive {} s after SIGKILL",
-                    LEFTOVER_EXIT_TIMEOUT.as_secs()
-                ),
-            ),
-        ));
+    wait_for_exit(pid, &pidfd, paths)
+}
+
+/// `PF_EXITING` of `<linux/sched.h>`: the process has begun to exit.
+const PF_EXITING: u64 = 0x4;
+
+/// Whether process `pid` has begun to exit (or is gone).
+fn is_exiting(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // After the name, which may hold anything: state, ppid, pgrp, session, tty, tpgid, flags.
+    stat.rfind(')')
+        .and_then(|end| stat[end + 1..].split_whitespace().nth(6))
+        .and_then(|flags| flags.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_EXITING != 0)
+}
+
+/// Whether process `pid` runs a QEMU system emulator, by its name (readable while it exits).
+fn is_qemu(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|comm| comm.starts_with("qemu-system"))
+}
+
+/// Waits (at most [`LEFTOVER_EXIT_TIMEOUT`]) for the process of `pidfd` to exit.
+fn wait_for_exit(pid: u32, pidfd: &OwnedFd, paths: &VmPaths) -> Result<()> {
+    if wait_readable(pidfd.as_fd(), LEFTOVER_EXIT_TIMEOUT) {
+        return Ok(());
     }
-    Ok(())
+    Err(VmError::io(
+        "waiting for the leftover QEMU of",
+        &paths.dir,
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "QEMU (pid {pid}) is still alive {} s after SIGKILL",
+                LEFTOVER_EXIT_TIMEOUT.as_secs()
+            ),
+        ),
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A QEMU already killed but still exiting (a dead supervisor's session is swept before
+    /// its sandbox is cleaned up) is waited for, although its command line, given back with
+    /// its memory, no longer names the disk: the next guest needs the disk's lock it holds.
+    /// The stand-in is python under QEMU's name, holding 1 GiB, whose release makes its exit
+    /// take a while.
+    #[test]
+    fn a_killed_qemu_still_exiting_is_waited_for() {
+        // The interpreter itself, not a launcher script (pyenv's shims dispatch on the name
+        // they were started by, which here is QEMU's).
+        let python = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import os, sys; print(os.path.realpath(sys.executable))",
+            ])
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+        let Some(python) = python else {
+            assert!(std::env::var_os("CI").is_none(), "python3 is needed");
+            eprintln!("SKIPPED a_killed_qemu_still_exiting_is_waited_for: no python3");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let qemu = dir.path().join("qemu-system-x86_64");
+        // A link, not a copy: python finds its library through the link's target, and the
+        // kernel names the process after the path it was started by.
+        std::os::unix::fs::symlink(&python, &qemu).unwrap();
+        let paths = VmPaths::at(&dir.path().join("state"));
+        fs::create_dir_all(&paths.dir).unwrap();
+        let mut child = std::process::Command::new(&qemu)
+            .args([
+                "-c",
+                "import time\n\
+                 held = bytearray(1 << 30)\n\
+                 for i in range(0, len(held), 4096): held[i] = 1\n\
+                 time.sleep(600)",
+            ])
+            .arg(&paths.disk)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let resident_kib = || {
+            fs::read_to_string(format!("/proc/{pid}/status"))
+                .unwrap_or_default()
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|kib| kib.trim().trim_end_matches(" kB").parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while resident_kib() < 900 << 10 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the stand-in never filled its memory: {:?}",
+                child.try_wait()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        fs::write(&paths.pid_file, child.id().to_string()).unwrap();
+        let stat = || fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let state = |stat: String| stat[stat.rfind(')').unwrap() + 2..].chars().next().unwrap();
+
+        // Killed as the session sweep kills it: from here its command line may read empty.
+        child.kill().unwrap();
+        stop_leftover_qemu(&paths).unwrap();
+        // Our own child: exited means a zombie until we reap it.
+        assert_eq!(
+            state(stat()),
+            'Z',
+            "returned while the QEMU was still exiting"
+        );
+        child.wait().unwrap();
+    }
 
     /// QEMU is asked once per binary: the answer is recorded, read back, and a record that is
     /// not one of ours is replaced by asking again.

@@ -244,13 +244,18 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
     } else {
         dynocap_engine::supervisor::Mode::Start
     };
-    // What the standby made ahead while it waited, reported once its log is open.
-    let mut prepared_disk = None;
-    let (catalog, id, ready) = match (&args.id, args.ready_fd, args.standby_fd) {
+    // `prepared_disk`: what a standby made ahead while it waited, reported once its log is
+    // open.
+    let (catalog, id, ready, prepared_disk) = match (&args.id, args.ready_fd, args.standby_fd) {
         (Some(id), Some(ready_fd), None) => {
             // SAFETY: the starter gave us the ready pipe on this descriptor and nothing else
             // in this process has taken ownership of it.
-            (None, id.clone(), unsafe { OwnedFd::from_raw_fd(ready_fd) })
+            (
+                None,
+                id.clone(),
+                unsafe { OwnedFd::from_raw_fd(ready_fd) },
+                None,
+            )
         }
         (None, None, Some(orders_fd)) => {
             // Opened while nothing waits on it; a failure here is the supervisor's to report
@@ -263,10 +268,7 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
             let prepared = (args.prepare_disk && !dynocap_engine::standby::order_waiting(orders))
                 .then(|| dynocap_engine::backend::prepare_default_start(&home));
             match await_standby_order(orders_fd) {
-                Some((id, ready)) => {
-                    prepared_disk = prepared;
-                    (catalog, id, ready)
-                }
+                Some((id, ready)) => (catalog, id, ready, prepared),
                 None => return ExitCode::SUCCESS,
             }
         }

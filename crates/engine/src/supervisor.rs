@@ -298,13 +298,13 @@ pub fn agent_binary() -> Result<PathBuf> {
     }
 }
 
-/// The write end of the ready pipe; closed after the final message.
 /// Tells the starter on `ready` that the supervisor failed before [`main`] could start it:
 /// a standby that could not take its order's log.
 pub fn report_failed_start(ready: OwnedFd, err: Error) {
     ReadyPipe(Mutex::new(Some(std::fs::File::from(ready)))).send(&ReadyMessage::Failed(err));
 }
 
+/// The write end of the ready pipe; closed after the final message.
 struct ReadyPipe(Mutex<Option<std::fs::File>>);
 
 impl ReadyPipe {

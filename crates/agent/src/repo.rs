@@ -665,7 +665,7 @@ async fn record_baseline(
         git,
         private,
         workspace,
-        &BASELINE_STORAGE,
+        &Storage::baseline(),
         &["--force"],
         None,
         stop,
@@ -725,12 +725,12 @@ async fn add_all(
     git: &Git,
     private: &Opened,
     workspace: &Path,
-    storage: &[&str],
+    storage: &Storage,
     extra: &[&str],
     within: Option<Vec<u8>>,
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<(), RunError> {
-    let mut rest = storage.to_vec();
+    let mut rest = storage.args();
     if within.is_some() {
         // Names, never patterns: a file may be called `*` or `:(exclude)x`.
         rest.insert(0, "--literal-pathspecs");
@@ -776,7 +776,7 @@ async fn add_changed(
     private: &Opened,
     workspace: &Path,
     changed: &Changed,
-    storage: &[&str],
+    storage: &Storage,
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<(), RunError> {
     // A pathspec that matches nothing is fatal to `git add`: a directory made and removed
@@ -832,7 +832,7 @@ async fn add_changed(
             .collect(),
     );
     let before = look_in(workspace, &fed).await?;
-    let mut rest = storage.to_vec();
+    let mut rest = storage.args();
     rest.extend_from_slice(&["update-index", "-z", "--add", "--remove", "--stdin"]);
     let paths = nul_separated(fed.iter().map(Vec::as_slice));
     run_fed(git, private, workspace, &rest, paths, stop).await?;
@@ -939,17 +939,6 @@ fn nul_separated<'a>(items: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
 const BASELINE_COMPRESSION: [&str; 4] =
     ["-c", "core.looseCompression=0", "-c", "pack.compression=0"];
 
-/// How the baseline's `git add` stores the tree: [`BASELINE_COMPRESSION`], with the files
-/// over [`BIG_FILE_THRESHOLD`] streamed into a pack.
-const BASELINE_STORAGE: [&str; 6] = [
-    "-c",
-    BIG_FILE_THRESHOLD,
-    BASELINE_COMPRESSION[0],
-    BASELINE_COMPRESSION[1],
-    BASELINE_COMPRESSION[2],
-    BASELINE_COMPRESSION[3],
-];
-
 /// How a diff stores the changed files: stored, like the baseline. Git's default (level 6
 /// for big files) made a diff of two changed 9 MB files cost a second; level 1 still took a
 /// third of the `update-index` of a 50-file diff from the journal (18–49 ms against 14–18).
@@ -957,9 +946,8 @@ const BASELINE_STORAGE: [&str; 6] = [
 /// their full size, in the task's scratch repository.
 const DIFF_COMPRESSION: [&str; 4] = BASELINE_COMPRESSION;
 
-/// How a diff's `git add` and `git update-index` store the changed files: [`DIFF_COMPRESSION`],
-/// and a file read whole up to a size set by the diff's line budget, streamed into a pack
-/// above it.
+/// How a `git add` or `git update-index` stores what it writes: its compression, and the
+/// size over which a file is streamed into a pack rather than read whole.
 ///
 /// Git reads a file under `core.bigFileThreshold` whole (mapped, so from the page cache, and
 /// copied only when an attribute converts its line endings) and writes it as a loose object.
@@ -967,37 +955,43 @@ const DIFF_COMPRESSION: [&str; 4] = BASELINE_COMPRESSION;
 /// (the pack's checksum and CRC beside the object's id) and a sync of the pack. With two
 /// 9 MB files changed among 29, the diff's `git add` took 106–120 ms read whole against
 /// 230–270 ms streamed, and the whole `task diff` 379–438 ms against 417–535 (7 runs each).
-///
-/// The line budget is a quarter of the sandbox's memory and bounds what the diff itself holds
-/// of one file; half of it bounds what the add may map of one, between the baseline's 8 MiB
-/// (the smallest sandbox) and git's own default of 512 MiB.
-struct DiffStorage {
+struct Storage {
     threshold: String,
+    compression: [&'static str; 4],
 }
 
-impl DiffStorage {
-    /// The smallest size streamed rather than read whole.
+impl Storage {
+    /// The smallest size a diff streams rather than reads whole.
     const FLOOR: u64 = 8 << 20;
     /// Git's own `core.bigFileThreshold`.
     const CEILING: u64 = 512 << 20;
 
-    fn for_budget(line_diff_budget: u64) -> Self {
+    /// The baseline's: [`BASELINE_COMPRESSION`], the files over [`BIG_FILE_THRESHOLD`]
+    /// streamed.
+    fn baseline() -> Self {
+        Self {
+            threshold: BIG_FILE_THRESHOLD.to_owned(),
+            compression: BASELINE_COMPRESSION,
+        }
+    }
+
+    /// A diff's: [`DIFF_COMPRESSION`], and a file read whole up to half the diff's line
+    /// budget. The budget is a quarter of the sandbox's memory and bounds what the diff itself
+    /// holds of one file; half of it bounds what the add may map of one, between the
+    /// baseline's 8 MiB (the smallest sandbox) and git's own default of 512 MiB.
+    fn for_diff(line_diff_budget: u64) -> Self {
         let bytes = (line_diff_budget / 2).clamp(Self::FLOOR, Self::CEILING);
         Self {
             threshold: format!("core.bigFileThreshold={bytes}"),
+            compression: DIFF_COMPRESSION,
         }
     }
 
     /// The `-c` options for git.
-    fn args(&self) -> [&str; 6] {
-        [
-            "-c",
-            &self.threshold,
-            DIFF_COMPRESSION[0],
-            DIFF_COMPRESSION[1],
-            DIFF_COMPRESSION[2],
-            DIFF_COMPRESSION[3],
-        ]
+    fn args(&self) -> Vec<&str> {
+        let mut args = vec!["-c", self.threshold.as_str()];
+        args.extend_from_slice(&self.compression);
+        args
     }
 }
 
@@ -1050,7 +1044,7 @@ pub async fn diff(
     let line_diff_budget = req
         .line_diff_budget
         .unwrap_or(bigfiles::DEFAULT_LINE_DIFF_BUDGET);
-    let storage = DiffStorage::for_budget(line_diff_budget);
+    let storage = Storage::for_diff(line_diff_budget);
     let mut tracker = lock(repo_lock, stop)
         .await
         .map_err(|err| cancelled_or(err, "the diff"))?;
@@ -1121,8 +1115,7 @@ pub async fn diff(
         *tracker = held;
         let updated = match changed {
             Some(changed) => {
-                match add_changed(git, &private, &workspace, &changed, &storage.args(), stop).await
-                {
+                match add_changed(git, &private, &workspace, &changed, &storage, stop).await {
                     Err(RunError::Failed(why)) => {
                         log!("scanning the whole workspace instead: {why}");
                         false
@@ -1133,7 +1126,7 @@ pub async fn diff(
             None => false,
         };
         if !updated {
-            add_all(git, &private, &workspace, &storage.args(), &[], None, stop).await?;
+            add_all(git, &private, &workspace, &storage, &[], None, stop).await?;
         }
         // When no file on either side is large enough for its line diff to go over the
         // budget, even a line per byte, no file needs sizing or counting.

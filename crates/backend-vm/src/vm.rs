@@ -348,12 +348,19 @@ fn vcpu_summary(text: &str) -> String {
         .join(", ")
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name, from field 3 (the state) on.
+/// The name is in parentheses and may hold spaces or parentheses itself: fields are counted
+/// after its last `)`.
+fn stat_after_name(pid: u32) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    Some(after_name.split_whitespace().map(str::to_owned).collect())
+}
+
 /// User plus system CPU time of process `pid`, in seconds, from `/proc/<pid>/stat`.
 fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may hold spaces: count fields after it.
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after_name.split_whitespace();
+    let stat = stat_after_name(pid)?;
+    let mut fields = stat.iter();
     // Fields 14 and 15 of stat(5) (utime, stime) are the 12th and 13th after the name.
     let utime: u64 = fields.nth(11)?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
@@ -763,12 +770,11 @@ const PF_EXITING: u64 = 0x4;
 
 /// Whether process `pid` has begun to exit (or is gone).
 fn is_exiting(pid: u32) -> bool {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Some(stat) = stat_after_name(pid) else {
         return true;
     };
-    // After the name, which may hold anything: state, ppid, pgrp, session, tty, tpgid, flags.
-    stat.rfind(')')
-        .and_then(|end| stat[end + 1..].split_whitespace().nth(6))
+    // Field 9 of stat(5): state, ppid, pgrp, session, tty, tpgid, then the flags.
+    stat.get(6)
         .and_then(|flags| flags.parse::<u64>().ok())
         .is_some_and(|flags| flags & PF_EXITING != 0)
 }
@@ -861,18 +867,13 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         fs::write(&paths.pid_file, child.id().to_string()).unwrap();
-        let stat = || fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let state = |stat: String| stat[stat.rfind(')').unwrap() + 2..].chars().next().unwrap();
+        let state = || stat_after_name(pid).expect("our unreaped child's stat")[0].clone();
 
         // Killed as the session sweep kills it: from here its command line may read empty.
         child.kill().unwrap();
         stop_leftover_qemu(&paths).unwrap();
         // Our own child: exited means a zombie until we reap it.
-        assert_eq!(
-            state(stat()),
-            'Z',
-            "returned while the QEMU was still exiting"
-        );
+        assert_eq!(state(), "Z", "returned while the QEMU was still exiting");
         child.wait().unwrap();
     }
 

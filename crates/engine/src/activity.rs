@@ -27,16 +27,32 @@ fn activity_file(home: &Home) -> PathBuf {
 /// Records that a sandbox of `home` is serving a request now. Best effort: a home whose
 /// marker cannot be written only refills sooner.
 pub fn note(home: &Home) {
+    mark(home, nix::sys::time::TimeSpec::UTIME_NOW);
+}
+
+/// Records a request served at `at` (for tests: a time in the future keeps the home busy).
+#[cfg(test)]
+pub(crate) fn note_at(home: &Home, at: SystemTime) {
+    let since_epoch = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    mark(home, nix::sys::time::TimeSpec::from_duration(since_epoch));
+}
+
+/// Sets the marker's time to `time`, making the marker if there is none.
+fn mark(home: &Home, time: nix::sys::time::TimeSpec) {
     let path = activity_file(home);
-    let touched = nix::sys::stat::utimensat(
-        nix::fcntl::AT_FDCWD,
-        &path,
-        &nix::sys::time::TimeSpec::UTIME_NOW,
-        &nix::sys::time::TimeSpec::UTIME_NOW,
-        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
-    );
-    if touched == Err(nix::errno::Errno::ENOENT) {
-        let _ = std::fs::File::create(&path);
+    let set = || {
+        nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            &path,
+            &time,
+            &time,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+    };
+    if set() == Err(nix::errno::Errno::ENOENT) && std::fs::File::create(&path).is_ok() {
+        let _ = set();
     }
 }
 

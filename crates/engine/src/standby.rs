@@ -407,24 +407,6 @@ mod tests {
             );
         }
     }
-    /// Sets the home's activity marker to `at` (see `activity`).
-    fn mark_activity(home: &crate::home::Home, at: std::time::SystemTime) {
-        let run = home.root().join("run");
-        std::fs::create_dir_all(&run).unwrap();
-        let marker = run.join("activity");
-        std::fs::File::create(&marker).unwrap();
-        let since_epoch = at.duration_since(std::time::UNIX_EPOCH).unwrap();
-        let time = nix::sys::time::TimeSpec::from_duration(since_epoch);
-        nix::sys::stat::utimensat(
-            nix::fcntl::AT_FDCWD,
-            &marker,
-            &time,
-            &time,
-            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
-        )
-        .unwrap();
-    }
-
     fn holds_a_standby(engine: &Engine) -> bool {
         engine.standby_slot().held.lock().unwrap().is_some()
     }
@@ -446,7 +428,7 @@ mod tests {
         engine.replenish_standby();
         // A marker in the future reads as a request served just now, for as long as it lasts.
         let hour = Duration::from_secs(3600);
-        mark_activity(&home, std::time::SystemTime::now() + hour);
+        crate::activity::note_at(&home, std::time::SystemTime::now() + hour);
         // Asked again while one waits: no second refill (whose note of activity would end
         // the busy spell above and start a standby too soon).
         engine.replenish_standby();
@@ -472,7 +454,7 @@ mod tests {
         while engine.standby_slot().refilling.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        mark_activity(&home, std::time::SystemTime::now() - hour);
+        crate::activity::note_at(&home, std::time::SystemTime::now() - hour);
         let taken = std::time::Instant::now();
         engine.replenish_standby();
         while !holds_a_standby(&engine) {

@@ -242,31 +242,7 @@ impl Disk {
             .custom_flags(libc::O_CLOEXEC)
             .open(&self.paths.image)
             .map_err(|e| JailError::io("open the disk image", &self.paths.image, e))?;
-        // The loop fd only has to live until the mount holds the device: closing it then is
-        // what lets AUTOCLEAR free the device at unmount.
-        let (device, _loop_fd) = attach_loop(&image)?;
-        mount(
-            Some(&device),
-            &self.paths.mountpoint,
-            Some("ext4"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            // The image is formatted with lazy inode tables; by default a kernel thread then
-            // zeroes them in the background for the mount's life, writing (and allocating)
-            // the whole inode area into the sparse image, and is started by every mount.
-            // Uninitialised tables are correct as they are (the group descriptors say so).
-            Some(MOUNT_OPTIONS),
-        )
-        .map_err(|e| {
-            JailError::sys(
-                format!(
-                    "mounting {} ({}) on {}",
-                    self.paths.image.display(),
-                    device.display(),
-                    self.paths.mountpoint.display()
-                ),
-                e,
-            )
-        })?;
+        attach_mount(mount_detached(&image)?, &self.paths.mountpoint)?;
         self.mounted = true;
         Ok(())
     }
@@ -398,31 +374,38 @@ impl NamedDisk {
     /// Attaches the filesystem on `mountpoint` (an empty directory), in this process's mount
     /// namespace.
     fn attach(self, mountpoint: &Path) -> Result<(), JailError> {
-        nix::fcntl::open(
-            mountpoint,
-            nix::fcntl::OFlag::O_PATH
-                | nix::fcntl::OFlag::O_DIRECTORY
-                | nix::fcntl::OFlag::O_NOFOLLOW
-                | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .and_then(|target| newmount::attach(self.mount.as_fd(), target.as_fd()))
-        .map_err(|e| {
-            JailError::sys(
-                format!("attaching the disk made ahead on {}", mountpoint.display()),
-                e,
-            )
-        })
+        attach_mount(self.mount, mountpoint)
     }
 }
 
-/// Binds `image` to a loop device and makes a detached mount of its filesystem, with the
-/// options of every sandbox disk.
+/// Attaches the detached `mount` on `mountpoint` (an empty directory), in this process's mount
+/// namespace.
+fn attach_mount(mount: OwnedFd, mountpoint: &Path) -> Result<(), JailError> {
+    nix::fcntl::open(
+        mountpoint,
+        nix::fcntl::OFlag::O_PATH
+            | nix::fcntl::OFlag::O_DIRECTORY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .and_then(|target| newmount::attach(mount.as_fd(), target.as_fd()))
+    .map_err(|e| {
+        JailError::sys(
+            format!("attaching the sandbox's disk on {}", mountpoint.display()),
+            e,
+        )
+    })
+}
+
+/// Binds `image` to a loop device and makes a detached mount of its filesystem (nosuid, nodev,
+/// [`MOUNT_OPTIONS`]): every sandbox disk is mounted so, then attached where it belongs.
 fn mount_detached(image: &File) -> Result<OwnedFd, JailError> {
-    // As in `Disk::mount`: the loop fd only has to live until the mount holds the device.
+    // The loop fd only has to live until the mount holds the device: closing it then is what
+    // lets AUTOCLEAR free the device at unmount.
     let (device, _loop_fd) = attach_loop(image)?;
     let failed = |e: Errno, detail: String| {
-        let what = format!("mounting the disk on {} ahead", device.display());
+        let what = format!("mounting the sandbox's disk on {}", device.display());
         if detail.is_empty() {
             JailError::sys(what, e)
         } else {
@@ -548,10 +531,16 @@ fn create_mountpoint(dir: &Path) -> Result<(), JailError> {
     })
 }
 
-/// ext4 options of every mount of a sandbox's disk (see `Disk::mount`). Besides
-/// `noinit_itable`, `no_prefetch_block_bitmaps`: by default a mount starts a kernel thread that
-/// reads every group's block bitmap ahead, for the allocator of a large, full filesystem; a
-/// sandbox's disk starts empty. Without the thread a mount took 2.81 ms against 3.49 (median
+/// ext4 options of every mount of a sandbox's disk (see `mount_detached`).
+///
+/// `noinit_itable`: the image is formatted with lazy inode tables; by default a kernel thread
+/// then zeroes them in the background for the mount's life, writing (and allocating) the
+/// whole inode area into the sparse image, and is started by every mount. Uninitialised
+/// tables are correct as they are (the group descriptors say so).
+///
+/// `no_prefetch_block_bitmaps`: by default a mount starts a kernel thread that reads every
+/// group's block bitmap ahead, for the allocator of a large, full filesystem; a sandbox's disk
+/// starts empty. Without the thread a mount took 2.81 ms against 3.49 (median
 /// of 9, a fresh copy of the 10 GiB template on a loop device each time).
 const MOUNT_OPTIONS: &str = "noinit_itable,no_prefetch_block_bitmaps";
 

@@ -538,12 +538,13 @@ async def test_the_server_reaps_the_supervisors_it_started(host: Host) -> None:
             ok(await s.call_tool("dynocap_run", {"name": f"b{i}"}))
             ok(await s.call_tool("dynocap_destroy", {"name": f"b{i}"}))
         # Each destroyed sandbox's supervisor exits after its teardown; the server reaps it.
-        # Left: kept's supervisor, and the standby for the next run.
+        # Left: kept's supervisor, and the standby for the next run (which starts in the lull
+        # after the calls: until then the last destroyed one may still be tearing down).
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             zombies = [pid for pid, state in _children(server) if state == "Z"]
             live = [pid for pid, state in _children(server) if state != "Z"]
-            if not zombies and len(live) == 2:
+            if not zombies and len(live) == 2 and _standbys(server):
                 break
             await anyio.sleep(0.1)
         assert (zombies, len(live)) == ([], 2), _children(server)

@@ -807,6 +807,7 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
 mod tests {
     use super::*;
     use std::sync::{Arc, Barrier};
+    use std::time::Duration;
 
     fn home() -> (tempfile::TempDir, Home) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1004,6 +1005,45 @@ mod tests {
             }
             assert_eq!(Catalog::open(&home).unwrap().list().unwrap().len(), OPENERS);
         }
+    }
+
+    /// Opening a made catalog waits for no writer (nor for another open): a CLI `run` and
+    /// the standby supervisor it starts open it at once, and the supervisor used to sleep for
+    /// the lock meanwhile. A repair (the exclusive lock) still keeps every open out.
+    #[test]
+    fn opening_a_made_catalog_waits_only_for_a_repair() {
+        let (_dir, home) = home();
+        Catalog::open(&home)
+            .unwrap()
+            .insert(&record("sbx-1", "a"))
+            .unwrap();
+        let open_in_thread = || {
+            let (done, opened) = std::sync::mpsc::channel();
+            let home = home.clone();
+            std::thread::spawn(move || {
+                let found = Catalog::open(&home).and_then(|c| c.get("sbx-1"));
+                let _ = done.send(found.map(|record| record.is_some()));
+            });
+            opened
+        };
+
+        let writing = catalog_lock::Shared::acquire(&home).unwrap();
+        let opened = open_in_thread().recv_timeout(Duration::from_secs(20));
+        drop(writing);
+        assert!(
+            matches!(opened, Ok(Ok(true))),
+            "the open waited for a writer: {opened:?}"
+        );
+
+        let repairing = catalog_lock::Exclusive::acquire(&home).unwrap();
+        let opened = open_in_thread();
+        assert!(
+            opened.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the catalog was opened while a repair held it"
+        );
+        drop(repairing);
+        let after = opened.recv_timeout(Duration::from_secs(20));
+        assert!(matches!(after, Ok(Ok(true))), "{after:?}");
     }
 
     /// A catalog with three records, all in its main file.

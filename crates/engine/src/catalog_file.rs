@@ -153,11 +153,49 @@ pub(crate) struct Import {
     pub released_names: Vec<(String, String, String)>,
 }
 
-/// Opens the catalog, creating or upgrading it first if needed. Takes the catalog lock for
-/// that, so processes opening a fresh home at once initialise it once, in turn.
+/// Opens the catalog, creating or upgrading it first if needed. Almost every open finds it
+/// made and current, and only has to keep a repair from moving it aside meanwhile: the catalog
+/// lock shared does that, and lets processes open at once (a CLI `run` and the supervisor it
+/// starts do). Only a catalog to create or upgrade takes the lock exclusively, so that
+/// processes opening a fresh home at once initialise it once, in turn.
 pub(crate) fn open(home: &Home) -> Result<Connected, Failure> {
+    {
+        let shared = catalog_lock::Shared::acquire(home)?;
+        if let Some(connected) = connect_current(home, &shared)? {
+            return Ok(connected);
+        }
+    }
     let lock = catalog_lock::Exclusive::acquire(home)?;
     Ok(connect(home, &lock)?.0)
+}
+
+/// The catalog, if it exists, is in WAL mode and has this build's schema: `None` when it needs
+/// creating or upgrading, which only a holder of the exclusive lock may do. Neither can happen
+/// while the shared lock is held, so what this sees stays true.
+fn connect_current(
+    home: &Home,
+    _lock: &catalog_lock::Shared,
+) -> Result<Option<Connected>, Failure> {
+    let path = home.catalog_path();
+    preflight(&path)?;
+    if !path.exists() {
+        return Ok(None);
+    }
+    // Never creates the file: only the exclusive path does.
+    let flags = rusqlite::OpenFlags::default() - rusqlite::OpenFlags::SQLITE_OPEN_CREATE;
+    let conn = match Connection::open_with_flags(&path, flags) {
+        Ok(conn) => conn,
+        // Gone since the check (a repair that finished just before our lock): make it anew.
+        Err(rusqlite::Error::SqliteFailure(err, _)) if err.code == Sqlite::CannotOpen => {
+            return Ok(None)
+        }
+        Err(err) => return Err(classify(err)),
+    };
+    let version = configure(&conn, &path)?;
+    if version < catalog::SCHEMA_VERSION || !in_wal_mode(&conn)? {
+        return Ok(None);
+    }
+    finish_connect(conn, &path).map(Some)
 }
 
 /// [`open`] for a caller that already holds the lock; also tells what was imported when the
@@ -169,6 +207,21 @@ pub(crate) fn connect(
     let path = home.catalog_path();
     preflight(&path)?;
     let mut conn = Connection::open(&path).map_err(classify)?;
+    let version = configure(&conn, &path)?;
+    ensure_wal(&conn, &path)?;
+    let imported = if version < catalog::SCHEMA_VERSION {
+        let imported = initialise(&mut conn, home)?;
+        checkpoint(&conn);
+        imported
+    } else {
+        None
+    };
+    Ok((finish_connect(conn, &path)?, imported))
+}
+
+/// Sets up a new connection (no checkpoint on close, the busy timeout) and reads the schema
+/// version, refusing one newer than this build knows.
+fn configure(conn: &Connection, path: &Path) -> Result<i64, Failure> {
     // Closing never checkpoints, so it never deletes the `-wal` and `-shm` either: SQLite
     // does both by file name, which would destroy the evidence of a damaged catalog (a
     // failed open closes too). Writers checkpoint instead (`Catalog::write_raw`).
@@ -187,19 +240,16 @@ pub(crate) fn connect(
             catalog::SCHEMA_VERSION
         ))));
     }
-    ensure_wal(&conn, &path)?;
+    Ok(version)
+}
+
+/// The settings of a connection to a ready catalog, and which file it has open.
+fn finish_connect(conn: Connection, path: &Path) -> Result<Connected, Failure> {
     conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(classify)?;
-    let imported = if version < catalog::SCHEMA_VERSION {
-        let imported = initialise(&mut conn, home)?;
-        checkpoint(&conn);
-        imported
-    } else {
-        None
-    };
-    let identity = FileIdentity::of(&path)
+    let identity = FileIdentity::of(path)
         .ok_or_else(|| Failure::Damaged("it disappeared right after it was opened".to_owned()))?;
-    Ok((Connected { conn, identity }, imported))
+    Ok(Connected { conn, identity })
 }
 
 /// Copies what the WAL holds into the main file, so that a damaged WAL loses as little as
@@ -243,6 +293,13 @@ fn preflight(path: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
+fn in_wal_mode(conn: &Connection) -> Result<bool, Failure> {
+    let mode: String = conn
+        .pragma_query_value(None, "journal_mode", |row| row.get(0))
+        .map_err(classify)?;
+    Ok(mode.eq_ignore_ascii_case("wal"))
+}
+
 /// `path` with `suffix` appended to its file name: `catalog.db` → `catalog.db-wal`.
 pub(crate) fn suffixed(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
@@ -254,10 +311,7 @@ pub(crate) fn suffixed(path: &Path, suffix: &str) -> PathBuf {
 /// switches, under the catalog lock: every other process opening it waits for that lock, so
 /// none holds the database lock the switch needs (SQLite does not wait for it).
 fn ensure_wal(conn: &Connection, path: &Path) -> Result<(), Failure> {
-    let mode: String = conn
-        .pragma_query_value(None, "journal_mode", |row| row.get(0))
-        .map_err(classify)?;
-    if mode.eq_ignore_ascii_case("wal") {
+    if in_wal_mode(conn)? {
         return Ok(());
     }
     let mode: String = conn

@@ -359,6 +359,72 @@ fn a_teardown_leaves_a_fresh_spare_disk_that_the_next_start_takes() {
     assert_nothing_left(&home, "after destroy");
 }
 
+/// The device and backing file of the loop device mounted at sandbox `name`'s disk, as its
+/// supervisor (the only process that mounts it) sees it.
+fn disk_loop_of(home: &TestHome, name: &str) -> (String, String) {
+    let id = home.sandbox_id(name);
+    let pid = home
+        .supervisor_pid(name)
+        .unwrap_or_else(|| panic!("{name} has a supervisor"));
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let disk = state_dir(home, &id).join("disk").display().to_string();
+    let line = mountinfo
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(disk.as_str()))
+        .unwrap_or_else(|| panic!("no mount at {disk}:\n{mountinfo}"));
+    let device = line
+        .split(" - ext4 ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|source| source.strip_prefix("/dev/"))
+        .unwrap_or_else(|| panic!("not an ext4 loop mount: {line}"))
+        .to_owned();
+    let backing = std::fs::read_to_string(format!("/sys/block/{device}/loop/backing_file"))
+        .unwrap_or_else(|e| panic!("{device} is not a bound loop device: {e}"));
+    (device, backing.trim_end().to_owned())
+}
+
+/// The CLI's `run` has its standby supervisor make the default disk while the command does its
+/// checks and catalog work, and the start takes that disk: bound to a loop device as an
+/// unnamed copy in the disk cache (named `disk.img` since). A run with another disk size makes
+/// none ahead, and neither leaves anything behind.
+#[test]
+fn a_cli_run_of_the_default_disk_takes_the_disk_its_standby_made() {
+    if !require_root("a_cli_run_of_the_default_disk_takes_the_disk_its_standby_made") {
+        return;
+    }
+    let home = TestHome::new();
+    let cache = home.path().join("cache/disks");
+    home.sandbox("default", &[]);
+    let (_, backing) = disk_loop_of(&home, "default");
+    assert!(
+        backing.starts_with(cache.to_str().expect("utf-8")) && backing.ends_with("(deleted)"),
+        "the default start made its own disk ({backing}), not its standby"
+    );
+    assert_eq!(home.sh("default", "touch ~/x && echo ok"), "ok\n");
+
+    home.sandbox("sized", &["--disk-mb", "96"]);
+    let (_, backing) = disk_loop_of(&home, "sized");
+    let image = state_dir(&home, &home.sandbox_id("sized")).join("disk.img");
+    assert_eq!(
+        backing,
+        image.display().to_string(),
+        "a 96 MiB start uses a disk of its own size"
+    );
+    // Only the two sandboxes' disks are bound: the standby made none for the 96 MiB start.
+    assert_eq!(
+        loop_devices_under(home.path()).len(),
+        2,
+        "{:?}",
+        loop_devices_under(home.path())
+    );
+
+    home.json(&["destroy", "default"]);
+    home.json(&["destroy", "sized"]);
+    home.wait_for_teardown();
+    assert_nothing_left(&home, "after destroy");
+}
+
 /// A VM's CPUs and memory are its own: as many vCPUs as `--cpus`, and `--memory-mb` of RAM
 /// of which the guest kernel keeps a little for itself.
 #[test]

@@ -245,6 +245,18 @@ impl TestHome {
         id
     }
 
+    /// Host pid of the supervisor of sandbox or task `name`, if it has one.
+    pub fn supervisor_pid(&self, name: &str) -> Option<i32> {
+        let out = Command::new("sqlite3")
+            .arg(self.path().join("catalog.db"))
+            .arg(format!(
+                "SELECT supervisor_pid FROM sandboxes WHERE name = '{name}'"
+            ))
+            .output()
+            .expect("sqlite3 is installed (apt-get install sqlite3)");
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    }
+
     /// Host pids of the supervisors of this home's sandboxes.
     pub fn supervisor_pids(&self) -> Vec<i32> {
         let db = self.path().join("catalog.db");

@@ -298,32 +298,95 @@ struct PreparedDisk {
     mount: OwnedFd,
 }
 
-/// The disk this process made ahead, for its next start (a supervisor boots one sandbox).
-static PREPARED: Mutex<Option<PreparedDisk>> = Mutex::new(None);
+/// The disk this process is making or made ahead, for its next start (a supervisor boots one
+/// sandbox).
+static PREPARED: Mutex<Ahead> = Mutex::new(Ahead::Nothing);
+
+#[derive(Debug)]
+enum Ahead {
+    Nothing,
+    /// Being made on a thread of its own (see [`start_preparing_disk`]).
+    Making(std::thread::JoinHandle<Result<PreparedDisk, JailError>>),
+    Made(PreparedDisk),
+}
+
+fn prepared() -> std::sync::MutexGuard<'static, Ahead> {
+    PREPARED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Makes and mounts ahead the disk of `bytes` that this process's next start of that size,
 /// with templates in `templates`, takes instead of making its own (see [`Disk::attach`]): for
 /// a supervisor standing by, so that the loop device and the mount, about a third of a
 /// start's time, are not waited for. Needs root, as every disk.
 pub fn prepare_disk(templates: &Path, bytes: u64) -> Result<(), JailError> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(JailError::sys(
+    check_root()?;
+    let made = make_ahead(templates, bytes)?;
+    *prepared() = Ahead::Made(made);
+    Ok(())
+}
+
+/// [`prepare_disk`] on a thread of its own, for a supervisor whose order may come before the
+/// disk is made (the CLI's, milliseconds after its start): the start waits for what is left
+/// of it (see [`finish_preparing_disk`]) rather than for all of it. A failure to make it is
+/// reported on stderr (the sandbox's log by then) and the start makes its own.
+pub fn start_preparing_disk(templates: PathBuf, bytes: u64) -> Result<(), JailError> {
+    check_root()?;
+    let making = std::thread::Builder::new()
+        .name("disk-ahead".into())
+        .spawn(move || make_ahead(&templates, bytes))
+        .map_err(|e| JailError::io("start a thread to make a disk ahead in", Path::new("/"), e))?;
+    *prepared() = Ahead::Making(making);
+    Ok(())
+}
+
+/// Waits for the disk being made ahead, if one is: a start needs this process back to one
+/// thread before it clones the guest, and takes the disk once it is made.
+pub(crate) fn finish_preparing_disk() {
+    let mut ahead = prepared();
+    if let Ahead::Making(_) = &*ahead {
+        let Ahead::Making(making) = std::mem::replace(&mut *ahead, Ahead::Nothing) else {
+            unreachable!("matched just above, under the same lock")
+        };
+        *ahead = match making.join() {
+            Ok(Ok(made)) => Ahead::Made(made),
+            Ok(Err(e)) => {
+                eprintln!(
+                    "dynocap: the disk could not be made ahead ({e}); the start makes its own"
+                );
+                Ahead::Nothing
+            }
+            Err(_) => {
+                eprintln!(
+                    "dynocap: the thread making a disk ahead panicked; the start makes its own"
+                );
+                Ahead::Nothing
+            }
+        };
+    }
+}
+
+fn check_root() -> Result<(), JailError> {
+    if nix::unistd::geteuid().is_root() {
+        Ok(())
+    } else {
+        Err(JailError::sys(
             "making a sandbox's disk ahead",
             Errno::EPERM,
-        ));
+        ))
     }
+}
+
+fn make_ahead(templates: &Path, bytes: u64) -> Result<PreparedDisk, JailError> {
     let image = crate::disk_template::unnamed_copy(templates, bytes, make_image)?;
     let mount = mount_detached(&image)?;
-    let prepared = PreparedDisk {
+    Ok(PreparedDisk {
         templates: templates.to_path_buf(),
         bytes,
         image,
         mount,
-    };
-    *PREPARED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(prepared);
-    Ok(())
+    })
 }
 
 /// Releases the disk this process made ahead, if no start took it: for a process whose start
@@ -333,23 +396,24 @@ pub fn release_prepared_disk() {
 }
 
 /// What the image of the disk this process made ahead is, if it holds one (for tests: the
-/// start that takes it names that very file).
+/// start that takes it names that very file). Waits for one being made.
 pub fn prepared_disk_image() -> Option<fs::Metadata> {
-    PREPARED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .as_ref()
-        .and_then(|prepared| prepared.image.metadata().ok())
+    finish_preparing_disk();
+    match &*prepared() {
+        Ahead::Made(made) => made.image.metadata().ok(),
+        Ahead::Nothing | Ahead::Making(_) => None,
+    }
 }
 
 impl PreparedDisk {
     /// The disk made ahead, if any: a supervisor starts one sandbox, which takes it or
     /// releases it.
     fn take() -> Option<PreparedDisk> {
-        PREPARED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+        finish_preparing_disk();
+        match std::mem::replace(&mut *prepared(), Ahead::Nothing) {
+            Ahead::Made(made) => Some(made),
+            Ahead::Nothing | Ahead::Making(_) => None,
+        }
     }
 
     /// Whether it is the disk a start of `bytes` from `templates` would make.

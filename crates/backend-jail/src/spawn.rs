@@ -51,6 +51,8 @@ const HINT_USERNS: &str = "user namespaces look disabled or exhausted: check \
     kernel.apparmor_restrict_unprivileged_userns (Ubuntu); `dynocap doctor` shows details";
 
 pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
+    // Its thread must be gone before the check below; the start takes the disk.
+    crate::disk::finish_preparing_disk();
     match sys::thread_count() {
         Ok(1) => {}
         Ok(threads) => return Err(JailError::NotSingleThreaded { threads }),

@@ -300,7 +300,8 @@ pub struct SuperviseArgs {
     /// `standby`), instead of being given it on the command line.
     #[arg(long = "standby-fd", conflicts_with_all = ["id", "ready_fd", "recover"])]
     pub standby_fd: Option<i32>,
-    /// While standing by, make the default start's disk ahead (see the jail's `prepare_disk`).
+    /// While standing by, make the default start's disk ahead (see the jail's
+    /// `start_preparing_disk`).
     #[arg(long = "prepare-disk", requires = "standby_fd")]
     pub prepare_disk: bool,
 }

@@ -111,7 +111,7 @@ async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Err
     spec.allow_hosts = args.allow_hosts;
     spec.image = args.image;
     // Its supervisor starts up while the checks and the catalog work below run.
-    engine.start_a_standby_supervisor();
+    engine.start_a_standby_supervisor(&spec);
     let info = engine.run(&spec).await?;
     if json {
         print_json(&info);
@@ -244,8 +244,8 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
     } else {
         dynocap_engine::supervisor::Mode::Start
     };
-    // `prepared_disk`: what a standby made ahead while it waited, reported once its log is
-    // open.
+    // `prepared_disk`: whether a standby could start making its disk ahead, reported once
+    // its log is open (the making itself reports its failure when the start waits for it).
     let (catalog, id, ready, prepared_disk) = match (&args.id, args.ready_fd, args.standby_fd) {
         (Some(id), Some(ready_fd), None) => {
             // SAFETY: the starter gave us the ready pipe on this descriptor and nothing else
@@ -258,15 +258,13 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
             )
         }
         (None, None, Some(orders_fd)) => {
+            // First: the disk is made beside everything else, up to the start that takes it.
+            let prepared = args
+                .prepare_disk
+                .then(|| dynocap_engine::backend::start_preparing_default_start(&home));
             // Opened while nothing waits on it; a failure here is the supervisor's to report
             // once it has its sandbox.
             let catalog = dynocap_engine::catalog::Catalog::open(&home).ok();
-            // SAFETY: the starter gave us the orders socket on this descriptor; it is only
-            // borrowed here, and owned by `await_standby_order` below.
-            let orders = unsafe { std::os::fd::BorrowedFd::borrow_raw(orders_fd) };
-            // Not when the order is already there: the start would wait for it.
-            let prepared = (args.prepare_disk && !dynocap_engine::standby::order_waiting(orders))
-                .then(|| dynocap_engine::backend::prepare_default_start(&home));
             match await_standby_order(orders_fd) {
                 Some((id, ready)) => (catalog, id, ready, prepared),
                 None => return ExitCode::SUCCESS,
@@ -282,7 +280,7 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
     // was `/dev/null` until its order), where a mistyped DYNOCAP_LOG is reported first.
     crate::logging::init(&crate::logging::Settings::from_env(), std::io::stderr);
     match prepared_disk {
-        Some(Ok(())) => tracing::debug!("the standby made the default start's disk ahead"),
+        Some(Ok(())) => tracing::debug!("the standby is making the default start's disk ahead"),
         Some(Err(err)) => tracing::info!("the standby could not make a disk ahead: {err}"),
         None => {}
     }

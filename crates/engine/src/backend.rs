@@ -271,18 +271,19 @@ pub fn agent_args(image: &Image) -> Vec<String> {
     args
 }
 
-/// For a supervisor standing by (see `standby`): makes ahead what the default start of a raw
-/// sandbox needs of this machine and nothing of the sandbox: on the jail backend, its disk
-/// (see the jail's `prepare_disk`), which the start then takes if it is of that size.
-/// Nothing to do where the default start would make none (the vm backend, disk limits off).
-pub fn prepare_default_start(home: &crate::home::Home) -> Result<()> {
+/// For a supervisor standing by (see `standby`): starts making ahead, on a thread of its
+/// own, what the default start of a raw sandbox needs of this machine and nothing of the
+/// sandbox: on the jail backend, its disk (see the jail's `start_preparing_disk`), which the
+/// start then waits for and takes if it is of that size. Nothing to do where the default
+/// start would make none (the vm backend, disk limits off).
+pub fn start_preparing_default_start(home: &crate::home::Home) -> Result<()> {
     if select_for(&crate::image::default_name())?.name() != "jail" {
         return Ok(());
     }
     let Some(bytes) = disk_bytes(None)? else {
         return Ok(());
     };
-    dynocap_backend_jail::prepare_disk(&disk_templates(&home.cache_dir()), bytes)
+    dynocap_backend_jail::start_preparing_disk(disk_templates(&home.cache_dir()), bytes)
         .map_err(|err| Error::internal(format!("making a disk ahead: {err}")))
 }
 

@@ -12,7 +12,8 @@
 //!
 //! The CLI's `run` starts one too, first thing, so that the supervisor's process start
 //! overlaps the checks and the catalog work that come before the hand-over. Its order comes
-//! within milliseconds, so it makes no disk ahead: the start would wait for it.
+//! within milliseconds, so the disk is made on a thread of its own, beside the wait for the
+//! order and the work after it, and the start waits only for what is left of it.
 //!
 //! The standby ends on its own when the caller does: the caller's end of the socket closes
 //! and the standby's wait for an order reads end-of-file. Once it has an order it is that
@@ -136,17 +137,6 @@ pub struct Order {
     pub log: OwnedFd,
 }
 
-/// Whether an order (or the caller's end) is already waiting on `orders`, without taking it.
-pub fn order_waiting(orders: BorrowedFd<'_>) -> bool {
-    let mut byte = [0u8; 1];
-    nix::sys::socket::recv(
-        orders.as_raw_fd(),
-        &mut byte,
-        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
-    )
-    .is_ok()
-}
-
 /// Waits for the order on `orders`: `None` when the caller went away without giving one.
 /// Anything but one well-formed order (an id, two descriptors, nothing cut off) is an error,
 /// and every descriptor that came with it is closed.
@@ -224,17 +214,16 @@ impl Slot {
         self.held.lock().ok()?.take()
     }
 
-    /// Starts a standby with `command` unless the slot holds one.
-    fn fill(&self, command: Command) {
+    /// Starts a standby with `command` unless the slot holds one; with `prepare_disk`, it
+    /// makes the default start's disk ahead.
+    fn fill(&self, command: Command, prepare_disk: bool) {
         let Ok(mut held) = self.held.lock() else {
             return;
         };
         if held.is_some() {
             return;
         }
-        // A server's standby waits seconds for its order and makes the disk meanwhile; the
-        // CLI's gets it within milliseconds.
-        match Standby::start(command, self.wanted.load(Ordering::Relaxed)) {
+        match Standby::start(command, prepare_disk) {
             Ok(standby) => *held = Some(standby),
             Err(err) => tracing::warn!("starting a standby supervisor: {err}"),
         }
@@ -249,15 +238,18 @@ impl Engine {
         self.fill_standby_slot();
     }
 
-    /// For a caller about to start one raw sandbox (the CLI's `run`): starts its supervisor
-    /// now, as a standby, so that the process's start overlaps the checks and catalog work
-    /// before the hand-over instead of following them. Not when a warm pool may serve the
-    /// start: a claim needs no supervisor. An unused standby ends with this process.
-    pub fn start_a_standby_supervisor(&self) {
+    /// For a caller about to start raw sandbox `spec` (the CLI's `run`): starts its
+    /// supervisor now, as a standby, so that the process's start overlaps the checks and
+    /// catalog work before the hand-over instead of following them, and so does the making of
+    /// its disk if `spec` has the default one. Not when a warm pool may serve the start: a
+    /// claim needs no supervisor. An unused standby ends with this process.
+    pub fn start_a_standby_supervisor(&self, spec: &crate::spec::RunSpec) {
         if !matches!(crate::pool::target(), Ok(0)) {
             return;
         }
-        self.fill_standby_slot();
+        let default_disk = spec.image.is_none() && spec.disk_mb == crate::spec::DISK_MB_DEFAULT;
+        self.standby_slot()
+            .fill(self.supervisor_command(), default_disk);
     }
 
     /// After a start that took the standby or went without one: starts the next standby,
@@ -276,7 +268,7 @@ impl Engine {
             .name("standby-refill".into())
             .spawn(move || {
                 crate::activity::wait_for_quiet(&home, REFILL_QUIET, REFILL_MAX_WAIT);
-                waiting.fill(command);
+                waiting.fill(command, true);
                 waiting.refilling.store(false, Ordering::Release);
             });
         if let Err(err) = spawned {
@@ -285,8 +277,9 @@ impl Engine {
         }
     }
 
+    /// A server's standby waits seconds for its order, and makes the default disk meanwhile.
     fn fill_standby_slot(&self) {
-        self.standby_slot().fill(self.supervisor_command());
+        self.standby_slot().fill(self.supervisor_command(), true);
     }
 
     /// The standby, if this engine keeps one and has one; the caller hands it a sandbox

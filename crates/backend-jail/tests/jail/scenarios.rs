@@ -26,6 +26,7 @@ pub const ALL: &[(&str, fn())] = &[
     ("cpu_limit", cpu_limit),
     ("destroy_leaves_nothing", destroy_leaves_nothing),
     ("disk_made_ahead", disk_made_ahead),
+    ("disk_still_being_made_ahead", disk_still_being_made_ahead),
     (
         "kill_then_destroy_leaves_nothing",
         kill_then_destroy_leaves_nothing,
@@ -594,6 +595,44 @@ fn disk_made_ahead() {
     assert!(dynocap_backend_jail::prepared_disk_image().is_none());
     no_loops_left_under(&templates, "after a start without a disk limit");
     guest.destroy();
+}
+
+/// A start that comes while the disk is still being made ahead (a CLI `run` hands its standby
+/// the order milliseconds after the standby starts) waits for that disk and takes it, rather
+/// than making a second one beside it, and clones its guest from one thread again.
+fn disk_still_being_made_ahead() {
+    let fx = Fixture::new();
+    let templates = fx.tmp.path().join("disks");
+    let bytes: u64 = 64 << 20;
+    // The template first: the making raced below is then what every standby does (a copy, a
+    // loop device, a mount), not the first-ever format.
+    dynocap_backend_jail::prepare_disk(&templates, bytes).expect("making the template");
+    dynocap_backend_jail::release_prepared_disk();
+    no_loops_left_under(&templates, "after releasing the first disk");
+
+    dynocap_backend_jail::start_preparing_disk(templates.clone(), bytes)
+        .expect("starting to make a disk ahead");
+    let mut spec = fx.spec("ahead-racing");
+    spec.disk_bytes = Some(bytes);
+    spec.disk_templates = Some(templates.clone());
+    let mut guest = Guest::spawn(&spec);
+    assert!(dynocap_backend_jail::prepared_disk_image().is_none());
+    // A disk made ahead is bound under the templates directory with its unnamed path; one the
+    // start made itself is bound as the state dir's `disk.img`.
+    let bound = loops_under(&templates);
+    let [(device, backing)] = bound.as_slice() else {
+        panic!("one disk made ahead expected: {bound:?}");
+    };
+    assert!(backing.ends_with("(deleted)"), "{backing}");
+    let line = own_mount_on(&fx.state.join("disk")).expect("the disk is mounted");
+    assert!(
+        line.contains(&format!(" /dev/{device} ")),
+        "the start did not mount the disk made ahead: {line}"
+    );
+    sh_ok(&mut guest, "echo written > /root/on-the-disk && sync");
+    assert!(fx.state.join("disk/upper/root/on-the-disk").exists());
+    guest.destroy();
+    no_loops_left_under(&templates, "after destroy");
 }
 
 fn destroy_leaves_nothing() {

@@ -234,6 +234,40 @@ fn a_timeout_stops_what_sudo_started_daemons_included() {
     );
 }
 
+/// The host image's programs find their libraries through the host's linker cache, as on
+/// the host: without it each dynamically linked program searched a dozen directories per
+/// library, and missed the directories `/etc/ld.so.conf.d` adds.
+#[test]
+fn the_host_image_uses_the_hosts_linker_cache() {
+    if !require_root("the_host_image_uses_the_hosts_linker_cache") {
+        return;
+    }
+    if !Path::new("/etc/ld.so.cache").is_file() {
+        eprintln!("SKIPPED the_host_image_uses_the_hosts_linker_cache: this host has no /etc/ld.so.cache (not a glibc system)");
+        return;
+    }
+    let home = TestHome::new();
+    home.sandbox("linker", &[]);
+    let lookup = home.sh("linker", "LD_DEBUG=libs /bin/true 2>&1");
+    assert!(
+        lookup.contains("search cache=/etc/ld.so.cache") && !lookup.contains("search path="),
+        "the guest's dynamic linker does not use the cache:\n{lookup}"
+    );
+    let host_listing = Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .expect("ldconfig -p on the host");
+    let guest_listing = home.sh("linker", "ldconfig -p");
+    assert_eq!(
+        guest_listing,
+        String::from_utf8_lossy(&host_listing.stdout),
+        "the guest's linker cache is not the host's"
+    );
+    // Bound read-only: not even the guest's root may change what the host's programs load.
+    let write = home.exec("linker", &[], "echo x >> /etc/ld.so.cache");
+    assert_ne!(write["exitCode"], 0, "{write:#}");
+}
+
 #[test]
 fn sudo_in_the_host_image_gives_no_root() {
     if !require_root("sudo_in_the_host_image_gives_no_root") {

@@ -174,7 +174,7 @@ pub fn open(home: &Home, image: &ImageRef) -> Result<Image> {
 }
 
 /// Bump when the skeleton's content changes, so old skeletons are rebuilt.
-const HOST_IMAGE_REVISION: &str = "3";
+const HOST_IMAGE_REVISION: &str = "4";
 
 /// Top-level system directories taken from the host. On a merged-/usr system most are
 /// symlinks into /usr and are reproduced as symlinks.
@@ -184,6 +184,14 @@ const HOST_SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64
 /// certificates, and Debian's alternatives (`/usr/bin/awk` is a link through
 /// `/etc/alternatives`). None of them holds secrets.
 const HOST_ETC_BINDS: &[&str] = &["etc/ssl/certs", "etc/ca-certificates", "etc/alternatives"];
+
+/// Host files under /etc bound read-only when present, onto an empty file the skeleton holds:
+/// the dynamic linker's cache, so that the host's programs find their libraries in the guest
+/// as on the host. Without it every dynamically linked program searched the default
+/// directories for each of its libraries (a dozen failed lookups for `sh` alone, on every
+/// command), and found none in the directories that `/etc/ld.so.conf.d` adds (`/usr/local/lib`
+/// and the like). It lists library paths, nothing secret.
+const HOST_ETC_FILE_BINDS: &[&str] = &["etc/ld.so.cache"];
 
 /// Prepares (once) and returns the `host` image under `images_dir`.
 ///
@@ -225,6 +233,13 @@ pub fn host_image(images_dir: &Path) -> Result<Image> {
             ro_binds.push((host, Path::new("/").join(rel)));
         }
     }
+    for rel in HOST_ETC_FILE_BINDS {
+        let host = Path::new("/").join(rel);
+        // The skeleton has the file to bind onto if the host had it when it was built.
+        if is_regular_file(&host) && is_regular_file(&root.join(rel)) {
+            ro_binds.push((host, Path::new("/").join(rel)));
+        }
+    }
     Ok(Image {
         name: DEFAULT_IMAGE.into(),
         root,
@@ -239,6 +254,12 @@ pub fn host_image(images_dir: &Path) -> Result<Image> {
 fn is_real_dir(path: &Path) -> bool {
     fs::symlink_metadata(path)
         .map(|m| m.is_dir())
+        .unwrap_or(false)
+}
+
+fn is_regular_file(path: &Path) -> bool {
+    fs::symlink_metadata(path)
+        .map(|m| m.is_file())
         .unwrap_or(false)
 }
 
@@ -284,8 +305,13 @@ fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
     }
     // Binds need their mountpoint's parent in the image.
     mk("etc/ssl", 0o755)?;
-    // The agent binary is bound onto this file.
+    // The agent binary is bound onto this file, and the host's files onto these.
     write_file(&staging.join(".dynocap/agent"), "", 0o755)?;
+    for rel in HOST_ETC_FILE_BINDS {
+        if is_regular_file(&Path::new("/").join(rel)) {
+            write_file(&staging.join(rel), "", 0o644)?;
+        }
+    }
 
     let files: &[(&str, String, u32)] = &[
         (

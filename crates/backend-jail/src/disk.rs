@@ -333,10 +333,11 @@ pub fn prepare_disk(templates: &Path, bytes: u64) -> Result<(), JailError> {
 /// reported on stderr (the sandbox's log by then) and the start makes its own.
 pub fn start_preparing_disk(templates: PathBuf, bytes: u64) -> Result<(), JailError> {
     check_root()?;
+    let source = templates.clone();
     let making = std::thread::Builder::new()
         .name("disk-ahead".into())
         .spawn(move || make_ahead(&templates, bytes))
-        .map_err(|e| JailError::io("start a thread to make a disk ahead in", Path::new("/"), e))?;
+        .map_err(|e| JailError::io("start a thread to make a disk ahead from", &source, e))?;
     *prepared() = Ahead::Making(making);
     Ok(())
 }
@@ -345,11 +346,8 @@ pub fn start_preparing_disk(templates: PathBuf, bytes: u64) -> Result<(), JailEr
 /// thread before it clones the guest, and takes the disk once it is made.
 pub(crate) fn finish_preparing_disk() {
     let mut ahead = prepared();
-    if let Ahead::Making(_) = &*ahead {
-        let Ahead::Making(making) = std::mem::replace(&mut *ahead, Ahead::Nothing) else {
-            unreachable!("matched just above, under the same lock")
-        };
-        *ahead = match making.join() {
+    *ahead = match std::mem::replace(&mut *ahead, Ahead::Nothing) {
+        Ahead::Making(making) => match making.join() {
             Ok(Ok(made)) => Ahead::Made(made),
             Ok(Err(e)) => {
                 eprintln!(
@@ -363,8 +361,9 @@ pub(crate) fn finish_preparing_disk() {
                 );
                 Ahead::Nothing
             }
-        };
-    }
+        },
+        settled => settled,
+    };
 }
 
 fn check_root() -> Result<(), JailError> {

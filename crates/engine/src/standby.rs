@@ -65,8 +65,8 @@ impl Standby {
     /// Starts `command` (`dynocap supervise --home H`, with the caller's environment) as a
     /// standby: in a session of its own, stdio on `/dev/null` until its order brings the
     /// sandbox's log, and reaped in the background like every supervisor. With
-    /// `prepare_disk`, it makes the default start's disk while it waits (for a caller whose
-    /// order comes later, not one about to give it).
+    /// `prepare_disk`, it makes the default start's disk on a thread from its start (for a
+    /// caller whose start has the default disk, if any).
     pub fn start(mut command: Command, prepare_disk: bool) -> io::Result<Standby> {
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,

@@ -1046,6 +1046,46 @@ mod tests {
         assert!(matches!(after, Ok(Ok(true))), "{after:?}");
     }
 
+    /// A second open in a process that has the catalog open (the server's start guard, a
+    /// repair check) leaves the first connection's locks alone. Its checks used to open and
+    /// close the catalog's files, and closing any descriptor of a file drops every POSIX lock
+    /// the process holds on it: without its lock on the `-shm`, the next process to open the
+    /// catalog reset the `-shm` under the first connection's mapping, which then died of
+    /// SIGBUS (the MCP server, now and then, after a failed task start).
+    #[test]
+    fn another_open_leaves_the_first_connections_locks() {
+        use std::os::unix::fs::MetadataExt;
+        let (_dir, home) = home();
+        let first = Catalog::open(&home).unwrap();
+        first.insert(&record("sbx-1", "a")).unwrap();
+        assert!(first.get("sbx-1").unwrap().is_some());
+        let shm = catalog_file::suffixed(&home.catalog_path(), "-shm");
+        let inode = std::fs::metadata(&shm).expect("the -shm exists").ino();
+        let me = std::process::id().to_string();
+        let locks_held = || {
+            std::fs::read_to_string("/proc/locks")
+                .expect("/proc/locks")
+                .lines()
+                .filter(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    fields.get(1) == Some(&"POSIX")
+                        && fields.get(4) == Some(&me.as_str())
+                        && fields
+                            .get(5)
+                            .and_then(|id| id.rsplit(':').next())
+                            .is_some_and(|ino| ino == inode.to_string())
+                })
+                .count()
+        };
+        assert!(locks_held() > 0, "SQLite holds no lock on the -shm");
+        drop(Catalog::open(&home).unwrap());
+        assert!(
+            locks_held() > 0,
+            "a second open dropped the first connection's locks on the -shm"
+        );
+        assert!(first.get("sbx-1").unwrap().is_some());
+    }
+
     /// A catalog with three records, all in its main file.
     fn populated() -> (tempfile::TempDir, Home, Vec<Record>) {
         let (dir, home) = home();

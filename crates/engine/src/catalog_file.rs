@@ -282,11 +282,18 @@ fn preflight(path: &Path) -> Result<(), Failure> {
         if !meta.is_file() {
             return Err(Failure::Damaged(whose("not a regular file")));
         }
-        if let Err(err) = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&file)
-        {
+        // Asked, not tried by opening: closing a descriptor of a file drops every POSIX lock
+        // this process holds on it, and SQLite's own connections in this process (the
+        // server's) hold theirs on the `-shm`. Without its lock there, the next process to
+        // open the catalog took itself for the only one and reset the `-shm` under the
+        // server's mapping, which died of SIGBUS.
+        if let Err(errno) = nix::unistd::faccessat(
+            nix::fcntl::AT_FDCWD,
+            &file,
+            nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK,
+            nix::fcntl::AtFlags::AT_EACCESS,
+        ) {
+            let err = std::io::Error::from_raw_os_error(errno as i32);
             return Err(Failure::Inaccessible(format!("{}: {err}", file.display())));
         }
     }

@@ -13,7 +13,7 @@
 //! `state_dir/disk` is a plain directory on the host's filesystem.
 //!
 //! A supervisor standing by for its sandbox can make and mount the disk ahead
-//! ([`prepare_disk`]): an unnamed copy of the template on a loop device, and a detached mount
+//! ([`start_preparing_disk`]): an unnamed copy of the template on a loop device, and a detached mount
 //! of it, in no mount namespace at all. The start of that size names the image and attaches
 //! the mount in its own namespace; until then nothing of it is visible anywhere, and if the
 //! process ends first the kernel frees all of it, as it does a sandbox's disk.
@@ -316,21 +316,14 @@ fn prepared() -> std::sync::MutexGuard<'static, Ahead> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Makes and mounts ahead the disk of `bytes` that this process's next start of that size,
-/// with templates in `templates`, takes instead of making its own (see [`Disk::attach`]): for
-/// a supervisor standing by, so that the loop device and the mount, about a third of a
-/// start's time, are not waited for. Needs root, as every disk.
-pub fn prepare_disk(templates: &Path, bytes: u64) -> Result<(), JailError> {
-    check_root()?;
-    let made = make_ahead(templates, bytes)?;
-    *prepared() = Ahead::Made(made);
-    Ok(())
-}
-
-/// [`prepare_disk`] on a thread of its own, for a supervisor whose order may come before the
-/// disk is made (the CLI's, milliseconds after its start): the start waits for what is left
-/// of it (see [`finish_preparing_disk`]) rather than for all of it. A failure to make it is
-/// reported on stderr (the sandbox's log by then) and the start makes its own.
+/// Makes and mounts ahead, on a thread of its own, the disk of `bytes` that this process's
+/// next start of that size, with templates in `templates`, takes instead of making its own
+/// (see [`Disk::attach`]): for a supervisor standing by, so that the loop device and the
+/// mount, about a third of a start's time, are not waited for. Its order may come before the
+/// disk is made (the CLI's comes milliseconds after its start): the start waits for what is
+/// left of it (see [`finish_preparing_disk`]) rather than for all of it. A failure to make it
+/// is reported on stderr (the sandbox's log by then) and the start makes its own. Needs root,
+/// as every disk.
 pub fn start_preparing_disk(templates: PathBuf, bytes: u64) -> Result<(), JailError> {
     check_root()?;
     let source = templates.clone();

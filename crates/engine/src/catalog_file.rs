@@ -185,7 +185,8 @@ fn connect_current(
     let flags = rusqlite::OpenFlags::default() - rusqlite::OpenFlags::SQLITE_OPEN_CREATE;
     let conn = match Connection::open_with_flags(&path, flags) {
         Ok(conn) => conn,
-        // Gone since the check (a repair that finished just before our lock): make it anew.
+        // Removed since the check by something other than dynocap (a repair needs the lock
+        // exclusive): the exclusive path makes it anew, or says why it cannot.
         Err(rusqlite::Error::SqliteFailure(err, _)) if err.code == Sqlite::CannotOpen => {
             return Ok(None)
         }

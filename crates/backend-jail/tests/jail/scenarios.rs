@@ -487,6 +487,15 @@ fn own_mount_on(target: &Path) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Makes a disk ahead as a standby does, on a thread of its own, and waits until it is made:
+/// what its image is.
+fn make_disk_ahead(templates: &Path, bytes: u64, what: &str) -> std::fs::Metadata {
+    dynocap_backend_jail::start_preparing_disk(templates.to_path_buf(), bytes)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    dynocap_backend_jail::prepared_disk_image()
+        .unwrap_or_else(|| panic!("{what}: no disk was made (its error is printed above)"))
+}
+
 /// A disk made ahead (as a standby supervisor makes it) is taken by the next start of its
 /// size: until then it is named nowhere and mounted in no namespace; then its image is the
 /// state dir's `disk.img` and its filesystem holds the guest's layer. One of another size is
@@ -495,8 +504,7 @@ fn disk_made_ahead() {
     let fx = Fixture::new();
     let templates = fx.tmp.path().join("disks");
     let bytes: u64 = 64 << 20;
-    dynocap_backend_jail::prepare_disk(&templates, bytes).expect("making a disk ahead");
-    let made = dynocap_backend_jail::prepared_disk_image().expect("a disk made ahead");
+    let made = make_disk_ahead(&templates, bytes, "making a disk ahead");
     // Nothing but the template is named in the templates directory...
     let images: Vec<String> = std::fs::read_dir(&templates)
         .expect("templates")
@@ -564,7 +572,7 @@ fn disk_made_ahead() {
     no_loops_left_under(&templates, "after destroy");
 
     // Made ahead for 64 MiB, started with 128: released at the start, which makes its own.
-    dynocap_backend_jail::prepare_disk(&templates, bytes).expect("making a disk ahead again");
+    make_disk_ahead(&templates, bytes, "making a disk ahead again");
     let other = Fixture::new();
     let mut spec = other.spec("ahead-other");
     spec.disk_bytes = Some(128 << 20);
@@ -588,8 +596,7 @@ fn disk_made_ahead() {
     no_loops_left_under(&templates, "after the second destroy");
 
     // A start without a disk limit releases it too, before its guest is cloned.
-    dynocap_backend_jail::prepare_disk(&templates, bytes)
-        .expect("making a disk ahead a third time");
+    make_disk_ahead(&templates, bytes, "making a disk ahead a third time");
     let plain = Fixture::new();
     let guest = Guest::spawn(&plain.spec("ahead-plain"));
     assert!(dynocap_backend_jail::prepared_disk_image().is_none());
@@ -606,7 +613,7 @@ fn disk_still_being_made_ahead() {
     let bytes: u64 = 64 << 20;
     // The template first: the making raced below is then what every standby does (a copy, a
     // loop device, a mount), not the first-ever format.
-    dynocap_backend_jail::prepare_disk(&templates, bytes).expect("making the template");
+    make_disk_ahead(&templates, bytes, "making the template");
     dynocap_backend_jail::release_prepared_disk();
     no_loops_left_under(&templates, "after releasing the first disk");
 

@@ -386,8 +386,9 @@ fn disk_loop_of(home: &TestHome, name: &str) -> (String, String) {
 
 /// The CLI's `run` has its standby supervisor make the default disk while the command does its
 /// checks and catalog work, and the start takes that disk: bound to a loop device as an
-/// unnamed copy in the disk cache (named `disk.img` since). A run with another disk size makes
-/// none ahead, and neither leaves anything behind.
+/// unnamed copy in the disk cache (named `disk.img` since), or, once a teardown has left a
+/// spare of the size, that spare, already flushed. A run with another disk size makes none
+/// ahead, and none of them leaves anything behind.
 #[test]
 fn a_cli_run_of_the_default_disk_takes_the_disk_its_standby_made() {
     if !require_root("a_cli_run_of_the_default_disk_takes_the_disk_its_standby_made") {
@@ -421,6 +422,41 @@ fn a_cli_run_of_the_default_disk_takes_the_disk_its_standby_made() {
 
     home.json(&["destroy", "default"]);
     home.json(&["destroy", "sized"]);
+    home.wait_for_teardown();
+    let spare = std::fs::read_dir(cache.join("spares"))
+        .expect("the teardown left a spare")
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|path| {
+            path.to_string_lossy()
+                .contains(&format!("ext4-{}-", 10u64 << 30))
+        })
+        .expect("a spare of the default size");
+    let spare_inode = std::fs::metadata(&spare).expect("spare").ino();
+
+    home.sandbox("again", &[]);
+    let id = home.sandbox_id("again");
+    let image = state_dir(&home, &id).join("disk.img");
+    let (_, backing) = disk_loop_of(&home, "again");
+    assert_eq!(backing, image.display().to_string());
+    assert_eq!(
+        std::fs::metadata(&image).expect("disk.img").ino(),
+        spare_inode,
+        "the disk made ahead is the spare"
+    );
+    let log = std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log")))
+        .unwrap_or_default();
+    assert!(
+        !log.contains("made ahead"),
+        "the start made its own disk:\n{log}"
+    );
+    assert_eq!(
+        home.sh("again", "ls ~ | wc -l && touch ~/y && echo ok"),
+        "0\nok\n",
+        "a fresh empty disk"
+    );
+
+    home.json(&["destroy", "again"]);
     home.wait_for_teardown();
     assert_nothing_left(&home, "after destroy");
 }

@@ -13,10 +13,11 @@
 //! `state_dir/disk` is a plain directory on the host's filesystem.
 //!
 //! A supervisor standing by for its sandbox can make and mount the disk ahead
-//! ([`start_preparing_disk`]): an unnamed copy of the template on a loop device, and a detached mount
-//! of it, in no mount namespace at all. The start of that size names the image and attaches
-//! the mount in its own namespace; until then nothing of it is visible anywhere, and if the
-//! process ends first the kernel frees all of it, as it does a sandbox's disk.
+//! ([`start_preparing_disk`]): the spare a teardown left (held under its lock) or else an
+//! unnamed copy of the template, on a loop device, and a detached mount of it, in no mount
+//! namespace at all. The start of that size names the image and attaches the mount in its own
+//! namespace; until then no guest sees it, and if the process ends first the kernel frees the
+//! mount and the device, and with them an unnamed copy or the spare's lock.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -166,8 +167,8 @@ impl Disk {
             Plan::Format(bytes) => {
                 // Refused when either exists: they may hold a previous sandbox's files.
                 create_mountpoint(&paths.mountpoint)?;
-                // Named before this process leaves the host's mount namespace: the unnamed
-                // image is on a mount of it, and a link cannot cross from one mount to another
+                // Named before this process leaves the host's mount namespace: the image is on
+                // a mount of it, and neither a link nor a rename crosses from one mount to another
                 // (the new namespace's copy of that filesystem's mount is another).
                 prepared
                     .filter(|prepared| prepared.fits(spec.disk_templates.as_deref(), bytes))
@@ -287,14 +288,15 @@ impl Disk {
     }
 }
 
-/// A disk made and mounted ahead of its sandbox (see the module's doc): its image unnamed, its
-/// filesystem a detached mount. Dropped unused, it is freed by the kernel: the detached mount
-/// dissolves, the loop device clears itself, the unnamed image goes.
+/// A disk made and mounted ahead of its sandbox (see the module's doc): its image not yet its
+/// sandbox's, its filesystem a detached mount. Dropped unused, it is freed by the kernel: the
+/// detached mount dissolves, the loop device clears itself, and with it goes an unnamed image
+/// or the lock on the spare.
 #[derive(Debug)]
 struct PreparedDisk {
     templates: PathBuf,
     bytes: u64,
-    image: File,
+    image: crate::disk_template::AheadImage,
     mount: OwnedFd,
 }
 
@@ -305,8 +307,11 @@ static PREPARED: Mutex<Ahead> = Mutex::new(Ahead::Nothing);
 #[derive(Debug)]
 enum Ahead {
     Nothing,
-    /// Being made on a thread of its own (see [`start_preparing_disk`]).
-    Making(std::thread::JoinHandle<Result<PreparedDisk, JailError>>),
+    /// Being made on a thread of its own (see [`start_preparing_disk`]), whose tid it tells.
+    Making {
+        thread: std::thread::JoinHandle<Result<PreparedDisk, JailError>>,
+        tid: std::sync::mpsc::Receiver<nix::unistd::Pid>,
+    },
     Made(PreparedDisk),
 }
 
@@ -327,11 +332,15 @@ fn prepared() -> std::sync::MutexGuard<'static, Ahead> {
 pub fn start_preparing_disk(templates: PathBuf, bytes: u64) -> Result<(), JailError> {
     check_root()?;
     let source = templates.clone();
-    let making = std::thread::Builder::new()
+    let (tell_tid, tid) = std::sync::mpsc::sync_channel(1);
+    let thread = std::thread::Builder::new()
         .name("disk-ahead".into())
-        .spawn(move || make_ahead(&templates, bytes))
+        .spawn(move || {
+            let _ = tell_tid.send(nix::unistd::gettid());
+            make_ahead(&templates, bytes)
+        })
         .map_err(|e| JailError::io("start a thread to make a disk ahead from", &source, e))?;
-    *prepared() = Ahead::Making(making);
+    *prepared() = Ahead::Making { thread, tid };
     Ok(())
 }
 
@@ -340,7 +349,7 @@ pub fn start_preparing_disk(templates: PathBuf, bytes: u64) -> Result<(), JailEr
 pub(crate) fn finish_preparing_disk() {
     let mut ahead = prepared();
     *ahead = match std::mem::replace(&mut *ahead, Ahead::Nothing) {
-        Ahead::Making(making) => match making.join() {
+        Ahead::Making { thread, tid } => match join_to_the_end(thread, &tid) {
             Ok(Ok(made)) => Ahead::Made(made),
             Ok(Err(e)) => {
                 eprintln!(
@@ -359,6 +368,19 @@ pub(crate) fn finish_preparing_disk() {
     };
 }
 
+/// Joins `thread` and waits for it to have left the process, as the single-thread check of
+/// the start that follows needs (see [`crate::sys::wait_for_joined_thread_to_leave`]).
+fn join_to_the_end<T>(
+    thread: std::thread::JoinHandle<T>,
+    tid: &std::sync::mpsc::Receiver<nix::unistd::Pid>,
+) -> std::thread::Result<T> {
+    let joined = thread.join();
+    if let Ok(tid) = tid.try_recv() {
+        crate::sys::wait_for_joined_thread_to_leave(tid);
+    }
+    joined
+}
+
 fn check_root() -> Result<(), JailError> {
     if nix::unistd::geteuid().is_root() {
         Ok(())
@@ -371,8 +393,8 @@ fn check_root() -> Result<(), JailError> {
 }
 
 fn make_ahead(templates: &Path, bytes: u64) -> Result<PreparedDisk, JailError> {
-    let image = crate::disk_template::unnamed_copy(templates, bytes, make_image)?;
-    let mount = mount_detached(&image)?;
+    let image = crate::disk_template::ahead_image(templates, bytes, make_image)?;
+    let mount = mount_detached(image.file())?;
     Ok(PreparedDisk {
         templates: templates.to_path_buf(),
         bytes,
@@ -392,8 +414,8 @@ pub fn release_prepared_disk() {
 pub fn prepared_disk_image() -> Option<fs::Metadata> {
     finish_preparing_disk();
     match &*prepared() {
-        Ahead::Made(made) => made.image.metadata().ok(),
-        Ahead::Nothing | Ahead::Making(_) => None,
+        Ahead::Made(made) => made.image.file().metadata().ok(),
+        Ahead::Nothing | Ahead::Making { .. } => None,
     }
 }
 
@@ -404,7 +426,7 @@ impl PreparedDisk {
         finish_preparing_disk();
         match std::mem::replace(&mut *prepared(), Ahead::Nothing) {
             Ahead::Made(made) => Some(made),
-            Ahead::Nothing | Ahead::Making(_) => None,
+            Ahead::Nothing | Ahead::Making { .. } => None,
         }
     }
 
@@ -415,7 +437,7 @@ impl PreparedDisk {
 
     /// Names the image `image` (which must not exist).
     fn name(self, image: &Path) -> Result<NamedDisk, JailError> {
-        crate::disk_template::link_unnamed(&self.image, image)?;
+        self.image.name(image)?;
         Ok(NamedDisk { mount: self.mount })
     }
 }

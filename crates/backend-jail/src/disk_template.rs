@@ -14,12 +14,14 @@
 //! per size, already on disk, under `spares/`. The next start of that size takes it by
 //! renaming it into place, and copies only when there is none. A spare is published (linked
 //! from an unnamed file) only once its data is flushed, so a crash leaves either a whole spare
-//! or none.
+//! or none. A supervisor making its disk ahead holds the spare (an `flock` that lives as long
+//! as the loop device bound to it) until its sandbox is known, and every taker locks the spare
+//! before it moves it: one spare never becomes two sandboxes' disk.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -78,34 +80,148 @@ fn spare_path(templates: &Path, bytes: u64) -> PathBuf {
 }
 
 /// Moves the spare for `bytes` to `image` (which must not exist); `false` when there is no
-/// spare (none made yet, or another start took it first).
+/// spare (none made yet, or another start took it or holds it).
 fn take_spare(templates: &Path, image: &Path, bytes: u64) -> Result<bool, JailError> {
-    let spare = spare_path(templates, bytes);
-    match nix::fcntl::renameat2(
-        nix::fcntl::AT_FDCWD,
-        &spare,
-        nix::fcntl::AT_FDCWD,
-        image,
-        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-    ) {
-        Ok(()) => Ok(true),
-        Err(nix::errno::Errno::ENOENT) => Ok(false),
-        Err(errno) => Err(JailError::sys(
-            format!(
-                "moving the spare disk {} to {}",
-                spare.display(),
-                image.display()
-            ),
-            errno,
-        )),
+    let Some(spare) = lock_spare(templates, bytes)? else {
+        return Ok(false);
+    };
+    // Unlocked when `spare` closes, by which time it is no longer at the spare's path.
+    spare.rename_to(image)?;
+    Ok(true)
+}
+
+/// The spare for `bytes`, opened and locked (`flock`, exclusive) by this process; `None` when
+/// there is none or another start holds it. Every taker locks it first, and a lock lasts as
+/// long as its open file, which the loop device a disk made ahead is bound to keeps: so no
+/// two starts ever bind or mount one spare.
+fn lock_spare(templates: &Path, bytes: u64) -> Result<Option<HeldSpare>, JailError> {
+    match open_spare(templates, bytes)? {
+        Some((file, path)) => hold(file, path),
+        None => Ok(None),
     }
+}
+
+/// The spare for `bytes` and its path, opened (read-write, as a loop device binds it), if
+/// there is one.
+fn open_spare(templates: &Path, bytes: u64) -> Result<Option<(File, PathBuf)>, JailError> {
+    let path = spare_path(templates, bytes);
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(&path)
+    {
+        Ok(file) => Ok(Some((file, path))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(JailError::io("open the spare disk", &path, e)),
+    }
+}
+
+/// Locks the spare `file` opened at `path`; `None` when another start holds it, or took it
+/// between the open and the lock.
+fn hold(file: File, path: PathBuf) -> Result<Option<HeldSpare>, JailError> {
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => return Ok(None),
+        Err(fs::TryLockError::Error(e)) => {
+            return Err(JailError::io("lock the spare disk", &path, e))
+        }
+    }
+    // Opened before another taker moved it away and let go of it: it is that start's disk now.
+    let held = file
+        .metadata()
+        .map_err(|e| JailError::io("inspect the spare disk", &path, e))?;
+    match fs::symlink_metadata(&path) {
+        Ok(named) if named.dev() == held.dev() && named.ino() == held.ino() => {
+            Ok(Some(HeldSpare { file, path }))
+        }
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(JailError::io("inspect the spare disk", &path, e)),
+    }
+}
+
+/// A spare this process holds the lock of (see [`lock_spare`]), still at its path.
+#[derive(Debug)]
+pub(crate) struct HeldSpare {
+    file: File,
+    path: PathBuf,
+}
+
+impl HeldSpare {
+    /// Moves the spare to `image` (which must not exist), where no other start looks for it.
+    fn rename_to(&self, image: &Path) -> Result<(), JailError> {
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            &self.path,
+            nix::fcntl::AT_FDCWD,
+            image,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(|errno| {
+            JailError::sys(
+                format!(
+                    "moving the spare disk {} to {}",
+                    self.path.display(),
+                    image.display()
+                ),
+                errno,
+            )
+        })
+    }
+}
+
+/// The image of a disk made ahead of its sandbox (see [`ahead_image`]), held for it until
+/// [`AheadImage::name`] gives it its sandbox's name.
+#[derive(Debug)]
+pub(crate) enum AheadImage {
+    /// The spare, held under its lock. If its holder never names it (it dies, or its start
+    /// goes another way) it stays the spare: its filesystem is still empty, and no guest has
+    /// seen it.
+    Spare(HeldSpare),
+    /// A new copy with no name, which the kernel frees if it is never named.
+    Unnamed(File),
+}
+
+impl AheadImage {
+    pub(crate) fn file(&self) -> &File {
+        match self {
+            AheadImage::Spare(spare) => &spare.file,
+            AheadImage::Unnamed(file) => file,
+        }
+    }
+
+    /// Gives the image the name `image` (which must not exist).
+    pub(crate) fn name(&self, image: &Path) -> Result<(), JailError> {
+        match self {
+            AheadImage::Spare(spare) => spare.rename_to(image),
+            AheadImage::Unnamed(file) => link(file, image).map_err(|errno| {
+                JailError::sys(format!("naming the disk {}", image.display()), errno)
+            }),
+        }
+    }
+}
+
+/// The image for a disk made ahead of its sandbox: the spare for `bytes` when there is one
+/// free, which a teardown copied and flushed when nobody was waiting, so binding it to a loop
+/// device (which flushes the file) has nothing left to write; else an unnamed copy of the
+/// template, formatting the template first with `format` if there is none.
+pub(crate) fn ahead_image(
+    templates: &Path,
+    bytes: u64,
+    format: impl FnOnce(&Path, u64) -> Result<(), JailError>,
+) -> Result<AheadImage, JailError> {
+    if let Some(spare) = lock_spare(templates, bytes)? {
+        return Ok(AheadImage::Spare(spare));
+    }
+    unnamed_copy(templates, bytes, format).map(AheadImage::Unnamed)
 }
 
 /// An unnamed copy (`O_TMPFILE`, in `templates`) of the template for `bytes`, formatting the
 /// template first with `format` if there is none: a disk made ahead of its sandbox, which
-/// nothing has to clean up if its holder dies. [`link_unnamed`] names it once its sandbox is
-/// known.
-pub(crate) fn unnamed_copy(
+/// nothing has to clean up if its holder dies. [`AheadImage::name`] names it once its sandbox
+/// is known.
+fn unnamed_copy(
     templates: &Path,
     bytes: u64,
     format: impl FnOnce(&Path, u64) -> Result<(), JailError>,
@@ -121,12 +237,6 @@ pub(crate) fn unnamed_copy(
         )
     })?;
     Ok(copy)
-}
-
-/// Names the unnamed file `file` (from [`unnamed_copy`]) `path`, which must not exist.
-pub(crate) fn link_unnamed(file: &File, path: &Path) -> Result<(), JailError> {
-    link(file, path)
-        .map_err(|errno| JailError::sys(format!("naming the disk {}", path.display()), errno))
 }
 
 /// The template for `bytes`, opened; formatted first with `format` if there is none.
@@ -334,7 +444,6 @@ fn copy_range(source: &File, target: &File, offset: i64, len: i64) -> io::Result
 mod tests {
     use super::*;
     use std::io::{Read, Seek, SeekFrom, Write};
-    use std::os::unix::fs::MetadataExt;
 
     /// A stand-in formatter: data at the start, a hole, data near 1 MiB.
     fn fake_format(path: &Path, bytes: u64) -> Result<(), JailError> {
@@ -519,5 +628,86 @@ mod tests {
         File::create(&old_spare).unwrap();
         copy_formatted(&templates, &dir.path().join("a.img"), 1 << 20, fake_format).unwrap();
         assert!(!old_spare.exists());
+    }
+
+    /// A template for `size` made by [`fake_format`], and its spare.
+    fn template_with_spare(templates: &Path, size: u64) -> u64 {
+        ensure(templates, size, fake_format).unwrap();
+        assert!(make_spare(templates, size).unwrap(), "a spare is made");
+        fs::metadata(spare_path(templates, size)).unwrap().ino()
+    }
+
+    #[test]
+    fn a_disk_made_ahead_holds_the_spare_until_it_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let templates = dir.path().join("templates");
+        let size = 64 << 20;
+        let spare = template_with_spare(&templates, size);
+
+        let ahead = ahead_image(&templates, size, |_, _| panic!("formatted")).unwrap();
+        assert!(matches!(ahead, AheadImage::Spare(_)), "{ahead:?}");
+        assert_eq!(ahead.file().metadata().unwrap().ino(), spare);
+        // Another start of the size, made ahead or not, copies while the spare is held.
+        let other = ahead_image(&templates, size, |_, _| panic!("formatted")).unwrap();
+        assert!(matches!(other, AheadImage::Unnamed(_)), "{other:?}");
+        let copied = dir.path().join("copied.img");
+        copy_formatted(&templates, &copied, size, |_, _| panic!("formatted")).unwrap();
+        assert_ne!(fs::metadata(&copied).unwrap().ino(), spare);
+        assert_eq!(
+            fs::metadata(spare_path(&templates, size)).unwrap().ino(),
+            spare
+        );
+
+        let named = dir.path().join("named.img");
+        ahead.name(&named).unwrap();
+        assert_eq!(fs::metadata(&named).unwrap().ino(), spare);
+        assert!(
+            !spare_path(&templates, size).exists(),
+            "the spare is the sandbox's now"
+        );
+        let unnamed = dir.path().join("unnamed.img");
+        other.name(&unnamed).unwrap();
+        assert_eq!(fs::metadata(&unnamed).unwrap().len(), size);
+    }
+
+    #[test]
+    fn a_spare_held_and_never_named_stays_the_spare() {
+        let dir = tempfile::tempdir().unwrap();
+        let templates = dir.path().join("templates");
+        let size = 64 << 20;
+        let spare = template_with_spare(&templates, size);
+        drop(ahead_image(&templates, size, fake_format).unwrap());
+        let image = dir.path().join("image.img");
+        copy_formatted(&templates, &image, size, |_, _| panic!("formatted")).unwrap();
+        assert_eq!(
+            fs::metadata(&image).unwrap().ino(),
+            spare,
+            "the start took it"
+        );
+    }
+
+    #[test]
+    fn a_spare_taken_between_the_open_and_the_lock_is_not_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let templates = dir.path().join("templates");
+        let size = 64 << 20;
+        template_with_spare(&templates, size);
+        let (late, path) = open_spare(&templates, size).unwrap().expect("a spare");
+        let image = dir.path().join("image.img");
+        assert!(take_spare(&templates, &image, size).unwrap());
+        assert!(
+            hold(late, path.clone()).unwrap().is_none(),
+            "held a taken spare"
+        );
+        // Nor a new spare published at the same path since.
+        let (late, path) = {
+            make_spare(&templates, size).unwrap();
+            let opened = open_spare(&templates, size).unwrap().expect("a new spare");
+            fs::remove_file(&path).unwrap();
+            make_spare(&templates, size).unwrap();
+            opened
+        };
+        assert!(hold(late, path).unwrap().is_none(), "held a replaced spare");
+        assert!(lock_spare(&templates, size).unwrap().is_some());
     }
 }

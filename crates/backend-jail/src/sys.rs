@@ -155,6 +155,30 @@ pub(crate) fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// Waits (briefly) until this process's thread `tid`, already joined, has left the process.
+/// A join returns once the kernel has cleared the thread's tid, which it does while the
+/// thread exits and before the thread stops being counted: a single-thread check in that
+/// window sees two threads (one start in a few hundred failed so). Gives up after a second,
+/// leaving that check to report it.
+pub(crate) fn wait_for_joined_thread_to_leave(tid: Pid) {
+    has_left(tid, std::time::Duration::from_secs(1));
+}
+
+/// Whether thread `tid` of this process has left it within `patience`.
+fn has_left(tid: Pid, patience: std::time::Duration) -> bool {
+    let task = format!("/proc/self/task/{tid}");
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        if !std::path::Path::new(&task).exists() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// Number of threads in this process, from `/proc/self/status`.
 pub(crate) fn thread_count() -> std::io::Result<usize> {
     let status = std::fs::read_to_string("/proc/self/status")?;
@@ -194,5 +218,21 @@ mod tests {
     #[test]
     fn counts_threads() {
         assert!(thread_count().expect("status") >= 1);
+    }
+
+    #[test]
+    fn a_thread_has_left_once_joined_and_gone_not_while_it_runs() {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (tell, told) = std::sync::mpsc::channel();
+        let running = std::thread::spawn(move || {
+            tell.send(nix::unistd::gettid())
+                .expect("the test waits for the tid");
+            let _ = stopped.recv();
+        });
+        let tid = told.recv().expect("the thread tells its tid");
+        assert!(!has_left(tid, std::time::Duration::from_millis(50)));
+        drop(stop);
+        running.join().expect("the thread ends");
+        assert!(has_left(tid, std::time::Duration::from_secs(10)));
     }
 }

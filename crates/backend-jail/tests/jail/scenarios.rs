@@ -28,6 +28,10 @@ pub const ALL: &[(&str, fn())] = &[
     ("disk_made_ahead", disk_made_ahead),
     ("disk_still_being_made_ahead", disk_still_being_made_ahead),
     (
+        "disk_made_ahead_from_the_spare",
+        disk_made_ahead_from_the_spare,
+    ),
+    (
         "kill_then_destroy_leaves_nothing",
         kill_then_destroy_leaves_nothing,
     ),
@@ -640,6 +644,84 @@ fn disk_still_being_made_ahead() {
     assert!(fx.state.join("disk/upper/root/on-the-disk").exists());
     guest.destroy();
     no_loops_left_under(&templates, "after destroy");
+}
+
+/// Where a teardown left a spare (a copy already on the host's disk), a disk made ahead is
+/// that spare, bound and mounted where it lies. Released unused, it stays the spare, free
+/// again once its loop device lets go; the next disk made ahead takes it once more, and the
+/// start names it `disk.img`, where its guest finds it empty.
+fn disk_made_ahead_from_the_spare() {
+    let fx = Fixture::new();
+    let templates = fx.tmp.path().join("disks");
+    let bytes: u64 = 64 << 20;
+    make_disk_ahead(&templates, bytes, "making the template");
+    dynocap_backend_jail::release_prepared_disk();
+    no_loops_left_under(&templates, "after releasing the first disk");
+    assert!(
+        dynocap_backend_jail::make_spare_disk(&templates, bytes).expect("making a spare"),
+        "no spare was made"
+    );
+    let spare_path = std::fs::read_dir(templates.join("spares"))
+        .expect("spares")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|ext| ext == "img"))
+        .expect("the spare");
+    let identity = |meta: &std::fs::Metadata| {
+        (
+            std::os::unix::fs::MetadataExt::ino(meta),
+            meta.created().expect("birth time (statx)"),
+        )
+    };
+    let spare = identity(&std::fs::metadata(&spare_path).expect("the spare"));
+
+    let made = make_disk_ahead(&templates, bytes, "making a disk ahead from the spare");
+    assert_eq!(
+        identity(&made),
+        spare,
+        "the disk made ahead is not the spare"
+    );
+    let bound = loops_under(&templates);
+    assert_eq!(
+        bound.iter().map(|(_, b)| b.as_str()).collect::<Vec<_>>(),
+        [spare_path.display().to_string()],
+        "the spare is bound where it lies"
+    );
+    dynocap_backend_jail::release_prepared_disk();
+    no_loops_left_under(&templates, "after releasing the spare");
+    assert_eq!(
+        identity(&std::fs::metadata(&spare_path).expect("still the spare")),
+        spare
+    );
+
+    let made = make_disk_ahead(
+        &templates,
+        bytes,
+        "making a disk ahead from the spare again",
+    );
+    assert_eq!(
+        identity(&made),
+        spare,
+        "the released spare was not taken again"
+    );
+    let mut spec = fx.spec("ahead-spare");
+    spec.disk_bytes = Some(bytes);
+    spec.disk_templates = Some(templates.clone());
+    let mut guest = Guest::spawn(&spec);
+    assert_eq!(
+        identity(&std::fs::metadata(fx.state.join("disk.img")).expect("disk.img")),
+        spare,
+        "disk.img is not the spare"
+    );
+    assert!(!spare_path.exists(), "the spare is the sandbox's now");
+    assert_eq!(loops_under(&templates), [], "bound under its new name only");
+    sh_ok(
+        &mut guest,
+        "test -z \"$(ls -A /root)\" && echo on-the-spare > /root/f && sync",
+    );
+    assert!(fx.state.join("disk/upper/root/f").exists());
+    guest.destroy();
+    no_loops_left_under(&fx.state, "after destroy");
 }
 
 fn destroy_leaves_nothing() {

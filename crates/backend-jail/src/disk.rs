@@ -323,10 +323,10 @@ fn prepared() -> std::sync::MutexGuard<'static, Ahead> {
 
 /// Makes and mounts ahead, on a thread of its own, the disk of `bytes` that this process's
 /// next start of that size, with templates in `templates`, takes instead of making its own
-/// (see [`Disk::attach`]): for a supervisor standing by, so that the loop device and the
+/// (see `Disk::attach`): for a supervisor standing by, so that the loop device and the
 /// mount, about a third of a start's time, are not waited for. Its order may come before the
 /// disk is made (the CLI's comes milliseconds after its start): the start waits for what is
-/// left of it (see [`finish_preparing_disk`]) rather than for all of it. A failure to make it
+/// left of it (see `finish_preparing_disk`) rather than for all of it. A failure to make it
 /// is reported on stderr (the sandbox's log by then) and the start makes its own. Needs root,
 /// as every disk.
 pub fn start_preparing_disk(templates: PathBuf, bytes: u64) -> Result<(), JailError> {

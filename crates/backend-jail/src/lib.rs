@@ -4,7 +4,7 @@
 //!
 //! The engine calls [`Jail::spawn`] with a [`JailSpec`], talks to the agent over
 //! [`Jail::take_channel`], watches [`Jail::pidfd`], and ends with [`Jail::destroy`];
-//! [`cleanup_leftovers`] repairs after a supervisor that died, [`probe`] reports what the
+//! [`cleanup_leftovers`] repairs after a supervisor that died, [`probe()`] reports what the
 //! machine supports.
 //!
 //! How a jail comes up (supervisor on the left, guest init on the right):

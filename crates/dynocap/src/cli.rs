@@ -113,7 +113,7 @@ pub struct TaskApplyArgs {
     /// Task name or id (the task must be finished: `dynocap task finish NAME`).
     pub name: String,
     /// The branch to create, from the commit the task started on (default:
-    /// dynocap/<task name>). An existing branch is never moved.
+    /// `dynocap/<task name>`). An existing branch is never moved.
     #[arg(long, value_name = "BRANCH")]
     pub branch: Option<String>,
     /// Apply even though the patch changes sensitive paths (hooks, CI, build scripts, ...);

@@ -11,7 +11,7 @@
 //! - an existing branch (never moved or overwritten);
 //! - uncommitted work on any path the patch touches: the branch would be checked out over it.
 //!
-//! The user's current branch, index and working tree are never touched ([`repo`]).
+//! The user's current branch, index and working tree are never touched (`repo`).
 
 mod repo;
 

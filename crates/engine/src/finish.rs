@@ -6,10 +6,10 @@
 //! leading directories and attributes) is unpacked from the host's own tar into a scratch
 //! repository, and the patch is applied there by a git that reads no system, global or
 //! repository-supplied configuration and runs no hooks, started before the unpacking so that
-//! its start costs no time ([`git_apply`]). The tar's offset index ([`crate::tar_index`])
+//! its start costs no time (`git_apply`). The tar's offset index ([`crate::tar_index`])
 //! finds those entries without reading the others' headers; without a usable index the tar is
 //! read through, with the same verdict. A text patch of bounded size is verified in memory
-//! ([`in_memory`]), where writing the files costs a tenth of what it does on disk.
+//! (`in_memory`), where writing the files costs a tenth of what it does on disk.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -32,7 +32,7 @@ pub const EXEC_LOG_FILE: &str = "exec.jsonl";
 pub const SUMMARY_FILE: &str = "summary.json";
 
 /// Applies `patch` to a pristine copy of the baseline (`baseline_tar`) in `scratch` (created,
-/// then removed), or in memory ([`in_memory`]) when the patch is small. `Ok(())` means it
+/// then removed), or in memory (`in_memory`) when the patch is small. `Ok(())` means it
 /// applies cleanly; `Err` says why not, in words a person can act on.
 pub fn verify(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), String> {
     let result = verify_in(baseline_tar, patch, scratch);

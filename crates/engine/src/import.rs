@@ -16,7 +16,7 @@
 //! plumbing that runs no program the repository names; git's output only ever names paths,
 //! and every path is opened from a descriptor of the project root, beneath it, with no symlink
 //! resolved anywhere (`openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`). Git itself reads
-//! only beneath the root too: before it runs on a work tree, [`gitdir`] checks that the git
+//! only beneath the root too: before it runs on a work tree, `gitdir` checks that the git
 //! directory (and where a `.git` file or `commondir` points) lies beneath the root, holds no
 //! symlink and names no alternates, and git starts in the work tree's descriptor, not a path.
 //! The root is opened once ([`ProjectDir`], or [`plan`] here): whoever checked that descriptor

@@ -3,7 +3,7 @@
 //!
 //! A setuid `sudo` cannot work in a sandbox: the root filesystem is mounted `nosuid` and
 //! every process runs with `no_new_privs`. So the image's `/usr/local/bin/sudo` is a link to
-//! this very binary, and under that name it is a client ([`client`]): it connects to the
+//! this very binary, and under that name it is a client ([`mod@client`]): it connects to the
 //! broker's socket ([`SOCKET`]), sends its arguments, working directory and environment, and
 //! passes its stdin, stdout and stderr along (`SCM_RIGHTS`); the broker ([`serve`]) checks the
 //! caller's uid (`SO_PEERCRED`), starts the command as itself in the caller's directory with

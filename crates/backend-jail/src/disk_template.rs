@@ -699,14 +699,11 @@ mod tests {
             hold(late, path.clone()).unwrap().is_none(),
             "held a taken spare"
         );
-        // Nor a new spare published at the same path since.
-        let (late, path) = {
-            make_spare(&templates, size).unwrap();
-            let opened = open_spare(&templates, size).unwrap().expect("a new spare");
-            fs::remove_file(&path).unwrap();
-            make_spare(&templates, size).unwrap();
-            opened
-        };
+        // Nor one that another start took and a teardown replaced at the same path since.
+        make_spare(&templates, size).unwrap();
+        let (late, path) = open_spare(&templates, size).unwrap().expect("a new spare");
+        fs::remove_file(&path).unwrap();
+        make_spare(&templates, size).unwrap();
         assert!(hold(late, path).unwrap().is_none(), "held a replaced spare");
         assert!(lock_spare(&templates, size).unwrap().is_some());
     }

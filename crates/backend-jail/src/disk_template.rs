@@ -630,19 +630,21 @@ mod tests {
         assert!(!old_spare.exists());
     }
 
-    /// A template for `size` made by [`fake_format`], and its spare.
-    fn template_with_spare(templates: &Path, size: u64) -> u64 {
-        ensure(templates, size, fake_format).unwrap();
-        assert!(make_spare(templates, size).unwrap(), "a spare is made");
-        fs::metadata(spare_path(templates, size)).unwrap().ino()
+    /// A templates directory (in the returned temporary directory) with a template for
+    /// `size` made by [`fake_format`], and its spare, whose inode number is returned.
+    fn templates_with_a_spare(size: u64) -> (tempfile::TempDir, PathBuf, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let templates = dir.path().join("templates");
+        ensure(&templates, size, fake_format).unwrap();
+        assert!(make_spare(&templates, size).unwrap(), "a spare is made");
+        let spare = fs::metadata(spare_path(&templates, size)).unwrap().ino();
+        (dir, templates, spare)
     }
 
     #[test]
     fn a_disk_made_ahead_holds_the_spare_until_it_names_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let templates = dir.path().join("templates");
         let size = 64 << 20;
-        let spare = template_with_spare(&templates, size);
+        let (dir, templates, spare) = templates_with_a_spare(size);
 
         let ahead = ahead_image(&templates, size, |_, _| panic!("formatted")).unwrap();
         assert!(matches!(ahead, AheadImage::Spare(_)), "{ahead:?}");
@@ -672,10 +674,8 @@ mod tests {
 
     #[test]
     fn a_spare_held_and_never_named_stays_the_spare() {
-        let dir = tempfile::tempdir().unwrap();
-        let templates = dir.path().join("templates");
         let size = 64 << 20;
-        let spare = template_with_spare(&templates, size);
+        let (dir, templates, spare) = templates_with_a_spare(size);
         drop(ahead_image(&templates, size, fake_format).unwrap());
         let image = dir.path().join("image.img");
         copy_formatted(&templates, &image, size, |_, _| panic!("formatted")).unwrap();
@@ -688,10 +688,8 @@ mod tests {
 
     #[test]
     fn a_spare_taken_between_the_open_and_the_lock_is_not_held() {
-        let dir = tempfile::tempdir().unwrap();
-        let templates = dir.path().join("templates");
         let size = 64 << 20;
-        template_with_spare(&templates, size);
+        let (dir, templates, _) = templates_with_a_spare(size);
         let (late, path) = open_spare(&templates, size).unwrap().expect("a spare");
         let image = dir.path().join("image.img");
         assert!(take_spare(&templates, &image, size).unwrap());

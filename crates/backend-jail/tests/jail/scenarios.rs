@@ -4,7 +4,7 @@
 use std::io::BufRead;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -500,6 +500,17 @@ fn make_disk_ahead(templates: &Path, bytes: u64, what: &str) -> std::fs::Metadat
         .unwrap_or_else(|| panic!("{what}: no disk was made (its error is printed above)"))
 }
 
+/// A fixture whose disk templates directory (returned) holds the formatted template for
+/// `bytes` and nothing else: made by making a disk ahead, then releasing it.
+fn fixture_with_a_template(bytes: u64) -> (Fixture, PathBuf) {
+    let fx = Fixture::new();
+    let templates = fx.tmp.path().join("disks");
+    make_disk_ahead(&templates, bytes, "making the template");
+    dynocap_backend_jail::release_prepared_disk();
+    no_loops_left_under(&templates, "after releasing the first disk");
+    (fx, templates)
+}
+
 /// A disk made ahead (as a standby supervisor makes it) is taken by the next start of its
 /// size: until then it is named nowhere and mounted in no namespace; then its image is the
 /// state dir's `disk.img` and its filesystem holds the guest's layer. One of another size is
@@ -612,14 +623,10 @@ fn disk_made_ahead() {
 /// the order milliseconds after the standby starts) waits for that disk and takes it, rather
 /// than making a second one beside it, and clones its guest from one thread again.
 fn disk_still_being_made_ahead() {
-    let fx = Fixture::new();
-    let templates = fx.tmp.path().join("disks");
     let bytes: u64 = 64 << 20;
     // The template first: the making raced below is then what every standby does (a copy, a
     // loop device, a mount), not the first-ever format.
-    make_disk_ahead(&templates, bytes, "making the template");
-    dynocap_backend_jail::release_prepared_disk();
-    no_loops_left_under(&templates, "after releasing the first disk");
+    let (fx, templates) = fixture_with_a_template(bytes);
 
     dynocap_backend_jail::start_preparing_disk(templates.clone(), bytes)
         .expect("starting to make a disk ahead");
@@ -651,12 +658,8 @@ fn disk_still_being_made_ahead() {
 /// again once its loop device lets go; the next disk made ahead takes it once more, and the
 /// start names it `disk.img`, where its guest finds it empty.
 fn disk_made_ahead_from_the_spare() {
-    let fx = Fixture::new();
-    let templates = fx.tmp.path().join("disks");
     let bytes: u64 = 64 << 20;
-    make_disk_ahead(&templates, bytes, "making the template");
-    dynocap_backend_jail::release_prepared_disk();
-    no_loops_left_under(&templates, "after releasing the first disk");
+    let (fx, templates) = fixture_with_a_template(bytes);
     assert!(
         dynocap_backend_jail::make_spare_disk(&templates, bytes).expect("making a spare"),
         "no spare was made"

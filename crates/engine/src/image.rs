@@ -220,26 +220,19 @@ pub fn host_image(images_dir: &Path) -> Result<Image> {
         }
     }
 
-    let mut ro_binds = Vec::new();
-    for name in HOST_SYSTEM_DIRS {
-        let host = Path::new("/").join(name);
-        if is_real_dir(&host) {
-            ro_binds.push((host, Path::new("/").join(name)));
-        }
-    }
-    for rel in HOST_ETC_BINDS {
-        let host = Path::new("/").join(rel);
-        if is_real_dir(&host) {
-            ro_binds.push((host, Path::new("/").join(rel)));
-        }
-    }
-    for rel in HOST_ETC_FILE_BINDS {
-        let host = Path::new("/").join(rel);
-        // The skeleton has the file to bind onto if the host had it when it was built.
-        if is_regular_file(&host) && is_regular_file(&root.join(rel)) {
-            ro_binds.push((host, Path::new("/").join(rel)));
-        }
-    }
+    // Each bound at the same path in the guest as on the host.
+    let dirs = HOST_SYSTEM_DIRS
+        .iter()
+        .chain(HOST_ETC_BINDS)
+        .map(|rel| Path::new("/").join(rel))
+        .filter(|host| is_real_dir(host));
+    // The skeleton has the file to bind onto if the host had it when it was built.
+    let files = HOST_ETC_FILE_BINDS
+        .iter()
+        .filter(|rel| is_regular_file(&root.join(rel)))
+        .map(|rel| Path::new("/").join(rel))
+        .filter(|host| is_regular_file(host));
+    let ro_binds = dirs.chain(files).map(|host| (host.clone(), host)).collect();
     Ok(Image {
         name: DEFAULT_IMAGE.into(),
         root,

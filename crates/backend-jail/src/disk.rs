@@ -307,11 +307,9 @@ static PREPARED: Mutex<Ahead> = Mutex::new(Ahead::Nothing);
 #[derive(Debug)]
 enum Ahead {
     Nothing,
-    /// Being made on a thread of its own (see [`start_preparing_disk`]), whose tid it tells.
-    Making {
-        thread: std::thread::JoinHandle<Result<PreparedDisk, JailError>>,
-        tid: std::sync::mpsc::Receiver<nix::unistd::Pid>,
-    },
+    /// Being made on a thread of its own (see [`start_preparing_disk`]), which returns its tid
+    /// with the disk.
+    Making(std::thread::JoinHandle<(nix::unistd::Pid, Result<PreparedDisk, JailError>)>),
     Made(PreparedDisk),
 }
 
@@ -332,15 +330,11 @@ fn prepared() -> std::sync::MutexGuard<'static, Ahead> {
 pub fn start_preparing_disk(templates: PathBuf, bytes: u64) -> Result<(), JailError> {
     check_root()?;
     let source = templates.clone();
-    let (tell_tid, tid) = std::sync::mpsc::sync_channel(1);
-    let thread = std::thread::Builder::new()
+    let making = std::thread::Builder::new()
         .name("disk-ahead".into())
-        .spawn(move || {
-            let _ = tell_tid.send(nix::unistd::gettid());
-            make_ahead(&templates, bytes)
-        })
+        .spawn(move || (nix::unistd::gettid(), make_ahead(&templates, bytes)))
         .map_err(|e| JailError::io("start a thread to make a disk ahead from", &source, e))?;
-    *prepared() = Ahead::Making { thread, tid };
+    *prepared() = Ahead::Making(making);
     Ok(())
 }
 
@@ -349,7 +343,7 @@ pub fn start_preparing_disk(templates: PathBuf, bytes: u64) -> Result<(), JailEr
 pub(crate) fn finish_preparing_disk() {
     let mut ahead = prepared();
     *ahead = match std::mem::replace(&mut *ahead, Ahead::Nothing) {
-        Ahead::Making { thread, tid } => match join_to_the_end(thread, &tid) {
+        Ahead::Making(making) => match join_to_the_end(making) {
             Ok(Ok(made)) => Ahead::Made(made),
             Ok(Err(e)) => {
                 eprintln!(
@@ -368,17 +362,16 @@ pub(crate) fn finish_preparing_disk() {
     };
 }
 
-/// Joins `thread` and waits for it to have left the process, as the single-thread check of
-/// the start that follows needs (see [`crate::sys::wait_for_joined_thread_to_leave`]).
+/// Joins `thread`, which returns its tid with its result, and waits for it to have left the
+/// process, as the single-thread check of the start that follows needs (see
+/// [`crate::sys::wait_for_joined_thread_to_leave`]). A thread that panicked told no tid; its
+/// start reports the panic and makes its own disk.
 fn join_to_the_end<T>(
-    thread: std::thread::JoinHandle<T>,
-    tid: &std::sync::mpsc::Receiver<nix::unistd::Pid>,
+    thread: std::thread::JoinHandle<(nix::unistd::Pid, T)>,
 ) -> std::thread::Result<T> {
-    let joined = thread.join();
-    if let Ok(tid) = tid.try_recv() {
-        crate::sys::wait_for_joined_thread_to_leave(tid);
-    }
-    joined
+    let (tid, result) = thread.join()?;
+    crate::sys::wait_for_joined_thread_to_leave(tid);
+    Ok(result)
 }
 
 fn check_root() -> Result<(), JailError> {
@@ -415,7 +408,7 @@ pub fn prepared_disk_image() -> Option<fs::Metadata> {
     finish_preparing_disk();
     match &*prepared() {
         Ahead::Made(made) => made.image.file().metadata().ok(),
-        Ahead::Nothing | Ahead::Making { .. } => None,
+        Ahead::Nothing | Ahead::Making(_) => None,
     }
 }
 
@@ -426,7 +419,7 @@ impl PreparedDisk {
         finish_preparing_disk();
         match std::mem::replace(&mut *prepared(), Ahead::Nothing) {
             Ahead::Made(made) => Some(made),
-            Ahead::Nothing | Ahead::Making { .. } => None,
+            Ahead::Nothing | Ahead::Making(_) => None,
         }
     }
 

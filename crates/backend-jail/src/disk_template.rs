@@ -120,6 +120,8 @@ fn open_spare(templates: &Path, bytes: u64) -> Result<Option<(File, PathBuf)>, J
 /// Locks the spare `file` opened at `path`; `None` when another start holds it, or took it
 /// between the open and the lock.
 fn hold(file: File, path: PathBuf) -> Result<Option<HeldSpare>, JailError> {
+    // std's lock, not nix's `Flock`, which unlocks when dropped: the lock must outlive this
+    // descriptor for as long as a loop device holds the open file (see `lock_spare`).
     match file.try_lock() {
         Ok(()) => {}
         Err(fs::TryLockError::WouldBlock) => return Ok(None),

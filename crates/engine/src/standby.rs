@@ -5,9 +5,9 @@
 //! parse its arguments: about 1.5 ms of an MCP `run` that took about 11.
 //!
 //! The server's standby (`--prepare-disk`) also makes the default sandbox's disk while it
-//! waits (see `backend::start_preparing_default_start` and the jail's
-//! `start_preparing_disk`): unnamed, on a
-//! loop device, mounted detached, freed by the kernel if the standby dies. The start that
+//! waits (see `backend::start_preparing_default_start` and the jail's `start_preparing_disk`):
+//! the spare a teardown left or an unnamed copy, on a loop device, mounted detached, freed by
+//! the kernel if the standby dies (a spare stays the spare). The start that
 //! takes the standby takes the disk, and no longer waits for the loop device and the mount:
 //! an MCP `run` went from 18.3 to 12.8 ms in interleaved runs on a loaded machine.
 //!

@@ -643,8 +643,8 @@ impl Catalog {
         tx.commit().map_err(classify)?;
         // With `synchronous=NORMAL` a commit is consistent after any crash but not synced:
         // a task's change is copied into the main file at once (synced), so that a damaged
-        // WAL cannot lose it; a raw sandbox's waits for SQLite's own checkpoint every 1000
-        // pages, off the path of `run` and `destroy`.
+        // WAL cannot lose it; a raw sandbox's waits for the checkpoint SQLite runs when the
+        // WAL passes `catalog_file::WAL_AUTOCHECKPOINT_PAGES`, once every few dozen writes.
         if lasting == Lasting::Durable {
             catalog_file::checkpoint(&open.conn);
         }
@@ -854,6 +854,71 @@ mod tests {
 
     fn ids(records: &[Record]) -> Vec<&str> {
         records.iter().map(|r| r.id.as_str()).collect()
+    }
+
+    /// The frames the catalog's WAL holds now: `mxFrame` of the WAL index's header at the
+    /// start of the `-shm` file (SQLite's file format, "The WAL-Index Format"), which every
+    /// commit updates. Read there because asking SQLite (`wal_checkpoint`) would checkpoint.
+    fn wal_frames(home: &Home) -> u32 {
+        let shm = std::fs::read(catalog_file::suffixed(&home.catalog_path(), "-shm")).expect("shm");
+        u32::from_ne_bytes(shm[16..20].try_into().expect("4 bytes"))
+    }
+
+    /// Raw sandboxes' writes go to the WAL only, and a process that opens the catalog alone
+    /// reads every frame of it: the WAL must stay short however many sandboxes come and go.
+    #[test]
+    fn the_wal_stays_short_through_many_raw_writes() {
+        let (_dir, home) = home();
+        let catalog = Catalog::open(&home).expect("open");
+        let mut longest = 0;
+        for i in 0..300 {
+            let id = format!("sbx-{i:012}");
+            catalog
+                .insert(&record(&id, &format!("n{i}")))
+                .expect("insert");
+            catalog.set_state(&id, State::Running, None).expect("state");
+            catalog.release_as_destroyed(&id).expect("release");
+            catalog.delete(&id).expect("delete");
+            longest = longest.max(wal_frames(&home));
+        }
+        // The frames of one transaction may go past the threshold before its commit copies them.
+        assert!(longest > 0, "the writes went to a WAL");
+        assert!(
+            i64::from(longest) <= 2 * catalog_file::WAL_AUTOCHECKPOINT_PAGES,
+            "the WAL grew to {longest} frames"
+        );
+    }
+
+    /// A writer that finds the catalog locked by another connection waits for it, and goes on
+    /// as soon as the other commits.
+    #[test]
+    fn a_writer_waits_for_another_connections_write() {
+        let (_dir, home) = home();
+        let catalog = Catalog::open(&home).expect("open");
+        let mut other = rusqlite::Connection::open(home.catalog_path()).expect("open");
+        let holding = other
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .expect("lock");
+        let released = Arc::new(Barrier::new(2));
+        let writer = {
+            let released = Arc::clone(&released);
+            std::thread::spawn(move || {
+                released.wait();
+                catalog.insert(&record("sbx-000000000001", "waited"))
+            })
+        };
+        released.wait();
+        std::thread::sleep(Duration::from_millis(30));
+        holding.commit().expect("commit");
+        writer
+            .join()
+            .expect("writer")
+            .expect("the write waited for the lock");
+        assert!(Catalog::open(&home)
+            .expect("open")
+            .find("waited")
+            .expect("find")
+            .is_some());
     }
 
     #[test]

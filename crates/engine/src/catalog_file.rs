@@ -22,6 +22,21 @@ use crate::records;
 /// How long SQLite waits for another connection's write to finish.
 const BUSY_TIMEOUT: Duration = LOCK_TIMEOUT;
 
+/// The first pause of a connection that finds the catalog locked; each next one is twice as
+/// long, up to [`LONGEST_BUSY_PAUSE`].
+const FIRST_BUSY_PAUSE: Duration = Duration::from_micros(50);
+/// The longest pause between two tries of a locked catalog.
+const LONGEST_BUSY_PAUSE: Duration = Duration::from_millis(10);
+
+/// Pages the WAL may grow to before the commit that passes it copies them into the main file
+/// (SQLite's default is 1000). A process that opens the catalog while no other has it open
+/// rebuilds the WAL's index by reading every frame, under a lock that makes any other
+/// process opening it meanwhile wait: `run` from the CLI and the supervisor it starts both
+/// do, every time. With a 3 MB WAL that took 1–2 ms, and SQLite's own busy handler turned the
+/// other's wait into 1–3 ms of sleep. Short, the WAL costs a checkpoint (two syncs) every
+/// few dozen writes instead.
+pub(crate) const WAL_AUTOCHECKPOINT_PAGES: i64 = 128;
+
 /// What the remedy for a damaged catalog is, in every message that reports one.
 pub(crate) const REPAIR_HINT: &str =
     "run `dynocap doctor --repair` to rebuild it from the results and sandbox directories";
@@ -228,7 +243,7 @@ fn configure(conn: &Connection, path: &Path) -> Result<i64, Failure> {
     // failed open closes too). Writers checkpoint instead (`Catalog::write_raw`).
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
         .map_err(classify)?;
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(classify)?;
+    conn.busy_handler(Some(wait_while_busy)).map_err(classify)?;
     // The first read: it checks the header and picks up the WAL, if there is one.
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |row| row.get(0))
@@ -244,9 +259,43 @@ fn configure(conn: &Connection, path: &Path) -> Result<i64, Failure> {
     Ok(version)
 }
 
+/// SQLite's busy handler: pauses before the next try of a locked catalog, or gives up (false)
+/// once the pauses add up to [`BUSY_TIMEOUT`]. SQLite's own (`busy_timeout`) sleeps 1 ms
+/// first and 2 ms next, far longer than what it usually waits for here: another process
+/// rebuilding the WAL's index or committing a write, each a fraction of a millisecond.
+fn wait_while_busy(tries_before: i32) -> bool {
+    match busy_pause(u32::try_from(tries_before).unwrap_or(0)) {
+        Some(pause) => {
+            std::thread::sleep(pause);
+            true
+        }
+        None => false,
+    }
+}
+
+/// The pause before try `tries_before + 1` of a locked catalog: doubling from
+/// [`FIRST_BUSY_PAUSE`] up to [`LONGEST_BUSY_PAUSE`], `None` once the pauses before it add
+/// up to [`BUSY_TIMEOUT`].
+fn busy_pause(tries_before: u32) -> Option<Duration> {
+    // The pauses double for `doubling` tries, then stay at the longest.
+    let doubling = (LONGEST_BUSY_PAUSE.as_micros() / FIRST_BUSY_PAUSE.as_micros())
+        .next_power_of_two()
+        .ilog2();
+    let (doubled, longest) = if tries_before <= doubling {
+        (tries_before, 0)
+    } else {
+        (doubling, tries_before - doubling)
+    };
+    // 1 + 2 + … + 2^(doubled - 1) first pauses, then the longest ones.
+    let waited = FIRST_BUSY_PAUSE * ((1 << doubled) - 1) + LONGEST_BUSY_PAUSE * longest;
+    (waited < BUSY_TIMEOUT).then(|| (FIRST_BUSY_PAUSE * (1 << doubled)).min(LONGEST_BUSY_PAUSE))
+}
+
 /// The settings of a connection to a ready catalog, and which file it has open.
 fn finish_connect(conn: Connection, path: &Path) -> Result<Connected, Failure> {
     conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(classify)?;
+    conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)
         .map_err(classify)?;
     let identity = FileIdentity::of(path)
         .ok_or_else(|| Failure::Damaged("it disappeared right after it was opened".to_owned()))?;
@@ -407,6 +456,30 @@ fn import(conn: &Connection, home: &Home) -> Result<Import, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pauses start short, double up to the longest, and stop once they add up to the
+    /// busy timeout.
+    #[test]
+    fn busy_pauses_double_to_the_longest_then_end_at_the_timeout() {
+        assert_eq!(busy_pause(0), Some(FIRST_BUSY_PAUSE));
+        assert_eq!(busy_pause(1), Some(FIRST_BUSY_PAUSE * 2));
+        assert_eq!(busy_pause(2), Some(FIRST_BUSY_PAUSE * 4));
+        let pauses: Vec<Duration> = (0..).map_while(busy_pause).collect();
+        assert!(pauses.windows(2).all(|pair| pair[0] <= pair[1]));
+        assert_eq!(pauses.last(), Some(&LONGEST_BUSY_PAUSE));
+        let total: Duration = pauses.iter().sum();
+        assert!(
+            total >= BUSY_TIMEOUT && total < BUSY_TIMEOUT + LONGEST_BUSY_PAUSE,
+            "{total:?}"
+        );
+        // Each pause is what the ones before it left out of the sum.
+        let mut waited = Duration::ZERO;
+        for (tries, pause) in pauses.iter().enumerate() {
+            assert!(waited < BUSY_TIMEOUT, "try {tries} after {waited:?}");
+            waited += *pause;
+        }
+        assert_eq!(busy_pause(u32::MAX), None);
+    }
 
     /// What `ensure_wal` relies on: after the first read, a new connection to a WAL catalog
     /// knows it is one, so later openers never attempt the switch.

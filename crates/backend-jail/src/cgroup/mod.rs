@@ -220,10 +220,10 @@ impl CgroupSet {
     /// returns what was left behind.
     pub fn remove(&self) -> Vec<String> {
         let mut problems = Vec::new();
+        if let Err(e) = tree::kill_all(&self.leaves) {
+            problems.push(e);
+        }
         for leaf in &self.leaves {
-            if let Err(e) = tree::kill_all(leaf) {
-                problems.push(e);
-            }
             problems.extend(tree::remove(leaf));
         }
         problems

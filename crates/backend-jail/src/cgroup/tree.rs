@@ -69,7 +69,13 @@ fn procs(dir: &Path) -> Result<Vec<Pid>, String> {
     }
 }
 
-/// SIGKILLs every process in the leaf and the cgroups below it until none is left.
+/// SIGKILLs every process in the leaves and the cgroups below them until none is left.
+///
+/// All of a sandbox's leaves are killed in one loop because a process is in one cgroup of
+/// every hierarchy: a command left frozen in the v1 freezer hierarchy (the guest's agent
+/// freezes a command's cgroup to kill it, and an agent killed between its freeze and its thaw
+/// leaves it frozen) keeps its SIGKILL pending until that freezer cgroup is thawed, so
+/// waiting for the cpu or memory leaf to empty before looking at the freezer would never end.
 ///
 /// A pid read from `cgroup.procs` may be reused by an unrelated process before we signal it,
 /// so each one is first pinned with a pidfd and only signalled through it if, after pinning,
@@ -77,8 +83,8 @@ fn procs(dir: &Path) -> Result<Vec<Pid>, String> {
 /// inside the cgroup, the pidfd still names the dead process and the signal goes nowhere.)
 /// On v2 with `cgroup.kill` (Linux 5.14) the kernel does all of this atomically for the whole
 /// subtree; the loop then only waits for it.
-pub(super) fn kill_all(leaf: &Leaf) -> Result<(), String> {
-    if leaf.version == CgroupVersion::V2 {
+pub(super) fn kill_all(leaves: &[Leaf]) -> Result<(), String> {
+    for leaf in leaves.iter().filter(|l| l.version == CgroupVersion::V2) {
         let kill = leaf.dir.join("cgroup.kill");
         if kill.exists() {
             std::fs::write(&kill, "1")
@@ -88,36 +94,54 @@ pub(super) fn kill_all(leaf: &Leaf) -> Result<(), String> {
     let deadline = Instant::now() + KILL_TIMEOUT;
     loop {
         let mut members = Vec::new();
-        for dir in walk(&leaf.dir)? {
-            let pids = procs(&dir)?;
-            if !pids.is_empty() {
-                members.push((dir, pids));
+        for leaf in leaves {
+            let populated = populated(leaf)?;
+            if !populated.is_empty() {
+                members.push((leaf, populated));
             }
         }
         if members.is_empty() {
             return Ok(());
         }
         if Instant::now() > deadline {
-            let pids: Vec<Pid> = members.into_iter().flat_map(|(_, p)| p).collect();
-            return Err(format!(
-                "processes {pids:?} are still in {} after {}s of SIGKILL",
-                leaf.dir.display(),
-                KILL_TIMEOUT.as_secs()
-            ));
+            let left: Vec<String> = members
+                .iter()
+                .map(|(leaf, populated)| {
+                    let pids: Vec<Pid> = populated.iter().flat_map(|(_, p)| p.clone()).collect();
+                    format!(
+                        "processes {pids:?} are still in {} after {}s of SIGKILL",
+                        leaf.dir.display(),
+                        KILL_TIMEOUT.as_secs()
+                    )
+                })
+                .collect();
+            return Err(left.join("; "));
         }
-        for (dir, pids) in &members {
+        for (dir, pids) in members.iter().flat_map(|(_, populated)| populated) {
             for pid in pids {
                 kill_pinned(dir, *pid)?;
             }
         }
-        // A task in a frozen v1 freezer keeps its SIGKILL pending until it is thawed: the
-        // guest's agent freezes a command's cgroup to kill it, and an agent killed between
-        // its freeze and its thaw (its supervisor killed mid-command) leaves it frozen.
-        for (dir, _) in &members {
+        // The frozen freezer cgroup holds the same processes, so it is among the members.
+        for (dir, _) in members.iter().flat_map(|(_, populated)| populated) {
             thaw(dir)?;
         }
         std::thread::sleep(POLL_INTERVAL);
     }
+}
+
+/// The cgroups of a leaf's tree that hold processes, each with its pids.
+type Populated = Vec<(PathBuf, Vec<Pid>)>;
+
+fn populated(leaf: &Leaf) -> Result<Populated, String> {
+    let mut populated = Vec::new();
+    for dir in walk(&leaf.dir)? {
+        let pids = procs(&dir)?;
+        if !pids.is_empty() {
+            populated.push((dir, pids));
+        }
+    }
+    Ok(populated)
 }
 
 /// Thaws `dir` if it is a frozen (or freezing) v1 freezer cgroup; elsewhere does nothing.
@@ -198,25 +222,32 @@ mod tests {
         assert!(walk(&tmp.path().join("gone")).expect("walk").is_empty());
     }
 
-    /// A v1 freezer hierarchy where this machine has one and we may make cgroups in it.
-    fn freezer_root() -> Option<PathBuf> {
-        let root = PathBuf::from("/sys/fs/cgroup/freezer");
+    /// A v1 hierarchy of `controller` where this machine has one and we may make cgroups in it.
+    fn v1_root(controller: &str) -> Option<PathBuf> {
+        let root = PathBuf::from("/sys/fs/cgroup").join(controller);
         (nix::unistd::geteuid().is_root() && root.join("tasks").exists()).then_some(root)
     }
 
+    /// A process frozen in the freezer hierarchy is also in the sandbox's leaf of every other
+    /// hierarchy; the set is killed whole, whichever leaf comes first.
     #[test]
-    fn processes_left_frozen_in_a_v1_freezer_are_killed() {
-        let Some(root) = freezer_root() else {
-            eprintln!("skipped: needs root and a v1 freezer hierarchy (a hybrid cgroup host)");
+    fn processes_left_frozen_in_a_v1_freezer_are_killed_from_any_leaf_first() {
+        let (Some(freezer), Some(pids)) = (v1_root("freezer"), v1_root("pids")) else {
+            eprintln!(
+                "skipped: needs root and v1 freezer and pids hierarchies (a hybrid cgroup host)"
+            );
             return;
         };
-        let top = root.join(format!("dynocap-tree-test-{}", std::process::id()));
-        let command = top.join("exec-1");
+        let name = format!("dynocap-tree-test-{}", std::process::id());
+        let (frozen_top, other_top) = (freezer.join(&name), pids.join(&name));
+        let command = frozen_top.join("exec-1");
         std::fs::create_dir_all(&command).expect("mkdir in the freezer hierarchy");
+        std::fs::create_dir_all(&other_top).expect("mkdir in the pids hierarchy");
         let mut child = std::process::Command::new("sleep")
             .arg("600")
             .spawn()
             .expect("sleep");
+        std::fs::write(other_top.join("cgroup.procs"), child.id().to_string()).expect("join");
         std::fs::write(command.join("cgroup.procs"), child.id().to_string()).expect("join");
         // As an agent killed between its freeze and its thaw leaves a command.
         std::fs::write(command.join("freezer.state"), "FROZEN").expect("freeze");
@@ -227,19 +258,20 @@ mod tests {
             assert!(Instant::now() < deadline, "the cgroup never froze");
             std::thread::sleep(POLL_INTERVAL);
         }
-        let leaf = Leaf {
+        // The pids leaf first, as a set lists cpu and memory before the delegated freezer.
+        let leaves = [other_top.clone(), frozen_top.clone()].map(|dir| Leaf {
             version: CgroupVersion::V1,
-            dir: top.clone(),
-        };
-        let killed = kill_all(&leaf);
+            dir,
+        });
+        let killed = kill_all(&leaves);
         // Let the child go whatever happened, or a failed kill would hang the test on it.
         let _ = std::fs::write(command.join("freezer.state"), "THAWED");
         let _ = child.kill();
         let status = child.wait().expect("reap sleep");
-        let removed = remove(&leaf);
+        let removed: Vec<String> = leaves.iter().flat_map(remove).collect();
         assert_eq!(killed, Ok(()));
         assert_eq!(status.signal(), Some(libc::SIGKILL));
         assert!(removed.is_empty(), "{removed:?}");
-        assert!(!top.exists());
+        assert!(!frozen_top.exists() && !other_top.exists());
     }
 }

@@ -73,6 +73,18 @@ fn supervisor_of(home: &TestHome, name: &str) -> i32 {
         .unwrap_or_else(|_| panic!("no supervisor recorded for {name}"))
 }
 
+/// The id of sandbox or task `name` (a raw sandbox's JSON has none: it is named by its name).
+fn id_of(home: &TestHome, name: &str) -> String {
+    let out = Command::new("sqlite3")
+        .arg(home.path().join("catalog.db"))
+        .arg(format!("SELECT id FROM sandboxes WHERE name = '{name}'"))
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(!id.is_empty(), "no record named {name}");
+    id
+}
+
 /// The guest's init (the agent, PID 1 of the guest) of a supervisor.
 fn guest_init_of(supervisor: i32) -> i32 {
     let children =
@@ -329,6 +341,65 @@ fn a_killed_supervisor_or_a_dead_guest_keeps_the_work_for_finish_to_recover() {
         String::from_utf8_lossy(&purged.stderr)
     );
     assert!(!home.path().join("sandboxes").join(&id).exists());
+}
+
+/// The command that notices a dead supervisor is often about another sandbox: a clean-up
+/// that fails after it (a leftover that will not go) is written into the task's note, not
+/// made that command's error, and removing the sandbox tries the clean-up again.
+#[test]
+fn a_failed_clean_up_after_a_dead_supervisor_is_noted_and_retried_not_fatal() {
+    if !require_root("a_failed_clean_up_after_a_dead_supervisor_is_noted_and_retried") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = project();
+    start(&home, project.path(), "noted", &[]);
+    work(&home, "noted", "echo noted-work > a.txt");
+    let task_supervisor = supervisor_of(&home, "noted");
+    home.json(&["run", "rawbox"]);
+    let raw_id = id_of(&home, "rawbox");
+    let raw_supervisor = supervisor_of(&home, "rawbox");
+    for supervisor in [task_supervisor, raw_supervisor] {
+        signal(supervisor, libc::SIGKILL);
+        assert!(gone(supervisor));
+    }
+
+    let out = home
+        .command()
+        .env("DYNOCAP_FAILPOINTS", "take-over.clean-up=error")
+        .args(["--json", "ls"])
+        .output()
+        .expect("spawn dynocap");
+    assert!(
+        out.status.success(),
+        "ls answers although a clean-up failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ls: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let noted = ls["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "noted")
+        .unwrap_or_else(|| panic!("{ls:#}"));
+    assert_eq!(noted["state"], "unsaved", "{noted:#}");
+    let note = noted["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("finish") && note.contains("cleaning up what it left failed"),
+        "the note keeps what to do and adds what failed: {noted:#}"
+    );
+    assert!(note.contains("take-over.clean-up"), "{noted:#}");
+    let leftover = Path::new("/sys/fs/cgroup/pids/dynocap").join(&raw_id);
+    assert!(
+        leftover.is_dir(),
+        "the failed clean-up left the raw sandbox's cgroup"
+    );
+
+    home.json(&["destroy", "rawbox"]);
+    assert!(!leftover.exists(), "destroy cleaned up what was left");
+    assert!(!home.path().join("sandboxes").join(&raw_id).exists());
+    assert_unsaved_then_recovered(&home, "noted", "+noted-work");
 }
 
 /// A vm task's work is on the host's disk after each command, although the guest's own kernel

@@ -757,7 +757,7 @@ impl Engine {
                 detail.result = Some(result.clone());
                 if catalog.transition(&record.id, record.state, result.state, None)? {
                     catalog.set_detail(&record.id, &detail.to_json())?;
-                    remove_leftovers(&self.home, &record.id, &record.backend, Keep::Nothing)?;
+                    self.clean_up_after_take_over(catalog, record, Keep::Nothing, None)?;
                 }
                 return Ok(());
             }
@@ -765,15 +765,44 @@ impl Engine {
                 "{pid} died before the task's work was saved; its files are kept: finish the task to recover them"
             );
             if catalog.transition(&record.id, record.state, State::Unsaved, Some(&note))? {
-                remove_leftovers(&self.home, &record.id, &record.backend, Keep::Layer)?;
+                self.clean_up_after_take_over(catalog, record, Keep::Layer, Some(&note))?;
             }
             return Ok(());
         }
         let note = format!("{pid} died without cleaning up; the guest was removed");
         if catalog.transition(&record.id, record.state, State::Lost, Some(&note))? {
-            remove_leftovers(&self.home, &record.id, &record.backend, Keep::Nothing)?;
+            self.clean_up_after_take_over(catalog, record, Keep::Nothing, Some(&note))?;
         }
         Ok(())
+    }
+
+    /// Removes what a dead supervisor left, once its record has moved on. A failure goes into
+    /// the record's note, after `note`, instead of failing the command that noticed the death:
+    /// that command may concern another sandbox entirely, and the record is no longer live,
+    /// so nothing else would ever tell the user. Removing it tries again.
+    fn clean_up_after_take_over(
+        &self,
+        catalog: &Catalog,
+        record: &Record,
+        keep: Keep,
+        note: Option<&str>,
+    ) -> Result<()> {
+        let removed = crate::failpoint::hit("take-over.clean-up")
+            .and_then(|()| remove_leftovers(&self.home, &record.id, &record.backend, keep));
+        let Err(err) = removed else {
+            return Ok(());
+        };
+        tracing::warn!("cleaning up after {}: {}", record.id, err.message);
+        let failed = format!(
+            "cleaning up what it left failed ({}); removing it (destroy, or rm --purge for a \
+             task) tries again",
+            err.message
+        );
+        let note = match note {
+            Some(note) => format!("{note}; {failed}"),
+            None => failed,
+        };
+        catalog.set_note(&record.id, Some(&note))
     }
 }
 

@@ -295,6 +295,22 @@ impl Engine {
                 record.name.as_deref().unwrap_or(&record.id)
             )));
         }
+        // What the dead supervisor left, if the clean-up after it failed (see the record's
+        // note), would stop the recovery's guest from booting; idempotent otherwise. Only
+        // after the transition, so that no other finish's recovery guest is running.
+        if let Err(err) = remove_leftovers(self.home(), &record.id, &record.backend, Keep::Layer) {
+            let _ = catalog.transition(
+                &record.id,
+                State::Recovering,
+                State::Unsaved,
+                Some(&format!(
+                    "its files are kept, but cleaning up what its supervisor left failed, so \
+                     they could not be recovered yet ({}); finish the task to try again",
+                    err.message
+                )),
+            );
+            return Err(err);
+        }
         let recovered = self
             .start_supervisor(
                 catalog,
@@ -400,8 +416,9 @@ impl Engine {
         }
         let current = find(&catalog, &record.id)?;
         let released = record.name.clone();
-        if purge && current.state == State::Unsaved {
-            // The caller was told (CLI) or asked for exactly this (purge): the kept files go.
+        if purge && !current.state.is_live() {
+            // The caller was told (CLI) or asked for exactly this (purge): the kept files go,
+            // and whatever a failed clean-up after a dead supervisor left with them.
             remove_leftovers(self.home(), &record.id, &record.backend, Keep::Nothing)?;
         }
         let kept_work = (!purge && current.state == State::Unsaved)

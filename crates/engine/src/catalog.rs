@@ -381,7 +381,8 @@ impl Catalog {
     /// Finds a record by id or by its bound name.
     pub fn find(&self, name_or_id: &str) -> Result<Option<Record>> {
         self.read(|conn| {
-            conn.query_row(
+            cached_row(
+                conn,
                 &format!("SELECT {COLUMNS} FROM sandboxes WHERE id = ?1 OR name = ?1"),
                 [name_or_id],
                 from_row,
@@ -463,13 +464,13 @@ impl Catalog {
         make: impl Fn() -> Result<Record>,
     ) -> Result<Vec<Record>> {
         self.write(Lasting::Volatile, |conn| {
-            let pooled: i64 = conn
-                .query_row(
-                    "SELECT COUNT(*) FROM sandboxes WHERE state IN ('warming', 'pooled')",
-                    [],
-                    |row| row.get(0),
-                )
-                .map_err(classify)?;
+            let pooled: i64 = cached_row(
+                conn,
+                "SELECT COUNT(*) FROM sandboxes WHERE state IN ('warming', 'pooled')",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(classify)?;
             let have = usize::try_from(pooled).unwrap_or(usize::MAX);
             let mut added = Vec::new();
             for _ in have..target {
@@ -493,28 +494,30 @@ impl Catalog {
     ) -> Result<Option<Record>> {
         let image = serde_json::to_string(image).expect("an image reference always serialises");
         self.write(Lasting::Volatile, |conn| {
-            let found = conn
-                .query_row(
-                    &format!(
-                        "SELECT {COLUMNS} FROM sandboxes WHERE state = 'pooled' \
+            let found = cached_row(
+                conn,
+                &format!(
+                    "SELECT {COLUMNS} FROM sandboxes WHERE state = 'pooled' \
                          AND backend = ?1 AND image = ?2 ORDER BY created_at LIMIT 1"
-                    ),
-                    [backend, image.as_str()],
-                    from_row,
-                )
-                .optional()
-                .map_err(classify)?;
+                ),
+                [backend, image.as_str()],
+                from_row,
+            )
+            .optional()
+            .map_err(classify)?;
             let Some(mut record) = found else {
                 return Ok(None);
             };
             claim(&mut record);
             if let Some(name) = &record.name {
-                let taken: Option<i64> = conn
-                    .query_row("SELECT 1 FROM sandboxes WHERE name = ?1", [name], |row| {
-                        row.get(0)
-                    })
-                    .optional()
-                    .map_err(classify)?;
+                let taken: Option<i64> = cached_row(
+                    conn,
+                    "SELECT 1 FROM sandboxes WHERE name = ?1",
+                    [name],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(classify)?;
                 if taken.is_some() {
                     return Err(name_taken(name));
                 }
@@ -542,14 +545,15 @@ impl Catalog {
         // Deleting a task's record keeps its results and record file; the row alone goes,
         // which a repair would drop again: nothing to make durable beyond the WAL.
         self.write(Lasting::Volatile, |conn| {
-            let kind: Option<String> = conn
-                .query_row("SELECT kind FROM sandboxes WHERE id = ?1", [id], |row| {
-                    row.get(0)
-                })
-                .optional()
-                .map_err(classify)?;
-            conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id])
-                .map_err(classify)?;
+            let kind: Option<String> = cached_row(
+                conn,
+                "SELECT kind FROM sandboxes WHERE id = ?1",
+                [id],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(classify)?;
+            cached_execute(conn, "DELETE FROM sandboxes WHERE id = ?1", [id]).map_err(classify)?;
             if kind.as_deref() == Some(Kind::Raw.as_str()) {
                 records::remove(&self.home, Kind::Raw, id)?;
             }
@@ -704,7 +708,8 @@ fn name_taken(name: &str) -> Failure {
 
 pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
     let result = with_row(record, |row| {
-        conn.execute(
+        cached_execute(
+            conn,
             &format!("INSERT INTO sandboxes ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18)"),
             row,
         )
@@ -723,7 +728,8 @@ pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failu
 /// Writes every field of `record` but its id to its row.
 fn update_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
     with_row(record, |row| {
-        conn.execute(
+        cached_execute(
+            conn,
             "UPDATE sandboxes SET kind = ?2, name = ?3, state = ?4, backend = ?5, network = ?6, \
              cpus = ?7, memory_mb = ?8, ttl_seconds = ?9, created_at = ?10, expires_at = ?11, \
              supervisor_pid = ?12, supervisor_start = ?13, note = ?14, detail = ?15, disk_mb = ?16, egress = ?17, image = ?18 WHERE id = ?1",
@@ -734,8 +740,30 @@ fn update_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Runs a one-row query through the connection's statement cache. The long-lived processes
+/// (the MCP server, a supervisor) ask the same few queries on every call, and SQLite's parse
+/// and plan of a statement cost more than the lookup it then makes.
+fn cached_row<T, P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+    row: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(params, row)
+}
+
+/// Runs a change through the connection's statement cache (see [`cached_row`]).
+fn cached_execute<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
+
 fn get_row(conn: &Connection, id: &str) -> rusqlite::Result<Option<Record>> {
-    conn.query_row(
+    cached_row(
+        conn,
         &format!("SELECT {COLUMNS} FROM sandboxes WHERE id = ?1"),
         [id],
         from_row,
@@ -744,7 +772,7 @@ fn get_row(conn: &Connection, id: &str) -> rusqlite::Result<Option<Record>> {
 }
 
 pub(crate) fn list_rows(conn: &Connection) -> rusqlite::Result<Vec<Record>> {
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM sandboxes ORDER BY created_at, id"
     ))?;
     let rows = stmt.query_map([], from_row)?;

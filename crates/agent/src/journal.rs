@@ -584,6 +584,21 @@ mod tests {
         })
     }
 
+    /// Writes a file from a child process, so that it is closed when this returns. A file
+    /// written by the test process itself can be closed much later: a process that another
+    /// test's thread forks meanwhile inherits the descriptor and holds it until it execs, and
+    /// the close's event (`IN_CLOSE_WRITE`, rightly a change) would land in a later take.
+    fn write(path: impl AsRef<Path>, contents: &str) -> std::io::Result<()> {
+        let status = std::process::Command::new("sh")
+            .args(["-c", "printf %s \"$1\" > \"$2\"", "sh", contents])
+            .arg(path.as_ref())
+            .status()?;
+        if !status.success() {
+            return Err(std::io::Error::other(format!("sh wrote nothing: {status}")));
+        }
+        Ok(())
+    }
+
     fn tree() -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("tempdir");
         for path in ["src/lib", "docs", "deep/a/b/c"] {
@@ -596,7 +611,7 @@ mod tests {
             "docs/guide.md",
             "deep/a/b/c/f",
         ] {
-            fs::write(dir.path().join(path), path).expect("write");
+            write(dir.path().join(path), path).expect("write");
         }
         dir
     }
@@ -611,8 +626,8 @@ mod tests {
         let root = dir.path();
         let journal = start(root);
         assert_eq!(journal.take(), changed(&[], &[]));
-        fs::write(root.join("src/main.rs"), "changed").expect("write");
-        fs::write(root.join("docs/new.md"), "new").expect("write");
+        write(root.join("src/main.rs"), "changed").expect("write");
+        write(root.join("docs/new.md"), "new").expect("write");
         fs::remove_file(root.join("README")).expect("rm");
         fs::rename(root.join("deep/a/b/c/f"), root.join("src/lib/g")).expect("mv");
         std::os::unix::fs::symlink("main.rs", root.join("src/link")).expect("ln -s");
@@ -652,7 +667,7 @@ mod tests {
         let root = dir.path();
         let journal = start(root);
         fs::create_dir_all(root.join("new/inner")).expect("mkdir");
-        fs::write(root.join("new/inner/x"), "x").expect("write");
+        write(root.join("new/inner/x"), "x").expect("write");
         fs::rename(root.join("deep/a"), root.join("moved")).expect("mv");
         fs::remove_dir_all(root.join("docs")).expect("rm -r");
         // What happened inside them goes with the trees.
@@ -661,8 +676,8 @@ mod tests {
             changed(&[], &["new", "deep/a", "moved", "docs"])
         );
         // The new directory's child and the moved tree are watched under their new names.
-        fs::write(root.join("new/inner/y"), "y").expect("write");
-        fs::write(root.join("moved/b/c/f"), "changed").expect("write");
+        write(root.join("new/inner/y"), "y").expect("write");
+        write(root.join("moved/b/c/f"), "changed").expect("write");
         assert_eq!(
             journal.take(),
             changed(&["new/inner/y", "moved/b/c/f"], &[])
@@ -681,7 +696,7 @@ mod tests {
         let outside = tempfile::tempdir().expect("tempdir");
         fs::rename(root.join("moved"), outside.path().join("moved")).expect("mv");
         assert_eq!(journal.take(), changed(&[], &["moved"]));
-        fs::write(outside.path().join("moved/b/c/f"), "again").expect("write");
+        write(outside.path().join("moved/b/c/f"), "again").expect("write");
         assert_eq!(journal.take(), changed(&[], &[]));
     }
 
@@ -690,13 +705,13 @@ mod tests {
         let dir = tree();
         let root = dir.path();
         let journal = start(root);
-        fs::write(root.join("src/.gitignore"), "*.o\n").expect("write");
-        fs::write(root.join("deep/a/.gitattributes"), "* -text\n").expect("write");
+        write(root.join("src/.gitignore"), "*.o\n").expect("write");
+        write(root.join("deep/a/.gitattributes"), "* -text\n").expect("write");
         assert_eq!(journal.take(), changed(&[], &["src", "deep/a"]));
         // The workspace's own: everything, and the journal goes on.
-        fs::write(root.join(".gitignore"), "*.o\n").expect("write");
+        write(root.join(".gitignore"), "*.o\n").expect("write");
         assert!(matches!(journal.take(), Since::Everything(why) if why.contains("ignore")));
-        fs::write(root.join("README"), "changed").expect("write");
+        write(root.join("README"), "changed").expect("write");
         assert_eq!(journal.take(), changed(&["README"], &[]));
     }
 
@@ -706,24 +721,24 @@ mod tests {
         let root = dir.path();
         fs::create_dir_all(root.join(".git/objects")).expect("mkdir");
         fs::create_dir_all(root.join("vendor/dep/.git")).expect("mkdir");
-        fs::write(root.join("vendor/dep/file"), "x").expect("write");
+        write(root.join("vendor/dep/file"), "x").expect("write");
         let journal = start(root);
-        fs::write(root.join(".git/objects/x"), "x").expect("write");
-        fs::write(root.join(".git/index"), "x").expect("write");
-        fs::write(root.join("vendor/dep/.git/HEAD"), "x").expect("write");
-        fs::write(root.join("vendor/dep/file"), "y").expect("write");
-        fs::write(root.join("README"), "changed").expect("write");
+        write(root.join(".git/objects/x"), "x").expect("write");
+        write(root.join(".git/index"), "x").expect("write");
+        write(root.join("vendor/dep/.git/HEAD"), "x").expect("write");
+        write(root.join("vendor/dep/file"), "y").expect("write");
+        write(root.join("README"), "changed").expect("write");
         // The nested repository is looked at whole on every diff, whatever happened in it.
         assert_eq!(journal.take(), changed(&["README"], &["vendor/dep"]));
         assert_eq!(journal.take(), changed(&[], &["vendor/dep"]));
         // Made a repository later: a tree too, and paths in it go with it.
         fs::create_dir(root.join("src/.git")).expect("mkdir");
-        fs::write(root.join("src/main.rs"), "changed").expect("write");
+        write(root.join("src/main.rs"), "changed").expect("write");
         assert_eq!(journal.take(), changed(&[], &["src", "vendor/dep"]));
         // No longer one: a tree this once, then its files are paths again.
         fs::remove_dir(root.join("src/.git")).expect("rmdir");
         assert_eq!(journal.take(), changed(&[], &["src", "vendor/dep"]));
-        fs::write(root.join("src/main.rs"), "again").expect("write");
+        write(root.join("src/main.rs"), "again").expect("write");
         assert_eq!(journal.take(), changed(&["src/main.rs"], &["vendor/dep"]));
     }
 
@@ -737,10 +752,10 @@ mod tests {
         };
         let journal = Journal::start(root, limits).expect("start");
         for n in 0..=10 {
-            fs::write(root.join(n.to_string()), "").expect("write");
+            write(root.join(n.to_string()), "").expect("write");
         }
         assert!(matches!(journal.take(), Since::Everything(why) if why.contains("paths changed")));
-        fs::write(root.join("README"), "changed").expect("write");
+        write(root.join("README"), "changed").expect("write");
         assert_eq!(journal.take(), changed(&["README"], &[]));
     }
 

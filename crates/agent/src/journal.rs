@@ -584,19 +584,26 @@ mod tests {
         })
     }
 
-    /// Writes a file from a child process, so that it is closed when this returns. A file
-    /// written by the test process itself can be closed much later: a process that another
-    /// test's thread forks meanwhile inherits the descriptor and holds it until it execs, and
-    /// the close's event (`IN_CLOSE_WRITE`, rightly a change) would land in a later take.
+    /// Writes a file from a thread with a descriptor table of its own, so that the file is
+    /// closed for good when this returns. A file written through the shared table can be
+    /// closed much later: a process that another test's thread forks meanwhile inherits the
+    /// descriptor and holds it until it execs, and the close's event (`IN_CLOSE_WRITE`,
+    /// rightly a change) would land in a later take. A child process would do as well but
+    /// cannot be waited for here: the reaper thread, once a test has started it, reaps every
+    /// child of the test binary.
     fn write(path: impl AsRef<Path>, contents: &str) -> std::io::Result<()> {
-        let status = std::process::Command::new("sh")
-            .args(["-c", "printf %s \"$1\" > \"$2\"", "sh", contents])
-            .arg(path.as_ref())
-            .status()?;
-        if !status.success() {
-            return Err(std::io::Error::other(format!("sh wrote nothing: {status}")));
-        }
-        Ok(())
+        let path = path.as_ref().to_path_buf();
+        let contents = contents.to_owned();
+        std::thread::spawn(move || {
+            // SAFETY: unshare takes no pointers; CLONE_FILES only gives this thread a private
+            // copy of the descriptor table, which the thread's exit drops.
+            if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            fs::write(path, contents)
+        })
+        .join()
+        .map_err(|_| std::io::Error::other("the writing thread panicked"))?
     }
 
     fn tree() -> tempfile::TempDir {

@@ -595,11 +595,8 @@ mod tests {
         let path = path.as_ref().to_path_buf();
         let contents = contents.to_owned();
         std::thread::spawn(move || {
-            // SAFETY: unshare takes no pointers; CLONE_FILES only gives this thread a private
-            // copy of the descriptor table, which the thread's exit drops.
-            if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            // A private copy of the descriptor table, which the thread's exit drops.
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FILES)?;
             fs::write(path, contents)
         })
         .join()

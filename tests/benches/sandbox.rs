@@ -13,8 +13,9 @@
 //!
 //! Run with `scripts/bench.sh` (builds the release binaries first). Needs root and bwrap.
 
+use std::cell::RefCell;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dynocap_e2e::bench::{
     child_pids, dynocap_ok, pairs, proc_kib, release_bins, report, report_pairs,
@@ -24,8 +25,9 @@ use dynocap_e2e::bench::{
 use dynocap_engine::spec::{ExecSpec, RunSpec};
 use dynocap_engine::{Engine, Home};
 
-/// Timed cycles per path, each beside a timed bwrap run.
-const CYCLES: usize = 15;
+/// Timed cycles per path, each beside a timed bwrap run: with 15, the CLI's cold ratio moved
+/// by a tenth or more between runs on this machine.
+const CYCLES: usize = 30;
 /// Idle before every timed run: an agent's calls come seconds apart, and this lets a
 /// sandbox's teardown after its reply, and the kernel's cleanup of bwrap's network namespace,
 /// finish before the next run is timed.
@@ -49,11 +51,21 @@ fn main() {
     let cli = |args: &[&str]| {
         dynocap_ok(&dynocap, &home_env, args);
     };
-    // One cycle through the CLI, one process per command.
-    let cli_cycle = |envs: &[(&str, &str)], name: &str| {
-        dynocap_ok(&dynocap, envs, &["run", name]);
-        dynocap_ok(&dynocap, envs, &["exec", name, "--", "true"]);
-        dynocap_ok(&dynocap, envs, &["destroy", name]);
+    // One cycle through the CLI, one process per command, each command's time kept in
+    // `times` (the untimed warm-up cycle's included; medians barely notice one more).
+    let cli_cycle = |envs: &[(&str, &str)], name: &str, times: &RefCell<CommandTimes>| {
+        let timed = |args: &[&str]| {
+            let start = Instant::now();
+            dynocap_ok(&dynocap, envs, args);
+            start.elapsed()
+        };
+        let run = timed(&["run", name]);
+        let exec = timed(&["exec", name, "--", "true"]);
+        let destroy = timed(&["destroy", name]);
+        let mut times = times.borrow_mut();
+        times.run.push(run);
+        times.exec.push(exec);
+        times.destroy.push(destroy);
     };
 
     // 1. Start to first command to teardown, each cycle beside a bwrap run (see `pairs`).
@@ -84,13 +96,16 @@ fn main() {
             .expect("bwrap is installed (apt-get install bubblewrap)");
         assert!(status.success());
     };
+    let cold_times = RefCell::new(CommandTimes::default());
     let cli_cold = pairs(
         CYCLES,
         PAUSE,
         || {},
-        |i| cli_cycle(&home_env, &format!("b{i}")),
+        |i| cli_cycle(&home_env, &format!("b{i}"), &cold_times),
         bwrap_true,
     );
+    // What one CLI process costs before it does anything: the cycle pays it three times.
+    let process_start = sample(CYCLES, |_| cli(&["--version"]));
     let mcp_cycle = |session: &mut McpSession, i: usize| {
         let name = format!("m{i}");
         session.call("dynocap_run", serde_json::json!({ "name": name }));
@@ -131,7 +146,7 @@ fn main() {
         CYCLES,
         PAUSE,
         pool_ready,
-        |i| cli_cycle(&pool_env, &format!("p{i}")),
+        |i| cli_cycle(&pool_env, &format!("p{i}"), &RefCell::default()),
         bwrap_true,
     );
     let mut mcp = McpSession::start(&dynocap, &pool_env);
@@ -153,6 +168,14 @@ fn main() {
     ] {
         report_pairs(name, pairs, "bwrap --unshare-all true");
     }
+    let cold_times = cold_times.into_inner();
+    println!(
+        "CLI cold cycle by command: run median {:.2} ms, exec {:.2} ms, destroy {:.2} ms | dynocap --version (a process start, paid by each) median {:.2} ms",
+        median_ms(&cold_times.run),
+        median_ms(&cold_times.exec),
+        median_ms(&cold_times.destroy),
+        median_ms(&process_start),
+    );
     println!("targets: MCP cold <= 2x, CLI cold <= 3x, MCP with a warm pool < 1x");
 
     // 4 (before 2, whose engine keeps the catalog open in this process). The catalog's WAL
@@ -267,4 +290,18 @@ fn main() {
         &listing,
         "dynocap --version",
     );
+}
+
+/// Each command's times in the CLI cycles.
+#[derive(Default)]
+struct CommandTimes {
+    run: Vec<Duration>,
+    exec: Vec<Duration>,
+    destroy: Vec<Duration>,
+}
+
+fn median_ms(times: &[Duration]) -> f64 {
+    let mut times = times.to_vec();
+    times.sort();
+    times[times.len() / 2].as_secs_f64() * 1e3
 }

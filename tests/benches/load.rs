@@ -8,7 +8,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use dynocap_e2e::bench::{child_pids, proc_kib, release_bins, running_supervisors};
+use dynocap_e2e::bench::{
+    child_pids, proc_kib, release_bins, running_supervisors, wait_for_supervisors_to_exit,
+};
 
 const SANDBOXES: usize = 50;
 const EXECS: usize = 200;
@@ -127,6 +129,7 @@ fn main() {
 
 /// Destroys every sandbox the run may have started when it ends, however it ends: a failed
 /// start panics, and its home directory goes with it, but not the sandboxes already running.
+/// The home is removed once their supervisors have finished tearing them down.
 struct Cleanup<'a> {
     dynocap: &'a std::path::Path,
     home: &'a std::path::Path,
@@ -148,5 +151,11 @@ impl Drop for Cleanup<'_> {
                 });
             }
         });
+        let left = wait_for_supervisors_to_exit(home);
+        if !left.is_empty() {
+            eprintln!(
+                "load: supervisors {left:?} still running a minute after their sandboxes were destroyed"
+            );
+        }
     }
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use dynocap_e2e::bench::{
     child_pids, dynocap_ok, pairs, proc_kib, release_bins, report, report_pairs,
-    running_supervisors, sample, McpSession,
+    running_supervisors, sample, wait_for_supervisors_to_exit, McpSession,
 };
 
 use dynocap_engine::spec::{ExecSpec, RunSpec};
@@ -289,6 +289,11 @@ fn main() {
         &format!("dynocap ls after {AGEING_SANDBOXES} sandboxes came and went"),
         &listing,
         "dynocap --version",
+    );
+    let left = wait_for_supervisors_to_exit(home_dir.path());
+    assert!(
+        left.is_empty(),
+        "supervisors {left:?} still running a minute after their sandboxes were destroyed"
     );
 }
 

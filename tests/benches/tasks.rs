@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use dynocap_e2e::bench::{dynocap_ok, pairs, proc_kib, release_bins, report_pairs};
+use dynocap_e2e::bench::{
+    dynocap_ok, pairs, proc_kib, release_bins, report_pairs, supervisor_processes,
+};
 
 /// Timed task starts per tree, each beside a clone.
 const STARTS: usize = 5;
@@ -330,7 +332,7 @@ impl RssWatcher {
         let handle = std::thread::spawn(move || {
             let mut peak = 0;
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                for pid in supervisors(&home) {
+                for pid in supervisor_processes(&home) {
                     peak = peak.max(proc_kib(pid, "status", "VmRSS:"));
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -344,22 +346,6 @@ impl RssWatcher {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.handle.join().unwrap_or(0)
     }
-}
-
-/// Pids of processes running `dynocap supervise --home HOME`.
-fn supervisors(home: &Path) -> Vec<i32> {
-    let needle = home.as_os_str().as_encoded_bytes().to_vec();
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            cmdline.windows(9).any(|w| w == b"supervise")
-                && cmdline.windows(needle.len()).any(|w| w == needle)
-        })
-        .collect()
 }
 
 fn generate_repo(dir: &Path, files: usize, size: usize, commits: usize) {

@@ -1,6 +1,6 @@
 //! Helpers the benchmarks share: locating the release binaries, sampling, reporting a
-//! measurement beside its baseline as a ratio, reading a process's memory counters, and a
-//! bare MCP client over stdio.
+//! measurement beside its baseline as a ratio, reading a process's memory counters, finding
+//! a home's supervisors and waiting for them to finish, and a bare MCP client over stdio.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -129,6 +129,44 @@ pub fn report(name: &str, times: &[Duration], baseline: &str, base: &[Duration])
         b.as_secs_f64() * 1e3,
         m.as_secs_f64() / b.as_secs_f64()
     );
+}
+
+/// Pids of the processes running `dynocap supervise --home HOME`: the supervisors of the
+/// home's sandboxes and tasks, and standbys.
+pub fn supervisor_processes(home: &Path) -> Vec<i32> {
+    let mut needle = b"--home\0".to_vec();
+    needle.extend_from_slice(home.as_os_str().as_encoded_bytes());
+    needle.push(0);
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmdline.split(|&b| b == 0).any(|arg| arg == b"supervise")
+                && cmdline
+                    .windows(needle.len())
+                    .any(|w| w == needle.as_slice())
+        })
+        .collect()
+}
+
+/// Waits until no supervisor of `home` is left, before a bench removes the home: `destroy`
+/// answers once the guest is dead, and its supervisor tears down the rest (cgroups, disk,
+/// log, the spare disk for the next start) after. Removing the home meanwhile races those
+/// writes and leaves it half deleted in /tmp. Returns the pids still running after a minute
+/// (none when all finished); it does not panic, so a bench's clean-up can call it while
+/// unwinding.
+pub fn wait_for_supervisors_to_exit(home: &Path) -> Vec<i32> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = supervisor_processes(home);
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A `Field:  N kB` counter of /proc/PID/status (`VmRSS:`) or smaps_rollup (`Pss:`), in KiB.

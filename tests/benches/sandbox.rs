@@ -18,7 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dynocap_e2e::bench::{
-    child_pids, dynocap_ok, pairs, proc_kib, release_bins, report, report_pairs,
+    child_pids, dynocap_ok, median_and_p90, pairs, proc_kib, release_bins, report, report_pairs,
     running_supervisors, sample, wait_for_supervisors_to_exit, McpSession,
 };
 
@@ -306,7 +306,5 @@ struct CommandTimes {
 }
 
 fn median_ms(times: &[Duration]) -> f64 {
-    let mut times = times.to_vec();
-    times.sort();
-    times[times.len() / 2].as_secs_f64() * 1e3
+    median_and_p90(times).0.as_secs_f64() * 1e3
 }

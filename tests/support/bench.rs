@@ -95,12 +95,7 @@ pub fn pairs(
 /// medians, and the median of the neighbours' ratios (steadier on a shared machine, where the
 /// load drifts during a run).
 pub fn report_pairs(name: &str, pairs: &Pairs, baseline: &str) {
-    let median = |v: &[Duration]| {
-        let mut v = v.to_vec();
-        v.sort();
-        (v[v.len() / 2], v[v.len() * 9 / 10])
-    };
-    let ((m, p90), (b, _)) = (median(&pairs.ours), median(&pairs.baseline));
+    let ((m, p90), (b, _)) = (median_and_p90(&pairs.ours), median_and_p90(&pairs.baseline));
     let mut ratios: Vec<f64> = pairs
         .ours
         .iter()
@@ -117,6 +112,13 @@ pub fn report_pairs(name: &str, pairs: &Pairs, baseline: &str) {
         ratios.len(),
         ratios[ratios.len() / 2]
     );
+}
+
+/// The median and the 90th percentile of `times`, in any order.
+pub fn median_and_p90(times: &[Duration]) -> (Duration, Duration) {
+    let mut times = times.to_vec();
+    times.sort();
+    (times[times.len() / 2], times[times.len() * 9 / 10])
 }
 
 /// Prints one line: the measurement's median and p90, the baseline's median, their ratio.

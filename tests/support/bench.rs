@@ -2,22 +2,43 @@
 //! measurement beside its baseline as a ratio, reading a process's memory counters, finding
 //! a home's supervisors and waiting for them to finish, and a bare MCP client over stdio.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// `target/release/`, where `scripts/bench.sh` built `dynocap` and `dynocap-agent`.
+/// The binaries as an install has them (README, "Install"), copied into one directory,
+/// `target/bench-install`: the static client `dynocap`, `dynocap-core`, and the static agent.
+/// `scripts/bench.sh` builds them.
 pub fn release_bins() -> PathBuf {
     let exe = std::env::current_exe().expect("bench path");
-    let dir = exe
+    let target = exe
         .parent()
         .and_then(Path::parent)
-        .expect("target/<profile>")
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps")
         .to_path_buf();
-    assert!(
-        dir.join("dynocap").is_file() && dir.join("dynocap-agent").is_file(),
-        "build first: cargo build --release -p dynocap -p dynocap-agent"
-    );
-    dir
+    let musl = target.join("x86_64-unknown-linux-musl/release");
+    let parts = [
+        (musl.join("dynocap"), "dynocap"),
+        (target.join("release/dynocap-core"), "dynocap-core"),
+        (musl.join("dynocap-agent"), "dynocap-agent"),
+    ];
+    let install = target.join("bench-install");
+    std::fs::create_dir_all(&install).expect("target/bench-install");
+    for (built, name) in parts {
+        assert!(
+            built.is_file(),
+            "{} is missing; build first: cargo build --release -p dynocap && cargo build \
+             --release --target x86_64-unknown-linux-musl -p dynocap-client -p dynocap-agent \
+             (scripts/bench.sh does)",
+            built.display()
+        );
+        // A copy, not a link: the client finds dynocap-core beside its own file.
+        let staged = install.join(format!("{name}.new"));
+        std::fs::copy(&built, &staged).expect("copy into target/bench-install");
+        std::fs::rename(&staged, install.join(name)).expect("install");
+    }
+    install
 }
 
 /// Runs `f` `n` times after one warm-up run (given index `n`); returns the sorted durations.
@@ -139,19 +160,60 @@ pub fn supervisor_processes(home: &Path) -> Vec<i32> {
     let mut needle = b"--home\0".to_vec();
     needle.extend_from_slice(home.as_os_str().as_encoded_bytes());
     needle.push(0);
-    std::fs::read_dir("/proc")
+    command_lines()
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        .filter(|(_, cmdline)| {
             cmdline.split(|&b| b == 0).any(|arg| arg == b"supervise")
                 && cmdline
                     .windows(needle.len())
                     .any(|w| w == needle.as_slice())
         })
+        .map(|(pid, _)| pid)
         .collect()
+}
+
+/// Every process's pid and command line (its arguments, each ended by a NUL). A process that
+/// has exited has none, and is left out.
+fn command_lines() -> Vec<(i32, Vec<u8>)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            (!cmdline.is_empty()).then_some((pid, cmdline))
+        })
+        .collect()
+}
+
+/// The command servers of `home` (README, "The command server"): pid and socket of each.
+pub fn command_servers(home: &Path) -> Vec<(i32, PathBuf)> {
+    let run_dir = home.join("run");
+    command_lines()
+        .into_iter()
+        .filter_map(|(pid, cmdline)| {
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            let socket = Path::new(std::ffi::OsStr::from_bytes(args.get(3)?));
+            (args[1] == b"cli-server"
+                && args[2] == b"--socket"
+                && socket.parent() == Some(&run_dir))
+            .then(|| (pid, socket.to_path_buf()))
+        })
+        .collect()
+}
+
+/// Ends the command servers of `home` and waits for them, as their idle time would end them:
+/// for a measurement of a quiet home, whose catalog no other process holds open.
+pub fn stop_command_servers(home: &Path) {
+    for (pid, _) in command_servers(home) {
+        // SAFETY: kill has no memory preconditions; the pid is a server of this home.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !command_servers(home).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Waits until no supervisor of `home` is left, before a bench removes the home: `destroy`

@@ -22,7 +22,7 @@ pub fn bin_dir() -> PathBuf {
         .parent()
         .and_then(Path::parent)
         .expect("test binary lives in target/<profile>/deps");
-    for bin in ["dynocap", "dynocap-agent"] {
+    for bin in ["dynocap", "dynocap-core", "dynocap-agent"] {
         assert!(
             dir.join(bin).is_file(),
             "{} is missing: build the workspace first (`cargo build --workspace` or `cargo test --workspace`)",

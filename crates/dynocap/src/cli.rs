@@ -58,6 +58,16 @@ pub enum Command {
     /// Internal: run a sandbox's supervisor (started by `run`).
     #[command(hide = true)]
     Supervise(SuperviseArgs),
+    /// Internal: serve a home's commands to the `dynocap` client (started by it).
+    #[command(hide = true, name = "cli-server")]
+    CliServer(CliServerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CliServerArgs {
+    /// The socket to listen on, in the home's `run/` directory.
+    #[arg(long)]
+    pub socket: std::path::PathBuf,
 }
 
 #[derive(Debug, Subcommand)]

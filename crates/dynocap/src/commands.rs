@@ -1,6 +1,5 @@
 //! One function per subcommand: turn parsed arguments into engine calls and print results.
 
-use std::io::{IsTerminal, Write};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 
@@ -8,14 +7,19 @@ use dynocap_engine::spec::{ExecSpec, RunSpec};
 use dynocap_engine::{Engine, Error, ExecResult, Home};
 
 use crate::cli::{Cli, Command, ExecArgs, RunArgs, SuperviseArgs};
-use crate::output::{fail, print_json, sandbox_rows, table, SANDBOX_HEADERS};
+use crate::output::{fail, print_json, sandbox_rows, table, Streams, SANDBOX_HEADERS};
 
 pub async fn dispatch(cli: Cli) -> ExitCode {
     let json = cli.json;
     let result = match cli.command {
-        Command::Doctor(_) | Command::Supervise(_) | Command::Completions(_) | Command::Man => {
+        Command::Doctor(_)
+        | Command::Supervise(_)
+        | Command::CliServer(_)
+        | Command::Completions(_)
+        | Command::Man => {
             unreachable!(
-                "doctor, supervise, completions and man are dispatched before the runtime starts"
+                "doctor, supervise, cli-server, completions and man are dispatched before the \
+                 runtime starts"
             )
         }
         Command::Mcp(args) => {
@@ -34,32 +38,15 @@ pub async fn dispatch(cli: Cli) -> ExitCode {
 
 async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
     let engine = Engine::new(Home::from_env()?)?;
+    if is_served(&command) {
+        let code = run_served(&engine, json, command, &Streams::of_process()).await;
+        return Ok(ExitCode::from(code));
+    }
     match command {
-        Command::Run(args) => run(&engine, json, args).await,
-        Command::Exec(args) => {
-            exec(
-                &engine,
-                json,
-                &args.name,
-                args.cwd.as_deref(),
-                args.exec,
-                false,
-            )
-            .await
-        }
         Command::Task(command) => crate::task_commands::task(&engine, json, command).await,
         Command::Image(command) => crate::image_commands::image(engine, json, command).await,
         Command::Ls => crate::task_commands::ls(&engine, json),
         Command::Rm(args) => crate::task_commands::rm(&engine, json, args).await,
-        Command::Ps => {
-            let sandboxes = engine.ps()?;
-            if json {
-                print_json(&serde_json::json!({ "sandboxes": sandboxes }));
-            } else {
-                print!("{}", table(SANDBOX_HEADERS, &sandbox_rows(&sandboxes)));
-            }
-            Ok(ExitCode::SUCCESS)
-        }
         Command::Pool(args) => {
             let (verb, count) = if args.drain {
                 ("drained", engine.drain_pool().await?)
@@ -80,17 +67,12 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Destroy(args) => {
-            let destroyed = engine.destroy(&args.name).await?;
-            if json {
-                print_json(&serde_json::json!({ "destroyed": destroyed }));
-            } else {
-                println!("destroyed {destroyed}");
-            }
-            Ok(ExitCode::SUCCESS)
+        Command::Run(_) | Command::Exec(_) | Command::Destroy(_) | Command::Ps => {
+            unreachable!("served commands are run above")
         }
         Command::Doctor(_)
         | Command::Supervise(_)
+        | Command::CliServer(_)
         | Command::Mcp(_)
         | Command::Completions(_)
         | Command::Man => {
@@ -99,7 +81,62 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
     }
 }
 
-async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Error> {
+/// The commands the command server runs in its own process (see `cli_server`): the ones a
+/// sandbox's cycle is made of. Their whole output goes through [`Streams`], and none reads
+/// the working directory, stdin or the terminal's process group.
+pub fn is_served(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Run(_) | Command::Exec(_) | Command::Destroy(_) | Command::Ps
+    )
+}
+
+/// Runs a command [`is_served`] says is served, writing to `streams`: its exit code.
+pub async fn run_served(engine: &Engine, json: bool, command: Command, streams: &Streams) -> u8 {
+    let result = match command {
+        Command::Run(args) => run(engine, json, args, streams).await,
+        Command::Exec(args) => {
+            let target = args.name;
+            let cwd = args.cwd;
+            exec(
+                engine,
+                json,
+                &target,
+                cwd.as_deref(),
+                args.exec,
+                false,
+                streams,
+            )
+            .await
+        }
+        Command::Destroy(args) => engine.destroy(&args.name).await.map(|destroyed| {
+            if json {
+                streams.json(&serde_json::json!({ "destroyed": destroyed }));
+            } else {
+                streams
+                    .stdout()
+                    .write_str(&format!("destroyed {destroyed}\n"));
+            }
+            0
+        }),
+        Command::Ps => engine.ps().map(|sandboxes| {
+            if json {
+                streams.json(&serde_json::json!({ "sandboxes": sandboxes }));
+            } else {
+                streams
+                    .stdout()
+                    .write_str(&table(SANDBOX_HEADERS, &sandbox_rows(&sandboxes)));
+            }
+            0
+        }),
+        other => Err(Error::internal(format!(
+            "{other:?} is not a served command"
+        ))),
+    };
+    result.unwrap_or_else(|err| streams.fail(json, &err))
+}
+
+async fn run(engine: &Engine, json: bool, args: RunArgs, streams: &Streams) -> Result<u8, Error> {
     let mut spec = RunSpec::raw(
         &args.name,
         args.network.as_deref(),
@@ -114,14 +151,14 @@ async fn run(engine: &Engine, json: bool, args: RunArgs) -> Result<ExitCode, Err
     engine.start_a_standby_supervisor(&spec);
     let info = engine.run(&spec).await?;
     if json {
-        print_json(&info);
+        streams.json(&info);
     } else {
-        print!(
-            "{}",
-            table(SANDBOX_HEADERS, &sandbox_rows(std::slice::from_ref(&info)))
-        );
+        streams.stdout().write_str(&table(
+            SANDBOX_HEADERS,
+            &sandbox_rows(std::slice::from_ref(&info)),
+        ));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
 /// `exec` and `task exec`: same flags, different default cwd and target kind.
@@ -132,7 +169,8 @@ pub async fn exec(
     cwd: Option<&str>,
     args: ExecArgs,
     task: bool,
-) -> Result<ExitCode, Error> {
+    streams: &Streams,
+) -> Result<u8, Error> {
     let env = args
         .env
         .iter()
@@ -160,75 +198,73 @@ pub async fn exec(
             engine.exec(target, &spec).await?
         };
         if json {
-            print_json(&result);
+            streams.json(&result);
         } else {
-            print_transcript(&result, spec.timeout_seconds, args.raw);
+            print_transcript(streams, &result, spec.timeout_seconds, args.raw);
         }
         return Ok(exit_code_of(&result));
     }
     // Everything the command prints, as it prints it; the result's excerpt is not shown.
-    let live = crate::exec_output::LiveOutput::new(args.raw);
+    let live = crate::exec_output::LiveOutput::new(streams, args.raw);
     let on_output = |channel, data: &[u8]| live.write(channel, data);
-    let result = if task {
-        engine.task_exec_streaming(target, &spec, &on_output).await
-    } else {
-        engine.exec_streaming(target, &spec, &on_output).await
+    let running = async {
+        if task {
+            engine.task_exec_streaming(target, &spec, &on_output).await
+        } else {
+            engine.exec_streaming(target, &spec, &on_output).await
+        }
+    };
+    let result = tokio::select! {
+        result = running => result,
+        () = live.reader_gone() => return Ok(crate::exec_output::READER_GONE_EXIT),
     };
     live.finish();
     let result = result?;
-    print_end_notes(&result, spec.timeout_seconds);
+    print_end_notes(streams, &result, spec.timeout_seconds);
     Ok(exit_code_of(&result))
 }
 
 /// `--tty`: the rendered screen on stdout, neutralised on a terminal unless `raw` (see
 /// `terminal.rs`), with a note when only its head and tail were kept.
-fn print_transcript(result: &ExecResult, timeout_seconds: u64, raw: bool) {
+fn print_transcript(streams: &Streams, result: &ExecResult, timeout_seconds: u64, raw: bool) {
     let transcript = result.transcript.as_deref().unwrap_or("");
-    write_guest_output(&mut std::io::stdout().lock(), transcript, raw);
+    let stdout = streams.stdout();
+    if raw || !stdout.is_terminal() {
+        stdout.write_str(transcript);
+    } else {
+        stdout.write_str(&crate::terminal::neutralise(transcript));
+    }
     if result.truncated {
-        let _ = writeln!(
-            std::io::stderr(),
-            "dynocap: the transcript was cut to its head and tail; the [… bytes omitted …] line says how much is missing"
+        streams.stderr().write_str(
+            "dynocap: the transcript was cut to its head and tail; the [… bytes omitted …] line says how much is missing\n",
         );
     }
-    print_end_notes(result, timeout_seconds);
+    print_end_notes(streams, result, timeout_seconds);
 }
 
 /// How the command ended, when its exit code alone does not say it.
-fn print_end_notes(result: &ExecResult, timeout_seconds: u64) {
+fn print_end_notes(streams: &Streams, result: &ExecResult, timeout_seconds: u64) {
     if result.timed_out {
-        let _ = writeln!(
-            std::io::stderr(),
-            "dynocap: command timed out after {timeout_seconds}s; its process group was killed"
-        );
+        streams.stderr().write_str(&format!(
+            "dynocap: command timed out after {timeout_seconds}s; its process group was killed\n"
+        ));
     }
-}
-
-/// Guest output to `stream`: unchanged for a pipe or file (or with `raw`), neutralised for a
-/// terminal. Write errors (a closed pipe) are ignored, as the command's own output would be.
-fn write_guest_output(stream: &mut (impl Write + IsTerminal), text: &str, raw: bool) {
-    let _ = if raw || !stream.is_terminal() {
-        stream.write_all(text.as_bytes())
-    } else {
-        stream.write_all(crate::terminal::neutralise(text).as_bytes())
-    };
-    let _ = stream.flush();
 }
 
 /// The shell's conventions: the exit code, 128+N for signal N, 124 for a timeout.
-fn exit_code_of(result: &ExecResult) -> ExitCode {
+fn exit_code_of(result: &ExecResult) -> u8 {
     if result.timed_out {
-        return ExitCode::from(124);
+        return 124;
     }
     if let Some(code) = result.exit_code {
-        return ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1));
+        return u8::try_from(code & 0xff).unwrap_or(1);
     }
     let signal = result
         .signal
         .as_deref()
         .and_then(|name| name.parse::<nix::sys::signal::Signal>().ok())
         .map_or(1, |s| s as i32);
-    ExitCode::from(u8::try_from(128 + signal).unwrap_or(255))
+    u8::try_from(128 + signal).unwrap_or(255)
 }
 
 pub fn supervise(args: &SuperviseArgs) -> ExitCode {

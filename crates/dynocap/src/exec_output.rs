@@ -1,43 +1,73 @@
 //! A command's output on the user's stdout and stderr while it runs: every byte, in order, as
 //! it arrives. Pipes and files (and `--raw`) get the bytes unchanged; a terminal gets them
 //! neutralised (see `terminal.rs`), with what a piece's cut splits carried to the next piece.
-//! A pipe whose reader went away ends the CLI as SIGPIPE ends a command, and so the command.
+//! A pipe whose reader went away ends the command (see [`LiveOutput::reader_gone`]), as
+//! SIGPIPE ends a writer in a pipeline.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use dynocap_engine::control::OutputChannel;
 
+use crate::output::{Stream, Streams};
 use crate::terminal::Neutraliser;
 
+/// The exit code of a command whose output pipe closed: 128 + SIGPIPE, as a shell reports a
+/// writer that SIGPIPE ended.
+pub const READER_GONE_EXIT: u8 = 128 + 13;
+
 /// The user's two streams, shared with the engine's output callback (hence the locks).
-pub struct LiveOutput {
-    stdout: Mutex<Sink<std::io::Stdout>>,
-    stderr: Mutex<Sink<std::io::Stderr>>,
+pub struct LiveOutput<'a> {
+    stdout: Mutex<Sink<'a>>,
+    stderr: Mutex<Sink<'a>>,
+    reader_gone: AtomicBool,
+    reader_gone_notice: tokio::sync::Notify,
 }
 
-struct Sink<W> {
-    stream: W,
+struct Sink<'a> {
+    stream: &'a Stream,
     /// Set when the stream is a terminal and `--raw` was not given.
     neutraliser: Option<Neutraliser>,
     /// A write failed other than with EPIPE (a terminal that went away): the rest is dropped.
     broken: bool,
 }
 
-impl LiveOutput {
-    pub fn new(raw: bool) -> Self {
+/// What a write found of its reader.
+enum Written {
+    Delivered,
+    ReaderGone,
+}
+
+impl<'a> LiveOutput<'a> {
+    pub fn new(streams: &'a Streams, raw: bool) -> Self {
         Self {
-            stdout: Mutex::new(Sink::new(std::io::stdout(), raw)),
-            stderr: Mutex::new(Sink::new(std::io::stderr(), raw)),
+            stdout: Mutex::new(Sink::new(streams.stdout(), raw)),
+            stderr: Mutex::new(Sink::new(streams.stderr(), raw)),
+            reader_gone: AtomicBool::new(false),
+            reader_gone_notice: tokio::sync::Notify::new(),
         }
     }
 
     /// Writes one piece of the command's output to the matching stream, flushed, so that the
     /// user sees it now. Blocks while the reader of a pipe is slow: the command then waits.
     pub fn write(&self, channel: OutputChannel, data: &[u8]) {
-        match channel {
+        let written = match channel {
             OutputChannel::Stdout => lock(&self.stdout).write(data),
             OutputChannel::Stderr => lock(&self.stderr).write(data),
+        };
+        if matches!(written, Written::ReaderGone) && !self.reader_gone.swap(true, Ordering::AcqRel)
+        {
+            self.reader_gone_notice.notify_one();
+        }
+    }
+
+    /// Resolves once a stream's reader has gone (`dynocap exec … | head`): the caller then
+    /// drops the command, whose connection closing cancels it in the guest, rather than let
+    /// it run on to its timeout for nobody.
+    pub async fn reader_gone(&self) {
+        if !self.reader_gone.load(Ordering::Acquire) {
+            self.reader_gone_notice.notified().await;
         }
     }
 
@@ -48,21 +78,20 @@ impl LiveOutput {
     }
 }
 
-impl<W: Write + IsTerminal> Sink<W> {
-    fn new(stream: W, raw: bool) -> Self {
-        let neutraliser = (!raw && stream.is_terminal()).then(Neutraliser::default);
+impl<'a> Sink<'a> {
+    fn new(stream: &'a Stream, raw: bool) -> Self {
         Self {
             stream,
-            neutraliser,
+            neutraliser: (!raw && stream.is_terminal()).then(Neutraliser::default),
             broken: false,
         }
     }
 
-    fn write(&mut self, data: &[u8]) {
+    fn write(&mut self, data: &[u8]) -> Written {
         match &mut self.neutraliser {
             Some(neutraliser) => {
                 let text = neutraliser.push(data);
-                self.emit(text.as_bytes());
+                self.emit(text.as_bytes())
             }
             None => self.emit(data),
         }
@@ -75,23 +104,21 @@ impl<W: Write + IsTerminal> Sink<W> {
         }
     }
 
-    fn emit(&mut self, bytes: &[u8]) {
+    fn emit(&mut self, bytes: &[u8]) -> Written {
         if self.broken || bytes.is_empty() {
-            return;
+            return Written::Delivered;
         }
-        match self
-            .stream
-            .write_all(bytes)
-            .and_then(|()| self.stream.flush())
-        {
-            Ok(()) => {}
-            // The reader of a pipe is gone (`dynocap exec … | head`): end as a writer in a
-            // pipeline does, of SIGPIPE. Our connection closing cancels the command, which
-            // would otherwise run on to its timeout for nobody.
+        let mut writer = self.stream.lock();
+        match writer.write_all(bytes).and_then(|()| writer.flush()) {
+            Ok(()) => Written::Delivered,
             Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {
-                std::process::exit(128 + libc::SIGPIPE)
+                self.broken = true;
+                Written::ReaderGone
             }
-            Err(_) => self.broken = true,
+            Err(_) => {
+                self.broken = true;
+                Written::Delivered
+            }
         }
     }
 }

@@ -1,8 +1,10 @@
-//! `dynocap`: the one user-facing binary. Parses the command line and hands off to the
-//! command modules; `supervise` is dispatched before any thread exists, because the jail
-//! backend forks a child that runs Rust code.
+//! `dynocap-core`: the binary that does the work, which the thin `dynocap` client runs or
+//! hands commands to (through a `cli-server` of this binary). Parses the command line and
+//! hands off to the command modules; `supervise` and `cli-server` are dispatched before any
+//! thread exists, because both fork children that run Rust code.
 
 mod cli;
+mod cli_server;
 mod commands;
 mod docs;
 mod doctor;
@@ -24,8 +26,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return output::argument_error(&err, &args),
     };
-    // Both fork children that run Rust code, so they run before any other thread exists.
+    // Each forks children that run Rust code, or must run first: before any other thread.
     match &cli.command {
+        cli::Command::CliServer(server) => return cli_server::serve(&server.socket),
         cli::Command::Supervise(args) => return commands::supervise(args),
         cli::Command::Doctor(args) if args.repair => return doctor::repair(cli.json),
         cli::Command::Doctor(_) => return doctor::run(cli.json),

@@ -2,16 +2,106 @@
 //! and how errors are reported in either mode.
 
 use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use dynocap_engine::{Error, SandboxInfo};
 use serde::Serialize;
 
-pub fn print_json<T: Serialize>(value: &T) {
-    match serde_json::to_string_pretty(value) {
-        Ok(text) => println!("{text}"),
-        Err(err) => eprintln!("dynocap: cannot encode the result: {err}"),
+/// Where a command writes: this process's stdout and stderr, or the ones a `dynocap` client
+/// passed to the command server with its command (see `cli_server`). The commands the server
+/// runs write through this; the others use the process's own streams.
+pub struct Streams {
+    stdout: Stream,
+    stderr: Stream,
+}
+
+/// One stream, shared with the engine's output callback (hence the lock).
+pub struct Stream {
+    writer: Mutex<Box<dyn Write + Send>>,
+    terminal: bool,
+}
+
+impl Stream {
+    fn new(writer: impl Write + IsTerminal + Send + 'static) -> Self {
+        Self::of_writer(writer.is_terminal(), writer)
     }
+
+    /// A stream writing through `writer`; `terminal`: whether what it writes to is one.
+    pub fn of_writer(terminal: bool, writer: impl Write + Send + 'static) -> Self {
+        Self {
+            terminal,
+            writer: Mutex::new(Box::new(writer)),
+        }
+    }
+
+    /// The writer. Each command writes its pieces whole (a table, a JSON object, a chunk of
+    /// output), so a client's unbuffered descriptor gets them in one write each.
+    pub fn lock(&self) -> MutexGuard<'_, Box<dyn Write + Send>> {
+        // A panic while writing leaves at worst a partly written piece; the stream is usable.
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        self.terminal
+    }
+
+    /// Writes `text` whole; a reader that went away is the command's business, as with the
+    /// standard library's `print!` on a closed pipe ignoring SIGPIPE.
+    pub fn write_str(&self, text: &str) {
+        let mut writer = self.lock();
+        let _ = writer.write_all(text.as_bytes());
+        let _ = writer.flush();
+    }
+}
+
+impl Streams {
+    /// This process's stdout and stderr.
+    pub fn of_process() -> Self {
+        Self {
+            stdout: Stream::new(std::io::stdout()),
+            stderr: Stream::new(std::io::stderr()),
+        }
+    }
+
+    /// Two streams of another process's (a command server's client).
+    pub fn of(stdout: Stream, stderr: Stream) -> Self {
+        Self { stdout, stderr }
+    }
+
+    pub fn stdout(&self) -> &Stream {
+        &self.stdout
+    }
+
+    pub fn stderr(&self) -> &Stream {
+        &self.stderr
+    }
+
+    /// A JSON object on stdout, as `print_json` prints it.
+    pub fn json<T: Serialize>(&self, value: &T) {
+        match serde_json::to_string_pretty(value) {
+            Ok(text) => self.stdout.write_str(&format!("{text}\n")),
+            Err(err) => self
+                .stderr
+                .write_str(&format!("dynocap: cannot encode the result: {err}\n")),
+        }
+    }
+
+    /// [`fail`] on these streams; the exit code.
+    pub fn fail(&self, json: bool, err: &Error) -> u8 {
+        let message = err.cli_text();
+        if json {
+            self.json(&serde_json::json!({ "error": { "code": err.code, "message": message } }));
+        }
+        self.stderr
+            .write_str(&format!("dynocap: {}: {message}\n", err.code.as_str()));
+        1
+    }
+}
+
+pub fn print_json<T: Serialize>(value: &T) {
+    Streams::of_process().json(value);
 }
 
 /// Reports an error: a JSON error object on stdout with `--json`, a readable line on stderr
@@ -20,12 +110,7 @@ pub fn print_json<T: Serialize>(value: &T) {
 /// The message is the command line's wording of it (`--ttl`, `dynocap task exec NAME`), not
 /// the MCP one (`ttlSeconds`, `dynocap_task_exec`).
 pub fn fail(json: bool, err: &Error) -> ExitCode {
-    let message = err.cli_text();
-    if json {
-        print_json(&serde_json::json!({ "error": { "code": err.code, "message": message } }));
-    }
-    eprintln!("dynocap: {}: {message}", err.code.as_str());
-    ExitCode::FAILURE
+    ExitCode::from(Streams::of_process().fail(json, err))
 }
 
 /// Reports a command line that does not parse. Help and version requests print as clap prints

@@ -20,15 +20,17 @@ pub async fn task(engine: &Engine, json: bool, command: TaskCommand) -> Result<E
     match command {
         TaskCommand::Start(args) => start(engine, json, args).await,
         TaskCommand::Exec(args) => {
-            crate::commands::exec(
+            let code = crate::commands::exec(
                 engine,
                 json,
                 &args.name,
                 args.cwd.as_deref(),
                 args.exec,
                 true,
+                &crate::output::Streams::of_process(),
             )
-            .await
+            .await?;
+            Ok(ExitCode::from(code))
         }
         TaskCommand::Diff(args) => {
             let diff = engine.task_diff(&args.name).await?;

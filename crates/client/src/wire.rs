@@ -1,0 +1,341 @@
+//! The messages on a command server's socket (`SOCK_SEQPACKET`, so each is one packet).
+//!
+//! The client sends one [`Request`] with its stdout and stderr attached (`SCM_RIGHTS`): the
+//! served commands read neither stdin nor the working directory. The server answers [`Message::Started`] once it runs the command,
+//! then [`Message::Exited`] or [`Message::Killed`] once it has ended; meanwhile the client
+//! may send [`Message::Signal`] for a signal it is sent (Ctrl-C), which ends the command as
+//! it would have ended the client's own process. A client that gets [`Message::NotServed`],
+//! or sees the connection end before `Started`, knows that nothing ran, and runs the command
+//! itself.
+
+use std::ffi::OsString;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+
+/// The most a request may take: a client with a larger environment runs its command itself.
+pub const MAX_REQUEST: usize = 256 * 1024;
+
+/// The descriptors a request carries: stdout, then stderr.
+pub const PASSED_FDS: usize = 2;
+
+const REQUEST_MAGIC: &[u8; 4] = b"DCQ1";
+
+/// A command as the client would run it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub umask: u32,
+    /// Its whole argv, `argv[0]` included (clap names the program after it in messages).
+    pub args: Vec<OsString>,
+    /// Its whole environment, each entry `KEY=VALUE`.
+    pub env: Vec<OsString>,
+}
+
+impl Request {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        out.extend_from_slice(REQUEST_MAGIC);
+        out.extend_from_slice(&self.umask.to_le_bytes());
+        for list in [&self.args, &self.env] {
+            put_len(&mut out, list.len());
+            for item in list {
+                put_len(&mut out, item.len());
+                out.extend_from_slice(item.as_bytes());
+            }
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let mut input = Reader(bytes);
+        if input.take(REQUEST_MAGIC.len())? != REQUEST_MAGIC {
+            return Err("not a dynocap command request".to_owned());
+        }
+        let umask = input.u32()?;
+        let mut lists = [Vec::new(), Vec::new()];
+        for list in &mut lists {
+            let count = input.len()?;
+            for _ in 0..count {
+                let len = input.len()?;
+                list.push(OsString::from_vec(input.take(len)?.to_vec()));
+            }
+        }
+        if !input.0.is_empty() {
+            return Err("trailing bytes after the request".to_owned());
+        }
+        let [args, env] = lists;
+        if args.is_empty() {
+            return Err("a request without argv[0]".to_owned());
+        }
+        if env.iter().any(|entry| !entry.as_bytes().contains(&b'=')) {
+            return Err("an environment entry without '='".to_owned());
+        }
+        Ok(Self { umask, args, env })
+    }
+}
+
+fn put_len(out: &mut Vec<u8>, len: usize) {
+    // Requests are bounded by MAX_REQUEST, far below u32::MAX.
+    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("a truncated request".to_owned());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        let bytes = self.take(4)?;
+        Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+    }
+
+    fn len(&mut self) -> Result<usize, String> {
+        usize::try_from(self.u32()?).map_err(|_| "a length beyond this machine".to_owned())
+    }
+}
+
+/// Everything but the request: five bytes, a tag and a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Message {
+    /// Server: it runs the command (in this process).
+    Started(i32),
+    /// Server: it does not run this command (not one it serves, or a client unlike its
+    /// own first); the client runs it itself. Nothing ran.
+    NotServed,
+    /// Server: the command ended with this exit code.
+    Exited(i32),
+    /// Server: the command was ended by this signal.
+    Killed(i32),
+    /// Client: it was sent this signal; the worker gets it instead.
+    Signal(i32),
+}
+
+impl Message {
+    pub fn encode(self) -> [u8; 5] {
+        let (tag, number) = match self {
+            Message::Started(n) => (b'S', n),
+            Message::NotServed => (b'N', 0),
+            Message::Exited(n) => (b'X', n),
+            Message::Killed(n) => (b'K', n),
+            Message::Signal(n) => (b'G', n),
+        };
+        let [a, b, c, d] = number.to_le_bytes();
+        [tag, a, b, c, d]
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let [tag, a, b, c, d] = <[u8; 5]>::try_from(bytes).ok()?;
+        let number = i32::from_le_bytes([a, b, c, d]);
+        match tag {
+            b'S' => Some(Message::Started(number)),
+            b'N' => Some(Message::NotServed),
+            b'X' => Some(Message::Exited(number)),
+            b'K' => Some(Message::Killed(number)),
+            b'G' => Some(Message::Signal(number)),
+            _ => None,
+        }
+    }
+}
+
+/// Sends `request` with `fds` attached.
+pub fn send_request(
+    socket: BorrowedFd<'_>,
+    request: &Request,
+    fds: [RawFd; PASSED_FDS],
+) -> io::Result<()> {
+    let bytes = request.encode();
+    if bytes.len() > MAX_REQUEST {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the command and environment are too large for one request",
+        ));
+    }
+    let rights = [ControlMessage::ScmRights(&fds)];
+    sendmsg::<()>(
+        socket.as_raw_fd(),
+        &[IoSlice::new(&bytes)],
+        &rights,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
+    Ok(())
+}
+
+/// Receives a request and its descriptors (close-on-exec); `None` if the peer hung up first.
+/// A request that came without its two descriptors, or cut short, is an error.
+pub fn recv_request(socket: BorrowedFd<'_>) -> io::Result<Option<(Request, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_REQUEST];
+    let mut space = nix::cmsg_space!([RawFd; PASSED_FDS]);
+    let (len, truncated, fds) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<()>(
+            socket.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+        )?;
+        let mut fds = Vec::new();
+        for cmsg in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(received) = cmsg {
+                // SAFETY: SCM_RIGHTS just installed these descriptors in this process, and
+                // nothing else refers to them yet.
+                fds.extend(
+                    received
+                        .into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
+            }
+        }
+        let truncated = msg
+            .flags
+            .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
+        (msg.bytes, truncated, fds)
+    };
+    if len == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidData, why);
+    if truncated {
+        return Err(invalid("a request larger than MAX_REQUEST".to_owned()));
+    }
+    if fds.len() != PASSED_FDS {
+        return Err(invalid(format!(
+            "a request with {} descriptors instead of {PASSED_FDS}",
+            fds.len()
+        )));
+    }
+    let request = Request::decode(&buf[..len]).map_err(invalid)?;
+    Ok(Some((request, fds)))
+}
+
+pub fn send_message(socket: BorrowedFd<'_>, message: Message) -> io::Result<()> {
+    let bytes = message.encode();
+    nix::sys::socket::send(socket.as_raw_fd(), &bytes, MsgFlags::MSG_NOSIGNAL)?;
+    Ok(())
+}
+
+/// The next message; `None` once the peer has hung up. `Err(WouldBlock)` on a non-blocking
+/// socket with nothing to read.
+pub fn recv_message(socket: BorrowedFd<'_>) -> io::Result<Option<Message>> {
+    let mut buf = [0u8; 16];
+    let len = nix::sys::socket::recv(socket.as_raw_fd(), &mut buf, MsgFlags::empty())?;
+    if len == 0 {
+        return Ok(None);
+    }
+    Message::decode(&buf[..len])
+        .map(Some)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "an unknown message"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+    use std::os::fd::AsFd;
+
+    fn pair() -> (OwnedFd, OwnedFd) {
+        socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .expect("socketpair")
+    }
+
+    fn sample() -> Request {
+        Request {
+            umask: 0o027,
+            args: vec!["dynocap".into(), "exec".into(), "a b".into(), "".into()],
+            env: vec!["DYNOCAP_HOME=/h".into(), "EMPTY=".into(), "K=v=w".into()],
+        }
+    }
+
+    #[test]
+    fn a_request_crosses_with_its_descriptors() {
+        let (client, server) = pair();
+        let files: Vec<std::fs::File> = (0..PASSED_FDS).map(|_| tempfile_in_tmp()).collect();
+        let raw = [0, 1].map(|i| files[i].as_raw_fd());
+        send_request(client.as_fd(), &sample(), raw).expect("send");
+        let (request, fds) = recv_request(server.as_fd())
+            .expect("recv")
+            .expect("a request");
+        assert_eq!(request, sample());
+        assert_eq!(fds.len(), PASSED_FDS);
+        for (fd, file) in fds.iter().zip(&files) {
+            let ours = nix::sys::stat::fstat(fd).expect("fstat");
+            let theirs = nix::sys::stat::fstat(file).expect("fstat");
+            assert_eq!((ours.st_dev, ours.st_ino), (theirs.st_dev, theirs.st_ino));
+        }
+    }
+
+    #[test]
+    fn a_request_without_its_descriptors_or_cut_short_is_refused() {
+        let (client, server) = pair();
+        nix::sys::socket::send(client.as_raw_fd(), &sample().encode(), MsgFlags::empty())
+            .expect("send");
+        let err = recv_request(server.as_fd()).expect_err("no descriptors");
+        assert!(err.to_string().contains("0 descriptors"), "{err}");
+
+        let encoded = sample().encode();
+        for cut in [0, 3, 8, encoded.len() - 1] {
+            assert!(Request::decode(&encoded[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut extra = encoded.clone();
+        extra.push(0);
+        assert!(Request::decode(&extra).is_err());
+    }
+
+    #[test]
+    fn a_hang_up_before_the_request_is_none() {
+        let (client, server) = pair();
+        drop(client);
+        assert!(recv_request(server.as_fd()).expect("recv").is_none());
+        assert!(recv_message(server.as_fd()).expect("recv").is_none());
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        let (a, b) = pair();
+        for message in [
+            Message::Started(4242),
+            Message::NotServed,
+            Message::Exited(0),
+            Message::Exited(141),
+            Message::Killed(2),
+            Message::Signal(15),
+        ] {
+            send_message(a.as_fd(), message).expect("send");
+            assert_eq!(recv_message(b.as_fd()).expect("recv"), Some(message));
+        }
+        assert_eq!(Message::decode(b"Z\0\0\0\0"), None);
+        assert_eq!(Message::decode(b"X\0\0"), None);
+    }
+
+    fn tempfile_in_tmp() -> std::fs::File {
+        let path = std::env::temp_dir().join(format!(
+            "dcwire{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        let file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("temp file");
+        std::fs::remove_file(&path).expect("unlink");
+        file
+    }
+}

@@ -1,0 +1,539 @@
+//! `dynocap-core cli-server --socket PATH`: a home's command server, started by the thin
+//! `dynocap` client (see the `dynocap-client` crate for why, and its `wire` module for the
+//! protocol). It runs the commands a sandbox's cycle is made of (`commands::is_served`) in
+//! this long-lived process, each on a thread of its own writing to the client's stdout and
+//! stderr; it answers `NotServed` to the rest, which the client runs in a `dynocap-core` of
+//! their own. Each command opens the catalog anew, as a process of its own would, so that it
+//! sees the catalog as it is (damaged, repaired, replaced), not as an open connection last
+//! saw it; what the server saves is the start of a process, and the cold start of its code.
+//!
+//! A served command must behave as in a process of its own: the client sends its whole
+//! environment and umask, and the socket's name (see `rendezvous`) already keeps apart every
+//! client whose environment, umask, user or namespaces differ from the ones this server was
+//! started with, which are also the ones its commands' engines read; a request unlike them anyway is
+//! not served. What the commands take from the server rather than the client: resource
+//! limits, scheduling priority and cgroup, which are those of the client that started it.
+//! The server ends after [`IDLE`] without a command, or once its socket or the home is gone
+//! (checked every [`CHECK_EVERY`]).
+
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use dynocap_client::rendezvous;
+use dynocap_client::wire::{self, Message, Request};
+use dynocap_engine::{Engine, Home};
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::Signal;
+use nix::sys::socket::{
+    accept4, bind, getsockopt, listen, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
+    UnixAddr,
+};
+use nix::sys::stat::Mode;
+use tokio::io::unix::AsyncFd;
+
+use crate::cli::Cli;
+use crate::output::{Stream, Streams};
+
+/// How long a server waits with no command before it ends; its next client starts another.
+pub const IDLE: Duration = Duration::from_secs(60);
+
+/// Sets [`IDLE`] in whole seconds, at least one.
+pub const IDLE_ENV: &str = "DYNOCAP_CLI_SERVER_IDLE_SECONDS";
+
+/// How often the server checks that its socket is still its own, and whether it is idle.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a connected client has to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The signals that end a command as they would have ended its client's own process.
+const ENDING: [Signal; 4] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+];
+
+/// Serves the home whose `run/` directory holds `socket`, until idle. Must be called while
+/// this process has one thread, before anything opens a descriptor.
+pub fn serve(socket: &Path) -> ExitCode {
+    // What the first client's process held (a shell's redirections, a build's jobserver
+    // pipe) must not stay open for as long as the server lives: a reader would wait on it.
+    // SAFETY: nothing in this process owns a descriptor above stderr yet: this runs first
+    // thing in `main`, and the standard library opens none before it.
+    unsafe { libc::syscall(libc::SYS_close_range, 3, libc::c_uint::MAX, 0) };
+    // Out of the client's session, so that its terminal's hang-up does not reach here, and
+    // out of its directory, which the server would otherwise keep busy.
+    let _ = nix::unistd::setsid();
+    let _ = nix::unistd::chdir("/");
+    let server = match Server::bind(socket) {
+        Ok(Some(server)) => server,
+        // Another server holds the socket: it serves.
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("dynocap cli-server: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    server.run()
+}
+
+/// What every command's thread shares.
+struct Shared {
+    home: Home,
+    /// Drives every command's I/O and timers, and outlives them: what a command leaves
+    /// running (the reaping of a supervisor it started) runs on here.
+    runtime: tokio::runtime::Runtime,
+    /// The server's own environment and umask: a request must bring the same.
+    context: Context,
+    /// Commands connected and not yet ended.
+    active: AtomicUsize,
+    /// How long to wait without a command before ending.
+    idle: Duration,
+    last_active: Mutex<Instant>,
+}
+
+impl Shared {
+    fn touch(&self) {
+        *self
+            .last_active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        self.last_active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .elapsed()
+    }
+}
+
+/// Counts a command as active for as long as it lives.
+struct Active(Arc<Shared>);
+
+impl Active {
+    fn begin(shared: &Arc<Shared>) -> Self {
+        shared.active.fetch_add(1, Ordering::AcqRel);
+        shared.touch();
+        Self(Arc::clone(shared))
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Context {
+    umask: u32,
+    env: Vec<std::ffi::OsString>,
+}
+
+impl Context {
+    fn of_request(request: &Request) -> Self {
+        Self {
+            umask: request.umask,
+            env: rendezvous::keyed_environment(request.env.iter().cloned()),
+        }
+    }
+
+    fn of_this_process() -> Self {
+        Self {
+            umask: rendezvous::current_umask(),
+            env: rendezvous::keyed_environment(rendezvous::environment_entries()),
+        }
+    }
+}
+
+struct Server {
+    socket: PathBuf,
+    /// The socket file's inode: what is removed at the end must be this server's.
+    socket_inode: u64,
+    listener: OwnedFd,
+    /// Held for the server's life: one server per socket.
+    _lock: File,
+    lock_path: PathBuf,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Takes the socket's lock and listens; `None` if another server holds the lock.
+    fn bind(socket: &Path) -> Result<Option<Self>, String> {
+        let run_dir = socket
+            .parent()
+            .ok_or_else(|| format!("{} has no directory", socket.display()))?;
+        // Only the name a client of this very binary, environment and umask computes: one
+        // that asked for another (it ran a binary replaced since) starts that one's server.
+        let expected = rendezvous::socket_path(run_dir, Path::new("/proc/self/exe"))
+            .map_err(|err| format!("reading this binary's identity: {err}"))?;
+        if expected != socket {
+            return Err(format!(
+                "{} is not the socket for this binary and environment ({})",
+                socket.display(),
+                expected.display()
+            ));
+        }
+        redirect_stderr_to_log(run_dir);
+        let lock_path = socket.with_extension("lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&lock_path)
+            .map_err(|err| format!("opening {}: {err}", lock_path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::Error(err)) => {
+                return Err(format!("locking {}: {err}", lock_path.display()))
+            }
+        }
+        let home = Home::from_env().map_err(|err| err.to_string())?;
+        if home.root().join("run") != run_dir {
+            return Err(format!(
+                "{} is not in this environment's home {}",
+                socket.display(),
+                home.root().display()
+            ));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("cli-server-io")
+            .enable_all()
+            .build()
+            .map_err(|err| format!("starting the async runtime: {err}"))?;
+        // Ours under the lock: a file left by a server that died is removed.
+        match std::fs::remove_file(socket) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(format!("removing the old {}: {err}", socket.display())),
+        }
+        let listener = socket_listening(socket)?;
+        let socket_inode = std::fs::metadata(socket)
+            .map_err(|err| format!("{}: {err}", socket.display()))?
+            .ino();
+        Ok(Some(Self {
+            socket: socket.to_owned(),
+            socket_inode,
+            listener,
+            _lock: lock,
+            lock_path,
+            shared: Arc::new(Shared {
+                home,
+                runtime,
+                context: Context::of_this_process(),
+                active: AtomicUsize::new(0),
+                idle: idle_from_env(),
+                last_active: Mutex::new(Instant::now()),
+            }),
+        }))
+    }
+
+    fn run(self) -> ExitCode {
+        loop {
+            let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+            let timeout = PollTimeout::try_from(CHECK_EVERY).unwrap_or(PollTimeout::MAX);
+            match poll(&mut fds, timeout) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(err) => {
+                    eprintln!("dynocap cli-server: poll: {err}");
+                    break;
+                }
+            }
+            if fds[0].any().unwrap_or(false) {
+                self.accept_all();
+            }
+            if !self.still_reachable() {
+                break;
+            }
+            let idle = self.shared.active.load(Ordering::Acquire) == 0
+                && self.shared.idle_for() >= self.shared.idle;
+            if idle {
+                break;
+            }
+        }
+        self.stop_listening();
+        // Commands still running finish; their clients are waiting for them.
+        while self.shared.active.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        ExitCode::SUCCESS
+    }
+
+    fn accept_all(&self) {
+        loop {
+            let conn = match accept4(self.listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+                // SAFETY: accept4 just returned this descriptor, owned by nothing else.
+                Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+                Err(Errno::EINTR | Errno::ECONNABORTED) => continue,
+                Err(_) => return,
+            };
+            // The socket is the user's own (mode 0600 in a 0700 home); this is the check
+            // that does not depend on how the home was made.
+            let ours = getsockopt(&conn, sockopt::PeerCredentials)
+                .is_ok_and(|peer| peer.uid() == nix::unistd::geteuid().as_raw());
+            if !ours {
+                continue;
+            }
+            let active = Active::begin(&self.shared);
+            let spawned = std::thread::Builder::new()
+                .name("command".into())
+                .spawn(move || serve_one(conn, &active));
+            if let Err(err) = spawned {
+                // The connection closed with the thread: the client runs the command itself.
+                eprintln!("dynocap cli-server: cannot start a command's thread: {err}");
+            }
+        }
+    }
+
+    /// Whether the socket is still this server's: not once the home or `run/` is removed.
+    fn still_reachable(&self) -> bool {
+        std::fs::metadata(&self.socket).is_ok_and(|m| m.ino() == self.socket_inode)
+    }
+
+    fn stop_listening(&self) {
+        // Removed first: a client that finds no socket starts a new server, while one that
+        // connected meanwhile sees its connection close before `Started`, and runs its
+        // command itself. The lock file goes too, while still held, so that `run/` does not
+        // gather one per binary and environment it has seen; a server starting meanwhile
+        // locks a file of its own.
+        if self.still_reachable() {
+            let _ = std::fs::remove_file(&self.socket);
+            let _ = std::fs::remove_file(&self.lock_path);
+        }
+    }
+}
+
+/// One client's command, on its own thread: a command that blocks on a slow reader of its
+/// output holds up no other.
+fn serve_one(conn: OwnedFd, active: &Active) {
+    let shared = &active.0;
+    let Some((request, fds)) = receive_request(&conn) else {
+        return;
+    };
+    let served = (Context::of_request(&request) == shared.context)
+        .then(|| Cli::try_parse_from(&request.args).ok())
+        .flatten()
+        .filter(|cli| crate::commands::is_served(&cli.command));
+    let Some(cli) = served else {
+        let _ = wire::send_message(conn.as_fd(), Message::NotServed);
+        return;
+    };
+    let [stdout, stderr]: [OwnedFd; wire::PASSED_FDS] = match fds.try_into() {
+        Ok(fds) => fds,
+        Err(_) => unreachable!("recv_request returns exactly PASSED_FDS descriptors"),
+    };
+    let streams = match (
+        ClientOutput::stream(stdout, &conn),
+        ClientOutput::stream(stderr, &conn),
+    ) {
+        (Ok(stdout), Ok(stderr)) => Streams::of(stdout, stderr),
+        _ => return,
+    };
+    let pid = i32::try_from(std::process::id()).unwrap_or(0);
+    if wire::send_message(conn.as_fd(), Message::Started(pid)).is_err() {
+        return;
+    }
+    // From here the connection is read only when it has something (by the runtime, and once
+    // more at the end); its flags are the server's side's alone.
+    if set_nonblocking(&conn).is_err() {
+        return;
+    }
+    let engine = match Engine::new(shared.home.clone()) {
+        Ok(engine) => engine,
+        Err(err) => {
+            let code = streams.fail(cli.json, &err);
+            let _ = wire::send_message(conn.as_fd(), Message::Exited(i32::from(code)));
+            return;
+        }
+    };
+    // On this thread: the engine's futures are not `Send`; the runtime's worker drives
+    // their I/O, and keeps what they spawn.
+    let outcome = shared.runtime.block_on(async {
+        let json = cli.json;
+        let command = crate::commands::run_served(&engine, json, cli.command, &streams);
+        tokio::select! {
+            code = command => Some(Message::Exited(i32::from(code))),
+            // Dropping the command ends it as its process's death would have: its
+            // connections close, and a command running in a sandbox is cancelled.
+            signal = ending_signal(&conn) => signal.map(|signal| Message::Killed(signal as i32)),
+        }
+    });
+    // A signal that came while the command was ending (its output, waiting for room, gave up
+    // on seeing it) ends it all the same; a client gone meanwhile needs no answer.
+    let outcome = match (outcome, wire::recv_message(conn.as_fd())) {
+        (Some(Message::Exited(_)), Ok(Some(Message::Signal(number)))) => ENDING
+            .into_iter()
+            .find(|s| *s as i32 == number)
+            .map(|signal| Message::Killed(signal as i32)),
+        (Some(Message::Exited(_)), Ok(None)) => None,
+        (outcome, _) => outcome,
+    };
+    // A standby this command started and did not use ends with its engine, as it would
+    // have with its process.
+    drop(engine);
+    if let Some(message) = outcome {
+        let _ = wire::send_message(conn.as_fd(), message);
+    }
+}
+
+/// One of a client's output streams. A write waits for room with `poll`, not in `write`,
+/// watching the client's connection meanwhile: a client that goes away or is signalled while
+/// its reader is not reading (a full pipe) must still end its command, which a thread stuck
+/// in `write` could not notice. (The descriptor's own flags are the client's to keep: it may
+/// not be made non-blocking.)
+struct ClientOutput {
+    file: File,
+    client: OwnedFd,
+}
+
+impl ClientOutput {
+    fn stream(file: OwnedFd, client: &OwnedFd) -> std::io::Result<Stream> {
+        let file = File::from(file);
+        let terminal = std::io::IsTerminal::is_terminal(&file);
+        let client = client.try_clone()?;
+        Ok(Stream::of_writer(terminal, Self { file, client }))
+    }
+}
+
+impl std::io::Write for ClientOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // At most PIPE_BUF at once: a pipe that polls writable takes that much whole,
+        // without blocking.
+        let piece = &buf[..buf.len().min(libc::PIPE_BUF)];
+        loop {
+            let mut fds = [
+                PollFd::new(self.file.as_fd(), PollFlags::POLLOUT),
+                PollFd::new(self.client.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(errno) => return Err(errno.into()),
+            }
+            if fds[1].any().unwrap_or(false) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "the client went away or was signalled",
+                ));
+            }
+            if fds[0].any().unwrap_or(false) {
+                // Writable, or an error (a reader gone) that the write reports.
+                return self.file.write(piece);
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The request, if it comes in time and whole.
+fn receive_request(conn: &OwnedFd) -> Option<(Request, Vec<OwnedFd>)> {
+    let mut fds = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(REQUEST_TIMEOUT).unwrap_or(PollTimeout::MAX);
+    if !matches!(poll(&mut fds, timeout), Ok(n) if n > 0) {
+        return None;
+    }
+    match wire::recv_request(conn.as_fd()) {
+        Ok(received) => received,
+        Err(err) => {
+            eprintln!("dynocap cli-server: a request refused: {err}");
+            None
+        }
+    }
+}
+
+/// The first signal the client forwards that ends a command; `None` if the client went away
+/// (it died: its command goes with it, as it would have in its own process).
+async fn ending_signal(conn: &OwnedFd) -> Option<Signal> {
+    // A second descriptor of the (non-blocking) connection, for the runtime to poll.
+    let watched = AsyncFd::new(conn.try_clone().ok()?).ok()?;
+    loop {
+        let mut ready = watched.readable().await.ok()?;
+        match ready.try_io(|fd| wire::recv_message(fd.get_ref().as_fd())) {
+            // Not readable after all: wait again.
+            Err(_would_block) => {}
+            Ok(Ok(Some(Message::Signal(number)))) => {
+                if let Some(signal) = ENDING.into_iter().find(|s| *s as i32 == number) {
+                    return Some(signal);
+                }
+            }
+            Ok(Ok(Some(_))) => {}
+            // The connection ended, or broke: the client has gone.
+            Ok(Ok(None) | Err(_)) => return None,
+        }
+    }
+}
+
+/// [`IDLE`], or what [`IDLE_ENV`] says; a value that is not a whole number of seconds from 1
+/// is said in the server's log, and the default kept.
+fn idle_from_env() -> Duration {
+    let Some(value) = std::env::var_os(IDLE_ENV) else {
+        return IDLE;
+    };
+    match value.to_str().and_then(|v| v.trim().parse::<u64>().ok()) {
+        Some(seconds) if seconds >= 1 => Duration::from_secs(seconds),
+        _ => {
+            eprintln!(
+                "dynocap cli-server: {IDLE_ENV}={value:?} is not a whole number of seconds from \
+                 1; waiting {}s",
+                IDLE.as_secs()
+            );
+            IDLE
+        }
+    }
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> nix::Result<()> {
+    let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)?;
+    let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags)).map(drop)
+}
+
+fn socket_listening(path: &Path) -> Result<OwnedFd, String> {
+    let listener = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .map_err(|err| format!("socket: {err}"))?;
+    let address = UnixAddr::new(path).map_err(|err| format!("{}: {err}", path.display()))?;
+    // Made 0600, not changed after: no moment when another user could connect.
+    let previous = nix::sys::stat::umask(Mode::from_bits_truncate(0o177));
+    let bound = bind(listener.as_raw_fd(), &address);
+    nix::sys::stat::umask(previous);
+    bound.map_err(|err| format!("binding {}: {err}", path.display()))?;
+    let backlog = Backlog::new(128).map_err(|err| format!("listen backlog: {err}"))?;
+    listen(&listener, backlog).map_err(|err| format!("listen: {err}"))?;
+    Ok(listener)
+}
+
+/// The server's stderr (its own errors) to `run/cli-server.log`: beside its socket, not
+/// among the sandboxes' logs.
+fn redirect_stderr_to_log(run_dir: &Path) {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(run_dir.join("cli-server.log"));
+    if let Ok(log) = log {
+        let _ = nix::unistd::dup2_stderr(&log);
+    }
+}

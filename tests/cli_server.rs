@@ -1,0 +1,453 @@
+//! The command server (`dynocap-core cli-server`, see crates/client): a command the `dynocap`
+//! client hands to it behaves as the same command in a `dynocap-core` of its own — output,
+//! exit code, Ctrl-C, a closed pipe, a client that dies — and the server comes and goes with
+//! its home, its binary, its environment and its idle time.
+
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use dynocap_e2e::bench::command_servers;
+use dynocap_e2e::{require_root, wait_until, TestHome};
+
+/// Runs commands until the home has a server (the first command of a home runs without one
+/// and starts it); its pid.
+fn server_of(home: &TestHome) -> i32 {
+    let mut found = Vec::new();
+    assert!(
+        wait_until(30, || {
+            let _ = home.run(&["ps"]);
+            found = command_servers(home.path());
+            !found.is_empty()
+        }),
+        "no command server started for {}",
+        home.path().display()
+    );
+    assert_eq!(
+        found.len(),
+        1,
+        "one server per home and environment: {found:?}"
+    );
+    found[0].0
+}
+
+fn direct(home: &TestHome, args: &[&str]) -> Output {
+    home.command()
+        .env("DYNOCAP_CLI_SERVER", "0")
+        .args(args)
+        .output()
+        .expect("spawn dynocap")
+}
+
+/// The identities (`pipe:[N]`, `/dev/pts/3`) of `pid`'s open descriptors.
+fn open_files(pid: i32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|target| target.display().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until `server` holds the stdout pipe of `client`: the proof that the server, not a
+/// process of the client's own, runs its command.
+fn assert_served(server: i32, client: &Child) {
+    let client_stdout = std::fs::read_link(format!("/proc/{}/fd/1", client.id()))
+        .expect("the client's stdout")
+        .display()
+        .to_string();
+    assert!(
+        wait_until(30, || open_files(server).contains(&client_stdout)),
+        "the server {server} never held the client's stdout {client_stdout}"
+    );
+}
+
+/// How many of the sandbox's processes have a command line that `pattern` (a grep regex)
+/// matches; the lister's own is left out.
+fn guest_processes(home: &TestHome, name: &str, pattern: &str) -> usize {
+    let script = format!(
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done 2>/dev/null \
+         | grep -v grep | grep -c '{pattern}' || true"
+    );
+    home.sh(name, &script).trim().parse().unwrap_or(usize::MAX)
+}
+
+fn spawn_exec(home: &TestHome, name: &str, command: &str) -> Child {
+    home.command()
+        .args(["exec", name, "--", command])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dynocap exec")
+}
+
+/// A sandbox `name` running `sleep SECONDS` through a served `exec`: the server's pid and
+/// the client, once the sleep runs in the guest.
+fn served_sleep(home: &TestHome, name: &str, seconds: u32) -> (i32, Child) {
+    let server = server_of(home);
+    home.sandbox(name, &[]);
+    let client = spawn_exec(home, name, &format!("sleep {seconds}"));
+    assert_served(server, &client);
+    let running = format!("^sleep {seconds}");
+    assert!(wait_until(30, || guest_processes(home, name, &running) == 1));
+    (server, client)
+}
+
+#[test]
+fn served_commands_print_what_their_own_process_prints() {
+    if !require_root("served_commands_print_what_their_own_process_prints") {
+        return;
+    }
+    let home = TestHome::new();
+    let server = server_of(&home);
+    let run = home.run(&["run", "same"]);
+    assert!(run.status.success(), "{run:?}");
+    let table = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        table.starts_with("NAME") && table.contains("same "),
+        "{table}"
+    );
+    // Served (the server holds the client's stdout while it runs the command).
+    let mut probe = spawn_exec(&home, "same", "sleep 1");
+    assert_served(server, &probe);
+    assert!(probe.wait().expect("wait").success());
+
+    let cases: &[&[&str]] = &[
+        &["exec", "same", "--", "printf out; printf err >&2; exit 7"],
+        &["exec", "same", "--", "printf '\\033[31mred\\033[0m\\n'"],
+        &[
+            "exec",
+            "same",
+            "--raw",
+            "--",
+            "printf '\\033[31mred\\033[0m\\n'",
+        ],
+        &["exec", "same", "--tty", "--", "echo on a screen"],
+        &["exec", "same", "--timeout", "1", "--", "sleep 5"],
+        &["exec", "same", "--", "kill -TERM $$"],
+        &["exec", "same", "--env", "NOEQUALS", "--", "true"],
+        &["exec", "nosuch", "--", "true"],
+        &["--json", "exec", "nosuch", "--", "true"],
+        &["destroy", "nosuch"],
+        &["--json", "destroy", "nosuch"],
+        &["ps"],
+        &["--json", "ps"],
+        &["run", "same"],
+        &["--json", "run", "bad name!"],
+    ];
+    for args in cases {
+        let served = home.run(args);
+        let own = direct(&home, args);
+        assert_eq!(
+            (served.status.code(), served.status.signal()),
+            (own.status.code(), own.status.signal()),
+            "{args:?}: exit status"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&served.stdout),
+            String::from_utf8_lossy(&own.stdout),
+            "{args:?}: stdout"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&served.stderr),
+            String::from_utf8_lossy(&own.stderr),
+            "{args:?}: stderr"
+        );
+    }
+    let destroyed = home.json(&["destroy", "same"]);
+    assert_eq!(destroyed["destroyed"], "same");
+    // Commands the server does not serve run in a process of their own, as before.
+    let listing = home.run(&["ls"]);
+    assert!(listing.status.success(), "{listing:?}");
+    assert_eq!(
+        command_servers(home.path()).len(),
+        1,
+        "still the one server"
+    );
+}
+
+#[test]
+fn ctrl_c_ends_a_served_exec_and_its_command_in_the_sandbox() {
+    if !require_root("ctrl_c_ends_a_served_exec_and_its_command_in_the_sandbox") {
+        return;
+    }
+    let home = TestHome::new();
+    let (server, mut client) = served_sleep(&home, "interrupted", 301);
+    nix_kill(client.id(), libc::SIGINT);
+    let status = client.wait().expect("wait");
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGINT),
+        "ends of SIGINT, as a shell expects: {status:?}"
+    );
+    assert!(
+        wait_until(30, || guest_processes(&home, "interrupted", "^sleep 301")
+            == 0),
+        "the command still runs in the sandbox"
+    );
+    // The server lives on, and serves the next command.
+    assert!(home
+        .run(&["exec", "interrupted", "--", "true"])
+        .status
+        .success());
+    let servers: Vec<i32> = command_servers(home.path())
+        .iter()
+        .map(|(pid, _)| *pid)
+        .collect();
+    assert_eq!(servers, vec![server]);
+}
+
+#[test]
+fn ctrl_c_ends_a_served_exec_whose_output_nobody_reads() {
+    if !require_root("ctrl_c_ends_a_served_exec_whose_output_nobody_reads") {
+        return;
+    }
+    let home = TestHome::new();
+    let server = server_of(&home);
+    home.sandbox("flooding", &[]);
+    // The pipe fills, and the server's write for this command waits for room that never
+    // comes: the signal must still end it.
+    let mut client = spawn_exec(&home, "flooding", "exec cat /dev/zero");
+    assert_served(server, &client);
+    assert!(wait_until(30, || guest_processes(
+        &home,
+        "flooding",
+        "^cat /dev/zero"
+    ) == 1));
+    std::thread::sleep(Duration::from_millis(300));
+    nix_kill(client.id(), libc::SIGINT);
+    let status = client.wait().expect("wait");
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
+    assert!(
+        wait_until(30, || guest_processes(&home, "flooding", "^cat /dev/zero")
+            == 0),
+        "the flood outlived its client's Ctrl-C"
+    );
+}
+
+#[test]
+fn a_client_killed_mid_command_takes_its_command_with_it() {
+    if !require_root("a_client_killed_mid_command_takes_its_command_with_it") {
+        return;
+    }
+    let home = TestHome::new();
+    let (server, mut client) = served_sleep(&home, "orphan", 302);
+    client.kill().expect("SIGKILL the client");
+    let _ = client.wait();
+    assert!(
+        wait_until(30, || guest_processes(&home, "orphan", "^sleep 302") == 0),
+        "the command of a dead client still runs"
+    );
+    // Its stdout is no longer held by the server: a reader sees its end.
+    assert!(wait_until(10, || {
+        !open_files(server).iter().any(|f| f.starts_with("pipe:"))
+    }));
+}
+
+#[test]
+fn a_server_killed_mid_command_says_so_and_its_command_ends() {
+    if !require_root("a_server_killed_mid_command_says_so_and_its_command_ends") {
+        return;
+    }
+    let home = TestHome::new();
+    let (server, client) = served_sleep(&home, "stranded", 305);
+    nix_kill(u32::try_from(server).expect("pid"), libc::SIGKILL);
+    let out = client.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the command server ended before the command did")
+            && stderr.contains("DYNOCAP_CLI_SERVER=0"),
+        "{stderr}"
+    );
+    assert!(
+        wait_until(30, || guest_processes(&home, "stranded", "^sleep 305") == 0),
+        "the command outlived its server"
+    );
+    // The next command starts a new server.
+    assert_ne!(server_of(&home), server);
+}
+
+#[test]
+fn a_closed_output_pipe_ends_the_command_with_141_served_or_not() {
+    if !require_root("a_closed_output_pipe_ends_the_command_with_141_served_or_not") {
+        return;
+    }
+    let home = TestHome::new();
+    let server = server_of(&home);
+    home.sandbox("piped", &[]);
+    for served in [true, false] {
+        let marker = if served { "marker303" } else { "marker304" };
+        let mut command = home.command();
+        if !served {
+            command.env("DYNOCAP_CLI_SERVER", "0");
+        }
+        let mut client = command
+            .args([
+                "exec",
+                "piped",
+                "--",
+                &format!("while :; do echo {marker}; done"),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        if served {
+            assert_served(server, &client);
+        }
+        let mut head = [0u8; 64];
+        client
+            .stdout
+            .as_mut()
+            .expect("stdout")
+            .read_exact(&mut head)
+            .expect("the command's output");
+        drop(client.stdout.take());
+        let status = client.wait().expect("wait");
+        assert_eq!(status.code(), Some(141), "served: {served}: {status:?}");
+        assert!(
+            wait_until(30, || guest_processes(&home, "piped", marker) == 0),
+            "served: {served}: the command runs on for nobody"
+        );
+    }
+}
+
+#[test]
+fn concurrent_clients_each_get_their_own_output() {
+    if !require_root("concurrent_clients_each_get_their_own_output") {
+        return;
+    }
+    let home = TestHome::new();
+    server_of(&home);
+    home.sandbox("shared", &[]);
+    let clients: Vec<(usize, Child)> = (0..12)
+        .map(|i| {
+            (
+                i,
+                spawn_exec(
+                    &home,
+                    "shared",
+                    &format!("sleep 0.2; echo client {i}; exit {i}"),
+                ),
+            )
+        })
+        .collect();
+    for (i, client) in clients {
+        let out = client.wait_with_output().expect("wait");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("client {i}\n")
+        );
+        assert_eq!(out.status.code(), i32::try_from(i).ok());
+    }
+}
+
+#[test]
+fn the_server_leaves_with_its_home_or_when_idle_and_comes_back_on_demand() {
+    if !require_root("the_server_leaves_with_its_home_or_when_idle") {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("dc")
+        .tempdir_in("/tmp")
+        .expect("temp");
+    let path = dir.path().join("home");
+    {
+        let home = TestHome::at(path.clone());
+        let server = server_of(&home);
+        std::fs::remove_dir_all(&path).expect("remove the home");
+        assert!(
+            wait_until(10, || !Path::new(&format!("/proc/{server}")).exists()
+                || command_servers(&path).is_empty()),
+            "the server outlived its home"
+        );
+    }
+    let home = TestHome::new().with_env("DYNOCAP_CLI_SERVER_IDLE_SECONDS", "1");
+    let first = server_of(&home);
+    assert!(
+        wait_until(15, || command_servers(home.path()).is_empty()),
+        "an idle server stayed"
+    );
+    assert!(
+        !home
+            .path()
+            .join("run")
+            .read_dir()
+            .expect("run/")
+            .flatten()
+            .any(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.ends_with(".sock") || name.ends_with(".lock")
+            }),
+        "an idle server removes its socket and its lock file"
+    );
+    let second = server_of(&home);
+    assert_ne!(first, second);
+}
+
+#[test]
+fn clients_unlike_the_server_never_reach_it() {
+    if !require_root("clients_unlike_the_server_never_reach_it") {
+        return;
+    }
+    // Another environment: another server.
+    let home = TestHome::new().with_env("DYNOCAP_CLI_SERVER_IDLE_SECONDS", "5");
+    server_of(&home);
+    let mut other = Vec::new();
+    assert!(wait_until(30, || {
+        let _ = home.command().env("SOME_SETTING", "1").arg("ps").output();
+        other = command_servers(home.path());
+        other.len() == 2
+    }));
+    // Switched off: no server, and none started.
+    let quiet = TestHome::new().with_env("DYNOCAP_CLI_SERVER", "0");
+    for _ in 0..3 {
+        assert!(quiet.run(&["ps"]).status.success());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(command_servers(quiet.path()).is_empty());
+
+    // A new build of dynocap-core (a new file, as installs and cargo make it): a new server;
+    // the old one runs none of the new build's commands.
+    let bin = tempfile::tempdir().expect("temp bin");
+    let built = dynocap_e2e::bin_dir();
+    for file in ["dynocap", "dynocap-core"] {
+        std::fs::copy(built.join(file), bin.path().join(file)).expect("copy");
+    }
+    let installed = TestHome::new().with_env("DYNOCAP_CLI_SERVER_IDLE_SECONDS", "5");
+    let client = |home: &TestHome| {
+        Command::new(bin.path().join("dynocap"))
+            .env("DYNOCAP_HOME", home.path())
+            .env("DYNOCAP_CLI_SERVER_IDLE_SECONDS", "5")
+            .arg("ps")
+            .output()
+            .expect("spawn the installed client")
+    };
+    let mut before = Vec::new();
+    assert!(wait_until(30, || {
+        assert!(client(&installed).status.success());
+        before = command_servers(installed.path());
+        !before.is_empty()
+    }));
+    let replacement = bin.path().join("dynocap-core.new");
+    std::fs::copy(built.join("dynocap-core"), &replacement).expect("copy");
+    std::fs::rename(&replacement, bin.path().join("dynocap-core")).expect("replace");
+    let mut after = Vec::new();
+    assert!(wait_until(30, || {
+        assert!(client(&installed).status.success());
+        after = command_servers(installed.path());
+        after.len() == 2
+    }));
+    assert!(after.iter().any(|(_, socket)| socket != &before[0].1));
+}
+
+fn nix_kill(pid: u32, signal: i32) {
+    let pid = i32::try_from(pid).expect("pid");
+    // SAFETY: kill has no memory preconditions.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill {pid}");
+}

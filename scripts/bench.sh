@@ -4,9 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release --locked -p dynocap -p dynocap-agent
-cargo build --release --locked --target x86_64-unknown-linux-musl -p dynocap-agent
-export DYNOCAP_AGENT="$PWD/target/x86_64-unknown-linux-musl/release/dynocap-agent"
+# As installed (README, "Install"): the static client and agent, dynocap-core. The benches copy
+# the three into target/bench-install and run them from there.
+cargo build --release --locked -p dynocap
+cargo build --release --locked --target x86_64-unknown-linux-musl -p dynocap-client -p dynocap-agent
+export DYNOCAP_AGENT="$PWD/target/bench-install/dynocap-agent"
 cargo bench --locked -p dynocap-e2e --bench sandbox
 cargo bench --locked -p dynocap-e2e --bench tasks
 cargo bench --locked -p dynocap-e2e --bench load

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 
-cargo build --release --locked -p dynocap -p dynocap-agent
+cargo build --release --locked -p dynocap -p dynocap-client -p dynocap-agent
 cargo build --release --locked --target x86_64-unknown-linux-musl -p dynocap-agent
 export DYNOCAP_AGENT="$PWD/target/x86_64-unknown-linux-musl/release/dynocap-agent"
 dynocap="$PWD/target/release/dynocap"

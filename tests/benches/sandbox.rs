@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use dynocap_e2e::bench::{
     child_pids, dynocap_ok, median_and_p90, pairs, proc_kib, release_bins, report, report_pairs,
-    running_supervisors, sample, wait_for_supervisors_to_exit, McpSession,
+    running_supervisors, sample, stop_command_servers, wait_for_supervisors_to_exit, McpSession,
 };
 
 use dynocap_engine::spec::{ExecSpec, RunSpec};
@@ -104,7 +104,18 @@ fn main() {
         |i| cli_cycle(&home_env, &format!("b{i}"), &cold_times),
         bwrap_true,
     );
-    // What one CLI process costs before it does anything: the cycle pays it three times.
+    // The same cycle with every command in a dynocap-core process of its own, as without
+    // the command server (README, "The command server").
+    let unserved_env = [("DYNOCAP_HOME", home_str), ("DYNOCAP_CLI_SERVER", "0")];
+    let cli_unserved = pairs(
+        CYCLES,
+        PAUSE,
+        || {},
+        |i| cli_cycle(&unserved_env, &format!("u{i}"), &RefCell::default()),
+        bwrap_true,
+    );
+    // What a command the server does not serve costs before it does anything: the client
+    // and a dynocap-core process, each started.
     let process_start = sample(CYCLES, |_| cli(&["--version"]));
     let mcp_cycle = |session: &mut McpSession, i: usize| {
         let name = format!("m{i}");
@@ -162,6 +173,10 @@ fn main() {
 
     for (name, pairs) in [
         ("run + exec true + destroy (CLI, cold)", &cli_cold),
+        (
+            "run + exec true + destroy (CLI, cold, no command server)",
+            &cli_unserved,
+        ),
         ("run + exec true + destroy (MCP, cold)", &mcp_cold),
         ("run + exec true + destroy (CLI, warm pool)", &cli_pooled),
         ("run + exec true + destroy (MCP, warm pool)", &mcp_pooled),
@@ -170,7 +185,7 @@ fn main() {
     }
     let cold_times = cold_times.into_inner();
     println!(
-        "CLI cold cycle by command: run median {:.2} ms, exec {:.2} ms, destroy {:.2} ms | dynocap --version (a process start, paid by each) median {:.2} ms",
+        "CLI cold cycle by command: run median {:.2} ms, exec {:.2} ms, destroy {:.2} ms | dynocap --version (client and dynocap-core started, not served) median {:.2} ms",
         median_ms(&cold_times.run),
         median_ms(&cold_times.exec),
         median_ms(&cold_times.destroy),
@@ -186,6 +201,8 @@ fn main() {
         cli(&["run", &name]);
         cli(&["destroy", &name]);
     }
+    // As quiet as a home gets: no command server holding the catalog open either.
+    stop_command_servers(home_dir.path());
     let listing = pairs(
         CYCLES * 2,
         PAUSE,

@@ -88,7 +88,8 @@ fn through_server(core: &Path, args: &[OsString]) -> Option<ExitCode> {
         std::env::current_dir().ok()?.join(home)
     };
     let run_dir = home.join("run");
-    let socket_path = rendezvous::socket_path(&run_dir, core).ok()?;
+    let context = rendezvous::Context::of_this_process();
+    let socket_path = rendezvous::socket_path(&run_dir, core, &context).ok()?;
     let socket = match connect_to(&socket_path) {
         Ok(socket) => socket,
         Err(Errno::ENOENT | Errno::ECONNREFUSED) => {
@@ -118,7 +119,7 @@ fn through_server(core: &Path, args: &[OsString]) -> Option<ExitCode> {
         unblock();
         return None;
     };
-    if !send_command(&socket, args) {
+    if !send_command(&socket, args, context) {
         unblock();
         return None;
     }
@@ -136,13 +137,13 @@ fn connect_to(path: &Path) -> Result<OwnedFd, Errno> {
     Ok(socket)
 }
 
-/// Sends the command with this process's stdout and stderr; true once the server says it
-/// runs it.
-fn send_command(socket: &OwnedFd, args: &[OsString]) -> bool {
+/// Sends the command with this process's stdout and stderr, and `context` (the one its
+/// socket was named for); true once the server says it runs it.
+fn send_command(socket: &OwnedFd, args: &[OsString], context: rendezvous::Context) -> bool {
     let request = Request {
-        umask: rendezvous::current_umask(),
+        umask: context.umask,
         args: args.to_vec(),
-        env: rendezvous::environment_entries().collect(),
+        env: context.env,
     };
     // A closed stdout or stderr cannot be passed (EBADF): such a command runs here.
     if wire::send_request(socket.as_fd(), &request, [1, 2]).is_err() {

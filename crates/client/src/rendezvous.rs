@@ -20,8 +20,8 @@ const LOCATION_VARIABLES: [&str; 2] = ["PWD", "OLDPWD"];
 
 /// The home directory the command will use, resolved as `dynocap-core` resolves it
 /// (`Home::from_env` in the engine): `DYNOCAP_HOME`, else `$XDG_DATA_HOME/dynocap`, else
-/// `$HOME/.local/share/dynocap`. Only picks the socket to try: the worker resolves the home
-/// itself from the same environment, so a disagreement costs speed, never correctness.
+/// `$HOME/.local/share/dynocap`. Only picks the socket to try: a server starts only for the
+/// home its own environment gives, so a disagreement costs speed, never correctness.
 pub fn home_dir(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
     let set = |name: &str| var(name).filter(|value| !value.is_empty());
     if let Some(dir) = set("DYNOCAP_HOME") {
@@ -33,16 +33,53 @@ pub fn home_dir(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<Path
     set("HOME").map(|home| PathBuf::from(home).join(".local/share/dynocap"))
 }
 
-/// The server's socket for `core` (the `dynocap-core` file, followed if a link) in the home
-/// whose `run/` directory is `run_dir`.
-pub fn socket_path(run_dir: &Path, core: &Path) -> io::Result<PathBuf> {
-    Ok(run_dir.join(format!("cli-{:016x}.sock", server_key(core)?)))
+/// What of a process a served command depends on besides its arguments, and the server
+/// must therefore share with its clients: the umask, and the environment, sorted and without
+/// [`LOCATION_VARIABLES`]. A client sends its own with each request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Context {
+    pub umask: u32,
+    /// Entries `KEY=VALUE`.
+    pub env: Vec<OsString>,
+}
+
+impl Context {
+    /// This process's. Reads the umask, which means setting it: call while one thread runs.
+    pub fn of_this_process() -> Self {
+        Self::keyed(current_umask(), environment_entries())
+    }
+
+    /// A context from a umask and environment entries in any order, kept as the digest and
+    /// the comparison need them.
+    pub fn keyed(umask: u32, entries: impl IntoIterator<Item = OsString>) -> Self {
+        let mut env: Vec<OsString> = entries
+            .into_iter()
+            .filter(|entry| {
+                let name = entry
+                    .as_bytes()
+                    .split(|b| *b == b'=')
+                    .next()
+                    .unwrap_or_default();
+                !LOCATION_VARIABLES
+                    .iter()
+                    .any(|skip| skip.as_bytes() == name)
+            })
+            .collect();
+        env.sort();
+        Self { umask, env }
+    }
+}
+
+/// The server's socket for `core` (the `dynocap-core` file, followed if a link) and
+/// `context`, in the home whose `run/` directory is `run_dir`.
+pub fn socket_path(run_dir: &Path, core: &Path, context: &Context) -> io::Result<PathBuf> {
+    Ok(run_dir.join(format!("cli-{:016x}.sock", server_key(core, context)?)))
 }
 
 /// The digest in the socket's name. Not a secret and not a defence (the socket is the user's
-/// own, and the server checks its peer's uid): it keeps apart clients that one server's
-/// workers could not serve faithfully.
-pub fn server_key(core: &Path) -> io::Result<u64> {
+/// own, and the server checks its peer's uid): it keeps apart clients that one server could
+/// not serve faithfully.
+pub fn server_key(core: &Path, context: &Context) -> io::Result<u64> {
     let binary = std::fs::metadata(core)?;
     let mut digest = Fnv1a::new();
     for field in [
@@ -62,8 +99,8 @@ pub fn server_key(core: &Path) -> io::Result<u64> {
         digest.write(name.as_bytes());
         digest.write(&inode.to_le_bytes());
     }
-    digest.write(&current_umask().to_le_bytes());
-    for entry in keyed_environment(environment_entries()) {
+    digest.write(&context.umask.to_le_bytes());
+    for entry in &context.env {
         digest.write(entry.as_bytes());
         digest.write(&[0]);
     }
@@ -71,7 +108,7 @@ pub fn server_key(core: &Path) -> io::Result<u64> {
 }
 
 /// This process's environment, each entry `KEY=VALUE`.
-pub fn environment_entries() -> impl Iterator<Item = OsString> {
+fn environment_entries() -> impl Iterator<Item = OsString> {
     std::env::vars_os().map(|(key, value)| {
         let mut entry = key;
         entry.push("=");
@@ -80,28 +117,9 @@ pub fn environment_entries() -> impl Iterator<Item = OsString> {
     })
 }
 
-/// The entries of an environment that a server and its clients must share: sorted, without
-/// [`LOCATION_VARIABLES`].
-pub fn keyed_environment(entries: impl Iterator<Item = OsString>) -> Vec<OsString> {
-    let mut kept: Vec<OsString> = entries
-        .filter(|entry| {
-            let name = entry
-                .as_bytes()
-                .split(|b| *b == b'=')
-                .next()
-                .unwrap_or_default();
-            !LOCATION_VARIABLES
-                .iter()
-                .any(|skip| skip.as_bytes() == name)
-        })
-        .collect();
-    kept.sort();
-    kept
-}
-
 /// This process's umask. Reading it means setting it: call while one thread runs, or while
 /// no other creates files.
-pub fn current_umask() -> u32 {
+fn current_umask() -> u32 {
     let mask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     nix::sys::stat::umask(mask);
     mask.bits()
@@ -174,34 +192,44 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("dcrendezvous{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let core = dir.join("core");
+        let context = Context::keyed(0o022, [OsString::from("A=1")]);
         std::fs::write(&core, b"one").expect("write");
-        let first = server_key(&core).expect("key");
+        let first = server_key(&core, &context).expect("key");
         assert_eq!(
             first,
-            server_key(&core).expect("key"),
+            server_key(&core, &context).expect("key"),
             "same file, same key"
         );
         // A new build is a new file: replaced, as installs and cargo do.
         let replacement = dir.join("core.new");
         std::fs::write(&replacement, b"two, longer").expect("write");
         std::fs::rename(&replacement, &core).expect("rename");
-        assert_ne!(first, server_key(&core).expect("key"));
-        assert!(server_key(&dir.join("absent")).is_err());
+        let second = server_key(&core, &context).expect("key");
+        assert_ne!(first, second);
+        // Another umask or environment: another key.
+        let umask = Context::keyed(0o077, [OsString::from("A=1")]);
+        let env = Context::keyed(0o022, [OsString::from("A=2")]);
+        for other in [umask, env] {
+            assert_ne!(second, server_key(&core, &other).expect("key"), "{other:?}");
+        }
+        assert!(server_key(&dir.join("absent"), &context).is_err());
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
 
     #[test]
     fn the_environment_is_keyed_without_the_shells_location_and_in_any_order() {
         let entries = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
-        let here = keyed_environment(
-            entries(&["PWD=/a", "B=2", "A=1", "OLDPWD=/x", "PWDX=kept"]).into_iter(),
-        );
-        let there = keyed_environment(entries(&["A=1", "PWD=/b", "PWDX=kept", "B=2"]).into_iter());
+        let here = Context::keyed(
+            0o022,
+            entries(&["PWD=/a", "B=2", "A=1", "OLDPWD=/x", "PWDX=kept"]),
+        )
+        .env;
+        let there = Context::keyed(0o022, entries(&["A=1", "PWD=/b", "PWDX=kept", "B=2"])).env;
         assert_eq!(here, there);
         assert_eq!(here, entries(&["A=1", "B=2", "PWDX=kept"]));
         assert_ne!(
             here,
-            keyed_environment(entries(&["A=1", "B=3", "PWDX=kept"]).into_iter())
+            Context::keyed(0o022, entries(&["A=1", "B=3", "PWDX=kept"])).env
         );
     }
 

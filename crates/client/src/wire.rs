@@ -29,7 +29,7 @@ pub struct Request {
     pub umask: u32,
     /// Its whole argv, `argv[0]` included (clap names the program after it in messages).
     pub args: Vec<OsString>,
-    /// Its whole environment, each entry `KEY=VALUE`.
+    /// Its environment as `rendezvous::Context` keeps it, each entry `KEY=VALUE`.
     pub env: Vec<OsString>,
 }
 
@@ -115,7 +115,7 @@ pub enum Message {
     Exited(i32),
     /// Server: the command was ended by this signal.
     Killed(i32),
-    /// Client: it was sent this signal; the worker gets it instead.
+    /// Client: it was sent this signal, which ends the command instead.
     Signal(i32),
 }
 

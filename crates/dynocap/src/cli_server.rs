@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use dynocap_client::rendezvous;
+use dynocap_client::rendezvous::{self, Context};
 use dynocap_client::wire::{self, Message, Request};
 use dynocap_engine::{Engine, Home};
 use nix::errno::Errno;
@@ -135,28 +135,6 @@ impl Drop for Active {
     }
 }
 
-#[derive(Debug, PartialEq, Eq)]
-struct Context {
-    umask: u32,
-    env: Vec<std::ffi::OsString>,
-}
-
-impl Context {
-    fn of_request(request: &Request) -> Self {
-        Self {
-            umask: request.umask,
-            env: rendezvous::keyed_environment(request.env.iter().cloned()),
-        }
-    }
-
-    fn of_this_process() -> Self {
-        Self {
-            umask: rendezvous::current_umask(),
-            env: rendezvous::keyed_environment(rendezvous::environment_entries()),
-        }
-    }
-}
-
 struct Server {
     socket: PathBuf,
     /// The socket file's inode: what is removed at the end must be this server's.
@@ -176,7 +154,8 @@ impl Server {
             .ok_or_else(|| format!("{} has no directory", socket.display()))?;
         // Only the name a client of this very binary, environment and umask computes: one
         // that asked for another (it ran a binary replaced since) starts that one's server.
-        let expected = rendezvous::socket_path(run_dir, Path::new("/proc/self/exe"))
+        let context = Context::of_this_process();
+        let expected = rendezvous::socket_path(run_dir, Path::new("/proc/self/exe"), &context)
             .map_err(|err| format!("reading this binary's identity: {err}"))?;
         if expected != socket {
             return Err(format!(
@@ -235,7 +214,7 @@ impl Server {
             shared: Arc::new(Shared {
                 home,
                 runtime,
-                context: Context::of_this_process(),
+                context,
                 active: AtomicUsize::new(0),
                 idle: idle_from_env(),
                 last_active: Mutex::new(Instant::now()),
@@ -325,7 +304,9 @@ fn serve_one(conn: OwnedFd, active: &Active) {
     let Some((request, fds)) = receive_request(&conn) else {
         return;
     };
-    let served = (Context::of_request(&request) == shared.context)
+    // A client sends the context its socket was named for; another is not this server's.
+    let context = Context::keyed(request.umask, request.env);
+    let served = (context == shared.context)
         .then(|| Cli::try_parse_from(&request.args).ok())
         .flatten()
         .filter(|cli| crate::commands::is_served(&cli.command));
@@ -376,10 +357,11 @@ fn serve_one(conn: OwnedFd, active: &Active) {
     // A signal that came while the command was ending (its output, waiting for room, gave up
     // on seeing it) ends it all the same; a client gone meanwhile needs no answer.
     let outcome = match (outcome, wire::recv_message(conn.as_fd())) {
-        (Some(Message::Exited(_)), Ok(Some(Message::Signal(number)))) => ENDING
-            .into_iter()
-            .find(|s| *s as i32 == number)
-            .map(|signal| Message::Killed(signal as i32)),
+        (Some(Message::Exited(code)), Ok(Some(Message::Signal(number)))) => {
+            Some(ending(number).map_or(Message::Exited(code), |signal| {
+                Message::Killed(signal as i32)
+            }))
+        }
         (Some(Message::Exited(_)), Ok(None)) => None,
         (outcome, _) => outcome,
     };
@@ -469,7 +451,7 @@ async fn ending_signal(conn: &OwnedFd) -> Option<Signal> {
             // Not readable after all: wait again.
             Err(_would_block) => {}
             Ok(Ok(Some(Message::Signal(number)))) => {
-                if let Some(signal) = ENDING.into_iter().find(|s| *s as i32 == number) {
+                if let Some(signal) = ending(number) {
                     return Some(signal);
                 }
             }
@@ -497,6 +479,11 @@ fn idle_from_env() -> Duration {
             IDLE
         }
     }
+}
+
+/// Signal `number`, if it is one of [`ENDING`].
+fn ending(number: i32) -> Option<Signal> {
+    ENDING.into_iter().find(|signal| *signal as i32 == number)
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> nix::Result<()> {

@@ -96,13 +96,11 @@ pub async fn run_served(engine: &Engine, json: bool, command: Command, streams: 
     let result = match command {
         Command::Run(args) => run(engine, json, args, streams).await,
         Command::Exec(args) => {
-            let target = args.name;
-            let cwd = args.cwd;
             exec(
                 engine,
                 json,
-                &target,
-                cwd.as_deref(),
+                &args.name,
+                args.cwd.as_deref(),
                 args.exec,
                 false,
                 streams,

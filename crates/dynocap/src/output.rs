@@ -36,8 +36,8 @@ impl Stream {
         }
     }
 
-    /// The writer. Each command writes its pieces whole (a table, a JSON object, a chunk of
-    /// output), so a client's unbuffered descriptor gets them in one write each.
+    /// The writer. Each command writes its pieces whole under the lock (a table, a JSON
+    /// object, a chunk of output), so pieces written from two places never interleave.
     pub fn lock(&self) -> MutexGuard<'_, Box<dyn Write + Send>> {
         // A panic while writing leaves at worst a partly written piece; the stream is usable.
         self.writer.lock().unwrap_or_else(PoisonError::into_inner)

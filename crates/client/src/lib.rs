@@ -4,9 +4,8 @@
 //! Why there is a server at all: a command through `dynocap-core` alone pays for starting an
 //! 11 MB binary (dynamic loading, relocation, page faults: about 2.3 ms, most of a `destroy`),
 //! three times in a `run` + `exec` + `destroy` cycle. The server is a process that has paid it
-//! once and keeps the engine and its catalog open, as `dynocap mcp` does: it runs the
-//! client's command with the client's stdout, stderr, environment and umask, and sends back
-//! its exit status. (A fork of the server per command saves nothing: the forked process pays
+//! once: it runs the client's command on a thread of its own, with the client's stdout,
+//! stderr, environment and umask, and sends back its exit status. (A fork of the server per command saves nothing: the forked process pays
 //! the same page faults and teardown as a new one, measured at 2.2 against 2.2 ms for `ps`.)
 
 pub mod rendezvous;

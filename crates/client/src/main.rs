@@ -208,7 +208,7 @@ fn die_of(number: i32) -> ExitCode {
         let _ = signal::sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&only), None);
         let _ = signal::raise(signal);
     }
-    // A signal whose default is not to end (SIGWINCH), or none this build knows: the shell's
+    // A signal that did not end this process, or one this build does not know: the shell's
     // convention.
     ExitCode::from(u8::try_from(128 + (number & 0x7f)).unwrap_or(255))
 }

@@ -247,9 +247,23 @@ mod tests {
     use super::*;
     use tokio::sync::mpsc;
 
+    /// A port free when probed, below the kernel's ephemeral range (`ip_local_port_range`):
+    /// the test frees and binds it again, and meanwhile any socket the rest of the suite binds
+    /// to port 0 may be given a freed ephemeral port, but never this one.
     fn free_port() -> u16 {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a probe");
-        probe.local_addr().expect("its address").port()
+        let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32768);
+        let low = ephemeral_start.saturating_sub(10_000).max(1024);
+        // Spread by pid, so that test binaries probing at once start apart.
+        let width = u32::from(ephemeral_start.saturating_sub(low)).max(1);
+        let offset =
+            u16::try_from(std::process::id() % width).expect("below the range's width, a u16");
+        (low + offset..ephemeral_start)
+            .chain(low..low + offset)
+            .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+            .expect("a free port below the ephemeral range")
     }
 
     fn listen(port: u16) -> EgressRequest {
@@ -269,7 +283,8 @@ mod tests {
         let (egress, env) = (Egress::default(), EgressEnv::default());
         // The probed port is free when probed; another process may take it before the first
         // bind (the full suite runs beside other tests), and then another port is probed.
-        // Once bound by us, every reconfiguring must bind it again.
+        // Once bound by us, every reconfiguring must bind it again: no port-0 bind elsewhere
+        // can take it meanwhile, since it lies below the ephemeral range.
         let mut tries = 0;
         let port = loop {
             let port = free_port();

@@ -166,21 +166,9 @@ impl Server {
         }
         redirect_stderr_to_log(run_dir);
         let lock_path = socket.with_extension("lock");
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&lock_path)
-            .map_err(|err| format!("opening {}: {err}", lock_path.display()))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
-            Err(std::fs::TryLockError::Error(err)) => {
-                return Err(format!("locking {}: {err}", lock_path.display()))
-            }
-        }
+        let Some(lock) = lock_exclusively(&lock_path)? else {
+            return Ok(None);
+        };
         let home = Home::from_env().map_err(|err| err.to_string())?;
         if home.root().join("run") != run_dir {
             return Err(format!(
@@ -299,6 +287,40 @@ impl Server {
 
 /// One client's command, on its own thread: a command that blocks on a slow reader of its
 /// output holds up no other.
+/// Opens and locks `path` without waiting; `None` if another server holds it. A server that
+/// is ending removes its lock file while holding it, so a lock taken on a file no longer at
+/// `path` proves nothing: the file is opened again until the locked one is the one named.
+fn lock_exclusively(path: &Path) -> Result<Option<File>, String> {
+    loop {
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|err| format!("opening {}: {err}", path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::Error(err)) => {
+                return Err(format!("locking {}: {err}", path.display()))
+            }
+        }
+        let locked = lock
+            .metadata()
+            .map_err(|err| format!("{}: {err}", path.display()))?;
+        match std::fs::metadata(path) {
+            Ok(named) if named.dev() == locked.dev() && named.ino() == locked.ino() => {
+                return Ok(Some(lock))
+            }
+            Ok(_) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(format!("{}: {err}", path.display())),
+        }
+    }
+}
+
 fn serve_one(conn: OwnedFd, active: &Active) {
     let shared = &active.0;
     let Some((request, fds)) = receive_request(&conn) else {
@@ -522,5 +544,30 @@ fn redirect_stderr_to_log(run_dir: &Path) {
         .open(run_dir.join("cli-server.log"));
     if let Ok(log) = log {
         let _ = nix::unistd::dup2_stderr(&log);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_lock_holder_and_a_removed_lock_file_frees_the_name() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("cli-x.lock");
+        let first = lock_exclusively(&path)
+            .expect("lock")
+            .expect("nobody holds it yet");
+        assert!(lock_exclusively(&path).expect("lock").is_none());
+        // An ending server removes the file while it still holds the lock: the name is free
+        // at once, and the new holder's file is the one named.
+        std::fs::remove_file(&path).expect("remove");
+        let second = lock_exclusively(&path)
+            .expect("lock")
+            .expect("the removed file's lock is not the name's");
+        let named = std::fs::metadata(&path).expect("named");
+        assert_eq!(named.ino(), second.metadata().expect("stat").ino());
+        drop(first);
+        assert!(lock_exclusively(&path).expect("lock").is_none());
     }
 }

@@ -537,7 +537,8 @@ fn an_oversized_diff_is_a_clear_error() {
     let home = TestHome::new();
     let project = tempfile::tempdir().unwrap();
     write(&project.path().join("a.txt"), "a\n");
-    start(&home, project.path(), &["--name", "huge"]);
+    let task = start(&home, project.path(), &["--name", "huge"]);
+    let id = task["id"].as_str().expect("id");
     // ~90 MB of incompressible text: its patch is over the 64 MiB bound.
     let made = home.exec_in_task(
         "huge",
@@ -551,9 +552,110 @@ fn an_oversized_diff_is_a_clear_error() {
         message.contains("64") && message.contains("MiB") || message.contains("over"),
         "{err}"
     );
+    // The same bound over a diff in parts (two CPUs): two files whose patches are each
+    // under it and together over it.
+    let made = home.exec_in_task(
+        "huge",
+        "rm big.txt; for half in 1 2; do head -c 34000000 /dev/urandom | base64 > half$half.txt; done",
+        120,
+    );
+    assert_eq!(made["exitCode"], 0, "{made:#}");
+    let err = home.json_err(&["task", "diff", "huge"]);
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.contains("64") && message.contains("MiB") || message.contains("over"),
+        "{err}"
+    );
+    assert_diff_split_in_two_with_two_cpus(&home, id);
     // The sandbox is still usable afterwards.
-    assert_eq!(task_sh(&home, "huge", "rm big.txt; echo ok"), "ok\n");
+    assert_eq!(task_sh(&home, "huge", "rm half*.txt; echo ok"), "ok\n");
     assert_eq!(home.json(&["task", "diff", "huge"])["files"], 0);
+}
+
+/// A diff heavy enough to be split over the guest's CPUs (two 2.6 MB sources changed, far
+/// apart in the diff's order, among small changes of every kind) prints the patch that one
+/// git prints for the same changes, byte for byte.
+#[test]
+fn a_diff_split_over_the_cpus_is_the_patch_one_git_makes() {
+    if !require_root("a_diff_split_over_the_cpus_is_the_patch_one_git_makes") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().unwrap();
+    let dir = project.path();
+    let source = |tag: &str| -> String {
+        (0..40_000)
+            .map(|i| format!("{tag} line {i} of a large generated source file\n"))
+            .collect()
+    };
+    git(dir, &["init", "-q", "-b", "main"]);
+    write(&dir.join("a.txt"), "a\n");
+    write(&dir.join("big/one.c"), &source("one"));
+    write(&dir.join("gone.txt"), "bye\n");
+    write(&dir.join("m.sh"), "#!/bin/sh\n");
+    write(&dir.join("name with \"quotes\".txt"), "q\n");
+    write(&dir.join("z/two.c"), &source("two"));
+    write(&dir.join("z/zz.txt"), "zz\n");
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "base"]);
+    let imported = tempfile::tempdir().unwrap();
+    copy_tree(dir, imported.path());
+
+    let task = start(&home, dir, &["--name", "split", "--cpus", "2"]);
+    let id = task["id"].as_str().expect("id");
+    let work = "set -e
+        echo changed >> big/one.c
+        sed -i 's/^two line 20000 /two line twenty thousand /' z/two.c
+        echo b >> a.txt
+        rm gone.txt
+        chmod +x m.sh
+        echo Q > 'name with \"quotes\".txt'
+        printf 'new\\n' > new.txt
+        ln -s a.txt link
+        printf '\\000\\001binary' > z/blob.bin
+        echo zz2 >> z/zz.txt";
+    task_sh(&home, "split", work);
+    let diff = home.json(&["task", "diff", "split"]);
+
+    // The same changes in a copy of the project, diffed by one git.
+    let status = std::process::Command::new("sh")
+        .args(["-c", work])
+        .current_dir(imported.path())
+        .status()
+        .expect("sh");
+    assert!(status.success());
+    git(imported.path(), &["add", "-A"]);
+    let whole = git(
+        imported.path(),
+        &[
+            "diff",
+            "--cached",
+            "--binary",
+            "--full-index",
+            "--no-renames",
+            "HEAD",
+        ],
+    );
+    assert_eq!(diff["files"], 10, "{}", diff["patch"]);
+    assert!(
+        diff["patch"].as_str() == Some(whole.as_str()),
+        "the task's patch differs from git's:\n--- task\n{}\n--- git\n{whole}",
+        diff["patch"]
+    );
+
+    assert_diff_split_in_two_with_two_cpus(&home, id);
+}
+
+/// A task given two CPUs diffs in two parts, where the host has them.
+fn assert_diff_split_in_two_with_two_cpus(home: &TestHome, id: &str) {
+    let host_cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let log = std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log")))
+        .expect("the task's log");
+    assert_eq!(
+        log.contains("the diff runs in 2 parts"),
+        host_cpus > 1,
+        "host CPUs: {host_cpus}; log:\n{log}"
+    );
 }
 
 /// Copies a project's working tree with its .git, as a user's own clone would be.

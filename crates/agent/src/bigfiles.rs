@@ -188,30 +188,52 @@ pub struct Change {
 /// are commits. Malformed input ends the list (it comes from the guest's git: data, not
 /// trusted, and the worst outcome of a short list is a text diff).
 pub fn parse_raw(raw: &[u8]) -> Vec<Change> {
+    parse_raw_records(raw).0
+}
+
+/// [`parse_raw`], for a use that needs every changed path: `None` unless the whole input
+/// parsed.
+pub fn parse_raw_all(raw: &[u8]) -> Option<Vec<Change>> {
+    let (changes, complete) = parse_raw_records(raw);
+    complete.then_some(changes)
+}
+
+/// The records up to the first malformed one, and whether the input ended right after the
+/// last record.
+fn parse_raw_records(raw: &[u8]) -> (Vec<Change>, bool) {
     let mut changes = Vec::new();
     let mut fields = raw.split(|&b| b == 0);
-    while let (Some(meta), Some(path)) = (fields.next(), fields.next()) {
-        let Some(meta) = meta.strip_prefix(b":") else {
-            break;
+    loop {
+        let (meta, path) = match (fields.next(), fields.next()) {
+            (Some(meta), Some(path)) => (meta, path),
+            // The empty field after the last NUL, or empty input.
+            (Some(b""), None) => return (changes, true),
+            _ => return (changes, false),
         };
-        let Ok(meta) = std::str::from_utf8(meta) else {
-            break;
+        let Some(change) = parse_record(meta, path) else {
+            return (changes, false);
         };
-        let parts: Vec<&str> = meta.split(' ').collect();
-        let [old_mode, new_mode, old_id, new_id, _status] = parts[..] else {
-            break;
-        };
-        let blob = |mode: &str, id: &str| {
-            (matches!(mode, "100644" | "100755") && crate::git::is_object_id(id))
-                .then(|| id.to_owned())
-        };
-        changes.push(Change {
-            old_blob: blob(old_mode, old_id),
-            new_blob: blob(new_mode, new_id),
-            path: path.to_vec(),
-        });
+        changes.push(change);
     }
-    changes
+}
+
+fn parse_record(meta: &[u8], path: &[u8]) -> Option<Change> {
+    let meta = std::str::from_utf8(meta.strip_prefix(b":")?).ok()?;
+    let parts: Vec<&str> = meta.split(' ').collect();
+    let [old_mode, new_mode, old_id, new_id, _status] = parts[..] else {
+        return None;
+    };
+    if path.is_empty() {
+        return None;
+    }
+    let blob = |mode: &str, id: &str| {
+        (matches!(mode, "100644" | "100755") && crate::git::is_object_id(id)).then(|| id.to_owned())
+    };
+    Some(Change {
+        old_blob: blob(old_mode, old_id),
+        new_blob: blob(new_mode, new_id),
+        path: path.to_vec(),
+    })
 }
 
 /// The `info/attributes` content marking `paths` as binary, each matched exactly: anchored at
@@ -286,6 +308,12 @@ mod tests {
             (None, None)
         );
         assert!(parse_raw(b"garbage\0x\0").is_empty());
+        assert_eq!(parse_raw_all(raw.as_bytes()).map(|c| c.len()), Some(4));
+        assert_eq!(parse_raw_all(b"").map(|c| c.len()), Some(0));
+        // Cut short, or followed by anything but a record: not the whole list.
+        assert!(parse_raw_all(&raw.as_bytes()[..raw.len() - 1]).is_none());
+        assert!(parse_raw_all(format!("{raw}garbage\0x\0").as_bytes()).is_none());
+        assert!(parse_raw_all(format!(":100644 100644 {a} {b} M\0").as_bytes()).is_none());
     }
 
     #[test]

@@ -126,6 +126,15 @@ impl Child {
         Ok(child)
     }
 
+    /// Asks for a stdout pipe of `bytes` (at most the system's `pipe-max-size`), so that the
+    /// command can run ahead of its reader by that much; the pipe stays as it is when the
+    /// kernel refuses.
+    pub fn widen_stdout(&self, bytes: i32) {
+        if let Some(fd) = self.stdout.as_ref() {
+            let _ = nix::fcntl::fcntl(fd.get_ref(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(bytes));
+        }
+    }
+
     /// Reads the next chunk of stdout into `buf`; 0 means stdout is finished. Cancel-safe.
     pub async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {

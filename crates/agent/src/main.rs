@@ -34,6 +34,7 @@ mod cgroup;
 mod channel;
 mod clone;
 mod command;
+mod diff_split;
 mod egress;
 mod exec;
 mod fsutil;

@@ -42,6 +42,7 @@ use tokio::sync::{mpsc, Mutex};
 
 use crate::bigfiles;
 use crate::command::{stop_requested, Child, RunError};
+use crate::diff_split;
 use crate::exec::Stop;
 use crate::fsutil;
 use crate::git::{self, first_line, is_object_id, Git, Run};
@@ -49,7 +50,7 @@ use crate::gitguard;
 use crate::index_memo::{self, Memo as IndexMemo, Seen};
 use crate::journal::{Changed, Tracker};
 use crate::server::{Config, Outbox};
-use crate::spawn::ExecUser;
+use crate::spawn::{ChildSpec, ExecUser};
 use crate::statedir::{
     self, BASELINE_COMMIT, BASELINE_DIR, BASELINE_FILES, BASELINE_INDEX, BASELINE_INDEX_LOCK,
     BASELINE_LARGEST, BASELINE_REPO, BASELINE_WORKSPACE,
@@ -221,12 +222,12 @@ impl Opened {
     }
 
     /// `--git-dir=… --work-tree=… rest…`
-    fn args(&self, work_tree: &Path, rest: &[&str]) -> Vec<OsString> {
+    fn args<S: AsRef<OsStr>>(&self, work_tree: &Path, rest: &[S]) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
             arg_with("--git-dir=", &self.git_dir),
             arg_with("--work-tree=", work_tree),
         ];
-        args.extend(rest.iter().map(Into::into));
+        args.extend(rest.iter().map(|arg| arg.as_ref().to_owned()));
         args
     }
 }
@@ -1031,6 +1032,19 @@ const DIFF_ARGS: &[&str] = &[
     "--full-index",
 ];
 
+/// The diff of the private index against `baseline`, limited to `paths` (taken literally)
+/// when there are any: one part of a split diff (see [`diff_split`]).
+fn diff_args(baseline: &str, paths: &[Vec<u8>]) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["--literal-pathspecs".into()];
+    args.extend(DIFF_ARGS.iter().map(OsString::from));
+    args.push(baseline.into());
+    if !paths.is_empty() {
+        args.push("--".into());
+        args.extend(paths.iter().map(|path| OsStr::from_bytes(path).to_owned()));
+    }
+    args
+}
+
 /// Handles `Diff`: streams the patch baseline → work tree on STDOUT.
 pub async fn diff(
     req: DiffRequest,
@@ -1129,35 +1143,54 @@ pub async fn diff(
             add_all(git, &private, &workspace, &storage, &[], None, stop).await?;
         }
         // When no file on either side is large enough for its line diff to go over the
-        // budget, even a line per byte, no file needs sizing or counting.
+        // budget, even a line per byte, no file needs sizing or counting; and when none is
+        // large enough for a split over the CPUs to pay, the changes need no listing either.
         let largest = private.in_dir(IndexMemo::largest_entry).await;
-        match (baseline_largest, largest) {
-            (Some(old), Ok(new)) if bigfiles::none_can_exceed(old, new, line_diff_budget) => {
-                if has_attributes(&private) {
-                    set_attributes(&private, Vec::new()).await?;
-                }
-            }
+        let (sizing, splitting) = match (baseline_largest, largest) {
+            (Some(old), Ok(new)) => (
+                !bigfiles::none_can_exceed(old, new, line_diff_budget),
+                old.max(new) >= diff_split::MIN_LARGEST_FILE,
+            ),
             (_, largest) => {
                 if let Err(err) = largest {
                     let why = cancelled_or(err, "reading the private index");
                     log!("sizing the changed files with git: {why}");
                 }
-                mark_big_files(git, &private, &workspace, &commit, line_diff_budget, stop).await?;
+                (true, true)
             }
+        };
+        let splitting = splitting && diff_split::parallelism() > 1;
+        let mut parts = None;
+        if sizing || splitting {
+            let changed = changed_files(git, &private, &workspace, &commit, stop).await?;
+            if sizing {
+                mark_big_files(git, &private, &workspace, &changed, line_diff_budget, stop).await?;
+            } else if has_attributes(&private) {
+                set_attributes(&private, Vec::new()).await?;
+            }
+            if splitting {
+                parts = changed
+                    .weighed()
+                    .and_then(|weighed| diff_split::plan(&weighed, diff_split::parallelism()));
+            }
+        } else if has_attributes(&private) {
+            set_attributes(&private, Vec::new()).await?;
         }
-        let mut args = DIFF_ARGS.to_vec();
-        args.push(&commit);
-        stream_git_output(
-            "diff",
-            git,
-            &private.args(&workspace, &args),
-            private.run(),
-            req.max_bytes,
-            stream,
-            outbox,
-            stop,
-        )
-        .await
+        let parts = parts.unwrap_or_else(|| vec![Vec::new()]);
+        if parts.len() > 1 {
+            log!("the diff runs in {} parts, one git each", parts.len());
+        }
+        let runs = parts
+            .iter()
+            .map(|paths| {
+                git.spec(
+                    &private.args(&workspace, &diff_args(&commit, paths)),
+                    private.run(),
+                )
+            })
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(RunError::Failed)?;
+        stream_git_outputs("diff", &runs, req.max_bytes, stream, outbox, stop).await
     }
     .await;
     if outcome.is_err() {
@@ -1176,17 +1209,49 @@ pub async fn diff(
     }
 }
 
-/// Lists the changed files whose line diff would take more than `budget` bytes as `binary`
-/// in the private repository's `info/attributes`, replacing the previous diff's list (see
-/// [`bigfiles`]).
-async fn mark_big_files(
+/// What the private index changes against the baseline: each path in the order the diff
+/// prints them, and the sizes of the regular files' blobs on both sides.
+struct ChangedFiles {
+    changes: Vec<bigfiles::Change>,
+    /// Every record of git's list parsed: each changed path is in `changes`.
+    complete: bool,
+    sizes: std::collections::HashMap<String, u64>,
+}
+
+impl ChangedFiles {
+    /// What diffing each path costs, for [`diff_split::plan`]; `None` when the list may miss
+    /// a path, which a split would then leave out of the patch.
+    fn weighed(&self) -> Option<Vec<diff_split::Weighed>> {
+        if !self.complete {
+            return None;
+        }
+        let weighed = self.changes.iter().map(|change| {
+            let blob_bytes = blobs_of(change)
+                .into_iter()
+                .flatten()
+                .map(|id| self.sizes.get(&id).copied().unwrap_or(0))
+                .fold(0_u64, u64::saturating_add);
+            diff_split::Weighed {
+                path: change.path.clone(),
+                bytes: blob_bytes.saturating_add(diff_split::PER_PATH_BYTES),
+            }
+        });
+        Some(weighed.collect())
+    }
+}
+
+fn blobs_of(change: &bigfiles::Change) -> [Option<String>; 2] {
+    [change.old_blob.clone(), change.new_blob.clone()]
+}
+
+/// Lists what the private index changes against `baseline`, with the blobs' sizes.
+async fn changed_files(
     git: &Git,
     private: &Opened,
     workspace: &Path,
     baseline: &str,
-    budget: u64,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<(), RunError> {
+) -> Result<ChangedFiles, RunError> {
     let raw = git
         .run(
             &private.args(
@@ -1206,8 +1271,10 @@ async fn mark_big_files(
             stop,
         )
         .await?;
-    let changes = bigfiles::parse_raw(&raw);
-    let blobs_of = |c: &bigfiles::Change| [c.old_blob.clone(), c.new_blob.clone()];
+    let (changes, complete) = match bigfiles::parse_raw_all(&raw) {
+        Some(changes) => (changes, true),
+        None => (bigfiles::parse_raw(&raw), false),
+    };
     let ids: Vec<String> = changes.iter().flat_map(blobs_of).flatten().collect();
     let sizes = bigfiles::parse_sizes(
         &cat_file_batch(
@@ -1220,6 +1287,26 @@ async fn mark_big_files(
         )
         .await?,
     );
+    Ok(ChangedFiles {
+        changes,
+        complete,
+        sizes,
+    })
+}
+
+/// Lists the changed files whose line diff would take more than `budget` bytes as `binary`
+/// in the private repository's `info/attributes`, replacing the previous diff's list (see
+/// [`bigfiles`]).
+async fn mark_big_files(
+    git: &Git,
+    private: &Opened,
+    workspace: &Path,
+    changed: &ChangedFiles,
+    budget: u64,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<(), RunError> {
+    let ChangedFiles { changes, sizes, .. } = changed;
+    let ids: Vec<String> = changes.iter().flat_map(blobs_of).flatten().collect();
     let sides = |c: &bigfiles::Change, lines: &std::collections::HashMap<String, u64>| {
         blobs_of(c)
             .into_iter()
@@ -1437,7 +1524,48 @@ fn write_attributes(private: BorrowedFd<'_>, text: &[u8]) -> Result<(), String> 
         .map_err(|err| format!("cannot write the private repository's attributes: {err}"))
 }
 
-/// Runs the diff and forwards its stdout as it comes, up to `max_bytes`.
+/// How far each git after the first may run ahead of the reader: the pipe it writes to,
+/// read once the gits before it are done. Linux's default `pipe-max-size`.
+const AHEAD_PIPE_BYTES: i32 = 1 << 20;
+
+/// Starts every git of `runs` at once and sends their stdout on the stream's STDOUT channel
+/// one after the other, in order: at most `max_bytes` of it in all. Each git after the first
+/// writes into a pipe read once those before it are done, so it runs ahead by that pipe's
+/// size, then waits.
+async fn stream_git_outputs(
+    what: &str,
+    runs: &[ChildSpec],
+    max_bytes: u64,
+    stream: u32,
+    outbox: &Outbox,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<u64, RunError> {
+    let mut children = Vec::with_capacity(runs.len());
+    for (index, spec) in runs.iter().enumerate() {
+        // On failure the children started so far are dropped, which kills them.
+        let child = Child::spawn(spec)
+            .map_err(|err| RunError::Failed(format!("cannot start git {what}: {err}")))?;
+        if index > 0 {
+            child.widen_stdout(AHEAD_PIPE_BYTES);
+        }
+        children.push(child);
+    }
+    let mut sent: u64 = 0;
+    for index in 0..children.len() {
+        let (done, rest) = children.split_at_mut(index + 1);
+        let child = &mut done[index];
+        let outcome = forward_output(what, child, max_bytes, &mut sent, stream, outbox, stop).await;
+        if let Err(err) = outcome {
+            child.kill().await;
+            for later in rest {
+                later.kill().await;
+            }
+            return Err(err);
+        }
+    }
+    Ok(sent)
+}
+
 /// Runs git and sends its stdout on the stream's STDOUT channel, at most `max_bytes` of it.
 #[allow(clippy::too_many_arguments)] // one git run: what, how, where to, and its bounds
 pub(crate) async fn stream_git_output<S: AsRef<std::ffi::OsStr>>(
@@ -1451,33 +1579,38 @@ pub(crate) async fn stream_git_output<S: AsRef<std::ffi::OsStr>>(
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<u64, RunError> {
     let spec = git.spec(args, run).map_err(RunError::Failed)?;
-    let mut child = Child::spawn(&spec)
-        .map_err(|err| RunError::Failed(format!("cannot start git {what}: {err}")))?;
+    stream_git_outputs(what, &[spec], max_bytes, stream, outbox, stop).await
+}
+
+/// Forwards `child`'s stdout as it comes until it ends, and waits for it: `sent` counts the
+/// bytes of every run so far against `max_bytes`. The caller kills the child on an error.
+async fn forward_output(
+    what: &str,
+    child: &mut Child,
+    max_bytes: u64,
+    sent: &mut u64,
+    stream: u32,
+    outbox: &Outbox,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<(), RunError> {
     let mut buf = vec![0_u8; DATA_CHUNK];
-    let mut sent: u64 = 0;
     loop {
         let read = tokio::select! {
             biased;
-            () = stop_requested(stop) => None,
-            read = child.read(&mut buf) => Some(read),
+            () = stop_requested(stop) => return Err(RunError::Cancelled),
+            read = child.read(&mut buf) => read,
         };
         let n = match read {
-            None => {
-                child.kill().await;
-                return Err(RunError::Cancelled);
-            }
-            Some(Ok(0)) => break,
-            Some(Ok(n)) => n,
-            Some(Err(err)) => {
-                child.kill().await;
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(err) => {
                 return Err(RunError::Failed(format!(
                     "cannot read git {what}'s output: {err}"
-                )));
+                )))
             }
         };
         let len = u64::try_from(n).unwrap_or(u64::MAX);
         if sent.saturating_add(len) > max_bytes {
-            child.kill().await;
             return Err(RunError::Failed(format!(
                 "the {what} is over the {max_bytes} bytes this request allows; it was not sent in \
                  full"
@@ -1485,43 +1618,31 @@ pub(crate) async fn stream_git_output<S: AsRef<std::ffi::OsStr>>(
         }
         let permit = tokio::select! {
             biased;
-            () = stop_requested(stop) => None,
-            permit = outbox.reserve() => Some(permit),
+            () = stop_requested(stop) => return Err(RunError::Cancelled),
+            permit = outbox.reserve() => permit,
         };
-        match permit {
-            None => {
-                child.kill().await;
-                return Err(RunError::Cancelled);
-            }
-            // The host is gone: nobody will read the rest.
-            Some(None) => {
-                child.kill().await;
-                return Err(RunError::Cancelled);
-            }
-            Some(Some(permit)) => {
-                let mut payload = Vec::with_capacity(1 + n);
-                payload.push(channel::STDOUT);
-                payload.extend_from_slice(&buf[..n]);
-                permit.send(Frame::new(stream, FrameKind::Data, payload));
-            }
-        }
-        sent += len;
+        // The host is gone: nobody will read the rest.
+        let Some(permit) = permit else {
+            return Err(RunError::Cancelled);
+        };
+        let mut payload = Vec::with_capacity(1 + n);
+        payload.push(channel::STDOUT);
+        payload.extend_from_slice(&buf[..n]);
+        permit.send(Frame::new(stream, FrameKind::Data, payload));
+        *sent += len;
     }
     let finished = tokio::select! {
         biased;
-        () = stop_requested(stop) => None,
-        finished = child.wait() => Some(finished),
+        () = stop_requested(stop) => return Err(RunError::Cancelled),
+        finished = child.wait() => finished,
     };
-    match finished {
-        None => {
-            child.kill().await;
-            Err(RunError::Cancelled)
-        }
-        Some(finished) if finished.success() => Ok(sent),
-        Some(finished) => Err(RunError::Failed(format!(
+    if finished.success() {
+        Ok(())
+    } else {
+        Err(RunError::Failed(format!(
             "git {what} failed ({})",
             finished.describe()
-        ))),
+        )))
     }
 }
 

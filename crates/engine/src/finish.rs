@@ -79,16 +79,36 @@ fn verify_in(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), St
     if bytes.is_empty() {
         return Ok(());
     }
+    // The baseline's offset index is read on a thread of its own while the patch is parsed
+    // and the scratch made: its checks cover every entry, and it is the first thing the
+    // extraction needs.
+    let index = OnceLock::new();
+    std::thread::scope(|scope| {
+        let _reading = std::thread::Builder::new()
+            .name("verify-index".into())
+            .spawn_scoped(scope, || index.get_or_init(|| usable_index(baseline_tar)));
+        verify_patch(baseline_tar, &bytes, &index, scratch)
+    })
+}
+
+/// [`verify`] of the patch `bytes`, with the baseline's index read into `index` by whichever
+/// thread gets to it first.
+fn verify_patch(
+    baseline_tar: &Path,
+    bytes: &[u8],
+    index: &OnceLock<Option<TarIndex>>,
+    scratch: &Path,
+) -> Result<(), String> {
     // The caller verifies only a patch the review read, so this parse succeeds; should it
     // not, nothing is known about what the patch touches and it cannot be verified.
-    let files = patch::parse(&bytes, bytes.len())
+    let files = patch::parse(bytes, bytes.len())
         .map_err(|err| format!("the patch cannot be read: {err}"))?;
     let touched = Touched::of(&files);
     let verification = Verification {
         baseline_tar,
-        index: OnceLock::new(),
+        index,
         touched: &touched,
-        patch: &bytes,
+        patch: bytes,
     };
     if let Some(budget) = in_memory::budget(&files, bytes.len()) {
         if let Some(dir) = in_memory::MemoryDir::make() {
@@ -107,9 +127,9 @@ fn verify_in(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), St
 /// One patch's verification, runnable in more than one place.
 struct Verification<'a> {
     baseline_tar: &'a Path,
-    /// The baseline's offset index ([`usable_index`]), read once, while git is starting: its
-    /// 0.5 ms then cost nothing.
-    index: OnceLock<Option<TarIndex>>,
+    /// The baseline's offset index ([`usable_index`]), read once, while the patch is parsed
+    /// and git is starting.
+    index: &'a OnceLock<Option<TarIndex>>,
     touched: &'a Touched,
     patch: &'a [u8],
 }

@@ -250,7 +250,7 @@ struct Out<'a> {
     dest: &'a Path,
     files: &'a mut TreeFiles,
     budget: &'a mut Budget,
-    /// Reused by [`write_small_regular`].
+    /// Reused by [`write_regular_at`].
     buffer: Vec<u8>,
 }
 
@@ -281,8 +281,21 @@ impl Out<'_> {
         mode: u32,
         size: u64,
     ) -> Result<bool, Failure> {
+        self.write_regular_with(name, mode, size, |file| {
+            std::io::copy(contents, file).map(drop)
+        })
+    }
+
+    /// [`write_regular`](Self::write_regular), the contents written by `fill`.
+    fn write_regular_with(
+        &mut self,
+        name: &[u8],
+        mode: u32,
+        size: u64,
+        fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+    ) -> Result<bool, Failure> {
         self.budget.spend_bytes(size)?;
-        let written = self.files.write(name, contents, mode).map_err(|err| {
+        let written = self.files.write(name, mode, fill).map_err(|err| {
             Failure::Baseline(unpacking(std::io::Error::new(
                 err.kind(),
                 format!("{}: {err}", String::from_utf8_lossy(name)),
@@ -372,7 +385,7 @@ fn pass_indexed(
         if !extracted.insert(name.to_owned()) {
             continue;
         }
-        if write_small_regular(tar, offset, name, out)? {
+        if write_regular_at(tar, offset, name, out)? {
             continue;
         }
         let kind = with_entry_at(tar, offset, name, |entry| {
@@ -407,16 +420,17 @@ fn pass_indexed(
     Ok(links)
 }
 
-/// How much of the tar [`write_small_regular`] reads at an entry's offset: its header and
+/// How much of the tar [`write_regular_at`] reads at an entry's offset: its header and
 /// contents up to this size, which most source files fit.
 const SMALL_READ: usize = 32 << 10;
 
 /// Writes the entry at `offset` if it is a regular file named `name` whose header stands alone
-/// (no long-name or extended header before it) and whose contents fit [`SMALL_READ`] with
-/// it: one `pread` for both, where the tar crate's reader takes a seek and a read for the
-/// header and more for the contents. `Ok(false)`: not such an entry, nothing was written (the
-/// tar crate's reader takes it, and checks it as it always did).
-fn write_small_regular(
+/// (no long-name or extended header before it): one `pread` for the header and contents that
+/// fit [`SMALL_READ`] with it, a copy within the kernel for larger contents, where the tar
+/// crate's reader takes a seek and a read for the header and a read and a write per 8 KiB of
+/// contents. `Ok(false)`: not such an entry, nothing was written (the tar crate's reader
+/// takes it, and checks it as it always did).
+fn write_regular_at(
     tar: &std::fs::File,
     offset: u64,
     name: &str,
@@ -444,21 +458,86 @@ fn write_small_regular(
         return Ok(false);
     };
     let path = header.path_bytes().into_owned();
-    let Some(end) = usize::try_from(size)
-        .ok()
-        .and_then(|size| size.checked_add(512))
-        .filter(|&end| end <= read)
-    else {
-        return Ok(false);
-    };
     if entry_name(&path) != name {
         return Err(wrong(format!("the entry there is {:?}", entry_name(&path))));
     }
-    // The buffer is lent out while the file is written from it.
-    let buffer = std::mem::take(&mut out.buffer);
-    let written = out.write_regular(&path, &mut &buffer[512..end], mode, size);
-    out.buffer = buffer;
-    written
+    let in_buffer = usize::try_from(size)
+        .ok()
+        .and_then(|size| size.checked_add(512))
+        .filter(|&end| end <= read);
+    if let Some(end) = in_buffer {
+        // The buffer is lent out while the file is written from it.
+        let buffer = std::mem::take(&mut out.buffer);
+        let written = out.write_regular(&path, &mut &buffer[512..end], mode, size);
+        out.buffer = buffer;
+        return written;
+    }
+    let tar_len = tar
+        .metadata()
+        .map_err(|err| Failure::Baseline(unpacking(err)))?
+        .len();
+    if (offset + 512)
+        .checked_add(size)
+        .is_none_or(|end| end > tar_len)
+    {
+        return Err(wrong(format!(
+            "its {size} bytes run past the end of the tar"
+        )));
+    }
+    out.write_regular_with(&path, mode, size, |file| {
+        copy_range(tar, offset + 512, size, file)
+    })
+}
+
+/// Copies `len` bytes of `from` at `offset` to the end of `to`, within the kernel where it
+/// can (`copy_file_range`), else through a buffer.
+fn copy_range(
+    from: &std::fs::File,
+    offset: u64,
+    len: u64,
+    to: &mut std::fs::File,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut at = i64::try_from(offset).map_err(std::io::Error::other)?;
+    let mut left = len;
+    while left > 0 {
+        let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
+        match nix::fcntl::copy_file_range(from, Some(&mut at), &*to, None, chunk) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the tar ended inside an entry",
+                ))
+            }
+            Ok(n) => left -= u64::try_from(n).unwrap_or(left),
+            Err(nix::errno::Errno::EINTR) => {}
+            // Not between these files (another kernel, another file system's rules): the
+            // same bytes through a buffer.
+            Err(
+                nix::errno::Errno::EXDEV
+                | nix::errno::Errno::ENOSYS
+                | nix::errno::Errno::EINVAL
+                | nix::errno::Errno::EOPNOTSUPP,
+            ) => break,
+            Err(err) => return Err(err.into()),
+        }
+    }
+    let mut buffer = vec![0u8; usize::try_from(left.min(1 << 20)).unwrap_or(1 << 20)];
+    let mut at = u64::try_from(at).map_err(std::io::Error::other)?;
+    while left > 0 {
+        let want = usize::try_from(left.min(buffer.len() as u64)).unwrap_or(buffer.len());
+        let n = from.read_at(&mut buffer[..want], at)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the tar ended inside an entry",
+            ));
+        }
+        std::io::Write::write_all(to, &buffer[..n])?;
+        at += n as u64;
+        left -= n as u64;
+    }
+    Ok(())
 }
 
 /// A header block as the tar crate's reader accepts one (a valid checksum), or `None`.

@@ -14,7 +14,6 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -43,14 +42,15 @@ impl TreeFiles {
         })
     }
 
-    /// Writes a regular file's entry at `name` (its raw tar path). `Ok(false)` when `name` is
-    /// not a plain relative path beneath plain directories: nothing was written, and the
-    /// caller unpacks the entry as the tar crate does.
+    /// Writes a regular file's entry at `name` (its raw tar path), its contents written by
+    /// `fill` into the new, empty file. `Ok(false)` when `name` is not a plain relative path
+    /// beneath plain directories: nothing was written, and the caller unpacks the entry as
+    /// the tar crate does.
     pub fn write(
         &mut self,
         name: &[u8],
-        contents: &mut impl Read,
         mode: u32,
+        fill: impl FnOnce(&mut File) -> std::io::Result<()>,
     ) -> std::io::Result<bool> {
         if !is_plain(name) {
             return Ok(false);
@@ -70,7 +70,7 @@ impl TreeFiles {
             Mode::from_bits_truncate(0o600),
         )?;
         let mut file = File::from(fd);
-        std::io::copy(contents, &mut file)?;
+        fill(&mut file)?;
         // The header's whole mode, setuid and all, as `set_preserve_permissions(true)` keeps
         // it; set after the contents as the tar crate does.
         fchmod(file.as_fd(), Mode::from_bits_truncate(mode & 0o7777))?;
@@ -141,11 +141,12 @@ fn is_plain(name: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
 
     fn write(files: &mut TreeFiles, name: &str, contents: &str, mode: u32) -> bool {
         files
-            .write(name.as_bytes(), &mut contents.as_bytes(), mode)
+            .write(name.as_bytes(), mode, |f| f.write_all(contents.as_bytes()))
             .unwrap()
     }
 
@@ -187,7 +188,7 @@ mod tests {
         let mut files = TreeFiles::open(tree.path()).unwrap();
         assert!(write(&mut files, "d/f", "first", 0o644));
         let err = files
-            .write(b"d/f", &mut "second".as_bytes(), 0o644)
+            .write(b"d/f", 0o644, |f| f.write_all(b"second"))
             .unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
         assert_eq!(
@@ -223,7 +224,7 @@ mod tests {
         assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
         // A file's place taken by a symlink: not followed either.
         std::os::unix::fs::symlink(outside.path().join("target"), tree.path().join("f2")).unwrap();
-        assert!(files.write(b"f2", &mut "no".as_bytes(), 0o644).is_err());
+        assert!(files.write(b"f2", 0o644, |f| f.write_all(b"no")).is_err());
         assert!(!outside.path().join("target").exists());
     }
 
@@ -232,7 +233,7 @@ mod tests {
         let tree = tempfile::tempdir().unwrap();
         let mut files = TreeFiles::open(tree.path()).unwrap();
         assert!(files
-            .write(b"d\xff/n\xfe", &mut "raw".as_bytes(), 0o644)
+            .write(b"d\xff/n\xfe", 0o644, |f| f.write_all(b"raw"))
             .unwrap());
         let path = tree
             .path()

@@ -166,7 +166,23 @@ fn records_that_lie_about_their_names_are_refused_even_with_a_good_checksum() {
     let sum = checksum(&past[..body]);
     past[body..].copy_from_slice(&sum.to_le_bytes());
     let err = TarIndex::parse(past, len).map(|_| ()).unwrap_err();
-    assert!(matches!(err, Invalid::Damaged("a name runs past its end")));
+    assert!(matches!(
+        err,
+        Invalid::Damaged("a name runs past its end or splits a character")
+    ));
+
+    // Names that are UTF-8 together but not each: "é" cut after its first byte.
+    let mut split = encode(vec![("a".into(), 0), ("\u{e9}".into(), 512)], len).unwrap();
+    let at = HEADER_LEN + RECORD_LEN + 12;
+    split[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
+    let body = split.len() - CHECKSUM_LEN;
+    let sum = checksum(&split[..body]);
+    split[body..].copy_from_slice(&sum.to_le_bytes());
+    let err = TarIndex::parse(split, len).map(|_| ()).unwrap_err();
+    assert!(matches!(
+        err,
+        Invalid::Damaged("a name runs past its end or splits a character")
+    ));
 }
 
 #[test]

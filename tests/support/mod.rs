@@ -315,6 +315,16 @@ impl Drop for TestHome {
         }
         // A warm pool (DYNOCAP_WARM_POOL) is listed nowhere else.
         let _ = self.command().args(["pool", "--drain"]).output();
+        // Supervisors write their last lines to the home's logs as they end, and a command
+        // server its own: the home is removed (with the temp dir, after this) once they are
+        // gone, not while they still write into it.
+        bench::stop_command_servers(self.path());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !bench::supervisor_processes(self.path()).is_empty()
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 }
 

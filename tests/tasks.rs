@@ -539,32 +539,22 @@ fn an_oversized_diff_is_a_clear_error() {
     write(&project.path().join("a.txt"), "a\n");
     let task = start(&home, project.path(), &["--name", "huge"]);
     let id = task["id"].as_str().expect("id");
+    let diff_refused_after = |script: &str| {
+        let made = home.exec_in_task("huge", script, 120);
+        assert_eq!(made["exitCode"], 0, "{made:#}");
+        let err = home.json_err(&["task", "diff", "huge"]);
+        let message = err["message"].as_str().unwrap();
+        assert!(
+            message.contains("64") && message.contains("MiB") || message.contains("over"),
+            "{err}"
+        );
+    };
     // ~90 MB of incompressible text: its patch is over the 64 MiB bound.
-    let made = home.exec_in_task(
-        "huge",
-        "head -c 68000000 /dev/urandom | base64 > big.txt",
-        120,
-    );
-    assert_eq!(made["exitCode"], 0, "{made:#}");
-    let err = home.json_err(&["task", "diff", "huge"]);
-    let message = err["message"].as_str().unwrap();
-    assert!(
-        message.contains("64") && message.contains("MiB") || message.contains("over"),
-        "{err}"
-    );
+    diff_refused_after("head -c 68000000 /dev/urandom | base64 > big.txt");
     // The same bound over a diff in parts (two CPUs): two files whose patches are each
     // under it and together over it.
-    let made = home.exec_in_task(
-        "huge",
+    diff_refused_after(
         "rm big.txt; for half in 1 2; do head -c 34000000 /dev/urandom | base64 > half$half.txt; done",
-        120,
-    );
-    assert_eq!(made["exitCode"], 0, "{made:#}");
-    let err = home.json_err(&["task", "diff", "huge"]);
-    let message = err["message"].as_str().unwrap();
-    assert!(
-        message.contains("64") && message.contains("MiB") || message.contains("over"),
-        "{err}"
     );
     assert_diff_split_in_two_with_two_cpus(&home, id);
     // The sandbox is still usable afterwards.

@@ -360,15 +360,28 @@ pub fn env_list<'a>(
 /// cgroup.
 #[cfg(test)]
 pub(crate) fn shell_spec(script: &str) -> ChildSpec {
+    let argv = vec![
+        c"sh".to_owned(),
+        c"-c".to_owned(),
+        CString::new(script).expect("no NUL"),
+    ];
+    program_spec(c"/bin/sh", argv, c"/")
+}
+
+/// For tests: `program` with `argv` in `cwd`, with the base PATH alone, as the agent itself,
+/// in no command cgroup. Run it with [`run`]: a test's own `std::process` child could be
+/// reaped by the reaper thread another test started.
+#[cfg(test)]
+pub(crate) fn program_spec(
+    program: &std::ffi::CStr,
+    argv: Vec<CString>,
+    cwd: &std::ffi::CStr,
+) -> ChildSpec {
     ChildSpec {
-        program: c"/bin/sh".to_owned(),
-        argv: vec![
-            c"sh".to_owned(),
-            c"-c".to_owned(),
-            CString::new(script).expect("no NUL"),
-        ],
+        program: program.to_owned(),
+        argv,
         env: env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
-        cwd: c"/".to_owned(),
+        cwd: cwd.to_owned(),
         terminal: false,
         user: None,
         stdin: None,

@@ -129,8 +129,6 @@ mod tests {
     use std::os::unix::ffi::OsStrExt;
     use std::path::Path;
 
-    use crate::spawn::ChildSpec;
-
     fn weighed(path: &str, mib: u64) -> Weighed {
         Weighed {
             path: path.as_bytes().to_vec(),
@@ -213,9 +211,8 @@ mod tests {
         assert!(plan(&changes, 64).expect("split").len() <= MAX_PARTS);
     }
 
-    /// `git ARGS` in `dir`, started as the agent starts its children: a test's own
-    /// `std::process` child could be reaped by the agent's reaper thread, which another test
-    /// may have started.
+    /// `git ARGS` in `dir` (no global or user configuration: no `HOME`), started as the
+    /// agent starts its children.
     async fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
         let mut argv = vec![c"env".to_owned(), c"git".to_owned()];
         for arg in ["-c", "user.name=t", "-c", "user.email=t@t"]
@@ -224,23 +221,8 @@ mod tests {
         {
             argv.push(CString::new(*arg).expect("no NUL"));
         }
-        let spec = ChildSpec {
-            program: c"/usr/bin/env".to_owned(),
-            argv,
-            env: crate::command::env_list([
-                ("PATH", crate::exec::BASE_PATH),
-                ("HOME", "/nonexistent"),
-                ("GIT_CONFIG_NOSYSTEM", "1"),
-            ])
-            .expect("env"),
-            cwd: CString::new(dir.as_os_str().as_bytes()).expect("no NUL"),
-            terminal: false,
-            user: None,
-            stdin: None,
-            cgroup: None,
-            extra_group: None,
-            stdio: None,
-        };
+        let cwd = CString::new(dir.as_os_str().as_bytes()).expect("no NUL");
+        let spec = crate::command::program_spec(c"/usr/bin/env", argv, &cwd);
         let (_tx, mut stop) = tokio::sync::mpsc::channel(1);
         let (out, finished) = crate::command::run(&spec, 16 << 20, &mut stop)
             .await

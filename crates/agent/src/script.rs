@@ -52,24 +52,13 @@ mod tests {
     use super::*;
     use crate::command;
     use crate::reaper::ExitStatus;
-    use crate::spawn::ChildSpec;
 
     /// Runs the argv the way the agent does (through its spawn path and reaper: a std
     /// `Command` would race the reaper thread other tests start for the child's status).
     async fn run(script: &str) -> (Option<ExitStatus>, String) {
         crate::init::setup();
-        let spec = ChildSpec {
-            program: c"/bin/sh".to_owned(),
-            argv: shell_argv(script.as_bytes()).expect("argv"),
-            env: command::env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
-            cwd: c"/".to_owned(),
-            terminal: false,
-            user: None,
-            stdin: None,
-            cgroup: None,
-            extra_group: None,
-            stdio: None,
-        };
+        let argv = shell_argv(script.as_bytes()).expect("argv");
+        let spec = command::program_spec(c"/bin/sh", argv, c"/");
         let (_stop_tx, mut stop) = tokio::sync::mpsc::channel(1);
         let Ok((out, finished)) = command::run(&spec, 1024, &mut stop).await else {
             panic!("sh did not run");

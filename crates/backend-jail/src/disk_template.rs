@@ -284,7 +284,14 @@ pub fn make_spare(templates: &Path, bytes: u64) -> Result<bool, JailError> {
         return Ok(false);
     }
     let dir = templates.join(SPARES);
-    fs::create_dir_all(&dir).map_err(|e| JailError::io("create", &dir, e))?;
+    // Only `spares/` itself: a home removed since the template was seen (its sandbox ended
+    // with it) must not be made again, with a disk's worth of spare in it.
+    match fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(JailError::io("create", &dir, e)),
+    }
     let source =
         File::open(&template).map_err(|e| JailError::io("open the disk template", &template, e))?;
     // Unnamed until whole and on disk: a crash meanwhile leaves nothing behind.

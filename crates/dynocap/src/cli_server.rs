@@ -285,8 +285,6 @@ impl Server {
     }
 }
 
-/// One client's command, on its own thread: a command that blocks on a slow reader of its
-/// output holds up no other.
 /// Opens and locks `path` without waiting; `None` if another server holds it. A server that
 /// is ending removes its lock file while holding it, so a lock taken on a file no longer at
 /// `path` proves nothing: the file is opened again until the locked one is the one named.
@@ -321,6 +319,8 @@ fn lock_exclusively(path: &Path) -> Result<Option<File>, String> {
     }
 }
 
+/// One client's command, on its own thread: a command that blocks on a slow reader of its
+/// output holds up no other.
 fn serve_one(conn: OwnedFd, active: &Active) {
     let shared = &active.0;
     let Some((request, fds)) = receive_request(&conn) else {

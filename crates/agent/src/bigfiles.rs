@@ -186,21 +186,10 @@ pub struct Change {
 /// Parses `:<old mode> <new mode> <old id> <new id> <status>\0<path>\0` records. Only regular
 /// files (modes 100644 and 100755) have blobs worth sizing: symlinks are short and gitlinks
 /// are commits. Malformed input ends the list (it comes from the guest's git: data, not
-/// trusted, and the worst outcome of a short list is a text diff).
-pub fn parse_raw(raw: &[u8]) -> Vec<Change> {
-    parse_raw_records(raw).0
-}
-
-/// [`parse_raw`], for a use that needs every changed path: `None` unless the whole input
-/// parsed.
-pub fn parse_raw_all(raw: &[u8]) -> Option<Vec<Change>> {
-    let (changes, complete) = parse_raw_records(raw);
-    complete.then_some(changes)
-}
-
-/// The records up to the first malformed one, and whether the input ended right after the
-/// last record.
-fn parse_raw_records(raw: &[u8]) -> (Vec<Change>, bool) {
+/// trusted): the records before it, and whether the input ended right after the last record
+/// (`false`: a path may be missing, which sizing can live with, as a text diff at worst, and
+/// a split diff cannot).
+pub fn parse_raw(raw: &[u8]) -> (Vec<Change>, bool) {
     let mut changes = Vec::new();
     let mut fields = raw.split(|&b| b == 0);
     loop {
@@ -294,8 +283,9 @@ mod tests {
         let raw = format!(
             ":100644 100644 {a} {b} M\0src/x.rs\0:000000 100755 {zero} {b} A\0run.sh\0:120000 120000 {a} {b} M\0link\0:160000 160000 {a} {b} M\0sub\0"
         );
-        let changes = parse_raw(raw.as_bytes());
+        let (changes, complete) = parse_raw(raw.as_bytes());
         assert_eq!(changes.len(), 4);
+        assert!(complete);
         assert_eq!(changes[0].old_blob.as_deref(), Some(a.as_str()));
         assert_eq!(changes[1].old_blob, None, "an all-zero id is not a blob");
         assert_eq!(changes[1].new_blob.as_deref(), Some(b.as_str()));
@@ -307,13 +297,19 @@ mod tests {
             (changes[3].old_blob.as_ref(), changes[3].new_blob.as_ref()),
             (None, None)
         );
-        assert!(parse_raw(b"garbage\0x\0").is_empty());
-        assert_eq!(parse_raw_all(raw.as_bytes()).map(|c| c.len()), Some(4));
-        assert_eq!(parse_raw_all(b"").map(|c| c.len()), Some(0));
+        assert_eq!(parse_raw(b"garbage\0x\0"), (Vec::new(), false));
+        assert_eq!(parse_raw(b""), (Vec::new(), true));
         // Cut short, or followed by anything but a record: not the whole list.
-        assert!(parse_raw_all(&raw.as_bytes()[..raw.len() - 1]).is_none());
-        assert!(parse_raw_all(format!("{raw}garbage\0x\0").as_bytes()).is_none());
-        assert!(parse_raw_all(format!(":100644 100644 {a} {b} M\0").as_bytes()).is_none());
+        let cut = parse_raw(&raw.as_bytes()[..raw.len() - 1]);
+        assert_eq!(
+            (cut.0.len(), cut.1),
+            (4, false),
+            "the last path may be cut short"
+        );
+        let followed = parse_raw(format!("{raw}garbage\0x\0").as_bytes());
+        assert_eq!((followed.0.len(), followed.1), (4, false));
+        let pathless = parse_raw(format!(":100644 100644 {a} {b} M\0").as_bytes());
+        assert_eq!(pathless, (Vec::new(), false));
     }
 
     #[test]

@@ -1159,24 +1159,25 @@ pub async fn diff(
                 (true, true)
             }
         };
-        let splitting = splitting && diff_split::parallelism() > 1;
-        let mut parts = None;
-        if sizing || splitting {
-            let changed = changed_files(git, &private, &workspace, &commit, stop).await?;
-            if sizing {
-                mark_big_files(git, &private, &workspace, &changed, line_diff_budget, stop).await?;
-            } else if has_attributes(&private) {
-                set_attributes(&private, Vec::new()).await?;
+        let cpus = diff_split::parallelism();
+        let splitting = splitting && cpus > 1;
+        let changed = if sizing || splitting {
+            Some(changed_files(git, &private, &workspace, &commit, stop).await?)
+        } else {
+            None
+        };
+        match changed.as_ref().filter(|_| sizing) {
+            Some(changed) => {
+                mark_big_files(git, &private, &workspace, changed, line_diff_budget, stop).await?
             }
-            if splitting {
-                parts = changed
-                    .weighed()
-                    .and_then(|weighed| diff_split::plan(&weighed, diff_split::parallelism()));
-            }
-        } else if has_attributes(&private) {
-            set_attributes(&private, Vec::new()).await?;
+            None if has_attributes(&private) => set_attributes(&private, Vec::new()).await?,
+            None => {}
         }
-        let parts = parts.unwrap_or_else(|| vec![Vec::new()]);
+        let parts = changed
+            .filter(|_| splitting)
+            .and_then(|changed| changed.weighed())
+            .and_then(|weighed| diff_split::plan(&weighed, cpus))
+            .unwrap_or_else(|| vec![Vec::new()]);
         if parts.len() > 1 {
             log!("the diff runs in {} parts, one git each", parts.len());
         }
@@ -1244,6 +1245,11 @@ fn blobs_of(change: &bigfiles::Change) -> [Option<String>; 2] {
     [change.old_blob.clone(), change.new_blob.clone()]
 }
 
+/// The blobs of `changes`, both sides.
+fn blob_ids<'a>(changes: impl IntoIterator<Item = &'a bigfiles::Change>) -> Vec<String> {
+    changes.into_iter().flat_map(blobs_of).flatten().collect()
+}
+
 /// Lists what the private index changes against `baseline`, with the blobs' sizes.
 async fn changed_files(
     git: &Git,
@@ -1271,11 +1277,8 @@ async fn changed_files(
             stop,
         )
         .await?;
-    let (changes, complete) = match bigfiles::parse_raw_all(&raw) {
-        Some(changes) => (changes, true),
-        None => (bigfiles::parse_raw(&raw), false),
-    };
-    let ids: Vec<String> = changes.iter().flat_map(blobs_of).flatten().collect();
+    let (changes, complete) = bigfiles::parse_raw(&raw);
+    let ids = blob_ids(&changes);
     let sizes = bigfiles::parse_sizes(
         &cat_file_batch(
             git,
@@ -1306,7 +1309,7 @@ async fn mark_big_files(
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<(), RunError> {
     let ChangedFiles { changes, sizes, .. } = changed;
-    let ids: Vec<String> = changes.iter().flat_map(blobs_of).flatten().collect();
+    let ids = blob_ids(changes);
     let sides = |c: &bigfiles::Change, lines: &std::collections::HashMap<String, u64>| {
         blobs_of(c)
             .into_iter()
@@ -1321,12 +1324,11 @@ async fn mark_big_files(
     // What earlier diffs counted decides first: a 9 MB file changed again has its old
     // version's lines remembered, and with them the new version often needs no count.
     let (remembered, _) = LINE_COUNTS.split(&ids);
-    let to_count: Vec<String> = changes
-        .iter()
-        .filter(|c| bigfiles::may_exceed(&sides(c, &remembered), budget))
-        .flat_map(blobs_of)
-        .flatten()
-        .collect();
+    let to_count = blob_ids(
+        changes
+            .iter()
+            .filter(|c| bigfiles::may_exceed(&sides(c, &remembered), budget)),
+    );
     let mut lines = count_lines(git, private, workspace, &to_count, stop).await?;
     lines.extend(remembered);
     let text = bigfiles::attributes(

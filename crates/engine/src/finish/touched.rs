@@ -498,17 +498,18 @@ fn copy_range(
     to: &mut std::fs::File,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
+    let ended = || {
+        std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the tar ended inside an entry",
+        )
+    };
     let mut at = i64::try_from(offset).map_err(std::io::Error::other)?;
     let mut left = len;
     while left > 0 {
         let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
         match nix::fcntl::copy_file_range(from, Some(&mut at), &*to, None, chunk) {
-            Ok(0) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "the tar ended inside an entry",
-                ))
-            }
+            Ok(0) => return Err(ended()),
             Ok(n) => left -= u64::try_from(n).unwrap_or(left),
             Err(nix::errno::Errno::EINTR) => {}
             // Not between these files (another kernel, another file system's rules): the
@@ -528,10 +529,7 @@ fn copy_range(
         let want = usize::try_from(left.min(buffer.len() as u64)).unwrap_or(buffer.len());
         let n = from.read_at(&mut buffer[..want], at)?;
         if n == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the tar ended inside an entry",
-            ));
+            return Err(ended());
         }
         std::io::Write::write_all(to, &buffer[..n])?;
         at += n as u64;

@@ -140,6 +140,13 @@ fn a_damaged_index_is_refused() {
     }
 }
 
+/// Writes the checksum of an index altered in place: what a writer with a bug would seal.
+fn reseal(index: &mut [u8]) {
+    let body = index.len() - CHECKSUM_LEN;
+    let sum = checksum(&index[..body]);
+    index[body..].copy_from_slice(&sum.to_le_bytes());
+}
+
 #[test]
 fn records_that_lie_about_their_names_are_refused_even_with_a_good_checksum() {
     let dir = tempfile::tempdir().unwrap();
@@ -152,9 +159,7 @@ fn records_that_lie_about_their_names_are_refused_even_with_a_good_checksum() {
     // Swap the two one-byte names in place, then re-seal.
     let names = HEADER_LEN + 2 * RECORD_LEN;
     unsorted.swap(names, names + 1);
-    let body = unsorted.len() - CHECKSUM_LEN;
-    let sum = checksum(&unsorted[..body]);
-    unsorted[body..].copy_from_slice(&sum.to_le_bytes());
+    reseal(&mut unsorted);
     let err = TarIndex::parse(unsorted, len).map(|_| ()).unwrap_err();
     assert!(matches!(err, Invalid::Damaged("its names are not sorted")));
 
@@ -162,9 +167,7 @@ fn records_that_lie_about_their_names_are_refused_even_with_a_good_checksum() {
     let mut past = bytes;
     let at = HEADER_LEN + RECORD_LEN + 8;
     past[at..at + 4].copy_from_slice(&7u32.to_le_bytes());
-    let body = past.len() - CHECKSUM_LEN;
-    let sum = checksum(&past[..body]);
-    past[body..].copy_from_slice(&sum.to_le_bytes());
+    reseal(&mut past);
     let err = TarIndex::parse(past, len).map(|_| ()).unwrap_err();
     assert!(matches!(
         err,
@@ -175,9 +178,7 @@ fn records_that_lie_about_their_names_are_refused_even_with_a_good_checksum() {
     let mut split = encode(vec![("a".into(), 0), ("\u{e9}".into(), 512)], len).unwrap();
     let at = HEADER_LEN + RECORD_LEN + 12;
     split[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
-    let body = split.len() - CHECKSUM_LEN;
-    let sum = checksum(&split[..body]);
-    split[body..].copy_from_slice(&sum.to_le_bytes());
+    reseal(&mut split);
     let err = TarIndex::parse(split, len).map(|_| ()).unwrap_err();
     assert!(matches!(
         err,

@@ -330,7 +330,6 @@ fn a_host_hiding_part_of_its_sys_runs_sandboxes_without_one() {
     assert_eq!(home.sh("nosys", "ls -A /sys | wc -l"), "0\n");
     assert_eq!(home.sh("nosys", "echo works"), "works\n");
     let id = home.sandbox_id("nosys");
-    let log = std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log")))
-        .expect("the supervisor's log");
+    let log = std::fs::read_to_string(home.log_path(&id)).expect("the supervisor's log");
     assert!(log.contains("the guest has no /sys"), "{log}");
 }

@@ -396,7 +396,7 @@ fn a_cli_run_starts_its_supervisor_first_and_a_refused_one_leaves_none() {
     // `run` started the supervisor as a standby before its checks, then handed it the sandbox:
     // it is the sandbox's recorded supervisor, writing to its log, and no other is left.
     let id = home.sandbox_id("first");
-    let log = home.path().join("logs").join(format!("{id}.log"));
+    let log = home.log_path(&id);
     let standbys = standbys_of(&home);
     assert_eq!(
         standbys,

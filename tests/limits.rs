@@ -444,8 +444,7 @@ fn a_cli_run_of_the_default_disk_takes_the_disk_its_standby_made() {
         spare_inode,
         "the disk made ahead is the spare"
     );
-    let log = std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log")))
-        .unwrap_or_default();
+    let log = std::fs::read_to_string(home.log_path(&id)).unwrap_or_default();
     assert!(
         !log.contains("made ahead"),
         "the start made its own disk:\n{log}"

@@ -25,7 +25,7 @@ fn log_of_a_sandbox(env: &[(&str, &str)], level_info: bool) -> (String, String) 
     assert_eq!(home.sh("logged", "echo hi"), "hi\n");
     let id = home.sandbox_id("logged");
     home.json(&["destroy", "logged"]);
-    let path = home.path().join("logs").join(format!("{id}.log"));
+    let path = home.log_path(&id);
     assert!(
         !level_info
             || wait_until(20, || std::fs::read_to_string(&path)

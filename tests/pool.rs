@@ -53,7 +53,7 @@ fn sqlite_supervisor(home: &TestHome, id: &str) -> i32 {
 }
 
 fn supervisor_log(home: &TestHome, id: &str) -> String {
-    std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log"))).unwrap_or_default()
+    std::fs::read_to_string(home.log_path(id)).unwrap_or_default()
 }
 
 /// What the guest reads as its memory limit and CPU count (see tests/isolation.rs).

@@ -740,7 +740,7 @@ fn a_recovered_task_keeps_its_host_id_range() {
     assert_eq!(std::fs::read_to_string(&range_file).unwrap(), "1\n");
 
     assert_unsaved_then_recovered(&home, "ranged", "+ranged-work");
-    let log = std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log"))).unwrap();
+    let log = std::fs::read_to_string(home.log_path(&id)).unwrap();
     let boots: Vec<&str> = log.lines().filter(|l| l.contains("guest booted")).collect();
     assert_eq!(boots.len(), 2, "the start and the recovery: {log}");
     for boot in boots {

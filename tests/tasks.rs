@@ -352,8 +352,7 @@ fn exec_diff_finish_gives_a_verified_patch_that_applies_at_home_on(backend: Back
     // every file: the same patch. And the journal was in use: the agent logs it when a diff
     // scans the whole workspace instead.
     assert_eq!(std::fs::read_to_string(&patch_path).unwrap(), patch);
-    let task_log =
-        std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log"))).unwrap();
+    let task_log = std::fs::read_to_string(home.log_path(&id)).unwrap();
     assert!(task_log.contains("ready"), "{task_log}");
     assert!(!task_log.contains("the whole workspace"), "{task_log}");
     let log = std::fs::read_to_string(finished["logPath"].as_str().unwrap()).unwrap();
@@ -640,8 +639,7 @@ fn a_diff_split_over_the_cpus_is_the_patch_one_git_makes() {
 /// the host's count where the agent cannot read its cgroup's quota.
 fn assert_diff_split_with_two_cpus(home: &TestHome, id: &str) {
     let host_cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    let log = std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log")))
-        .expect("the task's log");
+    let log = std::fs::read_to_string(home.log_path(id)).expect("the task's log");
     let parts: Option<usize> = log.lines().find_map(|line| {
         let (_, rest) = line.split_once("the diff runs in ")?;
         rest.split_once(" parts")?.0.parse().ok()
@@ -1126,10 +1124,7 @@ fn task_start_warns_about_skipped_paths_and_bounds_the_list() {
         listed[0].contains("pipe00") && listed[0].contains("a fifo"),
         "{stderr}"
     );
-    let log = home
-        .path()
-        .join("logs")
-        .join(format!("{}.log", home.sandbox_id("pipes")));
+    let log = home.log_path(&home.sandbox_id("pipes"));
     assert_eq!(
         lines.get(start + 51).copied(),
         Some(format!("  ... and 10 more, all listed in {}", log.display()).as_str()),

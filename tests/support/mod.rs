@@ -233,6 +233,11 @@ impl TestHome {
         result["stdout"].as_str().expect("stdout").to_owned()
     }
 
+    /// The log of the sandbox or task `id` (its supervisor's and its guest's lines).
+    pub fn log_path(&self, id: &str) -> PathBuf {
+        self.path().join("logs").join(format!("{id}.log"))
+    }
+
     /// The id behind a sandbox or task name, from the catalog.
     pub fn sandbox_id(&self, name: &str) -> String {
         let out = Command::new("sqlite3")

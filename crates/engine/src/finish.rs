@@ -6,7 +6,9 @@
 //! leading directories and attributes) is unpacked from the host's own tar into a scratch
 //! repository, and the patch is applied there by a git that reads no system, global or
 //! repository-supplied configuration and runs no hooks, started before the unpacking so that
-//! its start costs no time (`git_apply`). The tar's offset index ([`crate::tar_index`])
+//! its start costs no time (`git_apply`). It runs as `git apply --check`, writing nothing,
+//! unless something in the patch or the tree could make the writing itself refuse
+//! (`dry_run`). The tar's offset index ([`crate::tar_index`])
 //! finds those entries without reading the others' headers; without a usable index the tar is
 //! read through, with the same verdict. A text patch of bounded size is verified in memory
 //! (`in_memory`), where writing the files costs a tenth of what it does on disk.
@@ -18,12 +20,14 @@ use crate::error::{Context, Result};
 use crate::patch;
 use crate::tar_index::{IndexError, TarIndex};
 
+mod dry_run;
 mod git_apply;
 mod in_memory;
 mod touched;
 mod tree_files;
 
-use git_apply::Scratch;
+use dry_run::DryRun;
+use git_apply::{Apply, PendingApply, Scratch};
 use touched::{Budget, Failure, Source, Touched};
 
 /// Files in a task's results directory.
@@ -104,10 +108,14 @@ fn verify_patch(
     let files = patch::parse(bytes, bytes.len())
         .map_err(|err| format!("the patch cannot be read: {err}"))?;
     let touched = Touched::of(&files);
+    let dry_run = DryRun::of(&files)
+        .inspect_err(|why| tracing::debug!("the patch is applied for real: {why}"))
+        .ok();
     let verification = Verification {
         baseline_tar,
         index,
         touched: &touched,
+        dry_run: dry_run.as_ref(),
         patch: bytes,
     };
     if let Some(budget) = in_memory::budget(&files, bytes.len()) {
@@ -131,6 +139,9 @@ struct Verification<'a> {
     /// and git is starting.
     index: &'a OnceLock<Option<TarIndex>>,
     touched: &'a Touched,
+    /// What lets `git apply --check` give the verdict, unless the patch alone needs a real
+    /// apply (`None`).
+    dry_run: Option<&'a DryRun>,
     patch: &'a [u8],
 }
 
@@ -146,7 +157,7 @@ impl Verification<'_> {
             let extraction = std::thread::Builder::new()
                 .name("verify-extract".into())
                 .spawn_scoped(scope, || self.extract(scratch_dir.tree(), budget));
-            let apply = scratch_dir.start_git();
+            let apply = scratch_dir.start_git(self.first_apply());
             let extracted = match extraction {
                 Ok(thread) => thread.join().unwrap_or_else(|_| {
                     Err(Failure::Baseline(
@@ -160,7 +171,7 @@ impl Verification<'_> {
         });
         let apply = apply?;
         match extracted {
-            Ok(()) => apply.finish(self.patch),
+            Ok(()) => self.finish(&scratch_dir, apply),
             Err(Failure::IndexWrong(why)) => {
                 tracing::warn!(
                     "the baseline's index is wrong ({why}); reading the baseline without it"
@@ -187,7 +198,7 @@ impl Verification<'_> {
     /// [`run`](Self::run) by a pass over the tar, in a fresh scratch.
     fn run_scan(&self, scratch: &Path, budget: Budget) -> Result<(), String> {
         let scratch_dir = Scratch::make(scratch)?;
-        let apply = scratch_dir.start_git()?;
+        let apply = scratch_dir.start_git(self.first_apply())?;
         touched::extract(
             self.baseline_tar,
             &Source::Scan,
@@ -196,7 +207,34 @@ impl Verification<'_> {
             budget,
         )
         .map_err(verdict)?;
-        apply.finish(self.patch)
+        self.finish(&scratch_dir, apply)
+    }
+
+    /// How git is started, before the tree is extracted: `--check` unless the patch alone
+    /// needs a real apply.
+    fn first_apply(&self) -> Apply {
+        match self.dry_run {
+            Some(_) => Apply::Check,
+            None => Apply::Write,
+        }
+    }
+
+    /// The verdict of `apply` (started as [`first_apply`](Self::first_apply) says) on the
+    /// extracted tree. A `--check` is replaced by a real apply when something in the tree
+    /// stands in the way of what the patch writes: only writing finds those refusals.
+    fn finish(&self, scratch_dir: &Scratch, apply: PendingApply) -> Result<(), String> {
+        let Some(dry_run) = self.dry_run else {
+            return apply.finish(self.patch);
+        };
+        match dry_run.suffices_in(scratch_dir.tree()) {
+            Ok(()) => apply.finish(self.patch),
+            Err(why) => {
+                tracing::debug!("the patch is applied for real: {why}");
+                // Killed unfinished: it has read nothing, and the tree is as extracted.
+                drop(apply);
+                scratch_dir.start_git(Apply::Write)?.finish(self.patch)
+            }
+        }
     }
 }
 

@@ -53,15 +53,27 @@ impl Scratch {
     }
 
     /// Starts git, waiting for the patch on its stdin. Returns once git runs (its exec done).
-    pub fn start_git(&self) -> Result<PendingApply, String> {
-        // A real apply, not `--check`: only writing the result finds some refusals (a new
-        // file whose directory is a file in the baseline passes `--check`).
+    pub fn start_git(&self, how: Apply) -> Result<PendingApply, String> {
+        let mut args = vec!["apply", "--whitespace=nowarn"];
+        if how == Apply::Check {
+            args.push("--check");
+        }
         let git = HardenedGit::with_git_dir(&self.git_dir, Some(&self.tree))
-            .args(["apply", "--whitespace=nowarn"])
+            .args(args)
             .spawn_fed()
             .map_err(does_not_apply)?;
         Ok(PendingApply { git })
     }
+}
+
+/// How git takes the patch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Apply {
+    /// `--check`: the checks, nothing written. Its verdict is a real apply's only where
+    /// nothing stands in the way of the writes (see `dry_run`).
+    Check,
+    /// Applied for real: the checks, then the result written, which some refusals need.
+    Write,
 }
 
 /// A `git apply` waiting for its patch while the caller fills the [`Scratch`]'s tree.

@@ -1,8 +1,8 @@
 //! A verification's scratch directory in memory (a private directory on the host's
 //! `/dev/shm` tmpfs), for patches whose files are few and small.
 //!
-//! Verification writes every file twice (extracted from the baseline, then rewritten by
-//! `git apply`), and nothing of it needs to outlive the verdict. On a disk file system each
+//! Verification writes every touched file (extracted from the baseline, and again when git
+//! applies the patch for real), and nothing of it needs to outlive the verdict. On a disk file system each
 //! new file with contents costs 60–160 µs (block reservation, journal), so those writes were
 //! most of a verification; on tmpfs they cost a tenth of that.
 //!

@@ -9,8 +9,8 @@ use std::process::{Command, Stdio};
 use super::*;
 use crate::tar_index;
 
-/// The verification as it was before it extracted only the touched entries: the whole
-/// baseline unpacked, then the same `git apply`.
+/// The verification as it was before it extracted only the touched entries and let
+/// `--check` judge: the whole baseline unpacked, then the patch applied for real.
 fn verify_by_full_unpack(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), String> {
     let result = (|| {
         let bytes = std::fs::read(patch).unwrap();
@@ -18,7 +18,7 @@ fn verify_by_full_unpack(baseline_tar: &Path, patch: &Path, scratch: &Path) -> R
             return Ok(());
         }
         let scratch_dir = Scratch::make(scratch)?;
-        let apply = scratch_dir.start_git()?;
+        let apply = scratch_dir.start_git(Apply::Write)?;
         let mut archive = tar::Archive::new(std::io::BufReader::new(
             std::fs::File::open(baseline_tar).unwrap(),
         ));
@@ -636,4 +636,71 @@ fn only_a_bounded_text_patch_is_verified_in_memory() {
     let budget = in_memory::budget(&files, text.len()).expect("a small text patch qualifies");
     assert!(budget > 0);
     assert_eq!(in_memory::budget(&files, usize::MAX), None, "too large");
+}
+
+/// A patch entry creating `path` (mode `mode`) with `contents` (one line, no newline).
+fn creation(path: &str, mode: &str, contents: &str) -> String {
+    format!(
+        "diff --git a/{path} b/{path}\nnew file mode {mode}\nindex 0000000..1111111\n\
+--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+{contents}\n\\ No newline at end of file\n"
+    )
+}
+
+/// A patch entry deleting the fixture's `gone.txt`.
+const DELETE_GONE: &str = "diff --git a/gone.txt b/gone.txt\ndeleted file mode 100644\n\
+index 1111111..0000000\n--- a/gone.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-to be deleted\n";
+
+/// The refusals only writing the result finds (a `--check` passes them all), and their
+/// neighbours that apply, each get a real apply's verdict in its words: `--check` judges
+/// only where nothing stands in the way of the writes.
+#[test]
+fn what_only_writing_finds_gets_the_full_unpack_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let (baseline, _) = fixture(dir.path());
+    let file = |path: &str| creation(path, "100644", "x");
+    let refused = [
+        ("a new file beneath a file", file("a.txt/inner")),
+        ("a new file where a non-empty directory is", file("filler")),
+        (
+            "a new file beneath another new file",
+            file("made") + &file("made/inner"),
+        ),
+        (
+            "a new file beneath a symlink the patch makes",
+            creation("made-link", "120000", "filler") + &file("made-link/inner"),
+        ),
+    ];
+    let applies = [
+        ("a new file beside the others", file("src/new.rs")),
+        ("a new file in new directories", file("fresh/deep/new.rs")),
+        (
+            "a new file beneath a file the patch deletes",
+            DELETE_GONE.to_owned() + &file("gone.txt/inner"),
+        ),
+    ];
+    for (what, patch) in &refused {
+        let dry = DryRun::of(&patch::parse(patch.as_bytes(), patch.len()).unwrap());
+        let err = same_verdict(&baseline, patch.as_bytes(), dir.path())
+            .expect_err(&format!("{what} is refused"));
+        assert!(err.contains("does not apply"), "{what}: {err}");
+        // Each is a case the dry run must send to a real apply: by the patch alone, or by
+        // the tree it meets.
+        if let Ok(dry) = dry {
+            let tree = dir.path().join("unpacked");
+            let _ = std::fs::remove_dir_all(&tree);
+            std::fs::create_dir_all(&tree).unwrap();
+            tar::Archive::new(std::fs::File::open(&baseline).unwrap())
+                .unpack(&tree)
+                .unwrap();
+            assert!(dry.suffices_in(&tree).is_err(), "{what}");
+        }
+    }
+    for (what, patch) in &applies {
+        same_verdict(&baseline, patch.as_bytes(), dir.path())
+            .unwrap_or_else(|err| panic!("{what}: {err}"));
+    }
+    // The plain one is judged by `--check` alone.
+    let plain = file("src/new.rs");
+    let dry = DryRun::of(&patch::parse(plain.as_bytes(), plain.len()).unwrap()).unwrap();
+    dry.suffices_in(&dir.path().join("repo")).unwrap();
 }

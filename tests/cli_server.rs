@@ -50,10 +50,17 @@ fn open_files(pid: i32) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Waits until `server` holds the stdout pipe of `client`: the proof that the server, not a
-/// process of the client's own, runs its command.
+/// Waits until `server` holds the stdout pipe of `client` (spawned with it piped): the proof
+/// that the server, not a process of the client's own, runs its command. The pipe is named
+/// from this end: the client's own descriptor 1 may be elsewhere for a moment (a wrapper
+/// shell's redirection).
 fn assert_served(server: i32, client: &Child) {
-    let client_stdout = std::fs::read_link(format!("/proc/{}/fd/1", client.id()))
+    use std::os::fd::AsRawFd;
+    let ours = client
+        .stdout
+        .as_ref()
+        .expect("the client's stdout is piped");
+    let client_stdout = std::fs::read_link(format!("/proc/self/fd/{}", ours.as_raw_fd()))
         .expect("the client's stdout")
         .display()
         .to_string();
@@ -440,6 +447,155 @@ fn clients_unlike_the_server_never_reach_it() {
         after.len() == 2
     }));
     assert!(after.iter().any(|(_, socket)| socket != &before[0].1));
+}
+
+/// `dynocap ARGS` for `home`, started through `wrapper` (a program and its arguments that
+/// change what the client's process inherits, then run the rest of their command line).
+fn wrapped(home: &TestHome, wrapper: &[String], args: &[&str]) -> Command {
+    let client = home.command();
+    let mut command = Command::new(&wrapper[0]);
+    command
+        .args(&wrapper[1..])
+        .arg(client.get_program())
+        .args(args);
+    for (key, value) in client.get_envs() {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
+    command
+}
+
+/// A cgroup of its own in the first cgroup hierarchy mounted, removed on drop (once the
+/// processes the test put in it are gone).
+struct ScratchCgroup(std::path::PathBuf);
+
+impl ScratchCgroup {
+    fn new() -> Self {
+        let hierarchy = ["pids", "freezer", "cpu", "unified", ""]
+            .iter()
+            .map(|name| Path::new("/sys/fs/cgroup").join(name))
+            .find(|dir| dir.join("cgroup.procs").exists())
+            .expect("a cgroup hierarchy mounted under /sys/fs/cgroup");
+        let dir = hierarchy.join(format!("dynocap-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).expect("make a cgroup");
+        Self(dir)
+    }
+}
+
+impl Drop for ScratchCgroup {
+    fn drop(&mut self) {
+        let _ = wait_until(10, || std::fs::remove_dir(&self.0).is_ok());
+    }
+}
+
+/// A client that starts its command with other limits, priorities, groups or cgroup than the
+/// server's must not have it run there: it reaches a server of its own, started by a client
+/// like it and so running its commands as the client's own process would.
+#[test]
+fn a_served_command_runs_with_its_clients_limits_priority_groups_and_cgroup() {
+    if !require_root("a_served_command_runs_with_its_clients_limits_priority_groups_and_cgroup") {
+        return;
+    }
+    let cgroup = ScratchCgroup::new();
+    let home = TestHome::new().with_env("DYNOCAP_CLI_SERVER_IDLE_SECONDS", "20");
+    let default_server = server_of(&home);
+    home.sandbox("s", &[]);
+    fn proc_file(pid: i32, name: &str) -> String {
+        std::fs::read_to_string(format!("/proc/{pid}/{name}")).unwrap_or_default()
+    }
+    fn nice(pid: i32) -> String {
+        let stat = proc_file(pid, "stat");
+        let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        after_name
+            .split_whitespace()
+            .nth(16)
+            .unwrap_or("")
+            .to_owned()
+    }
+    let words = |list: &[&str]| list.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
+    let join_cgroup = format!(
+        "echo $$ > {}/cgroup.procs && exec \"$@\"",
+        cgroup.0.display()
+    );
+    type Has = Box<dyn Fn(i32) -> bool>;
+    let cgroup_name = cgroup.0.file_name().unwrap().to_string_lossy().into_owned();
+    let variants: Vec<(&str, Vec<String>, Has)> = vec![
+        (
+            "nice 7",
+            words(&["nice", "-n", "7"]),
+            Box::new(move |pid| nice(pid) == "7"),
+        ),
+        (
+            "the idle I/O class",
+            words(&["ionice", "-c", "3"]),
+            Box::new(move |pid| {
+                let shown = Command::new("ionice")
+                    .args(["-p", &pid.to_string()])
+                    .output()
+                    .expect("run ionice");
+                String::from_utf8_lossy(&shown.stdout).trim() == "idle"
+            }),
+        ),
+        (
+            "1000 open files",
+            words(&["prlimit", "--nofile=1000:1000"]),
+            Box::new(move |pid| {
+                proc_file(pid, "limits")
+                    .lines()
+                    .any(|line| line.starts_with("Max open files") && line.contains(" 1000 "))
+            }),
+        ),
+        (
+            "supplementary group 4242",
+            words(&["setpriv", "--groups", "4242"]),
+            Box::new(move |pid| {
+                proc_file(pid, "status")
+                    .lines()
+                    .any(|line| line.starts_with("Groups:") && line.contains("4242"))
+            }),
+        ),
+        (
+            "another cgroup",
+            words(&["sh", "-c", &join_cgroup, "sh"]),
+            Box::new(move |pid| proc_file(pid, "cgroup").contains(&cgroup_name)),
+        ),
+    ];
+    let default_has = |has: &Has| has(default_server);
+    for (what, wrapper, has) in &variants {
+        assert!(!default_has(has), "the default server already has {what}");
+        // The first such client finds no server for itself, runs its command in a process of
+        // its own and starts one; a later one is served by it. Clients that find no socket
+        // yet each start one, and the one left once the socket exists holds it (as in
+        // `server_of`).
+        let mut servers = Vec::new();
+        assert!(
+            wait_until(30, || {
+                let ran = wrapped(&home, wrapper, &["ps"]).output().expect("spawn");
+                assert!(ran.status.success(), "{what}: {ran:?}");
+                servers = command_servers(home.path())
+                    .into_iter()
+                    .filter(|(pid, _)| has(*pid))
+                    .collect();
+                servers.len() == 1 && servers[0].1.exists()
+            }),
+            "{what}: not exactly one server of its own: {servers:?}"
+        );
+        let server = servers[0].0;
+        assert_ne!(server, default_server, "{what}");
+        let client = wrapped(&home, wrapper, &["exec", "s", "--", "sleep 2"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the exec");
+        assert_served(server, &client);
+        let done = client.wait_with_output().expect("wait for the exec");
+        assert!(done.status.success(), "{what}: {done:?}");
+    }
+    // The server of the test's own clients is still the one it was, as it was.
+    assert_eq!(server_of(&home), default_server);
+    assert!(variants.iter().all(|(_, _, has)| !default_has(has)));
 }
 
 fn nix_kill(pid: u32, signal: i32) {

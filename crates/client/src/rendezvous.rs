@@ -1,9 +1,12 @@
 //! Where a client finds its home's command server: a socket in the home's `run/` directory
 //! whose name is a digest of what the server must share with the client to run its command
-//! as the client's own `dynocap-core` would: the same `dynocap-core` file, user, namespaces,
-//! environment and umask. A client that differs in any of them (an upgraded binary, `sudo`,
-//! `unshare`, another `DYNOCAP_*` setting) computes another name, and so never reaches a
-//! server that would run its command differently.
+//! as the client's own `dynocap-core` would: the same `dynocap-core` file, user and groups,
+//! namespaces and root, environment and umask, and the process attributes a command's
+//! processes inherit (resource limits, scheduling and I/O priority, CPU affinity, cgroups,
+//! capabilities, seccomp, security label, OOM score). A client that differs in any of them
+//! (an upgraded binary, `sudo`, `unshare`, another `DYNOCAP_*` setting, `nice`, `ulimit`,
+//! `systemd-run`) computes another name, and so never reaches a server that would run its
+//! command differently: the server a client starts inherits all of them from that client.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -12,7 +15,42 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// The namespaces the server's commands run in, rather than the client's.
-const NAMESPACES: [&str; 7] = ["mnt", "pid", "net", "user", "ipc", "uts", "cgroup"];
+const NAMESPACES: [&str; 8] = ["mnt", "pid", "net", "user", "ipc", "uts", "cgroup", "time"];
+
+/// Files of `/proc/self` whose whole contents are attributes a command's processes inherit:
+/// resource limits, cgroups, OOM score, execution domain, LSM label. One a kernel lacks
+/// reads as absent, alike for every process.
+const PROCESS_FILES: [&str; 5] = [
+    "limits",
+    "cgroup",
+    "oom_score_adj",
+    "personality",
+    "attr/current",
+];
+
+/// The lines of `/proc/self/status` that are inherited attributes (the rest are counters
+/// and state): ids and groups, capabilities, seccomp, CPU and memory-node affinity.
+const STATUS_FIELDS: [&str; 14] = [
+    "Uid:",
+    "Gid:",
+    "Groups:",
+    "CapInh:",
+    "CapPrm:",
+    "CapEff:",
+    "CapBnd:",
+    "CapAmb:",
+    "NoNewPrivs:",
+    "Seccomp:",
+    "Seccomp_filters:",
+    "Speculation_Store_Bypass:",
+    "Cpus_allowed_list:",
+    "Mems_allowed_list:",
+];
+
+/// The fields of `/proc/self/stat` that are inherited attributes, counted from the first
+/// after the command's name (the state, field 3 of proc(5)): nice, real-time priority and
+/// scheduling policy (fields 19, 40 and 41).
+const STAT_FIELDS: [usize; 3] = [19 - 3, 40 - 3, 41 - 3];
 
 /// Variables that say where a shell is, which no served command reads: left out of the
 /// digest, so that one server serves a person's commands from every directory.
@@ -99,12 +137,79 @@ pub fn server_key(core: &Path, context: &Context) -> io::Result<u64> {
         digest.write(name.as_bytes());
         digest.write(&inode.to_le_bytes());
     }
+    let root = std::fs::metadata("/")?;
+    digest.write(&root.dev().to_le_bytes());
+    digest.write(&root.ino().to_le_bytes());
+    write_process_attributes(&mut digest);
     digest.write(&context.umask.to_le_bytes());
     for entry in &context.env {
         digest.write(entry.as_bytes());
         digest.write(&[0]);
     }
     Ok(digest.finish())
+}
+
+/// Adds to `digest` the attributes this process's children would inherit besides its
+/// identity, namespaces and environment (see the module doc). Each is read from `/proc`
+/// whole or as the fields that are attributes, so that two processes alike in them write
+/// the same bytes; what cannot be read writes a mark of its own.
+fn write_process_attributes(digest: &mut Fnv1a) {
+    let proc_self = Path::new("/proc/self");
+    let read = |name: &str| std::fs::read(proc_self.join(name)).ok();
+    for name in PROCESS_FILES {
+        digest.write(name.as_bytes());
+        write_optional(digest, read(name).as_deref());
+    }
+    let status = read("status").unwrap_or_default();
+    for line in status.split(|b| *b == b'\n') {
+        if STATUS_FIELDS
+            .iter()
+            .any(|field| line.starts_with(field.as_bytes()))
+        {
+            digest.write(line);
+            digest.write(b"\n");
+        }
+    }
+    let stat = read("stat").unwrap_or_default();
+    for field in stat_attributes(&stat) {
+        write_optional(digest, field);
+    }
+    digest.write(&io_priority().to_le_bytes());
+}
+
+/// The [`STAT_FIELDS`] of a `/proc/<pid>/stat` line.
+fn stat_attributes(stat: &[u8]) -> [Option<&[u8]>; STAT_FIELDS.len()] {
+    // The command's name may hold spaces and parentheses; it ends at the last `)`.
+    let after_name = stat
+        .iter()
+        .rposition(|b| *b == b')')
+        .map_or(&stat[..0], |end| &stat[end + 1..]);
+    let fields: Vec<&[u8]> = after_name
+        .split(|b| *b == b' ')
+        .filter(|field| !field.is_empty())
+        .collect();
+    STAT_FIELDS.map(|index| fields.get(index).copied())
+}
+
+/// `bytes`, or a mark that none could be read, followed by a separator.
+fn write_optional(digest: &mut Fnv1a, bytes: Option<&[u8]>) {
+    match bytes {
+        Some(bytes) => {
+            digest.write(b"=");
+            digest.write(bytes);
+        }
+        None => digest.write(b"!"),
+    }
+    digest.write(&[0]);
+}
+
+/// This thread's I/O scheduling class and priority (`ionice`), which `/proc` does not show;
+/// -1 if the kernel does not say.
+fn io_priority() -> libc::c_long {
+    /// `IOPRIO_WHO_PROCESS` of linux/ioprio.h: `who` 0 is the calling thread.
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    // SAFETY: ioprio_get takes two integers and returns one; no memory is passed.
+    unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) }
 }
 
 /// This process's environment, each entry `KEY=VALUE`.
@@ -231,6 +336,21 @@ mod tests {
             here,
             Context::keyed(0o022, entries(&["A=1", "B=3", "PWDX=kept"])).env
         );
+    }
+
+    #[test]
+    fn nice_priority_and_policy_are_read_past_any_command_name() {
+        // Fields 3.. of proc(5), numbered by their value, after a name made to mislead.
+        let rest: Vec<String> = (3..=52).map(|field| field.to_string()).collect();
+        let stat = format!("42 (a) b (c 1) {}\n", rest.join(" "));
+        let [nice, rt_priority, policy] = stat_attributes(stat.as_bytes());
+        assert_eq!(nice, Some(&b"19"[..]));
+        assert_eq!(rt_priority, Some(&b"40"[..]));
+        assert_eq!(policy, Some(&b"41"[..]));
+        assert_eq!(stat_attributes(b"7 (cut"), [None; 3]);
+        // This process's own line has them all.
+        let own = std::fs::read("/proc/self/stat").expect("read stat");
+        assert!(stat_attributes(&own).iter().all(Option::is_some));
     }
 
     #[test]

@@ -9,11 +9,10 @@
 //!
 //! A served command must behave as in a process of its own: the client sends its whole
 //! environment and umask, and the socket's name (see `rendezvous`) already keeps apart every
-//! client whose environment, umask, user or namespaces differ from the ones this server was
-//! started with, which are also the ones its commands' engines read; a request unlike them anyway is
-//! not served. What the commands take from the server rather than the client: resource
-//! limits, scheduling priority and cgroup, which are those of the client that started it.
-//! The server ends after [`IDLE`] without a command, or once its socket or the home is gone
+//! client whose environment, umask, user, namespaces or inherited process attributes
+//! (limits, priorities, cgroups, capabilities) differ from the ones this server was started
+//! with, which are also the ones its commands run with; a request unlike them anyway is not
+//! served. The server ends after [`IDLE`] without a command, or once its socket or the home is gone
 //! (checked every [`CHECK_EVERY`]).
 
 use std::fs::File;
@@ -152,7 +151,7 @@ impl Server {
         let run_dir = socket
             .parent()
             .ok_or_else(|| format!("{} has no directory", socket.display()))?;
-        // Only the name a client of this very binary, environment and umask computes: one
+        // Only the name a client of this very binary, environment and process computes: one
         // that asked for another (it ran a binary replaced since) starts that one's server.
         let context = Context::of_this_process();
         let expected = rendezvous::socket_path(run_dir, Path::new("/proc/self/exe"), &context)

@@ -799,3 +799,76 @@ fn a_task_expiring_under_a_damaged_catalog_saves_its_whole_result() {
     assert!(wait_until(30, || task(&home, &id)["state"] == "expired"));
     assert_eq!(home.json(&["task", "finish", &id])["verified"], true);
 }
+
+/// Whether anything under `home` is mounted in this mount namespace.
+fn mounted_under(home: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .any(|mount_point| Path::new(mount_point).starts_with(home))
+}
+
+/// A sandbox whose home is deleted under it (`rm -rf` of the home) can no longer be reached
+/// by anyone: its supervisor notices, ends it, guest and all, and writes nothing back into
+/// the deleted home. A task whose control socket alone goes (its home intact) ends the same
+/// way with its work saved.
+#[test]
+fn a_sandbox_nobody_can_reach_any_more_ends_and_a_tasks_work_is_saved() {
+    if !require_root("a_sandbox_nobody_can_reach_any_more_ends") {
+        return;
+    }
+    // The home deleted: the raw sandbox and the task in it end; the home stays deleted.
+    let deleted = TestHome::new();
+    let project = project();
+    deleted.sandbox("orphan", &[]);
+    start(&deleted, project.path(), "orphan-task", &[]);
+    let supervisors = [
+        supervisor_of(&deleted, "orphan"),
+        supervisor_of(&deleted, "orphan-task"),
+    ];
+    let inits = supervisors.map(guest_init_of);
+    assert!(
+        !mounted_under(deleted.path()),
+        "the host sees no guest mount"
+    );
+    std::fs::remove_dir_all(deleted.path()).expect("delete the home");
+    for pid in supervisors.into_iter().chain(inits) {
+        assert!(gone(pid), "process {pid} outlived its deleted home");
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !deleted.path().exists(),
+        "the deleted home was made again: {:?}",
+        walk(deleted.path())
+    );
+
+    // The socket alone removed: the task ends with its work saved, as a removal saves it.
+    let home = TestHome::new();
+    start(&home, project.path(), "cut-off", &[]);
+    work(&home, "cut-off", "echo kept > a.txt && echo new > b.txt");
+    let supervisor = supervisor_of(&home, "cut-off");
+    let id = id_of(&home, "cut-off");
+    std::fs::remove_file(home.path().join("run").join(format!("{id}.sock")))
+        .expect("remove the control socket");
+    assert!(gone(supervisor), "the cut-off supervisor did not end");
+    let listed = task(&home, "cut-off");
+    assert_eq!(listed["state"], "destroyed", "{listed:#}");
+    let patch = std::fs::read_to_string(home.path().join("results").join(&id).join("patch.diff"))
+        .expect("the saved patch");
+    assert!(patch.contains("+kept") && patch.contains("+new"), "{patch}");
+    let log = std::fs::read_to_string(home.log_path(&id)).expect("the supervisor's log");
+    assert!(log.contains("control socket"), "{log}");
+}
+
+/// Every path under `dir`, for a message.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        found.push(entry.path());
+        if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+            found.extend(walk(&entry.path()));
+        }
+    }
+    found
+}

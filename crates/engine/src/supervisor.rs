@@ -52,6 +52,9 @@ const LOG_OUTPUT_BYTES: usize = 32 * 1024;
 const STREAM_QUEUE_CHUNKS: usize = 64;
 /// How long requests still being served may take to answer once the sandbox has ended.
 const DRAIN_CLIENTS: Duration = Duration::from_secs(10);
+/// How often the supervisor checks that its control socket is still where clients look for
+/// it: once it is gone (the home deleted), nobody can reach the sandbox, and it ends.
+const REACHABLE_CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// What the supervisor tells its starter on the ready pipe: JSON lines, progress first.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -378,6 +381,8 @@ enum Ending {
     Expired,
     GuestDied,
     Signalled,
+    /// Its control socket was removed or replaced (its home deleted): no client can reach it.
+    CutOff,
 }
 
 impl Ending {
@@ -387,7 +392,7 @@ impl Ending {
             Self::Finished => State::Finished,
             Self::Expired => State::Expired,
             Self::GuestDied => State::Lost,
-            Self::Destroyed | Self::Signalled => State::Destroyed,
+            Self::Destroyed | Self::Signalled | Self::CutOff => State::Destroyed,
         }
     }
 
@@ -398,6 +403,7 @@ impl Ending {
             Self::Expired => format!("the sandbox reached the end of its TTL ({ttl_seconds}s) while the command ran; the command was stopped{what}"),
             Self::Destroyed | Self::Signalled => format!("the sandbox was destroyed while the command ran{what}"),
             Self::GuestDied => "the sandbox's guest died while the command ran".to_owned(),
+            Self::CutOff => format!("the sandbox's control socket was removed (was its home deleted?) while the command ran, so the sandbox was ended{what}"),
         }
     }
 }
@@ -517,6 +523,10 @@ async fn serve(
     tokio::pin!(expiry);
     let mut sigterm =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let control_socket = home.control_socket(&id);
+    let listening_at = file_identity(&control_socket);
+    let mut reachability = tokio::time::interval(REACHABLE_CHECK_EVERY);
+    reachability.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let mut clients = tokio::task::JoinSet::new();
     let mut waiters: Vec<OwnedWriteHalf> = Vec::new();
@@ -568,11 +578,19 @@ async fn serve(
             () = &mut expiry => break Ending::Expired,
             _ = guest_exit.readable() => break Ending::GuestDied,
             _ = async { match sigterm.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => break Ending::Signalled,
+            _ = reachability.tick(), if listening_at.is_some() => {
+                if file_identity(&control_socket) != listening_at {
+                    break Ending::CutOff;
+                }
+            }
         }
     };
     drop(guest_exit);
     drop(listener);
-    let _ = std::fs::remove_file(home.control_socket(&id));
+    // Only our own: a socket in its place is another's.
+    if file_identity(&control_socket) == listening_at {
+        let _ = std::fs::remove_file(&control_socket);
+    }
     let where_saved = match &shared.task {
         Some(task) => format!("; the task's work is saved in {}", task.files.dir.display()),
         None => String::new(),
@@ -584,6 +602,11 @@ async fn serve(
         Ending::Expired => tracing::info!("expired after its TTL of {}s", record.ttl_seconds),
         Ending::GuestDied => tracing::warn!("the guest's init exited unexpectedly"),
         Ending::Signalled => tracing::info!("the supervisor was asked to stop (SIGTERM)"),
+        Ending::CutOff => tracing::warn!(
+            "the control socket {} was removed or replaced (the home deleted?): no client can \
+             reach this sandbox any more, so it ends",
+            control_socket.display()
+        ),
         Ending::Destroyed | Ending::Finished => tracing::info!("ending: {ending:?}"),
     }
 
@@ -661,6 +684,14 @@ async fn serve(
         remove_sandbox_files(&home, &id, &record.backend);
     }
     0
+}
+
+/// The device and inode of the file at `path`, if there is one.
+fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|meta| (meta.dev(), meta.ino()))
 }
 
 /// How a task's guest ended.
@@ -767,6 +798,7 @@ fn unsaved_note(task: &TaskContext, ending: Ending, err: &Error) -> String {
         Ending::Expired => "when its TTL ran out",
         Ending::Destroyed | Ending::Signalled => "when it was removed",
         Ending::GuestDied => "when its guest died",
+        Ending::CutOff => "when its control socket was removed",
     };
     format!(
         "the work of task \"{}\" could not be saved {when}: {}. Its files are kept (state unsaved); finish the task again to recover them",

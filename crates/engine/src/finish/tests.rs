@@ -704,3 +704,157 @@ fn what_only_writing_finds_gets_the_full_unpack_verdict() {
     let dry = DryRun::of(&patch::parse(plain.as_bytes(), plain.len()).unwrap()).unwrap();
     dry.suffices_in(&dir.path().join("repo")).unwrap();
 }
+
+/// A small deterministic generator (xorshift64*): the same cases on every run.
+struct Cases(u64);
+
+impl Cases {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let value = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33;
+        usize::try_from(value).unwrap() % n
+    }
+
+    fn pick<'a>(&mut self, of: &[&'a str]) -> &'a str {
+        of[self.below(of.len())]
+    }
+}
+
+/// The contents of every file of the generated baselines.
+const CONTENTS: &str = "one\ntwo\n";
+
+/// Builds under `root` a random baseline over the paths `a`, `a/b`, `a/b/c`, `d`, `d/e` and
+/// `f`: each a file, a directory (of the paths beneath it), a symlink, or nothing; returns
+/// what it made, for a message.
+fn random_tree(cases: &mut Cases, root: &Path) -> Vec<String> {
+    fn make(cases: &mut Cases, root: &Path, path: &str, children: &[&str], made: &mut Vec<String>) {
+        let full = root.join(path);
+        match cases.below(if children.is_empty() { 3 } else { 4 }) {
+            0 => {}
+            1 => {
+                std::fs::write(&full, CONTENTS).unwrap();
+                made.push(format!("{path} file"));
+            }
+            2 => {
+                let target = cases.pick(&["f", "d", "../outside", "a/b"]);
+                std::os::unix::fs::symlink(target, &full).unwrap();
+                made.push(format!("{path} -> {target}"));
+            }
+            _ => {
+                std::fs::create_dir(&full).unwrap();
+                made.push(format!("{path}/"));
+                for child in children {
+                    let grandchildren: &[&str] = if *child == "b" { &["c"] } else { &[] };
+                    make(cases, root, &format!("{path}/{child}"), grandchildren, made);
+                }
+            }
+        }
+    }
+    let mut made = Vec::new();
+    make(cases, root, "a", &["b"], &mut made);
+    make(cases, root, "d", &["e"], &mut made);
+    make(cases, root, "f", &[], &mut made);
+    made
+}
+
+/// A random patch entry: half the time an edit or a deletion of one of the baseline's files
+/// (`made`, as [`random_tree`] lists them), which applies unless another entry is in its
+/// way; else, at one of the tree's paths or a new one beneath them, a new file, a new
+/// symlink, an edit or a deletion of a file holding [`CONTENTS`].
+fn random_entry(cases: &mut Cases, made: &[String]) -> String {
+    let files: Vec<&str> = made
+        .iter()
+        .filter_map(|what| what.strip_suffix(" file"))
+        .collect();
+    let fitting = !files.is_empty() && cases.below(2) == 0;
+    let path = if fitting {
+        cases.pick(&files)
+    } else {
+        cases.pick(&[
+            "a", "a/b", "a/b/c", "a/new", "d", "d/e", "d/e/new", "f", "f/new",
+        ])
+    };
+    let kind = if fitting {
+        2 + cases.below(2)
+    } else {
+        cases.below(4)
+    };
+    match kind {
+        0 => creation(path, "100644", "x"),
+        1 => creation(path, "120000", "f"),
+        2 => format!(
+            "diff --git a/{path} b/{path}\nindex 1111111..2222222 100644\n--- a/{path}\n\
++++ b/{path}\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n"
+        ),
+        _ => format!(
+            "diff --git a/{path} b/{path}\ndeleted file mode 100644\nindex 1111111..0000000\n\
+--- a/{path}\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-one\n-two\n"
+        ),
+    }
+}
+
+/// Random baselines of files, directories and symlinks in each other's way, and random
+/// patches of one to three entries over them: every verdict, in its words, is the full
+/// unpack's, through a `--check` and through a real apply alike.
+#[test]
+fn random_patches_over_random_trees_get_the_full_unpack_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cases = Cases(0x5eed_d1ff_c0de_0001);
+    let (mut applied, mut refused, mut judged_by_check) = (0, 0, 0);
+    for case in 0..300 {
+        let root = dir.path().join("tree");
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir(&root).unwrap();
+        let made = random_tree(&mut cases, &root);
+        let baseline = tar_of(&root, &dir.path().join("random.tar"));
+        let entries = 1 + cases.below(3);
+        let patch: String = (0..entries)
+            .map(|_| random_entry(&mut cases, &made))
+            .collect();
+        let shown = format!("case {case}: baseline {made:?}");
+        let verdict =
+            std::panic::catch_unwind(|| same_verdict(&baseline, patch.as_bytes(), dir.path()))
+                .unwrap_or_else(|panic| {
+                    eprintln!("{shown}");
+                    std::panic::resume_unwind(panic)
+                });
+        match verdict {
+            Ok(()) => applied += 1,
+            Err(_) => refused += 1,
+        }
+        let files = patch::parse(patch.as_bytes(), patch.len()).unwrap();
+        if DryRun::of(&files).is_ok_and(|dry| dry.suffices_in(&root).is_ok()) {
+            judged_by_check += 1;
+        }
+    }
+    // Both verdicts, and both ways of reaching them, were compared.
+    assert!(
+        applied >= 20 && refused >= 20,
+        "{applied} applied, {refused} refused"
+    );
+    assert!(
+        (20..=130).contains(&judged_by_check),
+        "{judged_by_check} of 150 judged by --check"
+    );
+}
+
+/// An edit beneath a chain of symlinks (`a` -> `d` -> `f`) whose middle link the patch names
+/// too: the chain is followed to its end all the same, so that git says why it cannot read
+/// the file as it would in a checkout (`f` is a file: "Not a directory").
+#[test]
+fn a_link_the_patch_names_is_still_followed_beneath_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tree");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f"), CONTENTS).unwrap();
+    std::os::unix::fs::symlink("f", root.join("d")).unwrap();
+    std::os::unix::fs::symlink("d", root.join("a")).unwrap();
+    let baseline = tar_of(&root, &dir.path().join("chain.tar"));
+    let edit = "diff --git a/a/b b/a/b\nindex 1111111..2222222 100644\n--- a/a/b\n\
++++ b/a/b\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n";
+    let patch = creation("d", "100644", "x") + edit;
+    let err = same_verdict(&baseline, patch.as_bytes(), dir.path()).unwrap_err();
+    assert!(err.contains("a/b: Not a directory"), "{err}");
+}

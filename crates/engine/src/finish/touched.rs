@@ -20,7 +20,7 @@
 //! Names that were not UTF-8 reach the parser as U+FFFD, so tar names are compared in that
 //! same lossy form: at worst a few extra entries are extracted, never one too few.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{Seek, SeekFrom};
 use std::path::Path;
 
@@ -222,12 +222,18 @@ pub(super) fn extract(
             Source::Scan => pass_scan(&tar, touched, extracted, &mut out),
         }
     };
-    let mut links = pass(touched, &mut extracted)?;
+    // Every symlink extracted so far, with its target: one a later pass leads through may
+    // have been extracted by an earlier one (named there, or a leading directory of another
+    // path), and is not read again.
+    let mut symlinks: HashMap<String, String> =
+        pass(touched, &mut extracted)?.into_iter().collect();
     let mut beyond_links: Touched;
     let mut current = touched;
     for _ in 0..MAX_LINK_HOPS {
-        let beyond: Vec<String> = links
+        let beyond: Vec<String> = current
+            .leading
             .iter()
+            .filter_map(|dir| symlinks.get_key_value(dir))
             .flat_map(|(link, target)| current.through(link, target))
             .filter(|name| !extracted.contains(name))
             .collect();
@@ -236,7 +242,7 @@ pub(super) fn extract(
         }
         beyond_links = Touched::from_names(beyond);
         current = &beyond_links;
-        links = pass(current, &mut extracted)?;
+        symlinks.extend(pass(current, &mut extracted)?);
     }
     Ok(u64::try_from(extracted.len()).unwrap_or(u64::MAX))
 }
@@ -323,8 +329,7 @@ fn archive(tar: &std::fs::File) -> tar::Archive<&std::fs::File> {
 }
 
 /// One pass over the tar: extracts what `touched` wants and `extracted` does not hold yet
-/// (adding it there); returns the symlinks among `touched`'s leading directories, with their
-/// targets.
+/// (adding it there); returns the symlinks it extracted, with their targets.
 fn pass_scan(
     tar: &std::fs::File,
     touched: &Touched,
@@ -349,7 +354,7 @@ fn pass_scan(
             directories.push(entry);
             continue;
         }
-        if kind.is_symlink() && touched.leading.contains(&path) {
+        if kind.is_symlink() {
             if let Some(target) = entry.link_name_bytes() {
                 links.push((path, String::from_utf8_lossy(&target).into_owned()));
             }
@@ -393,7 +398,7 @@ fn pass_indexed(
             if kind == tar::EntryType::Directory {
                 return Ok(kind);
             }
-            if kind.is_symlink() && touched.leading.contains(name) {
+            if kind.is_symlink() {
                 if let Some(target) = entry.link_name_bytes() {
                     links.push((
                         name.to_owned(),

@@ -832,7 +832,13 @@ fn a_sandbox_nobody_can_reach_any_more_ends_and_a_tasks_work_is_saved() {
         !mounted_under(deleted.path()),
         "the host sees no guest mount"
     );
-    std::fs::remove_dir_all(deleted.path()).expect("delete the home");
+    // As `rm -rf` does, again should a process of the home add a file meanwhile (a spare
+    // disk, a log) and make a directory non-empty again.
+    assert!(
+        wait_until(10, || std::fs::remove_dir_all(deleted.path()).is_ok()
+            || !deleted.path().exists()),
+        "the home could not be deleted"
+    );
     for pid in supervisors.into_iter().chain(inits) {
         assert!(gone(pid), "process {pid} outlived its deleted home");
     }

@@ -13,17 +13,39 @@ use dynocap_e2e::bench::command_servers;
 use dynocap_e2e::{require_root, wait_until, TestHome};
 
 /// Runs commands until the home has a server (the first command of a home runs without one
-/// and starts it); its pid. A client that finds no socket yet starts a server as well, and
-/// either may win the socket's lock, so the server is the one left once its socket exists.
+/// and starts it); its pid.
 fn server_of(home: &TestHome) -> i32 {
+    the_one_server(
+        home,
+        "the home's own clients",
+        || {
+            let _ = home.run(&["ps"]);
+        },
+        |_| true,
+    )
+}
+
+/// Runs `client` (a command of `what`) until exactly one of the home's servers that `pick`
+/// accepts is left, with its socket in place; its pid. A client that finds no socket yet
+/// starts a server as well, and either may win the socket's lock, so the server is the one
+/// left once its socket exists.
+fn the_one_server(
+    home: &TestHome,
+    what: &str,
+    mut client: impl FnMut(),
+    pick: impl Fn(i32) -> bool,
+) -> i32 {
     let mut found = Vec::new();
     assert!(
         wait_until(30, || {
-            let _ = home.run(&["ps"]);
-            found = command_servers(home.path());
+            client();
+            found = command_servers(home.path())
+                .into_iter()
+                .filter(|(pid, _)| pick(*pid))
+                .collect();
             found.len() == 1 && found[0].1.exists()
         }),
-        "not exactly one listening command server for {}: {found:?}",
+        "not exactly one listening command server for {what} in {}: {found:?}",
         home.path().display()
     );
     found[0].0
@@ -566,23 +588,16 @@ fn a_served_command_runs_with_its_clients_limits_priority_groups_and_cgroup() {
     for (what, wrapper, has) in &variants {
         assert!(!default_has(has), "the default server already has {what}");
         // The first such client finds no server for itself, runs its command in a process of
-        // its own and starts one; a later one is served by it. Clients that find no socket
-        // yet each start one, and the one left once the socket exists holds it (as in
-        // `server_of`).
-        let mut servers = Vec::new();
-        assert!(
-            wait_until(30, || {
+        // its own and starts one; a later one is served by it.
+        let server = the_one_server(
+            &home,
+            what,
+            || {
                 let ran = wrapped(&home, wrapper, &["ps"]).output().expect("spawn");
                 assert!(ran.status.success(), "{what}: {ran:?}");
-                servers = command_servers(home.path())
-                    .into_iter()
-                    .filter(|(pid, _)| has(*pid))
-                    .collect();
-                servers.len() == 1 && servers[0].1.exists()
-            }),
-            "{what}: not exactly one server of its own: {servers:?}"
+            },
+            has,
         );
-        let server = servers[0].0;
         assert_ne!(server, default_server, "{what}");
         let client = wrapped(&home, wrapper, &["exec", "s", "--", "sleep 2"])
             .stdout(Stdio::piped())

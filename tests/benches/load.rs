@@ -151,7 +151,7 @@ impl Drop for Cleanup<'_> {
                 });
             }
         });
-        let left = wait_for_supervisors_to_exit(home);
+        let left = wait_for_supervisors_to_exit(home, Duration::from_secs(60));
         if !left.is_empty() {
             eprintln!(
                 "load: supervisors {left:?} still running a minute after their sandboxes were destroyed"

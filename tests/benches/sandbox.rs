@@ -307,7 +307,7 @@ fn main() {
         &listing,
         "dynocap --version",
     );
-    let left = wait_for_supervisors_to_exit(home_dir.path());
+    let left = wait_for_supervisors_to_exit(home_dir.path(), Duration::from_secs(60));
     assert!(
         left.is_empty(),
         "supervisors {left:?} still running a minute after their sandboxes were destroyed"

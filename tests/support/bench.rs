@@ -216,14 +216,14 @@ pub fn stop_command_servers(home: &Path) {
     }
 }
 
-/// Waits until no supervisor of `home` is left, before a bench removes the home: `destroy`
-/// answers once the guest is dead, and its supervisor tears down the rest (cgroups, disk,
-/// log, the spare disk for the next start) after. Removing the home meanwhile races those
-/// writes and leaves it half deleted in /tmp. Returns the pids still running after a minute
-/// (none when all finished); it does not panic, so a bench's clean-up can call it while
-/// unwinding.
-pub fn wait_for_supervisors_to_exit(home: &Path) -> Vec<i32> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+/// Waits (at most `within`) until no supervisor of `home` is left, before a bench or a test
+/// removes the home: `destroy` answers once the guest is dead, and its supervisor tears
+/// down the rest (cgroups, disk, log, the spare disk for the next start) after. Removing the
+/// home meanwhile races those writes and leaves it half deleted in /tmp. Returns the pids
+/// still running at the deadline (none when all finished); it does not panic, so a clean-up
+/// can call it while unwinding.
+pub fn wait_for_supervisors_to_exit(home: &Path, within: Duration) -> Vec<i32> {
+    let deadline = Instant::now() + within;
     loop {
         let left = supervisor_processes(home);
         if left.is_empty() || Instant::now() >= deadline {

@@ -324,12 +324,7 @@ impl Drop for TestHome {
         // server its own: the home is removed (with the temp dir, after this) once they are
         // gone, not while they still write into it.
         bench::stop_command_servers(self.path());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !bench::supervisor_processes(self.path()).is_empty()
-            && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        bench::wait_for_supervisors_to_exit(self.path(), std::time::Duration::from_secs(10));
     }
 }
 

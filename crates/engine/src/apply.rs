@@ -8,11 +8,13 @@
 //! - a patch that no longer reads as the one the task saved (`patch.diff` edited since);
 //! - sensitive paths, unless the person says `--accept-sensitive` (the commit message then
 //!   lists them, so the acceptance stays on record);
-//! - an existing branch (never moved or overwritten);
+//! - a branch name `git check-ref-format --branch` refuses (`HEAD`, `-x`, `a..b`, ...: see
+//!   `branch_name`), and an existing branch (never moved or overwritten);
 //! - uncommitted work on any path the patch touches: the branch would be checked out over it.
 //!
 //! The user's current branch, index and working tree are never touched (`repo`).
 
+mod branch_name;
 mod repo;
 
 use std::path::{Path, PathBuf};

@@ -21,6 +21,8 @@ use crate::error::{Error, Result};
 use crate::exec::sanitize_line;
 use crate::hardened_git::{GitError, HardenedGit};
 
+use super::branch_name;
+
 /// Longest any one git command may run on the user's repository.
 const GIT_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -131,23 +133,33 @@ impl Repo {
             .ok()
     }
 
-    /// Refuses a name git would not take for a branch (or would read as an option).
+    /// Refuses a name `git check-ref-format --branch` refuses here, saying which rule it
+    /// breaks, and an `@{-N}` that git expands to the name of a branch checked out before
+    /// (see [`super::branch_name`]).
     pub fn check_branch_name(&self, branch: &str) -> Result<()> {
-        let valid = !branch.starts_with('-')
-            && self
-                .git()
-                .args(["check-ref-format"])
-                .arg(format!("refs/heads/{branch}"))
-                .output()
-                .map_err(|err| self.failed(&err))?
-                .status
-                .success();
-        match valid {
-            true => Ok(()),
-            false => Err(Error::invalid(format!(
-                "\"{branch}\" is not a valid git branch name; pick another with --branch"
-            ))),
+        let shown = branch_name::shown(branch);
+        let out = self
+            .git()
+            .args(["check-ref-format", "--branch"])
+            .arg(branch)
+            .output()
+            .map_err(|err| self.failed(&err))?;
+        if !out.status.success() {
+            return Err(Error::invalid(format!(
+                "\"{shown}\" is not a valid git branch name: it {}; pick another with --branch",
+                branch_name::problem(branch)
+            )));
         }
+        if branch_name::expanded(branch, &out.stdout) {
+            let read_as = String::from_utf8_lossy(&out.stdout);
+            return Err(Error::invalid(format!(
+                "\"{shown}\" is git's shorthand for a branch checked out before (git reads it \
+                 as \"{}\"), not a name for a new branch; give the new branch's name with \
+                 --branch",
+                branch_name::shown(read_as.trim_end_matches('\n'))
+            )));
+        }
+        Ok(())
     }
 
     pub fn branch_exists(&self, branch: &str) -> Result<bool> {

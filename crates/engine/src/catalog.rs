@@ -519,7 +519,7 @@ impl Catalog {
                 .optional()
                 .map_err(classify)?;
                 if taken.is_some() {
-                    return Err(name_taken(name));
+                    return Err(name_taken(conn, name));
                 }
             }
             update_row(conn, &record)?;
@@ -700,10 +700,61 @@ fn with_row<T>(record: &Record, statement: impl FnOnce(&[&dyn rusqlite::ToSql]) 
     ])
 }
 
-fn name_taken(name: &str) -> Failure {
-    Failure::Other(Error::conflict(format!(
-        "the name \"{name}\" is already taken; pick another name or remove the existing one first"
-    )))
+/// The refusal of a second `name`: what holds the name now, and the command (CLI) or tool
+/// (MCP) that frees it.
+fn name_taken(conn: &Connection, name: &str) -> Failure {
+    let holder = cached_row(
+        conn,
+        "SELECT id, state FROM sandboxes WHERE name = ?1",
+        [name],
+        |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+    )
+    .optional()
+    .map_err(classify);
+    let holder = match holder {
+        Ok(found) => found.and_then(|(id, state)| Some((Kind::of_id(&id)?, State::parse(&state)?))),
+        Err(failure) => return failure,
+    };
+    Failure::Other(name_taken_by(name, holder))
+}
+
+/// The message of [`name_taken`] for a name held by a sandbox of `holder`'s kind and state
+/// (`None`: by one that could not be read).
+fn name_taken_by(name: &str, holder: Option<(Kind, State)>) -> Error {
+    use crate::wording::Op;
+    Error::worded(crate::error::ErrorCode::Conflict, |s| {
+        let taken = format!("the name \"{name}\" is already taken");
+        match holder {
+            Some((Kind::Raw, _)) => format!(
+                "{taken} by a raw sandbox; pick another name, or destroy that sandbox first \
+                 with {}",
+                s.op(Op::Destroy, name)
+            ),
+            Some((Kind::Task, State::Unsaved)) => format!(
+                "{taken} by a task that ended without saving its work; pick another name, or \
+                 save its work with {} and then free the name with {} (its results are kept)",
+                s.op(Op::TaskFinish, name),
+                s.op(Op::Rm, name)
+            ),
+            Some((Kind::Task, state)) if state.is_live() => format!(
+                "{taken} by a running task; pick another name, or end it with {} and then free \
+                 the name with {} (its results are kept)",
+                s.op(Op::TaskFinish, name),
+                s.op(Op::Rm, name)
+            ),
+            Some((Kind::Task, state)) => format!(
+                "{taken} by a {} task; pick another name, or free it with {} (the task's \
+                 results are kept)",
+                state.as_str(),
+                s.op(Op::Rm, name)
+            ),
+            None => format!(
+                "{taken}; pick another name, or free it with {} (a task) or {} (a raw sandbox)",
+                s.op(Op::Rm, name),
+                s.op(Op::Destroy, name)
+            ),
+        }
+    })
 }
 
 pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failure> {
@@ -719,7 +770,7 @@ pub(crate) fn insert_row(conn: &Connection, record: &Record) -> Result<(), Failu
         Err(rusqlite::Error::SqliteFailure(err, _))
             if err.code == rusqlite::ErrorCode::ConstraintViolation =>
         {
-            Err(name_taken(record.name.as_deref().unwrap_or_default()))
+            Err(name_taken(conn, record.name.as_deref().unwrap_or_default()))
         }
         Err(err) => Err(classify(err)),
     }
@@ -967,6 +1018,49 @@ mod tests {
         );
         catalog.delete("sbx-1").unwrap();
         catalog.insert(&record("sbx-2", "web")).unwrap();
+    }
+
+    /// The refusal says what holds the name and names what frees it, as each surface calls
+    /// it: `dynocap rm NAME` / `dynocap_rm` for a task, `dynocap destroy NAME` /
+    /// `dynocap_destroy` for a raw sandbox.
+    #[test]
+    fn a_taken_name_names_what_holds_it_and_what_frees_it() {
+        let (_dir, home) = home();
+        let catalog = Catalog::open(&home).unwrap();
+        let mut holders = Vec::new();
+        for (id, name, state) in [
+            ("task-1", "done", State::Finished),
+            ("task-2", "busy", State::Running),
+            ("task-3", "crashed", State::Unsaved),
+            ("sbx-1", "box", State::Running),
+        ] {
+            let mut held = record(id, name);
+            held.state = state;
+            catalog.insert(&held).unwrap();
+            holders.push(name);
+        }
+        let refused = |id: &str, name: &str| {
+            let err = catalog.insert(&record(id, name)).unwrap_err();
+            assert_eq!(err.code, crate::ErrorCode::Conflict);
+            (err.message.clone(), err.cli_text().to_owned())
+        };
+        let (mcp, cli) = refused("task-9", "done");
+        assert!(mcp.contains("by a finished task") && mcp.contains("with dynocap_rm"));
+        assert!(cli.contains("by a finished task") && cli.contains("with `dynocap rm done`"));
+        let (mcp, cli) = refused("sbx-9", "busy");
+        assert!(mcp.contains("running task") && mcp.contains("dynocap_task_finish"));
+        assert!(mcp.contains("dynocap_rm"), "{mcp}");
+        assert!(cli.contains("`dynocap task finish busy`") && cli.contains("`dynocap rm busy`"));
+        let (mcp, cli) = refused("task-9", "crashed");
+        assert!(mcp.contains("without saving its work") && mcp.contains("dynocap_rm"));
+        assert!(cli.contains("`dynocap task finish crashed`"), "{cli}");
+        let (mcp, cli) = refused("task-9", "box");
+        assert!(mcp.contains("by a raw sandbox") && mcp.contains("dynocap_destroy"));
+        assert!(cli.contains("`dynocap destroy box`"), "{cli}");
+        for (mcp, cli) in [refused("task-9", "done"), refused("sbx-9", "box")] {
+            assert!(!mcp.contains("`dynocap"), "no command line over MCP: {mcp}");
+            assert!(!cli.contains("dynocap_"), "no tool name at the CLI: {cli}");
+        }
     }
 
     #[test]

@@ -161,6 +161,11 @@ pub struct TaskStartArgs {
     /// DYNOCAP_IMAGE names another) or a built image such as debian (`dynocap image build`).
     #[arg(long, value_name = "NAME")]
     pub image: Option<String>,
+    /// The backend to boot on: jail (Linux namespaces), vm (a QEMU microVM; needs a built
+    /// image with a kernel, e.g. --image debian) or auto (vm where KVM boots the image's
+    /// kernel, else jail). Default: DYNOCAP_BACKEND, else auto.
+    #[arg(long, value_name = "jail|vm|auto", value_parser = backend_choice)]
+    pub backend: Option<dynocap_engine::backend::BackendChoice>,
     /// SSH private key (no passphrase) for an ssh:// --repo clone; it is readable only by the
     /// clone and removed when the clone ends.
     #[arg(long = "ssh-key", value_name = "PATH", requires = "repository_url")]
@@ -220,6 +225,11 @@ pub struct RunArgs {
     /// DYNOCAP_IMAGE names another) or a built image such as debian (`dynocap image build`).
     #[arg(long, value_name = "NAME")]
     pub image: Option<String>,
+    /// The backend to boot on: jail (Linux namespaces), vm (a QEMU microVM; needs a built
+    /// image with a kernel, e.g. --image debian) or auto (vm where KVM boots the image's
+    /// kernel, else jail). Default: DYNOCAP_BACKEND, else auto.
+    #[arg(long, value_name = "jail|vm|auto", value_parser = backend_choice)]
+    pub backend: Option<dynocap_engine::backend::BackendChoice>,
 }
 
 /// `dynocap exec`: the target is a raw sandbox (a task is refused, and the message says to
@@ -323,6 +333,18 @@ fn whole_number(text: &str) -> Result<u64, String> {
         IntErrorKind::PosOverflow => "too large".to_owned(),
         IntErrorKind::Empty => "empty; give a whole number".to_owned(),
         _ => "not a whole number (use digits only)".to_owned(),
+    })
+}
+
+/// A `--backend` value; the error lists the valid ones (clap puts the flag and the value in
+/// front of it).
+fn backend_choice(text: &str) -> Result<dynocap_engine::backend::BackendChoice, String> {
+    use dynocap_engine::backend::BackendChoice;
+    BackendChoice::parse(text).ok_or_else(|| {
+        format!(
+            "not a backend; use {} (without --backend: DYNOCAP_BACKEND, else auto)",
+            BackendChoice::VALUES
+        )
     })
 }
 
@@ -467,6 +489,16 @@ mod tests {
                 "`dynocap task` needs a subcommand: start, exec, diff, finish, apply",
             ),
             ("image", "`dynocap image` needs a subcommand: build, ls, rm"),
+            (
+                "run x --backend qemu",
+                "invalid value 'qemu' for '--backend <jail|vm|auto>': not a backend; use jail, \
+                 vm or auto",
+            ),
+            (
+                "task start --backend Jail",
+                "invalid value 'Jail' for '--backend <jail|vm|auto>': not a backend",
+            ),
+            ("run x --backend", "a value is required for '--backend <jail|vm|auto>'"),
         ];
         for (line, needle) in cases {
             let message = explained(line);

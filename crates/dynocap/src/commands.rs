@@ -145,6 +145,7 @@ async fn run(engine: &Engine, json: bool, args: RunArgs, streams: &Streams) -> R
     )?;
     spec.allow_hosts = args.allow_hosts;
     spec.image = args.image;
+    spec.backend = args.backend;
     // Its supervisor starts up while the checks and the catalog work below run.
     engine.start_a_standby_supervisor(&spec);
     let info = engine.run(&spec).await?;

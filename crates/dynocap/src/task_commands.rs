@@ -136,6 +136,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
     )?;
     spec.allow_hosts = args.allow_hosts;
     spec.image = args.image;
+    spec.backend = args.backend;
     spec.ssh_key_path = args
         .ssh_key
         .map(|key| {
@@ -310,7 +311,7 @@ pub async fn rm(engine: &Engine, json: bool, args: RmArgs) -> Result<ExitCode, E
 }
 
 const TASK_HEADERS: &[&str] = &[
-    "ID", "NAME", "STATE", "IMAGE", "FILES", "SKIPPED", "SOURCE", "EXPIRES",
+    "ID", "NAME", "STATE", "BACKEND", "IMAGE", "FILES", "SKIPPED", "SOURCE", "EXPIRES",
 ];
 
 fn task_row(task: &TaskInfo) -> Vec<String> {
@@ -318,6 +319,7 @@ fn task_row(task: &TaskInfo) -> Vec<String> {
         task.id.clone(),
         task.name.clone().unwrap_or_else(|| "-".into()),
         task.state.as_str().to_owned(),
+        task.backend.clone(),
         task.image.clone(),
         task.source.files.to_string(),
         task.source.skipped.total.to_string(),

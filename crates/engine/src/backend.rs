@@ -109,16 +109,62 @@ pub trait Backend {
     fn cleanup_keeping_layer(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
 }
 
+/// The backend a new sandbox asks for: the CLI's `--backend`, else `DYNOCAP_BACKEND`, else
+/// `auto` (the best one this machine supports for the sandbox's image, see
+/// [`crate::backend_auto`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    Jail,
+    Vm,
+    Auto,
+}
+
+impl BackendChoice {
+    /// The values a choice is written as, for messages.
+    pub const VALUES: &'static str = "jail, vm or auto";
+
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "jail" => Some(Self::Jail),
+            "vm" => Some(Self::Vm),
+            "auto" => Some(Self::Auto),
+            _ => None,
+        }
+    }
+
+    /// `DYNOCAP_BACKEND`; `auto` when it is unset or empty.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("DYNOCAP_BACKEND").ok().as_deref() {
+            None | Some("") => Ok(Self::Auto),
+            Some(name) => Self::parse(name).ok_or_else(|| {
+                Error::invalid(format!(
+                    "DYNOCAP_BACKEND={name} is not a backend; use {}",
+                    Self::VALUES
+                ))
+            }),
+        }
+    }
+}
+
 /// Selects the backend for the default image: `DYNOCAP_BACKEND` if set, else (`auto`) the
 /// best one this machine supports for it ([`crate::backend_auto`]).
 pub fn select() -> Result<Box<dyn Backend>> {
     select_for(&crate::image::default_name())
 }
 
-/// Selects the backend for a new sandbox of the image named `image`.
+/// Selects the backend for a new sandbox of the image named `image`, as `DYNOCAP_BACKEND`
+/// says.
 pub fn select_for(image: &str) -> Result<Box<dyn Backend>> {
-    match std::env::var("DYNOCAP_BACKEND").ok().as_deref() {
-        None | Some("") | Some("auto") => {
+    select_as(BackendChoice::from_env()?, image)
+}
+
+/// Selects the backend `choice` names for a new sandbox of the image named `image`.
+pub fn select_as(choice: BackendChoice, image: &str) -> Result<Box<dyn Backend>> {
+    match choice {
+        BackendChoice::Jail => Ok(Box::new(JailBackend)),
+        BackendChoice::Vm => Ok(Box::new(crate::vm_backend::VmBackend)),
+        BackendChoice::Auto => {
             // Without a home there is no built image, so nothing a VM could boot.
             let auto = crate::home::Home::from_env()
                 .map(|home| crate::backend_auto::choose(&home, image).backend);
@@ -127,11 +173,6 @@ pub fn select_for(image: &str) -> Result<Box<dyn Backend>> {
                 _ => Ok(Box::new(JailBackend)),
             }
         }
-        Some(name) => by_name(name).map_err(|_| {
-            Error::invalid(format!(
-                "DYNOCAP_BACKEND={name} is not a backend; use jail, vm or auto"
-            ))
-        }),
     }
 }
 

@@ -94,6 +94,7 @@ impl Engine {
                 pool.ttl_seconds,
                 None,
                 None,
+                None,
             )?;
             record.state = State::Warming;
             Ok(record)
@@ -155,7 +156,11 @@ impl Engine {
             .image
             .clone()
             .unwrap_or_else(crate::image::default_name);
-        let backend = crate::backend::select_for(&image_name)?.name();
+        let backend = match spec.backend {
+            Some(choice) => crate::backend::select_as(choice, &image_name)?,
+            None => crate::backend::select_for(&image_name)?,
+        }
+        .name();
         let image = crate::image::resolve(self.home(), &image_name)?;
         let Some(record) = catalog.claim_pooled(backend, &image, |record| {
             record.name = Some(spec.name.clone());

@@ -188,6 +188,7 @@ impl Engine {
             spec.ttl_seconds,
             None,
             spec.image.as_deref(),
+            spec.backend,
         )?;
         record.egress = egress;
         let record = self.launch(record, &|_| {}).await?;
@@ -207,6 +208,7 @@ impl Engine {
         ttl_seconds: u64,
         detail: Option<String>,
         image: Option<&str>,
+        backend: Option<crate::backend::BackendChoice>,
     ) -> Result<Record> {
         // Resolved once, now: the record keeps the content id, so the sandbox (and any
         // recovery boot of it) gets this very image whatever is built later.
@@ -215,7 +217,10 @@ impl Engine {
             &image.map_or_else(crate::image::default_name, str::to_owned),
         )?;
         // `auto` decides by the image: only a built image with a kernel can be a VM.
-        let backend = crate::backend::select_for(&image.name)?;
+        let backend = match backend {
+            Some(choice) => crate::backend::select_as(choice, &image.name)?,
+            None => crate::backend::select_for(&image.name)?,
+        };
         let now = chrono::Utc::now();
         let ttl = chrono::TimeDelta::seconds(i64::try_from(ttl_seconds).unwrap_or(i64::MAX));
         Ok(Record {

@@ -98,6 +98,9 @@ pub struct RunSpec {
     /// The image to boot (`--image`); `None`: `DYNOCAP_IMAGE`, else `host`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The backend to boot on (`--backend`); `None`: `DYNOCAP_BACKEND`, else `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<crate::backend::BackendChoice>,
 }
 
 /// The disk of a spec written before disks had a size.
@@ -133,6 +136,7 @@ impl RunSpec {
             disk_mb: resources.disk_mb,
             allow_hosts: Vec::new(),
             image: None,
+            backend: None,
         })
     }
 }

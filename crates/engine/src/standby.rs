@@ -248,7 +248,9 @@ impl Engine {
         if !matches!(crate::pool::target(), Ok(0)) {
             return;
         }
-        let default_disk = spec.image.is_none() && spec.disk_mb == crate::spec::DISK_MB_DEFAULT;
+        let default_disk = spec.image.is_none()
+            && spec.backend.is_none()
+            && spec.disk_mb == crate::spec::DISK_MB_DEFAULT;
         self.standby_slot()
             .fill(self.supervisor_command(), default_disk);
     }

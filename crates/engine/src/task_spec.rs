@@ -44,6 +44,9 @@ pub struct TaskStartSpec {
     /// The image to boot (`--image`); `None`: `DYNOCAP_IMAGE`, else `host`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The backend to boot on (`--backend`); `None`: `DYNOCAP_BACKEND`, else `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<crate::backend::BackendChoice>,
 }
 
 impl TaskStartSpec {
@@ -107,6 +110,7 @@ impl TaskStartSpec {
             disk_mb: resources.disk_mb,
             allow_hosts: Vec::new(),
             image: None,
+            backend: None,
             ssh_key_path: None,
         })
     }

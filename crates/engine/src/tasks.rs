@@ -124,6 +124,7 @@ impl Engine {
             spec.ttl_seconds,
             Some(detail.to_json()),
             spec.image.as_deref(),
+            spec.backend,
         )?;
         record.egress = egress;
         let record = self

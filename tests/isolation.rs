@@ -333,3 +333,91 @@ fn a_host_hiding_part_of_its_sys_runs_sandboxes_without_one() {
     let log = std::fs::read_to_string(home.log_path(&id)).expect("the supervisor's log");
     assert!(log.contains("the guest has no /sys"), "{log}");
 }
+
+/// Nothing in a guest's /sys or /proc names its host: not the paths of the homes (its own or
+/// another's), not the disk image of another home's sandbox (which the host's loop devices
+/// name), not the host's block devices, not the machine's DMI identifiers; and the covers
+/// that hide them stay, even for the guest's root. The guest's own tools still work.
+#[test]
+fn a_guest_sees_no_host_device_path_or_identifier() {
+    let test = "a_guest_sees_no_host_device_path_or_identifier";
+    if !require_root(test) || !dynocap_e2e::images::require_mmdebstrap(test) {
+        return;
+    }
+    // A debian guest, whose sudo gives the search the guest's root too, and a sandbox of
+    // another home, whose disk image sits on a host loop device while the search runs.
+    let (home, _) = dynocap_e2e::images::debian_home();
+    home.sandbox("seer", &["--image", "debian"]);
+    let other = TestHome::new();
+    other.sandbox("other", &[]);
+    let facts = dynocap_e2e::host_view::HostFacts::read();
+    let other_disk = facts
+        .loop_backing_files
+        .iter()
+        .find(|file| file.starts_with(&*other.path().to_string_lossy()))
+        .unwrap_or_else(|| panic!("no host loop device holds the other home's disk: {facts:?}"));
+
+    let mut anywhere = std::collections::BTreeSet::new();
+    for path in [home.path(), other.path()] {
+        anywhere.insert(path.to_string_lossy().into_owned());
+    }
+    for file in &facts.loop_backing_files {
+        anywhere.insert(file.trim_end_matches(" (deleted)").to_owned());
+    }
+    anywhere.insert(home.sandbox_id("seer"));
+    anywhere.insert(other.sandbox_id("other"));
+    anywhere.extend(facts.dmi_identifiers.iter().cloned());
+    let devices: std::collections::BTreeSet<String> = facts.block_devices.iter().cloned().collect();
+    eprintln!("searching for {anywhere:?}, devices {devices:?}; the other disk is {other_disk}");
+
+    for (guest, searcher, as_root) in [
+        (&home, "seer", false),
+        (&home, "seer", true),
+        (&other, "other", false),
+    ] {
+        let search = dynocap_e2e::host_view::search(guest, searcher, as_root, &anywhere, &devices);
+        eprintln!(
+            "{searcher} (root: {as_root}): {} names, {} files read, found {:?}",
+            search.names, search.files, search.found
+        );
+        assert!(
+            search.found.is_empty(),
+            "{searcher} (root: {as_root}) sees the host: {:#?}",
+            search.found
+        );
+    }
+
+    // Nothing to list, and nothing the guest's root can uncover: no unmount, no new sysfs.
+    assert_eq!(
+        home.sh("seer", "ls -A /sys/block /sys/dev/block /sys/class/block"),
+        "/sys/block:\n\n/sys/class/block:\n\n/sys/dev/block:\n"
+    );
+    for undo in [
+        "sudo umount /sys/block",
+        "sudo umount -l /sys/devices",
+        "sudo mount -t sysfs sysfs /mnt",
+        "sudo umount /proc/partitions",
+    ] {
+        let result = home.exec("seer", &[], undo);
+        assert_ne!(result["exitCode"], 0, "{undo}: {result}");
+    }
+    assert_eq!(
+        home.sh("seer", "ls -A /sys/block | wc -l; wc -c < /proc/partitions"),
+        "0\n0\n"
+    );
+
+    // The guest's tools: its own mounts and disk, its processes, memory and CPUs.
+    let tools = home.sh(
+        "seer",
+        "df -P / | tail -1 | awk '{print $6}'; mount | grep -c ' on / '; findmnt -n -o TARGET /; \
+         lsblk && echo lsblk ok; nproc; lscpu | grep -c '^CPU(s):'",
+    );
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(tools, format!("/\n1\n/\nlsblk ok\n{cpus}\n1\n"), "{tools}");
+    let procps = other.sh(
+        "other",
+        "ps -e -o comm= | grep -c agent; top -b -n 1 | grep -c '^Tasks:'; \
+         free -m | grep -c '^Mem:'",
+    );
+    assert_eq!(procps, "1\n1\n1\n");
+}

@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod host_view;
 pub mod images;
 pub mod netfix;
 pub mod netns;

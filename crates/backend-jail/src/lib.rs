@@ -79,6 +79,7 @@ mod spawn;
 mod spec;
 mod sync;
 mod sys;
+mod sysview;
 mod usernet;
 mod uts;
 

@@ -5,14 +5,16 @@
 //! /              overlay: lower = image_root (or its idmapped clone, see `idmapped`),
 //!                upper = state/upper (nosuid, nodev)
 //! /proc          fresh procfs of the new pid namespace (nosuid, nodev, noexec), with
-//!                Docker's masked paths covered and its read-only paths re-bound read-only
+//!                Docker's masked paths and every file listing host devices covered, and
+//!                Docker's read-only paths re-bound read-only
 //! /dev           tmpfs 0755 (nosuid, noexec) with the host's null, zero, full, random,
 //!                urandom and tty bound in (no mknod in a user namespace), devpts at /dev/pts
 //!                (its own instance, at most [`PTY_MAX`] ptys), tmpfs /dev/shm 1777
 //!                (nosuid, nodev, noexec, sized), and the usual symlinks
 //! /tmp           tmpfs 1777 (nosuid, nodev, sized)
 //! /sys           sysfs of the guest's network namespace, read-only (nosuid, nodev, noexec),
-//!                with runc's masked paths covered; /sys/fs/cgroup shows the sandbox's own
+//!                covered but for CPU, NUMA and memory settings and the guest's own network
+//!                interfaces (see `sysview`); /sys/fs/cgroup shows the sandbox's own
 //!                cgroups, bound read-only (see `CgroupSet::guest_views`)
 //! <ro_binds>     recursive binds, read-only, nosuid, nodev
 //! /.dynocap/agent  the agent binary, bound read-only
@@ -24,8 +26,8 @@
 //! and mount targets are resolved inside the new root (see `resolve`).
 //!
 //! The sysfs instance belongs to the guest's network namespace, so /sys/class/net lists the
-//! guest's interfaces only. The rest of it (devices, CPUs, the kernel's settings) is what
-//! runtimes and tools (`lscpu`, the JVM, Go, Node) read, and what Docker shows a container;
+//! guest's interfaces only. Of the rest, the guest sees what runtimes and tools (`lscpu`,
+//! the JVM, Go, Node) read, and no host device, firmware table or host path (see `sysview`);
 //! nothing under /sys is writable, so none of it can be changed from inside. The cgroup view
 //! lets a runtime size itself to the sandbox's limits, not the host's, and is read-only too:
 //! the guest cannot raise a limit or move a process through it.
@@ -47,13 +49,24 @@ use crate::cgroup::CgroupView;
 use crate::failure::{Context, Failure};
 use crate::newmount::{self, FsContext, NODEV, NOEXEC, NOSUID, RDONLY};
 use crate::resolve::{self, Kind};
+use crate::sysview;
 
 /// Host device nodes bound into the guest's /dev.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
-/// /proc files hidden behind /dev/null, and directories behind an empty read-only tmpfs, as
-/// Docker masks them: host information (kernel memory, timers, keys, hardware) the guest has
-/// no use for.
+/// /proc files hidden behind /dev/null, and directories behind an empty read-only tmpfs:
+/// Docker's masks (kernel memory, timers, keys, sound and SCSI hardware), and everything else
+/// that lists the host's devices or names its disks, none of which a guest's tools read:
+/// - `partitions`, `diskstats`, `swaps`, `mdstat`: the host's block devices (its loop devices,
+///   the disks of other sandboxes, among them), its swap files and RAID arrays by path;
+/// - `cmdline`: the host kernel's boot options (`root=/dev/...`, `root=UUID=...`);
+/// - `interrupts`, `consoles`: the host's devices by driver and name (`nvme0q1`, `ttyS0`);
+/// - `fs`: per-device directories (`fs/ext4/nvme0n1p2`, `fs/jbd2/...`);
+/// - `bus`, `driver`: PCI and input devices, the RTC;
+/// - `sys/dev`: CD-ROM drives, RAID and SCSI settings of the host.
+///
+/// `df`, `mount`, `ps`, `top`, `free` and `nproc` read none of these: the guest's own mount
+/// table (`self/mountinfo`), `meminfo`, `stat`, `cpuinfo` and the processes' own files stay.
 const PROC_MASKED_FILES: &[&str] = &[
     "kcore",
     "keys",
@@ -61,16 +74,20 @@ const PROC_MASKED_FILES: &[&str] = &[
     "timer_list",
     "timer_stats",
     "sched_debug",
+    "partitions",
+    "diskstats",
+    "swaps",
+    "mdstat",
+    "cmdline",
+    "interrupts",
+    "consoles",
 ];
-const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi"];
+const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi", "fs", "bus", "driver", "sys/dev"];
 /// /proc entries made read-only, as Docker does. In the jail's user namespace most of these
 /// already belong to (unmapped) host root; this also freezes the namespace-owned ones
-/// (e.g. the netns sysctls under sys/net).
-const PROC_READ_ONLY: &[&str] = &["bus", "fs", "irq", "sys", "sysrq-trigger"];
-/// /sys directories covered by an empty read-only tmpfs, as runc masks them: firmware tables
-/// (ACPI, DMI, EFI variables) and the RAPL energy counters of powercap, a known side channel
-/// on what other tenants compute.
-const SYS_MASKED_DIRS: &[&str] = &["firmware", "devices/virtual/powercap"];
+/// (e.g. the netns sysctls under sys/net). The read-only bind of `sys` is recursive, so it
+/// keeps the mask on `sys/dev`.
+const PROC_READ_ONLY: &[&str] = &["irq", "sys", "sysrq-trigger"];
 
 /// Most ptys one guest's devpts hands out. Every non-initial devpts instance draws from the
 /// host-wide pool of `kernel.pty.max` minus `kernel.pty.reserve` (3072 by default): without a
@@ -276,7 +293,7 @@ fn mount_overlay(plan: &RootPlan, host: &HostFds) -> Result<OwnedFd, Failure> {
     Ok(root)
 }
 
-fn with_log(failure: Failure, log: &str) -> Failure {
+pub(crate) fn with_log(failure: Failure, log: &str) -> Failure {
     if log.is_empty() {
         failure
     } else {
@@ -284,7 +301,7 @@ fn with_log(failure: Failure, log: &str) -> Failure {
     }
 }
 
-fn tmpfs(options: &[(&str, &str)]) -> Result<FsContext, Failure> {
+pub(crate) fn tmpfs(options: &[(&str, &str)]) -> Result<FsContext, Failure> {
     let ctx = FsContext::new("tmpfs").context(|| "creating a tmpfs instance")?;
     for (key, value) in options {
         ctx.set(key, value)
@@ -441,8 +458,8 @@ fn mask_proc(proc: BorrowedFd<'_>, host: &HostFds) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Mounts the network namespace's sysfs read-only at /sys, masks [`SYS_MASKED_DIRS`], and
-/// shows the sandbox's cgroups at /sys/fs/cgroup.
+/// Mounts the network namespace's sysfs read-only at /sys, covers all of it but what
+/// `sysview` shows, and shows the sandbox's cgroups at /sys/fs/cgroup.
 fn mount_sys(root: BorrowedFd<'_>, host: &HostFds) -> Result<(), Failure> {
     const WHAT: &str = "mounting /sys";
     let sysfs = FsContext::new("sysfs").context(|| "creating a sysfs instance")?;
@@ -462,14 +479,7 @@ fn mount_sys(root: BorrowedFd<'_>, host: &HostFds) -> Result<(), Failure> {
         .context(|| "creating the mountpoint /sys")?;
     newmount::attach(sys.as_fd(), target.as_fd()).context(|| WHAT)?;
     let sys = sys.as_fd();
-    for name in SYS_MASKED_DIRS {
-        let target = match resolve::open_in_root(sys, Path::new(name)) {
-            Ok(fd) => fd,
-            Err(nix::errno::Errno::ENOENT) => continue,
-            Err(e) => return Err(Failure::new(format!("opening /sys/{name}"), e)),
-        };
-        attach_empty(target.as_fd(), &format!("/sys/{name}"))?;
-    }
+    sysview::restrict(sys)?;
     mount_cgroup_views(sys, &host.cgroups)
 }
 

@@ -14,17 +14,26 @@
 //! 2. The host is canonicalised ([`normalize_host`]: IDNA to ASCII, lowercase, no trailing
 //!    dot). Raw IP addresses are refused, as is any `host:port` no [`Rule`] of the current
 //!    [`Policy`] allows.
-//! 3. The host is resolved once, on the host, unless a [`ResolveOverrides`] entry names its
-//!    address (then that address is used as is). Resolved addresses that are not
-//!    [`AddrClass::Public`] are dropped; if none remain the request is refused with the class
-//!    ("resolves to a loopback address (127.0.0.1)"). The proxy connects only to a checked
-//!    address, within 10 s, with `TCP_NODELAY`.
-//! 4. The client gets `200 Connection established`. For a [`Protocol::Tls`] rule its whole
-//!    ClientHello is read (at most 64 KiB, across records) and its SNI must equal the CONNECT
-//!    host; for [`Protocol::Ssh`] its first line must start with `SSH-2.0-`. Otherwise the
-//!    tunnel is closed (the client sees a TLS or SSH failure; the decision says why).
+//! 3. The client gets `200 Connection established`, and nothing else happens until its first
+//!    bytes are in and judged (within 30 s; a tunnel that never sends them costs no lookup and
+//!    no connection). For a [`Protocol::Tls`] rule that is its whole ClientHello (at most
+//!    64 KiB, across records and reads): every extension is walked; Encrypted ClientHello and
+//!    ESNI (which would let the server route by a name the proxy cannot read) are refused;
+//!    server_name must hold exactly one host_name, in ASCII, equal to the CONNECT host. For
+//!    [`Protocol::Ssh`] its first line must start with `SSH-2.0-`. A refused tunnel is closed,
+//!    a TLS client first getting a fatal alert (`access_denied`, `decode_error`); the decision
+//!    says why.
+//! 4. Only then is the host resolved, once, on the host, unless a [`ResolveOverrides`] entry
+//!    names its address (then that address is used as is). Resolved addresses that are not
+//!    [`AddrClass::Public`] are dropped; if none remain the tunnel is refused with the class
+//!    ("resolves to a loopback address (127.0.0.1)", alert `access_denied`). The proxy
+//!    connects only to a checked address, within 10 s, with `TCP_NODELAY` (a failure is
+//!    alert `internal_error`).
 //! 5. The buffered bytes go upstream and both directions are relayed with 256 KiB buffers,
-//!    half-close respected, until both sides end.
+//!    half-close respected, until both sides end. Until the server's real ServerHello has
+//!    passed and the client has gone encrypted, a watch reads the records both ways: any
+//!    later plaintext ClientHello (the answer to a HelloRetryRequest, or one sent unasked) is
+//!    judged as the first was, before it is forwarded.
 //!
 //! Each conversation ends in exactly one [`Decision`], given to the [`DecisionSink`]:
 //! [`JsonlSink`] writes `network.jsonl` (bounded), [`SummarySink`] aggregates a [`Summary`]
@@ -53,8 +62,9 @@
 //!
 //! Modules: `addr` (address classes), `host` (canonical names, allowlist patterns), `policy`
 //! (rules), `resolve` (overrides), `http` (request head and responses), `tls` (ClientHello
-//! parser), `sniff` (first bytes in the tunnel), `upstream` (resolve, check, connect), `relay`
-//! (counted bidirectional copy), `decision` (decisions and sinks), `jsonl` (the log file),
+//! parser), `sniff` (first bytes in the tunnel and their judgement), `watch` (later
+//! ClientHellos), `upstream` (resolve, check, connect), `relay` (counted, watched
+//! bidirectional copy), `decision` (decisions and sinks), `jsonl` (the log file),
 //! `summary` (aggregation), `proxy` (the conversation).
 
 mod addr;
@@ -70,6 +80,7 @@ mod sniff;
 mod summary;
 mod tls;
 mod upstream;
+mod watch;
 
 pub use addr::{classify, AddrClass};
 pub use decision::{Decision, DecisionSink, NullSink};
@@ -82,7 +93,7 @@ pub use summary::{
     HostReached, RefusalEntry, RefusalSummary, Summary, SummarySink, MAX_SUMMARY_HOSTS,
     MAX_SUMMARY_REFUSALS,
 };
-pub use tls::{parse_client_hello, Hello, HelloError};
+pub use tls::{parse_client_hello, ClientHello, Hello, HelloError};
 
 #[cfg(test)]
 mod proxy_tests;

@@ -12,10 +12,12 @@ use crate::decision::{Decision, DecisionSink};
 use crate::host::{normalize_host, HostError};
 use crate::http::{self, HeadError, Request};
 use crate::policy::{Policy, Protocol, Rule};
-use crate::relay::{relay, Counts};
+use crate::relay::{relay, Counts, RelayError};
 use crate::resolve::ResolveOverrides;
 use crate::sniff;
+use crate::tls::{fatal_alert, Alert};
 use crate::upstream;
+use crate::watch::TlsWatch;
 
 /// Bounds of one conversation. The defaults suit real clients; tests shorten the timeouts.
 #[derive(Clone, Debug)]
@@ -26,7 +28,8 @@ pub struct Limits {
     pub head_timeout: Duration,
     /// Time to resolve and connect upstream.
     pub connect_timeout: Duration,
-    /// Time, after the 200, to send the ClientHello or the SSH version line.
+    /// Time, after the 200, to send the whole ClientHello or SSH version line; nothing is
+    /// resolved or connected before they are in and judged.
     pub first_bytes_timeout: Duration,
     /// Largest ClientHello, all its records together.
     pub max_client_hello: usize,
@@ -69,25 +72,38 @@ struct Facts {
 }
 
 /// A refused conversation. `status` is the HTTP answer, or `None` to close without one
-/// (the client stopped talking, or the 200 was already sent).
+/// (the client stopped talking, or the 200 was already sent); then `alert`, if any, tells a
+/// TLS client why its handshake ends.
 struct Refusal {
     status: Option<u16>,
+    alert: Option<Alert>,
     reason: String,
+    /// Bytes relayed before a refusal that came during the relay.
+    counts: Counts,
 }
 
 impl Refusal {
     fn http(status: u16, reason: impl Into<String>) -> Refusal {
         Refusal {
             status: Some(status),
+            alert: None,
             reason: reason.into(),
+            counts: Counts::default(),
         }
     }
 
     fn close(reason: impl Into<String>) -> Refusal {
         Refusal {
             status: None,
+            alert: None,
             reason: reason.into(),
+            counts: Counts::default(),
         }
+    }
+
+    fn with_alert(mut self, alert: Option<Alert>) -> Refusal {
+        self.alert = alert;
+        self
     }
 }
 
@@ -154,14 +170,17 @@ impl Proxy {
                 (true, reason, relayed.counts)
             }
             Err(refusal) => {
+                // The client may already be gone; the decision is recorded either way.
                 if let Some(status) = refusal.status {
                     let body = refusal_body(status, &refusal.reason, facts.policy.as_deref());
                     let response = http::refusal_response(status, &refusal.reason, &body);
-                    // The client may already be gone; the decision is recorded either way.
                     let _ = client.write_all(&response).await;
                     let _ = client.shutdown().await;
+                } else if let Some(alert) = refusal.alert {
+                    let _ = client.write_all(&fatal_alert(alert)).await;
+                    let _ = client.shutdown().await;
                 }
-                (false, refusal.reason, Counts::default())
+                (false, refusal.reason, refusal.counts)
             }
         };
         let decision = Decision {
@@ -247,14 +266,6 @@ impl Proxy {
             return Err(Refusal::http(403, reason));
         };
         facts.protocol = Some(rule.protocol);
-
-        let upstream = upstream::connect(&host, port, &self.overrides, limits.connect_timeout)
-            .await
-            .map_err(|err| {
-                facts.addr = err.addr(port);
-                Refusal::http(err.status(), err.to_string())
-            })?;
-        facts.addr = Some(upstream.addr);
         client
             .write_all(http::CONNECTED)
             .await
@@ -262,44 +273,91 @@ impl Proxy {
 
         // Bytes after the head are the start of the tunnel (a client that did not wait).
         let mut first = buf.split_off(head_end);
-        let checked = match rule.protocol {
+        let watch = self
+            .judge_first_bytes(client, &mut first, &host, rule.protocol)
+            .await?;
+
+        // Only now, with the first bytes judged, is the name resolved and the upstream
+        // reached: a tunnel that never sends them, or sends refused ones, costs no lookup and
+        // no connection.
+        let upstream = upstream::connect(&host, port, &self.overrides, limits.connect_timeout)
+            .await
+            .map_err(|err| {
+                facts.addr = err.addr(port);
+                let alert = (rule.protocol == Protocol::Tls).then(|| err.alert());
+                Refusal::close(err.to_string()).with_alert(alert)
+            })?;
+        facts.addr = Some(upstream.addr);
+
+        let (counts, error) =
+            relay(client, upstream.stream, &first, limits.relay_buffer, watch).await;
+        match error {
+            Some(RelayError::Refused(err)) => Err(Refusal {
+                status: None,
+                alert: err.alert(),
+                reason: err.to_string(),
+                counts,
+            }),
+            Some(RelayError::Io(err)) => Ok(Relayed {
+                rule,
+                overridden: upstream.overridden,
+                counts,
+                error: Some(err),
+            }),
+            None => Ok(Relayed {
+                rule,
+                overridden: upstream.overridden,
+                counts,
+                error: None,
+            }),
+        }
+    }
+
+    /// Reads and judges the tunnel's first bytes, within [`Limits::first_bytes_timeout`] and
+    /// [`Limits::max_client_hello`]: for TLS the whole ClientHello and whatever came with it,
+    /// for SSH the version line. A TLS tunnel gets the watch over the rest of its handshake.
+    async fn judge_first_bytes<S>(
+        &self,
+        client: &mut S,
+        first: &mut Vec<u8>,
+        host: &str,
+        protocol: Protocol,
+    ) -> Result<Option<TlsWatch>, Refusal>
+    where
+        S: AsyncRead + Unpin,
+    {
+        let limits = &self.limits;
+        let too_slow = |what: &str| {
+            Refusal::close(format!(
+                "the client sent no {what} within {} s of the 200",
+                limits.first_bytes_timeout.as_secs()
+            ))
+        };
+        match protocol {
             Protocol::Tls => {
-                timeout(
+                let consumed = timeout(
                     limits.first_bytes_timeout,
-                    sniff::client_hello(client, &mut first, &host, limits.max_client_hello),
+                    sniff::client_hello(client, first, host, limits.max_client_hello),
                 )
                 .await
+                .map_err(|_| too_slow("complete TLS ClientHello"))?
+                .map_err(|err| Refusal::close(err.to_string()).with_alert(err.alert()))?;
+                // A client that did not wait may have sent more records, a second ClientHello
+                // among them: they are judged before anything is forwarded.
+                let watch = TlsWatch::new(host, limits.max_client_hello);
+                watch
+                    .client_bytes(&first[consumed..])
+                    .map_err(|err| Refusal::close(err.to_string()).with_alert(err.alert()))?;
+                Ok(Some(watch))
             }
             Protocol::Ssh => {
-                timeout(
-                    limits.first_bytes_timeout,
-                    sniff::ssh_banner(client, &mut first),
-                )
-                .await
-            }
-        };
-        match checked {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => return Err(Refusal::close(err.to_string())),
-            Err(_) => {
-                return Err(Refusal::close(format!(
-                    "the client sent no {} within {} s of the 200",
-                    match rule.protocol {
-                        Protocol::Tls => "complete TLS ClientHello",
-                        Protocol::Ssh => "SSH version line",
-                    },
-                    limits.first_bytes_timeout.as_secs()
-                )))
+                timeout(limits.first_bytes_timeout, sniff::ssh_banner(client, first))
+                    .await
+                    .map_err(|_| too_slow("SSH version line"))?
+                    .map_err(|err| Refusal::close(err.to_string()))?;
+                Ok(None)
             }
         }
-
-        let (counts, error) = relay(client, upstream.stream, &first, limits.relay_buffer).await;
-        Ok(Relayed {
-            rule,
-            overridden: upstream.overridden,
-            counts,
-            error,
-        })
     }
 }
 

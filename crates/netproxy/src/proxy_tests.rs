@@ -1,10 +1,11 @@
 //! Tests of whole conversations through [`Proxy::serve`]: the client is an in-memory duplex
 //! stream, upstreams are real TCP listeners on 127.0.0.1 reached through resolve overrides.
 //! Refusal tests never reach DNS or the network: they are refused before resolving, or (for
-//! "localhost") resolved from /etc/hosts and refused before connecting.
+//! "localhost") resolved from /etc/hosts and refused before connecting. Tests of what must not
+//! connect count the connections their own listener accepted ([`Listener::accepted`]).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
@@ -86,6 +87,56 @@ async fn upstream(reply: Vec<u8>) -> (SocketAddr, JoinHandle<Vec<u8>>) {
     (addr, task)
 }
 
+/// A loopback listener that accepts every connection, keeps it open until its client closes,
+/// and records who connected, so that a test can say how many connections the proxy made.
+struct Listener {
+    addr: SocketAddr,
+    peers: Arc<Mutex<Vec<SocketAddr>>>,
+    _task: JoinHandle<()>,
+}
+
+impl Listener {
+    async fn start() -> Listener {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peers = Arc::new(Mutex::new(Vec::new()));
+        let seen = peers.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let (mut stream, peer) = listener.accept().await.unwrap();
+                seen.lock().unwrap().push(peer);
+                tokio::spawn(async move {
+                    let mut sink = Vec::new();
+                    let _ = stream.read_to_end(&mut sink).await;
+                });
+            }
+        });
+        Listener {
+            addr,
+            peers,
+            _task: task,
+        }
+    }
+
+    /// Connections accepted so far, not counting a probe of its own: the probe connects
+    /// last, and the kernel queues connections in order, so once the probe is accepted every
+    /// earlier connection has been counted.
+    async fn accepted(&self) -> usize {
+        let probe = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        let me = probe.local_addr().unwrap();
+        loop {
+            {
+                let mut peers = self.peers.lock().unwrap();
+                if let Some(before_probe) = peers.iter().position(|p| *p == me) {
+                    peers.remove(before_probe);
+                    return before_probe;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
 fn policy(hosts: &[&str]) -> Policy {
     Policy::https_hosts(hosts).unwrap()
 }
@@ -138,14 +189,16 @@ async fn allowed_connect_relays_both_ways_and_counts() {
     let hello = hello_for("registry.example", 0);
     let mut sent = connect_request("Registry.Example.:443");
     sent.extend_from_slice(&hello);
-    sent.extend_from_slice(b"application data");
+    // What a client sends after its hello is TLS records: early data here.
+    let early = [23, 3, 3, 0, 4, b'd', b'a', b't', b'a'];
+    sent.extend_from_slice(&early);
     let (answer, decision) = h.exchange(&sent).await;
 
     let (head, tunnel) = split_answer(&answer);
     assert_eq!(head, "HTTP/1.1 200 Connection established\r\n\r\n");
     assert_eq!(tunnel, reply);
     let mut expected_up = hello.clone();
-    expected_up.extend_from_slice(b"application data");
+    expected_up.extend_from_slice(&early);
     assert_eq!(server.await.unwrap(), expected_up);
 
     assert!(decision.allowed, "{decision:?}");
@@ -336,51 +389,137 @@ async fn a_head_that_never_ends_times_out() {
 
 #[tokio::test]
 async fn a_name_resolving_to_loopback_is_refused_without_connecting() {
-    // "localhost" comes from /etc/hosts; the proxy refuses before any connect.
+    // "localhost" comes from /etc/hosts; the proxy resolves it only after an allowed hello,
+    // and refuses before any connect.
     let h = harness(policy(&["localhost"]), ResolveOverrides::none());
-    let (answer, decision) = h.exchange(&connect_request("localhost:443")).await;
-    assert_refused(&answer, "403", "localhost resolves to a loopback address (");
+    let mut sent = connect_request("localhost:443");
+    sent.extend_from_slice(&hello_for("localhost", 0));
+    let (answer, decision) = h.exchange(&sent).await;
+    let (head, tunnel) = split_answer(&answer);
+    assert_eq!(head, "HTTP/1.1 200 Connection established\r\n\r\n");
+    assert_eq!(tunnel, ACCESS_DENIED, "a TLS alert ends the handshake");
     assert!(!decision.allowed);
+    assert!(
+        decision
+            .reason
+            .contains("localhost resolves to a loopback address ("),
+        "{}",
+        decision.reason
+    );
     let addr: SocketAddr = decision.addr.as_deref().unwrap().parse().unwrap();
     assert_eq!(classify(addr.ip()), AddrClass::Loopback);
     assert_eq!(decision.protocol, Some(Protocol::Tls));
 }
 
-/// Sends CONNECT and `first` into a tunnel whose upstream must receive nothing.
-async fn refused_in_tunnel(first: &[u8], fragment: &str) {
-    let (addr, server) = upstream(Vec::new()).await;
+/// The fatal alerts the proxy ends a refused handshake with.
+const ACCESS_DENIED: &[u8] = &[21, 3, 3, 0, 2, 2, 49];
+const DECODE_ERROR: &[u8] = &[21, 3, 3, 0, 2, 2, 50];
+
+/// Sends CONNECT and `first` into a tunnel that must make no upstream connection; returns
+/// what the client got after the 200, and the decision.
+async fn refused_in_tunnel(first: &[u8], fragment: &str) -> (Vec<u8>, Decision) {
+    let upstream = Listener::start().await;
     let h = harness(
         policy(&["registry.example"]),
-        overrides(&[("registry.example", 443, addr)]),
+        overrides(&[("registry.example", 443, upstream.addr)]),
     );
     let mut sent = connect_request("registry.example:443");
     sent.extend_from_slice(first);
     let (answer, decision) = h.exchange(&sent).await;
-    assert_eq!(answer, b"HTTP/1.1 200 Connection established\r\n\r\n");
-    assert!(
-        server.await.unwrap().is_empty(),
-        "nothing forwarded upstream"
-    );
+    let (head, tunnel) = split_answer(&answer);
+    assert_eq!(head, "HTTP/1.1 200 Connection established\r\n\r\n");
+    assert_eq!(upstream.accepted().await, 0, "no upstream connection");
     assert!(!decision.allowed);
     assert!(decision.reason.contains(fragment), "{}", decision.reason);
-    assert_eq!(decision.addr, Some(addr.to_string()));
+    assert_eq!(decision.addr, None, "not even resolved");
     assert_eq!((decision.bytes_up, decision.bytes_down), (0, 0));
     assert_eq!(h.log_lines().len(), 1);
+    (tunnel, decision)
 }
 
 #[tokio::test]
 async fn sni_mismatch_is_refused() {
-    refused_in_tunnel(
+    let (tunnel, _) = refused_in_tunnel(
         &hello_for("other.example", 0),
         "the TLS SNI \"other.example\" differs from the CONNECT host \"registry.example\"",
     )
     .await;
+    assert_eq!(tunnel, ACCESS_DENIED);
+    // A U-label where RFC 6066 wants the A-label: the server would not map it as the proxy.
+    let mut host = "registry.example".to_owned();
+    host.insert(0, '\u{e9}');
+    let policy_host = normalize_host(&host).unwrap();
+    assert!(policy_host.starts_with("xn--"), "{policy_host}");
+    let upstream = Listener::start().await;
+    let h = harness(
+        policy(&[policy_host.as_str()]),
+        overrides(&[(policy_host.as_str(), 443, upstream.addr)]),
+    );
+    let mut sent = connect_request(&format!("{policy_host}:443"));
+    sent.extend_from_slice(&hello_for(&host, 0));
+    let (_, decision) = h.exchange(&sent).await;
+    assert!(decision.reason.contains("differs"), "{}", decision.reason);
+    assert_eq!(upstream.accepted().await, 0);
 }
 
 #[tokio::test]
 async fn missing_sni_is_refused() {
     let hello = records(&client_hello(Some(extension(43, &[2, 3, 4]))), 1 << 14);
     refused_in_tunnel(&hello, "has no SNI").await;
+    refused_in_tunnel(&records(&client_hello(None), 1 << 14), "has no SNI").await;
+}
+
+#[tokio::test]
+async fn hellos_hiding_the_server_name_are_refused() {
+    for (code, name) in [
+        (0xfe0d, "encrypted_client_hello (0xfe0d)"),
+        (0xfe0a, "encrypted_client_hello (draft 10) (0xfe0a)"),
+        (0xffce, "encrypted_server_name (ESNI) (0xffce)"),
+        (0xfd00, "ech_outer_extensions (0xfd00)"),
+    ] {
+        // The outer SNI is the CONNECT host, as an ECH client's public name would be.
+        let mut ext = sni("registry.example");
+        ext.extend_from_slice(&extension(code, &[0, 1, 2, 3, 4, 5]));
+        let hello = records(&client_hello(Some(ext)), 1 << 14);
+        let (tunnel, _) = refused_in_tunnel(&hello, name).await;
+        assert_eq!(tunnel, ACCESS_DENIED);
+    }
+}
+
+#[tokio::test]
+async fn ambiguous_server_names_are_refused() {
+    let mut two = Vec::new();
+    for host in ["registry.example", "other.example"] {
+        two.push(0);
+        two.extend_from_slice(&u16::try_from(host.len()).unwrap().to_be_bytes());
+        two.extend_from_slice(host.as_bytes());
+    }
+    let mut data = u16::try_from(two.len()).unwrap().to_be_bytes().to_vec();
+    data.extend_from_slice(&two);
+    let hello = records(&client_hello(Some(extension(0, &data))), 1 << 14);
+    let (tunnel, _) = refused_in_tunnel(&hello, "more than one name in server_name").await;
+    assert_eq!(tunnel, DECODE_ERROR);
+    let mut twice = sni("registry.example");
+    twice.extend_from_slice(&sni("other.example"));
+    let hello = records(&client_hello(Some(twice)), 1 << 14);
+    refused_in_tunnel(&hello, "an extension appears twice").await;
+}
+
+#[tokio::test]
+async fn a_second_hello_sent_with_the_first_is_refused_before_connecting() {
+    let mut both = hello_for("registry.example", 0);
+    both.extend_from_slice(&hello_for("other.example", 0));
+    let (tunnel, _) = refused_in_tunnel(&both, "a later TLS ClientHello in the tunnel").await;
+    assert_eq!(tunnel, ACCESS_DENIED);
+    // Within the same records as the first: not a ClientHello followed by records, but one
+    // flight holding two messages.
+    let mut flight = client_hello(Some(sni("registry.example")));
+    flight.extend_from_slice(&client_hello(Some(sni("other.example"))));
+    refused_in_tunnel(
+        &records(&flight, 1 << 14),
+        "handshake data after the ClientHello",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -388,13 +527,210 @@ async fn malformed_client_hello_is_refused() {
     let mut hello = hello_for("registry.example", 0);
     hello[9] ^= 0x40; // corrupt the handshake length
     refused_in_tunnel(&hello, "ClientHello").await;
-    refused_in_tunnel(b"GET / HTTP/1.1\r\n\r\n", "not a TLS handshake record").await;
+    let (tunnel, _) =
+        refused_in_tunnel(b"GET / HTTP/1.1\r\n\r\n", "not a TLS handshake record").await;
+    assert!(
+        tunnel.is_empty(),
+        "no TLS alert to a client that is not TLS"
+    );
+    refused_in_tunnel(b"SSH-2.0-OpenSSH_9.2\r\n", "not a TLS handshake record").await;
     let hello = hello_for("registry.example", 0);
     refused_in_tunnel(
         &hello[..hello.len() - 3],
         "closed the tunnel before sending a TLS ClientHello",
     )
     .await;
+    refused_in_tunnel(b"", "closed the tunnel before sending a TLS ClientHello").await;
+}
+
+#[tokio::test]
+async fn tunnels_without_a_whole_hello_make_no_connection() {
+    let upstream = Listener::start().await;
+    let limits = Limits {
+        first_bytes_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let h = harness_with(
+        policy(&["registry.example"]),
+        overrides(&[("registry.example", 443, upstream.addr)]),
+        limits,
+    );
+    let hello = records(&client_hello(Some(sni("registry.example"))), 40);
+    let mut tunnels = Vec::new();
+    for i in 0..40 {
+        let (mut client, decision) = h.connect();
+        client
+            .write_all(&connect_request("registry.example:443"))
+            .await
+            .unwrap();
+        let mut ok = [0u8; 39];
+        client.read_exact(&mut ok).await.unwrap();
+        assert_eq!(&ok, b"HTTP/1.1 200 Connection established\r\n\r\n");
+        // Half send nothing, half a prefix of a valid hello; all keep the tunnel open.
+        if i % 2 == 1 {
+            client.write_all(&hello[..hello.len() - 1]).await.unwrap();
+        }
+        tunnels.push((client, decision));
+    }
+    for (client, decision) in tunnels {
+        let decision = decision.await.unwrap();
+        assert!(!decision.allowed);
+        assert!(
+            decision
+                .reason
+                .contains("no complete TLS ClientHello within"),
+            "{}",
+            decision.reason
+        );
+        assert_eq!(decision.addr, None);
+        drop(client);
+    }
+    assert_eq!(upstream.accepted().await, 0);
+}
+
+#[tokio::test]
+async fn a_hello_larger_than_the_bound_is_refused_unread() {
+    let limits = Limits {
+        max_client_hello: 1024,
+        ..Limits::default()
+    };
+    let upstream = Listener::start().await;
+    let h = harness_with(
+        policy(&["registry.example"]),
+        overrides(&[("registry.example", 443, upstream.addr)]),
+        limits,
+    );
+    let mut sent = connect_request("registry.example:443");
+    sent.extend_from_slice(&hello_for("registry.example", 2000));
+    let (answer, decision) = h.exchange(&sent).await;
+    assert!(answer.ends_with(DECODE_ERROR));
+    assert!(
+        decision.reason.contains("larger than 1024 bytes"),
+        "{}",
+        decision.reason
+    );
+    assert_eq!(upstream.accepted().await, 0);
+}
+
+/// A scripted TLS server on loopback: answers the first ClientHello with `first_reply`, then
+/// keeps everything else it receives; returns it when the proxy closes.
+async fn scripted_server(first_reply: Vec<u8>) -> (SocketAddr, JoinHandle<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let mut replied = false;
+        loop {
+            let n = stream.read(&mut chunk).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&chunk[..n]);
+            if !replied && matches!(parse_client_hello(&got), Ok(Hello::Complete { .. })) {
+                stream.write_all(&first_reply).await.unwrap();
+                replied = true;
+            }
+        }
+        got
+    });
+    (addr, task)
+}
+
+/// A HelloRetryRequest record, and a ServerHello one, as a TLS 1.3 server sends them.
+fn server_hello_record(retry: bool) -> Vec<u8> {
+    let mut body = vec![3, 3];
+    body.extend_from_slice(if retry {
+        &crate::tls::HELLO_RETRY_RANDOM
+    } else {
+        &[5; 32]
+    });
+    body.extend_from_slice(&[0, 0x13, 0x01, 0, 0, 0]);
+    let mut msg = vec![2];
+    msg.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes()[1..]);
+    msg.extend_from_slice(&body);
+    records(&msg, 1 << 14)
+}
+
+/// Opens a tunnel, sends `first` and reads the 200 and `expect` bytes; returns the client.
+async fn open_tunnel(h: &Harness, first: &[u8], expect: usize) -> (DuplexStream, Vec<u8>) {
+    let (mut client, _) = h.connect();
+    let mut sent = connect_request("registry.example:443");
+    sent.extend_from_slice(first);
+    client.write_all(&sent).await.unwrap();
+    let mut got = vec![0u8; 39 + expect];
+    client.read_exact(&mut got).await.unwrap();
+    (client, got.split_off(39))
+}
+
+#[tokio::test]
+async fn the_hello_after_a_retry_request_is_judged_too() {
+    let ccs = [20u8, 3, 3, 0, 1, 1];
+    let retry = server_hello_record(true);
+    for (second, allowed) in [
+        (hello_for("registry.example", 0), true),
+        (hello_for("other.example", 0), false),
+    ] {
+        let (addr, server) = scripted_server(retry.clone()).await;
+        let h = harness(
+            policy(&["registry.example"]),
+            overrides(&[("registry.example", 443, addr)]),
+        );
+        let first = hello_for("registry.example", 0);
+        let (mut client, got) = open_tunnel(&h, &first, retry.len()).await;
+        assert_eq!(got, retry, "the retry request reaches the client");
+        // TLS 1.3 compatibility mode: change_cipher_spec, then the second hello, in one
+        // write, so that a refusal drops both.
+        let mut flight = ccs.to_vec();
+        flight.extend_from_slice(&second);
+        client.write_all(&flight).await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.unwrap();
+        let upstream_got = server.await.unwrap();
+        let mut expected = first.clone();
+        if allowed {
+            expected.extend_from_slice(&flight);
+            assert!(rest.is_empty(), "{rest:?}");
+        } else {
+            assert_eq!(rest, ACCESS_DENIED);
+        }
+        assert_eq!(upstream_got, expected, "allowed: {allowed}");
+        let lines = h.log_lines();
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0]["allowed"], allowed, "{}", lines[0]);
+        if !allowed {
+            let reason = lines[0]["reason"].as_str().unwrap();
+            assert!(reason.contains("a later TLS ClientHello"), "{reason}");
+            assert_eq!(lines[0]["bytesUp"], expected.len());
+        }
+    }
+}
+
+#[tokio::test]
+async fn after_the_server_hello_the_relay_only_copies() {
+    let real = server_hello_record(false);
+    let (addr, server) = scripted_server(real.clone()).await;
+    let h = harness(
+        policy(&["registry.example"]),
+        overrides(&[("registry.example", 443, addr)]),
+    );
+    let first = hello_for("registry.example", 0);
+    let (mut client, got) = open_tunnel(&h, &first, real.len()).await;
+    assert_eq!(got, real);
+    // Encrypted records, then bytes that are no records at all: no longer the watch's.
+    let mut later = vec![23, 3, 3, 0, 3, 1, 2, 3];
+    later.extend_from_slice(&hello_for("other.example", 0)[..10]);
+    later.extend_from_slice(b"not a record");
+    client.write_all(&later).await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    client.read_to_end(&mut rest).await.unwrap();
+    let mut expected = first;
+    expected.extend_from_slice(&later);
+    assert_eq!(server.await.unwrap(), expected);
+    assert_eq!(h.log_lines()[0]["allowed"], true);
 }
 
 #[tokio::test]
@@ -412,19 +748,28 @@ async fn ssh_rules_check_the_banner() {
     assert!(decision.allowed);
     assert_eq!(decision.protocol, Some(Protocol::Ssh));
 
-    // TLS (or anything else) on the SSH rule's port is refused.
-    let (addr, server) = upstream(Vec::new()).await;
-    let h = harness(p, overrides(&[("git.example", 22, addr)]));
+    // TLS (or anything else) on the SSH rule's port is refused, as is a tunnel closed
+    // before its version line: neither connects.
+    let upstream = Listener::start().await;
+    let h = harness(p, overrides(&[("git.example", 22, upstream.addr)]));
     let mut sent = connect_request("git.example:22");
     sent.extend_from_slice(&hello_for("git.example", 0));
     let (_, decision) = h.exchange(&sent).await;
-    assert!(server.await.unwrap().is_empty());
     assert!(!decision.allowed);
     assert!(
         decision.reason.contains("not an SSH-2.0 client"),
         "{}",
         decision.reason
     );
+    let (_, decision) = h.exchange(&connect_request("git.example:22")).await;
+    assert!(
+        decision
+            .reason
+            .contains("before sending an SSH version line"),
+        "{}",
+        decision.reason
+    );
+    assert_eq!(upstream.accepted().await, 0);
     // And port 443 is not allowed for an SSH-only host.
     let (answer, _) = h.exchange(&connect_request("git.example:443")).await;
     assert_refused(
@@ -435,7 +780,7 @@ async fn ssh_rules_check_the_banner() {
 }
 
 #[tokio::test]
-async fn connect_failure_is_a_502() {
+async fn connect_failure_after_the_hello_ends_it_with_an_alert() {
     // Bind then drop: a loopback port with nothing listening.
     let addr = TcpListener::bind("127.0.0.1:0")
         .await
@@ -446,9 +791,19 @@ async fn connect_failure_is_a_502() {
         policy(&["registry.example"]),
         overrides(&[("registry.example", 443, addr)]),
     );
-    let (answer, decision) = h.exchange(&connect_request("registry.example:443")).await;
-    assert_refused(&answer, "502", "could not connect to registry.example");
+    let mut sent = connect_request("registry.example:443");
+    sent.extend_from_slice(&hello_for("registry.example", 0));
+    let (answer, decision) = h.exchange(&sent).await;
+    let (_, tunnel) = split_answer(&answer);
+    assert_eq!(tunnel, [21, 3, 3, 0, 2, 2, 80], "internal_error");
     assert!(!decision.allowed);
+    assert!(
+        decision
+            .reason
+            .contains("could not connect to registry.example"),
+        "{}",
+        decision.reason
+    );
     assert_eq!(decision.addr, Some(addr.to_string()));
 }
 

@@ -1,11 +1,14 @@
 //! Relaying an allowed tunnel: the client's buffered first bytes, then both directions with
-//! large buffers until both sides are done, counting bytes even when it ends in an error.
+//! large buffers until both sides are done, counting bytes even when it ends in an error. A
+//! TLS tunnel's bytes pass its [`TlsWatch`] on the way, each read before it is written on.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use crate::watch::{TlsWatch, WatchError};
 
 /// Bytes moved by one tunnel.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -16,21 +19,36 @@ pub(crate) struct Counts {
     pub down: u64,
 }
 
-/// Writes `first` upstream, then copies both ways until each side has shut down its half.
+/// How a relay ended badly.
+#[derive(Debug)]
+pub(crate) enum RelayError {
+    /// The watch refused what the client sent next; it was not forwarded.
+    Refused(WatchError),
+    Io(io::Error),
+}
+
+/// Writes `first` upstream (the watch has seen it already), then copies both ways until each
+/// side has shut down its half, passing each direction's bytes to `watch` if there is one.
 /// Returns the counts and the error that ended the relay, if one did.
 pub(crate) async fn relay<C, U>(
     client: &mut C,
     upstream: U,
     first: &[u8],
     buffer_size: usize,
-) -> (Counts, Option<io::Error>)
+    watch: Option<TlsWatch>,
+) -> (Counts, Option<RelayError>)
 where
     C: AsyncRead + AsyncWrite + Unpin + ?Sized,
     U: AsyncRead + AsyncWrite + Unpin,
 {
+    let mut client = Watched {
+        inner: client,
+        watch: watch.clone(),
+    };
     let mut upstream = Counting {
         inner: upstream,
         counts: Counts::default(),
+        watch,
     };
     let result = async {
         if !first.is_empty() {
@@ -38,17 +56,86 @@ where
         }
         // Half-close: when one side ends, its peer's write half is shut down and the other
         // direction keeps flowing until it ends too.
-        tokio::io::copy_bidirectional_with_sizes(client, &mut upstream, buffer_size, buffer_size)
-            .await
+        tokio::io::copy_bidirectional_with_sizes(
+            &mut client,
+            &mut upstream,
+            buffer_size,
+            buffer_size,
+        )
+        .await
     }
     .await;
-    (upstream.counts, result.err())
+    let error = result.err().map(|err| {
+        if err.get_ref().is_some_and(|inner| inner.is::<WatchError>()) {
+            let inner = err
+                .into_inner()
+                .expect("checked: the error has an inner error");
+            match inner.downcast::<WatchError>() {
+                Ok(refused) => RelayError::Refused(*refused),
+                Err(other) => RelayError::Io(io::Error::other(other)),
+            }
+        } else {
+            RelayError::Io(err)
+        }
+    });
+    (upstream.counts, error)
 }
 
-/// Counts the bytes through a stream.
+/// The client's side: what it sends passes the watch before the relay may forward it.
+struct Watched<'a, C: ?Sized> {
+    inner: &'a mut C,
+    watch: Option<TlsWatch>,
+}
+
+impl<C: AsyncRead + Unpin + ?Sized> AsyncRead for Watched<'_, C> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut *self.inner).poll_read(cx, buf);
+        if let (Poll::Ready(Ok(())), Some(watch)) = (&poll, &self.watch) {
+            if let Err(refused) = watch.client_bytes(&buf.filled()[before..]) {
+                // Unread what was refused, so that the copy cannot forward any of it.
+                buf.set_filled(before);
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    refused,
+                )));
+            }
+            if watch.finished() {
+                self.watch = None;
+            }
+        }
+        poll
+    }
+}
+
+impl<C: AsyncWrite + Unpin + ?Sized> AsyncWrite for Watched<'_, C> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Counts the bytes through the upstream, and shows what the server sends to the watch
+/// before the client gets it.
 struct Counting<S> {
     inner: S,
     counts: Counts,
+    watch: Option<TlsWatch>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Counting<S> {
@@ -60,7 +147,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for Counting<S> {
         let before = buf.filled().len();
         let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = poll {
-            self.counts.down += (buf.filled().len() - before) as u64;
+            let read = &buf.filled()[before..];
+            self.counts.down += read.len() as u64;
+            if let Some(watch) = &self.watch {
+                watch.server_bytes(read);
+                if watch.finished() {
+                    self.watch = None;
+                }
+            }
         }
         poll
     }
@@ -97,10 +191,9 @@ mod tests {
     async fn relays_both_ways_with_half_close_and_counts() {
         let (mut client, mut client_side) = tokio::io::duplex(1024);
         let (upstream_side, mut server) = tokio::io::duplex(1024);
-        let proxy =
-            tokio::spawn(
-                async move { relay(&mut client_side, upstream_side, b"first-", 4096).await },
-            );
+        let proxy = tokio::spawn(async move {
+            relay(&mut client_side, upstream_side, b"first-", 4096, None).await
+        });
         client.write_all(b"request").await.unwrap();
         client.shutdown().await.unwrap();
         let mut got = Vec::new();

@@ -1,10 +1,12 @@
-//! The first bytes inside an opened tunnel: a whole TLS ClientHello whose SNI is the CONNECT
-//! host, or an SSH-2.0 version line. Reads are bounded; what was read is kept to forward.
+//! The first bytes inside an opened tunnel: a whole TLS ClientHello that is judged to go to
+//! the CONNECT host, or an SSH-2.0 version line. Reads are bounded; what was read is kept to
+//! forward. Nothing here touches the network: the proxy connects upstream only after this
+//! judgement allowed the tunnel.
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::host::normalize_host;
-use crate::tls::{parse_client_hello, Hello, HelloError};
+use crate::tls::{parse_client_hello, Alert, ClientHello, Hello, HelloError};
 
 /// Longest SSH identification line, CR LF included (RFC 4253 §4.2).
 const MAX_SSH_LINE: usize = 255;
@@ -19,6 +21,8 @@ pub(crate) enum SniffError {
     HelloTooLarge(usize),
     #[error("{0}")]
     Hello(#[from] HelloError),
+    #[error("the TLS ClientHello carries {name} ({code:#06x}): the server would read the real server name from it, where the proxy cannot check it; turn ECH/ESNI off for this client")]
+    Concealed { code: u16, name: &'static str },
     #[error("the TLS ClientHello has no SNI (server name); the proxy checks it against the CONNECT host")]
     NoSni,
     #[error("the TLS SNI {sni:?} differs from the CONNECT host {host:?}")]
@@ -29,26 +33,52 @@ pub(crate) enum SniffError {
     Io(#[from] std::io::Error),
 }
 
-/// Reads until `buf` holds a whole ClientHello, refusing it unless its SNI is `host`
-/// (canonical). `buf` may already hold bytes; on success it holds everything read.
+impl SniffError {
+    /// The TLS alert that tells a TLS client why its handshake ends, if it sent one.
+    pub(crate) fn alert(&self) -> Option<Alert> {
+        match self {
+            SniffError::Hello(HelloError::NotHandshake(_)) => None,
+            SniffError::Hello(_) | SniffError::HelloTooLarge(_) => Some(Alert::DecodeError),
+            SniffError::Concealed { .. } | SniffError::NoSni | SniffError::SniMismatch { .. } => {
+                Some(Alert::AccessDenied)
+            }
+            SniffError::Closed(_) | SniffError::NotSsh | SniffError::Io(_) => None,
+        }
+    }
+}
+
+/// Reads until `buf` holds a whole ClientHello and judges it ([`judge_hello`]). `buf` may
+/// already hold bytes; on success it holds everything read, and the returned count is how
+/// many of them the ClientHello's records took.
 pub(crate) async fn client_hello<S: AsyncRead + Unpin>(
     client: &mut S,
     buf: &mut Vec<u8>,
     host: &str,
     max: usize,
-) -> Result<(), SniffError> {
-    let server_name = loop {
+) -> Result<usize, SniffError> {
+    let (hello, consumed) = loop {
         match parse_client_hello(buf)? {
-            Hello::Complete { server_name, .. } => break server_name,
+            Hello::Complete { hello, consumed } => break (hello, consumed),
             Hello::Incomplete if buf.len() >= max => return Err(SniffError::HelloTooLarge(max)),
             Hello::Incomplete => read_more(client, buf, max, "a TLS ClientHello").await?,
         }
     };
-    let raw = server_name.ok_or(SniffError::NoSni)?;
-    let sni = String::from_utf8_lossy(&raw).into_owned();
-    // SNI carries A-labels; canonicalising anyway makes "Example.COM." equal "example.com".
+    judge_hello(&hello, host)?;
+    Ok(consumed)
+}
+
+/// Allows a ClientHello only if the server can learn no name from it but `host` (canonical):
+/// no extension that hides a name (ECH, ESNI), and an SNI that is `host` in ASCII.
+pub(crate) fn judge_hello(hello: &ClientHello, host: &str) -> Result<(), SniffError> {
+    if let Some((code, name)) = hello.concealing_extension() {
+        return Err(SniffError::Concealed { code, name });
+    }
+    let raw = hello.server_name.as_deref().ok_or(SniffError::NoSni)?;
+    let sni = String::from_utf8_lossy(raw).into_owned();
+    // SNI carries A-labels (RFC 6066); a server reading UTF-8 there would not map it as the
+    // proxy does. Canonicalising the ASCII makes "Example.COM." equal "example.com".
     match normalize_host(&sni) {
-        Ok(name) if name == host => Ok(()),
+        Ok(name) if raw.is_ascii() && name == host => Ok(()),
         _ => Err(SniffError::SniMismatch {
             sni,
             host: host.to_owned(),
@@ -103,7 +133,8 @@ mod tests {
     async fn check_hello(bytes: &[u8], host: &str) -> Result<Vec<u8>, SniffError> {
         let mut reader = bytes;
         let mut buf = Vec::new();
-        client_hello(&mut reader, &mut buf, host, 64 * 1024).await?;
+        let consumed = client_hello(&mut reader, &mut buf, host, 64 * 1024).await?;
+        assert_eq!(consumed, buf.len(), "one hello, nothing after it");
         Ok(buf)
     }
 

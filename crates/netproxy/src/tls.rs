@@ -1,17 +1,41 @@
-//! A strict parser of the TLS ClientHello, enough to read its SNI (RFC 8446 §4.1.2, RFC 6066
-//! §3). It reassembles the handshake message across records and is fed the client's bytes as
-//! they arrive; anything that is not a well-formed ClientHello is an error, never a guess.
+//! A strict parser of the TLS handshake bytes the proxy judges: the client's ClientHello
+//! (RFC 8446 §4.1.2, RFC 6066 §3), reassembled across records and fed the client's bytes as
+//! they arrive, with every extension walked; and enough of the server's first message to tell
+//! a HelloRetryRequest from a ServerHello. Anything that is not well formed is an error, never
+//! a guess: what the proxy judges must be what the server will read.
 
 /// TLS record content type of handshake messages.
-const CONTENT_HANDSHAKE: u8 = 22;
+pub(crate) const CONTENT_HANDSHAKE: u8 = 22;
 /// Handshake message type of ClientHello.
-const HANDSHAKE_CLIENT_HELLO: u8 = 1;
+pub(crate) const HANDSHAKE_CLIENT_HELLO: u8 = 1;
+/// Handshake message type of ServerHello (and of HelloRetryRequest, RFC 8446 §4.1.3).
+pub(crate) const HANDSHAKE_SERVER_HELLO: u8 = 2;
 /// Largest plaintext record fragment (RFC 8446 §5.1).
 const MAX_RECORD_LEN: usize = 1 << 14;
 /// Extension type of server_name.
 const EXT_SERVER_NAME: u16 = 0;
 /// server_name entry type of host_name.
 const NAME_TYPE_HOST: u8 = 0;
+/// The ServerHello.random that marks a HelloRetryRequest: SHA-256("HelloRetryRequest").
+pub(crate) const HELLO_RETRY_RANDOM: [u8; 32] = [
+    0xcf, 0x21, 0xad, 0x74, 0xe5, 0x9a, 0x61, 0x11, 0xbe, 0x1d, 0x8c, 0x02, 0x1e, 0x65, 0xb8, 0x91,
+    0xc2, 0xa2, 0x11, 0x16, 0x7a, 0xbb, 0x8c, 0x5e, 0x07, 0x9e, 0x09, 0xe2, 0xc8, 0xa8, 0x33, 0x9c,
+];
+
+/// Extensions that carry the real server name where the proxy cannot read it: a server that
+/// honours one may route the connection by a name other than the SNI the proxy checked.
+const CONCEALING_EXTENSIONS: [(u16, &str); 8] = [
+    (0xfe0d, "encrypted_client_hello"),
+    // The codepoints of the ECH implementation drafts 08 to 12, still in deployed clients.
+    (0xfe08, "encrypted_client_hello (draft 08)"),
+    (0xfe09, "encrypted_client_hello (draft 09)"),
+    (0xfe0a, "encrypted_client_hello (draft 10)"),
+    (0xfe0b, "encrypted_client_hello (draft 11)"),
+    (0xfe0c, "encrypted_client_hello (draft 12)"),
+    // Only ever valid inside an encrypted inner ClientHello.
+    (0xfd00, "ech_outer_extensions"),
+    (0xffce, "encrypted_server_name (ESNI)"),
+];
 
 /// Why the client's first bytes are not an acceptable ClientHello.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +50,27 @@ pub enum HelloError {
     Malformed(&'static str),
 }
 
+/// What the proxy judges of one ClientHello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientHello {
+    /// The one host_name in server_name, as sent (not canonicalised), if the extension is there.
+    pub server_name: Option<Vec<u8>>,
+    /// Every extension type, in the order sent (each at most once).
+    pub extensions: Vec<u16>,
+}
+
+impl ClientHello {
+    /// The first extension that hides the destination from the proxy, with its name.
+    pub fn concealing_extension(&self) -> Option<(u16, &'static str)> {
+        self.extensions.iter().find_map(|kind| {
+            CONCEALING_EXTENSIONS
+                .iter()
+                .find(|(code, _)| code == kind)
+                .copied()
+        })
+    }
+}
+
 /// Result of feeding the bytes received so far.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hello {
@@ -33,8 +78,7 @@ pub enum Hello {
     Incomplete,
     /// A whole ClientHello.
     Complete {
-        /// The host_name in server_name, as sent (not canonicalised), if any.
-        server_name: Option<Vec<u8>>,
+        hello: ClientHello,
         /// Bytes of the buffer taken by the records that carried the ClientHello.
         consumed: usize,
     },
@@ -68,12 +112,9 @@ pub fn parse_client_hello(buf: &[u8]) -> Result<Hello, HelloError> {
                 return Err(HelloError::NotClientHello(kind));
             }
         }
-        if message.len() < 4 {
+        let Some(whole) = message_len(&message) else {
             continue;
-        }
-        let body_len =
-            usize::from(message[1]) << 16 | usize::from(message[2]) << 8 | usize::from(message[3]);
-        let whole = 4 + body_len;
+        };
         if message.len() < whole {
             continue;
         }
@@ -83,12 +124,42 @@ pub fn parse_client_hello(buf: &[u8]) -> Result<Hello, HelloError> {
                 "handshake data after the ClientHello in the same flight",
             ));
         }
-        let server_name = parse_body(&message[4..])?;
+        let hello = parse_client_hello_body(&message[4..])?;
         return Ok(Hello::Complete {
-            server_name,
+            hello,
             consumed: pos,
         });
     }
+}
+
+/// The length of the handshake message at the start of `message`, header included, once its
+/// four-byte header is there.
+pub(crate) fn message_len(message: &[u8]) -> Option<usize> {
+    let header = message.get(..4)?;
+    Some(4 + (usize::from(header[1]) << 16 | usize::from(header[2]) << 8 | usize::from(header[3])))
+}
+
+/// Whether a ServerHello body (after the handshake header) is a HelloRetryRequest: the
+/// client answers one with a second ClientHello.
+pub(crate) fn is_hello_retry_request(server_hello: &[u8]) -> bool {
+    server_hello.get(2..34) == Some(&HELLO_RETRY_RANDOM[..])
+}
+
+/// A fatal TLS alert record (RFC 8446 §6), sent to a client whose handshake the proxy ends so
+/// that it reports why instead of a bare end of stream.
+pub(crate) fn fatal_alert(description: Alert) -> [u8; 7] {
+    [21, 3, 3, 0, 2, 2, description as u8]
+}
+
+/// The alert descriptions the proxy sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Alert {
+    /// The hello was well formed, and refused by policy.
+    AccessDenied = 49,
+    /// The hello was not well formed.
+    DecodeError = 50,
+    /// The hello was allowed; the upstream could not be reached.
+    InternalError = 80,
 }
 
 /// Checks the record header bytes present (all five or fewer).
@@ -148,8 +219,9 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The ClientHello body after the handshake header; returns the SNI host_name if present.
-fn parse_body(body: &[u8]) -> Result<Option<Vec<u8>>, HelloError> {
+/// The ClientHello body after the handshake header: every field's framing checked, every
+/// extension walked.
+pub(crate) fn parse_client_hello_body(body: &[u8]) -> Result<ClientHello, HelloError> {
     let mut r = Reader { bytes: body };
     let version = r.u16("truncated legacy_version")?;
     if version >> 8 != 3 {
@@ -172,9 +244,13 @@ fn parse_body(body: &[u8]) -> Result<Option<Vec<u8>>, HelloError> {
     if compression.is_empty() {
         return Err(HelloError::Malformed("no compression methods"));
     }
+    let mut hello = ClientHello {
+        server_name: None,
+        extensions: Vec::new(),
+    };
     if r.is_empty() {
         // A TLS 1.2 ClientHello may omit extensions; then it has no SNI.
-        return Ok(None);
+        return Ok(hello);
     }
     let mut extensions = Reader {
         bytes: r.vec16("truncated extensions")?,
@@ -182,23 +258,24 @@ fn parse_body(body: &[u8]) -> Result<Option<Vec<u8>>, HelloError> {
     if !r.is_empty() {
         return Err(HelloError::Malformed("bytes after the extensions"));
     }
-    let mut seen = Vec::new();
-    let mut server_name = None;
     while !extensions.is_empty() {
         let kind = extensions.u16("truncated extension type")?;
         let data = extensions.vec16("truncated extension")?;
-        if seen.contains(&kind) {
+        // RFC 8446 §4.2: a type appears at most once; servers differ in which copy they use.
+        if hello.extensions.contains(&kind) {
             return Err(HelloError::Malformed("an extension appears twice"));
         }
-        seen.push(kind);
+        hello.extensions.push(kind);
         if kind == EXT_SERVER_NAME {
-            server_name = Some(parse_server_name(data)?);
+            hello.server_name = Some(parse_server_name(data)?);
         }
     }
-    Ok(server_name)
+    Ok(hello)
 }
 
-/// The server_name extension data: a list with exactly one host_name.
+/// The server_name extension data: a list of exactly one entry, a non-empty host_name.
+/// RFC 6066 allows one name per type, and host_name is the only type; a server reading a list
+/// of several may pick any of them, so only a list with one name says where the client goes.
 fn parse_server_name(data: &[u8]) -> Result<Vec<u8>, HelloError> {
     let mut r = Reader { bytes: data };
     let mut list = Reader {
@@ -207,23 +284,23 @@ fn parse_server_name(data: &[u8]) -> Result<Vec<u8>, HelloError> {
     if !r.is_empty() {
         return Err(HelloError::Malformed("bytes after the server_name list"));
     }
-    let mut host = None;
-    while !list.is_empty() {
-        let kind = list.u8("truncated server_name entry")?;
-        let name = list.vec16("truncated server_name entry")?;
-        if kind == NAME_TYPE_HOST {
-            if host.is_some() {
-                return Err(HelloError::Malformed(
-                    "two host_name entries in server_name",
-                ));
-            }
-            if name.is_empty() {
-                return Err(HelloError::Malformed("empty host_name in server_name"));
-            }
-            host = Some(name.to_vec());
-        }
+    if list.is_empty() {
+        return Err(HelloError::Malformed("an empty server_name list"));
     }
-    host.ok_or(HelloError::Malformed("server_name without a host_name"))
+    let kind = list.u8("truncated server_name entry")?;
+    let name = list.vec16("truncated server_name entry")?;
+    if kind != NAME_TYPE_HOST {
+        return Err(HelloError::Malformed(
+            "a server_name entry that is not a host_name",
+        ));
+    }
+    if name.is_empty() {
+        return Err(HelloError::Malformed("empty host_name in server_name"));
+    }
+    if !list.is_empty() {
+        return Err(HelloError::Malformed("more than one name in server_name"));
+    }
+    Ok(name.to_vec())
 }
 
 /// Builders of ClientHello bytes, shared by the unit tests here and the proxy tests.
@@ -290,11 +367,13 @@ mod tests {
     use super::*;
 
     fn complete(buf: &[u8]) -> (Option<Vec<u8>>, usize) {
+        let (hello, consumed) = complete_hello(buf);
+        (hello.server_name, consumed)
+    }
+
+    fn complete_hello(buf: &[u8]) -> (ClientHello, usize) {
         match parse_client_hello(buf).unwrap() {
-            Hello::Complete {
-                server_name,
-                consumed,
-            } => (server_name, consumed),
+            Hello::Complete { hello, consumed } => (hello, consumed),
             Hello::Incomplete => panic!("expected a complete ClientHello"),
         }
     }
@@ -413,9 +492,7 @@ mod tests {
         data.extend_from_slice(&list);
         assert_eq!(
             parse_client_hello(&records(&client_hello(Some(extension(0, &data))), 1 << 14)),
-            Err(HelloError::Malformed(
-                "two host_name entries in server_name"
-            ))
+            Err(HelloError::Malformed("more than one name in server_name"))
         );
         assert!(matches!(
             parse_client_hello(&records(&client_hello(Some(extension(0, &[]))), 1 << 14)),
@@ -439,5 +516,117 @@ mod tests {
         let (sni, consumed) = complete(&bytes);
         assert_eq!(sni, Some(b"example.com".to_vec()));
         assert_eq!(consumed, bytes.len());
+    }
+}
+
+#[cfg(test)]
+mod judged_fields {
+    use super::build::*;
+    use super::*;
+
+    fn parsed(extensions: Vec<u8>) -> Result<ClientHello, HelloError> {
+        match parse_client_hello(&records(&client_hello(Some(extensions)), 1 << 14))? {
+            Hello::Complete { hello, .. } => Ok(hello),
+            Hello::Incomplete => panic!("expected a complete ClientHello"),
+        }
+    }
+
+    /// One server_name entry: name type, name.
+    type NameEntry<'a> = (u8, &'a [u8]);
+
+    /// server_name data holding `entries` as given.
+    fn server_name_list(entries: &[NameEntry]) -> Vec<u8> {
+        let mut list = Vec::new();
+        for (kind, name) in entries {
+            list.push(*kind);
+            list.extend_from_slice(&u16::try_from(name.len()).unwrap().to_be_bytes());
+            list.extend_from_slice(name);
+        }
+        let mut data = u16::try_from(list.len()).unwrap().to_be_bytes().to_vec();
+        data.extend_from_slice(&list);
+        extension(0, &data)
+    }
+
+    #[test]
+    fn every_extension_is_listed_in_order() {
+        let mut ext = extension(0x0a0a, &[]); // GREASE: unknown, allowed, listed
+        ext.extend_from_slice(&sni("a.example"));
+        ext.extend_from_slice(&extension(43, &[2, 3, 4]));
+        ext.extend_from_slice(&extension(0xff01, &[0])); // renegotiation_info
+        let hello = parsed(ext).unwrap();
+        assert_eq!(hello.extensions, vec![0x0a0a, 0, 43, 0xff01]);
+        assert_eq!(hello.server_name, Some(b"a.example".to_vec()));
+        assert_eq!(hello.concealing_extension(), None);
+    }
+
+    #[test]
+    fn ech_esni_and_their_drafts_are_concealing() {
+        for (code, name) in [
+            (0xfe0d, "encrypted_client_hello"),
+            (0xfe0a, "encrypted_client_hello (draft 10)"),
+            (0xfd00, "ech_outer_extensions"),
+            (0xffce, "encrypted_server_name (ESNI)"),
+        ] {
+            // The outer SNI names an allowed host; the extension comes after it.
+            let mut ext = sni("allowed.example");
+            ext.extend_from_slice(&extension(code, &[0, 1, 2, 3]));
+            let hello = parsed(ext).unwrap();
+            assert_eq!(hello.server_name, Some(b"allowed.example".to_vec()));
+            assert_eq!(
+                hello.concealing_extension(),
+                Some((code, name)),
+                "{code:#06x}"
+            );
+        }
+        // ESNI without any SNI at all: still found.
+        let hello = parsed(extension(0xffce, &[9; 40])).unwrap();
+        assert_eq!(hello.concealing_extension().map(|c| c.0), Some(0xffce));
+    }
+
+    #[test]
+    fn server_name_holds_exactly_one_host_name() {
+        let cases: [(&[NameEntry], &str); 4] = [
+            (&[], "an empty server_name list"),
+            (
+                &[(1, b"a.example")],
+                "a server_name entry that is not a host_name",
+            ),
+            (
+                &[(0, b"a.example"), (1, b"b.example")],
+                "more than one name in server_name",
+            ),
+            (
+                &[(0, b"a.example"), (0, b"b.example")],
+                "more than one name in server_name",
+            ),
+        ];
+        for (entries, problem) in cases {
+            assert_eq!(
+                parsed(server_name_list(entries)),
+                Err(HelloError::Malformed(problem)),
+                "{entries:?}"
+            );
+        }
+        // Bytes after the list, inside the extension, are refused too.
+        let mut data = server_name_list(&[(0, b"a.example")]);
+        data.extend_from_slice(&[0]);
+        let len = u16::try_from(data.len() - 4).unwrap().to_be_bytes();
+        data[2..4].copy_from_slice(&len);
+        assert!(matches!(parsed(data), Err(HelloError::Malformed(_))));
+    }
+
+    #[test]
+    fn hello_retry_request_is_told_from_a_server_hello() {
+        let mut body = vec![3, 3];
+        body.extend_from_slice(&HELLO_RETRY_RANDOM);
+        assert!(is_hello_retry_request(&body));
+        body[10] ^= 1;
+        assert!(!is_hello_retry_request(&body));
+        assert!(!is_hello_retry_request(&[3, 3, 0xcf]));
+    }
+
+    #[test]
+    fn alerts_are_fatal_records() {
+        assert_eq!(fatal_alert(Alert::AccessDenied), [21, 3, 3, 0, 2, 2, 49]);
     }
 }

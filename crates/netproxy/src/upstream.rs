@@ -1,5 +1,6 @@
 //! Reaching the upstream: resolve once (or take the operator's override), keep only public
-//! addresses, and connect to one of exactly those. Nothing is resolved again after the check,
+//! addresses, and connect to one of exactly those. The proxy calls this only for a tunnel
+//! whose first bytes it has judged allowed. Nothing is resolved again after the check,
 //! so a DNS answer that changes between check and connect cannot redirect the connection.
 
 use std::io;
@@ -11,6 +12,7 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::addr::{classify, AddrClass};
 use crate::resolve::ResolveOverrides;
+use crate::tls::Alert;
 
 /// An open upstream connection.
 pub(crate) struct Upstream {
@@ -51,12 +53,12 @@ pub(crate) enum UpstreamError {
 }
 
 impl UpstreamError {
-    /// The HTTP status the client gets.
-    pub(crate) fn status(&self) -> u16 {
+    /// The TLS alert a TLS client gets: the connection comes after its ClientHello, so the
+    /// 200 is long sent and an HTTP status cannot say it any more.
+    pub(crate) fn alert(&self) -> Alert {
         match self {
-            UpstreamError::NotPublic { .. } => 403,
-            UpstreamError::ResolveTimeout { .. } | UpstreamError::ConnectTimeout { .. } => 504,
-            _ => 502,
+            UpstreamError::NotPublic { .. } => Alert::AccessDenied,
+            _ => Alert::InternalError,
         }
     }
 

@@ -29,10 +29,12 @@ pub fn choose(cache_dir: &Path, kernel: &Path) -> Result<Accel> {
             Kvm::Boots { .. } => Ok(Accel::Kvm),
             Kvm::Fails { .. } => Err(VmError::Unavailable(format!(
                 "KVM does not boot this guest kernel on this machine (a probe found so); set \
-                 {ENV}=tcg to use software emulation (slow) or use the jail backend"
+                 {ENV}=tcg to use software emulation (slow), or use the jail backend \
+                 (`--backend jail`, DYNOCAP_BACKEND=jail)"
             ))),
             Kvm::Absent(why) => Err(VmError::Unavailable(format!(
-                "{why}; set {ENV}=tcg to use software emulation (slow) or use the jail backend"
+                "{why}; set {ENV}=tcg to use software emulation (slow), or use the jail backend \
+                 (`--backend jail`, DYNOCAP_BACKEND=jail)"
             ))),
         },
         Some(other) => Err(VmError::Unavailable(format!(

@@ -8,9 +8,15 @@ use std::path::Path;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VmError {
-    /// The machine or the image cannot serve a VM; the message says what to install or set.
+    /// This machine cannot serve a VM (no QEMU, no usable accelerator, a host tool or call
+    /// missing); the message says what to install or set.
     #[error("{0}")]
     Unavailable(String),
+
+    /// The image cannot boot as a VM (no kernel, or one without the devices a VM needs); the
+    /// message says which image to use instead.
+    #[error("{0}")]
+    Image(String),
 
     /// The [`VmSpec`](crate::VmSpec) cannot be used as given.
     #[error("invalid vm spec: {0}")]

@@ -45,7 +45,7 @@ pub struct Module {
 pub fn find(rootfs: &Path) -> Result<Kernel> {
     let boot = rootfs.join("boot");
     let entries = fs::read_dir(&boot).map_err(|err| {
-        VmError::Unavailable(format!(
+        VmError::Image(format!(
             "the image at {} has no kernel ({}: {err}); the vm backend needs an image built with \
              a kernel: run `dynocap image build debian`",
             rootfs.display(),
@@ -68,7 +68,7 @@ pub fn find(rootfs: &Path) -> Result<Kernel> {
     }
     found.sort_by(|a, b| version_cmp(&a.version, &b.version));
     found.pop().ok_or_else(|| {
-        VmError::Unavailable(format!(
+        VmError::Image(format!(
             "the image at {} has no boot/vmlinuz-<version> with a matching lib/modules/<version>; \
              the vm backend needs an image built with a kernel: run `dynocap image build debian`",
             rootfs.display()
@@ -111,7 +111,7 @@ pub fn needed_modules(kernel: &Kernel, machine: Machine) -> Result<Vec<Module>> 
     let available = module_files(&kernel.modules_dir)?;
     let transport = transport(machine);
     if !builtin.contains(transport) && !available.contains_key(transport) {
-        return Err(VmError::Unavailable(format!(
+        return Err(VmError::Image(format!(
             "kernel {} has no {transport}, which the {machine:?} machine's devices need; build \
              the image with a kernel made for virtual machines (Debian's linux-image-cloud-amd64)",
             kernel.version
@@ -123,7 +123,7 @@ pub fn needed_modules(kernel: &Kernel, machine: Machine) -> Result<Vec<Module>> 
     let mut done = HashSet::new();
     for name in wanted {
         visit(name, &builtin, &available, &mut done, &mut order, 0)
-            .map_err(|msg| VmError::Unavailable(format!("kernel {}: {msg}", kernel.version)))?;
+            .map_err(|msg| VmError::Image(format!("kernel {}: {msg}", kernel.version)))?;
     }
     Ok(order)
 }

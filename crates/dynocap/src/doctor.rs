@@ -85,6 +85,7 @@ pub fn run(json: bool) -> ExitCode {
     checks.push(images_check());
     checks.push(ceilings_check());
     checks.push(backend_check());
+    checks.push(vm_check());
     let ready = checks.iter().all(|c| c.ok || !c.required);
     if json {
         print_json(&serde_json::json!({ "ready": ready, "checks": checks }));
@@ -199,12 +200,26 @@ fn images_check() -> Check {
 /// Which backend sandboxes get here, and why: `DYNOCAP_BACKEND`, or what `auto` picks.
 fn backend_check() -> Check {
     let chosen = std::env::var("DYNOCAP_BACKEND").unwrap_or_default();
+    if let Err(err) = dynocap_engine::backend::BackendChoice::from_env() {
+        return Check::new(
+            "backend",
+            true,
+            false,
+            err.message,
+            "set DYNOCAP_BACKEND to jail, vm or auto, or unset it (auto)",
+        );
+    }
     if !matches!(chosen.as_str(), "" | "auto") {
         return Check::new(
             "backend",
             false,
             true,
-            format!("{chosen} (DYNOCAP_BACKEND)"),
+            match chosen.as_str() {
+                "vm" => {
+                    "vm (DYNOCAP_BACKEND); whether VMs start here: the vm backend check".to_owned()
+                }
+                _ => format!("{chosen} (DYNOCAP_BACKEND)"),
+            },
             "",
         );
     }
@@ -225,6 +240,36 @@ fn backend_check() -> Check {
             false,
             false,
             format!("auto cannot decide: {}", err.message),
+            "set DYNOCAP_HOME to a readable directory",
+        ),
+    }
+}
+
+/// Whether a `vm` sandbox starts here, decided as its first start decides (the image's kernel,
+/// QEMU, `DYNOCAP_VM_ACCEL` and the KVM probe). Required when `DYNOCAP_BACKEND=vm` makes every
+/// sandbox a VM; otherwise a warning, since `--backend vm` can still ask for one.
+fn vm_check() -> Check {
+    let required = std::env::var("DYNOCAP_BACKEND").is_ok_and(|b| b == "vm");
+    // Probed (a few seconds, once per kernel) where sandboxes may be VMs without asking:
+    // `vm` selected, or `auto` deciding for a built default image.
+    let probe =
+        required || dynocap_engine::image::default_name() != dynocap_engine::image::DEFAULT_IMAGE;
+    match dynocap_engine::Home::from_env() {
+        Ok(home) => {
+            let vm = dynocap_engine::vm_ready::check(&home, probe);
+            Check::new(
+                "vm backend",
+                required,
+                vm.ready,
+                vm.detail,
+                vm.hint.as_deref().unwrap_or(""),
+            )
+        }
+        Err(err) => Check::new(
+            "vm backend",
+            required,
+            false,
+            err.message,
             "set DYNOCAP_HOME to a readable directory",
         ),
     }

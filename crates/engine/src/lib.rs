@@ -44,6 +44,7 @@ pub mod task_spec;
 pub mod tasks;
 pub mod usernet;
 mod vm_backend;
+pub mod vm_ready;
 pub mod wording;
 pub mod workspace;
 

@@ -118,12 +118,18 @@ fn run_as(id_range: u32) -> Result<Option<(u32, u32)>> {
     Ok(Some((map.uids.host, map.gids.host)))
 }
 
-/// The crate's refusals (no QEMU, no kernel in the image, no accelerator chosen) are the
-/// caller's to fix; everything else is internal.
+/// What the caller can fix (an image that cannot boot as a VM, a spec out of bounds) is
+/// `invalid_argument`. What only the machine's operator can fix (no QEMU, KVM that does not
+/// boot the kernel with no `DYNOCAP_VM_ACCEL` to say what else to use, a missing host tool)
+/// is `internal`, with the crate's message saying what to install or set; so is any other
+/// failure.
 fn vm_error(err: dynocap_backend_vm::VmError) -> Error {
     use dynocap_backend_vm::VmError;
     match err {
-        VmError::Unavailable(_) | VmError::InvalidSpec(_) => Error::invalid(err.to_string()),
+        VmError::Image(_) | VmError::InvalidSpec(_) => Error::invalid(err.to_string()),
+        VmError::Unavailable(_) => {
+            Error::internal(format!("this machine cannot run the VM: {err}"))
+        }
         other => Error::internal(format!("booting the vm: {other}")),
     }
 }

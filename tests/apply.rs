@@ -414,3 +414,70 @@ fn applying_runs_nothing_the_repository_names() {
         "b\n"
     );
 }
+
+/// `--branch` takes exactly the names `git check-ref-format --branch` takes: each name git
+/// refuses (HEAD first: it used to make `refs/heads/HEAD`) is refused as `invalid_argument`
+/// with the rule it breaks, and leaves every ref and the user's state as they were; `@{-1}`,
+/// which git reads as the branch checked out before, is refused by name; a good name works.
+#[test]
+fn a_branch_name_git_refuses_is_refused_and_makes_nothing() {
+    if !require_root("a_branch_name_git_refuses_is_refused_and_makes_nothing") {
+        return;
+    }
+    let home = TestHome::new();
+    let repo = tempfile::tempdir().unwrap();
+    let repo = repo.path();
+    git(repo, &["init", "-q", "-b", "main"]);
+    write(&repo.join("a.txt"), "a\n");
+    git(repo, &["add", "-A"]);
+    git(repo, &["commit", "-q", "-m", "base"]);
+    // `@{-1}` is `side` from here on.
+    git(repo, &["checkout", "-q", "-b", "side"]);
+    git(repo, &["checkout", "-q", "main"]);
+    start(&home, repo, "names");
+    home.task_sh("names", "printf 'b\\n' > a.txt");
+    home.json(&["task", "finish", "names"]);
+    let before = user_state(repo);
+    let refs = || git(repo, &["for-each-ref", "--format=%(refname) %(objectname)"]);
+    let refs_before = refs();
+
+    for (name, says) in [
+        ("HEAD", "it is HEAD"),
+        ("-x", "starts with '-'"),
+        ("a..b", "contains '..'"),
+        ("fix.lock", "\".lock\""),
+        ("x@{1}", "'@{'"),
+        ("a b", "contains a space"),
+        ("dir/", "'/'"),
+        ("end.", "ends with '.'"),
+        ("what?", "'?'"),
+        ("", "it is empty"),
+        ("@{-1}", "\"side\""),
+    ] {
+        let arg = format!("--branch={name}");
+        let err = home.json_err(&["task", "apply", "names", &arg]);
+        assert_eq!(err["code"], "invalid_argument", "{name:?}: {err:#}");
+        let message = err["message"].as_str().unwrap();
+        assert!(
+            message.contains(says) && message.contains("--branch"),
+            "{name:?}: {message}"
+        );
+        assert_eq!(refs(), refs_before, "{name:?} changed a ref");
+    }
+    assert!(
+        !repo.join(".git/refs/heads/HEAD").exists(),
+        "a refused name left refs/heads/HEAD"
+    );
+    assert_eq!(user_state(repo), before);
+
+    // Names git takes, HEAD-like ones included, still work.
+    for name in ["HEAD-fix", "feature/HEAD"] {
+        let applied = home.json(&["task", "apply", "names", "--branch", name]);
+        assert_eq!(applied["branch"], name, "{applied:#}");
+        assert_eq!(
+            git(repo, &["cat-file", "blob", &format!("{name}:a.txt")]),
+            "b\n"
+        );
+    }
+    assert_eq!(user_state(repo), before);
+}

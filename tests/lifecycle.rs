@@ -418,3 +418,52 @@ fn a_cli_run_starts_its_supervisor_first_and_a_refused_one_leaves_none() {
     home.wait_for_teardown();
     assert!(wait_until(10, || standbys_of(&home).is_empty()));
 }
+
+/// A supervisor SIGKILLed while its agent is killing a command that timed out (the moment the
+/// agent of old had the command's v1 freezer cgroup frozen): every guest process dies with it,
+/// without waiting for another command of the home to clean up.
+#[test]
+fn a_supervisor_killed_while_a_command_is_being_killed_takes_every_guest_process_with_it() {
+    if !require_root(
+        "a_supervisor_killed_while_a_command_is_being_killed_takes_every_guest_process_with_it",
+    ) {
+        return;
+    }
+    let home = TestHome::new();
+    home.sandbox("stubborn", &[]);
+    let supervisor = home.supervisor_pids()[0];
+    // 150 processes that shrug off the timeout's SIGTERM, so its SIGKILL round has work to do.
+    let mut exec = home
+        .command()
+        .args(["exec", "stubborn", "--timeout", "1", "--"])
+        .arg(
+            "trap '' TERM; for i in $(seq 150); do sh -c \"trap '' TERM; sleep 1000\" & done; wait",
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn dynocap exec");
+    let mut guest = Vec::new();
+    assert!(
+        wait_until(60, || {
+            guest = descendants(supervisor);
+            guest.len() > 150
+        }),
+        "the command's processes started"
+    );
+    // Its timeout (1 s) sends SIGTERM, and the grace period (2 s) after it the SIGKILL round:
+    // the supervisor dies as that round begins.
+    std::thread::sleep(std::time::Duration::from_millis(2_900));
+    // SAFETY: plain kill(2) of a pid we own.
+    assert_eq!(unsafe { libc::kill(supervisor, libc::SIGKILL) }, 0);
+    assert!(
+        wait_until(30, || guest.iter().all(|&p| !pid_exists(p))),
+        "guest processes outlived their supervisor: {:?}",
+        guest
+            .iter()
+            .filter(|&&p| pid_exists(p))
+            .map(|&p| (p, process_state(p)))
+            .collect::<Vec<_>>()
+    );
+    let _ = exec.wait();
+}

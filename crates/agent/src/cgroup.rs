@@ -11,8 +11,12 @@
 //!
 //! - v2 with `cgroup.kill` (Linux 5.14): the kernel kills every member atomically;
 //! - v2 without it: freeze (`cgroup.freeze`), SIGKILL each member, thaw;
-//! - v1 freezer: the same with `freezer.state`;
-//! - any other v1 hierarchy (pids): SIGKILL each member.
+//! - any v1 hierarchy (a hybrid host's freezer or pids): SIGKILL each member, round after
+//!   round. A v1 freezer is never frozen: a task frozen there ignores even SIGKILL until
+//!   someone thaws it, so a freeze taken by an agent that then died (its supervisor
+//!   SIGKILLed, which kills the agent at any instant) would keep the command's processes,
+//!   and with them the guest's pid namespace, alive until the host's next clean-up. A v2
+//!   frozen task still dies of SIGKILL, so a v2 freeze cannot outlive the guest.
 //!
 //! A command's first process joins by writing `0` to a file of its cgroup, between fork and
 //! exec. On v2 that is `cgroup.procs`. On v1 it is `tasks`: `cgroup.procs` moves the writer's
@@ -24,7 +28,9 @@
 //! move a thread out of its domain.)
 //!
 //! A frozen cgroup cannot fork, so nothing escapes between reading the members and killing
-//! them. A command that ends on its own may leave processes running (a dev server started
+//! them. Without a freeze, a process forked between the read and the kill is in the cgroup
+//! (a fork stays in its parent's) and dies in the next round; the sandbox's pids limit
+//! bounds how many there can be. A command that ends on its own may leave processes running (a dev server started
 //! with `&`): they keep running, and its cgroup lingers until they are gone; lingering cgroups
 //! that emptied are removed before each new one is made and whenever a command ends.
 
@@ -59,9 +65,7 @@ pub enum KillMethod {
     Kill,
     /// Freeze with `cgroup.freeze`, kill each member, thaw (v2).
     FreezeV2,
-    /// Freeze with `freezer.state`, kill each member, thaw (v1 freezer).
-    FreezeV1,
-    /// Kill each member (v1 without a freezer).
+    /// Kill each member, round after round (v1; see the module doc for why never a freeze).
     Signal,
 }
 
@@ -87,11 +91,7 @@ impl KillMethod {
                 KillMethod::Signal
             })
         } else if fs_type == CGROUP_SUPER_MAGIC {
-            Ok(if has("freezer.state") {
-                KillMethod::FreezeV1
-            } else {
-                KillMethod::Signal
-            })
+            Ok(KillMethod::Signal)
         } else {
             Err(io::Error::other(
                 "the --cgroup-fd descriptor is not a directory of a cgroup filesystem",
@@ -365,11 +365,8 @@ impl ExecCgroup {
                 kill_each(pids);
                 Ok(())
             }
-            KillMethod::FreezeV2 | KillMethod::FreezeV1 => {
-                let (file, freeze, thaw) = match self.parent.method {
-                    KillMethod::FreezeV2 => ("cgroup.freeze", "1", "0"),
-                    _ => ("freezer.state", "FROZEN", "THAWED"),
-                };
+            KillMethod::FreezeV2 => {
+                let (file, freeze, thaw) = ("cgroup.freeze", "1", "0");
                 let froze = self.write(file, freeze);
                 if froze.is_ok() {
                     self.wait_frozen().await;
@@ -394,14 +391,9 @@ impl ExecCgroup {
     async fn wait_frozen(&self) {
         let until = Instant::now() + FREEZE_WAIT;
         while Instant::now() < until {
-            let frozen = match self.parent.method {
-                KillMethod::FreezeV2 => self
-                    .read("cgroup.events")
-                    .is_ok_and(|events| events.lines().any(|l| l.trim() == "frozen 1")),
-                _ => self
-                    .read("freezer.state")
-                    .is_ok_and(|state| state.trim() == "FROZEN"),
-            };
+            let frozen = self
+                .read("cgroup.events")
+                .is_ok_and(|events| events.lines().any(|l| l.trim() == "frozen 1"));
             if frozen {
                 return;
             }
@@ -694,12 +686,55 @@ mod tests {
         kill_everything(parent, Some(KillMethod::FreezeV2), KillMethod::FreezeV2).await;
     }
 
+    /// A v1 freezer's command cgroup is killed round after round and never frozen: a freeze
+    /// the agent took and could not undo (it is SIGKILLed with its supervisor) would hold the
+    /// processes past every SIGKILL. A fork loop still cannot outrun the rounds.
     #[tokio::test]
-    async fn freeze_kill_thaw_on_a_v1_freezer() {
+    async fn a_v1_freezer_is_killed_without_ever_being_frozen() {
         let Some(parent) = TestParent::new("cgroup", Some("freezer"), "v1freezer") else {
             return;
         };
-        kill_everything(parent, None, KillMethod::FreezeV1).await;
+        let state = |dir: &Path| std::fs::read_to_string(dir.join("freezer.state"));
+        crate::init::setup();
+        let cgroups = parent.cgroups(None);
+        assert_eq!(cgroups.method, KillMethod::Signal);
+        let cgroup = cgroups.create().expect("create");
+        let dir = parent.0.join(cgroup.name.to_string_lossy().as_ref());
+        let _spawned = start_in(
+            &cgroup,
+            "setsid sh -c 'while :; do sleep 1000 & done' </dev/null >/dev/null 2>&1 & sleep 1000",
+        );
+        wait_for("the loop to fill the cgroup", || {
+            cgroup.pids().is_ok_and(|pids| pids.len() >= 50)
+        })
+        .await;
+        // The freezer's state is watched from another thread for the whole kill.
+        let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let watcher = {
+            let (watching, dir) = (watching.clone(), dir.clone());
+            std::thread::spawn(move || {
+                let mut seen = BTreeSet::new();
+                while watching.load(Ordering::Relaxed) {
+                    if let Ok(now) = state(&dir) {
+                        seen.insert(now.trim().to_owned());
+                    }
+                }
+                seen
+            })
+        };
+        let killed = cgroup.kill_all().await;
+        watching.store(false, Ordering::Relaxed);
+        let seen = watcher.join().expect("watcher");
+        assert!(killed, "the kill kept up with the forks");
+        assert!(cgroup.is_empty());
+        assert_eq!(
+            seen.into_iter().collect::<Vec<_>>(),
+            ["THAWED"],
+            "a v1 freezer is never frozen"
+        );
+        drop((cgroup, cgroups));
+        // The ESCAPES shapes die the same way.
+        kill_everything(parent, None, KillMethod::Signal).await;
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@
 //!
 //! | hierarchy | how the agent kills a command's cgroup |
 //! |---|---|
-//! | `freezer`: a v1 freezer (a hybrid host's) | freeze, kill, thaw |
+//! | `freezer`: a v1 freezer (a hybrid host's) | kill until empty, never frozen (a v1 freeze would outlive an agent killed with its supervisor) |
 //! | `v2`: the unified one (alone, or beside v1 in a hybrid) | `cgroup.kill` (5.14+), else freeze, kill, thaw |
 //! | `pids`: the v1 pids one the limits already use | kill until empty |
 //!

@@ -528,6 +528,78 @@ fn rm_releases_names_purges_and_refuses_running_tasks_without_force_on(backend: 
     home.json(&["rm", "keep", "--force", "--purge"]);
 }
 
+/// A second use of a name says what holds it and names the command that frees it, for each
+/// kind of holder: a finished task (`dynocap rm NAME`), a running task (`dynocap task finish
+/// NAME`, then `dynocap rm NAME`) and a raw sandbox (`dynocap destroy NAME`), whichever command
+/// asked for the name; nothing is left of the refused start, and the named command works.
+#[test]
+fn a_taken_name_says_what_holds_it_and_the_command_that_frees_it() {
+    if !require_root("a_taken_name_says_what_holds_it_and_the_command_that_frees_it") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().unwrap();
+    write(&project.path().join("a.txt"), "a\n");
+    let path = project.path().to_str().unwrap();
+    start(&home, project.path(), &["--name", "done"]);
+    home.json(&["task", "finish", "done"]);
+    start(&home, project.path(), &["--name", "busy"]);
+    home.sandbox("box", &[]);
+    let listed = || home.json(&["ls"]).to_string();
+    let before = listed();
+
+    let cases: [(&[&str], &[&str]); 5] = [
+        (
+            &["task", "start", path, "--name", "done"],
+            &["by a finished task", "`dynocap rm done`"],
+        ),
+        (
+            &["run", "done"],
+            &["by a finished task", "`dynocap rm done`"],
+        ),
+        (
+            &["run", "busy"],
+            &[
+                "by a running task",
+                "`dynocap task finish busy`",
+                "`dynocap rm busy`",
+            ],
+        ),
+        (
+            &["task", "start", path, "--name", "box"],
+            &["by a raw sandbox", "`dynocap destroy box`"],
+        ),
+        (
+            &["run", "box"],
+            &["by a raw sandbox", "`dynocap destroy box`"],
+        ),
+    ];
+    for (args, says) in cases {
+        let err = home.json_err(args);
+        assert_eq!(err["code"], "conflict", "{args:?}: {err:#}");
+        let message = err["message"].as_str().unwrap();
+        for needle in says {
+            assert!(message.contains(needle), "{args:?}: {message}");
+        }
+        assert!(
+            !message.contains("dynocap_"),
+            "an MCP tool at the CLI: {message}"
+        );
+        // Without --json, the same words on stderr.
+        let out = home.run(args);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says[says.len() - 1]), "{stderr}");
+    }
+    assert_eq!(listed(), before, "a refused start left something behind");
+
+    // The commands named free the names.
+    home.json(&["rm", "done"]);
+    start(&home, project.path(), &["--name", "done"]);
+    home.json(&["destroy", "box"]);
+    start(&home, project.path(), &["--name", "box"]);
+}
+
 #[test]
 fn an_oversized_diff_is_a_clear_error() {
     if !require_root("an_oversized_diff_is_a_clear_error") {

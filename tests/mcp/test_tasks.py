@@ -176,6 +176,40 @@ async def test_task_errors(host: Host) -> None:
         ok(await s.call_tool("dynocap_rm", {"target": task["id"], "purge": True}))
 
 
+async def test_a_taken_name_names_its_holder_and_the_tool_that_frees_it(host: Host) -> None:
+    """A second use of a name says what holds it (a finished task, a running task, a raw
+    sandbox) and names the tool that frees it, never a CLI command; nothing is left of the
+    refused start, and the tool named frees the name."""
+    app = host.project("app", git=False)
+    async with connect(host) as s:
+        ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "done"}))
+        ok(await s.call_tool("dynocap_task_finish", {"id": "done"}))
+        ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "busy"}))
+        ok(await s.call_tool("dynocap_run", {"name": "box"}))
+        before = ok(await s.call_tool("dynocap_ls", {}))
+        cases = (
+            ("dynocap_task_start", {"projectPath": str(app), "name": "done"},
+             ("by a finished task", "dynocap_rm")),
+            ("dynocap_run", {"name": "done"}, ("by a finished task", "dynocap_rm")),
+            ("dynocap_run", {"name": "busy"},
+             ("by a running task", "dynocap_task_finish", "dynocap_rm")),
+            ("dynocap_task_start", {"projectPath": str(app), "name": "box"},
+             ("by a raw sandbox", "dynocap_destroy")),
+            ("dynocap_run", {"name": "box"}, ("by a raw sandbox", "dynocap_destroy")),
+        )
+        for tool, args, says in cases:
+            text = err(await s.call_tool(tool, args), "conflict")
+            for needle in says:
+                assert needle in text, (tool, args, text)
+            assert "dynocap rm" not in text and "`" not in text, text
+        after = ok(await s.call_tool("dynocap_ls", {}))
+        assert after == before, "a refused start left something behind"
+        ok(await s.call_tool("dynocap_rm", {"target": "done"}))
+        ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "done"}))
+        ok(await s.call_tool("dynocap_destroy", {"name": "box"}))
+        ok(await s.call_tool("dynocap_run", {"name": "box"}))
+
+
 async def test_cancelled_start_leaves_nothing(host: Host) -> None:
     files = {f"pkg{i // 100}/file{i}.txt": f"line {i}\n" * 50 for i in range(3000)}
     app = host.project("big", files=files)

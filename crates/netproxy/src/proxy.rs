@@ -345,9 +345,12 @@ impl Proxy {
                 // A client that did not wait may have sent more records, a second ClientHello
                 // among them: they are judged before anything is forwarded.
                 let watch = TlsWatch::new(host, limits.max_client_hello);
-                watch
+                let released = watch
                     .client_bytes(&first[consumed..])
                     .map_err(|err| Refusal::close(err.to_string()).with_alert(err.alert()))?;
+                // What the watch holds (an unfinished later message) stays with it.
+                first.truncate(consumed);
+                first.extend_from_slice(&released);
                 Ok(Some(watch))
             }
             Protocol::Ssh => {

@@ -709,6 +709,34 @@ async fn the_hello_after_a_retry_request_is_judged_too() {
 }
 
 #[tokio::test]
+async fn no_byte_of_a_refused_later_hello_goes_upstream() {
+    let (addr, server) = scripted_server(Vec::new()).await;
+    let h = harness(
+        policy(&["registry.example"]),
+        overrides(&[("registry.example", 443, addr)]),
+    );
+    let first = hello_for("registry.example", 0);
+    let (mut client, _) = open_tunnel(&h, &first, 0).await;
+    // The second hello in pieces, each given time to be relayed if the proxy would.
+    let second = records(&client_hello(Some(sni("other.example"))), 25);
+    for piece in second.chunks(11) {
+        if client.write_all(piece).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = client.shutdown().await;
+    let mut rest = Vec::new();
+    let _ = client.read_to_end(&mut rest).await;
+    assert_eq!(rest, ACCESS_DENIED);
+    // At most the second hello's first record header went up; none of its message.
+    let got = server.await.unwrap();
+    assert!(got.starts_with(&first), "{got:?}");
+    assert!(got.len() <= first.len() + 5, "{got:?}");
+    assert_eq!(h.log_lines()[0]["allowed"], false);
+}
+
+#[tokio::test]
 async fn after_the_server_hello_the_relay_only_copies() {
     let real = server_hello_record(false);
     let (addr, server) = scripted_server(real.clone()).await;

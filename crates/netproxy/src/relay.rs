@@ -4,7 +4,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
@@ -27,7 +27,7 @@ pub(crate) enum RelayError {
     Io(io::Error),
 }
 
-/// Writes `first` upstream (the watch has seen it already), then copies both ways until each
+/// Writes `first` upstream (the watch has released it already), then copies both ways until each
 /// side has shut down its half, passing each direction's bytes to `watch` if there is one.
 /// Returns the counts and the error that ended the relay, if one did.
 pub(crate) async fn relay<C, U>(
@@ -44,6 +44,8 @@ where
     let mut client = Watched {
         inner: client,
         watch: watch.clone(),
+        ready: Vec::new(),
+        ready_from: 0,
     };
     let mut upstream = Counting {
         inner: upstream,
@@ -81,10 +83,14 @@ where
     (upstream.counts, error)
 }
 
-/// The client's side: what it sends passes the watch before the relay may forward it.
+/// The client's side: what it sends passes the watch, which may hold bytes back until the
+/// handshake message they belong to is judged; the relay gets only what the watch released.
 struct Watched<'a, C: ?Sized> {
     inner: &'a mut C,
     watch: Option<TlsWatch>,
+    /// Released bytes not yet handed to the relay (a release can exceed its read buffer).
+    ready: Vec<u8>,
+    ready_from: usize,
 }
 
 impl<C: AsyncRead + Unpin + ?Sized> AsyncRead for Watched<'_, C> {
@@ -93,22 +99,38 @@ impl<C: AsyncRead + Unpin + ?Sized> AsyncRead for Watched<'_, C> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let poll = Pin::new(&mut *self.inner).poll_read(cx, buf);
-        if let (Poll::Ready(Ok(())), Some(watch)) = (&poll, &self.watch) {
-            if let Err(refused) = watch.client_bytes(&buf.filled()[before..]) {
-                // Unread what was refused, so that the copy cannot forward any of it.
-                buf.set_filled(before);
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    refused,
-                )));
+        let this = &mut *self;
+        loop {
+            if this.ready_from < this.ready.len() {
+                let n = buf.remaining().min(this.ready.len() - this.ready_from);
+                buf.put_slice(&this.ready[this.ready_from..this.ready_from + n]);
+                this.ready_from += n;
+                if this.ready_from == this.ready.len() {
+                    this.ready.clear();
+                    this.ready_from = 0;
+                }
+                return Poll::Ready(Ok(()));
             }
+            let Some(watch) = &this.watch else {
+                return Pin::new(&mut *this.inner).poll_read(cx, buf);
+            };
+            let before = buf.filled().len();
+            ready!(Pin::new(&mut *this.inner).poll_read(cx, buf))?;
+            if buf.filled().len() == before {
+                // End of stream. Held bytes are an unfinished message: never forwarded.
+                return Poll::Ready(Ok(()));
+            }
+            let read = buf.filled()[before..].to_vec();
+            buf.set_filled(before);
+            this.ready = watch
+                .client_bytes(&read)
+                .map_err(|refused| io::Error::new(io::ErrorKind::PermissionDenied, refused))?;
             if watch.finished() {
-                self.watch = None;
+                this.watch = None;
             }
+            // Nothing released (all held): read on rather than report an empty read, which
+            // the relay would take for the end of the stream.
         }
-        poll
     }
 }
 

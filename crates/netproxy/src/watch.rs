@@ -1,7 +1,9 @@
 //! The TLS handshake after the first ClientHello, watched until no plaintext ClientHello can
 //! follow: a client may send another one (after a HelloRetryRequest, RFC 8446 §4.1.4, or
 //! unasked), and a server routing by name may read it, so every plaintext ClientHello in the
-//! tunnel is judged as the first was, before its bytes go upstream.
+//! tunnel is judged as the first was, and no byte of a handshake message goes upstream before
+//! the whole message is in and judged: a message's first bytes (its server_name, say) are held
+//! back until its last arrives.
 //!
 //! The client's stream is split into records. Handshake records are plaintext until the
 //! client's change_cipher_spec or its first encrypted record; after that only the second
@@ -9,7 +11,8 @@
 //! just before it). The server's records are read only to see that HelloRetryRequest; the
 //! proxy reads the server's bytes before it forwards them, so it knows of the request before
 //! the client can answer it. Once the server has sent its real ServerHello and the client has
-//! gone encrypted, with no retry pending, the watch ends and the relay only copies.
+//! gone encrypted, with no retry pending and nothing held, the watch ends and the relay only
+//! copies.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -55,25 +58,27 @@ struct Records {
 }
 
 impl Records {
-    /// Feeds `bytes`; calls `fragment(kind, bytes, starts_record)` for each piece of a record
-    /// body, in order. Stops at the first error, from the framing or from `fragment`.
+    /// Feeds `bytes`; calls `fragment(kind, piece, offset, starts_record)` for each piece of a
+    /// record body, in order, `offset` being where the piece starts in `bytes`. Stops at the
+    /// first error, from the framing or from `fragment`.
     fn feed<E>(
         &mut self,
-        mut bytes: &[u8],
-        mut fragment: impl FnMut(u8, &[u8], bool) -> Result<(), E>,
+        bytes: &[u8],
+        mut fragment: impl FnMut(u8, &[u8], usize, bool) -> Result<(), E>,
         framing: impl Fn(&'static str) -> E,
     ) -> Result<(), E> {
-        while !bytes.is_empty() {
+        let mut at = 0;
+        while at < bytes.len() {
             if self.remaining > 0 {
-                let n = self.remaining.min(bytes.len());
+                let n = self.remaining.min(bytes.len() - at);
                 self.remaining -= n;
-                fragment(self.kind, &bytes[..n], false)?;
-                bytes = &bytes[n..];
+                fragment(self.kind, &bytes[at..at + n], at, false)?;
+                at += n;
                 continue;
             }
-            let n = (5 - self.header.len()).min(bytes.len());
-            self.header.extend_from_slice(&bytes[..n]);
-            bytes = &bytes[n..];
+            let n = (5 - self.header.len()).min(bytes.len() - at);
+            self.header.extend_from_slice(&bytes[at..at + n]);
+            at += n;
             if self.header.len() < 5 {
                 break;
             }
@@ -91,26 +96,35 @@ impl Records {
             self.header.clear();
             self.kind = kind;
             self.remaining = len;
-            fragment(kind, &[], true)?;
+            fragment(kind, &[], at, true)?;
         }
         Ok(())
     }
 }
 
-/// Handshake messages reassembled from handshake record fragments.
+/// Handshake messages reassembled from handshake record fragments, remembering where the
+/// bytes of the unfinished one lie in the caller's stream.
 #[derive(Default)]
 struct Messages {
     partial: Vec<u8>,
+    /// For each fragment in `partial`: (its start in `partial`, its start in the stream, len).
+    pieces: Vec<(usize, usize, usize)>,
 }
 
 impl Messages {
-    /// Appends `bytes`; calls `message(type, body)` for each message completed.
+    /// Appends `bytes`, found at `at` in the caller's stream; calls `message(type, body)` for
+    /// each message completed.
     fn feed(
         &mut self,
         bytes: &[u8],
+        at: usize,
         max: usize,
         mut message: impl FnMut(u8, &[u8]) -> Result<(), WatchError>,
     ) -> Result<(), WatchError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.pieces.push((self.partial.len(), at, bytes.len()));
         self.partial.extend_from_slice(bytes);
         while let Some(len) = message_len(&self.partial) {
             if len > max {
@@ -122,8 +136,30 @@ impl Messages {
             let rest = self.partial.split_off(len);
             message(self.partial[0], &self.partial[4..])?;
             self.partial = rest;
+            self.pieces.retain_mut(|(start, stream, piece_len)| {
+                if *start + *piece_len <= len {
+                    return false;
+                }
+                let cut = len.saturating_sub(*start);
+                *start = start.saturating_sub(len);
+                *stream += cut;
+                *piece_len -= cut;
+                true
+            });
         }
         Ok(())
+    }
+
+    /// Where the unfinished message's first byte lies in the stream, if one is unfinished.
+    fn unfinished_from(&self) -> Option<usize> {
+        self.pieces.first().map(|&(_, stream, _)| stream)
+    }
+
+    /// The caller dropped the first `n` bytes of its stream.
+    fn forget(&mut self, n: usize) {
+        for (_, stream, _) in &mut self.pieces {
+            *stream -= n;
+        }
     }
 }
 
@@ -145,6 +181,9 @@ struct ClientSide {
     /// The client sent change_cipher_spec or an encrypted record: its later handshake records
     /// are ciphertext, unless a retry is pending.
     encrypted: bool,
+    /// Bytes read but not yet forwarded: from the first byte of an unfinished handshake
+    /// message on.
+    held: Vec<u8>,
 }
 
 #[derive(Default)]
@@ -152,6 +191,15 @@ struct State {
     client: ClientSide,
     server: ServerSide,
     finished: bool,
+}
+
+impl State {
+    fn update_finished(&mut self) {
+        self.finished = self.server.done
+            && self.client.encrypted
+            && !self.server.retry_pending
+            && self.client.held.is_empty();
+    }
 }
 
 /// The watch over one TLS tunnel; clones share it (one for each direction of the relay).
@@ -179,32 +227,36 @@ impl TlsWatch {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // The state is only ever changed whole, field by field, within one call; a panic in
-        // another direction leaves it readable.
+        // Each call leaves the state consistent before it can fail; a panic in the other
+        // direction's task leaves it readable.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Bytes the client sent, before they go upstream. An error refuses the tunnel; the bytes
-    /// must then not be forwarded.
-    pub(crate) fn client_bytes(&self, bytes: &[u8]) -> Result<(), WatchError> {
+    /// Bytes the client sent; returns those that may go upstream now, in order (earlier held
+    /// bytes first). The rest is held until the handshake message it belongs to is whole and
+    /// judged. An error refuses the tunnel: nothing held is ever forwarded.
+    pub(crate) fn client_bytes(&self, bytes: &[u8]) -> Result<Vec<u8>, WatchError> {
         let mut guard = self.lock();
         let state = &mut *guard;
         if state.finished {
-            return Ok(());
+            return Ok(bytes.to_vec());
         }
         let ClientSide {
             records,
             messages,
             encrypted,
+            held,
         } = &mut state.client;
         let server = &mut state.server;
         let host = &*self.host;
         let max = self.max_message;
+        let base = held.len();
+        held.extend_from_slice(bytes);
         records.feed(
             bytes,
-            |kind, fragment, starts| match kind {
+            |kind, fragment, at, starts| match kind {
                 CONTENT_HANDSHAKE if !*encrypted || server.retry_pending => {
-                    messages.feed(fragment, max, |kind, body| {
+                    messages.feed(fragment, base + at, max, |kind, body| {
                         if kind == HANDSHAKE_CLIENT_HELLO {
                             let hello = parse_client_hello_body(body)
                                 .map_err(|err| WatchError::LaterHello(err.into()))?;
@@ -224,8 +276,11 @@ impl TlsWatch {
             },
             WatchError::NotTls,
         )?;
-        state.finished = server.done && *encrypted && !server.retry_pending;
-        Ok(())
+        let release = messages.unfinished_from().unwrap_or(held.len());
+        let pass: Vec<u8> = held.drain(..release).collect();
+        messages.forget(release);
+        state.update_finished();
+        Ok(pass)
     }
 
     /// Bytes the server sent, before they go to the client.
@@ -245,13 +300,13 @@ impl TlsWatch {
         } = server;
         let read = records.feed(
             bytes,
-            |kind, fragment, _| {
+            |kind, fragment, _, _| {
                 if *done {
                     // Past the hello: only record headers are read, to the end of this chunk.
                     return Ok(());
                 }
                 match kind {
-                    CONTENT_HANDSHAKE => messages.feed(fragment, max, |kind, body| {
+                    CONTENT_HANDSHAKE => messages.feed(fragment, 0, max, |kind, body| {
                         if kind == HANDSHAKE_SERVER_HELLO && is_hello_retry_request(body) {
                             *retry_pending = true;
                         } else {
@@ -276,7 +331,7 @@ impl TlsWatch {
             // police, and no HelloRetryRequest can be read from it.
             server.done = true;
         }
-        state.finished = server.done && state.client.encrypted && !server.retry_pending;
+        state.update_finished();
     }
 }
 
@@ -312,7 +367,7 @@ mod tests {
         TlsWatch::new("a.example", 64 * 1024)
     }
 
-    fn later_refused(result: Result<(), WatchError>) -> SniffError {
+    fn later_refused(result: Result<Vec<u8>, WatchError>) -> SniffError {
         match result {
             Err(WatchError::LaterHello(err)) => err,
             other => panic!("expected a refused later hello, got {other:?}"),
@@ -333,6 +388,27 @@ mod tests {
             assert!(w.client_bytes(&[*byte]).is_ok());
         }
         later_refused(w.client_bytes(&[*last]));
+    }
+
+    #[test]
+    fn a_later_hello_is_held_back_until_judged() {
+        let w = watch();
+        // A second hello, allowed, in three reads: nothing past its record header passes
+        // until it is whole, and then all of it, with what came after it, in order.
+        let good = records(&client_hello(Some(sni("a.example"))), 30);
+        let mut stream = good.clone();
+        stream.extend_from_slice(&record(23, &[7; 10]));
+        let (one, rest) = stream.split_at(7);
+        let (two, three) = rest.split_at(good.len() - 7 - 1);
+        assert_eq!(w.client_bytes(one).unwrap(), &one[..5]);
+        assert_eq!(w.client_bytes(two).unwrap(), b"");
+        assert_eq!(w.client_bytes(three).unwrap(), &stream[5..]);
+        // One refused: its prefix, server_name included, never came out.
+        let w = watch();
+        let bad = records(&client_hello(Some(sni("b.example"))), 30);
+        let (head, last) = bad.split_at(bad.len() - 1);
+        assert_eq!(w.client_bytes(head).unwrap(), &head[..5]);
+        later_refused(w.client_bytes(last));
     }
 
     #[test]
@@ -359,7 +435,7 @@ mod tests {
         assert!(w.client_bytes(&record(23, &[7; 40])).is_ok());
         assert!(w.finished());
         // Once finished nothing is parsed: not even bytes that are not records.
-        assert!(w.client_bytes(b"anything").is_ok());
+        assert_eq!(w.client_bytes(b"anything").unwrap(), b"anything");
     }
 
     #[test]

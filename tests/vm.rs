@@ -614,3 +614,68 @@ fn a_boot_prunes_long_unused_artefacts_but_not_a_base_a_kept_layer_needs() {
     assert_eq!(kinds("base-"), 1);
     guest.destroy().expect("destroy");
 }
+
+/// A VM guest runs its own kernel on the devices QEMU gives it (a virtio disk, a
+/// virtio-serial port; no SMBIOS on microvm, QEMU's own ACPI tables), so nothing in its
+/// /sys or /proc can name the host: not the homes' paths, not the disk image of a sandbox of
+/// another home on a host loop device, not the host's own block devices or DMI identifiers.
+/// The search runs through the real `dynocap` binary as the sandbox user and as the guest's
+/// root (`sudo`); the guest's tools see its own disk.
+#[test]
+fn a_vm_guest_sees_no_host_device_path_or_identifier() {
+    let test = "a_vm_guest_sees_no_host_device_path_or_identifier";
+    let Some(home) = dynocap_e2e::TestHome::on(dynocap_e2e::Backend::Vm, test) else {
+        return;
+    };
+    home.sandbox("seer", &[]);
+    // A jail sandbox of another home: its disk image is on a host loop device meanwhile.
+    let other = dynocap_e2e::TestHome::new();
+    other.sandbox("other", &[]);
+    let facts = dynocap_e2e::host_view::HostFacts::read();
+    assert!(
+        facts
+            .loop_backing_files
+            .iter()
+            .any(|file| file.starts_with(&*other.path().to_string_lossy())),
+        "no host loop device holds the other home's disk: {facts:?}"
+    );
+
+    // The guest's own disk, and nothing else: no loop device, no backing file.
+    let own = home.sh(
+        "seer",
+        "ls /sys/block; cat /sys/block/*/loop/backing_file 2>/dev/null; \
+         lsblk -dn -o NAME; df -P / | tail -1 | awk '{print $6}'",
+    );
+    assert_eq!(own, "vda\nvda\n/\n", "{own}");
+    let mut anywhere = std::collections::BTreeSet::new();
+    for path in [home.path(), other.path()] {
+        anywhere.insert(path.to_string_lossy().into_owned());
+    }
+    for file in &facts.loop_backing_files {
+        anywhere.insert(file.trim_end_matches(" (deleted)").to_owned());
+    }
+    anywhere.insert(home.sandbox_id("seer"));
+    anywhere.insert(other.sandbox_id("other"));
+    anywhere.extend(facts.dmi_identifiers.iter().cloned());
+    // A host device named as the guest's own virtio disk (a host that is itself a VM has a
+    // `vda` too) is not the host's: the check above says what the guest's `vda` is.
+    let devices: std::collections::BTreeSet<String> = facts
+        .block_devices
+        .iter()
+        .filter(|name| name.as_str() != "vda")
+        .cloned()
+        .collect();
+    eprintln!("searching for {anywhere:?}, devices {devices:?}");
+    for as_root in [false, true] {
+        let search = dynocap_e2e::host_view::search(&home, "seer", as_root, &anywhere, &devices);
+        eprintln!(
+            "seer (root: {as_root}): {} names, {} files read, found {:?}",
+            search.names, search.files, search.found
+        );
+        assert!(
+            search.found.is_empty(),
+            "the VM guest (root: {as_root}) sees the host: {:#?}",
+            search.found
+        );
+    }
+}

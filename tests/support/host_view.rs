@@ -30,9 +30,11 @@ devices = [re.compile(rb"(?<![A-Za-z0-9_])" + re.escape(bytes.fromhex(n)) + rb"(
            for n in spec["devices"]]
 control = bytes.fromhex(spec["control"])
 # Files that are not about the host, or that a read would block on or take minutes over:
-# kernel memory and symbols, the kernel log, page maps, the kernel's tracing and debugging.
+# kernel memory, symbols and type information (megabytes each), the kernel log, page maps,
+# the kernel's tracing and debugging.
 SKIP = {"/proc/kcore", "/proc/kmsg", "/proc/kallsyms", "/proc/kpagecount", "/proc/kpageflags",
-        "/proc/kpagecgroup", "/proc/sysrq-trigger", "/sys/kernel/debug", "/sys/kernel/tracing"}
+        "/proc/kpagecgroup", "/proc/sysrq-trigger", "/sys/kernel/debug", "/sys/kernel/tracing",
+        "/sys/kernel/btf"}
 MOUNT_TABLES = re.compile(r"^/proc/(self|1|thread-self)/(task/\d+/)?(mountinfo|mounts|mountstats)$")
 
 found, stats = [], {"names": 0, "files": 0, "control": []}
@@ -217,7 +219,12 @@ pub fn search(
     let script = shell_quote(SEARCH);
     let argument = shell_quote(&spec);
     let sudo = if as_root { "sudo " } else { "" };
-    let out = home.sh(name, &format!("{sudo}python3 -c {script} {argument}"));
+    // Thousands of files: seconds in a jail, tens of seconds in a VM under TCG on a busy
+    // machine, so a deadline far past exec's default.
+    let command = format!("{sudo}python3 -c {script} {argument}");
+    let result = home.exec(name, &["--timeout", "600"], &command);
+    assert_eq!(result["exitCode"], 0, "the search failed: {result:#}");
+    let out = result["stdout"].as_str().expect("stdout");
     let report: Value = serde_json::from_str(out.trim())
         .unwrap_or_else(|err| panic!("the search printed no JSON ({err}): {out}"));
     let control = report["control"].as_array().expect("control");

@@ -49,7 +49,7 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "cpus": ("integer", 2, 1, 64, False),
         "memoryMB": ("integer", 1024, 64, 1048576, False),
         # Extension (CONTRACT.md): the sandbox's disk limit.
-        "diskMB": ("integer", 10240, 64, 1048576, False),
+        "diskMB": ("integer", 2048, 64, 1048576, False),
         # Not in the reference's parameter list, but named by its security table.
         "sshKeyPath": ("string", None, None, None, False),
     },
@@ -73,7 +73,7 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "ttlSeconds": ("integer", 1800, 30, 86400, False),
         "cpus": ("integer", 1, 1, 64, False),
         "memoryMB": ("integer", 1024, 64, 1048576, False),
-        "diskMB": ("integer", 10240, 64, 1048576, False),
+        "diskMB": ("integer", 2048, 64, 1048576, False),
     },
     "dynocap_exec": {**EXEC_PARAMS, "cwd": ("string", "/", None, None, False)},
     "dynocap_ps": {},

@@ -32,7 +32,7 @@ async def test_run_exec_ps_destroy_with_defaults(host: Host) -> None:
             "name": "web", "state": "running", "network": "none", "cpus": 1, "memoryMB": 1024,
             "ttlSeconds": 1800,
         }
-        assert box["diskMB"] == 10240  # the extension's default
+        assert box["diskMB"] == 2048  # the extension's default
         assert box["backend"] in ("jail", "vm")
         assert RFC3339.match(box["createdAt"]) and RFC3339.match(box["expiresAt"])
 

@@ -85,6 +85,11 @@ struct LoopConfig {
     reserved: [u64; 8],
 }
 
+/// The disk image of the sandbox whose state dir is `state_dir` (there only with a disk limit).
+pub fn disk_image(state_dir: &Path) -> PathBuf {
+    DiskPaths::at(state_dir).image
+}
+
 /// Where a state dir keeps its disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DiskPaths {

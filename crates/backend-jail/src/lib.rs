@@ -84,9 +84,14 @@ mod usernet;
 mod uts;
 
 pub use caps::{docker_default_mask, DOCKER_DEFAULT};
-pub use cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT as CGROUP_PARENT};
+pub use cgroup::{
+    bound_all_sandboxes_memory, CgroupLayoutKind, CgroupVersion, Controller, SharedBound,
+    PARENT as CGROUP_PARENT,
+};
 pub use cleanup::{cleanup_leftovers, cleanup_leftovers_keeping_layers};
-pub use disk::{prepared_disk_image, release_prepared_disk, start_preparing_disk, sync_disk};
+pub use disk::{
+    disk_image, prepared_disk_image, release_prepared_disk, start_preparing_disk, sync_disk,
+};
 pub use disk_template::make_spare as make_spare_disk;
 pub use error::JailError;
 pub use idmap::{

@@ -242,10 +242,12 @@ pub fn argv(config: &QemuConfig) -> Vec<OsString> {
         &mut args,
         &["-chardev", &console, "-serial", "chardev:console"],
     );
-    // The root disk.
+    // The root disk. The guest's discards are ignored: the layer's room is reserved on the
+    // host for the sandbox's life (see the engine's `disk_room`), and a discard passed down
+    // would punch it out of the file, for a later write to find the host full.
     args.push("-drive".into());
     args.push(opt_path(
-        "if=none,id=root,format=qcow2,cache=writeback,discard=unmap,file=",
+        "if=none,id=root,format=qcow2,cache=writeback,discard=ignore,file=",
         &config.disk,
     ));
     let blk = format!("virtio-blk-{bus},drive=root");

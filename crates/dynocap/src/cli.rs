@@ -179,7 +179,7 @@ pub struct TaskStartArgs {
     /// Memory limit in MiB, no swap (default 1024).
     #[arg(long = "memory-mb", value_name = "MB", value_parser = whole_number)]
     pub memory_mb: Option<u64>,
-    /// Disk limit in MiB for everything the sandbox writes (64 to 1048576, default 10240);
+    /// Disk limit in MiB for everything the sandbox writes (64 to 1048576, default 2048);
     /// past it, or past its file count (one per 16 KiB), writes fail with ENOSPC.
     #[arg(long = "disk-mb", value_name = "MB", value_parser = whole_number)]
     pub disk_mb: Option<u64>,
@@ -210,7 +210,7 @@ pub struct RunArgs {
     /// Memory limit in MiB, no swap (default 1024).
     #[arg(long = "memory-mb", value_name = "MB", value_parser = whole_number)]
     pub memory_mb: Option<u64>,
-    /// Disk limit in MiB for everything the sandbox writes (64 to 1048576, default 10240);
+    /// Disk limit in MiB for everything the sandbox writes (64 to 1048576, default 2048);
     /// past it, or past its file count (one per 16 KiB), writes fail with ENOSPC.
     #[arg(long = "disk-mb", value_name = "MB", value_parser = whole_number)]
     pub disk_mb: Option<u64>,

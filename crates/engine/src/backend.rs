@@ -53,6 +53,10 @@ pub trait Guest: Send {
     fn prepare_claim(&mut self) -> Result<()> {
         Ok(())
     }
+    /// Sets aside on the host's filesystem the room the guest's disk may fill (see
+    /// `disk_room`): after a boot, and for a warm-pool guest when it is claimed. Nothing to do
+    /// for a guest whose disk is the host's own filesystem (disk limits off).
+    fn reserve_disk(&self) -> Result<()>;
     /// Makes a booted, idle warm-pool guest its claimer's: its hostname and limits.
     fn claim(&self, hostname: &str, cpus: u32, memory_mb: u64) -> Result<()>;
     /// Kills every process of the guest at once, leaving the rest of [`Guest::destroy`] (its
@@ -206,6 +210,8 @@ struct JailGuest {
     /// The disk templates and this guest's disk size, for the spare its teardown leaves the
     /// next start of that size (see `dynocap_backend_jail::make_spare_disk`).
     spare_disk: Option<(std::path::PathBuf, u64)>,
+    /// The disk's image and size, for its reservation; `None` without a disk limit.
+    disk: Option<(std::path::PathBuf, u64)>,
 }
 
 impl Backend for JailBackend {
@@ -279,10 +285,14 @@ impl Backend for JailBackend {
             None
         };
         let spare_disk = jail_spec.disk_templates.clone().zip(jail_spec.disk_bytes);
+        let disk = jail_spec
+            .disk_bytes
+            .map(|bytes| (dynocap_backend_jail::disk_image(&spec.state_dir), bytes));
         Ok(Box::new(JailGuest {
             jail,
             usernet,
             spare_disk,
+            disk,
         }))
     }
 
@@ -364,6 +374,15 @@ impl Guest for JailGuest {
         self.jail
             .prepare_rename()
             .map_err(|err| Error::internal(format!("starting the hostname thread: {err}")))
+    }
+    fn reserve_disk(&self) -> Result<()> {
+        match &self.disk {
+            Some((image, bytes)) if image.exists() => {
+                crate::disk_room::reserve(image, *bytes, crate::disk_room::Layout::Fixed)
+            }
+            // A kept layer from a start without a limit: the host's filesystem holds it.
+            _ => Ok(()),
+        }
     }
     fn claim(&self, hostname: &str, cpus: u32, memory_mb: u64) -> Result<()> {
         self.jail

@@ -16,8 +16,10 @@ pub const MAX_TTL_SECONDS: &str = "DYNOCAP_MAX_TTL_SECONDS";
 
 /// Live sandboxes and tasks together, unless the host says otherwise.
 pub const SANDBOXES_DEFAULT: u64 = 64;
-/// Disk per sandbox, unless the host says otherwise.
-pub const DISK_MB_DEFAULT: u64 = crate::spec::DISK_MB_DEFAULT;
+/// Disk one sandbox may ask for, unless the host says otherwise: room for a large build
+/// beside the default disk. What a start gets is bounded by the free space as well, which its
+/// disk reserves (see `disk_room`).
+pub const DISK_MB_DEFAULT: u64 = 10_240;
 
 /// The effective ceilings: the host's variables, else defaults taken from the machine (its
 /// CPUs, half its memory), never below the spec's defaults for a request.
@@ -140,52 +142,34 @@ impl Ceilings {
         Ok(())
     }
 
-    /// Refuses a new sandbox of `memory_mb` when the live ones already use up the count or,
-    /// with it, would go over the memory ceiling.
-    /// Whether the live sandboxes, warm pool included, are within the ceilings.
+    /// Whether the live sandboxes, warm pool included, are within the count ceiling.
     pub fn hold_for(&self, live: &[Record]) -> bool {
-        let live: Vec<&Record> = live.iter().filter(|r| r.state.is_live()).collect();
-        let used: u64 = live.iter().map(|r| r.memory_mb).sum();
-        live.len() as u64 <= self.sandboxes && used <= self.memory_mb
+        live.iter().filter(|r| r.state.is_live()).count() as u64 <= self.sandboxes
     }
 
-    /// Whether `count` more sandboxes holding `memory_mb` in all fit beside the live ones,
-    /// warm pool included (for topping the pool up: it only takes room nobody uses).
-    pub fn admits_beside(&self, live: &[Record], count: u64, memory_mb: u64) -> bool {
-        let live: Vec<&Record> = live.iter().filter(|r| r.state.is_live()).collect();
-        let used: u64 = live.iter().map(|r| r.memory_mb).sum();
-        (live.len() as u64).saturating_add(count) <= self.sandboxes
-            && used.saturating_add(memory_mb) <= self.memory_mb
+    /// Whether `count` more sandboxes fit beside the live ones, warm pool included (for
+    /// topping the pool up: it only takes room nobody uses).
+    pub fn admits_beside(&self, live: &[Record], count: u64) -> bool {
+        let live = live.iter().filter(|r| r.state.is_live()).count() as u64;
+        live.saturating_add(count) <= self.sandboxes
     }
 
-    /// Refuses a new sandbox of `memory_mb` that would take the live ones past a ceiling. The
-    /// warm pool does not count: it makes room (see `Engine::shrink_pool_to_ceilings`).
-    pub fn check_admission(&self, live: &[Record], memory_mb: u64) -> Result<()> {
-        let live: Vec<&Record> = live
+    /// Refuses a new sandbox when the live ones already use up the count. Memory is not
+    /// summed here: each sandbox's limit bounds that sandbox, and what all of them really use
+    /// together is bounded by the kernel (see [`crate::Engine::bound_sandboxes_memory`]), so
+    /// idle sandboxes overcommit their limits. The warm pool does not count: it makes room
+    /// (see `Engine::shrink_pool_to_ceilings`).
+    pub fn check_admission(&self, live: &[Record]) -> Result<()> {
+        let count = live
             .iter()
             .filter(|r| r.state.is_live() && !r.state.is_pool())
-            .collect();
-        let count = live.len() as u64;
+            .count() as u64;
         if count >= self.sandboxes {
             return Err(denied(format!(
                 "{count} sandboxes and tasks are live and the host allows {} \
                  ({MAX_SANDBOXES}={}); destroy or finish one first",
                 self.sandboxes, self.sandboxes
             )));
-        }
-        let used: u64 = live.iter().map(|r| r.memory_mb).sum();
-        if used.saturating_add(memory_mb) > self.memory_mb {
-            let left = self.memory_mb.saturating_sub(used);
-            let total = used.saturating_add(memory_mb);
-            let allowed = self.memory_mb;
-            return Err(Error::worded(ErrorCode::PolicyDenied, |s| {
-                format!(
-                    "{} {memory_mb} would bring the live sandboxes to {total} MB; the host \
-                     allows {allowed} MB in all ({MAX_MEMORY_MB}={allowed}) and {used} MB are in \
-                     use, so at most {left} MB is left: ask for less or destroy a sandbox first",
-                    s.param(wording::MEMORY_MB)
-                )
-            }));
         }
         Ok(())
     }
@@ -209,7 +193,35 @@ impl crate::Engine {
         let catalog = self.catalog()?;
         // Records whose supervisor died are not live any more; count only the real ones.
         self.reconcile(&catalog)?;
-        ceilings.check_admission(&catalog.list()?, memory_mb)
+        ceilings.check_admission(&catalog.list()?)?;
+        crate::disk_room::check_room(self.home().root(), disk_mb)?;
+        self.bound_sandboxes_memory(&ceilings)
+    }
+
+    /// Bounds what all sandboxes use together to the memory ceiling, in the cgroup every
+    /// sandbox's is under (see the jail's `bound_all_sandboxes_memory`): written before each
+    /// start, so the ceiling in force is the one of the latest start. A caller that may not
+    /// write it (an unprivileged user given delegated cgroup parents) leaves the bound to
+    /// whoever delegated them, and the log says so.
+    pub(crate) fn bound_sandboxes_memory(&self, ceilings: &Ceilings) -> Result<()> {
+        let bytes = ceilings
+            .memory_mb
+            .min(MEMORY_MB_MAX)
+            .saturating_mul(1 << 20);
+        match dynocap_backend_jail::bound_all_sandboxes_memory(bytes) {
+            Ok(dynocap_backend_jail::SharedBound::Applied) => Ok(()),
+            Ok(dynocap_backend_jail::SharedBound::NotPermitted(why)) => {
+                tracing::warn!(
+                    "the memory of all sandboxes together is not bounded by DynoCap ({why}); \
+                     the cgroup parents' owner bounds it"
+                );
+                Ok(())
+            }
+            Err(err) => Err(Error::new(
+                ErrorCode::PolicyDenied,
+                format!("bounding the memory of all sandboxes to {MAX_MEMORY_MB}: {err}"),
+            )),
+        }
     }
 }
 
@@ -343,19 +355,26 @@ mod tests {
     }
 
     #[test]
-    fn live_total_and_count_bound_new_sandboxes() {
+    fn the_count_bounds_new_sandboxes_and_memory_limits_overcommit() {
         use crate::catalog::State;
         let c = with(&[(MAX_MEMORY_MB, "1000"), (MAX_SANDBOXES, "2")]).unwrap();
-        let one = [record(State::Running, 600)];
-        c.check_admission(&one, 400).unwrap();
-        let err = c.check_admission(&one, 401).unwrap_err();
-        assert_eq!(err.code, ErrorCode::PolicyDenied);
-        assert!(err.message.contains("at most 400 MB is left"), "{err}");
-        // Ended sandboxes hold no memory and do not count.
+        // Limits add up past the memory ceiling: the kernel bounds what they really use.
+        let one = [record(State::Running, 1000)];
+        c.check_admission(&one).unwrap();
+        // Ended sandboxes do not count.
         let ended = [record(State::Destroyed, 900), record(State::Finished, 900)];
-        c.check_admission(&ended, 1000).unwrap();
+        c.check_admission(&ended).unwrap();
         let two = [record(State::Running, 100), record(State::Starting, 100)];
-        let err = c.check_admission(&two, 64).unwrap_err();
+        let err = c.check_admission(&two).unwrap_err();
+        assert_eq!(err.code, ErrorCode::PolicyDenied);
         assert!(err.message.contains("DYNOCAP_MAX_SANDBOXES=2"), "{err}");
+        // The pool makes room: its members do not count against a caller's start.
+        let pooled = [record(State::Running, 100), record(State::Pooled, 100)];
+        c.check_admission(&pooled).unwrap();
+        assert!(!c.hold_for(&[
+            record(State::Running, 1),
+            record(State::Pooled, 1),
+            record(State::Warming, 1)
+        ]));
     }
 }

@@ -14,6 +14,7 @@ pub mod ceilings;
 pub mod clone;
 pub mod control;
 pub mod diff_view;
+pub mod disk_room;
 pub mod durable;
 pub mod egress;
 pub mod error;

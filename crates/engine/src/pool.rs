@@ -72,13 +72,14 @@ impl Engine {
         let pool = pool_spec();
         // The pool only takes room under the host's ceilings that nobody uses.
         let ceilings = crate::ceilings::Ceilings::from_env()?;
+        self.bound_sandboxes_memory(&ceilings)?;
         self.reconcile(&catalog)?;
         let live = catalog.list()?;
         let pooled = live.iter().filter(|r| r.state.is_pool()).count();
         let mut room: usize = 0;
         while pooled + room < target {
             let more = room as u64 + 1;
-            if !ceilings.admits_beside(&live, more, more * pool.memory_mb) {
+            if !ceilings.admits_beside(&live, more) {
                 break;
             }
             room += 1;

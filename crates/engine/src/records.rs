@@ -69,7 +69,16 @@ pub fn save(home: &Home, record: &Record) -> Result<()> {
         Kind::Task => crate::durable::replace(&path, &text),
         Kind::Raw => crate::durable::replace_unsynced(&path, &text),
     };
-    written.context(format_args!("writing the record file {}", path.display()))
+    written.map_err(|err| match err.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::internal(format!(
+            "the disk holding {} is full (No space left on device), so the record file {} \
+             cannot be written; free space there (or point DYNOCAP_HOME at a larger disk) and \
+             try again",
+            home.root().display(),
+            path.display()
+        )),
+        _ => Error::internal(format!("writing the record file {}: {err}", path.display())),
+    })
 }
 
 /// Reads one record file.

@@ -500,14 +500,17 @@ impl Engine {
     /// Raw sandboxes: live ones and lost ones not yet destroyed.
     pub fn ps(&self) -> Result<Vec<SandboxInfo>> {
         let catalog = self.catalog()?;
-        self.reconcile(&catalog)?;
+        let deferred = self.reconcile_for_reading(&catalog)?;
         Ok(catalog
             .list()?
-            .iter()
+            .into_iter()
             // A destroyed one is only waiting for its supervisor to finish the teardown; the
             // warm pool's are nobody's yet.
             .filter(|r| r.kind == Kind::Raw && r.state != State::Destroyed && !r.state.is_pool())
-            .map(SandboxInfo::from_record)
+            .map(|mut record| {
+                deferred.annotate(&mut record);
+                SandboxInfo::from_record(&record)
+            })
             .collect())
     }
 
@@ -570,7 +573,11 @@ impl Engine {
         }
         let serving = matches!(record.state, State::Starting | State::Running);
         if !serving || !supervisor_alive(&record) {
-            self.reconcile(&catalog)?;
+            if let Some(note) = self.reconcile_for_reading(&catalog)?.note() {
+                return Err(Error::conflict(format!(
+                    "\"{name}\" is not running: {note}"
+                )));
+            }
             let state = catalog
                 .get(&record.id)?
                 .map(|r| r.state)
@@ -739,6 +746,23 @@ impl Engine {
         Ok(())
     }
 
+    /// [`Engine::reconcile`] for a command that only reads (`ls`, `ps`, a task's record or
+    /// diff). A take-over is recorded on the home's filesystem; when that is full the record
+    /// cannot change, and the command still answers rather than failing on a write it did
+    /// not need: it shows the records as they are, each one whose supervisor is gone with a
+    /// note saying so (see [`Deferred::annotate`]). The first command after room is freed
+    /// records the take-over.
+    pub(crate) fn reconcile_for_reading(&self, catalog: &Catalog) -> Result<Deferred> {
+        match self.reconcile(catalog) {
+            Ok(()) => Ok(Deferred(None)),
+            Err(err) if crate::disk_room::is_full(self.home.root()) => {
+                tracing::warn!("taking over a sandbox left for later: {}", err.message);
+                Ok(Deferred(Some(self.home.root().to_owned())))
+            }
+            Err(err) => Err(err),
+        }
+    }
+
     fn take_over(&self, catalog: &Catalog, record: &Record) -> Result<()> {
         // Its host helpers (git packing the history) do not die with it by themselves.
         if let Some(process) = record.supervisor {
@@ -847,6 +871,33 @@ pub(crate) enum Via<'a> {
     Spawn(Option<BorrowedFd<'a>>),
     /// The engine's standby, which falls back to a spawn if it is gone.
     Standby(crate::standby::Standby),
+}
+
+/// Take-overs a reading command could not record because the home's filesystem (the path
+/// held) is full (see [`Engine::reconcile_for_reading`]).
+pub(crate) struct Deferred(Option<std::path::PathBuf>);
+
+impl Deferred {
+    /// Notes on a live record whose supervisor is gone that its end is not recorded yet, and
+    /// why: what the listing shows instead of a failure.
+    pub(crate) fn annotate(&self, record: &mut Record) {
+        if record.state.is_live() && !supervisor_alive(record) {
+            if let Some(note) = self.note() {
+                record.note = Some(note);
+            }
+        }
+    }
+
+    /// Why a take-over waits, if one does.
+    fn note(&self) -> Option<String> {
+        self.0.as_ref().map(|home| {
+            format!(
+                "its supervisor is gone, and recording that needs room on the disk holding {}, \
+                 which is full; free space there and try again",
+                home.display()
+            )
+        })
+    }
 }
 
 fn supervisor_alive(record: &Record) -> bool {

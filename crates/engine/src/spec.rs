@@ -20,7 +20,7 @@ pub const MEMORY_MB_DEFAULT: u64 = 1_024;
 /// The sandbox's disk (its writable layer): bytes and inodes (one per 16 KiB).
 pub const DISK_MB_MIN: u64 = 64;
 pub const DISK_MB_MAX: u64 = 1_048_576;
-pub const DISK_MB_DEFAULT: u64 = 10_240;
+pub const DISK_MB_DEFAULT: u64 = 2_048;
 /// Process count cap per sandbox: stops fork bombs while leaving room for real builds.
 pub const PIDS_LIMIT: u64 = 1_024;
 
@@ -451,7 +451,7 @@ mod tests {
     #[test]
     fn disk_edges_and_default() {
         let spec = RunSpec::raw("a", None, None, None, None, None).unwrap();
-        assert_eq!(spec.disk_mb, 10_240);
+        assert_eq!(spec.disk_mb, 2_048);
         assert!(RunSpec::raw("a", None, None, None, None, Some(64)).is_ok());
         assert!(RunSpec::raw("a", None, None, None, None, Some(1_048_576)).is_ok());
         let low = RunSpec::raw("a", None, None, None, None, Some(63)).unwrap_err();

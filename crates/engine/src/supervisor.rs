@@ -260,6 +260,11 @@ fn boot(
     };
     let booting = std::time::Instant::now();
     let (guest, guest_output) = boot_with_piped_output(backend.as_ref(), &spec)?;
+    // A warm-pool guest is nobody's yet: its disk takes its room when it is claimed. On
+    // failure the guest is dropped, which tears it down.
+    if record.state != State::Warming {
+        guest.reserve_disk()?;
+    }
     tracing::info!(
         "guest booted in {:.2}s on {} backend, init pid {}, host id range {id_range}",
         booting.elapsed().as_secs_f64(),
@@ -544,7 +549,10 @@ async fn serve(
                         "this sandbox is not an idle warm-pool sandbox; it cannot be claimed",
                     ))
                 } else {
-                    match guest.claim(&claim.hostname, claim.cpus, claim.memory_mb) {
+                    match guest
+                        .reserve_disk()
+                        .and_then(|()| guest.claim(&claim.hostname, claim.cpus, claim.memory_mb))
+                    {
                         Ok(()) => {
                             restore_priority();
                             let expires_at = chrono::DateTime::from_timestamp(claim.expires_unix, 0)

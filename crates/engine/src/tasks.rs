@@ -167,7 +167,7 @@ impl Engine {
     /// A task that ended shows the patch it saved, with its saved summary.
     pub async fn task_diff(&self, target: &str) -> Result<DiffResult> {
         let catalog = self.catalog()?;
-        self.reconcile(&catalog)?;
+        self.reconcile_for_reading(&catalog)?;
         let found = find(&catalog, target)?;
         if found.kind == Kind::Task
             && matches!(
@@ -346,8 +346,9 @@ impl Engine {
     /// One task's record, by name or id.
     pub fn task_info(&self, target: &str) -> Result<TaskInfo> {
         let catalog = self.catalog()?;
-        self.reconcile(&catalog)?;
-        let record = find(&catalog, target)?;
+        let deferred = self.reconcile_for_reading(&catalog)?;
+        let mut record = find(&catalog, target)?;
+        deferred.annotate(&mut record);
         if record.kind != Kind::Task {
             return Err(Error::conflict(format!(
                 "\"{target}\" is a raw sandbox, not a task"
@@ -359,10 +360,11 @@ impl Engine {
     /// Tasks (live and retained) and raw sandboxes.
     pub fn ls(&self) -> Result<LsResult> {
         let catalog = self.catalog()?;
-        self.reconcile(&catalog)?;
+        let deferred = self.reconcile_for_reading(&catalog)?;
         let mut tasks = Vec::new();
         let mut sandboxes = Vec::new();
-        for record in catalog.list()? {
+        for mut record in catalog.list()? {
+            deferred.annotate(&mut record);
             match record.kind {
                 Kind::Task => tasks.push(task_info(&record)?),
                 Kind::Raw => sandboxes.push(SandboxInfo::from_record(&record)),

@@ -29,6 +29,8 @@ pub struct VmBackend;
 
 struct VmGuest {
     vm: Vm,
+    /// The layer's virtual size, for its reservation.
+    disk_bytes: u64,
     /// pasta, for a `nat` guest.
     usernet: Option<dynocap_backend_jail::UserNet>,
 }
@@ -93,7 +95,11 @@ impl Backend for VmBackend {
             vm.accel(),
             vm.paths().console_log.display()
         );
-        Ok(Box::new(VmGuest { vm, usernet }))
+        Ok(Box::new(VmGuest {
+            vm,
+            disk_bytes: vm_spec.disk_bytes,
+            usernet,
+        }))
     }
 
     fn cleanup_leftovers(&self, id: &str, state_dir: &Path) -> Result<()> {
@@ -146,6 +152,13 @@ impl Guest for VmGuest {
     }
     /// A VM's vCPUs and memory are fixed when QEMU starts and its hostname lives in the
     /// guest kernel, out of the host's reach: a booted VM cannot become its claimer's.
+    fn reserve_disk(&self) -> Result<()> {
+        crate::disk_room::reserve(
+            &self.vm.paths().disk,
+            self.disk_bytes,
+            crate::disk_room::Layout::Growing,
+        )
+    }
     fn claim(&self, _hostname: &str, _cpus: u32, _memory_mb: u64) -> Result<()> {
         Err(Error::conflict(
             "a vm sandbox cannot be claimed from the warm pool (its vCPUs, memory and hostname \

@@ -73,7 +73,20 @@ pub(crate) fn settings(
         (CgroupVersion::V2, Controller::Cpu) => {
             vec![set("cpu.max", format!("{quota_us} {CFS_PERIOD_US}"))]
         }
-        (CgroupVersion::V1, Controller::Memory) => {
+        (version, Controller::Memory) => memory_settings(version, memory, swap)?,
+        (_, Controller::Pids) => vec![set("pids.max", limits.pids)],
+    })
+}
+
+/// The writes, in order, that bound a cgroup's memory to `memory` bytes and its swap to none:
+/// a sandbox's own limit, and the bound over all sandboxes together (see `shared`).
+pub(crate) fn memory_settings(
+    version: CgroupVersion,
+    memory: u64,
+    swap: SwapFacts,
+) -> Result<Vec<Setting>, JailError> {
+    Ok(match version {
+        CgroupVersion::V1 => {
             let mut writes = vec![set("memory.limit_in_bytes", memory)];
             if swap.swap_file {
                 // memory+swap equal to memory: not one byte of swap.
@@ -83,7 +96,7 @@ pub(crate) fn settings(
             }
             writes
         }
-        (CgroupVersion::V2, Controller::Memory) => {
+        CgroupVersion::V2 => {
             let mut writes = vec![set("memory.max", memory)];
             if swap.swap_file {
                 writes.push(set("memory.swap.max", 0));
@@ -98,7 +111,6 @@ pub(crate) fn settings(
             }
             writes
         }
-        (_, Controller::Pids) => vec![set("pids.max", limits.pids)],
     })
 }
 

@@ -16,6 +16,7 @@
 mod delegate;
 mod layout;
 mod limits;
+mod shared;
 mod tree;
 
 use std::os::fd::OwnedFd;
@@ -25,6 +26,7 @@ use nix::unistd::Pid;
 
 pub use layout::{CgroupLayoutKind, CgroupVersion, Controller};
 pub(crate) use layout::{Hierarchy, Layout};
+pub use shared::{bound_all_sandboxes_memory, SharedBound};
 
 use crate::error::{JailError, HINT_PRIVILEGE};
 use crate::spec::Limits;

@@ -213,7 +213,7 @@ fn disk() -> Param {
         },
         required: false,
         description: "Disk for everything the sandbox writes, in MB, 64 to 1048576 (default \
-                      10240), with one file per 16 KB. Past it, writes in the sandbox fail \
+                      2048), with one file per 16 KB. Past it, writes in the sandbox fail \
                       with \"No space left on device\"; the host's disk is never filled.",
     }
 }
@@ -351,7 +351,7 @@ the Task object: id (task-...), name, state, limits and source (files, bytes, an
 project paths that did not come, such as unreadable or special files). Then run \
 commands with dynocap_task_exec, review with dynocap_diff, and end with dynocap_task_finish.\n\
 Defaults: history \"branches\", network \"none\", ttlSeconds 1800, cpus 2, memoryMB 1024, \
-diskMB 10240.\n\
+diskMB 2048.\n\
 Host ceilings: the host may cap cpus, memoryMB (per sandbox, and for all live sandboxes \
 together), ttlSeconds and the number of live sandboxes and tasks (DYNOCAP_MAX_CPUS, \
 DYNOCAP_MAX_MEMORY_MB, DYNOCAP_MAX_DISK_MB, DYNOCAP_MAX_TTL_SECONDS, DYNOCAP_MAX_SANDBOXES; by default the host's \
@@ -545,7 +545,7 @@ false, purge false.",
             description: "Boots an ephemeral minimal Linux sandbox (no project, no home \
 directory, loopback-only network by default) and returns its Sandbox object. Run commands in \
 it with dynocap_exec; destroy it with dynocap_destroy, or it is destroyed when ttlSeconds \
-runs out. Defaults: network \"none\", ttlSeconds 1800, cpus 1, memoryMB 1024, diskMB 10240. \
+runs out. Defaults: network \"none\", ttlSeconds 1800, cpus 1, memoryMB 1024, diskMB 2048. \
 network \
 \"filtered\"/\"nat\" are refused unless the host set DYNOCAP_MCP_ALLOW_FILTERED=1 / \
 DYNOCAP_MCP_ALLOW_NAT=1.\n\

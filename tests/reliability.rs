@@ -878,3 +878,56 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     found
 }
+
+/// From its TTL's end until its work is saved a task is `ending`, and every command says what
+/// is true then: `ls` shows it ending (never running again), a command is refused as ending,
+/// `task diff` waits and shows the saved patch, `rm` waits and releases the name. The save is
+/// held four seconds long (a failpoint) so the window is wide.
+#[test]
+fn a_task_past_its_ttl_is_ending_in_every_command_until_its_work_is_saved() {
+    if !require_root("a_task_past_its_ttl_is_ending_in_every_command_until_its_work_is_saved") {
+        return;
+    }
+    let home = TestHome::new().with_env("DYNOCAP_FAILPOINTS", "supervisor.final-diff=sleep(4000)");
+    let project = project();
+    home.json(&[
+        "task",
+        "start",
+        project.path().to_str().unwrap(),
+        "--name",
+        "late",
+        "--ttl",
+        "30",
+    ]);
+    work(&home, "late", "echo two >> a.txt");
+    let mut seen: Vec<String> = Vec::new();
+    while seen.last().is_none_or(|s| s == "running") {
+        let state = task(&home, "late")["state"].as_str().unwrap().to_owned();
+        if seen.last() != Some(&state) {
+            seen.push(state);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(seen, ["running", "ending"], "{seen:?}");
+    // The TTL ran out and the work is being saved (four seconds at least).
+    let refused = home.json_err(&["task", "exec", "late", "--", "true"]);
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        refused["code"] == "conflict" && message.contains("is ending") && message.contains("TTL"),
+        "{refused:#}"
+    );
+    // Both wait for the end: the diff shows the saved patch, rm releases the name.
+    let id = task(&home, "late")["id"].as_str().unwrap().to_owned();
+    let diff = std::thread::scope(|scope| {
+        let diff = scope.spawn(|| home.json(&["task", "diff", &id]));
+        let removed = home.json(&["rm", "late"]);
+        assert_eq!(removed["released"], "late", "{removed:#}");
+        diff.join().unwrap()
+    });
+    assert!(diff["patch"].as_str().unwrap().contains("+two"), "{diff:#}");
+    let ended = task(&home, &id);
+    assert!(
+        ended["state"] == "expired" && ended["name"].is_null(),
+        "{ended:#}"
+    );
+}

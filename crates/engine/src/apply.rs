@@ -74,9 +74,14 @@ impl Engine {
                 "\"{target}\" is a raw sandbox; only a task's work can be applied"
             )));
         }
+        // Ending (its TTL ran out, or another call finishes it): its patch is being saved.
+        let record = self
+            .wait_while_ending(&catalog, record)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("task \"{target}\" was removed")))?;
         match record.state {
             // A task is never pooled (only raw sandboxes are); treated as still starting.
-            State::Starting | State::Running | State::Warming | State::Pooled => {
+            State::Starting | State::Running | State::Ending | State::Warming | State::Pooled => {
                 return Err(Error::conflict(format!(
                     "task \"{target}\" is still running; its patch is saved when it ends: run \
                      `dynocap task finish {target}` first"

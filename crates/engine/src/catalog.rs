@@ -27,6 +27,10 @@ use crate::spec::Network;
 pub enum State {
     Starting,
     Running,
+    /// Its supervisor stopped serving it (its TTL ran out, or it is being finished or
+    /// destroyed) and is ending it: saving a task's work, killing the guest. Set the moment
+    /// the supervisor leaves its serving loop, before it closes its socket.
+    Ending,
     Finished,
     Expired,
     Destroyed,
@@ -47,6 +51,7 @@ impl State {
         match self {
             Self::Starting => "starting",
             Self::Running => "running",
+            Self::Ending => "ending",
             Self::Finished => "finished",
             Self::Expired => "expired",
             Self::Destroyed => "destroyed",
@@ -62,6 +67,7 @@ impl State {
         Some(match value {
             "starting" => Self::Starting,
             "running" => Self::Running,
+            "ending" => Self::Ending,
             "finished" => Self::Finished,
             "expired" => Self::Expired,
             "destroyed" => Self::Destroyed,
@@ -78,7 +84,12 @@ impl State {
     pub fn is_live(self) -> bool {
         matches!(
             self,
-            Self::Starting | Self::Running | Self::Recovering | Self::Warming | Self::Pooled
+            Self::Starting
+                | Self::Running
+                | Self::Ending
+                | Self::Recovering
+                | Self::Warming
+                | Self::Pooled
         )
     }
 

@@ -529,6 +529,11 @@ impl Engine {
             }));
         }
         let display = record.name.clone().unwrap_or_else(|| record.id.clone());
+        // Ending already (its TTL ran out, or another call destroys it): its supervisor is
+        // doing what this call asks.
+        let Some(record) = self.wait_while_ending(&catalog, record).await? else {
+            return Ok(display);
+        };
         if record.state == State::Destroyed && supervisor_alive(&record) {
             // Its supervisor is finishing the teardown, and deletes the record when done.
             return Ok(display);
@@ -554,6 +559,40 @@ impl Engine {
             }
         }
         Ok(display)
+    }
+
+    /// Waits while `record` is [`State::Ending`] (its supervisor saving a task's work or
+    /// killing its guest), for as long as a finish may take, and returns it as it then is:
+    /// `None` once it is gone (a raw sandbox's record is deleted at its end). A supervisor that
+    /// dies meanwhile is taken over as anywhere else.
+    pub(crate) async fn wait_while_ending(
+        &self,
+        catalog: &Catalog,
+        mut record: Record,
+    ) -> Result<Option<Record>> {
+        const POLL: Duration = Duration::from_millis(20);
+        let limit = reply_deadline(&ControlRequest::Finish);
+        let deadline = tokio::time::Instant::now() + limit;
+        while record.state == State::Ending {
+            if !supervisor_alive(&record) {
+                self.reconcile(catalog)?;
+            } else if tokio::time::Instant::now() >= deadline {
+                let display = record.name.as_deref().unwrap_or(&record.id);
+                return Err(Error::conflict(format!(
+                    "\"{display}\" has been ending for {}s (its supervisor, pid {}, is still \
+                     saving its work or stopping its guest); try again later",
+                    limit.as_secs(),
+                    record.supervisor.map_or(0, |p| p.pid)
+                )));
+            } else {
+                tokio::time::sleep(POLL).await;
+            }
+            match catalog.get(&record.id)? {
+                Some(current) => record = current,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(record))
     }
 
     pub(crate) fn live_record(&self, name: &str, kind: Kind) -> Result<Record> {
@@ -915,6 +954,18 @@ fn not_running(s: Surface, name: &str, kind: Kind, state: State) -> String {
         (Kind::Task, State::Recovering) => {
             format!("task \"{name}\" is being recovered; wait for that finish to complete")
         }
+        (Kind::Task, State::Ending) => format!(
+            "task \"{name}\" is ending (its TTL ran out, or it is being finished or removed) and \
+             runs nothing more; its work is being saved. {} waits for it and shows the saved \
+             patch, {} its result",
+            s.op(Op::TaskDiff, name),
+            s.op(Op::TaskFinish, name)
+        ),
+        (Kind::Raw, State::Ending) => format!(
+            "sandbox \"{name}\" is ending (its TTL ran out, or it is being destroyed) and runs \
+             nothing more; start a new one with {}",
+            s.op(Op::Run, name)
+        ),
         (Kind::Task, State::Finished | State::Expired | State::Destroyed) => format!(
             "task \"{name}\" is {}: its guest is gone and its work is saved. See the saved \
              patch with {} (or {}); to keep working, start a new task with {}",

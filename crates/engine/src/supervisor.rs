@@ -594,6 +594,11 @@ async fn serve(
         }
     };
     drop(guest_exit);
+    // The record says so before the socket goes: nobody finds it `running` and unreachable.
+    match catalog.transition(&id, State::Running, State::Ending, None) {
+        Ok(_) => {}
+        Err(err) => tracing::error!("recording that the sandbox is ending: {err}"),
+    }
     drop(listener);
     // Only our own: a socket in its place is another's.
     if file_identity(&control_socket) == listening_at {

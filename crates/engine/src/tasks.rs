@@ -168,7 +168,14 @@ impl Engine {
     pub async fn task_diff(&self, target: &str) -> Result<DiffResult> {
         let catalog = self.catalog()?;
         self.reconcile_for_reading(&catalog)?;
-        let found = find(&catalog, target)?;
+        let mut found = find(&catalog, target)?;
+        if found.kind == Kind::Task && found.state == State::Ending {
+            // Its work is being saved: the saved patch is the answer, once it is there.
+            found = self
+                .wait_while_ending(&catalog, found)
+                .await?
+                .ok_or_else(|| Error::not_found(format!("task \"{target}\" was removed")))?;
+        }
         if found.kind == Kind::Task
             && matches!(
                 found.state,
@@ -200,6 +207,12 @@ impl Engine {
                 )
             }));
         }
+        // Ending already (its TTL ran out, or another call finishes it): its result is the
+        // answer, once it is saved.
+        let record = self
+            .wait_while_ending(&catalog, record)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("task \"{target}\" was removed")))?;
         let record = match record.state {
             State::Starting | State::Running => {
                 match self.call(&record, &ControlRequest::Finish).await {
@@ -388,6 +401,12 @@ impl Engine {
             }));
         }
         let mut destroyed = false;
+        // Ending already: its supervisor saves its work and ends it; the name and the record
+        // are this call's once it has.
+        let record = self
+            .wait_while_ending(&catalog, record)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("task \"{target}\" was removed")))?;
         if record.state == State::Recovering {
             return Err(Error::conflict(format!(
                 "task \"{target}\" is being recovered by a finish; wait for it to complete"

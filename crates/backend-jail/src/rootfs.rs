@@ -60,7 +60,8 @@ const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 /// - `partitions`, `diskstats`, `swaps`, `mdstat`: the host's block devices (its loop devices,
 ///   the disks of other sandboxes, among them), its swap files and RAID arrays by path;
 /// - `cmdline`: the host kernel's boot options (`root=/dev/...`, `root=UUID=...`);
-/// - `interrupts`, `consoles`: the host's devices by driver and name (`nvme0q1`, `ttyS0`);
+/// - `interrupts`, `consoles`, `ioports`, `iomem`: the host's devices by driver, name and
+///   bus address (`nvme0q1`, `ttyS0`, `0000:00:1f.2`);
 /// - `fs`: per-device directories (`fs/ext4/nvme0n1p2`, `fs/jbd2/...`);
 /// - `bus`, `driver`: PCI and input devices, the RTC;
 /// - `sys/dev`: CD-ROM drives, RAID and SCSI settings of the host.
@@ -81,6 +82,8 @@ const PROC_MASKED_FILES: &[&str] = &[
     "cmdline",
     "interrupts",
     "consoles",
+    "ioports",
+    "iomem",
 ];
 const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi", "fs", "bus", "driver", "sys/dev"];
 /// /proc entries made read-only, as Docker does. In the jail's user namespace most of these

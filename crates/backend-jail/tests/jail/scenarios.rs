@@ -218,16 +218,12 @@ fn filesystem() {
         usr.split(' ').nth(5).is_some_and(|o| o.starts_with("ro,")),
         "{usr}"
     );
-    // (The masks on /proc entries are checked below; the cgroups under /sys/fs/cgroup and
-    // powercap's mask depend on the host.)
+    // (The masks on /proc entries are checked below; the covers on /sys, one per top-level
+    // directory of this kernel's sysfs, right after.)
     let mut points: Vec<&str> = mounts
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| {
-            !p.starts_with("/proc/")
-                && !p.starts_with("/sys/fs/cgroup/")
-                && !p.starts_with("/sys/devices/")
-        })
+        .filter(|p| !p.starts_with("/proc/") && !p.starts_with("/sys/"))
         .collect();
     points.sort_unstable();
     assert_eq!(
@@ -247,12 +243,43 @@ fn filesystem() {
             "/etc/ld.so.cache",
             "/proc",
             "/sys",
-            "/sys/firmware",
-            "/sys/fs/cgroup",
             "/tmp",
             "/usr"
         ],
         "exactly the jail's mounts, none of the host's"
+    );
+
+    // /sys: each top-level directory of the sysfs covered by a tmpfs, and only the allowlist
+    // bound back from the sysfs (its mountinfo root, field 4), besides the cgroups.
+    let mut shown: Vec<&str> = mounts
+        .lines()
+        .filter(|l| l.split(' ').nth(4).is_some_and(|p| p.starts_with("/sys/")))
+        .filter(|l| {
+            l.split(" - ")
+                .nth(1)
+                .is_some_and(|f| f.starts_with("sysfs "))
+        })
+        .filter_map(|l| l.split(' ').nth(3))
+        .collect();
+    shown.sort_unstable();
+    let allowed = [
+        "/class/net",
+        "/devices/system/cpu",
+        "/devices/system/node",
+        "/devices/virtual/net",
+        "/kernel/mm",
+    ];
+    assert!(
+        shown.iter().all(|root| allowed.contains(root)) && shown.contains(&"/devices/system/cpu"),
+        "{shown:?}"
+    );
+    let listing = sh_ok(
+        &mut guest,
+        "find /sys/block /sys/dev/block /sys/firmware /sys/bus -mindepth 1 | wc -l; ls /sys/class",
+    );
+    assert_eq!(
+        listing.split_whitespace().collect::<Vec<_>>(),
+        ["0", "block", "net"]
     );
 
     // /tmp and /dev/shm: writable tmpfs with the sticky bit.
@@ -280,12 +307,14 @@ fn filesystem() {
     );
 
     // /proc: host-revealing entries masked, sysctls read-only.
-    let masked = "for f in timer_list kcore keys sched_debug; do [ -e /proc/$f ] && cat /proc/$f; done | wc -c";
+    let masked = "for f in timer_list kcore keys sched_debug partitions diskstats swaps cmdline \
+                  interrupts; do [ -e /proc/$f ] && cat /proc/$f; done | wc -c";
+    assert_eq!(sh_ok(&mut guest, masked).trim(), "0");
+    let masked = "find /proc/acpi /proc/fs /proc/bus /proc/sys/dev -mindepth 1 2>/dev/null | wc -l";
     assert_eq!(sh_ok(&mut guest, masked).trim(), "0");
     let (status, out) = guest.sh("echo 1 > /proc/sys/net/ipv4/ip_forward");
     assert_ne!(status, "exit=0", "{out}");
     assert!(out.contains("Read-only file system"), "{out}");
-    assert_eq!(sh_ok(&mut guest, "ls -A /proc/acpi | wc -l").trim(), "0");
 
     // The agent will need terminals: a pty pair can be opened on the private devpts.
     let (status, result) = guest.probe("pty");

@@ -509,7 +509,16 @@ fn a_full_disk_keeps_the_work_until_there_is_room() {
     let _unmount = Unmount(mount.clone());
     let home = TestHome::at(mount.join("home"));
     let project = project();
-    start(&home, project.path(), "full", &[]);
+    // A disk this small filesystem can reserve beside the home's own files.
+    home.json(&[
+        "task",
+        "start",
+        project.path().to_str().unwrap(),
+        "--name",
+        "full",
+        "--disk-mb",
+        "64",
+    ]);
     work(
         &home,
         "full",

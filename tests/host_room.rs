@@ -1,0 +1,398 @@
+//! Host admission control through the CLI: a sandbox's disk reserves its size on the home's
+//! filesystem when it starts, a start the free space cannot back is `policy_denied` naming
+//! what is free and what is asked, a guest keeps writing what its disk holds after the host
+//! fills up, the commands that only read answer on a full home while `finish` says the disk
+//! is full, and memory limits overcommit under one bound for all sandboxes, so that fifty
+//! idle sandboxes start.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use dynocap_e2e::*;
+use serde_json::Value;
+
+/// A small ext4 filesystem, loop-mounted for a test's `DYNOCAP_HOME`, unmounted on drop.
+struct SmallFs {
+    mount: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn new(megabytes: u64) -> SmallFs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let image = dir.path().join("home.ext4");
+        let mount = dir.path().join("mnt");
+        std::fs::create_dir(&mount).expect("mountpoint");
+        let image_arg = image.to_str().expect("utf-8 path");
+        run_ok("truncate", &["-s", &format!("{megabytes}M"), image_arg]);
+        run_ok("mkfs.ext4", &["-q", "-F", "-m", "0", image_arg]);
+        run_ok(
+            "mount",
+            &["-o", "loop", image_arg, mount.to_str().expect("utf-8")],
+        );
+        SmallFs { mount, _dir: dir }
+    }
+
+    fn home(&self) -> TestHome {
+        TestHome::at(self.mount.join("home"))
+    }
+
+    /// Fills every block left, from the host: large writes, then small ones, then files,
+    /// until each finds no room.
+    fn fill(&self) -> Vec<PathBuf> {
+        let mut ballast = Vec::new();
+        for (n, bs) in ["1M", "4k"].into_iter().enumerate() {
+            let path = self.mount.join(format!("ballast-{n}"));
+            let _ = Command::new("dd")
+                .args([
+                    "if=/dev/zero",
+                    &format!("of={}", path.display()),
+                    &format!("bs={bs}"),
+                ])
+                .stderr(std::process::Stdio::null())
+                .status();
+            ballast.push(path);
+        }
+        for n in 0..10_000 {
+            let path = self.mount.join(format!("ballast-file-{n}"));
+            if std::fs::write(&path, b"x").is_err() {
+                break;
+            }
+            ballast.push(path);
+        }
+        assert_eq!(free_mb(&self.mount), 0, "the home's filesystem is full");
+        ballast
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+    }
+}
+
+fn run_ok(program: &str, args: &[&str]) {
+    let status = Command::new(program)
+        .args(args)
+        .status()
+        .expect("spawn a setup command");
+    assert!(status.success(), "{program} {args:?}");
+}
+
+/// MB free to an unprivileged writer on the filesystem holding `dir`, as `df` says.
+fn free_mb(dir: &Path) -> u64 {
+    let out = Command::new("df")
+        .args(["--output=avail", "-B1M"])
+        .arg(dir)
+        .output()
+        .expect("df");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .expect("df prints the free MB")
+}
+
+/// Bytes the file at `path` holds on its filesystem.
+fn allocated(path: &Path) -> u64 {
+    std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(path).expect("stat")) * 512
+}
+
+fn project() -> tempfile::TempDir {
+    let project = tempfile::tempdir().unwrap();
+    git(project.path(), &["init", "-q", "-b", "main"]);
+    write(&project.path().join("calc.py"), "one\n");
+    git(project.path(), &["add", "-A"]);
+    git(project.path(), &["commit", "-q", "-m", "first"]);
+    project
+}
+
+fn assert_denied_for_room(err: &Value, asked: &str) {
+    assert_eq!(err["code"], "policy_denied", "{err}");
+    let message = err["message"].as_str().expect("message");
+    for needle in [asked, "MB free", "--disk-mb", "DYNOCAP_HOME"] {
+        assert!(message.contains(needle), "{needle:?} not in {message:?}");
+    }
+}
+
+/// A start whose disk the home's filesystem cannot set aside is refused before anything is
+/// made, for a raw sandbox and a task alike; one that fits reserves its whole disk, and gives
+/// it back when it ends.
+#[test]
+fn a_disk_is_reserved_at_start_and_a_start_the_host_cannot_back_is_refused() {
+    if !require_root("a_disk_is_reserved_at_start") {
+        return;
+    }
+    let fs = SmallFs::new(240);
+    let home = fs.home();
+    // The default disk, and an explicit one, each larger than the free space.
+    let err = home.json_err(&["run", "big"]);
+    assert_denied_for_room(&err, "2048");
+    let project = project();
+    let err = home.json_err(&[
+        "task",
+        "start",
+        project.path().to_str().unwrap(),
+        "--name",
+        "big",
+        "--disk-mb",
+        "1024",
+    ]);
+    assert_denied_for_room(&err, "1024");
+    assert!(
+        !home.path().join("sandboxes").exists()
+            || std::fs::read_dir(home.path().join("sandboxes"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "a refused start made nothing"
+    );
+
+    let before = free_mb(&fs.mount);
+    home.sandbox("small", &["--disk-mb", "96"]);
+    let image = home
+        .path()
+        .join("sandboxes")
+        .join(home.sandbox_id("small"))
+        .join("disk.img");
+    assert!(
+        allocated(&image) >= 96 << 20,
+        "the whole disk is reserved: {} bytes",
+        allocated(&image)
+    );
+    assert!(
+        before - free_mb(&fs.mount) >= 96,
+        "the host's free space went down"
+    );
+    // What is left cannot back a second disk of that size.
+    let err = home.json_err(&["run", "second", "--disk-mb", "96"]);
+    assert_denied_for_room(&err, "96");
+
+    home.json(&["destroy", "small"]);
+    home.wait_for_teardown();
+    assert!(!image.exists());
+    assert!(free_mb(&fs.mount) + 8 >= before, "the room came back");
+    home.sandbox("second", &["--disk-mb", "96"]);
+    home.json(&["destroy", "second"]);
+}
+
+/// The issue's example: the host's filesystem fills while a task works. Writes the guest's
+/// disk acknowledged stay written (its room was reserved), `ls`, `ps`, `task diff` answer,
+/// `finish` says the disk is full, and once room is freed `finish` saves them all.
+#[test]
+fn a_full_home_keeps_acknowledged_writes_and_read_only_commands_answer() {
+    if !require_root("a_full_home_keeps_acknowledged_writes") {
+        return;
+    }
+    let fs = SmallFs::new(320);
+    let home = fs.home();
+    let project = project();
+    let start_task = |name: &str| {
+        home.json(&[
+            "task",
+            "start",
+            project.path().to_str().unwrap(),
+            "--name",
+            name,
+            "--disk-mb",
+            "64",
+        ])
+    };
+    start_task("calc");
+    start_task("aside");
+    home.sandbox("side", &["--disk-mb", "64"]);
+    let early = home.exec_in_task("calc", "echo EARLY >> calc.py", 60);
+    assert_eq!(early["exitCode"], 0, "{early:#}");
+    let ballast = fs.fill();
+
+    // The guest's disk still takes what fits in it, synced, and its filesystem stays
+    // writable.
+    let late = home.exec_in_task(
+        "calc",
+        "dd if=/dev/zero of=blob bs=1M count=16 conv=fsync 2>/dev/null && rm blob && \
+         echo LATE >> calc.py && sync && touch still-writable",
+        120,
+    );
+    assert_eq!(late["exitCode"], 0, "{late:#}");
+
+    // Commands that only read answer.
+    let ls = home.json(&["ls"]);
+    assert_eq!(ls["tasks"].as_array().unwrap().len(), 2, "{ls:#}");
+    let ps = home.json(&["ps"]);
+    assert_eq!(ps["sandboxes"][0]["name"], "side", "{ps:#}");
+    let diff = home.json(&["task", "diff", "calc"]);
+    let patch = diff["patch"].as_str().unwrap_or_default();
+    assert!(
+        patch.contains("+LATE") && patch.contains("+EARLY"),
+        "{diff:#}"
+    );
+
+    // A supervisor that dies now cannot have its end recorded: `ls` and `ps` still answer,
+    // `ls` saying so, and so does a command for that task.
+    let aside = home.supervisor_pid("aside").expect("aside's supervisor");
+    // SAFETY: kill sends a signal to a process id; no memory is involved.
+    let killed = unsafe { libc::kill(aside, libc::SIGKILL) };
+    assert_eq!(killed, 0, "kill aside's supervisor");
+    assert!(wait_until(30, || !pid_exists(aside)
+        || process_state(aside) == Some('Z')));
+    let ls = home.json(&["ls"]);
+    let listed = ls["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "aside")
+        .cloned()
+        .unwrap_or_else(|| panic!("aside listed: {ls:#}"));
+    let note = listed["note"].as_str().unwrap_or_default();
+    assert!(note.contains("is full"), "{listed:#}");
+    home.json(&["ps"]);
+    let refused = home.json_err(&["task", "exec", "aside", "--", "true"]);
+    let message = refused["message"].as_str().unwrap_or_default();
+    assert!(message.contains("is full"), "{refused:#}");
+
+    // Finishing needs room for the results: it says the disk is full.
+    let failed = home.json_err(&["task", "finish", "calc"]);
+    let message = failed["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("the disk holding") && message.contains("is full"),
+        "{failed:#}"
+    );
+
+    for path in ballast {
+        std::fs::remove_file(path).expect("remove ballast");
+    }
+    let finished = home.json(&["task", "finish", "calc"]);
+    assert_eq!(finished["verified"], true, "{finished:#}");
+    let saved = std::fs::read_to_string(finished["patchPath"].as_str().unwrap()).unwrap();
+    assert!(
+        saved.contains("+EARLY") && saved.contains("+LATE"),
+        "every acknowledged write is in the patch: {saved}"
+    );
+    // The dead task's end was recorded once there was room: its work is kept.
+    let ls = home.json(&["ls"]);
+    let aside = ls["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "aside")
+        .cloned()
+        .unwrap_or_else(|| panic!("aside listed: {ls:#}"));
+    assert_eq!(aside["state"], "unsaved", "{aside:#}");
+    home.json(&["destroy", "side"]);
+}
+
+/// The memory limits of live sandboxes may add up past the host's memory ceiling: the kernel
+/// bounds what they use together, in the one parent cgroup all of theirs are under.
+#[test]
+fn memory_limits_overcommit_under_one_bound_for_all_sandboxes() {
+    if !require_root("memory_limits_overcommit_under_one_bound") {
+        return;
+    }
+    let home = TestHome::new()
+        .with_env("DYNOCAP_MAX_MEMORY_MB", "4096")
+        .with_env("DYNOCAP_MAX_SANDBOXES", "3");
+    for name in ["one", "two", "three"] {
+        home.sandbox(name, &["--memory-mb", "3072", "--disk-mb", "64"]);
+    }
+    assert_eq!(shared_memory_bound(), Some(4096 << 20));
+    // Each sandbox's own limit is its own.
+    let limit = home.sh("one", "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max");
+    assert_eq!(limit.trim(), (3072u64 << 20).to_string());
+    // The count ceiling still holds.
+    let err = home.json_err(&["run", "four", "--disk-mb", "64"]);
+    assert_eq!(err["code"], "policy_denied", "{err}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("DYNOCAP_MAX_SANDBOXES=3"),
+        "{err}"
+    );
+    for name in ["one", "two", "three"] {
+        home.json(&["destroy", name]);
+    }
+}
+
+/// The limit of the `dynocap` parent cgroup of the memory controller, v1 or v2.
+fn shared_memory_bound() -> Option<u64> {
+    [
+        "/sys/fs/cgroup/memory/dynocap/memory.limit_in_bytes",
+        "/sys/fs/cgroup/dynocap/memory.max",
+    ]
+    .iter()
+    .find_map(|file| std::fs::read_to_string(file).ok())
+    .and_then(|text| text.trim().parse().ok())
+}
+
+/// Fifty idle sandboxes with the default memory limit (50 GB of limits, past the default
+/// ceiling of half the RAM) and a 1 GiB disk each start side by side, then go.
+#[test]
+fn fifty_idle_sandboxes_start_with_the_default_memory_limit() {
+    if !require_root("fifty_idle_sandboxes_start") {
+        return;
+    }
+    const COUNT: usize = 50;
+    let home = TestHome::new();
+    let needed = (COUNT as u64) * 1024 + 1024;
+    let free = free_mb(home.path());
+    if free < needed {
+        eprintln!(
+            "SKIPPED fifty_idle_sandboxes_start: {free} MB free under /tmp, {needed} MB needed \
+             for fifty reserved 1 GiB disks"
+        );
+        return;
+    }
+    let names: Vec<String> = (0..COUNT).map(|n| format!("idle{n}")).collect();
+    let start = |name: &str| {
+        let out = home
+            .command()
+            .args(["--json", "run", name, "--disk-mb", "1024"])
+            .output()
+            .expect("spawn dynocap run");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let results: Vec<(bool, String)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = names
+            .chunks(COUNT / 5)
+            .map(|chunk| scope.spawn(move || chunk.iter().map(|n| start(n)).collect::<Vec<_>>()))
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("starter thread"))
+            .collect()
+    });
+    let failed: Vec<&String> = results
+        .iter()
+        .filter(|(ok, _)| !ok)
+        .map(|(_, out)| out)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} starts failed: {failed:?}",
+        failed.len()
+    );
+    let ps = home.json(&["ps"]);
+    let running = ps["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "running" && s["memoryMB"] == 1024)
+        .count();
+    assert_eq!(running, COUNT, "{ps:#}");
+    let answer = home.sh("idle49", "echo alive");
+    assert_eq!(answer.trim(), "alive");
+    std::thread::scope(|scope| {
+        for chunk in names.chunks(COUNT / 5) {
+            let home = &home;
+            scope.spawn(move || {
+                for name in chunk {
+                    home.json(&["destroy", name]);
+                }
+            });
+        }
+    });
+    home.wait_for_teardown();
+}

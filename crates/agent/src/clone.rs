@@ -2,16 +2,25 @@
 //! the egress listener (HTTPS through the proxy; SSH through `dynocap-agent proxy-connect` as
 //! ssh's ProxyCommand).
 //!
-//! An SSH key lives only for the fetch: in a fresh 0700 directory on the guest's /tmp (a
-//! tmpfs, so never on a disk), owned by the sandbox user, and removed when git ends, whatever
-//! happened. It is never in an argument or an environment value, only its path is. Nothing
-//! else runs in the guest during the clone: the host serves no command before the start ends.
+//! An SSH key, and the credentials of an https URL, live only for the fetch: in a fresh 0700
+//! directory on the guest's /tmp (a tmpfs, so never on a disk), owned by the sandbox user, and
+//! removed when git ends, whatever happened. They are never in an argument or an environment
+//! value, only their path is; git is given the URL without credentials, so the clone's
+//! `.git/config` has none either. Nothing else runs in the guest during the clone: the host
+//! serves no command before the start ends.
+//!
+//! A server that speaks only git's dumb HTTP protocol cannot serve a shallow fetch. For
+//! history `head` the whole branch is then fetched into a scratch repository in the workspace,
+//! and the workspace is cloned from it at depth 1, so that the result is the one a smart
+//! server gives (one commit, the same `origin`); the scratch repository is removed.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io::Write as _;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use dynocap_proto::redact::strip_userinfo;
@@ -19,7 +28,8 @@ use dynocap_proto::{CloneRequest, Response};
 use nix::unistd::{fchown, Gid, Uid};
 use tokio::sync::mpsc;
 
-use crate::command::RunError;
+use crate::checkout_tar;
+use crate::command::{stop_requested, RunError};
 use crate::exec::Stop;
 use crate::fsutil;
 use crate::git::{self, Run};
@@ -111,9 +121,10 @@ fn has_ca_bundle(config: &Config) -> bool {
 
 /// Largest baseline archive sent to the host: the sandbox's disk bounds it anyway.
 const ARCHIVE_MAX: u64 = 64 << 30;
-/// Empty trees, for `GIT_ATTR_SOURCE`: the archive must be the commit's files exactly, whatever
-/// its `.gitattributes` say (`export-ignore`, `export-subst`).
-const EMPTY_TREE_SHA256: &str = "6ef19b41225c5369f1c104d45d8d85efa9b057b53b14b4b9b939dd74decc5321";
+/// Largest index listing read of a clone (`ls-files --stage`, about 60 bytes a file).
+const LISTING_MAX: usize = 512 << 20;
+/// What git says when a shallow fetch meets a server speaking only the dumb HTTP protocol.
+const DUMB_NO_SHALLOW: &str = "dumb http transport does not support shallow";
 
 pub async fn clone(
     req: CloneRequest,
@@ -146,6 +157,15 @@ pub async fn clone(
     if has_ca_bundle(config) {
         settings.push(format!("http.sslCAInfo={}", crate::egress::CA_BUNDLE));
     }
+    if let Some(userinfo) = &req.credentials {
+        let store = fetch.write("credentials", &credential_line(&req.url, userinfo)?, owner)?;
+        // Git's own `store` helper reads the file; it is the only helper (the empty value
+        // above clears any other).
+        settings.push(format!(
+            "credential.helper=store --file={}",
+            shell_quote(&store)
+        ));
+    }
     if ssh {
         let agent = std::env::current_exe()
             .map_err(|err| format!("cannot find the agent binary for ssh's proxy: {err}"))?;
@@ -169,48 +189,248 @@ pub async fn clone(
         run_env.push(("GIT_SSH_COMMAND", command));
     }
 
-    let mut args: Vec<String> = vec!["clone".into(), "--quiet".into()];
-    match req.history.as_str() {
-        "head" | "none" => args.extend(["--depth".into(), "1".into(), "--single-branch".into()]),
-        "branches" => args.push("--no-single-branch".into()),
+    let shallow = match req.history.as_str() {
+        "head" | "none" => true,
+        "branches" => false,
         other => return Err(format!("history {other:?} is not head, branches or none")),
-    }
-    args.extend(["--".into(), req.url.clone(), req.dest.clone()]);
+    };
 
     let git = git::git(stop)
         .await
         .map_err(|err| describe(err, "the clone"))?;
-    let mut run = Run::new(Path::new("/")).user(user);
-    for setting in settings {
-        run = run.config(setting);
-    }
-    for (key, value) in run_env {
-        run = run.env(key, value);
-    }
+    let fetcher = Fetcher {
+        git,
+        user,
+        settings,
+        env: run_env,
+    };
     let deadline = Duration::from_millis(req.timeout_ms);
-    let cloned = tokio::time::timeout(deadline, git.run_status(&args, run, stop)).await;
-    // The key goes before anything else happens, whatever the outcome.
+    let cloned = tokio::time::timeout(deadline, async {
+        let first = fetcher
+            .clone_into(&req.url, &dest, shallow.then_some(Depth::One), stop)
+            .await;
+        match first {
+            Err(message) if shallow && message.contains(DUMB_NO_SHALLOW) => {
+                log!("the server speaks only dumb HTTP; fetching the branch whole");
+                clean(&dest)?;
+                fetcher
+                    .clone_whole_then_shallow(&req.url, &dest, owner, stop)
+                    .await
+            }
+            other => other,
+        }
+    })
+    .await;
+    // The secrets go before anything else happens, whatever the outcome.
     drop(fetch);
     let outcome = match cloned {
         Err(_) => Err(format!(
             "the clone did not finish within {}s; it was stopped",
             deadline.as_secs()
         )),
-        Ok(Err(err)) => Err(describe(err, "the clone")),
-        Ok(Ok((_, finished))) if !finished.success() => Err(format!(
-            "git clone failed ({})",
-            strip_userinfo(&finished.describe())
-        )),
-        Ok(Ok(_)) => finish(git, &dest, user, &req.history, stream, outbox, stop).await,
+        Ok(Err(message)) => Err(message),
+        Ok(Ok(())) => finish(git, &dest, user, &req.history, stream, outbox, stop).await,
     };
     if outcome.is_err() {
-        if let Ok(fd) = fsutil::open_dir_nofollow(&dest) {
-            if let Err(err) = fsutil::remove_contents(fd.as_fd()) {
-                log!("cleaning up the failed clone: {err}");
-            }
+        if let Err(err) = clean(&dest) {
+            log!("cleaning up the failed clone: {err}");
         }
     }
     outcome
+}
+
+/// Empties the clone's destination.
+fn clean(dest: &Path) -> Result<(), String> {
+    let fd = fsutil::open_dir_nofollow(dest).map_err(|err| err.to_string())?;
+    fsutil::remove_contents(fd.as_fd())
+        .map_err(|err| format!("cannot empty {}: {err}", dest.display()))
+}
+
+/// The line of git's credential store for `url`'s host: `https://USERINFO@HOST`. Git matches
+/// it by protocol and host; a userinfo without a password gets an empty one, so that git
+/// does not ask for one (it cannot: there is no terminal).
+fn credential_line(url: &str, userinfo: &str) -> Result<String, String> {
+    let rest = url
+        .strip_prefix("https://")
+        .ok_or("credentials are only handed to an https clone")?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if host.is_empty() || host.contains('@') || userinfo.contains(['\n', '\r', '/', '@']) {
+        return Err("the clone's URL or credentials are malformed".into());
+    }
+    let userinfo = if userinfo.contains(':') {
+        userinfo.to_owned()
+    } else {
+        format!("{userinfo}:")
+    };
+    Ok(format!("https://{userinfo}@{host}\n"))
+}
+
+/// How deep a fetch goes.
+#[derive(Clone, Copy)]
+enum Depth {
+    One,
+}
+
+/// Runs the clone's gits, as the sandbox user, with the fetch's settings.
+struct Fetcher<'a> {
+    git: &'a git::Git,
+    user: Option<ExecUser>,
+    settings: Vec<String>,
+    env: Vec<(&'static str, String)>,
+}
+
+impl Fetcher<'_> {
+    fn run<'p>(&self, cwd: &'p Path) -> Run<'p> {
+        let mut run = Run::new(cwd).user(self.user);
+        for setting in &self.settings {
+            run = run.config(setting.clone());
+        }
+        for (key, value) in &self.env {
+            run = run.env(key, value.clone());
+        }
+        run
+    }
+
+    /// Runs git in `cwd` with extra `-c` settings; git's failure is its message.
+    async fn git(
+        &self,
+        cwd: &Path,
+        extra: &[&str],
+        args: &[String],
+        stop: &mut mpsc::Receiver<Stop>,
+    ) -> Result<(), String> {
+        let mut run = self.run(cwd);
+        for setting in extra {
+            run = run.config(*setting);
+        }
+        match self.git.run_status(args, run, stop).await {
+            Err(err) => Err(describe(err, "the clone")),
+            Ok((_, finished)) if !finished.success() => Err(format!(
+                "git {} failed ({})",
+                git::subcommand(args),
+                strip_userinfo(&finished.describe())
+            )),
+            Ok(_) => Ok(()),
+        }
+    }
+
+    /// `git clone` of `url` into `dest`: the default branch alone at `depth`, or every
+    /// branch with its whole history.
+    async fn clone_into(
+        &self,
+        url: &str,
+        dest: &Path,
+        depth: Option<Depth>,
+        stop: &mut mpsc::Receiver<Stop>,
+    ) -> Result<(), String> {
+        let mut args: Vec<String> = vec!["clone".into(), "--quiet".into()];
+        match depth {
+            Some(Depth::One) => {
+                args.extend(["--depth".into(), "1".into(), "--single-branch".into()])
+            }
+            None => args.push("--no-single-branch".into()),
+        }
+        args.extend(["--".into(), url.to_owned(), path_arg(dest)?]);
+        self.git(Path::new("/"), &[], &args, stop).await
+    }
+
+    /// For a server that cannot fetch shallow: the default branch whole into a scratch bare
+    /// repository in `dest`, cloned from there at depth 1 into a second scratch directory
+    /// whose entries then move up into `dest`, `origin` pointing at `url` again. The result
+    /// is the shallow clone a smart server gives.
+    async fn clone_whole_then_shallow(
+        &self,
+        url: &str,
+        dest: &Path,
+        owner: ExecUser,
+        stop: &mut mpsc::Receiver<Stop>,
+    ) -> Result<(), String> {
+        let tag = format!(
+            ".dynocap-dumb-{}-{}",
+            std::process::id(),
+            nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+                .map(|t| t.tv_nsec())
+                .unwrap_or(0)
+        );
+        let whole = dest.join(format!("{tag}.git"));
+        let shallow = dest.join(&tag);
+        let args = vec![
+            "clone".into(),
+            "--quiet".into(),
+            "--bare".into(),
+            "--single-branch".into(),
+            "--".into(),
+            url.to_owned(),
+            path_arg(&whole)?,
+        ];
+        self.git(Path::new("/"), &[], &args, stop).await?;
+        let args = vec![
+            "clone".into(),
+            "--quiet".into(),
+            "--depth".into(),
+            "1".into(),
+            "--single-branch".into(),
+            "--".into(),
+            format!("file://{}", path_arg(&whole)?),
+            path_arg(&shallow)?,
+        ];
+        self.git(Path::new("/"), &["protocol.file.allow=always"], &args, stop)
+            .await?;
+        let args = vec![
+            "remote".into(),
+            "set-url".into(),
+            "origin".into(),
+            "--".into(),
+            url.to_owned(),
+        ];
+        self.git(&shallow, &[], &args, stop).await?;
+        let (dest, whole_name, shallow_name) = (
+            dest.to_path_buf(),
+            CString::new(format!("{tag}.git")).expect("a name without NUL"),
+            CString::new(tag).expect("a name without NUL"),
+        );
+        tokio::task::spawn_blocking(move || move_up(&dest, &whole_name, &shallow_name, owner))
+            .await
+            .map_err(|err| format!("internal error: {err}"))?
+    }
+}
+
+/// Removes the scratch bare repository `whole` from `dest` and moves every entry of the
+/// scratch clone `shallow` up into `dest`, then removes `shallow`. Renames within one
+/// directory tree: nothing is copied, nothing is followed.
+fn move_up(dest: &Path, whole: &CStr, shallow: &CStr, owner: ExecUser) -> Result<(), String> {
+    let fail = |err: &dyn std::fmt::Display| format!("cannot put the clone in place: {err}");
+    let dest_fd = fsutil::open_dir_nofollow(dest).map_err(|err| fail(&err))?;
+    fsutil::remove_at(dest_fd.as_fd(), whole).map_err(|err| fail(&err))?;
+    let from = fsutil::open_dir_at(dest_fd.as_fd(), shallow).map_err(|err| fail(&err))?;
+    for name in fsutil::list_dir(from.as_fd()).map_err(|err| fail(&err))? {
+        if name.as_c_str() == shallow {
+            return Err(fail(
+                &"the repository has an entry named like the scratch clone",
+            ));
+        }
+        nix::fcntl::renameat(
+            from.as_fd(),
+            name.as_c_str(),
+            dest_fd.as_fd(),
+            name.as_c_str(),
+        )
+        .map_err(|err| fail(&err))?;
+    }
+    drop(from);
+    nix::unistd::unlinkat(
+        dest_fd.as_fd(),
+        shallow,
+        nix::unistd::UnlinkatFlags::RemoveDir,
+    )
+    .map_err(|err| fail(&err))?;
+    chown(&dest_fd, owner)
+}
+
+fn path_arg(path: &Path) -> Result<String, String> {
+    path.to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("{} is not UTF-8", path.display()))
 }
 
 fn describe(err: RunError, what: &str) -> String {
@@ -273,27 +493,16 @@ async fn finish(
         .filter(|(_, finished)| finished.success())
         .map(|(out, _)| git::first_line(&out))
         .filter(|branch| !branch.is_empty());
-    let empty_tree = if commit.len() == 64 {
-        EMPTY_TREE_SHA256
-    } else {
-        git::EMPTY_TREE_SHA1
-    };
-    let mut run = Run::new(dest).user(user);
-    if git.attr_source {
-        run = run.env("GIT_ATTR_SOURCE", empty_tree);
-    }
-    crate::repo::stream_git_output(
-        "archive",
-        git,
-        &["archive", "--format=tar", commit.as_str()],
-        run,
-        ARCHIVE_MAX,
-        stream,
-        outbox,
-        stop,
-    )
-    .await
-    .map_err(|err| describe(err, "sending the cloned files to the host"))?;
+    // The host's copy is the checkout as it is on disk (see `checkout_tar`).
+    let mut listing = Run::new(dest).user(user);
+    listing.cap = LISTING_MAX;
+    let listing = git
+        .run(&["ls-files", "-z", "--stage"], listing, stop)
+        .await
+        .map_err(|err| describe(err, "listing the cloned files"))?;
+    let entries = checkout_tar::parse_listing(&listing)?;
+    drop(listing);
+    send_checkout(dest, entries, stream, outbox, stop).await?;
     if history == "none" {
         let fd = fsutil::open_dir_nofollow(dest).map_err(|err| err.to_string())?;
         let name = CString::new(".git").expect("a literal without NUL");
@@ -301,4 +510,33 @@ async fn finish(
             .map_err(|err| format!("cannot remove the clone's history: {err}"))?;
     }
     Ok(Response::Cloned { commit, branch })
+}
+
+/// Sends the checked-out `entries` beneath `dest` to the host as a tar, from the blocking
+/// pool; a stop request ends it between writes.
+async fn send_checkout(
+    dest: &Path,
+    entries: Vec<checkout_tar::Entry>,
+    stream: u32,
+    outbox: &Outbox,
+    stop: &mut mpsc::Receiver<Stop>,
+) -> Result<(), String> {
+    let workspace = fsutil::open_dir_nofollow(dest)
+        .map_err(|err| format!("cannot open {}: {err}", dest.display()))?;
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let writer = checkout_tar::FrameWriter::new(outbox.sender(), stream, Arc::clone(&cancelled));
+    let flag = Arc::clone(&cancelled);
+    let mut sending = tokio::task::spawn_blocking(move || {
+        checkout_tar::write_tar(&workspace, &entries, writer, ARCHIVE_MAX, &flag)
+    });
+    let sent = tokio::select! {
+        sent = &mut sending => sent,
+        () = stop_requested(stop) => {
+            cancelled.store(true, Ordering::Relaxed);
+            let _ = sending.await;
+            return Err("sending the cloned files to the host was cancelled".into());
+        }
+    };
+    sent.map_err(|err| format!("internal error sending the cloned files: {err}"))?
+        .map_err(|err| format!("sending the cloned files to the host: {err}"))
 }

@@ -32,6 +32,7 @@ macro_rules! log {
 mod bigfiles;
 mod cgroup;
 mod channel;
+mod checkout_tar;
 mod clone;
 mod command;
 mod diff_split;

@@ -1568,22 +1568,6 @@ async fn stream_git_outputs(
     Ok(sent)
 }
 
-/// Runs git and sends its stdout on the stream's STDOUT channel, at most `max_bytes` of it.
-#[allow(clippy::too_many_arguments)] // one git run: what, how, where to, and its bounds
-pub(crate) async fn stream_git_output<S: AsRef<std::ffi::OsStr>>(
-    what: &str,
-    git: &Git,
-    args: &[S],
-    run: Run<'_>,
-    max_bytes: u64,
-    stream: u32,
-    outbox: &Outbox,
-    stop: &mut mpsc::Receiver<Stop>,
-) -> Result<u64, RunError> {
-    let spec = git.spec(args, run).map_err(RunError::Failed)?;
-    stream_git_outputs(what, &[spec], max_bytes, stream, outbox, stop).await
-}
-
 /// Forwards `child`'s stdout as it comes until it ends, and waits for it: `sent` counts the
 /// bytes of every run so far against `max_bytes`. The caller kills the child on an error.
 async fn forward_output(

@@ -88,7 +88,14 @@ pub struct EgressRequest {
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CloneRequest {
+    /// The repository's URL without credentials: what git is given and what the clone's
+    /// `origin` records.
     pub url: String,
+    /// The `user[:password]` of an https URL (as written there, percent-encoding and all),
+    /// handed to git for this fetch only, through a file only the fetch reads, removed when
+    /// the fetch ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<String>,
     /// Must not exist or be an empty directory.
     pub dest: String,
     /// `head` (the default branch at depth 1), `branches` (every branch), or `none` (the tree
@@ -110,6 +117,10 @@ impl std::fmt::Debug for CloneRequest {
             .field("url", &self.url)
             .field("dest", &self.dest)
             .field("history", &self.history)
+            .field(
+                "credentials",
+                &self.credentials.as_ref().map(|_| "<redacted>"),
+            )
             .field("ssh_key", &self.ssh_key.as_ref().map(|_| "<redacted>"))
             .field("timeout_ms", &self.timeout_ms)
             .finish_non_exhaustive()

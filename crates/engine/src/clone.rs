@@ -4,9 +4,17 @@
 //! baseline copy patches are verified against. The host re-packs that copy entry by entry:
 //! it is guest output, so only plain files, directories and symlinks with clean relative paths
 //! are kept, within a size bound.
+//!
+//! The credentials of an https URL (`https://user:token@host/…`) are split off where the
+//! start begins ([`split_credentials`]): the record, the catalog, logs and results only ever
+//! hold the URL without them. They reach the supervisor on an inherited pipe that it reads
+//! to its end at once ([`claim_inherited_credentials`]), and the guest in the clone request;
+//! the guest hands them to git in a file only the fetch reads (see the agent's `clone`).
 
 use std::io::{Read, Write};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Component, Path};
+use std::sync::Mutex;
 
 use dynocap_proto::{channel, from_payload, CloneRequest, FrameKind, Request, Response};
 
@@ -90,6 +98,118 @@ impl GitTarget {
 
 pub use dynocap_proto::redact::strip_userinfo;
 
+/// The `user[:password]` of an https repository URL: kept in memory only, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials(String);
+
+impl Credentials {
+    /// The userinfo as the URL wrote it (percent-encoding and all).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credentials(<redacted>)")
+    }
+}
+
+/// Splits the credentials off an https `url`: the URL without them (what is recorded and
+/// shown) and them. An SSH URL's user is a login name, not a secret, and stays; a password
+/// in one is refused, as ssh is only ever given a key.
+pub fn split_credentials(url: &str) -> Result<(String, Option<Credentials>)> {
+    let Some(rest) = url.strip_prefix("https://") else {
+        let authority = url
+            .strip_prefix("ssh://")
+            .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default());
+        if let Some((userinfo, _)) = authority.and_then(|a| a.rsplit_once('@')) {
+            if userinfo.contains(':') {
+                return Err(Error::invalid(format!(
+                    "repositoryUrl {} carries a password, which ssh is never given; use --ssh-key (sshKeyPath)",
+                    strip_userinfo(url)
+                )));
+            }
+        }
+        return Ok((url.to_owned(), None));
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        None => Ok((url.to_owned(), None)),
+        Some(("", host)) => Ok((format!("https://{host}{path}"), None)),
+        Some((userinfo, host)) => Ok((
+            format!("https://{host}{path}"),
+            Some(Credentials(userinfo.to_owned())),
+        )),
+    }
+}
+
+/// The environment variable telling a supervisor that its starter passes a clone's
+/// credentials on [`SUPERVISOR_CREDENTIALS_FD`].
+pub const CREDENTIALS_FD_ENV: &str = "DYNOCAP_CLONE_CREDENTIALS_FD";
+/// The descriptor a supervisor reads a clone's credentials from (the project is 4).
+pub const SUPERVISOR_CREDENTIALS_FD: RawFd = 5;
+/// Longest credentials a supervisor reads.
+const CREDENTIALS_MAX: u64 = 16 * 1024;
+
+/// The credentials the starter passed, from [`claim_inherited_credentials`] until the clone.
+static INHERITED_CREDENTIALS: Mutex<Option<Credentials>> = Mutex::new(None);
+
+/// A pipe holding `credentials` and then its end: the read end, for the supervisor to
+/// inherit. The pipe's buffer holds them whole, so nothing waits on a reader.
+pub fn credentials_pipe(credentials: &Credentials) -> Result<OwnedFd> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .context("creating the pipe for the clone's credentials")?;
+    let mut write = std::fs::File::from(write);
+    write
+        .write_all(credentials.expose().as_bytes())
+        .context("passing the clone's credentials")?;
+    Ok(read)
+}
+
+/// Reads the credentials the starter passed, if it says it did, to their end and closes the
+/// descriptor. Call first thing, with the project's claim, before any child is started.
+pub fn claim_inherited_credentials() -> Result<()> {
+    let Some(value) = std::env::var_os(CREDENTIALS_FD_ENV) else {
+        return Ok(());
+    };
+    std::env::remove_var(CREDENTIALS_FD_ENV);
+    if value.to_str() != Some(&SUPERVISOR_CREDENTIALS_FD.to_string()) {
+        return Err(Error::internal(format!(
+            "{CREDENTIALS_FD_ENV}={} names an unexpected descriptor (the starter passes {SUPERVISOR_CREDENTIALS_FD})",
+            value.to_string_lossy()
+        )));
+    }
+    // SAFETY: the starter dup2'ed the pipe's read end to this number right before exec and
+    // nothing in this process has used it since (this runs first, once).
+    let borrowed = unsafe { BorrowedFd::borrow_raw(SUPERVISOR_CREDENTIALS_FD) };
+    nix::fcntl::fcntl(
+        borrowed,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(|err| Error::internal(format!("the inherited credentials pipe is unusable: {err}")))?;
+    // SAFETY: the descriptor is open (fcntl succeeded) and owned by nothing else here; from
+    // now on the `File` alone closes it.
+    let pipe = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(SUPERVISOR_CREDENTIALS_FD) });
+    let mut text = String::new();
+    pipe.take(CREDENTIALS_MAX)
+        .read_to_string(&mut text)
+        .context("reading the clone's credentials")?;
+    *INHERITED_CREDENTIALS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Credentials(text));
+    Ok(())
+}
+
+/// The credentials the starter passed, once.
+pub fn take_inherited_credentials() -> Option<Credentials> {
+    INHERITED_CREDENTIALS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+}
+
 /// `known_hosts` lines for `host`: the host user's own entries naming it, else the published
 /// keys DynoCap ships for the default git hosts.
 fn known_hosts_for(host: &str) -> String {
@@ -123,6 +243,13 @@ fn known_hosts_for(host: &str) -> String {
         .collect()
 }
 
+/// What a clone authenticates with: an SSH key file, or an https URL's credentials.
+#[derive(Debug, Default)]
+pub struct Access<'a> {
+    pub ssh_key: Option<&'a Path>,
+    pub credentials: Option<Credentials>,
+}
+
 /// Clones `url` into the workspace and records the baseline. The proxy is left open to the
 /// git host alone; the caller sets the task's own network afterwards.
 pub async fn clone_repository(
@@ -130,11 +257,19 @@ pub async fn clone_repository(
     egress: &Egress,
     url: &str,
     history: History,
-    key_path: Option<&Path>,
+    access: Access<'_>,
     state_dir: &Path,
     report: &(dyn Fn(Progress) + Send + Sync),
 ) -> Result<SourceInfo> {
     let target = GitTarget::parse(url)?;
+    // A record from before credentials were split off may still hold them.
+    let (url, recorded) = split_credentials(url)?;
+    let url = url.as_str();
+    let Access {
+        ssh_key: key_path,
+        credentials,
+    } = access;
+    let credentials = credentials.or(recorded);
     let ssh_key = match key_path {
         Some(path) if target.ssh => Some(crate::ssh_key::read(path)?),
         Some(_) => {
@@ -159,6 +294,7 @@ pub async fn clone_repository(
     let partial = state_dir.join("clone.tar.partial");
     let request = Request::Clone(CloneRequest {
         url: url.to_owned(),
+        credentials: credentials.map(|c| c.0),
         dest: WORKSPACE.into(),
         history: history.as_str().into(),
         owner_uid: SANDBOX_UID,
@@ -330,6 +466,27 @@ mod tests {
         ] {
             assert!(GitTarget::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn credentials_are_split_off_https_urls_only() {
+        let (url, secret) =
+            split_credentials("https://me:ghp_t0k@Host.example/o/r.git?x#y").unwrap();
+        assert_eq!(url, "https://Host.example/o/r.git?x#y");
+        assert_eq!(secret.unwrap().expose(), "me:ghp_t0k");
+        let (url, secret) = split_credentials("https://ghp_t0k@host/r").unwrap();
+        assert_eq!(
+            (url.as_str(), secret.unwrap().expose()),
+            ("https://host/r", "ghp_t0k")
+        );
+        let (url, secret) = split_credentials("https://host/a@b").unwrap();
+        assert_eq!((url.as_str(), secret), ("https://host/a@b", None));
+        // An SSH user is a login name, kept; an SSH password is refused, and not repeated.
+        let (url, secret) = split_credentials("ssh://git@host/r").unwrap();
+        assert_eq!((url.as_str(), secret), ("ssh://git@host/r", None));
+        let err = split_credentials("ssh://git:hunter2@host/r").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(!format!("{:?}", Credentials("a:b".into())).contains("a:b"));
     }
 
     #[test]

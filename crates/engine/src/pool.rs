@@ -101,9 +101,13 @@ impl Engine {
             Ok(record)
         })?;
         for record in &added {
-            if let Err(err) =
-                self.spawn_supervisor(&catalog, &record.id, Mode::Start, Via::Spawn(None), true)
-            {
+            if let Err(err) = self.spawn_supervisor(
+                &catalog,
+                &record.id,
+                Mode::Start,
+                Via::Spawn(Default::default()),
+                true,
+            ) {
                 // Nothing runs for it: the record goes at once rather than at the next reconcile.
                 let _ = catalog.delete(&record.id);
                 return Err(err);

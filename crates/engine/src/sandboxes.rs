@@ -11,6 +11,7 @@ use tokio::io::BufReader;
 use tokio::net::UnixStream;
 
 use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
+use crate::clone::{CREDENTIALS_FD_ENV, SUPERVISOR_CREDENTIALS_FD};
 use crate::control::{read_message, write_message, ControlReply, ControlRequest, OutputChannel};
 use crate::egress::EgressSpec;
 use crate::error::{Context, Error, ErrorCode, Result};
@@ -252,15 +253,15 @@ impl Engine {
         record: Record,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<Record> {
-        self.launch_with(record, None, progress).await
+        self.launch_with(record, Handed::default(), progress).await
     }
 
-    /// [`Engine::launch`], the supervisor inheriting `project` (a task's checked project
-    /// directory) as [`SUPERVISOR_PROJECT_FD`].
+    /// [`Engine::launch`], the supervisor inheriting what `handed` holds (a task's checked
+    /// project directory, a clone's credentials).
     pub(crate) async fn launch_with(
         &self,
         record: Record,
-        project: Option<BorrowedFd<'_>>,
+        handed: Handed<'_>,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<Record> {
         let catalog = self.catalog()?;
@@ -269,15 +270,16 @@ impl Engine {
         // A raw sandbox goes to the standby supervisor, if this engine keeps one; a task
         // brings its project, which a standby cannot take. The record names the standby from
         // the start, so that neither it nor the supervisor writes it again.
-        let via = match project {
-            Some(project) => Via::Spawn(Some(project)),
-            None => match self.take_standby() {
+        let via = if handed.is_empty() {
+            match self.take_standby() {
                 Some(standby) => {
                     record.supervisor = ProcessId::of(standby.pid());
                     Via::Standby(standby)
                 }
-                None => Via::Spawn(None),
-            },
+                None => Via::Spawn(handed),
+            }
+        } else {
+            Via::Spawn(handed)
         };
         catalog.insert(&record)?;
         let mut guard = StartGuard {
@@ -351,8 +353,8 @@ impl Engine {
             .open(&log_path)
             .context(format_args!("opening {}", log_path.display()))?;
         let log = OwnedFd::from(log);
-        let project = match via {
-            Via::Spawn(project) => project,
+        let handed = match via {
+            Via::Spawn(handed) => handed,
             Via::Standby(standby) => {
                 let pid = standby.pid();
                 match standby.hand_over(id, ready_write.as_fd(), log.as_fd()) {
@@ -366,7 +368,7 @@ impl Engine {
                         tracing::info!(
                             "the standby supervisor (pid {pid}) is gone ({err}); starting one for {id}"
                         );
-                        None
+                        Handed::default()
                     }
                 }
             }
@@ -383,9 +385,13 @@ impl Engine {
             .args((mode == Mode::Recover).then_some("--recover"));
         // The supervisor gets stdio, the ready pipe and the project, nothing else of ours.
         let mut inherit = vec![(ready_write.as_raw_fd(), SUPERVISOR_READY_FD)];
-        if let Some(project) = project {
+        if let Some(project) = handed.project {
             command.env(PROJECT_FD_ENV, SUPERVISOR_PROJECT_FD.to_string());
             inherit.push((project.as_raw_fd(), SUPERVISOR_PROJECT_FD));
+        }
+        if let Some(credentials) = handed.credentials {
+            command.env(CREDENTIALS_FD_ENV, SUPERVISOR_CREDENTIALS_FD.to_string());
+            inherit.push((credentials.as_raw_fd(), SUPERVISOR_CREDENTIALS_FD));
         }
         // Without fork: copying this process's page tables (a server's, with its runtime's
         // threads) and the copy-on-write faults after it cost a millisecond of every start.
@@ -902,12 +908,27 @@ pub const BACKGROUND_NICE: libc::c_int = 19;
 /// Descriptor number on which a supervisor finds its ready pipe.
 pub const SUPERVISOR_READY_FD: i32 = 3;
 
+/// What a new supervisor inherits beyond stdio and the ready pipe: nothing else of ours.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Handed<'a> {
+    /// A task's checked project directory, as [`SUPERVISOR_PROJECT_FD`] (told so by
+    /// [`PROJECT_FD_ENV`]).
+    pub project: Option<BorrowedFd<'a>>,
+    /// The read end of a pipe holding a clone's credentials, as [`SUPERVISOR_CREDENTIALS_FD`]
+    /// (told so by [`CREDENTIALS_FD_ENV`]). Only a spawned supervisor can take it.
+    pub credentials: Option<BorrowedFd<'a>>,
+}
+
+impl Handed<'_> {
+    fn is_empty(&self) -> bool {
+        self.project.is_none() && self.credentials.is_none()
+    }
+}
+
 /// How a sandbox's supervisor starts.
 pub(crate) enum Via<'a> {
-    /// A new `dynocap supervise` process, inheriting a task's checked project directory, if
-    /// given, as [`SUPERVISOR_PROJECT_FD`] (and told so by [`PROJECT_FD_ENV`]); it gets no
-    /// other descriptor of ours beyond stdio and the ready pipe.
-    Spawn(Option<BorrowedFd<'a>>),
+    /// A new `dynocap supervise` process, inheriting what is handed to it.
+    Spawn(Handed<'a>),
     /// The engine's standby, which falls back to a spawn if it is gone.
     Standby(crate::standby::Standby),
 }

@@ -83,8 +83,10 @@ pub enum Mode {
 pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
     // Every line of this log names the sandbox (the guest relay thread enters it too).
     let _span = tracing::info_span!("supervisor", sandbox = %id).entered();
-    // Before anything can start a child: the project descriptor must not leak into one.
-    let claimed = workspace::claim_inherited_project();
+    // Before anything can start a child: the project descriptor and the clone's credentials
+    // must not leak into one.
+    let claimed = workspace::claim_inherited_project()
+        .and_then(|()| crate::clone::claim_inherited_credentials());
     // The ready pipe came without close-on-exec (that is how it crossed exec). Nothing started
     // from here may inherit it: the starter waits for its end-of-file, which would then only
     // come when the last such child exits, long after this process died.
@@ -97,7 +99,7 @@ pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode
     }
     let ready = ReadyPipe(Mutex::new(Some(std::fs::File::from(ready))));
     if let Err(err) = claimed {
-        tracing::error!("cannot take the project descriptor: {err}");
+        tracing::error!("cannot take what the starter passed: {err}");
         ready.send(&ReadyMessage::Failed(err));
         return 1;
     }
@@ -1011,7 +1013,10 @@ async fn start(
                     egress,
                     url,
                     detail.start.history,
-                    key,
+                    crate::clone::Access {
+                        ssh_key: key,
+                        credentials: crate::clone::take_inherited_credentials(),
+                    },
                     &task.state_dir,
                     &report,
                 )

@@ -2,6 +2,8 @@
 //! finish it with a verified patch, list and remove records. Same supervisor machinery as raw
 //! sandboxes; task records stay after the guest is gone, until `rm` releases or purges them.
 
+use std::os::fd::AsFd;
+
 use crate::catalog::Catalog;
 use crate::catalog::{Kind, Record, State};
 use crate::control::{ControlReply, ControlRequest};
@@ -10,7 +12,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::exec::ExecResult;
 use crate::import::ProjectDir;
 use crate::sandboxes::{
-    find, remove_leftovers, rfc3339, unexpected, Engine, Keep, SandboxInfo, Via,
+    find, remove_leftovers, rfc3339, unexpected, Engine, Handed, Keep, SandboxInfo, Via,
 };
 use crate::save::ResultFiles;
 use crate::spec::ExecSpec;
@@ -58,6 +60,14 @@ impl Engine {
         self.admit(spec.cpus, spec.memory_mb, spec.disk_mb, spec.ttl_seconds)?;
         spec.network.ensure_available()?;
         let mut start = spec.clone();
+        // The credentials of a repository URL are kept apart from here: the record holds the
+        // URL without them, the supervisor gets them on a pipe.
+        let mut credentials = None;
+        if let Source::RepositoryUrl(url) = &spec.source {
+            let (kept, secret) = crate::clone::split_credentials(url)?;
+            start.source = Source::RepositoryUrl(kept);
+            credentials = secret;
+        }
         match (&spec.source, &project) {
             (Source::ProjectPath(_), Some(dir)) => {
                 start.source = Source::ProjectPath(dir.path().to_path_buf());
@@ -75,7 +85,7 @@ impl Engine {
             }
             (Source::RepositoryUrl(_), None) => {}
         }
-        let git_host = match &spec.source {
+        let git_host = match &start.source {
             Source::RepositoryUrl(url) => Some(crate::clone::GitTarget::parse(url)?.host),
             Source::ProjectPath(_) => None,
         };
@@ -127,9 +137,15 @@ impl Engine {
             spec.backend,
         )?;
         record.egress = egress;
-        let record = self
-            .launch_with(record, project.as_ref().map(ProjectDir::as_fd), progress)
-            .await?;
+        let credentials = credentials
+            .as_ref()
+            .map(crate::clone::credentials_pipe)
+            .transpose()?;
+        let handed = Handed {
+            project: project.as_ref().map(ProjectDir::as_fd),
+            credentials: credentials.as_ref().map(AsFd::as_fd),
+        };
+        let record = self.launch_with(record, handed, progress).await?;
         // Tasks boot afresh (the pool holds raw sandboxes); the pool yields their room.
         self.rebalance_pool().await;
         task_info(&record)
@@ -330,7 +346,7 @@ impl Engine {
                 catalog,
                 &record.id,
                 Mode::Recover,
-                Via::Spawn(None),
+                Via::Spawn(Default::default()),
                 &|_| {},
             )
             .await;

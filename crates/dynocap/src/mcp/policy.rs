@@ -765,14 +765,16 @@ pub fn parse_git_url(raw: &str) -> Result<GitUrl, Refusal> {
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let authority = &rest[..end];
     let path = &rest[end..];
+    // A refusal never repeats credentials the URL carries.
+    let shown = dynocap_engine::clone::strip_userinfo(raw);
     if !path.starts_with('/') || path.len() < 2 {
         return Err(shape(format!(
-            "repositoryUrl {raw} names no repository path after the host"
+            "repositoryUrl {shown} names no repository path after the host"
         )));
     }
     if path.starts_with("//") {
         return Err(shape(format!(
-            "repositoryUrl {raw} has an empty path segment after the host"
+            "repositoryUrl {shown} has an empty path segment after the host"
         )));
     }
     let (user, host_port) = match authority.rsplit_once('@') {

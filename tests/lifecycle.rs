@@ -419,9 +419,11 @@ fn a_cli_run_starts_its_supervisor_first_and_a_refused_one_leaves_none() {
     assert!(wait_until(10, || standbys_of(&home).is_empty()));
 }
 
-/// A supervisor SIGKILLed while its agent is killing a command that timed out (the moment the
-/// agent of old had the command's v1 freezer cgroup frozen): every guest process dies with it,
-/// without waiting for another command of the home to clean up.
+/// A supervisor SIGKILLed while its agent is killing a command that timed out: every guest
+/// process dies with it, without waiting for another command of the home to clean up. On a
+/// host with a v1 freezer the command's freezer cgroup is watched throughout, and the
+/// supervisor is killed the instant it is seen frozen: a v1-frozen process ignores SIGKILL,
+/// so an agent that froze it and died with its supervisor left the guest alive.
 #[test]
 fn a_supervisor_killed_while_a_command_is_being_killed_takes_every_guest_process_with_it() {
     if !require_root(
@@ -429,9 +431,18 @@ fn a_supervisor_killed_while_a_command_is_being_killed_takes_every_guest_process
     ) {
         return;
     }
+    use std::sync::atomic::{AtomicBool, Ordering};
     let home = TestHome::new();
     home.sandbox("stubborn", &[]);
     let supervisor = home.supervisor_pids()[0];
+    let freezer = std::path::Path::new("/sys/fs/cgroup/freezer/dynocap")
+        .join(home.sandbox_id("stubborn"))
+        .join("exec-1")
+        .join("freezer.state");
+    let kill_supervisor = || {
+        // SAFETY: plain kill(2) of a pid we own; a second call finds it dead (ESRCH).
+        unsafe { libc::kill(supervisor, libc::SIGKILL) };
+    };
     // 150 processes that shrug off the timeout's SIGTERM, so its SIGKILL round has work to do.
     let mut exec = home
         .command()
@@ -443,27 +454,46 @@ fn a_supervisor_killed_while_a_command_is_being_killed_takes_every_guest_process
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("spawn dynocap exec");
-    let mut guest = Vec::new();
-    assert!(
-        wait_until(60, || {
+    let (watching, seen_frozen) = (AtomicBool::new(true), AtomicBool::new(false));
+    let guest = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while watching.load(Ordering::Relaxed) {
+                let state = std::fs::read_to_string(&freezer).unwrap_or_default();
+                if matches!(state.trim(), "FROZEN" | "FREEZING") {
+                    kill_supervisor();
+                    seen_frozen.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+        });
+        let mut guest = Vec::new();
+        let started = wait_until(60, || {
             guest = descendants(supervisor);
             guest.len() > 150
-        }),
-        "the command's processes started"
-    );
-    // Its timeout (1 s) sends SIGTERM, and the grace period (2 s) after it the SIGKILL round:
-    // the supervisor dies as that round begins.
-    std::thread::sleep(std::time::Duration::from_millis(2_900));
-    // SAFETY: plain kill(2) of a pid we own.
-    assert_eq!(unsafe { libc::kill(supervisor, libc::SIGKILL) }, 0);
-    assert!(
-        wait_until(30, || guest.iter().all(|&p| !pid_exists(p))),
-        "guest processes outlived their supervisor: {:?}",
+        });
+        // Its timeout (1 s) sends SIGTERM, and the grace period (2 s) after it the SIGKILL
+        // round: the supervisor dies as that round begins, if not before.
+        std::thread::sleep(std::time::Duration::from_millis(2_900));
+        kill_supervisor();
+        watching.store(false, Ordering::Relaxed);
+        assert!(started, "the command's processes started");
+        guest
+    });
+    let left = || {
         guest
             .iter()
             .filter(|&&p| pid_exists(p))
             .map(|&p| (p, process_state(p)))
             .collect::<Vec<_>>()
+    };
+    assert!(
+        wait_until(30, || left().is_empty()),
+        "guest processes outlived their supervisor: {:?}",
+        left()
+    );
+    assert!(
+        !seen_frozen.load(Ordering::Relaxed),
+        "the command's v1 freezer cgroup was frozen"
     );
     let _ = exec.wait();
 }

@@ -7,8 +7,9 @@
 //!
 //! Shapes refused without any connection: tunnels that never send a hello, a slow partial
 //! hello, Encrypted ClientHello and ESNI beside an allowed SNI, server_name with two names or
-//! another name type, no SNI, another SNI, a second hello sent with the first, non-TLS bytes,
-//! plain HTTP. Shapes allowed: a real handshake whose hello is cut into many records and
+//! another name type, no SNI, another SNI, a second hello in the first one's records, a hello
+//! past the size bound, non-TLS bytes, plain HTTP; a QUIC datagram goes nowhere. A second hello
+//! right behind the first is refused before any of it is forwarded. Shapes allowed: a real handshake whose hello is cut into many records and
 //! writes, and a real TLS 1.3 handshake through a HelloRetryRequest. Refused after the retry:
 //! a second hello naming another host or carrying ECH, sent where the client's own belongs.
 //!
@@ -161,10 +162,22 @@ struct Outcome {
 
 /// Runs `shape` in the guest and waits until `expect` decisions were logged for it.
 fn send(home: &TestHome, server: &CountingServer, id: &str, shape: &str, expect: usize) -> Outcome {
+    send_to(home, server, id, shape, expect, "")
+}
+
+/// [`send`], with the address argument some shapes take.
+fn send_to(
+    home: &TestHome,
+    server: &CountingServer,
+    id: &str,
+    shape: &str,
+    expect: usize,
+    address: &str,
+) -> Outcome {
     let before = network_log(home, id).len();
     let accepted_before = server.accepted();
     let command = format!(
-        "python3 {GUEST_CLIENT} {} {NPM_HOST} {shape}",
+        "python3 {GUEST_CLIENT} {} {NPM_HOST} {shape} {address}",
         product::GUEST_PROXY
     );
     let result = home.exec_in_task("hello", &command, 300);
@@ -269,7 +282,7 @@ fn every_shape_of_client_hello_is_judged_before_anything_leaves() {
         "closed the tunnel before sending a TLS ClientHello",
     );
 
-    let refusals: [(&str, Option<&str>, &str); 10] = [
+    let refusals: [(&str, Option<&str>, &str); 11] = [
         (
             "slow-partial",
             None,
@@ -312,6 +325,7 @@ fn every_shape_of_client_hello_is_judged_before_anything_leaves() {
             "handshake data after the ClientHello",
         ),
         ("not-tls", None, "not a TLS handshake record"),
+        ("huge", Some("decode_error"), "larger than 65536 bytes"),
     ];
     for (shape, alert, reason) in refusals {
         let outcome = send(&home, &server, &id, shape, 1);
@@ -329,6 +343,20 @@ fn every_shape_of_client_hello_is_judged_before_anything_leaves() {
     assert!(
         said.contains("a later TLS ClientHello in the tunnel was refused"),
         "{said}"
+    );
+
+    // QUIC: a datagram to the server's address and port, which inside the guest is only the
+    // guest's own loopback, and to the allowed name, which the guest cannot resolve. No
+    // decision: UDP never reaches the proxy; the server's host side hears nothing.
+    let udp = std::net::UdpSocket::bind((server.addr, 443)).expect("bind a host UDP listener");
+    udp.set_nonblocking(true).expect("nonblocking");
+    let quic = send_to(&home, &server, &id, "quic", 0, &server.addr.to_string());
+    assert_eq!(quic.connections, 0);
+    let mut datagram = [0u8; 2048];
+    assert!(
+        udp.recv_from(&mut datagram).is_err(),
+        "a QUIC datagram from the guest reached the host: {}",
+        quic.report
     );
 
     // Plain HTTP through the proxy: a 403 before any tunnel.

@@ -2,7 +2,7 @@
 """Sends one shape of TLS ClientHello through the egress proxy, from inside a `filtered` guest
 (tests/network_hello.rs copies it there and runs it with the host's python3).
 
-    hello_client.py PROXY_HOST:PORT HOST SHAPE
+    hello_client.py PROXY_HOST:PORT HOST SHAPE [ADDRESS]
 
 Opens `CONNECT HOST:443` through the proxy, sends SHAPE's bytes into the tunnel and prints one
 JSON object: the proxy's status, what came back through the tunnel (hex), the TLS alert it
@@ -20,6 +20,7 @@ import sys
 import time
 
 PROXY, HOST, SHAPE = sys.argv[1], sys.argv[2], sys.argv[3]
+ADDRESS = sys.argv[4] if len(sys.argv) > 4 else None
 OTHER = "other.test"
 # ServerHello.random of a HelloRetryRequest (RFC 8446 4.1.3).
 HRR_RANDOM = bytes.fromhex("cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c")
@@ -182,6 +183,21 @@ def plain_http():
     return dict(status=head.split(b" ")[1].decode(), received=head[:200].decode(errors="replace"))
 
 
+def quic():
+    """A QUIC Initial-shaped datagram to ADDRESS:443 and HOST:443, past the proxy: UDP has no
+    way out of a filtered guest, so both fail or go nowhere."""
+    datagram = bytes([0xC3, 0, 0, 0, 1, 8]) + os.urandom(8) + bytes([0]) + os.urandom(1180)
+    sent = {}
+    for target in (ADDRESS, HOST):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                udp.sendto(datagram, (target, 443))
+            sent[target] = "sent"
+        except OSError as err:
+            sent[target] = f"{type(err).__name__}: {err}"
+    return dict(status=None, udp=sent)
+
+
 ECH = 0xFE0D
 ESNI = 0xFFCE
 # The payload of every ECH/ESNI extension sent: the test looks for it in what the server got.
@@ -206,6 +222,10 @@ SHAPES = {
     "second-hello-same-record": lambda: crafted(
         records(client_hello(server_name(HOST)) + client_hello(server_name(OTHER)), 40), 5
     ),
+    # A handshake message announcing 70,000 bytes, past the proxy's 64 KiB bound for a hello
+    # (a ClientHello's own fields cannot grow that large), sent whole in full records.
+    "huge": lambda: crafted(records(b"\x01" + (70000).to_bytes(3, "big") + bytes(70000))),
+    "quic": quic,
     "not-tls": lambda: crafted(f"GET / HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()),
     "plain-http": plain_http,
     "split-real": lambda: real(split=True, groups="prime256v1"),

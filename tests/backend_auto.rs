@@ -240,6 +240,24 @@ fn doctor_reports_the_vm_backend_as_its_first_start_finds_it() {
     let detail = text(&check, "detail");
     assert!(check["ok"] == true && detail.contains("TCG"), "{check:#}");
     assert!(detail.contains("slower"), "{detail}");
+    // ...but not for a start that names no image when the default is `host`, which no VM
+    // boots: that start is refused as the caller's (`invalid_argument`), and doctor says so.
+    let host_tcg = [("DYNOCAP_VM_ACCEL", "tcg"), ("DYNOCAP_IMAGE", "host")];
+    let (check, ready, _) = vm_check(&home, &host_tcg);
+    assert!(check["ok"] == false && !ready, "{check:#}");
+    assert!(
+        text(&check, "detail").contains("a start without --image fails")
+            && text(&check, "hint").contains("DYNOCAP_IMAGE"),
+        "{check:#}"
+    );
+    let out = home
+        .command()
+        .envs(host_tcg)
+        .args(["--json", "run", "hostvm"])
+        .output()
+        .expect("spawn");
+    let refused: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(refused["error"]["code"], "invalid_argument", "{refused:#}");
     // KVM forced where the probe saw it fail: starts would time out.
     let (check, _, _) = vm_check(&home, &[("DYNOCAP_VM_ACCEL", "kvm")]);
     assert!(check["ok"] == false, "{check:#}");

@@ -257,6 +257,25 @@ fn vm_check() -> Check {
     match dynocap_engine::Home::from_env() {
         Ok(home) => {
             let vm = dynocap_engine::vm_ready::check(&home, probe);
+            let default = dynocap_engine::image::default_name();
+            if required && default == dynocap_engine::image::DEFAULT_IMAGE {
+                // Every start that names no image gets `host`, which no VM boots.
+                return Check::new(
+                    "vm backend",
+                    true,
+                    false,
+                    format!(
+                        "DYNOCAP_BACKEND=vm, but the default image \"{default}\" is the host's \
+                         own directories, which no VM boots: a start without --image fails; {}",
+                        vm.detail
+                    ),
+                    &format!(
+                        "set DYNOCAP_IMAGE to a built image with a kernel (`dynocap image build \
+                         debian`, then DYNOCAP_IMAGE=debian), or pass --image to every start{}",
+                        vm.hint.map(|h| format!("; then {h}")).unwrap_or_default()
+                    ),
+                );
+            }
             Check::new(
                 "vm backend",
                 required,

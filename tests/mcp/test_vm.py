@@ -138,3 +138,30 @@ async def test_a_vm_task_cycle_flags_risky_changes_and_finishes_verified(host: H
         assert qemus_of(host) == []
         [record] = ok(await s.call_tool("dynocap_ls", {}))["tasks"]
         assert (record["backend"], record["state"]) == ("vm", "finished")
+
+
+async def test_a_machine_that_cannot_run_the_vm_is_internal_not_invalid_argument(host: Host) -> None:
+    """Where KVM does not boot the image's kernel and DYNOCAP_VM_ACCEL names no other
+    accelerator, the first vm start fails as the machine's problem (`internal`), saying which
+    DYNOCAP_VM_ACCEL to set, and leaves nothing. The home keeps its own KVM probe answer (not
+    the shared cache's): the probe runs for doctor, then its answer is set to "does not boot"
+    (on this machine it is that already)."""
+    env = {**vm_env_unshared(host), "DYNOCAP_VM_ACCEL": "auto"}
+    doctor = subprocess.run([str(DYNOCAP), "--json", "doctor"], env=host.env(env),
+                            capture_output=True, text=True, timeout=120)
+    records = list((host.state / "cache" / "vm").glob("kvm-probe-*"))
+    assert len(records) == 1, (records, doctor.stderr)
+    records[0].write_text("fails")
+    async with connect(host, env=env) as s:
+        text = err(await s.call_tool("dynocap_run", {"name": "nokvm"}), "internal")
+        assert "DYNOCAP_VM_ACCEL=tcg" in text, text
+        assert ok(await s.call_tool("dynocap_ps", {}))["sandboxes"] == []
+    assert qemus_of(host) == []
+
+
+def vm_env_unshared(host: Host) -> dict[str, str]:
+    """`vm_env`, but with the home's own VM cache, where a test may set the KVM probe's
+    answer without touching the cache other tests share."""
+    env = vm_env(host)
+    (host.state / "cache" / "vm").unlink()
+    return env

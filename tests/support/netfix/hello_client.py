@@ -2,7 +2,7 @@
 """Sends one shape of TLS ClientHello through the egress proxy, from inside a `filtered` guest
 (tests/network_hello.rs copies it there and runs it with the host's python3).
 
-    hello_client.py PROXY_HOST:PORT HOST SHAPE [ADDRESS]
+    hello_client.py PROXY_HOST:PORT HOST SHAPE [ARGUMENT]
 
 Opens `CONNECT HOST:443` through the proxy, sends SHAPE's bytes into the tunnel and prints one
 JSON object: the proxy's status, what came back through the tunnel (hex), the TLS alert it
@@ -20,6 +20,7 @@ import sys
 import time
 
 PROXY, HOST, SHAPE = sys.argv[1], sys.argv[2], sys.argv[3]
+# The address `quic` sends to, the number of tunnels `silent` opens.
 ADDRESS = sys.argv[4] if len(sys.argv) > 4 else None
 OTHER = "other.test"
 # ServerHello.random of a HelloRetryRequest (RFC 8446 4.1.3).
@@ -165,9 +166,9 @@ def real(split=False, groups=None, second_hello=None):
     return dict(status=status, handshake=tls.version(), retried=retried, reply=reply.decode())
 
 
-def silent(count=100):
-    """`count` tunnels opened at once that never send a byte, held for a while."""
-    socks = [tunnel() for _ in range(count)]
+def silent():
+    """ADDRESS (a count) tunnels opened at once that never send a byte, held for a while."""
+    socks = [tunnel() for _ in range(int(ADDRESS))]
     time.sleep(2)
     statuses = sorted({status for _, status in socks})
     for sock, _ in socks:

@@ -453,3 +453,88 @@ fn nat_without_pasta_is_a_clear_error_and_leaves_nothing() {
     let listed = home.json(&["ps"]);
     assert_eq!(listed["sandboxes"], serde_json::json!([]), "{listed}");
 }
+
+#[test]
+fn a_dead_pasta_is_started_again_and_one_that_keeps_dying_ends_the_network_visibly() {
+    a_dead_pasta_is_started_again_and_one_that_keeps_dying_ends_the_network_visibly_on(
+        Backend::Jail,
+    );
+}
+
+#[test]
+fn a_dead_pasta_is_started_again_and_one_that_keeps_dying_ends_the_network_visibly_in_a_vm() {
+    a_dead_pasta_is_started_again_and_one_that_keeps_dying_ends_the_network_visibly_on(Backend::Vm);
+}
+
+/// pasta killed under a running `nat` sandbox: the supervisor notices (its pidfd) and starts
+/// it again with the same configuration, three times, and the guest reaches the test server
+/// again each time. Killed a fourth time, it is not restarted: the sandbox still runs, and its
+/// network's end is in the log, in `ps` (the note) and in every command's stderr.
+fn a_dead_pasta_is_started_again_and_one_that_keeps_dying_ends_the_network_visibly_on(
+    backend: Backend,
+) {
+    let test = "a_dead_pasta_is_started_again_and_one_that_keeps_dying_ends_the_network_visibly";
+    let Some(home) = TestHome::on(backend, test) else {
+        return;
+    };
+    let world = NatWorld::new();
+    world.start_nat(&home, "flaky");
+    let supervisor = home.supervisor_pids()[0];
+    let fetch = format!("curl -sS -m 20 http://{SERVER_NAME}:{SERVER_PORT}/hello.txt");
+    let kill_pasta = || {
+        let pasta = live_pasta_children(supervisor);
+        assert_eq!(pasta.len(), 1, "one pasta per nat sandbox: {pasta:?}");
+        // SAFETY: kill has no memory preconditions; the pid is this sandbox's pasta.
+        unsafe { libc::kill(pasta[0], libc::SIGKILL) };
+        pasta[0]
+    };
+    for restart in 1..=3 {
+        let dead = kill_pasta();
+        assert!(
+            wait_until(60, || {
+                let now = live_pasta_children(supervisor);
+                now.len() == 1 && now[0] != dead
+            }),
+            "pasta was started again after its death {restart}"
+        );
+        assert_eq!(
+            home.sh("flaky", &fetch),
+            "hello from S\n",
+            "restart {restart}"
+        );
+    }
+    let log = std::fs::read_to_string(home.log_path(&home.sandbox_id("flaky"))).expect("log");
+    assert!(
+        log.contains("pasta exited (signal: 9") && log.contains("restart 3 of 3"),
+        "{log}"
+    );
+
+    kill_pasta();
+    let note = || home.json(&["ps"])["sandboxes"][0]["note"].clone();
+    assert!(
+        wait_until(60, || note().is_string()),
+        "ps shows why the network ended"
+    );
+    let note = note();
+    let note = note.as_str().unwrap();
+    assert!(
+        note.contains("network (\"nat\") ended") && note.contains("again after 3 restarts"),
+        "{note}"
+    );
+    assert_eq!(home.json(&["ps"])["sandboxes"][0]["state"], "running");
+    assert!(
+        live_pasta_children(supervisor).is_empty(),
+        "no fourth restart"
+    );
+    let result = home.exec("flaky", &[], &fetch);
+    assert_ne!(exit_code(&result), 0, "{result:#}");
+    let stderr = result["stderr"].as_str().unwrap_or_default();
+    assert!(
+        stderr.contains("dynocap: the sandbox's network (\"nat\") ended"),
+        "{result:#}"
+    );
+    let text = String::from_utf8(home.run(&["ps"]).stdout).expect("utf-8");
+    assert!(text.contains("flaky: the sandbox's network"), "{text}");
+    let log = std::fs::read_to_string(home.log_path(&home.sandbox_id("flaky"))).expect("log");
+    assert!(log.contains("the sandbox reaches nothing now"), "{log}");
+}

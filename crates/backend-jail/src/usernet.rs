@@ -21,6 +21,10 @@
 //! The same pasta serves a `nat` VM ([`UserNet::start_in`]): there the namespace is the one
 //! QEMU runs in, and the guest's packets reach it as QEMU's own sockets.
 //!
+//! pasta's death is the caller's to notice ([`UserNet::exit_fd`], a pidfd) and to answer,
+//! with [`UserNet::restart_in`] or by ending the guest's network for all to see: a guest whose
+//! pasta died has no interface left and reaches nothing.
+//!
 //! pasta runs as host root (`--runas 0`): it drops to `nobody` by default, which then cannot
 //! open the guest's namespace (owned by a user namespace of host root), and the change of uid
 //! would clear the parent-death signal that ties it to the supervisor. It confines itself
@@ -29,7 +33,7 @@
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
@@ -54,6 +58,11 @@ pub const PASTA_MISSING: &str = "network \"nat\" needs pasta: apt install passt"
 #[derive(Debug)]
 pub struct UserNet {
     child: Option<Child>,
+    /// pasta's pidfd: readable once it has exited, whoever killed it ([`UserNet::exit_fd`]).
+    pidfd: Option<OwnedFd>,
+    /// What [`UserNet::restart_in`] starts it with again.
+    dns_forward: Ipv4Addr,
+    pid_file: PathBuf,
 }
 
 /// Finds `pasta` on `PATH`; the error says how to install it.
@@ -136,9 +145,40 @@ impl UserNet {
         state_dir: &Path,
         prepare: impl Fn(&mut Command),
     ) -> Result<(UserNet, ChildStderr), JailError> {
+        let mut usernet = UserNet {
+            child: None,
+            pidfd: None,
+            dns_forward,
+            pid_file: state_dir.join("usernet.pid"),
+        };
+        let stderr = usernet.launch(netns, &prepare)?;
+        Ok((usernet, stderr))
+    }
+
+    /// Starts pasta again, with the configuration it first had, for the guest whose network
+    /// namespace `netns` names (the same namespace: a jail's `/proc/PID/ns/net`, or a file a
+    /// VM's QEMU namespace is bound to anew). The pasta before is killed and reaped first:
+    /// a pasta that died took the guest's interface with it, and the new one makes it again,
+    /// with its address and routes. Returns the new pasta's stderr. `prepare` and the calling
+    /// thread are as for [`UserNet::start`].
+    pub fn restart_in(
+        &mut self,
+        netns: &Path,
+        prepare: impl Fn(&mut Command),
+    ) -> Result<ChildStderr, JailError> {
+        self.kill()?;
+        self.launch(netns, &prepare)
+    }
+
+    /// Spawns pasta for `netns` and waits until the guest's interface is up and the host's
+    /// addresses are blocked in it.
+    fn launch(
+        &mut self,
+        netns: &Path,
+        prepare: &impl Fn(&mut Command),
+    ) -> Result<ChildStderr, JailError> {
         let pasta = find_pasta()?;
-        let netns = netns.to_path_buf();
-        let pid_file = state_dir.join("usernet.pid");
+        let pid_file = self.pid_file.clone();
         match std::fs::remove_file(&pid_file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -146,7 +186,7 @@ impl UserNet {
         }
         let mut command = Command::new(&pasta);
         command
-            .args(pasta_args(&netns, dns_forward, &pid_file))
+            .args(pasta_args(netns, self.dns_forward, &pid_file))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -155,15 +195,32 @@ impl UserNet {
             .spawn()
             .map_err(|e| JailError::io("start", &pasta, e))?;
         let stderr = child.stderr.take().expect("stderr was asked for as a pipe");
-        let mut usernet = UserNet { child: Some(child) };
-        usernet.wait_ready(&pid_file)?;
-        block_host_addresses(&netns, &host_addresses()?, &prepare)?;
-        Ok((usernet, stderr))
+        // Our child, not yet reaped: its pid cannot name another process.
+        let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+        self.pidfd = Some(
+            crate::sys::pidfd_open(pid)
+                .map_err(|e| JailError::sys("opening a pidfd for pasta", e))?,
+        );
+        self.child = Some(child);
+        self.wait_ready(&pid_file)?;
+        block_host_addresses(netns, &host_addresses()?, prepare)?;
+        Ok(stderr)
     }
 
     /// Host pid of pasta.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Becomes readable once pasta has exited, however it ended (a pidfd): the caller
+    /// watches it to learn that the guest lost its network.
+    pub fn exit_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.pidfd.as_ref().map(AsFd::as_fd)
+    }
+
+    /// How pasta ended, once it has (reaping it); `None` while it runs.
+    pub fn exit_status(&mut self) -> Result<Option<ExitStatus>, JailError> {
+        self.try_wait()
     }
 
     /// Polls for the pid file pasta writes after configuring the guest; fails if pasta exits
@@ -205,6 +262,7 @@ impl UserNet {
     }
 
     fn kill(&mut self) -> Result<(), JailError> {
+        self.pidfd = None;
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };

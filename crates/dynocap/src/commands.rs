@@ -7,7 +7,9 @@ use dynocap_engine::spec::{ExecSpec, RunSpec};
 use dynocap_engine::{Engine, Error, ExecResult, Home};
 
 use crate::cli::{Cli, Command, ExecArgs, RunArgs, SuperviseArgs};
-use crate::output::{fail, print_json, sandbox_rows, table, Streams, SANDBOX_HEADERS};
+use crate::output::{
+    fail, print_json, sandbox_notes, sandbox_rows, table, Streams, SANDBOX_HEADERS,
+};
 
 pub async fn dispatch(cli: Cli) -> ExitCode {
     let json = cli.json;
@@ -121,9 +123,11 @@ pub async fn run_served(engine: &Engine, json: bool, command: Command, streams: 
             if json {
                 streams.json(&serde_json::json!({ "sandboxes": sandboxes }));
             } else {
-                streams
-                    .stdout()
-                    .write_str(&table(SANDBOX_HEADERS, &sandbox_rows(&sandboxes)));
+                streams.stdout().write_str(&format!(
+                    "{}{}",
+                    table(SANDBOX_HEADERS, &sandbox_rows(&sandboxes)),
+                    sandbox_notes(&sandboxes)
+                ));
             }
             0
         }),

@@ -184,6 +184,22 @@ pub fn sandbox_rows(sandboxes: &[SandboxInfo]) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// The notes of sandboxes that have one (a `nat` network that ended), a line each, for
+/// under their table.
+pub fn sandbox_notes(sandboxes: &[SandboxInfo]) -> String {
+    sandboxes
+        .iter()
+        .filter_map(|s| {
+            let note = s.note.as_deref()?;
+            Some(format!(
+                "  {}: {}\n",
+                s.name,
+                dynocap_engine::exec::sanitize_line(note, 1000)
+            ))
+        })
+        .collect()
+}
+
 pub const SANDBOX_HEADERS: &[&str] = &[
     "NAME",
     "STATE",

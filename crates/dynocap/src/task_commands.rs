@@ -14,7 +14,7 @@ use dynocap_engine::task_spec::{
 use dynocap_engine::{Engine, Error};
 
 use crate::cli::{RmArgs, TaskApplyArgs, TaskCommand, TaskStartArgs};
-use crate::output::{print_json, sandbox_rows, table, SANDBOX_HEADERS};
+use crate::output::{print_json, sandbox_notes, sandbox_rows, table, SANDBOX_HEADERS};
 
 pub async fn task(engine: &Engine, json: bool, command: TaskCommand) -> Result<ExitCode, Error> {
     match command {
@@ -260,8 +260,9 @@ pub fn ls(engine: &Engine, json: bool) -> Result<ExitCode, Error> {
     }
     println!("\nSANDBOXES");
     print!(
-        "{}",
-        table(SANDBOX_HEADERS, &sandbox_rows(&listing.sandboxes))
+        "{}{}",
+        table(SANDBOX_HEADERS, &sandbox_rows(&listing.sandboxes)),
+        sandbox_notes(&listing.sandboxes)
     );
     Ok(ExitCode::SUCCESS)
 }

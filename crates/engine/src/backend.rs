@@ -75,6 +75,24 @@ pub trait Guest: Send {
     /// Stops the guest and releases its processes and resources, but keeps its writable layer
     /// (the agent's files) for a later guest to boot over ([`BootSpec::reuse_layer`]).
     fn stop_keeping_layer(self: Box<Self>) -> Result<()>;
+    /// A `nat` guest's pasta ([`crate::usernet`]): a pidfd, readable once pasta has exited.
+    /// `None` for a guest without one (or whose network was ended).
+    fn network_exit_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// How the guest's pasta exited, reaping it ("signal: 9 (SIGKILL)").
+    fn network_exit(&mut self) -> String {
+        "no network process".to_owned()
+    }
+    /// Starts the guest's pasta again, with the configuration it first had. Call from the
+    /// thread that booted the guest: pasta dies with that thread.
+    fn restart_network(&mut self) -> Result<()> {
+        Err(Error::internal("this guest has no network process to restart"))
+    }
+    /// Ends the guest's network for good (its pasta, if any is left).
+    fn end_network(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Where a guest's writes wait before they reach the host's disk, so that a task's work is
@@ -362,6 +380,24 @@ fn disk_bytes(disk_mb: Option<u64>) -> Result<Option<u64>> {
 impl Guest for JailGuest {
     fn take_channel(&mut self) -> Option<OwnedFd> {
         self.jail.take_channel()
+    }
+    fn network_exit_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.usernet.as_ref().and_then(|u| u.exit_fd())
+    }
+    fn network_exit(&mut self) -> String {
+        self.usernet
+            .as_mut()
+            .map_or_else(|| "no network process".to_owned(), usernet::exit_of)
+    }
+    fn restart_network(&mut self) -> Result<()> {
+        let netns = PathBuf::from(format!("/proc/{}/ns/net", self.jail.pid()));
+        match self.usernet.as_mut() {
+            Some(usernet) => usernet::restart(usernet, &netns),
+            None => Err(Error::internal("this guest has no network process to restart")),
+        }
+    }
+    fn end_network(&mut self) -> Result<()> {
+        usernet::stop(&mut self.usernet)
     }
     fn exit_fd(&self) -> BorrowedFd<'_> {
         self.jail.pidfd()

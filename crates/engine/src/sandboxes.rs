@@ -54,6 +54,9 @@ pub struct SandboxInfo {
     /// The built image's content id (none for `host`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_id: Option<String>,
+    /// What a running sandbox lost and what to do (its network ended), when that needs saying.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 impl SandboxInfo {
@@ -72,6 +75,7 @@ impl SandboxInfo {
             egress_allowlist: egress_allowlist(record),
             image: record.image.name.clone(),
             image_id: record.image.id.clone(),
+            note: record.note.clone(),
         }
     }
 }

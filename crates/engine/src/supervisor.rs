@@ -451,6 +451,9 @@ struct Shared {
     oom: OomWatch,
     /// Set once the sandbox is ending: what an interrupted command is told.
     ending: OnceLock<String>,
+    /// Set once a `nat` sandbox's network ended for good (see [`NetworkWatch`]): what every
+    /// command is told from then on.
+    network_lost: OnceLock<String>,
     /// The sandbox's state dir, whose disk is synced after every command.
     state_dir: PathBuf,
     /// Who syncs that disk.
@@ -503,6 +506,7 @@ async fn serve(
         task,
         oom: OomWatch::new(guest.oom_counter(), record.memory_mb),
         ending: OnceLock::new(),
+        network_lost: OnceLock::new(),
         state_dir: home.sandbox_dir(&id),
         layer_sync: guest.layer_sync(),
         home: home.clone(),
@@ -513,6 +517,7 @@ async fn serve(
         end: end_tx,
         claim: claim_tx,
     };
+    let mut network = NetworkWatch::new(guest.as_ref());
     let guest_exit = match AsyncFd::new(guest.exit_fd().as_raw_fd()) {
         Ok(fd) => fd,
         Err(err) => {
@@ -585,6 +590,12 @@ async fn serve(
                     EndRequest::Finish => Ending::Finished,
                 };
             }
+            () = network.exited() => {
+                if let Some(lost) = network.answer(guest.as_mut()) {
+                    let _ = catalog.set_note(&id, Some(&lost));
+                    let _ = shared.network_lost.set(lost);
+                }
+            }
             () = &mut expiry => break Ending::Expired,
             _ = guest_exit.readable() => break Ending::GuestDied,
             _ = async { match sigterm.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => break Ending::Signalled,
@@ -596,6 +607,8 @@ async fn serve(
         }
     };
     drop(guest_exit);
+    // Before the teardown stops pasta and closes the descriptor it watches.
+    drop(network);
     // The record says so before the socket goes: nobody finds it `running` and unreachable.
     match catalog.transition(&id, State::Running, State::Ending, None) {
         Ok(_) => {}
@@ -699,6 +712,101 @@ async fn serve(
         remove_sandbox_files(&home, &id, &record.backend);
     }
     0
+}
+
+/// How many times a `nat` guest's pasta is started again after it died before its network
+/// is ended instead: a pasta that keeps dying is not going to serve, and restarting it for
+/// ever would hide that.
+const NETWORK_RESTARTS: u32 = 3;
+
+/// Watches a `nat` guest's pasta and answers its death: it is started again, with the
+/// configuration it first had, up to [`NETWORK_RESTARTS`] times; after that, or when it cannot
+/// be, the guest's network ends where everyone sees it (the log, the record's note that `ps`
+/// and `ls` show, every command's result).
+struct NetworkWatch {
+    /// pasta's pidfd, registered with the runtime; `None` for a guest without pasta.
+    exit: Option<AsyncFd<std::os::fd::RawFd>>,
+    restarts: u32,
+}
+
+impl NetworkWatch {
+    fn new(guest: &dyn Guest) -> Self {
+        Self {
+            exit: Self::watch(guest),
+            restarts: 0,
+        }
+    }
+
+    fn watch(guest: &dyn Guest) -> Option<AsyncFd<std::os::fd::RawFd>> {
+        let fd = guest.network_exit_fd()?.as_raw_fd();
+        match AsyncFd::new(fd) {
+            Ok(watch) => Some(watch),
+            Err(err) => {
+                tracing::error!("cannot watch pasta, the guest's network: {err}");
+                None
+            }
+        }
+    }
+
+    /// Resolves once pasta has exited; never without a pasta.
+    async fn exited(&self) {
+        match &self.exit {
+            Some(exit) => {
+                let _ = exit.readable().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Restarts pasta, or ends the network: what every command is then told (`Some`).
+    fn answer(&mut self, guest: &mut dyn Guest) -> Option<String> {
+        // Unregistered before the restart closes the descriptor it watches.
+        self.exit = None;
+        let how = guest.network_exit();
+        let failed = if self.restarts < NETWORK_RESTARTS {
+            self.restarts += 1;
+            tracing::warn!(
+                "network \"nat\": pasta exited ({how}); the guest has no network until it is \
+                 started again (restart {} of {NETWORK_RESTARTS})",
+                self.restarts
+            );
+            match guest.restart_network() {
+                Ok(()) => {
+                    self.exit = Self::watch(guest);
+                    return None;
+                }
+                Err(err) => format!("and could not be started again: {}", err.message),
+            }
+        } else {
+            format!("again after {NETWORK_RESTARTS} restarts")
+        };
+        if let Err(err) = guest.end_network() {
+            tracing::warn!("{err}");
+        }
+        let lost = format!(
+            "the sandbox's network (\"nat\") ended at {}: its pasta exited ({how}) {failed}; \
+             the sandbox reaches nothing now. Destroy it and start a new one to have a network \
+             again",
+            rfc3339(chrono::Utc::now())
+        );
+        tracing::error!("{lost}");
+        Some(lost)
+    }
+}
+
+/// The line a command's stderr gets once the sandbox's network has ended.
+fn network_note(lost: &str) -> String {
+    format!("\ndynocap: {lost}\n")
+}
+
+fn with_network_note(mut result: ExecResult, lost: &str) -> ExecResult {
+    let note = network_note(lost);
+    match (&mut result.stderr, &mut result.transcript) {
+        (_, Some(transcript)) => transcript.push_str(&note),
+        (Some(stderr), None) => stderr.push_str(&note),
+        (None, None) => result.stderr = Some(note),
+    }
+    result
 }
 
 /// The device and inode of the file at `path`, if there is one.
@@ -1121,6 +1229,19 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
             let result = match result {
                 Ok(done) => Ok(shared.oom.annotate(conn, done, kills_before).await),
                 Err(err) => Err(err),
+            };
+            let result = match (result, shared.network_lost.get()) {
+                (Ok(done), Some(lost)) => {
+                    if spec.stream_output {
+                        let note = OutputChunk {
+                            channel: OutputChannel::Stderr,
+                            data: network_note(lost).into_bytes(),
+                        };
+                        let _ = write_message(&mut write, &ControlReply::Output(note)).await;
+                    }
+                    Ok(with_network_note(done, lost))
+                }
+                (result, _) => result,
             };
             if spec.stream_output && result.as_ref().is_ok_and(|done| done.oom_killed) {
                 // A streaming client prints the stream, not the result's stderr: tell it there.

@@ -75,6 +75,22 @@ pub fn start_in(netns: &Path, state_dir: &Path) -> Result<UserNet> {
         host_children::die_with_parent,
     )
     .map_err(|err| Error::internal(format!("starting the guest's network: {err}")))?;
+    serving(&usernet, stderr)?;
+    Ok(usernet)
+}
+
+/// Starts the guest's pasta again after it died, with the configuration it started with, for
+/// the namespace `netns` names (as for [`start_in`]). Call from the thread that holds the
+/// guest, as [`start`].
+pub fn restart(usernet: &mut UserNet, netns: &Path) -> Result<()> {
+    let stderr = usernet
+        .restart_in(netns, host_children::die_with_parent)
+        .map_err(|err| Error::internal(format!("restarting the guest's network: {err}")))?;
+    serving(usernet, stderr)
+}
+
+/// Logs which pasta serves the guest and relays its messages into the log.
+fn serving(usernet: &UserNet, stderr: impl Read + Send + 'static) -> Result<()> {
     tracing::info!(
         "network \"nat\": pasta (pid {}) serves the guest's network namespace",
         usernet.pid().unwrap_or(0)
@@ -83,7 +99,16 @@ pub fn start_in(netns: &Path, state_dir: &Path) -> Result<UserNet> {
         .name("pasta-log".into())
         .spawn(move || relay(stderr))
         .context("starting the pasta log relay")?;
-    Ok(usernet)
+    Ok(())
+}
+
+/// What a guest's pasta exited with, reaping it, for the log ("killed by signal 9").
+pub fn exit_of(usernet: &mut UserNet) -> String {
+    match usernet.exit_status() {
+        Ok(Some(status)) => status.to_string(),
+        Ok(None) => "still running".to_owned(),
+        Err(err) => format!("unknown: {err}"),
+    }
 }
 
 /// Copies pasta's messages into the log, line by line, bounded.

@@ -144,6 +144,27 @@ impl Guest for VmGuest {
     fn take_channel(&mut self) -> Option<OwnedFd> {
         self.vm.take_channel()
     }
+    fn network_exit_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.usernet.as_ref().and_then(|u| u.exit_fd())
+    }
+    fn network_exit(&mut self) -> String {
+        self.usernet
+            .as_mut()
+            .map_or_else(|| "no network process".to_owned(), usernet::exit_of)
+    }
+    /// QEMU's namespace is bound to a file again for the new pasta to join, as at boot.
+    fn restart_network(&mut self) -> Result<()> {
+        let Some(usernet) = self.usernet.as_mut() else {
+            return Err(Error::internal(
+                "this guest has no network process to restart",
+            ));
+        };
+        let netns = self.vm.netns_file().map_err(vm_error)?;
+        usernet::restart(usernet, netns.path())
+    }
+    fn end_network(&mut self) -> Result<()> {
+        usernet::stop(&mut self.usernet)
+    }
     fn exit_fd(&self) -> BorrowedFd<'_> {
         self.vm.pidfd()
     }

@@ -641,7 +641,7 @@ fn nullable(schema: Value) -> Value {
 fn sandbox_properties() -> Map<String, Value> {
     let Value::Object(map) = json!({
         "name": { "type": "string" },
-        "state": { "type": "string", "description": "starting, running, finished, expired, destroyed or lost; a task whose work could not be saved when its guest ended is unsaved (its files are kept: dynocap_task_finish recovers them)." },
+        "state": { "type": "string", "description": "starting, running, ending (its TTL ran out, or it is being finished or destroyed: it runs nothing more, and its work is being saved), finished, expired, destroyed or lost; a task whose work could not be saved when its guest ended is unsaved (its files are kept: dynocap_task_finish recovers them)." },
         "backend": { "type": "string", "description": "jail or vm." },
         "image": { "type": "string", "description": "The image the sandbox boots: host (the host's system directories, read-only) or a built image such as debian (the server's DYNOCAP_IMAGE)." },
         "imageId": { "type": "string", "description": "Content id of a built image (absent for host)." },
@@ -656,7 +656,8 @@ fn sandbox_properties() -> Map<String, Value> {
             "type": "array",
             "items": { "type": "string" },
             "description": "Hosts a filtered sandbox reaches over HTTPS (port 443) through the host's proxy; everything else is refused. Absent for none and nat."
-        }
+        },
+        "note": { "type": "string", "description": "What a running sandbox lost and what to do (its nat network ended), when that needs saying." }
     }) else {
         return Map::new();
     };

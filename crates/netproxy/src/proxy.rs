@@ -291,26 +291,26 @@ impl Proxy {
 
         let (counts, error) =
             relay(client, upstream.stream, &first, limits.relay_buffer, watch).await;
-        match error {
-            Some(RelayError::Refused(err)) => Err(Refusal {
-                status: None,
-                alert: err.alert(),
-                reason: err.to_string(),
-                counts,
-            }),
-            Some(RelayError::Io(err)) => Ok(Relayed {
-                rule,
-                overridden: upstream.overridden,
-                counts,
-                error: Some(err),
-            }),
-            None => Ok(Relayed {
-                rule,
-                overridden: upstream.overridden,
-                counts,
-                error: None,
-            }),
-        }
+        let error = match error {
+            // A later ClientHello refused mid-relay: the tunnel is refused after all, with
+            // what had passed until then.
+            Some(RelayError::Refused(err)) => {
+                return Err(Refusal {
+                    status: None,
+                    alert: err.alert(),
+                    reason: err.to_string(),
+                    counts,
+                })
+            }
+            Some(RelayError::Io(err)) => Some(err),
+            None => None,
+        };
+        Ok(Relayed {
+            rule,
+            overridden: upstream.overridden,
+            counts,
+            error,
+        })
     }
 
     /// Reads and judges the tunnel's first bytes, within [`Limits::first_bytes_timeout`] and

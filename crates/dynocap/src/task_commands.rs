@@ -170,7 +170,20 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
             bar.set_position(progress.done);
         }
     };
-    let started = engine.task_start_in(&spec, dir, &report).await;
+    // Watched from before the start begins, so that no Ctrl-C falls between.
+    let mut ending = EndingSignals::watch()?;
+    let started = tokio::select! {
+        started = engine.task_start_in(&spec, dir, &report) => started,
+        signal = ending.next() => {
+            // Leaving the select drops the start, whose guard stops the supervisor with its
+            // guest and removes the record and every file the start made.
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            eprintln!("dynocap: the task start was cancelled ({signal}); nothing of it is left");
+            return Ok(end_by(signal));
+        }
+    };
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
@@ -182,6 +195,54 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
         warn_skipped(engine, &info);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The signals that end a command as they would end any process: Ctrl-C, `kill`, a closed
+/// terminal. While watched, they no longer end the process at once, so a command can undo
+/// what it started first.
+struct EndingSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl EndingSignals {
+    fn watch() -> Result<Self, Error> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let watch = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|err| Error::internal(format!("watching for {name}: {err}")))
+        };
+        Ok(Self {
+            interrupt: watch(SignalKind::interrupt(), "SIGINT")?,
+            terminate: watch(SignalKind::terminate(), "SIGTERM")?,
+            hangup: watch(SignalKind::hangup(), "SIGHUP")?,
+        })
+    }
+
+    /// The first of them to come.
+    async fn next(&mut self) -> nix::sys::signal::Signal {
+        use nix::sys::signal::Signal;
+        tokio::select! {
+            _ = self.interrupt.recv() => Signal::SIGINT,
+            _ = self.terminate.recv() => Signal::SIGTERM,
+            _ = self.hangup.recv() => Signal::SIGHUP,
+        }
+    }
+}
+
+/// Ends this process by `signal`, as it would have ended had the signal not been watched,
+/// so that its parent (a shell) sees the same; should the signal not end it, the exit code a
+/// shell gives such an end.
+fn end_by(signal: nix::sys::signal::Signal) -> ExitCode {
+    use nix::sys::signal::{raise, sigaction, SaFlags, SigAction, SigHandler, SigSet};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: restoring the default disposition installs no handler of ours; nothing else in
+    // this process depends on the runtime's handler any longer, as it ends here.
+    unsafe {
+        let _ = sigaction(signal, &default);
+    }
+    let _ = raise(signal);
+    ExitCode::from(u8::try_from(128 + signal as i32).unwrap_or(u8::MAX))
 }
 
 /// Names, on stderr, the project paths that did not come as they are: the start succeeded,

@@ -8,7 +8,10 @@ server with git smart HTTP, an sshd serving git):
   its finish result reports the hosts reached;
 - an SSH clone with `sshKeyPath` works only with DYNOCAP_MCP_ALLOW_SSH_KEY=1, never echoes
   the key, and a passphrase-protected key is a clear error that leaves no task;
-- a clone that fails is an `internal:` error with git's message and leaves nothing behind.
+- a clone that fails is an `internal:` error with git's message and leaves nothing behind;
+- a start whose clone hangs, cancelled by the client (`notifications/cancelled`), ends at once
+  with its supervisor and guest, and leaves nothing behind;
+- an https URL with credentials is refused without repeating them.
 
 Traffic stays on loopback: every name a test uses is resolved through DYNOCAP_RESOLVE to the
 fixture's 127.X.Y.Z (or, for the conftest's other test names, to a loopback address nothing
@@ -16,11 +19,14 @@ listens on), so no DNS query or packet leaves the machine. Needs root."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp.client.session import ClientSession
 
@@ -208,3 +214,72 @@ async def test_a_failed_clone_leaves_nothing(host: Host, fix: NetFix) -> None:
         task = ok(await s.call_tool("dynocap_task_start",
                                     {"repositoryUrl": fix.https_repo_url(), "name": "clone"}))
         assert task["source"]["baseCommit"] == fix.head, task
+
+
+def supervisor_pids(host: Host) -> list[int]:
+    """Pids of the supervisors the home's catalog names."""
+    with sqlite3.connect(host.state / "catalog.db") as db:
+        rows = db.execute("SELECT supervisor_pid FROM sandboxes WHERE supervisor_pid IS NOT NULL")
+        return [int(pid) for (pid,) in rows]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+async def test_a_cancelled_start_whose_clone_hangs_leaves_nothing(host: Host, fix: NetFix) -> None:
+    hanging = f"https://{GIT_HOST}/hang/{REPO}"
+    processes: list[int] = []
+    async with connect(host, env=server_env(host, fix)) as s:
+        with anyio.CancelScope() as scope:
+            async def cancel_once_the_clone_hangs() -> None:
+                with anyio.fail_after(300):
+                    while not any(r["path"].startswith("/hang/") for r in fix.requests()):
+                        await anyio.sleep(0.2)
+                for pid in supervisor_pids(host):
+                    processes.extend([pid, *descendants(pid)])
+                scope.cancel()
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(cancel_once_the_clone_hangs)
+                await s.call_tool("dynocap_task_start", {"repositoryUrl": hanging, "name": "hangs"})
+        assert scope.cancelled_caught
+        assert processes, "no supervisor was running while the clone hung"
+        with anyio.fail_after(30):
+            while any(Path(f"/proc/{pid}").exists() for pid in processes):
+                await anyio.sleep(0.2)
+        assert ok(await s.call_tool("dynocap_ls", {})) == {"tasks": [], "sandboxes": []}
+        assert list((host.state / "sandboxes").iterdir()) == []
+        # The name is free.
+        task = ok(await s.call_tool("dynocap_task_start",
+                                    {"repositoryUrl": fix.https_repo_url(), "name": "hangs"}))
+        assert task["source"]["baseCommit"] == fix.head, task
+    assert "dynocap_task_start cancelled by the client" in host.server_log()
+
+
+async def test_credentials_in_a_url_are_refused_and_not_repeated(host: Host, fix: NetFix) -> None:
+    token = "ghp_McpS3cretTok3nNeverShown"
+    async with connect(host, env=server_env(host, fix)) as s:
+        for url in (f"https://user:{token}@{GIT_HOST}/{REPO}", f"https://{token}@{GIT_HOST}",
+                    f"https://user:{token}@{GIT_HOST}//x"):
+            result = await s.call_tool("dynocap_task_start", {"repositoryUrl": url, "name": "x"})
+            assert result.is_error, result
+            assert token not in text_of(result), text_of(result)
+        assert ok(await s.call_tool("dynocap_ls", {})) == {"tasks": [], "sandboxes": []}
+    assert token not in host.server_log()
+    assert files_containing(host.state, token.encode()) == []

@@ -364,6 +364,11 @@ impl TestRepo {
     }
 }
 
+/// The user `/private/` repositories are served to (HTTP Basic).
+pub const PRIVATE_USER: &str = "netfix-user";
+/// Its password: a marker that must never be found in what the product keeps or shows.
+pub const PRIVATE_TOKEN: &str = "ghp_NetfixS3cretTok3nNeverKept";
+
 /// The HTTPS server (tests/support/netfix/https_server.py) on `addr:443`.
 pub struct HttpsServer {
     _daemon: Daemon,
@@ -383,6 +388,8 @@ impl HttpsServer {
             ]));
         }
         let log = dir.join("https.jsonl");
+        let auth = dir.join("https.auth");
+        crate::write(&auth, &format!("{PRIVATE_USER}:{PRIVATE_TOKEN}\n"));
         let mut daemon = Daemon::spawn(
             "https server",
             Command::new("python3")
@@ -400,7 +407,9 @@ impl HttpsServer {
                 .arg("--log")
                 .arg(&log)
                 .arg("--ready")
-                .arg(dir.join("https.ready")),
+                .arg(dir.join("https.ready"))
+                .arg("--auth-file")
+                .arg(&auth),
             dir.join("https.out"),
         );
         daemon.wait_listening(addr, 443)?;
@@ -658,6 +667,22 @@ impl NetFix {
     /// `https://git.test/repo.git`.
     pub fn https_repo_url(&self) -> String {
         format!("https://{GIT_HOST}/{REPO}")
+    }
+
+    /// `https://USER:TOKEN@git.test/private/repo.git`: the repository behind Basic
+    /// authentication, with `token` as the password.
+    pub fn private_repo_url(&self, token: &str) -> String {
+        format!("https://{PRIVATE_USER}:{token}@{GIT_HOST}/private/{REPO}")
+    }
+
+    /// `https://git.test/dumb/<name>`: a repository of the git root over dumb HTTP only.
+    pub fn dumb_repo_url(&self, name: &str) -> String {
+        format!("https://{GIT_HOST}/dumb/{name}")
+    }
+
+    /// `https://git.test/hang/repo.git`: a server that takes the request and never answers.
+    pub fn hanging_repo_url(&self) -> String {
+        format!("https://{GIT_HOST}/hang/{REPO}")
     }
 
     /// `ssh://root@git.test/<git root>/repo.git`.

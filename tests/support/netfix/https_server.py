@@ -5,6 +5,10 @@ One TLS listener on a loopback address, one certificate for every test name, rou
 so it answers the same whatever name the client used:
 
   /<repo>.git/...      git smart HTTP, through `git http-backend` as CGI
+  /private/<repo>.git/...  the same behind HTTP Basic authentication (--auth-file holds
+                       `user:password`: a file, so the password is in no command line)
+  /dumb/<repo>.git/... the git root's files as they are: git's dumb HTTP protocol only
+  /hang/...            reads the request and never answers (a server that hangs)
   /big/<bytes>         <bytes> of generated data (the benchmark's download; nothing stored)
   anything else        static files under --www (a directory answers with its index.html or
                        index.json: the npm registry's package documents and the PEP 503 index)
@@ -14,6 +18,7 @@ whether a connection reached the server at all.
 """
 
 import argparse
+import base64
 import json
 import os
 import ssl
@@ -31,8 +36,9 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr, ctx, www, git_root, log):
+    def __init__(self, addr, ctx, www, git_root, log, basic_auth):
         super().__init__(addr, Handler)
+        self.basic_auth = basic_auth
         self.ctx = ctx
         # Set once on the shared context; it tags the connection's own socket.
         ctx.sni_callback = lambda sock, name, _ctx: setattr(sock, "netfix_sni", name)
@@ -94,6 +100,21 @@ class Handler(BaseHTTPRequestHandler):
 
     def route(self):
         path = unquote(urlsplit(self.path).path)
+        if path.startswith("/hang/"):
+            self.record(None)
+            threading.Event().wait()
+        if path.startswith("/dumb/"):
+            return self.dumb(path[len("/dumb"):])
+        if path.startswith("/private/"):
+            given = self.headers.get("Authorization")
+            if self.server.basic_auth is None or given != self.server.basic_auth:
+                self.record(401)
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="netfix"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            return self.git(path[len("/private"):])
         if ".git/" in path or path.endswith(".git"):
             return self.git(path)
         if path.startswith("/big/"):
@@ -128,6 +149,14 @@ class Handler(BaseHTTPRequestHandler):
         }.get(os.path.splitext(full)[1], "application/octet-stream")
         with open(full, "rb") as f:
             self.send_body(200, f.read(), ctype)
+
+    def dumb(self, path):
+        root = os.path.realpath(self.server.git_root)
+        full = os.path.realpath(os.path.join(root, path.lstrip("/")))
+        if not full.startswith(root + os.sep) or not os.path.isfile(full):
+            return self.send_body(404, b"not found\n")
+        with open(full, "rb") as f:
+            self.send_body(200, f.read(), "application/octet-stream")
 
     def big(self, size):
         try:
@@ -216,11 +245,16 @@ def main():
     parser.add_argument("--git-root", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--ready", required=True, help="file written once listening")
+    parser.add_argument("--auth-file", help="/private/'s user:password (without: none)")
     args = parser.parse_args()
+    basic = None
+    if args.auth_file:
+        with open(args.auth_file, "rb") as f:
+            basic = "Basic " + base64.b64encode(f.read().strip()).decode()
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(args.cert, args.key)
-    server = Server((args.addr, args.port), ctx, args.www, args.git_root, args.log)
+    server = Server((args.addr, args.port), ctx, args.www, args.git_root, args.log, basic)
     with open(args.ready, "w") as f:
         f.write(f"{args.addr}:{server.server_address[1]}\n")
     server.serve_forever()

@@ -1,0 +1,476 @@
+//! `task start --repo` end to end against the loopback fixtures of tests/support/netfix.rs,
+//! for what a clone must get right beyond fetching:
+//! - the host's baseline is the guest's checkout byte for byte, whatever the repository's
+//!   `.gitattributes` say (`export-ignore`, `export-subst`, `eol`, `ident`), so a patch to
+//!   a file `git archive` would leave out or rewrite verifies;
+//! - credentials in an https URL are used for the fetch and then found nowhere: not in the
+//!   record, the catalog and its WAL, logs, `ls --json`, results, the guest's `.git/config`,
+//!   nor in any process's arguments or environment while the clone runs;
+//! - SIGINT or SIGTERM to a start whose clone hangs ends it at once and leaves nothing;
+//! - a server speaking only git's dumb HTTP protocol gives the clone a smart one gives.
+//!
+//! Needs root.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+
+use dynocap_e2e::netfix::*;
+use dynocap_e2e::*;
+use serde_json::Value;
+
+/// A home whose `dynocap` commands reach the fixture under its names and trust its CA.
+fn home_for(fix: &NetFix) -> TestHome {
+    let mut home = TestHome::new();
+    for (key, value) in fix.product_env() {
+        home = home.with_env(&key, &value);
+    }
+    home
+}
+
+fn start_repo(home: &TestHome, url: &str, flags: &[&str]) -> Value {
+    let mut args = vec!["task", "start", "--repo", url];
+    args.extend_from_slice(flags);
+    home.json(&args)
+}
+
+/// stdout of a command that must succeed in the task.
+fn ok_in(home: &TestHome, task: &str, command: &str) -> String {
+    let result = home.exec_in_task(task, command, 300);
+    assert_eq!(result["exitCode"], 0, "`{command}`: {result:#}");
+    result["stdout"].as_str().unwrap_or_default().to_owned()
+}
+
+/// No task, no sandbox, no supervisor: the home as it was before the start.
+fn assert_nothing_left(home: &TestHome) {
+    let ls = home.json(&["ls"]);
+    assert_eq!(ls["tasks"], serde_json::json!([]), "{ls:#}");
+    assert_eq!(ls["sandboxes"], serde_json::json!([]), "{ls:#}");
+    assert!(home.supervisor_pids().is_empty());
+    for dir in ["sandboxes", "results"] {
+        let left: Vec<_> = std::fs::read_dir(home.path().join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(left.is_empty(), "left in {dir}: {left:?}");
+    }
+}
+
+// --- the baseline is the checkout -----------------------------------------------------------
+
+/// The files of the attributes repository and what a checkout makes of them.
+const ATTRIBUTES: &str = "\
+ignored.txt export-ignore
+ignored-dir export-ignore
+subst.txt export-subst
+crlf.txt text eol=crlf
+ident.txt ident
+";
+
+/// Adds `attrs.git` to the fixture's git root: a repository whose `.gitattributes` make
+/// `git archive` differ from a checkout in every way it can. Returns its head commit.
+fn attributes_repo(fix: &NetFix) -> String {
+    let work = fix.dir().join("attrs-work");
+    let at = |p: &str| work.join(p);
+    git(
+        fix.dir(),
+        &["init", "-q", "-b", "main", work.to_str().expect("utf-8")],
+    );
+    write(&at(".gitattributes"), ATTRIBUTES);
+    write(&at("ignored.txt"), "left out of archives\n");
+    write(&at("ignored-dir/inner.txt"), "a directory left out\n");
+    write(&at("subst.txt"), "commit $Format:%H$\n");
+    write(&at("crlf.txt"), "one\ntwo\n");
+    write(&at("ident.txt"), "id $Id$\n");
+    write(&at("plain.txt"), "plain\n");
+    git(&work, &["add", "-A"]);
+    git(&work, &["commit", "-q", "-m", "attributes"]);
+    let head = git(&work, &["rev-parse", "HEAD"]).trim().to_owned();
+    let bare = fix.repo.root.join("attrs.git");
+    git(
+        fix.dir(),
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            work.to_str().expect("utf-8"),
+            bare.to_str().expect("utf-8"),
+        ],
+    );
+    git(&bare, &["update-server-info"]);
+    head
+}
+
+#[test]
+fn the_baseline_is_the_checkout_whatever_the_attributes_say() {
+    if !require_root("the_baseline_is_the_checkout_whatever_the_attributes_say") {
+        return;
+    }
+    let fix = NetFix::start();
+    let home = home_for(&fix);
+    let head = attributes_repo(&fix);
+    let url = format!("https://{GIT_HOST}/attrs.git");
+    for history in ["head", "none", "branches"] {
+        let name = format!("attrs-{history}");
+        start_repo(&home, &url, &["--name", &name, "--history", history]);
+        // The checkout: every file there, as a checkout writes it.
+        let files = ok_in(
+            &home,
+            &name,
+            "find . -path ./.git -prune -o -type f -print | sort",
+        );
+        assert_eq!(
+            files,
+            "./.gitattributes\n./crlf.txt\n./ident.txt\n./ignored-dir/inner.txt\n./ignored.txt\n./plain.txt\n./subst.txt\n",
+        );
+        assert_eq!(ok_in(&home, &name, "cat subst.txt"), "commit $Format:%H$\n");
+        assert_eq!(
+            ok_in(&home, &name, "od -c crlf.txt | head -1 | tr -s ' '"),
+            "0000000 o n e \\r \\n t w o \\r \\n\n"
+        );
+        let ident = ok_in(&home, &name, "cat ident.txt");
+        assert!(
+            ident.starts_with("id $Id: ") && ident.ends_with(" $\n"),
+            "{ident}"
+        );
+        // A change to each of them shows alone and verifies. (Not the `ident` file: the
+        // verification reads the tree's attributes as a checkout's `git apply` would, and
+        // that folds `$Id: …$` back, so its patch does not apply there either.)
+        ok_in(
+            &home,
+            &name,
+            "echo more >> ignored.txt && echo more >> ignored-dir/inner.txt && \
+             echo more >> subst.txt && printf 'three\\r\\n' >> crlf.txt && \
+             echo more >> plain.txt",
+        );
+        let diff = home.json(&["task", "diff", &name]);
+        assert_eq!(diff["files"], 5, "{diff:#}");
+        let finished = home.json(&["task", "finish", &name]);
+        assert_eq!(finished["verified"], true, "{history}: {finished:#}");
+    }
+    // The fixture's commit is the one each start reports.
+    let task = start_repo(&home, &url, &["--name", "again", "--history", "head"]);
+    assert_eq!(task["source"]["baseCommit"], head);
+}
+
+// --- credentials ----------------------------------------------------------------------------
+
+/// Files under `dir` whose bytes contain `needle`, the sandboxes' disk images aside (the
+/// guest's own files are searched from inside it).
+fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                if path.file_name() != Some(std::ffi::OsStr::new("sandboxes")) {
+                    stack.push(path);
+                }
+            } else if kind.is_file() {
+                if let Ok(bytes) = std::fs::read(&path) {
+                    if bytes.windows(needle.len()).any(|w| w == needle) {
+                        found.push(path);
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Processes (other than `except`) whose arguments or environment hold `needle`.
+fn processes_holding(needle: &str, except: &[u32]) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if except.contains(&pid) || pid == std::process::id() {
+            continue;
+        }
+        for what in ["cmdline", "environ"] {
+            let bytes = std::fs::read(entry.path().join(what)).unwrap_or_default();
+            if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+                found.push(format!(
+                    "{pid} ({what}): {}",
+                    String::from_utf8_lossy(&cmdline).replace('\0', " ")
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// Everything of `home` the token must not be in: its files (record.json, catalog.db and its
+/// WAL, logs, results), `ls --json`, and `extra` (a command's output).
+fn assert_token_nowhere(home: &TestHome, extra: &[&[u8]]) {
+    let leaked = files_containing(home.path(), PRIVATE_TOKEN.as_bytes());
+    assert!(leaked.is_empty(), "the token is in {leaked:?}");
+    let ls = home.run(&["--json", "ls"]);
+    for bytes in [&ls.stdout[..], &ls.stderr[..]]
+        .into_iter()
+        .chain(extra.iter().copied())
+    {
+        assert!(
+            !String::from_utf8_lossy(bytes).contains(PRIVATE_TOKEN),
+            "the token is shown: {}",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+}
+
+#[test]
+fn credentials_in_the_url_are_used_for_the_fetch_and_kept_nowhere() {
+    if !require_root("credentials_in_the_url_are_used_for_the_fetch_and_kept_nowhere") {
+        return;
+    }
+    let fix = NetFix::start();
+    // `unreachable.test` resolves to a loopback address where nothing listens.
+    let dead = loop {
+        let addr = random_loopback();
+        if std::net::TcpStream::connect((addr, 443)).is_err() {
+            break addr;
+        }
+    };
+    let resolve = format!("{},unreachable.test:443:{dead}", fix.resolve_all());
+    let home = home_for(&fix).with_env(product::ENV_RESOLVE, &resolve);
+
+    // A good password: the clone works, and git in the guest has no credentials afterwards.
+    let url = fix.private_repo_url(PRIVATE_TOKEN);
+    let out = home
+        .command()
+        .args([
+            "--json", "task", "start", "--repo", &url, "--name", "private",
+        ])
+        .output()
+        .expect("spawn dynocap");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let task: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(task["source"]["baseCommit"], fix.repo.head, "{task:#}");
+    assert_eq!(
+        task["source"]["repositoryUrl"],
+        format!("https://{GIT_HOST}/private/{REPO}")
+    );
+    assert_eq!(
+        ok_in(&home, "private", "git config --get remote.origin.url"),
+        format!("https://{GIT_HOST}/private/{REPO}\n")
+    );
+    let found = ok_in(
+        &home,
+        "private",
+        &format!(
+            "grep -rls --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr -e '[{}]{}' / ; true",
+            &PRIVATE_TOKEN[..1],
+            &PRIVATE_TOKEN[1..]
+        ),
+    );
+    assert_eq!(found, "", "the token is in the guest's files");
+    ok_in(&home, "private", "echo changed >> README.md");
+    let finished = home.json(&["task", "finish", "private"]);
+    assert_eq!(finished["verified"], true, "{finished:#}");
+    assert_token_nowhere(&home, &[&out.stdout, &out.stderr]);
+
+    // A wrong password, and a host that does not answer: failed starts, the token nowhere.
+    for (url, says) in [
+        (
+            fix.private_repo_url("ghp_NetfixS3cretTok3nNeverKeptWRONG"),
+            "401",
+        ),
+        (
+            format!("https://{PRIVATE_USER}:{PRIVATE_TOKEN}@unreachable.test/repo.git"),
+            "unreachable.test",
+        ),
+    ] {
+        let out = home
+            .command()
+            .args([
+                "--json", "task", "start", "--repo", &url, "--name", "failed",
+            ])
+            .output()
+            .expect("spawn dynocap");
+        assert!(!out.status.success());
+        let err: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let message = err["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(says) || message.contains("Authentication failed"),
+            "{err:#}"
+        );
+        assert_token_nowhere(&home, &[&out.stdout, &out.stderr]);
+    }
+
+    // While a clone runs (here, one the server never answers after authenticating), no
+    // process but the command the user typed has the token in its arguments or environment.
+    let hanging = format!("https://{PRIVATE_USER}:{PRIVATE_TOKEN}@{GIT_HOST}/hang/{REPO}");
+    let mut client = spawn_start(&home, &hanging, "hanging");
+    wait_for_request(&fix, "/hang/");
+    let holding = processes_holding(PRIVATE_TOKEN, &[client.id()]);
+    interrupt(&mut client, libc::SIGINT);
+    assert!(holding.is_empty(), "the token in processes: {holding:#?}");
+    assert_token_nowhere(&home, &[]);
+}
+
+// --- cancelling a start ---------------------------------------------------------------------
+
+/// `dynocap task start --repo URL --name NAME`, in the background.
+fn spawn_start(home: &TestHome, url: &str, name: &str) -> Child {
+    home.command()
+        .args(["--json", "task", "start", "--repo", url, "--name", name])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dynocap")
+}
+
+/// Waits until the fixture got a request whose path starts with `prefix`.
+fn wait_for_request(fix: &NetFix, prefix: &str) {
+    assert!(
+        wait_until(300, || !fix.https.requests_for(prefix).is_empty()),
+        "no request for {prefix}: {:#?}",
+        fix.https.requests()
+    );
+}
+
+/// Sends `signal` to `child` and waits for it: it must end of that signal.
+fn interrupt(child: &mut Child, signal: i32) -> std::process::Output {
+    // SAFETY: kill sends a signal to our own child, which has not been waited for yet.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    let status = child.wait().expect("wait for dynocap");
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    use std::io::Read;
+    if let Some(mut s) = child.stdout.take() {
+        s.read_to_end(&mut stdout).ok();
+    }
+    if let Some(mut s) = child.stderr.take() {
+        s.read_to_end(&mut stderr).ok();
+    }
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.signal(),
+        Some(signal),
+        "{status}: {}",
+        String::from_utf8_lossy(&stderr)
+    );
+    std::process::Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+#[test]
+fn a_signal_ends_a_start_whose_clone_hangs_and_leaves_nothing() {
+    if !require_root("a_signal_ends_a_start_whose_clone_hangs_and_leaves_nothing") {
+        return;
+    }
+    let fix = NetFix::start();
+    let home = home_for(&fix);
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let before = fix.https.requests_for("/hang/").len();
+        let mut client = spawn_start(&home, &fix.hanging_repo_url(), "hangs");
+        assert!(
+            wait_until(300, || fix.https.requests_for("/hang/").len() > before),
+            "the clone never reached the server"
+        );
+        let supervisors = home.supervisor_pids();
+        assert_eq!(supervisors.len(), 1, "{supervisors:?}");
+        let guest: Vec<i32> = descendants(supervisors[0]);
+        let out = interrupt(&mut client, signal);
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("cancelled"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for pid in supervisors.iter().chain(&guest) {
+            assert!(
+                wait_until(10, || !pid_exists(*pid)),
+                "process {pid} of the cancelled start is still running"
+            );
+        }
+        assert_nothing_left(&home);
+    }
+    // The name is free, and a start that is not interrupted still works.
+    start_repo(&home, &fix.https_repo_url(), &["--name", "hangs"]);
+}
+
+// --- dumb HTTP ------------------------------------------------------------------------------
+
+#[test]
+fn a_dumb_http_server_gives_the_clone_a_smart_one_gives() {
+    if !require_root("a_dumb_http_server_gives_the_clone_a_smart_one_gives") {
+        return;
+    }
+    let fix = NetFix::start();
+    let home = home_for(&fix);
+    let dumb = fix.dumb_repo_url(REPO);
+    let smart = fix.https_repo_url();
+    for history in ["head", "none", "branches"] {
+        let (d, s) = (format!("dumb-{history}"), format!("smart-{history}"));
+        let dumb_task = start_repo(&home, &dumb, &["--name", &d, "--history", history]);
+        let smart_task = start_repo(&home, &smart, &["--name", &s, "--history", history]);
+        assert_eq!(
+            dumb_task["source"]["baseCommit"], fix.repo.head,
+            "{dumb_task:#}"
+        );
+        assert_eq!(
+            dumb_task["source"]["branch"],
+            smart_task["source"]["branch"]
+        );
+        assert_eq!(dumb_task["source"]["files"], smart_task["source"]["files"]);
+        // The same workspace, and the same repository in it.
+        let listing =
+            "find . -path ./.git -prune -o -type f -print0 | sort -z | xargs -0 sha256sum";
+        assert_eq!(ok_in(&home, &d, listing), ok_in(&home, &s, listing));
+        let repo_view = "git rev-parse --is-shallow-repository 2>/dev/null; \
+             git rev-list --count HEAD 2>/dev/null; git branch -a 2>/dev/null; \
+             git tag 2>/dev/null; git status --porcelain 2>/dev/null; ls -a";
+        assert_eq!(
+            ok_in(&home, &d, repo_view),
+            ok_in(&home, &s, repo_view),
+            "{history}"
+        );
+        if history != "none" {
+            assert_eq!(
+                ok_in(&home, &d, "git config --get remote.origin.url"),
+                format!("{dumb}\n")
+            );
+        }
+        // The same diff of the same change, and a verified patch.
+        for task in [&d, &s] {
+            ok_in(
+                &home,
+                task,
+                "echo changed >> README.md && echo new > new.txt",
+            );
+        }
+        let (dd, sd) = (
+            home.json(&["task", "diff", &d]),
+            home.json(&["task", "diff", &s]),
+        );
+        assert_eq!(dd["patch"], sd["patch"], "{history}");
+        let finished = home.json(&["task", "finish", &d]);
+        assert_eq!(finished["verified"], true, "{history}: {finished:#}");
+    }
+    // Only ever fetched as files: a smart fetch would have POSTed to upload-pack.
+    let dumb_requests = fix.https.requests_for("/dumb/");
+    assert!(!dumb_requests.is_empty());
+    assert!(
+        dumb_requests.iter().all(|r| r["method"] == "GET"),
+        "{dumb_requests:#?}"
+    );
+}

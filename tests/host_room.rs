@@ -396,3 +396,90 @@ fn fifty_idle_sandboxes_start_with_the_default_memory_limit() {
     });
     home.wait_for_teardown();
 }
+
+/// The loop device (`loopN`) whose backing file is `image`.
+fn loop_device_of(image: &Path) -> String {
+    std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .flatten()
+        .find_map(|entry| {
+            let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).ok()?;
+            (Path::new(backing.trim_end()) == image)
+                .then(|| entry.file_name().to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| panic!("no loop device backs {}", image.display()))
+}
+
+/// An error of the disk's filesystem (as a failed write to its image makes one; here the
+/// kernel's own `trigger_fs_error`) is a task error in the exec result and in `ls`, never a
+/// silent success: the filesystem goes read-only at once, the diff names the failure, and
+/// `task finish` saves what was acknowledged before it from the kept disk.
+#[test]
+fn a_failed_disk_is_a_task_error_and_its_acknowledged_work_is_saved() {
+    if !require_root("a_failed_disk_is_a_task_error") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = project();
+    home.json(&[
+        "task",
+        "start",
+        project.path().to_str().unwrap(),
+        "--name",
+        "calc",
+        "--disk-mb",
+        "64",
+    ]);
+    let early = home.exec_in_task("calc", "echo EARLY >> calc.py", 60);
+    assert_eq!(early["exitCode"], 0, "{early:#}");
+    assert!(early.get("diskError").is_none(), "{early:#}");
+
+    let image = home
+        .path()
+        .join("sandboxes")
+        .join(home.sandbox_id("calc"))
+        .join("disk.img");
+    let device = loop_device_of(&image);
+    std::fs::write(
+        format!("/sys/fs/ext4/{device}/trigger_fs_error"),
+        "dynocap test: a failed write",
+    )
+    .expect("trigger an ext4 error");
+
+    let late = home.exec_in_task("calc", "echo LATE >> calc.py", 60);
+    assert_ne!(
+        late["exitCode"], 0,
+        "a write after the failure fails: {late:#}"
+    );
+    let error = late["diskError"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("recorded 1 error") && error.contains("takes no more writes"),
+        "{late:#}"
+    );
+    assert!(
+        late["stderr"].as_str().unwrap_or_default().contains("disk"),
+        "{late:#}"
+    );
+    // Even a command that writes nothing is told.
+    let read = home.exec_in_task("calc", "cat calc.py", 60);
+    assert!(read["diskError"].is_string(), "{read:#}");
+    let listed = home.json(&["ls"]);
+    let note = listed["tasks"][0]["note"].as_str().unwrap_or_default();
+    assert!(note.contains("failed"), "{listed:#}");
+    let diff = home.json_err(&["task", "diff", "calc"]);
+    let message = diff["message"].as_str().unwrap_or_default();
+    assert!(message.contains("recorded 1 error"), "{diff:#}");
+
+    // The first finish cannot diff in the failed guest: it says why and keeps the work.
+    let first = home.json_err(&["task", "finish", "calc"]);
+    let message = first["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("recorded 1 error") && message.contains("kept"),
+        "{first:#}"
+    );
+    let finished = home.json(&["task", "finish", "calc"]);
+    assert_eq!(finished["verified"], true, "{finished:#}");
+    let saved = std::fs::read_to_string(finished["patchPath"].as_str().unwrap()).unwrap();
+    assert!(saved.contains("+EARLY"), "{saved}");
+    assert!(!saved.contains("LATE"), "{saved}");
+}

@@ -235,12 +235,16 @@ fn a_full_disk_is_enospc_in_the_guest_for_bytes_and_inodes_and_frees_with_rm() {
         "the sandbox's disk shows in the host's mount table"
     );
 
+    // The whole disk is reserved on the host from the start.
+    let reserved = std::fs::metadata(&image).expect("disk.img").blocks() * 512;
+    assert!(reserved >= 128 << 20, "{reserved} bytes reserved");
     // Bytes: 300 MB do not fit in 128 MiB.
     fill_past_the_disk(&home, "small", 300_000_000, 128 << 20, "120");
-    // The host holds the image and nothing more: its allocation stays within its size.
+    // The host holds the image and nothing more: its allocation stays what was reserved
+    // (its size, and the host's own extent-tree blocks for it).
     let allocated = std::fs::metadata(&image).expect("disk.img").blocks() * 512;
     assert!(
-        allocated <= 128 << 20,
+        allocated <= (128 << 20) + (64 << 10),
         "the image takes {allocated} bytes on the host"
     );
 
@@ -429,7 +433,7 @@ fn a_cli_run_of_the_default_disk_takes_the_disk_its_standby_made() {
         .map(|entry| entry.path())
         .find(|path| {
             path.to_string_lossy()
-                .contains(&format!("ext4-{}-", 10u64 << 30))
+                .contains(&format!("ext4-{}-", 2048u64 << 20))
         })
         .expect("a spare of the default size");
     let spare_inode = std::fs::metadata(&spare).expect("spare").ino();
@@ -504,8 +508,25 @@ fn a_full_disk_is_enospc_in_a_vm_guest_and_frees_with_rm() {
         (900_000..1_048_576).contains(&size_kib),
         "the guest's root is {size_kib} KiB on a 1024 MB disk"
     );
+    // The layer's room is reserved on the host from the start (blocks past its end, which
+    // it grows into), and filling the disk takes no more than that.
+    let layer = home
+        .path()
+        .join("sandboxes")
+        .join(home.sandbox_id("small"))
+        .join("vm/disk.qcow2");
+    let reserved = std::fs::metadata(&layer).expect("disk.qcow2").blocks() * 512;
+    assert!(
+        reserved >= 1 << 30,
+        "{reserved} bytes reserved for the layer"
+    );
     // Bytes: 1.2 GB do not fit on a 1 GiB disk.
     fill_past_the_disk(&home, "small", 1_200_000_000, 1 << 30, "600");
+    let filled = std::fs::metadata(&layer).expect("disk.qcow2").blocks() * 512;
+    assert!(
+        filled <= reserved + (1 << 20),
+        "the layer grew past its reservation: {filled} bytes, {reserved} reserved"
+    );
     // rm frees the space for the guest.
     assert_eq!(
         home.sh(

@@ -495,6 +495,11 @@ fn mount_detached(image: &File) -> Result<OwnedFd, JailError> {
     for option in MOUNT_OPTIONS.split(',') {
         context.flag(option).map_err(|e| failed(e, String::new()))?;
     }
+    // An error (a failed write to the image, corrupt metadata) stops all writes at once
+    // rather than letting later ones report success over it: see `disk_failure`.
+    context
+        .set("errors", "remount-ro")
+        .map_err(|e| failed(e, String::new()))?;
     context
         .mount(NOSUID | NODEV)
         .map_err(|(e, detail)| failed(e, detail))
@@ -530,6 +535,55 @@ pub fn sync_disk(state_dir: &Path) -> Result<(), JailError> {
         )
         .hint("the host's filesystem may be full; free space on it"))
     }
+}
+
+/// What went wrong with the sandbox's disk, if anything: errors its ext4 recorded
+/// (`/sys/fs/ext4/<device>/errors_count`: a failed write to the image, metadata found
+/// corrupt), after which it takes no more writes (it is mounted `errors=remount-ro`), or its
+/// filesystem read-only for another reason.
+/// `None` for a healthy disk, or without a disk limit. Only the process that mounted it (the
+/// supervisor) sees it.
+pub fn disk_failure(state_dir: &Path) -> Option<String> {
+    let paths = DiskPaths::at(state_dir);
+    let disk = fs::metadata(&paths.mountpoint).ok()?;
+    let parent = fs::metadata(state_dir).ok()?;
+    let dev = std::os::unix::fs::MetadataExt::dev(&disk);
+    if dev == std::os::unix::fs::MetadataExt::dev(&parent) {
+        return None;
+    }
+    // The block device under the mount (`loopN`), as sysfs names it.
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let device = fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    let device = device.file_name()?.to_string_lossy().into_owned();
+    let ext4 = Path::new("/sys/fs/ext4").join(&device);
+    let read = |file: &str| {
+        fs::read_to_string(ext4.join(file))
+            .ok()
+            .map(|text| text.trim().to_owned())
+    };
+    let errors: u64 = read("errors_count")
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(0);
+    let read_only = nix::sys::statvfs::statvfs(&paths.mountpoint)
+        .is_ok_and(|stat| stat.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
+    if errors == 0 && !read_only {
+        return None;
+    }
+    // Mounted `errors=remount-ro`, an ext4 that recorded an error takes no more writes (an
+    // emergency read-only state that newer kernels keep apart from the mount's flags).
+    let what = if errors > 0 {
+        let first = read("first_error_func")
+            .filter(|f| !f.is_empty())
+            .map(|func| format!(" (the first in {func})"))
+            .unwrap_or_default();
+        format!("its filesystem recorded {errors} error(s){first} and takes no more writes")
+    } else {
+        "its filesystem went read-only".to_owned()
+    };
+    Some(format!(
+        "the sandbox's disk ({}) failed: {what}; what it acknowledged before stays on it",
+        paths.image.display()
+    ))
 }
 
 /// Deletes a state dir's image and its (unmounted, or plain and already emptied) mountpoint.

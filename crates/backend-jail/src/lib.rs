@@ -90,7 +90,8 @@ pub use cgroup::{
 };
 pub use cleanup::{cleanup_leftovers, cleanup_leftovers_keeping_layers};
 pub use disk::{
-    disk_image, prepared_disk_image, release_prepared_disk, start_preparing_disk, sync_disk,
+    disk_failure, disk_image, prepared_disk_image, release_prepared_disk, start_preparing_disk,
+    sync_disk,
 };
 pub use disk_template::make_spare as make_spare_disk;
 pub use error::JailError;

@@ -210,12 +210,18 @@ pub fn by_name(name: &str) -> Result<Box<dyn Backend>> {
     }
 }
 
-/// Writes what the guest wrote through to the host's filesystem, where a host that fills up
-/// later cannot lose it (the jail's disk is a sparse image: its space is taken on the host only
-/// when written back). Blocking; call it from the supervisor, which mounted the disk.
+/// Writes what the guest wrote through to the host's disk, where a host crash cannot lose it
+/// (the room is the disk's already: see `disk_room`). Blocking; call it from the supervisor,
+/// which mounted the disk.
 pub fn sync_layer(state_dir: &std::path::Path) -> Result<()> {
     dynocap_backend_jail::sync_disk(state_dir)
         .map_err(|err| Error::internal(format!("saving the sandbox's files: {err}")))
+}
+
+/// What went wrong with the jail's disk, if anything (see the jail's `disk_failure`).
+/// Blocking; call it from the supervisor, which mounted the disk.
+pub fn disk_failure(state_dir: &std::path::Path) -> Option<String> {
+    dynocap_backend_jail::disk_failure(state_dir)
 }
 
 /// Linux namespaces, overlay root, seccomp, cgroups (crate `dynocap-backend-jail`).

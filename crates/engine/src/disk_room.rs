@@ -42,7 +42,7 @@ pub fn free_mb(dir: &Path) -> Result<u64> {
             dir.display()
         ))
     })?;
-    let bytes = u64::from(stat.blocks_available()).saturating_mul(stat.fragment_size());
+    let bytes = stat.blocks_available().saturating_mul(stat.fragment_size());
     Ok(bytes >> 20)
 }
 

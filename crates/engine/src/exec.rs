@@ -42,6 +42,10 @@ pub struct ExecResult {
     /// The sandbox's memory limit killed a process while this command ran.
     #[serde(default)]
     pub oom_killed: bool,
+    /// The sandbox's disk failed (see the jail's `disk_failure`): what went wrong. What the
+    /// disk acknowledged before is kept; nothing more can be written to it.
+    #[serde(rename = "diskError", skip_serializing_if = "Option::is_none", default)]
+    pub disk_error: Option<String>,
 }
 
 /// Terminal geometry promised by the tools reference.
@@ -242,6 +246,7 @@ pub async fn run(
         transcript,
         truncated,
         oom_killed: false,
+        disk_error: None,
     })
 }
 

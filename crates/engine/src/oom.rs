@@ -131,6 +131,7 @@ mod tests {
             transcript: None,
             truncated: false,
             oom_killed: false,
+            disk_error: None,
         }
     }
 

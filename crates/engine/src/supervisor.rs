@@ -460,6 +460,10 @@ struct Shared {
     layer_sync: LayerSync,
     /// The home, whose activity marker every request touches ([`crate::activity`]).
     home: Home,
+    /// The sandbox's id, for its record.
+    id: String,
+    /// Set once the sandbox's disk failed: what went wrong (see [`check_disk`]).
+    disk_failed: OnceLock<String>,
 }
 
 async fn serve(
@@ -485,7 +489,8 @@ async fn serve(
     // The imported tree and its baseline, on the host's disk before anyone relies on them. A
     // raw sandbox's files do not outlive the machine: nothing to sync.
     if task.is_some() {
-        sync_layer(guest.layer_sync(), home.sandbox_dir(&id), &conn).await;
+        // A failure is logged; the first command after it reports it (see `check_disk`).
+        let _ = sync_layer(guest.layer_sync(), home.sandbox_dir(&id), &conn).await;
     }
     let mut claimable = record.state == State::Warming;
     if claimable {
@@ -510,6 +515,8 @@ async fn serve(
         state_dir: home.sandbox_dir(&id),
         layer_sync: guest.layer_sync(),
         home: home.clone(),
+        id: id.clone(),
+        disk_failed: OnceLock::new(),
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
     let (claim_tx, mut claim_rx) = mpsc::channel::<(Claim, OwnedWriteHalf)>(4);
@@ -850,6 +857,18 @@ async fn end_task(
             Err(err) => Err(err),
         },
     };
+    // A diff that failed on a failed disk says so: the disk is the cause to report, and the
+    // recovery that the unsaved note offers reads the work from it.
+    let taken = taken.map_err(|err| match guest.layer_sync() {
+        LayerSync::HostMount => match backend::disk_failure(&task.state_dir) {
+            Some(failure) => Error::internal(format!(
+                "{failure}, so the final diff could not be taken in the guest ({})",
+                err.message
+            )),
+            None => err,
+        },
+        LayerSync::GuestKernel => err,
+    });
     match tokio::task::spawn_blocking(move || guest.stop_keeping_layer()).await {
         Ok(Ok(())) => {}
         Ok(Err(err)) => tracing::error!("stopping the guest: {err}"),
@@ -1253,9 +1272,33 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
             }
             // A task's work is on the host's disk when the command returns; a raw sandbox's
             // files do not outlive the machine.
-            if task.is_some() {
-                sync_layer(shared.layer_sync, shared.state_dir.clone(), &shared.conn).await;
-            }
+            let synced = match task {
+                Some(_) => {
+                    sync_layer(shared.layer_sync, shared.state_dir.clone(), &shared.conn).await
+                }
+                None => Ok(()),
+            };
+            let result = match (result, check_disk(shared, synced).await) {
+                (Ok(mut done), Some(failure)) => {
+                    let note = disk_failure_note(&failure);
+                    if spec.stream_output {
+                        let chunk = OutputChunk {
+                            channel: OutputChannel::Stderr,
+                            data: note.clone().into_bytes(),
+                        };
+                        let _ = write_message(&mut write, &ControlReply::Output(chunk)).await;
+                    }
+                    for text in [&mut done.stderr, &mut done.transcript]
+                        .into_iter()
+                        .flatten()
+                    {
+                        text.push_str(&note);
+                    }
+                    done.disk_error = Some(failure);
+                    Ok(done)
+                }
+                (result, _) => result,
+            };
             // A command cut off by the sandbox's end is told why, not that the agent is gone.
             let result = match (result, shared.ending.get()) {
                 (Err(_), Some(ending)) => Err(Error::conflict(ending.clone())),
@@ -1277,10 +1320,23 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
             ControlReply::from_result(result, ControlReply::Exec)
         }
         ControlRequest::Diff => match task {
-            Some(task) => ControlReply::from_result(
-                conn.while_responsive(task.diff(conn)).await.and_then(|r| r),
-                ControlReply::Diff,
-            ),
+            Some(task) => {
+                let diff = conn.while_responsive(task.diff(conn)).await.and_then(|r| r);
+                let diff = match diff {
+                    // On a failed disk the failure is the answer, and what to do about it.
+                    Err(err) => Err(match check_disk(shared, Ok(())).await {
+                        Some(failure) => Error::internal(format!(
+                            "{failure}, so the diff cannot be taken in the guest ({}); its \
+                             work up to the failure is kept: `task finish` saves it (from a \
+                             fresh guest, once a first finish left the task unsaved)",
+                            err.message
+                        )),
+                        None => err,
+                    }),
+                    ok => ok,
+                };
+                ControlReply::from_result(diff, ControlReply::Diff)
+            }
             None => {
                 ControlReply::Error(Error::conflict("diff is for tasks; this is a raw sandbox"))
             }
@@ -1308,7 +1364,43 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
 
 /// Syncs the guest's disk to the host (see [`LayerSync`]); a failure is logged: the command
 /// has run, and what it wrote may still reach the host.
-async fn sync_layer(how: LayerSync, state_dir: PathBuf, conn: &AgentConn) {
+/// What the sandbox's disk failed with, if it did: the error state its filesystem keeps
+/// (jail), else a sync of it that failed (`synced`). The first failure goes into the sandbox's
+/// record note, which `ls` shows.
+async fn check_disk(shared: &Shared, synced: Result<()>) -> Option<String> {
+    // The filesystem's own error state first: it names the root cause, of which a failed
+    // sync is only a symptom.
+    let recorded = match shared.layer_sync {
+        LayerSync::HostMount => {
+            let state_dir = shared.state_dir.clone();
+            tokio::task::spawn_blocking(move || backend::disk_failure(&state_dir))
+                .await
+                .ok()
+                .flatten()
+        }
+        LayerSync::GuestKernel => None,
+    };
+    let failure = recorded.or_else(|| synced.err().map(|err| err.message))?;
+    if shared.disk_failed.set(failure.clone()).is_ok() {
+        tracing::error!("{failure}");
+        let note = format!(
+            "{failure}; finish the task (or destroy the sandbox): its work up to the failure is kept"
+        );
+        if let Err(err) =
+            Catalog::open(&shared.home).and_then(|c| c.set_note(&shared.id, Some(&note)))
+        {
+            tracing::warn!("recording the disk's failure in the record: {err}");
+        }
+    }
+    Some(failure)
+}
+
+/// What a command's stderr gets when the sandbox's disk failed.
+fn disk_failure_note(failure: &str) -> String {
+    format!("\ndynocap: {failure}.\n")
+}
+
+async fn sync_layer(how: LayerSync, state_dir: PathBuf, conn: &AgentConn) -> Result<()> {
     let synced = match how {
         LayerSync::HostMount => {
             match tokio::task::spawn_blocking(move || backend::sync_layer(&state_dir)).await {
@@ -1320,9 +1412,10 @@ async fn sync_layer(how: LayerSync, state_dir: PathBuf, conn: &AgentConn) {
         }
         LayerSync::GuestKernel => sync_guest_kernel(conn).await,
     };
-    if let Err(err) = synced {
+    if let Err(err) = &synced {
         tracing::warn!("{err}");
     }
+    synced
 }
 
 /// Asks the agent to write the guest kernel's cached writes to its disk.
@@ -1394,6 +1487,7 @@ impl TaskContext {
                 "transcript": cut(&r.transcript),
                 "truncated": r.truncated || [&r.stdout, &r.stderr, &r.transcript].iter().any(|t| t.as_ref().is_some_and(|t| t.len() > LOG_OUTPUT_BYTES)),
                 "oomKilled": r.oom_killed,
+                "diskError": r.disk_error,
             }),
             Err(err) => serde_json::json!({ "error": err.to_string() }),
         };

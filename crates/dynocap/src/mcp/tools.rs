@@ -761,7 +761,8 @@ fn exec_schema() -> Value {
             "stderr": { "type": "string" },
             "transcript": { "type": "string", "description": "With terminal: true, instead of stdout/stderr." },
             "truncated": { "type": "boolean", "description": "Output was cut: its head and tail are kept, with a marker line between them." },
-            "oomKilled": { "type": "boolean", "description": "The sandbox's memory limit killed a process while the command ran." }
+            "oomKilled": { "type": "boolean", "description": "The sandbox's memory limit killed a process while the command ran." },
+            "diskError": { "type": "string", "description": "Present when the sandbox's disk failed: what went wrong. What it acknowledged before is kept; nothing more can be written to it." }
         },
         "required": ["exitCode", "signal", "timedOut", "durationMs", "truncated", "oomKilled"]
     })

@@ -8,10 +8,15 @@
 //! Shapes refused without any connection: tunnels that never send a hello, a slow partial
 //! hello, Encrypted ClientHello and ESNI beside an allowed SNI, server_name with two names or
 //! another name type, no SNI, another SNI, a second hello in the first one's records, a hello
-//! past the size bound, non-TLS bytes, plain HTTP; a QUIC datagram goes nowhere. A second hello
-//! right behind the first is refused before any of it is forwarded. Shapes allowed: a real handshake whose hello is cut into many records and
-//! writes, and a real TLS 1.3 handshake through a HelloRetryRequest. Refused after the retry:
-//! a second hello naming another host or carrying ECH, sent where the client's own belongs.
+//! past the size bound, non-TLS bytes, plain HTTP; a QUIC datagram goes nowhere. A second
+//! hello right behind the first is refused before any of it is forwarded. Shapes allowed: a
+//! real handshake whose hello is cut into many records and writes, a real TLS 1.3 handshake
+//! through a HelloRetryRequest, a real TLS 1.2 handshake. Refused after the retry: a second
+//! hello naming another host or carrying ECH, sent where the client's own belongs. The server
+//! keeps every byte it received, and none of a refused name or hidden-name extension is there.
+//!
+//! The jail runs every shape; the vm (whose guest's connections reach the proxy over
+//! virtio-serial) a few of each kind.
 //!
 //! Traffic stays on loopback: the allowed name resolves through an override to the server's
 //! 127.X.Y.Z. Needs root.
@@ -477,8 +482,18 @@ fn every_shape_of_client_hello_is_judged_before_anything_leaves() {
     assert_eq!(plain.decisions[0]["port"], 80);
 
     bench.real_handshakes_pass();
+    // TLS 1.2: the client's key exchange follows the ServerHello in plaintext records, which
+    // the watch reads and lets through.
+    let tls12 = bench.send("tls12-real", 1);
+    assert_eq!(tls12.report["handshake"], "TLSv1.2", "{}", tls12.report);
+    assert_eq!(tls12.report["reply"], REPLY);
+    assert_eq!(
+        tls12.decisions[0]["allowed"], true,
+        "{:#}",
+        tls12.decisions[0]
+    );
     bench.refused_after_retry(&RETRY_REFUSALS);
-    bench.nothing_refused_reached_the_server(2);
+    bench.nothing_refused_reached_the_server(3);
 }
 
 /// The same judgement on `vm`, whose guest's connections reach the proxy over virtio-serial

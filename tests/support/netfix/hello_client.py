@@ -110,15 +110,18 @@ def crafted(data, pieces=1, pause=0.0, then_close=False):
     return result(status, drain(sock))
 
 
-def real(split=False, groups=None, second_hello=None):
+def real(split=False, groups=None, second_hello=None, tls12=False):
     """A real TLS handshake by Python's client. `split` re-cuts its first ClientHello into
     records of 90 bytes sent in several writes; `second_hello`, if the server asks for a
-    retry, is sent instead of the client's own second ClientHello."""
+    retry, is sent instead of the client's own second ClientHello; `tls12` caps the version
+    at TLS 1.2, whose client flight after the ServerHello is partly plaintext."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE  # the proxy is under test here, not the certificate
     if groups:
         ctx.set_ecdh_curve(groups)
+    if tls12:
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = ctx.wrap_bio(incoming, outgoing, server_hostname=HOST)
     sock, status = tunnel()
@@ -231,6 +234,7 @@ SHAPES = {
     "plain-http": plain_http,
     "split-real": lambda: real(split=True, groups="prime256v1"),
     "retry-real": lambda: real(),
+    "tls12-real": lambda: real(tls12=True),
     "retry-other-sni": lambda: real(
         second_hello=CHANGE_CIPHER_SPEC + records(client_hello(server_name(OTHER)))
     ),

@@ -409,6 +409,17 @@ async fn a_name_resolving_to_loopback_is_refused_without_connecting() {
     let addr: SocketAddr = decision.addr.as_deref().unwrap().parse().unwrap();
     assert_eq!(classify(addr.ip()), AddrClass::Loopback);
     assert_eq!(decision.protocol, Some(Protocol::Tls));
+
+    // Without a hello the name is never looked up: the tunnel ends on the missing hello, not
+    // on the address the lookup would have found.
+    let (answer, decision) = h.exchange(&connect_request("localhost:443")).await;
+    assert_eq!(answer, b"HTTP/1.1 200 Connection established\r\n\r\n");
+    assert!(
+        decision.reason.contains("before sending a TLS ClientHello"),
+        "{}",
+        decision.reason
+    );
+    assert_eq!(decision.addr, None);
 }
 
 /// The fatal alerts the proxy ends a refused handshake with.

@@ -223,31 +223,60 @@ fn the_pool_takes_only_room_under_the_ceilings_that_nobody_uses_and_yields_it() 
     if !require_root("the_pool_takes_only_room_under_the_ceilings_that_nobody_uses_and_yields_it") {
         return;
     }
-    // Room for three default sandboxes (1024 MB each) in all.
-    let home = pool_home("3").with_env("DYNOCAP_MAX_MEMORY_MB", "3072");
+    // Room for three sandboxes in all. Memory is not room the pool takes: limits overcommit
+    // (the kernel bounds what all sandboxes use together), so the count is what binds.
+    let home = pool_home("3").with_env("DYNOCAP_MAX_SANDBOXES", "3");
     wait_ready(&home, 3);
+    let pooled = |home: &TestHome| {
+        let status = home.json(&["pool"]);
+        status["pool"]["ready"].as_u64().unwrap() + status["pool"]["warming"].as_u64().unwrap()
+    };
 
-    // A claim with more memory: the pool gives up a member so the total stays at the ceiling.
+    // A claim, with more memory than the pool's: the pool does not refill past the count.
     home.sandbox("big", &["--memory-mb", "2048"]);
-    let status = home.json(&["pool"]);
     assert_eq!(
-        (status["pool"]["ready"].as_u64().unwrap() + status["pool"]["warming"].as_u64().unwrap()),
-        1,
-        "2048 + one pool sandbox = 3072: {status:#}"
+        pooled(&home),
+        2,
+        "one caller's sandbox + two pool sandboxes = 3"
     );
+    // The claimed sandbox's disk took its room at the claim; the pool's hold none yet.
+    let allocated = |id: &str| {
+        let image = home.path().join("sandboxes").join(id).join("disk.img");
+        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(image).expect("disk.img")) * 512
+    };
+    assert!(allocated(&home.sandbox_id("big")) >= 2048 << 20);
+    let pooled_ids = std::process::Command::new("sqlite3")
+        .arg(home.path().join("catalog.db"))
+        .arg("SELECT id FROM sandboxes WHERE state = 'pooled'")
+        .output()
+        .expect("sqlite3");
+    for id in String::from_utf8_lossy(&pooled_ids.stdout).lines() {
+        assert!(
+            allocated(id) < 16 << 20,
+            "pool sandbox {id} reserves nothing"
+        );
+    }
     // A start the pool cannot serve is admitted as if the pool were not there, and the pool
-    // yields again.
+    // yields.
     home.sandbox("other", &["--disk-mb", "256"]);
-    let status = home.json(&["pool"]);
-    assert_eq!(status["pool"]["ready"], 0, "{status:#}");
-    assert_eq!(status["pool"]["warming"], 0, "{status:#}");
+    assert_eq!(pooled(&home), 1);
+    home.sandbox("third", &[]);
+    assert_eq!(pooled(&home), 0);
     // The ceiling still binds the caller's own sandboxes.
-    let err = home.json_err(&["run", "third"]);
+    let err = home.json_err(&["run", "fourth"]);
     assert_eq!(err["code"], "policy_denied", "{err:#}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("DYNOCAP_MAX_SANDBOXES=3"),
+        "{err:#}"
+    );
 
     // Room freed, room refilled.
-    home.json(&["destroy", "big"]);
-    home.json(&["destroy", "other"]);
+    for name in ["big", "other", "third"] {
+        home.json(&["destroy", name]);
+    }
     wait_ready(&home, 3);
 }
 

@@ -268,6 +268,11 @@ impl TlsWatch {
                         Ok(())
                     })
                 }
+                // RFC 8446 §5.1: no other record may come inside a handshake message. Its
+                // bytes are held; letting other records pass them would hold them forever.
+                _ if starts && messages.unfinished_from().is_some() => Err(WatchError::NotTls(
+                    "another record inside an unfinished handshake message",
+                )),
                 CONTENT_CHANGE_CIPHER_SPEC | CONTENT_APPLICATION_DATA if starts => {
                     *encrypted = true;
                     Ok(())
@@ -276,6 +281,9 @@ impl TlsWatch {
             },
             WatchError::NotTls,
         )?;
+        if held.len() - messages.unfinished_from().unwrap_or(held.len()) > max {
+            return Err(WatchError::TooLarge(max));
+        }
         let release = messages.unfinished_from().unwrap_or(held.len());
         let pass: Vec<u8> = held.drain(..release).collect();
         messages.forget(release);
@@ -474,6 +482,20 @@ mod tests {
         assert!(matches!(
             w.client_bytes(&record(22, &[1, 0, 1, 0])),
             Err(WatchError::TooLarge(100))
+        ));
+    }
+
+    #[test]
+    fn no_record_may_pass_an_unfinished_handshake_message() {
+        let w = watch();
+        // The hello's first record of 30 bytes, whole; its message goes on in the next one.
+        let hello = records(&client_hello(Some(sni("a.example"))), 30);
+        assert!(w.client_bytes(&hello[..35]).is_ok());
+        let mut interleaved = record(20, &[1]);
+        interleaved.extend_from_slice(&record(23, &[0; 64]));
+        assert!(matches!(
+            w.client_bytes(&interleaved),
+            Err(WatchError::NotTls(_))
         ));
     }
 

@@ -156,8 +156,9 @@ fn the_baseline_is_the_checkout_whatever_the_attributes_say() {
 
 // --- credentials ----------------------------------------------------------------------------
 
-/// Files under `dir` whose bytes contain `needle`, the sandboxes' disk images aside (the
-/// guest's own files are searched from inside it).
+/// Files under `dir` whose bytes contain `needle`, disk images aside: the sandboxes' (the
+/// guest's own files are searched from inside it) and the empty disk templates of `cache/`
+/// (made before any clone, gigabytes of zeros to read).
 fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -168,7 +169,11 @@ fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
                 continue;
             };
             if kind.is_dir() {
-                if path.file_name() != Some(std::ffi::OsStr::new("sandboxes")) {
+                let name = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default();
+                if !matches!(name, "sandboxes" | "cache") {
                     stack.push(path);
                 }
             } else if kind.is_file() {
@@ -314,13 +319,23 @@ fn credentials_in_the_url_are_used_for_the_fetch_and_kept_nowhere() {
     }
 
     // While a clone runs (here, one the server never answers after authenticating), no
-    // process but the command the user typed has the token in its arguments or environment.
+    // process has the token in its arguments or environment: not even the command the user
+    // typed it in, which blanks it in its own command line once parsed.
     let hanging = format!("https://{PRIVATE_USER}:{PRIVATE_TOKEN}@{GIT_HOST}/hang/{REPO}");
     let mut client = spawn_start(&home, &hanging, "hanging");
     wait_for_request(&fix, "/hang/");
-    let holding = processes_holding(PRIVATE_TOKEN, &[client.id()]);
+    let holding = processes_holding(PRIVATE_TOKEN, &[]);
+    let shown = std::fs::read(format!("/proc/{}/cmdline", client.id())).unwrap_or_default();
     interrupt(&mut client, libc::SIGINT);
     assert!(holding.is_empty(), "the token in processes: {holding:#?}");
+    let shown = String::from_utf8_lossy(&shown).replace('\0', " ");
+    assert!(
+        shown.contains(&format!(
+            "https://{}@{GIT_HOST}",
+            "*".repeat(PRIVATE_USER.len() + 1 + PRIVATE_TOKEN.len())
+        )),
+        "{shown}"
+    );
     assert_token_nowhere(&home, &[]);
 }
 

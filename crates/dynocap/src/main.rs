@@ -13,6 +13,7 @@ mod image_commands;
 mod logging;
 mod mcp;
 mod output;
+mod scrub_args;
 mod task_commands;
 mod terminal;
 

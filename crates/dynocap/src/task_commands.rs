@@ -134,6 +134,17 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
         args.memory_mb,
         args.disk_mb,
     )?;
+    // Parsed: the URL's credentials need not stay where `ps` shows them.
+    if let Source::RepositoryUrl(url) = &spec.source {
+        if let Ok((_, Some(credentials))) = dynocap_engine::clone::split_credentials(url) {
+            if let Err(err) = crate::scrub_args::blank(credentials.expose()) {
+                eprintln!(
+                    "warning: the repository URL's credentials stay visible in this command's \
+                     arguments (ps) while it runs: {err}"
+                );
+            }
+        }
+    }
     spec.allow_hosts = args.allow_hosts;
     spec.image = args.image;
     spec.backend = args.backend;

@@ -550,3 +550,21 @@ async def test_the_server_reaps_the_supervisors_it_started(host: Host) -> None:
         assert (zombies, len(live)) == ([], 2), _children(server)
         assert len(_standbys(server)) == 1, _children(server)
         ok(await s.call_tool("dynocap_destroy", {"name": "kept"}))
+
+
+async def test_a_disk_the_host_cannot_back_is_refused_naming_free_and_asked(host: Host) -> None:
+    """A sandbox's disk reserves its whole size on the home's filesystem when it starts: a
+    diskMB more than is free there is refused before anything starts, in the tool's own words,
+    and one that fits takes its room until it is destroyed."""
+    asked = (shutil.disk_usage(host.state).free >> 20) + 1024
+    async with connect(host, env={"DYNOCAP_MAX_DISK_MB": "1048576"}) as s:
+        text = err(await s.call_tool("dynocap_run", {"name": "big", "diskMB": asked}), "policy_denied")
+        assert f"diskMB {asked} needs {asked} MB" in text, text
+        assert "MB free" in text and "DYNOCAP_HOME" in text, text
+        assert "--disk-mb" not in text, "an MCP error names no CLI flag"
+        assert ok(await s.call_tool("dynocap_ps", {})) == {"sandboxes": []}
+        ok(await s.call_tool("dynocap_run", {"name": "small", "diskMB": 256}))
+        images = list((host.state / "sandboxes").glob("*/disk.img"))
+        assert len(images) == 1, images
+        assert images[0].stat().st_blocks * 512 >= 256 << 20, "the whole disk is reserved"
+        ok(await s.call_tool("dynocap_destroy", {"name": "small"}))

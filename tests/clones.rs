@@ -69,7 +69,9 @@ ident.txt ident
 ";
 
 /// Adds `attrs.git` to the fixture's git root: a repository whose `.gitattributes` make
-/// `git archive` differ from a checkout in every way it can. Returns its head commit.
+/// `git archive` differ from a checkout in every way it can, beside every other kind of
+/// entry a checkout writes (an executable, a symlink, a submodule's empty directory).
+/// Returns its head commit.
 fn attributes_repo(fix: &NetFix) -> String {
     let work = fix.dir().join("attrs-work");
     let at = |p: &str| work.join(p);
@@ -84,7 +86,20 @@ fn attributes_repo(fix: &NetFix) -> String {
     write(&at("crlf.txt"), "one\ntwo\n");
     write(&at("ident.txt"), "id $Id$\n");
     write(&at("plain.txt"), "plain\n");
+    write(&at("run.sh"), "#!/bin/sh\necho run\n");
+    chmod(&at("run.sh"), 0o755);
+    std::os::unix::fs::symlink("plain.txt", at("link")).expect("symlink");
     git(&work, &["add", "-A"]);
+    // A submodule without its repository: the checkout leaves an empty directory.
+    git(
+        &work,
+        &[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("160000,{},vendor/sub", fix.repo.head),
+        ],
+    );
     git(&work, &["commit", "-q", "-m", "attributes"]);
     let head = git(&work, &["rev-parse", "HEAD"]).trim().to_owned();
     let bare = fix.repo.root.join("attrs.git");
@@ -122,7 +137,11 @@ fn the_baseline_is_the_checkout_whatever_the_attributes_say() {
         );
         assert_eq!(
             files,
-            "./.gitattributes\n./crlf.txt\n./ident.txt\n./ignored-dir/inner.txt\n./ignored.txt\n./plain.txt\n./subst.txt\n",
+            "./.gitattributes\n./crlf.txt\n./ident.txt\n./ignored-dir/inner.txt\n./ignored.txt\n./plain.txt\n./run.sh\n./subst.txt\n",
+        );
+        assert_eq!(
+            ok_in(&home, &name, "readlink link; ls -A vendor/sub; ./run.sh"),
+            "plain.txt\nrun\n"
         );
         assert_eq!(ok_in(&home, &name, "cat subst.txt"), "commit $Format:%H$\n");
         assert_eq!(
@@ -142,10 +161,10 @@ fn the_baseline_is_the_checkout_whatever_the_attributes_say() {
             &name,
             "echo more >> ignored.txt && echo more >> ignored-dir/inner.txt && \
              echo more >> subst.txt && printf 'three\\r\\n' >> crlf.txt && \
-             echo more >> plain.txt",
+             echo more >> plain.txt && echo more >> run.sh && ln -sfn crlf.txt link",
         );
         let diff = home.json(&["task", "diff", &name]);
-        assert_eq!(diff["files"], 5, "{diff:#}");
+        assert_eq!(diff["files"], 7, "{diff:#}");
         let finished = home.json(&["task", "finish", &name]);
         assert_eq!(finished["verified"], true, "{history}: {finished:#}");
     }

@@ -940,3 +940,47 @@ fn a_task_past_its_ttl_is_ending_in_every_command_until_its_work_is_saved() {
         "{ended:#}"
     );
 }
+
+/// A home deleted (`rm -rf`) while its sandboxes' teardowns are still running: a raw
+/// sandbox's after `destroy` answered (its disk, cgroups and spare disk still to come) and a
+/// task's while its work is being saved. Neither teardown writes anything back: no record
+/// file, results, log or spare disk makes the deleted home exist again.
+#[test]
+fn a_home_deleted_during_its_teardowns_stays_deleted() {
+    if !require_root("a_home_deleted_during_its_teardowns_stays_deleted") {
+        return;
+    }
+    let home = TestHome::new().with_env(
+        "DYNOCAP_FAILPOINTS",
+        "supervisor.destroy.replied=sleep(3000);supervisor.final-diff=sleep(3000)",
+    );
+    let project = project();
+    home.sandbox("box", &[]);
+    start(&home, project.path(), "work", &[]);
+    work(&home, "work", "echo two >> a.txt");
+    let supervisors = [supervisor_of(&home, "box"), supervisor_of(&home, "work")];
+    assert_eq!(home.json(&["destroy", "box"])["destroyed"], "box");
+    // The task ends as a SIGTERM ends it (its work saved), with no client waiting on it.
+    signal(supervisors[1], libc::SIGTERM);
+    let id = id_of(&home, "work");
+    // It has reached its save (the failpoint holds it there for three seconds).
+    assert!(
+        wait_until(20, || std::fs::read_to_string(home.log_path(&id))
+            .is_ok_and(|log| log.contains("failpoint supervisor.final-diff"))),
+        "the task's end began"
+    );
+    bench::stop_command_servers(home.path());
+    assert!(
+        wait_until(10, || std::fs::remove_dir_all(home.path()).is_ok()
+            || !home.path().exists()),
+        "the home could not be deleted"
+    );
+    for pid in supervisors {
+        assert!(gone(pid), "supervisor {pid} did not end");
+    }
+    assert!(
+        !home.path().exists(),
+        "the deleted home was made again: {:?}",
+        walk(home.path())
+    );
+}

@@ -318,6 +318,20 @@ pub fn make_spare(templates: &Path, bytes: u64) -> Result<bool, JailError> {
     Ok(true)
 }
 
+/// Creates the templates directory and its parent (the home's cache), but nothing above: a
+/// home deleted while a process of it still runs (a standby making a disk ahead) is not made
+/// again, with a disk template in it.
+fn create_templates_dir(templates: &Path) -> Result<(), JailError> {
+    for dir in templates.parent().into_iter().chain([templates]) {
+        match fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(JailError::io("create the disk template directory", dir, e)),
+        }
+    }
+    Ok(())
+}
+
 /// The template for `bytes`, formatted and published first if missing.
 fn ensure(
     templates: &Path,
@@ -328,8 +342,7 @@ fn ensure(
     if template.is_file() {
         return Ok(template);
     }
-    fs::create_dir_all(templates)
-        .map_err(|e| JailError::io("create the disk template directory", templates, e))?;
+    create_templates_dir(templates)?;
     let lock_path = templates.join(".lock");
     let lock_file = OpenOptions::new()
         .create(true)
@@ -624,6 +637,25 @@ mod tests {
         assert!(err.to_string().contains("moving the spare disk"), "{err}");
         assert_eq!(fs::read(&image).unwrap(), b"a previous sandbox's files");
         assert!(spare_path(&templates, 1 << 20).exists(), "the spare stays");
+    }
+
+    /// The templates live in the home's cache: a home deleted under a process still making a
+    /// disk (a standby making one ahead) is not made again, with a template in it.
+    #[test]
+    fn a_deleted_home_is_not_made_again_for_a_template() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let templates = home.join("cache").join("disks");
+        let err = copy_formatted(&templates, &dir.path().join("a.img"), 1 << 20, fake_format)
+            .unwrap_err();
+        assert!(err.to_string().contains("disk template directory"), "{err}");
+        assert!(!home.exists(), "the deleted home was made again");
+        assert!(!make_spare(&templates, 1 << 20).unwrap(), "no spare either");
+        assert!(!home.exists(), "the deleted home was made again");
+        // With the home there, its cache and the templates are made.
+        fs::create_dir(&home).unwrap();
+        copy_formatted(&templates, &dir.path().join("a.img"), 1 << 20, fake_format).unwrap();
+        assert!(template_path(&templates, 1 << 20).is_file());
     }
 
     #[test]

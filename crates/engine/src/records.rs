@@ -43,19 +43,27 @@ struct FileIn {
     record: Record,
 }
 
-/// Writes `record`'s file (its path follows from its kind and id), creating the directory
-/// (mode 0700) if needed and replacing any previous version atomically.
+/// Writes `record`'s file (its path follows from its kind and id), creating its own directory
+/// (mode 0700) if needed and replacing any previous version atomically. Only that directory:
+/// the home's `results/` or `sandboxes/` must exist, so that a supervisor ending after its
+/// home was deleted fails here instead of making the home again.
 pub fn save(home: &Home, record: &Record) -> Result<()> {
     check_id(&record.id)?;
     let path = home.record_path(record.kind, &record.id);
     let dir = path
         .parent()
         .expect("a record path is DIR/record.json, so it has a parent");
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .context(format_args!("creating {}", dir.display()))?;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => {
+            return Err(Error::internal(format!(
+                "cannot create {} ({err}); was the home {} deleted?",
+                dir.display(),
+                home.root().display()
+            )))
+        }
+    }
     let mut text = serde_json::to_vec_pretty(&FileOut {
         format: FORMAT,
         record,
@@ -258,6 +266,19 @@ mod tests {
             egress: None,
             image: crate::image::ImageRef::host(),
         }
+    }
+
+    /// A supervisor ending after its home was deleted (`rm -rf`) writes its last record into
+    /// nothing: the home is not made again around it.
+    #[test]
+    fn a_record_is_not_saved_into_a_deleted_home() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("home");
+        let home = Home::at(root.clone()).expect("home");
+        std::fs::remove_dir_all(&root).expect("delete the home");
+        let err = save(&home, &task("task-abc123")).expect_err("no home to save into");
+        assert!(err.message.contains("deleted"), "{err}");
+        assert!(!root.exists(), "the deleted home was made again");
     }
 
     #[test]

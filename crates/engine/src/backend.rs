@@ -87,7 +87,9 @@ pub trait Guest: Send {
     /// Starts the guest's pasta again, with the configuration it first had. Call from the
     /// thread that booted the guest: pasta dies with that thread.
     fn restart_network(&mut self) -> Result<()> {
-        Err(Error::internal("this guest has no network process to restart"))
+        Err(Error::internal(
+            "this guest has no network process to restart",
+        ))
     }
     /// Ends the guest's network for good (its pasta, if any is left).
     fn end_network(&mut self) -> Result<()> {
@@ -399,7 +401,9 @@ impl Guest for JailGuest {
         let netns = PathBuf::from(format!("/proc/{}/ns/net", self.jail.pid()));
         match self.usernet.as_mut() {
             Some(usernet) => usernet::restart(usernet, &netns),
-            None => Err(Error::internal("this guest has no network process to restart")),
+            None => Err(Error::internal(
+                "this guest has no network process to restart",
+            )),
         }
     }
     fn end_network(&mut self) -> Result<()> {

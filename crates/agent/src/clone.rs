@@ -206,9 +206,7 @@ pub async fn clone(
     };
     let deadline = Duration::from_millis(req.timeout_ms);
     let cloned = tokio::time::timeout(deadline, async {
-        let first = fetcher
-            .clone_into(&req.url, &dest, shallow.then_some(Depth::One), stop)
-            .await;
+        let first = fetcher.clone_into(&req.url, &dest, shallow, stop).await;
         match first {
             Err(message) if shallow && message.contains(DUMB_NO_SHALLOW) => {
                 log!("the server speaks only dumb HTTP; fetching the branch whole");
@@ -265,12 +263,6 @@ fn credential_line(url: &str, userinfo: &str) -> Result<String, String> {
     Ok(format!("https://{userinfo}@{host}\n"))
 }
 
-/// How deep a fetch goes.
-#[derive(Clone, Copy)]
-enum Depth {
-    One,
-}
-
 /// Runs the clone's gits, as the sandbox user, with the fetch's settings.
 struct Fetcher<'a> {
     git: &'a git::Git,
@@ -314,21 +306,20 @@ impl Fetcher<'_> {
         }
     }
 
-    /// `git clone` of `url` into `dest`: the default branch alone at `depth`, or every
-    /// branch with its whole history.
+    /// `git clone` of `url` into `dest`: the default branch alone at depth 1 (`shallow`), or
+    /// every branch with its whole history.
     async fn clone_into(
         &self,
         url: &str,
         dest: &Path,
-        depth: Option<Depth>,
+        shallow: bool,
         stop: &mut mpsc::Receiver<Stop>,
     ) -> Result<(), String> {
         let mut args: Vec<String> = vec!["clone".into(), "--quiet".into()];
-        match depth {
-            Some(Depth::One) => {
-                args.extend(["--depth".into(), "1".into(), "--single-branch".into()])
-            }
-            None => args.push("--no-single-branch".into()),
+        if shallow {
+            args.extend(["--depth".into(), "1".into(), "--single-branch".into()]);
+        } else {
+            args.push("--no-single-branch".into());
         }
         args.extend(["--".into(), url.to_owned(), path_arg(dest)?]);
         self.git(Path::new("/"), &[], &args, stop).await
@@ -539,4 +530,33 @@ async fn send_checkout(
     };
     sent.map_err(|err| format!("internal error sending the cloned files: {err}"))?
         .map_err(|err| format!("sending the cloned files to the host: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_credential_line_names_the_host_and_always_a_password() {
+        assert_eq!(
+            credential_line("https://git.example/o/r.git", "me:t%40k").unwrap(),
+            "https://me:t%40k@git.example\n"
+        );
+        // A token alone is a user with an empty password: git asks for nothing more.
+        assert_eq!(
+            credential_line("https://git.example", "ghp_x").unwrap(),
+            "https://ghp_x:@git.example\n"
+        );
+        for (url, userinfo) in [
+            ("ssh://git.example/r", "me:x"),
+            ("https://a@git.example/r", "me:x"),
+            ("https://git.example/r", "me:x\nhttps://evil"),
+            ("https:///r", "me:x"),
+        ] {
+            assert!(
+                credential_line(url, userinfo).is_err(),
+                "{url} {userinfo:?}"
+            );
+        }
+    }
 }

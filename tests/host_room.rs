@@ -484,3 +484,44 @@ fn a_failed_disk_is_a_task_error_and_its_acknowledged_work_is_saved() {
     assert!(saved.contains("+EARLY"), "{saved}");
     assert!(!saved.contains("LATE"), "{saved}");
 }
+
+/// The vm's shape of the failed disk: the guest kernel's ext4 records an error (its root asks
+/// the kernel's own `trigger_fs_error`); the sync after each command reports it, and every
+/// command's result and the task's record say so.
+#[test]
+fn a_failed_vm_disk_is_a_task_error() {
+    let Some(home) = TestHome::on(Backend::Vm, "a_failed_vm_disk_is_a_task_error") else {
+        return;
+    };
+    let project = project();
+    home.json(&[
+        "task",
+        "start",
+        project.path().to_str().unwrap(),
+        "--name",
+        "calc",
+        "--disk-mb",
+        "1024",
+    ]);
+    let early = home.exec_in_task("calc", "echo EARLY >> calc.py", 300);
+    assert_eq!(early["exitCode"], 0, "{early:#}");
+    assert!(early.get("diskError").is_none(), "{early:#}");
+    let failed = home.exec_in_task(
+        "calc",
+        "echo 'dynocap test' | sudo tee /sys/fs/ext4/vda/trigger_fs_error >/dev/null",
+        300,
+    );
+    let error = failed["diskError"].as_str().unwrap_or_default();
+    // The kernel counts the journal's failures after the first error too.
+    assert!(
+        error.contains("disk failed") && error.contains("error(s)"),
+        "{failed:#}"
+    );
+    // The guest kernel may take a write into its cache after the error; its result says the
+    // disk failed all the same, never a silent success.
+    let late = home.exec_in_task("calc", "echo LATE >> calc.py", 300);
+    assert!(late["diskError"].is_string(), "{late:#}");
+    let listed = home.json(&["ls"]);
+    let note = listed["tasks"][0]["note"].as_str().unwrap_or_default();
+    assert!(note.contains("disk failed"), "{listed:#}");
+}

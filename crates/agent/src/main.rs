@@ -36,6 +36,7 @@ mod checkout_tar;
 mod clone;
 mod command;
 mod diff_split;
+mod disk_health;
 mod egress;
 mod exec;
 mod fsutil;

@@ -416,11 +416,19 @@ impl Server {
                 // Registered like any stream, so its id stays taken until its last frame.
                 let _ = self.register(id, false);
                 // sync(2) waits for the disk; other streams go on meanwhile.
+                // A disk whose filesystem recorded an error did not take what was synced: the
+                // sync fails, naming it (a jail's supervisor reads the same state on the host).
                 self.spawn_stream(id, async move {
-                    tokio::task::spawn_blocking(nix::unistd::sync)
-                        .await
-                        .map(|()| Response::Synced)
-                        .map_err(|err| format!("sync: {err}"))
+                    tokio::task::spawn_blocking(|| {
+                        nix::unistd::sync();
+                        crate::disk_health::root_failure()
+                    })
+                    .await
+                    .map_err(|err| format!("sync: {err}"))
+                    .and_then(|failure| match failure {
+                        Some(failure) => Err(failure),
+                        None => Ok(Response::Synced),
+                    })
                 });
             }
         }

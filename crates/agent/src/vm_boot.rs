@@ -116,12 +116,14 @@ fn boot(agent_args: Vec<OsString>) -> Result<Infallible, String> {
     load_modules()?;
     wait_for(&params.root, "the root disk")?;
     fs::create_dir_all(NEW_ROOT).map_err(|err| format!("creating {NEW_ROOT}: {err}"))?;
+    // An error (a write to the disk that failed, metadata found corrupt) stops all writes at
+    // once rather than letting later ones report success over it: see `disk_health`.
     mount(
         Some(&params.root),
         NEW_ROOT,
         Some("ext4"),
         MsFlags::empty(),
-        None::<&str>,
+        Some("errors=remount-ro"),
     )
     .map_err(|err| format!("mounting {} on {NEW_ROOT}: {err}", params.root.display()))?;
     if let Err(msg) = grow_filesystem(&params.root) {

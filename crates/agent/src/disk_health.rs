@@ -1,0 +1,60 @@
+//! The error state of a VM guest's root disk, which the host cannot see inside the guest's
+//! kernel: the errors its ext4 recorded (`/sys/fs/ext4/<device>/errors_count`), after which
+//! it takes no more writes (the first stage mounts it `errors=remount-ro`). Read after every
+//! sync the supervisor asks for, so that a failed disk is a task error, never a silent success.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// What went wrong with the filesystem holding `/`, if it recorded errors; `None` for a
+/// healthy one, or one that keeps no count (not ext4).
+pub fn root_failure() -> Option<String> {
+    let dev = std::fs::metadata("/").ok()?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let device = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    let device = device.file_name()?.to_string_lossy().into_owned();
+    failure_in(&Path::new("/sys/fs/ext4").join(device))
+}
+
+/// The failure the ext4 sysfs directory `ext4` records, if any.
+fn failure_in(ext4: &Path) -> Option<String> {
+    let read = |file: &str| {
+        std::fs::read_to_string(ext4.join(file))
+            .ok()
+            .map(|text| text.trim().to_owned())
+    };
+    let errors: u64 = read("errors_count")?.parse().ok()?;
+    if errors == 0 {
+        return None;
+    }
+    let first = read("first_error_func")
+        .filter(|f| !f.is_empty())
+        .map(|func| format!(" (the first in {func})"))
+        .unwrap_or_default();
+    Some(format!(
+        "the sandbox's disk failed: its filesystem recorded {errors} error(s){first}; what it \
+         acknowledged before the first stays on it, and what was written since may not have \
+         reached it"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_count_above_zero_is_a_failure_naming_the_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(failure_in(dir.path()), None, "no count, no failure");
+        std::fs::write(dir.path().join("errors_count"), "0\n").expect("write");
+        assert_eq!(failure_in(dir.path()), None);
+        std::fs::write(dir.path().join("errors_count"), "2\n").expect("write");
+        std::fs::write(
+            dir.path().join("first_error_func"),
+            "ext4_journal_check_start\n",
+        )
+        .expect("write");
+        let failure = failure_in(dir.path()).expect("a failure");
+        assert!(failure.contains("recorded 2 error(s) (the first in ext4_journal_check_start)"));
+    }
+}

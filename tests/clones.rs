@@ -479,10 +479,18 @@ fn a_dumb_http_server_gives_the_clone_a_smart_one_gives() {
             "{history}"
         );
         if history != "none" {
-            assert_eq!(
-                ok_in(&home, &d, "git config --get remote.origin.url"),
-                format!("{dumb}\n")
-            );
+            // Each names where it came from, the dumb one its server too (not a scratch
+            // repository it may have been cloned through).
+            for (task, url) in [(&d, &dumb), (&s, &smart)] {
+                assert_eq!(
+                    ok_in(&home, task, "git config --get remote.origin.url"),
+                    format!("{url}\n")
+                );
+                assert_eq!(
+                    ok_in(&home, task, "git reflog --format=%gs"),
+                    format!("clone: from {url}\n")
+                );
+            }
         }
         // The same diff of the same change, and a verified patch.
         for task in [&d, &s] {

@@ -15,8 +15,10 @@
 //! server gives (one commit, the same `origin`); the scratch repository is removed.
 
 use std::ffi::{CStr, CString};
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +27,7 @@ use std::time::Duration;
 
 use dynocap_proto::redact::strip_userinfo;
 use dynocap_proto::{CloneRequest, Response};
+use nix::fcntl::OFlag;
 use nix::unistd::{fchown, Gid, Uid};
 use tokio::sync::mpsc;
 
@@ -380,9 +383,14 @@ impl Fetcher<'_> {
             CString::new(format!("{tag}.git")).expect("a name without NUL"),
             CString::new(tag).expect("a name without NUL"),
         );
-        tokio::task::spawn_blocking(move || move_up(&dest, &whole_name, &shallow_name, owner))
-            .await
-            .map_err(|err| format!("internal error: {err}"))?
+        let scratch_url = format!("file://{}", path_arg(&whole)?);
+        let url = url.to_owned();
+        tokio::task::spawn_blocking(move || {
+            move_up(&dest, &whole_name, &shallow_name, owner)?;
+            name_the_source_in_reflogs(&dest, &scratch_url, &url)
+        })
+        .await
+        .map_err(|err| format!("internal error: {err}"))?
     }
 }
 
@@ -416,6 +424,57 @@ fn move_up(dest: &Path, whole: &CStr, shallow: &CStr, owner: ExecUser) -> Result
     )
     .map_err(|err| fail(&err))?;
     chown(&dest_fd, owner)
+}
+
+/// The second clone's reflog entries say `clone: from file://<scratch>`; a clone from the
+/// server says `clone: from <url>`. Rewrites the first into the second in every log under
+/// `.git/logs`, which git made moments ago (nothing else runs in the guest); each file is
+/// opened beneath the workspace without following a symlink.
+fn name_the_source_in_reflogs(dest: &Path, scratch_url: &str, url: &str) -> Result<(), String> {
+    let fail = |err: &dyn std::fmt::Display| format!("cannot rewrite the clone's reflogs: {err}");
+    let dest_fd = fsutil::open_dir_nofollow(dest).map_err(|err| fail(&err))?;
+    let mut dirs = vec![PathBuf::from(".git/logs")];
+    while let Some(dir) = dirs.pop() {
+        let dir_fd =
+            match fsutil::open_beneath(dest_fd.as_fd(), dir.as_os_str(), fsutil::dir_flags()) {
+                Ok(fd) => fd,
+                Err(nix::errno::Errno::ENOENT) => continue,
+                Err(err) => return Err(fail(&err)),
+            };
+        for (name, kind) in fsutil::entries(dir_fd.as_fd()).map_err(|err| fail(&err))? {
+            let rel = dir.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+            match kind {
+                Some(nix::dir::Type::Directory) => dirs.push(rel),
+                Some(nix::dir::Type::File) => {
+                    let fd = fsutil::open_beneath(dest_fd.as_fd(), rel.as_os_str(), OFlag::O_RDWR)
+                        .map_err(|err| fail(&err))?;
+                    let mut file = std::fs::File::from(fd);
+                    let mut text = Vec::new();
+                    file.read_to_end(&mut text).map_err(|err| fail(&err))?;
+                    let rewritten = replace_all(&text, scratch_url.as_bytes(), url.as_bytes());
+                    if rewritten != text {
+                        file.set_len(0).map_err(|err| fail(&err))?;
+                        file.write_all_at(&rewritten, 0).map_err(|err| fail(&err))?;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `haystack` with every `from` replaced by `to`.
+fn replace_all(haystack: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(haystack.len());
+    let mut rest = haystack;
+    while let Some(at) = rest.windows(from.len()).position(|w| w == from) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(to);
+        rest = &rest[at + from.len()..];
+    }
+    out.extend_from_slice(rest);
+    out
 }
 
 fn path_arg(path: &Path) -> Result<String, String> {

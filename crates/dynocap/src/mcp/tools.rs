@@ -352,11 +352,13 @@ project paths that did not come, such as unreadable or special files). Then run 
 commands with dynocap_task_exec, review with dynocap_diff, and end with dynocap_task_finish.\n\
 Defaults: history \"branches\", network \"none\", ttlSeconds 1800, cpus 2, memoryMB 1024, \
 diskMB 2048.\n\
-Host ceilings: the host may cap cpus, memoryMB (per sandbox, and for all live sandboxes \
-together), ttlSeconds and the number of live sandboxes and tasks (DYNOCAP_MAX_CPUS, \
-DYNOCAP_MAX_MEMORY_MB, DYNOCAP_MAX_DISK_MB, DYNOCAP_MAX_TTL_SECONDS, DYNOCAP_MAX_SANDBOXES; by default the host's \
-CPUs and half its memory); a request above one is refused with policy_denied, which names the \
-value allowed.\n\
+Host ceilings: the host may cap cpus, memoryMB per sandbox (what all sandboxes use together \
+is bounded by the kernel, so limits may add up past it), ttlSeconds and the number of live \
+sandboxes and tasks (DYNOCAP_MAX_CPUS, DYNOCAP_MAX_MEMORY_MB, DYNOCAP_MAX_DISK_MB, \
+DYNOCAP_MAX_TTL_SECONDS, DYNOCAP_MAX_SANDBOXES; by default the host's CPUs and half its \
+memory); a request above one is refused with policy_denied, which names the value allowed. \
+The disk is reserved whole on the host when the sandbox starts: a diskMB the host's free \
+space cannot back is refused with policy_denied, naming what is free.\n\
 Host policy (set by the user who started this server, not by the caller): projectPath must \
 resolve, through symlinks, to a directory inside DYNOCAP_MCP_ROOTS (default: the server's \
 working directory); home directories (every account's), their ancestors and dot directories \
@@ -549,11 +551,13 @@ runs out. Defaults: network \"none\", ttlSeconds 1800, cpus 1, memoryMB 1024, di
 network \
 \"filtered\"/\"nat\" are refused unless the host set DYNOCAP_MCP_ALLOW_FILTERED=1 / \
 DYNOCAP_MCP_ALLOW_NAT=1.\n\
-Host ceilings: the host may cap cpus, memoryMB (per sandbox, and for all live sandboxes \
-together), ttlSeconds and the number of live sandboxes and tasks (DYNOCAP_MAX_CPUS, \
-DYNOCAP_MAX_MEMORY_MB, DYNOCAP_MAX_TTL_SECONDS, DYNOCAP_MAX_SANDBOXES; by default the host's \
-CPUs and half its memory); a request above one is refused with policy_denied, which names the \
-value allowed.",
+Host ceilings: the host may cap cpus, memoryMB per sandbox (what all sandboxes use together \
+is bounded by the kernel, so limits may add up past it), ttlSeconds and the number of live \
+sandboxes and tasks (DYNOCAP_MAX_CPUS, DYNOCAP_MAX_MEMORY_MB, DYNOCAP_MAX_DISK_MB, \
+DYNOCAP_MAX_TTL_SECONDS, DYNOCAP_MAX_SANDBOXES; by default the host's CPUs and half its \
+memory); a request above one is refused with policy_denied, which names the value allowed. \
+The disk is reserved whole on the host when the sandbox starts: a diskMB the host's free \
+space cannot back is refused with policy_denied, naming what is free.",
             params: vec![
                 Param {
                     name: "name",

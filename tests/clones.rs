@@ -173,6 +173,41 @@ fn the_baseline_is_the_checkout_whatever_the_attributes_say() {
     assert_eq!(task["source"]["baseCommit"], head);
 }
 
+/// The same on the `vm` backend, where the guest is a VM of its own, in one start that takes
+/// both paths at once: the attributes repository from a dumb-HTTP-only server.
+#[test]
+fn a_clone_in_a_vm_is_its_checkout_even_from_a_dumb_server() {
+    let test = "a_clone_in_a_vm_is_its_checkout_even_from_a_dumb_server";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let fix = NetFix::start();
+    let mut home = home;
+    for (key, value) in fix.product_env() {
+        home = home.with_env(&key, &value);
+    }
+    let head = attributes_repo(&fix);
+    let url = fix.dumb_repo_url("attrs.git");
+    let task = start_repo(&home, &url, &["--name", "vm", "--history", "head"]);
+    assert_eq!(task["backend"], "vm", "{task:#}");
+    assert_eq!(task["source"]["baseCommit"], head, "{task:#}");
+    assert_eq!(
+        ok_in(
+            &home,
+            "vm",
+            "cat subst.txt; ls ignored-dir; git rev-list --count HEAD"
+        ),
+        "commit $Format:%H$\ninner.txt\n1\n"
+    );
+    ok_in(
+        &home,
+        "vm",
+        "echo more >> ignored.txt && echo more >> subst.txt && ln -sfn crlf.txt link",
+    );
+    let finished = home.json(&["task", "finish", "vm"]);
+    assert_eq!(finished["verified"], true, "{finished:#}");
+}
+
 // --- credentials ----------------------------------------------------------------------------
 
 /// Files under `dir` whose bytes contain `needle`, disk images aside: the sandboxes' (the

@@ -1208,3 +1208,124 @@ fn task_start_warns_about_skipped_paths_and_bounds_the_list() {
     let (listed, total) = skipped(task);
     assert_eq!((listed.len(), total), (50, 60));
 }
+
+/// Runs `dynocap ARGS` with its stdout a pipe whose reader is already gone (`| head -0`);
+/// returns the exit status and stderr. Closing the read end before the spawn leaves no race:
+/// the command's first write to stdout finds no reader.
+fn run_with_closed_stdout(home: &TestHome, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = home
+        .command()
+        .args(args)
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("spawn dynocap");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_ended_as_sigpipe(args: &[&str], status: std::process::ExitStatus, stderr: &str) {
+    assert_eq!(
+        status.code(),
+        Some(141),
+        "{args:?} with a closed stdout: {status:?}\nstderr: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+        "{args:?} with a closed stdout: {stderr}"
+    );
+}
+
+/// A command whose stdout's reader went away (`dynocap ls | head -0`) ends as a shell's
+/// SIGPIPE ends a writer, 141 and no panic, for every command that prints, served by the
+/// command server or not, tables and JSON alike; and it ends so only after its work is done:
+/// the task started, finished (its patch verified) and applied (its branch made) all the same.
+#[test]
+fn a_closed_stdout_ends_each_command_as_sigpipe_after_its_work() {
+    if !require_root("a_closed_stdout_ends_each_command_as_sigpipe_after_its_work") {
+        return;
+    }
+    let home = TestHome::new();
+    let repo = tempfile::tempdir().unwrap();
+    let repo = repo.path();
+    git(repo, &["init", "-q", "-b", "main"]);
+    write(&repo.join("a.txt"), "a\n");
+    git(repo, &["add", "-A"]);
+    git(repo, &["commit", "-q", "-m", "base"]);
+    let project = repo.to_str().expect("utf-8 temp path");
+
+    for json in [false, true] {
+        let name = if json { "piped-json" } else { "piped" };
+        let with = |args: &[&str]| -> Vec<String> {
+            let json_flag = json.then_some("--json");
+            json_flag
+                .into_iter()
+                .chain(args.iter().copied())
+                .map(str::to_owned)
+                .collect()
+        };
+        let closed = |args: &[&str]| {
+            let args = with(args);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let (status, stderr) = run_with_closed_stdout(&home, &args);
+            assert_ended_as_sigpipe(&args, status, &stderr);
+        };
+
+        closed(&["task", "start", project, "--name", name]);
+        let ls = home.json(&["ls"]);
+        assert!(
+            ls["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["name"] == name && t["state"] == "running"),
+            "the task a closed stdout's start printed is running: {ls:#}"
+        );
+        home.task_sh(name, "printf 'b\\n' > a.txt");
+        for args in [
+            &["ls"][..],
+            &["ps"],
+            &["image", "ls"],
+            &["doctor"],
+            &["pool"],
+            &["task", "diff", name],
+        ] {
+            closed(args);
+        }
+        closed(&["task", "finish", name]);
+        let diff = home.json(&["task", "diff", name]);
+        assert!(
+            diff["patch"].as_str().unwrap().contains("+b"),
+            "the finish a closed stdout ended kept the work: {diff:#}"
+        );
+        let ls = home.json(&["ls"]);
+        assert!(
+            ls["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["name"] == name && t["state"] == "finished"),
+            "the finish a closed stdout ended finished the task: {ls:#}"
+        );
+        let branch = format!("{name}-branch");
+        closed(&["task", "apply", name, &format!("--branch={branch}")]);
+        assert_eq!(
+            git(repo, &["show", &format!("{branch}:a.txt")]).trim(),
+            "b",
+            "the apply a closed stdout ended made its branch"
+        );
+        closed(&["rm", name]);
+        assert!(
+            home.json(&["ls"])["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|t| t["name"] != name),
+            "the rm a closed stdout ended removed the task"
+        );
+    }
+}

@@ -8,7 +8,7 @@ use dynocap_engine::{Engine, Error, ExecResult, Home};
 
 use crate::cli::{Cli, Command, ExecArgs, RunArgs, SuperviseArgs};
 use crate::output::{
-    fail, print_json, sandbox_notes, sandbox_rows, table, Streams, SANDBOX_HEADERS,
+    fail, print_json, sandbox_notes, sandbox_rows, sayln, table, Streams, SANDBOX_HEADERS,
 };
 
 pub async fn dispatch(cli: Cli) -> ExitCode {
@@ -59,7 +59,7 @@ async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
             if json {
                 print_json(&serde_json::json!({ verb: count, "pool": status }));
             } else {
-                println!(
+                sayln!(
                     "{verb} {count}; warm pool: {} ready, {} booting, target {} ({})",
                     status.ready,
                     status.warming,
@@ -135,7 +135,13 @@ pub async fn run_served(engine: &Engine, json: bool, command: Command, streams: 
             "{other:?} is not a served command"
         ))),
     };
-    result.unwrap_or_else(|err| streams.fail(json, &err))
+    let code = result.unwrap_or_else(|err| streams.fail(json, &err));
+    // The work is done whoever read: a closed stdout ends it as SIGPIPE would have.
+    if streams.stdout().reader_gone() {
+        crate::exec_output::READER_GONE_EXIT
+    } else {
+        code
+    }
 }
 
 async fn run(engine: &Engine, json: bool, args: RunArgs, streams: &Streams) -> Result<u8, Error> {

@@ -11,7 +11,7 @@ pub use repair::run as repair;
 
 use serde::Serialize;
 
-use crate::output::{print_json, table};
+use crate::output::{print_json, say, sayln, table};
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -100,8 +100,8 @@ pub fn run(json: bool) -> ExitCode {
                 vec![c.name.clone(), c.status.label().to_owned(), text]
             })
             .collect();
-        print!("{}", table(&["CHECK", "STATUS", "DETAIL"], &rows));
-        println!(
+        say!("{}", table(&["CHECK", "STATUS", "DETAIL"], &rows));
+        sayln!(
             "{}",
             if ready {
                 "ready: sandboxes can run here"

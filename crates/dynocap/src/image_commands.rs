@@ -12,7 +12,7 @@ use dynocap_engine::image::build::{short, Origin};
 use dynocap_engine::{Engine, Error};
 
 use crate::cli::ImageCommand;
-use crate::output::{print_json, table};
+use crate::output::{print_json, say, sayln, table};
 
 pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<ExitCode, Error> {
     match command {
@@ -23,7 +23,7 @@ pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<
                 print_json(&serde_json::json!({ "images": images }));
             } else {
                 let rows: Vec<Vec<String>> = images.iter().map(row).collect();
-                print!("{}", table(HEADERS, &rows));
+                say!("{}", table(HEADERS, &rows));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -32,7 +32,7 @@ pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<
             if json {
                 print_json(&serde_json::json!({ "removed": removed }));
             } else {
-                println!("removed image {} ({})", removed.name, short(&removed.id));
+                sayln!("removed image {} ({})", removed.name, short(&removed.id));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -111,7 +111,7 @@ async fn build(engine: Engine, json: bool, name: String) -> Result<ExitCode, Err
             Origin::Cache => "copied from the image cache",
             Origin::Built => "built",
         };
-        println!(
+        sayln!(
             "image {} ({}) {how}: {}",
             image.name(),
             short(image.id()),

@@ -31,8 +31,10 @@ fn main() -> ExitCode {
     match &cli.command {
         cli::Command::CliServer(server) => return cli_server::serve(&server.socket),
         cli::Command::Supervise(args) => return commands::supervise(args),
-        cli::Command::Doctor(args) if args.repair => return doctor::repair(cli.json),
-        cli::Command::Doctor(_) => return doctor::run(cli.json),
+        cli::Command::Doctor(args) if args.repair => {
+            return output::ended(doctor::repair(cli.json))
+        }
+        cli::Command::Doctor(_) => return output::ended(doctor::run(cli.json)),
         cli::Command::Completions(args) => return docs::completions(args.shell),
         cli::Command::Man => return docs::man_page(),
         _ => {}
@@ -57,5 +59,6 @@ fn main() -> ExitCode {
     // `dynocap mcp` may leave a blocking stdin read behind (tokio cannot cancel it): do not
     // wait for input that will never come.
     runtime.shutdown_timeout(std::time::Duration::from_millis(500));
-    code
+    // Only now, the command's work done: a closed stdout ends it as SIGPIPE would have.
+    output::ended(code)
 }

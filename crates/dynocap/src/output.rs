@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use dynocap_engine::{Error, SandboxInfo};
@@ -21,6 +22,8 @@ pub struct Streams {
 pub struct Stream {
     writer: Mutex<Box<dyn Write + Send>>,
     terminal: bool,
+    /// A write found no reader (EPIPE): the command ends as SIGPIPE would end it.
+    reader_gone: AtomicBool,
 }
 
 impl Stream {
@@ -33,6 +36,7 @@ impl Stream {
         Self {
             terminal,
             writer: Mutex::new(Box::new(writer)),
+            reader_gone: AtomicBool::new(false),
         }
     }
 
@@ -47,20 +51,104 @@ impl Stream {
         self.terminal
     }
 
-    /// Writes `text` whole; a reader that went away is the command's business, as with the
-    /// standard library's `print!` on a closed pipe ignoring SIGPIPE.
+    /// Writes `text` whole. A reader that went away is noted (see [`Stream::reader_gone`])
+    /// and the command goes on: what it changes must not stop half-way because nobody reads.
     pub fn write_str(&self, text: &str) {
         let mut writer = self.lock();
-        let _ = writer.write_all(text.as_bytes());
-        let _ = writer.flush();
+        let written = writer
+            .write_all(text.as_bytes())
+            .and_then(|()| writer.flush());
+        if matches!(&written, Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe) {
+            self.reader_gone.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether a write found that the reader had gone (`dynocap ps | head -0`).
+    pub fn reader_gone(&self) -> bool {
+        self.reader_gone.load(Ordering::Acquire)
     }
 }
+
+/// Set when a write to this process's stdout found no reader. SIGPIPE is ignored in every
+/// process of dynocap (the supervisor, the MCP and command servers write to sockets whose
+/// peer may go), so a closed pipe is an EPIPE error, which [`ended`] turns into the exit code
+/// a shell gives a writer SIGPIPE killed.
+static STDOUT_READER_GONE: AtomicBool = AtomicBool::new(false);
+
+/// Set when a write to this process's stdout failed otherwise (a full disk behind `>`); said
+/// once on stderr.
+static STDOUT_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// This process's stdout, noting a reader that went away (see [`STDOUT_READER_GONE`]).
+struct ProcessStdout;
+
+impl Write for ProcessStdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = std::io::stdout().write(buf);
+        note_stdout(&written);
+        written
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let flushed = std::io::stdout().flush();
+        note_stdout(&flushed);
+        flushed
+    }
+}
+
+fn note_stdout<T>(result: &std::io::Result<T>) {
+    let Err(err) = result else { return };
+    if err.kind() == std::io::ErrorKind::BrokenPipe {
+        STDOUT_READER_GONE.store(true, Ordering::Release);
+    } else if !STDOUT_FAILED.swap(true, Ordering::AcqRel) {
+        let _ = writeln!(std::io::stderr(), "dynocap: cannot write to stdout: {err}");
+    }
+}
+
+/// Writes to this process's stdout, as `print!` does, without its panic on a closed pipe:
+/// the command goes on to its end and [`ended`] gives its exit code.
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    let mut out = ProcessStdout;
+    let _ = out.write_fmt(args).and_then(|()| out.flush());
+}
+
+/// The exit code of a command run in this process, once its work is done: 141 (128 +
+/// SIGPIPE) if its stdout's reader went away, as a shell reports a writer SIGPIPE ended
+/// (`dynocap ls | head -0`), a failure if stdout could not be written otherwise, else `code`.
+pub fn ended(code: ExitCode) -> ExitCode {
+    if STDOUT_READER_GONE.load(Ordering::Acquire) {
+        ExitCode::from(crate::exec_output::READER_GONE_EXIT)
+    } else if STDOUT_FAILED.load(Ordering::Acquire) {
+        ExitCode::FAILURE
+    } else {
+        code
+    }
+}
+
+/// `print!` on this process's stdout through [`write_stdout`].
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// `println!` on this process's stdout through [`write_stdout`].
+macro_rules! sayln {
+    () => {
+        $crate::output::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+pub(crate) use {say, sayln};
 
 impl Streams {
     /// This process's stdout and stderr.
     pub fn of_process() -> Self {
         Self {
-            stdout: Stream::new(std::io::stdout()),
+            stdout: Stream::of_writer(std::io::stdout().is_terminal(), ProcessStdout),
             stderr: Stream::new(std::io::stderr()),
         }
     }

@@ -2,7 +2,8 @@
 //! output a person can read — a progress bar while a project imports (on a terminal only),
 //! flagged paths before the patch, colour only on a terminal.
 
-use std::io::{IsTerminal, Write};
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write as _};
 use std::process::ExitCode;
 
 use dynocap_engine::apply::ApplySpec;
@@ -14,7 +15,7 @@ use dynocap_engine::task_spec::{
 use dynocap_engine::{Engine, Error};
 
 use crate::cli::{RmArgs, TaskApplyArgs, TaskCommand, TaskStartArgs};
-use crate::output::{print_json, sandbox_notes, sandbox_rows, table, SANDBOX_HEADERS};
+use crate::output::{print_json, sandbox_notes, sandbox_rows, say, sayln, table, SANDBOX_HEADERS};
 
 pub async fn task(engine: &Engine, json: bool, command: TaskCommand) -> Result<ExitCode, Error> {
     match command {
@@ -74,13 +75,13 @@ async fn apply(engine: &Engine, json: bool, args: TaskApplyArgs) -> Result<ExitC
         print_json(&applied);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    sayln!(
         "task {} applied to {} on the new branch {}",
         escape(applied.name.as_deref().unwrap_or(&applied.id)),
         escape(&applied.repository),
         escape(&applied.branch)
     );
-    println!(
+    sayln!(
         "commit {} (on {}), {} {} changed:",
         applied.commit,
         applied.base_commit,
@@ -92,17 +93,17 @@ async fn apply(engine: &Engine, json: bool, args: TaskApplyArgs) -> Result<ExitC
         }
     );
     for file in &applied.files {
-        println!("  {}", escape(file));
+        sayln!("  {}", escape(file));
     }
     for p in &applied.sensitive_paths_accepted {
-        println!(
+        sayln!(
             "  sensitive, accepted: {:<18} {}  {}",
             p.kind.as_str(),
             escape(&p.path),
             escape(&p.reason)
         );
     }
-    println!(
+    sayln!(
         "your current branch and working tree are unchanged; see it with: git -C {} show {}",
         escape(&applied.repository),
         escape(&applied.branch)
@@ -202,7 +203,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
     if json {
         print_json(&info);
     } else {
-        print!("{}", table(TASK_HEADERS, &[task_row(&info)]));
+        say!("{}", table(TASK_HEADERS, &[task_row(&info)]));
         warn_skipped(engine, &info);
     }
     Ok(ExitCode::SUCCESS)
@@ -302,11 +303,11 @@ pub fn ls(engine: &Engine, json: bool) -> Result<ExitCode, Error> {
         return Ok(ExitCode::SUCCESS);
     }
     let rows: Vec<Vec<String>> = listing.tasks.iter().map(task_row).collect();
-    println!("TASKS");
-    print!("{}", table(TASK_HEADERS, &rows));
+    sayln!("TASKS");
+    say!("{}", table(TASK_HEADERS, &rows));
     for task in &listing.tasks {
         if let Some(result) = &task.result {
-            println!(
+            sayln!(
                 "  {}: {} files changed, {}{}; results in {}",
                 escape(task.name.as_deref().unwrap_or(&task.id)),
                 result.files,
@@ -323,15 +324,15 @@ pub fn ls(engine: &Engine, json: bool) -> Result<ExitCode, Error> {
             );
         }
         if let Some(note) = &task.note {
-            println!(
+            sayln!(
                 "  {}: {}",
                 task.name.as_deref().unwrap_or(&task.id),
                 sanitize_line(note, 1000)
             );
         }
     }
-    println!("\nSANDBOXES");
-    print!(
+    sayln!("\nSANDBOXES");
+    say!(
         "{}{}",
         table(SANDBOX_HEADERS, &sandbox_rows(&listing.sandboxes)),
         sandbox_notes(&listing.sandboxes)
@@ -371,7 +372,7 @@ pub async fn rm(engine: &Engine, json: bool, args: RmArgs) -> Result<ExitCode, E
                 "its unsaved work stays in {kept}: finish the task by its id to recover it, or rm --purge to discard it"
             ));
         }
-        println!(
+        sayln!(
             "{}",
             if said.is_empty() {
                 "nothing to do".to_owned()
@@ -409,7 +410,7 @@ fn task_row(task: &TaskInfo) -> Vec<String> {
 /// is guest data: see [`patch_line`].
 fn print_diff(diff: &DiffResult) {
     let colour = std::io::stdout().is_terminal();
-    let mut out = std::io::stdout().lock();
+    let mut out = String::new();
     let s = &diff.summary;
     let _ = writeln!(
         out,
@@ -445,6 +446,7 @@ fn print_diff(diff: &DiffResult) {
         };
         let _ = writeln!(out, "{painted}");
     }
+    say!("{out}");
 }
 
 /// One line of the patch as shown: its header lines (names) always escaped, its content lines
@@ -461,7 +463,7 @@ fn patch_line(line: &str, terminal: bool) -> String {
 }
 
 fn print_finish(result: &FinishResult) {
-    println!(
+    sayln!(
         "task {} {}{}",
         escape(result.name.as_deref().unwrap_or(&result.id)),
         result.state.as_str(),
@@ -471,12 +473,14 @@ fn print_finish(result: &FinishResult) {
             ""
         }
     );
-    println!(
+    sayln!(
         "{} files changed, {} additions, {} deletions",
-        result.files, result.additions, result.deletions
+        result.files,
+        result.additions,
+        result.deletions
     );
     for p in &result.sensitive_paths {
-        println!(
+        sayln!(
             "  sensitive: {:<18} {}  {}",
             p.kind.as_str(),
             escape(&p.path),
@@ -484,14 +488,14 @@ fn print_finish(result: &FinishResult) {
         );
     }
     if let Some(err) = &result.verify_error {
-        println!("NOT verified: {}", escape(err));
+        sayln!("NOT verified: {}", escape(err));
     } else {
-        println!("verified: the patch applies to the imported state");
+        sayln!("verified: the patch applies to the imported state");
     }
-    println!("patch:   {}", escape(&result.patch_path));
-    println!("log:     {}", escape(&result.log_path));
-    println!("summary: {}", escape(&result.summary_path));
-    println!("{}", next_step(result));
+    sayln!("patch:   {}", escape(&result.patch_path));
+    sayln!("log:     {}", escape(&result.log_path));
+    sayln!("summary: {}", escape(&result.summary_path));
+    sayln!("{}", next_step(result));
 }
 
 /// What to do with the patch: apply a verified one; inspect, never apply, an unverified one

@@ -11,7 +11,7 @@ use dynocap_engine::repair::RepairReport;
 use dynocap_engine::{Engine, Error, Home};
 use serde::Serialize;
 
-use crate::output::{fail, print_json, table};
+use crate::output::{fail, print_json, say, sayln, table};
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -137,18 +137,18 @@ fn report(outcome: RepairReport, records: &[Record]) -> Report {
 fn print_human(report: &Report) {
     let catalog = report.catalog.display();
     let Some(damage) = &report.damage else {
-        println!(
+        sayln!(
             "the catalog {catalog} is healthy ({}); nothing to repair",
             count(report.records.len(), "record")
         );
         return;
     };
-    println!("the catalog {catalog} needed repair: {damage}");
+    sayln!("the catalog {catalog} needed repair: {damage}");
     for (i, path) in report.moved_aside.iter().enumerate() {
         let label = if i == 0 { "moved aside:" } else { "" };
-        println!("{label:<12} {}", path.display());
+        sayln!("{label:<12} {}", path.display());
     }
-    println!(
+    sayln!(
         "rebuilt from the record files: {}",
         count(report.records.len(), "record")
     );
@@ -166,21 +166,21 @@ fn print_human(report: &Report) {
                 ]
             })
             .collect();
-        print!("{}", table(&["ID", "KIND", "NAME", "STATE", "NOTE"], &rows));
+        say!("{}", table(&["ID", "KIND", "NAME", "STATE", "NOTE"], &rows));
     }
     for released in &report.released_names {
-        println!(
+        sayln!(
             "the name \"{}\" was bound in two record files: {} keeps it, {} was restored without it",
             released.name, released.kept_by, released.id
         );
     }
     if !report.skipped.is_empty() {
-        println!(
+        sayln!(
             "{} could not be restored (left where they are):",
             count(report.skipped.len(), "record file")
         );
         for skipped in &report.skipped {
-            println!("  {}: {}", skipped.path.display(), skipped.reason);
+            sayln!("  {}: {}", skipped.path.display(), skipped.reason);
         }
     }
 }

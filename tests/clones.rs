@@ -117,6 +117,38 @@ fn attributes_repo(fix: &NetFix) -> String {
     head
 }
 
+/// A shell command listing the files under `.` (but `skip`) with their SHA-256, and the
+/// symlinks with their targets, sorted.
+fn listing_command(skip: &str) -> String {
+    format!(
+        "find . -path ./{skip} -prune -o -type f -print0 | sort -z | xargs -0 sha256sum; \
+         find . -path ./{skip} -prune -o -type l -printf '%p -> %l\\n' | sort"
+    )
+}
+
+/// [`listing_command`] of the task's baseline copy on the host, unpacked.
+fn baseline_listing(home: &TestHome, id: &str) -> String {
+    let tar = home.path().join("sandboxes").join(id).join("baseline.tar");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "tar -xf \"$1\" && {}",
+            listing_command(".dynocap-none")
+        ))
+        .arg("sh")
+        .arg(&tar)
+        .current_dir(dir.path())
+        .output()
+        .expect("run sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 listing")
+}
+
 #[test]
 fn the_baseline_is_the_checkout_whatever_the_attributes_say() {
     if !require_root("the_baseline_is_the_checkout_whatever_the_attributes_say") {
@@ -128,7 +160,14 @@ fn the_baseline_is_the_checkout_whatever_the_attributes_say() {
     let url = format!("https://{GIT_HOST}/attrs.git");
     for history in ["head", "none", "branches"] {
         let name = format!("attrs-{history}");
-        start_repo(&home, &url, &["--name", &name, "--history", history]);
+        let task = start_repo(&home, &url, &["--name", &name, "--history", history]);
+        // The host's baseline holds the guest's files byte for byte, and its symlinks.
+        let id = task["id"].as_str().expect("a task id");
+        assert_eq!(
+            baseline_listing(&home, id),
+            ok_in(&home, &name, &listing_command(".git")),
+            "{history}"
+        );
         // The checkout: every file there, as a checkout writes it.
         let files = ok_in(
             &home,

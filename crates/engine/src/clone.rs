@@ -159,6 +159,12 @@ static INHERITED_CREDENTIALS: Mutex<Option<Credentials>> = Mutex::new(None);
 /// A pipe holding `credentials` and then its end: the read end, for the supervisor to
 /// inherit. The pipe's buffer holds them whole, so nothing waits on a reader.
 pub fn credentials_pipe(credentials: &Credentials) -> Result<OwnedFd> {
+    // Within the pipe's buffer (64 KiB), so the write never waits on the reader.
+    if credentials.0.len() as u64 > CREDENTIALS_MAX {
+        return Err(Error::invalid(format!(
+            "the repositoryUrl's credentials are over {CREDENTIALS_MAX} bytes; give shorter ones"
+        )));
+    }
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .context("creating the pipe for the clone's credentials")?;
     let mut write = std::fs::File::from(write);

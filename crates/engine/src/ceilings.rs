@@ -202,7 +202,8 @@ impl crate::Engine {
     /// sandbox's is under (see the jail's `bound_all_sandboxes_memory`): written before each
     /// start, so the ceiling in force is the one of the latest start. A caller that may not
     /// write it (an unprivileged user given delegated cgroup parents) leaves the bound to
-    /// whoever delegated them, and the log says so.
+    /// whoever delegated them, and a host without a memory controller has none; the log says
+    /// so either way.
     pub(crate) fn bound_sandboxes_memory(&self, ceilings: &Ceilings) -> Result<()> {
         let bytes = ceilings
             .memory_mb
@@ -210,10 +211,9 @@ impl crate::Engine {
             .saturating_mul(1 << 20);
         match dynocap_backend_jail::bound_all_sandboxes_memory(bytes) {
             Ok(dynocap_backend_jail::SharedBound::Applied) => Ok(()),
-            Ok(dynocap_backend_jail::SharedBound::NotPermitted(why)) => {
+            Ok(dynocap_backend_jail::SharedBound::NotApplied(why)) => {
                 tracing::warn!(
-                    "the memory of all sandboxes together is not bounded by DynoCap ({why}); \
-                     the cgroup parents' owner bounds it"
+                    "the memory of all sandboxes together is not bounded by DynoCap: {why}"
                 );
                 Ok(())
             }

@@ -12,11 +12,12 @@ use crate::error::JailError;
 /// What [`bound_all_sandboxes_memory`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SharedBound {
-    /// The parent's limit is `bytes` now.
+    /// The parent's limit is what was asked for.
     Applied,
-    /// This process may not write the parent's limit (an unprivileged user given delegated
-    /// `dynocap` parents): whoever delegated them sets the bound.
-    NotPermitted(String),
+    /// Not set, and why: this process may not write the parent's limit (an unprivileged user
+    /// given delegated `dynocap` parents, whose delegator sets the bound), or no mounted
+    /// hierarchy offers the memory controller (where no jail can start either).
+    NotApplied(String),
 }
 
 /// Sets the memory limit of the `dynocap` parent cgroup, which every sandbox's cgroup is
@@ -26,12 +27,11 @@ pub enum SharedBound {
 pub fn bound_all_sandboxes_memory(bytes: u64) -> Result<SharedBound, JailError> {
     let layout = Layout::discover()?;
     let Some(hierarchy) = layout.locate(Controller::Memory) else {
-        return Err(JailError::LimitUnavailable {
-            limit: "memory",
-            reason: "no mounted cgroup hierarchy offers the memory controller (checked \
-                     /proc/self/mountinfo)"
+        return Ok(SharedBound::NotApplied(
+            "no mounted cgroup hierarchy offers the memory controller (checked \
+             /proc/self/mountinfo)"
                 .to_owned(),
-        });
+        ));
     };
     let parent = hierarchy.mount_point.join(PARENT);
     if let Err(e) = mkdir_ok_if_exists(&parent) {
@@ -75,7 +75,7 @@ pub fn bound_all_sandboxes_memory(bytes: u64) -> Result<SharedBound, JailError> 
                 });
             }
             Err(e) if matches!(e.kind(), std::io::ErrorKind::PermissionDenied) => {
-                return Ok(SharedBound::NotPermitted(format!(
+                return Ok(SharedBound::NotApplied(format!(
                     "cannot write {}: {e}",
                     path.display()
                 )));
@@ -94,7 +94,7 @@ pub fn bound_all_sandboxes_memory(bytes: u64) -> Result<SharedBound, JailError> 
 fn not_permitted_or(e: JailError) -> Result<SharedBound, JailError> {
     match &e {
         JailError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
-            Ok(SharedBound::NotPermitted(e.to_string()))
+            Ok(SharedBound::NotApplied(e.to_string()))
         }
         _ => Err(e),
     }

@@ -947,10 +947,20 @@ fn a_task_past_its_ttl_is_ending_in_every_command_until_its_work_is_saved() {
 /// file, results, log or spare disk makes the deleted home exist again.
 #[test]
 fn a_home_deleted_during_its_teardowns_stays_deleted() {
-    if !require_root("a_home_deleted_during_its_teardowns_stays_deleted") {
+    a_home_deleted_during_its_teardowns_stays_deleted_on(Backend::Jail);
+}
+
+#[test]
+fn a_home_deleted_during_its_teardowns_stays_deleted_in_a_vm() {
+    a_home_deleted_during_its_teardowns_stays_deleted_on(Backend::Vm);
+}
+
+fn a_home_deleted_during_its_teardowns_stays_deleted_on(backend: Backend) {
+    let Some(home) = TestHome::on(backend, "a_home_deleted_during_its_teardowns_stays_deleted")
+    else {
         return;
-    }
-    let home = TestHome::new().with_env(
+    };
+    let home = home.with_env(
         "DYNOCAP_FAILPOINTS",
         "supervisor.destroy.replied=sleep(3000);supervisor.final-diff=sleep(3000)",
     );

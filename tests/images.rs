@@ -636,3 +636,36 @@ fn an_unsaved_debian_task_is_recovered_on_its_own_image() {
     assert!(patch.contains("+kept-work"), "{patch}");
     home.json(&["image", "rm", "debian"]);
 }
+
+/// A build whose output's reader went away (`dynocap image build debian 2>&1 | head -1`)
+/// still ends with its image in the home, then exits 141 as SIGPIPE would have ended it: its
+/// progress lines on stderr used to panic the build's thread and abandon the build.
+#[test]
+fn a_build_whose_reader_went_away_finishes_then_exits_141() {
+    if !ready("a_build_whose_reader_went_away_finishes_then_exits_141") {
+        return;
+    }
+    // The shared cache holds the image after this; the build below copies it, printing its
+    // progress line.
+    let (_, built) = debian_home();
+    let home = dynocap_e2e::images::cached_home();
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let status = home
+        .command()
+        .args(["image", "build", "debian"])
+        .stdout(writer.try_clone().expect("dup the pipe"))
+        .stderr(writer)
+        .status()
+        .expect("spawn dynocap");
+    assert_eq!(status.code(), Some(141), "{status:?}");
+    let listed = home.json(&["image", "ls"]);
+    assert!(
+        listed["images"]
+            .as_array()
+            .expect("images")
+            .iter()
+            .any(|i| i["name"] == "debian" && i["id"] == built["image"]["id"]),
+        "the build finished: {listed:#}\nbuilt: {built:#}"
+    );
+}

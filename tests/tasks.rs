@@ -1293,6 +1293,8 @@ fn a_closed_stdout_ends_each_command_as_sigpipe_after_its_work() {
             &["doctor"],
             &["pool"],
             &["task", "diff", name],
+            &["completions", "bash"],
+            &["task", "--help"],
         ] {
             closed(args);
         }

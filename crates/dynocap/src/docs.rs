@@ -28,8 +28,11 @@ fn write_out(bytes: &[u8]) -> ExitCode {
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
         Ok(()) => ExitCode::SUCCESS,
-        // A reader that stopped early (`| head`) is not an error worth a message.
-        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        // A reader that stopped early (`| head`) is not an error worth a message; the exit
+        // code says it as SIGPIPE would have.
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {
+            ExitCode::from(crate::exec_output::READER_GONE_EXIT)
+        }
         Err(err) => {
             eprintln!("dynocap: cannot write to stdout: {err}");
             ExitCode::FAILURE

@@ -12,7 +12,7 @@ use dynocap_engine::image::build::{short, Origin};
 use dynocap_engine::{Engine, Error};
 
 use crate::cli::ImageCommand;
-use crate::output::{print_json, say, sayln, table};
+use crate::output::{print_json, say, sayln, table, warnln};
 
 pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<ExitCode, Error> {
     match command {
@@ -82,7 +82,7 @@ async fn build(engine: Engine, json: bool, name: String) -> Result<ExitCode, Err
         });
         let progress = |line: &str| match &spinner {
             Some(bar) => bar.set_message(format!("{name}: {line}")),
-            None => eprintln!("image build {name}: {line}"),
+            None => warnln!("image build {name}: {line}"),
         };
         let outcome = engine.image_build(&name, &progress, &flag);
         if let Some(bar) = &spinner {

@@ -69,7 +69,7 @@ impl Stream {
     }
 }
 
-/// Set when a write to this process's stdout found no reader. SIGPIPE is ignored in every
+/// Set when a write to this process's stdout (or stderr) found no reader. SIGPIPE is ignored in every
 /// process of dynocap (the supervisor, the MCP and command servers write to sockets whose
 /// peer may go), so a closed pipe is an EPIPE error, which [`ended`] turns into the exit code
 /// a shell gives a writer SIGPIPE killed.
@@ -112,6 +112,20 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>) {
     let _ = out.write_fmt(args).and_then(|()| out.flush());
 }
 
+/// Writes a line to this process's stderr, as `eprintln!` does, without its panic on a closed
+/// pipe (`dynocap image build debian 2>&1 | head -1` panicked in the build's progress
+/// callback, abandoning the build). A reader gone counts as on stdout (SIGPIPE would have
+/// ended the command either way); any other failure leaves nowhere to say it.
+pub fn write_stderr_line(args: std::fmt::Arguments<'_>) {
+    let mut err = std::io::stderr().lock();
+    let written = err
+        .write_fmt(format_args!("{args}\n"))
+        .and_then(|()| err.flush());
+    if matches!(&written, Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe) {
+        STDOUT_READER_GONE.store(true, Ordering::Release);
+    }
+}
+
 /// The exit code of a command run in this process, once its work is done: 141 (128 +
 /// SIGPIPE) if its stdout's reader went away, as a shell reports a writer SIGPIPE ended
 /// (`dynocap ls | head -0`), a failure if stdout could not be written otherwise, else `code`.
@@ -142,7 +156,14 @@ macro_rules! sayln {
     };
 }
 
-pub(crate) use {say, sayln};
+/// `eprintln!` on this process's stderr through [`write_stderr_line`].
+macro_rules! warnln {
+    ($($arg:tt)*) => {
+        $crate::output::write_stderr_line(format_args!($($arg)*))
+    };
+}
+
+pub(crate) use {say, sayln, warnln};
 
 impl Streams {
     /// This process's stdout and stderr.
@@ -213,15 +234,19 @@ pub fn argument_error(err: &clap::Error, args: &[OsString]) -> ExitCode {
     );
     let code = ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(2));
     if asked || !crate::cli::json_requested(args) {
-        if let Err(print) = err.print() {
-            eprintln!("dynocap: cannot print the usage message: {print}");
+        match err.print() {
+            Err(print) if print.kind() == std::io::ErrorKind::BrokenPipe => {
+                return ExitCode::from(crate::exec_output::READER_GONE_EXIT);
+            }
+            Err(print) => warnln!("dynocap: cannot print the usage message: {print}"),
+            Ok(()) => {}
         }
         return code;
     }
     let message = crate::cli::explain(err, args);
     print_json(&serde_json::json!({ "error": { "code": "invalid_argument", "message": message } }));
-    eprintln!("dynocap: invalid_argument: {message}");
-    code
+    warnln!("dynocap: invalid_argument: {message}");
+    ended(code)
 }
 
 /// A left-aligned table with a header row.

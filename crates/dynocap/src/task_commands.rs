@@ -15,7 +15,9 @@ use dynocap_engine::task_spec::{
 use dynocap_engine::{Engine, Error};
 
 use crate::cli::{RmArgs, TaskApplyArgs, TaskCommand, TaskStartArgs};
-use crate::output::{print_json, sandbox_notes, sandbox_rows, say, sayln, table, SANDBOX_HEADERS};
+use crate::output::{
+    print_json, sandbox_notes, sandbox_rows, say, sayln, table, warnln, SANDBOX_HEADERS,
+};
 
 pub async fn task(engine: &Engine, json: bool, command: TaskCommand) -> Result<ExitCode, Error> {
     match command {
@@ -139,7 +141,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
     if let Source::RepositoryUrl(url) = &spec.source {
         if let Ok((_, Some(credentials))) = dynocap_engine::clone::split_credentials(url) {
             if let Err(err) = crate::scrub_args::blank(credentials.expose()) {
-                eprintln!(
+                warnln!(
                     "warning: the repository URL's credentials stay visible in this command's \
                      arguments (ps) while it runs: {err}"
                 );
@@ -192,7 +194,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
             if let Some(bar) = &bar {
                 bar.finish_and_clear();
             }
-            eprintln!("dynocap: the task start was cancelled ({signal}); nothing of it is left");
+            warnln!("dynocap: the task start was cancelled ({signal}); nothing of it is left");
             return Ok(end_by(signal));
         }
     };
@@ -345,7 +347,7 @@ pub async fn rm(engine: &Engine, json: bool, args: RmArgs) -> Result<ExitCode, E
         if let Ok(task) = engine.task_info(&args.name) {
             if task.state == dynocap_engine::catalog::State::Unsaved {
                 // Said before it happens: this is the one command that discards kept work.
-                eprintln!(
+                warnln!(
                     "dynocap: discarding the unsaved work of task {} (its kept files in {}), as --purge asks",
                     task.name.as_deref().unwrap_or(&task.id),
                     engine.home().sandbox_dir(&task.id).display()

@@ -11,7 +11,7 @@ use dynocap_engine::repair::RepairReport;
 use dynocap_engine::{Engine, Error, Home};
 use serde::Serialize;
 
-use crate::output::{fail, print_json, say, sayln, table};
+use crate::output::{fail, print_json, say, sayln, table, warnln};
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -74,7 +74,7 @@ fn repair() -> Result<Report, Error> {
     let records = match reconcile(&home) {
         Ok(catalog) => current_states(&catalog, &outcome.records),
         Err(err) => {
-            eprintln!(
+            warnln!(
                 "dynocap: the catalog is usable, but checking for sandboxes whose supervisor is \
                  gone failed ({err}); the next dynocap command checks again"
             );

@@ -1298,6 +1298,22 @@ fn a_closed_stdout_ends_each_command_as_sigpipe_after_its_work() {
         ] {
             closed(args);
         }
+        // The served commands too (the command server writes to the client's own stdout).
+        let raw = format!("{name}-raw");
+        closed(&["run", &raw]);
+        let listed = |raw: &str| {
+            home.json(&["ps"])["sandboxes"]
+                .as_array()
+                .expect("sandboxes")
+                .iter()
+                .any(|s| s["name"] == raw)
+        };
+        assert!(listed(&raw), "the run a closed stdout ended started {raw}");
+        closed(&["destroy", &raw]);
+        assert!(
+            !listed(&raw),
+            "the destroy a closed stdout ended ended {raw}"
+        );
         closed(&["task", "finish", name]);
         let diff = home.json(&["task", "diff", name]);
         assert!(

@@ -3,10 +3,12 @@
 //! them with this process's stdout, stderr, environment and umask, and it ends as the command
 //! ends: the same exit code, or the same signal. Ctrl-C and `kill` end the command there.
 //!
-//! Every other command, and every command when there is no server yet or the server does not
-//! serve it, runs in `dynocap-core` itself, as an `exec` of this process; a missing server
-//! is started for the next command. Nothing is lost either way: a server that goes away
-//! before it says the command started has run nothing.
+//! Every other command, and every command when there is no server yet, the server does not
+//! serve it (or this process), or the server does not accept it within the deadline
+//! (`dynocap_client::deadline`), runs in `dynocap-core` itself, as an `exec` of this
+//! process; a missing server is started for the next command. Nothing runs twice: the server
+//! runs a command only once this process commits it (`Go`), after which this process waits
+//! for its end, and gives up with an error only on a server that falls silent or dies.
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -14,6 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
 
 use dynocap_client::rendezvous;
 use dynocap_client::wire::{self, Message, Request};
@@ -21,7 +24,9 @@ use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{self, SigHandler, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{
+    connect, getsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, UnixAddr,
+};
 
 /// The signals that end a command; the server ends it, and this process then ends of the
 /// same signal. Others act on this process as they would on any.
@@ -96,10 +101,16 @@ fn through_server(core: &Path, args: &[OsString]) -> Option<ExitCode> {
             start_server(core, &socket_path, &run_dir);
             return None;
         }
+        // EAGAIN: its backlog is full, as a server that stopped accepting leaves it.
         Err(_) => return None,
     };
-    // Blocked from here, so that none is lost between the request and `Started`; if the
-    // command is not served after all they are unblocked, and act on this process as usual.
+    // A server that is stopped (SIGSTOP, a debugger) would not answer: no use waiting.
+    if server_is_stopped(&socket) {
+        return None;
+    }
+    let deadline = dynocap_client::deadline();
+    // Blocked from here, so that none is lost between the request and `Go`; if the command
+    // is not served after all they are unblocked, and act on this process as usual.
     let mut forwarded = SigSet::empty();
     for signal in FORWARDED {
         forwarded.add(signal);
@@ -119,73 +130,173 @@ fn through_server(core: &Path, args: &[OsString]) -> Option<ExitCode> {
         unblock();
         return None;
     };
-    if !send_command(&socket, args, context) {
+    let Some(server) = send_command(&socket, args, context, deadline) else {
         unblock();
         return None;
+    };
+    let end = await_end(&socket, &signals, server, deadline, args);
+    if end.is_none() {
+        unblock();
     }
-    Some(await_end(&socket, &signals))
+    end
 }
 
 fn connect_to(path: &Path) -> Result<OwnedFd, Errno> {
+    // Non-blocking: a connect that would wait for room in the backlog fails instead, and
+    // every later read and write is given its deadline with `poll`.
     let socket = socket(
         AddressFamily::Unix,
         SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
         None,
     )?;
     connect(socket.as_raw_fd(), &UnixAddr::new(path)?)?;
     Ok(socket)
 }
 
-/// Sends the command with this process's stdout and stderr, and `context` (the one its
-/// socket was named for); true once the server says it runs it.
-fn send_command(socket: &OwnedFd, args: &[OsString], context: rendezvous::Context) -> bool {
+/// Whether the process listening on `socket` is stopped or traced (state `T` or `t`), which
+/// the kernel says of the pid it gives for the listener (`SO_PEERCRED`).
+fn server_is_stopped(socket: &OwnedFd) -> bool {
+    let Ok(peer) = getsockopt(socket, sockopt::PeerCredentials) else {
+        return false;
+    };
+    let Ok(stat) = std::fs::read(format!("/proc/{}/stat", peer.pid())) else {
+        return false;
+    };
+    // The state follows the command's name, which ends at the last `)`.
+    stat.iter()
+        .rposition(|b| *b == b')')
+        .and_then(|end| stat.get(end + 2))
+        .is_some_and(|state| matches!(state, b'T' | b't'))
+}
+
+/// Sends the command and `context` (the one its socket was named for), then, once the server
+/// accepts it within `deadline`, commits it to the server with this process's stdout and
+/// stderr; the server's pid once the command is the server's, `None` if nothing ran.
+fn send_command(
+    socket: &OwnedFd,
+    args: &[OsString],
+    context: rendezvous::Context,
+    deadline: Duration,
+) -> Option<i32> {
     let request = Request {
         umask: context.umask,
         args: args.to_vec(),
         env: context.env,
     };
-    // A closed stdout or stderr cannot be passed (EBADF): such a command runs here.
-    if wire::send_request(socket.as_fd(), &request, [1, 2]).is_err() {
-        return false;
-    }
-    // `NotServed`, an error or the end of the connection: nothing ran.
-    matches!(
-        wire::recv_message(socket.as_fd()),
-        Ok(Some(Message::Started(_)))
-    )
+    wire::send_request(socket.as_fd(), &request).ok()?;
+    let until = Instant::now() + deadline;
+    // `NotServed`, an error, the end of the connection or the deadline: nothing ran, and
+    // nothing will: without `Go` the server runs nothing, and this process's connection
+    // closes when it returns (or execs `dynocap-core`, the socket being close-on-exec).
+    let server = loop {
+        if !readable_before(socket, until) {
+            return None;
+        }
+        match wire::recv_message(socket.as_fd()) {
+            Ok(Some(Message::Accepted(pid))) => break pid,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+            _ => return None,
+        }
+    };
+    // A closed stdout or stderr cannot be passed (EBADF): the server, given no `Go`, runs
+    // nothing, and the command runs here.
+    wire::send_go(socket.as_fd(), [1, 2]).ok()?;
+    Some(server)
 }
 
-/// Forwards signals until the server says how the command ended, then ends the same way.
-fn await_end(socket: &OwnedFd, signals: &SignalFd) -> ExitCode {
+/// Whether `socket` has something to read (or has ended) before `until`.
+fn readable_before(socket: &OwnedFd, until: Instant) -> bool {
     loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
+        let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, timeout) {
+            Ok(0) | Err(Errno::EINTR) => {}
+            Ok(_) => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Forwards signals until the server says how the command ended, then ends the same way. A
+/// server that says nothing for `deadline` (stopped or stuck: a running one says it is alive
+/// well within it) is given up on: the command ends with an error here, and there as soon as
+/// the server runs again and finds its client gone. `None` if the server ran nothing after
+/// all (`Go` came too late for it): the command is this process's to run.
+fn await_end(
+    socket: &OwnedFd,
+    signals: &SignalFd,
+    server: i32,
+    deadline: Duration,
+    args: &[OsString],
+) -> Option<ExitCode> {
+    let mut heard = Instant::now();
+    // A signal forwarded before a `NotServed` (nothing ran) is this process's own to die of.
+    let mut forwarded = None;
+    loop {
+        let left = (heard + deadline).saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Some(lost(
+                args,
+                &format!(
+                    "the command server (pid {server}) has not answered for {} ms (stopped or \
+                     stuck); its command is abandoned, and ends as soon as the server runs again",
+                    deadline.as_millis()
+                ),
+            ));
+        }
         let mut fds = [
             PollFd::new(socket.as_fd(), PollFlags::POLLIN),
             PollFd::new(signals.as_fd(), PollFlags::POLLIN),
         ];
-        match poll(&mut fds, PollTimeout::NONE) {
+        let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, timeout) {
             Ok(_) | Err(Errno::EINTR) => {}
-            Err(err) => return lost(&format!("waiting for the command server: {err}")),
+            Err(err) => {
+                return Some(lost(
+                    args,
+                    &format!("waiting for the command server: {err}"),
+                ))
+            }
         }
         let signal_ready = fds[1].any().unwrap_or(false);
         let socket_ready = fds[0].any().unwrap_or(false);
         if signal_ready {
             if let Ok(Some(info)) = signals.read_signal() {
                 forward(socket, info.ssi_signo);
+                forwarded = i32::try_from(info.ssi_signo).ok();
             }
         }
         if socket_ready {
             match wire::recv_message(socket.as_fd()) {
                 Ok(Some(Message::Exited(code))) => {
-                    return ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1))
+                    return Some(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1)))
                 }
-                Ok(Some(Message::Killed(number))) => return die_of(number),
-                Ok(Some(_)) => {}
+                Ok(Some(Message::Killed(number))) => return Some(die_of(number)),
+                Ok(Some(Message::NotServed)) => return forwarded.map(die_of),
+                Ok(Some(_)) => heard = Instant::now(),
                 Ok(None) => {
-                    return lost("the command server ended before the command did");
+                    return Some(lost(
+                        args,
+                        "the command server ended before the command did",
+                    ));
                 }
-                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(err) => return lost(&format!("reading from the command server: {err}")),
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                    ) => {}
+                Err(err) => {
+                    return Some(lost(
+                        args,
+                        &format!("reading from the command server: {err}"),
+                    ))
+                }
             }
         }
     }
@@ -213,12 +324,46 @@ fn die_of(number: i32) -> ExitCode {
     ExitCode::from(u8::try_from(128 + (number & 0x7f)).unwrap_or(255))
 }
 
-fn lost(what: &str) -> ExitCode {
-    eprintln!(
-        "dynocap: {what}; the command may have run in part: `dynocap ls` shows the state, and \
+/// Ends a command whose server was lost while running it: said on stderr, and with `--json`
+/// as the JSON error object every failed command prints on stdout.
+fn lost(args: &[OsString], what: &str) -> ExitCode {
+    let message = format!(
+        "{what}; the command may have run in part: `dynocap ls` shows the state, and \
          DYNOCAP_CLI_SERVER=0 runs commands without a server"
     );
+    if json_requested(args) {
+        println!(
+            "{{\"error\":{{\"code\":\"internal\",\"message\":{}}}}}",
+            json_string(&message)
+        );
+    }
+    eprintln!("dynocap: internal: {message}");
     ExitCode::from(1)
+}
+
+/// Whether the command line asks for JSON output, as `dynocap-core` decides it: `--json`
+/// anywhere before `--`.
+fn json_requested(args: &[OsString]) -> bool {
+    args.iter()
+        .skip(1)
+        .take_while(|arg| *arg != "--")
+        .any(|arg| arg == "--json" || arg.as_bytes().starts_with(b"--json="))
+}
+
+/// `text` as a JSON string, quotes included.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Starts the home's server for the next command (this one runs without it). A server that

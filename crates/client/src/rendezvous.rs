@@ -14,43 +14,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// The namespaces the server's commands run in, rather than the client's.
-const NAMESPACES: [&str; 8] = ["mnt", "pid", "net", "user", "ipc", "uts", "cgroup", "time"];
-
-/// Files of `/proc/self` whose whole contents are attributes a command's processes inherit:
-/// resource limits, cgroups, OOM score, execution domain, LSM label. One a kernel lacks
-/// reads as absent, alike for every process.
-const PROCESS_FILES: [&str; 5] = [
-    "limits",
-    "cgroup",
-    "oom_score_adj",
-    "personality",
-    "attr/current",
-];
-
-/// The lines of `/proc/self/status` that are inherited attributes (the rest are counters
-/// and state): ids and groups, capabilities, seccomp, CPU and memory-node affinity.
-const STATUS_FIELDS: [&str; 14] = [
-    "Uid:",
-    "Gid:",
-    "Groups:",
-    "CapInh:",
-    "CapPrm:",
-    "CapEff:",
-    "CapBnd:",
-    "CapAmb:",
-    "NoNewPrivs:",
-    "Seccomp:",
-    "Seccomp_filters:",
-    "Speculation_Store_Bypass:",
-    "Cpus_allowed_list:",
-    "Mems_allowed_list:",
-];
-
-/// The fields of `/proc/self/stat` that are inherited attributes, counted from the first
-/// after the command's name (the state, field 3 of proc(5)): nice, real-time priority and
-/// scheduling policy (fields 19, 40 and 41).
-const STAT_FIELDS: [usize; 3] = [19 - 3, 40 - 3, 41 - 3];
+use crate::attributes::Process;
 
 /// Variables that say where a shell is, which no served command reads: left out of the
 /// digest, so that one server serves a person's commands from every directory.
@@ -114,9 +78,10 @@ pub fn socket_path(run_dir: &Path, core: &Path, context: &Context) -> io::Result
     Ok(run_dir.join(format!("cli-{:016x}.sock", server_key(core, context)?)))
 }
 
-/// The digest in the socket's name. Not a secret and not a defence (the socket is the user's
-/// own, and the server checks its peer's uid): it keeps apart clients that one server could
-/// not serve faithfully.
+/// The digest in the socket's name. Not a secret and not a defence: any process of the user
+/// can connect to any of the home's sockets, and the server reads its peer's attributes from
+/// the kernel and serves only one whose attributes are its own. The digest sends each client
+/// to a server that will serve it, started by a client like it.
 pub fn server_key(core: &Path, context: &Context) -> io::Result<u64> {
     let binary = std::fs::metadata(core)?;
     let mut digest = Fnv1a::new();
@@ -131,85 +96,39 @@ pub fn server_key(core: &Path, context: &Context) -> io::Result<u64> {
     ] {
         digest.write(&field.to_le_bytes());
     }
-    for name in NAMESPACES {
-        // A kernel without one of them gives every process the same answer: absent.
-        let inode = std::fs::metadata(Path::new("/proc/self/ns").join(name)).map_or(0, |m| m.ino());
-        digest.write(name.as_bytes());
-        digest.write(&inode.to_le_bytes());
+    // Every attribute a command's processes inherit, as the server reads them of a client.
+    let attributes = Process::current().attributes();
+    // A server never serves a process under seccomp (see `cli_server::peer` in
+    // dynocap-core): such a process neither looks for one nor starts one.
+    let unfiltered = attributes.iter().any(|attribute| {
+        attribute.name == "Seccomp"
+            && matches!(&attribute.value, Ok(mode) if mode.trim_ascii() == b"0")
+    });
+    if !unfiltered {
+        return Err(io::Error::other(
+            "this process runs under seccomp (or its mode cannot be read): no command server",
+        ));
     }
-    let root = std::fs::metadata("/")?;
-    digest.write(&root.dev().to_le_bytes());
-    digest.write(&root.ino().to_le_bytes());
-    write_process_attributes(&mut digest);
+    for attribute in attributes {
+        digest.write(attribute.name.as_bytes());
+        match &attribute.value {
+            Ok(bytes) => {
+                digest.write(b"=");
+                digest.write(bytes);
+            }
+            Err(errno) => {
+                digest.write(b"!");
+                digest.write(&errno.to_le_bytes());
+            }
+        }
+        digest.write(&[0]);
+    }
     digest.write(&context.umask.to_le_bytes());
     for entry in &context.env {
         digest.write(entry.as_bytes());
         digest.write(&[0]);
     }
     Ok(digest.finish())
-}
-
-/// Adds to `digest` the attributes this process's children would inherit besides its
-/// identity, namespaces and environment (see the module doc). Each is read from `/proc`
-/// whole or as the fields that are attributes, so that two processes alike in them write
-/// the same bytes; what cannot be read writes a mark of its own.
-fn write_process_attributes(digest: &mut Fnv1a) {
-    let proc_self = Path::new("/proc/self");
-    let read = |name: &str| std::fs::read(proc_self.join(name)).ok();
-    for name in PROCESS_FILES {
-        digest.write(name.as_bytes());
-        write_optional(digest, read(name).as_deref());
-    }
-    let status = read("status").unwrap_or_default();
-    for line in status.split(|b| *b == b'\n') {
-        if STATUS_FIELDS
-            .iter()
-            .any(|field| line.starts_with(field.as_bytes()))
-        {
-            digest.write(line);
-            digest.write(b"\n");
-        }
-    }
-    let stat = read("stat").unwrap_or_default();
-    for field in stat_attributes(&stat) {
-        write_optional(digest, field);
-    }
-    digest.write(&io_priority().to_le_bytes());
-}
-
-/// The [`STAT_FIELDS`] of a `/proc/<pid>/stat` line.
-fn stat_attributes(stat: &[u8]) -> [Option<&[u8]>; STAT_FIELDS.len()] {
-    // The command's name may hold spaces and parentheses; it ends at the last `)`.
-    let after_name = stat
-        .iter()
-        .rposition(|b| *b == b')')
-        .map_or(&stat[..0], |end| &stat[end + 1..]);
-    let fields: Vec<&[u8]> = after_name
-        .split(|b| *b == b' ')
-        .filter(|field| !field.is_empty())
-        .collect();
-    STAT_FIELDS.map(|index| fields.get(index).copied())
-}
-
-/// `bytes`, or a mark that none could be read, followed by a separator.
-fn write_optional(digest: &mut Fnv1a, bytes: Option<&[u8]>) {
-    match bytes {
-        Some(bytes) => {
-            digest.write(b"=");
-            digest.write(bytes);
-        }
-        None => digest.write(b"!"),
-    }
-    digest.write(&[0]);
-}
-
-/// This thread's I/O scheduling class and priority (`ionice`), which `/proc` does not show;
-/// -1 if the kernel does not say.
-fn io_priority() -> libc::c_long {
-    /// `IOPRIO_WHO_PROCESS` of linux/ioprio.h: `who` 0 is the calling thread.
-    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
-    // SAFETY: ioprio_get takes two integers and returns one; no memory is passed.
-    unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) }
 }
 
 /// This process's environment, each entry `KEY=VALUE`.
@@ -224,7 +143,7 @@ fn environment_entries() -> impl Iterator<Item = OsString> {
 
 /// This process's umask. Reading it means setting it: call while one thread runs, or while
 /// no other creates files.
-fn current_umask() -> u32 {
+pub(crate) fn current_umask() -> u32 {
     let mask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     nix::sys::stat::umask(mask);
     mask.bits()
@@ -336,21 +255,6 @@ mod tests {
             here,
             Context::keyed(0o022, entries(&["A=1", "B=3", "PWDX=kept"])).env
         );
-    }
-
-    #[test]
-    fn nice_priority_and_policy_are_read_past_any_command_name() {
-        // Fields 3.. of proc(5), numbered by their value, after a name made to mislead.
-        let rest: Vec<String> = (3..=52).map(|field| field.to_string()).collect();
-        let stat = format!("42 (a) b (c 1) {}\n", rest.join(" "));
-        let [nice, rt_priority, policy] = stat_attributes(stat.as_bytes());
-        assert_eq!(nice, Some(&b"19"[..]));
-        assert_eq!(rt_priority, Some(&b"40"[..]));
-        assert_eq!(policy, Some(&b"41"[..]));
-        assert_eq!(stat_attributes(b"7 (cut"), [None; 3]);
-        // This process's own line has them all.
-        let own = std::fs::read("/proc/self/stat").expect("read stat");
-        assert!(stat_attributes(&own).iter().all(Option::is_some));
     }
 
     #[test]

@@ -7,13 +7,15 @@
 //! sees the catalog as it is (damaged, repaired, replaced), not as an open connection last
 //! saw it; what the server saves is the start of a process, and the cold start of its code.
 //!
-//! A served command must behave as in a process of its own: the client sends its whole
-//! environment and umask, and the socket's name (see `rendezvous`) already keeps apart every
-//! client whose environment, umask, user, namespaces or inherited process attributes
-//! (limits, priorities, cgroups, capabilities) differ from the ones this server was started
-//! with, which are also the ones its commands run with; a request unlike them anyway is not
-//! served. The server ends after [`IDLE`] without a command, or once its socket or the home is gone
-//! (checked every [`CHECK_EVERY`]).
+//! A served command must run with exactly the authority and settings its client's own
+//! process would have: [`peer`] checks, from the kernel, that the connecting process is
+//! alike with this one in everything a command inherits, and that the environment and umask
+//! its request brings are its own (the socket's name, see `rendezvous`, only sends each
+//! client to a server like it). Anything else, a malformed request included, is answered
+//! `NotServed`, and the server goes on serving. The server ends after [`IDLE`] without a
+//! command, or once its socket or the home is gone (checked every [`CHECK_EVERY`]).
+
+mod peer;
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -273,7 +275,7 @@ impl Server {
 
     fn stop_listening(&self) {
         // Removed first: a client that finds no socket starts a new server, while one that
-        // connected meanwhile sees its connection close before `Started`, and runs its
+        // connected meanwhile sees its connection close before `Accepted`, and runs its
         // command itself. The lock file goes too, while still held, so that `run/` does not
         // gather one per binary and environment it has seen; a server starting meanwhile
         // locks a file of its own.
@@ -322,34 +324,21 @@ fn lock_exclusively(path: &Path) -> Result<Option<File>, String> {
 /// output holds up no other.
 fn serve_one(conn: OwnedFd, active: &Active) {
     let shared = &active.0;
-    let Some((request, fds)) = receive_request(&conn) else {
-        return;
-    };
-    // A client sends the context its socket was named for; another is not this server's.
-    let context = Context::keyed(request.umask, request.env);
-    let served = (context == shared.context)
-        .then(|| Cli::try_parse_from(&request.args).ok())
-        .flatten()
-        .filter(|cli| crate::commands::is_served(&cli.command));
-    let Some(cli) = served else {
+    let Some(cli) = accept_command(&conn, shared) else {
+        // Nothing runs: the client runs its command itself. Gone already, it needs no answer.
         let _ = wire::send_message(conn.as_fd(), Message::NotServed);
         return;
     };
-    let [stdout, stderr]: [OwnedFd; wire::PASSED_FDS] = match fds.try_into() {
-        Ok(fds) => fds,
-        Err(_) => unreachable!("recv_request returns exactly PASSED_FDS descriptors"),
-    };
-    let streams = match (
-        ClientOutput::stream(stdout, &conn),
-        ClientOutput::stream(stderr, &conn),
-    ) {
-        (Ok(stdout), Ok(stderr)) => Streams::of(stdout, stderr),
-        _ => return,
-    };
     let pid = i32::try_from(std::process::id()).unwrap_or(0);
-    if wire::send_message(conn.as_fd(), Message::Started(pid)).is_err() {
+    if wire::send_message(conn.as_fd(), Message::Accepted(pid)).is_err() {
         return;
     }
+    // The client gave up waiting (or went away, or sent no proper `Go`): it runs the
+    // command itself.
+    let Some(streams) = told_to_go(&conn) else {
+        let _ = wire::send_message(conn.as_fd(), Message::NotServed);
+        return;
+    };
     // From here the connection is read only when it has something (by the runtime, and once
     // more at the end); its flags are the server's side's alone.
     if set_nonblocking(&conn).is_err() {
@@ -359,10 +348,14 @@ fn serve_one(conn: OwnedFd, active: &Active) {
         Ok(engine) => engine,
         Err(err) => {
             let code = streams.fail(cli.json, &err);
-            let _ = wire::send_message(conn.as_fd(), Message::Exited(i32::from(code)));
+            let _ = send_result(&conn, Message::Exited(i32::from(code)));
             return;
         }
     };
+    let heartbeat = conn
+        .try_clone()
+        .ok()
+        .map(|watched| shared.runtime.spawn(say_alive(watched)));
     // On this thread: the engine's futures are not `Send`; the runtime's worker drives
     // their I/O, and keeps what they spawn.
     let outcome = shared.runtime.block_on(async {
@@ -375,6 +368,9 @@ fn serve_one(conn: OwnedFd, active: &Active) {
             signal = ending_signal(&conn) => signal.map(|signal| Message::Killed(signal as i32)),
         }
     });
+    if let Some(heartbeat) = heartbeat {
+        heartbeat.abort();
+    }
     // A signal that came while the command was ending (its output, waiting for room, gave up
     // on seeing it) ends it all the same; a client gone meanwhile needs no answer.
     let outcome = match (outcome, wire::recv_message(conn.as_fd())) {
@@ -390,7 +386,127 @@ fn serve_one(conn: OwnedFd, active: &Active) {
     // have with its process.
     drop(engine);
     if let Some(message) = outcome {
-        let _ = wire::send_message(conn.as_fd(), message);
+        let _ = send_result(&conn, message);
+    }
+}
+
+/// The command, if the request is one this server runs for this client: well formed, in
+/// time, a served command, from a client with this server's context and authority (see
+/// [`peer`]). Each refusal's reason goes to the server's log.
+fn accept_command(conn: &OwnedFd, shared: &Shared) -> Option<Cli> {
+    let request = receive_request(conn)?;
+    // A client sends the context its socket was named for; another is not this server's.
+    let context = Context::keyed(request.umask, request.env);
+    if context != shared.context {
+        eprintln!(
+            "dynocap cli-server: a client refused: {}",
+            context_difference(&context, &shared.context)
+        );
+        return None;
+    }
+    let cli = Cli::try_parse_from(&request.args)
+        .ok()
+        .filter(|cli| crate::commands::is_served(&cli.command))?;
+    if let Err(refusal) = peer::check(conn.as_fd(), &context) {
+        eprintln!("dynocap cli-server: a client refused: {refusal}");
+        return None;
+    }
+    Some(cli)
+}
+
+/// How a client's context differs from the server's, for the log: the umasks, or the names
+/// (never the values) of the variables set differently.
+fn context_difference(client: &Context, server: &Context) -> String {
+    use std::collections::BTreeSet;
+    use std::os::unix::ffi::OsStrExt;
+    if client.umask != server.umask {
+        return format!(
+            "its umask {:03o} is not this server's {:03o}",
+            client.umask, server.umask
+        );
+    }
+    let entries = |context: &Context| -> BTreeSet<Vec<u8>> {
+        context
+            .env
+            .iter()
+            .map(|entry| entry.as_bytes().to_vec())
+            .collect()
+    };
+    let (ours, theirs) = (entries(server), entries(client));
+    let names: BTreeSet<String> = ours
+        .symmetric_difference(&theirs)
+        .map(|entry| {
+            let name = entry.split(|b| *b == b'=').next().unwrap_or_default();
+            String::from_utf8_lossy(name).into_owned()
+        })
+        .collect();
+    format!(
+        "its environment is not this server's ({} set otherwise)",
+        names.into_iter().collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// The client's output streams, if it commits its command to this server (`Go`, with its
+/// stdout and stderr) in time; anything else (it gave up waiting and closed, or sent
+/// something else) runs nothing.
+fn told_to_go(conn: &OwnedFd) -> Option<Streams> {
+    if !readable_within(conn, REQUEST_TIMEOUT) {
+        return None;
+    }
+    let [stdout, stderr] = match wire::recv_go(conn.as_fd()) {
+        Ok(Some(fds)) => fds,
+        Ok(None) => return None,
+        Err(err) => {
+            eprintln!("dynocap cli-server: a client refused: {err}");
+            return None;
+        }
+    };
+    match (
+        ClientOutput::stream(stdout, conn),
+        ClientOutput::stream(stderr, conn),
+    ) {
+        (Ok(stdout), Ok(stderr)) => Some(Streams::of(stdout, stderr)),
+        _ => None,
+    }
+}
+
+/// Says the command is still running, every fifth of the client's deadline (see
+/// `dynocap_client::deadline`), so that it can tell a long command from a stopped server.
+/// Only when the client has read what came before: a client that is itself stopped finds one
+/// `Alive` waiting, not a queue that leaves no room for the command's end.
+async fn say_alive(conn: OwnedFd) {
+    let period = dynocap_client::deadline() / 5;
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    loop {
+        ticks.tick().await;
+        if unread_bytes(&conn) == Some(0) {
+            let _ = wire::send_message(conn.as_fd(), Message::Alive);
+        }
+    }
+}
+
+/// How many bytes this end sent that the client has not read yet (`SIOCOUTQ`).
+fn unread_bytes(conn: &OwnedFd) -> Option<libc::c_int> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int to the pointer given, which is valid for it.
+    let done = unsafe { libc::ioctl(conn.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+    (done == 0).then_some(queued)
+}
+
+/// Sends a command's end, waiting for room (the connection is non-blocking by now) for as
+/// long as the client is there to make it.
+fn send_result(conn: &OwnedFd, message: Message) -> std::io::Result<()> {
+    loop {
+        match wire::send_message(conn.as_fd(), message) {
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut fds = [PollFd::new(conn.as_fd(), PollFlags::POLLOUT)];
+                match poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) | Err(Errno::EINTR) => {}
+                    Err(errno) => return Err(errno.into()),
+                }
+            }
+            sent => return sent,
+        }
     }
 }
 
@@ -445,11 +561,13 @@ impl std::io::Write for ClientOutput {
     }
 }
 
-/// The request, if it comes in time and whole.
-fn receive_request(conn: &OwnedFd) -> Option<(Request, Vec<OwnedFd>)> {
-    let mut fds = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
-    let timeout = PollTimeout::try_from(REQUEST_TIMEOUT).unwrap_or(PollTimeout::MAX);
-    if !matches!(poll(&mut fds, timeout), Ok(n) if n > 0) {
+/// The request, if it comes in time and whole; a malformed one is said in the log.
+fn receive_request(conn: &OwnedFd) -> Option<Request> {
+    if !readable_within(conn, REQUEST_TIMEOUT) {
+        eprintln!(
+            "dynocap cli-server: a client refused: no request within {}s",
+            REQUEST_TIMEOUT.as_secs()
+        );
         return None;
     }
     match wire::recv_request(conn.as_fd()) {
@@ -457,6 +575,22 @@ fn receive_request(conn: &OwnedFd) -> Option<(Request, Vec<OwnedFd>)> {
         Err(err) => {
             eprintln!("dynocap cli-server: a request refused: {err}");
             None
+        }
+    }
+}
+
+/// Whether `conn` has something to read (or has ended) within `timeout`.
+fn readable_within(conn: &OwnedFd, timeout: Duration) -> bool {
+    let until = Instant::now() + timeout;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let mut fds = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
+        let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, timeout) {
+            Ok(0) => return false,
+            Ok(_) => return true,
+            Err(Errno::EINTR) if !left.is_zero() => {}
+            Err(_) => return false,
         }
     }
 }

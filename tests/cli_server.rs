@@ -500,7 +500,10 @@ impl ScratchCgroup {
             .map(|name| Path::new("/sys/fs/cgroup").join(name))
             .find(|dir| dir.join("cgroup.procs").exists())
             .expect("a cgroup hierarchy mounted under /sys/fs/cgroup");
-        let dir = hierarchy.join(format!("dynocap-test-{}", std::process::id()));
+        // One per test that makes one, several tests running at once in this process.
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = hierarchy.join(format!("dynocap-test-{}-{n}", std::process::id()));
         std::fs::create_dir(&dir).expect("make a cgroup");
         Self(dir)
     }
@@ -617,4 +620,358 @@ fn nix_kill(pid: u32, signal: i32) {
     let pid = i32::try_from(pid).expect("pid");
     // SAFETY: kill has no memory preconditions.
     assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill {pid}");
+}
+
+/// The home's one listening server: its pid and socket.
+fn listening_server(home: &TestHome) -> (i32, std::path::PathBuf) {
+    let pid = server_of(home);
+    let socket = command_servers(home.path())
+        .into_iter()
+        .find(|(server, _)| *server == pid)
+        .map(|(_, socket)| socket)
+        .expect("the server's socket");
+    (pid, socket)
+}
+
+/// `dynocap-test-client SOCKET MODE...` with the environment of the home's clients, started
+/// through `wrapper` (nothing, or a program that changes what the client inherits and then
+/// runs the rest of its command line); what it printed: the server's answer.
+fn test_client(home: &TestHome, wrapper: &[&str], socket: &Path, mode: &[&str]) -> String {
+    let program = env!("CARGO_BIN_EXE_dynocap-test-client");
+    let mut words: Vec<String> = wrapper.iter().map(|w| (*w).to_owned()).collect();
+    words.push(program.to_owned());
+    words.push(socket.display().to_string());
+    words.extend(mode.iter().map(|w| (*w).to_owned()));
+    let client = home.command();
+    let mut command = Command::new(&words[0]);
+    command.args(&words[1..]);
+    for (key, value) in client.get_envs() {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
+    let out = command.output().expect("spawn dynocap-test-client");
+    assert!(out.status.success(), "{words:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The server's log: each refusal is said there, with its reason.
+fn server_log(home: &TestHome) -> String {
+    std::fs::read_to_string(home.path().join("run/cli-server.log")).unwrap_or_default()
+}
+
+/// The real attack on a command server: a process with less authority than the server
+/// (fewer capabilities, `no_new_privs`, another namespace, other limits, a seccomp filter)
+/// connects straight to its socket, whose name it need not compute, and asks it to run a
+/// command. The server reads the client's attributes from the kernel and refuses; the same
+/// request from a process like the server is served, before and after.
+#[test]
+fn a_client_with_other_authority_at_the_servers_own_socket_is_refused() {
+    if !require_root("a_client_with_other_authority_at_the_servers_own_socket_is_refused") {
+        return;
+    }
+    let home = TestHome::new().with_env("DYNOCAP_CLI_SERVER_IDLE_SECONDS", "120");
+    let (server, socket) = listening_server(&home);
+    let ps = ["request", "dynocap", "ps"];
+    let served = test_client(&home, &[], &socket, &ps);
+    assert!(
+        served.starts_with("accepted\nNAME") && served.ends_with("exited 0\n"),
+        "a client like the server is served: {served}"
+    );
+    let cgroup = ScratchCgroup::new();
+    let join_cgroup = format!(
+        "echo $$ > {}/cgroup.procs && exec \"$@\"",
+        cgroup.0.display()
+    );
+    let shapes: Vec<(&str, Vec<&str>, &[&str], &str)> = vec![
+        (
+            "every capability dropped and no_new_privs",
+            vec![
+                "setpriv",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--no-new-privs",
+            ],
+            &ps,
+            "CapPrm",
+        ),
+        (
+            "every capability dropped",
+            vec!["setpriv", "--inh-caps=-all", "--bounding-set=-all"],
+            &ps,
+            "CapPrm",
+        ),
+        (
+            "no_new_privs",
+            vec!["setpriv", "--no-new-privs"],
+            &ps,
+            "NoNewPrivs",
+        ),
+        (
+            "a user namespace mapping root",
+            vec!["unshare", "-U", "--map-user=0"],
+            &ps,
+            "user namespace",
+        ),
+        (
+            "at most 5 processes",
+            vec!["prlimit", "--nproc=5"],
+            &ps,
+            "limits",
+        ),
+        (
+            "an allow-all seccomp filter",
+            vec![],
+            &["seccomp-request", "dynocap", "ps"],
+            "Seccomp",
+        ),
+        (
+            "a mount namespace",
+            vec!["unshare", "-m"],
+            &ps,
+            "mnt namespace",
+        ),
+        (
+            "a network namespace",
+            vec!["unshare", "-n"],
+            &ps,
+            "net namespace",
+        ),
+        (
+            "a pid namespace",
+            vec!["unshare", "-p", "-f"],
+            &ps,
+            "pid namespace",
+        ),
+        ("nice 5", vec!["nice", "-n", "5"], &ps, "nice"),
+        (
+            "another cgroup",
+            vec!["sh", "-c", &join_cgroup, "sh"],
+            &ps,
+            "cgroup",
+        ),
+    ];
+    for (what, wrapper, mode, reason) in &shapes {
+        let answer = test_client(&home, wrapper, &socket, mode);
+        assert_eq!(answer, "not-served\n", "{what}");
+        let log = server_log(&home);
+        let last = log.lines().last().unwrap_or_default();
+        assert!(
+            last.contains("a client refused") && last.contains(reason),
+            "{what}: the log says why, naming {reason}: {log}"
+        );
+    }
+    // The one server, serving on.
+    assert_eq!(listening_server(&home).0, server);
+    let served = test_client(&home, &[], &socket, &ps);
+    assert!(served.ends_with("exited 0\n"), "{served}");
+    eprintln!("the server's refusals:\n{}", server_log(&home));
+}
+
+/// Each request the server cannot read is refused, its descriptors closed, and the server
+/// serves the next client as before.
+#[test]
+fn malformed_requests_are_refused_and_the_server_keeps_serving() {
+    if !require_root("malformed_requests_are_refused_and_the_server_keeps_serving") {
+        return;
+    }
+    let home = TestHome::new().with_env("DYNOCAP_CLI_SERVER_IDLE_SECONDS", "120");
+    let (server, socket) = listening_server(&home);
+    let shapes: &[(&[&str], &str, &str)] = &[
+        (&["fds", "1"], "not-served\n", "1 descriptors"),
+        (&["fds", "2"], "not-served\n", "2 descriptors"),
+        (&["fds", "3"], "not-served\n", "3 descriptors"),
+        (&["fds", "200"], "not-served\n", "200 descriptors"),
+        (
+            &["go-fds", "0"],
+            "accepted\nnot-served\n",
+            "Go with 0 descriptors",
+        ),
+        (
+            &["go-fds", "1"],
+            "accepted\nnot-served\n",
+            "Go with 1 descriptors",
+        ),
+        (
+            &["go-fds", "3"],
+            "accepted\nnot-served\n",
+            "Go with 3 descriptors",
+        ),
+        (
+            &["go-fds", "64"],
+            "accepted\nnot-served\n",
+            "Go with 64 descriptors",
+        ),
+        (&["truncated"], "not-served\n", "truncated"),
+        (&["oversized-length"], "not-served\n", "truncated"),
+        (
+            &["garbage"],
+            "not-served\n",
+            "not a dynocap command request",
+        ),
+        (&["too-large"], "not-served\n", "a message larger than"),
+        (&["silent"], "not-served\n", "no request within"),
+    ];
+    for (mode, answered, reason) in shapes {
+        let answer = test_client(&home, &[], &socket, mode);
+        assert_eq!(answer, *answered, "{mode:?}");
+        let log = server_log(&home);
+        assert!(
+            log.lines().last().unwrap_or_default().contains(reason),
+            "{mode:?}: {log}"
+        );
+        // Its descriptors are not kept: the server holds nothing of the test client's.
+        let served = test_client(&home, &[], &socket, &["request", "dynocap", "ps"]);
+        assert!(served.ends_with("exited 0\n"), "after {mode:?}: {served}");
+    }
+    // A client that gives up once accepted (it sends no `Go`): nothing runs.
+    let answer = test_client(&home, &[], &socket, &["no-go", "dynocap", "run", "nogo"]);
+    assert_eq!(answer, "accepted\n");
+    let listing = home.run(&["ps"]);
+    assert!(
+        !String::from_utf8_lossy(&listing.stdout).contains("nogo"),
+        "{listing:?}"
+    );
+    assert_eq!(listening_server(&home).0, server);
+    // Only the listener, the lock, the log, the runtime's and the standard ones are left.
+    let held = open_files(server);
+    assert!(held.len() < 16, "the server keeps descriptors: {held:?}");
+}
+
+/// A server that is stopped: a command it was running ends with an error after the client's
+/// deadline (and ends there once the server runs again); new commands pass it by and run
+/// in processes of their own.
+#[test]
+fn a_stopped_server_holds_up_no_client() {
+    if !require_root("a_stopped_server_holds_up_no_client") {
+        return;
+    }
+    let home = TestHome::new()
+        .with_env("DYNOCAP_CLI_SERVER_IDLE_SECONDS", "120")
+        .with_env("DYNOCAP_CLI_SERVER_DEADLINE_MS", "1000");
+    let server = server_of(&home);
+    home.sandbox("held", &[]);
+    // Its output to a file: the stopped server keeps the descriptors it was given until it
+    // runs again, so a pipe would not end when the client does.
+    let output = tempfile::NamedTempFile::new().expect("output file");
+    let mut client = home
+        .command()
+        .args(["--json", "exec", "held", "--", "sleep 307"])
+        .stdout(output.reopen().expect("reopen"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the exec");
+    let held = output.path().display().to_string();
+    assert!(
+        wait_until(30, || open_files(server).contains(&held)),
+        "the server never held the client's stdout {held}"
+    );
+    assert!(wait_until(30, || guest_processes(
+        &home,
+        "held",
+        "^sleep 307"
+    ) == 1));
+    nix_kill(u32::try_from(server).expect("pid"), libc::SIGSTOP);
+    let status = client.wait().expect("wait");
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    let printed = std::fs::read(output.path()).expect("read the output");
+    let error: serde_json::Value =
+        serde_json::from_slice(&printed).expect("a JSON error object on stdout");
+    assert_eq!(error["error"]["code"], "internal", "{error}");
+    let message = error["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains(&format!(
+            "the command server (pid {server}) has not answered"
+        )),
+        "{message}"
+    );
+    // Meanwhile every command runs without it.
+    for args in [
+        &["ps"][..],
+        &["exec", "held", "--", "true"],
+        &["run", "beside"],
+        &["destroy", "beside"],
+    ] {
+        let ran = home.run(args);
+        assert!(ran.status.success(), "{args:?}: {ran:?}");
+    }
+    nix_kill(u32::try_from(server).expect("pid"), libc::SIGCONT);
+    assert!(
+        wait_until(30, || guest_processes(&home, "held", "^sleep 307") == 0),
+        "the abandoned command ends once its server runs again"
+    );
+    assert_eq!(server_of(&home), server, "and the server serves on");
+}
+
+/// A client that connected to a socket whose listener never answers (a server stuck, or not
+/// a server at all) runs its command itself after its deadline.
+#[test]
+fn a_server_that_never_answers_is_given_up_on_within_the_deadline() {
+    if !require_root("a_server_that_never_answers_is_given_up_on_within_the_deadline") {
+        return;
+    }
+    let home = TestHome::new()
+        .with_env("DYNOCAP_CLI_SERVER_IDLE_SECONDS", "120")
+        .with_env("DYNOCAP_CLI_SERVER_DEADLINE_MS", "500");
+    let (server, socket) = listening_server(&home);
+    // Killed, its socket left behind for another listener to take.
+    nix_kill(u32::try_from(server).expect("pid"), libc::SIGKILL);
+    assert!(wait_until(10, || command_servers(home.path()).is_empty()));
+    let mut silent = Command::new(env!("CARGO_BIN_EXE_dynocap-test-client"))
+        .arg(&socket)
+        .arg("listen-silent")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the silent listener");
+    let mut ready = [0u8; 10];
+    silent
+        .stdout
+        .as_mut()
+        .expect("piped")
+        .read_exact(&mut ready)
+        .expect("listening");
+    let ps = home.run(&["--json", "ps"]);
+    let _ = silent.kill();
+    let _ = silent.wait();
+    assert!(ps.status.success(), "{ps:?}");
+    let listing: serde_json::Value = serde_json::from_slice(&ps.stdout).expect("JSON");
+    assert!(listing.is_array() || listing.is_object(), "{listing}");
+}
+
+/// `--json` asks for a JSON error object whatever goes wrong, the loss of the server that
+/// ran the command included.
+#[test]
+fn a_server_killed_mid_command_gives_a_json_error_with_json() {
+    if !require_root("a_server_killed_mid_command_gives_a_json_error_with_json") {
+        return;
+    }
+    let home = TestHome::new();
+    let server = server_of(&home);
+    home.sandbox("cut", &[]);
+    let client = home
+        .command()
+        .args(["--json", "exec", "cut", "--", "sleep 306"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the exec");
+    assert_served(server, &client);
+    assert!(wait_until(30, || guest_processes(
+        &home,
+        "cut",
+        "^sleep 306"
+    ) == 1));
+    nix_kill(u32::try_from(server).expect("pid"), libc::SIGKILL);
+    let out = client.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let error: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("a JSON error object on stdout");
+    assert_eq!(error["error"]["code"], "internal", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the command server ended before the command did")),
+        "{error}"
+    );
 }

@@ -129,6 +129,10 @@ pub(crate) fn parse_request(head: &[u8]) -> Result<Request, BadRequest> {
     if host.is_empty() {
         return Err(BadRequest("CONNECT target has an empty host"));
     }
+    // Digits only (RFC 3986 `port = *DIGIT`): `u16::from_str` also takes a leading '+'.
+    if !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(BadRequest("CONNECT target has an invalid port"));
+    }
     let port = match port.parse::<u16>() {
         Ok(0) | Err(_) => return Err(BadRequest("CONNECT target has an invalid port")),
         Ok(port) => port,
@@ -250,6 +254,9 @@ mod tests {
             &b"CONNECT example.com HTTP/1.1\r\n\r\n"[..],
             b"CONNECT example.com:0 HTTP/1.1\r\n\r\n",
             b"CONNECT example.com:99999 HTTP/1.1\r\n\r\n",
+            b"CONNECT example.com:+443 HTTP/1.1\r\n\r\n",
+            b"CONNECT example.com:-443 HTTP/1.1\r\n\r\n",
+            b"CONNECT example.com:443\t HTTP/1.1\r\n\r\n",
             b"CONNECT :443 HTTP/1.1\r\n\r\n",
             b"CONNECT example.com:443 HTTP/2.0\r\n\r\n",
             b"CONNECT  example.com:443 HTTP/1.1\r\n\r\n",

@@ -286,7 +286,7 @@ mod tests {
         );
         let filtered = RunSpec::raw("a", Some("filtered"), None, None, None, None).unwrap();
         assert!(!fits(&filtered));
-        let disk = RunSpec::raw("a", None, None, None, None, Some(2048)).unwrap();
+        let disk = RunSpec::raw("a", None, None, None, None, Some(4096)).unwrap();
         assert!(!fits(&disk), "a disk's size is fixed when it is made");
     }
 

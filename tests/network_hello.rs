@@ -365,7 +365,7 @@ impl Bench {
 /// that sent no TLS), and what the decision's reason says.
 type Refusal = (&'static str, Option<&'static str>, &'static str);
 
-const REFUSALS: [Refusal; 11] = [
+const REFUSALS: [Refusal; 14] = [
     (
         "slow-partial",
         None,
@@ -409,6 +409,31 @@ const REFUSALS: [Refusal; 11] = [
     ),
     ("not-tls", None, "not a TLS handshake record"),
     ("huge", Some("decode_error"), "larger than 65536 bytes"),
+    (
+        "empty-record",
+        Some("decode_error"),
+        "empty handshake record",
+    ),
+    (
+        "sslv2",
+        None,
+        "not a TLS handshake record (first byte 0x80)",
+    ),
+    (
+        "ccs-first",
+        None,
+        "not a TLS handshake record (first byte 0x14)",
+    ),
+];
+
+/// CONNECTs refused before any tunnel: the status, and what the decision's reason says.
+const CONNECT_REFUSALS: [(&str, &str, &str); 2] = [
+    (
+        "other-port",
+        "403",
+        "port 444 is not allowed for registry.npmjs.org (allowed: 443)",
+    ),
+    ("signed-port", "400", "CONNECT target has an invalid port"),
 ];
 
 const RETRY_REFUSALS: [(&str, &str); 2] = [
@@ -446,6 +471,20 @@ fn every_shape_of_client_hello_is_judged_before_anything_leaves() {
     };
     bench.silent_tunnels(100);
     bench.refused_hellos(&REFUSALS);
+    for (shape, status, reason) in CONNECT_REFUSALS {
+        let refused = bench.send(shape, 1);
+        assert_eq!(
+            refused.report["status"], status,
+            "{shape}: {}",
+            refused.report
+        );
+        assert_eq!(refused.connections, 0, "{shape}");
+        let d = &refused.decisions[0];
+        assert_eq!(d["allowed"], false, "{shape}: {d:#}");
+        assert!(d["addr"].is_null(), "{shape} was resolved: {d:#}");
+        let said = d["reason"].as_str().unwrap_or_default();
+        assert!(said.contains(reason), "{shape}: {said}");
+    }
 
     // A second hello right behind the first, in one write: judged and refused before it is
     // forwarded. Whether the first alone was read (and connected for) before the second

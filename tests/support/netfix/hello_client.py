@@ -59,11 +59,13 @@ def records(message, size=16384):
     return out
 
 
-def tunnel():
+def tunnel(target=None):
+    """A CONNECT to `target` (default HOST:443); the socket and the proxy's status."""
+    target = target or f"{HOST}:443"
     host, port = PROXY.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(f"CONNECT {HOST}:443 HTTP/1.1\r\nHost: {HOST}:443\r\n\r\n".encode())
+    sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
     head = b""
     while b"\r\n\r\n" not in head:
         byte = sock.recv(1)
@@ -95,12 +97,12 @@ def result(status, got, **more):
     return dict(status=status, received=got.hex(), alert=alert, **more)
 
 
-def crafted(data, pieces=1, pause=0.0, then_close=False):
+def crafted(data, pieces=1, pause=0.0, then_close=False, target=None):
     """Sends `data` in `pieces` writes `pause` seconds apart; `then_close` ends the client's
-    half of the tunnel after the last."""
-    sock, status = tunnel()
+    half of the tunnel after the last. `target`: the CONNECT's, if not HOST:443."""
+    sock, status = tunnel(target)
     if status != "200":
-        return result(status, b"")
+        return result(status, drain(sock))
     step = max(1, -(-len(data) // pieces))
     for i in range(0, len(data), step):
         sock.sendall(data[i : i + step])
@@ -231,6 +233,18 @@ SHAPES = {
     "huge": lambda: crafted(records(b"\x01" + (70000).to_bytes(3, "big") + bytes(70000))),
     "quic": quic,
     "not-tls": lambda: crafted(f"GET / HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()),
+    # A handshake record of length 0 ahead of a valid hello (RFC 8446 5.1 forbids it).
+    "empty-record": lambda: crafted(bytes([22, 3, 1, 0, 0]) + records(client_hello(server_name(HOST)))),
+    # An SSLv2-compatible CLIENT-HELLO (two-byte header with the high bit set).
+    "sslv2": lambda: crafted(
+        bytes([0x80, 0x2E, 0x01, 0x03, 0x01, 0x00, 0x15, 0x00, 0x00, 0x00, 0x10]) + bytes(37)
+    ),
+    # A ChangeCipherSpec record (middlebox compatibility) before the hello.
+    "ccs-first": lambda: crafted(CHANGE_CIPHER_SPEC + records(client_hello(server_name(HOST)))),
+    # The allowed name on a port the policy does not allow, its hello ready behind the CONNECT.
+    "other-port": lambda: crafted(records(client_hello(server_name(HOST))), target=f"{HOST}:444"),
+    # The allowed name with a signed port, which u16 parsing would take as 443.
+    "signed-port": lambda: crafted(records(client_hello(server_name(HOST))), target=f"{HOST}:+443"),
     "plain-http": plain_http,
     "split-real": lambda: real(split=True, groups="prime256v1"),
     "retry-real": lambda: real(),

@@ -69,17 +69,18 @@ impl Stream {
     }
 }
 
-/// Set when a write to this process's stdout (or stderr) found no reader. SIGPIPE is ignored in every
-/// process of dynocap (the supervisor, the MCP and command servers write to sockets whose
-/// peer may go), so a closed pipe is an EPIPE error, which [`ended`] turns into the exit code
-/// a shell gives a writer SIGPIPE killed.
-static STDOUT_READER_GONE: AtomicBool = AtomicBool::new(false);
+/// Set when a write to this process's stdout or stderr found no reader. SIGPIPE is ignored
+/// in every process of dynocap (the supervisor, the MCP and command servers write to sockets
+/// whose peer may go), so a closed pipe is an EPIPE error, which [`ended`] turns into the
+/// exit code a shell gives a writer SIGPIPE killed.
+static READER_GONE: AtomicBool = AtomicBool::new(false);
 
 /// Set when a write to this process's stdout failed otherwise (a full disk behind `>`); said
 /// once on stderr.
 static STDOUT_FAILED: AtomicBool = AtomicBool::new(false);
 
-/// This process's stdout, noting a reader that went away (see [`STDOUT_READER_GONE`]).
+/// This process's stdout, noting a reader that went away (see [`READER_GONE`]) or another
+/// failure ([`STDOUT_FAILED`]).
 struct ProcessStdout;
 
 impl Write for ProcessStdout {
@@ -99,7 +100,7 @@ impl Write for ProcessStdout {
 fn note_stdout<T>(result: &std::io::Result<T>) {
     let Err(err) = result else { return };
     if err.kind() == std::io::ErrorKind::BrokenPipe {
-        STDOUT_READER_GONE.store(true, Ordering::Release);
+        READER_GONE.store(true, Ordering::Release);
     } else if !STDOUT_FAILED.swap(true, Ordering::AcqRel) {
         let _ = writeln!(std::io::stderr(), "dynocap: cannot write to stdout: {err}");
     }
@@ -122,7 +123,7 @@ pub fn write_stderr_line(args: std::fmt::Arguments<'_>) {
         .write_fmt(format_args!("{args}\n"))
         .and_then(|()| err.flush());
     if matches!(&written, Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe) {
-        STDOUT_READER_GONE.store(true, Ordering::Release);
+        READER_GONE.store(true, Ordering::Release);
     }
 }
 
@@ -130,7 +131,7 @@ pub fn write_stderr_line(args: std::fmt::Arguments<'_>) {
 /// SIGPIPE) if its stdout's reader went away, as a shell reports a writer SIGPIPE ended
 /// (`dynocap ls | head -0`), a failure if stdout could not be written otherwise, else `code`.
 pub fn ended(code: ExitCode) -> ExitCode {
-    if STDOUT_READER_GONE.load(Ordering::Acquire) {
+    if READER_GONE.load(Ordering::Acquire) {
         ExitCode::from(crate::exec_output::READER_GONE_EXIT)
     } else if STDOUT_FAILED.load(Ordering::Acquire) {
         ExitCode::FAILURE

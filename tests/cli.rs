@@ -522,3 +522,48 @@ fn refusals_point_to_the_command_to_run_instead() {
     assert!(!message.contains("destroy it"), "{message}");
     home.json(&["destroy", "box"]);
 }
+
+/// A stdout that cannot be written for another reason than a reader gone (a full disk behind
+/// `>`) is said once on stderr and fails the command (1), never a panic; one whose reader
+/// went away ends it as SIGPIPE would (141, silently). No sandbox is needed to see either.
+#[test]
+fn a_stdout_that_fails_is_said_and_a_closed_one_is_141() {
+    let home = TestHome::new();
+    for args in [
+        &["ls"][..],
+        &["--json", "ls"],
+        &["image", "ls"],
+        &["doctor"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("open /dev/full");
+        let out = home
+            .command()
+            .args(args)
+            .stdout(full)
+            .output()
+            .expect("spawn dynocap");
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.matches("dynocap: cannot write to stdout: ").count(),
+            1,
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = home
+            .command()
+            .args(args)
+            .stdout(writer)
+            .output()
+            .expect("spawn dynocap");
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {stderr}");
+        assert_eq!(stderr, "", "{args:?}");
+    }
+}

@@ -516,6 +516,63 @@ fn a_signal_ends_a_start_whose_clone_hangs_and_leaves_nothing() {
     start_repo(&home, &fix.https_repo_url(), &["--name", "hangs"]);
 }
 
+/// Waits (generously: the machine is shared) until no process of `home` runs, and says which
+/// ones still do if some never end.
+fn assert_no_process_left(home: &TestHome, what: &str) {
+    use dynocap_e2e::home_processes::home_processes;
+    assert!(
+        wait_until(120, || home_processes(home.path()).is_empty()),
+        "{what}: processes of the home still run: {:#?}",
+        home_processes(home.path())
+    );
+}
+
+#[test]
+fn a_start_whose_starter_is_killed_ends_and_leaves_nothing() {
+    if !require_root("a_start_whose_starter_is_killed_ends_and_leaves_nothing") {
+        return;
+    }
+    let fix = NetFix::start();
+    let home = home_for(&fix);
+    // SIGKILL leaves the starter no chance to cancel; the supervisor notices that nobody reads
+    // its ready pipe any more. During the clone (the server never answers), and right away,
+    // during the boot, before the clone was even asked for.
+    for wait_for_the_clone in [true, false] {
+        let before = fix.https.requests_for("/hang/").len();
+        let mut client = spawn_start(&home, &fix.hanging_repo_url(), "orphaned");
+        if wait_for_the_clone {
+            assert!(
+                wait_until(300, || fix.https.requests_for("/hang/").len() > before),
+                "the clone never reached the server"
+            );
+        } else {
+            assert!(
+                wait_until(300, || !home.supervisor_pids().is_empty()),
+                "no supervisor started"
+            );
+        }
+        let started: Vec<i32> = home
+            .supervisor_pids()
+            .into_iter()
+            .flat_map(|pid| std::iter::once(pid).chain(descendants(pid)))
+            .collect();
+        assert!(!started.is_empty());
+        interrupt(&mut client, libc::SIGKILL);
+        assert_no_process_left(&home, "after the starter was killed");
+        for pid in &started {
+            assert!(
+                !dynocap_e2e::home_processes::is_running(*pid),
+                "process {pid} of the start still runs: {:?}",
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+            );
+        }
+        assert_nothing_left(&home);
+    }
+    // The name is free.
+    start_repo(&home, &fix.https_repo_url(), &["--name", "orphaned"]);
+}
+
 // --- dumb HTTP ------------------------------------------------------------------------------
 
 #[test]

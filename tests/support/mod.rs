@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod home_processes;
 pub mod host_view;
 pub mod images;
 pub mod netfix;

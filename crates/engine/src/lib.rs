@@ -39,6 +39,7 @@ pub mod spawn;
 pub mod spec;
 pub mod ssh_key;
 pub mod standby;
+mod starter_watch;
 pub mod supervisor;
 pub mod tar_index;
 pub mod task_spec;

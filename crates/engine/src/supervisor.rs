@@ -11,7 +11,7 @@
 //! and saves the work the same way.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -37,6 +37,7 @@ use crate::sandboxes::rfc3339;
 use crate::save::{self, ResultFiles, TaskFacts};
 use crate::spec::ExecSpec;
 use crate::spec::Network;
+use crate::starter_watch::StarterWatch;
 use crate::task_spec::{DiffResult, FinishResult, Progress, Source, SourceInfo, TaskDetail};
 use crate::workspace::{self, BaselineIndex, BASELINE_TAR};
 use crate::{exec, failpoint, finish, image, spec};
@@ -318,6 +319,21 @@ pub fn report_failed_start(ready: OwnedFd, err: Error) {
 struct ReadyPipe(Mutex<Option<std::fs::File>>);
 
 impl ReadyPipe {
+    /// A watch on the starter at the other end, while the pipe is open and can be watched.
+    fn watch(&self) -> Option<StarterWatch> {
+        let guard = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match StarterWatch::new(guard.as_ref()?.as_fd()) {
+            Ok(watch) => Some(watch),
+            Err(err) => {
+                tracing::warn!("cannot watch the starter through the ready pipe: {err}");
+                None
+            }
+        }
+    }
+
     fn send(&self, message: &ReadyMessage) {
         let mut guard = self
             .0
@@ -475,9 +491,29 @@ async fn serve(
 ) -> i32 {
     let id = record.id.clone();
     let starting = std::time::Instant::now();
-    let started = start(&home, &catalog, &mut record, guest.as_mut(), &ready).await;
+    // A warm-pool boot's starter never waits (see `starter_watch`); any other start is
+    // dropped once nobody waits for it.
+    let watch = match record.state {
+        State::Warming => None,
+        _ => ready.watch(),
+    };
+    let started = match &watch {
+        Some(watch) => tokio::select! {
+            started = start(&home, &catalog, &mut record, guest.as_mut(), &ready) => {
+                started.map(Some)
+            }
+            () = watch.gone() => Ok(None),
+        },
+        None => start(&home, &catalog, &mut record, guest.as_mut(), &ready)
+            .await
+            .map(Some),
+    };
     let (conn, listener, task) = match started {
-        Ok(parts) => parts,
+        Ok(Some(parts)) => parts,
+        Ok(None) => {
+            abandon(&home, &catalog, &record, guest).await;
+            return 1;
+        }
         Err(err) => {
             tracing::error!("start failed: {err}");
             ready.send(&ReadyMessage::Failed(err));
@@ -492,6 +528,15 @@ async fn serve(
         // A failure is logged; the first command after it reports it (see `check_disk`).
         let _ = sync_layer(guest.layer_sync(), home.sandbox_dir(&id), &conn).await;
     }
+    // The last moment a start can be dropped unseen: from the ready message on, the sandbox
+    // is its caller's (a `run` that printed it and ended is not a starter that died).
+    if watch.as_ref().is_some_and(StarterWatch::gone_now) {
+        drop((conn, listener, task));
+        abandon(&home, &catalog, &record, guest).await;
+        return 1;
+    }
+    // One writer fewer before the last word, for a starter that reads to the end.
+    drop(watch);
     let mut claimable = record.state == State::Warming;
     if claimable {
         // Before it is ready: a claim may follow at once.
@@ -1065,6 +1110,35 @@ async fn connect_agent(guest: &mut dyn Guest) -> Result<AgentConn> {
     let (conn, hello) = AgentConn::start(read, write, AGENT_HELLO_TIMEOUT).await?;
     tracing::info!("agent {} ready", hello.agent_version);
     Ok(conn)
+}
+
+/// Ends a start whose starter died without cancelling it (see `starter_watch`), leaving what
+/// its guard would have: nothing. The guest goes first, with whatever it runs; then the files,
+/// the results directory a task's start made, and the record, which frees the name.
+async fn abandon(home: &Home, catalog: &Catalog, record: &Record, guest: Box<dyn Guest>) {
+    tracing::warn!(
+        "nobody waits for this start any more (its starter ended without cancelling it); \
+         removing the sandbox"
+    );
+    if let Ok(Err(err)) = tokio::task::spawn_blocking(move || guest.destroy()).await {
+        tracing::warn!("destroying the guest of the abandoned start: {err}");
+    }
+    let id = &record.id;
+    let removed = crate::sandboxes::remove_leftovers(
+        home,
+        id,
+        &record.backend,
+        crate::sandboxes::Keep::Nothing,
+    );
+    if let Err(err) = removed {
+        tracing::warn!("removing the abandoned start's files: {err}");
+    }
+    if record.kind == Kind::Task {
+        let _ = std::fs::remove_dir_all(finish::results_dir(home.root(), id));
+    }
+    if let Err(err) = catalog.delete(id) {
+        tracing::warn!("removing the abandoned start's record: {err}");
+    }
 }
 
 /// Connects to the agent, imports a task's project, opens the control socket and marks the

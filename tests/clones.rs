@@ -6,7 +6,8 @@
 //! - credentials in an https URL are used for the fetch and then found nowhere: not in the
 //!   record, the catalog and its WAL, logs, `ls --json`, results, the guest's `.git/config`,
 //!   nor in any process's arguments or environment while the clone runs;
-//! - SIGINT or SIGTERM to a start whose clone hangs ends it at once and leaves nothing;
+//! - SIGINT or SIGTERM to a start whose clone hangs ends it at once and leaves nothing; so
+//!   does SIGKILL, which leaves the starter no chance to cancel (the supervisor notices);
 //! - a server speaking only git's dumb HTTP protocol gives the clone a smart one gives.
 //!
 //! Needs root.

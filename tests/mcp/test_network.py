@@ -10,7 +10,8 @@ server with git smart HTTP, an sshd serving git):
   the key, and a passphrase-protected key is a clear error that leaves no task;
 - a clone that fails is an `internal:` error with git's message and leaves nothing behind;
 - a start whose clone hangs, cancelled by the client (`notifications/cancelled`), ends at once
-  with its supervisor and guest, and leaves nothing behind;
+  with its supervisor and guest, and leaves nothing behind; so does one whose server is killed
+  (SIGKILL, no chance to cancel): its supervisor notices that nobody waits for the start;
 - an https URL with credentials is refused without repeating them.
 
 Traffic stays on loopback: every name a test uses is resolved through DYNOCAP_RESOLVE to the
@@ -270,6 +271,91 @@ async def test_a_cancelled_start_whose_clone_hangs_leaves_nothing(host: Host, fi
                                     {"repositoryUrl": fix.https_repo_url(), "name": "hangs"}))
         assert task["source"]["baseCommit"] == fix.head, task
     assert "dynocap_task_start cancelled by the client" in host.server_log()
+
+
+def running(pid: int) -> bool:
+    """True while `pid` runs (a zombie waiting for a late reaper does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except (OSError, IndexError):
+        return False
+
+
+def home_processes(host: Host) -> list[str]:
+    """The running processes naming the home (state dir) in their command line, environment,
+    working directory, root or open files: every host process of its sandboxes and servers."""
+    needle = str(host.state)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid() or not running(int(entry)):
+            continue
+        proc = Path(f"/proc/{entry}")
+        texts = []
+        for name in ("cmdline", "environ"):
+            try:
+                texts.append((proc / name).read_bytes().decode(errors="replace"))
+            except OSError:
+                pass
+        links = [proc / "cwd", proc / "root"]
+        try:
+            links += list((proc / "fd").iterdir())
+        except OSError:
+            pass
+        for link in links:
+            try:
+                texts.append(os.readlink(link))
+            except OSError:
+                pass
+        if any(needle in text for text in texts):
+            found.append(f"{entry}: {texts[0].replace(chr(0), ' ') if texts else '?'}")
+    return found
+
+
+async def test_a_start_whose_server_is_killed_ends_and_leaves_nothing(host: Host, fix: NetFix) -> None:
+    """SIGKILL of `dynocap mcp` in the middle of a `dynocap_task_start` (no chance to cancel):
+    the supervisor sees that nobody waits for its start and removes it, guest and record."""
+    hanging = f"https://{GIT_HOST}/hang/{REPO}"
+    processes: list[int] = []
+    killed: list[int] = []
+    try:
+        async with connect(host, env=server_env(host, fix)) as s:
+            with anyio.CancelScope() as scope:
+                async def kill_the_server_once_the_clone_hangs() -> None:
+                    with anyio.fail_after(300):
+                        while not any(r["path"].startswith("/hang/") for r in fix.requests()):
+                            await anyio.sleep(0.2)
+                    for pid in supervisor_pids(host):
+                        processes.extend([pid, *descendants(pid)])
+                    server = int(Path(f"/proc/{processes[0]}/stat").read_text()
+                                 .rsplit(")", 1)[1].split()[1])
+                    assert b"mcp" in Path(f"/proc/{server}/cmdline").read_bytes()
+                    os.kill(server, 9)
+                    killed.append(server)
+                    # The session cannot end by itself once its server is gone.
+                    with anyio.fail_after(60):
+                        while running(server):
+                            await anyio.sleep(0.1)
+                    scope.cancel()
+
+                async with anyio.create_task_group() as group:
+                    group.start_soon(kill_the_server_once_the_clone_hangs)
+                    await s.call_tool("dynocap_task_start", {"repositoryUrl": hanging, "name": "hangs"})
+    except Exception:  # noqa: BLE001 - a session whose server was killed ends in an error
+        pass
+    assert killed, "the server was never killed"
+    with anyio.fail_after(120):
+        while home_processes(host):
+            await anyio.sleep(0.2)
+    assert not [pid for pid in processes if running(pid)]
+    assert host.cli("ls") == {"tasks": [], "sandboxes": []}
+    assert list((host.state / "sandboxes").iterdir()) == []
+    results = host.state / "results"
+    assert not results.exists() or list(results.iterdir()) == []
+    # The name is free.
+    async with connect(host, env=server_env(host, fix)) as s:
+        task = ok(await s.call_tool("dynocap_task_start",
+                                    {"repositoryUrl": fix.https_repo_url(), "name": "hangs"}))
+        assert task["source"]["baseCommit"] == fix.head, task
 
 
 async def test_credentials_in_a_url_are_refused_and_not_repeated(host: Host, fix: NetFix) -> None:

@@ -666,16 +666,16 @@ fn a_vm_guest_sees_no_host_device_path_or_identifier() {
         .cloned()
         .collect();
     eprintln!("searching for {anywhere:?}, devices {devices:?}");
-    for as_root in [false, true] {
-        let search = dynocap_e2e::host_view::search(&home, "seer", as_root, &anywhere, &devices);
-        eprintln!(
-            "seer (root: {as_root}): {} names, {} files read, found {:?}",
-            search.names, search.files, search.found
-        );
-        assert!(
-            search.found.is_empty(),
-            "the VM guest (root: {as_root}) sees the host: {:#?}",
-            search.found
-        );
-    }
+    // As the guest's root only: it reads everything the sandbox user can (the jail's test
+    // searches as both), and a second walk of the VM's /sys under TCG would double the cost.
+    let search = dynocap_e2e::host_view::search(&home, "seer", true, &anywhere, &devices);
+    eprintln!(
+        "seer (root): {} names, {} files read, found {:?}",
+        search.names, search.files, search.found
+    );
+    assert!(
+        search.found.is_empty(),
+        "the VM guest (root) sees the host: {:#?}",
+        search.found
+    );
 }

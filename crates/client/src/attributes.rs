@@ -14,14 +14,12 @@ use std::path::{Path, PathBuf};
 const NAMESPACES: [&str; 8] = ["mnt", "pid", "net", "user", "ipc", "uts", "cgroup", "time"];
 
 /// Files of `/proc/<pid>` whose whole contents are attributes a command's processes
-/// inherit: resource limits, cgroups, OOM score, execution domain, LSM label.
-const PROCESS_FILES: [&str; 5] = [
-    "limits",
-    "cgroup",
-    "oom_score_adj",
-    "personality",
-    "attr/current",
-];
+/// inherit and that only the process itself can change: execution domain, LSM label.
+const OWN_ONLY_FILES: [&str; 2] = ["personality", "attr/current"];
+
+/// Files of `/proc/<pid>` whose whole contents are attributes a command's processes
+/// inherit and that other processes can change: resource limits, cgroups, OOM score.
+const CHANGEABLE_FILES: [&str; 3] = ["limits", "cgroup", "oom_score_adj"];
 
 /// The lines of `/proc/<pid>/status` that are inherited attributes (the rest are counters
 /// and state): ids and groups, capabilities, `no_new_privs`, seccomp, CPU and memory-node
@@ -84,9 +82,19 @@ impl Process {
         }
     }
 
-    /// Every attribute, in a fixed order.
+    /// Every attribute, in a fixed order: [`Process::own_only`], then
+    /// [`Process::changeable`].
     pub fn attributes(&self) -> Vec<Attribute> {
-        let mut out = Vec::with_capacity(40);
+        let mut out = self.own_only();
+        out.extend(self.changeable());
+        out
+    }
+
+    /// The attributes only the process itself can change (namespaces, root directory,
+    /// execution domain, security label): a process that does not change them may read its
+    /// own once.
+    pub fn own_only(&self) -> Vec<Attribute> {
+        let mut out = Vec::with_capacity(NAMESPACES.len() + 1 + OWN_ONLY_FILES.len());
         // Where the process is first: in another namespace, the rest reads otherwise too
         // (capabilities are a user namespace's), and the namespace is what to name.
         for name in NAMESPACES {
@@ -99,6 +107,17 @@ impl Process {
             "root directory",
             self.identity(Path::new("root")),
         ));
+        for name in OWN_ONLY_FILES {
+            out.push(attribute(name, self.read(name)));
+        }
+        out
+    }
+
+    /// The attributes other processes can change too, or that the kernel shows in the same
+    /// files as those (`prlimit`, `renice`, `chrt`, `ionice -p`, `taskset -p`, a write to a
+    /// cgroup's `cgroup.procs` or to `oom_score_adj`): read afresh for every comparison.
+    pub fn changeable(&self) -> Vec<Attribute> {
+        let mut out = Vec::with_capacity(STATUS_FIELDS.len() + 8);
         let status = self.read("status");
         for field in STATUS_FIELDS {
             let value = status.as_ref().map_err(Clone::clone).and_then(|status| {
@@ -106,7 +125,7 @@ impl Process {
             });
             out.push(attribute(field.trim_end_matches(':'), value));
         }
-        for name in PROCESS_FILES {
+        for name in CHANGEABLE_FILES {
             out.push(attribute(name, self.read(name)));
         }
         let stat = self.read("stat");

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use dynocap_client::attributes::{Attribute, Process};
 use dynocap_client::rendezvous::{self, Context};
 use dynocap_client::wire::{self, Message, Request};
 use dynocap_engine::{Engine, Home};
@@ -95,6 +96,9 @@ struct Shared {
     runtime: tokio::runtime::Runtime,
     /// The server's own environment and umask: a request must bring the same.
     context: Context,
+    /// The attributes of this process that only it can change, which it does not: read once
+    /// (see `peer::check`).
+    own_only: Vec<Attribute>,
     /// Commands connected and not yet ended.
     active: AtomicUsize,
     /// How long to wait without a command before ending.
@@ -204,6 +208,7 @@ impl Server {
                 home,
                 runtime,
                 context,
+                own_only: Process::current().own_only(),
                 active: AtomicUsize::new(0),
                 idle: idle_from_env(),
                 last_active: Mutex::new(Instant::now()),
@@ -407,7 +412,7 @@ fn accept_command(conn: &OwnedFd, shared: &Shared) -> Option<Cli> {
     let cli = Cli::try_parse_from(&request.args)
         .ok()
         .filter(|cli| crate::commands::is_served(&cli.command))?;
-    if let Err(refusal) = peer::check(conn.as_fd(), &context) {
+    if let Err(refusal) = peer::check(conn.as_fd(), &context, &shared.own_only) {
         eprintln!("dynocap cli-server: a client refused: {refusal}");
         return None;
     }

@@ -38,8 +38,13 @@ fn refuse(why: impl Into<String>) -> Refusal {
 const ABSENT_EVERYWHERE: [i32; 3] = [libc::ENOENT, libc::EINVAL, libc::EOPNOTSUPP];
 
 /// Checks the process connected on `conn` against this one, and the `request` context (umask
-/// and environment) it sent against what the kernel shows of it.
-pub fn check(conn: BorrowedFd<'_>, request: &Context) -> Result<(), Refusal> {
+/// and environment) it sent against what the kernel shows of it. `own_only` is this
+/// process's [`Process::own_only`], read once: it does not change them.
+pub fn check(
+    conn: BorrowedFd<'_>,
+    request: &Context,
+    own_only: &[Attribute],
+) -> Result<(), Refusal> {
     let pidfd = peer_pidfd(conn)?;
     let pid = pid_of(&pidfd)?;
     let credentials = getsockopt(&conn, sockopt::PeerCredentials)
@@ -51,7 +56,8 @@ pub fn check(conn: BorrowedFd<'_>, request: &Context) -> Result<(), Refusal> {
         )));
     }
     let client = Process::with_pid(pid);
-    let theirs = client.attributes();
+    let theirs_own_only = client.own_only();
+    let theirs = client.changeable();
     let umask = client.umask().map_err(|errno| unreadable("umask", errno))?;
     let environment = client
         .environment()
@@ -60,8 +66,8 @@ pub fn check(conn: BorrowedFd<'_>, request: &Context) -> Result<(), Refusal> {
     if pid_of(&pidfd)? != pid {
         return Err(refuse("the client ended while it was being checked"));
     }
-    let ours = Process::current().attributes();
-    compare(&ours, &theirs)?;
+    compare(own_only, &theirs_own_only)?;
+    compare(&Process::current().changeable(), &theirs)?;
     // Two filters are told apart by nothing the kernel shows of another process (only their
     // number): a filtered client is never served.
     let seccomp = theirs.iter().find(|attribute| attribute.name == "Seccomp");
@@ -235,11 +241,12 @@ mod tests {
             entry
         });
         let context = Context::keyed(umask, env);
-        check(a.as_fd(), &context).expect("this process could run its own command");
+        let own_only = Process::current().own_only();
+        check(a.as_fd(), &context, &own_only).expect("this process could run its own command");
         let other_umask = Context::keyed(umask ^ 0o002, context.env.clone());
-        assert!(check(a.as_fd(), &other_umask).is_err());
+        assert!(check(a.as_fd(), &other_umask, &own_only).is_err());
         let mut other_env = context.env.clone();
         other_env.push("DYNOCAP_NOT_SET_HERE=1".into());
-        assert!(check(a.as_fd(), &Context::keyed(umask, other_env)).is_err());
+        assert!(check(a.as_fd(), &Context::keyed(umask, other_env), &own_only).is_err());
     }
 }

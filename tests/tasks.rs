@@ -1019,6 +1019,102 @@ fn a_supervisor_killed_while_git_packs_takes_git_along_and_the_cli_answers_at_on
     kill_supervisor_and_check(&home, cli, supervisor, project.path(), &id);
 }
 
+/// A directory holding `git`: the host's git, which for `bundle create` first starts a helper
+/// of its own that runs for ten minutes unless killed (as git's `pack-objects` does for as
+/// long as it packs), its command line holding `marker`.
+fn git_with_a_long_helper(dir: &std::path::Path, marker: &str) -> std::path::PathBuf {
+    let real = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v git"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let script = format!(
+        "#!/bin/sh\ncase \" $* \" in *\" bundle create \"*) sleep {marker} </dev/null >/dev/null 2>&1 & ;; esac\nexec {} \"$@\"\n",
+        real.trim()
+    );
+    let git = bin.join("git");
+    std::fs::write(&git, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&git, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+#[test]
+fn a_supervisor_killed_with_no_command_after_it_takes_git_along_whatever_the_catalog() {
+    if !require_root(
+        "a_supervisor_killed_with_no_command_after_it_takes_git_along_whatever_the_catalog",
+    ) {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().unwrap();
+    slow_bundle_project(project.path());
+    let _cleanup = KillLeftovers(project.path());
+    let tools = tempfile::tempdir().unwrap();
+    let marker = "600.31415";
+    let bin = git_with_a_long_helper(tools.path(), marker);
+    let helpers = || -> Vec<Proc> {
+        live_processes()
+            .filter(|p| p.cmdline.contains(marker))
+            .collect()
+    };
+    let mut cli = home
+        .command()
+        .args(["--json", "task", "start", project.path().to_str().unwrap()])
+        .env("DYNOCAP_FAILPOINTS", "import.bundle-packing=stop")
+        .env(
+            "PATH",
+            format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (supervisor, _) = supervisor_of(&home);
+    assert!(
+        wait_until(60, || proc_of(supervisor).is_some_and(|p| p.state == 'T')),
+        "the supervisor did not stop at the bundle"
+    );
+    assert!(
+        wait_until(60, || !helpers().is_empty()),
+        "git's helper never started"
+    );
+    // Nobody comes after the supervisor: its starter dies without a chance to clean up, the
+    // catalog every sweep would read is damaged, and no command runs from here on.
+    cli.kill().unwrap();
+    cli.wait().unwrap();
+    for sidecar in ["catalog.db-wal", "catalog.db-shm"] {
+        let _ = std::fs::remove_file(home.path().join(sidecar));
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(home.path().join("catalog.db"))
+        .unwrap()
+        .set_len(2048)
+        .unwrap();
+    // SAFETY: plain kill(2) of the supervisor this test started.
+    assert_eq!(unsafe { libc::kill(supervisor, libc::SIGKILL) }, 0);
+    let left = |what: &[Proc]| what.is_empty();
+    let mut found = helpers();
+    wait_until(60, || {
+        found = helpers();
+        left(&found)
+    });
+    for p in &found {
+        // SAFETY: plain kill(2) of the test's own helper, so a failure leaves nothing.
+        unsafe { libc::kill(p.pid, libc::SIGKILL) };
+    }
+    assert!(
+        found.is_empty(),
+        "git's helper outlived the supervisor with no command after it: {found:#?}"
+    );
+}
+
 #[test]
 fn a_supervisor_killed_mid_import_by_a_real_signal_leaves_nothing_running() {
     if !require_root("a_supervisor_killed_mid_import_by_a_real_signal_leaves_nothing_running") {

@@ -303,7 +303,8 @@ impl HardenedGit {
     /// caller's arguments; stdin is `/dev/null`. Convert it with `tokio::process::Command::from`
     /// for async use. Git gets SIGKILL when the thread that spawns it ends and inherits no
     /// descriptor beyond stdio ([`crate::host_children::die_with_parent`]): spawn it from a
-    /// thread that outlives it.
+    /// thread that outlives it. What git starts ends with it, in its own pid namespace where
+    /// one can be made ([`crate::host_children::in_own_pid_namespace`]).
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(&self.program);
         // Registered first: it marks every descriptor from 3 up close-on-exec, and the
@@ -312,6 +313,9 @@ impl HardenedGit {
         if let Location::DirFd(fd) = self.location {
             inherit_as(&mut cmd, fd, INHERITED_DIR_FD);
         }
+        // Last: what git starts (pack-objects, index-pack) has no death signal, and ends with
+        // git's pid namespace instead, whoever dies first.
+        crate::host_children::in_own_pid_namespace(&mut cmd);
         self.invocation(cmd)
     }
 

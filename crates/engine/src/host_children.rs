@@ -48,6 +48,99 @@ pub fn die_with_parent(command: &mut Command) {
     }
 }
 
+/// Runs `command`'s program as the first process (pid 1) of a pid namespace of its own, under a
+/// keeper that waits for it and ends as it did. For a program that starts programs of its own
+/// (git runs `pack-objects`, `index-pack`, remote helpers), whose children the death signal of
+/// [`die_with_parent`] does not reach: when a namespace's first process ends, by any cause, the
+/// kernel kills every process left in it. The program gets SIGKILL when its keeper dies, and the
+/// keeper (register [`die_with_parent`] first) when its parent does, so a supervisor killed
+/// outright takes all of it along, whatever the catalog says and whether or not anyone comes
+/// after it. Killing the child the caller holds (the keeper) ends all of it too.
+///
+/// Creating a pid namespace takes `CAP_SYS_ADMIN`; without it the program runs as a plain child,
+/// with the death signal alone.
+pub fn in_own_pid_namespace(command: &mut Command) {
+    // SAFETY: the hook runs in the forked child before exec and only makes the system calls
+    // unshare, pipe2, fork, close, close_range, prctl, poll, waitpid, sigaction, kill and _exit,
+    // all async-signal-safe; it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::unshare(libc::CLONE_NEWPID) != 0 {
+                return Ok(());
+            }
+            // Open in the keeper as long as it lives: the program checks it once its death
+            // signal is armed, as the keeper might have died before.
+            let mut alive = [0; 2];
+            if libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            match libc::fork() {
+                -1 => Err(io::Error::last_os_error()),
+                0 => {
+                    libc::close(alive[1]);
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                        libc::_exit(127);
+                    }
+                    let mut keeper = libc::pollfd {
+                        fd: alive[0],
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    if libc::poll(&mut keeper, 1, 0) != 0 {
+                        libc::_exit(127);
+                    }
+                    libc::close(alive[0]);
+                    Ok(())
+                }
+                program => keep(program, alive[1]),
+            }
+        });
+    }
+}
+
+/// The keeper of [`in_own_pid_namespace`]: holds nothing open but `alive`, its end of the pipe
+/// the program checks it by (the caller's stdio and the pipe on which the spawning process
+/// learns of a failed exec belong to the program), waits
+/// for `program` and ends as it did: with its exit code, or of its signal.
+///
+/// # Safety
+///
+/// Only between fork and exec, in a child whose `program` is its own child.
+unsafe fn keep(program: libc::pid_t, alive: RawFd) -> ! {
+    // SAFETY: close_range, waitpid, sigaction, sigprocmask, kill and _exit are async-signal-
+    // safe; every pointer given is to a live local (the status, the zeroed sigaction and
+    // sigset_t, initialised before use) or null where the call allows it.
+    unsafe {
+        let alive = alive.unsigned_abs();
+        if alive > 0 {
+            libc::syscall(libc::SYS_close_range, 0u32, alive - 1, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, alive + 1, u32::MAX, 0u32);
+        let mut status: libc::c_int = 0;
+        loop {
+            if libc::waitpid(program, &mut status, 0) == program {
+                break;
+            }
+            if *libc::__errno_location() != libc::EINTR {
+                libc::_exit(127);
+            }
+        }
+        if libc::WIFEXITED(status) {
+            libc::_exit(libc::WEXITSTATUS(status));
+        }
+        let signal = libc::WTERMSIG(status);
+        let mut default: libc::sigaction = std::mem::zeroed();
+        default.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(signal, &default, std::ptr::null_mut());
+        let mut only: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut only);
+        libc::sigaddset(&mut only, signal);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &only, std::ptr::null_mut());
+        libc::kill(libc::getpid(), signal);
+        libc::_exit(128 + signal)
+    }
+}
+
 /// Marks every descriptor from `first` up close-on-exec, so a child started next gets none of
 /// them, whichever of them someone forgot to open with `O_CLOEXEC`. Safe to call between fork
 /// and exec. Every descriptor DynoCap opens is close-on-exec already, so on a kernel without
@@ -307,6 +400,81 @@ mod tests {
         );
         kill_session(sh_id);
         assert!(dead(sleep_pid), "the grandchild survived the session sweep");
+    }
+
+    /// The running processes whose command line holds `marker`.
+    fn running_with(marker: &str) -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| stat_of(pid).is_some_and(|s| !matches!(s.state, 'Z' | 'X')))
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.windows(marker.len()).any(|w| w == marker.as_bytes()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_program_in_its_own_pid_namespace_takes_its_children_along() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: a pid namespace needs root (CI runs as root)");
+            return;
+        }
+        // A grandchild with no death signal, as git's pack-objects: killing the keeper (the
+        // child a caller holds) must end it, with the program.
+        let marker = "607.25";
+        let mut command = Command::new("sh");
+        command
+            // The marker is in the grandchild's command line only.
+            .args(["-c", "m=607; sleep $m.25 & echo started; wait"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        die_with_parent(&mut command);
+        in_own_pid_namespace(&mut command);
+        let mut child = command.spawn().expect("spawn sh");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().expect("stdout")),
+            &mut line,
+        )
+        .expect("read");
+        assert_eq!(line, "started\n");
+        assert_eq!(running_with(marker).len(), 1, "the grandchild runs");
+        child.kill().expect("kill the keeper");
+        let _ = child.wait();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !running_with(marker).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            running_with(marker),
+            Vec::<i32>::new(),
+            "the grandchild survived"
+        );
+    }
+
+    #[test]
+    fn the_keeper_ends_as_its_program_did() {
+        for code in [0, 3] {
+            let mut command = Command::new("sh");
+            command
+                .args(["-c", &format!("exit {code}")])
+                .stdin(Stdio::null());
+            die_with_parent(&mut command);
+            in_own_pid_namespace(&mut command);
+            let status = command.status().expect("run sh");
+            assert_eq!(status.code(), Some(code));
+        }
+        // A program that cannot start is the spawn's error, as without a namespace.
+        let mut command = Command::new("/nonexistent/program");
+        die_with_parent(&mut command);
+        in_own_pid_namespace(&mut command);
+        let err = command.status().expect_err("no such program");
+        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
     }
 
     #[test]

@@ -9,11 +9,19 @@
 //!
 //! - [`die_with_parent`] makes a command's child get SIGKILL when its parent dies
 //!   (`PR_SET_PDEATHSIG`) and marks every descriptor above stdio close-on-exec.
-//! - The kernel clears the death signal in a child's own children (git runs `pack-objects`),
-//!   so those are found another way: a supervisor leads a session of its own (its starter calls
-//!   `setsid`), and its helpers stay in it even when they get a process group of their own.
-//!   [`kill_session`] kills what is left of that session; whoever notices a dead supervisor
-//!   calls it.
+//! - The kernel clears the death signal in a child's own children (git runs `pack-objects`).
+//!   [`in_own_pid_namespace`] makes the kernel end them anyway: the program is the first
+//!   process of a pid namespace of its own, and when that process ends, by any cause, the
+//!   kernel kills every process left in the namespace. It is chosen over the alternatives
+//!   because it needs nobody after the death: a child subreaper gets orphans only while it
+//!   lives, and a cgroup of the supervisor's helpers must be killed by someone (the next
+//!   command, which may never come, or come to a damaged catalog). A pid namespace for the
+//!   supervisor itself would end all of it at once, but would make every pid it reads in the
+//!   host's `/proc` (its guest's, pasta's, QEMU's) a pid of another namespace.
+//! - A second line, for a host without pid namespaces to give (not root): a supervisor leads a
+//!   session of its own (its starter calls `setsid`), and its helpers stay in it even when they
+//!   get a process group of their own. [`kill_session`] kills what is left of that session;
+//!   whoever notices a dead supervisor calls it.
 
 use std::collections::HashSet;
 use std::io;

@@ -1,5 +1,6 @@
 //! Raw sandbox lifecycle through the CLI: run, ps, destroy, names, defaults and ranges, TTL
-//! expiry, a killed supervisor, many sandboxes side by side.
+//! expiry, a killed supervisor, a `run` killed while its sandbox starts, many sandboxes side by
+//! side.
 
 use dynocap_e2e::*;
 
@@ -496,4 +497,58 @@ fn a_supervisor_killed_while_a_command_is_being_killed_takes_every_guest_process
         "the command's v1 freezer cgroup was frozen"
     );
     let _ = exec.wait();
+}
+
+/// A `dynocap run` killed outright (SIGKILL: no chance to cancel) while its sandbox starts,
+/// here held with its guest up: the supervisor sees that nobody waits for the start and
+/// removes it. Nothing of the home runs on, no record is left, and the name is free.
+#[test]
+fn a_run_killed_while_its_sandbox_starts_leaves_nothing() {
+    if !require_root("a_run_killed_while_its_sandbox_starts_leaves_nothing") {
+        return;
+    }
+    use dynocap_e2e::home_processes::home_processes;
+    let home = TestHome::new();
+    let log = home.path().join("logs");
+    let mut run = home
+        .command()
+        .args(["--json", "run", "held"])
+        .env(
+            "DYNOCAP_FAILPOINTS",
+            "supervisor.start.agent-answered=sleep(3000)",
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn dynocap");
+    let agent_answered = || {
+        std::fs::read_dir(&log)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|entry| {
+                std::fs::read_to_string(entry.path())
+                    .is_ok_and(|text| text.contains("supervisor: agent "))
+            })
+    };
+    assert!(wait_until(120, agent_answered), "the sandbox never came up");
+    run.kill().expect("SIGKILL the run");
+    run.wait().expect("wait for the run");
+    assert!(
+        wait_until(120, || home_processes(home.path())
+            .iter()
+            .all(|p| p.command.contains("cli-server"))),
+        "processes of the killed run's sandbox still run: {:#?}",
+        home_processes(home.path())
+    );
+    assert_eq!(home.json(&["ps"])["sandboxes"], serde_json::json!([]));
+    assert_eq!(
+        std::fs::read_dir(home.path().join("sandboxes"))
+            .map(|dir| dir.count())
+            .unwrap_or(0),
+        0,
+        "the sandbox's files are left"
+    );
+    // The name is free.
+    home.sandbox("held", &[]);
 }

@@ -1155,6 +1155,8 @@ async fn start(
     ready.send(&ReadyMessage::Progress(workspace::step(
         "the sandbox is up; its guest agent answered",
     )));
+    // Fault tests hold a start here (`sleep`), with its guest up, to end its starter.
+    failpoint::hit("supervisor.start.agent-answered")?;
 
     let mut task = match record.kind {
         Kind::Task => Some(TaskContext::open(home, record, None)?),

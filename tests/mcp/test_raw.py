@@ -1,6 +1,6 @@
 """Raw sandbox tools over MCP: dynocap_run, dynocap_exec, dynocap_ps, dynocap_destroy. Happy
 paths, every default, range edges, names, errors for unknown names, the network flags, and
-cancellation of a running exec."""
+cancellation of a running exec, and a run whose server is killed while it starts."""
 
 from __future__ import annotations
 
@@ -568,3 +568,48 @@ async def test_a_disk_the_host_cannot_back_is_refused_naming_free_and_asked(host
         assert len(images) == 1, images
         assert images[0].stat().st_blocks * 512 >= 256 << 20, "the whole disk is reserved"
         ok(await s.call_tool("dynocap_destroy", {"name": "small"}))
+
+
+async def test_a_run_whose_server_is_killed_while_it_starts_leaves_nothing(host: Host) -> None:
+    """SIGKILL of `dynocap mcp` during a `dynocap_run` (its standby took the sandbox; the start
+    is held with the guest up): the supervisor sees that nobody waits for the start and removes
+    the sandbox; the standby ends with the server."""
+    from test_network import home_processes, running
+
+    log = host.state / "logs"
+    env = {"DYNOCAP_FAILPOINTS": "supervisor.start.agent-answered=sleep(3000)"}
+    killed: list[int] = []
+    try:
+        async with connect(host, env=env) as s:
+            with anyio.CancelScope() as scope:
+                async def kill_the_server_once_the_agent_answered() -> None:
+                    with anyio.fail_after(120):
+                        while not any("supervisor: agent " in p.read_text(errors="replace")
+                                      for p in log.glob("*.log")):
+                            await anyio.sleep(0.1)
+                    server = next(int(entry) for entry in os.listdir("/proc") if entry.isdigit()
+                                  and running(int(entry))
+                                  and Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[1:2]
+                                  == [b"mcp"]
+                                  and str(host.state).encode()
+                                  in Path(f"/proc/{entry}/environ").read_bytes())
+                    os.kill(server, 9)
+                    killed.append(server)
+                    with anyio.fail_after(60):
+                        while running(server):
+                            await anyio.sleep(0.1)
+                    scope.cancel()
+
+                async with anyio.create_task_group() as group:
+                    group.start_soon(kill_the_server_once_the_agent_answered)
+                    await s.call_tool("dynocap_run", {"name": "held"})
+    except Exception:  # noqa: BLE001 - a session whose server was killed ends in an error
+        pass
+    assert killed, "the server was never killed"
+    with anyio.fail_after(120):
+        while home_processes(host):
+            await anyio.sleep(0.2)
+    assert host.cli("ps") == {"sandboxes": []}
+    assert list((host.state / "sandboxes").iterdir()) == []
+    assert any("nobody waits for this start" in p.read_text(errors="replace")
+               for p in log.glob("*.log"))

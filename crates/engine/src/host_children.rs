@@ -65,6 +65,10 @@ pub fn die_with_parent(command: &mut Command) {
 /// outright takes all of it along, whatever the catalog says and whether or not anyone comes
 /// after it. Killing the child the caller holds (the keeper) ends all of it too.
 ///
+/// As a namespace's first process, the program gets from its own namespace only the signals
+/// it handles, and reaps what its children leave: git is killed from outside with SIGKILL (the
+/// keeper's, or its process group's), which always arrives.
+///
 /// Creating a pid namespace takes `CAP_SYS_ADMIN`; without it the program runs as a plain child,
 /// with the death signal alone.
 pub fn in_own_pid_namespace(command: &mut Command) {

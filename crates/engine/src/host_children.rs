@@ -66,7 +66,8 @@ pub fn die_with_parent(command: &mut Command) {
 /// after it. Killing the child the caller holds (the keeper) ends all of it too.
 ///
 /// As a namespace's first process, the program gets from its own namespace only the signals
-/// it handles, and reaps what its children leave: git is killed from outside with SIGKILL (the
+/// it handles, and the namespace's orphans become its children (zombies until it ends, git not
+/// reaping them): git is killed from outside with SIGKILL (the
 /// keeper's, or its process group's), which always arrives.
 ///
 /// Creating a pid namespace takes `CAP_SYS_ADMIN`; without it the program runs as a plain child,

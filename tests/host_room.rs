@@ -7,9 +7,24 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use dynocap_e2e::*;
 use serde_json::Value;
+
+/// Every start writes the host's memory ceiling into the one parent cgroup all sandboxes
+/// share (the last start's ceiling holds), so the test that reads that bound back runs alone
+/// ([`exclusive`]) and every other test of this file that starts sandboxes beside it
+/// ([`shared`]). Other test binaries run before or after this one, never beside it.
+static MEMORY_BOUND: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    MEMORY_BOUND.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    MEMORY_BOUND.write().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// A small ext4 filesystem, loop-mounted for a test's `DYNOCAP_HOME`, unmounted on drop.
 struct SmallFs {
@@ -120,6 +135,7 @@ fn assert_denied_for_room(err: &Value, asked: &str) {
 /// it back when it ends.
 #[test]
 fn a_disk_is_reserved_at_start_and_a_start_the_host_cannot_back_is_refused() {
+    let _memory_bound = shared();
     if !require_root("a_disk_is_reserved_at_start") {
         return;
     }
@@ -181,6 +197,7 @@ fn a_disk_is_reserved_at_start_and_a_start_the_host_cannot_back_is_refused() {
 /// `finish` says the disk is full, and once room is freed `finish` saves them all.
 #[test]
 fn a_full_home_keeps_acknowledged_writes_and_read_only_commands_answer() {
+    let _memory_bound = shared();
     if !require_root("a_full_home_keeps_acknowledged_writes") {
         return;
     }
@@ -285,6 +302,7 @@ fn a_full_home_keeps_acknowledged_writes_and_read_only_commands_answer() {
 /// bounds what they use together, in the one parent cgroup all of theirs are under.
 #[test]
 fn memory_limits_overcommit_under_one_bound_for_all_sandboxes() {
+    let _memory_bound = exclusive();
     if !require_root("memory_limits_overcommit_under_one_bound") {
         return;
     }
@@ -328,6 +346,7 @@ fn shared_memory_bound() -> Option<u64> {
 /// ceiling of half the RAM) and a 1 GiB disk each start side by side, then go.
 #[test]
 fn fifty_idle_sandboxes_start_with_the_default_memory_limit() {
+    let _memory_bound = shared();
     if !require_root("fifty_idle_sandboxes_start") {
         return;
     }
@@ -417,6 +436,7 @@ fn loop_device_of(image: &Path) -> String {
 /// `task finish` saves what was acknowledged before it from the kept disk.
 #[test]
 fn a_failed_disk_is_a_task_error_and_its_acknowledged_work_is_saved() {
+    let _memory_bound = shared();
     if !require_root("a_failed_disk_is_a_task_error") {
         return;
     }
@@ -490,6 +510,7 @@ fn a_failed_disk_is_a_task_error_and_its_acknowledged_work_is_saved() {
 /// command's result and the task's record say so.
 #[test]
 fn a_failed_vm_disk_is_a_task_error() {
+    let _memory_bound = shared();
     let Some(home) = TestHome::on(Backend::Vm, "a_failed_vm_disk_is_a_task_error") else {
         return;
     };

@@ -114,11 +114,25 @@ fn allocated(path: &Path) -> u64 {
 }
 
 fn project() -> tempfile::TempDir {
-    let project = tempfile::tempdir().unwrap();
-    git(project.path(), &["init", "-q", "-b", "main"]);
-    write(&project.path().join("calc.py"), "one\n");
-    git(project.path(), &["add", "-A"]);
-    git(project.path(), &["commit", "-q", "-m", "first"]);
+    one_commit_project("calc.py", "one\n")
+}
+
+/// Starts the task `calc` on [`project`] with a disk of `disk_mb`, and has it write a line
+/// (`EARLY`) that its disk takes without error; the project lives as long as the guard.
+fn task_with_an_early_write(home: &TestHome, disk_mb: &str, timeout: u64) -> tempfile::TempDir {
+    let project = project();
+    home.json(&[
+        "task",
+        "start",
+        project.path().to_str().unwrap(),
+        "--name",
+        "calc",
+        "--disk-mb",
+        disk_mb,
+    ]);
+    let early = home.exec_in_task("calc", "echo EARLY >> calc.py", timeout);
+    assert_eq!(early["exitCode"], 0, "{early:#}");
+    assert!(early.get("diskError").is_none(), "{early:#}");
     project
 }
 
@@ -441,19 +455,7 @@ fn a_failed_disk_is_a_task_error_and_its_acknowledged_work_is_saved() {
         return;
     }
     let home = TestHome::new();
-    let project = project();
-    home.json(&[
-        "task",
-        "start",
-        project.path().to_str().unwrap(),
-        "--name",
-        "calc",
-        "--disk-mb",
-        "64",
-    ]);
-    let early = home.exec_in_task("calc", "echo EARLY >> calc.py", 60);
-    assert_eq!(early["exitCode"], 0, "{early:#}");
-    assert!(early.get("diskError").is_none(), "{early:#}");
+    let _project = task_with_an_early_write(&home, "64", 60);
 
     let image = home
         .path()
@@ -514,19 +516,7 @@ fn a_failed_vm_disk_is_a_task_error() {
     let Some(home) = TestHome::on(Backend::Vm, "a_failed_vm_disk_is_a_task_error") else {
         return;
     };
-    let project = project();
-    home.json(&[
-        "task",
-        "start",
-        project.path().to_str().unwrap(),
-        "--name",
-        "calc",
-        "--disk-mb",
-        "1024",
-    ]);
-    let early = home.exec_in_task("calc", "echo EARLY >> calc.py", 300);
-    assert_eq!(early["exitCode"], 0, "{early:#}");
-    assert!(early.get("diskError").is_none(), "{early:#}");
+    let _project = task_with_an_early_write(&home, "1024", 300);
     let failed = home.exec_in_task(
         "calc",
         "echo 'dynocap test' | sudo tee /sys/fs/ext4/vda/trigger_fs_error >/dev/null",

@@ -11,12 +11,7 @@ use dynocap_e2e::*;
 use serde_json::Value;
 
 fn project() -> tempfile::TempDir {
-    let project = tempfile::tempdir().unwrap();
-    git(project.path(), &["init", "-q", "-b", "main"]);
-    write(&project.path().join("a.txt"), "one\n");
-    git(project.path(), &["add", "-A"]);
-    git(project.path(), &["commit", "-q", "-m", "first"]);
-    project
+    one_commit_project("a.txt", "one\n")
 }
 
 fn start(home: &TestHome, project: &Path, name: &str, env: &[(&str, &str)]) -> Value {

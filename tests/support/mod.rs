@@ -460,6 +460,16 @@ pub fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
+/// A project of one committed file, `file` holding `content`, on `main`.
+pub fn one_commit_project(file: &str, content: &str) -> tempfile::TempDir {
+    let project = tempfile::tempdir().expect("project tempdir");
+    git(project.path(), &["init", "-q", "-b", "main"]);
+    write(&project.path().join(file), content);
+    git(project.path(), &["add", "-A"]);
+    git(project.path(), &["commit", "-q", "-m", "first"]);
+    project
+}
+
 /// A project a user might have: two branches, a stash, an ignored file, an untracked file,
 /// an uncommitted edit, a deleted tracked file, a symlink and an executable script, plus
 /// things that must never come (hooks, credentials in the remote URL, a reflog).

@@ -376,19 +376,22 @@ async def test_tool_descriptions_mention_the_host_ceilings(host: Host) -> None:
             assert "DYNOCAP_MAX_MEMORY_MB" in (tools[name].description or ""), name
 
 
-async def test_live_sandboxes_share_the_memory_and_count_ceilings(host: Host,
-                                                                   root_needed: None) -> None:
+async def test_live_sandboxes_overcommit_memory_and_share_the_count_ceiling(host: Host,
+                                                                           root_needed: None) -> None:
+    # Each sandbox's memory limit is bounded by the ceiling; together they may pass it (the
+    # kernel bounds what they use together, in the parent cgroup of all of them). The count
+    # ceiling is shared.
     env = {"DYNOCAP_MAX_MEMORY_MB": "1000", "DYNOCAP_MAX_SANDBOXES": "2"}
     async with connect(host, env=env) as s:
         ok(await s.call_tool("dynocap_run", {"name": "first", "memoryMB": 600}))
-        refused(await s.call_tool("dynocap_run", {"name": "second", "memoryMB": 600}),
-                "DYNOCAP_MAX_MEMORY_MB=1000", "at most 400 MB is left")
-        ok(await s.call_tool("dynocap_run", {"name": "second", "memoryMB": 400}))
+        ok(await s.call_tool("dynocap_run", {"name": "second", "memoryMB": 600}))
         refused(await s.call_tool("dynocap_run", {"name": "third", "memoryMB": 64}),
                 "DYNOCAP_MAX_SANDBOXES=2")
         ok(await s.call_tool("dynocap_destroy", {"name": "first"}))
-        ok(await s.call_tool("dynocap_destroy", {"name": "second"}))
+        refused(await s.call_tool("dynocap_run", {"name": "third", "memoryMB": 1001}),
+                "DYNOCAP_MAX_MEMORY_MB=1000")
         ok(await s.call_tool("dynocap_run", {"name": "third", "memoryMB": 1000}))
+        ok(await s.call_tool("dynocap_destroy", {"name": "second"}))
         ok(await s.call_tool("dynocap_destroy", {"name": "third"}))
 
 

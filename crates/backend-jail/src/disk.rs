@@ -516,11 +516,9 @@ pub fn sync_disk(state_dir: &Path) -> Result<(), JailError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(JailError::io("open the disk at", &paths.mountpoint, e)),
     };
-    let (Ok(disk), Ok(parent)) = (dir.metadata(), fs::metadata(state_dir)) else {
-        return Ok(());
-    };
-    if std::os::unix::fs::MetadataExt::dev(&disk) == std::os::unix::fs::MetadataExt::dev(&parent) {
-        return Ok(());
+    match dir.metadata() {
+        Ok(disk) if is_own_filesystem(&disk, state_dir) => {}
+        _ => return Ok(()),
     }
     // SAFETY: syncfs takes an open fd, which `dir` is for the duration of the call.
     if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
@@ -546,11 +544,10 @@ pub fn sync_disk(state_dir: &Path) -> Result<(), JailError> {
 pub fn disk_failure(state_dir: &Path) -> Option<String> {
     let paths = DiskPaths::at(state_dir);
     let disk = fs::metadata(&paths.mountpoint).ok()?;
-    let parent = fs::metadata(state_dir).ok()?;
-    let dev = std::os::unix::fs::MetadataExt::dev(&disk);
-    if dev == std::os::unix::fs::MetadataExt::dev(&parent) {
+    if !is_own_filesystem(&disk, state_dir) {
         return None;
     }
+    let dev = std::os::unix::fs::MetadataExt::dev(&disk);
     // The block device under the mount (`loopN`), as sysfs names it.
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     let device = fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
@@ -584,6 +581,14 @@ pub fn disk_failure(state_dir: &Path) -> Option<String> {
         "the sandbox's disk ({}) failed: {what}; what it acknowledged before stays on it",
         paths.image.display()
     ))
+}
+
+/// Whether `disk` (the mountpoint's metadata) is a filesystem of its own, the mounted image,
+/// rather than a plain directory on the state dir's filesystem (a start without a disk
+/// limit, or an image not mounted). `false` when the state dir cannot be read.
+fn is_own_filesystem(disk: &fs::Metadata, state_dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(state_dir).is_ok_and(|parent| parent.dev() != disk.dev())
 }
 
 /// Deletes a state dir's image and its (unmounted, or plain and already emptied) mountpoint.

@@ -193,18 +193,18 @@ fn the_baseline_is_the_checkout_whatever_the_attributes_say() {
             ident.starts_with("id $Id: ") && ident.ends_with(" $\n"),
             "{ident}"
         );
-        // A change to each of them shows alone and verifies. (Not the `ident` file: the
-        // verification reads the tree's attributes as a checkout's `git apply` would, and
-        // that folds `$Id: …$` back, so its patch does not apply there either.)
+        // A change to each of them shows alone and verifies, the `ident` file with its
+        // `$Id: …$` as the checkout expanded it.
         ok_in(
             &home,
             &name,
             "echo more >> ignored.txt && echo more >> ignored-dir/inner.txt && \
              echo more >> subst.txt && printf 'three\\r\\n' >> crlf.txt && \
-             echo more >> plain.txt && echo more >> run.sh && ln -sfn crlf.txt link",
+             echo more >> plain.txt && echo more >> run.sh && ln -sfn crlf.txt link && \
+             echo more >> ident.txt",
         );
         let diff = home.json(&["task", "diff", &name]);
-        assert_eq!(diff["files"], 7, "{diff:#}");
+        assert_eq!(diff["files"], 8, "{diff:#}");
         let finished = home.json(&["task", "finish", &name]);
         assert_eq!(finished["verified"], true, "{history}: {finished:#}");
     }
@@ -242,7 +242,8 @@ fn a_clone_in_a_vm_is_its_checkout_even_from_a_dumb_server() {
     ok_in(
         &home,
         "vm",
-        "echo more >> ignored.txt && echo more >> subst.txt && ln -sfn crlf.txt link",
+        "echo more >> ignored.txt && echo more >> subst.txt && ln -sfn crlf.txt link && \
+         echo more >> ident.txt",
     );
     let finished = home.json(&["task", "finish", "vm"]);
     assert_eq!(finished["verified"], true, "{finished:#}");

@@ -8,8 +8,15 @@
 //!
 //! The scratch directory holds the git directory and the work tree side by side (`git/`,
 //! `tree/`), so that the work tree holds nothing but baseline entries (whatever they are
-//! named) and git reads the in-tree `.gitattributes` as it would in a checkout (outside a
-//! repository it reads none).
+//! named).
+//!
+//! Attributes play no part. The guest takes its diff with `GIT_ATTR_SOURCE` at the empty
+//! tree, so the patch holds the files' bytes as they are: a checkout's `$Id: …$` expanded,
+//! CRLF line ends kept. Were git to read the tree's `.gitattributes` here, `ident`, `text` or
+//! `eol` would fold those bytes before comparing, and a faithful patch would not apply.
+//! `GIT_ATTR_SOURCE` itself is no way out: `git apply` 2.47 dies of a segmentation fault
+//! under it. `info/attributes`, which outranks every in-tree file, unsets instead each
+//! attribute that changes how git reads a file.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -110,14 +117,21 @@ fn does_not_apply(err: GitError) -> String {
     )
 }
 
-/// The least git takes for a repository (`HEAD`, `objects/`, `refs/`), written directly: what
-/// `git init` would add (config, description, hooks, info/exclude) plays no part in an
-/// apply, and `git init` is a process start (8 ms) per verification. Without a config git
-/// takes repository format 0.
+/// What `info/attributes` says of every path: none of the attributes that convert a file as
+/// git reads it (`crlf` is `text`'s old name; filters have no driver without a config).
+const NO_CONVERSION: &str = "* -text -crlf -eol -ident -filter -working-tree-encoding\n";
+
+/// The least git takes for a repository (`HEAD`, `objects/`, `refs/`), written directly, and
+/// the attributes that keep the tree's own out (see the module doc): what `git init` would
+/// add (config, description, hooks, info/exclude) plays no part in an apply, and `git init`
+/// is a process start (8 ms) per verification. Without a config git takes repository
+/// format 0.
 fn make_repository(git_dir: &Path) -> std::io::Result<()> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
     builder.create(git_dir.join("objects"))?;
     builder.create(git_dir.join("refs"))?;
+    builder.create(git_dir.join("info"))?;
+    std::fs::write(git_dir.join("info").join("attributes"), NO_CONVERSION)?;
     std::fs::write(git_dir.join("HEAD"), "ref: refs/heads/main\n")
 }

@@ -351,7 +351,6 @@ fn only_the_touched_entries_are_extracted() {
         )
         .unwrap();
         let expected: BTreeSet<String> = [
-            ".gitattributes",
             "a.txt",
             "gone.txt",
             "script.sh",
@@ -360,7 +359,6 @@ fn only_the_touched_entries_are_extracted() {
             "big.txt",
             "src",
             "src/lib.rs",
-            "src/.gitattributes",
             "dir with space",
             "dir with space/f \"q\".txt",
             "\u{fc}",
@@ -529,9 +527,9 @@ fn every_entry_against_altered_baselines_gets_the_full_unpack_verdict() {
         }),
     ));
     alterations.push((
-        // `text` makes git read CRLF files as LF, so the LF patch applies to them; without
-        // the attributes it would not.
-        "CRLF files the patch edits, read as text by attributes".into(),
+        // Attributes that would have git read CRLF files as LF: they play no part, so the LF
+        // patch applies to neither, whether the whole baseline is there or a part.
+        "CRLF files the patch edits, marked text by attributes".into(),
         Box::new(|root: &Path| {
             std::fs::write(root.join(".gitattributes"), b"*.txt text\n").unwrap();
             std::fs::write(
@@ -572,6 +570,38 @@ fn every_entry_against_altered_baselines_gets_the_full_unpack_verdict() {
     // The alterations do make entries fail (every missing file at least once), so the
     // comparison above compared refusals too, not only successes.
     assert!(failures >= 10, "only {failures} refusals");
+}
+
+/// The guest diffs without attributes, so its patch holds a checkout's bytes: `$Id: …$`
+/// expanded, CRLF kept. Such a patch verifies whatever the baseline's `.gitattributes` say,
+/// and one written against the attributes' folded form does not.
+#[test]
+fn attributes_in_the_baseline_do_not_change_how_a_patch_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tree");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    let id = "$Id: 0123456789abcdef0123456789abcdef01234567 $";
+    std::fs::write(
+        root.join(".gitattributes"),
+        "*.id ident\n*.crlf text eol=lf\n*.enc working-tree-encoding=UTF-16\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("sub/.gitattributes"), "*.txt ident text\n").unwrap();
+    std::fs::write(root.join("a.id"), format!("id {id}\n")).unwrap();
+    std::fs::write(root.join("b.crlf"), "one\r\ntwo\r\n").unwrap();
+    std::fs::write(root.join("c.enc"), "plain\n").unwrap();
+    std::fs::write(root.join("sub/d.txt"), format!("{id}\r\n")).unwrap();
+    let baseline = tar_of(&root, &dir.path().join("base.tar"));
+    let faithful = format!(
+        "diff --git a/a.id b/a.id\nindex 1111111..2222222 100644\n--- a/a.id\n+++ b/a.id\n@@ -1 +1,2 @@\n id {id}\n+more\n\
+         diff --git a/b.crlf b/b.crlf\nindex 1111111..2222222 100644\n--- a/b.crlf\n+++ b/b.crlf\n@@ -1,2 +1,3 @@\n one\r\n two\r\n+three\r\n\
+         diff --git a/c.enc b/c.enc\nindex 1111111..2222222 100644\n--- a/c.enc\n+++ b/c.enc\n@@ -1 +1,2 @@\n plain\n+more\n\
+         diff --git a/sub/d.txt b/sub/d.txt\nindex 1111111..2222222 100644\n--- a/sub/d.txt\n+++ b/sub/d.txt\n@@ -1 +1,2 @@\n {id}\r\n+more\r\n"
+    );
+    same_verdict(&baseline, faithful.as_bytes(), dir.path()).unwrap();
+    let folded = "diff --git a/a.id b/a.id\nindex 1111111..2222222 100644\n--- a/a.id\n+++ b/a.id\n@@ -1 +1,2 @@\n id $Id$\n+more\n";
+    let err = same_verdict(&baseline, folded.as_bytes(), dir.path()).unwrap_err();
+    assert!(err.contains("a.id"), "{err}");
 }
 
 #[test]

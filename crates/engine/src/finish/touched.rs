@@ -11,8 +11,6 @@
 //!   `a/b` where `a` is a file;
 //! - everything under `P` when `P` is a directory: git replaces a directory by a file only if
 //!   it is empty;
-//! - the `.gitattributes` of the root and of each leading directory: attributes (`text`,
-//!   `eol`, `ident`) change how git reads and writes `P`;
 //! - when a leading directory is a symlink within the tree, what `P` is through it: git
 //!   refuses `P` either way, but says why (a symlink) only if `P` resolves. So paths beneath
 //!   a symlink take another pass, up to [`MAX_LINK_HOPS`] links deep.
@@ -27,9 +25,6 @@ use std::path::Path;
 use super::tree_files::TreeFiles;
 use crate::patch::FilePatch;
 use crate::tar_index::{entry_name, TarIndex};
-
-/// The attributes file git reads in each directory.
-const ATTRIBUTES: &str = ".gitattributes";
 
 /// Symlinked leading directories followed, one pass over the tar each (Linux's own limit on
 /// links in one path is 40; a real tree needs one or two).
@@ -72,10 +67,6 @@ impl Touched {
         if self.named.contains(path) || self.leading.contains(path) {
             return true;
         }
-        let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
-        if name == ATTRIBUTES && self.leading.contains(parent) {
-            return true;
-        }
         // Inside a named path (which the baseline has as a directory)?
         path.match_indices('/')
             .any(|(slash, _)| self.named.contains(&path[..slash]))
@@ -89,19 +80,12 @@ impl Touched {
             .iter()
             .chain(&self.leading)
             .filter_map(|name| index.find(name));
-        let attributes = self.leading.iter().filter_map(|dir| {
-            if dir.is_empty() {
-                index.find(ATTRIBUTES)
-            } else {
-                index.find(&format!("{dir}/{ATTRIBUTES}"))
-            }
-        });
         let beneath = self
             .named
             .iter()
             .filter(|name| !name.is_empty())
             .flat_map(|name| index.beneath(name));
-        exact.chain(attributes).chain(beneath)
+        exact.chain(beneath)
     }
 
     /// The named paths beneath the symlink `link` (pointing to `target`), spelled through

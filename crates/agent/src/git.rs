@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use tokio::sync::{mpsc, OnceCell};
 
 use crate::command::{self, env_list, Finished, RunError};
-use crate::exec::{Stop, BASE_PATH};
+use crate::process_group::Stop;
+use crate::spawn::BASE_PATH;
 use crate::spawn::{ChildSpec, ExecUser};
 
 /// The empty tree's id in a SHA-1 repository (the private one always is).
@@ -89,8 +90,8 @@ async fn detect(stop: &mut mpsc::Receiver<Stop>) -> Result<Git, RunError> {
     let attr_source = version.is_some_and(|v| v >= (2, 40));
     if !attr_source {
         log!(
-            "{} does not support GIT_ATTR_SOURCE (2.40 or later needed): the diff will honour \
-             the work tree's .gitattributes",
+            "{} does not support GIT_ATTR_SOURCE (2.40 or later needed): only the private \
+             repository's info/attributes keeps the work tree's .gitattributes out of the diff",
             text.trim()
         );
     }

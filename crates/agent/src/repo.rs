@@ -12,8 +12,10 @@
 //!   `<state dir>/private/index`). The baseline is a commit of the whole work tree there; every
 //!   diff is baseline → work tree, computed there, with `--git-dir`/`--work-tree` given on
 //!   every call so that the workspace's own `.git` (config, hooks, attributes filters) is never
-//!   read. Where git supports it (2.40+), `GIT_ATTR_SOURCE` points at the empty tree so the
-//!   work tree's `.gitattributes` cannot change content either.
+//!   read. The private repository's `info/attributes` holds
+//!   [`dynocap_proto::NEUTRAL_ATTRIBUTES`], which outranks the work tree's `.gitattributes`,
+//!   so that they cannot change content either, with any git; where git supports it (2.40+),
+//!   `GIT_ATTR_SOURCE` also points at the empty tree.
 //!
 //! Every git run that reads the workspace runs as the sandbox user, never as the agent: the
 //! user can swap a directory for a symlink while git walks the tree, and git then reads what
@@ -33,6 +35,7 @@ use std::path::{Component, Path, PathBuf};
 
 use dynocap_proto::{
     channel, BaselineRequest, DiffRequest, Frame, FrameKind, Response, DATA_CHUNK,
+    NEUTRAL_ATTRIBUTES,
 };
 use nix::errno::Errno;
 use nix::fcntl::{openat, OFlag};
@@ -42,14 +45,15 @@ use tokio::sync::{mpsc, Mutex};
 
 use crate::bigfiles;
 use crate::command::{stop_requested, Child, RunError};
+use crate::config::Config;
 use crate::diff_split;
-use crate::exec::Stop;
 use crate::fsutil;
 use crate::git::{self, first_line, is_object_id, Git, Run};
 use crate::gitguard;
 use crate::index_memo::{self, Memo as IndexMemo, Seen};
 use crate::journal::{Changed, Tracker};
-use crate::server::{Config, Outbox};
+use crate::outbox::Outbox;
+use crate::process_group::Stop;
 use crate::spawn::{ChildSpec, ExecUser};
 use crate::statedir::{
     self, BASELINE_COMMIT, BASELINE_DIR, BASELINE_FILES, BASELINE_INDEX, BASELINE_INDEX_LOCK,
@@ -631,13 +635,15 @@ async fn record_baseline(
     git.run(&init, Run::new(&private.dir), stop).await?;
     let state_dir = private.state_dir.clone();
     blocking(move || {
-        let Some(owner) = owner else {
-            return Ok(());
-        };
         let state = statedir::open_state_dir(&state_dir)?;
         let dir = fsutil::open_dir_at(state.as_fd(), BASELINE_DIR)
             .map_err(|err| format!("cannot open the private repository: {err}"))?;
-        hand_over(dir.as_fd(), owner, 0)
+        // Before the baseline is added: its blobs are the files' bytes, as the diffs' are.
+        write_attributes(dir.as_fd(), NEUTRAL_ATTRIBUTES.as_bytes())?;
+        match owner {
+            Some(owner) => hand_over(dir.as_fd(), owner, 0),
+            None => Ok(()),
+        }
     })
     .await?;
     let state_dir = private.state_dir.clone();
@@ -1170,7 +1176,9 @@ pub async fn diff(
             Some(changed) => {
                 mark_big_files(git, &private, &workspace, changed, line_diff_budget, stop).await?
             }
-            None if has_attributes(&private) => set_attributes(&private, Vec::new()).await?,
+            None if lists_big_files(&private) => {
+                set_attributes(&private, NEUTRAL_ATTRIBUTES.as_bytes().to_vec()).await?
+            }
             None => {}
         }
         let parts = changed
@@ -1331,26 +1339,27 @@ async fn mark_big_files(
     );
     let mut lines = count_lines(git, private, workspace, &to_count, stop).await?;
     lines.extend(remembered);
-    let text = bigfiles::attributes(
+    let mut text = NEUTRAL_ATTRIBUTES.as_bytes().to_vec();
+    text.extend(bigfiles::attributes(
         changes
             .iter()
             .filter(|c| bigfiles::line_diff_bytes(&sides(c, &lines)) > budget)
             .map(|c| c.path.as_slice()),
-    );
+    ));
     set_attributes(private, text).await
 }
 
-/// Whether the private repository's `info/attributes` may list a file: it is there and not
-/// empty, or cannot be looked at.
-fn has_attributes(private: &Opened) -> bool {
+/// Whether the private repository's `info/attributes` may list a file, or lacks the neutral
+/// line (a baseline an older agent recorded): it holds more or less than that line, or
+/// cannot be looked at.
+fn lists_big_files(private: &Opened) -> bool {
     let path = format!("{}/info/attributes", BASELINE_REPO.to_string_lossy());
     match fstatat(
         private.dir.as_fd(),
         path.as_str(),
         nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
     ) {
-        Err(Errno::ENOENT) => false,
-        Ok(stat) => stat.st_size != 0,
+        Ok(stat) => usize::try_from(stat.st_size).ok() != Some(NEUTRAL_ATTRIBUTES.len()),
         Err(_) => true,
     }
 }
@@ -1701,7 +1710,7 @@ mod tests {
                 c"-c".to_owned(),
                 std::ffi::CString::new(script).expect("no NUL"),
             ],
-            env: crate::command::env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
+            env: crate::command::env_list([("PATH", crate::spawn::BASE_PATH)]).expect("env"),
             cwd: c"/".to_owned(),
             terminal: false,
             user: Some(user),

@@ -23,6 +23,15 @@ pub use message::{
     UnpackRequest, MAX_COMMAND_LEN, PROTOCOL_VERSION,
 };
 
+/// The git attributes of every path while a task's patch is made (the guest's diff) and
+/// checked (the host's verification), written to the repository's `info/attributes`, which
+/// outranks every `.gitattributes` of the tree: none of the attributes that convert a file as
+/// git reads it, nor the diff and merge drivers. So the patch holds the files' bytes as they
+/// are on disk (a checkout's `$Id: …$` expanded, its CRLF kept) whatever the project's
+/// attributes say, and the host applies it to those same bytes.
+pub const NEUTRAL_ATTRIBUTES: &str =
+    "* !text !crlf !eol !ident !filter !working-tree-encoding !diff !merge\n";
+
 /// Errors a protocol peer reports.
 #[derive(Debug, thiserror::Error)]
 pub enum ProtoError {

@@ -10,13 +10,12 @@
 //! `tree/`), so that the work tree holds nothing but baseline entries (whatever they are
 //! named).
 //!
-//! Attributes play no part. The guest takes its diff with `GIT_ATTR_SOURCE` at the empty
-//! tree, so the patch holds the files' bytes as they are: a checkout's `$Id: …$` expanded,
-//! CRLF line ends kept. Were git to read the tree's `.gitattributes` here, `ident`, `text` or
-//! `eol` would fold those bytes before comparing, and a faithful patch would not apply.
-//! `GIT_ATTR_SOURCE` itself is no way out: `git apply` 2.47 dies of a segmentation fault
-//! under it. `info/attributes`, which outranks every in-tree file, unsets instead each
-//! attribute that changes how git reads a file.
+//! Attributes play no part, as in the guest's diff (see
+//! [`dynocap_proto::NEUTRAL_ATTRIBUTES`]): the scratch repository's `info/attributes` unsets
+//! them. Were git to read the tree's `.gitattributes` here, `ident`, `text` or `eol` would
+//! fold the baseline's bytes before comparing, and a faithful patch would not apply.
+//! (`GIT_ATTR_SOURCE` would be another way, but `git apply` 2.47 dies of a segmentation fault
+//! under it.)
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -117,10 +116,6 @@ fn does_not_apply(err: GitError) -> String {
     )
 }
 
-/// What `info/attributes` says of every path: none of the attributes that convert a file as
-/// git reads it (`crlf` is `text`'s old name; filters have no driver without a config).
-const NO_CONVERSION: &str = "* -text -crlf -eol -ident -filter -working-tree-encoding\n";
-
 /// The least git takes for a repository (`HEAD`, `objects/`, `refs/`), written directly, and
 /// the attributes that keep the tree's own out (see the module doc): what `git init` would
 /// add (config, description, hooks, info/exclude) plays no part in an apply, and `git init`
@@ -132,6 +127,9 @@ fn make_repository(git_dir: &Path) -> std::io::Result<()> {
     builder.create(git_dir.join("objects"))?;
     builder.create(git_dir.join("refs"))?;
     builder.create(git_dir.join("info"))?;
-    std::fs::write(git_dir.join("info").join("attributes"), NO_CONVERSION)?;
+    std::fs::write(
+        git_dir.join("info").join("attributes"),
+        dynocap_proto::NEUTRAL_ATTRIBUTES,
+    )?;
     std::fs::write(git_dir.join("HEAD"), "ref: refs/heads/main\n")
 }

@@ -536,3 +536,60 @@ fn a_failed_vm_disk_is_a_task_error() {
     let note = listed["tasks"][0]["note"].as_str().unwrap_or_default();
     assert!(note.contains("disk failed"), "{listed:#}");
 }
+
+/// A raw sandbox's files need no sync after each command (they do not outlive it), yet its
+/// failed disk is still each command's error and the sandbox's note in `ps`: on the jail the
+/// supervisor reads the disk's filesystem on the host, on the vm it asks the guest's kernel.
+#[test]
+fn a_failed_disk_of_a_raw_sandbox_is_its_commands_error() {
+    let _memory_bound = shared();
+    if require_root("a_failed_disk_of_a_raw_sandbox") {
+        let home = TestHome::new();
+        home.sandbox("raw", &["--disk-mb", "64"]);
+        let healthy = home.exec("raw", &[], "echo fine > /tmp/f");
+        assert!(healthy.get("diskError").is_none(), "{healthy:#}");
+        let image = home
+            .path()
+            .join("sandboxes")
+            .join(home.sandbox_id("raw"))
+            .join("disk.img");
+        std::fs::write(
+            format!("/sys/fs/ext4/{}/trigger_fs_error", loop_device_of(&image)),
+            "dynocap test: a failed write",
+        )
+        .expect("trigger an ext4 error");
+        let failed = home.exec("raw", &[], "cat /tmp/f");
+        let error = failed["diskError"].as_str().unwrap_or_default();
+        assert!(error.contains("recorded 1 error"), "{failed:#}");
+        assert_raw_note(&home, "recorded 1 error");
+        home.json(&["destroy", "raw"]);
+    }
+    let Some(home) = TestHome::on(Backend::Vm, "a_failed_disk_of_a_raw_vm_sandbox") else {
+        return;
+    };
+    home.sandbox("rawvm", &[]);
+    let healthy = home.exec("rawvm", &["--timeout", "300"], "echo fine > /tmp/f");
+    assert!(healthy.get("diskError").is_none(), "{healthy:#}");
+    let failed = home.exec(
+        "rawvm",
+        &["--timeout", "300"],
+        "echo 'dynocap test' | sudo tee /sys/fs/ext4/vda/trigger_fs_error >/dev/null",
+    );
+    let error = failed["diskError"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("disk failed") && error.contains("error(s)"),
+        "{failed:#}"
+    );
+    // A command that writes nothing is told as well.
+    let read = home.exec("rawvm", &["--timeout", "300"], "true");
+    assert!(read["diskError"].is_string(), "{read:#}");
+    assert_raw_note(&home, "disk failed");
+    home.json(&["destroy", "rawvm"]);
+}
+
+/// The one raw sandbox `ps` lists has a note containing `needle`.
+fn assert_raw_note(home: &TestHome, needle: &str) {
+    let ps = home.json(&["ps"]);
+    let note = ps["sandboxes"][0]["note"].as_str().unwrap_or_default();
+    assert!(note.contains(needle), "{ps:#}");
+}

@@ -8,64 +8,32 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use dynocap_proto::{
-    channel, exec_window, from_payload, to_payload, ErrorBody, Frame, FrameKind, FrameReader,
-    FrameWriter, Hello, ProtoError, Request, Response, CONTROL_STREAM, GUEST_STREAM_BIT,
-    PROTOCOL_VERSION,
+    channel, exec_window, from_payload, to_payload, Frame, FrameKind, FrameReader, FrameWriter,
+    Hello, ProtoError, Request, Response, CONTROL_STREAM, GUEST_STREAM_BIT, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::cgroup::ExecCgroups;
-use crate::egress::{Egress, EgressEnv};
-use crate::exec::{self, Stop};
+use crate::config::Config;
+use crate::egress::Egress;
+use crate::exec;
 use crate::input::{self, Input, InputReader};
-use crate::spawn::ExecUser;
+use crate::outbox::Outbox;
+use crate::process_group::Stop;
 use crate::{clone, repo, statedir, unpack, vmstat};
 
-/// Frames waiting for the writer. Small on purpose: when the host reads slowly, producers wait
-/// (and commands block on their pipes) instead of the agent buffering output.
-const OUTBOX_CAPACITY: usize = 16;
 /// Finished stream ids remembered so that a `Cancel` racing with the end of its exec is
 /// ignored instead of answered with an error after the stream's last frame.
 const RECENT_STREAMS: usize = 4096;
 /// How long shutdown waits for execs to die and report, then for the writer to flush.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
 const FLUSH_WAIT: Duration = Duration::from_secs(2);
-
-/// What the command line configures for every request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Config {
-    /// Commands run as this user (when it differs from the agent's).
-    pub exec_user: Option<ExecUser>,
-    /// HOME of commands; `/home/sandbox` (or `/` without it) when unset.
-    pub home: Option<PathBuf>,
-    /// The agent's private directory: received files and the baseline repository.
-    pub state_dir: PathBuf,
-    /// Where each command gets its own cgroup (`--cgroup-fd`); without it a timeout kills
-    /// only the command's process group.
-    pub exec_cgroups: Option<Arc<ExecCgroups>>,
-    /// Proxy settings every command gets while the egress listener runs.
-    pub egress_env: EgressEnv,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            exec_user: None,
-            home: None,
-            state_dir: PathBuf::from(statedir::DEFAULT_STATE_DIR),
-            exec_cgroups: None,
-            egress_env: EgressEnv::default(),
-        }
-    }
-}
 
 /// Why [`serve`] returned.
 #[derive(Debug)]
@@ -74,48 +42,6 @@ pub enum Ended {
     Eof,
     /// The channel broke: a framing error, an I/O error, or EOF in the middle of a frame.
     Broken(ProtoError),
-}
-
-/// The sending side of the writer task. Sends never fail: once the writer is gone (the host
-/// stopped reading), frames are dropped, and commands still run to completion.
-#[derive(Clone)]
-pub struct Outbox {
-    tx: mpsc::Sender<Frame>,
-}
-
-impl Outbox {
-    #[cfg(test)]
-    pub fn for_tests(tx: mpsc::Sender<Frame>) -> Self {
-        Self { tx }
-    }
-
-    pub async fn send(&self, frame: Frame) {
-        let _ = self.tx.send(frame).await;
-    }
-
-    /// Room for one frame, or `None` when the writer is gone.
-    pub async fn reserve(&self) -> Option<mpsc::Permit<'_, Frame>> {
-        self.tx.reserve().await.ok()
-    }
-
-    /// The queue itself, for tasks that send frames of their own (tunnels).
-    pub fn sender(&self) -> mpsc::Sender<Frame> {
-        self.tx.clone()
-    }
-
-    pub async fn send_error(&self, stream: u32, message: String) {
-        self.send(Frame::new(
-            stream,
-            FrameKind::Error,
-            to_payload(&ErrorBody { message }),
-        ))
-        .await;
-    }
-
-    async fn send_done(&self, stream: u32, response: &Response) {
-        self.send(Frame::new(stream, FrameKind::Done, to_payload(response)))
-            .await;
-    }
 }
 
 /// Streams with work in progress, and the ids of recently finished ones.
@@ -172,8 +98,7 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel(OUTBOX_CAPACITY);
-    let outbox = Outbox { tx };
+    let (outbox, rx) = Outbox::channel();
     let writer_task = tokio::spawn(write_frames(FrameWriter::new(writer), rx));
     let hello = Hello {
         protocol: PROTOCOL_VERSION,
@@ -429,6 +354,18 @@ impl Server {
                         Some(failure) => Err(failure),
                         None => Ok(Response::Synced),
                     })
+                });
+            }
+            Request::DiskHealth => {
+                let _ = self.register(id, false);
+                self.spawn_stream(id, async move {
+                    tokio::task::spawn_blocking(crate::disk_health::root_failure)
+                        .await
+                        .map_err(|err| format!("reading the disk's health: {err}"))
+                        .and_then(|failure| match failure {
+                            Some(failure) => Err(failure),
+                            None => Ok(Response::DiskHealthy),
+                        })
                 });
             }
         }

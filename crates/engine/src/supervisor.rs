@@ -32,7 +32,7 @@ use crate::error::{Context, Error, Result};
 use crate::exec::ExecResult;
 use crate::home::Home;
 use crate::oom::OomWatch;
-use crate::patch::{self, DEFAULT_MAX_PATCH_BYTES};
+use dynocap_review::patch::{self, DEFAULT_MAX_PATCH_BYTES};
 use crate::sandboxes::rfc3339;
 use crate::save::{self, ResultFiles, TaskFacts};
 use crate::spec::ExecSpec;
@@ -1347,12 +1347,12 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
                 let _ = write_message(&mut write, &ControlReply::Output(note)).await;
             }
             // A task's work is on the host's disk when the command returns; a raw sandbox's
-            // files do not outlive the machine.
-            let synced = match task {
-                Some(_) => {
-                    sync_layer(shared.layer_sync, shared.state_dir.clone(), &shared.conn).await
-                }
-                None => Ok(()),
+            // files do not outlive the machine, but its failed disk is still the command's
+            // error (a jail's is read on the host, a VM's asked of its kernel).
+            let synced = match (task, shared.layer_sync) {
+                (Some(_), how) => sync_layer(how, shared.state_dir.clone(), &shared.conn).await,
+                (None, LayerSync::GuestKernel) => guest_disk_health(&shared.conn).await,
+                (None, LayerSync::HostMount) => Ok(()),
             };
             let result = match (result, check_disk(shared, synced).await) {
                 (Ok(mut done), Some(failure)) => {
@@ -1492,6 +1492,17 @@ async fn sync_layer(how: LayerSync, state_dir: PathBuf, conn: &AgentConn) -> Res
         tracing::warn!("{err}");
     }
     synced
+}
+
+/// Asks the agent whether the guest kernel's root filesystem recorded errors.
+async fn guest_disk_health(conn: &AgentConn) -> Result<()> {
+    let stream = conn.open(&dynocap_proto::Request::DiskHealth).await?;
+    match workspace::finish_stream(stream, "reading the guest's disk health").await? {
+        dynocap_proto::Response::DiskHealthy => Ok(()),
+        other => Err(Error::internal(format!(
+            "the agent answered a disk health query with {other:?}"
+        ))),
+    }
 }
 
 /// Asks the agent to write the guest kernel's cached writes to its disk.

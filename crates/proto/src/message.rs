@@ -61,6 +61,11 @@ pub enum Request {
     /// (`sync(2)`), answered with `Done(Response::Synced)`. Only a guest whose disk belongs
     /// to a kernel of its own (a VM) is asked: a jail's disk is synced from the host.
     Sync,
+    /// Whether the guest's root filesystem recorded errors, without a sync; answered with
+    /// `Done(Response::DiskHealthy)`, or an error naming the failure. Asked after each command
+    /// of a raw VM sandbox, whose files need no sync (they do not outlive the machine) but
+    /// whose failed disk is still an error of the command, never a silent success.
+    DiskHealth,
 }
 
 /// What the guest side asks for when it opens a stream (its id has [`crate::GUEST_STREAM_BIT`]).
@@ -240,6 +245,8 @@ pub enum Response {
     },
     /// See [`Request::Sync`].
     Synced,
+    /// See [`Request::DiskHealth`].
+    DiskHealthy,
 }
 
 /// How an exec ended. Output travelled separately as `Data` frames.

@@ -33,10 +33,11 @@ use tokio::sync::mpsc;
 
 use crate::checkout_tar;
 use crate::command::{stop_requested, RunError};
-use crate::exec::Stop;
+use crate::config::Config;
 use crate::fsutil;
 use crate::git::{self, Run};
-use crate::server::{Config, Outbox};
+use crate::outbox::Outbox;
+use crate::process_group::Stop;
 use crate::spawn::ExecUser;
 
 /// A fresh private directory for one fetch's secrets, removed on drop.

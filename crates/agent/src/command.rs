@@ -18,7 +18,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::exec::{kill_group_until_gone, Stop};
+use crate::process_group::{kill_group_until_gone, Stop};
 use crate::reaper::ExitStatus;
 use crate::spawn::{self, ChildSpec};
 
@@ -242,7 +242,7 @@ impl Drop for Child {
 }
 
 async fn collect_stderr(fd: AsyncFd<OwnedFd>, sink: Arc<Mutex<Vec<u8>>>) {
-    crate::exec::read_until_eof(&fd, |chunk| {
+    crate::process_group::read_until_eof(&fd, |chunk| {
         let mut kept = sink.lock().unwrap_or_else(PoisonError::into_inner);
         let room = STDERR_KEEP.saturating_sub(kept.len());
         kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
@@ -380,7 +380,7 @@ pub(crate) fn program_spec(
     ChildSpec {
         program: program.to_owned(),
         argv,
-        env: env_list([("PATH", crate::exec::BASE_PATH)]).expect("env"),
+        env: env_list([("PATH", crate::spawn::BASE_PATH)]).expect("env"),
         cwd: cwd.to_owned(),
         terminal: false,
         user: None,

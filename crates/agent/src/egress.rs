@@ -18,7 +18,7 @@ use dynocap_proto::{
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::server::Outbox;
+use crate::outbox::Outbox;
 
 /// Where the CA bundle goes: owned by the guest's root (the image's /etc is not), readable by
 /// every command, writable by none.

@@ -16,20 +16,19 @@ use std::time::{Duration, Instant};
 use dynocap_proto::{
     exec_window, ExecExit, ExecRequest, Frame, FrameKind, DATA_CHUNK, MAX_COMMAND_LEN,
 };
-use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use tokio::sync::{mpsc, Semaphore, SemaphorePermit};
 
 use crate::cgroup::ExecCgroup;
+use crate::config::Config;
+use crate::outbox::Outbox;
+use crate::process_group::{group_gone, kill_group_until_gone, read_until_eof, Stop, KILL_RETRY};
 use crate::reaper::ExitStatus;
 use crate::script;
-use crate::server::{Config, Outbox};
-use crate::spawn::{self, ChildSpec, Spawned};
+use crate::spawn::{self, ChildSpec, Spawned, BASE_PATH};
 
-/// PATH every command starts with.
-pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// The shell that runs every command.
 const SHELL: &std::ffi::CStr = c"/bin/sh";
 /// HOME when `--home` is not given and this directory exists; `/` otherwise.
@@ -49,19 +48,6 @@ const _: () = assert!(READ_CHUNK <= DATA_CHUNK);
 const DRAIN_CAP: Duration = Duration::from_secs(1);
 /// Longest grace period between SIGTERM and SIGKILL honoured (one day).
 const MAX_GRACE_MS: u64 = 24 * 60 * 60 * 1000;
-/// How often SIGKILL is repeated until the process group is gone, and for how long at most.
-const KILL_RETRY: Duration = Duration::from_millis(10);
-const KILL_GIVE_UP: Duration = Duration::from_secs(5);
-
-/// Why the host wants an exec stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// A `Cancel` frame: SIGTERM, grace period, SIGKILL, like a timeout.
-    Cancel,
-    /// The channel is gone: SIGKILL at once.
-    Shutdown,
-}
-
 /// The base environment every command gets before the request's own variables.
 pub fn base_env(home: &str, terminal: bool) -> Vec<(String, String)> {
     [
@@ -562,24 +548,6 @@ async fn discard_until_eof(fd: AsyncFd<OwnedFd>) {
     read_until_eof(&fd, |_| {}).await;
 }
 
-/// Reads a non-blocking descriptor until EOF or an error, handing each chunk to `each`.
-pub async fn read_until_eof(fd: &AsyncFd<OwnedFd>, mut each: impl FnMut(&[u8])) {
-    let mut buf = [0_u8; 4096];
-    loop {
-        let mut guard = match fd.readable().await {
-            Ok(guard) => guard,
-            Err(_) => return,
-        };
-        match guard.try_io(|fd| Ok(nix::unistd::read(fd.get_ref(), &mut buf)?)) {
-            Err(_would_block) => {}
-            Ok(Ok(0)) => return,
-            Ok(Ok(n)) => each(&buf[..n]),
-            Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
-            Ok(Err(_)) => return,
-        }
-    }
-}
-
 /// What a timeout or a cancel stops: the command's process group and, when the agent has
 /// cgroups to give, the command's cgroup, which also holds what left the group.
 struct Target {
@@ -611,33 +579,6 @@ impl Target {
         }
         // Also without a cgroup, and for a group whose leader's zombie is not reaped yet.
         kill_group_until_gone(self.pgid).await;
-    }
-}
-
-/// Whether no process (not even a zombie) is left in the group.
-fn group_gone(pgid: Pid) -> bool {
-    killpg(pgid, None) == Err(Errno::ESRCH)
-}
-
-/// SIGKILLs the process group until the kernel says it no longer exists, so that a group that
-/// keeps forking cannot outrun one signal. The group only disappears once its zombies are
-/// reaped, which the reaper thread does on its own.
-pub async fn kill_group_until_gone(pgid: Pid) {
-    let give_up = Instant::now() + KILL_GIVE_UP;
-    loop {
-        match killpg(pgid, Signal::SIGKILL) {
-            Err(Errno::ESRCH) => return,
-            Err(err) => {
-                log!("cannot kill process group {pgid}: {err}");
-                return;
-            }
-            Ok(()) => {}
-        }
-        if Instant::now() >= give_up {
-            log!("process group {pgid} still exists after {KILL_GIVE_UP:?} of SIGKILL");
-            return;
-        }
-        tokio::time::sleep(KILL_RETRY).await;
     }
 }
 

@@ -163,7 +163,7 @@ mod tests {
         Ok(found)
     }
     // Through the agent's own spawn path: its reaper takes every child of the test process.
-    use crate::task_scenarios::sh;
+    use crate::test_support::sh;
 
     /// Paths that exercise the padding (names of every length modulo 8), nesting, and names
     /// sharing prefixes (version 4's compression).

@@ -35,6 +35,7 @@ mod channel;
 mod checkout_tar;
 mod clone;
 mod command;
+mod config;
 mod diff_split;
 mod disk_health;
 mod egress;
@@ -47,6 +48,8 @@ mod index_memo;
 mod init;
 mod input;
 mod journal;
+mod outbox;
+mod process_group;
 mod proxy_connect;
 mod reaper;
 mod repo;
@@ -64,6 +67,8 @@ mod vmstat;
 mod scenarios;
 #[cfg(test)]
 mod task_scenarios;
+#[cfg(test)]
+mod test_support;
 
 const USAGE: &str = "usage: dynocap-agent --channel-fd N [--cgroup-fd N] [--exec-user UID:GID] [--home DIR] [--sudo-broker]\n       \
      dynocap-agent --channel-path PATH [--cgroup-fd N] [--exec-user UID:GID] [--home DIR] [--sudo-broker]";
@@ -83,7 +88,7 @@ enum Command {
         channel: ChannelArg,
         /// `--cgroup-fd`: becomes `config.exec_cgroups` once adopted.
         cgroup_fd: Option<RawFd>,
-        config: server::Config,
+        config: config::Config,
         /// `--sudo-broker`: serve `sudo` for the exec user (see `sudo`).
         sudo_broker: bool,
     },
@@ -177,10 +182,10 @@ fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, Stri
     Ok(Command::Run {
         channel,
         cgroup_fd,
-        config: server::Config {
+        config: config::Config {
             exec_user,
             home,
-            ..server::Config::default()
+            ..config::Config::default()
         },
         sudo_broker,
     })
@@ -410,13 +415,13 @@ mod tests {
             Ok(Command::Run {
                 channel: ChannelArg::Fd(3),
                 cgroup_fd: Some(4),
-                config: server::Config {
+                config: config::Config {
                     exec_user: Some(spawn::ExecUser {
                         uid: 1000,
                         gid: 100
                     }),
                     home: Some("/home/u".into()),
-                    ..server::Config::default()
+                    ..config::Config::default()
                 },
                 sudo_broker: false,
             })
@@ -427,7 +432,7 @@ mod tests {
             Ok(Command::Run {
                 channel: ChannelArg::Path("/dev/vport0p1".into()),
                 cgroup_fd: None,
-                config: server::Config::default(),
+                config: config::Config::default(),
                 sudo_broker: false,
             })
         );

@@ -18,8 +18,9 @@ use tokio::io::{AsyncWriteExt, DuplexStream, WriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::config::Config;
 use crate::init;
-use crate::server::{self, Config, Ended};
+use crate::server::{self, Ended};
 
 /// Upper bound for any single exchange; only hit when something is broken.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
@@ -329,7 +330,7 @@ async fn cwd_and_environment_are_honoured() {
         outcome.stdout(),
         format!(
             "{cwd}\nbar baz\n/home/tester sandbox sandbox en_US.UTF-8 dumb\n{}\n",
-            crate::exec::BASE_PATH
+            crate::spawn::BASE_PATH
         )
     );
 }

@@ -19,6 +19,9 @@ use tokio::sync::oneshot;
 use crate::reaper::{self, ExitStatus};
 
 /// Terminal size given to `terminal: true` commands, matching the host's transcript renderer.
+/// PATH every program the agent starts begins with.
+pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 pub const TERMINAL_ROWS: u16 = 24;
 pub const TERMINAL_COLS: u16 = 80;
 

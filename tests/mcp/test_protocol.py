@@ -1,5 +1,5 @@
 """The protocol surface: tools/list (snapshot of the whole answer, schema hygiene, defaults
-and ranges exactly as the tools reference says), both protocol generations, and the errors
+and ranges exactly as docs/mcp.md documents them), both protocol generations, and the errors
 that must never take the server down: unknown tools, wrong argument types, bad JSON."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ TOOLS = [
     "dynocap_ls", "dynocap_rm", "dynocap_run", "dynocap_exec", "dynocap_ps", "dynocap_destroy",
 ]
 
-# The parameters of mcp-tools-reference.md: (type, default, minimum, maximum, required).
+# The parameters as docs/mcp.md documents them: (type, default, minimum, maximum, required).
 # "number" parameters are whole numbers (JSON Schema "integer": 30 and 30.0, never 30.5).
 EXEC_PARAMS = {
     "name": ("string", None, None, None, True),
@@ -34,7 +34,7 @@ EXEC_PARAMS = {
     "env": ("object", None, None, None, False),
     "timeoutSeconds": ("integer", 30, 1, 86400, False),
     "terminal": ("boolean", False, None, None, False),
-    # Extensions (CONTRACT.md): output kept per stream (head and tail), and its encoding.
+    # Extensions (docs/mcp.md): output kept per stream (head and tail), and its encoding.
     "maxOutputBytes": ("integer", 32768, 1, 1048576, False),
     "outputEncoding": ("string", "utf8", None, None, False),
 }
@@ -48,15 +48,15 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "ttlSeconds": ("integer", 1800, 30, 86400, False),
         "cpus": ("integer", 2, 1, 64, False),
         "memoryMB": ("integer", 1024, 64, 1048576, False),
-        # Extension (CONTRACT.md): the sandbox's disk limit.
+        # Extension (docs/mcp.md): the sandbox's disk limit.
         "diskMB": ("integer", 2048, 64, 1048576, False),
-        # Not in the reference's parameter list, but named by its security table.
+        # Extension (docs/mcp.md): an ssh clone's key, under DYNOCAP_MCP_ALLOW_SSH_KEY.
         "sshKeyPath": ("string", None, None, None, False),
     },
     "dynocap_task_exec": {**EXEC_PARAMS, "cwd": ("string", "/workspace", None, None, False)},
     "dynocap_diff": {
         "target": ("string", None, None, None, True),
-        # Extensions (CONTRACT.md): narrow the patch text.
+        # Extensions (docs/mcp.md): narrow the patch text.
         "paths": ("array", None, None, None, False),
         "stat": ("boolean", False, None, None, False),
     },

@@ -14,7 +14,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
     about = "Isolated Linux sandboxes for coding agents"
 )]
 pub struct Cli {
-    /// Print results as JSON objects (CONTRACT.md) instead of tables.
+    /// Print results as JSON objects (those the MCP tools return) instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
 

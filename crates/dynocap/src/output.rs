@@ -1,4 +1,4 @@
-//! How results reach a person (aligned tables) or a program (`--json`, CONTRACT.md objects),
+//! How results reach a person (aligned tables) or a program (`--json`, the objects of docs/mcp.md),
 //! and how errors are reported in either mode.
 
 use std::ffi::OsString;

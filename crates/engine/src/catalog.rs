@@ -21,7 +21,7 @@ use crate::home::Home;
 use crate::records;
 use crate::spec::Network;
 
-/// Lifecycle states, as CONTRACT.md names them (plus `starting` while a supervisor boots).
+/// Lifecycle states, as docs/mcp.md names them (plus `starting` while a supervisor boots).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {

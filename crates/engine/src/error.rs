@@ -1,9 +1,9 @@
-//! The error type every engine operation returns: a stable code from CONTRACT.md plus a
+//! The error type every engine operation returns: a stable code (docs/mcp.md, "Errors") plus a
 //! message that tells a person what went wrong and what to do about it.
 
 use std::fmt;
 
-/// Stable error codes (CONTRACT.md "Errors"). Clients match on these, never on messages.
+/// Stable error codes (docs/mcp.md, "Errors"). Clients match on these, never on messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {

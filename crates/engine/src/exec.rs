@@ -1,5 +1,5 @@
-//! Runs one command through the agent and turns its frames into the Exec object of
-//! CONTRACT.md. Output is guest data: it is bounded here (its head and its tail, see
+//! Runs one command through the agent and turns its frames into the Exec object
+//! (docs/mcp.md, "Exec"). Output is guest data: it is bounded here (its head and its tail, see
 //! [`crate::excerpt`]), decoded lossily or base64-encoded, and a terminal's bytes are rendered
 //! by a terminal emulator, never echoed. The command's deadline is enforced here too, so an
 //! agent that stopped answering cannot hold the caller.
@@ -24,7 +24,7 @@ use crate::task_spec::Progress;
 /// report its end before the host answers for it.
 const HOST_SLACK: Duration = Duration::from_secs(10);
 
-/// The Exec object (CONTRACT.md).
+/// The Exec object (docs/mcp.md, "Exec").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecResult {

@@ -28,7 +28,7 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 /// A `starting` record whose supervisor never registered is considered lost after this.
 const STARTING_GRACE: chrono::TimeDelta = chrono::TimeDelta::seconds(300);
 
-/// The raw sandbox object (CONTRACT.md).
+/// The raw sandbox object (docs/mcp.md, "Sandbox").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxInfo {

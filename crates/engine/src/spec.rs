@@ -1,4 +1,4 @@
-//! Requests as a caller states them, their defaults and ranges (the MCP tools reference), and
+//! Requests as a caller states them, their defaults and ranges (docs/mcp.md), and
 //! the validation that refuses bad values with a message naming the parameter and the fix.
 //! Values out of range are refused, never clamped.
 

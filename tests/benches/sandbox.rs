@@ -105,7 +105,7 @@ fn main() {
         bwrap_true,
     );
     // The same cycle with every command in a dynocap-core process of its own, as without
-    // the command server (README, "The command server").
+    // the command server (docs/cli.md, "The command server").
     let unserved_env = [("DYNOCAP_HOME", home_str), ("DYNOCAP_CLI_SERVER", "0")];
     let cli_unserved = pairs(
         CYCLES,

@@ -187,7 +187,7 @@ fn command_lines() -> Vec<(i32, Vec<u8>)> {
         .collect()
 }
 
-/// The command servers of `home` (README, "The command server"): pid and socket of each.
+/// The command servers of `home` (docs/cli.md, "The command server"): pid and socket of each.
 pub fn command_servers(home: &Path) -> Vec<(i32, PathBuf)> {
     let run_dir = home.join("run");
     command_lines()

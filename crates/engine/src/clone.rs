@@ -330,7 +330,7 @@ pub async fn clone_repository(
                 let message = strip_userinfo(&agent_error_message(&frame.payload));
                 let _ = std::fs::remove_file(&partial);
                 let message = format!("cloning {} failed: {message}", strip_userinfo(url));
-                // CONTRACT: `timeout` for a start-up step that ran out of time.
+                // docs/mcp.md, "Errors": `timeout` for a start-up step that ran out of time.
                 return Err(if message.contains("did not finish within") {
                     Error::timeout(message)
                 } else {

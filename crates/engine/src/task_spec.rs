@@ -1,5 +1,5 @@
-//! Task requests and result objects (CONTRACT.md: Task, Diff, Finish, ls, rm), with the
-//! defaults and ranges of the tools reference. Validation here is what every caller gets;
+//! Task requests and result objects (docs/mcp.md: Task, Diff, Finish, ls, rm), with the
+//! defaults and ranges docs/mcp.md documents. Validation here is what every caller gets;
 //! the MCP layer adds its host policy on top.
 
 use std::path::PathBuf;
@@ -248,7 +248,7 @@ impl Skipped {
     }
 }
 
-/// The Task object (CONTRACT.md).
+/// The Task object (docs/mcp.md, "Task").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskInfo {
@@ -320,14 +320,14 @@ pub struct DiffResult {
 }
 
 impl DiffResult {
-    /// CONTRACT.md's text form: one line of JSON (the header), a newline, the patch.
+    /// The text form (docs/mcp.md, "Diff"): one line of JSON (the header), a newline, the patch.
     pub fn to_text(&self) -> String {
         let header = serde_json::to_string(&self.summary).unwrap_or_else(|_| "{}".to_owned());
         format!("{header}\n{}", self.patch)
     }
 }
 
-/// The Finish object (CONTRACT.md).
+/// The Finish object (docs/mcp.md, "Finish").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FinishResult {

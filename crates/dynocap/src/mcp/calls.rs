@@ -1,5 +1,5 @@
 //! What each tool does: parse its arguments, apply the host policy, call the engine and
-//! shape the result as CONTRACT.md says (`structuredContent` plus the same JSON as text; the
+//! shape the result as docs/mcp.md says (`structuredContent` plus the same JSON as text; the
 //! diff's text is its header line, a newline and the patch). SDK-free, so the MCP SDK can
 //! change without touching the tools.
 
@@ -21,7 +21,7 @@ use super::tools::{definitions, ToolDef};
 /// A successful tool result.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Output {
-    /// The object of CONTRACT.md.
+    /// The result object (docs/mcp.md, "Objects").
     pub structured: Value,
     /// The text content item: the same JSON, or the diff's header line and patch.
     pub text: String,

@@ -1,4 +1,4 @@
-//! The ten MCP tools as the tools reference defines them: names, descriptions, parameters
+//! The ten MCP tools as docs/mcp.md documents them: names, descriptions, parameters
 //! (type, default, range, required) and result schemas. One table drives both the
 //! `inputSchema` each tool advertises and the strict argument parsing of every call, so the
 //! two cannot drift apart. SDK-free: schemas are plain JSON values.
@@ -339,7 +339,7 @@ const HINTS_DESTROY: Hints = Hints {
     open_world: false,
 };
 
-/// The ten tools, in the order of the tools reference.
+/// The ten tools, in the order docs/mcp.md lists them.
 pub fn definitions() -> Vec<ToolDef> {
     vec![
         ToolDef {

@@ -2,7 +2,7 @@
 //! agent produces it, then the host's reading of it (summary, verification) and
 //! `summary.json`.
 //!
-//! The supervisor keeps one rule with this module (docs/architecture.md, "Invariants"): the guest's
+//! The supervisor keeps one rule with this module (docs/architecture.md, Invariants): the guest's
 //! writable layer is deleted only once `summary.json` is on disk. Every file here is written
 //! to a temporary name, synced and renamed, so a result directory never holds half a patch
 //! or half a summary: `patch.diff` without `summary.json` means "saved, not yet read", and a

@@ -509,7 +509,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         id: record.id.clone(),
         name: record.name.clone(),
         state: match record.state {
-            // Not states a caller sees (docs/mcp.md, "States"): a task is "running" from the caller's view once created,
+            // Not states a caller sees: a task is "running" from the caller's view once created,
             // and one being recovered is still unsaved until its result is written.
             State::Starting => State::Running,
             State::Recovering => State::Unsaved,

@@ -48,7 +48,7 @@ pub struct ExecResult {
     pub disk_error: Option<String>,
 }
 
-/// Terminal geometry promised by the tools reference.
+/// Terminal geometry `terminal: true` promises (docs/mcp.md).
 pub const TERMINAL_ROWS: u16 = 24;
 pub const TERMINAL_COLS: u16 = 80;
 /// Lines of scrollback kept for a transcript, on top of the visible screen.

@@ -278,7 +278,7 @@ fn exec_diff_finish_gives_a_verified_patch_that_applies_at_home_on(backend: Back
     assert_eq!(task["backend"], backend.name(), "{task:#}");
     // The host's baseline copy has its offset index beside it, for finish's verification.
     let baseline = home.path().join("sandboxes").join(&id).join("baseline.tar");
-    let index = dynocap_engine::tar_index::TarIndex::load(&baseline)
+    let index = dynocap_review::tar_index::TarIndex::load(&baseline)
         .expect("the import indexes the baseline copy");
     assert!(index.find("src/lib.rs").is_some());
     assert!(index.find("src").is_some());

@@ -208,8 +208,8 @@ fn bench_tree(label: &str, project: &Path, bins: &Path, scratch: &Path) {
     let baseline = find_file(home.path(), "baseline.tar").expect("the task's baseline.tar");
     std::fs::copy(&baseline, &baseline_copy).expect("copy baseline.tar");
     // Its offset index too, which verification reads when there is one.
-    let index = dynocap_engine::tar_index::index_path(&baseline);
-    let index_copy = dynocap_engine::tar_index::index_path(&baseline_copy);
+    let index = dynocap_review::tar_index::index_path(&baseline);
+    let index_copy = dynocap_review::tar_index::index_path(&baseline_copy);
     match std::fs::copy(&index, &index_copy) {
         Ok(_) => println!("{label}: the baseline has an offset index"),
         Err(err) => println!("{label}: no offset index ({err}): verification reads every header"),
@@ -298,7 +298,7 @@ fn bench_verification_only(label: &str, project: &Path, scratch: &Path) {
     git(&clone, &["checkout", "-q", "--", "."]);
     bench_verification(label, &baseline_tar, &patch, &clone, scratch);
     let _ = std::fs::remove_file(&baseline_tar);
-    let _ = std::fs::remove_file(dynocap_engine::tar_index::index_path(&baseline_tar));
+    let _ = std::fs::remove_file(dynocap_review::tar_index::index_path(&baseline_tar));
     let _ = std::fs::remove_dir_all(&clone);
 }
 

@@ -19,12 +19,12 @@ mod repo;
 
 use std::path::{Path, PathBuf};
 
+use dynocap_review::patch::{self, SensitivePath};
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{Kind, State};
 use crate::error::{Error, ErrorCode, Result};
 use crate::exec::sanitize_line;
-use crate::patch::{self, SensitivePath};
 use crate::sandboxes::{find, Engine};
 use crate::task_spec::{FinishResult, TaskDetail};
 

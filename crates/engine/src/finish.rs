@@ -4,31 +4,30 @@
 //! Verification never touches the user's project or anything the guest wrote besides the patch
 //! bytes: the part of the baseline the patch can see (`touched`: the paths it names, their
 //! leading directories and attributes) is unpacked from the host's own tar into a scratch
-//! repository, and the patch is applied there by a git that reads no system, global or
-//! repository-supplied configuration and runs no hooks, started before the unpacking so that
-//! its start costs no time (`git_apply`). It runs as `git apply --check`, writing nothing,
-//! unless something in the patch or the tree could make the writing itself refuse
-//! (`dry_run`). The tar's offset index ([`crate::tar_index`])
-//! finds those entries without reading the others' headers; without a usable index the tar is
-//! read through, with the same verdict. A text patch of bounded size is verified in memory
-//! (`in_memory`), where writing the files costs a tenth of what it does on disk.
+//! repository (by [`dynocap_review::verify`]), and the patch is applied there by a git that
+//! reads no system, global or repository-supplied configuration and runs no hooks, started
+//! before the unpacking so that its start costs no time (`git_apply`). It runs as
+//! `git apply --check`, writing nothing, unless something in the patch or the tree could make
+//! the writing itself refuse (`verify::dry_run`). The tar's offset index
+//! ([`dynocap_review::tar_index`]) finds those entries without reading the others' headers;
+//! without a usable index the tar is read through, with the same verdict. A text patch of
+//! bounded size is verified in memory (`in_memory`), where writing the files costs a tenth of
+//! what it does on disk.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::error::{Context, Result};
-use crate::patch;
-use crate::tar_index::{IndexError, TarIndex};
+use dynocap_review::patch;
+use dynocap_review::tar_index::{IndexError, TarIndex};
+use dynocap_review::verify::dry_run::DryRun;
+use dynocap_review::verify::touched::{self, Budget, Failure, Source, Touched};
 
-mod dry_run;
+use crate::error::{Context, Result};
+
 mod git_apply;
 mod in_memory;
-mod touched;
-mod tree_files;
 
-use dry_run::DryRun;
 use git_apply::{Apply, PendingApply, Scratch};
-use touched::{Budget, Failure, Source, Touched};
 
 /// Files in a task's results directory.
 pub const PATCH_FILE: &str = "patch.diff";

@@ -10,13 +10,13 @@
 
 use std::path::{Path, PathBuf};
 
+use dynocap_review::patch::{self, DiffSummary};
 use serde::Serialize;
 
 use crate::agent_conn::AgentConn;
 use crate::catalog::State;
 use crate::error::{Error, Result};
 use crate::finish;
-use crate::patch::{self, DiffSummary};
 use crate::task_spec::{FinishResult, SourceInfo};
 use crate::workspace;
 

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use dynocap_review::patch::{self, DEFAULT_MAX_PATCH_BYTES};
 use tokio::io::{unix::AsyncFd, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
@@ -32,7 +33,6 @@ use crate::error::{Context, Error, Result};
 use crate::exec::ExecResult;
 use crate::home::Home;
 use crate::oom::OomWatch;
-use dynocap_review::patch::{self, DEFAULT_MAX_PATCH_BYTES};
 use crate::sandboxes::rfc3339;
 use crate::save::{self, ResultFiles, TaskFacts};
 use crate::spec::ExecSpec;

@@ -4,12 +4,12 @@
 
 use std::path::PathBuf;
 
+use dynocap_review::patch::{DiffSummary, SensitivePath};
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::State;
 use crate::error::{Error, Result};
 use crate::import::{History, Note, NoteKind};
-use crate::patch::{DiffSummary, SensitivePath};
 use crate::sandboxes::SandboxInfo;
 use crate::spec::{validate_name, Network, Resources, TASK_CPUS_DEFAULT};
 

@@ -295,7 +295,8 @@ impl Engine {
         let size = std::fs::metadata(path)
             .map_err(|err| Error::internal(format!("reading {}: {err}", path.display())))?
             .len();
-        let shown = u64::try_from(crate::patch::DEFAULT_MAX_PATCH_BYTES).unwrap_or(u64::MAX);
+        let shown =
+            u64::try_from(dynocap_review::patch::DEFAULT_MAX_PATCH_BYTES).unwrap_or(u64::MAX);
         if size > shown {
             return Err(Error::invalid(format!(
                 "task \"{target}\" saved a patch of {} MiB, more than the {} MiB a diff shows; read it whole in {}",
@@ -307,7 +308,7 @@ impl Engine {
         let patch = std::fs::read(path)
             .map_err(|err| Error::internal(format!("reading {}: {err}", path.display())))?;
         Ok(DiffResult {
-            summary: crate::patch::DiffSummary {
+            summary: dynocap_review::patch::DiffSummary {
                 files: result.files,
                 additions: result.additions,
                 deletions: result.deletions,

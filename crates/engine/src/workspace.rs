@@ -2,9 +2,9 @@
 //! (tar stream, history bundle, baseline) and taking the patch out.
 //!
 //! The host keeps its own copy of what it sent (`baseline.tar` in the sandbox's state
-//! directory, with its offset index `baseline.tar.idx` beside it, see [`crate::tar_index`]).
-//! Verification and the package.json comparison read that copy, never anything the guest
-//! says the baseline was.
+//! directory, with its offset index `baseline.tar.idx` beside it, see
+//! [`dynocap_review::tar_index`]). Verification and the package.json comparison read that
+//! copy, never anything the guest says the baseline was.
 
 use std::io::Write;
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -15,12 +15,12 @@ use dynocap_proto::{
     channel, from_payload, BaselineRequest, DiffRequest, FrameKind, ReceiveFileRequest, Request,
     Response, UnpackRequest,
 };
+use dynocap_review::patch::DEFAULT_MAX_PATCH_BYTES;
 
 use crate::agent_conn::{agent_error_message, agent_gone, AgentConn, AgentStream};
 use crate::error::{Context, Error, Result};
 use crate::image::{SANDBOX_GID, SANDBOX_UID};
 use crate::import::{self, History};
-use crate::patch::DEFAULT_MAX_PATCH_BYTES;
 use crate::task_spec::Progress;
 
 mod baseline_files;
@@ -376,11 +376,11 @@ pub fn step(message: &str) -> Progress {
     }
 }
 
-/// Writes the offset index beside the host's baseline copy ([`crate::tar_index`]), which
-/// makes finish's verification read only the entries the patch touches. Without one,
+/// Writes the offset index beside the host's baseline copy ([`dynocap_review::tar_index`]),
+/// which makes finish's verification read only the entries the patch touches. Without one,
 /// verification reads every header instead: a failure here is logged, not fatal.
 pub fn index_baseline(baseline_tar: &Path) {
-    if let Err(err) = crate::tar_index::write_for(baseline_tar) {
+    if let Err(err) = dynocap_review::tar_index::write_for(baseline_tar) {
         tracing::warn!(
             "indexing {}: {err}; finish will read the whole baseline copy instead",
             baseline_tar.display()

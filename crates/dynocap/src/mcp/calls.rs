@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use dynocap_engine::diff_view::{self, Selection};
 use dynocap_engine::spec::{ExecSpec, OutputEncoding, RunSpec, EXEC_OUTPUT_MCP_DEFAULT};
 use dynocap_engine::task_spec::{Progress, Source, TaskStartSpec};
 use dynocap_engine::{Engine, Error};
+use dynocap_review::diff_view::{self, Selection};
 
 use super::args::Args;
 use super::log::Log;

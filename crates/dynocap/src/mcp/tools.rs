@@ -5,7 +5,6 @@
 
 use serde_json::{json, Map, Value};
 
-use dynocap_engine::patch::SensitiveKind;
 use dynocap_engine::spec::{
     CPUS_MAX, CPUS_MIN, DISK_MB_DEFAULT, DISK_MB_MAX, DISK_MB_MIN, EXEC_OUTPUT_LIMIT,
     EXEC_OUTPUT_MCP_DEFAULT, EXEC_TIMEOUT_DEFAULT, EXEC_TIMEOUT_MAX, MEMORY_MB_DEFAULT,
@@ -13,6 +12,7 @@ use dynocap_engine::spec::{
     TTL_MIN,
 };
 use dynocap_engine::task_spec::{SkipKind, SKIPPED_LISTED};
+use dynocap_review::patch::SensitiveKind;
 
 /// What a parameter holds, with its default and range where it has them.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -14,10 +14,9 @@
 
 use std::path::{Path, PathBuf};
 
+use dynocap_review::patch::FilePatch;
 use nix::sys::statfs::{statfs, TMPFS_MAGIC};
 use nix::sys::statvfs::statvfs;
-
-use crate::patch::FilePatch;
 
 /// The tmpfs a scratch directory goes to.
 const SHM: &str = "/dev/shm";

@@ -1,13 +1,13 @@
 //! Verification extracts only what the patch touches and reaches the verdict a full unpack
 //! of the baseline would (the full unpack is kept here as the reference).
 
-use std::collections::BTreeSet;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
+
+use dynocap_review::fixtures::{fixture, make_baseline, sections, tar_of};
+use dynocap_review::tar_index;
 
 use super::*;
-use crate::tar_index;
 
 /// The verification as it was before it extracted only the touched entries and let
 /// `--check` judge: the whole baseline unpacked, then the patch applied for real.
@@ -31,196 +31,6 @@ fn verify_by_full_unpack(baseline_tar: &Path, patch: &Path, scratch: &Path) -> R
     })();
     let _ = std::fs::remove_dir_all(scratch);
     result
-}
-
-/// Runs the test's own (unhardened) git to build fixtures; returns stdout.
-fn git(dir: &Path, args: &[&str]) -> Vec<u8> {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
-        .args([
-            "-c",
-            "commit.gpgSign=false",
-            "-c",
-            "core.hooksPath=/dev/null",
-        ])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
-/// A tar of `root` (without `.git`) as the import writes it: parents before children, links
-/// not followed.
-fn tar_of(root: &Path, out: &Path) -> PathBuf {
-    fn walk(builder: &mut tar::Builder<std::fs::File>, root: &Path, rel: &Path) {
-        let mut names: Vec<_> = std::fs::read_dir(root.join(rel))
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        names.sort();
-        for name in names {
-            let rel = rel.join(&name);
-            if rel == Path::new(".git") {
-                continue;
-            }
-            let full = root.join(&rel);
-            builder.append_path_with_name(&full, &rel).unwrap();
-            if std::fs::symlink_metadata(&full).unwrap().is_dir() {
-                walk(builder, root, &rel);
-            }
-        }
-    }
-    let mut builder = tar::Builder::new(std::fs::File::create(out).unwrap());
-    builder.follow_symlinks(false);
-    walk(&mut builder, root, Path::new(""));
-    builder.finish().unwrap();
-    out.to_owned()
-}
-
-/// Every path under `dir`, relative, directories included.
-fn listing(dir: &Path) -> BTreeSet<String> {
-    fn walk(root: &Path, rel: &Path, out: &mut BTreeSet<String>) {
-        for entry in std::fs::read_dir(root.join(rel)).unwrap() {
-            let entry = entry.unwrap();
-            let rel = rel.join(entry.file_name());
-            out.insert(rel.to_string_lossy().into_owned());
-            if entry.file_type().unwrap().is_dir() {
-                walk(root, &rel, out);
-            }
-        }
-    }
-    let mut out = BTreeSet::new();
-    walk(dir, Path::new(""), &mut out);
-    out
-}
-
-/// The baseline of the fixtures: a little of everything a patch can touch, and files it does
-/// not touch.
-fn make_baseline(root: &Path) {
-    let write = |rel: &str, data: &[u8]| {
-        let path = root.join(rel);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, data).unwrap();
-    };
-    write("a.txt", b"one\ntwo\nthree\nfour\nfive\nsix\nseven\n");
-    write("gone.txt", b"to be deleted\n");
-    write("script.sh", b"#!/bin/sh\necho hi\n");
-    write(
-        "src/lib.rs",
-        b"fn a() {}\nfn b() {}\nfn c() {}\nfn d() {}\nfn e() {}\n",
-    );
-    write("src/.gitattributes", b"*.rs text eol=lf\n");
-    write(".gitattributes", b"*.bin binary\n");
-    write("dir with space/f \"q\".txt", b"quoted\nname\n");
-    write("\u{fc}/na\u{ef}ve.txt", b"utf-8\nname\n");
-    write(
-        "bin.bin",
-        &(0u8..=255).cycle().take(3000).collect::<Vec<_>>(),
-    );
-    // Larger than what the indexed extraction reads with a header in one go.
-    let big: String = (0..4000).map(|i| format!("line {i:05}\n")).collect();
-    write("big.txt", big.as_bytes());
-    write("target.txt", b"link target\n");
-    std::os::unix::fs::symlink("target.txt", root.join("link")).unwrap();
-    std::os::unix::fs::symlink("src", root.join("srclink")).unwrap();
-    for i in 0..40 {
-        write(
-            &format!("filler/{i:02}.txt"),
-            format!("filler {i}\n").as_bytes(),
-        );
-    }
-}
-
-/// The changes of the fixture patch: a rename with edits, a copy, a deletion, a mode change,
-/// a retargeted symlink, a binary edit, quoted and UTF-8 names, a new file in a new directory.
-fn make_changes(root: &Path) {
-    std::fs::rename(root.join("src/lib.rs"), root.join("src/core.rs")).unwrap();
-    std::fs::write(
-        root.join("src/core.rs"),
-        b"fn a() {}\nfn b() {}\nfn c() {}\nfn d() {}\nfn e2() {}\n",
-    )
-    .unwrap();
-    std::fs::copy(root.join("a.txt"), root.join("a-copy.txt")).unwrap();
-    std::fs::remove_file(root.join("gone.txt")).unwrap();
-    std::fs::set_permissions(
-        root.join("script.sh"),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
-    std::fs::remove_file(root.join("link")).unwrap();
-    std::os::unix::fs::symlink("a.txt", root.join("link")).unwrap();
-    let mut binary = std::fs::read(root.join("bin.bin")).unwrap();
-    binary[100] ^= 0xff;
-    std::fs::write(root.join("bin.bin"), binary).unwrap();
-    let big = std::fs::read_to_string(root.join("big.txt")).unwrap();
-    std::fs::write(
-        root.join("big.txt"),
-        big.replace("line 02000\n", "line 2000!\n"),
-    )
-    .unwrap();
-    std::fs::write(root.join("dir with space/f \"q\".txt"), b"quoted\nname!\n").unwrap();
-    std::fs::write(root.join("\u{fc}/na\u{ef}ve.txt"), b"utf-8\nname!\n").unwrap();
-    std::fs::create_dir_all(root.join("new/deep")).unwrap();
-    std::fs::write(root.join("new/deep/file.txt"), b"new\n").unwrap();
-}
-
-/// [`fixture`] with the baseline's offset index written and loaded.
-fn indexed_fixture(dir: &Path) -> (PathBuf, Vec<u8>, TarIndex) {
-    let (baseline, patch) = fixture(dir);
-    tar_index::write_for(&baseline).unwrap();
-    let index = TarIndex::load(&baseline).unwrap();
-    (baseline, patch, index)
-}
-
-/// A repository with the baseline committed and the changes staged; returns the patch the
-/// guest would produce (`git diff --binary`, renames and copies found).
-fn fixture(dir: &Path) -> (PathBuf, Vec<u8>) {
-    let repo = dir.join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    make_baseline(&repo);
-    git(&repo, &["init", "-q"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-q", "-m", "base"]);
-    let baseline = tar_of(&repo, &dir.join("baseline.tar"));
-    make_changes(&repo);
-    git(&repo, &["add", "-A"]);
-    let patch = git(
-        &repo,
-        &[
-            "diff",
-            "--cached",
-            "--binary",
-            "--full-index",
-            "-M",
-            "-C",
-            "--find-copies-harder",
-            "--src-prefix=a/",
-            "--dst-prefix=b/",
-        ],
-    );
-    (baseline, patch)
-}
-
-/// The patch's `diff --git` sections, one patch each.
-fn sections(patch: &[u8]) -> Vec<Vec<u8>> {
-    let text = patch.to_vec();
-    let mut starts: Vec<usize> = (0..text.len())
-        .filter(|&i| (i == 0 || text[i - 1] == b'\n') && text[i..].starts_with(b"diff --git "))
-        .collect();
-    starts.push(text.len());
-    starts
-        .windows(2)
-        .map(|w| text[w[0]..w[1]].to_vec())
-        .collect()
 }
 
 /// Asserts that `patch` gets the same verdict, in the same words, from a full unpack, from
@@ -312,73 +122,6 @@ fn the_scratch_directory_is_removed_after_each_verification() {
         .map(|e| e.unwrap().file_name())
         .collect();
     panic!("left behind: {left:?}");
-}
-
-#[test]
-fn the_fixture_patch_has_every_kind_of_entry() {
-    let dir = tempfile::tempdir().unwrap();
-    let (_, patch) = fixture(dir.path());
-    let text = String::from_utf8_lossy(&patch);
-    for marker in [
-        "rename from src/lib.rs",
-        "copy to a-copy.txt",
-        "deleted file mode",
-        "new mode 100755",
-        "diff --git a/link b/link",
-        "GIT binary patch",
-        "\"a/dir with space/f \\\"q\\\".txt\"",
-        "\\303\\274/na\\303\\257ve.txt",
-        "new file mode",
-    ] {
-        assert!(text.contains(marker), "no {marker:?} in\n{text}");
-    }
-}
-
-#[test]
-fn only_the_touched_entries_are_extracted() {
-    let dir = tempfile::tempdir().unwrap();
-    let (baseline, patch, index) = indexed_fixture(dir.path());
-    let files = patch::parse(&patch, patch.len()).unwrap();
-    for (how, source) in [("scan", Source::Scan), ("index", Source::Indexed(&index))] {
-        let scratch = dir.path().join(format!("scratch-{how}"));
-        std::fs::create_dir_all(&scratch).unwrap();
-        touched::extract(
-            &baseline,
-            &source,
-            &Touched::of(&files),
-            &scratch,
-            touched::Budget(None),
-        )
-        .unwrap();
-        let expected: BTreeSet<String> = [
-            "a.txt",
-            "gone.txt",
-            "script.sh",
-            "link",
-            "bin.bin",
-            "big.txt",
-            "src",
-            "src/lib.rs",
-            "dir with space",
-            "dir with space/f \"q\".txt",
-            "\u{fc}",
-            "\u{fc}/na\u{ef}ve.txt",
-        ]
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-        assert_eq!(listing(&scratch), expected, "{how}");
-        // Modes and link targets as a full unpack gives them.
-        assert_eq!(
-            std::fs::read_link(scratch.join("link")).unwrap(),
-            Path::new("target.txt")
-        );
-        let mode = std::fs::metadata(scratch.join("script.sh"))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o644, "{how}");
-    }
 }
 
 /// The fixture patch and a stale one, against the fixture baseline with its index missing,
@@ -623,27 +366,6 @@ fn an_unreadable_patch_is_not_verified() {
     std::fs::write(&path, b"not a patch\n").unwrap();
     let err = verify(&baseline, &path, &dir.path().join("s")).unwrap_err();
     assert!(err.contains("cannot be read"), "{err}");
-}
-
-#[test]
-fn an_extraction_stops_at_its_budget() {
-    let dir = tempfile::tempdir().unwrap();
-    let (baseline, patch, index) = indexed_fixture(dir.path());
-    let files = patch::parse(&patch, patch.len()).unwrap();
-    for (how, source) in [("scan", Source::Scan), ("index", Source::Indexed(&index))] {
-        let extract = |budget| {
-            let scratch = dir.path().join(format!("budget-{how}"));
-            let _ = std::fs::remove_dir_all(&scratch);
-            std::fs::create_dir_all(&scratch).unwrap();
-            touched::extract(&baseline, &source, &Touched::of(&files), &scratch, budget)
-        };
-        assert!(
-            matches!(extract(touched::Budget(Some(3))), Err(Failure::OverBudget)),
-            "{how}"
-        );
-        // The fixture's touched files take a few hundred bytes: a budget of a MiB holds them.
-        assert!(extract(touched::Budget(Some(1 << 20))).is_ok(), "{how}");
-    }
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! The baseline files a review judges changes against (package.json scripts, symlink
 //! targets), read from the host's copy of the baseline (`baseline.tar`).
 //!
-//! With the tar's offset index ([`crate::tar_index`]) each lookup reads the one entry asked
-//! for: O(lookups), where reading every header of a 20,000-entry tar cost 20–25 ms on
+//! With the tar's offset index ([`dynocap_review::tar_index`]) each lookup reads the one entry
+//! asked for: O(lookups), where reading every header of a 20,000-entry tar cost 20–25 ms on
 //! finish's path. Without a usable index, or once it proves wrong, every header is read once
 //! and the files kept in memory. Both give the same answers: where a name occurs twice, the
 //! first entry counts (as for the index, and as an unpack that does not overwrite).
@@ -12,8 +12,9 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use dynocap_review::tar_index::{entry_name, IndexError, TarIndex};
+
 use crate::error::{Context, Result};
-use crate::tar_index::{entry_name, IndexError, TarIndex};
 
 /// Baseline files worth keeping in memory: small, and needed to judge a change.
 const INDEXED_MAX_BYTES: u64 = 4 * 1024 * 1024;

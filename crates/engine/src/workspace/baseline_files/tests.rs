@@ -2,8 +2,9 @@
 
 use std::path::Path;
 
+use dynocap_review::tar_index;
+
 use super::*;
-use crate::tar_index;
 
 const LONG_DIR: &str =
     "a-directory-name-long-enough-that-the-path-needs-a-gnu-long-name-header/and-deeper-still";
@@ -13,7 +14,7 @@ const LONG_DIR: &str =
 fn baseline(path: &Path) -> Vec<String> {
     let mut builder = tar::Builder::new(std::fs::File::create(path).unwrap());
     let mut names = Vec::new();
-    let dir = crate::tar_index::append_test_dir;
+    let dir = tar_index::append_test_dir;
     dir(&mut builder, "app");
     dir(&mut builder, LONG_DIR);
     let file = |builder: &mut tar::Builder<std::fs::File>, name: &str, content: &[u8]| {

@@ -1760,11 +1760,11 @@ fn package_json_dependencies_from_outside_the_registry_are_flagged() {
 }
 
 /// The README's table of kinds is the code's table: regenerate it with
-/// `DYNOCAP_BLESS_README=1 cargo test -p dynocap-engine readme_lists`.
+/// `DYNOCAP_BLESS_README=1 cargo test -p dynocap-review readme_lists`.
 #[test]
 fn readme_lists_every_kind_with_the_rules_of_the_table() {
     const BEGIN: &str =
-        "<!-- sensitive-kinds:begin (generated from crates/engine/src/patch/rules.rs) -->\n";
+        "<!-- sensitive-kinds:begin (generated from crates/review/src/patch/rules.rs) -->\n";
     const END: &str = "<!-- sensitive-kinds:end -->";
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
     let readme = fs::read_to_string(&path).unwrap();

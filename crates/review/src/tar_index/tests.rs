@@ -12,7 +12,7 @@ fn sample_tar(path: &Path) -> Vec<String> {
     let long_dir = "d".repeat(120);
     let long_file = format!("{long_dir}/{}", "f".repeat(150));
     let mut names = Vec::new();
-    let add_dir = crate::tar_index::append_test_dir;
+    let add_dir = append_test_dir;
     let add_file = |builder: &mut tar::Builder<std::fs::File>, name: &str, size: usize| {
         let mut header = tar::Header::new_gnu();
         header.set_mode(0o644);
@@ -160,18 +160,18 @@ fn records_that_lie_about_their_names_are_refused_even_with_a_good_checksum() {
     let names = HEADER_LEN + 2 * RECORD_LEN;
     unsorted.swap(names, names + 1);
     reseal(&mut unsorted);
-    let err = TarIndex::parse(unsorted, len).map(|_| ()).unwrap_err();
-    assert!(matches!(err, Invalid::Damaged("its names are not sorted")));
+    let err = TarIndex::from_bytes(unsorted, len).map(|_| ()).unwrap_err();
+    assert!(matches!(err, Defect::Damaged("its names are not sorted")));
 
     // A name past the end of the names.
     let mut past = bytes;
     let at = HEADER_LEN + RECORD_LEN + 8;
     past[at..at + 4].copy_from_slice(&7u32.to_le_bytes());
     reseal(&mut past);
-    let err = TarIndex::parse(past, len).map(|_| ()).unwrap_err();
+    let err = TarIndex::from_bytes(past, len).map(|_| ()).unwrap_err();
     assert!(matches!(
         err,
-        Invalid::Damaged("a name runs past its end or splits a character")
+        Defect::Damaged("a name runs past its end or splits a character")
     ));
 
     // Names that are UTF-8 together but not each: "é" cut after its first byte.
@@ -179,10 +179,10 @@ fn records_that_lie_about_their_names_are_refused_even_with_a_good_checksum() {
     let at = HEADER_LEN + RECORD_LEN + 12;
     split[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
     reseal(&mut split);
-    let err = TarIndex::parse(split, len).map(|_| ()).unwrap_err();
+    let err = TarIndex::from_bytes(split, len).map(|_| ()).unwrap_err();
     assert!(matches!(
         err,
-        Invalid::Damaged("a name runs past its end or splits a character")
+        Defect::Damaged("a name runs past its end or splits a character")
     ));
 }
 

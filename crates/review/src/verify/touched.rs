@@ -32,7 +32,7 @@ const MAX_LINK_HOPS: usize = 8;
 
 /// The baseline paths a patch's `git apply` reads (see the module doc).
 #[derive(Debug, Default)]
-pub(super) struct Touched {
+pub struct Touched {
     /// Every path the patch names, old and new.
     named: HashSet<String>,
     /// Every leading directory of a named path (`""` is the root).
@@ -130,14 +130,14 @@ fn resolve(dir: &str, target: &str) -> Option<String> {
 }
 
 /// Where the entries come from: the tar's offset index, or a pass over every header.
-pub(super) enum Source<'a> {
+pub enum Source<'a> {
     Indexed(&'a TarIndex),
     Scan,
 }
 
 /// Why an extraction failed.
 #[derive(Debug)]
-pub(super) enum Failure {
+pub enum Failure {
     /// The index led somewhere else than it said: read the tar without it.
     IndexWrong(String),
     /// The baseline itself cannot be read or unpacked: the verdict, in words for the user.
@@ -148,7 +148,7 @@ pub(super) enum Failure {
 
 /// What the extracted contents may take, in bytes (`None`: no bound).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Budget(pub Option<u64>);
+pub struct Budget(pub Option<u64>);
 
 impl Budget {
     /// Counts `entry`'s contents against the budget before it is written.
@@ -176,7 +176,7 @@ impl Budget {
 /// settings (and so the same modes, links and refusals) as unpacking all of it, stopping at
 /// the first entry whose contents would exceed `budget`. Returns how many entries were
 /// extracted.
-pub(super) fn extract(
+pub fn extract(
     baseline_tar: &Path,
     source: &Source<'_>,
     touched: &Touched,

@@ -85,51 +85,53 @@ impl TarIndex {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io)?;
         let actual = std::fs::metadata(tar).map_err(io)?.len();
-        Self::parse(bytes, actual).map_err(|why| match why {
-            Invalid::Stale(indexed) => IndexError::Stale {
+        Self::from_bytes(bytes, actual).map_err(|why| match why {
+            Defect::Stale(indexed) => IndexError::Stale {
                 path,
                 indexed,
                 actual,
             },
-            Invalid::Damaged(why) => IndexError::Damaged { path, why },
+            Defect::Damaged(why) => IndexError::Damaged { path, why },
         })
     }
 
-    fn parse(bytes: Vec<u8>, tar_len: u64) -> Result<Self, Invalid> {
+    /// Checks the index `bytes` of a tar of `tar_len` bytes (see the module doc for what is
+    /// checked): [`load`](Self::load) without the files.
+    pub fn from_bytes(bytes: Vec<u8>, tar_len: u64) -> Result<Self, Defect> {
         if bytes.len() < HEADER_LEN + CHECKSUM_LEN || !bytes.starts_with(MAGIC) {
-            return Err(Invalid::Damaged("not an index of this format"));
+            return Err(Defect::Damaged("not an index of this format"));
         }
         let body = bytes.len() - CHECKSUM_LEN;
         if checksum(&bytes[..body]) != read_u64(&bytes, body) {
-            return Err(Invalid::Damaged("its checksum does not match"));
+            return Err(Defect::Damaged("its checksum does not match"));
         }
         let indexed = read_u64(&bytes, 8);
         if indexed != tar_len {
-            return Err(Invalid::Stale(indexed));
+            return Err(Defect::Stale(indexed));
         }
         let count = usize::try_from(read_u64(&bytes, 16))
-            .map_err(|_| Invalid::Damaged("its entry count is too large"))?;
+            .map_err(|_| Defect::Damaged("its entry count is too large"))?;
         let names_start = count
             .checked_mul(RECORD_LEN)
             .and_then(|records| records.checked_add(HEADER_LEN))
             .filter(|&start| start <= body)
-            .ok_or(Invalid::Damaged("its records run past its end"))?;
+            .ok_or(Defect::Damaged("its records run past its end"))?;
         // One pass over all the names, then each name's ends on character boundaries: each
         // name is UTF-8 (a check per name took most of a load of 20,000 entries).
         let names = std::str::from_utf8(&bytes[names_start..body])
-            .map_err(|_| Invalid::Damaged("a name is not UTF-8"))?;
+            .map_err(|_| Defect::Damaged("a name is not UTF-8"))?;
         let mut previous: Option<&str> = None;
         for i in 0..count {
             let (start, len) = name_range(&bytes, i);
             let name = start
                 .checked_add(len)
                 .and_then(|end| names.get(start..end))
-                .ok_or(Invalid::Damaged(
+                .ok_or(Defect::Damaged(
                     "a name runs past its end or splits a character",
                 ))?;
             // Lookups are binary searches: an unsorted index would miss entries silently.
             if previous.is_some_and(|p| p >= name) {
-                return Err(Invalid::Damaged("its names are not sorted"));
+                return Err(Defect::Damaged("its names are not sorted"));
             }
             previous = Some(name);
         }
@@ -187,12 +189,12 @@ impl TarIndex {
     fn name_bytes(&self, i: usize) -> &[u8] {
         let (start, len) = name_range(&self.bytes, i);
         let names = HEADER_LEN + self.count * RECORD_LEN;
-        // In range: `parse` checked every name against the end of the names.
+        // In range: `from_bytes` checked every name against the end of the names.
         &self.bytes[names + start..names + start + len]
     }
 
     fn name(&self, i: usize) -> &str {
-        // `parse` checked that every name is UTF-8.
+        // `from_bytes` checked that every name is UTF-8.
         std::str::from_utf8(self.name_bytes(i)).unwrap_or_default()
     }
 }
@@ -214,8 +216,12 @@ fn name_range(bytes: &[u8], i: usize) -> (usize, usize) {
     )
 }
 
-enum Invalid {
+/// Why index bytes are not a usable index of the tar at hand ([`TarIndex::from_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Defect {
+    /// Made for a tar of this many bytes.
     Stale(u64),
+    /// Not an index of this format, cut short, or altered: why.
     Damaged(&'static str),
 }
 
@@ -254,8 +260,8 @@ pub fn write_for(tar: &Path) -> std::io::Result<()> {
 
 /// Writes an index of `entries` (name, offset) for `tar` as it is, whatever the tar holds: for
 /// tests of what readers do with an index that is well-formed but wrong.
-#[cfg(test)]
-pub(crate) fn write_entries(tar: &Path, entries: Vec<(String, u64)>) -> std::io::Result<()> {
+#[cfg(any(test, feature = "fixtures"))]
+pub fn write_entries(tar: &Path, entries: Vec<(String, u64)>) -> std::io::Result<()> {
     let tar_len = std::fs::metadata(tar)?.len();
     std::fs::write(index_path(tar), encode(entries, tar_len)?)
 }
@@ -343,8 +349,8 @@ fn read_u32(bytes: &[u8], at: usize) -> u32 {
 mod tests;
 
 /// Test tars: appends a directory entry `name` (GNU header, 0755).
-#[cfg(test)]
-pub(crate) fn append_test_dir(builder: &mut tar::Builder<std::fs::File>, name: &str) {
+#[cfg(any(test, feature = "fixtures"))]
+pub fn append_test_dir(builder: &mut tar::Builder<std::fs::File>, name: &str) {
     let mut header = tar::Header::new_gnu();
     header.set_entry_type(tar::EntryType::Directory);
     header.set_mode(0o755);

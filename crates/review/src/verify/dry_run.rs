@@ -29,7 +29,7 @@ const PLAIN_MODES: [u32; 3] = [0o100644, 0o100755, 0o120000];
 /// The paths of a patch whose verdict `git apply --check` can give, as far as the patch
 /// alone tells.
 #[derive(Debug)]
-pub(super) struct DryRun {
+pub struct DryRun {
     /// Every path the patch names, old and new, each once.
     paths: Vec<String>,
 }

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use dynocap_engine::apply::ApplySpec;
 use dynocap_engine::exec::sanitize_line;
+use dynocap_engine::git_url::GitUrl;
 use dynocap_engine::import::ProjectDir;
 use dynocap_engine::task_spec::{
     DiffResult, FinishResult, Progress, Source, TaskInfo, TaskStartSpec,
@@ -126,9 +127,15 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
                 .map_err(|err| Error::internal(format!("reading the working directory: {err}")))?,
         ),
     };
+    // Parsed once, here: the engine clones this value, not the string.
+    let repository_url = args
+        .repository_url
+        .as_deref()
+        .map(GitUrl::parse)
+        .transpose()?;
     let mut spec = TaskStartSpec::new(
         project,
-        args.repository_url,
+        repository_url,
         args.history.as_deref(),
         args.name,
         args.network.as_deref(),
@@ -139,7 +146,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
     )?;
     // Parsed: the URL's credentials need not stay where `ps` shows them.
     if let Source::RepositoryUrl(url) = &spec.source {
-        if let Ok((_, Some(credentials))) = dynocap_engine::clone::split_credentials(url) {
+        if let Some(credentials) = url.credentials() {
             if let Err(err) = crate::scrub_args::blank(credentials.expose()) {
                 warnln!(
                     "warning: the repository URL's credentials stay visible in this command's \

@@ -5,9 +5,9 @@
 //! it is guest output, so only plain files, directories and symlinks with clean relative paths
 //! are kept, within a size bound.
 //!
-//! The credentials of an https URL (`https://user:token@host/…`) are split off where the
-//! start begins ([`split_credentials`]): the record, the catalog, logs and results only ever
-//! hold the URL without them. They reach the supervisor on an inherited pipe that it reads
+//! The URL arrives parsed ([`GitUrl`]), its credentials (`https://user:token@host/…`) held
+//! apart since the start began: the record, the catalog, logs and results only ever hold the
+//! URL without them. They reach the supervisor on an inherited pipe that it reads
 //! to its end at once ([`claim_inherited_credentials`]), and the guest in the clone request;
 //! the guest hands them to git in a file only the fetch reads (see the agent's `clone`).
 
@@ -21,6 +21,7 @@ use dynocap_proto::{channel, from_payload, CloneRequest, FrameKind, Request, Res
 use crate::agent_conn::{agent_error_message, agent_gone, AgentConn};
 use crate::egress::{clone_policy, Egress};
 use crate::error::{Context, Error, Result};
+use crate::git_url::GitUrl;
 use crate::image::{SANDBOX_GID, SANDBOX_UID};
 use crate::import::History;
 use crate::task_spec::{Progress, SourceInfo};
@@ -36,114 +37,7 @@ gitlab.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAfuCHKVTjquxvt6CM6tdG4SLp1Btn/nO
 bitbucket.org ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIazEu89wgQZ4bqs3d63QSMzYVa0MuJ2e2gKTKqu+UUO
 ";
 
-/// Where a git URL points: its host, and whether it is fetched over SSH.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GitTarget {
-    pub host: String,
-    pub ssh: bool,
-}
-
-impl GitTarget {
-    /// `https://host/…`, `ssh://[user@]host/…` or scp-like `user@host:path`. Other schemes and
-    /// ports other than 443 (HTTPS) and 22 (SSH) are refused: the proxy opens nothing else.
-    pub fn parse(url: &str) -> Result<Self> {
-        let bad = |why: &str| {
-            Error::invalid(format!(
-                "repositoryUrl {}: {why}; give an https:// or ssh:// git URL",
-                strip_userinfo(url)
-            ))
-        };
-        let (ssh, rest) = if let Some(rest) = url.strip_prefix("https://") {
-            (false, rest)
-        } else if let Some(rest) = url.strip_prefix("ssh://") {
-            (true, rest)
-        } else if url.contains("://") || url.contains("::") {
-            return Err(bad("only https and ssh are fetched"));
-        } else {
-            // scp-like: user@host:path
-            let (authority, _) = url.split_once(':').ok_or_else(|| bad("it is not a URL"))?;
-            let host = authority.rsplit('@').next().unwrap_or(authority);
-            return Self::checked(host, true, None).map_err(|why| bad(&why));
-        };
-        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-        let host_port = authority.rsplit('@').next().unwrap_or(authority);
-        let (host, port) = match host_port.rsplit_once(':') {
-            Some((host, port)) if !host.ends_with(']') || host.starts_with('[') => {
-                (host, Some(port))
-            }
-            _ => (host_port, None),
-        };
-        Self::checked(host, ssh, port).map_err(|why| bad(&why))
-    }
-
-    fn checked(host: &str, ssh: bool, port: Option<&str>) -> std::result::Result<Self, String> {
-        if host.is_empty() {
-            return Err("it names no host".into());
-        }
-        // IDNA, lowercase, no trailing dot; IP literals are refused (the proxy reaches hosts
-        // by name only).
-        let host = dynocap_netproxy::normalize_host(host).map_err(|err| err.to_string())?;
-        let wanted = if ssh { "22" } else { "443" };
-        if let Some(port) = port {
-            if port != wanted {
-                return Err(format!(
-                    "port {port} is not fetched through the proxy (only {wanted} for {})",
-                    if ssh { "ssh" } else { "https" }
-                ));
-            }
-        }
-        Ok(Self { host, ssh })
-    }
-}
-
-pub use dynocap_proto::redact::strip_userinfo;
-
-/// The `user[:password]` of an https repository URL: kept in memory only, never printed.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Credentials(String);
-
-impl Credentials {
-    /// The userinfo as the URL wrote it (percent-encoding and all).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Credentials(<redacted>)")
-    }
-}
-
-/// Splits the credentials off an https `url`: the URL without them (what is recorded and
-/// shown) and them. An SSH URL's user is a login name, not a secret, and stays; a password
-/// in one is refused, as ssh is only ever given a key.
-pub fn split_credentials(url: &str) -> Result<(String, Option<Credentials>)> {
-    let Some(rest) = url.strip_prefix("https://") else {
-        let authority = url
-            .strip_prefix("ssh://")
-            .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default());
-        if let Some((userinfo, _)) = authority.and_then(|a| a.rsplit_once('@')) {
-            if userinfo.contains(':') {
-                return Err(Error::invalid(format!(
-                    "repositoryUrl {} carries a password, which ssh is never given; use --ssh-key (sshKeyPath)",
-                    strip_userinfo(url)
-                )));
-            }
-        }
-        return Ok((url.to_owned(), None));
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        None => Ok((url.to_owned(), None)),
-        Some(("", host)) => Ok((format!("https://{host}{path}"), None)),
-        Some((userinfo, host)) => Ok((
-            format!("https://{host}{path}"),
-            Some(Credentials(userinfo.to_owned())),
-        )),
-    }
-}
+pub use crate::git_url::{strip_userinfo, Credentials};
 
 /// The environment variable telling a supervisor that its starter passes a clone's
 /// credentials on [`SUPERVISOR_CREDENTIALS_FD`].
@@ -160,7 +54,7 @@ static INHERITED_CREDENTIALS: Mutex<Option<Credentials>> = Mutex::new(None);
 /// inherit. The pipe's buffer holds them whole, so nothing waits on a reader.
 pub fn credentials_pipe(credentials: &Credentials) -> Result<OwnedFd> {
     // Within the pipe's buffer (64 KiB), so the write never waits on the reader.
-    if credentials.0.len() as u64 > CREDENTIALS_MAX {
+    if credentials.expose().len() as u64 > CREDENTIALS_MAX {
         return Err(Error::invalid(format!(
             "the repositoryUrl's credentials are over {CREDENTIALS_MAX} bytes; give shorter ones"
         )));
@@ -204,7 +98,7 @@ pub fn claim_inherited_credentials() -> Result<()> {
         .context("reading the clone's credentials")?;
     *INHERITED_CREDENTIALS
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Credentials(text));
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Credentials::new(text));
     Ok(())
 }
 
@@ -261,23 +155,25 @@ pub struct Access<'a> {
 pub async fn clone_repository(
     conn: &AgentConn,
     egress: &Egress,
-    url: &str,
+    url: &GitUrl,
     history: History,
     access: Access<'_>,
     state_dir: &Path,
     report: &(dyn Fn(Progress) + Send + Sync),
 ) -> Result<SourceInfo> {
-    let target = GitTarget::parse(url)?;
-    // A record from before credentials were split off may still hold them.
-    let (url, recorded) = split_credentials(url)?;
-    let url = url.as_str();
     let Access {
         ssh_key: key_path,
         credentials,
     } = access;
-    let credentials = credentials.or(recorded);
+    // A record from before credentials were split off may still hold them.
+    let credentials = credentials.or_else(|| url.credentials().cloned());
+    let ssh = url.is_ssh();
+    let host = url.host();
+    // The canonical spelling, without credentials: what git fetches and what is recorded.
+    let url = url.to_string();
+    let url = url.as_str();
     let ssh_key = match key_path {
-        Some(path) if target.ssh => Some(crate::ssh_key::read(path)?),
+        Some(path) if ssh => Some(crate::ssh_key::read(path)?),
         Some(_) => {
             return Err(Error::invalid(
                 "sshKeyPath only applies to an ssh:// (or user@host:path) repositoryUrl",
@@ -285,22 +181,19 @@ pub async fn clone_repository(
         }
         None => None,
     };
-    let known_hosts = target.ssh.then(|| known_hosts_for(&target.host));
+    let known_hosts = ssh.then(|| known_hosts_for(host));
     if known_hosts.as_deref() == Some("") {
         return Err(Error::internal(format!(
-            "no SSH host key is known for {}: add it to ~/.ssh/known_hosts of the user running dynocap (ssh-keyscan {} and check the fingerprint), or use an https URL",
-            target.host, target.host
+            "no SSH host key is known for {host}: add it to ~/.ssh/known_hosts of the user running dynocap (ssh-keyscan {host} and check the fingerprint), or use an https URL"
         )));
     }
-    egress
-        .open(conn, clone_policy(&target.host, target.ssh)?)
-        .await?;
+    egress.open(conn, clone_policy(host, ssh)?).await?;
     report(workspace::step(&format!("cloning {}", strip_userinfo(url))));
 
     let partial = state_dir.join("clone.tar.partial");
     let request = Request::Clone(CloneRequest {
         url: url.to_owned(),
-        credentials: credentials.map(|c| c.0),
+        credentials: credentials.map(|c| c.expose().to_owned()),
         dest: WORKSPACE.into(),
         history: history.as_str().into(),
         owner_uid: SANDBOX_UID,
@@ -450,50 +343,6 @@ fn repack(from: &Path, to: &Path) -> Result<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn git_urls_name_their_host_and_transport() {
-        let https = GitTarget::parse("https://tok@Git.Example.com/o/r.git").unwrap();
-        assert_eq!(
-            https,
-            GitTarget {
-                host: "git.example.com".into(),
-                ssh: false
-            }
-        );
-        assert!(GitTarget::parse("ssh://git@h:22/o/r").unwrap().ssh);
-        assert!(GitTarget::parse("git@h:o/r.git").unwrap().ssh);
-        for bad in [
-            "http://h/r",
-            "https://h:8443/r",
-            "ssh://h:2222/r",
-            "ext::sh",
-            "file:///r",
-        ] {
-            assert!(GitTarget::parse(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn credentials_are_split_off_https_urls_only() {
-        let (url, secret) =
-            split_credentials("https://me:ghp_t0k@Host.example/o/r.git?x#y").unwrap();
-        assert_eq!(url, "https://Host.example/o/r.git?x#y");
-        assert_eq!(secret.unwrap().expose(), "me:ghp_t0k");
-        let (url, secret) = split_credentials("https://ghp_t0k@host/r").unwrap();
-        assert_eq!(
-            (url.as_str(), secret.unwrap().expose()),
-            ("https://host/r", "ghp_t0k")
-        );
-        let (url, secret) = split_credentials("https://host/a@b").unwrap();
-        assert_eq!((url.as_str(), secret), ("https://host/a@b", None));
-        // An SSH user is a login name, kept; an SSH password is refused, and not repeated.
-        let (url, secret) = split_credentials("ssh://git@host/r").unwrap();
-        assert_eq!((url.as_str(), secret), ("ssh://git@host/r", None));
-        let err = split_credentials("ssh://git:hunter2@host/r").unwrap_err();
-        assert!(!err.to_string().contains("hunter2"), "{err}");
-        assert!(!format!("{:?}", Credentials("a:b".into())).contains("a:b"));
-    }
 
     #[test]
     fn repack_keeps_files_and_refuses_escapes() {

@@ -155,9 +155,10 @@ pub fn remote_hosts(remote_urls: &[String]) -> Vec<String> {
         .collect();
     let mut hosts = Vec::new();
     for url in remote_urls {
-        if let Ok(target) = crate::clone::GitTarget::parse(url) {
-            if listed.contains(&target.host) && !hosts.contains(&target.host) {
-                hosts.push(target.host);
+        if let Ok(url) = crate::git_url::GitUrl::parse(url) {
+            let host = url.host();
+            if listed.iter().any(|h| h == host) && !hosts.iter().any(|h| h == host) {
+                hosts.push(host.to_owned());
             }
         }
     }

@@ -21,6 +21,7 @@ pub mod excerpt;
 pub mod exec;
 pub mod failpoint;
 pub mod finish;
+pub mod git_url;
 pub mod hardened_git;
 pub mod home;
 pub mod host_children;

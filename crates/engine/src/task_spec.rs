@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::State;
 use crate::error::{Error, Result};
+use crate::git_url::GitUrl;
 use crate::import::{History, Note, NoteKind};
 use crate::sandboxes::SandboxInfo;
 use crate::spec::{validate_name, Network, Resources, TASK_CPUS_DEFAULT};
@@ -18,7 +19,8 @@ use crate::spec::{validate_name, Network, Resources, TASK_CPUS_DEFAULT};
 #[serde(rename_all = "camelCase")]
 pub enum Source {
     ProjectPath(PathBuf),
-    RepositoryUrl(String),
+    /// Parsed where it entered; recorded in its canonical spelling, without credentials.
+    RepositoryUrl(GitUrl),
 }
 
 /// `dynocap task start` / `dynocap_task_start`, defaults applied.
@@ -55,7 +57,7 @@ impl TaskStartSpec {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         project_path: Option<PathBuf>,
-        repository_url: Option<String>,
+        repository_url: Option<GitUrl>,
         history: Option<&str>,
         name: Option<String>,
         network: Option<&str>,

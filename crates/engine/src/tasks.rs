@@ -64,9 +64,8 @@ impl Engine {
         // URL without them, the supervisor gets them on a pipe.
         let mut credentials = None;
         if let Source::RepositoryUrl(url) = &spec.source {
-            let (kept, secret) = crate::clone::split_credentials(url)?;
-            start.source = Source::RepositoryUrl(kept);
-            credentials = secret;
+            start.source = Source::RepositoryUrl(url.without_credentials());
+            credentials = url.credentials().cloned();
         }
         match (&spec.source, &project) {
             (Source::ProjectPath(_), Some(dir)) => {
@@ -86,7 +85,7 @@ impl Engine {
             (Source::RepositoryUrl(_), None) => {}
         }
         let git_host = match &start.source {
-            Source::RepositoryUrl(url) => Some(crate::clone::GitTarget::parse(url)?.host),
+            Source::RepositoryUrl(url) => Some(url.host().to_owned()),
             Source::ProjectPath(_) => None,
         };
         if let Some(path) = &spec.ssh_key_path {
@@ -496,7 +495,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
             Source::RepositoryUrl(_) => None,
         },
         repository_url: match &detail.start.source {
-            Source::RepositoryUrl(u) => Some(u.clone()),
+            Source::RepositoryUrl(u) => Some(u.to_string()),
             Source::ProjectPath(_) => None,
         },
         history: detail.start.history,

@@ -207,9 +207,16 @@ impl Tools {
                 ),
             ));
         }
+        // Parsed once, by the policy that judges it, and the spec is built from the result:
+        // the engine clones this very value. (So a refused URL is reported before a
+        // malformed value of the other arguments.)
+        let repository_url = repository_url
+            .as_deref()
+            .map(|raw| self.enforce(tool, self.policy.check_repository_url(raw)))
+            .transpose()?;
         let mut spec = TaskStartSpec::new(
             project_path.as_ref().map(PathBuf::from),
-            repository_url.clone(),
+            repository_url,
             args.string("history")?.as_deref(),
             args.string("name")?,
             args.string("network")?.as_deref(),
@@ -225,10 +232,6 @@ impl Tools {
             let dir = self.enforce(tool, self.policy.check_project_path(raw))?;
             spec.source = Source::ProjectPath(dir.path().to_path_buf());
             project = Some(dir);
-        }
-        if let Some(raw) = &repository_url {
-            let normalized = self.enforce(tool, self.policy.check_repository_url(raw))?;
-            spec.source = Source::RepositoryUrl(normalized);
         }
         if let Some(raw) = &ssh_key {
             spec.ssh_key_path = Some(self.enforce(tool, self.policy.check_ssh_key(raw))?);

@@ -12,6 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
+use dynocap_engine::git_url::{GitUrl, GitUrlErrorKind};
 use dynocap_engine::import::{ImportError, ProjectDir};
 use dynocap_engine::{Error, ErrorCode};
 
@@ -343,18 +344,33 @@ impl Policy {
         ))
     }
 
-    /// Checks a `repositoryUrl`; returns it with its host normalised (lowercase, IDNA
-    /// A-labels, no trailing dot), which is what the engine must clone.
-    pub fn check_repository_url(&self, raw: &str) -> Result<String, Refusal> {
-        let url = parse_git_url(raw)?;
-        let allowed = self.git_hosts.contains(&url.host);
+    /// Checks a `repositoryUrl`; returns it parsed ([`GitUrl`], host canonical: lowercase,
+    /// IDNA A-labels, no trailing dot), the very value the engine clones.
+    pub fn check_repository_url(&self, raw: &str) -> Result<GitUrl, Refusal> {
+        let url = GitUrl::parse(raw).map_err(|err| {
+            let rule = err.kind.rule();
+            match err.kind {
+                GitUrlErrorKind::Empty => Refusal::invalid(rule, err.message),
+                _ => Refusal::denied(rule, err.message),
+            }
+        })?;
+        // Credentials are the CLI's to give: a caller here must not hand the clone a token,
+        // and `github.com@evil.example` reads as github.com to a person.
+        if url.credentials().is_some() {
+            return Err(Refusal::denied(
+                "git.userinfo",
+                "repositoryUrl carries userinfo (user@ or credentials before the host); \
+                 https URLs must not, and github.com@evil.example would reach evil.example",
+            ));
+        }
+        let allowed = self.git_hosts.iter().any(|host| host == url.host());
         if !allowed {
             return Err(Refusal::denied(
                 "git.host",
                 format!(
                     "repositoryUrl host {:?} is not in {ENV_GIT_HOSTS} ({}); ask the user to add \
                      it there",
-                    url.host,
+                    url.host(),
                     if self.git_hosts.is_empty() {
                         "empty".to_owned()
                     } else {
@@ -363,7 +379,7 @@ impl Policy {
                 ),
             ));
         }
-        Ok(url.to_string())
+        Ok(url)
     }
 
     /// Refuses `filtered`/`nat` unless the host set the matching flag. Never downgrades.
@@ -674,257 +690,6 @@ pub fn normalize_lexically(path: &Path) -> PathBuf {
         }
     }
     out
-}
-
-/// A git URL that passed the shape checks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GitUrl {
-    pub form: GitForm,
-    pub user: Option<String>,
-    /// Normalised: lowercase ASCII (IDNA A-labels), no trailing dot; IPv6 in brackets.
-    pub host: String,
-    pub port: Option<u16>,
-    /// Everything after the host (and port): `/owner/repo.git`, or `owner/repo.git` for scp.
-    pub path: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GitForm {
-    Https,
-    Ssh,
-    Scp,
-}
-
-impl fmt::Display for GitUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let port = self.port.map(|p| format!(":{p}")).unwrap_or_default();
-        let user = self
-            .user
-            .as_deref()
-            .map(|u| format!("{u}@"))
-            .unwrap_or_default();
-        match self.form {
-            GitForm::Https => write!(f, "https://{}{port}{}", self.host, self.path),
-            GitForm::Ssh => write!(f, "ssh://{user}{}{port}{}", self.host, self.path),
-            GitForm::Scp => write!(f, "{user}{}:{}", self.host, self.path),
-        }
-    }
-}
-
-/// Parses `https://HOST[:port]/path`, `ssh://[user@]HOST[:port]/path` or `user@HOST:path`,
-/// refusing every other transport and every trick that could make git reach another host
-/// or run a command.
-pub fn parse_git_url(raw: &str) -> Result<GitUrl, Refusal> {
-    let shape = |message: String| Refusal::denied("git.shape", message);
-    if raw.is_empty() {
-        return Err(Refusal::invalid(
-            "git.empty",
-            "repositoryUrl is empty; give an https:// or ssh:// git URL",
-        ));
-    }
-    if raw.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(Refusal::denied(
-            "git.characters",
-            "repositoryUrl contains whitespace or control characters, which are refused",
-        ));
-    }
-    if raw.starts_with('-') {
-        return Err(Refusal::denied(
-            "git.option",
-            "repositoryUrl starts with '-', which git would read as an option; refused",
-        ));
-    }
-    if raw.contains('\\') {
-        return Err(shape(
-            "repositoryUrl contains a backslash, which is refused".to_owned(),
-        ));
-    }
-    let lower = raw.to_ascii_lowercase();
-    let (form, rest) = if lower.starts_with("https://") {
-        (GitForm::Https, &raw["https://".len()..])
-    } else if lower.starts_with("ssh://") {
-        (GitForm::Ssh, &raw["ssh://".len()..])
-    } else if let Some(index) = raw.find("://") {
-        let scheme = &raw[..index];
-        return Err(Refusal::denied(
-            "git.transport",
-            format!(
-                "repositoryUrl transport {scheme:?} is refused; only https://HOST/..., \
-                 ssh://[user@]HOST/... and user@HOST:path are allowed"
-            ),
-        ));
-    } else if raw.contains("::") {
-        return Err(Refusal::denied(
-            "git.transport",
-            "repositoryUrl uses git's <transport>::<address> syntax (such as ext::), which is \
-             refused; only https://, ssh:// and user@HOST:path are allowed",
-        ));
-    } else {
-        return parse_scp(raw);
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..end];
-    let path = &rest[end..];
-    // A refusal never repeats credentials the URL carries.
-    let shown = dynocap_engine::clone::strip_userinfo(raw);
-    if !path.starts_with('/') || path.len() < 2 {
-        return Err(shape(format!(
-            "repositoryUrl {shown} names no repository path after the host"
-        )));
-    }
-    if path.starts_with("//") {
-        return Err(shape(format!(
-            "repositoryUrl {shown} has an empty path segment after the host"
-        )));
-    }
-    let (user, host_port) = match authority.rsplit_once('@') {
-        None => (None, authority),
-        Some((userinfo, host_port)) => {
-            if form == GitForm::Https {
-                return Err(Refusal::denied(
-                    "git.userinfo",
-                    "repositoryUrl carries userinfo (user@ or credentials before the host); \
-                     https URLs must not, and github.com@evil.example would reach evil.example",
-                ));
-            }
-            check_user(userinfo)?;
-            (Some(userinfo.to_owned()), host_port)
-        }
-    };
-    check_path_characters(path)?;
-    let (host, port) = split_port(host_port)?;
-    let host = normalize_host(host).map_err(|why| {
-        Refusal::denied("git.host", format!("repositoryUrl host is refused: {why}"))
-    })?;
-    Ok(GitUrl {
-        form,
-        user,
-        host,
-        port,
-        path: path.to_owned(),
-    })
-}
-
-fn parse_scp(raw: &str) -> Result<GitUrl, Refusal> {
-    if raw.starts_with('/') || raw.starts_with('.') || raw.starts_with('~') {
-        return Err(Refusal::denied(
-            "git.local",
-            "repositoryUrl is a local path, which is refused; use projectPath for local \
-             projects",
-        ));
-    }
-    let Some((left, path)) = raw.split_once(':') else {
-        return Err(Refusal::denied(
-            "git.local",
-            format!(
-                "repositoryUrl {raw:?} is not a URL git would fetch from the network (a local \
-                 path?); use https://HOST/..., ssh://[user@]HOST/... or user@HOST:path"
-            ),
-        ));
-    };
-    if left.contains('/') {
-        return Err(Refusal::denied(
-            "git.local",
-            "repositoryUrl is a local path (a '/' before the ':'), which is refused",
-        ));
-    }
-    let Some((user, host)) = left.split_once('@') else {
-        return Err(Refusal::denied(
-            "git.shape",
-            format!(
-                "repositoryUrl {raw:?} is HOST:path without a user; use user@HOST:path \
-                 (e.g. git@github.com:owner/repo.git) or https://"
-            ),
-        ));
-    };
-    check_user(user)?;
-    if path.is_empty() || path.starts_with('-') || path.starts_with('/') && path.len() < 2 {
-        return Err(Refusal::denied(
-            "git.shape",
-            format!("repositoryUrl {raw:?} names no usable repository path after the ':'"),
-        ));
-    }
-    check_path_characters(path)?;
-    let host = normalize_host(host).map_err(|why| {
-        Refusal::denied("git.host", format!("repositoryUrl host is refused: {why}"))
-    })?;
-    Ok(GitUrl {
-        form: GitForm::Scp,
-        user: Some(user.to_owned()),
-        host,
-        port: None,
-        path: path.to_owned(),
-    })
-}
-
-/// The repository path is passed to git and the remote verbatim: printable ASCII only.
-fn check_path_characters(path: &str) -> Result<(), Refusal> {
-    if path.bytes().all(|b| b.is_ascii_graphic()) {
-        return Ok(());
-    }
-    Err(Refusal::denied(
-        "git.characters",
-        "repositoryUrl path contains characters other than printable ASCII, which are refused",
-    ))
-}
-
-fn check_user(user: &str) -> Result<(), Refusal> {
-    let ok = !user.is_empty()
-        && !user.starts_with('-')
-        && user
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        return Ok(());
-    }
-    Err(Refusal::denied(
-        "git.userinfo",
-        "repositoryUrl user part is refused: only a plain user name (letters, digits, '.', \
-         '_', '-'; no password, no second '@') may precede the host, as in git@HOST",
-    ))
-}
-
-fn split_port(host_port: &str) -> Result<(&str, Option<u16>), Refusal> {
-    let bad_port = || {
-        Refusal::denied(
-            "git.shape",
-            "repositoryUrl port must be a number from 1 to 65535",
-        )
-    };
-    let (host, port) = if host_port.starts_with('[') {
-        match host_port.find(']') {
-            Some(close) => {
-                let (host, after) = host_port.split_at(close + 1);
-                match after.strip_prefix(':') {
-                    Some(port) => (host, Some(port)),
-                    None if after.is_empty() => (host, None),
-                    None => return Err(bad_port()),
-                }
-            }
-            None => {
-                return Err(Refusal::denied(
-                    "git.host",
-                    "repositoryUrl host has an unclosed '['",
-                ))
-            }
-        }
-    } else {
-        match host_port.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (host_port, None),
-        }
-    };
-    let port = match port {
-        None => None,
-        Some(p) if !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) => {
-            match p.parse::<u16>() {
-                Ok(0) | Err(_) => return Err(bad_port()),
-                Ok(n) => Some(n),
-            }
-        }
-        Some(_) => return Err(bad_port()),
-    };
-    Ok((host, port))
 }
 
 /// Normalises a host for comparison: IP literals canonical (IPv6 in brackets); names
@@ -1270,8 +1035,8 @@ mod tests {
             ("git@bitbucket.org:o/r", "git@bitbucket.org:o/r"),
         ] {
             assert_eq!(
-                policy.check_repository_url(url).as_deref(),
-                Ok(normalized),
+                policy.check_repository_url(url).map(|u| u.to_string()),
+                Ok(normalized.to_owned()),
                 "{url}"
             );
         }
@@ -1340,10 +1105,18 @@ mod tests {
         assert_eq!(
             policy
                 .check_repository_url("https://BÜCHER.example/o/r")
-                .unwrap(),
+                .unwrap()
+                .to_string(),
             "https://xn--bcher-kva.example/o/r"
         );
-        assert!(policy.check_repository_url("https://127.0.0.1/o/r").is_ok());
+        // Listed or not, an IP literal is not a host the clone's egress proxy opens.
+        assert_eq!(
+            policy
+                .check_repository_url("https://127.0.0.1/o/r")
+                .unwrap_err()
+                .rule,
+            "git.host"
+        );
         assert!(policy
             .check_repository_url("https://github.com/o/r")
             .is_err());

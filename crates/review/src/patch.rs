@@ -1,6 +1,6 @@
 //! The host's own reading of a guest-produced patch (`git diff --binary`, baseline → working
 //! tree): a strict parser ([`parse`]) and the review built on it ([`review`], [`summarize`]) —
-//! file and line counts plus the paths a reviewer must look at (CONTRACT.md "Diff", `kind`;
+//! file and line counts plus the paths a reviewer must look at (docs/mcp.md "Diff", `kind`;
 //! the rules are the table in `patch/rules.rs`).
 //!
 //! The patch is hostile: a prompt-injected agent controls every byte of it. So nothing the
@@ -51,7 +51,7 @@ pub const MODE_EXECUTABLE: u32 = 0o100_755;
 pub const MODE_SYMLINK: u32 = 0o120_000;
 pub const MODE_GITLINK: u32 = 0o160_000;
 
-/// The review header of a diff (CONTRACT.md "Diff").
+/// The review header of a diff (docs/mcp.md "Diff").
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DiffSummary {
@@ -76,7 +76,7 @@ pub struct SensitivePath {
     pub reason: String,
 }
 
-/// The `kind` table of CONTRACT.md, with the extensions it allows; each kind's rules are the
+/// The sensitive kinds of docs/mcp.md ("Sensitive paths"); each kind's rules are the
 /// table in `patch/rules.rs` (and the README section generated from it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -1,5 +1,5 @@
-//! Which changed paths a reviewer must look at (CONTRACT.md's `kind` table), and a reason for
-//! each that a person understands.
+//! Which changed paths a reviewer must look at (the kinds of docs/mcp.md, "Sensitive paths"),
+//! and a reason for each that a person understands.
 //!
 //! The rules are the table in `rules.rs`; this file applies them. Names are compared in the
 //! normal form of `names.rs`, because the patch may be applied on a Mac or a Windows box:

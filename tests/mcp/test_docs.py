@@ -113,7 +113,6 @@ async def test_docs_mcp_documents_every_served_tool_and_parameter(host: Host) ->
     """The page and the live `tools/list` agree on every tool and every parameter."""
     async with connect(host) as session:
         listing = await session.list_tools()
-    assert len(listing.tools) == 10, [t.name for t in listing.tools]
     problems = compare(listing.tools, DOC.read_text())
     assert not problems, "docs/mcp.md and the server disagree:\n" + "\n".join(problems)
 

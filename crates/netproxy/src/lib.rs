@@ -65,10 +65,12 @@
 //! parser), `sniff` (first bytes in the tunnel and their judgement), `watch` (later
 //! ClientHellos), `upstream` (resolve, check, connect), `relay` (counted, watched
 //! bidirectional copy), `decision` (decisions and sinks), `jsonl` (the log file),
-//! `summary` (aggregation), `proxy` (the conversation).
+//! `summary` (aggregation), `proxy` (the conversation), `fuzzing` (the fuzz targets' bodies).
 
 mod addr;
 mod decision;
+// The fuzz targets' bodies (crates/netproxy/fuzz), public so that crate can call them.
+pub mod fuzzing;
 mod host;
 mod http;
 mod jsonl;

@@ -255,6 +255,34 @@ mod tests {
     }
 
     #[test]
+    fn one_spelling_per_name_whatever_the_writer_chose() {
+        for spelling in [
+            "GitHub.COM",
+            "github.com.",
+            "GITHUB.COM.",
+            "ｇｉｔｈｕｂ.com",
+            "github\u{3002}com",
+        ] {
+            assert_eq!(
+                normalize_host(spelling).as_deref(),
+                Ok("github.com"),
+                "{spelling:?}"
+            );
+        }
+        for refused in [
+            "github.com..",
+            "[fe80::1%25eth0]",
+            "fe80::1%eth0",
+            "[::ffff:7f00:1]",
+            "127.0.0.1.",
+            "github.com\u{0}",
+            "git hub.com",
+        ] {
+            assert!(normalize_host(refused).is_err(), "{refused:?}");
+        }
+    }
+
+    #[test]
     fn malformed_names_are_refused() {
         for bad in [
             "",

@@ -7,7 +7,6 @@
 
 use std::fmt;
 use std::io::Read;
-use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
@@ -573,7 +572,9 @@ fn build_git_hosts(value: Option<&str>, warn: &mut dyn FnMut(String)) -> Vec<Str
     let value = value.unwrap_or(DEFAULT_GIT_HOSTS);
     let mut hosts = Vec::new();
     for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        match normalize_host(entry) {
+        // The proxy's own normaliser: an entry is spelled as a GitUrl's host is, so the
+        // comparison cannot disagree with what the clone opens.
+        match dynocap_netproxy::normalize_host(entry) {
             Ok(host) => {
                 if !hosts.contains(&host) {
                     hosts.push(host);
@@ -690,61 +691,6 @@ pub fn normalize_lexically(path: &Path) -> PathBuf {
         }
     }
     out
-}
-
-/// Normalises a host for comparison: IP literals canonical (IPv6 in brackets); names
-/// lowercased, one trailing dot dropped, IDNA (UTS 46) mapped to ASCII. Refuses percent
-/// signs and anything that is not a plain DNS name afterwards.
-pub fn normalize_host(host: &str) -> Result<String, String> {
-    if host.is_empty() {
-        return Err("the host is empty".to_owned());
-    }
-    if host.contains('%') {
-        return Err(format!(
-            "{host:?} contains '%' (percent-encoding or a zone id), which is refused"
-        ));
-    }
-    if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        return inner
-            .parse::<Ipv6Addr>()
-            .map(|ip| format!("[{ip}]"))
-            .map_err(|_| format!("{host:?} is not a valid IPv6 literal"));
-    }
-    if let Ok(ip) = host.parse::<Ipv6Addr>() {
-        return Ok(format!("[{ip}]"));
-    }
-    let trimmed = host.strip_suffix('.').unwrap_or(host);
-    if trimmed.is_empty() || trimmed.ends_with('.') {
-        return Err(format!("{host:?} is not a valid host name"));
-    }
-    if let Ok(ip) = trimmed.parse::<Ipv4Addr>() {
-        return Ok(ip.to_string());
-    }
-    let ascii = idna::domain_to_ascii_cow(trimmed.as_bytes(), idna::AsciiDenyList::URL)
-        .map_err(|_| format!("{host:?} is not a valid host name (IDNA)"))?;
-    let valid = !ascii.is_empty()
-        && ascii.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-        });
-    if !valid {
-        return Err(format!("{host:?} is not a valid host name"));
-    }
-    // WHATWG URL parsers read all-numeric names (0x7f.1, 2130706433) as IPv4 addresses.
-    if ascii
-        .split('.')
-        .next_back()
-        .is_some_and(|last| last.bytes().all(|b| b.is_ascii_digit()) || last.starts_with("0x"))
-    {
-        return Err(format!(
-            "{host:?} looks like a numeric IPv4 address in a non-standard spelling"
-        ));
-    }
-    Ok(ascii.into_owned())
 }
 
 /// Whether `bytes` is an OpenSSH or PEM private key (with or without a passphrase: a
@@ -1092,13 +1038,23 @@ mod tests {
 
     #[test]
     fn git_hosts_variable_and_idna() {
-        let policy = git_policy(Some(
-            " Git.Example.COM. , bücher.example,127.0.0.1,bad host",
-        ));
+        let (policy, warnings) = policy_with(PolicyInputs {
+            git_hosts: Some(
+                " Git.Example.COM. , bücher.example,127.0.0.1,[::1],bad host,a-.example".into(),
+            ),
+            ..PolicyInputs::default()
+        });
         assert_eq!(
             policy.git_hosts(),
-            &["git.example.com", "xn--bcher-kva.example", "127.0.0.1"]
+            &["git.example.com", "xn--bcher-kva.example"]
         );
+        // Every ignored entry is named in a warning: IP addresses are not git hosts.
+        for ignored in ["127.0.0.1", "[::1]", "bad host", "a-.example"] {
+            assert!(
+                warnings.iter().any(|w| w.contains(&format!("{ignored:?}"))),
+                "{ignored}: {warnings:?}"
+            );
+        }
         assert!(policy
             .check_repository_url("https://git.example.com/o/r")
             .is_ok());

@@ -63,6 +63,24 @@ if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed | grep 
     rustup target add x86_64-unknown-linux-musl
 fi
 
+# rustfmt and clippy, which scripts/lint.sh runs (a minimal rustup profile has neither).
+if command -v rustup >/dev/null 2>&1; then
+    for component in rustfmt clippy; do
+        if ! rustup component list --installed | grep -q "^$component"; then
+            echo "install-deps: adding the Rust component $component (scripts/lint.sh)" >&2
+            rustup component add "$component"
+        fi
+    done
+fi
+
+# cargo-deny, pinned: scripts/lint.sh checks the dependency tree against deny.toml with it.
+# Built from source when missing or another version (about four minutes on two cores).
+cargo_deny_version=0.20.2
+if [[ "$(cargo deny --version 2>/dev/null)" != "cargo-deny $cargo_deny_version" ]]; then
+    echo "install-deps: installing cargo-deny $cargo_deny_version (dependency checks)" >&2
+    cargo install cargo-deny --locked --version "$cargo_deny_version"
+fi
+
 # The MCP tests' clients, pinned: the Python SDK in target/mcp-venv (tests/mcp/requirements.txt)
 # and the MCP Inspector in tests/mcp/node_modules (tests/mcp/package-lock.json, which also brings
 # the Node.js >= 22.19 it needs). Reinstalled only when the pins change.

@@ -11,6 +11,9 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 
+# Formatting, clippy and the dependency policy first: minutes, where the tests take many more.
+scripts/lint.sh
+
 cargo build --workspace --all-targets --locked
 # The end-to-end tests boot guests with the static agent, as installs do; the MCP tests below
 # keep finding the agent beside dynocap, the default lookup.

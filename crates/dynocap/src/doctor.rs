@@ -2,13 +2,13 @@
 //! or enable. Every check is a real probe (open the device, run the tool), not a guess.
 //! `dynocap doctor --repair` rebuilds a damaged catalog instead (`repair.rs`).
 
-mod elf;
 mod repair;
 
 use std::process::ExitCode;
 
 pub use repair::run as repair;
 
+use dynocap_backend_vm::elf;
 use serde::Serialize;
 
 use crate::output::{print_json, say, sayln, table};

@@ -1,4 +1,4 @@
-//! Fuzzes the backend's ELF reader, which reads an image's kernel, its modules and the agent:
+//! Fuzzes the project's ELF reader, which reads an image's kernel, its modules and the agent:
 //! any bytes give an answer or an error, never a panic.
 #![no_main]
 
@@ -8,6 +8,6 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     drop(elf::program_headers(data));
     drop(elf::depends(data));
-    drop(elf::is_dynamic(data));
+    drop(elf::linkage(data));
     drop(elf::has_pvh_entry(data));
 });

@@ -76,4 +76,4 @@ if ((${#failed[@]})); then
     echo "fuzz.sh: found crashes in: ${failed[*]} (inputs under crates/*/fuzz/artifacts/)" >&2
     exit 1
 fi
-echo "fuzz.sh: ${#targets[@]} targets ran ${seconds} s each without a crash" >&2
+echo "fuzz.sh: no crash in ${#targets[@]} target(s), ${seconds} s each" >&2

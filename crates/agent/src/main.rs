@@ -64,10 +64,6 @@ mod vm_net;
 mod vmstat;
 
 #[cfg(test)]
-mod scenarios;
-#[cfg(test)]
-mod task_scenarios;
-#[cfg(test)]
 mod test_support;
 
 const USAGE: &str = "usage: dynocap-agent --channel-fd N [--cgroup-fd N] [--exec-user UID:GID] [--home DIR] [--sudo-broker]\n       \

@@ -486,26 +486,4 @@ async fn write_frames<W: AsyncWrite + Unpin>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finished_streams_are_remembered_boundedly() {
-        let mut streams = Streams::default();
-        let (tx, _rx) = mpsc::channel(1);
-        streams.open(1, tx.clone());
-        assert!(streams.known(1));
-        streams.finish(1);
-        assert!(streams.known(1) && !streams.active.contains_key(&1));
-        // Reusing an id makes it active again and forgets it as finished.
-        streams.open(1, tx);
-        assert!(streams.active.contains_key(&1));
-        assert!(!streams.recent_set.contains(&1));
-        for id in 10..10 + u32::try_from(RECENT_STREAMS).expect("small") + 5 {
-            streams.finish(id);
-        }
-        assert_eq!(streams.recent.len(), RECENT_STREAMS);
-        assert_eq!(streams.recent_set.len(), RECENT_STREAMS);
-        assert!(!streams.known(10));
-    }
-}
+mod tests;

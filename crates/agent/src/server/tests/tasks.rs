@@ -24,8 +24,8 @@ use dynocap_proto::{
 use tar::{EntryType, Header};
 use tokio::sync::mpsc;
 
+use super::{req, Host, Outcome, PATIENCE};
 use crate::config::Config;
-use crate::scenarios::{req, Host, Outcome, PATIENCE};
 use crate::spawn::ExecUser;
 use crate::test_support::{sh, sh_status};
 

@@ -1,5 +1,10 @@
-//! End-to-end scenarios: the real server loop, in process, spoken to over an in-memory duplex
-//! stream exactly as the host speaks to it, running real commands.
+//! The server's scenarios: the real server loop, in process, spoken to over an in-memory
+//! duplex stream exactly as the host speaks to it, running real commands. They live here, in
+//! the binary's unit tests, rather than in `crates/agent/tests/`, because they need what the
+//! binary does not offer from outside: a state directory of their own per test (the binary
+//! has a fixed one), the agent's spawn path and reaper for their helper processes, and the
+//! private records they check (the index memo, the state directory's mode). The [`Host`]
+//! harness is shared with the task requests' scenarios in [`tasks`].
 //!
 //! The test process is made a child subreaper (as the agent is when it is not PID 1), so
 //! orphans come back to it and the reaper thread reaps them. Timing bounds are generous: the
@@ -18,9 +23,12 @@ use tokio::io::{AsyncWriteExt, DuplexStream, WriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::{Streams, RECENT_STREAMS};
 use crate::config::Config;
 use crate::init;
 use crate::server::{self, Ended};
+
+mod tasks;
 
 /// Upper bound for any single exchange; only hit when something is broken.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
@@ -779,4 +787,24 @@ async fn a_framing_error_ends_serving() {
         matches!(ended, Ended::Broken(dynocap_proto::ProtoError::Frame(_))),
         "{ended:?}"
     );
+}
+
+#[test]
+fn finished_streams_are_remembered_boundedly() {
+    let mut streams = Streams::default();
+    let (tx, _rx) = mpsc::channel(1);
+    streams.open(1, tx.clone());
+    assert!(streams.known(1));
+    streams.finish(1);
+    assert!(streams.known(1) && !streams.active.contains_key(&1));
+    // Reusing an id makes it active again and forgets it as finished.
+    streams.open(1, tx);
+    assert!(streams.active.contains_key(&1));
+    assert!(!streams.recent_set.contains(&1));
+    for id in 10..10 + u32::try_from(RECENT_STREAMS).expect("small") + 5 {
+        streams.finish(id);
+    }
+    assert_eq!(streams.recent.len(), RECENT_STREAMS);
+    assert_eq!(streams.recent_set.len(), RECENT_STREAMS);
+    assert!(!streams.known(10));
 }

@@ -41,8 +41,13 @@ impl Outbox {
         self.tx.clone()
     }
 
-    /// Ends `stream` with an `Error` frame carrying `message`, the text the host reports.
-    pub async fn send_error(&self, stream: u32, message: String) {
+    /// Ends `stream` with an `Error` frame: the one place an error of the agent becomes the
+    /// text the host reports. That text is the error's `Display`, which each of the agent's
+    /// error types writes as the whole story, its cause's text included (`cannot open the
+    /// workspace /w: ENOENT: No such file or directory`): the host sees nothing but this line,
+    /// and the typed cause stays reachable through `source()` for code that looks.
+    pub async fn send_error(&self, stream: u32, error: impl std::fmt::Display) {
+        let message = error.to_string();
         self.send(Frame::new(
             stream,
             FrameKind::Error,

@@ -242,7 +242,7 @@ impl Server {
     async fn open(&mut self, id: u32, payload: &[u8]) {
         if id == CONTROL_STREAM {
             let message = "stream 0 is the control stream; requests need a stream id of 1 or more";
-            return self.outbox.send_error(id, message.into()).await;
+            return self.outbox.send_error(id, message).await;
         }
         if id & GUEST_STREAM_BIT != 0 {
             let message = format!(
@@ -258,7 +258,7 @@ impl Server {
         }
         let request = match from_payload::<Request>("request", payload) {
             Ok(request) => request,
-            Err(err) => return self.outbox.send_error(id, err.to_string()).await,
+            Err(err) => return self.outbox.send_error(id, err).await,
         };
         match request {
             Request::Ping => self.outbox.send_done(id, &Response::Pong).await,
@@ -391,9 +391,10 @@ impl Server {
     }
 
     /// Runs a stream's work as a task that ends the stream with `Done` or `Error`.
-    fn spawn_stream<F>(&mut self, id: u32, work: F)
+    fn spawn_stream<F, E>(&mut self, id: u32, work: F)
     where
-        F: Future<Output = Result<Response, String>> + Send + 'static,
+        F: Future<Output = Result<Response, E>> + Send + 'static,
+        E: std::fmt::Display + Send + 'static,
     {
         let outbox = self.outbox.clone();
         let streams = Arc::clone(&self.streams);
@@ -404,7 +405,7 @@ impl Server {
             lock(&streams).finish(id);
             match result {
                 Ok(response) => outbox.send_done(id, &response).await,
-                Err(message) => outbox.send_error(id, message).await,
+                Err(err) => outbox.send_error(id, err).await,
             }
         });
     }
@@ -434,18 +435,30 @@ impl Server {
     }
 }
 
+/// Why a stream that reads the host's bytes failed: its work's own error, or the agent's.
+#[derive(Debug, thiserror::Error)]
+enum InputStreamError<E> {
+    #[error("{0}")]
+    Work(E),
+    #[error("internal error: the stream has no input queue")]
+    NoInputQueue,
+    #[error("internal error: {0}")]
+    Worker(#[source] tokio::task::JoinError),
+}
+
 /// Runs `work` on the blocking pool with a reader of the stream's input. A stop request raises
 /// the cancel flag the worker (and its reader) checks.
-async fn with_input<F>(
+async fn with_input<F, E>(
     mut stop: mpsc::Receiver<Stop>,
     input: Option<mpsc::Receiver<Input>>,
     work: F,
-) -> Result<Response, String>
+) -> Result<Response, InputStreamError<E>>
 where
-    F: FnOnce(InputReader, &AtomicBool) -> Result<Response, String> + Send + 'static,
+    F: FnOnce(InputReader, &AtomicBool) -> Result<Response, E> + Send + 'static,
+    E: Send + 'static,
 {
     let Some(input) = input else {
-        return Err("internal error: the stream has no input queue".into());
+        return Err(InputStreamError::NoInputQueue);
     };
     let cancelled = Arc::new(AtomicBool::new(false));
     let reader = InputReader::new(input, Arc::clone(&cancelled));
@@ -455,7 +468,10 @@ where
     loop {
         tokio::select! {
             joined = &mut worker => {
-                return joined.unwrap_or_else(|err| Err(format!("internal error: {err}")));
+                return match joined {
+                    Ok(result) => result.map_err(InputStreamError::Work),
+                    Err(err) => Err(InputStreamError::Worker(err)),
+                };
             }
             message = stop.recv(), if stop_open => match message {
                 Some(_) => cancelled.store(true, Ordering::Relaxed),

@@ -63,7 +63,7 @@ pub async fn baseline(
     let bundle_name = req.bundle.clone();
     // Opening the state directory and copying the bundle are blocking file work.
     let (state_fd, bundle) = blocking(move || {
-        let state_fd = statedir::open_state_dir(&state_dir)?;
+        let state_fd = statedir::open_state_dir(&state_dir).map_err(|err| err.to_string())?;
         let bundle = match bundle_name {
             None => None,
             Some(name) => Some(bundle_for(state_fd.as_fd(), &name, user)?),
@@ -148,7 +148,7 @@ pub(super) async fn record_baseline(
 ) -> Result<(String, Option<u64>), RunError> {
     let state_dir = private.state_dir.clone();
     blocking(move || {
-        let fd = statedir::open_state_dir(&state_dir)?;
+        let fd = statedir::open_state_dir(&state_dir).map_err(|err| err.to_string())?;
         for name in BASELINE_FILES {
             fsutil::remove_at(fd.as_fd(), name)
                 .map_err(|err| format!("cannot remove the previous baseline: {err}"))?;
@@ -172,7 +172,7 @@ pub(super) async fn record_baseline(
     git.run(&init, Run::new(&private.dir), stop).await?;
     let state_dir = private.state_dir.clone();
     blocking(move || {
-        let state = statedir::open_state_dir(&state_dir)?;
+        let state = statedir::open_state_dir(&state_dir).map_err(|err| err.to_string())?;
         let dir = fsutil::open_dir_at(state.as_fd(), BASELINE_DIR)
             .map_err(|err| format!("cannot open the private repository: {err}"))?;
         // Before the baseline is added: its blobs are the files' bytes, as the diffs' are.

@@ -100,7 +100,7 @@ pub async fn diff(
         .map_err(|err| cancelled_or(err, "the diff"))?;
     let state_dir = config.state_dir.clone();
     let (recorded, commit, baseline_largest, has_index, private) = blocking(move || {
-        let fd = statedir::open_state_dir(&state_dir)?;
+        let fd = statedir::open_state_dir(&state_dir).map_err(|err| err.to_string())?;
         let recorded = read_note(fd.as_fd(), BASELINE_WORKSPACE)?;
         // Written since this note exists; without it, git sizes the changed files.
         let baseline_largest = read_note(fd.as_fd(), BASELINE_LARGEST)

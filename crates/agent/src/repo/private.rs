@@ -45,7 +45,7 @@ impl Private {
         program: &std::ffi::CStr,
         attr_source: bool,
     ) -> Result<Opened, String> {
-        let state = statedir::open_state_dir(&self.state_dir)?;
+        let state = statedir::open_state_dir(&self.state_dir).map_err(|err| err.to_string())?;
         let dir = fsutil::open_dir_at(state.as_fd(), BASELINE_DIR).map_err(|err| match err {
             Errno::ENOENT => "there is no baseline: send Baseline before Diff".to_owned(),
             err => format!("cannot open the private repository: {err}"),

@@ -60,7 +60,7 @@ pub(super) fn bundle_for(
     name: &str,
     user: Option<ExecUser>,
 ) -> Result<OwnedFd, String> {
-    let mut original = statedir::open_received(state_fd, name)?;
+    let mut original = statedir::open_received(state_fd, name).map_err(|err| err.to_string())?;
     let Some(user) = user else {
         return Ok(OwnedFd::from(original));
     };

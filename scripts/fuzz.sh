@@ -11,7 +11,7 @@
 # A crash leaves its input in crates/CRATE/fuzz/artifacts/TARGET/; replay it with
 # `cargo fuzz run --fuzz-dir crates/CRATE/fuzz TARGET THAT-FILE` (prefixed with
 # RUSTC_BOOTSTRAP=1 on a stable toolchain, as below). What each run learnt stays in
-# crates/CRATE/fuzz/corpus/TARGET and seeds the next run.
+# crates/CRATE/fuzz/corpus/TARGET and starts the next run, beside the committed seeds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -65,8 +65,13 @@ for entry in "${targets[@]}"; do
     crate="${entry%%/*}"
     target="${entry#*/}"
     echo "fuzz.sh: $entry for ${seconds} s" >&2
+    # The corpus grows in corpus/TARGET (not in git); seeds/TARGET, committed, holds real
+    # inputs (a curl ClientHello, an index git wrote) that start the search deep in the format.
+    corpus=("crates/$crate/fuzz/corpus/$target")
+    mkdir -p "${corpus[0]}"
+    [[ -d crates/$crate/fuzz/seeds/$target ]] && corpus+=("crates/$crate/fuzz/seeds/$target")
     # -timeout: one input taking 10 s is a hang worth reporting, not a slow run to wait for.
-    if ! cargo fuzz run --fuzz-dir "crates/$crate/fuzz" --target-dir "$target_dir" "$target" -- \
+    if ! cargo fuzz run --fuzz-dir "crates/$crate/fuzz" --target-dir "$target_dir" "$target" "${corpus[@]}" -- \
         -max_total_time="$seconds" -timeout=10 -print_final_stats=1; then
         failed+=("$entry")
     fi

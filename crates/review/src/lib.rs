@@ -11,9 +11,11 @@
 //!
 //! Imports run one way: `diff_view` and `verify` read `patch`, `verify` reads `tar_index`,
 //! and neither `patch` nor `tar_index` reads anything else of the crate. The parser, the review
-//! and the index reader take hostile input; each has a fuzz target in `fuzz/`.
+//! and the index reader take hostile input: [`fuzzing`] holds the bodies of their fuzz targets
+//! (`fuzz/`), which its unit tests run too.
 
 pub mod diff_view;
+pub mod fuzzing;
 pub mod patch;
 pub mod tar_index;
 pub mod verify;

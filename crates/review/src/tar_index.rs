@@ -134,6 +134,15 @@ impl TarIndex {
                 return Err(Defect::Damaged("its names are not sorted"));
             }
             previous = Some(name);
+            // A header lies within the tar. Readers seek and read where the index says, and
+            // an offset the file cannot have (past 2^63 a read fails outright) would blame the
+            // tar rather than the index.
+            let offset = read_u64(&bytes, record(i));
+            if offset.checked_add(BLOCK).is_none_or(|end| end > tar_len) {
+                return Err(Defect::Damaged(
+                    "an entry's offset lies past the end of the tar",
+                ));
+            }
         }
         Ok(Self { bytes, count })
     }
@@ -268,7 +277,7 @@ pub fn write_entries(tar: &Path, entries: Vec<(String, u64)>) -> std::io::Result
 
 /// `(name, first header offset)` of every entry in tar order, or `None` for a tar with an
 /// entry whose contents' length in the archive the reader cannot tell (sparse files).
-fn scan(file: std::fs::File) -> std::io::Result<Option<Vec<(String, u64)>>> {
+pub(crate) fn scan(file: std::fs::File) -> std::io::Result<Option<Vec<(String, u64)>>> {
     // Unbuffered: one 512-byte read per header, then a seek past the contents.
     let mut archive = tar::Archive::new(file);
     let mut entries = Vec::new();
@@ -287,7 +296,7 @@ fn scan(file: std::fs::File) -> std::io::Result<Option<Vec<(String, u64)>>> {
     Ok(Some(entries))
 }
 
-fn encode(mut entries: Vec<(String, u64)>, tar_len: u64) -> std::io::Result<Vec<u8>> {
+pub(crate) fn encode(mut entries: Vec<(String, u64)>, tar_len: u64) -> std::io::Result<Vec<u8>> {
     let too_large = || std::io::Error::other("the tar's names are too large to index");
     // Stable: among equal names the first in tar order stays first, and is the one kept.
     entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
@@ -318,7 +327,7 @@ fn encode(mut entries: Vec<(String, u64)>, tar_len: u64) -> std::io::Result<Vec<
 /// FNV-1a over 8-byte words (then the tail byte by byte): catches a damaged or cut file,
 /// cheaply (an index of 20,000 entries is about 700 KiB). Not a defence against a forger:
 /// the index lives in the host's own state directory, which the guest cannot write.
-fn checksum(bytes: &[u8]) -> u64 {
+pub(crate) fn checksum(bytes: &[u8]) -> u64 {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut words = bytes.chunks_exact(8);

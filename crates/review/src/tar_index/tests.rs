@@ -186,6 +186,28 @@ fn records_that_lie_about_their_names_are_refused_even_with_a_good_checksum() {
     ));
 }
 
+/// Offsets no header of the tar can have, in a well-formed, sealed index: past the end, in the
+/// last block, and past 2^63, where a read fails outright (verification then blamed the tar,
+/// where it reads the tar through for any other wrong offset).
+#[test]
+fn offsets_past_the_tar_are_refused_even_with_a_good_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let tar = dir.path().join("t.tar");
+    sample_tar(&tar);
+    let len = std::fs::metadata(&tar).unwrap().len();
+    for offset in [len, len - BLOCK + 1, 1 << 63, u64::MAX] {
+        let bytes = encode(vec![("a".into(), 0), ("b".into(), offset)], len).unwrap();
+        let err = TarIndex::from_bytes(bytes, len).map(|_| ()).unwrap_err();
+        assert_eq!(
+            err,
+            Defect::Damaged("an entry's offset lies past the end of the tar"),
+            "{offset}"
+        );
+    }
+    let last = encode(vec![("a".into(), 0), ("b".into(), len - BLOCK)], len).unwrap();
+    TarIndex::from_bytes(last, len).expect("the last block can hold a header");
+}
+
 #[test]
 fn an_empty_tar_gets_an_empty_index() {
     let dir = tempfile::tempdir().unwrap();

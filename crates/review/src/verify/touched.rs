@@ -49,7 +49,7 @@ impl Touched {
         )
     }
 
-    fn from_names(names: impl IntoIterator<Item = String>) -> Self {
+    pub(crate) fn from_names(names: impl IntoIterator<Item = String>) -> Self {
         let mut touched = Touched::default();
         touched.leading.insert(String::new());
         for name in names {

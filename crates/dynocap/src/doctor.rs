@@ -225,8 +225,10 @@ fn backend_check() -> Check {
     }
     match dynocap_engine::Home::from_env() {
         Ok(home) => {
-            let auto =
-                dynocap_engine::backend_auto::choose(&home, &dynocap_engine::image::default_name());
+            let auto = dynocap_engine::backend::auto::choose(
+                &home,
+                &dynocap_engine::image::default_name(),
+            );
             Check::new(
                 "backend",
                 false,

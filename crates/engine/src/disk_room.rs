@@ -14,7 +14,8 @@
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::wording;
@@ -32,6 +33,62 @@ pub enum Layout {
     /// A file that grows as the guest writes (the vm's qcow2 layer, which appends clusters):
     /// blocks past its end are reserved, for the disk's size and the format's own tables.
     Growing,
+}
+
+/// The room a guest's disk takes on the host: its file, its size and how the file grows. A
+/// value apart from the guest, so that the reservation can run beside the rest of a start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskRoom {
+    pub image: PathBuf,
+    pub bytes: u64,
+    pub layout: Layout,
+}
+
+impl DiskRoom {
+    /// See [`reserve`].
+    pub fn reserve(&self) -> Result<()> {
+        reserve(&self.image, self.bytes, self.layout)
+    }
+}
+
+/// A reservation under way on a thread of its own. `fallocate` of a whole disk takes a
+/// millisecond or more, all of it in the kernel, while the guest's agent starts up and the
+/// supervisor readies its control socket: a start begins it right after the boot and
+/// [`waits`](PendingRoom::wait) for it before the sandbox is anyone's. Dropped unwaited (the
+/// start failed meanwhile), the thread finishes alone on a disk about to be removed.
+#[derive(Debug, Default)]
+pub struct PendingRoom(Option<Reserving>);
+
+#[derive(Debug)]
+enum Reserving {
+    Thread(JoinHandle<Result<()>>),
+    /// Reserved on the caller's thread: no thread could be started.
+    Done(Result<()>),
+}
+
+impl PendingRoom {
+    /// Starts reserving `room`; where no thread can be started, reserves it here instead.
+    pub fn begin(room: DiskRoom) -> Self {
+        let for_thread = room.clone();
+        match std::thread::Builder::new()
+            .name("disk-room".into())
+            .spawn(move || for_thread.reserve())
+        {
+            Ok(thread) => Self(Some(Reserving::Thread(thread))),
+            Err(_) => Self(Some(Reserving::Done(room.reserve()))),
+        }
+    }
+
+    /// The reservation's outcome, once it is done; `Ok` when there was nothing to reserve.
+    pub fn wait(self) -> Result<()> {
+        match self.0 {
+            None => Ok(()),
+            Some(Reserving::Done(reserved)) => reserved,
+            Some(Reserving::Thread(thread)) => thread
+                .join()
+                .unwrap_or_else(|_| Err(Error::internal("reserving the sandbox's disk panicked"))),
+        }
+    }
 }
 
 /// The MB free to an unprivileged writer on the filesystem holding `dir`.

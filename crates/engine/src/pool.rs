@@ -63,9 +63,8 @@ impl Engine {
     /// ones count). Returns how many it started.
     pub fn top_up_pool(&self) -> Result<usize> {
         let target = target()?;
-        // A VM's vCPUs, memory and hostname are fixed when it boots: only jails can be
-        // claimed, so only the jail backend keeps a pool.
-        if target == 0 || crate::backend::select()?.name() != "jail" {
+        // Only a backend whose idle guests can become a caller's keeps a pool.
+        if target == 0 || !crate::backend::select()?.keeps_a_warm_pool() {
             return Ok(0);
         }
         let catalog = self.catalog()?;

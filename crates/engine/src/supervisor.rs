@@ -28,6 +28,7 @@ use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
 use crate::control::{
     read_message, write_message, Claim, ControlReply, ControlRequest, OutputChannel, OutputChunk,
 };
+use crate::disk_room::PendingRoom;
 use crate::egress::Egress;
 use crate::error::{Context, Error, Result};
 use crate::exec::ExecResult;
@@ -119,8 +120,8 @@ pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode
     let booted = boot(&home, catalog, id, mode);
     // A disk a standby made ahead and the boot did not take (another backend, a failure) is
     // of no further use here.
-    dynocap_backend_jail::release_prepared_disk();
-    let (catalog, record, guest) = match booted {
+    backend::release_unused_preparations();
+    let (catalog, record, guest, room) = match booted {
         Ok(parts) => parts,
         Err(err) => {
             tracing::error!("boot failed: {err}");
@@ -143,8 +144,8 @@ pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode
         }
     };
     let code = match mode {
-        Mode::Start => runtime.block_on(serve(home, catalog, record, guest, ready)),
-        Mode::Recover => runtime.block_on(recover(home, catalog, record, guest, ready)),
+        Mode::Start => runtime.block_on(serve(home, catalog, record, guest, room, ready)),
+        Mode::Recover => runtime.block_on(recover(home, catalog, record, guest, room, ready)),
     };
     tracing::info!("supervisor exiting");
     code
@@ -195,7 +196,7 @@ fn boot(
     catalog: Option<Catalog>,
     id: &str,
     mode: Mode,
-) -> Result<(Catalog, Record, Box<dyn Guest>)> {
+) -> Result<(Catalog, Record, Box<dyn Guest>, PendingRoom)> {
     let catalog = match catalog {
         Some(catalog) => catalog,
         None => Catalog::open(home)?,
@@ -263,11 +264,13 @@ fn boot(
     };
     let booting = std::time::Instant::now();
     let (guest, guest_output) = boot_with_piped_output(backend.as_ref(), &spec)?;
-    // A warm-pool guest is nobody's yet: its disk takes its room when it is claimed. On
-    // failure the guest is dropped, which tears it down.
-    if record.state != State::Warming {
-        guest.reserve_disk()?;
-    }
+    // A warm-pool guest is nobody's yet: its disk takes its room when it is claimed. Any
+    // other's reservation runs beside the rest of the start, which waits for it before the
+    // sandbox is anyone's.
+    let room = match guest.disk_room() {
+        Some(room) if record.state != State::Warming => PendingRoom::begin(room),
+        _ => PendingRoom::default(),
+    };
     tracing::info!(
         "guest booted in {:.2}s on {} backend, init pid {}, host id range {id_range}",
         booting.elapsed().as_secs_f64(),
@@ -282,7 +285,7 @@ fn boot(
     // The agent must survive the guest's own OOM kills (the agent resets its children to 0).
     // Lowering the score needs host privileges; unprivileged users keep the default.
     let _ = std::fs::write(format!("/proc/{}/oom_score_adj", guest.pid()), "-1000");
-    Ok((catalog, record, guest))
+    Ok((catalog, record, guest, room))
 }
 
 /// The agent binary: `DYNOCAP_AGENT`, else `dynocap-agent` beside this executable.
@@ -470,9 +473,7 @@ struct Shared {
     /// Set once a `nat` sandbox's network ended for good (see [`NetworkWatch`]): what every
     /// command is told from then on.
     network_lost: OnceLock<String>,
-    /// The sandbox's state dir, whose disk is synced after every command.
-    state_dir: PathBuf,
-    /// Who syncs that disk.
+    /// Who syncs the sandbox's disk after every command, and reads its health.
     layer_sync: LayerSync,
     /// The home, whose activity marker every request touches ([`crate::activity`]).
     home: Home,
@@ -487,6 +488,7 @@ async fn serve(
     catalog: Catalog,
     mut record: Record,
     mut guest: Box<dyn Guest>,
+    room: PendingRoom,
     ready: ReadyPipe,
 ) -> i32 {
     let id = record.id.clone();
@@ -499,12 +501,12 @@ async fn serve(
     };
     let started = match &watch {
         Some(watch) => tokio::select! {
-            started = start(&home, &catalog, &mut record, guest.as_mut(), &ready) => {
+            started = start(&home, &catalog, &mut record, guest.as_mut(), room, &ready) => {
                 started.map(Some)
             }
             () = watch.gone() => Ok(None),
         },
-        None => start(&home, &catalog, &mut record, guest.as_mut(), &ready)
+        None => start(&home, &catalog, &mut record, guest.as_mut(), room, &ready)
             .await
             .map(Some),
     };
@@ -526,7 +528,7 @@ async fn serve(
     // raw sandbox's files do not outlive the machine: nothing to sync.
     if task.is_some() {
         // A failure is logged; the first command after it reports it (see `check_disk`).
-        let _ = sync_layer(guest.layer_sync(), home.sandbox_dir(&id), &conn).await;
+        let _ = sync_layer(guest.layer_sync(), &conn).await;
     }
     // The last moment a start can be dropped unseen: from the ready message on, the sandbox
     // is its caller's (a `run` that printed it and ended is not a starter that died).
@@ -557,7 +559,6 @@ async fn serve(
         oom: OomWatch::new(guest.oom_counter(), record.memory_mb),
         ending: OnceLock::new(),
         network_lost: OnceLock::new(),
-        state_dir: home.sandbox_dir(&id),
         layer_sync: guest.layer_sync(),
         home: home.clone(),
         id: id.clone(),
@@ -608,10 +609,10 @@ async fn serve(
                         "this sandbox is not an idle warm-pool sandbox; it cannot be claimed",
                     ))
                 } else {
-                    match guest
-                        .reserve_disk()
-                        .and_then(|()| guest.claim(&claim.hostname, claim.cpus, claim.memory_mb))
-                    {
+                    // The disk takes its room beside the claim's own work.
+                    let room = guest.disk_room().map_or_else(PendingRoom::default, PendingRoom::begin);
+                    let claimed = guest.claim(&claim.hostname, claim.cpus, claim.memory_mb);
+                    match room.wait().and(claimed) {
                         Ok(()) => {
                             restore_priority();
                             let expires_at = chrono::DateTime::from_timestamp(claim.expires_unix, 0)
@@ -905,7 +906,7 @@ async fn end_task(
     // A diff that failed on a failed disk says so: the disk is the cause to report, and the
     // recovery that the unsaved note offers reads the work from it.
     let taken = taken.map_err(|err| match guest.layer_sync() {
-        LayerSync::HostMount => match backend::disk_failure(&task.state_dir) {
+        LayerSync::HostMount(disk) => match disk.failure() {
             Some(failure) => Error::internal(format!(
                 "{failure}, so the final diff could not be taken in the guest ({})",
                 err.message
@@ -1050,10 +1051,14 @@ async fn recover(
     catalog: Catalog,
     record: Record,
     mut guest: Box<dyn Guest>,
+    room: PendingRoom,
     ready: ReadyPipe,
 ) -> i32 {
     let id = record.id.clone();
     let prepared = async {
+        tokio::task::spawn_blocking(move || room.wait())
+            .await
+            .map_err(|err| Error::internal(format!("reserving the sandbox's disk: {err}")))??;
         let conn = connect_agent(guest.as_mut()).await?;
         let detail = TaskDetail::from_json(record.detail.as_deref())?;
         let task = TaskContext::open(&home, &record, detail.source)?;
@@ -1148,6 +1153,7 @@ async fn start(
     catalog: &Catalog,
     record: &mut Record,
     guest: &mut dyn Guest,
+    room: PendingRoom,
     ready: &ReadyPipe,
 ) -> Result<(AgentConn, UnixListener, Option<TaskContext>)> {
     let id = record.id.clone();
@@ -1245,6 +1251,10 @@ async fn start(
     let _ = std::fs::remove_file(&socket_path);
     let listener = UnixListener::bind(&socket_path)
         .context(format_args!("listening on {}", socket_path.display()))?;
+    // Its disk's room is the sandbox's before the sandbox is anyone's.
+    tokio::task::spawn_blocking(move || room.wait())
+        .await
+        .map_err(|err| Error::internal(format!("reserving the sandbox's disk: {err}")))??;
     // A warm-pool sandbox waits, pooled, for a claim; any other is the caller's now.
     let (from, to) = match record.state {
         State::Warming => (State::Warming, State::Pooled),
@@ -1349,10 +1359,10 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
             // A task's work is on the host's disk when the command returns; a raw sandbox's
             // files do not outlive the machine, but its failed disk is still the command's
             // error (a jail's is read on the host, a VM's asked of its kernel).
-            let synced = match (task, shared.layer_sync) {
-                (Some(_), how) => sync_layer(how, shared.state_dir.clone(), &shared.conn).await,
+            let synced = match (task, &shared.layer_sync) {
+                (Some(_), how) => sync_layer(how.clone(), &shared.conn).await,
                 (None, LayerSync::GuestKernel) => guest_disk_health(&shared.conn).await,
-                (None, LayerSync::HostMount) => Ok(()),
+                (None, LayerSync::HostMount(_)) => Ok(()),
             };
             let result = match (result, check_disk(shared, synced).await) {
                 (Ok(mut done), Some(failure)) => {
@@ -1446,10 +1456,10 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
 async fn check_disk(shared: &Shared, synced: Result<()>) -> Option<String> {
     // The filesystem's own error state first: it names the root cause, of which a failed
     // sync is only a symptom.
-    let recorded = match shared.layer_sync {
-        LayerSync::HostMount => {
-            let state_dir = shared.state_dir.clone();
-            tokio::task::spawn_blocking(move || backend::disk_failure(&state_dir))
+    let recorded = match &shared.layer_sync {
+        LayerSync::HostMount(disk) => {
+            let disk = Arc::clone(disk);
+            tokio::task::spawn_blocking(move || disk.failure())
                 .await
                 .ok()
                 .flatten()
@@ -1476,10 +1486,10 @@ fn disk_failure_note(failure: &str) -> String {
     format!("\ndynocap: {failure}.\n")
 }
 
-async fn sync_layer(how: LayerSync, state_dir: PathBuf, conn: &AgentConn) -> Result<()> {
+async fn sync_layer(how: LayerSync, conn: &AgentConn) -> Result<()> {
     let synced = match how {
-        LayerSync::HostMount => {
-            match tokio::task::spawn_blocking(move || backend::sync_layer(&state_dir)).await {
+        LayerSync::HostMount(disk) => {
+            match tokio::task::spawn_blocking(move || disk.sync()).await {
                 Ok(synced) => synced,
                 Err(err) => Err(Error::internal(format!(
                     "syncing the sandbox's disk: {err}"

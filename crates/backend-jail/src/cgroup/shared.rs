@@ -44,6 +44,15 @@ pub fn bound_all_sandboxes_memory(bytes: u64) -> Result<SharedBound, JailError> 
     }
     let swap = limits::SwapFacts::probe(hierarchy.version, &parent);
     let mut writes = limits::memory_settings(hierarchy.version, bytes, swap)?;
+    // Every start asks for the bound and the ceiling rarely changes: reading what is in force
+    // costs less than writing it again, which has the kernel resize the limit.
+    let in_force = |setting: &limits::Setting| {
+        std::fs::read_to_string(parent.join(setting.file))
+            .is_ok_and(|text| text.trim() == setting.value.trim())
+    };
+    if writes.iter().all(in_force) {
+        return Ok(SharedBound::Applied);
+    }
     let limit_file = writes[0].file;
     let current = std::fs::read_to_string(parent.join(limit_file))
         .ok()

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use dynocap_backend_vm::{Vm, VmSpec};
 
-use crate::backend::{Backend, BootSpec, Guest, LayerSync, OomCounter};
+use super::{agent_args, Backend, BootSpec, Guest, LayerSync, OomCounter};
 use crate::error::{Error, Result};
 use crate::spec::Network;
 use crate::usernet;
@@ -65,7 +65,7 @@ impl Backend for VmBackend {
             agent_binary: spec.agent_binary.clone(),
             // The same arguments as the jail's, the sudo broker included where the image
             // offers one (its `sudo` links to the agent the first stage installs).
-            agent_args: crate::backend::agent_args(&spec.image),
+            agent_args: agent_args(&spec.image),
             cpus: spec.cpus,
             memory_mb: spec.memory_mb,
             // The layer's virtual size bounds what the guest can write, whatever
@@ -171,15 +171,15 @@ impl Guest for VmGuest {
     fn pid(&self) -> i32 {
         self.vm.pid()
     }
+    fn disk_room(&self) -> Option<crate::disk_room::DiskRoom> {
+        Some(crate::disk_room::DiskRoom {
+            image: self.vm.paths().disk.clone(),
+            bytes: self.disk_bytes,
+            layout: crate::disk_room::Layout::Growing,
+        })
+    }
     /// A VM's vCPUs and memory are fixed when QEMU starts and its hostname lives in the
     /// guest kernel, out of the host's reach: a booted VM cannot become its claimer's.
-    fn reserve_disk(&self) -> Result<()> {
-        crate::disk_room::reserve(
-            &self.vm.paths().disk,
-            self.disk_bytes,
-            crate::disk_room::Layout::Growing,
-        )
-    }
     fn claim(&self, _hostname: &str, _cpus: u32, _memory_mb: u64) -> Result<()> {
         Err(Error::conflict(
             "a vm sandbox cannot be claimed from the warm pool (its vCPUs, memory and hostname \

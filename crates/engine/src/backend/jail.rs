@@ -1,0 +1,296 @@
+//! The jail backend (crate `dynocap-backend-jail`): Linux namespaces, an overlay root,
+//! seccomp and cgroups, with the sandbox's disk an ext4 image the supervisor mounts.
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{agent_args, Backend, BootSpec, Guest, HostDisk, LayerSync, OomCounter};
+use crate::error::{Error, Result};
+use crate::image::{AGENT_STATE_DIR, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
+use crate::spec::Network;
+use crate::usernet;
+
+/// Linux namespaces, overlay root, seccomp, cgroups (crate `dynocap-backend-jail`).
+pub struct JailBackend;
+
+struct JailGuest {
+    jail: dynocap_backend_jail::Jail,
+    /// pasta, for a `nat` guest.
+    usernet: Option<dynocap_backend_jail::UserNet>,
+    /// The disk templates and this guest's disk size, for the spare its teardown leaves the
+    /// next start of that size (see `dynocap_backend_jail::make_spare_disk`).
+    spare_disk: Option<(std::path::PathBuf, u64)>,
+    /// The disk's image and size, for its reservation; `None` without a disk limit.
+    disk: Option<(std::path::PathBuf, u64)>,
+    /// The sandbox's state directory, where the supervisor mounted its disk.
+    state_dir: PathBuf,
+}
+
+/// The jail's disk as the supervisor mounted it, under the sandbox's state directory.
+struct MountedDisk {
+    state_dir: PathBuf,
+}
+
+impl HostDisk for MountedDisk {
+    fn sync(&self) -> Result<()> {
+        dynocap_backend_jail::sync_disk(&self.state_dir)
+            .map_err(|err| Error::internal(format!("saving the sandbox's files: {err}")))
+    }
+
+    fn failure(&self) -> Option<String> {
+        dynocap_backend_jail::disk_failure(&self.state_dir)
+    }
+}
+
+impl Backend for JailBackend {
+    fn name(&self) -> &'static str {
+        "jail"
+    }
+
+    fn boot(&self, spec: &BootSpec) -> Result<Box<dyn Guest>> {
+        use dynocap_backend_jail::{GuestDir, JailSpec, Limits, RoBind};
+        let nat = spec.network == Network::Nat;
+        let mut ro_binds: Vec<RoBind> = spec
+            .image
+            .ro_binds
+            .iter()
+            .map(|(source, target)| RoBind {
+                source: source.clone(),
+                target: target.clone(),
+            })
+            .collect();
+        if nat {
+            // Checked before anything is built: a missing pasta leaves no sandbox behind.
+            usernet::available()?;
+            ro_binds.push(RoBind {
+                source: usernet::write_resolv_conf(&spec.state_dir)?,
+                target: "/etc/resolv.conf".into(),
+            });
+        }
+        let jail_spec = JailSpec {
+            name: spec.id.clone(),
+            hostname: spec.hostname.clone(),
+            image_root: spec.image.root.clone(),
+            ro_binds,
+            state_dir: spec.state_dir.clone(),
+            guest_dirs: vec![
+                GuestDir {
+                    path: SANDBOX_HOME.into(),
+                    uid: SANDBOX_UID,
+                    gid: SANDBOX_GID,
+                    mode: 0o755,
+                },
+                // The agent's private state (baseline repository, received files): guest
+                // root only, so nothing the sandbox user runs can read or move the baseline.
+                GuestDir {
+                    path: AGENT_STATE_DIR.into(),
+                    uid: 0,
+                    gid: 0,
+                    mode: 0o700,
+                },
+            ],
+            agent_binary: spec.agent_binary.clone(),
+            agent_args: agent_args(&spec.image),
+            limits: Limits {
+                cpu_millis: u64::from(spec.cpus) * 1000,
+                memory_bytes: spec.memory_mb * 1024 * 1024,
+                pids: spec.pids,
+            },
+            reuse_layers: spec.reuse_layer,
+            disk_bytes: disk_bytes(spec.disk_mb)?,
+            disk_templates: Some(disk_templates(&spec.cache_dir)),
+            net_raw: !nat,
+            idmap_image: spec.image.owned_by_host_root,
+        };
+        let ids = dynocap_backend_jail::IdMap::for_current_process_in_range(spec.id_range)
+            .map_err(|err| Error::internal(format!("choosing the jail's host ids: {err}")))?;
+        let jail = dynocap_backend_jail::Jail::spawn_with_ids(&jail_spec, ids)
+            .map_err(|err| Error::internal(format!("booting the jail: {err}")))?;
+        // On failure the jail is dropped, which tears it down: no sandbox is left behind.
+        let usernet = if nat {
+            Some(usernet::start(jail.pid(), &spec.state_dir)?)
+        } else {
+            None
+        };
+        let spare_disk = jail_spec.disk_templates.clone().zip(jail_spec.disk_bytes);
+        let disk = jail_spec
+            .disk_bytes
+            .map(|bytes| (dynocap_backend_jail::disk_image(&spec.state_dir), bytes));
+        Ok(Box::new(JailGuest {
+            jail,
+            usernet,
+            spare_disk,
+            disk,
+            state_dir: spec.state_dir.clone(),
+        }))
+    }
+
+    /// An idle jail takes its claimer's hostname and limits (see [`Guest::claim`]).
+    fn keeps_a_warm_pool(&self) -> bool {
+        true
+    }
+
+    /// The default start's disk (see the jail's `start_preparing_disk`), which the start then
+    /// waits for and takes if it is of that size. Nothing with disk limits off.
+    fn prepare_default_start(&self, home: &crate::home::Home) -> Result<()> {
+        let Some(bytes) = disk_bytes(None)? else {
+            return Ok(());
+        };
+        dynocap_backend_jail::start_preparing_disk(disk_templates(&home.cache_dir()), bytes)
+            .map_err(|err| Error::internal(format!("making a disk ahead: {err}")))
+    }
+
+    fn release_preparations(&self) {
+        dynocap_backend_jail::release_prepared_disk();
+    }
+
+    fn cleanup_leftovers(&self, id: &str, state_dir: &Path) -> Result<()> {
+        dynocap_backend_jail::cleanup_leftovers(id, state_dir)
+            .map_err(|err| Error::internal(format!("cleaning up sandbox {id}: {err}")))
+    }
+
+    fn cleanup_keeping_layer(&self, id: &str, state_dir: &Path) -> Result<()> {
+        dynocap_backend_jail::cleanup_leftovers_keeping_layers(id, state_dir)
+            .map_err(|err| Error::internal(format!("stopping what is left of sandbox {id}: {err}")))
+    }
+}
+
+/// Where the jail's formatted empty disks are kept, under the home's cache.
+fn disk_templates(cache_dir: &Path) -> PathBuf {
+    cache_dir.join("disks")
+}
+
+/// The jail's disk size: `disk_mb`, unless the person running DynoCap turned disk limits off
+/// (`DYNOCAP_DISK_LIMIT=off`, for rootless use where a loop mount is impossible). A fresh
+/// sandbox recorded without a size gets the default.
+fn disk_bytes(disk_mb: Option<u64>) -> Result<Option<u64>> {
+    match std::env::var("DYNOCAP_DISK_LIMIT").ok().as_deref() {
+        None | Some("") | Some("on") => {
+            Ok(Some(disk_mb.unwrap_or(crate::spec::DISK_MB_DEFAULT) << 20))
+        }
+        Some("off") => Ok(None),
+        Some(other) => Err(Error::invalid(format!(
+            "DYNOCAP_DISK_LIMIT={other} is not valid; use on (the default) or off (no disk \
+             limit: sandboxes write to the host's filesystem)"
+        ))),
+    }
+}
+
+impl Guest for JailGuest {
+    fn take_channel(&mut self) -> Option<OwnedFd> {
+        self.jail.take_channel()
+    }
+    fn network_exit_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.usernet.as_ref().and_then(|u| u.exit_fd())
+    }
+    fn network_exit(&mut self) -> String {
+        self.usernet
+            .as_mut()
+            .map_or_else(|| "no network process".to_owned(), usernet::exit_of)
+    }
+    fn restart_network(&mut self) -> Result<()> {
+        let netns = PathBuf::from(format!("/proc/{}/ns/net", self.jail.pid()));
+        match self.usernet.as_mut() {
+            Some(usernet) => usernet::restart(usernet, &netns),
+            None => Err(Error::internal(
+                "this guest has no network process to restart",
+            )),
+        }
+    }
+    fn end_network(&mut self) -> Result<()> {
+        usernet::stop(&mut self.usernet)
+    }
+    fn exit_fd(&self) -> BorrowedFd<'_> {
+        self.jail.pidfd()
+    }
+    fn pid(&self) -> i32 {
+        self.jail.pid().as_raw()
+    }
+    fn prepare_claim(&mut self) -> Result<()> {
+        // The claim renames the guest: its thread waits in the guest's UTS namespace.
+        self.jail
+            .prepare_rename()
+            .map_err(|err| Error::internal(format!("starting the hostname thread: {err}")))
+    }
+    fn disk_room(&self) -> Option<crate::disk_room::DiskRoom> {
+        match &self.disk {
+            Some((image, bytes)) if image.exists() => Some(crate::disk_room::DiskRoom {
+                image: image.clone(),
+                bytes: *bytes,
+                layout: crate::disk_room::Layout::Fixed,
+            }),
+            // A kept layer from a start without a limit: the host's filesystem holds it.
+            _ => None,
+        }
+    }
+    fn claim(&self, hostname: &str, cpus: u32, memory_mb: u64) -> Result<()> {
+        self.jail
+            .set_limits(&dynocap_backend_jail::Limits {
+                cpu_millis: u64::from(cpus) * 1000,
+                memory_bytes: memory_mb * 1024 * 1024,
+                pids: crate::spec::PIDS_LIMIT,
+            })
+            .map_err(|err| Error::internal(format!("applying the claimed limits: {err}")))?;
+        self.jail
+            .set_hostname(hostname)
+            .map_err(|err| Error::internal(format!("naming the claimed sandbox: {err}")))?;
+        // A pool guest booted at the lowest priority (its supervisor's); its init leads its
+        // own process group, which is all of the idle guest. Best effort, as the lowering was.
+        // SAFETY: setpriority sets a scheduling value; no memory is involved.
+        unsafe {
+            libc::setpriority(libc::PRIO_PGRP, self.jail.pid().as_raw().unsigned_abs(), 0);
+        }
+        Ok(())
+    }
+    fn kill(&mut self) -> Result<()> {
+        let network = crate::usernet::stop(&mut self.usernet);
+        self.jail
+            .kill()
+            .map_err(|err| Error::internal(format!("killing the jail: {err}")))?;
+        network
+    }
+    fn destroy(mut self: Box<Self>) -> Result<()> {
+        let network = crate::usernet::stop(&mut self.usernet);
+        self.jail
+            .destroy()
+            .map_err(|err| Error::internal(format!("destroying the jail: {err}")))?;
+        // After the reply (a teardown's place), so the next start's disk is ready and flushed
+        // without anyone waiting for it. Best effort: without a spare, a start copies.
+        if let Some((templates, bytes)) = &self.spare_disk {
+            if let Err(err) = dynocap_backend_jail::make_spare_disk(templates, *bytes) {
+                tracing::warn!("leaving a spare disk for the next start: {err}");
+            }
+        }
+        network
+    }
+    fn layer_sync(&self) -> LayerSync {
+        LayerSync::HostMount(Arc::new(MountedDisk {
+            state_dir: self.state_dir.clone(),
+        }))
+    }
+    fn oom_counter(&self) -> OomCounter {
+        self.jail
+            .cgroup_paths()
+            .into_iter()
+            .find_map(|dir| {
+                ["memory.events", "memory.oom_control"]
+                    .iter()
+                    .map(|file| dir.join(file))
+                    .find(|path| path.is_file())
+            })
+            .map_or(OomCounter::None, OomCounter::HostFile)
+    }
+    fn raise_memory_limit(&self, bytes: u64) -> Result<()> {
+        self.jail
+            .raise_memory_limit(bytes)
+            .map_err(|err| Error::internal(format!("raising the guest's memory limit: {err}")))
+    }
+    fn stop_keeping_layer(mut self: Box<Self>) -> Result<()> {
+        let network = crate::usernet::stop(&mut self.usernet);
+        self.jail
+            .stop_keeping_layers()
+            .map_err(|err| Error::internal(format!("stopping the jail: {err}")))?;
+        network
+    }
+}

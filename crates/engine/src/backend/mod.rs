@@ -1,0 +1,282 @@
+//! The seam between the supervisor and the ways of booting a guest. A backend boots a guest
+//! whose PID 1 is `dynocap-agent` and hands back a byte stream to it; everything else (exec,
+//! import, diff, egress) goes through the agent, so it behaves the same on every backend.
+//!
+//! Each backend lives in a module of its own ([`jail`], [`vm`]) and is reached only through
+//! the [`Backend`] and [`Guest`] traits: what differs between them (whether a booted guest can
+//! be claimed, what a standby makes ahead, where a guest's writes wait to reach the host) is
+//! a trait method, never a comparison of names. A new backend is a module and a line in
+//! [`BackendChoice`], [`by_name`] and [`all`].
+
+pub mod auto;
+mod jail;
+mod vm;
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::image::{Image, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
+use crate::spec::Network;
+
+pub use jail::JailBackend;
+pub use vm::VmBackend;
+
+/// Everything a backend needs to boot one guest.
+#[derive(Debug, Clone)]
+pub struct BootSpec {
+    /// Unique, stable id: names cgroups and state; never reused.
+    pub id: String,
+    /// The guest's hostname (the sandbox name).
+    pub hostname: String,
+    pub image: Image,
+    pub state_dir: PathBuf,
+    /// Where a backend keeps what it builds once and reuses across sandboxes (formatted disk
+    /// templates, boot images), keyed by content.
+    pub cache_dir: PathBuf,
+    pub agent_binary: PathBuf,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    /// The guest's disk (its writable layer); `None` for a sandbox recorded before disks had a
+    /// size, whose kept layer is used as it is.
+    pub disk_mb: Option<u64>,
+    pub pids: u64,
+    /// Boot over the writable layer a stopped guest of this sandbox kept (recovering a task
+    /// whose work was not saved), instead of a fresh one.
+    pub reuse_layer: bool,
+    /// The sandbox's host id range (see [`crate::idpool`]); the same for every guest booted
+    /// over one state directory.
+    pub id_range: u32,
+    /// The guest's network. A recovery boot ([`BootSpec::reuse_layer`]) gets `None` whatever
+    /// the sandbox asked for: it only saves work.
+    pub network: Network,
+}
+
+/// A running guest.
+pub trait Guest: Send {
+    /// The host end of the agent channel (taken once).
+    fn take_channel(&mut self) -> Option<OwnedFd>;
+    /// Becomes readable when the guest has died (a pidfd for the jail).
+    fn exit_fd(&self) -> BorrowedFd<'_>;
+    /// Host pid of the guest's init (or its VMM), for logs and diagnostics.
+    fn pid(&self) -> i32;
+    /// Readies an idle warm-pool guest for [`Guest::claim`], so that the claim, which is on
+    /// its caller's path, does less.
+    fn prepare_claim(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// The room on the host's filesystem the guest's disk may fill, which the supervisor
+    /// reserves (see `disk_room`): after a boot, and for a warm-pool guest when it is
+    /// claimed. `None` for a guest whose disk is the host's own filesystem (disk limits off).
+    fn disk_room(&self) -> Option<crate::disk_room::DiskRoom>;
+    /// Makes a booted, idle warm-pool guest its claimer's: its hostname and limits.
+    fn claim(&self, hostname: &str, cpus: u32, memory_mb: u64) -> Result<()>;
+    /// Kills every process of the guest at once, leaving the rest of [`Guest::destroy`] (its
+    /// cgroups, disk and files) for later: a destroyed sandbox runs nothing from this call on.
+    fn kill(&mut self) -> Result<()>;
+    /// Stops the guest and releases everything it held, its writable layer included.
+    fn destroy(self: Box<Self>) -> Result<()>;
+    /// Where the count of the guest's OOM kills is kept.
+    fn oom_counter(&self) -> OomCounter;
+    /// Who must flush the guest's writes for them to be on the host's disk.
+    fn layer_sync(&self) -> LayerSync;
+    /// Raises the guest's memory limit to `bytes` (never lowers it), for saving its work.
+    fn raise_memory_limit(&self, bytes: u64) -> Result<()>;
+    /// Stops the guest and releases its processes and resources, but keeps its writable layer
+    /// (the agent's files) for a later guest to boot over ([`BootSpec::reuse_layer`]).
+    fn stop_keeping_layer(self: Box<Self>) -> Result<()>;
+    /// A `nat` guest's pasta ([`crate::usernet`]): a pidfd, readable once pasta has exited.
+    /// `None` for a guest without one (or whose network was ended).
+    fn network_exit_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// How the guest's pasta exited, reaping it ("signal: 9 (SIGKILL)").
+    fn network_exit(&mut self) -> String {
+        "no network process".to_owned()
+    }
+    /// Starts the guest's pasta again, with the configuration it first had. Call from the
+    /// thread that booted the guest: pasta dies with that thread.
+    fn restart_network(&mut self) -> Result<()> {
+        Err(Error::internal(
+            "this guest has no network process to restart",
+        ))
+    }
+    /// Ends the guest's network for good (its pasta, if any is left).
+    fn end_network(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Where a guest's writes wait before they reach the host's disk, so that a task's work is
+/// there after every command, whatever dies next.
+#[derive(Clone)]
+pub enum LayerSync {
+    /// In the host's own page cache: the supervisor mounted the disk, which the handle
+    /// syncs and reads the health of.
+    HostMount(Arc<dyn HostDisk>),
+    /// In the guest kernel's page cache, out of the host's reach: the agent syncs them to
+    /// its virtual disk ([`dynocap_proto::Request::Sync`]), whose flush QEMU writes through
+    /// to the host's file.
+    GuestKernel,
+}
+
+/// A guest's disk mounted on the host by the supervisor. Both calls block; make them from
+/// the supervisor, the process that mounted it.
+pub trait HostDisk: Send + Sync {
+    /// Writes what the guest wrote through to the host's disk, where a host crash cannot lose
+    /// it (the room is the disk's already: see `disk_room`).
+    fn sync(&self) -> Result<()>;
+    /// What went wrong with the disk, if anything: errors its filesystem recorded, or its
+    /// going read-only.
+    fn failure(&self) -> Option<String>;
+}
+
+/// Where a guest's OOM kills are counted, so a command can be told that the memory limit
+/// killed part of it (a shell reports that only as exit status 137).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OomCounter {
+    /// A host file with an `oom_kill N` line: the guest's memory cgroup (`memory.events`,
+    /// `memory.oom_control`).
+    HostFile(PathBuf),
+    /// The guest runs its own kernel, out of the host's sight: the agent reads the count
+    /// there ([`dynocap_proto::Request::OomKills`]).
+    GuestKernel,
+    /// Nowhere.
+    None,
+}
+
+pub trait Backend {
+    fn name(&self) -> &'static str;
+    /// Boots a guest. May require the calling process to be single-threaded.
+    fn boot(&self, spec: &BootSpec) -> Result<Box<dyn Guest>>;
+    /// Whether an idle booted guest can become a caller's ([`Guest::claim`]), so that a warm
+    /// pool of them is worth keeping.
+    fn keeps_a_warm_pool(&self) -> bool {
+        false
+    }
+    /// For a supervisor standing by (see `standby`): starts making ahead, on a thread of its
+    /// own, what the default start of a raw sandbox needs of this machine and nothing of the
+    /// sandbox. Nothing by default.
+    fn prepare_default_start(&self, _home: &crate::home::Home) -> Result<()> {
+        Ok(())
+    }
+    /// Gives back what [`Backend::prepare_default_start`] made and the boot did not take.
+    fn release_preparations(&self) {}
+    /// Removes whatever a sandbox whose supervisor died left behind. Idempotent.
+    fn cleanup_leftovers(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
+    /// As [`Backend::cleanup_leftovers`], but keeps the writable layer for a later guest.
+    fn cleanup_keeping_layer(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
+}
+
+/// The backend a new sandbox asks for: the CLI's `--backend`, else `DYNOCAP_BACKEND`, else
+/// `auto` (the best one this machine supports for the sandbox's image, see
+/// [`auto`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    Jail,
+    Vm,
+    Auto,
+}
+
+impl BackendChoice {
+    /// The values a choice is written as, for messages.
+    pub const VALUES: &'static str = "jail, vm or auto";
+
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "jail" => Some(Self::Jail),
+            "vm" => Some(Self::Vm),
+            "auto" => Some(Self::Auto),
+            _ => None,
+        }
+    }
+
+    /// `DYNOCAP_BACKEND`; `auto` when it is unset or empty.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("DYNOCAP_BACKEND").ok().as_deref() {
+            None | Some("") => Ok(Self::Auto),
+            Some(name) => Self::parse(name).ok_or_else(|| {
+                Error::invalid(format!(
+                    "DYNOCAP_BACKEND={name} is not a backend; use {}",
+                    Self::VALUES
+                ))
+            }),
+        }
+    }
+}
+
+/// Selects the backend for the default image: `DYNOCAP_BACKEND` if set, else (`auto`) the
+/// best one this machine supports for it ([`auto`]).
+pub fn select() -> Result<Box<dyn Backend>> {
+    select_for(&crate::image::default_name())
+}
+
+/// Selects the backend for a new sandbox of the image named `image`, as `DYNOCAP_BACKEND`
+/// says.
+pub fn select_for(image: &str) -> Result<Box<dyn Backend>> {
+    select_as(BackendChoice::from_env()?, image)
+}
+
+/// Selects the backend `choice` names for a new sandbox of the image named `image`.
+pub fn select_as(choice: BackendChoice, image: &str) -> Result<Box<dyn Backend>> {
+    match choice {
+        BackendChoice::Jail => Ok(Box::new(JailBackend)),
+        BackendChoice::Vm => Ok(Box::new(VmBackend)),
+        BackendChoice::Auto => {
+            // Without a home there is no built image, so nothing a VM could boot.
+            let auto = crate::home::Home::from_env().map(|home| auto::choose(&home, image).backend);
+            match auto {
+                Ok(name) => by_name(name),
+                Err(_) => Ok(Box::new(JailBackend)),
+            }
+        }
+    }
+}
+
+/// The backend a sandbox's record names: its guest is booted and cleaned up by the backend
+/// it was created on, whatever `DYNOCAP_BACKEND` says now.
+pub fn by_name(name: &str) -> Result<Box<dyn Backend>> {
+    match name {
+        "jail" => Ok(Box::new(JailBackend)),
+        "vm" => Ok(Box::new(VmBackend)),
+        other => Err(Error::internal(format!(
+            "the record names the backend \"{other}\", which this build does not have"
+        ))),
+    }
+}
+
+/// Every backend this build has, for what concerns them all.
+fn all() -> [Box<dyn Backend>; 2] {
+    [Box::new(JailBackend), Box::new(VmBackend)]
+}
+
+/// For a supervisor standing by (see `standby`): starts making ahead what the default start
+/// of a raw sandbox needs, on the backend that start would take.
+pub fn start_preparing_default_start(home: &crate::home::Home) -> Result<()> {
+    select_for(&crate::image::default_name())?.prepare_default_start(home)
+}
+
+/// Gives back what a standby made ahead and the boot did not take (another backend, a
+/// failure): of no further use once a boot is done.
+pub fn release_unused_preparations() {
+    for backend in all() {
+        backend.release_preparations();
+    }
+}
+
+/// The agent's command line after its channel: who commands run as, and, in an image that
+/// opts in, the `sudo` broker (see the agent's `sudo` module). The same for every backend.
+pub fn agent_args(image: &Image) -> Vec<String> {
+    let mut args = vec![
+        "--exec-user".into(),
+        format!("{SANDBOX_UID}:{SANDBOX_GID}"),
+        "--home".into(),
+        SANDBOX_HOME.into(),
+    ];
+    if image.guest_sudo {
+        args.push("--sudo-broker".into());
+    }
+    args
+}

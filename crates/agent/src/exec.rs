@@ -71,39 +71,61 @@ fn home_dir(config: &Config) -> String {
     }
 }
 
-/// Validates a request and turns it into what the child needs. The error is the message of
-/// the stream's `Error` frame.
-pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, String> {
+/// Why an exec was refused or its command could not start: the message of the stream's
+/// `Error` frame.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("command is {0} bytes long; the limit is {MAX_COMMAND_LEN}")]
+    CommandTooLong(usize),
+    #[error(transparent)]
+    Command(#[from] script::NulInCommand),
+    #[error("working directory {0:?} must be an absolute path")]
+    RelativeCwd(String),
+    #[error("working directory contains a NUL byte")]
+    NulInCwd,
+    #[error("working directory {0} is not a directory in the sandbox")]
+    CwdNotADirectory(String),
+    /// Whatever the reason the sandbox gave (missing, unreachable), the path is not there
+    /// for the command.
+    #[error("working directory {0} does not exist in the sandbox")]
+    CwdMissing(String),
+    #[error(
+        "environment variable name {0:?} is invalid: it must be non-empty and contain no '=' or NUL"
+    )]
+    EnvName(String),
+    #[error("environment variable {0} has a NUL byte in its value")]
+    NulInEnvValue(String),
+    #[error(
+        "environment variable {key} is {len} bytes as KEY=VALUE; the kernel takes at most {max} \
+         per variable: put the value in a file in the sandbox",
+        max = script::ARG_STRLEN_MAX - 1
+    )]
+    EnvTooLong { key: String, len: usize },
+    #[error("environment contains a NUL byte")]
+    NulInEnv,
+    #[error("cannot make a cgroup for the command: {0}")]
+    Cgroup(#[source] io::Error),
+    #[error("cannot start the command: {0}")]
+    Spawn(#[source] io::Error),
+    #[error("cannot watch the command's output: {0}")]
+    WatchOutput(#[source] io::Error),
+}
+
+/// Validates a request and turns it into what the child needs.
+pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, ExecError> {
     if req.command.len() > MAX_COMMAND_LEN {
-        return Err(format!(
-            "command is {} bytes long; the limit is {MAX_COMMAND_LEN}",
-            req.command.len()
-        ));
+        return Err(ExecError::CommandTooLong(req.command.len()));
     }
     let argv = script::shell_argv(req.command.as_bytes())?;
 
     if !req.cwd.starts_with('/') {
-        return Err(format!(
-            "working directory {:?} must be an absolute path",
-            req.cwd
-        ));
+        return Err(ExecError::RelativeCwd(req.cwd.clone()));
     }
-    let cwd = CString::new(req.cwd.as_bytes())
-        .map_err(|_| "working directory contains a NUL byte".to_owned())?;
+    let cwd = CString::new(req.cwd.as_bytes()).map_err(|_| ExecError::NulInCwd)?;
     match std::fs::metadata(&req.cwd) {
         Ok(meta) if meta.is_dir() => {}
-        Ok(_) => {
-            return Err(format!(
-                "working directory {} is not a directory in the sandbox",
-                req.cwd
-            ))
-        }
-        Err(_) => {
-            return Err(format!(
-                "working directory {} does not exist in the sandbox",
-                req.cwd
-            ))
-        }
+        Ok(_) => return Err(ExecError::CwdNotADirectory(req.cwd.clone())),
+        Err(_) => return Err(ExecError::CwdMissing(req.cwd.clone())),
     }
 
     let mut env = base_env(&home_dir(config), req.terminal);
@@ -115,14 +137,10 @@ pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, String> 
         .collect();
     for (key, value) in &req.env {
         if key.is_empty() || key.contains('=') || key.contains('\0') {
-            return Err(format!(
-                "environment variable name {key:?} is invalid: it must be non-empty and contain no '=' or NUL"
-            ));
+            return Err(ExecError::EnvName(key.clone()));
         }
         if value.contains('\0') {
-            return Err(format!(
-                "environment variable {key} has a NUL byte in its value"
-            ));
+            return Err(ExecError::NulInEnvValue(key.clone()));
         }
         match index.get(key) {
             Some(&i) => env[i].1.clone_from(value),
@@ -137,14 +155,12 @@ pub fn prepare(req: &ExecRequest, config: &Config) -> Result<ChildSpec, String> 
         .map(|(k, v)| {
             let entry = format!("{k}={v}");
             if entry.len() >= script::ARG_STRLEN_MAX {
-                return Err(format!(
-                    "environment variable {k} is {} bytes as KEY=VALUE; the kernel takes at \
-                     most {} per variable: put the value in a file in the sandbox",
-                    entry.len(),
-                    script::ARG_STRLEN_MAX - 1
-                ));
+                return Err(ExecError::EnvTooLong {
+                    key: k,
+                    len: entry.len(),
+                });
             }
-            CString::new(entry).map_err(|_| "environment contains a NUL byte".to_owned())
+            CString::new(entry).map_err(|_| ExecError::NulInEnv)
         })
         .collect::<Result<Vec<_>, _>>()?;
 
@@ -198,19 +214,13 @@ pub async fn run(
     outbox: &Outbox,
     mut stop: mpsc::Receiver<Stop>,
     window: Option<Arc<Semaphore>>,
-) -> Result<ExecExit, String> {
+) -> Result<ExecExit, ExecError> {
     let window = window.as_deref();
     let mut spec = prepare(&req, config)?;
     let cgroup = match &config.exec_cgroups {
         Some(cgroups) => {
-            let cgroup = cgroups
-                .create()
-                .map_err(|err| format!("cannot make a cgroup for the command: {err}"))?;
-            spec.cgroup = Some(
-                cgroup
-                    .join_handle()
-                    .map_err(|err| format!("cannot make a cgroup for the command: {err}"))?,
-            );
+            let cgroup = cgroups.create().map_err(ExecError::Cgroup)?;
+            spec.cgroup = Some(cgroup.join_handle().map_err(ExecError::Cgroup)?);
             Some(cgroup)
         }
         None => None,
@@ -220,7 +230,7 @@ pub async fn run(
         pid,
         mut exit,
         outputs,
-    } = spawn::spawn(&spec).map_err(|err| format!("cannot start the command: {err}"))?;
+    } = spawn::spawn(&spec).map_err(ExecError::Spawn)?;
     drop(spec);
     let target = Target {
         pgid: Pid::from_raw(pid),
@@ -231,7 +241,7 @@ pub async fn run(
         Err(err) => {
             // Without its output the command is useless, and nobody would ever stop it.
             target.kill().await;
-            return Err(format!("cannot watch the command's output: {err}"));
+            return Err(ExecError::WatchOutput(err));
         }
     };
 
@@ -697,9 +707,48 @@ mod tests {
             ),
         ];
         for (req, needle) in cases {
-            let err = prepare(&req, &config).expect_err("must be refused");
+            let err = prepare(&req, &config)
+                .expect_err("must be refused")
+                .to_string();
             assert!(err.contains(needle), "{err:?} should mention {needle:?}");
         }
+    }
+
+    /// What the host reads for each kind of refusal is the text it always read, and a
+    /// failure of the system keeps its cause.
+    #[test]
+    fn refusals_read_as_the_host_has_always_seen_them() {
+        let config = Config::default();
+        let text = |req: ExecRequest| prepare(&req, &config).expect_err("refused").to_string();
+        assert_eq!(
+            text(request("true", "tmp")),
+            r#"working directory "tmp" must be an absolute path"#
+        );
+        assert_eq!(
+            text(request("true", "/nonexistent-dynocap")),
+            "working directory /nonexistent-dynocap does not exist in the sandbox"
+        );
+        assert_eq!(
+            text(request("true", "/proc/self/status")),
+            "working directory /proc/self/status is not a directory in the sandbox"
+        );
+        assert_eq!(text(request("a\0b", "/")), "command contains a NUL byte");
+        assert_eq!(
+            text(ExecRequest {
+                env: vec![("A=B".into(), "v".into())],
+                ..request("true", "/")
+            }),
+            r#"environment variable name "A=B" is invalid: it must be non-empty and contain no '=' or NUL"#
+        );
+        let err = ExecError::Spawn(io::Error::from_raw_os_error(libc::ENOEXEC));
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot start the command: {}",
+                io::Error::from_raw_os_error(libc::ENOEXEC)
+            )
+        );
+        assert!(std::error::Error::source(&err).is_some());
     }
 
     #[test]

@@ -24,10 +24,14 @@ pub const ARG_STRLEN_MAX: usize = 32 * 4096;
 /// Longest piece a command is cut into (room for the NUL).
 const PIECE_MAX: usize = ARG_STRLEN_MAX - 1;
 
+/// A command with a NUL byte, which no argument vector can carry.
+#[derive(Debug, thiserror::Error)]
+#[error("command contains a NUL byte")]
+pub struct NulInCommand;
+
 /// The argument vector that runs `command` (without NUL bytes) with `sh`.
-pub fn shell_argv(command: &[u8]) -> Result<Vec<CString>, String> {
-    let arg =
-        |bytes: &[u8]| CString::new(bytes).map_err(|_| "command contains a NUL byte".to_owned());
+pub fn shell_argv(command: &[u8]) -> Result<Vec<CString>, NulInCommand> {
+    let arg = |bytes: &[u8]| CString::new(bytes).map_err(|_| NulInCommand);
     if command.len() <= PIECE_MAX {
         return Ok(vec![c"sh".to_owned(), c"-c".to_owned(), arg(command)?]);
     }

@@ -252,13 +252,11 @@ fn sigkill_of_the_supervisor_leaves_no_qemu() {
         }
     };
     assert!(alive(qemu));
-    // SAFETY: pidfd_open has no memory effects; the result is checked.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, qemu, 0) };
-    assert!(pidfd >= 0, "pidfd_open");
-    // SAFETY: the kernel just returned this descriptor and nothing else owns it.
-    let pidfd = unsafe {
-        <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(i32::try_from(pidfd).expect("fd"))
-    };
+    let pidfd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_raw(qemu).expect("a positive pid"),
+        rustix::process::PidfdFlags::empty(),
+    )
+    .expect("pidfd_open");
     child.kill().expect("SIGKILL the supervisor");
     let _ = child.wait();
     // QEMU is not our child: its pidfd becomes readable when it exits. The bound only keeps a

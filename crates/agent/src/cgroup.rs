@@ -37,7 +37,7 @@
 use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::io::{self, Read as _, Write as _};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -408,37 +408,25 @@ impl Drop for ExecCgroup {
     }
 }
 
-/// `pidfd_open(2)`: a handle on process `pid` that a reused pid cannot redirect.
+/// `pidfd_open(2)`: a handle on process `pid` that a reused pid cannot redirect. The call is
+/// rustix's (the workspace's one way to make it); this gives it the agent's types.
 fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags (0) and returns a new fd or -1; no memory is
-    // passed.
-    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0_u32) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = RawFd::try_from(ret).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
-    // SAFETY: the kernel just returned this new fd; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    // A pid of 0 or below names no one process.
+    let pid = (pid.as_raw() > 0)
+        .then(|| rustix::process::Pid::from_raw(pid.as_raw()))
+        .flatten()
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    Ok(rustix::process::pidfd_open(
+        pid,
+        rustix::process::PidfdFlags::empty(),
+    )?)
 }
 
 /// `pidfd_send_signal(2)`: signals exactly the process `pidfd` refers to.
 fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: Signal) -> io::Result<()> {
-    // SAFETY: pidfd is valid for the call; info is NULL (the kernel fills in an SI_USER
-    // siginfo) and flags are 0.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            signal as libc::c_int,
-            std::ptr::null::<libc::siginfo_t>(),
-            0_u32,
-        )
-    };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    let signal = rustix::process::Signal::from_named_raw(signal as i32)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    Ok(rustix::process::pidfd_send_signal(pidfd, signal)?)
 }
 
 #[cfg(test)]

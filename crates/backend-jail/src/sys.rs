@@ -1,6 +1,6 @@
 //! Raw system calls the jail needs that neither std nor nix wrap (fork-style `clone` with a
-//! pidfd, pidfds, `close_range`, `dup2` onto a fixed number, `_exit`), each behind a small
-//! safe (or documented-unsafe) function.
+//! pidfd, `close_range`, `dup2` onto a fixed number, `_exit`), each behind a small safe (or
+//! documented-unsafe) function; and the pidfd calls, made through rustix, in nix's types.
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
@@ -59,37 +59,26 @@ pub(crate) unsafe fn clone_fork(namespaces: CloneFlags) -> Result<CloneResult, E
     }
 }
 
-/// `pidfd_open(2)`: a stable handle on process `pid` (fails with ESRCH if it is gone).
+/// `pidfd_open(2)`: a stable handle on process `pid` (fails with ESRCH if it is gone). The
+/// call is rustix's (the workspace's one way to make it); this gives the jail nix's types.
 pub(crate) fn pidfd_open(pid: Pid) -> Result<OwnedFd, Errno> {
-    // SAFETY: pidfd_open takes a pid and flags (0) and returns a new fd or -1.
-    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0u32) };
-    if ret < 0 {
-        return Err(Errno::last());
-    }
-    let fd = RawFd::try_from(ret).map_err(|_| Errno::EBADF)?;
-    // SAFETY: the kernel just returned this new fd; we are its only owner.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    // A pid of 0 or below names no one process.
+    let pid = (pid.as_raw() > 0)
+        .then(|| rustix::process::Pid::from_raw(pid.as_raw()))
+        .flatten()
+        .ok_or(Errno::EINVAL)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).map_err(errno)
 }
 
 /// `pidfd_send_signal(2)`: signals exactly the process `pidfd` refers to, never a process
 /// that reused its pid.
 pub(crate) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: Signal) -> Result<(), Errno> {
-    // SAFETY: pidfd is a valid fd for the duration of the call; info is NULL (the kernel
-    // fills in a SI_USER siginfo), flags 0.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            signal as libc::c_int,
-            std::ptr::null::<libc::siginfo_t>(),
-            0u32,
-        )
-    };
-    if ret < 0 {
-        Err(Errno::last())
-    } else {
-        Ok(())
-    }
+    let signal = rustix::process::Signal::from_named_raw(signal as i32).ok_or(Errno::EINVAL)?;
+    rustix::process::pidfd_send_signal(pidfd, signal).map_err(errno)
+}
+
+fn errno(err: rustix::io::Errno) -> Errno {
+    Errno::from_raw(err.raw_os_error())
 }
 
 /// Marks every fd from `first` up close-on-exec (`close_range(first, ~0, CLOSE_RANGE_CLOEXEC)`):
@@ -192,27 +181,37 @@ pub(crate) fn thread_count() -> std::io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::process::ExitStatusExt;
 
     #[test]
     fn pidfd_of_self() {
-        let fd = pidfd_open(nix::unistd::getpid()).expect("pidfd_open");
-        assert!(fd.as_raw_fd() >= 0);
-        // Signal 0 probes without delivering anything.
-        let ret = probe_with_signal_zero(fd.as_raw_fd());
-        assert_eq!(ret, 0);
+        let me = nix::unistd::getpid();
+        let fd = pidfd_open(me).expect("pidfd_open");
+        // The kernel says whose pidfd it is.
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+            .expect("fdinfo");
+        assert!(info.lines().any(|l| l == format!("Pid:\t{me}")), "{info}");
+        assert_eq!(pidfd_open(Pid::from_raw(0)).unwrap_err(), Errno::EINVAL);
+        assert_eq!(pidfd_open(Pid::from_raw(-1)).unwrap_err(), Errno::EINVAL);
     }
 
-    fn probe_with_signal_zero(fd: RawFd) -> libc::c_long {
-        // SAFETY: signal 0 is a permission/existence probe; fd is valid for the call.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                fd,
-                0,
-                std::ptr::null::<libc::siginfo_t>(),
-                0u32,
-            )
-        }
+    #[test]
+    fn pidfd_signals_its_process_only() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits"));
+        let fd = pidfd_open(pid).expect("pidfd_open");
+        pidfd_send_signal(fd.as_fd(), Signal::SIGKILL).expect("pidfd_send_signal");
+        let status = child.wait().expect("wait");
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        // Reaped: the pidfd still names that process, which is gone, not a successor.
+        assert_eq!(
+            pidfd_send_signal(fd.as_fd(), Signal::SIGKILL).unwrap_err(),
+            Errno::ESRCH
+        );
     }
 
     #[test]

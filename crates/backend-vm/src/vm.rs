@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io::Read as _;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -618,20 +618,16 @@ fn has_data(socket: &OwnedFd) -> bool {
 }
 
 fn pidfd_open(pid: u32) -> Result<OwnedFd> {
-    let pid = libc::pid_t::try_from(pid)
-        .map_err(|_| VmError::Unavailable(format!("pid {pid} does not fit pid_t")))?;
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; it touches
-    // no memory of ours.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(VmError::Unavailable(format!(
+    let raw = libc::pid_t::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| VmError::Unavailable(format!("pid {pid} is not a process id")))?;
+    rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()).map_err(|err| {
+        VmError::Unavailable(format!(
             "pidfd_open({pid}): {} (Linux 5.3 or later is needed)",
-            std::io::Error::last_os_error()
-        )));
-    }
-    let fd = i32::try_from(fd).map_err(|_| VmError::Unavailable("pidfd out of range".into()))?;
-    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+            std::io::Error::from(err)
+        ))
+    })
 }
 
 fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
@@ -744,22 +740,15 @@ fn stop_leftover_qemu(paths: &VmPaths) -> Result<()> {
         }
         return Ok(());
     }
-    // SAFETY: pidfd_send_signal takes a descriptor we own, a signal number and no siginfo;
-    // it touches no memory of ours.
-    let sent = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if sent < 0 {
-        let err = std::io::Error::last_os_error();
+    match rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL) {
         // ESRCH: it exited between the check and the signal.
-        if err.raw_os_error() != Some(libc::ESRCH) {
-            return Err(VmError::io("killing the leftover QEMU of", &paths.dir, err));
+        Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+        Err(err) => {
+            return Err(VmError::io(
+                "killing the leftover QEMU of",
+                &paths.dir,
+                err.into(),
+            ))
         }
     }
     wait_for_exit(pid, &pidfd, paths)

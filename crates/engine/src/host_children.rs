@@ -25,7 +25,7 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
@@ -278,11 +278,9 @@ fn session_members(session: i32) -> Vec<Member> {
 /// `pidfd_open(2)`: a descriptor of process `pid` that stays its own whoever takes the pid
 /// later; `None` when there is no such process (or no pidfd support).
 pub(crate) fn pidfd_open(pid: i32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    let raw = i32::try_from(raw).ok().filter(|&raw| raw >= 0)?;
-    // SAFETY: pidfd_open just returned this descriptor; nothing else owns it.
-    Some(unsafe { OwnedFd::from_raw_fd(raw) })
+    // A pid of 0 or below names no one process.
+    let pid = rustix::process::Pid::from_raw(pid.max(0))?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
 }
 
 /// SIGKILL for `member`, unless its pid names another process by now.
@@ -297,16 +295,8 @@ fn kill_member(member: Member, session: i32) {
     if !same {
         return;
     }
-    // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo (null) and no flags.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0u32,
-        );
-    }
+    // ESRCH: it ended meanwhile; nothing else can fail for a pidfd of ours.
+    let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
 }
 
 #[cfg(test)]

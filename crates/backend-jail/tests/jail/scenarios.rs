@@ -2,7 +2,7 @@
 //! tests/jail.rs) and panics on failure.
 
 use std::io::BufRead;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -1189,12 +1189,9 @@ fn probe_reports_ready() {
 }
 
 fn pidfd_open(pid: i32) -> OwnedFd {
-    // SAFETY: pidfd_open takes a pid and flags.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    assert!(fd >= 0, "pidfd_open({pid}) failed");
-    let fd = i32::try_from(fd).expect("fd");
-    // SAFETY: a new fd we own.
-    unsafe { OwnedFd::from_raw_fd(fd) }
+    let raw = rustix::process::Pid::from_raw(pid).expect("a positive pid");
+    rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty())
+        .unwrap_or_else(|err| panic!("pidfd_open({pid}) failed: {err}"))
 }
 
 fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> bool {

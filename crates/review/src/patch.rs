@@ -43,13 +43,13 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_MAX_PATCH_BYTES: usize = 64 * 1024 * 1024;
 
 /// The longest path accepted (Linux's `PATH_MAX`); longer names cannot be a real checkout.
-pub const MAX_PATH_BYTES: usize = 4096;
+pub(crate) const MAX_PATH_BYTES: usize = 4096;
 
 /// Git's file modes, the only ones a patch may state.
-pub const MODE_REGULAR: u32 = 0o100_644;
-pub const MODE_EXECUTABLE: u32 = 0o100_755;
-pub const MODE_SYMLINK: u32 = 0o120_000;
-pub const MODE_GITLINK: u32 = 0o160_000;
+pub(crate) const MODE_REGULAR: u32 = 0o100_644;
+pub(crate) const MODE_EXECUTABLE: u32 = 0o100_755;
+pub(crate) const MODE_SYMLINK: u32 = 0o120_000;
+pub(crate) const MODE_GITLINK: u32 = 0o160_000;
 
 /// The review header of a diff (docs/mcp.md "Diff").
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -278,7 +278,7 @@ pub fn parse(patch: &[u8], max_bytes: usize) -> Result<Vec<FilePatch<'_>>, Patch
 
 /// One `diff --git` section of the patch (or text outside any), as the host read it.
 #[derive(Debug)]
-pub enum Entry<'a> {
+pub(crate) enum Entry<'a> {
     Parsed(FilePatch<'a>),
     Unreadable(Unreadable),
 }
@@ -286,7 +286,7 @@ pub enum Entry<'a> {
 /// A section the parser refused: where, why, and what it seems to touch, so that the review
 /// can still count and flag it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unreadable {
+pub(crate) struct Unreadable {
     /// 1-based line of the problem.
     pub line: usize,
     pub reason: String,
@@ -300,7 +300,7 @@ pub struct Unreadable {
 /// unreadable entry neither hides the others nor goes uncounted. (A valid patch has no other
 /// line starting `diff --git `: hunk lines start with ` `, `+` or `-`, and base85 data has no
 /// spaces.) Only an oversize patch is an error.
-pub fn read_entries(patch: &[u8], max_bytes: usize) -> Result<Vec<Entry<'_>>, PatchError> {
+pub(crate) fn read_entries(patch: &[u8], max_bytes: usize) -> Result<Vec<Entry<'_>>, PatchError> {
     if patch.len() > max_bytes {
         return Err(PatchError::TooLarge {
             size: patch.len(),

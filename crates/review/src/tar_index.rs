@@ -97,7 +97,7 @@ impl TarIndex {
 
     /// Checks the index `bytes` of a tar of `tar_len` bytes (see the module doc for what is
     /// checked): [`load`](Self::load) without the files.
-    pub fn from_bytes(bytes: Vec<u8>, tar_len: u64) -> Result<Self, Defect> {
+    pub(crate) fn from_bytes(bytes: Vec<u8>, tar_len: u64) -> Result<Self, Defect> {
         if bytes.len() < HEADER_LEN + CHECKSUM_LEN || !bytes.starts_with(MAGIC) {
             return Err(Defect::Damaged("not an index of this format"));
         }
@@ -227,7 +227,7 @@ fn name_range(bytes: &[u8], i: usize) -> (usize, usize) {
 
 /// Why index bytes are not a usable index of the tar at hand ([`TarIndex::from_bytes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Defect {
+pub(crate) enum Defect {
     /// Made for a tar of this many bytes.
     Stale(u64),
     /// Not an index of this format, cut short, or altered: why.

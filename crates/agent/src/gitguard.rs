@@ -54,19 +54,47 @@ const COPY_NAME: &CStr = c".git-exec";
 /// Where the copy is written before it is moved into place.
 const COPY_TEMP: &CStr = c".git-exec.new";
 
+/// Why no guarded git can run.
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError {
+    #[error("cannot read /proc/sys/fs/suid_dumpable: {0}")]
+    SuidDumpableUnknown(#[source] std::io::Error),
+    #[error(
+        "fs.suid_dumpable is {0}: the sandbox user could then attach to the git that diffs the \
+         workspace; set it to 0 on the host (sysctl -w fs.suid_dumpable=0)"
+    )]
+    SuidDumpable(String),
+    #[error("the state directory's path contains a NUL byte")]
+    NulInStatePath,
+    /// A system call on the way to the copy failed.
+    #[error("cannot {what} the private copy of {program}: {source}")]
+    Sys {
+        what: &'static str,
+        program: String,
+        source: Errno,
+    },
+    #[error("cannot {what} the private copy of {program}: {source}")]
+    Io {
+        what: &'static str,
+        program: String,
+        source: std::io::Error,
+    },
+}
+
 /// The path of the execute-only copy of `program` in the state directory, made when missing
 /// (or not what this agent made: wrong owner, mode, type or size).
 pub fn executable(
     state_path: &Path,
     state_dir: BorrowedFd<'_>,
     program: &CStr,
-) -> Result<CString, String> {
+) -> Result<CString, GuardError> {
     check_suid_dumpable()?;
-    let fail = |what: &str, err: &dyn std::fmt::Display| {
-        format!(
-            "cannot {what} the private copy of {}: {err}",
-            program.to_string_lossy()
-        )
+    let fail = |what: &'static str| {
+        move |source| GuardError::Sys {
+            what,
+            program: program.to_string_lossy().into_owned(),
+            source,
+        }
     };
     let mut source = File::from(
         openat(
@@ -75,13 +103,13 @@ pub fn executable(
             OFlag::O_RDONLY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|err| fail("read the original for", &err))?,
+        .map_err(fail("read the original for"))?,
     );
     let size = fstat(source.as_fd())
-        .map_err(|err| fail("inspect the original for", &err))?
+        .map_err(fail("inspect the original for"))?
         .st_size;
     let path = CString::new(state_path.join(".git-exec").as_os_str().as_bytes())
-        .map_err(|_| "the state directory's path contains a NUL byte".to_owned())?;
+        .map_err(|_| GuardError::NulInStatePath)?;
     let euid = nix::unistd::geteuid().as_raw();
     if let Ok(stat) = fstatat(state_dir, COPY_NAME, AtFlags::AT_SYMLINK_NOFOLLOW) {
         let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
@@ -95,7 +123,7 @@ pub fn executable(
     }
     match unlinkat(state_dir, COPY_TEMP, UnlinkatFlags::NoRemoveDir) {
         Ok(()) | Err(Errno::ENOENT) => {}
-        Err(err) => return Err(fail("remove a stale", &err)),
+        Err(err) => return Err(fail("remove a stale")(err)),
     }
     let written = openat(
         state_dir,
@@ -103,33 +131,33 @@ pub fn executable(
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::S_IRWXU,
     )
-    .map_err(|err| fail("create", &err))?;
+    .map_err(fail("create"))?;
     let mut file = File::from(written);
-    std::io::copy(&mut source, &mut file).map_err(|err| fail("write", &err))?;
+    std::io::copy(&mut source, &mut file).map_err(|source| GuardError::Io {
+        what: "write",
+        program: program.to_string_lossy().into_owned(),
+        source,
+    })?;
     // Executable by anyone, readable by nobody without CAP_DAC_OVERRIDE.
-    fchmod(file.as_fd(), Mode::S_IXUSR | Mode::S_IXGRP | Mode::S_IXOTH)
-        .map_err(|err| fail("protect", &err))?;
+    fchmod(file.as_fd(), Mode::S_IXUSR | Mode::S_IXGRP | Mode::S_IXOTH).map_err(fail("protect"))?;
     // Closed before anything executes it (a writer open makes execve fail with ETXTBSY).
     drop(file);
-    renameat(state_dir, COPY_TEMP, state_dir, COPY_NAME).map_err(|err| fail("place", &err))?;
+    renameat(state_dir, COPY_TEMP, state_dir, COPY_NAME).map_err(fail("place"))?;
     Ok(path)
 }
 
 /// Refuses to run when setuid-like processes stay dumpable (`fs.suid_dumpable` = 1): then the
 /// sandbox user could reach into a guarded git.
-fn check_suid_dumpable() -> Result<(), String> {
+fn check_suid_dumpable() -> Result<(), GuardError> {
     let value = std::fs::read_to_string("/proc/sys/fs/suid_dumpable")
-        .map_err(|err| format!("cannot read /proc/sys/fs/suid_dumpable: {err}"))?;
+        .map_err(GuardError::SuidDumpableUnknown)?;
     suid_dumpable_allows(value.trim())
 }
 
-fn suid_dumpable_allows(value: &str) -> Result<(), String> {
+fn suid_dumpable_allows(value: &str) -> Result<(), GuardError> {
     match value {
         "0" | "2" => Ok(()),
-        other => Err(format!(
-            "fs.suid_dumpable is {other}: the sandbox user could then attach to the git that \
-             diffs the workspace; set it to 0 on the host (sysctl -w fs.suid_dumpable=0)"
-        )),
+        other => Err(GuardError::SuidDumpable(other.to_owned())),
     }
 }
 
@@ -143,6 +171,26 @@ mod tests {
         assert!(suid_dumpable_allows("2").is_ok());
         assert!(suid_dumpable_allows("1")
             .expect_err("1 is refused")
+            .to_string()
             .contains("sysctl -w fs.suid_dumpable=0"));
+        assert_eq!(
+            suid_dumpable_allows("1")
+                .expect_err("1 is refused")
+                .to_string(),
+            "fs.suid_dumpable is 1: the sandbox user could then attach to the git that diffs the \
+             workspace; set it to 0 on the host (sysctl -w fs.suid_dumpable=0)"
+        );
+        let err = GuardError::Sys {
+            what: "place",
+            program: "/usr/bin/git".into(),
+            source: Errno::EXDEV,
+        };
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot place the private copy of /usr/bin/git: {}",
+                Errno::EXDEV
+            )
+        );
     }
 }

@@ -56,7 +56,8 @@ impl Private {
             uid: stat.st_uid,
             gid: stat.st_gid,
         });
-        let exe = gitguard::executable(&self.state_dir, state.as_fd(), program)?;
+        let exe = gitguard::executable(&self.state_dir, state.as_fd(), program)
+            .map_err(|err| err.to_string())?;
         Ok(Opened {
             dir,
             exe,

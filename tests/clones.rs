@@ -649,3 +649,71 @@ fn a_dumb_http_server_gives_the_clone_a_smart_one_gives() {
         "{dumb_requests:#?}"
     );
 }
+
+// --- one reading of a URL ---------------------------------------------------------------------
+
+/// A `--repo` URL is parsed once, where the CLI takes it, by the parser the MCP policy uses: a
+/// shape the clone would not fetch through its proxy, or one a reader could take for another
+/// host, is refused before anything starts, and a refusal never repeats a credential. Nothing
+/// is fetched, so no packet is sent.
+#[test]
+fn urls_the_clone_would_not_fetch_are_refused_before_anything_starts() {
+    let home = TestHome::new();
+    let refused = [
+        // Ports other than the one the egress proxy opens for the transport, or in another
+        // spelling than digits without a leading zero.
+        "https://git.test:8443/o/r.git",
+        "ssh://git@git.test:2222/o/r.git",
+        "https://git.test:22/o/r.git",
+        "https://git.test:0443/o/r.git",
+        "https://git.test:+443/o/r.git",
+        "https://git.test:/o/r.git",
+        // Hosts that are not plain DNS names.
+        "https://127.0.0.1/o/r.git",
+        "https://[::1]/o/r.git",
+        "https://[::1]:443/o/r.git",
+        "https://2130706433/o/r.git",
+        "https://0x7f.1/o/r.git",
+        "https://git%2etest/o/r.git",
+        "https://git..test/o/r.git",
+        "git@127.0.0.1:o/r.git",
+        // A user part that hides the host, or one ssh would be handed as a password.
+        "https://me:s3cret@git.test@evil.test/o/r.git",
+        "https://@git.test/o/r.git",
+        "ssh://git:s3cret@git.test/o/r.git",
+        "ssh://-oProxyCommand=x@git.test/o/r.git",
+        // Not one of the three shapes.
+        "git.test:o/r.git",
+        "https://git.test",
+        "https://me:s3cret@git.test//o/r.git",
+        "https://git.test#@evil.test/o/r.git",
+        "https://git.test/o r.git",
+        "https://git.test/o/\u{e9}.git",
+        "http://git.test/o/r.git",
+        "file:///srv/r.git",
+        "ext::sh -c id",
+        "-uhttps://git.test/o/r.git",
+    ];
+    for url in refused {
+        // `--repo=URL`: a URL starting with '-' reaches the parser, not clap's option check.
+        let out = home.run(&[
+            "--json",
+            "task",
+            "start",
+            &format!("--repo={url}"),
+            "--name",
+            "t",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{url:?}: {stdout}");
+        let value: Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|err| panic!("{url:?}: not JSON ({err}): {stdout}"));
+        assert_eq!(
+            value["error"]["code"], "invalid_argument",
+            "{url:?}: {value}"
+        );
+        let shown = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(!shown.contains("s3cret"), "{url:?}: {shown}");
+    }
+    assert_nothing_left(&home);
+}

@@ -209,6 +209,14 @@ BAD_URLS = [
     ("git@github.com:-oProxyCommand=x", "git.shape"),
     ("git@evil.example:o/r.git", "git.host"),
     ("git:pw@github.com:o/r", "git.shape"),
+    # The clone's proxy opens 443 for https and 22 for ssh, each in one spelling.
+    ("https://github.com:8443/o/r", "git.port"),
+    ("ssh://git@github.com:2222/o/r", "git.port"),
+    ("https://github.com:0443/o/r", "git.shape"),
+    ("https://github.com:+443/o/r", "git.shape"),
+    ("https://[::1]:443/o/r", "git.host"),
+    ("https://a@b@github.com/o/r", "git.userinfo"),
+    ("https://@github.com/o/r", "git.userinfo"),
 ]
 
 GOOD_URLS = [

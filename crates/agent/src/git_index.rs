@@ -28,8 +28,65 @@ pub struct Survey {
     pub largest: u64,
 }
 
+/// Bytes that are not an index git wrote, and the first flaw found in them.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NotAnIndex(pub Flaw);
+
+/// What is wrong with bytes read as an index.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Flaw {
+    TooShort,
+    NoSignature,
+    Version(u32),
+    TooManyEntries,
+    MoreEntriesThanBytes,
+    OutOfOrder,
+    EntryCut,
+    ExtendedInVersion2,
+    BadPrefixLength,
+    PrefixTooLong,
+    UnterminatedName,
+    NameCut,
+}
+
+// Written out rather than derived with thiserror: the fuzz target compiles this file on its
+// own, with no dependency.
+impl std::fmt::Display for NotAnIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the private index is not one git wrote: {}", self.0)
+    }
+}
+
+impl std::error::Error for NotAnIndex {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+impl std::fmt::Display for Flaw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self {
+            Flaw::TooShort => "it is too short",
+            Flaw::NoSignature => "no DIRC signature",
+            Flaw::Version(version) => return write!(f, "version {version}"),
+            Flaw::TooManyEntries => "too many entries",
+            Flaw::MoreEntriesThanBytes => "more entries than the file can hold",
+            Flaw::OutOfOrder => "its entries are out of order",
+            Flaw::EntryCut => "an entry is cut short",
+            Flaw::ExtendedInVersion2 => "an extended entry in a version 2 index",
+            Flaw::BadPrefixLength => "a bad prefix length",
+            Flaw::PrefixTooLong => "a prefix longer than the previous name",
+            Flaw::UnterminatedName => "an unterminated name",
+            Flaw::NameCut => "a name is cut short",
+        };
+        f.write_str(what)
+    }
+}
+
+impl std::error::Error for Flaw {}
+
 /// Every path an index whose object ids are `oid_len` bytes long lists, and its largest entry.
-pub fn every_path(index: &[u8], oid_len: usize) -> Result<Survey, String> {
+pub fn every_path(index: &[u8], oid_len: usize) -> Result<Survey, NotAnIndex> {
     let mut survey = Survey::default();
     for_each_entry(index, oid_len, |path, size| {
         survey.largest = survey.largest.max(u64::from(size));
@@ -46,22 +103,22 @@ fn for_each_entry(
     index: &[u8],
     oid_len: usize,
     mut visit: impl FnMut(&[u8], u32),
-) -> Result<(), String> {
-    let fail = |what: &str| format!("the private index is not one git wrote: {what}");
-    let header = index.get(..12).ok_or_else(|| fail("it is too short"))?;
+) -> Result<(), NotAnIndex> {
+    let fail = NotAnIndex;
+    let header = index.get(..12).ok_or_else(|| fail(Flaw::TooShort))?;
     if &header[..4] != b"DIRC" {
-        return Err(fail("no DIRC signature"));
+        return Err(fail(Flaw::NoSignature));
     }
     let version = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
     if !(2..=4).contains(&version) {
-        return Err(fail(&format!("version {version}")));
+        return Err(fail(Flaw::Version(version)));
     }
     let count = u32::from_be_bytes([header[8], header[9], header[10], header[11]]);
-    let count = usize::try_from(count).map_err(|_| fail("too many entries"))?;
+    let count = usize::try_from(count).map_err(|_| fail(Flaw::TooManyEntries))?;
     // Each entry takes at least STAT_BYTES + oid + flags: a count the file cannot hold is
     // refused before anything is done with it.
     if count > index.len() / (STAT_BYTES + oid_len + 2) {
-        return Err(fail("more entries than the file can hold"));
+        return Err(fail(Flaw::MoreEntriesThanBytes));
     }
     let mut at = 12;
     // Version 4 names are built on the previous one.
@@ -69,9 +126,9 @@ fn for_each_entry(
     // The previous entry's name, to check the order (the same name twice is a conflict's
     // stages, which a diff's index never has, but they are in order too).
     let mut previous: Vec<u8> = Vec::new();
-    let mut in_order = |path: &[u8]| -> Result<(), String> {
+    let mut in_order = |path: &[u8]| -> Result<(), NotAnIndex> {
         if path < previous.as_slice() {
-            return Err(fail("its entries are out of order"));
+            return Err(fail(Flaw::OutOfOrder));
         }
         previous.clear();
         previous.extend_from_slice(path);
@@ -82,28 +139,28 @@ fn for_each_entry(
         let flags_at = start + STAT_BYTES + oid_len;
         let flags = index
             .get(flags_at..flags_at + 2)
-            .ok_or_else(|| fail("an entry is cut short"))?;
+            .ok_or_else(|| fail(Flaw::EntryCut))?;
         let flags = u16::from_be_bytes([flags[0], flags[1]]);
         let size = &index[start + SIZE_AT..start + SIZE_AT + 4];
         let size = u32::from_be_bytes([size[0], size[1], size[2], size[3]]);
         let mut name_at = flags_at + 2;
         if flags & EXTENDED != 0 {
             if version < 3 {
-                return Err(fail("an extended entry in a version 2 index"));
+                return Err(fail(Flaw::ExtendedInVersion2));
             }
             name_at += 2;
         }
         if version == 4 {
             // The previous name less `strip` bytes, then a NUL-terminated suffix.
             let (strip, used) = varint(index.get(name_at..).unwrap_or_default())
-                .ok_or_else(|| fail("a bad prefix length"))?;
+                .ok_or_else(|| fail(Flaw::BadPrefixLength))?;
             let keep = name
                 .len()
                 .checked_sub(strip)
-                .ok_or_else(|| fail("a prefix longer than the previous name"))?;
+                .ok_or_else(|| fail(Flaw::PrefixTooLong))?;
             let suffix_at = name_at + used;
             let suffix_len =
-                nul_at(index, suffix_at).ok_or_else(|| fail("an unterminated name"))?;
+                nul_at(index, suffix_at).ok_or_else(|| fail(Flaw::UnterminatedName))?;
             name.truncate(keep);
             name.extend_from_slice(&index[suffix_at..suffix_at + suffix_len]);
             at = suffix_at + suffix_len + 1;
@@ -111,16 +168,16 @@ fn for_each_entry(
             visit(&name, size);
         } else {
             let len = match flags & NAME_MASK {
-                NAME_MASK => nul_at(index, name_at).ok_or_else(|| fail("an unterminated name"))?,
+                NAME_MASK => nul_at(index, name_at).ok_or_else(|| fail(Flaw::UnterminatedName))?,
                 len => usize::from(len),
             };
             let path = index
                 .get(name_at..name_at + len)
-                .ok_or_else(|| fail("a name is cut short"))?;
+                .ok_or_else(|| fail(Flaw::NameCut))?;
             // Entries are padded with 1 to 8 NULs to a multiple of 8 bytes.
             at = start + ((name_at - start + len + 8) & !7);
             if at > index.len() {
-                return Err(fail("an entry is cut short"));
+                return Err(fail(Flaw::EntryCut));
             }
             in_order(path)?;
             visit(path, size);
@@ -155,7 +212,7 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
 
-    fn paths(index: &[u8], oid_len: usize) -> Result<HashSet<Vec<u8>>, String> {
+    fn paths(index: &[u8], oid_len: usize) -> Result<HashSet<Vec<u8>>, NotAnIndex> {
         let mut found = HashSet::new();
         for_each_entry(index, oid_len, |path, _| {
             found.insert(path.to_vec());
@@ -260,7 +317,11 @@ mod tests {
         }
         let mut wrong = bytes.clone();
         wrong[0] = b'X';
-        assert!(paths(&wrong, 20).unwrap_err().contains("DIRC"));
+        assert!(paths(&wrong, 20).unwrap_err().to_string().contains("DIRC"));
+        assert_eq!(
+            paths(&wrong, 20).unwrap_err().to_string(),
+            "the private index is not one git wrote: no DIRC signature"
+        );
         // Two entries swapped: the merge with the candidates would miss one.
         let (one, _) = index_of("2", false).await;
         let first = 12;
@@ -272,10 +333,17 @@ mod tests {
         let mut swapped = one.clone();
         swapped[first..first + b_len].copy_from_slice(&one[first + a_len..first + a_len + b_len]);
         swapped[first + b_len..first + a_len + b_len].copy_from_slice(&one[first..first + a_len]);
-        assert!(paths(&swapped, 20).unwrap_err().contains("out of order"));
+        assert!(paths(&swapped, 20)
+            .unwrap_err()
+            .to_string()
+            .contains("out of order"));
+        assert_eq!(paths(&swapped, 20), Err(NotAnIndex(Flaw::OutOfOrder)));
         let mut huge = bytes.clone();
         huge[8..12].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert!(paths(&huge, 20).unwrap_err().contains("more entries"));
+        assert!(paths(&huge, 20)
+            .unwrap_err()
+            .to_string()
+            .contains("more entries"));
         // Every byte flipped in turn: an error or some set of paths, never a panic.
         let (v4, _) = index_of("4", false).await;
         for at in 12..v4.len().min(600) {

@@ -27,7 +27,7 @@ use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, fstatat, FileStat, Mode, SFlag};
 
 use crate::fsutil;
-use crate::git_index;
+use crate::git_index::{self, NotAnIndex};
 use crate::statedir::BASELINE_INDEX;
 
 /// The largest private index read (about 80 bytes a file): past it, the diff scans.
@@ -91,22 +91,36 @@ pub enum Seen {
     Other,
 }
 
+/// Why the memo of the private index could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoError {
+    #[error("cannot look at the private directory: {0}")]
+    Directory(#[source] Errno),
+    #[error("cannot look at the private index: {0}")]
+    Stamp(#[source] Errno),
+    #[error("cannot read the private index: {0}")]
+    Open(#[source] Errno),
+    #[error("cannot read the private index: {0}")]
+    Read(#[source] std::io::Error),
+    #[error(transparent)]
+    NotAnIndex(#[from] NotAnIndex),
+}
+
 /// The (device, inode) of the directory `private`.
-fn dir_of(private: BorrowedFd<'_>) -> Result<(u64, u64), String> {
-    let stat =
-        fstat(private).map_err(|err| format!("cannot look at the private directory: {err}"))?;
+fn dir_of(private: BorrowedFd<'_>) -> Result<(u64, u64), MemoError> {
+    let stat = fstat(private).map_err(MemoError::Directory)?;
     Ok((stat.st_dev, stat.st_ino))
 }
 
 /// The stamp of the index file in `private` now.
-fn index_stamp(private: BorrowedFd<'_>) -> Result<Stamp, String> {
+fn index_stamp(private: BorrowedFd<'_>) -> Result<Stamp, MemoError> {
     fstatat(
         private,
         BASELINE_INDEX,
         nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
     )
     .map(|stat| Stamp::of(&stat))
-    .map_err(|err| format!("cannot look at the private index: {err}"))
+    .map_err(MemoError::Stamp)
 }
 
 /// What each of `paths` (workspace-relative) is now.
@@ -141,7 +155,7 @@ impl Memo {
     /// The memo of the private index (in the directory `private`) as the file is now: the
     /// last diff's if the file is the one it kept, else read from the file. Taken out: a diff
     /// that fails before [`Memo::keep`] leaves none, and the next diff reads the index.
-    pub fn current(private: BorrowedFd<'_>) -> Result<Memo, String> {
+    pub fn current(private: BorrowedFd<'_>) -> Result<Memo, MemoError> {
         let dir = dir_of(private)?;
         let remembered = {
             let mut memos = REMEMBERED
@@ -159,17 +173,16 @@ impl Memo {
         }
     }
 
-    fn read(private: BorrowedFd<'_>, dir: (u64, u64)) -> Result<Memo, String> {
-        let fail = |err: &dyn std::fmt::Display| format!("cannot read the private index: {err}");
+    fn read(private: BorrowedFd<'_>, dir: (u64, u64)) -> Result<Memo, MemoError> {
         let fd = openat(
             private,
             BASELINE_INDEX,
             OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|err| fail(&err))?;
+        .map_err(MemoError::Open)?;
         // Stamped from the descriptor read: the bytes and the stamp are of one file.
-        let stat = fstat(&fd).map_err(|err| fail(&err))?;
+        let stat = fstat(&fd).map_err(MemoError::Open)?;
         let len = u64::try_from(stat.st_size).unwrap_or(0);
         // Read in one go: growing the buffer as it filled took most of the time.
         let mut bytes =
@@ -177,7 +190,7 @@ impl Memo {
         File::from(fd)
             .take(MAX_INDEX_BYTES)
             .read_to_end(&mut bytes)
-            .map_err(|err| fail(&err))?;
+            .map_err(MemoError::Read)?;
         // The private repository is SHA-1 (see `record_baseline`).
         let survey = git_index::every_path(&bytes, 20)?;
         Ok(Memo {
@@ -199,7 +212,7 @@ impl Memo {
 
     /// No entry of the private index (in the directory `private`) is larger than this; the
     /// memo is kept for the next diff.
-    pub fn largest_entry(private: BorrowedFd<'_>) -> Result<u64, String> {
+    pub fn largest_entry(private: BorrowedFd<'_>) -> Result<u64, MemoError> {
         let memo = Memo::current(private)?;
         let largest = memo.largest;
         memo.keep(private)?;
@@ -230,7 +243,7 @@ impl Memo {
 
     /// Keeps this memo for the next diff, as the memo of the index file now in `private`
     /// (the one the update just wrote).
-    pub fn keep(mut self, private: BorrowedFd<'_>) -> Result<(), String> {
+    pub fn keep(mut self, private: BorrowedFd<'_>) -> Result<(), MemoError> {
         self.dir = dir_of(private)?;
         self.file = index_stamp(private)?;
         let mut memos = REMEMBERED

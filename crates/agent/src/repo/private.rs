@@ -105,14 +105,15 @@ impl Opened {
 
     /// Runs the agent's own blocking file work `f` in the private directory, on the
     /// blocking pool.
-    pub(super) async fn in_dir<T: Send + 'static>(
+    pub(super) async fn in_dir<T: Send + 'static, E: std::fmt::Display>(
         &self,
-        f: impl FnOnce(BorrowedFd<'_>) -> Result<T, String> + Send + 'static,
+        f: impl FnOnce(BorrowedFd<'_>) -> Result<T, E> + Send + 'static,
     ) -> Result<T, RunError> {
         let dir = self.dir.try_clone().map_err(|err| {
             RunError::Failed(format!("cannot reach the private repository: {err}"))
         })?;
-        blocking(move || f(dir.as_fd()))
+        // The private repository's steps are still described in words (see `RunError`).
+        blocking(move || f(dir.as_fd()).map_err(|err| err.to_string()))
             .await
             .map_err(RunError::Failed)
     }

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use dynocap_proto::{channel, Frame, FrameKind, DATA_CHUNK};
+use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use tokio::sync::mpsc;
 
@@ -43,16 +44,40 @@ pub enum Kind {
     Gitlink,
 }
 
+/// Why the checkout could not be listed or sent.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    #[error("git ls-files printed an entry that is not `<mode> <object> <stage>\\t<path>`: {0:?}")]
+    Listing(String),
+    #[error("the clone was cancelled")]
+    Cancelled,
+    /// A system call on a checked-out path failed.
+    #[error("{what} {}: {source}", String::from_utf8_lossy(.path))]
+    Sys {
+        what: &'static str,
+        path: Vec<u8>,
+        source: Errno,
+    },
+    /// Reading a checked-out path or writing its tar entry failed.
+    #[error("{what} {}: {source}", String::from_utf8_lossy(.path))]
+    Io {
+        what: &'static str,
+        path: Vec<u8>,
+        source: io::Error,
+    },
+    #[error("the checkout did not leave a file at {}: not a file", String::from_utf8_lossy(.0))]
+    NotAFile(Vec<u8>),
+    #[error("the checked-out files are over the {0} bytes a clone may send")]
+    TooLarge(u64),
+    #[error("cannot send the checked-out files: {0}")]
+    Finish(#[source] io::Error),
+}
+
 /// Parses `git ls-files -z --stage`: `<mode> <object> <stage>\t<path>\0` per entry.
-pub fn parse_listing(listing: &[u8]) -> Result<Vec<Entry>, String> {
+pub fn parse_listing(listing: &[u8]) -> Result<Vec<Entry>, CheckoutError> {
     let mut entries = Vec::new();
     for record in listing.split(|b| *b == 0).filter(|r| !r.is_empty()) {
-        let bad = || {
-            format!(
-                "git ls-files printed an entry that is not `<mode> <object> <stage>\\t<path>`: {:?}",
-                String::from_utf8_lossy(record)
-            )
-        };
+        let bad = || CheckoutError::Listing(String::from_utf8_lossy(record).into_owned());
         let tab = record.iter().position(|b| *b == b'\t').ok_or_else(bad)?;
         let (info, path) = (&record[..tab], &record[tab + 1..]);
         let mode = info.split(|b| *b == b' ').next().ok_or_else(bad)?;
@@ -83,30 +108,41 @@ pub fn write_tar(
     out: impl Write,
     max_bytes: u64,
     cancelled: &AtomicBool,
-) -> Result<(), String> {
+) -> Result<(), CheckoutError> {
     let mut builder = tar::Builder::new(out);
     builder.mode(tar::HeaderMode::Deterministic);
     let mut dirs: HashSet<&[u8]> = HashSet::new();
     let mut total: u64 = 0;
     for entry in entries {
         if cancelled.load(Ordering::Relaxed) {
-            return Err("the clone was cancelled".into());
+            return Err(CheckoutError::Cancelled);
         }
         let path = entry.path.as_slice();
-        let fail = |what: &str, err: &dyn std::fmt::Display| {
-            format!("{what} {}: {err}", String::from_utf8_lossy(path))
+        let sys = |what: &'static str| {
+            move |source| CheckoutError::Sys {
+                what,
+                path: path.to_vec(),
+                source,
+            }
+        };
+        let io = |what: &'static str| {
+            move |source| CheckoutError::Io {
+                what,
+                path: path.to_vec(),
+                source,
+            }
         };
         // Each parent directory once, before what is in it.
         for (end, _) in path.iter().enumerate().filter(|(_, b)| **b == b'/') {
             let dir = &path[..end];
             if dirs.insert(dir) {
-                append_dir(&mut builder, dir).map_err(|err| fail("cannot send", &err))?;
+                append_dir(&mut builder, dir).map_err(io("cannot send"))?;
             }
         }
         match entry.kind {
             Kind::Gitlink => {
                 if dirs.insert(path) {
-                    append_dir(&mut builder, path).map_err(|err| fail("cannot send", &err))?;
+                    append_dir(&mut builder, path).map_err(io("cannot send"))?;
                 }
             }
             Kind::Symlink => {
@@ -116,16 +152,16 @@ pub fn write_tar(
                     OsStr::from_bytes(parent),
                     fsutil::dir_flags(),
                 )
-                .map_err(|err| fail("cannot open the directory of", &err))?;
+                .map_err(sys("cannot open the directory of"))?;
                 let target = nix::fcntl::readlinkat(dir.as_fd(), OsStr::from_bytes(name))
-                    .map_err(|err| fail("cannot read the checked-out symlink", &err))?;
+                    .map_err(sys("cannot read the checked-out symlink"))?;
                 let mut header = tar::Header::new_gnu();
                 header.set_entry_type(tar::EntryType::Symlink);
                 header.set_mode(0o777);
                 header.set_size(0);
                 builder
                     .append_link(&mut header, as_path(path), Path::new(&target))
-                    .map_err(|err| fail("cannot send", &err))?;
+                    .map_err(io("cannot send"))?;
             }
             Kind::File { executable } => {
                 let file = fsutil::open_beneath(
@@ -133,20 +169,18 @@ pub fn write_tar(
                     OsStr::from_bytes(path),
                     OFlag::O_RDONLY | OFlag::O_NONBLOCK,
                 )
-                .map_err(|err| fail("cannot open the checked-out file", &err))?;
+                .map_err(sys("cannot open the checked-out file"))?;
                 let file = std::fs::File::from(file);
                 let meta = file
                     .metadata()
-                    .map_err(|err| fail("cannot read the checked-out file", &err))?;
+                    .map_err(io("cannot read the checked-out file"))?;
                 if !meta.is_file() {
-                    return Err(fail("the checkout did not leave a file at", &"not a file"));
+                    return Err(CheckoutError::NotAFile(path.to_vec()));
                 }
                 let size = meta.len();
                 total = total.saturating_add(size);
                 if total > max_bytes {
-                    return Err(format!(
-                        "the checked-out files are over the {max_bytes} bytes a clone may send"
-                    ));
+                    return Err(CheckoutError::TooLarge(max_bytes));
                 }
                 let mut header = tar::Header::new_gnu();
                 header.set_entry_type(tar::EntryType::Regular);
@@ -158,14 +192,14 @@ pub fn write_tar(
                 };
                 builder
                     .append_data(&mut header, as_path(path), exact)
-                    .map_err(|err| fail("cannot send", &err))?;
+                    .map_err(io("cannot send"))?;
             }
         }
     }
     builder
         .into_inner()
         .and_then(|mut out| out.flush())
-        .map_err(|err| format!("cannot send the checked-out files: {err}"))
+        .map_err(CheckoutError::Finish)
 }
 
 fn append_dir<W: Write>(builder: &mut tar::Builder<W>, dir: &[u8]) -> io::Result<()> {
@@ -284,6 +318,21 @@ mod tests {
         assert_eq!(entries[3].path, b"vendor/sub");
         assert!(parse_listing(b"040000 x 0\tdir\0").is_err());
         assert!(parse_listing(b"100644 x 0 no-tab\0").is_err());
+        // The text the host reads is the one it always read.
+        assert_eq!(
+            parse_listing(b"100644 x 0 no-tab\0")
+                .expect_err("no tab")
+                .to_string(),
+            r#"git ls-files printed an entry that is not `<mode> <object> <stage>\t<path>`: "100644 x 0 no-tab""#
+        );
+        assert_eq!(
+            CheckoutError::TooLarge(10).to_string(),
+            "the checked-out files are over the 10 bytes a clone may send"
+        );
+        assert_eq!(
+            CheckoutError::NotAFile(b"a/b".to_vec()).to_string(),
+            "the checkout did not leave a file at a/b: not a file"
+        );
     }
 
     #[test]
@@ -317,6 +366,10 @@ mod tests {
         let escape = parse_listing(b"100644 x 0\ta/up/passwd\0").unwrap();
         let err =
             write_tar(&ws, &escape, Vec::new(), u64::MAX, &AtomicBool::new(false)).unwrap_err();
-        assert!(err.contains("a/up/passwd"), "{err}");
+        assert!(err.to_string().contains("a/up/passwd"), "{err}");
+        assert!(
+            matches!(&err, CheckoutError::Sys { path, .. } if path == b"a/up/passwd"),
+            "{err:?}"
+        );
     }
 }

@@ -551,7 +551,7 @@ async fn finish(
         .run(&["ls-files", "-z", "--stage"], listing, stop)
         .await
         .map_err(|err| describe(err, "listing the cloned files"))?;
-    let entries = checkout_tar::parse_listing(&listing)?;
+    let entries = checkout_tar::parse_listing(&listing).map_err(|err| err.to_string())?;
     drop(listing);
     send_checkout(dest, entries, stream, outbox, stop).await?;
     if history == "none" {

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use dynocap_engine::image::admin::ImageInfo;
 use dynocap_engine::image::build::{short, Origin};
+use dynocap_engine::image_admin::ImageInfo;
 use dynocap_engine::{Engine, Error};
 
 use crate::cli::ImageCommand;

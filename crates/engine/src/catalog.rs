@@ -18,118 +18,9 @@ use crate::catalog_file::{self, classify, Connected, Failure};
 use crate::catalog_lock;
 use crate::error::{Error, Result};
 use crate::home::Home;
+pub use crate::model::lifecycle::{Kind, ProcessId, State};
 use crate::records;
 use crate::spec::Network;
-
-/// Lifecycle states, as docs/mcp.md names them (plus `starting` while a supervisor boots).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum State {
-    Starting,
-    Running,
-    /// Its supervisor stopped serving it (its TTL ran out, or it is being finished or
-    /// destroyed) and is ending it: saving a task's work, killing the guest. Set the moment
-    /// the supervisor leaves its serving loop, before it closes its socket.
-    Ending,
-    Finished,
-    Expired,
-    Destroyed,
-    Lost,
-    /// A task whose guest ended before its work could be saved (a dead agent, a killed
-    /// supervisor, a full disk). Its writable layer is kept; `task finish` recovers it.
-    Unsaved,
-    /// An unsaved task whose work a recovery supervisor is saving now.
-    Recovering,
-    /// A warm-pool sandbox booting (`DYNOCAP_WARM_POOL`): nameless, shown nowhere.
-    Warming,
-    /// A warm-pool sandbox booted and idle, waiting for a `run` to claim it.
-    Pooled,
-}
-
-impl State {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Starting => "starting",
-            Self::Running => "running",
-            Self::Ending => "ending",
-            Self::Finished => "finished",
-            Self::Expired => "expired",
-            Self::Destroyed => "destroyed",
-            Self::Lost => "lost",
-            Self::Unsaved => "unsaved",
-            Self::Recovering => "recovering",
-            Self::Warming => "warming",
-            Self::Pooled => "pooled",
-        }
-    }
-
-    fn parse(value: &str) -> Option<Self> {
-        Some(match value {
-            "starting" => Self::Starting,
-            "running" => Self::Running,
-            "ending" => Self::Ending,
-            "finished" => Self::Finished,
-            "expired" => Self::Expired,
-            "destroyed" => Self::Destroyed,
-            "lost" => Self::Lost,
-            "unsaved" => Self::Unsaved,
-            "recovering" => Self::Recovering,
-            "warming" => Self::Warming,
-            "pooled" => Self::Pooled,
-            _ => return None,
-        })
-    }
-
-    /// A supervisor is (supposed to be) running for the sandbox.
-    pub fn is_live(self) -> bool {
-        matches!(
-            self,
-            Self::Starting
-                | Self::Running
-                | Self::Ending
-                | Self::Recovering
-                | Self::Warming
-                | Self::Pooled
-        )
-    }
-
-    /// A warm-pool sandbox nobody has claimed: never listed, never counted as the user's.
-    pub fn is_pool(self) -> bool {
-        matches!(self, Self::Warming | Self::Pooled)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    Raw,
-    Task,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Raw => "raw",
-            Self::Task => "task",
-        }
-    }
-
-    /// What every id of this kind starts with (`sbx-…`, `task-…`).
-    pub fn id_prefix(self) -> &'static str {
-        match self {
-            Self::Raw => "sbx",
-            Self::Task => "task",
-        }
-    }
-
-    /// The kind an id names, from its prefix.
-    pub fn of_id(id: &str) -> Option<Kind> {
-        [Kind::Raw, Kind::Task].into_iter().find(|kind| {
-            id.strip_prefix(kind.id_prefix())
-                .is_some_and(|rest| rest.starts_with('-'))
-        })
-    }
-}
 
 /// One catalog row, and the content of its record file. The serde form is JSON only: the
 /// detail is embedded as the JSON it is, and timestamps are RFC 3339 to the second, as the
@@ -162,63 +53,10 @@ pub struct Record {
     pub detail: Option<String>,
     /// What the sandbox may reach through the egress proxy, fixed when it was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress: Option<crate::egress::EgressSpec>,
+    pub egress: Option<crate::model::egress_spec::EgressSpec>,
     /// The image the sandbox boots, fixed when it was created (`host` in older records).
-    #[serde(default = "crate::image::ImageRef::host")]
-    pub image: crate::image::ImageRef,
-}
-
-/// A process identity that survives pid reuse: the pid plus its start time in clock ticks
-/// since boot (field 22 of /proc/PID/stat).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ProcessId {
-    pub pid: i32,
-    pub start_ticks: u64,
-}
-
-impl ProcessId {
-    pub fn of(pid: i32) -> Option<Self> {
-        Some(Self {
-            pid,
-            start_ticks: process_start_ticks(pid)?,
-        })
-    }
-
-    /// The process's run state (`R`, `S`, `T` for stopped, …) while it is alive; `None` once
-    /// it is gone (exited, a zombie, or its pid reused).
-    pub fn run_state(&self) -> Option<char> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
-        let (state, start) = parse_stat(&stat)?;
-        (state != 'Z' && state != 'X' && start == self.start_ticks).then_some(state)
-    }
-
-    /// The same process is still running (not a zombie, not a reused pid).
-    pub fn is_alive(&self) -> bool {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
-            return false;
-        };
-        let Some((state, start)) = parse_stat(&stat) else {
-            return false;
-        };
-        state != 'Z' && state != 'X' && start == self.start_ticks
-    }
-}
-
-fn process_start_ticks(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&stat).map(|(_, start)| start)
-}
-
-/// Returns (state, starttime) from a /proc/PID/stat line. The command name may contain
-/// spaces and parentheses, so fields are counted from the last ')'.
-fn parse_stat(stat: &str) -> Option<(char, u64)> {
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let mut fields = rest.split(' ');
-    let state = fields.next()?.chars().next()?;
-    // starttime is field 22 overall; after "pid (comm)" the state is field 3.
-    let start = fields.nth(22 - 4)?.parse().ok()?;
-    Some((state, start))
+    #[serde(default = "crate::model::image_ref::ImageRef::host")]
+    pub image: crate::model::image_ref::ImageRef,
 }
 
 /// Serde for timestamps: RFC 3339 to the second, the form the catalog stores.
@@ -500,7 +338,7 @@ impl Catalog {
     pub fn claim_pooled(
         &self,
         backend: &str,
-        image: &crate::image::ImageRef,
+        image: &crate::model::image_ref::ImageRef,
         claim: impl Fn(&mut Record),
     ) -> Result<Option<Record>> {
         let image = serde_json::to_string(image).expect("an image reference always serialises");
@@ -889,7 +727,7 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
             .map(|text| serde_json::from_str(&text))
             .transpose()
             .map_err(|_| bad(17, "image"))?
-            .unwrap_or_else(crate::image::ImageRef::host),
+            .unwrap_or_else(crate::model::image_ref::ImageRef::host),
     })
 }
 
@@ -929,7 +767,7 @@ mod tests {
             note: None,
             detail: None,
             egress: None,
-            image: crate::image::ImageRef::host(),
+            image: crate::model::image_ref::ImageRef::host(),
         }
     }
 
@@ -1481,18 +1319,5 @@ mod tests {
             (from_file.state, from_file.note.as_deref()),
             (State::Expired, Some("expired after its TTL"))
         );
-    }
-
-    #[test]
-    fn own_process_is_alive_and_stat_parses_odd_names() {
-        let me = ProcessId::of(std::process::id() as i32).unwrap();
-        assert!(me.is_alive());
-        assert!(!ProcessId {
-            start_ticks: me.start_ticks + 1,
-            ..me
-        }
-        .is_alive());
-        let stat = "42 (a) b (c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 777 20";
-        assert_eq!(parse_stat(stat), Some(('S', 777)));
     }
 }

@@ -15,10 +15,10 @@ use dynocap_netproxy::{
     SummarySink,
 };
 use dynocap_proto::{EgressRequest, Request, Response};
-use serde::{Deserialize, Serialize};
 
 use crate::agent_conn::{AgentConn, TunnelHandler};
 use crate::error::{Context, Error, Result};
+pub use crate::model::egress_spec::EgressSpec;
 
 /// The port the guest's egress listener takes on its loopback.
 pub const PROXY_PORT: u16 = 3128;
@@ -36,20 +36,6 @@ const MAX_TUNNELS: usize = 512;
 const EXTRA_CA_MAX: u64 = 256 * 1024;
 /// Largest bundle sent to the guest: it travels in one request, under the frame bound (1 MiB).
 const CA_BUNDLE_MAX: usize = 900 * 1024;
-
-/// What a sandbox's egress allows, as recorded.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EgressSpec {
-    /// Host patterns reachable on 443 once the sandbox is up (`filtered` only).
-    pub allow: Vec<String>,
-    /// Resolve overrides, `host:port:addr` (`DYNOCAP_RESOLVE`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub resolve: Vec<String>,
-    /// Extra CA certificates the guest trusts (`DYNOCAP_EXTRA_CA`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub extra_ca: Option<PathBuf>,
-}
 
 impl EgressSpec {
     /// The spec from the operator's environment, hosts the person starting the sandbox added,

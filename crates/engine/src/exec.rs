@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::agent_conn::{agent_error_message, agent_gone, AgentConn};
-use crate::control::{OutputChannel, OutputChunk};
 use crate::error::{Error, Result};
 use crate::excerpt::{excerpt_str, Excerpt};
+use crate::model::output::{OutputChannel, OutputChunk};
 use crate::spec::{ExecSpec, OutputEncoding, EXEC_KILL_GRACE_MS};
 use crate::task_spec::Progress;
 

@@ -263,7 +263,7 @@ fn usable_index(baseline_tar: &Path) -> Option<TarIndex> {
 
 /// The results directory of a task.
 pub fn results_dir(home_root: &Path, id: &str) -> PathBuf {
-    home_root.join("results").join(id)
+    crate::home::task_results_dir(home_root, id)
 }
 
 /// Creates the results directory (0700: patches and logs may hold secrets the agent saw).

@@ -2,11 +2,19 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::catalog::Kind;
 use crate::error::{Context, Result};
+use crate::model::lifecycle::Kind;
 
 /// The name of a record file inside its record's directory.
 pub const RECORD_FILE: &str = "record.json";
+/// The directory of the tasks' results, in the home.
+const RESULTS: &str = "results";
+
+/// The results directory of the task `id` in the home at `root`, for a caller that holds
+/// only the root (see [`Home::results_dir`]).
+pub fn task_results_dir(root: &Path, id: &str) -> PathBuf {
+    root.join(RESULTS).join(id)
+}
 
 /// The state directory and the paths derived from it.
 #[derive(Debug, Clone)]
@@ -63,13 +71,13 @@ impl Home {
     /// A task's results (`patch.diff`, `exec.jsonl`, `summary.json`, its record file); kept
     /// after the task ends, until `rm --purge`.
     pub fn results_dir(&self, id: &str) -> PathBuf {
-        self.records_root(Kind::Task).join(id)
+        task_results_dir(&self.root, id)
     }
     /// The directory holding one subdirectory per record of `kind`: `results/` for tasks,
     /// `sandboxes/` for raw sandboxes.
     pub fn records_root(&self, kind: Kind) -> PathBuf {
         match kind {
-            Kind::Task => self.root.join("results"),
+            Kind::Task => self.root.join(RESULTS),
             Kind::Raw => self.root.join("sandboxes"),
         }
     }
@@ -123,7 +131,7 @@ mod tests {
         let home = Home::at(dir.path().to_owned()).expect("home");
         assert_eq!(
             home.results_dir("task-1"),
-            crate::finish::results_dir(home.root(), "task-1")
+            home.records_root(Kind::Task).join("task-1")
         );
         assert_eq!(
             home.record_path(Kind::Task, "task-1"),

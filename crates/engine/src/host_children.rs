@@ -29,7 +29,7 @@ use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-use crate::catalog::ProcessId;
+use crate::model::lifecycle::ProcessId;
 
 /// Makes `command`'s child die with its parent and start with nothing open beyond fds 0–2.
 ///

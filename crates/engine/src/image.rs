@@ -13,26 +13,15 @@ use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{Context, Error, Result};
 use crate::home::Home;
+pub use crate::model::image_ref::{default_image_name, ImageRef, DEFAULT_IMAGE};
 
-pub mod admin;
 pub mod build;
 mod customise;
 mod mmdebstrap;
 pub mod recipe;
 pub mod store;
-
-/// The image every sandbox gets unless another is asked for (`--image`, `DYNOCAP_IMAGE`).
-pub const DEFAULT_IMAGE: &str = "host";
-
-/// The image of a listing or result written before sandboxes had images: [`DEFAULT_IMAGE`]
-/// (a serde default).
-pub(crate) fn default_image_name() -> String {
-    DEFAULT_IMAGE.to_owned()
-}
 
 /// Guest uid/gid of the unprivileged user every command runs as.
 pub const SANDBOX_UID: u32 = 1000;
@@ -74,24 +63,6 @@ pub struct KernelFiles {
     pub initrd: Option<PathBuf>,
     /// `rootfs/lib/modules/<release>`.
     pub modules: PathBuf,
-}
-
-/// Which image a sandbox uses, as its record keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ImageRef {
-    pub name: String,
-    /// Content id of a built image; `None` for `host`, which is made from the host itself.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-}
-
-impl ImageRef {
-    pub fn host() -> ImageRef {
-        ImageRef {
-            name: DEFAULT_IMAGE.into(),
-            id: None,
-        }
-    }
 }
 
 /// The image name a start uses when its caller names none: `DYNOCAP_IMAGE`, else `host`.

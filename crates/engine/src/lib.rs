@@ -3,6 +3,7 @@
 //! talks to it.
 
 mod activity;
+mod admission;
 pub mod agent_conn;
 pub mod apply;
 pub mod backend;
@@ -26,7 +27,10 @@ pub mod home;
 pub mod host_children;
 pub mod idpool;
 pub mod image;
+pub mod image_admin;
 pub mod import;
+pub(crate) mod leftovers;
+pub mod model;
 mod oom;
 pub mod pool;
 pub mod records;

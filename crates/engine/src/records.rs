@@ -264,7 +264,7 @@ mod tests {
             note: Some("a note \"quoted\"\nand a newline".into()),
             detail: Some(r#"{"start":{"b":[1,2]},"source":null,"result":{"x":"y"}}"#.into()),
             egress: None,
-            image: crate::image::ImageRef::host(),
+            image: crate::model::image_ref::ImageRef::host(),
         }
     }
 

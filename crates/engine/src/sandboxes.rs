@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use rand::Rng;
-use serde::Serialize;
 use tokio::io::BufReader;
 use tokio::net::UnixStream;
 
@@ -17,6 +16,8 @@ use crate::egress::EgressSpec;
 use crate::error::{Context, Error, ErrorCode, Result};
 use crate::exec::ExecResult;
 use crate::home::Home;
+pub(crate) use crate::leftovers::{remove_leftovers, Keep};
+pub use crate::model::sandbox_info::{rfc3339, SandboxInfo};
 use crate::spec::{ExecSpec, RunSpec};
 use crate::supervisor::{Mode, ReadyMessage};
 use crate::task_spec::{Progress, TaskDetail};
@@ -27,37 +28,6 @@ use crate::workspace::{PROJECT_FD_ENV, SUPERVISOR_PROJECT_FD};
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 /// A `starting` record whose supervisor never registered is considered lost after this.
 const STARTING_GRACE: chrono::TimeDelta = chrono::TimeDelta::seconds(300);
-
-/// The raw sandbox object (docs/mcp.md, "Sandbox").
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SandboxInfo {
-    pub name: String,
-    pub state: State,
-    pub backend: String,
-    pub network: String,
-    pub cpus: u32,
-    #[serde(rename = "memoryMB")]
-    pub memory_mb: u64,
-    /// `None` for a record made before sandboxes had a disk limit.
-    #[serde(rename = "diskMB", default, skip_serializing_if = "Option::is_none")]
-    pub disk_mb: Option<u64>,
-    pub ttl_seconds: u64,
-    pub created_at: String,
-    pub expires_at: String,
-    /// Hosts the egress proxy lets through (HTTPS), for a `filtered` sandbox.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress_allowlist: Option<Vec<String>>,
-    /// The image the sandbox boots (`host` or a built image's name).
-    #[serde(default = "crate::image::default_image_name")]
-    pub image: String,
-    /// The built image's content id (none for `host`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_id: Option<String>,
-    /// What a running sandbox lost and what to do (its network ended), when that needs saying.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
 
 impl SandboxInfo {
     pub fn from_record(record: &Record) -> Self {
@@ -85,10 +55,6 @@ pub fn egress_allowlist(record: &Record) -> Option<Vec<String>> {
     (record.network == crate::spec::Network::Filtered)
         .then(|| record.egress.as_ref().map(|e| e.allow.clone()))
         .flatten()
-}
-
-pub fn rfc3339(time: chrono::DateTime<chrono::Utc>) -> String {
-    time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 /// Entry point for all sandbox operations.
@@ -173,7 +139,7 @@ impl Engine {
     /// exec) is not part of the call's latency.
     pub async fn run_leaving_pool(&self, spec: &RunSpec) -> Result<SandboxInfo> {
         self.admit(spec.cpus, spec.memory_mb, spec.disk_mb, spec.ttl_seconds)?;
-        spec.network.ensure_available()?;
+        crate::usernet::ensure_available(spec.network)?;
         if let Some(record) = self.claim_from_pool(spec).await? {
             return Ok(SandboxInfo::from_record(&record));
         }
@@ -882,28 +848,6 @@ impl Engine {
         };
         catalog.set_note(&record.id, Some(&note))
     }
-}
-
-/// What [`remove_leftovers`] keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Keep {
-    Nothing,
-    /// The writable layer (and the state directory holding it): unsaved work.
-    Layer,
-}
-
-/// Removes what a sandbox whose supervisor is gone left behind: processes and cgroups (the
-/// part of `backend`, the one its record names, whatever `DYNOCAP_BACKEND` says now), its
-/// state directory and its control socket. Idempotent.
-pub(crate) fn remove_leftovers(home: &Home, id: &str, backend: &str, keep: Keep) -> Result<()> {
-    let _ = std::fs::remove_file(home.control_socket(id));
-    let backend = crate::backend::by_name(backend)?;
-    if keep == Keep::Layer {
-        return backend.cleanup_keeping_layer(id, &home.sandbox_dir(id));
-    }
-    backend.cleanup_leftovers(id, &home.sandbox_dir(id))?;
-    let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
-    Ok(())
 }
 
 /// The nice value of a warm-pool boot (the lowest priority).

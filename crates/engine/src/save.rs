@@ -171,7 +171,7 @@ pub fn finalize(
         task: &result,
         source: facts.source,
         created_at: facts.created_at,
-        finished_at: crate::sandboxes::rfc3339(chrono::Utc::now()),
+        finished_at: crate::model::sandbox_info::rfc3339(chrono::Utc::now()),
     })
     .map_err(|err| Error::internal(format!("encoding the summary: {err}")))?;
     write_durably(&files.summary(), &text)?;

@@ -69,15 +69,6 @@ impl Network {
             ))),
         }
     }
-
-    /// Refuses modes this build cannot provide, rather than handing out a sandbox whose
-    /// network differs from what was asked for.
-    pub fn ensure_available(self) -> Result<()> {
-        match self {
-            Self::None | Self::Filtered => Ok(()),
-            Self::Nat => crate::usernet::available(),
-        }
-    }
 }
 
 /// Parameters of `dynocap run` / `dynocap_run`, defaults already applied.
@@ -100,7 +91,7 @@ pub struct RunSpec {
     pub image: Option<String>,
     /// The backend to boot on (`--backend`); `None`: `DYNOCAP_BACKEND`, else `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<crate::backend::BackendChoice>,
+    pub backend: Option<crate::model::backend_choice::BackendChoice>,
 }
 
 /// The disk of a spec written before disks had a size.

@@ -33,8 +33,8 @@ use crate::egress::Egress;
 use crate::error::{Context, Error, Result};
 use crate::exec::ExecResult;
 use crate::home::Home;
+use crate::model::sandbox_info::rfc3339;
 use crate::oom::OomWatch;
-use crate::sandboxes::rfc3339;
 use crate::save::{self, ResultFiles, TaskFacts};
 use crate::spec::ExecSpec;
 use crate::spec::Network;
@@ -1129,11 +1129,11 @@ async fn abandon(home: &Home, catalog: &Catalog, record: &Record, guest: Box<dyn
         tracing::warn!("destroying the guest of the abandoned start: {err}");
     }
     let id = &record.id;
-    let removed = crate::sandboxes::remove_leftovers(
+    let removed = crate::leftovers::remove_leftovers(
         home,
         id,
         &record.backend,
-        crate::sandboxes::Keep::Nothing,
+        crate::leftovers::Keep::Nothing,
     );
     if let Err(err) = removed {
         tracing::warn!("removing the abandoned start's files: {err}");

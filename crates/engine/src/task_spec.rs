@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use dynocap_review::patch::{DiffSummary, SensitivePath};
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::State;
 use crate::error::{Error, Result};
 use crate::git_url::GitUrl;
-use crate::import::{History, Note, NoteKind};
-use crate::sandboxes::SandboxInfo;
+use crate::model::import_notes::{History, Note, NoteKind};
+use crate::model::lifecycle::State;
+use crate::model::sandbox_info::SandboxInfo;
 use crate::spec::{validate_name, Network, Resources, TASK_CPUS_DEFAULT};
 
 /// Where a task's project comes from.
@@ -48,7 +48,7 @@ pub struct TaskStartSpec {
     pub image: Option<String>,
     /// The backend to boot on (`--backend`); `None`: `DYNOCAP_BACKEND`, else `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<crate::backend::BackendChoice>,
+    pub backend: Option<crate::model::backend_choice::BackendChoice>,
 }
 
 impl TaskStartSpec {
@@ -281,7 +281,7 @@ pub struct TaskInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_allowlist: Option<Vec<String>>,
     /// The image the task boots (`host` or a built image's name).
-    #[serde(default = "crate::image::default_image_name")]
+    #[serde(default = "crate::model::image_ref::default_image_name")]
     pub image: String,
     /// The built image's content id (none for `host`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -419,7 +419,7 @@ impl TaskDetail {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::import::Special;
+    use crate::model::import_notes::Special;
 
     fn note(path: &str, kind: NoteKind) -> Note {
         Note {

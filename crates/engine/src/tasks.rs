@@ -58,7 +58,7 @@ impl Engine {
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<TaskInfo> {
         self.admit(spec.cpus, spec.memory_mb, spec.disk_mb, spec.ttl_seconds)?;
-        spec.network.ensure_available()?;
+        crate::usernet::ensure_available(spec.network)?;
         let mut start = spec.clone();
         // The credentials of a repository URL are kept apart from here: the record holds the
         // URL without them, the supervisor gets them on a pipe.

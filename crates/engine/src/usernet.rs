@@ -21,6 +21,15 @@ pub const DNS_FORWARD: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// Longest line of pasta's output copied into the log.
 const LOG_LINE_BYTES: u64 = 4096;
 
+/// Refuses a network mode this build cannot provide, rather than handing out a sandbox whose
+/// network differs from what was asked for.
+pub fn ensure_available(network: crate::spec::Network) -> Result<()> {
+    match network {
+        crate::spec::Network::None | crate::spec::Network::Filtered => Ok(()),
+        crate::spec::Network::Nat => available(),
+    }
+}
+
 /// Whether this machine can give a guest `nat`; the error names what is missing and the fix.
 pub fn available() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::image::{Image, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
+pub use crate::model::backend_choice::BackendChoice;
 use crate::spec::Network;
 
 pub use jail::JailBackend;
@@ -167,44 +168,6 @@ pub trait Backend {
     fn cleanup_leftovers(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
     /// As [`Backend::cleanup_leftovers`], but keeps the writable layer for a later guest.
     fn cleanup_keeping_layer(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
-}
-
-/// The backend a new sandbox asks for: the CLI's `--backend`, else `DYNOCAP_BACKEND`, else
-/// `auto` (the best one this machine supports for the sandbox's image, see
-/// [`auto`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendChoice {
-    Jail,
-    Vm,
-    Auto,
-}
-
-impl BackendChoice {
-    /// The values a choice is written as, for messages.
-    pub const VALUES: &'static str = "jail, vm or auto";
-
-    pub fn parse(value: &str) -> Option<Self> {
-        match value {
-            "jail" => Some(Self::Jail),
-            "vm" => Some(Self::Vm),
-            "auto" => Some(Self::Auto),
-            _ => None,
-        }
-    }
-
-    /// `DYNOCAP_BACKEND`; `auto` when it is unset or empty.
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("DYNOCAP_BACKEND").ok().as_deref() {
-            None | Some("") => Ok(Self::Auto),
-            Some(name) => Self::parse(name).ok_or_else(|| {
-                Error::invalid(format!(
-                    "DYNOCAP_BACKEND={name} is not a backend; use {}",
-                    Self::VALUES
-                ))
-            }),
-        }
-    }
 }
 
 /// Selects the backend for the default image: `DYNOCAP_BACKEND` if set, else (`auto`) the

@@ -15,6 +15,8 @@ use nix::errno::Errno;
 use nix::fcntl::{fcntl, openat, openat2, readlinkat, FcntlArg, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstat, fstatat, FileStat, Mode, SFlag};
 
+use crate::model::import_notes::Special;
+
 /// What a path names, as `lstat` would say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
@@ -22,28 +24,6 @@ pub(super) enum Kind {
     Symlink,
     Dir,
     Special(Special),
-}
-
-/// File types that are never imported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Special {
-    Fifo,
-    Socket,
-    CharDevice,
-    BlockDevice,
-    Unknown,
-}
-
-impl Special {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Fifo => "a fifo",
-            Self::Socket => "a socket",
-            Self::CharDevice => "a character device",
-            Self::BlockDevice => "a block device",
-            Self::Unknown => "a file of unknown type",
-        }
-    }
 }
 
 pub(super) fn kind_of(stat: &FileStat) -> Kind {

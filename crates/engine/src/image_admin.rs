@@ -5,10 +5,10 @@ use std::sync::atomic::AtomicBool;
 
 use serde::Serialize;
 
-use super::build::{self, Outcome};
-use super::store::{BuiltImage, ImageStore};
 use crate::catalog::{Record, State};
 use crate::error::{Error, Result};
+use crate::image::build::{self, Outcome};
+use crate::image::store::{BuiltImage, ImageStore};
 use crate::sandboxes::Engine;
 
 /// One line of `image ls`.

@@ -1,0 +1,41 @@
+//! The raw sandbox object, as results and listings show it, and the time format they use.
+
+use serde::Serialize;
+
+use crate::model::lifecycle::State;
+
+/// The raw sandbox object (docs/mcp.md, "Sandbox").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxInfo {
+    pub name: String,
+    pub state: State,
+    pub backend: String,
+    pub network: String,
+    pub cpus: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u64,
+    /// `None` for a record made before sandboxes had a disk limit.
+    #[serde(rename = "diskMB", default, skip_serializing_if = "Option::is_none")]
+    pub disk_mb: Option<u64>,
+    pub ttl_seconds: u64,
+    pub created_at: String,
+    pub expires_at: String,
+    /// Hosts the egress proxy lets through (HTTPS), for a `filtered` sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_allowlist: Option<Vec<String>>,
+    /// The image the sandbox boots (`host` or a built image's name).
+    #[serde(default = "crate::model::image_ref::default_image_name")]
+    pub image: String,
+    /// The built image's content id (none for `host`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+    /// What a running sandbox lost and what to do (its network ended), when that needs saying.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// A time as results show it: RFC 3339, to the second, in UTC.
+pub fn rfc3339(time: chrono::DateTime<chrono::Utc>) -> String {
+    time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}

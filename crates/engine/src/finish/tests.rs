@@ -125,8 +125,8 @@ fn the_scratch_directory_is_removed_after_each_verification() {
 }
 
 /// The fixture patch and a stale one, against the fixture baseline with its index missing,
-/// damaged, made for another tar, or sound in form but leading to the wrong entries: each
-/// time the verdict a full unpack gives.
+/// damaged, made for another tar, or sound in form but leading to the wrong entries or past
+/// the tar: each time the verdict a full unpack gives.
 #[test]
 fn a_missing_damaged_or_wrong_index_gives_the_full_unpack_verdict() {
     let dir = tempfile::tempdir().unwrap();
@@ -175,6 +175,20 @@ fn a_missing_damaged_or_wrong_index_gives_the_full_unpack_verdict() {
     tar_index::write_entries(&baseline, shifted).unwrap();
     TarIndex::load(&baseline).expect("the shifted index is well-formed");
     check("entries at the wrong offsets");
+    // Offsets no header of the tar can have, for a file both patches read: past its end, and
+    // past 2^63, where reading fails outright instead of finding nothing.
+    let tar_len = std::fs::metadata(&baseline).unwrap().len();
+    for (what, offset) in [
+        ("an offset past the end", tar_len),
+        ("an offset past 2^63", 1 << 63),
+    ] {
+        let moved = entries
+            .iter()
+            .map(|(name, at)| (name.clone(), if name == "a.txt" { offset } else { *at }))
+            .collect();
+        tar_index::write_entries(&baseline, moved).unwrap();
+        check(what);
+    }
     // Made for another tar.
     std::fs::write(&index_path, &sound).unwrap();
     let mut longer = std::fs::read(&baseline).unwrap();

@@ -100,6 +100,19 @@ fn lock(tunnels: &Tunnels) -> std::sync::MutexGuard<'_, HashMap<u32, Inbox>> {
     tunnels.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Why an `Egress` request could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    /// A step of writing the CA bundle commands trust.
+    #[error("cannot {what} {CA_BUNDLE}: {source}")]
+    CaBundle {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on 127.0.0.1:{port} for the egress proxy: {source}")]
+    Listen { port: u16, source: std::io::Error },
+}
+
 /// The listener, while there is one.
 #[derive(Default)]
 pub struct Egress {
@@ -115,7 +128,7 @@ impl Egress {
         req: EgressRequest,
         env: &EgressEnv,
         outbox: &Outbox,
-    ) -> Result<Response, String> {
+    ) -> Result<Response, EgressError> {
         // The old listener must be gone (its socket closed) before the port is bound again:
         // an aborted task is only dropped when the runtime next polls it.
         if let Some(task) = self.stop() {
@@ -130,9 +143,7 @@ impl Egress {
         }
         let listener = TcpListener::bind(("127.0.0.1", port))
             .await
-            .map_err(|err| {
-                format!("cannot listen on 127.0.0.1:{port} for the egress proxy: {err}")
-            })?;
+            .map_err(|source| EgressError::Listen { port, source })?;
         let task = tokio::spawn(accept_loop(
             listener,
             Arc::clone(&self.tunnels),
@@ -219,8 +230,8 @@ async fn accept_loop(listener: TcpListener, tunnels: Tunnels, outbox: Outbox) {
 }
 
 /// Replaces the bundle with `pem`, never following a link planted where it goes.
-fn write_ca_bundle(pem: &str) -> Result<(), String> {
-    let fail = |what: &str, err: std::io::Error| format!("cannot {what} {CA_BUNDLE}: {err}");
+fn write_ca_bundle(pem: &str) -> Result<(), EgressError> {
+    let fail = |what: &'static str, source| EgressError::CaBundle { what, source };
     std::fs::DirBuilder::new()
         .mode(0o755)
         .recursive(true)
@@ -293,13 +304,20 @@ mod tests {
                     assert_eq!(answer, Response::Egress { listening: true });
                     break port;
                 }
-                Err(err) if err.contains("Address already in use") && tries < 10 => tries += 1,
+                Err(EgressError::Listen { source, .. })
+                    if source.kind() == std::io::ErrorKind::AddrInUse && tries < 10 =>
+                {
+                    tries += 1
+                }
                 Err(err) => panic!("{err}"),
             }
         };
         for _ in 0..2 {
             let answer = egress.configure(listen(port), &env, &outbox).await;
-            assert_eq!(answer, Ok(Response::Egress { listening: true }));
+            assert_eq!(
+                answer.expect("listening"),
+                Response::Egress { listening: true }
+            );
         }
         let proxy = format!("http://127.0.0.1:{port}");
         assert!(env.get().contains(&("HTTPS_PROXY".to_owned(), proxy)));
@@ -317,9 +335,29 @@ mod tests {
             ca_bundle: None,
         };
         let answer = egress.configure(stopped, &env, &outbox).await;
-        assert_eq!(answer, Ok(Response::Egress { listening: false }));
+        assert_eq!(
+            answer.expect("stopped"),
+            Response::Egress { listening: false }
+        );
         assert!(env.get().is_empty(), "no proxy settings without a listener");
         std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free again");
         assert!(lock(&egress.tunnels).is_empty(), "its tunnels were closed");
+    }
+
+    /// The host reads what it always read when the listener cannot bind.
+    #[test]
+    fn errors_read_as_the_host_has_always_seen_them() {
+        let err = EgressError::Listen {
+            port: 3128,
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        };
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot listen on 127.0.0.1:3128 for the egress proxy: {}",
+                std::io::Error::from(std::io::ErrorKind::AddrInUse)
+            )
+        );
+        assert!(std::error::Error::source(&err).is_some());
     }
 }

@@ -13,6 +13,36 @@ const MAX_HEAD: usize = 16 * 1024;
 /// Bytes moved per read(2) and write(2) of the relay.
 const COPY_BUFFER: usize = 64 * 1024;
 
+/// Why no tunnel was had, or the relay could not start: what ssh shows the user.
+#[derive(Debug, thiserror::Error)]
+enum ProxyError {
+    #[error("{host}:{port} is not a host and port")]
+    NotAHostAndPort { host: String, port: String },
+    #[error("cannot reach the egress proxy at {listener}: {source}")]
+    Unreachable {
+        listener: String,
+        source: std::io::Error,
+    },
+    #[error("cannot talk to the egress proxy: {0}")]
+    Send(#[source] std::io::Error),
+    #[error("the egress proxy's answer is too long")]
+    AnswerTooLong,
+    #[error("the egress proxy closed the connection")]
+    Closed,
+    #[error("reading the egress proxy's answer: {0}")]
+    Receive(#[source] std::io::Error),
+    /// The proxy's status line and the reason in its body.
+    #[error("the egress proxy refused {host}:{port}: {status} {reason}")]
+    Refused {
+        host: String,
+        port: String,
+        status: String,
+        reason: String,
+    },
+    #[error("cannot share the proxy connection between two threads: {0}")]
+    Share(#[source] std::io::Error),
+}
+
 pub fn run(args: &[String]) -> ExitCode {
     let [listener, host, port] = args else {
         eprintln!("usage: dynocap-agent proxy-connect 127.0.0.1:PORT HOST PORT");
@@ -20,40 +50,45 @@ pub fn run(args: &[String]) -> ExitCode {
     };
     match connect(listener, host, port) {
         Ok(stream) => relay(stream),
-        Err(message) => {
-            eprintln!("dynocap: {message}");
+        Err(err) => {
+            eprintln!("dynocap: {err}");
             ExitCode::from(1)
         }
     }
 }
 
-fn connect(listener: &str, host: &str, port: &str) -> Result<TcpStream, String> {
+fn connect(listener: &str, host: &str, port: &str) -> Result<TcpStream, ProxyError> {
     if host.is_empty()
         || host
             .bytes()
             .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
         || port.parse::<u16>().is_err()
     {
-        return Err(format!("{host}:{port} is not a host and port"));
+        return Err(ProxyError::NotAHostAndPort {
+            host: host.to_owned(),
+            port: port.to_owned(),
+        });
     }
-    let mut stream = TcpStream::connect(listener)
-        .map_err(|err| format!("cannot reach the egress proxy at {listener}: {err}"))?;
+    let mut stream = TcpStream::connect(listener).map_err(|source| ProxyError::Unreachable {
+        listener: listener.to_owned(),
+        source,
+    })?;
     let _ = stream.set_nodelay(true);
     let request = format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n");
     stream
         .write_all(request.as_bytes())
-        .map_err(|err| format!("cannot talk to the egress proxy: {err}"))?;
+        .map_err(ProxyError::Send)?;
     // Byte by byte, so no byte of the tunnelled stream is read into a buffer here.
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         if head.len() >= MAX_HEAD {
-            return Err("the egress proxy's answer is too long".into());
+            return Err(ProxyError::AnswerTooLong);
         }
         match stream.read(&mut byte) {
-            Ok(0) => return Err("the egress proxy closed the connection".into()),
+            Ok(0) => return Err(ProxyError::Closed),
             Ok(_) => head.push(byte[0]),
-            Err(err) => return Err(format!("reading the egress proxy's answer: {err}")),
+            Err(err) => return Err(ProxyError::Receive(err)),
         }
     }
     let head = String::from_utf8_lossy(&head);
@@ -65,11 +100,12 @@ fn connect(listener: &str, host: &str, port: &str) -> Result<TcpStream, String> 
     let mut body = Vec::new();
     let _ = stream.take(4096).read_to_end(&mut body);
     let reason = String::from_utf8_lossy(&body);
-    Err(format!(
-        "the egress proxy refused {host}:{port}: {} {}",
-        status.trim(),
-        reason.trim()
-    ))
+    Err(ProxyError::Refused {
+        host: host.to_owned(),
+        port: port.to_owned(),
+        status: status.trim().to_owned(),
+        reason: reason.trim().to_owned(),
+    })
 }
 
 fn relay(stream: TcpStream) -> ExitCode {
@@ -87,8 +123,8 @@ fn relay(stream: TcpStream) -> ExitCode {
     };
     match relay_between(stream, input, output) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("dynocap: {message}");
+        Err(err) => {
+            eprintln!("dynocap: {err}");
             ExitCode::from(1)
         }
     }
@@ -100,10 +136,8 @@ fn relay_between(
     stream: TcpStream,
     mut input: impl Read + Send + 'static,
     mut output: impl Write,
-) -> Result<(), String> {
-    let mut upstream_write = stream
-        .try_clone()
-        .map_err(|err| format!("cannot share the proxy connection between two threads: {err}"))?;
+) -> Result<(), ProxyError> {
+    let mut upstream_write = stream.try_clone().map_err(ProxyError::Share)?;
     // Detached: it ends when ssh closes our stdin, or when the process exits.
     std::thread::spawn(move || {
         let _ = copy_without_splice(&mut input, &mut upstream_write);
@@ -239,5 +273,54 @@ mod tests {
             .join()
             .expect("the relay does not panic")
             .expect("the relay ends cleanly when the server closes");
+    }
+
+    /// What ssh shows the user when no tunnel is had, for each way of not having one, is the
+    /// text it always showed; the proxy here is a real one-shot server on loopback.
+    #[test]
+    fn refusals_read_as_they_always_did() {
+        let err = connect("127.0.0.1:1", "bad host", "22").expect_err("not a host");
+        assert_eq!(err.to_string(), "bad host:22 is not a host and port");
+
+        let proxy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let listener = proxy.local_addr().expect("a bound address").to_string();
+        let answering = std::thread::spawn(move || {
+            let (mut client, _) = proxy.accept().expect("accept");
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                client.read_exact(&mut byte).expect("the request");
+                head.push(byte[0]);
+            }
+            client
+                .write_all(b"HTTP/1.1 403 Forbidden\r\n\r\nexample.org is not allowed\n")
+                .expect("answer");
+            String::from_utf8_lossy(&head).into_owned()
+        });
+        let err = connect(&listener, "example.org", "443").expect_err("refused");
+        assert_eq!(
+            answering.join().expect("the proxy"),
+            "CONNECT example.org:443 HTTP/1.1\r\nHost: example.org:443\r\n\r\n"
+        );
+        assert!(matches!(err, ProxyError::Refused { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "the egress proxy refused example.org:443: HTTP/1.1 403 Forbidden example.org is not \
+             allowed"
+        );
+
+        // Nothing listens on a port just freed: the proxy is unreachable, and why is the source.
+        let freed = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("a bound address")
+            .to_string();
+        let err = connect(&freed, "example.org", "443").expect_err("unreachable");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("cannot reach the egress proxy at {freed}: ")),
+            "{err}"
+        );
+        assert!(std::error::Error::source(&err).is_some());
     }
 }

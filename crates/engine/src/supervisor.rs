@@ -483,14 +483,25 @@ struct Shared {
     disk_failed: OnceLock<String>,
 }
 
-async fn serve(
-    home: Home,
-    catalog: Catalog,
-    mut record: Record,
+/// A started sandbox, its agent answering: what [`serve`] serves with.
+struct Started {
+    guest: Box<dyn Guest>,
+    conn: AgentConn,
+    listener: UnixListener,
+    task: Option<TaskContext>,
+}
+
+/// Brings the booted guest up to ready: its agent, a task's project, the control socket, the
+/// record `running` (or `pooled`), and the ready message. `None` when it could not, or when
+/// nobody waits for it any more: the guest is gone then, and what the start made with it.
+async fn come_up(
+    home: &Home,
+    catalog: &Catalog,
+    record: &mut Record,
     mut guest: Box<dyn Guest>,
     room: PendingRoom,
-    ready: ReadyPipe,
-) -> i32 {
+    ready: &ReadyPipe,
+) -> Option<Started> {
     let id = record.id.clone();
     let starting = std::time::Instant::now();
     // A warm-pool boot's starter never waits (see `starter_watch`); any other start is
@@ -501,27 +512,27 @@ async fn serve(
     };
     let started = match &watch {
         Some(watch) => tokio::select! {
-            started = start(&home, &catalog, &mut record, guest.as_mut(), room, &ready) => {
+            started = start(home, catalog, record, guest.as_mut(), room, ready) => {
                 started.map(Some)
             }
             () = watch.gone() => Ok(None),
         },
-        None => start(&home, &catalog, &mut record, guest.as_mut(), room, &ready)
+        None => start(home, catalog, record, guest.as_mut(), room, ready)
             .await
             .map(Some),
     };
     let (conn, listener, task) = match started {
         Ok(Some(parts)) => parts,
         Ok(None) => {
-            abandon(&home, &catalog, &record, guest).await;
-            return 1;
+            abandon(home, catalog, record, guest).await;
+            return None;
         }
         Err(err) => {
             tracing::error!("start failed: {err}");
             ready.send(&ReadyMessage::Failed(err));
             let _ = tokio::task::spawn_blocking(move || guest.destroy()).await;
             let _ = std::fs::remove_dir_all(home.sandbox_dir(&id));
-            return 1;
+            return None;
         }
     };
     // The imported tree and its baseline, on the host's disk before anyone relies on them. A
@@ -534,13 +545,12 @@ async fn serve(
     // is its caller's (a `run` that printed it and ended is not a starter that died).
     if watch.as_ref().is_some_and(StarterWatch::gone_now) {
         drop((conn, listener, task));
-        abandon(&home, &catalog, &record, guest).await;
-        return 1;
+        abandon(home, catalog, record, guest).await;
+        return None;
     }
     // One writer fewer before the last word, for a starter that reads to the end.
     drop(watch);
-    let mut claimable = record.state == State::Warming;
-    if claimable {
+    if record.state == State::Warming {
         // Before it is ready: a claim may follow at once.
         if let Err(err) = guest.prepare_claim() {
             tracing::warn!("preparing for a claim (it will be slower): {err}");
@@ -552,6 +562,33 @@ async fn serve(
         starting.elapsed().as_secs_f64(),
         rfc3339(record.expires_at)
     );
+    Some(Started {
+        guest,
+        conn,
+        listener,
+        task,
+    })
+}
+
+async fn serve(
+    home: Home,
+    catalog: Catalog,
+    mut record: Record,
+    guest: Box<dyn Guest>,
+    room: PendingRoom,
+    ready: ReadyPipe,
+) -> i32 {
+    let id = record.id.clone();
+    let Some(Started {
+        mut guest,
+        conn,
+        listener,
+        task,
+    }) = come_up(&home, &catalog, &mut record, guest, room, &ready).await
+    else {
+        return 1;
+    };
+    let mut claimable = record.state == State::Warming;
 
     let shared = Arc::new(Shared {
         conn,
@@ -609,25 +646,9 @@ async fn serve(
                         "this sandbox is not an idle warm-pool sandbox; it cannot be claimed",
                     ))
                 } else {
-                    // The disk takes its room beside the claim's own work.
-                    let room = guest.disk_room().map_or_else(PendingRoom::default, PendingRoom::begin);
-                    let claimed = guest.claim(&claim.hostname, claim.cpus, claim.memory_mb);
-                    match room.wait().and(claimed) {
-                        Ok(()) => {
-                            restore_priority();
-                            let expires_at = chrono::DateTime::from_timestamp(claim.expires_unix, 0)
-                                .unwrap_or(record.expires_at);
-                            let until = (expires_at - chrono::Utc::now())
-                                .to_std()
-                                .unwrap_or(Duration::ZERO);
+                    match accept_claim(guest.as_ref(), &mut record, &claim, &shared.oom) {
+                        Ok(until) => {
                             expiry.as_mut().reset(tokio::time::Instant::now() + until);
-                            record.name = Some(claim.hostname.clone());
-                            record.cpus = claim.cpus;
-                            record.memory_mb = claim.memory_mb;
-                            record.ttl_seconds = claim.ttl_seconds;
-                            record.expires_at = expires_at;
-                            shared.oom.set_memory_mb(claim.memory_mb);
-                            tracing::info!("claimed from the warm pool as {}", claim.hostname);
                             ControlReply::Claimed
                         }
                         Err(err) => ControlReply::Error(err),
@@ -679,17 +700,7 @@ async fn serve(
     let _ = shared
         .ending
         .set(ending.interrupts(&where_saved, record.ttl_seconds));
-    match ending {
-        Ending::Expired => tracing::info!("expired after its TTL of {}s", record.ttl_seconds),
-        Ending::GuestDied => tracing::warn!("the guest's init exited unexpectedly"),
-        Ending::Signalled => tracing::info!("the supervisor was asked to stop (SIGTERM)"),
-        Ending::CutOff => tracing::warn!(
-            "the control socket {} was removed or replaced (the home deleted?): no client can \
-             reach this sandbox any more, so it ends",
-            control_socket.display()
-        ),
-        Ending::Destroyed | Ending::Finished => tracing::info!("ending: {ending:?}"),
-    }
+    log_ending(ending, record.ttl_seconds, &control_socket);
 
     let reply = match &shared.task {
         Some(task) => {
@@ -709,48 +720,7 @@ async fn serve(
             record_end(&catalog, &id, state, note.as_deref(), reply_result(&reply));
             reply
         }
-        None => {
-            // A raw sandbox's callers wait only for its processes to die and its name to be
-            // free; the slow rest of the teardown (cgroups, the disk's unmount, its files)
-            // follows the reply. Until it is done the record stays, `destroyed` and nameless,
-            // so that if this process dies meanwhile the next reconcile finishes the job.
-            // Blocking, for as long as reaping the guest's init takes (a few ms): the serving
-            // loop is over, so it holds nothing else up.
-            let mut guest = guest;
-            if let Err(err) = guest.kill() {
-                tracing::error!("teardown: {err}");
-            }
-            let recorded = match ending {
-                // A lost raw sandbox stays visible.
-                Ending::GuestDied => catalog.set_state(
-                    &id,
-                    State::Lost,
-                    Some("the guest's init exited unexpectedly; see the supervisor log"),
-                ),
-                _ => catalog.release_as_destroyed(&id),
-            };
-            if let Err(err) = recorded {
-                tracing::error!("updating the catalog: {err}");
-            }
-            for mut waiter in waiters.drain(..) {
-                let _ = write_message(&mut waiter, &ControlReply::Destroyed).await;
-            }
-            if let Err(err) = failpoint::hit("supervisor.destroy.replied") {
-                tracing::error!("{err}");
-            }
-            match tokio::task::spawn_blocking(move || guest.destroy()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(err)) => tracing::error!("teardown: {err}"),
-                Err(err) => tracing::error!("teardown panicked: {err}"),
-            }
-            let _ = std::fs::remove_dir_all(home.sandbox_dir(&id));
-            if ending != Ending::GuestDied {
-                if let Err(err) = catalog.delete(&id) {
-                    tracing::error!("updating the catalog: {err}");
-                }
-            }
-            ControlReply::Destroyed
-        }
+        None => tear_down_raw(&home, &catalog, &id, guest, ending, &mut waiters).await,
     };
     for mut waiter in waiters {
         let _ = write_message(&mut waiter, &reply).await;
@@ -765,6 +735,102 @@ async fn serve(
         remove_sandbox_files(&home, &id, &record.backend);
     }
     0
+}
+
+/// Makes the idle warm-pool guest its claimer's: its disk's room, its hostname and limits,
+/// and the claim's name, limits and deadline in `record`. Returns how long until that
+/// deadline.
+fn accept_claim(
+    guest: &dyn Guest,
+    record: &mut Record,
+    claim: &Claim,
+    oom: &OomWatch,
+) -> Result<Duration> {
+    // The disk takes its room beside the claim's own work.
+    let room = guest
+        .disk_room()
+        .map_or_else(PendingRoom::default, PendingRoom::begin);
+    let claimed = guest.claim(&claim.hostname, claim.cpus, claim.memory_mb);
+    room.wait().and(claimed)?;
+    restore_priority();
+    let expires_at =
+        chrono::DateTime::from_timestamp(claim.expires_unix, 0).unwrap_or(record.expires_at);
+    record.name = Some(claim.hostname.clone());
+    record.cpus = claim.cpus;
+    record.memory_mb = claim.memory_mb;
+    record.ttl_seconds = claim.ttl_seconds;
+    record.expires_at = expires_at;
+    oom.set_memory_mb(claim.memory_mb);
+    tracing::info!("claimed from the warm pool as {}", claim.hostname);
+    Ok((expires_at - chrono::Utc::now())
+        .to_std()
+        .unwrap_or(Duration::ZERO))
+}
+
+/// Says in the log why the sandbox ends.
+fn log_ending(ending: Ending, ttl_seconds: u64, control_socket: &std::path::Path) {
+    match ending {
+        Ending::Expired => tracing::info!("expired after its TTL of {}s", ttl_seconds),
+        Ending::GuestDied => tracing::warn!("the guest's init exited unexpectedly"),
+        Ending::Signalled => tracing::info!("the supervisor was asked to stop (SIGTERM)"),
+        Ending::CutOff => tracing::warn!(
+            "the control socket {} was removed or replaced (the home deleted?): no client can \
+             reach this sandbox any more, so it ends",
+            control_socket.display()
+        ),
+        Ending::Destroyed | Ending::Finished => tracing::info!("ending: {ending:?}"),
+    }
+}
+
+/// Ends a raw sandbox: its processes at once, then the reply to those who asked for the end,
+/// then the rest of the teardown.
+async fn tear_down_raw(
+    home: &Home,
+    catalog: &Catalog,
+    id: &str,
+    mut guest: Box<dyn Guest>,
+    ending: Ending,
+    waiters: &mut Vec<OwnedWriteHalf>,
+) -> ControlReply {
+    // A raw sandbox's callers wait only for its processes to die and its name to be free;
+    // the slow rest of the teardown (cgroups, the disk's unmount, its files) follows the
+    // reply. Until it is done the record stays, `destroyed` and nameless, so that if this
+    // process dies meanwhile the next reconcile finishes the job. Blocking, for as long as
+    // reaping the guest's init takes (a few ms): the serving loop is over, so it holds
+    // nothing else up.
+    if let Err(err) = guest.kill() {
+        tracing::error!("teardown: {err}");
+    }
+    let recorded = match ending {
+        // A lost raw sandbox stays visible.
+        Ending::GuestDied => catalog.set_state(
+            id,
+            State::Lost,
+            Some("the guest's init exited unexpectedly; see the supervisor log"),
+        ),
+        _ => catalog.release_as_destroyed(id),
+    };
+    if let Err(err) = recorded {
+        tracing::error!("updating the catalog: {err}");
+    }
+    for mut waiter in waiters.drain(..) {
+        let _ = write_message(&mut waiter, &ControlReply::Destroyed).await;
+    }
+    if let Err(err) = failpoint::hit("supervisor.destroy.replied") {
+        tracing::error!("{err}");
+    }
+    match tokio::task::spawn_blocking(move || guest.destroy()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::error!("teardown: {err}"),
+        Err(err) => tracing::error!("teardown panicked: {err}"),
+    }
+    let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
+    if ending != Ending::GuestDied {
+        if let Err(err) = catalog.delete(id) {
+            tracing::error!("updating the catalog: {err}");
+        }
+    }
+    ControlReply::Destroyed
 }
 
 /// How many times a `nat` guest's pasta is started again after it died before its network

@@ -131,7 +131,7 @@ fn accept(stream: &mut UnixStream, allowed: u32) -> Result<(Request, [OwnedFd; 3
         }
         data.extend_from_slice(&chunk[..n]);
     }
-    let request = decode(&data[4..]).map_err(|err| stderr(err, &stdio))?;
+    let request = decode(&data[4..]).map_err(|err| stderr(err.to_string(), &stdio))?;
     Ok((request, stdio))
 }
 

@@ -128,7 +128,7 @@ fn run_remote(argv: &[OsString]) -> Result<i32, String> {
     let envc = env.len().to_string();
     fields.push(envc.as_bytes());
     fields.extend(env.iter().map(|e| e.as_bytes()));
-    let request = encode(&fields)?;
+    let request = encode(&fields).map_err(|err| err.to_string())?;
 
     let stdio = [0, 1, 2];
     let rights = [ControlMessage::ScmRights(&stdio)];

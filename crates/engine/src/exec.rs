@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use tokio::sync::mpsc;
 
-use crate::agent_conn::{agent_error_message, agent_gone, AgentConn};
+use crate::agent_conn::{agent_error_message, agent_gone, AgentConn, AgentStream};
 use crate::error::{Error, Result};
 use crate::excerpt::{excerpt_str, Excerpt};
 use crate::model::output::{OutputChannel, OutputChunk};
@@ -69,7 +69,25 @@ pub async fn run(
     output: Option<&mpsc::Sender<OutputChunk>>,
 ) -> Result<ExecResult> {
     let limit = usize::try_from(spec.max_output_bytes).unwrap_or(usize::MAX);
-    let request = Request::Exec(ExecRequest {
+    let started = std::time::Instant::now();
+    let stream = conn.open(&exec_request(spec, output.is_some())).await?;
+    let mut pump = Pump {
+        stream,
+        output,
+        progress,
+        collected: Collected::new(limit),
+        cancel_sent: false,
+        owed: 0,
+        last_line: String::new(),
+    };
+    let exit = pump.until_exit(spec, started, cancelled).await?;
+    Ok(exec_result(spec, limit, exit, pump.collected))
+}
+
+/// The agent's request for `spec`. `streaming` asks for a flow-control window, which the
+/// caller then grants as its client consumes the output.
+fn exec_request(spec: &ExecSpec, streaming: bool) -> Request {
+    Request::Exec(ExecRequest {
         command: spec.command.clone(),
         cwd: spec.cwd.clone(),
         env: spec.env.clone(),
@@ -79,143 +97,204 @@ pub async fn run(
         output_limit: u64::MAX,
         kill_grace_ms: EXEC_KILL_GRACE_MS,
         // Streaming waits for its client; a window keeps that wait to this stream alone.
-        output_window: output.is_some(),
-    });
-    let started = std::time::Instant::now();
-    let mut stream = conn.open(&request).await?;
-    let mut stdout = Excerpt::new(limit);
-    let mut stderr = Excerpt::new(limit);
-    // A transcript is rendered from the raw bytes, then bounded as text.
-    let mut terminal = Excerpt::new(limit.saturating_mul(4));
-    let mut cancelled = std::pin::pin!(cancelled);
-    let mut cancel_sent = false;
-    // Past the command's own deadline plus the kill grace, an agent that still has not
-    // answered is stopped or wedged: answer for it with what came so far.
-    let hard_deadline = tokio::time::Instant::now()
-        + Duration::from_secs(spec.timeout_seconds)
-        + Duration::from_millis(EXEC_KILL_GRACE_MS)
-        + HOST_SLACK;
+        output_window: streaming,
+    })
+}
 
-    // Window credit consumed and not yet returned to the agent.
-    let mut owed = 0usize;
-    let mut last_line = String::new();
-    let mut ticks =
-        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
-    let exit: ExecExit = loop {
-        let frame = tokio::select! {
-            frame = stream.next() => frame,
-            _ = ticks.tick(), if progress.is_some() => {
-                if let Some(progress) = progress {
-                    progress(running(started.elapsed(), spec.timeout_seconds, &last_line));
-                }
-                continue;
-            }
-            () = &mut cancelled, if !cancel_sent => {
-                cancel_sent = true;
-                stream.cancel().await?;
-                continue;
-            }
-            () = tokio::time::sleep_until(hard_deadline) => {
-                let _ = stream.cancel().await;
-                let note = format!(
-                    "\ndynocap: the sandbox's guest agent did not report the end of this command within {}s of its {}s timeout, so the host answers for it; the command may still be running. The guest may be stopped or overloaded: destroy the sandbox if this persists.\n",
-                    HOST_SLACK.as_secs() + EXEC_KILL_GRACE_MS / 1000,
-                    spec.timeout_seconds
-                );
-                stderr.push(note.as_bytes());
-                if let Some(sink) = output {
-                    // Never waits: the host is answering for a guest that stopped.
-                    let _ = sink.try_send(OutputChunk {
-                        channel: OutputChannel::Stderr,
-                        data: note.into_bytes(),
-                    });
-                }
-                break ExecExit {
-                    exit_code: None,
-                    signal: None,
-                    timed_out: true,
-                    cancelled: false,
-                    duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                    truncated: false,
-                };
-            }
-        };
-        let Some(frame) = frame else {
-            return Err(agent_gone());
-        };
-        match frame.kind {
-            FrameKind::Data => {
-                let Some((&chan, data)) = frame.payload.split_first() else {
-                    continue;
-                };
-                let streamed = match chan {
-                    channel::STDOUT => {
-                        stdout.push(data);
-                        Some(OutputChannel::Stdout)
-                    }
-                    channel::STDERR => {
-                        stderr.push(data);
-                        Some(OutputChannel::Stderr)
-                    }
-                    channel::TERMINAL => {
-                        terminal.push(data);
-                        None
-                    }
-                    _ => None,
-                };
-                if let (Some(sink), Some(which), false) = (output, streamed, cancel_sent) {
-                    let chunk = OutputChunk {
-                        channel: which,
-                        data: data.to_vec(),
-                    };
-                    // Waiting here for a slow client is the back-pressure; a client that goes
-                    // away meanwhile still cancels the command.
-                    tokio::select! {
-                        sent = sink.send(chunk) => if sent.is_err() {
-                            // The connection's writer stopped: the client is gone.
-                            cancel_sent = true;
-                            stream.cancel().await?;
-                        },
-                        () = &mut cancelled => {
-                            cancel_sent = true;
-                            stream.cancel().await?;
-                        }
-                    }
-                }
-                if output.is_some() {
-                    // Consumed (forwarded, or dropped for a client that is gone): the agent
-                    // may send more.
-                    owed += exec_window::cost(data.len());
-                    if owed >= exec_window::GRANT_BATCH {
-                        stream.grant(std::mem::take(&mut owed)).await?;
-                    }
-                }
-                if progress.is_some() {
-                    if let Some(line) = latest_line(data) {
-                        last_line = line;
-                    }
-                }
-            }
-            FrameKind::Eof => {}
-            FrameKind::Done => match from_payload::<Response>("exec result", &frame.payload) {
-                Ok(Response::Exit(exit)) => break exit,
-                Ok(other) => {
-                    return Err(Error::internal(format!(
-                        "unexpected agent answer {other:?}"
-                    )))
-                }
-                Err(err) => return Err(Error::internal(err.to_string())),
-            },
-            FrameKind::Error => {
-                return Err(Error::invalid(format!(
-                    "the sandbox could not run the command: {}",
-                    agent_error_message(&frame.payload)
-                )));
-            }
-            _ => {}
+/// The command's output as kept so far: each stream's head and tail.
+struct Collected {
+    stdout: Excerpt,
+    stderr: Excerpt,
+    /// A transcript is rendered from the raw bytes, then bounded as text.
+    terminal: Excerpt,
+}
+
+impl Collected {
+    fn new(limit: usize) -> Self {
+        Self {
+            stdout: Excerpt::new(limit),
+            stderr: Excerpt::new(limit),
+            terminal: Excerpt::new(limit.saturating_mul(4)),
         }
-    };
+    }
+}
 
+/// One command's frames on their way from the agent: kept in [`Collected`], forwarded to a
+/// streaming client, and summed up in progress reports.
+struct Pump<'a> {
+    stream: AgentStream,
+    output: Option<&'a mpsc::Sender<OutputChunk>>,
+    progress: Option<&'a (dyn Fn(Progress) + Send + Sync)>,
+    collected: Collected,
+    /// The command was told to stop (the caller gave up, or the streaming client went away).
+    cancel_sent: bool,
+    /// Window credit consumed and not yet returned to the agent.
+    owed: usize,
+    /// The latest line of output, for progress reports.
+    last_line: String,
+}
+
+impl Pump<'_> {
+    /// Reads frames until the agent reports the command's end, or until the host answers for
+    /// an agent that stopped answering.
+    async fn until_exit(
+        &mut self,
+        spec: &ExecSpec,
+        started: std::time::Instant,
+        cancelled: impl std::future::Future<Output = ()>,
+    ) -> Result<ExecExit> {
+        let mut cancelled = std::pin::pin!(cancelled);
+        // Past the command's own deadline plus the kill grace, an agent that still has not
+        // answered is stopped or wedged: answer for it with what came so far.
+        let hard_deadline = tokio::time::Instant::now()
+            + Duration::from_secs(spec.timeout_seconds)
+            + Duration::from_millis(EXEC_KILL_GRACE_MS)
+            + HOST_SLACK;
+        let mut ticks =
+            tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+        loop {
+            let frame = tokio::select! {
+                frame = self.stream.next() => frame,
+                _ = ticks.tick(), if self.progress.is_some() => {
+                    if let Some(progress) = self.progress {
+                        progress(running(started.elapsed(), spec.timeout_seconds, &self.last_line));
+                    }
+                    continue;
+                }
+                () = &mut cancelled, if !self.cancel_sent => {
+                    self.cancel_sent = true;
+                    self.stream.cancel().await?;
+                    continue;
+                }
+                () = tokio::time::sleep_until(hard_deadline) => {
+                    return Ok(self.answer_for_agent(spec, started).await);
+                }
+            };
+            let Some(frame) = frame else {
+                return Err(agent_gone());
+            };
+            match frame.kind {
+                FrameKind::Data => {
+                    if let Some((&chan, data)) = frame.payload.split_first() {
+                        self.take_data(chan, data, &mut cancelled).await?;
+                    }
+                }
+                FrameKind::Eof => {}
+                FrameKind::Done => {
+                    return match from_payload::<Response>("exec result", &frame.payload) {
+                        Ok(Response::Exit(exit)) => Ok(exit),
+                        Ok(other) => Err(Error::internal(format!(
+                            "unexpected agent answer {other:?}"
+                        ))),
+                        Err(err) => Err(Error::internal(err.to_string())),
+                    };
+                }
+                FrameKind::Error => {
+                    return Err(Error::invalid(format!(
+                        "the sandbox could not run the command: {}",
+                        agent_error_message(&frame.payload)
+                    )));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// One chunk of output on channel `chan`: kept, forwarded to the streaming client (waiting
+    /// for room, unless `cancelled` resolves meanwhile), its window credit returned, and its
+    /// latest line noted for progress.
+    async fn take_data<F: std::future::Future<Output = ()>>(
+        &mut self,
+        chan: u8,
+        data: &[u8],
+        cancelled: &mut std::pin::Pin<&mut F>,
+    ) -> Result<()> {
+        let streamed = match chan {
+            channel::STDOUT => {
+                self.collected.stdout.push(data);
+                Some(OutputChannel::Stdout)
+            }
+            channel::STDERR => {
+                self.collected.stderr.push(data);
+                Some(OutputChannel::Stderr)
+            }
+            channel::TERMINAL => {
+                self.collected.terminal.push(data);
+                None
+            }
+            _ => None,
+        };
+        if let (Some(sink), Some(which), false) = (self.output, streamed, self.cancel_sent) {
+            let chunk = OutputChunk {
+                channel: which,
+                data: data.to_vec(),
+            };
+            // Waiting here for a slow client is the back-pressure; a client that goes away
+            // meanwhile still cancels the command.
+            tokio::select! {
+                sent = sink.send(chunk) => if sent.is_err() {
+                    // The connection's writer stopped: the client is gone.
+                    self.cancel_sent = true;
+                    self.stream.cancel().await?;
+                },
+                () = cancelled.as_mut() => {
+                    self.cancel_sent = true;
+                    self.stream.cancel().await?;
+                }
+            }
+        }
+        if self.output.is_some() {
+            // Consumed (forwarded, or dropped for a client that is gone): the agent may send
+            // more.
+            self.owed += exec_window::cost(data.len());
+            if self.owed >= exec_window::GRANT_BATCH {
+                self.stream.grant(std::mem::take(&mut self.owed)).await?;
+            }
+        }
+        if self.progress.is_some() {
+            if let Some(line) = latest_line(data) {
+                self.last_line = line;
+            }
+        }
+        Ok(())
+    }
+
+    /// The end the host reports for a command whose agent went silent past its deadline: a
+    /// timeout, with a note on stderr saying the host answered and the command may still run.
+    async fn answer_for_agent(&mut self, spec: &ExecSpec, started: std::time::Instant) -> ExecExit {
+        let _ = self.stream.cancel().await;
+        let note = format!(
+            "\ndynocap: the sandbox's guest agent did not report the end of this command within {}s of its {}s timeout, so the host answers for it; the command may still be running. The guest may be stopped or overloaded: destroy the sandbox if this persists.\n",
+            HOST_SLACK.as_secs() + EXEC_KILL_GRACE_MS / 1000,
+            spec.timeout_seconds
+        );
+        self.collected.stderr.push(note.as_bytes());
+        if let Some(sink) = self.output {
+            // Never waits: the host is answering for a guest that stopped.
+            let _ = sink.try_send(OutputChunk {
+                channel: OutputChannel::Stderr,
+                data: note.into_bytes(),
+            });
+        }
+        ExecExit {
+            exit_code: None,
+            signal: None,
+            timed_out: true,
+            cancelled: false,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            truncated: false,
+        }
+    }
+}
+
+/// The Exec object for a command that ended with `exit`: its output bounded to `limit` and
+/// encoded as `spec` asks, a terminal's rendered into a transcript.
+fn exec_result(spec: &ExecSpec, limit: usize, exit: ExecExit, collected: Collected) -> ExecResult {
+    let Collected {
+        stdout,
+        stderr,
+        terminal,
+    } = collected;
     let mut truncated =
         exit.truncated || stdout.truncated() || stderr.truncated() || terminal.truncated();
     let encode = |bytes: Vec<u8>| match spec.output_encoding {
@@ -236,7 +315,7 @@ pub async fn run(
             None,
         )
     };
-    Ok(ExecResult {
+    ExecResult {
         exit_code: exit.exit_code,
         signal: exit.signal.map(|s| sanitize_line(&s, 32)),
         timed_out: exit.timed_out,
@@ -247,7 +326,7 @@ pub async fn run(
         truncated,
         oom_killed: false,
         disk_error: None,
-    })
+    }
 }
 
 /// How often a command that reports progress says how it is going.

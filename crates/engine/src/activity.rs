@@ -2,7 +2,7 @@
 //! rather than beside the commands it is meant to speed up. On cgroup v1 a boot moves its
 //! guest between cgroups, which takes a machine-wide lock that every `fork` waits for: a
 //! refill booting while the claimed sandbox runs its first command slowed that command
-//! threefold (4 ms to 12 ms).
+//! several times over (docs/performance.md, "Design measurements").
 //!
 //! Every supervisor touches `run/activity` when it serves a request (one `utimensat`); a
 //! refill waits until nothing has touched it for [`QUIET`], or at most [`MAX_WAIT`], so a

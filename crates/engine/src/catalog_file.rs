@@ -32,9 +32,9 @@ const LONGEST_BUSY_PAUSE: Duration = Duration::from_millis(10);
 /// (SQLite's default is 1000). A process that opens the catalog while no other has it open
 /// rebuilds the WAL's index by reading every frame, under a lock that makes any other
 /// process opening it meanwhile wait: `run` from the CLI and the supervisor it starts both
-/// do, every time. With a 3 MB WAL that took 1–2 ms, and SQLite's own busy handler turned the
-/// other's wait into 1–3 ms of sleep. Short, the WAL costs a checkpoint (two syncs) every
-/// few dozen writes instead.
+/// do, every time. A WAL of a few MB made that rebuild a noticeable part of a `run`, and
+/// SQLite's own busy handler turned the other's wait into longer sleeps still. Short, the WAL
+/// costs a checkpoint (two syncs) every few dozen writes instead.
 pub(crate) const WAL_AUTOCHECKPOINT_PAGES: i64 = 128;
 
 /// What the remedy for a damaged catalog is, in every message that reports one.

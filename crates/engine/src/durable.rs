@@ -4,7 +4,7 @@
 //! syncs for state a power loss ends anyway, and swaps the new file in rather than renaming it
 //! over the old one: on ext4 a rename over an existing file makes the kernel allocate and start
 //! writing the new file's blocks inside the rename (`auto_da_alloc`, a guard for writers that do
-//! not sync), about 0.1 ms on every record update of a `run`, a claim and a `destroy`.
+//! not sync), a cost paid on every record update of a `run`, a claim and a `destroy`.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;

@@ -45,8 +45,8 @@ pub fn verify(baseline_tar: &Path, patch: &Path, scratch: &Path) -> Result<(), S
 
 /// Removes `scratch` off the caller's path: renamed aside at once (its name is free for the
 /// next verification when this returns), then removed by a thread of its own. Unlinking the
-/// hundred-odd entries of a 50-file patch costs 10–20 ms on a busy disk, more than the rest
-/// of the verification, and the verdict need not wait for it. Should the process end first,
+/// entries of a verification can cost more than the rest of it on a busy disk, and the
+/// verdict need not wait for it. Should the process end first,
 /// a `<scratch>.discarded-*` directory is left beside it, in the state directory that holds
 /// it.
 fn discard(scratch: &Path) {
@@ -150,7 +150,7 @@ impl Verification<'_> {
     fn run(&self, scratch: &Path, budget: Budget) -> Result<(), String> {
         let scratch_dir = Scratch::make(scratch)?;
         // The extraction runs on a thread of its own while this one starts git: starting a
-        // process waits for its exec (0.5 ms and more), and the extraction need not. Git
+        // process waits for its exec, and the extraction need not. Git
         // stays with this thread, which finishes it (see `PendingApply`).
         let (extracted, apply) = std::thread::scope(|scope| {
             let extraction = std::thread::Builder::new()

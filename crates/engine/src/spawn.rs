@@ -1,9 +1,9 @@
 //! Starting a host child without `fork`: glibc's `posix_spawn`, which clones with
 //! `CLONE_VM | CLONE_VFORK`, so nothing of this process's memory map is copied and the
 //! allocator's locks (which `fork` takes, stopping every other thread that allocates) are not
-//! touched. For a supervisor verifying a patch, `fork` cost 1–2.5 ms before git ran, while the
-//! thread extracting the baseline waited on the allocator; for the MCP server starting a
-//! sandbox's supervisor, about 0.7 ms of every start.
+//! touched. For a supervisor verifying a patch, `fork` delayed git while the thread extracting
+//! the baseline waited on the allocator; for the MCP server, it delayed every sandbox's
+//! supervisor (docs/performance.md, "Design measurements").
 //!
 //! `std::process::Command` does the same unless a `pre_exec` hook is set, and
 //! [`die_with_parent`](crate::host_children::die_with_parent) sets one. A child started here

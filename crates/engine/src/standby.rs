@@ -2,14 +2,15 @@
 //! process of `dynocap supervise --standby-fd` idle beside it, holding no sandbox, record or
 //! namespace. A raw sandbox's start hands it the sandbox's id, ready pipe and log over a
 //! socket, instead of waiting for a new process to exec, load, initialise its runtime and
-//! parse its arguments: about 1.5 ms of an MCP `run` that took about 11.
+//! parse its arguments, a sizeable part of a cold MCP `run` (docs/performance.md, "Design
+//! measurements").
 //!
 //! The server's standby (`--prepare-disk`) also makes the default sandbox's disk while it
 //! waits (see `backend::start_preparing_default_start` and the jail's `start_preparing_disk`):
 //! the spare a teardown left or an unnamed copy, on a loop device, mounted detached, freed by
 //! the kernel if the standby dies (a spare stays the spare). The start that
-//! takes the standby takes the disk, and no longer waits for the loop device and the mount:
-//! an MCP `run` went from 18.3 to 12.8 ms in interleaved runs on a loaded machine.
+//! takes the standby takes the disk, and no longer waits for the loop device and the mount,
+//! which were most of what was left of a cold MCP `run`.
 //!
 //! The CLI's `run` starts one too, first thing, so that the supervisor's process start
 //! overlaps the checks and the catalog work that come before the hand-over. Its order comes
@@ -23,9 +24,9 @@
 //! The server's next standby starts in the lull after the calls that used the last one (see
 //! `activity`), not beside them: a process start forks, which on cgroup v1 waits for the
 //! machine-wide lock that the new sandbox's boot takes to move its guest between cgroups,
-//! and shares this small machine's two CPUs with the boot and the client's next calls.
-//! Started while the sandbox booted, as it first was, it cost 1.6–1.9 ms of an MCP
-//! `run` + `exec` + `destroy` cycle (25 interleaved cycles each, twice).
+//! and shares this small machine's two CPUs with the boot and the client's next calls:
+//! started while the sandbox booted, it slowed the `run` + `exec` + `destroy` cycle it was
+//! meant to speed up.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};

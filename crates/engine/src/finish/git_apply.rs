@@ -2,7 +2,7 @@
 //!
 //! Git is started while the work tree it applies to is being filled: it reads the patch from
 //! stdin, and until that ends it has done nothing but start (exec, dynamic loading, repository
-//! setup: 2–4 ms, a third of the verification), which thus overlaps the extraction of the
+//! setup: a large share of the verification), which thus overlaps the extraction of the
 //! baseline entries. Git touches the work tree only once the patch is read, so it sees the
 //! tree as the extraction leaves it.
 //!
@@ -119,7 +119,7 @@ fn does_not_apply(err: GitError) -> String {
 /// The least git takes for a repository (`HEAD`, `objects/`, `refs/`), written directly, and
 /// the attributes that keep the tree's own out (see the module doc): what `git init` would
 /// add (config, description, hooks, info/exclude) plays no part in an apply, and `git init`
-/// is a process start (8 ms) per verification. Without a config git takes repository
+/// is a process start per verification. Without a config git takes repository
 /// format 0.
 fn make_repository(git_dir: &Path) -> std::io::Result<()> {
     let mut builder = std::fs::DirBuilder::new();

@@ -2,9 +2,9 @@
 //! `/dev/shm` tmpfs), for patches whose files are few and small.
 //!
 //! Verification writes every touched file (extracted from the baseline, and again when git
-//! applies the patch for real), and nothing of it needs to outlive the verdict. On a disk file system each
-//! new file with contents costs 60–160 µs (block reservation, journal), so those writes were
-//! most of a verification; on tmpfs they cost a tenth of that.
+//! applies the patch for real), and nothing of it needs to outlive the verdict. On a disk file
+//! system each new file with contents costs a block reservation and a journal entry, so those
+//! writes were most of a verification; on tmpfs they cost a small fraction of that.
 //!
 //! Memory is bounded: only a text patch qualifies (git then writes at most the touched
 //! baseline contents plus the patch's own bytes; a binary patch can inflate far beyond its
@@ -100,8 +100,7 @@ fn remove_abandoned(shm: &Path) {
 impl Drop for MemoryDir {
     fn drop(&mut self) {
         // Off the verdict's path, like the disk scratch (see `super::discard`): unlinking the
-        // hundred-odd entries of a 50-file patch takes 0.5–1 ms even on tmpfs, starting a
-        // thread a twentieth of that. Should the process end first, the next verification's
+        // entries costs far more than starting a thread, even on tmpfs. Should the process end first, the next verification's
         // `remove_abandoned` takes the directory (its name holds this process's pid).
         super::remove_in_background(std::mem::take(&mut self.0));
     }

@@ -2,8 +2,8 @@
 //! targets), read from the host's copy of the baseline (`baseline.tar`).
 //!
 //! With the tar's offset index ([`dynocap_review::tar_index`]) each lookup reads the one entry
-//! asked for: O(lookups), where reading every header of a 20,000-entry tar cost 20–25 ms on
-//! finish's path. Without a usable index, or once it proves wrong, every header is read once
+//! asked for: O(lookups), where reading every header of a large tar is a noticeable part of
+//! finish's path (docs/performance.md, "Design measurements"). Without a usable index, or once it proves wrong, every header is read once
 //! and the files kept in memory. Both give the same answers: where a name occurs twice, the
 //! first entry counts (as for the index, and as an unpack that does not overwrite).
 

@@ -327,7 +327,7 @@ fn prepared() -> std::sync::MutexGuard<'static, Ahead> {
 /// Makes and mounts ahead, on a thread of its own, the disk of `bytes` that this process's
 /// next start of that size, with templates in `templates`, takes instead of making its own
 /// (see `Disk::attach`): for a supervisor standing by, so that the loop device and the
-/// mount, about a third of a start's time, are not waited for. Its order may come before the
+/// mount, a large share of a start's time, are not waited for. Its order may come before the
 /// disk is made (the CLI's comes milliseconds after its start): the start waits for what is
 /// left of it (see `finish_preparing_disk`) rather than for all of it. A failure to make it
 /// is reported on stderr (the sandbox's log by then) and the start makes its own. Needs root,
@@ -675,8 +675,7 @@ fn create_mountpoint(dir: &Path) -> Result<(), JailError> {
 ///
 /// `no_prefetch_block_bitmaps`: by default a mount starts a kernel thread that reads every
 /// group's block bitmap ahead, for the allocator of a large, full filesystem; a sandbox's disk
-/// starts empty. Without the thread a mount took 2.81 ms against 3.49 (median
-/// of 9, a fresh copy of the 10 GiB template on a loop device each time).
+/// starts empty, and a mount without the thread is measurably faster.
 const MOUNT_OPTIONS: &str = "noinit_itable,no_prefetch_block_bitmaps";
 
 /// A sparse file of `bytes` formatted as ext4: no reserved blocks (the guest is the only
@@ -686,7 +685,7 @@ const MOUNT_OPTIONS: &str = "noinit_itable,no_prefetch_block_bitmaps";
 /// No resize inode: its reserved group-descriptor blocks are the only thing mkfs writes that
 /// scales with the size (4 MiB of zeros for 10 GiB, 95 % of the image's data), and a sandbox's
 /// disk is never grown. Every start copies the image's data and flushes it through the loop
-/// device; without those blocks attaching the loop device takes half the time.
+/// device; without those blocks attaching the loop device is much faster.
 fn make_image(image: &Path, bytes: u64) -> Result<(), JailError> {
     let file = OpenOptions::new()
         .write(true)
@@ -775,7 +774,7 @@ fn attach_loop(image: &File) -> Result<(PathBuf, File), JailError> {
         })?;
     // GET_FREE names the lowest unbound device, the same one to every start asking at once,
     // and only one of them binds it: 50 parallel starts exhausted eight retries. Starts take
-    // turns instead, holding a lock on the control device for the two calls (about 2 ms).
+    // turns instead, holding a lock on the control device for the two calls, which are short.
     let control = nix::fcntl::Flock::lock(control, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, err)| JailError::sys("locking /dev/loop-control", err))?;
     let backing_fd = u32::try_from(image.as_raw_fd()).expect("an open fd is not negative");

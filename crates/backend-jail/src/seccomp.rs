@@ -512,8 +512,8 @@ const ARCH_CHECK: [sock_filter; 3] = [
 ///
 /// Why a search rather than one test per syscall (seccompiler's layout): when a filter is
 /// installed, the kernel works out which syscalls it allows whatever their arguments by
-/// running it on every syscall number, and with 300-odd tests in a row that took 0.6 ms of
-/// every sandbox's start; each syscall the cache does not cover (a denied one, `ioctl`,
+/// running it on every syscall number, and with 300-odd tests in a row that was a noticeable
+/// part of every sandbox's start; each syscall the cache does not cover (a denied one, `ioctl`,
 /// `clone`) also walked the row at run time. Here any number is decided in a few dozen
 /// instructions.
 pub(crate) fn program() -> Result<BpfProgram, JailError> {

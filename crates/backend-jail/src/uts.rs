@@ -3,7 +3,7 @@
 //! call, so that nothing else of this process changes namespace.
 //!
 //! A warm-pool sandbox is renamed when it is claimed, on the path of its caller's `run`, where
-//! starting that thread was a fifth of the supervisor's part (0.2–0.3 ms here). So the thread
+//! starting that thread was a sizeable share of the supervisor's part. So the thread
 //! can be started ahead ([`Renamer::start`]), while the sandbox waits idle, already in the
 //! namespace; [`rename_once`] is the same thing for a single call.
 

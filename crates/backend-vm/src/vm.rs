@@ -430,7 +430,7 @@ fn validate(spec: &VmSpec) -> Result<()> {
 
 /// `microvm` where this QEMU has it, else `q35`.
 /// The machine type this QEMU offers: microvm where it has it, else q35. Asking QEMU
-/// (`-M help`) is a process start of 50–150 ms, so the answer is recorded in the cache per
+/// (`-M help`) is a slow process start, so the answer is recorded in the cache per
 /// QEMU binary, as the KVM probe's is; every supervisor boots one guest and would otherwise
 /// ask again.
 fn machine(cache_dir: &Path) -> Result<Machine> {

@@ -2,11 +2,11 @@
 //! where a home's server listens ([`rendezvous`]) and what crosses its socket ([`wire`]).
 //!
 //! Why there is a server at all: a command through `dynocap-core` alone pays for starting an
-//! 11 MB binary (dynamic loading, relocation, page faults: about 2.3 ms, most of a `destroy`),
-//! three times in a `run` + `exec` + `destroy` cycle. The server is a process that has paid it
-//! once: it runs the client's command on a thread of its own, with the client's stdout,
-//! stderr, environment and umask, and sends back its exit status. (A fork of the server per command saves nothing: the forked process pays
-//! the same page faults and teardown as a new one, measured at 2.2 against 2.2 ms for `ps`.)
+//! large binary (dynamic loading, relocation, page faults: most of a `destroy`), three times in
+//! a `run` + `exec` + `destroy` cycle. The server is a process that has paid it once: it runs
+//! the client's command on a thread of its own, with the client's stdout, stderr, environment
+//! and umask, and sends back its exit status. (A fork of the server per command saves
+//! nothing: the forked process pays the same page faults and teardown as a new one.)
 
 pub mod attributes;
 pub mod rendezvous;

@@ -22,9 +22,9 @@
 //!
 //! A v1 freezer comes first where a hybrid host has one because of what each command costs:
 //! its first process joins its cgroup between fork and exec. On v1 it writes `0` to `tasks`,
-//! which moves only the writer and takes no global lock (0.04 ms here); v2 has only
-//! `cgroup.procs`, which write-locks the kernel's `cgroup_threadgroup_rwsem` and waits for an
-//! RCU grace period (10-15 ms on a busy host, most of a short command's latency). Both kill
+//! which moves only the writer and takes no global lock; v2 has only `cgroup.procs`, which
+//! write-locks the kernel's `cgroup_threadgroup_rwsem` and waits for an RCU grace period (on a
+//! busy host, most of a short command's latency). Both kill
 //! everything a command started. v1 has no cap on descendants like v2's [`MAX_DESCENDANTS`],
 //! but the agent makes one cgroup per command and removes it once empty, so the pids limit
 //! (every lingering cgroup holds a process) bounds them all the same.

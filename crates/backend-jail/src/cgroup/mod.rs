@@ -8,8 +8,8 @@
 //! through a file the supervisor opened ([`CgroupSet::self_join_files`]); into a v2 leaf by
 //! the supervisor writing its pid to `cgroup.procs` ([`CgroupSet::attach_rest`]). Moving a
 //! process by pid (or a whole thread group) write-locks the kernel-wide
-//! `cgroup_threadgroup_rwsem`, which waits for an RCU grace period: 10-13 ms per start on
-//! this hybrid host, longer than the init takes to build the guest's root beside it. A single
+//! `cgroup_threadgroup_rwsem`, which waits for an RCU grace period: on a hybrid host, longer
+//! than the init takes to build the guest's root beside it. A single
 //! thread moving itself (`0` to `tasks`) takes no such lock. v2 has no such file for a
 //! process (`cgroup.threads` moves threads only within a threaded subtree).
 
@@ -339,7 +339,7 @@ impl CgroupSet {
     /// never be below it; one that shrinks lowers memory first.
     pub fn update_limits(&self, limits: &Limits) -> Result<(), JailError> {
         // A claim that asks for the pool's own limits (the defaults, most of them) changes
-        // nothing: a dozen reads and writes of cgroup files (0.4 ms) saved on its path.
+        // nothing: a dozen reads and writes of cgroup files saved on its path.
         if self.applied.get() == Some(*limits) {
             return Ok(());
         }

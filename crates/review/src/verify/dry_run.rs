@@ -1,6 +1,6 @@
 //! When `git apply --check` gives the verdict a real `git apply` would, so that verification
-//! need not write the patch's result (as many files again as it extracted: a third of its
-//! time).
+//! need not write the patch's result (as many files again as it extracted: a large share of
+//! its time).
 //!
 //! A real apply runs the very checks `--check` runs, in the same words, and then writes: it
 //! removes every old file (a failure there is only a warning) and creates every new one.

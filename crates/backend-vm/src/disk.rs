@@ -5,7 +5,7 @@
 //!
 //! The base is made at the disk's final size rather than small and grown by the guest: an
 //! online resize at every boot rewrote group descriptors, bitmaps and the new groups' inode
-//! tables before the agent could start (a fifth of a second under TCG). A base per size costs
+//! tables before the agent could start, a long wait under TCG. A base per size costs
 //! one `mke2fs -d` per image and size, and the image's bytes once per size in the cache (the
 //! file is sparse: the free space costs nothing).
 

@@ -11,8 +11,8 @@
 //! the writing itself refuse (`verify::dry_run`). The tar's offset index
 //! ([`dynocap_review::tar_index`]) finds those entries without reading the others' headers;
 //! without a usable index the tar is read through, with the same verdict. A text patch of
-//! bounded size is verified in memory (`in_memory`), where writing the files costs a tenth of
-//! what it does on disk.
+//! bounded size is verified in memory (`in_memory`), where writing the files costs a small
+//! fraction of what it does on disk.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

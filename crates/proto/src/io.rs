@@ -3,7 +3,8 @@
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::{Frame, FrameDecoder, ProtoError};
+use crate::error::ProtoError;
+use crate::{Frame, FrameDecoder};
 
 /// Reads frames from a byte stream.
 pub struct FrameReader<R> {

@@ -4,6 +4,7 @@
 //! Both sides treat the other as untrusted input: frames are bounded ([`MAX_FRAME_LEN`]),
 //! messages are strict JSON, and any violation is an error value, never a panic.
 
+mod error;
 pub mod exec_window;
 mod frame;
 pub mod fuzzing;
@@ -12,6 +13,7 @@ mod message;
 pub mod redact;
 pub mod tunnel;
 
+pub use error::ProtoError;
 pub use frame::{
     Frame, FrameDecoder, FrameError, FrameKind, CONTROL_STREAM, DATA_CHUNK, GUEST_STREAM_BIT,
     MAX_FRAME_LEN,
@@ -31,14 +33,3 @@ pub use message::{
 /// attributes say, and the host applies it to those same bytes.
 pub const NEUTRAL_ATTRIBUTES: &str =
     "* !text !crlf !eol !ident !filter !working-tree-encoding !diff !merge\n";
-
-/// Errors a protocol peer reports.
-#[derive(Debug, thiserror::Error)]
-pub enum ProtoError {
-    #[error("agent channel framing broken: {0}")]
-    Frame(#[from] FrameError),
-    #[error("malformed {what} message: {detail}")]
-    BadMessage { what: &'static str, detail: String },
-    #[error("agent channel I/O: {0}")]
-    Io(#[from] std::io::Error),
-}

@@ -281,8 +281,8 @@ pub fn to_payload<T: Serialize>(message: &T) -> Vec<u8> {
 pub fn from_payload<'a, T: Deserialize<'a>>(
     what: &'static str,
     payload: &'a [u8],
-) -> Result<T, crate::ProtoError> {
-    serde_json::from_slice(payload).map_err(|err| crate::ProtoError::BadMessage {
+) -> Result<T, crate::error::ProtoError> {
+    serde_json::from_slice(payload).map_err(|err| crate::error::ProtoError::BadMessage {
         what,
         detail: err.to_string(),
     })

@@ -111,6 +111,19 @@ fn serving(usernet: &UserNet, stderr: impl Read + Send + 'static) -> Result<()> 
     Ok(())
 }
 
+/// A guest's pasta's pidfd, readable once it has exited (see `Guest::network_exit_fd`);
+/// `None` for a guest without one.
+pub fn exit_fd(usernet: &Option<UserNet>) -> Option<std::os::fd::BorrowedFd<'_>> {
+    usernet.as_ref().and_then(UserNet::exit_fd)
+}
+
+/// How a guest's pasta exited, reaping it (see `Guest::network_exit`).
+pub fn exit_of_any(usernet: &mut Option<UserNet>) -> String {
+    usernet
+        .as_mut()
+        .map_or_else(|| "no network process".to_owned(), exit_of)
+}
+
 /// What a guest's pasta exited with, reaping it, for the log ("killed by signal 9").
 pub fn exit_of(usernet: &mut UserNet) -> String {
     match usernet.exit_status() {

@@ -182,12 +182,10 @@ impl Guest for JailGuest {
         self.jail.take_channel()
     }
     fn network_exit_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.usernet.as_ref().and_then(|u| u.exit_fd())
+        usernet::exit_fd(&self.usernet)
     }
     fn network_exit(&mut self) -> String {
-        self.usernet
-            .as_mut()
-            .map_or_else(|| "no network process".to_owned(), usernet::exit_of)
+        usernet::exit_of_any(&mut self.usernet)
     }
     fn restart_network(&mut self) -> Result<()> {
         let netns = PathBuf::from(format!("/proc/{}/ns/net", self.jail.pid()));

@@ -145,12 +145,10 @@ impl Guest for VmGuest {
         self.vm.take_channel()
     }
     fn network_exit_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.usernet.as_ref().and_then(|u| u.exit_fd())
+        usernet::exit_fd(&self.usernet)
     }
     fn network_exit(&mut self) -> String {
-        self.usernet
-            .as_mut()
-            .map_or_else(|| "no network process".to_owned(), usernet::exit_of)
+        usernet::exit_of_any(&mut self.usernet)
     }
     /// QEMU's namespace is bound to a file again for the new pasta to join, as at boot.
     fn restart_network(&mut self) -> Result<()> {

@@ -13,7 +13,7 @@
 //! Needs root.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use dynocap_e2e::netfix::*;
 use dynocap_e2e::*;
@@ -716,4 +716,49 @@ fn urls_the_clone_would_not_fetch_are_refused_before_anything_starts() {
         assert!(!shown.contains("s3cret"), "{url:?}: {shown}");
     }
     assert_nothing_left(&home);
+}
+
+/// A task recorded by an earlier version with a URL today's parser refuses (here scp form
+/// without a user) still lists: the record reads, the URL shows as recorded, and nothing of
+/// the home is lost for it.
+#[test]
+fn a_task_recorded_with_a_url_the_rules_now_refuse_still_lists() {
+    if !require_root("a_task_recorded_with_a_url_the_rules_now_refuse_still_lists") {
+        return;
+    }
+    let fix = NetFix::start();
+    let home = home_for(&fix);
+    let task = start_repo(&home, &fix.https_repo_url(), &["--name", "old"]);
+    let recorded = task["source"]["repositoryUrl"]
+        .as_str()
+        .expect("a recorded URL")
+        .to_owned();
+    let finished = home.json(&["task", "finish", "old"]);
+    assert_eq!(finished["verified"], true, "{finished:#}");
+    // As an earlier version could have written it: the catalog and the record file.
+    let refused = "git.test:o/r.git";
+    let id = task["id"].as_str().expect("a task id");
+    let updated = Command::new("sqlite3")
+        .arg(home.path().join("catalog.db"))
+        .arg(format!(
+            "UPDATE sandboxes SET detail = replace(detail, '{recorded}', '{refused}') WHERE id = '{id}'"
+        ))
+        .status()
+        .expect("sqlite3 is installed");
+    assert!(updated.success());
+    let record = home.path().join("results").join(id).join("record.json");
+    let text = std::fs::read_to_string(&record).expect("the record file");
+    assert!(text.contains(&recorded), "{text}");
+    std::fs::write(&record, text.replace(&recorded, refused)).expect("rewrite the record");
+
+    let ls = home.json(&["ls"]);
+    let listed = ls["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .find(|t| t["name"] == "old")
+        .cloned()
+        .unwrap_or_else(|| panic!("the task is listed: {ls:#}"));
+    assert_eq!(listed["source"]["repositoryUrl"], refused, "{listed:#}");
+    assert_eq!(listed["state"], finished["state"], "{listed:#}");
 }

@@ -170,6 +170,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
     let dir = match &spec.source {
         Source::ProjectPath(path) => Some(ProjectDir::open(path)?),
         Source::RepositoryUrl(_) => None,
+        Source::RefusedUrl(text) => return Err(Source::refused(text)),
     };
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new(0);

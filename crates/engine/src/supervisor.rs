@@ -1276,6 +1276,7 @@ async fn start(
                     branch: None,
                 }
             }
+            Source::RefusedUrl(text) => return Err(Source::refused(text)),
             Source::RepositoryUrl(url) => {
                 let Some(egress) = &egress else {
                     return Err(Error::internal(

@@ -16,11 +16,47 @@ use crate::spec::{validate_name, Network, Resources, TASK_CPUS_DEFAULT};
 
 /// Where a task's project comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", from = "RecordedSource")]
 pub enum Source {
     ProjectPath(PathBuf),
     /// Parsed where it entered; recorded in its canonical spelling, without credentials.
     RepositoryUrl(GitUrl),
+    /// A `repositoryUrl` an earlier version recorded that today's rules refuse (see
+    /// [`GitUrl::parse`]): its task still lists and shows it as written, credentials already
+    /// gone, but nothing clones it. Never made from a request.
+    #[serde(rename = "repositoryUrl")]
+    RefusedUrl(String),
+}
+
+/// A [`Source`] as a record holds it, before its URL is judged.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum RecordedSource {
+    ProjectPath(PathBuf),
+    RepositoryUrl(String),
+}
+
+impl Source {
+    /// Why a [`Source::RefusedUrl`] cannot start anything.
+    pub fn refused(text: &str) -> Error {
+        Error::invalid(format!(
+            "the repositoryUrl {text} was recorded by an earlier version of DynoCap and today's \
+             rules refuse it; start a new task with a URL they accept (https://HOST/path or \
+             ssh://user@HOST/path, on the transport's own port)"
+        ))
+    }
+}
+
+impl From<RecordedSource> for Source {
+    fn from(recorded: RecordedSource) -> Self {
+        match recorded {
+            RecordedSource::ProjectPath(path) => Source::ProjectPath(path),
+            RecordedSource::RepositoryUrl(text) => match GitUrl::parse(&text) {
+                Ok(url) => Source::RepositoryUrl(url),
+                Err(_) => Source::RefusedUrl(dynocap_proto::redact::strip_userinfo(&text)),
+            },
+        }
+    }
 }
 
 /// `dynocap task start` / `dynocap_task_start`, defaults applied.
@@ -426,6 +462,39 @@ mod tests {
             path: PathBuf::from(path),
             kind,
         }
+    }
+
+    /// A record an earlier version wrote with a URL today's parser refuses still reads, shows
+    /// the URL as recorded (never a credential) and writes back unchanged; a URL the parser
+    /// takes reads as a parsed one.
+    #[test]
+    fn a_recorded_url_the_rules_now_refuse_still_reads_and_starts_nothing() {
+        for (recorded, shown) in [
+            ("host.example:owner/repo.git", "host.example:owner/repo.git"),
+            (
+                "https://10.0.0.1:8443/o/r.git",
+                "https://10.0.0.1:8443/o/r.git",
+            ),
+            ("https://user:pw@127.0.0.1/o/r", "https://***@127.0.0.1/o/r"),
+        ] {
+            let json = serde_json::json!({ "repositoryUrl": recorded }).to_string();
+            let source: Source = serde_json::from_str(&json).unwrap();
+            assert_eq!(source, Source::RefusedUrl(shown.to_owned()), "{recorded}");
+            let again = serde_json::to_string(&source).unwrap();
+            assert_eq!(
+                again,
+                serde_json::json!({ "repositoryUrl": shown }).to_string()
+            );
+            let err = Source::refused(shown);
+            assert!(err.message.contains("start a new task"), "{err}");
+            assert!(!err.message.contains("pw"), "{err}");
+        }
+        let json = r#"{"repositoryUrl":"https://git.example/o/r.git"}"#;
+        let source: Source = serde_json::from_str(json).unwrap();
+        assert!(matches!(source, Source::RepositoryUrl(_)), "{source:?}");
+        assert_eq!(serde_json::to_string(&source).unwrap(), json);
+        let path: Source = serde_json::from_str(r#"{"projectPath":"/p"}"#).unwrap();
+        assert_eq!(path, Source::ProjectPath(PathBuf::from("/p")));
     }
 
     #[test]

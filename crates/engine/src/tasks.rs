@@ -44,6 +44,7 @@ impl Engine {
                 Some(ProjectDir::open(path)?)
             }
             Source::RepositoryUrl(_) => None,
+            Source::RefusedUrl(text) => return Err(Source::refused(text)),
         };
         self.task_start_in(spec, project, progress).await
     }
@@ -83,10 +84,11 @@ impl Engine {
                 ))
             }
             (Source::RepositoryUrl(_), None) => {}
+            (Source::RefusedUrl(text), _) => return Err(Source::refused(text)),
         }
         let git_host = match &start.source {
             Source::RepositoryUrl(url) => Some(url.host().to_owned()),
-            Source::ProjectPath(_) => None,
+            Source::ProjectPath(_) | Source::RefusedUrl(_) => None,
         };
         if let Some(path) = &spec.ssh_key_path {
             if git_host.is_none() {
@@ -492,10 +494,11 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
     let source = detail.source.unwrap_or_else(|| SourceInfo {
         project_path: match &detail.start.source {
             Source::ProjectPath(p) => Some(p.display().to_string()),
-            Source::RepositoryUrl(_) => None,
+            Source::RepositoryUrl(_) | Source::RefusedUrl(_) => None,
         },
         repository_url: match &detail.start.source {
             Source::RepositoryUrl(u) => Some(u.to_string()),
+            Source::RefusedUrl(text) => Some(text.clone()),
             Source::ProjectPath(_) => None,
         },
         history: detail.start.history,

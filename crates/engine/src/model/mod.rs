@@ -10,3 +10,4 @@ pub mod import_notes;
 pub mod lifecycle;
 pub mod output;
 pub mod sandbox_info;
+pub mod task_results;

@@ -350,10 +350,7 @@ impl Server {
                     })
                     .await
                     .map_err(|err| format!("sync: {err}"))
-                    .and_then(|failure| match failure {
-                        Some(failure) => Err(failure),
-                        None => Ok(Response::Synced),
-                    })
+                    .and_then(|failure| unless_failed(failure, Response::Synced))
                 });
             }
             Request::DiskHealth => {
@@ -362,10 +359,7 @@ impl Server {
                     tokio::task::spawn_blocking(crate::disk_health::root_failure)
                         .await
                         .map_err(|err| format!("reading the disk's health: {err}"))
-                        .and_then(|failure| match failure {
-                            Some(failure) => Err(failure),
-                            None => Ok(Response::DiskHealthy),
-                        })
+                        .and_then(|failure| unless_failed(failure, Response::DiskHealthy))
                 });
             }
         }
@@ -479,6 +473,12 @@ where
             },
         }
     }
+}
+
+/// The answer to a disk request: `answer`, or the failure the root filesystem recorded (see
+/// `disk_health`), which the request then fails with.
+fn unless_failed(failure: Option<String>, answer: Response) -> Result<Response, String> {
+    failure.map_or(Ok(answer), Err)
 }
 
 fn log_join_error(result: Result<(), tokio::task::JoinError>) {

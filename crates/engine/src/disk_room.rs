@@ -79,6 +79,13 @@ impl PendingRoom {
         }
     }
 
+    /// [`wait`](Self::wait), from async code: on a blocking thread, the runtime's own go on.
+    pub async fn reserved(self) -> Result<()> {
+        tokio::task::spawn_blocking(move || self.wait())
+            .await
+            .map_err(|err| Error::internal(format!("reserving the sandbox's disk: {err}")))?
+    }
+
     /// The reservation's outcome, once it is done; `Ok` when there was nothing to reserve.
     pub fn wait(self) -> Result<()> {
         match self.0 {

@@ -1122,9 +1122,7 @@ async fn recover(
 ) -> i32 {
     let id = record.id.clone();
     let prepared = async {
-        tokio::task::spawn_blocking(move || room.wait())
-            .await
-            .map_err(|err| Error::internal(format!("reserving the sandbox's disk: {err}")))??;
+        room.reserved().await?;
         let conn = connect_agent(guest.as_mut()).await?;
         let detail = TaskDetail::from_json(record.detail.as_deref())?;
         let task = TaskContext::open(&home, &record, detail.source)?;
@@ -1319,9 +1317,7 @@ async fn start(
     let listener = UnixListener::bind(&socket_path)
         .context(format_args!("listening on {}", socket_path.display()))?;
     // Its disk's room is the sandbox's before the sandbox is anyone's.
-    tokio::task::spawn_blocking(move || room.wait())
-        .await
-        .map_err(|err| Error::internal(format!("reserving the sandbox's disk: {err}")))??;
+    room.reserved().await?;
     // A warm-pool sandbox waits, pooled, for a claim; any other is the caller's now.
     let (from, to) = match record.state {
         State::Warming => (State::Warming, State::Pooled),
@@ -1515,8 +1511,6 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
     let _ = write_message(&mut write, &reply).await;
 }
 
-/// Syncs the guest's disk to the host (see [`LayerSync`]); a failure is logged: the command
-/// has run, and what it wrote may still reach the host.
 /// What the sandbox's disk failed with, if it did: the error state its filesystem keeps
 /// (jail), else a sync of it that failed (`synced`). The first failure goes into the sandbox's
 /// record note, which `ls` shows.
@@ -1553,6 +1547,8 @@ fn disk_failure_note(failure: &str) -> String {
     format!("\ndynocap: {failure}.\n")
 }
 
+/// Syncs the guest's disk to the host (see [`LayerSync`]); a failure is logged: the command
+/// has run, and what it wrote may still reach the host.
 async fn sync_layer(how: LayerSync, conn: &AgentConn) -> Result<()> {
     let synced = match how {
         LayerSync::HostMount(disk) => {
@@ -1573,22 +1569,39 @@ async fn sync_layer(how: LayerSync, conn: &AgentConn) -> Result<()> {
 
 /// Asks the agent whether the guest kernel's root filesystem recorded errors.
 async fn guest_disk_health(conn: &AgentConn) -> Result<()> {
-    let stream = conn.open(&dynocap_proto::Request::DiskHealth).await?;
-    match workspace::finish_stream(stream, "reading the guest's disk health").await? {
-        dynocap_proto::Response::DiskHealthy => Ok(()),
-        other => Err(Error::internal(format!(
-            "the agent answered a disk health query with {other:?}"
-        ))),
-    }
+    ask_guest_disk(
+        conn,
+        dynocap_proto::Request::DiskHealth,
+        dynocap_proto::Response::DiskHealthy,
+        "reading the guest's disk health",
+    )
+    .await
 }
 
 /// Asks the agent to write the guest kernel's cached writes to its disk.
 async fn sync_guest_kernel(conn: &AgentConn) -> Result<()> {
-    let stream = conn.open(&dynocap_proto::Request::Sync).await?;
-    match workspace::finish_stream(stream, "syncing the guest's disk").await? {
-        dynocap_proto::Response::Synced => Ok(()),
+    ask_guest_disk(
+        conn,
+        dynocap_proto::Request::Sync,
+        dynocap_proto::Response::Synced,
+        "syncing the guest's disk",
+    )
+    .await
+}
+
+/// Sends the agent a request about its disk and waits for the one answer that says all is
+/// well; the agent's error (the failure its filesystem recorded) is the call's.
+async fn ask_guest_disk(
+    conn: &AgentConn,
+    request: dynocap_proto::Request,
+    healthy: dynocap_proto::Response,
+    what: &str,
+) -> Result<()> {
+    let stream = conn.open(&request).await?;
+    match workspace::finish_stream(stream, what).await? {
+        answer if answer == healthy => Ok(()),
         other => Err(Error::internal(format!(
-            "the agent answered a sync with {other:?}"
+            "{what}: the agent answered {other:?}"
         ))),
     }
 }

@@ -21,9 +21,10 @@ struct JailGuest {
     /// The disk templates and this guest's disk size, for the spare its teardown leaves the
     /// next start of that size (see `dynocap_backend_jail::make_spare_disk`).
     spare_disk: Option<(std::path::PathBuf, u64)>,
-    /// The disk's image and size, for its reservation; `None` without a disk limit.
-    disk: Option<(std::path::PathBuf, u64)>,
-    /// The sandbox's state directory, where the supervisor mounted its disk.
+    /// The disk's size, for its reservation; `None` without a disk limit.
+    disk_bytes: Option<u64>,
+    /// The sandbox's state directory, which holds the disk's image and where the supervisor
+    /// mounted it.
     state_dir: PathBuf,
 }
 
@@ -114,14 +115,11 @@ impl Backend for JailBackend {
             None
         };
         let spare_disk = jail_spec.disk_templates.clone().zip(jail_spec.disk_bytes);
-        let disk = jail_spec
-            .disk_bytes
-            .map(|bytes| (dynocap_backend_jail::disk_image(&spec.state_dir), bytes));
         Ok(Box::new(JailGuest {
             jail,
             usernet,
             spare_disk,
-            disk,
+            disk_bytes: jail_spec.disk_bytes,
             state_dir: spec.state_dir.clone(),
         }))
     }
@@ -212,10 +210,11 @@ impl Guest for JailGuest {
             .map_err(|err| Error::internal(format!("starting the hostname thread: {err}")))
     }
     fn disk_room(&self) -> Option<crate::disk_room::DiskRoom> {
-        match &self.disk {
-            Some((image, bytes)) if image.exists() => Some(crate::disk_room::DiskRoom {
-                image: image.clone(),
-                bytes: *bytes,
+        let image = dynocap_backend_jail::disk_image(&self.state_dir);
+        match self.disk_bytes {
+            Some(bytes) if image.exists() => Some(crate::disk_room::DiskRoom {
+                image,
+                bytes,
                 layout: crate::disk_room::Layout::Fixed,
             }),
             // A kept layer from a start without a limit: the host's filesystem holds it.

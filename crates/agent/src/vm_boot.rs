@@ -17,6 +17,7 @@
 use std::convert::Infallible;
 use std::ffi::{CString, OsString};
 use std::fs;
+use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -24,7 +25,94 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use crate::vm_net::NetError;
+
+/// Why the first stage could not hand over to the agent in the new root.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("reading /proc/cmdline: {0}")]
+    ReadCmdline(#[source] io::Error),
+    #[error("the kernel command line has no {0}=")]
+    MissingSetting(&'static str),
+    #[error(transparent)]
+    Net(#[from] NetError),
+    #[error("reading {MODULE_ORDER}: {0}")]
+    ReadModuleOrder(#[source] io::Error),
+    #[error("opening {name}: {source}")]
+    OpenModule { name: String, source: io::Error },
+    #[error("loading the kernel module {name}: {source}")]
+    LoadModule { name: String, source: Errno },
+    #[error(
+        "{what} {} did not appear within {}s (is its driver in the initramfs?)",
+        path.display(),
+        DEVICE_WAIT.as_secs()
+    )]
+    DeviceMissing { what: &'static str, path: PathBuf },
+    #[error("no virtio-serial port named {0:?} appeared within {secs}s", secs = DEVICE_WAIT.as_secs())]
+    NoPort(String),
+    #[error("creating {}: {source}", path.display())]
+    Create { path: PathBuf, source: io::Error },
+    #[error("setting the mode of {}: {source}", path.display())]
+    Chmod { path: PathBuf, source: io::Error },
+    #[error("handing {} to {uid}:{gid}: {source}", path.display())]
+    Chown {
+        path: PathBuf,
+        uid: u32,
+        gid: u32,
+        source: io::Error,
+    },
+    #[error("mounting {} on {NEW_ROOT}: {source}", device.display())]
+    MountRoot { device: PathBuf, source: Errno },
+    #[error("setting the hostname: {0}")]
+    Hostname(#[source] Errno),
+    #[error("mounting a tmpfs on {}: {source}", path.display())]
+    MountTmpfs { path: PathBuf, source: Errno },
+    #[error("binding {INIT_PATH} onto {}: {source}", path.display())]
+    BindAgent { path: PathBuf, source: Errno },
+    #[error("making {} read-only: {source}", path.display())]
+    ReadOnly { path: PathBuf, source: Errno },
+    #[error("entering {NEW_ROOT}: {0}")]
+    EnterNewRoot(#[source] io::Error),
+    #[error("moving {NEW_ROOT} onto /: {0}")]
+    MoveRoot(#[source] Errno),
+    #[error("chroot into the new root: {0}")]
+    Chroot(#[source] Errno),
+    #[error("entering the new root: {0}")]
+    EnterRoot(#[source] io::Error),
+    #[error("an argument holds a NUL byte")]
+    NulInArgument,
+    #[error("executing {AGENT_PATH} in the new root: {0}")]
+    ExecAgent(#[source] Errno),
+}
+
+/// Why the root filesystem could not grow to its disk's size; the boot goes on without.
+#[derive(Debug, thiserror::Error)]
+enum GrowError {
+    #[error("opening {}: {source}", device.display())]
+    OpenDevice { device: PathBuf, source: io::Error },
+    #[error("BLKGETSIZE64: {0}")]
+    DeviceSize(#[source] Errno),
+    #[error("reading the superblock of {}: {source}", device.display())]
+    ReadSuperblock { device: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Superblock(#[from] SuperblockError),
+    #[error("opening {NEW_ROOT}: {0}")]
+    OpenRoot(#[source] io::Error),
+    #[error("EXT4_IOC_RESIZE_FS to {blocks} blocks: {source}")]
+    Resize { blocks: u64, source: Errno },
+}
+
+/// Why an ext4 superblock does not say the filesystem's size.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum SuperblockError {
+    #[error("the root disk holds no ext4 superblock")]
+    NoMagic,
+    #[error("the superblock's block size 1024<<{0} is out of range")]
+    BlockSize(u32),
+}
 
 /// The argument that selects this stage (the host puts it first after `--`).
 pub const FLAG: &str = "--vm-boot";
@@ -70,7 +158,7 @@ pub struct BootParams {
 }
 
 /// Reads `dynocap.*` settings out of a kernel command line.
-pub fn parse_cmdline(cmdline: &str) -> Result<BootParams, String> {
+pub fn parse_cmdline(cmdline: &str) -> Result<BootParams, BootError> {
     let mut root = None;
     let mut port = None;
     let mut hostname = None;
@@ -88,8 +176,8 @@ pub fn parse_cmdline(cmdline: &str) -> Result<BootParams, String> {
         }
     }
     Ok(BootParams {
-        root: root.ok_or("the kernel command line has no dynocap.root=")?,
-        port: port.ok_or("the kernel command line has no dynocap.port=")?,
+        root: root.ok_or(BootError::MissingSetting("dynocap.root"))?,
+        port: port.ok_or(BootError::MissingSetting("dynocap.port"))?,
         hostname,
         nat,
     })
@@ -109,13 +197,15 @@ pub fn run(agent_args: Vec<OsString>) -> ExitCode {
     }
 }
 
-fn boot(agent_args: Vec<OsString>) -> Result<Infallible, String> {
-    let cmdline = fs::read_to_string("/proc/cmdline")
-        .map_err(|err| format!("reading /proc/cmdline: {err}"))?;
+fn boot(agent_args: Vec<OsString>) -> Result<Infallible, BootError> {
+    let cmdline = fs::read_to_string("/proc/cmdline").map_err(BootError::ReadCmdline)?;
     let params = parse_cmdline(&cmdline)?;
     load_modules()?;
     wait_for(&params.root, "the root disk")?;
-    fs::create_dir_all(NEW_ROOT).map_err(|err| format!("creating {NEW_ROOT}: {err}"))?;
+    fs::create_dir_all(NEW_ROOT).map_err(|source| BootError::Create {
+        path: NEW_ROOT.into(),
+        source,
+    })?;
     // An error (a write to the disk that failed, metadata found corrupt) stops all writes at
     // once rather than letting later ones report success over it: see `disk_health`.
     mount(
@@ -125,7 +215,10 @@ fn boot(agent_args: Vec<OsString>) -> Result<Infallible, String> {
         MsFlags::empty(),
         Some("errors=remount-ro"),
     )
-    .map_err(|err| format!("mounting {} on {NEW_ROOT}: {err}", params.root.display()))?;
+    .map_err(|source| BootError::MountRoot {
+        device: params.root.clone(),
+        source,
+    })?;
     if let Err(msg) = grow_filesystem(&params.root) {
         // The sandbox still works, only with the base image's free space.
         log!("cannot grow the root filesystem to the disk's size: {msg}");
@@ -140,7 +233,7 @@ fn boot(agent_args: Vec<OsString>) -> Result<Infallible, String> {
         crate::vm_net::configure_nat(nat, Path::new(NEW_ROOT), DEVICE_WAIT)?;
     }
     if let Some(name) = &params.hostname {
-        nix::unistd::sethostname(name).map_err(|err| format!("setting the hostname: {err}"))?;
+        nix::unistd::sethostname(name).map_err(BootError::Hostname)?;
     }
     install_agent()?;
     let port = find_port(&params.port)?;
@@ -155,19 +248,27 @@ fn boot(agent_args: Vec<OsString>) -> Result<Infallible, String> {
 }
 
 /// Loads each module named in the order file, skipping ones already present.
-fn load_modules() -> Result<(), String> {
+fn load_modules() -> Result<(), BootError> {
     let order = match fs::read_to_string(MODULE_ORDER) {
         Ok(text) => text,
         // A kernel with everything built in needs no modules.
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(err) => return Err(format!("reading {MODULE_ORDER}: {err}")),
+        Err(err) => return Err(BootError::ReadModuleOrder(err)),
     };
     for name in order.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let path = Path::new("/lib/modules").join(name);
-        let file = fs::File::open(&path).map_err(|err| format!("opening {name}: {err}"))?;
+        let file = fs::File::open(&path).map_err(|source| BootError::OpenModule {
+            name: name.to_owned(),
+            source,
+        })?;
         match nix::kmod::finit_module(&file, c"", nix::kmod::ModuleInitFlags::empty()) {
             Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-            Err(err) => return Err(format!("loading the kernel module {name}: {err}")),
+            Err(source) => {
+                return Err(BootError::LoadModule {
+                    name: name.to_owned(),
+                    source,
+                })
+            }
         }
         // The initramfs is RAM: give the module's pages back now that the kernel has a copy.
         drop(file);
@@ -176,15 +277,14 @@ fn load_modules() -> Result<(), String> {
     Ok(())
 }
 
-fn wait_for(path: &Path, what: &str) -> Result<(), String> {
+fn wait_for(path: &Path, what: &'static str) -> Result<(), BootError> {
     let deadline = Instant::now() + DEVICE_WAIT;
     while !path.exists() {
         if Instant::now() > deadline {
-            return Err(format!(
-                "{what} {} did not appear within {}s (is its driver in the initramfs?)",
-                path.display(),
-                DEVICE_WAIT.as_secs()
-            ));
+            return Err(BootError::DeviceMissing {
+                what,
+                path: path.to_owned(),
+            });
         }
         std::thread::sleep(DEVICE_POLL);
     }
@@ -195,42 +295,45 @@ fn wait_for(path: &Path, what: &str) -> Result<(), String> {
 /// filesystem at the disk's size, so this normally finds nothing to do, and says so from the
 /// superblock alone: the resize ioctl even as a no-op flushes the journal, which costs a
 /// boot tens of milliseconds under TCG.
-fn grow_filesystem(device: &Path) -> Result<(), String> {
-    let dev =
-        fs::File::open(device).map_err(|err| format!("opening {}: {err}", device.display()))?;
+fn grow_filesystem(device: &Path) -> Result<(), GrowError> {
+    let dev = fs::File::open(device).map_err(|source| GrowError::OpenDevice {
+        device: device.to_owned(),
+        source,
+    })?;
     let mut bytes: u64 = 0;
     // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at `bytes`;
     // `dev` is an open descriptor for the duration of the call.
-    unsafe { blk_get_size64(dev.as_raw_fd(), &mut bytes) }
-        .map_err(|err| format!("BLKGETSIZE64: {err}"))?;
+    unsafe { blk_get_size64(dev.as_raw_fd(), &mut bytes) }.map_err(GrowError::DeviceSize)?;
     let mut superblock = [0_u8; 1024];
-    std::os::unix::fs::FileExt::read_exact_at(&dev, &mut superblock, 1024)
-        .map_err(|err| format!("reading the superblock of {}: {err}", device.display()))?;
+    std::os::unix::fs::FileExt::read_exact_at(&dev, &mut superblock, 1024).map_err(|source| {
+        GrowError::ReadSuperblock {
+            device: device.to_owned(),
+            source,
+        }
+    })?;
     let (fs_blocks, block) = ext4_size(&superblock)?;
     let blocks: u64 = bytes / block;
     if blocks <= fs_blocks {
         return Ok(());
     }
-    let root = fs::File::open(NEW_ROOT).map_err(|err| format!("opening {NEW_ROOT}: {err}"))?;
+    let root = fs::File::open(NEW_ROOT).map_err(GrowError::OpenRoot)?;
     // SAFETY: EXT4_IOC_RESIZE_FS reads one u64 through the pointer, which points at `blocks`;
     // `root` is an open descriptor on the mounted ext4 for the duration of the call.
     unsafe { ext4_resize_fs(root.as_raw_fd(), &blocks) }
-        .map_err(|err| format!("EXT4_IOC_RESIZE_FS to {blocks} blocks: {err}"))?;
+        .map_err(|source| GrowError::Resize { blocks, source })?;
     Ok(())
 }
 
 /// The block count and block size an ext4 superblock (the 1024 bytes at offset 1024)
 /// records.
-fn ext4_size(sb: &[u8; 1024]) -> Result<(u64, u64), String> {
+fn ext4_size(sb: &[u8; 1024]) -> Result<(u64, u64), SuperblockError> {
     let u32_at = |at: usize| u32::from_le_bytes([sb[at], sb[at + 1], sb[at + 2], sb[at + 3]]);
     if u16::from_le_bytes([sb[0x38], sb[0x39]]) != 0xEF53 {
-        return Err("the root disk holds no ext4 superblock".into());
+        return Err(SuperblockError::NoMagic);
     }
     let log = u32_at(0x18);
     if log > 6 {
-        return Err(format!(
-            "the superblock's block size 1024<<{log} is out of range"
-        ));
+        return Err(SuperblockError::BlockSize(log));
     }
     let incompat_64bit = u32_at(0x60) & 0x80 != 0;
     let high = if incompat_64bit { u32_at(0x150) } else { 0 };
@@ -246,7 +349,7 @@ nix::ioctl_write_ptr!(ext4_resize_fs, b'f', 16, u64);
 
 /// The sandbox user's home and the agent's state directory, which the jail backend makes on
 /// the host side; a VM's disk is only reachable from inside.
-fn make_guest_dirs(agent_args: &[OsString]) -> Result<(), String> {
+fn make_guest_dirs(agent_args: &[OsString]) -> Result<(), BootError> {
     let (home, user) = home_and_user(agent_args);
     let state = Path::new(NEW_ROOT).join(
         crate::statedir::DEFAULT_STATE_DIR
@@ -261,7 +364,7 @@ fn make_guest_dirs(agent_args: &[OsString]) -> Result<(), String> {
     Ok(())
 }
 
-fn make_dir(path: &Path, mode: u32, owner: Option<(u32, u32)>) -> Result<(), String> {
+fn make_dir(path: &Path, mode: u32, owner: Option<(u32, u32)>) -> Result<(), BootError> {
     if path.is_dir() {
         return Ok(());
     }
@@ -269,12 +372,25 @@ fn make_dir(path: &Path, mode: u32, owner: Option<(u32, u32)>) -> Result<(), Str
         .recursive(true)
         .mode(mode)
         .create(path)
-        .map_err(|err| format!("creating {}: {err}", path.display()))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .map_err(|err| format!("setting the mode of {}: {err}", path.display()))?;
+        .map_err(|source| BootError::Create {
+            path: path.to_owned(),
+            source,
+        })?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|source| {
+        BootError::Chmod {
+            path: path.to_owned(),
+            source,
+        }
+    })?;
     if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(path, Some(uid), Some(gid))
-            .map_err(|err| format!("handing {} to {uid}:{gid}: {err}", path.display()))?;
+        std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(|source| {
+            BootError::Chown {
+                path: path.to_owned(),
+                uid,
+                gid,
+                source,
+            }
+        })?;
     }
     Ok(())
 }
@@ -313,9 +429,12 @@ fn home_and_user(args: &[OsString]) -> (Option<PathBuf>, Option<(u32, u32)>) {
 /// replace it. The file is the initramfs' own `/init`, bind-mounted onto an empty file
 /// rather than copied: a copy of the 2 MiB binary cost the boot tens of milliseconds under
 /// TCG, and the initramfs keeps it in RAM either way.
-fn install_agent() -> Result<(), String> {
+fn install_agent() -> Result<(), BootError> {
     let dir = Path::new(NEW_ROOT).join(".dynocap");
-    fs::create_dir_all(&dir).map_err(|err| format!("creating {}: {err}", dir.display()))?;
+    fs::create_dir_all(&dir).map_err(|source| BootError::Create {
+        path: dir.clone(),
+        source,
+    })?;
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mount(
         Some("tmpfs"),
@@ -324,9 +443,15 @@ fn install_agent() -> Result<(), String> {
         nosuid_nodev,
         Some("mode=0755"),
     )
-    .map_err(|err| format!("mounting a tmpfs on {}: {err}", dir.display()))?;
+    .map_err(|source| BootError::MountTmpfs {
+        path: dir.clone(),
+        source,
+    })?;
     let target = dir.join("agent");
-    fs::File::create(&target).map_err(|err| format!("creating {}: {err}", target.display()))?;
+    fs::File::create(&target).map_err(|source| BootError::Create {
+        path: target.clone(),
+        source,
+    })?;
     mount(
         Some(INIT_PATH),
         &target,
@@ -334,7 +459,10 @@ fn install_agent() -> Result<(), String> {
         MsFlags::MS_BIND,
         None::<&str>,
     )
-    .map_err(|err| format!("binding {INIT_PATH} onto {}: {err}", target.display()))?;
+    .map_err(|source| BootError::BindAgent {
+        path: target.clone(),
+        source,
+    })?;
     // A bind mount takes the read-only flag only on a remount of itself.
     mount(
         None::<&str>,
@@ -343,7 +471,10 @@ fn install_agent() -> Result<(), String> {
         MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | nosuid_nodev,
         None::<&str>,
     )
-    .map_err(|err| format!("making {} read-only: {err}", target.display()))?;
+    .map_err(|source| BootError::ReadOnly {
+        path: target.clone(),
+        source,
+    })?;
     mount(
         None::<&str>,
         &dir,
@@ -351,12 +482,12 @@ fn install_agent() -> Result<(), String> {
         MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
         None::<&str>,
     )
-    .map_err(|err| format!("making {} read-only: {err}", dir.display()))
+    .map_err(|source| BootError::ReadOnly { path: dir, source })
 }
 
 /// The `/dev` node of the virtio-serial port named `name` (no udev here to make the
 /// `/dev/virtio-ports/NAME` link).
-fn find_port(name: &str) -> Result<PathBuf, String> {
+fn find_port(name: &str) -> Result<PathBuf, BootError> {
     let class = Path::new("/sys/class/virtio-ports");
     let deadline = Instant::now() + DEVICE_WAIT;
     loop {
@@ -371,10 +502,7 @@ fn find_port(name: &str) -> Result<PathBuf, String> {
             }
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "no virtio-serial port named {name:?} appeared within {}s",
-                DEVICE_WAIT.as_secs()
-            ));
+            return Err(BootError::NoPort(name.to_owned()));
         }
         std::thread::sleep(DEVICE_POLL);
     }
@@ -383,19 +511,19 @@ fn find_port(name: &str) -> Result<PathBuf, String> {
 /// Makes the disk the root: the API filesystems go (stage two mounts them again in the new
 /// root), then the new root moves onto `/`. The initramfs' `/init` stays: it is the agent
 /// the new root sees at `/.dynocap/agent` (the modules already went as they loaded).
-fn switch_root() -> Result<(), String> {
+fn switch_root() -> Result<(), BootError> {
     for target in ["/dev/pts", "/run", "/tmp", "/dev", "/sys", "/proc"] {
         let _ = umount2(target, MntFlags::MNT_DETACH);
     }
-    std::env::set_current_dir(NEW_ROOT).map_err(|err| format!("entering {NEW_ROOT}: {err}"))?;
+    std::env::set_current_dir(NEW_ROOT).map_err(BootError::EnterNewRoot)?;
     mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
-        .map_err(|err| format!("moving {NEW_ROOT} onto /: {err}"))?;
-    nix::unistd::chroot(".").map_err(|err| format!("chroot into the new root: {err}"))?;
-    std::env::set_current_dir("/").map_err(|err| format!("entering the new root: {err}"))
+        .map_err(BootError::MoveRoot)?;
+    nix::unistd::chroot(".").map_err(BootError::Chroot)?;
+    std::env::set_current_dir("/").map_err(BootError::EnterRoot)
 }
 
-fn exec_agent(port: &Path, agent_args: Vec<OsString>) -> Result<Infallible, String> {
-    let cstr = |bytes: &[u8]| CString::new(bytes).map_err(|_| "an argument holds a NUL byte");
+fn exec_agent(port: &Path, agent_args: Vec<OsString>) -> Result<Infallible, BootError> {
+    let cstr = |bytes: &[u8]| CString::new(bytes).map_err(|_| BootError::NulInArgument);
     let mut argv = vec![
         cstr(AGENT_PATH.as_bytes())?,
         cstr(b"--channel-path")?,
@@ -410,7 +538,7 @@ fn exec_agent(port: &Path, agent_args: Vec<OsString>) -> Result<Infallible, Stri
     ];
     let path = cstr(AGENT_PATH.as_bytes())?;
     let Err(err) = nix::unistd::execve(&path, &argv, &env);
-    Err(format!("executing {AGENT_PATH} in the new root: {err}"))
+    Err(BootError::ExecAgent(err))
 }
 
 #[cfg(test)]
@@ -441,16 +569,26 @@ mod tests {
             params.nat.map(|n| n.gateway),
             Some(std::net::Ipv4Addr::new(10, 0, 2, 2))
         );
-        assert!(parse_cmdline("dynocap.root=/dev/vda dynocap.port=p dynocap.net=bad").is_err());
+        assert!(matches!(
+            parse_cmdline("dynocap.root=/dev/vda dynocap.port=p dynocap.net=bad"),
+            Err(BootError::Net(NetError::BadNatSetting(_)))
+        ));
         // Anything after `--` is init's arguments, never settings.
-        assert!(parse_cmdline("dynocap.port=p -- dynocap.root=/dev/sda").is_err());
-        assert!(parse_cmdline("dynocap.root=/dev/vda").is_err());
+        let err = parse_cmdline("dynocap.port=p -- dynocap.root=/dev/sda").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the kernel command line has no dynocap.root="
+        );
+        assert!(matches!(
+            parse_cmdline("dynocap.root=/dev/vda"),
+            Err(BootError::MissingSetting("dynocap.port"))
+        ));
     }
 
     #[test]
     fn the_superblock_gives_the_filesystem_size() {
         let mut sb = [0_u8; 1024];
-        assert!(ext4_size(&sb).is_err(), "no magic");
+        assert_eq!(ext4_size(&sb), Err(SuperblockError::NoMagic));
         sb[0x38..0x3a].copy_from_slice(&0xEF53_u16.to_le_bytes());
         sb[0x4..0x8].copy_from_slice(&262_144_u32.to_le_bytes());
         sb[0x18..0x1c].copy_from_slice(&2_u32.to_le_bytes());
@@ -460,7 +598,7 @@ mod tests {
         sb[0x60..0x64].copy_from_slice(&0x80_u32.to_le_bytes());
         assert_eq!(ext4_size(&sb), Ok(((1 << 32) + 262_144, 4096)));
         sb[0x18..0x1c].copy_from_slice(&40_u32.to_le_bytes());
-        assert!(ext4_size(&sb).is_err(), "absurd block size");
+        assert_eq!(ext4_size(&sb), Err(SuperblockError::BlockSize(40)));
     }
 
     #[test]

@@ -8,12 +8,47 @@
 //! guest (see the engine's `vm_backend`).
 
 use std::fs;
+use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+
+/// Why the guest's network could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("dynocap.net={0:?} is not ADDR/PREFIX,GATEWAY,RESOLVER")]
+    BadNatSetting(String),
+    #[error("no network interface appeared within {0}s (is virtio_net in the initramfs?)")]
+    NoInterface(u64),
+    #[error("opening a socket to configure interfaces: {0}")]
+    Socket(#[source] Errno),
+    #[error("interface name {0:?} is too long")]
+    NameTooLong(String),
+    #[error("giving {nic} the address {addr}: {source}")]
+    Address {
+        nic: String,
+        addr: Ipv4Addr,
+        source: Errno,
+    },
+    #[error("setting {nic}'s netmask {mask}: {source}")]
+    Netmask {
+        nic: String,
+        mask: Ipv4Addr,
+        source: Errno,
+    },
+    #[error("bringing up {nic}: {source}")]
+    LinkUp { nic: String, source: Errno },
+    #[error("adding the default route via {gateway}: {source}")]
+    DefaultRoute { gateway: Ipv4Addr, source: Errno },
+    #[error("replacing {}: {source}", path.display())]
+    ReplaceResolvConf { path: PathBuf, source: io::Error },
+    #[error("writing {}: {source}", path.display())]
+    WriteResolvConf { path: PathBuf, source: io::Error },
+}
 
 /// A `nat` guest's settings, from `dynocap.net=`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,8 +60,8 @@ pub struct NatConfig {
 }
 
 /// Reads `ADDR/PREFIX,GATEWAY,RESOLVER`.
-pub fn parse_nat(value: &str) -> Result<NatConfig, String> {
-    let bad = || format!("dynocap.net={value:?} is not ADDR/PREFIX,GATEWAY,RESOLVER");
+pub fn parse_nat(value: &str) -> Result<NatConfig, NetError> {
+    let bad = || NetError::BadNatSetting(value.to_owned());
     let mut parts = value.split(',');
     let (Some(cidr), Some(gateway), Some(dns), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -48,14 +83,14 @@ pub fn parse_nat(value: &str) -> Result<NatConfig, String> {
 
 /// Sets `IFF_UP` on `lo` (a fresh kernel has it down; the jail backend does this from the
 /// host side for its network namespace).
-pub fn loopback_up() -> Result<(), String> {
+pub fn loopback_up() -> Result<(), NetError> {
     let sock = inet_socket()?;
     link_up(&sock, "lo")
 }
 
 /// Waits for the NIC (its driver probes asynchronously), gives it `config`'s address, brings
 /// it up, routes everything through the gateway, and writes `root`'s `/etc/resolv.conf`.
-pub fn configure_nat(config: &NatConfig, root: &Path, wait: Duration) -> Result<(), String> {
+pub fn configure_nat(config: &NatConfig, root: &Path, wait: Duration) -> Result<(), NetError> {
     let name = wait_for_nic(wait)?;
     let sock = inet_socket()?;
     let mask = Ipv4Addr::from(u32::MAX << (32 - u32::from(config.prefix)));
@@ -63,12 +98,18 @@ pub fn configure_nat(config: &NatConfig, root: &Path, wait: Duration) -> Result<
     req.ifr_ifru.ifru_addr = sockaddr(config.addr);
     // SAFETY: SIOCSIFADDR only reads `req`, a valid ifreq naming the NIC with an AF_INET
     // address.
-    unsafe { siocsifaddr(sock.as_raw_fd(), &req) }
-        .map_err(|err| format!("giving {name} the address {}: {err}", config.addr))?;
+    unsafe { siocsifaddr(sock.as_raw_fd(), &req) }.map_err(|source| NetError::Address {
+        nic: name.clone(),
+        addr: config.addr,
+        source,
+    })?;
     req.ifr_ifru.ifru_netmask = sockaddr(mask);
     // SAFETY: as above, with the netmask.
-    unsafe { siocsifnetmask(sock.as_raw_fd(), &req) }
-        .map_err(|err| format!("setting {name}'s netmask {mask}: {err}"))?;
+    unsafe { siocsifnetmask(sock.as_raw_fd(), &req) }.map_err(|source| NetError::Netmask {
+        nic: name.clone(),
+        mask,
+        source,
+    })?;
     link_up(&sock, &name)?;
     // SAFETY: rtentry is a plain C struct of integers, sockaddrs and a null-able pointer;
     // all-zero is a valid value (destination and mask 0.0.0.0: the default route).
@@ -79,13 +120,15 @@ pub fn configure_nat(config: &NatConfig, root: &Path, wait: Duration) -> Result<
     route.rt_flags = libc::RTF_UP | libc::RTF_GATEWAY;
     // SAFETY: SIOCADDRT only reads `route`, a valid rtentry (rt_dev null: the kernel picks the
     // interface that reaches the gateway).
-    unsafe { siocaddrt(sock.as_raw_fd(), &route) }
-        .map_err(|err| format!("adding the default route via {}: {err}", config.gateway))?;
+    unsafe { siocaddrt(sock.as_raw_fd(), &route) }.map_err(|source| NetError::DefaultRoute {
+        gateway: config.gateway,
+        source,
+    })?;
     write_resolv_conf(root, config.dns)
 }
 
 /// The first interface other than `lo` to appear.
-fn wait_for_nic(wait: Duration) -> Result<String, String> {
+fn wait_for_nic(wait: Duration) -> Result<String, NetError> {
     let deadline = Instant::now() + wait;
     loop {
         let found = fs::read_dir("/sys/class/net").ok().and_then(|entries| {
@@ -98,10 +141,7 @@ fn wait_for_nic(wait: Duration) -> Result<String, String> {
             return Ok(name);
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "no network interface appeared within {}s (is virtio_net in the initramfs?)",
-                wait.as_secs()
-            ));
+            return Err(NetError::NoInterface(wait.as_secs()));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -109,12 +149,12 @@ fn wait_for_nic(wait: Duration) -> Result<String, String> {
 
 /// Replaces the image's resolver configuration on the guest's own disk (a symlink, as
 /// systemd-resolved leaves it, is replaced too, never followed).
-fn write_resolv_conf(root: &Path, dns: Ipv4Addr) -> Result<(), String> {
+fn write_resolv_conf(root: &Path, dns: Ipv4Addr) -> Result<(), NetError> {
     let path = root.join("etc/resolv.conf");
     match fs::remove_file(&path) {
         Ok(()) => {}
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-        Err(err) => return Err(format!("replacing {}: {err}", path.display())),
+        Err(source) => return Err(NetError::ReplaceResolvConf { path, source }),
     }
     fs::write(
         &path,
@@ -122,23 +162,23 @@ fn write_resolv_conf(root: &Path, dns: Ipv4Addr) -> Result<(), String> {
             "# DynoCap: network \"nat\" (DNS through the host's forwarder)\nnameserver {dns}\n"
         ),
     )
-    .map_err(|err| format!("writing {}: {err}", path.display()))
+    .map_err(|source| NetError::WriteResolvConf { path, source })
 }
 
-fn inet_socket() -> Result<OwnedFd, String> {
+fn inet_socket() -> Result<OwnedFd, NetError> {
     socket(
         AddressFamily::Inet,
         SockType::Datagram,
         SockFlag::SOCK_CLOEXEC,
         None,
     )
-    .map_err(|err| format!("opening a socket to configure interfaces: {err}"))
+    .map_err(NetError::Socket)
 }
 
 /// An ifreq naming `name`, the rest zero.
-fn ifreq(name: &str) -> Result<libc::ifreq, String> {
+fn ifreq(name: &str) -> Result<libc::ifreq, NetError> {
     if name.len() >= libc::IFNAMSIZ {
-        return Err(format!("interface name {name:?} is too long"));
+        return Err(NetError::NameTooLong(name.to_owned()));
     }
     // SAFETY: ifreq is a plain C struct (name array plus a union of integers and pointers);
     // all-zero is a valid value.
@@ -150,14 +190,17 @@ fn ifreq(name: &str) -> Result<libc::ifreq, String> {
 }
 
 /// Sets `IFF_UP | IFF_RUNNING` on `name`, keeping its other flags.
-fn link_up(sock: &OwnedFd, name: &str) -> Result<(), String> {
-    let fail = |err: nix::errno::Errno| format!("bringing up {name}: {err}");
+fn link_up(sock: &OwnedFd, name: &str) -> Result<(), NetError> {
+    let fail = |source: Errno| NetError::LinkUp {
+        nic: name.to_owned(),
+        source,
+    };
     let mut req = ifreq(name)?;
     // SAFETY: SIOCGIFFLAGS reads the name from and writes the flags into `req`, which is a
     // valid, exclusively borrowed ifreq.
     unsafe { siocgifflags(sock.as_raw_fd(), &mut req) }.map_err(fail)?;
     let up = libc::c_short::try_from(libc::IFF_UP | libc::IFF_RUNNING)
-        .map_err(|_| fail(nix::errno::Errno::EINVAL))?;
+        .map_err(|_| fail(Errno::EINVAL))?;
     // SAFETY: SIOCGIFFLAGS just initialised the flags member of the union.
     unsafe { req.ifr_ifru.ifru_flags |= up };
     // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
@@ -193,13 +236,13 @@ mod tests {
     #[test]
     fn the_nat_setting_is_read_strictly() {
         assert_eq!(
-            parse_nat("10.0.2.15/24,10.0.2.2,169.254.1.1"),
-            Ok(NatConfig {
+            parse_nat("10.0.2.15/24,10.0.2.2,169.254.1.1").unwrap(),
+            NatConfig {
                 addr: Ipv4Addr::new(10, 0, 2, 15),
                 prefix: 24,
                 gateway: Ipv4Addr::new(10, 0, 2, 2),
                 dns: Ipv4Addr::new(169, 254, 1, 1),
-            })
+            }
         );
         for bad in [
             "",
@@ -209,7 +252,10 @@ mod tests {
             "10.0.2.15/24,10.0.2.2,169.254.1.1,x",
             "10.0.2.15/24,gw,169.254.1.1",
         ] {
-            assert!(parse_nat(bad).is_err(), "{bad:?}");
+            assert!(
+                matches!(parse_nat(bad), Err(NetError::BadNatSetting(ref v)) if v == bad),
+                "{bad:?}"
+            );
         }
     }
 

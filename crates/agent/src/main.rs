@@ -92,7 +92,58 @@ enum Command {
     Version,
 }
 
-fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, String> {
+/// Why the command line is not one the agent runs with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum ArgsError {
+    #[error("argument {0:?} is not UTF-8")]
+    NotUtf8(OsString),
+    #[error("{0} needs a value")]
+    MissingValue(String),
+    #[error("value {value:?} of {flag} is not UTF-8")]
+    ValueNotUtf8 { flag: String, value: OsString },
+    #[error("give exactly one of --channel-fd and --channel-path")]
+    TwoChannels,
+    #[error("one of --channel-fd or --channel-path is required")]
+    NoChannel,
+    #[error("{0} given twice")]
+    Repeated(&'static str),
+    #[error("--channel-path is empty")]
+    EmptyChannelPath,
+    #[error("--home {0:?} must be an absolute path")]
+    RelativeHome(String),
+    #[error("unknown argument {0:?}")]
+    Unknown(String),
+    #[error("{flag} {raw:?} is not a file descriptor number")]
+    NotAnFd { flag: &'static str, raw: String },
+    #[error("{flag} {fd}: must be 3 or higher (0-2 are stdio)")]
+    StdioFd { flag: &'static str, fd: RawFd },
+    #[error("--exec-user {0:?} must be UID:GID (two numbers)")]
+    ExecUser(String),
+    #[error("--cgroup-fd and --channel-fd name the same descriptor")]
+    SameFd,
+    #[error("--sudo-broker needs --exec-user (whom it serves)")]
+    SudoBrokerWithoutUser,
+}
+
+/// Why a descriptor or path the command line named cannot serve the agent.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("{flag} {fd} is not an open descriptor: {source}")]
+    NotOpen {
+        flag: &'static str,
+        fd: RawFd,
+        source: nix::errno::Errno,
+    },
+    #[error("cannot open --channel-path {}: {source}", path.display())]
+    ChannelPath {
+        path: PathBuf,
+        source: nix::errno::Errno,
+    },
+    #[error("--cgroup-fd {fd}: {source}")]
+    Cgroups { fd: RawFd, source: std::io::Error },
+}
+
+fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, ArgsError> {
     let mut channel = None;
     let mut cgroup_fd = None;
     let mut exec_user = None;
@@ -100,9 +151,7 @@ fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, Stri
     let mut sudo_broker = false;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
-        let arg = arg
-            .into_string()
-            .map_err(|a| format!("argument {a:?} is not UTF-8"))?;
+        let arg = arg.into_string().map_err(ArgsError::NotUtf8)?;
         // Both `--flag value` and `--flag=value` are accepted, as most tools do.
         let (flag, inline) = match arg.split_once('=') {
             Some((flag, value)) if flag.starts_with("--") => {
@@ -110,21 +159,24 @@ fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, Stri
             }
             _ => (arg, None),
         };
-        let mut value = |name: &str| -> Result<String, String> {
+        let mut value = |name: &str| -> Result<String, ArgsError> {
             match inline.clone() {
                 Some(v) => Ok(v),
                 None => args
                     .next()
-                    .ok_or_else(|| format!("{name} needs a value"))?
+                    .ok_or_else(|| ArgsError::MissingValue(name.to_owned()))?
                     .into_string()
-                    .map_err(|a| format!("value {a:?} of {name} is not UTF-8")),
+                    .map_err(|value| ArgsError::ValueNotUtf8 {
+                        flag: name.to_owned(),
+                        value,
+                    }),
             }
         };
         match flag.as_str() {
             "-h" | "--help" => return Ok(Command::Help),
             "-V" | "--version" => return Ok(Command::Version),
             "--channel-fd" | "--channel-path" if channel.is_some() => {
-                return Err("give exactly one of --channel-fd and --channel-path".into());
+                return Err(ArgsError::TwoChannels);
             }
             "--channel-fd" => {
                 // 0-2 are the agent's stdio; stderr carries its log, which would corrupt frames.
@@ -135,45 +187,45 @@ fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, Stri
             }
             "--cgroup-fd" => {
                 if cgroup_fd.is_some() {
-                    return Err("--cgroup-fd given twice".into());
+                    return Err(ArgsError::Repeated("--cgroup-fd"));
                 }
                 cgroup_fd = Some(parse_fd("--cgroup-fd", &value("--cgroup-fd")?)?);
             }
             "--channel-path" => {
                 let path = value("--channel-path")?;
                 if path.is_empty() {
-                    return Err("--channel-path is empty".into());
+                    return Err(ArgsError::EmptyChannelPath);
                 }
                 channel = Some(ChannelArg::Path(path.into()));
             }
             "--exec-user" => {
                 if exec_user.is_some() {
-                    return Err("--exec-user given twice".into());
+                    return Err(ArgsError::Repeated("--exec-user"));
                 }
                 exec_user = Some(parse_exec_user(&value("--exec-user")?)?);
             }
             "--home" => {
                 if home.is_some() {
-                    return Err("--home given twice".into());
+                    return Err(ArgsError::Repeated("--home"));
                 }
                 let dir = value("--home")?;
                 if !dir.starts_with('/') {
-                    return Err(format!("--home {dir:?} must be an absolute path"));
+                    return Err(ArgsError::RelativeHome(dir));
                 }
                 home = Some(PathBuf::from(dir));
             }
             "--sudo-broker" => sudo_broker = true,
-            other => return Err(format!("unknown argument {other:?}")),
+            other => return Err(ArgsError::Unknown(other.to_owned())),
         }
     }
-    let channel = channel.ok_or("one of --channel-fd or --channel-path is required")?;
+    let channel = channel.ok_or(ArgsError::NoChannel)?;
     if let (Some(cgroup), ChannelArg::Fd(fd)) = (cgroup_fd, &channel) {
         if cgroup == *fd {
-            return Err("--cgroup-fd and --channel-fd name the same descriptor".into());
+            return Err(ArgsError::SameFd);
         }
     }
     if sudo_broker && exec_user.is_none() {
-        return Err("--sudo-broker needs --exec-user (whom it serves)".into());
+        return Err(ArgsError::SudoBrokerWithoutUser);
     }
     Ok(Command::Run {
         channel,
@@ -188,18 +240,19 @@ fn parse_args<I: IntoIterator<Item = OsString>>(args: I) -> Result<Command, Stri
 }
 
 /// An inherited descriptor number: 3 or higher, since 0-2 are stdio.
-fn parse_fd(flag: &str, raw: &str) -> Result<RawFd, String> {
-    let fd: RawFd = raw
-        .parse()
-        .map_err(|_| format!("{flag} {raw:?} is not a file descriptor number"))?;
+fn parse_fd(flag: &'static str, raw: &str) -> Result<RawFd, ArgsError> {
+    let fd: RawFd = raw.parse().map_err(|_| ArgsError::NotAnFd {
+        flag,
+        raw: raw.to_owned(),
+    })?;
     if fd < 3 {
-        return Err(format!("{flag} {fd}: must be 3 or higher (0-2 are stdio)"));
+        return Err(ArgsError::StdioFd { flag, fd });
     }
     Ok(fd)
 }
 
-fn parse_exec_user(text: &str) -> Result<spawn::ExecUser, String> {
-    let bad = || format!("--exec-user {text:?} must be UID:GID (two numbers)");
+fn parse_exec_user(text: &str) -> Result<spawn::ExecUser, ArgsError> {
+    let bad = || ArgsError::ExecUser(text.to_owned());
     let (uid, gid) = text.split_once(':').ok_or_else(bad)?;
     Ok(spawn::ExecUser {
         uid: uid.parse().map_err(|_| bad())?,
@@ -209,21 +262,21 @@ fn parse_exec_user(text: &str) -> Result<spawn::ExecUser, String> {
 
 /// Takes ownership of an inherited descriptor (named by `flag`) after checking it is open,
 /// and marks it close-on-exec: commands must never inherit it.
-fn adopt_fd(flag: &str, fd: RawFd) -> Result<OwnedFd, String> {
+fn adopt_fd(flag: &'static str, fd: RawFd) -> Result<OwnedFd, StartError> {
     nix::fcntl::fcntl(
         // SAFETY: the borrow only lives for this fcntl call; F_SETFD on a closed number fails
         // with EBADF instead of touching anything.
         unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )
-    .map_err(|err| format!("{flag} {fd} is not an open descriptor: {err}"))?;
+    .map_err(|source| StartError::NotOpen { flag, fd, source })?;
     // SAFETY: the descriptor is open (checked above), it is >= 3 so std's stdio does not own it,
     // and nothing else in this process has claimed it: the command line is parsed once and
     // the two descriptor flags are checked to differ.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn open_channel(arg: &ChannelArg) -> Result<OwnedFd, String> {
+fn open_channel(arg: &ChannelArg) -> Result<OwnedFd, StartError> {
     match arg {
         ChannelArg::Fd(fd) => adopt_fd("--channel-fd", *fd),
         ChannelArg::Path(path) => {
@@ -233,7 +286,10 @@ fn open_channel(arg: &ChannelArg) -> Result<OwnedFd, String> {
                 OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
                 nix::sys::stat::Mode::empty(),
             )
-            .map_err(|err| format!("cannot open --channel-path {}: {err}", path.display()))
+            .map_err(|source| StartError::ChannelPath {
+                path: path.clone(),
+                source,
+            })
         }
     }
 }
@@ -312,7 +368,10 @@ fn main() -> ExitCode {
         // Without it no timeout could reach what a command moved out of its process group:
         // better no guest than one that breaks that promise.
         let cgroups = adopt_fd("--cgroup-fd", cgroup_fd).and_then(|fd| {
-            cgroup::ExecCgroups::new(fd).map_err(|err| format!("--cgroup-fd {cgroup_fd}: {err}"))
+            cgroup::ExecCgroups::new(fd).map_err(|source| StartError::Cgroups {
+                fd: cgroup_fd,
+                source,
+            })
         });
         match cgroups {
             Ok(cgroups) => config.exec_cgroups = Some(cgroups),
@@ -392,7 +451,7 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Command, String> {
+    fn parse(args: &[&str]) -> Result<Command, ArgsError> {
         parse_args(args.iter().map(OsString::from))
     }
 
@@ -457,6 +516,24 @@ mod tests {
         ] {
             assert!(parse(args).is_err(), "{args:?} should be refused");
         }
+    }
+
+    #[test]
+    fn refusals_say_what_is_wrong() {
+        let message = |args: &[&str]| parse(args).unwrap_err().to_string();
+        assert_eq!(
+            message(&["--channel-fd", "2"]),
+            "--channel-fd 2: must be 3 or higher (0-2 are stdio)"
+        );
+        assert_eq!(
+            message(&["--channel-fd", "3", "--exec-user", "a:b"]),
+            "--exec-user \"a:b\" must be UID:GID (two numbers)"
+        );
+        assert_eq!(
+            message(&["--channel-fd", "3", "--cgroup-fd", "4", "--cgroup-fd", "5"]),
+            "--cgroup-fd given twice"
+        );
+        assert_eq!(message(&["--channel-fd"]), "--channel-fd needs a value");
     }
 
     #[test]

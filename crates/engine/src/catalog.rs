@@ -54,8 +54,7 @@ pub struct Record {
     /// What the sandbox may reach through the egress proxy, fixed when it was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::model::egress_spec::EgressSpec>,
-    /// The image the sandbox boots, fixed when it was created (`host` in older records).
-    #[serde(default = "crate::model::image_ref::ImageRef::host")]
+    /// The image the sandbox boots, fixed when it was created.
     pub image: crate::model::image_ref::ImageRef,
 }
 
@@ -114,7 +113,7 @@ fn timestamp(time: chrono::DateTime<chrono::Utc>) -> String {
 }
 
 pub(crate) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS sandboxes (
+CREATE TABLE sandboxes (
     id               TEXT PRIMARY KEY,
     kind             TEXT NOT NULL CHECK (kind IN ('raw', 'task')),
     name             TEXT,
@@ -132,45 +131,15 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     detail           TEXT,
     disk_mb          INTEGER,
     egress           TEXT,
-    image            TEXT
+    image            TEXT NOT NULL
 );
 -- A name is bound to at most one record until it is released (raw: destroy; task: rm).
-CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_name ON sandboxes (name) WHERE name IS NOT NULL;
+CREATE UNIQUE INDEX sandboxes_name ON sandboxes (name) WHERE name IS NOT NULL;
 ";
 
-/// Schema revision, kept in SQLite's `user_version`. Revision 1 lacked `detail`; revision 2
-/// had no record files (upgrading to 3 writes them); revision 3 lacked `disk_mb`; revision 4
-/// lacked `egress`; revision 5 lacked `image` (its records use the `host` image).
+/// The schema's version, kept in SQLite's `user_version`. The only one this build reads: the
+/// earlier ones were pre-release, and a catalog of one is refused (`catalog_file::configure`).
 pub(crate) const SCHEMA_VERSION: i64 = 6;
-
-/// Adds the columns an older schema lacks.
-pub(crate) fn migrate_columns(conn: &Connection) -> rusqlite::Result<()> {
-    let has_detail = conn
-        .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'detail'")?
-        .exists([])?;
-    if !has_detail {
-        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN detail TEXT")?;
-    }
-    let has_disk = conn
-        .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'disk_mb'")?
-        .exists([])?;
-    if !has_disk {
-        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN disk_mb INTEGER")?;
-    }
-    let has_egress = conn
-        .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'egress'")?
-        .exists([])?;
-    if !has_egress {
-        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN egress TEXT")?;
-    }
-    let has_image = conn
-        .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'image'")?
-        .exists([])?;
-    if !has_image {
-        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN image TEXT")?;
-    }
-    Ok(())
-}
 
 const COLUMNS: &str = "id, kind, name, state, backend, network, cpus, memory_mb, ttl_seconds, \
                        created_at, expires_at, supervisor_pid, supervisor_start, note, detail, disk_mb, \
@@ -203,7 +172,7 @@ pub struct Catalog {
 
 impl Catalog {
     /// Opens the catalog of `home`, creating it (from the record files, if there are any)
-    /// or upgrading it first when needed.
+    /// first when needed.
     pub fn open(home: &Home) -> Result<Self> {
         let path = home.catalog_path();
         let connected = catalog_file::open(home).map_err(|failure| failure.into_error(&path))?;
@@ -722,12 +691,7 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
             .map(|text| serde_json::from_str(&text))
             .transpose()
             .map_err(|_| bad(16, "egress"))?,
-        image: row
-            .get::<_, Option<String>>(17)?
-            .map(|text| serde_json::from_str(&text))
-            .transpose()
-            .map_err(|_| bad(17, "image"))?
-            .unwrap_or_else(crate::model::image_ref::ImageRef::host),
+        image: serde_json::from_str(&text(17)?).map_err(|_| bad(17, "image"))?,
     })
 }
 
@@ -778,10 +742,6 @@ mod tests {
             Kind::Raw
         };
         records::load(&home.record_path(kind, id)).ok()
-    }
-
-    fn ids(records: &[Record]) -> Vec<&str> {
-        records.iter().map(|r| r.id.as_str()).collect()
     }
 
     /// The frames the catalog's WAL holds now: `mxFrame` of the WAL index's header at the
@@ -965,32 +925,91 @@ mod tests {
         );
     }
 
-    #[test]
-    fn an_old_catalog_is_upgraded_and_a_newer_one_refused() {
-        let (_dir, home) = home();
-        let path = home.catalog_path();
-        {
-            let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(
-                "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, kind TEXT NOT NULL, name TEXT, state TEXT NOT NULL,
-                 backend TEXT NOT NULL, network TEXT NOT NULL, cpus INTEGER NOT NULL, memory_mb INTEGER NOT NULL,
-                 ttl_seconds INTEGER NOT NULL, created_at TEXT NOT NULL, expires_at TEXT NOT NULL,
-                 supervisor_pid INTEGER, supervisor_start INTEGER, note TEXT);
-                 INSERT INTO sandboxes VALUES ('task-old', 'task', 'old', 'finished', 'jail', 'none', 2, 1024,
-                 1800, '2025-01-01T00:00:00Z', '2025-01-01T00:30:00Z', NULL, NULL, NULL);",
-            )
-            .unwrap();
+    /// A catalog of an earlier pre-release schema, with one finished task in it: the builds
+    /// before schema versions (`user_version` 0, no `detail`) and the last one before this
+    /// (5, no `image`, in WAL mode as it kept it).
+    fn pre_release_catalog(home: &Home, version: i64) {
+        let conn = Connection::open(home.catalog_path()).unwrap();
+        let (extra_columns, extra_values) = match version {
+            0 => ("", ""),
+            _ => (
+                ", detail TEXT, disk_mb INTEGER, egress TEXT",
+                ", NULL, 10240, NULL",
+            ),
+        };
+        conn.execute_batch(&format!(
+            "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, kind TEXT NOT NULL, name TEXT, state TEXT NOT NULL,
+             backend TEXT NOT NULL, network TEXT NOT NULL, cpus INTEGER NOT NULL, memory_mb INTEGER NOT NULL,
+             ttl_seconds INTEGER NOT NULL, created_at TEXT NOT NULL, expires_at TEXT NOT NULL,
+             supervisor_pid INTEGER, supervisor_start INTEGER, note TEXT{extra_columns});
+             INSERT INTO sandboxes VALUES ('task-old', 'task', 'old', 'finished', 'jail', 'none', 2, 1024,
+             1800, '2025-01-01T00:00:00Z', '2025-01-01T00:30:00Z', NULL, NULL, NULL{extra_values});"
+        ))
+        .unwrap();
+        if version > 0 {
+            conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+            conn.pragma_update(None, "user_version", version).unwrap();
         }
-        let catalog = Catalog::open(&home).unwrap();
-        catalog.insert(&record("sbx-1", "a")).unwrap();
-        assert_eq!(ids(&catalog.list().unwrap()), ["task-old", "sbx-1"]);
-        assert_eq!(
-            file_of(&home, "task-old").unwrap().state,
-            State::Finished,
-            "the upgrade wrote the record files a rebuild needs"
-        );
-        drop(catalog);
-        Connection::open(&path)
+        // Closing the last connection folds the WAL into the main file and removes it.
+    }
+
+    #[test]
+    fn a_pre_release_catalog_is_refused_and_left_unchanged() {
+        for (version, found) in [(0, "an unversioned schema"), (5, "schema 5")] {
+            let (_dir, home) = home();
+            pre_release_catalog(&home, version);
+            let path = home.catalog_path();
+            let before = std::fs::read(&path).unwrap();
+            let refusals = [
+                Catalog::open(&home).err().expect("refused by an open"),
+                catalog_lock::Exclusive::acquire(&home)
+                    .and_then(|lock| {
+                        catalog_file::connect(&home, &lock).map_err(|f| f.into_error(&path))
+                    })
+                    .err()
+                    .expect("refused by a repair's open"),
+            ];
+            for err in refusals {
+                assert_eq!(err.code, crate::ErrorCode::Internal);
+                let expected = format!(
+                    "the catalog {} was written by a pre-release DynoCap ({found}; this one reads \
+                     only schema {SCHEMA_VERSION})",
+                    path.display()
+                );
+                assert!(err.message.starts_with(&expected), "{err}");
+                assert!(
+                    err.message.contains(&format!(
+                        "move {} (DYNOCAP_HOME) aside",
+                        home.root().display()
+                    )),
+                    "{err}"
+                );
+                assert!(
+                    !err.message.contains("--repair"),
+                    "a repair is no fix: {err}"
+                );
+            }
+            assert_eq!(std::fs::read(&path).unwrap(), before, "version {version}");
+            for suffix in ["-wal", "-journal"] {
+                let sidecar = catalog_file::suffixed(&path, suffix);
+                let len = std::fs::metadata(&sidecar).map_or(0, |meta| meta.len());
+                assert_eq!(len, 0, "{} was written", sidecar.display());
+            }
+            assert!(
+                file_of(&home, "task-old").is_none(),
+                "no record file written"
+            );
+        }
+    }
+
+    #[test]
+    fn a_catalog_of_a_newer_dynocap_is_refused() {
+        let (_dir, home) = home();
+        Catalog::open(&home)
+            .unwrap()
+            .insert(&record("sbx-1", "a"))
+            .unwrap();
+        Connection::open(home.catalog_path())
             .unwrap()
             .pragma_update(None, "user_version", 99)
             .unwrap();

@@ -1,10 +1,11 @@
 //! The catalog's files on disk (`catalog.db` and SQLite's `-wal` and `-shm` beside it): opening
-//! them, initialising a new or older catalog once under the catalog lock, and turning what goes
-//! wrong into an error that names the file and the remedy.
+//! them, creating a new catalog once under the catalog lock, and turning what goes wrong into
+//! an error that names the file and the remedy.
 //!
 //! A new (or empty) catalog is filled from the record files (`records.rs`), so losing the
-//! catalog loses nothing that a record file still describes; a catalog written before record
-//! files existed gets one per record when it is upgraded.
+//! catalog loses nothing that a record file still describes. There is one schema,
+//! [`catalog::SCHEMA_VERSION`]: a catalog of an earlier pre-release DynoCap is refused as it
+//! is, never changed, since no release ever wrote one.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -168,11 +169,11 @@ pub(crate) struct Import {
     pub released_names: Vec<(String, String, String)>,
 }
 
-/// Opens the catalog, creating or upgrading it first if needed. Almost every open finds it
-/// made and current, and only has to keep a repair from moving it aside meanwhile: the catalog
-/// lock shared does that, and lets processes open at once (a CLI `run` and the supervisor it
-/// starts do). Only a catalog to create or upgrade takes the lock exclusively, so that
-/// processes opening a fresh home at once initialise it once, in turn.
+/// Opens the catalog, creating it first if needed. Almost every open finds it made, and only
+/// has to keep a repair from moving it aside meanwhile: the catalog lock shared does that, and
+/// lets processes open at once (a CLI `run` and the supervisor it starts do). Only a catalog
+/// to create takes the lock exclusively, so that processes opening a fresh home at once
+/// create it once, in turn.
 pub(crate) fn open(home: &Home) -> Result<Connected, Failure> {
     {
         let shared = catalog_lock::Shared::acquire(home)?;
@@ -185,8 +186,8 @@ pub(crate) fn open(home: &Home) -> Result<Connected, Failure> {
 }
 
 /// The catalog, if it exists, is in WAL mode and has this build's schema: `None` when it needs
-/// creating or upgrading, which only a holder of the exclusive lock may do. Neither can happen
-/// while the shared lock is held, so what this sees stays true.
+/// creating, which only a holder of the exclusive lock may do. That cannot happen while the
+/// shared lock is held, so what this sees stays true.
 fn connect_current(
     home: &Home,
     _lock: &catalog_lock::Shared,
@@ -207,8 +208,7 @@ fn connect_current(
         }
         Err(err) => return Err(classify(err)),
     };
-    let version = configure(&conn, &path)?;
-    if version < catalog::SCHEMA_VERSION || !in_wal_mode(&conn)? {
+    if configure(&conn, &path)? == Schema::Missing || !in_wal_mode(&conn)? {
         return Ok(None);
     }
     finish_connect(conn, &path).map(Some)
@@ -223,21 +223,32 @@ pub(crate) fn connect(
     let path = home.catalog_path();
     preflight(&path)?;
     let mut conn = Connection::open(&path).map_err(classify)?;
-    let version = configure(&conn, &path)?;
+    // Before anything that writes (the switch to WAL): a refused catalog stays as it was.
+    let schema = configure(&conn, &path)?;
     ensure_wal(&conn, &path)?;
-    let imported = if version < catalog::SCHEMA_VERSION {
-        let imported = initialise(&mut conn, home)?;
-        checkpoint(&conn);
-        imported
-    } else {
-        None
+    let imported = match schema {
+        Schema::Missing => {
+            let imported = create(&mut conn, home)?;
+            checkpoint(&conn);
+            Some(imported)
+        }
+        Schema::Current => None,
     };
     Ok((finish_connect(conn, &path)?, imported))
 }
 
+/// What an opened catalog file holds, once [`configure`] has refused any other schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Schema {
+    /// No schema yet: a new or empty file, to create and fill from the record files.
+    Missing,
+    /// [`catalog::SCHEMA_VERSION`].
+    Current,
+}
+
 /// Sets up a new connection (no checkpoint on close, the busy timeout) and reads the schema
-/// version, refusing one newer than this build knows.
-fn configure(conn: &Connection, path: &Path) -> Result<i64, Failure> {
+/// version, refusing any but this build's. It only reads: a refused catalog is left as it is.
+fn configure(conn: &Connection, path: &Path) -> Result<Schema, Failure> {
     // Closing never checkpoints, so it never deletes the `-wal` and `-shm` either: SQLite
     // does both by file name, which would destroy the evidence of a damaged catalog (a
     // failed open closes too). Writers checkpoint instead (`Catalog::write_raw`).
@@ -256,7 +267,37 @@ fn configure(conn: &Connection, path: &Path) -> Result<i64, Failure> {
             catalog::SCHEMA_VERSION
         ))));
     }
-    Ok(version)
+    if version == catalog::SCHEMA_VERSION {
+        return Ok(Schema::Current);
+    }
+    // The builds before schema versions left `user_version` at 0 beside their table.
+    let has_table = version == 0
+        && conn
+            .prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sandboxes'")
+            .and_then(|mut stmt| stmt.exists([]))
+            .map_err(classify)?;
+    if version == 0 && !has_table {
+        return Ok(Schema::Missing);
+    }
+    Err(Failure::Other(pre_release(path, version)))
+}
+
+/// The refusal of a catalog written by an earlier pre-release DynoCap (schema `found`, 0 for
+/// the builds before schema versions): this one has no upgrade from it.
+fn pre_release(path: &Path, found: i64) -> Error {
+    let found = match found {
+        0 => "an unversioned schema".to_owned(),
+        found => format!("schema {found}"),
+    };
+    let home = path.parent().unwrap_or(path).display();
+    Error::internal(format!(
+        "the catalog {} was written by a pre-release DynoCap ({found}; this one reads only \
+         schema {}), and this DynoCap cannot read or upgrade it; it was left unchanged. Finish \
+         or remove its sandboxes and tasks with that version, then move {home} (DYNOCAP_HOME) \
+         aside or point DYNOCAP_HOME at a new directory",
+        path.display(),
+        catalog::SCHEMA_VERSION
+    ))
 }
 
 /// SQLite's busy handler: pauses before the next try of a locked catalog, or gives up (false)
@@ -385,26 +426,13 @@ fn ensure_wal(conn: &Connection, path: &Path) -> Result<(), Failure> {
     }
 }
 
-/// Creates the schema or upgrades an older one, in one transaction. A new catalog is filled
-/// from the record files; an older one gets a record file per record.
-fn initialise(conn: &mut Connection, home: &Home) -> Result<Option<Import>, Failure> {
+/// Creates the schema and fills it from the record files, in one transaction.
+fn create(conn: &mut Connection, home: &Home) -> Result<Import, Failure> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(classify)?;
-    let existed = tx
-        .prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sandboxes'")
-        .and_then(|mut stmt| stmt.exists([]))
-        .map_err(classify)?;
     tx.execute_batch(catalog::SCHEMA).map_err(classify)?;
-    catalog::migrate_columns(&tx).map_err(classify)?;
-    let imported = if existed {
-        for record in catalog::list_rows(&tx).map_err(classify)? {
-            records::save(home, &record)?;
-        }
-        None
-    } else {
-        Some(import(&tx, home)?)
-    };
+    let imported = import(&tx, home)?;
     tx.pragma_update(None, "user_version", catalog::SCHEMA_VERSION)
         .map_err(classify)?;
     tx.commit().map_err(classify)?;

@@ -1,12 +1,12 @@
 //! The catalog lock: an `flock` on `catalog.lock` in `DYNOCAP_HOME`, so that processes sharing
-//! a home agree on who may create, initialise or replace the catalog.
+//! a home agree on who may create or replace the catalog.
 //!
 //! SQLite's own locks cannot do this job: switching a new database to WAL needs an exclusive
 //! lock that its busy handler does not wait for, so processes opening a fresh home at once
-//! failed with "database is locked". Opening takes the lock exclusively (briefly, once per
-//! open); every write takes it shared, so a repair (exclusive for its whole run) never races
-//! a write into the file it is moving aside. Waits are bounded: a stuck holder turns into an
-//! error that says what to look for, never a hang.
+//! failed with "database is locked". Creating the catalog takes the lock exclusively (once per
+//! new catalog); every other open and every write takes it shared, so a repair (exclusive for
+//! its whole run) never races a write into the file it is moving aside. Waits are bounded: a
+//! stuck holder turns into an error that says what to look for, never a hang.
 
 use std::fs::File;
 use std::path::Path;
@@ -22,10 +22,10 @@ use crate::home::Home;
 /// timeout, since both guard the same short critical sections.
 pub(crate) const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Held while creating, initialising or repairing the catalog; excludes every other holder.
+/// Held while creating or repairing the catalog; excludes every other holder.
 pub(crate) struct Exclusive(#[allow(dead_code)] Flock<File>);
 
-/// Held while writing to the catalog; excludes only [`Exclusive`].
+/// Held while opening or writing to the catalog; excludes only [`Exclusive`].
 pub(crate) struct Shared(#[allow(dead_code)] Flock<File>);
 
 impl Exclusive {
@@ -56,9 +56,9 @@ fn acquire(home: &Home, mode: FlockArg) -> Result<Flock<File>> {
             }
             Err((_, Errno::EWOULDBLOCK)) => {
                 return Err(Error::internal(format!(
-                    "another dynocap process has held the catalog lock {} for over {}s (it creates, \
-                     upgrades or repairs the catalog); retry, and if this persists look for a stuck \
-                     dynocap process with `fuser -v {}`",
+                    "another dynocap process has held the catalog lock {} for over {}s (it \
+                     creates or repairs the catalog); retry, and if this persists look for a \
+                     stuck dynocap process with `fuser -v {}`",
                     path.display(),
                     LOCK_TIMEOUT.as_secs(),
                     path.display()

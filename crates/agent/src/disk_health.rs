@@ -6,9 +6,23 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+/// A disk whose filesystem recorded errors: what a sync or health request then fails with.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the sandbox's disk failed: its filesystem recorded {errors} error(s){}; what it \
+     acknowledged before the first stays on it, and what was written since may not have \
+     reached it",
+    first_function.as_ref().map(|func| format!(" (the first in {func})")).unwrap_or_default()
+)]
+pub struct DiskFailure {
+    pub errors: u64,
+    /// The kernel function that met the first error, when the kernel names it.
+    pub first_function: Option<String>,
+}
+
 /// What went wrong with the filesystem holding `/`, if it recorded errors; `None` for a
 /// healthy one, or one that keeps no count (not ext4).
-pub fn root_failure() -> Option<String> {
+pub fn root_failure() -> Option<DiskFailure> {
     let dev = std::fs::metadata("/").ok()?.dev();
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     let device = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
@@ -17,7 +31,7 @@ pub fn root_failure() -> Option<String> {
 }
 
 /// The failure the ext4 sysfs directory `ext4` records, if any.
-fn failure_in(ext4: &Path) -> Option<String> {
+fn failure_in(ext4: &Path) -> Option<DiskFailure> {
     let read = |file: &str| {
         std::fs::read_to_string(ext4.join(file))
             .ok()
@@ -27,15 +41,10 @@ fn failure_in(ext4: &Path) -> Option<String> {
     if errors == 0 {
         return None;
     }
-    let first = read("first_error_func")
-        .filter(|f| !f.is_empty())
-        .map(|func| format!(" (the first in {func})"))
-        .unwrap_or_default();
-    Some(format!(
-        "the sandbox's disk failed: its filesystem recorded {errors} error(s){first}; what it \
-         acknowledged before the first stays on it, and what was written since may not have \
-         reached it"
-    ))
+    Some(DiskFailure {
+        errors,
+        first_function: read("first_error_func").filter(|f| !f.is_empty()),
+    })
 }
 
 #[cfg(test)]
@@ -55,6 +64,16 @@ mod tests {
         )
         .expect("write");
         let failure = failure_in(dir.path()).expect("a failure");
-        assert!(failure.contains("recorded 2 error(s) (the first in ext4_journal_check_start)"));
+        assert_eq!(
+            failure.to_string(),
+            "the sandbox's disk failed: its filesystem recorded 2 error(s) (the first in \
+             ext4_journal_check_start); what it acknowledged before the first stays on it, and \
+             what was written since may not have reached it"
+        );
+        std::fs::remove_file(dir.path().join("first_error_func")).expect("rm");
+        assert!(failure_in(dir.path())
+            .expect("a failure")
+            .to_string()
+            .contains("recorded 2 error(s); what"));
     }
 }

@@ -22,9 +22,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use nix::dir::Type;
@@ -37,6 +38,34 @@ use crate::fsutil;
 
 /// Deepest directory watched; deeper trees make the journal give up rather than miss them.
 const MAX_DEPTH: usize = fsutil::MAX_REMOVE_DEPTH;
+
+/// Why the workspace cannot be watched, or a directory in it no longer can (the journal then
+/// loses track, and says this).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum JournalError {
+    #[error("cannot open {}: {source}", path.display())]
+    OpenWorkspace { path: PathBuf, source: io::Error },
+    #[error("cannot start inotify: {0}")]
+    Inotify(#[source] Errno),
+    #[error("cannot duplicate the inotify descriptor: {0}")]
+    DupInotify(#[source] io::Error),
+    #[error("cannot duplicate a descriptor: {0}")]
+    DupRoot(#[source] io::Error),
+    #[error("cannot create a pipe: {0}")]
+    Pipe(#[source] Errno),
+    #[error("cannot start the journal's thread: {0}")]
+    Thread(#[source] io::Error),
+    #[error("cannot open {}: {source}", show(rel))]
+    Open { rel: Vec<u8>, source: Errno },
+    #[error("{} is nested deeper than {MAX_DEPTH}", show(.0))]
+    TooDeep(Vec<u8>),
+    #[error("the workspace has more than {0} directories")]
+    TooManyDirectories(usize),
+    #[error("cannot watch {}: {source}", show(rel))]
+    Watch { rel: Vec<u8>, source: Errno },
+    #[error("cannot list {}: {source}", show(rel))]
+    List { rel: Vec<u8>, source: Errno },
+}
 
 /// What a watch reports: every change to a directory's entries and to the files in it.
 fn watch_mask() -> AddWatchFlags {
@@ -186,16 +215,19 @@ pub(crate) struct Journal {
 impl Journal {
     /// Watches every directory under `workspace`, then returns: every change from then on is
     /// recorded. Fails when the workspace is too large to watch or inotify is unavailable.
-    pub fn start(workspace: &Path, limits: Limits) -> Result<Journal, String> {
-        let root = fsutil::open_dir_nofollow(workspace)
-            .map_err(|err| format!("cannot open {}: {err}", workspace.display()))?;
+    pub fn start(workspace: &Path, limits: Limits) -> Result<Journal, JournalError> {
+        let root =
+            fsutil::open_dir_nofollow(workspace).map_err(|source| JournalError::OpenWorkspace {
+                path: workspace.to_owned(),
+                source,
+            })?;
         let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
-            .map_err(|err| format!("cannot start inotify: {err}"))?;
+            .map_err(JournalError::Inotify)?;
         // The thread waits on its own descriptor of the instance, without the lock.
         let ready = inotify
             .as_fd()
             .try_clone_to_owned()
-            .map_err(|err| format!("cannot duplicate the inotify descriptor: {err}"))?;
+            .map_err(JournalError::DupInotify)?;
         let mut state = State {
             watcher: Watcher {
                 inotify,
@@ -213,18 +245,18 @@ impl Journal {
             .watcher
             .root
             .try_clone()
-            .map_err(|err| format!("cannot duplicate a descriptor: {err}"))?;
+            .map_err(JournalError::DupRoot)?;
         state
             .watcher
             .watch_dir(&mut state.record, top, Vec::new(), 0)?;
-        let (stop_read, stop_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
-            .map_err(|err| format!("cannot create a pipe: {err}"))?;
+        let (stop_read, stop_write) =
+            nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(JournalError::Pipe)?;
         let state = Arc::new(Mutex::new(state));
         let shared = Arc::clone(&state);
         std::thread::Builder::new()
             .name("journal".into())
             .spawn(move || follow(&shared, &ready, &stop_read))
-            .map_err(|err| format!("cannot start the journal's thread: {err}"))?;
+            .map_err(JournalError::Thread)?;
         Ok(Journal {
             state,
             _stop: stop_write,
@@ -421,7 +453,7 @@ impl Watcher {
                 record.nested.remove(&dir);
                 // Its files were not watched while it was a repository.
                 if let Err(why) = self.watch_tree(record, dir.clone()) {
-                    return record.lose(why);
+                    return record.lose(why.to_string());
                 }
             }
             return record.tree(dir);
@@ -435,7 +467,7 @@ impl Watcher {
             }
             if appeared {
                 if let Err(why) = self.watch_tree(record, path.clone()) {
-                    return record.lose(why);
+                    return record.lose(why.to_string());
                 }
             }
             if appeared || went {
@@ -451,12 +483,12 @@ impl Watcher {
     }
 
     /// Watches `rel` and every directory beneath it, recording nested repositories.
-    fn watch_tree(&mut self, record: &mut Record, rel: Vec<u8>) -> Result<(), String> {
+    fn watch_tree(&mut self, record: &mut Record, rel: Vec<u8>) -> Result<(), JournalError> {
         let dir = match self.open(&rel) {
             Ok(dir) => dir,
             // Gone again, or no longer a directory: the event that said so is queued.
             Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => return Ok(()),
-            Err(err) => return Err(format!("cannot open {}: {err}", show(&rel))),
+            Err(source) => return Err(JournalError::Open { rel, source }),
         };
         let depth = rel.iter().filter(|&&byte| byte == b'/').count() + usize::from(!rel.is_empty());
         self.watch_dir(record, dir, rel, depth)
@@ -468,22 +500,22 @@ impl Watcher {
         dir: OwnedFd,
         rel: Vec<u8>,
         depth: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), JournalError> {
         if depth > MAX_DEPTH {
-            return Err(format!("{} is nested deeper than {MAX_DEPTH}", show(&rel)));
+            return Err(JournalError::TooDeep(rel));
         }
         if self.by_wd.len() >= self.max_watches {
-            return Err(format!(
-                "the workspace has more than {} directories",
-                self.max_watches
-            ));
+            return Err(JournalError::TooManyDirectories(self.max_watches));
         }
         // Through the descriptor: a path would follow a symlink swapped in meanwhile.
         let proc_path = format!("/proc/self/fd/{}", dir.as_raw_fd());
         let wd = self
             .inotify
             .add_watch(proc_path.as_str(), watch_mask())
-            .map_err(|err| format!("cannot watch {}: {err}", show(&rel)))?;
+            .map_err(|source| JournalError::Watch {
+                rel: rel.clone(),
+                source,
+            })?;
         if let Some(old) = self.by_wd.insert(wd, rel.clone()) {
             // The same directory under a new name (it was moved here).
             self.by_path.remove(&old);
@@ -491,9 +523,10 @@ impl Watcher {
         self.by_path.insert(rel.clone(), wd);
         // Listed after the watch is set: an entry made meanwhile is in the listing or in
         // an event, and the trees of the diff cover both.
-        for (name, kind) in fsutil::entries(dir.as_fd())
-            .map_err(|err| format!("cannot list {}: {err}", show(&rel)))?
-        {
+        for (name, kind) in fsutil::entries(dir.as_fd()).map_err(|source| JournalError::List {
+            rel: rel.clone(),
+            source,
+        })? {
             if name.to_bytes() == b".git" {
                 if !rel.is_empty() {
                     record.nested.insert(rel.clone());
@@ -506,11 +539,11 @@ impl Watcher {
             let child = match fsutil::open_dir_at(dir.as_fd(), &name) {
                 Ok(child) => child,
                 Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => continue,
-                Err(err) => {
-                    return Err(format!(
-                        "cannot open {}: {err}",
-                        show(&join(&rel, name.to_bytes()))
-                    ))
+                Err(source) => {
+                    return Err(JournalError::Open {
+                        rel: join(&rel, name.to_bytes()),
+                        source,
+                    })
                 }
             };
             self.watch_dir(record, child, join(&rel, name.to_bytes()), depth + 1)?;
@@ -797,7 +830,8 @@ mod tests {
             ..Limits::DEFAULT
         };
         let err = Journal::start(dir.path(), limits).err().expect("refused");
-        assert!(err.contains("more than 3 directories"), "{err}");
+        assert!(matches!(err, JournalError::TooManyDirectories(3)), "{err}");
+        assert_eq!(err.to_string(), "the workspace has more than 3 directories");
     }
 
     #[test]

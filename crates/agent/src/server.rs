@@ -349,7 +349,10 @@ impl Server {
                         crate::disk_health::root_failure()
                     })
                     .await
-                    .map_err(|err| format!("sync: {err}"))
+                    .map_err(|source| DiskRequestError::Worker {
+                        what: "sync",
+                        source,
+                    })
                     .and_then(|failure| unless_failed(failure, Response::Synced))
                 });
             }
@@ -358,7 +361,10 @@ impl Server {
                 self.spawn_stream(id, async move {
                     tokio::task::spawn_blocking(crate::disk_health::root_failure)
                         .await
-                        .map_err(|err| format!("reading the disk's health: {err}"))
+                        .map_err(|source| DiskRequestError::Worker {
+                            what: "reading the disk's health",
+                            source,
+                        })
                         .and_then(|failure| unless_failed(failure, Response::DiskHealthy))
                 });
             }
@@ -475,10 +481,25 @@ where
     }
 }
 
+/// Why a `Sync` or `DiskHealth` request failed.
+#[derive(Debug, thiserror::Error)]
+enum DiskRequestError {
+    #[error(transparent)]
+    Disk(#[from] crate::disk_health::DiskFailure),
+    #[error("{what}: {source}")]
+    Worker {
+        what: &'static str,
+        source: tokio::task::JoinError,
+    },
+}
+
 /// The answer to a disk request: `answer`, or the failure the root filesystem recorded (see
 /// `disk_health`), which the request then fails with.
-fn unless_failed(failure: Option<String>, answer: Response) -> Result<Response, String> {
-    failure.map_or(Ok(answer), Err)
+fn unless_failed(
+    failure: Option<crate::disk_health::DiskFailure>,
+    answer: Response,
+) -> Result<Response, DiskRequestError> {
+    failure.map_or(Ok(answer), |failure| Err(failure.into()))
 }
 
 fn log_join_error(result: Result<(), tokio::task::JoinError>) {

@@ -52,46 +52,99 @@ enum Failure {
     Cancelled,
 }
 
+/// Why an `Unpack` failed; nothing of the archive is left behind then.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    #[error("destination {0:?} must be an absolute path")]
+    RelativeDest(String),
+    #[error("destination {0:?} has a '..' component")]
+    DotDotInDest(String),
+    #[error("destination {0:?} cannot be /")]
+    RootDest(String),
+    #[error("cannot open the parent of {dest}: {source}")]
+    OpenParent { dest: String, source: io::Error },
+    #[error("{0}")]
+    DestName(#[source] io::Error),
+    #[error("cannot create {dest}: {source}")]
+    CreateDest { dest: String, source: Errno },
+    #[error("destination {0} exists and is not a directory")]
+    DestNotADirectory(String),
+    #[error("cannot open {dest}: {source}")]
+    OpenDest { dest: String, source: Errno },
+    #[error("cannot inspect {dest}: {source}")]
+    InspectDest { dest: String, source: Errno },
+    #[error("cannot list {dest}: {source}")]
+    ListDest { dest: String, source: Errno },
+    #[error("destination {0} exists and is not empty")]
+    DestNotEmpty(String),
+    #[error("cannot take hold of {dest}: {source}")]
+    TakeHold { dest: String, source: Errno },
+    #[error("{0}")]
+    DupDest(#[source] io::Error),
+    /// The archive holds something that is refused (what and why).
+    #[error("{0}")]
+    Refused(String),
+    #[error("the archive holds more than {0} bytes")]
+    TooBig(u64),
+    #[error("the import stream ended early")]
+    Truncated,
+    #[error("the import was cancelled")]
+    Cancelled,
+    #[error("the import stream is not a valid tar archive: {0}")]
+    NotTar(#[source] io::Error),
+    #[error("cannot hand {dest} to its owner: {source}")]
+    HandOver { dest: String, source: Errno },
+}
+
 /// Handles `Unpack` (blocking). `cancelled` is raised by the stream's task on `Cancel`.
 pub fn unpack(
     req: &UnpackRequest,
     input: InputReader,
     cancelled: &AtomicBool,
-) -> Result<Response, String> {
+) -> Result<Response, UnpackError> {
     let dest = Path::new(&req.dest);
     if !dest.is_absolute() {
-        return Err(format!(
-            "destination {:?} must be an absolute path",
-            req.dest
-        ));
+        return Err(UnpackError::RelativeDest(req.dest.clone()));
     }
     if dest.components().any(|c| c == Component::ParentDir) {
-        return Err(format!("destination {:?} has a '..' component", req.dest));
+        return Err(UnpackError::DotDotInDest(req.dest.clone()));
     }
     let (Some(parent), Some(name)) = (dest.parent(), dest.file_name()) else {
-        return Err(format!("destination {:?} cannot be /", req.dest));
+        return Err(UnpackError::RootDest(req.dest.clone()));
     };
-    let parent = fsutil::open_dir_nofollow(parent)
-        .map_err(|err| format!("cannot open the parent of {}: {err}", req.dest))?;
-    let name = fsutil::cstring(name).map_err(|err| err.to_string())?;
+    let parent = fsutil::open_dir_nofollow(parent).map_err(|source| UnpackError::OpenParent {
+        dest: req.dest.clone(),
+        source,
+    })?;
+    let name = fsutil::cstring(name).map_err(UnpackError::DestName)?;
     let created = match mkdirat(parent.as_fd(), name.as_c_str(), Mode::S_IRWXU) {
         Ok(()) => true,
         Err(Errno::EEXIST) => false,
-        Err(err) => return Err(format!("cannot create {}: {err}", req.dest)),
+        Err(source) => {
+            return Err(UnpackError::CreateDest {
+                dest: req.dest.clone(),
+                source,
+            })
+        }
     };
     let root = fsutil::open_dir_at(parent.as_fd(), &name).map_err(|err| match err {
-        Errno::ELOOP | Errno::ENOTDIR => {
-            format!("destination {} exists and is not a directory", req.dest)
-        }
-        err => format!("cannot open {}: {err}", req.dest),
+        Errno::ELOOP | Errno::ENOTDIR => UnpackError::DestNotADirectory(req.dest.clone()),
+        source => UnpackError::OpenDest {
+            dest: req.dest.clone(),
+            source,
+        },
     })?;
-    let original =
-        fstat(root.as_fd()).map_err(|err| format!("cannot inspect {}: {err}", req.dest))?;
+    let original = fstat(root.as_fd()).map_err(|source| UnpackError::InspectDest {
+        dest: req.dest.clone(),
+        source,
+    })?;
     if !created {
-        let names = fsutil::list_dir(root.as_fd())
-            .map_err(|err| format!("cannot list {}: {err}", req.dest))?;
+        let names = fsutil::list_dir(root.as_fd()).map_err(|source| UnpackError::ListDest {
+            dest: req.dest.clone(),
+            source,
+        })?;
         if !names.is_empty() {
-            return Err(format!("destination {} exists and is not empty", req.dest));
+            return Err(UnpackError::DestNotEmpty(req.dest.clone()));
         }
     }
     // Keep everyone else out of the half-made tree.
@@ -101,15 +154,18 @@ pub fn unpack(
         Some(nix::unistd::getegid()),
     )
     .and_then(|()| fchmod(root.as_fd(), Mode::S_IRWXU));
-    if let Err(err) = locked {
+    if let Err(source) = locked {
         if created {
             let _ = unlinkat(parent.as_fd(), name.as_c_str(), UnlinkatFlags::RemoveDir);
         }
-        return Err(format!("cannot take hold of {}: {err}", req.dest));
+        return Err(UnpackError::TakeHold {
+            dest: req.dest.clone(),
+            source,
+        });
     }
 
     let mut unpacker = Unpacker {
-        root: root.try_clone().map_err(|err| err.to_string())?,
+        root: root.try_clone().map_err(UnpackError::DupDest)?,
         owner: (Uid::from_raw(req.owner_uid), Gid::from_raw(req.owner_gid)),
         max_bytes: req.max_bytes,
         files: 0,
@@ -122,19 +178,17 @@ pub fn unpack(
     let outcome = unpacker.run(&mut archive);
     let mut input = archive.into_inner();
     let outcome = outcome.and_then(|()| finish_stream(&mut input));
-    let message = outcome.err().map(|failure| {
+    let failed = outcome.err().map(|failure| {
         if input.aborted() || cancelled.load(Ordering::Relaxed) {
-            return "the import was cancelled".to_owned();
+            return UnpackError::Cancelled;
         }
         match failure {
-            Failure::Refused(message) => message,
-            Failure::TooBig => format!("the archive holds more than {} bytes", req.max_bytes),
-            Failure::Truncated => "the import stream ended early".to_owned(),
-            Failure::Cancelled => "the import was cancelled".to_owned(),
-            Failure::Stream(_) if input.state() == InputState::Ended => {
-                "the import stream ended early".to_owned()
-            }
-            Failure::Stream(err) => format!("the import stream is not a valid tar archive: {err}"),
+            Failure::Refused(message) => UnpackError::Refused(message),
+            Failure::TooBig => UnpackError::TooBig(req.max_bytes),
+            Failure::Truncated => UnpackError::Truncated,
+            Failure::Cancelled => UnpackError::Cancelled,
+            Failure::Stream(_) if input.state() == InputState::Ended => UnpackError::Truncated,
+            Failure::Stream(err) => UnpackError::NotTar(err),
         }
     });
     // Closing the queue lets the frame reader drop what the host still sends.
@@ -142,7 +196,7 @@ pub fn unpack(
     let (files, bytes) = (unpacker.files, unpacker.bytes);
     drop(unpacker);
 
-    if let Some(message) = message {
+    if let Some(failed) = failed {
         let removed = fsutil::remove_contents(root.as_fd());
         let restored = if created {
             drop(root);
@@ -169,12 +223,15 @@ pub fn unpack(
         if let Err(err) = restored {
             log!("restoring {} after a failed unpack failed: {err}", req.dest);
         }
-        return Err(message);
+        return Err(failed);
     }
     let (uid, gid) = (Uid::from_raw(req.owner_uid), Gid::from_raw(req.owner_gid));
     fchown(root.as_fd(), Some(uid), Some(gid))
         .and_then(|()| fchmod(root.as_fd(), dir_mode()))
-        .map_err(|err| format!("cannot hand {} to its owner: {err}", req.dest))?;
+        .map_err(|source| UnpackError::HandOver {
+            dest: req.dest.clone(),
+            source,
+        })?;
     Ok(Response::Unpacked { files, bytes })
 }
 

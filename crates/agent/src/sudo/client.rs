@@ -11,8 +11,30 @@ use std::process::ExitCode;
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
-use super::wire::{encode, VERSION};
+use super::wire::{encode, EncodeError, VERSION};
 use super::SOCKET;
+
+/// Why a command could not be run through the broker (`sudo: ` and this, on stderr).
+#[derive(Debug, thiserror::Error)]
+enum ClientError {
+    #[error(
+        "this sandbox has no root access: its image does not offer sudo (the host image never \
+         does; start the sandbox with --image debian)"
+    )]
+    NoBroker(#[source] std::io::Error),
+    #[error("cannot reach the agent at {SOCKET}: {0}")]
+    Connect(#[source] std::io::Error),
+    #[error("cannot read the working directory: {0}")]
+    Cwd(#[source] std::io::Error),
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+    #[error("cannot send the request to the agent: {0}")]
+    SendFds(#[source] nix::errno::Errno),
+    #[error("cannot send the request to the agent: {0}")]
+    Send(#[source] std::io::Error),
+    #[error("the agent ended the command without an exit code")]
+    NoExitCode(#[source] std::io::Error),
+}
 
 /// True when this binary was started under the name `sudo`.
 pub fn invoked_as_sudo(argv0: &OsStr) -> bool {
@@ -102,17 +124,14 @@ pub fn client(args: &[OsString]) -> ExitCode {
     }
 }
 
-fn run_remote(argv: &[OsString]) -> Result<i32, String> {
+fn run_remote(argv: &[OsString]) -> Result<i32, ClientError> {
     let mut stream = UnixStream::connect(SOCKET).map_err(|err| match err.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
-            "this sandbox has no root access: its image does not offer sudo (the host image \
-             never does; start the sandbox with --image debian)"
-                .to_owned()
+            ClientError::NoBroker(err)
         }
-        _ => format!("cannot reach the agent at {SOCKET}: {err}"),
+        _ => ClientError::Connect(err),
     })?;
-    let cwd = std::env::current_dir()
-        .map_err(|err| format!("cannot read the working directory: {err}"))?;
+    let cwd = std::env::current_dir().map_err(ClientError::Cwd)?;
     let env: Vec<OsString> = std::env::vars_os()
         .map(|(k, v)| {
             let mut entry = k;
@@ -128,20 +147,20 @@ fn run_remote(argv: &[OsString]) -> Result<i32, String> {
     let envc = env.len().to_string();
     fields.push(envc.as_bytes());
     fields.extend(env.iter().map(|e| e.as_bytes()));
-    let request = encode(&fields).map_err(|err| err.to_string())?;
+    let request = encode(&fields)?;
 
     let stdio = [0, 1, 2];
     let rights = [ControlMessage::ScmRights(&stdio)];
     let first = [std::io::IoSlice::new(&request)];
     let sent = sendmsg::<()>(stream.as_raw_fd(), &first, &rights, MsgFlags::empty(), None)
-        .map_err(|err| format!("cannot send the request to the agent: {err}"))?;
+        .map_err(ClientError::SendFds)?;
     stream
         .write_all(&request[sent..])
-        .map_err(|err| format!("cannot send the request to the agent: {err}"))?;
+        .map_err(ClientError::Send)?;
     let mut reply = [0u8; 4];
     stream
         .read_exact(&mut reply)
-        .map_err(|_| "the agent ended the command without an exit code".to_owned())?;
+        .map_err(ClientError::NoExitCode)?;
     Ok(i32::from_le_bytes(reply))
 }
 

@@ -78,9 +78,10 @@ pub enum JailError {
     #[error("building the seccomp filter failed: {0}")]
     Seccomp(String),
 
-    /// User-mode networking (pasta) could not be started or stopped.
-    #[error("user-mode networking: {0}")]
-    UserNet(String),
+    /// A host system the jail shares with the other backends (id maps, the host's cgroups)
+    /// failed; its text is the one it always had.
+    #[error(transparent)]
+    Host(#[from] dynocap_host::HostError),
 
     /// Tearing a sandbox down left something behind; each entry names one leftover.
     #[error("teardown incomplete: {}", .0.join("; "))]
@@ -121,8 +122,7 @@ impl JailError {
 }
 
 /// The hint for "permission denied" on cgroup, namespace and state files.
-pub(crate) const HINT_PRIVILEGE: &str =
-    "run the supervisor as root, or delegate a cgroup v2 subtree to this user";
+pub(crate) const HINT_PRIVILEGE: &str = dynocap_host::HINT_PRIVILEGE;
 
 #[cfg(test)]
 mod tests {

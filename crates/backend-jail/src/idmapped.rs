@@ -25,9 +25,9 @@ use nix::sys::wait::waitpid;
 use nix::unistd::pipe2;
 
 use crate::error::JailError;
-use crate::idmap::IdMap;
 use crate::newmount::{self, NODEV, NOSUID, RDONLY};
 use crate::sys::{self, CloneResult};
+use dynocap_host::IdMap;
 
 const HINT_ROOT: &str = "a built image (e.g. debian) needs an idmapped mount, which only a \
     supervisor running as root can make; run DynoCap as root or use the host image";
@@ -78,7 +78,7 @@ fn userns_with(ids: &IdMap) -> Result<OwnedFd, JailError> {
         }
         Ok(CloneResult::Parent { pid, pidfd: _pidfd }) => {
             drop(wait_read);
-            let opened = ids.write_for(pid).and_then(|()| {
+            let opened = ids.write_for(pid).map_err(JailError::from).and_then(|()| {
                 open(
                     format!("/proc/{pid}/ns/user").as_str(),
                     OFlag::O_RDONLY | OFlag::O_CLOEXEC,

@@ -12,11 +12,11 @@ use nix::unistd::Pid;
 use crate::cgroup::CgroupSet;
 use crate::disk::Disk;
 use crate::error::JailError;
-use crate::idmap::IdMap;
 use crate::layers::Layers;
 use crate::spec::JailSpec;
 use crate::sys;
 use crate::uts::Renamer;
+use dynocap_host::IdMap;
 
 /// Where a jail's files live: its overlay directories on its disk.
 #[derive(Debug)]

@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 
 use crate::disk::DiskPaths;
 use crate::error::JailError;
-use crate::idmap::IdMap;
 use crate::remove::remove_tree;
 use crate::spec::{guest_relative, GuestDir, JailSpec};
+use dynocap_host::IdMap;
 
 /// Paths of the overlay directories inside a state dir.
 #[derive(Debug, Clone, PartialEq, Eq)]

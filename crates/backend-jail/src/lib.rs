@@ -50,10 +50,10 @@
 //!
 //! Module map: [`spec`](JailSpec) (what is asked), `spawn` + `child` (the two halves above),
 //! `rootfs`/`resolve`/`newmount` (the filesystem), `idmapped` (a built image's lower
-//! layer), `cgroup` (limits), `idmap` (user namespace), `caps`, `seccomp`, `net`, `usernet`
-//! (pasta, for `nat`), `sync` (clone handshake), `disk` + `disk_template` + `layers` +
-//! `remove`
-//! (state dir), `jail` (the handle), `cleanup`, `probe`.
+//! layer), `cgroup` (limits), `caps`, `seccomp`, `net`, `sync` (clone handshake), `disk` +
+//! `disk_template` + `layers` + `remove` (state dir), `jail` (the handle), `cleanup`,
+//! `probe`. The user namespace's id map, pasta for `nat`, the host's cgroup layout and the
+//! memory bound over all sandboxes are dynocap-host's, which the vm backend's side shares.
 
 mod caps;
 mod cgroup;
@@ -63,11 +63,9 @@ mod disk;
 mod disk_template;
 mod error;
 mod failure;
-mod idmap;
 mod idmapped;
 mod jail;
 mod layers;
-mod mountinfo;
 mod net;
 mod newmount;
 mod probe;
@@ -80,25 +78,26 @@ mod spec;
 mod sync;
 mod sys;
 mod sysview;
-mod usernet;
 mod uts;
 
 pub use caps::{docker_default_mask, DOCKER_DEFAULT};
-pub use cgroup::{
-    bound_all_sandboxes_memory, CgroupLayoutKind, CgroupVersion, Controller, SharedBound,
-    PARENT as CGROUP_PARENT,
-};
+pub use cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT as CGROUP_PARENT};
+// The engine's backend modules still name these through the jail; the jail's own API takes an
+// `IdMap` ([`Jail::spawn_with_ids`]). They are dynocap-host's.
 pub use cleanup::{cleanup_leftovers, cleanup_leftovers_keeping_layers};
 pub use disk::{
     disk_failure, disk_image, prepared_disk_image, release_prepared_disk, start_preparing_disk,
     sync_disk,
 };
 pub use disk_template::make_spare as make_spare_disk;
-pub use error::JailError;
-pub use idmap::{
-    IdMap, IdRange, ROOTLESS_GUEST_ID, ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE, ROOT_MODE_RANGES,
+pub use dynocap_host::cgroup::{CgroupProbe, ControllerProbe};
+pub use dynocap_host::Check;
+pub use dynocap_host::{
+    bound_all_sandboxes_memory, find_pasta, usernet_log_worthy, IdMap, IdRange, SharedBound,
+    UserNet, PASTA, PASTA_MISSING, ROOTLESS_GUEST_ID, ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE,
+    ROOT_MODE_RANGES,
 };
+pub use error::JailError;
 pub use jail::Jail;
-pub use probe::{probe, CgroupProbe, Check, ControllerProbe, Probe};
+pub use probe::{probe, Probe};
 pub use spec::{GuestDir, JailSpec, Limits, RoBind, AGENT_GUEST_PATH, CHANNEL_FD};
-pub use usernet::{find_pasta, log_worthy as usernet_log_worthy, UserNet, PASTA, PASTA_MISSING};

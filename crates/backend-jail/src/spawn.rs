@@ -18,7 +18,6 @@ use crate::cgroup::{CgroupSet, Layout};
 use crate::child::{self, ChildEnds, ChildPlan, EXEC_CGROUP_FD};
 use crate::disk::Disk;
 use crate::error::JailError;
-use crate::idmap::IdMap;
 use crate::idmapped;
 use crate::jail::{Jail, Storage};
 use crate::layers::Layers;
@@ -28,6 +27,7 @@ use crate::seccomp;
 use crate::spec::{guest_relative, JailSpec, AGENT_GUEST_PATH, CHANNEL_FD};
 use crate::sync::{self, Channels, Outcome};
 use crate::sys::{self, CloneResult};
+use dynocap_host::IdMap;
 
 /// Namespaces the guest gets at clone; the cgroup namespace follows once it is in its
 /// cgroups (see `child`).

@@ -119,7 +119,7 @@ pub fn run(json: bool) -> ExitCode {
 
 fn jail_checks() -> Vec<Check> {
     let probe = dynocap_backend_jail::probe();
-    let from = |name: &str, check: dynocap_backend_jail::Check| Check {
+    let from = |name: &str, check: dynocap_host::Check| Check {
         name: name.to_owned(),
         ok: check.ok,
         detail: check.detail,
@@ -363,8 +363,8 @@ fn agent_check() -> Check {
 /// pasta (package `passt`) gives `nat` sandboxes their network. It prints no version of its
 /// own ("unknown version" on Debian 12), so the package's version is reported.
 fn pasta_check() -> Check {
-    let hint = "network \"nat\" needs pasta: apt install passt";
-    match dynocap_backend_jail::find_pasta() {
+    let hint = dynocap_host::PASTA_MISSING;
+    match dynocap_host::find_pasta() {
         Ok(path) => {
             let package = std::process::Command::new("dpkg-query")
                 .args(["-W", "-f=${Version}", "passt"])

@@ -1,6 +1,6 @@
 //! The `nat` network mode: what the guest is told (its resolver) and the supervisor's side of
 //! running pasta (the parent-death tie, its messages in the sandbox's log). Starting pasta and
-//! keeping the guest off the host's addresses is [`dynocap_backend_jail::UserNet`]'s job. pasta
+//! keeping the guest off the host's addresses is [`dynocap_host::UserNet`]'s job. pasta
 //! serves a network namespace: a jail's own, or on the vm backend the one QEMU runs in, where
 //! QEMU's user networking turns the guest's packets into sockets (see `vm_backend`).
 
@@ -8,7 +8,7 @@ use std::io::{BufRead, Read};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use dynocap_backend_jail::{find_pasta, usernet_log_worthy, UserNet};
+use dynocap_host::{find_pasta, usernet_log_worthy, UserNet};
 
 use crate::error::{Context, Error, Result};
 use crate::host_children;
@@ -38,7 +38,7 @@ pub fn available() -> Result<()> {
              network namespace); use network \"none\" or run as root",
         ));
     }
-    find_pasta().map_err(|_| Error::invalid(dynocap_backend_jail::PASTA_MISSING))?;
+    find_pasta().map_err(|_| Error::invalid(dynocap_host::PASTA_MISSING))?;
     Ok(())
 }
 

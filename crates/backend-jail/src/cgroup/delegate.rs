@@ -34,8 +34,8 @@
 
 use std::path::Path;
 
-use super::layout::{CgroupVersion, Controller, Hierarchy, Layout};
 use super::{create_leaf, Leaf};
+use super::{CgroupVersion, Controller, Hierarchy, Layout};
 use crate::error::{JailError, HINT_PRIVILEGE};
 
 /// Host setting that forces the hierarchy execs are tracked in.

@@ -14,9 +14,7 @@
 //! process (`cgroup.threads` moves threads only within a threaded subtree).
 
 mod delegate;
-mod layout;
 mod limits;
-mod shared;
 mod tree;
 
 use std::os::fd::OwnedFd;
@@ -24,15 +22,12 @@ use std::path::{Path, PathBuf};
 
 use nix::unistd::Pid;
 
-pub use layout::{CgroupLayoutKind, CgroupVersion, Controller};
-pub(crate) use layout::{Hierarchy, Layout};
-pub use shared::{bound_all_sandboxes_memory, SharedBound};
+use dynocap_host::cgroup::dirs::{enable_controllers, inherit_cpuset, mkdir_ok_if_exists};
+pub use dynocap_host::cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT};
+pub(crate) use dynocap_host::cgroup::{Hierarchy, Layout};
 
 use crate::error::{JailError, HINT_PRIVILEGE};
 use crate::spec::Limits;
-
-/// Directory under each hierarchy root that holds every sandbox's cgroup.
-pub const PARENT: &str = "dynocap";
 
 /// One of the sandbox's cgroups as the guest sees it (see [`CgroupSet::guest_views`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,14 +238,6 @@ fn missing(controller: Controller) -> JailError {
     }
 }
 
-fn mkdir_ok_if_exists(dir: &Path) -> Result<(), JailError> {
-    match std::fs::create_dir(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(JailError::io("create cgroup", dir, e).hint(HINT_PRIVILEGE)),
-    }
-}
-
 pub(super) fn create_leaf(
     hierarchy: &Hierarchy,
     controllers: &[Controller],
@@ -288,49 +275,10 @@ pub(super) fn create_leaf(
     if hierarchy.version == CgroupVersion::V1 && hierarchy.has("cpuset") {
         if let Err(e) = inherit_cpuset(&leaf.dir) {
             let _ = std::fs::remove_dir(&leaf.dir);
-            return Err(e);
+            return Err(e.into());
         }
     }
     Ok(leaf)
-}
-
-/// A new v1 cpuset cgroup starts with no CPUs and no memory nodes, and no task can join it
-/// until they are set: copy the parent's.
-fn inherit_cpuset(dir: &Path) -> Result<(), JailError> {
-    let Some(parent) = dir.parent() else {
-        return Ok(());
-    };
-    for file in ["cpuset.cpus", "cpuset.mems"] {
-        let own = dir.join(file);
-        let current = std::fs::read_to_string(&own).map_err(|e| JailError::io("read", &own, e))?;
-        if current.trim().is_empty() {
-            let from = parent.join(file);
-            let value =
-                std::fs::read_to_string(&from).map_err(|e| JailError::io("read", &from, e))?;
-            std::fs::write(&own, value.trim()).map_err(|e| JailError::io("write", &own, e))?;
-        }
-    }
-    Ok(())
-}
-
-fn enable_controllers(cgroup: &Path, controllers: &[Controller]) -> Result<(), JailError> {
-    let file = cgroup.join("cgroup.subtree_control");
-    let enabled = std::fs::read_to_string(&file).map_err(|e| JailError::io("read", &file, e))?;
-    for controller in controllers {
-        let name = controller.name();
-        if enabled.split_whitespace().any(|c| c == name) {
-            continue;
-        }
-        std::fs::write(&file, format!("+{name}")).map_err(|e| JailError::LimitUnavailable {
-            limit: name,
-            reason: format!(
-                "cannot enable the {name} controller in {}: {e}; {HINT_PRIVILEGE} \
-                 (on v2 a controller cannot be enabled for a cgroup that has processes of its own)",
-                file.display()
-            ),
-        })?;
-    }
-    Ok(())
 }
 
 impl CgroupSet {

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-use crate::error::JailError;
+use crate::error::HostError;
 
 /// One line of mountinfo.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,9 +21,9 @@ pub(crate) struct MountEntry {
 }
 
 /// Reads and parses this process's mount table.
-pub(crate) fn read_self() -> Result<Vec<MountEntry>, JailError> {
+pub(crate) fn read_self() -> Result<Vec<MountEntry>, HostError> {
     let path = Path::new("/proc/self/mountinfo");
-    let text = std::fs::read(path).map_err(|e| JailError::io("read", path, e))?;
+    let text = std::fs::read(path).map_err(|e| HostError::io("read", path, e))?;
     Ok(parse(&text))
 }
 

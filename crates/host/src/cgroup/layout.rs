@@ -4,10 +4,10 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use crate::error::JailError;
-use crate::mountinfo::{self, MountEntry};
+use super::mountinfo::{self, MountEntry};
+use crate::error::HostError;
 
-/// A controller the jail sets limits with.
+/// A controller the jail sets limits with (and the memory bound over all sandboxes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Controller {
     /// CPU bandwidth (`cpu.cfs_quota_us` on v1, `cpu.max` on v2).
@@ -56,7 +56,7 @@ pub enum CgroupLayoutKind {
 
 /// One mounted hierarchy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Hierarchy {
+pub struct Hierarchy {
     pub version: CgroupVersion,
     pub mount_point: PathBuf,
     /// v1: controllers bound to it (from the mount's super options); v2: controllers the
@@ -72,7 +72,7 @@ impl Hierarchy {
 
 /// All mounted cgroup hierarchies: v1 ones first, then the v2 one if mounted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Layout {
+pub struct Layout {
     pub hierarchies: Vec<Hierarchy>,
 }
 
@@ -97,7 +97,7 @@ const V1_CONTROLLERS: &[&str] = &[
 
 impl Layout {
     /// Reads this process's mount table and the v2 root's `cgroup.controllers`.
-    pub fn discover() -> Result<Layout, JailError> {
+    pub fn discover() -> Result<Layout, HostError> {
         let mounts = mountinfo::read_self()?;
         Ok(Layout::from_mounts(&mounts, |dir| {
             std::fs::read_to_string(dir.join("cgroup.controllers")).ok()
@@ -106,7 +106,7 @@ impl Layout {
 
     /// Builds the layout from mount entries; `v2_controllers` reads a v2 mount's
     /// `cgroup.controllers`.
-    pub fn from_mounts(
+    pub(crate) fn from_mounts(
         mounts: &[MountEntry],
         v2_controllers: impl Fn(&Path) -> Option<String>,
     ) -> Layout {
@@ -182,7 +182,7 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mountinfo::parse;
+    use crate::cgroup::mountinfo::parse;
 
     const HYBRID: &[u8] = b"\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

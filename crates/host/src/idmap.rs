@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 use nix::unistd::{getegid, geteuid, Pid};
 
-use crate::error::{JailError, HINT_PRIVILEGE};
+use crate::error::{HostError, HINT_PRIVILEGE};
 
 /// First host id of the range guest ids map to when the supervisor runs as root.
 pub const ROOT_MODE_HOST_BASE: u32 = 1_000_000;
@@ -85,7 +85,7 @@ impl IdMap {
 
     /// As [`IdMap::for_current_process`], with root mode on range `index` of the pool
     /// (see [`IdMap::root_mode_at`]); a rootless map has no pool and ignores it.
-    pub fn for_current_process_in_range(index: u32) -> Result<IdMap, JailError> {
+    pub fn for_current_process_in_range(index: u32) -> Result<IdMap, HostError> {
         let uid = geteuid();
         if uid.is_root() {
             IdMap::root_mode_at(index)
@@ -101,11 +101,12 @@ impl IdMap {
 
     /// Guest `0..65536` on host `1_000_000 + index * 65536 ..`; `index` must be below
     /// [`ROOT_MODE_RANGES`].
-    pub fn root_mode_at(index: u32) -> Result<IdMap, JailError> {
+    pub fn root_mode_at(index: u32) -> Result<IdMap, HostError> {
         if index >= ROOT_MODE_RANGES {
-            return Err(JailError::InvalidSpec(format!(
-                "id range {index} is outside the pool of {ROOT_MODE_RANGES} ranges"
-            )));
+            return Err(HostError::IdRangeOutsidePool {
+                index,
+                pool: ROOT_MODE_RANGES,
+            });
         }
         Ok(IdMap::root_mode_range(index))
     }
@@ -178,7 +179,7 @@ impl IdMap {
     }
 
     /// Host uid/gid that own what the guest init owns: the overlay's upper and work dirs.
-    pub(crate) fn init_host_ids(&self) -> (u32, u32) {
+    pub fn init_host_ids(&self) -> (u32, u32) {
         // The init ids lie inside their ranges by construction: the fallbacks are never taken.
         (
             self.to_host(self.init_uid()).unwrap_or(self.uids.host),
@@ -187,13 +188,13 @@ impl IdMap {
     }
 
     /// Writes the map for the (not yet running) child `pid` that owns a fresh user namespace.
-    pub(crate) fn write_for(&self, pid: Pid) -> Result<(), JailError> {
+    pub fn write_for(&self, pid: Pid) -> Result<(), HostError> {
         let proc_dir = PathBuf::from(format!("/proc/{pid}"));
         let write = |file: &str, content: &str| {
             let path = proc_dir.join(file);
             // One write(2): the kernel accepts a map only in a single write.
             std::fs::write(&path, content).map_err(|e| {
-                JailError::io(&format!("write {content:?} to"), &path, e).hint(HINT_PRIVILEGE)
+                HostError::io(&format!("write {content:?} to"), &path, e).hint(HINT_PRIVILEGE)
             })
         };
         if self.rootless {
@@ -234,7 +235,11 @@ mod tests {
         let top = last.to_host(ROOT_MODE_COUNT - 1).expect("mapped");
         assert!(top < 1 << 31, "{top}");
         assert_eq!(last.uids.map_line(), format!("0 {} 65536\n", top - 65_535));
-        assert!(IdMap::root_mode_at(ROOT_MODE_RANGES).is_err());
+        let outside = IdMap::root_mode_at(ROOT_MODE_RANGES).expect_err("outside the pool");
+        assert_eq!(
+            outside.to_string(),
+            "invalid jail spec: id range 16384 is outside the pool of 16384 ranges"
+        );
         assert!(IdMap::root_mode_at(u32::MAX).is_err());
     }
 

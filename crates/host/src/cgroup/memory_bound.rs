@@ -5,9 +5,10 @@
 //! grow to, and the kernel reclaims, then OOM-kills within the parent, only when what they
 //! really use together reaches it.
 
+use super::dirs::{enable_controllers, inherit_cpuset, mkdir_ok_if_exists, PARENT};
 use super::layout::{CgroupVersion, Controller, Layout};
-use super::{enable_controllers, inherit_cpuset, limits, mkdir_ok_if_exists, PARENT};
-use crate::error::JailError;
+use super::memory::{self as limits, SwapFacts};
+use crate::error::HostError;
 
 /// What [`bound_all_sandboxes_memory`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +25,7 @@ pub enum SharedBound {
 /// under, to `bytes` (no swap), making the parent if there is none yet. Lowering it below what
 /// the sandboxes use now makes the kernel reclaim first; where it cannot (v1), the write is
 /// refused and so is this call, naming what is in use.
-pub fn bound_all_sandboxes_memory(bytes: u64) -> Result<SharedBound, JailError> {
+pub fn bound_all_sandboxes_memory(bytes: u64) -> Result<SharedBound, HostError> {
     let layout = Layout::discover()?;
     let Some(hierarchy) = layout.locate(Controller::Memory) else {
         return Ok(SharedBound::NotApplied(
@@ -42,7 +43,7 @@ pub fn bound_all_sandboxes_memory(bytes: u64) -> Result<SharedBound, JailError> 
         CgroupVersion::V1 => {}
         CgroupVersion::V2 => enable_controllers(&hierarchy.mount_point, &[Controller::Memory])?,
     }
-    let swap = limits::SwapFacts::probe(hierarchy.version, &parent);
+    let swap = SwapFacts::probe(hierarchy.version, &parent);
     let mut writes = limits::memory_settings(hierarchy.version, bytes, swap)?;
     // Every start asks for the bound and the ceiling rarely changes: reading what is in force
     // costs less than writing it again, which has the kernel resize the limit.
@@ -73,7 +74,7 @@ pub fn bound_all_sandboxes_memory(bytes: u64) -> Result<SharedBound, JailError> 
                 let used = std::fs::read_to_string(parent.join(usage_file))
                     .map(|t| format!("{} MB", t.trim().parse::<u64>().unwrap_or(0) >> 20))
                     .unwrap_or_else(|_| "more".to_owned());
-                return Err(JailError::LimitUnavailable {
+                return Err(HostError::LimitUnavailable {
                     limit: "memory",
                     reason: format!(
                         "the live sandboxes use {used}, more than the {} MB all of them may \
@@ -90,7 +91,7 @@ pub fn bound_all_sandboxes_memory(bytes: u64) -> Result<SharedBound, JailError> 
                 )));
             }
             Err(e) => {
-                return Err(JailError::LimitUnavailable {
+                return Err(HostError::LimitUnavailable {
                     limit: "memory",
                     reason: format!("writing {:?} to {}: {e}", setting.value, path.display()),
                 })
@@ -100,11 +101,10 @@ pub fn bound_all_sandboxes_memory(bytes: u64) -> Result<SharedBound, JailError> 
     Ok(SharedBound::Applied)
 }
 
-fn not_permitted_or(e: JailError) -> Result<SharedBound, JailError> {
-    match &e {
-        JailError::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
-            Ok(SharedBound::NotApplied(e.to_string()))
-        }
-        _ => Err(e),
+fn not_permitted_or(e: HostError) -> Result<SharedBound, HostError> {
+    if e.is_permission_denied() {
+        Ok(SharedBound::NotApplied(e.to_string()))
+    } else {
+        Err(e)
     }
 }

@@ -13,7 +13,7 @@
 //!   addresses included (a second interface, a container bridge). Those are blocked inside the
 //!   guest: a `prohibit` route for each address the host has when the guest starts. The guest
 //!   cannot remove them (no `CAP_NET_ADMIN`) nor go around them with raw or packet sockets (a
-//!   `nat` jail has no `CAP_NET_RAW`: [`crate::JailSpec::net_raw`]). Addresses the host gains
+//!   `nat` jail has no `CAP_NET_RAW`: the jail's `JailSpec::net_raw`). Addresses the host gains
 //!   later are not covered.
 //! - The guest's own interface copies the host's address, so the guest reaching "the host's
 //!   address" reaches itself.
@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use nix::unistd::Pid;
 
-use crate::error::JailError;
+use crate::error::HostError;
 
 /// How long pasta may take to configure the guest's interface.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -66,12 +66,12 @@ pub struct UserNet {
 }
 
 /// Finds `pasta` on `PATH`; the error says how to install it.
-pub fn find_pasta() -> Result<PathBuf, JailError> {
+pub fn find_pasta() -> Result<PathBuf, HostError> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
     std::env::split_paths(&path)
         .map(|dir| dir.join(PASTA))
         .find(|candidate| is_executable(candidate))
-        .ok_or_else(|| JailError::UserNet(PASTA_MISSING.into()))
+        .ok_or_else(|| HostError::UserNet(PASTA_MISSING.into()))
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -129,7 +129,7 @@ impl UserNet {
         dns_forward: Ipv4Addr,
         state_dir: &Path,
         prepare: impl Fn(&mut Command),
-    ) -> Result<(UserNet, ChildStderr), JailError> {
+    ) -> Result<(UserNet, ChildStderr), HostError> {
         let netns = PathBuf::from(format!("/proc/{guest}/ns/net"));
         Self::start_in(&netns, dns_forward, state_dir, prepare)
     }
@@ -144,7 +144,7 @@ impl UserNet {
         dns_forward: Ipv4Addr,
         state_dir: &Path,
         prepare: impl Fn(&mut Command),
-    ) -> Result<(UserNet, ChildStderr), JailError> {
+    ) -> Result<(UserNet, ChildStderr), HostError> {
         let mut usernet = UserNet {
             child: None,
             pidfd: None,
@@ -165,7 +165,7 @@ impl UserNet {
         &mut self,
         netns: &Path,
         prepare: impl Fn(&mut Command),
-    ) -> Result<ChildStderr, JailError> {
+    ) -> Result<ChildStderr, HostError> {
         self.kill()?;
         self.launch(netns, &prepare)
     }
@@ -176,13 +176,13 @@ impl UserNet {
         &mut self,
         netns: &Path,
         prepare: &impl Fn(&mut Command),
-    ) -> Result<ChildStderr, JailError> {
+    ) -> Result<ChildStderr, HostError> {
         let pasta = find_pasta()?;
         let pid_file = self.pid_file.clone();
         match std::fs::remove_file(&pid_file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(JailError::io("remove", &pid_file, e)),
+            Err(e) => return Err(HostError::io("remove", &pid_file, e)),
         }
         let mut command = Command::new(&pasta);
         command
@@ -193,14 +193,12 @@ impl UserNet {
         prepare(&mut command);
         let mut child = command
             .spawn()
-            .map_err(|e| JailError::io("start", &pasta, e))?;
+            .map_err(|e| HostError::io("start", &pasta, e))?;
         let stderr = child.stderr.take().expect("stderr was asked for as a pipe");
         // Our child, not yet reaped: its pid cannot name another process.
         let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
-        self.pidfd = Some(
-            crate::sys::pidfd_open(pid)
-                .map_err(|e| JailError::sys("opening a pidfd for pasta", e))?,
-        );
+        self.pidfd =
+            Some(pidfd_open(pid).map_err(|e| HostError::sys("opening a pidfd for pasta", e))?);
         self.child = Some(child);
         self.wait_ready(&pid_file)?;
         block_host_addresses(netns, &host_addresses()?, prepare)?;
@@ -219,26 +217,26 @@ impl UserNet {
     }
 
     /// How pasta ended, once it has (reaping it); `None` while it runs.
-    pub fn exit_status(&mut self) -> Result<Option<ExitStatus>, JailError> {
+    pub fn exit_status(&mut self) -> Result<Option<ExitStatus>, HostError> {
         self.try_wait()
     }
 
     /// Polls for the pid file pasta writes after configuring the guest; fails if pasta exits
     /// first or takes too long (a host-side deadline: nothing here waits forever).
-    fn wait_ready(&mut self, pid_file: &Path) -> Result<(), JailError> {
+    fn wait_ready(&mut self, pid_file: &Path) -> Result<(), HostError> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if std::fs::metadata(pid_file).is_ok_and(|m| m.len() > 0) {
                 return Ok(());
             }
             if let Some(status) = self.try_wait()? {
-                return Err(JailError::UserNet(format!(
+                return Err(HostError::UserNet(format!(
                     "pasta exited ({status}) before the guest's network was up; its messages \
                      are in the sandbox's log"
                 )));
             }
             if Instant::now() >= deadline {
-                return Err(JailError::Timeout {
+                return Err(HostError::Timeout {
                     what: "pasta to configure the guest's network",
                     secs: READY_TIMEOUT.as_secs(),
                 });
@@ -247,21 +245,21 @@ impl UserNet {
         }
     }
 
-    fn try_wait(&mut self) -> Result<Option<ExitStatus>, JailError> {
+    fn try_wait(&mut self) -> Result<Option<ExitStatus>, HostError> {
         match self.child.as_mut() {
             Some(child) => child
                 .try_wait()
-                .map_err(|e| JailError::UserNet(format!("waiting for pasta: {e}"))),
+                .map_err(|e| HostError::UserNet(format!("waiting for pasta: {e}"))),
             None => Ok(None),
         }
     }
 
     /// Kills pasta and reaps it.
-    pub fn stop(mut self) -> Result<(), JailError> {
+    pub fn stop(mut self) -> Result<(), HostError> {
         self.kill()
     }
 
-    fn kill(&mut self) -> Result<(), JailError> {
+    fn kill(&mut self) -> Result<(), HostError> {
         self.pidfd = None;
         let Some(mut child) = self.child.take() else {
             return Ok(());
@@ -271,7 +269,7 @@ impl UserNet {
         child
             .wait()
             .map(|_| ())
-            .map_err(|e| JailError::UserNet(format!("reaping pasta ({}): {e}", child.id())))
+            .map_err(|e| HostError::UserNet(format!("reaping pasta ({}): {e}", child.id())))
     }
 }
 
@@ -281,11 +279,18 @@ impl Drop for UserNet {
     }
 }
 
+/// `pidfd_open(2)` through rustix, the workspace's one way to make the call, in nix's types.
+fn pidfd_open(pid: Pid) -> Result<OwnedFd, nix::errno::Errno> {
+    let pid = rustix::process::Pid::from_raw(pid.as_raw()).ok_or(nix::errno::Errno::EINVAL)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error()))
+}
+
 /// Every address of the host's interfaces except loopback ones (the guest's own loopback
 /// shadows those), as the supervisor's network namespace shows them now.
-fn host_addresses() -> Result<Vec<IpAddr>, JailError> {
+fn host_addresses() -> Result<Vec<IpAddr>, HostError> {
     let mut found: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
-        .map_err(|e| JailError::sys("listing the host's addresses (getifaddrs)", e))?
+        .map_err(|e| HostError::sys("listing the host's addresses (getifaddrs)", e))?
         .filter_map(|ifa| {
             let addr = ifa.address?;
             if let Some(v4) = addr.as_sockaddr_in() {
@@ -318,12 +323,12 @@ fn block_host_addresses(
     netns: &Path,
     addresses: &[IpAddr],
     prepare: &impl Fn(&mut Command),
-) -> Result<(), JailError> {
+) -> Result<(), HostError> {
     if addresses.is_empty() {
         return Ok(());
     }
     let ns: OwnedFd = std::fs::File::open(netns)
-        .map_err(|e| JailError::io("open", netns, e))?
+        .map_err(|e| HostError::io("open", netns, e))?
         .into();
     let raw = ns.as_raw_fd();
     let mut command = Command::new("ip");
@@ -344,7 +349,7 @@ fn block_host_addresses(
         });
     }
     let mut child = command.spawn().map_err(|e| {
-        JailError::UserNet(format!(
+        HostError::UserNet(format!(
             "running ip (package iproute2) to keep the guest off the host's addresses: {e}"
         ))
     })?;
@@ -356,10 +361,10 @@ fn block_host_addresses(
         .write_all(script.as_bytes());
     let output = child
         .wait_with_output()
-        .map_err(|e| JailError::UserNet(format!("waiting for ip: {e}")))?;
+        .map_err(|e| HostError::UserNet(format!("waiting for ip: {e}")))?;
     drop(ns);
     if !output.status.success() || written.is_err() {
-        return Err(JailError::UserNet(format!(
+        return Err(HostError::UserNet(format!(
             "blocking the host's addresses in the guest failed ({}): {}",
             output.status,
             String::from_utf8_lossy(&output.stderr).trim()

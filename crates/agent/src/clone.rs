@@ -15,7 +15,7 @@
 //! server gives (one commit, the same `origin`); the scratch repository is removed.
 
 use std::ffi::{CStr, CString};
-use std::io::{Read as _, Write as _};
+use std::io::{self, Read as _, Write as _};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use dynocap_proto::redact::strip_userinfo;
 use dynocap_proto::{CloneRequest, Response};
+use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::unistd::{fchown, Gid, Uid};
 use tokio::sync::mpsc;
@@ -40,13 +41,98 @@ use crate::outbox::Outbox;
 use crate::process_group::Stop;
 use crate::spawn::ExecUser;
 
+/// Why a `Clone` failed; what it had put in the destination is removed then.
+#[derive(Debug, thiserror::Error)]
+pub enum CloneError {
+    #[error(
+        "the clone needs the egress listener, which is not running; the host must start it first"
+    )]
+    NoEgress,
+    #[error("history {0:?} is not head, branches or none")]
+    History(String),
+    #[error("credentials are only handed to an https clone")]
+    CredentialsNotHttps,
+    #[error("the clone's URL or credentials are malformed")]
+    MalformedCredentials,
+    #[error("cannot create {}: {source}", path.display())]
+    CreateDest { path: PathBuf, source: io::Error },
+    /// The destination (or the workspace beneath it) could not be opened.
+    #[error("{0}")]
+    OpenDest(#[source] io::Error),
+    #[error("cannot open {}: {source}", path.display())]
+    OpenCheckout { path: PathBuf, source: io::Error },
+    #[error("{0}")]
+    ListDest(#[source] Errno),
+    #[error("{} is not empty; a clone needs an empty directory", .0.display())]
+    DestNotEmpty(PathBuf),
+    #[error("cannot empty {}: {source}", path.display())]
+    Empty { path: PathBuf, source: io::Error },
+    #[error("cannot create the fetch's private directory: {0}")]
+    CreateFetchDir(#[source] io::Error),
+    #[error("cannot open the fetch's private directory: {0}")]
+    OpenFetchDir(#[source] io::Error),
+    #[error("cannot write the fetch's {name}: {source}")]
+    WriteSecret {
+        name: &'static str,
+        source: io::Error,
+    },
+    #[error("cannot hand the fetch's files to uid {uid}: {source}")]
+    Chown { uid: u32, source: Errno },
+    #[error("cannot find the agent binary for ssh's proxy: {0}")]
+    AgentBinary(#[source] io::Error),
+    #[error("{} is not UTF-8", .0.display())]
+    PathNotUtf8(PathBuf),
+    #[error("{0} was cancelled")]
+    Cancelled(&'static str),
+    /// Git could not run, or ran and failed. The text is stripped of any URL userinfo, in
+    /// case git echoed one.
+    #[error("{}", strip_userinfo(&.0.to_string()))]
+    Git(#[source] RunError),
+    #[error("the clone did not finish within {0}s; it was stopped")]
+    TimedOut(u64),
+    #[error("internal error: {0}")]
+    Worker(#[source] tokio::task::JoinError),
+    #[error("cannot put the clone in place: {0}")]
+    MoveUp(#[source] io::Error),
+    #[error("cannot put the clone in place: {0}")]
+    MoveUpSys(#[source] Errno),
+    #[error(
+        "cannot put the clone in place: the repository has an entry named like the scratch clone"
+    )]
+    ScratchNameTaken,
+    #[error("cannot rewrite the clone's reflogs: {0}")]
+    Reflogs(#[source] io::Error),
+    #[error("cannot rewrite the clone's reflogs: {0}")]
+    ReflogsSys(#[source] Errno),
+    #[error("the clone's HEAD is not a commit: {0:?}")]
+    HeadNotACommit(String),
+    #[error(transparent)]
+    Listing(#[from] checkout_tar::CheckoutError),
+    #[error("cannot remove the clone's history: {0}")]
+    RemoveHistory(#[source] io::Error),
+    #[error("sending the cloned files to the host was cancelled")]
+    SendCancelled,
+    #[error("internal error sending the cloned files: {0}")]
+    SendWorker(#[source] tokio::task::JoinError),
+    #[error("sending the cloned files to the host: {0}")]
+    Send(#[source] checkout_tar::CheckoutError),
+}
+
+impl CloneError {
+    /// Whether git said the server speaks only the dumb HTTP protocol, which cannot fetch
+    /// shallow.
+    fn is_dumb_no_shallow(&self) -> bool {
+        matches!(self, CloneError::Git(_)) && self.to_string().contains(DUMB_NO_SHALLOW)
+    }
+}
+
 /// A fresh private directory for one fetch's secrets, removed on drop.
 struct FetchDir {
     path: PathBuf,
 }
 
 impl FetchDir {
-    fn create(owner: ExecUser) -> Result<Self, String> {
+    fn create(owner: ExecUser) -> Result<Self, CloneError> {
         let path = PathBuf::from(format!(
             "/tmp/.dynocap-fetch-{}-{}",
             std::process::id(),
@@ -58,16 +144,21 @@ impl FetchDir {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)
-            .map_err(|err| format!("cannot create the fetch's private directory: {err}"))?;
+            .map_err(CloneError::CreateFetchDir)?;
         let dir = Self { path };
-        let fd = fsutil::open_dir_nofollow(&dir.path)
-            .map_err(|err| format!("cannot open the fetch's private directory: {err}"))?;
+        let fd = fsutil::open_dir_nofollow(&dir.path).map_err(CloneError::OpenFetchDir)?;
         chown(&fd, owner)?;
         Ok(dir)
     }
 
     /// Writes `content` to `name` in the directory, readable by the owner only.
-    fn write(&self, name: &str, content: &str, owner: ExecUser) -> Result<PathBuf, String> {
+    fn write(
+        &self,
+        name: &'static str,
+        content: &str,
+        owner: ExecUser,
+    ) -> Result<PathBuf, CloneError> {
+        let fail = |source| CloneError::WriteSecret { name, source };
         let path = self.path.join(name);
         let mut file = std::fs::OpenOptions::new()
             .write(true)
@@ -75,9 +166,8 @@ impl FetchDir {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
-            .map_err(|err| format!("cannot write the fetch's {name}: {err}"))?;
-        file.write_all(content.as_bytes())
-            .map_err(|err| format!("cannot write the fetch's {name}: {err}"))?;
+            .map_err(fail)?;
+        file.write_all(content.as_bytes()).map_err(fail)?;
         chown(&OwnedFd::from(file), owner)?;
         Ok(path)
     }
@@ -91,13 +181,16 @@ impl Drop for FetchDir {
     }
 }
 
-fn chown(fd: &OwnedFd, owner: ExecUser) -> Result<(), String> {
+fn chown(fd: &OwnedFd, owner: ExecUser) -> Result<(), CloneError> {
     fchown(
         fd.as_fd(),
         Some(Uid::from_raw(owner.uid)),
         Some(Gid::from_raw(owner.gid)),
     )
-    .map_err(|err| format!("cannot hand the fetch's files to uid {}: {err}", owner.uid))
+    .map_err(|source| CloneError::Chown {
+        uid: owner.uid,
+        source,
+    })
 }
 
 /// Single-quotes a path for the shell that runs ssh's ProxyCommand and GIT_SSH_COMMAND.
@@ -136,15 +229,13 @@ pub async fn clone(
     stream: u32,
     outbox: &Outbox,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<Response, String> {
+) -> Result<Response, CloneError> {
     let owner = ExecUser {
         uid: req.owner_uid,
         gid: req.owner_gid,
     };
     let user = (owner.uid != nix::unistd::geteuid().as_raw()).then_some(owner);
-    let proxy = proxy_address(config).ok_or(
-        "the clone needs the egress listener, which is not running; the host must start it first",
-    )?;
+    let proxy = proxy_address(config).ok_or(CloneError::NoEgress)?;
     let ssh = req.url.starts_with("ssh://") || !req.url.contains("://");
     let dest = PathBuf::from(&req.dest);
     prepare_dest(&dest, owner)?;
@@ -171,8 +262,7 @@ pub async fn clone(
         ));
     }
     if ssh {
-        let agent = std::env::current_exe()
-            .map_err(|err| format!("cannot find the agent binary for ssh's proxy: {err}"))?;
+        let agent = std::env::current_exe().map_err(CloneError::AgentBinary)?;
         let listener = proxy.trim_start_matches("http://");
         let known_hosts = fetch.write(
             "known_hosts",
@@ -196,7 +286,7 @@ pub async fn clone(
     let shallow = match req.history.as_str() {
         "head" | "none" => true,
         "branches" => false,
-        other => return Err(format!("history {other:?} is not head, branches or none")),
+        other => return Err(CloneError::History(other.to_owned())),
     };
 
     let git = git::git(stop)
@@ -212,7 +302,7 @@ pub async fn clone(
     let cloned = tokio::time::timeout(deadline, async {
         let first = fetcher.clone_into(&req.url, &dest, shallow, stop).await;
         match first {
-            Err(message) if shallow && message.contains(DUMB_NO_SHALLOW) => {
+            Err(err) if shallow && err.is_dumb_no_shallow() => {
                 log!("the server speaks only dumb HTTP; fetching the branch whole");
                 clean(&dest)?;
                 fetcher
@@ -226,11 +316,8 @@ pub async fn clone(
     // The secrets go before anything else happens, whatever the outcome.
     drop(fetch);
     let outcome = match cloned {
-        Err(_) => Err(format!(
-            "the clone did not finish within {}s; it was stopped",
-            deadline.as_secs()
-        )),
-        Ok(Err(message)) => Err(message),
+        Err(_) => Err(CloneError::TimedOut(deadline.as_secs())),
+        Ok(Err(err)) => Err(err),
         Ok(Ok(())) => finish(git, &dest, user, &req.history, stream, outbox, stop).await,
     };
     if outcome.is_err() {
@@ -242,22 +329,24 @@ pub async fn clone(
 }
 
 /// Empties the clone's destination.
-fn clean(dest: &Path) -> Result<(), String> {
-    let fd = fsutil::open_dir_nofollow(dest).map_err(|err| err.to_string())?;
-    fsutil::remove_contents(fd.as_fd())
-        .map_err(|err| format!("cannot empty {}: {err}", dest.display()))
+fn clean(dest: &Path) -> Result<(), CloneError> {
+    let fd = fsutil::open_dir_nofollow(dest).map_err(CloneError::OpenDest)?;
+    fsutil::remove_contents(fd.as_fd()).map_err(|source| CloneError::Empty {
+        path: dest.to_owned(),
+        source,
+    })
 }
 
 /// The line of git's credential store for `url`'s host: `https://USERINFO@HOST`. Git matches
 /// it by protocol and host; a userinfo without a password gets an empty one, so that git
 /// does not ask for one (it cannot: there is no terminal).
-fn credential_line(url: &str, userinfo: &str) -> Result<String, String> {
+fn credential_line(url: &str, userinfo: &str) -> Result<String, CloneError> {
     let rest = url
         .strip_prefix("https://")
-        .ok_or("credentials are only handed to an https clone")?;
+        .ok_or(CloneError::CredentialsNotHttps)?;
     let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
     if host.is_empty() || host.contains('@') || userinfo.contains(['\n', '\r', '/', '@']) {
-        return Err("the clone's URL or credentials are malformed".into());
+        return Err(CloneError::MalformedCredentials);
     }
     let userinfo = if userinfo.contains(':') {
         userinfo.to_owned()
@@ -294,18 +383,17 @@ impl Fetcher<'_> {
         extra: &[&str],
         args: &[String],
         stop: &mut mpsc::Receiver<Stop>,
-    ) -> Result<(), String> {
+    ) -> Result<(), CloneError> {
         let mut run = self.run(cwd);
         for setting in extra {
             run = run.config(*setting);
         }
         match self.git.run_status(args, run, stop).await {
             Err(err) => Err(describe(err, "the clone")),
-            Ok((_, finished)) if !finished.success() => Err(format!(
-                "git {} failed ({})",
-                git::subcommand(args),
-                strip_userinfo(&finished.describe())
-            )),
+            Ok((_, finished)) if !finished.success() => Err(CloneError::Git(RunError::GitFailed {
+                subcommand: git::subcommand(args),
+                outcome: finished.describe(),
+            })),
             Ok(_) => Ok(()),
         }
     }
@@ -318,7 +406,7 @@ impl Fetcher<'_> {
         dest: &Path,
         shallow: bool,
         stop: &mut mpsc::Receiver<Stop>,
-    ) -> Result<(), String> {
+    ) -> Result<(), CloneError> {
         let mut args: Vec<String> = vec!["clone".into(), "--quiet".into()];
         if shallow {
             args.extend(["--depth".into(), "1".into(), "--single-branch".into()]);
@@ -339,7 +427,7 @@ impl Fetcher<'_> {
         dest: &Path,
         owner: ExecUser,
         stop: &mut mpsc::Receiver<Stop>,
-    ) -> Result<(), String> {
+    ) -> Result<(), CloneError> {
         let tag = format!(
             ".dynocap-dumb-{}-{}",
             std::process::id(),
@@ -391,23 +479,21 @@ impl Fetcher<'_> {
             name_the_source_in_reflogs(&dest, &scratch_url, &url)
         })
         .await
-        .map_err(|err| format!("internal error: {err}"))?
+        .map_err(CloneError::Worker)?
     }
 }
 
 /// Removes the scratch bare repository `whole` from `dest` and moves every entry of the
 /// scratch clone `shallow` up into `dest`, then removes `shallow`. Renames within one
 /// directory tree: nothing is copied, nothing is followed.
-fn move_up(dest: &Path, whole: &CStr, shallow: &CStr, owner: ExecUser) -> Result<(), String> {
-    let fail = |err: &dyn std::fmt::Display| format!("cannot put the clone in place: {err}");
-    let dest_fd = fsutil::open_dir_nofollow(dest).map_err(|err| fail(&err))?;
-    fsutil::remove_at(dest_fd.as_fd(), whole).map_err(|err| fail(&err))?;
-    let from = fsutil::open_dir_at(dest_fd.as_fd(), shallow).map_err(|err| fail(&err))?;
-    for name in fsutil::list_dir(from.as_fd()).map_err(|err| fail(&err))? {
+fn move_up(dest: &Path, whole: &CStr, shallow: &CStr, owner: ExecUser) -> Result<(), CloneError> {
+    let fail = CloneError::MoveUpSys;
+    let dest_fd = fsutil::open_dir_nofollow(dest).map_err(CloneError::MoveUp)?;
+    fsutil::remove_at(dest_fd.as_fd(), whole).map_err(CloneError::MoveUp)?;
+    let from = fsutil::open_dir_at(dest_fd.as_fd(), shallow).map_err(fail)?;
+    for name in fsutil::list_dir(from.as_fd()).map_err(fail)? {
         if name.as_c_str() == shallow {
-            return Err(fail(
-                &"the repository has an entry named like the scratch clone",
-            ));
+            return Err(CloneError::ScratchNameTaken);
         }
         nix::fcntl::renameat(
             from.as_fd(),
@@ -415,7 +501,7 @@ fn move_up(dest: &Path, whole: &CStr, shallow: &CStr, owner: ExecUser) -> Result
             dest_fd.as_fd(),
             name.as_c_str(),
         )
-        .map_err(|err| fail(&err))?;
+        .map_err(fail)?;
     }
     drop(from);
     nix::unistd::unlinkat(
@@ -423,7 +509,7 @@ fn move_up(dest: &Path, whole: &CStr, shallow: &CStr, owner: ExecUser) -> Result
         shallow,
         nix::unistd::UnlinkatFlags::RemoveDir,
     )
-    .map_err(|err| fail(&err))?;
+    .map_err(fail)?;
     chown(&dest_fd, owner)
 }
 
@@ -431,31 +517,32 @@ fn move_up(dest: &Path, whole: &CStr, shallow: &CStr, owner: ExecUser) -> Result
 /// server says `clone: from <url>`. Rewrites the first into the second in every log under
 /// `.git/logs`, which git made moments ago (nothing else runs in the guest); each file is
 /// opened beneath the workspace without following a symlink.
-fn name_the_source_in_reflogs(dest: &Path, scratch_url: &str, url: &str) -> Result<(), String> {
-    let fail = |err: &dyn std::fmt::Display| format!("cannot rewrite the clone's reflogs: {err}");
-    let dest_fd = fsutil::open_dir_nofollow(dest).map_err(|err| fail(&err))?;
+fn name_the_source_in_reflogs(dest: &Path, scratch_url: &str, url: &str) -> Result<(), CloneError> {
+    let fail = CloneError::ReflogsSys;
+    let dest_fd = fsutil::open_dir_nofollow(dest).map_err(CloneError::Reflogs)?;
     let mut dirs = vec![PathBuf::from(".git/logs")];
     while let Some(dir) = dirs.pop() {
         let dir_fd =
             match fsutil::open_beneath(dest_fd.as_fd(), dir.as_os_str(), fsutil::dir_flags()) {
                 Ok(fd) => fd,
                 Err(nix::errno::Errno::ENOENT) => continue,
-                Err(err) => return Err(fail(&err)),
+                Err(err) => return Err(fail(err)),
             };
-        for (name, kind) in fsutil::entries(dir_fd.as_fd()).map_err(|err| fail(&err))? {
+        for (name, kind) in fsutil::entries(dir_fd.as_fd()).map_err(fail)? {
             let rel = dir.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
             match kind {
                 Some(nix::dir::Type::Directory) => dirs.push(rel),
                 Some(nix::dir::Type::File) => {
                     let fd = fsutil::open_beneath(dest_fd.as_fd(), rel.as_os_str(), OFlag::O_RDWR)
-                        .map_err(|err| fail(&err))?;
+                        .map_err(fail)?;
                     let mut file = std::fs::File::from(fd);
                     let mut text = Vec::new();
-                    file.read_to_end(&mut text).map_err(|err| fail(&err))?;
+                    file.read_to_end(&mut text).map_err(CloneError::Reflogs)?;
                     let rewritten = replace_all(&text, scratch_url.as_bytes(), url.as_bytes());
                     if rewritten != text {
-                        file.set_len(0).map_err(|err| fail(&err))?;
-                        file.write_all_at(&rewritten, 0).map_err(|err| fail(&err))?;
+                        file.set_len(0).map_err(CloneError::Reflogs)?;
+                        file.write_all_at(&rewritten, 0)
+                            .map_err(CloneError::Reflogs)?;
                     }
                 }
                 _ => {}
@@ -478,33 +565,36 @@ fn replace_all(haystack: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     out
 }
 
-fn path_arg(path: &Path) -> Result<String, String> {
+fn path_arg(path: &Path) -> Result<String, CloneError> {
     path.to_str()
         .map(str::to_owned)
-        .ok_or_else(|| format!("{} is not UTF-8", path.display()))
+        .ok_or_else(|| CloneError::PathNotUtf8(path.to_owned()))
 }
 
-fn describe(err: RunError, what: &str) -> String {
+/// A git run's failure as the clone reports it: a cancel names `what` was cancelled.
+fn describe(err: RunError, what: &'static str) -> CloneError {
     match err {
-        RunError::Cancelled => format!("{what} was cancelled"),
-        RunError::Failed(message) => strip_userinfo(&message),
+        RunError::Cancelled => CloneError::Cancelled(what),
+        err => CloneError::Git(err),
     }
 }
 
 /// The destination: created for the owner, or an empty directory already there.
-fn prepare_dest(dest: &Path, owner: ExecUser) -> Result<(), String> {
+fn prepare_dest(dest: &Path, owner: ExecUser) -> Result<(), CloneError> {
     match std::fs::DirBuilder::new().mode(0o755).create(dest) {
         Ok(()) => {}
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(err) => return Err(format!("cannot create {}: {err}", dest.display())),
+        Err(source) => {
+            return Err(CloneError::CreateDest {
+                path: dest.to_owned(),
+                source,
+            })
+        }
     }
-    let fd = fsutil::open_dir_nofollow(dest).map_err(|err| err.to_string())?;
-    let entries = fsutil::list_dir(fd.as_fd()).map_err(|err| err.to_string())?;
+    let fd = fsutil::open_dir_nofollow(dest).map_err(CloneError::OpenDest)?;
+    let entries = fsutil::list_dir(fd.as_fd()).map_err(CloneError::ListDest)?;
     if !entries.is_empty() {
-        return Err(format!(
-            "{} is not empty; a clone needs an empty directory",
-            dest.display()
-        ));
+        return Err(CloneError::DestNotEmpty(dest.to_owned()));
     }
     chown(&fd, owner)
 }
@@ -520,7 +610,7 @@ async fn finish(
     stream: u32,
     outbox: &Outbox,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<Response, String> {
+) -> Result<Response, CloneError> {
     let commit = git
         .run(
             &["rev-parse", "--verify", "HEAD"],
@@ -531,7 +621,7 @@ async fn finish(
         .map_err(|err| describe(err, "reading the cloned commit"))?;
     let commit = git::first_line(&commit);
     if !git::is_object_id(&commit) {
-        return Err(format!("the clone's HEAD is not a commit: {commit:?}"));
+        return Err(CloneError::HeadNotACommit(commit));
     }
     let branch = git
         .run_status(
@@ -551,14 +641,13 @@ async fn finish(
         .run(&["ls-files", "-z", "--stage"], listing, stop)
         .await
         .map_err(|err| describe(err, "listing the cloned files"))?;
-    let entries = checkout_tar::parse_listing(&listing).map_err(|err| err.to_string())?;
+    let entries = checkout_tar::parse_listing(&listing)?;
     drop(listing);
     send_checkout(dest, entries, stream, outbox, stop).await?;
     if history == "none" {
-        let fd = fsutil::open_dir_nofollow(dest).map_err(|err| err.to_string())?;
+        let fd = fsutil::open_dir_nofollow(dest).map_err(CloneError::OpenDest)?;
         let name = CString::new(".git").expect("a literal without NUL");
-        fsutil::remove_at(fd.as_fd(), &name)
-            .map_err(|err| format!("cannot remove the clone's history: {err}"))?;
+        fsutil::remove_at(fd.as_fd(), &name).map_err(CloneError::RemoveHistory)?;
     }
     Ok(Response::Cloned { commit, branch })
 }
@@ -571,9 +660,11 @@ async fn send_checkout(
     stream: u32,
     outbox: &Outbox,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<(), String> {
-    let workspace = fsutil::open_dir_nofollow(dest)
-        .map_err(|err| format!("cannot open {}: {err}", dest.display()))?;
+) -> Result<(), CloneError> {
+    let workspace = fsutil::open_dir_nofollow(dest).map_err(|source| CloneError::OpenCheckout {
+        path: dest.to_owned(),
+        source,
+    })?;
     let cancelled = Arc::new(AtomicBool::new(false));
     let writer = checkout_tar::FrameWriter::new(outbox.sender(), stream, Arc::clone(&cancelled));
     let flag = Arc::clone(&cancelled);
@@ -585,11 +676,11 @@ async fn send_checkout(
         () = stop_requested(stop) => {
             cancelled.store(true, Ordering::Relaxed);
             let _ = sending.await;
-            return Err("sending the cloned files to the host was cancelled".into());
+            return Err(CloneError::SendCancelled);
         }
     };
-    sent.map_err(|err| format!("internal error sending the cloned files: {err}"))?
-        .map_err(|err| format!("sending the cloned files to the host: {err}"))
+    sent.map_err(CloneError::SendWorker)?
+        .map_err(CloneError::Send)
 }
 
 #[cfg(test)]
@@ -618,5 +709,11 @@ mod tests {
                 "{url} {userinfo:?}"
             );
         }
+        assert_eq!(
+            credential_line("ssh://git.example/r", "me:x")
+                .unwrap_err()
+                .to_string(),
+            "credentials are only handed to an https clone"
+        );
     }
 }

@@ -61,18 +61,35 @@ impl Finished {
     }
 }
 
-/// Why running a program did not give a result.
-#[derive(Debug)]
+/// Why running a program (git, mostly) did not give a result. Callers say what was
+/// cancelled in their own words; every other variant's text is the whole story.
+#[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// A `Cancel` frame or the end of the channel stopped it; the group was killed.
+    #[error("the run was cancelled")]
     Cancelled,
-    Failed(String),
-}
-
-impl From<String> for RunError {
-    fn from(message: String) -> Self {
-        Self::Failed(message)
-    }
+    #[error("cannot start {program}: {source}")]
+    Start { program: String, source: io::Error },
+    #[error("cannot read the output of {program}: {source}")]
+    ReadOutput { program: String, source: io::Error },
+    #[error("{program} wrote more than {cap} bytes of output")]
+    OutputTooLarge { program: String, cap: usize },
+    /// A git run that could not start, or whose output could not be read, named by its
+    /// subcommand.
+    #[error("git {subcommand}: {source}")]
+    Git {
+        subcommand: String,
+        source: Box<RunError>,
+    },
+    /// Git ran and failed: its exit status and stderr (see [`Finished::describe`]).
+    #[error("git {subcommand} failed ({outcome})")]
+    GitFailed { subcommand: String, outcome: String },
+    #[error(transparent)]
+    GitSpec(#[from] crate::git::SpecError),
+    #[error("git is not installed in the sandbox (looked in {})", spawn::BASE_PATH)]
+    NoGit,
+    #[error("git's path has a NUL byte")]
+    NulInGitPath,
 }
 
 /// What one step of [`Child::read`] gave.
@@ -276,7 +293,10 @@ pub async fn run(
     let mut stdout = Vec::new();
     let finished = run_streaming(spec, stop, |chunk| {
         if stdout.len() + chunk.len() > cap {
-            return Err(format!("{name} wrote more than {cap} bytes of output"));
+            return Err(RunError::OutputTooLarge {
+                program: name.clone(),
+                cap,
+            });
         }
         stdout.extend_from_slice(chunk);
         Ok(())
@@ -290,11 +310,13 @@ pub async fn run(
 pub async fn run_streaming(
     spec: &ChildSpec,
     stop: &mut mpsc::Receiver<Stop>,
-    mut sink: impl FnMut(&[u8]) -> Result<(), String>,
+    mut sink: impl FnMut(&[u8]) -> Result<(), RunError>,
 ) -> Result<Finished, RunError> {
     let name = program_name(spec);
-    let mut child = Child::spawn(spec)
-        .map_err(|err| RunError::Failed(format!("cannot start {name}: {err}")))?;
+    let mut child = Child::spawn(spec).map_err(|source| RunError::Start {
+        program: name.clone(),
+        source,
+    })?;
     let mut buf = vec![0_u8; 64 * 1024];
     loop {
         let read = tokio::select! {
@@ -309,11 +331,14 @@ pub async fn run_streaming(
             }
             Some(Ok(0)) => break,
             Some(Ok(n)) => sink(&buf[..n]).err(),
-            Some(Err(err)) => Some(format!("cannot read the output of {name}: {err}")),
+            Some(Err(source)) => Some(RunError::ReadOutput {
+                program: name.clone(),
+                source,
+            }),
         };
-        if let Some(message) = failed {
+        if let Some(err) = failed {
             child.kill().await;
-            return Err(RunError::Failed(message));
+            return Err(err);
         }
     }
     let finished = tokio::select! {
@@ -417,7 +442,12 @@ mod tests {
         crate::init::setup();
         let (_stop_tx, mut stop) = mpsc::channel(1);
         let err = run(&shell_spec("head -c 100000 /dev/zero"), 1000, &mut stop).await;
-        assert!(matches!(err, Err(RunError::Failed(m)) if m.contains("more than 1000")));
+        match err {
+            Err(err @ RunError::OutputTooLarge { cap: 1000, .. }) => {
+                assert_eq!(err.to_string(), "sh wrote more than 1000 bytes of output");
+            }
+            other => panic!("{other:?}"),
+        }
 
         let (stop_tx, mut stop) = mpsc::channel(1);
         stop_tx.send(Stop::Cancel).await.expect("send");

@@ -45,6 +45,15 @@ const HARDENING: &[&str] = &[
     "advice.detachedHead=false",
 ];
 
+/// Why a git command line cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("{0} contains a NUL byte")]
+    Nul(&'static str),
+    #[error("{0}")]
+    Env(#[source] std::io::Error),
+}
+
 /// The installed git, found on the agent's PATH.
 #[derive(Debug)]
 pub struct Git {
@@ -71,13 +80,9 @@ fn find_program() -> Option<PathBuf> {
 }
 
 async fn detect(stop: &mut mpsc::Receiver<Stop>) -> Result<Git, RunError> {
-    let program = find_program().ok_or_else(|| {
-        RunError::Failed(format!(
-            "git is not installed in the sandbox (looked in {BASE_PATH})"
-        ))
-    })?;
-    let program = CString::new(program.as_os_str().as_bytes())
-        .map_err(|_| RunError::Failed("git's path has a NUL byte".into()))?;
+    let program = find_program().ok_or(RunError::NoGit)?;
+    let program =
+        CString::new(program.as_os_str().as_bytes()).map_err(|_| RunError::NulInGitPath)?;
     let probe = Git {
         program,
         attr_source: false,
@@ -167,8 +172,8 @@ impl<'a> Run<'a> {
 
 impl Git {
     /// The process description of `git <hardening> <run.config> <args>`.
-    pub fn spec<S: AsRef<OsStr>>(&self, args: &[S], run: Run<'_>) -> Result<ChildSpec, String> {
-        let nul = |what: &str| format!("{what} contains a NUL byte");
+    pub fn spec<S: AsRef<OsStr>>(&self, args: &[S], run: Run<'_>) -> Result<ChildSpec, SpecError> {
+        let nul = SpecError::Nul;
         let mut argv = vec![c"git".to_owned()];
         for setting in HARDENING
             .iter()
@@ -193,7 +198,7 @@ impl Git {
             ("GIT_COMMITTER_EMAIL", IDENTITY_EMAIL),
         ];
         env.extend(run.env.iter().map(|(k, v)| (*k, v.as_str())));
-        let env = env_list(env).map_err(|err| err.to_string())?;
+        let env = env_list(env).map_err(SpecError::Env)?;
         let (program, extra_group) = match run.guarded {
             Some((program, group)) => (program, group),
             None => (self.program.clone(), None),
@@ -224,11 +229,10 @@ impl Git {
         if finished.success() {
             Ok(out)
         } else {
-            Err(RunError::Failed(format!(
-                "git {} failed ({})",
-                subcommand(args),
-                finished.describe()
-            )))
+            Err(RunError::GitFailed {
+                subcommand: subcommand(args),
+                outcome: finished.describe(),
+            })
         }
     }
 
@@ -240,14 +244,15 @@ impl Git {
         stop: &mut mpsc::Receiver<Stop>,
     ) -> Result<(Vec<u8>, Finished), RunError> {
         let cap = run.cap;
-        let spec = self.spec(args, run).map_err(RunError::Failed)?;
+        let spec = self.spec(args, run)?;
         command::run(&spec, cap, stop)
             .await
             .map_err(|err| match err {
-                RunError::Failed(message) => {
-                    RunError::Failed(format!("git {}: {message}", subcommand(args)))
-                }
-                cancelled => cancelled,
+                RunError::Cancelled => RunError::Cancelled,
+                err => RunError::Git {
+                    subcommand: subcommand(args),
+                    source: Box::new(err),
+                },
             })
     }
 }

@@ -16,6 +16,7 @@ use nix::unistd::{unlinkat, UnlinkatFlags};
 use tokio::sync::mpsc;
 
 use super::changes::{blob_ids, blobs_of, ChangedFiles};
+use super::error::RepoError;
 use super::private::{batch_input, feed, Opened};
 use crate::bigfiles;
 use crate::command::RunError;
@@ -34,7 +35,7 @@ pub(super) async fn mark_big_files(
     changed: &ChangedFiles,
     budget: u64,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<(), RunError> {
+) -> Result<(), RepoError> {
     let ChangedFiles { changes, sizes, .. } = changed;
     let ids = blob_ids(changes);
     let sides = |c: &bigfiles::Change, lines: &std::collections::HashMap<String, u64>| {
@@ -84,7 +85,7 @@ pub(super) fn lists_big_files(private: &Opened) -> bool {
 }
 
 /// Replaces the private repository's `info/attributes` with `text`.
-pub(super) async fn set_attributes(private: &Opened, text: Vec<u8>) -> Result<(), RunError> {
+pub(super) async fn set_attributes(private: &Opened, text: Vec<u8>) -> Result<(), RepoError> {
     private
         .in_dir(move |dir| write_attributes(dir, &text))
         .await
@@ -102,7 +103,7 @@ pub(super) async fn count_lines(
     workspace: &Path,
     ids: &[String],
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<std::collections::HashMap<String, u64>, RunError> {
+) -> Result<std::collections::HashMap<String, u64>, RepoError> {
     let (mut known, unknown) = LINE_COUNTS.split(ids);
     let counted = count_lines_now(git, private, workspace, &unknown, stop).await?;
     LINE_COUNTS.remember(&counted);
@@ -117,17 +118,15 @@ pub(super) async fn count_lines_now(
     workspace: &Path,
     ids: &[String],
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<std::collections::HashMap<String, u64>, RunError> {
+) -> Result<std::collections::HashMap<String, u64>, RepoError> {
     let Some(input) = batch_input(ids) else {
         return Ok(Default::default());
     };
     let (read, feeder) = feed(input)?;
-    let spec = git
-        .spec(
-            &private.args(workspace, &["cat-file", "--batch"]),
-            private.run().stdin(read),
-        )
-        .map_err(RunError::Failed)?;
+    let spec = git.spec(
+        &private.args(workspace, &["cat-file", "--batch"]),
+        private.run().stdin(read),
+    )?;
     let mut counter = bigfiles::BatchLineCounter::default();
     let finished = crate::command::run_streaming(&spec, stop, |chunk| {
         counter.feed(chunk);
@@ -137,10 +136,11 @@ pub(super) async fn count_lines_now(
     let _ = feeder.await;
     let finished = finished?;
     if !finished.success() {
-        return Err(RunError::Failed(format!(
-            "git cat-file failed ({})",
-            finished.describe()
-        )));
+        return Err(RunError::GitFailed {
+            subcommand: "cat-file".into(),
+            outcome: finished.describe(),
+        }
+        .into());
     }
     Ok(counter.counts())
 }
@@ -148,8 +148,8 @@ pub(super) async fn count_lines_now(
 /// Replaces `baseline.git/info/attributes` in the private directory. The directory belongs
 /// to the sandbox user, so every step is relative to a descriptor, follows no symlink, and
 /// makes a new file rather than writing into whatever has the name.
-pub(super) fn write_attributes(private: BorrowedFd<'_>, text: &[u8]) -> Result<(), String> {
-    let fail = |err: Errno| format!("cannot write the private repository's attributes: {err}");
+pub(super) fn write_attributes(private: BorrowedFd<'_>, text: &[u8]) -> Result<(), RepoError> {
+    let fail = RepoError::CreateAttributes;
     let repo = fsutil::open_dir_at(private, BASELINE_REPO).map_err(fail)?;
     match nix::sys::stat::mkdirat(repo.as_fd(), c"info", Mode::from_bits_truncate(0o755)) {
         Ok(()) | Err(Errno::EEXIST) => {}
@@ -169,5 +169,5 @@ pub(super) fn write_attributes(private: BorrowedFd<'_>, text: &[u8]) -> Result<(
     .map_err(fail)?;
     File::from(fd)
         .write_all(text)
-        .map_err(|err| format!("cannot write the private repository's attributes: {err}"))
+        .map_err(RepoError::WriteAttributes)
 }

@@ -12,11 +12,11 @@ use nix::sys::stat::{fstatat, Mode};
 use tokio::sync::{mpsc, Mutex};
 
 use super::attributes::write_attributes;
+use super::error::RepoError;
 use super::index::{add_all, Storage};
 use super::private::{hand_over, write_note, Private};
-use super::request::{blocking, cancelled_or, lock, open_workspace};
+use super::request::{blocking, lock, open_workspace};
 use super::user_repo::{bundle_for, parse_head, user_repository, Head};
-use crate::command::RunError;
 use crate::config::Config;
 use crate::fsutil;
 use crate::git::{self, first_line, is_object_id, Git, Run};
@@ -38,7 +38,7 @@ pub async fn baseline(
     config: &Config,
     repo_lock: &Mutex<Tracker>,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<Response, String> {
+) -> Result<Response, RepoError> {
     let (workspace, ws_fd) = open_workspace(&req.workspace)?;
     let head = match (&req.bundle, &req.head) {
         (Some(_), Some(head)) => Some(parse_head(head)?),
@@ -56,14 +56,14 @@ pub async fn baseline(
 
     let mut tracker = lock(repo_lock, stop)
         .await
-        .map_err(|err| cancelled_or(err, "the baseline"))?;
+        .map_err(|err| err.of("the baseline"))?;
     // The previous journal is of the previous baseline.
     *tracker = Tracker::Idle;
     let state_dir = config.state_dir.clone();
     let bundle_name = req.bundle.clone();
     // Opening the state directory and copying the bundle are blocking file work.
     let (state_fd, bundle) = blocking(move || {
-        let state_fd = statedir::open_state_dir(&state_dir).map_err(|err| err.to_string())?;
+        let state_fd = statedir::open_state_dir(&state_dir)?;
         let bundle = match bundle_name {
             None => None,
             Some(name) => Some(bundle_for(state_fd.as_fd(), &name, user)?),
@@ -73,7 +73,7 @@ pub async fn baseline(
     .await?;
     let git = git::git(stop)
         .await
-        .map_err(|err| cancelled_or(err, "the baseline"))?;
+        .map_err(|err| RepoError::from(err).of("the baseline"))?;
     let had_git_dir = fstatat(
         ws_fd.as_fd(),
         c".git",
@@ -91,9 +91,7 @@ pub async fn baseline(
     let outcome = async {
         user_repository(git, &workspace, user, head.as_ref(), bundle, stop).await?;
         replacing = true;
-        *tracker = journal
-            .await
-            .map_err(|err| RunError::Failed(format!("internal error: {err}")))?;
+        *tracker = journal.await.map_err(RepoError::Worker)?;
         let (commit, largest) = record_baseline(git, &private, &workspace, user, stop).await?;
         write_note(&state_fd, BASELINE_COMMIT, commit.as_bytes())?;
         // Without the note, every diff sizes its changed files with git.
@@ -105,13 +103,13 @@ pub async fn baseline(
             BASELINE_WORKSPACE,
             workspace.as_os_str().as_bytes(),
         )?;
-        Ok::<_, RunError>(commit)
+        Ok::<_, RepoError>(commit)
     }
     .await;
     match outcome {
         Ok(commit) => Ok(Response::Baseline { commit }),
         Err(err) => {
-            let message = cancelled_or(err, "the baseline");
+            let err = err.of("the baseline");
             let state = state_fd;
             blocking(move || {
                 // What this request made is removed: the half-made private repository (the
@@ -130,7 +128,7 @@ pub async fn baseline(
                 Ok(())
             })
             .await?;
-            Err(message)
+            Err(err)
         }
     }
 }
@@ -145,16 +143,15 @@ pub(super) async fn record_baseline(
     workspace: &Path,
     owner: Option<ExecUser>,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<(String, Option<u64>), RunError> {
+) -> Result<(String, Option<u64>), RepoError> {
     let state_dir = private.state_dir.clone();
     blocking(move || {
-        let fd = statedir::open_state_dir(&state_dir).map_err(|err| err.to_string())?;
+        let fd = statedir::open_state_dir(&state_dir)?;
         for name in BASELINE_FILES {
-            fsutil::remove_at(fd.as_fd(), name)
-                .map_err(|err| format!("cannot remove the previous baseline: {err}"))?;
+            fsutil::remove_at(fd.as_fd(), name).map_err(RepoError::RemovePreviousBaseline)?;
         }
         nix::sys::stat::mkdirat(fd.as_fd(), BASELINE_DIR, Mode::S_IRWXU)
-            .map_err(|err| format!("cannot create the private repository: {err}"))?;
+            .map_err(RepoError::CreatePrivate)?;
         Ok(())
     })
     .await?;
@@ -172,9 +169,9 @@ pub(super) async fn record_baseline(
     git.run(&init, Run::new(&private.dir), stop).await?;
     let state_dir = private.state_dir.clone();
     blocking(move || {
-        let state = statedir::open_state_dir(&state_dir).map_err(|err| err.to_string())?;
-        let dir = fsutil::open_dir_at(state.as_fd(), BASELINE_DIR)
-            .map_err(|err| format!("cannot open the private repository: {err}"))?;
+        let state = statedir::open_state_dir(&state_dir)?;
+        let dir =
+            fsutil::open_dir_at(state.as_fd(), BASELINE_DIR).map_err(RepoError::OpenPrivate)?;
         // Before the baseline is added: its blobs are the files' bytes, as the diffs' are.
         write_attributes(dir.as_fd(), NEUTRAL_ATTRIBUTES.as_bytes())?;
         match owner {
@@ -197,10 +194,7 @@ pub(super) async fn record_baseline(
             )
             .await?;
         if first_line(&out) != git::EMPTY_TREE_SHA1 {
-            return Err(RunError::Failed(format!(
-                "git hashed the empty tree as {}",
-                first_line(&out)
-            )));
+            return Err(RepoError::EmptyTree(first_line(&out)));
         }
     }
     // --force: the baseline is the work tree exactly as imported, ignored files included (the
@@ -237,9 +231,7 @@ pub(super) async fn record_baseline(
         .await?,
     );
     if !is_object_id(&commit) {
-        return Err(RunError::Failed(format!(
-            "git commit-tree printed {commit:?}, not a commit id"
-        )));
+        return Err(RepoError::NotACommit(commit));
     }
     // For people looking at the repository; diffs use the id the agent keeps.
     git.run(
@@ -252,7 +244,7 @@ pub(super) async fn record_baseline(
     let largest = match private.in_dir(IndexMemo::largest_entry).await {
         Ok(largest) => Some(largest),
         Err(err) => {
-            let why = cancelled_or(err, "reading the private index");
+            let why = err.of("reading the private index");
             log!("cannot size the baseline's files: {why}");
             None
         }

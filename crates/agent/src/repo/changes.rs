@@ -6,9 +6,9 @@ use std::path::Path;
 
 use tokio::sync::mpsc;
 
+use super::error::RepoError;
 use super::private::{cat_file_batch, Opened};
 use crate::bigfiles;
-use crate::command::RunError;
 use crate::diff_split;
 use crate::git::Git;
 use crate::process_group::Stop;
@@ -60,7 +60,7 @@ pub(super) async fn changed_files(
     workspace: &Path,
     baseline: &str,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<ChangedFiles, RunError> {
+) -> Result<ChangedFiles, RepoError> {
     let raw = git
         .run(
             &private.args(

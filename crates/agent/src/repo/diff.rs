@@ -16,9 +16,10 @@ use tokio::sync::{mpsc, Mutex};
 
 use super::attributes::{lists_big_files, mark_big_files, set_attributes};
 use super::changes::changed_files;
+use super::error::RepoError;
 use super::index::{add_all, add_changed, Storage, BIG_FILE_THRESHOLD};
 use super::private::{read_note, Private};
-use super::request::{blocking, cancelled_or, lock, open_workspace};
+use super::request::{blocking, lock, open_workspace};
 use crate::bigfiles;
 use crate::command::{stop_requested, Child, RunError};
 use crate::config::Config;
@@ -86,7 +87,7 @@ pub async fn diff(
     stream: u32,
     outbox: &Outbox,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<Response, String> {
+) -> Result<Response, RepoError> {
     let (workspace, _ws_fd) = open_workspace(&req.workspace)?;
     let line_diff_budget = req
         .line_diff_budget
@@ -94,13 +95,13 @@ pub async fn diff(
     let storage = Storage::for_diff(line_diff_budget);
     let mut tracker = lock(repo_lock, stop)
         .await
-        .map_err(|err| cancelled_or(err, "the diff"))?;
+        .map_err(|err| err.of("the diff"))?;
     let git = git::git(stop)
         .await
-        .map_err(|err| cancelled_or(err, "the diff"))?;
+        .map_err(|err| RepoError::from(err).of("the diff"))?;
     let state_dir = config.state_dir.clone();
     let (recorded, commit, baseline_largest, has_index, private) = blocking(move || {
-        let fd = statedir::open_state_dir(&state_dir).map_err(|err| err.to_string())?;
+        let fd = statedir::open_state_dir(&state_dir)?;
         let recorded = read_note(fd.as_fd(), BASELINE_WORKSPACE)?;
         // Written since this note exists; without it, git sizes the changed files.
         let baseline_largest = read_note(fd.as_fd(), BASELINE_LARGEST)
@@ -108,9 +109,7 @@ pub async fn diff(
             .and_then(|note| String::from_utf8_lossy(&note).parse::<u64>().ok());
         let commit = String::from_utf8_lossy(&read_note(fd.as_fd(), BASELINE_COMMIT)?).into_owned();
         if !is_object_id(&commit) {
-            return Err(format!(
-                "the recorded baseline commit {commit:?} is not a commit id; send Baseline again"
-            ));
+            return Err(RepoError::BadBaselineCommit(commit));
         }
         let private = Private::new(&state_dir).open(&git.program, git.attr_source)?;
         // A stale lock is from a git this agent killed (cancel): nobody else uses the index.
@@ -120,7 +119,7 @@ pub async fn diff(
             UnlinkatFlags::NoRemoveDir,
         ) {
             Ok(()) | Err(Errno::ENOENT) => {}
-            Err(err) => return Err(format!("cannot remove a stale index lock: {err}")),
+            Err(err) => return Err(RepoError::StaleIndexLock(err)),
         }
         let has_index = fstatat(
             private.dir.as_fd(),
@@ -132,14 +131,13 @@ pub async fn diff(
     })
     .await?;
     if recorded != workspace.as_os_str().as_bytes() {
-        return Err(format!(
-            "the baseline is of {}, not of {}",
-            String::from_utf8_lossy(&recorded),
-            workspace.display()
-        ));
+        return Err(RepoError::OtherWorkspace {
+            recorded: String::from_utf8_lossy(&recorded).into_owned(),
+            workspace,
+        });
     }
 
-    let outcome: Result<u64, RunError> = async {
+    let outcome: Result<u64, RepoError> = async {
         if !has_index {
             // The index is the baseline's entries plus what earlier diffs added; rebuilt from
             // the baseline, tracked files that are ignored now stay tracked.
@@ -157,13 +155,12 @@ pub async fn diff(
             let changed = held.changes(&ws, full_scan);
             Ok((held, changed))
         })
-        .await
-        .map_err(RunError::Failed)?;
+        .await?;
         *tracker = held;
         let updated = match changed {
             Some(changed) => {
                 match add_changed(git, &private, &workspace, &changed, &storage, stop).await {
-                    Err(RunError::Failed(why)) => {
+                    Err(why) if !matches!(why, RepoError::Cancelled(_)) => {
                         log!("scanning the whole workspace instead: {why}");
                         false
                     }
@@ -186,7 +183,7 @@ pub async fn diff(
             ),
             (_, largest) => {
                 if let Err(err) = largest {
-                    let why = cancelled_or(err, "reading the private index");
+                    let why = err.of("reading the private index");
                     log!("sizing the changed files with git: {why}");
                 }
                 (true, true)
@@ -224,8 +221,7 @@ pub async fn diff(
                     private.run(),
                 )
             })
-            .collect::<Result<Vec<_>, String>>()
-            .map_err(RunError::Failed)?;
+            .collect::<Result<Vec<_>, _>>()?;
         stream_git_outputs("diff", &runs, req.max_bytes, stream, outbox, stop).await
     }
     .await;
@@ -240,8 +236,7 @@ pub async fn diff(
                 .await;
             Ok(Response::Diff { bytes })
         }
-        Err(RunError::Cancelled) => Err("the diff was cancelled".into()),
-        Err(RunError::Failed(message)) => Err(message),
+        Err(err) => Err(err.of("the diff")),
     }
 }
 
@@ -254,18 +249,17 @@ pub(super) const AHEAD_PIPE_BYTES: i32 = 1 << 20;
 /// writes into a pipe read once those before it are done, so it runs ahead by that pipe's
 /// size, then waits.
 pub(super) async fn stream_git_outputs(
-    what: &str,
+    what: &'static str,
     runs: &[ChildSpec],
     max_bytes: u64,
     stream: u32,
     outbox: &Outbox,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<u64, RunError> {
+) -> Result<u64, RepoError> {
     let mut children = Vec::with_capacity(runs.len());
     for (index, spec) in runs.iter().enumerate() {
         // On failure the children started so far are dropped, which kills them.
-        let child = Child::spawn(spec)
-            .map_err(|err| RunError::Failed(format!("cannot start git {what}: {err}")))?;
+        let child = Child::spawn(spec).map_err(|source| RepoError::StartGit { what, source })?;
         if index > 0 {
             child.widen_stdout(AHEAD_PIPE_BYTES);
         }
@@ -290,45 +284,39 @@ pub(super) async fn stream_git_outputs(
 /// Forwards `child`'s stdout as it comes until it ends, and waits for it: `sent` counts the
 /// bytes of every run so far against `max_bytes`. The caller kills the child on an error.
 pub(super) async fn forward_output(
-    what: &str,
+    what: &'static str,
     child: &mut Child,
     max_bytes: u64,
     sent: &mut u64,
     stream: u32,
     outbox: &Outbox,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<(), RunError> {
+) -> Result<(), RepoError> {
+    let cancelled = || RepoError::Cancelled("the step");
     let mut buf = vec![0_u8; DATA_CHUNK];
     loop {
         let read = tokio::select! {
             biased;
-            () = stop_requested(stop) => return Err(RunError::Cancelled),
+            () = stop_requested(stop) => return Err(cancelled()),
             read = child.read(&mut buf) => read,
         };
         let n = match read {
             Ok(0) => break,
             Ok(n) => n,
-            Err(err) => {
-                return Err(RunError::Failed(format!(
-                    "cannot read git {what}'s output: {err}"
-                )))
-            }
+            Err(source) => return Err(RepoError::ReadGit { what, source }),
         };
         let len = u64::try_from(n).unwrap_or(u64::MAX);
         if sent.saturating_add(len) > max_bytes {
-            return Err(RunError::Failed(format!(
-                "the {what} is over the {max_bytes} bytes this request allows; it was not sent in \
-                 full"
-            )));
+            return Err(RepoError::TooLarge { what, max_bytes });
         }
         let permit = tokio::select! {
             biased;
-            () = stop_requested(stop) => return Err(RunError::Cancelled),
+            () = stop_requested(stop) => return Err(cancelled()),
             permit = outbox.reserve() => permit,
         };
         // The host is gone: nobody will read the rest.
         let Some(permit) = permit else {
-            return Err(RunError::Cancelled);
+            return Err(cancelled());
         };
         let mut payload = Vec::with_capacity(1 + n);
         payload.push(channel::STDOUT);
@@ -338,15 +326,16 @@ pub(super) async fn forward_output(
     }
     let finished = tokio::select! {
         biased;
-        () = stop_requested(stop) => return Err(RunError::Cancelled),
+        () = stop_requested(stop) => return Err(cancelled()),
         finished = child.wait() => finished,
     };
     if finished.success() {
         Ok(())
     } else {
-        Err(RunError::Failed(format!(
-            "git {what} failed ({})",
-            finished.describe()
-        )))
+        Err(RunError::GitFailed {
+            subcommand: what.to_owned(),
+            outcome: finished.describe(),
+        }
+        .into())
     }
 }

@@ -10,6 +10,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use tokio::sync::mpsc;
 
+use super::error::RepoError;
 use super::private::{run_fed, run_fed_status, Opened};
 use super::request::blocking;
 use crate::command::RunError;
@@ -32,7 +33,7 @@ pub(super) async fn add_all(
     extra: &[&str],
     within: Option<Vec<u8>>,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<(), RunError> {
+) -> Result<(), RepoError> {
     let mut rest = storage.args();
     if within.is_some() {
         // Names, never patterns: a file may be called `*` or `:(exclude)x`.
@@ -61,10 +62,11 @@ pub(super) async fn add_all(
             );
             Ok(())
         }
-        _ => Err(RunError::Failed(format!(
-            "git add failed ({})",
-            finished.describe()
-        ))),
+        _ => Err(RunError::GitFailed {
+            subcommand: "add".into(),
+            outcome: finished.describe(),
+        }
+        .into()),
     }
 }
 
@@ -81,7 +83,7 @@ pub(super) async fn add_changed(
     changed: &Changed,
     storage: &Storage,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<(), RunError> {
+) -> Result<(), RepoError> {
     // A pathspec that matches nothing is fatal to `git add`: a directory made and removed
     // between two diffs (a build's scratch) is gone from the work tree and was never in the
     // index. What is gone only leaves the index, which `git rm --cached` does quietly.
@@ -89,13 +91,12 @@ pub(super) async fn add_changed(
     let ws = workspace.to_path_buf();
     let (present, gone): (Vec<Vec<u8>>, Vec<Vec<u8>>) = blocking(move || {
         let root = fsutil::open_dir_nofollow(&ws)
-            .map_err(|err| format!("cannot open {}: {err}", ws.display()))?;
+            .map_err(|source| RepoError::ReopenWorkspace { path: ws, source })?;
         Ok(trees
             .into_iter()
             .partition(|tree| !is_gone(root.as_fd(), tree)))
     })
-    .await
-    .map_err(RunError::Failed)?;
+    .await?;
     if !present.is_empty() {
         let trees = nul_separated(present.iter().map(Vec::as_slice));
         add_all(git, private, workspace, storage, &[], Some(trees), stop).await?;
@@ -152,15 +153,17 @@ pub(super) async fn add_changed(
 pub(super) async fn look_in(
     workspace: &Path,
     paths: &std::sync::Arc<Vec<Vec<u8>>>,
-) -> Result<Vec<Seen>, RunError> {
+) -> Result<Vec<Seen>, RepoError> {
     let (workspace, paths) = (workspace.to_path_buf(), std::sync::Arc::clone(paths));
     blocking(move || {
-        let root = fsutil::open_dir_nofollow(&workspace)
-            .map_err(|err| format!("cannot open {}: {err}", workspace.display()))?;
+        let root =
+            fsutil::open_dir_nofollow(&workspace).map_err(|source| RepoError::ReopenWorkspace {
+                path: workspace,
+                source,
+            })?;
         Ok(index_memo::look(root.as_fd(), &paths))
     })
     .await
-    .map_err(RunError::Failed)
 }
 
 /// Whether nothing is at the workspace-relative `path` (as far as the agent can tell without
@@ -180,7 +183,7 @@ pub(super) async fn ignored_of(
     workspace: &Path,
     paths: &std::collections::BTreeSet<Vec<u8>>,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<std::collections::BTreeSet<Vec<u8>>, RunError> {
+) -> Result<std::collections::BTreeSet<Vec<u8>>, RepoError> {
     // check-ignore reads each line as a pathspec, whose magic starts with `:`; behind `./`
     // such a name is a name. Git prints each ignored path as it was given.
     let given: Vec<Vec<u8>> = paths
@@ -207,10 +210,11 @@ pub(super) async fn ignored_of(
         finished.status,
         Some(crate::reaper::ExitStatus::Exited(0 | 1))
     ) {
-        return Err(RunError::Failed(format!(
-            "git check-ignore failed ({})",
-            finished.describe()
-        )));
+        return Err(RunError::GitFailed {
+            subcommand: "check-ignore".into(),
+            outcome: finished.describe(),
+        }
+        .into());
     }
     let printed: std::collections::BTreeSet<&[u8]> = out
         .split(|&byte| byte == 0)

@@ -35,6 +35,7 @@ mod attributes;
 mod baseline;
 mod changes;
 mod diff;
+mod error;
 mod index;
 mod private;
 mod request;

@@ -15,6 +15,7 @@ use nix::sys::stat::Mode;
 use nix::unistd::{fchown, unlinkat, Gid, Uid, UnlinkatFlags};
 use tokio::sync::mpsc;
 
+use super::error::RepoError;
 use super::request::{arg_with, blocking};
 use crate::command::RunError;
 use crate::fsutil;
@@ -44,20 +45,18 @@ impl Private {
         &self,
         program: &std::ffi::CStr,
         attr_source: bool,
-    ) -> Result<Opened, String> {
-        let state = statedir::open_state_dir(&self.state_dir).map_err(|err| err.to_string())?;
+    ) -> Result<Opened, RepoError> {
+        let state = statedir::open_state_dir(&self.state_dir)?;
         let dir = fsutil::open_dir_at(state.as_fd(), BASELINE_DIR).map_err(|err| match err {
-            Errno::ENOENT => "there is no baseline: send Baseline before Diff".to_owned(),
-            err => format!("cannot open the private repository: {err}"),
+            Errno::ENOENT => RepoError::NoBaseline,
+            err => RepoError::OpenPrivate(err),
         })?;
-        let stat = nix::sys::stat::fstat(dir.as_fd())
-            .map_err(|err| format!("cannot inspect the private repository: {err}"))?;
+        let stat = nix::sys::stat::fstat(dir.as_fd()).map_err(RepoError::InspectPrivate)?;
         let user = (stat.st_uid != nix::unistd::geteuid().as_raw()).then_some(ExecUser {
             uid: stat.st_uid,
             gid: stat.st_gid,
         });
-        let exe = gitguard::executable(&self.state_dir, state.as_fd(), program)
-            .map_err(|err| err.to_string())?;
+        let exe = gitguard::executable(&self.state_dir, state.as_fd(), program)?;
         Ok(Opened {
             dir,
             exe,
@@ -105,17 +104,12 @@ impl Opened {
 
     /// Runs the agent's own blocking file work `f` in the private directory, on the
     /// blocking pool.
-    pub(super) async fn in_dir<T: Send + 'static, E: std::fmt::Display>(
+    pub(super) async fn in_dir<T: Send + 'static, E: Into<RepoError>>(
         &self,
         f: impl FnOnce(BorrowedFd<'_>) -> Result<T, E> + Send + 'static,
-    ) -> Result<T, RunError> {
-        let dir = self.dir.try_clone().map_err(|err| {
-            RunError::Failed(format!("cannot reach the private repository: {err}"))
-        })?;
-        // The private repository's steps are still described in words (see `RunError`).
-        blocking(move || f(dir.as_fd()).map_err(|err| err.to_string()))
-            .await
-            .map_err(RunError::Failed)
+    ) -> Result<T, RepoError> {
+        let dir = self.dir.try_clone().map_err(RepoError::ReachPrivate)?;
+        blocking(move || f(dir.as_fd()).map_err(Into::into)).await
     }
 
     /// `--git-dir=… --work-tree=… rest…`
@@ -135,8 +129,8 @@ pub(super) fn write_note(
     state_fd: &OwnedFd,
     name: &std::ffi::CStr,
     content: &[u8],
-) -> Result<(), String> {
-    let what = name.to_string_lossy();
+) -> Result<(), RepoError> {
+    let what = || name.to_string_lossy().into_owned();
     let _ = unlinkat(state_fd.as_fd(), name, UnlinkatFlags::NoRemoveDir);
     let fd = openat(
         state_fd.as_fd(),
@@ -144,18 +138,24 @@ pub(super) fn write_note(
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::S_IRUSR | Mode::S_IWUSR,
     )
-    .map_err(|err| format!("cannot record the {what}: {err}"))?;
+    .map_err(|source| RepoError::CreateNote {
+        what: what(),
+        source,
+    })?;
     File::from(fd)
         .write_all(content)
-        .map_err(|err| format!("cannot record the {what}: {err}"))
+        .map_err(|source| RepoError::WriteNote {
+            what: what(),
+            source,
+        })
 }
 
 /// Reads a record written by [`write_note`]; a missing one means there is no baseline.
 pub(super) fn read_note(
     state_fd: BorrowedFd<'_>,
     name: &std::ffi::CStr,
-) -> Result<Vec<u8>, String> {
-    let what = name.to_string_lossy();
+) -> Result<Vec<u8>, RepoError> {
+    let what = || name.to_string_lossy().into_owned();
     let note = openat(
         state_fd,
         name,
@@ -163,25 +163,33 @@ pub(super) fn read_note(
         Mode::empty(),
     )
     .map_err(|err| match err {
-        Errno::ENOENT => "there is no baseline: send Baseline before Diff".to_owned(),
-        err => format!("cannot read the {what}: {err}"),
+        Errno::ENOENT => RepoError::NoBaseline,
+        source => RepoError::OpenNote {
+            what: what(),
+            source,
+        },
     })?;
     let mut content = Vec::new();
     File::from(note)
         .read_to_end(&mut content)
-        .map_err(|err| format!("cannot read the {what}: {err}"))?;
+        .map_err(|source| RepoError::ReadNote {
+            what: what(),
+            source,
+        })?;
     Ok(content)
 }
 
 /// Gives the freshly made private directory (nobody else has reached it yet) to `user`,
 /// recursively, following no symlink.
-pub(super) fn hand_over(dir: BorrowedFd<'_>, user: ExecUser, depth: usize) -> Result<(), String> {
+pub(super) fn hand_over(
+    dir: BorrowedFd<'_>,
+    user: ExecUser,
+    depth: usize,
+) -> Result<(), RepoError> {
     const MAX_DEPTH: usize = 8;
-    let fail = |err: Errno| {
-        format!(
-            "cannot hand the private repository to uid {}: {err}",
-            user.uid
-        )
+    let fail = |source: Errno| RepoError::HandOver {
+        uid: user.uid,
+        source,
     };
     if depth > MAX_DEPTH {
         return Err(fail(Errno::ELOOP));
@@ -217,7 +225,7 @@ pub(super) async fn cat_file_batch(
     batch: &str,
     ids: &[String],
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<Vec<u8>, RunError> {
+) -> Result<Vec<u8>, RepoError> {
     let Some(input) = batch_input(ids) else {
         return Ok(Vec::new());
     };
@@ -246,7 +254,7 @@ pub(super) async fn run_fed_status(
     args: &[&str],
     input: Vec<u8>,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<(Vec<u8>, crate::command::Finished), RunError> {
+) -> Result<(Vec<u8>, crate::command::Finished), RepoError> {
     let (read, feeder) = feed(input)?;
     let result = git
         .run_status(
@@ -256,7 +264,7 @@ pub(super) async fn run_fed_status(
         )
         .await;
     let _ = feeder.await;
-    result
+    Ok(result?)
 }
 
 /// [`run_fed_status`] where anything but success is an error, as [`Git::run`] has it.
@@ -267,16 +275,16 @@ pub(super) async fn run_fed(
     args: &[&str],
     input: Vec<u8>,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<Vec<u8>, RunError> {
+) -> Result<Vec<u8>, RepoError> {
     let (out, finished) = run_fed_status(git, private, workspace, args, input, stop).await?;
     if finished.success() {
         Ok(out)
     } else {
-        Err(RunError::Failed(format!(
-            "git {} failed ({})",
-            git::subcommand(args),
-            finished.describe()
-        )))
+        Err(RunError::GitFailed {
+            subcommand: git::subcommand(args),
+            outcome: finished.describe(),
+        }
+        .into())
     }
 }
 
@@ -284,9 +292,8 @@ pub(super) async fn run_fed(
 /// child reads; the child's exit closes it.
 pub(super) fn feed(
     input: Vec<u8>,
-) -> Result<(OwnedFd, tokio::task::JoinHandle<std::io::Result<()>>), RunError> {
-    let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
-        .map_err(|err| RunError::Failed(format!("cannot create a pipe: {err}")))?;
+) -> Result<(OwnedFd, tokio::task::JoinHandle<std::io::Result<()>>), RepoError> {
+    let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RepoError::Pipe)?;
     let feeder = tokio::task::spawn_blocking(move || File::from(write).write_all(&input));
     Ok((read, feeder))
 }

@@ -12,8 +12,8 @@ use nix::sys::stat::{fchmod, Mode};
 use nix::unistd::{fchown, unlinkat, Gid, Uid, UnlinkatFlags};
 use tokio::sync::mpsc;
 
+use super::error::{HeadError, RepoError};
 use super::request::arg_with;
-use crate::command::RunError;
 use crate::git::{first_line, is_object_id, Git, Run};
 use crate::process_group::Stop;
 use crate::spawn::ExecUser;
@@ -29,7 +29,7 @@ pub(super) enum Head {
     Commit(String),
 }
 
-pub(super) fn parse_head(head: &str) -> Result<Head, String> {
+pub(super) fn parse_head(head: &str) -> Result<Head, HeadError> {
     if let Some(branch) = head.strip_prefix("refs/heads/") {
         // git check-ref-format runs later; these keep the name from ever looking like an
         // option or a path.
@@ -38,7 +38,7 @@ pub(super) fn parse_head(head: &str) -> Result<Head, String> {
             || branch.contains("..")
             || branch.bytes().any(|b| b.is_ascii_control() || b == b' ')
         {
-            return Err(format!("head {head:?} is not a valid branch name"));
+            return Err(HeadError::BranchName(head.to_owned()));
         }
         return Ok(Head::Branch(branch.to_owned()));
     }
@@ -46,9 +46,7 @@ pub(super) fn parse_head(head: &str) -> Result<Head, String> {
     if is_object_id(&lower) {
         return Ok(Head::Commit(lower));
     }
-    Err(format!(
-        "head {head:?} is neither refs/heads/NAME nor a full commit id"
-    ))
+    Err(HeadError::Unknown(head.to_owned()))
 }
 
 /// A descriptor of the bundle the sandbox user's git can read: the file itself when git runs
@@ -59,8 +57,8 @@ pub(super) fn bundle_for(
     state_fd: std::os::fd::BorrowedFd<'_>,
     name: &str,
     user: Option<ExecUser>,
-) -> Result<OwnedFd, String> {
-    let mut original = statedir::open_received(state_fd, name).map_err(|err| err.to_string())?;
+) -> Result<OwnedFd, RepoError> {
+    let mut original = statedir::open_received(state_fd, name)?;
     let Some(user) = user else {
         return Ok(OwnedFd::from(original));
     };
@@ -72,7 +70,7 @@ pub(super) fn bundle_for(
         OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::S_IRUSR | Mode::S_IWUSR,
     )
-    .map_err(|err| format!("cannot copy the bundle: {err}"))?;
+    .map_err(RepoError::CreateBundleCopy)?;
     let _ = unlinkat(state_fd, temp, UnlinkatFlags::NoRemoveDir);
     fchown(
         fd.as_fd(),
@@ -80,10 +78,12 @@ pub(super) fn bundle_for(
         Some(Gid::from_raw(user.gid)),
     )
     .and_then(|()| fchmod(fd.as_fd(), Mode::S_IRUSR | Mode::S_IWUSR))
-    .map_err(|err| format!("cannot hand the bundle copy to uid {}: {err}", user.uid))?;
+    .map_err(|source| RepoError::HandBundleCopy {
+        uid: user.uid,
+        source,
+    })?;
     let mut copy = File::from(fd);
-    std::io::copy(&mut original, &mut copy)
-        .map_err(|err| format!("cannot copy the bundle: {err}"))?;
+    std::io::copy(&mut original, &mut copy).map_err(RepoError::CopyBundle)?;
     Ok(OwnedFd::from(copy))
 }
 
@@ -98,11 +98,8 @@ pub(super) async fn user_repository(
     head: Option<&Head>,
     bundle: Option<OwnedFd>,
     stop: &mut mpsc::Receiver<Stop>,
-) -> Result<(), RunError> {
-    let dup = |fd: &OwnedFd| {
-        fd.try_clone()
-            .map_err(|err| RunError::Failed(format!("cannot pass the bundle to git: {err}")))
-    };
+) -> Result<(), RepoError> {
+    let dup = |fd: &OwnedFd| fd.try_clone().map_err(RepoError::PassBundle);
     let as_user = || Run::new(workspace).user(user);
     let git_dir = arg_with("--git-dir=", &workspace.join(".git"));
     let work_tree = arg_with("--work-tree=", workspace);
@@ -132,9 +129,7 @@ pub(super) async fn user_repository(
         if let Some(Head::Branch(branch)) = head {
             let wanted = format!("refs/heads/{branch}");
             if !refs.iter().any(|(_, name)| *name == wanted) {
-                return Err(RunError::Failed(format!(
-                    "the history bundle has no branch {branch}"
-                )));
+                return Err(RepoError::NoBranchInBundle(branch.clone()));
             }
         }
     }
@@ -153,7 +148,10 @@ pub(super) async fn user_repository(
         stop,
     )
     .await
-    .map_err(|_| RunError::Failed(format!("{branch:?} is not a valid branch name")))?;
+    .map_err(|source| RepoError::InvalidBranch {
+        branch: branch.to_owned(),
+        source,
+    })?;
     let initial = format!("--initial-branch={branch}");
     let mut init = vec!["init", "-q", initial.as_str()];
     if sha256 {
@@ -205,7 +203,10 @@ pub(super) async fn user_repository(
                     stop,
                 )
                 .await
-                .map_err(|_| RunError::Failed(format!("the history bundle has no commit {id}")))?;
+                .map_err(|source| RepoError::NoCommitInBundle {
+                    id: id.clone(),
+                    source,
+                })?;
             let found = first_line(&found);
             git.run(
                 &in_repo(&["update-ref", "--no-deref", "HEAD", &found]),

@@ -13,8 +13,8 @@ use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Context, Error, Result};
-use crate::home::Home;
+use crate::foundation::error::{Context, Error, Result};
+use crate::host::home::Home;
 pub use crate::model::image_ref::{default_image_name, ImageRef, DEFAULT_IMAGE};
 
 pub mod build;

@@ -5,7 +5,7 @@
 //! probe recorded once for this kernel, QEMU and host kernel ([`dynocap_backend_vm::accel`]).
 //! Emulation (TCG) is never chosen on its own: it is a hundred times slower than the jail.
 
-use crate::home::Home;
+use crate::host::home::Home;
 use crate::image;
 
 /// What `auto` picks, and the sentence that says why (for `dynocap doctor`).

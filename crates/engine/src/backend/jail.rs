@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{agent_args, Backend, BootSpec, Guest, HostDisk, LayerSync, OomCounter};
-use crate::error::{Error, Result};
+use crate::foundation::error::{Error, Result};
 use crate::image::{AGENT_STATE_DIR, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
-use crate::spec::Network;
+use crate::model::spec::Network;
 use crate::usernet;
 
 /// Linux namespaces, overlay root, seccomp, cgroups (crate `dynocap-backend-jail`).
@@ -131,7 +131,7 @@ impl Backend for JailBackend {
 
     /// The default start's disk (see the jail's `start_preparing_disk`), which the start then
     /// waits for and takes if it is of that size. Nothing with disk limits off.
-    fn prepare_default_start(&self, home: &crate::home::Home) -> Result<()> {
+    fn prepare_default_start(&self, home: &crate::host::home::Home) -> Result<()> {
         let Some(bytes) = disk_bytes(None)? else {
             return Ok(());
         };
@@ -164,9 +164,9 @@ fn disk_templates(cache_dir: &Path) -> PathBuf {
 /// sandbox recorded without a size gets the default.
 fn disk_bytes(disk_mb: Option<u64>) -> Result<Option<u64>> {
     match std::env::var("DYNOCAP_DISK_LIMIT").ok().as_deref() {
-        None | Some("") | Some("on") => {
-            Ok(Some(disk_mb.unwrap_or(crate::spec::DISK_MB_DEFAULT) << 20))
-        }
+        None | Some("") | Some("on") => Ok(Some(
+            disk_mb.unwrap_or(crate::model::spec::DISK_MB_DEFAULT) << 20,
+        )),
         Some("off") => Ok(None),
         Some(other) => Err(Error::invalid(format!(
             "DYNOCAP_DISK_LIMIT={other} is not valid; use on (the default) or off (no disk \
@@ -209,13 +209,13 @@ impl Guest for JailGuest {
             .prepare_rename()
             .map_err(|err| Error::internal(format!("starting the hostname thread: {err}")))
     }
-    fn disk_room(&self) -> Option<crate::disk_room::DiskRoom> {
+    fn disk_room(&self) -> Option<crate::host::disk_room::DiskRoom> {
         let image = dynocap_backend_jail::disk_image(&self.state_dir);
         match self.disk_bytes {
-            Some(bytes) if image.exists() => Some(crate::disk_room::DiskRoom {
+            Some(bytes) if image.exists() => Some(crate::host::disk_room::DiskRoom {
                 image,
                 bytes,
-                layout: crate::disk_room::Layout::Fixed,
+                layout: crate::host::disk_room::Layout::Fixed,
             }),
             // A kept layer from a start without a limit: the host's filesystem holds it.
             _ => None,
@@ -226,7 +226,7 @@ impl Guest for JailGuest {
             .set_limits(&dynocap_backend_jail::Limits {
                 cpu_millis: u64::from(cpus) * 1000,
                 memory_bytes: memory_mb * 1024 * 1024,
-                pids: crate::spec::PIDS_LIMIT,
+                pids: crate::model::spec::PIDS_LIMIT,
             })
             .map_err(|err| Error::internal(format!("applying the claimed limits: {err}")))?;
         self.jail

@@ -6,20 +6,25 @@
 //! the [`Backend`] and [`Guest`] traits: what differs between them (whether a booted guest can
 //! be claimed, what a standby makes ahead, where a guest's writes wait to reach the host) is
 //! a trait method, never a comparison of names. A new backend is a module and a line in
-//! [`BackendChoice`], [`by_name`] and [`all`].
+//! [`BackendChoice`], [`by_name`] and [`all`]. Whether the vm backend can run on this
+//! machine ([`vm_ready`]) is answered here too.
+//!
+//! The backend layer may import the foundation, the model, the host layer, the store and the
+//! images; never the supervisor or the client facade above it.
 
 pub mod auto;
 mod jail;
 mod vm;
+pub mod vm_ready;
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::foundation::error::{Error, Result};
 use crate::image::{Image, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 pub use crate::model::backend_choice::BackendChoice;
-use crate::spec::Network;
+use crate::model::spec::Network;
 
 pub use jail::JailBackend;
 pub use vm::VmBackend;
@@ -70,7 +75,7 @@ pub trait Guest: Send {
     /// The room on the host's filesystem the guest's disk may fill, which the supervisor
     /// reserves (see `disk_room`): after a boot, and for a warm-pool guest when it is
     /// claimed. `None` for a guest whose disk is the host's own filesystem (disk limits off).
-    fn disk_room(&self) -> Option<crate::disk_room::DiskRoom>;
+    fn disk_room(&self) -> Option<crate::host::disk_room::DiskRoom>;
     /// Makes a booted, idle warm-pool guest its claimer's: its hostname and limits.
     fn claim(&self, hostname: &str, cpus: u32, memory_mb: u64) -> Result<()>;
     /// Kills every process of the guest at once, leaving the rest of [`Guest::destroy`] (its
@@ -159,7 +164,7 @@ pub trait Backend {
     /// For a supervisor standing by (see `standby`): starts making ahead, on a thread of its
     /// own, what the default start of a raw sandbox needs of this machine and nothing of the
     /// sandbox. Nothing by default.
-    fn prepare_default_start(&self, _home: &crate::home::Home) -> Result<()> {
+    fn prepare_default_start(&self, _home: &crate::host::home::Home) -> Result<()> {
         Ok(())
     }
     /// Gives back what [`Backend::prepare_default_start`] made and the boot did not take.
@@ -189,7 +194,8 @@ pub fn select_as(choice: BackendChoice, image: &str) -> Result<Box<dyn Backend>>
         BackendChoice::Vm => Ok(Box::new(VmBackend)),
         BackendChoice::Auto => {
             // Without a home there is no built image, so nothing a VM could boot.
-            let auto = crate::home::Home::from_env().map(|home| auto::choose(&home, image).backend);
+            let auto =
+                crate::host::home::Home::from_env().map(|home| auto::choose(&home, image).backend);
             match auto {
                 Ok(name) => by_name(name),
                 Err(_) => Ok(Box::new(JailBackend)),
@@ -217,7 +223,7 @@ fn all() -> [Box<dyn Backend>; 2] {
 
 /// For a supervisor standing by (see `standby`): starts making ahead what the default start
 /// of a raw sandbox needs, on the backend that start would take.
-pub fn start_preparing_default_start(home: &crate::home::Home) -> Result<()> {
+pub fn start_preparing_default_start(home: &crate::host::home::Home) -> Result<()> {
     select_for(&crate::image::default_name())?.prepare_default_start(home)
 }
 

@@ -17,8 +17,8 @@ use std::time::Duration;
 use dynocap_backend_vm::{Vm, VmSpec};
 
 use super::{agent_args, Backend, BootSpec, Guest, LayerSync, OomCounter};
-use crate::error::{Error, Result};
-use crate::spec::Network;
+use crate::foundation::error::{Error, Result};
+use crate::model::spec::Network;
 use crate::usernet;
 
 /// How long a guest may take from QEMU's start to the agent's first word. TCG on a loaded
@@ -70,7 +70,7 @@ impl Backend for VmBackend {
             memory_mb: spec.memory_mb,
             // The layer's virtual size bounds what the guest can write, whatever
             // DYNOCAP_DISK_LIMIT says (that switch is about the jail's loop mounts).
-            disk_bytes: spec.disk_mb.unwrap_or(crate::spec::DISK_MB_DEFAULT) << 20,
+            disk_bytes: spec.disk_mb.unwrap_or(crate::model::spec::DISK_MB_DEFAULT) << 20,
             reuse_disk: spec.reuse_layer,
             accel: None,
             boot_timeout: BOOT_TIMEOUT,
@@ -169,11 +169,11 @@ impl Guest for VmGuest {
     fn pid(&self) -> i32 {
         self.vm.pid()
     }
-    fn disk_room(&self) -> Option<crate::disk_room::DiskRoom> {
-        Some(crate::disk_room::DiskRoom {
+    fn disk_room(&self) -> Option<crate::host::disk_room::DiskRoom> {
+        Some(crate::host::disk_room::DiskRoom {
             image: self.vm.paths().disk.clone(),
             bytes: self.disk_bytes,
-            layout: crate::disk_room::Layout::Growing,
+            layout: crate::host::disk_room::Layout::Growing,
         })
     }
     /// A VM's vCPUs and memory are fixed when QEMU starts and its hostname lives in the

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::recipe::Recipe;
 use super::store::{BuiltImage, ImageStore, META_FILE, TMP_PREFIX};
 use super::{customise, mmdebstrap};
-use crate::error::{Context, Error, Result};
+use crate::foundation::error::{Context, Error, Result};
 
 /// Where the built image came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::recipe::Recipe;
 use super::store::{tree_size, ImageMeta};
-use crate::error::{Context, Result};
+use crate::foundation::error::{Context, Result};
 use crate::image::{SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 
 /// DynoCap's changes to the fresh rootfs: no trace of the build host (hostname, resolver),

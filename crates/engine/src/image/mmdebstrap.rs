@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::recipe::Recipe;
-use crate::error::{Context, Error, Result};
+use crate::foundation::error::{Context, Error, Result};
 
 /// The hint every "mmdebstrap is missing" error carries.
 pub const HINT: &str = "install it with `apt-get install mmdebstrap`";

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Context, Error, Result};
-use crate::home::Home;
+use crate::foundation::error::{Context, Error, Result};
+use crate::host::home::Home;
 
 /// Name of the metadata file beside each image's rootfs.
 pub const META_FILE: &str = "image.json";

@@ -1,6 +1,6 @@
 //! Which backend a new sandbox asks for.
 
-use crate::error::{Error, Result};
+use crate::foundation::error::{Error, Result};
 
 /// The backend a new sandbox asks for: the CLI's `--backend`, else `DYNOCAP_BACKEND`, else
 /// `auto` (the best one this machine supports for the sandbox's image, see

@@ -1,0 +1,111 @@
+//! The engine's image commands (`dynocap image build|ls|rm`): the store, plus the catalog's
+//! word on which images live sandboxes still use.
+
+use std::sync::atomic::AtomicBool;
+
+use serde::Serialize;
+
+use crate::catalog::{Record, State};
+use crate::facade::sandboxes::Engine;
+use crate::foundation::error::{Error, Result};
+use crate::image::build::{self, Outcome};
+use crate::image::store::{BuiltImage, ImageStore};
+
+/// One line of `image ls`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageInfo {
+    pub name: String,
+    pub id: String,
+    pub created: String,
+    pub size_bytes: u64,
+    /// Kernel release inside the image (what the `vm` backend boots), if any.
+    pub kernel: Option<String>,
+    /// Live sandboxes (and tasks waiting to be recovered) that use this image.
+    pub used_by: Vec<String>,
+    pub path: String,
+}
+
+/// A sandbox whose guest needs its image's lower layer: running, or keeping a writable layer
+/// that a recovery boots again over the same image.
+fn needs_image(record: &Record) -> bool {
+    record.state.is_live() || record.state == State::Unsaved
+}
+
+impl Engine {
+    fn image_store(&self) -> ImageStore {
+        ImageStore::for_home(self.home())
+    }
+
+    /// Builds image `name`, or finds it built (see [`build::build`]).
+    pub fn image_build(
+        &self,
+        name: &str,
+        progress: &dyn Fn(&str),
+        cancel: &AtomicBool,
+    ) -> Result<Outcome> {
+        build::build(&self.image_store(), name, progress, cancel)
+    }
+
+    /// Every built image, with the sandboxes using it.
+    pub fn image_ls(&self) -> Result<Vec<ImageInfo>> {
+        let records = self.live_records()?;
+        Ok(self
+            .image_store()
+            .list()?
+            .into_iter()
+            .map(|image| info(&image, &records))
+            .collect())
+    }
+
+    /// Removes a built image, refused while a sandbox needs it.
+    pub fn image_rm(&self, name_or_id: &str) -> Result<ImageInfo> {
+        let store = self.image_store();
+        let image = store.find(name_or_id)?.ok_or_else(|| {
+            Error::not_found(format!(
+                "no built image named or with id \"{name_or_id}\" (see dynocap image ls)"
+            ))
+        })?;
+        let records = self.live_records()?;
+        let info = info(&image, &records);
+        if !info.used_by.is_empty() {
+            return Err(Error::conflict(format!(
+                "image {} ({}) is in use by {}; destroy or finish {} first",
+                image.name(),
+                build::short(image.id()),
+                info.used_by.join(", "),
+                if info.used_by.len() == 1 {
+                    "it"
+                } else {
+                    "them"
+                }
+            )));
+        }
+        store.remove(&image)?;
+        Ok(info)
+    }
+
+    /// Records whose guest needs its image, after repairing the catalog (a sandbox whose
+    /// supervisor died is `lost` and no longer holds its image).
+    fn live_records(&self) -> Result<Vec<Record>> {
+        let catalog = self.catalog()?;
+        self.reconcile(&catalog)?;
+        Ok(catalog.list()?.into_iter().filter(needs_image).collect())
+    }
+}
+
+fn info(image: &BuiltImage, records: &[Record]) -> ImageInfo {
+    ImageInfo {
+        name: image.name().to_owned(),
+        id: image.id().to_owned(),
+        created: image.meta.created.clone(),
+        size_bytes: image.meta.size_bytes,
+        kernel: image.meta.kernel.clone(),
+        used_by: records
+            .iter()
+            .filter(|r| r.image.id.as_deref() == Some(image.id()))
+            .map(|r| r.name.clone().unwrap_or_else(|| r.id.clone()))
+            .collect(),
+        path: image.dir.display().to_string(),
+    }
+}

@@ -1,0 +1,16 @@
+//! The client facade: [`Engine`](sandboxes::Engine), what the CLI and the MCP server call.
+//! Raw sandboxes, tasks, the warm pool and its standby, applying a task's result to a
+//! repository, admission against the host's ceilings, image administration and catalog
+//! repair. It reaches a sandbox through its supervisor's control socket.
+//!
+//! The top layer: it may import every layer below it, and nothing imports it.
+
+pub(crate) mod admission;
+pub mod apply;
+pub mod ceilings;
+pub mod image_admin;
+pub mod pool;
+pub mod repair;
+pub(crate) mod sandboxes;
+pub mod standby;
+pub(crate) mod tasks;

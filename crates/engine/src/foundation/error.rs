@@ -1,0 +1,110 @@
+//! The error type every engine operation returns: a stable code (docs/mcp.md, "Errors") plus a
+//! message that tells a person what went wrong and what to do about it.
+
+use std::fmt;
+
+/// Stable error codes (docs/mcp.md, "Errors"). Clients match on these, never on messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    InvalidArgument,
+    PolicyDenied,
+    NotFound,
+    Conflict,
+    Timeout,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidArgument => "invalid_argument",
+            Self::PolicyDenied => "policy_denied",
+            Self::NotFound => "not_found",
+            Self::Conflict => "conflict",
+            Self::Timeout => "timeout",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Error {
+    pub code: ErrorCode,
+    /// The text an MCP caller reads (and the CLI too, unless `cli_message` is set).
+    pub message: String,
+    /// The same message as a person at the command line reads it, where it differs: flags
+    /// (`--ttl`) and commands (`dynocap task exec NAME`) instead of the parameters and tools
+    /// `message` names (see [`crate::foundation::wording`]). It travels with the error from a supervisor.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "cliMessage"
+    )]
+    pub cli_message: Option<String>,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            cli_message: None,
+        }
+    }
+
+    /// The message for the command line.
+    pub fn cli_text(&self) -> &str {
+        self.cli_message.as_deref().unwrap_or(&self.message)
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidArgument, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::NotFound, message)
+    }
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Conflict, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Internal, message)
+    }
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Timeout, message)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Adds context to lower-level failures, turning them into `internal` errors.
+pub trait Context<T> {
+    fn context(self, what: impl fmt::Display) -> Result<T>;
+}
+
+impl<T, E: fmt::Display> Context<T> for std::result::Result<T, E> {
+    fn context(self, what: impl fmt::Display) -> Result<T> {
+        self.map_err(|err| Error::internal(format!("{what}: {err}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_starts_with_the_code() {
+        let err = Error::invalid("ttlSeconds 29 is below the minimum 30");
+        assert_eq!(
+            err.to_string(),
+            "invalid_argument: ttlSeconds 29 is below the minimum 30"
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! Room on the host's filesystem for sandboxes' disks. A sandbox's disk is a sparse file (the
+//! jail's ext4 image, the vm's qcow2 layer): left sparse, the host's free space would be
+//! promised to every sandbox at once and held by none, and a guest whose write the host cannot
+//! store has its filesystem fail under work it already acknowledged. So a sandbox's disk sets
+//! aside its whole size on the host's filesystem when the sandbox starts (`fallocate`: blocks
+//! reserved, nothing written), and a start the free space cannot back is refused before
+//! anything is made ([`check_room`]).
+//!
+//! What holds a reservation: the disk of every started sandbox, and the kept layer of an
+//! `unsaved` task (its recovery boots over it). A warm-pool sandbox reserves when it is
+//! claimed: until then it is nobody's, and its sparse disk holds a few hundred KB. The disk
+//! templates and spares are sparse too and reserve nothing. A destroyed sandbox, and a
+//! finished task (its patch and logs stay, its layer does not), give their room back.
+
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use crate::foundation::error::{Error, ErrorCode, Result};
+use crate::foundation::wording;
+
+/// Room on the home's filesystem a start leaves free, beyond the disk it reserves: the
+/// records, logs, catalog and results (a finished task's patch) are written there too.
+pub const HEADROOM_MB: u64 = 64;
+
+/// How a disk's file takes its room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// A file of the disk's size whose blocks the guest's writes fill in (the jail's raw
+    /// image): its whole length is reserved.
+    Fixed,
+    /// A file that grows as the guest writes (the vm's qcow2 layer, which appends clusters):
+    /// blocks past its end are reserved, for the disk's size and the format's own tables.
+    Growing,
+}
+
+/// The room a guest's disk takes on the host: its file, its size and how the file grows. A
+/// value apart from the guest, so that the reservation can run beside the rest of a start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskRoom {
+    pub image: PathBuf,
+    pub bytes: u64,
+    pub layout: Layout,
+}
+
+impl DiskRoom {
+    /// See [`reserve`].
+    pub fn reserve(&self) -> Result<()> {
+        reserve(&self.image, self.bytes, self.layout)
+    }
+}
+
+/// A reservation under way on a thread of its own. `fallocate` of a whole disk takes a
+/// millisecond or more, all of it in the kernel, while the guest's agent starts up and the
+/// supervisor readies its control socket: a start begins it right after the boot and
+/// [`waits`](PendingRoom::wait) for it before the sandbox is anyone's. Dropped unwaited (the
+/// start failed meanwhile), the thread finishes alone on a disk about to be removed.
+#[derive(Debug, Default)]
+pub struct PendingRoom(Option<Reserving>);
+
+#[derive(Debug)]
+enum Reserving {
+    Thread(JoinHandle<Result<()>>),
+    /// Reserved on the caller's thread: no thread could be started.
+    Done(Result<()>),
+}
+
+impl PendingRoom {
+    /// Starts reserving `room`; where no thread can be started, reserves it here instead.
+    pub fn begin(room: DiskRoom) -> Self {
+        let for_thread = room.clone();
+        match std::thread::Builder::new()
+            .name("disk-room".into())
+            .spawn(move || for_thread.reserve())
+        {
+            Ok(thread) => Self(Some(Reserving::Thread(thread))),
+            Err(_) => Self(Some(Reserving::Done(room.reserve()))),
+        }
+    }
+
+    /// [`wait`](Self::wait), from async code: on a blocking thread, the runtime's own go on.
+    pub async fn reserved(self) -> Result<()> {
+        tokio::task::spawn_blocking(move || self.wait())
+            .await
+            .map_err(|err| Error::internal(format!("reserving the sandbox's disk: {err}")))?
+    }
+
+    /// The reservation's outcome, once it is done; `Ok` when there was nothing to reserve.
+    pub fn wait(self) -> Result<()> {
+        match self.0 {
+            None => Ok(()),
+            Some(Reserving::Done(reserved)) => reserved,
+            Some(Reserving::Thread(thread)) => thread
+                .join()
+                .unwrap_or_else(|_| Err(Error::internal("reserving the sandbox's disk panicked"))),
+        }
+    }
+}
+
+/// The MB free to an unprivileged writer on the filesystem holding `dir`.
+pub fn free_mb(dir: &Path) -> Result<u64> {
+    let stat = nix::sys::statvfs::statvfs(dir).map_err(|errno| {
+        Error::internal(format!(
+            "reading the free space of the filesystem holding {}: {errno}",
+            dir.display()
+        ))
+    })?;
+    let bytes = stat.blocks_available().saturating_mul(stat.fragment_size());
+    Ok(bytes >> 20)
+}
+
+/// Whether the filesystem holding `dir` has no room left for an unprivileged writer (less
+/// than 1 MiB): where a write failing is no surprise, and a command that only reads must
+/// not fail because of it.
+pub fn is_full(dir: &Path) -> bool {
+    free_mb(dir).is_ok_and(|free| free == 0)
+}
+
+/// Refuses (`policy_denied`) a new sandbox whose disk of `disk_mb` the filesystem holding
+/// `home` cannot set aside while keeping [`HEADROOM_MB`] free, naming what is free, what is
+/// asked and what to do.
+pub fn check_room(home: &Path, disk_mb: u64) -> Result<()> {
+    let free = free_mb(home)?;
+    if free >= disk_mb.saturating_add(HEADROOM_MB) {
+        return Ok(());
+    }
+    Err(refusal(home, disk_mb, free))
+}
+
+fn refusal(home: &Path, disk_mb: u64, free: u64) -> Error {
+    let most = free.saturating_sub(HEADROOM_MB);
+    let home = home.display().to_string();
+    Error::worded(ErrorCode::PolicyDenied, move |s| {
+        let fit = if most >= crate::model::spec::DISK_MB_MIN {
+            format!("ask for a {} of at most {most}", s.param(wording::DISK_MB))
+        } else {
+            format!(
+                "no disk fits ({} is at least {})",
+                s.param(wording::DISK_MB),
+                crate::model::spec::DISK_MB_MIN
+            )
+        };
+        format!(
+            "{} {disk_mb} needs {disk_mb} MB set aside on the filesystem holding {home}, which \
+             has {free} MB free and keeps {HEADROOM_MB} MB for DynoCap's records and results: \
+             {fit}, free space on that filesystem (destroy sandboxes, or rm --purge finished \
+             tasks), or point DYNOCAP_HOME at a filesystem with more room; \
+             DYNOCAP_MAX_DISK_MB caps what any one sandbox may ask for",
+            s.param(wording::DISK_MB)
+        )
+    })
+}
+
+/// Sets aside on the host the room the disk at `image` may fill, `bytes` of guest disk laid
+/// out as `layout`. Nothing is written; what is reserved already costs nothing again (a kept
+/// layer booted over). A filesystem without room is `policy_denied`, as [`check_room`] says it.
+pub fn reserve(image: &Path, bytes: u64, layout: Layout) -> Result<()> {
+    let file = OpenOptions::new().write(true).open(image).map_err(|e| {
+        Error::internal(format!(
+            "opening the sandbox's disk {}: {e}",
+            image.display()
+        ))
+    })?;
+    let (mode, length) = match layout {
+        Layout::Fixed => (0, bytes),
+        Layout::Growing => (
+            libc::FALLOC_FL_KEEP_SIZE,
+            bytes.saturating_add(qcow2_tables(bytes)),
+        ),
+    };
+    let length = i64::try_from(length)
+        .map_err(|_| Error::invalid(format!("a disk of {bytes} bytes is too large")))?;
+    // SAFETY: fallocate reads its integer arguments and acts on the open descriptor `file`.
+    if unsafe { libc::fallocate(file.as_raw_fd(), mode, 0, length) } == 0 {
+        return Ok(());
+    }
+    let errno = nix::errno::Errno::last();
+    let dir = image.parent().unwrap_or(image);
+    match errno {
+        nix::errno::Errno::ENOSPC | nix::errno::Errno::EDQUOT => {
+            let free = free_mb(dir).unwrap_or(0);
+            Err(refusal(dir, bytes >> 20, free))
+        }
+        nix::errno::Errno::EOPNOTSUPP => Err(Error::internal(format!(
+            "the filesystem holding {} cannot reserve room for a sandbox's disk (fallocate: \
+             {errno}); keep DYNOCAP_HOME on a filesystem that can (ext4, xfs, btrfs, tmpfs)",
+            image.display()
+        ))),
+        _ => Err(Error::internal(format!(
+            "reserving {} MB for the sandbox's disk {}: {errno}",
+            bytes >> 20,
+            image.display()
+        ))),
+    }
+}
+
+/// What a qcow2 layer of `bytes` may need beyond its data, with its default 64 KiB clusters:
+/// an 8-byte L2 entry and a 2-byte refcount per cluster, their tables, the header. A bound,
+/// rounded up generously: one L2 and one refcount block per 64 KiB of entries, plus 1 MiB.
+fn qcow2_tables(bytes: u64) -> u64 {
+    const CLUSTER: u64 = 64 << 10;
+    let clusters = bytes.div_ceil(CLUSTER);
+    let entries = clusters.saturating_mul(8 + 2);
+    entries
+        .div_ceil(CLUSTER)
+        .saturating_add(2)
+        .saturating_mul(CLUSTER)
+        + (1 << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fixed_disk_is_reserved_whole_and_a_growing_one_past_its_end() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fixed = dir.path().join("fixed");
+        let file = std::fs::File::create(&fixed).expect("create");
+        file.set_len(8 << 20).expect("size");
+        reserve(&fixed, 8 << 20, Layout::Fixed).expect("reserve");
+        let allocated = |p: &Path| {
+            std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(p).expect("stat")) * 512
+        };
+        assert!(allocated(&fixed) >= 8 << 20, "{}", allocated(&fixed));
+
+        let growing = dir.path().join("growing");
+        std::fs::write(&growing, b"header").expect("write");
+        reserve(&growing, 8 << 20, Layout::Growing).expect("reserve");
+        assert_eq!(
+            std::fs::metadata(&growing).expect("stat").len(),
+            6,
+            "the size stays"
+        );
+        assert!(allocated(&growing) >= (8 << 20) + qcow2_tables(8 << 20));
+    }
+
+    #[test]
+    fn the_tables_bound_covers_every_cluster() {
+        // 1 TiB: 16 Mi clusters, 160 MiB of entries.
+        let tables = qcow2_tables(1 << 40);
+        assert!(tables >= 160 << 20, "{tables}");
+        assert!(tables < 170 << 20, "{tables}");
+    }
+
+    #[test]
+    fn a_refusal_names_free_asked_and_remedies() {
+        let err = refusal(Path::new("/h"), 4096, 1000);
+        assert_eq!(err.code, ErrorCode::PolicyDenied);
+        for needle in ["4096", "1000 MB free", "at most 936", "DYNOCAP_HOME", "/h"] {
+            assert!(
+                err.message.contains(needle),
+                "{needle:?} not in {}",
+                err.message
+            );
+        }
+        let none = refusal(Path::new("/h"), 4096, 100);
+        assert!(none.message.contains("no disk fits"), "{}", none.message);
+    }
+}

@@ -1,0 +1,342 @@
+//! The supervisor's end of the agent channel: one connection, many concurrent streams.
+//!
+//! A reader task routes each incoming frame to the stream it belongs to; a writer task owns
+//! the write half. Everything the agent sends is untrusted: frames for unknown streams are
+//! dropped, and the connection's death ends every open stream with an error.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dynocap_proto::{
+    channel, exec_window, from_payload, to_payload, tunnel, ErrorBody, Frame, FrameKind,
+    FrameReader, FrameWriter, GuestRequest, Hello, Request, CONTROL_STREAM, DATA_CHUNK,
+    GUEST_STREAM_BIT, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+
+use crate::foundation::error::{Error, Result};
+
+type Routes = Arc<Mutex<HashMap<u32, mpsc::Sender<Frame>>>>;
+type Tunnels = Arc<Mutex<HashMap<u32, tunnel::Inbox>>>;
+
+/// Serves the tunnels the guest opens (its egress): gets each new one with the queue its
+/// frames go out on.
+pub type TunnelHandler = Arc<dyn Fn(tunnel::Tunnel, mpsc::Sender<Frame>) + Send + Sync>;
+
+/// How often [`AgentConn::while_responsive`] pings, and how long an answer may take. The agent
+/// answers pings on its dispatch loop, beside any running request, so a healthy agent answers
+/// in milliseconds even under load.
+const AGENT_PING_INTERVAL: Duration = Duration::from_secs(3);
+const AGENT_PING_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Frames buffered per stream before the reader waits for that stream's consumer (which
+/// stalls every stream). A flow-controlled exec never has more in flight than this: its
+/// window's frames plus its `Eof`s and last frame.
+const STREAM_QUEUE: usize = exec_window::MAX_FRAMES_IN_FLIGHT + 8;
+
+#[derive(Clone)]
+pub struct AgentConn {
+    outgoing: mpsc::Sender<Frame>,
+    routes: Routes,
+    next_stream: Arc<AtomicU32>,
+    tunnel_handler: Arc<Mutex<Option<TunnelHandler>>>,
+}
+
+/// One request in flight: its frames, in order, until `Done` or `Error`.
+pub struct AgentStream {
+    id: u32,
+    incoming: mpsc::Receiver<Frame>,
+    outgoing: mpsc::Sender<Frame>,
+    routes: Routes,
+}
+
+impl AgentConn {
+    /// Starts the reader and writer tasks and waits for the agent's hello.
+    pub async fn start<R, W>(read: R, write: W, hello_timeout: Duration) -> Result<(Self, Hello)>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut reader = FrameReader::new(read);
+        let first = tokio::time::timeout(hello_timeout, reader.read_frame())
+            .await
+            .map_err(|_| {
+                Error::timeout(format!(
+                    "the guest agent did not answer within {}s of boot",
+                    hello_timeout.as_secs()
+                ))
+            })?
+            .map_err(|err| Error::internal(format!("waiting for the guest agent: {err}")))?
+            .ok_or_else(|| Error::internal("the guest agent exited before saying hello"))?;
+        if first.kind != FrameKind::Hello || first.stream != CONTROL_STREAM {
+            return Err(Error::internal("the guest agent spoke before saying hello"));
+        }
+        let hello: Hello = from_payload("hello", &first.payload)
+            .map_err(|err| Error::internal(err.to_string()))?;
+        if hello.protocol != PROTOCOL_VERSION {
+            return Err(Error::internal(format!(
+                "the guest agent speaks protocol {} but this dynocap speaks {}; install matching dynocap and dynocap-agent binaries",
+                hello.protocol, PROTOCOL_VERSION
+            )));
+        }
+
+        let (outgoing, mut queue) = mpsc::channel::<Frame>(1024);
+        let mut writer = FrameWriter::new(write);
+        tokio::spawn(async move {
+            while let Some(frame) = queue.recv().await {
+                if writer.write_frame(&frame).await.is_err() {
+                    break;
+                }
+            }
+        });
+
+        let routes: Routes = Arc::default();
+        let tunnel_handler: Arc<Mutex<Option<TunnelHandler>>> = Arc::default();
+        let reader_routes = routes.clone();
+        let reader_handler = tunnel_handler.clone();
+        let reader_outgoing = outgoing.clone();
+        tokio::spawn(async move {
+            let tunnels: Tunnels = Arc::default();
+            loop {
+                let frame = match reader.read_frame().await {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(err) => {
+                        tracing::error!("agent channel: {err}; closing it");
+                        break;
+                    }
+                };
+                if frame.stream & GUEST_STREAM_BIT != 0 {
+                    let refusal = guest_stream(frame, &tunnels, &reader_handler, &reader_outgoing);
+                    if let Some((stream, message)) = refusal {
+                        let body = to_payload(&ErrorBody { message });
+                        let _ = reader_outgoing
+                            .send(Frame::new(stream, FrameKind::Error, body))
+                            .await;
+                    }
+                    continue;
+                }
+                let route = lock(&reader_routes).get(&frame.stream).cloned();
+                if let Some(tx) = route {
+                    // A consumer that went away just loses its frames.
+                    let _ = tx.send(frame).await;
+                }
+            }
+            // Dropping every sender ends every stream.
+            lock(&reader_routes).clear();
+            for (_, inbox) in lock(&tunnels).drain() {
+                inbox.close("the agent channel closed");
+            }
+        });
+
+        Ok((
+            Self {
+                outgoing,
+                routes,
+                next_stream: Arc::new(AtomicU32::new(1)),
+                tunnel_handler,
+            },
+            hello,
+        ))
+    }
+
+    /// From now on, tunnels the guest opens go to `handler`; before, or after
+    /// [`AgentConn::refuse_tunnels`], they are refused.
+    pub fn serve_tunnels(&self, handler: TunnelHandler) {
+        *lock(&self.tunnel_handler) = Some(handler);
+    }
+
+    pub fn refuse_tunnels(&self) {
+        *lock(&self.tunnel_handler) = None;
+    }
+
+    /// Opens a stream with `request`.
+    pub async fn open(&self, request: &Request) -> Result<AgentStream> {
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed) & !GUEST_STREAM_BIT;
+        let (tx, incoming) = mpsc::channel(STREAM_QUEUE);
+        lock(&self.routes).insert(id, tx);
+        let stream = AgentStream {
+            id,
+            incoming,
+            outgoing: self.outgoing.clone(),
+            routes: self.routes.clone(),
+        };
+        stream.send(FrameKind::Open, to_payload(request)).await?;
+        Ok(stream)
+    }
+
+    /// Runs `work` (something the agent is doing for us) while checking that the agent still
+    /// answers: a ping every few seconds must come back in time, else the work is abandoned
+    /// with an error. A stopped or wedged agent thus fails a long request instead of hanging it,
+    /// however long the request itself may legitimately take.
+    pub async fn while_responsive<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+    ) -> Result<T> {
+        let watchdog = async {
+            loop {
+                tokio::time::sleep(AGENT_PING_INTERVAL).await;
+                match tokio::time::timeout(AGENT_PING_DEADLINE, self.ping()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => return err,
+                    Err(_) => {
+                        return Error::internal(format!(
+                            "the guest agent stopped answering (no reply to a ping within {}s)",
+                            AGENT_PING_DEADLINE.as_secs()
+                        ))
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            out = work => Ok(out),
+            err = watchdog => Err(err),
+        }
+    }
+
+    /// Round trip of a ping, for health checks.
+    pub async fn ping(&self) -> Result<()> {
+        let mut stream = self.open(&Request::Ping).await?;
+        match stream.next().await {
+            Some(frame) if frame.kind == FrameKind::Done => Ok(()),
+            Some(_) => Err(Error::internal(
+                "the guest agent answered a ping with something else",
+            )),
+            None => Err(agent_gone()),
+        }
+    }
+}
+
+impl AgentStream {
+    /// The next frame of this stream; `None` when the connection closed.
+    pub async fn next(&mut self) -> Option<Frame> {
+        self.incoming.recv().await
+    }
+
+    /// Asks the agent to stop this stream's work.
+    pub async fn cancel(&self) -> Result<()> {
+        self.send(FrameKind::Cancel, Vec::new()).await
+    }
+
+    /// Returns `credit` of a flow-controlled exec's output window to the agent.
+    pub async fn grant(&self, credit: usize) -> Result<()> {
+        let frame = exec_window::grant(self.id, credit);
+        self.send(frame.kind, frame.payload).await
+    }
+
+    /// A handle that feeds bytes into this stream's input channel from blocking code (a
+    /// tar writer running on a blocking thread).
+    pub fn input(&self) -> InputWriter {
+        InputWriter {
+            id: self.id,
+            outgoing: self.outgoing.clone(),
+        }
+    }
+
+    async fn send(&self, kind: FrameKind, payload: Vec<u8>) -> Result<()> {
+        self.outgoing
+            .send(Frame::new(self.id, kind, payload))
+            .await
+            .map_err(|_| agent_gone())
+    }
+}
+
+/// `std::io::Write` into a stream's [`channel::INPUT`], in frames of at most
+/// [`DATA_CHUNK`] bytes. Blocks when the agent's queue is full (back-pressure); use it from a
+/// blocking thread only.
+pub struct InputWriter {
+    id: u32,
+    outgoing: mpsc::Sender<Frame>,
+}
+
+impl InputWriter {
+    /// Marks the end of the input.
+    pub fn finish(self) -> std::io::Result<()> {
+        self.push(FrameKind::Eof, vec![channel::INPUT])
+    }
+
+    fn push(&self, kind: FrameKind, payload: Vec<u8>) -> std::io::Result<()> {
+        self.outgoing
+            .blocking_send(Frame::new(self.id, kind, payload))
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the guest agent is gone")
+            })
+    }
+}
+
+impl std::io::Write for InputWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(DATA_CHUNK);
+        let mut payload = Vec::with_capacity(n + 1);
+        payload.push(channel::INPUT);
+        payload.extend_from_slice(&buf[..n]);
+        self.push(FrameKind::Data, payload)?;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for AgentStream {
+    fn drop(&mut self) {
+        lock(&self.routes).remove(&self.id);
+    }
+}
+
+/// The message of an agent's `Error` frame, made safe to show: it is guest text.
+pub fn agent_error_message(payload: &[u8]) -> String {
+    let message = from_payload::<ErrorBody>("error", payload)
+        .map(|body| body.message)
+        .unwrap_or_else(|_| "malformed error from the guest agent".into());
+    crate::supervisor::exec::sanitize_line(&message, 500)
+}
+
+pub fn agent_gone() -> Error {
+    Error::internal("the sandbox's guest agent is gone (the sandbox was destroyed or crashed)")
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The maps stay consistent even if a holder panicked: every update is a single insert or
+    // remove. So a poisoned lock is still safe to use.
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Routes a frame of a stream the guest opened. Returns the stream and a message when the
+/// guest is to be told the stream is refused or broken.
+fn guest_stream(
+    frame: Frame,
+    tunnels: &Tunnels,
+    handler: &Mutex<Option<TunnelHandler>>,
+    outgoing: &mpsc::Sender<Frame>,
+) -> Option<(u32, String)> {
+    let id = frame.stream;
+    if frame.kind == FrameKind::Open {
+        if lock(tunnels).contains_key(&id) {
+            return Some((id, format!("stream {id:#x} is already open")));
+        }
+        match from_payload::<GuestRequest>("guest request", &frame.payload) {
+            Ok(GuestRequest::Tunnel) => {}
+            Err(err) => return Some((id, err.to_string())),
+        }
+        let Some(handler) = lock(handler).clone() else {
+            return Some((
+                id,
+                "this sandbox has no network egress (network \"none\")".to_owned(),
+            ));
+        };
+        let (inbox, tunnel) = tunnel::open(id);
+        lock(tunnels).insert(id, inbox);
+        handler(tunnel, outgoing.clone());
+        return None;
+    }
+    tunnel::route(&mut lock(tunnels), frame)
+        .err()
+        .map(|tunnel::Violation(why)| (id, why))
+}

@@ -1,0 +1,143 @@
+//! The control protocol between clients (CLI, MCP server) and a sandbox's supervisor: one
+//! JSON request line per connection on the supervisor's unix socket, one JSON reply line.
+//! Closing the connection before the reply cancels the request (an exec is killed).
+//! Before its one final reply, a request may get interim lines: progress, and for an exec
+//! that asked for it, its output as it comes.
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+
+use crate::foundation::error::{Error, Result};
+pub use crate::model::output::{OutputChannel, OutputChunk};
+use crate::model::spec::ExecSpec;
+use crate::supervisor::exec::ExecResult;
+
+/// Longest line either side accepts; an exec request carries the command (≤ 256 KiB) and
+/// a reply carries up to 2 MiB of output, JSON-escaped (a streamed [`OutputChunk`] is at most
+/// 64 KiB, about 88 KiB in base64).
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "op")]
+pub enum ControlRequest {
+    Ping,
+    Exec {
+        spec: ExecSpec,
+    },
+    /// Tear the sandbox down; the reply is sent once its guest is dead and its name free
+    /// (the rest of the teardown follows).
+    Destroy,
+    /// Make an idle warm-pool sandbox the caller's: the guest's hostname and limits, and
+    /// the supervisor's deadline.
+    Claim(Claim),
+    /// Tasks: the patch baseline → working tree, with the host's summary.
+    Diff,
+    /// Tasks: final diff, guest destroyed, patch verified, results written.
+    Finish,
+}
+
+/// What a claim of a warm-pool sandbox sets (its record already says the same).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Claim {
+    pub hostname: String,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    pub ttl_seconds: u64,
+    /// The new deadline, in seconds since the Unix epoch.
+    pub expires_unix: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ControlReply {
+    /// Sent before the final reply of a request that asked for progress (an exec with
+    /// `report_progress`); any number of them.
+    Progress(crate::model::task_spec::Progress),
+    /// Sent while an exec with `stream_output` runs: the next piece of its stdout or stderr,
+    /// in the order the supervisor received them. Any number of them, before the final reply.
+    Output(OutputChunk),
+    Pong,
+    Exec(ExecResult),
+    Destroyed,
+    Claimed,
+    Diff(crate::model::task_spec::DiffResult),
+    Finished(crate::model::task_spec::FinishResult),
+    Error(Error),
+}
+
+impl ControlReply {
+    pub fn from_result<T>(result: Result<T>, ok: impl FnOnce(T) -> Self) -> Self {
+        match result {
+            Ok(value) => ok(value),
+            Err(err) => Self::Error(err),
+        }
+    }
+}
+
+/// Reads one newline-terminated JSON value, refusing lines longer than [`MAX_LINE`].
+pub async fn read_message<T, R>(reader: &mut BufReader<R>) -> Result<Option<T>>
+where
+    T: for<'de> Deserialize<'de>,
+    R: AsyncRead + Unpin,
+{
+    let mut line = Vec::new();
+    let mut limited = (&mut *reader).take(MAX_LINE as u64 + 1);
+    let n = limited
+        .read_until(b'\n', &mut line)
+        .await
+        .map_err(|err| Error::internal(format!("reading from the supervisor socket: {err}")))?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if line.len() > MAX_LINE {
+        return Err(Error::internal("control message too long"));
+    }
+    serde_json::from_slice(&line)
+        .map(Some)
+        .map_err(|err| Error::internal(format!("malformed control message: {err}")))
+}
+
+use tokio::io::AsyncReadExt as _;
+
+pub async fn write_message<T: Serialize, W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    message: &T,
+) -> Result<()> {
+    let mut bytes = serde_json::to_vec(message)
+        .map_err(|err| Error::internal(format!("encoding a control message: {err}")))?;
+    bytes.push(b'\n');
+    writer
+        .write_all(&bytes)
+        .await
+        .map_err(|err| Error::internal(format!("writing to the supervisor socket: {err}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn output_chunks_carry_any_bytes_within_one_line() {
+        let data: Vec<u8> = (0..=255u8)
+            .cycle()
+            .take(dynocap_proto::DATA_CHUNK)
+            .collect();
+        let reply = ControlReply::Output(OutputChunk {
+            channel: OutputChannel::Stderr,
+            data: data.clone(),
+        });
+        let mut wire = Vec::new();
+        write_message(&mut wire, &reply).await.expect("encode");
+        assert!(wire.len() < 100 * 1024, "one chunk is one short line");
+        assert_eq!(wire.iter().filter(|&&b| b == b'\n').count(), 1);
+        let mut reader = BufReader::new(&wire[..]);
+        match read_message::<ControlReply, _>(&mut reader).await {
+            Ok(Some(ControlReply::Output(chunk))) => {
+                assert_eq!(chunk.channel, OutputChannel::Stderr);
+                assert_eq!(chunk.data, data);
+            }
+            other => panic!("expected the chunk back, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! A sandbox's egress on the host side: what it may reach ([`EgressSpec`], fixed when the
+//! sandbox is created and kept in its record), and, in the supervisor, the proxy that enforces
+//! it for every tunnel the guest opens, with each decision logged to `network.jsonl`.
+//!
+//! The guest decides nothing: its agent only carries connections here. The allowlist comes
+//! from the person running DynoCap (`DYNOCAP_EGRESS_ALLOW`, `--allow-host`), from DynoCap's
+//! defaults (the npm registry) and from the task's own git host; never from the guest.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use dynocap_netproxy::{
+    DecisionSink, HostPattern, JsonlSink, Policy, Proxy, ResolveOverrides, Rule, Summary,
+    SummarySink,
+};
+use dynocap_proto::{EgressRequest, Request, Response};
+
+use crate::foundation::error::{Context, Error, Result};
+pub use crate::model::egress_spec::EgressSpec;
+use crate::supervisor::agent_conn::{AgentConn, TunnelHandler};
+
+/// The port the guest's egress listener takes on its loopback.
+pub const PROXY_PORT: u16 = 3128;
+/// Hosts every `filtered` sandbox may reach: the registry npm uses by default.
+pub const DEFAULT_ALLOW: &[&str] = &["registry.npmjs.org"];
+/// Git hosts a task's own remotes may add to its allowlist when `DYNOCAP_MCP_GIT_HOSTS` is
+/// unset (the MCP server's default list of clone hosts).
+pub const DEFAULT_GIT_HOSTS: &str = "github.com,gitlab.com,bitbucket.org";
+/// The system CA bundle the guest's extra CAs are added to (Debian's path).
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Tunnels served at once. The agent opens at most 256; this bounds the host's share even if
+/// something else in the guest spoke for it.
+const MAX_TUNNELS: usize = 512;
+/// Largest `DYNOCAP_EXTRA_CA` file.
+const EXTRA_CA_MAX: u64 = 256 * 1024;
+/// Largest bundle sent to the guest: it travels in one request, under the frame bound (1 MiB).
+const CA_BUNDLE_MAX: usize = 900 * 1024;
+
+impl EgressSpec {
+    /// The spec from the operator's environment, hosts the person starting the sandbox added,
+    /// and the task's git host. `filtered` selects whether the allowlist applies at all (a
+    /// `none` task still clones through the proxy, opened to its git host alone).
+    pub fn from_env(filtered: bool, added: &[String], git_hosts: &[String]) -> Result<Self> {
+        let mut allow: Vec<String> = Vec::new();
+        if filtered {
+            let configured = std::env::var("DYNOCAP_EGRESS_ALLOW").unwrap_or_default();
+            let entries = DEFAULT_ALLOW
+                .iter()
+                .map(|s| (*s).to_owned())
+                .chain(git_hosts.iter().cloned())
+                .chain(
+                    split_list(&configured)
+                        .map(|e| (e, "DYNOCAP_EGRESS_ALLOW"))
+                        .map(|(e, _)| e),
+                )
+                .chain(added.iter().cloned());
+            for entry in entries {
+                // The pattern's error names the entry and the fix.
+                let pattern = HostPattern::parse(&entry)
+                    .map_err(|err| Error::invalid(format!("egress allowlist: {err}")))?;
+                let text = pattern.to_string();
+                if !allow.contains(&text) {
+                    allow.push(text);
+                }
+            }
+        } else {
+            Self::refuse_hosts(added)?;
+        }
+        let resolve_env = std::env::var("DYNOCAP_RESOLVE").unwrap_or_default();
+        let resolve: Vec<String> = split_list(&resolve_env).collect();
+        let spec = Self {
+            allow,
+            resolve,
+            extra_ca: std::env::var_os("DYNOCAP_EXTRA_CA")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+        };
+        spec.overrides()?;
+        if let Some(path) = &spec.extra_ca {
+            read_extra_ca(path)?;
+        }
+        Ok(spec)
+    }
+
+    /// Refuses hosts added to a sandbox whose network is not `filtered`.
+    pub fn refuse_hosts(added: &[String]) -> Result<()> {
+        if added.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "allowed hosts only apply to network \"filtered\"; pass network filtered or drop them",
+            ))
+        }
+    }
+
+    /// The policy once the sandbox is up: HTTPS to the allowlist.
+    pub fn policy(&self) -> Result<Policy> {
+        Policy::https_hosts(&self.allow)
+            .map_err(|err| Error::internal(format!("the recorded allowlist is invalid: {err}")))
+    }
+
+    pub fn overrides(&self) -> Result<ResolveOverrides> {
+        ResolveOverrides::parse(&self.resolve.join(",")).map_err(|err| {
+            Error::invalid(format!(
+                "DYNOCAP_RESOLVE: {err}; use host:port:address entries separated by commas, as curl's --resolve"
+            ))
+        })
+    }
+
+    /// The CA bundle the guest gets: the system's certificates plus the extra ones, or
+    /// `None` when there are no extra ones (the guest keeps its own store).
+    pub fn ca_bundle(&self) -> Result<Option<String>> {
+        let Some(extra) = &self.extra_ca else {
+            return Ok(None);
+        };
+        let extra = read_extra_ca(extra)?;
+        let mut bundle = std::fs::read_to_string(SYSTEM_CA_BUNDLE).unwrap_or_default();
+        if !bundle.is_empty() && !bundle.ends_with('\n') {
+            bundle.push('\n');
+        }
+        bundle.push_str(&extra);
+        if bundle.len() > CA_BUNDLE_MAX {
+            return Err(Error::invalid(format!(
+                "the guest's CA bundle ({SYSTEM_CA_BUNDLE} plus DYNOCAP_EXTRA_CA) is {} bytes, over the {CA_BUNDLE_MAX} one request carries; give DYNOCAP_EXTRA_CA only the CAs the sandbox needs",
+                bundle.len()
+            )));
+        }
+        Ok(Some(bundle))
+    }
+}
+
+/// The hosts of a project's remotes that `DYNOCAP_MCP_GIT_HOSTS` (or its default) names:
+/// they join a `filtered` task's allowlist, so `git fetch` and `git push` of the project's
+/// own remotes work over HTTPS and nothing else is added.
+pub fn remote_hosts(remote_urls: &[String]) -> Vec<String> {
+    let listed =
+        std::env::var("DYNOCAP_MCP_GIT_HOSTS").unwrap_or_else(|_| DEFAULT_GIT_HOSTS.into());
+    let listed: Vec<String> = split_list(&listed)
+        .filter_map(|h| dynocap_netproxy::normalize_host(&h).ok())
+        .collect();
+    let mut hosts = Vec::new();
+    for url in remote_urls {
+        if let Ok(url) = crate::foundation::git_url::GitUrl::parse(url) {
+            let host = url.host();
+            if listed.iter().any(|h| h == host) && !hosts.iter().any(|h| h == host) {
+                hosts.push(host.to_owned());
+            }
+        }
+    }
+    hosts
+}
+
+/// The policy of a clone: the git host alone, on the port its URL's scheme uses.
+pub fn clone_policy(host: &str, ssh: bool) -> Result<Policy> {
+    let pattern = HostPattern::parse(host)
+        .map_err(|err| Error::invalid(format!("the repository's host {host:?}: {err}")))?;
+    let mut policy = Policy::deny_all();
+    policy.push(if ssh {
+        Rule::ssh(pattern)
+    } else {
+        Rule::https(pattern)
+    });
+    Ok(policy)
+}
+
+fn split_list(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_owned)
+}
+
+/// Reads and checks `DYNOCAP_EXTRA_CA`: a regular file of PEM certificates.
+fn read_extra_ca(path: &Path) -> Result<String> {
+    let hint = "point DYNOCAP_EXTRA_CA at a PEM file of CA certificates";
+    let meta = std::fs::metadata(path)
+        .context(format_args!("DYNOCAP_EXTRA_CA={}; {hint}", path.display()))?;
+    if !meta.is_file() || meta.len() > EXTRA_CA_MAX {
+        return Err(Error::invalid(format!(
+            "DYNOCAP_EXTRA_CA={} is not a regular file of at most {EXTRA_CA_MAX} bytes; {hint}",
+            path.display()
+        )));
+    }
+    let text = std::fs::read_to_string(path)
+        .context(format_args!("reading DYNOCAP_EXTRA_CA={}", path.display()))?;
+    if !text.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(Error::invalid(format!(
+            "DYNOCAP_EXTRA_CA={} holds no PEM certificate (-----BEGIN CERTIFICATE-----); {hint}",
+            path.display()
+        )));
+    }
+    Ok(text)
+}
+
+/// The supervisor's proxy for one sandbox.
+pub struct Egress {
+    proxy: Arc<Proxy>,
+    summary: Arc<SummarySink>,
+    ca_bundle: Option<String>,
+    /// The guest listens and its tunnels come here: a later `open` only swaps the policy.
+    listening: AtomicBool,
+}
+
+impl Egress {
+    /// A proxy that allows nothing yet, logging to `log` (`network.jsonl`).
+    pub fn new(spec: &EgressSpec, log: &Path) -> Result<Self> {
+        let jsonl = JsonlSink::create(log).context(format_args!("creating {}", log.display()))?;
+        let summary = Arc::new(SummarySink::new());
+        let sink: Arc<dyn DecisionSink> = Arc::new((jsonl, Arc::clone(&summary)));
+        let proxy = Arc::new(Proxy::new(Policy::deny_all(), spec.overrides()?, sink));
+        Ok(Self {
+            proxy,
+            summary,
+            ca_bundle: spec.ca_bundle()?,
+            listening: AtomicBool::new(false),
+        })
+    }
+
+    /// Applies `policy` and has the guest listen, so commands reach the proxy.
+    pub async fn open(&self, conn: &AgentConn, policy: Policy) -> Result<()> {
+        self.proxy.set_policy(policy);
+        // From the clone's policy to the task's: the proxy decides every connection anew, so
+        // the guest's listener and its open tunnels stay as they are.
+        if self.listening.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let proxy = Arc::clone(&self.proxy);
+        let active = Arc::new(AtomicUsize::new(0));
+        let handler: TunnelHandler = Arc::new(move |tunnel, outgoing| {
+            let proxy = Arc::clone(&proxy);
+            let active = Arc::clone(&active);
+            tokio::spawn(async move {
+                let (near, far) = tokio::io::duplex(256 * 1024);
+                let pumping = tokio::spawn(dynocap_proto::tunnel::pump(tunnel, near, outgoing));
+                if active.fetch_add(1, Ordering::AcqRel) < MAX_TUNNELS {
+                    proxy.serve(far).await;
+                } else {
+                    // Closing our end ends the tunnel at once: the guest's client sees EOF.
+                    tracing::warn!("{MAX_TUNNELS} tunnels are open; closing a new one");
+                    drop(far);
+                }
+                let _ = pumping.await;
+                active.fetch_sub(1, Ordering::AcqRel);
+            });
+        });
+        conn.serve_tunnels(handler);
+        let configured = self.configure_guest(conn, Some(PROXY_PORT)).await;
+        if configured.is_err() {
+            self.listening.store(false, Ordering::Release);
+        }
+        configured
+    }
+
+    /// Stops the guest's listener and refuses every later tunnel.
+    pub async fn close(&self, conn: &AgentConn) -> Result<()> {
+        self.proxy.set_policy(Policy::deny_all());
+        self.listening.store(false, Ordering::Release);
+        conn.refuse_tunnels();
+        self.configure_guest(conn, None).await
+    }
+
+    pub fn summary(&self) -> Summary {
+        self.summary.snapshot()
+    }
+
+    async fn configure_guest(&self, conn: &AgentConn, port: Option<u16>) -> Result<()> {
+        let request = Request::Egress(EgressRequest {
+            listen_port: port,
+            ca_bundle: port.and(self.ca_bundle.clone()),
+        });
+        let stream = conn.open(&request).await?;
+        match crate::supervisor::workspace::finish_stream(stream, "configuring the guest's egress")
+            .await?
+        {
+            Response::Egress { .. } => Ok(()),
+            other => Err(Error::internal(format!(
+                "the guest agent answered an egress request with {other:?}"
+            ))),
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! The supervisor layer: the process that holds one sandbox (`dynocap supervise`, in
+//! [`process`]) and what it does with its guest: the agent connection, exec, the control
+//! protocol it serves, the workspace and the project import, clone and egress, saving a task's
+//! work and finishing it, removing what a gone supervisor left, and the watches on the guest's
+//! memory and on its starter.
+//!
+//! It may import the foundation, the model, the host layer, the store (catalog, records), the
+//! images and the backends; never the client facade above it.
+
+pub mod agent_conn;
+pub(crate) mod clone;
+pub mod control;
+pub(crate) mod egress;
+pub mod exec;
+pub mod finish;
+pub mod import;
+pub(crate) mod leftovers;
+pub(crate) mod oom;
+pub(crate) mod process;
+pub(crate) mod save;
+pub(crate) mod starter_watch;
+pub mod workspace;
+
+pub use process::{agent_binary, main, report_failed_start, Mode};

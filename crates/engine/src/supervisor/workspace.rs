@@ -1,0 +1,463 @@
+//! The supervisor's side of a task's workspace: bringing the project into the guest
+//! (tar stream, history bundle, baseline) and taking the patch out.
+//!
+//! The host keeps its own copy of what it sent (`baseline.tar` in the sandbox's state
+//! directory, with its offset index `baseline.tar.idx` beside it, see
+//! [`dynocap_review::tar_index`]). Verification and the package.json comparison read that
+//! copy, never anything the guest says the baseline was.
+
+use std::io::Write;
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use dynocap_proto::{
+    channel, from_payload, BaselineRequest, DiffRequest, FrameKind, ReceiveFileRequest, Request,
+    Response, UnpackRequest,
+};
+use dynocap_review::patch::DEFAULT_MAX_PATCH_BYTES;
+
+use crate::foundation::error::{Context, Error, Result};
+use crate::image::{SANDBOX_GID, SANDBOX_UID};
+use crate::model::task_spec::Progress;
+use crate::supervisor::agent_conn::{agent_error_message, agent_gone, AgentConn, AgentStream};
+use crate::supervisor::import::{self, History};
+
+mod baseline_files;
+
+pub use baseline_files::BaselineIndex;
+
+pub const WORKSPACE: &str = "/workspace";
+/// The host's copy of the imported tree, in the sandbox's state directory.
+pub const BASELINE_TAR: &str = "baseline.tar";
+/// Largest project the guest accepts (bytes of file content).
+const MAX_IMPORT_BYTES: u64 = 64 * 1024 * 1024 * 1024;
+const BUNDLE_NAME: &str = "history.bundle";
+
+/// What an import brought.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    pub root: PathBuf,
+    pub history: History,
+    pub files: u64,
+    pub bytes: u64,
+    /// The commit `HEAD` named when the project was listed (`None`: not git, or no commit).
+    pub base_commit: Option<String>,
+    /// Things left out or read differently (sockets, unreadable files, files that vanished
+    /// mid-read, …), whether found while listing or while reading: for the user.
+    pub notes: Vec<import::Note>,
+}
+
+/// The environment variable telling a supervisor that its starter passed the project
+/// directory, already checked, as descriptor [`SUPERVISOR_PROJECT_FD`].
+pub const PROJECT_FD_ENV: &str = "DYNOCAP_PROJECT_FD";
+/// The descriptor a supervisor inherits the project directory on (the ready pipe is 3).
+pub const SUPERVISOR_PROJECT_FD: RawFd = 4;
+
+/// The inherited project directory, from [`claim_inherited_project`] until the import.
+static INHERITED_PROJECT: Mutex<Option<OwnedFd>> = Mutex::new(None);
+
+/// Takes the project descriptor the starter passed (if it says it did), marking it
+/// close-on-exec at once: nothing the supervisor starts, the guest least of all, may get a
+/// handle on a host directory. Call first thing, before any child is started.
+pub fn claim_inherited_project() -> Result<()> {
+    let Some(value) = std::env::var_os(PROJECT_FD_ENV) else {
+        return Ok(());
+    };
+    std::env::remove_var(PROJECT_FD_ENV);
+    if value.to_str() != Some(&SUPERVISOR_PROJECT_FD.to_string()) {
+        return Err(Error::internal(format!(
+            "{PROJECT_FD_ENV}={} names an unexpected descriptor (the starter passes {SUPERVISOR_PROJECT_FD})",
+            value.to_string_lossy()
+        )));
+    }
+    // SAFETY: the starter dup2'ed the project directory to this number right before exec and
+    // nothing in this process has used or taken it since (this runs first, once).
+    let fd = unsafe { BorrowedFd::borrow_raw(SUPERVISOR_PROJECT_FD) };
+    nix::fcntl::fcntl(
+        fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(|err| {
+        Error::internal(format!(
+            "the inherited project descriptor {SUPERVISOR_PROJECT_FD} is unusable: {err}"
+        ))
+    })?;
+    // SAFETY: the descriptor is open (fcntl succeeded) and owned by nothing else in this
+    // process; from here the `OwnedFd` alone closes it.
+    let owned = unsafe { OwnedFd::from_raw_fd(SUPERVISOR_PROJECT_FD) };
+    *INHERITED_PROJECT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(owned);
+    Ok(())
+}
+
+/// The inherited project directory, once.
+fn take_inherited_project() -> Option<OwnedFd> {
+    INHERITED_PROJECT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+}
+
+/// Copies the project into the guest's `/workspace` and records the baseline. With
+/// `inherited`, the project is the directory descriptor the supervisor inherited (checked by
+/// whoever started the task, and imported through that very descriptor); `project` is then
+/// only its path as recorded. Without, `project` is resolved here.
+pub async fn import(
+    conn: &AgentConn,
+    project: &Path,
+    inherited: bool,
+    history: History,
+    state_dir: &Path,
+    progress: &(dyn Fn(Progress) + Send + Sync),
+) -> Result<Imported> {
+    let dir = if inherited {
+        Some(take_inherited_project().ok_or_else(|| {
+            Error::internal(format!(
+                "the task was to be imported through an inherited descriptor, but the \
+                 supervisor has none for {}",
+                project.display()
+            ))
+        })?)
+    } else {
+        None
+    };
+    let project = project.to_owned();
+    let plan = tokio::task::spawn_blocking(move || match dir {
+        Some(dir) => import::plan_dir(dir, history, &import::PlanOptions::default()),
+        None => import::plan(&project, history),
+    })
+    .await
+    .context("planning the import")??;
+    let root = plan.root.clone();
+    let mut notes = plan.notes.clone();
+    let plan = std::sync::Arc::new(plan);
+    // Read right after the listing, so it is the commit the imported tree sits on.
+    let base_commit = {
+        let plan = plan.clone();
+        tokio::task::spawn_blocking(move || import::head_commit_id(&plan))
+            .await
+            .context("reading HEAD")??
+    };
+    // Packing the history is CPU-bound git work independent of the tar stream: run both at
+    // once, so the import costs about as much as the slower of the two.
+    let bundling = (plan.history != History::None).then(|| {
+        let (plan, dir) = (plan.clone(), state_dir.to_owned());
+        tokio::task::spawn_blocking(move || import::write_bundle(&plan, &dir))
+    });
+    let message = format!("importing {}", root.display());
+    progress(Progress {
+        message: message.clone(),
+        done: 0,
+        total: Some(plan.bytes),
+    });
+    let head = if plan.history == History::None {
+        None
+    } else {
+        let plan = plan.clone();
+        Some(
+            tokio::task::spawn_blocking(move || import::head_name(&plan))
+                .await
+                .context("reading HEAD")??,
+        )
+    };
+
+    let stream = conn
+        .open(&Request::Unpack(UnpackRequest {
+            dest: WORKSPACE.into(),
+            owner_uid: SANDBOX_UID,
+            owner_gid: SANDBOX_GID,
+            max_bytes: MAX_IMPORT_BYTES,
+        }))
+        .await?;
+    let input = stream.input();
+    let baseline_path = state_dir.join(BASELINE_TAR);
+    let (progress_tx, mut progress_rx) = tokio::sync::mpsc::channel::<(u64, u64)>(4);
+    let tar_plan = plan.clone();
+    let writer = tokio::task::spawn_blocking(move || -> Result<import::TarSummary> {
+        let plan = tar_plan;
+        let copy = std::fs::File::create(&baseline_path)
+            .context(format_args!("creating {}", baseline_path.display()))?;
+        let mut tee = Tee {
+            guest: input,
+            copy: std::io::BufWriter::new(copy),
+        };
+        let mut last_report = std::time::Instant::now();
+        let summary = import::write_tar(&plan, &mut tee, &mut |done, total| {
+            if last_report.elapsed() >= std::time::Duration::from_millis(200) {
+                last_report = std::time::Instant::now();
+                let _ = progress_tx.try_send((done, total));
+            }
+        })?;
+        tee.copy.flush().context("writing the baseline copy")?;
+        tee.guest.finish().map_err(|_| agent_gone())?;
+        Ok(summary)
+    });
+    let mut writer = std::pin::pin!(writer);
+    let written = loop {
+        tokio::select! {
+            Some((done, total)) = progress_rx.recv() => {
+                progress(Progress { message: message.clone(), done, total: Some(total) });
+            }
+            joined = &mut writer => break joined.context("streaming the project").and_then(|r| r),
+        }
+    };
+    let summary = match written {
+        Ok(parts) => parts,
+        Err(err) => {
+            // Tell the agent to throw away what it unpacked so far; the tar stream itself
+            // cannot say that it was cut short.
+            let _ = stream.cancel().await;
+            return Err(err);
+        }
+    };
+    // The baseline copy is whole: index it while the guest unpacks and takes the history.
+    let indexing = {
+        let baseline_path = state_dir.join(BASELINE_TAR);
+        tokio::task::spawn_blocking(move || index_baseline(&baseline_path))
+    };
+    match finish_stream(stream, "unpacking the project").await? {
+        Response::Unpacked { .. } => {}
+        other => return Err(unexpected("unpack", &other)),
+    }
+    progress(Progress {
+        message,
+        done: summary.bytes,
+        total: Some(summary.bytes),
+    });
+
+    let bundle = match bundling {
+        None => None,
+        Some(bundling) => match bundling.await.context("bundling the history")?? {
+            Some(path) => {
+                progress(step("sending the git history"));
+                send_file(conn, &path, BUNDLE_NAME).await?;
+                let _ = std::fs::remove_file(&path);
+                Some(BUNDLE_NAME.to_owned())
+            }
+            None => None,
+        },
+    };
+    notes.extend(summary.notes);
+    let with_history = bundle.is_some();
+    progress(step("recording the baseline the diff is taken against"));
+    record_baseline(conn, bundle, if with_history { head } else { None }).await?;
+    // Only an accelerator (see `index_baseline`): a failure was logged, nothing to report.
+    let _ = indexing.await;
+    Ok(Imported {
+        root,
+        history: if with_history { history } else { History::None },
+        files: summary.files,
+        bytes: summary.bytes,
+        base_commit,
+        notes,
+    })
+}
+
+/// Has the agent make the workspace's repository (from the history `bundle`, if any; a
+/// clone's own is kept) and record the baseline every diff is taken against.
+pub async fn record_baseline(
+    conn: &AgentConn,
+    bundle: Option<String>,
+    head: Option<String>,
+) -> Result<()> {
+    let stream = conn
+        .open(&Request::Baseline(BaselineRequest {
+            workspace: WORKSPACE.into(),
+            head,
+            bundle,
+            owner_uid: SANDBOX_UID,
+            owner_gid: SANDBOX_GID,
+        }))
+        .await?;
+    match finish_stream(stream, "recording the baseline").await? {
+        Response::Baseline { .. } => Ok(()),
+        other => Err(unexpected("baseline", &other)),
+    }
+}
+
+/// What the guest's agent looks at for a diff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scan {
+    /// What its journal saw change since the last diff: for showing, where speed matters.
+    Changed,
+    /// Every file: for the patch that is saved, which must not depend on what a journal of
+    /// changes can see (a write through a shared mapping, say).
+    Everything,
+}
+
+/// The patch baseline → current working tree, as the guest's agent computes it, in memory:
+/// for showing it (`task diff`), so bounded by [`DEFAULT_MAX_PATCH_BYTES`]. Saving the work
+/// uses [`diff_into`] without a bound.
+pub async fn diff(conn: &AgentConn, line_diff_budget: u64) -> Result<Vec<u8>> {
+    let mut patch = Vec::new();
+    let max = u64::try_from(DEFAULT_MAX_PATCH_BYTES).unwrap_or(u64::MAX);
+    diff_into(conn, &mut patch, Some(max), line_diff_budget, Scan::Changed).await?;
+    Ok(patch)
+}
+
+/// What one file's line diff may take in a guest of `memory_mb`: a quarter of it, the rest
+/// being the agent's, git's own and whatever the sandbox's processes hold. A file whose line
+/// diff would take more is carried as binary (see the agent's `bigfiles`).
+pub fn line_diff_budget(memory_mb: u64) -> u64 {
+    memory_mb.saturating_mul(1 << 20) / 4
+}
+
+/// Streams the patch baseline → current working tree into `out` as the agent produces it,
+/// and returns its size. With `max_bytes`, a larger patch is an `invalid_argument` error (the
+/// agent's diff is cancelled); without, every byte the agent sends is written.
+pub async fn diff_into<W>(
+    conn: &AgentConn,
+    out: &mut W,
+    max_bytes: Option<u64>,
+    line_diff_budget: u64,
+    scan: Scan,
+) -> Result<u64>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
+    let mut stream = conn
+        .open(&Request::Diff(DiffRequest {
+            workspace: WORKSPACE.into(),
+            // The bound is enforced here, where the bytes arrive, so that going over it gets
+            // the host's explanation rather than the agent's.
+            max_bytes: u64::MAX,
+            line_diff_budget: Some(line_diff_budget),
+            full_scan: scan == Scan::Everything,
+        }))
+        .await?;
+    let mut written: u64 = 0;
+    loop {
+        let Some(frame) = stream.next().await else {
+            return Err(agent_gone());
+        };
+        match frame.kind {
+            FrameKind::Data => {
+                if let Some((&channel::STDOUT, data)) = frame.payload.split_first() {
+                    let len = u64::try_from(data.len()).unwrap_or(u64::MAX);
+                    if let Some(max) = max_bytes.filter(|&max| written.saturating_add(len) > max) {
+                        let _ = stream.cancel().await;
+                        return Err(Error::invalid(format!(
+                            "the diff is over the {} MiB that a diff shows; the work is not lost: \
+                             task finish saves the whole patch, whatever its size. To see a \
+                             smaller diff, delete generated or large files from /workspace or list \
+                             them in its .gitignore",
+                            max / (1024 * 1024)
+                        )));
+                    }
+                    if let Err(err) = out.write_all(data).await {
+                        let _ = stream.cancel().await;
+                        return Err(Error::internal(format!("writing the patch: {err}")));
+                    }
+                    written = written.saturating_add(len);
+                }
+            }
+            FrameKind::Done => {
+                return match from_payload::<Response>("diff result", &frame.payload) {
+                    Ok(Response::Diff { .. }) => Ok(written),
+                    Ok(other) => Err(unexpected("diff", &other)),
+                    Err(err) => Err(Error::internal(err.to_string())),
+                }
+            }
+            FrameKind::Error => return Err(agent_error("computing the diff", &frame.payload)),
+            _ => {}
+        }
+    }
+}
+
+/// A progress report for a step that has no count of its own.
+pub fn step(message: &str) -> Progress {
+    Progress {
+        message: message.to_owned(),
+        done: 0,
+        total: None,
+    }
+}
+
+/// Writes the offset index beside the host's baseline copy ([`dynocap_review::tar_index`]),
+/// which makes finish's verification read only the entries the patch touches. Without one,
+/// verification reads every header instead: a failure here is logged, not fatal.
+pub fn index_baseline(baseline_tar: &Path) {
+    if let Err(err) = dynocap_review::tar_index::write_for(baseline_tar) {
+        tracing::warn!(
+            "indexing {}: {err}; finish will read the whole baseline copy instead",
+            baseline_tar.display()
+        );
+    }
+}
+
+/// Writes the guest-bound stream and the host's copy at once.
+struct Tee<G: Write, C: Write> {
+    guest: G,
+    copy: C,
+}
+
+impl<G: Write, C: Write> Write for Tee<G, C> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.guest.write(buf)?;
+        self.copy.write_all(&buf[..n])?;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.guest.flush()?;
+        self.copy.flush()
+    }
+}
+
+/// `refs/heads/NAME` when HEAD is on a branch, else the commit id.
+async fn send_file(conn: &AgentConn, path: &Path, name: &str) -> Result<()> {
+    let size = std::fs::metadata(path)
+        .context(format_args!("reading {}", path.display()))?
+        .len();
+    let stream = conn
+        .open(&Request::ReceiveFile(ReceiveFileRequest {
+            name: name.into(),
+            max_bytes: size,
+        }))
+        .await?;
+    let input = stream.input();
+    let source = path.to_owned();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let mut file =
+            std::fs::File::open(&source).context(format_args!("opening {}", source.display()))?;
+        let mut input = input;
+        std::io::copy(&mut file, &mut input).map_err(|_| agent_gone())?;
+        input.finish().map_err(|_| agent_gone())
+    })
+    .await
+    .context("sending the history")??;
+    match finish_stream(stream, "receiving the history").await? {
+        Response::Received { .. } => Ok(()),
+        other => Err(unexpected("receive", &other)),
+    }
+}
+
+/// Waits for a stream's `Done`, ignoring output; an `Error` becomes an `internal` error.
+pub(crate) async fn finish_stream(mut stream: AgentStream, what: &str) -> Result<Response> {
+    loop {
+        let Some(frame) = stream.next().await else {
+            return Err(agent_gone());
+        };
+        match frame.kind {
+            FrameKind::Done => {
+                return from_payload::<Response>("result", &frame.payload)
+                    .map_err(|err| Error::internal(format!("{what}: {err}")))
+            }
+            FrameKind::Error => return Err(agent_error(what, &frame.payload)),
+            _ => {}
+        }
+    }
+}
+
+fn agent_error(what: &str, payload: &[u8]) -> Error {
+    Error::internal(format!(
+        "{what} in the sandbox failed: {}",
+        agent_error_message(payload)
+    ))
+}
+
+fn unexpected(what: &str, response: &Response) -> Error {
+    Error::internal(format!("the guest agent answered {what} with {response:?}"))
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The static checks, which scripts/test.sh runs first so that a failure stops CI before the
-# long tests: formatting (rustfmt), lints (clippy, warnings are errors) and the dependency
+# long tests: formatting (rustfmt), lints (clippy, warnings are errors), the engine's layering
+# (scripts/layers.py: no module imports a layer above its own) and the dependency
 # policy in deny.toml (cargo-deny: licenses, duplicate versions, sources, and advisories when
 # RustSec's database can be fetched). Runnable alone; scripts/install-deps.sh installs
 # cargo-deny.
@@ -18,6 +19,9 @@ cargo fmt --all -- --check
 
 step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "scripts/layers.py (the engine's imports run only downward)"
+python3 scripts/layers.py
 
 # The advisory database is a git repository on GitHub; a machine that cannot reach it can
 # still check everything else, and says that it did not check advisories.

@@ -35,19 +35,16 @@
 //! that emptied are removed before each new one is made and whenever a command ends.
 
 use std::collections::BTreeSet;
-use std::ffi::CString;
-use std::io::{self, Read as _, Write as _};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
-use nix::fcntl::{openat, OFlag};
+use dynocap_cgroup::{signal_pinned, CgroupDir, Removal, Unpinned, Version};
+use nix::fcntl::OFlag;
 use nix::sys::signal::Signal;
-use nix::sys::stat::{mkdirat, Mode};
-use nix::sys::statfs::{fstatfs, CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC};
-use nix::unistd::{unlinkat, Pid, UnlinkatFlags};
+use nix::unistd::Pid;
 
 /// Pause between kill rounds, and between looks at a cgroup being frozen.
 const RETRY: Duration = Duration::from_millis(10);
@@ -55,8 +52,6 @@ const RETRY: Duration = Duration::from_millis(10);
 const FREEZE_WAIT: Duration = Duration::from_secs(1);
 /// Longest a kill keeps going before giving up on a cgroup that will not empty.
 const KILL_GIVE_UP: Duration = Duration::from_secs(5);
-/// Processes pinned with a pidfd at a time while signalling a cgroup.
-const PIN_BATCH: usize = 128;
 
 /// How a cgroup's members are all killed (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,31 +66,19 @@ pub enum KillMethod {
 
 impl KillMethod {
     /// The best method the delegated cgroup `root` offers.
-    fn detect(root: BorrowedFd<'_>) -> io::Result<KillMethod> {
-        let has = |file: &str| {
-            nix::unistd::faccessat(
-                root,
-                file,
-                nix::unistd::AccessFlags::F_OK,
-                nix::fcntl::AtFlags::empty(),
-            )
-            .is_ok()
-        };
-        let fs_type = fstatfs(root)?.filesystem_type();
-        if fs_type == CGROUP2_SUPER_MAGIC {
-            Ok(if has("cgroup.kill") {
+    fn detect(root: &CgroupDir) -> io::Result<KillMethod> {
+        match root.version()? {
+            Some(Version::V2) => Ok(if root.has("cgroup.kill") {
                 KillMethod::Kill
-            } else if has("cgroup.freeze") {
+            } else if root.has("cgroup.freeze") {
                 KillMethod::FreezeV2
             } else {
                 KillMethod::Signal
-            })
-        } else if fs_type == CGROUP_SUPER_MAGIC {
-            Ok(KillMethod::Signal)
-        } else {
-            Err(io::Error::other(
+            }),
+            Some(Version::V1) => Ok(KillMethod::Signal),
+            None => Err(io::Error::other(
                 "the --cgroup-fd descriptor is not a directory of a cgroup filesystem",
-            ))
+            )),
         }
     }
 }
@@ -104,7 +87,7 @@ impl KillMethod {
 #[derive(Debug)]
 pub struct ExecCgroups {
     /// A directory handle (through a detached mount in the jail: `..` stays inside).
-    root: OwnedFd,
+    root: CgroupDir,
     method: KillMethod,
     /// The file a process writes `0` to to join a command cgroup (see the module doc).
     join_file: &'static str,
@@ -125,12 +108,18 @@ impl Eq for ExecCgroups {}
 impl ExecCgroups {
     /// Takes the delegated cgroup `root` (a directory descriptor) and picks how to kill in it.
     pub fn new(root: OwnedFd) -> io::Result<Arc<ExecCgroups>> {
-        let method = KillMethod::detect(root.as_fd())?;
-        Ok(Self::with_method(root, method))
+        let root = CgroupDir::from_fd(root);
+        let method = KillMethod::detect(&root)?;
+        Ok(Self::with_cgroup_dir(root, method))
     }
 
+    #[cfg(test)]
     pub(crate) fn with_method(root: OwnedFd, method: KillMethod) -> Arc<ExecCgroups> {
-        let v1 = fstatfs(root.as_fd()).is_ok_and(|fs| fs.filesystem_type() == CGROUP_SUPER_MAGIC);
+        Self::with_cgroup_dir(CgroupDir::from_fd(root), method)
+    }
+
+    fn with_cgroup_dir(root: CgroupDir, method: KillMethod) -> Arc<ExecCgroups> {
+        let v1 = root.version().is_ok_and(|v| v == Some(Version::V1));
         Arc::new(ExecCgroups {
             root,
             method,
@@ -144,18 +133,10 @@ impl ExecCgroups {
     pub fn create(self: &Arc<Self>) -> io::Result<ExecCgroup> {
         self.sweep();
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let name = CString::new(format!("exec-{id}")).expect("a name of digits has no NUL");
-        mkdirat(
-            self.root.as_fd(),
-            name.as_c_str(),
-            Mode::from_bits_truncate(0o755),
-        )
-        .map_err(|err| {
-            io::Error::other(format!(
-                "cannot create cgroup {}: {err}",
-                name.to_string_lossy()
-            ))
-        })?;
+        let name = format!("exec-{id}");
+        self.root
+            .mkdir(&name)
+            .map_err(|err| io::Error::other(format!("cannot create cgroup {name}: {err}")))?;
         Ok(ExecCgroup {
             parent: Arc::clone(self),
             id,
@@ -168,39 +149,21 @@ impl ExecCgroups {
     /// broker's) joins, so that the command's timeout or cancel stops it too. `pid` is of the
     /// agent's pid namespace.
     pub fn join_handle_of(&self, pid: Pid) -> Option<OwnedFd> {
-        let wanted = pid.as_raw().to_string();
-        let dir = nix::dir::Dir::openat(
-            self.root.as_fd(),
-            ".",
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .ok()?;
-        let names: Vec<String> = dir
+        let names = self.root.entries().ok()?;
+        names
             .into_iter()
-            .flatten()
-            .filter_map(|entry| entry.file_name().to_str().ok().map(str::to_owned))
             .filter(|name| name.starts_with("exec-"))
-            .collect();
-        names.into_iter().find_map(|name| {
-            let open = |file: &str, flags: OFlag| {
-                openat(
-                    self.root.as_fd(),
-                    format!("{name}/{file}").as_str(),
-                    flags | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )
-            };
-            let mut members = String::new();
-            std::fs::File::from(open("cgroup.procs", OFlag::O_RDONLY).ok()?)
-                .read_to_string(&mut members)
-                .ok()?;
-            if members.split_whitespace().any(|p| p == wanted) {
-                open(self.join_file, OFlag::O_WRONLY).ok()
-            } else {
-                None
-            }
-        })
+            .find_map(|name| {
+                let members = self.root.pids(&name).ok()?;
+                if members.contains(&pid) {
+                    let join = self
+                        .root
+                        .open_file(&format!("{name}/{}", self.join_file), OFlag::O_WRONLY);
+                    join.ok().map(OwnedFd::from)
+                } else {
+                    None
+                }
+            })
     }
 
     /// Removes the lingering cgroups that emptied since.
@@ -214,13 +177,9 @@ impl ExecCgroups {
 
     /// Removes cgroup `exec-<id>`; false while it still has processes.
     fn try_remove(&self, id: u64) -> bool {
-        match unlinkat(
-            self.root.as_fd(),
-            format!("exec-{id}").as_str(),
-            UnlinkatFlags::RemoveDir,
-        ) {
-            Ok(()) | Err(Errno::ENOENT) => true,
-            Err(Errno::EBUSY | Errno::ENOTEMPTY) => false,
+        match self.root.rmdir(&format!("exec-{id}")) {
+            Ok(Removal::Removed) => true,
+            Ok(Removal::Busy) => false,
             Err(err) => {
                 log!("cannot remove cgroup exec-{id}: {err}");
                 false
@@ -245,33 +204,23 @@ impl ExecCgroups {
 pub struct ExecCgroup {
     parent: Arc<ExecCgroups>,
     id: u64,
-    name: CString,
+    name: String,
 }
 
 impl ExecCgroup {
     fn open(&self, file: &str, flags: OFlag) -> io::Result<std::fs::File> {
-        let path = format!("{}/{file}", self.name.to_string_lossy());
-        let fd = openat(
-            self.parent.root.as_fd(),
-            path.as_str(),
-            flags | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|err| io::Error::other(format!("cannot open cgroup file {path}: {err}")))?;
-        Ok(std::fs::File::from(fd))
+        let path = format!("{}/{file}", self.name);
+        self.parent
+            .root
+            .open_file(&path, flags)
+            .map_err(|err| io::Error::other(format!("cannot open cgroup file {path}: {err}")))
     }
 
     fn write(&self, file: &str, value: &str) -> io::Result<()> {
+        use std::io::Write as _;
         self.open(file, OFlag::O_WRONLY)?
             .write_all(value.as_bytes())
             .map_err(|err| io::Error::other(format!("cannot write {value:?} to {file}: {err}")))
-    }
-
-    fn read(&self, file: &str) -> io::Result<String> {
-        let mut text = String::new();
-        self.open(file, OFlag::O_RDONLY)?
-            .read_to_string(&mut text)?;
-        Ok(text)
     }
 
     /// The join file open for writing (`cgroup.procs`, `tasks` on v1; see the module doc): a
@@ -285,12 +234,11 @@ impl ExecCgroup {
 
     /// The processes in the cgroup, as pids of the agent's pid namespace.
     pub fn pids(&self) -> io::Result<Vec<Pid>> {
-        Ok(self
-            .read("cgroup.procs")?
-            .split_whitespace()
-            .filter_map(|pid| pid.parse().ok())
-            .map(Pid::from_raw)
-            .collect())
+        let path = format!("{}/cgroup.procs", self.name);
+        self.parent
+            .root
+            .pids(&self.name)
+            .map_err(|err| io::Error::other(format!("cannot open cgroup file {path}: {err}")))
     }
 
     /// Whether no process is left (an unreadable cgroup counts as not empty).
@@ -306,27 +254,17 @@ impl ExecCgroup {
     }
 
     /// Signals those of `pids` that, once pinned by a pidfd, are still members: a pid read
-    /// from `cgroup.procs` may have been reaped and reused meanwhile. Pinned in batches, so
-    /// that a full cgroup never takes more descriptors than the agent may have open.
+    /// from `cgroup.procs` may have been reaped and reused meanwhile. One that cannot be
+    /// pinned (out of descriptors?) is signalled by pid: better than not at all.
     fn signal_members(&self, pids: &[Pid], signal: Signal) {
-        for batch in pids.chunks(PIN_BATCH) {
-            let pinned: Vec<(Pid, io::Result<OwnedFd>)> =
-                batch.iter().map(|&pid| (pid, pidfd_open(pid))).collect();
-            let Ok(members) = self.pids() else {
-                return;
-            };
-            for (pid, pidfd) in pinned {
-                if !members.contains(&pid) {
-                    continue;
-                }
-                let _ = match pidfd {
-                    Ok(pidfd) => pidfd_send_signal(pidfd.as_fd(), signal),
-                    Err(err) if err.raw_os_error() == Some(libc::ESRCH) => continue, // gone
-                    // Could not pin it (out of descriptors?): signalling by pid beats not at all.
-                    Err(_) => nix::sys::signal::kill(pid, signal).map_err(io::Error::from),
-                };
-            }
-        }
+        // Best effort: what is missed now, the caller's next round (or the guest's end) gets.
+        let _ = signal_pinned(
+            pids,
+            signal,
+            Unpinned::SignalByPid,
+            || self.pids(),
+            |_, errno| io::Error::from(errno),
+        );
     }
 
     /// Kills every process in the cgroup, round after round, until it is empty. Returns false
@@ -339,13 +277,13 @@ impl ExecCgroup {
                 Ok(_) if Instant::now() >= give_up => {
                     log!(
                         "cgroup {} still has processes after {KILL_GIVE_UP:?} of SIGKILL",
-                        self.name.to_string_lossy()
+                        self.name
                     );
                     return false;
                 }
                 Ok(pids) => {
                     if let Err(err) = self.kill_round(&pids).await {
-                        log!("killing cgroup {}: {err}", self.name.to_string_lossy());
+                        log!("killing cgroup {}: {err}", self.name);
                     }
                 }
                 Err(err) => {
@@ -392,8 +330,10 @@ impl ExecCgroup {
         let until = Instant::now() + FREEZE_WAIT;
         while Instant::now() < until {
             let frozen = self
-                .read("cgroup.events")
-                .is_ok_and(|events| events.lines().any(|l| l.trim() == "frozen 1"));
+                .parent
+                .root
+                .event(&self.name, "frozen")
+                .unwrap_or(false);
             if frozen {
                 return;
             }
@@ -406,27 +346,6 @@ impl Drop for ExecCgroup {
     fn drop(&mut self) {
         self.parent.release(self.id);
     }
-}
-
-/// `pidfd_open(2)`: a handle on process `pid` that a reused pid cannot redirect. The call is
-/// rustix's (the workspace's one way to make it); this gives it the agent's types.
-fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
-    // A pid of 0 or below names no one process.
-    let pid = (pid.as_raw() > 0)
-        .then(|| rustix::process::Pid::from_raw(pid.as_raw()))
-        .flatten()
-        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-    Ok(rustix::process::pidfd_open(
-        pid,
-        rustix::process::PidfdFlags::empty(),
-    )?)
-}
-
-/// `pidfd_send_signal(2)`: signals exactly the process `pidfd` refers to.
-fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: Signal) -> io::Result<()> {
-    let signal = rustix::process::Signal::from_named_raw(signal as i32)
-        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-    Ok(rustix::process::pidfd_send_signal(pidfd, signal)?)
 }
 
 #[cfg(test)]
@@ -479,7 +398,7 @@ mod tests {
             let fd = nix::fcntl::open(
                 self.0.as_path(),
                 OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                Mode::empty(),
+                nix::sys::stat::Mode::empty(),
             )
             .expect("open test cgroup");
             match method {
@@ -562,7 +481,7 @@ mod tests {
         let cgroups = parent.cgroups(method);
         assert_eq!(cgroups.method, expected);
         let cgroup = cgroups.create().expect("create");
-        let dir = parent.0.join(cgroup.name.to_string_lossy().as_ref());
+        let dir = parent.0.join(&cgroup.name);
         assert!(dir.is_dir());
         let _spawned = start_in(&cgroup, ESCAPES);
         wait_for("every escape to start", || {
@@ -687,7 +606,7 @@ mod tests {
         let cgroups = parent.cgroups(None);
         assert_eq!(cgroups.method, KillMethod::Signal);
         let cgroup = cgroups.create().expect("create");
-        let dir = parent.0.join(cgroup.name.to_string_lossy().as_ref());
+        let dir = parent.0.join(&cgroup.name);
         let _spawned = start_in(
             &cgroup,
             "setsid sh -c 'while :; do sleep 1000 & done' </dev/null >/dev/null 2>&1 & sleep 1000",
@@ -764,7 +683,7 @@ mod tests {
         crate::init::setup();
         let cgroups = parent.cgroups(None);
         let cgroup = cgroups.create().expect("create");
-        let dir = parent.0.join(cgroup.name.to_string_lossy().as_ref());
+        let dir = parent.0.join(&cgroup.name);
         let spawned = start_in(&cgroup, "sleep 1001 </dev/null >/dev/null 2>&1 & echo $!");
         let status = spawned.exit.await.expect("exit status");
         assert_eq!(status, crate::reaper::ExitStatus::Exited(0));

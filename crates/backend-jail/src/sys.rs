@@ -1,12 +1,11 @@
 //! Raw system calls the jail needs that neither std nor nix wrap (fork-style `clone` with a
 //! pidfd, `close_range`, `dup2` onto a fixed number, `_exit`), each behind a small safe (or
-//! documented-unsafe) function; and the pidfd calls, made through rustix, in nix's types.
+//! documented-unsafe) function; and the pidfd calls (dynocap-cgroup's), in nix's types.
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 use nix::sched::CloneFlags;
-use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 /// What `clone_fork` returned in this process.
@@ -59,27 +58,8 @@ pub(crate) unsafe fn clone_fork(namespaces: CloneFlags) -> Result<CloneResult, E
     }
 }
 
-/// `pidfd_open(2)`: a stable handle on process `pid` (fails with ESRCH if it is gone). The
-/// call is rustix's (the workspace's one way to make it); this gives the jail nix's types.
-pub(crate) fn pidfd_open(pid: Pid) -> Result<OwnedFd, Errno> {
-    // A pid of 0 or below names no one process.
-    let pid = (pid.as_raw() > 0)
-        .then(|| rustix::process::Pid::from_raw(pid.as_raw()))
-        .flatten()
-        .ok_or(Errno::EINVAL)?;
-    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).map_err(errno)
-}
-
-/// `pidfd_send_signal(2)`: signals exactly the process `pidfd` refers to, never a process
-/// that reused its pid.
-pub(crate) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: Signal) -> Result<(), Errno> {
-    let signal = rustix::process::Signal::from_named_raw(signal as i32).ok_or(Errno::EINVAL)?;
-    rustix::process::pidfd_send_signal(pidfd, signal).map_err(errno)
-}
-
-fn errno(err: rustix::io::Errno) -> Errno {
-    Errno::from_raw(err.raw_os_error())
-}
+/// `pidfd_send_signal(2)`, shared with the agent (dynocap-cgroup has the pidfd calls).
+pub(crate) use dynocap_cgroup::pidfd::pidfd_send_signal;
 
 /// Marks every fd from `first` up close-on-exec (`close_range(first, ~0, CLOSE_RANGE_CLOEXEC)`):
 /// whatever the supervisor had open cannot leak into the guest, while fds still needed before
@@ -181,38 +161,6 @@ pub(crate) fn thread_count() -> std::io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
-    use std::os::unix::process::ExitStatusExt;
-
-    #[test]
-    fn pidfd_of_self() {
-        let me = nix::unistd::getpid();
-        let fd = pidfd_open(me).expect("pidfd_open");
-        // The kernel says whose pidfd it is.
-        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
-            .expect("fdinfo");
-        assert!(info.lines().any(|l| l == format!("Pid:\t{me}")), "{info}");
-        assert_eq!(pidfd_open(Pid::from_raw(0)).unwrap_err(), Errno::EINVAL);
-        assert_eq!(pidfd_open(Pid::from_raw(-1)).unwrap_err(), Errno::EINVAL);
-    }
-
-    #[test]
-    fn pidfd_signals_its_process_only() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("600")
-            .spawn()
-            .expect("spawn sleep");
-        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits"));
-        let fd = pidfd_open(pid).expect("pidfd_open");
-        pidfd_send_signal(fd.as_fd(), Signal::SIGKILL).expect("pidfd_send_signal");
-        let status = child.wait().expect("wait");
-        assert_eq!(status.signal(), Some(libc::SIGKILL));
-        // Reaped: the pidfd still names that process, which is gone, not a successor.
-        assert_eq!(
-            pidfd_send_signal(fd.as_fd(), Signal::SIGKILL).unwrap_err(),
-            Errno::ESRCH
-        );
-    }
 
     #[test]
     fn counts_threads() {

@@ -197,8 +197,10 @@ impl UserNet {
         let stderr = child.stderr.take().expect("stderr was asked for as a pipe");
         // Our child, not yet reaped: its pid cannot name another process.
         let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
-        self.pidfd =
-            Some(pidfd_open(pid).map_err(|e| HostError::sys("opening a pidfd for pasta", e))?);
+        self.pidfd = Some(
+            dynocap_cgroup::pidfd::pidfd_open(pid)
+                .map_err(|e| HostError::sys("opening a pidfd for pasta", e))?,
+        );
         self.child = Some(child);
         self.wait_ready(&pid_file)?;
         block_host_addresses(netns, &host_addresses()?, prepare)?;
@@ -277,13 +279,6 @@ impl Drop for UserNet {
     fn drop(&mut self) {
         let _ = self.kill();
     }
-}
-
-/// `pidfd_open(2)` through rustix, the workspace's one way to make the call, in nix's types.
-fn pidfd_open(pid: Pid) -> Result<OwnedFd, nix::errno::Errno> {
-    let pid = rustix::process::Pid::from_raw(pid.as_raw()).ok_or(nix::errno::Errno::EINVAL)?;
-    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
-        .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error()))
 }
 
 /// Every address of the host's interfaces except loopback ones (the guest's own loopback

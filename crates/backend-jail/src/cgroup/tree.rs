@@ -8,12 +8,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
+use dynocap_cgroup::{signal_pinned, CgroupDir, Unpinned};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use super::{CgroupVersion, Leaf};
-use crate::sys;
 
 /// How long to keep killing before giving up on a cgroup that will not empty.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,12 +57,8 @@ fn walk(top: &Path) -> Result<Vec<PathBuf>, String> {
 
 /// Pids listed in `dir/cgroup.procs` (none if the cgroup is gone).
 fn procs(dir: &Path) -> Result<Vec<Pid>, String> {
-    match std::fs::read_to_string(dir.join("cgroup.procs")) {
-        Ok(text) => Ok(text
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .map(Pid::from_raw)
-            .collect()),
+    match CgroupDir::open(dir).and_then(|cgroup| cgroup.pids("")) {
+        Ok(pids) => Ok(pids),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(format!("cannot read {}/cgroup.procs: {e}", dir.display())),
     }
@@ -86,8 +81,12 @@ fn procs(dir: &Path) -> Result<Vec<Pid>, String> {
 pub(super) fn kill_all(leaves: &[Leaf]) -> Result<(), String> {
     for leaf in leaves.iter().filter(|l| l.version == CgroupVersion::V2) {
         let kill = leaf.dir.join("cgroup.kill");
-        if kill.exists() {
-            std::fs::write(&kill, "1")
+        let Ok(cgroup) = CgroupDir::open(&leaf.dir) else {
+            continue; // gone already: nothing in it to kill
+        };
+        if cgroup.has("cgroup.kill") {
+            cgroup
+                .write("cgroup.kill", "1")
                 .map_err(|e| format!("cannot write 1 to {}: {e}", kill.display()))?;
         }
     }
@@ -157,22 +156,16 @@ fn thaw(dir: &Path) -> Result<(), String> {
     }
 }
 
+/// SIGKILLs `pid` if, once pinned, it is still in `dir`. One that cannot be pinned is gone,
+/// or is met again in the next round.
 fn kill_pinned(dir: &Path, pid: Pid) -> Result<(), String> {
-    let Ok(pidfd) = sys::pidfd_open(pid) else {
-        return Ok(()); // already gone
-    };
-    if procs(dir)?.contains(&pid) {
-        match sys::pidfd_send_signal(std::os::fd::AsFd::as_fd(&pidfd), Signal::SIGKILL) {
-            Ok(()) | Err(Errno::ESRCH) => {}
-            Err(e) => {
-                return Err(format!(
-                    "cannot kill process {pid} in {}: {e}",
-                    dir.display()
-                ))
-            }
-        }
-    }
-    Ok(())
+    signal_pinned(
+        &[pid],
+        Signal::SIGKILL,
+        Unpinned::Skip,
+        || procs(dir),
+        |pid, e| format!("cannot kill process {pid} in {}: {e}", dir.display()),
+    )
 }
 
 /// Removes the leaf and every cgroup below it, children first. Their processes must be gone.

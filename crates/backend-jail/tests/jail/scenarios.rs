@@ -1189,8 +1189,7 @@ fn probe_reports_ready() {
 }
 
 fn pidfd_open(pid: i32) -> OwnedFd {
-    let raw = rustix::process::Pid::from_raw(pid).expect("a positive pid");
-    rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty())
+    dynocap_cgroup::pidfd::pidfd_open(nix::unistd::Pid::from_raw(pid))
         .unwrap_or_else(|err| panic!("pidfd_open({pid}) failed: {err}"))
 }
 

@@ -37,9 +37,9 @@ pub struct Record {
     pub cpus: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
-    /// Size of the sandbox's disk; `None` in records made before sandboxes had one.
-    #[serde(rename = "diskMB", default)]
-    pub disk_mb: Option<u64>,
+    /// Size of the sandbox's disk.
+    #[serde(rename = "diskMB")]
+    pub disk_mb: u64,
     pub ttl_seconds: u64,
     #[serde(with = "rfc3339")]
     pub created_at: chrono::DateTime<chrono::Utc>,
@@ -129,7 +129,7 @@ CREATE TABLE sandboxes (
     supervisor_start INTEGER,
     note             TEXT,
     detail           TEXT,
-    disk_mb          INTEGER,
+    disk_mb          INTEGER NOT NULL,
     egress           TEXT,
     image            TEXT NOT NULL
 );
@@ -723,7 +723,7 @@ mod tests {
             network: Network::None,
             cpus: 1,
             memory_mb: 1024,
-            disk_mb: Some(10_240),
+            disk_mb: 10_240,
             ttl_seconds: 1800,
             created_at: now,
             expires_at: now,

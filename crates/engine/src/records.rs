@@ -253,7 +253,7 @@ mod tests {
             network: Network::None,
             cpus: 2,
             memory_mb: 1024,
-            disk_mb: Some(10_240),
+            disk_mb: 10_240,
             ttl_seconds: 1800,
             created_at: at("2025-01-02T03:04:05Z"),
             expires_at: at("2025-01-02T03:34:05Z"),
@@ -388,6 +388,32 @@ mod tests {
             .1
             .as_ref()
             .is_err_and(|e| e.contains("newer dynocap")));
+    }
+
+    /// A record of a pre-release DynoCap lacks fields every record has now: it is reported,
+    /// not read with a disk size or an image it never had.
+    #[test]
+    fn a_record_without_its_disk_or_image_is_not_read() {
+        let (_dir, home) = home();
+        save(&home, &task("task-old")).expect("save");
+        let path = home.results_dir("task-old").join(RECORD_FILE);
+        let full: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+        for field in ["diskMB", "image"] {
+            let mut old = full.clone();
+            old["record"]
+                .as_object_mut()
+                .expect("a record object")
+                .remove(field)
+                .expect("the field is written");
+            std::fs::write(&path, old.to_string()).expect("write");
+            let err = load(&path).expect_err("a record without it is refused");
+            assert!(
+                err.message.contains(&path.display().to_string())
+                    && err.message.contains(&format!("missing field `{field}`")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -285,7 +285,7 @@ mod tests {
             network: crate::model::spec::Network::None,
             cpus: 1,
             memory_mb,
-            disk_mb: None,
+            disk_mb: 10_240,
             ttl_seconds: 60,
             created_at: now,
             expires_at: now,

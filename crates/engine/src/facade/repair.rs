@@ -181,7 +181,7 @@ mod tests {
                     network: Network::None,
                     cpus: 1,
                     memory_mb: 512,
-                    disk_mb: Some(256),
+                    disk_mb: 256,
                     ttl_seconds: 600,
                     created_at: now,
                     expires_at: now,

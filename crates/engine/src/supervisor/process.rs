@@ -258,7 +258,7 @@ fn boot(
         agent_binary: agent_binary()?,
         cpus: record.cpus,
         memory_mb: record.memory_mb,
-        disk_mb: record.disk_mb,
+        disk_mb: Some(record.disk_mb),
         pids: spec::PIDS_LIMIT,
         reuse_layer: mode == Mode::Recover,
         id_range,

@@ -35,6 +35,21 @@ const RECENT_STREAMS: usize = 4096;
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
 const FLUSH_WAIT: Duration = Duration::from_secs(2);
 
+/// Why a frame the host sent cannot be served: the answer is an `Error` frame on its stream.
+#[derive(Debug, thiserror::Error)]
+enum FrameError {
+    #[error("cannot cancel stream {0}: no such stream is open")]
+    CancelUnknown(u32),
+    #[error("{kind:?} frame for stream {id}, which is not open")]
+    NotOpen { kind: FrameKind, id: u32 },
+    #[error("stream 0 is the control stream; requests need a stream id of 1 or more")]
+    ControlStream,
+    #[error("stream {0} has bit 31 set, which is reserved for streams the guest opens")]
+    GuestBit(u32),
+    #[error("stream {0} is already open")]
+    AlreadyOpen(u32),
+}
+
 /// Why [`serve`] returned.
 #[derive(Debug)]
 pub enum Ended {
@@ -173,11 +188,11 @@ impl Server {
                         }
                         // The exec finished while the cancel was on its way: nothing to do.
                         None if streams.known(id) => Ok(()),
-                        None => Err(format!("cannot cancel stream {id}: no such stream is open")),
+                        None => Err(FrameError::CancelUnknown(id)),
                     }
                 };
-                if let Err(message) = outcome {
-                    self.outbox.send_error(id, message).await;
+                if let Err(err) = outcome {
+                    self.outbox.send_error(id, err).await;
                 }
             }
             FrameKind::Data | FrameKind::Eof => {
@@ -192,9 +207,11 @@ impl Server {
                     (streams.known(id), input)
                 };
                 if !known {
-                    let message =
-                        format!("{:?} frame for stream {id}, which is not open", frame.kind);
-                    return self.outbox.send_error(id, message).await;
+                    let err = FrameError::NotOpen {
+                        kind: frame.kind,
+                        id,
+                    };
+                    return self.outbox.send_error(id, err).await;
                 }
                 // Execs read /dev/null, not the host, so input to them is dropped, as is input
                 // after Eof or to a stream whose worker has stopped reading (it failed, or
@@ -241,19 +258,15 @@ impl Server {
 
     async fn open(&mut self, id: u32, payload: &[u8]) {
         if id == CONTROL_STREAM {
-            let message = "stream 0 is the control stream; requests need a stream id of 1 or more";
-            return self.outbox.send_error(id, message).await;
+            return self.outbox.send_error(id, FrameError::ControlStream).await;
         }
         if id & GUEST_STREAM_BIT != 0 {
-            let message = format!(
-                "stream {id} has bit 31 set, which is reserved for streams the guest opens"
-            );
-            return self.outbox.send_error(id, message).await;
+            return self.outbox.send_error(id, FrameError::GuestBit(id)).await;
         }
         if lock(&self.streams).active.contains_key(&id) {
             return self
                 .outbox
-                .send_error(id, format!("stream {id} is already open"))
+                .send_error(id, FrameError::AlreadyOpen(id))
                 .await;
         }
         let request = match from_payload::<Request>("request", payload) {

@@ -43,7 +43,7 @@ const BLOCK: u64 = 512;
 #[derive(Debug)]
 enum Failure {
     /// The archive holds something that is refused.
-    Refused(String),
+    Refused(Refusal),
     /// Reading or decoding the stream failed.
     Stream(io::Error),
     /// The stream ended before the end-of-archive blocks.
@@ -81,9 +81,8 @@ pub enum UnpackError {
     TakeHold { dest: String, source: Errno },
     #[error("{0}")]
     DupDest(#[source] io::Error),
-    /// The archive holds something that is refused (what and why).
-    #[error("{0}")]
-    Refused(String),
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     #[error("the archive holds more than {0} bytes")]
     TooBig(u64),
     #[error("the import stream ended early")]
@@ -94,6 +93,63 @@ pub enum UnpackError {
     NotTar(#[source] io::Error),
     #[error("cannot hand {dest} to its owner: {source}")]
     HandOver { dest: String, source: Errno },
+}
+
+/// What in the archive is refused, and why; entries are named by their path in it.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("the import stream has data after the end of the archive")]
+    DataAfterEnd,
+    #[error("the import stream has more than {MAX_TRAILER} bytes after the end of the archive")]
+    LongTrailer,
+    #[error("the archive has two long-name records for one entry")]
+    TwoLongNames,
+    #[error("the archive ends with a long-name record that describes no entry")]
+    DanglingLongName,
+    #[error("the archive has a long name of {0} bytes; the limit is {MAX_PATH_BYTES}")]
+    LongNameTooLong(u64),
+    #[error("the archive has a long name with a NUL byte inside")]
+    NulInLongName,
+    /// An entry of a kind the unpacker does not make (`what` says which, and why).
+    #[error("{} is {what}", shown(path))]
+    Kind { path: Vec<u8>, what: &'static str },
+    #[error("{} is of unsupported type {kind:?}", shown(path))]
+    UnsupportedType { path: Vec<u8>, kind: char },
+    #[error("{} contains a NUL byte", shown(.0))]
+    NulInPath(Vec<u8>),
+    #[error("{} is an absolute path", shown(.0))]
+    Absolute(Vec<u8>),
+    #[error("{} is longer than {MAX_PATH_BYTES} bytes", shown(.0))]
+    PathTooLong(Vec<u8>),
+    #[error("{} has a '..' component", shown(.0))]
+    DotDot(Vec<u8>),
+    #[error("{} has a component longer than {MAX_NAME} bytes", shown(.0))]
+    NameTooLong(Vec<u8>),
+    #[error("{} is nested deeper than {MAX_DEPTH} directories", shown(.0))]
+    TooDeep(Vec<u8>),
+    #[error("{} lies beneath {}, which is {what}", shown(path), shown(prefix))]
+    BeneathNonDirectory {
+        path: Vec<u8>,
+        prefix: Vec<u8>,
+        what: &'static str,
+    },
+    #[error("internal error: no parent")]
+    NoParent,
+    #[error("{} clashes with an entry that is not a directory", shown(.0))]
+    Clash(Vec<u8>),
+    #[error("{} appears twice in the archive", shown(.0))]
+    Twice(Vec<u8>),
+    #[error("symlink {} has no target", shown(.0))]
+    NoTarget(Vec<u8>),
+    #[error("symlink {} has a target longer than {MAX_PATH_BYTES} bytes", shown(.0))]
+    TargetTooLong(Vec<u8>),
+    #[error("symlink {} has a NUL byte in its target", shown(.0))]
+    NulInTarget(Vec<u8>),
+    #[error("cannot write {}: {source}", shown(path))]
+    Write { path: Vec<u8>, source: io::Error },
+    /// A system call making an entry failed.
+    #[error("cannot unpack {}: {source}", shown(path))]
+    Io { path: Vec<u8>, source: io::Error },
 }
 
 /// Handles `Unpack` (blocking). `cancelled` is raised by the stream's task on `Cancel`.
@@ -183,7 +239,7 @@ pub fn unpack(
             return UnpackError::Cancelled;
         }
         match failure {
-            Failure::Refused(message) => UnpackError::Refused(message),
+            Failure::Refused(refusal) => UnpackError::Refused(refusal),
             Failure::TooBig => UnpackError::TooBig(req.max_bytes),
             Failure::Truncated => UnpackError::Truncated,
             Failure::Cancelled => UnpackError::Cancelled,
@@ -256,15 +312,11 @@ fn finish_stream(input: &mut InputReader) -> Result<(), Failure> {
             Err(err) => return Err(Failure::Stream(err)),
         };
         if buf[..n].iter().any(|&b| b != 0) {
-            return Err(Failure::Refused(
-                "the import stream has data after the end of the archive".into(),
-            ));
+            return Err(Failure::Refused(Refusal::DataAfterEnd));
         }
         trailing += u64::try_from(n).unwrap_or(u64::MAX);
         if trailing > MAX_TRAILER {
-            return Err(Failure::Refused(format!(
-                "the import stream has more than {MAX_TRAILER} bytes after the end of the archive"
-            )));
+            return Err(Failure::Refused(Refusal::LongTrailer));
         }
     }
     if trailing < BLOCK {
@@ -315,9 +367,7 @@ impl Unpacker<'_> {
                         &mut long_link
                     };
                     if slot.is_some() {
-                        return Err(Failure::Refused(
-                            "the archive has two long-name records for one entry".into(),
-                        ));
+                        return Err(Failure::Refused(Refusal::TwoLongNames));
                     }
                     *slot = Some(read_long_name(&mut entry)?);
                     continue;
@@ -335,9 +385,7 @@ impl Unpacker<'_> {
             self.entry(&mut entry, kind, &path, link)?;
         }
         if long_name.is_some() || long_link.is_some() {
-            return Err(Failure::Refused(
-                "the archive ends with a long-name record that describes no entry".into(),
-            ));
+            return Err(Failure::Refused(Refusal::DanglingLongName));
         }
         Ok(())
     }
@@ -349,7 +397,12 @@ impl Unpacker<'_> {
         path: &[u8],
         link: Option<Vec<u8>>,
     ) -> Result<(), Failure> {
-        let refuse = |what: &str| Err(Failure::Refused(format!("{} is {what}", shown(path))));
+        let refuse = |what: &'static str| {
+            Err(Failure::Refused(Refusal::Kind {
+                path: path.to_vec(),
+                what,
+            }))
+        };
         match kind {
             EntryType::Directory | EntryType::Regular | EntryType::Symlink => {}
             EntryType::Link => return refuse("a hard link, which is not supported"),
@@ -360,10 +413,10 @@ impl Unpacker<'_> {
                 return refuse("a pax header; pax archives are not supported")
             }
             other => {
-                return refuse(&format!(
-                    "of unsupported type {:?}",
-                    char::from(other.as_byte())
-                ))
+                return Err(Failure::Refused(Refusal::UnsupportedType {
+                    path: path.to_vec(),
+                    kind: char::from(other.as_byte()),
+                }))
             }
         }
         let parts = split_path(path)?;
@@ -375,8 +428,8 @@ impl Unpacker<'_> {
                 refuse("an entry with an empty path")
             };
         };
-        let name = CString::new(*last)
-            .map_err(|_| Failure::Refused(format!("{} contains a NUL byte", shown(path))))?;
+        let name =
+            CString::new(*last).map_err(|_| Failure::Refused(Refusal::NulInPath(path.to_vec())))?;
         match kind {
             EntryType::Directory => self.make_dir(path, dirs, &parts, &name),
             EntryType::Regular => self.make_file(entry, path, dirs, &name),
@@ -406,9 +459,8 @@ impl Unpacker<'_> {
         if !matches!(&self.cache, Some((cached, _)) if *cached == key) {
             let mut current = self.root.try_clone().map_err(io_refused(path))?;
             for (depth, dir) in dirs.iter().enumerate() {
-                let name = CString::new(*dir).map_err(|_| {
-                    Failure::Refused(format!("{} contains a NUL byte", shown(path)))
-                })?;
+                let name = CString::new(*dir)
+                    .map_err(|_| Failure::Refused(Refusal::NulInPath(path.to_vec())))?;
                 current = match fsutil::open_dir_at(current.as_fd(), &name) {
                     Ok(fd) => fd,
                     Err(Errno::ENOENT) => self.create_dir(&current, &name, path)?,
@@ -427,11 +479,11 @@ impl Unpacker<'_> {
                         } else {
                             "not a directory"
                         };
-                        return Err(Failure::Refused(format!(
-                            "{} lies beneath {}, which is {what}",
-                            shown(path),
-                            shown(&prefix)
-                        )));
+                        return Err(Failure::Refused(Refusal::BeneathNonDirectory {
+                            path: path.to_vec(),
+                            prefix,
+                            what,
+                        }));
                     }
                     Err(err) => return Err(io_refused(path)(err.into())),
                 };
@@ -440,7 +492,7 @@ impl Unpacker<'_> {
         }
         match &self.cache {
             Some((_, fd)) => Ok(fd),
-            None => Err(Failure::Refused("internal error: no parent".into())),
+            None => Err(Failure::Refused(Refusal::NoParent)),
         }
     }
 
@@ -450,10 +502,7 @@ impl Unpacker<'_> {
             Err(err) => return Err(io_refused(path)(err.into())),
         }
         let fd = fsutil::open_dir_at(parent.as_fd(), name).map_err(|err| match err {
-            Errno::ELOOP | Errno::ENOTDIR => Failure::Refused(format!(
-                "{} clashes with an entry that is not a directory",
-                shown(path)
-            )),
+            Errno::ELOOP | Errno::ENOTDIR => Failure::Refused(Refusal::Clash(path.to_vec())),
             err => io_refused(path)(err.into()),
         })?;
         self.chown(&fd)
@@ -498,9 +547,7 @@ impl Unpacker<'_> {
             Mode::S_IRUSR | Mode::S_IWUSR,
         )
         .map_err(|err| match err {
-            Errno::EEXIST => {
-                Failure::Refused(format!("{} appears twice in the archive", shown(path)))
-            }
+            Errno::EEXIST => Failure::Refused(Refusal::Twice(path.to_vec())),
             err => io_refused(path)(err.into()),
         })?;
         let mut file = File::from(fd);
@@ -513,8 +560,12 @@ impl Unpacker<'_> {
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 Err(err) => return Err(Failure::Stream(err)),
             };
-            file.write_all(&self.buf[..n])
-                .map_err(|err| Failure::Refused(format!("cannot write {}: {err}", shown(path))))?;
+            file.write_all(&self.buf[..n]).map_err(|source| {
+                Failure::Refused(Refusal::Write {
+                    path: path.to_vec(),
+                    source,
+                })
+            })?;
             copied += u64::try_from(n).unwrap_or(u64::MAX);
         }
         if copied != size {
@@ -537,26 +588,17 @@ impl Unpacker<'_> {
     ) -> Result<(), Failure> {
         let target = link
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| Failure::Refused(format!("symlink {} has no target", shown(path))))?;
+            .ok_or_else(|| Failure::Refused(Refusal::NoTarget(path.to_vec())))?;
         if target.len() > MAX_PATH_BYTES {
-            return Err(Failure::Refused(format!(
-                "symlink {} has a target longer than {MAX_PATH_BYTES} bytes",
-                shown(path)
-            )));
+            return Err(Failure::Refused(Refusal::TargetTooLong(path.to_vec())));
         }
-        let target = CString::new(target).map_err(|_| {
-            Failure::Refused(format!(
-                "symlink {} has a NUL byte in its target",
-                shown(path)
-            ))
-        })?;
+        let target = CString::new(target)
+            .map_err(|_| Failure::Refused(Refusal::NulInTarget(path.to_vec())))?;
         self.count(u64::try_from(target.as_bytes().len()).unwrap_or(u64::MAX))?;
         let owner = self.owner;
         let parent = self.parent(path, dirs)?;
         symlinkat(target.as_c_str(), parent.as_fd(), name).map_err(|err| match err {
-            Errno::EEXIST => {
-                Failure::Refused(format!("{} appears twice in the archive", shown(path)))
-            }
+            Errno::EEXIST => Failure::Refused(Refusal::Twice(path.to_vec())),
             err => io_refused(path)(err.into()),
         })?;
         fchownat(
@@ -573,16 +615,19 @@ impl Unpacker<'_> {
 }
 
 fn io_refused(path: &[u8]) -> impl Fn(io::Error) -> Failure + '_ {
-    move |err| Failure::Refused(format!("cannot unpack {}: {err}", shown(path)))
+    move |source| {
+        Failure::Refused(Refusal::Io {
+            path: path.to_vec(),
+            source,
+        })
+    }
 }
 
 /// Reads a GNU long-name record's data: a path or link target, NUL-terminated, bounded.
 fn read_long_name<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<Vec<u8>, Failure> {
     let size = entry.size();
     if size > u64::try_from(MAX_PATH_BYTES + 1).unwrap_or(u64::MAX) {
-        return Err(Failure::Refused(format!(
-            "the archive has a long name of {size} bytes; the limit is {MAX_PATH_BYTES}"
-        )));
+        return Err(Failure::Refused(Refusal::LongNameTooLong(size)));
     }
     let mut data = Vec::new();
     entry.read_to_end(&mut data).map_err(Failure::Stream)?;
@@ -593,35 +638,31 @@ fn read_long_name<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<Vec<u8>, Fai
         data.pop();
     }
     if data.contains(&0) {
-        return Err(Failure::Refused(
-            "the archive has a long name with a NUL byte inside".into(),
-        ));
+        return Err(Failure::Refused(Refusal::NulInLongName));
     }
     Ok(data)
 }
 
 /// Splits an entry's path into its components, refusing what could leave the destination.
 fn split_path(path: &[u8]) -> Result<Vec<&[u8]>, Failure> {
-    let refuse = |why: &str| Err(Failure::Refused(format!("{} {why}", shown(path))));
+    let refuse = |why: fn(Vec<u8>) -> Refusal| Err(Failure::Refused(why(path.to_vec())));
     if path.first() == Some(&b'/') {
-        return refuse("is an absolute path");
+        return refuse(Refusal::Absolute);
     }
     if path.len() > MAX_PATH_BYTES {
-        return refuse(&format!("is longer than {MAX_PATH_BYTES} bytes"));
+        return refuse(Refusal::PathTooLong);
     }
     let mut parts = Vec::new();
     for part in path.split(|&b| b == b'/') {
         match part {
             b"" | b"." => {}
-            b".." => return refuse("has a '..' component"),
-            part if part.len() > MAX_NAME => {
-                return refuse(&format!("has a component longer than {MAX_NAME} bytes"))
-            }
+            b".." => return refuse(Refusal::DotDot),
+            part if part.len() > MAX_NAME => return refuse(Refusal::NameTooLong),
             part => parts.push(part),
         }
     }
     if parts.len() > MAX_DEPTH {
-        return refuse(&format!("is nested deeper than {MAX_DEPTH} directories"));
+        return refuse(Refusal::TooDeep);
     }
     Ok(parts)
 }
@@ -639,16 +680,29 @@ mod tests {
                         .map(|c| String::from_utf8_lossy(c).into_owned())
                         .collect::<Vec<_>>()
                 })
-                .map_err(|_| ())
+                .map_err(|err| match err {
+                    Failure::Refused(refusal) => refusal.to_string(),
+                    other => panic!("{other:?}"),
+                })
         };
         assert_eq!(ok("a/b/c"), Ok(vec!["a".into(), "b".into(), "c".into()]));
         assert_eq!(ok("./a//b/"), Ok(vec!["a".into(), "b".into()]));
         assert_eq!(ok("./"), Ok(vec![]));
-        assert!(ok("/etc/passwd").is_err());
-        assert!(ok("a/../../b").is_err());
+        assert_eq!(
+            ok("/etc/passwd"),
+            Err("\"/etc/passwd\" is an absolute path".into())
+        );
+        assert_eq!(
+            ok("a/../../b"),
+            Err("\"a/../../b\" has a '..' component".into())
+        );
         assert!(ok("..").is_err());
         assert!(ok(&"x".repeat(256)).is_err());
-        assert!(ok(&"a/".repeat(MAX_DEPTH + 1)).is_err());
+        assert!(
+            ok(&"a/".repeat(MAX_DEPTH + 1)).is_err_and(
+                |e| e.ends_with(&format!("is nested deeper than {MAX_DEPTH} directories"))
+            )
+        );
         assert!(ok(&"a/".repeat(MAX_DEPTH)).is_ok());
     }
 }

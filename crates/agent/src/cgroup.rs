@@ -33,6 +33,10 @@
 //! bounds how many there can be. A command that ends on its own may leave processes running (a dev server started
 //! with `&`): they keep running, and its cgroup lingers until they are gone; lingering cgroups
 //! that emptied are removed before each new one is made and whenever a command ends.
+//!
+//! The cgroup directory handle and the pid-reuse-safe signalling are dynocap-cgroup's, shared
+//! with the jail's teardown; which kill method, the rounds and the waits between them (on the
+//! agent's runtime) are this module's.
 
 use std::collections::BTreeSet;
 use std::io;

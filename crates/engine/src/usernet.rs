@@ -2,7 +2,7 @@
 //! running pasta (the parent-death tie, its messages in the sandbox's log). Starting pasta and
 //! keeping the guest off the host's addresses is [`dynocap_host::UserNet`]'s job. pasta
 //! serves a network namespace: a jail's own, or on the vm backend the one QEMU runs in, where
-//! QEMU's user networking turns the guest's packets into sockets (see `vm_backend`).
+//! QEMU's user networking turns the guest's packets into sockets (see `backend/vm.rs`).
 
 use std::io::{BufRead, Read};
 use std::net::Ipv4Addr;

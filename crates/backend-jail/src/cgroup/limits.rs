@@ -8,9 +8,9 @@
 
 pub(crate) use dynocap_host::cgroup::memory::{memory_settings, Setting, SwapFacts};
 
-use super::{CgroupVersion, Controller};
 use crate::error::JailError;
 use crate::spec::Limits;
+use dynocap_host::cgroup::{CgroupVersion, Controller};
 
 /// CFS period: 100 ms, the kernel default.
 pub(crate) const CFS_PERIOD_US: u64 = 100_000;

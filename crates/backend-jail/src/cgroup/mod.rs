@@ -12,6 +12,11 @@
 //! than the init takes to build the guest's root beside it. A single
 //! thread moving itself (`0` to `tasks`) takes no such lock. v2 has no such file for a
 //! process (`cgroup.threads` moves threads only within a threaded subtree).
+//!
+//! Where the hierarchies are, the `dynocap` parent, the memory table and the bound over all
+//! sandboxes are dynocap-host's (the engine sets that bound whichever backend runs); reading
+//! a cgroup's members, `cgroup.kill` and killing by pinned pidfd are dynocap-cgroup's, which
+//! the guest agent's per-command cgroups use too.
 
 mod delegate;
 mod limits;

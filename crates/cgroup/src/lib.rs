@@ -12,7 +12,7 @@
 //!
 //! Why its own crate, not a feature of dynocap-host: the agent is built static for musl and
 //! must stay small, and dynocap-host is the host's (pasta, the id range pool, getifaddrs): a
-//! crate with nothing but these primitives, whose dependencies are std, nix, rustix and libc,
+//! crate with nothing but these primitives, whose dependencies are std, nix and rustix,
 //! keeps that line a Cargo fact rather than a feature flag someone must remember to leave off.
 //! No async runtime either: the agent's waits between kill rounds stay its own (tokio).
 //!

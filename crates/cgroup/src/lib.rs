@@ -4,7 +4,7 @@
 //! - [`CgroupDir`]: a cgroup directory held by a descriptor: its version (v1 or v2, from the
 //!   filesystem's magic), which files it offers, reading and writing them, making and removing
 //!   children (a child that still has processes is [`Removal::Busy`], not an error), its
-//!   processes ([`CgroupDir::pids`]) and whether any is left ([`CgroupDir::populated`]).
+//!   processes ([`CgroupDir::pids`]) and its `cgroup.events` (`populated`, `frozen`: [`CgroupDir::event`]).
 //! - [`signal_pinned`]: signals the processes of a cgroup without ever reaching a process that
 //!   reused a pid: each is pinned with a pidfd first and signalled only if the cgroup still
 //!   lists it after pinning. [`pidfd`] has the two calls, in nix's types.

@@ -6,6 +6,10 @@ use crate::facade::ceilings::{Ceilings, MAX_MEMORY_MB};
 use crate::foundation::error::{Error, ErrorCode, Result};
 use crate::model::spec::MEMORY_MB_MAX;
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::admission";
+
 impl crate::Engine {
     /// The host's ceilings for a new sandbox or task: its own values, then the live total.
     /// Called first thing by `run` and `task_start`, before anything is created.
@@ -43,7 +47,7 @@ impl crate::Engine {
         match dynocap_backend_jail::bound_all_sandboxes_memory(bytes) {
             Ok(dynocap_backend_jail::SharedBound::Applied) => Ok(()),
             Ok(dynocap_backend_jail::SharedBound::NotApplied(why)) => {
-                tracing::warn!(
+                tracing::warn!(target: LOG_TARGET,
                     "the memory of all sandboxes together is not bounded by DynoCap: {why}"
                 );
                 Ok(())

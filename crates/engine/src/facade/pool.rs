@@ -16,6 +16,10 @@ use crate::model::spec::{Network, RunSpec};
 use crate::supervisor::control::{Claim, ControlReply, ControlRequest};
 use crate::supervisor::process::Mode;
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::pool";
+
 /// The variable that sets the pool's size.
 pub const POOL_ENV: &str = "DYNOCAP_WARM_POOL";
 /// The most sandboxes a pool keeps: each holds a supervisor, a guest and a disk.
@@ -123,10 +127,10 @@ impl Engine {
             return;
         }
         if let Err(err) = self.shrink_pool_to_ceilings().await {
-            tracing::warn!("making room in the warm pool: {err}");
+            tracing::warn!(target: LOG_TARGET, "making room in the warm pool: {err}");
         }
         if let Err(err) = self.top_up_pool() {
-            tracing::warn!("topping up the warm pool: {err}");
+            tracing::warn!(target: LOG_TARGET, "topping up the warm pool: {err}");
         }
     }
 
@@ -192,7 +196,7 @@ impl Engine {
                     Ok(ControlReply::Error(err)) | Err(err) => err.message,
                     Ok(other) => format!("unexpected reply {other:?}"),
                 };
-                tracing::warn!(
+                tracing::warn!(target: LOG_TARGET,
                     "warm-pool sandbox {} could not be claimed: {why}",
                     record.id
                 );

@@ -26,6 +26,10 @@ pub(crate) use crate::supervisor::leftovers::{remove_leftovers, Keep};
 use crate::supervisor::process::{Mode, ReadyMessage};
 use crate::supervisor::workspace::{PROJECT_FD_ENV, SUPERVISOR_PROJECT_FD};
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::sandboxes";
+
 /// How long `run` waits for a supervisor to report its guest ready.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 /// A `starting` record whose supervisor never registered is considered lost after this.
@@ -337,7 +341,7 @@ impl Engine {
                     Err(err) => {
                         // Its pid in the record is replaced by the spawn's below, after
                         // which the next standby starts.
-                        tracing::info!(
+                        tracing::info!(target: LOG_TARGET,
                             "the standby supervisor (pid {pid}) is gone ({err}); starting one for {id}"
                         );
                         Handed::default()
@@ -773,7 +777,7 @@ impl Engine {
         match self.reconcile(catalog) {
             Ok(()) => Ok(Deferred(None)),
             Err(err) if crate::host::disk_room::is_full(self.home.root()) => {
-                tracing::warn!("taking over a sandbox left for later: {}", err.message);
+                tracing::warn!(target: LOG_TARGET, "taking over a sandbox left for later: {}", err.message);
                 Ok(Deferred(Some(self.home.root().to_owned())))
             }
             Err(err) => Err(err),
@@ -839,7 +843,7 @@ impl Engine {
         let Err(err) = removed else {
             return Ok(());
         };
-        tracing::warn!("cleaning up after {}: {}", record.id, err.message);
+        tracing::warn!(target: LOG_TARGET, "cleaning up after {}: {}", record.id, err.message);
         let failed = format!(
             "cleaning up what it left failed ({}); removing it (destroy, or rm --purge for a \
              task) tries again",

@@ -43,6 +43,10 @@ use nix::sys::socket::{
 use crate::catalog::Kind;
 use crate::facade::sandboxes::Engine;
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::standby";
+
 /// The descriptor a standby reads its order from.
 pub const STANDBY_ORDERS_FD: RawFd = 3;
 
@@ -227,7 +231,7 @@ impl Slot {
         }
         match Standby::start(command, prepare_disk) {
             Ok(standby) => *held = Some(standby),
-            Err(err) => tracing::warn!("starting a standby supervisor: {err}"),
+            Err(err) => tracing::warn!(target: LOG_TARGET, "starting a standby supervisor: {err}"),
         }
     }
 }
@@ -276,7 +280,7 @@ impl Engine {
                 waiting.refilling.store(false, Ordering::Release);
             });
         if let Err(err) = spawned {
-            tracing::warn!("starting a standby supervisor: cannot start its thread: {err}");
+            tracing::warn!(target: LOG_TARGET, "starting a standby supervisor: cannot start its thread: {err}");
             slot.refilling.store(false, Ordering::Release);
         }
     }

@@ -11,6 +11,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::durable";
+
 /// Replaces `path` with `bytes` (mode 0600).
 pub fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     write_then_rename(path, bytes, Durability::Synced)
@@ -65,7 +69,7 @@ fn swap_in(temp: &Path, path: &Path) -> std::io::Result<()> {
             // The new content is in place whatever happens here; what could be left is a
             // hidden `.tmp` beside it with the old content, which no reader takes for a record.
             if let Err(err) = std::fs::remove_file(temp) {
-                tracing::warn!("removing the replaced copy {}: {err}", temp.display());
+                tracing::warn!(target: LOG_TARGET, "removing the replaced copy {}: {err}", temp.display());
             }
             Ok(())
         }

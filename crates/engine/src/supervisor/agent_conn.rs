@@ -19,6 +19,10 @@ use tokio::sync::mpsc;
 
 use crate::foundation::error::{Error, Result};
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::agent_conn";
+
 type Routes = Arc<Mutex<HashMap<u32, mpsc::Sender<Frame>>>>;
 type Tunnels = Arc<Mutex<HashMap<u32, tunnel::Inbox>>>;
 
@@ -105,7 +109,7 @@ impl AgentConn {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break,
                     Err(err) => {
-                        tracing::error!("agent channel: {err}; closing it");
+                        tracing::error!(target: LOG_TARGET, "agent channel: {err}; closing it");
                         break;
                     }
                 };

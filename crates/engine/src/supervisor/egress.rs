@@ -20,6 +20,10 @@ use crate::foundation::error::{Context, Error, Result};
 pub use crate::model::egress_spec::EgressSpec;
 use crate::supervisor::agent_conn::{AgentConn, TunnelHandler};
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::egress";
+
 /// The port the guest's egress listener takes on its loopback.
 pub const PROXY_PORT: u16 = 3128;
 /// Hosts every `filtered` sandbox may reach: the registry npm uses by default.
@@ -237,7 +241,7 @@ impl Egress {
                     proxy.serve(far).await;
                 } else {
                     // Closing our end ends the tunnel at once: the guest's client sees EOF.
-                    tracing::warn!("{MAX_TUNNELS} tunnels are open; closing a new one");
+                    tracing::warn!(target: LOG_TARGET, "{MAX_TUNNELS} tunnels are open; closing a new one");
                     drop(far);
                 }
                 let _ = pumping.await;

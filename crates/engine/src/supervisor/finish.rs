@@ -24,6 +24,10 @@ use dynocap_review::verify::touched::{self, Budget, Failure, Source, Touched};
 
 use crate::foundation::error::{Context, Result};
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::finish";
+
 mod git_apply;
 mod in_memory;
 
@@ -108,7 +112,9 @@ fn verify_patch(
         .map_err(|err| format!("the patch cannot be read: {err}"))?;
     let touched = Touched::of(&files);
     let dry_run = DryRun::of(&files)
-        .inspect_err(|why| tracing::debug!("the patch is applied for real: {why}"))
+        .inspect_err(
+            |why| tracing::debug!(target: LOG_TARGET, "the patch is applied for real: {why}"),
+        )
         .ok();
     let verification = Verification {
         baseline_tar,
@@ -172,7 +178,7 @@ impl Verification<'_> {
         match extracted {
             Ok(()) => self.finish(&scratch_dir, apply),
             Err(Failure::IndexWrong(why)) => {
-                tracing::warn!(
+                tracing::warn!(target: LOG_TARGET,
                     "the baseline's index is wrong ({why}); reading the baseline without it"
                 );
                 // Whatever the index led to is not what a pass over the tar would extract:
@@ -228,7 +234,7 @@ impl Verification<'_> {
         match dry_run.suffices_in(scratch_dir.tree()) {
             Ok(()) => apply.finish(self.patch),
             Err(why) => {
-                tracing::debug!("the patch is applied for real: {why}");
+                tracing::debug!(target: LOG_TARGET, "the patch is applied for real: {why}");
                 // Killed unfinished: it has read nothing, and the tree is as extracted.
                 drop(apply);
                 scratch_dir.start_git(Apply::Write)?.finish(self.patch)
@@ -255,7 +261,7 @@ fn usable_index(baseline_tar: &Path) -> Option<TarIndex> {
         Ok(index) => Some(index),
         Err(IndexError::Missing(_)) => None,
         Err(err) => {
-            tracing::warn!("{err}; reading the baseline without it");
+            tracing::warn!(target: LOG_TARGET, "{err}; reading the baseline without it");
             None
         }
     }

@@ -46,6 +46,10 @@ use crate::supervisor::starter_watch::StarterWatch;
 use crate::supervisor::workspace::{self, BaselineIndex, BASELINE_TAR};
 use crate::supervisor::{exec, finish};
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::supervisor";
+
 /// How long the agent may take to say hello after the guest starts.
 const AGENT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Every egress decision of a sandbox, one JSON line each.
@@ -87,7 +91,7 @@ pub enum Mode {
 /// sandbox); without, the supervisor opens it.
 pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
     // Every line of this log names the sandbox (the guest relay thread enters it too).
-    let _span = tracing::info_span!("supervisor", sandbox = %id).entered();
+    let _span = tracing::info_span!(target: LOG_TARGET, "supervisor", sandbox = %id).entered();
     // Before anything can start a child: the project descriptor and the clone's credentials
     // must not leak into one.
     let claimed = workspace::claim_inherited_project()
@@ -99,16 +103,16 @@ pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode
         &ready,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     ) {
-        tracing::error!("cannot mark the ready pipe close-on-exec: {err}");
+        tracing::error!(target: LOG_TARGET, "cannot mark the ready pipe close-on-exec: {err}");
         return 1;
     }
     let ready = ReadyPipe(Mutex::new(Some(std::fs::File::from(ready))));
     if let Err(err) = claimed {
-        tracing::error!("cannot take what the starter passed: {err}");
+        tracing::error!(target: LOG_TARGET, "cannot take what the starter passed: {err}");
         ready.send(&ReadyMessage::Failed(err));
         return 1;
     }
-    tracing::info!(
+    tracing::info!(target: LOG_TARGET,
         "supervisor for {id} starting (pid {}){}",
         std::process::id(),
         if mode == Mode::Recover {
@@ -127,7 +131,7 @@ pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode
     let (catalog, record, guest, room) = match booted {
         Ok(parts) => parts,
         Err(err) => {
-            tracing::error!("boot failed: {err}");
+            tracing::error!(target: LOG_TARGET, "boot failed: {err}");
             ready.send(&ReadyMessage::Failed(err));
             return 1;
         }
@@ -150,7 +154,7 @@ pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode
         Mode::Start => runtime.block_on(serve(home, catalog, record, guest, room, ready)),
         Mode::Recover => runtime.block_on(recover(home, catalog, record, guest, room, ready)),
     };
-    tracing::info!("supervisor exiting");
+    tracing::info!(target: LOG_TARGET, "supervisor exiting");
     code
 }
 
@@ -186,7 +190,7 @@ fn relay_guest_output(pipe: OwnedFd) {
         line.clear();
         match (&mut reader).take(4096).read_until(b'\n', &mut line) {
             Ok(0) | Err(_) => return,
-            Ok(_) => tracing::info!(
+            Ok(_) => tracing::info!(target: LOG_TARGET,
                 "guest: {}",
                 crate::supervisor::exec::sanitize_line(
                     String::from_utf8_lossy(&line).trim_end(),
@@ -238,7 +242,7 @@ fn boot(
             crate::host::activity::QUIET,
             crate::host::activity::MAX_WAIT,
         );
-        tracing::info!(
+        tracing::info!(target: LOG_TARGET,
             "warm-pool boot after {} ms of waiting for a lull",
             waited.as_millis()
         );
@@ -277,7 +281,7 @@ fn boot(
         Some(room) if record.state != State::Warming => PendingRoom::begin(room),
         _ => PendingRoom::default(),
     };
-    tracing::info!(
+    tracing::info!(target: LOG_TARGET,
         "guest booted in {:.2}s on {} backend, init pid {}, host id range {id_range}",
         booting.elapsed().as_secs_f64(),
         backend.name(),
@@ -337,7 +341,7 @@ impl ReadyPipe {
         match StarterWatch::new(guard.as_ref()?.as_fd()) {
             Ok(watch) => Some(watch),
             Err(err) => {
-                tracing::warn!("cannot watch the starter through the ready pipe: {err}");
+                tracing::warn!(target: LOG_TARGET, "cannot watch the starter through the ready pipe: {err}");
                 None
             }
         }
@@ -448,7 +452,7 @@ fn restore_priority() {
         *libc::__errno_location() = 0;
         let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
         if nice > 0 && libc::setpriority(libc::PRIO_PGRP, 0, 0) != 0 {
-            tracing::warn!(
+            tracing::warn!(target: LOG_TARGET,
                 "restoring the normal CPU priority: {}",
                 std::io::Error::last_os_error()
             );
@@ -534,7 +538,7 @@ async fn come_up(
             return None;
         }
         Err(err) => {
-            tracing::error!("start failed: {err}");
+            tracing::error!(target: LOG_TARGET, "start failed: {err}");
             ready.send(&ReadyMessage::Failed(err));
             let _ = tokio::task::spawn_blocking(move || guest.destroy()).await;
             let _ = std::fs::remove_dir_all(home.sandbox_dir(&id));
@@ -559,11 +563,11 @@ async fn come_up(
     if record.state == State::Warming {
         // Before it is ready: a claim may follow at once.
         if let Err(err) = guest.prepare_claim() {
-            tracing::warn!("preparing for a claim (it will be slower): {err}");
+            tracing::warn!(target: LOG_TARGET, "preparing for a claim (it will be slower): {err}");
         }
     }
     ready.send(&ReadyMessage::Ready);
-    tracing::info!(
+    tracing::info!(target: LOG_TARGET,
         "ready in {:.2}s after the boot; serving until {}",
         starting.elapsed().as_secs_f64(),
         rfc3339(record.expires_at)
@@ -617,7 +621,7 @@ async fn serve(
     let guest_exit = match AsyncFd::new(guest.exit_fd().as_raw_fd()) {
         Ok(fd) => fd,
         Err(err) => {
-            tracing::error!("cannot watch the guest: {err}");
+            tracing::error!(target: LOG_TARGET, "cannot watch the guest: {err}");
             let _ = guest.stop_keeping_layer();
             return 1;
         }
@@ -692,7 +696,9 @@ async fn serve(
     // The record says so before the socket goes: nobody finds it `running` and unreachable.
     match catalog.transition(&id, State::Running, State::Ending, None) {
         Ok(_) => {}
-        Err(err) => tracing::error!("recording that the sandbox is ending: {err}"),
+        Err(err) => {
+            tracing::error!(target: LOG_TARGET, "recording that the sandbox is ending: {err}")
+        }
     }
     drop(listener);
     // Only our own: a socket in its place is another's.
@@ -715,7 +721,7 @@ async fn serve(
                 TaskEnd::Saved(result) => (result.state, None, ControlReply::Finished(result)),
                 TaskEnd::Unsaved(err) => {
                     let note = unsaved_note(task, ending, &err);
-                    tracing::warn!("{note}");
+                    tracing::warn!(target: LOG_TARGET, "{note}");
                     (
                         State::Unsaved,
                         Some(note.clone()),
@@ -767,7 +773,7 @@ fn accept_claim(
     record.ttl_seconds = claim.ttl_seconds;
     record.expires_at = expires_at;
     oom.set_memory_mb(claim.memory_mb);
-    tracing::info!("claimed from the warm pool as {}", claim.hostname);
+    tracing::info!(target: LOG_TARGET, "claimed from the warm pool as {}", claim.hostname);
     Ok((expires_at - chrono::Utc::now())
         .to_std()
         .unwrap_or(Duration::ZERO))
@@ -776,15 +782,23 @@ fn accept_claim(
 /// Says in the log why the sandbox ends.
 fn log_ending(ending: Ending, ttl_seconds: u64, control_socket: &std::path::Path) {
     match ending {
-        Ending::Expired => tracing::info!("expired after its TTL of {}s", ttl_seconds),
-        Ending::GuestDied => tracing::warn!("the guest's init exited unexpectedly"),
-        Ending::Signalled => tracing::info!("the supervisor was asked to stop (SIGTERM)"),
-        Ending::CutOff => tracing::warn!(
+        Ending::Expired => {
+            tracing::info!(target: LOG_TARGET, "expired after its TTL of {}s", ttl_seconds)
+        }
+        Ending::GuestDied => {
+            tracing::warn!(target: LOG_TARGET, "the guest's init exited unexpectedly")
+        }
+        Ending::Signalled => {
+            tracing::info!(target: LOG_TARGET, "the supervisor was asked to stop (SIGTERM)")
+        }
+        Ending::CutOff => tracing::warn!(target: LOG_TARGET,
             "the control socket {} was removed or replaced (the home deleted?): no client can \
              reach this sandbox any more, so it ends",
             control_socket.display()
         ),
-        Ending::Destroyed | Ending::Finished => tracing::info!("ending: {ending:?}"),
+        Ending::Destroyed | Ending::Finished => {
+            tracing::info!(target: LOG_TARGET, "ending: {ending:?}")
+        }
     }
 }
 
@@ -805,7 +819,7 @@ async fn tear_down_raw(
     // reaping the guest's init takes (a few ms): the serving loop is over, so it holds
     // nothing else up.
     if let Err(err) = guest.kill() {
-        tracing::error!("teardown: {err}");
+        tracing::error!(target: LOG_TARGET, "teardown: {err}");
     }
     let recorded = match ending {
         // A lost raw sandbox stays visible.
@@ -817,23 +831,23 @@ async fn tear_down_raw(
         _ => catalog.release_as_destroyed(id),
     };
     if let Err(err) = recorded {
-        tracing::error!("updating the catalog: {err}");
+        tracing::error!(target: LOG_TARGET, "updating the catalog: {err}");
     }
     for mut waiter in waiters.drain(..) {
         let _ = write_message(&mut waiter, &ControlReply::Destroyed).await;
     }
     if let Err(err) = failpoint::hit("supervisor.destroy.replied") {
-        tracing::error!("{err}");
+        tracing::error!(target: LOG_TARGET, "{err}");
     }
     match tokio::task::spawn_blocking(move || guest.destroy()).await {
         Ok(Ok(())) => {}
-        Ok(Err(err)) => tracing::error!("teardown: {err}"),
-        Err(err) => tracing::error!("teardown panicked: {err}"),
+        Ok(Err(err)) => tracing::error!(target: LOG_TARGET, "teardown: {err}"),
+        Err(err) => tracing::error!(target: LOG_TARGET, "teardown panicked: {err}"),
     }
     let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
     if ending != Ending::GuestDied {
         if let Err(err) = catalog.delete(id) {
-            tracing::error!("updating the catalog: {err}");
+            tracing::error!(target: LOG_TARGET, "updating the catalog: {err}");
         }
     }
     ControlReply::Destroyed
@@ -867,7 +881,7 @@ impl NetworkWatch {
         match AsyncFd::new(fd) {
             Ok(watch) => Some(watch),
             Err(err) => {
-                tracing::error!("cannot watch pasta, the guest's network: {err}");
+                tracing::error!(target: LOG_TARGET, "cannot watch pasta, the guest's network: {err}");
                 None
             }
         }
@@ -890,7 +904,7 @@ impl NetworkWatch {
         let how = guest.network_exit();
         let failed = if self.restarts < NETWORK_RESTARTS {
             self.restarts += 1;
-            tracing::warn!(
+            tracing::warn!(target: LOG_TARGET,
                 "network \"nat\": pasta exited ({how}); the guest has no network until it is \
                  started again (restart {} of {NETWORK_RESTARTS})",
                 self.restarts
@@ -906,7 +920,7 @@ impl NetworkWatch {
             format!("again after {NETWORK_RESTARTS} restarts")
         };
         if let Err(err) = guest.end_network() {
-            tracing::warn!("{err}");
+            tracing::warn!(target: LOG_TARGET, "{err}");
         }
         let lost = format!(
             "the sandbox's network (\"nat\") ended at {}: its pasta exited ({how}) {failed}; \
@@ -914,7 +928,7 @@ impl NetworkWatch {
              again",
             rfc3339(chrono::Utc::now())
         );
-        tracing::error!("{lost}");
+        tracing::error!(target: LOG_TARGET, "{lost}");
         Some(lost)
     }
 }
@@ -968,7 +982,7 @@ async fn end_task(
                 // the limit the agent worked under.
                 let limit = save_memory_limit(memory_mb);
                 if let Err(err) = guest.raise_memory_limit(limit) {
-                    tracing::warn!("{err}; saving within the sandbox's own limit");
+                    tracing::warn!(target: LOG_TARGET, "{err}; saving within the sandbox's own limit");
                 }
                 save::take_final_patch(conn, &task.files, task.line_diff_budget).await
             }
@@ -989,8 +1003,8 @@ async fn end_task(
     });
     match tokio::task::spawn_blocking(move || guest.stop_keeping_layer()).await {
         Ok(Ok(())) => {}
-        Ok(Err(err)) => tracing::error!("stopping the guest: {err}"),
-        Err(err) => tracing::error!("stopping the guest panicked: {err}"),
+        Ok(Err(err)) => tracing::error!(target: LOG_TARGET, "stopping the guest: {err}"),
+        Err(err) => tracing::error!(target: LOG_TARGET, "stopping the guest panicked: {err}"),
     }
     if let Err(err) = taken {
         return TaskEnd::Unsaved(err);
@@ -1100,7 +1114,7 @@ fn record_end(
         Ok(())
     })();
     if let Err(err) = recorded {
-        tracing::error!("recording the end of the task in the catalog: {err}");
+        tracing::error!(target: LOG_TARGET, "recording the end of the task in the catalog: {err}");
     }
 }
 
@@ -1111,7 +1125,7 @@ fn remove_sandbox_files(home: &Home, id: &str, backend: &str) {
         .and_then(|backend| backend.cleanup_leftovers(id, &home.sandbox_dir(id)))
     {
         Ok(()) => {}
-        Err(err) => tracing::error!("removing the sandbox's files: {err}"),
+        Err(err) => tracing::error!(target: LOG_TARGET, "removing the sandbox's files: {err}"),
     }
     let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
 }
@@ -1138,7 +1152,7 @@ async fn recover(
     let (conn, task) = match prepared {
         Ok(parts) => parts,
         Err(err) => {
-            tracing::error!("recovery failed: {err}");
+            tracing::error!(target: LOG_TARGET, "recovery failed: {err}");
             let _ = tokio::task::spawn_blocking(move || guest.stop_keeping_layer()).await;
             let note = format!(
                 "the work could not be recovered: {}; its files are still kept, finish the task again to retry",
@@ -1163,7 +1177,7 @@ async fn recover(
         }
         TaskEnd::Unsaved(err) => {
             let note = unsaved_note(&task, Ending::Finished, &err);
-            tracing::warn!("{note}");
+            tracing::warn!(target: LOG_TARGET, "{note}");
             record_end(&catalog, &id, State::Unsaved, Some(&note), None);
             ready.send(&ReadyMessage::Failed(Error::new(err.code, note)));
             1
@@ -1183,7 +1197,7 @@ async fn connect_agent(guest: &mut dyn Guest) -> Result<AgentConn> {
     let stream = UnixStream::from_std(stream).context("registering the agent channel")?;
     let (read, write) = stream.into_split();
     let (conn, hello) = AgentConn::start(read, write, AGENT_HELLO_TIMEOUT).await?;
-    tracing::info!("agent {} ready", hello.agent_version);
+    tracing::info!(target: LOG_TARGET, "agent {} ready", hello.agent_version);
     Ok(conn)
 }
 
@@ -1191,12 +1205,12 @@ async fn connect_agent(guest: &mut dyn Guest) -> Result<AgentConn> {
 /// its guard would have: nothing. The guest goes first, with whatever it runs; then the files,
 /// the results directory a task's start made, and the record, which frees the name.
 async fn abandon(home: &Home, catalog: &Catalog, record: &Record, guest: Box<dyn Guest>) {
-    tracing::warn!(
+    tracing::warn!(target: LOG_TARGET,
         "nobody waits for this start any more (its starter ended without cancelling it); \
          removing the sandbox"
     );
     if let Ok(Err(err)) = tokio::task::spawn_blocking(move || guest.destroy()).await {
-        tracing::warn!("destroying the guest of the abandoned start: {err}");
+        tracing::warn!(target: LOG_TARGET, "destroying the guest of the abandoned start: {err}");
     }
     let id = &record.id;
     let removed = crate::supervisor::leftovers::remove_leftovers(
@@ -1206,13 +1220,13 @@ async fn abandon(home: &Home, catalog: &Catalog, record: &Record, guest: Box<dyn
         crate::supervisor::leftovers::Keep::Nothing,
     );
     if let Err(err) = removed {
-        tracing::warn!("removing the abandoned start's files: {err}");
+        tracing::warn!(target: LOG_TARGET, "removing the abandoned start's files: {err}");
     }
     if record.kind == Kind::Task {
         let _ = std::fs::remove_dir_all(finish::results_dir(home.root(), id));
     }
     if let Err(err) = catalog.delete(id) {
-        tracing::warn!("removing the abandoned start's record: {err}");
+        tracing::warn!(target: LOG_TARGET, "removing the abandoned start's record: {err}");
     }
 }
 
@@ -1267,7 +1281,7 @@ async fn start(
                 )
                 .await?;
                 for note in &imported.notes {
-                    tracing::info!("import note: {note}");
+                    tracing::info!(target: LOG_TARGET, "import note: {note}");
                 }
                 SourceInfo {
                     project_path: Some(imported.root.display().to_string()),
@@ -1312,7 +1326,7 @@ async fn start(
     if let (Some(egress), Some(spec)) = (&egress, &record.egress) {
         if record.network == Network::Filtered {
             egress.open(&conn, spec.policy()?).await?;
-            tracing::info!("egress open to {}", spec.allow.join(", "));
+            tracing::info!(target: LOG_TARGET, "egress open to {}", spec.allow.join(", "));
         } else {
             egress.close(&conn).await?;
         }
@@ -1363,7 +1377,7 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
                 let _ = tokio::io::AsyncReadExt::read(&mut reader, &mut byte).await;
             };
             let started_at = chrono::Utc::now();
-            tracing::debug!(
+            tracing::debug!(target: LOG_TARGET,
                 "exec: {} bytes of command in {}, timeout {}s",
                 spec.command.len(),
                 spec.cwd,
@@ -1460,14 +1474,14 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
                 (result, _) => result,
             };
             match &result {
-                Ok(done) => tracing::debug!(
+                Ok(done) => tracing::debug!(target: LOG_TARGET,
                     "exec ended in {}ms: exit code {:?}, signal {:?}, timed out {}",
                     done.duration_ms,
                     done.exit_code,
                     done.signal,
                     done.timed_out
                 ),
-                Err(err) => tracing::debug!("exec failed: {err}"),
+                Err(err) => tracing::debug!(target: LOG_TARGET, "exec failed: {err}"),
             }
             if let Some(task) = task {
                 task.log_exec(&spec, started_at, &result);
@@ -1535,14 +1549,14 @@ async fn check_disk(shared: &Shared, synced: Result<()>) -> Option<String> {
     };
     let failure = recorded.or_else(|| synced.err().map(|err| err.message))?;
     if shared.disk_failed.set(failure.clone()).is_ok() {
-        tracing::error!("{failure}");
+        tracing::error!(target: LOG_TARGET, "{failure}");
         let note = format!(
             "{failure}; finish the task (or destroy the sandbox): its work up to the failure is kept"
         );
         if let Err(err) =
             Catalog::open(&shared.home).and_then(|c| c.set_note(&shared.id, Some(&note)))
         {
-            tracing::warn!("recording the disk's failure in the record: {err}");
+            tracing::warn!(target: LOG_TARGET, "recording the disk's failure in the record: {err}");
         }
     }
     Some(failure)
@@ -1568,7 +1582,7 @@ async fn sync_layer(how: LayerSync, conn: &AgentConn) -> Result<()> {
         LayerSync::GuestKernel => sync_guest_kernel(conn).await,
     };
     if let Err(err) = &synced {
-        tracing::warn!("{err}");
+        tracing::warn!(target: LOG_TARGET, "{err}");
     }
     synced
 }
@@ -1632,7 +1646,7 @@ impl TaskContext {
             .get_or_init(|| {
                 Arc::new(
                     BaselineIndex::load(&self.state_dir.join(BASELINE_TAR)).unwrap_or_else(|err| {
-                        tracing::warn!("reading the baseline copy: {err}");
+                        tracing::warn!(target: LOG_TARGET, "reading the baseline copy: {err}");
                         BaselineIndex::default()
                     }),
                 )
@@ -1683,7 +1697,7 @@ impl TaskContext {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Err(err) = writeln!(file, "{entry}") {
-            tracing::error!("writing the exec log: {err}");
+            tracing::error!(target: LOG_TARGET, "writing the exec log: {err}");
         }
     }
 }

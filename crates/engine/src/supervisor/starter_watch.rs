@@ -25,6 +25,10 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::starter_watch";
+
 /// A watch on the reader of a ready pipe, through a duplicate of its write end.
 ///
 /// The duplicate is one more writer: drop the watch before the supervisor's last word, so that
@@ -58,7 +62,7 @@ impl StarterWatch {
     /// (the start then runs on, as without a watch, and the starter's guard still ends it).
     pub async fn gone(&self) {
         let Some(watched) = self.register() else {
-            tracing::warn!("cannot watch the ready pipe's reader; a dead starter goes unnoticed");
+            tracing::warn!(target: LOG_TARGET, "cannot watch the ready pipe's reader; a dead starter goes unnoticed");
             return std::future::pending().await;
         };
         loop {

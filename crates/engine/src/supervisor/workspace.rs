@@ -23,6 +23,10 @@ use crate::model::task_spec::Progress;
 use crate::supervisor::agent_conn::{agent_error_message, agent_gone, AgentConn, AgentStream};
 use crate::supervisor::import::{self, History};
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::workspace";
+
 mod baseline_files;
 
 pub use baseline_files::BaselineIndex;
@@ -381,7 +385,7 @@ pub fn step(message: &str) -> Progress {
 /// verification reads every header instead: a failure here is logged, not fatal.
 pub fn index_baseline(baseline_tar: &Path) {
     if let Err(err) = dynocap_review::tar_index::write_for(baseline_tar) {
-        tracing::warn!(
+        tracing::warn!(target: LOG_TARGET,
             "indexing {}: {err}; finish will read the whole baseline copy instead",
             baseline_tar.display()
         );

@@ -16,6 +16,10 @@ use dynocap_review::tar_index::{entry_name, IndexError, TarIndex};
 
 use crate::foundation::error::{Context, Result};
 
+// Log lines keep the target they had before the engine's layer folders: people, the e2e
+// tests and log filters read them by it.
+const LOG_TARGET: &str = "dynocap_engine::workspace::baseline_files";
+
 /// Baseline files worth keeping in memory: small, and needed to judge a change.
 const INDEXED_MAX_BYTES: u64 = 4 * 1024 * 1024;
 
@@ -46,7 +50,9 @@ impl BaselineIndex {
                 })
             }
             Err(IndexError::Missing(_)) => {}
-            Err(err) => tracing::warn!("{err}; reading the baseline copy without it"),
+            Err(err) => {
+                tracing::warn!(target: LOG_TARGET, "{err}; reading the baseline copy without it")
+            }
         }
         Self::read_through(tar_path)
     }
@@ -66,7 +72,7 @@ impl BaselineIndex {
         if let (Some(index), None) = (&self.index, self.read_through.get()) {
             match lookup(index, &self.tar, path) {
                 Ok(found) => return found,
-                Err(why) => tracing::warn!(
+                Err(why) => tracing::warn!(target: LOG_TARGET,
                     "the baseline's index is wrong ({why}); reading the baseline copy without it"
                 ),
             }
@@ -74,7 +80,7 @@ impl BaselineIndex {
         self.read_through
             .get_or_init(|| {
                 read_all(&self.tar).unwrap_or_else(|err| {
-                    tracing::warn!("reading the baseline copy: {err}");
+                    tracing::warn!(target: LOG_TARGET, "reading the baseline copy: {err}");
                     HashMap::new()
                 })
             })

@@ -718,7 +718,7 @@ fn mkfs(image: &Path) -> Result<(), JailError> {
 
 fn make_skeleton(skeleton: &Path) -> Result<(), JailError> {
     remove_tree(skeleton).map_err(|e| JailError::io("remove the leftover", skeleton, e))?;
-    for dir in [crate::layers::UPPER, crate::layers::WORK] {
+    for dir in [crate::layers::UPPER, crate::layers::WORK, crate::layers::ROOT] {
         let path = skeleton.join(dir);
         fs::create_dir_all(&path).map_err(|e| JailError::io("create", &path, e))?;
     }
@@ -820,7 +820,7 @@ fn attach_loop(image: &File) -> Result<(PathBuf, File), JailError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::{UPPER, WORK};
+    use crate::layers::{ROOT, UPPER, WORK};
 
     /// Starts that bind their disks at the same moment all get a device: the lowest free one
     /// used to go to one of them and the others ran out of retries.
@@ -954,9 +954,10 @@ mod tests {
             names.sort();
             names
         };
-        assert_eq!(list("/"), [".", "..", "lost+found", UPPER, WORK]);
-        assert_eq!(list(&format!("/{UPPER}")), [".", ".."]);
-        assert_eq!(list(&format!("/{WORK}")), [".", ".."]);
+        assert_eq!(list("/"), [".", "..", "lost+found", ROOT, UPPER, WORK]);
+        for dir in [ROOT, UPPER, WORK] {
+            assert_eq!(list(&format!("/{dir}")), [".", ".."], "{dir}");
+        }
         let beside: Vec<_> = fs::read_dir(tmp.path())
             .expect("ls")
             .map(|e| e.expect("entry").file_name())

@@ -29,7 +29,7 @@ use nix::fcntl::{Flock, FlockArg};
 use crate::error::JailError;
 
 /// Bump when the mkfs options change, so old templates are never copied again.
-const TEMPLATE_REVISION: u32 = 3;
+const TEMPLATE_REVISION: u32 = 4;
 
 /// Subdirectory of the templates directory holding the spares.
 const SPARES: &str = "spares";

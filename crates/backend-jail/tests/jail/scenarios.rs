@@ -851,7 +851,7 @@ fn ends_leaving_nothing(name: &str, kill_first: bool) {
     for dir in cgroups {
         assert!(!dir.exists(), "{} survived destroy", dir.display());
     }
-    for layer in ["disk/upper", "disk/work", "disk", "root"] {
+    for layer in ["disk/upper", "disk/work", "disk/root", "disk", "root"] {
         assert!(!fx.state.join(layer).exists(), "{layer} survived destroy");
     }
 }

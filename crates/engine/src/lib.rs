@@ -3,10 +3,10 @@
 //! talks to it.
 //!
 //! Its layers, bottom up, each a folder that imports only the layers below it (checked by
-//! scripts/layers.py): [`foundation`] (errors, wording, durable writes, git URLs), [`model`]
-//! (the shared types and requests), [`host`] (the state directory, child processes, hardened
-//! git; with `idpool` and `usernet`), the store (`catalog`, `records`), [`image`],
-//! [`backend`], [`supervisor`] and the client [`facade`] (`Engine`).
+//! scripts/layers.py): `foundation` (errors, wording, durable writes, git URLs), `model`
+//! (the shared types and requests), `host` (the state directory, child processes, hardened
+//! git; with `idpool` and `usernet`), the store (`catalog`, `records`), `image`,
+//! `backend`, `supervisor` and the client `facade` (`Engine`).
 
 pub(crate) mod foundation;
 pub(crate) mod model;

@@ -1,5 +1,5 @@
 //! The supervisor layer: the process that holds one sandbox (`dynocap supervise`, in
-//! [`process`]) and what it does with its guest: the agent connection, exec, the control
+//! `process`) and what it does with its guest: the agent connection, exec, the control
 //! protocol it serves, the workspace and the project import, clone and egress, saving a task's
 //! work and finishing it, removing what a gone supervisor left, and the watches on the guest's
 //! memory and on its starter.

@@ -16,7 +16,7 @@ use rusqlite::{Connection, ErrorCode as Sqlite, TransactionBehavior};
 
 use crate::catalog::{self, Record};
 use crate::catalog_lock::{self, LOCK_TIMEOUT};
-use crate::error::Error;
+use crate::error::{Coded, Error, ErrorCode};
 use crate::home::Home;
 use crate::records;
 
@@ -76,22 +76,76 @@ impl Failure {
     }
 
     pub(crate) fn into_error(self, catalog: &Path) -> Error {
-        let path = catalog.display();
+        let path = catalog.to_owned();
         match self {
-            Self::Damaged(reason) => Error::internal(format!(
-                "the catalog {path} is damaged ({reason}); {REPAIR_HINT}"
-            )),
-            Self::Inaccessible(reason) => Error::internal(format!(
-                "the catalog {path} cannot be used ({reason}); give this user read and write \
-                 access to it and its directory, or {REPAIR_HINT}"
-            )),
-            Self::Busy(reason) => Error::internal(format!(
-                "the catalog {path} stayed locked by another dynocap process for over {}s \
-                 ({reason}); retry, and if this persists look for a stuck dynocap process",
-                BUSY_TIMEOUT.as_secs()
-            )),
-            Self::Sqlite(reason) => Error::internal(format!("the catalog {path}: {reason}")),
+            Self::Damaged(reason) => CatalogFailure::Damaged { path, reason }.into(),
+            Self::Inaccessible(reason) => CatalogFailure::Inaccessible { path, reason }.into(),
+            Self::Busy(reason) => CatalogFailure::Busy { path, reason }.into(),
+            Self::Sqlite(reason) => CatalogFailure::Sqlite { path, reason }.into(),
             Self::Other(err) => err,
+        }
+    }
+}
+
+/// What is wrong with the catalog's files, as the person running DynoCap reads it. The
+/// SQLite error is already text here: [`classify`] sorted it by remedy.
+#[derive(Debug, thiserror::Error)]
+enum CatalogFailure {
+    #[error("the catalog {} is damaged ({reason}); {REPAIR_HINT}", .path.display())]
+    Damaged { path: PathBuf, reason: String },
+    #[error(
+        "the catalog {} cannot be used ({reason}); give this user read and write access to it \
+         and its directory, or {REPAIR_HINT}",
+        .path.display()
+    )]
+    Inaccessible { path: PathBuf, reason: String },
+    #[error(
+        "the catalog {} stayed locked by another dynocap process for over {}s ({reason}); \
+         retry, and if this persists look for a stuck dynocap process",
+        .path.display(),
+        BUSY_TIMEOUT.as_secs()
+    )]
+    Busy { path: PathBuf, reason: String },
+    #[error("the catalog {}: {reason}", .path.display())]
+    Sqlite { path: PathBuf, reason: String },
+    #[error(
+        "the catalog {} was written by a newer dynocap (schema {version}, this one knows {}); \
+         upgrade dynocap",
+        .path.display(),
+        catalog::SCHEMA_VERSION
+    )]
+    NewerSchema { path: PathBuf, version: i64 },
+    /// `found` is "schema N", or "an unversioned schema" for the builds before versions.
+    #[error(
+        "the catalog {} was written by a pre-release DynoCap ({found}; this one reads only \
+         schema {}), and this DynoCap cannot read or upgrade it; it was left unchanged. Finish \
+         or remove its sandboxes and tasks with that version, then move {} (DYNOCAP_HOME) \
+         aside or point DYNOCAP_HOME at a new directory",
+        .path.display(),
+        catalog::SCHEMA_VERSION,
+        .path.parent().unwrap_or(.path).display()
+    )]
+    PreRelease { path: PathBuf, found: String },
+    #[error(
+        "the catalog {} cannot use write-ahead logging (its journal mode stays {mode}); put \
+         DYNOCAP_HOME on a local filesystem",
+        .path.display()
+    )]
+    NoWal { path: PathBuf, mode: String },
+}
+
+impl Coded for CatalogFailure {
+    /// The catalog is DynoCap's own state: what is wrong with it is for the person running
+    /// DynoCap to fix (the messages say how), never a caller's request.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Damaged { .. }
+            | Self::Inaccessible { .. }
+            | Self::Busy { .. }
+            | Self::Sqlite { .. }
+            | Self::NewerSchema { .. }
+            | Self::PreRelease { .. }
+            | Self::NoWal { .. } => ErrorCode::Internal,
         }
     }
 }
@@ -260,12 +314,13 @@ fn configure(conn: &Connection, path: &Path) -> Result<Schema, Failure> {
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .map_err(classify)?;
     if version > catalog::SCHEMA_VERSION {
-        return Err(Failure::Other(Error::internal(format!(
-            "the catalog {} was written by a newer dynocap (schema {version}, this one knows {}); \
-             upgrade dynocap",
-            path.display(),
-            catalog::SCHEMA_VERSION
-        ))));
+        return Err(Failure::Other(
+            CatalogFailure::NewerSchema {
+                path: path.to_owned(),
+                version,
+            }
+            .into(),
+        ));
     }
     if version == catalog::SCHEMA_VERSION {
         return Ok(Schema::Current);
@@ -289,15 +344,11 @@ fn pre_release(path: &Path, found: i64) -> Error {
         0 => "an unversioned schema".to_owned(),
         found => format!("schema {found}"),
     };
-    let home = path.parent().unwrap_or(path).display();
-    Error::internal(format!(
-        "the catalog {} was written by a pre-release DynoCap ({found}; this one reads only \
-         schema {}), and this DynoCap cannot read or upgrade it; it was left unchanged. Finish \
-         or remove its sandboxes and tasks with that version, then move {home} (DYNOCAP_HOME) \
-         aside or point DYNOCAP_HOME at a new directory",
-        path.display(),
-        catalog::SCHEMA_VERSION
-    ))
+    CatalogFailure::PreRelease {
+        path: path.to_owned(),
+        found,
+    }
+    .into()
 }
 
 /// SQLite's busy handler: pauses before the next try of a locked catalog, or gives up (false)
@@ -418,11 +469,13 @@ fn ensure_wal(conn: &Connection, path: &Path) -> Result<(), Failure> {
     if mode.eq_ignore_ascii_case("wal") {
         Ok(())
     } else {
-        Err(Failure::Other(Error::internal(format!(
-            "the catalog {} cannot use write-ahead logging (its journal mode stays {mode}); put \
-             DYNOCAP_HOME on a local filesystem",
-            path.display()
-        ))))
+        Err(Failure::Other(
+            CatalogFailure::NoWal {
+                path: path.to_owned(),
+                mode,
+            }
+            .into(),
+        ))
     }
 }
 

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{Kind, Record};
-use crate::error::{Context, Error, Result};
+use crate::error::{Coded, Context, ErrorCode, Result};
 use crate::home::{Home, RECORD_FILE};
 
 /// The record file format this build writes and the newest it reads.
@@ -57,11 +57,12 @@ pub fn save(home: &Home, record: &Record) -> Result<()> {
         Ok(()) => {}
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(err) => {
-            return Err(Error::internal(format!(
-                "cannot create {} ({err}); was the home {} deleted?",
-                dir.display(),
-                home.root().display()
-            )))
+            return Err(RecordFailure::CreateDir {
+                dir: dir.to_owned(),
+                home: home.root().to_owned(),
+                source: err,
+            }
+            .into())
         }
     }
     let mut text = serde_json::to_vec_pretty(&FileOut {
@@ -77,15 +78,16 @@ pub fn save(home: &Home, record: &Record) -> Result<()> {
         Kind::Task => crate::durable::replace(&path, &text),
         Kind::Raw => crate::durable::replace_unsynced(&path, &text),
     };
-    written.map_err(|err| match err.raw_os_error() {
-        Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::internal(format!(
-            "the disk holding {} is full (No space left on device), so the record file {} \
-             cannot be written; free space there (or point DYNOCAP_HOME at a larger disk) and \
-             try again",
-            home.root().display(),
-            path.display()
-        )),
-        _ => Error::internal(format!("writing the record file {}: {err}", path.display())),
+    written.map_err(|source| {
+        match source.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => RecordFailure::DiskFull {
+                home: home.root().to_owned(),
+                path,
+                source,
+            },
+            _ => RecordFailure::Write { path, source },
+        }
+        .into()
     })
 }
 
@@ -101,31 +103,29 @@ pub fn load(path: &Path) -> Result<Record> {
         .context(format_args!("reading the record file {}", path.display()))?
         .len();
     if size > MAX_RECORD_BYTES {
-        return Err(Error::internal(format!(
-            "the record file {} is {size} bytes, far more than a record holds; it is not one of \
-             DynoCap's",
-            path.display()
-        )));
+        return Err(RecordFailure::TooLarge {
+            path: path.to_owned(),
+            size,
+        }
+        .into());
     }
     let mut text = Vec::new();
     file.take(MAX_RECORD_BYTES)
         .read_to_end(&mut text)
         .context(format_args!("reading the record file {}", path.display()))?;
-    let damaged = |err: serde_json::Error| {
-        Error::internal(format!(
-            "the record file {} is damaged ({err})",
-            path.display()
-        ))
+    let damaged = |source: serde_json::Error| RecordFailure::Damaged {
+        path: path.to_owned(),
+        source,
     };
     let format = serde_json::from_slice::<FormatOnly>(&text)
         .map_err(damaged)?
         .format;
     if format > FORMAT {
-        return Err(Error::internal(format!(
-            "the record file {} was written by a newer dynocap (format {format}, this one reads \
-             up to {FORMAT}); upgrade dynocap",
-            path.display(),
-        )));
+        return Err(RecordFailure::NewerFormat {
+            path: path.to_owned(),
+            format,
+        }
+        .into());
     }
     Ok(serde_json::from_slice::<FileIn>(&text)
         .map_err(damaged)?
@@ -142,11 +142,12 @@ pub fn scan(home: &Home) -> Result<Vec<(PathBuf, Result<Record>)>> {
         let entries = match std::fs::read_dir(&parent) {
             Ok(entries) => entries,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(err) => {
-                return Err(Error::internal(format!(
-                    "listing {}: {err}",
-                    parent.display()
-                )))
+            Err(source) => {
+                return Err(RecordFailure::List {
+                    dir: parent,
+                    source,
+                }
+                .into())
             }
         };
         for entry in entries {
@@ -179,12 +180,7 @@ pub(crate) fn remove(home: &Home, kind: Kind, id: &str) -> Result<()> {
     match std::fs::remove_file(&path) {
         Ok(()) => {}
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-        Err(err) => {
-            return Err(Error::internal(format!(
-                "removing {}: {err}",
-                path.display()
-            )))
-        }
+        Err(source) => return Err(RecordFailure::Remove { path, source }.into()),
     }
     if let Some(dir) = path.parent() {
         // Not empty means someone still keeps data there; leave it to them.
@@ -197,14 +193,12 @@ fn belongs_here(record: Record, kind: Kind, id: &str, path: &Path) -> Result<Rec
     if record.kind == kind && record.id == id {
         return Ok(record);
     }
-    Err(Error::internal(format!(
-        "the record file {} describes {} {}, not the {} {id} its directory is named for; it was \
-         copied or moved there by hand",
-        path.display(),
-        record.kind.as_str(),
-        record.id,
-        kind.as_str()
-    )))
+    Err(RecordFailure::Misplaced {
+        path: path.to_owned(),
+        found: format!("{} {}", record.kind.as_str(), record.id),
+        expected: format!("{} {id}", kind.as_str()),
+    }
+    .into())
 }
 
 /// Ids become directory names: only what `new_id` makes (and nothing that walks the tree).
@@ -218,10 +212,106 @@ fn check_id(id: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::internal(format!(
-            "refusing to store a record with the id {id:?}: ids are letters, digits, '-', '_' and \
-             '.', and do not start with '.'"
-        )))
+        Err(RecordFailure::BadId { id: id.to_owned() }.into())
+    }
+}
+
+/// What failed with a record file.
+#[derive(Debug, thiserror::Error)]
+enum RecordFailure {
+    #[error(
+        "cannot create {} ({source}); was the home {} deleted?",
+        .dir.display(),
+        .home.display()
+    )]
+    CreateDir {
+        dir: PathBuf,
+        home: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the disk holding {} is full (No space left on device), so the record file {} cannot be \
+         written; free space there (or point DYNOCAP_HOME at a larger disk) and try again",
+        .home.display(),
+        .path.display()
+    )]
+    DiskFull {
+        home: PathBuf,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("writing the record file {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the record file {} is {size} bytes, far more than a record holds; it is not one of \
+         DynoCap's",
+        .path.display()
+    )]
+    TooLarge { path: PathBuf, size: u64 },
+    #[error("the record file {} is damaged ({source})", .path.display())]
+    Damaged {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "the record file {} was written by a newer dynocap (format {format}, this one reads up \
+         to {FORMAT}); upgrade dynocap",
+        .path.display()
+    )]
+    NewerFormat { path: PathBuf, format: u32 },
+    #[error("listing {}: {source}", .dir.display())]
+    List {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("removing {}: {source}", .path.display())]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `found` and `expected` are "KIND ID".
+    #[error(
+        "the record file {} describes {found}, not the {expected} its directory is named for; it \
+         was copied or moved there by hand",
+        .path.display()
+    )]
+    Misplaced {
+        path: PathBuf,
+        found: String,
+        expected: String,
+    },
+    #[error(
+        "refusing to store a record with the id {id:?}: ids are letters, digits, '-', '_' and \
+         '.', and do not start with '.'"
+    )]
+    BadId { id: String },
+}
+
+impl Coded for RecordFailure {
+    /// Record files are DynoCap's own: whatever is wrong with one (or with the disk under
+    /// it) is no caller's doing. A bad id is a bug, since only `new_id` makes them.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::CreateDir { .. }
+            | Self::DiskFull { .. }
+            | Self::Write { .. }
+            | Self::TooLarge { .. }
+            | Self::Damaged { .. }
+            | Self::NewerFormat { .. }
+            | Self::List { .. }
+            | Self::Remove { .. }
+            | Self::Misplaced { .. }
+            | Self::BadId { .. } => ErrorCode::Internal,
+        }
     }
 }
 
@@ -279,6 +369,25 @@ mod tests {
         let err = save(&home, &task("task-abc123")).expect_err("no home to save into");
         assert!(err.message.contains("deleted"), "{err}");
         assert!(!root.exists(), "the deleted home was made again");
+    }
+
+    /// Whatever is wrong with a record file is `internal`, never the caller's to fix.
+    #[test]
+    fn record_failures_are_internal() {
+        let (_dir, home) = home();
+        let err = save(&home, &task("../escape")).expect_err("a path as an id");
+        assert_eq!(err.code, crate::ErrorCode::Internal);
+        assert!(err
+            .message
+            .starts_with("refusing to store a record with the id \"../escape\""));
+        let path = home.record_path(Kind::Task, "task-big");
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&path, vec![b' '; (MAX_RECORD_BYTES + 1) as usize]).expect("write");
+        let err = load(&path).expect_err("too large");
+        assert_eq!(err.code, crate::ErrorCode::Internal);
+        assert!(err
+            .message
+            .ends_with("far more than a record holds; it is not one of DynoCap's"));
     }
 
     #[test]

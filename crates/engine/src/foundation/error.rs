@@ -84,6 +84,27 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// A failure of one area of the engine (a `thiserror` enum beside the code that fails: the
+/// jail backend's, the record files', ...) whose variants name what failed and keep the cause
+/// as their `#[source]`.
+///
+/// [`Coded::code`] is the one place that decides which contract code (docs/mcp.md, "Errors")
+/// each variant carries; every `impl` matches its variants exhaustively, with no wildcard, so a
+/// new variant cannot get a code by accident. The conversion below is the only way such a
+/// failure becomes an [`Error`], so a call site never picks a code itself.
+pub(crate) trait Coded: std::error::Error {
+    fn code(&self) -> ErrorCode;
+}
+
+impl<F: Coded> From<F> for Error {
+    /// The message is the failure's text, which shows its cause where the sentence wants it
+    /// (as the backends' errors do): `#[source]` keeps the cause for code that inspects it,
+    /// the text is for the person reading it.
+    fn from(failure: F) -> Self {
+        Error::new(failure.code(), failure.to_string())
+    }
+}
+
 /// Adds context to lower-level failures, turning them into `internal` errors.
 pub trait Context<T> {
     fn context(self, what: impl fmt::Display) -> Result<T>;

@@ -163,6 +163,15 @@ impl Lasting {
     }
 }
 
+/// Whether a change to a record is written to its record file as well as to the catalog.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RecordFile {
+    Follow,
+    /// The catalog alone: for a state so short-lived that a catalog rebuilt from the file
+    /// without it reaches the same end (see [`Catalog::mark_ending`]).
+    Keep,
+}
+
 /// A handle on the catalog of one `DYNOCAP_HOME`.
 pub struct Catalog {
     home: Home,
@@ -379,10 +388,40 @@ impl Catalog {
         })
     }
 
+    /// Marks a running sandbox as ending (see [`Catalog::transition`]; `false` if it was not
+    /// running). A task's record file says so too, as it follows every change. A raw
+    /// sandbox's file keeps `running`: its supervisor kills the guest and records it
+    /// `destroyed` (or `lost`) within milliseconds, and if it dies first, a catalog rebuilt
+    /// from that file finds a running sandbox whose supervisor is dead and takes it over, as
+    /// it would from `ending`. Rewriting the file is a new inode and a deleted one on the
+    /// home's filesystem, on the path of every `destroy` (docs/performance.md).
+    pub fn mark_ending(&self, id: &str) -> Result<bool> {
+        let file = match Kind::of_id(id) {
+            Some(Kind::Raw) => RecordFile::Keep,
+            _ => RecordFile::Follow,
+        };
+        self.modify_as(id, file, |record| {
+            if record.state != State::Running {
+                return false;
+            }
+            record.state = State::Ending;
+            true
+        })
+    }
+
     /// Applies `change` to a record (if it says the record changes) in the catalog and in its
     /// file. If the catalog is damaged the change still goes to the record file, the source a
     /// repair rebuilds from, so a supervisor finishing a task meanwhile does not lose its end.
     fn modify(&self, id: &str, change: impl Fn(&mut Record) -> bool) -> Result<bool> {
+        self.modify_as(id, RecordFile::Follow, change)
+    }
+
+    fn modify_as(
+        &self,
+        id: &str,
+        file: RecordFile,
+        change: impl Fn(&mut Record) -> bool,
+    ) -> Result<bool> {
         // Raw sandboxes never outlive the machine; only tasks' changes are checkpointed.
         let lasting = Lasting::of(Kind::of_id(id).unwrap_or(Kind::Task));
         let result = self.write_raw(lasting, |conn| {
@@ -393,11 +432,13 @@ impl Catalog {
                 return Ok(false);
             }
             update_row(conn, &record)?;
-            records::save(&self.home, &record)?;
+            if file == RecordFile::Follow {
+                records::save(&self.home, &record)?;
+            }
             Ok(true)
         });
         result.map_err(|failure| {
-            if failure.calls_for_repair() {
+            if file == RecordFile::Follow && failure.calls_for_repair() {
                 self.modify_record_file(id, &change);
             }
             failure.into_error(&self.path)
@@ -923,6 +964,30 @@ mod tests {
             !home.sandbox_dir("sbx-1").exists(),
             "its emptied directory too"
         );
+    }
+
+    /// `ending` reaches a task's record file like every change; a raw sandbox's keeps
+    /// `running`, and a catalog rebuilt from it takes the sandbox over from there.
+    #[test]
+    fn ending_reaches_a_tasks_record_file_and_not_a_raw_sandboxs() {
+        let (_dir, home) = home();
+        let catalog = Catalog::open(&home).unwrap();
+        for id in ["task-1", "sbx-1"] {
+            catalog.insert(&record(id, id)).unwrap();
+            assert!(!catalog.mark_ending(id).unwrap(), "{id} is not running yet");
+            catalog
+                .transition(id, State::Starting, State::Running, None)
+                .unwrap();
+            assert!(catalog.mark_ending(id).unwrap());
+            assert!(!catalog.mark_ending(id).unwrap(), "{id} is ending already");
+            assert_eq!(catalog.get(id).unwrap().unwrap().state, State::Ending);
+        }
+        assert_eq!(file_of(&home, "task-1").unwrap().state, State::Ending);
+        assert_eq!(file_of(&home, "sbx-1").unwrap().state, State::Running);
+        // The next change that is not this short-lived one brings the file up to date.
+        catalog.release_as_destroyed("sbx-1").unwrap();
+        let from_file = file_of(&home, "sbx-1").unwrap();
+        assert_eq!((from_file.state, from_file.name), (State::Destroyed, None));
     }
 
     /// A catalog of an earlier pre-release schema, with one finished task in it: the builds

@@ -694,7 +694,7 @@ async fn serve(
     // Before the teardown stops pasta and closes the descriptor it watches.
     drop(network);
     // The record says so before the socket goes: nobody finds it `running` and unreachable.
-    match catalog.transition(&id, State::Running, State::Ending, None) {
+    match catalog.mark_ending(&id) {
         Ok(_) => {}
         Err(err) => {
             tracing::error!(target: LOG_TARGET, "recording that the sandbox is ending: {err}")

@@ -14,10 +14,10 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
-use dynocap_backend_vm::{Vm, VmSpec};
+use dynocap_backend_vm::{Vm, VmError, VmSpec};
 
 use super::{agent_args, Backend, BootSpec, Guest, LayerSync, OomCounter};
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::model::spec::Network;
 use crate::usernet;
 
@@ -103,13 +103,23 @@ impl Backend for VmBackend {
     }
 
     fn cleanup_leftovers(&self, id: &str, state_dir: &Path) -> Result<()> {
-        dynocap_backend_vm::cleanup_leftovers(state_dir, false)
-            .map_err(|err| Error::internal(format!("cleaning up sandbox {id}: {err}")))
+        dynocap_backend_vm::cleanup_leftovers(state_dir, false).map_err(|source| {
+            VmFailure::Cleanup {
+                id: id.to_owned(),
+                source,
+            }
+            .into()
+        })
     }
 
     fn cleanup_keeping_layer(&self, id: &str, state_dir: &Path) -> Result<()> {
-        dynocap_backend_vm::cleanup_leftovers(state_dir, true)
-            .map_err(|err| Error::internal(format!("stopping what is left of sandbox {id}: {err}")))
+        dynocap_backend_vm::cleanup_leftovers(state_dir, true).map_err(|source| {
+            VmFailure::CleanupKeepingLayer {
+                id: id.to_owned(),
+                source,
+            }
+            .into()
+        })
     }
 }
 
@@ -119,8 +129,7 @@ fn run_as(id_range: u32) -> Result<Option<(u32, u32)>> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
-    let map = dynocap_backend_jail::IdMap::root_mode_at(id_range)
-        .map_err(|err| Error::internal(format!("choosing QEMU's host ids: {err}")))?;
+    let map = dynocap_backend_jail::IdMap::root_mode_at(id_range).map_err(VmFailure::HostIds)?;
     Ok(Some((map.uids.host, map.gids.host)))
 }
 
@@ -129,14 +138,60 @@ fn run_as(id_range: u32) -> Result<Option<(u32, u32)>> {
 /// boot the kernel with no `DYNOCAP_VM_ACCEL` to say what else to use, a missing host tool)
 /// is `internal`, with the crate's message saying what to install or set; so is any other
 /// failure.
-fn vm_error(err: dynocap_backend_vm::VmError) -> Error {
-    use dynocap_backend_vm::VmError;
+fn vm_error(err: VmError) -> Error {
     match err {
-        VmError::Image(_) | VmError::InvalidSpec(_) => Error::invalid(err.to_string()),
-        VmError::Unavailable(_) => {
-            Error::internal(format!("this machine cannot run the VM: {err}"))
+        VmError::Image(_) | VmError::InvalidSpec(_) => VmFailure::Refused(err).into(),
+        VmError::Unavailable(_) => VmFailure::Unavailable(err).into(),
+        other => VmFailure::Boot(other).into(),
+    }
+}
+
+/// What failed in the vm backend, with the vm crate's error as the cause.
+#[derive(Debug, thiserror::Error)]
+enum VmFailure {
+    /// The image or the spec, which the caller can change (see [`vm_error`]).
+    #[error("{0}")]
+    Refused(#[source] VmError),
+    /// No QEMU, no accelerator that boots, a missing host tool: the operator's to fix.
+    #[error("this machine cannot run the VM: {0}")]
+    Unavailable(#[source] VmError),
+    #[error("booting the vm: {0}")]
+    Boot(#[source] VmError),
+    #[error("choosing QEMU's host ids: {0}")]
+    HostIds(#[source] dynocap_host::HostError),
+    #[error("cleaning up sandbox {id}: {source}")]
+    Cleanup {
+        id: String,
+        #[source]
+        source: VmError,
+    },
+    #[error("stopping what is left of sandbox {id}: {source}")]
+    CleanupKeepingLayer {
+        id: String,
+        #[source]
+        source: VmError,
+    },
+    #[error("killing the vm: {0}")]
+    Kill(#[source] VmError),
+    #[error("destroying the vm: {0}")]
+    Destroy(#[source] VmError),
+    #[error("stopping the vm: {0}")]
+    StopKeepingDisk(#[source] VmError),
+}
+
+impl Coded for VmFailure {
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Refused(_) => ErrorCode::InvalidArgument,
+            Self::Unavailable(_)
+            | Self::Boot(_)
+            | Self::HostIds(_)
+            | Self::Cleanup { .. }
+            | Self::CleanupKeepingLayer { .. }
+            | Self::Kill(_)
+            | Self::Destroy(_)
+            | Self::StopKeepingDisk(_) => ErrorCode::Internal,
         }
-        other => Error::internal(format!("booting the vm: {other}")),
     }
 }
 
@@ -186,16 +241,12 @@ impl Guest for VmGuest {
     }
     fn kill(&mut self) -> Result<()> {
         let network = crate::usernet::stop(&mut self.usernet);
-        self.vm
-            .kill()
-            .map_err(|err| Error::internal(format!("killing the vm: {err}")))?;
+        self.vm.kill().map_err(VmFailure::Kill)?;
         network
     }
     fn destroy(mut self: Box<Self>) -> Result<()> {
         let network = crate::usernet::stop(&mut self.usernet);
-        self.vm
-            .destroy()
-            .map_err(|err| Error::internal(format!("destroying the vm: {err}")))?;
+        self.vm.destroy().map_err(VmFailure::Destroy)?;
         network
     }
     /// The guest kernel counts its own OOM kills; the host sees none of them.
@@ -215,7 +266,28 @@ impl Guest for VmGuest {
         let network = crate::usernet::stop(&mut self.usernet);
         self.vm
             .stop_keeping_disk()
-            .map_err(|err| Error::internal(format!("stopping the vm: {err}")))?;
+            .map_err(VmFailure::StopKeepingDisk)?;
         network
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_the_caller_can_fix_is_invalid_argument_the_rest_internal() {
+        let err = vm_error(VmError::Image("the image has no kernel".into()));
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        assert_eq!(err.message, "the image has no kernel");
+        let err = vm_error(VmError::InvalidSpec("0 vCPUs".into()));
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        assert_eq!(err.message, "invalid vm spec: 0 vCPUs");
+        let err = vm_error(VmError::Unavailable("install qemu".into()));
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(err.message, "this machine cannot run the VM: install qemu");
+        let err = Error::from(VmFailure::Kill(VmError::Unavailable("gone".into())));
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(err.message, "killing the vm: gone");
     }
 }

@@ -5,8 +5,10 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use dynocap_backend_jail::JailError;
+
 use super::{agent_args, Backend, BootSpec, Guest, HostDisk, LayerSync, OomCounter};
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::image::{AGENT_STATE_DIR, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 use crate::model::spec::Network;
 use crate::usernet;
@@ -36,7 +38,7 @@ struct MountedDisk {
 impl HostDisk for MountedDisk {
     fn sync(&self) -> Result<()> {
         dynocap_backend_jail::sync_disk(&self.state_dir)
-            .map_err(|err| Error::internal(format!("saving the sandbox's files: {err}")))
+            .map_err(|err| JailFailure::SaveFiles(err).into())
     }
 
     fn failure(&self) -> Option<String> {
@@ -105,9 +107,9 @@ impl Backend for JailBackend {
             idmap_image: spec.image.owned_by_host_root,
         };
         let ids = dynocap_backend_jail::IdMap::for_current_process_in_range(spec.id_range)
-            .map_err(|err| Error::internal(format!("choosing the jail's host ids: {err}")))?;
+            .map_err(JailFailure::HostIds)?;
         let jail = dynocap_backend_jail::Jail::spawn_with_ids(&jail_spec, ids)
-            .map_err(|err| Error::internal(format!("booting the jail: {err}")))?;
+            .map_err(JailFailure::Boot)?;
         // On failure the jail is dropped, which tears it down: no sandbox is left behind.
         let usernet = if nat {
             Some(usernet::start(jail.pid(), &spec.state_dir)?)
@@ -136,7 +138,7 @@ impl Backend for JailBackend {
             return Ok(());
         };
         dynocap_backend_jail::start_preparing_disk(disk_templates(&home.cache_dir()), bytes)
-            .map_err(|err| Error::internal(format!("making a disk ahead: {err}")))
+            .map_err(|err| JailFailure::DiskAhead(err).into())
     }
 
     fn release_preparations(&self) {
@@ -144,13 +146,84 @@ impl Backend for JailBackend {
     }
 
     fn cleanup_leftovers(&self, id: &str, state_dir: &Path) -> Result<()> {
-        dynocap_backend_jail::cleanup_leftovers(id, state_dir)
-            .map_err(|err| Error::internal(format!("cleaning up sandbox {id}: {err}")))
+        dynocap_backend_jail::cleanup_leftovers(id, state_dir).map_err(|source| {
+            JailFailure::Cleanup {
+                id: id.to_owned(),
+                source,
+            }
+            .into()
+        })
     }
 
     fn cleanup_keeping_layer(&self, id: &str, state_dir: &Path) -> Result<()> {
-        dynocap_backend_jail::cleanup_leftovers_keeping_layers(id, state_dir)
-            .map_err(|err| Error::internal(format!("stopping what is left of sandbox {id}: {err}")))
+        dynocap_backend_jail::cleanup_leftovers_keeping_layers(id, state_dir).map_err(|source| {
+            JailFailure::CleanupKeepingLayer {
+                id: id.to_owned(),
+                source,
+            }
+            .into()
+        })
+    }
+}
+
+/// What failed in the jail backend, with the jail crate's error as the cause.
+#[derive(Debug, thiserror::Error)]
+enum JailFailure {
+    #[error("saving the sandbox's files: {0}")]
+    SaveFiles(#[source] JailError),
+    #[error("choosing the jail's host ids: {0}")]
+    HostIds(#[source] dynocap_host::HostError),
+    #[error("booting the jail: {0}")]
+    Boot(#[source] JailError),
+    #[error("making a disk ahead: {0}")]
+    DiskAhead(#[source] JailError),
+    #[error("cleaning up sandbox {id}: {source}")]
+    Cleanup {
+        id: String,
+        #[source]
+        source: JailError,
+    },
+    #[error("stopping what is left of sandbox {id}: {source}")]
+    CleanupKeepingLayer {
+        id: String,
+        #[source]
+        source: JailError,
+    },
+    #[error("starting the hostname thread: {0}")]
+    HostnameThread(#[source] JailError),
+    #[error("applying the claimed limits: {0}")]
+    ClaimLimits(#[source] JailError),
+    #[error("naming the claimed sandbox: {0}")]
+    ClaimHostname(#[source] JailError),
+    #[error("killing the jail: {0}")]
+    Kill(#[source] JailError),
+    #[error("destroying the jail: {0}")]
+    Destroy(#[source] JailError),
+    #[error("raising the guest's memory limit: {0}")]
+    RaiseMemoryLimit(#[source] JailError),
+    #[error("stopping the jail: {0}")]
+    StopKeepingLayer(#[source] JailError),
+}
+
+impl Coded for JailFailure {
+    /// The jail failing under a valid request is the machine's or DynoCap's problem, never
+    /// the caller's: the spec was checked before the backend saw it.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::SaveFiles(_)
+            | Self::HostIds(_)
+            | Self::Boot(_)
+            | Self::DiskAhead(_)
+            | Self::Cleanup { .. }
+            | Self::CleanupKeepingLayer { .. }
+            | Self::HostnameThread(_)
+            | Self::ClaimLimits(_)
+            | Self::ClaimHostname(_)
+            | Self::Kill(_)
+            | Self::Destroy(_)
+            | Self::RaiseMemoryLimit(_)
+            | Self::StopKeepingLayer(_) => ErrorCode::Internal,
+        }
     }
 }
 
@@ -207,7 +280,7 @@ impl Guest for JailGuest {
         // The claim renames the guest: its thread waits in the guest's UTS namespace.
         self.jail
             .prepare_rename()
-            .map_err(|err| Error::internal(format!("starting the hostname thread: {err}")))
+            .map_err(|err| JailFailure::HostnameThread(err).into())
     }
     fn disk_room(&self) -> Option<crate::host::disk_room::DiskRoom> {
         let image = dynocap_backend_jail::disk_image(&self.state_dir);
@@ -228,10 +301,10 @@ impl Guest for JailGuest {
                 memory_bytes: memory_mb * 1024 * 1024,
                 pids: crate::model::spec::PIDS_LIMIT,
             })
-            .map_err(|err| Error::internal(format!("applying the claimed limits: {err}")))?;
+            .map_err(JailFailure::ClaimLimits)?;
         self.jail
             .set_hostname(hostname)
-            .map_err(|err| Error::internal(format!("naming the claimed sandbox: {err}")))?;
+            .map_err(JailFailure::ClaimHostname)?;
         // A pool guest booted at the lowest priority (its supervisor's); its init leads its
         // own process group, which is all of the idle guest. Best effort, as the lowering was.
         // SAFETY: setpriority sets a scheduling value; no memory is involved.
@@ -242,16 +315,12 @@ impl Guest for JailGuest {
     }
     fn kill(&mut self) -> Result<()> {
         let network = crate::usernet::stop(&mut self.usernet);
-        self.jail
-            .kill()
-            .map_err(|err| Error::internal(format!("killing the jail: {err}")))?;
+        self.jail.kill().map_err(JailFailure::Kill)?;
         network
     }
     fn destroy(mut self: Box<Self>) -> Result<()> {
         let network = crate::usernet::stop(&mut self.usernet);
-        self.jail
-            .destroy()
-            .map_err(|err| Error::internal(format!("destroying the jail: {err}")))?;
+        self.jail.destroy().map_err(JailFailure::Destroy)?;
         // After the reply (a teardown's place), so the next start's disk is ready and flushed
         // without anyone waiting for it. Best effort: without a spare, a start copies.
         if let Some((templates, bytes)) = &self.spare_disk {
@@ -281,13 +350,34 @@ impl Guest for JailGuest {
     fn raise_memory_limit(&self, bytes: u64) -> Result<()> {
         self.jail
             .raise_memory_limit(bytes)
-            .map_err(|err| Error::internal(format!("raising the guest's memory limit: {err}")))
+            .map_err(|err| JailFailure::RaiseMemoryLimit(err).into())
     }
     fn stop_keeping_layer(mut self: Box<Self>) -> Result<()> {
         let network = crate::usernet::stop(&mut self.usernet);
         self.jail
             .stop_keeping_layers()
-            .map_err(|err| Error::internal(format!("stopping the jail: {err}")))?;
+            .map_err(JailFailure::StopKeepingLayer)?;
         network
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jail_failure_is_internal_and_reads_as_before() {
+        let err = Error::from(JailFailure::Cleanup {
+            id: "sbx-1".into(),
+            source: JailError::InvalidSpec("no name".into()),
+        });
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(
+            err.message,
+            "cleaning up sandbox sbx-1: invalid jail spec: no name"
+        );
+        let err = Error::from(JailFailure::Boot(JailError::InvalidSpec("x".into())));
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(err.message, "booting the jail: invalid jail spec: x");
     }
 }

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::{Kind, State};
 use crate::facade::sandboxes::{find, Engine};
-use crate::foundation::error::{Error, ErrorCode, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::model::task_spec::{FinishResult, TaskDetail};
 use crate::supervisor::exec::sanitize_line;
 
@@ -135,7 +135,7 @@ impl Engine {
         };
         tokio::task::spawn_blocking(move || job.run())
             .await
-            .map_err(|err| Error::internal(format!("applying the patch stopped: {err}")))?
+            .map_err(ApplyFailure::Stopped)?
     }
 }
 
@@ -166,8 +166,10 @@ impl Job {
             )));
         }
         let patch_path = PathBuf::from(&result.patch_path);
-        let bytes = std::fs::read(&patch_path)
-            .map_err(|err| Error::internal(format!("reading {}: {err}", patch_path.display())))?;
+        let bytes = std::fs::read(&patch_path).map_err(|source| ApplyFailure::ReadPatch {
+            path: patch_path.clone(),
+            source,
+        })?;
         let files = touched_paths(&bytes, result, &patch_path)?;
         if files.is_empty() {
             return Err(Error::conflict(format!(
@@ -347,7 +349,10 @@ impl Scratch {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
-            .map_err(|err| Error::internal(format!("creating {}: {err}", dir.display())))?;
+            .map_err(|source| ApplyFailure::CreateScratch {
+                dir: dir.clone(),
+                source,
+            })?;
         Ok(Self(dir))
     }
 
@@ -359,5 +364,36 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What failed applying a task's patch, on the host's side (the repository's own failures
+/// are `repo`'s).
+#[derive(Debug, thiserror::Error)]
+enum ApplyFailure {
+    #[error("applying the patch stopped: {0}")]
+    Stopped(#[source] tokio::task::JoinError),
+    #[error("reading {}: {source}", .path.display())]
+    ReadPatch {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("creating {}: {source}", .dir.display())]
+    CreateScratch {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Coded for ApplyFailure {
+    /// The saved patch and the scratch directory are DynoCap's own files on the host.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Stopped(_) | Self::ReadPatch { .. } | Self::CreateScratch { .. } => {
+                ErrorCode::Internal
+            }
+        }
     }
 }

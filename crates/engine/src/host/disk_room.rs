@@ -17,7 +17,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
-use crate::foundation::error::{Error, ErrorCode, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::foundation::wording;
 
 /// Room on the home's filesystem a start leaves free, beyond the disk it reserves: the
@@ -83,7 +83,7 @@ impl PendingRoom {
     pub async fn reserved(self) -> Result<()> {
         tokio::task::spawn_blocking(move || self.wait())
             .await
-            .map_err(|err| Error::internal(format!("reserving the sandbox's disk: {err}")))?
+            .map_err(DiskRoomFailure::ReservingThread)?
     }
 
     /// The reservation's outcome, once it is done; `Ok` when there was nothing to reserve.
@@ -100,11 +100,9 @@ impl PendingRoom {
 
 /// The MB free to an unprivileged writer on the filesystem holding `dir`.
 pub fn free_mb(dir: &Path) -> Result<u64> {
-    let stat = nix::sys::statvfs::statvfs(dir).map_err(|errno| {
-        Error::internal(format!(
-            "reading the free space of the filesystem holding {}: {errno}",
-            dir.display()
-        ))
+    let stat = nix::sys::statvfs::statvfs(dir).map_err(|source| DiskRoomFailure::FreeSpace {
+        dir: dir.to_owned(),
+        source,
     })?;
     let bytes = stat.blocks_available().saturating_mul(stat.fragment_size());
     Ok(bytes >> 20)
@@ -156,12 +154,13 @@ fn refusal(home: &Path, disk_mb: u64, free: u64) -> Error {
 /// out as `layout`. Nothing is written; what is reserved already costs nothing again (a kept
 /// layer booted over). A filesystem without room is `policy_denied`, as [`check_room`] says it.
 pub fn reserve(image: &Path, bytes: u64, layout: Layout) -> Result<()> {
-    let file = OpenOptions::new().write(true).open(image).map_err(|e| {
-        Error::internal(format!(
-            "opening the sandbox's disk {}: {e}",
-            image.display()
-        ))
-    })?;
+    let file = OpenOptions::new()
+        .write(true)
+        .open(image)
+        .map_err(|source| DiskRoomFailure::Open {
+            image: image.to_owned(),
+            source,
+        })?;
     let (mode, length) = match layout {
         Layout::Fixed => (0, bytes),
         Layout::Growing => (
@@ -182,16 +181,67 @@ pub fn reserve(image: &Path, bytes: u64, layout: Layout) -> Result<()> {
             let free = free_mb(dir).unwrap_or(0);
             Err(refusal(dir, bytes >> 20, free))
         }
-        nix::errno::Errno::EOPNOTSUPP => Err(Error::internal(format!(
-            "the filesystem holding {} cannot reserve room for a sandbox's disk (fallocate: \
-             {errno}); keep DYNOCAP_HOME on a filesystem that can (ext4, xfs, btrfs, tmpfs)",
-            image.display()
-        ))),
-        _ => Err(Error::internal(format!(
-            "reserving {} MB for the sandbox's disk {}: {errno}",
-            bytes >> 20,
-            image.display()
-        ))),
+        nix::errno::Errno::EOPNOTSUPP => Err(DiskRoomFailure::Unsupported {
+            image: image.to_owned(),
+            source: errno,
+        }
+        .into()),
+        _ => Err(DiskRoomFailure::Reserve {
+            mb: bytes >> 20,
+            image: image.to_owned(),
+            source: errno,
+        }
+        .into()),
+    }
+}
+
+/// What failed setting aside host room for a sandbox's disk, other than the room being too
+/// little (that is a refusal, `policy_denied`: see [`check_room`]).
+#[derive(Debug, thiserror::Error)]
+enum DiskRoomFailure {
+    #[error("reserving the sandbox's disk: {0}")]
+    ReservingThread(#[source] tokio::task::JoinError),
+    #[error("reading the free space of the filesystem holding {}: {source}", .dir.display())]
+    FreeSpace {
+        dir: PathBuf,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("opening the sandbox's disk {}: {source}", .image.display())]
+    Open {
+        image: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the filesystem holding {} cannot reserve room for a sandbox's disk (fallocate: \
+         {source}); keep DYNOCAP_HOME on a filesystem that can (ext4, xfs, btrfs, tmpfs)",
+        .image.display()
+    )]
+    Unsupported {
+        image: PathBuf,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("reserving {mb} MB for the sandbox's disk {}: {source}", .image.display())]
+    Reserve {
+        mb: u64,
+        image: PathBuf,
+        #[source]
+        source: nix::errno::Errno,
+    },
+}
+
+impl Coded for DiskRoomFailure {
+    /// The host's filesystem failing (or lacking fallocate) is the operator's to fix.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::ReservingThread(_)
+            | Self::FreeSpace { .. }
+            | Self::Open { .. }
+            | Self::Unsupported { .. }
+            | Self::Reserve { .. } => ErrorCode::Internal,
+        }
     }
 }
 
@@ -212,6 +262,31 @@ fn qcow2_tables(bytes: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host failing under a reservation is `internal`; only too little room is a refusal.
+    #[test]
+    fn host_failures_are_internal_and_name_the_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("missing");
+        let err = free_mb(&missing).expect_err("no such directory");
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert!(
+            err.message.starts_with(&format!(
+                "reading the free space of the filesystem holding {}: ",
+                missing.display()
+            )),
+            "{err}"
+        );
+        let err = reserve(&missing, 1 << 20, Layout::Fixed).expect_err("no such disk");
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert!(
+            err.message.starts_with(&format!(
+                "opening the sandbox's disk {}: ",
+                missing.display()
+            )),
+            "{err}"
+        );
+    }
 
     #[test]
     fn a_fixed_disk_is_reserved_whole_and_a_growing_one_past_its_end() {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::recipe::Recipe;
-use crate::foundation::error::{Context, Error, Result};
+use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
 
 /// The hint every "mmdebstrap is missing" error carries.
 pub const HINT: &str = "install it with `apt-get install mmdebstrap`";
@@ -29,16 +29,11 @@ pub fn version() -> Result<String> {
         .stdin(Stdio::null())
         .output()
         .map_err(|err| match err.kind() {
-            std::io::ErrorKind::NotFound => {
-                Error::internal(format!("mmdebstrap is not installed; {HINT}"))
-            }
-            _ => Error::internal(format!("running mmdebstrap --version: {err}")),
+            std::io::ErrorKind::NotFound => MmdebstrapFailure::Missing(err),
+            _ => MmdebstrapFailure::Version(err),
         })?;
     if !output.status.success() {
-        return Err(Error::internal(format!(
-            "mmdebstrap --version failed ({}); reinstall it: {HINT}",
-            output.status
-        )));
+        return Err(MmdebstrapFailure::VersionFailed(output.status).into());
     }
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
@@ -93,10 +88,8 @@ pub(crate) fn run(
         recipe.suite, recipe.variant, recipe.mirror
     ));
     let mut child = cmd.spawn().map_err(|err| match err.kind() {
-        std::io::ErrorKind::NotFound => {
-            Error::internal(format!("mmdebstrap is not installed; {HINT}"))
-        }
-        _ => Error::internal(format!("starting mmdebstrap: {err}")),
+        std::io::ErrorKind::NotFound => MmdebstrapFailure::Missing(err),
+        _ => MmdebstrapFailure::Start(err),
     })?;
     let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
     let mut readers = Vec::new();
@@ -175,10 +168,61 @@ pub(crate) fn run(
     }
     if !status.success() {
         let lines: Vec<_> = tail.into_iter().collect();
-        return Err(Error::internal(format!(
-            "mmdebstrap failed ({status}); nothing was installed. Its last lines:\n{}",
-            lines.join("\n")
-        )));
+        return Err(MmdebstrapFailure::Failed {
+            status,
+            last_lines: lines.join("\n"),
+        }
+        .into());
     }
     Ok(())
+}
+
+/// What failed running mmdebstrap.
+#[derive(Debug, thiserror::Error)]
+enum MmdebstrapFailure {
+    /// The program is not on `PATH` (the cause is the `NotFound` that says so).
+    #[error("mmdebstrap is not installed; {HINT}")]
+    Missing(#[source] std::io::Error),
+    #[error("running mmdebstrap --version: {0}")]
+    Version(#[source] std::io::Error),
+    #[error("mmdebstrap --version failed ({0}); reinstall it: {HINT}")]
+    VersionFailed(std::process::ExitStatus),
+    #[error("starting mmdebstrap: {0}")]
+    Start(#[source] std::io::Error),
+    #[error("mmdebstrap failed ({status}); nothing was installed. Its last lines:\n{last_lines}")]
+    Failed {
+        status: std::process::ExitStatus,
+        last_lines: String,
+    },
+}
+
+impl Coded for MmdebstrapFailure {
+    /// A missing or failing host tool is for the machine's operator to fix (the messages say
+    /// how), as is a build that fails on the mirror or the network: never the caller's.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Missing(_)
+            | Self::Version(_)
+            | Self::VersionFailed(_)
+            | Self::Start(_)
+            | Self::Failed { .. } => ErrorCode::Internal,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_mmdebstrap_says_how_to_install_it() {
+        let err = Error::from(MmdebstrapFailure::Missing(std::io::Error::from(
+            std::io::ErrorKind::NotFound,
+        )));
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(
+            err.message,
+            "mmdebstrap is not installed; install it with `apt-get install mmdebstrap`"
+        );
+    }
 }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::host::hardened_git::{GitError, HardenedGit};
 use crate::supervisor::exec::sanitize_line;
 
@@ -207,11 +207,12 @@ impl Repo {
         let meta = match on_disk.symlink_metadata() {
             Ok(meta) => Some(meta),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
-            Err(err) => {
-                return Err(Error::internal(format!(
-                    "reading {}: {err}",
-                    on_disk.display()
-                )))
+            Err(source) => {
+                return Err(RepoFailure::Read {
+                    path: on_disk,
+                    source,
+                }
+                .into())
             }
         };
         let (blob, meta) = match (indexed, meta) {
@@ -234,7 +235,10 @@ impl Repo {
             }
             _ => return Ok(Some(Uncommitted::Modified)),
         }
-        .map_err(|err| Error::internal(format!("reading {}: {err}", on_disk.display())))?;
+        .map_err(|source| RepoFailure::Read {
+            path: on_disk.clone(),
+            source,
+        })?;
         let size = self
             .git()
             .args(["cat-file", "-s", &blob.id])
@@ -318,8 +322,10 @@ impl Repo {
             .map_err(|err| self.failed(&err))?;
         let tree = object_id(&tree)?;
         let message_file = scratch.join("message");
-        std::fs::write(&message_file, message)
-            .map_err(|err| Error::internal(format!("writing {}: {err}", message_file.display())))?;
+        std::fs::write(&message_file, message).map_err(|source| RepoFailure::Write {
+            path: message_file.clone(),
+            source,
+        })?;
         let (name, email) = self.identity();
         let commit = self
             .git()
@@ -370,11 +376,11 @@ impl Repo {
     }
 
     fn failed(&self, err: &GitError) -> Error {
-        Error::internal(format!(
-            "git failed in {}: {}",
-            self.dir.display(),
-            sanitize_line(&err.to_string(), 2000)
-        ))
+        RepoFailure::Git {
+            dir: self.dir.clone(),
+            said: sanitize_line(&err.to_string(), 2000),
+        }
+        .into()
     }
 }
 
@@ -388,6 +394,7 @@ fn user_config(key: &str) -> Option<OsString> {
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     for var in ["HOME", "XDG_CONFIG_HOME", "PATH"] {
+        // env-read-ok: the child git's environment, passed on as it is (not a setting).
         if let Some(value) = std::env::var_os(var) {
             cmd.env(var, value);
         }
@@ -409,10 +416,42 @@ fn object_id(out: &[u8]) -> Result<String> {
     let id = String::from_utf8_lossy(out).trim().to_owned();
     match !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()) {
         true => Ok(id),
-        false => Err(Error::internal(format!(
-            "git printed \"{}\" where an object id was expected",
-            sanitize_line(&id, 200)
-        ))),
+        false => Err(RepoFailure::NotAnObjectId(sanitize_line(&id, 200)).into()),
+    }
+}
+
+/// What failed working in the user's repository.
+#[derive(Debug, thiserror::Error)]
+enum RepoFailure {
+    #[error("reading {}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("writing {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `said` is git's error, sanitized for the terminal (it can quote the repository).
+    #[error("git failed in {}: {said}", .dir.display())]
+    Git { dir: PathBuf, said: String },
+    /// What git printed instead, sanitized.
+    #[error("git printed \"{0}\" where an object id was expected")]
+    NotAnObjectId(String),
+}
+
+impl Coded for RepoFailure {
+    /// The repository was checked before any of this runs (a clean, existing work tree is
+    /// the caller's side, refused earlier): what fails here is the host's or git's.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Read { .. } | Self::Write { .. } | Self::Git { .. } | Self::NotAnObjectId(_) => {
+                ErrorCode::Internal
+            }
+        }
     }
 }
 
@@ -452,6 +491,17 @@ fn parse_index(record: &[u8]) -> Option<(String, (Blob, u8))> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_is_not_an_object_id_is_internal_and_quoted() {
+        assert_eq!(object_id(b"0123abcd\n").expect("an id"), "0123abcd");
+        let err = object_id(b"fatal: nope").expect_err("not an id");
+        assert_eq!(err.code, crate::ErrorCode::Internal);
+        assert_eq!(
+            err.message,
+            "git printed \"fatal: nope\" where an object id was expected"
+        );
+    }
 
     #[test]
     fn listing_records_parse() {

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use dynocap_host::idpool::IdPool;
+use dynocap_host::idpool::{Durability, IdPool};
 
 use crate::catalog::Kind;
 use crate::error::{Error, Result};
@@ -14,6 +14,8 @@ pub use dynocap_host::idpool::RANGE_FILE;
 
 /// The lock file in `DYNOCAP_HOME` that serialises allocations.
 const LOCK_FILE: &str = "idrange.lock";
+/// The directory in `DYNOCAP_HOME` of the files each sandbox's range record links.
+const INDEX_FILES: &str = "idranges";
 
 /// The range index of sandbox `id`: the one its state directory records, else the lowest free
 /// one, recorded there now. The state directory must exist.
@@ -21,17 +23,18 @@ pub fn reserve(home: &Home, id: &str) -> Result<u32> {
     let pool = IdPool {
         lock_file: &home.root().join(LOCK_FILE),
         records_root: &home.records_root(Kind::Raw),
+        index_files: &home.root().join(INDEX_FILES),
     };
     // A task's range must survive a power loss: its kept layer, owned by the range's ids,
     // does. A raw sandbox's state ends with its guest, which a power loss ends too, so its
-    // record skips the fsync (half a millisecond on every `run`); after a crash an empty
+    // record skips the fsync (half a millisecond on every `run`); after a crash a missing
     // record reserves nothing, as a damaged one does, and dead sandboxes' leftovers go.
-    let write = if Kind::of_id(id) != Some(Kind::Raw) {
-        crate::durable::replace
+    let durability = if Kind::of_id(id) != Some(Kind::Raw) {
+        Durability::Synced
     } else {
-        crate::durable::replace_unsynced
+        Durability::Unsynced
     };
-    pool.reserve(&home.sandbox_dir(id), write)
+    pool.reserve(&home.sandbox_dir(id), durability)
         .map_err(|err| Error::internal(err.to_string()))
 }
 

@@ -9,13 +9,21 @@
 //! picks the lowest index no state directory holds, under an `flock` on a lock file beside
 //! the records, so two supervisors starting at once never take the same one.
 //!
-//! Where the records and the lock live, and how durably a record is written, are the
-//! caller's (the engine's `idpool` knows its home's layout and which sandboxes outlive a
-//! power loss).
+//! A sandbox's record is a hard link to a file the pool keeps for that index (made once,
+//! holding the index), not a file of its own: recording a range then creates no inode on the
+//! host's filesystem and removing the state directory deletes none. On an ext4 without a
+//! journal each new inode skips every one deleted in the last minute, which cost up to a
+//! millisecond of every start (see the project's docs/performance.md). Where hard links are
+//! refused, the record is written as a file of its own.
+//!
+//! Where the records, the index files and the lock live, and how durably a record is made,
+//! are the caller's (the engine's `idpool` knows its home's layout and which sandboxes
+//! outlive a power loss).
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::path::Path;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -36,18 +44,25 @@ pub struct IdPool<'a> {
     pub lock_file: &'a Path,
     /// The directory holding every sandbox's state directory.
     pub records_root: &'a Path,
+    /// The directory of index files, one per index ever handed out, on the records'
+    /// filesystem; made if missing.
+    pub index_files: &'a Path,
+}
+
+/// How a new record must survive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// On the disk before [`IdPool::reserve`] returns: for state that outlives a power loss.
+    Synced,
+    /// For state a power loss ends anyway; after a crash a missing record reserves nothing.
+    Unsynced,
 }
 
 impl IdPool<'_> {
     /// The range index of the sandbox whose state directory is `state_dir` (under
-    /// `records_root`): the one it records, else the lowest free one, recorded there now with
-    /// `write` (the caller's whole-or-nothing file replacement, synced or not). The state
-    /// directory must exist.
-    pub fn reserve(
-        &self,
-        state_dir: &Path,
-        write: impl FnOnce(&Path, &[u8]) -> std::io::Result<()>,
-    ) -> Result<u32, HostError> {
+    /// `records_root`): the one it records, else the lowest free one, recorded there now
+    /// (whole or not at all for any reader). The state directory must exist.
+    pub fn reserve(&self, state_dir: &Path, durability: Durability) -> Result<u32, HostError> {
         if let Some(index) = recorded(state_dir)? {
             return Ok(index);
         }
@@ -62,12 +77,76 @@ impl IdPool<'_> {
             ))
         })?;
         let path = state_dir.join(RANGE_FILE);
-        write(&path, format!("{index}\n").as_bytes()).map_err(|source| HostError::Io {
-            context: format!("recording host id range {index} in {}", path.display()),
-            source,
-            hint: None,
-        })?;
+        self.record(index, &path, durability)
+            .map_err(|source| HostError::Io {
+                context: format!("recording host id range {index} in {}", path.display()),
+                source,
+                hint: None,
+            })?;
         Ok(index)
+    }
+
+    /// Makes `path` say `index`: a hard link to the index's file, or where the filesystem
+    /// refuses one, a file of its own.
+    fn record(&self, index: u32, path: &Path, durability: Durability) -> std::io::Result<()> {
+        let contents = format!("{index}\n");
+        let linked = self
+            .index_file(index, &contents)
+            .and_then(|file| std::fs::hard_link(file, path));
+        match linked {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => return Err(err),
+            Err(_) => write_new(path, contents.as_bytes(), durability)?,
+        }
+        if durability == Durability::Synced {
+            sync_parent(path)?;
+        }
+        Ok(())
+    }
+
+    /// The index file for `index`, made (synced, whole or not at all) if it is missing or
+    /// does not hold `contents`.
+    fn index_file(&self, index: u32, contents: &str) -> std::io::Result<PathBuf> {
+        let file = self.index_files.join(index.to_string());
+        if std::fs::read(&file).is_ok_and(|held| held == contents.as_bytes()) {
+            return Ok(file);
+        }
+        match std::fs::create_dir(self.index_files) {
+            Err(err) if err.kind() != std::io::ErrorKind::AlreadyExists => return Err(err),
+            _ => {}
+        }
+        let temp = self
+            .index_files
+            .join(format!(".{index}.{}.tmp", std::process::id()));
+        let written = write_new(&temp, contents.as_bytes(), Durability::Synced)
+            .and_then(|()| std::fs::rename(&temp, &file))
+            .and_then(|()| sync_parent(&file));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+        written.map(|()| file)
+    }
+}
+
+/// Writes a new file (mode 0600), synced when `durability` says so.
+fn write_new(path: &Path, bytes: &[u8], durability: Durability) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(bytes)?;
+    if durability == Durability::Synced {
+        file.sync_all()?;
+    }
+    Ok(())
+}
+
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(dir) => File::open(dir)?.sync_all(),
+        None => Ok(()),
     }
 }
 
@@ -152,10 +231,13 @@ fn lock(path: &Path) -> Result<Flock<File>, HostError> {
 mod tests {
     use super::*;
 
+    use std::os::unix::fs::MetadataExt;
+
     struct Pool {
         _dir: tempfile::TempDir,
         lock: std::path::PathBuf,
         records: std::path::PathBuf,
+        index_files: std::path::PathBuf,
     }
 
     impl Pool {
@@ -165,6 +247,7 @@ mod tests {
             std::fs::create_dir(&records).expect("records");
             Pool {
                 lock: dir.path().join("idrange.lock"),
+                index_files: dir.path().join("idranges"),
                 records,
                 _dir: dir,
             }
@@ -174,14 +257,17 @@ mod tests {
             self.records.join(id)
         }
 
-        fn reserve(&self, id: &str) -> Result<u32, HostError> {
-            let pool = IdPool {
+        fn ids(&self) -> IdPool<'_> {
+            IdPool {
                 lock_file: &self.lock,
                 records_root: &self.records,
-            };
-            pool.reserve(&self.state_dir(id), |path, bytes| {
-                std::fs::write(path, bytes)
-            })
+                index_files: &self.index_files,
+            }
+        }
+
+        fn reserve(&self, id: &str) -> Result<u32, HostError> {
+            self.ids()
+                .reserve(&self.state_dir(id), Durability::Unsynced)
         }
 
         fn new_sandbox(&self, id: &str) -> u32 {
@@ -226,21 +312,78 @@ mod tests {
     #[test]
     fn a_failed_record_names_the_range_and_the_file() {
         let pool = Pool::new();
-        std::fs::create_dir_all(pool.state_dir("sbx-a")).expect("dir");
-        let ids = IdPool {
-            lock_file: &pool.lock,
-            records_root: &pool.records,
-        };
-        let err = ids
-            .reserve(&pool.state_dir("sbx-a"), |_, _| {
-                Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
-            })
+        // No state directory to record in.
+        let err = pool
+            .ids()
+            .reserve(&pool.state_dir("sbx-a"), Durability::Synced)
             .expect_err("not recorded")
             .to_string();
         assert!(
             err.starts_with("recording host id range 0 in ") && err.contains(RANGE_FILE),
             "{err}"
         );
+    }
+
+    /// A record is the index's file under another name: no inode of its own is made for it,
+    /// none is freed with its sandbox, and the index file outlives every holder.
+    #[test]
+    fn a_record_is_a_link_to_its_index_file() {
+        let pool = Pool::new();
+        for (id, durability) in [
+            ("sbx-a", Durability::Unsynced),
+            ("task-b", Durability::Synced),
+        ] {
+            std::fs::create_dir_all(pool.state_dir(id)).expect("state dir");
+            pool.ids()
+                .reserve(&pool.state_dir(id), durability)
+                .expect("reserve");
+        }
+        for (id, index) in [("sbx-a", "0"), ("task-b", "1")] {
+            let record = std::fs::metadata(pool.state_dir(id).join(RANGE_FILE)).expect("record");
+            let file = std::fs::metadata(pool.index_files.join(index)).expect("index file");
+            assert_eq!((record.ino(), record.nlink()), (file.ino(), 2), "{id}");
+            assert_eq!(
+                std::fs::read_to_string(pool.index_files.join(index)).expect("read"),
+                format!("{index}\n")
+            );
+        }
+        std::fs::remove_dir_all(pool.state_dir("sbx-a")).expect("rm");
+        let file = std::fs::metadata(pool.index_files.join("0")).expect("index file stays");
+        assert_eq!(file.nlink(), 1);
+        // The next holder of index 0 links the same file.
+        assert_eq!(pool.new_sandbox("sbx-c"), 0);
+        let record = std::fs::metadata(pool.state_dir("sbx-c").join(RANGE_FILE)).expect("record");
+        assert_eq!(record.ino(), file.ino());
+    }
+
+    /// An index file that no longer holds its index is made again before anyone links it;
+    /// the sandbox that holds the damaged one keeps it.
+    #[test]
+    fn a_damaged_index_file_is_replaced_not_linked() {
+        let pool = Pool::new();
+        assert_eq!(pool.new_sandbox("sbx-a"), 0);
+        std::fs::write(pool.state_dir("sbx-a").join(RANGE_FILE), "7\n").expect("damage");
+        std::fs::remove_dir_all(pool.state_dir("sbx-a")).expect("rm");
+        assert_eq!(pool.new_sandbox("sbx-b"), 0);
+        assert_eq!(recorded(&pool.state_dir("sbx-b")).expect("read"), Some(0));
+        let leftovers: Vec<_> = std::fs::read_dir(&pool.index_files)
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(leftovers, ["0"], "no temporary file left");
+    }
+
+    /// Where there can be no index file (here its directory's name is taken by a file), the
+    /// record is a file of its own and says the same.
+    #[test]
+    fn without_index_files_the_record_is_a_file_of_its_own() {
+        let pool = Pool::new();
+        std::fs::write(&pool.index_files, "not a directory").expect("block");
+        assert_eq!(pool.new_sandbox("sbx-a"), 0);
+        assert_eq!(pool.new_sandbox("sbx-b"), 1);
+        let record = std::fs::metadata(pool.state_dir("sbx-b").join(RANGE_FILE)).expect("record");
+        assert_eq!(record.nlink(), 1);
+        assert_eq!(recorded(&pool.state_dir("sbx-b")).expect("read"), Some(1));
     }
 
     #[test]

@@ -9,13 +9,13 @@
 //! stuck holder turns into an error that says what to look for, never a hang.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::error::{Error, Result};
+use crate::error::{Coded, ErrorCode, Result};
 use crate::home::Home;
 
 /// How long to wait for another process to release the lock; as long as SQLite's own busy
@@ -54,22 +54,8 @@ fn acquire(home: &Home, mode: FlockArg) -> Result<Flock<File>> {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
-            Err((_, Errno::EWOULDBLOCK)) => {
-                return Err(Error::internal(format!(
-                    "another dynocap process has held the catalog lock {} for over {}s (it \
-                     creates or repairs the catalog); retry, and if this persists look for a \
-                     stuck dynocap process with `fuser -v {}`",
-                    path.display(),
-                    LOCK_TIMEOUT.as_secs(),
-                    path.display()
-                )))
-            }
-            Err((_, errno)) => {
-                return Err(Error::internal(format!(
-                    "locking the catalog lock {}: {errno}",
-                    path.display()
-                )))
-            }
+            Err((_, Errno::EWOULDBLOCK)) => return Err(LockFailure::Held { path }.into()),
+            Err((_, source)) => return Err(LockFailure::Lock { path, source }.into()),
         }
     }
 }
@@ -83,14 +69,56 @@ fn open_lock_file(path: &Path, root: &Path) -> Result<File> {
         .mode(0o600)
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(path)
-        .map_err(|err| {
-            Error::internal(format!(
-                "cannot open the catalog lock {}: {err}; give this user read and write access to \
-                 {} (DYNOCAP_HOME), or point DYNOCAP_HOME at a directory of its own",
-                path.display(),
-                root.display()
-            ))
+        .map_err(|source| {
+            LockFailure::Open {
+                path: path.to_owned(),
+                home: root.to_owned(),
+                source,
+            }
+            .into()
         })
+}
+
+/// What failed taking the catalog lock.
+#[derive(Debug, thiserror::Error)]
+enum LockFailure {
+    #[error(
+        "another dynocap process has held the catalog lock {} for over {}s (it creates or \
+         repairs the catalog); retry, and if this persists look for a stuck dynocap process \
+         with `fuser -v {}`",
+        .path.display(),
+        LOCK_TIMEOUT.as_secs(),
+        .path.display()
+    )]
+    Held { path: PathBuf },
+    #[error("locking the catalog lock {}: {source}", .path.display())]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error(
+        "cannot open the catalog lock {}: {source}; give this user read and write access to {} \
+         (DYNOCAP_HOME), or point DYNOCAP_HOME at a directory of its own",
+        .path.display(),
+        .home.display()
+    )]
+    Open {
+        path: PathBuf,
+        home: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Coded for LockFailure {
+    /// The lock is DynoCap's own file: another process holding it, or the host refusing it,
+    /// is for the person running DynoCap to resolve (the messages say how).
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Held { .. } | Self::Lock { .. } | Self::Open { .. } => ErrorCode::Internal,
+        }
+    }
 }
 
 #[cfg(test)]

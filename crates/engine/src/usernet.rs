@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use dynocap_host::{find_pasta, usernet_log_worthy, UserNet};
 
-use crate::error::{Context, Error, Result};
+use crate::error::{Coded, Context, Error, ErrorCode, Result};
 use crate::host_children;
 
 /// The guest's resolver: pasta answers DNS sent here by forwarding it to the host's first
@@ -60,7 +60,7 @@ pub fn stop(usernet: &mut Option<UserNet>) -> Result<()> {
     match usernet.take() {
         Some(usernet) => usernet
             .stop()
-            .map_err(|err| Error::internal(format!("stopping the guest's network: {err}"))),
+            .map_err(|err| UsernetFailure::Stop(err).into()),
         None => Ok(()),
     }
 }
@@ -83,7 +83,7 @@ pub fn start_in(netns: &Path, state_dir: &Path) -> Result<UserNet> {
         state_dir,
         host_children::die_with_parent,
     )
-    .map_err(|err| Error::internal(format!("starting the guest's network: {err}")))?;
+    .map_err(UsernetFailure::Start)?;
     serving(&usernet, stderr)?;
     Ok(usernet)
 }
@@ -94,7 +94,7 @@ pub fn start_in(netns: &Path, state_dir: &Path) -> Result<UserNet> {
 pub fn restart(usernet: &mut UserNet, netns: &Path) -> Result<()> {
     let stderr = usernet
         .restart_in(netns, host_children::die_with_parent)
-        .map_err(|err| Error::internal(format!("restarting the guest's network: {err}")))?;
+        .map_err(UsernetFailure::Restart)?;
     serving(usernet, stderr)
 }
 
@@ -151,6 +151,26 @@ fn relay(stderr: impl Read) {
                     tracing::info!("pasta: {text}");
                 }
             }
+        }
+    }
+}
+
+/// What failed running a guest's pasta; the host crate's error is the cause.
+#[derive(Debug, thiserror::Error)]
+enum UsernetFailure {
+    #[error("starting the guest's network: {0}")]
+    Start(#[source] dynocap_host::HostError),
+    #[error("restarting the guest's network: {0}")]
+    Restart(#[source] dynocap_host::HostError),
+    #[error("stopping the guest's network: {0}")]
+    Stop(#[source] dynocap_host::HostError),
+}
+
+impl Coded for UsernetFailure {
+    /// pasta is a host program: its failing is the operator's to fix, never the caller's.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Start(_) | Self::Restart(_) | Self::Stop(_) => ErrorCode::Internal,
         }
     }
 }

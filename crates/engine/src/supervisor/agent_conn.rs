@@ -17,7 +17,7 @@ use dynocap_proto::{
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 
 // Log lines keep the target they had before the engine's layer folders: people, the e2e
 // tests and log filters read them by it.
@@ -73,18 +73,18 @@ impl AgentConn {
                     hello_timeout.as_secs()
                 ))
             })?
-            .map_err(|err| Error::internal(format!("waiting for the guest agent: {err}")))?
-            .ok_or_else(|| Error::internal("the guest agent exited before saying hello"))?;
+            .map_err(AgentFailure::Waiting)?
+            .ok_or(AgentFailure::ExitedBeforeHello)?;
         if first.kind != FrameKind::Hello || first.stream != CONTROL_STREAM {
-            return Err(Error::internal("the guest agent spoke before saying hello"));
+            return Err(AgentFailure::SpokeBeforeHello.into());
         }
         let hello: Hello = from_payload("hello", &first.payload)
             .map_err(|err| Error::internal(err.to_string()))?;
         if hello.protocol != PROTOCOL_VERSION {
-            return Err(Error::internal(format!(
-                "the guest agent speaks protocol {} but this dynocap speaks {}; install matching dynocap and dynocap-agent binaries",
-                hello.protocol, PROTOCOL_VERSION
-            )));
+            return Err(AgentFailure::Protocol {
+                agent: hello.protocol,
+            }
+            .into());
         }
 
         let (outgoing, mut queue) = mpsc::channel::<Frame>(1024);
@@ -186,12 +186,7 @@ impl AgentConn {
                 match tokio::time::timeout(AGENT_PING_DEADLINE, self.ping()).await {
                     Ok(Ok(())) => {}
                     Ok(Err(err)) => return err,
-                    Err(_) => {
-                        return Error::internal(format!(
-                            "the guest agent stopped answering (no reply to a ping within {}s)",
-                            AGENT_PING_DEADLINE.as_secs()
-                        ))
-                    }
+                    Err(_) => return AgentFailure::StoppedAnswering.into(),
                 }
             }
         };
@@ -343,4 +338,40 @@ fn guest_stream(
     tunnel::route(&mut lock(tunnels), frame)
         .err()
         .map(|tunnel::Violation(why)| (id, why))
+}
+
+/// What failed talking to the guest agent over its channel.
+#[derive(Debug, thiserror::Error)]
+enum AgentFailure {
+    #[error("waiting for the guest agent: {0}")]
+    Waiting(#[source] dynocap_proto::ProtoError),
+    #[error("the guest agent exited before saying hello")]
+    ExitedBeforeHello,
+    #[error("the guest agent spoke before saying hello")]
+    SpokeBeforeHello,
+    /// `agent` is the protocol the agent's hello names.
+    #[error(
+        "the guest agent speaks protocol {agent} but this dynocap speaks {PROTOCOL_VERSION}; \
+         install matching dynocap and dynocap-agent binaries"
+    )]
+    Protocol { agent: u32 },
+    #[error(
+        "the guest agent stopped answering (no reply to a ping within {}s)",
+        AGENT_PING_DEADLINE.as_secs()
+    )]
+    StoppedAnswering,
+}
+
+impl Coded for AgentFailure {
+    /// The agent is DynoCap's own program in the guest: a failure to reach it, or a
+    /// mismatched one, is for the operator to fix (the protocol message says how).
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Waiting(_)
+            | Self::ExitedBeforeHello
+            | Self::SpokeBeforeHello
+            | Self::Protocol { .. }
+            | Self::StoppedAnswering => ErrorCode::Internal,
+        }
+    }
 }

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 pub use crate::model::output::{OutputChannel, OutputChunk};
 use crate::model::spec::ExecSpec;
 use crate::supervisor::exec::ExecResult;
@@ -86,16 +86,16 @@ where
     let n = limited
         .read_until(b'\n', &mut line)
         .await
-        .map_err(|err| Error::internal(format!("reading from the supervisor socket: {err}")))?;
+        .map_err(ControlFailure::Read)?;
     if n == 0 {
         return Ok(None);
     }
     if line.len() > MAX_LINE {
-        return Err(Error::internal("control message too long"));
+        return Err(ControlFailure::TooLong.into());
     }
     serde_json::from_slice(&line)
         .map(Some)
-        .map_err(|err| Error::internal(format!("malformed control message: {err}")))
+        .map_err(|err| ControlFailure::Malformed(err).into())
 }
 
 use tokio::io::AsyncReadExt as _;
@@ -104,18 +104,65 @@ pub async fn write_message<T: Serialize, W: AsyncWrite + Unpin>(
     writer: &mut W,
     message: &T,
 ) -> Result<()> {
-    let mut bytes = serde_json::to_vec(message)
-        .map_err(|err| Error::internal(format!("encoding a control message: {err}")))?;
+    let mut bytes = serde_json::to_vec(message).map_err(ControlFailure::Encode)?;
     bytes.push(b'\n');
     writer
         .write_all(&bytes)
         .await
-        .map_err(|err| Error::internal(format!("writing to the supervisor socket: {err}")))
+        .map_err(|err| ControlFailure::Write(err).into())
+}
+
+/// What failed carrying a message over a supervisor's control socket.
+#[derive(Debug, thiserror::Error)]
+enum ControlFailure {
+    #[error("reading from the supervisor socket: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("control message too long")]
+    TooLong,
+    #[error("malformed control message: {0}")]
+    Malformed(#[source] serde_json::Error),
+    #[error("encoding a control message: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("writing to the supervisor socket: {0}")]
+    Write(#[source] std::io::Error),
+}
+
+impl Coded for ControlFailure {
+    /// Both ends of the socket are DynoCap's: a failure on it is never the caller's.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Read(_)
+            | Self::TooLong
+            | Self::Malformed(_)
+            | Self::Encode(_)
+            | Self::Write(_) => ErrorCode::Internal,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_bad_or_overlong_line_is_internal() {
+        let mut reader = BufReader::new(&b"not json\n"[..]);
+        let err = read_message::<ControlReply, _>(&mut reader)
+            .await
+            .expect_err("not a message");
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert!(
+            err.message.starts_with("malformed control message: "),
+            "{err}"
+        );
+        let long = vec![b'x'; MAX_LINE + 2];
+        let mut reader = BufReader::new(&long[..]);
+        let err = read_message::<ControlReply, _>(&mut reader)
+            .await
+            .expect_err("too long");
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(err.message, "control message too long");
+    }
 
     #[tokio::test]
     async fn output_chunks_carry_any_bytes_within_one_line() {

@@ -14,7 +14,7 @@ use dynocap_review::patch::{self, DiffSummary};
 use serde::Serialize;
 
 use crate::catalog::State;
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::model::task_spec::{FinishResult, SourceInfo};
 use crate::supervisor::agent_conn::AgentConn;
 use crate::supervisor::finish;
@@ -70,7 +70,7 @@ pub async fn take_final_patch(
             .mode(0o600)
             .open(&partial)
             .await
-            .map_err(|err| disk_error("creating", &partial, &err))?;
+            .map_err(|err| disk_error("creating", &partial, err))?;
         let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
         let size = conn
             .while_responsive(workspace::diff_into(
@@ -85,11 +85,11 @@ pub async fn take_final_patch(
         use tokio::io::AsyncWriteExt;
         out.flush()
             .await
-            .map_err(|err| disk_error("writing", &partial, &err))?;
+            .map_err(|err| disk_error("writing", &partial, err))?;
         out.into_inner()
             .sync_all()
             .await
-            .map_err(|err| disk_error("writing", &partial, &err))?;
+            .map_err(|err| disk_error("writing", &partial, err))?;
         Ok::<u64, Error>(size)
     }
     .await;
@@ -104,7 +104,7 @@ pub async fn take_final_patch(
         }
     };
     crate::foundation::durable::publish(&partial, &files.patch())
-        .map_err(|err| disk_error("saving", &files.patch(), &err))?;
+        .map_err(|err| disk_error("saving", &files.patch(), err))?;
     Ok(size)
 }
 
@@ -173,7 +173,7 @@ pub fn finalize(
         created_at: facts.created_at,
         finished_at: crate::model::sandbox_info::rfc3339(chrono::Utc::now()),
     })
-    .map_err(|err| Error::internal(format!("encoding the summary: {err}")))?;
+    .map_err(SaveFailure::EncodeSummary)?;
     write_durably(&files.summary(), &text)?;
     Ok(result)
 }
@@ -210,20 +210,58 @@ pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
         Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
             out_of_space(path.parent().unwrap_or(Path::new("/")))
         }
-        _ => disk_error("writing", path, &err),
+        _ => disk_error("writing", path, err),
     })
 }
 
-fn disk_error(what: &str, path: &Path, err: &dyn std::fmt::Display) -> Error {
-    Error::internal(format!("{what} {}: {err}", path.display()))
+/// `what` is the verb: "creating", "writing", "saving".
+fn disk_error(what: &'static str, path: &Path, source: std::io::Error) -> Error {
+    SaveFailure::Disk {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+    .into()
 }
 
 fn out_of_space(dir: &Path) -> Error {
-    Error::internal(format!(
+    SaveFailure::OutOfSpace {
+        dir: dir.to_owned(),
+    }
+    .into()
+}
+
+/// What failed saving a task's results on the host.
+#[derive(Debug, thiserror::Error)]
+enum SaveFailure {
+    #[error("encoding the summary: {0}")]
+    EncodeSummary(#[source] serde_json::Error),
+    #[error("{what} {}: {source}", .path.display())]
+    Disk {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The cause is gone by now (it may have come through the agent's diff as text).
+    #[error(
         "the disk holding {} is full (No space left on device); free space there (or point \
          DYNOCAP_HOME at a larger disk), then finish the task again",
-        dir.display()
-    ))
+        .dir.display()
+    )]
+    OutOfSpace { dir: PathBuf },
+}
+
+impl Coded for SaveFailure {
+    /// The results directory is on the host, DynoCap's: a full or failing disk there is the
+    /// operator's to fix (the message says how), never the caller's.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::EncodeSummary(_) | Self::Disk { .. } | Self::OutOfSpace { .. } => {
+                ErrorCode::Internal
+            }
+        }
+    }
 }
 
 #[cfg(test)]

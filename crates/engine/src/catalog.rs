@@ -14,7 +14,7 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 
-use crate::catalog_file::{self, classify, Connected, Failure};
+use crate::catalog_file::{self, classify, CatalogFailure, Connected, Failure};
 use crate::catalog_lock;
 use crate::error::{Error, Result};
 use crate::home::Home;
@@ -489,10 +489,12 @@ impl Catalog {
             }
             attempts += 1;
             if attempts == 3 {
-                return Err(Failure::Other(Error::internal(format!(
-                    "the catalog {} kept being replaced while this process tried to write to it; retry",
-                    self.path.display()
-                ))));
+                return Err(Failure::Other(
+                    CatalogFailure::KeptBeingReplaced {
+                        path: self.path.clone(),
+                    }
+                    .into(),
+                ));
             }
             // Replaced between the check and the lock: reopen (which needs the lock exclusive).
             drop(shared);

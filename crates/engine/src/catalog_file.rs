@@ -90,7 +90,7 @@ impl Failure {
 /// What is wrong with the catalog's files, as the person running DynoCap reads it. The
 /// SQLite error is already text here: [`classify`] sorted it by remedy.
 #[derive(Debug, thiserror::Error)]
-enum CatalogFailure {
+pub(crate) enum CatalogFailure {
     #[error("the catalog {} is damaged ({reason}); {REPAIR_HINT}", .path.display())]
     Damaged { path: PathBuf, reason: String },
     #[error(
@@ -132,6 +132,20 @@ enum CatalogFailure {
         .path.display()
     )]
     NoWal { path: PathBuf, mode: String },
+    #[error(
+        "the catalog {} kept being replaced while this process tried to write to it; retry",
+        .path.display()
+    )]
+    KeptBeingReplaced { path: PathBuf },
+    /// A repair moved the catalog aside and found a new one in its place: `lock` is the lock
+    /// the other process did not take.
+    #[error(
+        "{} reappeared while it was being rebuilt: a dynocap that does not take {} is \
+         running; stop it and repair again",
+        .path.display(),
+        .lock.display()
+    )]
+    Reappeared { path: PathBuf, lock: PathBuf },
 }
 
 impl Coded for CatalogFailure {
@@ -145,7 +159,9 @@ impl Coded for CatalogFailure {
             | Self::Sqlite { .. }
             | Self::NewerSchema { .. }
             | Self::PreRelease { .. }
-            | Self::NoWal { .. } => ErrorCode::Internal,
+            | Self::NoWal { .. }
+            | Self::KeptBeingReplaced { .. }
+            | Self::Reappeared { .. } => ErrorCode::Internal,
         }
     }
 }

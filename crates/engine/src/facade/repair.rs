@@ -10,9 +10,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::catalog::{self, Record};
-use crate::catalog_file::{self, classify, suffixed, Failure, Import};
+use crate::catalog_file::{self, classify, suffixed, CatalogFailure, Failure, Import};
 use crate::catalog_lock;
-use crate::foundation::error::{Context, Error, Result};
+use crate::foundation::error::{Context, Result};
 use crate::host::home::Home;
 
 /// What `repair` found and did.
@@ -68,13 +68,9 @@ pub fn repair(home: &Home) -> Result<RepairReport> {
     };
     let moved_aside = move_aside(&path)?;
     let (_, import) = catalog_file::connect(home, &lock).map_err(|f| f.into_error(&path))?;
-    let import = import.ok_or_else(|| {
-        Error::internal(format!(
-            "{} reappeared while it was being rebuilt: a dynocap that does not take {} is \
-             running; stop it and repair again",
-            path.display(),
-            home.catalog_lock_path().display()
-        ))
+    let import = import.ok_or_else(|| CatalogFailure::Reappeared {
+        path: path.clone(),
+        lock: home.catalog_lock_path(),
     })?;
     Ok(report(path, &damage, moved_aside, import))
 }

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::foundation::error::{Error, ErrorCode, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::foundation::wording::{self, Param};
 
 pub const TTL_MIN: u64 = 30;
@@ -351,7 +351,7 @@ impl ExecSpec {
         // Each within its limit, the three must still fit in one request to the agent once
         // JSON-encoded, where a control character takes six bytes.
         let encoded = serde_json::to_vec(&(command, cwd, &env))
-            .map_err(|err| Error::internal(format!("encoding the exec request: {err}")))?
+            .map_err(SpecFailure::EncodeExec)?
             .len();
         let room = dynocap_proto::MAX_FRAME_LEN - EXEC_REQUEST_OVERHEAD;
         if encoded > room {
@@ -392,6 +392,22 @@ impl ExecSpec {
             check_range(MAX_OUTPUT_BYTES, max_output_bytes, 1, EXEC_OUTPUT_LIMIT)?;
         self.output_encoding = encoding;
         Ok(self)
+    }
+}
+
+/// What failed checking a spec, other than the spec being wrong (that is `invalid_argument`,
+/// said where it is found).
+#[derive(Debug, thiserror::Error)]
+enum SpecFailure {
+    #[error("encoding the exec request: {0}")]
+    EncodeExec(#[source] serde_json::Error),
+}
+
+impl Coded for SpecFailure {
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::EncodeExec(_) => ErrorCode::Internal,
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::foundation::git_url::GitUrl;
 use crate::model::import_notes::History;
 use crate::model::spec::{validate_name, Network, Resources, TASK_CPUS_DEFAULT};
@@ -175,13 +175,30 @@ pub struct TaskDetail {
 
 impl TaskDetail {
     pub fn from_json(text: Option<&str>) -> Result<Self> {
-        let text = text.ok_or_else(|| Error::internal("the task record has no detail"))?;
-        serde_json::from_str(text)
-            .map_err(|err| Error::internal(format!("the task record is damaged: {err}")))
+        let text = text.ok_or(TaskRecordFailure::NoDetail)?;
+        serde_json::from_str(text).map_err(|err| TaskRecordFailure::Damaged(err).into())
     }
 
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|_| "{}".to_owned())
+    }
+}
+
+/// What is wrong with a task record's detail as the catalog holds it.
+#[derive(Debug, thiserror::Error)]
+enum TaskRecordFailure {
+    #[error("the task record has no detail")]
+    NoDetail,
+    #[error("the task record is damaged: {0}")]
+    Damaged(#[source] serde_json::Error),
+}
+
+impl Coded for TaskRecordFailure {
+    /// Task records are written by DynoCap alone: a bad one is never the caller's doing.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::NoDetail | Self::Damaged(_) => ErrorCode::Internal,
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use tokio::sync::mpsc;
 
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::foundation::excerpt::{excerpt_str, Excerpt};
 use crate::model::output::{OutputChannel, OutputChunk};
 use crate::model::spec::{ExecSpec, OutputEncoding, EXEC_KILL_GRACE_MS};
@@ -183,10 +183,8 @@ impl Pump<'_> {
                 FrameKind::Done => {
                     return match from_payload::<Response>("exec result", &frame.payload) {
                         Ok(Response::Exit(exit)) => Ok(exit),
-                        Ok(other) => Err(Error::internal(format!(
-                            "unexpected agent answer {other:?}"
-                        ))),
-                        Err(err) => Err(Error::internal(err.to_string())),
+                        Ok(other) => Err(ExecFailure::UnexpectedAnswer(Box::new(other)).into()),
+                        Err(err) => Err(ExecFailure::Result(err).into()),
                     };
                 }
                 FrameKind::Error => {
@@ -422,6 +420,26 @@ pub fn sanitize_line(text: &str, max_chars: usize) -> String {
         out.push('…');
     }
     out
+}
+
+/// What failed in the exchange with the agent about a command (the command failing is an
+/// exit code, not this).
+#[derive(Debug, thiserror::Error)]
+enum ExecFailure {
+    #[error("unexpected agent answer {0:?}")]
+    UnexpectedAnswer(Box<Response>),
+    /// The agent's final frame did not decode; the proto crate's text says what it was.
+    #[error("{0}")]
+    Result(#[source] dynocap_proto::ProtoError),
+}
+
+impl Coded for ExecFailure {
+    /// Both ends are DynoCap's: a garbled or unexpected answer is never the caller's doing.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::UnexpectedAnswer(_) | Self::Result(_) => ErrorCode::Internal,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The static checks, which scripts/test.sh runs first so that a failure stops CI before the
 # long tests: formatting (rustfmt), lints (clippy, warnings are errors), the engine's layering
-# (scripts/layers.py: no module imports a layer above its own) and the dependency
+# (scripts/layers.py: no module imports a layer above its own), the engine's configuration
+# (scripts/env_reads.py: it reads no environment variable itself) and the dependency
 # policy in deny.toml (cargo-deny: licenses, duplicate versions, sources, and advisories when
 # RustSec's database can be fetched). Runnable alone; scripts/install-deps.sh installs
 # cargo-deny.
@@ -22,6 +23,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "scripts/layers.py (the engine's imports run only downward)"
 python3 scripts/layers.py
+
+step "scripts/env_reads.py (the engine reads no environment: its Config comes from the binary)"
+python3 scripts/env_reads.py
 
 # The advisory database is a git repository on GitHub; a machine that cannot reach it can
 # still check everything else, and says that it did not check advisories.

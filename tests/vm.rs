@@ -86,6 +86,7 @@ fn boot_spec(env: &VmEnv, rootfs: &Path, agent: &Path, state: &Path, name: &str)
         cpus: 1,
         memory_mb: 512,
         disk_mb: Some(2048),
+        disk_limit: None,
         pids: 1024,
         reuse_layer: false,
         id_range: 0,
@@ -97,7 +98,11 @@ fn boot_spec(env: &VmEnv, rootfs: &Path, agent: &Path, state: &Path, name: &str)
 fn vm_backend() -> Box<dyn backend::Backend> {
     // SAFETY (edition 2021): as in vm_env.
     std::env::set_var("DYNOCAP_BACKEND", "vm");
-    let backend = backend::select().expect("DYNOCAP_BACKEND=vm selects the vm backend");
+    let config = dynocap_engine::Config {
+        backend: Some("vm".into()),
+        ..Default::default()
+    };
+    let backend = backend::select(&config).expect("DYNOCAP_BACKEND=vm selects the vm backend");
     assert_eq!(backend.name(), "vm");
     backend
 }

@@ -219,6 +219,7 @@ fn main() {
     let engine = Engine::with_supervisor_exe(
         Home::at(home_dir.path().to_path_buf()).expect("home"),
         dynocap.clone(),
+        dynocap_engine::Config::default(),
     );
     let spec = RunSpec::raw("hot", None, None, None, None, None).expect("spec");
     runtime.block_on(engine.run(&spec)).expect("boot");

@@ -63,7 +63,11 @@ fn main() {
     }
     std::env::set_var("DYNOCAP_BACKEND", "vm");
     let accel = std::env::var("DYNOCAP_VM_ACCEL").expect("set above");
-    let backend = backend::select().expect("vm backend");
+    let config = dynocap_engine::Config {
+        backend: Some("vm".into()),
+        ..Default::default()
+    };
+    let backend = backend::select(&config).expect("vm backend");
     let work = tempfile::tempdir().expect("temp dir");
     let cache = Path::new(CACHE).join("vm-cache");
     let spec = |i: usize| BootSpec {
@@ -83,6 +87,7 @@ fn main() {
         cpus: 1,
         memory_mb: MEMORY_MB,
         disk_mb: Some(1024),
+        disk_limit: None,
         pids: 1024,
         reuse_layer: false,
         id_range: 0,

@@ -30,7 +30,7 @@ use clap::Parser;
 use dynocap_client::attributes::{Attribute, Process};
 use dynocap_client::rendezvous::{self, Context};
 use dynocap_client::wire::{self, Message, Request};
-use dynocap_engine::{Engine, Home};
+use dynocap_engine::{Config, Engine, Home};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
@@ -66,7 +66,7 @@ const ENDING: [Signal; 4] = [
 
 /// Serves the home whose `run/` directory holds `socket`, until idle. Must be called while
 /// this process has one thread, before anything opens a descriptor.
-pub fn serve(socket: &Path) -> ExitCode {
+pub fn serve(socket: &Path, config: Config) -> ExitCode {
     // What the first client's process held (a shell's redirections, a build's jobserver
     // pipe) must not stay open for as long as the server lives: a reader would wait on it.
     // SAFETY: nothing in this process owns a descriptor above stderr yet: this runs first
@@ -76,7 +76,7 @@ pub fn serve(socket: &Path) -> ExitCode {
     // out of its directory, which the server would otherwise keep busy.
     let _ = nix::unistd::setsid();
     let _ = nix::unistd::chdir("/");
-    let server = match Server::bind(socket) {
+    let server = match Server::bind(socket, config) {
         Ok(Some(server)) => server,
         // Another server holds the socket: it serves.
         Ok(None) => return ExitCode::SUCCESS,
@@ -91,6 +91,8 @@ pub fn serve(socket: &Path) -> ExitCode {
 /// What every command's thread shares.
 struct Shared {
     home: Home,
+    /// The engine's configuration, from the server's environment, which every client shares.
+    config: Config,
     /// Drives every command's I/O and timers, and outlives them: what a command leaves
     /// running (the reaping of a supervisor it started) runs on here.
     runtime: tokio::runtime::Runtime,
@@ -153,7 +155,7 @@ struct Server {
 
 impl Server {
     /// Takes the socket's lock and listens; `None` if another server holds the lock.
-    fn bind(socket: &Path) -> Result<Option<Self>, String> {
+    fn bind(socket: &Path, config: Config) -> Result<Option<Self>, String> {
         let run_dir = socket
             .parent()
             .ok_or_else(|| format!("{} has no directory", socket.display()))?;
@@ -174,7 +176,7 @@ impl Server {
         let Some(lock) = lock_exclusively(&lock_path)? else {
             return Ok(None);
         };
-        let home = Home::from_env().map_err(|err| err.to_string())?;
+        let home = Home::from_config(&config.home).map_err(|err| err.to_string())?;
         if home.root().join("run") != run_dir {
             return Err(format!(
                 "{} is not in this environment's home {}",
@@ -206,6 +208,7 @@ impl Server {
             lock_path,
             shared: Arc::new(Shared {
                 home,
+                config,
                 runtime,
                 context,
                 own_only: Process::current().own_only(),
@@ -349,7 +352,7 @@ fn serve_one(conn: OwnedFd, active: &Active) {
     if set_nonblocking(&conn).is_err() {
         return;
     }
-    let engine = match Engine::new(shared.home.clone()) {
+    let engine = match Engine::new(shared.home.clone(), shared.config.clone()) {
         Ok(engine) => engine,
         Err(err) => {
             let code = streams.fail(cli.json, &err);

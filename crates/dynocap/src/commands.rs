@@ -4,14 +4,14 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 
 use dynocap_engine::spec::{ExecSpec, RunSpec};
-use dynocap_engine::{Engine, Error, ExecResult, Home};
+use dynocap_engine::{Config, Engine, Error, ExecResult, Home};
 
 use crate::cli::{Cli, Command, ExecArgs, RunArgs, SuperviseArgs};
 use crate::output::{
     fail, print_json, sandbox_notes, sandbox_rows, sayln, table, Streams, SANDBOX_HEADERS,
 };
 
-pub async fn dispatch(cli: Cli) -> ExitCode {
+pub async fn dispatch(cli: Cli, config: Config) -> ExitCode {
     let json = cli.json;
     let result = match cli.command {
         Command::Doctor(_)
@@ -28,9 +28,9 @@ pub async fn dispatch(cli: Cli) -> ExitCode {
             let options = crate::mcp::Options {
                 log_file: args.log_file,
             };
-            return crate::mcp::run(options).await;
+            return crate::mcp::run(options, config).await;
         }
-        command => with_engine(json, command).await,
+        command => with_engine(json, command, config).await,
     };
     match result {
         Ok(code) => code,
@@ -38,8 +38,8 @@ pub async fn dispatch(cli: Cli) -> ExitCode {
     }
 }
 
-async fn with_engine(json: bool, command: Command) -> Result<ExitCode, Error> {
-    let engine = Engine::new(Home::from_env()?)?;
+async fn with_engine(json: bool, command: Command, config: Config) -> Result<ExitCode, Error> {
+    let engine = Engine::new(Home::from_config(&config.home)?, config)?;
     if is_served(&command) {
         let code = run_served(&engine, json, command, &Streams::of_process()).await;
         return Ok(ExitCode::from(code));
@@ -276,7 +276,14 @@ fn exit_code_of(result: &ExecResult) -> u8 {
     u8::try_from(128 + signal).unwrap_or(255)
 }
 
-pub fn supervise(args: &SuperviseArgs) -> ExitCode {
+pub fn supervise(args: &SuperviseArgs, config: Config) -> ExitCode {
+    // What the starter passed on descriptors, as it announced in the environment: taken out
+    // of it first (nothing this process starts may be told of descriptors it does not have),
+    // while no other thread exists to read the environment meanwhile.
+    let inherited = dynocap_engine::supervisor::Inherited {
+        project_fd: take_env(dynocap_engine::workspace::PROJECT_FD_ENV),
+        credentials_fd: take_env(dynocap_engine::supervisor::CREDENTIALS_FD_ENV),
+    };
     let home = match Home::at(args.home.clone()) {
         Ok(home) => home,
         Err(err) => {
@@ -306,7 +313,7 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
             // First: the disk is made beside everything else, up to the start that takes it.
             let prepared = args
                 .prepare_disk
-                .then(|| dynocap_engine::backend::start_preparing_default_start(&home));
+                .then(|| dynocap_engine::backend::start_preparing_default_start(&home, &config));
             // Opened while nothing waits on it; a failure here is the supervisor's to report
             // once it has its sandbox.
             let catalog = dynocap_engine::catalog::Catalog::open(&home).ok();
@@ -329,10 +336,17 @@ pub fn supervise(args: &SuperviseArgs) -> ExitCode {
         Some(Err(err)) => tracing::info!("the standby could not make a disk ahead: {err}"),
         None => {}
     }
-    match dynocap_engine::supervisor::main(home, catalog, &id, ready, mode) {
+    match dynocap_engine::supervisor::main(home, catalog, &id, ready, mode, config, inherited) {
         0 => ExitCode::SUCCESS,
         _ => ExitCode::FAILURE,
     }
+}
+
+/// The variable `name`, removed from this process's environment.
+fn take_env(name: &str) -> Option<std::ffi::OsString> {
+    let value = std::env::var_os(name);
+    std::env::remove_var(name);
+    value
 }
 
 /// A standby's wait for its sandbox (see the engine's `standby`): the id and ready pipe, once

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 pub use repair::run as repair;
 
 use dynocap_backend_vm::elf;
+use dynocap_engine::Config;
 use serde::Serialize;
 
 use crate::output::{print_json, say, sayln, table};
@@ -66,9 +67,9 @@ impl Check {
     }
 }
 
-pub fn run(json: bool) -> ExitCode {
+pub fn run(json: bool, config: &Config) -> ExitCode {
     let mut checks = jail_checks();
-    checks.push(agent_check());
+    checks.push(agent_check(config));
     checks.push(tool_check(
         "git",
         true,
@@ -82,10 +83,10 @@ pub fn run(json: bool) -> ExitCode {
         &["mmdebstrap", "--version"],
         "apt-get install mmdebstrap; needed only to build images (dynocap image build debian)",
     ));
-    checks.push(images_check());
-    checks.push(ceilings_check());
-    checks.push(backend_check());
-    checks.push(vm_check());
+    checks.push(images_check(config));
+    checks.push(ceilings_check(config));
+    checks.push(backend_check(config));
+    checks.push(vm_check(config));
     let ready = checks.iter().all(|c| c.ok || !c.required);
     if json {
         print_json(&serde_json::json!({ "ready": ready, "checks": checks }));
@@ -145,10 +146,10 @@ fn jail_checks() -> Vec<Check> {
 }
 
 /// Built images in this DYNOCAP_HOME, and which one a start gets by default.
-fn images_check() -> Check {
-    let default = dynocap_engine::image::default_name();
-    let listed = dynocap_engine::Home::from_env().and_then(|home| {
-        dynocap_engine::image::store::ImageStore::for_home(&home)
+fn images_check(config: &Config) -> Check {
+    let default = config.images.default_name();
+    let listed = dynocap_engine::Home::from_config(&config.home).and_then(|home| {
+        dynocap_engine::image::store::ImageStore::for_home(&home, None)
             .list()
             .map(|images| (home, images))
     });
@@ -184,7 +185,7 @@ fn images_check() -> Check {
         } else {
             built.join(", ")
         },
-        if std::env::var_os("DYNOCAP_IMAGE").is_some() {
+        if config.images.default.is_some() {
             " (DYNOCAP_IMAGE)"
         } else {
             ""
@@ -198,9 +199,9 @@ fn images_check() -> Check {
 }
 
 /// Which backend sandboxes get here, and why: `DYNOCAP_BACKEND`, or what `auto` picks.
-fn backend_check() -> Check {
-    let chosen = std::env::var("DYNOCAP_BACKEND").unwrap_or_default();
-    if let Err(err) = dynocap_engine::backend::BackendChoice::from_env() {
+fn backend_check(config: &Config) -> Check {
+    let chosen = config.backend.clone().unwrap_or_default();
+    if let Err(err) = config.backend_choice() {
         return Check::new(
             "backend",
             true,
@@ -223,12 +224,9 @@ fn backend_check() -> Check {
             "",
         );
     }
-    match dynocap_engine::Home::from_env() {
+    match dynocap_engine::Home::from_config(&config.home) {
         Ok(home) => {
-            let auto = dynocap_engine::backend::auto::choose(
-                &home,
-                &dynocap_engine::image::default_name(),
-            );
+            let auto = dynocap_engine::backend::auto::choose(&home, &config.images.default_name());
             Check::new(
                 "backend",
                 false,
@@ -250,16 +248,15 @@ fn backend_check() -> Check {
 /// Whether a `vm` sandbox starts here, decided as its first start decides (the image's kernel,
 /// QEMU, `DYNOCAP_VM_ACCEL` and the KVM probe). Required when `DYNOCAP_BACKEND=vm` makes every
 /// sandbox a VM; otherwise a warning, since `--backend vm` can still ask for one.
-fn vm_check() -> Check {
-    let required = std::env::var("DYNOCAP_BACKEND").is_ok_and(|b| b == "vm");
+fn vm_check(config: &Config) -> Check {
+    let required = config.backend.as_deref() == Some("vm");
     // Probed (a few seconds, once per kernel) where sandboxes may be VMs without asking:
     // `vm` selected, or `auto` deciding for a built default image.
-    let probe =
-        required || dynocap_engine::image::default_name() != dynocap_engine::image::DEFAULT_IMAGE;
-    match dynocap_engine::Home::from_env() {
+    let default = config.images.default_name();
+    let probe = required || default != dynocap_engine::image::DEFAULT_IMAGE;
+    match dynocap_engine::Home::from_config(&config.home) {
         Ok(home) => {
-            let vm = dynocap_engine::vm_ready::check(&home, probe);
-            let default = dynocap_engine::image::default_name();
+            let vm = dynocap_engine::vm_ready::check(&home, config, probe);
             if required && default == dynocap_engine::image::DEFAULT_IMAGE {
                 // Every start that names no image gets `host`, which no VM boots.
                 return Check::new(
@@ -297,8 +294,8 @@ fn vm_check() -> Check {
 }
 
 /// The host ceilings in force (`DYNOCAP_MAX_*`), so the person can see what callers get.
-fn ceilings_check() -> Check {
-    match dynocap_engine::ceilings::Ceilings::from_env() {
+fn ceilings_check(config: &Config) -> Check {
+    match dynocap_engine::ceilings::Ceilings::from_config(&config.ceilings) {
         Ok(ceilings) => {
             let detail = ceilings
                 .entries()
@@ -320,14 +317,14 @@ fn ceilings_check() -> Check {
 
 /// The guest agent: found, and linked so that it starts in any image. A glibc build only
 /// starts where the host's loader and libc are (the `host` image).
-fn agent_check() -> Check {
+fn agent_check(config: &Config) -> Check {
     // The static agent's target on this architecture (x86_64-unknown-linux-musl here).
     let musl = format!("{}-unknown-linux-musl", std::env::consts::ARCH);
     let build = format!(
         "build the static agent with `cargo build --release --target {musl} -p dynocap-agent` \
          and install target/{musl}/release/dynocap-agent beside dynocap (or point DYNOCAP_AGENT at it)"
     );
-    let path = match dynocap_engine::supervisor::agent_binary() {
+    let path = match dynocap_engine::supervisor::agent_binary(config) {
         Ok(path) => path,
         Err(err) => return Check::new("guest agent", true, false, err.message, &build),
     };

@@ -6,6 +6,7 @@
 mod cli;
 mod cli_server;
 mod commands;
+mod config;
 mod docs;
 mod doctor;
 mod exec_output;
@@ -27,16 +28,28 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return output::argument_error(&err, &args),
     };
-    // Each forks children that run Rust code, or must run first: before any other thread.
     match &cli.command {
-        cli::Command::CliServer(server) => return cli_server::serve(&server.socket),
-        cli::Command::Supervise(args) => return commands::supervise(args),
-        cli::Command::Doctor(args) if args.repair => {
-            return output::ended(doctor::repair(cli.json))
-        }
-        cli::Command::Doctor(_) => return output::ended(doctor::run(cli.json)),
         cli::Command::Completions(args) => return docs::completions(args.shell),
         cli::Command::Man => return docs::man_page(),
+        _ => {}
+    }
+    // The engine's configuration, from this process's environment: built here once, for
+    // whatever the command is, and passed down.
+    let config = match config::from_env() {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("dynocap: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Each forks children that run Rust code, or must run first: before any other thread.
+    match &cli.command {
+        cli::Command::CliServer(server) => return cli_server::serve(&server.socket, config),
+        cli::Command::Supervise(args) => return commands::supervise(args, config),
+        cli::Command::Doctor(args) if args.repair => {
+            return output::ended(doctor::repair(cli.json, &config))
+        }
+        cli::Command::Doctor(_) => return output::ended(doctor::run(cli.json, &config)),
         _ => {}
     }
     // One thread for every command, the MCP server included: a command is one request, for
@@ -55,7 +68,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let code = runtime.block_on(commands::dispatch(cli));
+    let code = runtime.block_on(commands::dispatch(cli, config));
     // `dynocap mcp` may leave a blocking stdin read behind (tokio cannot cancel it): do not
     // wait for input that will never come.
     runtime.shutdown_timeout(std::time::Duration::from_millis(500));

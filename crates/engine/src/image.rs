@@ -65,15 +65,6 @@ pub struct KernelFiles {
     pub modules: PathBuf,
 }
 
-/// The image name a start uses when its caller names none: `DYNOCAP_IMAGE`, else `host`.
-pub fn default_name() -> String {
-    std::env::var("DYNOCAP_IMAGE")
-        .ok()
-        .map(|v| v.trim().to_owned())
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| DEFAULT_IMAGE.to_owned())
-}
-
 /// The error for an image that is not built.
 fn not_built(name: &str) -> Error {
     if recipe::BUILDABLE.contains(&name) {
@@ -99,7 +90,7 @@ pub fn resolve(home: &Home, name: &str) -> Result<ImageRef> {
     if !store::is_name(name) {
         return Err(not_built(name));
     }
-    let store = store::ImageStore::for_home(home);
+    let store = store::ImageStore::for_home(home, None);
     match store.list()?.into_iter().rev().find(|i| i.name() == name) {
         Some(image) => Ok(ImageRef {
             name: name.to_owned(),
@@ -114,7 +105,7 @@ pub fn open(home: &Home, image: &ImageRef) -> Result<Image> {
     let Some(id) = &image.id else {
         return host_image(&home.images_dir());
     };
-    let built = store::ImageStore::for_home(home)
+    let built = store::ImageStore::for_home(home, None)
         .get(&image.name, id)
         .ok_or_else(|| {
             Error::internal(format!(

@@ -31,6 +31,7 @@ pub(crate) mod facade;
 pub use facade::sandboxes::{Engine, SandboxInfo};
 pub use foundation::error::{Error, ErrorCode, Result};
 pub use host::home::Home;
+pub use model::config::Config;
 pub use supervisor::exec::ExecResult;
 
 // The paths other crates (the `dynocap` binary, the end-to-end tests) name, kept from before
@@ -38,7 +39,7 @@ pub use supervisor::exec::ExecResult;
 pub use backend::vm_ready;
 pub use facade::{apply, ceilings, image_admin, pool, repair, standby};
 pub use foundation::{excerpt, git_url, ssh_key};
-pub use model::{spec, task_spec};
+pub use model::{config, spec, task_spec};
 pub use supervisor::{agent_conn, control, exec, finish, import, workspace};
 // Public before the layers had folders, with items no code of the workspace uses today (git
 // protocols, `Detach::No`): kept public rather than deleted, which is not this layout's call.

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use dynocap_engine::catalog::{Catalog, Record};
 use dynocap_engine::repair::RepairReport;
-use dynocap_engine::{Engine, Error, Home};
+use dynocap_engine::{Config, Engine, Error, Home};
 use serde::Serialize;
 
 use crate::output::{fail, print_json, say, sayln, table, warnln};
@@ -54,8 +54,8 @@ struct ReleasedName {
     kept_by: String,
 }
 
-pub fn run(json: bool) -> ExitCode {
-    match repair() {
+pub fn run(json: bool, config: &Config) -> ExitCode {
+    match repair(config) {
         Ok(report) => {
             if json {
                 print_json(&report);
@@ -68,10 +68,10 @@ pub fn run(json: bool) -> ExitCode {
     }
 }
 
-fn repair() -> Result<Report, Error> {
-    let home = Home::from_env()?;
+fn repair(config: &Config) -> Result<Report, Error> {
+    let home = Home::from_config(&config.home)?;
     let outcome = dynocap_engine::repair::repair(&home)?;
-    let records = match reconcile(&home) {
+    let records = match reconcile(&home, config) {
         Ok(catalog) => current_states(&catalog, &outcome.records),
         Err(err) => {
             warnln!(
@@ -86,9 +86,9 @@ fn repair() -> Result<Report, Error> {
 
 /// The reconciliation every command runs: a live record whose supervisor is gone is marked
 /// and its leftovers are removed.
-fn reconcile(home: &Home) -> Result<Catalog, Error> {
+fn reconcile(home: &Home, config: &Config) -> Result<Catalog, Error> {
     let catalog = Catalog::open(home)?;
-    Engine::new(home.clone())?.reconcile(&catalog)?;
+    Engine::new(home.clone(), config.clone())?.reconcile(&catalog)?;
     Ok(catalog)
 }
 

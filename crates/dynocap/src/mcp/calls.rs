@@ -281,7 +281,8 @@ mod tests {
 
     fn tools(dir: &std::path::Path) -> Tools {
         let home = dynocap_engine::Home::at(dir.join("state")).unwrap();
-        let engine = Engine::with_supervisor_exe(home, PathBuf::from("/bin/false"));
+        let engine =
+            Engine::with_supervisor_exe(home, PathBuf::from("/bin/false"), Default::default());
         let policy = Policy::new(&PolicyInputs::default(), &mut |_| {});
         Tools::new(engine, policy, Log::stderr())
     }

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use dynocap_engine::{Engine, Home};
+use dynocap_engine::{Config, Engine, Home};
 
 use self::log::Log;
 use self::policy::{Policy, PolicyInputs};
@@ -39,10 +39,10 @@ pub struct Options {
 }
 
 /// Runs the server until the client closes stdin.
-pub async fn run(options: Options) -> ExitCode {
+pub async fn run(options: Options, config: Config) -> ExitCode {
     let log = Log::stderr();
     log.install_tracing();
-    let home = match Home::from_env() {
+    let home = match Home::from_config(&config.home) {
         Ok(home) => home,
         Err(err) => {
             log.warn(format_args!("cannot start: {err}"));
@@ -73,7 +73,7 @@ pub async fn run(options: Options) -> ExitCode {
     ));
     log.info(format_args!("policy: {}", policy.summary()));
     // A mistyped ceiling would otherwise surface only at the first start, as a caller's error.
-    match dynocap_engine::ceilings::Ceilings::from_env() {
+    match dynocap_engine::ceilings::Ceilings::from_config(&config.ceilings) {
         Ok(ceilings) => log.info(format_args!(
             "ceilings: {}",
             ceilings
@@ -88,7 +88,7 @@ pub async fn run(options: Options) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let engine = match Engine::new(home) {
+    let engine = match Engine::new(home, config) {
         Ok(engine) => engine,
         Err(err) => {
             log.warn(format_args!("cannot start: {err}"));

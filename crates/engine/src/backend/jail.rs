@@ -101,7 +101,7 @@ impl Backend for JailBackend {
                 pids: spec.pids,
             },
             reuse_layers: spec.reuse_layer,
-            disk_bytes: disk_bytes(spec.disk_mb)?,
+            disk_bytes: disk_bytes(spec.disk_limit.as_deref(), spec.disk_mb)?,
             disk_templates: Some(disk_templates(&spec.cache_dir)),
             net_raw: !nat,
             idmap_image: spec.image.owned_by_host_root,
@@ -133,8 +133,12 @@ impl Backend for JailBackend {
 
     /// The default start's disk (see the jail's `start_preparing_disk`), which the start then
     /// waits for and takes if it is of that size. Nothing with disk limits off.
-    fn prepare_default_start(&self, home: &crate::host::home::Home) -> Result<()> {
-        let Some(bytes) = disk_bytes(None)? else {
+    fn prepare_default_start(
+        &self,
+        home: &crate::host::home::Home,
+        config: &crate::model::config::Config,
+    ) -> Result<()> {
+        let Some(bytes) = disk_bytes(config.disk_limit.as_deref(), None)? else {
             return Ok(());
         };
         dynocap_backend_jail::start_preparing_disk(disk_templates(&home.cache_dir()), bytes)
@@ -233,19 +237,11 @@ fn disk_templates(cache_dir: &Path) -> PathBuf {
 }
 
 /// The jail's disk size: `disk_mb`, unless the person running DynoCap turned disk limits off
-/// (`DYNOCAP_DISK_LIMIT=off`, for rootless use where a loop mount is impossible). A fresh
-/// sandbox recorded without a size gets the default.
-fn disk_bytes(disk_mb: Option<u64>) -> Result<Option<u64>> {
-    match std::env::var("DYNOCAP_DISK_LIMIT").ok().as_deref() {
-        None | Some("") | Some("on") => Ok(Some(
-            disk_mb.unwrap_or(crate::model::spec::DISK_MB_DEFAULT) << 20,
-        )),
-        Some("off") => Ok(None),
-        Some(other) => Err(Error::invalid(format!(
-            "DYNOCAP_DISK_LIMIT={other} is not valid; use on (the default) or off (no disk \
-             limit: sandboxes write to the host's filesystem)"
-        ))),
-    }
+/// (`limit`, `DYNOCAP_DISK_LIMIT=off`, for rootless use where a loop mount is impossible). A
+/// fresh sandbox recorded without a size gets the default.
+fn disk_bytes(limit: Option<&str>, disk_mb: Option<u64>) -> Result<Option<u64>> {
+    Ok(crate::model::config::disk_limit(limit)?
+        .then(|| disk_mb.unwrap_or(crate::model::spec::DISK_MB_DEFAULT) << 20))
 }
 
 impl Guest for JailGuest {

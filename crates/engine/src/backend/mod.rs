@@ -24,6 +24,7 @@ use std::sync::Arc;
 use crate::foundation::error::{Error, Result};
 use crate::image::{Image, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 pub use crate::model::backend_choice::BackendChoice;
+use crate::model::config::Config;
 use crate::model::spec::Network;
 
 pub use jail::JailBackend;
@@ -47,6 +48,9 @@ pub struct BootSpec {
     /// The guest's disk (its writable layer); `None` for a sandbox recorded before disks had a
     /// size, whose kept layer is used as it is.
     pub disk_mb: Option<u64>,
+    /// `DYNOCAP_DISK_LIMIT` as given (see [`Config::disk_limit`]): only the jail obeys it,
+    /// so only the jail checks it.
+    pub disk_limit: Option<String>,
     pub pids: u64,
     /// Boot over the writable layer a stopped guest of this sandbox kept (recovering a task
     /// whose work was not saved), instead of a fresh one.
@@ -164,7 +168,11 @@ pub trait Backend {
     /// For a supervisor standing by (see `standby`): starts making ahead, on a thread of its
     /// own, what the default start of a raw sandbox needs of this machine and nothing of the
     /// sandbox. Nothing by default.
-    fn prepare_default_start(&self, _home: &crate::host::home::Home) -> Result<()> {
+    fn prepare_default_start(
+        &self,
+        _home: &crate::host::home::Home,
+        _config: &Config,
+    ) -> Result<()> {
         Ok(())
     }
     /// Gives back what [`Backend::prepare_default_start`] made and the boot did not take.
@@ -177,25 +185,25 @@ pub trait Backend {
 
 /// Selects the backend for the default image: `DYNOCAP_BACKEND` if set, else (`auto`) the
 /// best one this machine supports for it ([`auto`]).
-pub fn select() -> Result<Box<dyn Backend>> {
-    select_for(&crate::image::default_name())
+pub fn select(config: &Config) -> Result<Box<dyn Backend>> {
+    select_for(config, &config.images.default_name())
 }
 
 /// Selects the backend for a new sandbox of the image named `image`, as `DYNOCAP_BACKEND`
 /// says.
-pub fn select_for(image: &str) -> Result<Box<dyn Backend>> {
-    select_as(BackendChoice::from_env()?, image)
+pub fn select_for(config: &Config, image: &str) -> Result<Box<dyn Backend>> {
+    select_as(config, config.backend_choice()?, image)
 }
 
 /// Selects the backend `choice` names for a new sandbox of the image named `image`.
-pub fn select_as(choice: BackendChoice, image: &str) -> Result<Box<dyn Backend>> {
+pub fn select_as(config: &Config, choice: BackendChoice, image: &str) -> Result<Box<dyn Backend>> {
     match choice {
         BackendChoice::Jail => Ok(Box::new(JailBackend)),
         BackendChoice::Vm => Ok(Box::new(VmBackend)),
         BackendChoice::Auto => {
             // Without a home there is no built image, so nothing a VM could boot.
-            let auto =
-                crate::host::home::Home::from_env().map(|home| auto::choose(&home, image).backend);
+            let auto = crate::host::home::Home::from_config(&config.home)
+                .map(|home| auto::choose(&home, image).backend);
             match auto {
                 Ok(name) => by_name(name),
                 Err(_) => Ok(Box::new(JailBackend)),
@@ -223,8 +231,11 @@ fn all() -> [Box<dyn Backend>; 2] {
 
 /// For a supervisor standing by (see `standby`): starts making ahead what the default start
 /// of a raw sandbox needs, on the backend that start would take.
-pub fn start_preparing_default_start(home: &crate::host::home::Home) -> Result<()> {
-    select_for(&crate::image::default_name())?.prepare_default_start(home)
+pub fn start_preparing_default_start(
+    home: &crate::host::home::Home,
+    config: &Config,
+) -> Result<()> {
+    select(config)?.prepare_default_start(home, config)
 }
 
 /// Gives back what a standby made ahead and the boot did not take (another backend, a

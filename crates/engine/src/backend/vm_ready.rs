@@ -6,6 +6,7 @@
 
 use crate::host::home::Home;
 use crate::image::{self, store::ImageStore, Image};
+use crate::model::config::Config;
 use dynocap_backend_vm::accel::{self, Kvm, ENV};
 use dynocap_backend_vm::Accel;
 
@@ -46,13 +47,13 @@ impl VmReadiness {
 /// a KVM probe not run yet runs now (up to [`dynocap_backend_vm::probe::TIMEOUT`] on a
 /// machine whose KVM hangs), as a first start would; without it, only a recorded answer
 /// counts, so that a report for a home that does not use VMs costs no probe.
-pub fn check(home: &Home, probe: bool) -> VmReadiness {
-    let image = match image_to_check(home) {
+pub fn check(home: &Home, config: &Config, probe: bool) -> VmReadiness {
+    let image = match image_to_check(home, config) {
         Ok(image) => image,
         Err(not_ready) => return not_ready,
     };
-    let mut readiness = check_image(home, &image, probe);
-    if image::default_name() == image::DEFAULT_IMAGE {
+    let mut readiness = check_image(home, config, &image, probe);
+    if config.images.default_name() == image::DEFAULT_IMAGE {
         readiness.detail = format!(
             "with `--image {}` (the default image \"{}\" cannot be a VM): {}",
             image.name,
@@ -64,7 +65,7 @@ pub fn check(home: &Home, probe: bool) -> VmReadiness {
 }
 
 /// [`check`] for a sandbox of `image`.
-fn check_image(home: &Home, image: &Image, probe: bool) -> VmReadiness {
+fn check_image(home: &Home, config: &Config, image: &Image, probe: bool) -> VmReadiness {
     let name = &image.name;
     let kernel = match dynocap_backend_vm::kernel::find(&image.root) {
         Ok(kernel) => kernel,
@@ -82,7 +83,7 @@ fn check_image(home: &Home, image: &Image, probe: bool) -> VmReadiness {
         );
     }
     let cache = home.cache_dir().join("vm");
-    let setting = std::env::var(ENV).unwrap_or_default();
+    let setting = config.vm_accel.clone().unwrap_or_default();
     let tcg_hint = format!(
         "set {ENV}=tcg to run VMs under TCG ({TCG_COST}), or use the jail backend \
          (`--backend jail`, DYNOCAP_BACKEND=jail)"
@@ -153,10 +154,10 @@ fn recorded_at(cache: &std::path::Path, kernel: &std::path::Path) -> String {
 
 /// The image whose kernel decides: the default one (`DYNOCAP_IMAGE`), unless that is the
 /// host's own directories (which no VM boots), then the newest built image with a kernel.
-fn image_to_check(home: &Home) -> Result<Image, VmReadiness> {
-    let default = image::default_name();
+fn image_to_check(home: &Home, config: &Config) -> Result<Image, VmReadiness> {
+    let default = config.images.default_name();
     let name = if default == image::DEFAULT_IMAGE {
-        let built = ImageStore::for_home(home).list().map_err(|err| {
+        let built = ImageStore::for_home(home, None).list().map_err(|err| {
             VmReadiness::not_ready(
                 err.message,
                 "set DYNOCAP_HOME to a readable directory".to_owned(),

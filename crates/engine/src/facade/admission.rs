@@ -23,7 +23,7 @@ impl crate::Engine {
         disk_mb: u64,
         ttl_seconds: u64,
     ) -> Result<()> {
-        let ceilings = Ceilings::from_env()?;
+        let ceilings = Ceilings::from_config(&self.config().ceilings)?;
         ceilings.check_request(cpus, memory_mb, ttl_seconds, Some(disk_mb))?;
         let catalog = self.catalog()?;
         // Records whose supervisor died are not live any more; count only the real ones.

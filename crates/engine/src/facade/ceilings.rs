@@ -7,6 +7,7 @@ use crate::catalog::Record;
 use crate::foundation::error::{Error, ErrorCode, Result};
 use crate::foundation::wording::{self, Param};
 use crate::host::memory::total_memory_mb;
+use crate::model::config::CeilingsConfig;
 use crate::model::spec::{CPUS_MAX, MEMORY_MB_DEFAULT, MEMORY_MB_MAX, TASK_CPUS_DEFAULT, TTL_MAX};
 
 pub const MAX_CPUS: &str = "DYNOCAP_MAX_CPUS";
@@ -61,10 +62,21 @@ impl HostFacts {
 }
 
 impl Ceilings {
-    /// The ceilings from this process's environment. An unusable value is an error naming the
-    /// variable, never silently replaced by a default: a typo must not lift a limit.
-    pub fn from_env() -> Result<Self> {
-        Self::from_lookup(HostFacts::probe(), |name| std::env::var_os(name))
+    /// The ceilings `config` sets, else this machine's defaults. An unusable value is an
+    /// error naming the variable, never silently replaced by a default: a typo must not lift
+    /// a limit.
+    pub fn from_config(config: &CeilingsConfig) -> Result<Self> {
+        Self::from_lookup(HostFacts::probe(), |name| {
+            match name {
+                MAX_CPUS => &config.cpus,
+                MAX_MEMORY_MB => &config.memory_mb,
+                MAX_SANDBOXES => &config.sandboxes,
+                MAX_DISK_MB => &config.disk_mb,
+                MAX_TTL_SECONDS => &config.ttl_seconds,
+                _ => &None,
+            }
+            .clone()
+        })
     }
 
     pub fn from_lookup(

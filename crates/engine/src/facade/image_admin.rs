@@ -34,7 +34,7 @@ fn needs_image(record: &Record) -> bool {
 
 impl Engine {
     fn image_store(&self) -> ImageStore {
-        ImageStore::for_home(self.home())
+        ImageStore::for_home(self.home(), self.config().images.cache_dir())
     }
 
     /// Builds image `name`, or finds it built (see [`build::build`]).
@@ -44,7 +44,13 @@ impl Engine {
         progress: &dyn Fn(&str),
         cancel: &AtomicBool,
     ) -> Result<Outcome> {
-        build::build(&self.image_store(), name, progress, cancel)
+        build::build(
+            &self.image_store(),
+            name,
+            self.config().images.debian_mirror.as_deref(),
+            progress,
+            cancel,
+        )
     }
 
     /// Every built image, with the sandboxes using it.

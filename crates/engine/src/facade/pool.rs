@@ -11,7 +11,7 @@
 
 use crate::catalog::{Kind, Record, State};
 use crate::facade::sandboxes::{remove_leftovers, Engine, Keep, Via};
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::Result;
 use crate::model::spec::{Network, RunSpec};
 use crate::supervisor::control::{Claim, ControlReply, ControlRequest};
 use crate::supervisor::process::Mode;
@@ -20,25 +20,7 @@ use crate::supervisor::process::Mode;
 // tests and log filters read them by it.
 const LOG_TARGET: &str = "dynocap_engine::pool";
 
-/// The variable that sets the pool's size.
-pub const POOL_ENV: &str = "DYNOCAP_WARM_POOL";
-/// The most sandboxes a pool keeps: each holds a supervisor, a guest and a disk.
-pub const POOL_MAX: usize = 16;
-
-/// How many sandboxes the pool should hold: `DYNOCAP_WARM_POOL`, 0 (no pool) when unset.
-pub fn target() -> Result<usize> {
-    let Some(value) = std::env::var_os(POOL_ENV) else {
-        return Ok(0);
-    };
-    let text = value.to_string_lossy();
-    match text.trim().parse::<usize>() {
-        Ok(n) if n <= POOL_MAX => Ok(n),
-        _ => Err(Error::invalid(format!(
-            "{POOL_ENV}={text} is not a pool size; set it to a number from 0 to {POOL_MAX}, or \
-             unset it for no warm pool"
-        ))),
-    }
-}
+pub use crate::model::config::{POOL_ENV, POOL_MAX};
 
 /// The sandbox every pool member is booted as.
 fn pool_spec() -> RunSpec {
@@ -66,15 +48,15 @@ impl Engine {
     /// Boots sandboxes, without waiting for them, until the pool holds its target (booting
     /// ones count). Returns how many it started.
     pub fn top_up_pool(&self) -> Result<usize> {
-        let target = target()?;
+        let target = self.config().pool_target()?;
         // Only a backend whose idle guests can become a caller's keeps a pool.
-        if target == 0 || !crate::backend::select()?.keeps_a_warm_pool() {
+        if target == 0 || !crate::backend::select(self.config())?.keeps_a_warm_pool() {
             return Ok(0);
         }
         let catalog = self.catalog()?;
         let pool = pool_spec();
         // The pool only takes room under the host's ceilings that nobody uses.
-        let ceilings = crate::facade::ceilings::Ceilings::from_env()?;
+        let ceilings = crate::facade::ceilings::Ceilings::from_config(&self.config().ceilings)?;
         self.bound_sandboxes_memory(&ceilings)?;
         self.reconcile(&catalog)?;
         let live = catalog.list()?;
@@ -123,7 +105,7 @@ impl Engine {
     /// host's ceilings, then refills what room is left. For callers that must not fail
     /// because of the pool: a problem is logged, and the next start tries again.
     pub async fn rebalance_pool(&self) {
-        if !matches!(target(), Ok(n) if n > 0) {
+        if !matches!(self.config().pool_target(), Ok(n) if n > 0) {
             return;
         }
         if let Err(err) = self.shrink_pool_to_ceilings().await {
@@ -140,7 +122,7 @@ impl Engine {
     /// send its next call at once, and the refill's own work (catalog transactions, a
     /// supervisor's fork, exec and start-up) would run beside it on a small machine.
     pub fn wait_for_lull(&self) {
-        if matches!(target(), Ok(n) if n > 0) {
+        if matches!(self.config().pool_target(), Ok(n) if n > 0) {
             crate::host::activity::wait_for_quiet(
                 self.home(),
                 crate::host::activity::QUIET,
@@ -153,7 +135,7 @@ impl Engine {
     /// A pool sandbox that cannot be claimed (its supervisor died) is removed, and `None`
     /// tells the caller to boot one.
     pub(crate) async fn claim_from_pool(&self, spec: &RunSpec) -> Result<Option<Record>> {
-        if target()? == 0 || !fits(spec) {
+        if self.config().pool_target()? == 0 || !fits(spec) {
             return Ok(None);
         }
         let catalog = self.catalog()?;
@@ -163,10 +145,10 @@ impl Engine {
         let image_name = spec
             .image
             .clone()
-            .unwrap_or_else(crate::image::default_name);
+            .unwrap_or_else(|| self.config().images.default_name());
         let backend = match spec.backend {
-            Some(choice) => crate::backend::select_as(choice, &image_name)?,
-            None => crate::backend::select_for(&image_name)?,
+            Some(choice) => crate::backend::select_as(self.config(), choice, &image_name)?,
+            None => crate::backend::select_for(self.config(), &image_name)?,
         }
         .name();
         let image = crate::image::resolve(self.home(), &image_name)?;
@@ -210,7 +192,7 @@ impl Engine {
     /// Ends pool sandboxes, booting ones first, until the live sandboxes are within the
     /// host's ceilings again: the pool yields the room a caller's sandbox took.
     pub async fn shrink_pool_to_ceilings(&self) -> Result<()> {
-        let ceilings = crate::facade::ceilings::Ceilings::from_env()?;
+        let ceilings = crate::facade::ceilings::Ceilings::from_config(&self.config().ceilings)?;
         let catalog = self.catalog()?;
         loop {
             let live = catalog.list()?;
@@ -255,7 +237,7 @@ impl Engine {
         let records = catalog.list()?;
         let count = |state| records.iter().filter(|r| r.state == state).count();
         Ok(PoolStatus {
-            target: target()?,
+            target: self.config().pool_target()?,
             warming: count(State::Warming),
             ready: count(State::Pooled),
         })
@@ -291,20 +273,5 @@ mod tests {
         assert!(!fits(&filtered));
         let disk = RunSpec::raw("a", None, None, None, None, Some(4096)).unwrap();
         assert!(!fits(&disk), "a disk's size is fixed when it is made");
-    }
-
-    #[test]
-    fn the_pool_size_is_checked() {
-        // One test touches the variable, so no other test races it.
-        std::env::set_var(POOL_ENV, "3");
-        assert_eq!(target().unwrap(), 3);
-        for bad in ["many", "-1", "17"] {
-            std::env::set_var(POOL_ENV, bad);
-            let err = target().unwrap_err();
-            assert!(err.message.contains(POOL_ENV), "{err}");
-            assert!(err.message.contains("0 to 16"), "{err}");
-        }
-        std::env::remove_var(POOL_ENV);
-        assert_eq!(target().unwrap(), 0);
     }
 }

@@ -10,9 +10,10 @@ use tokio::io::BufReader;
 use tokio::net::UnixStream;
 
 use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
-use crate::foundation::error::{Context, Error, ErrorCode, Result};
+use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
 use crate::foundation::wording::{Op, Surface};
 use crate::host::home::Home;
+use crate::model::config::Config;
 pub use crate::model::sandbox_info::{rfc3339, SandboxInfo};
 use crate::model::spec::{ExecSpec, RunSpec};
 use crate::model::task_spec::{Progress, TaskDetail};
@@ -74,34 +75,43 @@ pub struct Engine {
     catalog: std::sync::OnceLock<std::sync::Arc<Catalog>>,
     /// The supervisor kept standing by, for an engine that keeps one (see `standby`).
     standby: std::sync::Arc<crate::facade::standby::Slot>,
+    /// What the person running DynoCap configured, as the binary read it at its edge.
+    config: std::sync::Arc<Config>,
 }
 
 impl Engine {
-    pub fn new(home: Home) -> Result<Self> {
-        let supervisor_exe = match std::env::var_os("DYNOCAP_BIN").filter(|v| !v.is_empty()) {
-            Some(path) => PathBuf::from(path),
+    /// The engine of `home`, configured by `config`, whose supervisors are `config`'s
+    /// `supervisor_exe` (`DYNOCAP_BIN`), else the running executable.
+    pub fn new(home: Home, config: Config) -> Result<Self> {
+        let supervisor_exe = match config
+            .supervisor_exe
+            .clone()
+            .filter(|v| !v.as_os_str().is_empty())
+        {
+            Some(path) => path,
             None => std::env::current_exe().context("locating the dynocap executable")?,
         };
-        Ok(Self {
-            home,
-            supervisor_exe,
-            catalog: std::sync::OnceLock::new(),
-            standby: Default::default(),
-        })
+        Ok(Self::with_supervisor_exe(home, supervisor_exe, config))
     }
 
     /// For embedders (benchmarks, tests) whose own executable is not `dynocap`.
-    pub fn with_supervisor_exe(home: Home, supervisor_exe: PathBuf) -> Self {
+    pub fn with_supervisor_exe(home: Home, supervisor_exe: PathBuf, config: Config) -> Self {
         Self {
             home,
             supervisor_exe,
             catalog: std::sync::OnceLock::new(),
             standby: Default::default(),
+            config: std::sync::Arc::new(config),
         }
     }
 
     pub fn home(&self) -> &Home {
         &self.home
+    }
+
+    /// What the engine was configured with.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     pub(crate) fn standby_slot(&self) -> &std::sync::Arc<crate::facade::standby::Slot> {
@@ -114,6 +124,9 @@ impl Engine {
         let mut command = std::process::Command::new(&self.supervisor_exe);
         command
             .env_clear()
+            // Not configuration read here: the supervisor is a process of this binary, which
+            // builds its configuration from this same environment at its own edge.
+            // env-read-ok: building a child's environment
             .envs(std::env::vars_os())
             .arg("supervise")
             .arg("--home")
@@ -150,9 +163,12 @@ impl Engine {
             return Ok(SandboxInfo::from_record(&record));
         }
         let egress = match spec.network {
-            crate::model::spec::Network::Filtered => {
-                Some(EgressSpec::from_env(true, &spec.allow_hosts, &[])?)
-            }
+            crate::model::spec::Network::Filtered => Some(EgressSpec::from_config(
+                &self.config().egress,
+                true,
+                &spec.allow_hosts,
+                &[],
+            )?),
             _ => EgressSpec::refuse_hosts(&spec.allow_hosts).map(|()| None)?,
         };
         let mut record = self.new_record(
@@ -191,12 +207,12 @@ impl Engine {
         // recovery boot of it) gets this very image whatever is built later.
         let image = crate::image::resolve(
             &self.home,
-            &image.map_or_else(crate::image::default_name, str::to_owned),
+            &image.map_or_else(|| self.config().images.default_name(), str::to_owned),
         )?;
         // `auto` decides by the image: only a built image with a kernel can be a VM.
         let backend = match backend {
-            Some(choice) => crate::backend::select_as(choice, &image.name)?,
-            None => crate::backend::select_for(&image.name)?,
+            Some(choice) => crate::backend::select_as(self.config(), choice, &image.name)?,
+            None => crate::backend::select_for(self.config(), &image.name)?,
         };
         let now = chrono::Utc::now();
         let ttl = chrono::TimeDelta::seconds(i64::try_from(ttl_seconds).unwrap_or(i64::MAX));
@@ -297,11 +313,11 @@ impl Engine {
             Ok(Ok(Some(ReadyMessage::Finished(result)))) => Ok(Some(result)),
             Ok(Ok(Some(ReadyMessage::Failed(err)))) => Err(err),
             Ok(Ok(Some(ReadyMessage::Progress(_)) | None)) | Ok(Err(_)) => {
-                Err(Error::internal(format!(
-                    "the supervisor exited before the sandbox was ready; see {}{}",
-                    log_path.display(),
-                    log_tail(&log_path)
-                )))
+                Err(SupervisorFailure::ExitedBeforeReady {
+                    tail: log_tail(&log_path),
+                    log: log_path,
+                }
+                .into())
             }
         }
     }
@@ -382,11 +398,9 @@ impl Engine {
             &inherit,
             crate::host::spawn::Detach::Session,
         )
-        .map_err(|err| {
-            Error::internal(format!(
-                "starting the supervisor {}: {err}",
-                self.supervisor_exe.display()
-            ))
+        .map_err(|source| SupervisorFailure::Start {
+            exe: self.supervisor_exe.clone(),
+            source,
         })?;
         drop(ready_write);
         let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
@@ -635,16 +649,16 @@ impl Engine {
         let deadline = reply_deadline(request);
         let mut expires = tokio::time::Instant::now() + deadline;
         let too_late = || {
-            Error::internal(format!(
-                "the supervisor of \"{display}\" did not answer within {}s; it may be overloaded or wedged: destroy or remove the sandbox to end it",
-                deadline.as_secs()
-            ))
+            Error::from(SupervisorFailure::NoAnswer {
+                display: display.to_owned(),
+                deadline,
+            })
         };
         let exchange = async {
             let send = async {
                 let mut stream = match UnixStream::connect(&path).await {
                     Ok(stream) => stream,
-                    Err(err) => return Err(self.unreachable(record, &path, &err)),
+                    Err(err) => return Err(self.unreachable(record, &path, err)),
                 };
                 write_message(&mut stream, request).await?;
                 Ok(stream)
@@ -672,9 +686,10 @@ impl Engine {
                     }
                     Some(reply) => return Ok(reply),
                     None => {
-                        return Err(Error::internal(format!(
-                            "the supervisor of \"{display}\" closed the connection without replying"
-                        )))
+                        return Err(SupervisorFailure::NoReply {
+                            display: display.to_owned(),
+                        }
+                        .into())
                     }
                 }
             }
@@ -687,7 +702,7 @@ impl Engine {
 
     /// Why a supervisor's socket cannot be reached: most often the sandbox is ending (its TTL
     /// ran out, or another call destroys or finishes it) and closed its socket first.
-    fn unreachable(&self, record: &Record, path: &std::path::Path, err: &std::io::Error) -> Error {
+    fn unreachable(&self, record: &Record, path: &std::path::Path, err: std::io::Error) -> Error {
         let display = record.name.as_deref().unwrap_or(&record.id);
         let kind = record.kind;
         let current = self
@@ -710,10 +725,12 @@ impl Engine {
                     if kind == Kind::Task { "task" } else { "sandbox" }
                 ))
             }
-            Some(_) => Error::internal(format!(
-                "cannot reach the supervisor of \"{display}\" at {}: {err}",
-                path.display()
-            )),
+            Some(_) => SupervisorFailure::Unreachable {
+                display: display.to_owned(),
+                socket: path.to_owned(),
+                source: err,
+            }
+            .into(),
         }
     }
 
@@ -1015,7 +1032,69 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 pub(crate) fn unexpected(reply: &ControlReply) -> Error {
-    Error::internal(format!("unexpected reply from the supervisor: {reply:?}"))
+    SupervisorFailure::UnexpectedReply(format!("{reply:?}")).into()
+}
+
+/// What failed between the engine and a sandbox's supervisor process.
+#[derive(Debug, thiserror::Error)]
+enum SupervisorFailure {
+    /// `tail` is the log's last lines, each on a line of its own (see `log_tail`).
+    #[error(
+        "the supervisor exited before the sandbox was ready; see {}{tail}",
+        .log.display()
+    )]
+    ExitedBeforeReady { log: PathBuf, tail: String },
+    #[error("starting the supervisor {}: {source}", .exe.display())]
+    Start {
+        exe: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the supervisor of \"{display}\" did not answer within {}s; it may be overloaded or \
+         wedged: destroy or remove the sandbox to end it",
+        .deadline.as_secs()
+    )]
+    NoAnswer { display: String, deadline: Duration },
+    #[error("the supervisor of \"{display}\" closed the connection without replying")]
+    NoReply { display: String },
+    #[error("cannot reach the supervisor of \"{display}\" at {}: {source}", .socket.display())]
+    Unreachable {
+        display: String,
+        socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The reply as `{:?}` shows it: a reply the request does not expect is a bug.
+    #[error("unexpected reply from the supervisor: {0}")]
+    UnexpectedReply(String),
+    #[error(
+        "the supervisor of \"{display}\" (pid {pid}) died while handling the request; see its \
+         log in the logs directory of DYNOCAP_HOME"
+    )]
+    Died { display: String, pid: i32 },
+    #[error(
+        "the supervisor of \"{display}\" (pid {pid}) is stopped (SIGSTOP or a debugger) and \
+         cannot answer; continue it (kill -CONT {pid}) or destroy or remove the sandbox to end it"
+    )]
+    Stopped { display: String, pid: i32 },
+}
+
+impl Coded for SupervisorFailure {
+    /// A supervisor that fails to start, answer or live is DynoCap's or the machine's
+    /// problem; what the caller can do about it (destroy, remove) the message says.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::ExitedBeforeReady { .. }
+            | Self::Start { .. }
+            | Self::NoAnswer { .. }
+            | Self::NoReply { .. }
+            | Self::Unreachable { .. }
+            | Self::UnexpectedReply(_)
+            | Self::Died { .. }
+            | Self::Stopped { .. } => ErrorCode::Internal,
+        }
+    }
 }
 
 /// `PREFIX-` plus 12 random lowercase alphanumerics.
@@ -1128,18 +1207,20 @@ async fn watch_supervisor(record: &Record, display: &str) -> Error {
         tokio::time::sleep(POLL).await;
         match process.run_state() {
             None => {
-                return Error::internal(format!(
-                "the supervisor of \"{display}\" (pid {}) died while handling the request; see {}",
-                process.pid, "its log in the logs directory of DYNOCAP_HOME"
-            ))
+                return SupervisorFailure::Died {
+                    display: display.to_owned(),
+                    pid: process.pid,
+                }
+                .into()
             }
             Some('T' | 't') => {
                 stopped += 1;
                 if stopped >= STOPPED_FOR {
-                    return Error::internal(format!(
-                        "the supervisor of \"{display}\" (pid {}) is stopped (SIGSTOP or a debugger) and cannot answer; continue it (kill -CONT {}) or destroy or remove the sandbox to end it",
-                        process.pid, process.pid
-                    ));
+                    return SupervisorFailure::Stopped {
+                        display: display.to_owned(),
+                        pid: process.pid,
+                    }
+                    .into();
                 }
             }
             Some(_) => stopped = 0,

@@ -250,7 +250,7 @@ impl Engine {
     /// its disk if `spec` has the default one. Not when a warm pool may serve the start: a
     /// claim needs no supervisor. An unused standby ends with this process.
     pub fn start_a_standby_supervisor(&self, spec: &crate::model::spec::RunSpec) {
-        if !matches!(crate::facade::pool::target(), Ok(0)) {
+        if !matches!(self.config().pool_target(), Ok(0)) {
             return;
         }
         let default_disk = spec.image.is_none()
@@ -419,7 +419,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let home = crate::host::home::Home::at(dir.path().to_owned()).unwrap();
         // `true` stands in for `dynocap supervise`: the slot's bookkeeping is under test.
-        let engine = Engine::with_supervisor_exe(home.clone(), "/bin/true".into());
+        let engine =
+            Engine::with_supervisor_exe(home.clone(), "/bin/true".into(), Default::default());
         engine.keep_a_standby_supervisor();
         assert!(holds_a_standby(&engine), "the first standby starts at once");
 

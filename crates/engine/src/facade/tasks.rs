@@ -105,11 +105,13 @@ impl Engine {
             // The project's own remotes on the git hosts the operator trusts, so fetch and
             // push of the project work.
             git_hosts.extend(crate::supervisor::egress::remote_hosts(
+                &self.config().egress,
                 &crate::supervisor::import::remote_urls(dir),
             ));
         }
         let egress = if filtered || git_host.is_some() {
-            Some(EgressSpec::from_env(
+            Some(EgressSpec::from_config(
+                &self.config().egress,
                 filtered,
                 &spec.allow_hosts,
                 &git_hosts,

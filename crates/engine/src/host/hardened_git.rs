@@ -325,6 +325,7 @@ impl HardenedGit {
         cmd.env_clear();
         cmd.env(
             "PATH",
+            // env-read-ok: the child git's PATH, passed on as it is (not a setting).
             std::env::var_os("PATH")
                 .filter(|p| !p.is_empty())
                 .unwrap_or_else(|| DEFAULT_PATH.into()),

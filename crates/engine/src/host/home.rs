@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::foundation::error::{Context, Result};
+use crate::model::config::HomeConfig;
 use crate::model::lifecycle::Kind;
 
 /// The name of a record file inside its record's directory.
@@ -24,17 +25,18 @@ pub struct Home {
 
 impl Home {
     /// `DYNOCAP_HOME`, else `$XDG_DATA_HOME/dynocap`, else `~/.local/share/dynocap`.
-    pub fn from_env() -> Result<Self> {
-        if let Some(dir) = std::env::var_os("DYNOCAP_HOME").filter(|v| !v.is_empty()) {
-            return Self::at(PathBuf::from(dir));
+    pub fn from_config(config: &HomeConfig) -> Result<Self> {
+        let given = |dir: &Option<PathBuf>| dir.clone().filter(|v| !v.as_os_str().is_empty());
+        if let Some(dir) = given(&config.dynocap_home) {
+            return Self::at(dir);
         }
-        if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
-            return Self::at(PathBuf::from(dir).join("dynocap"));
+        if let Some(dir) = given(&config.xdg_data_home) {
+            return Self::at(dir.join("dynocap"));
         }
-        let home = std::env::var_os("HOME").filter(|v| !v.is_empty()).ok_or_else(|| {
+        let home = given(&config.user_home).ok_or_else(|| {
             crate::Error::internal("neither DYNOCAP_HOME nor HOME is set; set DYNOCAP_HOME to a directory for DynoCap's state")
         })?;
-        Self::at(PathBuf::from(home).join(".local/share/dynocap"))
+        Self::at(home.join(".local/share/dynocap"))
     }
 
     /// Uses `root` as the state directory, creating it (mode 0700) if needed.

@@ -37,15 +37,17 @@ pub struct Outcome {
 }
 
 /// Builds image `name` (or finds it built), reporting progress lines to `progress`. Setting
-/// `cancel` stops the build; it then leaves nothing behind and returns an error.
+/// `cancel` stops the build; it then leaves nothing behind and returns an error. `mirror` is
+/// `DYNOCAP_DEBIAN_MIRROR`.
 pub fn build(
     store: &ImageStore,
     name: &str,
+    mirror: Option<&str>,
     progress: &dyn Fn(&str),
     cancel: &AtomicBool,
 ) -> Result<Outcome> {
     let version = mmdebstrap::version()?;
-    let recipe = Recipe::for_name(name, &version).ok_or_else(|| {
+    let recipe = Recipe::for_name(name, &version, mirror).ok_or_else(|| {
         Error::invalid(format!(
             "there is no recipe for an image named \"{name}\"; images that can be built: {}",
             super::recipe::BUILDABLE.join(", ")

@@ -150,7 +150,7 @@ mod tests {
         .expect("symlink");
         fs::write(root.join("boot/vmlinuz-6.1.0-9-cloud-amd64"), "").expect("write");
         fs::write(root.join("boot/vmlinuz-6.1.0-10-cloud-amd64"), "").expect("write");
-        let recipe = Recipe::for_name("debian", "mmdebstrap 1.3.5").expect("recipe");
+        let recipe = Recipe::for_name("debian", "mmdebstrap 1.3.5", None).expect("recipe");
 
         customise(root, &recipe).expect("customise");
         customise(root, &recipe).expect("customising twice changes nothing more");

@@ -46,13 +46,13 @@ pub struct Recipe {
 }
 
 impl Recipe {
-    /// The recipe for image `name` with this machine's mirror and mmdebstrap.
-    pub fn for_name(name: &str, mmdebstrap_version: &str) -> Option<Recipe> {
+    /// The recipe for image `name` with this machine's mirror (`DYNOCAP_DEBIAN_MIRROR`, else
+    /// Debian's) and mmdebstrap.
+    pub fn for_name(name: &str, mmdebstrap_version: &str, mirror: Option<&str>) -> Option<Recipe> {
         if name != "debian" {
             return None;
         }
-        let mirror = std::env::var("DYNOCAP_DEBIAN_MIRROR")
-            .ok()
+        let mirror = mirror
             .filter(|m| !m.trim().is_empty())
             .map(|m| m.trim().trim_end_matches('/').to_owned())
             .unwrap_or_else(|| DEFAULT_DEBIAN_MIRROR.to_owned());
@@ -152,8 +152,8 @@ mod tests {
 
     #[test]
     fn only_debian_has_a_recipe() {
-        assert!(Recipe::for_name("debian", "mmdebstrap 1.3.5").is_some());
-        assert!(Recipe::for_name("host", "mmdebstrap 1.3.5").is_none());
-        assert!(Recipe::for_name("alpine", "mmdebstrap 1.3.5").is_none());
+        assert!(Recipe::for_name("debian", "mmdebstrap 1.3.5", None).is_some());
+        assert!(Recipe::for_name("host", "mmdebstrap 1.3.5", None).is_none());
+        assert!(Recipe::for_name("alpine", "mmdebstrap 1.3.5", None).is_none());
     }
 }

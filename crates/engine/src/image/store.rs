@@ -88,11 +88,9 @@ pub struct ImageStore {
 }
 
 impl ImageStore {
-    /// The store of `home`, with `DYNOCAP_IMAGE_CACHE` as its build cache when set.
-    pub fn for_home(home: &Home) -> ImageStore {
-        let cache = std::env::var_os("DYNOCAP_IMAGE_CACHE")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from);
+    /// The store of `home`, with `cache` (`DYNOCAP_IMAGE_CACHE`) as its build cache: only a
+    /// build uses it, so a store that is only read may have none.
+    pub fn for_home(home: &Home, cache: Option<PathBuf>) -> ImageStore {
         ImageStore::at(home.images_dir(), cache)
     }
 

@@ -7,6 +7,7 @@
 //! backends and the client facade all build on it.
 
 pub mod backend_choice;
+pub mod config;
 pub mod egress_spec;
 pub mod image_ref;
 pub mod import_notes;

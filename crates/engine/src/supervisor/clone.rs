@@ -68,13 +68,13 @@ pub fn credentials_pipe(credentials: &Credentials) -> Result<OwnedFd> {
     Ok(read)
 }
 
-/// Reads the credentials the starter passed, if it says it did, to their end and closes the
-/// descriptor. Call first thing, with the project's claim, before any child is started.
-pub fn claim_inherited_credentials() -> Result<()> {
-    let Some(value) = std::env::var_os(CREDENTIALS_FD_ENV) else {
+/// Reads the credentials the starter passed, if it says it did (`announced`, the value of
+/// [`CREDENTIALS_FD_ENV`]), to their end and closes the descriptor. Call first thing, with
+/// the project's claim, before any child is started.
+pub fn claim_inherited_credentials(announced: Option<std::ffi::OsString>) -> Result<()> {
+    let Some(value) = announced else {
         return Ok(());
     };
-    std::env::remove_var(CREDENTIALS_FD_ENV);
     if value.to_str() != Some(&SUPERVISOR_CREDENTIALS_FD.to_string()) {
         return Err(Error::internal(format!(
             "{CREDENTIALS_FD_ENV}={} names an unexpected descriptor (the starter passes {SUPERVISOR_CREDENTIALS_FD})",
@@ -112,10 +112,10 @@ pub fn take_inherited_credentials() -> Option<Credentials> {
 
 /// `known_hosts` lines for `host`: the host user's own entries naming it, else the published
 /// keys DynoCap ships for the default git hosts.
-fn known_hosts_for(host: &str) -> String {
+fn known_hosts_for(host: &str, user_home: Option<&Path>) -> String {
     let names = [host.to_owned(), format!("[{host}]:22")];
-    let own: String = std::env::var_os("HOME")
-        .map(|home| Path::new(&home).join(".ssh/known_hosts"))
+    let own: String = user_home
+        .map(|home| home.join(".ssh/known_hosts"))
         .and_then(|path| std::fs::read_to_string(path).ok())
         .unwrap_or_default()
         .lines()
@@ -148,6 +148,8 @@ fn known_hosts_for(host: &str) -> String {
 pub struct Access<'a> {
     pub ssh_key: Option<&'a Path>,
     pub credentials: Option<Credentials>,
+    /// The user's `HOME`, whose `~/.ssh/known_hosts` seeds the clone's.
+    pub user_home: Option<&'a Path>,
 }
 
 /// Clones `url` into the workspace and records the baseline. The proxy is left open to the
@@ -164,6 +166,7 @@ pub async fn clone_repository(
     let Access {
         ssh_key: key_path,
         credentials,
+        user_home,
     } = access;
     // A record from before credentials were split off may still hold them.
     let credentials = credentials.or_else(|| url.credentials().cloned());
@@ -181,7 +184,7 @@ pub async fn clone_repository(
         }
         None => None,
     };
-    let known_hosts = ssh.then(|| known_hosts_for(host));
+    let known_hosts = ssh.then(|| known_hosts_for(host, user_home));
     if known_hosts.as_deref() == Some("") {
         return Err(Error::internal(format!(
             "no SSH host key is known for {host}: add it to ~/.ssh/known_hosts of the user running dynocap (ssh-keyscan {host} and check the fingerprint), or use an https URL"

@@ -6,7 +6,7 @@
 //! from the person running DynoCap (`DYNOCAP_EGRESS_ALLOW`, `--allow-host`), from DynoCap's
 //! defaults (the npm registry) and from the task's own git host; never from the guest.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -17,6 +17,7 @@ use dynocap_netproxy::{
 use dynocap_proto::{EgressRequest, Request, Response};
 
 use crate::foundation::error::{Context, Error, Result};
+use crate::model::config::EgressConfig;
 pub use crate::model::egress_spec::EgressSpec;
 use crate::supervisor::agent_conn::{AgentConn, TunnelHandler};
 
@@ -28,9 +29,6 @@ const LOG_TARGET: &str = "dynocap_engine::egress";
 pub const PROXY_PORT: u16 = 3128;
 /// Hosts every `filtered` sandbox may reach: the registry npm uses by default.
 pub const DEFAULT_ALLOW: &[&str] = &["registry.npmjs.org"];
-/// Git hosts a task's own remotes may add to its allowlist when `DYNOCAP_MCP_GIT_HOSTS` is
-/// unset (the MCP server's default list of clone hosts).
-pub const DEFAULT_GIT_HOSTS: &str = "github.com,gitlab.com,bitbucket.org";
 /// The system CA bundle the guest's extra CAs are added to (Debian's path).
 const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Tunnels served at once. The agent opens at most 256; this bounds the host's share even if
@@ -42,13 +40,18 @@ const EXTRA_CA_MAX: u64 = 256 * 1024;
 const CA_BUNDLE_MAX: usize = 900 * 1024;
 
 impl EgressSpec {
-    /// The spec from the operator's environment, hosts the person starting the sandbox added,
-    /// and the task's git host. `filtered` selects whether the allowlist applies at all (a
-    /// `none` task still clones through the proxy, opened to its git host alone).
-    pub fn from_env(filtered: bool, added: &[String], git_hosts: &[String]) -> Result<Self> {
+    /// The spec from the operator's configuration, hosts the person starting the sandbox
+    /// added, and the task's git host. `filtered` selects whether the allowlist applies at all
+    /// (a `none` task still clones through the proxy, opened to its git host alone).
+    pub fn from_config(
+        config: &EgressConfig,
+        filtered: bool,
+        added: &[String],
+        git_hosts: &[String],
+    ) -> Result<Self> {
         let mut allow: Vec<String> = Vec::new();
         if filtered {
-            let configured = std::env::var("DYNOCAP_EGRESS_ALLOW").unwrap_or_default();
+            let configured = config.allow.clone().unwrap_or_default();
             let entries = DEFAULT_ALLOW
                 .iter()
                 .map(|s| (*s).to_owned())
@@ -71,14 +74,12 @@ impl EgressSpec {
         } else {
             Self::refuse_hosts(added)?;
         }
-        let resolve_env = std::env::var("DYNOCAP_RESOLVE").unwrap_or_default();
-        let resolve: Vec<String> = split_list(&resolve_env).collect();
+        let resolve_setting = config.resolve.clone().unwrap_or_default();
+        let resolve: Vec<String> = split_list(&resolve_setting).collect();
         let spec = Self {
             allow,
             resolve,
-            extra_ca: std::env::var_os("DYNOCAP_EXTRA_CA")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from),
+            extra_ca: config.extra_ca(),
         };
         spec.overrides()?;
         if let Some(path) = &spec.extra_ca {
@@ -137,10 +138,8 @@ impl EgressSpec {
 /// The hosts of a project's remotes that `DYNOCAP_MCP_GIT_HOSTS` (or its default) names:
 /// they join a `filtered` task's allowlist, so `git fetch` and `git push` of the project's
 /// own remotes work over HTTPS and nothing else is added.
-pub fn remote_hosts(remote_urls: &[String]) -> Vec<String> {
-    let listed =
-        std::env::var("DYNOCAP_MCP_GIT_HOSTS").unwrap_or_else(|_| DEFAULT_GIT_HOSTS.into());
-    let listed: Vec<String> = split_list(&listed)
+pub fn remote_hosts(config: &EgressConfig, remote_urls: &[String]) -> Vec<String> {
+    let listed: Vec<String> = split_list(config.git_hosts())
         .filter_map(|h| dynocap_netproxy::normalize_host(&h).ok())
         .collect();
     let mut hosts = Vec::new();

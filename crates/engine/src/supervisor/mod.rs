@@ -21,4 +21,6 @@ pub(crate) mod save;
 pub(crate) mod starter_watch;
 pub mod workspace;
 
-pub use process::{agent_binary, main, report_failed_start, Mode};
+/// Read by the binary at its edge, for [`Inherited`].
+pub use clone::CREDENTIALS_FD_ENV;
+pub use process::{agent_binary, main, report_failed_start, Inherited, Mode};

@@ -24,11 +24,12 @@ use tokio::sync::mpsc;
 
 use crate::backend::{self, BootSpec, Guest, LayerSync};
 use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
-use crate::foundation::error::{Context, Error, Result};
+use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
 use crate::foundation::failpoint;
 use crate::host::disk_room::PendingRoom;
 use crate::host::home::Home;
 use crate::image;
+use crate::model::config::Config;
 use crate::model::sandbox_info::rfc3339;
 use crate::model::spec;
 use crate::model::spec::ExecSpec;
@@ -85,17 +86,37 @@ pub enum Mode {
     Recover,
 }
 
+/// What the starter announced, in the supervisor's environment, that it passed on
+/// descriptors: the values of [`workspace::PROJECT_FD_ENV`] and
+/// [`crate::supervisor::clone::CREDENTIALS_FD_ENV`], which the binary reads (and removes) at
+/// its edge. `None` where the starter passed nothing.
+#[derive(Debug, Default)]
+pub struct Inherited {
+    pub project_fd: Option<std::ffi::OsString>,
+    pub credentials_fd: Option<std::ffi::OsString>,
+}
+
 /// Entry point of `dynocap supervise`. Must run before any other thread exists: the jail
 /// backend forks a child that runs Rust code. Returns the process exit code.
 /// With `catalog`, the catalog opened already (a standby opens it while it waits for its
-/// sandbox); without, the supervisor opens it.
-pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode: Mode) -> i32 {
+/// sandbox); without, the supervisor opens it. `config` is what the binary read at its edge,
+/// `inherited` what the starter announced it passed.
+pub fn main(
+    home: Home,
+    catalog: Option<Catalog>,
+    id: &str,
+    ready: OwnedFd,
+    mode: Mode,
+    config: Config,
+    inherited: Inherited,
+) -> i32 {
     // Every line of this log names the sandbox (the guest relay thread enters it too).
     let _span = tracing::info_span!(target: LOG_TARGET, "supervisor", sandbox = %id).entered();
     // Before anything can start a child: the project descriptor and the clone's credentials
     // must not leak into one.
-    let claimed = workspace::claim_inherited_project()
-        .and_then(|()| crate::supervisor::clone::claim_inherited_credentials());
+    let claimed = workspace::claim_inherited_project(inherited.project_fd).and_then(|()| {
+        crate::supervisor::clone::claim_inherited_credentials(inherited.credentials_fd)
+    });
     // The ready pipe came without close-on-exec (that is how it crossed exec). Nothing started
     // from here may inherit it: the starter waits for its end-of-file, which would then only
     // come when the last such child exits, long after this process died.
@@ -124,7 +145,7 @@ pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode
     ready.send(&ReadyMessage::Progress(workspace::step(
         "booting the sandbox",
     )));
-    let booted = boot(&home, catalog, id, mode);
+    let booted = boot(&home, &config, catalog, id, mode);
     // A disk a standby made ahead and the boot did not take (another backend, a failure) is
     // of no further use here.
     backend::release_unused_preparations();
@@ -142,16 +163,14 @@ pub fn main(home: Home, catalog: Option<Catalog>, id: &str, ready: OwnedFd, mode
     {
         Ok(rt) => rt,
         Err(err) => {
-            ready.send(&ReadyMessage::Failed(Error::internal(format!(
-                "starting the runtime: {err}"
-            ))));
+            ready.send(&ReadyMessage::Failed(ProcessFailure::Runtime(err).into()));
             // Whoever started us cleans up; a recovering task's files must survive this.
             let _ = guest.stop_keeping_layer();
             return 1;
         }
     };
     let code = match mode {
-        Mode::Start => runtime.block_on(serve(home, catalog, record, guest, room, ready)),
+        Mode::Start => runtime.block_on(serve(home, &config, catalog, record, guest, room, ready)),
         Mode::Recover => runtime.block_on(recover(home, catalog, record, guest, room, ready)),
     };
     tracing::info!(target: LOG_TARGET, "supervisor exiting");
@@ -203,6 +222,7 @@ fn relay_guest_output(pipe: OwnedFd) {
 
 fn boot(
     home: &Home,
+    config: &Config,
     catalog: Option<Catalog>,
     id: &str,
     mode: Mode,
@@ -259,10 +279,11 @@ fn boot(
         image,
         state_dir,
         cache_dir: home.cache_dir(),
-        agent_binary: agent_binary()?,
+        agent_binary: agent_binary(config)?,
         cpus: record.cpus,
         memory_mb: record.memory_mb,
         disk_mb: Some(record.disk_mb),
+        disk_limit: config.disk_limit.clone(),
         pids: spec::PIDS_LIMIT,
         reuse_layer: mode == Mode::Recover,
         id_range,
@@ -299,9 +320,8 @@ fn boot(
 }
 
 /// The agent binary: `DYNOCAP_AGENT`, else `dynocap-agent` beside this executable.
-pub fn agent_binary() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("DYNOCAP_AGENT").filter(|v| !v.is_empty()) {
-        let path = PathBuf::from(path);
+pub fn agent_binary(config: &Config) -> Result<PathBuf> {
+    if let Some(path) = config.agent.clone().filter(|v| !v.as_os_str().is_empty()) {
         if path.is_file() {
             return Ok(path);
         }
@@ -506,6 +526,7 @@ struct Started {
 /// nobody waits for it any more: the guest is gone then, and what the start made with it.
 async fn come_up(
     home: &Home,
+    config: &Config,
     catalog: &Catalog,
     record: &mut Record,
     mut guest: Box<dyn Guest>,
@@ -522,12 +543,12 @@ async fn come_up(
     };
     let started = match &watch {
         Some(watch) => tokio::select! {
-            started = start(home, catalog, record, guest.as_mut(), room, ready) => {
+            started = start(home, config, catalog, record, guest.as_mut(), room, ready) => {
                 started.map(Some)
             }
             () = watch.gone() => Ok(None),
         },
-        None => start(home, catalog, record, guest.as_mut(), room, ready)
+        None => start(home, config, catalog, record, guest.as_mut(), room, ready)
             .await
             .map(Some),
     };
@@ -582,6 +603,7 @@ async fn come_up(
 
 async fn serve(
     home: Home,
+    config: &Config,
     catalog: Catalog,
     mut record: Record,
     guest: Box<dyn Guest>,
@@ -594,7 +616,7 @@ async fn serve(
         conn,
         listener,
         task,
-    }) = come_up(&home, &catalog, &mut record, guest, room, &ready).await
+    }) = come_up(&home, config, &catalog, &mut record, guest, room, &ready).await
     else {
         return 1;
     };
@@ -993,10 +1015,11 @@ async fn end_task(
     // recovery that the unsaved note offers reads the work from it.
     let taken = taken.map_err(|err| match guest.layer_sync() {
         LayerSync::HostMount(disk) => match disk.failure() {
-            Some(failure) => Error::internal(format!(
-                "{failure}, so the final diff could not be taken in the guest ({})",
-                err.message
-            )),
+            Some(failure) => ProcessFailure::FinalDiffOnFailedDisk {
+                failure,
+                taking: err,
+            }
+            .into(),
             None => err,
         },
         LayerSync::GuestKernel => err,
@@ -1058,11 +1081,7 @@ async fn finalize(task: &TaskContext, state: State) -> Result<FinishResult> {
         save::finalize(&facts, &files, state, &|path| baseline.get(path))
     })
     .await
-    .unwrap_or_else(|err| {
-        Err(Error::internal(format!(
-            "saving the results panicked: {err}"
-        )))
-    })
+    .unwrap_or_else(|err| Err(ProcessFailure::SavePanicked(err).into()))
 }
 
 /// The note an `unsaved` task carries: what happened and what to do.
@@ -1234,6 +1253,7 @@ async fn abandon(home: &Home, catalog: &Catalog, record: &Record, guest: Box<dyn
 /// record running.
 async fn start(
     home: &Home,
+    config: &Config,
     catalog: &Catalog,
     record: &mut Record,
     guest: &mut dyn Guest,
@@ -1310,6 +1330,7 @@ async fn start(
                     crate::supervisor::clone::Access {
                         ssh_key: key,
                         credentials: crate::supervisor::clone::take_inherited_credentials(),
+                        user_home: config.home.user_home.as_deref(),
                     },
                     &task.state_dir,
                     &report,
@@ -1494,12 +1515,11 @@ async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop
                 let diff = match diff {
                     // On a failed disk the failure is the answer, and what to do about it.
                     Err(err) => Err(match check_disk(shared, Ok(())).await {
-                        Some(failure) => Error::internal(format!(
-                            "{failure}, so the diff cannot be taken in the guest ({}); its \
-                             work up to the failure is kept: `task finish` saves it (from a \
-                             fresh guest, once a first finish left the task unsaved)",
-                            err.message
-                        )),
+                        Some(failure) => ProcessFailure::DiffOnFailedDisk {
+                            failure,
+                            taking: err,
+                        }
+                        .into(),
                         None => err,
                     }),
                     ok => ok,
@@ -1574,9 +1594,7 @@ async fn sync_layer(how: LayerSync, conn: &AgentConn) -> Result<()> {
         LayerSync::HostMount(disk) => {
             match tokio::task::spawn_blocking(move || disk.sync()).await {
                 Ok(synced) => synced,
-                Err(err) => Err(Error::internal(format!(
-                    "syncing the sandbox's disk: {err}"
-                ))),
+                Err(err) => Err(ProcessFailure::SyncPanicked(err).into()),
             }
         }
         LayerSync::GuestKernel => sync_guest_kernel(conn).await,
@@ -1620,9 +1638,63 @@ async fn ask_guest_disk(
     let stream = conn.open(&request).await?;
     match workspace::finish_stream(stream, what).await? {
         answer if answer == healthy => Ok(()),
-        other => Err(Error::internal(format!(
-            "{what}: the agent answered {other:?}"
-        ))),
+        other => Err(ProcessFailure::AgentAnswered {
+            what: what.to_owned(),
+            answer: Box::new(other),
+        }
+        .into()),
+    }
+}
+
+/// What failed in the supervisor's own work (not the guest's, not the backend's).
+#[derive(Debug, thiserror::Error)]
+enum ProcessFailure {
+    #[error("starting the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// `failure` is the disk's (see `HostDisk::failure`), the cause of `taking`'s failure.
+    #[error(
+        "{failure}, so the final diff could not be taken in the guest ({})",
+        .taking.message
+    )]
+    FinalDiffOnFailedDisk {
+        failure: String,
+        #[source]
+        taking: Error,
+    },
+    #[error(
+        "{failure}, so the diff cannot be taken in the guest ({}); its work up to the failure \
+         is kept: `task finish` saves it (from a fresh guest, once a first finish left the \
+         task unsaved)",
+        .taking.message
+    )]
+    DiffOnFailedDisk {
+        failure: String,
+        #[source]
+        taking: Error,
+    },
+    #[error("saving the results panicked: {0}")]
+    SavePanicked(#[source] tokio::task::JoinError),
+    #[error("syncing the sandbox's disk: {0}")]
+    SyncPanicked(#[source] tokio::task::JoinError),
+    #[error("{what}: the agent answered {answer:?}")]
+    AgentAnswered {
+        what: String,
+        answer: Box<dynocap_proto::Response>,
+    },
+}
+
+impl Coded for ProcessFailure {
+    /// A failed disk is the machine's, a panic or an unexpected answer DynoCap's: none is
+    /// the caller's to fix.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Runtime(_)
+            | Self::FinalDiffOnFailedDisk { .. }
+            | Self::DiffOnFailedDisk { .. }
+            | Self::SavePanicked(_)
+            | Self::SyncPanicked(_)
+            | Self::AgentAnswered { .. } => ErrorCode::Internal,
+        }
     }
 }
 

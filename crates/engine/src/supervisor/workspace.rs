@@ -17,7 +17,7 @@ use dynocap_proto::{
 };
 use dynocap_review::patch::DEFAULT_MAX_PATCH_BYTES;
 
-use crate::foundation::error::{Context, Error, Result};
+use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
 use crate::image::{SANDBOX_GID, SANDBOX_UID};
 use crate::model::task_spec::Progress;
 use crate::supervisor::agent_conn::{agent_error_message, agent_gone, AgentConn, AgentStream};
@@ -61,19 +61,19 @@ pub const SUPERVISOR_PROJECT_FD: RawFd = 4;
 /// The inherited project directory, from [`claim_inherited_project`] until the import.
 static INHERITED_PROJECT: Mutex<Option<OwnedFd>> = Mutex::new(None);
 
-/// Takes the project descriptor the starter passed (if it says it did), marking it
-/// close-on-exec at once: nothing the supervisor starts, the guest least of all, may get a
-/// handle on a host directory. Call first thing, before any child is started.
-pub fn claim_inherited_project() -> Result<()> {
-    let Some(value) = std::env::var_os(PROJECT_FD_ENV) else {
+/// Takes the project descriptor the starter passed (if it says it did: `announced`, the value
+/// of [`PROJECT_FD_ENV`]), marking it close-on-exec at once: nothing the supervisor starts,
+/// the guest least of all, may get a handle on a host directory. Call first thing, before
+/// any child is started.
+pub fn claim_inherited_project(announced: Option<std::ffi::OsString>) -> Result<()> {
+    let Some(value) = announced else {
         return Ok(());
     };
-    std::env::remove_var(PROJECT_FD_ENV);
     if value.to_str() != Some(&SUPERVISOR_PROJECT_FD.to_string()) {
-        return Err(Error::internal(format!(
-            "{PROJECT_FD_ENV}={} names an unexpected descriptor (the starter passes {SUPERVISOR_PROJECT_FD})",
-            value.to_string_lossy()
-        )));
+        return Err(WorkspaceFailure::UnexpectedProjectFd {
+            value: value.to_string_lossy().into_owned(),
+        }
+        .into());
     }
     // SAFETY: the starter dup2'ed the project directory to this number right before exec and
     // nothing in this process has used or taken it since (this runs first, once).
@@ -82,11 +82,7 @@ pub fn claim_inherited_project() -> Result<()> {
         fd,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )
-    .map_err(|err| {
-        Error::internal(format!(
-            "the inherited project descriptor {SUPERVISOR_PROJECT_FD} is unusable: {err}"
-        ))
-    })?;
+    .map_err(WorkspaceFailure::UnusableProjectFd)?;
     // SAFETY: the descriptor is open (fcntl succeeded) and owned by nothing else in this
     // process; from here the `OwnedFd` alone closes it.
     let owned = unsafe { OwnedFd::from_raw_fd(SUPERVISOR_PROJECT_FD) };
@@ -117,13 +113,11 @@ pub async fn import(
     progress: &(dyn Fn(Progress) + Send + Sync),
 ) -> Result<Imported> {
     let dir = if inherited {
-        Some(take_inherited_project().ok_or_else(|| {
-            Error::internal(format!(
-                "the task was to be imported through an inherited descriptor, but the \
-                 supervisor has none for {}",
-                project.display()
-            ))
-        })?)
+        Some(
+            take_inherited_project().ok_or_else(|| WorkspaceFailure::NoInheritedProject {
+                project: project.to_owned(),
+            })?,
+        )
     } else {
         None
     };
@@ -353,7 +347,7 @@ where
                     }
                     if let Err(err) = out.write_all(data).await {
                         let _ = stream.cancel().await;
-                        return Err(Error::internal(format!("writing the patch: {err}")));
+                        return Err(WorkspaceFailure::WritePatch(err).into());
                     }
                     written = written.saturating_add(len);
                 }
@@ -446,8 +440,13 @@ pub(crate) async fn finish_stream(mut stream: AgentStream, what: &str) -> Result
         };
         match frame.kind {
             FrameKind::Done => {
-                return from_payload::<Response>("result", &frame.payload)
-                    .map_err(|err| Error::internal(format!("{what}: {err}")))
+                return from_payload::<Response>("result", &frame.payload).map_err(|source| {
+                    WorkspaceFailure::Result {
+                        what: what.to_owned(),
+                        source,
+                    }
+                    .into()
+                })
             }
             FrameKind::Error => return Err(agent_error(what, &frame.payload)),
             _ => {}
@@ -456,12 +455,68 @@ pub(crate) async fn finish_stream(mut stream: AgentStream, what: &str) -> Result
 }
 
 fn agent_error(what: &str, payload: &[u8]) -> Error {
-    Error::internal(format!(
-        "{what} in the sandbox failed: {}",
-        agent_error_message(payload)
-    ))
+    WorkspaceFailure::InGuest {
+        what: what.to_owned(),
+        message: agent_error_message(payload),
+    }
+    .into()
 }
 
 fn unexpected(what: &str, response: &Response) -> Error {
-    Error::internal(format!("the guest agent answered {what} with {response:?}"))
+    WorkspaceFailure::Unexpected {
+        what: what.to_owned(),
+        response: Box::new(response.clone()),
+    }
+    .into()
+}
+
+/// What failed moving the project into the guest or its changes out of it.
+#[derive(Debug, thiserror::Error)]
+enum WorkspaceFailure {
+    #[error(
+        "{PROJECT_FD_ENV}={value} names an unexpected descriptor (the starter passes \
+         {SUPERVISOR_PROJECT_FD})"
+    )]
+    UnexpectedProjectFd { value: String },
+    #[error("the inherited project descriptor {SUPERVISOR_PROJECT_FD} is unusable: {0}")]
+    UnusableProjectFd(#[source] nix::errno::Errno),
+    #[error(
+        "the task was to be imported through an inherited descriptor, but the supervisor has \
+         none for {}",
+        .project.display()
+    )]
+    NoInheritedProject { project: PathBuf },
+    #[error("writing the patch: {0}")]
+    WritePatch(#[source] std::io::Error),
+    /// The agent's final frame of `what` did not decode.
+    #[error("{what}: {source}")]
+    Result {
+        what: String,
+        #[source]
+        source: dynocap_proto::ProtoError,
+    },
+    /// The agent's own account of its failure (see `agent_error_message`).
+    #[error("{what} in the sandbox failed: {message}")]
+    InGuest { what: String, message: String },
+    #[error("the guest agent answered {what} with {response:?}")]
+    Unexpected {
+        what: String,
+        response: Box<Response>,
+    },
+}
+
+impl Coded for WorkspaceFailure {
+    /// The guest failing at what the supervisor asks of it, or the supervisor's own plumbing
+    /// failing, is never the caller's to fix.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::UnexpectedProjectFd { .. }
+            | Self::UnusableProjectFd(_)
+            | Self::NoInheritedProject { .. }
+            | Self::WritePatch(_)
+            | Self::Result { .. }
+            | Self::InGuest { .. }
+            | Self::Unexpected { .. } => ErrorCode::Internal,
+        }
+    }
 }

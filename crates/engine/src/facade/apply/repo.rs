@@ -394,6 +394,7 @@ fn user_config(key: &str) -> Option<OsString> {
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     for var in ["HOME", "XDG_CONFIG_HOME", "PATH"] {
+        // env-read-ok: the child git's environment, passed on as it is (not a setting).
         if let Some(value) = std::env::var_os(var) {
             cmd.env(var, value);
         }

@@ -1,0 +1,131 @@
+//! The engine's configuration, read once at this binary's edge: each `DYNOCAP_*` setting the
+//! engine obeys is an argument of its own whose only source is its variable (clap's `env`),
+//! gathered into a [`Config`] that is passed down. The engine reads no variable itself.
+//!
+//! Every process of this binary builds it the same way from the environment it was given:
+//! the command or MCP server a person starts, the command server (whose clients must share
+//! its environment), and the supervisors the engine re-executes (which inherit the starter's
+//! environment whole). Values are kept as given: the engine checks them where it uses them,
+//! with the messages a bad value has always had (see the engine's `config`).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::Parser;
+use dynocap_engine::config::{CeilingsConfig, EgressConfig, HomeConfig, ImagesConfig};
+use dynocap_engine::{Config, Error};
+
+/// The settings, each from its variable alone: none has a command-line flag, and none shows
+/// in `--help` (docs/configuration.md lists them).
+#[derive(Debug, Parser)]
+#[command(no_binary_name = true, disable_help_flag = true)]
+struct Settings {
+    #[arg(long, hide = true, env = "DYNOCAP_HOME")]
+    dynocap_home: Option<OsString>,
+    #[arg(long, hide = true, env = "XDG_DATA_HOME")]
+    xdg_data_home: Option<OsString>,
+    #[arg(long, hide = true, env = "HOME")]
+    user_home: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_BACKEND")]
+    backend: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_DISK_LIMIT")]
+    disk_limit: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_VM_ACCEL")]
+    vm_accel: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_IMAGE")]
+    image: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_IMAGE_CACHE")]
+    image_cache: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_DEBIAN_MIRROR")]
+    debian_mirror: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_AGENT")]
+    agent: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_BIN")]
+    bin: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_WARM_POOL")]
+    warm_pool: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MAX_CPUS")]
+    max_cpus: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MAX_MEMORY_MB")]
+    max_memory_mb: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MAX_SANDBOXES")]
+    max_sandboxes: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MAX_DISK_MB")]
+    max_disk_mb: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MAX_TTL_SECONDS")]
+    max_ttl_seconds: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_EGRESS_ALLOW")]
+    egress_allow: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_RESOLVE")]
+    resolve: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_EXTRA_CA")]
+    extra_ca: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MCP_GIT_HOSTS")]
+    mcp_git_hosts: Option<OsString>,
+}
+
+/// A text setting; one that is not UTF-8 counts as unset, as it always has.
+fn text(value: Option<OsString>) -> Option<String> {
+    value.and_then(|v| v.into_string().ok())
+}
+
+fn path(value: Option<OsString>) -> Option<PathBuf> {
+    value.map(PathBuf::from)
+}
+
+/// The configuration this process's environment gives.
+pub fn from_env() -> Result<Config, Error> {
+    // Parsed from no arguments: every value comes from the environment.
+    let s = Settings::try_parse_from(std::iter::empty::<OsString>())
+        .map_err(|err| Error::internal(format!("reading the configuration: {err}")))?;
+    Ok(Config {
+        home: HomeConfig {
+            dynocap_home: path(s.dynocap_home),
+            xdg_data_home: path(s.xdg_data_home),
+            user_home: path(s.user_home),
+        },
+        backend: text(s.backend),
+        disk_limit: text(s.disk_limit),
+        vm_accel: text(s.vm_accel),
+        images: ImagesConfig {
+            default: text(s.image),
+            cache: path(s.image_cache),
+            debian_mirror: text(s.debian_mirror),
+        },
+        agent: path(s.agent),
+        supervisor_exe: path(s.bin),
+        warm_pool: s.warm_pool,
+        ceilings: CeilingsConfig {
+            cpus: s.max_cpus,
+            memory_mb: s.max_memory_mb,
+            sandboxes: s.max_sandboxes,
+            disk_mb: s.max_disk_mb,
+            ttl_seconds: s.max_ttl_seconds,
+        },
+        egress: EgressConfig {
+            allow: text(s.egress_allow),
+            resolve: text(s.resolve),
+            extra_ca: path(s.extra_ca),
+            git_hosts: text(s.mcp_git_hosts),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_come_from_the_environment_alone() {
+        // Parsing from a fake environment would need clap's internals; what can be checked
+        // without touching this process's environment is that the definition is sound and
+        // that no argument takes a value from the command line by position.
+        use clap::CommandFactory;
+        let command = Settings::command();
+        command.clone().debug_assert();
+        for arg in command.get_arguments() {
+            assert!(arg.get_env().is_some(), "{} has no variable", arg.get_id());
+            assert!(!arg.is_positional(), "{}", arg.get_id());
+        }
+    }
+}

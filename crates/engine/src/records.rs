@@ -382,7 +382,8 @@ mod tests {
             .starts_with("refusing to store a record with the id \"../escape\""));
         let path = home.record_path(Kind::Task, "task-big");
         std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-        std::fs::write(&path, vec![b' '; (MAX_RECORD_BYTES + 1) as usize]).expect("write");
+        let file = std::fs::File::create(&path).expect("create");
+        file.set_len(MAX_RECORD_BYTES + 1).expect("size");
         let err = load(&path).expect_err("too large");
         assert_eq!(err.code, crate::ErrorCode::Internal);
         assert!(err

@@ -13,7 +13,7 @@ use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::foundation::error::{Context, Error, Result};
+use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
 use crate::host::home::Home;
 pub use crate::model::image_ref::{default_image_name, ImageRef, DEFAULT_IMAGE};
 
@@ -107,14 +107,10 @@ pub fn open(home: &Home, image: &ImageRef) -> Result<Image> {
     };
     let built = store::ImageStore::for_home(home, None)
         .get(&image.name, id)
-        .ok_or_else(|| {
-            Error::internal(format!(
-                "image {} ({}) is gone from {}; rebuild it with `dynocap image build {}`",
-                image.name,
-                build::short(id),
-                home.images_dir().display(),
-                image.name
-            ))
+        .ok_or_else(|| ImageFailure::Gone {
+            name: image.name.clone(),
+            short_id: build::short(id).to_owned(),
+            images_dir: home.images_dir(),
         })?;
     Ok(Image {
         name: built.name().to_owned(),
@@ -173,8 +169,9 @@ pub fn host_image(images_dir: &Path) -> Result<Image> {
             .open(&lock_path)
             .context(format_args!("opening {}", lock_path.display()))?;
         let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, err)| {
-                Error::internal(format!("locking {}: {err}", lock_path.display()))
+            .map_err(|(_, source)| ImageFailure::Lock {
+                path: lock_path.clone(),
+                source,
             })?;
         // Another start may have built it while we waited for the lock.
         if !root.is_dir() {
@@ -294,11 +291,12 @@ fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
         write_file(&staging.join(rel), content, *mode)?;
     }
 
-    fs::rename(&staging, root).map_err(|err| {
-        Error::internal(format!(
-            "installing the image skeleton at {}: {err}",
-            root.display()
-        ))
+    fs::rename(&staging, root).map_err(|source| {
+        ImageFailure::InstallSkeleton {
+            root: root.to_owned(),
+            source,
+        }
+        .into()
     })
 }
 
@@ -306,6 +304,74 @@ fn write_file(path: &Path, content: &str, mode: u32) -> Result<()> {
     fs::write(path, content).context(format_args!("writing {}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .context(format_args!("setting the mode of {}", path.display()))
+}
+
+/// What failed with the images on the host: finding, building, copying or removing one. The
+/// image layer's one failure enum, for this module and its `build` and `store`.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ImageFailure {
+    /// A record names an image build that is no longer in the store.
+    #[error(
+        "image {name} ({short_id}) is gone from {}; rebuild it with `dynocap image build {name}`",
+        .images_dir.display()
+    )]
+    Gone {
+        name: String,
+        short_id: String,
+        images_dir: PathBuf,
+    },
+    #[error("locking {}: {source}", .path.display())]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("installing the image skeleton at {}: {source}", .root.display())]
+    InstallSkeleton {
+        root: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the image installed at {} cannot be read back", .dir.display())]
+    Unreadable { dir: PathBuf },
+    #[error("removing {}: {source}; remove it by hand", .path.display())]
+    RemoveBuildDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `cp` failed: `stderr` is what it said.
+    #[error("copying {} to {}: {stderr}", .from.display(), .to.display())]
+    Copy {
+        from: PathBuf,
+        to: PathBuf,
+        stderr: String,
+    },
+    #[error("reading {}: {source}", .dir.display())]
+    ReadStore {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} has no parent", .dir.display())]
+    NoParent { dir: PathBuf },
+}
+
+impl Coded for ImageFailure {
+    /// The image store is DynoCap's on the host: what fails in it is the operator's to fix
+    /// (a gone image says how), never a caller's request.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Gone { .. }
+            | Self::Lock { .. }
+            | Self::InstallSkeleton { .. }
+            | Self::Unreadable { .. }
+            | Self::RemoveBuildDir { .. }
+            | Self::Copy { .. }
+            | Self::ReadStore { .. }
+            | Self::NoParent { .. } => ErrorCode::Internal,
+        }
+    }
 }
 
 #[cfg(test)]

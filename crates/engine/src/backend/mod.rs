@@ -21,7 +21,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::image::{Image, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 pub use crate::model::backend_choice::BackendChoice;
 use crate::model::config::Config;
@@ -218,9 +218,10 @@ pub fn by_name(name: &str) -> Result<Box<dyn Backend>> {
     match name {
         "jail" => Ok(Box::new(JailBackend)),
         "vm" => Ok(Box::new(VmBackend)),
-        other => Err(Error::internal(format!(
-            "the record names the backend \"{other}\", which this build does not have"
-        ))),
+        other => Err(BackendFailure::Unknown {
+            name: other.to_owned(),
+        }
+        .into()),
     }
 }
 
@@ -259,4 +260,21 @@ pub fn agent_args(image: &Image) -> Vec<String> {
         args.push("--sudo-broker".into());
     }
     args
+}
+
+/// What failed choosing a backend for a recorded sandbox (the backends' own failures are
+/// theirs: `jail::JailFailure`, `vm::VmFailure`).
+#[derive(Debug, thiserror::Error)]
+enum BackendFailure {
+    /// A record written by a build with a backend this one lacks.
+    #[error("the record names the backend \"{name}\", which this build does not have")]
+    Unknown { name: String },
+}
+
+impl Coded for BackendFailure {
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Unknown { .. } => ErrorCode::Internal,
+        }
+    }
 }

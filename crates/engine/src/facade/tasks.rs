@@ -9,7 +9,7 @@ use crate::catalog::{Kind, Record, State};
 use crate::facade::sandboxes::{
     find, remove_leftovers, rfc3339, unexpected, Engine, Handed, Keep, SandboxInfo, Via,
 };
-use crate::foundation::error::{Error, ErrorCode, Result};
+use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::foundation::wording::Op;
 use crate::model::spec::ExecSpec;
 use crate::model::task_spec::{
@@ -73,10 +73,7 @@ impl Engine {
                 start.source = Source::ProjectPath(dir.path().to_path_buf());
             }
             (Source::ProjectPath(path), None) => {
-                return Err(Error::internal(format!(
-                    "projectPath {} was not opened before the start",
-                    path.display()
-                )))
+                return Err(TaskFailure::ProjectNotOpened { path: path.clone() }.into())
             }
             (Source::RepositoryUrl(_), Some(_)) => {
                 return Err(Error::invalid(
@@ -299,7 +296,10 @@ impl Engine {
         let result = self.saved_result(catalog, record, target)?;
         let path = std::path::Path::new(&result.patch_path);
         let size = std::fs::metadata(path)
-            .map_err(|err| Error::internal(format!("reading {}: {err}", path.display())))?
+            .map_err(|source| TaskFailure::ReadPatch {
+                path: path.to_owned(),
+                source,
+            })?
             .len();
         let shown =
             u64::try_from(dynocap_review::patch::DEFAULT_MAX_PATCH_BYTES).unwrap_or(u64::MAX);
@@ -311,8 +311,10 @@ impl Engine {
                 path.display()
             )));
         }
-        let patch = std::fs::read(path)
-            .map_err(|err| Error::internal(format!("reading {}: {err}", path.display())))?;
+        let patch = std::fs::read(path).map_err(|source| TaskFailure::ReadPatch {
+            path: path.to_owned(),
+            source,
+        })?;
         Ok(DiffResult {
             summary: dynocap_review::patch::DiffSummary {
                 files: result.files,
@@ -473,11 +475,12 @@ impl Engine {
             match std::fs::remove_dir_all(&results) {
                 Ok(()) => {}
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                Err(err) => {
-                    return Err(Error::internal(format!(
-                        "removing {}: {err}",
-                        results.display()
-                    )))
+                Err(source) => {
+                    return Err(TaskFailure::RemoveResults {
+                        dir: results,
+                        source,
+                    }
+                    .into())
                 }
             }
             catalog.delete(&record.id)?;
@@ -538,4 +541,37 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         image: record.image.name.clone(),
         image_id: record.image.id.clone(),
     })
+}
+
+/// What failed on the host's side of a task operation (the task's own failures are its
+/// supervisor's).
+#[derive(Debug, thiserror::Error)]
+enum TaskFailure {
+    /// The start was to hand its supervisor a project directory it never opened: a bug.
+    #[error("projectPath {} was not opened before the start", .path.display())]
+    ProjectNotOpened { path: std::path::PathBuf },
+    #[error("reading {}: {source}", .path.display())]
+    ReadPatch {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("removing {}: {source}", .dir.display())]
+    RemoveResults {
+        dir: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Coded for TaskFailure {
+    /// The saved results are DynoCap's files on the host: failing to read or remove them is
+    /// not the caller's doing.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::ProjectNotOpened { .. } | Self::ReadPatch { .. } | Self::RemoveResults { .. } => {
+                ErrorCode::Internal
+            }
+        }
+    }
 }

@@ -42,9 +42,10 @@ pub fn hit(name: &str) -> Result<()> {
         #[allow(clippy::exit)] // the point of the action: die without running destructors
         "exit" => std::process::exit(101),
         "error" => {
-            return Err(crate::Error::internal(format!(
-                "failpoint {name} failed this step"
-            )))
+            return Err(Injected {
+                name: name.to_owned(),
+            }
+            .into())
         }
         other => {
             if let Some(ms) = other
@@ -74,6 +75,22 @@ fn parse(spec: &str) -> Vec<(String, String)> {
         .map(|(name, action)| (name.trim().to_owned(), action.trim().to_owned()))
         .filter(|(name, action)| !name.is_empty() && !action.is_empty())
         .collect()
+}
+
+/// The failure an `error` action makes the step return.
+#[cfg(feature = "failpoints")]
+#[derive(Debug, thiserror::Error)]
+#[error("failpoint {name} failed this step")]
+struct Injected {
+    name: String,
+}
+
+#[cfg(feature = "failpoints")]
+impl crate::foundation::error::Coded for Injected {
+    /// What an unexpected failure of the step would be.
+    fn code(&self) -> crate::foundation::error::ErrorCode {
+        crate::foundation::error::ErrorCode::Internal
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::foundation::error::{Context, Result};
+use crate::foundation::error::{Coded, Context, ErrorCode, Result};
 use crate::model::config::HomeConfig;
 use crate::model::lifecycle::Kind;
 
@@ -116,10 +116,34 @@ fn create_private_dir(dir: &Path) -> Result<()> {
         .create(dir)
     {
         Ok(()) => Ok(()),
-        Err(err) => Err(crate::Error::internal(format!(
-            "cannot create state directory {}: {err}; set DYNOCAP_HOME to a writable directory",
-            dir.display()
-        ))),
+        Err(source) => Err(HomeFailure::CreateStateDir {
+            dir: dir.to_owned(),
+            source,
+        }
+        .into()),
+    }
+}
+
+/// What failed laying out the state directory.
+#[derive(Debug, thiserror::Error)]
+enum HomeFailure {
+    #[error(
+        "cannot create state directory {}: {source}; set DYNOCAP_HOME to a writable directory",
+        .dir.display()
+    )]
+    CreateStateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Coded for HomeFailure {
+    /// Where DynoCap keeps its state is the operator's choice, not a caller's.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::CreateStateDir { .. } => ErrorCode::Internal,
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::recipe::Recipe;
 use super::store::{BuiltImage, ImageStore, META_FILE, TMP_PREFIX};
+use super::ImageFailure;
 use super::{customise, mmdebstrap};
 use crate::foundation::error::{Context, Error, Result};
 
@@ -110,12 +111,11 @@ pub fn build(
     }
     let target = store.image_dir(name, &id);
     staging.install(&target)?;
-    let image = store.get(name, &id).ok_or_else(|| {
-        Error::internal(format!(
-            "the image installed at {} cannot be read back",
-            target.display()
-        ))
-    })?;
+    let image = store
+        .get(name, &id)
+        .ok_or_else(|| ImageFailure::Unreadable {
+            dir: target.clone(),
+        })?;
     if let (Origin::Built, Some(cache), Some(_)) = (origin, cache, &cache_lock) {
         if let Err(err) = publish(cache, &image) {
             progress(&format!(
@@ -173,16 +173,21 @@ impl BuildLock {
         {
             Ok(lock) => return Ok(BuildLock { _lock: lock }),
             Err((file, nix::errno::Errno::EWOULDBLOCK)) => file,
-            Err((_, err)) => {
-                return Err(Error::internal(format!(
-                    "locking {}: {err}",
-                    path.display()
-                )))
+            Err((_, source)) => {
+                return Err(ImageFailure::Lock {
+                    path: path.to_owned(),
+                    source,
+                }
+                .into())
             }
         };
         progress("waiting for another build of this image to finish");
-        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, err)| Error::internal(format!("locking {}: {err}", path.display())))?;
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(
+            |(_, source)| ImageFailure::Lock {
+                path: path.to_owned(),
+                source,
+            },
+        )?;
         Ok(BuildLock { _lock: lock })
     }
 }
@@ -249,10 +254,11 @@ pub(crate) fn remove_build_dir(path: &Path) -> Result<()> {
     match fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(err) => Err(Error::internal(format!(
-            "removing {}: {err}; remove it by hand",
-            path.display()
-        ))),
+        Err(source) => Err(ImageFailure::RemoveBuildDir {
+            path: path.to_owned(),
+            source,
+        }
+        .into()),
     }
 }
 
@@ -284,12 +290,12 @@ fn copy_image(from: &Path, to: &Path) -> Result<()> {
     if copied.status.success() {
         Ok(())
     } else {
-        Err(Error::internal(format!(
-            "copying {} to {}: {}",
-            source.display(),
-            target.display(),
-            String::from_utf8_lossy(&copied.stderr).trim()
-        )))
+        Err(ImageFailure::Copy {
+            from: source,
+            to: target,
+            stderr: String::from_utf8_lossy(&copied.stderr).trim().to_owned(),
+        }
+        .into())
     }
 }
 

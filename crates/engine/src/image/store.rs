@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::ImageFailure;
 use crate::foundation::error::{Context, Error, Result};
 use crate::host::home::Home;
 
@@ -120,11 +121,12 @@ impl ImageStore {
         let names = match fs::read_dir(&self.dir) {
             Ok(names) => names,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(images),
-            Err(err) => {
-                return Err(Error::internal(format!(
-                    "reading {}: {err}",
-                    self.dir.display()
-                )))
+            Err(source) => {
+                return Err(ImageFailure::ReadStore {
+                    dir: self.dir.clone(),
+                    source,
+                }
+                .into())
             }
         };
         for name in names.flatten() {
@@ -177,10 +179,9 @@ impl ImageStore {
     /// Removes a built image. Callers check that no live sandbox uses it. The directory is
     /// renamed out of sight first, so a concurrent lookup sees the whole image or none of it.
     pub fn remove(&self, image: &BuiltImage) -> Result<()> {
-        let parent = image
-            .dir
-            .parent()
-            .ok_or_else(|| Error::internal(format!("{} has no parent", image.dir.display())))?;
+        let parent = image.dir.parent().ok_or_else(|| ImageFailure::NoParent {
+            dir: image.dir.clone(),
+        })?;
         let doomed = parent.join(format!("{TMP_PREFIX}rm-{}", image.id()));
         fs::rename(&image.dir, &doomed)
             .context(format_args!("removing image {}", image.dir.display()))?;

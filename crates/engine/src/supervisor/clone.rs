@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use dynocap_proto::{channel, from_payload, CloneRequest, FrameKind, Request, Response};
 
-use crate::foundation::error::{Context, Error, Result};
+use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
 use crate::foundation::git_url::GitUrl;
 use crate::image::{SANDBOX_GID, SANDBOX_UID};
 use crate::model::task_spec::{Progress, SourceInfo};
@@ -76,10 +76,10 @@ pub fn claim_inherited_credentials(announced: Option<std::ffi::OsString>) -> Res
         return Ok(());
     };
     if value.to_str() != Some(&SUPERVISOR_CREDENTIALS_FD.to_string()) {
-        return Err(Error::internal(format!(
-            "{CREDENTIALS_FD_ENV}={} names an unexpected descriptor (the starter passes {SUPERVISOR_CREDENTIALS_FD})",
-            value.to_string_lossy()
-        )));
+        return Err(CloneFailure::UnexpectedCredentialsFd {
+            value: value.to_string_lossy().into_owned(),
+        }
+        .into());
     }
     // SAFETY: the starter dup2'ed the pipe's read end to this number right before exec and
     // nothing in this process has used it since (this runs first, once).
@@ -88,7 +88,7 @@ pub fn claim_inherited_credentials(announced: Option<std::ffi::OsString>) -> Res
         borrowed,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )
-    .map_err(|err| Error::internal(format!("the inherited credentials pipe is unusable: {err}")))?;
+    .map_err(CloneFailure::UnusableCredentialsPipe)?;
     // SAFETY: the descriptor is open (fcntl succeeded) and owned by nothing else here; from
     // now on the `File` alone closes it.
     let pipe = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(SUPERVISOR_CREDENTIALS_FD) });
@@ -186,9 +186,10 @@ pub async fn clone_repository(
     };
     let known_hosts = ssh.then(|| known_hosts_for(host, user_home));
     if known_hosts.as_deref() == Some("") {
-        return Err(Error::internal(format!(
-            "no SSH host key is known for {host}: add it to ~/.ssh/known_hosts of the user running dynocap (ssh-keyscan {host} and check the fingerprint), or use an https URL"
-        )));
+        return Err(CloneFailure::NoHostKey {
+            host: host.to_owned(),
+        }
+        .into());
     }
     egress.open(conn, clone_policy(host, ssh)?).await?;
     report(workspace::step(&format!("cloning {}", strip_userinfo(url))));
@@ -238,9 +239,7 @@ pub async fn clone_repository(
     };
     drop(archive);
     let Response::Cloned { commit, branch } = cloned else {
-        return Err(Error::internal(format!(
-            "the guest agent answered a clone with {cloned:?}"
-        )));
+        return Err(CloneFailure::UnexpectedAnswer(Box::new(cloned)).into());
     };
     report(workspace::step(
         "recording the baseline the diff is taken against",
@@ -256,7 +255,7 @@ pub async fn clone_repository(
             repacked
         })
         .await
-        .map_err(|err| Error::internal(format!("re-packing the clone panicked: {err}")))?
+        .map_err(CloneFailure::RepackPanicked)?
     };
     let _ = std::fs::remove_file(&partial);
     let (files, bytes) = repacked?;
@@ -279,24 +278,25 @@ pub async fn clone_repository(
 /// Copies the guest's archive of the cloned commit into the host's baseline copy, keeping
 /// only regular files, directories and symlinks under clean relative paths.
 fn repack(from: &Path, to: &Path) -> Result<(u64, u64)> {
-    let bad = |why: String| Error::internal(format!("the clone's files from the guest: {why}"));
     let input = std::fs::File::open(from).context("reading the clone's files")?;
     let mut archive = tar::Archive::new(std::io::BufReader::new(input));
     let output = std::fs::File::create(to).context(format_args!("creating {}", to.display()))?;
     let mut builder = tar::Builder::new(std::io::BufWriter::new(output));
     builder.mode(tar::HeaderMode::Deterministic);
     let (mut files, mut bytes) = (0u64, 0u64);
-    for entry in archive.entries().map_err(|e| bad(e.to_string()))? {
-        let mut entry = entry.map_err(|e| bad(e.to_string()))?;
+    for entry in archive.entries().map_err(CloneFailure::GuestFiles)? {
+        let mut entry = entry.map_err(CloneFailure::GuestFiles)?;
         let kind = entry.header().entry_type();
         if kind == tar::EntryType::XGlobalHeader {
             continue;
         }
-        let path = entry.path().map_err(|e| bad(e.to_string()))?.into_owned();
+        let path = entry.path().map_err(CloneFailure::GuestFiles)?.into_owned();
         if path.as_os_str().is_empty()
             || !path.components().all(|c| matches!(c, Component::Normal(_)))
         {
-            return Err(bad(format!("unsafe path {}", path.display())));
+            return Err(
+                CloneFailure::GuestFilesRefused(format!("unsafe path {}", path.display())).into(),
+            );
         }
         let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
         let mut header = tar::Header::new_gnu();
@@ -306,18 +306,23 @@ fn repack(from: &Path, to: &Path) -> Result<(u64, u64)> {
             header.set_size(0);
             builder
                 .append_data(&mut header, &path, std::io::empty())
-                .map_err(|e| bad(e.to_string()))?;
+                .map_err(CloneFailure::GuestFiles)?;
         } else if kind.is_symlink() {
             let target = entry
                 .link_name()
-                .map_err(|e| bad(e.to_string()))?
-                .ok_or_else(|| bad(format!("symlink {} has no target", path.display())))?
+                .map_err(CloneFailure::GuestFiles)?
+                .ok_or_else(|| {
+                    CloneFailure::GuestFilesRefused(format!(
+                        "symlink {} has no target",
+                        path.display()
+                    ))
+                })?
                 .into_owned();
             header.set_entry_type(tar::EntryType::Symlink);
             header.set_size(0);
             builder
                 .append_link(&mut header, &path, &target)
-                .map_err(|e| bad(e.to_string()))?;
+                .map_err(CloneFailure::GuestFiles)?;
             files += 1;
         } else if kind.is_file() {
             let size = entry.size();
@@ -326,14 +331,15 @@ fn repack(from: &Path, to: &Path) -> Result<(u64, u64)> {
             let reader: &mut dyn Read = &mut entry;
             builder
                 .append_data(&mut header, &path, reader.take(size))
-                .map_err(|e| bad(e.to_string()))?;
+                .map_err(CloneFailure::GuestFiles)?;
             files += 1;
             bytes += size;
         } else {
-            return Err(bad(format!(
+            return Err(CloneFailure::GuestFilesRefused(format!(
                 "{} is a {kind:?}, which a commit cannot hold",
                 path.display()
-            )));
+            ))
+            .into());
         }
     }
     builder
@@ -341,6 +347,49 @@ fn repack(from: &Path, to: &Path) -> Result<(u64, u64)> {
         .and_then(|mut w| w.flush())
         .context("writing the baseline copy")?;
     Ok((files, bytes))
+}
+
+/// What failed cloning a repository in the guest and taking its files as the baseline.
+#[derive(Debug, thiserror::Error)]
+enum CloneFailure {
+    #[error(
+        "{CREDENTIALS_FD_ENV}={value} names an unexpected descriptor (the starter passes \
+         {SUPERVISOR_CREDENTIALS_FD})"
+    )]
+    UnexpectedCredentialsFd { value: String },
+    #[error("the inherited credentials pipe is unusable: {0}")]
+    UnusableCredentialsPipe(#[source] nix::errno::Errno),
+    #[error(
+        "no SSH host key is known for {host}: add it to ~/.ssh/known_hosts of the user running \
+         dynocap (ssh-keyscan {host} and check the fingerprint), or use an https URL"
+    )]
+    NoHostKey { host: String },
+    #[error("the guest agent answered a clone with {0:?}")]
+    UnexpectedAnswer(Box<Response>),
+    #[error("re-packing the clone panicked: {0}")]
+    RepackPanicked(#[source] tokio::task::JoinError),
+    /// The guest's archive of the clone could not be read or copied.
+    #[error("the clone's files from the guest: {0}")]
+    GuestFiles(#[source] std::io::Error),
+    /// The guest's archive holds what a commit cannot (an unsafe path, a device): why.
+    #[error("the clone's files from the guest: {0}")]
+    GuestFilesRefused(String),
+}
+
+impl Coded for CloneFailure {
+    /// All internal, as before: a missing host key is the operator's to add (the message says
+    /// how), and what the guest sends is DynoCap's agent's doing or a compromised guest's.
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::UnexpectedCredentialsFd { .. }
+            | Self::UnusableCredentialsPipe(_)
+            | Self::NoHostKey { .. }
+            | Self::UnexpectedAnswer(_)
+            | Self::RepackPanicked(_)
+            | Self::GuestFiles(_)
+            | Self::GuestFilesRefused(_) => ErrorCode::Internal,
+        }
+    }
 }
 
 #[cfg(test)]

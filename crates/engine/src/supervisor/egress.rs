@@ -16,7 +16,7 @@ use dynocap_netproxy::{
 };
 use dynocap_proto::{EgressRequest, Request, Response};
 
-use crate::foundation::error::{Context, Error, Result};
+use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
 use crate::model::config::EgressConfig;
 pub use crate::model::egress_spec::EgressSpec;
 use crate::supervisor::agent_conn::{AgentConn, TunnelHandler};
@@ -101,8 +101,7 @@ impl EgressSpec {
 
     /// The policy once the sandbox is up: HTTPS to the allowlist.
     pub fn policy(&self) -> Result<Policy> {
-        Policy::https_hosts(&self.allow)
-            .map_err(|err| Error::internal(format!("the recorded allowlist is invalid: {err}")))
+        Policy::https_hosts(&self.allow).map_err(|err| EgressFailure::RecordedAllowlist(err).into())
     }
 
     pub fn overrides(&self) -> Result<ResolveOverrides> {
@@ -277,9 +276,26 @@ impl Egress {
             .await?
         {
             Response::Egress { .. } => Ok(()),
-            other => Err(Error::internal(format!(
-                "the guest agent answered an egress request with {other:?}"
-            ))),
+            other => Err(EgressFailure::UnexpectedAnswer(Box::new(other)).into()),
+        }
+    }
+}
+
+/// What failed setting up a sandbox's egress after its request was accepted.
+#[derive(Debug, thiserror::Error)]
+enum EgressFailure {
+    /// The allowlist was checked when the sandbox was made: one that no longer parses was
+    /// changed behind DynoCap's back.
+    #[error("the recorded allowlist is invalid: {0}")]
+    RecordedAllowlist(#[source] dynocap_netproxy::PatternError),
+    #[error("the guest agent answered an egress request with {0:?}")]
+    UnexpectedAnswer(Box<Response>),
+}
+
+impl Coded for EgressFailure {
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::RecordedAllowlist(_) | Self::UnexpectedAnswer(_) => ErrorCode::Internal,
         }
     }
 }

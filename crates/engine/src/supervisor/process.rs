@@ -325,20 +325,14 @@ pub fn agent_binary(config: &Config) -> Result<PathBuf> {
         if path.is_file() {
             return Ok(path);
         }
-        return Err(Error::internal(format!(
-            "DYNOCAP_AGENT={} is not a file; point it at a dynocap-agent binary or unset it",
-            path.display()
-        )));
+        return Err(ProcessFailure::AgentNotAFile { path }.into());
     }
     let exe = std::env::current_exe().context("locating the dynocap executable")?;
     let agent = exe.with_file_name("dynocap-agent");
     if agent.is_file() {
         Ok(agent)
     } else {
-        Err(Error::internal(format!(
-            "the guest agent {} is missing; install dynocap-agent next to dynocap or set DYNOCAP_AGENT",
-            agent.display()
-        )))
+        Err(ProcessFailure::AgentMissing { path: agent }.into())
     }
 }
 
@@ -1649,6 +1643,19 @@ async fn ask_guest_disk(
 /// What failed in the supervisor's own work (not the guest's, not the backend's).
 #[derive(Debug, thiserror::Error)]
 enum ProcessFailure {
+    /// The agent binary the configuration names (`DYNOCAP_AGENT`).
+    #[error(
+        "DYNOCAP_AGENT={} is not a file; point it at a dynocap-agent binary or unset it",
+        .path.display()
+    )]
+    AgentNotAFile { path: PathBuf },
+    /// Where the agent binary was looked for, beside the running executable.
+    #[error(
+        "the guest agent {} is missing; install dynocap-agent next to dynocap or set \
+         DYNOCAP_AGENT",
+        .path.display()
+    )]
+    AgentMissing { path: PathBuf },
     #[error("starting the runtime: {0}")]
     Runtime(#[source] std::io::Error),
     /// `failure` is the disk's (see `HostDisk::failure`), the cause of `taking`'s failure.
@@ -1688,7 +1695,9 @@ impl Coded for ProcessFailure {
     /// the caller's to fix.
     fn code(&self) -> ErrorCode {
         match self {
-            Self::Runtime(_)
+            Self::AgentNotAFile { .. }
+            | Self::AgentMissing { .. }
+            | Self::Runtime(_)
             | Self::FinalDiffOnFailedDisk { .. }
             | Self::DiffOnFailedDisk { .. }
             | Self::SavePanicked(_)

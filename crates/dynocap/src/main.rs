@@ -17,6 +17,7 @@ mod output;
 mod scrub_args;
 mod task_commands;
 mod terminal;
+mod wording;
 
 use std::process::ExitCode;
 

@@ -200,7 +200,7 @@ impl Streams {
 
     /// [`fail`] on these streams; the exit code.
     pub fn fail(&self, json: bool, err: &Error) -> u8 {
-        let message = err.cli_text();
+        let message = crate::wording::text(crate::wording::Surface::Cli, err);
         if json {
             self.json(&serde_json::json!({ "error": { "code": err.code, "message": message } }));
         }

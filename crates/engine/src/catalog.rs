@@ -582,7 +582,7 @@ fn name_taken(conn: &Connection, name: &str) -> Failure {
 /// The message of [`name_taken`] for a name held by a sandbox of `holder`'s kind and state
 /// (`None`: by one that could not be read).
 fn name_taken_by(name: &str, holder: Option<(Kind, State)>) -> Error {
-    use crate::wording::Op;
+    use crate::foundation::terms::Op;
     Error::worded(crate::error::ErrorCode::Conflict, |s| {
         let taken = format!("the name \"{name}\" is already taken");
         match holder {
@@ -891,28 +891,22 @@ mod tests {
             catalog.insert(&held).unwrap();
             holders.push(name);
         }
+        // The operations to use are terms each surface spells (the binary's `wording`).
         let refused = |id: &str, name: &str| {
             let err = catalog.insert(&record(id, name)).unwrap_err();
             assert_eq!(err.code, crate::ErrorCode::Conflict);
-            (err.message.clone(), err.cli_text().to_owned())
+            err.render(|term| format!("[{}]", term.plain()))
         };
-        let (mcp, cli) = refused("task-9", "done");
-        assert!(mcp.contains("by a finished task") && mcp.contains("with dynocap_rm"));
-        assert!(cli.contains("by a finished task") && cli.contains("with `dynocap rm done`"));
-        let (mcp, cli) = refused("sbx-9", "busy");
-        assert!(mcp.contains("running task") && mcp.contains("dynocap_task_finish"));
-        assert!(mcp.contains("dynocap_rm"), "{mcp}");
-        assert!(cli.contains("`dynocap task finish busy`") && cli.contains("`dynocap rm busy`"));
-        let (mcp, cli) = refused("task-9", "crashed");
-        assert!(mcp.contains("without saving its work") && mcp.contains("dynocap_rm"));
-        assert!(cli.contains("`dynocap task finish crashed`"), "{cli}");
-        let (mcp, cli) = refused("task-9", "box");
-        assert!(mcp.contains("by a raw sandbox") && mcp.contains("dynocap_destroy"));
-        assert!(cli.contains("`dynocap destroy box`"), "{cli}");
-        for (mcp, cli) in [refused("task-9", "done"), refused("sbx-9", "box")] {
-            assert!(!mcp.contains("`dynocap"), "no command line over MCP: {mcp}");
-            assert!(!cli.contains("dynocap_"), "no tool name at the CLI: {cli}");
-        }
+        let text = refused("task-9", "done");
+        assert!(text.contains("by a finished task") && text.contains("with [rm done]"));
+        let text = refused("sbx-9", "busy");
+        assert!(text.contains("running task") && text.contains("[task finish busy]"));
+        assert!(text.contains("[rm busy]"), "{text}");
+        let text = refused("task-9", "crashed");
+        assert!(text.contains("without saving its work") && text.contains("[rm crashed]"));
+        assert!(text.contains("[task finish crashed]"), "{text}");
+        let text = refused("task-9", "box");
+        assert!(text.contains("by a raw sandbox") && text.contains("[destroy box]"));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! talks to it.
 //!
 //! Its layers, bottom up, each a folder that imports only the layers below it (checked by
-//! scripts/layers.py): `foundation` (errors, wording, durable writes, git URLs), `model`
+//! scripts/layers.py): `foundation` (errors, message terms, durable writes, git URLs), `model`
 //! (the shared types and requests), `host` (the state directory, child processes, hardened
 //! git; with `idpool` and `usernet`), the store (`catalog`, `records`), `image`,
 //! `backend`, `supervisor` and the client `facade` (`Engine`).
@@ -38,7 +38,7 @@ pub use supervisor::exec::ExecResult;
 // the layers had folders.
 pub use backend::vm_ready;
 pub use facade::{apply, ceilings, image_admin, pool, repair, standby};
-pub use foundation::{excerpt, git_url, ssh_key};
+pub use foundation::{excerpt, git_url, ssh_key, terms};
 pub use model::{config, spec, task_spec};
 pub use supervisor::{agent_conn, control, exec, finish, import, workspace};
 // Public before the layers had folders, with items no code of the workspace uses today (git
@@ -47,5 +47,5 @@ pub use host::{hardened_git, spawn};
 
 // The root paths the store's files and the host files left at the root (catalog*.rs,
 // records.rs, idpool.rs, usernet.rs) still use.
-pub(crate) use foundation::{durable, error, wording};
+pub(crate) use foundation::{durable, error};
 pub(crate) use host::{home, host_children};

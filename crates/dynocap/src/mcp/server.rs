@@ -197,7 +197,9 @@ impl ServerHandler for Server {
                     tool.name,
                     err.code.as_str()
                 ));
-                CallToolResult::error(vec![ContentBlock::text(err.to_string())])
+                let message = crate::wording::text(crate::wording::Surface::Mcp, &err);
+                let text = format!("{}: {message}", err.code.as_str());
+                CallToolResult::error(vec![ContentBlock::text(text)])
             }
         };
         Ok(response.into())

@@ -5,7 +5,7 @@
 
 use crate::catalog::Record;
 use crate::foundation::error::{Error, ErrorCode, Result};
-use crate::foundation::wording::{self, Param};
+use crate::foundation::terms::Param;
 use crate::host::memory::total_memory_mb;
 use crate::model::config::CeilingsConfig;
 use crate::model::spec::{CPUS_MAX, MEMORY_MB_DEFAULT, MEMORY_MB_MAX, TASK_CPUS_DEFAULT, TTL_MAX};
@@ -133,16 +133,16 @@ impl Ceilings {
         ttl_seconds: u64,
         disk_mb: Option<u64>,
     ) -> Result<()> {
-        above(MAX_CPUS, wording::CPUS, u64::from(cpus), self.cpus)?;
-        above(MAX_MEMORY_MB, wording::MEMORY_MB, memory_mb, self.memory_mb)?;
+        above(MAX_CPUS, Param::Cpus, u64::from(cpus), self.cpus)?;
+        above(MAX_MEMORY_MB, Param::MemoryMb, memory_mb, self.memory_mb)?;
         above(
             MAX_TTL_SECONDS,
-            wording::TTL_SECONDS,
+            Param::TtlSeconds,
             ttl_seconds,
             self.ttl_seconds,
         )?;
         if let Some(disk_mb) = disk_mb {
-            above(MAX_DISK_MB, wording::DISK_MB, disk_mb, self.disk_mb)?;
+            above(MAX_DISK_MB, Param::DiskMb, disk_mb, self.disk_mb)?;
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use tokio::net::UnixStream;
 
 use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
 use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
-use crate::foundation::wording::{Op, Surface};
+use crate::foundation::terms::{Op, Words};
 use crate::host::home::Home;
 use crate::model::config::Config;
 pub use crate::model::sandbox_info::{rfc3339, SandboxInfo};
@@ -937,7 +937,7 @@ fn supervisor_alive(record: &Record) -> bool {
 }
 
 /// Why a sandbox or task that is not running cannot take a request, and what to do instead.
-fn not_running(s: Surface, name: &str, kind: Kind, state: State) -> String {
+fn not_running(s: &Words, name: &str, kind: Kind, state: State) -> String {
     match (kind, state) {
         (Kind::Task, State::Unsaved) => format!(
             "task \"{name}\" is unsaved: its guest ended before its work could be saved, and its \

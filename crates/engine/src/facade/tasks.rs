@@ -10,7 +10,7 @@ use crate::facade::sandboxes::{
     find, remove_leftovers, rfc3339, unexpected, Engine, Handed, Keep, SandboxInfo, Via,
 };
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
-use crate::foundation::wording::Op;
+use crate::foundation::terms::Op;
 use crate::model::spec::ExecSpec;
 use crate::model::task_spec::{
     DiffResult, FinishResult, LsResult, Progress, ResultBrief, RmResult, Skipped, Source,

@@ -31,17 +31,15 @@ impl ErrorCode {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Error {
     pub code: ErrorCode,
-    /// The text an MCP caller reads (and the CLI too, unless `cli_message` is set).
+    /// What went wrong and what to do: the whole text, with any term (a parameter, an
+    /// operation) in the engine's own names. A surface shows [`Error::words`] instead where
+    /// there are some (see [`crate::foundation::terms`]).
     pub message: String,
-    /// The same message as a person at the command line reads it, where it differs: flags
-    /// (`--ttl`) and commands (`dynocap task exec NAME`) instead of the parameters and tools
-    /// `message` names (see [`crate::foundation::wording`]). It travels with the error from a supervisor.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        rename = "cliMessage"
-    )]
-    pub cli_message: Option<String>,
+    /// The message as pieces, where it names parameters or operations, which each surface
+    /// spells its own way (`--ttl` or `ttlSeconds`). It travels with the error from a
+    /// supervisor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub words: Option<Vec<crate::foundation::terms::Piece>>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -51,14 +49,10 @@ impl Error {
         Self {
             code,
             message: message.into(),
-            cli_message: None,
+            words: None,
         }
     }
 
-    /// The message for the command line.
-    pub fn cli_text(&self) -> &str {
-        self.cli_message.as_deref().unwrap_or(&self.message)
-    }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::InvalidArgument, message)
     }

@@ -1,5 +1,5 @@
 //! The foundation layer: what every other layer of the engine builds on and that knows nothing
-//! of sandboxes: the error type, failpoints, the wording of user-facing messages, git URLs,
+//! of sandboxes: the error type, failpoints, the terms user-facing messages name, git URLs,
 //! SSH keys, output excerpts and durable file writes.
 //!
 //! It imports nothing from the crate outside this folder (scripts/layers.py checks).
@@ -10,4 +10,4 @@ pub mod excerpt;
 pub(crate) mod failpoint;
 pub mod git_url;
 pub mod ssh_key;
-pub(crate) mod wording;
+pub mod terms;

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
-use crate::foundation::wording;
+use crate::foundation::terms::Param;
 
 /// Room on the home's filesystem a start leaves free, beyond the disk it reserves: the
 /// records, logs, catalog and results (a finished task's patch) are written there too.
@@ -131,11 +131,11 @@ fn refusal(home: &Path, disk_mb: u64, free: u64) -> Error {
     let home = home.display().to_string();
     Error::worded(ErrorCode::PolicyDenied, move |s| {
         let fit = if most >= crate::model::spec::DISK_MB_MIN {
-            format!("ask for a {} of at most {most}", s.param(wording::DISK_MB))
+            format!("ask for a {} of at most {most}", s.param(Param::DiskMb))
         } else {
             format!(
                 "no disk fits ({} is at least {})",
-                s.param(wording::DISK_MB),
+                s.param(Param::DiskMb),
                 crate::model::spec::DISK_MB_MIN
             )
         };
@@ -145,7 +145,7 @@ fn refusal(home: &Path, disk_mb: u64, free: u64) -> Error {
              {fit}, free space on that filesystem (destroy sandboxes, or rm --purge finished \
              tasks), or point DYNOCAP_HOME at a filesystem with more room; \
              DYNOCAP_MAX_DISK_MB caps what any one sandbox may ask for",
-            s.param(wording::DISK_MB)
+            s.param(Param::DiskMb)
         )
     })
 }

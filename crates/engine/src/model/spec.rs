@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
-use crate::foundation::wording::{self, Param};
+use crate::foundation::terms::Param;
 
 pub const TTL_MIN: u64 = 30;
 pub const TTL_MAX: u64 = 86_400;
@@ -159,20 +159,20 @@ impl Resources {
                 .transpose()?
                 .unwrap_or(Network::None),
             ttl_seconds: check_range(
-                wording::TTL_SECONDS,
+                Param::TtlSeconds,
                 ttl_seconds.unwrap_or(TTL_DEFAULT),
                 TTL_MIN,
                 TTL_MAX,
             )?,
             cpus: check_cpus(cpus.unwrap_or(u64::from(default_cpus)))?,
             memory_mb: check_range(
-                wording::MEMORY_MB,
+                Param::MemoryMb,
                 memory_mb.unwrap_or(MEMORY_MB_DEFAULT),
                 MEMORY_MB_MIN,
                 MEMORY_MB_MAX,
             )?,
             disk_mb: check_range(
-                wording::DISK_MB,
+                Param::DiskMb,
                 disk_mb.unwrap_or(DISK_MB_DEFAULT),
                 DISK_MB_MIN,
                 DISK_MB_MAX,
@@ -182,12 +182,7 @@ impl Resources {
 }
 
 fn check_cpus(cpus: u64) -> Result<u32> {
-    let cpus = check_range(
-        wording::CPUS,
-        cpus,
-        u64::from(CPUS_MIN),
-        u64::from(CPUS_MAX),
-    )?;
+    let cpus = check_range(Param::Cpus, cpus, u64::from(CPUS_MIN), u64::from(CPUS_MAX))?;
     u32::try_from(cpus).map_err(|_| Error::invalid("cpus is out of range"))
 }
 
@@ -362,7 +357,7 @@ impl ExecSpec {
             )));
         }
         let timeout_seconds = check_range(
-            wording::TIMEOUT_SECONDS,
+            Param::TimeoutSeconds,
             timeout_seconds.unwrap_or(EXEC_TIMEOUT_DEFAULT),
             1,
             EXEC_TIMEOUT_MAX,
@@ -383,13 +378,12 @@ impl ExecSpec {
     /// Sets how much output per stream the result keeps (`maxOutputBytes`, 1 to 1 MiB) and
     /// how it is encoded.
     pub fn with_output(mut self, max_output_bytes: u64, encoding: OutputEncoding) -> Result<Self> {
-        // An MCP parameter only: the CLI streams everything.
-        const MAX_OUTPUT_BYTES: Param = Param {
-            mcp: "maxOutputBytes",
-            cli: "maxOutputBytes",
-        };
-        self.max_output_bytes =
-            check_range(MAX_OUTPUT_BYTES, max_output_bytes, 1, EXEC_OUTPUT_LIMIT)?;
+        self.max_output_bytes = check_range(
+            Param::MaxOutputBytes,
+            max_output_bytes,
+            1,
+            EXEC_OUTPUT_LIMIT,
+        )?;
         self.output_encoding = encoding;
         Ok(self)
     }
@@ -449,7 +443,11 @@ mod tests {
         assert!(RunSpec::raw("a", None, Some(86_400), None, None, None).is_ok());
         let low = RunSpec::raw("a", None, Some(29), None, None, None).unwrap_err();
         assert_eq!(low.code, crate::ErrorCode::InvalidArgument);
-        assert!(low.message.contains("ttlSeconds 29"), "{low}");
+        assert!(low.message.contains("ttl_seconds 29"), "{low}");
+        assert_eq!(
+            low.words.as_ref().map(|w| w[0].clone()),
+            Some(crate::terms::Piece::Param(Param::TtlSeconds))
+        );
         assert!(RunSpec::raw("a", None, Some(86_401), None, None, None).is_err());
         assert!(RunSpec::raw("a", None, None, Some(0), None, None).is_err());
         assert!(RunSpec::raw("a", Some("wifi"), None, None, None, None).is_err());
@@ -463,7 +461,7 @@ mod tests {
         assert!(RunSpec::raw("a", None, None, None, None, Some(1_048_576)).is_ok());
         let low = RunSpec::raw("a", None, None, None, None, Some(63)).unwrap_err();
         assert_eq!(low.code, crate::ErrorCode::InvalidArgument);
-        assert!(low.message.contains("diskMB 63"), "{low}");
+        assert!(low.message.contains("disk_mb 63"), "{low}");
         assert!(RunSpec::raw("a", None, None, None, None, Some(1_048_577)).is_err());
     }
 

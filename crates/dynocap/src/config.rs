@@ -128,4 +128,17 @@ mod tests {
             assert!(!arg.is_positional(), "{}", arg.get_id());
         }
     }
+
+    #[test]
+    fn docs_list_every_setting() {
+        use clap::CommandFactory;
+        let docs = include_str!("../../../docs/configuration.md");
+        for arg in Settings::command().get_arguments() {
+            let name = arg.get_env().and_then(|n| n.to_str()).unwrap_or_default();
+            assert!(
+                docs.contains(&format!("`{name}`")) || docs.contains(&format!("${name}")),
+                "docs/configuration.md does not name {name}"
+            );
+        }
+    }
 }

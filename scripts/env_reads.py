@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Checks that the engine reads no environment variable: its configuration is the `Config` the
-binary builds at its edge (crates/dynocap/src/config.rs) and passes down.
+"""Checks that the engine and the libraries below it read no environment variable: their
+configuration is the `Config` the binary builds at its edge (crates/dynocap/src/config.rs) and
+passes down.
 
 A read is a use of `env::var`, `env::var_os`, `env::vars` or `env::vars_os` (however the path
-is spelt) or `getenv` in crates/engine/src, outside test code (files named tests.rs, files
-under a tests/ folder, and the item after a `#[cfg(test)]`). A read that is not configuration
+is spelt) or `getenv` in the src/ of the crates in LIBRARIES, outside test code (files named
+tests.rs, files under a tests/ folder, and the item after a `#[cfg(test)]`). The binaries
+(crates/dynocap, the static client, the guest agent) are edges and read their own. A read that is not configuration
 stays where the line right above it is a comment with `env-read-ok:` and the reason: the
 environment handed on to a child process, and the test-only failpoints. Exits 1 naming each
 other read.
@@ -15,7 +17,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE = ROOT / "crates" / "engine" / "src"
+LIBRARIES = [
+    "engine",
+    "backend-jail",
+    "backend-vm",
+    "host",
+    "cgroup",
+    "netproxy",
+    "review",
+    "proto",
+]
 READ = re.compile(r"\benv::(var|var_os|vars|vars_os)\b|\bgetenv\b")
 MARK = "env-read-ok:"
 
@@ -42,15 +53,16 @@ def code_lines(text):
         i += 1
 
 
-def is_test_file(path):
-    rel = path.relative_to(ENGINE)
+def is_test_file(src, path):
+    rel = path.relative_to(src)
     return path.name == "tests.rs" or "tests" in rel.parts[:-1]
 
 
 def main():
     found = []
-    for path in sorted(ENGINE.rglob("*.rs")):
-        if is_test_file(path):
+    sources = [ROOT / "crates" / name / "src" for name in LIBRARIES]
+    for src, path in sorted((src, path) for src in sources for path in src.rglob("*.rs")):
+        if is_test_file(src, path):
             continue
         lines = path.read_text().splitlines()
         for number, line in code_lines(path.read_text()):
@@ -63,7 +75,7 @@ def main():
             found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     if found:
         print(
-            "the engine reads the environment; take the setting from its Config (built in "
+            "a library reads the environment; take the setting from the engine's Config (built in "
             "crates/dynocap/src/config.rs), or, for what is not configuration (a child's "
             f"environment), say why in a `// {MARK}` comment on the line above:",
             file=sys.stderr,

@@ -718,7 +718,11 @@ fn mkfs(image: &Path) -> Result<(), JailError> {
 
 fn make_skeleton(skeleton: &Path) -> Result<(), JailError> {
     remove_tree(skeleton).map_err(|e| JailError::io("remove the leftover", skeleton, e))?;
-    for dir in [crate::layers::UPPER, crate::layers::WORK, crate::layers::ROOT] {
+    for dir in [
+        crate::layers::UPPER,
+        crate::layers::WORK,
+        crate::layers::ROOT,
+    ] {
         let path = skeleton.join(dir);
         fs::create_dir_all(&path).map_err(|e| JailError::io("create", &path, e))?;
     }
@@ -900,6 +904,7 @@ mod tests {
             disk_templates: None,
             net_raw: true,
             idmap_image: false,
+            exec_cgroup: None,
         };
         assert_eq!(Plan::for_spec(&spec, false), Plan::Format(64 << 20));
         spec.reuse_layers = true;

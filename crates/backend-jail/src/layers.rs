@@ -372,6 +372,7 @@ mod tests {
             disk_templates: None,
             net_raw: true,
             idmap_image: false,
+            exec_cgroup: None,
         }
     }
 

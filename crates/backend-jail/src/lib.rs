@@ -82,21 +82,17 @@ mod uts;
 
 pub use caps::{docker_default_mask, DOCKER_DEFAULT};
 pub use cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT as CGROUP_PARENT};
-// The engine's backend modules still name these through the jail; the jail's own API takes an
-// `IdMap` ([`Jail::spawn_with_ids`]). They are dynocap-host's.
 pub use cleanup::{cleanup_leftovers, cleanup_leftovers_keeping_layers};
 pub use disk::{
     disk_failure, disk_image, prepared_disk_image, release_prepared_disk, start_preparing_disk,
     sync_disk,
 };
 pub use disk_template::make_spare as make_spare_disk;
+// dynocap-host's types in this crate's API: a jail's id map ([`Jail::spawn_with_ids`]) and
+// what [`probe`] reports. The rest of the host's systems (pasta, the id ranges, the memory bound
+// over all sandboxes) its users take from dynocap-host itself.
 pub use dynocap_host::cgroup::{CgroupProbe, ControllerProbe};
-pub use dynocap_host::Check;
-pub use dynocap_host::{
-    bound_all_sandboxes_memory, find_pasta, usernet_log_worthy, IdMap, IdRange, SharedBound,
-    UserNet, PASTA, PASTA_MISSING, ROOTLESS_GUEST_ID, ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE,
-    ROOT_MODE_RANGES,
-};
+pub use dynocap_host::{Check, IdMap};
 pub use error::JailError;
 pub use jail::Jail;
 pub use probe::{probe, Probe};

@@ -209,8 +209,15 @@ fn prepare_host_side(
     ids: &IdMap,
     layout: &Layout,
 ) -> Result<(Disk, Layers, CgroupSet), JailError> {
-    let create_cgroups =
-        || CgroupSet::create(layout, &spec.name, &spec.limits, ids.init_host_ids());
+    let create_cgroups = || {
+        CgroupSet::create(
+            layout,
+            &spec.name,
+            &spec.limits,
+            ids.init_host_ids(),
+            spec.exec_cgroup.as_deref(),
+        )
+    };
     let storage = || -> Result<(Disk, Layers), JailError> {
         let mut disk = Disk::attach(spec)?;
         match Layers::prepare(spec, ids) {

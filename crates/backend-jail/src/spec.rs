@@ -58,6 +58,9 @@ pub struct JailSpec {
     /// guest through the guest's id map (an idmapped mount, see `idmapped`), so the guest's
     /// root owns it and can change it (in the upper layer). Needs a root supervisor.
     pub idmap_image: bool,
+    /// The cgroup hierarchy the guest's commands run in, by name (`freezer`, `v2`, `pids`:
+    /// `DYNOCAP_EXEC_CGROUP`); `None` takes the best one the host has.
+    pub exec_cgroup: Option<String>,
 }
 
 /// A host path bound read-only into the guest.

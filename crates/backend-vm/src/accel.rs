@@ -1,4 +1,5 @@
-//! Choosing between KVM and TCG. `DYNOCAP_VM_ACCEL=kvm|tcg` decides; without it KVM is used
+//! Choosing between KVM and TCG. The setting (`DYNOCAP_VM_ACCEL=kvm|tcg`, read by the binary
+//! and handed down as an [`AccelChoice`]) decides; without it KVM is used
 //! only where the probe ([`crate::probe`]) found that KVM boots this kernel with this QEMU (on
 //! some machines `/dev/kvm` exists but stock kernels hang or fault on it), and otherwise the
 //! backend refuses rather than silently running a hundred times slower under TCG. The probe
@@ -18,14 +19,38 @@ pub const ENV: &str = "DYNOCAP_VM_ACCEL";
 const BOOTS: &str = "boots";
 const FAILS: &str = "fails";
 
+/// What the user asked for: [`ENV`] as given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AccelChoice {
+    /// KVM where the probe found it boots the kernel; otherwise a refusal.
+    #[default]
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+impl AccelChoice {
+    /// The choice a value of [`ENV`] names (unset, empty and `auto` are [`AccelChoice::Auto`]).
+    pub fn parse(setting: Option<&str>) -> Result<AccelChoice> {
+        match setting {
+            None | Some("") | Some("auto") => Ok(AccelChoice::Auto),
+            Some("kvm") => Ok(AccelChoice::Kvm),
+            Some("tcg") => Ok(AccelChoice::Tcg),
+            Some(other) => Err(VmError::Unavailable(format!(
+                "{ENV}={other} is not valid; use kvm, tcg or auto"
+            ))),
+        }
+    }
+}
+
 /// The accelerator to use for `kernel`.
-pub fn choose(cache_dir: &Path, kernel: &Path) -> Result<Accel> {
-    match std::env::var(ENV).ok().as_deref() {
-        Some("tcg") => Ok(Accel::Tcg),
-        Some("kvm") => kvm_device().map(|()| Accel::Kvm).map_err(|why| {
+pub fn choose(choice: AccelChoice, cache_dir: &Path, kernel: &Path) -> Result<Accel> {
+    match choice {
+        AccelChoice::Tcg => Ok(Accel::Tcg),
+        AccelChoice::Kvm => kvm_device().map(|()| Accel::Kvm).map_err(|why| {
             VmError::Unavailable(format!("{why}; set {ENV}=tcg to use software emulation"))
         }),
-        None | Some("") | Some("auto") => match kvm_verdict(cache_dir, kernel)? {
+        AccelChoice::Auto => match kvm_verdict(cache_dir, kernel)? {
             Kvm::Boots { .. } => Ok(Accel::Kvm),
             Kvm::Fails { .. } => Err(VmError::Unavailable(format!(
                 "KVM does not boot this guest kernel on this machine (a probe found so); set \
@@ -37,9 +62,6 @@ pub fn choose(cache_dir: &Path, kernel: &Path) -> Result<Accel> {
                  (`--backend jail`, DYNOCAP_BACKEND=jail)"
             ))),
         },
-        Some(other) => Err(VmError::Unavailable(format!(
-            "{ENV}={other} is not valid; use kvm, tcg or auto"
-        ))),
     }
 }
 
@@ -134,6 +156,7 @@ pub fn add_file(key: &mut Key, file: &Path) -> Result<()> {
 }
 
 pub fn qemu_path() -> Result<PathBuf> {
+    // env-read-ok: where host tools are, as a shell would look them up (not a setting).
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join(QEMU))

@@ -29,6 +29,7 @@ pub mod qmp;
 pub mod vm;
 pub mod vmlinux;
 
+pub use accel::AccelChoice;
 pub use error::{Result, VmError};
 pub use qemu::Accel;
 pub use vm::{cleanup_leftovers, Vm, VmPaths, VmSpec};

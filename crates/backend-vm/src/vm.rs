@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::Value;
 
+use crate::accel::AccelChoice;
 use crate::error::{Result, VmError};
 use crate::qemu::{self, Accel, Machine, QemuConfig};
 use crate::qmp::Qmp;
@@ -42,8 +43,8 @@ pub struct VmSpec {
     pub disk_bytes: u64,
     /// Boot over the disk layer a stopped guest kept, instead of a fresh one.
     pub reuse_disk: bool,
-    /// `None`: as `DYNOCAP_VM_ACCEL` and the KVM probe say.
-    pub accel: Option<Accel>,
+    /// KVM or TCG, or as the KVM probe says ([`accel::choose`]).
+    pub accel: AccelChoice,
     /// How long the guest may take to reach the agent.
     pub boot_timeout: Duration,
     /// For a supervisor running as root: the host uid and gid QEMU runs as once its files are
@@ -133,10 +134,7 @@ impl Vm {
     pub fn boot(spec: &VmSpec) -> Result<Vm> {
         validate(spec)?;
         let kernel = kernel::find(&spec.rootfs)?;
-        let accel = match spec.accel {
-            Some(accel) => accel,
-            None => accel::choose(&spec.cache_dir, &kernel.image)?,
-        };
+        let accel = accel::choose(spec.accel, &spec.cache_dir, &kernel.image)?;
         let machine = machine(&spec.cache_dir)?;
         let modules = kernel::needed_modules(&kernel, machine)?;
         let initrd = initramfs::get(&spec.cache_dir, &spec.agent_binary, &modules)?;
@@ -910,7 +908,7 @@ mod tests {
             memory_mb: 256,
             disk_bytes: 1 << 30,
             reuse_disk: false,
-            accel: Some(Accel::Tcg),
+            accel: AccelChoice::Tcg,
             boot_timeout: Duration::from_secs(1),
             run_as: None,
             nat_dns: None,

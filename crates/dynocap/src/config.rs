@@ -32,6 +32,8 @@ struct Settings {
     disk_limit: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_VM_ACCEL")]
     vm_accel: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_EXEC_CGROUP")]
+    exec_cgroup: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_IMAGE")]
     image: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_IMAGE_CACHE")]
@@ -87,6 +89,7 @@ pub fn from_env() -> Result<Config, Error> {
         backend: text(s.backend),
         disk_limit: text(s.disk_limit),
         vm_accel: text(s.vm_accel),
+        exec_cgroup: text(s.exec_cgroup),
         images: ImagesConfig {
             default: text(s.image),
             cache: path(s.image_cache),

@@ -67,6 +67,7 @@ pub struct UserNet {
 
 /// Finds `pasta` on `PATH`; the error says how to install it.
 pub fn find_pasta() -> Result<PathBuf, HostError> {
+    // env-read-ok: where host tools are, as a shell would look them up (not a setting).
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
     std::env::split_paths(&path)
         .map(|dir| dir.join(PASTA))

@@ -52,7 +52,7 @@
 //! let log = JsonlSink::create("results/network.jsonl".as_ref())?;
 //! let proxy = Arc::new(Proxy::new(
 //!     policy,
-//!     ResolveOverrides::from_env()?,
+//!     ResolveOverrides::parse("mirror.example:443:127.0.0.1")?,
 //!     Arc::new((log, summary.clone())),
 //! ));
 //! proxy.serve(stream).await; // one per tunnelled guest connection, each in its own task

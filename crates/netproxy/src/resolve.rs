@@ -7,7 +7,8 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use crate::host::normalize_host;
 
-/// The environment variable [`ResolveOverrides::from_env`] reads.
+/// The environment variable whose value, read by the binary at its edge, is parsed with
+/// [`ResolveOverrides::parse`] (this crate reads no environment).
 pub const RESOLVE_ENV: &str = "DYNOCAP_RESOLVE";
 
 const SYNTAX: &str = "the syntax is host:port:address[,address...][,host:port:address...], \
@@ -66,18 +67,6 @@ impl ResolveOverrides {
             last = Some(key);
         }
         Ok(overrides)
-    }
-
-    /// Reads [`RESOLVE_ENV`]; unset or empty means no overrides.
-    pub fn from_env() -> Result<ResolveOverrides, OverrideError> {
-        match std::env::var(RESOLVE_ENV) {
-            Ok(spec) => ResolveOverrides::parse(&spec),
-            Err(std::env::VarError::NotPresent) => Ok(ResolveOverrides::none()),
-            Err(std::env::VarError::NotUnicode(_)) => Err(override_error(
-                RESOLVE_ENV,
-                "the variable is not valid UTF-8",
-            )),
-        }
     }
 
     /// Maps `host:port` to `target`, whose port may differ from `port`. This is for

@@ -96,7 +96,7 @@ impl ExecHierarchy {
     }
 }
 
-/// The hierarchies to try, best first: all of them, or the one [`ENV`] names.
+/// The hierarchies to try, best first: all of them, or the one `setting` ([`ENV`]) names.
 fn candidates(setting: Option<&str>) -> Result<(Vec<ExecHierarchy>, bool), JailError> {
     match setting.map(str::trim) {
         None | Some("") => Ok((ExecHierarchy::PREFERENCE.to_vec(), false)),
@@ -114,16 +114,17 @@ fn candidates(setting: Option<&str>) -> Result<(Vec<ExecHierarchy>, bool), JailE
 }
 
 /// Creates (or picks among `leaves`) the sandbox's cgroup in the best usable hierarchy and
-/// delegates it to `owner` (the host uid and gid of the guest's root). Returns its index in
+/// delegates it to `owner` (the host uid and gid of the guest's root); `setting` forces a
+/// hierarchy by name ([`ENV`]). Returns its index in
 /// `leaves`; a leaf it created is added there, so the caller removes it with the rest.
 pub(crate) fn delegate(
     layout: &Layout,
     leaves: &mut Vec<Leaf>,
     name: &str,
     owner: (u32, u32),
+    setting: Option<&str>,
 ) -> Result<usize, JailError> {
-    let setting = std::env::var(ENV).ok();
-    let (candidates, forced) = candidates(setting.as_deref())?;
+    let (candidates, forced) = candidates(setting)?;
     let mut skipped = Vec::new();
     for candidate in candidates {
         let Some(hierarchy) = candidate.locate(layout) else {

@@ -66,13 +66,15 @@ pub(crate) struct CgroupSet {
 impl CgroupSet {
     /// Creates `dynocap/<name>` where cpu, memory and pids are managed and applies `limits`,
     /// then delegates one of the sandbox's cgroups to `guest_root` (the host uid and gid of
-    /// the guest's root). Fails (leaving nothing behind) if a controller is missing or a
-    /// limit or the delegation cannot be written.
+    /// the guest's root), in the hierarchy `exec_cgroup` names if it names one. Fails (leaving
+    /// nothing behind) if a controller is missing or a limit or the delegation cannot be
+    /// written.
     pub fn create(
         layout: &Layout,
         name: &str,
         limits: &Limits,
         guest_root: (u32, u32),
+        exec_cgroup: Option<&str>,
     ) -> Result<CgroupSet, JailError> {
         // Group the controllers by the hierarchy managing them.
         let mut plan: Vec<(&Hierarchy, Vec<Controller>)> = Vec::new();
@@ -102,6 +104,7 @@ impl CgroupSet {
                 &mut set.leaves,
                 name,
                 guest_root,
+                exec_cgroup,
             )?);
             Ok(())
         })();
@@ -453,7 +456,7 @@ mod tests {
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),
         );
-        let set = CgroupSet::create(&layout, "box", &limits, me).expect("create");
+        let set = CgroupSet::create(&layout, "box", &limits, me, None).expect("create");
         let leaf = root.join("dynocap/box");
         assert_eq!(set.paths(), vec![leaf.clone()]);
         // The one v2 leaf also holds the guest's commands, with a bound on what it may create.
@@ -468,7 +471,7 @@ mod tests {
         assert_eq!(read(&root.join("cgroup.subtree_control")), "+pids");
         assert_eq!(read(&root.join("dynocap/cgroup.subtree_control")), "+pids");
         // A second sandbox of the same name is refused with the way out.
-        let err = CgroupSet::create(&layout, "box", &limits, me).expect_err("exists");
+        let err = CgroupSet::create(&layout, "box", &limits, me, None).expect_err("exists");
         assert!(err.to_string().contains("cleanup_leftovers"), "{err}");
     }
 
@@ -482,7 +485,8 @@ mod tests {
             memory_bytes: 1 << 30,
             pids: 10,
         };
-        let err = CgroupSet::create(&layout, "x", &limits, (0, 0)).expect_err("no hierarchies");
+        let err =
+            CgroupSet::create(&layout, "x", &limits, (0, 0), None).expect_err("no hierarchies");
         assert!(err.to_string().contains("cpu controller"), "{err}");
     }
 }

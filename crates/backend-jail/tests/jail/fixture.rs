@@ -121,6 +121,7 @@ impl Fixture {
             disk_templates: None,
             net_raw: true,
             idmap_image: false,
+            exec_cgroup: None,
         }
     }
 }

@@ -9,9 +9,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dynocap_backend_jail::{
-    cleanup_leftovers, docker_default_mask, probe, Jail, JailError, RoBind, ROOT_MODE_COUNT,
-    ROOT_MODE_HOST_BASE,
+    cleanup_leftovers, docker_default_mask, probe, Jail, JailError, JailSpec, RoBind,
 };
+use dynocap_host::{ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE};
 
 use crate::fixture::{cgroup_file, host_uid, pids_in_ns, read_trimmed, sh_ok, Fixture, Guest};
 
@@ -895,15 +895,17 @@ fn exec_cgroup_delegation() {
             println!("note: no {choice} hierarchy mounted; its delegation is not tested");
             continue;
         }
-        std::env::set_var("DYNOCAP_EXEC_CGROUP", choice);
-        delegation_in(&fx, &format!("deleg-{choice}"));
+        delegation_in(&fx, &format!("deleg-{choice}"), choice);
     }
-    std::env::remove_var("DYNOCAP_EXEC_CGROUP");
 }
 
-fn delegation_in(fx: &Fixture, name: &str) {
+fn delegation_in(fx: &Fixture, name: &str, hierarchy: &str) {
     use std::os::unix::fs::MetadataExt;
-    let mut guest = Guest::spawn(&fx.spec(name));
+    let spec = JailSpec {
+        exec_cgroup: Some(hierarchy.to_owned()),
+        ..fx.spec(name)
+    };
+    let mut guest = Guest::spawn(&spec);
     let owner = |p: &Path| std::fs::metadata(p).map(|m| m.uid()).expect("stat");
     let delegated: Vec<_> = guest
         .jail()

@@ -85,7 +85,7 @@ pub fn choose(home: &Home, name: &str) -> AutoChoice {
 
 #[cfg(test)]
 mod tests {
-    use dynocap_backend_jail::{ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE, ROOT_MODE_RANGES};
+    use dynocap_host::{ROOT_MODE_COUNT, ROOT_MODE_HOST_BASE, ROOT_MODE_RANGES};
 
     /// A root-started KVM probe runs as an id no sandbox's range holds.
     #[test]

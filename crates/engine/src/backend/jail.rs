@@ -19,7 +19,7 @@ pub struct JailBackend;
 struct JailGuest {
     jail: dynocap_backend_jail::Jail,
     /// pasta, for a `nat` guest.
-    usernet: Option<dynocap_backend_jail::UserNet>,
+    usernet: Option<dynocap_host::UserNet>,
     /// The disk templates and this guest's disk size, for the spare its teardown leaves the
     /// next start of that size (see `dynocap_backend_jail::make_spare_disk`).
     spare_disk: Option<(std::path::PathBuf, u64)>,
@@ -105,8 +105,9 @@ impl Backend for JailBackend {
             disk_templates: Some(disk_templates(&spec.cache_dir)),
             net_raw: !nat,
             idmap_image: spec.image.owned_by_host_root,
+            exec_cgroup: spec.exec_cgroup.clone(),
         };
-        let ids = dynocap_backend_jail::IdMap::for_current_process_in_range(spec.id_range)
+        let ids = dynocap_host::IdMap::for_current_process_in_range(spec.id_range)
             .map_err(JailFailure::HostIds)?;
         let jail = dynocap_backend_jail::Jail::spawn_with_ids(&jail_spec, ids)
             .map_err(JailFailure::Boot)?;
@@ -138,7 +139,11 @@ impl Backend for JailBackend {
         home: &crate::host::home::Home,
         config: &crate::model::config::Config,
     ) -> Result<()> {
-        let Some(bytes) = disk_bytes(config.disk_limit.as_deref(), None)? else {
+        let Some(bytes) = disk_bytes(
+            config.disk_limit.as_deref(),
+            crate::model::spec::DISK_MB_DEFAULT,
+        )?
+        else {
             return Ok(());
         };
         dynocap_backend_jail::start_preparing_disk(disk_templates(&home.cache_dir()), bytes)
@@ -237,11 +242,9 @@ fn disk_templates(cache_dir: &Path) -> PathBuf {
 }
 
 /// The jail's disk size: `disk_mb`, unless the person running DynoCap turned disk limits off
-/// (`limit`, `DYNOCAP_DISK_LIMIT=off`, for rootless use where a loop mount is impossible). A
-/// fresh sandbox recorded without a size gets the default.
-fn disk_bytes(limit: Option<&str>, disk_mb: Option<u64>) -> Result<Option<u64>> {
-    Ok(crate::model::config::disk_limit(limit)?
-        .then(|| disk_mb.unwrap_or(crate::model::spec::DISK_MB_DEFAULT) << 20))
+/// (`limit`, `DYNOCAP_DISK_LIMIT=off`, for rootless use where a loop mount is impossible).
+fn disk_bytes(limit: Option<&str>, disk_mb: u64) -> Result<Option<u64>> {
+    Ok(crate::model::config::disk_limit(limit)?.then_some(disk_mb << 20))
 }
 
 impl Guest for JailGuest {

@@ -45,12 +45,15 @@ pub struct BootSpec {
     pub agent_binary: PathBuf,
     pub cpus: u32,
     pub memory_mb: u64,
-    /// The guest's disk (its writable layer); `None` for a sandbox recorded before disks had a
-    /// size, whose kept layer is used as it is.
-    pub disk_mb: Option<u64>,
+    /// The guest's disk (its writable layer).
+    pub disk_mb: u64,
     /// `DYNOCAP_DISK_LIMIT` as given (see [`Config::disk_limit`]): only the jail obeys it,
     /// so only the jail checks it.
     pub disk_limit: Option<String>,
+    /// `DYNOCAP_VM_ACCEL` as given (see [`Config::vm_accel`]): only the vm checks it.
+    pub vm_accel: Option<String>,
+    /// `DYNOCAP_EXEC_CGROUP` as given (see [`Config::exec_cgroup`]): only the jail checks it.
+    pub exec_cgroup: Option<String>,
     pub pids: u64,
     /// Boot over the writable layer a stopped guest of this sandbox kept (recovering a task
     /// whose work was not saved), instead of a fresh one.

@@ -1,6 +1,7 @@
 //! The `vm` backend behind the [`Backend`] trait: each guest is a QEMU microVM booting the
 //! image's own kernel (crate `dynocap-backend-vm`). Selected with `DYNOCAP_BACKEND=vm`;
-//! `DYNOCAP_VM_ACCEL=kvm|tcg` chooses the accelerator (see that crate's `accel`).
+//! `DYNOCAP_VM_ACCEL=kvm|tcg` (handed down in the boot spec) chooses the accelerator (see
+//! that crate's `accel`).
 //!
 //! Network `nat`: QEMU runs in a network namespace of its own with user networking (slirp),
 //! and the jail's pasta ([`crate::usernet`]) serves that namespace exactly as it serves a
@@ -14,7 +15,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
-use dynocap_backend_vm::{Vm, VmError, VmSpec};
+use dynocap_backend_vm::{AccelChoice, Vm, VmError, VmSpec};
 
 use super::{agent_args, Backend, BootSpec, Guest, LayerSync, OomCounter};
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
@@ -32,7 +33,7 @@ struct VmGuest {
     /// The layer's virtual size, for its reservation.
     disk_bytes: u64,
     /// pasta, for a `nat` guest.
-    usernet: Option<dynocap_backend_jail::UserNet>,
+    usernet: Option<dynocap_host::UserNet>,
 }
 
 impl Backend for VmBackend {
@@ -70,9 +71,9 @@ impl Backend for VmBackend {
             memory_mb: spec.memory_mb,
             // The layer's virtual size bounds what the guest can write, whatever
             // DYNOCAP_DISK_LIMIT says (that switch is about the jail's loop mounts).
-            disk_bytes: spec.disk_mb.unwrap_or(crate::model::spec::DISK_MB_DEFAULT) << 20,
+            disk_bytes: spec.disk_mb << 20,
             reuse_disk: spec.reuse_layer,
-            accel: None,
+            accel: AccelChoice::parse(spec.vm_accel.as_deref()).map_err(vm_error)?,
             boot_timeout: BOOT_TIMEOUT,
             run_as: run_as(spec.id_range)?,
             nat_dns: nat.then_some(usernet::DNS_FORWARD),
@@ -129,7 +130,7 @@ fn run_as(id_range: u32) -> Result<Option<(u32, u32)>> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
-    let map = dynocap_backend_jail::IdMap::root_mode_at(id_range).map_err(VmFailure::HostIds)?;
+    let map = dynocap_host::IdMap::root_mode_at(id_range).map_err(VmFailure::HostIds)?;
     Ok(Some((map.uids.host, map.gids.host)))
 }
 

@@ -101,7 +101,9 @@ fn check_image(home: &Home, config: &Config, image: &Image, probe: bool) -> VmRe
             ),
         );
     }
-    match accel::choose(&cache, &kernel.image) {
+    let chosen = accel::AccelChoice::parse(config.vm_accel.as_deref())
+        .and_then(|choice| accel::choose(choice, &cache, &kernel.image));
+    match chosen {
         Ok(Accel::Tcg) => VmReadiness::ready(format!(
             "the image \"{name}\" boots under TCG ({ENV}=tcg): {TCG_COST}"
         )),

@@ -34,7 +34,7 @@ impl crate::Engine {
     }
 
     /// Bounds what all sandboxes use together to the memory ceiling, in the cgroup every
-    /// sandbox's is under (see the jail's `bound_all_sandboxes_memory`): written before each
+    /// sandbox's is under (dynocap-host's `bound_all_sandboxes_memory`): written before each
     /// start, so the ceiling in force is the one of the latest start. A caller that may not
     /// write it (an unprivileged user given delegated cgroup parents) leaves the bound to
     /// whoever delegated them, and a host without a memory controller has none; the log says
@@ -44,9 +44,9 @@ impl crate::Engine {
             .memory_mb
             .min(MEMORY_MB_MAX)
             .saturating_mul(1 << 20);
-        match dynocap_backend_jail::bound_all_sandboxes_memory(bytes) {
-            Ok(dynocap_backend_jail::SharedBound::Applied) => Ok(()),
-            Ok(dynocap_backend_jail::SharedBound::NotApplied(why)) => {
+        match dynocap_host::bound_all_sandboxes_memory(bytes) {
+            Ok(dynocap_host::SharedBound::Applied) => Ok(()),
+            Ok(dynocap_host::SharedBound::NotApplied(why)) => {
                 tracing::warn!(target: LOG_TARGET,
                     "the memory of all sandboxes together is not bounded by DynoCap: {why}"
                 );

@@ -27,6 +27,9 @@ pub struct Config {
     /// `DYNOCAP_VM_ACCEL`: `kvm`, `tcg` or unset, as `dynocap doctor` explains it (the vm
     /// backend's crate applies it).
     pub vm_accel: Option<String>,
+    /// `DYNOCAP_EXEC_CGROUP`: `freezer`, `v2` or `pids` forces the hierarchy each command of
+    /// a jail runs in; unset, the best one the host has (the jail's crate applies it).
+    pub exec_cgroup: Option<String>,
     /// The images new sandboxes boot and how they are built.
     pub images: ImagesConfig,
     /// `DYNOCAP_AGENT`: the guest agent binary (unset or empty: `dynocap-agent` beside the

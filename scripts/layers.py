@@ -25,8 +25,8 @@ import sys
 LAYERS = [
     ("foundation", ["foundation"]),
     ("model", ["model"]),
-    ("host", ["host", "idpool", "usernet"]),
-    ("store", ["catalog", "catalog_file", "catalog_lock", "records"]),
+    ("host", ["host"]),
+    ("store", ["store"]),
     ("image", ["image"]),
     ("backend", ["backend"]),
     ("supervisor", ["supervisor"]),

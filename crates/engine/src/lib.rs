@@ -5,20 +5,15 @@
 //! Its layers, bottom up, each a folder that imports only the layers below it (checked by
 //! scripts/layers.py): `foundation` (errors, message terms, durable writes, git URLs), `model`
 //! (the shared types and requests), `host` (the state directory, child processes, hardened
-//! git; with `idpool` and `usernet`), the store (`catalog`, `records`), `image`,
+//! git, the id pool, the `nat` helper), `store` (the catalog, the record files), `image`,
 //! `backend`, `supervisor` and the client `facade` (`Engine`).
 
 pub(crate) mod foundation;
 pub(crate) mod model;
 
 pub(crate) mod host;
-pub mod idpool;
-pub mod usernet;
 
-pub mod catalog;
-mod catalog_file;
-mod catalog_lock;
-pub mod records;
+pub mod store;
 
 pub mod image;
 
@@ -40,12 +35,8 @@ pub use backend::vm_ready;
 pub use facade::{apply, ceilings, image_admin, pool, repair, standby};
 pub use foundation::{excerpt, git_url, ssh_key, terms};
 pub use model::{config, spec, task_spec};
+pub use store::{catalog, records};
 pub use supervisor::{agent_conn, control, exec, finish, import, workspace};
 // Public before the layers had folders, with items no code of the workspace uses today (git
 // protocols, `Detach::No`): kept public rather than deleted, which is not this layout's call.
 pub use host::{hardened_git, spawn};
-
-// The root paths the store's files and the host files left at the root (catalog*.rs,
-// records.rs, idpool.rs, usernet.rs) still use.
-pub(crate) use foundation::{durable, error};
-pub(crate) use host::{home, host_children};

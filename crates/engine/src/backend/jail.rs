@@ -9,9 +9,9 @@ use dynocap_backend_jail::JailError;
 
 use super::{agent_args, Backend, BootSpec, Guest, HostDisk, LayerSync, OomCounter};
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
+use crate::host::usernet;
 use crate::image::{AGENT_STATE_DIR, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 use crate::model::spec::Network;
-use crate::usernet;
 
 /// Linux namespaces, overlay root, seccomp, cgroups (crate `dynocap-backend-jail`).
 pub struct JailBackend;
@@ -313,12 +313,12 @@ impl Guest for JailGuest {
         Ok(())
     }
     fn kill(&mut self) -> Result<()> {
-        let network = crate::usernet::stop(&mut self.usernet);
+        let network = crate::host::usernet::stop(&mut self.usernet);
         self.jail.kill().map_err(JailFailure::Kill)?;
         network
     }
     fn destroy(mut self: Box<Self>) -> Result<()> {
-        let network = crate::usernet::stop(&mut self.usernet);
+        let network = crate::host::usernet::stop(&mut self.usernet);
         self.jail.destroy().map_err(JailFailure::Destroy)?;
         // After the reply (a teardown's place), so the next start's disk is ready and flushed
         // without anyone waiting for it. Best effort: without a spare, a start copies.
@@ -352,7 +352,7 @@ impl Guest for JailGuest {
             .map_err(|err| JailFailure::RaiseMemoryLimit(err).into())
     }
     fn stop_keeping_layer(mut self: Box<Self>) -> Result<()> {
-        let network = crate::usernet::stop(&mut self.usernet);
+        let network = crate::host::usernet::stop(&mut self.usernet);
         self.jail
             .stop_keeping_layers()
             .map_err(JailFailure::StopKeepingLayer)?;

@@ -58,7 +58,7 @@ pub struct BootSpec {
     /// Boot over the writable layer a stopped guest of this sandbox kept (recovering a task
     /// whose work was not saved), instead of a fresh one.
     pub reuse_layer: bool,
-    /// The sandbox's host id range (see [`crate::idpool`]); the same for every guest booted
+    /// The sandbox's host id range (see [`crate::host::idpool`]); the same for every guest booted
     /// over one state directory.
     pub id_range: u32,
     /// The guest's network. A recovery boot ([`BootSpec::reuse_layer`]) gets `None` whatever
@@ -99,7 +99,7 @@ pub trait Guest: Send {
     /// Stops the guest and releases its processes and resources, but keeps its writable layer
     /// (the agent's files) for a later guest to boot over ([`BootSpec::reuse_layer`]).
     fn stop_keeping_layer(self: Box<Self>) -> Result<()>;
-    /// A `nat` guest's pasta ([`crate::usernet`]): a pidfd, readable once pasta has exited.
+    /// A `nat` guest's pasta ([`crate::host::usernet`]): a pidfd, readable once pasta has exited.
     /// `None` for a guest without one (or whose network was ended).
     fn network_exit_fd(&self) -> Option<BorrowedFd<'_>> {
         None

@@ -4,7 +4,7 @@
 //! that crate's `accel`).
 //!
 //! Network `nat`: QEMU runs in a network namespace of its own with user networking (slirp),
-//! and the jail's pasta ([`crate::usernet`]) serves that namespace exactly as it serves a
+//! and the jail's pasta ([`crate::host::usernet`]) serves that namespace exactly as it serves a
 //! jail's, with the same `prohibit` routes for the host's own addresses. Those routes live
 //! in the namespace, out of the guest kernel's reach: guest root can rewrite the guest's
 //! routes and use raw sockets, and every packet still becomes a socket of QEMU's (an
@@ -19,8 +19,8 @@ use dynocap_backend_vm::{AccelChoice, Vm, VmError, VmSpec};
 
 use super::{agent_args, Backend, BootSpec, Guest, LayerSync, OomCounter};
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
+use crate::host::usernet;
 use crate::model::spec::Network;
-use crate::usernet;
 
 /// How long a guest may take from QEMU's start to the agent's first word. TCG on a loaded
 /// 2-core machine takes seconds; a minute and a half more is for a machine far busier.
@@ -241,12 +241,12 @@ impl Guest for VmGuest {
         ))
     }
     fn kill(&mut self) -> Result<()> {
-        let network = crate::usernet::stop(&mut self.usernet);
+        let network = crate::host::usernet::stop(&mut self.usernet);
         self.vm.kill().map_err(VmFailure::Kill)?;
         network
     }
     fn destroy(mut self: Box<Self>) -> Result<()> {
-        let network = crate::usernet::stop(&mut self.usernet);
+        let network = crate::host::usernet::stop(&mut self.usernet);
         self.vm.destroy().map_err(VmFailure::Destroy)?;
         network
     }
@@ -264,7 +264,7 @@ impl Guest for VmGuest {
         Err(Error::internal("a vm's memory cannot be raised after boot"))
     }
     fn stop_keeping_layer(mut self: Box<Self>) -> Result<()> {
-        let network = crate::usernet::stop(&mut self.usernet);
+        let network = crate::host::usernet::stop(&mut self.usernet);
         self.vm
             .stop_keeping_disk()
             .map_err(VmFailure::StopKeepingDisk)?;

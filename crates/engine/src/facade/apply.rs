@@ -22,10 +22,10 @@ use std::path::{Path, PathBuf};
 use dynocap_review::patch::{self, SensitivePath};
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{Kind, State};
 use crate::facade::sandboxes::{find, Engine};
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::model::task_spec::{FinishResult, TaskDetail};
+use crate::store::catalog::{Kind, State};
 use crate::supervisor::exec::sanitize_line;
 
 pub use repo::Uncommitted;

@@ -3,12 +3,12 @@
 //! host grants, because an MCP caller may be a prompt-injected model asking for every CPU and
 //! all the memory. A request above a ceiling is `policy_denied`, naming the variable.
 
-use crate::catalog::Record;
 use crate::foundation::error::{Error, ErrorCode, Result};
 use crate::foundation::terms::Param;
 use crate::host::memory::total_memory_mb;
 use crate::model::config::CeilingsConfig;
 use crate::model::spec::{CPUS_MAX, MEMORY_MB_DEFAULT, MEMORY_MB_MAX, TASK_CPUS_DEFAULT, TTL_MAX};
+use crate::store::catalog::Record;
 
 pub const MAX_CPUS: &str = "DYNOCAP_MAX_CPUS";
 pub const MAX_MEMORY_MB: &str = "DYNOCAP_MAX_MEMORY_MB";
@@ -286,11 +286,11 @@ mod tests {
         assert!(err.message.contains("DYNOCAP_MAX_TTL_SECONDS=600"), "{err}");
     }
 
-    fn record(state: crate::catalog::State, memory_mb: u64) -> Record {
+    fn record(state: crate::store::catalog::State, memory_mb: u64) -> Record {
         let now = chrono::Utc::now();
         Record {
             id: "sbx-x".into(),
-            kind: crate::catalog::Kind::Raw,
+            kind: crate::store::catalog::Kind::Raw,
             name: None,
             state,
             backend: "jail".into(),
@@ -311,7 +311,7 @@ mod tests {
 
     #[test]
     fn the_count_bounds_new_sandboxes_and_memory_limits_overcommit() {
-        use crate::catalog::State;
+        use crate::store::catalog::State;
         let c = with(&[(MAX_MEMORY_MB, "1000"), (MAX_SANDBOXES, "2")]).unwrap();
         // Limits add up past the memory ceiling: the kernel bounds what they really use.
         let one = [record(State::Running, 1000)];

@@ -5,11 +5,11 @@ use std::sync::atomic::AtomicBool;
 
 use serde::Serialize;
 
-use crate::catalog::{Record, State};
 use crate::facade::sandboxes::Engine;
 use crate::foundation::error::{Error, Result};
 use crate::image::build::{self, Outcome};
 use crate::image::store::{BuiltImage, ImageStore};
+use crate::store::catalog::{Record, State};
 
 /// One line of `image ls`.
 #[derive(Debug, Clone, Serialize)]

@@ -9,10 +9,10 @@
 //! them. Only a `run` whose sandbox could have come from the pool claims one: no network, the
 //! default disk (its size is fixed when the disk is made), the same backend.
 
-use crate::catalog::{Kind, Record, State};
 use crate::facade::sandboxes::{remove_leftovers, Engine, Keep, Via};
 use crate::foundation::error::Result;
 use crate::model::spec::{Network, RunSpec};
+use crate::store::catalog::{Kind, Record, State};
 use crate::supervisor::control::{Claim, ControlReply, ControlRequest};
 use crate::supervisor::process::Mode;
 
@@ -214,7 +214,7 @@ impl Engine {
     /// does not answer) is ended from here.
     async fn end_pool_member(
         &self,
-        catalog: &crate::catalog::Catalog,
+        catalog: &crate::store::catalog::Catalog,
         record: &Record,
     ) -> Result<()> {
         let destroyed = record.state == State::Pooled

@@ -9,11 +9,11 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{self, Record};
-use crate::catalog_file::{self, classify, suffixed, CatalogFailure, Failure, Import};
-use crate::catalog_lock;
 use crate::foundation::error::{Context, Result};
 use crate::host::home::Home;
+use crate::store::catalog::{self, Record};
+use crate::store::catalog_file::{self, classify, suffixed, CatalogFailure, Failure, Import};
+use crate::store::catalog_lock;
 
 /// What `repair` found and did.
 #[derive(Debug)]
@@ -158,8 +158,8 @@ fn move_aside(path: &Path) -> Result<Vec<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{Catalog, Kind, State};
     use crate::model::spec::Network;
+    use crate::store::catalog::{Catalog, Kind, State};
 
     fn populated() -> (tempfile::TempDir, Home, Vec<Record>) {
         let dir = tempfile::tempdir().expect("tempdir");

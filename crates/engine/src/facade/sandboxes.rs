@@ -9,7 +9,6 @@ use rand::Rng;
 use tokio::io::BufReader;
 use tokio::net::UnixStream;
 
-use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
 use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
 use crate::foundation::terms::{Op, Words};
 use crate::host::home::Home;
@@ -17,6 +16,7 @@ use crate::model::config::Config;
 pub use crate::model::sandbox_info::{rfc3339, SandboxInfo};
 use crate::model::spec::{ExecSpec, RunSpec};
 use crate::model::task_spec::{Progress, TaskDetail};
+use crate::store::catalog::{Catalog, Kind, ProcessId, Record, State};
 use crate::supervisor::clone::{CREDENTIALS_FD_ENV, SUPERVISOR_CREDENTIALS_FD};
 use crate::supervisor::control::{
     read_message, write_message, ControlReply, ControlRequest, OutputChannel,
@@ -158,7 +158,7 @@ impl Engine {
     /// exec) is not part of the call's latency.
     pub async fn run_leaving_pool(&self, spec: &RunSpec) -> Result<SandboxInfo> {
         self.admit(spec.cpus, spec.memory_mb, spec.disk_mb, spec.ttl_seconds)?;
-        crate::usernet::ensure_available(spec.network)?;
+        crate::host::usernet::ensure_available(spec.network)?;
         if let Some(record) = self.claim_from_pool(spec).await? {
             return Ok(SandboxInfo::from_record(&record));
         }

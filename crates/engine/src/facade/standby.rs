@@ -40,8 +40,8 @@ use nix::sys::socket::{
     SockFlag, SockType,
 };
 
-use crate::catalog::Kind;
 use crate::facade::sandboxes::Engine;
+use crate::store::catalog::Kind;
 
 // Log lines keep the target they had before the engine's layer folders: people, the e2e
 // tests and log filters read them by it.

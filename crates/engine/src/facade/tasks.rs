@@ -4,8 +4,6 @@
 
 use std::os::fd::AsFd;
 
-use crate::catalog::Catalog;
-use crate::catalog::{Kind, Record, State};
 use crate::facade::sandboxes::{
     find, remove_leftovers, rfc3339, unexpected, Engine, Handed, Keep, SandboxInfo, Via,
 };
@@ -16,6 +14,8 @@ use crate::model::task_spec::{
     DiffResult, FinishResult, LsResult, Progress, ResultBrief, RmResult, Skipped, Source,
     SourceInfo, TaskDetail, TaskInfo, TaskStartSpec,
 };
+use crate::store::catalog::Catalog;
+use crate::store::catalog::{Kind, Record, State};
 use crate::supervisor::control::{ControlReply, ControlRequest};
 use crate::supervisor::egress::EgressSpec;
 use crate::supervisor::exec::ExecResult;
@@ -59,7 +59,7 @@ impl Engine {
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<TaskInfo> {
         self.admit(spec.cpus, spec.memory_mb, spec.disk_mb, spec.ttl_seconds)?;
-        crate::usernet::ensure_available(spec.network)?;
+        crate::host::usernet::ensure_available(spec.network)?;
         let mut start = spec.clone();
         // The credentials of a repository URL are kept apart from here: the record holds the
         // URL without them, the supervisor gets them on a pipe.

@@ -23,7 +23,6 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 
 use crate::backend::{self, BootSpec, Guest, LayerSync};
-use crate::catalog::{Catalog, Kind, ProcessId, Record, State};
 use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
 use crate::foundation::failpoint;
 use crate::host::disk_room::PendingRoom;
@@ -35,6 +34,7 @@ use crate::model::spec;
 use crate::model::spec::ExecSpec;
 use crate::model::spec::Network;
 use crate::model::task_spec::{DiffResult, FinishResult, Progress, Source, SourceInfo, TaskDetail};
+use crate::store::catalog::{Catalog, Kind, ProcessId, Record, State};
 use crate::supervisor::agent_conn::AgentConn;
 use crate::supervisor::control::{
     read_message, write_message, Claim, ControlReply, ControlRequest, OutputChannel, OutputChunk,
@@ -272,7 +272,7 @@ fn boot(
     let state_dir = home.sandbox_dir(id);
     std::fs::create_dir_all(&state_dir)
         .context(format_args!("creating {}", state_dir.display()))?;
-    let id_range = crate::idpool::reserve(home, id)?;
+    let id_range = crate::host::idpool::reserve(home, id)?;
     let spec = BootSpec {
         id: id.to_owned(),
         hostname: record.name.clone().unwrap_or_else(|| id.to_owned()),

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use dynocap_review::patch::{self, DiffSummary};
 use serde::Serialize;
 
-use crate::catalog::State;
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::model::task_spec::{FinishResult, SourceInfo};
+use crate::store::catalog::State;
 use crate::supervisor::agent_conn::AgentConn;
 use crate::supervisor::finish;
 use crate::supervisor::workspace;

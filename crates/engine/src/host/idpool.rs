@@ -2,15 +2,11 @@
 //! state directory, under an `flock`) is [`dynocap_host::idpool`]'s; this says where a home
 //! keeps the records and the lock, and which records must survive a power loss.
 
-use std::path::Path;
-
 use dynocap_host::idpool::{Durability, IdPool};
 
-use crate::catalog::Kind;
-use crate::error::{Error, Result};
-use crate::home::Home;
-
-pub use dynocap_host::idpool::RANGE_FILE;
+use crate::foundation::error::{Error, Result};
+use crate::host::home::Home;
+use crate::model::lifecycle::Kind;
 
 /// The lock file in `DYNOCAP_HOME` that serialises allocations.
 const LOCK_FILE: &str = "idrange.lock";
@@ -36,11 +32,6 @@ pub fn reserve(home: &Home, id: &str) -> Result<u32> {
     };
     pool.reserve(&home.sandbox_dir(id), durability)
         .map_err(|err| Error::internal(err.to_string()))
-}
-
-/// The index a state directory records, if it records one.
-pub fn recorded(state_dir: &Path) -> Result<Option<u32>> {
-    dynocap_host::idpool::recorded(state_dir).map_err(|err| Error::internal(err.to_string()))
 }
 
 #[cfg(test)]
@@ -81,17 +72,28 @@ mod tests {
         // A second boot over the same state dir (a recovery) reads the recorded range.
         assert_eq!(reserve(&home, "sbx-a").expect("again"), 0);
         assert_eq!(reserve(&home, "sbx-b").expect("again"), 1);
-        assert_eq!(recorded(&home.sandbox_dir("sbx-a")).expect("read"), Some(0));
+        assert_eq!(
+            dynocap_host::idpool::recorded(&home.sandbox_dir("sbx-a")).expect("read"),
+            Some(0)
+        );
     }
 
     #[test]
     fn damaged_record_is_an_internal_error_that_names_the_file() {
         let (_dir, home) = home();
         std::fs::create_dir_all(home.sandbox_dir("sbx-a")).expect("dir");
-        std::fs::write(home.sandbox_dir("sbx-a").join(RANGE_FILE), "x\n").expect("write");
+        std::fs::write(
+            home.sandbox_dir("sbx-a")
+                .join(dynocap_host::idpool::RANGE_FILE),
+            "x\n",
+        )
+        .expect("write");
         let err = reserve(&home, "sbx-a").expect_err("damaged");
-        assert_eq!(err.code, crate::error::ErrorCode::Internal);
-        assert!(err.message.contains(RANGE_FILE), "{err}");
+        assert_eq!(err.code, crate::foundation::error::ErrorCode::Internal);
+        assert!(
+            err.message.contains(dynocap_host::idpool::RANGE_FILE),
+            "{err}"
+        );
         // Others still allocate.
         assert_eq!(new_sandbox(&home, "sbx-b"), 0);
     }

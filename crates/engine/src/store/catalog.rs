@@ -14,13 +14,13 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 
-use crate::catalog_file::{self, classify, CatalogFailure, Connected, Failure};
-use crate::catalog_lock;
-use crate::error::{Error, Result};
-use crate::home::Home;
+use crate::foundation::error::{Error, Result};
+use crate::host::home::Home;
 pub use crate::model::lifecycle::{Kind, ProcessId, State};
-use crate::records;
 use crate::spec::Network;
+use crate::store::catalog_file::{self, classify, CatalogFailure, Connected, Failure};
+use crate::store::catalog_lock;
+use crate::store::records;
 
 /// One catalog row, and the content of its record file. The serde form is JSON only: the
 /// detail is embedded as the JSON it is, and timestamps are RFC 3339 to the second, as the
@@ -583,7 +583,7 @@ fn name_taken(conn: &Connection, name: &str) -> Failure {
 /// (`None`: by one that could not be read).
 fn name_taken_by(name: &str, holder: Option<(Kind, State)>) -> Error {
     use crate::foundation::terms::Op;
-    Error::worded(crate::error::ErrorCode::Conflict, |s| {
+    Error::worded(crate::foundation::error::ErrorCode::Conflict, |s| {
         let taken = format!("the name \"{name}\" is already taken");
         match holder {
             Some((Kind::Raw, _)) => format!(

@@ -14,11 +14,11 @@ use std::time::Duration;
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode as Sqlite, TransactionBehavior};
 
-use crate::catalog::{self, Record};
-use crate::catalog_lock::{self, LOCK_TIMEOUT};
-use crate::error::{Coded, Error, ErrorCode};
-use crate::home::Home;
-use crate::records;
+use crate::foundation::error::{Coded, Error, ErrorCode};
+use crate::host::home::Home;
+use crate::store::catalog::{self, Record};
+use crate::store::catalog_lock::{self, LOCK_TIMEOUT};
+use crate::store::records;
 
 /// How long SQLite waits for another connection's write to finish.
 const BUSY_TIMEOUT: Duration = LOCK_TIMEOUT;

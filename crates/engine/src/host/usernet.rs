@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use dynocap_host::{find_pasta, usernet_log_worthy, UserNet};
 
-use crate::error::{Coded, Context, Error, ErrorCode, Result};
-use crate::host_children;
+use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
+use crate::host::host_children;
 
 /// The guest's resolver: pasta answers DNS sent here by forwarding it to the host's first
 /// nameserver. Link-local, so it collides with nothing the guest may want to reach, and

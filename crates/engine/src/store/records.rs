@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{Kind, Record};
-use crate::error::{Coded, Context, ErrorCode, Result};
-use crate::home::{Home, RECORD_FILE};
+use crate::foundation::error::{Coded, Context, ErrorCode, Result};
+use crate::host::home::{Home, RECORD_FILE};
+use crate::store::catalog::{Kind, Record};
 
 /// The record file format this build writes and the newest it reads.
 pub const FORMAT: u32 = 1;
@@ -75,8 +75,8 @@ pub fn save(home: &Home, record: &Record) -> Result<()> {
     // dies with its guest, which a power loss ends anyway, so it skips the fsyncs that would
     // otherwise sit on the path of every `run` and `destroy`.
     let written = match record.kind {
-        Kind::Task => crate::durable::replace(&path, &text),
-        Kind::Raw => crate::durable::replace_unsynced(&path, &text),
+        Kind::Task => crate::foundation::durable::replace(&path, &text),
+        Kind::Raw => crate::foundation::durable::replace_unsynced(&path, &text),
     };
     written.map_err(|source| {
         match source.raw_os_error() {
@@ -318,8 +318,8 @@ impl Coded for RecordFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{ProcessId, State};
     use crate::spec::Network;
+    use crate::store::catalog::{ProcessId, State};
     use std::os::unix::fs::PermissionsExt;
 
     fn home() -> (tempfile::TempDir, Home) {

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::error::{Coded, ErrorCode, Result};
-use crate::home::Home;
+use crate::foundation::error::{Coded, ErrorCode, Result};
+use crate::host::home::Home;
 
 /// How long to wait for another process to release the lock; as long as SQLite's own busy
 /// timeout, since both guard the same short critical sections.

@@ -290,8 +290,7 @@ pub fn sandbox_rows(sandboxes: &[SandboxInfo]) -> Vec<Vec<String>> {
                 s.network.clone(),
                 s.cpus.to_string(),
                 s.memory_mb.to_string(),
-                s.disk_mb
-                    .map_or_else(|| "-".to_owned(), |mb| mb.to_string()),
+                s.disk_mb.to_string(),
                 s.expires_at.clone(),
             ]
         })

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
 use crate::host::home::Home;
-pub use crate::model::image_ref::{default_image_name, ImageRef, DEFAULT_IMAGE};
+pub use crate::model::image_ref::{ImageRef, DEFAULT_IMAGE};
 
 pub mod build;
 mod customise;

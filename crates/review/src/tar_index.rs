@@ -40,7 +40,7 @@ pub fn index_path(tar: &Path) -> PathBuf {
 /// Why an index cannot be used; the caller then reads the tar itself.
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
-    /// No index: a baseline made before indexes were written, or the write failed.
+    /// No index: its write failed, or someone removed it.
     #[error("{} does not exist", .0.display())]
     Missing(PathBuf),
     /// It was made for another tar (or the tar changed since).

@@ -702,7 +702,7 @@ fn sandbox_properties() -> Map<String, Value> {
         "network": { "type": "string", "enum": NETWORK_VALUES },
         "cpus": { "type": "integer" },
         "memoryMB": { "type": "integer" },
-        "diskMB": { "type": "integer", "description": "Disk limit in MB (absent in records made before disks had a limit)." },
+        "diskMB": { "type": "integer", "description": "Disk limit in MB." },
         "ttlSeconds": { "type": "integer" },
         "createdAt": { "type": "string", "description": "RFC 3339." },
         "expiresAt": { "type": "string", "description": "RFC 3339." },

@@ -45,7 +45,7 @@ impl SandboxInfo {
             network: record.network.as_str().to_owned(),
             cpus: record.cpus,
             memory_mb: record.memory_mb,
-            disk_mb: Some(record.disk_mb),
+            disk_mb: record.disk_mb,
             ttl_seconds: record.ttl_seconds,
             created_at: rfc3339(record.created_at),
             expires_at: rfc3339(record.expires_at),

@@ -531,7 +531,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         network: record.network.as_str().to_owned(),
         cpus: record.cpus,
         memory_mb: record.memory_mb,
-        disk_mb: Some(record.disk_mb),
+        disk_mb: record.disk_mb,
         ttl_seconds: record.ttl_seconds,
         created_at: rfc3339(record.created_at),
         expires_at: rfc3339(record.expires_at),

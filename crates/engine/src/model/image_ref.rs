@@ -22,9 +22,3 @@ impl ImageRef {
         }
     }
 }
-
-/// The image of a listing or result written before sandboxes had images: [`DEFAULT_IMAGE`]
-/// (a serde default).
-pub fn default_image_name() -> String {
-    DEFAULT_IMAGE.to_owned()
-}

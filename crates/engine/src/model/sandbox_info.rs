@@ -15,9 +15,8 @@ pub struct SandboxInfo {
     pub cpus: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
-    /// `None` for a record made before sandboxes had a disk limit.
-    #[serde(rename = "diskMB", default, skip_serializing_if = "Option::is_none")]
-    pub disk_mb: Option<u64>,
+    #[serde(rename = "diskMB")]
+    pub disk_mb: u64,
     pub ttl_seconds: u64,
     pub created_at: String,
     pub expires_at: String,
@@ -25,7 +24,6 @@ pub struct SandboxInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_allowlist: Option<Vec<String>>,
     /// The image the sandbox boots (`host` or a built image's name).
-    #[serde(default = "crate::model::image_ref::default_image_name")]
     pub image: String,
     /// The built image's content id (none for `host`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -81,7 +81,7 @@ pub struct RunSpec {
     pub cpus: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
-    #[serde(rename = "diskMB", default = "default_disk_mb")]
+    #[serde(rename = "diskMB")]
     pub disk_mb: u64,
     /// Hosts a `filtered` sandbox may also reach (`--allow-host`), beyond the operator's list.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -92,11 +92,6 @@ pub struct RunSpec {
     /// The backend to boot on (`--backend`); `None`: `DYNOCAP_BACKEND`, else `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<crate::model::backend_choice::BackendChoice>,
-}
-
-/// The disk of a spec written before disks had a size.
-pub fn default_disk_mb() -> u64 {
-    DISK_MB_DEFAULT
 }
 
 impl RunSpec {

@@ -21,8 +21,7 @@ pub struct SourceInfo {
     pub bytes: u64,
     /// The commit the imported tree was taken on top of (`HEAD` then; for a `repositoryUrl`
     /// task the commit it cloned, to which its patch applies); absent when the project was not
-    /// a git repository or had no commit, and in records made before it was kept. `task apply`
-    /// branches from it.
+    /// a git repository or had no commit. `task apply` branches from it.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub base_commit: Option<String>,
     /// `skipped` and `skippedTotal`.
@@ -41,9 +40,9 @@ pub const SKIPPED_LISTED: usize = 50;
 /// never fails for these, so this is the only way a caller learns of them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Skipped {
-    #[serde(rename = "skipped", default)]
+    #[serde(rename = "skipped")]
     pub paths: Vec<SkippedPath>,
-    #[serde(rename = "skippedTotal", default)]
+    #[serde(rename = "skippedTotal")]
     pub total: u64,
 }
 
@@ -152,9 +151,8 @@ pub struct TaskInfo {
     pub cpus: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u64,
-    /// `None` for a record made before sandboxes had a disk limit.
-    #[serde(rename = "diskMB", default, skip_serializing_if = "Option::is_none")]
-    pub disk_mb: Option<u64>,
+    #[serde(rename = "diskMB")]
+    pub disk_mb: u64,
     pub ttl_seconds: u64,
     pub created_at: String,
     pub expires_at: String,
@@ -171,7 +169,6 @@ pub struct TaskInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_allowlist: Option<Vec<String>>,
     /// The image the task boots (`host` or a built image's name).
-    #[serde(default = "crate::model::image_ref::default_image_name")]
     pub image: String,
     /// The built image's content id (none for `host`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

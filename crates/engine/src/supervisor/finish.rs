@@ -253,8 +253,8 @@ fn verdict(failure: Failure) -> String {
     }
 }
 
-/// The baseline's offset index, when there is a sound one. Without (a baseline made before
-/// indexes were written, or a damaged index), verification reads every header of the tar
+/// The baseline's offset index, when there is a sound one. Without (its write failed, or it
+/// was damaged), verification reads every header of the tar
 /// instead: slower, same verdict, so nothing to refuse.
 fn usable_index(baseline_tar: &Path) -> Option<TarIndex> {
     match TarIndex::load(baseline_tar) {

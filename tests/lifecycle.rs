@@ -202,6 +202,28 @@ fn killed_supervisor_leaves_no_guest_and_record_is_lost() {
         .is_empty());
 }
 
+/// A destroy has answered once its guest is dead; the teardown after it (cgroups, the disk)
+/// is the supervisor's business, and neither `ps` nor `ls` shows the sandbox meanwhile.
+#[test]
+fn a_destroyed_sandbox_is_gone_from_ps_and_ls_while_its_teardown_runs() {
+    if !require_root("a_destroyed_sandbox_is_gone_from_ps_and_ls_while_its_teardown_runs") {
+        return;
+    }
+    // The supervisor waits three seconds between its answer and the teardown.
+    let home =
+        TestHome::new().with_env("DYNOCAP_FAILPOINTS", "supervisor.destroy.replied=sleep(3000)");
+    home.sandbox("going", &[]);
+    let supervisor = home.supervisor_pids()[0];
+    assert_eq!(home.json(&["destroy", "going"])["destroyed"], "going");
+    assert!(pid_exists(supervisor), "the teardown is still to come");
+    assert_eq!(home.json(&["ps"])["sandboxes"], serde_json::json!([]));
+    assert_eq!(home.json(&["ls"])["sandboxes"], serde_json::json!([]));
+    assert!(
+        wait_until(20, || !pid_exists(supervisor)),
+        "the supervisor ends after its teardown"
+    );
+}
+
 #[test]
 fn destroy_answers_once_the_guest_is_dead_and_a_supervisor_dying_after_that_is_cleaned_up() {
     if !require_root(

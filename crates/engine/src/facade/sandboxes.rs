@@ -500,9 +500,7 @@ impl Engine {
         Ok(catalog
             .list()?
             .into_iter()
-            // A destroyed one is only waiting for its supervisor to finish the teardown; the
-            // warm pool's are nobody's yet.
-            .filter(|r| r.kind == Kind::Raw && r.state != State::Destroyed && !r.state.is_pool())
+            .filter(|r| r.kind == Kind::Raw && is_listed(r))
             .map(|mut record| {
                 deferred.annotate(&mut record);
                 SandboxInfo::from_record(&record)
@@ -979,6 +977,13 @@ fn not_running(s: &Words, name: &str, kind: Kind, state: State) -> String {
             s.op(Op::Run, name)
         ),
     }
+}
+
+/// Whether a raw sandbox's record is one `ps` and `ls` show: not a destroyed one (it only
+/// waits for its supervisor to finish the teardown after the destroy answered), nor the warm
+/// pool's (nobody's yet).
+pub(crate) fn is_listed(record: &Record) -> bool {
+    record.state != State::Destroyed && !record.state.is_pool()
 }
 
 /// The record bound to `name` (or with that id). A name that matches nothing is answered with

@@ -395,7 +395,7 @@ impl Engine {
         task_info(&record)
     }
 
-    /// Tasks (live and retained) and raw sandboxes.
+    /// Tasks (live and retained) and raw sandboxes (those `ps` lists).
     pub fn ls(&self) -> Result<LsResult> {
         let catalog = self.catalog()?;
         let deferred = self.reconcile_for_reading(&catalog)?;
@@ -405,7 +405,10 @@ impl Engine {
             deferred.annotate(&mut record);
             match record.kind {
                 Kind::Task => tasks.push(task_info(&record)?),
-                Kind::Raw => sandboxes.push(SandboxInfo::from_record(&record)),
+                Kind::Raw if crate::facade::sandboxes::is_listed(&record) => {
+                    sandboxes.push(SandboxInfo::from_record(&record))
+                }
+                Kind::Raw => {}
             }
         }
         Ok(LsResult { tasks, sandboxes })

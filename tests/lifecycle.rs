@@ -210,8 +210,10 @@ fn a_destroyed_sandbox_is_gone_from_ps_and_ls_while_its_teardown_runs() {
         return;
     }
     // The supervisor waits three seconds between its answer and the teardown.
-    let home =
-        TestHome::new().with_env("DYNOCAP_FAILPOINTS", "supervisor.destroy.replied=sleep(3000)");
+    let home = TestHome::new().with_env(
+        "DYNOCAP_FAILPOINTS",
+        "supervisor.destroy.replied=sleep(3000)",
+    );
     home.sandbox("going", &[]);
     let supervisor = home.supervisor_pids()[0];
     assert_eq!(home.json(&["destroy", "going"])["destroyed"], "going");

@@ -453,9 +453,17 @@ fn clients_unlike_the_server_never_reach_it() {
             .output()
             .expect("spawn the installed client")
     };
+    let served = |out: Output| {
+        assert!(
+            out.status.success(),
+            "the installed client's ps: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
     let mut before = Vec::new();
     assert!(wait_until(30, || {
-        assert!(client(&installed).status.success());
+        served(client(&installed));
         before = command_servers(installed.path());
         !before.is_empty()
     }));
@@ -464,7 +472,7 @@ fn clients_unlike_the_server_never_reach_it() {
     std::fs::rename(&replacement, bin.path().join("dynocap-core")).expect("replace");
     let mut after = Vec::new();
     assert!(wait_until(30, || {
-        assert!(client(&installed).status.success());
+        served(client(&installed));
         after = command_servers(installed.path());
         after.len() == 2
     }));

@@ -7,7 +7,7 @@
 use crate::host::home::Home;
 use crate::image::{self, store::ImageStore, Image};
 use crate::model::config::Config;
-use dynocap_backend_vm::accel::{self, Kvm, ENV};
+use dynocap_backend_vm::accel::{self, AccelChoice, Kvm, ENV};
 use dynocap_backend_vm::Accel;
 
 /// What TCG costs, for the sentences that offer it.
@@ -83,13 +83,15 @@ fn check_image(home: &Home, config: &Config, image: &Image, probe: bool) -> VmRe
         );
     }
     let cache = home.cache_dir().join("vm");
-    let setting = config.vm_accel.clone().unwrap_or_default();
+    let choice = AccelChoice::parse(config.vm_accel.as_deref());
+    // `None`: a setting that names no accelerator (`choose` below says so).
+    let chosen_setting = choice.as_ref().ok().copied();
     let tcg_hint = format!(
         "set {ENV}=tcg to run VMs under TCG ({TCG_COST}), or use the jail backend \
          (`--backend jail`, DYNOCAP_BACKEND=jail)"
     );
     let recorded = accel::record_path(&cache, &kernel.image).is_ok_and(|p| p.is_file());
-    if !probe && !recorded && setting != "tcg" {
+    if !probe && !recorded && chosen_setting != Some(AccelChoice::Tcg) {
         return VmReadiness::not_ready(
             format!(
                 "whether KVM boots the image \"{name}\"'s kernel here is not known yet: the \
@@ -101,41 +103,43 @@ fn check_image(home: &Home, config: &Config, image: &Image, probe: bool) -> VmRe
             ),
         );
     }
-    let chosen = accel::AccelChoice::parse(config.vm_accel.as_deref())
-        .and_then(|choice| accel::choose(choice, &cache, &kernel.image));
-    match chosen {
+    match choice.and_then(|choice| accel::choose(choice, &cache, &kernel.image)) {
         Ok(Accel::Tcg) => VmReadiness::ready(format!(
             "the image \"{name}\" boots under TCG ({ENV}=tcg): {TCG_COST}"
         )),
-        Ok(Accel::Kvm) if setting == "kvm" => match accel::kvm_verdict(&cache, &kernel.image) {
-            // Forced KVM is used without the probe's say-so: where the probe saw it fail, a
-            // start waits out its boot timeout and then fails.
-            Ok(Kvm::Fails { .. }) => VmReadiness::not_ready(
-                format!(
+        Ok(Accel::Kvm) if chosen_setting == Some(AccelChoice::Kvm) => {
+            match accel::kvm_verdict(&cache, &kernel.image) {
+                // Forced KVM is used without the probe's say-so: where the probe saw it fail, a
+                // start waits out its boot timeout and then fails.
+                Ok(Kvm::Fails { .. }) => VmReadiness::not_ready(
+                    format!(
                     "{ENV}=kvm forces KVM, but KVM does not boot the image \"{name}\"'s kernel \
                      here (the probe saw no boot within {}s, recorded in {}): starts will time \
                      out",
                     dynocap_backend_vm::probe::TIMEOUT.as_secs(),
                     recorded_at(&cache, &kernel.image)
                 ),
-                tcg_hint,
-            ),
-            _ => VmReadiness::ready(format!("the image \"{name}\" boots under KVM ({ENV}=kvm)")),
-        },
+                    tcg_hint,
+                ),
+                _ => {
+                    VmReadiness::ready(format!("the image \"{name}\" boots under KVM ({ENV}=kvm)"))
+                }
+            }
+        }
         Ok(Accel::Kvm) => VmReadiness::ready(format!(
             "the image \"{name}\" boots under KVM (the probe found KVM boots its kernel here, \
              recorded in {})",
             recorded_at(&cache, &kernel.image)
         )),
         Err(err) => {
-            let why = match (setting.as_str(), accel::kvm_verdict(&cache, &kernel.image)) {
-                ("" | "auto", Ok(Kvm::Fails { .. })) => format!(
+            let why = match (chosen_setting, accel::kvm_verdict(&cache, &kernel.image)) {
+                (Some(AccelChoice::Auto), Ok(Kvm::Fails { .. })) => format!(
                     "KVM does not boot its kernel here (the probe saw no boot within {}s, \
                      recorded in {}) and {ENV} names no other accelerator",
                     dynocap_backend_vm::probe::TIMEOUT.as_secs(),
                     recorded_at(&cache, &kernel.image)
                 ),
-                ("" | "auto", Ok(Kvm::Absent(why))) => {
+                (Some(AccelChoice::Auto), Ok(Kvm::Absent(why))) => {
                     format!("{why}, and {ENV} names no other accelerator")
                 }
                 _ => err.to_string(),

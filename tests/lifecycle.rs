@@ -285,12 +285,22 @@ fn ten_sandboxes_side_by_side() {
         return;
     }
     let home = TestHome::new();
+    // Small disks: the test is about isolation, and ten default disks would set aside
+    // 20 GB of the host, more than a shared CI machine may have free.
     let names: Vec<String> = (0..10).map(|i| format!("side{i}")).collect();
     let handles: Vec<_> = names
         .iter()
         .map(|name| {
             let mut cmd = home.command();
-            cmd.args(["--json", "run", name, "--memory-mb", "256"]);
+            cmd.args([
+                "--json",
+                "run",
+                name,
+                "--memory-mb",
+                "256",
+                "--disk-mb",
+                "256",
+            ]);
             std::thread::spawn(move || cmd.output().expect("spawn"))
         })
         .collect();

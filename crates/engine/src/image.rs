@@ -160,14 +160,14 @@ pub fn host_image(images_dir: &Path) -> Result<Image> {
     let dir = images_dir.join("host");
     let root = dir.join(format!("rootfs-r{HOST_IMAGE_REVISION}"));
     if !root.is_dir() {
-        fs::create_dir_all(&dir).context(format_args!("creating {}", dir.display()))?;
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let lock_path = dir.join(".lock");
         let lock_file = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&lock_path)
-            .context(format_args!("opening {}", lock_path.display()))?;
+            .with_context(|| format!("opening {}", lock_path.display()))?;
         let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, source)| ImageFailure::Lock {
                 path: lock_path.clone(),
@@ -218,14 +218,14 @@ fn is_regular_file(path: &Path) -> bool {
 /// Builds the skeleton in a staging directory and renames it into place, so a crash mid-build
 /// never leaves a half-made image that later sandboxes would use. Callers hold the lock.
 fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
-    fs::create_dir_all(dir).context(format_args!("creating {}", dir.display()))?;
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let staging = dir.join(format!("rootfs.new-{}", std::process::id()));
     let _ = fs::remove_dir_all(&staging);
     let mk = |rel: &str, mode: u32| -> Result<()> {
         let path = staging.join(rel);
-        fs::create_dir_all(&path).context(format_args!("creating {}", path.display()))?;
+        fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))
-            .context(format_args!("setting the mode of {}", path.display()))
+            .with_context(|| format!("setting the mode of {}", path.display()))
     };
     mk("", 0o755)?;
     for rel in [
@@ -243,8 +243,9 @@ fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
         match fs::symlink_metadata(&host) {
             Ok(meta) if meta.file_type().is_symlink() => {
                 let link =
-                    fs::read_link(&host).context(format_args!("reading {}", host.display()))?;
-                symlink(&link, &target).context(format_args!("creating {}", target.display()))?;
+                    fs::read_link(&host).with_context(|| format!("reading {}", host.display()))?;
+                symlink(&link, &target)
+                    .with_context(|| format!("creating {}", target.display()))?;
             }
             Ok(meta) if meta.is_dir() => mk(name, 0o755)?,
             _ => {}
@@ -301,9 +302,9 @@ fn build_host_skeleton(dir: &Path, root: &Path) -> Result<()> {
 }
 
 fn write_file(path: &Path, content: &str, mode: u32) -> Result<()> {
-    fs::write(path, content).context(format_args!("writing {}", path.display()))?;
+    fs::write(path, content).with_context(|| format!("writing {}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .context(format_args!("setting the mode of {}", path.display()))
+        .with_context(|| format!("setting the mode of {}", path.display()))
 }
 
 /// What failed with the images on the host: finding, building, copying or removing one. The

@@ -135,17 +135,19 @@ fn move_aside(path: &Path) -> Result<Vec<PathBuf>> {
             continue;
         }
         let to = suffixed(&base, suffix);
-        std::fs::rename(&from, &to).context(format_args!(
-            "moving the damaged {} aside to {}",
-            from.display(),
-            to.display()
-        ))?;
+        std::fs::rename(&from, &to).with_context(|| {
+            format!(
+                "moving the damaged {} aside to {}",
+                from.display(),
+                to.display()
+            )
+        })?;
         moved.push(to);
     }
     if let Some(dir) = path.parent() {
         std::fs::File::open(dir)
             .and_then(|dir| dir.sync_all())
-            .context(format_args!("syncing {}", dir.display()))?;
+            .with_context(|| format!("syncing {}", dir.display()))?;
     }
     // The catalog itself first, as the report lists it.
     if let Some(at) = moved.iter().position(|p| *p == base) {

@@ -343,7 +343,7 @@ impl Engine {
             .create(true)
             .append(true)
             .open(&log_path)
-            .context(format_args!("opening {}", log_path.display()))?;
+            .with_context(|| format!("opening {}", log_path.display()))?;
         let log = OwnedFd::from(log);
         let handed = match via {
             Via::Spawn(handed) => handed,

@@ -4,7 +4,7 @@
 
 use dynocap_host::idpool::{Durability, IdPool};
 
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::{Coded, ErrorCode, Result};
 use crate::host::home::Home;
 use crate::model::lifecycle::Kind;
 
@@ -30,8 +30,23 @@ pub fn reserve(home: &Home, id: &str) -> Result<u32> {
     } else {
         Durability::Unsynced
     };
-    pool.reserve(&home.sandbox_dir(id), durability)
-        .map_err(|err| Error::internal(err.to_string()))
+    Ok(pool
+        .reserve(&home.sandbox_dir(id), durability)
+        .map_err(IdPoolFailure)?)
+}
+
+/// The pool could not hand out or record a range; the host crate's text says which file
+/// and what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct IdPoolFailure(#[source] dynocap_host::HostError);
+
+impl Coded for IdPoolFailure {
+    /// The pool's files are the operator's to fix (or `dynocap doctor --repair`'s), never
+    /// the caller's.
+    fn code(&self) -> ErrorCode {
+        ErrorCode::Internal
+    }
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ pub fn write_resolv_conf(state_dir: &Path) -> Result<PathBuf> {
         &path,
         format!("# DynoCap: network \"nat\" (DNS through pasta)\nnameserver {DNS_FORWARD}\n"),
     )
-    .context(format_args!("writing {}", path.display()))?;
+    .with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }
 

@@ -98,10 +98,8 @@ pub fn build(
         customise::customise(&staging.path.join("rootfs"), &recipe)?;
         let meta = customise::describe(&staging.path.join("rootfs"), &recipe, &id);
         let json = serde_json::to_string_pretty(&meta).expect("image metadata always serialises");
-        fs::write(staging.path.join(META_FILE), json + "\n").context(format_args!(
-            "writing {}",
-            staging.path.join(META_FILE).display()
-        ))?;
+        fs::write(staging.path.join(META_FILE), json + "\n")
+            .with_context(|| format!("writing {}", staging.path.join(META_FILE).display()))?;
         Origin::Built
     };
     if cancel.load(Ordering::SeqCst) {
@@ -161,14 +159,14 @@ struct BuildLock {
 
 impl BuildLock {
     fn take(parent: &Path, progress: &dyn Fn(&str)) -> Result<BuildLock> {
-        fs::create_dir_all(parent).context(format_args!("creating {}", parent.display()))?;
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         let path = parent.join(".build.lock");
         let file = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
-            .context(format_args!("opening {}", path.display()))?;
+            .with_context(|| format!("opening {}", path.display()))?;
         let file = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
         {
             Ok(lock) => return Ok(BuildLock { _lock: lock }),
@@ -205,9 +203,9 @@ impl Staging {
             std::process::id(),
             rand::random::<u32>()
         ));
-        fs::create_dir(&path).context(format_args!("creating {}", path.display()))?;
+        fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
-            .context(format_args!("setting the mode of {}", path.display()))?;
+            .with_context(|| format!("setting the mode of {}", path.display()))?;
         Ok(Staging {
             path,
             installed: false,
@@ -216,11 +214,13 @@ impl Staging {
 
     /// Renames the build into place: the image appears whole or not at all.
     fn install(mut self, target: &Path) -> Result<()> {
-        fs::rename(&self.path, target).context(format_args!(
-            "installing the image {} at {}",
-            self.path.display(),
-            target.display()
-        ))?;
+        fs::rename(&self.path, target).with_context(|| {
+            format!(
+                "installing the image {} at {}",
+                self.path.display(),
+                target.display()
+            )
+        })?;
         self.installed = true;
         Ok(())
     }
@@ -239,7 +239,7 @@ impl Drop for Staging {
 /// Removes the `.tmp-*` directories of builds that died. Callers hold the build lock, so no
 /// live build owns any of them.
 fn remove_dead_builds(parent: &Path) -> Result<()> {
-    let entries = fs::read_dir(parent).context(format_args!("reading {}", parent.display()))?;
+    let entries = fs::read_dir(parent).with_context(|| format!("reading {}", parent.display()))?;
     for entry in entries.flatten() {
         if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
             remove_build_dir(&entry.path())?;
@@ -266,7 +266,7 @@ pub(crate) fn remove_build_dir(path: &Path) -> Result<()> {
 /// share a filesystem: the files are never written, so sharing their inodes is safe.
 fn copy_image(from: &Path, to: &Path) -> Result<()> {
     fs::copy(from.join(META_FILE), to.join(META_FILE))
-        .context(format_args!("copying {}", from.join(META_FILE).display()))?;
+        .with_context(|| format!("copying {}", from.join(META_FILE).display()))?;
     let source = from.join("rootfs");
     let target = to.join("rootfs");
     let copy = |link: bool| {

@@ -17,14 +17,14 @@ pub(crate) fn customise(rootfs: &Path, recipe: &Recipe) -> Result<()> {
         let path = rootfs.join(rel);
         // A symlink left by a package (resolv.conf often is one) is replaced, never followed.
         let _ = fs::remove_file(&path);
-        fs::write(&path, content).context(format_args!("writing {}", path.display()))?;
+        fs::write(&path, content).with_context(|| format!("writing {}", path.display()))?;
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))
-            .context(format_args!("setting the mode of {}", path.display()))
+            .with_context(|| format!("setting the mode of {}", path.display()))
     };
     let append = |rel: &str, line: &str| -> Result<()> {
         let path = rootfs.join(rel);
         let mut text =
-            fs::read_to_string(&path).context(format_args!("reading {}", path.display()))?;
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         let user = line.split(':').next().unwrap_or_default();
         if text.lines().any(|l| l.split(':').next() == Some(user)) {
             return Ok(());
@@ -34,7 +34,7 @@ pub(crate) fn customise(rootfs: &Path, recipe: &Recipe) -> Result<()> {
         }
         text.push_str(line);
         text.push('\n');
-        fs::write(&path, text).context(format_args!("writing {}", path.display()))
+        fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
     };
     write("etc/hostname", "dynocap\n", 0o644)?;
     write(
@@ -75,7 +75,7 @@ pub(crate) fn customise(rootfs: &Path, recipe: &Recipe) -> Result<()> {
     let sudo = rootfs.join("usr/local/bin/sudo");
     let _ = fs::remove_file(&sudo);
     std::os::unix::fs::symlink("/.dynocap/agent", &sudo)
-        .context(format_args!("creating {}", sudo.display()))?;
+        .with_context(|| format!("creating {}", sudo.display()))?;
     Ok(())
 }
 

@@ -184,7 +184,7 @@ impl ImageStore {
         })?;
         let doomed = parent.join(format!("{TMP_PREFIX}rm-{}", image.id()));
         fs::rename(&image.dir, &doomed)
-            .context(format_args!("removing image {}", image.dir.display()))?;
+            .with_context(|| format!("removing image {}", image.dir.display()))?;
         super::build::remove_build_dir(&doomed)
     }
 }

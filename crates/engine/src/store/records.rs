@@ -69,7 +69,7 @@ pub fn save(home: &Home, record: &Record) -> Result<()> {
         format: FORMAT,
         record,
     })
-    .context(format_args!("encoding the record {}", record.id))?;
+    .with_context(|| format!("encoding the record {}", record.id))?;
     text.push(b'\n');
     // A task's record outlives the machine (its results are the product); a raw sandbox's
     // dies with its guest, which a power loss ends anyway, so it skips the fsyncs that would
@@ -97,10 +97,10 @@ pub fn load(path: &Path) -> Result<Record> {
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .context(format_args!("reading the record file {}", path.display()))?;
+        .with_context(|| format!("reading the record file {}", path.display()))?;
     let size = file
         .metadata()
-        .context(format_args!("reading the record file {}", path.display()))?
+        .with_context(|| format!("reading the record file {}", path.display()))?
         .len();
     if size > MAX_RECORD_BYTES {
         return Err(RecordFailure::TooLarge {
@@ -112,7 +112,7 @@ pub fn load(path: &Path) -> Result<Record> {
     let mut text = Vec::new();
     file.take(MAX_RECORD_BYTES)
         .read_to_end(&mut text)
-        .context(format_args!("reading the record file {}", path.display()))?;
+        .with_context(|| format!("reading the record file {}", path.display()))?;
     let damaged = |source: serde_json::Error| RecordFailure::Damaged {
         path: path.to_owned(),
         source,
@@ -151,10 +151,10 @@ pub fn scan(home: &Home) -> Result<Vec<(PathBuf, Result<Record>)>> {
             }
         };
         for entry in entries {
-            let entry = entry.context(format_args!("listing {}", parent.display()))?;
+            let entry = entry.with_context(|| format!("listing {}", parent.display()))?;
             let is_dir = entry
                 .file_type()
-                .context(format_args!("listing {}", parent.display()))?
+                .with_context(|| format!("listing {}", parent.display()))?
                 .is_dir();
             let name = entry.file_name();
             let Some(id) = name.to_str().filter(|_| is_dir) else {

@@ -78,8 +78,7 @@ impl AgentConn {
         if first.kind != FrameKind::Hello || first.stream != CONTROL_STREAM {
             return Err(AgentFailure::SpokeBeforeHello.into());
         }
-        let hello: Hello = from_payload("hello", &first.payload)
-            .map_err(|err| Error::internal(err.to_string()))?;
+        let hello: Hello = from_payload("hello", &first.payload)?;
         if hello.protocol != PROTOCOL_VERSION {
             return Err(AgentFailure::Protocol {
                 agent: hello.protocol,

@@ -207,8 +207,8 @@ pub async fn clone_repository(
         timeout_ms: CLONE_TIMEOUT_MS,
     });
     let mut stream = conn.open(&request).await?;
-    let mut archive =
-        std::fs::File::create(&partial).context(format_args!("creating {}", partial.display()))?;
+    let mut archive = std::fs::File::create(&partial)
+        .with_context(|| format!("creating {}", partial.display()))?;
     let cloned = loop {
         let Some(frame) = stream.next().await else {
             return Err(agent_gone());
@@ -219,10 +219,7 @@ pub async fn clone_repository(
                     .write_all(&frame.payload[1..])
                     .context("writing the clone's files")?;
             }
-            FrameKind::Done => {
-                break from_payload::<Response>("clone result", &frame.payload)
-                    .map_err(|err| Error::internal(err.to_string()))?
-            }
+            FrameKind::Done => break from_payload::<Response>("clone result", &frame.payload)?,
             FrameKind::Error => {
                 let message = strip_userinfo(&agent_error_message(&frame.payload));
                 let _ = std::fs::remove_file(&partial);
@@ -280,7 +277,7 @@ pub async fn clone_repository(
 fn repack(from: &Path, to: &Path) -> Result<(u64, u64)> {
     let input = std::fs::File::open(from).context("reading the clone's files")?;
     let mut archive = tar::Archive::new(std::io::BufReader::new(input));
-    let output = std::fs::File::create(to).context(format_args!("creating {}", to.display()))?;
+    let output = std::fs::File::create(to).with_context(|| format!("creating {}", to.display()))?;
     let mut builder = tar::Builder::new(std::io::BufWriter::new(output));
     builder.mode(tar::HeaderMode::Deterministic);
     let (mut files, mut bytes) = (0u64, 0u64);

@@ -279,7 +279,7 @@ pub fn create_results_dir(dir: &Path) -> Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .context(format_args!("creating {}", dir.display()))
+        .with_context(|| format!("creating {}", dir.display()))
 }
 
 #[cfg(test)]

@@ -248,7 +248,7 @@ fn boot(
     let image = image::open(home, &record.image)?;
     let state_dir = home.sandbox_dir(id);
     std::fs::create_dir_all(&state_dir)
-        .context(format_args!("creating {}", state_dir.display()))?;
+        .with_context(|| format!("creating {}", state_dir.display()))?;
     let id_range = crate::host::idpool::reserve(home, id)?;
     let spec = BootSpec {
         id: id.to_owned(),

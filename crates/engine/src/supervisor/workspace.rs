@@ -176,7 +176,7 @@ pub async fn import(
     let writer = tokio::task::spawn_blocking(move || -> Result<import::TarSummary> {
         let plan = tar_plan;
         let copy = std::fs::File::create(&baseline_path)
-            .context(format_args!("creating {}", baseline_path.display()))?;
+            .with_context(|| format!("creating {}", baseline_path.display()))?;
         let mut tee = Tee {
             guest: input,
             copy: std::io::BufWriter::new(copy),
@@ -356,7 +356,7 @@ where
                 return match from_payload::<Response>("diff result", &frame.payload) {
                     Ok(Response::Diff { .. }) => Ok(written),
                     Ok(other) => Err(unexpected("diff", &other)),
-                    Err(err) => Err(Error::internal(err.to_string())),
+                    Err(err) => Err(err.into()),
                 }
             }
             FrameKind::Error => return Err(agent_error("computing the diff", &frame.payload)),
@@ -407,7 +407,7 @@ impl<G: Write, C: Write> Write for Tee<G, C> {
 /// `refs/heads/NAME` when HEAD is on a branch, else the commit id.
 async fn send_file(conn: &AgentConn, path: &Path, name: &str) -> Result<()> {
     let size = std::fs::metadata(path)
-        .context(format_args!("reading {}", path.display()))?
+        .with_context(|| format!("reading {}", path.display()))?
         .len();
     let stream = conn
         .open(&Request::ReceiveFile(ReceiveFileRequest {
@@ -418,8 +418,8 @@ async fn send_file(conn: &AgentConn, path: &Path, name: &str) -> Result<()> {
     let input = stream.input();
     let source = path.to_owned();
     tokio::task::spawn_blocking(move || -> Result<()> {
-        let mut file =
-            std::fs::File::open(&source).context(format_args!("opening {}", source.display()))?;
+        let mut file = std::fs::File::open(&source)
+            .with_context(|| format!("opening {}", source.display()))?;
         let mut input = input;
         std::io::copy(&mut file, &mut input).map_err(|_| agent_gone())?;
         input.finish().map_err(|_| agent_gone())

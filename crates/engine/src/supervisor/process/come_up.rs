@@ -262,7 +262,7 @@ pub(super) async fn start(
     let socket_path = home.control_socket(&id);
     let _ = std::fs::remove_file(&socket_path);
     let listener = UnixListener::bind(&socket_path)
-        .context(format_args!("listening on {}", socket_path.display()))?;
+        .with_context(|| format!("listening on {}", socket_path.display()))?;
     // Its disk's room is the sandbox's before the sandbox is anyone's.
     room.reserved().await?;
     // A warm-pool sandbox waits, pooled, for a claim; any other is the caller's now.

@@ -109,7 +109,7 @@ fn kept<R: Read>(path: &str, entry: &mut tar::Entry<'_, R>) -> std::io::Result<O
 /// Every kept file of the tar, the first entry of a name counting.
 fn read_all(tar_path: &Path) -> Result<HashMap<String, Vec<u8>>> {
     let file =
-        std::fs::File::open(tar_path).context(format_args!("opening {}", tar_path.display()))?;
+        std::fs::File::open(tar_path).with_context(|| format!("opening {}", tar_path.display()))?;
     // Unbuffered, seeking past the contents it does not keep: O(entries), not O(bytes) (a
     // buffer would fill itself with contents only to drop them).
     let mut archive = tar::Archive::new(file);

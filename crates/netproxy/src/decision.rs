@@ -31,6 +31,11 @@ pub struct Decision {
     pub protocol: Option<Protocol>,
     /// From accepting the connection to recording the decision.
     pub duration_ms: u64,
+    /// For a host refused because the allowlist does not name it: what the person running the
+    /// sandbox can set to allow it (the proxy's [`AllowHint`](crate::AllowHint)). Not logged:
+    /// `network.jsonl` keeps its fields; exec results show it.
+    #[serde(skip)]
+    pub fix: Option<String>,
 }
 
 /// Receives every decision. Called once per connection, when it ends, from the task serving

@@ -167,8 +167,18 @@ fn absolute_uri_authority(target: &str) -> Option<(String, u16)> {
 /// The reply that opens a tunnel.
 pub(crate) const CONNECTED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
 
-/// A refusal: status line, the reason in `X-Dynocap-Refusal`, and a text body.
-pub(crate) fn refusal_response(status: u16, reason: &str, body: &str) -> Vec<u8> {
+/// Longest reason phrase of a refusal's status line.
+const MAX_PHRASE_CHARS: usize = 512;
+
+/// A refusal: status line, the reason in `X-Dynocap-Refusal`, and a text body. The status
+/// line's reason phrase carries the reason and `fix` too: some clients show only the status
+/// line (pip: `Tunnel connection failed: 403 Forbidden (dynocap: …)`).
+pub(crate) fn refusal_response(
+    status: u16,
+    reason: &str,
+    fix: Option<&str>,
+    body: &str,
+) -> Vec<u8> {
     let phrase = match status {
         400 => "Bad Request",
         403 => "Forbidden",
@@ -177,6 +187,14 @@ pub(crate) fn refusal_response(status: u16, reason: &str, body: &str) -> Vec<u8>
         504 => "Gateway Timeout",
         _ => "Error",
     };
+    let explained = match fix {
+        Some(fix) => format!("{phrase} (dynocap: {reason}; {fix})"),
+        None => format!("{phrase} (dynocap: {reason})"),
+    };
+    let phrase: String = header_safe(&explained)
+        .chars()
+        .take(MAX_PHRASE_CHARS)
+        .collect();
     let header_value = header_safe(reason);
     format!(
         "HTTP/1.1 {status} {phrase}\r\n\
@@ -332,11 +350,36 @@ mod tests {
 
     #[test]
     fn refusals_carry_a_safe_header_and_the_body() {
-        let r = refusal_response(403, "bad\r\nInjected: yes", "dynocap: no\n");
+        let r = refusal_response(403, "bad\r\nInjected: yes", None, "dynocap: no\n");
         let text = String::from_utf8(r).unwrap();
-        assert!(text.starts_with("HTTP/1.1 403 Forbidden\r\n"));
+        assert!(text.starts_with("HTTP/1.1 403 Forbidden (dynocap: bad??Injected: yes)\r\n"));
         assert!(text.contains("X-Dynocap-Refusal: bad??Injected: yes\r\n"));
         assert!(text.contains("Content-Length: 12\r\n"));
         assert!(text.ends_with("\r\n\r\ndynocap: no\n"));
+    }
+
+    #[test]
+    fn the_status_line_says_why_and_what_would_allow_it_bounded() {
+        let r = refusal_response(
+            403,
+            "a.example is not on this sandbox's allowlist",
+            Some("allow it with --allow-host a.example"),
+            "",
+        );
+        let text = String::from_utf8(r).unwrap();
+        assert!(text.starts_with(
+            "HTTP/1.1 403 Forbidden (dynocap: a.example is not on this sandbox's allowlist; \
+             allow it with --allow-host a.example)\r\n"
+        ));
+        let long = "x".repeat(5000);
+        let r = refusal_response(400, &long, Some("\u{1b}]52;"), "");
+        let text = String::from_utf8(r).unwrap();
+        let status_line = text.split("\r\n").next().unwrap();
+        assert_eq!(
+            status_line.len(),
+            "HTTP/1.1 400 ".len() + MAX_PHRASE_CHARS,
+            "{status_line}"
+        );
+        assert!(status_line.bytes().all(|b| (b' '..=b'~').contains(&b)));
     }
 }

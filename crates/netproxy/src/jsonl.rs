@@ -144,6 +144,7 @@ mod tests {
             .to_owned(),
             protocol: allowed.then_some(crate::Protocol::Tls),
             duration_ms: 1,
+            fix: None,
         }
     }
 

@@ -10,7 +10,8 @@
 //!
 //! 1. The request head is read (at most 8 KiB, within 30 s). Only `CONNECT host:port` is
 //!    accepted; plain HTTP gets `403`, a malformed request `400`. Every refusal carries its
-//!    reason in a text body and an `X-Dynocap-Refusal` header.
+//!    reason in its status line, a text body and an `X-Dynocap-Refusal` header; a host the
+//!    allowlist does not name also gets what would allow it ([`Proxy::with_allow_hint`]).
 //! 2. The host is canonicalised ([`normalize_host`]: IDNA to ASCII, lowercase, no trailing
 //!    dot). Raw IP addresses are refused, as is any `host:port` no [`Rule`] of the current
 //!    [`Policy`] allows.
@@ -37,7 +38,8 @@
 //!
 //! Each conversation ends in exactly one [`Decision`], given to the [`DecisionSink`]:
 //! [`JsonlSink`] writes `network.jsonl` (bounded), [`SummarySink`] aggregates a [`Summary`]
-//! for `summary.json` and the finish result; a pair `(a, b)` of sinks feeds both.
+//! for `summary.json` and the finish result, [`CommandRefusals`] gives each running command
+//! the refusals recorded while it runs; a pair `(a, b)` of sinks feeds both.
 //!
 //! # Example
 //!
@@ -65,7 +67,7 @@
 //! parser), `sniff` (first bytes in the tunnel and their judgement), `watch` (later
 //! ClientHellos), `upstream` (resolve, check, connect), `relay` (counted, watched
 //! bidirectional copy), `decision` (decisions and sinks), `jsonl` (the log file),
-//! `summary` (aggregation), `proxy` (the conversation), `fuzzing` (the fuzz targets' bodies).
+//! `summary` (aggregation), `refusals` (refusals per command), `proxy` (the conversation), `fuzzing` (the fuzz targets' bodies).
 
 mod addr;
 mod decision;
@@ -76,6 +78,7 @@ mod http;
 mod jsonl;
 mod policy;
 mod proxy;
+mod refusals;
 mod relay;
 mod resolve;
 mod sniff;
@@ -89,7 +92,10 @@ pub use decision::{Decision, DecisionSink, NullSink};
 pub use host::{normalize_host, HostError, HostPattern, PatternError};
 pub use jsonl::{JsonlSink, DEFAULT_JSONL_CAP};
 pub use policy::{Policy, Protocol, Rule};
-pub use proxy::{Limits, Proxy};
+pub use proxy::{AllowHint, Limits, Proxy};
+pub use refusals::{
+    CommandRefusals, NetworkRefusal, RefusalList, RefusalWindow, MAX_COMMAND_REFUSALS,
+};
 pub use resolve::{OverrideError, ResolveOverrides, RESOLVE_ENV};
 pub use summary::{
     HostReached, RefusalEntry, RefusalSummary, Summary, SummarySink, MAX_SUMMARY_HOSTS,

@@ -50,12 +50,17 @@ impl Default for Limits {
     }
 }
 
+/// What the person running the sandbox can set to allow `host` (a canonical name the
+/// allowlist does not name): one clause, told to the client and kept in the decision.
+pub type AllowHint = fn(host: &str) -> String;
+
 /// The egress proxy of one sandbox. Share it (`Arc`) between the tasks serving connections.
 pub struct Proxy {
     policy: RwLock<Arc<Policy>>,
     overrides: ResolveOverrides,
     sink: Arc<dyn DecisionSink>,
     limits: Limits,
+    allow_hint: Option<AllowHint>,
 }
 
 /// Longest client-supplied host kept in a decision when it is not a valid name.
@@ -78,6 +83,8 @@ struct Refusal {
     status: Option<u16>,
     alert: Option<Alert>,
     reason: String,
+    /// What would allow it, for a host the allowlist does not name (see [`AllowHint`]).
+    fix: Option<String>,
     /// Bytes relayed before a refusal that came during the relay.
     counts: Counts,
 }
@@ -88,6 +95,7 @@ impl Refusal {
             status: Some(status),
             alert: None,
             reason: reason.into(),
+            fix: None,
             counts: Counts::default(),
         }
     }
@@ -97,6 +105,7 @@ impl Refusal {
             status: None,
             alert: None,
             reason: reason.into(),
+            fix: None,
             counts: Counts::default(),
         }
     }
@@ -124,7 +133,15 @@ impl Proxy {
             overrides,
             sink,
             limits: Limits::default(),
+            allow_hint: None,
         }
+    }
+
+    /// Tells clients refused for a host the allowlist does not name what would allow it, in
+    /// the refusal's status line and body and in the decision.
+    pub fn with_allow_hint(mut self, hint: AllowHint) -> Proxy {
+        self.allow_hint = Some(hint);
+        self
     }
 
     /// Replaces the default [`Limits`].
@@ -158,7 +175,7 @@ impl Proxy {
         let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let mut facts = Facts::default();
         let outcome = self.converse(&mut client, &mut facts).await;
-        let (allowed, reason, counts) = match outcome {
+        let (allowed, reason, fix, counts, answer) = match outcome {
             Ok(relayed) => {
                 let mut reason = format!("allowed by {}", relayed.rule);
                 if relayed.overridden {
@@ -167,20 +184,28 @@ impl Proxy {
                 if let Some(err) = relayed.error {
                     let _ = write!(reason, "; the tunnel ended with an error: {err}");
                 }
-                (true, reason, relayed.counts)
+                (true, reason, None, relayed.counts, None)
             }
             Err(refusal) => {
-                // The client may already be gone; the decision is recorded either way.
-                if let Some(status) = refusal.status {
-                    let body = refusal_body(status, &refusal.reason, facts.policy.as_deref());
-                    let response = http::refusal_response(status, &refusal.reason, &body);
-                    let _ = client.write_all(&response).await;
-                    let _ = client.shutdown().await;
-                } else if let Some(alert) = refusal.alert {
-                    let _ = client.write_all(&fatal_alert(alert)).await;
-                    let _ = client.shutdown().await;
-                }
-                (false, refusal.reason, refusal.counts)
+                let answer = match (refusal.status, refusal.alert) {
+                    (Some(status), _) => {
+                        let body = refusal_body(
+                            status,
+                            &refusal.reason,
+                            refusal.fix.as_deref(),
+                            facts.policy.as_deref(),
+                        );
+                        Some(http::refusal_response(
+                            status,
+                            &refusal.reason,
+                            refusal.fix.as_deref(),
+                            &body,
+                        ))
+                    }
+                    (None, Some(alert)) => Some(fatal_alert(alert).to_vec()),
+                    (None, None) => None,
+                };
+                (false, refusal.reason, refusal.fix, refusal.counts, answer)
             }
         };
         let decision = Decision {
@@ -194,8 +219,16 @@ impl Proxy {
             reason,
             protocol: facts.protocol,
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            fix,
         };
+        // Recorded before the client hears of the refusal: a command that ends on that
+        // answer finds it in its exec result (see `refusals.rs`).
         self.sink.record(&decision);
+        if let Some(answer) = answer {
+            // The client may already be gone; the decision is recorded either way.
+            let _ = client.write_all(&answer).await;
+            let _ = client.shutdown().await;
+        }
         decision
     }
 
@@ -254,16 +287,20 @@ impl Proxy {
         facts.host.clone_from(&host);
         let Some(rule) = policy.rule_for(&host, port).cloned() else {
             let ports = policy.ports_for(&host);
-            let reason = if ports.is_empty() {
-                format!("{host} is not on this sandbox's allowlist")
-            } else {
-                let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+            if ports.is_empty() {
+                let mut refusal =
+                    Refusal::http(403, format!("{host} is not on this sandbox's allowlist"));
+                refusal.fix = self.allow_hint.map(|hint| hint(&host));
+                return Err(refusal);
+            }
+            let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+            return Err(Refusal::http(
+                403,
                 format!(
                     "port {port} is not allowed for {host} (allowed: {})",
                     ports.join(", ")
-                )
-            };
-            return Err(Refusal::http(403, reason));
+                ),
+            ));
         };
         facts.protocol = Some(rule.protocol);
         client
@@ -299,6 +336,7 @@ impl Proxy {
                     status: None,
                     alert: err.alert(),
                     reason: err.to_string(),
+                    fix: None,
                     counts,
                 })
             }
@@ -364,8 +402,13 @@ impl Proxy {
     }
 }
 
-/// The refusal's text body: the reason, and for policy refusals what is allowed instead.
-fn refusal_body(status: u16, reason: &str, policy: Option<&Policy>) -> String {
+/// The refusal's text body: the reason, what would allow it when something would, and for
+/// policy refusals what is allowed instead.
+fn refusal_body(status: u16, reason: &str, fix: Option<&str>, policy: Option<&Policy>) -> String {
+    let reason = match fix {
+        Some(fix) => format!("{reason}; {fix}"),
+        None => reason.to_owned(),
+    };
     match (status, policy) {
         (400 | 403 | 431, Some(policy)) if policy.is_empty() => format!(
             "dynocap: {reason}; this sandbox allows no network connections (its allowlist is empty)\n"

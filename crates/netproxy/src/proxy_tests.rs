@@ -282,6 +282,105 @@ async fn host_not_on_the_allowlist_is_refused_with_the_allowlist() {
     assert_eq!(decision.protocol, None);
 }
 
+fn hint(host: &str) -> String {
+    format!("add {host} to the allowlist")
+}
+
+#[tokio::test]
+async fn a_host_off_the_allowlist_is_told_what_would_allow_it_before_the_client_hears() {
+    let refusals = Arc::new(CommandRefusals::new());
+    let summary = Arc::new(SummarySink::new());
+    let sink = Arc::new((summary.clone(), refusals.clone()));
+    let proxy = Arc::new(
+        Proxy::new(
+            policy(&["registry.example"]),
+            ResolveOverrides::none(),
+            sink,
+        )
+        .with_allow_hint(hint),
+    );
+    let window = refusals.open();
+    let (mut client, server) = tokio::io::duplex(64 * 1024);
+    let serving = tokio::spawn({
+        let proxy = proxy.clone();
+        async move { proxy.serve(server).await }
+    });
+    client
+        .write_all(&connect_request("Evil.Example:443"))
+        .await
+        .unwrap();
+    // The status line arrives only once the decision is recorded.
+    let mut first = [0u8; 12];
+    client.read_exact(&mut first).await.unwrap();
+    let list = window.close();
+    assert_eq!(list.refusals.len(), 1, "{list:?}");
+    let entry = &list.refusals[0];
+    assert_eq!(
+        (entry.host.as_str(), entry.port, entry.count),
+        ("evil.example", 443, 1)
+    );
+    assert_eq!(
+        entry.reason,
+        "evil.example is not on this sandbox's allowlist"
+    );
+    assert_eq!(
+        entry.fix.as_deref(),
+        Some("add evil.example to the allowlist")
+    );
+
+    let mut answer = first.to_vec();
+    client.read_to_end(&mut answer).await.unwrap();
+    let (head, body) = split_answer(&answer);
+    assert!(
+        head.starts_with(
+            "HTTP/1.1 403 Forbidden (dynocap: evil.example is not on this sandbox's allowlist; \
+             add evil.example to the allowlist)\r\n"
+        ),
+        "{head}"
+    );
+    let body = String::from_utf8(body).unwrap();
+    assert!(
+        body.starts_with(
+            "dynocap: evil.example is not on this sandbox's allowlist; add evil.example to the \
+             allowlist; only HTTPS"
+        ),
+        "{body}"
+    );
+    let decision = serving.await.unwrap();
+    assert_eq!(
+        decision.fix.as_deref(),
+        Some("add evil.example to the allowlist")
+    );
+
+    // Refusals nothing would allow carry no fix, and a closed window sees nothing more.
+    let window = refusals.open();
+    let (answer, decision) = {
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let proxy = proxy.clone();
+        let serving = tokio::spawn(async move { proxy.serve(server).await });
+        client
+            .write_all(&connect_request("registry.example:80"))
+            .await
+            .unwrap();
+        client.shutdown().await.unwrap();
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).await.unwrap();
+        (answer, serving.await.unwrap())
+    };
+    assert_refused(
+        &answer,
+        "403",
+        "port 80 is not allowed for registry.example",
+    );
+    assert_eq!(decision.fix, None);
+    let list = window.close();
+    assert_eq!(list.refusals.len(), 1);
+    assert_eq!(list.refusals[0].fix, None);
+    assert_eq!(list.refusals[0].port, 80);
+    assert_eq!(summary.snapshot().refusals.count, 2);
+    assert_eq!(refusals.open_windows(), 0);
+}
+
 #[tokio::test]
 async fn raw_ips_are_refused() {
     let h = harness(policy(&["registry.example"]), ResolveOverrides::none());

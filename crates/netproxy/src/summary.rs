@@ -163,6 +163,7 @@ mod tests {
             reason: reason.to_owned(),
             protocol: None,
             duration_ms: 0,
+            fix: None,
         }
     }
 

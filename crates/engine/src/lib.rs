@@ -3,7 +3,7 @@
 //! talks to it.
 //!
 //! Its layers, bottom up, each a folder that imports only the layers below it (checked by
-//! scripts/layers.py): `foundation` (errors, message terms, durable writes, git URLs), `model`
+//! scripts/layers.py): `foundation` (errors, message terms, git URLs), `model`
 //! (the shared types and requests), `host` (the state directory, child processes, hardened
 //! git, the id pool, the `nat` helper), `store` (the catalog, the record files), `image`,
 //! `backend`, `supervisor` and the client `facade` (`Engine`).

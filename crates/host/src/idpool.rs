@@ -22,13 +22,13 @@
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
+use crate::durable::{sync_parent, write_new};
 use crate::error::HostError;
 use crate::idmap::ROOT_MODE_RANGES;
 
@@ -49,14 +49,10 @@ pub struct IdPool<'a> {
     pub index_files: &'a Path,
 }
 
-/// How a new record must survive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    /// On the disk before [`IdPool::reserve`] returns: for state that outlives a power loss.
-    Synced,
-    /// For state a power loss ends anyway; after a crash a missing record reserves nothing.
-    Unsynced,
-}
+/// How a new record must survive: [`Durability::Synced`], on the disk before
+/// [`IdPool::reserve`] returns; [`Durability::Unsynced`], for state a power loss ends anyway
+/// (after a crash a missing record reserves nothing).
+pub use crate::durable::Durability;
 
 impl IdPool<'_> {
     /// The range index of the sandbox whose state directory is `state_dir` (under
@@ -125,28 +121,6 @@ impl IdPool<'_> {
             let _ = std::fs::remove_file(&temp);
         }
         written.map(|()| file)
-    }
-}
-
-/// Writes a new file (mode 0600), synced when `durability` says so.
-fn write_new(path: &Path, bytes: &[u8], durability: Durability) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(bytes)?;
-    if durability == Durability::Synced {
-        file.sync_all()?;
-    }
-    Ok(())
-}
-
-fn sync_parent(path: &Path) -> std::io::Result<()> {
-    match path.parent() {
-        Some(dir) => File::open(dir)?.sync_all(),
-        None => Ok(()),
     }
 }
 

@@ -5,6 +5,8 @@
 //!   namespace, or the one a VM's QEMU runs in);
 //! - [`idmap`]: how guest ids map to host ids, and the root-mode pool of host id ranges;
 //! - [`idpool`]: handing out that pool's ranges, one per sandbox state directory;
+//! - [`durable`]: files written whole or not at all, synced where they must survive a crash
+//!   (the engine's records and results, the pool's range records);
 //! - [`cgroup`]: the host's cgroup layout, the `dynocap` parent cgroup and the memory bound
 //!   over all sandboxes together, and their probe;
 //! - [`Check`]: what a probe of the machine reports.
@@ -13,6 +15,7 @@
 
 pub mod cgroup;
 mod check;
+pub mod durable;
 mod error;
 pub mod idmap;
 pub mod idpool;

@@ -1,10 +1,13 @@
 //! The foundation layer: what every other layer of the engine builds on and that knows nothing
 //! of sandboxes: the error type, failpoints, the terms user-facing messages name, git URLs,
-//! SSH keys, output excerpts and durable file writes.
+//! SSH keys and output excerpts. Durable file writes are the host crate's
+//! (`dynocap_host::durable`), which its id range pool shares.
 //!
 //! It imports nothing from the crate outside this folder (scripts/layers.py checks).
 
-pub(crate) mod durable;
+/// Still named here for the supervisor's saves (`supervisor/save.rs`), which call it by this
+/// path; the rest of the engine names `dynocap_host::durable`.
+pub(crate) use dynocap_host::durable;
 pub(crate) mod error;
 pub mod excerpt;
 pub(crate) mod failpoint;

@@ -75,8 +75,8 @@ pub fn save(home: &Home, record: &Record) -> Result<()> {
     // dies with its guest, which a power loss ends anyway, so it skips the fsyncs that would
     // otherwise sit on the path of every `run` and `destroy`.
     let written = match record.kind {
-        Kind::Task => crate::foundation::durable::replace(&path, &text),
-        Kind::Raw => crate::foundation::durable::replace_unsynced(&path, &text),
+        Kind::Task => dynocap_host::durable::replace(&path, &text),
+        Kind::Raw => dynocap_host::durable::replace_unsynced(&path, &text),
     };
     written.map_err(|source| {
         match source.raw_os_error() {

@@ -5,14 +5,19 @@
 //! over the old one: on ext4 a rename over an existing file makes the kernel allocate and start
 //! writing the new file's blocks inside the rename (`auto_da_alloc`, a guard for writers that do
 //! not sync), a cost paid on every record update of a `run`, a claim and a `destroy`.
+//!
+//! [`write_new`] and [`sync_parent`] are the two steps everything here is made of, for a
+//! writer that links or renames its new file itself (the id range pool, [`crate::idpool`]).
+//! The engine's records and saved task results are written here too: one implementation of
+//! "on the disk before the call returns" for every crate.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-// Log lines keep the target they had before the engine's layer folders: people, the e2e
-// tests and log filters read them by it.
+// Log lines keep the target they had when this was the engine's: people, the e2e tests and
+// log filters read them by it.
 const LOG_TARGET: &str = "dynocap_engine::durable";
 
 /// Replaces `path` with `bytes` (mode 0600).
@@ -28,30 +33,45 @@ pub fn replace_unsynced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     write_then_rename(path, bytes, Durability::Unsynced)
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Durability {
-    /// The file and its directory entry are on the disk before the write returns.
+/// How a write must survive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// The file (and, where the call makes one, its directory entry) is on the disk before
+    /// the write returns: for state that outlives a power loss.
     Synced,
+    /// For state a power loss ends anyway.
     Unsynced,
+}
+
+/// Writes a new file at `path` (mode 0600; an existing file is an error), synced when
+/// `durability` says so. Its directory entry is not synced: see [`sync_parent`].
+pub fn write_new(path: &Path, bytes: &[u8], durability: Durability) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(bytes)?;
+    if durability == Durability::Synced {
+        file.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Syncs the directory holding `path`, so that a name made or renamed in it survives a crash.
+pub fn sync_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 fn write_then_rename(path: &Path, bytes: &[u8], durability: Durability) -> std::io::Result<()> {
     let temp = temporary_beside(path);
-    let written = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temp)?;
-        file.write_all(bytes)?;
-        match durability {
-            Durability::Synced => {
-                file.sync_all()?;
-                publish(&temp, path)
-            }
-            Durability::Unsynced => swap_in(&temp, path),
-        }
-    })();
+    let written = write_new(&temp, bytes, durability).and_then(|()| match durability {
+        Durability::Synced => publish(&temp, path),
+        Durability::Unsynced => swap_in(&temp, path),
+    });
     if written.is_err() {
         let _ = std::fs::remove_file(&temp);
     }
@@ -82,10 +102,7 @@ fn swap_in(temp: &Path, path: &Path) -> std::io::Result<()> {
 /// survives a crash.
 pub fn publish(temp: &Path, path: &Path) -> std::io::Result<()> {
     std::fs::rename(temp, path)?;
-    match path.parent() {
-        Some(dir) => std::fs::File::open(dir)?.sync_all(),
-        None => Ok(()),
-    }
+    sync_parent(path)
 }
 
 /// A name beside `path` no other writer uses: unique per process and call, so a crashed

@@ -3,16 +3,17 @@
 //! it for every tunnel the guest opens, with each decision logged to `network.jsonl`.
 //!
 //! The guest decides nothing: its agent only carries connections here. The allowlist comes
-//! from the person running DynoCap (`DYNOCAP_EGRESS_ALLOW`, `--allow-host`), from DynoCap's
-//! defaults (the npm registry) and from the task's own git host; never from the guest.
+//! from the person running DynoCap (`DYNOCAP_EGRESS_ALLOW`, `--allow-host`, whose entries may
+//! name a registry such as `@pypi`: see `HostPattern::parse_entry`), from DynoCap's defaults
+//! (the npm registry) and from the task's own git host; never from the guest.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dynocap_netproxy::{
-    DecisionSink, HostPattern, JsonlSink, Policy, Proxy, ResolveOverrides, Rule, Summary,
-    SummarySink,
+    CommandRefusals, DecisionSink, HostPattern, JsonlSink, Policy, Proxy, RefusalWindow,
+    ResolveOverrides, Rule, Summary, SummarySink,
 };
 use dynocap_proto::{EgressRequest, Request, Response};
 
@@ -63,12 +64,15 @@ impl EgressSpec {
                 )
                 .chain(added.iter().cloned());
             for entry in entries {
-                // The pattern's error names the entry and the fix.
-                let pattern = HostPattern::parse(&entry)
+                // The pattern's error names the entry and the fix. A named registry (`@pypi`)
+                // is recorded as its hosts, so the allowlist shown is the one enforced.
+                let patterns = HostPattern::parse_entry(&entry)
                     .map_err(|err| Error::invalid(format!("egress allowlist: {err}")))?;
-                let text = pattern.to_string();
-                if !allow.contains(&text) {
-                    allow.push(text);
+                for pattern in patterns {
+                    let text = pattern.to_string();
+                    if !allow.contains(&text) {
+                        allow.push(text);
+                    }
                 }
             }
         } else {
@@ -199,6 +203,8 @@ fn read_extra_ca(path: &Path) -> Result<String> {
 pub struct Egress {
     proxy: Arc<Proxy>,
     summary: Arc<SummarySink>,
+    /// The refusals of the commands running now, for their results.
+    commands: Arc<CommandRefusals>,
     ca_bundle: Option<String>,
     /// The guest listens and its tunnels come here: a later `open` only swaps the policy.
     listening: AtomicBool,
@@ -209,11 +215,17 @@ impl Egress {
     pub fn new(spec: &EgressSpec, log: &Path) -> Result<Self> {
         let jsonl = JsonlSink::create(log).context(format_args!("creating {}", log.display()))?;
         let summary = Arc::new(SummarySink::new());
-        let sink: Arc<dyn DecisionSink> = Arc::new((jsonl, Arc::clone(&summary)));
-        let proxy = Arc::new(Proxy::new(Policy::deny_all(), spec.overrides()?, sink));
+        let commands = Arc::new(CommandRefusals::new());
+        let sink: Arc<dyn DecisionSink> =
+            Arc::new(((jsonl, Arc::clone(&summary)), Arc::clone(&commands)));
+        let proxy = Arc::new(
+            Proxy::new(Policy::deny_all(), spec.overrides()?, sink)
+                .with_allow_hint(crate::supervisor::exec::allow_hint),
+        );
         Ok(Self {
             proxy,
             summary,
+            commands,
             ca_bundle: spec.ca_bundle()?,
             listening: AtomicBool::new(false),
         })
@@ -266,6 +278,11 @@ impl Egress {
         self.summary.snapshot()
     }
 
+    /// Collects the connections refused from now until the window closes: one command's.
+    pub fn refusal_window(&self) -> RefusalWindow {
+        self.commands.open()
+    }
+
     async fn configure_guest(&self, conn: &AgentConn, port: Option<u16>) -> Result<()> {
         let request = Request::Egress(EgressRequest {
             listen_port: port,
@@ -296,6 +313,56 @@ impl Coded for EgressFailure {
     fn code(&self) -> ErrorCode {
         match self {
             Self::RecordedAllowlist(_) | Self::UnexpectedAnswer(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(allow: &str, added: &[&str]) -> Result<EgressSpec> {
+        let config = EgressConfig {
+            allow: Some(allow.to_owned()),
+            ..EgressConfig::default()
+        };
+        let added: Vec<String> = added.iter().map(|h| (*h).to_owned()).collect();
+        EgressSpec::from_config(&config, true, &added, &[])
+    }
+
+    #[test]
+    fn named_registries_are_recorded_as_their_hosts_from_every_list() {
+        let spec = spec("@crates, example.com", &["@PYPI", "pypi.org"]).expect("spec");
+        assert_eq!(
+            spec.allow,
+            [
+                "registry.npmjs.org",
+                "index.crates.io",
+                "static.crates.io",
+                "crates.io",
+                "example.com",
+                "pypi.org",
+                "files.pythonhosted.org",
+            ]
+        );
+        assert_eq!(
+            spec.policy()
+                .expect("policy")
+                .allows("files.pythonhosted.org", 443),
+            Some(dynocap_netproxy::Protocol::Tls)
+        );
+    }
+
+    #[test]
+    fn an_unknown_registry_is_refused_with_the_known_names() {
+        for (allow, added) in [("@foo", &[][..]), ("", &["@foo"][..])] {
+            let err = spec(allow, added).expect_err("refused");
+            assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
+            assert_eq!(
+                err.message,
+                "egress allowlist: allowlist entry \"@foo\": there is no registry named @foo; \
+                 the named registries are @npm, @pypi, @crates, @go, @debian, @rubygems, @maven"
+            );
         }
     }
 }

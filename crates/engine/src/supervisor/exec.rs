@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use dynocap_netproxy::{NetworkRefusal, RefusalList};
 use dynocap_proto::{
     channel, exec_window, from_payload, ExecExit, ExecRequest, FrameKind, Request, Response,
 };
@@ -46,6 +47,39 @@ pub struct ExecResult {
     /// disk acknowledged before is kept; nothing more can be written to it.
     #[serde(rename = "diskError", skip_serializing_if = "Option::is_none", default)]
     pub disk_error: Option<String>,
+    /// A `filtered` sandbox's connections its egress proxy refused while this command ran,
+    /// each distinct host, port and reason once with its count, in the order they first
+    /// happened; at most [`dynocap_netproxy::MAX_COMMAND_REFUSALS`]. A refusal goes to every
+    /// command running at the time: two commands running at once may both list it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_refusals: Vec<NetworkRefusal>,
+    /// Refused connections left out of `network_refusals` by its bound.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub network_refusals_omitted: u64,
+}
+
+impl ExecResult {
+    /// Adds the refusals collected while the command ran.
+    pub fn with_refusals(mut self, list: RefusalList) -> Self {
+        self.network_refusals = list.refusals;
+        self.network_refusals_omitted = list.omitted;
+        self
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// What the person running DynoCap can set to allow `host`, which a `filtered` sandbox's
+/// allowlist does not name: told to the guest's client in the proxy's refusal, and kept in
+/// the exec result's `networkRefusals` (each surface may spell it for its own reader).
+pub fn allow_hint(host: &str) -> String {
+    format!(
+        "the person running DynoCap can allow it with --allow-host {host} on `dynocap run` or \
+         `dynocap task start`, or by adding {host} to DYNOCAP_EGRESS_ALLOW (for sandboxes started \
+         over MCP, in the MCP server's environment)"
+    )
 }
 
 /// Terminal geometry `terminal: true` promises (docs/mcp.md).
@@ -324,6 +358,8 @@ fn exec_result(spec: &ExecSpec, limit: usize, exit: ExecExit, collected: Collect
         truncated,
         oom_killed: false,
         disk_error: None,
+        network_refusals: Vec::new(),
+        network_refusals_omitted: 0,
     }
 }
 

@@ -132,6 +132,8 @@ mod tests {
             truncated: false,
             oom_killed: false,
             disk_error: None,
+            network_refusals: Vec::new(),
+            network_refusals_omitted: 0,
         }
     }
 

@@ -352,6 +352,7 @@ async fn serve(
         conn,
         listener,
         task,
+        egress,
     }) = come_up(&home, config, &catalog, &mut record, guest, room, &ready).await
     else {
         return 1;
@@ -368,6 +369,7 @@ async fn serve(
         home: home.clone(),
         id: id.clone(),
         disk_failed: OnceLock::new(),
+        egress,
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
     let (claim_tx, mut claim_rx) = mpsc::channel::<(Claim, OwnedWriteHalf)>(4);

@@ -56,7 +56,7 @@ pub(super) async fn come_up(
             .await
             .map(Some),
     };
-    let (conn, listener, task) = match started {
+    let (conn, listener, task, egress) = match started {
         Ok(Some(parts)) => parts,
         Ok(None) => {
             abandon(home, catalog, record, guest).await;
@@ -79,7 +79,7 @@ pub(super) async fn come_up(
     // The last moment a start can be dropped unseen: from the ready message on, the sandbox
     // is its caller's (a `run` that printed it and ended is not a starter that died).
     if watch.as_ref().is_some_and(StarterWatch::gone_now) {
-        drop((conn, listener, task));
+        drop((conn, listener, task, egress));
         abandon(home, catalog, record, guest).await;
         return None;
     }
@@ -102,6 +102,7 @@ pub(super) async fn come_up(
         conn,
         listener,
         task,
+        egress,
     })
 }
 
@@ -156,7 +157,7 @@ pub(super) async fn abandon(
 }
 
 /// Connects to the agent, imports a task's project, opens the control socket and marks the
-/// record running.
+/// record running. Returns the sandbox's egress proxy too, when it has one.
 pub(super) async fn start(
     home: &Home,
     config: &Config,
@@ -165,7 +166,12 @@ pub(super) async fn start(
     guest: &mut dyn Guest,
     room: PendingRoom,
     ready: &ReadyPipe,
-) -> Result<(AgentConn, UnixListener, Option<TaskContext>)> {
+) -> Result<(
+    AgentConn,
+    UnixListener,
+    Option<TaskContext>,
+    Option<Arc<Egress>>,
+)> {
     let id = record.id.clone();
     let conn = connect_agent(guest).await?;
     ready.send(&ReadyMessage::Progress(workspace::step(
@@ -275,5 +281,5 @@ pub(super) async fn start(
             "the sandbox record changed while it was starting",
         ));
     }
-    Ok((conn, listener, task))
+    Ok((conn, listener, task, egress))
 }

@@ -57,6 +57,9 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
                 let _ = progress_tx.send(p);
             };
             let (output_tx, mut output_rx) = mpsc::channel::<OutputChunk>(STREAM_QUEUE_CHUNKS);
+            // Open before the command starts, closed once it has ended: the proxy records a
+            // refusal before its client hears of it, so what ended the command is in here.
+            let refusals = shared.egress.as_ref().map(|egress| egress.refusal_window());
             let run = exec::run(
                 conn,
                 &spec,
@@ -80,8 +83,15 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
             while let Ok(chunk) = output_rx.try_recv() {
                 let _ = write_message(&mut write, &ControlReply::Output(chunk)).await;
             }
+            let refused = refusals.map(dynocap_netproxy::RefusalWindow::close);
             let result = match result {
-                Ok(done) => Ok(shared.oom.annotate(conn, done, kills_before).await),
+                Ok(done) => {
+                    let done = shared.oom.annotate(conn, done, kills_before).await;
+                    Ok(match refused {
+                        Some(list) => done.with_refusals(list),
+                        None => done,
+                    })
+                }
                 Err(err) => Err(err),
             };
             let result = match (result, shared.network_lost.get()) {

@@ -176,6 +176,9 @@ pub(super) struct Shared {
     pub(super) id: String,
     /// Set once the sandbox's disk failed: what went wrong (see [`check_disk`]).
     pub(super) disk_failed: OnceLock<String>,
+    /// The sandbox's egress proxy, when it has one: each command's result lists the
+    /// connections it refused while the command ran.
+    pub(super) egress: Option<Arc<Egress>>,
 }
 
 /// A started sandbox, its agent answering: what [`serve`] serves with.
@@ -184,6 +187,7 @@ pub(super) struct Started {
     pub(super) conn: AgentConn,
     pub(super) listener: UnixListener,
     pub(super) task: Option<TaskContext>,
+    pub(super) egress: Option<Arc<Egress>>,
 }
 
 impl TaskContext {

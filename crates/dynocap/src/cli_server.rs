@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::config::Settings;
 use clap::Parser;
 use dynocap_client::attributes::{Attribute, Process};
 use dynocap_client::rendezvous::{self, Context};
@@ -66,7 +67,9 @@ const ENDING: [Signal; 4] = [
 
 /// Serves the home whose `run/` directory holds `socket`, until idle. Must be called while
 /// this process has one thread, before anything opens a descriptor.
-pub fn serve(socket: &Path, config: Config) -> ExitCode {
+pub fn serve(socket: &Path, settings: Settings) -> ExitCode {
+    let idle = idle_setting(settings.cli_server_idle.as_deref());
+    let config = settings.engine;
     // What the first client's process held (a shell's redirections, a build's jobserver
     // pipe) must not stay open for as long as the server lives: a reader would wait on it.
     // SAFETY: nothing in this process owns a descriptor above stderr yet: this runs first
@@ -76,7 +79,7 @@ pub fn serve(socket: &Path, config: Config) -> ExitCode {
     // out of its directory, which the server would otherwise keep busy.
     let _ = nix::unistd::setsid();
     let _ = nix::unistd::chdir("/");
-    let server = match Server::bind(socket, config) {
+    let server = match Server::bind(socket, config, idle) {
         Ok(Some(server)) => server,
         // Another server holds the socket: it serves.
         Ok(None) => return ExitCode::SUCCESS,
@@ -155,7 +158,7 @@ struct Server {
 
 impl Server {
     /// Takes the socket's lock and listens; `None` if another server holds the lock.
-    fn bind(socket: &Path, config: Config) -> Result<Option<Self>, String> {
+    fn bind(socket: &Path, config: Config, idle: Duration) -> Result<Option<Self>, String> {
         let run_dir = socket
             .parent()
             .ok_or_else(|| format!("{} has no directory", socket.display()))?;
@@ -213,7 +216,7 @@ impl Server {
                 context,
                 own_only: Process::current().own_only(),
                 active: AtomicUsize::new(0),
-                idle: idle_from_env(),
+                idle,
                 last_active: Mutex::new(Instant::now()),
             }),
         }))
@@ -625,10 +628,10 @@ async fn ending_signal(conn: &OwnedFd) -> Option<Signal> {
     }
 }
 
-/// [`IDLE`], or what [`IDLE_ENV`] says; a value that is not a whole number of seconds from 1
-/// is said in the server's log, and the default kept.
-fn idle_from_env() -> Duration {
-    let Some(value) = std::env::var_os(IDLE_ENV) else {
+/// [`IDLE`], or what [`IDLE_ENV`] says (read in `config`); a value that is not a whole
+/// number of seconds from 1 is said in the server's log, and the default kept.
+fn idle_setting(value: Option<&std::ffi::OsStr>) -> Duration {
+    let Some(value) = value else {
         return IDLE;
     };
     match value.to_str().and_then(|v| v.trim().parse::<u64>().ok()) {

@@ -7,11 +7,12 @@ use dynocap_engine::spec::{ExecSpec, RunSpec};
 use dynocap_engine::{Config, Engine, Error, ExecResult, Home};
 
 use crate::cli::{Cli, Command, ExecArgs, RunArgs, SuperviseArgs};
+use crate::config::Settings;
 use crate::output::{
     fail, print_json, sandbox_notes, sandbox_rows, sayln, table, Streams, SANDBOX_HEADERS,
 };
 
-pub async fn dispatch(cli: Cli, config: Config) -> ExitCode {
+pub async fn dispatch(cli: Cli, settings: Settings) -> ExitCode {
     let json = cli.json;
     let result = match cli.command {
         Command::Doctor(_)
@@ -28,9 +29,9 @@ pub async fn dispatch(cli: Cli, config: Config) -> ExitCode {
             let options = crate::mcp::Options {
                 log_file: args.log_file,
             };
-            return crate::mcp::run(options, config).await;
+            return crate::mcp::run(options, settings).await;
         }
-        command => with_engine(json, command, config).await,
+        command => with_engine(json, command, settings.engine).await,
     };
     match result {
         Ok(code) => code,
@@ -276,7 +277,8 @@ fn exit_code_of(result: &ExecResult) -> u8 {
     u8::try_from(128 + signal).unwrap_or(255)
 }
 
-pub fn supervise(args: &SuperviseArgs, config: Config) -> ExitCode {
+pub fn supervise(args: &SuperviseArgs, settings: Settings) -> ExitCode {
+    let config = settings.engine;
     // What the starter passed on descriptors, as it announced in the environment: taken out
     // of it first (nothing this process starts may be told of descriptors it does not have),
     // while no other thread exists to read the environment meanwhile.
@@ -330,7 +332,7 @@ pub fn supervise(args: &SuperviseArgs, config: Config) -> ExitCode {
     };
     // Stderr is the sandbox's log file now (see `Sandboxes::spawn_supervisor`; a standby's
     // was `/dev/null` until its order), where a mistyped DYNOCAP_LOG is reported first.
-    crate::logging::init(&crate::logging::Settings::from_env(), std::io::stderr);
+    crate::logging::init(&settings.log, std::io::stderr);
     match prepared_disk {
         Some(Ok(())) => tracing::debug!("the standby is making the default start's disk ahead"),
         Some(Err(err)) => tracing::info!("the standby could not make a disk ahead: {err}"),
@@ -344,6 +346,8 @@ pub fn supervise(args: &SuperviseArgs, config: Config) -> ExitCode {
 
 /// The variable `name`, removed from this process's environment.
 fn take_env(name: &str) -> Option<std::ffi::OsString> {
+    // Taken out so that nothing this process starts is told of a descriptor it lacks.
+    // env-read-ok: a descriptor the starter handed over, not a setting.
     let value = std::env::var_os(name);
     std::env::remove_var(name);
     value

@@ -1,6 +1,8 @@
-//! The engine's configuration, read once at this binary's edge: each `DYNOCAP_*` setting the
-//! engine obeys is an argument of its own whose only source is its variable (clap's `env`),
-//! gathered into a [`Config`] that is passed down. The engine reads no variable itself.
+//! Every setting, read once at this binary's edge: each `DYNOCAP_*` variable is an argument of
+//! its own whose only source is its variable (clap's `env`), gathered into [`Settings`]: the
+//! engine's [`Config`] and this binary's own (logging, the MCP server's host policy, the
+//! command server's idle time), each passed down to what uses it. Neither the engine nor the
+//! modules of this binary read a variable themselves.
 //!
 //! Every process of this binary builds it the same way from the environment it was given:
 //! the command or MCP server a person starts, the command server (whose clients must share
@@ -15,11 +17,11 @@ use clap::Parser;
 use dynocap_engine::config::{CeilingsConfig, EgressConfig, HomeConfig, ImagesConfig};
 use dynocap_engine::{Config, Error};
 
-/// The settings, each from its variable alone: none has a command-line flag, and none shows
+/// The variables, each an argument from its variable alone: none has a command-line flag, and none shows
 /// in `--help` (docs/configuration.md lists them).
 #[derive(Debug, Parser)]
 #[command(no_binary_name = true, disable_help_flag = true)]
-struct Settings {
+struct Variables {
     #[arg(long, hide = true, env = "DYNOCAP_HOME")]
     dynocap_home: Option<OsString>,
     #[arg(long, hide = true, env = "XDG_DATA_HOME")]
@@ -64,6 +66,46 @@ struct Settings {
     extra_ca: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_MCP_GIT_HOSTS")]
     mcp_git_hosts: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MCP_ROOTS")]
+    mcp_roots: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MCP_ALLOW_FILTERED")]
+    mcp_allow_filtered: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MCP_ALLOW_NAT")]
+    mcp_allow_nat: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MCP_ALLOW_SSH_KEY")]
+    mcp_allow_ssh_key: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MCP_LOG")]
+    mcp_log: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_LOG")]
+    log: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_LOG_FORMAT")]
+    log_format: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_CLI_SERVER_IDLE_SECONDS")]
+    cli_server_idle_seconds: Option<OsString>,
+}
+
+/// What this process's environment sets: the engine's configuration and this binary's own.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub engine: Config,
+    /// How the long-lived processes log (`DYNOCAP_LOG`, `DYNOCAP_LOG_FORMAT`).
+    pub log: crate::logging::Settings,
+    pub mcp: McpSettings,
+    /// `DYNOCAP_CLI_SERVER_IDLE_SECONDS`, as given: the command server checks it and says
+    /// in its log when it is not a number of seconds.
+    pub cli_server_idle: Option<OsString>,
+}
+
+/// The MCP server's host policy and log file, as given: the server checks each value when it
+/// starts and says in its log what it did with one it did not understand.
+#[derive(Debug, Clone, Default)]
+pub struct McpSettings {
+    pub roots: Option<String>,
+    pub allow_filtered: Option<String>,
+    pub allow_nat: Option<String>,
+    pub allow_ssh_key: Option<String>,
+    /// `DYNOCAP_MCP_LOG`: `1` also logs to the home's `logs/mcp.log`.
+    pub log: Option<String>,
 }
 
 /// A text setting; one that is not UTF-8 counts as unset, as it always has.
@@ -75,12 +117,28 @@ fn path(value: Option<OsString>) -> Option<PathBuf> {
     value.map(PathBuf::from)
 }
 
-/// The configuration this process's environment gives.
-pub fn from_env() -> Result<Config, Error> {
+/// A text setting that is unset when empty or blank.
+fn nonblank(value: Option<OsString>) -> Option<String> {
+    text(value).filter(|v| !v.trim().is_empty())
+}
+
+/// The settings this process's environment gives.
+pub fn from_env() -> Result<Settings, Error> {
     // Parsed from no arguments: every value comes from the environment.
-    let s = Settings::try_parse_from(std::iter::empty::<OsString>())
+    let s = Variables::try_parse_from(std::iter::empty::<OsString>())
         .map_err(|err| Error::internal(format!("reading the configuration: {err}")))?;
-    Ok(Config {
+    let log = crate::logging::Settings::parse(
+        nonblank(s.log).as_deref(),
+        nonblank(s.log_format).as_deref(),
+    );
+    let mcp = McpSettings {
+        roots: text(s.mcp_roots),
+        allow_filtered: text(s.mcp_allow_filtered),
+        allow_nat: text(s.mcp_allow_nat),
+        allow_ssh_key: text(s.mcp_allow_ssh_key),
+        log: text(s.mcp_log),
+    };
+    let engine = Config {
         home: HomeConfig {
             dynocap_home: path(s.dynocap_home),
             xdg_data_home: path(s.xdg_data_home),
@@ -111,6 +169,12 @@ pub fn from_env() -> Result<Config, Error> {
             extra_ca: path(s.extra_ca),
             git_hosts: text(s.mcp_git_hosts),
         },
+    };
+    Ok(Settings {
+        engine,
+        log,
+        mcp,
+        cli_server_idle: s.cli_server_idle_seconds,
     })
 }
 
@@ -124,7 +188,7 @@ mod tests {
         // without touching this process's environment is that the definition is sound and
         // that no argument takes a value from the command line by position.
         use clap::CommandFactory;
-        let command = Settings::command();
+        let command = Variables::command();
         command.clone().debug_assert();
         for arg in command.get_arguments() {
             assert!(arg.get_env().is_some(), "{} has no variable", arg.get_id());
@@ -136,7 +200,7 @@ mod tests {
     fn docs_list_every_setting() {
         use clap::CommandFactory;
         let docs = include_str!("../../../docs/configuration.md");
-        for arg in Settings::command().get_arguments() {
+        for arg in Variables::command().get_arguments() {
             let name = arg.get_env().and_then(|n| n.to_str()).unwrap_or_default();
             assert!(
                 docs.contains(&format!("`{name}`")) || docs.contains(&format!("${name}")),

@@ -15,9 +15,9 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
 /// The most verbose level written.
-pub const LEVEL_ENV: &str = "DYNOCAP_LOG";
+const LEVEL_ENV: &str = "DYNOCAP_LOG";
 /// `json` for one JSON object per line; `text` (the default) for people.
-pub const FORMAT_ENV: &str = "DYNOCAP_LOG_FORMAT";
+const FORMAT_ENV: &str = "DYNOCAP_LOG_FORMAT";
 
 const LEVELS: &str = "error, warn, info, debug or trace";
 
@@ -31,12 +31,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub fn from_env() -> Self {
-        let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        Self::parse(var(LEVEL_ENV).as_deref(), var(FORMAT_ENV).as_deref())
-    }
-
-    fn parse(level: Option<&str>, format: Option<&str>) -> Self {
+    /// The settings `DYNOCAP_LOG` and `DYNOCAP_LOG_FORMAT` give (unset when blank; read in
+    /// `config`).
+    pub fn parse(level: Option<&str>, format: Option<&str>) -> Self {
         let mut problems = Vec::new();
         let level = match level.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
             None | Some("info") => LevelFilter::INFO,

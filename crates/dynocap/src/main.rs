@@ -34,10 +34,10 @@ fn main() -> ExitCode {
         cli::Command::Man => return docs::man_page(),
         _ => {}
     }
-    // The engine's configuration, from this process's environment: built here once, for
-    // whatever the command is, and passed down.
-    let config = match config::from_env() {
-        Ok(config) => config,
+    // Every setting, from this process's environment: read here once, for whatever the
+    // command is, and passed down.
+    let settings = match config::from_env() {
+        Ok(settings) => settings,
         Err(err) => {
             eprintln!("dynocap: {err}");
             return ExitCode::FAILURE;
@@ -45,12 +45,12 @@ fn main() -> ExitCode {
     };
     // Each forks children that run Rust code, or must run first: before any other thread.
     match &cli.command {
-        cli::Command::CliServer(server) => return cli_server::serve(&server.socket, config),
-        cli::Command::Supervise(args) => return commands::supervise(args, config),
+        cli::Command::CliServer(server) => return cli_server::serve(&server.socket, settings),
+        cli::Command::Supervise(args) => return commands::supervise(args, settings),
         cli::Command::Doctor(args) if args.repair => {
-            return output::ended(doctor::repair(cli.json, &config))
+            return output::ended(doctor::repair(cli.json, &settings.engine))
         }
-        cli::Command::Doctor(_) => return output::ended(doctor::run(cli.json, &config)),
+        cli::Command::Doctor(_) => return output::ended(doctor::run(cli.json, &settings.engine)),
         _ => {}
     }
     // One thread for every command, the MCP server included: a command is one request, for
@@ -69,7 +69,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let code = runtime.block_on(commands::dispatch(cli, config));
+    let code = runtime.block_on(commands::dispatch(cli, settings));
     // `dynocap mcp` may leave a blocking stdin read behind (tokio cannot cancel it): do not
     // wait for input that will never come.
     runtime.shutdown_timeout(std::time::Duration::from_millis(500));

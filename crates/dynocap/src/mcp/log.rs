@@ -58,11 +58,9 @@ impl Log {
 
     /// Makes this log the process's `tracing` subscriber: before anything is logged, or the
     /// line is lost.
-    pub fn install_tracing(&self) {
+    pub fn install_tracing(&self, settings: &logging::Settings) {
         let log = self.clone();
-        logging::init(&logging::Settings::from_env(), move || LineWriter {
-            log: log.clone(),
-        });
+        logging::init(settings, move || LineWriter { log: log.clone() });
     }
 
     fn write_raw(&self, bytes: &[u8]) {

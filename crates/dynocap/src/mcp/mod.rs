@@ -23,13 +23,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use dynocap_engine::{Config, Engine, Home};
+use dynocap_engine::{Engine, Home};
+
+use crate::config::Settings;
 
 use self::log::Log;
 use self::policy::{Policy, PolicyInputs};
-
-/// `DYNOCAP_MCP_LOG=1`: also log to `$DYNOCAP_HOME/logs/mcp.log`.
-pub const ENV_LOG: &str = "DYNOCAP_MCP_LOG";
 
 /// Options of `dynocap mcp`.
 #[derive(Debug, Clone, Default)]
@@ -39,9 +38,15 @@ pub struct Options {
 }
 
 /// Runs the server until the client closes stdin.
-pub async fn run(options: Options, config: Config) -> ExitCode {
+pub async fn run(options: Options, settings: Settings) -> ExitCode {
+    let Settings {
+        engine: config,
+        log: log_settings,
+        mcp,
+        cli_server_idle: _,
+    } = settings;
     let log = Log::stderr();
-    log.install_tracing();
+    log.install_tracing(&log_settings);
     let home = match Home::from_config(&config.home) {
         Ok(home) => home,
         Err(err) => {
@@ -50,7 +55,8 @@ pub async fn run(options: Options, config: Config) -> ExitCode {
         }
     };
     let file = options.log_file.clone().or_else(|| {
-        (std::env::var(ENV_LOG).as_deref() == Ok("1")).then(|| home.root().join("logs/mcp.log"))
+        // `DYNOCAP_MCP_LOG=1`: also log to the home's `logs/mcp.log`.
+        (mcp.log.as_deref() == Some("1")).then(|| home.root().join("logs/mcp.log"))
     });
     if let Some(path) = file {
         if let Err(err) = log.open_file(&path) {
@@ -60,7 +66,7 @@ pub async fn run(options: Options, config: Config) -> ExitCode {
             ));
         }
     }
-    let policy = Policy::new(&PolicyInputs::from_process(), &mut |warning| {
+    let policy = Policy::new(&PolicyInputs::from_process(&mcp, &config), &mut |warning| {
         log.warn(format_args!("policy: {warning}"));
     });
     log.info(format_args!(

@@ -13,7 +13,9 @@ use std::path::{Component, Path, PathBuf};
 
 use dynocap_engine::git_url::{GitUrl, GitUrlErrorKind};
 use dynocap_engine::import::{ImportError, ProjectDir};
-use dynocap_engine::{Error, ErrorCode};
+use dynocap_engine::{Config, Error, ErrorCode};
+
+use crate::config::McpSettings;
 
 pub const ENV_ROOTS: &str = "DYNOCAP_MCP_ROOTS";
 pub const ENV_GIT_HOSTS: &str = "DYNOCAP_MCP_GIT_HOSTS";
@@ -143,22 +145,27 @@ pub fn password_database() -> Vec<Account> {
 }
 
 impl PolicyInputs {
-    /// Reads the five variables, the working directory and the user's home directories.
-    pub fn from_process() -> Self {
-        let var = |name: &str| std::env::var(name).ok();
+    /// The five settings (read in `config`), the working directory and the user's home
+    /// directories.
+    pub fn from_process(mcp: &McpSettings, config: &Config) -> Self {
         let mut homes = Vec::new();
-        if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-            homes.push(PathBuf::from(home));
+        if let Some(home) = config
+            .home
+            .user_home
+            .as_ref()
+            .filter(|h| !h.as_os_str().is_empty())
+        {
+            homes.push(home.clone());
         }
         if let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::Uid::effective()) {
             homes.push(user.dir);
         }
         Self {
-            roots: var(ENV_ROOTS),
-            git_hosts: var(ENV_GIT_HOSTS),
-            allow_filtered: var(ENV_ALLOW_FILTERED),
-            allow_nat: var(ENV_ALLOW_NAT),
-            allow_ssh_key: var(ENV_ALLOW_SSH_KEY),
+            roots: mcp.roots.clone(),
+            git_hosts: config.egress.git_hosts.clone(),
+            allow_filtered: mcp.allow_filtered.clone(),
+            allow_nat: mcp.allow_nat.clone(),
+            allow_ssh_key: mcp.allow_ssh_key.clone(),
             cwd: std::env::current_dir().ok(),
             homes,
             accounts: password_database(),

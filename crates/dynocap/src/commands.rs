@@ -252,13 +252,17 @@ fn print_transcript(streams: &Streams, result: &ExecResult, timeout_seconds: u64
     print_end_notes(streams, result, timeout_seconds);
 }
 
-/// How the command ended, when its exit code alone does not say it.
+/// How the command ended, when its exit code alone does not say it, and the connections the
+/// sandbox's network refused meanwhile.
 fn print_end_notes(streams: &Streams, result: &ExecResult, timeout_seconds: u64) {
     if result.timed_out {
         streams.stderr().write_str(&format!(
             "dynocap: command timed out after {timeout_seconds}s; its process group was killed\n"
         ));
     }
+    streams
+        .stderr()
+        .write_str(&crate::exec_output::refusal_notes(result));
 }
 
 /// The shell's conventions: the exit code, 128+N for signal N, 124 for a timeout.

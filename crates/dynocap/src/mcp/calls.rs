@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 
 use dynocap_engine::spec::{ExecSpec, OutputEncoding, RunSpec, EXEC_OUTPUT_MCP_DEFAULT};
 use dynocap_engine::task_spec::{Progress, Source, TaskStartSpec};
-use dynocap_engine::{Engine, Error};
+use dynocap_engine::{Engine, Error, ExecResult};
 use dynocap_review::diff_view::{self, Selection};
 
 use super::args::Args;
@@ -79,9 +79,8 @@ impl Tools {
             "dynocap_task_exec" => {
                 let name = args.required_string("name")?;
                 let spec = exec_spec(&args, "/workspace")?;
-                Output::json(
-                    &self
-                        .engine
+                exec_output(
+                    self.engine
                         .task_exec_reporting(&name, &spec, progress)
                         .await?,
                 )
@@ -137,7 +136,7 @@ impl Tools {
             "dynocap_exec" => {
                 let name = args.required_string("name")?;
                 let spec = exec_spec(&args, "/")?;
-                Output::json(&self.engine.exec_reporting(&name, &spec, progress).await?)
+                exec_output(self.engine.exec_reporting(&name, &spec, progress).await?)
             }
             "dynocap_ps" => Output::json(&json!({ "sandboxes": self.engine.ps()? })),
             "dynocap_destroy" => {
@@ -249,6 +248,22 @@ impl Tools {
             .warn(format_args!("policy refused {}: {refusal}", tool.name));
         refusal.into_error()
     }
+}
+
+/// An exec result as an MCP caller reads it: a refusal that adding its host to the
+/// allowlist would lift says which setting of the server's host does that.
+fn exec_output(mut result: ExecResult) -> Result<Output, Error> {
+    for refusal in &mut result.network_refusals {
+        if refusal.fix.is_some() {
+            refusal.fix = Some(format!(
+                "the person running this MCP server can allow it by adding {} to \
+                 DYNOCAP_EGRESS_ALLOW in the server's environment; sandboxes started after that \
+                 may reach it",
+                refusal.host
+            ));
+        }
+    }
+    Output::json(&result)
 }
 
 fn exec_spec(args: &Args<'_>, default_cwd: &str) -> Result<ExecSpec, Error> {

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use dynocap_netproxy::{NetworkRefusal, RefusalList};
+pub use dynocap_netproxy::NetworkRefusal;
+use dynocap_netproxy::RefusalList;
 use dynocap_proto::{
     channel, exec_window, from_payload, ExecExit, ExecRequest, FrameKind, Request, Response,
 };

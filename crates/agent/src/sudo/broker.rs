@@ -135,8 +135,13 @@ fn accept(stream: &mut UnixStream, allowed: u32) -> Result<(Request, [OwnedFd; 3
     Ok((request, stdio))
 }
 
-/// The command's environment: the caller's, as root (HOME, USER, PATH), with sudo's markers.
-fn root_env(caller: &[Vec<u8>], caller_uid: u32) -> Vec<CString> {
+/// The command's environment: the caller's, as root (HOME, USER, PATH), with sudo's markers,
+/// and then the `VAR=value` words given before the command, over all of these as sudo puts
+/// them (`sudo PATH=/opt/bin cmd` sets PATH too). They only reach the command's own
+/// environment: the agent never sets them in its own. Guest root runs anything it likes
+/// inside the sandbox anyway, so a variable such as `LD_PRELOAD` gives the caller nothing
+/// more than the command itself does.
+fn root_env(caller: &[Vec<u8>], assignments: &[Vec<u8>], caller_uid: u32) -> Vec<CString> {
     const REPLACED: &[&[u8]] = &[b"HOME", b"USER", b"LOGNAME", b"PATH", b"MAIL"];
     let mut env: Vec<CString> = caller
         .iter()
@@ -156,6 +161,22 @@ fn root_env(caller: &[Vec<u8>], caller_uid: u32) -> Vec<CString> {
         "SUDO_USER=sandbox".to_owned(),
     ] {
         env.push(CString::new(entry).expect("no NUL in fixed entries"));
+    }
+    let key = |entry: &[u8]| -> Vec<u8> {
+        entry
+            .split(|b| *b == b'=')
+            .next()
+            .unwrap_or_default()
+            .to_vec()
+    };
+    for assignment in assignments {
+        // Checked when the request was decoded: a name and no NUL.
+        let Ok(entry) = CString::new(assignment.clone()) else {
+            continue;
+        };
+        let name = key(assignment);
+        env.retain(|e| key(e.as_bytes()) != name);
+        env.push(entry);
     }
     env
 }
@@ -200,7 +221,7 @@ fn run_local(
     let spec = ChildSpec {
         program: CString::new("/bin/sh").expect("static"),
         argv,
-        env: root_env(&request.env, peer_uid),
+        env: root_env(&request.env, &request.assignments, peer_uid),
         cwd,
         terminal: false,
         user: None,
@@ -276,6 +297,7 @@ mod tests {
                 b"https_proxy=http://127.0.0.1:3128".to_vec(),
                 b"SUDO_UID=0".to_vec(),
             ],
+            &[],
             1000,
         );
         let env: Vec<String> = env
@@ -287,5 +309,35 @@ mod tests {
         assert!(env.contains(&"https_proxy=http://127.0.0.1:3128".to_owned()));
         assert!(env.contains(&"SUDO_UID=1000".to_owned()));
         assert!(!env.iter().any(|e| e == "PATH=/evil" || e == "SUDO_UID=0"));
+    }
+
+    #[test]
+    fn assignments_before_the_command_override_everything_else_once() {
+        let env = root_env(
+            &[b"LANG=C".to_vec(), b"DEBIAN_FRONTEND=dialog".to_vec()],
+            &[
+                b"DEBIAN_FRONTEND=noninteractive".to_vec(),
+                b"PATH=/opt/bin".to_vec(),
+                b"EMPTY=".to_vec(),
+                b"EQ=a=b".to_vec(),
+            ],
+            1000,
+        );
+        let env: Vec<String> = env
+            .into_iter()
+            .map(|e| e.into_string().expect("utf8"))
+            .collect();
+        let with = |name: &str| {
+            env.iter()
+                .filter(|e| e.split('=').next() == Some(name))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(with("DEBIAN_FRONTEND"), ["DEBIAN_FRONTEND=noninteractive"]);
+        assert_eq!(with("PATH"), ["PATH=/opt/bin"]);
+        assert_eq!(with("EMPTY"), ["EMPTY="]);
+        assert_eq!(with("EQ"), ["EQ=a=b"]);
+        assert_eq!(with("LANG"), ["LANG=C"]);
+        assert_eq!(with("HOME"), ["HOME=/root"]);
     }
 }

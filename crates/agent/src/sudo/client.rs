@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
-use super::wire::{encode, EncodeError, VERSION};
+use super::wire::{check_assignment, encode, EncodeError, VERSION};
 use super::SOCKET;
 
 /// Why a command could not be run through the broker (`sudo: ` and this, on stderr).
@@ -44,14 +44,21 @@ pub fn invoked_as_sudo(argv0: &OsStr) -> bool {
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
 enum Invocation {
-    Run(Vec<OsString>),
+    /// The command, and the `VAR=value` assignments before it, applied last (over the root
+    /// environment the broker makes) as sudo applies them.
+    Run {
+        argv: Vec<OsString>,
+        assignments: Vec<OsString>,
+    },
     /// `-v`, `-k`, `-K`: nothing to validate or forget.
     Nothing,
     Usage(String),
 }
 
 /// Parses the common sudo options. Options that change who or how are refused: there is one
-/// target (root) and no password.
+/// target (root) and no password. `-E` and `--preserve-env` are accepted as they are: the
+/// caller's environment is always kept (but for HOME, USER, LOGNAME, PATH and MAIL, which the
+/// broker sets as root's), which is what they ask for.
 fn parse(args: &[OsString]) -> Invocation {
     let mut rest = args.iter();
     let mut shell = false;
@@ -88,10 +95,23 @@ fn parse(args: &[OsString]) -> Invocation {
     command(Vec::new(), shell)
 }
 
+/// The command after the options: `VAR=value` words first (as sudo takes them: any word with
+/// a `=` not at its start), then the command and its arguments.
 fn command(args: Vec<OsString>, shell: bool) -> Invocation {
-    match (args.is_empty(), shell) {
-        (true, true) => Invocation::Run(vec!["/bin/bash".into()]),
-        (true, false) => Invocation::Usage("usage: sudo COMMAND [ARG...]".into()),
+    let mut words = args.into_iter().peekable();
+    let mut assignments = Vec::new();
+    while let Some(word) = words.next_if(|w| is_assignment(w)) {
+        if let Err(message) = check_assignment(word.as_bytes()) {
+            return Invocation::Usage(format!("sudo: {message}"));
+        }
+        assignments.push(word);
+    }
+    let args: Vec<OsString> = words.collect();
+    let argv = match (args.is_empty(), shell) {
+        (true, true) => vec!["/bin/bash".into()],
+        (true, false) => {
+            return Invocation::Usage("usage: sudo [VAR=value...] COMMAND [ARG...]".into())
+        }
         (false, true) => {
             // `sudo -s CMD ARGS`: the shell runs the words as one command line.
             let line = args
@@ -99,23 +119,30 @@ fn command(args: Vec<OsString>, shell: bool) -> Invocation {
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect::<Vec<_>>()
                 .join(" ");
-            Invocation::Run(vec!["/bin/sh".into(), "-c".into(), line.into()])
+            vec!["/bin/sh".into(), "-c".into(), line.into()]
         }
-        (false, false) => Invocation::Run(args),
-    }
+        (false, false) => args,
+    };
+    Invocation::Run { argv, assignments }
+}
+
+/// Whether sudo reads `word` as an assignment rather than as the command: it has a `=`, and
+/// not as its first byte (`=x` is a command's name).
+fn is_assignment(word: &OsStr) -> bool {
+    word.as_bytes().iter().position(|b| *b == b'=').unwrap_or(0) > 0
 }
 
 /// The `sudo` client. Returns the command's exit code.
 pub fn client(args: &[OsString]) -> ExitCode {
-    let argv = match parse(args) {
-        Invocation::Run(argv) => argv,
+    let (argv, assignments) = match parse(args) {
+        Invocation::Run { argv, assignments } => (argv, assignments),
         Invocation::Nothing => return ExitCode::SUCCESS,
         Invocation::Usage(message) => {
             let _ = writeln!(std::io::stderr(), "{message}");
             return ExitCode::from(1);
         }
     };
-    match run_remote(&argv) {
+    match run_remote(&argv, &assignments) {
         Ok(code) => ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)),
         Err(message) => {
             let _ = writeln!(std::io::stderr(), "sudo: {message}");
@@ -124,7 +151,7 @@ pub fn client(args: &[OsString]) -> ExitCode {
     }
 }
 
-fn run_remote(argv: &[OsString]) -> Result<i32, ClientError> {
+fn run_remote(argv: &[OsString], assignments: &[OsString]) -> Result<i32, ClientError> {
     let mut stream = UnixStream::connect(SOCKET).map_err(|err| match err.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
             ClientError::NoBroker(err)
@@ -147,6 +174,9 @@ fn run_remote(argv: &[OsString]) -> Result<i32, ClientError> {
     let envc = env.len().to_string();
     fields.push(envc.as_bytes());
     fields.extend(env.iter().map(|e| e.as_bytes()));
+    let setc = assignments.len().to_string();
+    fields.push(setc.as_bytes());
+    fields.extend(assignments.iter().map(|a| a.as_bytes()));
     let request = encode(&fields)?;
 
     let stdio = [0, 1, 2];
@@ -172,19 +202,26 @@ mod tests {
         args.iter().map(OsString::from).collect()
     }
 
+    fn run(argv: &[&str], assignments: &[&str]) -> Invocation {
+        Invocation::Run {
+            argv: os(argv),
+            assignments: os(assignments),
+        }
+    }
+
     #[test]
     fn common_sudo_command_lines_parse() {
         assert_eq!(
             parse(&os(&["apt-get", "install", "-y", "jq"])),
-            Invocation::Run(os(&["apt-get", "install", "-y", "jq"]))
+            run(&["apt-get", "install", "-y", "jq"], &[])
         );
         assert_eq!(
             parse(&os(&["-E", "-u", "root", "--", "-weird"])),
-            Invocation::Run(os(&["-weird"]))
+            run(&["-weird"], &[])
         );
         assert_eq!(
             parse(&os(&["-s", "id", "-u"])),
-            Invocation::Run(os(&["/bin/sh", "-c", "id -u"]))
+            run(&["/bin/sh", "-c", "id -u"], &[])
         );
         assert_eq!(parse(&os(&["-v"])), Invocation::Nothing);
         assert!(matches!(parse(&os(&[])), Invocation::Usage(_)));
@@ -198,5 +235,48 @@ mod tests {
         ));
         assert!(invoked_as_sudo(OsStr::new("/usr/local/bin/sudo")));
         assert!(!invoked_as_sudo(OsStr::new("/.dynocap/agent")));
+    }
+
+    #[test]
+    fn assignments_before_the_command_are_the_commands_environment() {
+        assert_eq!(
+            parse(&os(&[
+                "DEBIAN_FRONTEND=noninteractive",
+                "apt-get",
+                "install",
+                "-y",
+                "A=1"
+            ])),
+            run(
+                &["apt-get", "install", "-y", "A=1"],
+                &["DEBIAN_FRONTEND=noninteractive"]
+            )
+        );
+        assert_eq!(
+            parse(&os(&["-E", "--", "A=1", "B=", "_c=x=y", "env"])),
+            run(&["env"], &["A=1", "B=", "_c=x=y"])
+        );
+        // A word starting with `=` is the command, as in sudo.
+        assert_eq!(parse(&os(&["=x", "A=1"])), run(&["=x", "A=1"], &[]));
+        assert_eq!(
+            parse(&os(&["-s", "A=1", "echo", "$A"])),
+            run(&["/bin/sh", "-c", "echo $A"], &["A=1"])
+        );
+        assert_eq!(parse(&os(&["-s", "A=1"])), run(&["/bin/bash"], &["A=1"]));
+        let usage = |args: &[&str]| match parse(&os(args)) {
+            Invocation::Usage(message) => message,
+            other => panic!("{args:?} parsed as {other:?}"),
+        };
+        assert_eq!(
+            usage(&["A=1"]),
+            "usage: sudo [VAR=value...] COMMAND [ARG...]"
+        );
+        assert_eq!(
+            usage(&["1A=b", "env"]),
+            "sudo: \"1A\" is not a valid environment variable name: in VAR=value, VAR is ASCII \
+             letters, digits and underscores, not starting with a digit"
+        );
+        assert!(usage(&["A=1", "B-C=2", "env"]).starts_with("sudo: \"B-C\" is not a valid"));
+        assert!(usage(&["./x=y"]).starts_with("sudo: \"./x\" is not a valid"));
     }
 }

@@ -4,7 +4,8 @@
 //! A setuid `sudo` cannot work in a sandbox: the root filesystem is mounted `nosuid` and
 //! every process runs with `no_new_privs`. So the image's `/usr/local/bin/sudo` is a link to
 //! this very binary, and under that name it is a client ([`mod@client`]): it connects to the
-//! broker's socket ([`SOCKET`]), sends its arguments, working directory and environment, and
+//! broker's socket ([`SOCKET`]), sends its arguments, working directory and environment (and
+//! the `VAR=value` words before the command, which set variables of the command as in sudo), and
 //! passes its stdin, stdout and stderr along (`SCM_RIGHTS`); the broker ([`serve`]) checks the
 //! caller's uid (`SO_PEERCRED`), starts the command as itself in the caller's directory with
 //! the caller's descriptors and in the caller's command cgroup (so the command's timeout stops
@@ -16,8 +17,9 @@
 //! set as everything else in the guest (see SECURITY.md).
 //!
 //! Wire format, client to broker: `u32` total length, then fields, each a `u32` length and its
-//! bytes: the version tag (`dynocap-sudo-1`), the cwd, the argument count, the arguments, the environment count, the
-//! environment entries. All integers little-endian. Broker to client: one `i32`, the exit code
+//! bytes: the version tag (`dynocap-sudo-2`), the cwd, the argument count, the arguments, the
+//! environment count, the environment entries, the assignment count, the assignments
+//! (`VAR=value`, checked by both ends). All integers little-endian. Broker to client: one `i32`, the exit code
 //! (128 + signal for a command killed by a signal).
 
 mod broker;

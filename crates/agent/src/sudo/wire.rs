@@ -2,8 +2,8 @@
 //! of `sudo`. Bounded, and checked field by field on the way in.
 
 /// The first field of every request; a broker refuses any other.
-pub(super) const VERSION: &[u8] = b"dynocap-sudo-1";
-/// Largest request: arguments and environment together.
+pub(super) const VERSION: &[u8] = b"dynocap-sudo-2";
+/// Largest request: arguments, environment and assignments together.
 pub(super) const MAX_REQUEST: usize = 1 << 20;
 
 /// Why a request cannot be sent.
@@ -34,6 +34,43 @@ pub(super) enum DecodeError {
     Missing(&'static str),
     #[error("no command")]
     NoCommand,
+    #[error(transparent)]
+    Assignment(#[from] AssignmentError),
+}
+
+/// Why a `VAR=value` word before the command cannot set a variable: the client refuses it
+/// before sending, and the broker again (any guest process may write to its socket).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub(super) enum AssignmentError {
+    #[error(
+        "{0:?} is not a valid environment variable name: in VAR=value, VAR is ASCII letters, \
+         digits and underscores, not starting with a digit"
+    )]
+    BadName(String),
+    #[error("the value of {0} contains a NUL byte")]
+    Nul(String),
+}
+
+/// Checks one `VAR=value` assignment: `VAR` a POSIX environment variable name
+/// (`[A-Za-z_][A-Za-z0-9_]*`), the value anything but NUL.
+pub(super) fn check_assignment(word: &[u8]) -> Result<(), AssignmentError> {
+    let (name, value) = match word.iter().position(|b| *b == b'=') {
+        Some(eq) => (&word[..eq], &word[eq + 1..]),
+        None => (word, &[][..]),
+    };
+    let lossy = || String::from_utf8_lossy(name).into_owned();
+    let valid = name
+        .first()
+        .is_some_and(|b| b.is_ascii_alphabetic() || *b == b'_')
+        && name.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+        && word.contains(&b'=');
+    if !valid {
+        return Err(AssignmentError::BadName(lossy()));
+    }
+    if value.contains(&0) {
+        return Err(AssignmentError::Nul(lossy()));
+    }
+    Ok(())
 }
 
 /// The whole request: its total length, then each field with its length.
@@ -59,7 +96,11 @@ pub(super) fn encode(fields: &[&[u8]]) -> Result<Vec<u8>, EncodeError> {
 pub(super) struct Request {
     pub cwd: Vec<u8>,
     pub argv: Vec<Vec<u8>>,
+    /// The caller's environment, which the broker makes root's.
     pub env: Vec<Vec<u8>>,
+    /// `VAR=value` words given before the command, each checked by [`check_assignment`]:
+    /// they override the root environment.
+    pub assignments: Vec<Vec<u8>>,
 }
 
 /// Parses a request's body (after its length), refusing anything malformed.
@@ -94,10 +135,19 @@ pub(super) fn decode(body: &[u8]) -> Result<Request, DecodeError> {
     };
     let argv = counted("argument")?;
     let env = counted("environment")?;
+    let assignments = counted("assignment")?;
     if argv.is_empty() {
         return Err(DecodeError::NoCommand);
     }
-    Ok(Request { cwd, argv, env })
+    for assignment in &assignments {
+        check_assignment(assignment)?;
+    }
+    Ok(Request {
+        cwd,
+        argv,
+        env,
+        assignments,
+    })
 }
 
 #[cfg(test)]
@@ -106,8 +156,19 @@ mod tests {
 
     #[test]
     fn requests_round_trip_and_bad_ones_are_refused() {
-        let request =
-            encode(&[VERSION, b"/work", b"2", b"id", b"-u", b"1", b"A=b"]).expect("encode");
+        let request = encode(&[
+            VERSION,
+            b"/work",
+            b"2",
+            b"id",
+            b"-u",
+            b"1",
+            b"A=b",
+            b"2",
+            b"DEBIAN_FRONTEND=noninteractive",
+            b"_x1=a=b c",
+        ])
+        .expect("encode");
         let body = &request[4..];
         assert_eq!(
             u32::from_le_bytes(request[..4].try_into().expect("4 bytes")) as usize,
@@ -119,13 +180,19 @@ mod tests {
                 cwd: b"/work".to_vec(),
                 argv: vec![b"id".to_vec(), b"-u".to_vec()],
                 env: vec![b"A=b".to_vec()],
+                assignments: vec![
+                    b"DEBIAN_FRONTEND=noninteractive".to_vec(),
+                    b"_x1=a=b c".to_vec()
+                ],
             })
         );
         for bad in [
             encode(&[b"other-1", b"/", b"1", b"id", b"0"]),
             encode(&[VERSION, b"/", b"3", b"id", b"0"]),
-            encode(&[VERSION, b"/", b"0", b"0"]),
+            encode(&[VERSION, b"/", b"0", b"0", b"0"]),
             encode(&[VERSION, b"/", b"x"]),
+            encode(&[VERSION, b"/", b"1", b"id", b"0"]),
+            encode(&[VERSION, b"/", b"1", b"id", b"0", b"1", b"1A=b"]),
         ] {
             let bad = bad.expect("encode");
             assert!(decode(&bad[4..]).is_err());
@@ -144,12 +211,30 @@ mod tests {
             refusal(&[VERSION, b"/", b"3", b"id", b"0"]),
             "missing argument"
         );
-        assert_eq!(refusal(&[VERSION, b"/", b"0", b"0"]), "no command");
+        assert_eq!(refusal(&[VERSION, b"/", b"0", b"0", b"0"]), "no command");
         assert_eq!(refusal(&[VERSION, b"/", b"x"]), "bad argument count");
         assert_eq!(
             refusal(&[VERSION, b"/", b"1", b"id"]),
             "no environment count"
         );
+        assert_eq!(
+            refusal(&[VERSION, b"/", b"1", b"id", b"0"]),
+            "no assignment count"
+        );
+        // A caller writing to the socket itself meets the client's checks again.
+        for (word, message) in [
+            (
+                &b"1A=b"[..],
+                "\"1A\" is not a valid environment variable name",
+            ),
+            (b"A-B=c", "\"A-B\" is not a valid environment variable name"),
+            (b"A", "\"A\" is not a valid environment variable name"),
+            (b"=x", "\"\" is not a valid environment variable name"),
+            (b"A=x\0y", "the value of A contains a NUL byte"),
+        ] {
+            let text = refusal(&[VERSION, b"/", b"1", b"id", b"0", b"1", word]);
+            assert!(text.starts_with(message), "{word:?}: {text}");
+        }
         assert_eq!(
             decode(&body[..body.len() - 1]),
             Err(DecodeError::TruncatedField)

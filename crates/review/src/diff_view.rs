@@ -2,6 +2,9 @@
 //! bounded. A 4.7 MB patch sent whole is a 9.5 MB answer that no model can use; the header
 //! (every file, every sensitive path) is small and complete, and the text is cut at a file
 //! boundary past the bound, naming the files left out, or narrowed to the files asked for.
+//! The text puts first what a reviewer came for: changes to files the project has, then new
+//! text files, then binary entries (generated files are taken out before, by
+//! [`crate::generated`], and summarised as groups).
 
 use serde::{Deserialize, Serialize};
 
@@ -40,8 +43,8 @@ pub struct Selection {
     pub stat: bool,
 }
 
-/// Cuts `patch` for showing: whole file entries, in patch order, while they fit in
-/// `max_bytes`. When the first entry to show is itself larger, its head is shown up to the
+/// Cuts `patch` for showing: whole file entries while they fit in `max_bytes`, in patch order
+/// when all of them fit and in [`rank`] order (patch order within a rank) when not. When the first entry to show is itself larger, its head is shown up to the
 /// bound (at a line end) with a marker, and it is listed as omitted too. A patch the parser
 /// refuses is shown cut at the bound, with no file list.
 pub fn view(patch_text: &str, max_bytes: usize, selection: &Selection) -> View {
@@ -62,16 +65,30 @@ pub fn view(patch_text: &str, max_bytes: usize, selection: &Selection) -> View {
     };
     let sections = sections(patch_text, &files);
     let changes = files.iter().map(change).collect();
-    let mut shown = String::new();
-    let mut omitted = Vec::new();
-    // Once an entry is cut for size, the rest is too: the text is one prefix of the patch.
-    let mut cut = false;
-    for (file, text) in files.iter().zip(sections) {
-        let wanted = !selection.stat
+    let wanted = |file: &FilePatch<'_>| {
+        !selection.stat
             && selection
                 .paths
                 .as_ref()
-                .is_none_or(|paths| paths.iter().any(|p| p == file.path()));
+                .is_none_or(|paths| paths.iter().any(|p| p == file.path()))
+    };
+    let mut ordered: Vec<(&FilePatch<'_>, &str)> = files.iter().zip(sections).collect();
+    let whole: usize = ordered
+        .iter()
+        .filter(|(file, _)| wanted(file))
+        .map(|(_, text)| text.len())
+        .sum();
+    // Shown whole, the text is the patch as git wrote it; bounded, what matters comes first.
+    if whole > max_bytes {
+        ordered.sort_by_key(|(file, _)| rank(file));
+    }
+    let mut shown = String::new();
+    let mut omitted = Vec::new();
+    // Once an entry is cut for size, the rest is too: the text is one prefix of the ordered
+    // entries.
+    let mut cut = false;
+    for (file, text) in ordered {
+        let wanted = wanted(file);
         if wanted && !cut && shown.len() + text.len() <= max_bytes {
             shown.push_str(text);
         } else if wanted && !cut && shown.is_empty() {
@@ -92,6 +109,16 @@ pub fn view(patch_text: &str, max_bytes: usize, selection: &Selection) -> View {
         changes,
         patch: shown,
         omitted,
+    }
+}
+
+/// Where an entry goes in a bounded view: changes to files the baseline has (0), new text
+/// files (1), binary entries (2).
+pub fn rank(file: &FilePatch<'_>) -> u8 {
+    match (file.is_binary, file.is_new) {
+        (true, _) => 2,
+        (false, true) => 1,
+        (false, false) => 0,
     }
 }
 
@@ -193,6 +220,56 @@ mod tests {
             },
         );
         assert!(stat.patch.is_empty() && stat.changes.len() == 2);
+    }
+
+    fn modified(name: &str) -> String {
+        format!(
+            "diff --git a/{name} b/{name}\nindex 1111111..2222222 100644\n--- a/{name}\n+++ b/{name}\n@@ -1 +1 @@\n-x\n+y\n"
+        )
+    }
+
+    fn binary(name: &str, bytes: usize) -> String {
+        // Shape-checked, not decoded: `z` says 52 bytes, in 65 base85 characters.
+        let data: String = (0..bytes / 66)
+            .map(|_| format!("z{}\n", "0".repeat(65)))
+            .collect();
+        format!(
+            "diff --git a/{name} b/{name}\nnew file mode 100644\nindex 0000000000000000000000000000000000000000..3333333333333333333333333333333333333333\nGIT binary patch\nliteral 3\n{data}\nliteral 0\nHcmV?d00001\n\n"
+        )
+    }
+
+    #[test]
+    fn tracked_changes_come_first_then_new_text_then_binary() {
+        // In patch (path) order the binary entry comes first and alone fills the bound.
+        let patch = [
+            binary("a/__x.bin", 4000),
+            entry("b/new.py", 3),
+            modified("c/cli.py"),
+            modified("d/test_cli.py"),
+        ]
+        .concat();
+        let shown = view(&patch, 1000, &Selection::default());
+        assert_eq!(
+            shown.patch,
+            [
+                modified("c/cli.py"),
+                modified("d/test_cli.py"),
+                entry("b/new.py", 3)
+            ]
+            .concat()
+        );
+        assert_eq!(shown.omitted, ["a/__x.bin"]);
+        // The header keeps patch order.
+        let paths: Vec<&str> = shown.changes.iter().map(|c| c.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["a/__x.bin", "b/new.py", "c/cli.py", "d/test_cli.py"]
+        );
+        // A bound that only the tracked changes fit in leaves the new file out, whole.
+        let tracked = [modified("c/cli.py"), modified("d/test_cli.py")].concat();
+        let small = view(&patch, tracked.len() + 10, &Selection::default());
+        assert_eq!(small.patch, tracked);
+        assert_eq!(small.omitted, ["b/new.py", "a/__x.bin"]);
     }
 
     #[test]

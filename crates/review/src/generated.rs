@@ -1,0 +1,487 @@
+//! Files that tools generate (`__pycache__/`, `node_modules/`, a root `target/`, …): the one
+//! table of them, which entries of a patch fall under it, and the patch split into what is
+//! kept and what is left out, with the left-out part summarised as groups.
+//!
+//! A project without a `.gitignore` for `__pycache__/` that runs its tests in a task ends up
+//! with a patch full of base85 `.pyc` entries: they bury the real edits in a bounded diff and
+//! would be committed by `task apply`. Only what the task *added* can be generated: a file
+//! the baseline has (the project tracks it) shows as a change, never as generated, and
+//! neither does anything beneath a generated-looking directory the baseline has files in
+//! (a project that commits its `target/` owns it). Ignored files never reach the patch.
+//!
+//! The table is kept short on purpose: a name is in it only when a directory or file of that
+//! name is, in practice, never hand-written source. `dist/` and `build/` are not (libraries
+//! commit their `dist/`, many projects keep build scripts in `build/`), and `target/` counts
+//! only at the project's root (a Rust or Maven project's output; a nested `target` is as
+//! likely a module of that name).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::patch::FilePatch;
+
+/// How a rule matches a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Match {
+    /// A directory of this name at any depth.
+    Dir(&'static str),
+    /// A directory whose name ends so, at any depth.
+    DirSuffix(&'static str),
+    /// A directory of this name at the project's root only.
+    RootDir(&'static str),
+    /// A file whose name ends so, anywhere.
+    FileSuffix(&'static str),
+    /// A file of this name, anywhere.
+    FileName(&'static str),
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// How the rule is shown (`__pycache__/`, `*.pyc`, `/target/`).
+    pub pattern: &'static str,
+    pub matches: Match,
+    /// What writes it.
+    pub tool: &'static str,
+}
+
+/// The table: directory rules first, so a `.pyc` inside `__pycache__/` is counted under the
+/// directory. docs/tasks.md lists it for users.
+pub const TABLE: &[Rule] = &[
+    Rule {
+        pattern: "__pycache__/",
+        matches: Match::Dir("__pycache__"),
+        tool: "Python bytecode",
+    },
+    Rule {
+        pattern: ".pytest_cache/",
+        matches: Match::Dir(".pytest_cache"),
+        tool: "pytest",
+    },
+    Rule {
+        pattern: ".mypy_cache/",
+        matches: Match::Dir(".mypy_cache"),
+        tool: "mypy",
+    },
+    Rule {
+        pattern: ".ruff_cache/",
+        matches: Match::Dir(".ruff_cache"),
+        tool: "ruff",
+    },
+    Rule {
+        pattern: ".hypothesis/",
+        matches: Match::Dir(".hypothesis"),
+        tool: "Hypothesis",
+    },
+    Rule {
+        pattern: ".tox/",
+        matches: Match::Dir(".tox"),
+        tool: "tox",
+    },
+    Rule {
+        pattern: ".nox/",
+        matches: Match::Dir(".nox"),
+        tool: "nox",
+    },
+    Rule {
+        pattern: ".venv/",
+        matches: Match::Dir(".venv"),
+        tool: "Python virtual environments",
+    },
+    Rule {
+        pattern: "*.egg-info/",
+        matches: Match::DirSuffix(".egg-info"),
+        tool: "setuptools",
+    },
+    Rule {
+        pattern: "node_modules/",
+        matches: Match::Dir("node_modules"),
+        tool: "npm, yarn, pnpm",
+    },
+    Rule {
+        pattern: ".next/",
+        matches: Match::Dir(".next"),
+        tool: "Next.js",
+    },
+    Rule {
+        pattern: ".parcel-cache/",
+        matches: Match::Dir(".parcel-cache"),
+        tool: "Parcel",
+    },
+    Rule {
+        pattern: ".gradle/",
+        matches: Match::Dir(".gradle"),
+        tool: "Gradle",
+    },
+    Rule {
+        pattern: "/target/",
+        matches: Match::RootDir("target"),
+        tool: "Cargo, Maven",
+    },
+    Rule {
+        pattern: "*.pyc",
+        matches: Match::FileSuffix(".pyc"),
+        tool: "Python bytecode",
+    },
+    Rule {
+        pattern: "*.pyo",
+        matches: Match::FileSuffix(".pyo"),
+        tool: "Python bytecode",
+    },
+    Rule {
+        pattern: ".coverage",
+        matches: Match::FileName(".coverage"),
+        tool: "coverage.py",
+    },
+];
+
+/// The table as a Markdown list, for the documentation and the tools' descriptions.
+pub fn table_text() -> String {
+    TABLE
+        .iter()
+        .map(|rule| format!("`{}` ({})", rule.pattern, rule.tool))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Where a path falls under the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Matched<'p> {
+    pub rule: &'static Rule,
+    /// The generated directory the path is beneath (`pkg/__pycache__`), or `None` for a rule
+    /// on file names.
+    pub dir: Option<&'p str>,
+    /// The path's first directory (`pkg`), or `.` for a match at the root.
+    pub top: &'p str,
+}
+
+/// The first rule of the table `path` falls under, if any.
+pub fn rule_for(path: &str) -> Option<Matched<'_>> {
+    let parts: Vec<&str> = path.split('/').collect();
+    let (name, dirs) = parts.split_last()?;
+    let top = |depth: usize| if depth == 0 { "." } else { parts[0] };
+    for rule in TABLE {
+        let found = match rule.matches {
+            Match::Dir(want) => dirs.iter().position(|d| *d == want),
+            Match::DirSuffix(suffix) => dirs
+                .iter()
+                .position(|d| d.len() > suffix.len() && d.ends_with(suffix)),
+            Match::RootDir(want) => (dirs.first() == Some(&want)).then_some(0),
+            Match::FileSuffix(suffix) => {
+                if name.len() > suffix.len() && name.ends_with(suffix) {
+                    return Some(Matched {
+                        rule,
+                        dir: None,
+                        top: top(dirs.len()),
+                    });
+                }
+                None
+            }
+            Match::FileName(want) => {
+                if *name == want {
+                    return Some(Matched {
+                        rule,
+                        dir: None,
+                        top: top(dirs.len()),
+                    });
+                }
+                None
+            }
+        };
+        if let Some(depth) = found {
+            let len: usize = parts[..=depth].iter().map(|p| p.len() + 1).sum::<usize>() - 1;
+            return Some(Matched {
+                rule,
+                dir: Some(&path[..len]),
+                top: top(depth),
+            });
+        }
+    }
+    None
+}
+
+/// Whether `file` is generated: added by the task (not a rename or copy of a file the
+/// baseline has), under the table, and not beneath a directory the baseline has files in.
+/// `tracks_beneath(dir)` says whether the baseline has anything beneath `dir`.
+pub fn generated<'f>(
+    file: &'f FilePatch<'_>,
+    tracks_beneath: &dyn Fn(&str) -> bool,
+) -> Option<Matched<'f>> {
+    if !file.is_new || file.is_rename || file.is_copy {
+        return None;
+    }
+    let matched = rule_for(file.new_path.as_deref()?)?;
+    match matched.dir {
+        Some(dir) if tracks_beneath(dir) => None,
+        _ => Some(matched),
+    }
+}
+
+/// Generated files of one pattern under one top directory, left out of (or, when asked,
+/// kept in) a patch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GeneratedGroup {
+    /// The table's pattern (`__pycache__/`).
+    pub pattern: String,
+    /// The project's top directory they are in (`pkg`), `.` for the root.
+    pub under: String,
+    pub files: u64,
+    /// Bytes of patch text their entries take.
+    pub patch_bytes: u64,
+}
+
+/// A patch cut into the entries kept and the generated ones, as byte ranges of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Split {
+    /// In patch order, adjacent ranges merged (text before the first entry is kept).
+    pub kept: Vec<Range<usize>>,
+    pub generated: Vec<Range<usize>>,
+    /// The generated entries summarised, sorted by pattern then directory.
+    pub groups: Vec<GeneratedGroup>,
+}
+
+impl Split {
+    /// The kept entries (or the generated ones) as one patch.
+    pub fn join(patch: &[u8], ranges: &[Range<usize>]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(ranges.iter().map(|r| r.len()).sum());
+        for range in ranges {
+            out.extend_from_slice(&patch[range.clone()]);
+        }
+        out
+    }
+}
+
+/// Splits `patch` (whose entries the parser read as `files`) into kept and generated entries.
+pub fn split(
+    patch: &[u8],
+    files: &[FilePatch<'_>],
+    tracks_beneath: &dyn Fn(&str) -> bool,
+) -> Split {
+    let sections = sections(patch, files);
+    let mut split = Split::default();
+    let mut groups: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
+    if let Some(first) = sections.first() {
+        push_merged(&mut split.kept, 0..first.start);
+    } else {
+        push_merged(&mut split.kept, 0..patch.len());
+    }
+    for (file, range) in files.iter().zip(sections) {
+        match generated(file, tracks_beneath) {
+            Some(matched) => {
+                let group = groups
+                    .entry((matched.rule.pattern, matched.top))
+                    .or_default();
+                group.0 += 1;
+                group.1 += range.len() as u64;
+                push_merged(&mut split.generated, range);
+            }
+            None => push_merged(&mut split.kept, range),
+        }
+    }
+    split.groups = groups
+        .into_iter()
+        .map(|((pattern, under), (files, bytes))| GeneratedGroup {
+            pattern: pattern.to_owned(),
+            under: under.to_owned(),
+            files,
+            patch_bytes: bytes,
+        })
+        .collect();
+    split
+}
+
+fn push_merged(ranges: &mut Vec<Range<usize>>, range: Range<usize>) {
+    if range.is_empty() {
+        return;
+    }
+    match ranges.last_mut() {
+        Some(last) if last.end == range.start => last.end = range.end,
+        _ => ranges.push(range),
+    }
+}
+
+/// Each entry's bytes: from its `diff --git` line to the next entry's (or the end).
+pub fn sections(patch: &[u8], files: &[FilePatch<'_>]) -> Vec<Range<usize>> {
+    let mut starts = Vec::with_capacity(files.len());
+    let mut wanted = files.iter().map(|f| f.line).peekable();
+    let mut line = 1usize;
+    let mut offset = 0usize;
+    while wanted.peek().is_some() && offset <= patch.len() {
+        while wanted.peek() == Some(&line) {
+            starts.push(offset);
+            wanted.next();
+        }
+        match patch[offset.min(patch.len())..]
+            .iter()
+            .position(|&b| b == b'\n')
+        {
+            Some(newline) => offset += newline + 1,
+            None => break,
+        }
+        line += 1;
+    }
+    let mut ends: Vec<usize> = starts.iter().skip(1).copied().collect();
+    ends.push(patch.len());
+    starts
+        .into_iter()
+        .zip(ends)
+        .map(|(start, end)| start..end)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::patch;
+
+    fn added(name: &str) -> String {
+        format!(
+            "diff --git a/{name} b/{name}\nnew file mode 100644\nindex 0000000..1111111\n--- /dev/null\n+++ b/{name}\n@@ -0,0 +1 @@\n+x\n"
+        )
+    }
+
+    fn modified(name: &str) -> String {
+        format!(
+            "diff --git a/{name} b/{name}\nindex 1111111..2222222 100644\n--- a/{name}\n+++ b/{name}\n@@ -1 +1 @@\n-x\n+y\n"
+        )
+    }
+
+    fn binary_added(name: &str) -> String {
+        format!(
+            "diff --git a/{name} b/{name}\nnew file mode 100644\nindex 0000000000000000000000000000000000000000..3333333333333333333333333333333333333333\nGIT binary patch\nliteral 3\nKcmZQzWB>pF00aO6\n\nliteral 0\nHcmV?d00001\n\n"
+        )
+    }
+
+    fn pattern(path: &str) -> Option<&'static str> {
+        rule_for(path).map(|m| m.rule.pattern)
+    }
+
+    #[test]
+    fn the_table_names_tool_output_and_nothing_hand_written() {
+        assert_eq!(
+            pattern("pkg/__pycache__/x.cpython-311.pyc"),
+            Some("__pycache__/")
+        );
+        assert_eq!(pattern("x.pyc"), Some("*.pyc"));
+        assert_eq!(pattern("a/b/x.pyo"), Some("*.pyo"));
+        assert_eq!(
+            pattern("node_modules/left-pad/index.js"),
+            Some("node_modules/")
+        );
+        assert_eq!(pattern("web/node_modules/a/b.js"), Some("node_modules/"));
+        assert_eq!(
+            pattern(".pytest_cache/v/cache/lastfailed"),
+            Some(".pytest_cache/")
+        );
+        assert_eq!(pattern(".venv/bin/python"), Some(".venv/"));
+        assert_eq!(pattern("idna.egg-info/PKG-INFO"), Some("*.egg-info/"));
+        assert_eq!(pattern("target/debug/app"), Some("/target/"));
+        assert_eq!(pattern(".coverage"), Some(".coverage"));
+        // Hand-written source of look-alike names is not generated.
+        for source in [
+            "src/target/mod.rs",
+            "target",
+            "dist/index.js",
+            "build/build.sh",
+            "__pycache__",
+            "pyc",
+            "notes.pyc.md",
+            ".egg-info/x",
+            "venv/lib.py",
+            "src/node_modules.rs",
+            "README.md",
+        ] {
+            assert_eq!(pattern(source), None, "{source}");
+        }
+        for rule in TABLE {
+            assert!(table_text().contains(rule.pattern));
+        }
+    }
+
+    #[test]
+    fn a_match_names_its_directory_and_top() {
+        let m = rule_for("pkg/sub/__pycache__/x.pyc").unwrap();
+        assert_eq!((m.dir, m.top), (Some("pkg/sub/__pycache__"), "pkg"));
+        let m = rule_for("node_modules/a/b.js").unwrap();
+        assert_eq!((m.dir, m.top), (Some("node_modules"), "."));
+        let m = rule_for("lib/x.pyc").unwrap();
+        assert_eq!((m.dir, m.top), (None, "lib"));
+        let m = rule_for("x.pyc").unwrap();
+        assert_eq!((m.dir, m.top), (None, "."));
+    }
+
+    #[test]
+    fn only_added_untracked_files_are_generated() {
+        let text = [
+            modified("pkg/cli.py"),
+            binary_added("pkg/__pycache__/cli.cpython-311.pyc"),
+            added("pkg/new.py"),
+            modified("target/foo"),
+            added("target/bar"),
+            added("web/node_modules/a.js"),
+            added("x.pyc"),
+        ]
+        .concat();
+        let files = patch::parse(text.as_bytes(), text.len()).unwrap();
+        // The project tracks `target/foo`: its `target/` is the project's own.
+        let tracks = |dir: &str| dir == "target";
+        let split = split(text.as_bytes(), &files, &tracks);
+        let kept = String::from_utf8(Split::join(text.as_bytes(), &split.kept)).unwrap();
+        let left = String::from_utf8(Split::join(text.as_bytes(), &split.generated)).unwrap();
+        assert_eq!(
+            kept,
+            [
+                modified("pkg/cli.py"),
+                added("pkg/new.py"),
+                modified("target/foo"),
+                added("target/bar")
+            ]
+            .concat()
+        );
+        assert_eq!(
+            left,
+            [
+                binary_added("pkg/__pycache__/cli.cpython-311.pyc"),
+                added("web/node_modules/a.js"),
+                added("x.pyc")
+            ]
+            .concat()
+        );
+        let groups: Vec<(&str, &str, u64)> = split
+            .groups
+            .iter()
+            .map(|g| (g.pattern.as_str(), g.under.as_str(), g.files))
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                ("*.pyc", ".", 1),
+                ("__pycache__/", "pkg", 1),
+                ("node_modules/", "web", 1)
+            ]
+        );
+        let pyc = binary_added("pkg/__pycache__/cli.cpython-311.pyc").len() as u64;
+        assert_eq!(split.groups[1].patch_bytes, pyc);
+        // Both parts are patches the parser reads again, entry for entry.
+        assert_eq!(patch::parse(kept.as_bytes(), kept.len()).unwrap().len(), 4);
+        assert_eq!(patch::parse(left.as_bytes(), left.len()).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_patch_without_generated_files_is_kept_whole() {
+        let text = [modified("a.py"), added("b.py")].concat();
+        let files = patch::parse(text.as_bytes(), text.len()).unwrap();
+        let split = split(text.as_bytes(), &files, &|_| false);
+        assert_eq!(split.kept, vec![0..text.len()]);
+        assert!(split.generated.is_empty() && split.groups.is_empty());
+        let empty = split_empty();
+        assert_eq!((empty.kept.len(), empty.groups.len()), (0, 0));
+    }
+
+    fn split_empty() -> Split {
+        split(b"", &[], &|_| false)
+    }
+}

@@ -32,6 +32,9 @@ mod field {
     pub const REFUSALS: &str = "refusals";
     /// Start result: `source.commit`, the commit a `--repo` clone checked out.
     pub const SOURCE_COMMIT: &str = "baseCommit";
+    /// Exec result: the connections refused while the command ran.
+    pub const NETWORK_REFUSALS: &str = "networkRefusals";
+    pub const NETWORK_REFUSALS_OMITTED: &str = "networkRefusalsOmitted";
 }
 
 /// A home whose `dynocap` commands reach the fixture under its names and trust its CA,
@@ -307,6 +310,118 @@ fn a_raw_sandbox_gets_the_default_list_plus_allow_host_on(backend: Backend) {
         "{:#?}",
         fix.https.requests()
     );
+}
+
+/// A refused connection reaches the agent as more than a bare 403: the exec result lists it
+/// (`networkRefusals`: host, port, reason, count, and the fix when the allowlist could allow
+/// it), the CLI prints a line for it after the command's output, and the client itself hears
+/// the reason and the fix in the proxy's status line (pip shows only that line). A command
+/// that was refused nothing has no `networkRefusals`. Nothing reaches the fixture: every
+/// refusal happens at the CONNECT.
+#[test]
+fn refusals_reach_the_exec_result_the_cli_and_the_client() {
+    if !require_root("refusals_reach_the_exec_result_the_cli_and_the_client") {
+        return;
+    }
+    let fix = NetFix::start();
+    let home = home_for(&fix, "");
+    home.sandbox("refusals", &["--network", "filtered"]);
+    let before = fix.https.requests().len();
+
+    let result = home.exec(
+        "refusals",
+        &[],
+        &format!(
+            "curl -sS https://{OTHER_HOST}/; curl -sS https://{OTHER_HOST}/; \
+             curl -sS https://{NPM_HOST}:8443/; \
+             pip download --no-deps --no-cache-dir --retries 1 --timeout 20 --dest /tmp/p \
+             --index-url https://{PYPI_HOST}/simple/ {PYPI_PACKAGE}"
+        ),
+    );
+    assert_ne!(result["exitCode"], 0, "{result:#}");
+    let refusals = result[field::NETWORK_REFUSALS]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {}: {result:#}", field::NETWORK_REFUSALS));
+    let entry = |host: &str, port: u64| -> &Value {
+        refusals
+            .iter()
+            .find(|r| r["host"] == host && r["port"] == port)
+            .unwrap_or_else(|| panic!("{host}:{port} not listed: {refusals:#?}"))
+    };
+    let other = entry(OTHER_HOST, 443);
+    assert_eq!(other["count"], 2, "{other:#}");
+    assert_eq!(
+        other["reason"],
+        format!("{OTHER_HOST} is not on this sandbox's allowlist"),
+        "{other:#}"
+    );
+    let fix_text = other["fix"].as_str().unwrap_or_default();
+    assert!(
+        fix_text.contains(&format!("--allow-host {OTHER_HOST}"))
+            && fix_text.contains(product::ENV_EGRESS_ALLOW),
+        "{other:#}"
+    );
+    // A port nothing on the allowlist can open: why, and no fix.
+    let port = entry(NPM_HOST, 8443);
+    assert_eq!(port["count"], 1, "{port:#}");
+    assert!(
+        port["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("port 8443 is not allowed")),
+        "{port:#}"
+    );
+    assert!(port.get("fix").is_none(), "{port:#}");
+    let pypi = entry(PYPI_HOST, 443);
+    assert!(pypi["count"].as_u64() >= Some(1), "{pypi:#}");
+    assert_eq!(refusals.len(), 3, "{refusals:#?}");
+    assert!(
+        result.get(field::NETWORK_REFUSALS_OMITTED).is_none(),
+        "{result:#}"
+    );
+    // pip printed the proxy's status line: the reason and the fix, not a bare 403.
+    let stderr = result["stderr"].as_str().unwrap_or_default();
+    assert!(
+        stderr.contains(&format!(
+            "403 Forbidden (dynocap: {PYPI_HOST} is not on this sandbox's allowlist"
+        )) && stderr.contains(&format!("--allow-host {PYPI_HOST}")),
+        "{stderr}"
+    );
+    assert_eq!(
+        fix.https.requests().len(),
+        before,
+        "a refusal reached the fixture"
+    );
+
+    // A command that was refused nothing, allowed traffic included, lists nothing.
+    let quiet = home.exec(
+        "refusals",
+        &[],
+        &format!("curl -sS --fail https://{NPM_HOST}/"),
+    );
+    assert_eq!(quiet["exitCode"], 0, "{quiet:#}");
+    assert!(quiet.get(field::NETWORK_REFUSALS).is_none(), "{quiet:#}");
+
+    // The CLI: after the command's own output, one line naming the host, why, and the fix.
+    let out = home.run(&[
+        "exec",
+        "refusals",
+        "--",
+        &format!("curl -sS https://{OTHER_HOST}/; echo done"),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stdout, "done\n", "{stderr}");
+    let line = format!(
+        "dynocap: the sandbox's network refused {OTHER_HOST}:443: {OTHER_HOST} is not on this \
+         sandbox's allowlist; to allow it, start a sandbox with --allow-host {OTHER_HOST} \
+         (`dynocap run`, `dynocap task start`) or add {OTHER_HOST} to DYNOCAP_EGRESS_ALLOW\n"
+    );
+    assert!(stderr.ends_with(&line), "{stderr}");
+    let curl_said = stderr.find("curl: ").unwrap_or(usize::MAX);
+    assert!(curl_said < stderr.len() - line.len(), "{stderr}");
+    let again = home.run(&["exec", "refusals", "--", "true"]);
+    assert!(again.status.success(), "{again:?}");
+    assert_eq!(String::from_utf8_lossy(&again.stderr), "", "{again:?}");
 }
 
 /// A filtered task's allowlist also holds its project's own remotes, when they are on the git

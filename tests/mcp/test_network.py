@@ -6,6 +6,8 @@ server with git smart HTTP, an sshd serving git):
   `none` task has no egress afterwards, not even to its git host;
 - a `filtered` clone task reaches its git host and the npm registry only (403 for others), and
   its finish result reports the hosts reached;
+- a `filtered` raw sandbox's exec results list the connections refused while they ran
+  (`networkRefusals`), with the server's setting that would allow a host off the allowlist;
 - an SSH clone with `sshKeyPath` works only with DYNOCAP_MCP_ALLOW_SSH_KEY=1, never echoes
   the key, and a passphrase-protected key is a clear error that leaves no task;
 - a clone that fails is an `internal:` error with git's message and leaves nothing behind;
@@ -152,6 +154,44 @@ async def test_filtered_clone_reaches_its_allowlist_only(host: Host, fix: NetFix
     assert GIT_HOST in reached and OTHER_HOST not in reached, done["network"]
     refusals = done["network"]["refusals"]
     assert refusals["count"] >= 1 and OTHER_HOST in {r["host"] for r in refusals["first"]}, refusals
+
+
+async def test_exec_results_list_the_connections_refused_while_they_ran(host: Host, fix: NetFix) -> None:
+    """A raw `filtered` sandbox: dynocap_exec's structured result names each refused host with
+    its port, reason, count and, for a host off the allowlist, the server's setting that would
+    allow it; a later command refused nothing has no networkRefusals. Every refusal happens at
+    the CONNECT: nothing reaches the fixture."""
+    async with connect(host, env=server_env(host, fix, DYNOCAP_MCP_ALLOW_FILTERED="1")) as s:
+        ok(await s.call_tool("dynocap_run", {"name": "refusals", "network": "filtered"}))
+        before = len(fix.https_entries())
+        refused = ok(await s.call_tool("dynocap_exec", {
+            "name": "refusals",
+            "command": f"curl -sS https://{OTHER_HOST}/; curl -sS https://{OTHER_HOST}/; "
+                       f"curl -sS https://{NPM_HOST}:8443/",
+            "timeoutSeconds": 60,
+        }))
+        assert refused["exitCode"] != 0, refused
+        by_target = {(r["host"], r["port"]): r for r in refused["networkRefusals"]}
+        assert set(by_target) == {(OTHER_HOST, 443), (NPM_HOST, 8443)}, refused
+        other = by_target[(OTHER_HOST, 443)]
+        assert other["count"] == 2, other
+        assert other["reason"] == f"{OTHER_HOST} is not on this sandbox's allowlist", other
+        assert f"adding {OTHER_HOST} to DYNOCAP_EGRESS_ALLOW in the server's environment" in other["fix"], other
+        assert "--allow-host" not in other["fix"], other
+        port = by_target[(NPM_HOST, 8443)]
+        assert port["count"] == 1 and "port 8443 is not allowed" in port["reason"], port
+        assert "fix" not in port, port
+        assert "networkRefusalsOmitted" not in refused, refused
+        assert fix.https_entries()[before:] == []
+
+        quiet = ok(await s.call_tool("dynocap_exec", {
+            "name": "refusals",
+            "command": f"curl -sS --max-time 20 -o /dev/null -w '%{{http_code}}' https://{NPM_HOST}/",
+            "timeoutSeconds": 60,
+        }))
+        assert quiet["exitCode"] == 0 and quiet["stdout"] == "200", quiet
+        assert "networkRefusals" not in quiet, quiet
+        ok(await s.call_tool("dynocap_destroy", {"name": "refusals"}))
 
 
 def files_containing(root: Path, needle: bytes) -> list[Path]:

@@ -1,6 +1,10 @@
 //! `dynocap doctor`: what this machine supports, and for each missing piece what to install
 //! or enable. Every check is a real probe (open the device, run the tool), not a guess.
 //! `dynocap doctor --repair` rebuilds a damaged catalog instead (`repair.rs`).
+//!
+//! The backends' rows are the backends' own: doctor asks each backend the engine has
+//! (`backend::all`) what this machine must have for it and whether its sandboxes start here,
+//! and names none of them itself.
 
 mod repair;
 
@@ -9,6 +13,7 @@ use std::process::ExitCode;
 pub use repair::run as repair;
 
 use dynocap_backend_vm::elf;
+use dynocap_engine::backend::{Backend, Readiness};
 use dynocap_engine::Config;
 use serde::Serialize;
 
@@ -51,24 +56,35 @@ impl Status {
 
 impl Check {
     fn new(name: &str, required: bool, ok: bool, detail: String, hint: &str) -> Self {
-        let status = match (ok, required) {
+        Readiness::new(name, required, ok, detail, hint).into()
+    }
+}
+
+impl From<Readiness> for Check {
+    fn from(row: Readiness) -> Self {
+        let status = match (row.ok, row.required) {
             (true, _) => Status::Ok,
             (false, true) => Status::Missing,
             (false, false) => Status::Warning,
         };
         Self {
-            name: name.into(),
-            ok,
+            name: row.name,
+            ok: row.ok,
             status,
-            detail,
-            hint: (!ok).then(|| hint.to_owned()),
-            required,
+            detail: row.detail,
+            hint: row.hint,
+            required: row.required,
         }
     }
 }
 
 pub fn run(json: bool, config: &Config) -> ExitCode {
-    let mut checks = jail_checks();
+    let backends = dynocap_engine::backend::all();
+    let mut checks: Vec<Check> = backends
+        .iter()
+        .flat_map(|backend| backend.machine_checks())
+        .map(Check::from)
+        .collect();
     checks.push(agent_check(config));
     checks.push(tool_check(
         "git",
@@ -85,8 +101,13 @@ pub fn run(json: bool, config: &Config) -> ExitCode {
     ));
     checks.push(images_check(config));
     checks.push(ceilings_check(config));
-    checks.push(backend_check(config));
-    checks.push(vm_check(config));
+    checks.push(backend_check(config, &backends));
+    checks.extend(
+        backends
+            .iter()
+            .filter_map(|backend| backend.start_check(config, chosen(config, backend.as_ref())))
+            .map(Check::from),
+    );
     let ready = checks.iter().all(|c| c.ok || !c.required);
     if json {
         print_json(&serde_json::json!({ "ready": ready, "checks": checks }));
@@ -118,31 +139,9 @@ pub fn run(json: bool, config: &Config) -> ExitCode {
     }
 }
 
-fn jail_checks() -> Vec<Check> {
-    let probe = dynocap_backend_jail::probe();
-    let from = |name: &str, check: dynocap_host::Check| Check {
-        name: name.to_owned(),
-        ok: check.ok,
-        detail: check.detail,
-        status: if check.ok {
-            Status::Ok
-        } else {
-            Status::Missing
-        },
-        hint: if check.ok { None } else { check.hint },
-        required: true,
-    };
-    vec![
-        Check::new("kernel", true, true, probe.kernel.clone(), ""),
-        from("user namespaces", probe.user_namespaces),
-        from("overlay in user namespace", probe.overlay_in_userns),
-        from("mount API", probe.mount_api),
-        from("seccomp", probe.seccomp),
-        from(
-            &format!("cgroups ({:?})", probe.cgroups.layout).to_lowercase(),
-            probe.cgroups.check,
-        ),
-    ]
+/// `DYNOCAP_BACKEND` names `backend`, so every sandbox is one of its.
+fn chosen(config: &Config, backend: &dyn Backend) -> bool {
+    config.backend.as_deref() == Some(backend.name())
 }
 
 /// Built images in this DYNOCAP_HOME, and which one a start gets by default.
@@ -199,27 +198,34 @@ fn images_check(config: &Config) -> Check {
 }
 
 /// Which backend sandboxes get here, and why: `DYNOCAP_BACKEND`, or what `auto` picks.
-fn backend_check(config: &Config) -> Check {
+fn backend_check(config: &Config, backends: &[Box<dyn Backend>]) -> Check {
     let chosen = config.backend.clone().unwrap_or_default();
     if let Err(err) = config.backend_choice() {
+        let mut names: Vec<&str> = backends.iter().map(|backend| backend.name()).collect();
+        names.push("auto");
         return Check::new(
             "backend",
             true,
             false,
             err.message,
-            "set DYNOCAP_BACKEND to jail, vm or auto, or unset it (auto)",
+            &format!(
+                "set DYNOCAP_BACKEND to {}, or unset it (auto)",
+                one_of(&names)
+            ),
         );
     }
     if !matches!(chosen.as_str(), "" | "auto") {
+        let note = backends
+            .iter()
+            .find(|backend| backend.name() == chosen)
+            .and_then(|backend| backend.chosen_note());
         return Check::new(
             "backend",
             false,
             true,
-            match chosen.as_str() {
-                "vm" => {
-                    "vm (DYNOCAP_BACKEND); whether VMs start here: the vm backend check".to_owned()
-                }
-                _ => format!("{chosen} (DYNOCAP_BACKEND)"),
+            match note {
+                Some(note) => format!("{chosen} (DYNOCAP_BACKEND); {note}"),
+                None => format!("{chosen} (DYNOCAP_BACKEND)"),
             },
             "",
         );
@@ -240,54 +246,6 @@ fn backend_check(config: &Config) -> Check {
             false,
             false,
             format!("auto cannot decide: {}", err.message),
-            "set DYNOCAP_HOME to a readable directory",
-        ),
-    }
-}
-
-/// Whether a `vm` sandbox starts here, decided as its first start decides (the image's kernel,
-/// QEMU, `DYNOCAP_VM_ACCEL` and the KVM probe). Required when `DYNOCAP_BACKEND=vm` makes every
-/// sandbox a VM; otherwise a warning, since `--backend vm` can still ask for one.
-fn vm_check(config: &Config) -> Check {
-    let required = config.backend.as_deref() == Some("vm");
-    // Probed (a few seconds, once per kernel) where sandboxes may be VMs without asking:
-    // `vm` selected, or `auto` deciding for a built default image.
-    let default = config.images.default_name();
-    let probe = required || default != dynocap_engine::image::DEFAULT_IMAGE;
-    match dynocap_engine::Home::from_config(&config.home) {
-        Ok(home) => {
-            let vm = dynocap_engine::vm_ready::check(&home, config, probe);
-            if required && default == dynocap_engine::image::DEFAULT_IMAGE {
-                // Every start that names no image gets `host`, which no VM boots.
-                return Check::new(
-                    "vm backend",
-                    true,
-                    false,
-                    format!(
-                        "DYNOCAP_BACKEND=vm, but the default image \"{default}\" is the host's \
-                         own directories, which no VM boots: a start without --image fails; {}",
-                        vm.detail
-                    ),
-                    &format!(
-                        "set DYNOCAP_IMAGE to a built image with a kernel (`dynocap image build \
-                         debian`, then DYNOCAP_IMAGE=debian), or pass --image to every start{}",
-                        vm.hint.map(|h| format!("; then {h}")).unwrap_or_default()
-                    ),
-                );
-            }
-            Check::new(
-                "vm backend",
-                required,
-                vm.ready,
-                vm.detail,
-                vm.hint.as_deref().unwrap_or(""),
-            )
-        }
-        Err(err) => Check::new(
-            "vm backend",
-            required,
-            false,
-            err.message,
             "set DYNOCAP_HOME to a readable directory",
         ),
     }
@@ -389,6 +347,15 @@ fn pasta_check() -> Check {
     }
 }
 
+/// `["a", "b", "c"]` as "a, b or c".
+fn one_of(words: &[&str]) -> String {
+    match words {
+        [] => String::new(),
+        [only] => (*only).to_owned(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
 fn tool_check(name: &str, required: bool, argv: &[&str], hint: &str) -> Check {
     match std::process::Command::new(argv[0])
         .args(&argv[1..])
@@ -416,5 +383,32 @@ fn tool_check(name: &str, required: bool, argv: &[&str], hint: &str) -> Check {
             format!("{} not found: {err}", argv[0]),
             hint,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_of_lists_the_choices_as_a_sentence_does() {
+        assert_eq!(one_of(&["jail", "vm", "auto"]), "jail, vm or auto");
+        assert_eq!(one_of(&["jail", "auto"]), "jail or auto");
+        assert_eq!(one_of(&["auto"]), "auto");
+    }
+
+    #[test]
+    fn every_backend_is_offered_in_the_hint_for_a_bad_setting() {
+        let config = Config {
+            backend: Some("bogus".to_owned()),
+            ..Config::default()
+        };
+        let backends = dynocap_engine::backend::all();
+        let check = backend_check(&config, &backends);
+        assert_eq!(check.status, Status::Missing);
+        assert_eq!(
+            check.hint.as_deref(),
+            Some("set DYNOCAP_BACKEND to jail, vm or auto, or unset it (auto)")
+        );
     }
 }

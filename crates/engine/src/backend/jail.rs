@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use dynocap_backend_jail::JailError;
 
-use super::{agent_args, Backend, BootSpec, Guest, HostDisk, LayerSync, OomCounter};
+use super::{agent_args, Backend, BootSpec, Guest, HostDisk, LayerSync, OomCounter, Readiness};
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::host::usernet;
 use crate::image::{AGENT_STATE_DIR, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
@@ -49,6 +49,10 @@ impl HostDisk for MountedDisk {
 impl Backend for JailBackend {
     fn name(&self) -> &'static str {
         "jail"
+    }
+
+    fn machine_checks(&self) -> Vec<Readiness> {
+        super::jail_ready::machine_checks()
     }
 
     fn boot(&self, spec: &BootSpec) -> Result<Box<dyn Guest>> {

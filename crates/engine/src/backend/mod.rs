@@ -5,17 +5,20 @@
 //! Each backend lives in a module of its own ([`jail`], [`vm`]) and is reached only through
 //! the [`Backend`] and [`Guest`] traits: what differs between them (whether a booted guest can
 //! be claimed, what a standby makes ahead, where a guest's writes wait to reach the host) is
-//! a trait method, never a comparison of names. A new backend is a module and a line in
-//! [`BackendChoice`], [`by_name`] and [`all`]. Whether the vm backend can run on this
-//! machine ([`vm_ready`]) is answered here too.
+//! a trait method, never a comparison of names. [`all`] is the one list of the backends this
+//! build has: [`by_name`] and `dynocap doctor` go through it, and each backend answers for
+//! itself whether it can run on this machine ([`Backend::machine_checks`],
+//! [`Backend::start_check`]: the jail's kernel probe, `jail_ready`; the vm's boot check,
+//! `vm_ready`). A new backend is a module, a line in [`all`] and one in [`BackendChoice`].
 //!
 //! The backend layer may import the foundation, the model, the host layer, the store and the
 //! images; never the supervisor or the client facade above it.
 
 pub mod auto;
 mod jail;
+mod jail_ready;
 mod vm;
-pub mod vm_ready;
+mod vm_ready;
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
@@ -184,6 +187,51 @@ pub trait Backend {
     fn cleanup_leftovers(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
     /// As [`Backend::cleanup_leftovers`], but keeps the writable layer for a later guest.
     fn cleanup_keeping_layer(&self, id: &str, state_dir: &std::path::Path) -> Result<()>;
+    /// What this machine must have for the backend at all (the kernel features a jail is
+    /// made of), probed now: the first rows of `dynocap doctor`. None by default.
+    fn machine_checks(&self) -> Vec<Readiness> {
+        Vec::new()
+    }
+    /// Whether a sandbox of this backend starts here as `config` stands, decided as its
+    /// first start decides: a row of `dynocap doctor` after the configuration's. `chosen`:
+    /// `DYNOCAP_BACKEND` names this backend, so every sandbox is one of its and the row is
+    /// required. None by default.
+    fn start_check(&self, _config: &Config, _chosen: bool) -> Option<Readiness> {
+        None
+    }
+    /// What `dynocap doctor` adds to "`name` (DYNOCAP_BACKEND)" when `DYNOCAP_BACKEND` names
+    /// this backend: where its report says whether those sandboxes start.
+    fn chosen_note(&self) -> Option<&'static str> {
+        None
+    }
+}
+
+/// One row of `dynocap doctor` about a backend: what a probe of this machine found, and what
+/// to do when it is missing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    /// The row's name ("seccomp", "vm backend").
+    pub name: String,
+    /// Sandboxes cannot start without it (doctor's `MISSING`); otherwise a warning.
+    pub required: bool,
+    pub ok: bool,
+    /// What was found.
+    pub detail: String,
+    /// What to install or set; `None` when `ok`.
+    pub hint: Option<String>,
+}
+
+impl Readiness {
+    /// A row whose hint, `hint`, is shown only when it is not `ok`.
+    pub fn new(name: &str, required: bool, ok: bool, detail: String, hint: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            required,
+            ok,
+            detail,
+            hint: (!ok).then(|| hint.to_owned()),
+        }
+    }
 }
 
 /// Selects the backend for the default image: `DYNOCAP_BACKEND` if set, else (`auto`) the
@@ -218,19 +266,21 @@ pub fn select_as(config: &Config, choice: BackendChoice, image: &str) -> Result<
 /// The backend a sandbox's record names: its guest is booted and cleaned up by the backend
 /// it was created on, whatever `DYNOCAP_BACKEND` says now.
 pub fn by_name(name: &str) -> Result<Box<dyn Backend>> {
-    match name {
-        "jail" => Ok(Box::new(JailBackend)),
-        "vm" => Ok(Box::new(VmBackend)),
-        other => Err(BackendFailure::Unknown {
-            name: other.to_owned(),
-        }
-        .into()),
-    }
+    all()
+        .into_iter()
+        .find(|backend| backend.name() == name)
+        .ok_or_else(|| {
+            BackendFailure::Unknown {
+                name: name.to_owned(),
+            }
+            .into()
+        })
 }
 
-/// Every backend this build has, for what concerns them all.
-fn all() -> [Box<dyn Backend>; 2] {
-    [Box::new(JailBackend), Box::new(VmBackend)]
+/// Every backend this build has, in the order `dynocap doctor` reports them: the one list of
+/// them, for what concerns them all.
+pub fn all() -> Vec<Box<dyn Backend>> {
+    vec![Box::new(JailBackend), Box::new(VmBackend)]
 }
 
 /// For a supervisor standing by (see `standby`): starts making ahead what the default start

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use dynocap_backend_vm::{AccelChoice, Vm, VmError, VmSpec};
 
-use super::{agent_args, Backend, BootSpec, Guest, LayerSync, OomCounter};
+use super::{agent_args, Backend, BootSpec, Guest, LayerSync, OomCounter, Readiness};
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::host::usernet;
 use crate::model::spec::Network;
@@ -39,6 +39,18 @@ struct VmGuest {
 impl Backend for VmBackend {
     fn name(&self) -> &'static str {
         "vm"
+    }
+
+    fn start_check(
+        &self,
+        config: &crate::model::config::Config,
+        chosen: bool,
+    ) -> Option<Readiness> {
+        Some(super::vm_ready::start_check(config, chosen))
+    }
+
+    fn chosen_note(&self) -> Option<&'static str> {
+        Some("whether VMs start here: the vm backend check")
     }
 
     fn boot(&self, spec: &BootSpec) -> Result<Box<dyn Guest>> {

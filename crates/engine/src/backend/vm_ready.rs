@@ -4,6 +4,7 @@
 //! reads `DYNOCAP_VM_ACCEL` and runs the KVM probe, or reads its recorded answer). For
 //! `dynocap doctor`: a report that says "ready" must not be followed by a start that refuses.
 
+use super::Readiness;
 use crate::host::home::Home;
 use crate::image::{self, store::ImageStore, Image};
 use crate::model::config::Config;
@@ -16,12 +17,12 @@ const TCG_COST: &str = "software emulation: no KVM needed, but a VM boots in ten
 
 /// The verdict, as doctor reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VmReadiness {
-    pub ready: bool,
+struct VmReadiness {
+    ready: bool,
     /// What was found (the image, the accelerator and how it was chosen, or what is missing).
-    pub detail: String,
+    detail: String,
     /// What to install or set when not ready.
-    pub hint: Option<String>,
+    hint: Option<String>,
 }
 
 impl VmReadiness {
@@ -42,12 +43,60 @@ impl VmReadiness {
     }
 }
 
+/// `dynocap doctor`'s "vm backend" row. Required when `chosen` (`DYNOCAP_BACKEND=vm` makes
+/// every sandbox a VM); otherwise a warning, since `--backend vm` can still ask for one.
+pub(super) fn start_check(config: &Config, chosen: bool) -> Readiness {
+    const NAME: &str = "vm backend";
+    // Probed (a few seconds, once per kernel) where sandboxes may be VMs without asking:
+    // `vm` chosen, or `auto` deciding for a built default image.
+    let default = config.images.default_name();
+    let probe = chosen || default != image::DEFAULT_IMAGE;
+    let home = match Home::from_config(&config.home) {
+        Ok(home) => home,
+        Err(err) => {
+            return Readiness::new(
+                NAME,
+                chosen,
+                false,
+                err.message,
+                "set DYNOCAP_HOME to a readable directory",
+            )
+        }
+    };
+    let vm = check(&home, config, probe);
+    if chosen && default == image::DEFAULT_IMAGE {
+        // Every start that names no image gets `host`, which no VM boots.
+        return Readiness::new(
+            NAME,
+            true,
+            false,
+            format!(
+                "DYNOCAP_BACKEND=vm, but the default image \"{default}\" is the host's \
+                 own directories, which no VM boots: a start without --image fails; {}",
+                vm.detail
+            ),
+            &format!(
+                "set DYNOCAP_IMAGE to a built image with a kernel (`dynocap image build \
+                 debian`, then DYNOCAP_IMAGE=debian), or pass --image to every start{}",
+                vm.hint.map(|h| format!("; then {h}")).unwrap_or_default()
+            ),
+        );
+    }
+    Readiness::new(
+        NAME,
+        chosen,
+        vm.ready,
+        vm.detail,
+        vm.hint.as_deref().unwrap_or(""),
+    )
+}
+
 /// Whether a `vm` sandbox of the default image (or, where that is the host's own
 /// directories, of the newest built image with a kernel) can start in `home`. With `probe`,
 /// a KVM probe not run yet runs now (up to [`dynocap_backend_vm::probe::TIMEOUT`] on a
 /// machine whose KVM hangs), as a first start would; without it, only a recorded answer
 /// counts, so that a report for a home that does not use VMs costs no probe.
-pub fn check(home: &Home, config: &Config, probe: bool) -> VmReadiness {
+fn check(home: &Home, config: &Config, probe: bool) -> VmReadiness {
     let image = match image_to_check(home, config) {
         Ok(image) => image,
         Err(not_ready) => return not_ready,

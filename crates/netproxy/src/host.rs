@@ -4,6 +4,10 @@
 //! Canonical means UTS 46 (IDNA) mapped to ASCII, lowercase, one trailing dot dropped. Two
 //! spellings of one name therefore compare equal ("Bücher.example." == "xn--bcher-kva.example"),
 //! and a spelling that a resolver might read as an IPv4 address is not a name at all.
+//!
+//! An allowlist entry may also name a package registry (`@pypi`): [`HostPattern::REGISTRIES`]
+//! is the one table of the hosts each ecosystem's own client reaches, and
+//! [`HostPattern::parse_entry`] the one parser of entries, which every allowlist uses.
 
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -109,6 +113,28 @@ pub fn normalize_host(raw: &str) -> Result<String, HostError> {
 pub enum PatternError {
     #[error("allowlist entry {entry:?}: {problem}; write a host name such as example.com or *.example.com")]
     Entry { entry: String, problem: String },
+    /// `@name` where no registry has that name.
+    #[error(
+        "allowlist entry {entry:?}: there is no registry named {entry}; the named registries \
+         are {}",
+        registry_names()
+    )]
+    UnknownRegistry { entry: String },
+    /// `@name` given where one host is expected (a clone's host), not a list.
+    #[error(
+        "allowlist entry {entry:?} names a registry of several hosts; give one host name here, \
+         such as example.com"
+    )]
+    RegistryNotAHost { entry: String },
+}
+
+/// `@npm, @pypi, ...`: the names an unknown one is told about.
+fn registry_names() -> String {
+    HostPattern::REGISTRIES
+        .iter()
+        .map(|(name, _)| format!("@{name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn pattern_error(entry: &str, problem: impl Into<String>) -> PatternError {
@@ -128,11 +154,60 @@ pub struct HostPattern {
 }
 
 impl HostPattern {
-    /// Parses an allowlist entry: `example.com`, `Bücher.example.`, `*.example.com`.
+    /// The named registries an allowlist entry `@name` stands for, and the hosts each
+    /// ecosystem's own client reaches over HTTPS to resolve and download packages:
+    /// - `npm`: the registry's metadata and tarballs (`npm`, `pnpm`, `yarn` set to it);
+    /// - `pypi`: the simple index and JSON API (pypi.org), the files (files.pythonhosted.org);
+    /// - `crates`: the sparse index, the downloads it points at (static.crates.io) and the
+    ///   API whose download URLs redirect there (crates.io);
+    /// - `go`: the module proxy and the checksum database `go` checks every module against;
+    /// - `debian`: the archive and security updates (deb.debian.org also serves
+    ///   debian-security) for apt with `https://` sources;
+    /// - `rubygems`: the gem downloads (rubygems.org) and bundler's compact index;
+    /// - `maven`: Maven Central, by the name Maven uses and by the older one Gradle and
+    ///   sbt use.
+    pub const REGISTRIES: &'static [(&'static str, &'static [&'static str])] = &[
+        ("npm", &["registry.npmjs.org"]),
+        ("pypi", &["pypi.org", "files.pythonhosted.org"]),
+        (
+            "crates",
+            &["index.crates.io", "static.crates.io", "crates.io"],
+        ),
+        ("go", &["proxy.golang.org", "sum.golang.org"]),
+        ("debian", &["deb.debian.org", "security.debian.org"]),
+        ("rubygems", &["rubygems.org", "index.rubygems.org"]),
+        ("maven", &["repo.maven.apache.org", "repo1.maven.org"]),
+    ];
+
+    /// Parses one allowlist entry: a host pattern (see [`HostPattern::parse`]) or a named
+    /// registry (`@pypi`, case-insensitive), which stands for its hosts in
+    /// [`HostPattern::REGISTRIES`]. An unknown `@name` is refused with the known names.
+    pub fn parse_entry(entry: &str) -> Result<Vec<HostPattern>, PatternError> {
+        let Some(name) = entry.trim().strip_prefix('@') else {
+            return HostPattern::parse(entry).map(|pattern| vec![pattern]);
+        };
+        let hosts = HostPattern::REGISTRIES
+            .iter()
+            .find(|(known, _)| known.eq_ignore_ascii_case(name))
+            .map(|(_, hosts)| *hosts)
+            .ok_or_else(|| PatternError::UnknownRegistry {
+                entry: entry.trim().to_owned(),
+            })?;
+        hosts.iter().map(|host| HostPattern::parse(host)).collect()
+    }
+
+    /// Parses an allowlist entry naming one host: `example.com`, `Bücher.example.`,
+    /// `*.example.com`. A named registry (`@pypi`) is refused here: it stands for several
+    /// hosts, which [`HostPattern::parse_entry`] gives.
     pub fn parse(entry: &str) -> Result<HostPattern, PatternError> {
         let entry_trimmed = entry.trim();
         if entry_trimmed.is_empty() {
             return Err(pattern_error(entry, "the entry is empty"));
+        }
+        if entry_trimmed.starts_with('@') {
+            return Err(PatternError::RegistryNotAHost {
+                entry: entry_trimmed.to_owned(),
+            });
         }
         if entry_trimmed.contains("://") || entry_trimmed.contains('/') {
             return Err(pattern_error(
@@ -355,6 +430,60 @@ mod tests {
             assert!(message.contains(&format!("{entry:?}")), "{message}");
             assert!(message.contains("such as example.com"), "{message}");
         }
+    }
+
+    #[test]
+    fn named_registries_stand_for_their_hosts() {
+        let hosts = |entry: &str| -> Vec<String> {
+            HostPattern::parse_entry(entry)
+                .unwrap()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(hosts("@pypi"), ["pypi.org", "files.pythonhosted.org"]);
+        assert_eq!(hosts(" @PyPI "), ["pypi.org", "files.pythonhosted.org"]);
+        assert_eq!(hosts("@npm"), ["registry.npmjs.org"]);
+        assert_eq!(
+            hosts("@crates"),
+            ["index.crates.io", "static.crates.io", "crates.io"]
+        );
+        assert_eq!(hosts("@go"), ["proxy.golang.org", "sum.golang.org"]);
+        assert_eq!(hosts("@debian"), ["deb.debian.org", "security.debian.org"]);
+        assert_eq!(hosts("@rubygems"), ["rubygems.org", "index.rubygems.org"]);
+        assert_eq!(
+            hosts("@maven"),
+            ["repo.maven.apache.org", "repo1.maven.org"]
+        );
+        // A plain entry is one pattern, as parse gives it.
+        assert_eq!(hosts("*.Example.com"), ["*.example.com"]);
+        // Every table entry is a canonical host name: parsed as written.
+        for (name, table) in HostPattern::REGISTRIES {
+            assert_eq!(&hosts(&format!("@{name}")), table, "@{name}");
+            assert!(name.bytes().all(|b| b.is_ascii_lowercase()), "{name}");
+        }
+    }
+
+    #[test]
+    fn unknown_registries_are_refused_with_the_known_names() {
+        for entry in ["@foo", "@", "@pypi.org", "@ npm"] {
+            let message = HostPattern::parse_entry(entry).unwrap_err().to_string();
+            assert_eq!(
+                message,
+                format!(
+                    "allowlist entry {entry:?}: there is no registry named {entry}; the named \
+                     registries are @npm, @pypi, @crates, @go, @debian, @rubygems, @maven"
+                )
+            );
+        }
+        // Where one host is expected, a registry is not one.
+        let message = HostPattern::parse("@pypi").unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "allowlist entry \"@pypi\" names a registry of several hosts; give one host name \
+             here, such as example.com"
+        );
+        assert!(HostPattern::parse_entry("exa mple.com").is_err());
     }
 
     #[test]

@@ -88,13 +88,16 @@ impl Policy {
         Policy::default()
     }
 
-    /// HTTPS on 443 to each entry (`example.com`, `*.example.com`).
+    /// HTTPS on 443 to each entry (`example.com`, `*.example.com`, or a named registry such
+    /// as `@pypi`: see [`HostPattern::parse_entry`]).
     pub fn https_hosts<S: AsRef<str>>(entries: &[S]) -> Result<Policy, PatternError> {
-        let rules = entries
-            .iter()
-            .map(|entry| HostPattern::parse(entry.as_ref()).map(Rule::https))
-            .collect::<Result<_, _>>()?;
-        Ok(Policy { rules })
+        let mut policy = Policy::deny_all();
+        for entry in entries {
+            for pattern in HostPattern::parse_entry(entry.as_ref())? {
+                policy.push(Rule::https(pattern));
+            }
+        }
+        Ok(policy)
     }
 
     /// Adds a rule; a rule equal to one already present is not added twice.
@@ -201,6 +204,21 @@ mod tests {
     fn https_hosts_reports_the_bad_entry() {
         let err = Policy::https_hosts(&["ok.example", "*.com"]).unwrap_err();
         assert!(err.to_string().contains("\"*.com\""), "{err}");
+    }
+
+    #[test]
+    fn https_hosts_expands_named_registries() {
+        let policy = Policy::https_hosts(&["@pypi", "pypi.org"]).unwrap();
+        assert_eq!(policy.to_string(), "pypi.org, files.pythonhosted.org");
+        assert_eq!(
+            policy.allows("files.pythonhosted.org", 443),
+            Some(Protocol::Tls)
+        );
+        let err = Policy::https_hosts(&["@foo"]).unwrap_err();
+        assert!(
+            err.to_string().contains("the named registries are @npm"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! it for every tunnel the guest opens, with each decision logged to `network.jsonl`.
 //!
 //! The guest decides nothing: its agent only carries connections here. The allowlist comes
-//! from the person running DynoCap (`DYNOCAP_EGRESS_ALLOW`, `--allow-host`), from DynoCap's
-//! defaults (the npm registry) and from the task's own git host; never from the guest.
+//! from the person running DynoCap (`DYNOCAP_EGRESS_ALLOW`, `--allow-host`, whose entries may
+//! name a registry such as `@pypi`: see `HostPattern::parse_entry`), from DynoCap's defaults
+//! (the npm registry) and from the task's own git host; never from the guest.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -63,12 +64,15 @@ impl EgressSpec {
                 )
                 .chain(added.iter().cloned());
             for entry in entries {
-                // The pattern's error names the entry and the fix.
-                let pattern = HostPattern::parse(&entry)
+                // The pattern's error names the entry and the fix. A named registry (`@pypi`)
+                // is recorded as its hosts, so the allowlist shown is the one enforced.
+                let patterns = HostPattern::parse_entry(&entry)
                     .map_err(|err| Error::invalid(format!("egress allowlist: {err}")))?;
-                let text = pattern.to_string();
-                if !allow.contains(&text) {
-                    allow.push(text);
+                for pattern in patterns {
+                    let text = pattern.to_string();
+                    if !allow.contains(&text) {
+                        allow.push(text);
+                    }
                 }
             }
         } else {
@@ -309,6 +313,56 @@ impl Coded for EgressFailure {
     fn code(&self) -> ErrorCode {
         match self {
             Self::RecordedAllowlist(_) | Self::UnexpectedAnswer(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(allow: &str, added: &[&str]) -> Result<EgressSpec> {
+        let config = EgressConfig {
+            allow: Some(allow.to_owned()),
+            ..EgressConfig::default()
+        };
+        let added: Vec<String> = added.iter().map(|h| (*h).to_owned()).collect();
+        EgressSpec::from_config(&config, true, &added, &[])
+    }
+
+    #[test]
+    fn named_registries_are_recorded_as_their_hosts_from_every_list() {
+        let spec = spec("@crates, example.com", &["@PYPI", "pypi.org"]).expect("spec");
+        assert_eq!(
+            spec.allow,
+            [
+                "registry.npmjs.org",
+                "index.crates.io",
+                "static.crates.io",
+                "crates.io",
+                "example.com",
+                "pypi.org",
+                "files.pythonhosted.org",
+            ]
+        );
+        assert_eq!(
+            spec.policy()
+                .expect("policy")
+                .allows("files.pythonhosted.org", 443),
+            Some(dynocap_netproxy::Protocol::Tls)
+        );
+    }
+
+    #[test]
+    fn an_unknown_registry_is_refused_with_the_known_names() {
+        for (allow, added) in [("@foo", &[][..]), ("", &["@foo"][..])] {
+            let err = spec(allow, added).expect_err("refused");
+            assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
+            assert_eq!(
+                err.message,
+                "egress allowlist: allowlist entry \"@foo\": there is no registry named @foo; \
+                 the named registries are @npm, @pypi, @crates, @go, @debian, @rubygems, @maven"
+            );
         }
     }
 }

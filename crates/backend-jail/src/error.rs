@@ -1,9 +1,15 @@
 //! `JailError`: every way the jail backend fails. Each message names what failed (the file, the
 //! syscall, the limit) and, where the operator can do something about it, how.
+//!
+//! A host file operation or system call that fails is the host crate's
+//! [`HostError::Io`]/[`HostError::Sys`] (made by [`JailError::io`] and [`JailError::sys`]),
+//! wrapped as [`JailError::Host`]: one definition of those failures and of how a hint is
+//! appended to them, for the jail and the systems it shares with the other backends.
 
 use std::io;
 use std::path::Path;
 
+use dynocap_host::HostError;
 use nix::errno::Errno;
 
 /// An error from the jail backend.
@@ -23,29 +29,6 @@ pub enum JailError {
     NotSingleThreaded {
         /// Threads found in `/proc/self/status`.
         threads: usize,
-    },
-
-    /// A host-side file operation failed.
-    #[error("{context}: {source}{}", hint_suffix(*.hint))]
-    Io {
-        /// What was being done, naming the path.
-        context: String,
-        /// The underlying error.
-        #[source]
-        source: io::Error,
-        /// What the operator can do about it.
-        hint: Option<&'static str>,
-    },
-
-    /// A host-side system call failed.
-    #[error("{context}: {errno}{}", hint_suffix(*.hint))]
-    Sys {
-        /// What was being done.
-        context: String,
-        /// The error number the kernel returned.
-        errno: Errno,
-        /// What the operator can do about it.
-        hint: Option<&'static str>,
     },
 
     /// A resource limit could not be applied; the jail is not started without it.
@@ -78,46 +61,35 @@ pub enum JailError {
     #[error("building the seccomp filter failed: {0}")]
     Seccomp(String),
 
-    /// A host system the jail shares with the other backends (id maps, the host's cgroups)
-    /// failed; its text is the one it always had.
+    /// A host-side file operation or system call failed ([`JailError::io`],
+    /// [`JailError::sys`]), or a host system the jail shares with the other backends (id
+    /// maps, the host's cgroups) did; its text is the one it always had.
     #[error(transparent)]
-    Host(#[from] dynocap_host::HostError),
+    Host(#[from] HostError),
 
     /// Tearing a sandbox down left something behind; each entry names one leftover.
     #[error("teardown incomplete: {}", .0.join("; "))]
     Teardown(Vec<String>),
 }
 
-fn hint_suffix(hint: Option<&'static str>) -> String {
-    hint.map(|h| format!("; {h}")).unwrap_or_default()
-}
-
 impl JailError {
-    /// A host file operation on `path` failed.
+    /// A host file operation on `path` failed: "cannot `action` `path`: the error".
     pub(crate) fn io(action: &str, path: &Path, source: io::Error) -> Self {
-        JailError::Io {
-            context: format!("cannot {action} {}", path.display()),
-            source,
-            hint: None,
-        }
+        JailError::Host(HostError::io(action, path, source))
     }
 
-    /// A host system call failed.
+    /// A host system call failed: "`context`: the errno".
     pub(crate) fn sys(context: impl Into<String>, errno: Errno) -> Self {
-        JailError::Sys {
-            context: context.into(),
-            errno,
-            hint: None,
-        }
+        JailError::Host(HostError::sys(context, errno))
     }
 
-    /// Attaches an operator hint to an `Io` or `Sys` error (other variants are returned as is).
-    pub(crate) fn hint(mut self, text: &'static str) -> Self {
-        match &mut self {
-            JailError::Io { hint, .. } | JailError::Sys { hint, .. } => *hint = Some(text),
-            _ => {}
+    /// Attaches an operator hint to a failed file operation or system call (other errors are
+    /// returned as is).
+    pub(crate) fn hint(self, text: &'static str) -> Self {
+        match self {
+            JailError::Host(err) => JailError::Host(err.hint(text)),
+            other => other,
         }
-        self
     }
 }
 
@@ -149,5 +121,40 @@ mod tests {
     fn sys_error_shows_errno_name() {
         let text = JailError::sys("clone", Errno::EPERM).to_string();
         assert!(text.starts_with("clone: EPERM"), "{text}");
+    }
+
+    #[test]
+    fn a_failed_file_operation_is_the_host_error_with_its_cause_as_source() {
+        let err = JailError::io(
+            "open",
+            Path::new("/dev/loop-control"),
+            io::Error::from_raw_os_error(libc::ENOENT),
+        )
+        .hint("the disk limit needs loop devices (modprobe loop)");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot open /dev/loop-control: {}; the disk limit needs loop devices \
+                 (modprobe loop)",
+                io::Error::from_raw_os_error(libc::ENOENT)
+            )
+        );
+        let source = std::error::Error::source(&err).expect("the io::Error");
+        assert_eq!(
+            source
+                .downcast_ref::<io::Error>()
+                .and_then(|e| e.raw_os_error()),
+            Some(libc::ENOENT)
+        );
+        assert!(
+            matches!(err, JailError::Host(HostError::Io { .. })),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_hint_leaves_other_failures_as_they_are() {
+        let err = JailError::InvalidSpec("no name".into()).hint(HINT_PRIVILEGE);
+        assert_eq!(err.to_string(), "invalid jail spec: no name");
     }
 }

@@ -60,7 +60,10 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "paths": ("array", None, None, None, False),
         "stat": ("boolean", False, None, None, False),
     },
-    "dynocap_task_finish": {"id": ("string", None, None, None, True)},
+    "dynocap_task_finish": {
+        "id": ("string", None, None, None, True),
+        "includeGenerated": ("boolean", False, None, None, False),
+    },
     "dynocap_ls": {},
     "dynocap_rm": {
         "target": ("string", None, None, None, True),

@@ -111,11 +111,23 @@ pub enum TaskCommand {
     Exec(TaskExecArgs),
     /// Show what the agent changed, with risky paths flagged.
     Diff(TargetArgs),
-    /// End the task: final diff, sandbox destroyed, patch verified and saved.
-    Finish(TargetArgs),
+    /// End the task: final diff, sandbox destroyed, patch verified and saved. Files the task
+    /// added under directories tools generate (`__pycache__/`, `node_modules/`, …) are left
+    /// out of the patch, into generated.diff beside it.
+    Finish(TaskFinishArgs),
     /// Commit a finished task's verified patch to a new branch of its project; your current
     /// branch, index and working tree are left as they are.
     Apply(TaskApplyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TaskFinishArgs {
+    /// Task name or id.
+    pub name: String,
+    /// Keep the generated files (`__pycache__/`, `node_modules/`, … that the project neither
+    /// tracks nor ignores) in the patch.
+    #[arg(long)]
+    pub include_generated: bool,
 }
 
 #[derive(Debug, Args)]

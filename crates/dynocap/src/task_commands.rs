@@ -46,7 +46,9 @@ pub async fn task(engine: &Engine, json: bool, command: TaskCommand) -> Result<E
             Ok(ExitCode::SUCCESS)
         }
         TaskCommand::Finish(args) => {
-            let result = engine.task_finish(&args.name).await?;
+            let result = engine
+                .task_finish(&args.name, args.include_generated)
+                .await?;
             if json {
                 print_json(&result);
             } else {
@@ -444,6 +446,13 @@ fn print_diff(diff: &DiffResult) {
             );
         }
     }
+    if !diff.generated.is_empty() {
+        let _ = writeln!(
+            out,
+            "generated files, not shown (task finish leaves them out unless --include-generated):"
+        );
+        out.push_str(&generated_lines(&diff.generated));
+    }
     let _ = writeln!(out);
     for line in diff.patch.lines() {
         let shown = patch_line(line, colour);
@@ -502,10 +511,39 @@ fn print_finish(result: &FinishResult) {
     } else {
         sayln!("verified: the patch applies to the imported state");
     }
+    if !result.generated.is_empty() {
+        match (&result.generated_patch_path, result.generated_included) {
+            (_, true) => sayln!("generated files, kept in the patch (--include-generated):"),
+            (Some(path), false) => sayln!(
+                "generated files, left out of the patch (kept in {}; finish with \
+                 --include-generated to keep them in):",
+                escape(path)
+            ),
+            (None, false) => sayln!("generated files, left out of the patch:"),
+        }
+        say!("{}", generated_lines(&result.generated));
+    }
     sayln!("patch:   {}", escape(&result.patch_path));
     sayln!("log:     {}", escape(&result.log_path));
     sayln!("summary: {}", escape(&result.summary_path));
     sayln!("{}", next_step(result));
+}
+
+/// One line per group of generated files: `  __pycache__/ under pkg: 3 files, 12,345 bytes of patch`.
+fn generated_lines(groups: &[dynocap_review::generated::GeneratedGroup]) -> String {
+    let mut out = String::new();
+    for group in groups {
+        let _ = writeln!(
+            out,
+            "  {} under {}: {} {}, {} bytes of patch",
+            escape(&group.pattern),
+            escape(&group.under),
+            group.files,
+            if group.files == 1 { "file" } else { "files" },
+            group.patch_bytes
+        );
+    }
+    out
 }
 
 /// What to do with the patch: apply a verified one; inspect, never apply, an unverified one

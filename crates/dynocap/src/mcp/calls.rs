@@ -98,6 +98,9 @@ impl Tools {
                 if let Value::Object(fields) = &mut header {
                     fields.insert("changes".into(), json!(view.changes));
                     fields.insert("omittedFiles".into(), json!(view.omitted));
+                    if !diff.generated.is_empty() {
+                        fields.insert("generated".into(), json!(diff.generated));
+                    }
                 }
                 let text = format!("{header}\n{}", view.patch);
                 if let Value::Object(fields) = &mut header {
@@ -110,7 +113,8 @@ impl Tools {
             }
             "dynocap_task_finish" => {
                 let id = args.required_string("id")?;
-                Output::json(&self.engine.task_finish(&id).await?)
+                let include_generated = args.boolean("includeGenerated")?.unwrap_or(false);
+                Output::json(&self.engine.task_finish(&id, include_generated).await?)
             }
             "dynocap_ls" => Output::json(&self.engine.ls()?),
             "dynocap_rm" => {

@@ -310,7 +310,7 @@ impl Engine {
                 log_path.display()
             ))),
             Ok(Ok(Some(ReadyMessage::Ready))) => Ok(None),
-            Ok(Ok(Some(ReadyMessage::Finished(result)))) => Ok(Some(result)),
+            Ok(Ok(Some(ReadyMessage::Finished(result)))) => Ok(Some(*result)),
             Ok(Ok(Some(ReadyMessage::Failed(err)))) => Err(err),
             Ok(Ok(Some(ReadyMessage::Progress(_)) | None)) | Ok(Err(_)) => {
                 Err(SupervisorFailure::ExitedBeforeReady {
@@ -565,7 +565,9 @@ impl Engine {
         mut record: Record,
     ) -> Result<Option<Record>> {
         const POLL: Duration = Duration::from_millis(20);
-        let limit = reply_deadline(&ControlRequest::Finish);
+        let limit = reply_deadline(&ControlRequest::Finish {
+            include_generated: false,
+        });
         let deadline = tokio::time::Instant::now() + limit;
         while record.state == State::Ending {
             if !supervisor_alive(&record) {
@@ -1193,7 +1195,7 @@ fn reply_deadline(request: &ControlRequest) -> Duration {
                 + Duration::from_millis(crate::model::spec::EXEC_KILL_GRACE_MS)
                 + Duration::from_secs(60)
         }
-        ControlRequest::Diff | ControlRequest::Destroy | ControlRequest::Finish => {
+        ControlRequest::Diff | ControlRequest::Destroy | ControlRequest::Finish { .. } => {
             Duration::from_secs(3600)
         }
     }

@@ -211,7 +211,10 @@ impl Engine {
     /// Final diff, patch saved and verified, results written, guest destroyed. A task that
     /// already ended answers with its saved result; an `unsaved` one is recovered first: a
     /// fresh guest boots over its kept files (no network) and its work is saved as usual.
-    pub async fn task_finish(&self, target: &str) -> Result<FinishResult> {
+    /// The generated files the task added are left out of the patch (and listed in the
+    /// result) unless `include_generated`; a task that already ended, or is recovered, keeps
+    /// what its save decided.
+    pub async fn task_finish(&self, target: &str, include_generated: bool) -> Result<FinishResult> {
         let catalog = self.catalog()?;
         self.reconcile(&catalog)?;
         let record = find(&catalog, target)?;
@@ -231,7 +234,10 @@ impl Engine {
             .ok_or_else(|| Error::not_found(format!("task \"{target}\" was removed")))?;
         let record = match record.state {
             State::Starting | State::Running => {
-                match self.call(&record, &ControlRequest::Finish).await {
+                match self
+                    .call(&record, &ControlRequest::Finish { include_generated })
+                    .await
+                {
                     Ok(ControlReply::Finished(result)) => return Ok(result),
                     Ok(ControlReply::Error(err)) => return Err(err),
                     Ok(other) => return Err(unexpected(&other)),
@@ -323,6 +329,11 @@ impl Engine {
                 sensitive_paths: result.sensitive_paths,
             },
             patch: String::from_utf8_lossy(&patch).into_owned(),
+            generated: if result.generated_included {
+                Vec::new()
+            } else {
+                result.generated
+            },
         })
     }
 

@@ -1,6 +1,7 @@
 //! What a task's results and listings carry: the Task object and its source, the Diff and
 //! Finish objects, `ls` and `rm`, and the progress of a long step.
 
+use dynocap_review::generated::GeneratedGroup;
 use dynocap_review::patch::{DiffSummary, SensitivePath};
 use serde::{Deserialize, Serialize};
 
@@ -206,6 +207,10 @@ pub struct DiffResult {
     #[serde(flatten)]
     pub summary: DiffSummary,
     pub patch: String,
+    /// Files the task added under directories tools generate (docs/tasks.md, "Generated
+    /// files"), summarised instead of patched: neither in `patch` nor in `summary`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generated: Vec<GeneratedGroup>,
 }
 
 impl DiffResult {
@@ -239,6 +244,16 @@ pub struct FinishResult {
     /// that had egress; every decision is in `network.jsonl` beside the patch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<serde_json::Value>,
+    /// Files the task added under directories tools generate (docs/tasks.md, "Generated
+    /// files"): left out of the patch unless the finish asked for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generated: Vec<GeneratedGroup>,
+    /// The finish asked for the generated files: they are in the patch.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub generated_included: bool,
+    /// The generated entries left out, as a patch of their own beside `patch.diff`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generated_patch_path: Option<String>,
 }
 
 /// The ls object.

@@ -32,8 +32,12 @@ pub enum ControlRequest {
     Claim(Claim),
     /// Tasks: the patch baseline → working tree, with the host's summary.
     Diff,
-    /// Tasks: final diff, guest destroyed, patch verified, results written.
-    Finish,
+    /// Tasks: final diff, guest destroyed, patch verified, results written. Generated files
+    /// ([`dynocap_review::generated`]) are left out of the patch unless `include_generated`.
+    Finish {
+        #[serde(default)]
+        include_generated: bool,
+    },
 }
 
 /// What a claim of a warm-pool sandbox sets (its record already says the same).

@@ -478,7 +478,7 @@ async fn serve(
         Some(task) => {
             let ended = end_task(&shared.conn, task, guest, record.memory_mb, ending).await;
             let (state, note, reply) = match ended {
-                TaskEnd::Saved(result) => (result.state, None, ControlReply::Finished(result)),
+                TaskEnd::Saved(result) => (result.state, None, ControlReply::Finished(*result)),
                 TaskEnd::Unsaved(err) => {
                     let note = unsaved_note(task, ending, &err);
                     tracing::warn!(target: LOG_TARGET, "{note}");

@@ -1,6 +1,8 @@
 //! Saving a task's work into its results directory: the final patch streamed to disk as the
 //! agent produces it, then the host's reading of it (summary, verification) and
-//! `summary.json`.
+//! `summary.json`. Unless the finish asked for them, the generated files the task added
+//! ([`dynocap_review::generated`]) are moved out of `patch.diff` into `generated.diff` before
+//! the patch is read and verified: what is verified and applied is the patch without them.
 //!
 //! The supervisor keeps one rule with this module (docs/architecture.md, Invariants): the guest's
 //! writable layer is deleted only once `summary.json` is on disk. Every file here is written
@@ -10,6 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
+use dynocap_review::generated::{self, GeneratedGroup, Split};
 use dynocap_review::patch::{self, DiffSummary};
 use serde::Serialize;
 
@@ -19,6 +22,9 @@ use crate::store::catalog::State;
 use crate::supervisor::agent_conn::AgentConn;
 use crate::supervisor::finish;
 use crate::supervisor::workspace;
+
+/// Generated files left out of the patch, beside `patch.diff`.
+pub const GENERATED_PATCH_FILE: &str = "generated.diff";
 
 /// The files of one task's results directory.
 #[derive(Debug, Clone)]
@@ -38,6 +44,10 @@ impl ResultFiles {
     }
     pub fn exec_log(&self) -> PathBuf {
         self.dir.join(finish::EXEC_LOG_FILE)
+    }
+    /// The generated entries left out of `patch.diff`, as a patch of their own.
+    pub fn generated_patch(&self) -> PathBuf {
+        self.dir.join(GENERATED_PATCH_FILE)
     }
 
     /// The result a finished task saved (`summary.json`), if it is there and readable.
@@ -130,6 +140,61 @@ pub struct TaskFacts<'a> {
     pub scratch: &'a Path,
     /// The egress proxy's summary, for a task that had one.
     pub network: Option<serde_json::Value>,
+    /// Keep the generated files in the patch (`--include-generated`).
+    pub include_generated: bool,
+    /// Whether the baseline has anything beneath a directory: such a directory is the
+    /// project's own, never generated.
+    pub tracks_beneath: &'a dyn Fn(&str) -> bool,
+}
+
+/// The generated entries of `patch` and the rest, or `None` when it has none (or cannot be
+/// read: the review then says why, of the whole patch).
+pub fn split_generated(patch: &[u8], tracks_beneath: &dyn Fn(&str) -> bool) -> Option<Split> {
+    let files = patch::parse(patch, patch.len().max(1)).ok()?;
+    let split = generated::split(patch, &files, tracks_beneath);
+    (!split.generated.is_empty()).then_some(split)
+}
+
+/// Moves the generated entries of `patch.diff` into `generated.diff` (written first, so a
+/// supervisor killed in between loses nothing) and says what they were; with
+/// `include_generated`, only says. A finalize run again after such a kill finds
+/// `patch.diff` without them and reads the groups back from `generated.diff`.
+fn leave_out_generated(
+    facts: &TaskFacts<'_>,
+    files: &ResultFiles,
+) -> Result<(Vec<GeneratedGroup>, Option<String>)> {
+    let groups_of = |path: &Path| -> Option<Vec<GeneratedGroup>> {
+        let bytes = std::fs::read(path).ok()?;
+        Some(split_generated(&bytes, facts.tracks_beneath)?.groups)
+    };
+    let patch_path = files.patch();
+    let split = {
+        let bytes = match std::fs::read(&patch_path) {
+            Ok(bytes) => bytes,
+            // The review says it cannot read the patch.
+            Err(_) => return Ok((Vec::new(), None)),
+        };
+        split_generated(&bytes, facts.tracks_beneath).map(|split| {
+            let kept = Split::join(&bytes, &split.kept);
+            let left_out = Split::join(&bytes, &split.generated);
+            (split.groups, kept, left_out)
+        })
+    };
+    let generated_path = files.generated_patch();
+    match split {
+        Some((groups, _, _)) if facts.include_generated => Ok((groups, None)),
+        Some((groups, kept, left_out)) => {
+            write_durably(&generated_path, &left_out)?;
+            write_durably(&patch_path, &kept)?;
+            Ok((groups, Some(generated_path.display().to_string())))
+        }
+        None => Ok(match groups_of(&generated_path) {
+            Some(groups) if !facts.include_generated => {
+                (groups, Some(generated_path.display().to_string()))
+            }
+            _ => (Vec::new(), None),
+        }),
+    }
 }
 
 /// Reads the saved `patch.diff` (the host parses it itself), verifies it against the host's
@@ -141,6 +206,7 @@ pub fn finalize(
     state: State,
     baseline: &dyn Fn(&str) -> Option<Vec<u8>>,
 ) -> Result<FinishResult> {
+    let (generated, generated_patch_path) = leave_out_generated(facts, files)?;
     let patch_path = files.patch();
     // A refused patch keeps its summary: every entry counted, every name flagged.
     let (summary, parse_error) = match summarize_file(&patch_path, baseline) {
@@ -166,6 +232,9 @@ pub fn finalize(
         sensitive_paths: summary.sensitive_paths,
         already_finished: false,
         network: facts.network.clone(),
+        generated_included: facts.include_generated && !generated.is_empty(),
+        generated,
+        generated_patch_path,
     };
     let text = serde_json::to_vec_pretty(&SummaryFile {
         task: &result,
@@ -282,6 +351,65 @@ mod tests {
         );
     }
 
+    fn added(name: &str) -> String {
+        format!(
+            "diff --git a/{name} b/{name}\nnew file mode 100644\nindex 0000000..1111111\n--- /dev/null\n+++ b/{name}\n@@ -0,0 +1 @@\n+x\n"
+        )
+    }
+
+    #[test]
+    fn generated_files_are_moved_out_of_the_patch_before_it_is_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = ResultFiles::new(dir.path().to_owned());
+        let baseline = dir.path().join("baseline.tar");
+        tar::Builder::new(std::fs::File::create(&baseline).unwrap())
+            .finish()
+            .unwrap();
+        let edits = added("pkg/new.py");
+        let whole = [edits.clone(), added("pkg/__pycache__/new.cpython-311.pyc")].concat();
+        let scratch = dir.path().join("scratch");
+        let facts = |include_generated| TaskFacts {
+            id: "task-x",
+            name: Some("t"),
+            created_at: "2026-01-01T00:00:00Z",
+            source: None,
+            baseline_tar: &baseline,
+            scratch: &scratch,
+            network: None,
+            include_generated,
+            tracks_beneath: &|_| false,
+        };
+        std::fs::write(files.patch(), &whole).unwrap();
+        let result = finalize(&facts(false), &files, State::Finished, &|_| None).unwrap();
+        assert!(result.verified, "{result:?}");
+        assert_eq!((result.files, result.generated.len()), (1, 1));
+        assert!(!result.generated_included);
+        assert_eq!(std::fs::read_to_string(files.patch()).unwrap(), edits);
+        assert_eq!(
+            result.generated_patch_path.as_deref(),
+            Some(files.generated_patch().to_str().unwrap())
+        );
+        let left_out = std::fs::read_to_string(files.generated_patch()).unwrap();
+        assert_eq!(left_out, added("pkg/__pycache__/new.cpython-311.pyc"));
+        // Run again (a supervisor killed before the summary): the same answer, nothing lost.
+        let again = finalize(&facts(false), &files, State::Finished, &|_| None).unwrap();
+        assert_eq!(again, result);
+        assert_eq!(
+            std::fs::read_to_string(files.generated_patch()).unwrap(),
+            left_out
+        );
+
+        // Asked for, they stay in the patch and are verified with it.
+        std::fs::remove_file(files.generated_patch()).unwrap();
+        std::fs::write(files.patch(), &whole).unwrap();
+        let kept = finalize(&facts(true), &files, State::Finished, &|_| None).unwrap();
+        assert!(kept.verified && kept.generated_included, "{kept:?}");
+        assert_eq!((kept.files, kept.generated.len()), (2, 1));
+        assert_eq!(kept.generated_patch_path, None);
+        assert_eq!(std::fs::read_to_string(files.patch()).unwrap(), whole);
+        assert!(!files.generated_patch().exists());
+    }
+
     #[test]
     fn a_saved_result_is_found_from_the_summary_alone() {
         let dir = tempfile::tempdir().unwrap();
@@ -300,6 +428,8 @@ mod tests {
             baseline_tar: &baseline,
             scratch: &dir.path().join("scratch"),
             network: None,
+            include_generated: false,
+            tracks_beneath: &|_| false,
         };
         let result = finalize(&facts, &files, State::Expired, &|_| None).unwrap();
         assert!(result.verified);

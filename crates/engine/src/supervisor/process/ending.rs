@@ -131,7 +131,7 @@ pub(super) async fn tear_down_raw(
 /// How a task's guest ended.
 pub(super) enum TaskEnd {
     /// The work is saved and the result written; the guest is stopped, its layer still kept.
-    Saved(FinishResult),
+    Saved(Box<FinishResult>),
     /// The work could not be saved; the guest is stopped and its layer kept.
     Unsaved(Error),
 }
@@ -188,7 +188,7 @@ pub(super) async fn end_task(
     let state = ending.state();
     match finalize(task, state).await {
         Ok(result) => match failpoint::hit("supervisor.results-written") {
-            Ok(()) => TaskEnd::Saved(result),
+            Ok(()) => TaskEnd::Saved(Box::new(result)),
             Err(err) => TaskEnd::Unsaved(err),
         },
         Err(err) => TaskEnd::Unsaved(err),
@@ -218,6 +218,9 @@ pub(super) async fn finalize(task: &TaskContext, state: State) -> Result<FinishR
     let source = task.source.clone();
     let files = task.files.clone();
     let state_dir = task.state_dir.clone();
+    let include_generated = task
+        .include_generated
+        .load(std::sync::atomic::Ordering::Relaxed);
     tokio::task::spawn_blocking(move || {
         let facts = TaskFacts {
             id: &facts_id,
@@ -227,6 +230,8 @@ pub(super) async fn finalize(task: &TaskContext, state: State) -> Result<FinishR
             baseline_tar: &state_dir.join(BASELINE_TAR),
             scratch: &state_dir.join("verify"),
             network,
+            include_generated,
+            tracks_beneath: &|dir| baseline.tracks_beneath(dir),
         };
         save::finalize(&facts, &files, state, &|path| baseline.get(path))
     })

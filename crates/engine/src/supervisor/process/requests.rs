@@ -185,11 +185,18 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
                 ControlReply::Error(Error::conflict("diff is for tasks; this is a raw sandbox"))
             }
         },
-        ControlRequest::Finish if task.is_none() => ControlReply::Error(Error::conflict(
+        ControlRequest::Finish { .. } if task.is_none() => ControlReply::Error(Error::conflict(
             "finish is for tasks; destroy a raw sandbox instead",
         )),
-        ControlRequest::Destroy | ControlRequest::Finish => {
-            let kind = if matches!(request, ControlRequest::Finish) {
+        ControlRequest::Destroy | ControlRequest::Finish { .. } => {
+            let kind = if let ControlRequest::Finish { include_generated } = request {
+                if include_generated {
+                    // Asked by any finish call: the save that follows is shared.
+                    if let Some(task) = task {
+                        task.include_generated
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
                 EndRequest::Finish
             } else {
                 EndRequest::Destroy

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use dynocap_review::generated::Split;
 use dynocap_review::patch::{self, DEFAULT_MAX_PATCH_BYTES};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixListener;
@@ -25,7 +26,7 @@ use crate::supervisor::egress::Egress;
 use crate::supervisor::exec::ExecResult;
 use crate::supervisor::finish;
 use crate::supervisor::oom::OomWatch;
-use crate::supervisor::save::ResultFiles;
+use crate::supervisor::save::{self, ResultFiles};
 use crate::supervisor::starter_watch::StarterWatch;
 use crate::supervisor::workspace::{self, BaselineIndex, BASELINE_TAR};
 
@@ -61,7 +62,7 @@ pub enum ReadyMessage {
     Ready,
     Failed(Error),
     /// A recovery ([`Mode::Recover`]) saved the task's work: its result.
-    Finished(FinishResult),
+    Finished(Box<FinishResult>),
 }
 
 /// The write end of the ready pipe; closed after the final message.
@@ -114,6 +115,8 @@ pub(super) struct TaskContext {
     /// What one file's line diff may take in the guest ([`workspace::line_diff_budget`]): the
     /// same for every diff of the task, so `task diff` shows what `task finish` saves.
     pub(super) line_diff_budget: u64,
+    /// A finish asked to keep the generated files in the patch (`--include-generated`).
+    pub(super) include_generated: std::sync::atomic::AtomicBool,
 }
 
 impl TaskContext {
@@ -137,6 +140,7 @@ impl TaskContext {
             baseline: OnceLock::new(),
             egress: None,
             line_diff_budget: workspace::line_diff_budget(record.memory_mb),
+            include_generated: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -192,8 +196,16 @@ pub(super) struct Started {
 
 impl TaskContext {
     pub(super) async fn diff(&self, conn: &AgentConn) -> Result<DiffResult> {
-        let patch = workspace::diff(conn, self.line_diff_budget).await?;
+        let mut patch = workspace::diff(conn, self.line_diff_budget).await?;
         let baseline = self.baseline();
+        // Generated files are summarised, not shown: as `finish` leaves them out.
+        let generated = match save::split_generated(&patch, &|dir| baseline.tracks_beneath(dir)) {
+            Some(split) => {
+                patch = Split::join(&patch, &split.kept);
+                split.groups
+            }
+            None => Vec::new(),
+        };
         let summary = patch::summarize(&patch, DEFAULT_MAX_PATCH_BYTES, &|path| baseline.get(path))
             .map_err(|err| {
                 Error::invalid(format!("the patch from the sandbox was refused: {err}"))
@@ -201,6 +213,7 @@ impl TaskContext {
         Ok(DiffResult {
             summary,
             patch: String::from_utf8_lossy(&patch).into_owned(),
+            generated,
         })
     }
 

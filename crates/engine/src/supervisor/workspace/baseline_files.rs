@@ -67,6 +67,16 @@ impl BaselineIndex {
         })
     }
 
+    /// Whether the baseline has anything beneath the directory `dir`: such a directory is the
+    /// project's own, never generated ([`dynocap_review::generated`]). Without a sound index
+    /// the answer is yes, which keeps the files in the patch as they always were.
+    pub fn tracks_beneath(&self, dir: &str) -> bool {
+        match (&self.index, self.read_through.get()) {
+            (Some(index), None) => index.beneath(dir).next().is_some(),
+            _ => true,
+        }
+    }
+
     /// The symlink target, or the `package.json` contents, at `path` in the baseline.
     pub fn get(&self, path: &str) -> Option<Vec<u8>> {
         if let (Some(index), None) = (&self.index, self.read_through.get()) {

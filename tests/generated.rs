@@ -1,0 +1,169 @@
+//! Generated files end to end through the CLI: a Python project without a `.gitignore` runs
+//! its tests in a task and leaves `pkg/__pycache__/*.pyc` (binary) and a `node_modules/`
+//! beside real edits. `task diff` shows the edits and summarises the generated files as
+//! groups; `task finish` leaves them out of the verified patch (kept in `generated.diff`) and
+//! says so, or keeps them with `--include-generated`; `task apply` commits what the patch
+//! holds. A `target/` the project tracks files in is the project's own: a new file there is
+//! an edit like any other.
+
+use std::path::Path;
+
+use dynocap_e2e::*;
+use serde_json::Value;
+
+/// What the agent does: real edits, a new text file, bytecode, a dependency, and a file in
+/// the project's own `target/`.
+const AGENT_SCRIPT: &str = "set -e
+    printf 'def main():\\n    return 2\\n' > pkg/cli.py
+    printf 'from pkg.cli import main\\n\\ndef test_main():\\n    assert main() == 2\\n' > tests/test_cli.py
+    printf 'def helper():\\n    return 1\\n' > pkg/helpers.py
+    mkdir -p pkg/__pycache__ node_modules/left-pad
+    head -c 20000 /dev/urandom > pkg/__pycache__/cli.cpython-311.pyc
+    printf '\\000\\001pyc' > pkg/__pycache__/helpers.cpython-311.pyc
+    printf 'module.exports = 1;\\n' > node_modules/left-pad/index.js
+    printf 'new\\n' > target/bar
+    printf 'changed\\n' > target/foo";
+
+/// A committed project with no `.gitignore`, tracking a file in `target/`.
+fn project(dir: &Path) {
+    git(dir, &["init", "-q", "-b", "main"]);
+    write(&dir.join("pkg/__init__.py"), "");
+    write(&dir.join("pkg/cli.py"), "def main():\n    return 1\n");
+    write(
+        &dir.join("tests/test_cli.py"),
+        "from pkg.cli import main\n\ndef test_main():\n    assert main() == 1\n",
+    );
+    write(&dir.join("target/foo"), "tracked\n");
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "base"]);
+}
+
+fn groups(result: &Value) -> Vec<(String, String, u64)> {
+    result["generated"]
+        .as_array()
+        .map(|groups| {
+            groups
+                .iter()
+                .map(|g| {
+                    (
+                        g["pattern"].as_str().unwrap().to_owned(),
+                        g["under"].as_str().unwrap().to_owned(),
+                        g["files"].as_u64().unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn expected_groups() -> Vec<(String, String, u64)> {
+    vec![
+        ("__pycache__/".to_owned(), "pkg".to_owned(), 2),
+        ("node_modules/".to_owned(), ".".to_owned(), 1),
+    ]
+}
+
+/// The files of `branch` in the repository.
+fn tree(repo: &Path, branch: &str) -> Vec<String> {
+    git(repo, &["ls-tree", "-r", "--name-only", branch])
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+const EDITS: [&str; 5] = [
+    "pkg/cli.py",
+    "pkg/helpers.py",
+    "target/bar",
+    "target/foo",
+    "tests/test_cli.py",
+];
+
+#[test]
+fn generated_files_are_summarised_left_out_and_kept_when_asked() {
+    if !require_root("generated_files_are_summarised_left_out_and_kept_when_asked") {
+        return;
+    }
+    let home = TestHome::new();
+    let repo = tempfile::tempdir().unwrap();
+    let repo = repo.path();
+    project(repo);
+    let path = repo.to_str().unwrap();
+    home.json(&["task", "start", path, "--name", "py"]);
+    home.task_sh("py", AGENT_SCRIPT);
+
+    let diff = home.json(&["task", "diff", "py"]);
+    assert_eq!(groups(&diff), expected_groups(), "{diff:#}");
+    assert_eq!(diff["files"], 5, "{diff:#}");
+    let patch = diff["patch"].as_str().unwrap();
+    for edit in EDITS {
+        assert!(
+            patch.contains(&format!("b/{edit}")),
+            "{edit} not shown:\n{patch}"
+        );
+    }
+    assert!(!patch.contains("__pycache__"), "{patch}");
+    assert!(!patch.contains("node_modules"), "{patch}");
+    assert!(!patch.contains("GIT binary patch"), "{patch}");
+    let shown = String::from_utf8(home.run(&["task", "diff", "py"]).stdout).unwrap();
+    assert!(shown.contains("generated files, not shown"), "{shown}");
+    assert!(shown.contains("__pycache__/ under pkg: 2 files"), "{shown}");
+
+    let finished = home.json(&["task", "finish", "py"]);
+    assert_eq!(finished["verified"], true, "{finished:#}");
+    assert_eq!(finished["files"], 5, "{finished:#}");
+    assert_eq!(groups(&finished), expected_groups(), "{finished:#}");
+    assert!(finished.get("generatedIncluded").is_none(), "{finished:#}");
+    let saved = std::fs::read_to_string(finished["patchPath"].as_str().unwrap()).unwrap();
+    assert!(!saved.contains("__pycache__") && !saved.contains("node_modules"));
+    let left_out = std::fs::read(finished["generatedPatchPath"].as_str().unwrap()).unwrap();
+    let left_out = String::from_utf8_lossy(&left_out);
+    assert!(
+        left_out.contains("b/pkg/__pycache__/cli.cpython-311.pyc")
+            && left_out.contains("b/node_modules/left-pad/index.js"),
+        "{left_out}"
+    );
+    // Said again by the saved result and by the diff of the ended task.
+    let again = home.json(&["task", "finish", "py"]);
+    assert_eq!(groups(&again), expected_groups(), "{again:#}");
+    let ended = home.json(&["task", "diff", "py"]);
+    assert_eq!(groups(&ended), expected_groups(), "{ended:#}");
+    let human = String::from_utf8(home.run(&["task", "finish", "py"]).stdout).unwrap();
+    assert!(human.contains("left out of the patch"), "{human}");
+    assert!(human.contains("--include-generated"), "{human}");
+
+    home.json(&["task", "apply", "py", "--branch", "without"]);
+    let files = tree(repo, "without");
+    for edit in EDITS {
+        assert!(
+            files.iter().any(|f| f == edit),
+            "{edit} not applied: {files:?}"
+        );
+    }
+    assert!(
+        !files
+            .iter()
+            .any(|f| f.contains("__pycache__") || f.contains("node_modules")),
+        "{files:?}"
+    );
+
+    // The same work, finished asking for the generated files: they are patched and applied.
+    home.json(&["task", "start", path, "--name", "py2"]);
+    home.task_sh("py2", AGENT_SCRIPT);
+    let kept = home.json(&["task", "finish", "py2", "--include-generated"]);
+    assert_eq!(kept["verified"], true, "{kept:#}");
+    assert_eq!(kept["generatedIncluded"], true, "{kept:#}");
+    assert_eq!(kept["files"], 8, "{kept:#}");
+    assert!(kept.get("generatedPatchPath").is_none(), "{kept:#}");
+    let saved = std::fs::read(kept["patchPath"].as_str().unwrap()).unwrap();
+    assert!(String::from_utf8_lossy(&saved).contains("b/pkg/__pycache__/cli.cpython-311.pyc"));
+    home.json(&["task", "apply", "py2", "--branch", "with"]);
+    let files = tree(repo, "with");
+    assert!(
+        files
+            .iter()
+            .any(|f| f == "pkg/__pycache__/cli.cpython-311.pyc")
+            && files.iter().any(|f| f == "node_modules/left-pad/index.js"),
+        "{files:?}"
+    );
+}

@@ -5,6 +5,8 @@
 //!   and every decision lands in `network.jsonl` and the finish summary;
 //! - everything else is refused: hosts off the list, raw IPs, port 80, port 22 to a non-git
 //!   host, SNI mismatch or absence, a name resolving to loopback, DNS, UDP, direct TCP;
+//! - each command's exec result lists what was refused while it ran (`networkRefusals`), the
+//!   CLI prints it after the output, and the client hears the reason and the fix;
 //! - `task start --repo` over HTTPS and SSH: the clone is the baseline; the SSH key is used and
 //!   then gone; bad keys are refused; a failed clone leaves nothing behind.
 //!
@@ -315,27 +317,38 @@ fn a_raw_sandbox_gets_the_default_list_plus_allow_host_on(backend: Backend) {
 /// A refused connection reaches the agent as more than a bare 403: the exec result lists it
 /// (`networkRefusals`: host, port, reason, count, and the fix when the allowlist could allow
 /// it), the CLI prints a line for it after the command's output, and the client itself hears
-/// the reason and the fix in the proxy's status line (pip shows only that line). A command
-/// that was refused nothing has no `networkRefusals`. Nothing reaches the fixture: every
-/// refusal happens at the CONNECT.
+/// the reason and the fix in the proxy's status line (Python's HTTP client, and so pip, shows
+/// only that line). A command that was refused nothing has no `networkRefusals`. Nothing
+/// reaches the fixture: every refusal happens at the CONNECT.
 #[test]
 fn refusals_reach_the_exec_result_the_cli_and_the_client() {
-    if !require_root("refusals_reach_the_exec_result_the_cli_and_the_client") {
+    refusals_reach_the_exec_result_the_cli_and_the_client_on(Backend::Jail);
+}
+
+#[test]
+fn refusals_reach_the_exec_result_the_cli_and_the_client_in_a_vm() {
+    refusals_reach_the_exec_result_the_cli_and_the_client_on(Backend::Vm);
+}
+
+fn refusals_reach_the_exec_result_the_cli_and_the_client_on(backend: Backend) {
+    let test = "refusals_reach_the_exec_result_the_cli_and_the_client";
+    let Some(home) = TestHome::on(backend, test) else {
         return;
-    }
+    };
     let fix = NetFix::start();
-    let home = home_for(&fix, "");
-    home.sandbox("refusals", &["--network", "filtered"]);
+    let home = with_fixture(home, &fix, "");
+    let sandbox = home.sandbox("refusals", &["--network", "filtered"]);
+    assert_eq!(sandbox["backend"], backend.name(), "{sandbox}");
     let before = fix.https.requests().len();
 
+    // Python's HTTP client through the proxy the guest's environment names, as pip's is.
     let result = home.exec(
         "refusals",
         &[],
         &format!(
             "curl -sS https://{OTHER_HOST}/; curl -sS https://{OTHER_HOST}/; \
              curl -sS https://{NPM_HOST}:8443/; \
-             pip download --no-deps --no-cache-dir --retries 1 --timeout 20 --dest /tmp/p \
-             --index-url https://{PYPI_HOST}/simple/ {PYPI_PACKAGE}"
+             python3 -c 'import urllib.request; urllib.request.urlopen(\"https://{PYPI_HOST}/simple/\")'"
         ),
     );
     assert_ne!(result["exitCode"], 0, "{result:#}");
@@ -378,7 +391,7 @@ fn refusals_reach_the_exec_result_the_cli_and_the_client() {
         result.get(field::NETWORK_REFUSALS_OMITTED).is_none(),
         "{result:#}"
     );
-    // pip printed the proxy's status line: the reason and the fix, not a bare 403.
+    // Python printed the proxy's status line: the reason and the fix, not a bare 403.
     let stderr = result["stderr"].as_str().unwrap_or_default();
     assert!(
         stderr.contains(&format!(
@@ -391,6 +404,31 @@ fn refusals_reach_the_exec_result_the_cli_and_the_client() {
         before,
         "a refusal reached the fixture"
     );
+    if backend == Backend::Jail {
+        // pip itself (the host's, in the jail): one retry, so one line with the status line.
+        let pip = home.exec(
+            "refusals",
+            &[],
+            &format!(
+                "pip download --no-deps --no-cache-dir --retries 1 --timeout 20 --dest /tmp/p \
+                 --index-url https://{PYPI_HOST}/simple/ {PYPI_PACKAGE}"
+            ),
+        );
+        let stderr = pip["stderr"].as_str().unwrap_or_default();
+        assert!(
+            stderr.contains(&format!(
+                "Tunnel connection failed: 403 Forbidden (dynocap: {PYPI_HOST} is not on this \
+                 sandbox's allowlist; the person running DynoCap can allow it with \
+                 --allow-host {PYPI_HOST}"
+            )),
+            "{stderr}"
+        );
+        assert_eq!(
+            pip[field::NETWORK_REFUSALS][0]["host"],
+            PYPI_HOST,
+            "{pip:#}"
+        );
+    }
 
     // A command that was refused nothing, allowed traffic included, lists nothing.
     let quiet = home.exec(

@@ -94,6 +94,7 @@ fn boot_spec(env: &VmEnv, rootfs: &Path, agent: &Path, state: &Path, name: &str)
         reuse_layer: false,
         id_range: 0,
         network: Network::None,
+        extra_ca: None,
         cache_dir: env.cache.clone(),
     }
 }

@@ -94,6 +94,7 @@ fn main() {
         reuse_layer: false,
         id_range: 0,
         network: Network::None,
+        extra_ca: None,
         cache_dir: cache.clone(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

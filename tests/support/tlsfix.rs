@@ -9,6 +9,9 @@
 //! server, its files and its CA go on drop. Included by the test files that use it
 //! (`#[path]`), so the shared support library stays as it is.
 
+// Each test file including this uses part of it.
+#![allow(dead_code)]
+
 use std::net::{Ipv4Addr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -32,7 +35,7 @@ pub struct TlsFix {
     log: PathBuf,
     server: Child,
     // Last: the server dies before its files go.
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl TlsFix {
@@ -107,13 +110,23 @@ impl TlsFix {
                     ca_cert,
                     log,
                     server,
-                    _dir: dir,
+                    dir,
                 };
             }
             kill(&mut server);
             failures.push(std::fs::read_to_string(path("https.out")).unwrap_or_default());
         }
         panic!("the https server did not start: {failures:#?}");
+    }
+
+    /// The directory served (`https://NAME/x` is `www/x`).
+    pub fn www(&self) -> PathBuf {
+        self.dir.path().join("www")
+    }
+
+    /// A scratch directory that lives as long as the server.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// `DYNOCAP_RESOLVE` sending each of `names` to this server on 443.

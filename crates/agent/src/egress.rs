@@ -4,6 +4,10 @@
 //!
 //! The listener decides nothing: the host's proxy allows or refuses each connection. It
 //! exists only while the host asks for it (a `filtered` sandbox, or a `none` task's clone).
+//! The host's extra CAs also join the guest's own system bundles ([`mod@trust`]), so TLS
+//! clients that read no variable trust them too.
+
+mod trust;
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -140,6 +144,21 @@ impl Egress {
         };
         if let Some(pem) = &req.ca_bundle {
             write_ca_bundle(pem)?;
+        }
+        if let Some(extra) = &req.extra_ca {
+            // Where the guest's bundle cannot take them (read-only) the variables still point
+            // at the bundle above: the log says which.
+            for outcome in trust::join_system_bundles(extra) {
+                match outcome {
+                    trust::Outcome::Joined(path) => {
+                        log!("the extra CAs joined {}", path.display())
+                    }
+                    trust::Outcome::Present(_) => {}
+                    trust::Outcome::Skipped(path, why) => {
+                        log!("the extra CAs did not join {}: {why}", path.display())
+                    }
+                }
+            }
         }
         let listener = TcpListener::bind(("127.0.0.1", port))
             .await
@@ -281,6 +300,7 @@ mod tests {
         EgressRequest {
             listen_port: Some(port),
             ca_bundle: None,
+            extra_ca: None,
         }
     }
 
@@ -333,6 +353,7 @@ mod tests {
         let stopped = EgressRequest {
             listen_port: None,
             ca_bundle: None,
+            extra_ca: None,
         };
         let answer = egress.configure(stopped, &env, &outbox).await;
         assert_eq!(

@@ -87,6 +87,10 @@ pub struct EgressRequest {
     /// PEM certificates the guest's TLS clients trust (the system bundle plus the host's
     /// extra CAs), written to a root-owned file that commands' CA variables point at.
     pub ca_bundle: Option<String>,
+    /// The host's extra CAs alone (`DYNOCAP_EXTRA_CA`), which the agent adds to the guest's
+    /// own system CA bundles, so that TLS clients trust them without any variable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_ca: Option<String>,
 }
 
 /// See [`Request::Clone`]. The secret fields never appear in logs or command lines.

@@ -46,6 +46,48 @@ impl HostDisk for MountedDisk {
     }
 }
 
+/// System CA bundles the image may bind from the host (the `host` image binds the host's
+/// `/etc/ssl/certs`): Debian's, Ubuntu's, Arch's, Alpine's path.
+const HOST_CA_BUNDLES: &[&str] = &["/etc/ssl/certs/ca-certificates.crt"];
+
+/// For each system CA bundle the image binds from the host (read-only, so the guest's agent
+/// cannot add the extra CAs to it), a copy of it with `extra` appended, written in the
+/// sandbox's state directory and bound over it. The host's own file is only read.
+fn ca_bundle_binds(
+    image_binds: &[(PathBuf, PathBuf)],
+    extra: &str,
+    state_dir: &Path,
+) -> Result<Vec<dynocap_backend_jail::RoBind>> {
+    let mut binds = Vec::new();
+    for (index, bundle) in HOST_CA_BUNDLES.iter().enumerate() {
+        let bundle = Path::new(bundle);
+        let Some(host) = image_binds.iter().find_map(|(source, target)| {
+            let rest = bundle.strip_prefix(target).ok()?;
+            Some(source.join(rest))
+        }) else {
+            continue;
+        };
+        let Ok(mut joined) = std::fs::read_to_string(&host) else {
+            // Not on this host: nothing of the host's is there to cover.
+            continue;
+        };
+        if !joined.is_empty() && !joined.ends_with('\n') {
+            joined.push('\n');
+        }
+        joined.push_str(extra);
+        let copy = state_dir.join(format!("ca-bundle-{index}.crt"));
+        std::fs::write(&copy, joined).map_err(|source| JailFailure::CaBundle {
+            path: copy.clone(),
+            source,
+        })?;
+        binds.push(dynocap_backend_jail::RoBind {
+            source: copy,
+            target: bundle.to_owned(),
+        });
+    }
+    Ok(binds)
+}
+
 impl Backend for JailBackend {
     fn name(&self) -> &'static str {
         "jail"
@@ -67,6 +109,13 @@ impl Backend for JailBackend {
                 target: target.clone(),
             })
             .collect();
+        if let Some(extra) = &spec.extra_ca {
+            ro_binds.extend(ca_bundle_binds(
+                &spec.image.ro_binds,
+                extra,
+                &spec.state_dir,
+            )?);
+        }
         if nat {
             // Checked before anything is built: a missing pasta leaves no sandbox behind.
             usernet::available()?;
@@ -216,6 +265,12 @@ enum JailFailure {
     RaiseMemoryLimit(#[source] JailError),
     #[error("stopping the jail: {0}")]
     StopKeepingLayer(#[source] JailError),
+    #[error("writing the guest's CA bundle {}: {source}", path.display())]
+    CaBundle {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Coded for JailFailure {
@@ -235,7 +290,8 @@ impl Coded for JailFailure {
             | Self::Kill(_)
             | Self::Destroy(_)
             | Self::RaiseMemoryLimit(_)
-            | Self::StopKeepingLayer(_) => ErrorCode::Internal,
+            | Self::StopKeepingLayer(_)
+            | Self::CaBundle { .. } => ErrorCode::Internal,
         }
     }
 }
@@ -382,5 +438,35 @@ mod tests {
         let err = Error::from(JailFailure::Boot(JailError::InvalidSpec("x".into())));
         assert_eq!(err.code, ErrorCode::Internal);
         assert_eq!(err.message, "booting the jail: invalid jail spec: x");
+    }
+
+    #[test]
+    fn a_bundle_bound_from_the_host_is_covered_by_a_copy_with_the_extra_cas() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let certs = dir.path().join("host/etc/ssl/certs");
+        std::fs::create_dir_all(&certs).expect("mkdir");
+        let system = "-----BEGIN CERTIFICATE-----\nSYS\n-----END CERTIFICATE-----";
+        std::fs::write(certs.join("ca-certificates.crt"), system).expect("write");
+        let extra = "-----BEGIN CERTIFICATE-----\nEXTRA\n-----END CERTIFICATE-----\n";
+        let image = [(certs.clone(), PathBuf::from("/etc/ssl/certs"))];
+        let binds = ca_bundle_binds(&image, extra, dir.path()).expect("binds");
+        assert_eq!(binds.len(), 1);
+        assert_eq!(
+            binds[0].target,
+            Path::new("/etc/ssl/certs/ca-certificates.crt")
+        );
+        assert_eq!(
+            std::fs::read_to_string(&binds[0].source).expect("copy"),
+            format!("{system}\n{extra}")
+        );
+        // The host's file is as it was.
+        assert_eq!(
+            std::fs::read_to_string(certs.join("ca-certificates.crt")).expect("host"),
+            system
+        );
+        // An image that binds no bundle (a built one) gets none: its agent writes its own.
+        assert!(ca_bundle_binds(&[], extra, dir.path())
+            .expect("binds")
+            .is_empty());
     }
 }

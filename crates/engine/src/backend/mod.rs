@@ -67,6 +67,11 @@ pub struct BootSpec {
     /// The guest's network. A recovery boot ([`BootSpec::reuse_layer`]) gets `None` whatever
     /// the sandbox asked for: it only saves work.
     pub network: Network,
+    /// The host's extra CAs (`DYNOCAP_EXTRA_CA`, PEM) when the sandbox's egress has them. The
+    /// guest's agent adds them to the system CA bundles of the guest's own image; a bundle
+    /// the jail binds from the host read-only, it cannot write, so the jail binds one that
+    /// holds them too over it.
+    pub extra_ca: Option<String>,
 }
 
 /// A running guest.

@@ -116,6 +116,12 @@ impl EgressSpec {
         })
     }
 
+    /// The extra CA certificates alone (`DYNOCAP_EXTRA_CA`), checked, or `None` when there
+    /// are none: what joins the guest's own system bundles.
+    pub fn extra_ca_pem(&self) -> Result<Option<String>> {
+        self.extra_ca.as_deref().map(read_extra_ca).transpose()
+    }
+
     /// The CA bundle the guest gets: the system's certificates plus the extra ones, or
     /// `None` when there are no extra ones (the guest keeps its own store).
     pub fn ca_bundle(&self) -> Result<Option<String>> {
@@ -206,6 +212,8 @@ pub struct Egress {
     /// The refusals of the commands running now, for their results.
     commands: Arc<CommandRefusals>,
     ca_bundle: Option<String>,
+    /// The extra CAs alone, which the agent adds to the guest's system bundles.
+    extra_ca: Option<String>,
     /// The guest listens and its tunnels come here: a later `open` only swaps the policy.
     listening: AtomicBool,
 }
@@ -227,6 +235,7 @@ impl Egress {
             summary,
             commands,
             ca_bundle: spec.ca_bundle()?,
+            extra_ca: spec.extra_ca_pem()?,
             listening: AtomicBool::new(false),
         })
     }
@@ -287,6 +296,7 @@ impl Egress {
         let request = Request::Egress(EgressRequest {
             listen_port: port,
             ca_bundle: port.and(self.ca_bundle.clone()),
+            extra_ca: port.and(self.extra_ca.clone()),
         });
         let stream = conn.open(&request).await?;
         match crate::supervisor::workspace::finish_stream(stream, "configuring the guest's egress")

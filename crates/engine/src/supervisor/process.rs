@@ -271,6 +271,10 @@ fn boot(
             Mode::Start => record.network,
             Mode::Recover => spec::Network::None,
         },
+        extra_ca: match (mode, &record.egress) {
+            (Mode::Start, Some(egress)) => egress.extra_ca_pem()?,
+            _ => None,
+        },
     };
     let booting = std::time::Instant::now();
     let (guest, guest_output) = boot_with_piped_output(backend.as_ref(), &spec)?;

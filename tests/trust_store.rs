@@ -1,0 +1,238 @@
+//! One trust store: a CA given only through `DYNOCAP_EXTRA_CA` is in the guest's system CA
+//! bundle, so TLS clients that are told nothing (no `SSL_CERT_FILE`, `CURL_CA_BUNDLE`, apt
+//! `CaInfo`, ...) trust a server it signed: curl, Python and git in the `host` image (whose
+//! bundle is the host's own, bound read-only: the host's file stays as it was), and curl and
+//! apt in the `debian` image, on the jail and on the vm.
+//!
+//! The server is tests/support/tlsfix.rs on a 127.X address, reached as `trust.test` through
+//! `DYNOCAP_RESOLVE`: nothing leaves loopback. Needs root (and mmdebstrap for the debian
+//! image, QEMU for the vm).
+
+#[path = "support/tlsfix.rs"]
+mod tlsfix;
+
+use std::process::Command;
+
+use dynocap_e2e::backend::Backend;
+use dynocap_e2e::images::{debian_home, require_mmdebstrap};
+use dynocap_e2e::netfix::product;
+use dynocap_e2e::{require_root, TestHome};
+use serde_json::Value;
+use tlsfix::TlsFix;
+
+const NAME: &str = "trust.test";
+/// What the server's `/index.html` holds (netfix's content script).
+const INDEX: &str = "dynocap netfix\n";
+const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Runs `command` with none of the variables that name a CA bundle: only the system's own
+/// trust store decides.
+fn without_ca_variables(command: &str) -> String {
+    format!(
+        "env -u SSL_CERT_FILE -u SSL_CERT_DIR -u CURL_CA_BUNDLE -u REQUESTS_CA_BUNDLE \
+         -u PIP_CERT -u GIT_SSL_CAINFO -u NODE_EXTRA_CA_CERTS -u CARGO_HTTP_CAINFO \
+         -u npm_config_cafile sh -c '{command}'"
+    )
+}
+
+fn with_fixture(home: TestHome, fix: &TlsFix, extra_ca: bool) -> TestHome {
+    let home = home.with_env(product::ENV_RESOLVE, &fix.resolve(&[NAME]));
+    if extra_ca {
+        home.with_env(product::ENV_EXTRA_CA, &fix.ca_cert.display().to_string())
+    } else {
+        home
+    }
+}
+
+fn filtered(home: &TestHome, name: &str, image: &[&str]) -> Value {
+    let mut flags = vec!["--network", "filtered", product::FLAG_ALLOW_HOST, NAME];
+    flags.extend_from_slice(image);
+    home.sandbox(name, &flags)
+}
+
+fn certificates(text: &str) -> usize {
+    text.matches("-----BEGIN CERTIFICATE-----").count()
+}
+
+fn curl(home: &TestHome, name: &str) -> Value {
+    home.exec(
+        name,
+        &["--timeout", "60"],
+        &without_ca_variables(&format!("curl -sS https://{NAME}/index.html")),
+    )
+}
+
+#[test]
+fn the_host_image_trusts_the_extra_ca_with_no_variable_and_the_host_file_is_untouched() {
+    let test = "the_host_image_trusts_the_extra_ca_with_no_variable_and_the_host_file_is_untouched";
+    if !require_root(test) {
+        return;
+    }
+    let fix = TlsFix::start(&[NAME]);
+    let host_bundle = std::fs::read(SYSTEM_BUNDLE).expect("the host's CA bundle");
+
+    // Without the extra CA the server is not trusted: what the rest shows is the CA's doing.
+    let plain = with_fixture(TestHome::new(), &fix, false);
+    filtered(&plain, "plain", &[]);
+    let refused = curl(&plain, "plain");
+    assert_eq!(
+        refused["exitCode"], 60,
+        "curl's certificate error: {refused:#}"
+    );
+
+    let home = with_fixture(TestHome::new(), &fix, true);
+    filtered(&home, "trust", &[]);
+    let fetched = curl(&home, "trust");
+    assert_eq!(fetched["exitCode"], 0, "{fetched:#}");
+    assert_eq!(fetched["stdout"], INDEX);
+    let python = home.exec(
+        "trust",
+        &[],
+        &without_ca_variables(&format!(
+            "python3 -c \"import urllib.request; print(urllib.request.urlopen(\\\"https://{NAME}/index.html\\\").read().decode(), end=\\\"\\\")\""
+        )),
+    );
+    assert_eq!(python["exitCode"], 0, "{python:#}");
+    assert_eq!(python["stdout"], INDEX);
+    // git reaches the server over TLS and is told there is no such repository.
+    let git = home.exec(
+        "trust",
+        &[],
+        &without_ca_variables(&format!("git ls-remote https://{NAME}/none.git")),
+    );
+    let stderr = git["stderr"].as_str().expect("stderr");
+    assert!(
+        stderr.contains("not found") && !stderr.contains("certificate"),
+        "{git:#}"
+    );
+
+    // The guest's bundle is the host's plus the extra CA; the host's own file is unchanged.
+    let guest = home.sh("trust", &format!("cat {SYSTEM_BUNDLE}"));
+    let host_text = String::from_utf8_lossy(&host_bundle);
+    assert_eq!(certificates(&guest), certificates(&host_text) + 1);
+    let extra = std::fs::read_to_string(&fix.ca_cert).expect("the CA");
+    assert!(
+        guest.contains(extra.trim()),
+        "the extra CA is in the guest's bundle"
+    );
+    assert_eq!(
+        std::fs::read(SYSTEM_BUNDLE).expect("the host's CA bundle"),
+        host_bundle
+    );
+    // The guest's root cannot change it either: it is bound read-only.
+    let agent_view = home.exec("trust", &[], &format!("test -w {SYSTEM_BUNDLE}"));
+    assert_ne!(agent_view["exitCode"], 0, "{agent_view:#}");
+}
+
+/// A flat apt repository of one package at `https://trust.test/apt/`, unsigned (the guest's
+/// source line says `trusted=yes`): built with dpkg-deb and dpkg-scanpackages.
+fn serve_apt_repository(fix: &TlsFix) {
+    let repo = fix.www().join("apt");
+    let pkg = fix.dir().join("pkg");
+    dynocap_e2e::write(
+        &pkg.join("DEBIAN/control"),
+        "Package: dynocap-trusted\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@example.com>\nDescription: served over HTTPS signed by the extra CA\n",
+    );
+    dynocap_e2e::write(
+        &pkg.join("usr/bin/dynocap-trusted"),
+        "#!/bin/sh\necho trusted\n",
+    );
+    dynocap_e2e::chmod(&pkg.join("usr/bin/dynocap-trusted"), 0o755);
+    std::fs::create_dir_all(&repo).expect("mkdir");
+    let run = |cmd: &mut Command| dynocap_e2e::netfix::run(cmd).stdout;
+    run(Command::new("dpkg-deb")
+        .args(["--root-owner-group", "--build"])
+        .arg(&pkg)
+        .arg(repo.join("dynocap-trusted_1.0_all.deb")));
+    let packages = run(Command::new("dpkg-scanpackages")
+        .args(["--multiversion", "."])
+        .current_dir(&repo));
+    std::fs::write(repo.join("Packages"), &packages).expect("write Packages");
+    let sum =
+        String::from_utf8(run(Command::new("sha256sum").arg(repo.join("Packages")))).expect("utf8");
+    let hash = sum.split_whitespace().next().expect("hash");
+    let date = String::from_utf8(run(Command::new("date").args(["-Ru"]))).expect("utf8");
+    std::fs::write(
+        repo.join("Release"),
+        format!(
+            "Origin: dynocap-test\nLabel: dynocap-test\nDate: {}\nSHA256:\n {hash} {} Packages\n",
+            date.trim(),
+            packages.len()
+        ),
+    )
+    .expect("write Release");
+}
+
+#[test]
+fn apt_and_curl_in_the_debian_image_trust_the_extra_ca() {
+    let test = "apt_and_curl_in_the_debian_image_trust_the_extra_ca";
+    if !(require_root(test) && require_mmdebstrap(test)) {
+        return;
+    }
+    let fix = TlsFix::start(&[NAME]);
+    serve_apt_repository(&fix);
+    let (home, _) = debian_home();
+    let home = with_fixture(home, &fix, true);
+    filtered(&home, "deb", &["--image", "debian"]);
+    let fetched = curl(&home, "deb");
+    assert_eq!(fetched["exitCode"], 0, "{fetched:#}");
+    assert_eq!(fetched["stdout"], INDEX);
+    // apt is told nothing about the CA: no Acquire::https::CaInfo, no variable (sudo keeps
+    // the caller's environment, so the variables are dropped in the shell sudo runs).
+    home.sh(
+        "deb",
+        &format!(
+            "sudo rm -f /etc/apt/sources.list /etc/apt/sources.list.d/* && \
+             echo 'deb [trusted=yes] https://{NAME}/apt ./' | sudo tee /etc/apt/sources.list.d/fixture.list >/dev/null"
+        ),
+    );
+    let update = home.exec(
+        "deb",
+        &["--timeout", "120"],
+        &without_ca_variables("sudo -E apt-get update"),
+    );
+    assert_eq!(update["exitCode"], 0, "{update:#}");
+    let install = home.exec(
+        "deb",
+        &["--timeout", "120"],
+        &without_ca_variables(
+            "sudo -E DEBIAN_FRONTEND=noninteractive apt-get install -y -q dynocap-trusted",
+        ),
+    );
+    assert_eq!(install["exitCode"], 0, "{install:#}");
+    assert_eq!(home.sh("deb", "dynocap-trusted"), "trusted\n");
+    assert!(
+        fix.requests().iter().any(|r| r["status"] == 200
+            && r["path"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("/dynocap-trusted_1.0_all.deb"))),
+        "the package did not come from the server: {:?}",
+        fix.requests()
+    );
+    // A bundle made again by the distribution's own tool keeps the extra CA.
+    let remade = home.exec(
+        "deb",
+        &["--timeout", "120"],
+        "sudo update-ca-certificates >/dev/null 2>&1; true",
+    );
+    assert_eq!(remade["exitCode"], 0, "{remade:#}");
+    let again = curl(&home, "deb");
+    assert_eq!(
+        again["exitCode"], 0,
+        "after update-ca-certificates: {again:#}"
+    );
+}
+
+#[test]
+fn a_vm_guest_trusts_the_extra_ca_with_no_variable() {
+    let test = "a_vm_guest_trusts_the_extra_ca_with_no_variable";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let fix = TlsFix::start(&[NAME]);
+    let home = with_fixture(home, &fix, true);
+    filtered(&home, "vmtrust", &[]);
+    let fetched = curl(&home, "vmtrust");
+    assert_eq!(fetched["exitCode"], 0, "{fetched:#}");
+    assert_eq!(fetched["stdout"], INDEX);
+}

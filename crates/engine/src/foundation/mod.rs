@@ -5,9 +5,6 @@
 //!
 //! It imports nothing from the crate outside this folder (scripts/layers.py checks).
 
-/// Still named here for the supervisor's saves (`supervisor/save.rs`), which call it by this
-/// path; the rest of the engine names `dynocap_host::durable`.
-pub(crate) use dynocap_host::durable;
 pub(crate) mod error;
 pub mod excerpt;
 pub(crate) mod failpoint;

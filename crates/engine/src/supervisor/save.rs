@@ -113,7 +113,7 @@ pub async fn take_final_patch(
             });
         }
     };
-    crate::foundation::durable::publish(&partial, &files.patch())
+    dynocap_host::durable::publish(&partial, &files.patch())
         .map_err(|err| disk_error("saving", &files.patch(), err))?;
     Ok(size)
 }
@@ -272,10 +272,10 @@ fn refused(why: &str) -> String {
     format!("the patch from the sandbox was refused: {why}")
 }
 
-/// Writes `bytes` to `path` whole or not at all ([`crate::foundation::durable`]); a full disk is said as
+/// Writes `bytes` to `path` whole or not at all ([`dynocap_host::durable`]); a full disk is said as
 /// such, with what to do.
 pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
-    crate::foundation::durable::replace(path, bytes).map_err(|err| match err.raw_os_error() {
+    dynocap_host::durable::replace(path, bytes).map_err(|err| match err.raw_os_error() {
         Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
             out_of_space(path.parent().unwrap_or(Path::new("/")))
         }

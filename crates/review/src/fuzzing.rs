@@ -6,7 +6,8 @@
 //! `cargo test` exercises them too.
 //!
 //! - [`patch_review`]: the parser, the review with its sensitive-path rules, the diff view,
-//!   and what verification derives from a parsed patch (the touched paths, the dry run).
+//!   the split of generated files, and what verification derives from a parsed patch (the
+//!   touched paths, the dry run).
 //! - [`tar_index`]: the index reader and its lookups, on raw bytes and on bytes sealed with a
 //!   valid checksum (so that the checks behind the checksum are reached too).
 //! - [`indexed_extract`]: extraction of a sound tar through an index the reader accepted but
@@ -16,6 +17,7 @@
 use std::path::Path;
 
 use crate::diff_view::{self, Selection};
+use crate::generated::{self, Split};
 use crate::patch::{self, FilePatch, PatchError, SensitivePath};
 use crate::tar_index::{self, TarIndex};
 use crate::verify::dry_run::DryRun;
@@ -84,10 +86,32 @@ pub fn patch_review(data: &[u8]) {
         );
         Touched::of(files);
         let _ = DryRun::of(files);
+        generated_split(data, files);
     }
     if let Ok(text) = std::str::from_utf8(data) {
         view(text, parsed.as_deref().ok());
     }
+}
+
+/// The split into kept and generated entries: the two parts cover the patch exactly, and
+/// each reads back as the entries it was given (what finish verifies is what it kept).
+fn generated_split(data: &[u8], files: &[FilePatch<'_>]) {
+    let split = generated::split(data, files, &|dir| dir.len() % 2 == 0);
+    let mut ranges: Vec<_> = split.kept.iter().chain(&split.generated).cloned().collect();
+    ranges.sort_by_key(|r| r.start);
+    let mut end = 0;
+    for range in &ranges {
+        assert_eq!(range.start, end, "{ranges:?}");
+        end = range.end;
+    }
+    assert_eq!(end, if ranges.is_empty() { 0 } else { data.len() });
+    let left_out: u64 = split.groups.iter().map(|g| g.files).sum();
+    let kept = Split::join(data, &split.kept);
+    let kept_files = patch::parse(&kept, kept.len().max(1)).map(|f| f.len());
+    assert_eq!(
+        kept_files.ok(),
+        Some(files.len() - usize::try_from(left_out).unwrap_or(usize::MAX))
+    );
 }
 
 /// The diff view of `text` (the parsed `files` when the parser read it), bounded by a size

@@ -3,7 +3,7 @@
 //! jail crate's own probe, as `dynocap doctor`'s first rows. Each is required: without it no
 //! jail starts.
 
-use super::Readiness;
+use super::readiness::Readiness;
 
 /// The kernel's release, then one row per feature.
 pub(super) fn machine_checks() -> Vec<Readiness> {

@@ -4,7 +4,7 @@
 //! reads `DYNOCAP_VM_ACCEL` and runs the KVM probe, or reads its recorded answer). For
 //! `dynocap doctor`: a report that says "ready" must not be followed by a start that refuses.
 
-use super::Readiness;
+use super::readiness::Readiness;
 use crate::host::home::Home;
 use crate::image::{self, store::ImageStore, Image};
 use crate::model::config::Config;

@@ -14,9 +14,10 @@ own: `crate::repo::diff::Change` is an edge to `repo/diff.rs` when that file exi
 to `repo.rs` (or `repo/mod.rs`) otherwise. A crate with both a library and binaries has
 one tree per root; each is its own graph, and the largest component of any is reported.
 
-Usage: scripts/import-cycles.py [--all] [--edges] [CRATE_DIR ...]
+Usage: scripts/import-cycles.py [--all] [--edges] [--max N] [CRATE_DIR ...]
     --all     list every component of more than one file, not only the largest
     --edges   print each crate's file-to-file edges too
+    --max N   exit 1 when a crate has a circle of more than N files (scripts/lint.sh: 4)
 Standard library only; run it from anywhere in the repository.
 """
 
@@ -342,7 +343,13 @@ def crate_roots(crate):
 def main(argv):
     show_all = "--all" in argv
     show_edges = "--edges" in argv
+    limit = None
+    if "--max" in argv:
+        at = argv.index("--max")
+        limit = int(argv[at + 1])
+        argv = argv[:at] + argv[at + 2:]
     crates = [a for a in argv if not a.startswith("--")]
+    over = []
     top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not crates:
         crates_dir = os.path.join(top, "crates")
@@ -367,10 +374,20 @@ def main(argv):
         name = os.path.relpath(crate, top)
         largest = len(found[0]) if found else 1
         print(f"{name}: {len(files)} files, largest import circle {largest} files")
+        if limit is not None and largest > limit:
+            over.append(f"{name} ({largest} files)")
         for component in found if show_all else found[:1]:
             listed = ", ".join(f.replace(src, "") for f in component)
             print(f"  [{len(component)}] {listed}")
+    if over:
+        print(
+            f"import circles of more than {limit} files: {', '.join(over)}; move what the "
+            "files share into a module they all import, below them",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

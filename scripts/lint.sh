@@ -24,6 +24,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "scripts/layers.py (the engine's imports run only downward)"
 python3 scripts/layers.py
 
+step "scripts/import-cycles.py --max 4 (no crate has an import circle of more than 4 files)"
+python3 scripts/import-cycles.py --max 4 >/dev/null
+
 step "scripts/env_reads.py (the engine reads no environment: its Config comes from the binary)"
 python3 scripts/env_reads.py
 

@@ -159,10 +159,11 @@ pub fn refusal_notes(result: &ExecResult) -> String {
             refusal.reason
         );
         if refusal.fix.is_some() {
-            let host = &refusal.host;
+            let entry = dynocap_engine::exec::AllowEntry::for_host(&refusal.host);
             line.push_str(&format!(
-                "; to allow it, start a sandbox with --allow-host {host} (`dynocap run`, \
-                 `dynocap task start`) or add {host} to DYNOCAP_EGRESS_ALLOW"
+                "; to allow it, start a sandbox with --allow-host {entry} (`dynocap run`, \
+                 `dynocap task start`) or add {entry} to DYNOCAP_EGRESS_ALLOW{}",
+                entry.note()
             ));
         }
         push_note(&mut out, &line);
@@ -225,6 +226,13 @@ mod tests {
                     true,
                 ),
                 refusal(
+                    "other.example",
+                    443,
+                    "other.example is not on this sandbox's allowlist",
+                    1,
+                    true,
+                ),
+                refusal(
                     "registry.npmjs.org",
                     80,
                     "port 80 is not allowed for registry.npmjs.org (allowed: 443)",
@@ -244,8 +252,13 @@ mod tests {
         assert_eq!(
             notes,
             "dynocap: the sandbox's network refused pypi.org:443 (5 times): pypi.org is not on \
-             this sandbox's allowlist; to allow it, start a sandbox with --allow-host pypi.org \
-             (`dynocap run`, `dynocap task start`) or add pypi.org to DYNOCAP_EGRESS_ALLOW\n\
+             this sandbox's allowlist; to allow it, start a sandbox with --allow-host @pypi \
+             (`dynocap run`, `dynocap task start`) or add @pypi to DYNOCAP_EGRESS_ALLOW; @pypi \
+             stands for pypi.org, files.pythonhosted.org\n\
+             dynocap: the sandbox's network refused other.example:443: other.example is not on \
+             this sandbox's allowlist; to allow it, start a sandbox with --allow-host \
+             other.example (`dynocap run`, `dynocap task start`) or add other.example to \
+             DYNOCAP_EGRESS_ALLOW\n\
              dynocap: the sandbox's network refused registry.npmjs.org:80: port 80 is not \
              allowed for registry.npmjs.org (allowed: 443)\n\
              dynocap: the sandbox's network refused a request that named no host: plain HTTP \

@@ -259,11 +259,12 @@ impl Tools {
 fn exec_output(mut result: ExecResult) -> Result<Output, Error> {
     for refusal in &mut result.network_refusals {
         if refusal.fix.is_some() {
+            let entry = dynocap_engine::exec::AllowEntry::for_host(&refusal.host);
             refusal.fix = Some(format!(
-                "the person running this MCP server can allow it by adding {} to \
+                "the person running this MCP server can allow it by adding {entry} to \
                  DYNOCAP_EGRESS_ALLOW in the server's environment; sandboxes started after that \
-                 may reach it",
-                refusal.host
+                 may reach it{}",
+                entry.note()
             ));
         }
     }

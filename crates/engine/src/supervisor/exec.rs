@@ -76,11 +76,48 @@ fn is_zero(n: &u64) -> bool {
 /// allowlist does not name: told to the guest's client in the proxy's refusal, and kept in
 /// the exec result's `networkRefusals` (each surface may spell it for its own reader).
 pub fn allow_hint(host: &str) -> String {
+    let entry = AllowEntry::for_host(host);
     format!(
-        "the person running DynoCap can allow it with --allow-host {host} on `dynocap run` or \
-         `dynocap task start`, or by adding {host} to DYNOCAP_EGRESS_ALLOW (for sandboxes started \
-         over MCP, in the MCP server's environment)"
+        "the person running DynoCap can allow it with --allow-host {entry} on `dynocap run` or \
+         `dynocap task start`, or by adding {entry} to DYNOCAP_EGRESS_ALLOW (for sandboxes \
+         started over MCP, in the MCP server's environment){}",
+        entry.note()
     )
+}
+
+/// The allowlist entry that allows a refused host: the named registry it belongs to
+/// (`@pypi` for pypi.org, so that the registry's other hosts come with it), else the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowEntry<'a> {
+    host: &'a str,
+    registry: Option<(&'static str, &'static [&'static str])>,
+}
+
+impl<'a> AllowEntry<'a> {
+    pub fn for_host(host: &'a str) -> Self {
+        let registry = dynocap_netproxy::HostPattern::REGISTRIES
+            .iter()
+            .find(|(_, hosts)| hosts.contains(&host))
+            .copied();
+        Self { host, registry }
+    }
+
+    /// What a registry entry stands for, to follow the sentence naming it; empty for a host.
+    pub fn note(&self) -> String {
+        match self.registry {
+            Some((name, hosts)) => format!("; @{name} stands for {}", hosts.join(", ")),
+            None => String::new(),
+        }
+    }
+}
+
+impl std::fmt::Display for AllowEntry<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.registry {
+            Some((name, _)) => write!(f, "@{name}"),
+            None => f.write_str(self.host),
+        }
+    }
 }
 
 /// Terminal geometry `terminal: true` promises (docs/mcp.md).
@@ -482,6 +519,24 @@ impl Coded for ExecFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_allow_hint_names_the_registry_a_host_belongs_to() {
+        let hint = allow_hint("files.pythonhosted.org");
+        assert!(
+            hint.contains("--allow-host @pypi on `dynocap run`")
+                && hint.contains("adding @pypi to DYNOCAP_EGRESS_ALLOW")
+                && hint.ends_with("; @pypi stands for pypi.org, files.pythonhosted.org"),
+            "{hint}"
+        );
+        let hint = allow_hint("example.com");
+        assert!(
+            hint.contains("--allow-host example.com on")
+                && hint.contains("adding example.com to DYNOCAP_EGRESS_ALLOW")
+                && !hint.contains('@'),
+            "{hint}"
+        );
+    }
 
     #[test]
     fn terminal_interprets_carriage_return_and_colours() {

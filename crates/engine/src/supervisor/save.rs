@@ -163,38 +163,78 @@ fn leave_out_generated(
     facts: &TaskFacts<'_>,
     files: &ResultFiles,
 ) -> Result<(Vec<GeneratedGroup>, Option<String>)> {
-    let groups_of = |path: &Path| -> Option<Vec<GeneratedGroup>> {
-        let bytes = std::fs::read(path).ok()?;
-        Some(split_generated(&bytes, facts.tracks_beneath)?.groups)
-    };
     let patch_path = files.patch();
-    let split = {
-        let bytes = match std::fs::read(&patch_path) {
-            Ok(bytes) => bytes,
-            // The review says it cannot read the patch.
-            Err(_) => return Ok((Vec::new(), None)),
-        };
-        split_generated(&bytes, facts.tracks_beneath).map(|split| {
-            let kept = Split::join(&bytes, &split.kept);
-            let left_out = Split::join(&bytes, &split.generated);
-            (split.groups, kept, left_out)
-        })
-    };
     let generated_path = files.generated_patch();
-    match split {
-        Some((groups, _, _)) if facts.include_generated => Ok((groups, None)),
-        Some((groups, kept, left_out)) => {
-            write_durably(&generated_path, &left_out)?;
-            write_durably(&patch_path, &kept)?;
-            Ok((groups, Some(generated_path.display().to_string())))
+    let shown_path = || Some(generated_path.display().to_string());
+    // Unreadable or empty: nothing to leave out (the review says why it cannot read it).
+    let Some(map) = map_file(&patch_path) else {
+        return Ok((Vec::new(), None));
+    };
+    match split_generated(&map, facts.tracks_beneath) {
+        Some(split) if facts.include_generated => Ok((split.groups, None)),
+        Some(split) => {
+            write_ranges_durably(&generated_path, &map, &split.generated)?;
+            write_ranges_durably(&patch_path, &map, &split.kept)?;
+            Ok((split.groups, shown_path()))
         }
-        None => Ok(match groups_of(&generated_path) {
-            Some(groups) if !facts.include_generated => {
-                (groups, Some(generated_path.display().to_string()))
-            }
-            _ => (Vec::new(), None),
-        }),
+        None if facts.include_generated => Ok((Vec::new(), None)),
+        None => Ok(
+            match map_file(&generated_path)
+                .and_then(|left_out| split_generated(&left_out, facts.tracks_beneath))
+            {
+                Some(split) => (split.groups, shown_path()),
+                None => (Vec::new(), None),
+            },
+        ),
     }
+}
+
+/// A results file mapped, not read into memory (a patch has no size bound); `None` when it
+/// is missing, empty or unreadable.
+fn map_file(path: &Path) -> Option<memmap2::Mmap> {
+    let file = std::fs::File::open(path).ok()?;
+    if file.metadata().ok()?.len() == 0 {
+        return None;
+    }
+    // SAFETY: the file lives in the task's 0700 results directory, written and closed by this
+    // supervisor; nothing else writes it while it is mapped (replacing it renames a new file
+    // over the name, which leaves the mapped one as it was; another process of the same user
+    // truncating it would be the same trust domain, not the guest).
+    unsafe { memmap2::Mmap::map(&file) }.ok()
+}
+
+/// Writes the `ranges` of `bytes` to `path`, whole or not at all (a temporary beside it,
+/// synced, renamed over it), without gathering them in memory.
+fn write_ranges_durably(
+    path: &Path,
+    bytes: &[u8],
+    ranges: &[std::ops::Range<usize>],
+) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(".partial");
+    let partial = path.with_file_name(name);
+    let written = (|| -> std::io::Result<()> {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&partial)?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        for range in ranges {
+            out.write_all(&bytes[range.clone()])?;
+        }
+        out.into_inner()
+            .map_err(std::io::IntoInnerError::into_error)?
+            .sync_all()?;
+        dynocap_host::durable::publish(&partial, path)
+    })();
+    written.map_err(|err| {
+        let _ = std::fs::remove_file(&partial);
+        write_error(path, err)
+    })
 }
 
 /// Reads the saved `patch.diff` (the host parses it itself), verifies it against the host's
@@ -275,12 +315,17 @@ fn refused(why: &str) -> String {
 /// Writes `bytes` to `path` whole or not at all ([`dynocap_host::durable`]); a full disk is said as
 /// such, with what to do.
 pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
-    dynocap_host::durable::replace(path, bytes).map_err(|err| match err.raw_os_error() {
+    dynocap_host::durable::replace(path, bytes).map_err(|err| write_error(path, err))
+}
+
+/// A failure writing `path`: a full disk said as such, with what to do.
+fn write_error(path: &Path, err: std::io::Error) -> Error {
+    match err.raw_os_error() {
         Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
             out_of_space(path.parent().unwrap_or(Path::new("/")))
         }
         _ => disk_error("writing", path, err),
-    })
+    }
 }
 
 /// `what` is the verb: "creating", "writing", "saving".

@@ -52,6 +52,10 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "diskMB": ("integer", 2048, 64, 1048576, False),
         # Extension (docs/mcp.md): an ssh clone's key, under DYNOCAP_MCP_ALLOW_SSH_KEY.
         "sshKeyPath": ("string", None, None, None, False),
+        # Extensions (docs/mcp.md): the image, under DYNOCAP_MCP_IMAGES, and hosts added to
+        # a filtered allowlist, under DYNOCAP_MCP_EGRESS_ALLOW.
+        "image": ("string", None, None, None, False),
+        "allowHosts": ("array", None, None, None, False),
     },
     "dynocap_task_exec": {**EXEC_PARAMS, "cwd": ("string", "/workspace", None, None, False)},
     "dynocap_diff": {
@@ -77,6 +81,8 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "cpus": ("integer", 1, 1, 64, False),
         "memoryMB": ("integer", 1024, 64, 1048576, False),
         "diskMB": ("integer", 2048, 64, 1048576, False),
+        "image": ("string", None, None, None, False),
+        "allowHosts": ("array", None, None, None, False),
     },
     "dynocap_exec": {**EXEC_PARAMS, "cwd": ("string", "/", None, None, False)},
     "dynocap_ps": {},
@@ -185,9 +191,11 @@ async def test_schemas_follow_the_reference_and_are_clean(host: Host) -> None:
         assert tool.description and len(tool.description) > 60, name
     # Descriptions name the flags that refuse what an agent may ask for.
     for flag in ("DYNOCAP_MCP_ALLOW_FILTERED", "DYNOCAP_MCP_ALLOW_NAT", "DYNOCAP_MCP_ROOTS",
-                 "DYNOCAP_MCP_GIT_HOSTS", "DYNOCAP_MCP_ALLOW_SSH_KEY"):
+                 "DYNOCAP_MCP_GIT_HOSTS", "DYNOCAP_MCP_ALLOW_SSH_KEY", "DYNOCAP_MCP_IMAGES",
+                 "DYNOCAP_MCP_EGRESS_ALLOW"):
         assert flag in tools["dynocap_task_start"].description, flag
-    for flag in ("DYNOCAP_MCP_ALLOW_FILTERED", "DYNOCAP_MCP_ALLOW_NAT"):
+    for flag in ("DYNOCAP_MCP_ALLOW_FILTERED", "DYNOCAP_MCP_ALLOW_NAT", "DYNOCAP_MCP_IMAGES",
+                 "DYNOCAP_MCP_EGRESS_ALLOW"):
         assert flag in tools["dynocap_run"].description, flag
 
 

@@ -74,6 +74,10 @@ struct Variables {
     mcp_allow_nat: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_MCP_ALLOW_SSH_KEY")]
     mcp_allow_ssh_key: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MCP_IMAGES")]
+    mcp_images: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MCP_EGRESS_ALLOW")]
+    mcp_egress_allow: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_MCP_LOG")]
     mcp_log: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_LOG")]
@@ -104,6 +108,10 @@ pub struct McpSettings {
     pub allow_filtered: Option<String>,
     pub allow_nat: Option<String>,
     pub allow_ssh_key: Option<String>,
+    /// `DYNOCAP_MCP_IMAGES`: the images a caller may name (unset: those on the host).
+    pub images: Option<String>,
+    /// `DYNOCAP_MCP_EGRESS_ALLOW`: the hosts a caller's `allowHosts` may add.
+    pub egress_allow: Option<String>,
     /// `DYNOCAP_MCP_LOG`: `1` also logs to the home's `logs/mcp.log`.
     pub log: Option<String>,
 }
@@ -136,6 +144,8 @@ pub fn from_env() -> Result<Settings, Error> {
         allow_filtered: text(s.mcp_allow_filtered),
         allow_nat: text(s.mcp_allow_nat),
         allow_ssh_key: text(s.mcp_allow_ssh_key),
+        images: text(s.mcp_images),
+        egress_allow: text(s.mcp_egress_allow),
         log: text(s.mcp_log),
     };
     let engine = Config {

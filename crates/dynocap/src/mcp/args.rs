@@ -318,6 +318,20 @@ mod tests {
         .unwrap();
         assert!(a.string_map("env").unwrap_err().message.contains("env.A"));
         assert!(a.boolean("terminal").is_err());
+        for start in ["dynocap_run", "dynocap_task_start"] {
+            let start = tool(start);
+            let a = Args::new(
+                &start,
+                args(json!({"name": "a", "allowHosts": "pypi.org", "image": ["debian"]})),
+            )
+            .unwrap();
+            let err = a.string_list("allowHosts").unwrap_err();
+            assert!(err.message.contains("allowHosts must be a list"), "{err}");
+            assert!(a.string("image").unwrap_err().message.contains("image"));
+            let a = Args::new(&start, args(json!({"name": "a", "allowHosts": ["x", 1]}))).unwrap();
+            let err = a.string_list("allowHosts").unwrap_err();
+            assert!(err.message.contains("allowHosts[1]"), "{err}");
+        }
         let ls = tool("dynocap_ls");
         let err = Args::new(&ls, args(json!({"x": 1}))).err().unwrap();
         assert!(err.message.contains("takes no parameters"), "{err}");

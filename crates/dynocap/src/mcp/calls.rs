@@ -125,7 +125,7 @@ impl Tools {
             }
             "dynocap_run" => {
                 // Malformed input is invalid_argument before any host rule is applied.
-                let spec = RunSpec::raw(
+                let mut spec = RunSpec::raw(
                     &args.required_string("name")?,
                     args.string("network")?.as_deref(),
                     args.integer("ttlSeconds")?,
@@ -133,7 +133,9 @@ impl Tools {
                     args.integer("memoryMB")?,
                     args.integer("diskMB")?,
                 )?;
-                self.enforce(tool, self.policy.check_network(spec.network.as_str()))?;
+                let choice = self.image_and_hosts(&args, spec.network.as_str())?;
+                spec.image = choice.image;
+                spec.allow_hosts = choice.allow_hosts;
                 // The pool is refilled once the client has its answer (see `refills_pool`).
                 Output::json(&self.engine.run_leaving_pool(&spec).await?)
             }
@@ -228,7 +230,9 @@ impl Tools {
             args.integer("memoryMB")?,
             args.integer("diskMB")?,
         )?;
-        self.enforce(tool, self.policy.check_network(spec.network.as_str()))?;
+        let choice = self.image_and_hosts(args, spec.network.as_str())?;
+        spec.image = choice.image;
+        spec.allow_hosts = choice.allow_hosts;
         let mut project = None;
         if let Some(raw) = &project_path {
             // The engine imports through the very descriptor checked here, not a path.
@@ -242,6 +246,35 @@ impl Tools {
         Output::json(&self.engine.task_start_in(&spec, project, progress).await?)
     }
 
+    /// A start's `image` and `allowHosts` and its `network`, judged by the host policy:
+    /// malformed values first (`invalid_argument`), then the host's rules (`policy_denied`).
+    fn image_and_hosts(&self, args: &Args<'_>, network: &str) -> Result<Chosen, Error> {
+        let tool = args.tool();
+        let image = args.string("image")?;
+        if let Some(raw) = &image {
+            self.enforce(tool, Policy::check_image_shape(raw))?;
+        }
+        let hosts = args.string_list("allowHosts")?.unwrap_or_default();
+        let hosts = self.enforce(tool, self.policy.parse_allow_hosts(network, &hosts))?;
+        self.enforce(tool, self.policy.check_network(network))?;
+        let allow_hosts = self.enforce(tool, self.policy.check_allow_hosts(&hosts))?;
+        let image = match image {
+            Some(raw) => {
+                // What `dynocap image ls` lists now: an image built after the server started
+                // is offered too.
+                let on_host: Vec<String> = self
+                    .engine
+                    .image_ls()?
+                    .into_iter()
+                    .map(|image| image.name)
+                    .collect();
+                Some(self.enforce(tool, self.policy.check_image(&raw, &on_host))?)
+            }
+            None => None,
+        };
+        Ok(Chosen { image, allow_hosts })
+    }
+
     /// Passes an allowed value through; logs and converts a refusal.
     fn enforce<T>(&self, tool: &ToolDef, checked: Result<T, Refusal>) -> Result<T, Error> {
         checked.map_err(|refusal| self.refuse(tool, refusal))
@@ -252,6 +285,13 @@ impl Tools {
             .warn(format_args!("policy refused {}: {refusal}", tool.name));
         refusal.into_error()
     }
+}
+
+/// What the policy let a start have beyond its resources.
+struct Chosen {
+    /// `None`: the server's default image (`DYNOCAP_IMAGE`, else `host`).
+    image: Option<String>,
+    allow_hosts: Vec<String>,
 }
 
 /// An exec result as an MCP caller reads it: a refusal that adding its host to the

@@ -1,9 +1,11 @@
 //! The MCP server's host security policy: which host directories a task may import
 //! (`DYNOCAP_MCP_ROOTS` and the always-refused home set), which git URLs it may clone
-//! (`DYNOCAP_MCP_GIT_HOSTS`), and whether the caller may ask for `filtered`/`nat` networking
-//! or hand over an SSH key (`DYNOCAP_MCP_ALLOW_*`). The caller may be a prompt-injected
-//! model, so every decision is made here, from the host's configuration, before the engine
-//! is called. SDK-free: plain functions over paths and strings, unit-tested below.
+//! (`DYNOCAP_MCP_GIT_HOSTS`), whether the caller may ask for `filtered`/`nat` networking
+//! or hand over an SSH key (`DYNOCAP_MCP_ALLOW_*`), which images it may boot
+//! (`DYNOCAP_MCP_IMAGES`) and which hosts it may add to a `filtered` allowlist
+//! (`DYNOCAP_MCP_EGRESS_ALLOW`). The caller may be a prompt-injected model, so every decision
+//! is made here, from the host's configuration, before the engine is called. SDK-free: plain
+//! functions over paths and strings, unit-tested below.
 
 use std::fmt;
 use std::io::Read;
@@ -14,6 +16,7 @@ use std::path::{Component, Path, PathBuf};
 use dynocap_engine::git_url::{GitUrl, GitUrlErrorKind};
 use dynocap_engine::import::{ImportError, ProjectDir};
 use dynocap_engine::{Config, Error, ErrorCode};
+use dynocap_netproxy::HostPattern;
 
 use crate::config::McpSettings;
 
@@ -22,10 +25,21 @@ pub const ENV_GIT_HOSTS: &str = "DYNOCAP_MCP_GIT_HOSTS";
 pub const ENV_ALLOW_FILTERED: &str = "DYNOCAP_MCP_ALLOW_FILTERED";
 pub const ENV_ALLOW_NAT: &str = "DYNOCAP_MCP_ALLOW_NAT";
 pub const ENV_ALLOW_SSH_KEY: &str = "DYNOCAP_MCP_ALLOW_SSH_KEY";
+pub const ENV_IMAGES: &str = "DYNOCAP_MCP_IMAGES";
+pub const ENV_EGRESS_ALLOW: &str = "DYNOCAP_MCP_EGRESS_ALLOW";
 pub const DEFAULT_GIT_HOSTS: &str = "github.com,gitlab.com,bitbucket.org";
 
 /// SSH private keys are a few KiB; anything larger is not one.
 const SSH_KEY_MAX_BYTES: u64 = 64 * 1024;
+/// The image made from the host itself: always on the host (the engine's `DEFAULT_IMAGE`).
+const HOST_IMAGE: &str = dynocap_engine::image::DEFAULT_IMAGE;
+/// The `DYNOCAP_MCP_IMAGES` entry for every image built on this host.
+const BUILT_ENTRY: &str = "@built";
+/// Longest image name or reference a caller may give (a registry reference with a digest is
+/// well under it).
+const IMAGE_REF_MAX: usize = 255;
+/// Most `allowHosts` entries one call may give.
+const ALLOW_HOSTS_MAX: usize = 64;
 
 /// A refused request: the error code the caller gets, the rule that fired (logged), and a
 /// message that says what to change.
@@ -81,6 +95,8 @@ pub struct PolicyInputs {
     pub allow_filtered: Option<String>,
     pub allow_nat: Option<String>,
     pub allow_ssh_key: Option<String>,
+    pub images: Option<String>,
+    pub egress_allow: Option<String>,
     /// The server's working directory at start (the default root).
     pub cwd: Option<PathBuf>,
     /// `$HOME` and the passwd entry's home of the server's user.
@@ -145,7 +161,7 @@ pub fn password_database() -> Vec<Account> {
 }
 
 impl PolicyInputs {
-    /// The five settings (read in `config`), the working directory and the user's home
+    /// The seven settings (read in `config`), the working directory and the user's home
     /// directories.
     pub fn from_process(mcp: &McpSettings, config: &Config) -> Self {
         let mut homes = Vec::new();
@@ -166,6 +182,8 @@ impl PolicyInputs {
             allow_filtered: mcp.allow_filtered.clone(),
             allow_nat: mcp.allow_nat.clone(),
             allow_ssh_key: mcp.allow_ssh_key.clone(),
+            images: mcp.images.clone(),
+            egress_allow: mcp.egress_allow.clone(),
             cwd: std::env::current_dir().ok(),
             homes,
             accounts: password_database(),
@@ -180,6 +198,27 @@ pub enum Roots {
     None { reason: String },
 }
 
+/// One entry of `DYNOCAP_MCP_IMAGES`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageEntry {
+    /// An image by its name (`debian`, `host`, a built image's name) or a whole registry
+    /// reference (`registry.example/team/tool:1`).
+    Name(String),
+    /// `@built`: every image built on this host.
+    Built,
+    /// A registry prefix ending in `/` (`registry.example/team/`): the references under it.
+    Prefix(String),
+}
+
+impl fmt::Display for ImageEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Name(name) | Self::Prefix(name) => f.write_str(name),
+            Self::Built => f.write_str(BUILT_ENTRY),
+        }
+    }
+}
+
 /// The host policy, fixed when the server starts.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -190,6 +229,11 @@ pub struct Policy {
     allow_filtered: bool,
     allow_nat: bool,
     allow_ssh_key: bool,
+    /// `None`: unset, the images on the host are offered.
+    images: Option<Vec<ImageEntry>>,
+    /// The hosts `allowHosts` may add: each entry as written (for messages) and the
+    /// patterns it stands for (a named registry expanded).
+    egress_allow: Vec<(String, Vec<HostPattern>)>,
 }
 
 impl Policy {
@@ -233,6 +277,11 @@ impl Policy {
             allow_filtered: flag(ENV_ALLOW_FILTERED, &inputs.allow_filtered, warn),
             allow_nat: flag(ENV_ALLOW_NAT, &inputs.allow_nat, warn),
             allow_ssh_key: flag(ENV_ALLOW_SSH_KEY, &inputs.allow_ssh_key, warn),
+            images: inputs
+                .images
+                .as_deref()
+                .map(|value| build_images(value, warn)),
+            egress_allow: build_egress_allow(inputs.egress_allow.as_deref(), warn),
         }
     }
 
@@ -256,13 +305,32 @@ impl Policy {
                 .join(":"),
             Roots::None { .. } => "(none: every projectPath is refused)".to_owned(),
         };
+        let images = match &self.images {
+            None => "(unset: the images on this host)".to_owned(),
+            Some(entries) if entries.is_empty() => "(none: the server's default only)".to_owned(),
+            Some(entries) => join(entries),
+        };
         format!(
-            "roots={roots} git_hosts={} allow_filtered={} allow_nat={} allow_ssh_key={}",
+            "roots={roots} git_hosts={} allow_filtered={} allow_nat={} allow_ssh_key={} \
+             images={images} egress_allow={}",
             self.git_hosts.join(","),
             u8::from(self.allow_filtered),
             u8::from(self.allow_nat),
-            u8::from(self.allow_ssh_key)
+            u8::from(self.allow_ssh_key),
+            self.egress_allow_shown(),
         )
+    }
+
+    /// `DYNOCAP_MCP_EGRESS_ALLOW` as the policy kept it, for messages and the log.
+    fn egress_allow_shown(&self) -> String {
+        if self.egress_allow.is_empty() {
+            return "(none)".to_owned();
+        }
+        self.egress_allow
+            .iter()
+            .map(|(entry, _)| entry.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Checks a `projectPath` and returns the directory, opened: the path is resolved once,
@@ -419,6 +487,182 @@ impl Policy {
         ))
     }
 
+    /// Refuses an `image` that cannot name an image (`invalid_argument`), before any rule.
+    pub fn check_image_shape(raw: &str) -> Result<(), Refusal> {
+        image_ref_shape(raw).map_err(|why| {
+            Refusal::invalid(
+                "image.shape",
+                format!(
+                    "image {raw:?} is not an image name or reference: {why}; give a name such \
+                     as debian or host (dynocap image ls on the host lists them)"
+                ),
+            )
+        })
+    }
+
+    /// Checks an `image` the caller named, given the names of the images built (or otherwise
+    /// present) on this host (`dynocap image ls`; `host` is always there). Returns the name
+    /// the engine resolves. Unset `DYNOCAP_MCP_IMAGES` offers exactly the images on the host;
+    /// set, an image must match one of its entries. A registry reference that is allowed but
+    /// not on the host is refused (`not_found`): images are not pulled yet.
+    pub fn check_image(&self, raw: &str, on_host: &[String]) -> Result<String, Refusal> {
+        Self::check_image_shape(raw)?;
+        let present = raw == HOST_IMAGE || on_host.iter().any(|name| name == raw);
+        let shown_on_host = || {
+            let mut names = vec![HOST_IMAGE.to_owned()];
+            names.extend(on_host.iter().filter(|n| *n != HOST_IMAGE).cloned());
+            names.join(", ")
+        };
+        let Some(entries) = &self.images else {
+            if present {
+                return Ok(raw.to_owned());
+            }
+            return Err(Refusal::denied(
+                "image.not-on-host",
+                format!(
+                    "image {raw:?} is refused: {ENV_IMAGES} is not set, so this server offers \
+                     only the images already on this host ({}). Use one of them, or ask the \
+                     user to build the image on the host (dynocap image build) or to set \
+                     {ENV_IMAGES} and restart the MCP server",
+                    shown_on_host()
+                ),
+            ));
+        };
+        let matched = entries.iter().find(|entry| match entry {
+            ImageEntry::Name(name) => name == raw,
+            // The host image is made from the host itself, not built.
+            ImageEntry::Built => raw != HOST_IMAGE && present,
+            ImageEntry::Prefix(prefix) => raw.starts_with(prefix.as_str()),
+        });
+        let Some(entry) = matched else {
+            return Err(Refusal::denied(
+                "image.not-allowed",
+                if entries.is_empty() {
+                    format!(
+                        "image {raw:?} is refused: {ENV_IMAGES} is empty, so the caller may not \
+                         choose an image. Leave image out to get the server's default, or ask \
+                         the user to add {raw} to {ENV_IMAGES} and restart the MCP server"
+                    )
+                } else {
+                    format!(
+                        "image {raw:?} is refused: it is not among the images this server \
+                         offers ({ENV_IMAGES}={}). Use one of those, or ask the user to add it \
+                         to {ENV_IMAGES} and restart the MCP server",
+                        join(entries)
+                    )
+                },
+            ));
+        };
+        // A registry reference the host has not got would have to be pulled.
+        if !present && is_registry_reference(raw) {
+            return Err(Refusal {
+                code: ErrorCode::NotFound,
+                rule: "image.pull",
+                message: format!(
+                    "image {raw:?} is allowed by {ENV_IMAGES} ({entry}) but is not on this \
+                     host, and pulling images is not available yet; `dynocap image ls` on the \
+                     host lists the images there ({})",
+                    shown_on_host()
+                ),
+            });
+        }
+        Ok(raw.to_owned())
+    }
+
+    /// Parses an `allowHosts` list: each entry a host pattern or a named registry, as in
+    /// `DYNOCAP_EGRESS_ALLOW`; only a `filtered` sandbox takes any. Returns the patterns
+    /// each entry stands for, in order (malformed input: `invalid_argument`).
+    pub fn parse_allow_hosts(
+        &self,
+        network: &str,
+        hosts: &[String],
+    ) -> Result<Vec<(String, Vec<HostPattern>)>, Refusal> {
+        if hosts.is_empty() {
+            return Ok(Vec::new());
+        }
+        if network != "filtered" {
+            return Err(Refusal::invalid(
+                "allow-hosts.network",
+                format!(
+                    "allowHosts only applies to network \"filtered\", not \"{network}\"; \
+                     pass network \"filtered\" or leave allowHosts out"
+                ),
+            ));
+        }
+        if hosts.len() > ALLOW_HOSTS_MAX {
+            return Err(Refusal::invalid(
+                "allow-hosts.count",
+                format!(
+                    "allowHosts has {} entries; give at most {ALLOW_HOSTS_MAX}",
+                    hosts.len()
+                ),
+            ));
+        }
+        hosts
+            .iter()
+            .map(|entry| {
+                HostPattern::parse_entry(entry)
+                    .map(|patterns| (entry.trim().to_owned(), patterns))
+                    .map_err(|err| {
+                        Refusal::invalid("allow-hosts.entry", format!("allowHosts: {err}"))
+                    })
+            })
+            .collect()
+    }
+
+    /// Checks parsed `allowHosts` entries against `DYNOCAP_MCP_EGRESS_ALLOW`: every host an
+    /// entry stands for must be covered by the host's list (a wildcard there covers the names
+    /// and wildcards below it). Returns the hosts to add, canonical and without repeats.
+    pub fn check_allow_hosts(
+        &self,
+        entries: &[(String, Vec<HostPattern>)],
+    ) -> Result<Vec<String>, Refusal> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.egress_allow.is_empty() {
+            return Err(Refusal::denied(
+                "allow-hosts.none",
+                format!(
+                    "allowHosts is refused: the host did not set {ENV_EGRESS_ALLOW} when \
+                     starting the MCP server, so the caller may add no hosts. Leave allowHosts \
+                     out, or ask the user to add the hosts to {ENV_EGRESS_ALLOW}"
+                ),
+            ));
+        }
+        let mut added: Vec<String> = Vec::new();
+        for (entry, patterns) in entries {
+            for pattern in patterns {
+                let covered = self
+                    .egress_allow
+                    .iter()
+                    .flat_map(|(_, allowed)| allowed)
+                    .any(|allowed| covers(allowed, pattern));
+                if !covered {
+                    let which = if entry == &pattern.to_string() {
+                        String::new()
+                    } else {
+                        format!(" (its host {pattern})")
+                    };
+                    return Err(Refusal::denied(
+                        "allow-hosts.outside",
+                        format!(
+                            "allowHosts entry {entry:?}{which} is refused: it is not within \
+                             {ENV_EGRESS_ALLOW} ({}). Leave it out, or ask the user to add it \
+                             to {ENV_EGRESS_ALLOW}",
+                            self.egress_allow_shown()
+                        ),
+                    ));
+                }
+                let text = pattern.to_string();
+                if !added.contains(&text) {
+                    added.push(text);
+                }
+            }
+        }
+        Ok(added)
+    }
+
     /// Checks an `sshKeyPath`: allowed by the host flag, a regular file (not a symlink) that
     /// parses as an SSH private key. Its content is never echoed.
     pub fn check_ssh_key(&self, raw: &str) -> Result<PathBuf, Refusal> {
@@ -505,6 +749,115 @@ fn io_reason(err: &std::io::Error) -> String {
         std::io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
         _ => err.to_string(),
     }
+}
+
+/// Entries joined with commas, for messages and the log.
+fn join<T: fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Whether `allowed` (a host-list pattern) covers every name `wanted` matches: an exact name
+/// covers itself; `*.s` covers the names below `s` and wildcards `*.t` with `t` equal to or
+/// below `s`.
+fn covers(allowed: &HostPattern, wanted: &HostPattern) -> bool {
+    let shown = wanted.to_string();
+    match shown.strip_prefix("*.") {
+        Some(suffix) if wanted.is_wildcard() => {
+            allowed.is_wildcard() && (allowed == wanted || allowed.matches(suffix))
+        }
+        _ => allowed.matches(&shown),
+    }
+}
+
+/// Why `raw` cannot name an image, or `Ok`: names and registry references
+/// (`registry.example/team/tool:1`, `...@sha256:...`) are ASCII letters, digits and
+/// `._-/:@`, with no empty, `.` or `..` path segment, so that a prefix match is a match of
+/// whole segments below the prefix.
+fn image_ref_shape(raw: &str) -> Result<(), &'static str> {
+    if raw.is_empty() {
+        return Err("it is empty");
+    }
+    if raw.len() > IMAGE_REF_MAX {
+        return Err("it is longer than 255 characters");
+    }
+    if !raw
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-/:@".contains(&b))
+    {
+        return Err("only letters, digits and . _ - / : @ are allowed");
+    }
+    if raw.starts_with(['-', '.', ':', '@']) {
+        return Err("it must start with a letter or digit");
+    }
+    if raw
+        .split('/')
+        .any(|segment| segment.is_empty() || segment == "." || segment == "..")
+    {
+        return Err("a path segment is empty, . or ..");
+    }
+    Ok(())
+}
+
+/// Whether `name` is a registry reference (it names a repository on a registry) rather than
+/// the name of an image built here.
+fn is_registry_reference(name: &str) -> bool {
+    name.contains('/')
+}
+
+fn build_images(value: &str, warn: &mut dyn FnMut(String)) -> Vec<ImageEntry> {
+    let mut entries = Vec::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let parsed = if entry.eq_ignore_ascii_case(BUILT_ENTRY) {
+            Ok(ImageEntry::Built)
+        } else if entry.starts_with('@') {
+            Err("the only @ entry is @built (every image built on this host)")
+        } else if let Some(registry) = entry.strip_suffix('/') {
+            image_ref_shape(registry).map(|()| ImageEntry::Prefix(entry.to_owned()))
+        } else {
+            image_ref_shape(entry).map(|()| ImageEntry::Name(entry.to_owned()))
+        };
+        match parsed {
+            Ok(parsed) => {
+                if !entries.contains(&parsed) {
+                    entries.push(parsed);
+                }
+            }
+            Err(why) => warn(format!(
+                "{ENV_IMAGES}: ignoring {entry:?}: {why}; write image names (debian, host), \
+                 @built or registry prefixes ending in / (registry.example/team/)"
+            )),
+        }
+    }
+    entries
+}
+
+fn build_egress_allow(
+    value: Option<&str>,
+    warn: &mut dyn FnMut(String),
+) -> Vec<(String, Vec<HostPattern>)> {
+    let mut entries: Vec<(String, Vec<HostPattern>)> = Vec::new();
+    for entry in value
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        // The engine's own parser of allowlist entries: `@pypi` stands here for the very
+        // hosts it adds to a sandbox's allowlist.
+        match HostPattern::parse_entry(entry) {
+            Ok(patterns) => {
+                if !entries.iter().any(|(known, _)| known == entry) {
+                    entries.push((entry.to_owned(), patterns));
+                }
+            }
+            Err(why) => warn(format!("{ENV_EGRESS_ALLOW}: ignoring {entry:?}: {why}")),
+        }
+    }
+    entries
 }
 
 fn build_roots(inputs: &PolicyInputs, homes: &Homes, warn: &mut dyn FnMut(String)) -> Roots {
@@ -1193,5 +1546,275 @@ mod tests {
             open.check_ssh_key("id").unwrap_err().code,
             ErrorCode::InvalidArgument
         );
+    }
+
+    fn images_policy(value: Option<&str>) -> (Policy, Vec<String>) {
+        policy_with(PolicyInputs {
+            images: value.map(str::to_owned),
+            ..PolicyInputs::default()
+        })
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn images_default_to_those_on_the_host() {
+        let (policy, _) = images_policy(None);
+        let on_host = names(&["debian", "tools"]);
+        for name in ["host", "debian", "tools"] {
+            assert_eq!(policy.check_image(name, &on_host).unwrap(), name);
+        }
+        // `host` is always there, whatever the store lists.
+        assert_eq!(policy.check_image("host", &[]).unwrap(), "host");
+        for refused in ["debian", "registry.example/team/tool:1"] {
+            let err = policy.check_image(refused, &[]).unwrap_err();
+            assert_eq!(
+                (err.code, err.rule),
+                (ErrorCode::PolicyDenied, "image.not-on-host"),
+                "{refused}"
+            );
+            assert!(err.message.contains(ENV_IMAGES), "{err}");
+            assert!(err.message.contains("(host)"), "{err}");
+        }
+        let err = policy.check_image("alpine", &on_host).unwrap_err();
+        assert!(err.message.contains("host, debian, tools"), "{err}");
+        assert!(
+            policy.summary().contains("images=(unset"),
+            "{}",
+            policy.summary()
+        );
+    }
+
+    #[test]
+    fn the_images_variable_names_built_and_prefixes() {
+        let (policy, warnings) = images_policy(Some(
+            " debian , @BUILT, registry.example/team/ ,,tool.example/x:1",
+        ));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let on_host = names(&["tools", "registry.example/team/app:2"]);
+        // A listed name passes whether or not it is built (the engine says how to build it).
+        assert_eq!(policy.check_image("debian", &[]).unwrap(), "debian");
+        // @built: whatever the store lists, but not the host image.
+        assert_eq!(policy.check_image("tools", &on_host).unwrap(), "tools");
+        let err = policy.check_image("host", &on_host).unwrap_err();
+        assert_eq!(err.rule, "image.not-allowed", "{err}");
+        assert!(
+            err.message.contains(
+                "DYNOCAP_MCP_IMAGES=debian,@built,registry.example/team/,tool.example/x:1"
+            ),
+            "{err}"
+        );
+        // A reference under a prefix: used when on the host, else it would need a pull.
+        assert!(policy
+            .check_image("registry.example/team/app:2", &on_host)
+            .is_ok());
+        for wanted in [
+            "registry.example/team/app:3",
+            "registry.example/team/sub/app@sha256:00ff",
+            "tool.example/x:1",
+        ] {
+            let err = policy.check_image(wanted, &on_host).unwrap_err();
+            assert_eq!(
+                (err.code, err.rule),
+                (ErrorCode::NotFound, "image.pull"),
+                "{wanted}"
+            );
+            assert!(
+                err.message.contains("pulling images is not available yet"),
+                "{err}"
+            );
+            assert!(err.message.contains("dynocap image ls"), "{err}");
+        }
+        // Not under the prefix: a sibling repository, another registry, a look-alike.
+        for outside in [
+            "registry.example/teamx/app:1",
+            "registry.example/app:1",
+            "registry.example.evil/team/app:1",
+            "tool.example/x:2",
+            "alpine",
+        ] {
+            let err = policy.check_image(outside, &on_host).unwrap_err();
+            assert_eq!(
+                (err.code, err.rule),
+                (ErrorCode::PolicyDenied, "image.not-allowed"),
+                "{outside}"
+            );
+        }
+        let summary = policy.summary();
+        assert!(
+            summary.contains("images=debian,@built,registry.example/team/,tool.example/x:1"),
+            "{summary}"
+        );
+    }
+
+    #[test]
+    fn malformed_images_are_invalid_and_bad_entries_ignored() {
+        let (policy, warnings) = images_policy(Some(
+            "@all,registry.example/../x/,a b,registry.example//,ok/",
+        ));
+        assert_eq!(warnings.len(), 4, "{warnings:?}");
+        for warning in &warnings {
+            assert!(warning.starts_with(ENV_IMAGES), "{warning}");
+        }
+        assert!(policy.check_image("ok/app", &[]).unwrap_err().rule == "image.pull");
+        for bad in [
+            "",
+            "-x",
+            ".hidden",
+            "registry.example/team/../../other/app",
+            "registry.example/team/./app",
+            "registry.example/team//app",
+            "registry.example/team/",
+            "a b",
+            "deb\u{ed}an",
+            "x\n",
+            &"a".repeat(256),
+        ] {
+            let err = policy.check_image(bad, &[]).unwrap_err();
+            assert_eq!(
+                (err.code, err.rule),
+                (ErrorCode::InvalidArgument, "image.shape"),
+                "{bad:?}"
+            );
+        }
+        // Set but empty: the caller may not choose; the default still applies.
+        let (empty, _) = images_policy(Some(""));
+        let err = empty.check_image("host", &[]).unwrap_err();
+        assert_eq!(err.rule, "image.not-allowed");
+        assert!(err.message.contains("is empty"), "{err}");
+        assert!(
+            empty.summary().contains("images=(none"),
+            "{}",
+            empty.summary()
+        );
+    }
+
+    fn hosts_policy(value: Option<&str>) -> (Policy, Vec<String>) {
+        policy_with(PolicyInputs {
+            egress_allow: value.map(str::to_owned),
+            ..PolicyInputs::default()
+        })
+    }
+
+    fn allow(policy: &Policy, network: &str, hosts: &[&str]) -> Result<Vec<String>, Refusal> {
+        let parsed = policy.parse_allow_hosts(network, &names(hosts))?;
+        policy.check_allow_hosts(&parsed)
+    }
+
+    #[test]
+    fn allow_hosts_need_the_hosts_variable() {
+        let (policy, _) = hosts_policy(None);
+        assert_eq!(
+            allow(&policy, "filtered", &[]).unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(allow(&policy, "none", &[]).unwrap(), Vec::<String>::new());
+        let err = allow(&policy, "filtered", &["example.com"]).unwrap_err();
+        assert_eq!(
+            (err.code, err.rule),
+            (ErrorCode::PolicyDenied, "allow-hosts.none")
+        );
+        assert!(err.message.contains(ENV_EGRESS_ALLOW), "{err}");
+        assert!(policy.summary().contains("egress_allow=(none)"));
+    }
+
+    #[test]
+    fn allow_hosts_lie_within_the_hosts_variable() {
+        let (policy, warnings) = hosts_policy(Some(
+            "api.example.com, *.cdn.example, @pypi, Bücher.example",
+        ));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            allow(
+                &policy,
+                "filtered",
+                &[
+                    "API.example.com.",
+                    "a.cdn.example",
+                    "*.cdn.example",
+                    "*.img.cdn.example",
+                    "@PyPI",
+                    "files.pythonhosted.org",
+                    "xn--bcher-kva.example",
+                ]
+            )
+            .unwrap(),
+            names(&[
+                "api.example.com",
+                "a.cdn.example",
+                "*.cdn.example",
+                "*.img.cdn.example",
+                "pypi.org",
+                "files.pythonhosted.org",
+                "xn--bcher-kva.example",
+            ])
+        );
+        for outside in [
+            "example.com",
+            "*.example.com",
+            "cdn.example",
+            "evil-cdn.example",
+            "api.example.com.evil",
+            "@npm",
+        ] {
+            let err = allow(&policy, "filtered", &[outside]).unwrap_err();
+            assert_eq!(
+                (err.code, err.rule),
+                (ErrorCode::PolicyDenied, "allow-hosts.outside"),
+                "{outside}"
+            );
+            assert!(
+                err.message.contains(
+                    "not within DYNOCAP_MCP_EGRESS_ALLOW \
+                     (api.example.com,*.cdn.example,@pypi,Bücher.example)"
+                ),
+                "{err}"
+            );
+        }
+        // A registry is covered only when every host it stands for is.
+        let (partial, _) = hosts_policy(Some("pypi.org"));
+        let err = allow(&partial, "filtered", &["@pypi"]).unwrap_err();
+        assert!(err.message.contains("files.pythonhosted.org"), "{err}");
+        let (wild, _) = hosts_policy(Some("*.pythonhosted.org,pypi.org"));
+        assert_eq!(
+            allow(&wild, "filtered", &["@pypi"]).unwrap(),
+            names(&["pypi.org", "files.pythonhosted.org"])
+        );
+    }
+
+    #[test]
+    fn allow_hosts_malformed_or_without_filtered_are_invalid() {
+        let (policy, warnings) = hosts_policy(Some("example.com,@nope,10.0.0.1,*.com"));
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert!(policy.summary().ends_with(" egress_allow=example.com"));
+        for network in ["none", "nat"] {
+            let err = allow(&policy, network, &["example.com"]).unwrap_err();
+            assert_eq!(
+                (err.code, err.rule),
+                (ErrorCode::InvalidArgument, "allow-hosts.network"),
+                "{network}"
+            );
+            assert!(err.message.contains("\"filtered\""), "{err}");
+        }
+        for bad in [
+            "",
+            "@nope",
+            "10.0.0.1",
+            "https://example.com/",
+            "*.com",
+            "a*.example.com",
+        ] {
+            let err = allow(&policy, "filtered", &[bad]).unwrap_err();
+            assert_eq!(
+                (err.code, err.rule),
+                (ErrorCode::InvalidArgument, "allow-hosts.entry"),
+                "{bad:?}"
+            );
+        }
+        let many: Vec<String> = (0..65).map(|i| format!("h{i}.example.com")).collect();
+        let err = policy.parse_allow_hosts("filtered", &many).unwrap_err();
+        assert_eq!(err.rule, "allow-hosts.count");
     }
 }

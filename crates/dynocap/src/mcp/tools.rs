@@ -218,6 +218,33 @@ fn disk() -> Param {
     }
 }
 
+/// `image` of the start tools, within the host's `DYNOCAP_MCP_IMAGES`.
+fn image() -> Param {
+    optional_string(
+        "image",
+        "The image to boot: host (the host's own system directories, read-only), a built \
+         image such as debian, or another image on the host. Default: the server's \
+         DYNOCAP_IMAGE, else host. Only images the host offers: DYNOCAP_MCP_IMAGES (names, \
+         @built, registry prefixes), by default the images already on the host; another is \
+         refused with policy_denied. Images are not pulled from registries yet.",
+    )
+}
+
+/// `allowHosts` of the start tools, within the host's `DYNOCAP_MCP_EGRESS_ALLOW`.
+fn allow_hosts() -> Param {
+    Param {
+        name: "allowHosts",
+        kind: Kind::StringList,
+        required: false,
+        description: "Hosts a \"filtered\" sandbox may also reach over HTTPS: names \
+                      (example.com), wildcards (*.example.com) or named registries (@npm, \
+                      @pypi, @crates, @go, @debian, @rubygems, @maven). Each must lie within \
+                      the host's DYNOCAP_MCP_EGRESS_ALLOW (default empty: none may be added), \
+                      else policy_denied; only with network \"filtered\". The result's \
+                      egressAllowlist shows them.",
+    }
+}
+
 fn required_string(name: &'static str, description: &'static str) -> Param {
     Param {
         name,
@@ -381,7 +408,8 @@ in them (~/.ssh, ~/.aws, ...), and other users' homes, are always refused. repos
 or user@HOST:path with HOST in DYNOCAP_MCP_GIT_HOSTS (default github.com, gitlab.com, \
 bitbucket.org). network \"filtered\" and \"nat\" are refused unless the host set \
 DYNOCAP_MCP_ALLOW_FILTERED=1 or DYNOCAP_MCP_ALLOW_NAT=1; sshKeyPath unless \
-DYNOCAP_MCP_ALLOW_SSH_KEY=1. A refusal is an error starting with policy_denied that names the \
+DYNOCAP_MCP_ALLOW_SSH_KEY=1; image outside DYNOCAP_MCP_IMAGES (default: the images on the host); \
+allowHosts outside DYNOCAP_MCP_EGRESS_ALLOW (default: none). A refusal is an error starting with policy_denied that names the \
 rule; ask the user instead of retrying with another spelling.\n\
 Sends progress notifications (import, boot) when the request carries a progress token; \
 cancelling the request stops the start and leaves nothing behind.",
@@ -447,6 +475,8 @@ cancelling the request stops the start and leaves nothing behind.",
                  DYNOCAP_MCP_ALLOW_SSH_KEY=1; must be a regular file (not a symlink) \
                  holding an OpenSSH or PEM private key. Its content is never shown.",
             ),
+            image(),
+            allow_hosts(),
         ],
         output_schema: task_schema(),
         hints: HINTS_CREATE,
@@ -607,7 +637,8 @@ it with dynocap_exec; destroy it with dynocap_destroy, or it is destroyed when t
 runs out. Defaults: network \"none\", ttlSeconds 1800, cpus 1, memoryMB 1024, diskMB 2048. \
 network \
 \"filtered\"/\"nat\" are refused unless the host set DYNOCAP_MCP_ALLOW_FILTERED=1 / \
-DYNOCAP_MCP_ALLOW_NAT=1.\n\
+DYNOCAP_MCP_ALLOW_NAT=1; image must be one DYNOCAP_MCP_IMAGES offers (default: the images on \
+the host) and allowHosts lie within DYNOCAP_MCP_EGRESS_ALLOW (default: none).\n\
 Host ceilings: the host may cap cpus, memoryMB per sandbox (what all sandboxes use together \
 is bounded by the kernel, so limits may add up past it), ttlSeconds and the number of live \
 sandboxes and tasks (DYNOCAP_MAX_CPUS, DYNOCAP_MAX_MEMORY_MB, DYNOCAP_MAX_DISK_MB, \
@@ -644,6 +675,8 @@ space cannot back is refused with policy_denied, naming what is free.",
                  no swap.",
             ),
             disk(),
+            image(),
+            allow_hosts(),
         ],
         output_schema: sandbox_schema(),
         hints: HINTS_CREATE,

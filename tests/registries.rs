@@ -136,6 +136,14 @@ fn egress_allow_takes_registry_names_and_unknown_ones_are_refused() {
         message.contains("\"@pip\": there is no registry named @pip") && message.contains(KNOWN),
         "{message}"
     );
+    // The flag's help names them.
+    for command in [&["run", "--help"][..], &["task", "start", "--help"]] {
+        let help = String::from_utf8(home.run(command).stdout).expect("utf8");
+        assert!(
+            help.contains("@npm, @pypi, @crates, @go, @debian, @rubygems, @maven"),
+            "{help}"
+        );
+    }
     // Nothing was made for either.
     let listed = home.json(&["ls"]);
     assert!(

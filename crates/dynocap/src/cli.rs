@@ -166,7 +166,8 @@ pub struct TaskStartArgs {
     /// --allow-host), or nat (unrestricted outbound).
     #[arg(long, value_name = "MODE")]
     pub network: Option<String>,
-    /// A host a filtered task may also reach over HTTPS (repeatable; `*.example.com` allowed).
+    /// A host a filtered task may also reach over HTTPS (repeatable; `*.example.com` allowed,
+    /// and named registries: @npm, @pypi, @crates, @go, @debian, @rubygems, @maven).
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
     /// The image to boot: host (the host's own /usr, read-only; the default unless
@@ -230,7 +231,8 @@ pub struct RunArgs {
     /// proxy to the npm registry, DYNOCAP_EGRESS_ALLOW and --allow-host) or nat.
     #[arg(long, value_name = "MODE")]
     pub network: Option<String>,
-    /// A host a filtered sandbox may also reach over HTTPS (repeatable; `*.example.com`).
+    /// A host a filtered sandbox may also reach over HTTPS (repeatable; `*.example.com`, and
+    /// named registries: @npm, @pypi, @crates, @go, @debian, @rubygems, @maven).
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
     /// The image to boot: host (the host's own /usr, read-only; the default unless

@@ -4,7 +4,7 @@
 //! groups; `task finish` leaves them out of the verified patch (kept in `generated.diff`) and
 //! says so, or keeps them with `--include-generated`; `task apply` commits what the patch
 //! holds. A `target/` the project tracks files in is the project's own: a new file there is
-//! an edit like any other.
+//! an edit like any other, and what the project ignores stays out as before.
 
 use std::path::Path;
 
@@ -21,10 +21,12 @@ const AGENT_SCRIPT: &str = "set -e
     head -c 20000 /dev/urandom > pkg/__pycache__/cli.cpython-311.pyc
     printf '\\000\\001pyc' > pkg/__pycache__/helpers.cpython-311.pyc
     printf 'module.exports = 1;\\n' > node_modules/left-pad/index.js
+    mkdir -p web/node_modules/dep && printf 'ignored\\n' > web/node_modules/dep/index.js
     printf 'new\\n' > target/bar
     printf 'changed\\n' > target/foo";
 
-/// A committed project with no `.gitignore`, tracking a file in `target/`.
+/// A committed project with no `.gitignore` at its root (one in `web/` ignores its
+/// `node_modules/`), tracking a file in `target/`.
 fn project(dir: &Path) {
     git(dir, &["init", "-q", "-b", "main"]);
     write(&dir.join("pkg/__init__.py"), "");
@@ -34,6 +36,8 @@ fn project(dir: &Path) {
         "from pkg.cli import main\n\ndef test_main():\n    assert main() == 1\n",
     );
     write(&dir.join("target/foo"), "tracked\n");
+    write(&dir.join("web/.gitignore"), "node_modules/\n");
+    write(&dir.join("web/app.js"), "app();\n");
     git(dir, &["add", "-A"]);
     git(dir, &["commit", "-q", "-m", "base"]);
 }
@@ -103,6 +107,7 @@ fn generated_files_are_summarised_left_out_and_kept_when_asked() {
         );
     }
     assert!(!patch.contains("__pycache__"), "{patch}");
+    // Ignored files stay ignored: neither patched nor counted as generated.
     assert!(!patch.contains("node_modules"), "{patch}");
     assert!(!patch.contains("GIT binary patch"), "{patch}");
     let shown = String::from_utf8(home.run(&["task", "diff", "py"]).stdout).unwrap();

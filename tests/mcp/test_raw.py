@@ -109,6 +109,9 @@ async def test_output_keeps_head_and_tail_and_can_be_bytes(host: Host) -> None:
         assert log["stdout"].startswith("1\n2\n3\n") and log["stdout"].endswith("\n199999\n200000\n")
         assert re.search(r"\[… [0-9,]+ bytes omitted …\]", log["stdout"]), log["stdout"][8000:8300]
         assert 32 * 1024 <= len(log["stdout"].encode()) < 32 * 1024 + 100
+        # The tail starts at a whole line, not inside one.
+        first, second = log["stdout"].split("omitted …]\n", 1)[1].split("\n")[:2]
+        assert int(first) + 1 == int(second), (first, second)
         assert "error: the real failure" in log["stderr"] and log["stderr"].endswith("\n50000\n")
         # maxOutputBytes asks for more, within its range.
         more = ok(await s.call_tool("dynocap_exec", {

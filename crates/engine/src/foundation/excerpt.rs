@@ -1,7 +1,8 @@
 //! Bounded excerpts of command output: the head and the tail, with a marker saying how much
 //! was dropped between them. A build log's first lines say what ran and its last lines say
 //! why it failed, so both ends are worth more to a reader (and to a model) than the first
-//! megabyte alone.
+//! megabyte alone. The tail starts at a line: the partial line the cut left at its start is
+//! dropped with the rest (counted as omitted) unless the tail has no other line end.
 
 use std::collections::VecDeque;
 
@@ -16,6 +17,9 @@ pub struct Excerpt {
     head_cap: usize,
     tail_cap: usize,
     omitted: u64,
+    /// The last byte dropped from the tail's front was a line end (or none was dropped): the
+    /// tail starts at a line.
+    tail_at_line: bool,
 }
 
 impl Excerpt {
@@ -27,6 +31,7 @@ impl Excerpt {
             head_cap,
             tail_cap: max - head_cap,
             omitted: 0,
+            tail_at_line: true,
         }
     }
 
@@ -35,7 +40,15 @@ impl Excerpt {
         let (to_head, rest) = data.split_at(room.min(data.len()));
         self.head.extend_from_slice(to_head);
         if rest.len() >= self.tail_cap {
-            self.omitted += (self.tail.len() + rest.len() - self.tail_cap) as u64;
+            let dropped = self.tail.len() + rest.len() - self.tail_cap;
+            if dropped > 0 {
+                let last = match rest.len() - self.tail_cap {
+                    0 => self.tail.back().copied(),
+                    kept_from => Some(rest[kept_from - 1]),
+                };
+                self.tail_at_line = last == Some(b'\n');
+            }
+            self.omitted += dropped as u64;
             self.tail.clear();
             self.tail.extend(&rest[rest.len() - self.tail_cap..]);
             return;
@@ -43,6 +56,7 @@ impl Excerpt {
         self.tail.extend(rest);
         let excess = self.tail.len().saturating_sub(self.tail_cap);
         if excess > 0 {
+            self.tail_at_line = self.tail[excess - 1] == b'\n';
             self.tail.drain(..excess);
             self.omitted += excess as u64;
         }
@@ -54,12 +68,14 @@ impl Excerpt {
     }
 
     /// The head, a marker line where bytes were dropped, and the tail. The cut edges are moved
-    /// to character boundaries (the bytes moved count as omitted), so UTF-8 text stays text.
+    /// to character boundaries (the bytes moved count as omitted), so UTF-8 text stays text,
+    /// and the tail to the start of a line when it holds a line end before its last byte.
     pub fn into_bytes(self) -> Vec<u8> {
         let Self {
             mut head,
             tail,
             mut omitted,
+            tail_at_line,
             ..
         } = self;
         let mut tail: Vec<u8> = tail.into();
@@ -69,13 +85,20 @@ impl Excerpt {
         }
         let partial = incomplete_suffix(&head);
         head.truncate(head.len() - partial);
-        let continuation = tail
+        let partial_line = match tail_at_line {
+            true => 0,
+            false => tail[..tail.len().saturating_sub(1)]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(0, |newline| newline + 1),
+        };
+        let continuation = tail[partial_line..]
             .iter()
             .take(3)
             .take_while(|&&b| b & 0xC0 == 0x80)
             .count();
-        tail.drain(..continuation);
-        omitted += (partial + continuation) as u64;
+        tail.drain(..partial_line + continuation);
+        omitted += (partial + partial_line + continuation) as u64;
         head.extend_from_slice(marker(omitted).as_bytes());
         head.extend_from_slice(&tail);
         head
@@ -173,6 +196,50 @@ mod tests {
         assert!(text.starts_with("éé") && text.ends_with("éé"), "{text}");
         let (cut, truncated) = excerpt_str(&"ü".repeat(100), 20);
         assert!(truncated && !cut.contains('\u{FFFD}'), "{cut}");
+    }
+
+    #[test]
+    fn the_tail_starts_at_a_line() {
+        // 100 lines of 9 bytes; a tail of 30 bytes starts 6 bytes into a line.
+        let lines: String = (0..100).map(|i| format!("line {i:03}\n")).collect();
+        for chunk in [1, 7, 1000] {
+            let mut e = Excerpt::new(40);
+            for piece in lines.as_bytes().chunks(chunk) {
+                e.push(piece);
+            }
+            let text = String::from_utf8(e.into_bytes()).unwrap();
+            let (_, tail) = text.split_once("omitted …]\n").unwrap();
+            assert_eq!(
+                tail, "line 097\nline 098\nline 099\n",
+                "chunks of {chunk}: {text}"
+            );
+            // Every byte is shown or counted.
+            let count: u64 = text
+                .split("[… ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .replace(',', "")
+                .parse()
+                .unwrap();
+            let shown = text.len() - marker(count).len();
+            assert_eq!(shown as u64 + count, lines.len() as u64, "{text}");
+        }
+        // A tail of 36 bytes starts right after a line end: it loses nothing.
+        let mut e = Excerpt::new(48);
+        e.push(lines.as_bytes());
+        let text = String::from_utf8(e.into_bytes()).unwrap();
+        assert!(
+            text.ends_with("omitted …]\nline 096\nline 097\nline 098\nline 099\n"),
+            "{text}"
+        );
+        // One long line has no line start to move to: its end is kept.
+        let mut e = Excerpt::new(16);
+        e.push(&[b'x'; 100]);
+        e.push(b"\n");
+        assert!(e.into_bytes().ends_with(b"xxxxxxxxxxx\n"));
     }
 
     #[test]

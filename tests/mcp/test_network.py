@@ -7,7 +7,8 @@ server with git smart HTTP, an sshd serving git):
 - a `filtered` clone task reaches its git host and the npm registry only (403 for others), and
   its finish result reports the hosts reached;
 - a `filtered` raw sandbox's exec results list the connections refused while they ran
-  (`networkRefusals`), with the server's setting that would allow a host off the allowlist;
+  (`networkRefusals`), with what would allow a host off the allowlist (`allowHosts` within
+  DYNOCAP_MCP_EGRESS_ALLOW, else the server's settings), and following that fix works;
 - an SSH clone with `sshKeyPath` works only with DYNOCAP_MCP_ALLOW_SSH_KEY=1, never echoes
   the key, and a passphrase-protected key is a clear error that leaves no task;
 - a clone that fails is an `internal:` error with git's message and leaves nothing behind;
@@ -158,40 +159,51 @@ async def test_filtered_clone_reaches_its_allowlist_only(host: Host, fix: NetFix
 
 async def test_exec_results_list_the_connections_refused_while_they_ran(host: Host, fix: NetFix) -> None:
     """A raw `filtered` sandbox: dynocap_exec's structured result names each refused host with
-    its port, reason, count and, for a host off the allowlist, the server's setting that would
-    allow it; a later command refused nothing has no networkRefusals. Every refusal happens at
-    the CONNECT: nothing reaches the fixture."""
-    async with connect(host, env=server_env(host, fix, DYNOCAP_MCP_ALLOW_FILTERED="1")) as s:
+    its port, reason, count and, for a host off the allowlist, what allows it from here: the
+    caller's own allowHosts when DYNOCAP_MCP_EGRESS_ALLOW covers the host, else the server's
+    settings. Following the fix, a new sandbox reaches the host, and its command, refused
+    nothing, has no networkRefusals. Every refusal happens at the CONNECT: nothing reaches the
+    fixture."""
+    env = server_env(host, fix, DYNOCAP_MCP_ALLOW_FILTERED="1", DYNOCAP_MCP_EGRESS_ALLOW=OTHER_HOST)
+    async with connect(host, env=env) as s:
         ok(await s.call_tool("dynocap_run", {"name": "refusals", "network": "filtered"}))
         before = len(fix.https_entries())
         refused = ok(await s.call_tool("dynocap_exec", {
             "name": "refusals",
             "command": f"curl -sS https://{OTHER_HOST}/; curl -sS https://{OTHER_HOST}/; "
-                       f"curl -sS https://{NPM_HOST}:8443/",
+                       f"curl -sS https://{GIT_HOST}/; curl -sS https://{NPM_HOST}:8443/",
             "timeoutSeconds": 60,
         }))
         assert refused["exitCode"] != 0, refused
         by_target = {(r["host"], r["port"]): r for r in refused["networkRefusals"]}
-        assert set(by_target) == {(OTHER_HOST, 443), (NPM_HOST, 8443)}, refused
+        assert set(by_target) == {(OTHER_HOST, 443), (GIT_HOST, 443), (NPM_HOST, 8443)}, refused
         other = by_target[(OTHER_HOST, 443)]
         assert other["count"] == 2, other
         assert other["reason"] == f"{OTHER_HOST} is not on this sandbox's allowlist", other
-        assert f"adding {OTHER_HOST} to DYNOCAP_EGRESS_ALLOW in the server's environment" in other["fix"], other
-        assert "--allow-host" not in other["fix"], other
+        assert other["fix"].startswith(f'start a new sandbox with allowHosts: ["{OTHER_HOST}"]'), other
+        git = by_target[(GIT_HOST, 443)]
+        assert git["count"] == 1, git
+        assert f"add {GIT_HOST} to DYNOCAP_MCP_EGRESS_ALLOW in the server's environment" in git["fix"], git
+        assert "DYNOCAP_EGRESS_ALLOW (every filtered sandbox" in git["fix"], git
+        for entry in (other, git):
+            assert "--allow-host" not in entry["fix"], entry
         port = by_target[(NPM_HOST, 8443)]
         assert port["count"] == 1 and "port 8443 is not allowed" in port["reason"], port
         assert "fix" not in port, port
         assert "networkRefusalsOmitted" not in refused, refused
         assert fix.https_entries()[before:] == []
+        ok(await s.call_tool("dynocap_destroy", {"name": "refusals"}))
 
-        quiet = ok(await s.call_tool("dynocap_exec", {
-            "name": "refusals",
-            "command": f"curl -sS --max-time 20 -o /dev/null -w '%{{http_code}}' https://{NPM_HOST}/",
+        ok(await s.call_tool("dynocap_run", {"name": "allowed", "network": "filtered",
+                                             "allowHosts": [OTHER_HOST]}))
+        reached = ok(await s.call_tool("dynocap_exec", {
+            "name": "allowed",
+            "command": f"curl -sS --max-time 20 -o /dev/null -w '%{{http_code}}' https://{OTHER_HOST}/",
             "timeoutSeconds": 60,
         }))
-        assert quiet["exitCode"] == 0 and quiet["stdout"] == "200", quiet
-        assert "networkRefusals" not in quiet, quiet
-        ok(await s.call_tool("dynocap_destroy", {"name": "refusals"}))
+        assert reached["exitCode"] == 0 and reached["stdout"] == "200", reached
+        assert "networkRefusals" not in reached, reached
+        ok(await s.call_tool("dynocap_destroy", {"name": "allowed"}))
 
 
 def files_containing(root: Path, needle: bytes) -> list[Path]:

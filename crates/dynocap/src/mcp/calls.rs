@@ -79,7 +79,7 @@ impl Tools {
             "dynocap_task_exec" => {
                 let name = args.required_string("name")?;
                 let spec = exec_spec(&args, "/workspace")?;
-                exec_output(
+                self.exec_output(
                     self.engine
                         .task_exec_reporting(&name, &spec, progress)
                         .await?,
@@ -142,7 +142,7 @@ impl Tools {
             "dynocap_exec" => {
                 let name = args.required_string("name")?;
                 let spec = exec_spec(&args, "/")?;
-                exec_output(self.engine.exec_reporting(&name, &spec, progress).await?)
+                self.exec_output(self.engine.exec_reporting(&name, &spec, progress).await?)
             }
             "dynocap_ps" => Output::json(&json!({ "sandboxes": self.engine.ps()? })),
             "dynocap_destroy" => {
@@ -275,6 +275,42 @@ impl Tools {
         Ok(Chosen { image, allow_hosts })
     }
 
+    /// An exec result as an MCP caller reads it: a refusal that adding its host to the
+    /// allowlist would lift says what does that from here. A sandbox's allowlist is fixed when
+    /// it starts, so either way it is a new sandbox that reaches the host: one the caller
+    /// starts with `allowHosts` when `DYNOCAP_MCP_EGRESS_ALLOW` covers the host, else after
+    /// the person running the server changed its environment.
+    fn exec_output(&self, mut result: ExecResult) -> Result<Output, Error> {
+        for refusal in &mut result.network_refusals {
+            if refusal.fix.is_none() {
+                continue;
+            }
+            let entry = dynocap_engine::exec::AllowEntry::for_host(&refusal.host);
+            let wanted = [entry.to_string()];
+            let callable = self
+                .policy
+                .parse_allow_hosts("filtered", &wanted)
+                .and_then(|parsed| self.policy.check_allow_hosts(&parsed))
+                .is_ok();
+            refusal.fix = Some(if callable {
+                format!(
+                    "start a new sandbox with allowHosts: [\"{entry}\"] (dynocap_run, \
+                     dynocap_task_start): the host's DYNOCAP_MCP_EGRESS_ALLOW allows it{}",
+                    entry.note()
+                )
+            } else {
+                format!(
+                    "the person running this MCP server can allow it: add {entry} to \
+                     DYNOCAP_MCP_EGRESS_ALLOW in the server's environment (then start a new \
+                     sandbox with allowHosts: [\"{entry}\"]), or to DYNOCAP_EGRESS_ALLOW (every \
+                     filtered sandbox started after that reaches it){}",
+                    entry.note()
+                )
+            });
+        }
+        Output::json(&result)
+    }
+
     /// Passes an allowed value through; logs and converts a refusal.
     fn enforce<T>(&self, tool: &ToolDef, checked: Result<T, Refusal>) -> Result<T, Error> {
         checked.map_err(|refusal| self.refuse(tool, refusal))
@@ -292,23 +328,6 @@ struct Chosen {
     /// `None`: the server's default image (`DYNOCAP_IMAGE`, else `host`).
     image: Option<String>,
     allow_hosts: Vec<String>,
-}
-
-/// An exec result as an MCP caller reads it: a refusal that adding its host to the
-/// allowlist would lift says which setting of the server's host does that.
-fn exec_output(mut result: ExecResult) -> Result<Output, Error> {
-    for refusal in &mut result.network_refusals {
-        if refusal.fix.is_some() {
-            let entry = dynocap_engine::exec::AllowEntry::for_host(&refusal.host);
-            refusal.fix = Some(format!(
-                "the person running this MCP server can allow it by adding {entry} to \
-                 DYNOCAP_EGRESS_ALLOW in the server's environment; sandboxes started after that \
-                 may reach it{}",
-                entry.note()
-            ));
-        }
-    }
-    Output::json(&result)
 }
 
 fn exec_spec(args: &Args<'_>, default_cwd: &str) -> Result<ExecSpec, Error> {

@@ -880,7 +880,7 @@ fn exec_schema() -> Value {
                         "port": { "type": "integer" },
                         "reason": { "type": "string" },
                         "count": { "type": "integer" },
-                        "fix": { "type": "string", "description": "Present when the host is refused for not being on the allowlist: which host setting allows it." }
+                        "fix": { "type": "string", "description": "Present when the host is refused for not being on the allowlist: what allows it in a new sandbox (allowHosts, when DYNOCAP_MCP_EGRESS_ALLOW covers the host; else a setting of the server's host)." }
                     },
                     "required": ["host", "port", "reason", "count"]
                 }

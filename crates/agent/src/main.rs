@@ -40,6 +40,7 @@ mod diff_split;
 mod disk_health;
 mod egress;
 mod exec;
+mod files;
 mod fsutil;
 mod git;
 mod git_index;

@@ -369,6 +369,14 @@ impl Server {
                     .and_then(|failure| unless_failed(failure, Response::Synced))
                 });
             }
+            Request::File(req) => {
+                // Registered like any stream; a file operation is short and not cancelled.
+                let _ = self.register(id, false);
+                let config = Arc::clone(&self.config);
+                self.spawn_stream(id, async move {
+                    crate::files::serve(req, &config).await.map(Response::File)
+                });
+            }
             Request::DiskHealth => {
                 let _ = self.register(id, false);
                 self.spawn_stream(id, async move {

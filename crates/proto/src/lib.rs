@@ -6,6 +6,7 @@
 
 mod error;
 pub mod exec_window;
+pub mod files;
 mod frame;
 pub mod fuzzing;
 mod io;

@@ -66,6 +66,9 @@ pub enum Request {
     /// of a raw VM sandbox, whose files need no sync (they do not outlive the machine) but
     /// whose failed disk is still an error of the command, never a silent success.
     DiskHealth,
+    /// A file operation ([`crate::files`]) done as the sandbox user, answered with
+    /// `Done(Response::File)` or an error saying why the guest refused it.
+    File(crate::files::FileRequest),
 }
 
 /// What the guest side asks for when it opens a stream (its id has [`crate::GUEST_STREAM_BIT`]).
@@ -251,6 +254,8 @@ pub enum Response {
     Synced,
     /// See [`Request::DiskHealth`].
     DiskHealthy,
+    /// See [`Request::File`].
+    File(crate::files::FileResult),
 }
 
 /// How an exec ended. Output travelled separately as `Data` frames.

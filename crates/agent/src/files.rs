@@ -1,0 +1,533 @@
+//! The file operations of [`dynocap_proto::files`], done as the sandbox user.
+//!
+//! Each request runs on a thread of its own that first takes the sandbox user's filesystem
+//! identity (`setfsuid`/`setfsgid` and its groups, through the raw system calls, which change
+//! only the calling thread), so every open, create and permission check is the guest kernel's
+//! for that user, exactly as for its commands: a symlink to `/etc/shadow` fails to open as
+//! it would for `cat`. The thread then ends, and its identity with it; no other thread of
+//! the agent ever runs with it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::{DirBuilderExt as _, FileExt as _};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use dynocap_proto::files::{
+    FileEntry, FileOp, FileRequest, FileResult, MAX_EDIT_FILE, MAX_LIST_DEPTH, MAX_LIST_ENTRIES,
+    MAX_PATH, MAX_READ, MAX_WRITE,
+};
+
+use crate::config::Config;
+use crate::spawn::ExecUser;
+
+/// Entries a listing looks at, listed or counted, before it stops counting.
+const MAX_VISITED: u64 = 200_000;
+
+/// Why a file operation was refused; the message goes to the caller as it is.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct FileError(String);
+
+fn fail<T>(message: impl Into<String>) -> Result<T, FileError> {
+    Err(FileError(message.into()))
+}
+
+fn io_fail<T>(what: &str, path: &Path, err: std::io::Error) -> Result<T, FileError> {
+    fail(format!("{what} {}: {err}", path.display()))
+}
+
+/// Performs `request` as the sandbox user on a thread of its own.
+pub async fn serve(request: FileRequest, config: &Config) -> Result<FileResult, FileError> {
+    let user = config
+        .exec_user
+        .filter(|user| user.uid != nix::unistd::geteuid().as_raw());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("file-op".into())
+        .spawn(move || {
+            let result = become_user(user).and_then(|()| perform(&request));
+            let _ = tx.send(result);
+        })
+        .map_err(|err| FileError(format!("cannot start the file operation: {err}")))?;
+    rx.await
+        .unwrap_or_else(|_| fail("the file operation stopped without an answer"))
+}
+
+/// Gives the calling thread `user`'s filesystem identity, or refuses: an operation never
+/// runs as the agent's own user when the sandbox has another.
+fn become_user(user: Option<ExecUser>) -> Result<(), FileError> {
+    let Some(user) = user else {
+        return Ok(());
+    };
+    let groups = [user.gid as libc::gid_t];
+    // SAFETY: raw system calls with valid arguments (a one-element array that outlives the
+    // call, plain ids); the raw calls change this thread's credentials only, which is the
+    // point: libc's wrappers would change every thread of the agent.
+    let (set_groups, _, _) = unsafe {
+        (
+            libc::syscall(libc::SYS_setgroups, 1 as libc::c_long, groups.as_ptr()),
+            libc::syscall(libc::SYS_setfsgid, user.gid as libc::c_long),
+            libc::syscall(libc::SYS_setfsuid, user.uid as libc::c_long),
+        )
+    };
+    // setfsuid answers the previous id and never an error: asking with an invalid id (-1)
+    // reads the current ones back.
+    // SAFETY: as above; -1 changes nothing.
+    let (fsuid, fsgid) = unsafe {
+        (
+            libc::syscall(libc::SYS_setfsuid, -1 as libc::c_long),
+            libc::syscall(libc::SYS_setfsgid, -1 as libc::c_long),
+        )
+    };
+    if set_groups != 0 || fsuid != user.uid as libc::c_long || fsgid != user.gid as libc::c_long {
+        return fail(format!(
+            "cannot act as the sandbox user {}:{} for file operations",
+            user.uid, user.gid
+        ));
+    }
+    Ok(())
+}
+
+fn perform(request: &FileRequest) -> Result<FileResult, FileError> {
+    let path = resolve(&request.cwd, request.op.path())?;
+    match &request.op {
+        FileOp::Read { offset, length, .. } => read(&path, *offset, *length),
+        FileOp::Write {
+            content,
+            mode,
+            create_dirs,
+            ..
+        } => write(&path, content, *mode, *create_dirs),
+        FileOp::Edit {
+            old_text,
+            new_text,
+            replace_all,
+            ..
+        } => edit(&path, old_text, new_text, *replace_all),
+        FileOp::List { depth, .. } => list(&path, *depth),
+    }
+}
+
+fn resolve(cwd: &str, path: &str) -> Result<PathBuf, FileError> {
+    if path.is_empty() {
+        return fail("the path is empty");
+    }
+    if path.len() > MAX_PATH || cwd.len() > MAX_PATH || path.contains('\0') || cwd.contains('\0') {
+        return fail("the path is too long or holds a NUL byte");
+    }
+    if !cwd.starts_with('/') {
+        return fail(format!("the working directory {cwd:?} is not absolute"));
+    }
+    Ok(Path::new(cwd).join(path))
+}
+
+fn text(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// Opens `path` for reading without waiting on a FIFO, and refuses anything but a file.
+fn open_regular(path: &Path, write: bool) -> Result<(File, std::fs::Metadata), FileError> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(err) => return io_fail("cannot open", path, err),
+    };
+    let meta = match file.metadata() {
+        Ok(meta) => meta,
+        Err(err) => return io_fail("cannot stat", path, err),
+    };
+    if meta.is_dir() {
+        return fail(format!(
+            "{} is a directory (list it with dynocap_list_files)",
+            path.display()
+        ));
+    }
+    if !meta.is_file() {
+        return fail(format!("{} is not a regular file", path.display()));
+    }
+    Ok((file, meta))
+}
+
+fn read(path: &Path, offset: u64, length: u64) -> Result<FileResult, FileError> {
+    let (file, meta) = open_regular(path, false)?;
+    let total_size = meta.len();
+    let want = length.min(MAX_READ).min(total_size.saturating_sub(offset));
+    let mut data = vec![0u8; usize::try_from(want).unwrap_or(0)];
+    let mut got = 0usize;
+    while got < data.len() {
+        match file.read_at(&mut data[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return io_fail("cannot read", path, err),
+        }
+    }
+    data.truncate(got);
+    Ok(FileResult::Read {
+        path: text(path),
+        data,
+        offset,
+        total_size,
+    })
+}
+
+fn write(
+    path: &Path,
+    content: &[u8],
+    mode: Option<u32>,
+    create_dirs: bool,
+) -> Result<FileResult, FileError> {
+    if content.len() > MAX_WRITE {
+        return fail(format!("a write carries at most {MAX_WRITE} bytes"));
+    }
+    if let Some(mode) = mode.filter(|mode| *mode > 0o7777) {
+        return fail(format!(
+            "mode {mode:o} is not a permission mode (0 to 7777)"
+        ));
+    }
+    if create_dirs {
+        if let Some(parent) = path.parent() {
+            if let Err(err) = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)
+            {
+                return io_fail("cannot create the directories of", path, err);
+            }
+        }
+    }
+    let new_mode = mode.unwrap_or(0o644);
+    let created = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(new_mode)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path);
+    let (mut file, created) = match created {
+        Ok(file) => (file, true),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+            let (file, _) = open_regular(path, true)?;
+            if let Err(err) = file.set_len(0) {
+                return io_fail("cannot truncate", path, err);
+            }
+            (file, false)
+        }
+        Err(err) => return io_fail("cannot create", path, err),
+    };
+    // The umask does not decide a mode that was asked for (or the default of a new file).
+    if created || mode.is_some() {
+        let wanted = if created { new_mode } else { mode.unwrap_or(0) };
+        if let Err(err) = file.set_permissions(std::fs::Permissions::from_mode(wanted)) {
+            return io_fail("cannot set the mode of", path, err);
+        }
+    }
+    if let Err(err) = file.write_all(content) {
+        return io_fail("cannot write", path, err);
+    }
+    let mode = match file.metadata() {
+        Ok(meta) => meta.mode() & 0o7777,
+        Err(err) => return io_fail("cannot stat", path, err),
+    };
+    Ok(FileResult::Written {
+        path: text(path),
+        bytes: content.len() as u64,
+        created,
+        mode,
+    })
+}
+
+/// Where `needle` starts in `haystack`, without overlaps, in order.
+fn occurrences(haystack: &[u8], needle: &[u8]) -> Vec<usize> {
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at + needle.len() <= haystack.len() {
+        match haystack[at..]
+            .windows(needle.len())
+            .position(|window| window == needle)
+        {
+            Some(pos) => {
+                found.push(at + pos);
+                at += pos + needle.len();
+            }
+            None => break,
+        }
+    }
+    found
+}
+
+fn edit(
+    path: &Path,
+    old_text: &str,
+    new_text: &str,
+    replace_all: bool,
+) -> Result<FileResult, FileError> {
+    if old_text.is_empty() {
+        return fail("oldText is empty; to write a whole file use dynocap_write_file");
+    }
+    if old_text.len() > MAX_WRITE || new_text.len() > MAX_WRITE {
+        return fail(format!(
+            "oldText and newText are at most {MAX_WRITE} bytes each"
+        ));
+    }
+    let (mut file, meta) = open_regular(path, true)?;
+    if meta.len() > MAX_EDIT_FILE {
+        return fail(format!(
+            "{} is {} bytes; edits are for files of at most {MAX_EDIT_FILE} bytes",
+            path.display(),
+            meta.len()
+        ));
+    }
+    let mut content = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    if let Err(err) = (&mut file)
+        .take(MAX_EDIT_FILE + 1)
+        .read_to_end(&mut content)
+    {
+        return io_fail("cannot read", path, err);
+    }
+    let found = occurrences(&content, old_text.as_bytes());
+    match (found.len(), replace_all) {
+        (0, _) => {
+            return fail(format!(
+                "oldText was not found in {}; read the file and give its exact text, \
+                 whitespace included",
+                path.display()
+            ))
+        }
+        (n, false) if n > 1 => {
+            return fail(format!(
+                "oldText occurs {n} times in {}; give more surrounding text so that it occurs \
+                 once, or set replaceAll",
+                path.display()
+            ))
+        }
+        _ => {}
+    }
+    let mut edited = Vec::with_capacity(content.len());
+    let mut from = 0;
+    for &at in &found {
+        edited.extend_from_slice(&content[from..at]);
+        edited.extend_from_slice(new_text.as_bytes());
+        from = at + old_text.len();
+    }
+    edited.extend_from_slice(&content[from..]);
+    if let Err(err) = file.set_len(0).and_then(|()| file.write_all_at(&edited, 0)) {
+        return io_fail("cannot write", path, err);
+    }
+    Ok(FileResult::Edited {
+        path: text(path),
+        replacements: found.len() as u64,
+        size: edited.len() as u64,
+    })
+}
+
+fn list(path: &Path, depth: u32) -> Result<FileResult, FileError> {
+    let depth = depth.clamp(1, MAX_LIST_DEPTH);
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return fail(format!("{} is not a directory", path.display())),
+        Err(err) => return io_fail("cannot list", path, err),
+    }
+    let mut listing = Listing {
+        entries: Vec::new(),
+        left_off: 0,
+        visited: 0,
+    };
+    if let Err(err) = std::fs::read_dir(path) {
+        return io_fail("cannot list", path, err);
+    }
+    listing.walk(path, "", depth);
+    Ok(FileResult::Listed {
+        path: text(path),
+        entries: listing.entries,
+        left_off: listing.left_off,
+    })
+}
+
+struct Listing {
+    entries: Vec<FileEntry>,
+    left_off: u64,
+    visited: u64,
+}
+
+impl Listing {
+    /// Lists `dir`'s entries (names under `prefix`), then descends into its directories, never
+    /// through a symlink. Returns why `dir` could not be read.
+    fn walk(&mut self, dir: &Path, prefix: &str, depth: u32) -> Option<String> {
+        let reader = match std::fs::read_dir(dir) {
+            Ok(reader) => reader,
+            Err(err) => return Some(err.to_string()),
+        };
+        let mut names: Vec<_> = reader
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .collect();
+        names.sort();
+        for name in names {
+            if self.visited >= MAX_VISITED {
+                return None;
+            }
+            self.visited += 1;
+            let full = dir.join(&name);
+            let shown = format!("{prefix}{}", name.to_string_lossy());
+            let Ok(meta) = std::fs::symlink_metadata(&full) else {
+                continue;
+            };
+            let file_type = meta.file_type();
+            let kind = if file_type.is_symlink() {
+                "symlink"
+            } else if file_type.is_dir() {
+                "dir"
+            } else if file_type.is_file() {
+                "file"
+            } else {
+                "other"
+            };
+            let index = if self.entries.len() < MAX_LIST_ENTRIES as usize {
+                self.entries.push(FileEntry {
+                    name: shown.clone(),
+                    kind: kind.into(),
+                    size: meta.len(),
+                    mode: meta.mode() & 0o7777,
+                    target: file_type
+                        .is_symlink()
+                        .then(|| std::fs::read_link(&full).ok())
+                        .flatten()
+                        .map(|target| target.to_string_lossy().into_owned()),
+                    error: None,
+                });
+                Some(self.entries.len() - 1)
+            } else {
+                self.left_off += 1;
+                None
+            };
+            if file_type.is_dir() && depth > 1 {
+                let error = self.walk(&full, &format!("{shown}/"), depth - 1);
+                if let (Some(index), Some(error)) = (index, error) {
+                    self.entries[index].error = Some(error);
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn request(dir: &Path, op: FileOp) -> FileRequest {
+        FileRequest {
+            cwd: dir.to_string_lossy().into_owned(),
+            op,
+        }
+    }
+
+    #[test]
+    fn write_read_edit_list_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let content = vec![0u8, 1, 255, b'"', b'\\', b'\n'];
+        let written = perform(&request(
+            dir.path(),
+            FileOp::Write {
+                path: "sub/a.bin".into(),
+                content: content.clone(),
+                mode: Some(0o600),
+                create_dirs: true,
+            },
+        ))
+        .unwrap();
+        assert!(
+            matches!(
+                written,
+                FileResult::Written {
+                    created: true,
+                    mode: 0o600,
+                    bytes: 6,
+                    ..
+                }
+            ),
+            "{written:?}"
+        );
+        let read = perform(&request(
+            dir.path(),
+            FileOp::Read {
+                path: "sub/a.bin".into(),
+                offset: 2,
+                length: 100,
+            },
+        ))
+        .unwrap();
+        assert!(
+            matches!(&read, FileResult::Read { data, total_size: 6, .. } if data[..] == content[2..]),
+            "{read:?}"
+        );
+        std::fs::write(dir.path().join("t.txt"), "a b a\n").unwrap();
+        let edit = |old: &str, all| {
+            perform(&request(
+                dir.path(),
+                FileOp::Edit {
+                    path: "t.txt".into(),
+                    old_text: old.into(),
+                    new_text: "x".into(),
+                    replace_all: all,
+                },
+            ))
+        };
+        assert!(edit("zz", false).unwrap_err().0.contains("not found"));
+        assert!(edit("a", false).unwrap_err().0.contains("occurs 2 times"));
+        assert!(matches!(
+            edit("b", false).unwrap(),
+            FileResult::Edited {
+                replacements: 1,
+                ..
+            }
+        ));
+        assert!(matches!(
+            edit("a", true).unwrap(),
+            FileResult::Edited {
+                replacements: 2,
+                ..
+            }
+        ));
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("t.txt")).unwrap(),
+            "x x x\n"
+        );
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link")).unwrap();
+        let listed = perform(&request(
+            dir.path(),
+            FileOp::List {
+                path: ".".into(),
+                depth: 2,
+            },
+        ))
+        .unwrap();
+        let FileResult::Listed {
+            entries, left_off, ..
+        } = listed
+        else {
+            panic!("{listed:?}")
+        };
+        assert_eq!(left_off, 0);
+        let names: Vec<_> = entries
+            .iter()
+            .map(|e| (e.name.as_str(), e.kind.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("link", "symlink"),
+                ("sub", "dir"),
+                ("sub/a.bin", "file"),
+                ("t.txt", "file")
+            ]
+        );
+        assert_eq!(entries[0].target.as_deref(), Some("/etc/passwd"));
+    }
+}

@@ -23,7 +23,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::config::Settings;
@@ -31,7 +31,6 @@ use clap::Parser;
 use dynocap_client::attributes::{Attribute, Process};
 use dynocap_client::rendezvous::{self, Context};
 use dynocap_client::wire::{self, Message, Request};
-use dynocap_engine::catalog::Catalog;
 use dynocap_engine::{Config, Engine, Home};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -109,10 +108,6 @@ struct Shared {
     active: AtomicUsize,
     /// How long to wait without a command before ending.
     idle: Duration,
-    /// The home's catalog, once a command has opened it: every later command's engine uses
-    /// it rather than opening the database again (it reopens itself if a repair replaces
-    /// the file).
-    catalog: OnceLock<Arc<Catalog>>,
     last_active: Mutex<Instant>,
 }
 
@@ -222,7 +217,6 @@ impl Server {
                 own_only: Process::current().own_only(),
                 active: AtomicUsize::new(0),
                 idle,
-                catalog: OnceLock::new(),
                 last_active: Mutex::new(Instant::now()),
             }),
         }))
@@ -362,10 +356,7 @@ fn serve_one(conn: OwnedFd, active: &Active) {
         return;
     }
     let engine = match Engine::new(shared.home.clone(), shared.config.clone()) {
-        Ok(engine) => match shared.catalog.get() {
-            Some(catalog) => engine.sharing_catalog(catalog.clone()),
-            None => engine,
-        },
+        Ok(engine) => engine,
         Err(err) => {
             let code = streams.fail(cli.json, &err);
             let _ = send_result(&conn, Message::Exited(i32::from(code)));
@@ -402,9 +393,6 @@ fn serve_one(conn: OwnedFd, active: &Active) {
         (Some(Message::Exited(_)), Ok(None)) => None,
         (outcome, _) => outcome,
     };
-    if let Some(catalog) = engine.opened_catalog() {
-        let _ = shared.catalog.set(catalog);
-    }
     // A standby this command started and did not use ends with its engine, as it would
     // have with its process.
     drop(engine);

@@ -134,19 +134,6 @@ impl Engine {
         command
     }
 
-    /// This engine, using `catalog` (of the same home) rather than opening its own: for a
-    /// process that serves one command after another with a new engine each (the command
-    /// server), which then opens the catalog once, as the MCP server's one engine does.
-    pub fn sharing_catalog(self, catalog: std::sync::Arc<Catalog>) -> Self {
-        let _ = self.catalog.set(catalog);
-        self
-    }
-
-    /// The catalog this engine has opened, if it has: what [`Engine::sharing_catalog`] takes.
-    pub fn opened_catalog(&self) -> Option<std::sync::Arc<Catalog>> {
-        self.catalog.get().cloned()
-    }
-
     pub(crate) fn catalog(&self) -> Result<std::sync::Arc<Catalog>> {
         if let Some(catalog) = self.catalog.get() {
             return Ok(catalog.clone());

@@ -16,6 +16,7 @@ packages=(
     openssh-client              # ssh-keygen: real keys for the MCP sshKeyPath tests
     passt                       # pasta: user-mode networking for network "nat"
     mmdebstrap                  # dynocap image build debian (and the image tests)
+    busybox-static              # the image import tests' tiny rootfs (a static busybox)
     openssh-server openssl      # network tests: an sshd serving git, a test CA
     curl wget netcat-openbsd iputils-ping python3-pip  # run inside guests by the network tests (host /usr)
 )

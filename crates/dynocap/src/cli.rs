@@ -48,7 +48,7 @@ pub enum Command {
     /// Report what this machine supports and what to install or enable; --repair rebuilds a
     /// damaged catalog.
     Doctor(DoctorArgs),
-    /// Build, list and remove guest images (`dynocap image build debian`).
+    /// Build, import, list and remove guest images (`dynocap image build debian`).
     #[command(subcommand)]
     Image(ImageCommand),
     /// Print a completion script for a shell: `dynocap completions bash > /etc/bash_completion.d/dynocap`.
@@ -75,11 +75,29 @@ pub enum ImageCommand {
     /// Build an image (debian: Debian bookworm with git, curl, python3, build-essential and
     /// the cloud kernel, made with mmdebstrap). Content-addressed: a built recipe is reused.
     Build(ImageNameArgs),
-    /// List built images.
+    /// Import an OCI image layout directory (skopeo copy … oci:DIR, podman save --format
+    /// oci-dir) or a `docker save` archive as an image the jail backend boots.
+    Import(ImageImportArgs),
+    /// List built and imported images.
     Ls,
     /// Remove a built image (by name: its newest build; or by id); refused while a live
     /// sandbox uses it.
     Rm(ImageNameArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImageImportArgs {
+    /// The OCI layout directory or the docker save tar.
+    pub path: std::path::PathBuf,
+    /// The image's name (default: from the file's name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Refuse an image whose files add up to more than this many bytes.
+    #[arg(long, default_value_t = 16 << 30)]
+    pub max_bytes: u64,
+    /// Refuse an image with more than this many files.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub max_files: u64,
 }
 
 #[derive(Debug, Args)]

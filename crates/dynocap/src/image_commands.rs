@@ -1,6 +1,7 @@
-//! `dynocap image build|ls|rm`: the CLI face of the engine's image store. A build shows a
-//! spinner with mmdebstrap's current stage on a terminal and plain lines otherwise, and a
-//! Ctrl-C (or SIGTERM) stops it cleanly: nothing half-made stays behind.
+//! `dynocap image build|import|ls|rm`: the CLI face of the engine's image store. A build
+//! shows a spinner with mmdebstrap's current stage on a terminal and plain lines otherwise
+//! (an import, its layers), and a Ctrl-C (or SIGTERM) stops either cleanly: nothing
+//! half-made stays behind.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -11,12 +12,13 @@ use dynocap_engine::image::build::{short, Origin};
 use dynocap_engine::image_admin::ImageInfo;
 use dynocap_engine::{Engine, Error};
 
-use crate::cli::ImageCommand;
+use crate::cli::{ImageCommand, ImageImportArgs};
 use crate::output::{print_json, say, sayln, table, warnln};
 
 pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<ExitCode, Error> {
     match command {
         ImageCommand::Build(args) => build(engine, json, args.name).await,
+        ImageCommand::Import(args) => import(engine, json, args).await,
         ImageCommand::Ls => {
             let images = engine.image_ls()?;
             if json {
@@ -39,7 +41,9 @@ pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<
     }
 }
 
-const HEADERS: &[&str] = &["NAME", "ID", "SIZE", "CREATED", "KERNEL", "USED_BY"];
+const HEADERS: &[&str] = &[
+    "NAME", "ID", "SIZE", "CREATED", "KERNEL", "USED_BY", "SOURCE",
+];
 
 fn row(image: &ImageInfo) -> Vec<String> {
     vec![
@@ -53,7 +57,76 @@ fn row(image: &ImageInfo) -> Vec<String> {
         } else {
             image.used_by.join(",")
         },
+        match &image.source {
+            Some(source) => format!("imported {} ({})", source.path, source.format),
+            None => "built".into(),
+        },
     ]
+}
+
+/// Sets the returned flag on Ctrl-C or SIGTERM (until the returned task is aborted), so a
+/// long image operation stops cleanly instead of dying half-way.
+fn cancel_on_signal() -> Result<(Arc<AtomicBool>, tokio::task::JoinHandle<()>), Error> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&cancel);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|err| Error::internal(format!("watching for SIGTERM: {err}")))?;
+    let watcher = tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        flag.store(true, Ordering::SeqCst);
+    });
+    Ok((cancel, watcher))
+}
+
+async fn import(engine: Engine, json: bool, args: ImageImportArgs) -> Result<ExitCode, Error> {
+    let (cancel, watcher) = cancel_on_signal()?;
+    let limits = dynocap_engine::image::unpack::Limits {
+        max_bytes: args.max_bytes,
+        max_files: args.max_files,
+    };
+    let imported = tokio::task::spawn_blocking(move || {
+        let progress = |line: &str| warnln!("image import: {line}");
+        engine
+            .image_import(&args.path, args.name.as_deref(), limits, &progress, &cancel)
+            .map(|imported| (imported, engine))
+    })
+    .await
+    .map_err(|err| Error::internal(format!("the image import thread failed: {err}")))?;
+    watcher.abort();
+    let (imported, engine) = imported?;
+    let image = &imported.image;
+    if json {
+        let info = engine.image_ls()?.into_iter().find(|i| i.id == image.id());
+        print_json(&serde_json::json!({
+            "image": info,
+            "origin": if imported.present { "present" } else { "imported" },
+            "stats": imported.stats,
+        }));
+    } else {
+        let stats = &imported.stats;
+        sayln!(
+            "image {} ({}) {}: {}",
+            image.name(),
+            short(image.id()),
+            if imported.present {
+                "already imported"
+            } else {
+                "imported"
+            },
+            image.rootfs().display()
+        );
+        if stats.devices_skipped > 0 || stats.setid_cleared > 0 {
+            sayln!(
+                "left out {} device nodes and fifos; cleared set-id bits on {} files",
+                stats.devices_skipped,
+                stats.setid_cleared
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn build(engine: Engine, json: bool, name: String) -> Result<ExitCode, Error> {

@@ -13,20 +13,24 @@ use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
+pub(crate) use failure::ImageFailure;
+
+use crate::foundation::error::{Context, Error, Result};
 use crate::host::home::Home;
 pub use crate::model::image_ref::{ImageRef, DEFAULT_IMAGE};
 
 pub mod build;
 mod customise;
+mod failure;
+pub mod import;
 mod mmdebstrap;
+pub mod oci;
 pub mod recipe;
+mod sandbox_user;
 pub mod store;
+pub mod unpack;
 
-/// Guest uid/gid of the unprivileged user every command runs as.
-pub const SANDBOX_UID: u32 = 1000;
-pub const SANDBOX_GID: u32 = 1000;
-pub const SANDBOX_HOME: &str = "/home/sandbox";
+pub use sandbox_user::{SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 /// Where the agent keeps its private state (the agent's own default).
 pub const AGENT_STATE_DIR: &str = "/var/lib/dynocap";
 
@@ -307,74 +311,6 @@ fn write_file(path: &Path, content: &str, mode: u32) -> Result<()> {
         .with_context(|| format!("setting the mode of {}", path.display()))
 }
 
-/// What failed with the images on the host: finding, building, copying or removing one. The
-/// image layer's one failure enum, for this module and its `build` and `store`.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ImageFailure {
-    /// A record names an image build that is no longer in the store.
-    #[error(
-        "image {name} ({short_id}) is gone from {}; rebuild it with `dynocap image build {name}`",
-        .images_dir.display()
-    )]
-    Gone {
-        name: String,
-        short_id: String,
-        images_dir: PathBuf,
-    },
-    #[error("locking {}: {source}", .path.display())]
-    Lock {
-        path: PathBuf,
-        #[source]
-        source: nix::errno::Errno,
-    },
-    #[error("installing the image skeleton at {}: {source}", .root.display())]
-    InstallSkeleton {
-        root: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("the image installed at {} cannot be read back", .dir.display())]
-    Unreadable { dir: PathBuf },
-    #[error("removing {}: {source}; remove it by hand", .path.display())]
-    RemoveBuildDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// `cp` failed: `stderr` is what it said.
-    #[error("copying {} to {}: {stderr}", .from.display(), .to.display())]
-    Copy {
-        from: PathBuf,
-        to: PathBuf,
-        stderr: String,
-    },
-    #[error("reading {}: {source}", .dir.display())]
-    ReadStore {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{} has no parent", .dir.display())]
-    NoParent { dir: PathBuf },
-}
-
-impl Coded for ImageFailure {
-    /// The image store is DynoCap's on the host: what fails in it is the operator's to fix
-    /// (a gone image says how), never a caller's request.
-    fn code(&self) -> ErrorCode {
-        match self {
-            Self::Gone { .. }
-            | Self::Lock { .. }
-            | Self::InstallSkeleton { .. }
-            | Self::Unreadable { .. }
-            | Self::RemoveBuildDir { .. }
-            | Self::Copy { .. }
-            | Self::ReadStore { .. }
-            | Self::NoParent { .. } => ErrorCode::Internal,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,6 +353,8 @@ mod tests {
             packages: vec![],
             kernel: Some("6.1.0-9-cloud-amd64".into()),
             guest_sudo: true,
+            source: None,
+            config: None,
         };
         fs::write(
             dir.join(store::META_FILE),

@@ -1,4 +1,4 @@
-//! The engine's image commands (`dynocap image build|ls|rm`): the store, plus the catalog's
+//! The engine's image commands (`dynocap image build|import|ls|rm`): the store, plus the catalog's
 //! word on which images live sandboxes still use.
 
 use std::sync::atomic::AtomicBool;
@@ -8,7 +8,9 @@ use serde::Serialize;
 use crate::facade::sandboxes::Engine;
 use crate::foundation::error::{Error, Result};
 use crate::image::build::{self, Outcome};
-use crate::image::store::{BuiltImage, ImageStore};
+use crate::image::import::{self, Imported};
+use crate::image::store::{BuiltImage, ImageSource, ImageStore};
+use crate::image::unpack::Limits;
 use crate::store::catalog::{Record, State};
 
 /// One line of `image ls`.
@@ -21,6 +23,8 @@ pub struct ImageInfo {
     pub size_bytes: u64,
     /// Kernel release inside the image (what the `vm` backend boots), if any.
     pub kernel: Option<String>,
+    /// Where an imported image came from (none: built by `image build`).
+    pub source: Option<ImageSource>,
     /// Live sandboxes (and tasks waiting to be recovered) that use this image.
     pub used_by: Vec<String>,
     pub path: String,
@@ -51,6 +55,18 @@ impl Engine {
             progress,
             cancel,
         )
+    }
+
+    /// Imports an OCI image layout or a `docker save` archive (see [`import::import`]).
+    pub fn image_import(
+        &self,
+        path: &std::path::Path,
+        name: Option<&str>,
+        limits: Limits,
+        progress: &dyn Fn(&str),
+        cancel: &AtomicBool,
+    ) -> Result<Imported> {
+        import::import(&self.image_store(), path, name, limits, progress, cancel)
     }
 
     /// Every built image, with the sandboxes using it.
@@ -107,6 +123,7 @@ fn info(image: &BuiltImage, records: &[Record]) -> ImageInfo {
         created: image.meta.created.clone(),
         size_bytes: image.meta.size_bytes,
         kernel: image.meta.kernel.clone(),
+        source: image.meta.source.clone(),
         used_by: records
             .iter()
             .filter(|r| r.image.id.as_deref() == Some(image.id()))

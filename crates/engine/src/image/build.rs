@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::failure::ImageFailure;
 use super::recipe::Recipe;
 use super::store::{BuiltImage, ImageStore, META_FILE, TMP_PREFIX};
-use super::ImageFailure;
 use super::{customise, mmdebstrap};
 use crate::foundation::error::{Context, Error, Result};
 
@@ -153,12 +153,12 @@ pub fn short(id: &str) -> &str {
 }
 
 /// The store's one-build-at-a-time lock (`images/<name>/.build.lock`, flock).
-struct BuildLock {
+pub(super) struct BuildLock {
     _lock: nix::fcntl::Flock<fs::File>,
 }
 
 impl BuildLock {
-    fn take(parent: &Path, progress: &dyn Fn(&str)) -> Result<BuildLock> {
+    pub(super) fn take(parent: &Path, progress: &dyn Fn(&str)) -> Result<BuildLock> {
         fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         let path = parent.join(".build.lock");
         let file = fs::OpenOptions::new()
@@ -191,13 +191,13 @@ impl BuildLock {
 }
 
 /// A build directory that removes itself unless installed.
-struct Staging {
-    path: PathBuf,
+pub(super) struct Staging {
+    pub(super) path: PathBuf,
     installed: bool,
 }
 
 impl Staging {
-    fn new(parent: &Path) -> Result<Staging> {
+    pub(super) fn new(parent: &Path) -> Result<Staging> {
         let path = parent.join(format!(
             "{TMP_PREFIX}{}-{:08x}",
             std::process::id(),
@@ -213,7 +213,7 @@ impl Staging {
     }
 
     /// Renames the build into place: the image appears whole or not at all.
-    fn install(mut self, target: &Path) -> Result<()> {
+    pub(super) fn install(mut self, target: &Path) -> Result<()> {
         fs::rename(&self.path, target).with_context(|| {
             format!(
                 "installing the image {} at {}",
@@ -238,7 +238,7 @@ impl Drop for Staging {
 
 /// Removes the `.tmp-*` directories of builds that died. Callers hold the build lock, so no
 /// live build owns any of them.
-fn remove_dead_builds(parent: &Path) -> Result<()> {
+pub(super) fn remove_dead_builds(parent: &Path) -> Result<()> {
     let entries = fs::read_dir(parent).with_context(|| format!("reading {}", parent.display()))?;
     for entry in entries.flatten() {
         if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {

@@ -5,9 +5,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use super::recipe::Recipe;
+use super::sandbox_user::{SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 use super::store::{tree_size, ImageMeta};
 use crate::foundation::error::{Context, Result};
-use crate::image::{SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 
 /// DynoCap's changes to the fresh rootfs: no trace of the build host (hostname, resolver),
 /// the sandbox user, the agent's mountpoint, `sudo` as the agent's broker client, and apt
@@ -90,6 +90,8 @@ pub(crate) fn describe(rootfs: &Path, recipe: &Recipe, id: &str) -> ImageMeta {
         packages: recipe.packages.clone(),
         kernel: kernel_release(rootfs),
         guest_sudo: true,
+        source: None,
+        config: None,
     }
 }
 

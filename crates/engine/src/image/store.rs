@@ -3,7 +3,7 @@
 //! ```text
 //! images/<name>/<id>/image.json   what was built (ImageMeta)
 //! images/<name>/<id>/rootfs/      the root filesystem, never changed once installed
-//! images/<name>/.tmp-*            a build in progress (removed by the next build if it died)
+//! images/<name>/.tmp-*            a build or import in progress (removed by the next one if it died)
 //! images/<name>/.build.lock       held by the one build running in this store
 //! ```
 //!
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::ImageFailure;
+use super::failure::ImageFailure;
 use crate::foundation::error::{Context, Error, Result};
 use crate::host::home::Home;
 
@@ -36,12 +36,38 @@ pub struct ImageMeta {
     pub created: String,
     /// Apparent size of the rootfs in bytes (hard links counted once).
     pub size_bytes: u64,
+    /// The Debian suite of a built image (empty for an imported one).
+    #[serde(default)]
     pub suite: String,
+    #[serde(default)]
     pub packages: Vec<String>,
     /// Kernel release of `/boot/vmlinuz-<release>` in the rootfs, if it has one.
     pub kernel: Option<String>,
     /// The sandbox user may become the guest's root with `sudo` (the agent's broker).
     pub guest_sudo: bool,
+    /// Where an imported image came from (absent: built here by `image build`). Fields added
+    /// after the first release are optional, so every `image.json` stays readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<ImageSource>,
+    /// An imported image's run settings from its config, recorded (`Entrypoint`/`Cmd` are
+    /// never run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<super::oci::ContainerConfig>,
+}
+
+/// Where an imported image came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageSource {
+    /// `oci-layout` or `docker-archive`.
+    pub format: String,
+    /// The file or directory imported, as given (made absolute).
+    pub path: String,
+    /// The image manifest's digest (OCI layouts; a classic `docker save` archive has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
+    /// The image config's digest (Docker's image id).
+    pub config_digest: String,
 }
 
 /// One built image.
@@ -258,6 +284,8 @@ mod tests {
             packages: vec![],
             kernel: Some("6.1.0-1-cloud-amd64".into()),
             guest_sudo: true,
+            source: None,
+            config: None,
         };
         fs::write(
             dir.join(META_FILE),

@@ -1,0 +1,581 @@
+//! `dynocap image import PATH`: an OCI image layout directory or a `docker save` archive
+//! (classic, or the OCI layout newer Docker writes inside the tar) made into an image of the
+//! store, exactly as a build is: unpacked into `images/<name>/.tmp-*` under the build lock,
+//! customised for DynoCap, and installed by one atomic rename, so an import that fails or is
+//! killed leaves nothing listed (the next import or build removes its leftovers).
+//!
+//! Every blob is checked against its digest while it is read; layers are unpacked by
+//! [`unpack`], which treats them as hostile.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fchmod, Mode};
+use sha2::{Digest as _, Sha256};
+
+use super::build::{remove_dead_builds, BuildLock, Staging};
+use super::failure::ImageFailure;
+use super::oci::{self, Compression, ContainerConfig, Digest};
+use super::sandbox_user::{SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
+use super::store::{tree_size, BuiltImage, ImageMeta, ImageSource, ImageStore, META_FILE};
+use super::unpack::{remove_tree, Hashing, Limits, Root, Stats};
+use crate::foundation::error::{Context, Error, Result};
+use crate::foundation::failpoint;
+
+/// Bump when the import's customisation changes: the same image imported again then makes a
+/// new id instead of reusing an old result.
+const IMPORT_REVISION: &str = "1";
+
+/// A finished import.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    pub image: BuiltImage,
+    /// The store had this very image already (same name and config digest).
+    pub present: bool,
+    /// What the layers held and what was left out (zero when `present`).
+    pub stats: Stats,
+}
+
+/// Imports the image at `path` as `name` (default: from the file's name).
+pub fn import(
+    store: &ImageStore,
+    path: &Path,
+    name: Option<&str>,
+    limits: Limits,
+    progress: &dyn Fn(&str),
+    cancel: &AtomicBool,
+) -> Result<Imported> {
+    let path =
+        std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))?;
+    let name = match name {
+        Some(name) => name.to_owned(),
+        None => oci::default_name(
+            &path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        ),
+    };
+    if !super::store::is_name(&name) || name == crate::model::image_ref::DEFAULT_IMAGE {
+        return Err(Error::invalid(format!(
+            "\"{}\" cannot name an image: use up to 32 lowercase letters, digits and '-' \
+             (and not \"host\"), e.g. --name mytool",
+            oci::printable(&name)
+        )));
+    }
+    let source = Source::open(&path)?;
+    let plan = source.plan()?;
+    let id = {
+        let digest = Sha256::digest(
+            format!(
+                "dynocap-import {IMPORT_REVISION}\nname {name}\nconfig {}\n",
+                plan.config_digest
+            )
+            .as_bytes(),
+        );
+        digest
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    if let Some(image) = store.get(&name, &id) {
+        return Ok(Imported {
+            image,
+            present: true,
+            stats: Stats::default(),
+        });
+    }
+    let parent = store.dir().join(&name);
+    let _lock = BuildLock::take(&parent, progress)?;
+    if let Some(image) = store.get(&name, &id) {
+        return Ok(Imported {
+            image,
+            present: true,
+            stats: Stats::default(),
+        });
+    }
+    remove_dead_builds(&parent)?;
+    let staging = Staging::new(&parent)?;
+    let rootfs = staging.path.join("rootfs");
+    fs::create_dir(&rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
+    let mut root = Root::open(&rootfs, limits)?;
+    let stop = || -> Result<()> {
+        if cancel.load(Ordering::SeqCst) {
+            Err(Error::conflict("the import was stopped; nothing was kept"))
+        } else {
+            Ok(())
+        }
+    };
+    let total = plan.layers.len();
+    for (n, layer) in plan.layers.iter().enumerate() {
+        progress(&format!("layer {}/{total}: {}", n + 1, layer.digest));
+        // `image.import.layer2=kill`: dies with layer 1 unpacked, mid-import.
+        failpoint::hit(&format!("image.import.layer{}", n + 1))?;
+        source.apply_layer(layer, &mut root, &stop)?;
+    }
+    customise(&root)?;
+    let meta = ImageMeta {
+        name: name.clone(),
+        id: id.clone(),
+        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        size_bytes: tree_size(&rootfs),
+        suite: String::new(),
+        packages: Vec::new(),
+        kernel: None,
+        guest_sudo: true,
+        source: Some(ImageSource {
+            format: source.format().to_owned(),
+            path: path.display().to_string(),
+            manifest_digest: plan.manifest_digest.as_ref().map(Digest::to_string),
+            config_digest: plan.config_digest.to_string(),
+        }),
+        config: plan.config,
+    };
+    let json = serde_json::to_string_pretty(&meta)
+        .map_err(|err| Error::internal(format!("writing image.json: {err}")))?;
+    fs::write(staging.path.join(META_FILE), json).context("writing image.json")?;
+    stop()?;
+    let target = store.image_dir(&name, &id);
+    staging.install(&target)?;
+    let image = store
+        .get(&name, &id)
+        .ok_or(ImageFailure::Unreadable { dir: target })?;
+    Ok(Imported {
+        image,
+        present: false,
+        stats: root.stats,
+    })
+}
+
+/// One layer to apply: where it is and how to check it.
+#[derive(Debug, Clone)]
+struct LayerRef {
+    member: String,
+    media_type: String,
+    digest: Digest,
+    /// OCI: the digest and size are the blob's. Docker classic: the digest is the diff id,
+    /// of the uncompressed tar.
+    of_blob: bool,
+    size: Option<u64>,
+}
+
+/// What an image is made of, read and verified from its JSON.
+#[derive(Debug)]
+struct Plan {
+    manifest_digest: Option<Digest>,
+    config_digest: Digest,
+    config: Option<ContainerConfig>,
+    layers: Vec<LayerRef>,
+}
+
+/// An OCI layout directory, or a tar (its regular members' offsets and sizes).
+enum Source {
+    Dir(PathBuf),
+    Tar {
+        path: PathBuf,
+        members: HashMap<String, (u64, u64)>,
+    },
+}
+
+impl Source {
+    fn open(path: &Path) -> Result<Source> {
+        let meta = fs::metadata(path).map_err(|err| {
+            Error::invalid(format!(
+                "cannot read the image at {}: {err}",
+                path.display()
+            ))
+        })?;
+        if meta.is_dir() {
+            return Ok(Source::Dir(path.to_owned()));
+        }
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let mut archive = tar::Archive::new(BufReader::new(file));
+        let mut members = HashMap::new();
+        let not_tar = |err: std::io::Error| {
+            Error::invalid(format!(
+                "{} is neither an OCI image layout directory nor a docker save tar: {err}",
+                path.display()
+            ))
+        };
+        for entry in archive.entries().map_err(not_tar)? {
+            let entry = entry.map_err(not_tar)?;
+            if !entry.header().entry_type().is_file() {
+                continue;
+            }
+            let Ok(name) = oci::member_path(&String::from_utf8_lossy(&entry.path_bytes())) else {
+                continue;
+            };
+            members.insert(name, (entry.raw_file_position(), entry.size()));
+        }
+        Ok(Source::Tar {
+            path: path.to_owned(),
+            members,
+        })
+    }
+
+    fn format(&self) -> &'static str {
+        if self.has("index.json") && self.has("oci-layout") && !self.is_tar() {
+            "oci-layout"
+        } else {
+            "docker-archive"
+        }
+    }
+
+    fn is_tar(&self) -> bool {
+        matches!(self, Source::Tar { .. })
+    }
+
+    fn has(&self, member: &str) -> bool {
+        match self {
+            Source::Dir(dir) => dir.join(member).is_file(),
+            Source::Tar { members, .. } => members.contains_key(member),
+        }
+    }
+
+    /// A member's bytes (no digest checked here) and its size.
+    fn reader(&self, member: &str) -> Result<(Box<dyn Read + '_>, u64)> {
+        let member = oci::member_path(member)?;
+        let missing = || {
+            Error::invalid(format!(
+                "the image names {member}, which is not in it (an incomplete export?)"
+            ))
+        };
+        match self {
+            Source::Dir(dir) => {
+                let path = dir.join(&member);
+                let file = File::open(&path).map_err(|_| missing())?;
+                let size = file
+                    .metadata()
+                    .with_context(|| format!("reading {}", path.display()))?
+                    .len();
+                Ok((Box::new(file), size))
+            }
+            Source::Tar { path, members } => {
+                let (offset, size) = *members.get(&member).ok_or_else(missing)?;
+                let mut file =
+                    File::open(path).with_context(|| format!("opening {}", path.display()))?;
+                file.seek(SeekFrom::Start(offset))
+                    .with_context(|| format!("reading {}", path.display()))?;
+                Ok((Box::new(file.take(size)), size))
+            }
+        }
+    }
+
+    /// A small JSON member, read whole; checked against `digest` if given.
+    fn json_member(&self, member: &str, digest: Option<&Digest>) -> Result<Vec<u8>> {
+        let (reader, size) = self.reader(member)?;
+        if size > oci::MAX_JSON_BYTES {
+            return Err(Error::invalid(format!(
+                "the image's {member} is {size} bytes, more than the {} a manifest or config may be",
+                oci::MAX_JSON_BYTES
+            )));
+        }
+        let mut bytes = Vec::new();
+        let mut hashing = Hashing::new(reader);
+        hashing
+            .by_ref()
+            .take(oci::MAX_JSON_BYTES)
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("reading the image's {member}"))?;
+        if let Some(digest) = digest {
+            hashing.verify(member, digest, None)?;
+        }
+        Ok(bytes)
+    }
+
+    fn plan(&self) -> Result<Plan> {
+        if self.has("index.json") {
+            self.oci_plan()
+        } else if self.has("manifest.json") {
+            self.docker_plan()
+        } else {
+            Err(Error::invalid(
+                "this is neither an OCI image layout (no index.json) nor a docker save \
+                 archive (no manifest.json)",
+            ))
+        }
+    }
+
+    fn oci_plan(&self) -> Result<Plan> {
+        let index: oci::Index =
+            oci::parse_json(&self.json_member("index.json", None)?, "index.json")?;
+        let mut descriptor = oci::pick_manifest(&index)?.clone();
+        // A multi-platform image: its index is one level further down.
+        for _ in 0..2 {
+            if !oci::is_index(&descriptor) {
+                break;
+            }
+            let digest = Digest::parse(&descriptor.digest)?;
+            let nested: oci::Index = oci::parse_json(
+                &self.json_member(&digest.blob_path(), Some(&digest))?,
+                "index",
+            )?;
+            descriptor = oci::pick_manifest(&nested)?.clone();
+        }
+        let manifest_digest = Digest::parse(&descriptor.digest)?;
+        let manifest: oci::Manifest = oci::parse_json(
+            &self.json_member(&manifest_digest.blob_path(), Some(&manifest_digest))?,
+            "manifest",
+        )?;
+        let config_digest = Digest::parse(&manifest.config.digest)?;
+        let config: oci::ImageConfig = oci::parse_json(
+            &self.json_member(&config_digest.blob_path(), Some(&config_digest))?,
+            "config",
+        )?;
+        let layers = manifest
+            .layers
+            .iter()
+            .map(|layer| {
+                let digest = Digest::parse(&layer.digest)?;
+                Ok(LayerRef {
+                    member: digest.blob_path(),
+                    media_type: layer.media_type.clone(),
+                    digest,
+                    of_blob: true,
+                    size: Some(layer.size),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Plan {
+            manifest_digest: Some(manifest_digest),
+            config_digest,
+            config: config.config,
+            layers,
+        })
+    }
+
+    fn docker_plan(&self) -> Result<Plan> {
+        let entries: Vec<oci::DockerEntry> =
+            oci::parse_json(&self.json_member("manifest.json", None)?, "manifest.json")?;
+        let entry = match entries.as_slice() {
+            [one] => one,
+            [] => return Err(Error::invalid("the archive's manifest.json lists no image")),
+            many => {
+                return Err(Error::invalid(format!(
+                    "the archive holds {} images; save one image per archive to import it",
+                    many.len()
+                )))
+            }
+        };
+        // The config's name is its digest: `<hex>.json` (classic) or `blobs/sha256/<hex>`.
+        let config_member = oci::member_path(&entry.config)?;
+        let hex = config_member
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .trim_end_matches(".json");
+        let config_digest = Digest::parse(&format!("sha256:{hex}")).map_err(|_| {
+            Error::invalid(format!(
+                "the archive's config {} is not named by its digest",
+                oci::printable(&entry.config)
+            ))
+        })?;
+        let config: oci::ImageConfig = oci::parse_json(
+            &self.json_member(&config_member, Some(&config_digest))?,
+            "config",
+        )?;
+        let diff_ids = config.rootfs.clone().unwrap_or_default().diff_ids;
+        if diff_ids.len() != entry.layers.len() {
+            return Err(Error::invalid(format!(
+                "the archive lists {} layers but its config {} diff ids",
+                entry.layers.len(),
+                diff_ids.len()
+            )));
+        }
+        let layers = entry
+            .layers
+            .iter()
+            .zip(&diff_ids)
+            .map(|(member, diff_id)| {
+                Ok(LayerRef {
+                    member: oci::member_path(member)?,
+                    media_type: String::new(),
+                    digest: Digest::parse(diff_id)?,
+                    of_blob: false,
+                    size: None,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Plan {
+            manifest_digest: None,
+            config_digest,
+            config: config.config,
+            layers,
+        })
+    }
+
+    /// Unpacks one layer, checking its digest as it is read.
+    fn apply_layer(
+        &self,
+        layer: &LayerRef,
+        root: &mut Root,
+        stop: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
+        let (reader, _) = self.reader(&layer.member)?;
+        let mut raw = BufReader::new(reader);
+        let magic = raw
+            .fill_buf()
+            .with_context(|| format!("reading layer {}", layer.digest))?;
+        let compression = oci::compression(&layer.media_type, magic)?;
+        let what = format!("layer {}", layer.digest);
+        if layer.of_blob {
+            let mut hashing = Hashing::new(raw);
+            match compression {
+                Compression::Gzip => {
+                    root.apply_layer(flate2::read::GzDecoder::new(&mut hashing), stop)?
+                }
+                Compression::None => root.apply_layer(&mut hashing, stop)?,
+            }
+            hashing.verify(&what, &layer.digest, layer.size)
+        } else {
+            let plain: Box<dyn Read> = match compression {
+                Compression::Gzip => Box::new(flate2::read::GzDecoder::new(raw)),
+                Compression::None => Box::new(raw),
+            };
+            let mut hashing = Hashing::new(plain);
+            root.apply_layer(&mut hashing, stop)?;
+            hashing.verify(&what, &layer.digest, None)
+        }
+    }
+}
+
+/// DynoCap's changes to an imported rootfs, made through the same no-symlink walk as the
+/// layers (the rootfs is the image's, so a symlinked `/etc` is refused, never followed):
+/// mountpoints, no trace of the image's build host, the sandbox user and group (added to the
+/// image's `/etc/passwd` and `/etc/group`, or minimal ones made), the agent's mountpoint and
+/// `sudo`. Debian-only steps (apt sources) are not made.
+fn customise(root: &Root) -> Result<()> {
+    let dir = |rel: &str| -> Result<std::os::fd::OwnedFd> {
+        let parts: Vec<Vec<u8>> = rel.split('/').map(|p| p.as_bytes().to_vec()).collect();
+        root.walk(&parts, true)?
+            .ok_or_else(|| Error::internal(format!("creating /{rel} in the image")))
+    };
+    for rel in [
+        "proc",
+        "dev",
+        "sys",
+        "run",
+        "home",
+        "etc",
+        ".dynocap",
+        "usr/local/bin",
+    ] {
+        dir(rel)?;
+    }
+    for rel in ["tmp", "var/tmp"] {
+        fchmod(dir(rel)?, Mode::from_bits_truncate(0o1777))
+            .map_err(|e| Error::internal(format!("setting the mode of /{rel}: {e}")))?;
+    }
+    let etc = dir("etc")?;
+    let etc = etc.as_fd();
+    replace(etc, "hostname", b"dynocap\n", 0o644)?;
+    replace(
+        etc,
+        "hosts",
+        b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+        0o644,
+    )?;
+    replace(
+        etc,
+        "resolv.conf",
+        b"# DynoCap: no DNS inside the sandbox unless its network mode provides it\n",
+        0o644,
+    )?;
+    let user = format!(
+        "sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:DynoCap sandbox user:{SANDBOX_HOME}:/bin/sh"
+    );
+    add_line(etc, "passwd", "root:x:0:0:root:/root:/bin/sh", &user, 0o644)?;
+    add_line(
+        etc,
+        "group",
+        "root:x:0:",
+        &format!("sandbox:x:{SANDBOX_GID}:"),
+        0o644,
+    )?;
+    if read_at(etc, "shadow")?.is_some() {
+        add_line(etc, "shadow", "", "sandbox:!:20000:0:99999:7:::", 0o640)?;
+    }
+    if read_at(etc, "gshadow")?.is_some() {
+        add_line(etc, "gshadow", "", "sandbox:!::", 0o640)?;
+    }
+    replace(dir(".dynocap")?.as_fd(), "agent", b"", 0o755)?;
+    // `sudo` is the agent under another name (see customise.rs).
+    let bin = dir("usr/local/bin")?;
+    remove_tree(bin.as_fd(), b"sudo")?;
+    nix::unistd::symlinkat("/.dynocap/agent", bin.as_fd(), "sudo")
+        .map_err(|e| Error::internal(format!("creating /usr/local/bin/sudo: {e}")))?;
+    Ok(())
+}
+
+/// The content of `dir/name` if it is a regular file (not followed if a symlink).
+fn read_at(dir: BorrowedFd<'_>, name: &str) -> Result<Option<Vec<u8>>> {
+    match openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => {
+            let mut bytes = Vec::new();
+            File::from(fd)
+                .take(oci::MAX_JSON_BYTES)
+                .read_to_end(&mut bytes)
+                .with_context(|| format!("reading /etc/{name} of the image"))?;
+            Ok(Some(bytes))
+        }
+        Err(nix::errno::Errno::ENOENT) => Ok(None),
+        Err(errno) => Err(Error::invalid(format!(
+            "/etc/{name} of the image cannot be read ({errno}); is it a symlink?"
+        ))),
+    }
+}
+
+/// Replaces `dir/name` (whatever it was, a symlink included) with a root-owned file.
+fn replace(dir: BorrowedFd<'_>, name: &str, content: &[u8], mode: u32) -> Result<()> {
+    remove_tree(dir, name.as_bytes())?;
+    let fd = openat(
+        dir,
+        OsStr::from_bytes(name.as_bytes()),
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(|e| Error::internal(format!("creating {name} in the image: {e}")))?;
+    let mut file = File::from(fd);
+    std::io::Write::write_all(&mut file, content)
+        .with_context(|| format!("writing {name} in the image"))?;
+    nix::unistd::fchown(
+        &file,
+        Some(nix::unistd::Uid::from_raw(0)),
+        Some(nix::unistd::Gid::from_raw(0)),
+    )
+    .map_err(|e| Error::internal(format!("chowning {name} in the image: {e}")))?;
+    fchmod(&file, Mode::from_bits_truncate(mode))
+        .map_err(|e| Error::internal(format!("setting the mode of {name} in the image: {e}")))
+}
+
+/// Adds `line` to `dir/name` unless its first field is there; a missing file starts with
+/// `first` (when not empty).
+fn add_line(dir: BorrowedFd<'_>, name: &str, first: &str, line: &str, mode: u32) -> Result<()> {
+    let mut text = match read_at(dir, name)? {
+        Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        None if first.is_empty() => String::new(),
+        None => format!("{first}\n"),
+    };
+    let key = line.split(':').next().unwrap_or_default();
+    if text.lines().any(|l| l.split(':').next() == Some(key)) {
+        return Ok(());
+    }
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(line);
+    text.push('\n');
+    replace(dir, name, text.as_bytes(), mode)
+}

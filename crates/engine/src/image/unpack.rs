@@ -1,0 +1,649 @@
+//! Unpacking hostile container-image layers into a rootfs being imported.
+//!
+//! A layer is a tar stream written by whoever made the image: every name is checked by
+//! [`oci::classify`] (relative, no `..`), and every step below the root goes through
+//! directory file descriptors opened one component at a time with `O_NOFOLLOW`, so no symlink
+//! (one the layer made, or a lower layer's) is ever followed while creating or removing an
+//! entry. Hard links may only name files already beneath the root (resolved the same way),
+//! device nodes and fifos are not created (counted), set-id bits are cleared, and the bytes
+//! and entries written are bounded.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, AtFlags, OFlag};
+use nix::sys::stat::{fchmod, fstatat, futimens, mkdirat, Mode, SFlag};
+use nix::sys::time::TimeSpec;
+use nix::unistd::{fchown, fchownat, linkat, symlinkat, unlinkat, Gid, Uid, UnlinkatFlags};
+use sha2::{Digest as _, Sha256};
+
+use super::oci::{self, Action};
+use crate::foundation::error::{Error, Result};
+
+/// Bounds on what one import may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// File content bytes, all layers together.
+    pub max_bytes: u64,
+    /// Entries created, all layers together.
+    pub max_files: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_bytes: 16 << 30,
+            max_files: 2_000_000,
+        }
+    }
+}
+
+/// What an import wrote and what it left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stats {
+    pub bytes: u64,
+    pub files: u64,
+    /// Device nodes and fifos, not created.
+    pub devices_skipped: u64,
+    /// Files and directories whose setuid/setgid bits were cleared.
+    pub setid_cleared: u64,
+    pub whiteouts: u64,
+}
+
+/// A reader that hashes (SHA-256) and counts what passes through it.
+pub struct Hashing<R> {
+    inner: R,
+    hasher: Sha256,
+    count: u64,
+}
+
+impl<R: Read> Hashing<R> {
+    pub fn new(inner: R) -> Hashing<R> {
+        Hashing {
+            inner,
+            hasher: Sha256::new(),
+            count: 0,
+        }
+    }
+
+    /// Reads what is left, then checks the digest (and the size, when known).
+    pub fn verify(mut self, what: &str, digest: &oci::Digest, size: Option<u64>) -> Result<()> {
+        io::copy(&mut self, &mut io::sink())
+            .map_err(|err| Error::invalid(format!("reading {what}: {err}")))?;
+        let hex: String = self
+            .hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if hex != digest.hex {
+            return Err(Error::invalid(format!(
+                "{what} does not match its digest: expected {digest}, its content is sha256:{hex}; \
+                 the image is damaged or was tampered with"
+            )));
+        }
+        if let Some(size) = size.filter(|size| *size != self.count) {
+            return Err(Error::invalid(format!(
+                "{what} is {} bytes, its descriptor says {size}",
+                self.count
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.count += n as u64;
+        Ok(n)
+    }
+}
+
+/// The rootfs being filled, and the running totals across layers.
+pub struct Root {
+    fd: OwnedFd,
+    limits: Limits,
+    pub stats: Stats,
+}
+
+/// Paths this layer has put (and their ancestors): a whiteout or opaque marker removes only
+/// what lower layers left.
+type Written = HashSet<Vec<Vec<u8>>>;
+
+impl Root {
+    pub fn open(path: &Path, limits: Limits) -> Result<Root> {
+        let fd = nix::fcntl::open(
+            path,
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|errno| fs_error("opening", path.as_os_str().as_bytes(), errno))?;
+        Ok(Root {
+            fd,
+            limits,
+            stats: Stats::default(),
+        })
+    }
+
+    /// Applies one layer's tar stream. `cancel` is polled between entries.
+    pub fn apply_layer(&mut self, tar: impl Read, cancel: &dyn Fn() -> Result<()>) -> Result<()> {
+        let mut archive = tar::Archive::new(tar);
+        let mut written = Written::new();
+        let entries = archive
+            .entries()
+            .map_err(|err| Error::invalid(format!("reading a layer: {err}")))?;
+        for entry in entries {
+            cancel()?;
+            let entry = entry.map_err(|err| Error::invalid(format!("reading a layer: {err}")))?;
+            let path = entry.path_bytes().into_owned();
+            match oci::classify(&path)? {
+                Action::Skip => {}
+                Action::Whiteout { dir, name } => {
+                    self.stats.whiteouts += 1;
+                    let mut full = dir.clone();
+                    full.push(name.clone());
+                    if written.contains(&full) {
+                        continue;
+                    }
+                    if let Some(dir_fd) = self.walk(&dir, false)? {
+                        remove_tree(dir_fd.as_fd(), &name)?;
+                    }
+                }
+                Action::Opaque { dir } => {
+                    self.stats.whiteouts += 1;
+                    let Some(dir_fd) = self.walk(&dir, false)? else {
+                        continue;
+                    };
+                    for name in list_dir(dir_fd.as_fd())? {
+                        let mut full = dir.clone();
+                        full.push(name.clone());
+                        if !written.contains(&full) {
+                            remove_tree(dir_fd.as_fd(), &name)?;
+                        }
+                    }
+                }
+                Action::Put(parts) => {
+                    self.put(entry, &parts)?;
+                    for end in 1..=parts.len() {
+                        written.insert(parts[..end].to_vec());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates one entry at `parts`, replacing whatever a lower layer had there.
+    fn put<R: Read>(&mut self, mut entry: tar::Entry<'_, R>, parts: &[Vec<u8>]) -> Result<()> {
+        let header = entry.header().clone();
+        let kind = header.entry_type();
+        if kind.is_character_special() || kind.is_block_special() || kind.is_fifo() {
+            self.stats.devices_skipped += 1;
+            return Ok(());
+        }
+        let known = kind.is_dir()
+            || kind.is_file()
+            || kind.is_contiguous()
+            || kind.is_gnu_sparse()
+            || kind.is_symlink()
+            || kind.is_hard_link();
+        if !known {
+            // PAX/GNU extension headers the tar reader did not fold in: nothing to create.
+            return Ok(());
+        }
+        self.stats.files += 1;
+        if self.stats.files > self.limits.max_files {
+            return Err(Error::invalid(format!(
+                "the image has more than {} files, the bound on an import's file count \
+                 (--max-files)",
+                self.limits.max_files
+            )));
+        }
+        let (parent_parts, name) = parts.split_at(parts.len() - 1);
+        let name = &name[0];
+        let parent = self
+            .walk(parent_parts, true)?
+            .ok_or_else(|| Error::internal("a created directory vanished"))?;
+        let parent = parent.as_fd();
+        let shown = || display(parts);
+        let uid = u32::try_from(header.uid().unwrap_or(0))
+            .map_err(|_| Error::invalid(format!("{} has an owner out of range", shown())))?;
+        let gid = u32::try_from(header.gid().unwrap_or(0))
+            .map_err(|_| Error::invalid(format!("{} has a group out of range", shown())))?;
+        let raw_mode = header.mode().unwrap_or(0o644);
+        if raw_mode & 0o6000 != 0 {
+            self.stats.setid_cleared += 1;
+        }
+        let existing = stat_at(parent, name)?;
+        if kind.is_dir() {
+            let is_dir = existing.is_some_and(|st| is_type(st.st_mode, SFlag::S_IFDIR));
+            if !is_dir {
+                remove_tree(parent, name)?;
+                mkdirat(
+                    parent,
+                    OsStr::from_bytes(name),
+                    Mode::from_bits_truncate(0o700),
+                )
+                .map_err(|e| fs_error("creating", &show(parts), e))?;
+            }
+            let dir = open_dir(parent, name).map_err(|e| fs_error("opening", &show(parts), e))?;
+            fchown(&dir, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
+                .map_err(|e| fs_error("chowning", &show(parts), e))?;
+            fchmod(&dir, Mode::from_bits_truncate(raw_mode & 0o1777))
+                .map_err(|e| fs_error("chmoding", &show(parts), e))?;
+            return Ok(());
+        }
+        if kind.is_hard_link() {
+            let target = entry
+                .link_name_bytes()
+                .ok_or_else(|| Error::invalid(format!("the hard link {} names nothing", shown())))?
+                .into_owned();
+            let target = oci::entry_components(&target).map_err(|err| {
+                Error::invalid(format!("the hard link {}: {}", shown(), err.message))
+            })?;
+            let Some((target_name, target_dir)) = target.split_last() else {
+                return Err(Error::invalid(format!(
+                    "the hard link {} names the root",
+                    shown()
+                )));
+            };
+            if target == parts {
+                return Ok(());
+            }
+            let source_dir = self.walk(target_dir, false)?;
+            let source = match &source_dir {
+                Some(dir) => stat_at(dir.as_fd(), target_name)?,
+                None => None,
+            };
+            let (Some(source_dir), Some(source)) = (source_dir, source) else {
+                return Err(Error::invalid(format!(
+                    "the hard link {} names {}, which is not in the image",
+                    shown(),
+                    display(&target)
+                )));
+            };
+            if is_type(source.st_mode, SFlag::S_IFDIR) {
+                return Err(Error::invalid(format!(
+                    "the hard link {} names a directory",
+                    shown()
+                )));
+            }
+            remove_tree(parent, name)?;
+            linkat(
+                source_dir.as_fd(),
+                OsStr::from_bytes(target_name),
+                parent,
+                OsStr::from_bytes(name),
+                AtFlags::empty(),
+            )
+            .map_err(|e| fs_error("linking", &show(parts), e))?;
+            return Ok(());
+        }
+        remove_tree(parent, name)?;
+        if kind.is_symlink() {
+            let target = entry
+                .link_name_bytes()
+                .ok_or_else(|| Error::invalid(format!("the symlink {} names nothing", shown())))?
+                .into_owned();
+            if target.is_empty() || target.contains(&0) {
+                return Err(Error::invalid(format!(
+                    "the symlink {} has an empty or NUL target",
+                    shown()
+                )));
+            }
+            // The link is content: it is never followed here, and in the guest it resolves
+            // inside the guest's own root.
+            symlinkat(OsStr::from_bytes(&target), parent, OsStr::from_bytes(name))
+                .map_err(|e| fs_error("creating the symlink", &show(parts), e))?;
+            fchownat(
+                parent,
+                OsStr::from_bytes(name),
+                Some(Uid::from_raw(uid)),
+                Some(Gid::from_raw(gid)),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| fs_error("chowning", &show(parts), e))?;
+            return Ok(());
+        }
+        let size = entry.size();
+        let room = self.limits.max_bytes.saturating_sub(self.stats.bytes);
+        if size > room {
+            return Err(self.too_big());
+        }
+        let fd = openat(
+            parent,
+            OsStr::from_bytes(name),
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| fs_error("creating", &show(parts), e))?;
+        let mut file = File::from(fd);
+        let copied = io::copy(&mut (&mut entry).take(room.saturating_add(1)), &mut file)
+            .map_err(|err| Error::invalid(format!("writing {}: {err}", shown())))?;
+        self.stats.bytes += copied;
+        if self.stats.bytes > self.limits.max_bytes {
+            return Err(self.too_big());
+        }
+        fchown(&file, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
+            .map_err(|e| fs_error("chowning", &show(parts), e))?;
+        fchmod(&file, Mode::from_bits_truncate(raw_mode & 0o777))
+            .map_err(|e| fs_error("chmoding", &show(parts), e))?;
+        let mtime = i64::try_from(header.mtime().unwrap_or(0)).unwrap_or(0);
+        let time = TimeSpec::new(mtime, 0);
+        futimens(&file, &time, &time).map_err(|e| fs_error("timestamping", &show(parts), e))?;
+        Ok(())
+    }
+
+    fn too_big(&self) -> Error {
+        Error::invalid(format!(
+            "the image's files add up to more than {} bytes, the bound on an import's size \
+             (--max-bytes)",
+            self.limits.max_bytes
+        ))
+    }
+
+    /// The directory at `parts`, reached one component at a time without following any
+    /// symlink; missing components are created when `create`, else `None`.
+    pub fn walk(&self, parts: &[Vec<u8>], create: bool) -> Result<Option<OwnedFd>> {
+        let mut current = open_dir(self.fd.as_fd(), b".")
+            .map_err(|e| fs_error("opening", b"the image root", e))?;
+        for (depth, part) in parts.iter().enumerate() {
+            let next = match open_dir(current.as_fd(), part) {
+                Err(Errno::ENOENT) if create => {
+                    mkdirat(
+                        current.as_fd(),
+                        OsStr::from_bytes(part),
+                        Mode::from_bits_truncate(0o755),
+                    )
+                    .map_err(|e| fs_error("creating", &show(&parts[..=depth]), e))?;
+                    open_dir(current.as_fd(), part)
+                }
+                Err(Errno::ENOENT) => return Ok(None),
+                other => other,
+            };
+            current = next.map_err(|errno| match errno {
+                Errno::ELOOP | Errno::ENOTDIR => Error::invalid(format!(
+                    "a layer entry goes through {}, which is a symlink or not a directory; \
+                     refusing to follow it",
+                    String::from_utf8_lossy(&show(&parts[..=depth]))
+                )),
+                errno => fs_error("opening", &show(&parts[..=depth]), errno),
+            })?;
+        }
+        Ok(Some(current))
+    }
+}
+
+fn open_dir(dir: BorrowedFd<'_>, name: &[u8]) -> nix::Result<OwnedFd> {
+    openat(
+        dir,
+        OsStr::from_bytes(name),
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+fn stat_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Option<nix::sys::stat::FileStat>> {
+    match fstatat(dir, OsStr::from_bytes(name), AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(errno) => Err(fs_error("reading", name, errno)),
+    }
+}
+
+fn is_type(mode: u32, kind: SFlag) -> bool {
+    mode & SFlag::S_IFMT.bits() == kind.bits()
+}
+
+/// The names in a directory (not `.` and `..`).
+fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<Vec<u8>>> {
+    // The fd's /proc link names the directory already opened (without following symlinks).
+    let proc = format!("/proc/self/fd/{}", dir.as_raw_fd());
+    let entries = std::fs::read_dir(&proc)
+        .map_err(|err| Error::internal(format!("listing a directory of the image: {err}")))?;
+    Ok(entries
+        .flatten()
+        .map(|e| e.file_name().as_bytes().to_vec())
+        .collect())
+}
+
+/// Removes `name` in `dir` and, if a directory, everything under it, never following a
+/// symlink. Nothing there is fine.
+pub fn remove_tree(dir: BorrowedFd<'_>, name: &[u8]) -> Result<()> {
+    let Some(st) = stat_at(dir, name)? else {
+        return Ok(());
+    };
+    if is_type(st.st_mode, SFlag::S_IFDIR) {
+        let sub = open_dir(dir, name).map_err(|e| fs_error("opening", name, e))?;
+        for child in list_dir(sub.as_fd())? {
+            remove_tree(sub.as_fd(), &child)?;
+        }
+        unlinkat(dir, OsStr::from_bytes(name), UnlinkatFlags::RemoveDir)
+            .map_err(|e| fs_error("removing", name, e))
+    } else {
+        unlinkat(dir, OsStr::from_bytes(name), UnlinkatFlags::NoRemoveDir)
+            .map_err(|e| fs_error("removing", name, e))
+    }
+}
+
+fn show(parts: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = b"/".to_vec();
+    out.extend(parts.join(&b'/'));
+    out
+}
+
+/// A path for messages.
+fn display(parts: &[Vec<u8>]) -> String {
+    oci::printable(&String::from_utf8_lossy(&show(parts)))
+}
+
+fn fs_error(doing: &str, path: &[u8], errno: Errno) -> Error {
+    Error::internal(format!(
+        "{doing} {} in the image being imported: {errno}",
+        oci::printable(&String::from_utf8_lossy(path))
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// A tar built entry by entry, headers written raw so hostile names get through.
+    struct Layer(tar::Builder<Vec<u8>>);
+
+    impl Layer {
+        fn new() -> Layer {
+            Layer(tar::Builder::new(Vec::new()))
+        }
+        fn entry(
+            mut self,
+            kind: tar::EntryType,
+            path: &str,
+            link: &str,
+            mode: u32,
+            data: &[u8],
+        ) -> Self {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            {
+                let name = &mut header.as_old_mut().name;
+                name[..path.len()].copy_from_slice(path.as_bytes());
+            }
+            if !link.is_empty() {
+                header.set_link_name(link).expect("link");
+            }
+            header.set_mode(mode);
+            // Owned by whoever runs the test, so it passes without root too.
+            header.set_uid(u64::from(nix::unistd::geteuid().as_raw()));
+            header.set_gid(u64::from(nix::unistd::getegid().as_raw()));
+            header.set_size(data.len() as u64);
+            header.set_cksum();
+            self.0.append(&header, data).expect("append");
+            self
+        }
+        fn file(self, path: &str, data: &str) -> Self {
+            self.entry(tar::EntryType::Regular, path, "", 0o644, data.as_bytes())
+        }
+        fn dir(self, path: &str) -> Self {
+            self.entry(tar::EntryType::Directory, path, "", 0o755, b"")
+        }
+        fn bytes(self) -> Vec<u8> {
+            self.0.into_inner().expect("tar")
+        }
+    }
+
+    fn apply(root: &mut Root, layer: Layer) -> Result<()> {
+        root.apply_layer(&layer.bytes()[..], &|| Ok(()))
+    }
+
+    #[test]
+    fn layers_stack_with_whiteouts_and_opaque_dirs() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut root = Root::open(tmp.path(), Limits::default()).expect("root");
+        let lower = Layer::new()
+            .dir("etc")
+            .file("etc/keep", "k")
+            .file("etc/gone", "g")
+            .dir("opt")
+            .file("opt/old", "o")
+            .file("usr/bin/tool", "t");
+        apply(&mut root, lower).expect("lower");
+        let upper = Layer::new()
+            .file("etc/.wh.gone", "")
+            .entry(tar::EntryType::Directory, "opt", "", 0o755, b"")
+            .file("opt/new", "n")
+            .file("opt/.wh..wh..opq", "")
+            .entry(tar::EntryType::Regular, "usr/bin/suid", "", 0o4755, b"x")
+            .entry(
+                tar::EntryType::Link,
+                "usr/bin/tool2",
+                "usr/bin/tool",
+                0o755,
+                b"",
+            )
+            .entry(tar::EntryType::Char, "dev-null", "", 0o666, b"")
+            .entry(tar::EntryType::Symlink, "lib", "usr/lib", 0o777, b"");
+        apply(&mut root, upper).expect("upper");
+        let p = tmp.path();
+        assert!(p.join("etc/keep").is_file() && !p.join("etc/gone").exists());
+        assert!(p.join("opt/new").is_file() && !p.join("opt/old").exists());
+        let suid = std::fs::metadata(p.join("usr/bin/suid")).expect("stat");
+        assert_eq!(suid.permissions().mode() & 0o7777, 0o755);
+        assert_eq!(
+            suid.ino(),
+            std::fs::metadata(p.join("usr/bin/suid"))
+                .expect("stat")
+                .ino()
+        );
+        assert_eq!(
+            std::fs::metadata(p.join("usr/bin/tool2"))
+                .expect("stat")
+                .ino(),
+            std::fs::metadata(p.join("usr/bin/tool"))
+                .expect("stat")
+                .ino()
+        );
+        assert!(!p.join("dev-null").exists());
+        assert_eq!(root.stats.devices_skipped, 1);
+        assert_eq!(root.stats.setid_cleared, 1);
+    }
+
+    #[test]
+    fn hostile_entries_are_refused_and_nothing_lands_outside() {
+        let outside = tempfile::tempdir().expect("tempdir");
+        let cases: Vec<(&str, Layer)> = vec![
+            ("dotdot", Layer::new().file("../escape", "x")),
+            ("absolute", Layer::new().file("/abs", "x")),
+            (
+                "symlinked parent",
+                Layer::new()
+                    .entry(
+                        tar::EntryType::Symlink,
+                        "d",
+                        outside.path().to_str().expect("utf8"),
+                        0o777,
+                        b"",
+                    )
+                    .file("d/x", "x"),
+            ),
+            ("whiteout of ..", Layer::new().file("a/.wh...", "")),
+            (
+                "hard link outside",
+                Layer::new().entry(tar::EntryType::Link, "h", "../../etc/shadow", 0o644, b""),
+            ),
+            (
+                "hard link absolute",
+                Layer::new().entry(tar::EntryType::Link, "h", "/etc/shadow", 0o644, b""),
+            ),
+            (
+                "hard link to nothing",
+                Layer::new().entry(tar::EntryType::Link, "h", "etc/shadow", 0o644, b""),
+            ),
+        ];
+        for (what, layer) in cases {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let root_dir = tmp.path().join("root");
+            std::fs::create_dir(&root_dir).expect("mkdir");
+            let mut root = Root::open(&root_dir, Limits::default()).expect("root");
+            let err = apply(&mut root, layer).expect_err(what);
+            assert!(!err.message.is_empty(), "{what}");
+            assert!(!tmp.path().join("escape").exists(), "{what}");
+            assert!(!tmp.path().join("h").exists(), "{what}");
+            assert_eq!(
+                std::fs::read_dir(outside.path()).expect("read").count(),
+                0,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn bounds_name_themselves() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let limits = Limits {
+            max_bytes: 10,
+            max_files: 3,
+        };
+        let mut root = Root::open(tmp.path(), limits).expect("root");
+        let err = apply(&mut root, Layer::new().file("big", "01234567890")).expect_err("bytes");
+        assert!(err.message.contains("--max-bytes"), "{err}");
+        let mut root = Root::open(tmp.path(), limits).expect("root");
+        let many = Layer::new()
+            .file("a", "")
+            .file("b", "")
+            .file("c", "")
+            .file("d", "");
+        let err = apply(&mut root, many).expect_err("files");
+        assert!(err.message.contains("--max-files"), "{err}");
+    }
+
+    #[test]
+    fn hashing_checks_digest_and_size() {
+        let data = b"hello";
+        let hex: String = Sha256::digest(data)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let digest = oci::Digest { hex };
+        Hashing::new(&data[..])
+            .verify("blob", &digest, Some(5))
+            .expect("ok");
+        assert!(Hashing::new(&data[..])
+            .verify("blob", &digest, Some(6))
+            .is_err());
+        let err = Hashing::new(&b"hellO"[..])
+            .verify("blob", &digest, None)
+            .expect_err("mismatch");
+        assert!(err.message.contains("does not match"), "{err}");
+    }
+}

@@ -1,0 +1,630 @@
+//! `dynocap image import` end to end: an OCI image layout and a `docker save` archive that
+//! the test makes itself (a static busybox in three layers, with a whiteout, an opaque
+//! directory, a device node and a setuid file), imported, listed, booted on the jail and
+//! removed; hostile layers refused with nothing written outside the store; and an import
+//! killed half-way leaving nothing listed, the next one succeeding.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use dynocap_e2e::{require_root, TestHome};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+/// The static busybox of Debian's busybox-static (scripts/install-deps.sh installs it).
+fn busybox(test: &str) -> Option<PathBuf> {
+    let found = ["/bin/busybox", "/usr/bin/busybox"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file());
+    if found.is_none() {
+        if std::env::var_os("CI").is_some() {
+            panic!("{test}: needs busybox-static, and CI must have it");
+        }
+        eprintln!("SKIPPED {test}: needs busybox-static (apt-get install busybox-static)");
+    }
+    found
+}
+
+fn sha256(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(data).expect("gzip");
+    enc.finish().expect("gzip")
+}
+
+/// A layer tar written header by header, names raw so hostile ones get through.
+struct Layer(tar::Builder<Vec<u8>>);
+
+impl Layer {
+    fn new() -> Layer {
+        Layer(tar::Builder::new(Vec::new()))
+    }
+    fn entry(
+        mut self,
+        kind: tar::EntryType,
+        path: &str,
+        link: &str,
+        mode: u32,
+        data: &[u8],
+    ) -> Self {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(kind);
+        header.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+        if !link.is_empty() {
+            header.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+        }
+        header.set_mode(mode);
+        header.set_size(data.len() as u64);
+        header.set_mtime(1_700_000_000);
+        header.set_cksum();
+        self.0.append(&header, data).expect("append");
+        self
+    }
+    fn dir(self, path: &str) -> Self {
+        self.entry(tar::EntryType::Directory, path, "", 0o755, b"")
+    }
+    fn file(self, path: &str, data: &str) -> Self {
+        self.entry(tar::EntryType::Regular, path, "", 0o644, data.as_bytes())
+    }
+    fn symlink(self, path: &str, target: &str) -> Self {
+        self.entry(tar::EntryType::Symlink, path, target, 0o777, b"")
+    }
+    fn bytes(self) -> Vec<u8> {
+        self.0.into_inner().expect("tar")
+    }
+}
+
+/// The base: busybox and its applets, a minimal /etc, and files the upper layers remove.
+fn base_layer(busybox: &Path) -> Vec<u8> {
+    let mut layer = Layer::new()
+        .dir("bin")
+        .entry(
+            tar::EntryType::Regular,
+            "bin/busybox",
+            "",
+            0o755,
+            &std::fs::read(busybox).expect("read busybox"),
+        )
+        .dir("etc")
+        .file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n")
+        .file("etc/group", "root:x:0:\n")
+        .dir("opt")
+        .file("opt/lower-a", "a")
+        .file("opt/lower-b", "b")
+        .dir("data")
+        .file("data/gone.txt", "gone")
+        .file("data/kept.txt", "kept\n");
+    for applet in [
+        "sh", "ls", "cat", "env", "pwd", "id", "stat", "test", "echo", "sleep",
+    ] {
+        layer = layer.symlink(&format!("bin/{applet}"), "busybox");
+    }
+    layer.bytes()
+}
+
+fn upper_layer() -> Vec<u8> {
+    Layer::new()
+        .file("data/.wh.gone.txt", "")
+        .dir("opt")
+        .file("opt/.wh..wh..opq", "")
+        .file("opt/upper", "u")
+        .dir("top")
+        .file("top/hello.txt", "from the top layer\n")
+        .entry(
+            tar::EntryType::Regular,
+            "bin/suid",
+            "",
+            0o4755,
+            b"#!/bin/sh\n",
+        )
+        .dir("dev")
+        .entry(tar::EntryType::Char, "dev/evil", "", 0o666, b"")
+        .bytes()
+}
+
+fn third_layer() -> Vec<u8> {
+    Layer::new()
+        .dir("work")
+        .file("top/third.txt", "three\n")
+        .bytes()
+}
+
+fn config(diff_ids: &[String]) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {
+            "Env": ["PATH=/bin", "GREETING=hello"],
+            "WorkingDir": "/work",
+            "Cmd": ["/bin/sh"],
+        },
+        "rootfs": {
+            "type": "layers",
+            "diff_ids": diff_ids.iter().map(|d| format!("sha256:{d}")).collect::<Vec<_>>(),
+        },
+    }))
+    .expect("json")
+}
+
+/// A layer of an OCI layout: its tar, gzip or not, and its media type (defaulted).
+struct OciLayer {
+    tar: Vec<u8>,
+    gzip: bool,
+    media_type: Option<&'static str>,
+}
+
+fn oci_layer(tar: Vec<u8>, gzip: bool) -> OciLayer {
+    OciLayer {
+        tar,
+        gzip,
+        media_type: None,
+    }
+}
+
+/// Writes an OCI image layout of `layers` at `dir`; returns the layers' blob digests.
+fn write_oci(dir: &Path, layers: &[OciLayer]) -> Vec<String> {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).expect("mkdir");
+    let put = |data: &[u8]| {
+        let hex = sha256(data);
+        std::fs::write(blobs.join(&hex), data).expect("write blob");
+        hex
+    };
+    let mut descriptors = Vec::new();
+    let mut digests = Vec::new();
+    let diff_ids: Vec<String> = layers.iter().map(|l| sha256(&l.tar)).collect();
+    for layer in layers {
+        let blob = if layer.gzip {
+            gzip(&layer.tar)
+        } else {
+            layer.tar.clone()
+        };
+        let hex = put(&blob);
+        let media_type = layer.media_type.unwrap_or(if layer.gzip {
+            "application/vnd.oci.image.layer.v1.tar+gzip"
+        } else {
+            "application/vnd.oci.image.layer.v1.tar"
+        });
+        descriptors.push(
+            json!({"mediaType": media_type, "digest": format!("sha256:{hex}"), "size": blob.len()}),
+        );
+        digests.push(hex);
+    }
+    let config = config(&diff_ids);
+    let config_hex = put(&config);
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": format!("sha256:{config_hex}"), "size": config.len()},
+        "layers": descriptors,
+    }))
+    .expect("json");
+    let manifest_hex = put(&manifest);
+    std::fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "digest": format!("sha256:{manifest_hex}"), "size": manifest.len()}],
+        }))
+        .expect("json"),
+    )
+    .expect("write index");
+    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).expect("write");
+    digests
+}
+
+/// Writes a classic `docker save` archive of `layers` at `path`.
+fn write_docker(path: &Path, layers: &[Vec<u8>]) {
+    let diff_ids: Vec<String> = layers.iter().map(|l| sha256(l)).collect();
+    let config = config(&diff_ids);
+    let config_name = format!("{}.json", sha256(&config));
+    let mut archive = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, data: &[u8]| {
+        let mut header = tar::Header::new_ustar();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        archive
+            .append_data(&mut header, name, data)
+            .expect("append");
+    };
+    add(&config_name, &config);
+    let mut names = Vec::new();
+    for (n, layer) in layers.iter().enumerate() {
+        let name = format!("{n}/layer.tar");
+        add(&name, layer);
+        names.push(name);
+    }
+    let manifest = serde_json::to_vec(&json!([
+        {"Config": config_name, "RepoTags": ["tiny:1"], "Layers": names}
+    ]))
+    .expect("json");
+    add("manifest.json", &manifest);
+    std::fs::write(path, archive.into_inner().expect("tar")).expect("write archive");
+}
+
+fn images(home: &TestHome) -> Vec<Value> {
+    home.json(&["image", "ls"])["images"]
+        .as_array()
+        .expect("images")
+        .clone()
+}
+
+/// Entries of `images/<name>/` other than the lock: images or leftovers.
+fn store_entries(home: &TestHome, name: &str) -> Vec<String> {
+    std::fs::read_dir(home.path().join("images").join(name))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n != ".build.lock")
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn oci_layout_and_docker_archive_import_and_boot_on_the_jail() {
+    let test = "oci_layout_and_docker_archive_import_and_boot_on_the_jail";
+    if !require_root(test) {
+        return;
+    }
+    let Some(busybox) = busybox(test) else { return };
+    let home = TestHome::new();
+    let work = tempfile::tempdir().expect("tempdir");
+    let layout = work.path().join("tiny-oci");
+    write_oci(
+        &layout,
+        &[
+            oci_layer(base_layer(&busybox), true),
+            oci_layer(upper_layer(), false),
+            oci_layer(third_layer(), true),
+        ],
+    );
+
+    let imported = home.json(&[
+        "image",
+        "import",
+        layout.to_str().expect("utf8"),
+        "--name",
+        "tiny",
+    ]);
+    assert_eq!(imported["origin"], "imported", "{imported:#}");
+    assert_eq!(imported["stats"]["devicesSkipped"], 1, "{imported:#}");
+    assert_eq!(imported["stats"]["setidCleared"], 1, "{imported:#}");
+    let id = imported["image"]["id"].as_str().expect("id").to_owned();
+    let again = home.json(&[
+        "image",
+        "import",
+        layout.to_str().expect("utf8"),
+        "--name",
+        "tiny",
+    ]);
+    assert_eq!(
+        again["origin"], "present",
+        "the same image again is already there"
+    );
+    assert_eq!(again["image"]["id"], id.as_str());
+
+    let listed = images(&home);
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    let source = &listed[0]["source"];
+    assert_eq!(source["format"], "oci-layout", "{listed:#?}");
+    assert_eq!(source["path"], layout.to_str().expect("utf8"));
+    assert!(source["manifestDigest"]
+        .as_str()
+        .expect("digest")
+        .starts_with("sha256:"));
+    let table = String::from_utf8(home.run(&["image", "ls"]).stdout).expect("utf8");
+    assert!(
+        table.contains("tiny") && table.contains("imported"),
+        "{table}"
+    );
+    // The config is recorded (Entrypoint/Cmd never run).
+    let meta: Value = serde_json::from_slice(
+        &std::fs::read(Path::new(listed[0]["path"].as_str().expect("path")).join("image.json"))
+            .expect("image.json"),
+    )
+    .expect("json");
+    assert_eq!(meta["config"]["WorkingDir"], "/work", "{meta:#}");
+    assert_eq!(meta["config"]["Env"][1], "GREETING=hello", "{meta:#}");
+    assert_eq!(meta["config"]["Cmd"][0], "/bin/sh", "{meta:#}");
+
+    let info = home.sandbox("box", &["--image", "tiny", "--backend", "jail"]);
+    assert_eq!(info["image"], "tiny", "{info:#}");
+    assert_eq!(
+        home.sh("box", "cat /top/hello.txt /top/third.txt"),
+        "from the top layer\nthree\n"
+    );
+    assert_eq!(
+        home.sh("box", "test -e /data/gone.txt || echo gone"),
+        "gone\n"
+    );
+    assert_eq!(home.sh("box", "cat /data/kept.txt"), "kept\n");
+    assert_eq!(
+        home.sh("box", "ls /opt"),
+        "upper\n",
+        "the opaque dir hides the lower entries"
+    );
+    assert_eq!(
+        home.sh("box", "stat -c %a /bin/suid"),
+        "755\n",
+        "set-id bits cleared"
+    );
+    assert_eq!(home.sh("box", "test -e /dev/evil || echo none"), "none\n");
+    assert_eq!(home.sh("box", "id -u; id -un"), "1000\nsandbox\n");
+    assert_eq!(home.sh("box", "test -d /work && echo dir"), "dir\n");
+
+    let refused = home.json_err(&["image", "rm", "tiny"]);
+    assert_eq!(refused["code"], "conflict", "{refused:#}");
+    home.json(&["destroy", "box"]);
+
+    // The same image as a classic docker save archive.
+    let archive = work.path().join("Tiny_Docker.tar");
+    write_docker(
+        &archive,
+        &[base_layer(&busybox), upper_layer(), third_layer()],
+    );
+    let docker = home.json(&["image", "import", archive.to_str().expect("utf8")]);
+    assert_eq!(
+        docker["image"]["name"], "tiny-docker",
+        "named from the file: {docker:#}"
+    );
+    assert_eq!(docker["image"]["source"]["format"], "docker-archive");
+    let rootfs = Path::new(docker["image"]["path"].as_str().expect("path")).join("rootfs");
+    assert!(rootfs.join("top/third.txt").is_file());
+    assert!(!rootfs.join("data/gone.txt").exists());
+    home.sandbox("box2", &["--image", "tiny-docker", "--backend", "jail"]);
+    assert_eq!(
+        home.sh("box2", "ls /opt; cat /top/hello.txt"),
+        "upper\nfrom the top layer\n"
+    );
+    home.json(&["destroy", "box2"]);
+
+    home.json(&["image", "rm", "tiny"]);
+    home.json(&["image", "rm", "tiny-docker"]);
+    assert!(images(&home).is_empty());
+}
+
+#[test]
+fn hostile_layers_are_refused_and_nothing_lands_outside() {
+    let test = "hostile_layers_are_refused_and_nothing_lands_outside";
+    if !require_root(test) {
+        return;
+    }
+    let Some(busybox) = busybox(test) else { return };
+    let home = TestHome::new();
+    let work = tempfile::tempdir().expect("tempdir");
+    let outside = tempfile::tempdir().expect("tempdir");
+    let outside_path = outside.path().to_str().expect("utf8").to_owned();
+    let base = base_layer(&busybox);
+    let mut huge = tar::Header::new_gnu();
+    huge.as_old_mut().name[..4].copy_from_slice(b"huge");
+    huge.set_entry_type(tar::EntryType::Regular);
+    huge.set_mode(0o644);
+    huge.set_size(1 << 40);
+    huge.set_cksum();
+    let mut bomb = huge.as_bytes().to_vec();
+    bomb.extend(vec![0u8; 1024]);
+
+    let cases: Vec<(&str, Vec<OciLayer>, &[&str], &str)> = vec![
+        (
+            "dotdot",
+            vec![oci_layer(Layer::new().file("../escape", "x").bytes(), true)],
+            &[],
+            "\"..\"",
+        ),
+        (
+            "absolute",
+            vec![oci_layer(
+                Layer::new().file("/abs-escape", "x").bytes(),
+                false,
+            )],
+            &[],
+            "absolute",
+        ),
+        (
+            "symlinked parent",
+            vec![oci_layer(
+                Layer::new()
+                    .symlink("d", &outside_path)
+                    .file("d/x", "x")
+                    .bytes(),
+                false,
+            )],
+            &[],
+            "symlink",
+        ),
+        (
+            "whiteout of ..",
+            vec![oci_layer(
+                Layer::new().file("etc/.wh...", "").bytes(),
+                false,
+            )],
+            &[],
+            "whiteout",
+        ),
+        (
+            "hard link to the host's shadow",
+            vec![oci_layer(
+                Layer::new()
+                    .entry(tar::EntryType::Link, "shadow", "/etc/shadow", 0o644, b"")
+                    .bytes(),
+                false,
+            )],
+            &[],
+            "absolute",
+        ),
+        (
+            "hard link outside",
+            vec![oci_layer(
+                Layer::new()
+                    .entry(
+                        tar::EntryType::Link,
+                        "shadow",
+                        "../../../../etc/shadow",
+                        0o644,
+                        b"",
+                    )
+                    .bytes(),
+                false,
+            )],
+            &[],
+            "\"..\"",
+        ),
+        (
+            "a bomb past the bound",
+            vec![oci_layer(
+                Layer::new()
+                    .entry(
+                        tar::EntryType::Regular,
+                        "big",
+                        "",
+                        0o644,
+                        &vec![0u8; 3 << 20],
+                    )
+                    .bytes(),
+                true,
+            )],
+            &["--max-bytes", "4000000"],
+            "--max-bytes",
+        ),
+        (
+            "a huge header",
+            vec![oci_layer(bomb, false)],
+            &[],
+            "--max-bytes",
+        ),
+        (
+            "zstd",
+            vec![OciLayer {
+                tar: Layer::new().file("z", "z").bytes(),
+                gzip: false,
+                media_type: Some("application/vnd.oci.image.layer.v1.tar+zstd"),
+            }],
+            &[],
+            "zstd",
+        ),
+    ];
+    for (n, (what, layers, flags, says)) in cases.into_iter().enumerate() {
+        let layout = work.path().join(format!("case{n}"));
+        let mut all = vec![oci_layer(base.clone(), true)];
+        all.extend(layers);
+        write_oci(&layout, &all);
+        let mut args = vec![
+            "image",
+            "import",
+            layout.to_str().expect("utf8"),
+            "--name",
+            "bad",
+        ];
+        args.extend_from_slice(flags);
+        let err = home.json_err(&args);
+        assert!(
+            err["message"].as_str().expect("message").contains(says),
+            "{what}: {err:#}"
+        );
+        assert!(images(&home).is_empty(), "{what}");
+        assert!(
+            store_entries(&home, "bad").is_empty(),
+            "{what}: {:?}",
+            store_entries(&home, "bad")
+        );
+    }
+
+    // A blob whose bytes do not match its digest.
+    let layout = work.path().join("tampered");
+    let digests = write_oci(
+        &layout,
+        &[
+            oci_layer(base.clone(), true),
+            oci_layer(upper_layer(), false),
+        ],
+    );
+    let blob = layout.join("blobs/sha256").join(&digests[1]);
+    let mut bytes = std::fs::read(&blob).expect("read");
+    let at = bytes.len() / 3;
+    bytes[at] ^= 0xff;
+    std::fs::write(&blob, bytes).expect("write");
+    let err = home.json_err(&[
+        "image",
+        "import",
+        layout.to_str().expect("utf8"),
+        "--name",
+        "bad",
+    ]);
+    assert!(
+        err["message"]
+            .as_str()
+            .expect("message")
+            .contains("does not match its digest"),
+        "{err:#}"
+    );
+    assert!(images(&home).is_empty());
+
+    assert_eq!(std::fs::read_dir(outside.path()).expect("read").count(), 0);
+    for escaped in ["/abs-escape", "/escape", "/tmp/escape", "/shadow"] {
+        assert!(!Path::new(escaped).exists(), "{escaped}");
+    }
+    assert!(!home.path().join("images/escape").exists() && !home.path().join("escape").exists());
+}
+
+#[test]
+fn an_interrupted_import_leaves_nothing_and_the_next_succeeds() {
+    let test = "an_interrupted_import_leaves_nothing_and_the_next_succeeds";
+    if !require_root(test) {
+        return;
+    }
+    let Some(busybox) = busybox(test) else { return };
+    let home = TestHome::new();
+    let work = tempfile::tempdir().expect("tempdir");
+    let layout = work.path().join("tiny");
+    write_oci(
+        &layout,
+        &[
+            oci_layer(base_layer(&busybox), true),
+            oci_layer(upper_layer(), false),
+        ],
+    );
+    let path = layout.to_str().expect("utf8");
+    let out = home
+        .command()
+        .env("DYNOCAP_FAILPOINTS", "image.import.layer2=kill")
+        .args(["--json", "image", "import", path])
+        .output()
+        .expect("spawn");
+    assert!(!out.status.success());
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(libc::SIGKILL),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left = store_entries(&home, "tiny");
+    assert!(
+        left.len() == 1 && left[0].starts_with(".tmp-"),
+        "killed mid-unpack: {left:?}"
+    );
+    assert!(
+        images(&home).is_empty(),
+        "a half-made import is never listed"
+    );
+
+    let imported = home.json(&["image", "import", path]);
+    assert_eq!(imported["origin"], "imported", "{imported:#}");
+    let left = store_entries(&home, "tiny");
+    assert_eq!(
+        left,
+        [imported["image"]["id"].as_str().expect("id")],
+        "the leftover is gone"
+    );
+    assert_eq!(images(&home).len(), 1);
+}

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use dynocap_e2e::bench::command_servers;
-use dynocap_e2e::{require_root, wait_until, TestHome};
+use dynocap_e2e::{pid_exists, require_root, wait_until, TestHome};
 
 /// Runs commands until the home has a server (the first command of a home runs without one
 /// and starts it); its pid.
@@ -633,10 +633,16 @@ fn a_served_command_runs_with_its_clients_limits_priority_groups_and_cgroup() {
         assert_served(server, &client);
         let done = client.wait_with_output().expect("wait for the exec");
         assert!(done.status.success(), "{what}: {done:?}");
-        // The server of the test's own clients is still the one it was (asked after each
-        // variant, which also keeps it from its idle end on a slow machine).
-        assert_eq!(server_of(&home), default_server, "after {what}");
+        // The test's own clients still reach their server, which this also keeps from its
+        // idle end on a slow machine.
+        assert!(home.run(&["ps"]).status.success(), "after {what}");
+        assert!(
+            pid_exists(default_server),
+            "the default server ended after {what}"
+        );
     }
+    // The server of the test's own clients is still the one it was, as it was.
+    assert_eq!(server_of(&home), default_server);
     assert!(variants.iter().all(|(_, _, has)| !default_has(has)));
 }
 

@@ -628,3 +628,76 @@ fn an_interrupted_import_leaves_nothing_and_the_next_succeeds() {
     );
     assert_eq!(images(&home).len(), 1);
 }
+
+/// A layer with the host's `git` and the libraries `ldd` names, so that a task (whose
+/// baseline is a git commit inside the guest) can start on the image.
+fn git_layer() -> Vec<u8> {
+    let git = Path::new("/usr/bin/git");
+    let ldd = std::process::Command::new("ldd")
+        .arg(git)
+        .output()
+        .expect("ldd");
+    let mut layer = Layer::new().entry(
+        tar::EntryType::Regular,
+        "usr/bin/git",
+        "",
+        0o755,
+        &std::fs::read(git).expect("read git"),
+    );
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        let Some(lib) = line
+            .split_whitespace()
+            .find(|word| word.starts_with('/'))
+            .map(Path::new)
+        else {
+            continue;
+        };
+        let rel = lib.strip_prefix("/").expect("absolute");
+        layer = layer.entry(
+            tar::EntryType::Regular,
+            rel.to_str().expect("utf8"),
+            "",
+            0o755,
+            &std::fs::read(lib).expect("read library"),
+        );
+    }
+    layer.bytes()
+}
+
+#[test]
+fn a_task_starts_on_an_imported_image() {
+    let test = "a_task_starts_on_an_imported_image";
+    if !require_root(test) {
+        return;
+    }
+    let Some(busybox) = busybox(test) else { return };
+    let home = TestHome::new();
+    let work = tempfile::tempdir().expect("tempdir");
+    let layout = work.path().join("withgit");
+    write_oci(
+        &layout,
+        &[
+            oci_layer(base_layer(&busybox), true),
+            oci_layer(git_layer(), true),
+        ],
+    );
+    home.json(&["image", "import", layout.to_str().expect("utf8")]);
+    let project = dynocap_e2e::one_commit_project("hello.txt", "hello\n");
+    let started = home.json(&[
+        "task",
+        "start",
+        project.path().to_str().expect("utf8"),
+        "--image",
+        "withgit",
+        "--name",
+        "t",
+    ]);
+    assert_eq!(started["image"], "withgit", "{started:#}");
+    assert_eq!(
+        home.task_sh("t", "pwd; cat hello.txt; echo more > new.txt"),
+        "/workspace\nhello\n"
+    );
+    let diff = String::from_utf8(home.run(&["task", "diff", "t"]).stdout).expect("utf8");
+    assert!(diff.contains("+more"), "{diff}");
+    home.json(&["rm", "t", "--force", "--purge"]);
+}

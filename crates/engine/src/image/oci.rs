@@ -371,6 +371,48 @@ mod tests {
         }
     }
 
+    /// Names made of the characters that matter (separators, dots, whiteout prefixes, NUL):
+    /// whatever the name, an accepted entry stays beneath the root.
+    #[test]
+    fn no_generated_name_escapes_the_root() {
+        use rand::{Rng, SeedableRng};
+        let pieces: [&[u8]; 9] = [
+            b"/",
+            b".",
+            b"..",
+            b".wh.",
+            b".wh..wh..opq",
+            b"a",
+            b"\0",
+            b"//",
+            b"./",
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(33);
+        for _ in 0..20_000 {
+            let mut name = Vec::new();
+            for _ in 0..rng.random_range(0..8) {
+                name.extend_from_slice(pieces[rng.random_range(0..pieces.len())]);
+            }
+            let plain = |parts: &[Vec<u8>]| {
+                parts.iter().all(|p| {
+                    !p.is_empty()
+                        && p != b"."
+                        && p != b".."
+                        && !p.contains(&b'/')
+                        && !p.contains(&0)
+                })
+            };
+            match classify(&name) {
+                Err(_) | Ok(Action::Skip) => {}
+                Ok(Action::Put(parts)) => assert!(!parts.is_empty() && plain(&parts), "{name:?}"),
+                Ok(Action::Opaque { dir }) => assert!(plain(&dir), "{name:?}"),
+                Ok(Action::Whiteout { dir, name: gone }) => {
+                    assert!(plain(&dir) && plain(&[gone]), "{name:?}")
+                }
+            }
+        }
+    }
+
     #[test]
     fn digests_and_member_paths() {
         let hex = "ab".repeat(32);

@@ -497,51 +497,14 @@ fn an_interrupted_build_leaves_nothing() {
 }
 
 /// A flat apt repository holding one small package, under the fixture's HTTPS server at
-/// `https://other.test/apt/`: built here with dpkg-deb and dpkg-scanpackages, unsigned (the
-/// guest's source line says `trusted=yes`), with a Release file listing the index's hash.
+/// `https://other.test/apt/`.
 fn serve_apt_repository(fix: &dynocap_e2e::netfix::NetFix) {
-    let repo = fix.dir().join("www/apt");
-    let pkg = fix.dir().join("pkg");
-    dynocap_e2e::write(
-        &pkg.join("DEBIAN/control"),
-        "Package: dynocap-served\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@example.com>\nDescription: served over HTTPS\n",
+    dynocap_e2e::images::flat_apt_repository(
+        &fix.dir().join("www/apt"),
+        fix.dir(),
+        "dynocap-served",
+        "served over https",
     );
-    dynocap_e2e::write(
-        &pkg.join("usr/bin/dynocap-served"),
-        "#!/bin/sh\necho served over https\n",
-    );
-    dynocap_e2e::chmod(&pkg.join("usr/bin/dynocap-served"), 0o755);
-    std::fs::create_dir_all(&repo).expect("mkdir");
-    let run = |cmd: &mut Command| {
-        let out = cmd.output().expect("spawn");
-        assert!(
-            out.status.success(),
-            "{cmd:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    };
-    run(Command::new("dpkg-deb")
-        .args(["--root-owner-group", "--build"])
-        .arg(&pkg)
-        .arg(repo.join("dynocap-served_1.0_all.deb")));
-    let packages = run(Command::new("dpkg-scanpackages")
-        .args(["--multiversion", "."])
-        .current_dir(&repo));
-    std::fs::write(repo.join("Packages"), &packages).expect("write Packages");
-    let sum =
-        String::from_utf8(run(Command::new("sha256sum").arg(repo.join("Packages")))).expect("utf8");
-    let hash = sum.split_whitespace().next().expect("hash");
-    let date = String::from_utf8(run(Command::new("date").args(["-Ru"]))).expect("utf8");
-    std::fs::write(
-        repo.join("Release"),
-        format!(
-            "Origin: dynocap-test\nLabel: dynocap-test\nDate: {}\nSHA256:\n {hash} {} Packages\n",
-            date.trim(),
-            packages.len()
-        ),
-    )
-    .expect("write Release");
 }
 
 #[test]

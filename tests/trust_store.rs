@@ -11,7 +11,6 @@
 #[path = "support/tlsfix.rs"]
 mod tlsfix;
 
-use std::process::Command;
 
 use dynocap_e2e::backend::Backend;
 use dynocap_e2e::images::{debian_home, require_mmdebstrap};
@@ -124,43 +123,15 @@ fn the_host_image_trusts_the_extra_ca_with_no_variable_and_the_host_file_is_unto
     assert_ne!(agent_view["exitCode"], 0, "{agent_view:#}");
 }
 
-/// A flat apt repository of one package at `https://trust.test/apt/`, unsigned (the guest's
-/// source line says `trusted=yes`): built with dpkg-deb and dpkg-scanpackages.
+/// A flat apt repository of one package at `https://trust.test/apt/`, served over HTTPS
+/// signed by the extra CA.
 fn serve_apt_repository(fix: &TlsFix) {
-    let repo = fix.www().join("apt");
-    let pkg = fix.dir().join("pkg");
-    dynocap_e2e::write(
-        &pkg.join("DEBIAN/control"),
-        "Package: dynocap-trusted\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@example.com>\nDescription: served over HTTPS signed by the extra CA\n",
+    dynocap_e2e::images::flat_apt_repository(
+        &fix.www().join("apt"),
+        fix.dir(),
+        "dynocap-trusted",
+        "trusted",
     );
-    dynocap_e2e::write(
-        &pkg.join("usr/bin/dynocap-trusted"),
-        "#!/bin/sh\necho trusted\n",
-    );
-    dynocap_e2e::chmod(&pkg.join("usr/bin/dynocap-trusted"), 0o755);
-    std::fs::create_dir_all(&repo).expect("mkdir");
-    let run = |cmd: &mut Command| dynocap_e2e::netfix::run(cmd).stdout;
-    run(Command::new("dpkg-deb")
-        .args(["--root-owner-group", "--build"])
-        .arg(&pkg)
-        .arg(repo.join("dynocap-trusted_1.0_all.deb")));
-    let packages = run(Command::new("dpkg-scanpackages")
-        .args(["--multiversion", "."])
-        .current_dir(&repo));
-    std::fs::write(repo.join("Packages"), &packages).expect("write Packages");
-    let sum =
-        String::from_utf8(run(Command::new("sha256sum").arg(repo.join("Packages")))).expect("utf8");
-    let hash = sum.split_whitespace().next().expect("hash");
-    let date = String::from_utf8(run(Command::new("date").args(["-Ru"]))).expect("utf8");
-    std::fs::write(
-        repo.join("Release"),
-        format!(
-            "Origin: dynocap-test\nLabel: dynocap-test\nDate: {}\nSHA256:\n {hash} {} Packages\n",
-            date.trim(),
-            packages.len()
-        ),
-    )
-    .expect("write Release");
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //! recipe's content id, so a changed recipe never reuses a stale image); every other home
 //! copies the image from it with hard links, in seconds.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use serde_json::Value;
 
@@ -50,4 +51,53 @@ pub fn debian_home() -> (TestHome, Value) {
     let home = cached_home();
     let built = home.json(&["image", "build", "debian"]);
     (home, built)
+}
+
+/// A flat apt repository at `repo` holding one small package, `package` 1.0, whose command
+/// `/usr/bin/<package>` prints `says`: built with dpkg-deb and dpkg-scanpackages (its files
+/// staged in `work`), unsigned (the guest's source line says `trusted=yes`), with a Release
+/// file listing the index's hash.
+pub fn flat_apt_repository(repo: &Path, work: &Path, package: &str, says: &str) {
+    let pkg = work.join("pkg");
+    crate::write(
+        &pkg.join("DEBIAN/control"),
+        &format!(
+            "Package: {package}\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@example.com>\n\
+             Description: a test package\n"
+        ),
+    );
+    let command = pkg.join("usr/bin").join(package);
+    crate::write(&command, &format!("#!/bin/sh\necho {says}\n"));
+    crate::chmod(&command, 0o755);
+    std::fs::create_dir_all(repo).expect("mkdir the repository");
+    let run = |cmd: &mut Command| {
+        let out = cmd.output().expect("spawn");
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    run(Command::new("dpkg-deb")
+        .args(["--root-owner-group", "--build"])
+        .arg(&pkg)
+        .arg(repo.join(format!("{package}_1.0_all.deb"))));
+    let packages = run(Command::new("dpkg-scanpackages")
+        .args(["--multiversion", "."])
+        .current_dir(repo));
+    std::fs::write(repo.join("Packages"), &packages).expect("write Packages");
+    let sum =
+        String::from_utf8(run(Command::new("sha256sum").arg(repo.join("Packages")))).expect("utf8");
+    let hash = sum.split_whitespace().next().expect("hash");
+    let date = String::from_utf8(run(Command::new("date").args(["-Ru"]))).expect("utf8");
+    std::fs::write(
+        repo.join("Release"),
+        format!(
+            "Origin: dynocap-test\nLabel: dynocap-test\nDate: {}\nSHA256:\n {hash} {} Packages\n",
+            date.trim(),
+            packages.len()
+        ),
+    )
+    .expect("write Release");
 }

@@ -19,12 +19,14 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp.client.session import ClientSession
+
+from netfix import SSHD, NetFix
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,6 +67,20 @@ def is_root() -> bool:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture
+def fix() -> Iterator[NetFix]:
+    """The loopback network fixture (HTTPS, git and ssh servers under test names; see
+    netfix.py), for the tests of filtered networking."""
+    for tool in ("openssl", "ssh-keygen", "git"):
+        need(shutil.which(tool) is not None, f"{tool} is missing (scripts/install-deps.sh)")
+    need(SSHD.is_file(), f"{SSHD} is missing: install openssh-server (scripts/install-deps.sh)")
+    f = NetFix()
+    try:
+        yield f
+    finally:
+        f.close()
 
 
 @pytest.fixture

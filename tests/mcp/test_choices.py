@@ -16,14 +16,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import DYNOCAP, REPO, Host, connect, err, need, ok
-from netfix import NPM_HOST, OTHER_HOST, SSHD, NetFix
+from netfix import NPM_HOST, OTHER_HOST, NetFix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("root_needed")]
 
@@ -169,18 +168,6 @@ async def test_allow_hosts_lie_within_the_hosts_variable(host: Host) -> None:
                 "invalid_argument")
         await no_sandboxes(s)
     assert "egress_allow=other.test,@pypi,*.cdn.test" in host.server_log()
-
-
-@pytest.fixture
-def fix() -> Iterator[NetFix]:
-    for tool in ("openssl", "ssh-keygen", "git"):
-        need(shutil.which(tool) is not None, f"{tool} is missing (scripts/install-deps.sh)")
-    need(SSHD.is_file(), f"{SSHD} is missing: install openssh-server (scripts/install-deps.sh)")
-    f = NetFix()
-    try:
-        yield f
-    finally:
-        f.close()
 
 
 async def test_an_added_host_is_reached_and_others_are_not(host: Host, fix: NetFix) -> None:

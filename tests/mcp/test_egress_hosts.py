@@ -11,13 +11,11 @@ Traffic stays on loopback (every name resolves through DYNOCAP_RESOLVE). Needs r
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 
 import pytest
 
 from conftest import Host, connect, err, need, ok
-from netfix import GIT_HOST, NPM_HOST, REPO, SSHD, NetFix
+from netfix import GIT_HOST, NPM_HOST, REPO, NetFix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("root_needed")]
 
@@ -25,18 +23,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("root_needed")]
 NO_CA_VARIABLES = ("env -u SSL_CERT_FILE -u SSL_CERT_DIR -u CURL_CA_BUNDLE -u REQUESTS_CA_BUNDLE "
                    "-u PIP_CERT -u GIT_SSL_CAINFO -u NODE_EXTRA_CA_CERTS -u CARGO_HTTP_CAINFO "
                    "-u npm_config_cafile")
-
-
-@pytest.fixture
-def fix() -> Iterator[NetFix]:
-    for tool in ("openssl", "ssh-keygen", "git"):
-        need(shutil.which(tool) is not None, f"{tool} is missing (scripts/install-deps.sh)")
-    need(SSHD.is_file(), f"{SSHD} is missing: install openssh-server (scripts/install-deps.sh)")
-    f = NetFix()
-    try:
-        yield f
-    finally:
-        f.close()
 
 
 def server_env(host: Host, fix: NetFix, allow: str) -> dict[str, str]:

@@ -24,9 +24,7 @@ listens on), so no DNS query or packet leaves the machine. Needs root."""
 from __future__ import annotations
 
 import os
-import shutil
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,7 @@ import pytest
 from mcp.client.session import ClientSession
 
 from conftest import Host, connect, err, need, ok, text_of
-from netfix import GIT_HOST, NPM_HOST, OTHER_HOST, REPO, REPO_FILES, SSH_USER, SSHD, NetFix
+from netfix import GIT_HOST, NPM_HOST, OTHER_HOST, REPO, REPO_FILES, SSH_USER, NetFix
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("root_needed")]
 
@@ -43,18 +41,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("root_needed")]
 LIST_FILES = "find . -path ./.git -prune -o -type f -print | sort"
 # A git smart-HTTP request the fixture answers with 200.
 INFO_REFS = f"https://{GIT_HOST}/{REPO}/info/refs?service=git-upload-pack"
-
-
-@pytest.fixture
-def fix() -> Iterator[NetFix]:
-    for tool in ("openssl", "ssh-keygen", "git"):
-        need(shutil.which(tool) is not None, f"{tool} is missing (scripts/install-deps.sh)")
-    need(SSHD.is_file(), f"{SSHD} is missing: install openssh-server (scripts/install-deps.sh)")
-    f = NetFix()
-    try:
-        yield f
-    finally:
-        f.close()
 
 
 def server_env(host: Host, fix: NetFix, **flags: str) -> dict[str, str]:

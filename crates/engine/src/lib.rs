@@ -35,7 +35,7 @@ pub use facade::{apply, ceilings, image_admin, pool, repair, standby};
 pub use foundation::{excerpt, git_url, ssh_key, terms};
 pub use model::{config, spec, task_spec};
 pub use store::{catalog, records};
-pub use supervisor::{agent_conn, control, exec, finish, import, workspace};
+pub use supervisor::{agent_conn, control, exec, finish, import, jobs, workspace};
 // Public before the layers had folders, with items no code of the workspace uses today (git
 // protocols, `Detach::No`): kept public rather than deleted, which is not this layout's call.
 pub use host::{hardened_git, spawn};

@@ -9,6 +9,7 @@ pub(crate) mod admission;
 pub mod apply;
 pub mod ceilings;
 pub mod image_admin;
+pub mod jobs;
 pub mod pool;
 pub mod repair;
 pub(crate) mod sandboxes;

@@ -1198,6 +1198,13 @@ fn reply_deadline(request: &ControlRequest) -> Duration {
         ControlRequest::Diff | ControlRequest::Destroy | ControlRequest::Finish { .. } => {
             Duration::from_secs(3600)
         }
+        ControlRequest::StartJob { wait_ms, .. } => {
+            Duration::from_millis(*wait_ms) + Duration::from_secs(60)
+        }
+        ControlRequest::Job(query) => {
+            Duration::from_millis(query.wait_ms) + Duration::from_secs(60)
+        }
+        ControlRequest::Jobs => Duration::from_secs(30),
     }
 }
 

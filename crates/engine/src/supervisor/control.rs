@@ -38,6 +38,17 @@ pub enum ControlRequest {
         #[serde(default)]
         include_generated: bool,
     },
+    /// Run `spec` as a job ([`crate::supervisor::jobs`]) and answer with `Job` once it ended
+    /// or `wait_ms` passed, whichever is first (0: at once); progress lines come meanwhile
+    /// when `spec.report_progress`. The job goes on when this connection closes.
+    StartJob {
+        spec: ExecSpec,
+        wait_ms: u64,
+    },
+    /// A job of this sandbox: its state and output since the offsets; answered with `Job`.
+    Job(crate::supervisor::jobs::JobQuery),
+    /// This sandbox's jobs, without output; answered with `Jobs`.
+    Jobs,
 }
 
 /// What a claim of a warm-pool sandbox sets (its record already says the same).
@@ -67,6 +78,8 @@ pub enum ControlReply {
     Claimed,
     Diff(crate::model::task_spec::DiffResult),
     Finished(crate::model::task_spec::FinishResult),
+    Job(Box<crate::supervisor::jobs::JobReport>),
+    Jobs(Vec<crate::supervisor::jobs::JobReport>),
     Error(Error),
 }
 

@@ -14,6 +14,7 @@ pub(crate) mod egress;
 pub mod exec;
 pub mod finish;
 pub mod import;
+pub mod jobs;
 pub(crate) mod leftovers;
 pub(crate) mod oom;
 pub(crate) mod process;

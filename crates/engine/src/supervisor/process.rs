@@ -42,6 +42,7 @@ mod come_up;
 mod disk;
 mod ending;
 mod failure;
+mod jobs;
 mod network;
 mod requests;
 mod state;
@@ -374,12 +375,15 @@ async fn serve(
         id: id.clone(),
         disk_failed: OnceLock::new(),
         egress,
+        jobs: crate::supervisor::jobs::Jobs::new(home.sandbox_dir(&id).join("jobs")),
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
     let (claim_tx, mut claim_rx) = mpsc::channel::<(Claim, OwnedWriteHalf)>(4);
+    let (connect_tx, mut connect_rx) = mpsc::channel::<tokio::net::UnixStream>(4);
     let main_loop = MainLoop {
         end: end_tx,
         claim: claim_tx,
+        connect: connect_tx,
     };
     let mut network = NetworkWatch::new(guest.as_ref());
     let guest_exit = match AsyncFd::new(guest.exit_fd().as_raw_fd()) {
@@ -410,6 +414,11 @@ async fn serve(
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
+                let shared = shared.clone();
+                let main_loop = main_loop.clone();
+                clients.spawn(async move { handle_client(stream, &shared, &main_loop).await });
+            }
+            Some(stream) = connect_rx.recv() => {
                 let shared = shared.clone();
                 let main_loop = main_loop.clone();
                 clients.spawn(async move { handle_client(stream, &shared, &main_loop).await });
@@ -476,6 +485,10 @@ async fn serve(
     let _ = shared
         .ending
         .set(ending.interrupts(&where_saved, record.ttl_seconds));
+    let cut_off = shared.jobs.running();
+    if !cut_off.is_empty() {
+        tracing::info!(target: LOG_TARGET, "the sandbox's end cuts off its running jobs: {}", cut_off.join(", "));
+    }
     log_ending(ending, record.ttl_seconds, &control_socket);
 
     let reply = match &shared.task {

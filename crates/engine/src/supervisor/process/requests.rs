@@ -205,6 +205,11 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
             let _ = main_loop.end.send((kind, write)).await;
             return;
         }
+        ControlRequest::StartJob { spec, wait_ms } => {
+            super::jobs::start_job(spec, wait_ms, shared, main_loop, &mut reader, &mut write).await
+        }
+        ControlRequest::Job(query) => super::jobs::query_job(query, shared).await,
+        ControlRequest::Jobs => ControlReply::Jobs(shared.jobs.list()),
         ControlRequest::Claim(claim) => {
             let _ = main_loop.claim.send((claim, write)).await;
             return;

@@ -154,6 +154,8 @@ impl TaskContext {
 pub(super) struct MainLoop {
     pub(super) end: mpsc::Sender<(EndRequest, OwnedWriteHalf)>,
     pub(super) claim: mpsc::Sender<(Claim, OwnedWriteHalf)>,
+    /// A connection of the supervisor's own, to serve as a client's (a job's exec).
+    pub(super) connect: mpsc::Sender<tokio::net::UnixStream>,
 }
 
 /// Requests that end the sandbox; the main loop handles them after leaving its select.
@@ -183,6 +185,8 @@ pub(super) struct Shared {
     /// The sandbox's egress proxy, when it has one: each command's result lists the
     /// connections it refused while the command ran.
     pub(super) egress: Option<Arc<Egress>>,
+    /// Commands that outlive the call that started them.
+    pub(super) jobs: crate::supervisor::jobs::Jobs,
 }
 
 /// A started sandbox, its agent answering: what [`serve`] serves with.

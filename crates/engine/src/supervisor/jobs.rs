@@ -1,0 +1,580 @@
+//! Jobs: commands that outlive the call that started them. A job is an ordinary exec that the
+//! supervisor runs on a connection of its own, so it goes on when its caller stops waiting
+//! (an MCP client's request timeout, `background`), until its own timeout, a kill, or the
+//! sandbox's end. Its whole output goes to files in the sandbox's state directory, bounded per
+//! sandbox ([`JOB_OUTPUT_BOUND`]: past it bytes are counted, not kept), and is read back from
+//! any offset as a bounded head and tail, as exec results are.
+//!
+//! Output is guest data: it is stored and sliced, never interpreted. Job ids are made here
+//! (`job-N`), are never part of a path, and name jobs of this sandbox only: each sandbox's
+//! supervisor holds its own jobs and answers only on its own socket.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::UnixStream;
+use tokio::sync::{watch, Notify};
+
+use crate::foundation::error::{Error, Result};
+use crate::foundation::excerpt::Excerpt;
+use crate::model::output::OutputChannel;
+use crate::model::spec::{ExecSpec, OutputEncoding};
+use crate::model::task_spec::Progress;
+use crate::supervisor::control::{read_message, write_message, ControlReply, ControlRequest};
+use crate::supervisor::exec::{sanitize_line, ExecResult};
+
+/// Output of all of a sandbox's jobs kept on the host, both streams together; what comes past
+/// it is counted in the job's `stdoutDropped`/`stderrDropped`, not kept.
+pub const JOB_OUTPUT_BOUND: u64 = 256 * 1024 * 1024;
+
+/// Jobs of one sandbox running at once; a start beyond it is refused.
+pub const MAX_RUNNING_JOBS: usize = 16;
+
+/// Jobs a sandbox remembers; starting one more forgets the oldest that ended (and its output).
+const MAX_KEPT_JOBS: usize = 64;
+
+/// The longest a job request waits for its job's end before answering.
+pub const JOB_WAIT_MAX_SECONDS: u64 = 600;
+
+/// How often a caller waiting on a job hears how it goes.
+const PROGRESS_EVERY: Duration = Duration::from_secs(3);
+
+/// Characters of a job's command shown in listings.
+const COMMAND_SHOWN: usize = 200;
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum JobState {
+    Running,
+    /// Ended by itself: see its exit code or signal.
+    Exited,
+    /// Ended by a kill request.
+    Killed,
+    /// Ended by its own `timeoutSeconds`.
+    TimedOut,
+    /// Could not run, or was cut off by the sandbox's end: see `error`.
+    Failed,
+}
+
+/// A job request ([`ControlRequest::Job`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobQuery {
+    pub job: String,
+    /// Wait up to this long for the job to end (at most [`JOB_WAIT_MAX_SECONDS`]).
+    #[serde(default)]
+    pub wait_ms: u64,
+    /// Output from these byte offsets of each stream on (what the last answer's offsets said).
+    #[serde(default)]
+    pub stdout_offset: u64,
+    #[serde(default)]
+    pub stderr_offset: u64,
+    /// Kill the job first (SIGTERM, SIGKILL after the grace), then answer once it ended.
+    #[serde(default)]
+    pub kill: bool,
+}
+
+/// A job as a job request answers it: its state and its output since the offsets asked for.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobReport {
+    pub job: String,
+    pub state: JobState,
+    pub command: String,
+    pub started_at: String,
+    pub duration_ms: u64,
+    pub exit_code: Option<i32>,
+    pub signal: Option<String>,
+    /// The output since the offsets asked for: its head and tail when longer than the job's
+    /// `maxOutputBytes`, encoded as the job's `outputEncoding`.
+    pub stdout: String,
+    pub stderr: String,
+    /// Bytes between the head and the tail were left out of `stdout` or `stderr`.
+    pub truncated: bool,
+    /// Where the next request's output starts: the bytes kept so far.
+    pub stdout_offset: u64,
+    pub stderr_offset: u64,
+    /// Bytes past the sandbox's bound on kept job output ([`JOB_OUTPUT_BOUND`]), not kept.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stdout_dropped: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stderr_dropped: u64,
+    /// Why a `failed` job failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Error>,
+    /// The ended command's Exec object (its output bounded as an exec's is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Box<ExecResult>>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// How a job ended.
+#[derive(Debug, Clone)]
+enum Ended {
+    Done(Box<ExecResult>),
+    Failed(Error),
+}
+
+/// One stream's file and how much of it there is.
+struct Kept {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+    kept: u64,
+    dropped: u64,
+}
+
+/// One job.
+pub struct Job {
+    id: String,
+    command: String,
+    started_at: String,
+    started: Instant,
+    limit: usize,
+    encoding: OutputEncoding,
+    terminal: bool,
+    streams: Mutex<[Kept; 2]>,
+    end: watch::Sender<Option<Ended>>,
+    kill: Notify,
+    killed: AtomicBool,
+    progress: Mutex<Option<Progress>>,
+    /// The sandbox's kept job output, shared by its jobs.
+    total: Arc<AtomicU64>,
+}
+
+/// A sandbox's jobs.
+pub struct Jobs {
+    dir: PathBuf,
+    next: AtomicU64,
+    list: Mutex<Vec<Arc<Job>>>,
+    total: Arc<AtomicU64>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Jobs {
+    /// Jobs whose output goes under `dir` (created with the first job).
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            next: AtomicU64::new(1),
+            list: Mutex::new(Vec::new()),
+            total: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// A new job for `spec`, not started yet (see [`Job::drive`]).
+    pub fn add(&self, spec: &ExecSpec) -> Result<Arc<Job>> {
+        let mut list = lock(&self.list);
+        let running = list.iter().filter(|job| job.is_running()).count();
+        if running >= MAX_RUNNING_JOBS {
+            return Err(Error::conflict(format!(
+                "this sandbox already runs {running} jobs, the most it runs at once; wait for one to end or kill one"
+            )));
+        }
+        while list.len() >= MAX_KEPT_JOBS {
+            let Some(oldest) = list.iter().position(|job| !job.is_running()) else {
+                break;
+            };
+            list.remove(oldest).forget();
+        }
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|err| Error::internal(format!("creating the jobs directory: {err}")))?;
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let open = |suffix: &str| -> Result<Kept> {
+            let path = self.dir.join(format!("{n}.{suffix}"));
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|err| Error::internal(format!("creating a job's output file: {err}")))?;
+            Ok(Kept {
+                path,
+                file: Some(file),
+                kept: 0,
+                dropped: 0,
+            })
+        };
+        let streams = [open("stdout")?, open("stderr")?];
+        let (end, _) = watch::channel(None);
+        let job = Arc::new(Job {
+            id: format!("job-{n}"),
+            command: sanitize_line(&spec.command, COMMAND_SHOWN),
+            started_at: crate::model::sandbox_info::rfc3339(chrono::Utc::now()),
+            started: Instant::now(),
+            limit: usize::try_from(spec.max_output_bytes).unwrap_or(usize::MAX),
+            encoding: spec.output_encoding,
+            terminal: spec.terminal,
+            streams: Mutex::new(streams),
+            end,
+            kill: Notify::new(),
+            killed: AtomicBool::new(false),
+            progress: Mutex::new(None),
+            total: self.total.clone(),
+        });
+        list.push(job.clone());
+        Ok(job)
+    }
+
+    /// The job `id` of this sandbox.
+    pub fn get(&self, id: &str) -> Result<Arc<Job>> {
+        let list = lock(&self.list);
+        if let Some(job) = list.iter().find(|job| job.id == id) {
+            return Ok(job.clone());
+        }
+        let known: Vec<&str> = list.iter().map(|job| job.id.as_str()).collect();
+        Err(Error::not_found(format!(
+            "this sandbox has no job \"{}\"{}",
+            sanitize_line(id, 64),
+            match known.len() {
+                0 => "; it has none".to_owned(),
+                _ => format!("; its jobs are {}", known.join(", ")),
+            }
+        )))
+    }
+
+    /// Every job this sandbox remembers, oldest first, without output.
+    pub fn list(&self) -> Vec<JobReport> {
+        lock(&self.list)
+            .iter()
+            .map(|job| job.report(None))
+            .collect()
+    }
+
+    /// The ids and commands of the jobs still running.
+    pub fn running(&self) -> Vec<String> {
+        lock(&self.list)
+            .iter()
+            .filter(|job| job.is_running())
+            .map(|job| format!("{} ({})", job.id, job.command))
+            .collect()
+    }
+}
+
+impl Job {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.end.borrow().is_none()
+    }
+
+    /// Runs the job's command as an exec request on `stream`, whose other end a connection
+    /// handler serves, keeping its output until it ends. A kill closes the request's writing
+    /// side, which cancels the command as a client that goes away does.
+    pub async fn drive(self: Arc<Self>, stream: UnixStream, spec: ExecSpec) {
+        let spec = ExecSpec {
+            report_progress: true,
+            stream_output: !spec.terminal,
+            ..spec
+        };
+        let ended = self.exchange(stream, spec).await;
+        self.end.send_replace(Some(ended));
+    }
+
+    async fn exchange(&self, stream: UnixStream, spec: ExecSpec) -> Ended {
+        let (read, mut write) = stream.into_split();
+        if let Err(err) = write_message(&mut write, &ControlRequest::Exec { spec }).await {
+            return Ended::Failed(err);
+        }
+        let mut reader = BufReader::new(read);
+        let mut write = Some(write);
+        loop {
+            let message = tokio::select! {
+                message = read_message::<ControlReply, _>(&mut reader) => message,
+                () = self.kill.notified(), if write.is_some() => {
+                    self.killed.store(true, Ordering::Relaxed);
+                    if let Some(mut write) = write.take() {
+                        let _ = write.shutdown().await;
+                    }
+                    continue;
+                }
+            };
+            match message {
+                Ok(Some(ControlReply::Output(chunk))) => self.keep(chunk.channel, &chunk.data),
+                Ok(Some(ControlReply::Progress(report))) => *lock(&self.progress) = Some(report),
+                Ok(Some(ControlReply::Exec(result))) => {
+                    if self.terminal {
+                        self.keep_transcript(&result);
+                    }
+                    return Ended::Done(Box::new(result));
+                }
+                Ok(Some(ControlReply::Error(err))) => return Ended::Failed(err),
+                Ok(Some(_)) => {
+                    return Ended::Failed(Error::internal("unexpected answer to a job's exec"))
+                }
+                Ok(None) => {
+                    return Ended::Failed(Error::internal("a job's exec ended without an answer"))
+                }
+                Err(err) => return Ended::Failed(err),
+            }
+        }
+    }
+
+    /// Appends guest output to its stream's file, within the sandbox's bound.
+    fn keep(&self, channel: OutputChannel, data: &[u8]) {
+        let index = match channel {
+            OutputChannel::Stdout => 0,
+            OutputChannel::Stderr => 1,
+        };
+        let mut streams = lock(&self.streams);
+        let stream = &mut streams[index];
+        let len = data.len() as u64;
+        let room = match self
+            .total
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
+                Some(total + len.min(JOB_OUTPUT_BOUND.saturating_sub(total)))
+            }) {
+            Ok(before) | Err(before) => len.min(JOB_OUTPUT_BOUND.saturating_sub(before)),
+        };
+        let keep = usize::try_from(room).unwrap_or(data.len()).min(data.len());
+        let written = match stream.file.as_mut() {
+            Some(file) => file.write_all(&data[..keep]).is_ok(),
+            None => false,
+        };
+        if written {
+            stream.kept += keep as u64;
+            stream.dropped += len - keep as u64;
+        } else {
+            // A host file that cannot be written: the job's output from here is dropped.
+            stream.file = None;
+            self.total.fetch_sub(keep as u64, Ordering::Relaxed);
+            stream.dropped += len;
+        }
+    }
+
+    /// A terminal command streams nothing: its rendered transcript is its output, kept at its end.
+    fn keep_transcript(&self, result: &ExecResult) {
+        let Some(text) = &result.transcript else {
+            return;
+        };
+        let bytes = match self.encoding {
+            OutputEncoding::Utf8 => text.as_bytes().to_vec(),
+            OutputEncoding::Base64 => {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD
+                    .decode(text)
+                    .unwrap_or_default()
+            }
+        };
+        self.keep(OutputChannel::Stdout, &bytes);
+    }
+
+    /// Asks the job to stop; [`Job::wait`] then sees it end.
+    pub fn kill(&self) {
+        self.kill.notify_one();
+    }
+
+    /// Waits up to `limit` for the job to end; whether it has. While it waits, `progress`
+    /// hears how the command goes every few seconds.
+    pub async fn wait(&self, limit: Duration, mut progress: Option<&mut OwnedWriteHalf>) -> bool {
+        let mut ended = self.end.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut ticks =
+            tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+        loop {
+            if ended.borrow_and_update().is_some() {
+                return true;
+            }
+            tokio::select! {
+                changed = ended.changed() => if changed.is_err() { return !self.is_running() },
+                () = tokio::time::sleep_until(deadline) => return !self.is_running(),
+                _ = ticks.tick() => {
+                    let report = lock(&self.progress).clone();
+                    if let (Some(write), Some(report)) = (progress.as_deref_mut(), report) {
+                        let _ = write_message(write, &ControlReply::Progress(report)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The job's state, with its output since `offsets` (stdout, stderr) when asked for.
+    pub fn report(&self, offsets: Option<(u64, u64)>) -> JobReport {
+        let ended = self.end.borrow().clone();
+        let (stdout_kept, stderr_kept, stdout_dropped, stderr_dropped) = {
+            let streams = lock(&self.streams);
+            (
+                streams[0].kept,
+                streams[1].kept,
+                streams[0].dropped,
+                streams[1].dropped,
+            )
+        };
+        let (mut stdout, mut stderr, mut truncated) = (String::new(), String::new(), false);
+        if let Some((from_out, from_err)) = offsets {
+            let (out, cut_out) = self.read(0, from_out, stdout_kept);
+            let (err, cut_err) = self.read(1, from_err, stderr_kept);
+            stdout = self.encode(out);
+            stderr = self.encode(err);
+            truncated = cut_out || cut_err;
+        }
+        let mut report = JobReport {
+            job: self.id.clone(),
+            state: JobState::Running,
+            command: self.command.clone(),
+            started_at: self.started_at.clone(),
+            duration_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            exit_code: None,
+            signal: None,
+            stdout,
+            stderr,
+            truncated,
+            stdout_offset: stdout_kept,
+            stderr_offset: stderr_kept,
+            stdout_dropped,
+            stderr_dropped,
+            error: None,
+            result: None,
+        };
+        match ended {
+            None => {}
+            Some(Ended::Done(result)) => {
+                report.state = if self.killed.load(Ordering::Relaxed) {
+                    JobState::Killed
+                } else if result.timed_out {
+                    JobState::TimedOut
+                } else {
+                    JobState::Exited
+                };
+                report.exit_code = result.exit_code;
+                report.signal = result.signal.clone();
+                report.duration_ms = result.duration_ms;
+                report.result = Some(result);
+            }
+            Some(Ended::Failed(err)) => {
+                report.state = JobState::Failed;
+                report.error = Some(err);
+            }
+        }
+        report
+    }
+
+    /// Bytes `from..to` of a stream's file, as a head and tail within the job's bound.
+    fn read(&self, index: usize, from: u64, to: u64) -> (Vec<u8>, bool) {
+        let mut excerpt = Excerpt::new(self.limit);
+        let path = lock(&self.streams)[index].path.clone();
+        let from = from.min(to);
+        if let Ok(mut file) = std::fs::File::open(&path) {
+            if file.seek(SeekFrom::Start(from)).is_ok() {
+                let mut left = to - from;
+                let mut buf = vec![0u8; 64 * 1024];
+                while left > 0 {
+                    let want = usize::try_from(left).unwrap_or(buf.len()).min(buf.len());
+                    match file.read(&mut buf[..want]) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            excerpt.push(&buf[..n]);
+                            left -= n as u64;
+                        }
+                    }
+                }
+            }
+        }
+        let cut = excerpt.truncated();
+        (excerpt.into_bytes(), cut)
+    }
+
+    fn encode(&self, bytes: Vec<u8>) -> String {
+        match self.encoding {
+            OutputEncoding::Utf8 => String::from_utf8_lossy(&bytes).into_owned(),
+            OutputEncoding::Base64 => {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD.encode(bytes)
+            }
+        }
+    }
+
+    /// Removes an ended job's output files, giving their room back to the sandbox's bound.
+    fn forget(self: Arc<Self>) {
+        let mut streams = lock(&self.streams);
+        for stream in streams.iter_mut() {
+            stream.file = None;
+            let _ = std::fs::remove_file(&stream.path);
+            self.total.fetch_sub(stream.kept, Ordering::Relaxed);
+            stream.kept = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn spec(command: &str) -> ExecSpec {
+        ExecSpec::new(command, None, "/", vec![], Some(5), false)
+            .unwrap()
+            .with_output(16, OutputEncoding::Utf8)
+            .unwrap()
+    }
+
+    #[test]
+    fn output_is_read_from_offsets_as_head_and_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(dir.path().join("jobs"));
+        let job = jobs.add(&spec("true")).unwrap();
+        assert_eq!(job.id(), "job-1");
+        job.keep(OutputChannel::Stdout, b"hello\n");
+        let report = job.report(Some((0, 0)));
+        assert_eq!(report.state, JobState::Running);
+        assert_eq!(
+            (report.stdout.as_str(), report.stdout_offset),
+            ("hello\n", 6)
+        );
+        job.keep(
+            OutputChannel::Stdout,
+            b"0123456789abcdefghijklmnopqrstuvwxyz\n",
+        );
+        let report = job.report(Some((6, 0)));
+        assert!(report.truncated, "{report:?}");
+        assert!(report.stdout.starts_with("0123"), "{report:?}");
+        assert!(report.stdout.contains("bytes omitted"), "{report:?}");
+        assert_eq!(report.stdout_offset, 43);
+        // An offset past what is kept reads nothing.
+        let report = job.report(Some((1000, 1000)));
+        assert_eq!((report.stdout.as_str(), report.stderr.as_str()), ("", ""));
+    }
+
+    #[test]
+    fn ids_name_this_sandboxs_jobs_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(dir.path().join("jobs"));
+        let err = jobs.get("job-1").err().unwrap();
+        assert_eq!(err.code, crate::foundation::error::ErrorCode::NotFound);
+        jobs.add(&spec("true")).unwrap();
+        assert!(jobs.get("job-1").is_ok());
+        let err = jobs.get("../job-1").err().unwrap();
+        assert!(err.message.contains("its jobs are job-1"), "{err}");
+    }
+
+    #[test]
+    fn output_past_the_sandboxs_bound_is_counted_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(dir.path().join("jobs"));
+        let job = jobs.add(&spec("true")).unwrap();
+        jobs.total.store(JOB_OUTPUT_BOUND - 4, Ordering::Relaxed);
+        job.keep(OutputChannel::Stderr, b"12345678");
+        let report = job.report(None);
+        assert_eq!((report.stderr_offset, report.stderr_dropped), (4, 4));
+        job.keep(OutputChannel::Stdout, b"more");
+        let report = job.report(None);
+        assert_eq!((report.stdout_offset, report.stdout_dropped), (0, 4));
+    }
+}

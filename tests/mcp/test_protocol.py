@@ -23,6 +23,7 @@ pytestmark = pytest.mark.anyio
 TOOLS = [
     "dynocap_task_start", "dynocap_task_exec", "dynocap_diff", "dynocap_task_finish",
     "dynocap_ls", "dynocap_rm", "dynocap_run", "dynocap_exec", "dynocap_ps", "dynocap_destroy",
+    "dynocap_job",
 ]
 
 # The parameters as docs/mcp.md documents them: (type, default, minimum, maximum, required).
@@ -37,6 +38,8 @@ EXEC_PARAMS = {
     # Extensions (docs/mcp.md): output kept per stream (head and tail), and its encoding.
     "maxOutputBytes": ("integer", 32768, 1, 1048576, False),
     "outputEncoding": ("string", "utf8", None, None, False),
+    # Extension (docs/mcp.md): start the command as a job and return at once.
+    "background": ("boolean", False, None, None, False),
 }
 SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
     "dynocap_task_start": {
@@ -87,6 +90,15 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
     "dynocap_exec": {**EXEC_PARAMS, "cwd": ("string", "/", None, None, False)},
     "dynocap_ps": {},
     "dynocap_destroy": {"name": ("string", None, None, None, True)},
+    # Extension (docs/mcp.md): follow or kill a command that went on as a job.
+    "dynocap_job": {
+        "name": ("string", None, None, None, True),
+        "job": ("string", None, None, None, True),
+        "waitSeconds": ("integer", 0, 0, 600, False),
+        "stdoutOffset": ("integer", 0, 0, 9007199254740991, False),
+        "stderrOffset": ("integer", 0, 0, 9007199254740991, False),
+        "kill": ("boolean", False, None, None, False),
+    },
 }
 
 

@@ -80,6 +80,8 @@ struct Variables {
     mcp_egress_allow: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_MCP_LOG")]
     mcp_log: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MCP_WAIT_SECONDS")]
+    mcp_wait_seconds: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_LOG")]
     log: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_LOG_FORMAT")]
@@ -114,6 +116,8 @@ pub struct McpSettings {
     pub egress_allow: Option<String>,
     /// `DYNOCAP_MCP_LOG`: `1` also logs to the home's `logs/mcp.log`.
     pub log: Option<String>,
+    /// `DYNOCAP_MCP_WAIT_SECONDS`: how long an exec call waits before answering with its job.
+    pub wait_seconds: Option<String>,
 }
 
 /// A text setting; one that is not UTF-8 counts as unset, as it always has.
@@ -147,6 +151,7 @@ pub fn from_env() -> Result<Settings, Error> {
         images: text(s.mcp_images),
         egress_allow: text(s.mcp_egress_allow),
         log: text(s.mcp_log),
+        wait_seconds: nonblank(s.mcp_wait_seconds),
     };
     let engine = Config {
         home: HomeConfig {

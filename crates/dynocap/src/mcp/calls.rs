@@ -8,6 +8,10 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
+use std::time::Duration;
+
+use dynocap_engine::catalog::Kind;
+use dynocap_engine::jobs::{JobQuery, JobReport, JobState};
 use dynocap_engine::spec::{ExecSpec, OutputEncoding, RunSpec, EXEC_OUTPUT_MCP_DEFAULT};
 use dynocap_engine::task_spec::{Progress, Source, TaskStartSpec};
 use dynocap_engine::{Engine, Error, ExecResult};
@@ -45,7 +49,13 @@ pub struct Tools {
     policy: Policy,
     log: Log,
     defs: Vec<ToolDef>,
+    /// How long an exec call waits for its command before answering with its job.
+    wait_bound: Duration,
 }
+
+/// The server's wait bound unless `DYNOCAP_MCP_WAIT_SECONDS` sets another: below the 60 s
+/// request timeout common MCP clients keep whatever progress arrives.
+pub const WAIT_SECONDS_DEFAULT: u64 = 45;
 
 impl Tools {
     pub fn new(engine: Engine, policy: Policy, log: Log) -> Self {
@@ -54,7 +64,14 @@ impl Tools {
             policy,
             log,
             defs: definitions(),
+            wait_bound: Duration::from_secs(WAIT_SECONDS_DEFAULT),
         }
+    }
+
+    /// Exec calls answer with their job once `wait_bound` passes.
+    pub fn with_wait_bound(mut self, wait_bound: Duration) -> Self {
+        self.wait_bound = wait_bound;
+        self
     }
 
     pub fn definitions(&self) -> &[ToolDef] {
@@ -79,11 +96,8 @@ impl Tools {
             "dynocap_task_exec" => {
                 let name = args.required_string("name")?;
                 let spec = exec_spec(&args, "/workspace")?;
-                self.exec_output(
-                    self.engine
-                        .task_exec_reporting(&name, &spec, progress)
-                        .await?,
-                )
+                self.exec_job(Kind::Task, &name, &spec, &args, progress)
+                    .await
             }
             "dynocap_diff" => {
                 let target = args.required_string("target")?;
@@ -142,7 +156,24 @@ impl Tools {
             "dynocap_exec" => {
                 let name = args.required_string("name")?;
                 let spec = exec_spec(&args, "/")?;
-                self.exec_output(self.engine.exec_reporting(&name, &spec, progress).await?)
+                self.exec_job(Kind::Raw, &name, &spec, &args, progress)
+                    .await
+            }
+            "dynocap_job" => {
+                let name = args.required_string("name")?;
+                let wait = args.integer("waitSeconds")?.unwrap_or(0);
+                let query = JobQuery {
+                    job: args.required_string("job")?,
+                    wait_ms: Duration::from_secs(wait)
+                        .min(self.wait_bound)
+                        .as_millis()
+                        .try_into()
+                        .unwrap_or(u64::MAX),
+                    stdout_offset: args.integer("stdoutOffset")?.unwrap_or(0),
+                    stderr_offset: args.integer("stderrOffset")?.unwrap_or(0),
+                    kill: args.boolean("kill")?.unwrap_or(false),
+                };
+                job_output(self.engine.job(&name, &query).await?)
             }
             "dynocap_ps" => Output::json(&json!({ "sandboxes": self.engine.ps()? })),
             "dynocap_destroy" => {
@@ -275,6 +306,47 @@ impl Tools {
         Ok(Chosen { image, allow_hosts })
     }
 
+    /// Runs an exec as a job: its Exec object when it ends within the server's wait bound
+    /// (at once with `background`), else `running: true` with its job id and output so far.
+    async fn exec_job(
+        &self,
+        kind: Kind,
+        name: &str,
+        spec: &ExecSpec,
+        args: &Args<'_>,
+        progress: ProgressFn<'_>,
+    ) -> Result<Output, Error> {
+        let wait = match args.boolean("background")?.unwrap_or(false) {
+            true => Duration::ZERO,
+            false => self.wait_bound,
+        };
+        let mut report = self
+            .engine
+            .exec_job(kind, name, spec, wait, Some(progress))
+            .await?;
+        if let Some(err) = report.error.take() {
+            return Err(err);
+        }
+        match report.result.take() {
+            Some(result) if report.state != JobState::Running => self.exec_output(*result),
+            _ => {
+                let mut value = job_value(report)?;
+                if let Value::Object(fields) = &mut value {
+                    // The Exec object's own fields, for clients that check its schema.
+                    for key in ["state", "command", "startedAt"] {
+                        fields.remove(key);
+                    }
+                    fields.insert("timedOut".into(), json!(false));
+                    fields.insert("oomKilled".into(), json!(false));
+                }
+                Ok(Output {
+                    text: value.to_string(),
+                    structured: value,
+                })
+            }
+        }
+    }
+
     /// An exec result as an MCP caller reads it: a refusal that adding its host to the
     /// allowlist would lift says what does that from here. A sandbox's allowlist is fixed when
     /// it starts, so either way it is a new sandbox that reaches the host: one the caller
@@ -321,6 +393,37 @@ impl Tools {
             .warn(format_args!("policy refused {}: {refusal}", tool.name));
         refusal.into_error()
     }
+}
+
+/// A job report as `dynocap_job` returns it (docs/mcp.md, "Job").
+fn job_output(report: JobReport) -> Result<Output, Error> {
+    let value = job_value(report)?;
+    Ok(Output {
+        text: value.to_string(),
+        structured: value,
+    })
+}
+
+/// A job report's JSON: `running`, and the ended command's `oomKilled` and disk error
+/// instead of its whole Exec object (its output is the report's); an error as its message.
+fn job_value(mut report: JobReport) -> Result<Value, Error> {
+    let result = report.result.take();
+    let error = report.error.take();
+    let mut value = serde_json::to_value(&report)
+        .map_err(|err| Error::internal(format!("cannot encode the job: {err}")))?;
+    if let Value::Object(fields) = &mut value {
+        fields.insert("running".into(), json!(report.state == JobState::Running));
+        if let Some(err) = error {
+            fields.insert("error".into(), json!(err.message));
+        }
+        if let Some(result) = result {
+            fields.insert("oomKilled".into(), json!(result.oom_killed));
+            if let Some(disk) = result.disk_error {
+                fields.insert("diskError".into(), json!(disk));
+            }
+        }
+    }
+    Ok(value)
 }
 
 /// What the policy let a start have beyond its resources.

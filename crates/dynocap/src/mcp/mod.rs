@@ -108,7 +108,9 @@ pub async fn run(options: Options, settings: Settings) -> ExitCode {
     // A server starts many sandboxes: each `run` that needs a new supervisor takes one that
     // is already running, idle, instead of waiting for a process to start.
     engine.keep_a_standby_supervisor();
-    let tools = Arc::new(calls::Tools::new(engine, policy, log.clone()));
+    let wait_bound = wait_bound(mcp.wait_seconds.as_deref(), &log);
+    let tools =
+        Arc::new(calls::Tools::new(engine, policy, log.clone()).with_wait_bound(wait_bound));
     // The engine's futures are not Send: they run in a LocalSet, beside the SDK's tasks on
     // the same (current-thread) runtime.
     let (dispatcher, jobs) = local::Dispatcher::new(tools);
@@ -128,4 +130,26 @@ pub async fn run(options: Options, settings: Settings) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `DYNOCAP_MCP_WAIT_SECONDS` (1 to the longest a job request waits), else the default, with a
+/// warning in the log for a value that is not one.
+fn wait_bound(raw: Option<&str>, log: &log::Log) -> std::time::Duration {
+    let max = dynocap_engine::jobs::JOB_WAIT_MAX_SECONDS;
+    let seconds = match raw.map(|v| v.trim().parse::<u64>()) {
+        None => calls::WAIT_SECONDS_DEFAULT,
+        Some(Ok(n)) if (1..=max).contains(&n) => n,
+        Some(_) => {
+            log.warn(format_args!(
+                "DYNOCAP_MCP_WAIT_SECONDS={:?} is not a number of seconds from 1 to {max}; using {}",
+                raw.unwrap_or_default(),
+                calls::WAIT_SECONDS_DEFAULT
+            ));
+            calls::WAIT_SECONDS_DEFAULT
+        }
+    };
+    log.info(format_args!(
+        "exec calls wait up to {seconds}s, then answer with their job"
+    ));
+    std::time::Duration::from_secs(seconds)
 }

@@ -31,6 +31,9 @@ pub enum Command {
     Exec(SandboxExecArgs),
     /// List raw sandboxes.
     Ps,
+    /// A sandbox's or task's jobs (commands started with --background, or MCP execs that ran
+    /// past the server's wait bound): list them, show or --follow one, or --kill it.
+    Job(JobArgs),
     /// Destroy a raw sandbox and release its name.
     Destroy(TargetArgs),
     /// Show the warm pool (DYNOCAP_WARM_POOL=N keeps N sandboxes booted for `run` to
@@ -307,11 +310,31 @@ pub struct ExecArgs {
     /// Pipes and files always get the bytes unchanged.
     #[arg(long)]
     pub raw: bool,
+    /// Start the command as a job and return at once with its id; follow it with
+    /// `dynocap job NAME JOB --follow`. It runs until it ends, its --timeout, a kill or the
+    /// sandbox's end.
+    #[arg(long, conflicts_with = "tty")]
+    pub background: bool,
     /// The command. One word is a shell command, run with `sh -c` (`-- 'make && make
     /// test'`); several words are a program and its arguments, passed exactly as given
     /// (`-- printf '%s\n' 'a b'`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// `dynocap job`.
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    /// Name (or id) of the raw sandbox or task.
+    pub name: String,
+    /// The job (job-N); without it, the sandbox's jobs are listed.
+    pub job: Option<String>,
+    /// Print the job's output as it comes until it ends; exits with its exit code.
+    #[arg(long)]
+    pub follow: bool,
+    /// Kill the job (SIGTERM, SIGKILL 2 s later) and wait for its end.
+    #[arg(long)]
+    pub kill: bool,
 }
 
 #[derive(Debug, Args)]
@@ -514,13 +537,14 @@ mod tests {
             ("frob", "unrecognized subcommand 'frob'"),
             (
                 "",
-                "`dynocap` needs a subcommand: run, exec, ps, destroy, pool, task, ls, rm, mcp, doctor",
+                "`dynocap` needs a subcommand: run, exec, ps, job, destroy, pool, task, ls, rm, mcp, \
+                 doctor",
             ),
             (
                 "task",
                 "`dynocap task` needs a subcommand: start, exec, diff, finish, apply",
             ),
-            ("image", "`dynocap image` needs a subcommand: build, ls, rm"),
+            ("image", "`dynocap image` needs a subcommand: build, import, ls, rm"),
             (
                 "run x --backend qemu",
                 "invalid value 'qemu' for '--backend <jail|vm|auto>': not a backend; use jail, \

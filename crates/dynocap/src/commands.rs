@@ -3,6 +3,7 @@
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 
+use dynocap_engine::catalog::Kind;
 use dynocap_engine::spec::{ExecSpec, RunSpec};
 use dynocap_engine::{Config, Engine, Error, ExecResult, Home};
 
@@ -49,6 +50,7 @@ async fn with_engine(json: bool, command: Command, config: Config) -> Result<Exi
         Command::Task(command) => crate::task_commands::task(&engine, json, command).await,
         Command::Image(command) => crate::image_commands::image(engine, json, command).await,
         Command::Ls => crate::task_commands::ls(&engine, json),
+        Command::Job(args) => crate::job_commands::job(&engine, json, args).await,
         Command::Rm(args) => crate::task_commands::rm(&engine, json, args).await,
         Command::Pool(args) => {
             let (verb, count) = if args.drain {
@@ -200,6 +202,25 @@ pub async fn exec(
         args.timeout_seconds,
         args.tty,
     )?;
+    if args.background {
+        let kind = if task { Kind::Task } else { Kind::Raw };
+        let mut report = engine
+            .exec_job(kind, target, &spec, std::time::Duration::ZERO, None)
+            .await?;
+        if let Some(err) = report.error.take() {
+            return Err(err);
+        }
+        if json {
+            streams.json(&serde_json::json!({ "job": report.job, "running": true }));
+        } else {
+            streams.stdout().write_str(&format!("{}\n", report.job));
+            streams.stderr().write_str(&format!(
+                "dynocap: started {job} in {target}; follow it with: dynocap job {target} {job} --follow\n",
+                job = report.job
+            ));
+        }
+        return Ok(0);
+    }
     if json || args.tty {
         // One result object, or a rendered screen: the bounded excerpt, as MCP gets it.
         let result = if task {

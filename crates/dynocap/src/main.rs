@@ -11,6 +11,7 @@ mod docs;
 mod doctor;
 mod exec_output;
 mod image_commands;
+mod job_commands;
 mod logging;
 mod mcp;
 mod output;

@@ -248,11 +248,16 @@ impl Jobs {
         )))
     }
 
-    /// Every job this sandbox remembers, oldest first, without output.
+    /// Every job this sandbox remembers, oldest first, without output: not even an ended
+    /// one's Exec object, whose output (up to a megabyte a stream each) would put the whole
+    /// list past a control line's bound.
     pub fn list(&self) -> Vec<JobReport> {
         lock(&self.list)
             .iter()
-            .map(|job| job.report(None))
+            .map(|job| JobReport {
+                result: None,
+                ..job.report(None)
+            })
             .collect()
     }
 
@@ -562,6 +567,40 @@ mod tests {
         assert!(jobs.get("job-1").is_ok());
         let err = jobs.get("../job-1").err().unwrap();
         assert!(err.message.contains("its jobs are job-1"), "{err}");
+    }
+
+    #[test]
+    fn the_list_carries_no_output_of_ended_jobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(dir.path().join("jobs"));
+        let job = jobs.add(&spec("echo")).unwrap();
+        job.keep(OutputChannel::Stdout, b"out\n");
+        let result = ExecResult {
+            exit_code: Some(0),
+            signal: None,
+            timed_out: false,
+            duration_ms: 1,
+            stdout: Some("x".repeat(1024 * 1024)),
+            stderr: Some(String::new()),
+            transcript: None,
+            truncated: false,
+            oom_killed: false,
+            disk_error: None,
+            network_refusals: Vec::new(),
+            network_refusals_omitted: 0,
+        };
+        job.end.send_replace(Some(Ended::Done(Box::new(result))));
+        let listed = jobs.list();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (listed[0].state, listed[0].exit_code),
+            (JobState::Exited, Some(0))
+        );
+        assert!(listed[0].result.is_none() && listed[0].stdout.is_empty());
+        // Asked for itself, the ended job still has its Exec object and its output.
+        let report = job.report(Some((0, 0)));
+        assert!(report.result.is_some());
+        assert_eq!(report.stdout, "out\n");
     }
 
     #[test]

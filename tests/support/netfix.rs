@@ -235,6 +235,12 @@ pub struct TestCa {
 
 impl TestCa {
     pub fn generate(dir: &Path, addr: Ipv4Addr) -> Self {
+        Self::for_names(dir, &CERT_NAMES, addr, "DynoCap network test CA")
+    }
+
+    /// A CA called `ca_name` and a server certificate for `names` (the first is its subject)
+    /// and `addr`, under `dir` (`ca.pem`, `server.pem`, `server.key`).
+    pub fn for_names(dir: &Path, names: &[&str], addr: Ipv4Addr, ca_name: &str) -> Self {
         std::fs::create_dir_all(dir).expect("create pki dir");
         let ca_key = dir.join("ca.key");
         let ca_cert = dir.join("ca.pem");
@@ -256,7 +262,7 @@ impl TestCa {
             .arg(&ca_key)
             .arg("-out")
             .arg(&ca_cert)
-            .args(["-days", "30", "-subj", "/CN=DynoCap network test CA"])
+            .args(["-days", "30", "-subj", &format!("/CN={ca_name}")])
             .args(["-addext", "basicConstraints=critical,CA:TRUE"])
             .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"]));
         run(Command::new("openssl")
@@ -266,8 +272,8 @@ impl TestCa {
             .arg(&server_key)
             .arg("-out")
             .arg(&server_csr)
-            .args(["-subj", &format!("/CN={NPM_HOST}")]));
-        let sans: Vec<String> = CERT_NAMES
+            .args(["-subj", &format!("/CN={}", names[0])]));
+        let sans: Vec<String> = names
             .iter()
             .map(|n| format!("DNS:{n}"))
             .chain([format!("IP:{addr}")])

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dynocap_e2e::netfix::{random_loopback, run, PACKAGE_VERSION, PYPI_PACKAGE};
+use dynocap_e2e::netfix::{random_loopback, run, TestCa, PACKAGE_VERSION, PYPI_PACKAGE};
 use serde_json::Value;
 
 fn script(name: &str) -> PathBuf {
@@ -165,58 +165,5 @@ fn kill(server: &mut Child) {
 
 /// A fresh CA, and a server certificate it signs for `names`; returns the CA's path.
 fn make_certificates(dir: &Path, names: &[&str], addr: Ipv4Addr) -> PathBuf {
-    let path = |name: &str| dir.join(name);
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    run(Command::new("openssl")
-        .args(["req", "-x509"])
-        .args(ec)
-        .arg("-keyout")
-        .arg(path("ca.key"))
-        .arg("-out")
-        .arg(path("ca.pem"))
-        .args(["-days", "30", "-subj", "/CN=DynoCap trust store test CA"])
-        .args(["-addext", "basicConstraints=critical,CA:TRUE"])
-        .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"]));
-    run(Command::new("openssl")
-        .arg("req")
-        .args(ec)
-        .arg("-keyout")
-        .arg(path("server.key"))
-        .arg("-out")
-        .arg(path("server.csr"))
-        .args(["-subj", &format!("/CN={}", names[0])]));
-    let sans: Vec<String> = names
-        .iter()
-        .map(|n| format!("DNS:{n}"))
-        .chain([format!("IP:{addr}")])
-        .collect();
-    std::fs::write(
-        path("server.ext"),
-        format!(
-            "subjectAltName={}\nbasicConstraints=critical,CA:FALSE\n\
-             keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n\
-             subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n",
-            sans.join(",")
-        ),
-    )
-    .expect("write extensions");
-    run(Command::new("openssl")
-        .args(["x509", "-req", "-days", "30", "-set_serial", "2"])
-        .arg("-in")
-        .arg(path("server.csr"))
-        .arg("-CA")
-        .arg(path("ca.pem"))
-        .arg("-CAkey")
-        .arg(path("ca.key"))
-        .arg("-extfile")
-        .arg(path("server.ext"))
-        .arg("-out")
-        .arg(path("server.pem")));
-    path("ca.pem")
+    TestCa::for_names(dir, names, addr, "DynoCap trust store test CA").ca_cert
 }

@@ -570,6 +570,29 @@ fn hostile_layers_are_refused_and_nothing_lands_outside() {
     );
     assert!(images(&home).is_empty());
 
+    // A layout whose blob is a symlink to a host file is refused, not read.
+    let layout = work.path().join("symlinked-blob");
+    let digests = write_oci(&layout, &[oci_layer(base.clone(), true)]);
+    let blob = layout.join("blobs/sha256").join(&digests[0]);
+    let host_copy = work.path().join("host-file");
+    std::fs::rename(&blob, &host_copy).expect("move the blob out");
+    std::os::unix::fs::symlink(&host_copy, &blob).expect("symlink");
+    let err = home.json_err(&[
+        "image",
+        "import",
+        layout.to_str().expect("utf8"),
+        "--name",
+        "bad",
+    ]);
+    assert!(
+        err["message"]
+            .as_str()
+            .expect("message")
+            .contains("symlink"),
+        "{err:#}"
+    );
+    assert!(images(&home).is_empty());
+
     assert_eq!(std::fs::read_dir(outside.path()).expect("read").count(), 0);
     for escaped in ["/abs-escape", "/escape", "/tmp/escape", "/shadow"] {
         assert!(!Path::new(escaped).exists(), "{escaped}");

@@ -13,6 +13,7 @@ use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -249,8 +250,23 @@ impl Source {
         };
         match self {
             Source::Dir(dir) => {
-                let path = dir.join(&member);
-                let file = File::open(&path).map_err(|_| missing())?;
+                // A layout may come from anywhere: a member that is (or goes through) a
+                // symlink could read a host file into the image, so none is followed.
+                let mut path = dir.clone();
+                for part in member.split('/') {
+                    path.push(part);
+                    if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+                        return Err(Error::invalid(format!(
+                            "the image's {member} is a symlink ({}); refusing to follow it",
+                            path.display()
+                        )));
+                    }
+                }
+                let file = fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&path)
+                    .map_err(|_| missing())?;
                 let size = file
                     .metadata()
                     .with_context(|| format!("reading {}", path.display()))?

@@ -389,8 +389,34 @@ fn oci_layout_and_docker_archive_import_and_boot_on_the_jail() {
     );
     home.json(&["destroy", "box2"]);
 
+    // Newer Docker's save: the OCI layout inside the tar (with its own manifest.json).
+    let newer = work.path().join("newer.tar");
+    let mut archive = tar::Builder::new(Vec::new());
+    archive
+        .append_dir_all(".", &layout)
+        .expect("tar the layout");
+    let mut header = tar::Header::new_ustar();
+    let manifest = br#"[{"Config":"blobs/sha256/x","Layers":[]}]"#;
+    header.set_size(manifest.len() as u64);
+    header.set_mode(0o644);
+    archive
+        .append_data(&mut header, "manifest.json", &manifest[..])
+        .expect("append");
+    std::fs::write(&newer, archive.into_inner().expect("tar")).expect("write");
+    let inside = home.json(&["image", "import", newer.to_str().expect("utf8")]);
+    assert_eq!(inside["image"]["name"], "newer", "{inside:#}");
+    assert!(
+        inside["image"]["source"]["manifestDigest"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("sha256:")),
+        "read as the OCI layout it holds: {inside:#}"
+    );
+    let rootfs = Path::new(inside["image"]["path"].as_str().expect("path")).join("rootfs");
+    assert!(rootfs.join("top/third.txt").is_file() && !rootfs.join("opt/lower-a").exists());
+
     home.json(&["image", "rm", "tiny"]);
     home.json(&["image", "rm", "tiny-docker"]);
+    home.json(&["image", "rm", "newer"]);
     assert!(images(&home).is_empty());
 }
 

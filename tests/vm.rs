@@ -686,3 +686,103 @@ fn a_vm_guest_sees_no_host_device_path_or_identifier() {
         search.found
     );
 }
+
+/// The file requests on the vm backend: the guest's agent performs them as the sandbox user
+/// (files it writes are that user's; a root-only file, reached through a symlink, is refused
+/// by the guest's kernel), exactly as on the jail backend.
+#[test]
+fn vm_file_requests_act_as_the_sandbox_user() {
+    use dynocap_engine::files::{FileOp, FileRequest, FileResult};
+    let Some(env) = vm_env("vm file requests") else {
+        return;
+    };
+    let backend = vm_backend();
+    let state = tempfile::tempdir().expect("state dir");
+    let spec = boot_spec(&env, &env.rootfs, &env.agent, state.path(), "vm-files");
+    let mut guest = backend.boot(&spec).expect("boot");
+    let channel = guest.take_channel().expect("channel");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let std_stream = std::os::unix::net::UnixStream::from(channel);
+        std_stream.set_nonblocking(true).expect("nonblocking");
+        let stream = tokio::net::UnixStream::from_std(std_stream).expect("register the channel");
+        let (read, write) = stream.into_split();
+        let (conn, _) = AgentConn::start(read, write, Duration::from_secs(120))
+            .await
+            .expect("the agent says hello");
+        let file = |op| {
+            dynocap_engine::supervisor::files::run(
+                &conn,
+                FileRequest {
+                    cwd: "/home/sandbox".into(),
+                    op,
+                },
+            )
+        };
+        let blob: Vec<u8> = (0..=255u8).chain(*b"\"\\\n").collect();
+        let wrote = file(FileOp::Write {
+            path: "d/blob".into(),
+            content: blob.clone(),
+            mode: None,
+            create_dirs: true,
+        })
+        .await
+        .expect("write");
+        assert!(
+            matches!(
+                wrote,
+                FileResult::Written {
+                    created: true,
+                    mode: 0o644,
+                    ..
+                }
+            ),
+            "{wrote:?}"
+        );
+        let read = file(FileOp::Read {
+            path: "/home/sandbox/d/blob".into(),
+            offset: 0,
+            length: 1 << 20,
+        })
+        .await
+        .expect("read");
+        assert!(
+            matches!(&read, FileResult::Read { data, .. } if *data == blob),
+            "{read:?}"
+        );
+        let spec = ExecSpec::new(
+            "stat -c %u /home/sandbox/d/blob; ln -s /proc/1/environ /home/sandbox/env",
+            None,
+            "/",
+            Vec::new(),
+            Some(60),
+            false,
+        )
+        .expect("spec");
+        let owner = dynocap_engine::exec::run(&conn, &spec, std::future::pending(), None, None)
+            .await
+            .expect("exec");
+        assert_eq!(owner.stdout.as_deref(), Some("1000\n"), "{owner:?}");
+        let refused = file(FileOp::Read {
+            path: "env".into(),
+            offset: 0,
+            length: 100,
+        })
+        .await
+        .expect_err("PID 1's environment is root's");
+        assert!(refused.message.contains("Permission denied"), "{refused}");
+        let refused = file(FileOp::Write {
+            path: "/etc/dynocap-test".into(),
+            content: b"x".to_vec(),
+            mode: None,
+            create_dirs: false,
+        })
+        .await
+        .expect_err("/etc is root's");
+        assert!(refused.message.contains("Permission denied"), "{refused}");
+    });
+    guest.destroy().expect("destroy");
+}

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.anyio
 TOOLS = [
     "dynocap_task_start", "dynocap_task_exec", "dynocap_diff", "dynocap_task_finish",
     "dynocap_ls", "dynocap_rm", "dynocap_run", "dynocap_exec", "dynocap_ps", "dynocap_destroy",
-    "dynocap_job",
+    "dynocap_job", "dynocap_read_file", "dynocap_write_file", "dynocap_edit_file",
+    "dynocap_list_files",
 ]
 
 # The parameters as docs/mcp.md documents them: (type, default, minimum, maximum, required).
@@ -99,6 +100,34 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "stderrOffset": ("integer", 0, 0, 9007199254740991, False),
         "kill": ("boolean", False, None, None, False),
     },
+    # Extension (docs/mcp.md): file tools, as the sandbox user.
+    "dynocap_read_file": {
+        "name": ("string", None, None, None, True),
+        "path": ("string", None, None, None, True),
+        "offset": ("integer", 0, 0, 9007199254740991, False),
+        "length": ("integer", 65536, 1, 524288, False),
+        "encoding": ("string", "utf8", None, None, False),
+    },
+    "dynocap_write_file": {
+        "name": ("string", None, None, None, True),
+        "path": ("string", None, None, None, True),
+        "content": ("string", None, None, None, False),
+        "encoding": ("string", "utf8", None, None, False),
+        "mode": ("string", None, None, None, False),
+        "createDirs": ("boolean", False, None, None, False),
+    },
+    "dynocap_edit_file": {
+        "name": ("string", None, None, None, True),
+        "path": ("string", None, None, None, True),
+        "oldText": ("string", None, None, None, True),
+        "newText": ("string", None, None, None, False),
+        "replaceAll": ("boolean", False, None, None, False),
+    },
+    "dynocap_list_files": {
+        "name": ("string", None, None, None, True),
+        "path": ("string", None, None, None, True),
+        "depth": ("integer", 1, 1, 8, False),
+    },
 }
 
 
@@ -108,7 +137,8 @@ def walk(path: str, value: Any) -> None:
         assert "$schema" not in value, path
         assert "format" not in value, path
         assert "$ref" not in value and "$defs" not in value, path
-        if "type" in value:
+        # A "properties" map may describe a field named "type" (a listed file's).
+        if "type" in value and not path.endswith(".properties"):
             assert isinstance(value["type"], str), f"{path}: type union {value['type']}"
         for key, child in value.items():
             walk(f"{path}.{key}", child)

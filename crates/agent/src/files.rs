@@ -315,7 +315,12 @@ fn edit(
         from = at + old_text.len();
     }
     edited.extend_from_slice(&content[from..]);
-    if let Err(err) = file.set_len(0).and_then(|()| file.write_all_at(&edited, 0)) {
+    // Written over the old bytes, then cut to length: a failed write never leaves the file
+    // emptied first.
+    if let Err(err) = file
+        .write_all_at(&edited, 0)
+        .and_then(|()| file.set_len(edited.len() as u64))
+    {
         return io_fail("cannot write", path, err);
     }
     Ok(FileResult::Edited {

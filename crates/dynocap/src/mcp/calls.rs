@@ -180,6 +180,8 @@ impl Tools {
                 let name = args.required_string("name")?;
                 Output::json(&json!({ "destroyed": self.engine.destroy(&name).await? }))
             }
+            "dynocap_read_file" | "dynocap_write_file" | "dynocap_edit_file"
+            | "dynocap_list_files" => super::files::call(&self.engine, &args).await,
             other => Err(Error::internal(format!(
                 "tool {other} has no implementation"
             ))),

@@ -10,6 +10,7 @@
 mod admission;
 mod args;
 mod calls;
+mod files;
 mod jsonrpc;
 mod local;
 mod log;

@@ -390,6 +390,10 @@ pub fn definitions() -> Vec<ToolDef> {
         ps_tool(),
         destroy_tool(),
         job_tool(),
+        super::files::read_tool(),
+        super::files::write_tool(),
+        super::files::edit_tool(),
+        super::files::list_tool(),
     ]
 }
 
@@ -1170,7 +1174,8 @@ mod tests {
                 assert!(!map.contains_key("$schema"), "{path}: $schema");
                 assert!(!map.contains_key("format"), "{path}: format");
                 assert!(!map.contains_key("$ref"), "{path}: $ref");
-                if let Some(kind) = map.get("type") {
+                // A `properties` map may describe a field named "type" (a listed file's).
+                if let Some(kind) = map.get("type").filter(|_| !path.ends_with(".properties")) {
                     assert!(kind.is_string(), "{path}: type must be one string: {kind}");
                 }
                 for (key, child) in map {
@@ -1203,7 +1208,11 @@ mod tests {
                 "dynocap_exec",
                 "dynocap_ps",
                 "dynocap_destroy",
-                "dynocap_job"
+                "dynocap_job",
+                "dynocap_read_file",
+                "dynocap_write_file",
+                "dynocap_edit_file",
+                "dynocap_list_files"
             ]
         );
         for tool in &tools {

@@ -8,6 +8,7 @@
 pub(crate) mod admission;
 pub mod apply;
 pub mod ceilings;
+pub mod files;
 pub mod image_admin;
 pub mod jobs;
 pub mod pool;

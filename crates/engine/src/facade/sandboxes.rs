@@ -1190,6 +1190,8 @@ pub(crate) struct Interim<'a> {
 fn reply_deadline(request: &ControlRequest) -> Duration {
     match request {
         ControlRequest::Ping | ControlRequest::Claim(_) => Duration::from_secs(30),
+        // An edit rewrites at most a few MiB: minutes only on a slow emulated guest.
+        ControlRequest::File { .. } => Duration::from_secs(300),
         ControlRequest::Exec { spec } => {
             Duration::from_secs(spec.timeout_seconds)
                 + Duration::from_millis(crate::model::spec::EXEC_KILL_GRACE_MS)

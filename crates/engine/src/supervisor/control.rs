@@ -38,6 +38,11 @@ pub enum ControlRequest {
         #[serde(default)]
         include_generated: bool,
     },
+    /// A file operation in the guest as the sandbox user ([`crate::supervisor::files`]);
+    /// answered with `File`.
+    File {
+        request: dynocap_proto::files::FileRequest,
+    },
     /// Run `spec` as a job ([`crate::supervisor::jobs`]) and answer with `Job` once it ended
     /// or `wait_ms` passed, whichever is first (0: at once); progress lines come meanwhile
     /// when `spec.report_progress`. The job goes on when this connection closes.
@@ -78,6 +83,7 @@ pub enum ControlReply {
     Claimed,
     Diff(crate::model::task_spec::DiffResult),
     Finished(crate::model::task_spec::FinishResult),
+    File(dynocap_proto::files::FileResult),
     Job(Box<crate::supervisor::jobs::JobReport>),
     Jobs(Vec<crate::supervisor::jobs::JobReport>),
     Error(Error),

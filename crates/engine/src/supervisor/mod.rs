@@ -12,6 +12,7 @@ pub(crate) mod clone;
 pub mod control;
 pub(crate) mod egress;
 pub mod exec;
+pub mod files;
 pub mod finish;
 pub mod import;
 pub mod jobs;

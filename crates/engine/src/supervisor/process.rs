@@ -42,6 +42,7 @@ mod come_up;
 mod disk;
 mod ending;
 mod failure;
+mod files;
 mod jobs;
 mod network;
 mod requests;

@@ -210,6 +210,7 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
         }
         ControlRequest::Job(query) => super::jobs::query_job(query, shared).await,
         ControlRequest::Jobs => ControlReply::Jobs(shared.jobs.list()),
+        ControlRequest::File { request } => super::files::serve_file(request, shared).await,
         ControlRequest::Claim(claim) => {
             let _ = main_loop.claim.send((claim, write)).await;
             return;

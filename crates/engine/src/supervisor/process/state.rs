@@ -235,6 +235,17 @@ impl TaskContext {
             .clone()
     }
 
+    /// Appends one JSON line to `exec.jsonl` (a file operation's, see `files`).
+    pub(super) fn log_line(&self, entry: &serde_json::Value) {
+        let mut file = self
+            .exec_log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(err) = writeln!(file, "{entry}") {
+            tracing::error!(target: LOG_TARGET, "writing the exec log: {err}");
+        }
+    }
+
     /// Appends one line to `exec.jsonl`. Output keeps its head and tail (32 KiB per stream):
     /// the log says what ran and how it ended; the caller already got the output.
     pub(super) fn log_exec(

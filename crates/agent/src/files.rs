@@ -86,6 +86,50 @@ fn become_user(user: Option<ExecUser>) -> Result<(), FileError> {
             user.uid, user.gid
         ));
     }
+    drop_capabilities()
+}
+
+/// The v3 layout of capset(2)'s arguments.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Empties this thread's capability sets. The change of fsuid already took the file
+/// capabilities (`CAP_DAC_OVERRIDE` and the like) out of the effective set; the others (a
+/// `CAP_SYS_RESOURCE` that would write past a full disk's reserve, say) go too, so the
+/// operation has exactly what the sandbox user's commands have.
+fn drop_capabilities() -> Result<(), FileError> {
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset reads a version-3 header and two CapData structs (the v3 layout), both
+    // on this stack for the duration of the call; pid 0 is the calling thread only.
+    let ret =
+        unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) };
+    if ret != 0 {
+        return fail(format!(
+            "cannot drop capabilities for file operations: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
     Ok(())
 }
 
@@ -431,6 +475,63 @@ mod tests {
             cwd: dir.to_string_lossy().into_owned(),
             op,
         }
+    }
+
+    /// As root (the agent in a guest), a request for another user runs with that user's
+    /// identity: a root-only file is refused, a created file is that user's.
+    #[test]
+    fn a_request_runs_as_the_sandbox_user() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "root only").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::os::unix::fs::symlink(&secret, open.join("link")).unwrap();
+        let config = Config {
+            exec_user: Some(ExecUser {
+                uid: 65534,
+                gid: 65534,
+            }),
+            ..Config::default()
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let run = |op| runtime.block_on(serve(request(&open, op), &config));
+        let read = |path: &str| FileOp::Read {
+            path: path.into(),
+            offset: 0,
+            length: 100,
+        };
+        let refused = run(read("link")).unwrap_err();
+        assert!(refused.0.contains("Permission denied"), "{refused}");
+        let written = run(FileOp::Write {
+            path: "mine".into(),
+            content: b"x".to_vec(),
+            mode: None,
+            create_dirs: false,
+        })
+        .unwrap();
+        assert!(matches!(written, FileResult::Written { created: true, .. }));
+        let meta = std::fs::metadata(open.join("mine")).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+        // Not the caller's: root's own reads still work, on other threads.
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root only");
+        let refused = run(FileOp::Write {
+            path: "../secret".into(),
+            content: b"y".to_vec(),
+            mode: None,
+            create_dirs: false,
+        })
+        .unwrap_err();
+        assert!(refused.0.contains("Permission denied"), "{refused}");
     }
 
     #[test]

@@ -750,3 +750,52 @@ fn a_task_starts_on_an_imported_image() {
     assert!(diff.contains("+more"), "{diff}");
     home.json(&["rm", "t", "--force", "--purge"]);
 }
+
+/// A container image carries no kernel: on the vm backend it boots with the kernel of the
+/// debian image built on the same host, its own files as the root.
+#[test]
+fn an_imported_image_boots_in_a_vm_with_the_debian_images_kernel() {
+    let test = "an_imported_image_boots_in_a_vm_with_the_debian_images_kernel";
+    if !require_root(test) || !dynocap_e2e::images::require_mmdebstrap(test) {
+        return;
+    }
+    let Some(busybox) = busybox(test) else { return };
+    let (home, _) = dynocap_e2e::images::debian_home();
+    let kernel = images(&home)
+        .iter()
+        .find(|image| image["name"] == "debian")
+        .and_then(|image| image["kernel"].as_str().map(str::to_owned))
+        .expect("the debian image has a kernel");
+    // Under TCG: these machines have no usable KVM (see tests/vm.rs).
+    let home = home.with_env("DYNOCAP_VM_ACCEL", "tcg");
+    let work = tempfile::tempdir().expect("tempdir");
+    let layout = work.path().join("tiny-oci");
+    write_oci(
+        &layout,
+        &[
+            oci_layer(base_layer(&busybox), true),
+            oci_layer(upper_layer(), false),
+        ],
+    );
+    home.json(&[
+        "image",
+        "import",
+        layout.to_str().expect("utf8"),
+        "--name",
+        "tiny",
+    ]);
+    let info = home.json(&["run", "tinyvm", "--image", "tiny", "--backend", "vm"]);
+    assert_eq!(info["backend"], "vm", "{info:#}");
+    assert_eq!(info["image"], "tiny", "{info:#}");
+    assert_eq!(
+        home.sh("tinyvm", "cat /top/hello.txt"),
+        "from the top layer\n"
+    );
+    assert_eq!(
+        home.sh("tinyvm", "test -e /data/gone.txt || echo whited-out"),
+        "whited-out\n"
+    );
+    let release = home.sh("tinyvm", "busybox uname -r");
+    assert_eq!(release.trim(), kernel, "the debian image's kernel runs it");
+    home.json(&["destroy", "tinyvm"]);
+}

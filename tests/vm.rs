@@ -329,6 +329,7 @@ fn a_boot_that_never_answers_says_what_qemu_was_doing() {
     let spec = dynocap_backend_vm::VmSpec {
         hostname: "silent".into(),
         rootfs: env.rootfs.clone(),
+        kernel_root: None,
         image_id: None,
         state_dir: state.path().to_owned(),
         cache_dir: env.cache.clone(),

@@ -47,7 +47,8 @@ pub fn find(rootfs: &Path) -> Result<Kernel> {
     let entries = fs::read_dir(&boot).map_err(|err| {
         VmError::Image(format!(
             "the image at {} has no kernel ({}: {err}); the vm backend needs an image built with \
-             a kernel: run `dynocap image build debian`",
+             a kernel: run `dynocap image build debian` (its kernel also boots images that \
+             carry none, such as imported container images)",
             rootfs.display(),
             boot.display()
         ))

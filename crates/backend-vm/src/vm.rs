@@ -26,6 +26,10 @@ pub struct VmSpec {
     pub hostname: String,
     /// The image's root directory: the disk's content, and its kernel and modules.
     pub rootfs: PathBuf,
+    /// Where the kernel to boot and its modules are (`boot/vmlinuz-<v>`, `lib/modules/<v>`)
+    /// when the image carries none (a container image): another image's root. `None`: the
+    /// image's own.
+    pub kernel_root: Option<PathBuf>,
     /// The image's content id, for a built image (immutable once built): the key of its base
     /// disk in the cache, found without walking the rootfs. `None` keys it by a walk.
     pub image_id: Option<String>,
@@ -133,7 +137,7 @@ impl Vm {
     /// the error carries the last lines of the console and of QEMU's own log.
     pub fn boot(spec: &VmSpec) -> Result<Vm> {
         validate(spec)?;
-        let kernel = kernel::find(&spec.rootfs)?;
+        let kernel = kernel::find(spec.kernel_root.as_deref().unwrap_or(&spec.rootfs))?;
         let accel = accel::choose(spec.accel, &spec.cache_dir, &kernel.image)?;
         let machine = machine(&spec.cache_dir)?;
         let modules = kernel::needed_modules(&kernel, machine)?;
@@ -899,6 +903,7 @@ mod tests {
         VmSpec {
             hostname: "box-1".into(),
             rootfs: "/nonexistent".into(),
+            kernel_root: None,
             image_id: None,
             state_dir: "/nonexistent".into(),
             cache_dir: "/nonexistent".into(),

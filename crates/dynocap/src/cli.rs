@@ -79,7 +79,8 @@ pub enum ImageCommand {
     /// the cloud kernel, made with mmdebstrap). Content-addressed: a built recipe is reused.
     Build(ImageNameArgs),
     /// Import an OCI image layout directory (skopeo copy … oci:DIR, podman save --format
-    /// oci-dir) or a `docker save` archive as an image the jail backend boots.
+    /// oci-dir) or a `docker save` archive as an image both backends boot (the vm backend
+    /// with the kernel of a built debian image, as container images carry none).
     Import(ImageImportArgs),
     /// List built and imported images.
     Ls,

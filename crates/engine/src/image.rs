@@ -52,13 +52,17 @@ pub struct Image {
     /// A built image's content id (`None` for `host`): the key for whatever a backend derives
     /// from the image and caches (a disk image, an initramfs).
     pub id: Option<String>,
-    /// The kernel inside a built image, for a backend that boots one.
+    /// The kernel a backend that boots one (the vm) boots this image with: the image's own,
+    /// or, for an image that carries none (an imported container image), the kernel of the
+    /// newest image on this host that has one (`dynocap image build debian`).
     pub kernel: Option<KernelFiles>,
 }
 
 /// A kernel shipped inside an image's rootfs (host paths).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelFiles {
+    /// The root filesystem it is in: the booted image's own, or the image that lends it.
+    pub root: PathBuf,
     /// e.g. `6.1.0-50-cloud-amd64`.
     pub release: String,
     /// `rootfs/boot/vmlinuz-<release>`.
@@ -123,16 +127,31 @@ pub fn open(home: &Home, image: &ImageRef) -> Result<Image> {
         owned_by_host_root: true,
         guest_sudo: built.meta.guest_sudo,
         id: Some(built.id().to_owned()),
-        kernel: built
-            .kernel_path()
-            .zip(built.modules_dir())
-            .map(|(vmlinuz, modules)| KernelFiles {
-                release: built.meta.kernel.clone().unwrap_or_default(),
-                vmlinuz,
-                initrd: built.initrd_path(),
-                modules,
-            }),
+        kernel: match kernel_files(&built) {
+            Some(own) => Some(own),
+            None => lent_kernel(home),
+        },
     })
+}
+
+/// The kernel inside `built`, if it has one.
+fn kernel_files(built: &store::BuiltImage) -> Option<KernelFiles> {
+    let (vmlinuz, modules) = built.kernel_path().zip(built.modules_dir())?;
+    Some(KernelFiles {
+        root: built.rootfs(),
+        release: built.meta.kernel.clone().unwrap_or_default(),
+        vmlinuz,
+        initrd: built.initrd_path(),
+        modules,
+    })
+}
+
+/// For an image without a kernel: the kernel of the newest image on this host that has one.
+/// Container images carry no kernel; DynoCap's guest kernel (the debian image's) boots them.
+fn lent_kernel(home: &Home) -> Option<KernelFiles> {
+    let images = store::ImageStore::for_home(home, None).list().ok()?;
+    // Oldest first: the newest build with a kernel lends it.
+    images.iter().rev().find_map(kernel_files)
 }
 
 /// Bump when the skeleton's content changes, so old skeletons are rebuilt.
@@ -361,6 +380,55 @@ mod tests {
             serde_json::to_string(&meta).unwrap(),
         )
         .unwrap();
+    }
+
+    #[test]
+    fn an_image_without_a_kernel_boots_with_the_newest_image_kernel_on_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path().join("home")).unwrap();
+        // An imported image: a rootfs and no kernel.
+        let id = "3".repeat(64);
+        let imported = home.images_dir().join("tiny").join(&id);
+        fs::create_dir_all(imported.join("rootfs/bin")).unwrap();
+        let meta = store::ImageMeta {
+            name: "tiny".into(),
+            id: id.clone(),
+            created: "2026-01-01T00:00:00Z".into(),
+            size_bytes: 0,
+            suite: String::new(),
+            packages: vec![],
+            kernel: None,
+            guest_sudo: false,
+            source: None,
+            config: None,
+        };
+        fs::write(
+            imported.join(store::META_FILE),
+            serde_json::to_string(&meta).unwrap(),
+        )
+        .unwrap();
+        let tiny = ImageRef {
+            name: "tiny".into(),
+            id: Some(id),
+        };
+        assert_eq!(
+            open(&home, &tiny).unwrap().kernel,
+            None,
+            "nothing to lend yet"
+        );
+
+        let (old, new) = ("1".repeat(64), "2".repeat(64));
+        fake_build(&home, &old, "2026-01-01T00:00:00Z");
+        fake_build(&home, &new, "2026-02-01T00:00:00Z");
+        let image = open(&home, &tiny).unwrap();
+        assert_eq!(image.root, imported.join("rootfs"), "its own root");
+        let lent = image.kernel.expect("a kernel lent by the newest debian");
+        let lender = home.images_dir().join("debian").join(&new).join("rootfs");
+        assert_eq!(lent.root, lender);
+        assert_eq!(
+            lent.vmlinuz,
+            lender.join("boot/vmlinuz-6.1.0-9-cloud-amd64")
+        );
     }
 
     #[test]

@@ -62,6 +62,15 @@ impl Backend for VmBackend {
                 spec.image.name
             )));
         }
+        // An image without a kernel of its own (a container image) boots with the one the
+        // image layer found for it on this host; with none at all, the vm crate's kernel
+        // search says what to build.
+        let kernel_root = spec
+            .image
+            .kernel
+            .as_ref()
+            .map(|kernel| kernel.root.clone())
+            .filter(|root| *root != spec.image.root);
         let nat = spec.network == Network::Nat;
         if nat {
             // Checked before anything is built: a missing pasta leaves no sandbox behind.
@@ -71,6 +80,7 @@ impl Backend for VmBackend {
         let vm_spec = VmSpec {
             hostname: spec.hostname.clone(),
             rootfs: spec.image.root.clone(),
+            kernel_root,
             image_id: spec.image.id.clone(),
             state_dir: spec.state_dir.clone(),
             // Beside the jail's `disks/`: initramfs archives, base disks, KVM probe answers.

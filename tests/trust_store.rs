@@ -11,7 +11,6 @@
 #[path = "support/tlsfix.rs"]
 mod tlsfix;
 
-
 use dynocap_e2e::backend::Backend;
 use dynocap_e2e::images::{debian_home, require_mmdebstrap};
 use dynocap_e2e::netfix::product;

@@ -302,13 +302,31 @@ pub fn sandbox_rows(sandboxes: &[SandboxInfo]) -> Vec<Vec<String>> {
 pub fn sandbox_notes(sandboxes: &[SandboxInfo]) -> String {
     sandboxes
         .iter()
-        .filter_map(|s| {
-            let note = s.note.as_deref()?;
-            Some(format!(
-                "  {}: {}\n",
-                s.name,
-                dynocap_engine::exec::sanitize_line(note, 1000)
-            ))
+        .map(|s| {
+            let note = s.note.as_deref().map_or_else(String::new, |note| {
+                format!(
+                    "  {}: {}\n",
+                    s.name,
+                    dynocap_engine::exec::sanitize_line(note, 1000)
+                )
+            });
+            note + &job_lines(&s.name, &s.jobs)
+        })
+        .collect()
+}
+
+/// One line per running job of a listed sandbox or task: its id, since when and for how
+/// long it runs, and the start of its command.
+pub fn job_lines(name: &str, jobs: &[dynocap_engine::jobs::RunningJob]) -> String {
+    jobs.iter()
+        .map(|job| {
+            format!(
+                "  {name}: job {} running {}s (since {}): {}\n",
+                job.job,
+                job.running_seconds,
+                job.started_at,
+                dynocap_engine::exec::sanitize_line(&job.command, 80)
+            )
         })
         .collect()
 }

@@ -342,6 +342,10 @@ pub fn ls(engine: &Engine, json: bool) -> Result<ExitCode, Error> {
                 sanitize_line(note, 1000)
             );
         }
+        say!(
+            "{}",
+            crate::output::job_lines(task.name.as_deref().unwrap_or(&task.id), &task.jobs)
+        );
     }
     sayln!("\nSANDBOXES");
     say!(
@@ -522,6 +526,31 @@ fn print_finish(result: &FinishResult) {
             (None, false) => sayln!("generated files, left out of the patch:"),
         }
         say!("{}", generated_lines(&result.generated));
+    }
+    if !result.jobs_cut_off.is_empty() {
+        sayln!("jobs cut off by the task's end:");
+        for job in &result.jobs_cut_off {
+            sayln!(
+                "  {} (running {}s since {}): {}",
+                job.job,
+                job.running_seconds,
+                job.started_at,
+                sanitize_line(&job.command, 80)
+            );
+        }
+    }
+    for job in &result.jobs {
+        let dropped = job.stdout_dropped + job.stderr_dropped;
+        sayln!(
+            "job {} output: {} and {}{}",
+            job.job,
+            escape(&job.stdout_path),
+            escape(&job.stderr_path),
+            match dropped {
+                0 => String::new(),
+                n => format!(" ({n} bytes past the sandbox's bound on job output were not kept)"),
+            }
+        );
     }
     sayln!("patch:   {}", escape(&result.patch_path));
     sayln!("log:     {}", escape(&result.log_path));

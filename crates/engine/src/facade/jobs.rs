@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use crate::facade::sandboxes::{find, unexpected, Engine, Interim};
 use crate::foundation::error::Result;
+use crate::model::sandbox_info::RunningJob;
 use crate::model::spec::ExecSpec;
 use crate::model::task_spec::Progress;
-use crate::store::catalog::{Kind, Record};
+use crate::store::catalog::{Kind, Record, State};
 use crate::supervisor::control::{ControlReply, ControlRequest};
-use crate::supervisor::jobs::{JobQuery, JobReport};
+use crate::supervisor::jobs::{read_running, JobQuery, JobReport, JOBS_DIR};
 
 impl Engine {
     /// Runs a command in a live sandbox of the given kind as a job: answers once it ended or
@@ -62,6 +63,16 @@ impl Engine {
             ControlReply::Error(err) => Err(err),
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// The running jobs of a sandbox or task that listings show: read from the file its
+    /// supervisor keeps ([`crate::supervisor::jobs::RUNNING_FILE`], which says why), and
+    /// only while the catalog says it runs.
+    pub(crate) fn running_jobs(&self, record: &Record) -> Vec<RunningJob> {
+        if record.state != State::Running {
+            return Vec::new();
+        }
+        read_running(&self.home().sandbox_dir(&record.id).join(JOBS_DIR))
     }
 
     fn live_any(&self, name: &str) -> Result<Record> {

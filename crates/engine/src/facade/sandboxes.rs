@@ -53,6 +53,7 @@ impl SandboxInfo {
             image: record.image.name.clone(),
             image_id: record.image.id.clone(),
             note: record.note.clone(),
+            jobs: Vec::new(),
         }
     }
 }
@@ -503,7 +504,10 @@ impl Engine {
             .filter(|r| r.kind == Kind::Raw && is_listed(r))
             .map(|mut record| {
                 deferred.annotate(&mut record);
-                SandboxInfo::from_record(&record)
+                SandboxInfo {
+                    jobs: self.running_jobs(&record),
+                    ..SandboxInfo::from_record(&record)
+                }
             })
             .collect())
     }

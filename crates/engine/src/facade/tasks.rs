@@ -403,7 +403,10 @@ impl Engine {
                 "\"{target}\" is a raw sandbox, not a task"
             )));
         }
-        task_info(&record)
+        Ok(TaskInfo {
+            jobs: self.running_jobs(&record),
+            ..task_info(&record)?
+        })
     }
 
     /// Tasks (live and retained) and raw sandboxes (those `ps` lists).
@@ -415,9 +418,15 @@ impl Engine {
         for mut record in catalog.list()? {
             deferred.annotate(&mut record);
             match record.kind {
-                Kind::Task => tasks.push(task_info(&record)?),
+                Kind::Task => tasks.push(TaskInfo {
+                    jobs: self.running_jobs(&record),
+                    ..task_info(&record)?
+                }),
                 Kind::Raw if crate::facade::sandboxes::is_listed(&record) => {
-                    sandboxes.push(SandboxInfo::from_record(&record))
+                    sandboxes.push(SandboxInfo {
+                        jobs: self.running_jobs(&record),
+                        ..SandboxInfo::from_record(&record)
+                    })
                 }
                 Kind::Raw => {}
             }
@@ -554,6 +563,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         egress_allowlist: crate::facade::sandboxes::egress_allowlist(record),
         image: record.image.name.clone(),
         image_id: record.image.id.clone(),
+        jobs: Vec::new(),
     })
 }
 

@@ -31,6 +31,22 @@ pub struct SandboxInfo {
     /// What a running sandbox lost and what to do (its network ended), when that needs saying.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Its running jobs (commands that outlive the call that started them), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<RunningJob>,
+}
+
+/// A running job as listings show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunningJob {
+    pub job: String,
+    /// The start of its command, on one line.
+    pub command: String,
+    pub started_at: String,
+    /// How long it has run, as of the listing.
+    #[serde(default)]
+    pub running_seconds: u64,
 }
 
 /// A time as results show it: RFC 3339, to the second, in UTC.

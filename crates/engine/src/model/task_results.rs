@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::import_notes::{History, Note, NoteKind};
 use crate::model::lifecycle::State;
-use crate::model::sandbox_info::SandboxInfo;
+use crate::model::sandbox_info::{RunningJob, SandboxInfo};
 
 /// The `source` of a Task object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,6 +174,9 @@ pub struct TaskInfo {
     /// The built image's content id (none for `host`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_id: Option<String>,
+    /// Its running jobs, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<crate::model::sandbox_info::RunningJob>,
 }
 
 /// The part of a saved result worth listing beside a task.
@@ -254,6 +257,40 @@ pub struct FinishResult {
     /// The generated entries left out, as a patch of their own beside `patch.diff`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generated_patch_path: Option<String>,
+    /// The jobs still running when the task ended (finished, or its TTL ran out), which its
+    /// end cut off.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs_cut_off: Vec<RunningJob>,
+    /// The task's jobs (those its sandbox still remembered), each with its whole kept output
+    /// saved in the results' `jobs/` directory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<JobLog>,
+}
+
+/// A task's job as its results keep it: where its whole output is, and what of it was not
+/// kept (past the sandbox's bound on kept job output).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobLog {
+    pub job: String,
+    pub command: String,
+    pub started_at: String,
+    /// The task's end cut it off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cut_off: bool,
+    pub stdout_path: String,
+    pub stderr_path: String,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// Bytes of its output not kept, so not in the files.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stdout_dropped: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stderr_dropped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The ls object.

@@ -11,7 +11,7 @@ use crate::foundation::git_url::GitUrl;
 use crate::model::import_notes::History;
 use crate::model::spec::{validate_name, Network, Resources, TASK_CPUS_DEFAULT};
 pub use crate::model::task_results::{
-    DiffResult, FinishResult, LsResult, Progress, ResultBrief, RmResult, SkipKind, Skipped,
+    DiffResult, FinishResult, JobLog, LsResult, Progress, ResultBrief, RmResult, SkipKind, Skipped,
     SkippedPath, SourceInfo, TaskInfo, SKIPPED_LISTED,
 };
 

@@ -24,7 +24,9 @@ use tokio::sync::{watch, Notify};
 use crate::foundation::error::{Error, Result};
 use crate::foundation::excerpt::Excerpt;
 use crate::model::output::OutputChannel;
+pub use crate::model::sandbox_info::RunningJob;
 use crate::model::spec::{ExecSpec, OutputEncoding};
+use crate::model::task_spec::JobLog;
 use crate::model::task_spec::Progress;
 use crate::supervisor::control::{read_message, write_message, ControlReply, ControlRequest};
 use crate::supervisor::exec::{sanitize_line, ExecResult};
@@ -47,6 +49,62 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(3);
 
 /// Characters of a job's command shown in listings.
 const COMMAND_SHOWN: usize = 200;
+
+/// The directory of a sandbox's jobs, in its state directory.
+pub const JOBS_DIR: &str = "jobs";
+
+/// The file in a sandbox's jobs directory that lists its running jobs, for `ps` and `ls`.
+///
+/// `ps` and `ls` read the catalog, never a supervisor: asking each running one would make a
+/// listing as slow as its slowest supervisor, and a stopped (SIGSTOP) or wedged one would
+/// hold it up. So the supervisor writes this small file (at most [`MAX_RUNNING_JOBS`]
+/// entries) whenever a job starts or ends, replacing it whole by a rename, and listings read
+/// it only for a sandbox the catalog says is running: a reader never waits on anyone, and a
+/// dead supervisor's stale file is not read once its record is no longer running.
+pub const RUNNING_FILE: &str = "running.json";
+
+/// The running jobs listed in the jobs directory `dir`, with how long each has run by now.
+/// No file, or one that does not read: none (a listing never fails on it).
+pub fn read_running(dir: &std::path::Path) -> Vec<RunningJob> {
+    let Ok(text) = std::fs::read(dir.join(RUNNING_FILE)) else {
+        return Vec::new();
+    };
+    let mut jobs: Vec<RunningJob> = serde_json::from_slice(&text).unwrap_or_default();
+    let now = chrono::Utc::now();
+    for job in &mut jobs {
+        job.running_seconds = chrono::DateTime::parse_from_rfc3339(&job.started_at)
+            .ok()
+            .and_then(|started| (now - started.with_timezone(&chrono::Utc)).to_std().ok())
+            .map_or(0, |ran| ran.as_secs());
+    }
+    jobs
+}
+
+/// The supervisor's side of [`RUNNING_FILE`].
+struct Board {
+    path: PathBuf,
+    running: Mutex<Vec<RunningJob>>,
+}
+
+impl Board {
+    /// Changes the list and rewrites the file while holding it, so writes land in order.
+    fn change(&self, change: impl FnOnce(&mut Vec<RunningJob>)) {
+        let mut running = lock(&self.running);
+        change(&mut running);
+        let partial = self.path.with_extension("json.partial");
+        let written = serde_json::to_vec(&*running)
+            .map_err(std::io::Error::other)
+            .and_then(|text| std::fs::write(&partial, text))
+            .and_then(|()| std::fs::rename(&partial, &self.path));
+        if let Err(err) = written {
+            // Only listings miss it: the jobs themselves go on.
+            tracing::warn!(
+                "updating the running jobs' list {}: {err}",
+                self.path.display()
+            );
+        }
+    }
+}
 
 /// Where a job is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,6 +207,8 @@ pub struct Job {
     progress: Mutex<Option<Progress>>,
     /// The sandbox's kept job output, shared by its jobs.
     total: Arc<AtomicU64>,
+    /// The sandbox's list of running jobs, which the job leaves when it ends.
+    board: Arc<Board>,
 }
 
 /// A sandbox's jobs.
@@ -157,6 +217,7 @@ pub struct Jobs {
     next: AtomicU64,
     list: Mutex<Vec<Arc<Job>>>,
     total: Arc<AtomicU64>,
+    board: Arc<Board>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -169,10 +230,14 @@ impl Jobs {
     /// Jobs whose output goes under `dir` (created with the first job).
     pub fn new(dir: PathBuf) -> Self {
         Self {
-            dir,
             next: AtomicU64::new(1),
             list: Mutex::new(Vec::new()),
             total: Arc::new(AtomicU64::new(0)),
+            board: Arc::new(Board {
+                path: dir.join(RUNNING_FILE),
+                running: Mutex::new(Vec::new()),
+            }),
+            dir,
         }
     }
 
@@ -226,8 +291,17 @@ impl Jobs {
             killed: AtomicBool::new(false),
             progress: Mutex::new(None),
             total: self.total.clone(),
+            board: self.board.clone(),
         });
         list.push(job.clone());
+        self.board.change(|running| {
+            running.push(RunningJob {
+                job: job.id.clone(),
+                command: job.command.clone(),
+                started_at: job.started_at.clone(),
+                running_seconds: 0,
+            })
+        });
         Ok(job)
     }
 
@@ -261,14 +335,119 @@ impl Jobs {
             .collect()
     }
 
-    /// The ids and commands of the jobs still running.
-    pub fn running(&self) -> Vec<String> {
+    /// The jobs still running, with how long each has run.
+    pub fn running(&self) -> Vec<RunningJob> {
         lock(&self.list)
             .iter()
             .filter(|job| job.is_running())
-            .map(|job| format!("{} ({})", job.id, job.command))
+            .map(|job| RunningJob {
+                job: job.id.clone(),
+                command: job.command.clone(),
+                started_at: job.started_at.clone(),
+                running_seconds: job.started.elapsed().as_secs(),
+            })
             .collect()
     }
+
+    /// Where each job's kept output is and how much of it there is, for [`save_logs`]: taken
+    /// under each job's lock, so a copy made from it never reads half a write.
+    pub fn kept_output(&self, cut_off: &[RunningJob]) -> Vec<KeptOutput> {
+        lock(&self.list)
+            .iter()
+            .map(|job| {
+                let streams = lock(&job.streams);
+                KeptOutput {
+                    job: job.id.clone(),
+                    command: job.command.clone(),
+                    started_at: job.started_at.clone(),
+                    cut_off: cut_off.iter().any(|listed| listed.job == job.id),
+                    streams: [0, 1]
+                        .map(|i| (streams[i].path.clone(), streams[i].kept, streams[i].dropped)),
+                }
+            })
+            .collect()
+    }
+}
+
+/// One job's kept output ([`Jobs::kept_output`]): each stream's file, bytes kept, bytes dropped.
+pub struct KeptOutput {
+    job: String,
+    command: String,
+    started_at: String,
+    cut_off: bool,
+    streams: [(PathBuf, u64, u64); 2],
+}
+
+/// Copies each job's whole kept output into `dir` (a task's results: `<job>.stdout`,
+/// `<job>.stderr`) and says where it is. The copies are bounded as the kept output is
+/// ([`JOB_OUTPUT_BOUND`] for all of a sandbox's jobs); what was never kept is counted in
+/// the log's `stdoutDropped`/`stderrDropped`. A copy that fails is logged and counted as
+/// dropped: the task's work is saved all the same.
+pub fn save_logs(dir: &std::path::Path, kept: Vec<KeptOutput>) -> Vec<JobLog> {
+    if kept.is_empty() {
+        return Vec::new();
+    }
+    if let Err(err) = std::fs::create_dir_all(dir) {
+        tracing::warn!(
+            "creating {}: {err}; the jobs' output is not saved",
+            dir.display()
+        );
+    }
+    kept.into_iter()
+        .map(|job| {
+            // Job ids are made by this module (`job-N`): safe as file names.
+            let out = dir.join(format!("{}.stdout", job.job));
+            let err = dir.join(format!("{}.stderr", job.job));
+            let [stdout, stderr] = [0, 1].map(|i| {
+                let (source, kept, dropped) = &job.streams[i];
+                let target = if i == 0 { &out } else { &err };
+                match copy_prefix(source, target, *kept) {
+                    Ok(()) => (*kept, *dropped),
+                    Err(why) => {
+                        tracing::warn!(
+                            "saving {}'s output into {}: {why}",
+                            job.job,
+                            target.display()
+                        );
+                        (0, dropped + kept)
+                    }
+                }
+            });
+            JobLog {
+                job: job.job,
+                command: job.command,
+                started_at: job.started_at,
+                cut_off: job.cut_off,
+                stdout_path: out.display().to_string(),
+                stderr_path: err.display().to_string(),
+                stdout_bytes: stdout.0,
+                stderr_bytes: stderr.0,
+                stdout_dropped: stdout.1,
+                stderr_dropped: stderr.1,
+            }
+        })
+        .collect()
+}
+
+/// The first `len` bytes of `source` into a new `target`, synced.
+fn copy_prefix(
+    source: &std::path::Path,
+    target: &std::path::Path,
+    len: u64,
+) -> std::io::Result<()> {
+    let mut from = std::fs::File::open(source)?.take(len);
+    let mut to = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(target)?;
+    let copied = std::io::copy(&mut from, &mut to)?;
+    if copied != len {
+        return Err(std::io::Error::other(format!(
+            "{copied} of {len} bytes were there to copy"
+        )));
+    }
+    to.sync_all()
 }
 
 impl Job {
@@ -290,7 +469,14 @@ impl Job {
             ..spec
         };
         let ended = self.exchange(stream, spec).await;
+        self.set_ended(ended);
+    }
+
+    /// Records the job's end: waiters see it, listings no longer show it running.
+    fn set_ended(&self, ended: Ended) {
         self.end.send_replace(Some(ended));
+        self.board
+            .change(|running| running.retain(|listed| listed.job != self.id));
     }
 
     async fn exchange(&self, stream: UnixStream, spec: ExecSpec) -> Ended {
@@ -589,7 +775,7 @@ mod tests {
             network_refusals: Vec::new(),
             network_refusals_omitted: 0,
         };
-        job.end.send_replace(Some(Ended::Done(Box::new(result))));
+        job.set_ended(Ended::Done(Box::new(result)));
         let listed = jobs.list();
         assert_eq!(listed.len(), 1);
         assert_eq!(
@@ -601,6 +787,64 @@ mod tests {
         let report = job.report(Some((0, 0)));
         assert!(report.result.is_some());
         assert_eq!(report.stdout, "out\n");
+    }
+
+    #[test]
+    fn listings_read_the_running_jobs_from_their_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs_dir = dir.path().join("jobs");
+        assert!(read_running(&jobs_dir).is_empty());
+        let jobs = Jobs::new(jobs_dir.clone());
+        let first = jobs.add(&spec("sleep 100")).unwrap();
+        jobs.add(&spec("make -j2")).unwrap();
+        let listed = read_running(&jobs_dir);
+        let ids: Vec<(&str, &str)> = listed
+            .iter()
+            .map(|job| (job.job.as_str(), job.command.as_str()))
+            .collect();
+        assert_eq!(ids, [("job-1", "sleep 100"), ("job-2", "make -j2")]);
+        assert!(listed[0].started_at.ends_with('Z'), "{listed:?}");
+        first.set_ended(Ended::Failed(Error::internal("cut off")));
+        let listed = read_running(&jobs_dir);
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].job, "job-2");
+        // A file that does not read lists nothing rather than failing the listing.
+        std::fs::write(jobs_dir.join(RUNNING_FILE), b"{not json").unwrap();
+        assert!(read_running(&jobs_dir).is_empty());
+    }
+
+    #[test]
+    fn a_tasks_end_saves_each_jobs_whole_output_and_says_which_it_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(dir.path().join("jobs"));
+        let ended = jobs.add(&spec("echo done")).unwrap();
+        // Far more than a job report's 16-byte excerpt: the saved file has all of it.
+        let whole = "line of output\n".repeat(1000);
+        ended.keep(OutputChannel::Stdout, whole.as_bytes());
+        ended.set_ended(Ended::Failed(Error::internal("ended")));
+        let running = jobs.add(&spec("sleep 100")).unwrap();
+        jobs.total.store(JOB_OUTPUT_BOUND - 3, Ordering::Relaxed);
+        running.keep(OutputChannel::Stderr, b"errors");
+        let cut_off = jobs.running();
+        assert_eq!(cut_off.len(), 1);
+        assert_eq!(cut_off[0].job, "job-2");
+        let results = dir.path().join("results").join("jobs");
+        let logs = save_logs(&results, jobs.kept_output(&cut_off));
+        assert_eq!(logs.len(), 2);
+        assert!(!logs[0].cut_off && logs[1].cut_off, "{logs:?}");
+        let saved = std::fs::read_to_string(results.join("job-1.stdout")).unwrap();
+        assert_eq!(saved, whole);
+        assert_eq!(logs[0].stdout_bytes, whole.len() as u64);
+        assert_eq!(std::fs::read(results.join("job-2.stderr")).unwrap(), b"err");
+        assert_eq!((logs[1].stderr_bytes, logs[1].stderr_dropped), (3, 3));
+        assert_eq!(
+            logs[1].stdout_path,
+            results.join("job-2.stdout").display().to_string()
+        );
+        // A sandbox that ran no job saves nothing, not even the directory.
+        let none = Jobs::new(dir.path().join("none"));
+        assert!(save_logs(&dir.path().join("empty"), none.kept_output(&[])).is_empty());
+        assert!(!dir.path().join("empty").exists());
     }
 
     #[test]

@@ -376,7 +376,10 @@ async fn serve(
         id: id.clone(),
         disk_failed: OnceLock::new(),
         egress,
-        jobs: crate::supervisor::jobs::Jobs::new(home.sandbox_dir(&id).join("jobs")),
+        jobs: crate::supervisor::jobs::Jobs::new(
+            home.sandbox_dir(&id)
+                .join(crate::supervisor::jobs::JOBS_DIR),
+        ),
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
     let (claim_tx, mut claim_rx) = mpsc::channel::<(Claim, OwnedWriteHalf)>(4);
@@ -488,13 +491,23 @@ async fn serve(
         .set(ending.interrupts(&where_saved, record.ttl_seconds));
     let cut_off = shared.jobs.running();
     if !cut_off.is_empty() {
-        tracing::info!(target: LOG_TARGET, "the sandbox's end cuts off its running jobs: {}", cut_off.join(", "));
+        let listed: Vec<String> = cut_off
+            .iter()
+            .map(|job| {
+                format!(
+                    "{} ({}, running {}s)",
+                    job.job, job.command, job.running_seconds
+                )
+            })
+            .collect();
+        tracing::info!(target: LOG_TARGET, "the sandbox's end cuts off its running jobs: {}", listed.join(", "));
     }
     log_ending(ending, record.ttl_seconds, &control_socket);
 
     let reply = match &shared.task {
         Some(task) => {
-            let ended = end_task(&shared.conn, task, guest, record.memory_mb, ending).await;
+            let jobs = Some((&shared.jobs, cut_off));
+            let ended = end_task(&shared.conn, task, guest, record.memory_mb, ending, jobs).await;
             let (state, note, reply) = match ended {
                 TaskEnd::Saved(result) => (result.state, None, ControlReply::Finished(*result)),
                 TaskEnd::Unsaved(err) => {

@@ -17,7 +17,8 @@ use dynocap_review::patch::{self, DiffSummary};
 use serde::Serialize;
 
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
-use crate::model::task_spec::{FinishResult, SourceInfo};
+use crate::model::sandbox_info::RunningJob;
+use crate::model::task_spec::{FinishResult, JobLog, SourceInfo};
 use crate::store::catalog::State;
 use crate::supervisor::agent_conn::AgentConn;
 use crate::supervisor::finish;
@@ -145,6 +146,10 @@ pub struct TaskFacts<'a> {
     /// Whether the baseline has anything beneath a directory: such a directory is the
     /// project's own, never generated.
     pub tracks_beneath: &'a dyn Fn(&str) -> bool,
+    /// The jobs the task's end cut off.
+    pub jobs_cut_off: Vec<RunningJob>,
+    /// The task's jobs, their output saved in the results.
+    pub jobs: Vec<JobLog>,
 }
 
 /// The generated entries of `patch` and the rest, or `None` when it has none (or cannot be
@@ -275,6 +280,8 @@ pub fn finalize(
         generated_included: facts.include_generated && !generated.is_empty(),
         generated,
         generated_patch_path,
+        jobs_cut_off: facts.jobs_cut_off.clone(),
+        jobs: facts.jobs.clone(),
     };
     let text = serde_json::to_vec_pretty(&SummaryFile {
         task: &result,
@@ -423,6 +430,8 @@ mod tests {
             network: None,
             include_generated,
             tracks_beneath: &|_| false,
+            jobs_cut_off: Vec::new(),
+            jobs: Vec::new(),
         };
         std::fs::write(files.patch(), &whole).unwrap();
         let result = finalize(&facts(false), &files, State::Finished, &|_| None).unwrap();
@@ -475,6 +484,8 @@ mod tests {
             network: None,
             include_generated: false,
             tracks_beneath: &|_| false,
+            jobs_cut_off: Vec::new(),
+            jobs: Vec::new(),
         };
         let result = finalize(&facts, &files, State::Expired, &|_| None).unwrap();
         assert!(result.verified);

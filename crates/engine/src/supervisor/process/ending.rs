@@ -8,10 +8,12 @@ use crate::foundation::error::{Error, Result};
 use crate::foundation::failpoint;
 use crate::host::disk_room::PendingRoom;
 use crate::host::home::Home;
-use crate::model::task_spec::{FinishResult, Progress, TaskDetail};
+use crate::model::sandbox_info::RunningJob;
+use crate::model::task_spec::{FinishResult, JobLog, Progress, TaskDetail};
 use crate::store::catalog::{Catalog, Record, State};
 use crate::supervisor::agent_conn::AgentConn;
 use crate::supervisor::control::{write_message, ControlReply};
+use crate::supervisor::jobs::{save_logs, Jobs, JOBS_DIR};
 use crate::supervisor::save::{self, TaskFacts};
 use crate::supervisor::workspace::BASELINE_TAR;
 
@@ -143,6 +145,7 @@ pub(super) async fn end_task(
     guest: Box<dyn Guest>,
     memory_mb: u64,
     ending: Ending,
+    jobs: Option<(&Jobs, Vec<RunningJob>)>,
 ) -> TaskEnd {
     let taken = match ending {
         Ending::GuestDied => Err(Error::internal(
@@ -185,8 +188,21 @@ pub(super) async fn end_task(
     if let Err(err) = failpoint::hit("supervisor.patch-saved") {
         return TaskEnd::Unsaved(err);
     }
+    // The guest is stopped: its jobs' output is all there, and goes into the results (the
+    // exec log keeps only an excerpt of each).
+    let (cut_off, logs) = match jobs {
+        Some((jobs, cut_off)) => {
+            let kept = jobs.kept_output(&cut_off);
+            let dir = task.files.dir.join(JOBS_DIR);
+            let logs = tokio::task::spawn_blocking(move || save_logs(&dir, kept))
+                .await
+                .unwrap_or_default();
+            (cut_off, logs)
+        }
+        None => (Vec::new(), Vec::new()),
+    };
     let state = ending.state();
-    match finalize(task, state).await {
+    match finalize(task, state, cut_off, logs).await {
         Ok(result) => match failpoint::hit("supervisor.results-written") {
             Ok(()) => TaskEnd::Saved(Box::new(result)),
             Err(err) => TaskEnd::Unsaved(err),
@@ -206,7 +222,12 @@ pub(super) fn save_memory_limit(memory_mb: u64) -> u64 {
 }
 
 /// Reads, verifies and summarises the saved patch (blocking work, off the runtime).
-pub(super) async fn finalize(task: &TaskContext, state: State) -> Result<FinishResult> {
+pub(super) async fn finalize(
+    task: &TaskContext,
+    state: State,
+    jobs_cut_off: Vec<RunningJob>,
+    jobs: Vec<JobLog>,
+) -> Result<FinishResult> {
     let baseline = task.baseline();
     let network = task
         .egress
@@ -232,6 +253,8 @@ pub(super) async fn finalize(task: &TaskContext, state: State) -> Result<FinishR
             network,
             include_generated,
             tracks_beneath: &|dir| baseline.tracks_beneath(dir),
+            jobs_cut_off,
+            jobs,
         };
         save::finalize(&facts, &files, state, &|path| baseline.get(path))
     })
@@ -342,7 +365,16 @@ pub(super) async fn recover(
         done: 0,
         total: None,
     }));
-    match end_task(&conn, &task, guest, record.memory_mb, Ending::Finished).await {
+    match end_task(
+        &conn,
+        &task,
+        guest,
+        record.memory_mb,
+        Ending::Finished,
+        None,
+    )
+    .await
+    {
         TaskEnd::Saved(result) => {
             record_end(&catalog, &id, result.state, None, Some(&result));
             ready.send(&ReadyMessage::Finished(result));

@@ -34,6 +34,9 @@ pub enum Command {
     /// A sandbox's or task's jobs (commands started with --background, or MCP execs that ran
     /// past the server's wait bound): list them, show or --follow one, or --kill it.
     Job(JobArgs),
+    /// Copy out of a sandbox or task, as docker cp: `dynocap cp NAME:GUESTPATH HOSTPATH`
+    /// (a file or a directory; `GUESTPATH/.` copies a directory's contents).
+    Cp(CpArgs),
     /// Destroy a raw sandbox and release its name.
     Destroy(TargetArgs),
     /// Show the warm pool (DYNOCAP_WARM_POOL=N keeps N sandboxes booted for `run` to
@@ -321,6 +324,22 @@ pub struct ExecArgs {
     /// (`-- printf '%s\n' 'a b'`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// `dynocap cp`.
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    /// NAME:GUESTPATH (a relative GUESTPATH is in a task's /workspace, a raw sandbox's /).
+    pub source: String,
+    /// HOSTPATH: an existing directory receives the source inside it; a missing path is
+    /// created as the copy.
+    pub destination: String,
+    /// Most bytes the copy writes; it stops with an error past them.
+    #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
+    pub max_bytes: u64,
+    /// Most entries (files, directories, symlinks) the copy makes.
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    pub max_entries: u64,
 }
 
 /// `dynocap job`.

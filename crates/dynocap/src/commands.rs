@@ -51,6 +51,7 @@ async fn with_engine(json: bool, command: Command, config: Config) -> Result<Exi
         Command::Image(command) => crate::image_commands::image(engine, json, command).await,
         Command::Ls => crate::task_commands::ls(&engine, json),
         Command::Job(args) => crate::job_commands::job(&engine, json, args).await,
+        Command::Cp(args) => crate::cp_commands::cp(&engine, json, args).await,
         Command::Rm(args) => crate::task_commands::rm(&engine, json, args).await,
         Command::Pool(args) => {
             let (verb, count) = if args.drain {

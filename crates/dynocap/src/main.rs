@@ -7,6 +7,7 @@ mod cli;
 mod cli_server;
 mod commands;
 mod config;
+mod cp_commands;
 mod docs;
 mod doctor;
 mod exec_output;

@@ -1,0 +1,636 @@
+//! `dynocap cp NAME:GUESTPATH HOSTPATH`: a copy out of a sandbox or task, with `docker cp`'s
+//! rules for the destination. The guest is walked through the file operations of
+//! [`dynocap_engine::files`] (each done by the agent as the sandbox user, so the guest's own
+//! permissions decide what can be read), and what it answers is hostile data: every name is
+//! one plain component, every host file is created relative to a directory descriptor with
+//! `O_NOFOLLOW`, nothing existing at a name the copy makes is followed when it is a symlink,
+//! guest symlinks are recreated as symlinks (their targets kept as written, never followed),
+//! devices, FIFOs and sockets are skipped with a note, set-id bits are cleared, and bytes and
+//! entries are bounded.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::Write as _;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use dynocap_engine::files::{FileEntry, FileOp, FileResult, MAX_LIST_ENTRIES, MAX_READ};
+use dynocap_engine::{Engine, Error};
+use nix::errno::Errno;
+use nix::fcntl::{open, openat, AtFlags, OFlag};
+use nix::sys::stat::{fchmod, fstat, fstatat, mkdirat, Mode, SFlag};
+use nix::unistd::{ftruncate, symlinkat};
+
+use crate::cli::CpArgs;
+use crate::output::{print_json, warnln};
+
+/// Deepest directory a copy descends into: each level holds one open descriptor.
+const MAX_DEPTH: usize = 128;
+/// Longest name of one entry (the host's own limit).
+const MAX_NAME: usize = 255;
+
+/// One side of a copy: `NAME:PATH` is in a sandbox, anything else on the host (a host path
+/// with a colon is written `./a:b`, as with docker).
+#[derive(Debug, PartialEq, Eq)]
+enum Side {
+    Guest { name: String, path: String },
+    Host(PathBuf),
+}
+
+fn side(arg: &str) -> Side {
+    match arg.split_once(':') {
+        Some((name, path)) if !name.is_empty() && !name.contains('/') => Side::Guest {
+            name: name.to_owned(),
+            path: path.to_owned(),
+        },
+        _ => Side::Host(PathBuf::from(arg)),
+    }
+}
+
+pub async fn cp(engine: &Engine, json: bool, args: CpArgs) -> Result<ExitCode, Error> {
+    match (side(&args.source), side(&args.destination)) {
+        (Side::Guest { name, path }, Side::Host(dest)) => {
+            let bounds = Bounds {
+                bytes: args.max_bytes,
+                entries: args.max_entries,
+            };
+            let report = copy_out(engine, &name, &path, &dest, bounds).await?;
+            for note in &report.notes {
+                warnln!("dynocap: {note}");
+            }
+            if json {
+                print_json(&serde_json::json!({
+                    "files": report.files,
+                    "directories": report.dirs,
+                    "symlinks": report.symlinks,
+                    "bytes": report.bytes,
+                    "skipped": report.notes,
+                }));
+            } else {
+                warnln!(
+                    "dynocap: copied {} files, {} directories and {} symlinks ({} bytes) to {}",
+                    report.files,
+                    report.dirs,
+                    report.symlinks,
+                    report.bytes,
+                    dest.display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        (Side::Host(_), Side::Guest { .. }) => Err(Error::invalid(
+            "copying into a sandbox is not built yet; write files in with dynocap_write_file \
+             or a command",
+        )),
+        _ => Err(Error::invalid(
+            "one side of dynocap cp is NAME:PATH in a sandbox and the other a host path \
+             (a host path with a colon is written ./a:b)",
+        )),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    bytes: u64,
+    entries: u64,
+}
+
+#[derive(Debug, Default)]
+struct Report {
+    files: u64,
+    dirs: u64,
+    symlinks: u64,
+    bytes: u64,
+    entries: u64,
+    notes: Vec<String>,
+}
+
+/// A name from the guest that may be created on the host: one component, never `.` or `..`.
+fn check_name(name: &str) -> Result<&str, Error> {
+    if name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.contains('/')
+        || name.contains('\0')
+        || name.len() > MAX_NAME
+    {
+        return Err(Error::invalid(format!(
+            "the guest named an entry {name:?}, which is not one plain file name; nothing \
+             more is copied"
+        )));
+    }
+    Ok(name)
+}
+
+fn host_error(doing: &str, path: &Path, errno: Errno) -> Error {
+    let why = match errno {
+        Errno::ELOOP => {
+            "it is a symlink, which dynocap cp never follows inside a destination".to_owned()
+        }
+        errno => errno.desc().to_owned(),
+    };
+    Error::invalid(format!("{doing} {}: {why}", path.display()))
+}
+
+fn guest_join(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
+}
+
+async fn copy_out(
+    engine: &Engine,
+    name: &str,
+    path: &str,
+    dest: &Path,
+    bounds: Bounds,
+) -> Result<Report, Error> {
+    if path.is_empty() {
+        return Err(Error::invalid("the guest path is empty"));
+    }
+    // `SRC/.` copies the directory's contents rather than the directory.
+    let contents_only = path == "." || path.ends_with("/.");
+    let gpath = match path.strip_suffix("/.") {
+        Some("") => "/",
+        Some(dir) => dir,
+        None => path,
+    };
+    let listed = engine
+        .file(
+            name,
+            FileOp::List {
+                path: gpath.to_owned(),
+                depth: 1,
+            },
+        )
+        .await;
+    let is_dir = match &listed {
+        Ok(_) => true,
+        Err(list_err) => {
+            if contents_only {
+                return Err(list_err.clone());
+            }
+            // Not a directory, or unreadable: a read says which, in the guest's words.
+            if let Err(read_err) = engine
+                .file(
+                    name,
+                    FileOp::Read {
+                        path: gpath.to_owned(),
+                        offset: 0,
+                        length: 0,
+                    },
+                )
+                .await
+            {
+                return Err(if read_err.to_string().contains("is a directory") {
+                    list_err.clone()
+                } else {
+                    read_err
+                });
+            }
+            false
+        }
+    };
+    let base = Path::new(gpath)
+        .file_name()
+        .and_then(OsStr::to_str)
+        .unwrap_or("");
+    let dest_meta = std::fs::metadata(dest);
+    let named_dir = dest.as_os_str().to_string_lossy().ends_with('/');
+    // The destination's parent and the name made in it; None: the copy fills `dest` itself.
+    let (parent, made): (PathBuf, Option<String>) = match (&dest_meta, is_dir) {
+        (Ok(meta), true) if meta.is_dir() && (contents_only || base.is_empty()) => {
+            (dest.to_owned(), None)
+        }
+        (Ok(meta), _) if meta.is_dir() => (dest.to_owned(), Some(check_name(base)?.to_owned())),
+        (Ok(_), true) => {
+            return Err(Error::invalid(format!(
+                "cannot copy a directory over the file {}",
+                dest.display()
+            )))
+        }
+        (Err(err), _) if err.kind() != std::io::ErrorKind::NotFound => {
+            return Err(Error::invalid(format!("{}: {err}", dest.display())))
+        }
+        (Err(_), false) if named_dir => {
+            return Err(Error::invalid(format!(
+                "the destination directory {} does not exist",
+                dest.display()
+            )))
+        }
+        _ => {
+            let Some(last) = dest.file_name().and_then(OsStr::to_str) else {
+                return Err(Error::invalid(format!(
+                    "the destination {} names no file",
+                    dest.display()
+                )));
+            };
+            let parent = match dest.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+                _ => PathBuf::from("."),
+            };
+            (parent, Some(check_name(last)?.to_owned()))
+        }
+    };
+    // The destination the user named is followed as any path they give is; below it,
+    // nothing is.
+    let parent_fd = open(
+        &parent,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|errno| host_error("cannot open the destination", &parent, errno))?;
+    let mut copy = Copy {
+        engine,
+        name,
+        bounds,
+        report: Report::default(),
+    };
+    match (made, is_dir) {
+        (None, _) => {
+            let Ok(FileResult::Listed {
+                entries, left_off, ..
+            }) = listed
+            else {
+                return Err(Error::internal("the listing of the source went missing"));
+            };
+            copy.fill_dir(parent_fd, &parent, gpath, entries, left_off)
+                .await?;
+        }
+        (Some(made), true) => {
+            let Ok(FileResult::Listed {
+                entries, left_off, ..
+            }) = listed
+            else {
+                return Err(Error::internal("the listing of the source went missing"));
+            };
+            let (fd, created) = make_dir(parent_fd.as_fd(), &made, &parent.join(&made))?;
+            copy.report.dirs += 1;
+            copy.fill_dir(fd, &parent.join(&made), gpath, entries, left_off)
+                .await?;
+            if created {
+                // The guest's mode, set last so that a read-only directory could be filled.
+                let mode = copy.mode_of(gpath, "dir").await.unwrap_or(0o755);
+                finish_dir(parent_fd.as_fd(), &made, &parent.join(&made), mode)?;
+            }
+        }
+        (Some(made), false) => {
+            copy.file(parent_fd.as_fd(), &made, &parent.join(&made), gpath, None)
+                .await?;
+        }
+    }
+    Ok(copy.report)
+}
+
+/// One directory being filled: its descriptor, where it is, and what is left to copy in it.
+struct Frame {
+    fd: OwnedFd,
+    host: PathBuf,
+    guest: String,
+    entries: std::vec::IntoIter<FileEntry>,
+    /// The subdirectory being filled, whose mode is set when it is done.
+    pending: Option<(String, u32, bool)>,
+}
+
+struct Copy<'a> {
+    engine: &'a Engine,
+    name: &'a str,
+    bounds: Bounds,
+    report: Report,
+}
+
+impl Copy<'_> {
+    fn count_entry(&mut self) -> Result<(), Error> {
+        self.report.entries += 1;
+        if self.report.entries > self.bounds.entries {
+            return Err(Error::invalid(format!(
+                "the copy holds more than {} entries (the bound --max-entries sets); it stopped \
+                 there",
+                self.bounds.entries
+            )));
+        }
+        Ok(())
+    }
+
+    async fn list(&self, gpath: &str) -> Result<(Vec<FileEntry>, u64), Error> {
+        match self
+            .engine
+            .file(
+                self.name,
+                FileOp::List {
+                    path: gpath.to_owned(),
+                    depth: 1,
+                },
+            )
+            .await?
+        {
+            FileResult::Listed {
+                entries, left_off, ..
+            } => Ok((entries, left_off)),
+            _ => Err(Error::internal(
+                "the guest answered a listing with another result",
+            )),
+        }
+    }
+
+    /// Copies the guest directory `gpath` (listed as `entries`) into the open host directory
+    /// `fd`, depth first, holding one descriptor per level.
+    async fn fill_dir(
+        &mut self,
+        fd: OwnedFd,
+        host: &Path,
+        gpath: &str,
+        entries: Vec<FileEntry>,
+        left_off: u64,
+    ) -> Result<(), Error> {
+        check_left_off(gpath, left_off)?;
+        let mut stack = vec![Frame {
+            fd,
+            host: host.to_owned(),
+            guest: gpath.to_owned(),
+            entries: entries.into_iter(),
+            pending: None,
+        }];
+        loop {
+            let depth = stack.len();
+            let Some(frame) = stack.last_mut() else {
+                break;
+            };
+            let Some(entry) = frame.entries.next() else {
+                stack.pop();
+                if let Some(parent) = stack.last_mut() {
+                    if let Some((made, mode, true)) = parent.pending.take() {
+                        finish_dir(parent.fd.as_fd(), &made, &parent.host.join(&made), mode)?;
+                    }
+                }
+                continue;
+            };
+            self.count_entry()?;
+            let name = check_name(&entry.name)?.to_owned();
+            let host_path = frame.host.join(&name);
+            let guest_path = guest_join(&frame.guest, &name);
+            match entry.kind.as_str() {
+                "file" => {
+                    self.file(
+                        frame.fd.as_fd(),
+                        &name,
+                        &host_path,
+                        &guest_path,
+                        Some(entry.mode),
+                    )
+                    .await?;
+                }
+                "dir" => {
+                    if depth >= MAX_DEPTH {
+                        return Err(Error::invalid(format!(
+                            "{} is more than {MAX_DEPTH} directories deep; dynocap cp stops there",
+                            host_path.display()
+                        )));
+                    }
+                    let (sub, created) = make_dir(frame.fd.as_fd(), &name, &host_path)?;
+                    self.report.dirs += 1;
+                    frame.pending = Some((name, entry.mode, created));
+                    let (entries, left_off) = self.list(&guest_path).await?;
+                    check_left_off(&guest_path, left_off)?;
+                    stack.push(Frame {
+                        fd: sub,
+                        host: host_path,
+                        guest: guest_path,
+                        entries: entries.into_iter(),
+                        pending: None,
+                    });
+                }
+                "symlink" => {
+                    let Some(target) = entry.target.filter(|t| !t.is_empty() && !t.contains('\0'))
+                    else {
+                        return Err(Error::invalid(format!(
+                            "the guest gave the symlink {} no usable target",
+                            host_path.display()
+                        )));
+                    };
+                    // The target is data: the link is made, never followed or resolved.
+                    symlinkat(target.as_str(), frame.fd.as_fd(), name.as_str()).map_err(
+                        |errno| host_error("cannot create the symlink", &host_path, errno),
+                    )?;
+                    self.report.symlinks += 1;
+                }
+                _ => self.report.notes.push(format!(
+                    "skipped {}: a device, FIFO or socket, which dynocap cp does not copy",
+                    host_path.display()
+                )),
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the guest file `gpath` to `name` in `dir`, in reads of at most [`MAX_READ`]
+    /// bytes, and gives it `mode` without set-id bits (the guest's, when not given).
+    async fn file(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        name: &str,
+        host: &Path,
+        gpath: &str,
+        mode: Option<u32>,
+    ) -> Result<(), Error> {
+        self.count_entry()?;
+        // Something already there is replaced only when it is a plain file.
+        match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if !is_type(st.st_mode, SFlag::S_IFREG) => {
+                return Err(Error::invalid(format!(
+                    "{} exists and is not a plain file (a symlink, directory or device); \
+                     dynocap cp does not write through or over it",
+                    host.display()
+                )))
+            }
+            Ok(_) | Err(Errno::ENOENT) => {}
+            Err(errno) => return Err(host_error("cannot look at", host, errno)),
+        }
+        let fd = openat(
+            dir,
+            name,
+            OFlag::O_WRONLY
+                | OFlag::O_CREAT
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
+                | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|errno| host_error("cannot create", host, errno))?;
+        let st = fstat(&fd).map_err(|errno| host_error("cannot look at", host, errno))?;
+        if !is_type(st.st_mode, SFlag::S_IFREG) {
+            return Err(Error::invalid(format!(
+                "{} is not a plain file; dynocap cp does not write to it",
+                host.display()
+            )));
+        }
+        ftruncate(&fd, 0).map_err(|errno| host_error("cannot truncate", host, errno))?;
+        let mut out = File::from(fd);
+        let mut offset = 0u64;
+        let mut guest_mode = mode;
+        loop {
+            let result = self
+                .engine
+                .file(
+                    self.name,
+                    FileOp::Read {
+                        path: gpath.to_owned(),
+                        offset,
+                        length: MAX_READ,
+                    },
+                )
+                .await?;
+            let FileResult::Read {
+                data, total_size, ..
+            } = result
+            else {
+                return Err(Error::internal(
+                    "the guest answered a read with another result",
+                ));
+            };
+            if data.is_empty() {
+                break;
+            }
+            self.report.bytes = self.report.bytes.saturating_add(data.len() as u64);
+            if self.report.bytes > self.bounds.bytes {
+                return Err(Error::invalid(format!(
+                    "the copy is larger than {} bytes (the bound --max-bytes sets); it stopped \
+                     in {}",
+                    self.bounds.bytes,
+                    host.display()
+                )));
+            }
+            out.write_all(&data)
+                .map_err(|err| Error::invalid(format!("cannot write {}: {err}", host.display())))?;
+            offset += data.len() as u64;
+            if offset >= total_size {
+                break;
+            }
+        }
+        if guest_mode.is_none() {
+            guest_mode = self.mode_of(gpath, "file").await;
+        }
+        let mode = guest_mode.unwrap_or(0o644) & 0o777;
+        fchmod(out.as_fd(), Mode::from_bits_truncate(mode))
+            .map_err(|errno| host_error("cannot set the mode of", host, errno))?;
+        self.report.files += 1;
+        Ok(())
+    }
+
+    /// The mode of a named source of `kind`, from a listing of its directory; None when it
+    /// is not listed there (a directory too large to list whole).
+    async fn mode_of(&self, gpath: &str, kind: &str) -> Option<u32> {
+        let path = Path::new(gpath);
+        let base = path.file_name()?.to_str()?;
+        let dir = match path.parent()?.to_str()? {
+            "" => ".",
+            dir => dir,
+        };
+        let (entries, _) = self.list(dir).await.ok()?;
+        entries
+            .into_iter()
+            .find(|entry| entry.name == base && entry.kind == kind)
+            .map(|entry| entry.mode)
+    }
+}
+
+fn check_left_off(gpath: &str, left_off: u64) -> Result<(), Error> {
+    if left_off > 0 {
+        return Err(Error::invalid(format!(
+            "{gpath:?} holds more than {MAX_LIST_ENTRIES} entries, more than one directory \
+             dynocap cp copies; copy its subdirectories, or archive it with tar in the sandbox"
+        )));
+    }
+    Ok(())
+}
+
+fn is_type(mode: u32, kind: SFlag) -> bool {
+    mode & SFlag::S_IFMT.bits() == kind.bits()
+}
+
+/// Makes (or enters, when a real directory is already there) the directory `name` in `dir`;
+/// a symlink there is refused, never followed. Says whether it made it.
+fn make_dir(dir: BorrowedFd<'_>, name: &str, host: &Path) -> Result<(OwnedFd, bool), Error> {
+    let created = match mkdirat(dir, name, Mode::from_bits_truncate(0o700)) {
+        Ok(()) => true,
+        Err(Errno::EEXIST) => false,
+        Err(errno) => return Err(host_error("cannot create the directory", host, errno)),
+    };
+    let fd = openat(
+        dir,
+        name,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|errno| match errno {
+        Errno::ENOTDIR | Errno::ELOOP => Error::invalid(format!(
+            "{} exists and is not a directory (or is a symlink); dynocap cp does not write \
+             through or over it",
+            host.display()
+        )),
+        errno => host_error("cannot open", host, errno),
+    })?;
+    Ok((fd, created))
+}
+
+/// Gives a directory the copy made its guest mode without set-id bits.
+fn finish_dir(dir: BorrowedFd<'_>, name: &str, host: &Path, mode: u32) -> Result<(), Error> {
+    let fd = openat(
+        dir,
+        name,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|errno| host_error("cannot open", host, errno))?;
+    fchmod(&fd, Mode::from_bits_truncate(mode & 0o1777))
+        .map_err(|errno| host_error("cannot set the mode of", host, errno))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sides_and_names() {
+        assert_eq!(
+            side("box:/etc/hosts"),
+            Side::Guest {
+                name: "box".into(),
+                path: "/etc/hosts".into()
+            }
+        );
+        assert_eq!(side("./a:b"), Side::Host(PathBuf::from("./a:b")));
+        assert_eq!(side("/x"), Side::Host(PathBuf::from("/x")));
+        assert_eq!(side(":x"), Side::Host(PathBuf::from(":x")));
+        for bad in ["", ".", "..", "a/b", "/", "a\0b"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_name(&"x".repeat(256)).is_err());
+        assert!(check_name("ok .name").is_ok());
+    }
+
+    #[test]
+    fn an_existing_symlink_is_neither_entered_nor_written_through() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap_or_else(|e| panic!("{e}"));
+        let inside = dir.path().join("in");
+        std::fs::create_dir(&inside).unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::symlink(&outside, inside.join("d")).unwrap_or_else(|e| panic!("{e}"));
+        let fd = open(&inside, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let err = make_dir(fd.as_fd(), "d", &inside.join("d"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("not a directory (or is a symlink)"), "{err}");
+        assert!(finish_dir(fd.as_fd(), "d", &inside.join("d"), 0o777).is_err());
+        let (sub, created) =
+            make_dir(fd.as_fd(), "new", &inside.join("new")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(created);
+        drop(sub);
+        assert!(std::fs::read_dir(&outside)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .next()
+            .is_none());
+    }
+}

@@ -1,0 +1,193 @@
+//! `dynocap cp` out of a raw sandbox: a file and a directory arrive with their content and
+//! modes (set-id bits cleared); guest symlinks (one to `/etc/passwd`, one climbing out with
+//! `..`) arrive as symlinks inside the destination, never followed, and a FIFO is skipped
+//! with a note, with nothing written beside the destination; an existing host symlink at a
+//! name the copy makes is refused, not written through; a guest file the sandbox user cannot
+//! read is refused; the byte bound stops a copy with an error naming it.
+
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+use std::path::Path;
+
+use dynocap_e2e::*;
+
+fn booted(test: &str, name: &str) -> Option<TestHome> {
+    if !require_root(test) {
+        return None;
+    }
+    let home = TestHome::new();
+    home.sandbox(name, &[]);
+    Some(home)
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path).expect("stat").mode() & 0o7777
+}
+
+/// `dynocap cp ARGS`, asserting its success: stderr.
+fn cp(home: &TestHome, args: &[&str]) -> String {
+    let mut all = vec!["cp"];
+    all.extend_from_slice(args);
+    let out = home.run(&all);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "dynocap cp {args:?} failed: {stderr}");
+    stderr
+}
+
+/// `dynocap cp ARGS`, asserting its failure: the error's message.
+fn cp_fails(home: &TestHome, args: &[&str]) -> String {
+    let mut all = vec!["cp"];
+    all.extend_from_slice(args);
+    let error = home.json_err(&all);
+    error["message"].as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn files_and_directories_come_out_with_their_modes_and_no_set_id() {
+    let Some(home) = booted(
+        "files_and_directories_come_out_with_their_modes_and_no_set_id",
+        "cpo",
+    ) else {
+        return;
+    };
+    home.sh(
+        "cpo",
+        "mkdir -p /tmp/src/sub && printf 'one\\n' > /tmp/src/a && chmod 4755 /tmp/src/a \
+         && head -c 1500000 /dev/urandom > /tmp/src/sub/big && chmod 640 /tmp/src/sub/big \
+         && chmod 2750 /tmp/src/sub && printf 'single' > /tmp/one && chmod 6711 /tmp/one \
+         && cksum < /tmp/src/sub/big",
+    );
+    let host = tempfile::tempdir().expect("tempdir");
+    // A file to a missing name: the copy has that name.
+    cp(
+        &home,
+        &["cpo:/tmp/one", &host.path().join("f").to_string_lossy()],
+    );
+    assert_eq!(std::fs::read(host.path().join("f")).expect("f"), b"single");
+    assert_eq!(mode(&host.path().join("f")), 0o711);
+    // A file to an existing directory: it goes inside.
+    cp(&home, &["cpo:/tmp/one", &host.path().to_string_lossy()]);
+    assert_eq!(
+        std::fs::read(host.path().join("one")).expect("one"),
+        b"single"
+    );
+    // A directory to a missing name: created as the copy.
+    let tree = host.path().join("tree");
+    cp(&home, &["cpo:/tmp/src", &tree.to_string_lossy()]);
+    assert_eq!(std::fs::read(tree.join("a")).expect("a"), b"one\n");
+    assert_eq!(mode(&tree.join("a")), 0o755);
+    assert_eq!(mode(&tree.join("sub")), 0o750);
+    assert_eq!(mode(&tree.join("sub/big")), 0o640);
+    let big = std::fs::read(tree.join("sub/big")).expect("big");
+    assert_eq!(big.len(), 1_500_000);
+    // A directory to an existing directory: it goes inside; `SRC/.`: its contents.
+    cp(&home, &["cpo:/tmp/src", &host.path().to_string_lossy()]);
+    assert!(host.path().join("src/sub/big").is_file());
+    let contents = host.path().join("contents");
+    std::fs::create_dir(&contents).expect("mkdir");
+    cp(&home, &["cpo:/tmp/src/.", &contents.to_string_lossy()]);
+    assert!(contents.join("a").is_file() && contents.join("sub/big").is_file());
+    assert!(!contents.join("src").exists());
+}
+
+#[test]
+fn guest_symlinks_and_fifos_never_reach_outside_the_destination() {
+    let Some(home) = booted(
+        "guest_symlinks_and_fifos_never_reach_outside_the_destination",
+        "cph",
+    ) else {
+        return;
+    };
+    home.sh(
+        "cph",
+        "mkdir -p /tmp/h/d && cd /tmp/h && ln -s /etc/passwd evil && ln -s ../../.. up \
+         && mkfifo pipe && echo data > d/file && ln -s ../../../canary d/canary",
+    );
+    let host = tempfile::tempdir().expect("tempdir");
+    let canary = host.path().join("canary");
+    std::fs::write(&canary, "untouched").expect("canary");
+    let dest = host.path().join("out");
+    let stderr = cp(&home, &["cph:/tmp/h", &dest.to_string_lossy()]);
+    let evil = std::fs::symlink_metadata(dest.join("evil")).expect("evil");
+    assert!(evil.file_type().is_symlink());
+    assert_eq!(
+        std::fs::read_link(dest.join("evil")).expect("link"),
+        Path::new("/etc/passwd")
+    );
+    assert_eq!(
+        std::fs::read_link(dest.join("up")).expect("link"),
+        Path::new("../../..")
+    );
+    assert!(std::fs::symlink_metadata(dest.join("d/canary"))
+        .expect("canary link")
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read(dest.join("d/file")).expect("file"), b"data\n");
+    assert!(!dest.join("pipe").exists() && std::fs::symlink_metadata(dest.join("pipe")).is_err());
+    assert!(
+        stderr.contains("skipped") && stderr.contains("pipe"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(&canary).expect("canary"), b"untouched");
+    let mut names: Vec<_> = std::fs::read_dir(host.path())
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["canary", "out"]);
+    assert!(!std::fs::symlink_metadata(dest.join("d"))
+        .expect("d")
+        .file_type()
+        .is_fifo());
+
+    // Copied again into the same place, a guest file lands where the host has a symlink the
+    // user did not name: refused, and the canary it points at is untouched.
+    let again = host.path().join("again");
+    std::fs::create_dir(&again).expect("mkdir");
+    std::os::unix::fs::symlink(&canary, again.join("file")).expect("symlink");
+    let message = cp_fails(&home, &["cph:/tmp/h/d/file", &again.to_string_lossy()]);
+    assert!(message.contains("not a plain file"), "{message}");
+    std::os::unix::fs::symlink(host.path(), again.join("d")).expect("symlink");
+    let message = cp_fails(&home, &["cph:/tmp/h/d", &again.to_string_lossy()]);
+    assert!(message.contains("is a symlink"), "{message}");
+    assert_eq!(std::fs::read(&canary).expect("canary"), b"untouched");
+    assert!(!host.path().join("file").exists());
+}
+
+#[test]
+fn unreadable_guest_files_and_the_byte_bound_refuse_the_copy() {
+    let Some(home) = booted(
+        "unreadable_guest_files_and_the_byte_bound_refuse_the_copy",
+        "cpr",
+    ) else {
+        return;
+    };
+    let user = home.sh("cpr", "id -u").trim().to_owned();
+    let host = tempfile::tempdir().expect("tempdir");
+    if user != "0" {
+        let message = cp_fails(
+            &home,
+            &["cpr:/proc/1/environ", &host.path().to_string_lossy()],
+        );
+        assert!(
+            message.to_lowercase().contains("permission denied"),
+            "{message}"
+        );
+        assert!(!host.path().join("environ").exists());
+    } else {
+        eprintln!("the sandbox user is root here: the unreadable-file case is not run");
+    }
+    home.sh("cpr", "head -c 300000 /dev/zero > /tmp/z");
+    let message = cp_fails(
+        &home,
+        &[
+            "cpr:/tmp/z",
+            &host.path().join("z").to_string_lossy(),
+            "--max-bytes",
+            "100000",
+        ],
+    );
+    assert!(
+        message.contains("100000 bytes") && message.contains("--max-bytes"),
+        "{message}"
+    );
+}

@@ -849,7 +849,8 @@ fn sandbox_properties() -> Map<String, Value> {
             "items": { "type": "string" },
             "description": "Hosts a filtered sandbox reaches over HTTPS (port 443) through the host's proxy; everything else is refused. Absent for none and nat."
         },
-        "note": { "type": "string", "description": "What a running sandbox lost and what to do (its nat network ended), when that needs saying." }
+        "note": { "type": "string", "description": "What a running sandbox lost and what to do (its nat network ended), when that needs saying." },
+        "jobs": running_jobs_schema("Its running jobs (commands still running past the call that started them: dynocap_job follows them), oldest first. Absent when none runs.")
     }) else {
         return Map::new();
     };
@@ -1078,6 +1079,24 @@ fn generated_schema(description: &str) -> Value {
     })
 }
 
+/// A list of running jobs: `jobs` of a sandbox or task, `jobsCutOff` of a finish.
+fn running_jobs_schema(description: &str) -> Value {
+    json!({
+        "type": "array",
+        "description": description,
+        "items": {
+            "type": "object",
+            "properties": {
+                "job": { "type": "string", "description": "Its id, for dynocap_job." },
+                "command": { "type": "string", "description": "The start of its command, on one line." },
+                "startedAt": { "type": "string", "description": "RFC 3339." },
+                "runningSeconds": { "type": "integer", "description": "How long it has run." }
+            },
+            "required": ["job", "command", "startedAt", "runningSeconds"]
+        }
+    })
+}
+
 fn finish_schema() -> Value {
     json!({
         "type": "object",
@@ -1098,6 +1117,27 @@ fn finish_schema() -> Value {
             "generated": generated_schema("Files the task added under directories tools generate. Left out of the patch (kept at generatedPatchPath) unless generatedIncluded. Absent when there were none."),
             "generatedIncluded": { "type": "boolean", "description": "includeGenerated was asked: the generated files are in the patch. Absent otherwise." },
             "generatedPatchPath": { "type": "string", "description": "The generated entries left out, as a patch of their own. Absent when none were left out." },
+            "jobsCutOff": running_jobs_schema("Jobs still running when the task ended (this finish, or its TTL), which its end cut off. Absent when none was."),
+            "jobs": {
+                "type": "array",
+                "description": "The task's jobs, each one's whole kept output saved beside the patch (jobs/<job>.stdout and .stderr). Absent when it ran none.",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "job": { "type": "string" },
+                        "command": { "type": "string" },
+                        "startedAt": { "type": "string" },
+                        "cutOff": { "type": "boolean", "description": "The task's end cut it off. Absent otherwise." },
+                        "stdoutPath": { "type": "string" },
+                        "stderrPath": { "type": "string" },
+                        "stdoutBytes": { "type": "integer" },
+                        "stderrBytes": { "type": "integer" },
+                        "stdoutDropped": { "type": "integer", "description": "Bytes past the sandbox's bound on kept job output (256 MiB), not in the file. Absent when none." },
+                        "stderrDropped": { "type": "integer", "description": "As stdoutDropped." }
+                    },
+                    "required": ["job", "command", "startedAt", "stdoutPath", "stderrPath", "stdoutBytes", "stderrBytes"]
+                }
+            },
             "network": {
                 "type": "object",
                 "description": "What the egress proxy decided, for a task that had one; every decision is in network.jsonl beside the patch.",

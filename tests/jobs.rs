@@ -1,7 +1,9 @@
 //! Jobs from the command line: `exec --background` returns at once with a job id, `dynocap
 //! job` lists the sandbox's jobs, follows one to its end (its output once, in order, and its
 //! exit code) and kills one; a job id names nothing in another sandbox; a job still running
-//! when its sandbox is destroyed is cut off, on the host too.
+//! when its sandbox is destroyed is cut off, on the host too. `ps` and `ls` list running jobs;
+//! a task's finish and its TTL say which jobs they cut off and keep each job's whole output
+//! in the task's results.
 
 use std::process::Output;
 
@@ -172,4 +174,165 @@ fn a_job_still_running_when_its_sandbox_is_destroyed_is_cut_off() {
     );
     let err = home.json_err(&["job", "jd", &job]);
     assert_eq!(err["code"], "not_found", "{err:#}");
+}
+
+/// The `jobs` a listing shows for the sandbox or task named `name` in `list`.
+fn listed_jobs(list: &Value, name: &str) -> Vec<Value> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .find(|entry| entry["name"] == name)
+        .and_then(|entry| entry["jobs"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn ps_and_ls_list_a_sandboxs_running_jobs() {
+    let Some(home) = booted("ps_and_ls_list_a_sandboxs_running_jobs", &["jl"]) else {
+        return;
+    };
+    let ps = home.json(&["ps"]);
+    assert!(listed_jobs(&ps["sandboxes"], "jl").is_empty(), "{ps:#}");
+    let job = background(&home, "jl", "600", "sleep 310");
+    let ps = home.json(&["ps"]);
+    let jobs = listed_jobs(&ps["sandboxes"], "jl");
+    assert_eq!(jobs.len(), 1, "{ps:#}");
+    assert_eq!(
+        (&jobs[0]["job"], &jobs[0]["command"]),
+        (&Value::from(job.as_str()), &Value::from("sleep 310")),
+        "{ps:#}"
+    );
+    assert!(jobs[0]["startedAt"]
+        .as_str()
+        .is_some_and(|t| t.ends_with('Z')));
+    assert!(jobs[0]["runningSeconds"].as_u64().is_some(), "{ps:#}");
+    let ls = home.json(&["ls"]);
+    assert_eq!(listed_jobs(&ls["sandboxes"], "jl").len(), 1, "{ls:#}");
+    let table = text(&home.run(&["ps"]).stdout);
+    assert!(
+        table.contains(&format!("jl: job {job} running")) && table.contains("sleep 310"),
+        "{table}"
+    );
+    // An ended job is no longer listed.
+    home.run(&["job", "jl", &job, "--kill"]);
+    let ps = home.json(&["ps"]);
+    assert!(listed_jobs(&ps["sandboxes"], "jl").is_empty(), "{ps:#}");
+}
+
+/// Starts task `name` on a one-file project, with `flags`.
+fn task(home: &TestHome, project: &std::path::Path, name: &str, flags: &[&str]) -> String {
+    std::fs::write(project.join("a.txt"), "a\n").expect("write the project");
+    let path = project.to_str().expect("utf-8 temp path");
+    let mut args = vec!["task", "start", path, "--name", name];
+    args.extend_from_slice(flags);
+    let task = home.json(&args);
+    task["id"].as_str().expect("a task id").to_owned()
+}
+
+/// `dynocap --json task exec NAME --background -- COMMAND`: the job's id.
+fn task_background(home: &TestHome, name: &str, command: &str) -> String {
+    let value = home.json(&[
+        "task",
+        "exec",
+        name,
+        "--background",
+        "--timeout",
+        "600",
+        "--",
+        command,
+    ]);
+    assert_eq!(value["running"], true, "{value:#}");
+    value["job"].as_str().expect("a job id").to_owned()
+}
+
+/// The jobs `summary.json` of task `id` says its end cut off.
+fn summary(home: &TestHome, id: &str) -> Value {
+    let path = home.path().join("results").join(id).join("summary.json");
+    serde_json::from_slice(&std::fs::read(&path).expect("summary.json")).expect("JSON")
+}
+
+#[test]
+fn a_finish_says_which_jobs_it_cut_off_and_keeps_their_whole_output() {
+    let test = "a_finish_says_which_jobs_it_cut_off_and_keeps_their_whole_output";
+    if !require_root(test) {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().expect("tempdir");
+    let id = task(&home, project.path(), "jf", &[]);
+    // About 1.3 MB of output: far more than an exec result's or the exec log's excerpt.
+    let job = task_background(&home, "jf", "seq 1 200000; sleep 320");
+    let whole: String = (1..=200_000).map(|n| format!("{n}\n")).collect();
+    assert!(
+        wait_until(60, || {
+            let report = home.json(&["job", "jf", &job]);
+            report["stdoutOffset"].as_u64() == Some(whole.len() as u64)
+        }),
+        "the job's output reaches the host"
+    );
+    let ls = home.json(&["ls"]);
+    assert_eq!(listed_jobs(&ls["tasks"], "jf").len(), 1, "{ls:#}");
+    let result = home.json(&["task", "finish", "jf"]);
+    assert_eq!(result["jobsCutOff"][0]["job"], job.as_str(), "{result:#}");
+    assert_eq!(
+        result["jobsCutOff"][0]["command"],
+        "seq 1 200000; sleep 320"
+    );
+    assert_eq!(result["jobs"][0]["cutOff"], true, "{result:#}");
+    let saved = home.path().join("results").join(&id).join("jobs");
+    assert_eq!(
+        result["jobs"][0]["stdoutPath"],
+        saved.join(format!("{job}.stdout")).display().to_string()
+    );
+    let kept = std::fs::read_to_string(saved.join(format!("{job}.stdout"))).expect("saved");
+    assert!(
+        kept == whole,
+        "the whole output is kept ({} bytes)",
+        kept.len()
+    );
+    assert_eq!(result["jobs"][0]["stdoutBytes"], whole.len() as u64);
+    let summary = summary(&home, &id);
+    assert_eq!(
+        summary["task"]["jobsCutOff"][0]["job"],
+        job.as_str(),
+        "{summary:#}"
+    );
+    // Said in the text result too.
+    let again = text(&home.run(&["task", "finish", "jf"]).stdout);
+    assert!(
+        again.contains("jobs cut off by the task's end:") && again.contains(&job),
+        "{again}"
+    );
+}
+
+#[test]
+fn a_tasks_ttl_says_which_jobs_it_cut_off() {
+    let test = "a_tasks_ttl_says_which_jobs_it_cut_off";
+    if !require_root(test) {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().expect("tempdir");
+    let id = task(&home, project.path(), "jt", &["--ttl", "30"]);
+    let job = task_background(&home, "jt", "echo before the ttl; sleep 330");
+    assert!(
+        wait_until(90, || home.json(&["ls"])["tasks"][0]["state"] == "expired"),
+        "the task expired"
+    );
+    let summary = summary(&home, &id);
+    assert_eq!(
+        summary["task"]["jobsCutOff"][0]["job"],
+        job.as_str(),
+        "{summary:#}"
+    );
+    let saved = home.path().join("results").join(&id).join("jobs");
+    assert_eq!(
+        std::fs::read_to_string(saved.join(format!("{job}.stdout"))).expect("saved"),
+        "before the ttl\n"
+    );
+    // The finish that follows answers with what the expiry saved, the cut-off jobs with it.
+    let result = home.json(&["task", "finish", "jt"]);
+    assert_eq!(result["state"], "expired", "{result:#}");
+    assert_eq!(result["jobsCutOff"][0]["job"], job.as_str(), "{result:#}");
+    assert_eq!(result["jobs"][0]["cutOff"], true, "{result:#}");
 }

@@ -493,12 +493,7 @@ async fn serve(
     if !cut_off.is_empty() {
         let listed: Vec<String> = cut_off
             .iter()
-            .map(|job| {
-                format!(
-                    "{} ({}, running {}s)",
-                    job.job, job.command, job.running_seconds
-                )
-            })
+            .map(|job| format!("{} ({}) for {}s", job.job, job.command, job.running_seconds))
             .collect();
         tracing::info!(target: LOG_TARGET, "the sandbox's end cuts off its running jobs: {}", listed.join(", "));
     }

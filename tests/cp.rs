@@ -3,7 +3,10 @@
 //! `..`) arrive as symlinks inside the destination, never followed, and a FIFO is skipped
 //! with a note, with nothing written beside the destination; an existing host symlink at a
 //! name the copy makes is refused, not written through; a guest file the sandbox user cannot
-//! read is refused; the byte bound stops a copy with an error naming it.
+//! read is refused; the byte bound stops a copy with an error naming it. `dynocap cp` in: a
+//! file and a directory (a file of several pieces, a symlink kept as a link) arrive owned by
+//! the sandbox user with their modes, and a guest symlink at a name the copy makes is
+//! refused rather than followed.
 
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::Path;
@@ -190,4 +193,69 @@ fn unreadable_guest_files_and_the_byte_bound_refuse_the_copy() {
         message.contains("100000 bytes") && message.contains("--max-bytes"),
         "{message}"
     );
+}
+
+#[test]
+fn files_and_directories_go_in_as_the_sandbox_user_never_through_a_guest_symlink() {
+    let Some(home) = booted(
+        "files_and_directories_go_in_as_the_sandbox_user_never_through_a_guest_symlink",
+        "cpi",
+    ) else {
+        return;
+    };
+    let user = home.sh("cpi", "id -u").trim().to_owned();
+    let host = tempfile::tempdir().expect("tempdir");
+    let tree = host.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).expect("mkdir");
+    std::fs::write(tree.join("a"), "alpha\n").expect("a");
+    chmod(&tree.join("a"), 0o4750);
+    let big: Vec<u8> = (0..1_300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(tree.join("sub/big"), &big).expect("big");
+    chmod(&tree.join("sub/big"), 0o444);
+    std::os::unix::fs::symlink("/etc/passwd", tree.join("link")).expect("symlink");
+    std::fs::write(host.path().join("one"), "single").expect("one");
+    chmod(&host.path().join("one"), 0o644);
+    chmod(&tree, 0o755);
+    chmod(&tree.join("sub"), 0o755);
+
+    home.sh("cpi", "mkdir -p /tmp/in");
+    cp(
+        &home,
+        &[&host.path().join("one").to_string_lossy(), "cpi:/tmp/in/f"],
+    );
+    cp(&home, &[&tree.to_string_lossy(), "cpi:/tmp/in"]);
+    let shown = home.sh(
+        "cpi",
+        "cd /tmp/in && cat f && stat -c '%n %u %a' f tree tree/a tree/sub tree/sub/big \
+         && readlink tree/link && cksum < tree/sub/big",
+    );
+    let expected_cksum = {
+        let out = std::process::Command::new("cksum")
+            .stdin(std::fs::File::open(tree.join("sub/big")).expect("open"))
+            .output()
+            .expect("cksum");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        shown,
+        format!(
+            "singlef {user} 644\ntree {user} 755\ntree/a {user} 750\ntree/sub {user} 755\n\
+             tree/sub/big {user} 444\n/etc/passwd\n{expected_cksum}"
+        )
+    );
+
+    // A guest symlink where the copy makes a directory or a file: refused, not followed.
+    home.sh(
+        "cpi",
+        "mkdir -p /tmp/elsewhere /tmp/in2 && ln -s /tmp/elsewhere /tmp/in2/tree \
+         && ln -s /tmp/elsewhere/x /tmp/in2/one",
+    );
+    let message = cp_fails(&home, &[&tree.to_string_lossy(), "cpi:/tmp/in2"]);
+    assert!(message.contains("symlink"), "{message}");
+    let message = cp_fails(
+        &home,
+        &[&host.path().join("one").to_string_lossy(), "cpi:/tmp/in2"],
+    );
+    assert!(message.contains("not a plain file"), "{message}");
+    assert_eq!(home.sh("cpi", "ls -A /tmp/elsewhere | wc -l").trim(), "0");
 }

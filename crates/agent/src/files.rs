@@ -14,9 +14,13 @@ use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use dynocap_proto::files::{
-    FileEntry, FileOp, FileRequest, FileResult, MAX_EDIT_FILE, MAX_LIST_DEPTH, MAX_LIST_ENTRIES,
-    MAX_PATH, MAX_READ, MAX_WRITE,
+    FileEntry, FileOp, FileRequest, FileResult, PutItem, MAX_EDIT_FILE, MAX_LIST_DEPTH,
+    MAX_LIST_ENTRIES, MAX_PATH, MAX_READ, MAX_WRITE,
 };
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{Mode, SFlag};
+use std::os::fd::OwnedFd;
 
 use crate::config::Config;
 use crate::spawn::ExecUser;
@@ -150,7 +154,176 @@ fn perform(request: &FileRequest) -> Result<FileResult, FileError> {
             ..
         } => edit(&path, old_text, new_text, *replace_all),
         FileOp::List { depth, .. } => list(&path, *depth),
+        FileOp::Put { rel, item, .. } => put(&path, rel, item),
     }
+}
+
+fn errno_fail<T>(what: &str, path: &Path, errno: Errno) -> Result<T, FileError> {
+    let why = match errno {
+        Errno::ELOOP => "it is a symlink, which a copy never follows".to_owned(),
+        errno => errno.desc().to_owned(),
+    };
+    fail(format!("{what} {}: {why}", path.display()))
+}
+
+fn is_type(mode: u32, kind: SFlag) -> bool {
+    mode & SFlag::S_IFMT.bits() == kind.bits()
+}
+
+/// One entry of a copy in: `root` (named by the user) is opened as any path is; each
+/// component of `rel` below it is opened without following a symlink, so nothing the copy
+/// makes lands outside `root`.
+fn put(root: &Path, rel: &str, item: &PutItem) -> Result<FileResult, FileError> {
+    let parts: Vec<&str> = rel.split('/').collect();
+    if rel.len() > MAX_PATH
+        || parts
+            .iter()
+            .any(|part| part.is_empty() || *part == "." || *part == ".." || part.contains('\0'))
+    {
+        return fail(format!("{rel:?} is not a relative path of plain names"));
+    }
+    let full = root.join(rel);
+    let mut dir = match nix::fcntl::open(
+        root,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(errno) => return errno_fail("cannot open the directory", root, errno),
+    };
+    let (last, walk) = match parts.split_last() {
+        Some(split) => split,
+        None => return fail("the path is empty"),
+    };
+    for part in walk {
+        dir = match open_dir_nofollow(&dir, part) {
+            Ok(fd) => fd,
+            Err(errno) => return errno_fail("cannot enter", &full, errno),
+        };
+    }
+    let last = *last;
+    match item {
+        PutItem::Dir { mode } => {
+            let created = match nix::sys::stat::mkdirat(&dir, last, Mode::from_bits_truncate(0o700))
+            {
+                Ok(()) => true,
+                Err(Errno::EEXIST) => false,
+                Err(errno) => return errno_fail("cannot create the directory", &full, errno),
+            };
+            let fd = match open_dir_nofollow(&dir, last) {
+                Ok(fd) => fd,
+                Err(Errno::ENOTDIR | Errno::ELOOP) => {
+                    return fail(format!(
+                        "{} exists and is not a directory (or is a symlink)",
+                        full.display()
+                    ))
+                }
+                Err(errno) => return errno_fail("cannot open", &full, errno),
+            };
+            if let Some(mode) = mode {
+                if let Err(errno) =
+                    nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode & 0o1777))
+                {
+                    return errno_fail("cannot set the mode of", &full, errno);
+                }
+            }
+            Ok(FileResult::Written {
+                path: text(&full),
+                bytes: 0,
+                created,
+                mode: mode_of(&fd),
+            })
+        }
+        PutItem::File {
+            content,
+            offset,
+            mode,
+        } => {
+            if content.len() > MAX_WRITE {
+                return fail(format!("a piece carries at most {MAX_WRITE} bytes"));
+            }
+            let mut created = false;
+            let mut flags =
+                OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+            if *offset == 0 {
+                // Only a plain file is replaced: never a FIFO, a device or what a symlink
+                // points at.
+                match nix::sys::stat::fstatat(&dir, last, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                    Ok(st) if !is_type(st.st_mode, SFlag::S_IFREG) => {
+                        return fail(format!(
+                            "{} exists and is not a plain file (a symlink, directory or \
+                             device); a copy does not write through or over it",
+                            full.display()
+                        ))
+                    }
+                    Ok(_) => {}
+                    Err(Errno::ENOENT) => created = true,
+                    Err(errno) => return errno_fail("cannot look at", &full, errno),
+                }
+                flags |= OFlag::O_CREAT;
+            }
+            let fd = match nix::fcntl::openat(&dir, last, flags, Mode::from_bits_truncate(0o600)) {
+                Ok(fd) => fd,
+                Err(errno) => return errno_fail("cannot open", &full, errno),
+            };
+            let file = File::from(fd);
+            match file.metadata() {
+                Ok(meta) if meta.is_file() => {}
+                Ok(_) => return fail(format!("{} is not a plain file", full.display())),
+                Err(err) => return io_fail("cannot stat", &full, err),
+            }
+            if *offset == 0 {
+                if let Err(err) = file.set_len(0) {
+                    return io_fail("cannot truncate", &full, err);
+                }
+            }
+            if let Err(err) = file.write_all_at(content, *offset) {
+                return io_fail("cannot write", &full, err);
+            }
+            if let Some(mode) = mode {
+                if let Err(err) =
+                    file.set_permissions(std::fs::Permissions::from_mode(mode & 0o777))
+                {
+                    return io_fail("cannot set the mode of", &full, err);
+                }
+            }
+            Ok(FileResult::Written {
+                path: text(&full),
+                bytes: content.len() as u64,
+                created,
+                mode: mode_of(&file),
+            })
+        }
+        PutItem::Symlink { target } => {
+            if target.is_empty() || target.len() > MAX_PATH || target.contains('\0') {
+                return fail("a symlink's target is 1 to 4096 bytes without NUL");
+            }
+            if let Err(errno) = nix::unistd::symlinkat(target.as_str(), &dir, last) {
+                return errno_fail("cannot create the symlink", &full, errno);
+            }
+            Ok(FileResult::Written {
+                path: text(&full),
+                bytes: 0,
+                created: true,
+                mode: 0o777,
+            })
+        }
+    }
+}
+
+fn open_dir_nofollow(dir: &OwnedFd, name: &str) -> nix::Result<OwnedFd> {
+    nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+fn mode_of(fd: &impl std::os::fd::AsFd) -> u32 {
+    nix::sys::stat::fstat(fd.as_fd())
+        .map(|st| st.st_mode & 0o7777)
+        .unwrap_or(0)
 }
 
 fn resolve(cwd: &str, path: &str) -> Result<PathBuf, FileError> {

@@ -34,8 +34,9 @@ pub enum Command {
     /// A sandbox's or task's jobs (commands started with --background, or MCP execs that ran
     /// past the server's wait bound): list them, show or --follow one, or --kill it.
     Job(JobArgs),
-    /// Copy out of a sandbox or task, as docker cp: `dynocap cp NAME:GUESTPATH HOSTPATH`
-    /// (a file or a directory; `GUESTPATH/.` copies a directory's contents).
+    /// Copy files and directories out of or into a sandbox or task, as docker cp: `dynocap
+    /// cp NAME:GUESTPATH HOSTPATH`, `dynocap cp HOSTPATH NAME:GUESTPATH` (`SRC/.` copies a
+    /// directory's contents).
     Cp(CpArgs),
     /// Destroy a raw sandbox and release its name.
     Destroy(TargetArgs),
@@ -329,10 +330,11 @@ pub struct ExecArgs {
 /// `dynocap cp`.
 #[derive(Debug, Args)]
 pub struct CpArgs {
-    /// NAME:GUESTPATH (a relative GUESTPATH is in a task's /workspace, a raw sandbox's /).
+    /// NAME:GUESTPATH or HOSTPATH (a relative GUESTPATH is in a task's /workspace, a raw
+    /// sandbox's /; a host path with a colon is written ./a:b).
     pub source: String,
-    /// HOSTPATH: an existing directory receives the source inside it; a missing path is
-    /// created as the copy.
+    /// HOSTPATH or NAME:GUESTPATH: an existing directory receives the source inside it; a
+    /// missing path is created as the copy.
     pub destination: String,
     /// Most bytes the copy writes; it stops with an error past them.
     #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]

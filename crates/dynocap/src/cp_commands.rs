@@ -1,21 +1,25 @@
-//! `dynocap cp NAME:GUESTPATH HOSTPATH`: a copy out of a sandbox or task, with `docker cp`'s
-//! rules for the destination. The guest is walked through the file operations of
+//! `dynocap cp NAME:GUESTPATH HOSTPATH` and `dynocap cp HOSTPATH NAME:GUESTPATH`: copies out
+//! of and into a sandbox or task, with `docker cp`'s rules for the destination. The guest is walked through the file operations of
 //! [`dynocap_engine::files`] (each done by the agent as the sandbox user, so the guest's own
 //! permissions decide what can be read), and what it answers is hostile data: every name is
 //! one plain component, every host file is created relative to a directory descriptor with
 //! `O_NOFOLLOW`, nothing existing at a name the copy makes is followed when it is a symlink,
 //! guest symlinks are recreated as symlinks (their targets kept as written, never followed),
 //! devices, FIFOs and sockets are skipped with a note, set-id bits are cleared, and bytes and
-//! entries are bounded.
+//! entries are bounded. A copy in sends each entry as one `put`, which the agent makes as
+//! the sandbox user without following a symlink below the destination.
 
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::Write as _;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use dynocap_engine::files::{FileEntry, FileOp, FileResult, MAX_LIST_ENTRIES, MAX_READ};
+use dynocap_engine::files::{
+    FileEntry, FileOp, FileResult, PutItem, MAX_LIST_ENTRIES, MAX_READ, MAX_WRITE,
+};
 use dynocap_engine::{Engine, Error};
 use nix::errno::Errno;
 use nix::fcntl::{open, openat, AtFlags, OFlag};
@@ -79,10 +83,34 @@ pub async fn cp(engine: &Engine, json: bool, args: CpArgs) -> Result<ExitCode, E
             }
             Ok(ExitCode::SUCCESS)
         }
-        (Side::Host(_), Side::Guest { .. }) => Err(Error::invalid(
-            "copying into a sandbox is not built yet; write files in with dynocap_write_file \
-             or a command",
-        )),
+        (Side::Host(src), Side::Guest { name, path }) => {
+            let bounds = Bounds {
+                bytes: args.max_bytes,
+                entries: args.max_entries,
+            };
+            let report = copy_in(engine, &name, &src, &path, bounds).await?;
+            for note in &report.notes {
+                warnln!("dynocap: {note}");
+            }
+            if json {
+                print_json(&serde_json::json!({
+                    "files": report.files,
+                    "directories": report.dirs,
+                    "symlinks": report.symlinks,
+                    "bytes": report.bytes,
+                    "skipped": report.notes,
+                }));
+            } else {
+                warnln!(
+                    "dynocap: copied {} files, {} directories and {} symlinks ({} bytes) to {name}:{path}",
+                    report.files,
+                    report.dirs,
+                    report.symlinks,
+                    report.bytes,
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         _ => Err(Error::invalid(
             "one side of dynocap cp is NAME:PATH in a sandbox and the other a host path \
              (a host path with a colon is written ./a:b)",
@@ -583,6 +611,297 @@ fn finish_dir(dir: BorrowedFd<'_>, name: &str, host: &Path, mode: u32) -> Result
     .map_err(|errno| host_error("cannot open", host, errno))?;
     fchmod(&fd, Mode::from_bits_truncate(mode & 0o1777))
         .map_err(|errno| host_error("cannot set the mode of", host, errno))
+}
+
+/// Copies the host file or directory `src` (the user's own; a symlink is followed only when
+/// it is `src` itself) into the sandbox `name` at `gdest`, as the sandbox user: each entry
+/// is one [`FileOp::Put`], which the agent makes without following a symlink below the
+/// destination.
+async fn copy_in(
+    engine: &Engine,
+    name: &str,
+    src: &Path,
+    gdest: &str,
+    bounds: Bounds,
+) -> Result<Report, Error> {
+    if gdest.is_empty() {
+        return Err(Error::invalid("the guest path is empty"));
+    }
+    let src_text = src.as_os_str().to_string_lossy();
+    let contents_only = src_text == "." || src_text.ends_with("/.");
+    let meta = std::fs::metadata(src)
+        .map_err(|err| Error::invalid(format!("{}: {err}", src.display())))?;
+    if !meta.is_dir() && !meta.is_file() {
+        return Err(Error::invalid(format!(
+            "{} is neither a file nor a directory",
+            src.display()
+        )));
+    }
+    let dest_is_dir = engine
+        .file(
+            name,
+            FileOp::List {
+                path: gdest.to_owned(),
+                depth: 1,
+            },
+        )
+        .await
+        .is_ok();
+    let base = src.file_name().and_then(OsStr::to_str).unwrap_or("");
+    let (root, made) = if dest_is_dir && meta.is_dir() && (contents_only || base.is_empty()) {
+        (gdest.to_owned(), None)
+    } else if dest_is_dir {
+        (gdest.to_owned(), Some(check_name(base)?.to_owned()))
+    } else {
+        if gdest.ends_with('/') && !meta.is_dir() {
+            return Err(Error::invalid(format!(
+                "the destination directory {name}:{gdest} does not exist"
+            )));
+        }
+        let path = Path::new(gdest.trim_end_matches('/'));
+        let last = path.file_name().and_then(OsStr::to_str).unwrap_or("");
+        let parent = match path.parent().and_then(Path::to_str) {
+            Some("") | None if gdest.starts_with('/') => "/",
+            Some("") | None => ".",
+            Some(parent) => parent,
+        };
+        (parent.to_owned(), Some(check_name(last)?.to_owned()))
+    };
+    let mut copy = CopyIn {
+        engine,
+        name,
+        root,
+        bounds,
+        report: Report::default(),
+    };
+    match made {
+        None => copy.fill_dir(src, "").await?,
+        Some(made) if meta.is_dir() => {
+            let created = copy.put_dir(&made, None).await?;
+            copy.fill_dir(src, &made).await?;
+            if created {
+                copy.put_dir(&made, Some(meta.mode())).await?;
+            }
+        }
+        Some(made) => copy.file(src, &made).await?,
+    }
+    Ok(copy.report)
+}
+
+struct CopyIn<'a> {
+    engine: &'a Engine,
+    name: &'a str,
+    /// The guest directory every entry is made under.
+    root: String,
+    bounds: Bounds,
+    report: Report,
+}
+
+fn rel_join(rel: &str, name: &str) -> String {
+    if rel.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{rel}/{name}")
+    }
+}
+
+impl CopyIn<'_> {
+    fn count_entry(&mut self) -> Result<(), Error> {
+        self.report.entries += 1;
+        if self.report.entries > self.bounds.entries {
+            return Err(Error::invalid(format!(
+                "the copy holds more than {} entries (the bound --max-entries sets); it stopped \
+                 there",
+                self.bounds.entries
+            )));
+        }
+        Ok(())
+    }
+
+    async fn put(&self, rel: &str, item: PutItem) -> Result<FileResult, Error> {
+        self.engine
+            .file(
+                self.name,
+                FileOp::Put {
+                    path: self.root.clone(),
+                    rel: rel.to_owned(),
+                    item,
+                },
+            )
+            .await
+    }
+
+    /// Makes (or enters) the guest directory `rel`, or sets its mode: whether it made it.
+    async fn put_dir(&mut self, rel: &str, mode: Option<u32>) -> Result<bool, Error> {
+        if mode.is_none() {
+            self.count_entry()?;
+            self.report.dirs += 1;
+        }
+        let result = self
+            .put(
+                rel,
+                PutItem::Dir {
+                    mode: mode.map(|m| m & 0o1777),
+                },
+            )
+            .await?;
+        Ok(matches!(result, FileResult::Written { created: true, .. }))
+    }
+
+    /// Copies the entries of the host directory `dir` into the guest directory `rel`, depth
+    /// first; symlinks are copied as symlinks, anything but files, directories and symlinks
+    /// is skipped with a note.
+    async fn fill_dir(&mut self, dir: &Path, rel: &str) -> Result<(), Error> {
+        // Each level: its host path, its guest path, its entries left, and the directory
+        // made below it whose mode is set once it is filled.
+        type Level = (
+            PathBuf,
+            String,
+            std::vec::IntoIter<PathBuf>,
+            Option<(String, u32)>,
+        );
+        let mut stack: Vec<Level> = vec![(
+            dir.to_owned(),
+            rel.to_owned(),
+            sorted_entries(dir)?.into_iter(),
+            None,
+        )];
+        loop {
+            let depth = stack.len();
+            let Some((_, rel, entries, _)) = stack.last_mut() else {
+                break;
+            };
+            let Some(path) = entries.next() else {
+                stack.pop();
+                if let Some((_, _, _, pending)) = stack.last_mut() {
+                    if let Some((made, mode)) = pending.take() {
+                        self.put_dir(&made, Some(mode)).await?;
+                    }
+                }
+                continue;
+            };
+            let rel = rel.clone();
+            let Some(name) = path.file_name().and_then(OsStr::to_str) else {
+                self.report
+                    .notes
+                    .push(format!("skipped {}: its name is not UTF-8", path.display()));
+                continue;
+            };
+            let child = rel_join(&rel, check_name(name)?);
+            let meta = std::fs::symlink_metadata(&path)
+                .map_err(|err| Error::invalid(format!("{}: {err}", path.display())))?;
+            let kind = meta.file_type();
+            if kind.is_dir() {
+                if depth >= MAX_DEPTH {
+                    return Err(Error::invalid(format!(
+                        "{} is more than {MAX_DEPTH} directories deep; dynocap cp stops there",
+                        path.display()
+                    )));
+                }
+                let created = self.put_dir(&child, None).await?;
+                let entries = sorted_entries(&path)?;
+                if let Some(level) = stack.last_mut() {
+                    level.3 = created.then(|| (child.clone(), meta.mode()));
+                }
+                stack.push((path, child, entries.into_iter(), None));
+            } else if kind.is_file() {
+                self.file(&path, &child).await?;
+            } else if kind.is_symlink() {
+                self.count_entry()?;
+                let target = std::fs::read_link(&path)
+                    .map_err(|err| Error::invalid(format!("{}: {err}", path.display())))?;
+                let Some(target) = target.to_str() else {
+                    self.report.notes.push(format!(
+                        "skipped {}: its target is not UTF-8",
+                        path.display()
+                    ));
+                    continue;
+                };
+                self.put(
+                    &child,
+                    PutItem::Symlink {
+                        target: target.to_owned(),
+                    },
+                )
+                .await?;
+                self.report.symlinks += 1;
+            } else {
+                self.report.notes.push(format!(
+                    "skipped {}: a device, FIFO or socket, which dynocap cp does not copy",
+                    path.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the host file `path` to the guest file `rel` in pieces of at most [`MAX_WRITE`]
+    /// bytes; its mode (without set-id bits) goes with the last piece.
+    async fn file(&mut self, path: &Path, rel: &str) -> Result<(), Error> {
+        use std::io::Read as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        self.count_entry()?;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|err| Error::invalid(format!("cannot open {}: {err}", path.display())))?;
+        let meta = file
+            .metadata()
+            .map_err(|err| Error::invalid(format!("{}: {err}", path.display())))?;
+        if !meta.is_file() {
+            return Err(Error::invalid(format!(
+                "{} is not a plain file",
+                path.display()
+            )));
+        }
+        let mode = meta.mode() & 0o777;
+        let mut offset = 0u64;
+        loop {
+            let mut piece = Vec::with_capacity(MAX_WRITE);
+            (&mut file)
+                .take(MAX_WRITE as u64)
+                .read_to_end(&mut piece)
+                .map_err(|err| Error::invalid(format!("cannot read {}: {err}", path.display())))?;
+            let last = piece.len() < MAX_WRITE;
+            self.report.bytes = self.report.bytes.saturating_add(piece.len() as u64);
+            if self.report.bytes > self.bounds.bytes {
+                return Err(Error::invalid(format!(
+                    "the copy is larger than {} bytes (the bound --max-bytes sets); it stopped \
+                     in {}",
+                    self.bounds.bytes,
+                    path.display()
+                )));
+            }
+            let len = piece.len() as u64;
+            self.put(
+                rel,
+                PutItem::File {
+                    content: piece,
+                    offset,
+                    mode: last.then_some(mode),
+                },
+            )
+            .await?;
+            offset += len;
+            if last {
+                break;
+            }
+        }
+        self.report.files += 1;
+        Ok(())
+    }
+}
+
+/// A host directory's entries, in name order.
+fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|err| Error::invalid(format!("cannot list {}: {err}", dir.display())))?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()
+        .map_err(|err| Error::invalid(format!("cannot list {}: {err}", dir.display())))?;
+    entries.sort();
+    Ok(entries)
 }
 
 #[cfg(test)]

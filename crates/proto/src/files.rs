@@ -56,6 +56,52 @@ pub enum FileOp {
     },
     /// The entries under a directory, `depth` levels down (1: its own entries).
     List { path: String, depth: u32 },
+    /// One entry of a copy into the guest (`dynocap cp`): `rel` (`/`-separated plain names)
+    /// under the directory `path`, whose components are walked without following a symlink.
+    /// Answered with [`FileResult::Written`].
+    Put {
+        path: String,
+        rel: String,
+        item: PutItem,
+    },
+}
+
+/// What a [`FileOp::Put`] makes.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum PutItem {
+    /// A directory (an existing one is entered); `mode`, when given, is set on it.
+    Dir { mode: Option<u32> },
+    /// A piece of a file: at offset 0 the file is created or emptied (never through a
+    /// symlink), later pieces go at their offset. `mode`, given with the last piece, is set
+    /// once the content is in (so that a read-only file can be written in pieces).
+    File {
+        #[serde(with = "base64_bytes")]
+        content: Vec<u8>,
+        offset: u64,
+        mode: Option<u32>,
+    },
+    /// A symlink to `target`, which is written as it is and never followed.
+    Symlink { target: String },
+}
+
+impl std::fmt::Debug for PutItem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Dir { mode } => f.debug_struct("Dir").field("mode", mode).finish(),
+            Self::File {
+                content,
+                offset,
+                mode,
+            } => f
+                .debug_struct("File")
+                .field("bytes", &content.len())
+                .field("offset", offset)
+                .field("mode", mode)
+                .finish(),
+            Self::Symlink { target } => f.debug_struct("Symlink").field("target", target).finish(),
+        }
+    }
 }
 
 impl FileOp {
@@ -64,7 +110,8 @@ impl FileOp {
             Self::Read { path, .. }
             | Self::Write { path, .. }
             | Self::Edit { path, .. }
-            | Self::List { path, .. } => path,
+            | Self::List { path, .. }
+            | Self::Put { path, .. } => path,
         }
     }
 
@@ -75,6 +122,7 @@ impl FileOp {
             Self::Write { .. } => "write",
             Self::Edit { .. } => "edit",
             Self::List { .. } => "list",
+            Self::Put { .. } => "put",
         }
     }
 }
@@ -121,6 +169,12 @@ impl std::fmt::Debug for FileOp {
                 .debug_struct("List")
                 .field("path", path)
                 .field("depth", depth)
+                .finish(),
+            Self::Put { path, rel, item } => f
+                .debug_struct("Put")
+                .field("path", path)
+                .field("rel", rel)
+                .field("item", item)
                 .finish(),
         }
     }

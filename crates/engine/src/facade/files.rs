@@ -3,8 +3,8 @@
 //! (where commands start by default).
 
 pub use dynocap_proto::files::{
-    FileEntry, FileOp, FileRequest, FileResult, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_READ,
-    MAX_WRITE,
+    FileEntry, FileOp, FileRequest, FileResult, PutItem, MAX_LIST_DEPTH, MAX_LIST_ENTRIES,
+    MAX_READ, MAX_WRITE,
 };
 
 use crate::facade::sandboxes::{find, unexpected, Engine};

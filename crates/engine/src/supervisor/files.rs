@@ -3,7 +3,7 @@
 //! sizes, counts and paths are held to the protocol's bounds before anything else sees them.
 
 use dynocap_proto::files::{
-    FileOp, FileRequest, FileResult, MAX_LIST_ENTRIES, MAX_PATH, MAX_READ, MAX_WRITE,
+    FileOp, FileRequest, FileResult, PutItem, MAX_LIST_ENTRIES, MAX_PATH, MAX_READ, MAX_WRITE,
 };
 use dynocap_proto::{from_payload, FrameKind, Request, Response};
 
@@ -62,6 +62,27 @@ fn check_request(request: &FileRequest) -> Result<()> {
         FileOp::Write { content, .. } if content.len() > MAX_WRITE => Err(Error::invalid(
             format!("a write carries at most {MAX_WRITE} bytes; write a larger file in pieces (or copy it in with dynocap cp)"),
         )),
+        FileOp::Put { rel, item, .. } => {
+            let plain = |part: &str| !part.is_empty() && part != "." && part != "..";
+            if rel.len() > MAX_PATH || rel.contains('\0') || !rel.split('/').all(plain) {
+                return Err(Error::invalid(format!(
+                    "{rel:?} is not a relative path of plain names"
+                )));
+            }
+            match item {
+                PutItem::File { content, .. } if content.len() > MAX_WRITE => Err(
+                    Error::invalid(format!("a piece of a copy carries at most {MAX_WRITE} bytes")),
+                ),
+                PutItem::Symlink { target }
+                    if target.is_empty() || target.len() > MAX_PATH || target.contains('\0') =>
+                {
+                    Err(Error::invalid(format!(
+                        "a symlink's target is 1 to {MAX_PATH} bytes without NUL"
+                    )))
+                }
+                _ => Ok(()),
+            }
+        }
         _ => Ok(()),
     }
 }
@@ -98,6 +119,15 @@ fn check_result(op: &FileOp, result: FileResult) -> Result<FileResult> {
         (FileOp::Write { content, .. }, FileResult::Written { path, bytes, .. }) => {
             if *bytes != content.len() as u64 || !path_ok(path) {
                 return bad("it does not match the write asked for");
+            }
+        }
+        (FileOp::Put { item, .. }, FileResult::Written { path, bytes, .. }) => {
+            let sent = match item {
+                PutItem::File { content, .. } => content.len() as u64,
+                _ => 0,
+            };
+            if *bytes != sent || !path_ok(path) {
+                return bad("it does not match the copy asked for");
             }
         }
         (FileOp::Edit { .. }, FileResult::Edited { path, .. }) => {
@@ -162,5 +192,40 @@ mod tests {
             left_off: 0,
         };
         assert!(check_result(&op, listed).is_err());
+    }
+
+    #[test]
+    fn a_put_below_its_directory_only_and_answered_for_what_it_sent() {
+        let put = |rel: &str, item: PutItem| FileRequest {
+            cwd: "/".into(),
+            op: FileOp::Put {
+                path: "/tmp".into(),
+                rel: rel.into(),
+                item,
+            },
+        };
+        let dir = || PutItem::Dir { mode: None };
+        assert!(check_request(&put("a/b", dir())).is_ok());
+        for bad in ["", "..", "a/../b", "/a", "a//b", "a/.", "a\0b"] {
+            assert!(check_request(&put(bad, dir())).is_err(), "{bad:?}");
+        }
+        let link = PutItem::Symlink {
+            target: String::new(),
+        };
+        assert!(check_request(&put("a", link)).is_err());
+        let piece = PutItem::File {
+            content: vec![1, 2, 3],
+            offset: 0,
+            mode: None,
+        };
+        let written = |bytes: u64| FileResult::Written {
+            path: "/tmp/a".into(),
+            bytes,
+            created: true,
+            mode: 0o644,
+        };
+        let op = put("a", piece).op;
+        assert!(check_result(&op, written(3)).is_ok());
+        assert!(check_result(&op, written(4)).is_err());
     }
 }

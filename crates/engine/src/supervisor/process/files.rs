@@ -23,7 +23,7 @@ pub(super) async fn serve_file(request: FileRequest, shared: &Shared) -> Control
         .await
         .and_then(|r| r);
     // What a write or an edit changed is on a task's disk when it returns, as after an exec.
-    if let (Some(_), Ok(_), FileOp::Write { .. } | FileOp::Edit { .. }) =
+    if let (Some(_), Ok(_), FileOp::Write { .. } | FileOp::Edit { .. } | FileOp::Put { .. }) =
         (&shared.task, &result, &op)
     {
         let synced = sync_layer(shared.layer_sync.clone(), conn).await;

@@ -259,3 +259,34 @@ fn files_and_directories_go_in_as_the_sandbox_user_never_through_a_guest_symlink
     assert!(message.contains("not a plain file"), "{message}");
     assert_eq!(home.sh("cpi", "ls -A /tmp/elsewhere | wc -l").trim(), "0");
 }
+
+#[test]
+fn a_task_copies_relative_to_its_workspace_both_ways() {
+    if !require_root("a_task_copies_relative_to_its_workspace_both_ways") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = one_commit_project("README", "hello\n");
+    home.json(&[
+        "task",
+        "start",
+        &project.path().to_string_lossy(),
+        "--name",
+        "cpt",
+    ]);
+    let host = tempfile::tempdir().expect("tempdir");
+    cp(&home, &["cpt:README", &host.path().to_string_lossy()]);
+    assert_eq!(
+        std::fs::read(host.path().join("README")).expect("README"),
+        b"hello\n"
+    );
+    std::fs::write(host.path().join("new.txt"), "from the host\n").expect("write");
+    cp(
+        &home,
+        &[&host.path().join("new.txt").to_string_lossy(), "cpt:."],
+    );
+    assert_eq!(
+        home.task_sh("cpt", "cat new.txt && git status --porcelain new.txt"),
+        "from the host\n?? new.txt\n"
+    );
+}

@@ -1,11 +1,14 @@
 """Jobs over MCP with the official SDK: an exec still running at the server's wait bound
 (DYNOCAP_MCP_WAIT_SECONDS) answers with its job instead of being killed, and dynocap_job
 follows it to its end from offsets; background: true; kill: true; a job id reaches only the
-jobs of the sandbox it is asked of."""
+jobs of the sandbox it is asked of. dynocap_ps and dynocap_ls list running jobs; a task's
+finish and its TTL say which jobs they cut off and keep each job's whole output."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +91,72 @@ async def test_background_kill_and_another_sandboxs_job(host: Host) -> None:
             "name": task["id"], "command": "sleep 3; ls README.md", "background": True}))
         report, out = await follow(s, task["id"], tj["job"])
         assert (report["state"], report["exitCode"], out) == ("exited", 0, "README.md\n")
+
+
+async def test_ps_and_ls_list_running_jobs(host: Host) -> None:
+    async with connect(host, env=WAIT) as s:
+        ok(await s.call_tool("dynocap_run", {"name": "listed"}))
+        assert "jobs" not in ok(await s.call_tool("dynocap_ps", {}))["sandboxes"][0]
+        bg = ok(await s.call_tool("dynocap_exec", {
+            "name": "listed", "command": "sleep 301", "background": True, "timeoutSeconds": 600}))
+        box = ok(await s.call_tool("dynocap_ps", {}))["sandboxes"][0]
+        assert [(j["job"], j["command"]) for j in box["jobs"]] == [(bg["job"], "sleep 301")], box
+        assert box["jobs"][0]["startedAt"].endswith("Z") and box["jobs"][0]["runningSeconds"] >= 0
+        listed = ok(await s.call_tool("dynocap_ls", {}))["sandboxes"][0]
+        assert listed["jobs"][0]["job"] == bg["job"], listed
+        ok(await s.call_tool("dynocap_job", {"name": "listed", "job": bg["job"], "kill": True}))
+        assert "jobs" not in ok(await s.call_tool("dynocap_ps", {}))["sandboxes"][0]
+
+
+def saved(result: dict, job: str) -> dict:
+    """The finish result's entry for `job`, its output file checked to be in the results."""
+    [entry] = [j for j in result["jobs"] if j["job"] == job]
+    assert Path(entry["stdoutPath"]).parent == Path(result["summaryPath"]).parent / "jobs"
+    return entry
+
+
+async def test_a_finish_says_which_jobs_it_cut_off(host: Host) -> None:
+    async with connect(host, env=WAIT) as s:
+        task = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(host.project())}))
+        bg = ok(await s.call_tool("dynocap_task_exec", {
+            "name": task["id"], "command": "seq 1 100000; sleep 302", "background": True,
+            "timeoutSeconds": 600}))
+        whole = "".join(f"{n}\n" for n in range(1, 100001))
+        for _ in range(30):
+            report = ok(await s.call_tool("dynocap_job", {
+                "name": task["id"], "job": bg["job"], "waitSeconds": 1}))
+            if report["stdoutOffset"] == len(whole):
+                break
+        listed = ok(await s.call_tool("dynocap_ls", {}))["tasks"]
+        assert [j["job"] for t in listed if t["id"] == task["id"] for j in t["jobs"]] == [bg["job"]]
+        result = ok(await s.call_tool("dynocap_task_finish", {"id": task["id"]}))
+        assert [(j["job"], j["command"]) for j in result["jobsCutOff"]] == [
+            (bg["job"], "seq 1 100000; sleep 302")], result
+        entry = saved(result, bg["job"])
+        assert entry["cutOff"] is True
+        assert Path(entry["stdoutPath"]).read_text() == whole
+        assert entry["stdoutBytes"] == len(whole)
+        summary = json.loads(Path(result["summaryPath"]).read_text())
+        assert summary["task"]["jobsCutOff"][0]["job"] == bg["job"]
+
+
+async def test_a_tasks_ttl_says_which_jobs_it_cut_off(host: Host) -> None:
+    async with connect(host, env=WAIT) as s:
+        task = ok(await s.call_tool("dynocap_task_start", {
+            "projectPath": str(host.project()), "ttlSeconds": 30}))
+        bg = ok(await s.call_tool("dynocap_task_exec", {
+            "name": task["id"], "command": "echo before the ttl; sleep 303", "background": True,
+            "timeoutSeconds": 600}))
+        for _ in range(90):
+            listed = ok(await s.call_tool("dynocap_ls", {}))["tasks"]
+            if [t for t in listed if t["id"] == task["id"] and t["state"] == "expired"]:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError("the task did not expire")
+        result = ok(await s.call_tool("dynocap_task_finish", {"id": task["id"]}))
+        assert result["state"] == "expired" and result["alreadyFinished"] is True, result
+        assert [j["job"] for j in result["jobsCutOff"]] == [bg["job"]], result
+        entry = saved(result, bg["job"])
+        assert entry["cutOff"] is True
+        assert Path(entry["stdoutPath"]).read_text() == "before the ttl\n"

@@ -5,7 +5,8 @@
 //!    the same machine (these machines are shared, and their speed drifts within minutes);
 //! 2. exec round trip of `true` on a running sandbox, through the engine's client API and
 //!    through the `dynocap exec` process, vs spawning `sh -c true` on the host; and of
-//!    `sleep 1 & true` (a background job holding the output) vs `true`;
+//!    `sleep 1 & true` (a background job holding the output) vs `true`; and a `dynocap_job`
+//!    poll of a running job vs `dynocap_ps`, alternately in one MCP session;
 //! 3. resident memory of an idle sandbox's supervisor + agent;
 //! 4. `dynocap ls` in a home hundreds of sandboxes have used vs `dynocap --version`: the
 //!    catalog work of a CLI command that opens the catalog while no other process has it
@@ -262,6 +263,59 @@ fn main() {
         &host,
     );
     println!("targets: client API median < 2 ms, dynocap exec median < 10 ms");
+
+    // A dynocap_job poll of a running job (no wait, from the offsets the last answer gave)
+    // beside the MCP round trip of dynocap_ps in the same session, alternately: what polling
+    // adds per call is the poll's supervisor round trip and its reading of the job's output.
+    let mcp = RefCell::new(McpSession::start(&dynocap, &home_env));
+    mcp.borrow_mut()
+        .call("dynocap_run", serde_json::json!({ "name": "poll" }));
+    let started = mcp.borrow_mut().call(
+        "dynocap_exec",
+        serde_json::json!({ "name": "poll", "background": true, "timeoutSeconds": 3600,
+                            "command": "while true; do echo tick; sleep 0.1; done" }),
+    );
+    let job = started["structuredContent"]["job"]
+        .as_str()
+        .expect("a job id")
+        .to_owned();
+    let mut offsets = (0u64, 0u64);
+    let mut ticks = 0usize;
+    let polling = pairs(
+        CYCLES * 4,
+        Duration::from_millis(50),
+        || {},
+        |_| {
+            let report = mcp.borrow_mut().call(
+                "dynocap_job",
+                serde_json::json!({ "name": "poll", "job": job,
+                                    "stdoutOffset": offsets.0, "stderrOffset": offsets.1 }),
+            );
+            let report = &report["structuredContent"];
+            assert_eq!(report["running"], true, "{report}");
+            ticks += report["stdout"]
+                .as_str()
+                .map_or(0, |out| out.matches("tick").count());
+            offsets = (
+                report["stdoutOffset"].as_u64().expect("an offset"),
+                report["stderrOffset"].as_u64().expect("an offset"),
+            );
+        },
+        |_| {
+            mcp.borrow_mut().call("dynocap_ps", serde_json::json!({}));
+        },
+    );
+    assert!(ticks > 0, "the polls read the job's output");
+    mcp.borrow_mut()
+        .call("dynocap_destroy", serde_json::json!({ "name": "poll" }));
+    drop(mcp);
+    report_pairs("dynocap_job poll via MCP", &polling, "dynocap_ps via MCP");
+    let (poll, _) = median_and_p90(&polling.ours);
+    let (floor, _) = median_and_p90(&polling.baseline);
+    println!(
+        "dynocap_job polling adds {:.2} ms per call over the MCP round trip (target < 5 ms)",
+        (poll.as_secs_f64() - floor.as_secs_f64()) * 1e3
+    );
 
     // 3. Idle memory: RSS of one sandbox (counts shared libc and binary pages in full), and
     // per sandbox across ten idle ones: PSS (shared pages split between their users) and

@@ -3,10 +3,10 @@
 //! `..`) arrive as symlinks inside the destination, never followed, and a FIFO is skipped
 //! with a note, with nothing written beside the destination; an existing host symlink at a
 //! name the copy makes is refused, not written through; a guest file the sandbox user cannot
-//! read is refused; the byte bound stops a copy with an error naming it. `dynocap cp` in: a
-//! file and a directory (a file of several pieces, a symlink kept as a link) arrive owned by
-//! the sandbox user with their modes, and a guest symlink at a name the copy makes is
-//! refused rather than followed.
+//! read is refused; the byte and entry bounds stop a copy with an error naming them.
+//! `dynocap cp` in: a file and a directory (a file of several pieces, a symlink kept as a
+//! link) arrive owned by the sandbox user with their modes, and a guest symlink at a name the
+//! copy makes is refused rather than followed. A task copies relative to its /workspace.
 
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::Path;
@@ -192,6 +192,50 @@ fn unreadable_guest_files_and_the_byte_bound_refuse_the_copy() {
     assert!(
         message.contains("100000 bytes") && message.contains("--max-bytes"),
         "{message}"
+    );
+    home.sh(
+        "cpr",
+        "mkdir /tmp/many && touch /tmp/many/1 /tmp/many/2 /tmp/many/3 /tmp/many/4",
+    );
+    let message = cp_fails(
+        &home,
+        &[
+            "cpr:/tmp/many",
+            &host.path().join("many").to_string_lossy(),
+            "--max-entries",
+            "3",
+        ],
+    );
+    assert!(
+        message.contains("more than 3 entries") && message.contains("--max-entries"),
+        "{message}"
+    );
+    // Three entries fit a bound of three, counted once each.
+    home.sh("cpr", "rm /tmp/many/4");
+    cp(
+        &home,
+        &[
+            "cpr:/tmp/many",
+            &host.path().join("few").to_string_lossy(),
+            "--max-entries",
+            "3",
+        ],
+    );
+    std::fs::write(host.path().join("in"), [7u8; 4096]).expect("write");
+    let message = cp_fails(
+        &home,
+        &[
+            &host.path().join("in").to_string_lossy(),
+            "cpr:/tmp/in",
+            "--max-bytes",
+            "1000",
+        ],
+    );
+    assert!(message.contains("1000 bytes"), "{message}");
+    assert_eq!(
+        home.sh("cpr", "test -e /tmp/in && echo yes || echo no")
+            .trim(),
+        "no"
     );
 }
 

@@ -559,8 +559,8 @@ mod tests {
             ("frob", "unrecognized subcommand 'frob'"),
             (
                 "",
-                "`dynocap` needs a subcommand: run, exec, ps, job, destroy, pool, task, ls, rm, mcp, \
-                 doctor",
+                "`dynocap` needs a subcommand: run, exec, ps, job, cp, destroy, pool, task, ls, rm, \
+                 mcp, doctor",
             ),
             (
                 "task",

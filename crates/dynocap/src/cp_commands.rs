@@ -302,6 +302,7 @@ async fn copy_out(
             }
         }
         (Some(made), false) => {
+            copy.count_entry()?;
             copy.file(parent_fd.as_fd(), &made, &parent.join(&made), gpath, None)
                 .await?;
         }
@@ -460,7 +461,6 @@ impl Copy<'_> {
         gpath: &str,
         mode: Option<u32>,
     ) -> Result<(), Error> {
-        self.count_entry()?;
         // Something already there is replaced only when it is a plain file.
         match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) if !is_type(st.st_mode, SFlag::S_IFREG) => {

@@ -78,7 +78,7 @@ pub async fn cp(engine: &Engine, json: bool, args: CpArgs) -> Result<ExitCode, E
                     report.dirs,
                     report.symlinks,
                     report.bytes,
-                    dest.display()
+                    shown(&dest)
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -158,7 +158,13 @@ fn host_error(doing: &str, path: &Path, errno: Errno) -> Error {
         }
         errno => errno.desc().to_owned(),
     };
-    Error::invalid(format!("{doing} {}: {why}", path.display()))
+    Error::invalid(format!("{doing} {}: {why}", shown(path)))
+}
+
+/// A path in a message, quoted and with control characters escaped: it holds guest names,
+/// which are hostile text on a terminal.
+fn shown(path: &Path) -> String {
+    format!("{path:?}")
 }
 
 fn guest_join(dir: &str, name: &str) -> String {
@@ -233,23 +239,23 @@ async fn copy_out(
         (Ok(_), true) => {
             return Err(Error::invalid(format!(
                 "cannot copy a directory over the file {}",
-                dest.display()
+                shown(dest)
             )))
         }
         (Err(err), _) if err.kind() != std::io::ErrorKind::NotFound => {
-            return Err(Error::invalid(format!("{}: {err}", dest.display())))
+            return Err(Error::invalid(format!("{}: {err}", shown(dest))))
         }
         (Err(_), false) if named_dir => {
             return Err(Error::invalid(format!(
                 "the destination directory {} does not exist",
-                dest.display()
+                shown(dest)
             )))
         }
         _ => {
             let Some(last) = dest.file_name().and_then(OsStr::to_str) else {
                 return Err(Error::invalid(format!(
                     "the destination {} names no file",
-                    dest.display()
+                    shown(dest)
                 )));
             };
             let parent = match dest.parent() {
@@ -412,7 +418,7 @@ impl Copy<'_> {
                     if depth >= MAX_DEPTH {
                         return Err(Error::invalid(format!(
                             "{} is more than {MAX_DEPTH} directories deep; dynocap cp stops there",
-                            host_path.display()
+                            shown(&host_path)
                         )));
                     }
                     let (sub, created) = make_dir(frame.fd.as_fd(), &name, &host_path)?;
@@ -433,7 +439,7 @@ impl Copy<'_> {
                     else {
                         return Err(Error::invalid(format!(
                             "the guest gave the symlink {} no usable target",
-                            host_path.display()
+                            shown(&host_path)
                         )));
                     };
                     // The target is data: the link is made, never followed or resolved.
@@ -444,7 +450,7 @@ impl Copy<'_> {
                 }
                 _ => self.report.notes.push(format!(
                     "skipped {}: a device, FIFO or socket, which dynocap cp does not copy",
-                    host_path.display()
+                    shown(&host_path)
                 )),
             }
         }
@@ -467,7 +473,7 @@ impl Copy<'_> {
                 return Err(Error::invalid(format!(
                     "{} exists and is not a plain file (a symlink, directory or device); \
                      dynocap cp does not write through or over it",
-                    host.display()
+                    shown(host)
                 )))
             }
             Ok(_) | Err(Errno::ENOENT) => {}
@@ -488,7 +494,7 @@ impl Copy<'_> {
         if !is_type(st.st_mode, SFlag::S_IFREG) {
             return Err(Error::invalid(format!(
                 "{} is not a plain file; dynocap cp does not write to it",
-                host.display()
+                shown(host)
             )));
         }
         ftruncate(&fd, 0).map_err(|errno| host_error("cannot truncate", host, errno))?;
@@ -524,11 +530,11 @@ impl Copy<'_> {
                     "the copy is larger than {} bytes (the bound --max-bytes sets); it stopped \
                      in {}",
                     self.bounds.bytes,
-                    host.display()
+                    shown(host)
                 )));
             }
             out.write_all(&data)
-                .map_err(|err| Error::invalid(format!("cannot write {}: {err}", host.display())))?;
+                .map_err(|err| Error::invalid(format!("cannot write {}: {err}", shown(host))))?;
             offset += data.len() as u64;
             if offset >= total_size {
                 break;
@@ -593,7 +599,7 @@ fn make_dir(dir: BorrowedFd<'_>, name: &str, host: &Path) -> Result<(OwnedFd, bo
         Errno::ENOTDIR | Errno::ELOOP => Error::invalid(format!(
             "{} exists and is not a directory (or is a symlink); dynocap cp does not write \
              through or over it",
-            host.display()
+            shown(host)
         )),
         errno => host_error("cannot open", host, errno),
     })?;
@@ -629,12 +635,12 @@ async fn copy_in(
     }
     let src_text = src.as_os_str().to_string_lossy();
     let contents_only = src_text == "." || src_text.ends_with("/.");
-    let meta = std::fs::metadata(src)
-        .map_err(|err| Error::invalid(format!("{}: {err}", src.display())))?;
+    let meta =
+        std::fs::metadata(src).map_err(|err| Error::invalid(format!("{}: {err}", shown(src))))?;
     if !meta.is_dir() && !meta.is_file() {
         return Err(Error::invalid(format!(
             "{} is neither a file nor a directory",
-            src.display()
+            shown(src)
         )));
     }
     let dest_is_dir = engine
@@ -784,18 +790,18 @@ impl CopyIn<'_> {
             let Some(name) = path.file_name().and_then(OsStr::to_str) else {
                 self.report
                     .notes
-                    .push(format!("skipped {}: its name is not UTF-8", path.display()));
+                    .push(format!("skipped {}: its name is not UTF-8", shown(&path)));
                 continue;
             };
             let child = rel_join(&rel, check_name(name)?);
             let meta = std::fs::symlink_metadata(&path)
-                .map_err(|err| Error::invalid(format!("{}: {err}", path.display())))?;
+                .map_err(|err| Error::invalid(format!("{}: {err}", shown(&path))))?;
             let kind = meta.file_type();
             if kind.is_dir() {
                 if depth >= MAX_DEPTH {
                     return Err(Error::invalid(format!(
                         "{} is more than {MAX_DEPTH} directories deep; dynocap cp stops there",
-                        path.display()
+                        shown(&path)
                     )));
                 }
                 let created = self.put_dir(&child, None).await?;
@@ -809,12 +815,11 @@ impl CopyIn<'_> {
             } else if kind.is_symlink() {
                 self.count_entry()?;
                 let target = std::fs::read_link(&path)
-                    .map_err(|err| Error::invalid(format!("{}: {err}", path.display())))?;
+                    .map_err(|err| Error::invalid(format!("{}: {err}", shown(&path))))?;
                 let Some(target) = target.to_str() else {
-                    self.report.notes.push(format!(
-                        "skipped {}: its target is not UTF-8",
-                        path.display()
-                    ));
+                    self.report
+                        .notes
+                        .push(format!("skipped {}: its target is not UTF-8", shown(&path)));
                     continue;
                 };
                 self.put(
@@ -828,7 +833,7 @@ impl CopyIn<'_> {
             } else {
                 self.report.notes.push(format!(
                     "skipped {}: a device, FIFO or socket, which dynocap cp does not copy",
-                    path.display()
+                    shown(&path)
                 ));
             }
         }
@@ -845,14 +850,14 @@ impl CopyIn<'_> {
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path)
-            .map_err(|err| Error::invalid(format!("cannot open {}: {err}", path.display())))?;
+            .map_err(|err| Error::invalid(format!("cannot open {}: {err}", shown(path))))?;
         let meta = file
             .metadata()
-            .map_err(|err| Error::invalid(format!("{}: {err}", path.display())))?;
+            .map_err(|err| Error::invalid(format!("{}: {err}", shown(path))))?;
         if !meta.is_file() {
             return Err(Error::invalid(format!(
                 "{} is not a plain file",
-                path.display()
+                shown(path)
             )));
         }
         let mode = meta.mode() & 0o777;
@@ -862,7 +867,7 @@ impl CopyIn<'_> {
             (&mut file)
                 .take(MAX_WRITE as u64)
                 .read_to_end(&mut piece)
-                .map_err(|err| Error::invalid(format!("cannot read {}: {err}", path.display())))?;
+                .map_err(|err| Error::invalid(format!("cannot read {}: {err}", shown(path))))?;
             let last = piece.len() < MAX_WRITE;
             self.report.bytes = self.report.bytes.saturating_add(piece.len() as u64);
             if self.report.bytes > self.bounds.bytes {
@@ -870,7 +875,7 @@ impl CopyIn<'_> {
                     "the copy is larger than {} bytes (the bound --max-bytes sets); it stopped \
                      in {}",
                     self.bounds.bytes,
-                    path.display()
+                    shown(path)
                 )));
             }
             let len = piece.len() as u64;
@@ -896,10 +901,10 @@ impl CopyIn<'_> {
 /// A host directory's entries, in name order.
 fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>, Error> {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|err| Error::invalid(format!("cannot list {}: {err}", dir.display())))?
+        .map_err(|err| Error::invalid(format!("cannot list {}: {err}", shown(dir))))?
         .map(|entry| entry.map(|e| e.path()))
         .collect::<std::io::Result<_>>()
-        .map_err(|err| Error::invalid(format!("cannot list {}: {err}", dir.display())))?;
+        .map_err(|err| Error::invalid(format!("cannot list {}: {err}", shown(dir))))?;
     entries.sort();
     Ok(entries)
 }

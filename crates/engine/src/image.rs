@@ -22,6 +22,8 @@ pub use crate::model::image_ref::{ImageRef, DEFAULT_IMAGE};
 pub mod build;
 mod customise;
 mod failure;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod import;
 mod mmdebstrap;
 pub mod oci;

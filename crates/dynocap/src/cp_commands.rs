@@ -53,69 +53,47 @@ fn side(arg: &str) -> Side {
 }
 
 pub async fn cp(engine: &Engine, json: bool, args: CpArgs) -> Result<ExitCode, Error> {
-    match (side(&args.source), side(&args.destination)) {
-        (Side::Guest { name, path }, Side::Host(dest)) => {
-            let bounds = Bounds {
-                bytes: args.max_bytes,
-                entries: args.max_entries,
-            };
-            let report = copy_out(engine, &name, &path, &dest, bounds).await?;
-            for note in &report.notes {
-                warnln!("dynocap: {note}");
-            }
-            if json {
-                print_json(&serde_json::json!({
-                    "files": report.files,
-                    "directories": report.dirs,
-                    "symlinks": report.symlinks,
-                    "bytes": report.bytes,
-                    "skipped": report.notes,
-                }));
-            } else {
-                warnln!(
-                    "dynocap: copied {} files, {} directories and {} symlinks ({} bytes) to {}",
-                    report.files,
-                    report.dirs,
-                    report.symlinks,
-                    report.bytes,
-                    shown(&dest)
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+    let bounds = Bounds {
+        bytes: args.max_bytes,
+        entries: args.max_entries,
+    };
+    let (report, to) = match (side(&args.source), side(&args.destination)) {
+        (Side::Guest { name, path }, Side::Host(dest)) => (
+            copy_out(engine, &name, &path, &dest, bounds).await?,
+            shown(&dest),
+        ),
+        (Side::Host(src), Side::Guest { name, path }) => (
+            copy_in(engine, &name, &src, &path, bounds).await?,
+            format!("{name}:{path}"),
+        ),
+        _ => {
+            return Err(Error::invalid(
+                "one side of dynocap cp is NAME:PATH in a sandbox and the other a host path \
+                 (a host path with a colon is written ./a:b)",
+            ))
         }
-        (Side::Host(src), Side::Guest { name, path }) => {
-            let bounds = Bounds {
-                bytes: args.max_bytes,
-                entries: args.max_entries,
-            };
-            let report = copy_in(engine, &name, &src, &path, bounds).await?;
-            for note in &report.notes {
-                warnln!("dynocap: {note}");
-            }
-            if json {
-                print_json(&serde_json::json!({
-                    "files": report.files,
-                    "directories": report.dirs,
-                    "symlinks": report.symlinks,
-                    "bytes": report.bytes,
-                    "skipped": report.notes,
-                }));
-            } else {
-                warnln!(
-                    "dynocap: copied {} files, {} directories and {} symlinks ({} bytes) to {name}:{path}",
-                    report.files,
-                    report.dirs,
-                    report.symlinks,
-                    report.bytes,
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        _ => Err(Error::invalid(
-            "one side of dynocap cp is NAME:PATH in a sandbox and the other a host path \
-             (a host path with a colon is written ./a:b)",
-        )),
+    };
+    for note in &report.notes {
+        warnln!("dynocap: {note}");
     }
+    if json {
+        print_json(&serde_json::json!({
+            "files": report.files,
+            "directories": report.dirs,
+            "symlinks": report.symlinks,
+            "bytes": report.bytes,
+            "skipped": report.notes,
+        }));
+    } else {
+        warnln!(
+            "dynocap: copied {} files, {} directories and {} symlinks ({} bytes) to {to}",
+            report.files,
+            report.dirs,
+            report.symlinks,
+            report.bytes,
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Debug, Clone, Copy)]

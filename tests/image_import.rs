@@ -252,6 +252,28 @@ fn write_docker(path: &Path, layers: &[Vec<u8>]) {
     std::fs::write(path, archive.into_inner().expect("tar")).expect("write archive");
 }
 
+/// `dynocap image import PATH --name NAME`, which must succeed.
+fn import(home: &TestHome, path: &Path, name: &str) -> Value {
+    home.json(&[
+        "image",
+        "import",
+        path.to_str().expect("utf8"),
+        "--name",
+        name,
+    ])
+}
+
+/// `dynocap image import PATH --name NAME`, which must fail: its error object.
+fn import_err(home: &TestHome, path: &Path, name: &str) -> Value {
+    home.json_err(&[
+        "image",
+        "import",
+        path.to_str().expect("utf8"),
+        "--name",
+        name,
+    ])
+}
+
 fn images(home: &TestHome) -> Vec<Value> {
     home.json(&["image", "ls"])["images"]
         .as_array()
@@ -290,24 +312,12 @@ fn oci_layout_and_docker_archive_import_and_boot_on_the_jail() {
         ],
     );
 
-    let imported = home.json(&[
-        "image",
-        "import",
-        layout.to_str().expect("utf8"),
-        "--name",
-        "tiny",
-    ]);
+    let imported = import(&home, &layout, "tiny");
     assert_eq!(imported["origin"], "imported", "{imported:#}");
     assert_eq!(imported["stats"]["devicesSkipped"], 1, "{imported:#}");
     assert_eq!(imported["stats"]["setidCleared"], 1, "{imported:#}");
     let id = imported["image"]["id"].as_str().expect("id").to_owned();
-    let again = home.json(&[
-        "image",
-        "import",
-        layout.to_str().expect("utf8"),
-        "--name",
-        "tiny",
-    ]);
+    let again = import(&home, &layout, "tiny");
     assert_eq!(
         again["origin"], "present",
         "the same image again is already there"
@@ -580,13 +590,7 @@ fn hostile_layers_are_refused_and_nothing_lands_outside() {
     let at = bytes.len() / 3;
     bytes[at] ^= 0xff;
     std::fs::write(&blob, bytes).expect("write");
-    let err = home.json_err(&[
-        "image",
-        "import",
-        layout.to_str().expect("utf8"),
-        "--name",
-        "bad",
-    ]);
+    let err = import_err(&home, &layout, "bad");
     assert!(
         err["message"]
             .as_str()
@@ -603,13 +607,7 @@ fn hostile_layers_are_refused_and_nothing_lands_outside() {
     let host_copy = work.path().join("host-file");
     std::fs::rename(&blob, &host_copy).expect("move the blob out");
     std::os::unix::fs::symlink(&host_copy, &blob).expect("symlink");
-    let err = home.json_err(&[
-        "image",
-        "import",
-        layout.to_str().expect("utf8"),
-        "--name",
-        "bad",
-    ]);
+    let err = import_err(&home, &layout, "bad");
     assert!(
         err["message"]
             .as_str()
@@ -777,13 +775,7 @@ fn an_imported_image_boots_in_a_vm_with_the_debian_images_kernel() {
             oci_layer(upper_layer(), false),
         ],
     );
-    home.json(&[
-        "image",
-        "import",
-        layout.to_str().expect("utf8"),
-        "--name",
-        "tiny",
-    ]);
+    import(&home, &layout, "tiny");
     let info = home.json(&["run", "tinyvm", "--image", "tiny", "--backend", "vm"]);
     assert_eq!(info["backend"], "vm", "{info:#}");
     assert_eq!(info["image"], "tiny", "{info:#}");

@@ -112,6 +112,21 @@ struct Report {
     notes: Vec<String>,
 }
 
+impl Report {
+    /// Counts one more entry of the copy, refused past `bounds.entries`.
+    fn count_entry(&mut self, bounds: Bounds) -> Result<(), Error> {
+        self.entries += 1;
+        if self.entries > bounds.entries {
+            return Err(Error::invalid(format!(
+                "the copy holds more than {} entries (the bound --max-entries sets); it stopped \
+                 there",
+                bounds.entries
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// A name from the guest that may be created on the host: one component, never `.` or `..`.
 fn check_name(name: &str) -> Result<&str, Error> {
     if name.is_empty()
@@ -313,15 +328,7 @@ struct Copy<'a> {
 
 impl Copy<'_> {
     fn count_entry(&mut self) -> Result<(), Error> {
-        self.report.entries += 1;
-        if self.report.entries > self.bounds.entries {
-            return Err(Error::invalid(format!(
-                "the copy holds more than {} entries (the bound --max-entries sets); it stopped \
-                 there",
-                self.bounds.entries
-            )));
-        }
-        Ok(())
+        self.report.count_entry(self.bounds)
     }
 
     async fn list(&self, gpath: &str) -> Result<(Vec<FileEntry>, u64), Error> {
@@ -691,15 +698,7 @@ fn rel_join(rel: &str, name: &str) -> String {
 
 impl CopyIn<'_> {
     fn count_entry(&mut self) -> Result<(), Error> {
-        self.report.entries += 1;
-        if self.report.entries > self.bounds.entries {
-            return Err(Error::invalid(format!(
-                "the copy holds more than {} entries (the bound --max-entries sets); it stopped \
-                 there",
-                self.bounds.entries
-            )));
-        }
-        Ok(())
+        self.report.count_entry(self.bounds)
     }
 
     async fn put(&self, rel: &str, item: PutItem) -> Result<FileResult, Error> {

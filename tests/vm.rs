@@ -111,21 +111,31 @@ fn vm_backend() -> Box<dyn backend::Backend> {
     backend
 }
 
-/// Runs `command` through the agent on `channel` and returns (exit code, stdout).
-fn exec(channel: OwnedFd, command: &str) -> (Option<i32>, String) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+/// A runtime on this thread, for talking to a guest's agent.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("runtime");
-    runtime.block_on(async move {
-        let std_stream = std::os::unix::net::UnixStream::from(channel);
-        std_stream.set_nonblocking(true).expect("nonblocking");
-        let stream = tokio::net::UnixStream::from_std(std_stream).expect("register the channel");
-        let (read, write) = stream.into_split();
-        let (conn, hello) = AgentConn::start(read, write, Duration::from_secs(120))
-            .await
-            .expect("the agent says hello");
-        eprintln!("agent hello: {hello:?}");
+        .expect("runtime")
+}
+
+/// The connection to the agent on `channel`, once it has said hello.
+async fn agent_conn(channel: OwnedFd) -> AgentConn {
+    let std_stream = std::os::unix::net::UnixStream::from(channel);
+    std_stream.set_nonblocking(true).expect("nonblocking");
+    let stream = tokio::net::UnixStream::from_std(std_stream).expect("register the channel");
+    let (read, write) = stream.into_split();
+    let (conn, hello) = AgentConn::start(read, write, Duration::from_secs(120))
+        .await
+        .expect("the agent says hello");
+    eprintln!("agent hello: {hello:?}");
+    conn
+}
+
+/// Runs `command` through the agent on `channel` and returns (exit code, stdout).
+fn exec(channel: OwnedFd, command: &str) -> (Option<i32>, String) {
+    runtime().block_on(async move {
+        let conn = agent_conn(channel).await;
         let spec = ExecSpec::new(command, None, "/", Vec::new(), Some(60), false).expect("spec");
         let result = dynocap_engine::exec::run(&conn, &spec, std::future::pending(), None, None)
             .await
@@ -702,18 +712,8 @@ fn vm_file_requests_act_as_the_sandbox_user() {
     let spec = boot_spec(&env, &env.rootfs, &env.agent, state.path(), "vm-files");
     let mut guest = backend.boot(&spec).expect("boot");
     let channel = guest.take_channel().expect("channel");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async move {
-        let std_stream = std::os::unix::net::UnixStream::from(channel);
-        std_stream.set_nonblocking(true).expect("nonblocking");
-        let stream = tokio::net::UnixStream::from_std(std_stream).expect("register the channel");
-        let (read, write) = stream.into_split();
-        let (conn, _) = AgentConn::start(read, write, Duration::from_secs(120))
-            .await
-            .expect("the agent says hello");
+    runtime().block_on(async move {
+        let conn = agent_conn(channel).await;
         let file = |op| {
             dynocap_engine::supervisor::files::run(
                 &conn,

@@ -101,60 +101,46 @@ fn check_tree(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// One entry: its type, name and link target (written raw), mode and content.
-    type Entry<'a> = (tar::EntryType, &'a [u8], &'a [u8], u32, &'a [u8]);
-
-    /// A tar of `entries`.
-    fn layer(entries: &[Entry<'_>]) -> Vec<u8> {
-        let mut out = tar::Builder::new(Vec::new());
-        for (kind, name, link, mode, content) in entries {
-            let mut header = tar::Header::new_gnu();
-            header.set_entry_type(*kind);
-            header.set_mode(*mode);
-            header.set_size(content.len() as u64);
-            header.as_old_mut().name[..name.len()].copy_from_slice(name);
-            if !link.is_empty() {
-                header.as_old_mut().linkname[..link.len()].copy_from_slice(link);
-            }
-            header.set_cksum();
-            out.append(&header, *content).expect("append");
-        }
-        out.into_inner().expect("tar")
-    }
+    use crate::image::unpack::tests::Layer;
 
     #[test]
     fn hostile_layers_and_their_prefixes_leave_nothing_outside() {
         use tar::EntryType::{Block, Char, Directory, Fifo, Link, Regular, Symlink};
         let layers = [
-            layer(&[(Regular, b"../escape", b"", 0o644, b"x")]),
-            layer(&[(Regular, b"/abs", b"", 0o644, b"x")]),
-            layer(&[
-                (Symlink, b"d", b"../outside", 0o777, b""),
-                (Regular, b"d/x", b"", 0o644, b"x"),
-            ]),
-            layer(&[
-                (Symlink, b"up", b"/", 0o777, b""),
-                (Directory, b"up/etc", b"", 0o755, b""),
-                (Link, b"h", b"up/etc/passwd", 0o644, b""),
-            ]),
-            layer(&[(Regular, b".wh...", b"", 0o644, b"")]),
-            layer(&[(Regular, b"a/.wh..wh..opq", b"", 0o644, b"")]),
-            layer(&[
-                (Char, b"null", b"", 0o666, b""),
-                (Block, b"sda", b"", 0o660, b""),
-                (Fifo, b"pipe", b"", 0o644, b""),
-            ]),
-            layer(&[
-                (Regular, b"suid", b"", 0o4755, b"#!/bin/sh\n"),
-                (Directory, b"sgid", b"", 0o2775, b""),
-            ]),
-            layer(&[
-                (Regular, b"f", b"", 0o644, b"one"),
-                (Link, b"g", b"f", 0o644, b""),
-                (Link, b"k", b"../../etc/shadow", 0o644, b""),
-                (Regular, b".wh.f", b"", 0o644, b""),
-            ]),
+            Layer::new()
+                .entry(Regular, "../escape", "", 0o644, b"x")
+                .bytes(),
+            Layer::new().entry(Regular, "/abs", "", 0o644, b"x").bytes(),
+            Layer::new()
+                .entry(Symlink, "d", "../outside", 0o777, b"")
+                .entry(Regular, "d/x", "", 0o644, b"x")
+                .bytes(),
+            Layer::new()
+                .entry(Symlink, "up", "/", 0o777, b"")
+                .entry(Directory, "up/etc", "", 0o755, b"")
+                .entry(Link, "h", "up/etc/passwd", 0o644, b"")
+                .bytes(),
+            Layer::new()
+                .entry(Regular, ".wh...", "", 0o644, b"")
+                .bytes(),
+            Layer::new()
+                .entry(Regular, "a/.wh..wh..opq", "", 0o644, b"")
+                .bytes(),
+            Layer::new()
+                .entry(Char, "null", "", 0o666, b"")
+                .entry(Block, "sda", "", 0o660, b"")
+                .entry(Fifo, "pipe", "", 0o644, b"")
+                .bytes(),
+            Layer::new()
+                .entry(Regular, "suid", "", 0o4755, b"#!/bin/sh\n")
+                .entry(Directory, "sgid", "", 0o2775, b"")
+                .bytes(),
+            Layer::new()
+                .entry(Regular, "f", "", 0o644, b"one")
+                .entry(Link, "g", "f", 0o644, b"")
+                .entry(Link, "k", "../../etc/shadow", 0o644, b"")
+                .entry(Regular, ".wh.f", "", 0o644, b"")
+                .bytes(),
         ];
         for bytes in &layers {
             // The whole layer, and cut at every header boundary and inside one.

@@ -454,18 +454,19 @@ fn fs_error(doing: &str, path: &[u8], errno: Errno) -> Error {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-    /// A tar built entry by entry, headers written raw so hostile names get through.
-    struct Layer(tar::Builder<Vec<u8>>);
+    /// A tar built entry by entry, headers written raw so hostile names get through (the
+    /// fuzz body's tests build theirs with it too).
+    pub(in crate::image) struct Layer(tar::Builder<Vec<u8>>);
 
     impl Layer {
-        fn new() -> Layer {
+        pub(in crate::image) fn new() -> Layer {
             Layer(tar::Builder::new(Vec::new()))
         }
-        fn entry(
+        pub(in crate::image) fn entry(
             mut self,
             kind: tar::EntryType,
             path: &str,
@@ -491,13 +492,13 @@ mod tests {
             self.0.append(&header, data).expect("append");
             self
         }
-        fn file(self, path: &str, data: &str) -> Self {
+        pub(in crate::image) fn file(self, path: &str, data: &str) -> Self {
             self.entry(tar::EntryType::Regular, path, "", 0o644, data.as_bytes())
         }
-        fn dir(self, path: &str) -> Self {
+        pub(in crate::image) fn dir(self, path: &str) -> Self {
             self.entry(tar::EntryType::Directory, path, "", 0o755, b"")
         }
-        fn bytes(self) -> Vec<u8> {
+        pub(in crate::image) fn bytes(self) -> Vec<u8> {
             self.0.into_inner().expect("tar")
         }
     }

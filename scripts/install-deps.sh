@@ -19,6 +19,9 @@ packages=(
     busybox-static              # the image import tests' tiny rootfs (a static busybox)
     openssh-server openssl      # network tests: an sshd serving git, a test CA
     curl wget netcat-openbsd iputils-ping python3-pip  # run inside guests by the network tests (host /usr)
+    docker-registry apache2-utils  # image pull tests: a real OCI registry on loopback, basic auth (htpasswd)
+    skopeo umoci                # image tests build OCI images, and the pull benchmark's baseline
+    chromium                    # port forward tests: a real browser loads a page the sandbox serves
 )
 # The MCP Inspector CLI (MCP tests) is installed with npm; keep a Node.js that is already there
 # (e.g. from NodeSource), else Debian's. The Inspector's own Node comes from npm, see below.

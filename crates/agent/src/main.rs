@@ -41,6 +41,7 @@ mod disk_health;
 mod egress;
 mod exec;
 mod files;
+mod forward;
 mod fsutil;
 mod git;
 mod git_index;

@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 use crate::config::Config;
 use crate::egress::Egress;
 use crate::exec;
+use crate::forward::Forwards;
 use crate::input::{self, Input, InputReader};
 use crate::outbox::Outbox;
 use crate::process_group::Stop;
@@ -134,6 +135,7 @@ where
         tasks: JoinSet::new(),
         repo_lock: Arc::default(),
         egress: Arc::default(),
+        forwards: Forwards::default(),
     };
     let mut frames = FrameReader::new(reader);
     let ended = loop {
@@ -165,6 +167,8 @@ struct Server {
     /// journal of what changed in the workspace since the last diff.
     repo_lock: Arc<tokio::sync::Mutex<crate::journal::Tracker>>,
     egress: Arc<Egress>,
+    /// The host's port-forward connections, carried as tunnels.
+    forwards: Forwards,
 }
 
 impl Server {
@@ -172,6 +176,9 @@ impl Server {
         let id = frame.stream;
         if id & GUEST_STREAM_BIT != 0 && frame.kind != FrameKind::Open {
             return self.egress.route(frame, &self.outbox).await;
+        }
+        if frame.kind != FrameKind::Open && self.forwards.owns(id) {
+            return self.forwards.route(frame, &self.outbox).await;
         }
         match frame.kind {
             FrameKind::Open => self.open(id, &frame.payload).await,
@@ -263,7 +270,7 @@ impl Server {
         if id & GUEST_STREAM_BIT != 0 {
             return self.outbox.send_error(id, FrameError::GuestBit(id)).await;
         }
-        if lock(&self.streams).active.contains_key(&id) {
+        if lock(&self.streams).active.contains_key(&id) || self.forwards.owns(id) {
             return self
                 .outbox
                 .send_error(id, FrameError::AlreadyOpen(id))
@@ -377,6 +384,7 @@ impl Server {
                     crate::files::serve(req, &config).await.map(Response::File)
                 });
             }
+            Request::Connect(req) => self.forwards.open(id, req, &self.outbox).await,
             Request::DiskHealth => {
                 let _ = self.register(id, false);
                 self.spawn_stream(id, async move {
@@ -434,6 +442,7 @@ impl Server {
     /// Kills every exec still running and waits (bounded) for them to finish.
     async fn shutdown(&mut self) {
         let _ = self.egress.stop();
+        self.forwards.close_all();
         let stops: Vec<_> = {
             let mut streams = lock(&self.streams);
             // Workers reading input learn that it was cut.

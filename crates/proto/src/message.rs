@@ -69,6 +69,18 @@ pub enum Request {
     /// A file operation ([`crate::files`]) done as the sandbox user, answered with
     /// `Done(Response::File)` or an error saying why the guest refused it.
     File(crate::files::FileRequest),
+    /// Connect to a TCP port on the guest's own loopback (a port forward's connection): the
+    /// stream is then a tunnel ([`crate::tunnel`]) carrying that connection's bytes, ended by
+    /// either side's `Done` or `Error` (an `Error` first when nothing listens there).
+    Connect(ConnectRequest),
+}
+
+/// See [`Request::Connect`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConnectRequest {
+    /// The port on the guest's `127.0.0.1` (or `::1` when nothing listens there).
+    pub port: u16,
 }
 
 /// What the guest side asks for when it opens a stream (its id has [`crate::GUEST_STREAM_BIT`]).

@@ -36,6 +36,10 @@ pub const TUNNEL_CHUNK: usize = 256 * 1024;
 const _: () =
     assert!(TUNNEL_CHUNK + 1 + 9 <= crate::MAX_FRAME_LEN && cost(TUNNEL_CHUNK) <= WINDOW / 4);
 
+/// A read shorter than this is copied into a frame of its own size, keeping the large read
+/// buffer; a longer one takes the buffer with it.
+const SMALL_READ: usize = 64 * 1024;
+
 /// The credit a data frame carrying `len` bytes uses.
 pub const fn cost(len: usize) -> usize {
     len + FRAME_COST
@@ -225,10 +229,20 @@ where
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
             let mut sent = 0u64;
+            let fresh = || {
+                let mut buf = Vec::with_capacity(TUNNEL_CHUNK + 1);
+                buf.push(channel::TUNNEL);
+                buf
+            };
+            let mut buf = fresh();
             loop {
-                let mut buf = vec![0u8; TUNNEL_CHUNK + 1];
-                buf[0] = channel::TUNNEL;
-                let n = match reader.read(&mut buf[1..]).await {
+                // Reads into the buffer's spare room: nothing is zeroed first. A full read
+                // leaves as the frame and the next read gets a fresh buffer; a short one is
+                // copied out, so the large buffer serves the next read.
+                buf.truncate(1);
+                // The buffer's capacity is one chunk past the channel byte, so a read takes
+                // at most a chunk.
+                let n = match reader.read_buf(&mut buf).await {
                     Ok(n) => n,
                     Err(err) => return Err(format!("reading the connection: {err}")),
                 };
@@ -245,9 +259,13 @@ where
                     Ok(permit) => permit.forget(),
                     Err(_) => return Err("the tunnel was closed".to_owned()),
                 }
-                buf.truncate(n + 1);
+                let payload = if n >= SMALL_READ {
+                    std::mem::replace(&mut buf, fresh())
+                } else {
+                    buf[..=n].to_vec()
+                };
                 outgoing
-                    .send(Frame::new(id, FrameKind::Data, buf))
+                    .send(Frame::new(id, FrameKind::Data, payload))
                     .await
                     .map_err(|_| "the agent channel closed".to_owned())?;
                 sent += n as u64;

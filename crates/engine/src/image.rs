@@ -25,8 +25,10 @@ mod failure;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod import;
+pub mod layers;
 mod mmdebstrap;
 pub mod oci;
+pub mod pull;
 pub mod recipe;
 mod sandbox_user;
 pub mod store;
@@ -376,6 +378,7 @@ mod tests {
             guest_sudo: true,
             source: None,
             config: None,
+            layers: vec![],
         };
         fs::write(
             dir.join(store::META_FILE),
@@ -403,6 +406,7 @@ mod tests {
             guest_sudo: false,
             source: None,
             config: None,
+            layers: vec![],
         };
         fs::write(
             imported.join(store::META_FILE),

@@ -92,6 +92,7 @@ pub(crate) fn describe(rootfs: &Path, recipe: &Recipe, id: &str) -> ImageMeta {
         guest_sudo: true,
         source: None,
         config: None,
+        layers: Vec::new(),
     }
 }
 

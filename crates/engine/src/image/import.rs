@@ -5,7 +5,8 @@
 //! killed leaves nothing listed (the next import or build removes its leftovers).
 //!
 //! Every blob is checked against its digest while it is read; layers are unpacked by
-//! [`unpack`], which treats them as hostile.
+//! [`unpack`], which treats them as hostile, into the shared [`layers`] store (each layer once,
+//! by its diff id), and the image's rootfs is assembled from them by hard links.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -23,6 +24,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::build::{remove_dead_builds, BuildLock, Staging};
 use super::failure::ImageFailure;
+use super::layers::{Layer, LayerStore};
 use super::oci::{self, Compression, ContainerConfig, Digest};
 use super::sandbox_user::{SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 use super::store::{tree_size, BuiltImage, ImageMeta, ImageSource, ImageStore, META_FILE};
@@ -106,7 +108,6 @@ pub fn import(
     let staging = Staging::new(&parent)?;
     let rootfs = staging.path.join("rootfs");
     fs::create_dir(&rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
-    let mut root = Root::open(&rootfs, limits)?;
     let stop = || -> Result<()> {
         if cancel.load(Ordering::SeqCst) {
             Err(Error::conflict("the import was stopped; nothing was kept"))
@@ -114,14 +115,25 @@ pub fn import(
             Ok(())
         }
     };
+    let layer_store = LayerStore::in_images_dir(store.dir());
+    let _shared = layer_store.lock_shared()?;
+    let mut budget = Budget::new(limits);
+    let mut unpacked = Vec::new();
     let total = plan.layers.len();
     for (n, layer) in plan.layers.iter().enumerate() {
         progress(&format!("layer {}/{total}: {}", n + 1, layer.digest));
         // `image.import.layer2=kill`: dies with layer 1 unpacked, mid-import.
         failpoint::hit(&format!("image.import.layer{}", n + 1))?;
-        source.apply_layer(layer, &mut root, &stop)?;
+        let layer = match layer_store.get(&layer.diff_id) {
+            Some(present) => present,
+            None => source.unpack_layer(layer, &layer_store, budget.left(), &stop)?,
+        };
+        budget.add(&layer)?;
+        unpacked.push(layer);
     }
-    customise(&root)?;
+    stop()?;
+    layer_store.assemble(&unpacked, &rootfs)?;
+    customise(&Root::open(&rootfs, limits)?)?;
     let meta = ImageMeta {
         name: name.clone(),
         id: id.clone(),
@@ -138,6 +150,7 @@ pub fn import(
             config_digest: plan.config_digest.to_string(),
         }),
         config: plan.config,
+        layers: unpacked.iter().map(|l| l.meta.diff_id.clone()).collect(),
     };
     let json = serde_json::to_string_pretty(&meta)
         .map_err(|err| Error::internal(format!("writing image.json: {err}")))?;
@@ -151,8 +164,56 @@ pub fn import(
     Ok(Imported {
         image,
         present: false,
-        stats: root.stats,
+        stats: budget.stats,
     })
+}
+
+/// An image's bounds, spent layer by layer: a layer the store has already counts as much as
+/// one unpacked now.
+pub(super) struct Budget {
+    limits: Limits,
+    pub(super) stats: Stats,
+}
+
+impl Budget {
+    pub(super) fn new(limits: Limits) -> Budget {
+        Budget {
+            limits,
+            stats: Stats::default(),
+        }
+    }
+
+    /// What a layer unpacked now may still write.
+    pub(super) fn left(&self) -> Limits {
+        Limits {
+            max_bytes: self.limits.max_bytes.saturating_sub(self.stats.bytes),
+            max_files: self.limits.max_files.saturating_sub(self.stats.files),
+        }
+    }
+
+    pub(super) fn add(&mut self, layer: &Layer) -> Result<()> {
+        let s = &layer.meta.stats;
+        self.stats.bytes += s.bytes;
+        self.stats.files += s.files;
+        self.stats.devices_skipped += s.devices_skipped;
+        self.stats.setid_cleared += s.setid_cleared;
+        self.stats.whiteouts += s.whiteouts;
+        if self.stats.bytes > self.limits.max_bytes {
+            return Err(Error::invalid(format!(
+                "the image's files add up to more than {} bytes, the bound on an import's size \
+                 (--max-bytes)",
+                self.limits.max_bytes
+            )));
+        }
+        if self.stats.files > self.limits.max_files {
+            return Err(Error::invalid(format!(
+                "the image has more than {} files, the bound on an import's file count \
+                 (--max-files)",
+                self.limits.max_files
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// One layer to apply: where it is and how to check it.
@@ -161,6 +222,8 @@ struct LayerRef {
     member: String,
     media_type: String,
     digest: Digest,
+    /// The digest of the uncompressed tar: the layer's key in the layer store.
+    diff_id: Digest,
     /// OCI: the digest and size are the blob's. Docker classic: the digest is the diff id,
     /// of the uncompressed tar.
     of_blob: bool,
@@ -345,15 +408,18 @@ impl Source {
             &self.json_member(&config_digest.blob_path(), Some(&config_digest))?,
             "config",
         )?;
+        let diff_ids = diff_ids(&config, manifest.layers.len())?;
         let layers = manifest
             .layers
             .iter()
-            .map(|layer| {
+            .zip(diff_ids)
+            .map(|(layer, diff_id)| {
                 let digest = Digest::parse(&layer.digest)?;
                 Ok(LayerRef {
                     member: digest.blob_path(),
                     media_type: layer.media_type.clone(),
                     digest,
+                    diff_id,
                     of_blob: true,
                     size: Some(layer.size),
                 })
@@ -414,6 +480,7 @@ impl Source {
                     member: oci::member_path(member)?,
                     media_type: String::new(),
                     digest: Digest::parse(diff_id)?,
+                    diff_id: Digest::parse(diff_id)?,
                     of_blob: false,
                     size: None,
                 })
@@ -427,39 +494,79 @@ impl Source {
         })
     }
 
-    /// Unpacks one layer, checking its digest as it is read.
-    fn apply_layer(
+    /// Unpacks one layer into the layer store, checking its blob digest (OCI) and its diff
+    /// id as it is read.
+    fn unpack_layer(
         &self,
         layer: &LayerRef,
-        root: &mut Root,
+        store: &LayerStore,
+        limits: Limits,
         stop: &dyn Fn() -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<Layer> {
         let (reader, _) = self.reader(&layer.member)?;
-        let mut raw = BufReader::new(reader);
-        let magic = raw
-            .fill_buf()
-            .with_context(|| format!("reading layer {}", layer.digest))?;
-        let compression = oci::compression(&layer.media_type, magic)?;
-        let what = format!("layer {}", layer.digest);
         if layer.of_blob {
-            let mut hashing = Hashing::new(raw);
-            match compression {
-                Compression::Gzip => {
-                    root.apply_layer(flate2::read::GzDecoder::new(&mut hashing), stop)?
-                }
-                Compression::None => root.apply_layer(&mut hashing, stop)?,
-            }
-            hashing.verify(&what, &layer.digest, layer.size)
+            let mut hashing = Hashing::new(BufReader::new(reader));
+            let unpacked = unpack_blob(
+                &mut hashing,
+                &layer.media_type,
+                &layer.diff_id,
+                store,
+                limits,
+                stop,
+            )?;
+            hashing.verify(
+                &format!("layer {}", layer.digest),
+                &layer.digest,
+                layer.size,
+            )?;
+            Ok(unpacked)
         } else {
-            let plain: Box<dyn Read> = match compression {
-                Compression::Gzip => Box::new(flate2::read::GzDecoder::new(raw)),
-                Compression::None => Box::new(raw),
-            };
-            let mut hashing = Hashing::new(plain);
-            root.apply_layer(&mut hashing, stop)?;
-            hashing.verify(&what, &layer.digest, None)
+            unpack_blob(
+                reader,
+                &layer.media_type,
+                &layer.diff_id,
+                store,
+                limits,
+                stop,
+            )
         }
     }
+}
+
+/// Unpacks a layer blob (gzip or plain tar, by its media type and first bytes) into the
+/// layer store, checking the tar against `diff_id`.
+pub(super) fn unpack_blob(
+    blob: impl Read,
+    media_type: &str,
+    diff_id: &Digest,
+    store: &LayerStore,
+    limits: Limits,
+    stop: &dyn Fn() -> Result<()>,
+) -> Result<Layer> {
+    let mut raw = BufReader::new(blob);
+    let magic = raw
+        .fill_buf()
+        .with_context(|| format!("reading layer {diff_id}"))?;
+    match oci::compression(media_type, magic)? {
+        Compression::Gzip => store.unpack(diff_id, flate2::read::GzDecoder::new(raw), limits, stop),
+        Compression::None => store.unpack(diff_id, raw, limits, stop),
+    }
+}
+
+/// The config's diff ids, one per layer of the manifest.
+pub(super) fn diff_ids(config: &oci::ImageConfig, layers: usize) -> Result<Vec<Digest>> {
+    let ids = config
+        .rootfs
+        .as_ref()
+        .map(|r| r.diff_ids.as_slice())
+        .unwrap_or_default();
+    if ids.len() != layers {
+        return Err(Error::invalid(format!(
+            "the image's manifest lists {layers} layers but its config {} diff ids",
+            ids.len()
+        )));
+    }
+    ids.iter().map(|id| Digest::parse(id)).collect()
 }
 
 /// DynoCap's changes to an imported rootfs, made through the same no-symlink walk as the
@@ -467,7 +574,7 @@ impl Source {
 /// mountpoints, no trace of the image's build host, the sandbox user and group (added to the
 /// image's `/etc/passwd` and `/etc/group`, or minimal ones made), the agent's mountpoint and
 /// `sudo`. Debian-only steps (apt sources) are not made.
-fn customise(root: &Root) -> Result<()> {
+pub(super) fn customise(root: &Root) -> Result<()> {
     let dir = |rel: &str| -> Result<std::os::fd::OwnedFd> {
         let parts: Vec<Vec<u8>> = rel.split('/').map(|p| p.as_bytes().to_vec()).collect();
         root.walk(&parts, true)?

@@ -16,6 +16,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
 
 use super::failure::ImageFailure;
 use crate::foundation::error::{Context, Error, Result};
@@ -53,6 +54,11 @@ pub struct ImageMeta {
     /// never run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<super::oci::ContainerConfig>,
+    /// The diff ids (`sha256:…`) of the layers in the shared layer store
+    /// ([`super::layers`]) its rootfs is assembled from, bottom first; empty for an image
+    /// whose rootfs is its own (a debian build).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<String>,
 }
 
 /// Where an imported image came from.
@@ -135,9 +141,14 @@ impl ImageStore {
         self.cache.as_deref()
     }
 
-    /// `images/<name>/<id>`.
+    /// `images/<name>/<id>` (see [`dir_name`] for a name that is a reference).
     pub fn image_dir(&self, name: &str, id: &str) -> PathBuf {
-        self.dir.join(name).join(id)
+        self.name_dir(name).join(id)
+    }
+
+    /// `images/<name>`: every build or pull of one name.
+    pub fn name_dir(&self, name: &str) -> PathBuf {
+        self.dir.join(dir_name(name))
     }
 
     /// Every built image, oldest first. Directories without a readable `image.json` (not
@@ -196,7 +207,7 @@ impl ImageStore {
 
     /// The image `name` with exactly this id.
     pub fn get(&self, name: &str, id: &str) -> Option<BuiltImage> {
-        if !is_id(id) || !is_name(name) {
+        if !is_id(id) || !(is_name(name) || is_reference(name)) {
             return None;
         }
         read_image(&self.image_dir(name, id)).filter(|i| i.name() == name && i.id() == id)
@@ -247,6 +258,84 @@ pub fn is_name(text: &str) -> bool {
         && !text.starts_with('-')
 }
 
+/// The directory of the images named `name`: the name itself, or for a reference (which
+/// has `/` and `:`) `ref-` and a hash of it.
+pub fn dir_name(name: &str) -> String {
+    if is_name(name) {
+        return name.to_owned();
+    }
+    let digest = sha2::Sha256::digest(name.as_bytes());
+    let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    format!("ref-{hex}")
+}
+
+/// An image reference that names its registry, as `dynocap image pull` takes it and an
+/// image pulled under it is named: `registry.example[:port]/repo/path[:tag][@sha256:<hex>]`.
+/// The registry is a host with a `.` (or `localhost`) and an optional port; repository
+/// components are lowercase letters, digits and `._-`, not starting with a separator; a tag
+/// is up to 128 of letters, digits and `._-`; at most 255 bytes in all.
+pub fn is_reference(text: &str) -> bool {
+    if text.len() > 255 || text.is_empty() {
+        return false;
+    }
+    let (rest, digest) = match text.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (text, None),
+    };
+    if let Some(digest) = digest {
+        let ok = digest.strip_prefix("sha256:").is_some_and(is_id);
+        if !ok {
+            return false;
+        }
+    }
+    let Some((registry, path)) = rest.split_once('/') else {
+        return false;
+    };
+    let (host, port) = match registry.rsplit_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (registry, None),
+    };
+    let host_ok = (host.contains('.') || host == "localhost")
+        && host.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        });
+    let port_ok =
+        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    if !host_ok || !port_ok {
+        return false;
+    }
+    // A tag follows the last component's ':'.
+    let (repo, tag) = match path.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => (repo, Some(tag)),
+        _ => (path, None),
+    };
+    if tag.is_none() && digest.is_none() {
+        return false;
+    }
+    let tag_ok = tag.is_none_or(|t| {
+        !t.is_empty()
+            && t.len() <= 128
+            && !t.starts_with(['.', '-'])
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    });
+    let repo_ok = repo.split('/').all(|c| {
+        !c.is_empty()
+            && c.bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            && c.bytes()
+                .last()
+                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            && c.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+            })
+    });
+    tag_ok && repo_ok
+}
+
 /// Apparent size of a tree, each inode counted once, symlinks not followed.
 pub(crate) fn tree_size(root: &Path) -> u64 {
     let mut seen = std::collections::HashSet::new();
@@ -286,6 +375,7 @@ mod tests {
             guest_sudo: true,
             source: None,
             config: None,
+            layers: vec![],
         };
         fs::write(
             dir.join(META_FILE),
@@ -334,6 +424,39 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-rm"))
             .collect();
         assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn references_name_a_registry_and_a_tag_or_digest() {
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        for good in [
+            "registry.example/team/tool:1".to_owned(),
+            "127.0.0.5:5000/base:latest".to_owned(),
+            "localhost/x:1".to_owned(),
+            format!("registry.example/tool@{digest}"),
+            format!("registry.example/tool:1@{digest}"),
+        ] {
+            assert!(is_reference(&good), "{good}");
+            assert!(
+                dir_name(&good).starts_with("ref-") && is_name(&dir_name(&good)),
+                "{good}"
+            );
+        }
+        for bad in [
+            "alpine:3",
+            "team/tool:1",
+            "registry.example/tool",
+            "Registry.example/tool:1",
+            "registry.example/../tool:1",
+            "registry.example/tool:1/x",
+            "registry.example//tool:1",
+            "registry.example/tool@sha256:abc",
+            "registry.example/tool:-x",
+            "debian",
+        ] {
+            assert!(!is_reference(bad), "{bad}");
+        }
+        assert_eq!(dir_name("debian"), "debian");
     }
 
     #[test]

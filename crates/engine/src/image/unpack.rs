@@ -8,6 +8,7 @@
 //! device nodes and fifos are not created (counted), set-id bits are cleared, and the bytes
 //! and entries written are bounded.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs::File;
@@ -45,7 +46,7 @@ impl Default for Limits {
 }
 
 /// What an import wrote and what it left out.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Stats {
     pub bytes: u64,
@@ -113,6 +114,26 @@ pub struct Root {
     fd: OwnedFd,
     limits: Limits,
     pub stats: Stats,
+    /// Set when this root is one layer's own directory in the layer store
+    /// ([`super::layers`]): what the layer does to the layers below it is recorded here, for
+    /// assembly, instead of being applied.
+    layer: Option<RefCell<LayerRecord>>,
+}
+
+/// A path below the root, as components.
+pub type Parts = Vec<Vec<u8>>;
+
+/// What one layer does to the layers below it, which its own directory cannot hold: its
+/// whiteouts and opaque directories, hard links to lower layers' files, and the directories
+/// it holds only as parents of its entries (whose owner and mode are the lower layers').
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LayerRecord {
+    pub whiteouts: Vec<Parts>,
+    pub opaques: Vec<Parts>,
+    /// (link, target): the target is in a lower layer.
+    pub links: Vec<(Parts, Parts)>,
+    pub implicit_dirs: Vec<Parts>,
 }
 
 /// Paths this layer has put (and their ancestors): a whiteout or opaque marker removes only
@@ -131,7 +152,21 @@ impl Root {
             fd,
             limits,
             stats: Stats::default(),
+            layer: None,
         })
+    }
+
+    /// A root that is one layer's own directory: whiteouts, opaque markers and hard links to
+    /// files not in this layer are recorded ([`Root::into_record`]) instead of applied.
+    pub fn open_layer(path: &Path, limits: Limits) -> Result<Root> {
+        let mut root = Root::open(path, limits)?;
+        root.layer = Some(RefCell::new(LayerRecord::default()));
+        Ok(root)
+    }
+
+    /// What a layer root recorded (empty for a rootfs).
+    pub fn into_record(self) -> LayerRecord {
+        self.layer.map(RefCell::into_inner).unwrap_or_default()
     }
 
     /// Applies one layer's tar stream. `cancel` is polled between entries.
@@ -154,12 +189,21 @@ impl Root {
                     if written.contains(&full) {
                         continue;
                     }
+                    if let Some(record) = &self.layer {
+                        record.borrow_mut().whiteouts.push(full);
+                        continue;
+                    }
                     if let Some(dir_fd) = self.walk(&dir, false)? {
                         remove_tree(dir_fd.as_fd(), &name)?;
                     }
                 }
                 Action::Opaque { dir } => {
                     self.stats.whiteouts += 1;
+                    if let Some(record) = &self.layer {
+                        // Everything in this layer's directory is the layer's own.
+                        record.borrow_mut().opaques.push(dir);
+                        continue;
+                    }
                     let Some(dir_fd) = self.walk(&dir, false)? else {
                         continue;
                     };
@@ -225,6 +269,9 @@ impl Root {
         }
         let existing = stat_at(parent, name)?;
         if kind.is_dir() {
+            if let Some(record) = &self.layer {
+                record.borrow_mut().implicit_dirs.retain(|d| d != parts);
+            }
             let is_dir = existing.is_some_and(|st| is_type(st.st_mode, SFlag::S_IFDIR));
             if !is_dir {
                 remove_tree(parent, name)?;
@@ -265,6 +312,15 @@ impl Root {
                 None => None,
             };
             let (Some(source_dir), Some(source)) = (source_dir, source) else {
+                if let Some(record) = &self.layer {
+                    // A lower layer's file: linked when the layers are assembled, where it
+                    // must exist then.
+                    record
+                        .borrow_mut()
+                        .links
+                        .push((parts.to_vec(), target.clone()));
+                    return Ok(());
+                }
                 return Err(Error::invalid(format!(
                     "the hard link {} names {}, which is not in the image",
                     shown(),
@@ -365,6 +421,12 @@ impl Root {
                         Mode::from_bits_truncate(0o755),
                     )
                     .map_err(|e| fs_error("creating", &show(&parts[..=depth]), e))?;
+                    if let Some(record) = &self.layer {
+                        record
+                            .borrow_mut()
+                            .implicit_dirs
+                            .push(parts[..=depth].to_vec());
+                    }
                     open_dir(current.as_fd(), part)
                 }
                 Err(Errno::ENOENT) => return Ok(None),
@@ -383,7 +445,7 @@ impl Root {
     }
 }
 
-fn open_dir(dir: BorrowedFd<'_>, name: &[u8]) -> nix::Result<OwnedFd> {
+pub(super) fn open_dir(dir: BorrowedFd<'_>, name: &[u8]) -> nix::Result<OwnedFd> {
     openat(
         dir,
         OsStr::from_bytes(name),
@@ -392,7 +454,10 @@ fn open_dir(dir: BorrowedFd<'_>, name: &[u8]) -> nix::Result<OwnedFd> {
     )
 }
 
-fn stat_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Option<nix::sys::stat::FileStat>> {
+pub(super) fn stat_at(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+) -> Result<Option<nix::sys::stat::FileStat>> {
     match fstatat(dir, OsStr::from_bytes(name), AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st) => Ok(Some(st)),
         Err(Errno::ENOENT) => Ok(None),
@@ -400,12 +465,12 @@ fn stat_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Option<nix::sys::stat::Fi
     }
 }
 
-fn is_type(mode: u32, kind: SFlag) -> bool {
+pub(super) fn is_type(mode: u32, kind: SFlag) -> bool {
     mode & SFlag::S_IFMT.bits() == kind.bits()
 }
 
 /// The names in a directory (not `.` and `..`).
-fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<Vec<u8>>> {
+pub(super) fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<Vec<u8>>> {
     // The fd's /proc link names the directory already opened (without following symlinks).
     let proc = format!("/proc/self/fd/{}", dir.as_raw_fd());
     let entries = std::fs::read_dir(&proc)
@@ -435,7 +500,7 @@ pub fn remove_tree(dir: BorrowedFd<'_>, name: &[u8]) -> Result<()> {
     }
 }
 
-fn show(parts: &[Vec<u8>]) -> Vec<u8> {
+pub(super) fn show(parts: &[Vec<u8>]) -> Vec<u8> {
     let mut out = b"/".to_vec();
     out.extend(parts.join(&b'/'));
     out
@@ -446,7 +511,7 @@ fn display(parts: &[Vec<u8>]) -> String {
     oci::printable(&String::from_utf8_lossy(&show(parts)))
 }
 
-fn fs_error(doing: &str, path: &[u8], errno: Errno) -> Error {
+pub(super) fn fs_error(doing: &str, path: &[u8], errno: Errno) -> Error {
     Error::internal(format!(
         "{doing} {} in the image being imported: {errno}",
         oci::printable(&String::from_utf8_lossy(path))

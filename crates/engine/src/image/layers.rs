@@ -1,0 +1,710 @@
+//! The layer store: container-image layers unpacked once each, by content, and shared by
+//! every image made of them.
+//!
+//! ```text
+//! images/.store/lock                         flock: shared while unpacking or assembling,
+//!                                            exclusive while freeing (so no .tmp is live then)
+//! images/.store/layers/sha256/<diff id>/     one unpacked layer:
+//!     layer.json                             its LayerMeta (what it does to lower layers)
+//!     tree/                                  its own files, never changed once installed
+//! images/.store/layers/.tmp-*                a layer being unpacked
+//! images/.store/blobs/sha256/<digest>        a pulled blob not yet unpacked (resume state)
+//! images/.store/blobs/.partial-*             a blob being downloaded
+//! ```
+//!
+//! A layer is keyed by its diff id (the SHA-256 of its uncompressed tar), checked while it is
+//! unpacked by [`unpack::Root`] in layer mode, which applies the same hostile-layer rules as a
+//! whole import and records the layer's whiteouts, opaque directories and hard links to lower
+//! layers instead of applying them. [`LayerStore::assemble`] makes an image's flattened rootfs
+//! from its layers, bottom up: whiteouts and opaque directories applied, directories and
+//! symlinks created anew, and regular files HARD-LINKED from the layers' trees, so a second
+//! image on the same base stores only its own layers' bytes, and a backend still sees one
+//! rootfs directory.
+//!
+//! Sharing inodes is safe because no one writes a rootfs's files in place: the jail mounts the
+//! rootfs as an overlay's read-only lower layer (a write copies the file up into the
+//! sandbox's own upper layer first), the vm copies it into an ext4 image (`mke2fs -d`), and
+//! DynoCap's own changes to an image (`import::customise`) replace a file by unlinking it and
+//! creating a new one, never by writing into it.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{readlinkat, AtFlags};
+use nix::sys::stat::{fchmod, fstatat, mkdirat, FileStat, Mode, SFlag};
+use nix::unistd::{fchown, fchownat, linkat, symlinkat, Gid, Uid};
+use serde::{Deserialize, Serialize};
+
+use super::oci::Digest;
+use super::unpack::{
+    fs_error, is_type, list_dir, open_dir, remove_tree, show, stat_at, Hashing, LayerRecord,
+    Limits, Parts, Root, Stats,
+};
+use crate::foundation::error::{Context, Error, Result};
+
+/// The store's directory under `images/` (not an image name: names never start with `.`).
+pub const STORE_DIR: &str = ".store";
+const LAYER_META: &str = "layer.json";
+const TMP: &str = ".tmp-";
+
+/// What `layer.json` records about one unpacked layer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LayerMeta {
+    /// `sha256:<hex>` of the uncompressed tar.
+    pub diff_id: String,
+    /// What the layer's entries held and what was left out.
+    pub stats: Stats,
+    /// Apparent size of `tree/` (hard links counted once).
+    pub size_bytes: u64,
+    #[serde(flatten)]
+    pub record: LayerRecord,
+}
+
+/// One unpacked layer of the store.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// `layers/sha256/<hex>`.
+    pub dir: PathBuf,
+    pub meta: LayerMeta,
+}
+
+impl Layer {
+    /// The layer's own files.
+    pub fn tree(&self) -> PathBuf {
+        self.dir.join("tree")
+    }
+}
+
+/// The layer store of one image store (`images/.store`).
+#[derive(Debug, Clone)]
+pub struct LayerStore {
+    dir: PathBuf,
+}
+
+/// Held while layers are unpacked or assembled (shared) or freed (exclusive).
+pub struct StoreLock {
+    _lock: nix::fcntl::Flock<fs::File>,
+}
+
+/// What [`LayerStore::free_unused`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Freed {
+    pub layers: u64,
+    pub bytes: u64,
+}
+
+impl LayerStore {
+    /// The layer store inside the image store at `images_dir`.
+    pub fn in_images_dir(images_dir: &Path) -> LayerStore {
+        LayerStore {
+            dir: images_dir.join(STORE_DIR),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn layers_dir(&self) -> PathBuf {
+        self.dir.join("layers")
+    }
+
+    /// `layers/sha256/<hex>`.
+    pub fn layer_dir(&self, diff_id: &Digest) -> PathBuf {
+        self.layers_dir().join("sha256").join(&diff_id.hex)
+    }
+
+    /// `blobs/sha256/<hex>`: where a pull keeps a downloaded blob until its layer is unpacked.
+    pub fn blob_path(&self, digest: &Digest) -> PathBuf {
+        self.dir.join("blobs/sha256").join(&digest.hex)
+    }
+
+    /// `blobs/`: downloads in progress are `.partial-*` here.
+    pub fn blobs_dir(&self) -> PathBuf {
+        self.dir.join("blobs")
+    }
+
+    fn lock(&self, exclusive: bool) -> Result<StoreLock> {
+        fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))?;
+        let path = self.dir.join("lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let arg = if exclusive {
+            nix::fcntl::FlockArg::LockExclusive
+        } else {
+            nix::fcntl::FlockArg::LockShared
+        };
+        let lock = nix::fcntl::Flock::lock(file, arg).map_err(|(_, errno)| {
+            Error::internal(format!("locking {}: {errno}", path.display()))
+        })?;
+        Ok(StoreLock { _lock: lock })
+    }
+
+    /// Held by whoever unpacks or assembles layers, so no layer is freed under them.
+    pub fn lock_shared(&self) -> Result<StoreLock> {
+        self.lock(false)
+    }
+
+    /// The unpacked layer with this diff id, if the store has it.
+    pub fn get(&self, diff_id: &Digest) -> Option<Layer> {
+        let dir = self.layer_dir(diff_id);
+        let text = fs::read_to_string(dir.join(LAYER_META)).ok()?;
+        let meta: LayerMeta = serde_json::from_str(&text).ok()?;
+        (meta.diff_id == diff_id.to_string() && dir.join("tree").is_dir())
+            .then_some(Layer { dir, meta })
+    }
+
+    /// Unpacks one layer from its uncompressed tar stream, checking the stream against
+    /// `diff_id`; the layer appears in the store by one rename, whole or not at all. A layer
+    /// the store has already is returned as it is and `tar` is not read. Callers hold
+    /// [`LayerStore::lock_shared`].
+    pub fn unpack(
+        &self,
+        diff_id: &Digest,
+        tar: impl Read,
+        limits: Limits,
+        cancel: &dyn Fn() -> Result<()>,
+    ) -> Result<Layer> {
+        if let Some(layer) = self.get(diff_id) {
+            return Ok(layer);
+        }
+        let parent = self.layers_dir();
+        fs::create_dir_all(parent.join("sha256"))
+            .with_context(|| format!("creating {}", parent.display()))?;
+        let staging = parent.join(format!(
+            "{TMP}{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let result = self.unpack_into(&staging, diff_id, tar, limits, cancel);
+        let installed = result.and_then(|()| {
+            match fs::rename(&staging, self.layer_dir(diff_id)) {
+                Ok(()) => Ok(()),
+                // Another unpack of the same layer won: theirs is the same content.
+                Err(err) if self.get(diff_id).is_some() => {
+                    tracing::debug!("layer {diff_id} installed concurrently: {err}");
+                    Ok(())
+                }
+                Err(err) => Err(Error::internal(format!(
+                    "installing layer {diff_id}: {err}"
+                ))),
+            }
+        });
+        if staging.exists() {
+            if let Err(err) = fs::remove_dir_all(&staging) {
+                tracing::warn!("removing {}: {err}", staging.display());
+            }
+        }
+        installed?;
+        self.get(diff_id)
+            .ok_or_else(|| Error::internal(format!("layer {diff_id} vanished once unpacked")))
+    }
+
+    fn unpack_into(
+        &self,
+        staging: &Path,
+        diff_id: &Digest,
+        tar: impl Read,
+        limits: Limits,
+        cancel: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
+        let tree = staging.join("tree");
+        fs::create_dir_all(&tree).with_context(|| format!("creating {}", tree.display()))?;
+        let mut root = Root::open_layer(&tree, limits)?;
+        let mut hashing = Hashing::new(tar);
+        root.apply_layer(&mut hashing, cancel)?;
+        hashing.verify(&format!("layer {diff_id}"), diff_id, None)?;
+        let stats = root.stats.clone();
+        let meta = LayerMeta {
+            diff_id: diff_id.to_string(),
+            stats,
+            size_bytes: super::store::tree_size(&tree),
+            record: root.into_record(),
+        };
+        let json = serde_json::to_vec(&meta)
+            .map_err(|err| Error::internal(format!("writing layer.json: {err}")))?;
+        fs::write(staging.join(LAYER_META), json).context("writing layer.json")
+    }
+
+    /// Makes `rootfs` (an empty directory) the flattened image of `layers`, bottom first.
+    /// Regular files are hard links to the layers' own; nothing in a layer is written.
+    /// Callers hold [`LayerStore::lock_shared`].
+    pub fn assemble(&self, layers: &[Layer], rootfs: &Path) -> Result<()> {
+        // The root's bounds were the layers' to check when they were unpacked.
+        let root = Root::open(
+            rootfs,
+            Limits {
+                max_bytes: 0,
+                max_files: 0,
+            },
+        )?;
+        for layer in layers {
+            let record = &layer.meta.record;
+            for dir in &record.opaques {
+                if let Some(fd) = root.walk(dir, false)? {
+                    for name in list_dir(fd.as_fd())? {
+                        remove_tree(fd.as_fd(), &name)?;
+                    }
+                }
+            }
+            for gone in &record.whiteouts {
+                if let Some((name, dir)) = gone.split_last() {
+                    if let Some(fd) = root.walk(dir, false)? {
+                        remove_tree(fd.as_fd(), name)?;
+                    }
+                }
+            }
+            // Linked before this layer's own entries, as in the tar: a file the layer puts
+            // at a link's target later does not change what the link names.
+            for (link, target) in &record.links {
+                link_lower(&root, link, target)?;
+            }
+            let implicit: HashSet<&Parts> = record.implicit_dirs.iter().collect();
+            let tree = open_dir(root_fd(&layer.tree())?.as_fd(), b".")
+                .map_err(|e| fs_error("opening", layer.tree().as_os_str().as_bytes(), e))?;
+            let top = root
+                .walk(&[], false)?
+                .ok_or_else(|| Error::internal("the rootfs vanished"))?;
+            merge(tree.as_fd(), top.as_fd(), &mut Vec::new(), &implicit)?;
+        }
+        Ok(())
+    }
+
+    /// Frees every layer no name in `used` (diff ids, `sha256:<hex>`) names, and leftovers of
+    /// unpacks and downloads that died. Takes the store's exclusive lock, so no unpack or
+    /// assembly runs meanwhile.
+    pub fn free_unused(&self, used: &HashSet<String>) -> Result<Freed> {
+        let _lock = self.lock(true)?;
+        let mut freed = Freed::default();
+        let layers = self.layers_dir();
+        for entry in read_dir_names(&layers)? {
+            if entry.starts_with(TMP) {
+                remove_dir(&layers.join(&entry))?;
+            }
+        }
+        for hex in read_dir_names(&layers.join("sha256"))? {
+            let Ok(digest) = Digest::parse(&format!("sha256:{hex}")) else {
+                continue;
+            };
+            if used.contains(&digest.to_string()) {
+                continue;
+            }
+            let dir = self.layer_dir(&digest);
+            freed.bytes += self.get(&digest).map_or(0, |l| l.meta.size_bytes);
+            freed.layers += 1;
+            // Out of sight first, so a reader sees the whole layer or none.
+            let doomed = layers.join(format!("{TMP}rm-{hex}"));
+            fs::rename(&dir, &doomed).with_context(|| format!("removing {}", dir.display()))?;
+            remove_dir(&doomed)?;
+        }
+        let blobs = self.blobs_dir();
+        for entry in read_dir_names(&blobs)? {
+            if entry.starts_with(".partial-") {
+                let _ = fs::remove_file(blobs.join(&entry));
+            }
+        }
+        Ok(freed)
+    }
+}
+
+fn read_dir_names(dir: &Path) -> Result<Vec<String>> {
+    match fs::read_dir(dir) {
+        Ok(entries) => Ok(entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(err) => Err(Error::internal(format!("reading {}: {err}", dir.display()))),
+    }
+}
+
+fn remove_dir(path: &Path) -> Result<()> {
+    match fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(err) => Err(Error::internal(format!(
+            "removing {}: {err}",
+            path.display()
+        ))),
+    }
+}
+
+fn root_fd(path: &Path) -> Result<OwnedFd> {
+    nix::fcntl::open(
+        path,
+        nix::fcntl::OFlag::O_DIRECTORY
+            | nix::fcntl::OFlag::O_RDONLY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| fs_error("opening", path.as_os_str().as_bytes(), e))
+}
+
+/// A hard link from a layer to a lower layer's file, made in the rootfs.
+fn link_lower(root: &Root, link: &Parts, target: &Parts) -> Result<()> {
+    let (Some((link_name, link_dir)), Some((target_name, target_dir))) =
+        (link.split_last(), target.split_last())
+    else {
+        return Ok(());
+    };
+    let source_dir = root.walk(target_dir, false)?;
+    let source = match &source_dir {
+        Some(dir) => stat_at(dir.as_fd(), target_name)?,
+        None => None,
+    };
+    let (Some(source_dir), Some(source)) = (source_dir, source) else {
+        return Err(Error::invalid(format!(
+            "the hard link {} names {}, which is not in the image",
+            printable(link),
+            printable(target)
+        )));
+    };
+    if is_type(source.st_mode, SFlag::S_IFDIR) {
+        return Err(Error::invalid(format!(
+            "the hard link {} names a directory",
+            printable(link)
+        )));
+    }
+    let parent = root
+        .walk(link_dir, true)?
+        .ok_or_else(|| Error::internal("a created directory vanished"))?;
+    remove_tree(parent.as_fd(), link_name)?;
+    linkat(
+        source_dir.as_fd(),
+        OsStr::from_bytes(target_name),
+        parent.as_fd(),
+        OsStr::from_bytes(link_name),
+        AtFlags::empty(),
+    )
+    .map_err(|e| fs_error("linking", &show(link), e))
+}
+
+fn printable(parts: &Parts) -> String {
+    super::oci::printable(&String::from_utf8_lossy(&show(parts)))
+}
+
+/// Puts the entries of the layer directory `from` into the rootfs directory `into`,
+/// replacing what lower layers left there. `path` is `from`'s path in the layer.
+fn merge(
+    from: BorrowedFd<'_>,
+    into: BorrowedFd<'_>,
+    path: &mut Parts,
+    implicit: &HashSet<&Parts>,
+) -> Result<()> {
+    for name in list_dir(from)? {
+        path.push(name.clone());
+        let result = merge_entry(from, into, &name, path, implicit);
+        path.pop();
+        result?;
+    }
+    Ok(())
+}
+
+fn merge_entry(
+    from: BorrowedFd<'_>,
+    into: BorrowedFd<'_>,
+    name: &[u8],
+    path: &mut Parts,
+    implicit: &HashSet<&Parts>,
+) -> Result<()> {
+    let st = fstatat(from, OsStr::from_bytes(name), AtFlags::AT_SYMLINK_NOFOLLOW)
+        .map_err(|e| fs_error("reading", &show(path), e))?;
+    let existing = stat_at(into, name)?;
+    if is_type(st.st_mode, SFlag::S_IFDIR) {
+        let was_dir = existing.is_some_and(|e| is_type(e.st_mode, SFlag::S_IFDIR));
+        if !was_dir {
+            remove_tree(into, name)?;
+            mkdirat(
+                into,
+                OsStr::from_bytes(name),
+                Mode::from_bits_truncate(0o700),
+            )
+            .map_err(|e| fs_error("creating", &show(path), e))?;
+        }
+        let sub_into = open_dir(into, name).map_err(|e| fs_error("opening", &show(path), e))?;
+        // A directory the layer has only as a parent keeps a lower layer's owner and mode.
+        if !was_dir || !implicit.contains(&*path) {
+            own(&sub_into, &st, path)?;
+        }
+        let sub_from = open_dir(from, name).map_err(|e| fs_error("opening", &show(path), e))?;
+        return merge(sub_from.as_fd(), sub_into.as_fd(), path, implicit);
+    }
+    remove_tree(into, name)?;
+    if is_type(st.st_mode, SFlag::S_IFLNK) {
+        let target = readlinkat(from, OsStr::from_bytes(name))
+            .map_err(|e| fs_error("reading the symlink", &show(path), e))?;
+        symlinkat(target.as_os_str(), into, OsStr::from_bytes(name))
+            .map_err(|e| fs_error("creating the symlink", &show(path), e))?;
+        return fchownat(
+            into,
+            OsStr::from_bytes(name),
+            Some(Uid::from_raw(st.st_uid)),
+            Some(Gid::from_raw(st.st_gid)),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| fs_error("chowning", &show(path), e));
+    }
+    if !is_type(st.st_mode, SFlag::S_IFREG) {
+        // The unpacker creates nothing else; a layer directory holding anything else was
+        // changed behind the store's back.
+        return Err(Error::internal(format!(
+            "{} in a stored layer is not a file, directory or symlink",
+            printable(path)
+        )));
+    }
+    match linkat(
+        from,
+        OsStr::from_bytes(name),
+        into,
+        OsStr::from_bytes(name),
+        AtFlags::empty(),
+    ) {
+        Ok(()) => Ok(()),
+        // Too many links to one inode (tens of thousands of images on one layer): a copy.
+        Err(Errno::EMLINK) => copy_file(from, into, name, &st, path),
+        Err(e) => Err(fs_error("linking", &show(path), e)),
+    }
+}
+
+fn own(fd: &OwnedFd, st: &FileStat, path: &Parts) -> Result<()> {
+    fchown(
+        fd,
+        Some(Uid::from_raw(st.st_uid)),
+        Some(Gid::from_raw(st.st_gid)),
+    )
+    .map_err(|e| fs_error("chowning", &show(path), e))?;
+    fchmod(fd, Mode::from_bits_truncate(st.st_mode & 0o7777))
+        .map_err(|e| fs_error("chmoding", &show(path), e))
+}
+
+fn copy_file(
+    from: BorrowedFd<'_>,
+    into: BorrowedFd<'_>,
+    name: &[u8],
+    st: &FileStat,
+    path: &Parts,
+) -> Result<()> {
+    use nix::fcntl::{openat, OFlag};
+    let src = openat(
+        from,
+        OsStr::from_bytes(name),
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| fs_error("opening", &show(path), e))?;
+    let dst = openat(
+        into,
+        OsStr::from_bytes(name),
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(|e| fs_error("creating", &show(path), e))?;
+    let mut dst = fs::File::from(dst);
+    std::io::copy(&mut fs::File::from(src), &mut dst)
+        .map_err(|err| Error::internal(format!("copying {}: {err}", printable(path))))?;
+    own(&OwnedFd::from(dst), st, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::unpack::tests::Layer as Tar;
+    use sha2::{Digest as _, Sha256};
+    use std::os::unix::fs::MetadataExt;
+
+    fn digest(bytes: &[u8]) -> Digest {
+        Digest {
+            hex: Sha256::digest(bytes)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+        }
+    }
+
+    fn unpack(store: &LayerStore, tar: Tar) -> Layer {
+        let bytes = tar.bytes();
+        store
+            .unpack(&digest(&bytes), &bytes[..], Limits::default(), &|| Ok(()))
+            .expect("unpack")
+    }
+
+    #[test]
+    fn images_share_their_base_layer_by_hard_links() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = LayerStore::in_images_dir(tmp.path());
+        let base = unpack(
+            &store,
+            Tar::new()
+                .dir("etc")
+                .file("etc/keep", "k")
+                .file("etc/gone", "g")
+                .dir("opt")
+                .file("opt/old", "o")
+                .file("usr/bin/tool", "t"),
+        );
+        let top = unpack(
+            &store,
+            Tar::new()
+                .file("etc/.wh.gone", "")
+                .file("opt/.wh..wh..opq", "")
+                .file("opt/new", "n")
+                .entry(
+                    tar::EntryType::Link,
+                    "usr/bin/tool2",
+                    "usr/bin/tool",
+                    0o755,
+                    b"",
+                )
+                .entry(tar::EntryType::Symlink, "lib", "usr/lib", 0o777, b""),
+        );
+        assert_eq!(
+            top.meta.record.whiteouts,
+            vec![vec![b"etc".to_vec(), b"gone".to_vec()]]
+        );
+        assert!(top
+            .meta
+            .record
+            .implicit_dirs
+            .contains(&vec![b"usr".to_vec()]));
+        // The store's layer holds no whiteout files.
+        assert!(!top.tree().join("etc").exists());
+
+        let one = tmp.path().join("one");
+        let two = tmp.path().join("two");
+        for rootfs in [&one, &two] {
+            fs::create_dir(rootfs).expect("mkdir");
+            store
+                .assemble(&[base.clone(), top.clone()], rootfs)
+                .expect("assemble");
+        }
+        assert!(one.join("etc/keep").is_file() && !one.join("etc/gone").exists());
+        assert!(one.join("opt/new").is_file() && !one.join("opt/old").exists());
+        assert_eq!(
+            fs::read_link(one.join("lib")).expect("link"),
+            Path::new("usr/lib")
+        );
+        let ino = |p: &Path| fs::metadata(p).expect("stat").ino();
+        assert_eq!(
+            ino(&one.join("usr/bin/tool2")),
+            ino(&one.join("usr/bin/tool"))
+        );
+        assert_eq!(ino(&one.join("etc/keep")), ino(&two.join("etc/keep")));
+        assert_eq!(
+            ino(&one.join("etc/keep")),
+            ino(&base.tree().join("etc/keep"))
+        );
+        // Nothing of the lower layer changed.
+        assert!(base.tree().join("etc/gone").is_file() && base.tree().join("opt/old").is_file());
+
+        // Unpacking the same layer again is the store's.
+        let again = unpack(
+            &store,
+            Tar::new()
+                .dir("etc")
+                .file("etc/keep", "k")
+                .dir("opt")
+                .file("opt/old", "o")
+                .file("usr/bin/tool", "t")
+                .file("etc/gone", "g"),
+        );
+        assert_ne!(again.dir, base.dir, "different order, different layer");
+
+        // Freeing keeps the used ones.
+        let used: HashSet<String> = [base.meta.diff_id.clone()].into();
+        let freed = store.free_unused(&used).expect("free");
+        assert_eq!(freed.layers, 2);
+        assert!(store
+            .get(&Digest::parse(&base.meta.diff_id).expect("d"))
+            .is_some());
+        assert!(store
+            .get(&Digest::parse(&top.meta.diff_id).expect("d"))
+            .is_none());
+    }
+
+    #[test]
+    fn a_layer_not_matching_its_diff_id_leaves_nothing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = LayerStore::in_images_dir(tmp.path());
+        let bytes = Tar::new().file("a", "x").bytes();
+        let wrong = digest(b"other");
+        let err = store
+            .unpack(&wrong, &bytes[..], Limits::default(), &|| Ok(()))
+            .expect_err("mismatch");
+        assert!(err.message.contains("does not match"), "{err}");
+        assert!(store.get(&wrong).is_none());
+        assert_eq!(
+            read_dir_names(&store.layers_dir()).expect("ls"),
+            vec!["sha256"]
+        );
+    }
+
+    #[test]
+    fn hostile_layers_are_refused_in_the_store_too() {
+        let outside = tempfile::tempdir().expect("tempdir");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = LayerStore::in_images_dir(tmp.path());
+        for tar in [
+            Tar::new().file("../escape", "x"),
+            Tar::new().file("a/.wh...", ""),
+            Tar::new()
+                .entry(
+                    tar::EntryType::Symlink,
+                    "d",
+                    outside.path().to_str().expect("utf8"),
+                    0o777,
+                    b"",
+                )
+                .file("d/x", "x"),
+        ] {
+            let bytes = tar.bytes();
+            assert!(store
+                .unpack(&digest(&bytes), &bytes[..], Limits::default(), &|| Ok(()))
+                .is_err());
+        }
+        assert_eq!(fs::read_dir(outside.path()).expect("ls").count(), 0);
+        assert_eq!(
+            read_dir_names(&store.layers_dir().join("sha256"))
+                .expect("ls")
+                .len(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_hard_link_to_a_lower_layer_is_made_at_assembly() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = LayerStore::in_images_dir(tmp.path());
+        let base = unpack(&store, Tar::new().file("bin/busybox", "bb"));
+        let top = unpack(
+            &store,
+            Tar::new().entry(tar::EntryType::Link, "bin/sh", "bin/busybox", 0o755, b""),
+        );
+        let rootfs = tmp.path().join("root");
+        fs::create_dir(&rootfs).expect("mkdir");
+        store
+            .assemble(&[base, top.clone()], &rootfs)
+            .expect("assemble");
+        let ino = |p: &Path| fs::metadata(p).expect("stat").ino();
+        assert_eq!(
+            ino(&rootfs.join("bin/sh")),
+            ino(&rootfs.join("bin/busybox"))
+        );
+        // Alone, the link names nothing.
+        let alone = tmp.path().join("alone");
+        fs::create_dir(&alone).expect("mkdir");
+        assert!(store.assemble(&[top], &alone).is_err());
+    }
+}

@@ -1,0 +1,985 @@
+//! `dynocap image pull REF`: an OCI or Docker image from a registry over HTTPS, made into an
+//! image of the store from the shared [`layers`](super::layers) store.
+//!
+//! The distribution protocol (manifests, manifest lists, token and basic authentication) is
+//! `oci-client`'s. DynoCap adds the host's policy around it: only registries in
+//! `DYNOCAP_REGISTRIES`, and every connection the client makes (the registry, a token realm,
+//! a blob redirect) goes through [`RegistryGate`], a CONNECT proxy on loopback that allows
+//! only those hosts and resolves names with `DYNOCAP_RESOLVE` first; TLS trusts the system's
+//! CAs plus `DYNOCAP_EXTRA_CA`. Credentials (flags, or the user's Docker config file) live in
+//! memory for the pull only: nothing of them is written.
+//!
+//! Blobs are downloaded to `blobs/.partial-*`, checked against their digests, and renamed to
+//! `blobs/sha256/<hex>`; each layer is unpacked into the layer store (keyed by its diff id) as
+//! soon as its blob is whole, and its blob then removed. A layer the store has already is not
+//! downloaded, so an image on a base already pulled fetches only its own layers, and a pull
+//! that was stopped resumes from the blobs and layers it finished. The image itself appears by
+//! one rename, as an import does.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use dynocap_netproxy::{normalize_host, HostPattern, ResolveOverrides};
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
+use oci_client::manifest::OciDescriptor;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use serde::Serialize;
+use sha2::{Digest as _, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::build::{remove_dead_builds, BuildLock, Staging};
+use super::failure::ImageFailure;
+use super::import::{customise, unpack_blob, Budget};
+use super::layers::{Layer, LayerStore};
+use super::oci::{self, Digest};
+use super::store::{self, tree_size, BuiltImage, ImageMeta, ImageSource, ImageStore, META_FILE};
+use super::unpack::{Limits, Root, Stats};
+use crate::foundation::error::{Context, Error, Result};
+use crate::foundation::failpoint;
+
+/// Bump when a pull's result changes for the same image: a new id instead of an old result.
+const PULL_REVISION: &str = "1";
+/// The variable naming the registries a pull may use.
+pub const REGISTRIES_ENV: &str = "DYNOCAP_REGISTRIES";
+/// Blobs downloaded at once.
+const PARALLEL_DOWNLOADS: usize = 4;
+
+/// What the host allows a pull, as the binary read it from its environment.
+#[derive(Debug, Clone, Default)]
+pub struct PullPolicy {
+    /// `DYNOCAP_REGISTRIES`: `,`-separated hosts (`host`, `host:port`, `*.domain`).
+    pub registries: Option<String>,
+    /// `DYNOCAP_RESOLVE`, curl's `--resolve` syntax.
+    pub resolve: Option<String>,
+    /// `DYNOCAP_EXTRA_CA`: PEM certificates trusted besides the system's.
+    pub extra_ca: Option<PathBuf>,
+    /// The user's Docker config file (`$DOCKER_CONFIG/config.json` or
+    /// `~/.docker/config.json`), read for credentials when none are given.
+    pub docker_config: Option<PathBuf>,
+}
+
+/// A user name and password given for this pull only.
+#[derive(Clone)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials({}, <hidden>)", self.username)
+    }
+}
+
+/// A finished pull.
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    pub image: BuiltImage,
+    /// The store had this very image already.
+    pub present: bool,
+    pub stats: Stats,
+    pub transfer: Transfer,
+}
+
+/// What a pull fetched and what it found in the store.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Transfer {
+    /// Blobs downloaded now, and their bytes.
+    pub blobs_downloaded: u64,
+    pub bytes_downloaded: u64,
+    /// Layers already in the store (another image's, or an earlier pull's).
+    pub layers_present: u64,
+    /// Blobs a stopped pull had downloaded, used instead of downloading again.
+    pub blobs_resumed: u64,
+}
+
+/// Pulls `reference` (as given) and stores it as `name` (default: the reference itself).
+pub async fn pull(
+    images: &ImageStore,
+    reference: &str,
+    name: Option<&str>,
+    credentials: Option<Credentials>,
+    policy: &PullPolicy,
+    limits: Limits,
+    progress: &(dyn Fn(&str) + Sync),
+    cancel: &AtomicBool,
+) -> Result<Pulled> {
+    let parsed = parse_reference(reference)?;
+    let name = match name {
+        Some(name) => {
+            if !store::is_name(name) || name == crate::model::image_ref::DEFAULT_IMAGE {
+                return Err(Error::invalid(format!(
+                    "\"{}\" cannot name an image: use up to 32 lowercase letters, digits and \
+                     '-' (and not \"host\"), e.g. --name mytool",
+                    oci::printable(name)
+                )));
+            }
+            name.to_owned()
+        }
+        None => reference.to_owned(),
+    };
+    let registries = allowed_registries(policy.registries.as_deref())?;
+    let registry = parsed.resolve_registry().to_owned();
+    let (host, port) = host_port(&registry);
+    if registries.allows(&host, port).is_none() {
+        return Err(not_allowed(&registry, policy.registries.as_deref()));
+    }
+    let overrides = ResolveOverrides::parse(policy.resolve.as_deref().unwrap_or(""))
+        .map_err(|err| Error::invalid(format!("DYNOCAP_RESOLVE: {err}")))?;
+    let gate = RegistryGate::start(registries, overrides).await?;
+    let auth = match credentials {
+        Some(c) => RegistryAuth::Basic(c.username, c.password),
+        None => docker_config_auth(policy.docker_config.as_deref(), &registry)?,
+    };
+    let client = client(policy.extra_ca.as_deref(), gate.addr)?;
+
+    progress(&format!("resolving {reference}"));
+    let (manifest, manifest_digest, config_text, list_digest) = client
+        .pull_manifest_and_config_and_list_digest(&parsed, &auth)
+        .await
+        .map_err(|err| gate.explain(&registry, &err.to_string()))?;
+    let manifest_digest = Digest::parse(&manifest_digest)?;
+    if let Some(wanted) = parsed.digest() {
+        // A digest reference names the manifest or the list it was picked from.
+        let named = Some(wanted) == list_digest.as_deref()
+            || wanted == manifest_digest.to_string().as_str();
+        if !named {
+            return Err(Error::invalid(format!(
+                "the registry answered {reference} with manifest {manifest_digest}, which is \
+                 not the digest asked for"
+            )));
+        }
+    }
+    if config_text.len() as u64 > oci::MAX_JSON_BYTES {
+        return Err(Error::invalid("the image's config is larger than 4 MiB"));
+    }
+    let config_digest = Digest::parse(&manifest.config.digest)?;
+    let actual = hex(&Sha256::digest(config_text.as_bytes()));
+    if actual != config_digest.hex {
+        return Err(Error::invalid(format!(
+            "the image's config does not match its digest {config_digest}"
+        )));
+    }
+    let config: oci::ImageConfig = oci::parse_json(config_text.as_bytes(), "config")?;
+    if (!config.os.is_empty() && config.os != "linux")
+        || (!config.architecture.is_empty() && config.architecture != "amd64")
+    {
+        return Err(Error::invalid(format!(
+            "{reference} is an image for {}/{}; DynoCap runs linux/amd64 images",
+            config.os, config.architecture
+        )));
+    }
+    let diff_ids = super::import::diff_ids(&config, manifest.layers.len())?;
+
+    let id = hex(&Sha256::digest(
+        format!("dynocap-pull {PULL_REVISION}\nname {name}\nconfig {config_digest}\n").as_bytes(),
+    ));
+    if let Some(image) = images.get(&name, &id) {
+        return Ok(Pulled {
+            image,
+            present: true,
+            stats: Stats::default(),
+            transfer: Transfer::default(),
+        });
+    }
+    let layer_store = LayerStore::in_images_dir(images.dir());
+    let _shared = layer_store.lock_shared()?;
+    let mut transfer = Transfer::default();
+    let layers = fetch_layers(
+        &client,
+        &parsed,
+        &manifest.layers,
+        &diff_ids,
+        &layer_store,
+        limits,
+        &mut transfer,
+        progress,
+        cancel,
+    )
+    .await
+    .map_err(|err| gate.wrap(&registry, err))?;
+
+    let store_dir = images.dir().to_owned();
+    let images = images.clone();
+    let meta_source = ImageSource {
+        format: "registry".into(),
+        path: reference.to_owned(),
+        manifest_digest: Some(manifest_digest.to_string()),
+        config_digest: config_digest.to_string(),
+    };
+    let image_config = config.config;
+    let cancelled = cancel.load(Ordering::SeqCst);
+    let (image, stats) = tokio::task::spawn_blocking(move || {
+        if cancelled {
+            return Err(Error::conflict("the pull was stopped; nothing was kept"));
+        }
+        install(
+            &images,
+            &store_dir,
+            &name,
+            &id,
+            &layers,
+            limits,
+            meta_source,
+            image_config,
+        )
+    })
+    .await
+    .map_err(|err| Error::internal(format!("the pull's install thread failed: {err}")))??;
+    Ok(Pulled {
+        image,
+        present: false,
+        stats,
+        transfer,
+    })
+}
+
+/// Assembles the rootfs from `layers` and installs the image by one rename.
+#[allow(clippy::too_many_arguments)]
+fn install(
+    images: &ImageStore,
+    store_dir: &Path,
+    name: &str,
+    id: &str,
+    layers: &[Layer],
+    limits: Limits,
+    source: ImageSource,
+    config: Option<oci::ContainerConfig>,
+) -> Result<(BuiltImage, Stats)> {
+    let mut budget = Budget::new(limits);
+    for layer in layers {
+        budget.add(layer)?;
+    }
+    let parent = images.name_dir(name);
+    let _lock = BuildLock::take(&parent, &|_| {})?;
+    if let Some(image) = images.get(name, id) {
+        return Ok((image, Stats::default()));
+    }
+    remove_dead_builds(&parent)?;
+    let staging = Staging::new(&parent)?;
+    let rootfs = staging.path.join("rootfs");
+    std::fs::create_dir(&rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
+    LayerStore::in_images_dir(store_dir).assemble(layers, &rootfs)?;
+    customise(&Root::open(&rootfs, limits)?)?;
+    let meta = ImageMeta {
+        name: name.to_owned(),
+        id: id.to_owned(),
+        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        size_bytes: tree_size(&rootfs),
+        suite: String::new(),
+        packages: Vec::new(),
+        kernel: None,
+        guest_sudo: true,
+        source: Some(source),
+        config,
+        layers: layers.iter().map(|l| l.meta.diff_id.clone()).collect(),
+    };
+    let json = serde_json::to_string_pretty(&meta)
+        .map_err(|err| Error::internal(format!("writing image.json: {err}")))?;
+    std::fs::write(staging.path.join(META_FILE), json).context("writing image.json")?;
+    let target = images.image_dir(name, id);
+    staging.install(&target)?;
+    let image = images
+        .get(name, id)
+        .ok_or(ImageFailure::Unreadable { dir: target })?;
+    Ok((image, budget.stats))
+}
+
+/// Downloads the blobs of the layers the store lacks (a few at once) and unpacks each as soon
+/// as it is whole. Returns the layers bottom first.
+#[allow(clippy::too_many_arguments)]
+async fn fetch_layers(
+    client: &Client,
+    reference: &Reference,
+    descriptors: &[OciDescriptor],
+    diff_ids: &[Digest],
+    store: &LayerStore,
+    limits: Limits,
+    transfer: &mut Transfer,
+    progress: &(dyn Fn(&str) + Sync),
+    cancel: &AtomicBool,
+) -> Result<Vec<Layer>> {
+    let total = descriptors.len();
+    let mut found: Vec<Option<Layer>> = vec![None; total];
+    let mut tasks = tokio::task::JoinSet::new();
+    let semaphore = Arc::new(tokio::sync::Semaphore::new(PARALLEL_DOWNLOADS));
+    let stopped = Arc::new(AtomicBool::new(false));
+    for (n, (descriptor, diff_id)) in descriptors.iter().zip(diff_ids).enumerate() {
+        if let Some(layer) = store.get(diff_id) {
+            transfer.layers_present += 1;
+            progress(&format!(
+                "layer {}/{total}: {diff_id} already stored",
+                n + 1
+            ));
+            found[n] = Some(layer);
+            continue;
+        }
+        let digest = Digest::parse(&descriptor.digest)?;
+        let size = u64::try_from(descriptor.size).map_err(|_| {
+            Error::invalid(format!(
+                "layer {digest} has a negative size in its manifest"
+            ))
+        })?;
+        if size > limits.max_bytes {
+            return Err(Error::invalid(format!(
+                "layer {digest} is {size} bytes, more than the {} an image may be (--max-bytes)",
+                limits.max_bytes
+            )));
+        }
+        let job = LayerJob {
+            n,
+            client: client.clone(),
+            reference: reference.clone(),
+            descriptor: descriptor.clone(),
+            digest,
+            size,
+            diff_id: diff_id.clone(),
+            store: store.clone(),
+            limits,
+            semaphore: Arc::clone(&semaphore),
+            stopped: Arc::clone(&stopped),
+        };
+        tasks.spawn(job.run());
+    }
+    let mut first_error = None;
+    while let Some(joined) = tasks.join_next().await {
+        if cancel.load(Ordering::SeqCst) {
+            stopped.store(true, Ordering::SeqCst);
+        }
+        match joined {
+            Ok(Ok((n, layer, resumed, bytes))) => {
+                if resumed {
+                    transfer.blobs_resumed += 1;
+                } else {
+                    transfer.blobs_downloaded += 1;
+                    transfer.bytes_downloaded += bytes;
+                }
+                progress(&format!(
+                    "layer {}/{total}: {} {}",
+                    n + 1,
+                    layer.meta.diff_id,
+                    if resumed {
+                        "unpacked (downloaded before)"
+                    } else {
+                        "downloaded and unpacked"
+                    }
+                ));
+                found[n] = Some(layer);
+            }
+            Ok(Err(err)) => {
+                stopped.store(true, Ordering::SeqCst);
+                first_error.get_or_insert(err);
+            }
+            Err(err) => {
+                stopped.store(true, Ordering::SeqCst);
+                first_error.get_or_insert(Error::internal(format!("a download failed: {err}")));
+            }
+        }
+    }
+    if cancel.load(Ordering::SeqCst) {
+        return Err(Error::conflict(
+            "the pull was stopped; no image was made (the next pull resumes from what was \
+             downloaded)",
+        ));
+    }
+    if let Some(err) = first_error {
+        return Err(err);
+    }
+    found
+        .into_iter()
+        .map(|l| l.ok_or_else(|| Error::internal("a layer went missing")))
+        .collect()
+}
+
+/// One layer's download and unpacking.
+struct LayerJob {
+    n: usize,
+    client: Client,
+    reference: Reference,
+    descriptor: OciDescriptor,
+    digest: Digest,
+    size: u64,
+    diff_id: Digest,
+    store: LayerStore,
+    limits: Limits,
+    semaphore: Arc<tokio::sync::Semaphore>,
+    stopped: Arc<AtomicBool>,
+}
+
+impl LayerJob {
+    /// (index, layer, resumed from a stored blob, bytes downloaded).
+    async fn run(self) -> Result<(usize, Layer, bool, u64)> {
+        let blob = self.store.blob_path(&self.digest);
+        let resumed = blob.is_file();
+        let mut bytes = 0;
+        if !resumed {
+            let _permit = self
+                .semaphore
+                .acquire()
+                .await
+                .map_err(|_| Error::internal("the download queue closed"))?;
+            if self.stopped.load(Ordering::SeqCst) {
+                return Err(Error::conflict("the pull was stopped"));
+            }
+            bytes = self.download(&blob).await?;
+        }
+        // `image.pull.layer2=kill`: dies with layer 2's blob stored but not unpacked.
+        failpoint::hit(&format!("image.pull.layer{}", self.n + 1))?;
+        let stopped = Arc::clone(&self.stopped);
+        let (store, diff_id, media_type, limits) = (
+            self.store.clone(),
+            self.diff_id.clone(),
+            self.descriptor.media_type.clone(),
+            self.limits,
+        );
+        let blob_path = blob.clone();
+        let layer = tokio::task::spawn_blocking(move || -> Result<Layer> {
+            let file = std::fs::File::open(&blob_path)
+                .with_context(|| format!("opening {}", blob_path.display()))?;
+            let stop = || -> Result<()> {
+                if stopped.load(Ordering::SeqCst) {
+                    Err(Error::conflict("the pull was stopped"))
+                } else {
+                    Ok(())
+                }
+            };
+            let layer = unpack_blob(file, &media_type, &diff_id, &store, limits, &stop)?;
+            // The layer is whole: its blob is no longer needed to resume.
+            let _ = std::fs::remove_file(&blob_path);
+            Ok(layer)
+        })
+        .await
+        .map_err(|err| Error::internal(format!("unpacking a layer failed: {err}")))??;
+        Ok((self.n, layer, resumed, bytes))
+    }
+
+    /// Downloads the blob to a `.partial-*` file, bounded by its descriptor's size and
+    /// checked against its digest (by the client, and again here), then renames it into place.
+    async fn download(&self, blob: &Path) -> Result<u64> {
+        let dir = blob
+            .parent()
+            .ok_or_else(|| Error::internal("a blob path has no parent"))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let partial = self.store.blobs_dir().join(format!(
+            ".partial-{}-{}-{:08x}",
+            self.digest.hex,
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let result = self.download_to(&partial).await;
+        match result {
+            Ok(bytes) => {
+                std::fs::rename(&partial, blob)
+                    .with_context(|| format!("storing blob {}", self.digest))?;
+                Ok(bytes)
+            }
+            Err(err) => {
+                let _ = std::fs::remove_file(&partial);
+                Err(err)
+            }
+        }
+    }
+
+    async fn download_to(&self, partial: &Path) -> Result<u64> {
+        let file = tokio::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .open(partial)
+            .await
+            .with_context(|| format!("creating {}", partial.display()))?;
+        let mut out = Bounded {
+            inner: tokio::io::BufWriter::with_capacity(1 << 20, file),
+            left: self.size,
+            hasher: Sha256::new(),
+            count: 0,
+        };
+        self.client
+            .pull_blob(&self.reference, &self.descriptor, &mut out)
+            .await
+            .map_err(|err| Error::invalid(format!("downloading layer {}: {err}", self.digest)))?;
+        out.inner
+            .flush()
+            .await
+            .with_context(|| format!("writing {}", partial.display()))?;
+        let file = out.inner.into_inner();
+        file.sync_all()
+            .await
+            .with_context(|| format!("writing {}", partial.display()))?;
+        if out.count != self.size || hex(&out.hasher.finalize()) != self.digest.hex {
+            return Err(Error::invalid(format!(
+                "layer {} as downloaded does not match its digest and size; the registry \
+                 served other bytes",
+                self.digest
+            )));
+        }
+        Ok(out.count)
+    }
+}
+
+/// A writer that refuses more bytes than the blob's descriptor says, hashing what it passes.
+struct Bounded<W> {
+    inner: W,
+    left: u64,
+    hasher: Sha256,
+    count: u64,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Bounded<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if buf.len() as u64 > self.left {
+            return std::task::Poll::Ready(Err(std::io::Error::other(
+                "the registry sent more bytes than the layer's manifest says it has",
+            )));
+        }
+        let this = &mut *self;
+        let poll = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &poll {
+            this.hasher.update(&buf[..*n]);
+            this.left -= *n as u64;
+            this.count += *n as u64;
+        }
+        poll
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Parses a reference that names its registry: `registry.example[:port]/repo[:tag][@sha256:…]`.
+pub fn parse_reference(text: &str) -> Result<Reference> {
+    if !store::is_reference(text) {
+        return Err(Error::invalid(format!(
+            "\"{}\" is not an image reference DynoCap pulls: give the registry, the \
+             repository and a tag or digest, e.g. registry.example/team/tool:1 or \
+             docker.io/library/alpine:3",
+            oci::printable(text)
+        )));
+    }
+    text.parse::<Reference>().map_err(|err| {
+        Error::invalid(format!(
+            "\"{}\" is not an image reference: {err}",
+            oci::printable(text)
+        ))
+    })
+}
+
+fn host_port(registry: &str) -> (String, u16) {
+    match registry.rsplit_once(':') {
+        Some((host, port)) if !host.contains(']') || host.ends_with(']') => {
+            match port.parse::<u16>() {
+                Ok(port) => (host.trim_matches(['[', ']']).to_owned(), port),
+                Err(_) => (registry.to_owned(), 443),
+            }
+        }
+        _ => (registry.to_owned(), 443),
+    }
+}
+
+/// The registries a pull may connect to: host patterns, each on port 443 or the port its
+/// entry names (`registry.test:5000`).
+#[derive(Debug, Clone)]
+struct Registries {
+    entries: Vec<(HostPattern, u16)>,
+}
+
+impl Registries {
+    /// Whether `host` (any case) on `port` is listed.
+    fn allows(&self, host: &str, port: u16) -> Option<()> {
+        let host = normalize_host(host).ok()?;
+        self.entries
+            .iter()
+            .any(|(pattern, p)| *p == port && pattern.matches(&host))
+            .then_some(())
+    }
+}
+
+fn allowed_registries(value: Option<&str>) -> Result<Registries> {
+    let mut entries = Vec::new();
+    for entry in value.unwrap_or("").split(',').map(str::trim) {
+        if entry.is_empty() {
+            continue;
+        }
+        let (host, port) = match entry.rsplit_once(':') {
+            Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => {
+                let port = port.parse::<u16>().ok().filter(|p| *p != 0);
+                (host, port)
+            }
+            _ => (entry, Some(443)),
+        };
+        let bad = |why: String| {
+            Error::invalid(format!(
+                "{REGISTRIES_ENV}: entry \"{}\": {why}; list registry hosts (with :port when \
+                 not 443) separated by commas, e.g. {REGISTRIES_ENV}=registry.example,ghcr.io",
+                oci::printable(entry)
+            ))
+        };
+        let port = port.ok_or_else(|| bad("the port is not a number from 1 to 65535".into()))?;
+        let pattern = HostPattern::parse(host).map_err(|err| bad(err.to_string()))?;
+        entries.push((pattern, port));
+    }
+    Ok(Registries { entries })
+}
+
+fn not_allowed(registry: &str, value: Option<&str>) -> Error {
+    let now = match value.map(str::trim).filter(|v| !v.is_empty()) {
+        Some(list) => format!("it allows {list}"),
+        None => "it is unset, so no registry is allowed".to_owned(),
+    };
+    Error::invalid(format!(
+        "registry {} is not in {REGISTRIES_ENV} ({now}); the host must add it to pull from it",
+        oci::printable(registry)
+    ))
+}
+
+/// Credentials for `registry` from a Docker config file's `auths` (`auth`: base64 of
+/// `user:password`), or anonymous. Credential helpers are not run.
+fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<RegistryAuth> {
+    let Some(path) = path else {
+        return Ok(RegistryAuth::Anonymous);
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(RegistryAuth::Anonymous)
+        }
+        Err(err) => {
+            return Err(Error::invalid(format!(
+                "reading the Docker config {}: {err}",
+                path.display()
+            )))
+        }
+    };
+    #[derive(serde::Deserialize)]
+    struct DockerConfig {
+        #[serde(default)]
+        auths: HashMap<String, AuthEntry>,
+    }
+    #[derive(serde::Deserialize)]
+    struct AuthEntry {
+        #[serde(default)]
+        auth: Option<String>,
+    }
+    let config: DockerConfig = serde_json::from_str(&text).map_err(|err| {
+        Error::invalid(format!(
+            "the Docker config {} is not valid: {err}",
+            path.display()
+        ))
+    })?;
+    let wanted = |key: &str| {
+        let key = key
+            .trim_start_matches("https://")
+            .trim_start_matches("http://");
+        let key = key.split('/').next().unwrap_or(key);
+        key == registry
+            || (registry == "index.docker.io"
+                && matches!(key, "docker.io" | "registry-1.docker.io"))
+    };
+    let Some(entry) = config.auths.iter().find(|(k, _)| wanted(k)).map(|(_, v)| v) else {
+        return Ok(RegistryAuth::Anonymous);
+    };
+    let Some(auth) = &entry.auth else {
+        return Ok(RegistryAuth::Anonymous);
+    };
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(auth.trim())
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "the Docker config {} has an auth for {registry} that is not base64 of user:password",
+                path.display()
+            ))
+        })?;
+    let (user, password) = decoded.split_once(':').ok_or_else(|| {
+        Error::invalid(format!(
+            "the Docker config {} has an auth for {registry} without a ':'",
+            path.display()
+        ))
+    })?;
+    Ok(RegistryAuth::Basic(user.to_owned(), password.to_owned()))
+}
+
+fn client(extra_ca: Option<&Path>, gate: SocketAddr) -> Result<Client> {
+    // reqwest is built without a default crypto provider (no aws-lc C build): ring's.
+    // Deprecated only for lacking post-quantum key exchange, which a pull (public image
+    // bytes, checked against their digests) does not need.
+    #[allow(deprecated)]
+    let provider = rustls::crypto::ring::default_provider();
+    let _ = provider.install_default();
+    let mut extra = Vec::new();
+    if let Some(path) = extra_ca.filter(|p| !p.as_os_str().is_empty()) {
+        let pem = std::fs::read(path)
+            .map_err(|err| Error::invalid(format!("DYNOCAP_EXTRA_CA {}: {err}", path.display())))?;
+        extra.push(Certificate {
+            encoding: CertificateEncoding::Pem,
+            data: pem,
+        });
+    }
+    let config = ClientConfig {
+        protocol: ClientProtocol::Https,
+        extra_root_certificates: extra,
+        platform_resolver: Some(Box::new(oci_client::client::linux_amd64_resolver)),
+        connect_timeout: Some(Duration::from_secs(30)),
+        read_timeout: Some(Duration::from_secs(60)),
+        https_proxy: Some(format!("http://{gate}")),
+        max_concurrent_download: PARALLEL_DOWNLOADS,
+        ..ClientConfig::default()
+    };
+    Client::try_from(config)
+        .map_err(|err| Error::internal(format!("making the registry client: {err}")))
+}
+
+/// A CONNECT proxy on loopback through which the pull's client makes every connection: it
+/// allows only the registries the host listed and resolves with `DYNOCAP_RESOLVE` first, so
+/// a token realm or a blob redirect to another host is held to the same list.
+struct RegistryGate {
+    addr: SocketAddr,
+    refused: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RegistryGate {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RegistryGate {
+    async fn start(policy: Registries, overrides: ResolveOverrides) -> Result<RegistryGate> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("listening on loopback for the pull's connections")?;
+        let addr = listener
+            .local_addr()
+            .context("reading the gate's address")?;
+        let refused = Arc::new(Mutex::new(Vec::new()));
+        let shared = Arc::new((policy, overrides, Arc::clone(&refused)));
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let shared = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    let (policy, overrides, refused) = &*shared;
+                    if let Err(err) = serve_connect(stream, policy, overrides, refused).await {
+                        tracing::debug!("pull gate: {err}");
+                    }
+                });
+            }
+        });
+        Ok(RegistryGate {
+            addr,
+            refused,
+            task,
+        })
+    }
+
+    /// An error of a download: the refused hosts added when there were any.
+    fn wrap(&self, registry: &str, err: Error) -> Error {
+        let refused = self.refused.lock().map(|r| !r.is_empty()).unwrap_or(false);
+        if refused {
+            self.explain(registry, &err.message)
+        } else {
+            err
+        }
+    }
+
+    /// An error of the client's, with the hosts the gate refused (the client only sees a
+    /// refused CONNECT).
+    fn explain(&self, registry: &str, message: &str) -> Error {
+        let refused = self.refused.lock().map(|r| r.clone()).unwrap_or_default();
+        let message = redact(message);
+        if refused.is_empty() {
+            let hint = if message.contains("401") || message.to_lowercase().contains("unauthorized")
+            {
+                format!(
+                    "; the registry {registry} refused the credentials (or asked for some): give \
+                     --username and --password-stdin, or log in in the Docker config file"
+                )
+            } else {
+                String::new()
+            };
+            Error::invalid(format!("pulling from {registry}: {message}{hint}"))
+        } else {
+            Error::invalid(format!(
+                "pulling from {registry}: the pull needed {}, not in {REGISTRIES_ENV}; the host \
+                 must add it ({message})",
+                refused.join(", ")
+            ))
+        }
+    }
+}
+
+/// Nothing of a credential reaches a message: the client's errors may quote a request.
+fn redact(message: &str) -> String {
+    let cut: String = message.chars().take(600).collect();
+    oci::printable(&cut)
+}
+
+async fn serve_connect(
+    mut client: TcpStream,
+    policy: &Registries,
+    overrides: &ResolveOverrides,
+    refused: &Mutex<Vec<String>>,
+) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > 8192 || client.read(&mut byte).await? == 0 {
+            return Ok(());
+        }
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    let target = text
+        .strip_prefix("CONNECT ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or("")
+        .to_owned();
+    let (host, port) = host_port(&target);
+    let host = host.to_ascii_lowercase();
+    if target.is_empty() || policy.allows(&host, port).is_none() {
+        if let Ok(mut list) = refused.lock() {
+            let shown = oci::printable(&target);
+            if !list.contains(&shown) {
+                list.push(shown);
+            }
+        }
+        client
+            .write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            .await?;
+        return Ok(());
+    }
+    let upstream = match overrides.lookup(&host, port) {
+        Some(addrs) => TcpStream::connect(addrs).await,
+        None => TcpStream::connect((host.as_str(), port)).await,
+    };
+    let mut upstream = match upstream {
+        Ok(stream) => stream,
+        Err(err) => {
+            client
+                .write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                .await?;
+            return Err(err);
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+    client
+        .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        .await?;
+    tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+    Ok(())
+}
+
+/// Reads a password from `input` (its first line), for `--password-stdin`.
+pub fn read_password(mut input: impl std::io::Read) -> Result<String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    input
+        .by_ref()
+        .take(4096)
+        .read_to_string(&mut text)
+        .context("reading the password from standard input")?;
+    let password = text.lines().next().unwrap_or("").to_owned();
+    if password.is_empty() {
+        return Err(Error::invalid("--password-stdin read no password"));
+    }
+    Ok(password)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_name_their_registry() {
+        let r = parse_reference("registry.example/team/tool:1").expect("ref");
+        assert_eq!(r.registry(), "registry.example");
+        assert_eq!(r.repository(), "team/tool");
+        let r = parse_reference(&format!("127.0.0.5:5000/base@sha256:{}", "a".repeat(64)))
+            .expect("digest ref");
+        assert_eq!(r.registry(), "127.0.0.5:5000");
+        assert!(parse_reference("127.0.0.5:5000/base@sha256:abc").is_err());
+        for bad in [
+            "alpine",
+            "alpine:3",
+            "team/tool:1",
+            "Registry.example/x:1",
+            "r.example/../x:1",
+        ] {
+            assert!(parse_reference(bad).is_err(), "{bad}");
+        }
+        assert_eq!(host_port("127.0.0.5:5000"), ("127.0.0.5".into(), 5000));
+        assert_eq!(
+            host_port("registry.example"),
+            ("registry.example".into(), 443)
+        );
+    }
+
+    #[test]
+    fn registries_are_allowed_by_the_variable_only() {
+        let none = allowed_registries(None).expect("policy");
+        assert!(none.allows("registry.example", 443).is_none());
+        let some =
+            allowed_registries(Some("registry.example, registry.test:5000")).expect("policy");
+        assert!(some.allows("registry.example", 443).is_some());
+        assert!(some.allows("Registry.Example", 443).is_some());
+        assert!(some.allows("registry.example", 5000).is_none());
+        assert!(some.allows("registry.test", 5000).is_some());
+        assert!(some.allows("registry.test", 443).is_none());
+        assert!(some.allows("other.example", 443).is_none());
+        for bad in ["127.0.0.5:5000", "registry.test:0", "https://r.example"] {
+            let err = allowed_registries(Some(bad)).expect_err(bad);
+            assert!(err.message.contains(REGISTRIES_ENV), "{err}");
+        }
+        let err = not_allowed("other.example", Some("registry.example"));
+        assert!(err.message.contains(REGISTRIES_ENV), "{err}");
+    }
+
+    #[test]
+    fn docker_config_gives_basic_auth_for_its_registry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("config.json");
+        let auth = base64::engine::general_purpose::STANDARD.encode("alice:s3cret");
+        std::fs::write(
+            &path,
+            format!(r#"{{"auths":{{"https://registry.example/v1/":{{"auth":"{auth}"}}}}}}"#),
+        )
+        .expect("write");
+        match docker_config_auth(Some(&path), "registry.example").expect("auth") {
+            RegistryAuth::Basic(u, p) => assert_eq!((u.as_str(), p.as_str()), ("alice", "s3cret")),
+            _ => panic!("not basic"),
+        }
+        assert!(matches!(
+            docker_config_auth(Some(&path), "other.example").expect("auth"),
+            RegistryAuth::Anonymous
+        ));
+        assert!(matches!(
+            docker_config_auth(Some(&dir.path().join("none.json")), "x").expect("auth"),
+            RegistryAuth::Anonymous
+        ));
+    }
+}

@@ -49,6 +49,14 @@ async def test_files_binary_round_trip_big_read_edit_and_list(host: Host) -> Non
             "mode": "755"}))
         assert script["mode"] == "755"
         assert await sh(s, "f", f"{home}/run.sh") == "it ran\n"
+        # Or the bits' value as a number (493 = 0755); 755 as a number is refused, not octal 1363.
+        again = ok(await s.call_tool("dynocap_write_file", {
+            "name": "f", "path": f"{home}/run.sh", "content": "#!/bin/sh\n", "mode": 488}))
+        assert again["mode"] == "750"
+        text = err(await s.call_tool("dynocap_write_file", {
+            "name": "f", "path": f"{home}/run.sh", "mode": 755}), "invalid_argument")
+        assert '"755", or the number 493' in text
+        assert (await sh(s, "f", f"stat -c %a {home}/run.sh")).strip() == "750"
 
         # 50 MB read in pieces from offsets, checked against the guest's own sha256.
         await sh(s, "f", f"head -c 50000000 /dev/urandom > {home}/big")

@@ -154,6 +154,33 @@ impl<'a> Args<'a> {
         Ok(Some(float as u64))
     }
 
+    /// A parameter that takes a string or a whole number (`mode`: `"755"` or `493`): either,
+    /// as given, for the caller to judge; any other type, or a number that is not whole and
+    /// non-negative, is refused.
+    pub fn string_or_whole(&self, name: &str) -> Result<Option<StringOrWhole>, Error> {
+        self.param(name)?;
+        let Some(value) = self.map.get(name) else {
+            return Ok(None);
+        };
+        let wrong = || wrong_type(name, "a string or a whole number", value);
+        match value {
+            Value::String(text) => Ok(Some(StringOrWhole::String(text.clone()))),
+            Value::Number(number) => {
+                if let Some(n) = number.as_u64() {
+                    return Ok(Some(StringOrWhole::Whole(n)));
+                }
+                let float = number.as_f64().unwrap_or(f64::NAN);
+                // Integral floats as `integer` takes them (493.0); no mode is near 2^53.
+                if float.is_finite() && float.fract() == 0.0 && (0.0..9e15).contains(&float) {
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    return Ok(Some(StringOrWhole::Whole(float as u64)));
+                }
+                Err(wrong())
+            }
+            _ => Err(wrong()),
+        }
+    }
+
     pub fn boolean(&self, name: &str) -> Result<Option<bool>, Error> {
         self.param(name)?;
         match self.map.get(name) {
@@ -161,6 +188,13 @@ impl<'a> Args<'a> {
             Some(Value::Bool(b)) => Ok(Some(*b)),
             Some(other) => Err(wrong_type(name, "true or false", other)),
         }
+    }
+
+    /// A parameter's JSON value as given, for a parameter whose shape its caller checks
+    /// (`publish`).
+    pub fn value(&self, name: &str) -> Result<Option<&Value>, Error> {
+        self.param(name)?;
+        Ok(self.map.get(name))
     }
 
     /// A list of strings.
@@ -206,6 +240,13 @@ impl<'a> Args<'a> {
             })
             .collect()
     }
+}
+
+/// A parameter given as a string or as a whole number ([`Args::string_or_whole`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StringOrWhole {
+    String(String),
+    Whole(u64),
 }
 
 fn wrong_type(name: &str, expected: &str, value: &Value) -> Error {

@@ -11,7 +11,7 @@ use dynocap_engine::files::{
 };
 use dynocap_engine::{Engine, Error};
 
-use super::args::Args;
+use super::args::{Args, StringOrWhole};
 use super::calls::Output;
 use super::tools::{Hints, Kind, Param, ToolDef};
 
@@ -144,8 +144,11 @@ created, mode}.",
                     pattern: Some("^0?[0-7]{1,4}$"),
                 },
                 required: false,
-                description: "Permission bits as an octal string, such as \"755\" (default \
-                              0644 for a new file; an existing file keeps its own).",
+                description: "Permission bits as an octal string such as \"755\" (up to \
+                              \"7777\"), or as their value in a JSON number such as 493 (octal \
+                              755; at most 511, octal 777: a number carries no set-id or sticky \
+                              bit, so 755 as a number is refused rather than read as octal \
+                              1363). Default 0644 for a new file; an existing file keeps its own.",
             },
             Param {
                 name: "createDirs",
@@ -291,19 +294,7 @@ pub async fn call(engine: &Engine, args: &Args<'_>) -> Result<Output, Error> {
                     content.len()
                 )));
             }
-            let mode = args
-                .string("mode")?
-                .map(|text| {
-                    u32::from_str_radix(&text, 8)
-                        .ok()
-                        .filter(|mode| *mode <= 0o7777)
-                        .ok_or_else(|| {
-                            Error::invalid(format!(
-                                "mode {text:?} is not octal permission bits such as \"644\""
-                            ))
-                        })
-                })
-                .transpose()?;
+            let mode = args.string_or_whole("mode")?.map(mode).transpose()?;
             FileOp::Write {
                 path,
                 content,
@@ -333,6 +324,46 @@ pub async fn call(engine: &Engine, args: &Args<'_>) -> Result<Output, Error> {
 }
 
 /// A result as docs/mcp.md shows it.
+/// `dynocap_write_file`'s `mode`: an octal string as its schema's pattern has it (`"755"`,
+/// `"0644"`, up to `"7777"`), or a number that is the bits' value (493 for 0755). A number
+/// above 0o777 is refused: from 512 on such numbers are nearly all octal written as decimal
+/// (`755`, `644`, `600`, whose values would set the sticky or set-id bits and odd permission
+/// bits), and the string form carries the special bits for whoever means them.
+fn mode(given: StringOrWhole) -> Result<u32, Error> {
+    match given {
+        StringOrWhole::String(text) => {
+            let digits = text.strip_prefix('0').filter(|rest| !rest.is_empty());
+            let digits = digits.unwrap_or(&text);
+            let octal = (1..=4).contains(&digits.len())
+                && digits.bytes().all(|b| b.is_ascii_digit() && b < b'8');
+            octal
+                .then(|| u32::from_str_radix(digits, 8).ok())
+                .flatten()
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "mode {text:?} is not octal permission bits such as \"644\" (at most \"7777\")"
+                    ))
+                })
+        }
+        StringOrWhole::Whole(n) if n <= 0o777 => Ok(u32::try_from(n).unwrap_or(0o644)),
+        StringOrWhole::Whole(n) => {
+            // Octal digits written as a decimal number: say what was probably meant.
+            let meant = match u32::from_str_radix(&n.to_string(), 8) {
+                Ok(value) if value <= 0o777 => {
+                    format!(": \"{n}\", or the number {value}, for octal {n}")
+                }
+                Ok(value) if value <= 0o7777 => format!(": \"{n}\" for octal {n}"),
+                _ => String::new(),
+            };
+            Err(Error::invalid(format!(
+                "mode {n} is a number above 511 (octal 777): a number is the bits' value (493 \
+                 for octal 755) and carries no set-id or sticky bit; give an octal string \
+                 instead{meant}"
+            )))
+        }
+    }
+}
+
 fn shape(result: FileResult, want_base64: bool) -> Result<Value, Error> {
     Ok(match result {
         FileResult::Read {
@@ -422,6 +453,60 @@ fn shape(result: FileResult, want_base64: bool) -> Result<Value, Error> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn modes_are_octal_strings_or_their_values_as_numbers() {
+        let text = |t: &str| mode(StringOrWhole::String(t.to_owned()));
+        let whole = |n: u64| mode(StringOrWhole::Whole(n));
+        assert_eq!(text("755").unwrap(), 0o755);
+        assert_eq!(text("0644").unwrap(), 0o644);
+        assert_eq!(text("4755").unwrap(), 0o4755);
+        assert_eq!(text("07777").unwrap(), 0o7777);
+        assert_eq!(text("0").unwrap(), 0);
+        assert_eq!(text("00755").unwrap(), 0o755);
+        for bad in [
+            "",
+            "8",
+            "0o755",
+            "+755",
+            "10000",
+            "000755",
+            " 755",
+            "-1",
+            "７５５",
+        ] {
+            let err = text(bad).unwrap_err();
+            assert!(
+                err.message.contains("not octal permission bits"),
+                "{bad}: {err}"
+            );
+        }
+        assert_eq!(whole(493).unwrap(), 0o755);
+        assert_eq!(whole(420).unwrap(), 0o644);
+        assert_eq!(whole(0).unwrap(), 0);
+        assert_eq!(whole(511).unwrap(), 0o777);
+        // Octal written as a decimal number: refused, saying what to give instead.
+        let err = whole(755).unwrap_err();
+        assert!(
+            err.message
+                .contains(": \"755\", or the number 493, for octal 755"),
+            "{err}"
+        );
+        let err = whole(4755).unwrap_err();
+        assert!(err.message.ends_with(": \"4755\" for octal 4755"), "{err}");
+        // Set-id and sticky bits only as a string; nothing above 0o7777 in any form.
+        let err = whole(0o4755).unwrap_err();
+        assert!(err.message.contains("no set-id or sticky bit"), "{err}");
+        for n in [0o10000, 9999, u64::MAX] {
+            assert!(
+                whole(n)
+                    .unwrap_err()
+                    .message
+                    .ends_with("octal string instead"),
+                "{n}"
+            );
+        }
+    }
 
     fn read(data: &[u8], offset: u64, total: u64, base64: bool) -> Result<Value, Error> {
         shape(

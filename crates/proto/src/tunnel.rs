@@ -272,7 +272,8 @@ where
             }
         })
     };
-    let upstream_abort = upstream.abort_handle();
+    // Dropping the pump (its caller aborted) ends the sender too, so the socket closes.
+    let upstream_abort = AbortOnDrop(upstream.abort_handle());
     let outcome = async {
         let mut upstream = upstream;
         let mut sent = None;
@@ -325,7 +326,7 @@ where
         })
     }
     .await;
-    upstream_abort.abort();
+    drop(upstream_abort);
     shared.send_credit.close();
     match &outcome {
         // Each side ends the stream once both directions are done, so both routers can drop
@@ -343,6 +344,14 @@ where
         }
     }
     outcome
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[cfg(test)]

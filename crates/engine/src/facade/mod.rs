@@ -12,6 +12,7 @@ pub mod files;
 pub mod image_admin;
 pub mod jobs;
 pub mod pool;
+pub mod ports;
 pub mod repair;
 pub(crate) mod sandboxes;
 pub mod standby;

@@ -54,6 +54,7 @@ impl SandboxInfo {
             image_id: record.image.id.clone(),
             note: record.note.clone(),
             jobs: Vec::new(),
+            forwards: Vec::new(),
         }
     }
 }
@@ -506,6 +507,7 @@ impl Engine {
                 deferred.annotate(&mut record);
                 SandboxInfo {
                     jobs: self.running_jobs(&record),
+                    forwards: self.port_forwards(&record),
                     ..SandboxInfo::from_record(&record)
                 }
             })
@@ -1210,7 +1212,10 @@ fn reply_deadline(request: &ControlRequest) -> Duration {
         ControlRequest::Job(query) => {
             Duration::from_millis(query.wait_ms) + Duration::from_secs(60)
         }
-        ControlRequest::Jobs => Duration::from_secs(30),
+        ControlRequest::Jobs
+        | ControlRequest::Forward(_)
+        | ControlRequest::Unforward { .. }
+        | ControlRequest::Forwards => Duration::from_secs(30),
     }
 }
 

@@ -405,6 +405,7 @@ impl Engine {
         }
         Ok(TaskInfo {
             jobs: self.running_jobs(&record),
+            forwards: self.port_forwards(&record),
             ..task_info(&record)?
         })
     }
@@ -420,11 +421,13 @@ impl Engine {
             match record.kind {
                 Kind::Task => tasks.push(TaskInfo {
                     jobs: self.running_jobs(&record),
+                    forwards: self.port_forwards(&record),
                     ..task_info(&record)?
                 }),
                 Kind::Raw if crate::facade::sandboxes::is_listed(&record) => {
                     sandboxes.push(SandboxInfo {
                         jobs: self.running_jobs(&record),
+                        forwards: self.port_forwards(&record),
                         ..SandboxInfo::from_record(&record)
                     })
                 }
@@ -564,6 +567,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         image: record.image.name.clone(),
         image_id: record.image.id.clone(),
         jobs: Vec::new(),
+        forwards: Vec::new(),
     })
 }
 

@@ -34,6 +34,41 @@ pub struct SandboxInfo {
     /// Its running jobs (commands that outlive the call that started them), oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<RunningJob>,
+    /// Its port forwards (host listeners carried to guest ports), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forwards: Vec<PortForward>,
+}
+
+/// A port forward: connections to `host_address:host_port` on the host reach
+/// `127.0.0.1:guest_port` inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortForward {
+    pub guest_port: u16,
+    pub host_address: String,
+    pub host_port: u16,
+    /// `http://ADDRESS:PORT/`, for a person to open (IPv6 addresses in brackets).
+    pub url: String,
+}
+
+impl PortForward {
+    pub fn new(guest_port: u16, host: std::net::SocketAddr) -> Self {
+        Self {
+            guest_port,
+            host_address: host.ip().to_string(),
+            host_port: host.port(),
+            url: format!("http://{host}/"),
+        }
+    }
+
+    /// As listings show it: `127.0.0.1:8080->8000`.
+    pub fn short(&self) -> String {
+        let address = match self.host_address.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V6(_)) => format!("[{}]", self.host_address),
+            _ => self.host_address.clone(),
+        };
+        format!("{address}:{}->{}", self.host_port, self.guest_port)
+    }
 }
 
 /// A running job as listings show it.

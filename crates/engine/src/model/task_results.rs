@@ -177,6 +177,9 @@ pub struct TaskInfo {
     /// Its running jobs, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<crate::model::sandbox_info::RunningJob>,
+    /// Its port forwards, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forwards: Vec<crate::model::sandbox_info::PortForward>,
 }
 
 /// The part of a saved result worth listing beside a task.

@@ -47,6 +47,8 @@ pub struct AgentConn {
     routes: Routes,
     next_stream: Arc<AtomicU32>,
     tunnel_handler: Arc<Mutex<Option<TunnelHandler>>>,
+    /// Tunnels on streams this side opened ([`AgentConn::open_tunnel`]: port forwards).
+    host_tunnels: Tunnels,
 }
 
 /// One request in flight: its frames, in order, until `Done` or `Error`.
@@ -101,6 +103,8 @@ impl AgentConn {
         let reader_routes = routes.clone();
         let reader_handler = tunnel_handler.clone();
         let reader_outgoing = outgoing.clone();
+        let host_tunnels: Tunnels = Arc::default();
+        let reader_host_tunnels = host_tunnels.clone();
         tokio::spawn(async move {
             let tunnels: Tunnels = Arc::default();
             loop {
@@ -126,11 +130,24 @@ impl AgentConn {
                 if let Some(tx) = route {
                     // A consumer that went away just loses its frames.
                     let _ = tx.send(frame).await;
+                    continue;
+                }
+                // A tunnel's frames never wait: its inbox holds at most its window.
+                let stream = frame.stream;
+                let routed = tunnel::route(&mut lock(&reader_host_tunnels), frame);
+                if let Err(tunnel::Violation(message)) = routed {
+                    let body = to_payload(&ErrorBody { message });
+                    let _ = reader_outgoing
+                        .send(Frame::new(stream, FrameKind::Error, body))
+                        .await;
                 }
             }
             // Dropping every sender ends every stream.
             lock(&reader_routes).clear();
             for (_, inbox) in lock(&tunnels).drain() {
+                inbox.close("the agent channel closed");
+            }
+            for (_, inbox) in lock(&reader_host_tunnels).drain() {
                 inbox.close("the agent channel closed");
             }
         });
@@ -141,6 +158,7 @@ impl AgentConn {
                 routes,
                 next_stream: Arc::new(AtomicU32::new(1)),
                 tunnel_handler,
+                host_tunnels,
             },
             hello,
         ))
@@ -169,6 +187,25 @@ impl AgentConn {
         };
         stream.send(FrameKind::Open, to_payload(request)).await?;
         Ok(stream)
+    }
+
+    /// Opens a stream with `request` whose answer is a tunnel (a port forward's
+    /// [`Request::Connect`]): the tunnel to [`tunnel::pump`] and the queue its frames go out
+    /// on. A refusal (nothing listens there) arrives as the tunnel's end with the agent's
+    /// message.
+    pub async fn open_tunnel(
+        &self,
+        request: &Request,
+    ) -> Result<(tunnel::Tunnel, mpsc::Sender<Frame>)> {
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed) & !GUEST_STREAM_BIT;
+        let (inbox, tunnel) = tunnel::open(id);
+        lock(&self.host_tunnels).insert(id, inbox);
+        let open = Frame::new(id, FrameKind::Open, to_payload(request));
+        if self.outgoing.send(open).await.is_err() {
+            lock(&self.host_tunnels).remove(&id);
+            return Err(agent_gone());
+        }
+        Ok((tunnel, self.outgoing.clone()))
     }
 
     /// Runs `work` (something the agent is doing for us) while checking that the agent still

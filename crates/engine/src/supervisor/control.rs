@@ -54,6 +54,15 @@ pub enum ControlRequest {
     Job(crate::supervisor::jobs::JobQuery),
     /// This sandbox's jobs, without output; answered with `Jobs`.
     Jobs,
+    /// Forward a host port to a guest port ([`crate::supervisor::ports`]); answered with
+    /// `Forward`.
+    Forward(crate::supervisor::ports::ForwardRequest),
+    /// Stop the forward of a guest port; answered with `Forward` (the one removed).
+    Unforward {
+        guest_port: u16,
+    },
+    /// This sandbox's forwards; answered with `Forwards`.
+    Forwards,
 }
 
 /// What a claim of a warm-pool sandbox sets (its record already says the same).
@@ -86,6 +95,8 @@ pub enum ControlReply {
     File(dynocap_proto::files::FileResult),
     Job(Box<crate::supervisor::jobs::JobReport>),
     Jobs(Vec<crate::supervisor::jobs::JobReport>),
+    Forward(crate::model::sandbox_info::PortForward),
+    Forwards(Vec<crate::model::sandbox_info::PortForward>),
     Error(Error),
 }
 

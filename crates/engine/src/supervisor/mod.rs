@@ -18,6 +18,7 @@ pub mod import;
 pub mod jobs;
 pub(crate) mod leftovers;
 pub(crate) mod oom;
+pub mod ports;
 pub(crate) mod process;
 pub(crate) mod save;
 pub(crate) mod starter_watch;

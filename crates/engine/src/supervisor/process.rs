@@ -365,6 +365,7 @@ async fn serve(
     };
     let mut claimable = record.state == State::Warming;
 
+    let forwards = crate::supervisor::ports::Forwards::new(conn.clone(), home.sandbox_dir(&id));
     let shared = Arc::new(Shared {
         conn,
         task,
@@ -380,6 +381,7 @@ async fn serve(
             home.sandbox_dir(&id)
                 .join(crate::supervisor::jobs::JOBS_DIR),
         ),
+        forwards,
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
     let (claim_tx, mut claim_rx) = mpsc::channel::<(Claim, OwnedWriteHalf)>(4);
@@ -478,6 +480,8 @@ async fn serve(
         }
     }
     drop(listener);
+    // Before anyone is answered: a connection to a forward after a destroy is refused.
+    shared.forwards.close_all().await;
     // Only our own: a socket in its place is another's.
     if file_identity(&control_socket) == listening_at {
         let _ = std::fs::remove_file(&control_socket);

@@ -210,6 +210,14 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
         }
         ControlRequest::Job(query) => super::jobs::query_job(query, shared).await,
         ControlRequest::Jobs => ControlReply::Jobs(shared.jobs.list()),
+        ControlRequest::Forward(request) => {
+            ControlReply::from_result(shared.forwards.add(&request).await, ControlReply::Forward)
+        }
+        ControlRequest::Unforward { guest_port } => ControlReply::from_result(
+            shared.forwards.remove(guest_port).await,
+            ControlReply::Forward,
+        ),
+        ControlRequest::Forwards => ControlReply::Forwards(shared.forwards.list().await),
         ControlRequest::File { request } => super::files::serve_file(request, shared).await,
         ControlRequest::Claim(claim) => {
             let _ = main_loop.claim.send((claim, write)).await;

@@ -187,6 +187,8 @@ pub(super) struct Shared {
     pub(super) egress: Option<Arc<Egress>>,
     /// Commands that outlive the call that started them.
     pub(super) jobs: crate::supervisor::jobs::Jobs,
+    /// Host listeners carried to guest ports; closed when the sandbox ends.
+    pub(super) forwards: crate::supervisor::ports::Forwards,
 }
 
 /// A started sandbox, its agent answering: what [`serve`] serves with.

@@ -1,0 +1,264 @@
+//! A sandbox's port forwards, in its supervisor: a listener on the host per forward, and for
+//! each connection it accepts, a tunnel through the agent channel to the guest port (the
+//! agent connects to it inside the guest, see the agent's `forward`). So a forward works in
+//! every network mode and on every backend: it never touches the guest's network.
+//!
+//! The listeners belong to the supervisor and end with the sandbox ([`Forwards::close_all`]
+//! runs before a destroy answers). The list is also written to [`FORWARDS_FILE`] in the
+//! sandbox's directory, which listings read without asking the supervisor.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use dynocap_proto::{ConnectRequest, Request};
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::foundation::error::{Error, Result};
+use crate::model::sandbox_info::PortForward;
+use crate::supervisor::agent_conn::AgentConn;
+
+const LOG_TARGET: &str = "dynocap_engine::ports";
+
+/// The forwards' list in the sandbox's directory, for listings.
+pub const FORWARDS_FILE: &str = "forwards.json";
+/// Forwards one sandbox holds at once.
+pub const MAX_FORWARDS: usize = 32;
+/// Connections carried at once over all of a sandbox's forwards (the agent's own bound).
+const MAX_CONNECTIONS: usize = 256;
+
+/// What a caller asks to forward. The address is checked here too, whoever asked.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForwardRequest {
+    pub guest_port: u16,
+    /// 0: a free port, chosen by the host.
+    pub host_port: u16,
+    pub host_address: IpAddr,
+}
+
+/// The forwards listed in the sandbox directory `dir`; none when it has no file or one that
+/// does not read (a listing never fails on it).
+pub fn read_forwards(dir: &std::path::Path) -> Vec<PortForward> {
+    std::fs::read(dir.join(FORWARDS_FILE))
+        .ok()
+        .and_then(|text| serde_json::from_slice(&text).ok())
+        .unwrap_or_default()
+}
+
+struct Entry {
+    forward: PortForward,
+    /// The accept loop: it owns the listener and its connections' tasks, so aborting it and
+    /// awaiting it closes them all.
+    task: JoinHandle<()>,
+}
+
+/// The forwards of one sandbox.
+pub struct Forwards {
+    conn: AgentConn,
+    file: PathBuf,
+    list: tokio::sync::Mutex<Vec<Entry>>,
+    active: Arc<AtomicUsize>,
+    /// Set once the sandbox ends: no forward is added after that.
+    closed: Mutex<bool>,
+}
+
+impl Forwards {
+    pub fn new(conn: AgentConn, sandbox_dir: PathBuf) -> Self {
+        Self {
+            conn,
+            file: sandbox_dir.join(FORWARDS_FILE),
+            list: tokio::sync::Mutex::new(Vec::new()),
+            active: Arc::new(AtomicUsize::new(0)),
+            closed: Mutex::new(false),
+        }
+    }
+
+    pub async fn list(&self) -> Vec<PortForward> {
+        self.list
+            .lock()
+            .await
+            .iter()
+            .map(|e| e.forward.clone())
+            .collect()
+    }
+
+    /// Listens on the host and starts carrying connections to the guest port.
+    pub async fn add(&self, request: &ForwardRequest) -> Result<PortForward> {
+        check_port("the guest port", request.guest_port, "GUESTPORT")?;
+        let mut list = self.list.lock().await;
+        if *self.closed.lock().unwrap_or_else(PoisonError::into_inner) {
+            return Err(Error::conflict("the sandbox is ending"));
+        }
+        if let Some(old) = list
+            .iter()
+            .find(|e| e.forward.guest_port == request.guest_port)
+        {
+            return Err(Error::conflict(format!(
+                "guest port {} is already forwarded from {}; remove that forward first to forward it again",
+                request.guest_port,
+                old.forward.short()
+            )));
+        }
+        if list.len() >= MAX_FORWARDS {
+            return Err(Error::conflict(format!(
+                "this sandbox already has {MAX_FORWARDS} port forwards, the most it holds; remove one first"
+            )));
+        }
+        let wanted = SocketAddr::new(request.host_address, request.host_port);
+        let listener = TcpListener::bind(wanted)
+            .await
+            .map_err(|err| bind_error(wanted, &err))?;
+        let local = listener
+            .local_addr()
+            .map_err(|err| Error::internal(format!("reading the forward's address: {err}")))?;
+        let forward = PortForward::new(request.guest_port, local);
+        let task = tokio::spawn(accept_loop(
+            listener,
+            request.guest_port,
+            self.conn.clone(),
+            Arc::clone(&self.active),
+        ));
+        tracing::info!(target: LOG_TARGET, "forwarding {}", forward.short());
+        list.push(Entry {
+            forward: forward.clone(),
+            task,
+        });
+        self.write(&list);
+        Ok(forward)
+    }
+
+    /// Stops the forward of `guest_port`: its listener closes and its connections end.
+    pub async fn remove(&self, guest_port: u16) -> Result<PortForward> {
+        let mut list = self.list.lock().await;
+        let Some(at) = list.iter().position(|e| e.forward.guest_port == guest_port) else {
+            let open: Vec<String> = list.iter().map(|e| e.forward.short()).collect();
+            return Err(Error::not_found(format!(
+                "guest port {guest_port} is not forwarded{}",
+                if open.is_empty() {
+                    "; this sandbox has no forwards".to_owned()
+                } else {
+                    format!(" (forwards: {})", open.join(", "))
+                }
+            )));
+        };
+        let entry = list.remove(at);
+        entry.task.abort();
+        let _ = entry.task.await;
+        self.write(&list);
+        tracing::info!(target: LOG_TARGET, "stopped forwarding {}", entry.forward.short());
+        Ok(entry.forward)
+    }
+
+    /// Closes every listener and connection (the sandbox is ending). Returns once the
+    /// listening sockets are closed, so a connection attempt after it is refused.
+    pub async fn close_all(&self) {
+        *self.closed.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        let mut list = self.list.lock().await;
+        for entry in list.drain(..) {
+            entry.task.abort();
+            let _ = entry.task.await;
+        }
+        let _ = std::fs::remove_file(&self.file);
+    }
+
+    fn write(&self, list: &[Entry]) {
+        let forwards: Vec<&PortForward> = list.iter().map(|e| &e.forward).collect();
+        let partial = self.file.with_extension("json.partial");
+        let written = serde_json::to_vec(&forwards)
+            .map_err(std::io::Error::other)
+            .and_then(|text| std::fs::write(&partial, text))
+            .and_then(|()| std::fs::rename(&partial, &self.file));
+        if let Err(err) = written {
+            // Only listings miss it: the forwards themselves work.
+            tracing::warn!(target: LOG_TARGET, "writing {}: {err}", self.file.display());
+        }
+    }
+}
+
+/// Refuses port 0 where a port must be named.
+pub fn check_port(what: &str, port: u16, fix: &str) -> Result<()> {
+    if port == 0 {
+        return Err(Error::invalid(format!(
+            "{what} must be 1 to 65535, not 0; pass the port the server listens on as {fix}"
+        )));
+    }
+    Ok(())
+}
+
+/// A failed listen, said with what to do.
+pub fn bind_error(wanted: SocketAddr, err: &std::io::Error) -> Error {
+    match err.raw_os_error() {
+        Some(libc::EADDRINUSE) => Error::conflict(format!(
+            "host port {} on {} is in use; pick another host port, or pass 0 (or none) to have a free one chosen",
+            wanted.port(),
+            wanted.ip()
+        )),
+        Some(libc::EADDRNOTAVAIL) => Error::invalid(format!(
+            "{} is not an address of this host; listen on 127.0.0.1 (the default) or one of the host's own addresses",
+            wanted.ip()
+        )),
+        Some(libc::EACCES) => Error::invalid(format!(
+            "listening on host port {} needs privileges this process lacks; pick a port of 1024 or more",
+            wanted.port()
+        )),
+        _ => Error::internal(format!("listening on {wanted}: {err}")),
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    guest_port: u16,
+    conn: AgentConn,
+    active: Arc<AtomicUsize>,
+) {
+    // Dropped with this loop: aborting the loop ends its connections too.
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let socket = match accepted {
+            Ok((socket, _)) => socket,
+            Err(err) => {
+                tracing::warn!(target: LOG_TARGET, "accepting on the forward to {guest_port}: {err}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(target: LOG_TARGET, "{MAX_CONNECTIONS} forwarded connections are open; closing a new one");
+            continue;
+        }
+        let _ = socket.set_nodelay(true);
+        let conn = conn.clone();
+        let active = Arc::clone(&active);
+        connections.spawn(async move {
+            let _guard = Decrement(active);
+            let request = Request::Connect(ConnectRequest { port: guest_port });
+            match conn.open_tunnel(&request).await {
+                Ok((tunnel, outgoing)) => {
+                    if let Err(why) = dynocap_proto::tunnel::pump(tunnel, socket, outgoing).await
+                    {
+                        tracing::debug!(target: LOG_TARGET, "a connection forwarded to {guest_port}: {why}");
+                    }
+                }
+                Err(err) => {
+                    tracing::debug!(target: LOG_TARGET, "a connection forwarded to {guest_port}: {err}")
+                }
+            }
+        });
+    }
+}
+
+struct Decrement(Arc<AtomicUsize>);
+
+impl Drop for Decrement {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -38,6 +38,10 @@ pub enum Command {
     /// cp NAME:GUESTPATH HOSTPATH`, `dynocap cp HOSTPATH NAME:GUESTPATH` (`SRC/.` copies a
     /// directory's contents).
     Cp(CpArgs),
+    /// Forward a host port to a port inside a sandbox or task (`dynocap port NAME 8000`
+    /// listens on a free 127.0.0.1 port and prints it), list its forwards (no GUESTPORT),
+    /// or --remove one.
+    Port(crate::port_commands::PortArgs),
     /// Destroy a raw sandbox and release its name.
     Destroy(TargetArgs),
     /// Show the warm pool (DYNOCAP_WARM_POOL=N keeps N sandboxes booted for `run` to
@@ -222,6 +226,10 @@ pub struct TaskStartArgs {
     /// past it, or past its file count (one per 16 KiB), writes fail with ENOSPC.
     #[arg(long = "disk-mb", value_name = "MB", value_parser = whole_number)]
     pub disk_mb: Option<u64>,
+    /// Forward 127.0.0.1:HOST on the host to GUEST inside the task's sandbox (repeatable;
+    /// without HOST, or with 0, a free port is chosen and printed).
+    #[arg(long = "publish", short = 'p', value_name = "GUEST[:HOST]", value_parser = crate::port_commands::publish_spec)]
+    pub publish: Vec<(u16, u16)>,
 }
 
 #[derive(Debug, Args)]
@@ -270,6 +278,10 @@ pub struct RunArgs {
     /// kernel, else jail). Default: DYNOCAP_BACKEND, else auto.
     #[arg(long, value_name = "jail|vm|auto", value_parser = backend_choice)]
     pub backend: Option<dynocap_engine::backend::BackendChoice>,
+    /// Forward 127.0.0.1:HOST on the host to GUEST inside the sandbox (repeatable; without
+    /// HOST, or with 0, a free port is chosen and printed).
+    #[arg(long = "publish", short = 'p', value_name = "GUEST[:HOST]", value_parser = crate::port_commands::publish_spec)]
+    pub publish: Vec<(u16, u16)>,
 }
 
 /// `dynocap exec`: the target is a raw sandbox (a task is refused, and the message says to

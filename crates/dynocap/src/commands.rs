@@ -52,6 +52,7 @@ async fn with_engine(json: bool, command: Command, config: Config) -> Result<Exi
         Command::Ls => crate::task_commands::ls(&engine, json),
         Command::Job(args) => crate::job_commands::job(&engine, json, args).await,
         Command::Cp(args) => crate::cp_commands::cp(&engine, json, args).await,
+        Command::Port(args) => crate::port_commands::port(&engine, json, args).await,
         Command::Rm(args) => crate::task_commands::rm(&engine, json, args).await,
         Command::Pool(args) => {
             let (verb, count) = if args.drain {
@@ -160,15 +161,19 @@ async fn run(engine: &Engine, json: bool, args: RunArgs, streams: &Streams) -> R
     spec.allow_hosts = args.allow_hosts;
     spec.image = args.image;
     spec.backend = args.backend;
+    let publish = crate::port_commands::publish_requests(&args.publish);
+    Engine::check_publish(&publish)?;
     // Its supervisor starts up while the checks and the catalog work below run.
     engine.start_a_standby_supervisor(&spec);
-    let info = engine.run(&spec).await?;
+    let mut info = engine.run(&spec).await?;
+    info.forwards = engine.publish(&info.name, &publish).await?;
     if json {
         streams.json(&info);
     } else {
-        streams.stdout().write_str(&table(
-            SANDBOX_HEADERS,
-            &sandbox_rows(std::slice::from_ref(&info)),
+        streams.stdout().write_str(&format!(
+            "{}{}",
+            table(SANDBOX_HEADERS, &sandbox_rows(std::slice::from_ref(&info))),
+            crate::port_commands::forward_lines(&info.name, &info.forwards)
         ));
     }
     Ok(0)

@@ -74,6 +74,8 @@ struct Variables {
     mcp_allow_nat: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_MCP_ALLOW_SSH_KEY")]
     mcp_allow_ssh_key: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_MCP_ALLOW_PUBLISH")]
+    mcp_allow_publish: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_MCP_IMAGES")]
     mcp_images: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_MCP_EGRESS_ALLOW")]
@@ -110,6 +112,8 @@ pub struct McpSettings {
     pub allow_filtered: Option<String>,
     pub allow_nat: Option<String>,
     pub allow_ssh_key: Option<String>,
+    /// `DYNOCAP_MCP_ALLOW_PUBLISH`: callers may open port forwards.
+    pub allow_publish: Option<String>,
     /// `DYNOCAP_MCP_IMAGES`: the images a caller may name (unset: those on the host).
     pub images: Option<String>,
     /// `DYNOCAP_MCP_EGRESS_ALLOW`: the hosts a caller's `allowHosts` may add.
@@ -148,6 +152,7 @@ pub fn from_env() -> Result<Settings, Error> {
         allow_filtered: text(s.mcp_allow_filtered),
         allow_nat: text(s.mcp_allow_nat),
         allow_ssh_key: text(s.mcp_allow_ssh_key),
+        allow_publish: text(s.mcp_allow_publish),
         images: text(s.mcp_images),
         egress_allow: text(s.mcp_egress_allow),
         log: text(s.mcp_log),

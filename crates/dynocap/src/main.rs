@@ -16,6 +16,7 @@ mod job_commands;
 mod logging;
 mod mcp;
 mod output;
+mod port_commands;
 mod scrub_args;
 mod task_commands;
 mod terminal;

@@ -311,6 +311,7 @@ pub fn sandbox_notes(sandboxes: &[SandboxInfo]) -> String {
                 )
             });
             note + &job_lines(&s.name, &s.jobs)
+                + &crate::port_commands::forward_lines(&s.name, &s.forwards)
         })
         .collect()
 }

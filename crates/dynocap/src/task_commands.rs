@@ -160,6 +160,8 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
     spec.allow_hosts = args.allow_hosts;
     spec.image = args.image;
     spec.backend = args.backend;
+    let publish = crate::port_commands::publish_requests(&args.publish);
+    Engine::check_publish(&publish)?;
     spec.ssh_key_path = args
         .ssh_key
         .map(|key| {
@@ -211,11 +213,17 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    let info = started?;
+    let mut info = started?;
+    let target = info.name.clone().unwrap_or_else(|| info.id.clone());
+    info.forwards = engine.publish(&target, &publish).await?;
     if json {
         print_json(&info);
     } else {
         say!("{}", table(TASK_HEADERS, &[task_row(&info)]));
+        say!(
+            "{}",
+            crate::port_commands::forward_lines(&target, &info.forwards)
+        );
         warn_skipped(engine, &info);
     }
     Ok(ExitCode::SUCCESS)
@@ -345,6 +353,13 @@ pub fn ls(engine: &Engine, json: bool) -> Result<ExitCode, Error> {
         say!(
             "{}",
             crate::output::job_lines(task.name.as_deref().unwrap_or(&task.id), &task.jobs)
+        );
+        say!(
+            "{}",
+            crate::port_commands::forward_lines(
+                task.name.as_deref().unwrap_or(&task.id),
+                &task.forwards
+            )
         );
     }
     sayln!("\nSANDBOXES");

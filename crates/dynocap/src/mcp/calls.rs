@@ -32,7 +32,7 @@ pub struct Output {
 }
 
 impl Output {
-    fn json<T: Serialize>(value: &T) -> Result<Self, Error> {
+    pub(super) fn json<T: Serialize>(value: &T) -> Result<Self, Error> {
         let structured = serde_json::to_value(value)
             .map_err(|err| Error::internal(format!("cannot encode the result: {err}")))?;
         let text = structured.to_string();
@@ -150,8 +150,11 @@ impl Tools {
                 let choice = self.image_and_hosts(&args, spec.network.as_str())?;
                 spec.image = choice.image;
                 spec.allow_hosts = choice.allow_hosts;
+                let publish = self.publish(&args)?;
                 // The pool is refilled once the client has its answer (see `refills_pool`).
-                Output::json(&self.engine.run_leaving_pool(&spec).await?)
+                let mut info = self.engine.run_leaving_pool(&spec).await?;
+                info.forwards = self.engine.publish(&info.name, &publish).await?;
+                Output::json(&info)
             }
             "dynocap_exec" => {
                 let name = args.required_string("name")?;
@@ -182,6 +185,14 @@ impl Tools {
             }
             "dynocap_read_file" | "dynocap_write_file" | "dynocap_edit_file"
             | "dynocap_list_files" => super::files::call(&self.engine, &args).await,
+            "dynocap_port" => {
+                let name = args.required_string("name")?;
+                let call = super::ports::PortCall::parse(&args)?;
+                if matches!(call, super::ports::PortCall::Open(_)) {
+                    self.enforce(tool, self.policy.check_publish())?;
+                }
+                call.run(&self.engine, &name).await
+            }
             other => Err(Error::internal(format!(
                 "tool {other} has no implementation"
             ))),
@@ -276,7 +287,25 @@ impl Tools {
         if let Some(raw) = &ssh_key {
             spec.ssh_key_path = Some(self.enforce(tool, self.policy.check_ssh_key(raw))?);
         }
-        Output::json(&self.engine.task_start_in(&spec, project, progress).await?)
+        let publish = self.publish(args)?;
+        let mut info = self.engine.task_start_in(&spec, project, progress).await?;
+        let target = info.name.clone().unwrap_or_else(|| info.id.clone());
+        info.forwards = self.engine.publish(&target, &publish).await?;
+        Output::json(&info)
+    }
+
+    /// A start's `publish`: parsed strictly, allowed by the host policy, and checked against
+    /// the host's ports before anything boots.
+    fn publish(
+        &self,
+        args: &Args<'_>,
+    ) -> Result<Vec<dynocap_engine::ports::ForwardRequest>, Error> {
+        let publish = super::ports::publish_requests(args)?;
+        if !publish.is_empty() {
+            self.enforce(args.tool(), self.policy.check_publish())?;
+            Engine::check_publish(&publish)?;
+        }
+        Ok(publish)
     }
 
     /// A start's `image` and `allowHosts` and its `network`, judged by the host policy:

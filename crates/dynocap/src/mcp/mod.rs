@@ -15,6 +15,7 @@ mod jsonrpc;
 mod local;
 mod log;
 pub mod policy;
+mod ports;
 mod progress;
 mod server;
 mod stdio;

@@ -25,6 +25,7 @@ pub const ENV_GIT_HOSTS: &str = "DYNOCAP_MCP_GIT_HOSTS";
 pub const ENV_ALLOW_FILTERED: &str = "DYNOCAP_MCP_ALLOW_FILTERED";
 pub const ENV_ALLOW_NAT: &str = "DYNOCAP_MCP_ALLOW_NAT";
 pub const ENV_ALLOW_SSH_KEY: &str = "DYNOCAP_MCP_ALLOW_SSH_KEY";
+pub const ENV_ALLOW_PUBLISH: &str = "DYNOCAP_MCP_ALLOW_PUBLISH";
 pub const ENV_IMAGES: &str = "DYNOCAP_MCP_IMAGES";
 pub const ENV_EGRESS_ALLOW: &str = "DYNOCAP_MCP_EGRESS_ALLOW";
 pub const DEFAULT_GIT_HOSTS: &str = "github.com,gitlab.com,bitbucket.org";
@@ -95,6 +96,7 @@ pub struct PolicyInputs {
     pub allow_filtered: Option<String>,
     pub allow_nat: Option<String>,
     pub allow_ssh_key: Option<String>,
+    pub allow_publish: Option<String>,
     pub images: Option<String>,
     pub egress_allow: Option<String>,
     /// The server's working directory at start (the default root).
@@ -182,6 +184,7 @@ impl PolicyInputs {
             allow_filtered: mcp.allow_filtered.clone(),
             allow_nat: mcp.allow_nat.clone(),
             allow_ssh_key: mcp.allow_ssh_key.clone(),
+            allow_publish: mcp.allow_publish.clone(),
             images: mcp.images.clone(),
             egress_allow: mcp.egress_allow.clone(),
             cwd: std::env::current_dir().ok(),
@@ -229,6 +232,8 @@ pub struct Policy {
     allow_filtered: bool,
     allow_nat: bool,
     allow_ssh_key: bool,
+    /// Callers may open port forwards (host listeners on 127.0.0.1).
+    allow_publish: bool,
     /// `None`: unset, the images on the host are offered.
     images: Option<Vec<ImageEntry>>,
     /// The hosts `allowHosts` may add: each entry as written (for messages) and the
@@ -277,6 +282,7 @@ impl Policy {
             allow_filtered: flag(ENV_ALLOW_FILTERED, &inputs.allow_filtered, warn),
             allow_nat: flag(ENV_ALLOW_NAT, &inputs.allow_nat, warn),
             allow_ssh_key: flag(ENV_ALLOW_SSH_KEY, &inputs.allow_ssh_key, warn),
+            allow_publish: flag(ENV_ALLOW_PUBLISH, &inputs.allow_publish, warn),
             images: inputs
                 .images
                 .as_deref()
@@ -312,11 +318,12 @@ impl Policy {
         };
         format!(
             "roots={roots} git_hosts={} allow_filtered={} allow_nat={} allow_ssh_key={} \
-             images={images} egress_allow={}",
+             allow_publish={} images={images} egress_allow={}",
             self.git_hosts.join(","),
             u8::from(self.allow_filtered),
             u8::from(self.allow_nat),
             u8::from(self.allow_ssh_key),
+            u8::from(self.allow_publish),
             self.egress_allow_shown(),
         )
     }
@@ -661,6 +668,23 @@ impl Policy {
             }
         }
         Ok(added)
+    }
+
+    /// Whether a caller may open port forwards (`publish`, `dynocap_port`): listeners on the
+    /// host's loopback, which any local process can then reach the sandbox through.
+    pub fn check_publish(&self) -> Result<(), Refusal> {
+        if self.allow_publish {
+            return Ok(());
+        }
+        Err(Refusal::denied(
+            "publish.flag",
+            format!(
+                "port forwards are refused: the host did not set {ENV_ALLOW_PUBLISH}=1 when \
+                 starting the MCP server. Reach the server from inside the sandbox (dynocap_exec \
+                 with curl), or ask the user to set {ENV_ALLOW_PUBLISH}=1 or to run \
+                 `dynocap port NAME GUESTPORT` themselves"
+            ),
+        ))
     }
 
     /// Checks an `sshKeyPath`: allowed by the host flag, a regular file (not a symlink) that

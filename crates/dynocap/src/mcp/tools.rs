@@ -41,6 +41,8 @@ pub enum Kind {
     StringMap,
     /// A list of strings (paths).
     StringList,
+    /// A list of port forwards: `{guestPort, hostPort?}` objects (`publish`).
+    PortList,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -142,6 +144,25 @@ fn param_schema(param: &Param) -> Value {
         Kind::StringList => {
             schema.insert("type".into(), json!("array"));
             schema.insert("items".into(), json!({ "type": "string" }));
+        }
+        Kind::PortList => {
+            schema.insert("type".into(), json!("array"));
+            schema.insert(
+                "maxItems".into(),
+                json!(dynocap_engine::ports::MAX_FORWARDS),
+            );
+            schema.insert(
+                "items".into(),
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "guestPort": { "type": "integer", "minimum": 1, "maximum": 65535 },
+                        "hostPort": { "type": "integer", "minimum": 0, "maximum": 65535, "default": 0 }
+                    },
+                    "required": ["guestPort"],
+                    "additionalProperties": false
+                }),
+            );
         }
     }
     schema.insert("description".into(), json!(param.description));
@@ -390,6 +411,7 @@ pub fn definitions() -> Vec<ToolDef> {
         ps_tool(),
         destroy_tool(),
         job_tool(),
+        super::ports::port_tool(),
         super::files::read_tool(),
         super::files::write_tool(),
         super::files::edit_tool(),
@@ -492,6 +514,7 @@ cancelling the request stops the start and leaves nothing behind.",
             ),
             image(),
             allow_hosts(),
+            super::ports::publish_param(),
         ],
         output_schema: task_schema(),
         hints: HINTS_CREATE,
@@ -695,6 +718,7 @@ space cannot back is refused with policy_denied, naming what is free.",
             disk(),
             image(),
             allow_hosts(),
+            super::ports::publish_param(),
         ],
         output_schema: sandbox_schema(),
         hints: HINTS_CREATE,
@@ -850,7 +874,8 @@ fn sandbox_properties() -> Map<String, Value> {
             "description": "Hosts a filtered sandbox reaches over HTTPS (port 443) through the host's proxy; everything else is refused. Absent for none and nat."
         },
         "note": { "type": "string", "description": "What a running sandbox lost and what to do (its nat network ended), when that needs saying." },
-        "jobs": running_jobs_schema("Its running jobs (commands still running past the call that started them: dynocap_job follows them), oldest first. Absent when none runs.")
+        "jobs": running_jobs_schema("Its running jobs (commands still running past the call that started them: dynocap_job follows them), oldest first. Absent when none runs."),
+        "forwards": super::ports::forwards_schema("Its port forwards (publish, dynocap_port): give the user a forward's url to open what the sandbox serves on guestPort. Absent when there are none.")
     }) else {
         return Map::new();
     };

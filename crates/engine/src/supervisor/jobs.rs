@@ -1,9 +1,17 @@
 //! Jobs: commands that outlive the call that started them. A job is an ordinary exec that the
 //! supervisor runs on a connection of its own, so it goes on when its caller stops waiting
 //! (an MCP client's request timeout, `background`), until its own timeout, a kill, or the
-//! sandbox's end. Its whole output goes to files in the sandbox's state directory, bounded per
-//! sandbox ([`JOB_OUTPUT_BOUND`]: past it bytes are counted, not kept), and is read back from
-//! any offset as a bounded head and tail, as exec results are.
+//! sandbox's end. Its whole output is kept on the host, bounded per sandbox
+//! ([`JOB_OUTPUT_BOUND`]: past it bytes are counted, not kept), and is read back from any
+//! offset as a bounded head and tail, as exec results are.
+//!
+//! Every MCP exec starts as a job, and most end within their call. Such a command is not a job
+//! to anyone: its call answers with its Exec object, no id is shown, nothing lists it. So a job
+//! holds its output in memory ([`MEMORY_BOUND`]) and is only *listed* (given its id, its output
+//! moved to files in the sandbox's state directory, entered in [`RUNNING_FILE`]) once it
+//! outlives its call or starts in the background; one that ends within its call is forgotten
+//! when the call has answered. Two files and two rewrites of the running list per exec were
+//! 5–10 % of an MCP run + exec + destroy cycle (docs/performance.md).
 //!
 //! Output is guest data: it is stored and sliced, never interpreted. Job ids are made here
 //! (`job-N`), are never part of a path, and name jobs of this sandbox only: each sandbox's
@@ -12,7 +20,7 @@
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -41,6 +49,10 @@ pub const MAX_RUNNING_JOBS: usize = 16;
 /// Jobs a sandbox remembers; starting one more forgets the oldest that ended (and its output).
 const MAX_KEPT_JOBS: usize = 64;
 
+/// Output a job not yet listed holds in memory, both streams together; past it (a command that
+/// prints a lot within its call) its output goes to its files before it is listed.
+const MEMORY_BOUND: usize = 256 * 1024;
+
 /// The longest a job request waits for its job's end before answering.
 pub const JOB_WAIT_MAX_SECONDS: u64 = 600;
 
@@ -58,7 +70,8 @@ pub const JOBS_DIR: &str = "jobs";
 /// `ps` and `ls` read the catalog, never a supervisor: asking each running one would make a
 /// listing as slow as its slowest supervisor, and a stopped (SIGSTOP) or wedged one would
 /// hold it up. So the supervisor writes this small file (at most [`MAX_RUNNING_JOBS`]
-/// entries) whenever a job starts or ends, replacing it whole by a rename, and listings read
+/// entries) whenever a job is listed or a listed job ends, replacing it whole by a rename,
+/// and listings read
 /// it only for a sandbox the catalog says is running: a reader never waits on anyone, and a
 /// dead supervisor's stale file is not read once its record is no longer running.
 pub const RUNNING_FILE: &str = "running.json";
@@ -87,10 +100,13 @@ struct Board {
 }
 
 impl Board {
-    /// Changes the list and rewrites the file while holding it, so writes land in order.
-    fn change(&self, change: impl FnOnce(&mut Vec<RunningJob>)) {
+    /// Changes the list and, when `change` says it changed it, rewrites the file while holding
+    /// it, so writes land in order.
+    fn change(&self, change: impl FnOnce(&mut Vec<RunningJob>) -> bool) {
         let mut running = lock(&self.running);
-        change(&mut running);
+        if !change(&mut running) {
+            return;
+        }
         let partial = self.path.with_extension("json.partial");
         let written = serde_json::to_vec(&*running)
             .map_err(std::io::Error::other)
@@ -183,17 +199,50 @@ enum Ended {
     Failed(Error),
 }
 
-/// One stream's file and how much of it there is.
+/// Where a stream's output goes.
+enum Sink {
+    /// Memory, until the job is listed or outgrows [`MEMORY_BOUND`].
+    Memory(Vec<u8>),
+    File(std::fs::File),
+    /// Nowhere: its file could not be made or written (or the job was forgotten).
+    Closed,
+}
+
+/// One stream's output and how much of it there is.
 struct Kept {
-    path: PathBuf,
-    file: Option<std::fs::File>,
+    sink: Sink,
+    /// The file holding the stream's `kept` bytes, once it has one.
+    path: Option<PathBuf>,
     kept: u64,
     dropped: u64,
 }
 
+impl Kept {
+    fn new() -> Self {
+        Self {
+            sink: Sink::Memory(Vec::new()),
+            path: None,
+            kept: 0,
+            dropped: 0,
+        }
+    }
+
+    fn in_memory(&self) -> usize {
+        match &self.sink {
+            Sink::Memory(held) => held.len(),
+            _ => 0,
+        }
+    }
+}
+
 /// One job.
 pub struct Job {
-    id: String,
+    /// `job-N`, given when the job is listed ([`Jobs::list_job`]).
+    id: OnceLock<String>,
+    /// Names its output files: every job has one, listed or not.
+    seq: u64,
+    /// Where its output files go.
+    dir: PathBuf,
     command: String,
     started_at: String,
     started: Instant,
@@ -214,7 +263,10 @@ pub struct Job {
 /// A sandbox's jobs.
 pub struct Jobs {
     dir: PathBuf,
+    /// The next listed job's number.
     next: AtomicU64,
+    /// The next job's [`Job::seq`].
+    seq: AtomicU64,
     list: Mutex<Vec<Arc<Job>>>,
     total: Arc<AtomicU64>,
     board: Arc<Board>,
@@ -227,10 +279,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Jobs {
-    /// Jobs whose output goes under `dir` (created with the first job).
+    /// Jobs whose output goes under `dir` (created when output first goes to files).
     pub fn new(dir: PathBuf) -> Self {
         Self {
             next: AtomicU64::new(1),
+            seq: AtomicU64::new(1),
             list: Mutex::new(Vec::new()),
             total: Arc::new(AtomicU64::new(0)),
             board: Arc::new(Board {
@@ -241,7 +294,8 @@ impl Jobs {
         }
     }
 
-    /// A new job for `spec`, not started yet (see [`Job::drive`]).
+    /// A new job for `spec`, not started yet (see [`Job::drive`]) and not listed: its output
+    /// stays in memory until [`Jobs::list_job`] or [`Jobs::release`].
     pub fn add(&self, spec: &ExecSpec) -> Result<Arc<Job>> {
         let mut list = lock(&self.list);
         let running = list.iter().filter(|job| job.is_running()).count();
@@ -250,42 +304,28 @@ impl Jobs {
                 "this sandbox already runs {running} jobs, the most it runs at once; wait for one to end or kill one"
             )));
         }
+        // A job not listed belongs to a call still answering, which releases it itself.
         while list.len() >= MAX_KEPT_JOBS {
-            let Some(oldest) = list.iter().position(|job| !job.is_running()) else {
+            let Some(oldest) = list
+                .iter()
+                .position(|job| job.is_listed() && !job.is_running())
+            else {
                 break;
             };
             list.remove(oldest).forget();
         }
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|err| Error::internal(format!("creating the jobs directory: {err}")))?;
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let open = |suffix: &str| -> Result<Kept> {
-            let path = self.dir.join(format!("{n}.{suffix}"));
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(|err| Error::internal(format!("creating a job's output file: {err}")))?;
-            Ok(Kept {
-                path,
-                file: Some(file),
-                kept: 0,
-                dropped: 0,
-            })
-        };
-        let streams = [open("stdout")?, open("stderr")?];
         let (end, _) = watch::channel(None);
         let job = Arc::new(Job {
-            id: format!("job-{n}"),
+            id: OnceLock::new(),
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            dir: self.dir.clone(),
             command: sanitize_line(&spec.command, COMMAND_SHOWN),
             started_at: crate::model::sandbox_info::rfc3339(chrono::Utc::now()),
             started: Instant::now(),
             limit: usize::try_from(spec.max_output_bytes).unwrap_or(usize::MAX),
             encoding: spec.output_encoding,
             terminal: spec.terminal,
-            streams: Mutex::new(streams),
+            streams: Mutex::new([Kept::new(), Kept::new()]),
             end,
             kill: Notify::new(),
             killed: AtomicBool::new(false),
@@ -294,24 +334,56 @@ impl Jobs {
             board: self.board.clone(),
         });
         list.push(job.clone());
+        Ok(job)
+    }
+
+    /// Makes `job` a job to everyone: it outlived its call, or starts in the background. It
+    /// gets its id, its output moves to its files, and it enters [`RUNNING_FILE`] unless it
+    /// has ended meanwhile. Listing a listed job does nothing.
+    pub fn list_job(&self, job: &Arc<Job>) {
+        if job.is_listed() {
+            return;
+        }
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let _ = job.id.set(format!("job-{n}"));
+        job.spill(&mut lock(&job.streams));
+        // Under the board's lock, as the job's end removes it (Job::set_ended): either the end
+        // came first and nothing is entered, or the end removes what is entered here.
         self.board.change(|running| {
+            if !job.is_running() {
+                return false;
+            }
             running.push(RunningJob {
-                job: job.id.clone(),
+                job: job.id().to_owned(),
                 command: job.command.clone(),
                 started_at: job.started_at.clone(),
                 running_seconds: 0,
-            })
+            });
+            true
         });
-        Ok(job)
+    }
+
+    /// The call that started `job` has answered: a job it did not list ended within it (its
+    /// Exec object carried the output) or never started, and is forgotten with its output.
+    pub fn release(&self, job: &Arc<Job>) {
+        if job.is_listed() {
+            return;
+        }
+        lock(&self.list).retain(|other| !Arc::ptr_eq(other, job));
+        job.forget();
     }
 
     /// The job `id` of this sandbox.
     pub fn get(&self, id: &str) -> Result<Arc<Job>> {
         let list = lock(&self.list);
-        if let Some(job) = list.iter().find(|job| job.id == id) {
+        if let Some(job) = list.iter().find(|job| job.is_listed() && job.id() == id) {
             return Ok(job.clone());
         }
-        let known: Vec<&str> = list.iter().map(|job| job.id.as_str()).collect();
+        let known: Vec<&str> = list
+            .iter()
+            .filter(|job| job.is_listed())
+            .map(|job| job.id())
+            .collect();
         Err(Error::not_found(format!(
             "this sandbox has no job \"{}\"{}",
             sanitize_line(id, 64),
@@ -328,6 +400,7 @@ impl Jobs {
     pub fn list(&self) -> Vec<JobReport> {
         lock(&self.list)
             .iter()
+            .filter(|job| job.is_listed())
             .map(|job| JobReport {
                 result: None,
                 ..job.report(None)
@@ -339,9 +412,9 @@ impl Jobs {
     pub fn running(&self) -> Vec<RunningJob> {
         lock(&self.list)
             .iter()
-            .filter(|job| job.is_running())
+            .filter(|job| job.is_listed() && job.is_running())
             .map(|job| RunningJob {
-                job: job.id.clone(),
+                job: job.id().to_owned(),
                 command: job.command.clone(),
                 started_at: job.started_at.clone(),
                 running_seconds: job.started.elapsed().as_secs(),
@@ -354,13 +427,14 @@ impl Jobs {
     pub fn kept_output(&self, cut_off: &[RunningJob]) -> Vec<KeptOutput> {
         lock(&self.list)
             .iter()
+            .filter(|job| job.is_listed())
             .map(|job| {
                 let streams = lock(&job.streams);
                 KeptOutput {
-                    job: job.id.clone(),
+                    job: job.id().to_owned(),
                     command: job.command.clone(),
                     started_at: job.started_at.clone(),
-                    cut_off: cut_off.iter().any(|listed| listed.job == job.id),
+                    cut_off: cut_off.iter().any(|listed| listed.job == job.id()),
                     streams: [0, 1]
                         .map(|i| (streams[i].path.clone(), streams[i].kept, streams[i].dropped)),
                 }
@@ -369,13 +443,14 @@ impl Jobs {
     }
 }
 
-/// One job's kept output ([`Jobs::kept_output`]): each stream's file, bytes kept, bytes dropped.
+/// One job's kept output ([`Jobs::kept_output`]): each stream's file (none when it had nothing
+/// to keep), bytes kept, bytes dropped.
 pub struct KeptOutput {
     job: String,
     command: String,
     started_at: String,
     cut_off: bool,
-    streams: [(PathBuf, u64, u64); 2],
+    streams: [(Option<PathBuf>, u64, u64); 2],
 }
 
 /// Copies each job's whole kept output into `dir` (a task's results: `<job>.stdout`,
@@ -401,7 +476,7 @@ pub fn save_logs(dir: &std::path::Path, kept: Vec<KeptOutput>) -> Vec<JobLog> {
             let [stdout, stderr] = [0, 1].map(|i| {
                 let (source, kept, dropped) = &job.streams[i];
                 let target = if i == 0 { &out } else { &err };
-                match copy_prefix(source, target, *kept) {
+                match copy_prefix(source.as_deref(), target, *kept) {
                     Ok(()) => (*kept, *dropped),
                     Err(why) => {
                         tracing::warn!(
@@ -429,19 +504,21 @@ pub fn save_logs(dir: &std::path::Path, kept: Vec<KeptOutput>) -> Vec<JobLog> {
         .collect()
 }
 
-/// The first `len` bytes of `source` into a new `target`, synced.
+/// The first `len` bytes of `source` (none: an empty stream) into a new `target`, synced.
 fn copy_prefix(
-    source: &std::path::Path,
+    source: Option<&std::path::Path>,
     target: &std::path::Path,
     len: u64,
 ) -> std::io::Result<()> {
-    let mut from = std::fs::File::open(source)?.take(len);
     let mut to = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .open(target)?;
-    let copied = std::io::copy(&mut from, &mut to)?;
+    let copied = match source {
+        Some(source) => std::io::copy(&mut std::fs::File::open(source)?.take(len), &mut to)?,
+        None => 0,
+    };
     if copied != len {
         return Err(std::io::Error::other(format!(
             "{copied} of {len} bytes were there to copy"
@@ -451,8 +528,13 @@ fn copy_prefix(
 }
 
 impl Job {
+    /// The job's id; empty until it is listed.
     pub fn id(&self) -> &str {
-        &self.id
+        self.id.get().map_or("", String::as_str)
+    }
+
+    fn is_listed(&self) -> bool {
+        self.id.get().is_some()
     }
 
     pub fn is_running(&self) -> bool {
@@ -475,8 +557,15 @@ impl Job {
     /// Records the job's end: waiters see it, listings no longer show it running.
     fn set_ended(&self, ended: Ended) {
         self.end.send_replace(Some(ended));
-        self.board
-            .change(|running| running.retain(|listed| listed.job != self.id));
+        // The id is read under the board's lock: see Jobs::list_job.
+        self.board.change(|running| {
+            let Some(id) = self.id.get() else {
+                return false;
+            };
+            let before = running.len();
+            running.retain(|listed| &listed.job != id);
+            running.len() != before
+        });
     }
 
     async fn exchange(&self, stream: UnixStream, spec: ExecSpec) -> Ended {
@@ -518,14 +607,13 @@ impl Job {
         }
     }
 
-    /// Appends guest output to its stream's file, within the sandbox's bound.
+    /// Appends guest output to its stream, within the sandbox's bound.
     fn keep(&self, channel: OutputChannel, data: &[u8]) {
         let index = match channel {
             OutputChannel::Stdout => 0,
             OutputChannel::Stderr => 1,
         };
         let mut streams = lock(&self.streams);
-        let stream = &mut streams[index];
         let len = data.len() as u64;
         let room = match self
             .total
@@ -535,18 +623,66 @@ impl Job {
             Ok(before) | Err(before) => len.min(JOB_OUTPUT_BOUND.saturating_sub(before)),
         };
         let keep = usize::try_from(room).unwrap_or(data.len()).min(data.len());
-        let written = match stream.file.as_mut() {
-            Some(file) => file.write_all(&data[..keep]).is_ok(),
-            None => false,
+        if matches!(streams[index].sink, Sink::Memory(_))
+            && streams[0].in_memory() + streams[1].in_memory() + keep > MEMORY_BOUND
+        {
+            self.spill(&mut streams);
+        }
+        let stream = &mut streams[index];
+        let written = match &mut stream.sink {
+            Sink::Memory(held) => {
+                held.extend_from_slice(&data[..keep]);
+                true
+            }
+            Sink::File(file) => file.write_all(&data[..keep]).is_ok(),
+            Sink::Closed => false,
         };
         if written {
             stream.kept += keep as u64;
             stream.dropped += len - keep as u64;
         } else {
             // A host file that cannot be written: the job's output from here is dropped.
-            stream.file = None;
+            stream.sink = Sink::Closed;
             self.total.fetch_sub(keep as u64, Ordering::Relaxed);
             stream.dropped += len;
+        }
+    }
+
+    /// Moves what the streams hold in memory to their files, where their output goes from
+    /// now on. A file that cannot be made or written drops its stream's output, counted: the
+    /// job has not been listed yet, so no caller has seen offsets that would now go back.
+    fn spill(&self, streams: &mut [Kept; 2]) {
+        for (stream, suffix) in streams.iter_mut().zip(["stdout", "stderr"]) {
+            let Sink::Memory(held) = &stream.sink else {
+                continue;
+            };
+            let path = self.dir.join(format!("{}.{suffix}", self.seq));
+            let made = std::fs::create_dir_all(&self.dir)
+                .and_then(|()| {
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .truncate(true)
+                        .write(true)
+                        .open(&path)
+                })
+                .and_then(|mut file| file.write_all(held).map(|()| file));
+            match made {
+                Ok(file) => {
+                    stream.sink = Sink::File(file);
+                    stream.path = Some(path);
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        "keeping a job's output in {}: {err}; its output is dropped",
+                        path.display()
+                    );
+                    let _ = std::fs::remove_file(&path);
+                    stream.sink = Sink::Closed;
+                    self.total.fetch_sub(stream.kept, Ordering::Relaxed);
+                    stream.dropped += stream.kept;
+                    stream.kept = 0;
+                }
+            }
         }
     }
 
@@ -617,7 +753,7 @@ impl Job {
             truncated = cut_out || cut_err;
         }
         let mut report = JobReport {
-            job: self.id.clone(),
+            job: self.id().to_owned(),
             state: JobState::Running,
             command: self.command.clone(),
             started_at: self.started_at.clone(),
@@ -657,12 +793,22 @@ impl Job {
         report
     }
 
-    /// Bytes `from..to` of a stream's file, as a head and tail within the job's bound.
+    /// Bytes `from..to` of a stream, as a head and tail within the job's bound.
     fn read(&self, index: usize, from: u64, to: u64) -> (Vec<u8>, bool) {
         let mut excerpt = Excerpt::new(self.limit);
-        let path = lock(&self.streams)[index].path.clone();
         let from = from.min(to);
-        if let Ok(mut file) = std::fs::File::open(&path) {
+        let path = {
+            let streams = lock(&self.streams);
+            if let Sink::Memory(held) = &streams[index].sink {
+                let at =
+                    |offset: u64| usize::try_from(offset).map_or(held.len(), |n| n.min(held.len()));
+                excerpt.push(&held[at(from)..at(to)]);
+                let cut = excerpt.truncated();
+                return (excerpt.into_bytes(), cut);
+            }
+            streams[index].path.clone()
+        };
+        if let Some(mut file) = path.and_then(|path| std::fs::File::open(path).ok()) {
             if file.seek(SeekFrom::Start(from)).is_ok() {
                 let mut left = to - from;
                 let mut buf = vec![0u8; 64 * 1024];
@@ -692,12 +838,14 @@ impl Job {
         }
     }
 
-    /// Removes an ended job's output files, giving their room back to the sandbox's bound.
-    fn forget(self: Arc<Self>) {
+    /// Drops a job's output, its files with it, giving its room back to the sandbox's bound.
+    fn forget(&self) {
         let mut streams = lock(&self.streams);
         for stream in streams.iter_mut() {
-            stream.file = None;
-            let _ = std::fs::remove_file(&stream.path);
+            stream.sink = Sink::Closed;
+            if let Some(path) = stream.path.take() {
+                let _ = std::fs::remove_file(path);
+            }
             self.total.fetch_sub(stream.kept, Ordering::Relaxed);
             stream.kept = 0;
         }
@@ -721,8 +869,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let jobs = Jobs::new(dir.path().join("jobs"));
         let job = jobs.add(&spec("true")).unwrap();
-        assert_eq!(job.id(), "job-1");
         job.keep(OutputChannel::Stdout, b"hello\n");
+        jobs.list_job(&job);
+        assert_eq!(job.id(), "job-1");
         let report = job.report(Some((0, 0)));
         assert_eq!(report.state, JobState::Running);
         assert_eq!(
@@ -749,7 +898,9 @@ mod tests {
         let jobs = Jobs::new(dir.path().join("jobs"));
         let err = jobs.get("job-1").err().unwrap();
         assert_eq!(err.code, crate::foundation::error::ErrorCode::NotFound);
-        jobs.add(&spec("true")).unwrap();
+        let job = jobs.add(&spec("true")).unwrap();
+        assert!(jobs.get("job-1").is_err(), "a job not listed has no id yet");
+        jobs.list_job(&job);
         assert!(jobs.get("job-1").is_ok());
         let err = jobs.get("../job-1").err().unwrap();
         assert!(err.message.contains("its jobs are job-1"), "{err}");
@@ -761,6 +912,7 @@ mod tests {
         let jobs = Jobs::new(dir.path().join("jobs"));
         let job = jobs.add(&spec("echo")).unwrap();
         job.keep(OutputChannel::Stdout, b"out\n");
+        jobs.list_job(&job);
         let result = ExecResult {
             exit_code: Some(0),
             signal: None,
@@ -796,7 +948,11 @@ mod tests {
         assert!(read_running(&jobs_dir).is_empty());
         let jobs = Jobs::new(jobs_dir.clone());
         let first = jobs.add(&spec("sleep 100")).unwrap();
-        jobs.add(&spec("make -j2")).unwrap();
+        let second = jobs.add(&spec("make -j2")).unwrap();
+        // Running within their calls, they are no one's jobs yet.
+        assert!(!jobs_dir.exists());
+        jobs.list_job(&first);
+        jobs.list_job(&second);
         let listed = read_running(&jobs_dir);
         let ids: Vec<(&str, &str)> = listed
             .iter()
@@ -818,11 +974,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let jobs = Jobs::new(dir.path().join("jobs"));
         let ended = jobs.add(&spec("echo done")).unwrap();
+        jobs.list_job(&ended);
         // Far more than a job report's 16-byte excerpt: the saved file has all of it.
         let whole = "line of output\n".repeat(1000);
         ended.keep(OutputChannel::Stdout, whole.as_bytes());
         ended.set_ended(Ended::Failed(Error::internal("ended")));
         let running = jobs.add(&spec("sleep 100")).unwrap();
+        jobs.list_job(&running);
+        // One that ended within its call is not the task's job: no log of it.
+        let quick = jobs.add(&spec("true")).unwrap();
+        quick.keep(OutputChannel::Stdout, b"quick\n");
+        quick.set_ended(Ended::Failed(Error::internal("ended")));
         jobs.total.store(JOB_OUTPUT_BOUND - 3, Ordering::Relaxed);
         running.keep(OutputChannel::Stderr, b"errors");
         let cut_off = jobs.running();
@@ -845,6 +1007,56 @@ mod tests {
         let none = Jobs::new(dir.path().join("none"));
         assert!(save_logs(&dir.path().join("empty"), none.kept_output(&[])).is_empty());
         assert!(!dir.path().join("empty").exists());
+    }
+
+    #[test]
+    fn a_job_within_its_call_stays_in_memory_until_it_outlives_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs_dir = dir.path().join("jobs");
+        let jobs = Jobs::new(jobs_dir.clone());
+        // Ended within its call: no file, no listing, forgotten once its call answered.
+        let quick = jobs.add(&spec("echo quick")).unwrap();
+        quick.keep(OutputChannel::Stdout, b"quick\n");
+        assert_eq!(quick.report(Some((0, 0))).stdout, "quick\n");
+        quick.set_ended(Ended::Failed(Error::internal("ended")));
+        jobs.release(&quick);
+        assert!(!jobs_dir.exists());
+        assert!(jobs.list().is_empty());
+        assert_eq!(jobs.total.load(Ordering::Relaxed), 0);
+        // Outliving its call: what it held goes to its files, offsets unchanged, and it is
+        // listed; releasing a listed job keeps it.
+        let long = jobs.add(&spec("make")).unwrap();
+        long.keep(OutputChannel::Stdout, b"building\n");
+        long.keep(OutputChannel::Stderr, b"warning\n");
+        jobs.list_job(&long);
+        jobs.release(&long);
+        assert_eq!(long.id(), "job-1");
+        long.keep(OutputChannel::Stdout, b"linked\n");
+        assert_eq!(read_running(&jobs_dir)[0].job, "job-1");
+        let report = long.report(Some((9, 0)));
+        assert_eq!(
+            (report.stdout.as_str(), report.stdout_offset),
+            ("linked\n", 16)
+        );
+        assert_eq!(report.stderr, "warning\n");
+        let on_disk = |suffix: &str| std::fs::read(jobs_dir.join(format!("2.{suffix}"))).unwrap();
+        assert_eq!(on_disk("stdout"), b"building\nlinked\n");
+        assert_eq!(on_disk("stderr"), b"warning\n");
+        // A command that prints more than memory holds within its call goes to files early,
+        // still unlisted, and they go with it when it is released.
+        let chatty = jobs.add(&spec("yes")).unwrap();
+        let chunk = vec![b'y'; MEMORY_BOUND / 2 + 1];
+        chatty.keep(OutputChannel::Stdout, &chunk);
+        assert!(!jobs_dir.join("3.stdout").exists());
+        chatty.keep(OutputChannel::Stdout, &chunk);
+        assert_eq!(
+            std::fs::metadata(jobs_dir.join("3.stdout")).unwrap().len(),
+            2 * chunk.len() as u64
+        );
+        chatty.set_ended(Ended::Failed(Error::internal("ended")));
+        jobs.release(&chatty);
+        assert!(!jobs_dir.join("3.stdout").exists());
+        assert_eq!(jobs.list().len(), 1);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Job requests on a control connection: a job started on a connection of the supervisor's
 //! own (served as any client's is, so a job is logged, annotated and cut off as an exec is),
-//! waited on, queried and killed ([`crate::supervisor::jobs`]).
+//! listed once it outlives its call, waited on, queried and killed
+//! ([`crate::supervisor::jobs`]).
 
 use std::time::Duration;
 
@@ -28,10 +29,6 @@ pub(super) async fn start_job(
     if let Some(ending) = shared.ending.get() {
         return ControlReply::Error(Error::conflict(ending.clone()));
     }
-    let job = match shared.jobs.add(&spec) {
-        Ok(job) => job,
-        Err(err) => return ControlReply::Error(err),
-    };
     let (ours, theirs) = match UnixStream::pair() {
         Ok(pair) => pair,
         Err(err) => {
@@ -40,8 +37,16 @@ pub(super) async fn start_job(
             )))
         }
     };
+    let job = match shared.jobs.add(&spec) {
+        Ok(job) => job,
+        Err(err) => return ControlReply::Error(err),
+    };
     if main_loop.connect.send(theirs).await.is_err() {
+        shared.jobs.release(&job);
         return ControlReply::Error(Error::conflict("the sandbox is ending"));
+    }
+    if wait_ms == 0 {
+        shared.jobs.list_job(&job);
     }
     let report_progress = spec.report_progress;
     tokio::spawn(job.clone().drive(ours, spec));
@@ -56,7 +61,14 @@ pub(super) async fn start_job(
             job.wait(Duration::from_secs(30), None).await;
         }
     }
-    ControlReply::Job(Box::new(job.report(Some((0, 0)))))
+    // Still running, it outlived its call: a job from now on. Ended, its Exec object is the
+    // answer and nothing else keeps it.
+    if job.is_running() {
+        shared.jobs.list_job(&job);
+    }
+    let report = job.report(Some((0, 0)));
+    shared.jobs.release(&job);
+    ControlReply::Job(Box::new(report))
 }
 
 /// A job's state and output since the query's offsets, after a kill or a wait if asked.

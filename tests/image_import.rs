@@ -129,10 +129,20 @@ fn upper_layer() -> Vec<u8> {
         .bytes()
 }
 
+/// The config's `WorkingDir`, and a tool only the config's `PATH` finds.
 fn third_layer() -> Vec<u8> {
     Layer::new()
         .dir("work")
         .file("top/third.txt", "three\n")
+        .dir("tools")
+        .dir("tools/bin")
+        .entry(
+            tar::EntryType::Regular,
+            "tools/bin/mytool",
+            "",
+            0o755,
+            b"#!/bin/sh\necho tool ran\n",
+        )
         .bytes()
 }
 
@@ -141,7 +151,7 @@ fn config(diff_ids: &[String]) -> Vec<u8> {
         "architecture": "amd64",
         "os": "linux",
         "config": {
-            "Env": ["PATH=/bin", "GREETING=hello"],
+            "Env": ["PATH=/tools/bin:/bin", "GREETING=hello", "HOME=/root"],
             "WorkingDir": "/work",
             "Cmd": ["/bin/sh"],
         },
@@ -372,6 +382,42 @@ fn oci_layout_and_docker_archive_import_and_boot_on_the_jail() {
     assert_eq!(home.sh("box", "test -e /dev/evil || echo none"), "none\n");
     assert_eq!(home.sh("box", "id -u; id -un"), "1000\nsandbox\n");
     assert_eq!(home.sh("box", "test -d /work && echo dir"), "dir\n");
+    // The config's Env and WorkingDir apply: its PATH finds its tool, a command given no cwd
+    // starts in its WorkingDir, and the sandbox user's HOME stays DynoCap's.
+    assert_eq!(
+        home.sh("box", "mytool; pwd; echo $GREETING $HOME"),
+        "tool ran\n/work\nhello /home/sandbox\n"
+    );
+    let given = home.exec(
+        "box",
+        &["--cwd", "/", "--env", "GREETING=mine"],
+        "pwd; echo $GREETING",
+    );
+    assert_eq!(given["stdout"], "/\nmine\n", "{given:#}");
+    let job = home.json(&[
+        "exec",
+        "box",
+        "--background",
+        "--",
+        "mytool > /tmp/job.out; pwd >> /tmp/job.out",
+    ]);
+    assert!(job["job"].is_string(), "{job:#}");
+    assert_eq!(
+        home.sh("box", "for i in $(seq 50); do test -s /tmp/job.out && grep -q / /tmp/job.out && break; sleep 0.1; done; cat /tmp/job.out"),
+        "tool ran\n/work\n",
+        "a job gets the image's Env and WorkingDir too"
+    );
+    let inspected = home.json(&["image", "inspect", "tiny"]);
+    assert_eq!(
+        inspected["image"]["config"]["Cmd"][0], "/bin/sh",
+        "{inspected:#}"
+    );
+    let text = String::from_utf8(home.run(&["image", "inspect", "tiny"]).stdout).expect("utf8");
+    assert!(
+        text.contains("working dir (raw sandboxes): /work")
+            && text.contains("cmd (not run): [\"/bin/sh\"]"),
+        "{text}"
+    );
 
     let refused = home.json_err(&["image", "rm", "tiny"]);
     assert_eq!(refused["code"], "conflict", "{refused:#}");
@@ -741,8 +787,12 @@ fn a_task_starts_on_an_imported_image() {
     ]);
     assert_eq!(started["image"], "withgit", "{started:#}");
     assert_eq!(
-        home.task_sh("t", "pwd; cat hello.txt; echo more > new.txt"),
-        "/workspace\nhello\n"
+        home.task_sh(
+            "t",
+            "pwd; cat hello.txt; echo more > new.txt; echo $GREETING"
+        ),
+        "/workspace\nhello\nhello\n",
+        "a task starts in /workspace whatever WorkingDir says, with the image's Env"
     );
     let diff = String::from_utf8(home.run(&["task", "diff", "t"]).stdout).expect("utf8");
     assert!(diff.contains("+more"), "{diff}");
@@ -786,6 +836,11 @@ fn an_imported_image_boots_in_a_vm_with_the_debian_images_kernel() {
     assert_eq!(
         home.sh("tinyvm", "test -e /data/gone.txt || echo whited-out"),
         "whited-out\n"
+    );
+    assert_eq!(
+        home.sh("tinyvm", "pwd; echo $GREETING"),
+        "/\nhello\n",
+        "the image's Env applies on the vm too; its WorkingDir /work is not in these layers"
     );
     let release = home.sh("tinyvm", "busybox uname -r");
     assert_eq!(release.trim(), kernel, "the debian image's kernel runs it");

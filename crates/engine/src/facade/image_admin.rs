@@ -1,1 +1,149 @@
+//! The engine's image commands (`dynocap image build|import|ls|rm`): the store, plus the catalog's
+//! word on which images live sandboxes still use.
 
+use std::sync::atomic::AtomicBool;
+
+use serde::Serialize;
+
+use crate::facade::sandboxes::Engine;
+use crate::foundation::error::{Error, Result};
+use crate::image::build::{self, Outcome};
+use crate::image::import::{self, Imported};
+use crate::image::store::{BuiltImage, ImageSource, ImageStore};
+use crate::image::unpack::Limits;
+use crate::store::catalog::{Record, State};
+
+/// One line of `image ls`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageInfo {
+    pub name: String,
+    pub id: String,
+    pub created: String,
+    pub size_bytes: u64,
+    /// Kernel release inside the image (what the `vm` backend boots), if any.
+    pub kernel: Option<String>,
+    /// Where an imported image came from (none: built by `image build`).
+    pub source: Option<ImageSource>,
+    /// Live sandboxes (and tasks waiting to be recovered) that use this image.
+    pub used_by: Vec<String>,
+    pub path: String,
+    /// An imported image's config as recorded: `Env` and `WorkingDir` are applied to its
+    /// sandboxes' commands, `User`, `Entrypoint` and `Cmd` only shown (docs/sandboxes.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config: Option<crate::image::oci::ContainerConfig>,
+}
+
+/// A sandbox whose guest needs its image's lower layer: running, or keeping a writable layer
+/// that a recovery boots again over the same image.
+fn needs_image(record: &Record) -> bool {
+    record.state.is_live() || record.state == State::Unsaved
+}
+
+impl Engine {
+    fn image_store(&self) -> ImageStore {
+        ImageStore::for_home(self.home(), self.config().images.cache_dir())
+    }
+
+    /// Builds image `name`, or finds it built (see [`build::build`]).
+    pub fn image_build(
+        &self,
+        name: &str,
+        progress: &dyn Fn(&str),
+        cancel: &AtomicBool,
+    ) -> Result<Outcome> {
+        build::build(
+            &self.image_store(),
+            name,
+            self.config().images.debian_mirror.as_deref(),
+            progress,
+            cancel,
+        )
+    }
+
+    /// Imports an OCI image layout or a `docker save` archive (see [`import::import`]).
+    pub fn image_import(
+        &self,
+        path: &std::path::Path,
+        name: Option<&str>,
+        limits: Limits,
+        progress: &dyn Fn(&str),
+        cancel: &AtomicBool,
+    ) -> Result<Imported> {
+        import::import(&self.image_store(), path, name, limits, progress, cancel)
+    }
+
+    /// Every built image, with the sandboxes using it.
+    pub fn image_ls(&self) -> Result<Vec<ImageInfo>> {
+        let records = self.live_records()?;
+        Ok(self
+            .image_store()
+            .list()?
+            .into_iter()
+            .map(|image| info(&image, &records))
+            .collect())
+    }
+
+    /// One image (by name: its newest; or by id), with the sandboxes using it.
+    pub fn image_inspect(&self, name_or_id: &str) -> Result<ImageInfo> {
+        let image = self.image_store().find(name_or_id)?.ok_or_else(|| {
+            Error::not_found(format!(
+                "no image named or with id \"{name_or_id}\" (see dynocap image ls)"
+            ))
+        })?;
+        Ok(info(&image, &self.live_records()?))
+    }
+
+    /// Removes a built image, refused while a sandbox needs it.
+    pub fn image_rm(&self, name_or_id: &str) -> Result<ImageInfo> {
+        let store = self.image_store();
+        let image = store.find(name_or_id)?.ok_or_else(|| {
+            Error::not_found(format!(
+                "no built image named or with id \"{name_or_id}\" (see dynocap image ls)"
+            ))
+        })?;
+        let records = self.live_records()?;
+        let info = info(&image, &records);
+        if !info.used_by.is_empty() {
+            return Err(Error::conflict(format!(
+                "image {} ({}) is in use by {}; destroy or finish {} first",
+                image.name(),
+                build::short(image.id()),
+                info.used_by.join(", "),
+                if info.used_by.len() == 1 {
+                    "it"
+                } else {
+                    "them"
+                }
+            )));
+        }
+        store.remove(&image)?;
+        Ok(info)
+    }
+
+    /// Records whose guest needs its image, after repairing the catalog (a sandbox whose
+    /// supervisor died is `lost` and no longer holds its image).
+    fn live_records(&self) -> Result<Vec<Record>> {
+        let catalog = self.catalog()?;
+        self.reconcile(&catalog)?;
+        Ok(catalog.list()?.into_iter().filter(needs_image).collect())
+    }
+}
+
+fn info(image: &BuiltImage, records: &[Record]) -> ImageInfo {
+    ImageInfo {
+        name: image.name().to_owned(),
+        id: image.id().to_owned(),
+        created: image.meta.created.clone(),
+        size_bytes: image.meta.size_bytes,
+        kernel: image.meta.kernel.clone(),
+        source: image.meta.source.clone(),
+        used_by: records
+            .iter()
+            .filter(|r| r.image.id.as_deref() == Some(image.id()))
+            .map(|r| r.name.clone().unwrap_or_else(|| r.id.clone()))
+            .collect(),
+        path: image.dir.display().to_string(),
+        config: image.meta.config.clone(),
+    }
+}

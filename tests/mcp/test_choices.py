@@ -65,8 +65,9 @@ async def test_image_defaults_to_the_images_on_the_host(host: Host) -> None:
 
 async def test_the_images_variable_names_what_a_caller_may_boot(host: Host) -> None:
     """Set, only its entries: `host` is refused when not listed, a listed name that is not built
-    gets the engine's build hint, a reference under an allowed registry prefix is refused as
-    not pulled yet, and one under another prefix is policy_denied."""
+    gets the engine's build hint, a reference under an allowed registry prefix is pulled (here
+    refused by DYNOCAP_REGISTRIES, which is unset), and one under another prefix is
+    policy_denied."""
     env = {"DYNOCAP_MCP_IMAGES": "debian,registry.example/team/"}
     async with connect(host, env=env) as s:
         text = err(await s.call_tool("dynocap_run", {"name": "x", "image": "host"}), "policy_denied")
@@ -78,8 +79,8 @@ async def test_the_images_variable_names_what_a_caller_may_boot(host: Host) -> N
         text = err(await s.call_tool("dynocap_run", {"name": "x", "image": "debian"}), "invalid_argument")
         assert "dynocap image build debian" in text, text
         text = err(await s.call_tool("dynocap_run", {"name": "x", "image": "registry.example/team/app:1"}),
-                   "not_found")
-        assert "pulling images is not available yet" in text and "dynocap image ls" in text, text
+                   "invalid_argument")
+        assert "DYNOCAP_REGISTRIES" in text and "registry.example" in text, text
         for outside in ("registry.example/other/app:1", "registry.example/teamx/app:1"):
             text = err(await s.call_tool("dynocap_run", {"name": "x", "image": outside}), "policy_denied")
             assert "DYNOCAP_MCP_IMAGES" in text, text

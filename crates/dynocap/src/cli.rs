@@ -90,6 +90,11 @@ pub enum ImageCommand {
     /// oci-dir) or a `docker save` archive as an image both backends boot (the vm backend
     /// with the kernel of a built debian image, as container images carry none).
     Import(ImageImportArgs),
+    /// Pull an image from a registry over HTTPS (registry.example/team/tool:1, or
+    /// …@sha256:…), only from the registries in DYNOCAP_REGISTRIES; layers are stored once
+    /// and shared between images. Credentials: --username/--password-stdin or the Docker
+    /// config file; never stored.
+    Pull(ImagePullArgs),
     /// List built and imported images.
     Ls,
     /// Show one image: its source, size, users and its config (Env, WorkingDir, User,
@@ -98,6 +103,28 @@ pub enum ImageCommand {
     /// Remove a built image (by name: its newest build; or by id); refused while a live
     /// sandbox uses it.
     Rm(ImageNameArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImagePullArgs {
+    /// The image: registry/repository:tag or registry/repository@sha256:digest.
+    #[arg(value_name = "REF")]
+    pub reference: String,
+    /// The image's name (default: the reference as given).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The registry user (with --password-stdin); default: the Docker config file's entry.
+    #[arg(long, requires = "password_stdin")]
+    pub username: Option<String>,
+    /// Read the password from standard input (its first line).
+    #[arg(long, requires = "username")]
+    pub password_stdin: bool,
+    /// Refuse an image whose files add up to more than this many bytes.
+    #[arg(long, default_value_t = 16 << 30)]
+    pub max_bytes: u64,
+    /// Refuse an image with more than this many files.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub max_files: u64,
 }
 
 #[derive(Debug, Args)]

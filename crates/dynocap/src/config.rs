@@ -42,6 +42,11 @@ struct Variables {
     image_cache: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_DEBIAN_MIRROR")]
     debian_mirror: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_REGISTRIES")]
+    registries: Option<OsString>,
+    /// Docker's own variable: where the user's Docker config file is (for `image pull`).
+    #[arg(long, hide = true, env = "DOCKER_CONFIG")]
+    docker_config: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_AGENT")]
     agent: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_BIN")]
@@ -158,6 +163,11 @@ pub fn from_env() -> Result<Settings, Error> {
         log: text(s.mcp_log),
         wait_seconds: nonblank(s.mcp_wait_seconds),
     };
+    // Docker's rule: `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`.
+    let docker_config = path(s.docker_config)
+        .filter(|p| !p.as_os_str().is_empty())
+        .or_else(|| path(s.user_home.clone()).map(|h| h.join(".docker")))
+        .map(|dir| dir.join("config.json"));
     let engine = Config {
         home: HomeConfig {
             dynocap_home: path(s.dynocap_home),
@@ -172,6 +182,8 @@ pub fn from_env() -> Result<Settings, Error> {
             default: text(s.image),
             cache: path(s.image_cache),
             debian_mirror: text(s.debian_mirror),
+            registries: text(s.registries),
+            docker_config,
         },
         agent: path(s.agent),
         supervisor_exe: path(s.bin),

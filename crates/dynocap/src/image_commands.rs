@@ -12,13 +12,14 @@ use dynocap_engine::image::build::{short, Origin};
 use dynocap_engine::image_admin::ImageInfo;
 use dynocap_engine::{Engine, Error};
 
-use crate::cli::{ImageCommand, ImageImportArgs};
+use crate::cli::{ImageCommand, ImageImportArgs, ImagePullArgs};
 use crate::output::{print_json, say, sayln, table, warnln};
 
 pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<ExitCode, Error> {
     match command {
         ImageCommand::Build(args) => build(engine, json, args.name).await,
         ImageCommand::Import(args) => import(engine, json, args).await,
+        ImageCommand::Pull(args) => pull(engine, json, args).await,
         ImageCommand::Ls => {
             let images = engine.image_ls()?;
             if json {
@@ -51,7 +52,7 @@ pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<
 }
 
 const HEADERS: &[&str] = &[
-    "NAME", "ID", "SIZE", "CREATED", "KERNEL", "USED_BY", "SOURCE",
+    "NAME", "ID", "SIZE", "SHARED", "CREATED", "KERNEL", "USED_BY", "SOURCE",
 ];
 
 fn row(image: &ImageInfo) -> Vec<String> {
@@ -59,6 +60,7 @@ fn row(image: &ImageInfo) -> Vec<String> {
         image.name.clone(),
         short(&image.id).to_owned(),
         format!("{:.0} MiB", image.size_bytes as f64 / (1024.0 * 1024.0)),
+        format!("{:.0} MiB", image.shared_bytes as f64 / (1024.0 * 1024.0)),
         image.created.clone(),
         image.kernel.clone().unwrap_or_else(|| "-".into()),
         if image.used_by.is_empty() {
@@ -72,7 +74,7 @@ fn row(image: &ImageInfo) -> Vec<String> {
 
 fn source_text(image: &ImageInfo) -> String {
     match &image.source {
-        Some(source) => format!("imported {} ({})", source.path, source.format),
+        Some(source) => described_source(source),
         None => "built".into(),
     }
 }
@@ -186,6 +188,72 @@ async fn import(engine: Engine, json: bool, args: ImageImportArgs) -> Result<Exi
                 stats.setid_cleared
             );
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An image's origin for `image ls`: the reference it was pulled by and its manifest digest,
+/// or the file it was imported from.
+fn described_source(source: &dynocap_engine::image::store::ImageSource) -> String {
+    if source.format == "registry" {
+        let digest = source.manifest_digest.as_deref().unwrap_or_default();
+        let digest = digest.get(..19).unwrap_or(digest);
+        format!("pulled {} ({digest})", source.path)
+    } else {
+        format!("imported {} ({})", source.path, source.format)
+    }
+}
+
+async fn pull(engine: Engine, json: bool, args: ImagePullArgs) -> Result<ExitCode, Error> {
+    let credentials = match (&args.username, args.password_stdin) {
+        (Some(username), true) => Some(dynocap_engine::image::pull::Credentials {
+            username: username.clone(),
+            password: dynocap_engine::image::pull::read_password(std::io::stdin().lock())?,
+        }),
+        _ => None,
+    };
+    let (cancel, watcher) = cancel_on_signal()?;
+    let limits = dynocap_engine::image::unpack::Limits {
+        max_bytes: args.max_bytes,
+        max_files: args.max_files,
+    };
+    let progress = |line: &str| warnln!("image pull: {line}");
+    let pulled = engine
+        .image_pull(
+            &args.reference,
+            args.name.as_deref(),
+            credentials,
+            limits,
+            &progress,
+            &cancel,
+        )
+        .await;
+    watcher.abort();
+    let pulled = pulled?;
+    let image = &pulled.image;
+    if json {
+        let info = engine.image_ls()?.into_iter().find(|i| i.id == image.id());
+        print_json(&serde_json::json!({
+            "image": info,
+            "origin": if pulled.present { "present" } else { "pulled" },
+            "stats": pulled.stats,
+            "transfer": pulled.transfer,
+        }));
+    } else {
+        let t = &pulled.transfer;
+        sayln!(
+            "image {} ({}) {}: {} blobs downloaded ({} bytes), {} layers already stored",
+            image.name(),
+            short(image.id()),
+            if pulled.present {
+                "already pulled"
+            } else {
+                "pulled"
+            },
+            t.blobs_downloaded,
+            t.bytes_downloaded,
+            t.layers_present
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -80,6 +80,11 @@ pub struct KernelFiles {
 
 /// The error for an image that is not built.
 fn not_built(name: &str) -> Error {
+    if store::is_reference(name) {
+        return Error::invalid(format!(
+            "image \"{name}\" is not on this host; pull it with `dynocap image pull {name}`"
+        ));
+    }
     if recipe::BUILDABLE.contains(&name) {
         Error::invalid(format!(
             "image \"{name}\" is not built; build it with `dynocap image build {name}` \
@@ -100,7 +105,7 @@ pub fn resolve(home: &Home, name: &str) -> Result<ImageRef> {
     if name == DEFAULT_IMAGE {
         return Ok(ImageRef::host());
     }
-    if !store::is_name(name) {
+    if !store::is_name(name) && !store::is_reference(name) {
         return Err(not_built(name));
     }
     let store = store::ImageStore::for_home(home, None);

@@ -147,7 +147,7 @@ impl Tools {
                     args.integer("memoryMB")?,
                     args.integer("diskMB")?,
                 )?;
-                let choice = self.image_and_hosts(&args, spec.network.as_str())?;
+                let choice = self.image_and_hosts(&args, spec.network.as_str()).await?;
                 spec.image = choice.image;
                 spec.allow_hosts = choice.allow_hosts;
                 let publish = self.publish(&args)?;
@@ -274,7 +274,7 @@ impl Tools {
             args.integer("memoryMB")?,
             args.integer("diskMB")?,
         )?;
-        let choice = self.image_and_hosts(args, spec.network.as_str())?;
+        let choice = self.image_and_hosts(args, spec.network.as_str()).await?;
         spec.image = choice.image;
         spec.allow_hosts = choice.allow_hosts;
         let mut project = None;
@@ -308,9 +308,28 @@ impl Tools {
         Ok(publish)
     }
 
+    /// Pulls an image reference that `DYNOCAP_MCP_IMAGES` allows and the host lacks, as
+    /// `dynocap image pull` would: only from `DYNOCAP_REGISTRIES`, with the server user's
+    /// Docker config for credentials.
+    async fn pull_on_demand(&self, reference: &str) -> Result<(), Error> {
+        let cancel = std::sync::atomic::AtomicBool::new(false);
+        let progress = |line: &str| tracing::info!("image pull: {line}");
+        self.engine
+            .image_pull(
+                reference,
+                None,
+                None,
+                dynocap_engine::image::unpack::Limits::default(),
+                &progress,
+                &cancel,
+            )
+            .await
+            .map(|_| ())
+    }
+
     /// A start's `image` and `allowHosts` and its `network`, judged by the host policy:
     /// malformed values first (`invalid_argument`), then the host's rules (`policy_denied`).
-    fn image_and_hosts(&self, args: &Args<'_>, network: &str) -> Result<Chosen, Error> {
+    async fn image_and_hosts(&self, args: &Args<'_>, network: &str) -> Result<Chosen, Error> {
         let tool = args.tool();
         let image = args.string("image")?;
         if let Some(raw) = &image {
@@ -330,7 +349,11 @@ impl Tools {
                     .into_iter()
                     .map(|image| image.name)
                     .collect();
-                Some(self.enforce(tool, self.policy.check_image(&raw, &on_host))?)
+                let image = self.enforce(tool, self.policy.check_image(&raw, &on_host))?;
+                if !on_host.contains(&image) && dynocap_engine::image::store::is_reference(&image) {
+                    self.pull_on_demand(&image).await?;
+                }
+                Some(image)
             }
             None => None,
         };

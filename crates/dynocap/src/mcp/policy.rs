@@ -511,7 +511,7 @@ impl Policy {
     /// present) on this host (`dynocap image ls`; `host` is always there). Returns the name
     /// the engine resolves. Unset `DYNOCAP_MCP_IMAGES` offers exactly the images on the host;
     /// set, an image must match one of its entries. A registry reference that is allowed but
-    /// not on the host is refused (`not_found`): images are not pulled yet.
+    /// not on the host is the caller's to pull (within `DYNOCAP_REGISTRIES`).
     pub fn check_image(&self, raw: &str, on_host: &[String]) -> Result<String, Refusal> {
         Self::check_image_shape(raw)?;
         let present = raw == HOST_IMAGE || on_host.iter().any(|name| name == raw);
@@ -541,7 +541,7 @@ impl Policy {
             ImageEntry::Built => raw != HOST_IMAGE && present,
             ImageEntry::Prefix(prefix) => raw.starts_with(prefix.as_str()),
         });
-        let Some(entry) = matched else {
+        let Some(_) = matched else {
             return Err(Refusal::denied(
                 "image.not-allowed",
                 if entries.is_empty() {
@@ -560,19 +560,6 @@ impl Policy {
                 },
             ));
         };
-        // A registry reference the host has not got would have to be pulled.
-        if !present && is_registry_reference(raw) {
-            return Err(Refusal {
-                code: ErrorCode::NotFound,
-                rule: "image.pull",
-                message: format!(
-                    "image {raw:?} is allowed by {ENV_IMAGES} ({entry}) but is not on this \
-                     host, and pulling images is not available yet; `dynocap image ls` on the \
-                     host lists the images there ({})",
-                    shown_on_host()
-                ),
-            });
-        }
         Ok(raw.to_owned())
     }
 
@@ -824,12 +811,6 @@ fn image_ref_shape(raw: &str) -> Result<(), &'static str> {
         return Err("a path segment is empty, . or ..");
     }
     Ok(())
-}
-
-/// Whether `name` is a registry reference (it names a repository on a registry) rather than
-/// the name of an image built here.
-fn is_registry_reference(name: &str) -> bool {
-    name.contains('/')
 }
 
 fn build_images(value: &str, warn: &mut dyn FnMut(String)) -> Vec<ImageEntry> {

@@ -9,6 +9,8 @@ use crate::facade::sandboxes::Engine;
 use crate::foundation::error::{Error, Result};
 use crate::image::build::{self, Outcome};
 use crate::image::import::{self, Imported};
+use crate::image::layers::LayerStore;
+use crate::image::oci::Digest;
 use crate::image::store::{BuiltImage, ImageSource, ImageStore};
 use crate::image::unpack::Limits;
 use crate::store::catalog::{Record, State};
@@ -25,6 +27,9 @@ pub struct ImageInfo {
     pub kernel: Option<String>,
     /// Where an imported image came from (none: built by `image build`).
     pub source: Option<ImageSource>,
+    /// Bytes of this image's layers (the shared layer store's) that other images use too:
+    /// stored once for all of them. 0 for an image whose rootfs is its own (a debian build).
+    pub shared_bytes: u64,
     /// Live sandboxes (and tasks waiting to be recovered) that use this image.
     pub used_by: Vec<String>,
     pub path: String,
@@ -118,6 +123,18 @@ impl Engine {
             )));
         }
         store.remove(&image)?;
+        // Then the layers no image left uses (asked under the layer store's lock, so an
+        // image installed meanwhile keeps its own).
+        let freed = LayerStore::in_images_dir(store.dir()).free_unused(&|| {
+            Ok(store
+                .list()?
+                .into_iter()
+                .flat_map(|image| image.meta.layers)
+                .collect())
+        })?;
+        if freed.layers > 0 {
+            tracing::info!("freed {} layers ({} bytes)", freed.layers, freed.bytes);
+        }
         Ok(info)
     }
 
@@ -130,6 +147,33 @@ impl Engine {
     }
 }
 
+/// The bytes of `image`'s layers that another image of its store uses too.
+fn shared_bytes(image: &BuiltImage) -> u64 {
+    if image.meta.layers.is_empty() {
+        return 0;
+    }
+    // `images/<name>/<id>`.
+    let Some(images_dir) = image.dir.parent().and_then(|p| p.parent()) else {
+        return 0;
+    };
+    let others: std::collections::HashSet<String> = ImageStore::at(images_dir.to_owned(), None)
+        .list()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|other| other.dir != image.dir)
+        .flat_map(|other| other.meta.layers)
+        .collect();
+    let layers = LayerStore::in_images_dir(images_dir);
+    image
+        .meta
+        .layers
+        .iter()
+        .filter(|id| others.contains(*id))
+        .filter_map(|id| layers.get(&Digest::parse(id).ok()?))
+        .map(|layer| layer.meta.size_bytes)
+        .sum()
+}
+
 fn info(image: &BuiltImage, records: &[Record]) -> ImageInfo {
     ImageInfo {
         name: image.name().to_owned(),
@@ -138,6 +182,7 @@ fn info(image: &BuiltImage, records: &[Record]) -> ImageInfo {
         size_bytes: image.meta.size_bytes,
         kernel: image.meta.kernel.clone(),
         source: image.meta.source.clone(),
+        shared_bytes: shared_bytes(image),
         used_by: records
             .iter()
             .filter(|r| r.image.id.as_deref() == Some(image.id()))

@@ -10,6 +10,7 @@ pub mod apply;
 pub mod ceilings;
 pub mod files;
 pub mod image_admin;
+pub mod image_pull;
 pub mod jobs;
 pub mod pool;
 pub mod ports;

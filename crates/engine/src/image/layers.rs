@@ -282,11 +282,13 @@ impl LayerStore {
         Ok(())
     }
 
-    /// Frees every layer no name in `used` (diff ids, `sha256:<hex>`) names, and leftovers of
-    /// unpacks and downloads that died. Takes the store's exclusive lock, so no unpack or
-    /// assembly runs meanwhile.
-    pub fn free_unused(&self, used: &HashSet<String>) -> Result<Freed> {
+    /// Frees every layer that no diff id (`sha256:<hex>`) `used` gives names, and leftovers
+    /// of unpacks and downloads that died. Takes the store's exclusive lock first, so no
+    /// unpack or assembly runs meanwhile and `used` (asked under the lock) sees every image
+    /// installed before it.
+    pub fn free_unused(&self, used: &dyn Fn() -> Result<HashSet<String>>) -> Result<Freed> {
         let _lock = self.lock(true)?;
+        let used = used()?;
         let mut freed = Freed::default();
         let layers = self.layers_dir();
         for entry in read_dir_names(&layers)? {
@@ -624,7 +626,7 @@ mod tests {
 
         // Freeing keeps the used ones.
         let used: HashSet<String> = [base.meta.diff_id.clone()].into();
-        let freed = store.free_unused(&used).expect("free");
+        let freed = store.free_unused(&|| Ok(used.clone())).expect("free");
         assert_eq!(freed.layers, 2);
         assert!(store
             .get(&Digest::parse(&base.meta.diff_id).expect("d"))

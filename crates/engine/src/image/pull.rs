@@ -102,6 +102,7 @@ pub struct Transfer {
 }
 
 /// Pulls `reference` (as given) and stores it as `name` (default: the reference itself).
+#[allow(clippy::too_many_arguments)]
 pub async fn pull(
     images: &ImageStore,
     reference: &str,

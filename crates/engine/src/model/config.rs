@@ -67,6 +67,12 @@ pub struct ImagesConfig {
     /// `DYNOCAP_DEBIAN_MIRROR`: the mirror an image build and the guest's apt use (unset or
     /// blank: Debian's).
     pub debian_mirror: Option<String>,
+    /// `DYNOCAP_REGISTRIES`: `,`-separated registry hosts (`host`, `host:port`, `*.domain`)
+    /// `dynocap image pull` may use (unset: none).
+    pub registries: Option<String>,
+    /// The user's Docker config file (`$DOCKER_CONFIG/config.json`, else
+    /// `~/.docker/config.json`): credentials for a pull given none.
+    pub docker_config: Option<PathBuf>,
 }
 
 /// The host ceilings as given, each a whole number above 0 (unset: a default from the

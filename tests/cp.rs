@@ -7,6 +7,10 @@
 //! `dynocap cp` in: a file and a directory (a file of several pieces, a symlink kept as a
 //! link) arrive owned by the sandbox user with their modes, and a guest symlink at a name the
 //! copy makes is refused rather than followed. A task copies relative to its /workspace.
+//! A directory of 5,000 files (more than one guest listing carries, at two levels) goes out
+//! and in whole, and only `--max-entries` stops such a copy, both ways round. On the vm
+//! backend, a file and a directory go out and in, and a guest symlink pointing out of the
+//! destination arrives as a symlink, never followed.
 
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::Path;
@@ -240,6 +244,64 @@ fn unreadable_guest_files_and_the_byte_bound_refuse_the_copy() {
 }
 
 #[test]
+fn a_directory_longer_than_a_listing_goes_out_and_in_whole() {
+    let Some(home) = booted(
+        "a_directory_longer_than_a_listing_goes_out_and_in_whole",
+        "cpl",
+    ) else {
+        return;
+    };
+    // 2,600 files and a directory of 2,400: each level more than a listing's 2,000 entries.
+    home.sh(
+        "cpl",
+        "mkdir -p /tmp/big/d && cd /tmp/big && seq 1 2600 | xargs touch \
+         && (cd d && seq 1 2400 | xargs touch) && echo last > 2600 && echo deep > d/2400",
+    );
+    let host = tempfile::tempdir().expect("tempdir");
+    let out = host.path().join("big");
+    let stderr = cp(&home, &["cpl:/tmp/big", &out.to_string_lossy()]);
+    assert!(
+        stderr.contains("copied 5000 files, 2 directories"),
+        "{stderr}"
+    );
+    let count = |dir: &Path| std::fs::read_dir(dir).expect("read_dir").count();
+    assert_eq!((count(&out), count(&out.join("d"))), (2601, 2400));
+    assert_eq!(std::fs::read(out.join("2600")).expect("2600"), b"last\n");
+    assert_eq!(std::fs::read(out.join("d/2400")).expect("2400"), b"deep\n");
+    let stderr = cp(&home, &[&out.to_string_lossy(), "cpl:/tmp/back"]);
+    assert!(
+        stderr.contains("copied 5000 files, 2 directories"),
+        "{stderr}"
+    );
+    assert_eq!(
+        home.sh(
+            "cpl",
+            "find /tmp/back -type f | wc -l; cat /tmp/back/2600 /tmp/back/d/2400"
+        )
+        .split_whitespace()
+        .collect::<Vec<_>>(),
+        ["5000", "last", "deep"]
+    );
+    // Only the entry bound stops it, either way, and says so.
+    for (from, to) in [
+        (
+            "cpl:/tmp/big".to_owned(),
+            host.path().join("cut").to_string_lossy().into_owned(),
+        ),
+        (
+            out.to_string_lossy().into_owned(),
+            "cpl:/tmp/cut".to_owned(),
+        ),
+    ] {
+        let message = cp_fails(&home, &[&from, &to, "--max-entries", "4000"]);
+        assert!(
+            message.contains("more than 4000 entries") && message.contains("--max-entries"),
+            "{message}"
+        );
+    }
+}
+
+#[test]
 fn files_and_directories_go_in_as_the_sandbox_user_never_through_a_guest_symlink() {
     let Some(home) = booted(
         "files_and_directories_go_in_as_the_sandbox_user_never_through_a_guest_symlink",
@@ -333,4 +395,50 @@ fn a_task_copies_relative_to_its_workspace_both_ways() {
         home.task_sh("cpt", "cat new.txt && git status --porcelain new.txt"),
         "from the host\n?? new.txt\n"
     );
+}
+
+#[test]
+fn a_vm_copies_out_and_in_and_its_symlinks_are_never_followed_on_the_host() {
+    let test = "a_vm_copies_out_and_in_and_its_symlinks_are_never_followed_on_the_host";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let info = home.sandbox("cpv", &[]);
+    assert_eq!(info["backend"], "vm", "{info:#}");
+    home.sh(
+        "cpv",
+        "mkdir -p /tmp/v/d && echo top > /tmp/v/f && echo deep > /tmp/v/d/g \
+         && chmod 750 /tmp/v/d && ln -s ../canary /tmp/v/out",
+    );
+    let host = tempfile::tempdir().expect("tempdir");
+    let canary = host.path().join("canary");
+    std::fs::write(&canary, "untouched").expect("canary");
+    cp(
+        &home,
+        &["cpv:/tmp/v/f", &host.path().join("f").to_string_lossy()],
+    );
+    assert_eq!(std::fs::read(host.path().join("f")).expect("f"), b"top\n");
+    let tree = host.path().join("tree");
+    cp(&home, &["cpv:/tmp/v", &tree.to_string_lossy()]);
+    assert_eq!(std::fs::read(tree.join("d/g")).expect("g"), b"deep\n");
+    assert_eq!(mode(&tree.join("d")), 0o750);
+    // tree/out -> ../canary names the host's canary: made as a link, never written through.
+    assert_eq!(
+        std::fs::read_link(tree.join("out")).expect("a symlink"),
+        Path::new("../canary")
+    );
+    assert_eq!(std::fs::read(&canary).expect("canary"), b"untouched");
+    cp(&home, &[&tree.to_string_lossy(), "cpv:/tmp/back"]);
+    cp(
+        &home,
+        &[&host.path().join("f").to_string_lossy(), "cpv:/tmp/back/f2"],
+    );
+    assert_eq!(
+        home.sh(
+            "cpv",
+            "cat /tmp/back/d/g /tmp/back/f2; readlink /tmp/back/out; stat -c %a /tmp/back/d"
+        ),
+        "deep\ntop\n../canary\n750\n"
+    );
+    home.json(&["destroy", "cpv"]);
 }

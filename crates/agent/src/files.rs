@@ -153,7 +153,7 @@ fn perform(request: &FileRequest) -> Result<FileResult, FileError> {
             replace_all,
             ..
         } => edit(&path, old_text, new_text, *replace_all),
-        FileOp::List { depth, .. } => list(&path, *depth),
+        FileOp::List { depth, offset, .. } => list(&path, *depth, *offset),
         FileOp::Put { rel, item, .. } => put(&path, rel, item),
     }
 }
@@ -547,7 +547,7 @@ fn edit(
     })
 }
 
-fn list(path: &Path, depth: u32) -> Result<FileResult, FileError> {
+fn list(path: &Path, depth: u32, offset: u64) -> Result<FileResult, FileError> {
     let depth = depth.clamp(1, MAX_LIST_DEPTH);
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => {}
@@ -558,6 +558,7 @@ fn list(path: &Path, depth: u32) -> Result<FileResult, FileError> {
         entries: Vec::new(),
         left_off: 0,
         visited: 0,
+        skip: offset,
     };
     if let Err(err) = std::fs::read_dir(path) {
         return io_fail("cannot list", path, err);
@@ -574,6 +575,8 @@ struct Listing {
     entries: Vec<FileEntry>,
     left_off: u64,
     visited: u64,
+    /// Entries before the page asked for, still to pass.
+    skip: u64,
 }
 
 impl Listing {
@@ -590,6 +593,11 @@ impl Listing {
             .collect();
         names.sort();
         for name in names {
+            if self.skip > 0 && depth == 1 {
+                // Before the page and not to be descended into: not even looked at.
+                self.skip -= 1;
+                continue;
+            }
             if self.visited >= MAX_VISITED {
                 return None;
             }
@@ -609,7 +617,10 @@ impl Listing {
             } else {
                 "other"
             };
-            let index = if self.entries.len() < MAX_LIST_ENTRIES as usize {
+            let index = if self.skip > 0 {
+                self.skip -= 1;
+                None
+            } else if self.entries.len() < MAX_LIST_ENTRIES as usize {
                 self.entries.push(FileEntry {
                     name: shown.clone(),
                     kind: kind.into(),
@@ -784,6 +795,7 @@ mod tests {
             FileOp::List {
                 path: ".".into(),
                 depth: 2,
+                offset: 0,
             },
         ))
         .unwrap();
@@ -808,5 +820,48 @@ mod tests {
             ]
         );
         assert_eq!(entries[0].target.as_deref(), Some("/etc/passwd"));
+    }
+
+    #[test]
+    fn a_long_listing_is_read_page_by_page_from_offsets() {
+        let dir = tempfile::tempdir().unwrap();
+        let total = MAX_LIST_ENTRIES as usize + 5;
+        for n in 0..total {
+            std::fs::write(dir.path().join(format!("f{n:05}")), b"").unwrap();
+        }
+        let page = |depth: u32, offset: u64| {
+            let listed = perform(&request(
+                dir.path(),
+                FileOp::List {
+                    path: ".".into(),
+                    depth,
+                    offset,
+                },
+            ))
+            .unwrap();
+            let FileResult::Listed {
+                entries, left_off, ..
+            } = listed
+            else {
+                panic!("{listed:?}")
+            };
+            let names: Vec<String> = entries.into_iter().map(|e| e.name).collect();
+            (names, left_off)
+        };
+        let (first, left_off) = page(1, 0);
+        assert_eq!((first.len(), left_off), (MAX_LIST_ENTRIES as usize, 5));
+        assert_eq!(first[0], "f00000");
+        let (rest, left_off) = page(1, u64::from(MAX_LIST_ENTRIES));
+        assert_eq!(left_off, 0);
+        let wanted: Vec<String> = (MAX_LIST_ENTRIES as usize..total)
+            .map(|n| format!("f{n:05}"))
+            .collect();
+        assert_eq!(rest, wanted);
+        // Deeper listings page the same order.
+        std::fs::create_dir(dir.path().join("f00001.d")).unwrap();
+        std::fs::write(dir.path().join("f00001.d/in"), b"").unwrap();
+        let (deep, _) = page(2, 2);
+        assert_eq!(deep[..3], ["f00001.d", "f00001.d/in", "f00002"]);
+        assert!(page(1, 1_000_000).0.is_empty());
     }
 }

@@ -17,9 +17,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use dynocap_engine::files::{
-    FileEntry, FileOp, FileResult, PutItem, MAX_LIST_ENTRIES, MAX_READ, MAX_WRITE,
-};
+use dynocap_engine::files::{FileEntry, FileOp, FileResult, PutItem, MAX_READ, MAX_WRITE};
 use dynocap_engine::{Engine, Error};
 use nix::errno::Errno;
 use nix::fcntl::{open, openat, AtFlags, OFlag};
@@ -117,14 +115,22 @@ impl Report {
     fn count_entry(&mut self, bounds: Bounds) -> Result<(), Error> {
         self.entries += 1;
         if self.entries > bounds.entries {
-            return Err(Error::invalid(format!(
-                "the copy holds more than {} entries (the bound --max-entries sets); it stopped \
-                 there",
-                bounds.entries
-            )));
+            return Err(too_many(bounds));
         }
         Ok(())
     }
+
+    /// Entries the copy may still make.
+    fn room(&self, bounds: Bounds) -> u64 {
+        bounds.entries.saturating_sub(self.entries)
+    }
+}
+
+fn too_many(bounds: Bounds) -> Error {
+    Error::invalid(format!(
+        "the copy holds more than {} entries (the bound --max-entries sets); it stopped there",
+        bounds.entries
+    ))
 }
 
 /// A name from the guest that may be created on the host: one component, never `.` or `..`.
@@ -187,6 +193,7 @@ async fn copy_out(
             FileOp::List {
                 path: gpath.to_owned(),
                 depth: 1,
+                offset: 0,
             },
         )
         .await;
@@ -314,7 +321,11 @@ struct Frame {
     fd: OwnedFd,
     host: PathBuf,
     guest: String,
+    /// The page of its listing being copied (at most
+    /// [`dynocap_engine::files::MAX_LIST_ENTRIES`] entries).
     entries: std::vec::IntoIter<FileEntry>,
+    /// Where its next page starts, when the guest said more entries follow.
+    next_page: Option<u64>,
     /// The subdirectory being filled, whose mode is set when it is done.
     pending: Option<(String, u32, bool)>,
 }
@@ -331,7 +342,8 @@ impl Copy<'_> {
         self.report.count_entry(self.bounds)
     }
 
-    async fn list(&self, gpath: &str) -> Result<(Vec<FileEntry>, u64), Error> {
+    /// One page of the guest directory `gpath`'s entries, from `offset`, and how many follow.
+    async fn list(&self, gpath: &str, offset: u64) -> Result<(Vec<FileEntry>, u64), Error> {
         match self
             .engine
             .file(
@@ -339,6 +351,7 @@ impl Copy<'_> {
                 FileOp::List {
                     path: gpath.to_owned(),
                     depth: 1,
+                    offset,
                 },
             )
             .await?
@@ -352,8 +365,10 @@ impl Copy<'_> {
         }
     }
 
-    /// Copies the guest directory `gpath` (listed as `entries`) into the open host directory
-    /// `fd`, depth first, holding one descriptor per level.
+    /// Copies the guest directory `gpath` (whose first page of entries is `entries`, with
+    /// `left_off` more) into the open host directory `fd`, depth first, holding one
+    /// descriptor and one page of entries per level: a directory of any size is copied in
+    /// bounded memory, and only `--max-entries` stops a copy.
     async fn fill_dir(
         &mut self,
         fd: OwnedFd,
@@ -362,11 +377,11 @@ impl Copy<'_> {
         entries: Vec<FileEntry>,
         left_off: u64,
     ) -> Result<(), Error> {
-        check_left_off(gpath, left_off)?;
         let mut stack = vec![Frame {
             fd,
             host: host.to_owned(),
             guest: gpath.to_owned(),
+            next_page: next_page(0, &entries, left_off),
             entries: entries.into_iter(),
             pending: None,
         }];
@@ -376,6 +391,18 @@ impl Copy<'_> {
                 break;
             };
             let Some(entry) = frame.entries.next() else {
+                if let Some(offset) = frame.next_page {
+                    let (entries, left_off) = self.list(&frame.guest, offset).await?;
+                    if entries.is_empty() && left_off > 0 {
+                        return Err(Error::invalid(format!(
+                            "the guest listed no entries of {:?} from {offset} on, yet said                              {left_off} follow; nothing more is copied",
+                            frame.guest
+                        )));
+                    }
+                    frame.next_page = next_page(offset, &entries, left_off);
+                    frame.entries = entries.into_iter();
+                    continue;
+                }
                 stack.pop();
                 if let Some(parent) = stack.last_mut() {
                     if let Some((made, mode, true)) = parent.pending.take() {
@@ -409,12 +436,12 @@ impl Copy<'_> {
                     let (sub, created) = make_dir(frame.fd.as_fd(), &name, &host_path)?;
                     self.report.dirs += 1;
                     frame.pending = Some((name, entry.mode, created));
-                    let (entries, left_off) = self.list(&guest_path).await?;
-                    check_left_off(&guest_path, left_off)?;
+                    let (entries, left_off) = self.list(&guest_path, 0).await?;
                     stack.push(Frame {
                         fd: sub,
                         host: host_path,
                         guest: guest_path,
+                        next_page: next_page(0, &entries, left_off),
                         entries: entries.into_iter(),
                         pending: None,
                     });
@@ -544,22 +571,27 @@ impl Copy<'_> {
             "" => ".",
             dir => dir,
         };
-        let (entries, _) = self.list(dir).await.ok()?;
-        entries
-            .into_iter()
-            .find(|entry| entry.name == base && entry.kind == kind)
-            .map(|entry| entry.mode)
+        // A page cap, since the guest says how many follow: 100 pages are the 200,000 entries
+        // the agent's walk reads at most.
+        let mut offset = Some(0);
+        for _ in 0..100 {
+            let from = offset?;
+            let (entries, left_off) = self.list(dir, from).await.ok()?;
+            offset = next_page(from, &entries, left_off);
+            if let Some(entry) = entries
+                .into_iter()
+                .find(|entry| entry.name == base && entry.kind == kind)
+            {
+                return Some(entry.mode);
+            }
+        }
+        None
     }
 }
 
-fn check_left_off(gpath: &str, left_off: u64) -> Result<(), Error> {
-    if left_off > 0 {
-        return Err(Error::invalid(format!(
-            "{gpath:?} holds more than {MAX_LIST_ENTRIES} entries, more than one directory \
-             dynocap cp copies; copy its subdirectories, or archive it with tar in the sandbox"
-        )));
-    }
-    Ok(())
+/// Where the page after `entries` (listed from `offset`) starts, when `left_off` more follow.
+fn next_page(offset: u64, entries: &[FileEntry], left_off: u64) -> Option<u64> {
+    (left_off > 0).then(|| offset + entries.len() as u64)
 }
 
 fn is_type(mode: u32, kind: SFlag) -> bool {
@@ -634,6 +666,7 @@ async fn copy_in(
             FileOp::List {
                 path: gdest.to_owned(),
                 depth: 1,
+                offset: 0,
             },
         )
         .await
@@ -746,7 +779,7 @@ impl CopyIn<'_> {
         let mut stack: Vec<Level> = vec![(
             dir.to_owned(),
             rel.to_owned(),
-            sorted_entries(dir)?.into_iter(),
+            self.sorted_entries(dir)?.into_iter(),
             None,
         )];
         loop {
@@ -782,7 +815,7 @@ impl CopyIn<'_> {
                     )));
                 }
                 let created = self.put_dir(&child, None).await?;
-                let entries = sorted_entries(&path)?;
+                let entries = self.sorted_entries(&path)?;
                 if let Some(level) = stack.last_mut() {
                     level.3 = created.then(|| (child.clone(), meta.mode()));
                 }
@@ -876,14 +909,24 @@ impl CopyIn<'_> {
 }
 
 /// A host directory's entries, in name order.
-fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>, Error> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|err| Error::invalid(format!("cannot list {}: {err}", shown(dir))))?
-        .map(|entry| entry.map(|e| e.path()))
-        .collect::<std::io::Result<_>>()
-        .map_err(|err| Error::invalid(format!("cannot list {}: {err}", shown(dir))))?;
-    entries.sort();
-    Ok(entries)
+impl CopyIn<'_> {
+    /// The host directory `dir`'s entries, sorted: read whole (to sort them), so a directory
+    /// with more entries than the copy may still make is refused as it is read, before the
+    /// copy's memory grows past its bound.
+    fn sorted_entries(&self, dir: &Path) -> Result<Vec<PathBuf>, Error> {
+        let room = self.report.room(self.bounds);
+        let listing_error =
+            |err: std::io::Error| Error::invalid(format!("cannot list {}: {err}", shown(dir)));
+        let mut entries = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(listing_error)? {
+            if entries.len() as u64 >= room {
+                return Err(too_many(self.bounds));
+            }
+            entries.push(entry.map_err(listing_error)?.path());
+        }
+        entries.sort();
+        Ok(entries)
+    }
 }
 
 #[cfg(test)]

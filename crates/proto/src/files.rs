@@ -54,8 +54,15 @@ pub enum FileOp {
         new_text: String,
         replace_all: bool,
     },
-    /// The entries under a directory, `depth` levels down (1: its own entries).
-    List { path: String, depth: u32 },
+    /// The entries under a directory, `depth` levels down (1: its own entries), from the
+    /// `offset`-th on in the listing's order (names sorted bytewise, a directory's entries
+    /// right after it): a directory with more than [`MAX_LIST_ENTRIES`] is read page by page.
+    List {
+        path: String,
+        depth: u32,
+        #[serde(default)]
+        offset: u64,
+    },
     /// One entry of a copy into the guest (`dynocap cp`): `rel` (`/`-separated plain names)
     /// under the directory `path`, whose components are walked without following a symlink.
     /// Answered with [`FileResult::Written`].
@@ -165,10 +172,15 @@ impl std::fmt::Debug for FileOp {
                 .field("new_bytes", &new_text.len())
                 .field("replace_all", replace_all)
                 .finish(),
-            Self::List { path, depth } => f
+            Self::List {
+                path,
+                depth,
+                offset,
+            } => f
                 .debug_struct("List")
                 .field("path", path)
                 .field("depth", depth)
+                .field("offset", offset)
                 .finish(),
             Self::Put { path, rel, item } => f
                 .debug_struct("Put")
@@ -268,6 +280,7 @@ mod tests {
         let back: FileOp = serde_json::from_str(&json).unwrap_or(FileOp::List {
             path: String::new(),
             depth: 0,
+            offset: 0,
         });
         assert_eq!(back, op);
         assert!(!format!("{op:?}").contains("AP8"));

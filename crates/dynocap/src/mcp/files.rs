@@ -310,6 +310,7 @@ pub async fn call(engine: &Engine, args: &Args<'_>) -> Result<Output, Error> {
         },
         "dynocap_list_files" => FileOp::List {
             path,
+            offset: 0,
             depth: args
                 .integer("depth")?
                 .map_or(1, |d| u32::try_from(d).unwrap_or(MAX_LIST_DEPTH)),

@@ -102,7 +102,8 @@ impl<'a> Args<'a> {
     /// as 30.0 are accepted; 30.5, strings and out-of-range values are refused.
     pub fn integer(&self, name: &str) -> Result<Option<u64>, Error> {
         let param = self.param(name)?;
-        let Kind::Integer { min, max, .. } = param.kind else {
+        let (Kind::Integer { min, max, .. } | Kind::OptionalInteger { min, max }) = param.kind
+        else {
             return Err(Error::internal(format!("{name} is not a number parameter")));
         };
         let Some(value) = self.map.get(name) else {

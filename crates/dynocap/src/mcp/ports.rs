@@ -62,11 +62,7 @@ in use is refused with conflict.",
             },
             Param {
                 name: "guestPort",
-                kind: Kind::Integer {
-                    min: 1,
-                    max: 65535,
-                    default: 0,
-                },
+                kind: Kind::OptionalInteger { min: 1, max: 65535 },
                 required: false,
                 description: "The port a server listens on inside the sandbox. Absent: list \
                               the forwards.",

@@ -1,0 +1,265 @@
+//! Port forwards end to end: a web server started in a `none` sandbox (no network at all) is
+//! reached from the host through `dynocap port`, with curl and with headless Chromium, which
+//! runs the page's JavaScript (the rendered DOM holds what the script wrote); a file larger
+//! than a tunnel's window arrives whole; `ps` lists the forward; removing it, or destroying
+//! the sandbox, closes the host port (a connection is refused). A host port in use, a guest
+//! port 0 and an address that is not the host's are refused with messages naming the fix, a
+//! `--publish` of a port in use before anything boots. One VM case: `run --publish` on the
+//! vm backend, reached with curl.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use dynocap_e2e::*;
+use serde_json::Value;
+
+/// The page the sandbox serves: its script writes the marker into the DOM, so only a browser
+/// that ran it shows the marker.
+const PAGE: &str = "<!doctype html><html><body><p id=out>static</p>\
+<script>document.getElementById('out').textContent = ['rendered', 'through', 'the', 'forward'].join('-');</script>\
+</body></html>";
+const RENDERED: &str = "rendered-through-the-forward";
+
+/// Starts `python3 -m http.server` on `port` in `name`, serving `/tmp/site` with the page and
+/// a 20 MB file of random bytes, as a job; returns the file's sha256 as the guest sees it.
+fn serve(home: &TestHome, name: &str, port: u16) -> String {
+    let page = PAGE.replace('\'', "'\\''");
+    let sum = home.sh(
+        name,
+        &format!(
+            "mkdir -p /tmp/site && printf '%s' '{page}' > /tmp/site/index.html \
+             && head -c 20000000 /dev/urandom > /tmp/site/big && sha256sum /tmp/site/big"
+        ),
+    );
+    let out = home.json(&[
+        "exec",
+        name,
+        "--background",
+        "--timeout",
+        "600",
+        "--",
+        &format!("exec python3 -m http.server {port} --bind 127.0.0.1 --directory /tmp/site"),
+    ]);
+    assert!(out["job"].is_string(), "a background start: {out:#}");
+    sum.split_whitespace().next().expect("a sum").to_owned()
+}
+
+/// `curl URL` from the host, retried while the server in the sandbox comes up.
+fn curl_until_served(url: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "20", url])
+            .output()
+            .expect("run curl");
+        if out.status.success() {
+            return String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "curl {url} kept failing: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn host_port(forward: &Value) -> u16 {
+    let port = forward["hostPort"].as_u64().expect("hostPort");
+    u16::try_from(port).expect("a port")
+}
+
+fn refused(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    matches!(
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5)),
+        Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused
+    )
+}
+
+/// Headless Chromium loads `url` and prints the DOM after its scripts ran.
+fn chromium_dom(url: &str) -> String {
+    let profile = tempfile::tempdir().expect("a profile directory");
+    let out = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--virtual-time-budget=5000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(["--dump-dom", url])
+        .output()
+        .expect("run chromium");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_server_in_a_none_sandbox_is_reached_through_a_forward_until_it_ends() {
+    let test = "a_server_in_a_none_sandbox_is_reached_through_a_forward_until_it_ends";
+    let Some(home) = TestHome::on(Backend::Jail, test) else {
+        return;
+    };
+    let sandbox = home.sandbox("web", &[]);
+    assert_eq!(sandbox["network"], "none");
+    let sum = serve(&home, "web", 8000);
+
+    let forward = home.json(&["port", "web", "8000"]);
+    assert_eq!(forward["guestPort"], 8000);
+    assert_eq!(forward["hostAddress"], "127.0.0.1");
+    let port = host_port(&forward);
+    assert_ne!(port, 0, "a free port was chosen: {forward:#}");
+    let url = format!("http://127.0.0.1:{port}/");
+    assert_eq!(forward["url"], url.as_str());
+
+    let page = curl_until_served(&url);
+    assert!(page.contains("id=out"), "the page came through: {page}");
+    assert!(!page.contains(RENDERED), "curl runs no script");
+
+    // Larger than a tunnel's window many times over, byte for byte.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("curl -sS --max-time 60 {url}big | sha256sum"))
+        .output()
+        .expect("curl the big file");
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with(&sum),
+        "the 20 MB file arrived whole"
+    );
+
+    // A real browser renders the page through the forward: the DOM holds what its script
+    // wrote.
+    let dom = chromium_dom(&url);
+    assert!(dom.contains(RENDERED), "the rendered DOM: {dom}");
+
+    // Listed by ps and by `port`.
+    let ps = home.json(&["ps"]);
+    let listed = &ps["sandboxes"][0]["forwards"];
+    assert_eq!(listed[0]["hostPort"], port, "{ps:#}");
+    let text = home.run(&["ps"]);
+    let shown = format!("127.0.0.1:{port}->8000");
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains(&shown),
+        "ps shows {shown}: {}",
+        String::from_utf8_lossy(&text.stdout)
+    );
+    assert_eq!(home.json(&["port", "web"])["forwards"][0]["guestPort"], 8000);
+
+    // A second forward to another port, then removed: its host port closes.
+    let second = home.json(&["port", "web", "8001"]);
+    let second_port = host_port(&second);
+    let removed = home.json(&["port", "web", "--remove", "8001"]);
+    assert_eq!(removed["removed"]["hostPort"], second_port);
+    assert!(refused(second_port), "a removed forward's port is closed");
+    let err = home.json_err(&["port", "web", "--remove", "8001"]);
+    assert_eq!(err["code"], "not_found", "{err:#}");
+
+    // The forward ends with the sandbox.
+    home.json(&["destroy", "web"]);
+    assert!(refused(port), "after destroy, the host port refuses connections");
+}
+
+#[test]
+fn bad_forwards_are_refused_with_the_fix() {
+    let test = "bad_forwards_are_refused_with_the_fix";
+    let Some(home) = TestHome::on(Backend::Jail, test) else {
+        return;
+    };
+    // A host port in use: `--publish` refuses it before anything boots.
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let taken_port = taken.local_addr().expect("its address").port().to_string();
+    let err = home.json_err(&["run", "early", "--publish", &format!("8000:{taken_port}")]);
+    assert_eq!(err["code"], "conflict", "{err:#}");
+    let message = err["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("host port {taken_port} on 127.0.0.1 is in use"))
+            && message.contains("pass 0"),
+        "{message}"
+    );
+    assert!(
+        home.json(&["ps"])["sandboxes"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "nothing was started"
+    );
+
+    let sandbox = home.sandbox("bad", &["--publish", "9000"]);
+    let published = &sandbox["forwards"][0];
+    assert_eq!(published["guestPort"], 9000, "{sandbox:#}");
+    assert_ne!(published["hostPort"], 0);
+
+    let err = home.json_err(&["port", "bad", "8000", &taken_port]);
+    assert_eq!(err["code"], "conflict", "{err:#}");
+    assert!(
+        err["message"].as_str().unwrap_or_default().contains("is in use"),
+        "{err:#}"
+    );
+    // An address of no interface of this host (TEST-NET-1): nothing is sent, the bind fails.
+    let err = home.json_err(&["port", "bad", "8000", "--address", "192.0.2.1"]);
+    assert_eq!(err["code"], "invalid_argument", "{err:#}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("is not an address of this host; listen on 127.0.0.1"),
+        "{err:#}"
+    );
+    // The same guest port twice.
+    let err = home.json_err(&["port", "bad", "9000"]);
+    assert_eq!(err["code"], "conflict", "{err:#}");
+    // Port 0 and out-of-range ports are refused by the command line itself.
+    for args in [&["port", "bad", "0"][..], &["port", "bad", "70000"][..]] {
+        let out = home.run(args);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("from 1 to 65535"), "{args:?}: {stderr}");
+    }
+    // Nothing listens on the guest port: the connection is closed, the forward stays.
+    let forward = home.json(&["port", "bad", "8123"]);
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10"])
+        .arg(forward["url"].as_str().expect("url"))
+        .output()
+        .expect("run curl");
+    assert!(!out.status.success(), "no server, no answer");
+    assert!(!refused(host_port(&forward)), "the forward still listens");
+    drop(taken);
+    home.json(&["destroy", "bad"]);
+}
+
+/// The vm backend: the forward crosses the guest's own kernel through the agent.
+#[test]
+fn a_vm_sandbox_serves_through_a_published_port() {
+    let test = "a_vm_sandbox_serves_through_a_published_port";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let sandbox = home.sandbox("vmweb", &["--publish", "8000", "--ttl", "900"]);
+    assert_eq!(sandbox["backend"], "vm");
+    let forward = sandbox["forwards"][0].clone();
+    assert_eq!(forward["guestPort"], 8000, "{sandbox:#}");
+    let sum = serve(&home, "vmweb", 8000);
+    let url = forward["url"].as_str().expect("url").to_owned();
+    let page = curl_until_served(&url);
+    assert!(page.contains("id=out"), "{page}");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("curl -sS --max-time 120 {url}big | sha256sum"))
+        .output()
+        .expect("curl the big file");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with(&sum));
+    home.json(&["destroy", "vmweb"]);
+    assert!(refused(host_port(&forward)));
+}

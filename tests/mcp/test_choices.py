@@ -2,8 +2,8 @@
 
 - `image` on `dynocap_run` and `dynocap_task_start`, within `DYNOCAP_MCP_IMAGES` (unset: the
   images already on the host; `host` is always there). A refusal is `policy_denied` naming the
-  variable; a registry reference the variable allows but the host has not got is `not_found`,
-  since images are not pulled yet;
+  variable; a registry reference the variable allows but the host has not got is pulled (only
+  from `DYNOCAP_REGISTRIES`: test_pull.py);
 - `allowHosts` with `network: "filtered"`, within `DYNOCAP_MCP_EGRESS_ALLOW` (unset: none),
   named registries (`@pypi`) compared by their hosts; the result's `egressAllowlist` shows
   them, and the sandbox reaches an added host (the loopback fixture of netfix.py) where one

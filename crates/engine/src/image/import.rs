@@ -125,7 +125,12 @@ pub fn import(
         // `image.import.layer2=kill`: dies with layer 1 unpacked, mid-import.
         failpoint::hit(&format!("image.import.layer{}", n + 1))?;
         let layer = match layer_store.get(&layer.diff_id) {
-            Some(present) => present,
+            Some(present) => {
+                // Stored already (by its diff id, checked then): not read again, but the
+                // image must still hold it as a plain file of its own.
+                source.reader(&layer.member)?;
+                present
+            }
             None => source.unpack_layer(layer, &layer_store, budget.left(), &stop)?,
         };
         budget.add(&layer)?;

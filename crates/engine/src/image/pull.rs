@@ -193,6 +193,7 @@ pub async fn pull(
     }
     let layer_store = LayerStore::in_images_dir(images.dir());
     let _shared = layer_store.lock_shared()?;
+    sweep_dead_partials(&layer_store.blobs_dir());
     let mut transfer = Transfer::default();
     let layers = fetch_layers(
         &client,
@@ -567,6 +568,27 @@ impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Bounded<W> {
     }
 }
 
+/// Removes the `.partial-<hex>-<pid>-*` downloads of pulls that died (their pid is gone):
+/// a download never resumes from a partial file, only from a whole, checked blob.
+fn sweep_dead_partials(blobs: &Path) {
+    let Ok(entries) = std::fs::read_dir(blobs) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(".partial-") else {
+            continue;
+        };
+        let pid = rest.split('-').nth(1).and_then(|p| p.parse::<i32>().ok());
+        let alive = pid.is_some_and(|pid| {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+        });
+        if !alive {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -814,8 +836,7 @@ impl RegistryGate {
         let refused = self.refused.lock().map(|r| r.clone()).unwrap_or_default();
         let message = redact(message);
         if refused.is_empty() {
-            let hint = if message.contains("401") || message.to_lowercase().contains("unauthorized")
-            {
+            let hint = if is_auth_refusal(&message) {
                 format!(
                     "; the registry {registry} refused the credentials (or asked for some): give \
                      --username and --password-stdin, or log in in the Docker config file"
@@ -832,6 +853,12 @@ impl RegistryGate {
             ))
         }
     }
+}
+
+/// The client's words for a registry refusing (or asking for) credentials.
+fn is_auth_refusal(message: &str) -> bool {
+    let lower = message.to_lowercase();
+    lower.contains("401") || lower.contains("unauthorized") || lower.contains("not authorized")
 }
 
 /// Nothing of a credential reaches a message: the client's errors may quote a request.

@@ -1,0 +1,700 @@
+//! `dynocap image pull` end to end against a real registry: Debian's `docker-registry` (the
+//! CNCF distribution registry) on a fresh 127.X address with a test CA, with and without
+//! htpasswd authentication, holding images the test makes itself (a static busybox and small
+//! layers, written as OCI layouts and pushed with `skopeo copy`). Pull by tag and by digest,
+//! a manifest list resolved to linux/amd64, a second image on the same base fetching only its
+//! own layer (its files hard links to the base's), credentials refused and read from a Docker
+//! config file, registries outside `DYNOCAP_REGISTRIES` refused, a pull killed half-way
+//! leaving no image and resuming, hostile layers refused, and a pulled image booted in a jail.
+
+use std::io::Write;
+use std::net::{Ipv4Addr, TcpStream};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dynocap_e2e::netfix::{random_loopback, TestCa};
+use dynocap_e2e::{require_root, TestHome};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const NAME: &str = "registry.test";
+const PORT: u16 = 5000;
+const USER: &str = "puller";
+const PASSWORD: &str = "right-horse-battery";
+
+fn tools_present(test: &str) -> bool {
+    let missing: Vec<&str> = [
+        "/usr/bin/docker-registry",
+        "/usr/bin/skopeo",
+        "/usr/bin/htpasswd",
+    ]
+    .into_iter()
+    .filter(|p| !Path::new(p).exists())
+    .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{test}: needs {missing:?} (scripts/install-deps.sh), and CI must have them");
+    }
+    eprintln!("SKIPPED {test}: needs {missing:?} (scripts/install-deps.sh)");
+    false
+}
+
+fn busybox() -> PathBuf {
+    ["/bin/busybox", "/usr/bin/busybox"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .expect("busybox-static (scripts/install-deps.sh)")
+}
+
+fn sha256(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(data).expect("gzip");
+    enc.finish().expect("gzip")
+}
+
+/// A layer tar written header by header, names raw so hostile ones get through.
+struct Layer(tar::Builder<Vec<u8>>);
+
+impl Layer {
+    fn new() -> Layer {
+        Layer(tar::Builder::new(Vec::new()))
+    }
+    fn entry(
+        mut self,
+        kind: tar::EntryType,
+        path: &str,
+        link: &str,
+        mode: u32,
+        data: &[u8],
+    ) -> Self {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(kind);
+        header.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+        if !link.is_empty() {
+            header.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+        }
+        header.set_mode(mode);
+        header.set_size(data.len() as u64);
+        header.set_mtime(1_700_000_000);
+        header.set_cksum();
+        self.0.append(&header, data).expect("append");
+        self
+    }
+    fn dir(self, path: &str) -> Self {
+        self.entry(tar::EntryType::Directory, path, "", 0o755, b"")
+    }
+    fn file(self, path: &str, data: &str) -> Self {
+        self.entry(tar::EntryType::Regular, path, "", 0o644, data.as_bytes())
+    }
+    fn bytes(self) -> Vec<u8> {
+        self.0.into_inner().expect("tar")
+    }
+}
+
+fn base_layer() -> Vec<u8> {
+    let mut layer = Layer::new()
+        .dir("bin")
+        .entry(
+            tar::EntryType::Regular,
+            "bin/busybox",
+            "",
+            0o755,
+            &std::fs::read(busybox()).expect("read busybox"),
+        )
+        .dir("etc")
+        .file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n")
+        .file("etc/group", "root:x:0:\n");
+    for applet in ["sh", "ls", "cat", "echo", "test", "stat", "id"] {
+        layer = layer.entry(
+            tar::EntryType::Symlink,
+            &format!("bin/{applet}"),
+            "busybox",
+            0o777,
+            b"",
+        );
+    }
+    layer.bytes()
+}
+
+/// An OCI layout being written: blobs by digest, then `index.json`.
+struct Layout {
+    dir: PathBuf,
+}
+
+impl Layout {
+    fn new(dir: &Path) -> Layout {
+        std::fs::create_dir_all(dir.join("blobs/sha256")).expect("mkdir");
+        std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).expect("write");
+        Layout {
+            dir: dir.to_owned(),
+        }
+    }
+
+    fn put(&self, data: &[u8]) -> String {
+        let hex = sha256(data);
+        std::fs::write(self.dir.join("blobs/sha256").join(&hex), data).expect("write blob");
+        hex
+    }
+
+    /// An image manifest of gzip `layers` for `arch`: its descriptor.
+    fn manifest(&self, layers: &[Vec<u8>], arch: &str) -> Value {
+        let diff_ids: Vec<String> = layers
+            .iter()
+            .map(|l| format!("sha256:{}", sha256(l)))
+            .collect();
+        let descriptors: Vec<Value> = layers
+            .iter()
+            .map(|tar| {
+                let blob = gzip(tar);
+                let hex = self.put(&blob);
+                json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                       "digest": format!("sha256:{hex}"), "size": blob.len()})
+            })
+            .collect();
+        let config = serde_json::to_vec(&json!({
+            "architecture": arch, "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        }))
+        .expect("json");
+        let config_hex = self.put(&config);
+        let manifest = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                       "digest": format!("sha256:{config_hex}"), "size": config.len()},
+            "layers": descriptors,
+        }))
+        .expect("json");
+        let hex = self.put(&manifest);
+        json!({"mediaType": "application/vnd.oci.image.manifest.v1+json",
+               "digest": format!("sha256:{hex}"), "size": manifest.len(),
+               "platform": {"architecture": arch, "os": "linux"}})
+    }
+
+    fn index(&self, manifests: Vec<Value>) {
+        std::fs::write(
+            self.dir.join("index.json"),
+            serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": manifests})).expect("json"),
+        )
+        .expect("write index");
+    }
+
+    /// A layout of one image of `layers`.
+    fn image(dir: &Path, layers: &[Vec<u8>]) -> Layout {
+        let layout = Layout::new(dir);
+        let manifest = layout.manifest(layers, "amd64");
+        layout.index(vec![manifest]);
+        layout
+    }
+}
+
+/// A `docker-registry` on a fresh loopback address, TLS with a test CA, htpasswd auth or none.
+struct Registry {
+    addr: Ipv4Addr,
+    ca: TestCa,
+    certs: PathBuf,
+    auth: bool,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Registry {
+    fn start(auth: bool) -> Registry {
+        let dir = tempfile::Builder::new()
+            .prefix("dcreg")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let addr = random_loopback();
+        let ca = TestCa::for_names(
+            &dir.path().join("pki"),
+            &[NAME],
+            addr,
+            "DynoCap registry test CA",
+        );
+        // skopeo's certificate directory: every *.crt in it is a CA.
+        let certs = dir.path().join("certs");
+        std::fs::create_dir_all(&certs).expect("mkdir");
+        std::fs::copy(&ca.ca_cert, certs.join("ca.crt")).expect("copy ca");
+        let auth_yaml = if auth {
+            let out = Command::new("htpasswd")
+                .args(["-Bbn", USER, PASSWORD])
+                .output()
+                .expect("htpasswd");
+            assert!(out.status.success());
+            std::fs::write(dir.path().join("htpasswd"), &out.stdout).expect("write");
+            format!(
+                "auth:\n  htpasswd:\n    realm: dynocap-test\n    path: {}\n",
+                dir.path().join("htpasswd").display()
+            )
+        } else {
+            String::new()
+        };
+        let config = format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+             http:\n  addr: {addr}:{PORT}\n  tls:\n    certificate: {}\n    key: {}\n{auth_yaml}",
+            dir.path().join("data").display(),
+            ca.server_cert.display(),
+            ca.server_key.display(),
+        );
+        let config_path = dir.path().join("config.yml");
+        std::fs::write(&config_path, config).expect("write config");
+        let child = Command::new("/usr/bin/docker-registry")
+            .arg("serve")
+            .arg(&config_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn docker-registry");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect((addr, PORT)).is_err() {
+            assert!(Instant::now() < deadline, "the registry did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Registry {
+            addr,
+            ca,
+            certs,
+            auth,
+            child,
+            _dir: dir,
+        }
+    }
+
+    /// Pushes the layout (all its manifests) as `repo:tag`; returns the pushed manifest digest.
+    fn push(&self, layout: &Layout, repo_tag: &str) -> String {
+        let digest_file = layout.dir.join("pushed-digest");
+        let mut cmd = Command::new("skopeo");
+        cmd.args([
+            "copy",
+            "--all",
+            "--preserve-digests",
+            "--quiet",
+            "--dest-cert-dir",
+        ])
+        .arg(&self.certs)
+        .arg("--digestfile")
+        .arg(&digest_file);
+        if self.auth {
+            cmd.args(["--dest-creds", &format!("{USER}:{PASSWORD}")]);
+        }
+        let out = cmd
+            .arg(format!("oci:{}", layout.dir.display()))
+            .arg(format!("docker://{}:{PORT}/{repo_tag}", self.addr))
+            .output()
+            .expect("skopeo");
+        assert!(
+            out.status.success(),
+            "skopeo copy: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read_to_string(digest_file)
+            .expect("digest")
+            .trim()
+            .to_owned()
+    }
+
+    /// A home whose pulls may use this registry (by its name, resolved to its address).
+    fn home(&self) -> TestHome {
+        TestHome::new()
+            .with_env("DYNOCAP_REGISTRIES", &format!("{NAME}:{PORT}"))
+            .with_env("DYNOCAP_RESOLVE", &format!("{NAME}:{PORT}:{}", self.addr))
+            .with_env("DYNOCAP_EXTRA_CA", self.ca.ca_cert.to_str().expect("utf8"))
+            // No Docker config of the machine's own.
+            .with_env("DOCKER_CONFIG", "/nonexistent")
+    }
+}
+
+fn reference(repo_tag: &str) -> String {
+    format!("{NAME}:{PORT}/{repo_tag}")
+}
+
+/// `dynocap --json image pull ARGS` with `password` on its standard input: (success, JSON).
+fn pull_with_password(home: &TestHome, args: &[&str], password: &str) -> (bool, Value) {
+    let mut child = home
+        .command()
+        .args(["--json", "image", "pull"])
+        .args(args)
+        .args(["--username", USER, "--password-stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(format!("{password}\n").as_bytes())
+        .expect("write password");
+    let out = child.wait_with_output().expect("wait");
+    let value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("no JSON: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.success(), value)
+}
+
+fn images(home: &TestHome) -> Vec<Value> {
+    home.json(&["image", "ls"])["images"]
+        .as_array()
+        .expect("images")
+        .clone()
+}
+
+fn rootfs(image: &Value) -> PathBuf {
+    Path::new(image["path"].as_str().expect("path")).join("rootfs")
+}
+
+#[test]
+fn pull_shares_layers_authenticates_and_boots_on_the_jail() {
+    let test = "pull_shares_layers_authenticates_and_boots_on_the_jail";
+    if !require_root(test) || !tools_present(test) {
+        return;
+    }
+    let registry = Registry::start(true);
+    let work = tempfile::tempdir().expect("tempdir");
+    let base_layers = vec![
+        base_layer(),
+        Layer::new()
+            .dir("base")
+            .file("base/marker", "base\n")
+            .bytes(),
+    ];
+    let mut app_layers = base_layers.clone();
+    app_layers.push(
+        Layer::new()
+            .dir("top")
+            .file("top/hello.txt", "from the app layer\n")
+            .bytes(),
+    );
+    registry.push(
+        &Layout::image(&work.path().join("base"), &base_layers),
+        "team/base:1",
+    );
+    let app_digest = registry.push(
+        &Layout::image(&work.path().join("app"), &app_layers),
+        "team/app:1",
+    );
+    let base_ref = reference("team/base:1");
+    let app_ref = reference("team/app:1");
+
+    // A registry the host did not list is refused, the variable named.
+    let home = registry.home();
+    let err = TestHome::new()
+        .with_env("DYNOCAP_REGISTRIES", "other.example")
+        .json_err(&["image", "pull", &base_ref]);
+    assert!(
+        err["message"]
+            .as_str()
+            .expect("msg")
+            .contains("DYNOCAP_REGISTRIES"),
+        "{err:#}"
+    );
+
+    // Anonymous, and a wrong password: refused, saying so; nothing stored.
+    let err = home.json_err(&["image", "pull", &base_ref]);
+    let message = err["message"].as_str().expect("msg");
+    assert!(
+        message.contains("credentials") || message.contains("401"),
+        "{err:#}"
+    );
+    let (ok, wrong) = pull_with_password(&home, &[&base_ref], "wrong");
+    assert!(!ok, "{wrong:#}");
+    assert!(
+        wrong["error"]["message"]
+            .as_str()
+            .expect("msg")
+            .contains("credentials"),
+        "{wrong:#}"
+    );
+    assert!(images(&home).is_empty());
+
+    // The right one on standard input.
+    let (ok, base) = pull_with_password(&home, &[&base_ref], PASSWORD);
+    assert!(ok, "{base:#}");
+    assert_eq!(base["origin"], "pulled", "{base:#}");
+    assert_eq!(base["transfer"]["blobsDownloaded"], 2, "{base:#}");
+    assert_eq!(base["image"]["name"], base_ref.as_str(), "{base:#}");
+    assert_eq!(base["image"]["source"]["format"], "registry", "{base:#}");
+
+    // The app, with credentials from a Docker config file: only its own layer is fetched.
+    let docker = work.path().join("docker");
+    std::fs::create_dir_all(&docker).expect("mkdir");
+    let auth = base64_encode(format!("{USER}:{PASSWORD}").as_bytes());
+    std::fs::write(
+        docker.join("config.json"),
+        json!({"auths": {format!("{NAME}:{PORT}"): {"auth": auth}}}).to_string(),
+    )
+    .expect("write");
+    let home = home.with_env("DOCKER_CONFIG", docker.to_str().expect("utf8"));
+    let app = home.json(&["image", "pull", &app_ref]);
+    assert_eq!(app["transfer"]["blobsDownloaded"], 1, "{app:#}");
+    assert_eq!(app["transfer"]["layersPresent"], 2, "{app:#}");
+    // The base's files are the same inodes in both images: stored once.
+    let ino = |image: &Value, path: &str| {
+        std::fs::metadata(rootfs(image).join(path))
+            .expect("stat")
+            .ino()
+    };
+    assert_eq!(
+        ino(&base["image"], "bin/busybox"),
+        ino(&app["image"], "bin/busybox")
+    );
+    let listed = images(&home);
+    assert_eq!(listed.len(), 2, "{listed:#?}");
+    for image in &listed {
+        assert!(
+            image["sharedBytes"].as_u64().expect("shared") > 500_000,
+            "{image:#}"
+        );
+    }
+    let table = String::from_utf8(home.run(&["image", "ls"]).stdout).expect("utf8");
+    assert!(
+        table.contains(&format!("pulled {app_ref}")) && table.contains("SHARED"),
+        "{table}"
+    );
+    // Nothing of the credentials is in the store.
+    let found = Command::new("grep")
+        .args(["-rl", PASSWORD])
+        .arg(home.path())
+        .output()
+        .expect("grep");
+    assert!(
+        found.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&found.stdout)
+    );
+
+    // By digest, under a name of its own: nothing downloaded again.
+    let by_digest = home.json(&[
+        "image",
+        "pull",
+        &format!("{NAME}:{PORT}/team/app@{app_digest}"),
+        "--name",
+        "app",
+    ]);
+    assert_eq!(by_digest["transfer"]["blobsDownloaded"], 0, "{by_digest:#}");
+    assert_eq!(by_digest["image"]["name"], "app");
+
+    // Booted in a jail by its reference.
+    let info = home.sandbox("box", &["--image", &app_ref, "--backend", "jail"]);
+    assert_eq!(info["image"], app_ref.as_str(), "{info:#}");
+    assert_eq!(
+        home.sh("box", "cat /top/hello.txt /base/marker"),
+        "from the app layer\nbase\n"
+    );
+    assert_eq!(
+        home.sh(
+            "box",
+            "/usr/local/bin/sudo sh -c 'echo new > /base/marker' 2>&1; cat /base/marker"
+        ),
+        "new\n"
+    );
+    // The guest's write went to its own layer: the shared file is as it was.
+    assert_eq!(
+        std::fs::read_to_string(rootfs(&base["image"]).join("base/marker")).expect("read"),
+        "base\n"
+    );
+    let err = home.json_err(&["image", "rm", &app_ref]);
+    assert!(
+        err["message"].as_str().expect("msg").contains("in use"),
+        "{err:#}"
+    );
+    home.json(&["destroy", "box"]);
+
+    // Removing images frees the layers nothing else uses.
+    let layers = home.path().join("images/.store/layers/sha256");
+    let count = || std::fs::read_dir(&layers).expect("layers").count();
+    assert_eq!(count(), 3);
+    home.json(&["image", "rm", "app"]);
+    home.json(&["image", "rm", &app_ref]);
+    assert_eq!(count(), 2, "the app's own layer is freed, the base's kept");
+    home.json(&["image", "rm", &base_ref]);
+    assert_eq!(count(), 0);
+}
+
+fn base64_encode(data: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_manifest_list_resolves_to_amd64_and_a_killed_pull_resumes() {
+    let test = "a_manifest_list_resolves_to_amd64_and_a_killed_pull_resumes";
+    if !require_root(test) || !tools_present(test) {
+        return;
+    }
+    let registry = Registry::start(false);
+    let work = tempfile::tempdir().expect("tempdir");
+    let layout = Layout::new(&work.path().join("multi"));
+    let arm = layout.manifest(&[Layer::new().file("arch", "arm64\n").bytes()], "arm64");
+    let amd = layout.manifest(
+        &[
+            base_layer(),
+            Layer::new().file("arch", "amd64\n").bytes(),
+            Layer::new().file("extra", "x\n").bytes(),
+        ],
+        "amd64",
+    );
+    let index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [arm, amd],
+    }))
+    .expect("json");
+    let index_hex = layout.put(&index);
+    layout.index(vec![
+        json!({"mediaType": "application/vnd.oci.image.index.v1+json",
+                             "digest": format!("sha256:{index_hex}"), "size": index.len()}),
+    ]);
+    registry.push(&layout, "team/multi:1");
+    let multi = reference("team/multi:1");
+    let home = registry.home();
+
+    // Killed once layer 2's blob is stored: no image, no half-written blob; the next pull
+    // uses what was finished and completes.
+    let out = home
+        .command()
+        .env("DYNOCAP_FAILPOINTS", "image.pull.layer2=kill")
+        .args(["--json", "image", "pull", &multi])
+        .output()
+        .expect("spawn");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(libc::SIGKILL),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(images(&home).is_empty(), "a killed pull lists nothing");
+    let blobs = home.path().join("images/.store/blobs/sha256");
+    assert!(
+        std::fs::read_dir(&blobs).expect("blobs").count() >= 1,
+        "layer 2's blob is kept"
+    );
+    let pulled = home.json(&["image", "pull", &multi]);
+    let t = &pulled["transfer"];
+    assert!(t["blobsResumed"].as_u64().expect("n") >= 1, "{pulled:#}");
+    assert_eq!(
+        t["blobsResumed"].as_u64().expect("n")
+            + t["blobsDownloaded"].as_u64().expect("n")
+            + t["layersPresent"].as_u64().expect("n"),
+        3,
+        "{pulled:#}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&blobs).expect("blobs").count(),
+        0,
+        "unpacked blobs are let go"
+    );
+    let partials: Vec<_> = std::fs::read_dir(home.path().join("images/.store/blobs"))
+        .expect("blobs")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".partial"))
+        .collect();
+    assert!(partials.is_empty(), "{partials:?}");
+    let root = rootfs(&pulled["image"]);
+    assert_eq!(
+        std::fs::read_to_string(root.join("arch")).expect("arch"),
+        "amd64\n"
+    );
+    assert!(root.join("extra").is_file() && root.join("bin/busybox").is_file());
+}
+
+#[test]
+fn hostile_layers_from_a_registry_are_refused_or_neutralised() {
+    let test = "hostile_layers_from_a_registry_are_refused_or_neutralised";
+    if !require_root(test) || !tools_present(test) {
+        return;
+    }
+    let registry = Registry::start(false);
+    let work = tempfile::tempdir().expect("tempdir");
+    let outside = tempfile::tempdir().expect("tempdir");
+    let home = registry.home();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("traversal", Layer::new().file("../escape", "x").bytes()),
+        (
+            "whiteout-dotdot",
+            Layer::new().dir("a").file("a/.wh...", "").bytes(),
+        ),
+        (
+            "symlinked-parent",
+            Layer::new()
+                .entry(
+                    tar::EntryType::Symlink,
+                    "d",
+                    outside.path().to_str().expect("utf8"),
+                    0o777,
+                    b"",
+                )
+                .file("d/x", "x")
+                .bytes(),
+        ),
+    ];
+    for (what, layer) in cases {
+        registry.push(
+            &Layout::image(&work.path().join(what), &[base_layer(), layer]),
+            &format!("evil/{what}:1"),
+        );
+        let err = home.json_err(&["image", "pull", &reference(&format!("evil/{what}:1"))]);
+        assert!(
+            !err["message"].as_str().expect("msg").is_empty(),
+            "{what}: {err:#}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(outside.path()).expect("ls").count(), 0);
+    assert!(!home.path().join("images/.store/escape").exists());
+    assert!(images(&home).is_empty());
+    // A device node and a set-id file are left out and cleared, and said so.
+    let devices = Layer::new()
+        .dir("dev")
+        .entry(tar::EntryType::Char, "dev/evil", "", 0o666, b"")
+        .entry(tar::EntryType::Regular, "suid", "", 0o4755, b"#!/bin/sh\n")
+        .bytes();
+    registry.push(
+        &Layout::image(&work.path().join("dev"), &[base_layer(), devices]),
+        "evil/dev:1",
+    );
+    let pulled = home.json(&["image", "pull", &reference("evil/dev:1")]);
+    assert_eq!(pulled["stats"]["devicesSkipped"], 1, "{pulled:#}");
+    assert_eq!(pulled["stats"]["setidCleared"], 1, "{pulled:#}");
+    let root = rootfs(&pulled["image"]);
+    assert!(!root.join("dev/evil").exists());
+    assert_eq!(
+        std::fs::metadata(root.join("suid")).expect("stat").mode() & 0o7777,
+        0o755
+    );
+}

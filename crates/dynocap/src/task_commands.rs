@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use dynocap_engine::apply::ApplySpec;
 use dynocap_engine::exec::sanitize_line;
 use dynocap_engine::git_url::GitUrl;
+use dynocap_engine::image::devcontainer::{self, AutoImage};
 use dynocap_engine::import::ProjectDir;
 use dynocap_engine::task_spec::{
     DiffResult, FinishResult, Progress, Source, TaskInfo, TaskStartSpec,
@@ -158,7 +159,17 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
         }
     }
     spec.allow_hosts = args.allow_hosts;
-    spec.image = args.image;
+    let image_note = match args.image.as_deref() {
+        Some(AUTO_IMAGE) => {
+            let auto = auto_image(engine, &spec.source).await?;
+            spec.image = auto.image;
+            auto.note
+        }
+        _ => {
+            spec.image = args.image;
+            None
+        }
+    };
     spec.backend = args.backend;
     let publish = crate::port_commands::publish_requests(&args.publish);
     Engine::check_publish(&publish)?;
@@ -214,6 +225,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
         bar.finish_and_clear();
     }
     let mut info = started?;
+    info.image_note = image_note;
     let target = info.name.clone().unwrap_or_else(|| info.id.clone());
     info.forwards = engine.publish(&target, &publish).await?;
     if json {
@@ -225,8 +237,70 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
             crate::port_commands::forward_lines(&target, &info.forwards)
         );
         warn_skipped(engine, &info);
+        if let Some(note) = &info.image_note {
+            warnln!("dynocap: image {}: {note}", info.image);
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--image auto`: the project names its environment.
+const AUTO_IMAGE: &str = "auto";
+
+/// The image `--image auto` starts on: the one the project's devcontainer.json names, when
+/// this host has it or can pull it (a reference in a registry `DYNOCAP_REGISTRIES` allows);
+/// otherwise the default image, with the reason.
+async fn auto_image(engine: &Engine, source: &Source) -> Result<AutoImage, Error> {
+    let Source::ProjectPath(path) = source else {
+        return Ok(AutoImage {
+            image: None,
+            note: Some(
+                "a task cloned from a repository URL has no project on this host to read a \
+                 devcontainer.json from; the task runs on the default image"
+                    .to_owned(),
+            ),
+            missing: None,
+        });
+    };
+    let on_host: Vec<String> = engine.image_ls()?.into_iter().map(|i| i.name).collect();
+    let auto = devcontainer::choose(path, &on_host);
+    let Some(reference) = auto
+        .missing
+        .as_deref()
+        .filter(|r| dynocap_engine::image::store::is_reference(r))
+    else {
+        return Ok(auto);
+    };
+    warnln!("dynocap: pulling {reference}, which the project's devcontainer.json names");
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    let progress = |line: &str| warnln!("image pull: {line}");
+    match engine
+        .image_pull(
+            reference,
+            None,
+            None,
+            dynocap_engine::image::unpack::Limits::default(),
+            &progress,
+            &cancel,
+        )
+        .await
+    {
+        Ok(pulled) => Ok(AutoImage {
+            image: Some(pulled.image.name().to_owned()),
+            note: Some(format!(
+                "the image {reference} that the project's devcontainer.json names, pulled now"
+            )),
+            missing: None,
+        }),
+        Err(err) => Ok(AutoImage {
+            note: Some(format!(
+                "the project's devcontainer.json names the image {reference}, which this host \
+                 does not have and could not pull ({}); the task runs on the default image",
+                err.message
+            )),
+            ..auto
+        }),
+    }
 }
 
 /// The signals that end a command as they would end any process: Ctrl-C, `kill`, a closed

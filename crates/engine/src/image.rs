@@ -21,6 +21,7 @@ pub use crate::model::image_ref::{ImageRef, DEFAULT_IMAGE};
 
 pub mod build;
 mod customise;
+pub mod devcontainer;
 mod failure;
 #[doc(hidden)]
 pub mod fuzzing;

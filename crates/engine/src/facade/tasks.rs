@@ -566,6 +566,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         egress_allowlist: crate::facade::sandboxes::egress_allowlist(record),
         image: record.image.name.clone(),
         image_id: record.image.id.clone(),
+        image_note: None,
         jobs: Vec::new(),
         forwards: Vec::new(),
     })

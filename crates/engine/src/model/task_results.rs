@@ -174,6 +174,11 @@ pub struct TaskInfo {
     /// The built image's content id (none for `host`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_id: Option<String>,
+    /// How a start that let the project choose (`--image auto`, the MCP default) chose the
+    /// image: the devcontainer.json that named it, or why the task is on the default image.
+    /// Only in the start's own result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_note: Option<String>,
     /// Its running jobs, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<crate::model::sandbox_info::RunningJob>,

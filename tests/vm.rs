@@ -95,6 +95,7 @@ fn boot_spec(env: &VmEnv, rootfs: &Path, agent: &Path, state: &Path, name: &str)
         id_range: 0,
         network: Network::None,
         extra_ca: None,
+        project_cache: None,
         cache_dir: env.cache.clone(),
     }
 }

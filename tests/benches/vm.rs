@@ -95,6 +95,7 @@ fn main() {
         id_range: 0,
         network: Network::None,
         extra_ca: None,
+        project_cache: None,
         cache_dir: cache.clone(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -890,6 +890,7 @@ mod tests {
             hostname: "t".into(),
             image_root: "/".into(),
             ro_binds: vec![],
+            rw_binds: vec![],
             state_dir: "/s".into(),
             guest_dirs: vec![],
             agent_binary: "/bin/true".into(),

@@ -61,6 +61,40 @@ pub(crate) fn image_tree(image_root: &Path, ids: &IdMap) -> Result<OwnedFd, Jail
     Ok(tree)
 }
 
+/// Detached, read-write (nosuid, nodev) idmapped clones of the directories `sources`, for
+/// [`crate::JailSpec::rw_binds`]: on-disk guest ids show as the guest's own, so the guest's
+/// user owns what it wrote there in an earlier sandbox, whatever host ids that one had.
+pub(crate) fn read_write_trees(sources: &[&Path], ids: &IdMap) -> Result<Vec<OwnedFd>, JailError> {
+    if sources.is_empty() {
+        return Ok(Vec::new());
+    }
+    if ids.is_rootless() {
+        return Err(JailError::InvalidSpec(
+            "read-write binds need an idmapped mount, which only a supervisor running as root \
+             can make"
+                .to_owned(),
+        ));
+    }
+    let userns = userns_with(ids)?;
+    sources
+        .iter()
+        .map(|source| {
+            let what = || format!("idmapping {} for a read-write bind", source.display());
+            let dir = open(
+                *source,
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+                Mode::empty(),
+            )
+            .map_err(|e| JailError::sys(what(), e))?;
+            let tree =
+                newmount::clone_tree(dir.as_fd(), false).map_err(|e| JailError::sys(what(), e))?;
+            newmount::set_idmap(tree.as_fd(), userns.as_fd(), NOSUID | NODEV)
+                .map_err(|e| JailError::sys(what(), e))?;
+            Ok(tree)
+        })
+        .collect()
+}
+
 /// A user namespace fd carrying `ids`' mapping: a child that only waits is cloned into a new
 /// user namespace, mapped, its namespace opened, and then let go.
 fn userns_with(ids: &IdMap) -> Result<OwnedFd, JailError> {

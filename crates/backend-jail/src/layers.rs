@@ -358,6 +358,7 @@ mod tests {
             hostname: "t".into(),
             image_root: image.into(),
             ro_binds: vec![],
+            rw_binds: vec![],
             state_dir: state.into(),
             guest_dirs,
             agent_binary: "/bin/true".into(),

@@ -96,4 +96,4 @@ pub use dynocap_host::{Check, IdMap};
 pub use error::JailError;
 pub use jail::Jail;
 pub use probe::{probe, Probe};
-pub use spec::{GuestDir, JailSpec, Limits, RoBind, AGENT_GUEST_PATH, CHANNEL_FD};
+pub use spec::{GuestDir, JailSpec, Limits, RoBind, RwBind, AGENT_GUEST_PATH, CHANNEL_FD};

@@ -17,6 +17,7 @@
 //!                interfaces (see `sysview`); /sys/fs/cgroup shows the sandbox's own
 //!                cgroups, bound read-only (see `CgroupSet::guest_views`)
 //! <ro_binds>     recursive binds, read-only, nosuid, nodev
+//! <rw_binds>     idmapped binds of host directories, read-write, nosuid, nodev
 //! /.dynocap/agent  the agent binary, bound read-only
 //! ```
 //!
@@ -144,6 +145,10 @@ pub(crate) struct RootPlan {
     /// A detached idmapped clone of `image_root` (see `idmapped`), open in the supervisor
     /// across the clone: the lower layer instead of `image_root` itself.
     pub idmapped_image: Option<std::os::fd::RawFd>,
+    /// Detached idmapped clones of the read-write binds' sources (see `idmapped`), open in
+    /// the supervisor across the clone, with each one's host path and guest target
+    /// (relative to `/`).
+    pub rw_binds: Vec<(std::os::fd::RawFd, PathBuf, PathBuf)>,
 }
 
 /// A host source opened for binding.
@@ -164,6 +169,8 @@ pub(crate) struct HostFds {
     devices: Vec<(&'static str, Source)>,
     /// The sandbox's cgroup directories, with where each shows under /sys/fs/cgroup.
     cgroups: Vec<(Source, CgroupView)>,
+    /// The read-write binds' mounts, with their host paths and guest targets.
+    rw_binds: Vec<(OwnedFd, PathBuf, PathBuf)>,
 }
 
 fn open_dir(path: &Path) -> Result<OwnedFd, Failure> {
@@ -236,6 +243,16 @@ pub(crate) fn open_host(plan: &RootPlan) -> Result<HostFds, Failure> {
             .iter()
             .map(|view| Ok((open_source(&view.host)?, view.clone())))
             .collect::<Result<_, Failure>>()?,
+        rw_binds: plan
+            .rw_binds
+            .iter()
+            .map(|(raw, host, target)| {
+                // SAFETY: as for the idmapped image above: the supervisor holds each of these
+                // fds open across the clone, and only this code uses our copies.
+                let tree = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(*raw) };
+                (tree, host.clone(), target.clone())
+            })
+            .collect(),
     })
 }
 
@@ -263,6 +280,18 @@ pub(crate) fn build(plan: &RootPlan, host: &HostFds) -> Result<(), Failure> {
 
     for (source, target) in &host.binds {
         bind_read_only(root, source, target, true)?;
+    }
+    for (tree, source, target) in &host.rw_binds {
+        let what = || {
+            format!(
+                "binding {} read-write onto /{}",
+                source.display(),
+                target.display()
+            )
+        };
+        let target_fd = resolve::mountpoint(root, target, Kind::Dir)
+            .context(|| format!("creating the mountpoint /{}", target.display()))?;
+        newmount::attach(tree.as_fd(), target_fd.as_fd()).context(what)?;
     }
     bind_read_only(root, &host.agent, &plan.agent_target, false)?;
 

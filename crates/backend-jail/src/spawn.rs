@@ -98,6 +98,27 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
         None
     };
     plan.root.idmapped_image = idmapped_image.as_ref().map(|fd| fd.as_raw_fd());
+    // As the image's: held open across the clone, closed here when `spawn` returns.
+    let sources: Vec<&Path> = spec.rw_binds.iter().map(|b| b.source.as_path()).collect();
+    let rw_trees = match idmapped::read_write_trees(&sources, &ids) {
+        Ok(trees) => trees,
+        Err(e) => {
+            undo(&layers, &cgroups, &mut disk);
+            return Err(e);
+        }
+    };
+    for (tree, bind) in rw_trees.iter().zip(&spec.rw_binds) {
+        let target = match guest_relative(&bind.target) {
+            Ok(target) => target,
+            Err(e) => {
+                undo(&layers, &cgroups, &mut disk);
+                return Err(e);
+            }
+        };
+        plan.root
+            .rw_binds
+            .push((tree.as_raw_fd(), bind.source.clone(), target));
+    }
 
     // The init joins its v1 cgroups itself (see `cgroup`), through files opened here.
     let cgroup_joins = match cgroups.self_join_files() {
@@ -313,6 +334,8 @@ fn plan(spec: &JailSpec, ids: &IdMap) -> Result<ChildPlan, JailError> {
         cgroups: Vec::new(),
         // Made just before the clone (see `spawn`).
         idmapped_image: None,
+        // Made just before the clone too.
+        rw_binds: Vec::new(),
     };
     let exe = cstring("agent path", AGENT_GUEST_PATH)?;
     let mut argv = vec![

@@ -25,6 +25,12 @@ pub struct JailSpec {
     pub image_root: PathBuf,
     /// Host paths bound read-only (recursive, nosuid, nodev) over the root, in this order.
     pub ro_binds: Vec<RoBind>,
+    /// Host directories bound read-write (nosuid, nodev) over the root, after `ro_binds`, each
+    /// shown through the guest's id map (an idmapped mount, see `idmapped`): their files'
+    /// owners on disk are guest ids, the same whatever host id range a sandbox has, so one
+    /// directory serves sandbox after sandbox (a project's package caches). Needs a root
+    /// supervisor; a target's missing directories are made as [`RoBind::target`]'s are.
+    pub rw_binds: Vec<RwBind>,
     /// Per-sandbox directory the caller created; `upper/`, `work/` and `root/` are made in it.
     pub state_dir: PathBuf,
     /// Directories created in the upper layer before start, owned by the host ids their guest
@@ -71,6 +77,16 @@ pub struct RoBind {
     /// Absolute guest path, resolved inside the guest root (its symlinks cannot lead out).
     /// Created (in the upper layer) when missing, which needs its parent to be writable by the
     /// guest's root: not a directory of a host-root-owned image.
+    pub target: PathBuf,
+}
+
+/// A host directory bound read-write into the guest through its id map (see
+/// [`JailSpec::rw_binds`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RwBind {
+    /// Host directory; it must exist.
+    pub source: PathBuf,
+    /// Absolute guest path, resolved inside the guest root.
     pub target: PathBuf,
 }
 
@@ -145,6 +161,16 @@ impl JailSpec {
             if rel.starts_with(".dynocap") {
                 return Err(invalid(format!(
                     "ro_bind target {} is reserved for the agent",
+                    bind.target.display()
+                )));
+            }
+        }
+        for bind in &self.rw_binds {
+            require_dir("rw_bind source", &bind.source)?;
+            let rel = guest_relative(&bind.target)?;
+            if rel.as_os_str().is_empty() || rel.starts_with(".dynocap") {
+                return Err(invalid(format!(
+                    "rw_bind target {} is the guest root or reserved for the agent",
                     bind.target.display()
                 )));
             }

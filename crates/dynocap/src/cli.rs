@@ -54,6 +54,10 @@ pub enum Command {
     Ls,
     /// Release a task's name; --purge deletes its results, --force ends it if running.
     Rm(RmArgs),
+    /// The projects' package caches (pip, npm, cargo, go, apt) that a project's tasks share:
+    /// ls, rm.
+    #[command(subcommand)]
+    Cache(crate::cache_commands::CacheCommand),
     /// Serve the MCP tools over stdio (for Claude Desktop, Cursor, Cline, ...).
     Mcp(McpArgs),
     /// Report what this machine supports and what to install or enable; --repair rebuilds a
@@ -239,6 +243,10 @@ pub struct TaskStartArgs {
     /// kernel, else jail). Default: DYNOCAP_BACKEND, else auto.
     #[arg(long, value_name = "jail|vm|auto", value_parser = backend_choice)]
     pub backend: Option<dynocap_engine::backend::BackendChoice>,
+    /// Leave the project's package caches out: the task downloads afresh and keeps nothing
+    /// for the project's next task.
+    #[arg(long = "no-cache")]
+    pub no_cache: bool,
     /// SSH private key (no passphrase) for an ssh:// --repo clone; it is readable only by the
     /// clone and removed when the clone ends.
     #[arg(long = "ssh-key", value_name = "PATH", requires = "repository_url")]
@@ -272,6 +280,10 @@ pub struct RmArgs {
     /// Also delete the task's record and its results directory.
     #[arg(long)]
     pub purge: bool,
+    /// With --purge: also delete the package cache of the task's project (refused while
+    /// another running task of the project has it).
+    #[arg(long, requires = "purge")]
+    pub cache: bool,
 }
 
 #[derive(Debug, Args)]

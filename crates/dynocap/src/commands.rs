@@ -54,6 +54,7 @@ async fn with_engine(json: bool, command: Command, config: Config) -> Result<Exi
         Command::Cp(args) => crate::cp_commands::cp(&engine, json, args).await,
         Command::Port(args) => crate::port_commands::port(&engine, json, args).await,
         Command::Rm(args) => crate::task_commands::rm(&engine, json, args).await,
+        Command::Cache(command) => crate::cache_commands::cache(&engine, json, command),
         Command::Pool(args) => {
             let (verb, count) = if args.drain {
                 ("drained", engine.drain_pool().await?)

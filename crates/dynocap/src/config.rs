@@ -69,6 +69,8 @@ struct Variables {
     resolve: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_EXTRA_CA")]
     extra_ca: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_CACHES")]
+    caches: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_MCP_GIT_HOSTS")]
     mcp_git_hosts: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_MCP_ROOTS")]
@@ -201,6 +203,7 @@ pub fn from_env() -> Result<Settings, Error> {
             extra_ca: path(s.extra_ca),
             git_hosts: text(s.mcp_git_hosts),
         },
+        caches: text(s.caches),
     };
     Ok(Settings {
         engine,

@@ -3,6 +3,7 @@
 //! hands off to the command modules; `supervise` and `cli-server` are dispatched before any
 //! thread exists, because both fork children that run Rust code.
 
+mod cache_commands;
 mod cli;
 mod cli_server;
 mod commands;

@@ -171,6 +171,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
         }
     };
     spec.backend = args.backend;
+    spec.no_cache = args.no_cache;
     let publish = crate::port_commands::publish_requests(&args.publish);
     Engine::check_publish(&publish)?;
     spec.ssh_key_path = args
@@ -458,7 +459,53 @@ pub async fn rm(engine: &Engine, json: bool, args: RmArgs) -> Result<ExitCode, E
             }
         }
     }
+    // The project's cache, known before the record that names it goes.
+    let cache = if args.purge {
+        engine.cache_of(&args.name).ok()
+    } else {
+        None
+    };
+    if let (true, Some(cache)) = (args.cache, &cache) {
+        // Checked first, so a cache in use refuses the whole command, not half of it.
+        let this = engine
+            .task_info(&args.name)
+            .map(|t| t.name.unwrap_or(t.id))
+            .unwrap_or_else(|_| args.name.clone());
+        let others: Vec<&String> = cache.in_use_by.iter().filter(|t| **t != this).collect();
+        if !others.is_empty() {
+            return Err(Error::conflict(format!(
+                "the package cache of {} is in use by the running task(s) {}; finish them \
+                 first, or rm --purge without --cache",
+                crate::cache_commands::project(cache),
+                others
+                    .iter()
+                    .map(|t| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
     let result = engine.rm(&args.name, args.force, args.purge).await?;
+    if let Some(cache) = &cache {
+        if args.cache {
+            engine.cache_rm(Some(&cache.id))?;
+            warnln!(
+                "dynocap: removed the package cache of {} ({})",
+                crate::cache_commands::project(cache),
+                crate::cache_commands::size(cache.bytes)
+            );
+        } else if cache.tasks.len() <= 1 {
+            // The project's last task is gone; its cache stays for the next one, and says so.
+            warnln!(
+                "dynocap: the package cache of {} ({}, {}) stays for the project's next task; \
+                 `dynocap cache rm {}` removes it",
+                crate::cache_commands::project(cache),
+                crate::cache_commands::size(cache.bytes),
+                cache.path,
+                cache.id
+            );
+        }
+    }
     if json {
         print_json(&result);
     } else {

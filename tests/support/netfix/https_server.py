@@ -121,11 +121,13 @@ class Handler(BaseHTTPRequestHandler):
             return self.big(path[len("/big/"):])
         return self.static(path)
 
-    def send_body(self, status, body, ctype="text/plain"):
+    def send_body(self, status, body, ctype="text/plain", cache=None):
         self.record(status)
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
+        if cache:
+            self.send_header("Cache-Control", cache)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -147,8 +149,13 @@ class Handler(BaseHTTPRequestHandler):
             ".tgz": "application/octet-stream",
             ".whl": "application/octet-stream",
         }.get(os.path.splitext(full)[1], "application/octet-stream")
+        # Package files never change once published, and the registries' CDNs say so (PyPI's
+        # files.pythonhosted.org sends exactly this): what lets pip keep them in its cache.
+        cache = None
+        if path.endswith((".whl", ".tgz", ".tar.gz")):
+            cache = "max-age=365000000, immutable, public"
         with open(full, "rb") as f:
-            self.send_body(200, f.read(), ctype)
+            self.send_body(200, f.read(), ctype, cache)
 
     def dumb(self, path):
         root = os.path.realpath(self.server.git_root)

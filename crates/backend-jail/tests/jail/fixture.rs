@@ -86,6 +86,7 @@ impl Fixture {
                     target: "/etc/ld.so.cache".into(),
                 },
             ],
+            rw_binds: vec![],
             state_dir: self.state.clone(),
             guest_dirs: vec![
                 // The image's /root belongs to host root, which is nobody in the guest: give

@@ -46,6 +46,46 @@ impl HostDisk for MountedDisk {
     }
 }
 
+/// A task's package caches as the jail binds them (see `host::project_cache`), with the
+/// directories of the sandbox user's home they hang from, which must be the user's own. An
+/// unprivileged supervisor cannot make the idmapped mounts they need: its tasks get none
+/// (the log says so).
+fn cache_binds(
+    spec: &BootSpec,
+) -> Result<(
+    Vec<dynocap_backend_jail::RwBind>,
+    Vec<dynocap_backend_jail::GuestDir>,
+)> {
+    let Some(cache) = &spec.project_cache else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    let ids = dynocap_host::IdMap::for_current_process_in_range(spec.id_range)
+        .map_err(JailFailure::HostIds)?;
+    if ids.is_rootless() {
+        tracing::warn!(
+            "no package caches: binding them needs an idmapped mount, which only a supervisor running as root can make"
+        );
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let home = Path::new(SANDBOX_HOME);
+    let with_apt = spec.image.root.join("var/cache/apt/archives").is_dir();
+    let binds = cache
+        .binds(home, with_apt)
+        .into_iter()
+        .map(|(source, target)| dynocap_backend_jail::RwBind { source, target })
+        .collect();
+    let dirs = crate::host::project_cache::HOME_PARENTS
+        .iter()
+        .map(|dir| dynocap_backend_jail::GuestDir {
+            path: home.join(dir),
+            uid: SANDBOX_UID,
+            gid: SANDBOX_GID,
+            mode: 0o755,
+        })
+        .collect();
+    Ok((binds, dirs))
+}
+
 /// System CA bundles the image may bind from the host (the `host` image binds the host's
 /// `/etc/ssl/certs`): Debian's, Ubuntu's, Arch's, Alpine's path.
 const HOST_CA_BUNDLES: &[&str] = &["/etc/ssl/certs/ca-certificates.crt"];
@@ -124,11 +164,13 @@ impl Backend for JailBackend {
                 target: "/etc/resolv.conf".into(),
             });
         }
-        let jail_spec = JailSpec {
+        let (rw_binds, cache_dirs) = cache_binds(spec)?;
+        let mut jail_spec = JailSpec {
             name: spec.id.clone(),
             hostname: spec.hostname.clone(),
             image_root: spec.image.root.clone(),
             ro_binds,
+            rw_binds,
             state_dir: spec.state_dir.clone(),
             guest_dirs: vec![
                 GuestDir {
@@ -160,6 +202,7 @@ impl Backend for JailBackend {
             idmap_image: spec.image.owned_by_host_root,
             exec_cgroup: spec.exec_cgroup.clone(),
         };
+        jail_spec.guest_dirs.extend(cache_dirs);
         let ids = dynocap_host::IdMap::for_current_process_in_range(spec.id_range)
             .map_err(JailFailure::HostIds)?;
         let jail = dynocap_backend_jail::Jail::spawn_with_ids(&jail_spec, ids)

@@ -75,6 +75,10 @@ pub struct BootSpec {
     /// the jail binds from the host read-only, it cannot write, so the jail binds one that
     /// holds them too over it.
     pub extra_ca: Option<String>,
+    /// A task's project's package caches (see `host::project_cache`), which the guest gets
+    /// read-write where pip, npm, cargo, go and apt keep their downloads; `None` for a raw
+    /// sandbox, a task without caches and a recovery boot.
+    pub project_cache: Option<crate::host::project_cache::ProjectCache>,
 }
 
 /// A running guest.

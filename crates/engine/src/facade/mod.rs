@@ -7,6 +7,7 @@
 
 pub(crate) mod admission;
 pub mod apply;
+pub mod caches;
 pub mod ceilings;
 pub mod files;
 pub mod image_admin;

@@ -117,12 +117,19 @@ impl Engine {
             EgressSpec::refuse_hosts(&spec.allow_hosts)?;
             None
         };
+        // The project's package caches, unless the task or the host leaves them out.
+        let cache = if spec.no_cache || !self.config().caches()? {
+            None
+        } else {
+            crate::host::project_cache::ProjectKey::for_source(&start.source).map(|key| key.id())
+        };
         let detail = TaskDetail {
             start,
             source: None,
             result: None,
             project_fd: project.is_some().then_some(SUPERVISOR_PROJECT_FD),
             ssh_key_path: spec.ssh_key_path.clone(),
+            cache,
         };
         let mut record = self.new_record(
             Kind::Task,

@@ -272,6 +272,11 @@ impl GitUrl {
         &self.host
     }
 
+    /// The path on the host, as written (`/team/app.git`, or `team/app.git` scp-like).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
     /// The port as written (always the transport's own), if written.
     pub fn port(&self) -> Option<u16> {
         self.port

@@ -43,6 +43,9 @@ pub struct Config {
     pub ceilings: CeilingsConfig,
     /// What `filtered` sandboxes may reach, and how.
     pub egress: EgressConfig,
+    /// `DYNOCAP_CACHES`: `0` or `off` keeps no package caches per project (unset, empty,
+    /// `1` or `on`: tasks share their project's caches).
+    pub caches: Option<String>,
 }
 
 /// Where the state directory is: the first of these that is set and not empty.
@@ -130,6 +133,18 @@ impl Config {
     /// Whether the jail's disks are limited (`DYNOCAP_DISK_LIMIT`).
     pub fn disk_limit(&self) -> Result<bool> {
         disk_limit(self.disk_limit.as_deref())
+    }
+
+    /// Whether tasks get their project's package caches (`DYNOCAP_CACHES`).
+    pub fn caches(&self) -> Result<bool> {
+        match self.caches.as_deref().map(str::trim) {
+            None | Some("" | "1" | "on") => Ok(true),
+            Some("0" | "off") => Ok(false),
+            Some(other) => Err(Error::invalid(format!(
+                "DYNOCAP_CACHES={other} is not valid; use 1 or on (the default: tasks keep \
+                 their project's package caches) or 0 or off (no caches)"
+            ))),
+        }
     }
 
     /// How many sandboxes the warm pool should hold: 0 (no pool) when unset.

@@ -86,6 +86,10 @@ pub struct TaskStartSpec {
     /// The backend to boot on (`--backend`); `None`: `DYNOCAP_BACKEND`, else `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<crate::model::backend_choice::BackendChoice>,
+    /// Leave the project's package caches out (`--no-cache`): the task downloads afresh and
+    /// writes into no cache.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_cache: bool,
 }
 
 impl TaskStartSpec {
@@ -151,6 +155,7 @@ impl TaskStartSpec {
             image: None,
             backend: None,
             ssh_key_path: None,
+            no_cache: false,
         })
     }
 }
@@ -171,6 +176,11 @@ pub struct TaskDetail {
     /// for the clone and the key itself is never stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_key_path: Option<std::path::PathBuf>,
+    /// The id of the project's package cache the task's guest gets (see the host's
+    /// `project_cache`), decided when it started; `None`: no cache (`--no-cache`,
+    /// `DYNOCAP_CACHES=0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
 }
 
 impl TaskDetail {

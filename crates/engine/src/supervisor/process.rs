@@ -277,6 +277,11 @@ fn boot(
             (Mode::Start, Some(egress)) => egress.extra_ca_pem()?,
             _ => None,
         },
+        project_cache: match mode {
+            Mode::Start => project_cache(home, &record)?,
+            // Recovery only saves work: nothing of the agent's runs, nothing is downloaded.
+            Mode::Recover => None,
+        },
     };
     let booting = std::time::Instant::now();
     let (guest, guest_output) = boot_with_piped_output(backend.as_ref(), &spec)?;
@@ -302,6 +307,34 @@ fn boot(
     // Lowering the score needs host privileges; unprivileged users keep the default.
     let _ = std::fs::write(format!("/proc/{}/oom_score_adj", guest.pid()), "-1000");
     Ok((catalog, record, guest, room))
+}
+
+/// The package caches of a task's project, made if new, when the task was started with
+/// them (see [`crate::model::task_spec::TaskDetail::cache`]).
+fn project_cache(
+    home: &Home,
+    record: &Record,
+) -> Result<Option<crate::host::project_cache::ProjectCache>> {
+    use crate::host::project_cache::{ProjectCache, ProjectKey};
+    if record.kind != crate::store::catalog::Kind::Task {
+        return Ok(None);
+    }
+    let detail = crate::model::task_spec::TaskDetail::from_json(record.detail.as_deref())?;
+    let Some(id) = &detail.cache else {
+        return Ok(None);
+    };
+    let Some(key) = ProjectKey::for_source(&detail.start.source) else {
+        return Ok(None);
+    };
+    if &key.id() != id {
+        return Err(Error::internal(format!(
+            "the task's cache {id} is not its project's ({}); start it again",
+            key.id()
+        )));
+    }
+    let cache = ProjectCache::prepare(home.root(), &key, (image::SANDBOX_UID, image::SANDBOX_GID))?;
+    tracing::info!(target: LOG_TARGET, "package caches of {} {}: {}", key.kind, key.project, cache.dir().display());
+    Ok(Some(cache))
 }
 
 /// The agent binary: `DYNOCAP_AGENT`, else `dynocap-agent` beside this executable.

@@ -1,0 +1,206 @@
+//! Per-project package caches end to end through the CLI: a second `pip install -r
+//! requirements.txt` in a new task of the same project is served from the project's cache
+//! (the index server sees no second request for the wheel), the cache outlives the task that
+//! filled it, another project's task sees none of it, `--no-cache` leaves it out, nothing of
+//! it reaches the patch, and `dynocap cache ls`/`rm` and `rm --purge --cache` show and clear
+//! it. Plus `DYNOCAP_EXTRA_CA` in a `nat` sandbox's system bundle.
+//!
+//! PyPI is tests/support/tlsfix.rs on a 127.X.Y.Z under its real names through
+//! `DYNOCAP_RESOLVE` and a `filtered` task allowed `@pypi`: nothing leaves loopback. Needs
+//! root.
+
+#[path = "support/tlsfix.rs"]
+mod tlsfix;
+
+use std::path::{Path, PathBuf};
+
+use dynocap_e2e::backend::Backend;
+use dynocap_e2e::netfix::{product, PYPI_WHEEL};
+use dynocap_e2e::TestHome;
+use serde_json::Value;
+use tlsfix::TlsFix;
+
+const PYPI: [&str; 2] = ["pypi.org", "files.pythonhosted.org"];
+/// Into a directory of its own (not the system's, which pip refuses to change), outside
+/// `/workspace`; pip's cache is where it always is, `~/.cache/pip`.
+const INSTALL: &str = "pip install --retries 0 --target /tmp/site -r requirements.txt";
+
+fn home_for(home: TestHome, fix: &TlsFix) -> TestHome {
+    home.with_env(product::ENV_RESOLVE, &fix.resolve(&PYPI))
+        .with_env(product::ENV_EXTRA_CA, &fix.ca_cert.display().to_string())
+}
+
+/// A project directory (a plain tree) whose requirements name the fixture's package.
+fn project(root: &Path, name: &str) -> PathBuf {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).expect("project dir");
+    std::fs::write(dir.join("requirements.txt"), "dynocap-fixture==1.0.0\n").expect("write");
+    dir
+}
+
+fn start(home: &TestHome, name: &str, project: &Path, extra: &[&str]) -> Value {
+    let path = project.to_str().expect("utf-8 path");
+    let mut args = vec![
+        "task",
+        "start",
+        path,
+        "--name",
+        name,
+        "--network",
+        "filtered",
+        "--allow-host",
+        "@pypi",
+    ];
+    args.extend_from_slice(extra);
+    home.json(&args)
+}
+
+/// How many times the index server has sent the wheel itself.
+fn wheel_downloads(fix: &TlsFix) -> usize {
+    fix.requests()
+        .iter()
+        .filter(|r| {
+            r["status"] == 200 && r["path"].as_str().is_some_and(|p| p.ends_with(PYPI_WHEEL))
+        })
+        .count()
+}
+
+fn install(home: &TestHome, task: &str) {
+    let result = home.exec_in_task(task, INSTALL, 300);
+    assert_eq!(result["exitCode"], 0, "pip install in {task}: {result:#}");
+    assert_eq!(
+        home.task_sh(task, "cat /tmp/site/dynocap_fixture/__init__.py"),
+        "SERVED_BY = 'the dynocap test index'\n"
+    );
+}
+
+fn caches(home: &TestHome) -> Vec<Value> {
+    home.json(&["cache", "ls"])["caches"]
+        .as_array()
+        .expect("caches")
+        .clone()
+}
+
+fn second_install_from_the_cache_on(backend: Backend, test: &str) {
+    let Some(home) = TestHome::on(backend, test) else {
+        return;
+    };
+    let fix = TlsFix::start(&PYPI);
+    let home = home_for(home, &fix);
+    let projects = tempfile::tempdir().expect("projects");
+    let app = project(projects.path(), "app");
+    let other = project(projects.path(), "other");
+
+    // The first task of the project downloads the wheel and finishes; its cache stays.
+    start(&home, "first", &app, &[]);
+    install(&home, "first");
+    assert_eq!(wheel_downloads(&fix), 1, "{:#?}", fix.requests());
+    home.json(&["task", "finish", "first"]);
+    let listed = caches(&home);
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    let canonical = app.canonicalize().expect("canonical project");
+    assert_eq!(listed[0]["project"], canonical.to_str().expect("utf-8"));
+    assert_eq!(listed[0]["kind"], "path");
+    assert!(listed[0]["bytes"].as_u64().unwrap_or(0) > 0, "{listed:#?}");
+    assert_eq!(listed[0]["tasks"], serde_json::json!(["first"]));
+    let cache_id = listed[0]["id"].as_str().expect("id").to_owned();
+    assert!(
+        home.path()
+            .join("caches")
+            .join(&cache_id)
+            .join("data/pip")
+            .is_dir(),
+        "the cache lives in the home's caches/<id>/"
+    );
+
+    // A new task of the same project installs without the wheel leaving the server again.
+    start(&home, "second", &app, &[]);
+    install(&home, "second");
+    assert_eq!(
+        wheel_downloads(&fix),
+        1,
+        "the second install downloaded the wheel again: {:#?}",
+        fix.requests()
+    );
+    // Nothing of the cache (or the install) is in the task's work.
+    let diff = home.json(&["task", "diff", "second"]);
+    assert_eq!(diff["files"], 0, "{diff:#}");
+    assert_eq!(diff["patch"], "", "{diff:#}");
+
+    // Another project's task sees none of it and downloads for itself.
+    start(&home, "stranger", &other, &[]);
+    let seen = home.task_sh(
+        "stranger",
+        "find ~/.cache/pip -type f | wc -l; grep -c dynocap_fixture -r ~/.cache/pip || true",
+    );
+    assert_eq!(seen.lines().next(), Some("0"), "{seen}");
+    install(&home, "stranger");
+    assert_eq!(wheel_downloads(&fix), 2, "{:#?}", fix.requests());
+    assert_eq!(caches(&home).len(), 2);
+
+    // --no-cache: the project's cache is not there, and the task downloads.
+    start(&home, "fresh", &app, &["--no-cache"]);
+    install(&home, "fresh");
+    assert_eq!(wheel_downloads(&fix), 3, "{:#?}", fix.requests());
+
+    // A cache a running task has cannot be removed; rm --purge --cache of the project's
+    // task removes it once nothing runs with it.
+    let busy = home.json_err(&["cache", "rm", &cache_id]);
+    assert!(
+        busy["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("second")),
+        "{busy:#}"
+    );
+    for task in ["second", "stranger", "fresh"] {
+        home.json(&["task", "finish", task]);
+    }
+    home.json(&["rm", "first", "--purge"]);
+    home.json(&["rm", "second", "--purge", "--cache"]);
+    let left = caches(&home);
+    assert_eq!(left.len(), 1, "{left:#?}");
+    assert_eq!(
+        left[0]["project"],
+        other.canonicalize().unwrap().to_str().unwrap()
+    );
+    home.json(&["cache", "rm", "--all"]);
+    assert!(caches(&home).is_empty());
+}
+
+#[test]
+fn a_second_install_of_a_project_comes_from_its_cache_and_no_other_project_sees_it() {
+    second_install_from_the_cache_on(
+        Backend::Jail,
+        "a_second_install_of_a_project_comes_from_its_cache_and_no_other_project_sees_it",
+    );
+}
+
+#[test]
+fn a_raw_sandbox_and_a_host_with_caches_off_get_none() {
+    let test = "a_raw_sandbox_and_a_host_with_caches_off_get_none";
+    let Some(home) = TestHome::on(Backend::Jail, test) else {
+        return;
+    };
+    let projects = tempfile::tempdir().expect("projects");
+    let app = project(projects.path(), "app");
+    home.sandbox("raw", &[]);
+    let mounts = home.sh("raw", "grep -c '/.cache/pip' /proc/self/mountinfo || true");
+    assert_eq!(mounts.trim(), "0");
+    let off = home.with_env("DYNOCAP_CACHES", "0");
+    off.json(&["task", "start", app.to_str().unwrap(), "--name", "off"]);
+    let mounts = off.task_sh("off", "grep -c '/.cache/pip' /proc/self/mountinfo || true");
+    assert_eq!(mounts.trim(), "0");
+    assert!(off.json(&["cache", "ls"])["caches"]
+        .as_array()
+        .is_some_and(Vec::is_empty));
+    // With caches on, a task has them, owned by the sandbox user.
+    off.json(&["task", "finish", "off"]);
+    let on = TestHome::on(Backend::Jail, test).expect("a home");
+    on.json(&["task", "start", app.to_str().unwrap(), "--name", "on"]);
+    let owners = on.task_sh(
+        "on",
+        "grep -c '/.cache/pip' /proc/self/mountinfo; stat -c %u ~/.cache/pip ~/.cache ~/.npm ~/.cargo/registry ~/go/pkg/mod",
+    );
+    assert_eq!(owners, "1\n1000\n1000\n1000\n1000\n1000\n");
+    on.json(&["task", "finish", "on"]);
+}

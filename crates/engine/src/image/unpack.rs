@@ -525,13 +525,13 @@ pub(super) mod tests {
 
     /// A tar built entry by entry, headers written raw so hostile names get through (the
     /// fuzz body's tests build theirs with it too).
-    pub(in crate::image) struct Layer(tar::Builder<Vec<u8>>);
+    pub(crate) struct Layer(tar::Builder<Vec<u8>>);
 
     impl Layer {
-        pub(in crate::image) fn new() -> Layer {
+        pub(crate) fn new() -> Layer {
             Layer(tar::Builder::new(Vec::new()))
         }
-        pub(in crate::image) fn entry(
+        pub(crate) fn entry(
             mut self,
             kind: tar::EntryType,
             path: &str,
@@ -557,13 +557,13 @@ pub(super) mod tests {
             self.0.append(&header, data).expect("append");
             self
         }
-        pub(in crate::image) fn file(self, path: &str, data: &str) -> Self {
+        pub(crate) fn file(self, path: &str, data: &str) -> Self {
             self.entry(tar::EntryType::Regular, path, "", 0o644, data.as_bytes())
         }
-        pub(in crate::image) fn dir(self, path: &str) -> Self {
+        pub(crate) fn dir(self, path: &str) -> Self {
             self.entry(tar::EntryType::Directory, path, "", 0o755, b"")
         }
-        pub(in crate::image) fn bytes(self) -> Vec<u8> {
+        pub(crate) fn bytes(self) -> Vec<u8> {
             self.0.into_inner().expect("tar")
         }
     }

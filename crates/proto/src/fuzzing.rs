@@ -6,14 +6,24 @@ use crate::{
     MAX_FRAME_LEN,
 };
 
-/// Feeds `data` to a decoder in chunks whose sizes come from the data itself, parses every
-/// frame's payload as the message its kind implies, and checks the decoder's memory bound.
+/// Feeds `data` to a decoder in chunks whose sizes come from the data itself (pushed, or
+/// appended to a large frame's payload in place), parses every frame's payload as the
+/// message its kind implies, and checks the decoder's memory bound.
 pub fn decode_all(data: &[u8]) {
     let mut decoder = FrameDecoder::new();
     let mut rest = data;
     while !rest.is_empty() {
-        let chunk = usize::from(rest[0]).max(1).min(rest.len());
-        decoder.push(&rest[..chunk]);
+        let mut chunk = usize::from(rest[0]).max(1).min(rest.len());
+        // An odd length byte appends straight into a large frame's payload, as the reader's
+        // `read_buf` does (up to its spare capacity); an even one pushes.
+        match decoder.room() {
+            Some(payload) if rest[0] % 2 == 1 => {
+                chunk = chunk.min(payload.capacity() - payload.len()).max(1);
+                payload.extend_from_slice(&rest[..chunk]);
+                decoder.settle();
+            }
+            _ => decoder.push(&rest[..chunk]),
+        }
         rest = &rest[chunk..];
         loop {
             match decoder.next_frame() {

@@ -93,6 +93,7 @@ fn boot_spec(env: &VmEnv, rootfs: &Path, agent: &Path, state: &Path, name: &str)
         pids: 1024,
         reuse_layer: false,
         id_range: 0,
+        layer_id_range: None,
         network: Network::None,
         extra_ca: None,
         project_cache: None,

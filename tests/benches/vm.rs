@@ -93,6 +93,7 @@ fn main() {
         pids: 1024,
         reuse_layer: false,
         id_range: 0,
+        layer_id_range: None,
         network: Network::None,
         extra_ca: None,
         project_cache: None,

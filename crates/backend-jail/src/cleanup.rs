@@ -40,8 +40,15 @@ fn cleanup(name: &str, state_dir: &Path, keep_layers: bool) -> Result<(), JailEr
         )));
     }
     let layout = Layout::discover()?;
+    // A supervisor killed during a checkpoint leaves the disk frozen, which holds its loop
+    // device, and the dead guest's writers in the kernel, until it is thawed: before the
+    // processes are killed, or they cannot die.
+    let thawed = crate::checkpoint::thaw_leftover(&DiskPaths::at(state_dir).image);
     // Processes first, so nothing writes into the layers while they are removed.
     let mut problems = CgroupSet::existing(&layout, name).remove();
+    if let Err(e) = thawed {
+        problems.push(e.to_string());
+    }
     let disk = DiskPaths::at(state_dir);
     if keep_layers {
         // The image is unmounted once the dead supervisor's namespaces are gone; its layer

@@ -629,7 +629,7 @@ pub(crate) fn wait_released(image: &Path) -> Result<(), JailError> {
 }
 
 /// The loop device (e.g. `loop3`) whose backing file is `image`, if any.
-fn loop_device_of(image: &Path) -> Option<String> {
+pub(crate) fn loop_device_of(image: &Path) -> Option<String> {
     let entries = fs::read_dir("/sys/block").ok()?;
     entries.flatten().find_map(|entry| {
         let name = entry.file_name().into_string().ok()?;
@@ -901,6 +901,7 @@ mod tests {
                 pids: 10,
             },
             reuse_layers: false,
+            layer_ids: None,
             disk_bytes: Some(64 << 20),
             disk_templates: None,
             net_raw: true,

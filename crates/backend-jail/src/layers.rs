@@ -149,6 +149,9 @@ impl Layers {
                 }
                 fs::create_dir(dir).map_err(|e| JailError::io("create", dir, e))?;
             }
+            if let Some(from) = &spec.layer_ids {
+                crate::checkpoint::shift_layer_ids(&layers.upper, from, ids)?;
+            }
             let (uid, gid) = ids.init_host_ids();
             own(&layers.work, uid, gid, 0o700)?;
             own(
@@ -369,6 +372,7 @@ mod tests {
                 pids: 10,
             },
             reuse_layers: false,
+            layer_ids: None,
             disk_bytes: None,
             disk_templates: None,
             net_raw: true,

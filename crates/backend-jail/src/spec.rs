@@ -47,6 +47,10 @@ pub struct JailSpec {
     /// as the last guest left them. `guest_dirs` are not created again. A failed start leaves
     /// that layer in place.
     pub reuse_layers: bool,
+    /// With `reuse_layers`: the id map the kept layer was written under, when it is not this
+    /// jail's own (a layer copied from another sandbox: a fork). Its entries' owners are moved
+    /// to this jail's ids before the guest starts.
+    pub layer_ids: Option<dynocap_host::IdMap>,
     /// Size of the sandbox's disk (an ext4 image under `state_dir`, holding the writable
     /// layer): past it, or past its inodes, the guest's writes fail with ENOSPC. `None` puts
     /// the writable layer on the host's filesystem without a limit (for rootless use, where a

@@ -29,6 +29,10 @@ pub use host::home::Home;
 pub use model::config::Config;
 pub use supervisor::exec::ExecResult;
 
+// A task's checkpoints and forks.
+pub use facade::forks;
+pub use supervisor::checkpoint;
+
 // The paths other crates (the `dynocap` binary, the end-to-end tests) name, kept from before
 // the layers had folders.
 pub use facade::caches;

@@ -118,6 +118,7 @@ impl Fixture {
                 pids: 256,
             },
             reuse_layers: false,
+            layer_ids: None,
             disk_bytes: None,
             disk_templates: None,
             net_raw: true,

@@ -44,6 +44,22 @@ impl HostDisk for MountedDisk {
     fn failure(&self) -> Option<String> {
         dynocap_backend_jail::disk_failure(&self.state_dir)
     }
+
+    fn snapshot(&self, dest: &Path, during: &mut dyn FnMut() -> Result<()>) -> Result<u64> {
+        let mut fault = None;
+        let copied = dynocap_backend_jail::snapshot_disk(&self.state_dir, dest, || {
+            during().map_err(|err| {
+                let io = std::io::Error::other(err.message.clone());
+                fault = Some(err);
+                io
+            })
+        });
+        match (copied, fault) {
+            (Ok(bytes), _) => Ok(bytes),
+            (Err(_), Some(err)) => Err(err),
+            (Err(err), None) => Err(JailFailure::SaveFiles(err).into()),
+        }
+    }
 }
 
 /// A task's package caches as the jail binds them (see `host::project_cache`), with the
@@ -196,6 +212,13 @@ impl Backend for JailBackend {
                 pids: spec.pids,
             },
             reuse_layers: spec.reuse_layer,
+            layer_ids: match spec.layer_id_range {
+                Some(range) if spec.reuse_layer && range != spec.id_range => Some(
+                    dynocap_host::IdMap::for_current_process_in_range(range)
+                        .map_err(JailFailure::HostIds)?,
+                ),
+                _ => None,
+            },
             disk_bytes: disk_bytes(spec.disk_limit.as_deref(), spec.disk_mb)?,
             disk_templates: Some(disk_templates(&spec.cache_dir)),
             net_raw: !nat,

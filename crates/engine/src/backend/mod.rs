@@ -67,6 +67,10 @@ pub struct BootSpec {
     /// The sandbox's host id range (see [`crate::host::idpool`]); the same for every guest booted
     /// over one state directory.
     pub id_range: u32,
+    /// With [`BootSpec::reuse_layer`]: the host id range the kept layer was written under when
+    /// it is another sandbox's (a fork's copy of its source's disk), so the backend moves its
+    /// files to this sandbox's ids. `None`: the layer is this sandbox's own.
+    pub layer_id_range: Option<u32>,
     /// The guest's network. A recovery boot ([`BootSpec::reuse_layer`]) gets `None` whatever
     /// the sandbox asked for: it only saves work.
     pub network: Network,
@@ -158,6 +162,14 @@ pub trait HostDisk: Send + Sync {
     /// What went wrong with the disk, if anything: errors its filesystem recorded, or its
     /// going read-only.
     fn failure(&self) -> Option<String>;
+    /// Copies the disk, as it is at one instant, to the new file `dest` (a checkpoint, or a
+    /// fork's disk); `during` runs while the guest's writes are held, after the copy. Returns
+    /// the bytes the copy holds.
+    fn snapshot(
+        &self,
+        dest: &std::path::Path,
+        during: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<u64>;
 }
 
 /// Where a guest's OOM kills are counted, so a command can be told that the memory limit

@@ -10,6 +10,7 @@ pub mod apply;
 pub mod caches;
 pub mod ceilings;
 pub mod files;
+pub mod forks;
 pub mod image_admin;
 pub mod image_pull;
 pub mod jobs;

@@ -1206,6 +1206,12 @@ fn reply_deadline(request: &ControlRequest) -> Duration {
         ControlRequest::Diff | ControlRequest::Destroy | ControlRequest::Finish { .. } => {
             Duration::from_secs(3600)
         }
+        // A copy of what the guest wrote: gigabytes at disk speed.
+        ControlRequest::Checkpoint { .. }
+        | ControlRequest::DeleteCheckpoint { .. }
+        | ControlRequest::Restore { .. }
+        | ControlRequest::SeedFork { .. } => Duration::from_secs(1800),
+        ControlRequest::Checkpoints => Duration::from_secs(30),
         ControlRequest::StartJob { wait_ms, .. } => {
             Duration::from_millis(*wait_ms) + Duration::from_secs(60)
         }

@@ -129,6 +129,7 @@ impl Engine {
             result: None,
             project_fd: project.is_some().then_some(SUPERVISOR_PROJECT_FD),
             ssh_key_path: spec.ssh_key_path.clone(),
+            fork: None,
             cache,
         };
         let mut record = self.new_record(
@@ -573,6 +574,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         egress_allowlist: crate::facade::sandboxes::egress_allowlist(record),
         image: record.image.name.clone(),
         image_id: record.image.id.clone(),
+        forked_from: detail.fork.clone(),
         image_note: None,
         jobs: Vec::new(),
         forwards: Vec::new(),

@@ -179,6 +179,9 @@ pub struct TaskInfo {
     /// Only in the start's own result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_note: Option<String>,
+    /// The task it was forked from, and the checkpoint if from one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<crate::model::task_spec::ForkOrigin>,
     /// Its running jobs, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<crate::model::sandbox_info::RunningJob>,

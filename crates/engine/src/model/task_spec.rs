@@ -176,11 +176,26 @@ pub struct TaskDetail {
     /// for the clone and the key itself is never stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_key_path: Option<std::path::PathBuf>,
+    /// Set for a fork: the task it was forked from, and the checkpoint if from one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkOrigin>,
     /// The id of the project's package cache the task's guest gets (see the host's
     /// `project_cache`), decided when it started; `None`: no cache (`--no-cache`,
     /// `DYNOCAP_CACHES=0`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<String>,
+}
+
+/// Where a forked task came from (`task fork`, `fromTask`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkOrigin {
+    /// The parent's name when it was forked (its id when it had none).
+    pub task: String,
+    pub task_id: String,
+    /// The parent's checkpoint the fork started from; `None`: its state at the fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
 }
 
 impl TaskDetail {

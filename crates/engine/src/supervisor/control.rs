@@ -30,6 +30,32 @@ pub enum ControlRequest {
     /// Make an idle warm-pool sandbox the caller's: the guest's hostname and limits, and
     /// the supervisor's deadline.
     Claim(Claim),
+    /// Tasks: a checkpoint of the guest's files ([`crate::supervisor::checkpoint`]), labelled
+    /// `label` or the next free `cp-N`; answered with `Checkpoint`.
+    Checkpoint {
+        #[serde(default)]
+        label: Option<String>,
+    },
+    /// Tasks: their checkpoints, oldest first; answered with `Checkpoints`.
+    Checkpoints,
+    /// Tasks: deletes a checkpoint; answered with `Checkpoints` (those left).
+    DeleteCheckpoint {
+        label: String,
+    },
+    /// Tasks: the guest's files back as checkpoint `label` was taken. Running commands and
+    /// jobs end, and the guest boots again over a copy of the checkpoint, under the same
+    /// supervisor process (which executes itself anew); answered with `Restored` before that,
+    /// after which the socket answers again once the guest is up.
+    Restore {
+        label: String,
+    },
+    /// Tasks: the state directory of a new task `fork_id` forked from this one, its disk a
+    /// copy of this task's (now, or as checkpoint `checkpoint` was); answered with `Forked`.
+    SeedFork {
+        fork_id: String,
+        #[serde(default)]
+        checkpoint: Option<String>,
+    },
     /// Tasks: the patch baseline → working tree, with the host's summary.
     Diff,
     /// Tasks: final diff, guest destroyed, patch verified, results written. Generated files
@@ -91,6 +117,10 @@ pub enum ControlReply {
     Destroyed,
     Claimed,
     Diff(crate::model::task_spec::DiffResult),
+    Checkpoint(crate::supervisor::checkpoint::CheckpointInfo),
+    Checkpoints(Vec<crate::supervisor::checkpoint::CheckpointInfo>),
+    Restored(crate::supervisor::checkpoint::Restored),
+    Forked,
     Finished(crate::model::task_spec::FinishResult),
     File(dynocap_proto::files::FileResult),
     Job(Box<crate::supervisor::jobs::JobReport>),

@@ -8,6 +8,7 @@
 //! images and the backends; never the client facade above it.
 
 pub mod agent_conn;
+pub mod checkpoint;
 pub(crate) mod clone;
 pub mod control;
 pub(crate) mod egress;

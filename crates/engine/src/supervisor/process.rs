@@ -38,6 +38,7 @@ use crate::supervisor::control::{write_message, Claim, ControlReply};
 use crate::supervisor::oom::OomWatch;
 use crate::supervisor::workspace::{self};
 
+mod checkpoints;
 mod come_up;
 mod disk;
 mod ending;
@@ -213,7 +214,11 @@ fn boot(
     let record = catalog
         .get(id)?
         .ok_or_else(|| Error::not_found(format!("no sandbox record {id} to supervise")))?;
+    // A fork's first boot, or a task's after a restore, boots over the disk its state
+    // directory was given (see `checkpoint`); a restored task is running all along.
+    let resume = crate::supervisor::checkpoint::resuming(&home.sandbox_dir(id));
     let expected = match mode {
+        Mode::Start if resume && record.state == State::Running => State::Running,
         // A warm-pool sandbox starts as any raw one; it only ends its start differently.
         Mode::Start if record.state == State::Warming => State::Warming,
         Mode::Start => State::Starting,
@@ -266,8 +271,13 @@ fn boot(
         vm_accel: config.vm_accel.clone(),
         exec_cgroup: config.exec_cgroup.clone(),
         pids: spec::PIDS_LIMIT,
-        reuse_layer: mode == Mode::Recover,
+        reuse_layer: mode == Mode::Recover || resume,
         id_range,
+        layer_id_range: if resume {
+            crate::supervisor::checkpoint::layer_id_range(&home.sandbox_dir(id))
+        } else {
+            None
+        },
         // Recovery only saves work: no network, whatever the sandbox had.
         network: match mode {
             Mode::Start => record.network,
@@ -450,6 +460,7 @@ async fn serve(
 
     let mut clients = tokio::task::JoinSet::new();
     let mut waiters: Vec<OwnedWriteHalf> = Vec::new();
+    let mut restore_to: Option<String> = None;
     let ending = loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -485,6 +496,11 @@ async fn serve(
                 break match request {
                     EndRequest::Destroy => Ending::Destroyed,
                     EndRequest::Finish => Ending::Finished,
+                    EndRequest::Restore(label) => {
+                        restore_to = Some(label);
+                        // Not an end: the task boots again below, before `ending` is read.
+                        Ending::Destroyed
+                    }
                 };
             }
             () = network.exited() => {
@@ -506,6 +522,23 @@ async fn serve(
     drop(guest_exit);
     // Before the teardown stops pasta and closes the descriptor it watches.
     drop(network);
+    if let Some(label) = restore_to {
+        drop(listener);
+        if file_identity(&control_socket) == listening_at {
+            let _ = std::fs::remove_file(&control_socket);
+        }
+        return checkpoints::restore(
+            &home,
+            &catalog,
+            &id,
+            guest,
+            &shared,
+            waiters,
+            &mut clients,
+            &label,
+        )
+        .await;
+    }
     // The record says so before the socket goes: nobody finds it `running` and unreachable.
     match catalog.mark_ending(&id) {
         Ok(_) => {}

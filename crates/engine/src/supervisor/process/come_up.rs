@@ -41,8 +41,10 @@ pub(super) async fn come_up(
     let starting = std::time::Instant::now();
     // A warm-pool boot's starter never waits (see `starter_watch`); any other start is
     // dropped once nobody waits for it.
+    // A restored task's supervisor was started by itself (see `checkpoint::resuming`).
+    let restoring = record.state == State::Running;
     let watch = match record.state {
-        State::Warming => None,
+        State::Warming | State::Running => None,
         _ => ready.watch(),
     };
     let started = match &watch {
@@ -60,6 +62,19 @@ pub(super) async fn come_up(
         Ok(Some(parts)) => parts,
         Ok(None) => {
             abandon(home, catalog, record, guest).await;
+            return None;
+        }
+        Err(err) if restoring => {
+            // The task's files are the restored disk: kept, for `task finish` to recover.
+            tracing::error!(target: LOG_TARGET, "booting the restored task failed: {err}");
+            let _ = tokio::task::spawn_blocking(move || guest.stop_keeping_layer()).await;
+            let note = format!(
+                "booting the task again after its restore failed: {}; its files are kept: \
+                 finish the task to recover them",
+                err.message
+            );
+            let _ = catalog.transition(&id, State::Running, State::Unsaved, Some(&note));
+            ready.send(&ReadyMessage::Failed(err));
             return None;
         }
         Err(err) => {
@@ -92,6 +107,7 @@ pub(super) async fn come_up(
         }
     }
     ready.send(&ReadyMessage::Ready);
+    crate::supervisor::checkpoint::resumed(&home.sandbox_dir(&id));
     tracing::info!(target: LOG_TARGET,
         "ready in {:.2}s after the boot; serving until {}",
         starting.elapsed().as_secs_f64(),
@@ -196,7 +212,13 @@ pub(super) async fn start(
         None => None,
     };
 
-    if let Some(task) = task.as_mut() {
+    let resume = crate::supervisor::checkpoint::resuming(&home.sandbox_dir(&id));
+    if let (Some(task), true) = (task.as_mut(), resume) {
+        // A fork or a restored task: its workspace and baseline are on the disk it booted
+        // over; what was imported is its record's.
+        task.egress = egress.clone();
+        task.source = TaskDetail::from_json(record.detail.as_deref())?.source;
+    } else if let Some(task) = task.as_mut() {
         let mut detail = TaskDetail::from_json(record.detail.as_deref())?;
         task.egress = egress.clone();
         let report = |progress: Progress| ready.send(&ReadyMessage::Progress(progress));
@@ -274,6 +296,7 @@ pub(super) async fn start(
     // A warm-pool sandbox waits, pooled, for a claim; any other is the caller's now.
     let (from, to) = match record.state {
         State::Warming => (State::Warming, State::Pooled),
+        State::Running => (State::Running, State::Running),
         _ => (State::Starting, State::Running),
     };
     if !catalog.transition(&id, from, to, None)? {

@@ -189,6 +189,39 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
                 ControlReply::Error(Error::conflict("diff is for tasks; this is a raw sandbox"))
             }
         },
+        ControlRequest::Checkpoint { .. }
+        | ControlRequest::Checkpoints
+        | ControlRequest::DeleteCheckpoint { .. }
+        | ControlRequest::Restore { .. }
+        | ControlRequest::SeedFork { .. }
+            if task.is_none() =>
+        {
+            ControlReply::Error(Error::conflict(
+                "checkpoints, restores and forks are for tasks; this is a raw sandbox",
+            ))
+        }
+        ControlRequest::Checkpoint { label } => super::checkpoints::create(shared, label).await,
+        ControlRequest::Checkpoints => super::checkpoints::list(shared).await,
+        ControlRequest::DeleteCheckpoint { label } => {
+            super::checkpoints::delete(shared, label).await
+        }
+        ControlRequest::SeedFork {
+            fork_id,
+            checkpoint,
+        } => super::checkpoints::seed_fork(shared, fork_id, checkpoint).await,
+        ControlRequest::Restore { label } => {
+            match super::checkpoints::check_restore(shared, &label) {
+                Ok(()) => {
+                    // The main loop replies once the guest is stopped and the disk restored.
+                    let _ = main_loop
+                        .end
+                        .send((EndRequest::Restore(label), write))
+                        .await;
+                    return;
+                }
+                Err(err) => ControlReply::Error(err),
+            }
+        }
         ControlRequest::Finish { .. } if task.is_none() => ControlReply::Error(Error::conflict(
             "finish is for tasks; destroy a raw sandbox instead",
         )),

@@ -162,6 +162,8 @@ pub(super) struct MainLoop {
 pub(super) enum EndRequest {
     Destroy,
     Finish,
+    /// A task's restore to this checkpoint (see `checkpoints`).
+    Restore(String),
 }
 
 /// What the connection handlers share with the main loop.

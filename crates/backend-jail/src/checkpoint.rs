@@ -1,0 +1,296 @@
+//! Checkpoints and forks of a jail's disk: a copy of the sandbox's ext4 image taken while its
+//! filesystem is frozen, the thaw of a freeze its supervisor did not live to undo, and the
+//! shift of a copied layer's owners from one sandbox's host id range to another's.
+//!
+//! Why a copy: the guest's root is an overlay whose writable layer lives on the ext4 image, and
+//! a mounted overlay's layers cannot be swapped under the guest's running processes; this host
+//! kernel has no device-mapper (no dm-snapshot, no thin pools) and no nbd, and the host's own
+//! filesystem (ext4) cannot share extents between files (no reflink). So a checkpoint copies
+//! the blocks the guest has written (the image is sparse: `SEEK_DATA` skips the rest, and the
+//! disk's `fallocate` reservation leaves unwritten extents, which read as holes), inside the
+//! kernel (`copy_file_range`). Its cost follows what the guest wrote, not the disk's size.
+//!
+//! The freeze (`FIFREEZE` on the mounted disk) makes every block on the image consistent and
+//! holds the guest's writers for the copy; the [`Frozen`] guard thaws on every path out. A
+//! freeze outlives a supervisor killed while it holds one (the frozen filesystem keeps its
+//! loop device): [`thaw_leftover`] finds it through the loop device of the image and thaws it,
+//! which lets the dead namespace's mount, and with it the loop device, go.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{lchown, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+
+use crate::disk::{loop_device_of, DiskPaths};
+use crate::error::JailError;
+use crate::newmount::{FsContext, NODEV, NOSUID};
+use dynocap_host::IdMap;
+
+/// `_IOWR('X', 119, int)` and `_IOWR('X', 120, int)` of `<linux/fs.h>`.
+const FIFREEZE: libc::c_ulong = 0xC004_5877;
+const FITHAW: libc::c_ulong = 0xC004_5878;
+
+/// A frozen filesystem, thawed when dropped (or by [`Frozen::thaw`], which reports).
+struct Frozen(Option<File>);
+
+impl Frozen {
+    fn freeze(dir: &Path) -> Result<Frozen, JailError> {
+        let file = File::open(dir).map_err(|e| JailError::io("open the disk at", dir, e))?;
+        // SAFETY: FIFREEZE takes an fd and no argument memory.
+        if unsafe { libc::ioctl(file.as_raw_fd(), FIFREEZE, 0) } != 0 {
+            return Err(JailError::sys(
+                format!("freezing the sandbox's disk at {}", dir.display()),
+                Errno::last(),
+            ));
+        }
+        Ok(Frozen(Some(file)))
+    }
+
+    /// Thaws now, saying whether that failed (the guest's writers then wait until the
+    /// supervisor ends and the repair thaws it).
+    fn thaw(mut self) -> Result<(), JailError> {
+        match self.0.take() {
+            Some(file) => {
+                thaw_fd(&file).map_err(|e| JailError::sys("thawing the sandbox's disk", e))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if let Some(file) = self.0.take() {
+            // Nobody to tell on this path; `thaw` is the one that reports.
+            let _ = thaw_fd(&file);
+        }
+    }
+}
+
+fn thaw_fd(file: &File) -> Result<(), Errno> {
+    // SAFETY: FITHAW takes an fd and no argument memory.
+    if unsafe { libc::ioctl(file.as_raw_fd(), FITHAW, 0) } == 0 {
+        Ok(())
+    } else {
+        Err(Errno::last())
+    }
+}
+
+/// Copies the disk of the sandbox whose state dir is `state_dir`, mounted by this process,
+/// to `dest` (created, must not exist) while its filesystem is frozen, and syncs the copy.
+/// `during` runs with the filesystem frozen, after the copy (a fault point). Returns the bytes
+/// the copy holds. A sandbox without its own disk (disk limits off) has none to copy.
+pub fn snapshot_disk(
+    state_dir: &Path,
+    dest: &Path,
+    during: impl FnOnce() -> io::Result<()>,
+) -> Result<u64, JailError> {
+    let paths = DiskPaths::at(state_dir);
+    let mounted = fs::metadata(&paths.mountpoint)
+        .and_then(|disk| fs::metadata(state_dir).map(|parent| parent.dev() != disk.dev()))
+        .map_err(|e| JailError::io("stat", &paths.mountpoint, e))?;
+    if !mounted {
+        return Err(JailError::InvalidSpec(
+            "this sandbox has no disk of its own (disk limits are off: DYNOCAP_DISK_LIMIT=off), \
+             so its files cannot be checkpointed or forked"
+                .to_owned(),
+        ));
+    }
+    let frozen = Frozen::freeze(&paths.mountpoint)?;
+    let copied = copy_sparse(&paths.image, dest)
+        .map_err(|e| JailError::io("copy the sandbox's disk to", dest, e));
+    let faulted = copied.as_ref().map_or(Ok(()), |_| {
+        during().map_err(|e| JailError::io("checkpoint", dest, e))
+    });
+    let thawed = frozen.thaw();
+    if let Err(err) = faulted.and(thawed) {
+        let _ = fs::remove_file(dest);
+        return Err(err);
+    }
+    copied
+}
+
+/// Copies the data of `src` (not its holes) to a new file `dest` of the same length, in the
+/// kernel, and syncs it. Returns the bytes copied. On error `dest` is removed.
+pub fn copy_sparse(src: &Path, dest: &Path) -> io::Result<u64> {
+    let from = File::open(src)?;
+    let to = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode_0600()
+        .open(dest)?;
+    let result = copy_into(&from, &to);
+    if result.is_err() {
+        let _ = fs::remove_file(dest);
+    }
+    result
+}
+
+fn copy_into(from: &File, to: &File) -> io::Result<u64> {
+    let len = from.metadata()?.len();
+    to.set_len(len)?;
+    let (src_fd, dst_fd) = (from.as_raw_fd(), to.as_raw_fd());
+    let mut copied = 0u64;
+    let mut offset: i64 = 0;
+    let end = i64::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    while offset < end {
+        // SAFETY: lseek on our open descriptor.
+        let data = unsafe { libc::lseek(src_fd, offset, libc::SEEK_DATA) };
+        if data < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENXIO) {
+                break; // no data past `offset`
+            }
+            return Err(err);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(src_fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let (mut from_off, mut to_off) = (data, data);
+        while from_off < hole {
+            let want = usize::try_from(hole - from_off)
+                .unwrap_or(usize::MAX)
+                .min(1 << 30);
+            // SAFETY: both descriptors are open; the offsets are our own variables.
+            let n = unsafe {
+                libc::copy_file_range(src_fd, &mut from_off, dst_fd, &mut to_off, want, 0)
+            };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if n == 0 {
+                break;
+            }
+            copied += u64::try_from(n).unwrap_or(0);
+        }
+        offset = hole;
+    }
+    to.sync_all()?;
+    Ok(copied)
+}
+
+trait Mode0600 {
+    fn mode_0600(&mut self) -> &mut Self;
+}
+
+impl Mode0600 for OpenOptions {
+    fn mode_0600(&mut self) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
+    }
+}
+
+/// The bytes a file holds on its filesystem (its allocated blocks), for listing checkpoints.
+pub fn allocated_bytes(path: &Path) -> io::Result<u64> {
+    fs::metadata(path).map(|meta| meta.blocks() * 512)
+}
+
+/// Thaws the filesystem on `image` if a supervisor that died left it frozen: without the
+/// thaw, the frozen filesystem holds the image's loop device (and the dead guest's writers)
+/// forever. Nothing to do when no loop device backs `image`, or its filesystem is not frozen.
+pub fn thaw_leftover(image: &Path) -> Result<(), JailError> {
+    let Some(device) = loop_device_of(image) else {
+        return Ok(());
+    };
+    let device = PathBuf::from("/dev").join(device);
+    let failed = |e: Errno| {
+        JailError::sys(
+            format!("mounting {} to thaw a frozen disk", device.display()),
+            e,
+        )
+    };
+    let context = FsContext::new("ext4").map_err(failed)?;
+    context
+        .set("source", &device.to_string_lossy())
+        .map_err(failed)?;
+    // The device's superblock is the frozen one: this mount shares it, and goes with `mount`.
+    let mount = context.mount(NOSUID | NODEV).map_err(|(e, _)| failed(e))?;
+    let dir = nix::fcntl::openat(
+        &mount,
+        ".",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(failed)?;
+    // SAFETY: `dir` is an open descriptor we own; the File takes it over.
+    let dir = unsafe { File::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(dir)) };
+    if let Err(errno) = thaw_fd(&dir) {
+        // EINVAL: not frozen, nothing was left to thaw.
+        if errno != Errno::EINVAL {
+            return Err(JailError::sys(
+                format!("thawing the frozen disk on {}", device.display()),
+                errno,
+            ));
+        }
+    }
+    drop::<OwnedFd>(mount);
+    Ok(())
+}
+
+/// Moves the owners of every entry of `upper` from the host ids of `from` to those of `to`
+/// (a layer copied from another sandbox, whose id range differs): what the guest saw as its
+/// uid `u` under `from` it sees as `u` under `to`. Entries owned by no id of `from` are left
+/// as they are. Set-id bits, which `chown` clears, are put back. Returns the entries changed.
+pub fn shift_layer_ids(upper: &Path, from: &IdMap, to: &IdMap) -> Result<u64, JailError> {
+    if from == to {
+        return Ok(0);
+    }
+    let mut changed = 0u64;
+    let mut pending = vec![upper.to_owned()];
+    while let Some(path) = pending.pop() {
+        let meta = fs::symlink_metadata(&path).map_err(|e| JailError::io("stat", &path, e))?;
+        if meta.is_dir() {
+            for entry in fs::read_dir(&path).map_err(|e| JailError::io("read", &path, e))? {
+                let entry = entry.map_err(|e| JailError::io("read", &path, e))?;
+                pending.push(entry.path());
+            }
+        }
+        let uid = from.to_guest(meta.uid()).and_then(|u| to.to_host(u));
+        let gid = from
+            .gid_to_guest(meta.gid())
+            .and_then(|g| to.gid_to_host(g));
+        if uid.is_none() && gid.is_none() {
+            continue;
+        }
+        lchown(&path, uid, gid).map_err(|e| JailError::io("chown", &path, e))?;
+        if !meta.file_type().is_symlink() && meta.mode() & 0o6000 != 0 {
+            fs::set_permissions(&path, fs::Permissions::from_mode(meta.mode() & 0o7777))
+                .map_err(|e| JailError::io("chmod", &path, e))?;
+        }
+        changed += 1;
+    }
+    Ok(changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, SeekFrom, Write};
+
+    #[test]
+    fn a_sparse_copy_keeps_data_and_holes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("src");
+        let mut file = File::create(&src).expect("create");
+        file.set_len(64 << 20).expect("len");
+        file.seek(SeekFrom::Start(1 << 20)).expect("seek");
+        file.write_all(&[7u8; 8192]).expect("write");
+        file.seek(SeekFrom::Start(40 << 20)).expect("seek");
+        file.write_all(b"tail").expect("write");
+        file.sync_all().expect("sync");
+        let dest = dir.path().join("dest");
+        let copied = copy_sparse(&src, &dest).expect("copy");
+        assert!(copied < 1 << 20, "only the data is copied: {copied}");
+        assert_eq!(fs::read(&src).expect("src"), fs::read(&dest).expect("dest"));
+        assert!(allocated_bytes(&dest).expect("blocks") < 1 << 20);
+        assert!(
+            copy_sparse(&src, &dest).is_err(),
+            "an existing destination is refused"
+        );
+        assert!(dest.exists(), "and not removed by the refusal");
+    }
+}

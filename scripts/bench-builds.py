@@ -10,7 +10,9 @@ where DIR holds a build's `dynocap`, `dynocap-core` and static `dynocap-agent` (
 build of an older commit: `git worktree add /tmp/old REV`, build it with
 `CARGO_TARGET_DIR=... cargo build --release -p dynocap` and the musl agent, copy the three).
 CYCLES (default 15) sets the cycles per build. The MCP part needs the `mcp` package (the
-tests' venv: target/mcp-venv/bin/python); without it only the CLI part runs.
+tests' venv: target/mcp-venv/bin/python); without it only the CLI part runs. It also times
+EXECS (default 100) `dynocap_exec true` calls on a running sandbox per build, the builds'
+calls alternating, and prints each build's median beside the first build's.
 """
 
 import asyncio
@@ -22,6 +24,7 @@ import tempfile
 import time
 
 CYCLES = int(os.environ.get("CYCLES", "15"))
+EXECS = int(os.environ.get("EXECS", "100"))
 PAUSE = 0.2
 BWRAP = [
     "bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
@@ -93,15 +96,18 @@ async def mcp_part(builds):
             await session.initialize()
             sessions[name] = session
 
-        async def cycle(session, i):
+        async def call(session, tool, args):
             start = time.perf_counter()
-            for tool, args in (("dynocap_run", {"name": i}),
-                               ("dynocap_exec", {"name": i, "command": "true"}),
-                               ("dynocap_destroy", {"name": i})):
-                result = await session.call_tool(tool, args)
-                if result.is_error:
-                    raise SystemExit(f"{tool}: {result}")
+            result = await session.call_tool(tool, args)
+            if result.is_error:
+                raise SystemExit(f"{tool}: {result}")
             return time.perf_counter() - start
+
+        async def cycle(session, i):
+            return [await call(session, tool, args)
+                    for tool, args in (("dynocap_run", {"name": i}),
+                                       ("dynocap_exec", {"name": i, "command": "true"}),
+                                       ("dynocap_destroy", {"name": i}))]
 
         for session in sessions.values():
             await cycle(session, "warm")
@@ -116,8 +122,27 @@ async def mcp_part(builds):
         b = statistics.median(baseline)
         print(f"MCP dynocap_run + dynocap_exec + dynocap_destroy; bwrap median {b * 1e3:.2f} ms")
         for name, cycles in results.items():
-            total = statistics.median(cycles) * 1e3
-            print(f"  {name}: cycle {total:.2f} ms, ratio {total / (b * 1e3):.2f}x")
+            run, exe, destroy = (statistics.median(c[k] for c in cycles) * 1e3 for k in range(3))
+            total = statistics.median(sum(c) for c in cycles) * 1e3
+            print(f"  {name}: run {run:.2f} exec {exe:.2f} destroy {destroy:.2f} | cycle"
+                  f" {total:.2f} ms, ratio {total / (b * 1e3):.2f}x")
+        if EXECS:
+            execs = {name: [] for name in sessions}
+            for session in sessions.values():
+                await call(session, "dynocap_run", {"name": "hot"})
+                await call(session, "dynocap_exec", {"name": "hot", "command": "true"})
+            for _ in range(EXECS):
+                for name, session in sessions.items():
+                    await asyncio.sleep(PAUSE / 10)
+                    execs[name].append(
+                        await call(session, "dynocap_exec", {"name": "hot", "command": "true"}))
+            for session in sessions.values():
+                await call(session, "dynocap_destroy", {"name": "hot"})
+            first = statistics.median(next(iter(execs.values())))
+            print(f"MCP dynocap_exec true on a running sandbox, {EXECS} per build, alternating")
+            for name, times in execs.items():
+                m = statistics.median(times)
+                print(f"  {name}: median {m * 1e3:.2f} ms, ratio to the first build {m / first:.2f}x")
 
 
 def main(argv):

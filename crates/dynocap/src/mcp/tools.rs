@@ -259,7 +259,8 @@ fn image() -> Param {
          image such as debian, or another image on the host. Default: the server's \
          DYNOCAP_IMAGE, else host. Only images the host offers: DYNOCAP_MCP_IMAGES (names, \
          @built, registry prefixes), by default the images already on the host; another is \
-         refused with policy_denied. Images are not pulled from registries yet.",
+         refused with policy_denied. A registry reference the host offers but lacks is pulled \
+         first (only from the registries DYNOCAP_REGISTRIES lists).",
     )
 }
 

@@ -797,6 +797,46 @@ fn a_task_starts_on_an_imported_image() {
     let diff = String::from_utf8(home.run(&["task", "diff", "t"]).stdout).expect("utf8");
     assert!(diff.contains("+more"), "{diff}");
     home.json(&["rm", "t", "--force", "--purge"]);
+
+    // --image auto: the project's devcontainer.json (JSON with comments) names the image.
+    let dot = project.path().join(".devcontainer");
+    std::fs::create_dir(&dot).expect("mkdir");
+    std::fs::write(
+        dot.join("devcontainer.json"),
+        "// made by the test\n{\n  \"name\": \"x\", /* the image */ \"image\": \"withgit\",\n}\n",
+    )
+    .expect("write");
+    let auto = |name: &str| {
+        home.json(&[
+            "task",
+            "start",
+            project.path().to_str().expect("utf8"),
+            "--image",
+            "auto",
+            "--name",
+            name,
+        ])
+    };
+    let chosen = auto("a1");
+    assert_eq!(chosen["image"], "withgit", "{chosen:#}");
+    let note = chosen["imageNote"].as_str().expect("imageNote");
+    assert!(note.contains(".devcontainer/devcontainer.json"), "{note}");
+    assert_eq!(
+        home.task_sh("a1", "pwd; echo $GREETING"),
+        "/workspace\nhello\n"
+    );
+    home.json(&["rm", "a1", "--force", "--purge"]);
+    // One that is built from a Dockerfile: the default image, and why.
+    std::fs::write(
+        dot.join("devcontainer.json"),
+        r#"{"build": {"dockerfile": "Dockerfile"}}"#,
+    )
+    .expect("write");
+    let fallback = auto("a2");
+    assert_eq!(fallback["image"], "host", "{fallback:#}");
+    let note = fallback["imageNote"].as_str().expect("imageNote");
+    assert!(note.contains("Dockerfile build is needed"), "{note}");
+    home.json(&["rm", "a2", "--force", "--purge"]);
 }
 
 /// A container image carries no kernel: on the vm backend it boots with the kernel of the

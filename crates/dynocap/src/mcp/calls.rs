@@ -148,6 +148,12 @@ impl Tools {
                     args.integer("diskMB")?,
                 )?;
                 let choice = self.image_and_hosts(&args, spec.network.as_str()).await?;
+                if choice.auto_asked {
+                    return Err(Error::invalid(
+                        "image \"auto\" (the image a project's devcontainer.json names) is for \
+                         dynocap_task_start with a projectPath; name an image here",
+                    ));
+                }
                 spec.image = choice.image;
                 spec.allow_hosts = choice.allow_hosts;
                 let publish = self.publish(&args)?;
@@ -287,8 +293,15 @@ impl Tools {
         if let Some(raw) = &ssh_key {
             spec.ssh_key_path = Some(self.enforce(tool, self.policy.check_ssh_key(raw))?);
         }
+        let mut image_note = None;
+        if let (Some(dir), true) = (&project, choice.project_chooses) {
+            let (image, note) = self.project_image(dir.path(), choice.auto_asked).await;
+            spec.image = image;
+            image_note = note;
+        }
         let publish = self.publish(args)?;
         let mut info = self.engine.task_start_in(&spec, project, progress).await?;
+        info.image_note = image_note;
         let target = info.name.clone().unwrap_or_else(|| info.id.clone());
         info.forwards = self.engine.publish(&target, &publish).await?;
         Output::json(&info)
@@ -327,11 +340,76 @@ impl Tools {
             .map(|_| ())
     }
 
+    /// The image a task start with no `image` (or `image: "auto"`) runs on: the one the
+    /// project's devcontainer.json names, where `DYNOCAP_MCP_IMAGES` offers it (pulled on
+    /// demand as a named one would be); else the server's default, and why (`imageNote`).
+    /// A project without a devcontainer.json says nothing unless `auto` was asked for.
+    async fn project_image(
+        &self,
+        project: &std::path::Path,
+        asked: bool,
+    ) -> (Option<String>, Option<String>) {
+        use dynocap_engine::image::devcontainer;
+        let on_host: Vec<String> = match self.engine.image_ls() {
+            Ok(images) => images.into_iter().map(|image| image.name).collect(),
+            Err(err) => return (None, Some(format!("cannot list the host's images: {err}"))),
+        };
+        if !asked && matches!(devcontainer::read(project), Ok(None)) {
+            return (None, None);
+        }
+        let auto = devcontainer::choose(project, &on_host);
+        let Some(wanted) = auto.image.clone().or_else(|| auto.missing.clone()) else {
+            return (None, auto.note);
+        };
+        let image = match self.policy.check_image(&wanted, &on_host) {
+            Ok(image) => image,
+            Err(refusal) => {
+                self.log.warn(format_args!(
+                    "the project's devcontainer.json names an image the policy refuses: {refusal}"
+                ));
+                return (
+                    None,
+                    Some(format!(
+                        "the project's devcontainer.json names the image {wanted}, which this \
+                         server does not offer: {}; the task runs on the server's default image",
+                        refusal.message
+                    )),
+                );
+            }
+        };
+        if on_host.contains(&image) {
+            return (Some(image), auto.note);
+        }
+        if !dynocap_engine::image::store::is_reference(&image) {
+            return (None, auto.note);
+        }
+        match self.pull_on_demand(&image).await {
+            Ok(()) => (
+                Some(image.clone()),
+                Some(format!(
+                    "the image {image} that the project's devcontainer.json names, pulled now"
+                )),
+            ),
+            Err(err) => (
+                None,
+                Some(format!(
+                    "the project's devcontainer.json names the image {image}, which could not \
+                     be pulled ({}); the task runs on the server's default image",
+                    err.message
+                )),
+            ),
+        }
+    }
+
     /// A start's `image` and `allowHosts` and its `network`, judged by the host policy:
     /// malformed values first (`invalid_argument`), then the host's rules (`policy_denied`).
     async fn image_and_hosts(&self, args: &Args<'_>, network: &str) -> Result<Chosen, Error> {
         let tool = args.tool();
         let image = args.string("image")?;
+        // No image, or `auto`: a task's project may name its own (see `project_image`).
+        let auto_asked = image.as_deref() == Some(AUTO_IMAGE);
+        let project_chooses = image.is_none() || auto_asked;
+        let image = image.filter(|_| !auto_asked);
         if let Some(raw) = &image {
             self.enforce(tool, Policy::check_image_shape(raw))?;
         }
@@ -357,7 +435,12 @@ impl Tools {
             }
             None => None,
         };
-        Ok(Chosen { image, allow_hosts })
+        Ok(Chosen {
+            image,
+            allow_hosts,
+            project_chooses,
+            auto_asked,
+        })
     }
 
     /// Runs an exec as a job: its Exec object when it ends within the server's wait bound
@@ -485,7 +568,15 @@ struct Chosen {
     /// `None`: the server's default image (`DYNOCAP_IMAGE`, else `host`).
     image: Option<String>,
     allow_hosts: Vec<String>,
+    /// No `image` was given, or `auto`: a task's project may choose.
+    project_chooses: bool,
+    /// `image: "auto"` was given: say why the project's image is not used even when the
+    /// project names none.
+    auto_asked: bool,
 }
+
+/// The `image` that asks for the image a task's project names (its devcontainer.json).
+const AUTO_IMAGE: &str = "auto";
 
 fn exec_spec(args: &Args<'_>, default_cwd: &str) -> Result<ExecSpec, Error> {
     let command = args.required_string("command")?;

@@ -264,6 +264,20 @@ fn image() -> Param {
     )
 }
 
+/// `image` of `dynocap_task_start`: as [`image`], and by default the project's own.
+fn task_image() -> Param {
+    optional_string(
+        "image",
+        "The image to boot, as for dynocap_run. Default (or \"auto\"): the image the \
+         project's .devcontainer/devcontainer.json names in \"image\", where the host offers \
+         it (DYNOCAP_MCP_IMAGES; a registry image it allows is pulled), else the server's \
+         DYNOCAP_IMAGE (else host), with imageNote saying why. A devcontainer built from a \
+         Dockerfile is not built. Only images the host offers: DYNOCAP_MCP_IMAGES (names, \
+         @built, registry prefixes), by default the images already on the host; another is \
+         refused with policy_denied.",
+    )
+}
+
 /// `allowHosts` of the start tools, within the host's `DYNOCAP_MCP_EGRESS_ALLOW`.
 fn allow_hosts() -> Param {
     Param {
@@ -524,7 +538,7 @@ cancelling the request stops the start and leaves nothing behind.",
                  DYNOCAP_MCP_ALLOW_SSH_KEY=1; must be a regular file (not a symlink) \
                  holding an OpenSSH or PEM private key. Its content is never shown.",
             ),
-            image(),
+            task_image(),
             allow_hosts(),
             super::ports::publish_param(),
         ],
@@ -922,6 +936,10 @@ fn task_schema() -> Value {
         json!({ "type": "string", "description": "Immutable task id, task-..." }),
     );
     properties.insert("name".into(), nullable(json!({ "type": "string" })));
+    properties.insert(
+        "imageNote".into(),
+        json!({ "type": "string", "description": "In a start's result, when the project could choose its image (no image given, or auto): the devcontainer.json that named the image, or why the task runs on the default image instead (no such image on the host, not offered by DYNOCAP_MCP_IMAGES, a Dockerfile build needed)." }),
+    );
     properties.insert(
         "source".into(),
         json!({

@@ -5,16 +5,20 @@
 //!    the same machine (these machines are shared, and their speed drifts within minutes);
 //! 2. exec round trip of `true` on a running sandbox, through the engine's client API and
 //!    through the `dynocap exec` process, vs spawning `sh -c true` on the host; and of
-//!    `sleep 1 & true` (a background job holding the output) vs `true`; and a `dynocap_job`
-//!    poll of a running job vs `dynocap_ps`, alternately in one MCP session;
+//!    `sleep 1 & true` (a background job holding the output) vs `true`; and, alternately in
+//!    one MCP session, a `dynocap_job` poll of a running job vs `dynocap_ps`, and reading a
+//!    1 MiB file with `dynocap_read_file` vs `dynocap_exec cat` of it;
 //! 3. resident memory of an idle sandbox's supervisor + agent;
 //! 4. `dynocap ls` in a home hundreds of sandboxes have used vs `dynocap --version`: the
 //!    catalog work of a CLI command that opens the catalog while no other process has it
 //!    open, as every command typed at a quiet home does.
 //!
 //! Run with `scripts/bench.sh` (builds the release binaries first). Needs root and bwrap.
+//! `DYNOCAP_BENCH_SANDBOX=mcp-tools` runs only the MCP tool measures of 2 (job polling and
+//! file reading), in a minute.
 
 use std::cell::RefCell;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -49,6 +53,10 @@ fn main() {
     let dynocap = bins.join("dynocap");
     let home_str = home_dir.path().to_str().expect("utf-8 temp path");
     let home_env = [("DYNOCAP_HOME", home_str)];
+    if std::env::var("DYNOCAP_BENCH_SANDBOX").as_deref() == Ok("mcp-tools") {
+        mcp_tools(&dynocap, &home_env);
+        return;
+    }
     let cli = |args: &[&str]| {
         dynocap_ok(&dynocap, &home_env, args);
     };
@@ -264,58 +272,7 @@ fn main() {
     );
     println!("targets: client API median < 2 ms, dynocap exec median < 10 ms");
 
-    // A dynocap_job poll of a running job (no wait, from the offsets the last answer gave)
-    // beside the MCP round trip of dynocap_ps in the same session, alternately: what polling
-    // adds per call is the poll's supervisor round trip and its reading of the job's output.
-    let mcp = RefCell::new(McpSession::start(&dynocap, &home_env));
-    mcp.borrow_mut()
-        .call("dynocap_run", serde_json::json!({ "name": "poll" }));
-    let started = mcp.borrow_mut().call(
-        "dynocap_exec",
-        serde_json::json!({ "name": "poll", "background": true, "timeoutSeconds": 3600,
-                            "command": "while true; do echo tick; sleep 0.1; done" }),
-    );
-    let job = started["structuredContent"]["job"]
-        .as_str()
-        .expect("a job id")
-        .to_owned();
-    let mut offsets = (0u64, 0u64);
-    let mut ticks = 0usize;
-    let polling = pairs(
-        CYCLES * 4,
-        Duration::from_millis(50),
-        || {},
-        |_| {
-            let report = mcp.borrow_mut().call(
-                "dynocap_job",
-                serde_json::json!({ "name": "poll", "job": job,
-                                    "stdoutOffset": offsets.0, "stderrOffset": offsets.1 }),
-            );
-            let report = &report["structuredContent"];
-            assert_eq!(report["running"], true, "{report}");
-            ticks += report["stdout"]
-                .as_str()
-                .map_or(0, |out| out.matches("tick").count());
-            offsets = (
-                report["stdoutOffset"].as_u64().expect("an offset"),
-                report["stderrOffset"].as_u64().expect("an offset"),
-            );
-        },
-        |_| {
-            mcp.borrow_mut().call("dynocap_ps", serde_json::json!({}));
-        },
-    );
-    assert!(ticks > 0, "the polls read the job's output");
-    mcp.borrow_mut()
-        .call("dynocap_destroy", serde_json::json!({ "name": "poll" }));
-    drop(mcp);
-    report_pairs("dynocap_job poll via MCP", &polling, "dynocap_ps via MCP");
-    let (poll, _) = median_and_p90(&polling.ours);
-    let (floor, _) = median_and_p90(&polling.baseline);
-    println!(
-        "dynocap_job polling adds {:.2} ms per call over the MCP round trip (target < 5 ms)",
-        (poll.as_secs_f64() - floor.as_secs_f64()) * 1e3
-    );
+    mcp_tools(&dynocap, &home_env);
 
     // 3. Idle memory: RSS of one sandbox (counts shared libc and binary pages in full), and
     // per sandbox across ten idle ones: PSS (shared pages split between their users) and
@@ -367,6 +324,108 @@ fn main() {
         left.is_empty(),
         "supervisors {left:?} still running a minute after their sandboxes were destroyed"
     );
+}
+
+/// Over one MCP session: a `dynocap_job` poll of a running job (no wait, from the offsets the
+/// last answer gave) beside the MCP round trip of `dynocap_ps`, alternately: what polling adds
+/// per call is the poll's supervisor round trip and its reading of the job's output. Then
+/// reading a 1 MiB text file whole with `dynocap_read_file` (two 512 KiB calls, its largest)
+/// beside `dynocap_exec cat` of it (one call, output bound raised to the file's size).
+fn mcp_tools(dynocap: &Path, home_env: &[(&str, &str)]) {
+    let mcp = RefCell::new(McpSession::start(dynocap, home_env));
+    mcp.borrow_mut()
+        .call("dynocap_run", serde_json::json!({ "name": "poll" }));
+    let started = mcp.borrow_mut().call(
+        "dynocap_exec",
+        serde_json::json!({ "name": "poll", "background": true, "timeoutSeconds": 3600,
+                            "command": "while true; do echo tick; sleep 0.1; done" }),
+    );
+    let job = started["structuredContent"]["job"]
+        .as_str()
+        .expect("a job id")
+        .to_owned();
+    let mut offsets = (0u64, 0u64);
+    let mut ticks = 0usize;
+    let polling = pairs(
+        CYCLES * 4,
+        Duration::from_millis(50),
+        || {},
+        |_| {
+            let report = mcp.borrow_mut().call(
+                "dynocap_job",
+                serde_json::json!({ "name": "poll", "job": job,
+                                    "stdoutOffset": offsets.0, "stderrOffset": offsets.1 }),
+            );
+            let report = &report["structuredContent"];
+            assert_eq!(report["running"], true, "{report}");
+            ticks += report["stdout"]
+                .as_str()
+                .map_or(0, |out| out.matches("tick").count());
+            offsets = (
+                report["stdoutOffset"].as_u64().expect("an offset"),
+                report["stderrOffset"].as_u64().expect("an offset"),
+            );
+        },
+        |_| {
+            mcp.borrow_mut().call("dynocap_ps", serde_json::json!({}));
+        },
+    );
+    assert!(ticks > 0, "the polls read the job's output");
+    report_pairs("dynocap_job poll via MCP", &polling, "dynocap_ps via MCP");
+    let (poll, _) = median_and_p90(&polling.ours);
+    let (floor, _) = median_and_p90(&polling.baseline);
+    println!(
+        "dynocap_job polling adds {:.2} ms per call over the MCP round trip (target < 5 ms)",
+        (poll.as_secs_f64() - floor.as_secs_f64()) * 1e3
+    );
+
+    // Text, so that both sides carry it as UTF-8 in their JSON.
+    let mb = 1024 * 1024;
+    mcp.borrow_mut().call(
+        "dynocap_exec",
+        serde_json::json!({ "name": "poll",
+                            "command": format!("yes 0123456789abcdef | head -c {mb} > /tmp/mb") }),
+    );
+    let reading = pairs(
+        CYCLES,
+        PAUSE,
+        || {},
+        |_| {
+            let mut got = 0;
+            while got < mb {
+                let piece = mcp.borrow_mut().call(
+                    "dynocap_read_file",
+                    serde_json::json!({ "name": "poll", "path": "/tmp/mb", "offset": got,
+                                        "length": 512 * 1024 }),
+                );
+                let length = piece["structuredContent"]["length"]
+                    .as_u64()
+                    .expect("a length");
+                assert!(length > 0, "{piece}");
+                got += length;
+            }
+        },
+        |_| {
+            let result = mcp.borrow_mut().call(
+                "dynocap_exec",
+                serde_json::json!({ "name": "poll", "command": "cat /tmp/mb",
+                                    "maxOutputBytes": mb }),
+            );
+            let out = result["structuredContent"]["stdout"]
+                .as_str()
+                .expect("stdout");
+            assert_eq!(out.len() as u64, mb, "cat's whole output");
+        },
+    );
+    mcp.borrow_mut()
+        .call("dynocap_destroy", serde_json::json!({ "name": "poll" }));
+    drop(mcp);
+    report_pairs(
+        "dynocap_read_file of 1 MiB (2 calls) via MCP",
+        &reading,
+        "dynocap_exec cat of it via MCP",
+    );
+    println!("target: dynocap_read_file at most 2x dynocap_exec cat");
 }
 
 /// Each command's times in the CLI cycles.

@@ -545,7 +545,7 @@ async fn write_frames<W: AsyncWrite + Unpin>(
     mut rx: mpsc::Receiver<Frame>,
 ) {
     while let Some(frame) = rx.recv().await {
-        if let Err(err) = writer.write_frame(&frame).await {
+        if let Err(err) = writer.write_owned(frame).await {
             log!("writing to the host failed: {err}; further frames are dropped");
             return;
         }

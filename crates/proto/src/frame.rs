@@ -170,17 +170,17 @@ impl FrameDecoder {
         self.buf.extend_from_slice(bytes);
     }
 
-    /// The payload of a large frame still arriving, when there is one: a reader may append
-    /// the stream's next bytes to it directly (its spare capacity is the bytes missing, as
-    /// `read_buf` fills it), then must call [`FrameDecoder::settle`].
-    pub fn room(&mut self) -> Option<&mut Vec<u8>> {
+    /// The payload of a large frame still arriving, when there is one, and how many bytes it
+    /// misses: a reader may append the stream's next bytes to it directly, then must call
+    /// [`FrameDecoder::settle`]. Its spare capacity may exceed the bytes missing (a recycled
+    /// buffer); `settle` moves bytes past the frame's end back into the buffer.
+    pub fn room(&mut self) -> Option<(&mut Vec<u8>, usize)> {
         if self.failed.is_some() {
             return None;
         }
         let partial = self.partial.as_mut()?;
-        // Capacity beyond the announced length (an allocator's rounding) would take the next
-        // frame's bytes; `settle` moves those back into the buffer.
-        Some(&mut partial.frame.payload)
+        let missing = partial.len.saturating_sub(partial.frame.payload.len());
+        Some((&mut partial.frame.payload, missing))
     }
 
     /// After bytes were appended through [`FrameDecoder::room`]: bytes past the frame's end
@@ -241,7 +241,7 @@ impl FrameDecoder {
             }));
         }
         if payload_len >= DIRECT_PAYLOAD {
-            let mut payload = Vec::with_capacity(payload_len);
+            let mut payload = crate::buffers::take(payload_len);
             payload.extend_from_slice(&avail[HEADER_LEN..]);
             self.buf.clear();
             self.start = 0;
@@ -338,7 +338,7 @@ mod tests {
                 while !rest.is_empty() {
                     let mut n = chunk.min(rest.len());
                     match dec.room() {
-                        Some(payload) if direct => {
+                        Some((payload, _)) if direct => {
                             // What read_buf does: fill the spare capacity, at most `n`.
                             n = n.min(payload.capacity() - payload.len()).max(1);
                             payload.extend_from_slice(&rest[..n]);

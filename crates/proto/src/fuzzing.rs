@@ -17,7 +17,7 @@ pub fn decode_all(data: &[u8]) {
         // An odd length byte appends straight into a large frame's payload, as the reader's
         // `read_buf` does (up to its spare capacity); an even one pushes.
         match decoder.room() {
-            Some(payload) if rest[0] % 2 == 1 => {
+            Some((payload, _)) if rest[0] % 2 == 1 => {
                 chunk = chunk.min(payload.capacity() - payload.len()).max(1);
                 payload.extend_from_slice(&rest[..chunk]);
                 decoder.settle();

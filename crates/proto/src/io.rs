@@ -32,8 +32,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             // A large frame's payload is read into its own allocation, not through the buffer.
             let n = match self.decoder.room() {
-                Some(payload) => {
-                    let n = self.inner.read_buf(payload).await?;
+                Some((payload, missing)) => {
+                    let missing = u64::try_from(missing).unwrap_or(u64::MAX);
+                    let n = (&mut self.inner).take(missing).read_buf(payload).await?;
                     self.decoder.settle();
                     n
                 }
@@ -64,6 +65,13 @@ pub struct FrameWriter<W> {
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     pub fn new(inner: W) -> Self {
         Self { inner }
+    }
+
+    /// Writes `frame` and gives its payload back for reuse ([`crate::buffers`]).
+    pub async fn write_owned(&mut self, frame: Frame) -> Result<(), ProtoError> {
+        let written = self.write_frame(&frame).await;
+        crate::buffers::give(frame.payload);
+        written
     }
 
     /// Writes `frame`: where the stream takes vectored writes (a socket), its header and

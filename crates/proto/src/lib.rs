@@ -4,6 +4,7 @@
 //! Both sides treat the other as untrusted input: frames are bounded ([`MAX_FRAME_LEN`]),
 //! messages are strict JSON, and any violation is an error value, never a panic.
 
+pub mod buffers;
 mod error;
 pub mod exec_window;
 pub mod files;

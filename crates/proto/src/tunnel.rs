@@ -230,7 +230,7 @@ where
         tokio::spawn(async move {
             let mut sent = 0u64;
             let fresh = || {
-                let mut buf = Vec::with_capacity(TUNNEL_CHUNK + 1);
+                let mut buf = crate::buffers::take(TUNNEL_CHUNK + 1);
                 buf.push(channel::TUNNEL);
                 buf
             };
@@ -296,6 +296,7 @@ where
                             .map_err(|err| format!("writing the connection: {err}"))?;
                         received += bytes.len() as u64;
                         let used = cost(bytes.len());
+                        crate::buffers::give(payload);
                         shared.received.fetch_sub(used, Ordering::AcqRel);
                         unreturned += used;
                         if unreturned >= GRANT_BATCH {

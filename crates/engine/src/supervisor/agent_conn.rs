@@ -92,7 +92,7 @@ impl AgentConn {
         let mut writer = FrameWriter::new(write);
         tokio::spawn(async move {
             while let Some(frame) = queue.recv().await {
-                if writer.write_frame(&frame).await.is_err() {
+                if writer.write_owned(frame).await.is_err() {
                     break;
                 }
             }

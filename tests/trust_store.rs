@@ -2,7 +2,8 @@
 //! bundle, so TLS clients that are told nothing (no `SSL_CERT_FILE`, `CURL_CA_BUNDLE`, apt
 //! `CaInfo`, ...) trust a server it signed: curl, Python and git in the `host` image (whose
 //! bundle is the host's own, bound read-only: the host's file stays as it was), and curl and
-//! apt in the `debian` image, on the jail and on the vm.
+//! apt in the `debian` image, on the jail and on the vm; and in a `nat` sandbox (no proxy) on
+//! both, against the same server in the test's own network namespace.
 //!
 //! The server is tests/support/tlsfix.rs on a 127.X address, reached as `trust.test` through
 //! `DYNOCAP_RESOLVE`: nothing leaves loopback. Needs root (and mmdebstrap for the debian
@@ -212,4 +213,105 @@ fn a_vm_guest_trusts_the_extra_ca_with_no_variable() {
     let fetched = curl(&home, "vmtrust");
     assert_eq!(fetched["exitCode"], 0, "{fetched:#}");
     assert_eq!(fetched["stdout"], INDEX);
+}
+
+/// `nat`: the guest's clients reach their servers themselves, and trust the extra CA all the
+/// same. The server is the same script and certificate in the test's own server namespace
+/// `S`; dynocap runs in `H`, whose only route leads there (see `support/netns.rs`), and the
+/// guest reaches `S` through pasta.
+fn nat_trusts_the_extra_ca_on(backend: Backend, test: &str) {
+    use dynocap_e2e::netns::{Topology, SERVER_ADDR};
+    let Some(home) = TestHome::on(backend, test) else {
+        return;
+    };
+    let fix = TlsFix::start(&[NAME]);
+    let topology = Topology::new();
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("support/netfix/https_server.py");
+    let file = |name: &str| fix.dir().join(name).display().to_string();
+    let www = fix.www().display().to_string();
+    let _server = topology.server.spawn(
+        "python3",
+        &[
+            script.to_str().expect("utf-8 path"),
+            "--addr",
+            SERVER_ADDR,
+            "--cert",
+            &file("server.pem"),
+            "--key",
+            &file("server.key"),
+            "--www",
+            &www,
+            "--git-root",
+            &file("git"),
+            "--log",
+            &file("nat.jsonl"),
+            "--ready",
+            &file("nat.ready"),
+        ],
+    );
+    let resolve = format!("{NAME}:443:{SERVER_ADDR}");
+    let url = format!("https://{NAME}/index.html");
+    let ca = fix.ca_cert.display().to_string();
+    assert!(
+        dynocap_e2e::wait_until(30, || topology
+            .in_host(std::path::Path::new("curl"))
+            .args([
+                "-sf",
+                "-m",
+                "5",
+                "--cacert",
+                &ca,
+                "--resolve",
+                &resolve,
+                &url
+            ])
+            .output()
+            .is_ok_and(|out| out.status.success())),
+        "the server in S does not answer from H"
+    );
+    let home = home.with_env(product::ENV_EXTRA_CA, &ca);
+    let out = topology
+        .in_host(&dynocap_e2e::dynocap_bin())
+        .env("DYNOCAP_HOME", home.path())
+        .env_remove("DYNOCAP_BACKEND")
+        .envs(home.env_vars().iter().map(|(k, v)| (k, v)))
+        .args(["--json", "run", "natca", "--network", "nat"])
+        .output()
+        .expect("run dynocap in H");
+    assert!(
+        out.status.success(),
+        "run --network nat: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The guest's own bundle holds the extra CA, and curl, told nothing, trusts the server.
+    let extra = std::fs::read_to_string(&fix.ca_cert).expect("the CA");
+    let bundle = home.sh("natca", &format!("cat {SYSTEM_BUNDLE}"));
+    assert!(
+        bundle.contains(extra.trim()),
+        "the extra CA is not in {SYSTEM_BUNDLE}"
+    );
+    let fetched = home.exec(
+        "natca",
+        &["--timeout", "60"],
+        &without_ca_variables(&format!("curl -sS -m 30 --resolve {resolve} {url}")),
+    );
+    assert_eq!(fetched["exitCode"], 0, "{fetched:#}");
+    assert_eq!(fetched["stdout"], INDEX);
+    // No proxy in a nat guest: the CA came alone.
+    let env = home.sh("natca", "env | grep -ci '^https_proxy=' || true");
+    assert_eq!(env.trim(), "0");
+}
+
+#[test]
+fn a_nat_sandbox_trusts_the_extra_ca_with_no_variable() {
+    let test = "a_nat_sandbox_trusts_the_extra_ca_with_no_variable";
+    nat_trusts_the_extra_ca_on(Backend::Jail, test);
+}
+
+#[test]
+fn a_nat_vm_guest_trusts_the_extra_ca_with_no_variable() {
+    let test = "a_nat_vm_guest_trusts_the_extra_ca_with_no_variable";
+    nat_trusts_the_extra_ca_on(Backend::Vm, test);
 }

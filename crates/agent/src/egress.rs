@@ -139,15 +139,11 @@ impl Egress {
             let _ = task.await;
         }
         env.set(Vec::new());
-        let Some(port) = req.listen_port else {
-            return Ok(Response::Egress { listening: false });
-        };
-        if let Some(pem) = &req.ca_bundle {
-            write_ca_bundle(pem)?;
-        }
+        // The extra CAs join the system bundles with or without a listener: a `nat` guest
+        // gets them alone (no port), a `filtered` one with its listener.
         if let Some(extra) = &req.extra_ca {
             // Where the guest's bundle cannot take them (read-only) the variables still point
-            // at the bundle above: the log says which.
+            // at the bundle written below: the log says which.
             for outcome in trust::join_system_bundles(extra) {
                 match outcome {
                     trust::Outcome::Joined(path) => {
@@ -159,6 +155,12 @@ impl Egress {
                     }
                 }
             }
+        }
+        let Some(port) = req.listen_port else {
+            return Ok(Response::Egress { listening: false });
+        };
+        if let Some(pem) = &req.ca_bundle {
+            write_ca_bundle(pem)?;
         }
         let listener = TcpListener::bind(("127.0.0.1", port))
             .await

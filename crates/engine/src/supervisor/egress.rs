@@ -20,6 +20,7 @@ use dynocap_proto::{EgressRequest, Request, Response};
 use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
 use crate::model::config::EgressConfig;
 pub use crate::model::egress_spec::EgressSpec;
+use crate::model::spec::Network;
 use crate::supervisor::agent_conn::{AgentConn, TunnelHandler};
 
 // Log lines keep the target they had before the engine's layer folders: people, the e2e
@@ -141,6 +142,17 @@ impl EgressSpec {
             )));
         }
         Ok(Some(bundle))
+    }
+}
+
+/// The extra CAs (`DYNOCAP_EXTRA_CA`, checked) a sandbox without an egress record gets in
+/// its system bundles: a `nat` one, whose clients reach their servers directly and need
+/// the host's CAs as much as a `filtered` one's. `None` for every other network (`none`
+/// reaches nothing; a `filtered` sandbox's CAs come with its [`EgressSpec`]).
+pub fn direct_extra_ca(config: &EgressConfig, network: Network) -> Result<Option<String>> {
+    match network {
+        Network::Nat => config.extra_ca().as_deref().map(read_extra_ca).transpose(),
+        Network::None | Network::Filtered => Ok(None),
     }
 }
 
@@ -305,6 +317,23 @@ impl Egress {
             Response::Egress { .. } => Ok(()),
             other => Err(EgressFailure::UnexpectedAnswer(Box::new(other)).into()),
         }
+    }
+}
+
+/// Has the guest's agent add `extra_ca` to the guest's system bundles, with no listener and
+/// no proxy settings: an egress request that only carries the CAs (see [`direct_extra_ca`]).
+pub async fn join_system_bundles(conn: &AgentConn, extra_ca: String) -> Result<()> {
+    let request = Request::Egress(EgressRequest {
+        listen_port: None,
+        ca_bundle: None,
+        extra_ca: Some(extra_ca),
+    });
+    let stream = conn.open(&request).await?;
+    match crate::supervisor::workspace::finish_stream(stream, "adding the extra CAs to the guest")
+        .await?
+    {
+        Response::Egress { .. } => Ok(()),
+        other => Err(EgressFailure::UnexpectedAnswer(Box::new(other)).into()),
     }
 }
 

@@ -285,7 +285,10 @@ fn boot(
         },
         extra_ca: match (mode, &record.egress) {
             (Mode::Start, Some(egress)) => egress.extra_ca_pem()?,
-            _ => None,
+            (Mode::Start, None) => {
+                crate::supervisor::egress::direct_extra_ca(&config.egress, record.network)?
+            }
+            (Mode::Recover, _) => None,
         },
         project_cache: match mode {
             Mode::Start => project_cache(home, &record)?,

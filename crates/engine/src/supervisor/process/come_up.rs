@@ -278,6 +278,15 @@ pub(super) async fn start(
         catalog.set_detail(&id, &detail)?;
         record.detail = Some(detail);
     }
+    if record.egress.is_none() {
+        // A `nat` guest's clients reach their servers themselves: the host's extra CAs join
+        // its system bundles all the same (the boot bound them over a bundle from the host).
+        if let Some(extra) =
+            crate::supervisor::egress::direct_extra_ca(&config.egress, record.network)?
+        {
+            crate::supervisor::egress::join_system_bundles(&conn, extra).await?;
+        }
+    }
     if let (Some(egress), Some(spec)) = (&egress, &record.egress) {
         if record.network == Network::Filtered {
             egress.open(&conn, spec.policy()?).await?;

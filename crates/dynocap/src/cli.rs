@@ -613,14 +613,17 @@ mod tests {
             ("frob", "unrecognized subcommand 'frob'"),
             (
                 "",
-                "`dynocap` needs a subcommand: run, exec, ps, job, cp, destroy, pool, task, ls, rm, \
-                 mcp, doctor",
+                "`dynocap` needs a subcommand: run, exec, ps, job, cp, port, destroy, pool, task, \
+                 ls, rm, cache, mcp, doctor",
             ),
             (
                 "task",
                 "`dynocap task` needs a subcommand: start, exec, diff, finish, apply",
             ),
-            ("image", "`dynocap image` needs a subcommand: build, import, ls, inspect, rm"),
+            (
+                "image",
+                "`dynocap image` needs a subcommand: build, import, ls, inspect, rm",
+            ),
             (
                 "run x --backend qemu",
                 "invalid value 'qemu' for '--backend <jail|vm|auto>': not a backend; use jail, \
@@ -630,7 +633,10 @@ mod tests {
                 "task start --backend Jail",
                 "invalid value 'Jail' for '--backend <jail|vm|auto>': not a backend",
             ),
-            ("run x --backend", "a value is required for '--backend <jail|vm|auto>'"),
+            (
+                "run x --backend",
+                "a value is required for '--backend <jail|vm|auto>'",
+            ),
         ];
         for (line, needle) in cases {
             let message = explained(line);

@@ -622,7 +622,7 @@ mod tests {
             ),
             (
                 "image",
-                "`dynocap image` needs a subcommand: build, import, ls, inspect, rm",
+                "`dynocap image` needs a subcommand: build, import, pull, ls, inspect, rm",
             ),
             (
                 "run x --backend qemu",

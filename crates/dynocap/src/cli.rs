@@ -182,6 +182,58 @@ pub enum TaskCommand {
     /// Commit a finished task's verified patch to a new branch of its project; your current
     /// branch, index and working tree are left as they are.
     Apply(TaskApplyArgs),
+    /// Record the task's whole filesystem (workspace, installed packages, everything the
+    /// guest wrote) as a checkpoint to restore or fork from; --delete removes one.
+    Checkpoint(TaskCheckpointArgs),
+    /// List the task's checkpoints with their sizes.
+    Checkpoints(TargetArgs),
+    /// Bring the task's workspace and filesystem back to a checkpoint; its running commands
+    /// and jobs are ended (the result says which).
+    Restore(TaskRestoreArgs),
+    /// Start a new task from this one's current state or one of its checkpoints: same
+    /// baseline, imported commit, image and limits; its own name, TTL and network.
+    Fork(TaskForkArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TaskCheckpointArgs {
+    /// Task name or id.
+    pub name: String,
+    /// The checkpoint's label (default: the next free cp-N): 1-63 of a-z, A-Z, 0-9, '.', '_',
+    /// '-'.
+    pub label: Option<String>,
+    /// Delete checkpoint LABEL instead of making one.
+    #[arg(long, requires = "label")]
+    pub delete: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TaskRestoreArgs {
+    /// Task name or id.
+    pub name: String,
+    /// The checkpoint to restore.
+    pub label: String,
+}
+
+#[derive(Debug, Args)]
+pub struct TaskForkArgs {
+    /// The task to fork (name or id); it must be running.
+    pub name: String,
+    /// The new task's name.
+    pub new_name: String,
+    /// Start from this checkpoint of the task instead of its current state.
+    #[arg(long, value_name = "LABEL")]
+    pub checkpoint: Option<String>,
+    /// Lifetime in seconds (default: the parent's TTL).
+    #[arg(long = "ttl", value_name = "SECONDS", value_parser = whole_number)]
+    pub ttl_seconds: Option<u64>,
+    /// Network mode (default: the parent's): none, filtered or nat, as the host allows.
+    #[arg(long, value_name = "MODE")]
+    pub network: Option<String>,
+    /// A host a filtered fork may also reach over HTTPS (repeatable; default: the parent's
+    /// allowlist when the parent is filtered too).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub allow_hosts: Vec<String>,
 }
 
 #[derive(Debug, Args)]

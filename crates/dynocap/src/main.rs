@@ -12,6 +12,7 @@ mod cp_commands;
 mod docs;
 mod doctor;
 mod exec_output;
+mod fork_commands;
 mod image_commands;
 mod job_commands;
 mod logging;

@@ -58,6 +58,12 @@ pub async fn task(engine: &Engine, json: bool, command: TaskCommand) -> Result<E
             Ok(ExitCode::SUCCESS)
         }
         TaskCommand::Apply(args) => apply(engine, json, args).await,
+        TaskCommand::Checkpoint(args) => crate::fork_commands::checkpoint(engine, json, args).await,
+        TaskCommand::Checkpoints(args) => {
+            crate::fork_commands::checkpoints(engine, json, &args.name).await
+        }
+        TaskCommand::Restore(args) => crate::fork_commands::restore(engine, json, args).await,
+        TaskCommand::Fork(args) => crate::fork_commands::fork(engine, json, args).await,
     }
 }
 
@@ -401,6 +407,18 @@ pub fn ls(engine: &Engine, json: bool) -> Result<ExitCode, Error> {
     sayln!("TASKS");
     say!("{}", table(TASK_HEADERS, &rows));
     for task in &listing.tasks {
+        if let Some(origin) = &task.forked_from {
+            sayln!(
+                "  {}: forked from {}{}",
+                escape(task.name.as_deref().unwrap_or(&task.id)),
+                escape(&origin.task),
+                origin
+                    .checkpoint
+                    .as_deref()
+                    .map(|label| format!(" at its checkpoint {}", escape(label)))
+                    .unwrap_or_default()
+            );
+        }
         if let Some(result) = &task.result {
             sayln!(
                 "  {}: {} files changed, {}{}; results in {}",

@@ -22,6 +22,8 @@ use super::log::Log;
 use super::policy::{Policy, Refusal};
 use super::tools::{definitions, ToolDef};
 
+mod forks;
+
 /// A successful tool result.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Output {
@@ -92,7 +94,11 @@ impl Tools {
     ) -> Result<Output, Error> {
         let args = Args::new(tool, arguments)?;
         match tool.name {
+            "dynocap_task_start" if args.string("fromTask")?.is_some() => {
+                self.task_fork(&args, progress).await
+            }
             "dynocap_task_start" => self.task_start(&args, progress).await,
+            "dynocap_checkpoint" => self.checkpoint(&args).await,
             "dynocap_task_exec" => {
                 let name = args.required_string("name")?;
                 let spec = exec_spec(&args, "/workspace")?;
@@ -226,6 +232,15 @@ impl Tools {
 
     async fn task_start(&self, args: &Args<'_>, progress: ProgressFn<'_>) -> Result<Output, Error> {
         let tool = args.tool();
+        if args.string("checkpoint")?.is_some() {
+            return Err(self.refuse(
+                tool,
+                Refusal::invalid_argument(
+                    "fork.checkpoint",
+                    "checkpoint names a checkpoint of the task given as fromTask; give fromTask too",
+                ),
+            ));
+        }
         let project_path = args.string("projectPath")?;
         let repository_url = args.string("repositoryUrl")?;
         let ssh_key = args.string("sshKeyPath")?;

@@ -1,0 +1,213 @@
+//! A task's checkpoints and forks on the jail backend. A checkpoint taken while a job writes,
+//! the workspace broken, the checkpoint restored (the job is ended and named), and the finish
+//! saves a verified patch of the restored state. Three forks of one task, each changing its
+//! own file, and a fork of one of them, finish with verified patches holding the shared work
+//! and their own change only, against the original import; `ls` names each one's parent and
+//! checkpoint. A fork that fails after its copy leaves no record and no files, and its source
+//! runs on; a supervisor killed while its disk is frozen for a checkpoint leaves the task
+//! `unsaved` with its work, which `task finish` recovers (the repair thaws the disk).
+
+use serde_json::Value;
+
+use dynocap_e2e::*;
+
+fn started(test: &str, home: TestHome, project: &std::path::Path, name: &str) -> Option<TestHome> {
+    if !require_root(test) {
+        return None;
+    }
+    let path = project.to_string_lossy();
+    home.json(&["task", "start", &path, "--name", name]);
+    Some(home)
+}
+
+fn patch_of(finish: &Value) -> String {
+    assert_eq!(finish["verified"], true, "{finish:#}");
+    let path = finish["patchPath"].as_str().expect("patchPath");
+    std::fs::read_to_string(path).expect("patch")
+}
+
+/// The paths a patch changes, in order.
+fn files_of(patch: &str) -> Vec<String> {
+    patch
+        .lines()
+        .filter_map(|line| line.strip_prefix("diff --git a/"))
+        .map(|rest| rest.split(" b/").next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_restored_checkpoint_is_what_the_finish_saves_and_its_running_job_is_ended() {
+    let project = one_commit_project("a.txt", "a\n");
+    let test = "a_restored_checkpoint_is_what_the_finish_saves_and_its_running_job_is_ended";
+    let Some(home) = started(test, TestHome::new(), project.path(), "cp") else {
+        return;
+    };
+    // Shared work, and an "install" outside the workspace.
+    home.task_sh(
+        "cp",
+        "echo shared >> a.txt && mkdir -p ~/deps && head -c 8000000 /dev/urandom > ~/deps/blob",
+    );
+    // A job writing all along: the checkpoint is taken under it.
+    let job = home.json(&[
+        "task",
+        "exec",
+        "cp",
+        "--background",
+        "--timeout",
+        "300",
+        "--",
+        "i=0; while :; do i=$((i+1)); echo $i > ~/counter; sleep 0.02; done",
+    ]);
+    let job = job["job"].as_str().expect("job id").to_owned();
+    let made = home.json(&["task", "checkpoint", "cp", "good"]);
+    assert_eq!(made["label"], "good");
+    assert!(
+        made["bytes"].as_u64().expect("bytes") >= 8_000_000,
+        "the checkpoint holds what was written: {made:#}"
+    );
+    let listed = home.json(&["task", "checkpoints", "cp"]);
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed:#}");
+    assert_eq!(listed[0]["label"], "good");
+    // A second one under the default label, then deleted.
+    let second = home.json(&["task", "checkpoint", "cp"]);
+    assert_eq!(second["label"], "cp-1");
+    let left = home.json(&["task", "checkpoint", "cp", "cp-1", "--delete"]);
+    assert_eq!(left.as_array().map(Vec::len), Some(1), "{left:#}");
+
+    // Broken: the workspace and the install.
+    home.task_sh("cp", "rm -f a.txt ~/deps/blob && echo junk > junk.txt");
+    let restored = home.json(&["task", "restore", "cp", "good"]);
+    assert_eq!(restored["label"], "good");
+    let ended: Vec<&str> = restored["jobsEnded"]
+        .as_array()
+        .expect("jobsEnded")
+        .iter()
+        .filter_map(|j| j["job"].as_str())
+        .collect();
+    assert_eq!(ended, [job.as_str()], "{restored:#}");
+    let after = home.task_sh(
+        "cp",
+        "cat a.txt; test -e junk.txt && echo junk; wc -c < ~/deps/blob",
+    );
+    assert_eq!(after, "a\nshared\n8000000\n");
+    // The task runs on: new work after the restore is in the patch too.
+    home.task_sh("cp", "echo after > after.txt");
+    let finish = home.json(&["task", "finish", "cp"]);
+    let patch = patch_of(&finish);
+    assert_eq!(files_of(&patch), ["a.txt", "after.txt"], "{patch}");
+    assert!(patch.contains("+shared"), "{patch}");
+    assert!(!patch.contains("junk"), "{patch}");
+}
+
+#[test]
+fn forks_finish_with_their_own_change_on_top_of_the_shared_work() {
+    let project = one_commit_project("base.txt", "base\n");
+    let test = "forks_finish_with_their_own_change_on_top_of_the_shared_work";
+    let Some(home) = started(test, TestHome::new(), project.path(), "src") else {
+        return;
+    };
+    home.task_sh("src", "echo shared >> base.txt && echo deps > ~/installed");
+    home.json(&["task", "checkpoint", "src", "ready"]);
+    // After the checkpoint: in the source and the forks of its current state, not in the
+    // fork of the checkpoint.
+    home.task_sh("src", "echo later > later.txt");
+    let one = home.json(&["task", "fork", "src", "f1"]);
+    assert_eq!(one["forkedFrom"]["task"], "src", "{one:#}");
+    home.json(&["task", "fork", "src", "f2"]);
+    let three = home.json(&["task", "fork", "src", "f3", "--checkpoint", "ready"]);
+    assert_eq!(three["forkedFrom"]["checkpoint"], "ready", "{three:#}");
+    for (fork, file) in [("f1", "one.txt"), ("f2", "two.txt"), ("f3", "three.txt")] {
+        // The install came along, as the guest's own user's.
+        assert_eq!(
+            home.task_sh(fork, "cat ~/installed; id -un"),
+            "deps\nsandbox\n"
+        );
+        home.task_sh(fork, &format!("echo {fork} > {file}"));
+    }
+    // A fork of a fork, and the first source removed for good while its forks live.
+    home.json(&["task", "fork", "f3", "f3a"]);
+    home.task_sh("f3a", "echo deeper > deeper.txt");
+    let listing = home.json(&["ls"]);
+    let tasks = listing["tasks"].as_array().expect("tasks");
+    let parent_of = |name: &str| {
+        tasks
+            .iter()
+            .find(|t| t["name"] == name)
+            .map(|t| t["forkedFrom"].clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(parent_of("f3a")["task"], "f3");
+    assert_eq!(parent_of("f3")["checkpoint"], "ready");
+    assert_eq!(parent_of("src"), Value::Null);
+    home.json(&["rm", "src", "--force", "--purge"]);
+
+    let expect = [
+        ("f1", vec!["base.txt", "later.txt", "one.txt"]),
+        ("f2", vec!["base.txt", "later.txt", "two.txt"]),
+        ("f3", vec!["base.txt", "three.txt"]),
+        ("f3a", vec!["base.txt", "deeper.txt", "three.txt"]),
+    ];
+    for (fork, files) in expect {
+        let finish = home.json(&["task", "finish", fork]);
+        let patch = patch_of(&finish);
+        assert_eq!(files_of(&patch), files, "{fork}: {patch}");
+        assert!(patch.contains("+shared"), "{fork}: {patch}");
+    }
+}
+
+#[test]
+fn an_interrupted_fork_or_checkpoint_leaves_the_source_and_nothing_half_made() {
+    let project = one_commit_project("a.txt", "a\n");
+    let test = "an_interrupted_fork_or_checkpoint_leaves_the_source_and_nothing_half_made";
+    let failing = TestHome::new().with_env("DYNOCAP_FAILPOINTS", "supervisor.fork.copied=error");
+    let Some(home) = started(test, failing, project.path(), "src") else {
+        return;
+    };
+    home.task_sh("src", "echo work >> a.txt");
+    let err = home.json_err(&["task", "fork", "src", "half"]);
+    assert!(
+        err["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("supervisor.fork.copied")),
+        "{err:#}"
+    );
+    let listing = home.json(&["ls"]);
+    let names: Vec<&str> = listing["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["src"], "no record of the fork: {listing:#}");
+    let dirs: Vec<String> = std::fs::read_dir(home.path().join("sandboxes"))
+        .expect("sandboxes")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(dirs, [home.sandbox_id("src")], "no files of the fork");
+    let src_dir = home.path().join("sandboxes").join(home.sandbox_id("src"));
+    let leftovers: Vec<_> = std::fs::read_dir(src_dir.join("checkpoints"))
+        .map(|d| d.flatten().collect())
+        .unwrap_or_default();
+    assert!(leftovers.is_empty(), "nothing half-made: {leftovers:?}");
+    assert_eq!(home.task_sh("src", "cat a.txt"), "a\nwork\n");
+
+    // Killed while its disk is frozen for a checkpoint.
+    let project = one_commit_project("a.txt", "a\n");
+    let killing =
+        TestHome::new().with_env("DYNOCAP_FAILPOINTS", "supervisor.checkpoint.copied=kill");
+    let Some(home) = started(test, killing, project.path(), "frozen") else {
+        return;
+    };
+    home.task_sh("frozen", "echo kept >> a.txt");
+    home.json_err(&["task", "checkpoint", "frozen", "never"]);
+    let finish = home.json(&["task", "finish", "frozen"]);
+    let patch = patch_of(&finish);
+    assert!(patch.contains("+kept"), "the work is recovered: {patch}");
+    assert!(
+        wait_until(10, || !std::fs::read_to_string("/proc/mounts")
+            .unwrap_or_default()
+            .contains(&home.sandbox_id("frozen"))),
+        "nothing of the frozen disk stays mounted"
+    );
+}

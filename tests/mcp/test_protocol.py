@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 TOOLS = [
     "dynocap_task_start", "dynocap_task_exec", "dynocap_diff", "dynocap_task_finish",
     "dynocap_ls", "dynocap_rm", "dynocap_run", "dynocap_exec", "dynocap_ps", "dynocap_destroy",
-    "dynocap_job", "dynocap_read_file", "dynocap_write_file", "dynocap_edit_file",
+    "dynocap_job", "dynocap_checkpoint", "dynocap_read_file", "dynocap_write_file", "dynocap_edit_file",
     "dynocap_list_files",
 ]
 
@@ -46,6 +46,9 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
     "dynocap_task_start": {
         "projectPath": ("string", None, None, None, False),
         "repositoryUrl": ("string", None, None, None, False),
+        # Extension (docs/mcp.md): a fork of a running task, from a checkpoint of it.
+        "fromTask": ("string", None, None, None, False),
+        "checkpoint": ("string", None, None, None, False),
         "history": ("string", "branches", None, None, False),
         "name": ("string", None, None, None, False),
         "network": ("string", "none", None, None, False),
@@ -91,6 +94,12 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
     "dynocap_exec": {**EXEC_PARAMS, "cwd": ("string", "/", None, None, False)},
     "dynocap_ps": {},
     "dynocap_destroy": {"name": ("string", None, None, None, True)},
+    # Extension (docs/mcp.md): a task's checkpoints.
+    "dynocap_checkpoint": {
+        "name": ("string", None, None, None, True),
+        "action": ("string", "create", None, None, False),
+        "label": ("string", None, None, None, False),
+    },
     # Extension (docs/mcp.md): follow or kill a command that went on as a job.
     "dynocap_job": {
         "name": ("string", None, None, None, True),

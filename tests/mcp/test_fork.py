@@ -1,0 +1,70 @@
+"""A task's checkpoints and forks over MCP with the official SDK: dynocap_checkpoint makes,
+lists, restores (naming the job it ended) and deletes checkpoints; dynocap_task_start with
+fromTask forks a task from its current state and from a checkpoint, each fork finishing with a
+verified patch of the shared work and its own change only; a fork's network passes the host
+policy as any start's, and what a fork keeps of its parent cannot be given with fromTask."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import Host, connect, err, ok
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("root_needed")]
+
+
+def changed(finish: dict) -> list[str]:
+    assert finish["verified"] is True, finish
+    patch = Path(finish["patchPath"]).read_text()
+    return [line.split(" b/")[0][len("diff --git a/"):]
+            for line in patch.splitlines() if line.startswith("diff --git a/")]
+
+
+async def test_checkpoint_restore_and_forks_over_mcp(host: Host) -> None:
+    app = host.project("forked", files={"base.txt": "base\n"})
+    async with connect(host) as s:
+        ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "src"}))
+        run = lambda name, cmd: s.call_tool("dynocap_task_exec", {"name": name, "command": cmd})  # noqa: E731
+        assert ok(await run("src", "echo shared >> base.txt"))["exitCode"] == 0
+        made = ok(await s.call_tool("dynocap_checkpoint", {"name": "src", "label": "ready"}))
+        assert made["action"] == "create" and made["checkpoint"]["label"] == "ready"
+        job = ok(await s.call_tool("dynocap_task_exec", {
+            "name": "src", "command": "while :; do date > ~/tick; sleep 0.1; done",
+            "background": True, "timeoutSeconds": 300}))["job"]
+        assert ok(await run("src", "rm base.txt && echo oops > oops.txt"))["exitCode"] == 0
+        restored = ok(await s.call_tool("dynocap_checkpoint",
+                                        {"name": "src", "action": "restore", "label": "ready"}))
+        assert restored["label"] == "ready"
+        assert [j["job"] for j in restored["jobsEnded"]] == [job]
+        assert ok(await run("src", "cat base.txt; ls"))["stdout"] == "base\nshared\nbase.txt\n"
+        listed = ok(await s.call_tool("dynocap_checkpoint", {"name": "src", "action": "list"}))
+        assert [c["label"] for c in listed["checkpoints"]] == ["ready"]
+
+        assert ok(await run("src", "echo later > later.txt"))["exitCode"] == 0
+        now = ok(await s.call_tool("dynocap_task_start", {"fromTask": "src", "name": "now"}))
+        assert now["forkedFrom"] == {"task": "src", "taskId": now["forkedFrom"]["taskId"]}
+        old = ok(await s.call_tool("dynocap_task_start",
+                                   {"fromTask": "src", "checkpoint": "ready", "name": "old"}))
+        assert old["forkedFrom"]["checkpoint"] == "ready"
+        assert ok(await run("now", "echo n > now.txt"))["exitCode"] == 0
+        assert ok(await run("old", "echo o > old.txt"))["exitCode"] == 0
+
+        # What a fork keeps of its parent, and a network the host does not allow.
+        err(await s.call_tool("dynocap_task_start", {"fromTask": "src", "cpus": 4}),
+            "invalid_argument")
+        err(await s.call_tool("dynocap_task_start", {"fromTask": "src", "network": "nat"}),
+            "policy_denied")
+        err(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "checkpoint": "ready"}),
+            "invalid_argument")
+
+        deleted = ok(await s.call_tool("dynocap_checkpoint",
+                                       {"name": "src", "action": "delete", "label": "ready"}))
+        assert deleted["checkpoints"] == []
+        assert changed(ok(await s.call_tool("dynocap_task_finish", {"id": "now"}))) == [
+            "base.txt", "later.txt", "now.txt"]
+        assert changed(ok(await s.call_tool("dynocap_task_finish", {"id": "old"}))) == [
+            "base.txt", "old.txt"]
+        assert changed(ok(await s.call_tool("dynocap_task_finish", {"id": "src"}))) == [
+            "base.txt", "later.txt"]

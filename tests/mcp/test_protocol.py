@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 TOOLS = [
     "dynocap_task_start", "dynocap_task_exec", "dynocap_diff", "dynocap_task_finish",
     "dynocap_ls", "dynocap_rm", "dynocap_run", "dynocap_exec", "dynocap_ps", "dynocap_destroy",
-    "dynocap_job", "dynocap_checkpoint", "dynocap_read_file", "dynocap_write_file", "dynocap_edit_file",
+    "dynocap_job", "dynocap_checkpoint", "dynocap_port", "dynocap_read_file", "dynocap_write_file", "dynocap_edit_file",
     "dynocap_list_files",
 ]
 
@@ -63,6 +63,8 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         # a filtered allowlist, under DYNOCAP_MCP_EGRESS_ALLOW.
         "image": ("string", None, None, None, False),
         "allowHosts": ("array", None, None, None, False),
+        # Extension (docs/mcp.md): port forwards, under DYNOCAP_MCP_ALLOW_PUBLISH.
+        "publish": ("array", None, None, None, False),
     },
     "dynocap_task_exec": {**EXEC_PARAMS, "cwd": ("string", "/workspace", None, None, False)},
     "dynocap_diff": {
@@ -90,6 +92,7 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "diskMB": ("integer", 2048, 64, 1048576, False),
         "image": ("string", None, None, None, False),
         "allowHosts": ("array", None, None, None, False),
+        "publish": ("array", None, None, None, False),
     },
     "dynocap_exec": {**EXEC_PARAMS, "cwd": ("string", "/", None, None, False)},
     "dynocap_ps": {},
@@ -108,6 +111,13 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "stdoutOffset": ("integer", 0, 0, 9007199254740991, False),
         "stderrOffset": ("integer", 0, 0, 9007199254740991, False),
         "kill": ("boolean", False, None, None, False),
+    },
+    # Extension (docs/mcp.md): port forwards of a sandbox or task.
+    "dynocap_port": {
+        "name": ("string", None, None, None, True),
+        "guestPort": ("integer", None, 1, 65535, False),
+        "hostPort": ("integer", 0, 0, 65535, False),
+        "remove": ("boolean", False, None, None, False),
     },
     # Extension (docs/mcp.md): file tools, as the sandbox user.
     "dynocap_read_file": {

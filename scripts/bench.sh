@@ -13,5 +13,6 @@ cargo bench --locked -p dynocap-e2e --bench sandbox
 cargo bench --locked -p dynocap-e2e --bench tasks
 cargo bench --locked -p dynocap-e2e --bench load
 cargo bench --locked -p dynocap-e2e --bench network
+cargo bench --locked -p dynocap-e2e --bench caches
 # Under TCG unless DYNOCAP_VM_ACCEL says otherwise (see tests/benches/vm.rs).
 cargo bench --locked -p dynocap-e2e --bench vm

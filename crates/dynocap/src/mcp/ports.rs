@@ -237,3 +237,71 @@ fn to_value<T: serde::Serialize>(value: &T) -> Result<Value, Error> {
     serde_json::to_value(value)
         .map_err(|err| Error::internal(format!("cannot encode the result: {err}")))
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::mcp::tools::definitions;
+
+    fn parse(tool: &str, arguments: Value) -> Result<Vec<ForwardRequest>, Error> {
+        let defs = definitions();
+        let tool = defs.iter().find(|t| t.name == tool).unwrap();
+        let Value::Object(map) = arguments else {
+            panic!("arguments are an object")
+        };
+        publish_requests(&Args::new(tool, Some(map))?)
+    }
+
+    #[test]
+    fn publish_is_parsed_strictly_and_always_on_loopback() {
+        for tool in ["dynocap_run", "dynocap_task_start"] {
+            let parsed = parse(
+                tool,
+                json!({"name": "a", "publish": [{"guestPort": 8000}, {"guestPort": 3000, "hostPort": 8080}]}),
+            )
+            .unwrap();
+            assert_eq!(
+                parsed,
+                [
+                    ForwardRequest {
+                        guest_port: 8000,
+                        host_port: 0,
+                        host_address: IpAddr::V4(Ipv4Addr::LOCALHOST)
+                    },
+                    ForwardRequest {
+                        guest_port: 3000,
+                        host_port: 8080,
+                        host_address: IpAddr::V4(Ipv4Addr::LOCALHOST)
+                    }
+                ]
+            );
+        }
+        let many: Vec<Value> = (1..=33).map(|p| json!({ "guestPort": p })).collect();
+        for (bad, says) in [
+            (
+                json!({"guestPort": 8000, "hostAddress": "0.0.0.0"}),
+                "127.0.0.1",
+            ),
+            (json!({"guestPort": 0}), "from 1 to 65535"),
+            (json!({"guestPort": 70000}), "from 1 to 65535"),
+            (json!({"guestPort": 80.5}), "whole number"),
+            (json!({"hostPort": 8080}), "needs guestPort"),
+            (json!({"guestPort": 80, "hostPort": -1}), "from 0 to 65535"),
+            (json!(8000), "must be an object"),
+        ] {
+            let err = parse("dynocap_run", json!({"name": "a", "publish": [bad]})).unwrap_err();
+            assert_eq!(err.code, dynocap_engine::ErrorCode::InvalidArgument);
+            assert!(err.message.contains(says), "{}", err.message);
+        }
+        let err = parse("dynocap_run", json!({"name": "a", "publish": many})).unwrap_err();
+        assert!(err.message.contains("at most 32"), "{}", err.message);
+        let err = parse("dynocap_run", json!({"name": "a", "publish": "8000"})).unwrap_err();
+        assert!(err.message.contains("must be an array"), "{}", err.message);
+        assert!(parse("dynocap_run", json!({"name": "a"}))
+            .unwrap()
+            .is_empty());
+    }
+}

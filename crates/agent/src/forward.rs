@@ -81,13 +81,14 @@ impl Forwards {
     pub async fn open(&self, id: u32, req: ConnectRequest, outbox: &Outbox) {
         let tunnel = {
             let mut state = self.lock();
-            if state.live.len() >= MAX_CONNECTIONS {
-                drop(state);
-                return outbox.send_error(id, ForwardError::TooMany).await;
-            }
-            let (inbox, tunnel) = tunnel::open(id);
-            state.live.insert(id, inbox);
-            tunnel
+            (state.live.len() < MAX_CONNECTIONS).then(|| {
+                let (inbox, tunnel) = tunnel::open(id);
+                state.live.insert(id, inbox);
+                tunnel
+            })
+        };
+        let Some(tunnel) = tunnel else {
+            return outbox.send_error(id, ForwardError::TooMany).await;
         };
         let forwards = self.clone();
         let outbox = outbox.clone();

@@ -7,10 +7,13 @@
 //! 3. `task start --repo https://...` vs a plain `git clone` of the same repository from the
 //!    same server (target: ratio <= 1.3).
 //!
-//! curl's own timers measure 1 and 2, so the exec round trip is not counted. Run with
+//! curl's own timers measure 1 and 2, so the exec round trip is not counted; the downloads of
+//! 1 alternate with their baseline. With `DYNOCAP_BENCH_COMPARE=DIR` (a directory holding
+//! another build's `dynocap`, `dynocap-core` and static `dynocap-agent`) that build's sandbox
+//! downloads in the same rotation, for a comparison of two builds in one run. Run with
 //! `scripts/bench.sh` (builds the release binaries first). Needs root.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -18,7 +21,7 @@ use dynocap_e2e::bench::{release_bins, report, sample};
 use dynocap_e2e::netfix::{product, scrub_client_env, NetFix, BIG_BYTES, GIT_HOST, OTHER_HOST};
 
 const CONNECTIONS: usize = 50;
-const DOWNLOADS: usize = 3;
+const DOWNLOADS: usize = 5;
 /// The clone benchmark's repository: files of incompressible bytes, so the transfer and not
 /// only the per-request overhead counts.
 const REPO_FILES: usize = 2_000;
@@ -26,36 +29,15 @@ const REPO_FILE_BYTES: usize = 16 * 1024;
 
 fn main() {
     let bins = release_bins();
-    if std::env::var_os("DYNOCAP_AGENT").is_none() {
-        std::env::set_var("DYNOCAP_AGENT", bins.join("dynocap-agent"));
-    }
+    let agent = std::env::var_os("DYNOCAP_AGENT")
+        .map_or_else(|| bins.join("dynocap-agent"), PathBuf::from);
     let fix = NetFix::start();
-    let home = tempfile::Builder::new()
-        .prefix("dcnb")
-        .tempdir_in("/tmp")
-        .expect("temp home");
-    let dynocap = |args: &[&str]| -> Output {
-        let out = Command::new(bins.join("dynocap"))
-            .args(args)
-            .env("DYNOCAP_HOME", home.path())
-            .envs(fix.product_env())
-            .output()
-            .expect("spawn dynocap");
-        assert!(
-            out.status.success(),
-            "dynocap {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
-    };
-    // curl -w output of a command run in the sandbox.
-    let in_sandbox = |command: &str| -> String {
-        let out = dynocap(&["--json", "exec", "net", "--timeout", "600", "--", command]);
-        let exec: serde_json::Value = serde_json::from_slice(&out.stdout).expect("Exec JSON");
-        assert_eq!(exec["exitCode"], 0, "{command}: {exec:#}");
-        exec["stdout"].as_str().expect("stdout").to_owned()
-    };
+    // This build, and the one DYNOCAP_BENCH_COMPARE names if any, each with a home of its own.
+    let mut builds = vec![Build::new("this build", bins, agent)];
+    if let Some(dir) = std::env::var_os("DYNOCAP_BENCH_COMPARE") {
+        let dir = PathBuf::from(dir);
+        builds.push(Build::new("compared build", dir.clone(), dir.join("dynocap-agent")));
+    }
     let on_host = |args: &[&str]| -> String {
         let mut cmd = Command::new("curl");
         scrub_client_env(&mut cmd);
@@ -69,12 +51,9 @@ fn main() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
 
-    // Direct baselines first: they need nothing from DynoCap.
     let big = format!("https://{OTHER_HOST}/big/{BIG_BYTES}");
     let small = format!("https://{OTHER_HOST}/");
     let timed = ["-o", "/dev/null", "-w", "%{time_total}\n", big.as_str()];
-    on_host(&timed); // warm-up
-    let direct_download = sorted((0..DOWNLOADS).map(|_| seconds(&on_host(&timed))).collect());
     let direct_connect = sorted(
         (0..CONNECTIONS)
             .map(|_| {
@@ -89,47 +68,68 @@ fn main() {
             .collect(),
     );
 
-    dynocap(&[
-        "run",
-        "net",
-        "--network",
-        "filtered",
-        product::FLAG_ALLOW_HOST,
-        OTHER_HOST,
-    ]);
-
     // The guest's curl trusts only the test CA too, as the direct curl does: loading the
     // guest's whole bundle (the system's ~150 certificates plus the test CA) costs more than
     // a TLS handshake on loopback and would be counted against the proxy.
     let pem = std::fs::read_to_string(&fix.ca.ca_cert).expect("the test CA");
-    in_sandbox(&format!("cat > /tmp/test-ca.pem <<'EOF'\n{pem}EOF\n"));
+    for build in &builds {
+        build.dynocap(
+            &fix,
+            &[
+                "run",
+                "net",
+                "--network",
+                "filtered",
+                product::FLAG_ALLOW_HOST,
+                OTHER_HOST,
+            ],
+        );
+        build.in_sandbox(&fix, &format!("cat > /tmp/test-ca.pem <<'EOF'\n{pem}EOF\n"));
+    }
     let curl = "curl -sS --fail --cacert /tmp/test-ca.pem";
 
-    // 1. Throughput.
+    // 1. Throughput: the direct download and each build's alternate, sample by sample, so
+    // that all see the same machine (its load drifts within minutes). The first round warms
+    // up.
     let download = format!("{curl} -o /dev/null -w '%{{time_total}}\\n' {big}");
-    in_sandbox(&download); // warm-up
-    let proxied = sorted(
-        (0..DOWNLOADS)
-            .map(|_| seconds(&in_sandbox(&download)))
-            .collect(),
-    );
-    report(
-        "200 MB download through filtered",
-        &proxied,
-        "same curl on host loopback",
-        &direct_download,
-    );
+    let mut direct_download = Vec::new();
+    let mut proxied: Vec<Vec<Duration>> = vec![Vec::new(); builds.len()];
+    for round in 0..=DOWNLOADS {
+        let direct = seconds(&on_host(&timed));
+        let through: Vec<Duration> = builds
+            .iter()
+            .map(|build| seconds(&build.in_sandbox(&fix, &download)))
+            .collect();
+        if round > 0 {
+            direct_download.push(direct);
+            for (times, time) in proxied.iter_mut().zip(through) {
+                times.push(time);
+            }
+        }
+    }
+    let direct_download = sorted(direct_download);
     let mbps = |d: Duration| BIG_BYTES as f64 / 1e6 / d.as_secs_f64();
-    let (p, d) = (
-        proxied[proxied.len() / 2],
-        direct_download[direct_download.len() / 2],
-    );
-    println!(
-        "throughput: filtered {:.0} MB/s | direct {:.0} MB/s | ratio {:.2} (target >= 0.8)",
-        mbps(p),
-        mbps(d),
-        mbps(p) / mbps(d)
-    );
+    for (build, times) in builds.iter().zip(proxied) {
+        let times = sorted(times);
+        report(
+            &format!("200 MB download through filtered ({})", build.name),
+            &times,
+            "same curl on host loopback",
+            &direct_download,
+        );
+        let (p, d) = (
+            times[times.len() / 2],
+            direct_download[direct_download.len() / 2],
+        );
+        println!(
+            "throughput ({}): filtered {:.0} MB/s | direct {:.0} MB/s | ratio {:.2} (target >= 0.8)",
+            build.name,
+            mbps(p),
+            mbps(d),
+            mbps(p) / mbps(d)
+        );
+    }
+    let in_sandbox = |command: &str| builds[0].in_sandbox(&fix, command);
 
     // 2. Added latency per new connection.
     let proxied = sorted(
@@ -153,7 +153,10 @@ fn main() {
             - direct_connect[direct_connect.len() / 2].as_secs_f64())
             * 1e3
     );
-    dynocap(&["destroy", "net"]);
+    for build in &builds {
+        build.dynocap(&fix, &["destroy", "net"]);
+    }
+    let dynocap = |args: &[&str]| builds[0].dynocap(&fix, args);
 
     // 3. task start --repo vs git clone.
     generate_repo(&fix.repo.root.join("bench.git"), fix.dir());
@@ -189,6 +192,57 @@ fn main() {
         "git clone over the same server",
         &clone,
     );
+}
+
+/// A build's binaries, with a home of its own.
+struct Build {
+    name: &'static str,
+    bins: PathBuf,
+    agent: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl Build {
+    fn new(name: &'static str, bins: PathBuf, agent: PathBuf) -> Build {
+        let home = tempfile::Builder::new()
+            .prefix("dcnb")
+            .tempdir_in("/tmp")
+            .expect("temp home");
+        Build {
+            name,
+            bins,
+            agent,
+            home,
+        }
+    }
+
+    fn dynocap(&self, fix: &NetFix, args: &[&str]) -> Output {
+        let out = Command::new(self.bins.join("dynocap"))
+            .args(args)
+            .env("DYNOCAP_HOME", self.home.path())
+            .env("DYNOCAP_AGENT", &self.agent)
+            .envs(fix.product_env())
+            .output()
+            .expect("spawn dynocap");
+        assert!(
+            out.status.success(),
+            "dynocap {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// The stdout of `command` run in the build's sandbox (curl's -w output).
+    fn in_sandbox(&self, fix: &NetFix, command: &str) -> String {
+        let out = self.dynocap(
+            fix,
+            &["--json", "exec", "net", "--timeout", "600", "--", command],
+        );
+        let exec: serde_json::Value = serde_json::from_slice(&out.stdout).expect("Exec JSON");
+        assert_eq!(exec["exitCode"], 0, "{command}: {exec:#}");
+        exec["stdout"].as_str().expect("stdout").to_owned()
+    }
 }
 
 fn seconds(text: &str) -> Duration {

@@ -29,14 +29,18 @@ const REPO_FILE_BYTES: usize = 16 * 1024;
 
 fn main() {
     let bins = release_bins();
-    let agent = std::env::var_os("DYNOCAP_AGENT")
-        .map_or_else(|| bins.join("dynocap-agent"), PathBuf::from);
+    let agent =
+        std::env::var_os("DYNOCAP_AGENT").map_or_else(|| bins.join("dynocap-agent"), PathBuf::from);
     let fix = NetFix::start();
     // This build, and the one DYNOCAP_BENCH_COMPARE names if any, each with a home of its own.
     let mut builds = vec![Build::new("this build", bins, agent)];
     if let Some(dir) = std::env::var_os("DYNOCAP_BENCH_COMPARE") {
         let dir = PathBuf::from(dir);
-        builds.push(Build::new("compared build", dir.clone(), dir.join("dynocap-agent")));
+        builds.push(Build::new(
+            "compared build",
+            dir.clone(),
+            dir.join("dynocap-agent"),
+        ));
     }
     let on_host = |args: &[&str]| -> String {
         let mut cmd = Command::new("curl");

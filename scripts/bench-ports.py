@@ -119,7 +119,8 @@ def main():
     bins = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "target/release")
     dynocap = os.path.join(bins, "dynocap")
     home = tempfile.mkdtemp(prefix="dcports")
-    env = dict(os.environ, DYNOCAP_HOME=home)
+    # No command server: it would outlive the run in a home that is deleted.
+    env = dict(os.environ, DYNOCAP_HOME=home, DYNOCAP_CLI_SERVER="0")
     agent = os.path.join(bins, "dynocap-agent")
     if "DYNOCAP_AGENT" not in env and os.path.isfile(agent):
         env["DYNOCAP_AGENT"] = agent

@@ -155,7 +155,10 @@ fn a_server_in_a_none_sandbox_is_reached_through_a_forward_until_it_ends() {
         "ps shows {shown}: {}",
         String::from_utf8_lossy(&text.stdout)
     );
-    assert_eq!(home.json(&["port", "web"])["forwards"][0]["guestPort"], 8000);
+    assert_eq!(
+        home.json(&["port", "web"])["forwards"][0]["guestPort"],
+        8000
+    );
 
     // A second forward to another port, then removed: its host port closes.
     let second = home.json(&["port", "web", "8001"]);
@@ -168,7 +171,10 @@ fn a_server_in_a_none_sandbox_is_reached_through_a_forward_until_it_ends() {
 
     // The forward ends with the sandbox.
     home.json(&["destroy", "web"]);
-    assert!(refused(port), "after destroy, the host port refuses connections");
+    assert!(
+        refused(port),
+        "after destroy, the host port refuses connections"
+    );
 }
 
 #[test]
@@ -203,7 +209,10 @@ fn bad_forwards_are_refused_with_the_fix() {
     let err = home.json_err(&["port", "bad", "8000", &taken_port]);
     assert_eq!(err["code"], "conflict", "{err:#}");
     assert!(
-        err["message"].as_str().unwrap_or_default().contains("is in use"),
+        err["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("is in use"),
         "{err:#}"
     );
     // An address of no interface of this host (TEST-NET-1): nothing is sent, the bind fails.

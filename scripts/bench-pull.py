@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""`dynocap image pull` against `skopeo copy` from the same local registry, side by side.
+
+Starts Debian's `docker-registry` (the CNCF distribution registry) on a fresh 127.X address
+with TLS from a throwaway CA, pushes two images the script makes itself (image A: five layers
+of ~20 MB each, ~100 MB; image B: A's first four layers and one new ~20 MB layer), then times,
+alternately and ROUNDS times each:
+
+  skopeo copy docker://REGISTRY/bench/a:1 oci:DIR      (the floor: download and verify)
+  dynocap image pull REGISTRY/bench/a:1                (download, verify, unpack, assemble)
+
+each into an empty directory / fresh DYNOCAP_HOME, and then `dynocap image pull` of B on a home
+that has A (only B's own layer should be fetched). Prints medians and the ratio.
+
+Usage (as root): scripts/bench-pull.py [--dynocap target/release/dynocap] [--rounds 3]
+Needs docker-registry, skopeo, openssl (scripts/install-deps.sh). Loopback only.
+"""
+
+import argparse
+import gzip
+import hashlib
+import io
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+NAME = "registry.bench"
+PORT = 5000
+LAYER_MB = 20
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def layer(seed: int, megabytes: int) -> bytes:
+    """A tar of a few files of pseudo-random (incompressible) bytes."""
+    rng = random.Random(seed)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        d = tarfile.TarInfo(f"layer{seed}")
+        d.type = tarfile.DIRTYPE
+        d.mode = 0o755
+        tar.addfile(d)
+        for n in range(4):
+            data = rng.randbytes(megabytes * (1 << 20) // 4)
+            info = tarfile.TarInfo(f"layer{seed}/file{n}")
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def write_layout(directory: str, layers: list) -> None:
+    blobs = os.path.join(directory, "blobs/sha256")
+    os.makedirs(blobs, exist_ok=True)
+
+    def put(data: bytes) -> str:
+        digest = sha(data)
+        with open(os.path.join(blobs, digest), "wb") as f:
+            f.write(data)
+        return digest
+
+    descriptors = []
+    for tar in layers:
+        blob = gzip.compress(tar, compresslevel=1, mtime=0)
+        descriptors.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                            "digest": "sha256:" + put(blob), "size": len(blob)})
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                         "rootfs": {"type": "layers",
+                                    "diff_ids": ["sha256:" + sha(t) for t in layers]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": "sha256:" + put(config), "size": len(config)},
+        "layers": descriptors}).encode()
+    index = {"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json",
+         "digest": "sha256:" + put(manifest), "size": len(manifest)}]}
+    with open(os.path.join(directory, "index.json"), "w") as f:
+        json.dump(index, f)
+    with open(os.path.join(directory, "oci-layout"), "w") as f:
+        f.write('{"imageLayoutVersion":"1.0.0"}')
+
+
+def run(cmd, **kw):
+    subprocess.run(cmd, check=True, **kw)
+
+
+def make_ca(pki: str, addr: str) -> None:
+    os.makedirs(pki, exist_ok=True)
+    p = lambda n: os.path.join(pki, n)  # noqa: E731
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run(["openssl", "req", "-x509", *ec, "-keyout", p("ca.key"), "-out", p("ca.pem"), "-days", "2",
+         "-subj", "/CN=dynocap pull bench CA", "-addext", "basicConstraints=critical,CA:TRUE",
+         "-addext", "keyUsage=critical,keyCertSign,cRLSign"], capture_output=True)
+    run(["openssl", "req", *ec, "-keyout", p("server.key"), "-out", p("server.csr"),
+         "-subj", f"/CN={NAME}"], capture_output=True)
+    with open(p("server.ext"), "w") as f:
+        f.write(f"subjectAltName=DNS:{NAME},IP:{addr}\nextendedKeyUsage=serverAuth\n")
+    run(["openssl", "x509", "-req", "-in", p("server.csr"), "-CA", p("ca.pem"), "-CAkey", p("ca.key"),
+         "-CAcreateserial", "-out", p("server.pem"), "-days", "2", "-extfile", p("server.ext")],
+        capture_output=True)
+    os.makedirs(p("certs"), exist_ok=True)
+    shutil.copy(p("ca.pem"), p("certs/ca.crt"))
+
+
+def timed(cmd, env=None) -> float:
+    start = time.monotonic()
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.monotonic() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dynocap", default="target/release/dynocap")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    dynocap = os.path.abspath(args.dynocap)
+    work = tempfile.mkdtemp(prefix="dcbench-pull-")
+    addr = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+    pki = os.path.join(work, "pki")
+    make_ca(pki, addr)
+    with open(os.path.join(work, "config.yml"), "w") as f:
+        f.write(f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: "
+                f"{work}/data\nhttp:\n  addr: {addr}:{PORT}\n  tls:\n    certificate: {pki}/server.pem\n"
+                f"    key: {pki}/server.key\n")
+    registry = subprocess.Popen(["docker-registry", "serve", os.path.join(work, "config.yml")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection((addr, PORT), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the registry did not listen")
+                time.sleep(0.05)
+        print(f"making layers ({5 * LAYER_MB} MB image A, B sharing 4 of its 5 layers)", file=sys.stderr)
+        shared = [layer(n, LAYER_MB) for n in range(4)]
+        image_a = shared + [layer(10, LAYER_MB)]
+        image_b = shared + [layer(20, LAYER_MB)]
+        for name, layers in (("a", image_a), ("b", image_b)):
+            layout = os.path.join(work, f"layout-{name}")
+            write_layout(layout, layers)
+            run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-cert-dir", f"{pki}/certs",
+                 f"oci:{layout}", f"docker://{addr}:{PORT}/bench/{name}:1"])
+        env = dict(os.environ, DYNOCAP_REGISTRIES=f"{NAME}:{PORT}",
+                   DYNOCAP_RESOLVE=f"{NAME}:{PORT}:{addr}", DYNOCAP_EXTRA_CA=f"{pki}/ca.pem",
+                   DOCKER_CONFIG="/nonexistent")
+        skopeo_times, pull_times = [], []
+        for n in range(args.rounds):
+            dest = os.path.join(work, f"skopeo-{n}")
+            skopeo_times.append(timed(["skopeo", "copy", "--quiet", "--src-cert-dir", f"{pki}/certs",
+                                       f"docker://{addr}:{PORT}/bench/a:1", f"oci:{dest}"]))
+            shutil.rmtree(dest)
+            home = os.path.join(work, f"home-{n}")
+            pull_times.append(timed([dynocap, "image", "pull", f"{NAME}:{PORT}/bench/a:1"],
+                                    env=dict(env, DYNOCAP_HOME=home)))
+            if n < args.rounds - 1:
+                shutil.rmtree(home)
+        home = os.path.join(work, f"home-{args.rounds - 1}")
+        start = time.monotonic()
+        out = subprocess.run([dynocap, "--json", "image", "pull", f"{NAME}:{PORT}/bench/b:1"],
+                             env=dict(env, DYNOCAP_HOME=home), check=True, capture_output=True)
+        second = time.monotonic() - start
+        transfer = json.loads(out.stdout)["transfer"]
+        s, p = statistics.median(skopeo_times), statistics.median(pull_times)
+        print(f"image A (~{5 * LAYER_MB} MB, 5 layers), median of {args.rounds}:")
+        print(f"  skopeo copy docker:// oci:   {s:.2f} s  {[round(t, 2) for t in skopeo_times]}")
+        print(f"  dynocap image pull           {p:.2f} s  {[round(t, 2) for t in pull_times]}")
+        print(f"  ratio pull/skopeo            {p / s:.2f}x (target <= 1.2x)")
+        print(f"image B (A's 4 base layers + 1 own), on a home holding A: {second:.2f} s, "
+              f"{transfer['blobsDownloaded']} blob(s) / {transfer['bytesDownloaded'] / 1e6:.1f} MB downloaded, "
+              f"{transfer['layersPresent']} layers already stored")
+        return 0
+    finally:
+        registry.kill()
+        registry.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

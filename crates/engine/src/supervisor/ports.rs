@@ -262,3 +262,95 @@ impl Drop for Decrement {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use dynocap_proto::{
+        from_payload, to_payload, Frame, FrameKind, FrameReader, FrameWriter, Hello,
+        PROTOCOL_VERSION,
+    };
+
+    use super::*;
+    use crate::foundation::error::ErrorCode;
+
+    /// A connection to an agent played by the test: the supervisor's side, and the frames it
+    /// sends the agent.
+    async fn conn() -> (
+        AgentConn,
+        FrameReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>,
+        // Held for the test's length: the agent's side never closes.
+        FrameWriter<tokio::io::WriteHalf<tokio::io::DuplexStream>>,
+    ) {
+        let (host, agent) = tokio::io::duplex(1 << 20);
+        let (host_read, host_write) = tokio::io::split(host);
+        let (agent_read, agent_write) = tokio::io::split(agent);
+        let mut writer = FrameWriter::new(agent_write);
+        let hello = Hello {
+            protocol: PROTOCOL_VERSION,
+            agent_version: "test".into(),
+        };
+        writer
+            .write_frame(&Frame::new(0, FrameKind::Hello, to_payload(&hello)))
+            .await
+            .unwrap();
+        let (conn, _) = AgentConn::start(host_read, host_write, Duration::from_secs(5))
+            .await
+            .unwrap();
+        (conn, FrameReader::new(agent_read), writer)
+    }
+
+    fn request(guest_port: u16, host_port: u16) -> ForwardRequest {
+        ForwardRequest {
+            guest_port,
+            host_port,
+            host_address: IpAddr::from([127, 0, 0, 1]),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_forward_asks_the_agent_per_connection_and_closes_with_the_sandbox() {
+        let (conn, mut agent, _agent_writer) = conn().await;
+        let dir = tempfile::tempdir().unwrap();
+        let forwards = Forwards::new(conn, dir.path().to_path_buf());
+        let forward = forwards.add(&request(8000, 0)).await.unwrap();
+        assert_eq!(forward.host_address, "127.0.0.1");
+        assert_ne!(forward.host_port, 0);
+        assert_eq!(read_forwards(dir.path()), [forward.clone()]);
+
+        // Each accepted connection is one Connect stream to the agent.
+        let _client = tokio::net::TcpStream::connect(("127.0.0.1", forward.host_port))
+            .await
+            .unwrap();
+        let open = agent.read_frame().await.unwrap().unwrap();
+        assert_eq!(open.kind, FrameKind::Open);
+        assert_eq!(
+            from_payload::<Request>("request", &open.payload).unwrap(),
+            Request::Connect(ConnectRequest { port: 8000 })
+        );
+
+        // The same guest port twice, port 0, and a host port in use are refused.
+        let err = forwards.add(&request(8000, 0)).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::Conflict);
+        let err = forwards.add(&request(0, 0)).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        let err = forwards
+            .add(&request(8001, forward.host_port))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Conflict);
+        assert!(err.message.contains("is in use"), "{err}");
+
+        // Closed when the sandbox ends: the port refuses connections at once.
+        forwards.close_all().await;
+        let refused = tokio::net::TcpStream::connect(("127.0.0.1", forward.host_port)).await;
+        assert_eq!(
+            refused.unwrap_err().kind(),
+            std::io::ErrorKind::ConnectionRefused
+        );
+        assert!(read_forwards(dir.path()).is_empty());
+        let err = forwards.add(&request(9000, 0)).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::Conflict);
+    }
+}

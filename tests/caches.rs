@@ -204,3 +204,36 @@ fn a_raw_sandbox_and_a_host_with_caches_off_get_none() {
     assert_eq!(owners, "1\n1000\n1000\n1000\n1000\n1000\n");
     on.json(&["task", "finish", "on"]);
 }
+
+/// The vm: the project's cache disk (a second virtio disk only guests mount) carries what one
+/// task of the project left in `~/.cache/pip` to the next; another project's task has a disk
+/// of its own, without it.
+#[test]
+fn a_vm_task_finds_what_the_projects_previous_task_cached() {
+    let test = "a_vm_task_finds_what_the_projects_previous_task_cached";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let projects = tempfile::tempdir().expect("projects");
+    let app = project(projects.path(), "app");
+    let other = project(projects.path(), "other");
+    let start = |name: &str, dir: &Path| {
+        home.json(&["task", "start", dir.to_str().unwrap(), "--name", name]);
+    };
+    start("vfirst", &app);
+    home.task_sh(
+        "vfirst",
+        "echo kept > ~/.cache/pip/marker && test \"$(stat -c %u ~/.cache/pip/marker)\" = 1000",
+    );
+    home.json(&["task", "finish", "vfirst"]);
+    start("vsecond", &app);
+    assert_eq!(home.task_sh("vsecond", "cat ~/.cache/pip/marker"), "kept\n");
+    let diff = home.json(&["task", "diff", "vsecond"]);
+    assert_eq!(diff["files"], 0, "{diff:#}");
+    home.json(&["task", "finish", "vsecond"]);
+    start("vstranger", &other);
+    let seen = home.task_sh("vstranger", "ls -A ~/.cache/pip | wc -l");
+    assert_eq!(seen.trim(), "0");
+    home.json(&["task", "finish", "vstranger"]);
+    assert_eq!(caches(&home).len(), 2);
+}

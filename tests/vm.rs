@@ -355,6 +355,7 @@ fn a_boot_that_never_answers_says_what_qemu_was_doing() {
         boot_timeout: Duration::from_secs(15),
         run_as: None,
         nat_dns: None,
+        cache_disk: None,
     };
     let err = dynocap_backend_vm::Vm::boot(&spec)
         .err()

@@ -62,6 +62,7 @@ mod statedir;
 mod sudo;
 mod unpack;
 mod vm_boot;
+mod vm_cache;
 mod vm_net;
 mod vmstat;
 

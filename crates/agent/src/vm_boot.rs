@@ -155,6 +155,8 @@ pub struct BootParams {
     pub hostname: Option<String>,
     /// Network `nat`: the NIC's settings.
     pub nat: Option<crate::vm_net::NatConfig>,
+    /// A task's package caches (`dynocap.cache`, see `vm_cache`).
+    pub cache: Option<String>,
 }
 
 /// Reads `dynocap.*` settings out of a kernel command line.
@@ -163,6 +165,7 @@ pub fn parse_cmdline(cmdline: &str) -> Result<BootParams, BootError> {
     let mut port = None;
     let mut hostname = None;
     let mut nat = None;
+    let mut cache = None;
     for word in cmdline.split_whitespace() {
         if word == "--" {
             break;
@@ -172,6 +175,7 @@ pub fn parse_cmdline(cmdline: &str) -> Result<BootParams, BootError> {
             Some(("dynocap.port", v)) => port = Some(v.to_owned()),
             Some(("dynocap.hostname", v)) => hostname = Some(v.to_owned()),
             Some(("dynocap.net", v)) => nat = Some(crate::vm_net::parse_nat(v)?),
+            Some(("dynocap.cache", v)) => cache = Some(v.to_owned()),
             _ => {}
         }
     }
@@ -180,6 +184,7 @@ pub fn parse_cmdline(cmdline: &str) -> Result<BootParams, BootError> {
         port: port.ok_or(BootError::MissingSetting("dynocap.port"))?,
         hostname,
         nat,
+        cache,
     })
 }
 
@@ -224,6 +229,20 @@ fn boot(agent_args: Vec<OsString>) -> Result<Infallible, BootError> {
         log!("cannot grow the root filesystem to the disk's size: {msg}");
     }
     make_guest_dirs(&agent_args)?;
+    if let Some(value) = &params.cache {
+        let (home, user) = home_and_user(&agent_args);
+        let spots = crate::vm_cache::parse(value);
+        match crate::vm_cache::mount_caches(
+            &spots,
+            Path::new(NEW_ROOT),
+            home.as_deref(),
+            user,
+            DEVICE_WAIT,
+        ) {
+            Ok(()) => log!("vm boot: {} package caches bound", spots.len()),
+            Err(why) => log!("vm boot: no package caches: {why}"),
+        }
+    }
     if let Err(err) = crate::vm_net::loopback_up() {
         // Only the filtered network's in-guest proxy listener needs it; say so and go on.
         log!("cannot bring up lo: {err}");
@@ -559,6 +578,7 @@ mod tests {
                 port: "dynocap".into(),
                 hostname: Some("box-1".into()),
                 nat: None,
+                cache: None,
             }
         );
         let params = parse_cmdline(

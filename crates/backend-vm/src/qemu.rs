@@ -68,7 +68,24 @@ pub struct QemuConfig {
     /// reaches that namespace's empty loopback, and the guest's connections leave by whatever
     /// the caller attaches to it. `None`: no NIC at all.
     pub nat: Option<Ipv4Addr>,
+    /// A task's package cache disk, attached as a second virtio disk with the serial the
+    /// guest finds it by (see the agent's `vm_cache`).
+    pub cache_disk: Option<CacheDisk>,
 }
+
+/// A project's package cache disk: a raw ext4 image only guests mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheDisk {
+    pub image: PathBuf,
+    /// Another guest has the image: this one writes to a throwaway copy-on-write layer
+    /// (QEMU's `snapshot=on`), which goes with the guest, and leaves the image as it is.
+    pub throwaway: bool,
+    /// What the kernel command line's `dynocap.cache=` tells the guest: `name:path` entries.
+    pub spots: String,
+}
+
+/// The virtio serial the guest finds the cache disk by.
+pub const CACHE_SERIAL: &str = "dynocap-cache";
 
 /// Where a root-started QEMU goes after opening its files.
 #[derive(Debug, Clone)]
@@ -134,6 +151,7 @@ pub fn kernel_cmdline(
     agent_args: &[String],
     tsc_khz: Option<u64>,
     nat_dns: Option<Ipv4Addr>,
+    cache_spots: Option<&str>,
 ) -> String {
     let mut line = kernel_flags(tsc_khz);
     line.push(' ');
@@ -141,6 +159,9 @@ pub fn kernel_cmdline(
         line.push_str(&format!(
             "dynocap.net={NAT_GUEST_ADDR},{NAT_GATEWAY},{dns} "
         ));
+    }
+    if let Some(spots) = cache_spots {
+        line.push_str(&format!("dynocap.cache={spots} "));
     }
     line.push_str(&format!(
         "dynocap.root=/dev/vda dynocap.port={PORT_NAME} dynocap.hostname={hostname} -- --vm-boot"
@@ -255,6 +276,16 @@ pub fn argv(config: &QemuConfig) -> Vec<OsString> {
     let channel = format!("socket,id=agent,fd={CHANNEL_FD}");
     let qmp = format!("socket,id=qmp,fd={QMP_FD}");
     push(&mut args, &["-device", &blk]);
+    if let Some(cache) = &config.cache_disk {
+        let snapshot = if cache.throwaway { ",snapshot=on" } else { "" };
+        args.push("-drive".into());
+        args.push(opt_path(
+            &format!("if=none,id=cache,format=raw,cache=writeback,discard=ignore{snapshot},file="),
+            &cache.image,
+        ));
+        let dev = format!("virtio-blk-{bus},drive=cache,serial={CACHE_SERIAL}");
+        push(&mut args, &["-device", &dev]);
+    }
     // The agent channel.
     push(&mut args, &["-device", &serial, "-chardev", &channel]);
     let port = format!("virtserialport,chardev=agent,name={PORT_NAME}");
@@ -387,11 +418,13 @@ mod tests {
                 &["--home".into(), "/home/sandbox".into()],
                 Some(2_300_000),
                 None,
+                None,
             ),
             disk: "/state/vm,1/disk.qcow2".into(),
             seccomp: true,
             drop_to: None,
             nat: None,
+            cache_disk: None,
         }
     }
 
@@ -494,7 +527,7 @@ mod tests {
         let mut config = config(Machine::Microvm, Accel::Tcg);
         let dns = Ipv4Addr::new(169, 254, 1, 1);
         config.nat = Some(dns);
-        config.cmdline = kernel_cmdline("box", &[], None, Some(dns));
+        config.cmdline = kernel_cmdline("box", &[], None, Some(dns), None);
         let args = strings(&argv(&config));
         assert_eq!(
             values(&args, "-netdev"),

@@ -59,6 +59,8 @@ pub struct VmSpec {
     /// QEMU a network namespace of its own (root only), `/proc/<`[`Vm::pid`]`>/ns/net`, which
     /// the caller connects to the world once `boot` returns (see [`QemuConfig::nat`]).
     pub nat_dns: Option<std::net::Ipv4Addr>,
+    /// A task's package cache disk (see [`qemu::CacheDisk`]).
+    pub cache_disk: Option<qemu::CacheDisk>,
 }
 
 /// The VM's files inside the sandbox's state directory.
@@ -170,7 +172,13 @@ impl Vm {
             memory_mb: spec.memory_mb,
             kernel: boot_kernel(&spec.cache_dir, &kernel, machine)?,
             initrd,
-            cmdline: qemu::kernel_cmdline(&spec.hostname, &spec.agent_args, tsc_khz, spec.nat_dns),
+            cmdline: qemu::kernel_cmdline(
+                &spec.hostname,
+                &spec.agent_args,
+                tsc_khz,
+                spec.nat_dns,
+                spec.cache_disk.as_ref().map(|c| c.spots.as_str()),
+            ),
             disk: paths.disk.clone(),
             seccomp: true,
             drop_to: match spec.run_as {
@@ -178,6 +186,7 @@ impl Vm {
                 None => None,
             },
             nat: spec.nat_dns,
+            cache_disk: spec.cache_disk.clone(),
         };
         let booted = start(&config, &paths, spec.boot_timeout);
         if booted.is_err() && fresh_disk {
@@ -917,6 +926,7 @@ mod tests {
             boot_timeout: Duration::from_secs(1),
             run_as: None,
             nat_dns: None,
+            cache_disk: None,
         }
     }
 

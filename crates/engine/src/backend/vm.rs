@@ -34,6 +34,8 @@ struct VmGuest {
     disk_bytes: u64,
     /// pasta, for a `nat` guest.
     usernet: Option<dynocap_host::UserNet>,
+    /// The hold on the project's cache disk while this guest has it read-write.
+    _cache_lock: Option<std::fs::File>,
 }
 
 impl Backend for VmBackend {
@@ -77,6 +79,22 @@ impl Backend for VmBackend {
             // Root is needed anyway: QEMU's own network namespace.
             usernet::available()?;
         }
+        // A task's package caches: the project's cache disk, read-write for one guest at a
+        // time; a second guest of the project at once writes to a throwaway layer over it.
+        let cache = match &spec.project_cache {
+            Some(cache) => {
+                let with_apt = spec.image.root.join("var/cache/apt/archives").is_dir();
+                Some(cache.vm_disk(with_apt)?)
+            }
+            None => None,
+        };
+        if let Some(cache) = cache.as_ref().filter(|c| c.lock.is_none()) {
+            tracing::warn!(
+                "another guest of the project has its package cache disk {}: this one's writes \
+                 to it go when it does",
+                cache.image.display()
+            );
+        }
         let vm_spec = VmSpec {
             hostname: spec.hostname.clone(),
             rootfs: spec.image.root.clone(),
@@ -99,6 +117,13 @@ impl Backend for VmBackend {
             boot_timeout: BOOT_TIMEOUT,
             run_as: run_as(spec.id_range)?,
             nat_dns: nat.then_some(usernet::DNS_FORWARD),
+            cache_disk: cache
+                .as_ref()
+                .map(|cache| dynocap_backend_vm::qemu::CacheDisk {
+                    image: cache.image.clone(),
+                    throwaway: cache.lock.is_none(),
+                    spots: cache.spots.clone(),
+                }),
         };
         let vm = Vm::boot(&vm_spec).map_err(vm_error)?;
         // The guest has only just reached its agent; nothing in it has run yet that could
@@ -122,6 +147,7 @@ impl Backend for VmBackend {
             vm,
             disk_bytes: vm_spec.disk_bytes,
             usernet,
+            _cache_lock: cache.and_then(|cache| cache.lock),
         }))
     }
 

@@ -215,6 +215,77 @@ impl ProjectCache {
     }
 }
 
+/// The vm's cache disk: a sparse raw ext4 image, only ever mounted by guests (a guest kernel
+/// writes it, so the host never reads its files).
+const VM_DISK: &str = "vm.img";
+/// Held (flock) by the supervisor whose guest has the disk read-write.
+const VM_LOCK: &str = "vm.lock";
+/// The vm cache disk's size: its files take room on the host only as the guests write them.
+pub const VM_DISK_BYTES: u64 = 8 << 30;
+
+/// A vm guest's hold on its project's cache disk.
+#[derive(Debug)]
+pub struct VmCacheDisk {
+    pub image: PathBuf,
+    /// The lock, held while the guest has the disk read-write; `None`: another guest has it,
+    /// and this one writes to a throwaway layer over it.
+    pub lock: Option<std::fs::File>,
+    /// `name:path` entries for the guest (see the agent's `vm_cache`).
+    pub spots: String,
+}
+
+impl ProjectCache {
+    /// The project's vm cache disk, made (formatted by `mkfs.ext4`) if new, and locked for
+    /// this guest unless another guest of the project has it.
+    pub fn vm_disk(&self, with_apt: bool) -> Result<VmCacheDisk> {
+        use std::os::fd::AsRawFd;
+        let image = self.dir.join(VM_DISK);
+        if std::fs::symlink_metadata(&image).is_err() {
+            let partial = self.dir.join("vm.img.partial");
+            let file = std::fs::File::create(&partial)
+                .with_context(|| format!("creating {}", partial.display()))?;
+            file.set_len(VM_DISK_BYTES)
+                .with_context(|| format!("sizing {}", partial.display()))?;
+            drop(file);
+            let made = std::process::Command::new("mkfs.ext4")
+                .args(["-q", "-F", "-m", "0", "-L", "dynocap-cache"])
+                .arg(&partial)
+                .output()
+                .context("running mkfs.ext4 (package e2fsprogs) for the vm's cache disk")?;
+            if !made.status.success() {
+                let _ = std::fs::remove_file(&partial);
+                return Err(Error::internal(format!(
+                    "mkfs.ext4 {}: {}",
+                    partial.display(),
+                    String::from_utf8_lossy(&made.stderr).trim()
+                )));
+            }
+            std::fs::rename(&partial, &image)
+                .with_context(|| format!("naming {}", image.display()))?;
+        }
+        let lock_path = self.dir.join(VM_LOCK);
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .with_context(|| format!("opening {}", lock_path.display()))?;
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        let held = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        let spots = SPOTS
+            .iter()
+            .filter(|spot| with_apt || !spot.root_owned)
+            .map(|spot| format!("{}:{}", spot.name, spot.guest))
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(VmCacheDisk {
+            image,
+            lock: held.then_some(lock),
+            spots,
+        })
+    }
+}
+
 fn private_dir(dir: &Path) -> Result<()> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => Ok(()),

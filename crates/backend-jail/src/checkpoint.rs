@@ -99,34 +99,53 @@ pub fn snapshot_disk(
                 .to_owned(),
         ));
     }
+    // Only the copy into the page cache holds the guest's writers; its sync to the host's
+    // disk follows the thaw.
     let frozen = Frozen::freeze(&paths.mountpoint)?;
-    let copied = copy_sparse(&paths.image, dest)
+    let copied = copy_unsynced(&paths.image, dest)
         .map_err(|e| JailError::io("copy the sandbox's disk to", dest, e));
     let faulted = copied.as_ref().map_or(Ok(()), |_| {
         during().map_err(|e| JailError::io("checkpoint", dest, e))
     });
     let thawed = frozen.thaw();
-    if let Err(err) = faulted.and(thawed) {
+    let result = faulted.and(thawed).and_then(|()| {
+        let (file, bytes) = copied?;
+        file.sync_all()
+            .map_err(|e| JailError::io("sync the copy of the sandbox's disk at", dest, e))?;
+        Ok(bytes)
+    });
+    if result.is_err() {
         let _ = fs::remove_file(dest);
-        return Err(err);
     }
-    copied
+    result
 }
 
 /// Copies the data of `src` (not its holes) to a new file `dest` of the same length, in the
 /// kernel, and syncs it. Returns the bytes copied. On error `dest` is removed.
 pub fn copy_sparse(src: &Path, dest: &Path) -> io::Result<u64> {
+    let (to, bytes) = copy_unsynced(src, dest)?;
+    let synced = to.sync_all();
+    if synced.is_err() {
+        let _ = fs::remove_file(dest);
+    }
+    synced.map(|()| bytes)
+}
+
+/// [`copy_sparse`] without the sync: the new file, and the bytes copied.
+fn copy_unsynced(src: &Path, dest: &Path) -> io::Result<(File, u64)> {
     let from = File::open(src)?;
     let to = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode_0600()
         .open(dest)?;
-    let result = copy_into(&from, &to);
-    if result.is_err() {
-        let _ = fs::remove_file(dest);
+    match copy_into(&from, &to) {
+        Ok(bytes) => Ok((to, bytes)),
+        Err(err) => {
+            let _ = fs::remove_file(dest);
+            Err(err)
+        }
     }
-    result
 }
 
 fn copy_into(from: &File, to: &File) -> io::Result<u64> {
@@ -170,7 +189,6 @@ fn copy_into(from: &File, to: &File) -> io::Result<u64> {
         }
         offset = hole;
     }
-    to.sync_all()?;
     Ok(copied)
 }
 

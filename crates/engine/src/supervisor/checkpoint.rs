@@ -190,7 +190,13 @@ pub fn create(state_dir: &Path, label: &str, disk: &dyn HostDisk) -> Result<Chec
     let making = dir(state_dir).join(format!("{MAKING}{label}"));
     std::fs::create_dir_all(&making).with_context(|| format!("creating {}", making.display()))?;
     let made = (|| {
+        let started = std::time::Instant::now();
         let bytes = disk.snapshot(&making.join(DISK), &mut || {
+            // The copy is done and the disk still frozen: how long its writers waited.
+            tracing::info!(
+                "checkpoint {label}: the guest's writes were held for {} ms",
+                started.elapsed().as_millis()
+            );
             failpoint::hit("supervisor.checkpoint.copied")
         })?;
         let info = CheckpointInfo {

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Checkpoints and forks against their alternatives, side by side in one run (jail backend,
+as root): a 20,000-file project whose task then writes GIB GiB (an "install" outside the
+workspace). Times `task fork` against a fresh `task start` of the same project, `task
+checkpoint` against a no-op `task exec`, `task restore`, and the host disk that ten forks take
+against one task (allocated blocks: the forks' copies, and the room each disk reserves).
+
+    sudo scripts/bench-fork.py [--gib 1] [--runs 3]
+
+Uses target/debug (or DYNOCAP_BIN_DIR) and DYNOCAP_AGENT like the e2e tests."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(os.environ.get("DYNOCAP_BIN_DIR", ROOT / "target" / "debug")) / "dynocap"
+
+
+def dynocap(home: Path, *args: str) -> dict:
+    env = dict(os.environ, DYNOCAP_HOME=str(home))
+    out = subprocess.run([str(BIN), "--json", *args], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"dynocap {' '.join(args)} failed: {out.stdout}{out.stderr}")
+    return json.loads(out.stdout) if out.stdout.strip() else {}
+
+
+def timed(home: Path, *args: str) -> float:
+    start = time.monotonic()
+    dynocap(home, *args)
+    return time.monotonic() - start
+
+
+def project(dir: Path, files: int) -> None:
+    for i in range(files):
+        path = dir / f"d{i // 500}" / f"f{i}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"file {i}\n")
+    env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "user.name=b", "-c", "user.email=b@example.com", "commit", "-qm", "init"]):
+        subprocess.run(["git", *args], cwd=dir, env=env, check=True)
+
+
+def allocated(path: Path) -> int:
+    total = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def med(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.0f} ms"
+
+
+def report(args, mib, wrote, starts, forks, from_checkpoint, noops, checkpoints, restores) -> None:
+    print(f"project: {args.files} files; the task wrote {mib} MiB in {wrote:.1f} s")
+    print(f"task start (fresh, {args.runs} runs):      {med(starts)}")
+    print(f"task fork (current state):            {med(forks)}  "
+          f"= {statistics.median(forks) / statistics.median(starts):.2f}x a fresh start")
+    print(f"task fork --checkpoint:               {from_checkpoint * 1000:.0f} ms")
+    print(f"task exec -- true (no-op):            {med(noops)}")
+    print(f"task checkpoint:                      {med(checkpoints)}  "
+          f"= {statistics.median(checkpoints) / statistics.median(noops):.1f}x a no-op exec")
+    print(f"task restore:                         {med(restores)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--files", type=int, default=20000)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="dcf", dir="/tmp"))
+    home, proj = base / "h", base / "p"
+    proj.mkdir()
+    project(proj, args.files)
+    try:
+        src = str(proj)
+        # Fresh starts of the project, for the fork to be compared with.
+        starts = []
+        for i in range(args.runs):
+            starts.append(timed(home, "task", "start", src, "--name", f"fresh{i}"))
+            dynocap(home, "rm", "--force", "--purge", f"fresh{i}")
+        dynocap(home, "task", "start", src, "--name", "src")
+        mib = int(args.gib * 1024)
+        t = time.monotonic()
+        dynocap(home, "task", "exec", "src", "--timeout", "600", "--",
+                f"mkdir -p ~/deps && head -c {mib}M /dev/zero > ~/deps/blob && sync")
+        wrote = time.monotonic() - t
+        noops = [timed(home, "task", "exec", "src", "--", "true") for _ in range(args.runs * 2)]
+        checkpoints = []
+        for i in range(args.runs):
+            checkpoints.append(timed(home, "task", "checkpoint", "src", f"c{i}"))
+        restores = [timed(home, "task", "restore", "src", "c0") for _ in range(args.runs)]
+        for i in range(1, args.runs):
+            dynocap(home, "task", "checkpoint", "src", f"c{i}", "--delete")
+        forks = []
+        for i in range(args.runs):
+            forks.append(timed(home, "task", "fork", "src", f"fork{i}"))
+            dynocap(home, "rm", "--force", "--purge", f"fork{i}")
+        from_checkpoint = timed(home, "task", "fork", "src", "fromcp", "--checkpoint", "c0")
+        dynocap(home, "rm", "--force", "--purge", "fromcp")
+        dynocap(home, "task", "checkpoint", "src", "c0", "--delete")
+        report(args, mib, wrote, starts, forks, from_checkpoint, noops, checkpoints, restores)
+        dynocap(home, "rm", "--force", "--purge", "src")
+        # The disk of ten forks, at a scale that leaves a shared machine its room: a 1 GB
+        # disk (its inodes hold the project twice over) that holds 256 MiB of writes.
+        dynocap(home, "task", "start", src, "--name", "small", "--disk-mb", "1024")
+        dynocap(home, "task", "exec", "small", "--timeout", "600", "--",
+                "mkdir -p ~/deps && head -c 256M /dev/zero > ~/deps/blob && sync")
+        sandboxes = home / "sandboxes"
+        one = allocated(sandboxes)
+        for i in range(10):
+            dynocap(home, "task", "fork", "small", f"ten{i}")
+        ten = allocated(sandboxes) - one
+        print(f"host disk, one task (1024 MB disk, 256 MiB written): {one / 2**20:.0f} MiB allocated")
+        print(f"host disk, ten forks of it:           {ten / 2**20:.0f} MiB allocated "
+          f"= {ten / one:.1f}x one task")
+    finally:
+        listing = dynocap(home, "ls")
+        for task in listing.get("tasks", []):
+            dynocap(home, "rm", "--force", "--purge", task["id"])
+        subprocess.run(["rm", "-rf", str(base)])
+
+
+if __name__ == "__main__":
+    main()

@@ -317,7 +317,7 @@ mod tests {
         let forward = forwards.add(&request(8000, 0)).await.unwrap();
         assert_eq!(forward.host_address, "127.0.0.1");
         assert_ne!(forward.host_port, 0);
-        assert_eq!(read_forwards(dir.path()), [forward.clone()]);
+        assert_eq!(read_forwards(dir.path()), std::slice::from_ref(&forward));
 
         // Each accepted connection is one Connect stream to the agent.
         let _client = tokio::net::TcpStream::connect(("127.0.0.1", forward.host_port))

@@ -188,9 +188,13 @@ impl ProjectCache {
                 .mode(0o755)
                 .create(&path)
                 .with_context(|| format!("creating {}", path.display()))?;
-            let (uid, gid) = if spot.root_owned { (0, 0) } else { user };
-            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
-                .with_context(|| format!("owning {}", path.display()))?;
+            // Only root can hand them to guest ids; an unprivileged supervisor's jail binds
+            // no caches (it cannot make the idmapped mounts) and its vm's are on the disk.
+            if nix::unistd::geteuid().is_root() {
+                let (uid, gid) = if spot.root_owned { (0, 0) } else { user };
+                std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
+                    .with_context(|| format!("owning {}", path.display()))?;
+            }
         }
         let stamp = dir.join(LAST_USED_FILE);
         std::fs::File::create(&stamp)

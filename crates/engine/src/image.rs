@@ -31,6 +31,7 @@ mod mmdebstrap;
 pub mod oci;
 pub mod pull;
 pub mod recipe;
+pub mod recipe_layer;
 pub mod run_config;
 mod sandbox_user;
 pub mod store;

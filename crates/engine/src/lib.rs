@@ -36,6 +36,7 @@ pub use supervisor::checkpoint;
 // The paths other crates (the `dynocap` binary, the end-to-end tests) name, kept from before
 // the layers had folders.
 pub use facade::caches;
+pub use facade::image_recipe;
 pub use facade::{apply, ceilings, files, image_admin, pool, ports, repair, standby};
 pub use foundation::{excerpt, git_url, ssh_key, terms};
 pub use model::{config, spec, task_spec};

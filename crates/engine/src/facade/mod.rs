@@ -13,6 +13,7 @@ pub mod files;
 pub mod forks;
 pub mod image_admin;
 pub mod image_pull;
+pub mod image_recipe;
 pub mod jobs;
 pub mod pool;
 pub mod ports;

@@ -1,0 +1,351 @@
+//! `dynocap image build NAME --from BASE` with steps: the steps run inside a jail sandbox of
+//! the base image (never on the host), as the guest's root, with the network the user gives;
+//! then the sandbox's overlay upper directory becomes one layer of a new image
+//! ([`crate::image::recipe_layer`]) and the sandbox is destroyed, whatever happened.
+//!
+//! The upper directory is read while the guest still runs but has finished every step (and
+//! synced): the supervisor keeps the sandbox's disk mounted in a mount namespace of its own,
+//! which the host reaches through `/proc/<supervisor>/root`.
+
+use std::path::{Path, PathBuf};
+
+use dynocap_proto::files::{FileOp, MAX_WRITE};
+
+use super::sandboxes::OnOutput;
+use crate::facade::sandboxes::Engine;
+use crate::foundation::error::{Error, Result};
+use crate::image::recipe_layer::{self, RecipeSpec, Step};
+use crate::image::store::{BuiltImage, ImageStore};
+use crate::image::unpack::Limits;
+use crate::model::backend_choice::BackendChoice;
+use crate::model::lifecycle::Kind;
+use crate::model::spec::{ExecSpec, RunSpec};
+
+/// What `image build … --from` was asked for.
+#[derive(Debug, Clone)]
+pub struct RecipeRequest {
+    pub name: String,
+    pub base: String,
+    pub steps: Vec<Step>,
+    /// `none` (default), `filtered` or `nat`, for the `--run` and `--apt` steps.
+    pub network: Option<String>,
+    pub allow_hosts: Vec<String>,
+    pub limits: Limits,
+}
+
+/// A finished recipe build.
+#[derive(Debug, Clone)]
+pub struct RecipeBuilt {
+    pub image: BuiltImage,
+    /// The store had this very recipe's image already: nothing ran.
+    pub present: bool,
+}
+
+/// Where copied files wait (the sandbox user's) before a root step moves them.
+const STEP_USER_DIR: &str = "/tmp";
+
+impl Engine {
+    /// Builds (or finds, when its recipe was built before) image `request.name`. `say`
+    /// gets one line per step; `on_output` every byte the steps print.
+    pub async fn image_build_recipe(
+        &self,
+        request: &RecipeRequest,
+        say: &(dyn Fn(&str) + Send + Sync),
+        on_output: OnOutput<'_>,
+    ) -> Result<RecipeBuilt> {
+        if !crate::image::store::is_name(&request.name)
+            || request.name == crate::model::image_ref::DEFAULT_IMAGE
+            || crate::image::recipe::BUILDABLE.contains(&request.name.as_str())
+        {
+            return Err(Error::invalid(format!(
+                "\"{}\" cannot name a built image: use up to 32 lowercase letters, digits and \
+                 '-' (not \"host\" or \"debian\")",
+                request.name
+            )));
+        }
+        let store = ImageStore::for_home(self.home(), self.config().images.cache_dir());
+        let base = store.find(&request.base)?.ok_or_else(|| {
+            Error::not_found(format!(
+                "no image {} on this host: pull, import or build it first (dynocap image ls)",
+                request.base
+            ))
+        })?;
+        if base.meta.layers.is_empty() {
+            return Err(Error::invalid(format!(
+                "image {} keeps its rootfs whole rather than in layers (a debian build), so a \
+                 recipe cannot be layered on it yet: build from a pulled, imported or \
+                 recipe-built image",
+                base.name()
+            )));
+        }
+        let mut copied = Vec::new();
+        for step in &request.steps {
+            check_step(step)?;
+            if let Step::Copy(host, _) = step {
+                copied.push(recipe_layer::file_sha256(Path::new(host))?);
+            }
+        }
+        let network = request.network.clone().unwrap_or_else(|| "none".to_owned());
+        let recipe = RecipeSpec {
+            base_name: base.name().to_owned(),
+            base_id: base.id().to_owned(),
+            steps: request.steps.clone(),
+            copied,
+            network: network.clone(),
+            allow_hosts: request.allow_hosts.clone(),
+        };
+        if let Some(image) = store.get(&request.name, &recipe.id()) {
+            return Ok(RecipeBuilt {
+                image,
+                present: true,
+            });
+        }
+        let sandbox = format!("image-build-{:08x}", rand::random::<u32>());
+        let mut spec = RunSpec::raw(&sandbox, Some(&network), Some(3600), None, None, None)?;
+        spec.allow_hosts = request.allow_hosts.clone();
+        spec.image = Some(base.name().to_owned());
+        spec.backend = Some(BackendChoice::Jail);
+        say(&format!(
+            "starting a jail sandbox of {} ({})",
+            base.name(),
+            &base.id()[..12]
+        ));
+        self.run(&spec).await?;
+        let built = self
+            .build_in_sandbox(&sandbox, request, &recipe, &store, &base, say, on_output)
+            .await;
+        if let Err(err) = self.destroy(&sandbox).await {
+            tracing::warn!("removing the build sandbox {sandbox}: {err}");
+        }
+        Ok(RecipeBuilt {
+            image: built?,
+            present: false,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn build_in_sandbox(
+        &self,
+        sandbox: &str,
+        request: &RecipeRequest,
+        recipe: &RecipeSpec,
+        store: &ImageStore,
+        base: &BuiltImage,
+        say: &(dyn Fn(&str) + Send + Sync),
+        on_output: OnOutput<'_>,
+    ) -> Result<BuiltImage> {
+        let mut env: Vec<(String, String)> = Vec::new();
+        let total = request.steps.len();
+        for (n, step) in request.steps.iter().enumerate() {
+            let label = format!("step {}/{total} ({})", n + 1, describe(step));
+            say(&label);
+            let command = match step {
+                Step::Env(key, value) => {
+                    env.push((key.clone(), value.clone()));
+                    continue;
+                }
+                Step::Run(command) => as_root(&env, command),
+                Step::Apt(packages) => as_root(
+                    &env,
+                    &format!(
+                        "export DEBIAN_FRONTEND=noninteractive; apt-get update && \
+                         apt-get install -y --no-install-recommends {}",
+                        packages.join(" ")
+                    ),
+                ),
+                Step::Copy(host, guest) => self.copy_in(sandbox, n, host, guest).await?,
+            };
+            let exec = ExecSpec::new(&command, None, "/", Vec::new(), Some(3600), false)?;
+            let result = self.exec_streaming(sandbox, &exec, on_output).await?;
+            if result.exit_code != Some(0) {
+                let how = match (&result.exit_code, &result.signal, result.timed_out) {
+                    (_, _, true) => "timed out".to_owned(),
+                    (Some(code), _, _) => format!("exited with code {code}"),
+                    (None, Some(signal), _) => format!("was killed by {signal}"),
+                    (None, None, _) => "failed".to_owned(),
+                };
+                return Err(Error::invalid(format!(
+                    "image {}: {label} {how}; nothing was built",
+                    request.name
+                )));
+            }
+        }
+        let sync = ExecSpec::new("sync", None, "/", Vec::new(), Some(600), false)?;
+        self.exec(sandbox, &sync).await?;
+        let record = self.live_record(sandbox, Kind::Raw)?;
+        let pid = record
+            .supervisor
+            .as_ref()
+            .map(|p| p.pid)
+            .ok_or_else(|| Error::internal("the build sandbox has no supervisor"))?;
+        let state_dir = self.home().sandbox_dir(&record.id);
+        let mut upper = PathBuf::from(format!("/proc/{pid}/root"));
+        upper.push(state_dir.strip_prefix("/").unwrap_or(&state_dir));
+        upper.push("disk/upper");
+        say("making the layer");
+        let (store, name, base, recipe, limits) = (
+            store.clone(),
+            request.name.clone(),
+            base.clone(),
+            recipe.clone(),
+            request.limits,
+        );
+        let (image, skipped) = tokio::task::spawn_blocking(move || {
+            recipe_layer::install(&store, &name, &base, &recipe, &upper, limits)
+        })
+        .await
+        .map_err(|err| Error::internal(format!("the image build thread failed: {err}")))??;
+        if skipped.special + skipped.reserved_names > 0 {
+            say(&format!(
+                "left out {} device nodes, fifos or sockets and {} names starting with .wh.",
+                skipped.special, skipped.reserved_names
+            ));
+        }
+        Ok(image)
+    }
+
+    /// Puts host file `host` into the sandbox's `/tmp` (as the sandbox user, in pieces the
+    /// file protocol carries) and returns the command that moves it to `guest` as root.
+    async fn copy_in(&self, sandbox: &str, step: usize, host: &str, guest: &str) -> Result<String> {
+        let content = std::fs::read(host)
+            .map_err(|err| Error::invalid(format!("--copy {host}: reading it: {err}")))?;
+        let mode = std::fs::metadata(host)
+            .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+            .unwrap_or(0o644);
+        let mut parts = Vec::new();
+        let chunks: Vec<&[u8]> = if content.is_empty() {
+            vec![&[]]
+        } else {
+            content.chunks(MAX_WRITE).collect()
+        };
+        for (k, chunk) in chunks.into_iter().enumerate() {
+            let path = format!("{STEP_USER_DIR}/.dynocap-copy-{step}-{k}");
+            self.file(
+                sandbox,
+                FileOp::Write {
+                    path: path.clone(),
+                    content: chunk.to_vec(),
+                    mode: Some(0o600),
+                    create_dirs: false,
+                },
+            )
+            .await?;
+            parts.push(path);
+        }
+        let script = format!(
+            "set -e; mkdir -p -- \"$(dirname -- {dest})\"; cat {parts} > {dest}; rm -f {parts}; \
+             chown 0:0 {dest}; chmod {mode:o} {dest}",
+            dest = quote(guest),
+            parts = parts.iter().map(|p| quote(p)).collect::<Vec<_>>().join(" "),
+        );
+        Ok(as_root(&[], &script))
+    }
+}
+
+fn check_step(step: &Step) -> Result<()> {
+    match step {
+        Step::Run(command) if command.trim().is_empty() => {
+            Err(Error::invalid("--run: the command is empty"))
+        }
+        Step::Apt(packages) => {
+            for package in packages {
+                let ok = !package.is_empty()
+                    && !package.starts_with('-')
+                    && package
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "+-.:=~_".contains(c));
+                if !ok {
+                    return Err(Error::invalid(format!(
+                        "--apt {package:?}: not a Debian package name"
+                    )));
+                }
+            }
+            Ok(())
+        }
+        Step::Copy(host, guest) => {
+            if !Path::new(host).is_file() {
+                return Err(Error::invalid(format!(
+                    "--copy {host}:{guest}: {host} is not a file on this host"
+                )));
+            }
+            let confined = guest.starts_with('/')
+                && guest.len() > 1
+                && !guest.contains('\0')
+                && !guest.split('/').any(|c| c == "..")
+                && !guest.ends_with('/');
+            if !confined {
+                return Err(Error::invalid(format!(
+                    "--copy {host}:{guest}: the guest path must be an absolute file path \
+                     without '..'"
+                )));
+            }
+            Ok(())
+        }
+        Step::Env(key, _) => {
+            let ok = !key.is_empty()
+                && !key.starts_with(|c: char| c.is_ascii_digit())
+                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if ok {
+                Ok(())
+            } else {
+                Err(Error::invalid(format!(
+                    "--env {key}=…: not a variable name (letters, digits and '_')"
+                )))
+            }
+        }
+        Step::Run(_) => Ok(()),
+    }
+}
+
+fn describe(step: &Step) -> String {
+    match step {
+        Step::Run(command) => format!("--run {command}"),
+        Step::Apt(packages) => format!("--apt {}", packages.join(" ")),
+        Step::Copy(host, guest) => format!("--copy {host}:{guest}"),
+        Step::Env(key, value) => format!("--env {key}={value}"),
+    }
+}
+
+/// `command` run by `sh` as the guest's root (the agent's `sudo` broker), with the recipe's
+/// variables so far.
+fn as_root(env: &[(String, String)], command: &str) -> String {
+    let vars: Vec<String> = env
+        .iter()
+        .map(|(k, v)| quote(&format!("{k}={v}")))
+        .collect();
+    format!(
+        "/usr/local/bin/sudo env {} sh -c {}",
+        vars.join(" "),
+        quote(command)
+    )
+}
+
+/// One shell word.
+fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_are_checked_before_anything_runs() {
+        assert!(check_step(&Step::Apt(vec!["jq".into(), "libssl3:amd64".into()])).is_ok());
+        assert!(check_step(&Step::Apt(vec!["-o=evil".into()])).is_err());
+        assert!(check_step(&Step::Apt(vec!["a;b".into()])).is_err());
+        assert!(check_step(&Step::Env("PATH_2".into(), "x".into())).is_ok());
+        assert!(check_step(&Step::Env("2X".into(), "x".into())).is_err());
+        assert!(check_step(&Step::Copy("/etc/hostname".into(), "/a/../b".into())).is_err());
+        assert!(check_step(&Step::Copy("/etc/hostname".into(), "rel".into())).is_err());
+        assert!(check_step(&Step::Run(" ".into())).is_err());
+    }
+
+    #[test]
+    fn commands_are_quoted_as_one_word() {
+        assert_eq!(
+            as_root(&[("K".into(), "it's".into())], "echo 'x'"),
+            r"/usr/local/bin/sudo env 'K=it'\''s' sh -c 'echo '\''x'\'''"
+        );
+    }
+}

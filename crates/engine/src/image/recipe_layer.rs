@@ -1,0 +1,454 @@
+//! A recipe's result (`dynocap image build NAME --from BASE --run …`): the overlay upper
+//! directory a build sandbox wrote, made into one layer of the shared layer store, and the new
+//! image assembled from the base's layers plus that one.
+//!
+//! The upper directory is HOSTILE: the guest wrote it. It is walked without following any
+//! symlink and turned into an ordinary OCI layer tar (an overlay whiteout, a 0/0 character
+//! device, becomes `.wh.NAME`; an opaque directory, `user.overlay.opaque=y` or its `trusted.`
+//! twin, gets `.wh..wh..opq`), which [`LayerStore::unpack`] then checks with the very rules of
+//! a pulled layer: names confined to the root, no device nodes, set-id bits cleared, bounds.
+//! Host ids are mapped back to the guest's by the upper directory's own owner (the host id of
+//! the guest's root). Other device nodes, fifos, sockets and names the layer format reserves
+//! (`.wh.*`) are left out and counted.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use super::build::{remove_dead_builds, BuildLock, Staging};
+use super::failure::ImageFailure;
+use super::layers::LayerStore;
+use super::oci::Digest;
+use super::store::{tree_size, BuiltImage, ImageMeta, ImageSource, ImageStore, META_FILE};
+use super::unpack::{Limits, Root};
+use crate::foundation::error::{Context, Error, Result};
+
+/// Bump when what a recipe's steps make of an image changes.
+const RECIPE_REVISION: &str = "1";
+/// Beside `image.json`: the recipe a built image was made from.
+pub const RECIPE_FILE: &str = "recipe.json";
+/// Guest directories DynoCap itself keeps in the upper layer, never part of an image.
+const NOT_IMAGE: &[&str] = &["var/lib/dynocap", ".dynocap"];
+/// Ids of one guest: a host id outside this range from the guest's root is not the guest's.
+const GUEST_IDS: u64 = 65_536;
+
+/// One step of a recipe, in the order given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "step", content = "value")]
+pub enum Step {
+    /// A shell command run as the guest's root.
+    Run(String),
+    /// Debian packages installed with apt-get.
+    Apt(Vec<String>),
+    /// A host file copied into the image: (host path, guest path).
+    Copy(String, String),
+    /// `K=V` added to the image config's `Env`.
+    Env(String, String),
+}
+
+/// What a built image is made from: recorded in `recipe.json`, hashed for its id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecipeSpec {
+    pub base_name: String,
+    pub base_id: String,
+    pub steps: Vec<Step>,
+    /// SHA-256 of each copied file's content, in the order of the copy steps.
+    pub copied: Vec<String>,
+    pub network: String,
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+}
+
+impl RecipeSpec {
+    /// The content id: base, steps in order, copied contents and the network the steps ran
+    /// with. The name is not part of it, so one recipe under two names is one id.
+    pub fn id(&self) -> String {
+        let canonical = serde_json::json!({
+            "revision": RECIPE_REVISION,
+            "base": self.base_id,
+            "steps": self.steps,
+            "copied": self.copied,
+            "network": self.network,
+            "allowHosts": self.allow_hosts,
+        });
+        hex(&Sha256::digest(canonical.to_string().as_bytes()))
+    }
+}
+
+/// SHA-256 of a host file's content, for a copy step.
+pub fn file_sha256(path: &Path) -> Result<String> {
+    let mut file = File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = io::Read::read(&mut file, &mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What was left out of the upper directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Skipped {
+    pub special: u64,
+    pub reserved_names: u64,
+}
+
+/// Makes the image `name` of `recipe` from `base` and the build's upper directory `upper`
+/// (read-only to this function), installed by one rename under the store's build lock.
+pub fn install(
+    store: &ImageStore,
+    name: &str,
+    base: &BuiltImage,
+    recipe: &RecipeSpec,
+    upper: &Path,
+    limits: Limits,
+) -> Result<(BuiltImage, Skipped)> {
+    let id = recipe.id();
+    if base.meta.layers.is_empty() {
+        return Err(Error::invalid(format!(
+            "image {} has no layers (a debian build's rootfs is its own): build from a \
+             pulled, imported or recipe-built image",
+            base.name()
+        )));
+    }
+    let parent = store.dir().join(name);
+    let _lock = BuildLock::take(&parent, &|_| {})?;
+    if let Some(image) = store.get(name, &id) {
+        return Ok((image, Skipped::default()));
+    }
+    remove_dead_builds(&parent)?;
+    let staging = Staging::new(&parent)?;
+    let layer_store = LayerStore::in_images_dir(store.dir());
+    let _shared = layer_store.lock_shared()?;
+    let mut layers = Vec::new();
+    for diff in &base.meta.layers {
+        let digest = Digest::parse(diff)?;
+        layers.push(layer_store.get(&digest).ok_or_else(|| {
+            Error::conflict(format!(
+                "layer {diff} of image {} is missing from the layer store",
+                base.name()
+            ))
+        })?);
+    }
+    let tar_path = staging.path.join("layer.tar");
+    let (diff_id, skipped) = write_layer_tar(upper, &tar_path)?;
+    let tar = File::open(&tar_path).context("reading the built layer")?;
+    let layer = layer_store.unpack(&diff_id, tar, limits, &|| Ok(()))?;
+    fs::remove_file(&tar_path).context("removing the built layer's tar")?;
+    layers.push(layer);
+    let rootfs = staging.path.join("rootfs");
+    fs::create_dir(&rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
+    layer_store.assemble(&layers, &rootfs)?;
+    super::import::customise(&Root::open(&rootfs, limits)?)?;
+    let mut config = base.meta.config.clone().unwrap_or_default();
+    let mut env: Vec<String> = config.env.take().unwrap_or_default();
+    for step in &recipe.steps {
+        if let Step::Env(key, value) = step {
+            env.retain(|e| e.split('=').next() != Some(key.as_str()));
+            env.push(format!("{key}={value}"));
+        }
+    }
+    config.env = (!env.is_empty()).then_some(env);
+    let meta = ImageMeta {
+        name: name.to_owned(),
+        id: id.clone(),
+        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        size_bytes: tree_size(&rootfs),
+        suite: base.meta.suite.clone(),
+        packages: base.meta.packages.clone(),
+        kernel: base.meta.kernel.clone(),
+        guest_sudo: true,
+        source: Some(ImageSource {
+            format: "recipe".to_owned(),
+            path: format!("{} ({})", recipe.base_name, recipe.base_id),
+            manifest_digest: None,
+            config_digest: format!("sha256:{id}"),
+        }),
+        config: Some(config),
+        layers: layers.iter().map(|l| l.meta.diff_id.clone()).collect(),
+    };
+    let json = serde_json::to_string_pretty(&meta)
+        .map_err(|err| Error::internal(format!("writing image.json: {err}")))?;
+    fs::write(staging.path.join(META_FILE), json).context("writing image.json")?;
+    let json = serde_json::to_string_pretty(recipe)
+        .map_err(|err| Error::internal(format!("writing recipe.json: {err}")))?;
+    fs::write(staging.path.join(RECIPE_FILE), json).context("writing recipe.json")?;
+    let target = store.image_dir(name, &id);
+    staging.install(&target)?;
+    let image = store
+        .get(name, &id)
+        .ok_or(ImageFailure::Unreadable { dir: target })?;
+    Ok((image, skipped))
+}
+
+/// Writes the layer tar of `upper` to `dest`, hashing it: its diff id.
+fn write_layer_tar(upper: &Path, dest: &Path) -> Result<(Digest, Skipped)> {
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dest)
+        .with_context(|| format!("creating {}", dest.display()))?;
+    let hashing = HashingWriter {
+        inner: io::BufWriter::new(file),
+        hasher: Sha256::new(),
+    };
+    let mut builder = tar::Builder::new(hashing);
+    builder.mode(tar::HeaderMode::Complete);
+    builder.follow_symlinks(false);
+    let top =
+        fs::symlink_metadata(upper).with_context(|| format!("reading {}", upper.display()))?;
+    if !top.is_dir() {
+        return Err(Error::internal(
+            "the build's upper layer is not a directory",
+        ));
+    }
+    let mut walk = Walk {
+        base_uid: u64::from(top.uid()),
+        base_gid: u64::from(top.gid()),
+        skipped: Skipped::default(),
+    };
+    walk.dir(&mut builder, upper, Path::new(""))?;
+    let mut hashing = builder
+        .into_inner()
+        .map_err(|e| Error::internal(format!("writing the built layer: {e}")))?;
+    hashing
+        .inner
+        .flush()
+        .map_err(|e| Error::internal(format!("writing the built layer: {e}")))?;
+    let digest = Digest::parse(&format!("sha256:{}", hex(&hashing.hasher.finalize())))?;
+    Ok((digest, walk.skipped))
+}
+
+struct HashingWriter<W> {
+    inner: W,
+    hasher: Sha256,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+struct Walk {
+    base_uid: u64,
+    base_gid: u64,
+    skipped: Skipped,
+}
+
+impl Walk {
+    fn guest_id(host: u32, base: u64) -> u64 {
+        let host = u64::from(host);
+        if host >= base && host - base < GUEST_IDS {
+            host - base
+        } else {
+            0
+        }
+    }
+
+    fn header(&self, meta: &fs::Metadata, kind: tar::EntryType) -> tar::Header {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(kind);
+        header.set_mode(meta.mode() & 0o7777);
+        header.set_uid(Self::guest_id(meta.uid(), self.base_uid));
+        header.set_gid(Self::guest_id(meta.gid(), self.base_gid));
+        header.set_mtime(u64::try_from(meta.mtime()).unwrap_or(0));
+        header.set_size(0);
+        header
+    }
+
+    fn dir<W: Write>(
+        &mut self,
+        builder: &mut tar::Builder<W>,
+        host: &Path,
+        rel: &Path,
+    ) -> Result<()> {
+        let mut names: BTreeMap<Vec<u8>, PathBuf> = BTreeMap::new();
+        for entry in fs::read_dir(host).with_context(|| format!("listing {}", host.display()))? {
+            let entry = entry.with_context(|| format!("listing {}", host.display()))?;
+            names.insert(entry.file_name().as_bytes().to_vec(), entry.path());
+        }
+        for (name, path) in names {
+            let rel = rel.join(std::ffi::OsStr::from_bytes(&name));
+            if NOT_IMAGE.iter().any(|n| rel == Path::new(n)) {
+                continue;
+            }
+            if name.starts_with(b".wh.") {
+                self.skipped.reserved_names += 1;
+                continue;
+            }
+            let meta = fs::symlink_metadata(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let kind = meta.file_type();
+            let io_err = |e: io::Error| Error::internal(format!("writing the built layer: {e}"));
+            if kind.is_dir() {
+                let mut header = self.header(&meta, tar::EntryType::Directory);
+                builder
+                    .append_data(&mut header, &rel, io::empty())
+                    .map_err(io_err)?;
+                if is_opaque(&path) {
+                    let mut header = self.header(&meta, tar::EntryType::Regular);
+                    header.set_mode(0o644);
+                    builder
+                        .append_data(&mut header, rel.join(".wh..wh..opq"), io::empty())
+                        .map_err(io_err)?;
+                }
+                self.dir(builder, &path, &rel)?;
+            } else if kind.is_char_device() && meta.rdev() == 0 {
+                let mut header = self.header(&meta, tar::EntryType::Regular);
+                header.set_mode(0o644);
+                let mut wh = b".wh.".to_vec();
+                wh.extend_from_slice(&name);
+                let parent = rel.parent().unwrap_or(Path::new(""));
+                builder
+                    .append_data(
+                        &mut header,
+                        parent.join(std::ffi::OsStr::from_bytes(&wh)),
+                        io::empty(),
+                    )
+                    .map_err(io_err)?;
+            } else if kind.is_symlink() {
+                let target =
+                    fs::read_link(&path).with_context(|| format!("reading {}", path.display()))?;
+                let mut header = self.header(&meta, tar::EntryType::Symlink);
+                builder
+                    .append_link(&mut header, &rel, &target)
+                    .map_err(io_err)?;
+            } else if kind.is_file() {
+                // O_NOFOLLOW: the guest may still be racing a swap of this name for a link.
+                let file = fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                    .open(&path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                let opened = file
+                    .metadata()
+                    .with_context(|| format!("reading {}", path.display()))?;
+                if !opened.is_file() {
+                    self.skipped.special += 1;
+                    continue;
+                }
+                let mut header = self.header(&opened, tar::EntryType::Regular);
+                header.set_size(opened.len());
+                // Bounded to the size the header declares, whatever the file grows to.
+                builder
+                    .append_data(&mut header, &rel, io::Read::take(file, opened.len()))
+                    .map_err(io_err)?;
+            } else {
+                self.skipped.special += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `user.overlay.opaque` (the jail mounts with `userxattr`) or `trusted.overlay.opaque` is `y`.
+fn is_opaque(path: &Path) -> bool {
+    let Ok(cpath) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    ["user.overlay.opaque", "trusted.overlay.opaque"]
+        .iter()
+        .any(|attr| {
+            let Ok(cattr) = CString::new(*attr) else {
+                return false;
+            };
+            let mut value = [0u8; 4];
+            // SAFETY: both strings are NUL-terminated and live across the call; the buffer is
+            // ours and its length is passed; lgetxattr never follows a symlink.
+            let n = unsafe {
+                libc::lgetxattr(
+                    cpath.as_ptr(),
+                    cattr.as_ptr(),
+                    value.as_mut_ptr().cast(),
+                    value.len(),
+                )
+            };
+            n == 1 && value[0] == b'y'
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_id_follows_base_steps_and_content_not_the_name() {
+        let spec = RecipeSpec {
+            base_name: "bb".into(),
+            base_id: "a".repeat(64),
+            steps: vec![Step::Run("true".into()), Step::Env("K".into(), "V".into())],
+            copied: vec![],
+            network: "none".into(),
+            allow_hosts: vec![],
+        };
+        let renamed = RecipeSpec {
+            base_name: "other".into(),
+            ..spec.clone()
+        };
+        assert_eq!(spec.id(), renamed.id());
+        let mut changed = spec.clone();
+        changed.steps.push(Step::Run("true".into()));
+        assert_ne!(spec.id(), changed.id());
+        let mut copied = spec.clone();
+        copied.copied.push("0".repeat(64));
+        assert_ne!(spec.id(), copied.id());
+    }
+
+    #[test]
+    fn an_upper_becomes_a_layer_tar_with_whiteouts_and_ids_mapped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let upper = dir.path().join("upper");
+        fs::create_dir_all(upper.join("etc")).expect("mkdir");
+        fs::write(upper.join("etc/new"), b"hello").expect("write");
+        fs::write(upper.join(".wh.sneaky"), b"").expect("write");
+        std::os::unix::fs::symlink("/etc/passwd", upper.join("link")).expect("symlink");
+        fs::create_dir_all(upper.join("var/lib/dynocap")).expect("mkdir");
+        let whiteout = CString::new(upper.join("etc/gone").as_os_str().as_bytes()).expect("c");
+        // SAFETY: a NUL-terminated path; mknod of a 0/0 char device is an overlay whiteout.
+        let made = unsafe { libc::mknod(whiteout.as_ptr(), libc::S_IFCHR, 0) };
+        let dest = dir.path().join("layer.tar");
+        let (_, skipped) = write_layer_tar(&upper, &dest).expect("tar");
+        assert_eq!(skipped.reserved_names, 1);
+        let mut archive = tar::Archive::new(File::open(&dest).expect("open"));
+        let mut names: Vec<String> = archive
+            .entries()
+            .expect("entries")
+            .map(|e| {
+                let e = e.expect("entry");
+                assert_eq!(e.header().uid().expect("uid"), 0);
+                e.path().expect("path").display().to_string()
+            })
+            .collect();
+        names.sort();
+        let mut want = vec!["etc", "etc/new", "link", "var", "var/lib"];
+        if made == 0 {
+            want.push("etc/.wh.gone");
+        }
+        want.sort();
+        assert_eq!(names, want);
+    }
+}

@@ -87,9 +87,12 @@ pub struct CliServerArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ImageCommand {
-    /// Build an image (debian: Debian bookworm with git, curl, python3, build-essential and
-    /// the cloud kernel, made with mmdebstrap). Content-addressed: a built recipe is reused.
-    Build(ImageNameArgs),
+    /// Build an image: debian (Debian bookworm with git, curl, python3, build-essential and
+    /// the cloud kernel, made with mmdebstrap), or NAME from a recipe: --from BASE with steps
+    /// run inside a jail sandbox of BASE as its root (--copy, --env, --apt, --run; in that
+    /// order, each in the order given), or the steps of --file recipe.toml in its order.
+    /// Content-addressed: a built recipe is reused.
+    Build(ImageBuildArgs),
     /// Import an OCI image layout directory (skopeo copy … oci:DIR, podman save --format
     /// oci-dir) or a `docker save` archive as an image both backends boot (the vm backend
     /// with the kernel of a built debian image, as container images carry none).
@@ -142,6 +145,44 @@ pub struct ImageImportArgs {
     #[arg(long, default_value_t = 16 << 30)]
     pub max_bytes: u64,
     /// Refuse an image with more than this many files.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub max_files: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ImageBuildArgs {
+    /// debian, or the name of the image a recipe makes.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// The recipe's base: a pulled, imported or recipe-built image.
+    #[arg(long = "from", value_name = "BASE")]
+    pub from: Option<String>,
+    /// A shell command run as the guest's root (repeatable).
+    #[arg(long = "run", value_name = "CMD")]
+    pub run: Vec<String>,
+    /// A Debian package installed with apt-get (repeatable; a Debian-based base).
+    #[arg(long = "apt", value_name = "PKG")]
+    pub apt: Vec<String>,
+    /// A host file copied into the image, owned by root (repeatable).
+    #[arg(long = "copy", value_name = "HOSTPATH:GUESTPATH")]
+    pub copy: Vec<String>,
+    /// A variable added to the image's Env, seen by later steps too (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// The recipe as a TOML file (from, network, allow-hosts and [[step]]s), instead of the
+    /// step flags.
+    #[arg(long = "file", value_name = "RECIPE.toml", conflicts_with_all = ["run", "apt", "copy", "env"])]
+    pub file: Option<std::path::PathBuf>,
+    /// The network the steps run with: none (default), filtered or nat.
+    #[arg(long, value_name = "MODE")]
+    pub network: Option<String>,
+    /// A host a filtered build may also reach over HTTPS (repeatable).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub allow_hosts: Vec<String>,
+    /// Refuse a built layer whose files add up to more than this many bytes.
+    #[arg(long, default_value_t = 16 << 30)]
+    pub max_bytes: u64,
+    /// Refuse a built layer with more than this many files.
     #[arg(long, default_value_t = 2_000_000)]
     pub max_files: u64,
 }

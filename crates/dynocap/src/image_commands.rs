@@ -12,12 +12,24 @@ use dynocap_engine::image::build::{short, Origin};
 use dynocap_engine::image_admin::ImageInfo;
 use dynocap_engine::{Engine, Error};
 
-use crate::cli::{ImageCommand, ImageImportArgs, ImagePullArgs};
+use crate::cli::{ImageBuildArgs, ImageCommand, ImageImportArgs, ImagePullArgs};
 use crate::output::{print_json, say, sayln, table, warnln};
 
 pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<ExitCode, Error> {
     match command {
-        ImageCommand::Build(args) => build(engine, json, args.name).await,
+        ImageCommand::Build(args) => {
+            let recipe = args.from.is_some()
+                || args.file.is_some()
+                || !(args.run.is_empty()
+                    && args.apt.is_empty()
+                    && args.copy.is_empty()
+                    && args.env.is_empty());
+            if recipe {
+                build_recipe(engine, json, &args).await
+            } else {
+                build(engine, json, args.name).await
+            }
+        }
         ImageCommand::Import(args) => import(engine, json, args).await,
         ImageCommand::Pull(args) => pull(engine, json, args).await,
         ImageCommand::Ls => {
@@ -199,9 +211,48 @@ fn described_source(source: &dynocap_engine::image::store::ImageSource) -> Strin
         let digest = source.manifest_digest.as_deref().unwrap_or_default();
         let digest = digest.get(..19).unwrap_or(digest);
         format!("pulled {} ({digest})", source.path)
+    } else if source.format == "recipe" {
+        format!("built from {}", source.path)
     } else {
         format!("imported {} ({})", source.path, source.format)
     }
+}
+
+/// A recipe build: every line of the steps' output on stderr as it comes, the result on
+/// stdout.
+async fn build_recipe(
+    engine: Engine,
+    json: bool,
+    args: &ImageBuildArgs,
+) -> Result<ExitCode, Error> {
+    let request = crate::recipe_file::request(args)?;
+    let say = |line: &str| warnln!("image build {}: {line}", request.name);
+    let on_output = |_channel, data: &[u8]| {
+        use std::io::Write as _;
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(data);
+        let _ = err.flush();
+    };
+    let built = engine
+        .image_build_recipe(&request, &say, &on_output)
+        .await?;
+    let image = &built.image;
+    if json {
+        let info = engine.image_ls()?.into_iter().find(|i| i.id == image.id());
+        print_json(&serde_json::json!({
+            "image": info,
+            "origin": if built.present { "present" } else { "built" },
+        }));
+    } else if built.present {
+        sayln!(
+            "image {} ({}) is up to date: its recipe was built already",
+            image.name(),
+            short(image.id())
+        );
+    } else {
+        sayln!("image {} ({}) built", image.name(), short(image.id()));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn pull(engine: Engine, json: bool, args: ImagePullArgs) -> Result<ExitCode, Error> {

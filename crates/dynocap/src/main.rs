@@ -19,6 +19,7 @@ mod logging;
 mod mcp;
 mod output;
 mod port_commands;
+mod recipe_file;
 mod scrub_args;
 mod task_commands;
 mod terminal;

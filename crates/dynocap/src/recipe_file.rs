@@ -1,0 +1,177 @@
+//! An image recipe as the user gives it, `dynocap image build NAME --from BASE` with step
+//! flags or `--file recipe.toml`, made into the engine's [`RecipeRequest`].
+//!
+//! The file is strict: a key this format does not have is refused by name, so a typo never
+//! silently builds another image.
+//!
+//! ```toml
+//! from = "busybox"             # the base image (or --from)
+//! network = "none"             # none, filtered or nat (or --network)
+//! allow-hosts = ["@debian"]
+//! [[step]]
+//! copy = "files/app.conf:/etc/app.conf"   # relative host paths: from the file's directory
+//! [[step]]
+//! env = "APP_MODE=test"
+//! [[step]]
+//! apt = ["jq"]
+//! [[step]]
+//! run = "echo built > /etc/built-by"
+//! ```
+
+use std::path::Path;
+
+use dynocap_engine::image::recipe_layer::Step;
+use dynocap_engine::image::unpack::Limits;
+use dynocap_engine::image_recipe::RecipeRequest;
+use dynocap_engine::Error;
+use serde::Deserialize;
+
+use crate::cli::ImageBuildArgs;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RecipeFile {
+    from: Option<String>,
+    network: Option<String>,
+    #[serde(default)]
+    allow_hosts: Vec<String>,
+    #[serde(default)]
+    step: Vec<FileStep>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+enum FileStep {
+    Run(String),
+    Apt(Vec<String>),
+    Copy(String),
+    Env(String),
+}
+
+/// The request `args` (a recipe build: `--from` or `--file`) make.
+pub fn request(args: &ImageBuildArgs) -> Result<RecipeRequest, Error> {
+    let limits = Limits {
+        max_bytes: args.max_bytes,
+        max_files: args.max_files,
+    };
+    let mut allow_hosts = args.allow_hosts.clone();
+    let (base, network, steps) = match &args.file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|err| {
+                Error::invalid(format!("--file {}: reading it: {err}", path.display()))
+            })?;
+            let file: RecipeFile = toml::from_str(&text).map_err(|err| {
+                Error::invalid(format!(
+                    "--file {}: {}",
+                    path.display(),
+                    err.to_string().trim_end()
+                ))
+            })?;
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let mut steps = Vec::new();
+            for step in file.step {
+                steps.push(match step {
+                    FileStep::Run(command) => Step::Run(command),
+                    FileStep::Apt(packages) => Step::Apt(packages),
+                    FileStep::Copy(pair) => copy_step(&pair, Some(dir))?,
+                    FileStep::Env(pair) => env_step(&pair)?,
+                });
+            }
+            allow_hosts.extend(file.allow_hosts);
+            let base = args.from.clone().or(file.from).ok_or_else(|| {
+                Error::invalid(format!(
+                    "--file {}: name the base image (from = \"…\" or --from)",
+                    path.display()
+                ))
+            })?;
+            (base, args.network.clone().or(file.network), steps)
+        }
+        None => {
+            let base = args.from.clone().ok_or_else(|| {
+                Error::invalid("a recipe needs its base image: --from BASE (or --file)")
+            })?;
+            let mut steps = Vec::new();
+            for pair in &args.copy {
+                steps.push(copy_step(pair, None)?);
+            }
+            for pair in &args.env {
+                steps.push(env_step(pair)?);
+            }
+            if !args.apt.is_empty() {
+                steps.push(Step::Apt(args.apt.clone()));
+            }
+            steps.extend(args.run.iter().cloned().map(Step::Run));
+            (base, args.network.clone(), steps)
+        }
+    };
+    Ok(RecipeRequest {
+        name: args.name.clone(),
+        base,
+        steps,
+        network,
+        allow_hosts,
+        limits,
+    })
+}
+
+/// `HOSTPATH:GUESTPATH`, the host path made absolute (from `dir` for a file's relative path).
+fn copy_step(pair: &str, dir: Option<&Path>) -> Result<Step, Error> {
+    let Some((host, guest)) = pair.rsplit_once(":/") else {
+        return Err(Error::invalid(format!(
+            "copy {pair:?}: give HOSTPATH:GUESTPATH, the guest path absolute"
+        )));
+    };
+    let host = match dir {
+        Some(dir) if Path::new(host).is_relative() => dir.join(host),
+        _ => Path::new(host).to_path_buf(),
+    };
+    let host = std::path::absolute(&host)
+        .map_err(|err| Error::invalid(format!("copy {}: {err}", host.display())))?;
+    Ok(Step::Copy(host.display().to_string(), format!("/{guest}")))
+}
+
+fn env_step(pair: &str) -> Result<Step, Error> {
+    match pair.split_once('=') {
+        Some((key, value)) => Ok(Step::Env(key.to_owned(), value.to_owned())),
+        None => Err(Error::invalid(format!("env {pair:?}: give K=V"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<RecipeFile, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_recipe_file_reads_in_order_and_refuses_unknown_keys_by_name() {
+        let file = parse(
+            "from = \"bb\"\n[[step]]\nrun = \"true\"\n[[step]]\nenv = \"A=1\"\n\
+             [[step]]\napt = [\"jq\"]\n",
+        )
+        .expect("parses");
+        assert_eq!(file.from.as_deref(), Some("bb"));
+        assert!(matches!(file.step[0], FileStep::Run(_)));
+        assert!(matches!(file.step[1], FileStep::Env(_)));
+        let err = parse("from = \"bb\"\nnetwrok = \"nat\"\n").expect_err("typo");
+        assert!(err.contains("netwrok"), "{err}");
+        let err = parse("[[step]]\nrum = \"true\"\n").expect_err("typo");
+        assert!(err.contains("rum"), "{err}");
+    }
+
+    #[test]
+    fn copies_name_an_absolute_guest_path() {
+        let step = copy_step("a.conf:/etc/a.conf", Some(Path::new("/srv/r"))).expect("ok");
+        assert_eq!(
+            step,
+            Step::Copy("/srv/r/a.conf".into(), "/etc/a.conf".into())
+        );
+        assert!(copy_step("a.conf:etc/a", None).is_err());
+        assert_eq!(
+            env_step("K=a=b").expect("ok"),
+            Step::Env("K".into(), "a=b".into())
+        );
+    }
+}

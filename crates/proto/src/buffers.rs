@@ -1,15 +1,14 @@
 //! Recycled buffers for tunnel frames' payloads. A tunnel moves its bytes in frames of up to
-//! [`TUNNEL_CHUNK`] bytes, each in a buffer of its own that is dropped once written out. Under
+//! [`crate::tunnel::TUNNEL_CHUNK`] bytes, each in a buffer of its own that is dropped once written out. Under
 //! musl's allocator (the static agent's) a buffer that size is an `mmap` and a `munmap` of its
 //! own, its pages faulted in and zeroed by the kernel for every frame: a quarter of the agent's
 //! time in a download. The few buffers kept here serve the next frames instead.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::tunnel::TUNNEL_CHUNK;
-
-/// Capacity of the buffers kept: a tunnel data frame's payload (channel byte and chunk).
-pub const CAPACITY: usize = TUNNEL_CHUNK + 1;
+/// Capacity of the buffers kept: a tunnel data frame's payload (channel byte and a 256 KiB
+/// chunk). A leaf of the crate, so it states the size and the tunnel asserts that they agree.
+pub const CAPACITY: usize = 256 * 1024 + 1;
 /// Buffers kept at most: what a download's frames in flight between the channel's reader and
 /// the tunnel's writer need, and no more than 1 MiB held by a process that tunneled once.
 const KEEP: usize = 4;

@@ -35,6 +35,8 @@ pub const TUNNEL_CHUNK: usize = 256 * 1024;
 // several of them.
 const _: () =
     assert!(TUNNEL_CHUNK + 1 + 9 <= crate::MAX_FRAME_LEN && cost(TUNNEL_CHUNK) <= WINDOW / 4);
+// A data frame's payload (channel byte and chunk) is exactly what the recycled buffers hold.
+const _: () = assert!(TUNNEL_CHUNK + 1 == crate::buffers::CAPACITY);
 
 /// A read shorter than this is copied into a frame of its own size, keeping the large read
 /// buffer; a longer one takes the buffer with it.

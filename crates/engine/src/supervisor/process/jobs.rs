@@ -29,6 +29,10 @@ pub(super) async fn start_job(
     if let Some(ending) = shared.ending.get() {
         return ControlReply::Error(Error::conflict(ending.clone()));
     }
+    let spec = match shared.with_image_config(spec) {
+        Ok(spec) => spec,
+        Err(err) => return ControlReply::Error(err),
+    };
     let (ours, theirs) = match UnixStream::pair() {
         Ok(pair) => pair,
         Err(err) => {
@@ -36,10 +40,6 @@ pub(super) async fn start_job(
                 "cannot open a connection for a job: {err}"
             )))
         }
-    };
-    let spec = match shared.with_image_config(spec) {
-        Ok(spec) => spec,
-        Err(err) => return ControlReply::Error(err),
     };
     let job = match shared.jobs.add(&spec) {
         Ok(job) => job,

@@ -17,9 +17,7 @@ use dynocap_engine::ExecResult;
 use crate::output::{Stream, Streams};
 use crate::terminal::Neutraliser;
 
-/// The exit code of a command whose output pipe closed: 128 + SIGPIPE, as a shell reports a
-/// writer that SIGPIPE ended.
-pub const READER_GONE_EXIT: u8 = 128 + 13;
+pub use crate::output::READER_GONE_EXIT;
 
 /// The user's two streams, shared with the engine's output callback (hence the locks).
 pub struct LiveOutput<'a> {

@@ -10,6 +10,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use dynocap_engine::{Error, SandboxInfo};
 use serde::Serialize;
 
+/// The exit code of a command whose output pipe closed: 128 + SIGPIPE, as a shell reports a
+/// writer that SIGPIPE ended.
+pub const READER_GONE_EXIT: u8 = 128 + 13;
+
 /// Where a command writes: this process's stdout and stderr, or the ones a `dynocap` client
 /// passed to the command server with its command (see `cli_server`). The commands the server
 /// runs write through this; the others use the process's own streams.
@@ -132,7 +136,7 @@ pub fn write_stderr_line(args: std::fmt::Arguments<'_>) {
 /// (`dynocap ls | head -0`), a failure if stdout could not be written otherwise, else `code`.
 pub fn ended(code: ExitCode) -> ExitCode {
     if READER_GONE.load(Ordering::Acquire) {
-        ExitCode::from(crate::exec_output::READER_GONE_EXIT)
+        ExitCode::from(READER_GONE_EXIT)
     } else if STDOUT_FAILED.load(Ordering::Acquire) {
         ExitCode::FAILURE
     } else {
@@ -237,7 +241,7 @@ pub fn argument_error(err: &clap::Error, args: &[OsString]) -> ExitCode {
     if asked || !crate::cli::json_requested(args) {
         match err.print() {
             Err(print) if print.kind() == std::io::ErrorKind::BrokenPipe => {
-                return ExitCode::from(crate::exec_output::READER_GONE_EXIT);
+                return ExitCode::from(READER_GONE_EXIT);
             }
             Err(print) => warnln!("dynocap: cannot print the usage message: {print}"),
             Ok(()) => {}

@@ -5,7 +5,6 @@
 
 use std::path::PathBuf;
 
-use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use std::time::Duration;
@@ -19,28 +18,11 @@ use dynocap_review::diff_view::{self, Selection};
 
 use super::args::Args;
 use super::log::Log;
+pub use super::output::Output;
 use super::policy::{Policy, Refusal};
 use super::tools::{definitions, ToolDef};
 
 mod forks;
-
-/// A successful tool result.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Output {
-    /// The result object (docs/mcp.md, "Objects").
-    pub structured: Value,
-    /// The text content item: the same JSON, or the diff's header line and patch.
-    pub text: String,
-}
-
-impl Output {
-    pub(super) fn json<T: Serialize>(value: &T) -> Result<Self, Error> {
-        let structured = serde_json::to_value(value)
-            .map_err(|err| Error::internal(format!("cannot encode the result: {err}")))?;
-        let text = structured.to_string();
-        Ok(Self { structured, text })
-    }
-}
 
 /// The progress callback the engine calls during long steps.
 pub type ProgressFn<'a> = &'a (dyn Fn(Progress) + Send + Sync);

@@ -12,7 +12,7 @@ use dynocap_engine::files::{
 use dynocap_engine::{Engine, Error};
 
 use super::args::{Args, StringOrWhole};
-use super::calls::Output;
+use super::output::Output;
 use super::tools::{Hints, Kind, Param, ToolDef};
 
 /// Bytes a read returns when `length` is not given.

@@ -14,6 +14,7 @@ mod files;
 mod jsonrpc;
 mod local;
 mod log;
+mod output;
 pub mod policy;
 mod ports;
 mod progress;

@@ -12,7 +12,7 @@ use dynocap_engine::ports::{ForwardRequest, MAX_FORWARDS};
 use dynocap_engine::{Engine, Error};
 
 use super::args::Args;
-use super::calls::Output;
+use super::output::Output;
 use super::tools::{Hints, Kind, Param, ToolDef};
 
 const HINTS_PORT: Hints = Hints {

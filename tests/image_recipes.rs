@@ -276,6 +276,60 @@ fn a_recipe_builds_an_image_from_an_imported_base_on_the_jail() {
     );
 }
 
+#[test]
+fn a_stopped_build_leaves_no_sandbox_and_no_image() {
+    let test = "a_stopped_build_leaves_no_sandbox_and_no_image";
+    if !require_root(test) {
+        return;
+    }
+    let Some(busybox) = busybox(test) else { return };
+    let home = TestHome::new();
+    let work = tempfile::tempdir().expect("tempdir");
+    let layout = work.path().join("bb-oci");
+    write_oci(&layout, &base_layer(&busybox));
+    home.json(&[
+        "image",
+        "import",
+        layout.to_str().expect("utf8"),
+        "--name",
+        "bb",
+    ]);
+    let mut build = home
+        .command()
+        .args([
+            "image", "build", "slow", "--from", "bb", "--run", "sleep 60",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let started = std::time::Instant::now();
+    loop {
+        let ps = home.json(&["ps"]);
+        if ps["sandboxes"].as_array().is_some_and(|s| !s.is_empty()) {
+            break;
+        }
+        assert!(started.elapsed().as_secs() < 30, "no build sandbox: {ps:#}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // The step is running (or about to): stop the build as Ctrl-C would.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(build.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("kill");
+    let status = build.wait().expect("wait");
+    assert!(!status.success());
+    assert!(
+        started.elapsed().as_secs() < 30,
+        "the build stopped without waiting for its step"
+    );
+    assert!(image_ids(&home, "slow").is_empty());
+    assert!(
+        home.json(&["ps"])["sandboxes"]
+            .as_array()
+            .is_none_or(|s| s.is_empty()),
+        "the build sandbox is gone"
+    );
+}
+
 fn toml_string(text: &str) -> String {
     format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
 }

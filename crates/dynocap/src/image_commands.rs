@@ -233,9 +233,22 @@ async fn build_recipe(
         let _ = err.write_all(data);
         let _ = err.flush();
     };
-    let built = engine
-        .image_build_recipe(&request, &say, &on_output)
-        .await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|err| Error::internal(format!("watching for SIGTERM: {err}")))?;
+    let built = tokio::select! {
+        built = engine.image_build_recipe(&request, &say, &on_output) => built?,
+        // Interrupted: the build sandbox goes now rather than at the end of its TTL (a
+        // half-made image directory is removed by the next build of the name).
+        _ = async {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        } => {
+            let _ = engine.destroy(&request.sandbox).await;
+            return Err(Error::conflict("the image build was stopped; nothing was kept"));
+        }
+    };
     let image = &built.image;
     if json {
         let info = engine.image_ls()?.into_iter().find(|i| i.id == image.id());

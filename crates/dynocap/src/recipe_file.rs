@@ -111,6 +111,7 @@ pub fn request(args: &ImageBuildArgs) -> Result<RecipeRequest, Error> {
         network,
         allow_hosts,
         limits,
+        sandbox: dynocap_engine::image_recipe::build_sandbox_name(),
     })
 }
 

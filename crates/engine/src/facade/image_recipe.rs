@@ -31,6 +31,14 @@ pub struct RecipeRequest {
     pub network: Option<String>,
     pub allow_hosts: Vec<String>,
     pub limits: Limits,
+    /// The build sandbox's name ([`build_sandbox_name`]): a caller that is interrupted
+    /// destroys it by this name.
+    pub sandbox: String,
+}
+
+/// A fresh name for a build sandbox.
+pub fn build_sandbox_name() -> String {
+    format!("image-build-{:08x}", rand::random::<u32>())
 }
 
 /// A finished recipe build.
@@ -100,8 +108,8 @@ impl Engine {
                 present: true,
             });
         }
-        let sandbox = format!("image-build-{:08x}", rand::random::<u32>());
-        let mut spec = RunSpec::raw(&sandbox, Some(&network), Some(3600), None, None, None)?;
+        let sandbox = request.sandbox.as_str();
+        let mut spec = RunSpec::raw(sandbox, Some(&network), Some(3600), None, None, None)?;
         spec.allow_hosts = request.allow_hosts.clone();
         spec.image = Some(base.name().to_owned());
         spec.backend = Some(BackendChoice::Jail);
@@ -112,9 +120,9 @@ impl Engine {
         ));
         self.run(&spec).await?;
         let built = self
-            .build_in_sandbox(&sandbox, request, &recipe, &store, &base, say, on_output)
+            .build_in_sandbox(sandbox, request, &recipe, &store, &base, say, on_output)
             .await;
-        if let Err(err) = self.destroy(&sandbox).await {
+        if let Err(err) = self.destroy(sandbox).await {
             tracing::warn!("removing the build sandbox {sandbox}: {err}");
         }
         Ok(RecipeBuilt {

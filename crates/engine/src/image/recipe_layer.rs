@@ -150,52 +150,67 @@ pub fn install(
     let tar_path = staging.path.join("layer.tar");
     let (diff_id, skipped) = write_layer_tar(upper, &tar_path)?;
     let tar = File::open(&tar_path).context("reading the built layer")?;
+    let fresh = layer_store.get(&diff_id).is_none();
     let layer = layer_store.unpack(&diff_id, tar, limits, &|| Ok(()))?;
-    fs::remove_file(&tar_path).context("removing the built layer's tar")?;
+    let layer_dir = layer.dir.clone();
     layers.push(layer);
-    let rootfs = staging.path.join("rootfs");
-    fs::create_dir(&rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
-    layer_store.assemble(&layers, &rootfs)?;
-    super::import::customise(&Root::open(&rootfs, limits)?)?;
-    let mut config = base.meta.config.clone().unwrap_or_default();
-    let mut env: Vec<String> = config.env.take().unwrap_or_default();
-    for step in &recipe.steps {
-        if let Step::Env(key, value) = step {
-            env.retain(|e| e.split('=').next() != Some(key.as_str()));
-            env.push(format!("{key}={value}"));
+    let finished = (|| -> Result<BuiltImage> {
+        fs::remove_file(&tar_path).context("removing the built layer's tar")?;
+        let rootfs = staging.path.join("rootfs");
+        fs::create_dir(&rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
+        layer_store.assemble(&layers, &rootfs)?;
+        super::import::customise(&Root::open(&rootfs, limits)?)?;
+        let mut config = base.meta.config.clone().unwrap_or_default();
+        let mut env: Vec<String> = config.env.take().unwrap_or_default();
+        for step in &recipe.steps {
+            if let Step::Env(key, value) = step {
+                env.retain(|e| e.split('=').next() != Some(key.as_str()));
+                env.push(format!("{key}={value}"));
+            }
+        }
+        config.env = (!env.is_empty()).then_some(env);
+        let meta = ImageMeta {
+            name: name.to_owned(),
+            id: id.clone(),
+            created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            size_bytes: tree_size(&rootfs),
+            suite: base.meta.suite.clone(),
+            packages: base.meta.packages.clone(),
+            kernel: base.meta.kernel.clone(),
+            guest_sudo: true,
+            source: Some(ImageSource {
+                format: "recipe".to_owned(),
+                path: format!("{} ({})", recipe.base_name, recipe.base_id),
+                manifest_digest: None,
+                config_digest: format!("sha256:{id}"),
+            }),
+            config: Some(config),
+            layers: layers.iter().map(|l| l.meta.diff_id.clone()).collect(),
+        };
+        let json = serde_json::to_string_pretty(&meta)
+            .map_err(|err| Error::internal(format!("writing image.json: {err}")))?;
+        fs::write(staging.path.join(META_FILE), json).context("writing image.json")?;
+        let json = serde_json::to_string_pretty(recipe)
+            .map_err(|err| Error::internal(format!("writing recipe.json: {err}")))?;
+        fs::write(staging.path.join(RECIPE_FILE), json).context("writing recipe.json")?;
+        let target = store.image_dir(name, &id);
+        staging.install(&target)?;
+        store
+            .get(name, &id)
+            .ok_or_else(|| ImageFailure::Unreadable { dir: target }.into())
+    })();
+    match finished {
+        Ok(image) => Ok((image, skipped)),
+        Err(err) => {
+            // Made by this build and in no image: a failed build leaves no layer behind.
+            if fresh {
+                if let Err(e) = fs::remove_dir_all(&layer_dir) {
+                    tracing::warn!("removing {}: {e}", layer_dir.display());
+                }
+            }
+            Err(err)
         }
     }
-    config.env = (!env.is_empty()).then_some(env);
-    let meta = ImageMeta {
-        name: name.to_owned(),
-        id: id.clone(),
-        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        size_bytes: tree_size(&rootfs),
-        suite: base.meta.suite.clone(),
-        packages: base.meta.packages.clone(),
-        kernel: base.meta.kernel.clone(),
-        guest_sudo: true,
-        source: Some(ImageSource {
-            format: "recipe".to_owned(),
-            path: format!("{} ({})", recipe.base_name, recipe.base_id),
-            manifest_digest: None,
-            config_digest: format!("sha256:{id}"),
-        }),
-        config: Some(config),
-        layers: layers.iter().map(|l| l.meta.diff_id.clone()).collect(),
-    };
-    let json = serde_json::to_string_pretty(&meta)
-        .map_err(|err| Error::internal(format!("writing image.json: {err}")))?;
-    fs::write(staging.path.join(META_FILE), json).context("writing image.json")?;
-    let json = serde_json::to_string_pretty(recipe)
-        .map_err(|err| Error::internal(format!("writing recipe.json: {err}")))?;
-    fs::write(staging.path.join(RECIPE_FILE), json).context("writing recipe.json")?;
-    let target = store.image_dir(name, &id);
-    staging.install(&target)?;
-    let image = store
-        .get(name, &id)
-        .ok_or(ImageFailure::Unreadable { dir: target })?;
-    Ok((image, skipped))
 }
 
 /// Writes the layer tar of `upper` to `dest`, hashing it: its diff id.

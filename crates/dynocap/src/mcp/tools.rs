@@ -1409,6 +1409,7 @@ mod tests {
                 "dynocap_destroy",
                 "dynocap_job",
                 "dynocap_checkpoint",
+                "dynocap_port",
                 "dynocap_read_file",
                 "dynocap_write_file",
                 "dynocap_edit_file",

@@ -63,7 +63,7 @@ fn base_layer(busybox: &Path) -> Vec<u8> {
     add(Regular, "data/kept.txt", "", 0o644, b"kept\n");
     for applet in [
         "sh", "ls", "cat", "env", "id", "stat", "test", "echo", "sleep", "sync", "mkdir",
-        "dirname", "rm", "chown", "chmod", "pwd",
+        "dirname", "rm", "chown", "chmod", "pwd", "mkfifo", "cp", "ln", "readlink",
     ] {
         add(Symlink, &format!("bin/{applet}"), "busybox", 0o777, b"");
     }
@@ -148,7 +148,11 @@ fn a_recipe_builds_an_image_from_an_imported_base_on_the_jail() {
     let conf = work.path().join("app.conf");
     std::fs::write(&conf, "setting = 1\n").expect("write");
     let copy = format!("{}:/etc/app/app.conf", conf.display());
-    let run = "echo made > /etc/made && rm /data/gone.txt && echo \"mode=$APP_MODE\"";
+    // Beside the file and the deletion, what the layer rules must neutralise: a fifo, a
+    // setuid copy of busybox and a symlink out of the root (kept as a link, never followed).
+    let run = "echo made > /etc/made && rm /data/gone.txt && echo \"mode=$APP_MODE\" && \
+               mkfifo /etc/fifo && cp /bin/busybox /bin/suidbox && chmod 4755 /bin/suidbox && \
+               ln -s ../../../etc/passwd /etc/up";
     let recipe = [
         "image",
         "build",
@@ -170,6 +174,10 @@ fn a_recipe_builds_an_image_from_an_imported_base_on_the_jail() {
         stderr.contains("mode=test"),
         "the step's output is streamed and sees --env: {stderr}"
     );
+    assert!(
+        stderr.contains("device nodes, fifos or sockets"),
+        "{stderr}"
+    );
     let ids = image_ids(&home, "app");
     assert_eq!(ids.len(), 1);
     assert!(
@@ -188,6 +196,9 @@ fn a_recipe_builds_an_image_from_an_imported_base_on_the_jail() {
         "the step's deletion is a whiteout in the new layer"
     );
     assert_eq!(home.sh("box", "cat /data/kept.txt"), "kept\n");
+    assert_eq!(home.sh("box", "test -e /etc/fifo || echo none"), "none\n");
+    assert_eq!(home.sh("box", "stat -c %a /bin/suidbox"), "755\n");
+    assert_eq!(home.sh("box", "readlink /etc/up"), "../../../etc/passwd\n");
     assert_eq!(home.sh("box", "cat /etc/app/app.conf"), "setting = 1\n");
     assert_eq!(home.sh("box", "echo $APP_MODE $BASE_VAR"), "test base\n");
     home.json(&["destroy", "box"]);

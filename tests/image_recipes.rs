@@ -341,6 +341,51 @@ fn a_stopped_build_leaves_no_sandbox_and_no_image() {
     );
 }
 
+/// A recipe's image boots on the vm too (built on the jail, with the debian image's kernel as
+/// an imported image does): the step's file is there and the deleted base file is not.
+#[test]
+fn a_recipe_built_image_boots_in_a_vm() {
+    let test = "a_recipe_built_image_boots_in_a_vm";
+    if !require_root(test) || !dynocap_e2e::images::require_mmdebstrap(test) {
+        return;
+    }
+    let Some(busybox) = busybox(test) else { return };
+    let (home, _) = dynocap_e2e::images::debian_home();
+    // Under TCG: these machines have no usable KVM (see tests/vm.rs).
+    let home = home.with_env("DYNOCAP_VM_ACCEL", "tcg");
+    let work = tempfile::tempdir().expect("tempdir");
+    let layout = work.path().join("bb-oci");
+    write_oci(&layout, &base_layer(&busybox));
+    home.json(&[
+        "image",
+        "import",
+        layout.to_str().expect("utf8"),
+        "--name",
+        "bb",
+    ]);
+    home.json(&[
+        "image",
+        "build",
+        "app",
+        "--from",
+        "bb",
+        "--env",
+        "APP_MODE=vm",
+        "--run",
+        "echo made > /etc/made && rm /data/gone.txt",
+    ]);
+    let info = home.json(&["run", "appvm", "--image", "app", "--backend", "vm"]);
+    assert_eq!(info["backend"], "vm", "{info:#}");
+    assert_eq!(
+        home.sh(
+            "appvm",
+            "cat /etc/made; test -e /data/gone.txt || echo deleted; echo $APP_MODE"
+        ),
+        "made\ndeleted\nvm\n"
+    );
+    home.json(&["destroy", "appvm"]);
+}
+
 fn toml_string(text: &str) -> String {
     format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
 }

@@ -386,6 +386,40 @@ fn a_recipe_built_image_boots_in_a_vm() {
     home.json(&["destroy", "appvm"]);
 }
 
+/// The debian image keeps its rootfs whole: a recipe on it makes that rootfs a layer once,
+/// and the recipe's own layer goes on top; the result has the base's kernel.
+#[test]
+fn a_recipe_builds_on_the_debian_image() {
+    let test = "a_recipe_builds_on_the_debian_image";
+    if !require_root(test) || !dynocap_e2e::images::require_mmdebstrap(test) {
+        return;
+    }
+    let (home, debian) = dynocap_e2e::images::debian_home();
+    let built = home.json(&[
+        "image",
+        "build",
+        "deb-app",
+        "--from",
+        "debian",
+        "--run",
+        "echo made > /etc/made && rm /etc/debian_version && id -u",
+    ]);
+    assert_eq!(built["origin"], "built", "{built:#}");
+    assert_eq!(
+        built["image"]["kernel"], debian["image"]["kernel"],
+        "{built:#}"
+    );
+    home.sandbox("deb", &["--image", "deb-app", "--backend", "jail"]);
+    assert_eq!(
+        home.sh(
+            "deb",
+            "cat /etc/made; test -e /etc/debian_version || echo deleted; sudo id -u; git --version >/dev/null && echo git"
+        ),
+        "made\ndeleted\n0\ngit\n"
+    );
+    home.json(&["destroy", "deb"]);
+}
+
 fn toml_string(text: &str) -> String {
     format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
 }

@@ -78,14 +78,6 @@ impl Engine {
                 request.base
             ))
         })?;
-        if base.meta.layers.is_empty() {
-            return Err(Error::invalid(format!(
-                "image {} keeps its rootfs whole rather than in layers (a debian build), so a \
-                 recipe cannot be layered on it yet: build from a pulled, imported or \
-                 recipe-built image",
-                base.name()
-            )));
-        }
         let mut copied = Vec::new();
         for step in &request.steps {
             check_step(step)?;

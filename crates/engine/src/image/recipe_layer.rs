@@ -121,13 +121,6 @@ pub fn install(
     limits: Limits,
 ) -> Result<(BuiltImage, Skipped)> {
     let id = recipe.id();
-    if base.meta.layers.is_empty() {
-        return Err(Error::invalid(format!(
-            "image {} has no layers (a debian build's rootfs is its own): build from a \
-             pulled, imported or recipe-built image",
-            base.name()
-        )));
-    }
     let parent = store.dir().join(name);
     let _lock = BuildLock::take(&parent, &|_| {})?;
     if let Some(image) = store.get(name, &id) {
@@ -138,6 +131,9 @@ pub fn install(
     let layer_store = LayerStore::in_images_dir(store.dir());
     let _shared = layer_store.lock_shared()?;
     let mut layers = Vec::new();
+    if base.meta.layers.is_empty() {
+        layers.push(rootfs_layer(&layer_store, base, &staging.path, limits)?);
+    }
     for diff in &base.meta.layers {
         let digest = Digest::parse(diff)?;
         layers.push(layer_store.get(&digest).ok_or_else(|| {
@@ -211,6 +207,37 @@ pub fn install(
             Err(err)
         }
     }
+}
+
+/// The layer holding the whole rootfs of `base`, an image that keeps no layers (a debian
+/// build): made once per base id (the diff id is remembered in `rootfs-layers/<base id>`), then
+/// shared by every recipe on that base. The rootfs is DynoCap's own build, owned by host root,
+/// so its ids are the guest's as they are.
+fn rootfs_layer(
+    layer_store: &LayerStore,
+    base: &BuiltImage,
+    staging: &Path,
+    limits: Limits,
+) -> Result<super::layers::Layer> {
+    let known = layer_store.dir().join("rootfs-layers").join(base.id());
+    if let Some(layer) = fs::read_to_string(&known)
+        .ok()
+        .and_then(|diff| Digest::parse(diff.trim()).ok())
+        .and_then(|digest| layer_store.get(&digest))
+    {
+        return Ok(layer);
+    }
+    let tar_path = staging.join("base.tar");
+    let (diff_id, _) = write_layer_tar(&base.rootfs(), &tar_path)?;
+    let tar = File::open(&tar_path).context("reading the base's layer")?;
+    let layer = layer_store.unpack(&diff_id, tar, limits, &|| Ok(()))?;
+    fs::remove_file(&tar_path).context("removing the base's layer tar")?;
+    if let Some(dir) = known.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    fs::write(&known, diff_id.to_string())
+        .with_context(|| format!("writing {}", known.display()))?;
+    Ok(layer)
 }
 
 /// Writes the layer tar of `upper` to `dest`, hashing it: its diff id.

@@ -387,22 +387,46 @@ fn a_recipe_built_image_boots_in_a_vm() {
 }
 
 /// The debian image keeps its rootfs whole: a recipe on it makes that rootfs a layer once,
-/// and the recipe's own layer goes on top; the result has the base's kernel.
+/// and the recipe's own layer goes on top; the result has the base's kernel. The recipe is a
+/// file whose steps run in its order: point apt at a flat repository the test serves over
+/// HTTPS on loopback, `apt` a package from it through the `filtered` proxy, then change files.
 #[test]
-fn a_recipe_builds_on_the_debian_image() {
-    let test = "a_recipe_builds_on_the_debian_image";
+fn a_recipe_file_with_apt_builds_on_the_debian_image() {
+    use dynocap_e2e::netfix::{NetFix, OTHER_HOST};
+    let test = "a_recipe_file_with_apt_builds_on_the_debian_image";
     if !require_root(test) || !dynocap_e2e::images::require_mmdebstrap(test) {
         return;
     }
-    let (home, debian) = dynocap_e2e::images::debian_home();
+    let fix = NetFix::start();
+    dynocap_e2e::images::flat_apt_repository(
+        &fix.dir().join("www/apt"),
+        fix.dir(),
+        "dynocap-served",
+        "served over https",
+    );
+    let (mut home, debian) = dynocap_e2e::images::debian_home();
+    for (key, value) in fix.product_env() {
+        home = home.with_env(&key, &value);
+    }
+    let work = tempfile::tempdir().expect("tempdir");
+    let file = work.path().join("recipe.toml");
+    // Only the fixture's repository: nothing may try deb.debian.org from a test.
+    let sources = "rm -f /etc/apt/sources.list && \
+        echo 'deb [trusted=yes] https://other.test/apt ./' > /etc/apt/sources.list.d/fixture.list && \
+        printf 'Acquire::https::CaInfo \"%s\";\\n' \"$SSL_CERT_FILE\" > /etc/apt/apt.conf.d/90fixture-ca";
+    let recipe = format!(
+        "from = \"debian\"\nnetwork = \"filtered\"\nallow-hosts = [\"{OTHER_HOST}\"]\n\
+         [[step]]\nrun = {}\n[[step]]\napt = [\"dynocap-served\"]\n\
+         [[step]]\nrun = \"echo made > /etc/made && rm /etc/debian_version\"\n",
+        toml_string(sources)
+    );
+    std::fs::write(&file, recipe).expect("write");
     let built = home.json(&[
         "image",
         "build",
         "deb-app",
-        "--from",
-        "debian",
-        "--run",
-        "echo made > /etc/made && rm /etc/debian_version && id -u",
+        "--file",
+        file.to_str().expect("utf8"),
     ]);
     assert_eq!(built["origin"], "built", "{built:#}");
     assert_eq!(
@@ -413,9 +437,9 @@ fn a_recipe_builds_on_the_debian_image() {
     assert_eq!(
         home.sh(
             "deb",
-            "cat /etc/made; test -e /etc/debian_version || echo deleted; sudo id -u; git --version >/dev/null && echo git"
+            "cat /etc/made; test -e /etc/debian_version || echo deleted; sudo id -u; dynocap-served"
         ),
-        "made\ndeleted\n0\ngit\n"
+        "made\ndeleted\n0\nserved over https\n"
     );
     home.json(&["destroy", "deb"]);
 }

@@ -4,109 +4,27 @@
 //! removed; hostile layers refused with nothing written outside the store; and an import
 //! killed half-way leaving nothing listed, the next one succeeding.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use dynocap_e2e::oci::{
+    image_config, oci_layer, require_busybox as busybox, sha256, Layer, Layout, OciLayer,
+};
 use dynocap_e2e::{require_root, TestHome};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
-
-/// The static busybox of Debian's busybox-static (scripts/install-deps.sh installs it).
-fn busybox(test: &str) -> Option<PathBuf> {
-    let found = ["/bin/busybox", "/usr/bin/busybox"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file());
-    if found.is_none() {
-        if std::env::var_os("CI").is_some() {
-            panic!("{test}: needs busybox-static, and CI must have it");
-        }
-        eprintln!("SKIPPED {test}: needs busybox-static (apt-get install busybox-static)");
-    }
-    found
-}
-
-fn sha256(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    enc.write_all(data).expect("gzip");
-    enc.finish().expect("gzip")
-}
-
-/// A layer tar written header by header, names raw so hostile ones get through.
-struct Layer(tar::Builder<Vec<u8>>);
-
-impl Layer {
-    fn new() -> Layer {
-        Layer(tar::Builder::new(Vec::new()))
-    }
-    fn entry(
-        mut self,
-        kind: tar::EntryType,
-        path: &str,
-        link: &str,
-        mode: u32,
-        data: &[u8],
-    ) -> Self {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(kind);
-        header.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
-        if !link.is_empty() {
-            header.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
-        }
-        header.set_mode(mode);
-        header.set_size(data.len() as u64);
-        header.set_mtime(1_700_000_000);
-        header.set_cksum();
-        self.0.append(&header, data).expect("append");
-        self
-    }
-    fn dir(self, path: &str) -> Self {
-        self.entry(tar::EntryType::Directory, path, "", 0o755, b"")
-    }
-    fn file(self, path: &str, data: &str) -> Self {
-        self.entry(tar::EntryType::Regular, path, "", 0o644, data.as_bytes())
-    }
-    fn symlink(self, path: &str, target: &str) -> Self {
-        self.entry(tar::EntryType::Symlink, path, target, 0o777, b"")
-    }
-    fn bytes(self) -> Vec<u8> {
-        self.0.into_inner().expect("tar")
-    }
-}
 
 /// The base: busybox and its applets, a minimal /etc, and files the upper layers remove.
 fn base_layer(busybox: &Path) -> Vec<u8> {
-    let mut layer = Layer::new()
-        .dir("bin")
-        .entry(
-            tar::EntryType::Regular,
-            "bin/busybox",
-            "",
-            0o755,
-            &std::fs::read(busybox).expect("read busybox"),
-        )
-        .dir("etc")
-        .file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n")
-        .file("etc/group", "root:x:0:\n")
+    Layer::busybox_root(busybox)
         .dir("opt")
         .file("opt/lower-a", "a")
         .file("opt/lower-b", "b")
         .dir("data")
         .file("data/gone.txt", "gone")
-        .file("data/kept.txt", "kept\n");
-    for applet in [
-        "sh", "ls", "cat", "env", "pwd", "id", "stat", "test", "echo", "sleep",
-    ] {
-        layer = layer.symlink(&format!("bin/{applet}"), "busybox");
-    }
-    layer.bytes()
+        .file("data/kept.txt", "kept\n")
+        .applets(&[
+            "sh", "ls", "cat", "env", "pwd", "id", "stat", "test", "echo", "sleep",
+        ])
+        .bytes()
 }
 
 fn upper_layer() -> Vec<u8> {
@@ -146,90 +64,23 @@ fn third_layer() -> Vec<u8> {
         .bytes()
 }
 
+/// The image's run config: a `PATH` that finds the third layer's tool, an Env and a
+/// `WorkingDir` the sandbox must apply.
+fn run_config() -> Value {
+    json!({
+        "Env": ["PATH=/tools/bin:/bin", "GREETING=hello", "HOME=/root"],
+        "WorkingDir": "/work",
+        "Cmd": ["/bin/sh"],
+    })
+}
+
 fn config(diff_ids: &[String]) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {
-            "Env": ["PATH=/tools/bin:/bin", "GREETING=hello", "HOME=/root"],
-            "WorkingDir": "/work",
-            "Cmd": ["/bin/sh"],
-        },
-        "rootfs": {
-            "type": "layers",
-            "diff_ids": diff_ids.iter().map(|d| format!("sha256:{d}")).collect::<Vec<_>>(),
-        },
-    }))
-    .expect("json")
-}
-
-/// A layer of an OCI layout: its tar, gzip or not, and its media type (defaulted).
-struct OciLayer {
-    tar: Vec<u8>,
-    gzip: bool,
-    media_type: Option<&'static str>,
-}
-
-fn oci_layer(tar: Vec<u8>, gzip: bool) -> OciLayer {
-    OciLayer {
-        tar,
-        gzip,
-        media_type: None,
-    }
+    image_config("amd64", run_config(), diff_ids)
 }
 
 /// Writes an OCI image layout of `layers` at `dir`; returns the layers' blob digests.
 fn write_oci(dir: &Path, layers: &[OciLayer]) -> Vec<String> {
-    let blobs = dir.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).expect("mkdir");
-    let put = |data: &[u8]| {
-        let hex = sha256(data);
-        std::fs::write(blobs.join(&hex), data).expect("write blob");
-        hex
-    };
-    let mut descriptors = Vec::new();
-    let mut digests = Vec::new();
-    let diff_ids: Vec<String> = layers.iter().map(|l| sha256(&l.tar)).collect();
-    for layer in layers {
-        let blob = if layer.gzip {
-            gzip(&layer.tar)
-        } else {
-            layer.tar.clone()
-        };
-        let hex = put(&blob);
-        let media_type = layer.media_type.unwrap_or(if layer.gzip {
-            "application/vnd.oci.image.layer.v1.tar+gzip"
-        } else {
-            "application/vnd.oci.image.layer.v1.tar"
-        });
-        descriptors.push(
-            json!({"mediaType": media_type, "digest": format!("sha256:{hex}"), "size": blob.len()}),
-        );
-        digests.push(hex);
-    }
-    let config = config(&diff_ids);
-    let config_hex = put(&config);
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": format!("sha256:{config_hex}"), "size": config.len()},
-        "layers": descriptors,
-    }))
-    .expect("json");
-    let manifest_hex = put(&manifest);
-    std::fs::write(
-        dir.join("index.json"),
-        serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                           "digest": format!("sha256:{manifest_hex}"), "size": manifest.len()}],
-        }))
-        .expect("json"),
-    )
-    .expect("write index");
-    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).expect("write");
-    digests
+    Layout::image(dir, layers, run_config()).1
 }
 
 /// Writes a classic `docker save` archive of `layers` at `path`.

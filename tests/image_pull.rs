@@ -15,9 +15,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dynocap_e2e::netfix::{random_loopback, TestCa};
+use dynocap_e2e::oci::{busybox_path, oci_layer, Layer, Layout, OciLayer};
 use dynocap_e2e::{require_root, TestHome};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 const NAME: &str = "registry.test";
 const PORT: u16 = 5000;
@@ -43,162 +43,31 @@ fn tools_present(test: &str) -> bool {
     false
 }
 
-fn busybox() -> PathBuf {
-    ["/bin/busybox", "/usr/bin/busybox"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-        .expect("busybox-static (scripts/install-deps.sh)")
-}
-
-fn sha256(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    enc.write_all(data).expect("gzip");
-    enc.finish().expect("gzip")
-}
-
-/// A layer tar written header by header, names raw so hostile ones get through.
-struct Layer(tar::Builder<Vec<u8>>);
-
-impl Layer {
-    fn new() -> Layer {
-        Layer(tar::Builder::new(Vec::new()))
-    }
-    fn entry(
-        mut self,
-        kind: tar::EntryType,
-        path: &str,
-        link: &str,
-        mode: u32,
-        data: &[u8],
-    ) -> Self {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(kind);
-        header.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
-        if !link.is_empty() {
-            header.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
-        }
-        header.set_mode(mode);
-        header.set_size(data.len() as u64);
-        header.set_mtime(1_700_000_000);
-        header.set_cksum();
-        self.0.append(&header, data).expect("append");
-        self
-    }
-    fn dir(self, path: &str) -> Self {
-        self.entry(tar::EntryType::Directory, path, "", 0o755, b"")
-    }
-    fn file(self, path: &str, data: &str) -> Self {
-        self.entry(tar::EntryType::Regular, path, "", 0o644, data.as_bytes())
-    }
-    fn bytes(self) -> Vec<u8> {
-        self.0.into_inner().expect("tar")
-    }
-}
-
 fn base_layer() -> Vec<u8> {
-    let mut layer = Layer::new()
-        .dir("bin")
-        .entry(
-            tar::EntryType::Regular,
-            "bin/busybox",
-            "",
-            0o755,
-            &std::fs::read(busybox()).expect("read busybox"),
-        )
-        .dir("etc")
-        .file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n")
-        .file("etc/group", "root:x:0:\n");
-    for applet in ["sh", "ls", "cat", "echo", "test", "stat", "id"] {
-        layer = layer.entry(
-            tar::EntryType::Symlink,
-            &format!("bin/{applet}"),
-            "busybox",
-            0o777,
-            b"",
-        );
-    }
-    layer.bytes()
+    let busybox = busybox_path().expect("busybox-static (scripts/install-deps.sh)");
+    Layer::busybox_root(&busybox)
+        .applets(&["sh", "ls", "cat", "echo", "test", "stat", "id"])
+        .bytes()
 }
 
-/// An OCI layout being written: blobs by digest, then `index.json`.
-struct Layout {
-    dir: PathBuf,
+/// An image manifest of gzip `layers` for `arch` in `layout`: its descriptor.
+fn manifest(layout: &Layout, layers: &[Vec<u8>], arch: &str) -> Value {
+    let layers: Vec<OciLayer> = layers.iter().map(|l| oci_layer(l.clone(), true)).collect();
+    layout
+        .manifest(
+            &layers,
+            arch,
+            json!({"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]}),
+        )
+        .descriptor
 }
 
-impl Layout {
-    fn new(dir: &Path) -> Layout {
-        std::fs::create_dir_all(dir.join("blobs/sha256")).expect("mkdir");
-        std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).expect("write");
-        Layout {
-            dir: dir.to_owned(),
-        }
-    }
-
-    fn put(&self, data: &[u8]) -> String {
-        let hex = sha256(data);
-        std::fs::write(self.dir.join("blobs/sha256").join(&hex), data).expect("write blob");
-        hex
-    }
-
-    /// An image manifest of gzip `layers` for `arch`: its descriptor.
-    fn manifest(&self, layers: &[Vec<u8>], arch: &str) -> Value {
-        let diff_ids: Vec<String> = layers
-            .iter()
-            .map(|l| format!("sha256:{}", sha256(l)))
-            .collect();
-        let descriptors: Vec<Value> = layers
-            .iter()
-            .map(|tar| {
-                let blob = gzip(tar);
-                let hex = self.put(&blob);
-                json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                       "digest": format!("sha256:{hex}"), "size": blob.len()})
-            })
-            .collect();
-        let config = serde_json::to_vec(&json!({
-            "architecture": arch, "os": "linux",
-            "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
-            "rootfs": {"type": "layers", "diff_ids": diff_ids},
-        }))
-        .expect("json");
-        let config_hex = self.put(&config);
-        let manifest = serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                       "digest": format!("sha256:{config_hex}"), "size": config.len()},
-            "layers": descriptors,
-        }))
-        .expect("json");
-        let hex = self.put(&manifest);
-        json!({"mediaType": "application/vnd.oci.image.manifest.v1+json",
-               "digest": format!("sha256:{hex}"), "size": manifest.len(),
-               "platform": {"architecture": arch, "os": "linux"}})
-    }
-
-    fn index(&self, manifests: Vec<Value>) {
-        std::fs::write(
-            self.dir.join("index.json"),
-            serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": manifests})).expect("json"),
-        )
-        .expect("write index");
-    }
-
-    /// A layout of one image of `layers`.
-    fn image(dir: &Path, layers: &[Vec<u8>]) -> Layout {
-        let layout = Layout::new(dir);
-        let manifest = layout.manifest(layers, "amd64");
-        layout.index(vec![manifest]);
-        layout
-    }
+/// A layout at `dir` of one amd64 image of gzip `layers`.
+fn image(dir: &Path, layers: &[Vec<u8>]) -> Layout {
+    let layout = Layout::new(dir);
+    let manifest = manifest(&layout, layers, "amd64");
+    layout.index(vec![manifest]);
+    layout
 }
 
 /// A `docker-registry` on a fresh loopback address, TLS with a test CA, htpasswd auth or none.
@@ -386,13 +255,10 @@ fn pull_shares_layers_authenticates_and_boots_on_the_jail() {
             .bytes(),
     );
     registry.push(
-        &Layout::image(&work.path().join("base"), &base_layers),
+        &image(&work.path().join("base"), &base_layers),
         "team/base:1",
     );
-    let app_digest = registry.push(
-        &Layout::image(&work.path().join("app"), &app_layers),
-        "team/app:1",
-    );
+    let app_digest = registry.push(&image(&work.path().join("app"), &app_layers), "team/app:1");
     let base_ref = reference("team/base:1");
     let app_ref = reference("team/app:1");
 
@@ -561,8 +427,13 @@ fn a_manifest_list_resolves_to_amd64_and_a_killed_pull_resumes() {
     let registry = Registry::start(false);
     let work = tempfile::tempdir().expect("tempdir");
     let layout = Layout::new(&work.path().join("multi"));
-    let arm = layout.manifest(&[Layer::new().file("arch", "arm64\n").bytes()], "arm64");
-    let amd = layout.manifest(
+    let arm = manifest(
+        &layout,
+        &[Layer::new().file("arch", "arm64\n").bytes()],
+        "arm64",
+    );
+    let amd = manifest(
+        &layout,
         &[
             base_layer(),
             Layer::new().file("arch", "amd64\n").bytes(),
@@ -666,7 +537,7 @@ fn hostile_layers_from_a_registry_are_refused_or_neutralised() {
     ];
     for (what, layer) in cases {
         registry.push(
-            &Layout::image(&work.path().join(what), &[base_layer(), layer]),
+            &image(&work.path().join(what), &[base_layer(), layer]),
             &format!("evil/{what}:1"),
         );
         let err = home.json_err(&["image", "pull", &reference(&format!("evil/{what}:1"))]);
@@ -685,7 +556,7 @@ fn hostile_layers_from_a_registry_are_refused_or_neutralised() {
         .entry(tar::EntryType::Regular, "suid", "", 0o4755, b"#!/bin/sh\n")
         .bytes();
     registry.push(
-        &Layout::image(&work.path().join("dev"), &[base_layer(), devices]),
+        &image(&work.path().join("dev"), &[base_layer(), devices]),
         "evil/dev:1",
     );
     let pulled = home.json(&["image", "pull", &reference("evil/dev:1")]);

@@ -8,6 +8,7 @@ pub mod host_view;
 pub mod images;
 pub mod netfix;
 pub mod netns;
+pub mod oci;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

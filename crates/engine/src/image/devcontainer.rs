@@ -209,13 +209,7 @@ fn strip_jsonc(text: &str) -> String {
     while let Some(c) = chars.next() {
         if in_string {
             plain.push(c);
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                in_string = false;
-            }
+            in_string = string_goes_on(c, &mut escaped);
             continue;
         }
         match (c, chars.peek()) {
@@ -252,13 +246,7 @@ fn strip_jsonc(text: &str) -> String {
     let bytes: Vec<char> = plain.chars().collect();
     for (i, &c) in bytes.iter().enumerate() {
         if in_string {
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                in_string = false;
-            }
+            in_string = string_goes_on(c, &mut escaped);
         } else if c == '"' {
             in_string = true;
         } else if c == ',' {
@@ -270,6 +258,19 @@ fn strip_jsonc(text: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// Follows one character inside a JSON string (`escaped`: the one before was an unescaped
+/// backslash): whether the string goes on after it.
+fn string_goes_on(c: char, escaped: &mut bool) -> bool {
+    if *escaped {
+        *escaped = false;
+    } else if c == '\\' {
+        *escaped = true;
+    } else if c == '"' {
+        return false;
+    }
+    true
 }
 
 /// A project's text cut short with control characters escaped, for a message.

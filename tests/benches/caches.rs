@@ -39,6 +39,15 @@ const WHEELS_PY: &str = r#"
 import base64, hashlib, io, os, sys, zipfile
 www, count, mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 reqs = []
+def publish(name, version, filename, data):
+    os.makedirs(os.path.join(www, "files"), exist_ok=True)
+    with open(os.path.join(www, "files", filename), "wb") as f:
+        f.write(data)
+    os.makedirs(os.path.join(www, "simple", name), exist_ok=True)
+    sha = hashlib.sha256(data).hexdigest()
+    with open(os.path.join(www, "simple", name, "index.html"), "w") as f:
+        f.write(f'<a href="https://files.pythonhosted.org/files/{filename}#sha256={sha}">{filename}</a>\n')
+    reqs.append(f"{name}=={version}")
 for i in range(count):
     name, version = f"bench-pkg-{i}", "1.0.0"
     module = name.replace("-", "_")
@@ -59,16 +68,7 @@ for i in range(count):
     with zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as zf:
         for path, data in files.items():
             zf.writestr(zipfile.ZipInfo(path, date_time=(2024, 1, 1, 0, 0, 0)), data)
-    whl = raw.getvalue()
-    filename = f"{module}-{version}-py3-none-any.whl"
-    os.makedirs(os.path.join(www, "files"), exist_ok=True)
-    with open(os.path.join(www, "files", filename), "wb") as f:
-        f.write(whl)
-    os.makedirs(os.path.join(www, "simple", name), exist_ok=True)
-    sha = hashlib.sha256(whl).hexdigest()
-    with open(os.path.join(www, "simple", name, "index.html"), "w") as f:
-        f.write(f'<a href="https://files.pythonhosted.org/files/{filename}#sha256={sha}">{filename}</a>\n')
-    reqs.append(f"{name}=={version}")
+    publish(name, version, f"{module}-{version}-py3-none-any.whl", raw.getvalue())
 import tarfile
 sdists = int(sys.argv[4])
 for i in range(sdists):
@@ -89,15 +89,7 @@ for i in range(sdists):
             info.size = len(data)
             info.mtime = 1704067200
             tf.addfile(info, io.BytesIO(data))
-    sdist = raw.getvalue()
-    filename = f"{root}.tar.gz"
-    with open(os.path.join(www, "files", filename), "wb") as f:
-        f.write(sdist)
-    os.makedirs(os.path.join(www, "simple", name), exist_ok=True)
-    sha = hashlib.sha256(sdist).hexdigest()
-    with open(os.path.join(www, "simple", name, "index.html"), "w") as f:
-        f.write(f'<a href="https://files.pythonhosted.org/files/{filename}#sha256={sha}">{filename}</a>\n')
-    reqs.append(f"{name}=={version}")
+    publish(name, version, f"{root}.tar.gz", raw.getvalue())
 print("\n".join(reqs))
 "#;
 

@@ -9,7 +9,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dynocap_e2e::bench::{
-    child_pids, proc_kib, release_bins, running_supervisors, wait_for_supervisors_to_exit,
+    child_pids, dynocap_ok, proc_kib, release_bins, running_supervisors,
+    wait_for_supervisors_to_exit,
 };
 
 const SANDBOXES: usize = 50;
@@ -29,22 +30,15 @@ fn main() {
         dynocap: &dynocap,
         home: home.path(),
     };
+    let envs = [
+        ("DYNOCAP_HOME", home.path().to_str().expect("utf-8 home")),
+        // 50 sandboxes of the default 1024 MB go past the default ceiling (half of RAM);
+        // memoryMB is a cgroup maximum, not a reservation, and this run stays far below it.
+        ("DYNOCAP_MAX_MEMORY_MB", "1048576"),
+    ];
     let run = |args: &[&str]| -> Duration {
         let started = Instant::now();
-        let out = Command::new(&dynocap)
-            .args(args)
-            .env("DYNOCAP_HOME", home.path())
-            // 50 sandboxes of the default 1024 MB go past the default ceiling (half of RAM);
-            // memoryMB is a cgroup maximum, not a reservation, and this run stays far below it.
-            .env("DYNOCAP_MAX_MEMORY_MB", "1048576")
-            .output()
-            .expect("spawn dynocap");
-        assert!(
-            out.status.success(),
-            "dynocap {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        dynocap_ok(&dynocap, &envs, args);
         started.elapsed()
     };
 

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use dynocap_e2e::bench::{release_bins, report, sample};
+use dynocap_e2e::bench::{dynocap_ok, release_bins, report, sample};
 use dynocap_e2e::netfix::{product, scrub_client_env, NetFix, BIG_BYTES, GIT_HOST, OTHER_HOST};
 
 const CONNECTIONS: usize = 50;
@@ -221,20 +221,19 @@ impl Build {
     }
 
     fn dynocap(&self, fix: &NetFix, args: &[&str]) -> Output {
-        let out = Command::new(self.bins.join("dynocap"))
-            .args(args)
-            .env("DYNOCAP_HOME", self.home.path())
-            .env("DYNOCAP_AGENT", &self.agent)
-            .envs(fix.product_env())
-            .output()
-            .expect("spawn dynocap");
-        assert!(
-            out.status.success(),
-            "dynocap {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
+        let product = fix.product_env();
+        let mut envs = vec![
+            (
+                "DYNOCAP_HOME",
+                self.home.path().to_str().expect("utf-8 home"),
+            ),
+            (
+                "DYNOCAP_AGENT",
+                self.agent.to_str().expect("utf-8 agent path"),
+            ),
+        ];
+        envs.extend(product.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        dynocap_ok(&self.bins.join("dynocap"), &envs, args)
     }
 
     /// The stdout of `command` run in the build's sandbox (curl's -w output).

@@ -56,7 +56,7 @@ pub fn sample(n: usize, mut f: impl FnMut(usize)) -> Vec<Duration> {
 }
 
 /// Runs `dynocap ARGS` with `envs` added to the environment; asserts it succeeded, showing
-/// its stderr if not.
+/// its stdout (where `--json` puts the error) and stderr if not.
 pub fn dynocap_ok(dynocap: &Path, envs: &[(&str, &str)], args: &[&str]) -> std::process::Output {
     let out = std::process::Command::new(dynocap)
         .args(args)
@@ -65,7 +65,8 @@ pub fn dynocap_ok(dynocap: &Path, envs: &[(&str, &str)], args: &[&str]) -> std::
         .expect("spawn dynocap");
     assert!(
         out.status.success(),
-        "dynocap {args:?}: {}",
+        "dynocap {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     out

@@ -4,111 +4,51 @@
 //! sees exactly their result; the same recipe again (and as a TOML file) is up to date; a
 //! failing step fails the build naming the step and its exit code, with nothing left behind.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use dynocap_e2e::oci::{oci_layer, require_busybox, Layer, Layout};
 use dynocap_e2e::{require_root, TestHome};
 use serde_json::json;
-use sha2::{Digest, Sha256};
-
-fn busybox(test: &str) -> Option<PathBuf> {
-    let found = ["/bin/busybox", "/usr/bin/busybox"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file());
-    if found.is_none() {
-        if std::env::var_os("CI").is_some() {
-            panic!("{test}: needs busybox-static, and CI must have it");
-        }
-        eprintln!("SKIPPED {test}: needs busybox-static (apt-get install busybox-static)");
-    }
-    found
-}
-
-fn sha256(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// One layer: busybox with the applets the steps use, a minimal /etc, a file to delete.
 fn base_layer(busybox: &Path) -> Vec<u8> {
-    let mut tar = tar::Builder::new(Vec::new());
-    let mut add = |kind: tar::EntryType, path: &str, link: &str, mode: u32, data: &[u8]| {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(kind);
-        header.set_mode(mode);
-        header.set_size(data.len() as u64);
-        if link.is_empty() {
-            tar.append_data(&mut header, path, data).expect("append");
-        } else {
-            tar.append_link(&mut header, path, link).expect("append");
-        }
-    };
-    use tar::EntryType::{Directory, Regular, Symlink};
-    add(Directory, "bin", "", 0o755, b"");
-    let bytes = std::fs::read(busybox).expect("read busybox");
-    add(Regular, "bin/busybox", "", 0o755, &bytes);
-    add(Directory, "etc", "", 0o755, b"");
-    add(
-        Regular,
-        "etc/passwd",
-        "",
-        0o644,
-        b"root:x:0:0:root:/root:/bin/sh\n",
-    );
-    add(Regular, "etc/group", "", 0o644, b"root:x:0:\n");
-    add(Directory, "data", "", 0o755, b"");
-    add(Regular, "data/gone.txt", "", 0o644, b"gone");
-    add(Regular, "data/kept.txt", "", 0o644, b"kept\n");
-    for applet in [
-        "sh", "ls", "cat", "env", "id", "stat", "test", "echo", "sleep", "sync", "mkdir",
-        "dirname", "rm", "chown", "chmod", "pwd", "mkfifo", "cp", "ln", "readlink",
-    ] {
-        add(Symlink, &format!("bin/{applet}"), "busybox", 0o777, b"");
-    }
-    tar.into_inner().expect("tar")
+    Layer::busybox_root(busybox)
+        .dir("data")
+        .file("data/gone.txt", "gone")
+        .file("data/kept.txt", "kept\n")
+        .applets(&[
+            "sh", "ls", "cat", "env", "id", "stat", "test", "echo", "sleep", "sync", "mkdir",
+            "dirname", "rm", "chown", "chmod", "pwd", "mkfifo", "cp", "ln", "readlink",
+        ])
+        .bytes()
 }
 
-/// Writes a one-layer OCI image layout of `layer` at `dir`.
-fn write_oci(dir: &Path, layer: &[u8]) {
-    let blobs = dir.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).expect("mkdir");
-    let put = |data: &[u8]| {
-        let hex = sha256(data);
-        std::fs::write(blobs.join(&hex), data).expect("write blob");
-        hex
-    };
-    let layer_hex = put(layer);
-    let config = serde_json::to_vec(&json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Env": ["PATH=/bin", "BASE_VAR=base"]},
-        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_hex}")]},
-    }))
-    .expect("json");
-    let config_hex = put(&config);
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": format!("sha256:{config_hex}"), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": format!("sha256:{layer_hex}"), "size": layer.len()}],
-    }))
-    .expect("json");
-    let manifest_hex = put(&manifest);
-    std::fs::write(
-        dir.join("index.json"),
-        serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                           "digest": format!("sha256:{manifest_hex}"), "size": manifest.len()}],
-        }))
-        .expect("json"),
-    )
-    .expect("write index");
-    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).expect("write");
+/// Imports the base as `bb`: a one-layer (uncompressed) OCI layout of [`base_layer`] written
+/// under `work`, its config's Env a `BASE_VAR` the recipes' images must keep.
+fn import_base(home: &TestHome, busybox: &Path, work: &Path) {
+    let layout = work.join("bb-oci");
+    Layout::image(
+        &layout,
+        &[oci_layer(base_layer(busybox), false)],
+        json!({"Env": ["PATH=/bin", "BASE_VAR=base"]}),
+    );
+    home.json(&[
+        "image",
+        "import",
+        layout.to_str().expect("utf8"),
+        "--name",
+        "bb",
+    ]);
+}
+
+/// The build's sandbox is gone once the build has ended, however it ended.
+fn assert_no_sandbox(home: &TestHome) {
+    assert!(
+        home.json(&["ps"])["sandboxes"]
+            .as_array()
+            .is_none_or(|s| s.is_empty()),
+        "the build sandbox is gone"
+    );
 }
 
 fn layer_count(home: &TestHome) -> usize {
@@ -133,18 +73,12 @@ fn a_recipe_builds_an_image_from_an_imported_base_on_the_jail() {
     if !require_root(test) {
         return;
     }
-    let Some(busybox) = busybox(test) else { return };
+    let Some(busybox) = require_busybox(test) else {
+        return;
+    };
     let home = TestHome::new();
     let work = tempfile::tempdir().expect("tempdir");
-    let layout = work.path().join("bb-oci");
-    write_oci(&layout, &base_layer(&busybox));
-    home.json(&[
-        "image",
-        "import",
-        layout.to_str().expect("utf8"),
-        "--name",
-        "bb",
-    ]);
+    import_base(&home, &busybox, work.path());
     let conf = work.path().join("app.conf");
     std::fs::write(&conf, "setting = 1\n").expect("write");
     let copy = format!("{}:/etc/app/app.conf", conf.display());
@@ -180,12 +114,7 @@ fn a_recipe_builds_an_image_from_an_imported_base_on_the_jail() {
     );
     let ids = image_ids(&home, "app");
     assert_eq!(ids.len(), 1);
-    assert!(
-        home.json(&["ps"])["sandboxes"]
-            .as_array()
-            .is_none_or(|s| s.is_empty()),
-        "the build sandbox is gone"
-    );
+    assert_no_sandbox(&home);
 
     home.sandbox("box", &["--image", "app", "--backend", "jail"]);
     assert_eq!(home.sh("box", "cat /etc/made"), "made\n");
@@ -279,12 +208,7 @@ fn a_recipe_builds_an_image_from_an_imported_base_on_the_jail() {
         .unwrap_or_default();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     assert_eq!(layer_count(&home), layers, "no stray layer");
-    assert!(
-        home.json(&["ps"])["sandboxes"]
-            .as_array()
-            .is_none_or(|s| s.is_empty()),
-        "the build sandbox is gone"
-    );
+    assert_no_sandbox(&home);
 }
 
 #[test]
@@ -293,18 +217,12 @@ fn a_stopped_build_leaves_no_sandbox_and_no_image() {
     if !require_root(test) {
         return;
     }
-    let Some(busybox) = busybox(test) else { return };
+    let Some(busybox) = require_busybox(test) else {
+        return;
+    };
     let home = TestHome::new();
     let work = tempfile::tempdir().expect("tempdir");
-    let layout = work.path().join("bb-oci");
-    write_oci(&layout, &base_layer(&busybox));
-    home.json(&[
-        "image",
-        "import",
-        layout.to_str().expect("utf8"),
-        "--name",
-        "bb",
-    ]);
+    import_base(&home, &busybox, work.path());
     let mut build = home
         .command()
         .args([
@@ -333,12 +251,7 @@ fn a_stopped_build_leaves_no_sandbox_and_no_image() {
         "the build stopped without waiting for its step"
     );
     assert!(image_ids(&home, "slow").is_empty());
-    assert!(
-        home.json(&["ps"])["sandboxes"]
-            .as_array()
-            .is_none_or(|s| s.is_empty()),
-        "the build sandbox is gone"
-    );
+    assert_no_sandbox(&home);
 }
 
 /// A recipe's image boots on the vm too (built on the jail, with the debian image's kernel as
@@ -349,20 +262,14 @@ fn a_recipe_built_image_boots_in_a_vm() {
     if !require_root(test) || !dynocap_e2e::images::require_mmdebstrap(test) {
         return;
     }
-    let Some(busybox) = busybox(test) else { return };
+    let Some(busybox) = require_busybox(test) else {
+        return;
+    };
     let (home, _) = dynocap_e2e::images::debian_home();
     // Under TCG: these machines have no usable KVM (see tests/vm.rs).
     let home = home.with_env("DYNOCAP_VM_ACCEL", "tcg");
     let work = tempfile::tempdir().expect("tempdir");
-    let layout = work.path().join("bb-oci");
-    write_oci(&layout, &base_layer(&busybox));
-    home.json(&[
-        "image",
-        "import",
-        layout.to_str().expect("utf8"),
-        "--name",
-        "bb",
-    ]);
+    import_base(&home, &busybox, work.path());
     home.json(&[
         "image",
         "build",

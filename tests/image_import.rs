@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use dynocap_e2e::images::store_entries;
 use dynocap_e2e::oci::{
     image_config, oci_layer, require_busybox as busybox, sha256, Layer, Layout, OciLayer,
 };
@@ -140,18 +141,6 @@ fn images(home: &TestHome) -> Vec<Value> {
         .as_array()
         .expect("images")
         .clone()
-}
-
-/// Entries of `images/<name>/` other than the lock: images or leftovers.
-fn store_entries(home: &TestHome, name: &str) -> Vec<String> {
-    std::fs::read_dir(home.path().join("images").join(name))
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n != ".build.lock")
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[test]

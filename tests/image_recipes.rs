@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use dynocap_e2e::images::store_entries;
 use dynocap_e2e::oci::{oci_layer, require_busybox, Layer, Layout};
 use dynocap_e2e::{require_root, TestHome};
 use serde_json::json;
@@ -41,6 +42,19 @@ fn import_base(home: &TestHome, busybox: &Path, work: &Path) {
     ]);
 }
 
+/// A fresh home with the base imported as `bb`, and a work directory; `None` when `test`
+/// skips (not root, no busybox).
+fn home_with_base(test: &str) -> Option<(TestHome, tempfile::TempDir)> {
+    if !require_root(test) {
+        return None;
+    }
+    let busybox = require_busybox(test)?;
+    let home = TestHome::new();
+    let work = tempfile::tempdir().expect("tempdir");
+    import_base(&home, &busybox, work.path());
+    Some((home, work))
+}
+
 /// The build's sandbox is gone once the build has ended, however it ended.
 fn assert_no_sandbox(home: &TestHome) {
     assert!(
@@ -70,15 +84,9 @@ fn image_ids(home: &TestHome, name: &str) -> Vec<String> {
 #[test]
 fn a_recipe_builds_an_image_from_an_imported_base_on_the_jail() {
     let test = "a_recipe_builds_an_image_from_an_imported_base_on_the_jail";
-    if !require_root(test) {
-        return;
-    }
-    let Some(busybox) = require_busybox(test) else {
+    let Some((home, work)) = home_with_base(test) else {
         return;
     };
-    let home = TestHome::new();
-    let work = tempfile::tempdir().expect("tempdir");
-    import_base(&home, &busybox, work.path());
     let conf = work.path().join("app.conf");
     std::fs::write(&conf, "setting = 1\n").expect("write");
     let copy = format!("{}:/etc/app/app.conf", conf.display());
@@ -198,14 +206,7 @@ fn a_recipe_builds_an_image_from_an_imported_base_on_the_jail() {
         "{stderr}"
     );
     assert!(image_ids(&home, "broken").is_empty());
-    let leftovers: Vec<_> = std::fs::read_dir(home.path().join("images/broken"))
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name())
-                .filter(|n| n != ".build.lock")
-                .collect()
-        })
-        .unwrap_or_default();
+    let leftovers = store_entries(&home, "broken");
     assert!(leftovers.is_empty(), "{leftovers:?}");
     assert_eq!(layer_count(&home), layers, "no stray layer");
     assert_no_sandbox(&home);
@@ -214,15 +215,9 @@ fn a_recipe_builds_an_image_from_an_imported_base_on_the_jail() {
 #[test]
 fn a_stopped_build_leaves_no_sandbox_and_no_image() {
     let test = "a_stopped_build_leaves_no_sandbox_and_no_image";
-    if !require_root(test) {
-        return;
-    }
-    let Some(busybox) = require_busybox(test) else {
+    let Some((home, _work)) = home_with_base(test) else {
         return;
     };
-    let home = TestHome::new();
-    let work = tempfile::tempdir().expect("tempdir");
-    import_base(&home, &busybox, work.path());
     let mut build = home
         .command()
         .args([

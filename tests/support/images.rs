@@ -5,6 +5,9 @@
 //! of a run builds into it (or finds it there from an earlier run: the cache is keyed by the
 //! recipe's content id, so a changed recipe never reuses a stale image); every other home
 //! copies the image from it with hard links, in seconds.
+//!
+//! Also what a home's image store holds, for tests that check what a failed build, import
+//! or pull left behind.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -100,4 +103,16 @@ pub fn flat_apt_repository(repo: &Path, work: &Path, package: &str, says: &str) 
         ),
     )
     .expect("write Release");
+}
+
+/// Entries of `images/<name>/` in `home` other than the build lock: images or leftovers.
+pub fn store_entries(home: &TestHome, name: &str) -> Vec<String> {
+    std::fs::read_dir(home.path().join("images").join(name))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n != ".build.lock")
+                .collect()
+        })
+        .unwrap_or_default()
 }

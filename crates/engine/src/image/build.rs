@@ -159,14 +159,7 @@ pub(super) struct BuildLock {
 
 impl BuildLock {
     pub(super) fn take(parent: &Path, progress: &dyn Fn(&str)) -> Result<BuildLock> {
-        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-        let path = parent.join(".build.lock");
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        let (file, path) = super::store::open_lock_file(parent, ".build.lock")?;
         let file = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
         {
             Ok(lock) => return Ok(BuildLock { _lock: lock }),

@@ -137,29 +137,14 @@ pub fn import(
         unpacked.push(layer);
     }
     stop()?;
-    layer_store.assemble(&unpacked, &rootfs)?;
-    customise(&Root::open(&rootfs, limits)?)?;
-    let meta = ImageMeta {
-        name: name.clone(),
-        id: id.clone(),
-        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        size_bytes: tree_size(&rootfs),
-        suite: String::new(),
-        packages: Vec::new(),
-        kernel: None,
-        guest_sudo: true,
-        source: Some(ImageSource {
-            format: source.format().to_owned(),
-            path: path.display().to_string(),
-            manifest_digest: plan.manifest_digest.as_ref().map(Digest::to_string),
-            config_digest: plan.config_digest.to_string(),
-        }),
-        config: plan.config,
-        layers: unpacked.iter().map(|l| l.meta.diff_id.clone()).collect(),
+    let source = ImageSource {
+        format: source.format().to_owned(),
+        path: path.display().to_string(),
+        manifest_digest: plan.manifest_digest.as_ref().map(Digest::to_string),
+        config_digest: plan.config_digest.to_string(),
     };
-    let json = serde_json::to_string_pretty(&meta)
-        .map_err(|err| Error::internal(format!("writing image.json: {err}")))?;
-    fs::write(staging.path.join(META_FILE), json).context("writing image.json")?;
+    let meta = ImageMeta::layered(&name, &id, source, plan.config);
+    assemble_image(&layer_store, &unpacked, &staging.path, limits, meta)?;
     stop()?;
     let target = store.image_dir(&name, &id);
     staging.install(&target)?;
@@ -572,6 +557,31 @@ pub(super) fn diff_ids(config: &oci::ImageConfig, layers: usize) -> Result<Vec<D
         )));
     }
     ids.iter().map(|id| Digest::parse(id)).collect()
+}
+
+/// Assembles `layers` into `<staging>/rootfs`, makes DynoCap's changes to it ([`customise`])
+/// and writes `<staging>/image.json` from `meta` with when, how big and which layers filled
+/// in: the one way an image made of stored layers (pulled, imported or a recipe's) is put
+/// together before it is installed.
+pub(super) fn assemble_image(
+    layer_store: &LayerStore,
+    layers: &[Layer],
+    staging: &Path,
+    limits: Limits,
+    meta: ImageMeta,
+) -> Result<()> {
+    let rootfs = staging.join("rootfs");
+    layer_store.assemble(layers, &rootfs)?;
+    customise(&Root::open(&rootfs, limits)?)?;
+    let meta = ImageMeta {
+        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        size_bytes: tree_size(&rootfs),
+        layers: layers.iter().map(|l| l.meta.diff_id.clone()).collect(),
+        ..meta
+    };
+    let json = serde_json::to_string_pretty(&meta)
+        .map_err(|err| Error::internal(format!("writing image.json: {err}")))?;
+    fs::write(staging.join(META_FILE), json).context("writing image.json")
 }
 
 /// DynoCap's changes to an imported rootfs, made through the same no-symlink walk as the

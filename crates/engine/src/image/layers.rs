@@ -37,14 +37,14 @@ use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{readlinkat, AtFlags};
-use nix::sys::stat::{fchmod, fstatat, mkdirat, FileStat, Mode, SFlag};
+use nix::sys::stat::{fchmod, fstatat, FileStat, Mode, SFlag};
 use nix::unistd::{fchown, fchownat, linkat, symlinkat, Gid, Uid};
 use serde::{Deserialize, Serialize};
 
 use super::oci::Digest;
 use super::unpack::{
-    fs_error, is_type, list_dir, open_dir, remove_tree, show, stat_at, Hashing, LayerRecord,
-    Limits, Parts, Root, Stats,
+    dir_here, fs_error, is_type, list_dir, open_dir, remove_tree, show, stat_at, Hashing,
+    LayerRecord, Limits, Parts, Root, Stats,
 };
 use crate::foundation::error::{Context, Error, Result};
 
@@ -132,15 +132,7 @@ impl LayerStore {
     }
 
     fn lock(&self, exclusive: bool) -> Result<StoreLock> {
-        fs::create_dir_all(&self.dir)
-            .with_context(|| format!("creating {}", self.dir.display()))?;
-        let path = self.dir.join("lock");
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        let (file, path) = super::store::open_lock_file(&self.dir, "lock")?;
         let arg = if exclusive {
             nix::fcntl::FlockArg::LockExclusive
         } else {
@@ -426,17 +418,7 @@ fn merge_entry(
         .map_err(|e| fs_error("reading", &show(path), e))?;
     let existing = stat_at(into, name)?;
     if is_type(st.st_mode, SFlag::S_IFDIR) {
-        let was_dir = existing.is_some_and(|e| is_type(e.st_mode, SFlag::S_IFDIR));
-        if !was_dir {
-            remove_tree(into, name)?;
-            mkdirat(
-                into,
-                OsStr::from_bytes(name),
-                Mode::from_bits_truncate(0o700),
-            )
-            .map_err(|e| fs_error("creating", &show(path), e))?;
-        }
-        let sub_into = open_dir(into, name).map_err(|e| fs_error("opening", &show(path), e))?;
+        let (sub_into, was_dir) = dir_here(into, name, existing, path)?;
         // A directory the layer has only as a parent keeps a lower layer's owner and mode.
         if !was_dir || !implicit.contains(&*path) {
             own(&sub_into, &st, path)?;
@@ -661,15 +643,7 @@ mod tests {
         for tar in [
             Tar::new().file("../escape", "x"),
             Tar::new().file("a/.wh...", ""),
-            Tar::new()
-                .entry(
-                    tar::EntryType::Symlink,
-                    "d",
-                    outside.path().to_str().expect("utf8"),
-                    0o777,
-                    b"",
-                )
-                .file("d/x", "x"),
+            Tar::through_symlink_to(outside.path()),
         ] {
             let bytes = tar.bytes();
             assert!(store

@@ -36,11 +36,11 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::build::{remove_dead_builds, BuildLock, Staging};
 use super::failure::ImageFailure;
-use super::import::{customise, unpack_blob, Budget};
+use super::import::{assemble_image, unpack_blob, Budget};
 use super::layers::{Layer, LayerStore};
 use super::oci::{self, Digest};
-use super::store::{self, tree_size, BuiltImage, ImageMeta, ImageSource, ImageStore, META_FILE};
-use super::unpack::{Limits, Root, Stats};
+use super::store::{self, BuiltImage, ImageMeta, ImageSource, ImageStore};
+use super::unpack::{Limits, Stats};
 use crate::foundation::error::{Context, Error, Result};
 use crate::foundation::failpoint;
 
@@ -269,24 +269,14 @@ fn install(
     let staging = Staging::new(&parent)?;
     let rootfs = staging.path.join("rootfs");
     std::fs::create_dir(&rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
-    LayerStore::in_images_dir(store_dir).assemble(layers, &rootfs)?;
-    customise(&Root::open(&rootfs, limits)?)?;
-    let meta = ImageMeta {
-        name: name.to_owned(),
-        id: id.to_owned(),
-        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        size_bytes: tree_size(&rootfs),
-        suite: String::new(),
-        packages: Vec::new(),
-        kernel: None,
-        guest_sudo: true,
-        source: Some(source),
-        config,
-        layers: layers.iter().map(|l| l.meta.diff_id.clone()).collect(),
-    };
-    let json = serde_json::to_string_pretty(&meta)
-        .map_err(|err| Error::internal(format!("writing image.json: {err}")))?;
-    std::fs::write(staging.path.join(META_FILE), json).context("writing image.json")?;
+    let meta = ImageMeta::layered(name, id, source, config);
+    assemble_image(
+        &LayerStore::in_images_dir(store_dir),
+        layers,
+        &staging.path,
+        limits,
+        meta,
+    )?;
     let target = images.image_dir(name, id);
     staging.install(&target)?;
     let image = images

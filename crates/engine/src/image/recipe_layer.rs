@@ -26,8 +26,8 @@ use super::build::{remove_dead_builds, BuildLock, Staging};
 use super::failure::ImageFailure;
 use super::layers::LayerStore;
 use super::oci::Digest;
-use super::store::{tree_size, BuiltImage, ImageMeta, ImageSource, ImageStore, META_FILE};
-use super::unpack::{Limits, Root};
+use super::store::{BuiltImage, ImageMeta, ImageSource, ImageStore};
+use super::unpack::Limits;
 use crate::foundation::error::{Context, Error, Result};
 
 /// Bump when what a recipe's steps make of an image changes.
@@ -154,8 +154,6 @@ pub fn install(
         fs::remove_file(&tar_path).context("removing the built layer's tar")?;
         let rootfs = staging.path.join("rootfs");
         fs::create_dir(&rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
-        layer_store.assemble(&layers, &rootfs)?;
-        super::import::customise(&Root::open(&rootfs, limits)?)?;
         let mut config = base.meta.config.clone().unwrap_or_default();
         let mut env: Vec<String> = config.env.take().unwrap_or_default();
         for step in &recipe.steps {
@@ -165,27 +163,19 @@ pub fn install(
             }
         }
         config.env = (!env.is_empty()).then_some(env);
+        let source = ImageSource {
+            format: "recipe".to_owned(),
+            path: format!("{} ({})", recipe.base_name, recipe.base_id),
+            manifest_digest: None,
+            config_digest: format!("sha256:{id}"),
+        };
         let meta = ImageMeta {
-            name: name.to_owned(),
-            id: id.clone(),
-            created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            size_bytes: tree_size(&rootfs),
             suite: base.meta.suite.clone(),
             packages: base.meta.packages.clone(),
             kernel: base.meta.kernel.clone(),
-            guest_sudo: true,
-            source: Some(ImageSource {
-                format: "recipe".to_owned(),
-                path: format!("{} ({})", recipe.base_name, recipe.base_id),
-                manifest_digest: None,
-                config_digest: format!("sha256:{id}"),
-            }),
-            config: Some(config),
-            layers: layers.iter().map(|l| l.meta.diff_id.clone()).collect(),
+            ..ImageMeta::layered(name, &id, source, Some(config))
         };
-        let json = serde_json::to_string_pretty(&meta)
-            .map_err(|err| Error::internal(format!("writing image.json: {err}")))?;
-        fs::write(staging.path.join(META_FILE), json).context("writing image.json")?;
+        super::import::assemble_image(&layer_store, &layers, &staging.path, limits, meta)?;
         let json = serde_json::to_string_pretty(recipe)
             .map_err(|err| Error::internal(format!("writing recipe.json: {err}")))?;
         fs::write(staging.path.join(RECIPE_FILE), json).context("writing recipe.json")?;

@@ -27,6 +27,20 @@ pub const META_FILE: &str = "image.json";
 /// Prefix of build directories in progress.
 pub(crate) const TMP_PREFIX: &str = ".tmp-";
 
+/// Opens the lock file `name` in `dir` (made, with `dir`, where missing; never truncated) for
+/// an flock, and says its path for messages.
+pub(crate) fn open_lock_file(dir: &Path, name: &str) -> Result<(fs::File, PathBuf)> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(name);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    Ok((file, path))
+}
+
 /// What `image.json` records about a built image.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -59,6 +73,32 @@ pub struct ImageMeta {
     /// whose rootfs is its own (a debian build).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<String>,
+}
+
+impl ImageMeta {
+    /// The record of an image whose rootfs is assembled from shared layers, before
+    /// [`super::import::assemble_image`] fills in when, how big and which layers: no Debian
+    /// suite, packages or kernel of its own, `sudo` for the sandbox user.
+    pub(crate) fn layered(
+        name: &str,
+        id: &str,
+        source: ImageSource,
+        config: Option<super::oci::ContainerConfig>,
+    ) -> ImageMeta {
+        ImageMeta {
+            name: name.to_owned(),
+            id: id.to_owned(),
+            created: String::new(),
+            size_bytes: 0,
+            suite: String::new(),
+            packages: Vec::new(),
+            kernel: None,
+            guest_sudo: true,
+            source: Some(source),
+            config,
+            layers: Vec::new(),
+        }
+    }
 }
 
 /// Where an imported image came from.

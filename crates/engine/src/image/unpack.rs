@@ -19,7 +19,7 @@ use std::path::Path;
 
 use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
-use nix::sys::stat::{fchmod, fstatat, futimens, mkdirat, Mode, SFlag};
+use nix::sys::stat::{fchmod, fstatat, futimens, mkdirat, FileStat, Mode, SFlag};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{fchown, fchownat, linkat, symlinkat, unlinkat, Gid, Uid, UnlinkatFlags};
 use sha2::{Digest as _, Sha256};
@@ -272,17 +272,7 @@ impl Root {
             if let Some(record) = &self.layer {
                 record.borrow_mut().implicit_dirs.retain(|d| d != parts);
             }
-            let is_dir = existing.is_some_and(|st| is_type(st.st_mode, SFlag::S_IFDIR));
-            if !is_dir {
-                remove_tree(parent, name)?;
-                mkdirat(
-                    parent,
-                    OsStr::from_bytes(name),
-                    Mode::from_bits_truncate(0o700),
-                )
-                .map_err(|e| fs_error("creating", &show(parts), e))?;
-            }
-            let dir = open_dir(parent, name).map_err(|e| fs_error("opening", &show(parts), e))?;
+            let (dir, _) = dir_here(parent, name, existing, parts)?;
             fchown(&dir, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
                 .map_err(|e| fs_error("chowning", &show(parts), e))?;
             fchmod(&dir, Mode::from_bits_truncate(raw_mode & 0o1777))
@@ -445,6 +435,30 @@ impl Root {
     }
 }
 
+/// Makes `name` in `parent` a directory, `existing` being what stands there now: anything
+/// else is removed (a whole tree, never followed) and a new directory made 0700, so nothing
+/// can use it before it is owned and moded. Opens it (no symlink followed) and says whether
+/// it was a directory already. `path` names it in errors.
+pub(super) fn dir_here(
+    parent: BorrowedFd<'_>,
+    name: &[u8],
+    existing: Option<FileStat>,
+    path: &[Vec<u8>],
+) -> Result<(OwnedFd, bool)> {
+    let was_dir = existing.is_some_and(|st| is_type(st.st_mode, SFlag::S_IFDIR));
+    if !was_dir {
+        remove_tree(parent, name)?;
+        mkdirat(
+            parent,
+            OsStr::from_bytes(name),
+            Mode::from_bits_truncate(0o700),
+        )
+        .map_err(|e| fs_error("creating", &show(path), e))?;
+    }
+    let dir = open_dir(parent, name).map_err(|e| fs_error("opening", &show(path), e))?;
+    Ok((dir, was_dir))
+}
+
 pub(super) fn open_dir(dir: BorrowedFd<'_>, name: &[u8]) -> nix::Result<OwnedFd> {
     openat(
         dir,
@@ -566,6 +580,18 @@ pub(super) mod tests {
         pub(crate) fn bytes(self) -> Vec<u8> {
             self.0.into_inner().expect("tar")
         }
+        /// A symlink `d` to `outside`, then a file written through it: must land nowhere.
+        pub(crate) fn through_symlink_to(outside: &std::path::Path) -> Self {
+            Layer::new()
+                .entry(
+                    tar::EntryType::Symlink,
+                    "d",
+                    outside.to_str().expect("utf8"),
+                    0o777,
+                    b"",
+                )
+                .file("d/x", "x")
+        }
     }
 
     fn apply(root: &mut Root, layer: Layer) -> Result<()> {
@@ -632,15 +658,7 @@ pub(super) mod tests {
             ("absolute", Layer::new().file("/abs", "x")),
             (
                 "symlinked parent",
-                Layer::new()
-                    .entry(
-                        tar::EntryType::Symlink,
-                        "d",
-                        outside.path().to_str().expect("utf8"),
-                        0o777,
-                        b"",
-                    )
-                    .file("d/x", "x"),
+                Layer::through_symlink_to(outside.path()),
             ),
             ("whiteout of ..", Layer::new().file("a/.wh...", "")),
             (

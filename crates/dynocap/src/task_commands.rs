@@ -279,19 +279,8 @@ async fn auto_image(engine: &Engine, source: &Source) -> Result<AutoImage, Error
         return Ok(auto);
     };
     warnln!("dynocap: pulling {reference}, which the project's devcontainer.json names");
-    let cancel = std::sync::atomic::AtomicBool::new(false);
     let progress = |line: &str| warnln!("image pull: {line}");
-    match engine
-        .image_pull(
-            reference,
-            None,
-            None,
-            dynocap_engine::image::unpack::Limits::default(),
-            &progress,
-            &cancel,
-        )
-        .await
-    {
+    match engine.image_pull_on_demand(reference, &progress).await {
         Ok(pulled) => Ok(AutoImage {
             image: Some(pulled.image.name().to_owned()),
             note: Some(format!(

@@ -322,17 +322,9 @@ impl Tools {
     /// `dynocap image pull` would: only from `DYNOCAP_REGISTRIES`, with the server user's
     /// Docker config for credentials.
     async fn pull_on_demand(&self, reference: &str) -> Result<(), Error> {
-        let cancel = std::sync::atomic::AtomicBool::new(false);
         let progress = |line: &str| tracing::info!("image pull: {line}");
         self.engine
-            .image_pull(
-                reference,
-                None,
-                None,
-                dynocap_engine::image::unpack::Limits::default(),
-                &progress,
-                &cancel,
-            )
+            .image_pull_on_demand(reference, &progress)
             .await
             .map(|_| ())
     }

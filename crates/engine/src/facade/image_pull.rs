@@ -42,4 +42,17 @@ impl Engine {
         )
         .await
     }
+
+    /// Pulls `reference` under its own name with the default limits and no credentials but
+    /// the Docker config's, never cancelled: the pull a task start makes of an image it needs (the
+    /// one a project's devcontainer.json names, or one the MCP server offers).
+    pub async fn image_pull_on_demand(
+        &self,
+        reference: &str,
+        progress: &(dyn Fn(&str) + Sync),
+    ) -> Result<Pulled> {
+        let cancel = AtomicBool::new(false);
+        self.image_pull(reference, None, None, Limits::default(), progress, &cancel)
+            .await
+    }
 }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::facade::sandboxes::{remove_leftovers, unexpected, Engine, Keep, Via};
+use crate::facade::sandboxes::{kill_supervisor, remove_leftovers, unexpected, Engine, Keep, Via};
 use crate::foundation::error::{Error, Result};
 use crate::model::spec::Network;
 use crate::model::task_spec::{ForkOrigin, Progress, TaskDetail, TaskInfo};
@@ -265,14 +265,7 @@ impl Drop for ForkGuard<'_> {
                 .supervisor
                 .filter(|p| Some(*p) != self.parent_supervisor && p.is_alive())
             {
-                let pid = nix::unistd::Pid::from_raw(process.pid);
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                for _ in 0..50 {
-                    if !process.is_alive() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                kill_supervisor(process);
             }
         }
         let home = self.engine.home();

@@ -1146,6 +1146,19 @@ struct StartGuard {
     armed: bool,
 }
 
+/// Kills a half-made sandbox's supervisor and waits up to a second for it to be gone: the
+/// guest's init dies with its parent, and the cleanup after this must find it gone.
+pub(crate) fn kill_supervisor(process: ProcessId) {
+    let pid = nix::unistd::Pid::from_raw(process.pid);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    for _ in 0..50 {
+        if !process.is_alive() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 impl Drop for StartGuard {
     fn drop(&mut self) {
         if !self.armed {
@@ -1156,15 +1169,7 @@ impl Drop for StartGuard {
         };
         if let Ok(Some(record)) = catalog.get(&self.id) {
             if let Some(process) = record.supervisor.filter(ProcessId::is_alive) {
-                let pid = nix::unistd::Pid::from_raw(process.pid);
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                // The guest's init dies with its parent; wait briefly so cleanup finds it gone.
-                for _ in 0..50 {
-                    if !process.is_alive() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                kill_supervisor(process);
             }
             // Its host helpers (git packing the history) do not die with it by themselves.
             if let Some(process) = record.supervisor {

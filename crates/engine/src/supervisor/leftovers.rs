@@ -22,6 +22,35 @@ pub(crate) fn remove_leftovers(home: &Home, id: &str, backend: &str, keep: Keep)
         return backend.cleanup_keeping_layer(id, &home.sandbox_dir(id));
     }
     backend.cleanup_leftovers(id, &home.sandbox_dir(id))?;
-    let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
+    remove_state_dir(home, id);
     Ok(())
+}
+
+/// Removes a sandbox's state directory (its disk, baseline, range file) once its guest is
+/// gone. A task of the supervisor that was still finishing (a clone's download, a CA bundle
+/// for the proxy) may create a file in it while it is being emptied, which fails the last
+/// `rmdir` with `ENOTEMPTY`; the removal is tried again for a moment, since a directory left
+/// behind keeps its disk's reserved room on the host. A directory that still cannot go is
+/// logged: the next repair finds no record for it and removes it.
+pub(crate) fn remove_state_dir(home: &Home, id: &str) {
+    let dir = home.sandbox_dir(id);
+    let mut tries = 0;
+    loop {
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => return,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return,
+            Err(err) if tries < 20 => {
+                tracing::debug!("removing {}: {err}; trying again", dir.display());
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(err) => {
+                tracing::error!(
+                    "removing the sandbox's state directory {}: {err}",
+                    dir.display()
+                );
+                return;
+            }
+        }
+    }
 }

@@ -81,7 +81,7 @@ pub(super) async fn come_up(
             tracing::error!(target: LOG_TARGET, "start failed: {err}");
             ready.send(&ReadyMessage::Failed(err));
             let _ = tokio::task::spawn_blocking(move || guest.destroy()).await;
-            let _ = std::fs::remove_dir_all(home.sandbox_dir(&id));
+            crate::supervisor::leftovers::remove_state_dir(home, &id);
             return None;
         }
     };

@@ -121,7 +121,7 @@ pub(super) async fn tear_down_raw(
         Ok(Err(err)) => tracing::error!(target: LOG_TARGET, "teardown: {err}"),
         Err(err) => tracing::error!(target: LOG_TARGET, "teardown panicked: {err}"),
     }
-    let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
+    crate::supervisor::leftovers::remove_state_dir(home, id);
     if ending != Ending::GuestDied {
         if let Err(err) = catalog.delete(id) {
             tracing::error!(target: LOG_TARGET, "updating the catalog: {err}");
@@ -324,7 +324,7 @@ pub(super) fn remove_sandbox_files(home: &Home, id: &str, backend: &str) {
         Ok(()) => {}
         Err(err) => tracing::error!(target: LOG_TARGET, "removing the sandbox's files: {err}"),
     }
-    let _ = std::fs::remove_dir_all(home.sandbox_dir(id));
+    crate::supervisor::leftovers::remove_state_dir(home, id);
 }
 
 /// [`Mode::Recover`]: the guest booted over the kept layer; take the diff, save, answer on the

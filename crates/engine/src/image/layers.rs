@@ -43,8 +43,8 @@ use serde::{Deserialize, Serialize};
 
 use super::oci::Digest;
 use super::unpack::{
-    dir_here, fs_error, is_type, list_dir, open_dir, remove_tree, show, stat_at, Hashing,
-    LayerRecord, Limits, Parts, Root, Stats,
+    dir_here, fs_error, is_type, link_here, list_dir, open_dir, remove_tree, show, stat_at,
+    Hashing, LayerRecord, Limits, Parts, Root, Stats,
 };
 use crate::foundation::error::{Context, Error, Result};
 
@@ -354,36 +354,23 @@ fn link_lower(root: &Root, link: &Parts, target: &Parts) -> Result<()> {
     else {
         return Ok(());
     };
-    let source_dir = root.walk(target_dir, false)?;
-    let source = match &source_dir {
-        Some(dir) => stat_at(dir.as_fd(), target_name)?,
-        None => None,
-    };
-    let (Some(source_dir), Some(source)) = (source_dir, source) else {
+    let Some(source_dir) = root.hard_link_source(link, target_dir, target_name)? else {
         return Err(Error::invalid(format!(
             "the hard link {} names {}, which is not in the image",
             printable(link),
             printable(target)
         )));
     };
-    if is_type(source.st_mode, SFlag::S_IFDIR) {
-        return Err(Error::invalid(format!(
-            "the hard link {} names a directory",
-            printable(link)
-        )));
-    }
     let parent = root
         .walk(link_dir, true)?
         .ok_or_else(|| Error::internal("a created directory vanished"))?;
-    remove_tree(parent.as_fd(), link_name)?;
-    linkat(
+    link_here(
         source_dir.as_fd(),
-        OsStr::from_bytes(target_name),
+        target_name,
         parent.as_fd(),
-        OsStr::from_bytes(link_name),
-        AtFlags::empty(),
+        link_name,
+        link,
     )
-    .map_err(|e| fs_error("linking", &show(link), e))
 }
 
 fn printable(parts: &Parts) -> String {

@@ -296,12 +296,7 @@ impl Root {
             if target == parts {
                 return Ok(());
             }
-            let source_dir = self.walk(target_dir, false)?;
-            let source = match &source_dir {
-                Some(dir) => stat_at(dir.as_fd(), target_name)?,
-                None => None,
-            };
-            let (Some(source_dir), Some(source)) = (source_dir, source) else {
+            let Some(source_dir) = self.hard_link_source(parts, target_dir, target_name)? else {
                 if let Some(record) = &self.layer {
                     // A lower layer's file: linked when the layers are assembled, where it
                     // must exist then.
@@ -317,22 +312,7 @@ impl Root {
                     display(&target)
                 )));
             };
-            if is_type(source.st_mode, SFlag::S_IFDIR) {
-                return Err(Error::invalid(format!(
-                    "the hard link {} names a directory",
-                    shown()
-                )));
-            }
-            remove_tree(parent, name)?;
-            linkat(
-                source_dir.as_fd(),
-                OsStr::from_bytes(target_name),
-                parent,
-                OsStr::from_bytes(name),
-                AtFlags::empty(),
-            )
-            .map_err(|e| fs_error("linking", &show(parts), e))?;
-            return Ok(());
+            return link_here(source_dir.as_fd(), target_name, parent, name, parts);
         }
         remove_tree(parent, name)?;
         if kind.is_symlink() {
@@ -397,6 +377,32 @@ impl Root {
         ))
     }
 
+    /// The directory holding the file the hard link `link` names (`target_dir`/`target_name`,
+    /// reached without following any symlink), or `None` where that file is not in this tree.
+    /// A directory is refused: no hard links to directories.
+    pub(super) fn hard_link_source(
+        &self,
+        link: &[Vec<u8>],
+        target_dir: &[Vec<u8>],
+        target_name: &[u8],
+    ) -> Result<Option<OwnedFd>> {
+        let source_dir = self.walk(target_dir, false)?;
+        let source = match &source_dir {
+            Some(dir) => stat_at(dir.as_fd(), target_name)?,
+            None => None,
+        };
+        let (Some(source_dir), Some(source)) = (source_dir, source) else {
+            return Ok(None);
+        };
+        if is_type(source.st_mode, SFlag::S_IFDIR) {
+            return Err(Error::invalid(format!(
+                "the hard link {} names a directory",
+                display(link)
+            )));
+        }
+        Ok(Some(source_dir))
+    }
+
     /// The directory at `parts`, reached one component at a time without following any
     /// symlink; missing components are created when `create`, else `None`.
     pub fn walk(&self, parts: &[Vec<u8>], create: bool) -> Result<Option<OwnedFd>> {
@@ -457,6 +463,26 @@ pub(super) fn dir_here(
     }
     let dir = open_dir(parent, name).map_err(|e| fs_error("opening", &show(path), e))?;
     Ok((dir, was_dir))
+}
+
+/// Replaces whatever stands at `name` in `parent` by a hard link to `target_name` in
+/// `source_dir` (found by [`Root::hard_link_source`]). `path` names the link in errors.
+pub(super) fn link_here(
+    source_dir: BorrowedFd<'_>,
+    target_name: &[u8],
+    parent: BorrowedFd<'_>,
+    name: &[u8],
+    path: &[Vec<u8>],
+) -> Result<()> {
+    remove_tree(parent, name)?;
+    linkat(
+        source_dir,
+        OsStr::from_bytes(target_name),
+        parent,
+        OsStr::from_bytes(name),
+        AtFlags::empty(),
+    )
+    .map_err(|e| fs_error("linking", &show(path), e))
 }
 
 pub(super) fn open_dir(dir: BorrowedFd<'_>, name: &[u8]) -> nix::Result<OwnedFd> {

@@ -43,8 +43,8 @@ use serde::{Deserialize, Serialize};
 
 use super::oci::Digest;
 use super::unpack::{
-    dir_here, fs_error, is_type, link_here, list_dir, open_dir, remove_tree, show, stat_at,
-    Hashing, LayerRecord, Limits, Parts, Root, Stats,
+    create_file, dir_here, fs_error, is_type, link_here, list_dir, open_dir, remove_tree, show,
+    stat_at, Hashing, LayerRecord, Limits, Parts, Root, Stats,
 };
 use crate::foundation::error::{Context, Error, Result};
 
@@ -476,14 +476,7 @@ fn copy_file(
         Mode::empty(),
     )
     .map_err(|e| fs_error("opening", &show(path), e))?;
-    let dst = openat(
-        into,
-        OsStr::from_bytes(name),
-        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o600),
-    )
-    .map_err(|e| fs_error("creating", &show(path), e))?;
-    let mut dst = fs::File::from(dst);
+    let mut dst = create_file(into, name, path)?;
     std::io::copy(&mut fs::File::from(src), &mut dst)
         .map_err(|err| Error::internal(format!("copying {}: {err}", printable(path))))?;
     own(&OwnedFd::from(dst), st, path)

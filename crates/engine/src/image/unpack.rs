@@ -345,14 +345,7 @@ impl Root {
         if size > room {
             return Err(self.too_big());
         }
-        let fd = openat(
-            parent,
-            OsStr::from_bytes(name),
-            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o600),
-        )
-        .map_err(|e| fs_error("creating", &show(parts), e))?;
-        let mut file = File::from(fd);
+        let mut file = create_file(parent, name, parts)?;
         let copied = io::copy(&mut (&mut entry).take(room.saturating_add(1)), &mut file)
             .map_err(|err| Error::invalid(format!("writing {}: {err}", shown())))?;
         self.stats.bytes += copied;
@@ -483,6 +476,19 @@ pub(super) fn link_here(
         AtFlags::empty(),
     )
     .map_err(|e| fs_error("linking", &show(path), e))
+}
+
+/// Creates the file `name` in `parent` for writing: new (nothing may stand there, so nothing
+/// is followed) and 0600 until it is owned and moded. `path` names it in errors.
+pub(super) fn create_file(parent: BorrowedFd<'_>, name: &[u8], path: &[Vec<u8>]) -> Result<File> {
+    let fd = openat(
+        parent,
+        OsStr::from_bytes(name),
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(|e| fs_error("creating", &show(path), e))?;
+    Ok(File::from(fd))
 }
 
 pub(super) fn open_dir(dir: BorrowedFd<'_>, name: &[u8]) -> nix::Result<OwnedFd> {

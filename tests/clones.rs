@@ -54,8 +54,26 @@ fn assert_nothing_left(home: &TestHome) {
             .flatten()
             .map(|e| e.path())
             .collect();
-        assert!(left.is_empty(), "left in {dir}: {left:?}");
+        assert!(
+            left.is_empty(),
+            "left in {dir}: {left:?}\n{}",
+            left.iter().map(|path| describe_leftover(home, path)).collect::<String>()
+        );
     }
+}
+
+/// What a leftover state directory holds and what its supervisor logged, for the failure.
+fn describe_leftover(home: &TestHome, path: &std::path::Path) -> String {
+    let entries: Vec<String> = std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let id = path.file_name().unwrap_or_default().to_string_lossy();
+    let log = std::fs::read_to_string(home.path().join("logs").join(format!("{id}.log")))
+        .unwrap_or_else(|err| format!("(no log: {err})"));
+    format!("{} holds {entries:?}; its log:\n{log}\n", path.display())
 }
 
 // --- the baseline is the checkout -----------------------------------------------------------

@@ -21,7 +21,19 @@ pub(crate) fn remove_leftovers(home: &Home, id: &str, backend: &str, keep: Keep)
     if keep == Keep::Layer {
         return backend.cleanup_keeping_layer(id, &home.sandbox_dir(id));
     }
-    backend.cleanup_leftovers(id, &home.sandbox_dir(id))?;
+    // Right after a supervisor was killed its guest's processes may still be on their way
+    // out (a cgroup not yet empty, a loop device still held); what could not go yet is tried
+    // again for a few seconds before the failure is returned and the directory kept for the
+    // next repair.
+    let mut tries = 0;
+    while let Err(err) = backend.cleanup_leftovers(id, &home.sandbox_dir(id)) {
+        if tries == 50 {
+            return Err(err);
+        }
+        tracing::debug!("removing the leftovers of {id}: {err}; trying again");
+        tries += 1;
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     remove_state_dir(home, id);
     Ok(())
 }

@@ -57,7 +57,9 @@ fn assert_nothing_left(home: &TestHome) {
         assert!(
             left.is_empty(),
             "left in {dir}: {left:?}\n{}",
-            left.iter().map(|path| describe_leftover(home, path)).collect::<String>()
+            left.iter()
+                .map(|path| describe_leftover(home, path))
+                .collect::<String>()
         );
     }
 }

@@ -32,43 +32,35 @@ pub const CA_BUNDLE: &str = "/var/lib/dynocap-egress/ca-certificates.crt";
 /// the agent hold unbounded buffers.
 const MAX_TUNNELS: usize = 256;
 
-/// The variables that point HTTP clients at the listener, and TLS clients at the bundle.
+/// The variables that point HTTP clients at the listener, and TLS clients at the bundle
+/// (their names: [`dynocap_proto::proxy_env`]).
 pub fn proxy_env(port: u16, ca_bundle: bool) -> Vec<(String, String)> {
+    use dynocap_proto::proxy_env::{
+        CA_BUNDLE_VARIABLES, GIT_CONFIG_PREFIX, NO_PROXY_VARIABLES, PROXY_URL_VARIABLES,
+    };
     let proxy = format!("http://127.0.0.1:{port}");
-    let mut env: Vec<(&str, String)> = vec![
-        ("HTTPS_PROXY", proxy.clone()),
-        ("HTTP_PROXY", proxy.clone()),
-        ("https_proxy", proxy.clone()),
-        ("http_proxy", proxy.clone()),
-        ("NO_PROXY", "localhost,127.0.0.1".into()),
-        ("no_proxy", "localhost,127.0.0.1".into()),
-        // npm, pip and cargo also read their own settings, which a project's config could
-        // otherwise point elsewhere.
-        ("npm_config_proxy", proxy.clone()),
-        ("npm_config_https_proxy", proxy.clone()),
-        ("PIP_PROXY", proxy.clone()),
-        ("CARGO_HTTP_PROXY", proxy.clone()),
-        ("GIT_CONFIG_COUNT", "1".into()),
-        ("GIT_CONFIG_KEY_0", "http.proxy".into()),
-        ("GIT_CONFIG_VALUE_0", proxy),
-    ];
+    let mut env: Vec<(String, String)> = PROXY_URL_VARIABLES
+        .iter()
+        .map(|key| ((*key).to_owned(), proxy.clone()))
+        .collect();
+    env.extend(
+        NO_PROXY_VARIABLES
+            .iter()
+            .map(|key| ((*key).to_owned(), "localhost,127.0.0.1".to_owned())),
+    );
+    env.extend([
+        (format!("{GIT_CONFIG_PREFIX}COUNT"), "1".to_owned()),
+        (format!("{GIT_CONFIG_PREFIX}KEY_0"), "http.proxy".to_owned()),
+        (format!("{GIT_CONFIG_PREFIX}VALUE_0"), proxy),
+    ]);
     if ca_bundle {
-        for key in [
-            "SSL_CERT_FILE",
-            "NODE_EXTRA_CA_CERTS",
-            "PIP_CERT",
-            "GIT_SSL_CAINFO",
-            "REQUESTS_CA_BUNDLE",
-            "CURL_CA_BUNDLE",
-            "CARGO_HTTP_CAINFO",
-            // npm ignores NODE_EXTRA_CA_CERTS for connections through a proxy; its own
-            // setting takes the whole bundle.
-            "npm_config_cafile",
-        ] {
-            env.push((key, CA_BUNDLE.into()));
-        }
+        env.extend(
+            CA_BUNDLE_VARIABLES
+                .iter()
+                .map(|key| ((*key).to_owned(), CA_BUNDLE.to_owned())),
+        );
     }
-    env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+    env
 }
 
 /// Commands' extra environment, shared by the listener's owner and every exec.

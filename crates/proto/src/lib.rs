@@ -12,6 +12,7 @@ mod frame;
 pub mod fuzzing;
 mod io;
 mod message;
+pub mod proxy_env;
 pub mod redact;
 pub mod tunnel;
 

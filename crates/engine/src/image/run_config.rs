@@ -21,31 +21,23 @@ pub const IMAGE_ENV_MAX: usize = 64 * 1024;
 const OWN_ALWAYS: &[&str] = &["HOME", "USER", "LOGNAME", "TERM"];
 
 /// Variables a `filtered` sandbox's agent sets to send clients through its proxy and to trust
-/// its CA bundle (the agent's `egress::proxy_env`): an image's own values would bypass the
-/// proxy (and be refused) or drop the bundle, so they are not taken in such a sandbox.
-const OWN_WHEN_FILTERED: &[&str] = &[
-    "HTTPS_PROXY",
-    "HTTP_PROXY",
-    "https_proxy",
-    "http_proxy",
-    "ALL_PROXY",
-    "all_proxy",
-    "NO_PROXY",
-    "no_proxy",
-    "npm_config_proxy",
-    "npm_config_https_proxy",
-    "PIP_PROXY",
-    "CARGO_HTTP_PROXY",
-    "GIT_CONFIG_COUNT",
-    "SSL_CERT_FILE",
-    "NODE_EXTRA_CA_CERTS",
-    "PIP_CERT",
-    "GIT_SSL_CAINFO",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "CARGO_HTTP_CAINFO",
-    "npm_config_cafile",
-];
+/// its CA bundle ([`dynocap_proto::proxy_env`]), and the `ALL_PROXY` spellings it leaves
+/// unset: an image's own values would bypass the proxy (and be refused) or drop the bundle, so
+/// they are not taken in such a sandbox.
+fn set_when_filtered(key: &str) -> bool {
+    use dynocap_proto::proxy_env::{
+        CA_BUNDLE_VARIABLES, GIT_CONFIG_PREFIX, NO_PROXY_VARIABLES, PROXY_URL_VARIABLES,
+    };
+    [
+        PROXY_URL_VARIABLES,
+        NO_PROXY_VARIABLES,
+        CA_BUNDLE_VARIABLES,
+        &["ALL_PROXY", "all_proxy"],
+    ]
+    .iter()
+    .any(|names| names.contains(&key))
+        || key.starts_with(GIT_CONFIG_PREFIX)
+}
 
 /// The parts of an image's config a sandbox's commands get.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -111,8 +103,7 @@ impl RunConfig {
         }
         let own = |key: &str| {
             OWN_ALWAYS.contains(&key)
-                || (filtered
-                    && (OWN_WHEN_FILTERED.contains(&key) || key.starts_with("GIT_CONFIG_")))
+                || (filtered && set_when_filtered(key))
                 || spec.env.iter().any(|(k, _)| k == key)
         };
         let mut env: Vec<(String, String)> = self

@@ -372,6 +372,71 @@ fn concurrent_clients_each_get_their_own_output() {
     }
 }
 
+/// The server's children that are supervisors standing by (or were, and now supervise a
+/// sandbox: a handed-over standby keeps its command line).
+fn standby_children(server: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // `pid (comm) state ppid ...`: the fields after the last `)`.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            ppid == Some(server) && String::from_utf8_lossy(&cmdline).contains("--standby-fd")
+        })
+        .collect()
+}
+
+/// The server keeps a supervisor standing by across its commands, as the MCP server does:
+/// a served `run` goes to the one it started in the lull after the last start, not to a
+/// process it spawns while its client waits, and the next one stands by after it.
+#[test]
+fn a_served_run_takes_the_supervisor_the_server_keeps_standing_by() {
+    if !require_root("a_served_run_takes_the_supervisor_the_server_keeps_standing_by") {
+        return;
+    }
+    let home = TestHome::new();
+    let server = server_of(&home);
+    let first = home.run(&["run", "first"]);
+    assert!(first.status.success(), "{first:?}");
+    let idle_standby = |home: &TestHome| -> Vec<i32> {
+        let supervising = home.supervisor_pids();
+        standby_children(server)
+            .into_iter()
+            .filter(|pid| !supervising.contains(pid))
+            .collect()
+    };
+    let mut standing_by = Vec::new();
+    assert!(
+        wait_until(20, || {
+            standing_by = idle_standby(&home);
+            standing_by.len() == 1
+        }),
+        "no supervisor standing by after a served run: {standing_by:?}"
+    );
+    let second = home.run(&["run", "second"]);
+    assert!(second.status.success(), "{second:?}");
+    assert_eq!(
+        home.supervisor_pid("second"),
+        Some(standing_by[0]),
+        "the served run did not take the standby"
+    );
+    assert!(
+        wait_until(20, || idle_standby(&home).len() == 1),
+        "no next standby after the run that took the last"
+    );
+    for name in ["first", "second"] {
+        let destroyed = home.run(&["destroy", name]);
+        assert!(destroyed.status.success(), "{destroyed:?}");
+    }
+}
+
 #[test]
 fn the_server_leaves_with_its_home_or_when_idle_and_comes_back_on_demand() {
     if !require_root("the_server_leaves_with_its_home_or_when_idle") {

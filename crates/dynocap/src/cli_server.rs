@@ -31,6 +31,7 @@ use clap::Parser;
 use dynocap_client::attributes::{Attribute, Process};
 use dynocap_client::rendezvous::{self, Context};
 use dynocap_client::wire::{self, Message, Request};
+use dynocap_engine::standby::SharedStandby;
 use dynocap_engine::{Config, Engine, Home};
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -108,6 +109,10 @@ struct Shared {
     active: AtomicUsize,
     /// How long to wait without a command before ending.
     idle: Duration,
+    /// The supervisor standing by for the next `run`, across commands: each command's
+    /// engine is new, and without this a `run` would start its supervisor's process (exec,
+    /// load, runtime) and the default disk while its client waits. It ends with the server.
+    standby: SharedStandby,
     last_active: Mutex<Instant>,
 }
 
@@ -211,6 +216,8 @@ impl Server {
             lock_path,
             shared: Arc::new(Shared {
                 home,
+                // A warm pool's claims need no supervisor.
+                standby: SharedStandby::new(matches!(config.pool_target(), Ok(0))),
                 config,
                 runtime,
                 context,
@@ -355,7 +362,7 @@ fn serve_one(conn: OwnedFd, active: &Active) {
     if set_nonblocking(&conn).is_err() {
         return;
     }
-    let engine = match Engine::new(shared.home.clone(), shared.config.clone()) {
+    let mut engine = match Engine::new(shared.home.clone(), shared.config.clone()) {
         Ok(engine) => engine,
         Err(err) => {
             let code = streams.fail(cli.json, &err);
@@ -363,6 +370,7 @@ fn serve_one(conn: OwnedFd, active: &Active) {
             return;
         }
     };
+    engine.use_shared_standby(&shared.standby);
     let heartbeat = conn
         .try_clone()
         .ok()
@@ -393,8 +401,8 @@ fn serve_one(conn: OwnedFd, active: &Active) {
         (Some(Message::Exited(_)), Ok(None)) => None,
         (outcome, _) => outcome,
     };
-    // A standby this command started and did not use ends with its engine, as it would
-    // have with its process.
+    // A standby this command started and did not use stays in the server's slot for the
+    // next `run`.
     drop(engine);
     if let Some(message) = outcome {
         let _ = send_result(&conn, message);

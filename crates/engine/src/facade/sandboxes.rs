@@ -120,6 +120,10 @@ impl Engine {
         &self.standby
     }
 
+    pub(crate) fn set_standby_slot(&mut self, slot: std::sync::Arc<crate::facade::standby::Slot>) {
+        self.standby = slot;
+    }
+
     /// `dynocap supervise --home <home>`, with this process's environment: what every
     /// supervisor, standby or not, starts as.
     pub(crate) fn supervisor_command(&self) -> std::process::Command {

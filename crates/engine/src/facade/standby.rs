@@ -1,5 +1,6 @@
-//! A supervisor started ahead of need. A long-lived caller (the MCP server) keeps one
-//! process of `dynocap supervise --standby-fd` idle beside it, holding no sandbox, record or
+//! A supervisor started ahead of need. A long-lived caller (the MCP server, and the CLI's
+//! command server through a [`SharedStandby`]) keeps one process of
+//! `dynocap supervise --standby-fd` idle beside it, holding no sandbox, record or
 //! namespace. A raw sandbox's start hands it the sandbox's id, ready pipe and log over a
 //! socket, instead of waiting for a new process to exec, load, initialise its runtime and
 //! parse its arguments, a sizeable part of a cold MCP `run` (docs/performance.md, "Design
@@ -12,7 +13,8 @@
 //! takes the standby takes the disk, and no longer waits for the loop device and the mount,
 //! which were most of what was left of a cold MCP `run`.
 //!
-//! The CLI's `run` starts one too, first thing, so that the supervisor's process start
+//! The CLI's `run` starts one too, first thing, if there is none (a `dynocap-core` of its
+//! own, or the command server's first `run`), so that the supervisor's process start
 //! overlaps the checks and the catalog work that come before the hand-over. Its order comes
 //! within milliseconds, so the disk is made on a thread of its own, beside the wait for the
 //! order and the work after it, and the start waits only for what is left of it.
@@ -236,7 +238,31 @@ impl Slot {
     }
 }
 
+/// A standby slot that outlives the engines using it, for a long-lived process that makes an
+/// engine per request (the CLI's command server, whose commands each open the catalog anew):
+/// one supervisor stands by across its commands, as the MCP server's does across its calls,
+/// and ends with the process.
+#[derive(Debug, Clone, Default)]
+pub struct SharedStandby(Arc<Slot>);
+
+impl SharedStandby {
+    /// A slot that keeps a standby from the first start that takes one on (each start's
+    /// [`Engine::replenish_standby`] refills it in the next lull) if `keep`; otherwise one
+    /// that holds only what a `run` starts for itself.
+    pub fn new(keep: bool) -> Self {
+        let slot = Slot::default();
+        slot.wanted.store(keep, Ordering::Relaxed);
+        Self(Arc::new(slot))
+    }
+}
+
 impl Engine {
+    /// Makes this engine's standby `shared`'s: what it starts there stays for the next
+    /// engine given the same slot, instead of ending with this one.
+    pub fn use_shared_standby(&mut self, shared: &SharedStandby) {
+        self.set_standby_slot(Arc::clone(&shared.0));
+    }
+
     /// Keeps a supervisor standing by from now on, for the raw sandboxes this engine starts:
     /// for a long-lived caller (the MCP server). Each start that takes it starts the next.
     pub fn keep_a_standby_supervisor(&self) {

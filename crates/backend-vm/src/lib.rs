@@ -9,7 +9,8 @@
 //!
 //! Modules: [`cpio`] (archive writer), [`elf`] and [`kernel`] (which kernel, which
 //! modules), [`initramfs`], [`disk`], [`cache`] (content-addressed artefacts), [`qemu`]
-//! (command line and process), [`netns`] (a `nat` guest's namespace for pasta), [`qmp`], [`console`] (the bounded console log), [`accel`] and [`probe`] (KVM or TCG), [`vmlinux`]
+//! (command line and process), [`layers`] (the disk's chain of qcow2 layers: freezes for checkpoints
+//! and forks), [`netns`] (a `nat` guest's namespace for pasta), [`qmp`], [`console`] (the bounded console log), [`accel`] and [`probe`] (KVM or TCG), [`vmlinux`]
 //! (the kernel ELF QEMU boots through its PVH entry), [`vm`] (the running guest).
 
 pub mod accel;
@@ -22,6 +23,7 @@ pub mod elf;
 mod error;
 pub mod initramfs;
 pub mod kernel;
+pub mod layers;
 pub mod netns;
 pub mod probe;
 pub mod qemu;

@@ -107,7 +107,7 @@ fn prune_cache_aside(cache_dir: &Path, state_dir: &Path) {
                 .into_iter()
                 .flatten()
                 .flatten()
-                .map(|entry| VmPaths::at(&entry.path()).disk)
+                .flat_map(|entry| crate::layers::layer_files(&entry.path()))
                 .collect();
             for path in crate::cache_gc::prune(&cache_dir, &layers, SystemTime::now()) {
                 tracing::info!("removed {} from the vm cache: unused", path.display());
@@ -154,6 +154,7 @@ impl Vm {
                     paths.disk.display()
                 )));
             }
+            crate::layers::sweep(&paths.dir);
         } else {
             let base = disk::base_image(
                 &spec.cache_dir,
@@ -218,6 +219,12 @@ impl Vm {
 
     pub fn paths(&self) -> &VmPaths {
         &self.paths
+    }
+
+    /// Freezes the guest's writable disk layer, the guest going on on a new one above it: see
+    /// [`crate::layers::snapshot_layer`].
+    pub fn snapshot_layer(&mut self) -> Result<crate::layers::FrozenLayer> {
+        crate::layers::snapshot_layer(&mut self.qmp, &self.paths)
     }
 
     /// A `nat` guest's network namespace (QEMU's), bound to a file for as long as the

@@ -44,6 +44,8 @@ struct Variables {
     debian_mirror: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_REGISTRIES")]
     registries: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_PULL_IDLE_TIMEOUT")]
+    pull_idle_timeout: Option<OsString>,
     /// Docker's own variable: where the user's Docker config file is (for `image pull`).
     #[arg(long, hide = true, env = "DOCKER_CONFIG")]
     docker_config: Option<OsString>,
@@ -186,6 +188,7 @@ pub fn from_env() -> Result<Settings, Error> {
             debian_mirror: text(s.debian_mirror),
             registries: text(s.registries),
             docker_config,
+            pull_idle_timeout: text(s.pull_idle_timeout),
         },
         agent: path(s.agent),
         supervisor_exe: path(s.bin),

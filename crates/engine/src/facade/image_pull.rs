@@ -1,6 +1,7 @@
 //! `dynocap image pull` and the pulls the MCP server makes on demand: the engine's face of
 //! [`crate::image::pull`], with the host's policy (`DYNOCAP_REGISTRIES`, `DYNOCAP_RESOLVE`,
-//! `DYNOCAP_EXTRA_CA`, the user's Docker config file) from the engine's configuration.
+//! `DYNOCAP_EXTRA_CA`, `DYNOCAP_PULL_IDLE_TIMEOUT`, the user's Docker config file) from the
+//! engine's configuration.
 
 use std::sync::atomic::AtomicBool;
 
@@ -28,6 +29,7 @@ impl Engine {
             resolve: config.egress.resolve.clone(),
             extra_ca: config.egress.extra_ca(),
             docker_config: config.images.docker_config.clone(),
+            idle_timeout: config.images.pull_idle_timeout.clone(),
         };
         let store = ImageStore::for_home(self.home(), config.images.cache_dir());
         pull::pull(

@@ -50,6 +50,12 @@ const PULL_REVISION: &str = "1";
 pub const REGISTRIES_ENV: &str = "DYNOCAP_REGISTRIES";
 /// Blobs downloaded at once.
 const PARALLEL_DOWNLOADS: usize = 4;
+/// The variable saying how long a registry may send nothing before a pull gives up on it.
+pub const IDLE_TIMEOUT_ENV: &str = "DYNOCAP_PULL_IDLE_TIMEOUT";
+/// How long a registry may send nothing (while a connection is made, or in the middle of an
+/// answer) when [`IDLE_TIMEOUT_ENV`] is unset: a registry that stalls ends the pull with an
+/// error instead of holding it forever.
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the host allows a pull, as the binary read it from its environment.
 #[derive(Debug, Clone, Default)]
@@ -63,6 +69,8 @@ pub struct PullPolicy {
     /// The user's Docker config file (`$DOCKER_CONFIG/config.json` or
     /// `~/.docker/config.json`), read for credentials when none are given.
     pub docker_config: Option<PathBuf>,
+    /// `DYNOCAP_PULL_IDLE_TIMEOUT` as given: whole seconds (unset: 60).
+    pub idle_timeout: Option<String>,
 }
 
 /// A user name and password given for this pull only.
@@ -135,18 +143,19 @@ pub async fn pull(
     }
     let overrides = ResolveOverrides::parse(policy.resolve.as_deref().unwrap_or(""))
         .map_err(|err| Error::invalid(format!("DYNOCAP_RESOLVE: {err}")))?;
+    let idle = idle_timeout(policy.idle_timeout.as_deref())?;
     let gate = RegistryGate::start(registries, overrides).await?;
     let auth = match credentials {
         Some(c) => RegistryAuth::Basic(c.username, c.password),
         None => docker_config_auth(policy.docker_config.as_deref(), &registry)?,
     };
-    let client = client(policy.extra_ca.as_deref(), gate.addr)?;
+    let client = client(policy.extra_ca.as_deref(), gate.addr, idle)?;
 
     progress(&format!("resolving {reference}"));
     let (manifest, manifest_digest, config_text, list_digest) = client
         .pull_manifest_and_config_and_list_digest(&parsed, &auth)
         .await
-        .map_err(|err| gate.explain(&registry, &err.to_string()))?;
+        .map_err(|err| gate.explain(&registry, &client_error(&err, idle)))?;
     let manifest_digest = Digest::parse(&manifest_digest)?;
     if let Some(wanted) = parsed.digest() {
         // A digest reference names the manifest or the list it was picked from.
@@ -202,6 +211,7 @@ pub async fn pull(
         &diff_ids,
         &layer_store,
         limits,
+        idle,
         &mut transfer,
         progress,
         cancel,
@@ -295,6 +305,7 @@ async fn fetch_layers(
     diff_ids: &[Digest],
     store: &LayerStore,
     limits: Limits,
+    idle: Duration,
     transfer: &mut Transfer,
     progress: &(dyn Fn(&str) + Sync),
     cancel: &AtomicBool,
@@ -336,6 +347,7 @@ async fn fetch_layers(
             diff_id: diff_id.clone(),
             store: store.clone(),
             limits,
+            idle,
             semaphore: Arc::clone(&semaphore),
             stopped: Arc::clone(&stopped),
         };
@@ -402,6 +414,7 @@ struct LayerJob {
     diff_id: Digest,
     store: LayerStore,
     limits: Limits,
+    idle: Duration,
     semaphore: Arc<tokio::sync::Semaphore>,
     stopped: Arc<AtomicBool>,
 }
@@ -502,7 +515,13 @@ impl LayerJob {
         self.client
             .pull_blob(&self.reference, &self.descriptor, &mut out)
             .await
-            .map_err(|err| Error::invalid(format!("downloading layer {}: {err}", self.digest)))?;
+            .map_err(|err| {
+                Error::invalid(format!(
+                    "downloading layer {}: {}",
+                    self.digest,
+                    client_error(&err, self.idle)
+                ))
+            })?;
         out.inner
             .flush()
             .await
@@ -741,7 +760,54 @@ fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<RegistryAut
     Ok(RegistryAuth::Basic(user.to_owned(), password.to_owned()))
 }
 
-fn client(extra_ca: Option<&Path>, gate: SocketAddr) -> Result<Client> {
+/// `DYNOCAP_PULL_IDLE_TIMEOUT`: whole seconds from 1 to a day (unset or blank: 60).
+fn idle_timeout(value: Option<&str>) -> Result<Duration> {
+    let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(DEFAULT_IDLE_TIMEOUT);
+    };
+    match value.parse::<u64>() {
+        Ok(secs) if (1..=86_400).contains(&secs) => Ok(Duration::from_secs(secs)),
+        _ => Err(Error::invalid(format!(
+            "{IDLE_TIMEOUT_ENV}={} is not valid; give whole seconds from 1 to 86400 (default \
+             {}): how long a registry may send nothing before a pull gives up on it",
+            oci::printable(value),
+            DEFAULT_IDLE_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// The client's error in words: its own and its causes' (the client keeps why a request
+/// failed, a refused connection or a timeout, in the error's sources, not in its message),
+/// and a registry that stopped sending said as such. The words "timed out" are how reqwest's
+/// timeout (its own error type, not one this crate can name) and the system's read as text.
+fn client_error(err: &(dyn std::error::Error + 'static), idle: Duration) -> String {
+    let mut parts = vec![err.to_string()];
+    let mut timed_out = false;
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        let io_timeout = cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut);
+        timed_out |= io_timeout || text.contains("timed out");
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = cause.source();
+    }
+    let said = parts.join(": ");
+    if timed_out {
+        format!(
+            "the registry sent nothing for {} s, so the pull gave up on it ({IDLE_TIMEOUT_ENV} \
+             sets how long a pull waits): {said}",
+            idle.as_secs()
+        )
+    } else {
+        said
+    }
+}
+
+fn client(extra_ca: Option<&Path>, gate: SocketAddr, idle: Duration) -> Result<Client> {
     // reqwest is built without a default crypto provider (no aws-lc C build): ring's.
     // Deprecated only for lacking post-quantum key exchange, which a pull (public image
     // bytes, checked against their digests) does not need.
@@ -761,8 +827,10 @@ fn client(extra_ca: Option<&Path>, gate: SocketAddr) -> Result<Client> {
         protocol: ClientProtocol::Https,
         extra_root_certificates: extra,
         platform_resolver: Some(Box::new(oci_client::client::linux_amd64_resolver)),
-        connect_timeout: Some(Duration::from_secs(30)),
-        read_timeout: Some(Duration::from_secs(60)),
+        // Both bound a stall: the connection's (its TCP, the gate's tunnel and the TLS
+        // handshake) as a whole, and each read of an answer, the blobs' bodies too.
+        connect_timeout: Some(idle),
+        read_timeout: Some(idle),
         https_proxy: Some(format!("http://{gate}")),
         max_concurrent_download: PARALLEL_DOWNLOADS,
         ..ClientConfig::default()
@@ -797,9 +865,13 @@ impl RegistryGate {
         let refused = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::new((policy, overrides, Arc::clone(&refused)));
         let task = tokio::spawn(async move {
+            // The tunnels are this task's: when the gate is dropped (its pull ended), one to a
+            // registry that stopped answering goes with it instead of waiting on it forever.
+            let mut tunnels = tokio::task::JoinSet::new();
             while let Ok((stream, _)) = listener.accept().await {
+                while tunnels.try_join_next().is_some() {}
                 let shared = Arc::clone(&shared);
-                tokio::spawn(async move {
+                tunnels.spawn(async move {
                     let (policy, overrides, refused) = &*shared;
                     if let Err(err) = serve_connect(stream, policy, overrides, refused).await {
                         tracing::debug!("pull gate: {err}");
@@ -979,6 +1051,55 @@ mod tests {
         }
         let err = not_allowed("other.example", Some("registry.example"));
         assert!(err.message.contains(REGISTRIES_ENV), "{err}");
+    }
+
+    #[test]
+    fn the_idle_timeout_is_whole_seconds() {
+        assert_eq!(idle_timeout(None).expect("unset"), DEFAULT_IDLE_TIMEOUT);
+        assert_eq!(
+            idle_timeout(Some(" ")).expect("blank"),
+            DEFAULT_IDLE_TIMEOUT
+        );
+        assert_eq!(idle_timeout(Some("5")).expect("5"), Duration::from_secs(5));
+        for bad in ["0", "-1", "1.5", "ten", "86401"] {
+            let err = idle_timeout(Some(bad)).expect_err(bad);
+            assert!(err.message.contains(IDLE_TIMEOUT_ENV), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_timeout_among_the_causes_is_said_as_a_stall() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("error sending request")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let idle = Duration::from_secs(7);
+        let stalled = Outer(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "deadline",
+        ));
+        let said = client_error(&stalled, idle);
+        assert!(
+            said.contains("sent nothing for 7 s") && said.contains(IDLE_TIMEOUT_ENV),
+            "{said}"
+        );
+        assert!(said.ends_with("error sending request: deadline"), "{said}");
+        let refused = Outer(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        ));
+        assert_eq!(
+            client_error(&refused, idle),
+            "error sending request: connection refused"
+        );
     }
 
     #[test]

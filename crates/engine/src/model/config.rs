@@ -76,6 +76,9 @@ pub struct ImagesConfig {
     /// The user's Docker config file (`$DOCKER_CONFIG/config.json`, else
     /// `~/.docker/config.json`): credentials for a pull given none.
     pub docker_config: Option<PathBuf>,
+    /// `DYNOCAP_PULL_IDLE_TIMEOUT` as given: how long a registry may send nothing before a
+    /// pull gives up (checked by the pull).
+    pub pull_idle_timeout: Option<String>,
 }
 
 /// The host ceilings as given, each a whole number above 0 (unset: a default from the

@@ -118,6 +118,12 @@ pub trait Guest: Send {
     /// Stops the guest and releases its processes and resources, but keeps its writable layer
     /// (the agent's files) for a later guest to boot over ([`BootSpec::reuse_layer`]).
     fn stop_keeping_layer(self: Box<Self>) -> Result<()>;
+    /// The guest's disk as a chain of layers whose writable top can be frozen while the guest
+    /// runs (the vm's), for checkpoints and forks; `None` for a disk they copy instead (the
+    /// jail's, through [`LayerSync::HostMount`]).
+    fn layered_disk(&self) -> Option<Arc<dyn LayeredDisk>> {
+        None
+    }
     /// A `nat` guest's pasta ([`crate::host::usernet`]): a pidfd, readable once pasta has exited.
     /// `None` for a guest without one (or whose network was ended).
     fn network_exit_fd(&self) -> Option<BorrowedFd<'_>> {
@@ -170,6 +176,17 @@ pub trait HostDisk: Send + Sync {
         dest: &std::path::Path,
         during: &mut dyn FnMut() -> Result<()>,
     ) -> Result<u64>;
+}
+
+/// A running guest's disk made of copy-on-write layer files in its state directory (the vm's
+/// qcow2 chain in `vm/`, see `dynocap_backend_vm::layers`). Blocking; call from a blocking
+/// thread.
+pub trait LayeredDisk: Send + Sync {
+    /// Freezes the writable layer at this instant: it becomes read-only and shared, the guest
+    /// going on on a new empty layer above it. Returns the frozen layer's file name, in
+    /// `vm/` of the state directory, and the bytes it holds. What the guest's kernel has not
+    /// written to its disk yet is not in it: sync the guest first.
+    fn freeze(&self) -> Result<(String, u64)>;
 }
 
 /// Where a guest's OOM kills are counted, so a command can be told that the memory limit

@@ -11,13 +11,16 @@
 //! unprivileged uid, no `CAP_NET_ADMIN` there) that pasta carries out. Slirp's alias for
 //! "the host's loopback" leads to the namespace's own, empty loopback.
 
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use dynocap_backend_vm::{AccelChoice, Vm, VmError, VmSpec};
+use dynocap_backend_vm::{AccelChoice, Vm, VmError, VmPaths, VmSpec};
 
-use super::{agent_args, Backend, BootSpec, Guest, LayerSync, OomCounter, Readiness};
+use super::{
+    agent_args, Backend, BootSpec, Guest, LayerSync, LayeredDisk, OomCounter, Readiness,
+};
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::host::usernet;
 use crate::model::spec::Network;
@@ -29,7 +32,12 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct VmBackend;
 
 struct VmGuest {
-    vm: Vm,
+    /// Shared with the disk's freeze handle ([`VmLayers`]); taken out when the guest ends.
+    vm: SharedVm,
+    /// QEMU's pidfd (a copy: the guest's own is behind the lock) and pid, and the VM's files.
+    pidfd: OwnedFd,
+    pid: i32,
+    paths: VmPaths,
     /// The layer's virtual size, for its reservation.
     disk_bytes: u64,
     /// pasta, for a `nat` guest.
@@ -143,8 +151,15 @@ impl Backend for VmBackend {
             vm.accel(),
             vm.paths().console_log.display()
         );
+        let pidfd = vm
+            .pidfd()
+            .try_clone_to_owned()
+            .map_err(|err| Error::internal(format!("copying QEMU's pidfd: {err}")))?;
         Ok(Box::new(VmGuest {
-            vm,
+            pidfd,
+            pid: vm.pid(),
+            paths: vm.paths().clone(),
+            vm: Arc::new(Mutex::new(Some(vm))),
             disk_bytes: vm_spec.disk_bytes,
             usernet,
             _cache_lock: cache.and_then(|cache| cache.lock),
@@ -226,6 +241,8 @@ enum VmFailure {
     Destroy(#[source] VmError),
     #[error("stopping the vm: {0}")]
     StopKeepingDisk(#[source] VmError),
+    #[error("freezing the vm's disk layer: {0}")]
+    Freeze(#[source] VmError),
 }
 
 impl Coded for VmFailure {
@@ -239,14 +256,64 @@ impl Coded for VmFailure {
             | Self::CleanupKeepingLayer { .. }
             | Self::Kill(_)
             | Self::Destroy(_)
-            | Self::StopKeepingDisk(_) => ErrorCode::Internal,
+            | Self::StopKeepingDisk(_)
+            | Self::Freeze(_) => ErrorCode::Internal,
         }
+    }
+}
+
+/// A guest's [`Vm`], which its disk's freeze handle reaches too; `None` once the guest ended.
+type SharedVm = Arc<Mutex<Option<Vm>>>;
+
+fn lock(vm: &SharedVm) -> MutexGuard<'_, Option<Vm>> {
+    // A panic while holding it leaves the Vm as whole as any error path does.
+    vm.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn gone() -> Error {
+    Error::internal("the vm has ended")
+}
+
+impl VmGuest {
+    /// The Vm, taken out for the guest's end.
+    fn take_vm(&self) -> Result<Vm> {
+        lock(&self.vm).take().ok_or_else(gone)
+    }
+}
+
+impl Drop for VmGuest {
+    /// A guest dropped without its end (an error path) must not leave QEMU running, whoever
+    /// still holds the freeze handle.
+    fn drop(&mut self) {
+        drop(lock(&self.vm).take());
+    }
+}
+
+/// The vm's [`LayeredDisk`]: freezes go through the guest's QMP (see
+/// `dynocap_backend_vm::layers`), and the new writable layer gets the disk's room reserved
+/// as the first one had at boot (the frozen one gives its reservation back).
+struct VmLayers {
+    vm: SharedVm,
+    room: crate::host::disk_room::DiskRoom,
+}
+
+impl LayeredDisk for VmLayers {
+    fn freeze(&self) -> Result<(String, u64)> {
+        let frozen = lock(&self.vm)
+            .as_mut()
+            .ok_or_else(gone)?
+            .snapshot_layer()
+            .map_err(VmFailure::Freeze)?;
+        if let Err(err) = self.room.reserve() {
+            tracing::warn!("reserving the room of the vm's new disk layer: {err}");
+        }
+        Ok((frozen.name, frozen.bytes))
     }
 }
 
 impl Guest for VmGuest {
     fn take_channel(&mut self) -> Option<OwnedFd> {
-        self.vm.take_channel()
+        lock(&self.vm).as_mut().and_then(Vm::take_channel)
     }
     fn network_exit_fd(&self) -> Option<BorrowedFd<'_>> {
         usernet::exit_fd(&self.usernet)
@@ -261,24 +328,34 @@ impl Guest for VmGuest {
                 "this guest has no network process to restart",
             ));
         };
-        let netns = self.vm.netns_file().map_err(vm_error)?;
+        let netns = lock(&self.vm)
+            .as_ref()
+            .ok_or_else(gone)?
+            .netns_file()
+            .map_err(vm_error)?;
         usernet::restart(usernet, netns.path())
     }
     fn end_network(&mut self) -> Result<()> {
         usernet::stop(&mut self.usernet)
     }
     fn exit_fd(&self) -> BorrowedFd<'_> {
-        self.vm.pidfd()
+        self.pidfd.as_fd()
     }
     fn pid(&self) -> i32 {
-        self.vm.pid()
+        self.pid
     }
     fn disk_room(&self) -> Option<crate::host::disk_room::DiskRoom> {
         Some(crate::host::disk_room::DiskRoom {
-            image: self.vm.paths().disk.clone(),
+            image: self.paths.disk.clone(),
             bytes: self.disk_bytes,
             layout: crate::host::disk_room::Layout::Growing,
         })
+    }
+    fn layered_disk(&self) -> Option<Arc<dyn LayeredDisk>> {
+        Some(Arc::new(VmLayers {
+            vm: Arc::clone(&self.vm),
+            room: self.disk_room()?,
+        }))
     }
     /// A VM's vCPUs and memory are fixed when QEMU starts and its hostname lives in the
     /// guest kernel, out of the host's reach: a booted VM cannot become its claimer's.
@@ -290,12 +367,14 @@ impl Guest for VmGuest {
     }
     fn kill(&mut self) -> Result<()> {
         let network = crate::host::usernet::stop(&mut self.usernet);
-        self.vm.kill().map_err(VmFailure::Kill)?;
+        if let Some(vm) = lock(&self.vm).as_mut() {
+            vm.kill().map_err(VmFailure::Kill)?;
+        }
         network
     }
     fn destroy(mut self: Box<Self>) -> Result<()> {
         let network = crate::host::usernet::stop(&mut self.usernet);
-        self.vm.destroy().map_err(VmFailure::Destroy)?;
+        self.take_vm()?.destroy().map_err(VmFailure::Destroy)?;
         network
     }
     /// The guest kernel counts its own OOM kills; the host sees none of them.
@@ -313,7 +392,7 @@ impl Guest for VmGuest {
     }
     fn stop_keeping_layer(mut self: Box<Self>) -> Result<()> {
         let network = crate::host::usernet::stop(&mut self.usernet);
-        self.vm
+        self.take_vm()?
             .stop_keeping_disk()
             .map_err(VmFailure::StopKeepingDisk)?;
         network

@@ -1,11 +1,17 @@
 //! A task's checkpoints and the disk a fork of it starts from, as files of its state
-//! directory: `checkpoints/<label>/disk.img` (a copy of the guest's disk taken at one instant,
-//! see [`HostDisk::snapshot`]) with `checkpoint.json` beside it. A checkpoint or a fork's disk
+//! directory: `checkpoints/<label>/` holds `checkpoint.json` and the disk as it was at one
+//! instant, which is on the jail `disk.img`, a copy of the guest's disk (see
+//! [`HostDisk::snapshot`]), and on the vm the chain of read-only qcow2 layers the disk was
+//! then (hard links of the `frozen-*.qcow2` files, see `dynocap_backend_vm::layers`) with
+//! [`LAYER_TOP`] naming its top: the guest's writable layer was frozen, the guest going on on
+//! a new one above it, so a checkpoint costs the same whatever the task wrote. A restore or a
+//! fork boots over a new empty layer above it. A checkpoint or a fork's disk
 //! is made under a temporary name (`checkpoints/.making-*`) and renamed into place once whole
 //! and synced: one killed half-way leaves only the temporary, which the next checkpoint
 //! operation of the task removes, and the task's teardown with its state directory.
 //!
-//! A fork's new state directory gets the disk, the host's pristine copy of what was imported
+//! A fork's new state directory gets the disk (the jail's copy, or the vm's `vm/` with the
+//! chain's links and a new layer over them), the host's pristine copy of what was imported
 //! (`baseline.tar` and its index, hard links: they are never written again) and
 //! [`LAYER_IDS`], the host id range its files were written under, so that its guest boots over
 //! the disk as a recovery does, with its files moved to the fork's own ids. The agent's
@@ -13,10 +19,12 @@
 //! against the original imported state.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use dynocap_backend_vm::layers;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::HostDisk;
+use crate::backend::{HostDisk, LayeredDisk};
 use crate::foundation::error::{Context, Error, Result};
 use crate::foundation::failpoint;
 use crate::supervisor::workspace::BASELINE_TAR;
@@ -33,11 +41,22 @@ const DISK: &str = "disk.img";
 /// Where the jail mounts the disk, in a state directory.
 const DISK_MOUNT: &str = "disk";
 const META: &str = "checkpoint.json";
+/// In a vm task's checkpoint: the file name of the top of its chain of layers.
+pub const LAYER_TOP: &str = "layer";
 const MAKING: &str = ".making-";
 /// At most this many checkpoints per task: each holds what the guest had written.
 pub const MAX_CHECKPOINTS: usize = 32;
 /// Room a checkpoint leaves free on the home's filesystem beyond its own bytes.
 const HEADROOM_BYTES: u64 = 64 << 20;
+
+/// How a task's disk is checkpointed, restored and forked.
+#[derive(Clone)]
+pub enum Disk {
+    /// Copied while its filesystem is frozen (the jail's).
+    Copy(Arc<dyn HostDisk>),
+    /// Its writable layer frozen and shared (the vm's).
+    Layers(Arc<dyn LayeredDisk>),
+}
 
 /// One checkpoint, as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,8 +119,11 @@ pub fn list(state_dir: &Path) -> Result<Vec<CheckpointInfo>> {
             continue;
         };
         if let Ok(mut info) = serde_json::from_slice::<CheckpointInfo>(&text) {
-            info.bytes =
-                dynocap_backend_jail::allocated_bytes(&entry.path().join(DISK)).unwrap_or(0);
+            // The bytes of its own copy, or of the layer it froze (the layers below it are
+            // earlier checkpoints', or the task's before its first).
+            info.bytes = checkpoint_disk(&entry.path())
+                .and_then(|disk| dynocap_backend_jail::allocated_bytes(&disk).ok())
+                .unwrap_or(0);
             all.push(info);
         }
     }
@@ -117,11 +139,23 @@ pub fn next_label(state_dir: &Path) -> String {
         .unwrap_or_else(|| "cp".to_owned())
 }
 
-/// The disk of checkpoint `label`, or `not_found` naming the task's checkpoints.
+/// The disk a checkpoint's directory holds: its copy, or the top of its chain of layers.
+fn checkpoint_disk(checkpoint: &Path) -> Option<PathBuf> {
+    let copy = checkpoint.join(DISK);
+    if copy.is_file() {
+        return Some(copy);
+    }
+    let top = std::fs::read_to_string(checkpoint.join(LAYER_TOP)).ok()?;
+    let top = top.trim();
+    let layer = checkpoint.join(top);
+    (layers::is_frozen_name(top) && layer.is_file()).then_some(layer)
+}
+
+/// The disk of checkpoint `label` (see [`checkpoint_disk`]), or `not_found` naming the task's
+/// checkpoints.
 pub fn disk_of(state_dir: &Path, label: &str) -> Result<PathBuf> {
     validate_label(label)?;
-    let disk = dir(state_dir).join(label).join(DISK);
-    if disk.is_file() {
+    if let Some(disk) = checkpoint_disk(&dir(state_dir).join(label)) {
         return Ok(disk);
     }
     let known: Vec<String> = list(state_dir)?.into_iter().map(|c| c.label).collect();
@@ -165,8 +199,22 @@ fn check_room(state_dir: &Path, bytes: u64) -> Result<()> {
     ))
 }
 
+/// The vm's layer directory in a state directory.
+fn vm_dir(state_dir: &Path) -> PathBuf {
+    dynocap_backend_vm::VmPaths::at(state_dir).dir
+}
+
+/// Freezes the vm's writable layer and links the chain it tops into `dest`: the disk as it is
+/// now, in a directory of its own. Returns the top's name and its bytes.
+fn freeze_into(state_dir: &Path, disk: &dyn LayeredDisk, dest: &Path) -> Result<(String, u64)> {
+    let (top, bytes) = disk.freeze()?;
+    layers::link_chain(&vm_dir(state_dir), &top, dest)
+        .context("linking the disk's layers for the copy")?;
+    Ok((top, bytes))
+}
+
 /// Makes checkpoint `label` of the disk. Blocking: call from a blocking thread.
-pub fn create(state_dir: &Path, label: &str, disk: &dyn HostDisk) -> Result<CheckpointInfo> {
+pub fn create(state_dir: &Path, label: &str, disk: &Disk) -> Result<CheckpointInfo> {
     validate_label(label)?;
     sweep(state_dir);
     let existing = list(state_dir)?;
@@ -183,22 +231,37 @@ pub fn create(state_dir: &Path, label: &str, disk: &dyn HostDisk) -> Result<Chec
         ),
         ));
     }
-    check_room(
-        state_dir,
-        dynocap_backend_jail::allocated_bytes(&state_dir.join(DISK)).unwrap_or(0),
-    )?;
+    if let Disk::Copy(_) = disk {
+        check_room(
+            state_dir,
+            dynocap_backend_jail::allocated_bytes(&state_dir.join(DISK)).unwrap_or(0),
+        )?;
+    }
     let making = dir(state_dir).join(format!("{MAKING}{label}"));
     std::fs::create_dir_all(&making).with_context(|| format!("creating {}", making.display()))?;
     let made = (|| {
         let started = std::time::Instant::now();
-        let bytes = disk.snapshot(&making.join(DISK), &mut || {
-            // The copy is done and the disk still frozen: how long its writers waited.
-            tracing::info!(
-                "checkpoint {label}: the guest's writes were held for {} ms",
-                started.elapsed().as_millis()
-            );
-            failpoint::hit("supervisor.checkpoint.copied")
-        })?;
+        let bytes = match disk {
+            Disk::Copy(disk) => disk.snapshot(&making.join(DISK), &mut || {
+                // The copy is done and the disk still frozen: how long its writers waited.
+                tracing::info!(
+                    "checkpoint {label}: the guest's writes were held for {} ms",
+                    started.elapsed().as_millis()
+                );
+                failpoint::hit("supervisor.checkpoint.copied")
+            })?,
+            Disk::Layers(disk) => {
+                let (top, bytes) = freeze_into(state_dir, disk.as_ref(), &making)?;
+                tracing::info!(
+                    "checkpoint {label}: the disk's layer {top} frozen in {} ms",
+                    started.elapsed().as_millis()
+                );
+                failpoint::hit("supervisor.checkpoint.copied")?;
+                dynocap_host::durable::replace(&making.join(LAYER_TOP), top.as_bytes())
+                    .context("writing the checkpoint's layer")?;
+                bytes
+            }
+        };
         let info = CheckpointInfo {
             label: label.to_owned(),
             created_at: crate::model::sandbox_info::rfc3339(chrono::Utc::now()),
@@ -231,6 +294,19 @@ pub fn delete(state_dir: &Path, label: &str) -> Result<()> {
     std::fs::remove_dir_all(&aside).context("deleting the checkpoint")
 }
 
+/// Puts a new empty layer over checkpoint `label`'s chain in the vm's disk's place (its chain
+/// linked beside it first): what a restore boots over. Blocking.
+pub fn restore_layers(state_dir: &Path, label: &str) -> Result<()> {
+    let top = disk_of(state_dir, label)?;
+    let (Some(from), Some(name)) = (top.parent(), top.file_name()) else {
+        return Err(Error::internal("a checkpoint's layer has no directory"));
+    };
+    let name = name.to_string_lossy();
+    let vm = vm_dir(state_dir);
+    layers::link_chain(from, &name, &vm).context("linking the checkpoint's layers")?;
+    layers::replace_disk_over(&vm, &name).context("putting the checkpoint in the disk's place")
+}
+
 /// Copies checkpoint `label`'s disk to `dest` (a new file): what a restore boots over.
 pub fn copy_disk(state_dir: &Path, label: &str, dest: &Path) -> Result<u64> {
     let disk = disk_of(state_dir, label)?;
@@ -255,7 +331,7 @@ pub fn seed_fork(
     fork_id: &str,
     fork_dir: &Path,
     from: Option<&str>,
-    disk: &dyn HostDisk,
+    disk: &Disk,
     id_range: u32,
 ) -> Result<()> {
     sweep(state_dir);
@@ -268,22 +344,43 @@ pub fn seed_fork(
     let making = fork_making(state_dir, fork_id);
     std::fs::create_dir_all(&making).with_context(|| format!("creating {}", making.display()))?;
     let made = (|| {
-        match from {
-            Some(label) => {
+        match (from, disk) {
+            (Some(label), Disk::Copy(_)) => {
                 copy_disk(state_dir, label, &making.join(DISK))?;
             }
-            None => {
+            (None, Disk::Copy(disk)) => {
                 check_room(
                     state_dir,
                     dynocap_backend_jail::allocated_bytes(&state_dir.join(DISK)).unwrap_or(0),
                 )?;
                 disk.snapshot(&making.join(DISK), &mut || Ok(()))?;
             }
+            (from, Disk::Layers(disk)) => {
+                let vm = vm_dir(&making);
+                std::fs::create_dir_all(&vm).context("creating the fork's vm directory")?;
+                let top = match from {
+                    Some(label) => {
+                        let top = disk_of(state_dir, label)?;
+                        let (Some(dir), Some(name)) = (top.parent(), top.file_name()) else {
+                            return Err(Error::internal("a checkpoint's layer has no directory"));
+                        };
+                        let name = name.to_string_lossy().into_owned();
+                        layers::link_chain(dir, &name, &vm)
+                            .context("linking the checkpoint's layers for the fork")?;
+                        name
+                    }
+                    None => freeze_into(state_dir, disk.as_ref(), &vm)?.0,
+                };
+                layers::new_layer_over(&vm, &top, &dynocap_backend_vm::VmPaths::at(&making).disk)
+                    .context("making the fork's disk layer")?;
+            }
         }
         failpoint::hit("supervisor.fork.copied")?;
-        // The disk's mount point, as a stopped guest's kept state directory has it.
-        std::fs::create_dir(making.join(DISK_MOUNT))
-            .context("creating the fork's disk mount point")?;
+        if let Disk::Copy(_) = disk {
+            // The disk's mount point, as a stopped guest's kept state directory has it.
+            std::fs::create_dir(making.join(DISK_MOUNT))
+                .context("creating the fork's disk mount point")?;
+        }
         for name in [BASELINE_TAR.to_owned(), format!("{BASELINE_TAR}.idx")] {
             let source = state_dir.join(&name);
             if source.exists() {

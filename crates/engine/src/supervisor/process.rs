@@ -419,6 +419,7 @@ async fn serve(
         ending: OnceLock::new(),
         network_lost: OnceLock::new(),
         layer_sync: guest.layer_sync(),
+        layered_disk: guest.layered_disk(),
         home: home.clone(),
         id: id.clone(),
         disk_failed: OnceLock::new(),

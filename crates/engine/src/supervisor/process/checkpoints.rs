@@ -1,7 +1,9 @@
 //! A task's checkpoints as its supervisor serves them: making, listing and deleting them,
 //! seeding a fork's state directory, and a restore, which stops the guest keeping its layer,
-//! puts a copy of the checkpoint in the disk's place and executes the supervisor anew to boot
-//! over it (a boot must start from a process with one thread: see the jail's `Jail::spawn`).
+//! puts the checkpoint in the disk's place (the jail's copy of it, or on the vm a new empty
+//! layer over its chain) and executes the supervisor anew to boot over it (a boot must start
+//! from a process with one thread: see the jail's `Jail::spawn`). On the vm the guest's kernel
+//! holds what it has not written to its disk yet: the agent syncs it before every freeze.
 //! The same process, so the record's supervisor stays alive throughout and nobody takes the
 //! task over meanwhile.
 
@@ -10,11 +12,11 @@ use std::sync::Arc;
 
 use tokio::net::unix::OwnedWriteHalf;
 
-use crate::backend::{Guest, HostDisk, LayerSync};
+use crate::backend::{Guest, LayerSync};
 use crate::foundation::error::{Context, Error, Result};
 use crate::host::home::Home;
 use crate::store::catalog::{Catalog, State};
-use crate::supervisor::checkpoint::{self, Restored};
+use crate::supervisor::checkpoint::{self, Disk, Restored};
 use crate::supervisor::control::{write_message, ControlReply};
 
 use super::state::*;
@@ -23,15 +25,29 @@ use super::state::*;
 /// which this layer cannot name).
 const READY_FD: i32 = 3;
 
-/// The disk a checkpoint copies: the host's mount of it, on the jail.
-fn host_disk(shared: &Shared) -> Result<Arc<dyn HostDisk>> {
+/// How the task's disk is checkpointed: its layers frozen (the vm's), or the host's mount of
+/// it copied (the jail's).
+fn disk(shared: &Shared) -> Result<Disk> {
+    if let Some(layers) = &shared.layered_disk {
+        return Ok(Disk::Layers(Arc::clone(layers)));
+    }
     match &shared.layer_sync {
-        LayerSync::HostMount(disk) => Ok(Arc::clone(disk)),
+        LayerSync::HostMount(disk) => Ok(Disk::Copy(Arc::clone(disk))),
         LayerSync::GuestKernel => Err(Error::invalid(
-            "checkpoints, restores and forks are built on the jail backend only; this task runs \
-             on the vm backend (its disk is a qcow2 layer the guest's kernel writes)",
+            "this task's disk can be neither copied nor frozen, so it has no checkpoints or \
+             forks",
         )),
     }
+}
+
+/// The disk to checkpoint or fork, with what the guest's kernel holds written to it first
+/// (a vm's: see the module doc).
+async fn synced_disk(shared: &Shared) -> Result<Disk> {
+    let disk = disk(shared)?;
+    if let Disk::Layers(_) = disk {
+        super::disk::sync_guest_kernel(&shared.conn).await?;
+    }
+    Ok(disk)
 }
 
 async fn blocking<T: Send + 'static>(
@@ -45,12 +61,12 @@ async fn blocking<T: Send + 'static>(
 /// `Checkpoint`: makes one, labelled `label` or the next free `cp-N`.
 pub(super) async fn create(shared: &Shared, label: Option<String>) -> ControlReply {
     let made = async {
-        let disk = host_disk(shared)?;
+        let disk = synced_disk(shared).await?;
         let state_dir = shared.home.sandbox_dir(&shared.id);
         let started = std::time::Instant::now();
         let info = blocking(move || {
             let label = label.unwrap_or_else(|| checkpoint::next_label(&state_dir));
-            checkpoint::create(&state_dir, &label, disk.as_ref())
+            checkpoint::create(&state_dir, &label, &disk)
         })
         .await?;
         tracing::info!(target: LOG_TARGET,
@@ -108,7 +124,11 @@ pub(super) async fn seed_fork(
 ) -> ControlReply {
     let seeded = async {
         check_fork_id(&fork_id)?;
-        let disk = host_disk(shared)?;
+        let disk = match &from {
+            // A checkpoint is on the host's disk already.
+            Some(_) => disk(shared)?,
+            None => synced_disk(shared).await?,
+        };
         let home = shared.home.clone();
         let id = shared.id.clone();
         let started = std::time::Instant::now();
@@ -119,13 +139,13 @@ pub(super) async fn seed_fork(
                 &fork_id,
                 &home.sandbox_dir(&fork_id),
                 from.as_deref(),
-                disk.as_ref(),
+                &disk,
                 id_range,
             )
         })
         .await?;
         tracing::info!(target: LOG_TARGET,
-            "a fork's disk copied in {} ms",
+            "a fork's disk made in {} ms",
             started.elapsed().as_millis()
         );
         Ok(())
@@ -135,7 +155,7 @@ pub(super) async fn seed_fork(
 
 /// Checks that a restore to `label` can begin: the task has that checkpoint.
 pub(super) fn check_restore(shared: &Shared, label: &str) -> Result<()> {
-    host_disk(shared)?;
+    disk(shared)?;
     checkpoint::disk_of(&shared.home.sandbox_dir(&shared.id), label).map(drop)
 }
 
@@ -169,9 +189,17 @@ pub(super) async fn restore(
         Err(err) => tracing::error!(target: LOG_TARGET, "stopping the guest panicked: {err}"),
     }
     let state_dir = home.sandbox_dir(id);
+    let layered = shared.layered_disk.is_some();
     let swapped = {
         let (state_dir, label) = (state_dir.clone(), label.to_owned());
-        blocking(move || swap_in(&state_dir, &label)).await
+        blocking(move || {
+            if layered {
+                checkpoint::restore_layers(&state_dir, &label)
+            } else {
+                swap_in(&state_dir, &label)
+            }
+        })
+        .await
     };
     let reply = match &swapped {
         Ok(()) => ControlReply::Restored(Restored {

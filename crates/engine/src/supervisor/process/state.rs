@@ -178,6 +178,9 @@ pub(super) struct Shared {
     pub(super) network_lost: OnceLock<String>,
     /// Who syncs the sandbox's disk after every command, and reads its health.
     pub(super) layer_sync: LayerSync,
+    /// The guest's disk as layers a checkpoint or fork freezes (the vm's); `None`: they copy
+    /// the disk through [`LayerSync::HostMount`] (the jail's).
+    pub(super) layered_disk: Option<Arc<dyn crate::backend::LayeredDisk>>,
     /// The home, whose activity marker every request touches ([`crate::host::activity`]).
     pub(super) home: Home,
     /// The sandbox's id, for its record.

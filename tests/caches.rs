@@ -3,7 +3,11 @@
 //! (the index server sees no second request for the wheel), the cache outlives the task that
 //! filled it, another project's task sees none of it, `--no-cache` leaves it out, nothing of
 //! it reaches the patch, and `dynocap cache ls`/`rm` and `rm --purge --cache` show and clear
-//! it. Plus `DYNOCAP_EXTRA_CA` in a `nat` sandbox's system bundle.
+//! it. Plus `DYNOCAP_EXTRA_CA` in a `nat` sandbox's system bundle. A cache is an image of a
+//! fixed size whose room is set aside on the home's filesystem when it is made: filled, it
+//! fails the task's writes to it with a note in the result and leaves the host's space as it
+//! was; a start the host cannot back with its new cache is refused naming both, and a cache
+//! that exists is counted once, however many tasks of the project use it.
 //!
 //! PyPI is tests/support/tlsfix.rs on a 127.X.Y.Z under its real names through
 //! `DYNOCAP_RESOLVE` and a `filtered` task allowed `@pypi`: nothing leaves loopback. Needs
@@ -108,8 +112,8 @@ fn second_install_from_the_cache_on(backend: Backend, test: &str) {
         home.path()
             .join("caches")
             .join(&cache_id)
-            .join("data/pip")
-            .is_dir(),
+            .join("cache.img")
+            .is_file(),
         "the cache lives in the home's caches/<id>/"
     );
 
@@ -236,4 +240,211 @@ fn a_vm_task_finds_what_the_projects_previous_task_cached() {
     assert_eq!(seen.trim(), "0");
     home.json(&["task", "finish", "vstranger"]);
     assert_eq!(caches(&home).len(), 2);
+}
+
+/// A small ext4 filesystem, loop-mounted for a test's `DYNOCAP_HOME`, unmounted on drop: the
+/// only writer on it is the test's home, so its free space is what DynoCap set aside.
+struct SmallFs {
+    mount: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn new(megabytes: u64) -> SmallFs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let image = dir.path().join("home.ext4");
+        let mount = dir.path().join("mnt");
+        std::fs::create_dir(&mount).expect("mountpoint");
+        let image_arg = image.to_str().expect("utf-8 path");
+        run_ok("truncate", &["-s", &format!("{megabytes}M"), image_arg]);
+        run_ok("mkfs.ext4", &["-q", "-F", "-m", "0", image_arg]);
+        run_ok(
+            "mount",
+            &["-o", "loop", image_arg, mount.to_str().expect("utf-8")],
+        );
+        SmallFs { mount, _dir: dir }
+    }
+
+    fn home(&self, env: &[(&str, &str)]) -> TestHome {
+        env.iter().fold(
+            TestHome::at(self.mount.join("home")),
+            |home, (key, value)| home.with_env(key, value),
+        )
+    }
+
+    /// MB free to an unprivileged writer, as `df` says.
+    fn free_mb(&self) -> u64 {
+        let out = std::process::Command::new("df")
+            .args(["--output=avail", "-B1M"])
+            .arg(&self.mount)
+            .output()
+            .expect("df");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .and_then(|l| l.trim().parse().ok())
+            .expect("df prints the free MB")
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.mount)
+            .status();
+    }
+}
+
+fn run_ok(program: &str, args: &[&str]) {
+    let status = std::process::Command::new(program)
+        .args(args)
+        .status()
+        .expect("spawn a setup command");
+    assert!(status.success(), "{program} {args:?}");
+}
+
+fn start_plain(home: &TestHome, name: &str, project: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "task",
+        "start",
+        project.to_str().expect("utf-8"),
+        "--name",
+        name,
+    ];
+    args.extend_from_slice(extra);
+    home.json(&args)
+}
+
+/// A task writing its cache full gets ENOSPC there and a note naming the cache in its result;
+/// the host's free space is what it was (the image's room was set aside when it was made),
+/// and the sandbox's own disk still takes writes.
+#[test]
+fn a_cache_filled_to_its_bound_is_the_tasks_error_and_leaves_the_host_as_it_was() {
+    if !dynocap_e2e::require_root("a_cache_filled_to_its_bound_is_the_tasks_error") {
+        return;
+    }
+    let fs = SmallFs::new(400);
+    let home = fs.home(&[("DYNOCAP_CACHE_MB", "64")]);
+    let projects = tempfile::tempdir().expect("projects");
+    let app = project(projects.path(), "app");
+    start_plain(&home, "filler", &app, &["--disk-mb", "64"]);
+    let listed = caches(&home);
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    assert!(
+        listed[0]["bytes"].as_u64().unwrap_or(0) >= 64 << 20,
+        "{listed:#?}"
+    );
+    let before = fs.free_mb();
+
+    let filled = home.exec_in_task(
+        "filler",
+        "dd if=/dev/zero of=$HOME/.cache/pip/fill bs=1M count=200 conv=fsync",
+        120,
+    );
+    assert_ne!(filled["exitCode"], 0, "{filled:#}");
+    let stderr = filled["stderr"].as_str().unwrap_or_default();
+    assert!(stderr.contains("No space left on device"), "{filled:#}");
+    assert!(
+        stderr.contains("the project's package cache is full")
+            && stderr.contains("DYNOCAP_CACHE_MB"),
+        "{filled:#}"
+    );
+    assert!(
+        filled.get("diskError").is_none(),
+        "a full cache is no failed disk: {filled:#}"
+    );
+    let after = fs.free_mb();
+    assert!(
+        after + 2 >= before,
+        "the host's free space went from {before} to {after} MB"
+    );
+
+    // The sandbox's own disk is not the cache's: the work goes on.
+    let work = home.exec_in_task("filler", "echo more >> requirements.txt && sync", 60);
+    assert_eq!(work["exitCode"], 0, "{work:#}");
+    assert!(work.get("diskError").is_none(), "{work:#}");
+    // Emptied, the cache takes writes again and says nothing.
+    let freed = home.exec_in_task(
+        "filler",
+        "rm ~/.cache/pip/fill && echo x > ~/.cache/pip/y",
+        60,
+    );
+    assert_eq!(freed["exitCode"], 0, "{freed:#}");
+    assert!(
+        !freed["stderr"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("package cache is full"),
+        "{freed:#}"
+    );
+    home.json(&["task", "finish", "filler"]);
+    home.json(&["cache", "rm", "--all"]);
+}
+
+/// A start whose new cache the home's filesystem cannot set aside beside its disk is refused,
+/// naming both and `--no-cache`, which then starts; a cache that exists is counted once, so a
+/// second task of the project fits where a second cache would not.
+#[test]
+fn a_new_cache_is_counted_in_a_start_the_host_cannot_back_and_once_per_project() {
+    if !dynocap_e2e::require_root("a_new_cache_is_counted_in_a_start_the_host_cannot_back") {
+        return;
+    }
+    let fs = SmallFs::new(400);
+    let projects = tempfile::tempdir().expect("projects");
+    let app = project(projects.path(), "app");
+    std::fs::create_dir_all(fs.mount.join("home")).expect("home");
+
+    let free = fs.free_mb();
+    let whole = free.to_string();
+    let home = fs.home(&[("DYNOCAP_CACHE_MB", whole.as_str())]);
+    let err = home.json_err(&[
+        "task",
+        "start",
+        app.to_str().unwrap(),
+        "--name",
+        "big",
+        "--disk-mb",
+        "64",
+    ]);
+    assert_eq!(err["code"], "policy_denied", "{err:#}");
+    let message = err["message"].as_str().unwrap_or_default();
+    let cache_words = format!("{free} MB");
+    for needle in [
+        cache_words.as_str(),
+        "64",
+        "MB free",
+        "DYNOCAP_CACHE_MB",
+        "--no-cache",
+    ] {
+        assert!(message.contains(needle), "{needle:?} not in {message}");
+    }
+    assert!(caches(&home).is_empty(), "a refused start made no cache");
+    start_plain(&home, "bare", &app, &["--disk-mb", "64", "--no-cache"]);
+    home.json(&["task", "finish", "bare"]);
+    home.json(&["rm", "bare", "--purge"]);
+
+    // Room for one disk, one cache and a second disk, not for a second cache.
+    let free = fs.free_mb();
+    let cache_mb = free - 64 - 64 - 64 - 16;
+    let cache_text = cache_mb.to_string();
+    let home = fs.home(&[("DYNOCAP_CACHE_MB", cache_text.as_str())]);
+    start_plain(&home, "one", &app, &["--disk-mb", "64"]);
+    start_plain(&home, "two", &app, &["--disk-mb", "64"]);
+    let listed = caches(&home);
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    let mut users: Vec<&str> = listed[0]["inUseBy"]
+        .as_array()
+        .expect("inUseBy")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    users.sort_unstable();
+    assert_eq!(users, ["one", "two"], "{listed:#?}");
+    // Both tasks have the one cache: what one writes, the other reads.
+    home.task_sh("one", "echo shared > ~/.cache/pip/marker");
+    assert_eq!(home.task_sh("two", "cat ~/.cache/pip/marker"), "shared\n");
+    home.json(&["task", "finish", "one"]);
+    home.json(&["task", "finish", "two"]);
+    home.json(&["cache", "rm", "--all"]);
 }

@@ -48,8 +48,10 @@ impl SmallFs {
         SmallFs { mount, _dir: dir }
     }
 
+    /// Without package caches: each project's would set its own room aside on this small
+    /// filesystem (tests/caches.rs covers theirs).
     fn home(&self) -> TestHome {
-        TestHome::at(self.mount.join("home"))
+        TestHome::at(self.mount.join("home")).with_env("DYNOCAP_CACHES", "0")
     }
 
     /// Fills every block left, from the host: large writes, then small ones, then files,

@@ -52,6 +52,7 @@ const BYTES_PER_INODE: &str = "16384";
 const RELEASE_WAIT: Duration = Duration::from_secs(10);
 
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+pub(crate) const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 /// `LOOP_CONFIGURE` on a device another process bound between `GET_FREE` and it (one that is
@@ -60,12 +61,12 @@ const LOOP_ATTEMPTS: usize = 8;
 
 /// `struct loop_info64` of `<linux/loop.h>`.
 #[repr(C)]
-struct LoopInfo64 {
-    lo_device: u64,
-    lo_inode: u64,
+pub(crate) struct LoopInfo64 {
+    pub lo_device: u64,
+    pub lo_inode: u64,
     lo_rdevice: u64,
-    lo_offset: u64,
-    lo_sizelimit: u64,
+    pub lo_offset: u64,
+    pub lo_sizelimit: u64,
     lo_number: u32,
     lo_encrypt_type: u32,
     lo_encrypt_key_size: u32,
@@ -251,6 +252,12 @@ impl Disk {
         attach_mount(mount_detached(&image)?, &self.paths.mountpoint)?;
         self.mounted = true;
         Ok(())
+    }
+
+    /// Whether this process left the host's mount namespace for one of its own (see
+    /// [`enter_private_mount_namespace`]), as a disk it mounted did.
+    pub fn in_own_mount_namespace(&self) -> bool {
+        self.mounted
     }
 
     /// Whether this start made the disk (rather than booting over a kept one).
@@ -456,7 +463,7 @@ impl NamedDisk {
 
 /// Attaches the detached `mount` on `mountpoint` (an empty directory), in this process's mount
 /// namespace.
-fn attach_mount(mount: OwnedFd, mountpoint: &Path) -> Result<(), JailError> {
+pub(crate) fn attach_mount(mount: OwnedFd, mountpoint: &Path) -> Result<(), JailError> {
     nix::fcntl::open(
         mountpoint,
         nix::fcntl::OFlag::O_PATH
@@ -480,6 +487,13 @@ fn mount_detached(image: &File) -> Result<OwnedFd, JailError> {
     // The loop fd only has to live until the mount holds the device: closing it then is what
     // lets AUTOCLEAR free the device at unmount.
     let (device, _loop_fd) = attach_loop(image)?;
+    mount_device(&device)
+}
+
+/// A detached mount of the ext4 filesystem on the block device `device` (nosuid, nodev,
+/// [`MOUNT_OPTIONS`], `errors=remount-ro`). A device some mount already has gives that
+/// mount's filesystem, not a second one.
+pub(crate) fn mount_device(device: &Path) -> Result<OwnedFd, JailError> {
     let failed = |e: Errno, detail: String| {
         let what = format!("mounting the sandbox's disk on {}", device.display());
         if detail.is_empty() {
@@ -547,7 +561,17 @@ pub fn disk_failure(state_dir: &Path) -> Option<String> {
     if !is_own_filesystem(&disk, state_dir) {
         return None;
     }
-    let dev = std::os::unix::fs::MetadataExt::dev(&disk);
+    let what = filesystem_failure(&paths.mountpoint, &disk)?;
+    Some(format!(
+        "the sandbox's disk ({}) failed: {what}; what it acknowledged before stays on it",
+        paths.image.display()
+    ))
+}
+
+/// What went wrong with the ext4 filesystem mounted on `mountpoint` (`disk`: its metadata),
+/// if anything: the errors it recorded, or its going read-only.
+pub(crate) fn filesystem_failure(mountpoint: &Path, disk: &fs::Metadata) -> Option<String> {
+    let dev = std::os::unix::fs::MetadataExt::dev(disk);
     // The block device under the mount (`loopN`), as sysfs names it.
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     let device = fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
@@ -561,7 +585,7 @@ pub fn disk_failure(state_dir: &Path) -> Option<String> {
     let errors: u64 = read("errors_count")
         .and_then(|count| count.parse().ok())
         .unwrap_or(0);
-    let read_only = nix::sys::statvfs::statvfs(&paths.mountpoint)
+    let read_only = nix::sys::statvfs::statvfs(mountpoint)
         .is_ok_and(|stat| stat.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
     if errors == 0 && !read_only {
         return None;
@@ -577,10 +601,7 @@ pub fn disk_failure(state_dir: &Path) -> Option<String> {
     } else {
         "its filesystem went read-only".to_owned()
     };
-    Some(format!(
-        "the sandbox's disk ({}) failed: {what}; what it acknowledged before stays on it",
-        paths.image.display()
-    ))
+    Some(what)
 }
 
 /// Whether `disk` (the mountpoint's metadata) is a filesystem of its own, the mounted image,
@@ -642,7 +663,7 @@ pub(crate) fn loop_device_of(image: &Path) -> Option<String> {
 
 /// The guest's disk mount must not show in the host's mount table, and must go when this
 /// process goes: a mount namespace of its own, receiving the host's mounts but sending none.
-fn enter_private_mount_namespace() -> Result<(), JailError> {
+pub(crate) fn enter_private_mount_namespace() -> Result<(), JailError> {
     unshare(CloneFlags::CLONE_NEWNS)
         .map_err(|e| JailError::sys("creating the supervisor's mount namespace", e))?;
     mount(
@@ -765,7 +786,7 @@ fn run_mkfs(image: &Path, skeleton: &Path) -> Result<(), JailError> {
 
 /// Binds `image` to a free loop device with `LO_FLAGS_AUTOCLEAR`; returns the device's path
 /// and an open fd of it (keep it until the device is mounted).
-fn attach_loop(image: &File) -> Result<(PathBuf, File), JailError> {
+pub(crate) fn attach_loop(image: &File) -> Result<(PathBuf, File), JailError> {
     let control_path = Path::new("/dev/loop-control");
     let control = OpenOptions::new()
         .read(true)
@@ -891,6 +912,7 @@ mod tests {
             image_root: "/".into(),
             ro_binds: vec![],
             rw_binds: vec![],
+            cache: None,
             state_dir: "/s".into(),
             guest_dirs: vec![],
             agent_binary: "/bin/true".into(),

@@ -9,6 +9,7 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use crate::cache_disk::CacheMount;
 use crate::cgroup::CgroupSet;
 use crate::disk::Disk;
 use crate::error::JailError;
@@ -23,6 +24,8 @@ use dynocap_host::IdMap;
 pub(crate) struct Storage {
     pub layers: Layers,
     pub disk: Disk,
+    /// The project's package cache, mounted for this guest.
+    pub cache: Option<CacheMount>,
 }
 
 /// A running sandbox. Dropping it without [`Jail::destroy`] tears it down too (best effort,
@@ -38,6 +41,8 @@ pub struct Jail {
     layers: Layers,
     /// The disk the writable layers live on.
     disk: Disk,
+    /// The project's package cache, mounted for this guest.
+    cache: Option<CacheMount>,
     /// How the init ended, once reaped.
     exit: Option<WaitStatus>,
     /// The guest's mount namespace, held from [`Jail::kill`] until the teardown: freeing it
@@ -79,7 +84,11 @@ impl Jail {
         channel: OwnedFd,
         id_map: IdMap,
         cgroups: CgroupSet,
-        Storage { layers, disk }: Storage,
+        Storage {
+            layers,
+            disk,
+            cache,
+        }: Storage,
     ) -> Jail {
         Jail {
             name: spec.name.clone(),
@@ -90,6 +99,7 @@ impl Jail {
             cgroups,
             layers,
             disk,
+            cache,
             exit: None,
             held_mounts: None,
             renamer: None,
@@ -274,6 +284,9 @@ impl Jail {
         let mut problems = self.kill_init();
         // The guest's mounts go before its disk is unmounted and released.
         self.held_mounts = None;
+        if let Some(cache) = self.cache.as_mut() {
+            problems.extend(cache.unmount());
+        }
         problems.extend(self.cgroups.remove());
         if keep_layers {
             problems.extend(self.layers.remove_scratch());

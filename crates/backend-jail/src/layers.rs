@@ -362,6 +362,7 @@ mod tests {
             image_root: image.into(),
             ro_binds: vec![],
             rw_binds: vec![],
+            cache: None,
             state_dir: state.into(),
             guest_dirs,
             agent_binary: "/bin/true".into(),

@@ -55,6 +55,7 @@
 //! `probe`. The user namespace's id map, pasta for `nat`, the host's cgroup layout and the
 //! memory bound over all sandboxes are dynocap-host's, which the vm backend's side shares.
 
+mod cache_disk;
 mod caps;
 mod cgroup;
 mod checkpoint;
@@ -81,6 +82,7 @@ mod sys;
 mod sysview;
 mod uts;
 
+pub use cache_disk::{cache_failure, cache_room, CacheRoom};
 pub use caps::{docker_default_mask, DOCKER_DEFAULT};
 pub use cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT as CGROUP_PARENT};
 pub use checkpoint::{allocated_bytes, copy_sparse, snapshot_disk, thaw_leftover};
@@ -98,4 +100,6 @@ pub use dynocap_host::{Check, IdMap};
 pub use error::JailError;
 pub use jail::Jail;
 pub use probe::{probe, Probe};
-pub use spec::{GuestDir, JailSpec, Limits, RoBind, RwBind, AGENT_GUEST_PATH, CHANNEL_FD};
+pub use spec::{
+    CacheSpec, CacheSpot, GuestDir, JailSpec, Limits, RoBind, RwBind, AGENT_GUEST_PATH, CHANNEL_FD,
+};

@@ -13,6 +13,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::sys::wait::WaitStatus;
 use nix::unistd::{Gid, Uid};
 
+use crate::cache_disk::CacheMount;
 use crate::caps;
 use crate::cgroup::{CgroupSet, Layout};
 use crate::child::{self, ChildEnds, ChildPlan, EXEC_CGROUP_FD};
@@ -70,6 +71,18 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     let layout = Layout::discover()?;
 
     let (mut disk, layers, cgroups) = prepare_host_side(spec, &ids, &layout)?;
+    // Unmounted when dropped, on any failure from here.
+    let cache = match &spec.cache {
+        Some(cache) => match CacheMount::mount(cache, &disk) {
+            Ok(mounted) => Some(mounted),
+            Err(e) => {
+                let _ = cgroups.remove();
+                undo_storage(Some(&layers), &mut disk);
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     if let Some(dir) = cgroups.exec_dir() {
         hand_exec_cgroup(&mut plan, dir);
     }
@@ -99,7 +112,18 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
     };
     plan.root.idmapped_image = idmapped_image.as_ref().map(|fd| fd.as_raw_fd());
     // As the image's: held open across the clone, closed here when `spawn` returns.
-    let sources: Vec<&Path> = spec.rw_binds.iter().map(|b| b.source.as_path()).collect();
+    let mut rw_binds: Vec<(PathBuf, PathBuf)> = spec
+        .rw_binds
+        .iter()
+        .map(|b| (b.source.clone(), b.target.clone()))
+        .collect();
+    if let (Some(mounted), Some(cache)) = (&cache, &spec.cache) {
+        rw_binds.extend(mounted.binds(cache));
+    }
+    let sources: Vec<&Path> = rw_binds
+        .iter()
+        .map(|(source, _)| source.as_path())
+        .collect();
     let rw_trees = match idmapped::read_write_trees(&sources, &ids) {
         Ok(trees) => trees,
         Err(e) => {
@@ -107,8 +131,8 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
             return Err(e);
         }
     };
-    for (tree, bind) in rw_trees.iter().zip(&spec.rw_binds) {
-        let target = match guest_relative(&bind.target) {
+    for (tree, (source, target)) in rw_trees.iter().zip(&rw_binds) {
+        let target = match guest_relative(target) {
             Ok(target) => target,
             Err(e) => {
                 undo(&layers, &cgroups, &mut disk);
@@ -117,7 +141,7 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
         };
         plan.root
             .rw_binds
-            .push((tree.as_raw_fd(), bind.source.clone(), target));
+            .push((tree.as_raw_fd(), source.clone(), target));
     }
 
     // The init joins its v1 cgroups itself (see `cgroup`), through files opened here.
@@ -177,7 +201,11 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
         host_channel,
         ids,
         cgroups,
-        Storage { layers, disk },
+        Storage {
+            layers,
+            disk,
+            cache,
+        },
     );
     ids.write_for(pid)?;
     // Two releases: the init builds the guest's root while we move it into its v2 cgroups, if

@@ -31,6 +31,10 @@ pub struct JailSpec {
     /// directory serves sandbox after sandbox (a project's package caches). Needs a root
     /// supervisor; a target's missing directories are made as [`RoBind::target`]'s are.
     pub rw_binds: Vec<RwBind>,
+    /// A project's package cache: an ext4 image mounted by the supervisor, whose directories
+    /// are bound read-write over the root through the guest's id map, as `rw_binds` are. Needs
+    /// a root supervisor.
+    pub cache: Option<CacheSpec>,
     /// Per-sandbox directory the caller created; `upper/`, `work/` and `root/` are made in it.
     pub state_dir: PathBuf,
     /// Directories created in the upper layer before start, owned by the host ids their guest
@@ -90,6 +94,33 @@ pub struct RoBind {
 pub struct RwBind {
     /// Host directory; it must exist.
     pub source: PathBuf,
+    /// Absolute guest path, resolved inside the guest root.
+    pub target: PathBuf,
+}
+
+/// A project's package cache for the guest (see [`JailSpec::cache`] and `cache_disk`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheSpec {
+    /// The cache's ext4 image (its room already set aside on the host by the caller). Every
+    /// jail that has it mounts it through one loop device, so they share one filesystem.
+    pub image: PathBuf,
+    /// An empty host directory the supervisor mounts the image on, in its own mount namespace.
+    pub mountpoint: PathBuf,
+    /// The cache's directories at the image's root, each bound on its guest path.
+    pub spots: Vec<CacheSpot>,
+    /// An earlier format's host directories (`<name>/` of each spot): copied into the image
+    /// the first time, then removed.
+    pub legacy: Option<PathBuf>,
+}
+
+/// One directory of a package cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheSpot {
+    /// Its name at the image's root: letters, digits and `-`.
+    pub name: String,
+    /// Guest ids of its owner, made so when it is new.
+    pub uid: u32,
+    pub gid: u32,
     /// Absolute guest path, resolved inside the guest root.
     pub target: PathBuf,
 }
@@ -177,6 +208,26 @@ impl JailSpec {
                     "rw_bind target {} is the guest root or reserved for the agent",
                     bind.target.display()
                 )));
+            }
+        }
+        if let Some(cache) = &self.cache {
+            require_absolute("cache image", &cache.image)?;
+            require_dir("cache mountpoint", &cache.mountpoint)?;
+            for spot in &cache.spots {
+                let simple = !spot.name.is_empty()
+                    && spot
+                        .name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+                let rel = guest_relative(&spot.target)?;
+                if !simple || rel.as_os_str().is_empty() || rel.starts_with(".dynocap") {
+                    return Err(invalid(format!(
+                        "cache directory {:?} on {} is not a plain name, or targets the guest \
+                         root or the agent's directory",
+                        spot.name,
+                        spot.target.display()
+                    )));
+                }
             }
         }
         for dir in &self.guest_dirs {

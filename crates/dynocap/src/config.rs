@@ -73,6 +73,8 @@ struct Variables {
     extra_ca: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_CACHES")]
     caches: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_CACHE_MB")]
+    cache_mb: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_MCP_GIT_HOSTS")]
     mcp_git_hosts: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_MCP_ROOTS")]
@@ -207,6 +209,7 @@ pub fn from_env() -> Result<Settings, Error> {
             git_hosts: text(s.mcp_git_hosts),
         },
         caches: text(s.caches),
+        cache_mb: text(s.cache_mb),
     };
     Ok(Settings {
         engine,

@@ -60,10 +60,25 @@ impl Surface {
                 format!("`{} {target}`", op(*o).1)
             }
             (Self::Cli, Piece::Op { op: o, .. }) => format!("`{}`", op(*o).1),
-            (Self::Mcp, Piece::Flag(name)) => format!("{name}: true"),
+            // The engine names a flag as the CLI spells it (`no-cache`); MCP's are camelCase.
+            (Self::Mcp, Piece::Flag(name)) => format!("{}: true", camel(name)),
             (Self::Cli, Piece::Flag(name)) => format!("--{name}"),
         }
     }
+}
+
+/// `no-cache` as `noCache`.
+fn camel(name: &str) -> String {
+    let mut parts = name.split('-');
+    let mut out = parts.next().unwrap_or_default().to_owned();
+    for part in parts {
+        let mut chars = part.chars();
+        if let Some(first) = chars.next() {
+            out.extend(first.to_uppercase());
+            out.push_str(chars.as_str());
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -111,5 +126,10 @@ mod tests {
             .expect_err("below the minimum");
         assert!(text(Surface::Mcp, &spec).starts_with("ttlSeconds 29 is below"));
         assert!(text(Surface::Cli, &spec).starts_with("--ttl 29 is below"));
+        let flag = Error::worded(ErrorCode::PolicyDenied, |w| {
+            format!("pass {}", w.flag("no-cache"))
+        });
+        assert_eq!(text(Surface::Mcp, &flag), "pass noCache: true");
+        assert_eq!(text(Surface::Cli, &flag), "pass --no-cache");
     }
 }

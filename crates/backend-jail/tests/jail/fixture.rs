@@ -87,6 +87,7 @@ impl Fixture {
                 },
             ],
             rw_binds: vec![],
+            cache: None,
             state_dir: self.state.clone(),
             guest_dirs: vec![
                 // The image's /root belongs to host root, which is nobody in the guest: give

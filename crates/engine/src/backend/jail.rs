@@ -28,11 +28,18 @@ struct JailGuest {
     /// The sandbox's state directory, which holds the disk's image and where the supervisor
     /// mounted it.
     state_dir: PathBuf,
+    /// Where the supervisor mounted the project's package cache, if the guest has it.
+    cache: Option<PathBuf>,
+    /// The hold on the project's cache (shared with its other jails) while the guest has it;
+    /// after `jail`, so the cache is unmounted before it goes.
+    _cache_hold: Option<std::fs::File>,
 }
 
-/// The jail's disk as the supervisor mounted it, under the sandbox's state directory.
+/// The jail's disk as the supervisor mounted it, under the sandbox's state directory, and
+/// the project's package cache where it mounted that.
 struct MountedDisk {
     state_dir: PathBuf,
+    cache: Option<PathBuf>,
 }
 
 impl HostDisk for MountedDisk {
@@ -42,7 +49,17 @@ impl HostDisk for MountedDisk {
     }
 
     fn failure(&self) -> Option<String> {
-        dynocap_backend_jail::disk_failure(&self.state_dir)
+        dynocap_backend_jail::disk_failure(&self.state_dir).or_else(|| {
+            self.cache
+                .as_deref()
+                .and_then(dynocap_backend_jail::cache_failure)
+        })
+    }
+
+    fn cache_full(&self) -> Option<String> {
+        let mountpoint = self.cache.as_deref()?;
+        let room = dynocap_backend_jail::cache_room(mountpoint)?;
+        crate::host::project_cache::full_note(room.free_bytes, room.total_bytes, room.free_inodes)
     }
 
     fn snapshot(&self, dest: &Path, during: &mut dyn FnMut() -> Result<()>) -> Result<u64> {
@@ -62,18 +79,15 @@ impl HostDisk for MountedDisk {
     }
 }
 
-/// A task's package caches as the jail binds them (see `host::project_cache`), with the
-/// directories of the sandbox user's home they hang from, which must be the user's own. An
-/// unprivileged supervisor cannot make the idmapped mounts they need: its tasks get none
-/// (the log says so).
-fn cache_binds(
-    spec: &BootSpec,
-) -> Result<(
-    Vec<dynocap_backend_jail::RwBind>,
-    Vec<dynocap_backend_jail::GuestDir>,
-)> {
+/// A task's package caches for the jail (see `host::project_cache`): the project's image,
+/// which the supervisor mounts and whose directories it binds, the directories of the sandbox
+/// user's home they hang from (which must be the user's own), and the hold on the cache this
+/// guest keeps while it has it. None for an unprivileged supervisor, which cannot make the
+/// idmapped mounts they need, nor while a vm guest of the project has the image: the task
+/// then goes without (the log says why).
+fn cache_spec(spec: &BootSpec) -> Result<JailCache> {
     let Some(cache) = &spec.project_cache else {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(JailCache::default());
     };
     let ids = dynocap_host::IdMap::for_current_process_in_range(spec.id_range)
         .map_err(JailFailure::HostIds)?;
@@ -81,14 +95,31 @@ fn cache_binds(
         tracing::warn!(
             "no package caches: binding them needs an idmapped mount, which only a supervisor running as root can make"
         );
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(JailCache::default());
     }
+    let Some(hold) = cache.hold(false)? else {
+        tracing::warn!(
+            "no package caches: a vm guest of the project has its cache image {} now",
+            cache.image().display()
+        );
+        return Ok(JailCache::default());
+    };
     let home = Path::new(SANDBOX_HOME);
     let with_apt = spec.image.root.join("var/cache/apt/archives").is_dir();
-    let binds = cache
-        .binds(home, with_apt)
-        .into_iter()
-        .map(|(source, target)| dynocap_backend_jail::RwBind { source, target })
+    let spots = crate::host::project_cache::ProjectCache::spots(with_apt)
+        .map(|spot| {
+            let (uid, gid) = if spot.root_owned {
+                (0, 0)
+            } else {
+                (SANDBOX_UID, SANDBOX_GID)
+            };
+            dynocap_backend_jail::CacheSpot {
+                name: spot.name.to_owned(),
+                uid,
+                gid,
+                target: home.join(spot.guest),
+            }
+        })
         .collect();
     let dirs = crate::host::project_cache::HOME_PARENTS
         .iter()
@@ -99,7 +130,27 @@ fn cache_binds(
             mode: 0o755,
         })
         .collect();
-    Ok((binds, dirs))
+    let jail_cache = dynocap_backend_jail::CacheSpec {
+        image: cache.image(),
+        mountpoint: cache.mountpoint(),
+        spots,
+        legacy: cache.legacy_data(),
+    };
+    Ok(JailCache {
+        spec: Some(jail_cache),
+        dirs,
+        hold: Some(hold),
+    })
+}
+
+/// A task's package caches as [`cache_spec`] makes them for the jail.
+#[derive(Default)]
+struct JailCache {
+    spec: Option<dynocap_backend_jail::CacheSpec>,
+    /// The directories of the sandbox user's home the caches hang from.
+    dirs: Vec<dynocap_backend_jail::GuestDir>,
+    /// The hold on the project's cache, kept while the guest has it.
+    hold: Option<std::fs::File>,
 }
 
 /// System CA bundles the image may bind from the host (the `host` image binds the host's
@@ -180,13 +231,18 @@ impl Backend for JailBackend {
                 target: "/etc/resolv.conf".into(),
             });
         }
-        let (rw_binds, cache_dirs) = cache_binds(spec)?;
+        let JailCache {
+            spec: cache,
+            dirs: cache_dirs,
+            hold: cache_hold,
+        } = cache_spec(spec)?;
         let mut jail_spec = JailSpec {
             name: spec.id.clone(),
             hostname: spec.hostname.clone(),
             image_root: spec.image.root.clone(),
             ro_binds,
-            rw_binds,
+            rw_binds: Vec::new(),
+            cache,
             state_dir: spec.state_dir.clone(),
             guest_dirs: vec![
                 GuestDir {
@@ -243,6 +299,11 @@ impl Backend for JailBackend {
             spare_disk,
             disk_bytes: jail_spec.disk_bytes,
             state_dir: spec.state_dir.clone(),
+            cache: jail_spec
+                .cache
+                .as_ref()
+                .map(|cache| cache.mountpoint.clone()),
+            _cache_hold: cache_hold,
         }))
     }
 
@@ -458,6 +519,7 @@ impl Guest for JailGuest {
     fn layer_sync(&self) -> LayerSync {
         LayerSync::HostMount(Arc::new(MountedDisk {
             state_dir: self.state_dir.clone(),
+            cache: self.cache.clone(),
         }))
     }
     fn oom_counter(&self) -> OomCounter {

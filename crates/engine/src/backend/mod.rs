@@ -166,8 +166,13 @@ pub trait HostDisk: Send + Sync {
     /// it (the room is the disk's already: see `disk_room`).
     fn sync(&self) -> Result<()>;
     /// What went wrong with the disk, if anything: errors its filesystem recorded, or its
-    /// going read-only.
+    /// going read-only (the project's package cache's too, when the guest has one).
     fn failure(&self) -> Option<String>;
+    /// What a command's result says when the project's package cache the guest has is full
+    /// (see `project_cache::full_note`); `None` when it has room, or no cache.
+    fn cache_full(&self) -> Option<String> {
+        None
+    }
     /// Copies the disk, as it is at one instant, to the new file `dest` (a checkpoint, or a
     /// fork's disk); `during` runs while the guest's writes are held, after the copy. Returns
     /// the bytes the copy holds.

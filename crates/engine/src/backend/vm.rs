@@ -18,9 +18,7 @@ use std::time::Duration;
 
 use dynocap_backend_vm::{AccelChoice, Vm, VmError, VmPaths, VmSpec};
 
-use super::{
-    agent_args, Backend, BootSpec, Guest, LayerSync, LayeredDisk, OomCounter, Readiness,
-};
+use super::{agent_args, Backend, BootSpec, Guest, LayerSync, LayeredDisk, OomCounter, Readiness};
 use crate::foundation::error::{Coded, Error, ErrorCode, Result};
 use crate::host::usernet;
 use crate::model::spec::Network;
@@ -87,22 +85,24 @@ impl Backend for VmBackend {
             // Root is needed anyway: QEMU's own network namespace.
             usernet::available()?;
         }
-        // A task's package caches: the project's cache disk, read-write for one guest at a
-        // time; a second guest of the project at once writes to a throwaway layer over it.
+        // A task's package caches: the project's cache image as a second disk, one guest's
+        // at a time (its kernel mounts it); while another guest of the project has it, this
+        // one goes without: a copy-on-write layer over it would take host room nothing set
+        // aside.
         let cache = match &spec.project_cache {
             Some(cache) => {
                 let with_apt = spec.image.root.join("var/cache/apt/archives").is_dir();
-                Some(cache.vm_disk(with_apt)?)
+                let disk = cache.vm_disk(with_apt)?;
+                if disk.is_none() {
+                    tracing::warn!(
+                        "no package caches: another guest of the project has its cache image {}",
+                        cache.image().display()
+                    );
+                }
+                disk
             }
             None => None,
         };
-        if let Some(cache) = cache.as_ref().filter(|c| c.lock.is_none()) {
-            tracing::warn!(
-                "another guest of the project has its package cache disk {}: this one's writes \
-                 to it go when it does",
-                cache.image.display()
-            );
-        }
         let vm_spec = VmSpec {
             hostname: spec.hostname.clone(),
             rootfs: spec.image.root.clone(),
@@ -129,7 +129,7 @@ impl Backend for VmBackend {
                 .as_ref()
                 .map(|cache| dynocap_backend_vm::qemu::CacheDisk {
                     image: cache.image.clone(),
-                    throwaway: cache.lock.is_none(),
+                    throwaway: false,
                     spots: cache.spots.clone(),
                 }),
         };
@@ -162,7 +162,7 @@ impl Backend for VmBackend {
             vm: Arc::new(Mutex::new(Some(vm))),
             disk_bytes: vm_spec.disk_bytes,
             usernet,
-            _cache_lock: cache.and_then(|cache| cache.lock),
+            _cache_lock: cache.map(|cache| cache.lock),
         }))
     }
 

@@ -123,6 +123,19 @@ impl Engine {
         } else {
             crate::host::project_cache::ProjectKey::for_source(&start.source).map(|key| key.id())
         };
+        // A cache still to be made sets its room aside too: the start is refused now, with
+        // the disk, if the host cannot back both.
+        if let Some(id) = &cache {
+            let bytes = self.config().cache_bytes()?;
+            let needed = crate::host::project_cache::room_needed(self.home().root(), id, bytes);
+            if needed > 0 {
+                crate::host::disk_room::check_room_with_cache(
+                    self.home().root(),
+                    spec.disk_mb,
+                    needed.div_ceil(1 << 20),
+                )?;
+            }
+        }
         let detail = TaskDetail {
             start,
             source: None,

@@ -119,15 +119,22 @@ pub fn is_full(dir: &Path) -> bool {
 /// `home` cannot set aside while keeping [`HEADROOM_MB`] free, naming what is free, what is
 /// asked and what to do.
 pub fn check_room(home: &Path, disk_mb: u64) -> Result<()> {
-    let free = free_mb(home)?;
-    if free >= disk_mb.saturating_add(HEADROOM_MB) {
-        return Ok(());
-    }
-    Err(refusal(home, disk_mb, free))
+    check_room_with_cache(home, disk_mb, 0)
 }
 
-fn refusal(home: &Path, disk_mb: u64, free: u64) -> Error {
-    let most = free.saturating_sub(HEADROOM_MB);
+/// [`check_room`] for a task whose project's package cache is still to be set aside too
+/// (`cache_mb`, 0 when the cache already holds its room: it is counted once, when it is
+/// made, however many tasks of the project use it).
+pub fn check_room_with_cache(home: &Path, disk_mb: u64, cache_mb: u64) -> Result<()> {
+    let free = free_mb(home)?;
+    if free >= disk_mb.saturating_add(cache_mb).saturating_add(HEADROOM_MB) {
+        return Ok(());
+    }
+    Err(refusal(home, disk_mb, cache_mb, free))
+}
+
+fn refusal(home: &Path, disk_mb: u64, cache_mb: u64, free: u64) -> Error {
+    let most = free.saturating_sub(HEADROOM_MB).saturating_sub(cache_mb);
     let home = home.display().to_string();
     Error::worded(ErrorCode::PolicyDenied, move |s| {
         let fit = if most >= crate::model::spec::DISK_MB_MIN {
@@ -139,13 +146,28 @@ fn refusal(home: &Path, disk_mb: u64, free: u64) -> Error {
                 crate::model::spec::DISK_MB_MIN
             )
         };
+        let (asked, cache) = if cache_mb == 0 {
+            (
+                format!("{} {disk_mb} needs {disk_mb} MB", s.param(Param::DiskMb)),
+                String::new(),
+            )
+        } else {
+            (
+                format!(
+                    "{} {disk_mb} and the project's new package cache of {cache_mb} MB \
+                     (DYNOCAP_CACHE_MB) need {} MB",
+                    s.param(Param::DiskMb),
+                    disk_mb.saturating_add(cache_mb)
+                ),
+                format!(", start the task without caches ({})", s.flag("no-cache")),
+            )
+        };
         format!(
-            "{} {disk_mb} needs {disk_mb} MB set aside on the filesystem holding {home}, which \
+            "{asked} set aside on the filesystem holding {home}, which \
              has {free} MB free and keeps {HEADROOM_MB} MB for DynoCap's records and results: \
-             {fit}, free space on that filesystem (destroy sandboxes, or rm --purge finished \
+             {fit}{cache}, free space on that filesystem (destroy sandboxes, or rm --purge finished \
              tasks), or point DYNOCAP_HOME at a filesystem with more room; \
-             DYNOCAP_MAX_DISK_MB caps what any one sandbox may ask for",
-            s.param(Param::DiskMb)
+             DYNOCAP_MAX_DISK_MB caps what any one sandbox may ask for"
         )
     })
 }
@@ -154,6 +176,19 @@ fn refusal(home: &Path, disk_mb: u64, free: u64) -> Error {
 /// out as `layout`. Nothing is written; what is reserved already costs nothing again (a kept
 /// layer booted over). A filesystem without room is `policy_denied`, as [`check_room`] says it.
 pub fn reserve(image: &Path, bytes: u64, layout: Layout) -> Result<()> {
+    reserve_with(image, bytes, layout, |dir, free| {
+        refusal(dir, bytes >> 20, 0, free)
+    })
+}
+
+/// [`reserve`], with the refusal for a filesystem without room made by `refuse` (from the
+/// directory holding `image` and the MB free there).
+pub fn reserve_with(
+    image: &Path,
+    bytes: u64,
+    layout: Layout,
+    refuse: impl FnOnce(&Path, u64) -> Error,
+) -> Result<()> {
     let file = OpenOptions::new()
         .write(true)
         .open(image)
@@ -179,7 +214,7 @@ pub fn reserve(image: &Path, bytes: u64, layout: Layout) -> Result<()> {
     match errno {
         nix::errno::Errno::ENOSPC | nix::errno::Errno::EDQUOT => {
             let free = free_mb(dir).unwrap_or(0);
-            Err(refusal(dir, bytes >> 20, free))
+            Err(refuse(dir, free))
         }
         nix::errno::Errno::EOPNOTSUPP => Err(DiskRoomFailure::Unsupported {
             image: image.to_owned(),
@@ -321,7 +356,7 @@ mod tests {
 
     #[test]
     fn a_refusal_names_free_asked_and_remedies() {
-        let err = refusal(Path::new("/h"), 4096, 1000);
+        let err = refusal(Path::new("/h"), 4096, 0, 1000);
         assert_eq!(err.code, ErrorCode::PolicyDenied);
         for needle in ["4096", "1000 MB free", "at most 936", "DYNOCAP_HOME", "/h"] {
             assert!(
@@ -330,7 +365,23 @@ mod tests {
                 err.message
             );
         }
-        let none = refusal(Path::new("/h"), 4096, 100);
+        let none = refusal(Path::new("/h"), 4096, 0, 100);
         assert!(none.message.contains("no disk fits"), "{}", none.message);
+        // A new package cache is counted beside the disk, and the way around it named.
+        let cached = refusal(Path::new("/h"), 1024, 2048, 3000);
+        for needle in [
+            "1024",
+            "2048 MB",
+            "need 3072 MB",
+            "at most 888",
+            "DYNOCAP_CACHE_MB",
+            "no-cache",
+        ] {
+            assert!(
+                cached.message.contains(needle),
+                "{needle:?} not in {}",
+                cached.message
+            );
+        }
     }
 }

@@ -11,14 +11,25 @@
 //! directory's name is a hash of that ([`ProjectKey::id`]); `project.json` in it says
 //! which project it is.
 //!
-//! The jail binds `data/<name>/` directories through the guest's id map, so the files' owners
-//! on disk are guest ids (the sandbox user's, or guest root's for apt's archives) whatever
-//! host id range a sandbox has; the caches directory is private to the user running
-//! DynoCap (0700), so no host account reaches them. Everything here reads the guest's files
-//! without following a symlink.
+//! The cache itself is `cache.img`, an ext4 image of a fixed size (`DYNOCAP_CACHE_MB`) whose
+//! whole size is set aside on the host's filesystem when it is made (`fallocate`: blocks
+//! reserved, nothing written; see `disk_room`), with one directory per package manager at
+//! its root. So a task filling its cache fills the cache, never the host, and the room is
+//! counted once, when the cache is made, however many tasks of the project use it. The jail
+//! mounts it on the host (in its supervisor's own mount namespace, every jail of the project
+//! through one loop device) and binds its directories through the guest's id map, so the
+//! files' owners in it are guest ids whatever host id range a sandbox has; the vm attaches
+//! it as a second disk that only its guest mounts. `cache.lock` keeps the two apart: jails
+//! share it, a vm guest has it alone. The caches directory is private to the user running
+//! DynoCap (0700), so no host account reaches them.
+//!
+//! An earlier DynoCap kept a cache as plain host directories (`data/<name>/`, unbounded) and
+//! a sparse vm disk (`vm.img`): the sparse disk becomes the image (its room then set aside),
+//! and the jail copies what the directories hold into the image the first time it mounts it,
+//! then removes them.
 
 use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -26,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::foundation::error::{Context, Error, Result};
+use crate::host::disk_room::Layout;
 use crate::model::task_spec::Source;
 
 /// The caches' directory in the home.
@@ -34,8 +46,17 @@ pub const CACHES: &str = "caches";
 const PROJECT_FILE: &str = "project.json";
 /// Touched at each start of a task of the project.
 const LAST_USED_FILE: &str = "last-used";
-/// The directories the jail binds.
-const DATA: &str = "data";
+/// The cache's ext4 image.
+const IMAGE: &str = "cache.img";
+/// Shared (flock) by the supervisors whose jails have the image mounted, held alone by the
+/// one whose vm guest has it.
+const LOCK: &str = "cache.lock";
+/// Where a jail's supervisor mounts the image, in its own mount namespace.
+const MOUNTPOINT: &str = "mnt";
+/// An earlier format's host directories, one per package manager.
+const LEGACY_DATA: &str = "data";
+/// An earlier format's sparse vm disk, of the image's layout.
+const LEGACY_VM_DISK: &str = "vm.img";
 
 /// One package manager's cache: its directory under `data/`, where the guest sees it, and
 /// whether guest root owns it (apt) rather than the sandbox user.
@@ -153,12 +174,16 @@ pub fn is_cache_id(id: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct ProjectCache {
     dir: PathBuf,
+    /// The image's size.
+    bytes: u64,
 }
 
 impl ProjectCache {
-    /// The cache of `key` in the home at `root`: its directories made (the sandbox user's,
-    /// `user` as guest ids, but apt's, which is guest root's) and its last use set to now.
-    pub fn prepare(root: &Path, key: &ProjectKey, user: (u32, u32)) -> Result<Self> {
+    /// The cache of `key` in the home at `root`: its image made if new (`bytes` of it, its
+    /// room set aside on the host: a filesystem without that room refuses the start,
+    /// `policy_denied`), an earlier format's adopted, and its last use set to now. An image
+    /// that exists keeps the size it was made with.
+    pub fn prepare(root: &Path, key: &ProjectKey, bytes: u64) -> Result<Self> {
         let caches = caches_dir(root);
         let dir = caches.join(key.id());
         private_dir(&caches)?;
@@ -170,37 +195,25 @@ impl ProjectCache {
             dynocap_host::durable::replace(&project, &text)
                 .with_context(|| format!("writing {}", project.display()))?;
         }
-        let data = dir.join(DATA);
-        private_dir(&data)?;
-        for spot in SPOTS {
-            let path = data.join(spot.name);
-            match std::fs::symlink_metadata(&path) {
-                Ok(meta) if meta.is_dir() => continue,
-                Ok(_) => {
-                    return Err(Error::internal(format!(
-                        "{} is not a directory; remove the project's cache with `dynocap cache rm`",
-                        path.display()
-                    )))
-                }
-                Err(_) => {}
+        let image = dir.join(IMAGE);
+        adopt_legacy_vm_disk(&dir, &image)?;
+        let bytes = match regular_file(&image)? {
+            Some(meta) => meta.len(),
+            None => {
+                make_image(&dir, &image, bytes)?;
+                bytes
             }
-            std::fs::DirBuilder::new()
-                .mode(0o755)
-                .create(&path)
-                .with_context(|| format!("creating {}", path.display()))?;
-            // Only root can hand them to guest ids; an unprivileged supervisor's jail binds
-            // no caches (it cannot make the idmapped mounts) and its vm's are on the disk.
-            if nix::unistd::geteuid().is_root() {
-                let (uid, gid) = if spot.root_owned { (0, 0) } else { user };
-                std::os::unix::fs::lchown(&path, Some(uid), Some(gid))
-                    .with_context(|| format!("owning {}", path.display()))?;
-            }
-        }
+        };
+        // Made before, its room is still its own (nothing to do but check it): an image copied
+        // sparse (a backup restored) gets it back here, or the start is refused.
+        reserve(&image, bytes)?;
+        private_dir(&dir.join(MOUNTPOINT))?;
+        drop_empty_legacy_data(&dir.join(LEGACY_DATA));
         let stamp = dir.join(LAST_USED_FILE);
         std::fs::File::create(&stamp)
             .and_then(|mut f| f.write_all(b""))
             .with_context(|| format!("marking {} used", dir.display()))?;
-        Ok(Self { dir })
+        Ok(Self { dir, bytes })
     }
 
     /// The cache's directory.
@@ -208,85 +221,255 @@ impl ProjectCache {
         &self.dir
     }
 
-    /// Each cache's host directory with the guest path it is bound on (`home`: the sandbox
-    /// user's home). apt's only when `with_apt` (an image that has apt's archives).
-    pub fn binds(&self, home: &Path, with_apt: bool) -> Vec<(PathBuf, PathBuf)> {
+    /// The cache's ext4 image.
+    pub fn image(&self) -> PathBuf {
+        self.dir.join(IMAGE)
+    }
+
+    /// The image's size.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Where a jail's supervisor mounts the image, in its own mount namespace (an empty
+    /// directory on the host).
+    pub fn mountpoint(&self) -> PathBuf {
+        self.dir.join(MOUNTPOINT)
+    }
+
+    /// An earlier format's host directories with something in them, for the jail to copy into
+    /// the image and remove.
+    pub fn legacy_data(&self) -> Option<PathBuf> {
+        let data = self.dir.join(LEGACY_DATA);
+        std::fs::symlink_metadata(&data)
+            .is_ok_and(|meta| meta.is_dir())
+            .then_some(data)
+    }
+
+    /// The caches a guest gets: apt's only when `with_apt` (an image that has apt's archives).
+    pub fn spots(with_apt: bool) -> impl Iterator<Item = &'static Spot> {
         SPOTS
             .iter()
-            .filter(|spot| with_apt || !spot.root_owned)
-            .map(|spot| (self.dir.join(DATA).join(spot.name), home.join(spot.guest)))
-            .collect()
+            .filter(move |spot| with_apt || !spot.root_owned)
+    }
+
+    /// Holds the cache for a guest: shared with the project's other jails (`exclusive`
+    /// false), or alone for a vm guest, whose kernel mounts the image itself. `None` when
+    /// another guest holds it the other way: this guest then goes without it.
+    pub fn hold(&self, exclusive: bool) -> Result<Option<std::fs::File>> {
+        use std::os::fd::AsRawFd;
+        let path = self.dir.join(LOCK);
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let how = if exclusive {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_SH
+        };
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        let held = unsafe { libc::flock(lock.as_raw_fd(), how | libc::LOCK_NB) } == 0;
+        Ok(held.then_some(lock))
     }
 }
-
-/// The vm's cache disk: a sparse raw ext4 image, only ever mounted by guests (a guest kernel
-/// writes it, so the host never reads its files).
-const VM_DISK: &str = "vm.img";
-/// Held (flock) by the supervisor whose guest has the disk read-write.
-const VM_LOCK: &str = "vm.lock";
-/// The vm cache disk's size: its files take room on the host only as the guests write them.
-pub const VM_DISK_BYTES: u64 = 8 << 30;
 
 /// A vm guest's hold on its project's cache disk.
 #[derive(Debug)]
 pub struct VmCacheDisk {
     pub image: PathBuf,
-    /// The lock, held while the guest has the disk read-write; `None`: another guest has it,
-    /// and this one writes to a throwaway layer over it.
-    pub lock: Option<std::fs::File>,
+    /// The lock, held while the guest has the disk.
+    pub lock: std::fs::File,
     /// `name:path` entries for the guest (see the agent's `vm_cache`).
     pub spots: String,
 }
 
 impl ProjectCache {
-    /// The project's vm cache disk, made (formatted by `mkfs.ext4`) if new, and locked for
-    /// this guest unless another guest of the project has it.
-    pub fn vm_disk(&self, with_apt: bool) -> Result<VmCacheDisk> {
-        use std::os::fd::AsRawFd;
-        let image = self.dir.join(VM_DISK);
-        if std::fs::symlink_metadata(&image).is_err() {
-            let partial = self.dir.join("vm.img.partial");
-            let file = std::fs::File::create(&partial)
-                .with_context(|| format!("creating {}", partial.display()))?;
-            file.set_len(VM_DISK_BYTES)
-                .with_context(|| format!("sizing {}", partial.display()))?;
-            drop(file);
-            let made = std::process::Command::new("mkfs.ext4")
-                .args(["-q", "-F", "-m", "0", "-L", "dynocap-cache"])
-                .arg(&partial)
-                .output()
-                .context("running mkfs.ext4 (package e2fsprogs) for the vm's cache disk")?;
-            if !made.status.success() {
-                let _ = std::fs::remove_file(&partial);
-                return Err(Error::internal(format!(
-                    "mkfs.ext4 {}: {}",
-                    partial.display(),
-                    String::from_utf8_lossy(&made.stderr).trim()
-                )));
-            }
-            std::fs::rename(&partial, &image)
-                .with_context(|| format!("naming {}", image.display()))?;
-        }
-        let lock_path = self.dir.join(VM_LOCK);
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .with_context(|| format!("opening {}", lock_path.display()))?;
-        // SAFETY: flock on a descriptor this function owns; no memory is involved.
-        let held = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
-        let spots = SPOTS
-            .iter()
-            .filter(|spot| with_apt || !spot.root_owned)
+    /// The project's cache image for a vm guest, held alone; `None` while another guest of
+    /// the project has it (the guest then starts without caches: a copy-on-write layer over
+    /// the image would take host room nothing set aside).
+    pub fn vm_disk(&self, with_apt: bool) -> Result<Option<VmCacheDisk>> {
+        let Some(lock) = self.hold(true)? else {
+            return Ok(None);
+        };
+        let spots = Self::spots(with_apt)
             .map(|spot| format!("{}:{}", spot.name, spot.guest))
             .collect::<Vec<_>>()
             .join(",");
-        Ok(VmCacheDisk {
-            image,
-            lock: held.then_some(lock),
+        Ok(Some(VmCacheDisk {
+            image: self.image(),
+            lock,
             spots,
+        }))
+    }
+}
+
+/// The room a task start must still set aside for the cache `id` of `bytes` (the configured
+/// size): none for a cache whose image holds its room already, the rest of an image (or an
+/// earlier format's vm disk) that does not, the whole size for a cache to be made.
+pub fn room_needed(root: &Path, id: &str, bytes: u64) -> u64 {
+    let dir = caches_dir(root).join(id);
+    for name in [IMAGE, LEGACY_VM_DISK] {
+        if let Ok(meta) = std::fs::symlink_metadata(dir.join(name)) {
+            if meta.is_file() {
+                return meta.len().saturating_sub(meta.blocks().saturating_mul(512));
+            }
+        }
+    }
+    bytes
+}
+
+/// What a command's result says about a package cache with `free` of `total` bytes and
+/// `free_inodes` files left: `None` while it has room (more than 1 % of it, and at least 1
+/// MiB, and files to spare).
+pub fn full_note(free: u64, total: u64, free_inodes: u64) -> Option<String> {
+    if free > (total / 100).max(1 << 20) && free_inodes > 0 {
+        return None;
+    }
+    let places = SPOTS
+        .iter()
+        .map(|spot| {
+            if spot.guest.starts_with('/') {
+                spot.guest.to_owned()
+            } else {
+                format!("~/{}", spot.guest)
+            }
         })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(format!(
+        "the project's package cache is full ({} of {} MB used{}): writes to it ({places}) \
+         fail with \"No space left on device\" and what did not fit was not cached; the \
+         sandbox's own disk and the host are not affected. `dynocap cache rm` empties the \
+         cache (once no task of the project runs), DYNOCAP_CACHE_MB sizes new ones",
+        total.saturating_sub(free) >> 20,
+        total >> 20,
+        if free_inodes == 0 {
+            ", no file left"
+        } else {
+            ""
+        }
+    ))
+}
+
+/// The image's metadata when it exists; an error when something else is in its place.
+fn regular_file(path: &Path) -> Result<Option<std::fs::Metadata>> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(Some(meta)),
+        Ok(_) => Err(Error::internal(format!(
+            "{} is not a regular file; remove the project's cache with `dynocap cache rm`",
+            path.display()
+        ))),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// An earlier format's sparse vm disk has the image's layout (a directory per package
+/// manager at its root): it becomes the image, keeping its size. One left beside an image is
+/// nobody's.
+fn adopt_legacy_vm_disk(dir: &Path, image: &Path) -> Result<()> {
+    let legacy = dir.join(LEGACY_VM_DISK);
+    if regular_file(&legacy)?.is_none() {
+        return Ok(());
+    }
+    match std::fs::hard_link(&legacy, image) {
+        Ok(()) => {
+            tracing::info!(
+                "the earlier vm cache disk {} is now {}",
+                legacy.display(),
+                image.display()
+            );
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(err).with_context(|| format!("adopting {}", legacy.display())),
+    }
+    std::fs::remove_file(&legacy).with_context(|| format!("removing {}", legacy.display()))?;
+    let _ = std::fs::remove_file(dir.join("vm.lock"));
+    Ok(())
+}
+
+/// Makes the image: a file of `bytes`, formatted (`mkfs.ext4`), its room set aside, then
+/// named. Under a name of this process's own until then, so two starts of a new project at
+/// once make one image between them (the first named wins, the other's goes).
+fn make_image(dir: &Path, image: &Path, bytes: u64) -> Result<()> {
+    let partial = dir.join(format!("{IMAGE}.{}.partial", std::process::id()));
+    let made =
+        format_image(&partial, bytes).and_then(|()| match std::fs::hard_link(&partial, image) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(err) => Err(err).with_context(|| format!("naming {}", image.display())),
+        });
+    let _ = std::fs::remove_file(&partial);
+    made
+}
+
+/// `partial` made a formatted image of `bytes` with its room set aside.
+fn format_image(partial: &Path, bytes: u64) -> Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(partial)
+        .with_context(|| format!("creating {}", partial.display()))?;
+    file.set_len(bytes)
+        .with_context(|| format!("sizing {}", partial.display()))?;
+    drop(file);
+    // Discards off: on a file, mke2fs's discard punches holes, which would give back the room
+    // set aside.
+    let output = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-m", "0", "-L", "dynocap-cache"])
+        .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
+        .arg(partial)
+        .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+        .output()
+        .context("running mkfs.ext4 (package e2fsprogs) for the project's package cache")?;
+    if !output.status.success() {
+        return Err(Error::internal(format!(
+            "mkfs.ext4 {}: {}",
+            partial.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    reserve(partial, bytes)
+}
+
+/// Sets aside the image's whole size on the host (see `disk_room`); too little room is a
+/// refusal that names the cache and the ways around it.
+fn reserve(image: &Path, bytes: u64) -> Result<()> {
+    use crate::foundation::error::ErrorCode;
+    crate::host::disk_room::reserve_with(image, bytes, Layout::Fixed, |dir, free| {
+        let mb = bytes >> 20;
+        let dir = dir.display().to_string();
+        Error::worded(ErrorCode::PolicyDenied, move |s| {
+            format!(
+                "the project's package cache of {mb} MB (DYNOCAP_CACHE_MB) needs {mb} MB set \
+                 aside on the filesystem holding {dir}, which has {free} MB free: start the \
+                 task without caches ({}), lower DYNOCAP_CACHE_MB, free space on that \
+                 filesystem (`dynocap cache rm` removes caches), or point DYNOCAP_HOME at a \
+                 filesystem with more room",
+                s.flag("no-cache")
+            )
+        })
+    })
+}
+
+/// An earlier format's directories with no file in them (a vm-only project's) go now; ones
+/// with files wait for a jail to copy them into the image.
+fn drop_empty_legacy_data(data: &Path) {
+    let Ok(entries) = std::fs::read_dir(data) else {
+        return;
+    };
+    let empty = entries.flatten().all(|entry| {
+        entry.file_type().is_ok_and(|t| t.is_dir())
+            && std::fs::read_dir(entry.path()).is_ok_and(|mut inner| inner.next().is_none())
+    });
+    if empty {
+        make_dirs_writable(data);
+        let _ = std::fs::remove_dir_all(data);
     }
 }
 
@@ -441,30 +624,90 @@ mod tests {
     }
 
     #[test]
-    fn a_cache_is_made_listed_and_removed() {
+    fn a_cache_is_made_with_its_room_set_aside_listed_and_removed() {
         let home = tempfile::tempdir().unwrap();
         let key = ProjectKey::for_source(&Source::ProjectPath("/src/app".into())).unwrap();
-        let me = (
-            nix::unistd::getuid().as_raw(),
-            nix::unistd::getgid().as_raw(),
+        let bytes = 40 << 20;
+        assert_eq!(room_needed(home.path(), &key.id(), bytes), bytes);
+        let cache = ProjectCache::prepare(home.path(), &key, bytes).unwrap();
+        let image = std::fs::metadata(cache.image()).unwrap();
+        assert_eq!(image.len(), bytes);
+        assert!(
+            image.blocks() * 512 >= bytes,
+            "the whole image is set aside"
         );
-        let cache = ProjectCache::prepare(home.path(), &key, me).unwrap();
-        let binds = cache.binds(Path::new("/home/sandbox"), false);
-        assert_eq!(binds.len(), SPOTS.len() - 1);
-        assert!(binds
-            .iter()
-            .any(|(_, guest)| guest == Path::new("/home/sandbox/.cache/pip")));
-        std::fs::write(binds[0].0.join("wheel"), vec![1u8; 10_000]).unwrap();
-        // Made again: what is there stays.
-        ProjectCache::prepare(home.path(), &key, me).unwrap();
+        assert_eq!(
+            room_needed(home.path(), &key.id(), bytes),
+            0,
+            "counted once"
+        );
+        assert!(cache.mountpoint().is_dir());
+        assert_eq!(ProjectCache::spots(false).count(), SPOTS.len() - 1);
+        // Made again, with another size asked: the image stays as it is.
+        let again = ProjectCache::prepare(home.path(), &key, 64 << 20).unwrap();
+        assert_eq!(again.bytes(), bytes);
+        // Jails share it; a vm guest has it alone.
+        let shared = cache.hold(false).unwrap().expect("shared");
+        assert!(cache.hold(false).unwrap().is_some());
+        assert!(cache.vm_disk(false).unwrap().is_none());
+        drop(shared);
+        let vm = cache.vm_disk(true).unwrap().expect("alone");
+        assert!(vm.spots.contains("pip:.cache/pip"), "{}", vm.spots);
+        assert!(cache.hold(false).unwrap().is_none());
+        drop(vm);
         let listed = list(home.path()).unwrap();
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].key.as_ref(), Some(&key));
-        assert!(listed[0].bytes >= 10_000, "{listed:?}");
+        assert!(listed[0].bytes >= bytes, "{listed:?}");
         assert!(listed[0].last_used.is_some());
         assert!(remove(home.path(), &key.id()).unwrap());
         assert!(!remove(home.path(), &key.id()).unwrap());
         assert!(list(home.path()).unwrap().is_empty());
         assert!(remove(home.path(), "../x").is_err());
+    }
+
+    #[test]
+    fn a_full_cache_is_told_and_one_with_room_is_not() {
+        let mb = 1 << 20;
+        assert_eq!(full_note(500 * mb, 2048 * mb, 10), None);
+        let full = full_note(0, 64 * mb, 10).expect("full");
+        for needle in [
+            "64 of 64 MB",
+            "~/.cache/pip",
+            "/var/cache/apt/archives",
+            "DYNOCAP_CACHE_MB",
+        ] {
+            assert!(full.contains(needle), "{needle:?} not in {full}");
+        }
+        assert!(full_note(mb / 2, 64 * mb, 10).is_some());
+        assert!(full_note(500 * mb, 2048 * mb, 0).is_some_and(|n| n.contains("no file left")));
+    }
+
+    #[test]
+    fn an_earlier_formats_cache_is_adopted() {
+        let home = tempfile::tempdir().unwrap();
+        let key = ProjectKey::for_source(&Source::ProjectPath("/src/old".into())).unwrap();
+        let dir = caches_dir(home.path()).join(key.id());
+        std::fs::create_dir_all(dir.join("data/pip")).unwrap();
+        std::fs::create_dir_all(dir.join("data/npm")).unwrap();
+        std::fs::write(dir.join("data/pip/wheel"), b"w").unwrap();
+        std::fs::File::create(dir.join("vm.img"))
+            .unwrap()
+            .set_len(48 << 20)
+            .unwrap();
+        assert_eq!(room_needed(home.path(), &key.id(), 1 << 30), 48 << 20);
+        let cache = ProjectCache::prepare(home.path(), &key, 32 << 20).unwrap();
+        assert!(!dir.join("vm.img").exists());
+        assert_eq!(cache.bytes(), 48 << 20, "the vm disk became the image");
+        assert!(std::fs::metadata(cache.image()).unwrap().blocks() * 512 >= 48 << 20);
+        assert_eq!(
+            cache.legacy_data(),
+            Some(dir.join("data")),
+            "kept for a jail to copy"
+        );
+        // Directories holding nothing go at once.
+        std::fs::remove_file(dir.join("data/pip/wheel")).unwrap();
+        let cache = ProjectCache::prepare(home.path(), &key, 32 << 20).unwrap();
+        assert_eq!(cache.legacy_data(), None);
     }
 }

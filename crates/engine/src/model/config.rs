@@ -13,6 +13,15 @@ use crate::foundation::error::{Error, Result};
 use crate::model::backend_choice::BackendChoice;
 use crate::model::image_ref::DEFAULT_IMAGE;
 
+/// A project package cache's size when `DYNOCAP_CACHE_MB` is unset: room for a large
+/// project's downloads (a Rust workspace's registry, a Python project's wheels), held on the
+/// host for as long as the cache is kept.
+pub const CACHE_MB_DEFAULT: u64 = 2048;
+/// The smallest cache: ext4 with its journal and a few downloads.
+pub const CACHE_MB_MIN: u64 = 32;
+/// The largest cache (1 TiB).
+pub const CACHE_MB_MAX: u64 = 1 << 20;
+
 /// Everything the engine is configured with. `Config::default()` is a host with no variable
 /// set.
 #[derive(Debug, Clone, Default)]
@@ -46,6 +55,9 @@ pub struct Config {
     /// `DYNOCAP_CACHES`: `0` or `off` keeps no package caches per project (unset, empty,
     /// `1` or `on`: tasks share their project's caches).
     pub caches: Option<String>,
+    /// `DYNOCAP_CACHE_MB`: the size of a project's package cache, set aside on the home's
+    /// filesystem when the cache is made (unset or empty: [`CACHE_MB_DEFAULT`]).
+    pub cache_mb: Option<String>,
 }
 
 /// Where the state directory is: the first of these that is set and not empty.
@@ -146,6 +158,21 @@ impl Config {
             Some(other) => Err(Error::invalid(format!(
                 "DYNOCAP_CACHES={other} is not valid; use 1 or on (the default: tasks keep \
                  their project's package caches) or 0 or off (no caches)"
+            ))),
+        }
+    }
+
+    /// The size of a new project package cache in bytes (`DYNOCAP_CACHE_MB`).
+    pub fn cache_bytes(&self) -> Result<u64> {
+        let text = match self.cache_mb.as_deref().map(str::trim) {
+            None | Some("") => return Ok(CACHE_MB_DEFAULT << 20),
+            Some(text) => text,
+        };
+        match text.parse::<u64>() {
+            Ok(mb) if (CACHE_MB_MIN..=CACHE_MB_MAX).contains(&mb) => Ok(mb << 20),
+            _ => Err(Error::invalid(format!(
+                "DYNOCAP_CACHE_MB={text} is not a cache size; set it to a whole number of MB \
+                 from {CACHE_MB_MIN} to {CACHE_MB_MAX}, or unset it for {CACHE_MB_DEFAULT}"
             ))),
         }
     }

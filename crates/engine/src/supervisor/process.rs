@@ -291,7 +291,7 @@ fn boot(
             (Mode::Recover, _) => None,
         },
         project_cache: match mode {
-            Mode::Start => project_cache(home, &record)?,
+            Mode::Start => project_cache(home, &record, config)?,
             // Recovery only saves work: nothing of the agent's runs, nothing is downloaded.
             Mode::Recover => None,
         },
@@ -327,6 +327,7 @@ fn boot(
 fn project_cache(
     home: &Home,
     record: &Record,
+    config: &Config,
 ) -> Result<Option<crate::host::project_cache::ProjectCache>> {
     use crate::host::project_cache::{ProjectCache, ProjectKey};
     if record.kind != crate::store::catalog::Kind::Task {
@@ -345,8 +346,14 @@ fn project_cache(
             key.id()
         )));
     }
-    let cache = ProjectCache::prepare(home.root(), &key, (image::SANDBOX_UID, image::SANDBOX_GID))?;
-    tracing::info!(target: LOG_TARGET, "package caches of {} {}: {}", key.kind, key.project, cache.dir().display());
+    let cache = ProjectCache::prepare(home.root(), &key, config.cache_bytes()?)?;
+    tracing::info!(target: LOG_TARGET,
+        "package caches of {} {}: {} ({} MB)",
+        key.kind,
+        key.project,
+        cache.dir().display(),
+        cache.bytes() >> 20
+    );
     Ok(Some(cache))
 }
 

@@ -43,6 +43,21 @@ pub(super) async fn check_disk(shared: &Shared, synced: Result<()>) -> Option<St
     Some(failure)
 }
 
+/// What the result of a command says when the project's package cache the guest has is
+/// full (a jail's: the supervisor mounted it), if it is.
+pub(super) async fn cache_full(shared: &Shared) -> Option<String> {
+    match &shared.layer_sync {
+        LayerSync::HostMount(disk) => {
+            let disk = Arc::clone(disk);
+            tokio::task::spawn_blocking(move || disk.cache_full())
+                .await
+                .ok()
+                .flatten()
+        }
+        LayerSync::GuestKernel => None,
+    }
+}
+
 /// What a command's stderr gets when the sandbox's disk failed.
 pub(super) fn disk_failure_note(failure: &str) -> String {
     format!("\ndynocap: {failure}.\n")

@@ -148,6 +148,28 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
                 }
                 (result, _) => result,
             };
+            // A full package cache is told beside the command's output, where the package
+            // manager's own error says only "No space left on device".
+            let result = match (result, cache_full(shared).await) {
+                (Ok(mut done), Some(full)) => {
+                    let note = format!("\ndynocap: {full}.\n");
+                    if spec.stream_output {
+                        let chunk = OutputChunk {
+                            channel: OutputChannel::Stderr,
+                            data: note.clone().into_bytes(),
+                        };
+                        let _ = write_message(&mut write, &ControlReply::Output(chunk)).await;
+                    }
+                    for text in [&mut done.stderr, &mut done.transcript]
+                        .into_iter()
+                        .flatten()
+                    {
+                        text.push_str(&note);
+                    }
+                    Ok(done)
+                }
+                (result, _) => result,
+            };
             // A command cut off by the sandbox's end is told why, not that the agent is gone.
             let result = match (result, shared.ending.get()) {
                 (Err(_), Some(ending)) => Err(Error::conflict(ending.clone())),

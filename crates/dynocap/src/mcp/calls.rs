@@ -280,6 +280,7 @@ impl Tools {
         let choice = self.image_and_hosts(args, spec.network.as_str()).await?;
         spec.image = choice.image;
         spec.allow_hosts = choice.allow_hosts;
+        spec.no_cache = args.boolean("noCache")?.unwrap_or(false);
         let mut project = None;
         if let Some(raw) = &project_path {
             // The engine imports through the very descriptor checked here, not a path.

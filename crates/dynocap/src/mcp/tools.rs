@@ -561,6 +561,16 @@ cancelling the request stops the start and leaves nothing behind.",
             ),
             task_image(),
             allow_hosts(),
+            Param {
+                name: "noCache",
+                kind: Kind::Boolean { default: false },
+                required: false,
+                description: "Start without the project's package caches (pip, npm, cargo, \
+                              go, apt downloads that tasks of the same project keep, each \
+                              project's apart, in a cache of a fixed size set aside on the \
+                              host): the task downloads afresh and caches nothing. Default \
+                              false.",
+            },
             super::ports::publish_param(),
         ],
         output_schema: task_schema(),

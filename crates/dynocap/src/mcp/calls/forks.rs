@@ -50,6 +50,16 @@ impl Tools {
                 ));
             }
         }
+        if args.boolean("noCache")?.is_some() {
+            return Err(self.refuse(
+                tool,
+                Refusal::invalid_argument(
+                    "fork.parents-own",
+                    "noCache cannot go with fromTask: a fork has its parent's package caches, \
+                     or none when the parent has none",
+                ),
+            ));
+        }
         let network = match args.string("network")? {
             Some(network) => network,
             None => self.engine.task_info(&parent)?.network,

@@ -24,7 +24,7 @@ async def test_no_cache_leaves_the_projects_caches_out(host: Host) -> None:
         ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "first"}))
         first = await sh("first", f"{MOUNTED}; echo kept > ~/.cache/pip/marker")
         assert first["exitCode"] == 0 and first["stdout"].split() == ["1"], first
-        ok(await s.call_tool("dynocap_task_finish", {"name": "first"}))
+        ok(await s.call_tool("dynocap_task_finish", {"id": "first"}))
 
         ok(await s.call_tool("dynocap_task_start",
                              {"projectPath": str(app), "name": "bare", "noCache": True}))
@@ -37,10 +37,10 @@ async def test_no_cache_leaves_the_projects_caches_out(host: Host) -> None:
         err(await s.call_tool("dynocap_task_start",
                               {"projectPath": str(app), "name": "odd", "noCache": "yes"}),
             "invalid_argument")
-        ok(await s.call_tool("dynocap_task_finish", {"name": "bare"}))
+        ok(await s.call_tool("dynocap_task_finish", {"id": "bare"}))
 
         # The default again: the first task's file is there, the bare one's never was.
         ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "again"}))
         again = await sh("again", "cat ~/.cache/pip/marker")
         assert again["stdout"] == "kept\n", again
-        ok(await s.call_tool("dynocap_task_finish", {"name": "again"}))
+        ok(await s.call_tool("dynocap_task_finish", {"id": "again"}))

@@ -6,9 +6,10 @@
 
 use std::path::Path;
 
-use dynocap_e2e::images::store_entries;
+use dynocap_e2e::images::{allocated_bytes, store_entries, store_leftovers};
 use dynocap_e2e::oci::{
-    image_config, oci_layer, require_busybox as busybox, sha256, Layer, Layout, OciLayer,
+    image_config, oci_layer, require_busybox as busybox, sha256, sparse_gnu_layer,
+    sparse_pax_layer, Layer, Layout, OciLayer,
 };
 use dynocap_e2e::{require_root, TestHome};
 use serde_json::{json, Value};
@@ -426,6 +427,30 @@ fn hostile_layers_are_refused_and_nothing_lands_outside() {
             "--max-bytes",
         ),
         (
+            "a huge GNU sparse file",
+            vec![oci_layer(sparse_gnu_layer("sparse", 1 << 40), true)],
+            &[],
+            "--max-bytes",
+        ),
+        (
+            "a huge PAX sparse file",
+            vec![oci_layer(sparse_pax_layer("sparse", 1 << 40), true)],
+            &[],
+            "--max-bytes",
+        ),
+        (
+            "a GNU sparse file past a small bound",
+            vec![oci_layer(sparse_gnu_layer("sparse", 64 << 20), false)],
+            &["--max-bytes", "4000000"],
+            "--max-bytes",
+        ),
+        (
+            "a PAX sparse file within the bound",
+            vec![oci_layer(sparse_pax_layer("sparse", 1 << 20), false)],
+            &[],
+            "GNU tar's PAX form",
+        ),
+        (
             "zstd",
             vec![OciLayer {
                 tar: Layer::new().file("z", "z").bytes(),
@@ -460,7 +485,15 @@ fn hostile_layers_are_refused_and_nothing_lands_outside() {
             "{what}: {:?}",
             store_entries(&home, "bad")
         );
+        assert!(
+            store_leftovers(&home).is_empty(),
+            "{what}: {:?}",
+            store_leftovers(&home)
+        );
     }
+    // Nothing was written past a bound: the bombs claimed a TiB, the home holds the base.
+    let used = allocated_bytes(home.path());
+    assert!(used < 64 << 20, "the home takes {used} bytes");
 
     // A blob whose bytes do not match its digest.
     let layout = work.path().join("tampered");

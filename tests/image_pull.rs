@@ -5,7 +5,10 @@
 //! a manifest list resolved to linux/amd64, a second image on the same base fetching only its
 //! own layer (its files hard links to the base's), credentials refused and read from a Docker
 //! config file, registries outside `DYNOCAP_REGISTRIES` refused, a pull killed half-way
-//! leaving no image and resuming, hostile layers refused, and a pulled image booted in a jail.
+//! leaving no image and resuming, hostile layers refused (a huge sparse file by the size
+//! bound), a registry that stalls (a Python server that accepts and sends nothing, or stops
+//! half-way through a blob) ending the pull after `DYNOCAP_PULL_IDLE_TIMEOUT` with nothing
+//! half-made and a healthy registry completing it, and a pulled image booted in a jail.
 
 use std::io::Write;
 use std::net::{Ipv4Addr, TcpStream};
@@ -14,8 +17,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use dynocap_e2e::images::{allocated_bytes, store_leftovers};
 use dynocap_e2e::netfix::{random_loopback, TestCa};
-use dynocap_e2e::oci::{busybox_path, oci_layer, Layer, Layout, OciLayer};
+use dynocap_e2e::oci::{
+    busybox_path, huge_header_layer, oci_layer, sparse_gnu_layer, sparse_pax_layer, Layer, Layout,
+    OciLayer,
+};
 use dynocap_e2e::{require_root, TestHome};
 use serde_json::{json, Value};
 
@@ -549,6 +556,32 @@ fn hostile_layers_from_a_registry_are_refused_or_neutralised() {
     assert_eq!(std::fs::read_dir(outside.path()).expect("ls").count(), 0);
     assert!(!home.path().join("images/.store/escape").exists());
     assert!(images(&home).is_empty());
+    // Files far larger than the bound on an image's size, in a few KiB of layer: refused by
+    // the bound, naming it, before anything of them is written.
+    let bombs: Vec<(&str, Vec<u8>)> = vec![
+        ("huge-header", huge_header_layer("huge", 1 << 40)),
+        ("sparse-gnu", sparse_gnu_layer("sparse", 1 << 40)),
+        ("sparse-pax", sparse_pax_layer("sparse", 1 << 40)),
+    ];
+    for (what, layer) in bombs {
+        registry.push(
+            &image(&work.path().join(what), &[base_layer(), layer]),
+            &format!("evil/{what}:1"),
+        );
+        let err = home.json_err(&["image", "pull", &reference(&format!("evil/{what}:1"))]);
+        assert!(
+            err["message"]
+                .as_str()
+                .expect("msg")
+                .contains("--max-bytes"),
+            "{what}: {err:#}"
+        );
+        assert!(images(&home).is_empty(), "{what}");
+        let leftovers = store_leftovers(&home);
+        assert!(leftovers.is_empty(), "{what}: {leftovers:?}");
+    }
+    let used = allocated_bytes(home.path());
+    assert!(used < 64 << 20, "the home takes {used} bytes");
     // A device node and a set-id file are left out and cleared, and said so.
     let devices = Layer::new()
         .dir("dev")
@@ -567,5 +600,209 @@ fn hostile_layers_from_a_registry_are_refused_or_neutralised() {
     assert_eq!(
         std::fs::metadata(root.join("suid")).expect("stat").mode() & 0o7777,
         0o755
+    );
+}
+
+/// `tests/support/stalling_registry.py` on a fresh loopback address, port [`PORT`]: `silent`
+/// (accepts, sends nothing) or `blob` (serves `layout` over TLS but stops half-way through blob
+/// `stall`).
+struct StallingRegistry {
+    addr: Ipv4Addr,
+    child: Child,
+}
+
+impl Drop for StallingRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl StallingRegistry {
+    fn start(args: &[&str]) -> StallingRegistry {
+        let addr = random_loopback();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("support/stalling_registry.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .arg(args[0])
+            .arg(addr.to_string())
+            .arg(PORT.to_string())
+            .args(&args[1..])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn python3");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect((addr, PORT)).is_err() {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                panic!("the stalling registry exited: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the stalling registry did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        StallingRegistry { addr, child }
+    }
+}
+
+/// Bytes gzip cannot shrink, so that half a blob is half its content.
+fn noise(len: usize) -> Vec<u8> {
+    let mut state = 0x2545_f491_u32;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as u8
+        })
+        .collect()
+}
+
+/// `dynocap --json image pull REF` with `env` on top of the home's: (success, JSON, how long).
+fn pull_with(home: &TestHome, reference: &str, env: &[(&str, &str)]) -> (bool, Value, Duration) {
+    let started = Instant::now();
+    let out = home
+        .command()
+        .envs(env.iter().copied())
+        .args(["--json", "image", "pull", reference])
+        .output()
+        .expect("spawn");
+    let took = started.elapsed();
+    let value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("no JSON: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.success(), value, took)
+}
+
+#[test]
+fn a_stalled_registry_ends_the_pull_and_a_healthy_one_completes_it() {
+    let test = "a_stalled_registry_ends_the_pull_and_a_healthy_one_completes_it";
+    if !require_root(test) || !tools_present(test) {
+        return;
+    }
+    let registry = Registry::start(false);
+    let work = tempfile::tempdir().expect("tempdir");
+    let layout = Layout::new(&work.path().join("stall"));
+    let layers: Vec<OciLayer> = [
+        base_layer(),
+        Layer::new().file("small", "small\n").bytes(),
+        Layer::new()
+            .entry(
+                tar::EntryType::Regular,
+                "noise",
+                "",
+                0o644,
+                &noise(512 << 10),
+            )
+            .bytes(),
+    ]
+    .into_iter()
+    .map(|l| oci_layer(l, true))
+    .collect();
+    let manifest = layout.manifest(
+        &layers,
+        "amd64",
+        json!({"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]}),
+    );
+    let stalled_blob = format!("sha256:{}", manifest.layer_digests[2]);
+    layout.index(vec![manifest.descriptor]);
+    registry.push(&layout, "team/stall:1");
+    let stall_ref = reference("team/stall:1");
+    let home = registry.home().with_env("DYNOCAP_PULL_IDLE_TIMEOUT", "2");
+    let resolve_to = |addr: Ipv4Addr| format!("{NAME}:{PORT}:{addr}");
+    let nothing_half_made = |what: &str| {
+        assert!(images(&home).is_empty(), "{what}: an image is listed");
+        let leftovers = store_leftovers(&home);
+        assert!(leftovers.is_empty(), "{what}: {leftovers:?}");
+    };
+
+    // Accepts the connection and sends nothing (not even its TLS handshake).
+    let silent = StallingRegistry::start(&["silent"]);
+    let (ok, out, took) = pull_with(
+        &home,
+        &stall_ref,
+        &[("DYNOCAP_RESOLVE", &resolve_to(silent.addr))],
+    );
+    assert!(!ok, "{out:#}");
+    let message = out["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("sent nothing for 2 s") && message.contains("DYNOCAP_PULL_IDLE_TIMEOUT"),
+        "{out:#}"
+    );
+    assert!(took < Duration::from_secs(20), "the pull took {took:?}");
+    nothing_half_made("silent");
+
+    // Serves the manifest, the config and two layers, then stops half-way through the third.
+    let certs = &registry.ca;
+    let stalling = StallingRegistry::start(&[
+        "blob",
+        certs.server_cert.to_str().expect("utf8"),
+        certs.server_key.to_str().expect("utf8"),
+        layout.dir.to_str().expect("utf8"),
+        &stalled_blob,
+    ]);
+    let (ok, out, took) = pull_with(
+        &home,
+        &stall_ref,
+        &[("DYNOCAP_RESOLVE", &resolve_to(stalling.addr))],
+    );
+    assert!(!ok, "{out:#}");
+    let message = out["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains(&stalled_blob) && message.contains("sent nothing for 2 s"),
+        "{out:#}"
+    );
+    assert!(took < Duration::from_secs(20), "the pull took {took:?}");
+    nothing_half_made("mid-blob");
+    let blobs = home.path().join("images/.store/blobs/sha256");
+    assert!(
+        !blobs.join(&manifest.layer_digests[2]).exists(),
+        "the stalled blob is not kept as if whole"
+    );
+    let layers_dir = home.path().join("images/.store/layers/sha256");
+    for layer in std::fs::read_dir(&layers_dir).expect("layers").flatten() {
+        assert!(
+            layer.path().join("layer.json").is_file(),
+            "{}: a layer in the store is whole",
+            layer.path().display()
+        );
+    }
+
+    // The registry answers again: the pull completes, from the layers finished before.
+    let (ok, pulled, _) = pull_with(
+        &home,
+        &stall_ref,
+        &[("DYNOCAP_RESOLVE", &resolve_to(registry.addr))],
+    );
+    assert!(ok, "{pulled:#}");
+    let t = &pulled["transfer"];
+    assert!(t["layersPresent"].as_u64().expect("n") >= 1, "{pulled:#}");
+    assert!(t["blobsDownloaded"].as_u64().expect("n") >= 1, "{pulled:#}");
+    assert_eq!(
+        t["layersPresent"].as_u64().expect("n")
+            + t["blobsDownloaded"].as_u64().expect("n")
+            + t["blobsResumed"].as_u64().expect("n"),
+        3,
+        "{pulled:#}"
+    );
+    let root = rootfs(&pulled["image"]);
+    assert_eq!(
+        std::fs::read(root.join("noise")).expect("noise"),
+        noise(512 << 10)
+    );
+    assert_eq!(images(&home).len(), 1);
+    assert!(store_leftovers(&home).is_empty());
+
+    // A value that is not whole seconds is refused, naming the variable.
+    let err = home
+        .with_env("DYNOCAP_PULL_IDLE_TIMEOUT", "soon")
+        .json_err(&["image", "pull", &stall_ref]);
+    assert!(
+        err["message"]
+            .as_str()
+            .expect("msg")
+            .contains("DYNOCAP_PULL_IDLE_TIMEOUT"),
+        "{err:#}"
     );
 }

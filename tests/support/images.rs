@@ -116,3 +116,41 @@ pub fn store_entries(home: &TestHome, name: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// What unpacking and downloading left in `home`'s shared store: layers being unpacked
+/// (`layers/.tmp-*`) and blobs being downloaded (`blobs/.partial-*`). Empty once a pull or
+/// import has ended, however it ended.
+pub fn store_leftovers(home: &TestHome) -> Vec<String> {
+    let store = home.path().join("images/.store");
+    let mut found = Vec::new();
+    for (dir, prefix) in [("layers", ".tmp-"), ("blobs", ".partial-")] {
+        if let Ok(entries) = std::fs::read_dir(store.join(dir)) {
+            found.extend(
+                entries
+                    .flatten()
+                    .map(|e| format!("{dir}/{}", e.file_name().to_string_lossy()))
+                    .filter(|n| n.starts_with(&format!("{dir}/{prefix}"))),
+            );
+        }
+    }
+    found
+}
+
+/// The disk space the files under `path` take (their allocated blocks, so a sparse file
+/// counts what it holds, not its length); symlinks are not followed.
+pub fn allocated_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    let mut total = meta.blocks() * 512;
+    if meta.is_dir() {
+        if let Ok(entries) = std::fs::read_dir(path) {
+            total += entries
+                .flatten()
+                .map(|e| allocated_bytes(&e.path()))
+                .sum::<u64>();
+        }
+    }
+    total
+}

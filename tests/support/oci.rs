@@ -120,6 +120,90 @@ impl Layer {
     }
 }
 
+/// A layer of one regular file `name` whose header claims `size` bytes while the layer holds
+/// 1 KiB after it: a bomb that only its header makes large.
+pub fn huge_header_layer(name: &str, size: u64) -> Vec<u8> {
+    let mut header = tar::Header::new_gnu();
+    header.set_path(name).expect("name");
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(0o644);
+    header.set_size(size);
+    header.set_cksum();
+    let mut tar = header.as_bytes().to_vec();
+    tar.extend([0u8; 1024]);
+    tar
+}
+
+/// A layer of one GNU sparse file (type `S`) `name` that is `real` bytes long, all of it a
+/// hole but its last 512 bytes: 2.5 KiB of tar for any size.
+pub fn sparse_gnu_layer(name: &str, real: u64) -> Vec<u8> {
+    let mut header = tar::Header::new_gnu();
+    header.set_path(name).expect("name");
+    header.set_entry_type(tar::EntryType::GNUSparse);
+    header.set_mode(0o644);
+    header.set_size(512);
+    let gnu = header.as_gnu_mut().expect("gnu");
+    gnu.set_real_size(real);
+    gnu.sparse[0].set_offset(real - 512);
+    gnu.sparse[0].set_length(512);
+    header.set_cksum();
+    let mut tar = header.as_bytes().to_vec();
+    tar.extend([b'x'; 512]);
+    tar.extend([0u8; 1024]);
+    tar
+}
+
+/// The same file in GNU tar's PAX 1.0 form (what `tar --sparse --format=posix` writes):
+/// `GNU.sparse.*` keys giving its name and real size, then a regular entry
+/// `GNUSparseFile.0/NAME` holding the sparse map and the stored bytes.
+pub fn sparse_pax_layer(name: &str, real: u64) -> Vec<u8> {
+    let mut records = Vec::new();
+    for (key, value) in [
+        ("GNU.sparse.major", "1".to_owned()),
+        ("GNU.sparse.minor", "0".to_owned()),
+        ("GNU.sparse.name", name.to_owned()),
+        ("GNU.sparse.realsize", real.to_string()),
+    ] {
+        // A record is "LEN KEY=VALUE\n", LEN counting itself.
+        let rest = format!(" {key}={value}\n");
+        let mut len = rest.len() + 1;
+        while len.to_string().len() + rest.len() != len {
+            len += 1;
+        }
+        records.extend(format!("{len}{rest}").into_bytes());
+    }
+    let padded = |data: &[u8]| {
+        let mut out = data.to_vec();
+        out.resize(data.len().div_ceil(512) * 512, 0);
+        out
+    };
+    let header = |path: &str, kind: tar::EntryType, size: usize| {
+        let mut header = tar::Header::new_ustar();
+        header.set_path(path).expect("path");
+        header.set_entry_type(kind);
+        header.set_mode(0o644);
+        header.set_size(size as u64);
+        header.set_cksum();
+        header.as_bytes().to_vec()
+    };
+    let map = padded(format!("1\n{}\n512\n", real - 512).as_bytes());
+    let mut tar = header(
+        &format!("PaxHeaders.0/{name}"),
+        tar::EntryType::XHeader,
+        records.len(),
+    );
+    tar.extend(padded(&records));
+    tar.extend(header(
+        &format!("GNUSparseFile.0/{name}"),
+        tar::EntryType::Regular,
+        map.len() + 512,
+    ));
+    tar.extend(map);
+    tar.extend([b'x'; 512]);
+    tar.extend([0u8; 1024]);
+    tar
+}
+
 /// A layer of an OCI layout: its tar, gzip or not, and its media type (defaulted from that).
 pub struct OciLayer {
     pub tar: Vec<u8>,

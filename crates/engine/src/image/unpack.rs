@@ -244,6 +244,18 @@ impl Root {
             // PAX/GNU extension headers the tar reader did not fold in: nothing to create.
             return Ok(());
         }
+        if kind.is_file() || kind.is_contiguous() {
+            if let Some(real) = pax_sparse_size(&mut entry)? {
+                if real > self.limits.max_bytes.saturating_sub(self.stats.bytes) {
+                    return Err(self.too_big());
+                }
+                return Err(Error::invalid(format!(
+                    "{} is a sparse file in GNU tar's PAX form (GNU.sparse.* keys), which \
+                     DynoCap does not unpack; make the layer without --sparse",
+                    display(parts)
+                )));
+            }
+        }
         self.stats.files += 1;
         if self.stats.files > self.limits.max_files {
             return Err(Error::invalid(format!(
@@ -564,6 +576,32 @@ pub(super) fn fs_error(doing: &str, path: &[u8], errno: Errno) -> Error {
     ))
 }
 
+/// The size a sparse file in GNU tar's PAX form (`GNU.sparse.*` keys: `--sparse` with
+/// `--format=posix`) says it has (`GNU.sparse.realsize`, or the 0.x forms' `GNU.sparse.size`;
+/// 0 when it says none), or `None` for any other entry. The tar reader does not expand this
+/// form: as it stands it is the sparse map and the data under a made-up name, so it is
+/// refused, and one claiming more than the bound is refused by the bound first.
+fn pax_sparse_size<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<Option<u64>> {
+    let unreadable = |err: io::Error| Error::invalid(format!("reading a PAX header: {err}"));
+    let Some(extensions) = entry.pax_extensions().map_err(unreadable)? else {
+        return Ok(None);
+    };
+    let mut sparse = false;
+    let mut size = 0;
+    // A malformed record is passed over, as the tar reader passes it over for the path.
+    for extension in extensions.flatten() {
+        let key = extension.key_bytes();
+        sparse |= key.starts_with(b"GNU.sparse.");
+        if key == b"GNU.sparse.realsize" || key == b"GNU.sparse.size" {
+            size = std::str::from_utf8(extension.value_bytes())
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Ok(sparse.then_some(size))
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -741,6 +779,100 @@ pub(super) mod tests {
             .file("d", "");
         let err = apply(&mut root, many).expect_err("files");
         assert!(err.message.contains("--max-files"), "{err}");
+    }
+
+    /// A GNU sparse entry (type `S`) of `real` bytes holding 512 stored ones at its end.
+    fn gnu_sparse(name: &str, real: u64) -> Vec<u8> {
+        let mut header = tar::Header::new_gnu();
+        header.set_path(name).expect("name");
+        header.set_entry_type(tar::EntryType::GNUSparse);
+        header.set_mode(0o644);
+        header.set_size(512);
+        let gnu = header.as_gnu_mut().expect("gnu");
+        gnu.set_real_size(real);
+        gnu.sparse[0].set_offset(real - 512);
+        gnu.sparse[0].set_length(512);
+        header.set_cksum();
+        let mut tar = header.as_bytes().to_vec();
+        tar.extend([b'x'; 512]);
+        tar.extend([0u8; 1024]);
+        tar
+    }
+
+    /// A sparse file in GNU tar's PAX 1.0 form: `GNU.sparse.*` keys, then a regular entry
+    /// holding the map and 512 stored bytes at the end of `real`.
+    fn pax_sparse(name: &str, real: u64) -> Vec<u8> {
+        let mut records = Vec::new();
+        for (key, value) in [
+            ("GNU.sparse.major", "1".to_owned()),
+            ("GNU.sparse.minor", "0".to_owned()),
+            ("GNU.sparse.name", name.to_owned()),
+            ("GNU.sparse.realsize", real.to_string()),
+        ] {
+            let rest = format!(" {key}={value}\n");
+            let mut len = rest.len() + 1;
+            while len.to_string().len() + rest.len() != len {
+                len += 1;
+            }
+            records.extend(format!("{len}{rest}").into_bytes());
+        }
+        let block = |data: &[u8]| {
+            let mut out = data.to_vec();
+            out.resize(data.len().div_ceil(512) * 512, 0);
+            out
+        };
+        let header = |path: &str, kind: tar::EntryType, size: usize| {
+            let mut header = tar::Header::new_ustar();
+            header.set_path(path).expect("path");
+            header.set_entry_type(kind);
+            header.set_mode(0o644);
+            header.set_size(size as u64);
+            header.set_cksum();
+            header.as_bytes().to_vec()
+        };
+        let map = block(format!("1\n{}\n512\n", real - 512).as_bytes());
+        let mut tar = header("PaxHeaders/x", tar::EntryType::XHeader, records.len());
+        tar.extend(block(&records));
+        tar.extend(header(
+            &format!("GNUSparseFile.0/{name}"),
+            tar::EntryType::Regular,
+            map.len() + 512,
+        ));
+        tar.extend(map);
+        tar.extend([b'x'; 512]);
+        tar.extend([0u8; 1024]);
+        tar
+    }
+
+    #[test]
+    fn huge_sparse_files_are_refused_by_the_size_bound_and_write_nothing() {
+        for (what, tar) in [
+            ("gnu", gnu_sparse("huge", 1 << 40)),
+            ("pax", pax_sparse("huge", 1 << 40)),
+        ] {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let mut root = Root::open(tmp.path(), Limits::default()).expect("root");
+            let err = root.apply_layer(&tar[..], &|| Ok(())).expect_err(what);
+            assert!(err.message.contains("--max-bytes"), "{what}: {err}");
+            assert_eq!(
+                std::fs::read_dir(tmp.path()).expect("ls").count(),
+                0,
+                "{what}: nothing is made"
+            );
+        }
+        // Within the bound: the GNU form is expanded, the PAX form refused by name.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut root = Root::open(tmp.path(), Limits::default()).expect("root");
+        root.apply_layer(&gnu_sparse("small", 4096)[..], &|| Ok(()))
+            .expect("gnu sparse");
+        let data = std::fs::read(tmp.path().join("small")).expect("read");
+        assert_eq!(data.len(), 4096);
+        assert!(data[..3584].iter().all(|b| *b == 0) && data[3584..].iter().all(|b| *b == b'x'));
+        let err = root
+            .apply_layer(&pax_sparse("small", 4096)[..], &|| Ok(()))
+            .expect_err("pax sparse");
+        assert!(err.message.contains("GNU tar's PAX form"), "{err}");
+        assert!(!tmp.path().join("GNUSparseFile.0").exists());
     }
 
     #[test]

@@ -3,6 +3,9 @@
 //! `--env` and `--copy` steps run inside a jail sandbox of it, and a sandbox of the new image
 //! sees exactly their result; the same recipe again (and as a TOML file) is up to date; a
 //! failing step fails the build naming the step and its exit code, with nothing left behind.
+//! A `--copy` of a host directory copies it whole (modes, nested directories, symlinks as
+//! symlinks wherever they point, never followed on the host), refuses one holding a FIFO, and
+//! is part of the recipe's id: a changed file rebuilds, a touched one does not.
 
 use std::path::Path;
 
@@ -348,4 +351,121 @@ fn a_recipe_file_with_apt_builds_on_the_debian_image() {
 
 fn toml_string(text: &str) -> String {
     format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+#[test]
+fn a_copied_directory_keeps_modes_and_links_and_its_content_is_the_id() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let test = "a_copied_directory_keeps_modes_and_links_and_its_content_is_the_id";
+    let Some((home, work)) = home_with_base(test) else {
+        return;
+    };
+    let tree = work.path().join("tree");
+    std::fs::create_dir_all(tree.join("bin")).expect("mkdir");
+    std::fs::create_dir_all(tree.join("conf/private")).expect("mkdir");
+    std::fs::write(tree.join("bin/run.sh"), "#!/bin/sh\necho run\n").expect("write");
+    std::fs::write(tree.join("conf/app.conf"), "setting = 1\n").expect("write");
+    std::fs::write(tree.join("conf/private/key"), "k\n").expect("write");
+    std::fs::write(tree.join("empty"), "").expect("write");
+    let secret = work.path().join("secret");
+    std::fs::write(&secret, "host only\n").expect("write");
+    symlink("bin/run.sh", tree.join("run")).expect("symlink");
+    symlink("../secret", tree.join("up")).expect("symlink");
+    symlink(&secret, tree.join("abs")).expect("symlink");
+    symlink("/etc", tree.join("etc-link")).expect("symlink");
+    let mode = |path: &str, mode: u32| {
+        let path = if path.is_empty() {
+            tree.clone()
+        } else {
+            tree.join(path)
+        };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    mode("", 0o755);
+    mode("bin", 0o755);
+    mode("conf/app.conf", 0o644);
+    mode("empty", 0o644);
+    mode("bin/run.sh", 0o4755);
+    mode("conf/private/key", 0o600);
+    mode("conf/private", 0o751);
+    // A directory the sandbox user may not write: filled before its mode is set.
+    mode("conf", 0o555);
+    let copy = format!("{}:/opt/app", tree.display());
+    let recipe = ["image", "build", "tree", "--from", "bb", "--copy", &copy];
+    let built = home.json(&recipe);
+    assert_eq!(built["origin"], "built", "{built:#}");
+    assert_no_sandbox(&home);
+
+    home.sandbox("box", &["--image", "tree", "--backend", "jail"]);
+    let listing = home.sh(
+        "box",
+        "cd /opt/app && for p in . bin conf conf/private; do echo \"$p $(stat -c '%a %u:%g' $p)\"; \
+         done; for p in bin/run.sh conf/app.conf conf/private/key empty; do \
+         echo \"$p $(stat -c '%a %u:%g %s' $p)\"; done",
+    );
+    assert_eq!(
+        listing,
+        ". 755 0:0\nbin 755 0:0\nconf 555 0:0\nconf/private 751 0:0\nbin/run.sh 755 0:0 19\n\
+         conf/app.conf 644 0:0 12\nconf/private/key 600 0:0 2\nempty 644 0:0 0\n",
+        "modes kept (set-id cleared), owned by the guest's root"
+    );
+    assert_eq!(home.sh("box", "/opt/app/run"), "run\n");
+    assert_eq!(
+        home.sh(
+            "box",
+            "cd /opt/app && for l in run up abs etc-link; do test -L $l && readlink $l; done"
+        ),
+        format!("bin/run.sh\n../secret\n{}\n/etc\n", secret.display())
+    );
+    assert_eq!(
+        home.sh("box", "cat /opt/app/up /opt/app/abs 2>/dev/null; echo end"),
+        "end\n",
+        "no link brought its host target in"
+    );
+    home.json(&["destroy", "box"]);
+
+    // Unchanged (a file touched, its content the same): up to date, nothing runs.
+    let ids = image_ids(&home, "tree");
+    assert_eq!(ids.len(), 1);
+    std::fs::write(tree.join("empty"), "").expect("touch");
+    let again = home.json(&recipe);
+    assert_eq!(again["origin"], "present", "{again:#}");
+    // The same from a recipe file, the path relative to it.
+    let file = work.path().join("recipe.toml");
+    std::fs::write(&file, "from = \"bb\"\n[[step]]\ncopy = \"tree:/opt/app\"\n").expect("write");
+    let from_file = home.json(&[
+        "image",
+        "build",
+        "tree",
+        "--file",
+        file.to_str().expect("utf8"),
+    ]);
+    assert_eq!(from_file["origin"], "present", "{from_file:#}");
+    assert_eq!(from_file["image"]["id"], ids[0].as_str());
+
+    // A changed file: a new image with the new content.
+    mode("conf", 0o755);
+    std::fs::write(tree.join("conf/app.conf"), "setting = 2\n").expect("write");
+    let rebuilt = home.json(&recipe);
+    assert_eq!(rebuilt["origin"], "built", "{rebuilt:#}");
+    assert_ne!(rebuilt["image"]["id"], ids[0].as_str());
+    home.sandbox("box2", &["--image", "tree", "--backend", "jail"]);
+    assert_eq!(
+        home.sh("box2", "cat /opt/app/conf/app.conf"),
+        "setting = 2\n"
+    );
+    home.json(&["destroy", "box2"]);
+
+    // A FIFO in the directory refuses the build before anything runs, naming it.
+    let fifo = tree.join("conf/pipe");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).expect("mkfifo");
+    let err = home.json_err(&["image", "build", "fifo", "--from", "bb", "--copy", &copy]);
+    let message = err["message"].as_str().expect("message");
+    assert!(
+        message.contains("conf/pipe is a FIFO, which a copy does not copy"),
+        "{err:#}"
+    );
+    assert!(image_ids(&home, "fifo").is_empty());
+    assert!(store_entries(&home, "fifo").is_empty());
+    assert_no_sandbox(&home);
 }

@@ -163,7 +163,8 @@ pub struct ImageBuildArgs {
     /// A Debian package installed with apt-get (repeatable; a Debian-based base).
     #[arg(long = "apt", value_name = "PKG")]
     pub apt: Vec<String>,
-    /// A host file copied into the image, owned by root (repeatable).
+    /// A host file, or a directory copied whole (modes kept, symlinks as symlinks), put into
+    /// the image owned by root (repeatable).
     #[arg(long = "copy", value_name = "HOSTPATH:GUESTPATH")]
     pub copy: Vec<String>,
     /// A variable added to the image's Env, seen by later steps too (repeatable).

@@ -3,18 +3,22 @@
 //! then the sandbox's overlay upper directory becomes one layer of a new image
 //! ([`crate::image::recipe_layer`]) and the sandbox is destroyed, whatever happened.
 //!
+//! A copy step puts the host file or directory into the sandbox's `/tmp` as the sandbox user
+//! (through the agent's file operations, which never follow a symlink) and a root step moves
+//! it into place, so the copy is in the sandbox for the steps after it.
+//!
 //! The upper directory is read while the guest still runs but has finished every step (and
 //! synced): the supervisor keeps the sandbox's disk mounted in a mount namespace of its own,
 //! which the host reaches through `/proc/<supervisor>/root`.
 
 use std::path::{Path, PathBuf};
 
-use dynocap_proto::files::{FileOp, MAX_WRITE};
+use dynocap_proto::files::{FileOp, PutItem, MAX_WRITE};
 
 use super::sandboxes::OnOutput;
 use crate::facade::sandboxes::Engine;
 use crate::foundation::error::{Error, Result};
-use crate::image::recipe_layer::{self, RecipeSpec, Step};
+use crate::image::recipe_layer::{self, RecipeSpec, Step, TreeEntry};
 use crate::image::store::{BuiltImage, ImageStore};
 use crate::image::unpack::Limits;
 use crate::model::backend_choice::BackendChoice;
@@ -79,11 +83,22 @@ impl Engine {
             ))
         })?;
         let mut copied = Vec::new();
+        // Per step: the host directory a copy step copies, as listed for the id.
+        let mut trees: Vec<Option<Vec<TreeEntry>>> = Vec::new();
         for step in &request.steps {
             check_step(step)?;
+            let mut tree = None;
             if let Step::Copy(host, _) = step {
-                copied.push(recipe_layer::file_sha256(Path::new(host))?);
+                let host = Path::new(host);
+                if host.is_dir() {
+                    let (entries, digest) = recipe_layer::host_tree(host, request.limits)?;
+                    copied.push(digest);
+                    tree = Some(entries);
+                } else {
+                    copied.push(recipe_layer::file_sha256(host)?);
+                }
             }
+            trees.push(tree);
         }
         let network = request.network.clone().unwrap_or_else(|| "none".to_owned());
         let recipe = RecipeSpec {
@@ -112,7 +127,9 @@ impl Engine {
         ));
         self.run(&spec).await?;
         let built = self
-            .build_in_sandbox(sandbox, request, &recipe, &store, &base, say, on_output)
+            .build_in_sandbox(
+                sandbox, request, &trees, &recipe, &store, &base, say, on_output,
+            )
             .await;
         if let Err(err) = self.destroy(sandbox).await {
             tracing::warn!("removing the build sandbox {sandbox}: {err}");
@@ -128,6 +145,7 @@ impl Engine {
         &self,
         sandbox: &str,
         request: &RecipeRequest,
+        trees: &[Option<Vec<TreeEntry>>],
         recipe: &RecipeSpec,
         store: &ImageStore,
         base: &BuiltImage,
@@ -153,7 +171,10 @@ impl Engine {
                         packages.join(" ")
                     ),
                 ),
-                Step::Copy(host, guest) => self.copy_in(sandbox, n, host, guest).await?,
+                Step::Copy(host, guest) => match trees.get(n).and_then(Option::as_ref) {
+                    Some(tree) => self.copy_tree_in(sandbox, n, host, guest, tree).await?,
+                    None => self.copy_in(sandbox, n, host, guest).await?,
+                },
             };
             let exec = ExecSpec::new(&command, None, "/", Vec::new(), Some(3600), false)?;
             let result = self.exec_streaming(sandbox, &exec, on_output).await?;
@@ -242,6 +263,121 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Puts the host directory `host` (listed as `tree`) into the sandbox's `/tmp` as the
+    /// sandbox user (the agent makes each entry without following a symlink; links are made
+    /// as links, modes set once a directory is filled) and returns the command that makes it
+    /// root's and copies it into `guest` as root. A file whose content is no longer what the
+    /// recipe's id was made from stops the build.
+    async fn copy_tree_in(
+        &self,
+        sandbox: &str,
+        step: usize,
+        host: &str,
+        guest: &str,
+        tree: &[TreeEntry],
+    ) -> Result<String> {
+        let stage = format!(".dynocap-copy-{step}");
+        let at = |rel: &str| {
+            if rel.is_empty() {
+                stage.clone()
+            } else {
+                format!("{stage}/{rel}")
+            }
+        };
+        let engine = self;
+        let put = move |rel: String, item: PutItem| {
+            engine.file(
+                sandbox,
+                FileOp::Put {
+                    path: STEP_USER_DIR.to_owned(),
+                    rel,
+                    item,
+                },
+            )
+        };
+        let mut modes = Vec::new();
+        for entry in tree {
+            match entry {
+                TreeEntry::Dir { rel, mode } => {
+                    put(at(rel), PutItem::Dir { mode: None }).await?;
+                    modes.push((at(rel), *mode));
+                }
+                TreeEntry::Symlink { rel, target } => {
+                    put(
+                        at(rel),
+                        PutItem::Symlink {
+                            target: target.clone(),
+                        },
+                    )
+                    .await?;
+                }
+                TreeEntry::File {
+                    rel, mode, sha256, ..
+                } => {
+                    use sha2::Digest as _;
+                    use std::io::Read as _;
+                    let path = Path::new(host).join(rel);
+                    let (mut file, _) = recipe_layer::open_host_file(&path)?;
+                    let mut hasher = sha2::Sha256::new();
+                    let mut offset = 0u64;
+                    loop {
+                        let mut piece = Vec::with_capacity(MAX_WRITE);
+                        (&mut file)
+                            .take(MAX_WRITE as u64)
+                            .read_to_end(&mut piece)
+                            .map_err(|err| {
+                                Error::invalid(format!("--copy: reading {}: {err}", path.display()))
+                            })?;
+                        hasher.update(&piece);
+                        let last = piece.len() < MAX_WRITE;
+                        let len = piece.len() as u64;
+                        put(
+                            at(rel),
+                            PutItem::File {
+                                content: piece,
+                                offset,
+                                mode: last.then_some(*mode),
+                            },
+                        )
+                        .await?;
+                        offset += len;
+                        if last {
+                            break;
+                        }
+                    }
+                    let now: String = hasher
+                        .finalize()
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect();
+                    if now != *sha256 {
+                        return Err(Error::conflict(format!(
+                            "--copy {host}:{guest}: {} changed while the image was built; \
+                             build again",
+                            path.display()
+                        )));
+                    }
+                }
+            }
+        }
+        // Deepest first: a directory made read-only is already filled.
+        for (rel, mode) in modes.into_iter().rev() {
+            put(rel, PutItem::Dir { mode: Some(mode) }).await?;
+        }
+        // Owned by root before it is copied (links themselves, never what they point at),
+        // then copied with modes and links as they are; a directory already at `guest` is
+        // merged into, as Docker's COPY does.
+        let staged = quote(&format!("{STEP_USER_DIR}/{stage}"));
+        let script = format!(
+            "set -e; mkdir -p -- {dest}; chown -hR 0:0 {staged}; cp -a {staged}/. {dest}/; \
+             rm -rf -- {staged}",
+            dest = quote(guest),
+        );
+        Ok(as_root(&[], &script))
+    }
+}
+
 fn check_step(step: &Step) -> Result<()> {
     match step {
         Step::Run(command) if command.trim().is_empty() => {
@@ -263,9 +399,10 @@ fn check_step(step: &Step) -> Result<()> {
             Ok(())
         }
         Step::Copy(host, guest) => {
-            if !Path::new(host).is_file() {
+            let host_path = Path::new(host);
+            if !host_path.is_file() && !host_path.is_dir() {
                 return Err(Error::invalid(format!(
-                    "--copy {host}:{guest}: {host} is not a file on this host"
+                    "--copy {host}:{guest}: {host} is not a file or directory on this host"
                 )));
             }
             let confined = guest.starts_with('/')
@@ -275,8 +412,8 @@ fn check_step(step: &Step) -> Result<()> {
                 && !guest.ends_with('/');
             if !confined {
                 return Err(Error::invalid(format!(
-                    "--copy {host}:{guest}: the guest path must be an absolute file path \
-                     without '..'"
+                    "--copy {host}:{guest}: the guest path must be an absolute path without \
+                     '..' (and without a trailing '/')"
                 )));
             }
             Ok(())

@@ -574,7 +574,9 @@ pub(super) fn assemble_image(
     layer_store.assemble(layers, &rootfs)?;
     customise(&Root::open(&rootfs, limits)?)?;
     let meta = ImageMeta {
-        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        // Microseconds: a name's newest build is the one a start boots, so two builds of one
+        // name within a second (a recipe changed and rebuilt) must not tie.
+        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         size_bytes: tree_size(&rootfs),
         layers: layers.iter().map(|l| l.meta.diff_id.clone()).collect(),
         ..meta

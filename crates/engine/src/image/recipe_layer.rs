@@ -10,6 +10,10 @@
 //! Host ids are mapped back to the guest's by the upper directory's own owner (the host id of
 //! the guest's root). Other device nodes, fifos, sockets and names the layer format reserves
 //! (`.wh.*`) are left out and counted.
+//!
+//! It also lists what a copy step copies from the host ([`host_tree`] for a directory): the
+//! host side is the user's, but it is walked without following a symlink all the same, so a
+//! link in it is copied as a link and never brings in what it points at.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -47,7 +51,8 @@ pub enum Step {
     Run(String),
     /// Debian packages installed with apt-get.
     Apt(Vec<String>),
-    /// A host file copied into the image: (host path, guest path).
+    /// A host file, or a directory with everything in it, copied into the image: (host path,
+    /// guest path).
     Copy(String, String),
     /// `K=V` added to the image config's `Env`.
     Env(String, String),
@@ -60,7 +65,8 @@ pub struct RecipeSpec {
     pub base_name: String,
     pub base_id: String,
     pub steps: Vec<Step>,
-    /// SHA-256 of each copied file's content, in the order of the copy steps.
+    /// For each copy step in order: the SHA-256 of a file's content, or a directory's
+    /// [`host_tree`] digest (`tree:…`).
     pub copied: Vec<String>,
     pub network: String,
     #[serde(default)]
@@ -85,7 +91,186 @@ impl RecipeSpec {
 
 /// SHA-256 of a host file's content, for a copy step.
 pub fn file_sha256(path: &Path) -> Result<String> {
-    let mut file = File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let file = File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    read_sha256(file, path)
+}
+
+/// Deepest directory a copied tree may have.
+const MAX_TREE_DEPTH: usize = 128;
+
+/// One entry of a host directory a copy step copies, `rel` from that directory (`""` for the
+/// directory itself), `/`-separated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum TreeEntry {
+    /// Its mode as copied (permissions and the sticky bit).
+    Dir { rel: String, mode: u32 },
+    /// Its mode as copied (permissions: set-id bits are never copied) and its content's
+    /// SHA-256.
+    File {
+        rel: String,
+        mode: u32,
+        size: u64,
+        sha256: String,
+    },
+    /// Copied as a link with the target as written, never followed.
+    Symlink { rel: String, target: String },
+}
+
+/// The host directory `root` as a copy step copies it: its entries, a directory before what it
+/// holds and names in byte order, and the tree's digest for the recipe's id (`tree:` and the
+/// SHA-256 of the entries: names, kinds, modes as copied, contents' digests, link targets).
+/// Nothing below `root` is followed: a symlink is an entry, wherever it points. A FIFO, a
+/// socket or a device node refuses the copy, as do a name or link target that is not UTF-8
+/// and more entries or bytes than `limits` allow.
+pub fn host_tree(root: &Path, limits: Limits) -> Result<(Vec<TreeEntry>, String)> {
+    let top = fs::metadata(root).with_context(|| format!("reading {}", root.display()))?;
+    if !top.is_dir() {
+        return Err(Error::invalid(format!(
+            "{} is not a directory",
+            root.display()
+        )));
+    }
+    let mut walk = TreeWalk {
+        root,
+        limits,
+        entries: vec![TreeEntry::Dir {
+            rel: String::new(),
+            mode: top.mode() & 0o1777,
+        }],
+        bytes: 0,
+    };
+    walk.dir(root, "", 1)?;
+    let listing = serde_json::to_vec(&walk.entries)
+        .map_err(|err| Error::internal(format!("listing {}: {err}", root.display())))?;
+    Ok((
+        walk.entries,
+        format!("tree:{}", hex(&Sha256::digest(listing))),
+    ))
+}
+
+struct TreeWalk<'a> {
+    root: &'a Path,
+    limits: Limits,
+    entries: Vec<TreeEntry>,
+    bytes: u64,
+}
+
+impl TreeWalk<'_> {
+    fn refuse(&self, why: String) -> Error {
+        Error::invalid(format!("copying {}: {why}", self.root.display()))
+    }
+
+    fn dir(&mut self, host: &Path, rel: &str, depth: usize) -> Result<()> {
+        let mut names: Vec<(Vec<u8>, PathBuf)> = Vec::new();
+        for entry in fs::read_dir(host).with_context(|| format!("listing {}", host.display()))? {
+            let entry = entry.with_context(|| format!("listing {}", host.display()))?;
+            names.push((entry.file_name().as_bytes().to_vec(), entry.path()));
+        }
+        names.sort();
+        for (_, path) in names {
+            if self.entries.len() as u64 >= self.limits.max_files {
+                return Err(self.refuse(format!(
+                    "it has more than {} entries, the bound on an image's file count                      (--max-files)",
+                    self.limits.max_files
+                )));
+            }
+            let name = path
+                .file_name()
+                .and_then(std::ffi::OsStr::to_str)
+                .ok_or_else(|| {
+                    self.refuse(format!(
+                        "the name of {} is not UTF-8, which a copy cannot carry",
+                        path.display()
+                    ))
+                })?;
+            let child = if rel.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let meta = fs::symlink_metadata(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let kind = meta.file_type();
+            if kind.is_dir() {
+                if depth >= MAX_TREE_DEPTH {
+                    return Err(self.refuse(format!(
+                        "{} is more than {MAX_TREE_DEPTH} directories deep",
+                        path.display()
+                    )));
+                }
+                self.entries.push(TreeEntry::Dir {
+                    rel: child.clone(),
+                    mode: meta.mode() & 0o1777,
+                });
+                self.dir(&path, &child, depth + 1)?;
+            } else if kind.is_symlink() {
+                let target =
+                    fs::read_link(&path).with_context(|| format!("reading {}", path.display()))?;
+                let target = target.to_str().ok_or_else(|| {
+                    self.refuse(format!(
+                        "the target of the symlink {} is not UTF-8, which a copy cannot carry",
+                        path.display()
+                    ))
+                })?;
+                self.entries.push(TreeEntry::Symlink {
+                    rel: child,
+                    target: target.to_owned(),
+                });
+            } else if kind.is_file() {
+                let (file, opened) = open_host_file(&path)?;
+                self.bytes = self.bytes.saturating_add(opened.len());
+                if self.bytes > self.limits.max_bytes {
+                    return Err(self.refuse(format!(
+                        "its files add up to more than {} bytes, the bound on an image's size                          (--max-bytes)",
+                        self.limits.max_bytes
+                    )));
+                }
+                self.entries.push(TreeEntry::File {
+                    rel: child,
+                    mode: opened.mode() & 0o777,
+                    size: opened.len(),
+                    sha256: read_sha256(file, &path)?,
+                });
+            } else {
+                let what = if kind.is_fifo() {
+                    "a FIFO"
+                } else if kind.is_socket() {
+                    "a socket"
+                } else {
+                    "a device node"
+                };
+                return Err(self.refuse(format!(
+                    "{} is {what}, which a copy does not copy (only directories, files and                      symlinks); leave it out of the directory",
+                    path.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens the host file `path` for a copy: never through a symlink, and refused unless what
+/// was opened is a regular file (a name swapped for a FIFO is not waited on).
+pub fn open_host_file(path: &Path) -> Result<(File, fs::Metadata)> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?;
+    if !meta.is_file() {
+        return Err(Error::invalid(format!(
+            "{} is no longer a regular file",
+            path.display()
+        )));
+    }
+    Ok((file, meta))
+}
+
+fn read_sha256(mut file: File, path: &Path) -> Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
@@ -448,6 +633,83 @@ mod tests {
         let mut copied = spec.clone();
         copied.copied.push("0".repeat(64));
         assert_ne!(spec.id(), copied.id());
+    }
+
+    #[test]
+    fn a_host_tree_lists_links_as_links_and_its_digest_follows_content_not_times() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("tree");
+        fs::create_dir_all(root.join("sub")).expect("mkdir");
+        fs::write(root.join("sub/run.sh"), b"#!/bin/sh\n").expect("write");
+        fs::set_permissions(
+            root.join("sub/run.sh"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o4755),
+        )
+        .expect("chmod");
+        fs::write(dir.path().join("secret"), b"host only").expect("write");
+        std::os::unix::fs::symlink("../secret", root.join("out")).expect("symlink");
+        std::os::unix::fs::symlink(dir.path(), root.join("host-dir")).expect("symlink");
+        let limits = Limits::default();
+        let (entries, digest) = host_tree(&root, limits).expect("tree");
+        let rels: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|e| match e {
+                TreeEntry::Dir { rel, .. } => ("d", rel.as_str()),
+                TreeEntry::File { rel, .. } => ("f", rel.as_str()),
+                TreeEntry::Symlink { rel, .. } => ("l", rel.as_str()),
+            })
+            .collect();
+        assert_eq!(
+            rels,
+            [
+                ("d", ""),
+                ("l", "host-dir"),
+                ("l", "out"),
+                ("d", "sub"),
+                ("f", "sub/run.sh")
+            ]
+        );
+        assert!(entries.contains(&TreeEntry::File {
+            rel: "sub/run.sh".into(),
+            mode: 0o755,
+            size: 10,
+            sha256: hex(&Sha256::digest(b"#!/bin/sh\n")),
+        }));
+        assert!(digest.starts_with("tree:"));
+        // What a link points at is not part of the tree.
+        fs::write(dir.path().join("secret"), b"changed").expect("write");
+        assert_eq!(host_tree(&root, limits).expect("tree").1, digest);
+        fs::write(root.join("sub/run.sh"), b"#!/bin/sh -e\n").expect("write");
+        let changed = host_tree(&root, limits).expect("tree").1;
+        assert_ne!(changed, digest);
+        fs::set_permissions(
+            root.join("sub/run.sh"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .expect("chmod");
+        assert_ne!(host_tree(&root, limits).expect("tree").1, changed);
+
+        let few = Limits {
+            max_files: 3,
+            ..limits
+        };
+        let err = host_tree(&root, few).expect_err("too many");
+        assert!(err.message.contains("--max-files"), "{err}");
+        let small = Limits {
+            max_bytes: 4,
+            ..limits
+        };
+        let err = host_tree(&root, small).expect_err("too big");
+        assert!(err.message.contains("--max-bytes"), "{err}");
+        let fifo = CString::new(root.join("sub/pipe").as_os_str().as_bytes()).expect("c");
+        // SAFETY: a NUL-terminated path that lives across the call.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let err = host_tree(&root, limits).expect_err("fifo");
+        assert!(
+            err.message
+                .contains("sub/pipe is a FIFO, which a copy does not copy"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -142,11 +142,13 @@ pub fn snapshot_layer(qmp: &mut Qmp, paths: &VmPaths) -> Result<FrozenLayer> {
         undo(qmp, Some(fdset), false);
         return Err(err);
     }
+    let visible = ChrootLink::make(paths);
     let switched = qmp.execute_with(
         "blockdev-snapshot",
         Some(json!({ "node": ROOT, "overlay": node_name(&id) })),
         QMP_TIMEOUT,
     );
+    drop(visible);
     if let Err(err) = switched {
         undo(qmp, Some(fdset), true);
         return Err(err);
@@ -160,6 +162,66 @@ pub fn snapshot_layer(qmp: &mut Qmp, paths: &VmPaths) -> Result<FrozenLayer> {
         tracing::warn!("not flattening the disk's layers: {err}");
     }
     Ok(FrozenLayer { name, bytes })
+}
+
+/// The layer QEMU switches away from is reopened read-only, by the path it was opened by: a
+/// layer added by a freeze through its fd set (which holds a read-only descriptor for this),
+/// the one QEMU started with by its path on the host, which a QEMU chrooted into
+/// [`VmPaths::empty`] (started as root) cannot see. Left read-write, it would keep the lock
+/// that keeps every other QEMU (a fork's) from opening it. So for the switch that layer is
+/// linked at its host path inside the chroot; the link and the directories made for it go
+/// when this is dropped (and [`sweep`] removes what a killed supervisor left).
+struct ChrootLink {
+    link: PathBuf,
+    made: Vec<PathBuf>,
+}
+
+impl ChrootLink {
+    fn make(paths: &VmPaths) -> Option<ChrootLink> {
+        if !paths.empty.is_dir() {
+            return None;
+        }
+        let inside = paths.disk.strip_prefix("/").ok()?;
+        let mut made = Vec::new();
+        let mut dir = paths.empty.clone();
+        for part in inside.parent()?.components() {
+            dir.push(part);
+            match fs::create_dir(&dir) {
+                Ok(()) => made.push(dir.clone()),
+                Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(err) => {
+                    tracing::warn!(
+                        "making {} for QEMU to reopen its layer: {err}",
+                        dir.display()
+                    );
+                    break;
+                }
+            }
+        }
+        let mut visible = ChrootLink {
+            link: paths.empty.join(inside),
+            made,
+        };
+        if let Err(err) = fs::hard_link(&paths.disk, &visible.link) {
+            tracing::warn!(
+                "linking {} for QEMU to reopen it read-only: {err}",
+                paths.disk.display()
+            );
+            visible.link = PathBuf::new();
+        }
+        Some(visible)
+    }
+}
+
+impl Drop for ChrootLink {
+    fn drop(&mut self) {
+        if !self.link.as_os_str().is_empty() {
+            let _ = fs::remove_file(&self.link);
+        }
+        for dir in self.made.iter().rev() {
+            let _ = fs::remove_dir(dir);
+        }
+    }
 }
 
 /// Makes the frozen layer `path` what every later user may rely on: its preallocated room
@@ -339,6 +401,14 @@ pub fn sweep(dir: &Path) {
         return;
     };
     let _ = fs::remove_file(dir.join(NEXT));
+    // A `ChrootLink` a killed supervisor left: QEMU's root holds nothing else.
+    for entry in fs::read_dir(dir.join("empty"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let _ = fs::remove_dir_all(entry.path());
+    }
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };

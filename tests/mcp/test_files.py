@@ -1,6 +1,6 @@
 """The file tools over MCP with the official SDK, against real sandboxes: binary content written
 and read back in base64, a 50 MB file read in pieces from offsets, edits refused when oldText is
-absent or ambiguous, listings with depth, a guest symlink to /etc/shadow refused by the guest's
+absent or ambiguous, listings with depth and a long one read page by page, a guest symlink to /etc/shadow refused by the guest's
 own permissions (the tools act as the sandbox user), and a task's relative paths and log."""
 
 from __future__ import annotations
@@ -117,6 +117,21 @@ async def test_files_binary_round_trip_big_read_edit_and_list(host: Host) -> Non
         ]
         err(await s.call_tool("dynocap_list_files", {"name": "f", "path": f"{home}/sub",
                                                     "depth": 9}), "invalid_argument")
+        assert (one["nextOffset"], two["nextOffset"]) == (2, 3)
+        # Past the bound of 2000 entries a call, the rest is listed page by page from
+        # nextOffset: every name once, in order.
+        await sh(s, "f", f"mkdir {home}/many && cd {home}/many && seq -w 1 2345 | xargs touch")
+        names, offset = [], 0
+        while True:
+            page = ok(await s.call_tool("dynocap_list_files", {
+                "name": "f", "path": f"{home}/many", "offset": offset}))
+            assert page["nextOffset"] == offset + len(page["entries"]) and page["entries"]
+            names += [e["name"] for e in page["entries"]]
+            assert page["leftOff"] == 2345 - len(names)
+            offset = page["nextOffset"]
+            if not page["leftOff"]:
+                break
+        assert names == [f"{i:04}" for i in range(1, 2346)] and offset == 2345
 
 
 async def test_files_act_as_the_sandbox_user(host: Host) -> None:

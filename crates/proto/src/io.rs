@@ -20,7 +20,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         Self {
             inner,
             decoder: FrameDecoder::new(),
-            buf: vec![0; 256 * 1024].into_boxed_slice(),
+            // Small on purpose: a large frame's header comes in with at most this much of
+            // its payload, copied through here; the rest is read straight into the payload.
+            // A reader that read a quarter MiB at once, behind a writer that got ahead,
+            // copied nearly every byte of a download through the decoder (twice).
+            buf: vec![0; crate::frame::DIRECT_PAYLOAD].into_boxed_slice(),
         }
     }
 

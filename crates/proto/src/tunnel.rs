@@ -20,6 +20,9 @@ use tokio::sync::{mpsc, Semaphore};
 use crate::message::{channel, to_payload, ErrorBody};
 use crate::{Frame, FrameKind};
 
+mod stream;
+pub use stream::TunnelStream;
+
 /// Credit each direction of a tunnel starts with, in cost units (see [`cost`]).
 pub const WINDOW: usize = 4 << 20;
 /// What a data frame costs beyond its bytes, so that a flood of one-byte frames is bounded

@@ -266,16 +266,16 @@ impl Egress {
             let proxy = Arc::clone(&proxy);
             let active = Arc::clone(&active);
             tokio::spawn(async move {
-                let (near, far) = tokio::io::duplex(256 * 1024);
-                let pumping = tokio::spawn(dynocap_proto::tunnel::pump(tunnel, near, outgoing));
+                // The proxy reads and writes the tunnel's frames in place: no pipe between
+                // them to copy every byte into and out of.
+                let mut stream = tunnel.into_stream(outgoing);
                 if active.fetch_add(1, Ordering::AcqRel) < MAX_TUNNELS {
-                    proxy.serve(far).await;
+                    proxy.serve(&mut stream).await;
                 } else {
-                    // Closing our end ends the tunnel at once: the guest's client sees EOF.
+                    // Finishing at once ends the tunnel: the guest's client sees EOF.
                     tracing::warn!(target: LOG_TARGET, "{MAX_TUNNELS} tunnels are open; closing a new one");
-                    drop(far);
                 }
-                let _ = pumping.await;
+                stream.finish().await;
                 active.fetch_sub(1, Ordering::AcqRel);
             });
         });

@@ -4,7 +4,8 @@
 //! than a tunnel's window arrives whole; `ps` lists the forward; removing it, or destroying
 //! the sandbox, closes the host port (a connection is refused). A host port in use, a guest
 //! port 0 and an address that is not the host's are refused with messages naming the fix, a
-//! `--publish` of a port in use before anything boots. One VM case: `run --publish` on the
+//! `--publish` of a port in use before anything boots. A task started with `--publish` lists
+//! its forward and serves through it until it finishes. One VM case: `run --publish` on the
 //! vm backend, reached with curl.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -246,6 +247,58 @@ fn bad_forwards_are_refused_with_the_fix() {
     assert!(!refused(host_port(&forward)), "the forward still listens");
     drop(taken);
     home.json(&["destroy", "bad"]);
+}
+
+/// `task start --publish`: the task's forward is in its start's result and in `ls`, serves
+/// a server the task runs (on its workspace) and closes when the task finishes.
+#[test]
+fn a_task_started_with_publish_serves_through_its_forward() {
+    let test = "a_task_started_with_publish_serves_through_its_forward";
+    let Some(home) = TestHome::on(Backend::Jail, test) else {
+        return;
+    };
+    let project = one_commit_project("index.html", PAGE);
+    let task = home.json(&[
+        "task",
+        "start",
+        project.path().to_str().expect("utf-8 temp path"),
+        "--name",
+        "site",
+        "--publish",
+        "8000",
+    ]);
+    let forward = task["forwards"][0].clone();
+    assert_eq!(forward["guestPort"], 8000, "{task:#}");
+    let port = host_port(&forward);
+    assert_ne!(port, 0, "{task:#}");
+    let url = format!("http://127.0.0.1:{port}/");
+    assert_eq!(forward["url"], url.as_str());
+    let ls = home.json(&["ls"]);
+    assert_eq!(ls["tasks"][0]["forwards"][0]["hostPort"], port, "{ls:#}");
+    assert_eq!(
+        home.json(&["port", "site"])["forwards"][0]["hostPort"],
+        port
+    );
+
+    let out = home.json(&[
+        "task",
+        "exec",
+        "site",
+        "--background",
+        "--timeout",
+        "600",
+        "--",
+        "exec python3 -m http.server 8000 --bind 127.0.0.1",
+    ]);
+    assert!(out["job"].is_string(), "a background start: {out:#}");
+    let page = curl_until_served(&url);
+    assert!(page.contains("id=out"), "the workspace's page: {page}");
+
+    home.json(&["task", "finish", "site"]);
+    assert!(
+        refused(port),
+        "after finish, the host port refuses connections"
+    );
 }
 
 /// The vm backend: the forward crosses the guest's own kernel through the agent.

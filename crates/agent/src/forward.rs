@@ -1,6 +1,8 @@
-//! The guest end of port forwards: each connection the host accepted on a forwarded port
-//! arrives as a [`Request::Connect`](dynocap_proto::Request::Connect) stream, which the
-//! agent connects to the port on the guest's own loopback and then carries as a tunnel
+//! The guest end of port forwards on a VM, and on a jail whose supervisor may not join the
+//! guest's network namespace (a root supervisor connects there itself): each connection the
+//! host accepted on a forwarded port arrives as a
+//! [`Request::Connect`](dynocap_proto::Request::Connect) stream, which the agent connects to
+//! the port on the guest's own loopback and then carries as a tunnel
 //! ([`dynocap_proto::tunnel`]), as egress tunnels are carried the other way.
 //!
 //! The agent runs in the guest's network namespace (a jail's, or a VM's own kernel), so the

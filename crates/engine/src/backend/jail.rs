@@ -462,6 +462,10 @@ impl Guest for JailGuest {
     fn pid(&self) -> i32 {
         self.jail.pid().as_raw()
     }
+    fn network_namespace(&self) -> Option<std::fs::File> {
+        // The init is our unreaped child: its pid names no other process.
+        std::fs::File::open(format!("/proc/{}/ns/net", self.jail.pid())).ok()
+    }
     fn prepare_claim(&mut self) -> Result<()> {
         // The claim renames the guest: its thread waits in the guest's UTS namespace.
         self.jail

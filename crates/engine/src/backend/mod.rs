@@ -93,6 +93,12 @@ pub trait Guest: Send {
     fn exit_fd(&self) -> BorrowedFd<'_>;
     /// Host pid of the guest's init (or its VMM), for logs and diagnostics.
     fn pid(&self) -> i32;
+    /// The guest's network namespace, opened, when the guest shares the host's kernel (a
+    /// jail): the supervisor makes port forwards' connections there itself (see
+    /// `supervisor::ports`). `None` for a guest with its own kernel.
+    fn network_namespace(&self) -> Option<std::fs::File> {
+        None
+    }
     /// Readies an idle warm-pool guest for [`Guest::claim`], so that the claim, which is on
     /// its caller's path, does less.
     fn prepare_claim(&mut self) -> Result<()> {

@@ -1,11 +1,16 @@
 //! A sandbox's port forwards, in its supervisor: a listener on the host per forward, and for
-//! each connection it accepts, a tunnel through the agent channel to the guest port (the
-//! agent connects to it inside the guest, see the agent's `forward`). So a forward works in
-//! every network mode and on every backend: it never touches the guest's network.
+//! each connection it accepts, a connection to the guest port made inside the guest. On a
+//! jail whose network namespace the supervisor may join (a root supervisor), the supervisor
+//! makes it there itself and splices the two sockets together ([`direct`]); otherwise (a VM,
+//! or a rootless jail) a tunnel through the agent channel carries it (the agent connects
+//! inside the guest, see the agent's `forward`). Either way a forward works in every network
+//! mode: it reaches the guest's loopback and never changes the guest's network.
 //!
 //! The listeners belong to the supervisor and end with the sandbox ([`Forwards::close_all`]
 //! runs before a destroy answers). The list is also written to [`FORWARDS_FILE`] in the
 //! sandbox's directory, which listings read without asking the supervisor.
+
+mod direct;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -19,6 +24,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::foundation::error::{Error, Result};
 use crate::model::sandbox_info::PortForward;
 use crate::supervisor::agent_conn::AgentConn;
+use direct::GuestNet;
 
 const LOG_TARGET: &str = "dynocap_engine::ports";
 
@@ -58,6 +64,9 @@ struct Entry {
 /// The forwards of one sandbox.
 pub struct Forwards {
     conn: AgentConn,
+    /// The guest's network namespace until the first forward tries to join it, then the
+    /// thread in it (`None`: forwards go through the agent).
+    guest_net: Mutex<GuestNetState>,
     file: PathBuf,
     list: tokio::sync::Mutex<Vec<Entry>>,
     active: Arc<AtomicUsize>,
@@ -65,10 +74,18 @@ pub struct Forwards {
     closed: Mutex<bool>,
 }
 
+enum GuestNetState {
+    Untried(Option<std::fs::File>),
+    Tried(Option<Arc<GuestNet>>),
+}
+
 impl Forwards {
-    pub fn new(conn: AgentConn, sandbox_dir: PathBuf) -> Self {
+    /// `netns`: the guest's network namespace when it shares the host's kernel (a jail), for
+    /// the direct path.
+    pub fn new(conn: AgentConn, sandbox_dir: PathBuf, netns: Option<std::fs::File>) -> Self {
         Self {
             conn,
+            guest_net: Mutex::new(GuestNetState::Untried(netns)),
             file: sandbox_dir.join(FORWARDS_FILE),
             list: tokio::sync::Mutex::new(Vec::new()),
             active: Arc::new(AtomicUsize::new(0)),
@@ -118,7 +135,10 @@ impl Forwards {
         let task = tokio::spawn(accept_loop(
             listener,
             request.guest_port,
-            self.conn.clone(),
+            Route {
+                conn: self.conn.clone(),
+                guest_net: self.guest_net(),
+            },
             Arc::clone(&self.active),
         ));
         tracing::info!(target: LOG_TARGET, "forwarding {}", forward.short());
@@ -162,6 +182,30 @@ impl Forwards {
             let _ = entry.task.await;
         }
         let _ = std::fs::remove_file(&self.file);
+    }
+
+    /// The thread in the guest's network namespace, started by the first forward; `None`
+    /// when there is none to join or this process may not join it.
+    fn guest_net(&self) -> Option<Arc<GuestNet>> {
+        let mut state = self
+            .guest_net
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let GuestNetState::Untried(netns) = &mut *state {
+            let started = netns.take().and_then(|netns| match GuestNet::start(netns) {
+                Ok(net) => Some(Arc::new(net)),
+                Err(err) => {
+                    tracing::info!(target: LOG_TARGET,
+                        "forwarded connections go through the guest agent: joining the guest's network namespace: {err}");
+                    None
+                }
+            });
+            *state = GuestNetState::Tried(started);
+        }
+        match &*state {
+            GuestNetState::Tried(net) => net.clone(),
+            GuestNetState::Untried(_) => None,
+        }
     }
 
     fn write(&self, list: &[Entry]) {
@@ -208,10 +252,41 @@ pub fn bind_error(wanted: SocketAddr, err: &std::io::Error) -> Error {
     }
 }
 
+/// How a forward's connections reach the guest.
+#[derive(Clone)]
+struct Route {
+    conn: AgentConn,
+    /// Set: directly, from the guest's network namespace; else through the agent.
+    guest_net: Option<Arc<GuestNet>>,
+}
+
+impl Route {
+    async fn carry(self, socket: tokio::net::TcpStream, guest_port: u16) -> Result<(), String> {
+        if let Some(net) = self.guest_net {
+            let guest = net.connect(guest_port).await.map_err(|err| {
+                format!("nothing in the sandbox accepts connections on port {guest_port} (127.0.0.1 or ::1): {err}")
+            })?;
+            return direct::relay(socket, guest)
+                .await
+                .map(|_| ())
+                .map_err(|err| err.to_string());
+        }
+        let request = Request::Connect(ConnectRequest { port: guest_port });
+        let (tunnel, outgoing) = self
+            .conn
+            .open_tunnel(&request)
+            .await
+            .map_err(|err| err.to_string())?;
+        dynocap_proto::tunnel::pump(tunnel, socket, outgoing)
+            .await
+            .map(|_| ())
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     guest_port: u16,
-    conn: AgentConn,
+    route: Route,
     active: Arc<AtomicUsize>,
 ) {
     // Dropped with this loop: aborting the loop ends its connections too.
@@ -235,21 +310,12 @@ async fn accept_loop(
             continue;
         }
         let _ = socket.set_nodelay(true);
-        let conn = conn.clone();
+        let route = route.clone();
         let active = Arc::clone(&active);
         connections.spawn(async move {
             let _guard = Decrement(active);
-            let request = Request::Connect(ConnectRequest { port: guest_port });
-            match conn.open_tunnel(&request).await {
-                Ok((tunnel, outgoing)) => {
-                    if let Err(why) = dynocap_proto::tunnel::pump(tunnel, socket, outgoing).await
-                    {
-                        tracing::debug!(target: LOG_TARGET, "a connection forwarded to {guest_port}: {why}");
-                    }
-                }
-                Err(err) => {
-                    tracing::debug!(target: LOG_TARGET, "a connection forwarded to {guest_port}: {err}")
-                }
+            if let Err(why) = route.carry(socket, guest_port).await {
+                tracing::debug!(target: LOG_TARGET, "a connection forwarded to {guest_port}: {why}");
             }
         });
     }
@@ -313,7 +379,7 @@ mod tests {
     async fn a_forward_asks_the_agent_per_connection_and_closes_with_the_sandbox() {
         let (conn, mut agent, _agent_writer) = conn().await;
         let dir = tempfile::tempdir().unwrap();
-        let forwards = Forwards::new(conn, dir.path().to_path_buf());
+        let forwards = Forwards::new(conn, dir.path().to_path_buf(), None);
         let forward = forwards.add(&request(8000, 0)).await.unwrap();
         assert_eq!(forward.host_address, "127.0.0.1");
         assert_ne!(forward.host_port, 0);

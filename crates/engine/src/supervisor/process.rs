@@ -418,7 +418,11 @@ async fn serve(
     };
     let mut claimable = record.state == State::Warming;
 
-    let forwards = crate::supervisor::ports::Forwards::new(conn.clone(), home.sandbox_dir(&id));
+    let forwards = crate::supervisor::ports::Forwards::new(
+        conn.clone(),
+        home.sandbox_dir(&id),
+        guest.network_namespace(),
+    );
     let shared = Arc::new(Shared {
         conn,
         task,

@@ -5,7 +5,12 @@ workspace). Times `task fork` against a fresh `task start` of the same project, 
 checkpoint` against a no-op `task exec`, `task restore`, and the host disk that ten forks take
 against one task (allocated blocks: the forks' copies, and the room each disk reserves).
 
+With --vm, the same on the vm backend (QEMU guests of the built debian image, under TCG
+unless DYNOCAP_VM_ACCEL says otherwise): `task checkpoint` (a frozen qcow2 layer) and `task
+fork` (a boot over a new layer) against a cold `task start`, side by side.
+
     sudo scripts/bench-fork.py [--gib 1] [--runs 3]
+    sudo scripts/bench-fork.py --vm [--gib 0.25] [--runs 2] [--files 2000]
 
 Uses target/debug (or DYNOCAP_BIN_DIR) and DYNOCAP_AGENT like the e2e tests."""
 
@@ -22,10 +27,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("DYNOCAP_BIN_DIR", ROOT / "target" / "debug")) / "dynocap"
+IMAGE_CACHE = Path(os.environ.get("DYNOCAP_TEST_IMAGE_CACHE") or "/var/cache/dynocap-test-images")
+# With --vm: the environment of vm sandboxes (see vm_setup).
+EXTRA_ENV: dict[str, str] = {}
 
 
 def dynocap(home: Path, *args: str) -> dict:
-    env = dict(os.environ, DYNOCAP_HOME=str(home))
+    env = dict(os.environ, DYNOCAP_HOME=str(home), **EXTRA_ENV)
     out = subprocess.run([str(BIN), "--json", *args], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"dynocap {' '.join(args)} failed: {out.stdout}{out.stderr}")
@@ -76,16 +84,81 @@ def report(args, mib, wrote, starts, forks, from_checkpoint, noops, checkpoints,
     print(f"task restore:                         {med(restores)}")
 
 
+def vm_setup(home: Path) -> None:
+    """vm sandboxes of the debian image (built from the shared test-image cache), with the
+    static agent and the VM artefact cache the tests share."""
+    agent = os.environ.get("DYNOCAP_AGENT") or str(
+        ROOT / "target" / "x86_64-unknown-linux-musl" / "debug" / "dynocap-agent")
+    EXTRA_ENV.update({
+        "DYNOCAP_IMAGE_CACHE": str(IMAGE_CACHE),
+        "DYNOCAP_BACKEND": "vm",
+        "DYNOCAP_VM_ACCEL": os.environ.get("DYNOCAP_VM_ACCEL", "tcg"),
+        "DYNOCAP_IMAGE": "debian",
+        "DYNOCAP_AGENT": agent,
+    })
+    dynocap(home, "image", "build", "debian")
+    shared = IMAGE_CACHE / "vm-cache" / "vm"
+    shared.mkdir(parents=True, exist_ok=True)
+    (home / "cache").mkdir(parents=True, exist_ok=True)
+    (home / "cache" / "vm").symlink_to(shared)
+
+
+def vm_main(args, home: Path, src: str) -> None:
+    """The vm rows: cold starts, then checkpoints and forks of a task that wrote GIB GiB."""
+    vm_setup(home)
+    starts = []
+    for i in range(args.runs):
+        starts.append(timed(home, "task", "start", src, "--name", f"cold{i}"))
+        dynocap(home, "rm", "--force", "--purge", f"cold{i}")
+    dynocap(home, "task", "start", src, "--name", "src")
+    mib = int(args.gib * 1024)
+    t = time.monotonic()
+    dynocap(home, "task", "exec", "src", "--timeout", "1200", "--",
+            f"mkdir -p ~/deps && head -c {mib}M /dev/urandom > ~/deps/blob && sync")
+    wrote = time.monotonic() - t
+    noops = [timed(home, "task", "exec", "src", "--", "true") for _ in range(args.runs * 2)]
+    checkpoints = [timed(home, "task", "checkpoint", "src", f"c{i}") for i in range(args.runs)]
+    forks = []
+    for i in range(args.runs):
+        forks.append(timed(home, "task", "fork", "src", f"fork{i}"))
+        dynocap(home, "rm", "--force", "--purge", f"fork{i}")
+    restore = timed(home, "task", "restore", "src", "c0")
+    print(f"vm ({EXTRA_ENV['DYNOCAP_VM_ACCEL']}): project of {args.files} files; the task wrote "
+          f"{mib} MiB in {wrote:.1f} s")
+    print(f"vm task start (cold, {args.runs} runs):   {med(starts)}")
+    print(f"vm task fork (current state):         {med(forks)}  "
+          f"= {statistics.median(forks) / statistics.median(starts):.2f}x a cold start")
+    print(f"vm task exec -- true (no-op):         {med(noops)}")
+    print(f"vm task checkpoint:                   {med(checkpoints)}  "
+          f"= {statistics.median(checkpoints) / statistics.median(starts):.3f}x a cold start, "
+          f"{statistics.median(checkpoints) / statistics.median(noops):.1f}x a no-op exec")
+    print(f"vm task restore:                      {restore * 1000:.0f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--gib", type=float, default=1.0)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--files", type=int, default=20000)
+    parser.add_argument("--gib", type=float, default=None)
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--files", type=int, default=None)
+    parser.add_argument("--vm", action="store_true")
     args = parser.parse_args()
+    # TCG is slow: the vm's defaults are smaller.
+    defaults = (0.25, 2, 2000) if args.vm else (1.0, 3, 20000)
+    for name, default in zip(("gib", "runs", "files"), defaults):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     base = Path(tempfile.mkdtemp(prefix="dcf", dir="/tmp"))
     home, proj = base / "h", base / "p"
     proj.mkdir()
     project(proj, args.files)
+    if args.vm:
+        try:
+            vm_main(args, home, str(proj))
+        finally:
+            for task in dynocap(home, "ls").get("tasks", []):
+                dynocap(home, "rm", "--force", "--purge", task["id"])
+            subprocess.run(["rm", "-rf", str(base)])
+        return
     try:
         src = str(proj)
         # Fresh starts of the project, for the fork to be compared with.

@@ -6,6 +6,11 @@
 //! checkpoint. A fork that fails after its copy leaves no record and no files, and its source
 //! runs on; a supervisor killed while its disk is frozen for a checkpoint leaves the task
 //! `unsaved` with its work, which `task finish` recovers (the repair thaws the disk).
+//!
+//! On the vm (one task, TCG): a checkpoint is a frozen read-only qcow2 layer holding what was
+//! written, the broken workspace restored from it, and a fork of the restored task's current
+//! state; the source and the fork finish with their own verified patches, the fork after its
+//! source is gone for good (the layers they share outlive it).
 
 use serde_json::Value;
 
@@ -210,4 +215,76 @@ fn an_interrupted_fork_or_checkpoint_leaves_the_source_and_nothing_half_made() {
             .contains(&home.sandbox_id("frozen"))),
         "nothing of the frozen disk stays mounted"
     );
+}
+
+#[test]
+fn vm_checkpoints_restores_and_forks_are_layers_the_guests_share() {
+    let test = "vm_checkpoints_restores_and_forks_are_layers_the_guests_share";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&["task", "start", &path, "--name", "v"]);
+    home.task_sh(
+        "v",
+        "echo shared >> a.txt && mkdir -p ~/deps && head -c 4000000 /dev/urandom > ~/deps/blob",
+    );
+    let made = home.json(&["task", "checkpoint", "v", "good"]);
+    assert!(
+        made["bytes"].as_u64().expect("bytes") >= 4_000_000,
+        "the frozen layer holds what was written: {made:#}"
+    );
+    let state = home.path().join("sandboxes").join(home.sandbox_id("v"));
+    let layer = std::fs::read_to_string(state.join("checkpoints/good/layer")).expect("its layer");
+    let frozen = state.join("checkpoints/good").join(layer.trim());
+    let meta = std::fs::metadata(&frozen).expect("the frozen layer");
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    assert_eq!(meta.permissions().mode() & 0o777, 0o444, "read-only");
+    assert!(meta.nlink() >= 2, "shared with the task's own chain");
+
+    home.task_sh("v", "rm -f a.txt ~/deps/blob && echo junk > junk.txt");
+    let restored = home.json(&["task", "restore", "v", "good"]);
+    assert_eq!(restored["label"], "good", "{restored:#}");
+    let after = home.task_sh(
+        "v",
+        "cat a.txt; test -e junk.txt && echo junk; wc -c < ~/deps/blob",
+    );
+    assert_eq!(after, "a\nshared\n4000000\n");
+    assert_eq!(
+        std::fs::metadata(&frozen).expect("still there").len(),
+        meta.len(),
+        "never written"
+    );
+
+    // A fork of the restored task as it is now; the source goes on on a layer of its own.
+    home.task_sh("v", "echo after > after.txt");
+    let fork = home.json(&["task", "fork", "v", "vf"]);
+    assert_eq!(fork["forkedFrom"]["task"], "v", "{fork:#}");
+    home.task_sh("v", "echo source > source.txt");
+    assert_eq!(
+        home.task_sh("vf", "echo fork > fork.txt; ls; wc -c < ~/deps/blob"),
+        "a.txt\nafter.txt\nfork.txt\n4000000\n"
+    );
+    let finish = home.json(&["task", "finish", "v"]);
+    let patch = patch_of(&finish);
+    assert_eq!(
+        files_of(&patch),
+        ["a.txt", "after.txt", "source.txt"],
+        "{patch}"
+    );
+    assert!(
+        patch.contains("+shared") && !patch.contains("junk"),
+        "{patch}"
+    );
+    home.json(&["rm", "v", "--force", "--purge"]);
+    assert!(!state.exists(), "the source's files are gone");
+    let finish = home.json(&["task", "finish", "vf"]);
+    let patch = patch_of(&finish);
+    assert_eq!(
+        files_of(&patch),
+        ["a.txt", "after.txt", "fork.txt"],
+        "{patch}"
+    );
+    assert!(patch.contains("+shared"), "{patch}");
 }

@@ -68,3 +68,32 @@ async def test_checkpoint_restore_and_forks_over_mcp(host: Host) -> None:
             "base.txt", "old.txt"]
         assert changed(ok(await s.call_tool("dynocap_task_finish", {"id": "src"}))) == [
             "base.txt", "later.txt"]
+
+
+async def test_vm_checkpoint_restore_and_fork_over_mcp(host: Host) -> None:
+    """On the vm backend: the checkpoint is a frozen qcow2 layer, restored and forked from, and
+    the source and the fork finish with their own verified patches."""
+    from test_vm import vm_env
+
+    env = vm_env(host)
+    app = host.project("vmforked", files={"base.txt": "base\n"})
+    async with connect(host, env=env) as s:
+        ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "vsrc"}))
+        run = lambda name, cmd: s.call_tool("dynocap_task_exec", {"name": name, "command": cmd})  # noqa: E731
+        assert ok(await run("vsrc", "echo shared >> base.txt"))["exitCode"] == 0
+        made = ok(await s.call_tool("dynocap_checkpoint", {"name": "vsrc", "label": "ready"}))
+        assert made["checkpoint"]["label"] == "ready"
+        assert ok(await run("vsrc", "rm base.txt && echo oops > oops.txt"))["exitCode"] == 0
+        restored = ok(await s.call_tool("dynocap_checkpoint",
+                                        {"name": "vsrc", "action": "restore", "label": "ready"}))
+        assert restored["label"] == "ready"
+        assert ok(await run("vsrc", "cat base.txt; ls"))["stdout"] == "base\nshared\nbase.txt\n"
+        old = ok(await s.call_tool("dynocap_task_start",
+                                   {"fromTask": "vsrc", "checkpoint": "ready", "name": "vold"}))
+        assert old["forkedFrom"]["checkpoint"] == "ready"
+        assert ok(await run("vold", "echo o > old.txt"))["exitCode"] == 0
+        assert ok(await run("vsrc", "echo later > later.txt"))["exitCode"] == 0
+        assert changed(ok(await s.call_tool("dynocap_task_finish", {"id": "vsrc"}))) == [
+            "base.txt", "later.txt"]
+        assert changed(ok(await s.call_tool("dynocap_task_finish", {"id": "vold"}))) == [
+            "base.txt", "old.txt"]

@@ -498,7 +498,7 @@ cancelling the request stops the start and leaves nothing behind.",
                  task starts with that task's files (workspace, installed packages, all it \
                  wrote), and its diff and verified patch are against the same imported state. \
                  Only name, network, allowHosts, ttlSeconds and checkpoint may go with it \
-                 (the parent's image, limits and history are kept). Jail backend only.",
+                 (the parent's image, limits and history are kept).",
             ),
             Param {
                 name: "checkpoint",
@@ -919,8 +919,8 @@ diff and the patch dynocap_task_finish saves are then those of the restored stat
 lists them with their sizes (bytes on the host), \"delete\" removes one. A checkpoint holds \
 the task's writes while the task lives; finishing or removing the task removes its \
 checkpoints. Fork a task, from its current state or a checkpoint, with dynocap_task_start's \
-fromTask and checkpoint. Built on the jail backend: a task on the vm backend is refused with \
-invalid_argument.",
+fromTask and checkpoint. On the vm backend a checkpoint freezes the disk's qcow2 layer, \
+which costs the same whatever the task wrote.",
         params: vec![
             required_string("name", "Task name or ID."),
             Param {

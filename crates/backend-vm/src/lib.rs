@@ -11,7 +11,8 @@
 //! modules), [`initramfs`], [`disk`], [`cache`] (content-addressed artefacts), [`qemu`]
 //! (command line and process), [`layers`] (the disk's chain of qcow2 layers: freezes for checkpoints
 //! and forks), [`netns`] (a `nat` guest's namespace for pasta), [`qmp`], [`console`] (the bounded console log), [`accel`] and [`probe`] (KVM or TCG), [`vmlinux`]
-//! (the kernel ELF QEMU boots through its PVH entry), [`vm`] (the running guest).
+//! (the kernel ELF QEMU boots through its PVH entry), [`vm`] (the running guest), [`migrate`]
+//! (a running guest saved, and resumed by another QEMU: live forks).
 
 pub mod accel;
 pub mod cache;
@@ -24,6 +25,7 @@ mod error;
 pub mod initramfs;
 pub mod kernel;
 pub mod layers;
+pub mod migrate;
 pub mod netns;
 pub mod probe;
 pub mod qemu;

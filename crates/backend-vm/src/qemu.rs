@@ -336,6 +336,19 @@ pub fn spawn(
     console: &OwnedFd,
     stderr_log: &Path,
 ) -> Result<Child> {
+    spawn_with(config, channel, qmp, console, false, stderr_log)
+}
+
+/// [`spawn`], and with `paused` a QEMU whose guest does not start (`-S`): one that loads a
+/// saved guest before it runs (see [`crate::migrate`]).
+pub fn spawn_with(
+    config: &QemuConfig,
+    channel: &OwnedFd,
+    qmp: &OwnedFd,
+    console: &OwnedFd,
+    paused: bool,
+    stderr_log: &Path,
+) -> Result<Child> {
     let stderr = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -357,10 +370,11 @@ pub fn spawn(
     let supervisor = std::process::id();
     let own_netns = config.nat.is_some();
     let mut command = Command::new(QEMU);
-    command
-        .args(argv(config))
-        .stdin(Stdio::null())
-        .stderr(Stdio::from(stderr));
+    command.args(argv(config));
+    if paused {
+        command.arg("-S");
+    }
+    command.stdin(Stdio::null()).stderr(Stdio::from(stderr));
     // SAFETY: the closure runs in the child between fork and exec and only makes
     // async-signal-safe system calls (prctl, getppid, unshare, dup2, _exit); it allocates
     // nothing.

@@ -58,15 +58,64 @@ impl Qmp {
         self.send_and_wait(command, arguments)
     }
 
+    /// Runs `command` with `arguments`, passing QEMU the descriptor `fd` with it (SCM_RIGHTS:
+    /// what `getfd` takes).
+    pub fn execute_passing_fd(
+        &mut self,
+        command: &str,
+        arguments: Option<Value>,
+        fd: std::os::fd::BorrowedFd<'_>,
+        timeout: Duration,
+    ) -> Result<Value> {
+        self.execute("query-status", timeout)?;
+        self.send(command, arguments, Some(fd))?;
+        self.wait_for(command)
+    }
+
     fn send_and_wait(&mut self, command: &str, arguments: Option<Value>) -> Result<Value> {
+        self.send(command, arguments, None)?;
+        self.wait_for(command)
+    }
+
+    fn send(
+        &mut self,
+        command: &str,
+        arguments: Option<Value>,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<()> {
+        use std::os::fd::AsRawFd;
         let mut request = serde_json::json!({ "execute": command });
         if let Some(arguments) = arguments {
             request["arguments"] = arguments;
         }
         let line = request.to_string() + "\n";
-        self.writer
-            .write_all(line.as_bytes())
-            .map_err(|err| VmError::Qmp(format!("sending {command}: {err}")))?;
+        let sent = match fd {
+            None => self.writer.write_all(line.as_bytes()),
+            Some(fd) => {
+                let fds = [fd.as_raw_fd()];
+                let control = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+                let iov = [std::io::IoSlice::new(line.as_bytes())];
+                match nix::sys::socket::sendmsg::<()>(
+                    self.writer.as_raw_fd(),
+                    &iov,
+                    &control,
+                    nix::sys::socket::MsgFlags::empty(),
+                    None,
+                ) {
+                    // A line this short goes whole into a Unix socket with room, or not at all.
+                    Ok(n) if n == line.len() => Ok(()),
+                    Ok(n) => Err(std::io::Error::other(format!(
+                        "only {n} of {} bytes went",
+                        line.len()
+                    ))),
+                    Err(err) => Err(err.into()),
+                }
+            }
+        };
+        sent.map_err(|err| VmError::Qmp(format!("sending {command}: {err}")))
+    }
+
+    fn wait_for(&mut self, command: &str) -> Result<Value> {
         loop {
             let message = self.read_message()?;
             if let Some(value) = message.get("return") {

@@ -138,7 +138,18 @@ impl Vm {
     /// returns once the agent has spoken on the channel. On failure nothing keeps running and
     /// the error carries the last lines of the console and of QEMU's own log.
     pub fn boot(spec: &VmSpec) -> Result<Vm> {
+        Self::boot_with(spec, false)
+    }
+
+    /// [`Vm::boot`], or with `paused` (over the kept disk) a QEMU whose guest does not start,
+    /// returned at once: one that loads a saved guest (see [`crate::migrate`]).
+    pub(crate) fn boot_with(spec: &VmSpec, paused: bool) -> Result<Vm> {
         validate(spec)?;
+        if paused && !spec.reuse_disk {
+            return Err(VmError::InvalidSpec(
+                "a saved guest resumes over the disk saved with it, not a fresh one".into(),
+            ));
+        }
         let kernel = kernel::find(spec.kernel_root.as_deref().unwrap_or(&spec.rootfs))?;
         let accel = accel::choose(spec.accel, &spec.cache_dir, &kernel.image)?;
         let machine = machine(&spec.cache_dir)?;
@@ -189,7 +200,7 @@ impl Vm {
             nat: spec.nat_dns,
             cache_disk: spec.cache_disk.clone(),
         };
-        let booted = start(&config, &paths, spec.boot_timeout);
+        let booted = start(&config, &paths, spec.boot_timeout, paused);
         if booted.is_err() && fresh_disk {
             let _ = fs::remove_file(&paths.disk);
         }
@@ -197,6 +208,11 @@ impl Vm {
             prune_cache_aside(&spec.cache_dir, &spec.state_dir);
         }
         booted
+    }
+
+    /// The QMP connection, for what [`crate::migrate`] asks of QEMU.
+    pub(crate) fn qmp(&mut self) -> &mut Qmp {
+        &mut self.qmp
     }
 
     /// The host end of the agent channel (taken once).
@@ -234,7 +250,7 @@ impl Vm {
     }
 
     /// Waits for the console relay to copy what QEMU wrote (QEMU has exited).
-    fn join_console(&mut self) {
+    pub(crate) fn join_console(&mut self) {
         if let Some(relay) = self.console_relay.take() {
             let _ = relay.join();
         }
@@ -511,7 +527,7 @@ fn ask_machine() -> Result<Machine> {
     )
 }
 
-fn start(config: &QemuConfig, paths: &VmPaths, timeout: Duration) -> Result<Vm> {
+fn start(config: &QemuConfig, paths: &VmPaths, timeout: Duration, paused: bool) -> Result<Vm> {
     let pair = |what: &str| {
         UnixStream::pair()
             .map_err(|err| VmError::Unavailable(format!("creating the {what} socketpair: {err}")))
@@ -521,11 +537,12 @@ fn start(config: &QemuConfig, paths: &VmPaths, timeout: Duration) -> Result<Vm> 
     let (console, console_qemu) = pair("console")?;
     let console_relay = console::relay(console, &paths.console_log)?;
     // QEMU's ends are closed here once it has its copies: its exit is then the relay's end.
-    let mut child = qemu::spawn(
+    let mut child = qemu::spawn_with(
         config,
         &OwnedFd::from(channel_qemu),
         &OwnedFd::from(qmp_qemu),
         &OwnedFd::from(console_qemu),
+        paused,
         &paths.qemu_log,
     )?;
     let pid = child.id();
@@ -559,6 +576,10 @@ fn start(config: &QemuConfig, paths: &VmPaths, timeout: Duration) -> Result<Vm> 
         paths: paths.clone(),
         accel: config.accel,
     };
+    if paused {
+        // Its guest is loaded, then started, by the caller.
+        return Ok(vm);
+    }
     wait_for_agent(vm, timeout)
 }
 

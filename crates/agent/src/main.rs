@@ -57,6 +57,7 @@ mod reaper;
 mod repo;
 mod script;
 mod server;
+mod session;
 mod spawn;
 mod statedir;
 mod sudo;

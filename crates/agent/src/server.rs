@@ -27,6 +27,7 @@ use crate::forward::Forwards;
 use crate::input::{self, Input, InputReader};
 use crate::outbox::Outbox;
 use crate::process_group::Stop;
+use crate::session::{self, Gate};
 use crate::{clone, repo, statedir, unpack, vmstat};
 
 /// Finished stream ids remembered so that a `Cancel` racing with the end of its exec is
@@ -49,6 +50,8 @@ enum FrameError {
     GuestBit(u32),
     #[error("stream {0} is already open")]
     AlreadyOpen(u32),
+    #[error("a rejoin goes on the control stream, before any other request")]
+    RejoinOffControl,
 }
 
 /// Why [`serve`] returned.
@@ -115,18 +118,13 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (outbox, rx) = Outbox::channel();
-    let writer_task = tokio::spawn(write_frames(FrameWriter::new(writer), rx));
-    let hello = Hello {
-        protocol: PROTOCOL_VERSION,
-        agent_version: env!("CARGO_PKG_VERSION").into(),
-    };
-    outbox
-        .send(Frame::new(
-            CONTROL_STREAM,
-            FrameKind::Hello,
-            to_payload(&hello),
-        ))
-        .await;
+    let gate = Arc::new(Gate::default());
+    let writer_task = tokio::spawn(session::write_frames(
+        FrameWriter::new(writer),
+        rx,
+        Arc::clone(&gate),
+    ));
+    send_hello(&outbox).await;
 
     let mut server = Server {
         config: Arc::new(config),
@@ -136,6 +134,7 @@ where
         repo_lock: Arc::default(),
         egress: Arc::default(),
         forwards: Forwards::default(),
+        gate,
     };
     let mut frames = FrameReader::new(reader);
     let ended = loop {
@@ -169,11 +168,33 @@ struct Server {
     egress: Arc<Egress>,
     /// The host's port-forward connections, carried as tunnels.
     forwards: Forwards,
+    /// Holds the writer for a live fork's save (see [`session`]).
+    gate: Arc<Gate>,
+}
+
+/// The first frame of a session.
+async fn send_hello(outbox: &Outbox) {
+    let hello = Hello {
+        protocol: PROTOCOL_VERSION,
+        agent_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    outbox
+        .send(Frame::new(
+            CONTROL_STREAM,
+            FrameKind::Hello,
+            to_payload(&hello),
+        ))
+        .await;
 }
 
 impl Server {
     async fn dispatch(&mut self, frame: Frame) {
         let id = frame.stream;
+        if id != CONTROL_STREAM {
+            // Only a rejoin comes on the control stream: anything else is the saved guest's
+            // own host, after a save (see `session`).
+            self.gate.release_if_held();
+        }
         if id & GUEST_STREAM_BIT != 0 && frame.kind != FrameKind::Open {
             return self.egress.route(frame, &self.outbox).await;
         }
@@ -265,6 +286,9 @@ impl Server {
 
     async fn open(&mut self, id: u32, payload: &[u8]) {
         if id == CONTROL_STREAM {
+            if let Ok(Request::Rejoin(req)) = from_payload::<Request>("request", payload) {
+                return self.rejoin(&req).await;
+            }
             return self.outbox.send_error(id, FrameError::ControlStream).await;
         }
         if id & GUEST_STREAM_BIT != 0 {
@@ -385,6 +409,19 @@ impl Server {
                 });
             }
             Request::Connect(req) => self.forwards.open(id, req, &self.outbox).await,
+            Request::Pause => {
+                self.gate.hold_after(id);
+                self.outbox.send_done(id, &Response::Pong).await
+            }
+            Request::Resume => {
+                self.gate.release(None);
+                self.outbox.send_done(id, &Response::Pong).await
+            }
+            Request::Rejoin(_) => {
+                self.outbox
+                    .send_error(id, FrameError::RejoinOffControl)
+                    .await
+            }
             Request::DiskHealth => {
                 let _ = self.register(id, false);
                 self.spawn_stream(id, async move {
@@ -437,6 +474,33 @@ impl Server {
                 Err(err) => outbox.send_error(id, err).await,
             }
         });
+    }
+
+    /// Leaves the session of the host whose guest this was saved from, for one with the
+    /// host that resumed it (see [`session`]): the old session's commands run on detached,
+    /// its port forwards and egress listener end (the new host sets its own up), and the
+    /// new session starts with a `Hello` under the host's name and clock.
+    async fn rejoin(&mut self, req: &dynocap_proto::RejoinRequest) {
+        let hostname = &req.hostname;
+        session::take_identity(hostname, req.unix_ms);
+        let old = std::mem::take(&mut self.streams);
+        {
+            let mut old = lock(&old);
+            old.inputs.clear();
+            for window in old.windows.values() {
+                window.add_permits(session::DETACHED_CREDIT);
+            }
+        }
+        self.tasks.detach_all();
+        std::mem::take(&mut self.forwards).close_all();
+        if let Some(listener) = self.egress.stop() {
+            let _ = listener.await;
+        }
+        let (outbox, rx) = Outbox::channel();
+        self.outbox = outbox;
+        send_hello(&self.outbox).await;
+        self.gate.release(Some(rx));
+        log!("rejoined as {hostname}: a new session with the host that resumed this guest");
     }
 
     /// Kills every exec still running and waits (bounded) for them to finish.
@@ -535,20 +599,6 @@ fn unless_failed(
 fn log_join_error(result: Result<(), tokio::task::JoinError>) {
     if let Err(err) = result {
         log!("a stream task failed: {err}");
-    }
-}
-
-/// The only writer of the channel. On a write error the host is gone: the receiver is dropped
-/// so that every later send is a no-op.
-async fn write_frames<W: AsyncWrite + Unpin>(
-    mut writer: FrameWriter<W>,
-    mut rx: mpsc::Receiver<Frame>,
-) {
-    while let Some(frame) = rx.recv().await {
-        if let Err(err) = writer.write_owned(frame).await {
-            log!("writing to the host failed: {err}; further frames are dropped");
-            return;
-        }
     }
 }
 

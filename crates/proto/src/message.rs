@@ -73,6 +73,27 @@ pub enum Request {
     /// stream is then a tunnel ([`crate::tunnel`]) carrying that connection's bytes, ended by
     /// either side's `Done` or `Error` (an `Error` first when nothing listens there).
     Connect(ConnectRequest),
+    /// Hold the agent's frames after this request's `Done(Response::Pong)` until a `Resume`
+    /// or a `Rejoin`: the host saves the guest for a live fork while nothing is in flight on
+    /// the channel either way (it sends nothing after this request meanwhile).
+    Pause,
+    /// The saved guest's own host, after the save: the agent's frames flow again; answered
+    /// with `Done(Response::Pong)`.
+    Resume,
+    /// Sent on the control stream by the host of a guest resumed from another's save (a live
+    /// fork), before anything else: the agent leaves the saved host's session (its commands
+    /// run on, their output unread), takes `hostname` and the host's clock (the saved
+    /// guest's is behind by the time since the save) and answers with a new `Hello`.
+    Rejoin(RejoinRequest),
+}
+
+/// See [`Request::Rejoin`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RejoinRequest {
+    pub hostname: String,
+    /// The host's wall clock, milliseconds since the Unix epoch.
+    pub unix_ms: u64,
 }
 
 /// See [`Request::Connect`].

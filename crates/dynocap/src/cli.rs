@@ -266,6 +266,11 @@ pub struct TaskForkArgs {
     /// Start from this checkpoint of the task instead of its current state.
     #[arg(long, value_name = "LABEL")]
     pub checkpoint: Option<String>,
+    /// Keep the task's running processes (a dev server, a build daemon): the guest is saved
+    /// as it runs and the fork resumes it. vm backend only; the network may not add or remove
+    /// nat.
+    #[arg(long, conflicts_with = "checkpoint")]
+    pub live: bool,
     /// Lifetime in seconds (default: the parent's TTL).
     #[arg(long = "ttl", value_name = "SECONDS", value_parser = whole_number)]
     pub ttl_seconds: Option<u64>,

@@ -101,6 +101,7 @@ pub async fn fork(engine: &Engine, json: bool, args: TaskForkArgs) -> Result<Exi
         ttl_seconds: args.ttl_seconds,
         network: args.network.as_deref().map(Network::parse).transpose()?,
         allow_hosts: args.allow_hosts,
+        live: args.live,
     };
     let started = std::time::Instant::now();
     let info = engine.task_fork(&args.name, &spec, &|_| {}).await?;
@@ -109,9 +110,14 @@ pub async fn fork(engine: &Engine, json: bool, args: TaskForkArgs) -> Result<Exi
         return Ok(ExitCode::SUCCESS);
     }
     sayln!(
-        "task {} ({}) forked from {}{} in {} ms; network {}, expires {}",
+        "task {} ({}) forked{} from {}{} in {} ms; network {}, expires {}",
         info.name.as_deref().unwrap_or(&info.id),
         info.id,
+        if spec.live {
+            " live (its processes running)"
+        } else {
+            ""
+        },
         args.name,
         spec.checkpoint
             .as_deref()

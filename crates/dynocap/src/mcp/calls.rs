@@ -223,6 +223,16 @@ impl Tools {
                 ),
             ));
         }
+        if args.boolean("live")? == Some(true) {
+            return Err(self.refuse(
+                tool,
+                Refusal::invalid_argument(
+                    "fork.live",
+                    "live is for a fork (it keeps the running processes of the task given as \
+                     fromTask); give fromTask too",
+                ),
+            ));
+        }
         let project_path = args.string("projectPath")?;
         let repository_url = args.string("repositoryUrl")?;
         let ssh_key = args.string("sshKeyPath")?;

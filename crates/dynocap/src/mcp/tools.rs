@@ -511,6 +511,19 @@ cancelling the request stops the start and leaves nothing behind.",
                               (dynocap_checkpoint) instead of its current state.",
             },
             Param {
+                name: "live",
+                kind: Kind::Boolean { default: false },
+                required: false,
+                description: "With fromTask, on the vm backend: keep the task's running \
+                              processes (a dev server, a build daemon, a job's command): the \
+                              guest is saved as it runs (paused for the save) and the fork \
+                              resumes it. The parent's jobs stay the parent's (the fork runs \
+                              their processes, unlisted). Not with checkpoint, nor with a \
+                              network that adds or removes nat; refused with \
+                              invalid_argument on the jail backend. A package cache disk comes \
+                              as a copy, the fork's own. Default false.",
+            },
+            Param {
                 name: "history",
                 kind: Kind::Enum {
                     values: HISTORY_VALUES,

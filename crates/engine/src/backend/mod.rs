@@ -19,6 +19,7 @@ mod jail;
 mod jail_ready;
 mod readiness;
 mod vm;
+mod vm_live;
 mod vm_ready;
 
 pub use readiness::Readiness;
@@ -150,6 +151,31 @@ pub trait Guest: Send {
     fn end_network(&mut self) -> Result<()> {
         Ok(())
     }
+    /// Saves the running guest, its processes included, for a live fork whose state
+    /// directory is `fork_dir`: its memory and devices and a copy of its disk, taken while it
+    /// is paused; then it runs on. Blocking.
+    fn save_live(&mut self, _fork_dir: &std::path::Path) -> Result<LiveSaved> {
+        Err(Error::invalid(
+            "a live fork (--live) keeps the guest's running processes, which only the vm \
+             backend can save; this task runs on another backend: fork it without --live",
+        ))
+    }
+    /// For a guest resumed from another's save ([`Guest::save_live`]): the hostname its agent,
+    /// in the middle of the saved guest's session, is asked to start a new one under.
+    fn rejoin_as(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// What [`Guest::save_live`] made.
+#[derive(Debug, Clone, Copy)]
+pub struct LiveSaved {
+    /// The saved memory and devices, in bytes.
+    pub state_bytes: u64,
+    /// The disk's copy, in bytes.
+    pub disk_bytes: u64,
+    /// How long the guest was paused.
+    pub paused: std::time::Duration,
 }
 
 /// Where a guest's writes wait before they reach the host's disk, so that a task's work is

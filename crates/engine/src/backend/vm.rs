@@ -38,6 +38,8 @@ struct VmGuest {
     paths: VmPaths,
     /// The layer's virtual size, for its reservation.
     disk_bytes: u64,
+    /// A live fork's resumed guest: the hostname its agent rejoins under.
+    rejoin: Option<String>,
     /// pasta, for a `nat` guest.
     usernet: Option<dynocap_host::UserNet>,
     /// The hold on the project's cache disk while this guest has it read-write.
@@ -90,6 +92,8 @@ impl Backend for VmBackend {
         // one goes without: a copy-on-write layer over it would take host room nothing set
         // aside.
         let cache = match &spec.project_cache {
+            // A live fork's guest has the copy of its parent's (see `vm_live`).
+            Some(_) if super::vm_live::resuming(spec) => None,
             Some(cache) => {
                 let with_apt = spec.image.root.join("var/cache/apt/archives").is_dir();
                 let disk = cache.vm_disk(with_apt)?;
@@ -133,7 +137,7 @@ impl Backend for VmBackend {
                     spots: cache.spots.clone(),
                 }),
         };
-        let vm = Vm::boot(&vm_spec).map_err(vm_error)?;
+        let (vm, resumed) = super::vm_live::boot_or_resume(&vm_spec).map_err(vm_error)?;
         // The guest has only just reached its agent; nothing in it has run yet that could
         // want the network. On failure `vm` is dropped, which kills QEMU.
         let usernet = if nat {
@@ -161,6 +165,7 @@ impl Backend for VmBackend {
             paths: vm.paths().clone(),
             vm: Arc::new(Mutex::new(Some(vm))),
             disk_bytes: vm_spec.disk_bytes,
+            rejoin: resumed.then(|| spec.hostname.clone()),
             usernet,
             _cache_lock: cache.map(|cache| cache.lock),
         }))
@@ -350,6 +355,19 @@ impl Guest for VmGuest {
             bytes: self.disk_bytes,
             layout: crate::host::disk_room::Layout::Growing,
         })
+    }
+    fn save_live(&mut self, fork_dir: &Path) -> Result<super::LiveSaved> {
+        let saved = super::vm_live::save(lock(&self.vm).as_mut().ok_or_else(gone)?, fork_dir)?;
+        // The parent goes on on a new layer, whose room is reserved as the first one's was.
+        if let Some(room) = self.disk_room() {
+            if let Err(err) = room.reserve() {
+                tracing::warn!("reserving the room of the vm's new disk layer: {err}");
+            }
+        }
+        Ok(saved)
+    }
+    fn rejoin_as(&self) -> Option<&str> {
+        self.rejoin.as_deref()
     }
     fn layered_disk(&self) -> Option<Arc<dyn LayeredDisk>> {
         Some(Arc::new(VmLayers {

@@ -30,6 +30,8 @@ pub struct ForkSpec {
     pub network: Option<Network>,
     /// For a `filtered` fork: its allowlist; empty keeps the parent's (or the host's default).
     pub allow_hosts: Vec<String>,
+    /// Keep the parent's running processes: the vm backend's live fork (see `live_forks`).
+    pub live: bool,
 }
 
 impl Engine {
@@ -142,6 +144,9 @@ impl Engine {
         let parent = self.live_record(target, Kind::Task)?;
         let ttl = spec.ttl_seconds.unwrap_or(parent.ttl_seconds);
         let network = spec.network.unwrap_or(parent.network);
+        if spec.live {
+            super::live_forks::check(spec, &parent, network)?;
+        }
         self.admit(parent.cpus, parent.memory_mb, parent.disk_mb, ttl)?;
         crate::host::usernet::ensure_available(network)?;
         let parent_detail = TaskDetail::from_json(parent.detail.as_deref())?;
@@ -208,12 +213,19 @@ impl Engine {
             armed: true,
         };
         progress(crate::supervisor::workspace::step(match &spec.checkpoint {
+            _ if spec.live => "saving the running task",
             Some(_) => "copying the checkpoint's files",
             None => "copying the task's files",
         }));
-        let seed = ControlRequest::SeedFork {
-            fork_id: record.id.clone(),
-            checkpoint: spec.checkpoint.clone(),
+        let seed = if spec.live {
+            ControlRequest::SeedLiveFork {
+                fork_id: record.id.clone(),
+            }
+        } else {
+            ControlRequest::SeedFork {
+                fork_id: record.id.clone(),
+                checkpoint: spec.checkpoint.clone(),
+            }
         };
         match self.call(&parent, &seed).await? {
             ControlReply::Forked => {}

@@ -15,6 +15,7 @@ pub mod image_admin;
 pub mod image_pull;
 pub mod image_recipe;
 pub mod jobs;
+mod live_forks;
 pub mod pool;
 pub mod ports;
 pub mod repair;

@@ -1219,7 +1219,8 @@ fn reply_deadline(request: &ControlRequest) -> Duration {
         ControlRequest::Checkpoint { .. }
         | ControlRequest::DeleteCheckpoint { .. }
         | ControlRequest::Restore { .. }
-        | ControlRequest::SeedFork { .. } => Duration::from_secs(1800),
+        | ControlRequest::SeedFork { .. }
+        | ControlRequest::SeedLiveFork { .. } => Duration::from_secs(1800),
         ControlRequest::Checkpoints => Duration::from_secs(30),
         ControlRequest::StartJob { wait_ms, .. } => {
             Duration::from_millis(*wait_ms) + Duration::from_secs(60)

@@ -49,6 +49,8 @@ pub struct AgentConn {
     tunnel_handler: Arc<Mutex<Option<TunnelHandler>>>,
     /// Tunnels on streams this side opened ([`AgentConn::open_tunnel`]: port forwards).
     host_tunnels: Tunnels,
+    /// Holds the writer still while the guest is saved for a live fork (see `live_fork`).
+    pub(crate) hold: Arc<crate::supervisor::live_fork::WriterHold>,
 }
 
 /// One request in flight: its frames, in order, until `Done` or `Error`.
@@ -90,10 +92,16 @@ impl AgentConn {
 
         let (outgoing, mut queue) = mpsc::channel::<Frame>(1024);
         let mut writer = FrameWriter::new(write);
+        let hold = Arc::new(crate::supervisor::live_fork::WriterHold::default());
+        let writer_hold = Arc::clone(&hold);
         tokio::spawn(async move {
             while let Some(frame) = queue.recv().await {
+                let holds = writer_hold.holds_after(&frame);
                 if writer.write_owned(frame).await.is_err() {
                     break;
+                }
+                if holds {
+                    writer_hold.released().await;
                 }
             }
         });
@@ -159,6 +167,7 @@ impl AgentConn {
                 next_stream: Arc::new(AtomicU32::new(1)),
                 tunnel_handler,
                 host_tunnels,
+                hold,
             },
             hello,
         ))

@@ -56,6 +56,11 @@ pub enum ControlRequest {
         #[serde(default)]
         checkpoint: Option<String>,
     },
+    /// Tasks on the vm backend: the state directory of a live fork `fork_id` of this task,
+    /// the running guest saved with its processes; answered with `Forked`.
+    SeedLiveFork {
+        fork_id: String,
+    },
     /// Tasks: the patch baseline → working tree, with the host's summary.
     Diff,
     /// Tasks: final diff, guest destroyed, patch verified, results written. Generated files

@@ -17,6 +17,7 @@ pub mod files;
 pub mod finish;
 pub mod import;
 pub mod jobs;
+pub(crate) mod live_fork;
 pub(crate) mod leftovers;
 pub(crate) mod oom;
 pub mod ports;

@@ -45,6 +45,7 @@ mod ending;
 mod failure;
 mod files;
 mod jobs;
+mod live_fork;
 mod network;
 mod requests;
 mod state;
@@ -445,10 +446,12 @@ async fn serve(
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);
     let (claim_tx, mut claim_rx) = mpsc::channel::<(Claim, OwnedWriteHalf)>(4);
     let (connect_tx, mut connect_rx) = mpsc::channel::<tokio::net::UnixStream>(4);
+    let (live_tx, mut live_rx) = live_fork::queue();
     let main_loop = MainLoop {
         end: end_tx,
         claim: claim_tx,
         connect: connect_tx,
+        live: live_tx,
     };
     let mut network = NetworkWatch::new(guest.as_ref());
     let guest_exit = match AsyncFd::new(guest.exit_fd().as_raw_fd()) {
@@ -506,6 +509,11 @@ async fn serve(
                 let _ = write_message(&mut waiter, &reply).await;
             }
             Some(_) = clients.join_next(), if !clients.is_empty() => {}
+            Some((dir, answer)) = live_rx.recv() => {
+                // Inline, on this one-threaded runtime: for the few seconds of the guest's
+                // pause its agent's channel is held still anyway (see `live_fork`).
+                let _ = answer.send(guest.save_live(&dir));
+            }
             Some((request, waiter)) = end_rx.recv() => {
                 waiters.push(waiter);
                 break match request {

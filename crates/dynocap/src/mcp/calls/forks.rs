@@ -72,6 +72,7 @@ impl Tools {
             ttl_seconds: args.integer("ttlSeconds")?,
             network: Some(Network::parse(&network)?),
             allow_hosts: chosen.allow_hosts,
+            live: args.boolean("live")?.unwrap_or(false),
         };
         let mut info = self.engine.task_fork(&parent, &spec, progress).await?;
         let target = info.name.clone().unwrap_or_else(|| info.id.clone());

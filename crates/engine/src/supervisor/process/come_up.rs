@@ -132,7 +132,11 @@ pub(super) async fn connect_agent(guest: &mut dyn Guest) -> Result<AgentConn> {
         .set_nonblocking(true)
         .context("configuring the agent channel")?;
     let stream = UnixStream::from_std(stream).context("registering the agent channel")?;
-    let (read, write) = stream.into_split();
+    let (read, mut write) = stream.into_split();
+    if let Some(hostname) = guest.rejoin_as() {
+        // A live fork's guest: its agent speaks once asked to leave its parent's session.
+        crate::supervisor::live_fork::rejoin(&mut write, hostname).await?;
+    }
     let (conn, hello) = AgentConn::start(read, write, AGENT_HELLO_TIMEOUT).await?;
     tracing::info!(target: LOG_TARGET, "agent {} ready", hello.agent_version);
     Ok(conn)

@@ -231,6 +231,9 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
             fork_id,
             checkpoint,
         } => super::checkpoints::seed_fork(shared, fork_id, checkpoint).await,
+        ControlRequest::SeedLiveFork { fork_id } => {
+            super::live_fork::seed(shared, main_loop, fork_id).await
+        }
         ControlRequest::Restore { label } => {
             match super::checkpoints::check_restore(shared, &label) {
                 Ok(()) => {

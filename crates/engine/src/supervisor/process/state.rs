@@ -156,6 +156,8 @@ pub(super) struct MainLoop {
     pub(super) claim: mpsc::Sender<(Claim, OwnedWriteHalf)>,
     /// A connection of the supervisor's own, to serve as a client's (a job's exec).
     pub(super) connect: mpsc::Sender<tokio::net::UnixStream>,
+    /// The guest saved for a live fork (see `live_fork`).
+    pub(super) live: mpsc::Sender<super::live_fork::LiveSave>,
 }
 
 /// Requests that end the sandbox; the main loop handles them after leaving its select.

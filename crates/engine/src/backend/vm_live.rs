@@ -1,0 +1,95 @@
+//! The vm backend's live forks: a running guest saved with its processes
+//! ([`dynocap_backend_vm::migrate`]) into a fork's state directory, with its disk frozen in
+//! the same pause ([`dynocap_backend_vm::layers`]: the parent goes on on a new layer, the
+//! fork gets the frozen chain's links and a new layer of its own), and the fork's QEMU
+//! resuming it instead of booting.
+//!
+//! A guest with the project's package cache disk (one guest's at a time, and the parent's
+//! goes on changing) gives the fork a sparse copy of it taken in the same pause, the fork's
+//! own from then on: what the fork downloads stays with it. Refused, in the facade, where the
+//! resumed guest could not be right: a fork whose network would add or remove the guest's NIC
+//! (the saved devices are the parent's). A `nat` fork's guest keeps its address, gateway and resolver
+//! (slirp's, the same in every QEMU) and reaches out through its own QEMU's slirp and pasta;
+//! connections the parent had open do not survive into it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use dynocap_backend_vm::qemu::CacheDisk;
+use dynocap_backend_vm::{layers, migrate, Vm, VmError, VmPaths, VmSpec};
+
+use super::LiveSaved;
+use crate::foundation::error::{Error, Result};
+
+/// How long the save of a guest's memory may take (a few GiB at disk speed).
+const SAVE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Saves the running guest `vm` for the fork whose state directory is `fork_dir` (see the
+/// module doc). Blocking.
+pub(super) fn save(vm: &mut Vm, fork_dir: &Path) -> Result<LiveSaved> {
+    let fork = VmPaths::at(fork_dir);
+    std::fs::create_dir_all(&fork.dir)
+        .map_err(|err| Error::internal(format!("creating {}: {err}", fork.dir.display())))?;
+    let saved = migrate::save(
+        vm,
+        &migrate::state_file(fork_dir),
+        &mut |vm: &mut Vm| {
+            let frozen = vm.snapshot_layer()?;
+            let from = vm.paths().dir.clone();
+            layers::link_chain(&from, &frozen.name, &fork.dir)?;
+            layers::new_layer_over(&fork.dir, &frozen.name, &fork.disk)?;
+            let mut bytes = frozen.bytes;
+            if let Some(image) = migrate::cache_image(vm)? {
+                let copy = fork.dir.join(migrate::CACHE_COPY);
+                bytes += dynocap_backend_jail::copy_sparse(&image, &copy).map_err(|source| {
+                    VmError::Io {
+                        context: format!("copying the package cache disk to {}", copy.display()),
+                        source,
+                    }
+                })?;
+            }
+            Ok(bytes)
+        },
+        SAVE_TIMEOUT,
+    )
+    .map_err(|err| match err {
+        VmError::InvalidSpec(_) => Error::invalid(err.to_string()),
+        other => Error::internal(format!("saving the guest for the live fork: {other}")),
+    })?;
+    Ok(LiveSaved {
+        state_bytes: saved.state_bytes,
+        disk_bytes: saved.disk_bytes,
+        paused: saved.paused,
+    })
+}
+
+/// Whether the guest of `spec` resumes a saved one (see [`boot_or_resume`]): the project's
+/// package cache is then not its to take.
+pub(super) fn resuming(spec: &super::BootSpec) -> bool {
+    resumes(spec.reuse_layer, &spec.state_dir)
+}
+
+fn resumes(reuse_disk: bool, state_dir: &Path) -> bool {
+    reuse_disk && migrate::state_file(state_dir).is_file()
+}
+
+/// Boots the guest of `spec`, or resumes the guest saved in its state directory when it
+/// boots over the disk kept there and a saved guest is there too (a live fork's first boot).
+/// The flag says which.
+pub(super) fn boot_or_resume(spec: &VmSpec) -> std::result::Result<(Vm, bool), VmError> {
+    let state = migrate::state_file(&spec.state_dir);
+    if resumes(spec.reuse_disk, &spec.state_dir) {
+        // The saved guest's devices: its package cache disk is the copy taken with it.
+        let copy = VmPaths::at(&spec.state_dir).dir.join(migrate::CACHE_COPY);
+        let spec = VmSpec {
+            cache_disk: copy.is_file().then(|| CacheDisk {
+                image: copy,
+                throwaway: false,
+                spots: String::new(),
+            }),
+            ..spec.clone()
+        };
+        return migrate::resume(&spec, &state, spec.boot_timeout).map(|vm| (vm, true));
+    }
+    Vm::boot(spec).map(|vm| (vm, false))
+}

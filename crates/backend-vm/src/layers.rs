@@ -133,13 +133,24 @@ pub fn snapshot_layer(qmp: &mut Qmp, paths: &VmPaths) -> Result<FrozenLayer> {
             "driver": "qcow2",
             "node-name": node_name(&id),
             "discard": "ignore",
-            "file": { "driver": "file", "filename": format!("/dev/fdset/{fdset}") },
+            "file": { "driver": "file", "filename": format!("/dev/fdset/{}", fdset.id) },
             "backing": null,
         })),
         QMP_TIMEOUT,
     );
     if let Err(err) = added {
-        undo(qmp, Some(fdset), false);
+        undo(qmp, Some(fdset.id), false);
+        return Err(err);
+    }
+    // QEMU has its own copy of the read-write descriptor now. The set's copy goes: it shares
+    // the open file, and with it the file's locks, which would outlive the reopen read-only
+    // once the layer is frozen and keep a fork's QEMU from opening it.
+    if let Err(err) = qmp.execute_with(
+        "remove-fd",
+        Some(json!({ "fdset-id": fdset.id, "fd": fdset.rw_fd })),
+        QMP_TIMEOUT,
+    ) {
+        undo(qmp, Some(fdset.id), true);
         return Err(err);
     }
     let visible = ChrootLink::make(paths);
@@ -150,7 +161,7 @@ pub fn snapshot_layer(qmp: &mut Qmp, paths: &VmPaths) -> Result<FrozenLayer> {
     );
     drop(visible);
     if let Err(err) = switched {
-        undo(qmp, Some(fdset), true);
+        undo(qmp, Some(fdset.id), true);
         return Err(err);
     }
     // The guest writes to the new layer from here: it takes the disk's name.
@@ -246,9 +257,8 @@ fn seal(path: &Path) -> Result<u64> {
 }
 
 /// Hands QEMU two descriptors of the new layer `path`, read-write for the guest's writes and
-/// read-only for QEMU to reopen it with once it is frozen in turn, in one fd set. Returns the
-/// set's id.
-fn hand_over(qmp: &mut Qmp, path: &Path) -> Result<u64> {
+/// read-only for QEMU to reopen it with once it is frozen in turn, in one fd set.
+fn hand_over(qmp: &mut Qmp, path: &Path) -> Result<FdSet> {
     let open = |write: bool| {
         fs::OpenOptions::new()
             .read(true)
@@ -260,10 +270,12 @@ fn hand_over(qmp: &mut Qmp, path: &Path) -> Result<u64> {
     let (rw, ro) = (open(true)?, open(false)?);
     let answer =
         qmp.execute_passing_fd("add-fd", None, std::os::fd::AsFd::as_fd(&rw), QMP_TIMEOUT)?;
-    let fdset = answer
-        .get("fdset-id")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| VmError::Qmp(format!("add-fd answered {answer}")))?;
+    let (Some(fdset), Some(rw_fd)) = (
+        answer.get("fdset-id").and_then(Value::as_u64),
+        answer.get("fd").and_then(Value::as_u64),
+    ) else {
+        return Err(VmError::Qmp(format!("add-fd answered {answer}")));
+    };
     let second = qmp.execute_passing_fd(
         "add-fd",
         Some(json!({ "fdset-id": fdset })),
@@ -274,7 +286,15 @@ fn hand_over(qmp: &mut Qmp, path: &Path) -> Result<u64> {
         let _ = qmp.execute_with("remove-fd", Some(json!({ "fdset-id": fdset })), QMP_TIMEOUT);
         return Err(err);
     }
-    Ok(fdset)
+    Ok(FdSet { id: fdset, rw_fd })
+}
+
+/// The fd set [`hand_over`] made.
+#[derive(Debug, Clone, Copy)]
+struct FdSet {
+    id: u64,
+    /// QEMU's number for the read-write descriptor in it.
+    rw_fd: u64,
 }
 
 /// The node name of the layer with id `id` in QEMU (a node name starts with a letter).
@@ -660,7 +680,8 @@ mod tests {
         assert!(new_layer_over(&other, "disk.qcow2", &other.join("x")).is_err());
     }
 
-    /// A QEMU with the disk as its `root` drive and no guest (`-M none`), its QMP on a socket:
+    /// A QEMU with the disk as its guest's `root` drive (a microvm with nothing to boot), its
+    /// QMP on a socket:
     /// what a freeze talks to. The test writes to the disk with HMP's `qemu-io`, as a guest
     /// would through its virtio disk.
     struct Qemu {
@@ -681,18 +702,38 @@ mod tests {
             let socket = paths.dir.join("qmp.sock");
             let mut drive = std::ffi::OsString::from("if=none,id=root,format=qcow2,file=");
             drive.push(&paths.disk);
-            let child = Command::new(crate::qemu::QEMU)
-                .args(["-M", "none", "-nodefaults", "-display", "none", "-drive"])
+            let mut command = Command::new(crate::qemu::QEMU);
+            command
+                .args(["-M", "microvm", "-m", "64", "-accel", "tcg"])
+                .args(["-nodefaults", "-display", "none", "-drive"])
                 .arg(drive)
+                // The guest's disk takes the write permission (and lock) a device's does, and
+                // the machine runs (QEMU closes a removed fd only then).
+                .args(["-device", "virtio-blk-device,drive=root"]);
+            if nix::unistd::geteuid().is_root() {
+                // As the supervisor runs it: unprivileged, chrooted into an empty directory.
+                let confine =
+                    crate::qemu::Confinement::in_empty_dir(&paths.empty, 65534, 65534).unwrap();
+                command.args(crate::qemu::confinement_args(false, Some(&confine)));
+            }
+            let child = command
                 .arg("-qmp")
                 .arg(format!("unix:{},server=on,wait=off", socket.display()))
                 .stdout(std::process::Stdio::null())
+                .stderr(fs::File::create(paths.dir.join("qemu.log")).unwrap())
                 .spawn()
                 .unwrap();
             let deadline = Instant::now() + Duration::from_secs(20);
+            let mut child = child;
             let stream = loop {
                 if let Ok(stream) = std::os::unix::net::UnixStream::connect(&socket) {
                     break stream;
+                }
+                if let Some(status) = child.try_wait().unwrap() {
+                    panic!(
+                        "QEMU exited ({status}): {}",
+                        fs::read_to_string(paths.dir.join("qemu.log")).unwrap_or_default()
+                    );
                 }
                 assert!(Instant::now() < deadline, "QEMU's QMP socket never came");
                 std::thread::sleep(Duration::from_millis(20));
@@ -787,6 +828,18 @@ mod tests {
             assert!(!own.contains("fail"), "{name}: {own}");
             assert_eq!(&fs::read(&path).unwrap(), bytes, "{name} was written");
         }
+        // A fork's QEMU opens the whole chain under a layer of its own: no layer of it may
+        // still be locked for writing by the running one.
+        let fork = VmPaths::at(&tmp.path().join("fork"));
+        fs::create_dir_all(&fork.dir).unwrap();
+        let top = &frozen[frozen.len() - 1].1;
+        link_chain(&paths.dir, top, &fork.dir).unwrap();
+        new_layer_over(&fork.dir, top, &fork.disk).unwrap();
+        let mut forked = Qemu::start(&fork).unwrap();
+        for (round, _, _) in &frozen {
+            forked.io(&format!("read -P {round} {round}M 1M"));
+        }
+        drop(forked);
         let deep = frozen.len();
         let deadline = Instant::now() + Duration::from_secs(60);
         while frozen_chain(&paths.disk).unwrap().len() == deep {

@@ -10,7 +10,9 @@
 //! On the vm (one task, TCG): a checkpoint is a frozen read-only qcow2 layer holding what was
 //! written, the broken workspace restored from it, and a fork of the restored task's current
 //! state; the source and the fork finish with their own verified patches, the fork after its
-//! source is gone for good (the layers they share outlive it).
+//! source is gone for good (the layers they share outlive it). A vm fork that fails after its
+//! disk is made leaves no record and no files, and a supervisor killed right after freezing
+//! its layer for a checkpoint leaves the task's work for `task finish` to recover.
 
 use serde_json::Value;
 
@@ -287,4 +289,48 @@ fn vm_checkpoints_restores_and_forks_are_layers_the_guests_share() {
         "{patch}"
     );
     assert!(patch.contains("+shared"), "{patch}");
+}
+
+#[test]
+fn an_interrupted_vm_fork_or_checkpoint_leaves_the_source_whole() {
+    let test = "an_interrupted_vm_fork_or_checkpoint_leaves_the_source_whole";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let home = home.with_env(
+        "DYNOCAP_FAILPOINTS",
+        "supervisor.fork.copied=error;supervisor.checkpoint.copied=kill",
+    );
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&["task", "start", &path, "--name", "vs"]);
+    home.task_sh("vs", "echo work >> a.txt");
+    let err = home.json_err(&["task", "fork", "vs", "half"]);
+    assert!(
+        err["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("supervisor.fork.copied")),
+        "{err:#}"
+    );
+    let dirs: Vec<String> = std::fs::read_dir(home.path().join("sandboxes"))
+        .expect("sandboxes")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(dirs, [home.sandbox_id("vs")], "no files of the fork");
+    let state = home.path().join("sandboxes").join(home.sandbox_id("vs"));
+    let making: Vec<_> = std::fs::read_dir(state.join("checkpoints"))
+        .map(|d| d.flatten().collect())
+        .unwrap_or_default();
+    assert!(making.is_empty(), "nothing half-made: {making:?}");
+    // The source goes on, on the layer the fork's freeze left it.
+    assert_eq!(
+        home.task_sh("vs", "echo more >> a.txt; cat a.txt"),
+        "a\nwork\nmore\n"
+    );
+
+    home.json_err(&["task", "checkpoint", "vs", "never"]);
+    let finish = home.json(&["task", "finish", "vs"]);
+    let patch = patch_of(&finish);
+    assert!(patch.contains("+more"), "the work is recovered: {patch}");
 }

@@ -214,8 +214,9 @@ impl Engine {
         };
         progress(crate::supervisor::workspace::step(match &spec.checkpoint {
             _ if spec.live => "saving the running task",
-            Some(_) => "copying the checkpoint's files",
-            None => "copying the task's files",
+            // A copy on the jail, a frozen layer on the vm.
+            Some(_) => "taking the checkpoint's files",
+            None => "taking the task's files",
         }));
         let seed = if spec.live {
             ControlRequest::SeedLiveFork {

@@ -503,6 +503,7 @@ impl Source {
                 store,
                 limits,
                 stop,
+                &|| Ok(()),
             )?;
             hashing.verify(
                 &format!("layer {}", layer.digest),
@@ -518,13 +519,15 @@ impl Source {
                 store,
                 limits,
                 stop,
+                &|| Ok(()),
             )
         }
     }
 }
 
 /// Unpacks a layer blob (gzip or plain tar, by its media type and first bytes) into the
-/// layer store, checking the tar against `diff_id`.
+/// layer store, checking the tar against `diff_id`; `before_install` as in
+/// [`LayerStore::unpack_then`].
 pub(super) fn unpack_blob(
     blob: impl Read,
     media_type: &str,
@@ -532,16 +535,26 @@ pub(super) fn unpack_blob(
     store: &LayerStore,
     limits: Limits,
     stop: &dyn Fn() -> Result<()>,
+    before_install: &dyn Fn() -> Result<()>,
 ) -> Result<Layer> {
-    let mut raw = BufReader::new(blob);
+    let mut raw = BufReader::with_capacity(BLOB_BUFFER, blob);
     let magic = raw
         .fill_buf()
         .with_context(|| format!("reading layer {diff_id}"))?;
     match oci::compression(media_type, magic)? {
-        Compression::Gzip => store.unpack(diff_id, flate2::read::GzDecoder::new(raw), limits, stop),
-        Compression::None => store.unpack(diff_id, raw, limits, stop),
+        Compression::Gzip => store.unpack_then(
+            diff_id,
+            flate2::read::GzDecoder::new(raw),
+            limits,
+            stop,
+            before_install,
+        ),
+        Compression::None => store.unpack_then(diff_id, raw, limits, stop, before_install),
     }
 }
+
+/// Bytes of a blob read at once: fewer, larger reads than `BufReader`'s 8 KiB.
+const BLOB_BUFFER: usize = 256 << 10;
 
 /// The config's diff ids, one per layer of the manifest.
 pub(super) fn diff_ids(config: &oci::ImageConfig, layers: usize) -> Result<Vec<Digest>> {

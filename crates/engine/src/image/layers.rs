@@ -169,6 +169,20 @@ impl LayerStore {
         limits: Limits,
         cancel: &dyn Fn() -> Result<()>,
     ) -> Result<Layer> {
+        self.unpack_then(diff_id, tar, limits, cancel, &|| Ok(()))
+    }
+
+    /// [`LayerStore::unpack`], with `before_install` run once the tar is unpacked and
+    /// matches `diff_id`, before the layer goes in: its error leaves nothing installed (a
+    /// pull streaming the blob into the unpacker waits there for the download to be whole).
+    pub fn unpack_then(
+        &self,
+        diff_id: &Digest,
+        tar: impl Read,
+        limits: Limits,
+        cancel: &dyn Fn() -> Result<()>,
+        before_install: &dyn Fn() -> Result<()>,
+    ) -> Result<Layer> {
         if let Some(layer) = self.get(diff_id) {
             return Ok(layer);
         }
@@ -180,7 +194,9 @@ impl LayerStore {
             std::process::id(),
             rand::random::<u32>()
         ));
-        let result = self.unpack_into(&staging, diff_id, tar, limits, cancel);
+        let result = self
+            .unpack_into(&staging, diff_id, tar, limits, cancel)
+            .and_then(|()| before_install());
         let installed = result.and_then(|()| {
             match fs::rename(&staging, self.layer_dir(diff_id)) {
                 Ok(()) => Ok(()),

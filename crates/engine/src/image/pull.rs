@@ -10,8 +10,9 @@
 //! memory for the pull only: nothing of them is written.
 //!
 //! Blobs are downloaded to `blobs/.partial-*`, checked against their digests, and renamed to
-//! `blobs/sha256/<hex>`; each layer is unpacked into the layer store (keyed by its diff id) as
-//! soon as its blob is whole, and its blob then removed. A layer the store has already is not
+//! `blobs/sha256/<hex>`; each layer is unpacked into the layer store (keyed by its diff id)
+//! from the bytes as they arrive ([`stream`]), goes in once its blob is whole, and its blob is
+//! then removed. A layer the store has already is not
 //! downloaded, so an image on a base already pulled fetches only its own layers, and a pull
 //! that was stopped resumes from the blobs and layers it finished. The image itself appears by
 //! one rename, as an import does.
@@ -43,6 +44,8 @@ use super::store::{self, BuiltImage, ImageMeta, ImageSource, ImageStore};
 use super::unpack::{Limits, Stats};
 use crate::foundation::error::{Context, Error, Result};
 use crate::foundation::failpoint;
+
+mod stream;
 
 /// Bump when a pull's result changes for the same image: a new id instead of an old result.
 const PULL_REVISION: &str = "1";
@@ -144,7 +147,8 @@ pub async fn pull(
     let overrides = ResolveOverrides::parse(policy.resolve.as_deref().unwrap_or(""))
         .map_err(|err| Error::invalid(format!("DYNOCAP_RESOLVE: {err}")))?;
     let idle = idle_timeout(policy.idle_timeout.as_deref())?;
-    let gate = RegistryGate::start(registries, overrides).await?;
+    let downloads = Downloads::start()?;
+    let gate = RegistryGate::start(registries, overrides, downloads.handle())?;
     let auth = match credentials {
         Some(c) => RegistryAuth::Basic(c.username, c.password),
         None => docker_config_auth(policy.docker_config.as_deref(), &registry)?,
@@ -212,6 +216,7 @@ pub async fn pull(
         &layer_store,
         limits,
         idle,
+        downloads.handle(),
         &mut transfer,
         progress,
         cancel,
@@ -306,6 +311,7 @@ async fn fetch_layers(
     store: &LayerStore,
     limits: Limits,
     idle: Duration,
+    downloads: &tokio::runtime::Handle,
     transfer: &mut Transfer,
     progress: &(dyn Fn(&str) + Sync),
     cancel: &AtomicBool,
@@ -317,6 +323,10 @@ async fn fetch_layers(
     let stopped = Arc::new(AtomicBool::new(false));
     for (n, (descriptor, diff_id)) in descriptors.iter().zip(diff_ids).enumerate() {
         if let Some(layer) = store.get(diff_id) {
+            // A blob left by a pull stopped between installing its layer and removing it.
+            if let Ok(digest) = Digest::parse(&descriptor.digest) {
+                let _ = std::fs::remove_file(store.blob_path(&digest));
+            }
             transfer.layers_present += 1;
             progress(&format!(
                 "layer {}/{total}: {diff_id} already stored",
@@ -351,7 +361,7 @@ async fn fetch_layers(
             semaphore: Arc::clone(&semaphore),
             stopped: Arc::clone(&stopped),
         };
-        tasks.spawn(job.run());
+        tasks.spawn_on(job.run(), downloads);
     }
     let mut first_error = None;
     while let Some(joined) = tasks.join_next().await {
@@ -423,9 +433,7 @@ impl LayerJob {
     /// (index, layer, resumed from a stored blob, bytes downloaded).
     async fn run(self) -> Result<(usize, Layer, bool, u64)> {
         let blob = self.store.blob_path(&self.digest);
-        let resumed = blob.is_file();
-        let mut bytes = 0;
-        if !resumed {
+        if !blob.is_file() {
             let _permit = self
                 .semaphore
                 .acquire()
@@ -434,9 +442,26 @@ impl LayerJob {
             if self.stopped.load(Ordering::SeqCst) {
                 return Err(Error::conflict("the pull was stopped"));
             }
-            bytes = self.download(&blob).await?;
+            let idle = self.idle;
+            let explain = move |err: &(dyn std::error::Error + 'static)| client_error(err, idle);
+            let (layer, bytes) = stream::Fetch {
+                n: self.n,
+                client: &self.client,
+                reference: &self.reference,
+                descriptor: &self.descriptor,
+                digest: &self.digest,
+                size: self.size,
+                diff_id: &self.diff_id,
+                store: &self.store,
+                limits: self.limits,
+                stopped: &self.stopped,
+                explain: &explain,
+            }
+            .run()
+            .await?;
+            return Ok((self.n, layer, false, bytes));
         }
-        // `image.pull.layer2=kill`: dies with layer 2's blob stored but not unpacked.
+        // A blob a stopped pull downloaded whole: unpacked from its file.
         failpoint::hit(&format!("image.pull.layer{}", self.n + 1))?;
         let stopped = Arc::clone(&self.stopped);
         let (store, diff_id, media_type, limits) = (
@@ -456,128 +481,23 @@ impl LayerJob {
                     Ok(())
                 }
             };
-            let layer = unpack_blob(file, &media_type, &diff_id, &store, limits, &stop)
-                .inspect_err(|_| {
-                    // A blob that would not unpack (not a stop): the next pull downloads it
-                    // anew, whatever was wrong with it.
-                    if !stopped.load(Ordering::SeqCst) {
-                        let _ = std::fs::remove_file(&blob_path);
-                    }
-                })?;
+            let layer = unpack_blob(file, &media_type, &diff_id, &store, limits, &stop, &|| {
+                Ok(())
+            })
+            .inspect_err(|_| {
+                // A blob that would not unpack (not a stop): the next pull downloads it
+                // anew, whatever was wrong with it.
+                if !stopped.load(Ordering::SeqCst) {
+                    let _ = std::fs::remove_file(&blob_path);
+                }
+            })?;
             // The layer is whole: its blob is no longer needed to resume.
             let _ = std::fs::remove_file(&blob_path);
             Ok(layer)
         })
         .await
         .map_err(|err| Error::internal(format!("unpacking a layer failed: {err}")))??;
-        Ok((self.n, layer, resumed, bytes))
-    }
-
-    /// Downloads the blob to a `.partial-*` file, bounded by its descriptor's size and
-    /// checked against its digest (by the client, as it comes), then renames it into place.
-    async fn download(&self, blob: &Path) -> Result<u64> {
-        let dir = blob
-            .parent()
-            .ok_or_else(|| Error::internal("a blob path has no parent"))?;
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let partial = self.store.blobs_dir().join(format!(
-            ".partial-{}-{}-{:08x}",
-            self.digest.hex,
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        let result = self.download_to(&partial).await;
-        match result {
-            Ok(bytes) => {
-                std::fs::rename(&partial, blob)
-                    .with_context(|| format!("storing blob {}", self.digest))?;
-                Ok(bytes)
-            }
-            Err(err) => {
-                let _ = std::fs::remove_file(&partial);
-                Err(err)
-            }
-        }
-    }
-
-    async fn download_to(&self, partial: &Path) -> Result<u64> {
-        let file = tokio::fs::OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .open(partial)
-            .await
-            .with_context(|| format!("creating {}", partial.display()))?;
-        let mut out = Bounded {
-            inner: tokio::io::BufWriter::with_capacity(1 << 20, file),
-            left: self.size,
-            count: 0,
-        };
-        self.client
-            .pull_blob(&self.reference, &self.descriptor, &mut out)
-            .await
-            .map_err(|err| {
-                Error::invalid(format!(
-                    "downloading layer {}: {}",
-                    self.digest,
-                    client_error(&err, self.idle)
-                ))
-            })?;
-        out.inner
-            .flush()
-            .await
-            .with_context(|| format!("writing {}", partial.display()))?;
-        // Not synced: a blob is unpacked (and let go) right after, and one a host crash left
-        // damaged fails its unpacking's diff id check and is removed then (see `run`).
-        // The client checked the bytes against the descriptor's digest as they came (and
-        // fails the download otherwise); the size is checked here.
-        if out.count != self.size {
-            return Err(Error::invalid(format!(
-                "layer {} as downloaded is {} bytes, its manifest says {}; the registry served \
-                 other bytes",
-                self.digest, out.count, self.size
-            )));
-        }
-        Ok(out.count)
-    }
-}
-
-/// A writer that refuses more bytes than the blob's descriptor says.
-struct Bounded<W> {
-    inner: W,
-    left: u64,
-    count: u64,
-}
-
-impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Bounded<W> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        if buf.len() as u64 > self.left {
-            return std::task::Poll::Ready(Err(std::io::Error::other(
-                "the registry sent more bytes than the layer's manifest says it has",
-            )));
-        }
-        let this = &mut *self;
-        let poll = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
-        if let std::task::Poll::Ready(Ok(n)) = &poll {
-            this.left -= *n as u64;
-            this.count += *n as u64;
-        }
-        poll
-    }
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+        Ok((self.n, layer, true, 0))
     }
 }
 
@@ -839,6 +759,44 @@ fn client(extra_ca: Option<&Path>, gate: SocketAddr, idle: Duration) -> Result<C
         .map_err(|err| Error::internal(format!("making the registry client: {err}")))
 }
 
+/// Threads of the pull's own (a runtime with a worker per core, up to 4) for the layers'
+/// downloads and the gate's tunnels. The command's runtime may have one thread (the CLI's
+/// does), on which the TLS, the digest checks and the tunnels' copying of every blob at
+/// once would queue behind each other while the other cores idle.
+struct Downloads {
+    runtime: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+}
+
+impl Downloads {
+    fn start() -> Result<Downloads> {
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .thread_name("dynocap-pull")
+            .enable_all()
+            .build()
+            .context("starting the pull's download threads")?;
+        Ok(Downloads {
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+        })
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+}
+
+impl Drop for Downloads {
+    fn drop(&mut self) {
+        // Not waited for: this may run on an async thread, where blocking is not allowed.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// A CONNECT proxy on loopback through which the pull's client makes every connection: it
 /// allows only the registries the host listed and resolves with `DYNOCAP_RESOLVE` first, so
 /// a token realm or a blob redirect to another host is held to the same list.
@@ -855,16 +813,30 @@ impl Drop for RegistryGate {
 }
 
 impl RegistryGate {
-    async fn start(policy: Registries, overrides: ResolveOverrides) -> Result<RegistryGate> {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
+    /// Listens on loopback; the gate and its tunnels run on `runtime`.
+    fn start(
+        policy: Registries,
+        overrides: ResolveOverrides,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<RegistryGate> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")
+            .context("listening on loopback for the pull's connections")?;
+        listener
+            .set_nonblocking(true)
             .context("listening on loopback for the pull's connections")?;
         let addr = listener
             .local_addr()
             .context("reading the gate's address")?;
         let refused = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::new((policy, overrides, Arc::clone(&refused)));
-        let task = tokio::spawn(async move {
+        let task = runtime.spawn(async move {
+            let listener = match TcpListener::from_std(listener) {
+                Ok(listener) => listener,
+                Err(err) => {
+                    tracing::warn!("pull gate: {err}");
+                    return;
+                }
+            };
             // The tunnels are this task's: when the gate is dropped (its pull ended), one to a
             // registry that stopped answering goes with it instead of waiting on it forever.
             let mut tunnels = tokio::task::JoinSet::new();

@@ -1,0 +1,265 @@
+//! One layer of a pull whose blob the store lacks: downloaded and unpacked at once.
+//!
+//! The blob's bytes go, as they arrive, to its `blobs/.partial-*` file (the state a stopped
+//! pull resumes from) and, through a bounded channel, to the layer store's unpacker on a
+//! blocking thread, so gunzip, the diff id's hash and the files' writes overlap the download
+//! instead of following it, and the blob is never read back. The order of a pull that reads
+//! the whole blob first is kept: the layer goes into the store only once its blob is whole,
+//! checked against its digest (by the client, as the bytes come) and its size, and renamed to
+//! `blobs/sha256/<hex>`; the blob is removed once the layer is in.
+
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use futures_core::Stream;
+use oci_client::manifest::OciDescriptor;
+use oci_client::{Client, Reference};
+use tokio::io::AsyncWriteExt;
+
+use crate::foundation::error::{Context, Error, Result};
+use crate::foundation::failpoint;
+use crate::image::import::unpack_blob;
+use crate::image::layers::{Layer, LayerStore};
+use crate::image::oci::Digest;
+use crate::image::unpack::Limits;
+
+/// Chunks (as the client reads them, up to tens of KiB each) on their way to the unpacker:
+/// enough to ride out a burst, small enough that a slow unpacker slows the download instead
+/// of filling memory.
+const CHUNKS_IN_FLIGHT: usize = 64;
+
+/// What one layer's download needs.
+pub(super) struct Fetch<'a> {
+    pub n: usize,
+    pub client: &'a Client,
+    pub reference: &'a Reference,
+    pub descriptor: &'a OciDescriptor,
+    pub digest: &'a Digest,
+    pub size: u64,
+    pub diff_id: &'a Digest,
+    pub store: &'a LayerStore,
+    pub limits: Limits,
+    pub stopped: &'a Arc<AtomicBool>,
+    /// The client's error in words (its causes, a stall said as such).
+    pub explain: &'a (dyn Fn(&(dyn std::error::Error + 'static)) -> String + Sync),
+}
+
+/// Why a download ended early.
+enum Ended {
+    Failed(Error),
+    /// The unpacker stopped reading: its own error says why.
+    UnpackerGone,
+}
+
+impl Fetch<'_> {
+    /// Downloads and unpacks the layer; returns it and the bytes downloaded.
+    pub(super) async fn run(&self) -> Result<(Layer, u64)> {
+        let blob = self.store.blob_path(self.digest);
+        let dir = blob
+            .parent()
+            .ok_or_else(|| Error::internal("a blob path has no parent"))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let partial = self.store.blobs_dir().join(format!(
+            ".partial-{}-{}-{:08x}",
+            self.digest.hex,
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let (chunks, incoming) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
+        let (verdict, verdict_rx) = mpsc::channel::<bool>();
+        let unpacker = self.start_unpacker(incoming, verdict_rx, blob.clone());
+
+        let downloaded = match self.download(&partial, chunks).await {
+            Ok(bytes) => std::fs::rename(&partial, &blob)
+                .with_context(|| format!("storing blob {}", self.digest))
+                .map(|()| bytes)
+                .map_err(Ended::Failed),
+            Err(ended) => Err(ended),
+        };
+        if downloaded.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        // The unpacker waits for this before it puts the layer into the store.
+        let _ = verdict.send(downloaded.is_ok());
+        let unpacked = unpacker
+            .await
+            .map_err(|err| Error::internal(format!("unpacking a layer failed: {err}")))?;
+        match (downloaded, unpacked) {
+            (Ok(bytes), Ok(layer)) => Ok((layer, bytes)),
+            (Err(Ended::Failed(err)), _) => Err(err),
+            (_, Err(err)) => Err(err),
+            (Err(Ended::UnpackerGone), Ok(_)) => Err(Error::internal(
+                "a layer was unpacked from a download that did not finish",
+            )),
+        }
+    }
+
+    /// The blocking thread unpacking what `incoming` brings into the layer store. Before the
+    /// layer goes in it reads what is left of the stream (bytes after a gzip member's end
+    /// are part of the blob too) and waits for the download's verdict.
+    fn start_unpacker<C: AsRef<[u8]> + Send + 'static>(
+        &self,
+        incoming: tokio::sync::mpsc::Receiver<C>,
+        verdict: mpsc::Receiver<bool>,
+        blob: PathBuf,
+    ) -> tokio::task::JoinHandle<Result<Layer>> {
+        let (store, diff_id, media_type, limits, n) = (
+            self.store.clone(),
+            self.diff_id.clone(),
+            self.descriptor.media_type.clone(),
+            self.limits,
+            self.n,
+        );
+        let stopped = Arc::clone(self.stopped);
+        tokio::task::spawn_blocking(move || {
+            let incoming = Arc::new(Mutex::new(incoming));
+            let reader = Incoming {
+                chunks: Arc::clone(&incoming),
+                chunk: None,
+                at: 0,
+            };
+            let stop = || -> Result<()> {
+                if stopped.load(Ordering::SeqCst) {
+                    Err(Error::conflict("the pull was stopped"))
+                } else {
+                    Ok(())
+                }
+            };
+            let before_install = || -> Result<()> {
+                if let Ok(mut chunks) = incoming.lock() {
+                    while chunks.blocking_recv().is_some() {}
+                }
+                if verdict.recv() != Ok(true) {
+                    return Err(Error::conflict("the layer's download did not finish"));
+                }
+                // `image.pull.layer2=kill`: dies with layer 2's blob stored but not unpacked.
+                failpoint::hit(&format!("image.pull.layer{}", n + 1))
+            };
+            let layer = unpack_blob(
+                reader,
+                &media_type,
+                &diff_id,
+                &store,
+                limits,
+                &stop,
+                &before_install,
+            );
+            // Unpacked, or a blob that would not unpack (not a stop): either way the next pull
+            // does not start from it.
+            if layer.is_ok() || !stopped.load(Ordering::SeqCst) {
+                let _ = std::fs::remove_file(&blob);
+            }
+            layer
+        })
+    }
+
+    /// Streams the blob into `partial` and `chunks`, bounded by the descriptor's size; the
+    /// client checks the bytes against the descriptor's digest as they come (and fails the
+    /// stream's end otherwise).
+    async fn download<C: AsRef<[u8]>>(
+        &self,
+        partial: &Path,
+        chunks: tokio::sync::mpsc::Sender<C>,
+    ) -> std::result::Result<u64, Ended>
+    where
+        oci_client::client::SizedStream: Stream<Item = io::Result<C>>,
+    {
+        let failed = |err: &(dyn std::error::Error + 'static)| {
+            Ended::Failed(Error::invalid(format!(
+                "downloading layer {}: {}",
+                self.digest,
+                (self.explain)(err)
+            )))
+        };
+        let file = tokio::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .open(partial)
+            .await
+            .with_context(|| format!("creating {}", partial.display()))
+            .map_err(Ended::Failed)?;
+        let mut file = tokio::io::BufWriter::with_capacity(1 << 20, file);
+        let mut stream = self
+            .client
+            .pull_blob_stream(self.reference, self.descriptor)
+            .await
+            .map_err(|err| failed(&err))?;
+        let mut count = 0u64;
+        while let Some(chunk) = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await
+        {
+            let chunk = chunk.map_err(|err| failed(&err))?;
+            let bytes = chunk.as_ref();
+            count += bytes.len() as u64;
+            if count > self.size {
+                return Err(Ended::Failed(Error::invalid(format!(
+                    "downloading layer {}: the registry sent more bytes than the layer's \
+                     manifest says it has",
+                    self.digest
+                ))));
+            }
+            if self.stopped.load(Ordering::SeqCst) {
+                return Err(Ended::Failed(Error::conflict("the pull was stopped")));
+            }
+            file.write_all(bytes)
+                .await
+                .with_context(|| format!("writing {}", partial.display()))
+                .map_err(Ended::Failed)?;
+            if chunks.send(chunk).await.is_err() {
+                return Err(Ended::UnpackerGone);
+            }
+        }
+        // Not synced: the layer made from it is what a stopped pull keeps; a blob a host
+        // crash left damaged fails its unpacking's diff id check and is removed then.
+        file.flush()
+            .await
+            .with_context(|| format!("writing {}", partial.display()))
+            .map_err(Ended::Failed)?;
+        if count != self.size {
+            return Err(Ended::Failed(Error::invalid(format!(
+                "layer {} as downloaded is {count} bytes, its manifest says {}; the registry \
+                 served other bytes",
+                self.digest, self.size
+            ))));
+        }
+        Ok(count)
+    }
+}
+
+/// The blob's bytes as the unpacker reads them: the download's chunks in order, and the end
+/// of the stream when the download ends (the verdict says whether it finished).
+struct Incoming<C> {
+    chunks: Arc<Mutex<tokio::sync::mpsc::Receiver<C>>>,
+    chunk: Option<C>,
+    at: usize,
+}
+
+impl<C: AsRef<[u8]>> Read for Incoming<C> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if let Some(chunk) = &self.chunk {
+                let rest = &chunk.as_ref()[self.at..];
+                if !rest.is_empty() {
+                    let n = rest.len().min(buf.len());
+                    buf[..n].copy_from_slice(&rest[..n]);
+                    self.at += n;
+                    return Ok(n);
+                }
+            }
+            let next = self
+                .chunks
+                .lock()
+                .map_err(|_| io::Error::other("the download's channel is poisoned"))?
+                .blocking_recv();
+            match next {
+                Some(chunk) => {
+                    self.chunk = Some(chunk);
+                    self.at = 0;
+                }
+                None => return Ok(0),
+            }
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! A vm task's project package caches, in the first stage of the boot: the host attaches the
-//! project's cache disk (an ext4 image only guests ever mount) as a second virtio disk whose
+//! project's cache image (ext4 of a fixed size; a jail's supervisor mounts the same image on
+//! the host, never while a vm guest has it) as a second virtio disk whose
 //! serial is [`SERIAL`], and names on the kernel command line (`dynocap.cache=`) each cache's
 //! directory on it and where it goes in the guest: `pip:.cache/pip` (relative: under the
 //! sandbox user's home, the user's) or `apt:/var/cache/apt/archives` (absolute: guest

@@ -1,0 +1,94 @@
+//! Live forks (`task fork --live`): on the vm (one task, TCG) a server started as a job in the
+//! parent still runs in the fork, which answers on its own hostname while the parent's session
+//! goes on; the parent keeps its job, the fork lists none; each finishes with a verified patch
+//! of the shared work and its own change only. On the jail, `--live` is refused, saying it is
+//! the vm backend's, and leaves no fork behind.
+
+use dynocap_e2e::*;
+
+/// HTTP status of `curl` to the guest's port 8000 from inside task `name`, waiting for the
+/// server to listen.
+const CURL: &str = "for i in $(seq 150); do curl -s -o /dev/null localhost:8000/ && break; \
+                    sleep 0.2; done; curl -s -o /dev/null -w '%{http_code}' localhost:8000/";
+
+#[test]
+fn a_live_fork_keeps_the_running_server_and_finishes_its_own_patch() {
+    let test = "a_live_fork_keeps_the_running_server_and_finishes_its_own_patch";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&["task", "start", &path, "--name", "p"]);
+    let job = home.json(&[
+        "task",
+        "exec",
+        "p",
+        "--background",
+        "--timeout",
+        "900",
+        "--",
+        "cd /tmp && echo $$ > /tmp/server.pid && exec python3 -m http.server 8000 --bind 127.0.0.1",
+    ]);
+    let job = job["job"].as_str().expect("a job id").to_owned();
+    assert_eq!(home.task_sh("p", CURL), "200");
+    let server = home.task_sh("p", "cat /tmp/server.pid");
+    home.task_sh("p", "echo shared >> a.txt");
+
+    let fork = home.json(&["task", "fork", "p", "f", "--live"]);
+    assert_eq!(fork["forkedFrom"]["task"], "p", "{fork:#}");
+    // The parent's session went on across the save: its job is running and listed.
+    assert_eq!(home.task_sh("p", CURL), "200");
+    let jobs = home.json(&["job", "p"]);
+    assert!(jobs.to_string().contains(&job), "{jobs:#}");
+
+    // The very process (its pid in /tmp, which is memory), answering, in the fork, which has
+    // its own name and no jobs.
+    let seen = home.task_sh(
+        "f",
+        &format!("{CURL}; echo; hostname; cat /tmp/server.pid; tr '\\0' ' ' < /proc/$(cat /tmp/server.pid)/cmdline"),
+    );
+    assert_eq!(
+        seen,
+        format!("200\nf\n{server}python3 -m http.server 8000 --bind 127.0.0.1 ")
+    );
+    let fork_jobs = home.json(&["job", "f"]);
+    assert!(!fork_jobs.to_string().contains("job-"), "{fork_jobs:#}");
+
+    home.task_sh("f", "echo fork > fork.txt");
+    home.task_sh("p", "echo parent > parent.txt");
+    let finish = home.json(&["task", "finish", "f"]);
+    assert_eq!(finish["verified"], true, "{finish:#}");
+    let patch = std::fs::read_to_string(finish["patchPath"].as_str().expect("patchPath"))
+        .expect("the fork's patch");
+    assert!(
+        patch.contains("+shared") && patch.contains("b/fork.txt") && !patch.contains("parent"),
+        "{patch}"
+    );
+    let finish = home.json(&["task", "finish", "p"]);
+    assert_eq!(finish["verified"], true, "{finish:#}");
+    let patch = std::fs::read_to_string(finish["patchPath"].as_str().expect("patchPath"))
+        .expect("the parent's patch");
+    assert!(
+        patch.contains("+shared") && patch.contains("b/parent.txt") && !patch.contains("fork"),
+        "{patch}"
+    );
+}
+
+#[test]
+fn a_live_fork_of_a_jail_task_is_refused_as_the_vms() {
+    let test = "a_live_fork_of_a_jail_task_is_refused_as_the_vms";
+    let Some(home) = TestHome::on(Backend::Jail, test) else {
+        return;
+    };
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&["task", "start", &path, "--name", "j"]);
+    let err = home.json_err(&["task", "fork", "j", "jf", "--live"]);
+    assert_eq!(err["code"], "invalid_argument", "{err:#}");
+    let message = err["message"].as_str().expect("message");
+    assert!(message.contains("only the vm backend"), "{message}");
+    let listed = home.json(&["ls"]);
+    assert!(!listed.to_string().contains("\"jf\""), "{listed:#}");
+    assert_eq!(home.task_sh("j", "cat a.txt"), "a\n", "the source runs on");
+}

@@ -12,8 +12,15 @@ alternately and ROUNDS times each:
 each into an empty directory / fresh DYNOCAP_HOME, and then `dynocap image pull` of B on a home
 that has A (only B's own layer should be fetched). Prints medians and the ratio.
 
-Usage (as root): scripts/bench-pull.py [--dynocap target/release/dynocap] [--rounds 3]
-Needs docker-registry, skopeo, openssl (scripts/install-deps.sh). Loopback only.
+Then task starts on a pulled image beside the same start on the built `debian` image: the
+debian image comes from the tests' shared image cache (DYNOCAP_TEST_IMAGE_CACHE, else
+/var/cache/dynocap-test-images; built there first when missing, which takes minutes), its
+rootfs is pushed as a one-layer image (same files, so only being pulled differs), pulled, and
+`dynocap task start PROJECT --image X --backend jail` alternates between the two ROUNDS times
+(each task removed, untimed, before the next start). `--no-tasks` skips this part.
+
+Usage (as root): scripts/bench-pull.py [--dynocap target/release/dynocap] [--rounds 3] [--no-tasks]
+Needs docker-registry, skopeo, openssl, mmdebstrap (scripts/install-deps.sh). Loopback only.
 """
 
 import argparse
@@ -23,6 +30,7 @@ import io
 import json
 import os
 import random
+import resource
 import shutil
 import socket
 import statistics
@@ -113,16 +121,104 @@ def make_ca(pki: str, addr: str) -> None:
     shutil.copy(p("ca.pem"), p("certs/ca.crt"))
 
 
-def timed(cmd, env=None) -> float:
+CPU = {}
+
+
+def timed(cmd, env=None, cpu=None) -> float:
+    """Wall seconds of `cmd`; its CPU seconds (user + system) are added to CPU[cpu]."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.monotonic() - start
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if cpu:
+        CPU.setdefault(cpu, []).append(after.ru_utime - before.ru_utime
+                                        + after.ru_stime - before.ru_stime)
+    return wall
+
+
+def bench_task_starts(dynocap: str, env: dict, addr: str, pki: str, work: str, rounds: int) -> None:
+    """Task starts on the debian image pulled from the registry beside the built one."""
+    cache = os.environ.get("DYNOCAP_TEST_IMAGE_CACHE") or "/var/cache/dynocap-test-images"
+    home = os.path.join(work, "home-tasks")
+    env = dict(env, DYNOCAP_HOME=home, DYNOCAP_IMAGE_CACHE=cache)
+
+    def dc(*args):
+        out = subprocess.run([dynocap, "--json", *args], env=env, check=True, capture_output=True)
+        return json.loads(out.stdout) if out.stdout.strip() else None
+
+    print("task starts: the debian image (from the image cache, or built now)", file=sys.stderr)
+    built = dc("image", "build", "debian")["image"]
+    rootfs = os.path.join(built["path"], "rootfs")
+    layer_tar = os.path.join(work, "debian.tar")
+    run(["tar", "--numeric-owner", "--xattrs", "-C", rootfs, "-cf", layer_tar, "."])
+    layout = os.path.join(work, "layout-debian")
+    blobs = os.path.join(layout, "blobs/sha256")
+    os.makedirs(blobs)
+    h = hashlib.sha256()
+    with open(layer_tar, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    layer_hex, layer_size = h.hexdigest(), os.path.getsize(layer_tar)
+    os.rename(layer_tar, os.path.join(blobs, layer_hex))
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_hex}"]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": "sha256:" + sha(config), "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": f"sha256:{layer_hex}", "size": layer_size}]}).encode()
+    for blob in (config, manifest):
+        with open(os.path.join(blobs, sha(blob)), "wb") as f:
+            f.write(blob)
+    with open(os.path.join(layout, "index.json"), "w") as f:
+        json.dump({"schemaVersion": 2, "manifests": [
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json",
+             "digest": "sha256:" + sha(manifest), "size": len(manifest)}]}, f)
+    with open(os.path.join(layout, "oci-layout"), "w") as f:
+        f.write('{"imageLayoutVersion":"1.0.0"}')
+    run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-cert-dir", f"{pki}/certs",
+         f"oci:{layout}", f"docker://{addr}:{PORT}/bench/debian:1"])
+    shutil.rmtree(layout)
+    pulled_ref = f"{NAME}:{PORT}/bench/debian:1"
+    print(f"task starts: pulling {pulled_ref} ({layer_size / 1e6:.0f} MB, one layer)", file=sys.stderr)
+    dc("image", "pull", pulled_ref)
+
+    project = os.path.join(work, "project")
+    os.makedirs(os.path.join(project, "src"))
+    for n in range(20):
+        with open(os.path.join(project, "src", f"f{n}.txt"), "w") as f:
+            f.write(f"file {n}\n" * 100)
+    git = ["git", "-C", project, "-c", "user.name=b", "-c", "user.email=b@example.com"]
+    run([*git, "init", "-q", "-b", "main"])
+    run([*git, "add", "-A"])
+    run([*git, "commit", "-q", "-m", "first"])
+
+    times = {"debian": [], pulled_ref: []}
+    for n in range(rounds):
+        # Alternating which goes first, so neither always follows the other's teardown.
+        order = ["debian", pulled_ref] if n % 2 == 0 else [pulled_ref, "debian"]
+        for image in order:
+            name = f"t{n}-{'p' if image == pulled_ref else 'd'}"
+            times[image].append(timed([dynocap, "task", "start", project, "--name", name,
+                                       "--image", image, "--backend", "jail"], env=env))
+            subprocess.run([dynocap, "rm", name, "--force", "--purge"], env=env, check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.2)
+    d, p = statistics.median(times["debian"]), statistics.median(times[pulled_ref])
+    print(f"task start (jail), median of {rounds}:")
+    print(f"  on the debian image          {d:.2f} s  {[round(t, 2) for t in times['debian']]}")
+    print(f"  on the same rootfs, pulled   {p:.2f} s  {[round(t, 2) for t in times[pulled_ref]]}")
+    print(f"  ratio pulled/debian          {p / d:.2f}x (target <= 1.1x)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dynocap", default="target/release/dynocap")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-tasks", action="store_true",
+                        help="skip the task starts on a pulled image beside the debian image")
     args = parser.parse_args()
     dynocap = os.path.abspath(args.dynocap)
     work = tempfile.mkdtemp(prefix="dcbench-pull-")
@@ -161,11 +257,12 @@ def main() -> int:
         for n in range(args.rounds):
             dest = os.path.join(work, f"skopeo-{n}")
             skopeo_times.append(timed(["skopeo", "copy", "--quiet", "--src-cert-dir", f"{pki}/certs",
-                                       f"docker://{addr}:{PORT}/bench/a:1", f"oci:{dest}"]))
+                                       f"docker://{addr}:{PORT}/bench/a:1", f"oci:{dest}"],
+                                      cpu="skopeo"))
             shutil.rmtree(dest)
             home = os.path.join(work, f"home-{n}")
             pull_times.append(timed([dynocap, "image", "pull", f"{NAME}:{PORT}/bench/a:1"],
-                                    env=dict(env, DYNOCAP_HOME=home)))
+                                    env=dict(env, DYNOCAP_HOME=home), cpu="pull"))
             if n < args.rounds - 1:
                 shutil.rmtree(home)
         home = os.path.join(work, f"home-{args.rounds - 1}")
@@ -179,9 +276,14 @@ def main() -> int:
         print(f"  skopeo copy docker:// oci:   {s:.2f} s  {[round(t, 2) for t in skopeo_times]}")
         print(f"  dynocap image pull           {p:.2f} s  {[round(t, 2) for t in pull_times]}")
         print(f"  ratio pull/skopeo            {p / s:.2f}x (target <= 1.2x)")
+        cs, cp = statistics.median(CPU["skopeo"]), statistics.median(CPU["pull"])
+        print(f"  CPU (user+sys), median       skopeo {cs:.2f} s, pull {cp:.2f} s: {cp / cs:.2f}x "
+              "(the registry's own not counted)")
         print(f"image B (A's 4 base layers + 1 own), on a home holding A: {second:.2f} s, "
               f"{transfer['blobsDownloaded']} blob(s) / {transfer['bytesDownloaded'] / 1e6:.1f} MB downloaded, "
               f"{transfer['layersPresent']} layers already stored")
+        if not args.no_tasks:
+            bench_task_starts(dynocap, env, addr, pki, work, args.rounds)
         return 0
     finally:
         registry.kill()

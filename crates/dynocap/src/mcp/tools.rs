@@ -497,8 +497,8 @@ cancelling the request stops the start and leaves nothing behind.",
                 "A running task (name or ID) to fork instead of importing a project: the new \
                  task starts with that task's files (workspace, installed packages, all it \
                  wrote), and its diff and verified patch are against the same imported state. \
-                 Only name, network, allowHosts, ttlSeconds and checkpoint may go with it \
-                 (the parent's image, limits and history are kept).",
+                 Only name, network, allowHosts, ttlSeconds, checkpoint and live may go with \
+                 it (the parent's image, limits and history are kept).",
             ),
             Param {
                 name: "checkpoint",

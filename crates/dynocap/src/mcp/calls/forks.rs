@@ -44,7 +44,7 @@ impl Tools {
                         format!(
                             "{name} cannot go with fromTask: a fork keeps its parent's source, \
                              image and limits; give only name, network, allowHosts, ttlSeconds, \
-                             checkpoint and publish"
+                             checkpoint, live and publish"
                         ),
                     ),
                 ));

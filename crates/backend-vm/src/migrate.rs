@@ -72,13 +72,18 @@ pub fn save(
     vm.qmp().execute("stop", ASK)?;
     // Paused, and QEMU drained and flushed the disk when it stopped the guest: the disk is
     // the one the saved memory knows.
+    let mut fdset = None;
     let saved = disk(vm).and_then(|bytes| {
-        with_state_node(vm, state, |vm| run_job(vm, "snapshot-save", timeout)).map(|()| bytes)
+        with_state_node(vm, state, &mut fdset, |vm| {
+            run_job(vm, "snapshot-save", timeout)
+        })
+        .map(|()| bytes)
     });
     let resumed = vm.qmp().execute("cont", ASK);
     let paused = started.elapsed();
     let disk_bytes = saved?;
     resumed?;
+    release_state(vm, fdset)?;
     let state_bytes = fs::metadata(state)
         .map_err(|err| VmError::io("reading the size of", state, err))?
         .len();
@@ -87,6 +92,19 @@ pub fn save(
         disk_bytes,
         paused,
     })
+}
+
+/// Has QEMU close the state file's descriptors, now that the guest runs: QEMU closes removed
+/// descriptors only then, and the `remove-fd` made while it was paused left them open, and
+/// with them the deleted file's room.
+fn release_state(vm: &mut Vm, fdset: Option<u64>) -> Result<()> {
+    match fdset {
+        Some(id) => vm
+            .qmp()
+            .execute_with("remove-fd", Some(json!({ "fdset-id": id })), ASK)
+            .map(drop),
+        None => Ok(()),
+    }
 }
 
 /// The host file of the running guest's package cache disk (`-drive id=cache`), if it has
@@ -140,6 +158,7 @@ fn create_state_file(state: &Path) -> Result<()> {
 fn with_state_node(
     vm: &mut Vm,
     state: &Path,
+    fdset_out: &mut Option<u64>,
     work: impl FnOnce(&mut Vm) -> Result<()>,
 ) -> Result<()> {
     let open = |write: bool| {
@@ -157,6 +176,7 @@ fn with_state_node(
         .get("fdset-id")
         .and_then(Value::as_u64)
         .ok_or_else(|| VmError::Qmp(format!("add-fd answered {answer}")))?;
+    *fdset_out = Some(fdset);
     let attached = vm
         .qmp()
         .execute_passing_fd(
@@ -236,8 +256,12 @@ fn run_job(vm: &mut Vm, command: &str, timeout: Duration) -> Result<()> {
 /// load.
 pub fn resume(spec: &VmSpec, state: &Path, timeout: Duration) -> Result<Vm> {
     let mut vm = Vm::boot_with(spec, true)?;
-    let loaded = with_state_node(&mut vm, state, |vm| run_job(vm, "snapshot-load", timeout))
-        .and_then(|()| vm.qmp().execute("cont", ASK).map(drop));
+    let mut fdset = None;
+    let loaded = with_state_node(&mut vm, state, &mut fdset, |vm| {
+        run_job(vm, "snapshot-load", timeout)
+    })
+    .and_then(|()| vm.qmp().execute("cont", ASK).map(drop))
+    .and_then(|()| release_state(&mut vm, fdset));
     if let Err(err) = loaded {
         let _ = vm.kill();
         vm.join_console();

@@ -50,8 +50,10 @@ pub(super) struct Fetch<'a> {
 /// Why a download ended early.
 enum Ended {
     Failed(Error),
-    /// The unpacker stopped reading: its own error says why.
-    UnpackerGone,
+    /// The unpacker stopped reading (after this many bytes): its own error says why, or
+    /// the store had the layer already (another job of the same image, or another pull,
+    /// put in the same diff id meanwhile) and it read nothing.
+    UnpackerGone(u64),
 }
 
 impl Fetch<'_> {
@@ -91,9 +93,9 @@ impl Fetch<'_> {
             (Ok(bytes), Ok(layer)) => Ok((layer, bytes)),
             (Err(Ended::Failed(err)), _) => Err(err),
             (_, Err(err)) => Err(err),
-            (Err(Ended::UnpackerGone), Ok(_)) => Err(Error::internal(
-                "a layer was unpacked from a download that did not finish",
-            )),
+            // Only a layer the store had already: this download's layer goes in only once
+            // the download is whole (`before_install`).
+            (Err(Ended::UnpackerGone(bytes)), Ok(layer)) => Ok((layer, bytes)),
         }
     }
 
@@ -208,7 +210,7 @@ impl Fetch<'_> {
                 .with_context(|| format!("writing {}", partial.display()))
                 .map_err(Ended::Failed)?;
             if chunks.send(chunk).await.is_err() {
-                return Err(Ended::UnpackerGone);
+                return Err(Ended::UnpackerGone(count));
             }
         }
         // Not synced: the layer made from it is what a stopped pull keeps; a blob a host

@@ -542,9 +542,12 @@ pub(super) fn unpack_blob(
         .fill_buf()
         .with_context(|| format!("reading layer {diff_id}"))?;
     match oci::compression(media_type, magic)? {
+        // Every member: a gzip file may be several concatenated (valid gzip, and what some
+        // image builders write), where `GzDecoder` would stop after the first and the
+        // layer's diff id would then not match.
         Compression::Gzip => store.unpack_then(
             diff_id,
-            flate2::read::GzDecoder::new(raw),
+            flate2::read::MultiGzDecoder::new(raw),
             limits,
             stop,
             before_install,
@@ -731,4 +734,50 @@ fn add_line(dir: BorrowedFd<'_>, name: &str, first: &str, line: &str, mode: u32)
     text.push_str(line);
     text.push('\n');
     replace(dir, name, text.as_bytes(), mode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::unpack::tests::Layer as Tar;
+    use std::io::Write;
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).expect("gzip");
+        encoder.finish().expect("gzip")
+    }
+
+    /// A layer gzipped as two concatenated members unpacks whole, and matches its diff id.
+    #[test]
+    fn a_layer_of_several_gzip_members_unpacks_whole() {
+        let tar = Tar::new()
+            .file("first", &"a".repeat(10_000))
+            .file("second", "b")
+            .bytes();
+        let (head, tail) = tar.split_at(tar.len() / 2);
+        let blob = [gzip(head), gzip(tail)].concat();
+        let diff_id = Digest {
+            hex: Sha256::digest(&tar)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+        };
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = LayerStore::in_images_dir(tmp.path());
+        let layer = unpack_blob(
+            &blob[..],
+            "application/vnd.oci.image.layer.v1.tar+gzip",
+            &diff_id,
+            &store,
+            Limits::default(),
+            &|| Ok(()),
+            &|| Ok(()),
+        )
+        .expect("a two-member gzip layer unpacks");
+        assert_eq!(
+            fs::read_to_string(layer.tree().join("second")).expect("the second file"),
+            "b"
+        );
+    }
 }

@@ -1,7 +1,8 @@
-//! Live forks (`task fork --live`): on the vm (one task, TCG) a server started as a job in the
-//! parent still runs in the fork, which answers on its own hostname while the parent's session
-//! goes on; the parent keeps its job, the fork lists none; each finishes with a verified patch
-//! of the shared work and its own change only. On the jail, `--live` is refused, saying it is
+//! Live forks (`task fork --live`): on the vm (one task, TCG, checkpointed first) a server
+//! started as a job in the parent still runs in the fork, and in a second live fork; each
+//! answers on its own hostname while the parent's session goes on; the parent keeps its job,
+//! the forks list none; each finishes with a verified patch of the shared work and its own
+//! change only. On the jail, `--live` is refused, saying it is
 //! the vm backend's, and leaves no fork behind.
 
 use dynocap_e2e::*;
@@ -35,6 +36,8 @@ fn a_live_fork_keeps_the_running_server_and_finishes_its_own_patch() {
     let server = home.task_sh("p", "cat /tmp/server.pid");
     home.task_sh("p", "echo shared >> a.txt");
 
+    // A checkpoint first: the live fork then freezes a layer a freeze added.
+    home.json(&["task", "checkpoint", "p", "before"]);
     let fork = home.json(&["task", "fork", "p", "f", "--live"]);
     assert_eq!(fork["forkedFrom"]["task"], "p", "{fork:#}");
     // The parent's session went on across the save: its job is running and listed.
@@ -54,6 +57,17 @@ fn a_live_fork_keeps_the_running_server_and_finishes_its_own_patch() {
     );
     let fork_jobs = home.json(&["job", "f"]);
     assert!(!fork_jobs.to_string().contains("job-"), "{fork_jobs:#}");
+
+    // A second live fork of the same running task: the layer the first froze is now the
+    // first fork's too, and this one freezes another above it.
+    let second = home.json(&["task", "fork", "p", "g", "--live"]);
+    assert_eq!(second["forkedFrom"]["task"], "p", "{second:#}");
+    assert_eq!(
+        home.task_sh("g", &format!("{CURL}; echo; hostname")),
+        "200\ng\n"
+    );
+    let finish = home.json(&["task", "finish", "g"]);
+    assert_eq!(finish["verified"], true, "{finish:#}");
 
     home.task_sh("f", "echo fork > fork.txt");
     home.task_sh("p", "echo parent > parent.txt");

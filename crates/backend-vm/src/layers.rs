@@ -73,6 +73,30 @@ pub struct FrozenLayer {
     pub name: String,
     /// The bytes it holds on the host's disk.
     pub bytes: u64,
+    /// The new layer's read-write descriptor in QEMU's fd set, dropped while the guest was
+    /// paused (a live fork's save): QEMU closes a dropped descriptor only while the guest
+    /// runs, and until then it keeps the write lock that, once the new layer is frozen in
+    /// turn, keeps every other QEMU from opening it. [`release_dropped`] closes it once the
+    /// guest runs again.
+    pub dropped_while_paused: Option<DroppedFd>,
+}
+
+/// A descriptor QEMU was told to drop from an fd set while it could not close it yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DroppedFd {
+    fdset: u64,
+    fd: u64,
+}
+
+/// Has QEMU close `dropped` now that its guest runs (asking to drop it again makes QEMU look
+/// at the set once more, and close what was dropped).
+pub fn release_dropped(qmp: &mut Qmp, dropped: DroppedFd) -> Result<()> {
+    qmp.execute_with(
+        "remove-fd",
+        Some(json!({ "fdset-id": dropped.fdset, "fd": dropped.fd })),
+        QMP_TIMEOUT,
+    )
+    .map(drop)
 }
 
 /// Whether `name` is a frozen layer's file name.
@@ -172,7 +196,19 @@ pub fn snapshot_layer(qmp: &mut Qmp, paths: &VmPaths) -> Result<FrozenLayer> {
     if let Err(err) = flatten_if_deep(qmp, &paths.dir) {
         tracing::warn!("not flattening the disk's layers: {err}");
     }
-    Ok(FrozenLayer { name, bytes })
+    let running = qmp
+        .execute("query-status", QMP_TIMEOUT)
+        .ok()
+        .and_then(|status| status.get("running").and_then(Value::as_bool));
+    let dropped_while_paused = (running != Some(true)).then_some(DroppedFd {
+        fdset: fdset.id,
+        fd: fdset.rw_fd,
+    });
+    Ok(FrozenLayer {
+        name,
+        bytes,
+        dropped_while_paused,
+    })
 }
 
 /// The layer QEMU switches away from is reopened read-only, by the path it was opened by: a

@@ -243,6 +243,12 @@ impl Vm {
         crate::layers::snapshot_layer(&mut self.qmp, &self.paths)
     }
 
+    /// [`crate::layers::release_dropped`], once the guest runs again after a freeze made
+    /// while it was paused.
+    pub fn release_dropped(&mut self, dropped: crate::layers::DroppedFd) -> Result<()> {
+        crate::layers::release_dropped(&mut self.qmp, dropped)
+    }
+
     /// A `nat` guest's network namespace (QEMU's), bound to a file for as long as the
     /// returned guard lives: what the caller hands pasta (see [`crate::netns`]).
     pub fn netns_file(&self) -> Result<crate::netns::NetnsFile> {

@@ -30,11 +30,13 @@ pub(super) fn save(vm: &mut Vm, fork_dir: &Path) -> Result<LiveSaved> {
     let fork = VmPaths::at(fork_dir);
     std::fs::create_dir_all(&fork.dir)
         .map_err(|err| Error::internal(format!("creating {}: {err}", fork.dir.display())))?;
+    let mut dropped = None;
     let saved = migrate::save(
         vm,
         &migrate::state_file(fork_dir),
         &mut |vm: &mut Vm| {
             let frozen = vm.snapshot_layer()?;
+            dropped = frozen.dropped_while_paused;
             let from = vm.paths().dir.clone();
             layers::link_chain(&from, &frozen.name, &fork.dir)?;
             layers::new_layer_over(&fork.dir, &frozen.name, &fork.disk)?;
@@ -55,7 +57,17 @@ pub(super) fn save(vm: &mut Vm, fork_dir: &Path) -> Result<LiveSaved> {
     .map_err(|err| match err {
         VmError::InvalidSpec(_) => Error::invalid(err.to_string()),
         other => Error::internal(format!("saving the guest for the live fork: {other}")),
-    })?;
+    });
+    // Whether the save went through or not, the guest runs again: the new layer's dropped
+    // descriptor can close now, and must, or the next freeze leaves a layer no fork can open.
+    if let Some(dropped) = dropped {
+        vm.release_dropped(dropped).map_err(|err| {
+            Error::internal(format!(
+                "closing the frozen disk layer's write descriptor in QEMU: {err}"
+            ))
+        })?;
+    }
+    let saved = saved?;
     Ok(LiveSaved {
         state_bytes: saved.state_bytes,
         disk_bytes: saved.disk_bytes,

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use dynocap_e2e::backend::Backend;
 use dynocap_e2e::netfix::{product, PYPI_WHEEL};
+use dynocap_e2e::small_fs::SmallFs;
 use dynocap_e2e::TestHome;
 use serde_json::Value;
 use tlsfix::TlsFix;
@@ -240,68 +241,6 @@ fn a_vm_task_finds_what_the_projects_previous_task_cached() {
     assert_eq!(seen.trim(), "0");
     home.json(&["task", "finish", "vstranger"]);
     assert_eq!(caches(&home).len(), 2);
-}
-
-/// A small ext4 filesystem, loop-mounted for a test's `DYNOCAP_HOME`, unmounted on drop: the
-/// only writer on it is the test's home, so its free space is what DynoCap set aside.
-struct SmallFs {
-    mount: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl SmallFs {
-    fn new(megabytes: u64) -> SmallFs {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let image = dir.path().join("home.ext4");
-        let mount = dir.path().join("mnt");
-        std::fs::create_dir(&mount).expect("mountpoint");
-        let image_arg = image.to_str().expect("utf-8 path");
-        run_ok("truncate", &["-s", &format!("{megabytes}M"), image_arg]);
-        run_ok("mkfs.ext4", &["-q", "-F", "-m", "0", image_arg]);
-        run_ok(
-            "mount",
-            &["-o", "loop", image_arg, mount.to_str().expect("utf-8")],
-        );
-        SmallFs { mount, _dir: dir }
-    }
-
-    fn home(&self, env: &[(&str, &str)]) -> TestHome {
-        env.iter().fold(
-            TestHome::at(self.mount.join("home")),
-            |home, (key, value)| home.with_env(key, value),
-        )
-    }
-
-    /// MB free to an unprivileged writer, as `df` says.
-    fn free_mb(&self) -> u64 {
-        let out = std::process::Command::new("df")
-            .args(["--output=avail", "-B1M"])
-            .arg(&self.mount)
-            .output()
-            .expect("df");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .nth(1)
-            .and_then(|l| l.trim().parse().ok())
-            .expect("df prints the free MB")
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.mount)
-            .status();
-    }
-}
-
-fn run_ok(program: &str, args: &[&str]) {
-    let status = std::process::Command::new(program)
-        .args(args)
-        .status()
-        .expect("spawn a setup command");
-    assert!(status.success(), "{program} {args:?}");
 }
 
 fn start_plain(home: &TestHome, name: &str, project: &Path, extra: &[&str]) -> Value {

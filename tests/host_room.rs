@@ -5,10 +5,10 @@
 //! is full, and memory limits overcommit under one bound for all sandboxes, so that fifty
 //! idle sandboxes start.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use dynocap_e2e::small_fs::{free_mb, SmallFs};
 use dynocap_e2e::*;
 use serde_json::Value;
 
@@ -18,96 +18,16 @@ use serde_json::Value;
 /// ([`shared`]). Other test binaries run before or after this one, never beside it.
 static MEMORY_BOUND: RwLock<()> = RwLock::new(());
 
+/// Without package caches: each project's would set its own room aside on these small
+/// filesystems (tests/caches.rs covers theirs).
+const WITHOUT_CACHES: &[(&str, &str)] = &[("DYNOCAP_CACHES", "0")];
+
 fn shared() -> RwLockReadGuard<'static, ()> {
     MEMORY_BOUND.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn exclusive() -> RwLockWriteGuard<'static, ()> {
     MEMORY_BOUND.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A small ext4 filesystem, loop-mounted for a test's `DYNOCAP_HOME`, unmounted on drop.
-struct SmallFs {
-    mount: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl SmallFs {
-    fn new(megabytes: u64) -> SmallFs {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let image = dir.path().join("home.ext4");
-        let mount = dir.path().join("mnt");
-        std::fs::create_dir(&mount).expect("mountpoint");
-        let image_arg = image.to_str().expect("utf-8 path");
-        run_ok("truncate", &["-s", &format!("{megabytes}M"), image_arg]);
-        run_ok("mkfs.ext4", &["-q", "-F", "-m", "0", image_arg]);
-        run_ok(
-            "mount",
-            &["-o", "loop", image_arg, mount.to_str().expect("utf-8")],
-        );
-        SmallFs { mount, _dir: dir }
-    }
-
-    /// Without package caches: each project's would set its own room aside on this small
-    /// filesystem (tests/caches.rs covers theirs).
-    fn home(&self) -> TestHome {
-        TestHome::at(self.mount.join("home")).with_env("DYNOCAP_CACHES", "0")
-    }
-
-    /// Fills every block left, from the host: large writes, then small ones, then files,
-    /// until each finds no room.
-    fn fill(&self) -> Vec<PathBuf> {
-        let mut ballast = Vec::new();
-        for (n, bs) in ["1M", "4k"].into_iter().enumerate() {
-            let path = self.mount.join(format!("ballast-{n}"));
-            let _ = Command::new("dd")
-                .args([
-                    "if=/dev/zero",
-                    &format!("of={}", path.display()),
-                    &format!("bs={bs}"),
-                ])
-                .stderr(std::process::Stdio::null())
-                .status();
-            ballast.push(path);
-        }
-        for n in 0..10_000 {
-            let path = self.mount.join(format!("ballast-file-{n}"));
-            if std::fs::write(&path, b"x").is_err() {
-                break;
-            }
-            ballast.push(path);
-        }
-        assert_eq!(free_mb(&self.mount), 0, "the home's filesystem is full");
-        ballast
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-    }
-}
-
-fn run_ok(program: &str, args: &[&str]) {
-    let status = Command::new(program)
-        .args(args)
-        .status()
-        .expect("spawn a setup command");
-    assert!(status.success(), "{program} {args:?}");
-}
-
-/// MB free to an unprivileged writer on the filesystem holding `dir`, as `df` says.
-fn free_mb(dir: &Path) -> u64 {
-    let out = Command::new("df")
-        .args(["--output=avail", "-B1M"])
-        .arg(dir)
-        .output()
-        .expect("df");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .nth(1)
-        .and_then(|l| l.trim().parse().ok())
-        .expect("df prints the free MB")
 }
 
 /// Bytes the file at `path` holds on its filesystem.
@@ -156,7 +76,7 @@ fn a_disk_is_reserved_at_start_and_a_start_the_host_cannot_back_is_refused() {
         return;
     }
     let fs = SmallFs::new(240);
-    let home = fs.home();
+    let home = fs.home(WITHOUT_CACHES);
     // The default disk, and an explicit one, each larger than the free space.
     let err = home.json_err(&["run", "big"]);
     assert_denied_for_room(&err, "2048");
@@ -218,7 +138,7 @@ fn a_full_home_keeps_acknowledged_writes_and_read_only_commands_answer() {
         return;
     }
     let fs = SmallFs::new(320);
-    let home = fs.home();
+    let home = fs.home(WITHOUT_CACHES);
     let project = project();
     let start_task = |name: &str| {
         home.json(&[

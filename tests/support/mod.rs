@@ -9,6 +9,7 @@ pub mod images;
 pub mod netfix;
 pub mod netns;
 pub mod oci;
+pub mod small_fs;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

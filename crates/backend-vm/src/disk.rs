@@ -190,10 +190,16 @@ fn qemu_img_create(base: &Path, layer: &Path, bytes: u64) -> Result<()> {
     // qemu-img's -o values separate options with commas; a comma in a path is doubled.
     backing.push_str(&base.to_string_lossy().replace(',', ",,"));
     backing.push_str(",backing_fmt=raw");
+    create_qcow2(&["-o".as_ref(), backing.as_ref()], layer, bytes)
+}
+
+/// `qemu-img create -q -f qcow2 OPTIONS FILE BYTES`: a new qcow2 `file` of `bytes` (virtual);
+/// a failure removes what it left at `file`.
+pub(crate) fn create_qcow2(options: &[&std::ffi::OsStr], file: &Path, bytes: u64) -> Result<()> {
     let output = Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-o"])
-        .arg(backing)
-        .arg(layer)
+        .args(["create", "-q", "-f", "qcow2"])
+        .args(options)
+        .arg(file)
         .arg(bytes.to_string())
         .output()
         .map_err(|err| {
@@ -202,6 +208,7 @@ fn qemu_img_create(base: &Path, layer: &Path, bytes: u64) -> Result<()> {
             ))
         })?;
     if !output.status.success() {
+        let _ = fs::remove_file(file);
         return Err(tool_error("qemu-img create", &output));
     }
     Ok(())

@@ -36,7 +36,6 @@ use std::fs;
 use std::io::Read as _;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -356,27 +355,8 @@ fn new_id() -> String {
 /// file name in `dest`'s directory (which need not exist yet: nothing is opened).
 fn create_over(backing: &str, dest: &Path, bytes: u64) -> Result<()> {
     let _ = fs::remove_file(dest);
-    let output = Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-u", "-F", "qcow2", "-b"])
-        .arg(backing)
-        .arg(dest)
-        .arg(bytes.to_string())
-        .output()
-        .map_err(|err| {
-            VmError::Unavailable(format!(
-                "cannot run qemu-img ({err}); install qemu-utils (apt-get install qemu-utils)"
-            ))
-        })?;
-    if !output.status.success() {
-        let _ = fs::remove_file(dest);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        return Err(VmError::Tool {
-            tool: "qemu-img create".into(),
-            status: output.status.to_string(),
-            stderr: stderr.trim().to_owned(),
-        });
-    }
-    Ok(())
+    let options = ["-u", "-F", "qcow2", "-b", backing].map(std::ffi::OsStr::new);
+    crate::disk::create_qcow2(&options, dest, bytes)
 }
 
 /// Creates `dest` (a new file, replacing what is there) as an empty layer over the frozen
@@ -638,6 +618,7 @@ fn flatten_if_deep(qmp: &mut Qmp, dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::Command;
 
     fn have_qemu_img() -> bool {
         Command::new("qemu-img").arg("--version").output().is_ok()

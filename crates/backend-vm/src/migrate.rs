@@ -131,24 +131,7 @@ fn create_state_file(state: &Path) -> Result<()> {
             std::io::Error::from(std::io::ErrorKind::AlreadyExists),
         ));
     }
-    let output = std::process::Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2"])
-        .arg(state)
-        .arg("1M")
-        .output()
-        .map_err(|err| {
-            VmError::Unavailable(format!(
-                "cannot run qemu-img ({err}); install qemu-utils (apt-get install qemu-utils)"
-            ))
-        })?;
-    if !output.status.success() {
-        let _ = fs::remove_file(state);
-        return Err(VmError::Tool {
-            tool: "qemu-img create".into(),
-            status: output.status.to_string(),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        });
-    }
+    crate::disk::create_qcow2(&[], state, 1 << 20)?;
     fs::set_permissions(state, fs::Permissions::from_mode(0o600))
         .map_err(|err| VmError::io("making private", state, err))
 }

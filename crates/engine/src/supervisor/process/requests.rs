@@ -18,6 +18,26 @@ use super::network::*;
 use super::state::*;
 
 /// Serves one control connection.
+/// Sends what DynoCap says about a command to a client that prints the output stream (not the
+/// result's stderr), as stderr.
+async fn stream_note<W: tokio::io::AsyncWrite + Unpin>(write: &mut W, note: &str) {
+    let chunk = OutputChunk {
+        channel: OutputChannel::Stderr,
+        data: note.as_bytes().to_vec(),
+    };
+    let _ = write_message(write, &ControlReply::Output(chunk)).await;
+}
+
+/// Adds `note` to the end of a command's stderr and transcript.
+fn append_note(done: &mut exec::ExecResult, note: &str) {
+    for text in [&mut done.stderr, &mut done.transcript]
+        .into_iter()
+        .flatten()
+    {
+        text.push_str(note);
+    }
+}
+
 pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop: &MainLoop) {
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
@@ -101,11 +121,7 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
             let result = match (result, shared.network_lost.get()) {
                 (Ok(done), Some(lost)) => {
                     if spec.stream_output {
-                        let note = OutputChunk {
-                            channel: OutputChannel::Stderr,
-                            data: network_note(lost).into_bytes(),
-                        };
-                        let _ = write_message(&mut write, &ControlReply::Output(note)).await;
+                        stream_note(&mut write, &network_note(lost)).await;
                     }
                     Ok(with_network_note(done, lost))
                 }
@@ -113,11 +129,7 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
             };
             if spec.stream_output && result.as_ref().is_ok_and(|done| done.oom_killed) {
                 // A streaming client prints the stream, not the result's stderr: tell it there.
-                let note = OutputChunk {
-                    channel: OutputChannel::Stderr,
-                    data: shared.oom.note().into_bytes(),
-                };
-                let _ = write_message(&mut write, &ControlReply::Output(note)).await;
+                stream_note(&mut write, &shared.oom.note()).await;
             }
             // A task's work is on the host's disk when the command returns; a raw sandbox's
             // files do not outlive the machine, but its failed disk is still the command's
@@ -131,18 +143,9 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
                 (Ok(mut done), Some(failure)) => {
                     let note = disk_failure_note(&failure);
                     if spec.stream_output {
-                        let chunk = OutputChunk {
-                            channel: OutputChannel::Stderr,
-                            data: note.clone().into_bytes(),
-                        };
-                        let _ = write_message(&mut write, &ControlReply::Output(chunk)).await;
+                        stream_note(&mut write, &note).await;
                     }
-                    for text in [&mut done.stderr, &mut done.transcript]
-                        .into_iter()
-                        .flatten()
-                    {
-                        text.push_str(&note);
-                    }
+                    append_note(&mut done, &note);
                     done.disk_error = Some(failure);
                     Ok(done)
                 }
@@ -154,18 +157,9 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
                 (Ok(mut done), Some(full)) => {
                     let note = format!("\ndynocap: {full}.\n");
                     if spec.stream_output {
-                        let chunk = OutputChunk {
-                            channel: OutputChannel::Stderr,
-                            data: note.clone().into_bytes(),
-                        };
-                        let _ = write_message(&mut write, &ControlReply::Output(chunk)).await;
+                        stream_note(&mut write, &note).await;
                     }
-                    for text in [&mut done.stderr, &mut done.transcript]
-                        .into_iter()
-                        .flatten()
-                    {
-                        text.push_str(&note);
-                    }
+                    append_note(&mut done, &note);
                     Ok(done)
                 }
                 (result, _) => result,

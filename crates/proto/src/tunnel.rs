@@ -367,7 +367,7 @@ mod tests {
 
     /// Routes frames from one side's outgoing queue into the other side's inbox, as the two
     /// routers on either end of the channel do.
-    fn wire(mut from: mpsc::Receiver<Frame>, to: Inbox) -> tokio::task::JoinHandle<()> {
+    pub(super) fn wire(mut from: mpsc::Receiver<Frame>, to: Inbox) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             while let Some(frame) = from.recv().await {
                 match to.deliver(frame) {

@@ -345,24 +345,10 @@ impl Drop for TunnelStream {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{open, pump, Inbox, Violation, WINDOW};
+    use super::super::tests::wire;
+    use super::super::{open, pump, WINDOW};
     use super::*;
     use tokio::io::{duplex, AsyncReadExt, AsyncWriteExt};
-
-    fn wire(mut from: mpsc::Receiver<Frame>, to: Inbox) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move {
-            while let Some(frame) = from.recv().await {
-                match to.deliver(frame) {
-                    Ok(true) => {}
-                    Ok(false) => return,
-                    Err(Violation(why)) => {
-                        to.close(&why);
-                        return;
-                    }
-                }
-            }
-        })
-    }
 
     /// A pump on one side and a stream on the other move several windows each way, with
     /// a small queue (so writes wait for room) and half-closes, and both end cleanly.

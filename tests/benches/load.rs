@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dynocap_e2e::bench::{
-    child_pids, dynocap_ok, proc_kib, release_bins, running_supervisors,
+    child_pids, dynocap_ok, proc_kib, release_bins, running_supervisors, stop_command_servers,
     wait_for_supervisors_to_exit,
 };
 
@@ -145,6 +145,8 @@ impl Drop for Cleanup<'_> {
                 });
             }
         });
+        // The command server keeps a supervisor standing by for as long as it lives.
+        stop_command_servers(home);
         let left = wait_for_supervisors_to_exit(home, Duration::from_secs(60));
         if !left.is_empty() {
             eprintln!(

@@ -319,6 +319,8 @@ fn main() {
         &listing,
         "dynocap --version",
     );
+    // The command server keeps a supervisor standing by for as long as it lives.
+    stop_command_servers(home_dir.path());
     let left = wait_for_supervisors_to_exit(home_dir.path(), Duration::from_secs(60));
     assert!(
         left.is_empty(),

@@ -116,6 +116,9 @@ class Host:
             # these names on the host: send them to a loopback address nothing listens on, so
             # no test ever sends a DNS query or a packet anywhere else.
             "DYNOCAP_RESOLVE": ",".join(f"{h}:{p}:127.0.0.9" for h in TEST_GIT_HOSTS for p in (443, 22)),
+            # A project's package cache sets its whole size aside on the host when made (2 GB
+            # by default): the tests make many projects, and none fills more than this.
+            "DYNOCAP_CACHE_MB": "256",
         }
         env.update(extra or {})
         return env

@@ -58,6 +58,9 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+/// `DYNOCAP_CACHE_MB` for every test home that does not set its own.
+pub const TEST_CACHE_MB: &str = "256";
+
 /// A private `DYNOCAP_HOME`; every sandbox started through it is destroyed on drop.
 pub struct TestHome {
     path: PathBuf,
@@ -117,6 +120,10 @@ impl TestHome {
         let mut cmd = Command::new(dynocap_bin());
         cmd.env("DYNOCAP_HOME", self.path())
             .env_remove("DYNOCAP_BACKEND")
+            // A project's package cache sets its whole size aside on the host when made (2 GB
+            // by default): tests start many projects at once, and none fills more than this.
+            // A test that sizes caches itself sets its own with `with_env`.
+            .env("DYNOCAP_CACHE_MB", TEST_CACHE_MB)
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }

@@ -426,7 +426,9 @@ fn a_cli_run_starts_its_supervisor_first_and_a_refused_one_leaves_none() {
     if !require_root("a_cli_run_starts_its_supervisor_first_and_a_refused_one_leaves_none") {
         return;
     }
-    let home = TestHome::new();
+    // A `run` in a process of its own: a command server keeps the standby for its next `run`
+    // (tests/cli_server.rs).
+    let home = TestHome::new().with_env("DYNOCAP_CLI_SERVER", "0");
     home.sandbox("first", &[]);
     // `run` started the supervisor as a standby before its checks, then handed it the sandbox:
     // it is the sandbox's recorded supervisor, writing to its log, and no other is left.

@@ -294,7 +294,9 @@ fn a_teardown_leaves_a_fresh_spare_disk_that_the_next_start_takes() {
     if !require_root("a_teardown_leaves_a_fresh_spare_disk") {
         return;
     }
-    let home = TestHome::new();
+    // Each `run` in a process of its own: a command server's standby holds a disk of its own
+    // (a loop device) for the next `run` (tests/cli_server.rs).
+    let home = TestHome::new().with_env("DYNOCAP_CLI_SERVER", "0");
     let spares = home.path().join("cache/disks/spares");
     let spare = || -> Option<std::path::PathBuf> {
         std::fs::read_dir(&spares)
@@ -398,7 +400,9 @@ fn a_cli_run_of_the_default_disk_takes_the_disk_its_standby_made() {
     if !require_root("a_cli_run_of_the_default_disk_takes_the_disk_its_standby_made") {
         return;
     }
-    let home = TestHome::new();
+    // Each `run` in a process of its own: a command server's standby holds a disk of its own
+    // (a loop device) for the next `run` (tests/cli_server.rs).
+    let home = TestHome::new().with_env("DYNOCAP_CLI_SERVER", "0");
     let cache = home.path().join("cache/disks");
     home.sandbox("default", &[]);
     let (_, backing) = disk_loop_of(&home, "default");

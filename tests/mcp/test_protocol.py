@@ -46,9 +46,13 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
     "dynocap_task_start": {
         "projectPath": ("string", None, None, None, False),
         "repositoryUrl": ("string", None, None, None, False),
-        # Extension (docs/mcp.md): a fork of a running task, from a checkpoint of it.
+        # Extension (docs/mcp.md): a fork of a running task, from a checkpoint of it, or
+        # (vm) with its running processes.
         "fromTask": ("string", None, None, None, False),
         "checkpoint": ("string", None, None, None, False),
+        "live": ("boolean", False, None, None, False),
+        # Extension (docs/mcp.md): a start without the project's package caches.
+        "noCache": ("boolean", False, None, None, False),
         "history": ("string", "branches", None, None, False),
         "name": ("string", None, None, None, False),
         "network": ("string", "none", None, None, False),
@@ -146,6 +150,7 @@ SPEC: dict[str, dict[str, tuple[Any, ...]]] = {
         "name": ("string", None, None, None, True),
         "path": ("string", None, None, None, True),
         "depth": ("integer", 1, 1, 8, False),
+        "offset": ("integer", 0, 0, 9007199254740991, False),
     },
 }
 

@@ -84,6 +84,24 @@ def report(args, mib, wrote, starts, forks, from_checkpoint, noops, checkpoints,
     print(f"task restore:                         {med(restores)}")
 
 
+def starts_then_source(home: Path, src: str, args, prefix: str, timeout: str, fill: str):
+    """Times `args.runs` fresh starts of `src` (each removed after), then starts task `src`
+    and has it write `args.gib` GiB from `fill` (an install's worth) and times no-op execs in
+    it. Returns (starts, mib written, seconds the write took, no-op exec times)."""
+    starts = []
+    for i in range(args.runs):
+        starts.append(timed(home, "task", "start", src, "--name", f"{prefix}{i}"))
+        dynocap(home, "rm", "--force", "--purge", f"{prefix}{i}")
+    dynocap(home, "task", "start", src, "--name", "src")
+    mib = int(args.gib * 1024)
+    t = time.monotonic()
+    dynocap(home, "task", "exec", "src", "--timeout", timeout, "--",
+            f"mkdir -p ~/deps && head -c {mib}M {fill} > ~/deps/blob && sync")
+    wrote = time.monotonic() - t
+    noops = [timed(home, "task", "exec", "src", "--", "true") for _ in range(args.runs * 2)]
+    return starts, mib, wrote, noops
+
+
 def vm_setup(home: Path) -> None:
     """vm sandboxes of the debian image (built from the shared test-image cache), with the
     static agent and the VM artefact cache the tests share."""
@@ -106,17 +124,7 @@ def vm_setup(home: Path) -> None:
 def vm_main(args, home: Path, src: str) -> None:
     """The vm rows: cold starts, then checkpoints and forks of a task that wrote GIB GiB."""
     vm_setup(home)
-    starts = []
-    for i in range(args.runs):
-        starts.append(timed(home, "task", "start", src, "--name", f"cold{i}"))
-        dynocap(home, "rm", "--force", "--purge", f"cold{i}")
-    dynocap(home, "task", "start", src, "--name", "src")
-    mib = int(args.gib * 1024)
-    t = time.monotonic()
-    dynocap(home, "task", "exec", "src", "--timeout", "1200", "--",
-            f"mkdir -p ~/deps && head -c {mib}M /dev/urandom > ~/deps/blob && sync")
-    wrote = time.monotonic() - t
-    noops = [timed(home, "task", "exec", "src", "--", "true") for _ in range(args.runs * 2)]
+    starts, mib, wrote, noops = starts_then_source(home, src, args, "cold", "1200", "/dev/urandom")
     checkpoints = [timed(home, "task", "checkpoint", "src", f"c{i}") for i in range(args.runs)]
     forks = []
     for i in range(args.runs):
@@ -162,17 +170,7 @@ def main() -> None:
     try:
         src = str(proj)
         # Fresh starts of the project, for the fork to be compared with.
-        starts = []
-        for i in range(args.runs):
-            starts.append(timed(home, "task", "start", src, "--name", f"fresh{i}"))
-            dynocap(home, "rm", "--force", "--purge", f"fresh{i}")
-        dynocap(home, "task", "start", src, "--name", "src")
-        mib = int(args.gib * 1024)
-        t = time.monotonic()
-        dynocap(home, "task", "exec", "src", "--timeout", "600", "--",
-                f"mkdir -p ~/deps && head -c {mib}M /dev/zero > ~/deps/blob && sync")
-        wrote = time.monotonic() - t
-        noops = [timed(home, "task", "exec", "src", "--", "true") for _ in range(args.runs * 2)]
+        starts, mib, wrote, noops = starts_then_source(home, src, args, "fresh", "600", "/dev/zero")
         checkpoints = []
         for i in range(args.runs):
             checkpoints.append(timed(home, "task", "checkpoint", "src", f"c{i}"))

@@ -584,25 +584,25 @@ async def test_a_run_whose_server_is_killed_while_it_starts_leaves_nothing(host:
     killed: list[int] = []
     try:
         async with connect(host, env=env) as s:
-            with anyio.CancelScope() as scope:
-                async def kill_the_server_once_the_agent_answered() -> None:
-                    with anyio.fail_after(120):
-                        while not any("supervisor: agent " in p.read_text(errors="replace")
-                                      for p in log.glob("*.log")):
-                            await anyio.sleep(0.1)
-                    server = next(int(entry) for entry in os.listdir("/proc") if entry.isdigit()
-                                  and running(int(entry))
-                                  and Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[1:2]
-                                  == [b"mcp"]
-                                  and str(host.state).encode()
-                                  in Path(f"/proc/{entry}/environ").read_bytes())
-                    os.kill(server, 9)
-                    killed.append(server)
-                    with anyio.fail_after(60):
-                        while running(server):
-                            await anyio.sleep(0.1)
-                    scope.cancel()
+            async def kill_the_server_once_the_agent_answered() -> None:
+                with anyio.fail_after(120):
+                    while not any("supervisor: agent " in p.read_text(errors="replace")
+                                  for p in log.glob("*.log")):
+                        await anyio.sleep(0.1)
+                server = next(int(entry) for entry in os.listdir("/proc") if entry.isdigit()
+                              and running(int(entry))
+                              and Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[1:2]
+                              == [b"mcp"]
+                              and str(host.state).encode()
+                              in Path(f"/proc/{entry}/environ").read_bytes())
+                os.kill(server, 9)
+                killed.append(server)
 
+            # The call is not cancelled: cancelling it makes the SDK write
+            # `notifications/cancelled` to the dead server's stdin, whose broken
+            # pipe surfaces outside this test. The server's end of the pipe
+            # closes with it, and the SDK ends the call with "Connection closed".
+            with anyio.fail_after(120):
                 async with anyio.create_task_group() as group:
                     group.start_soon(kill_the_server_once_the_agent_answered)
                     await s.call_tool("dynocap_run", {"name": "held"})

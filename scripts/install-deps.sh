@@ -9,6 +9,7 @@ packages=(
     sqlite3                     # tests inspect the catalog
     procps util-linux perl      # used inside sandboxes by the tests (ps, unshare, perl)
     e2fsprogs                   # mkfs.ext4: every sandbox's disk is an ext4 image
+    xfsprogs                    # mkfs.xfs: the jail fork tests' XFS homes (reflink clones)
     iproute2                    # network namespaces for test hosts
     bubblewrap                  # the benchmark's baseline
     ca-certificates

@@ -1,7 +1,8 @@
 //! A task's checkpoints and the disk a fork of it starts from, as files of its state
 //! directory: `checkpoints/<label>/` holds `checkpoint.json` and the disk as it was at one
-//! instant, which is on the jail `disk.img`, a copy of the guest's disk (see
-//! [`HostDisk::snapshot`]), and on the vm the chain of read-only qcow2 layers the disk was
+//! instant, which is on the jail `disk.img`, a duplicate of the guest's disk (see
+//! [`HostDisk::snapshot`]: a clone sharing its extents where the home's filesystem has
+//! reflinks, else a copy of what the guest wrote), and on the vm the chain of read-only qcow2 layers the disk was
 //! then (hard links of the `frozen-*.qcow2` files, see `dynocap_backend_vm::layers`) with
 //! [`LAYER_TOP`] naming its top: the guest's writable layer was frozen, the guest going on on
 //! a new one above it, so a checkpoint costs the same whatever the task wrote. A restore or a
@@ -181,6 +182,17 @@ fn sweep(state_dir: &Path) {
     }
 }
 
+/// What the home's filesystem must have free for a duplicate of the jail disk `image`: what
+/// it holds, for a copy; nothing, for a clone (its extents are shared, and counted once in
+/// the filesystem's free space).
+fn duplicate_bytes(state_dir: &Path, image: &Path) -> u64 {
+    if dynocap_backend_jail::reflinks(state_dir) {
+        0
+    } else {
+        dynocap_backend_jail::allocated_bytes(image).unwrap_or(0)
+    }
+}
+
 /// Refuses a copy of about `bytes` the home's filesystem cannot hold beside its headroom.
 fn check_room(state_dir: &Path, bytes: u64) -> Result<()> {
     let free = crate::host::disk_room::free_mb(state_dir)?.saturating_mul(1 << 20);
@@ -232,9 +244,14 @@ pub fn create(state_dir: &Path, label: &str, disk: &Disk) -> Result<CheckpointIn
         ));
     }
     if let Disk::Copy(_) = disk {
-        check_room(
+        check_room(state_dir, duplicate_bytes(state_dir, &state_dir.join(DISK)))?;
+    }
+    if let Disk::Layers(disk) = disk {
+        crate::host::disk_room::check_more(
             state_dir,
-            dynocap_backend_jail::allocated_bytes(&state_dir.join(DISK)).unwrap_or(0),
+            disk.freeze_cost(),
+            "this checkpoint (the task's disk layer kept as it is, and a new one set aside for \
+             the task's disk)",
         )?;
     }
     let making = dir(state_dir).join(format!("{MAKING}{label}"));
@@ -310,12 +327,23 @@ pub fn restore_layers(state_dir: &Path, label: &str) -> Result<()> {
 /// Copies checkpoint `label`'s disk to `dest` (a new file): what a restore boots over.
 pub fn copy_disk(state_dir: &Path, label: &str, dest: &Path) -> Result<u64> {
     let disk = disk_of(state_dir, label)?;
-    check_room(
-        state_dir,
-        dynocap_backend_jail::allocated_bytes(&disk).unwrap_or(0),
-    )?;
+    check_room(state_dir, duplicate_bytes(state_dir, &disk))?;
     dynocap_backend_jail::copy_sparse(&disk, dest)
         .with_context(|| format!("copying the checkpoint to {}", dest.display()))
+}
+
+/// Refuses a fork whose clone of the jail disk `image` the home's filesystem could not back:
+/// the clone reserves nothing new (the source's reservation covers its shared extents), so
+/// the filesystem must have room for the fork's whole disk as its guest overwrites them. A
+/// copy's fork reserves its whole disk when it boots, as any start does.
+fn check_fork_room(state_dir: &Path, image: &Path) -> Result<()> {
+    if !dynocap_backend_jail::reflinks(state_dir) {
+        return Ok(());
+    }
+    let size = std::fs::metadata(image)
+        .with_context(|| format!("reading the size of {}", image.display()))?
+        .len();
+    check_room(state_dir, size)
 }
 
 /// Where a fork's state directory is made before it is renamed into place.
@@ -346,16 +374,30 @@ pub fn seed_fork(
     let made = (|| {
         match (from, disk) {
             (Some(label), Disk::Copy(_)) => {
+                check_fork_room(state_dir, &disk_of(state_dir, label)?)?;
                 copy_disk(state_dir, label, &making.join(DISK))?;
             }
             (None, Disk::Copy(disk)) => {
-                check_room(
-                    state_dir,
-                    dynocap_backend_jail::allocated_bytes(&state_dir.join(DISK)).unwrap_or(0),
-                )?;
+                let image = state_dir.join(DISK);
+                check_fork_room(state_dir, &image)?;
+                check_room(state_dir, duplicate_bytes(state_dir, &image))?;
                 disk.snapshot(&making.join(DISK), &mut || Ok(()))?;
             }
             (from, Disk::Layers(disk)) => {
+                // The fork's own layer is counted with the freeze (the facade's admission
+                // checked it alone); the frozen chain counts nothing again.
+                let (cost, what) = match from {
+                    Some(_) => (
+                        disk.layer_room(),
+                        "this fork (a new layer set aside for its disk)",
+                    ),
+                    None => (
+                        disk.freeze_cost().saturating_add(disk.layer_room()),
+                        "this fork (the task's disk layer kept as it is, and new ones set aside \
+                         for the task's disk and the fork's)",
+                    ),
+                };
+                crate::host::disk_room::check_more(state_dir, cost, what)?;
                 let vm = vm_dir(&making);
                 std::fs::create_dir_all(&vm).context("creating the fork's vm directory")?;
                 let top = match from {

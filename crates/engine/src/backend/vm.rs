@@ -38,6 +38,8 @@ struct VmGuest {
     paths: VmPaths,
     /// The layer's virtual size, for its reservation.
     disk_bytes: u64,
+    /// The guest's memory: what a live save's state file may take on the host.
+    memory_bytes: u64,
     /// A live fork's resumed guest: the hostname its agent rejoins under.
     rejoin: Option<String>,
     /// pasta, for a `nat` guest.
@@ -165,6 +167,7 @@ impl Backend for VmBackend {
             paths: vm.paths().clone(),
             vm: Arc::new(Mutex::new(Some(vm))),
             disk_bytes: vm_spec.disk_bytes,
+            memory_bytes: vm_spec.memory_mb.saturating_mul(1 << 20),
             rejoin: resumed.then(|| spec.hostname.clone()),
             usernet,
             _cache_lock: cache.map(|cache| cache.lock),
@@ -303,16 +306,38 @@ struct VmLayers {
 }
 
 impl LayeredDisk for VmLayers {
+    /// The new layer's room is set aside right after the switch; a caller checks
+    /// [`freeze_cost`](LayeredDisk::freeze_cost) against the free space first, so that only
+    /// a race with another writer on the host's filesystem makes it fail.
     fn freeze(&self) -> Result<(String, u64)> {
         let frozen = lock(&self.vm)
             .as_mut()
             .ok_or_else(gone)?
             .snapshot_layer()
             .map_err(VmFailure::Freeze)?;
-        if let Err(err) = self.room.reserve() {
-            tracing::warn!("reserving the room of the vm's new disk layer: {err}");
-        }
+        self.room.reserve()?;
         Ok((frozen.name, frozen.bytes))
+    }
+    fn freeze_cost(&self) -> u64 {
+        freeze_cost(&self.room)
+    }
+    fn layer_room(&self) -> u64 {
+        crate::host::disk_room::reserved_bytes(self.room.bytes, self.room.layout)
+    }
+}
+
+/// What freezing the writable layer `room` describes takes from the host's free space: its
+/// data stays (the frozen layer keeps its length), its room past that goes back (see
+/// `dynocap_backend_vm::layers`'s `seal`) and the new layer sets aside the whole room again.
+fn freeze_cost(room: &crate::host::disk_room::DiskRoom) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let whole = crate::host::disk_room::reserved_bytes(room.bytes, room.layout);
+    match std::fs::metadata(&room.image) {
+        Ok(meta) => meta
+            .len()
+            .saturating_add(whole)
+            .saturating_sub(meta.blocks().saturating_mul(512)),
+        Err(_) => whole,
     }
 }
 
@@ -356,14 +381,25 @@ impl Guest for VmGuest {
             layout: crate::host::disk_room::Layout::Growing,
         })
     }
+    /// Refused before the pause when the host cannot back what the save makes: the frozen
+    /// layer's data and the parent's new layer ([`freeze_cost`]), the fork's own layer, the
+    /// guest's memory in the state file and the fork's copy of the package cache disk.
     fn save_live(&mut self, fork_dir: &Path) -> Result<super::LiveSaved> {
-        let saved = super::vm_live::save(lock(&self.vm).as_mut().ok_or_else(gone)?, fork_dir)?;
+        let room = self.disk_room().ok_or_else(gone)?;
+        let needed = freeze_cost(&room)
+            .saturating_add(crate::host::disk_room::reserved_bytes(
+                room.bytes,
+                room.layout,
+            ))
+            .saturating_add(self.memory_bytes);
+        let saved = super::vm_live::save(
+            lock(&self.vm).as_mut().ok_or_else(gone)?,
+            fork_dir,
+            &self.paths.dir,
+            needed,
+        )?;
         // The parent goes on on a new layer, whose room is reserved as the first one's was.
-        if let Some(room) = self.disk_room() {
-            if let Err(err) = room.reserve() {
-                tracing::warn!("reserving the room of the vm's new disk layer: {err}");
-            }
-        }
+        room.reserve()?;
         Ok(saved)
     }
     fn rejoin_as(&self) -> Option<&str> {

@@ -25,8 +25,30 @@ use crate::foundation::error::{Error, Result};
 const SAVE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Saves the running guest `vm` for the fork whose state directory is `fork_dir` (see the
-/// module doc). Blocking.
-pub(super) fn save(vm: &mut Vm, fork_dir: &Path) -> Result<LiveSaved> {
+/// module doc), once the filesystem holding `home_dir` is seen to have room for `needed`
+/// bytes and the package cache disk's copy. The copy sets its whole size aside, as the cache
+/// it copies did. Blocking.
+pub(super) fn save(
+    vm: &mut Vm,
+    fork_dir: &Path,
+    home_dir: &Path,
+    needed: u64,
+) -> Result<LiveSaved> {
+    let cache = migrate::cache_image(vm)
+        .map_err(|err| Error::internal(format!("asking QEMU for the cache disk: {err}")))?;
+    let cache_bytes = match &cache {
+        Some(image) => std::fs::metadata(image)
+            .map_err(|err| Error::internal(format!("reading {}: {err}", image.display())))?
+            .len(),
+        None => 0,
+    };
+    crate::host::disk_room::check_more(
+        home_dir,
+        needed.saturating_add(cache_bytes),
+        "this live fork (the task's disk layer kept as it is, new ones set aside for the \
+         task's disk and the fork's, the guest's memory saved and its package cache disk \
+         copied)",
+    )?;
     let fork = VmPaths::at(fork_dir);
     std::fs::create_dir_all(&fork.dir)
         .map_err(|err| Error::internal(format!("creating {}: {err}", fork.dir.display())))?;
@@ -41,9 +63,9 @@ pub(super) fn save(vm: &mut Vm, fork_dir: &Path) -> Result<LiveSaved> {
             layers::link_chain(&from, &frozen.name, &fork.dir)?;
             layers::new_layer_over(&fork.dir, &frozen.name, &fork.disk)?;
             let mut bytes = frozen.bytes;
-            if let Some(image) = migrate::cache_image(vm)? {
+            if let Some(image) = &cache {
                 let copy = fork.dir.join(migrate::CACHE_COPY);
-                bytes += dynocap_backend_jail::copy_sparse(&image, &copy).map_err(|source| {
+                bytes += dynocap_backend_jail::copy_sparse(image, &copy).map_err(|source| {
                     VmError::Io {
                         context: format!("copying the package cache disk to {}", copy.display()),
                         source,
@@ -68,6 +90,23 @@ pub(super) fn save(vm: &mut Vm, fork_dir: &Path) -> Result<LiveSaved> {
         })?;
     }
     let saved = saved?;
+    if cache.is_some() {
+        // Set aside now that the guest runs again: the copy was the pause's, its room is not.
+        let copy = fork.dir.join(migrate::CACHE_COPY);
+        let layout = crate::host::disk_room::Layout::Fixed;
+        crate::host::disk_room::reserve_with(&copy, cache_bytes, layout, |dir, free| {
+            Error::new(
+                crate::foundation::error::ErrorCode::PolicyDenied,
+                format!(
+                    "the live fork's copy of the package cache disk needs {} MB set aside on \
+                     the filesystem holding {}, which has {free} MB free: free space there \
+                     (delete checkpoints, destroy sandboxes, or rm --purge finished tasks)",
+                    cache_bytes >> 20,
+                    dir.display()
+                ),
+            )
+        })?;
+    }
     Ok(LiveSaved {
         state_bytes: saved.state_bytes,
         disk_bytes: saved.disk_bytes,

@@ -172,6 +172,35 @@ fn refusal(home: &Path, disk_mb: u64, cache_mb: u64, free: u64) -> Error {
     })
 }
 
+/// The bytes [`reserve`] sets aside for `bytes` of guest disk laid out as `layout`.
+pub fn reserved_bytes(bytes: u64, layout: Layout) -> u64 {
+    match layout {
+        Layout::Fixed => bytes,
+        Layout::Growing => bytes.saturating_add(qcow2_tables(bytes)),
+    }
+}
+
+/// Refuses (`policy_denied`) `what`, which takes `bytes` more from the filesystem holding
+/// `dir`, when that filesystem cannot give them and keep [`HEADROOM_MB`] free; the refusal
+/// names what is free, what is asked and what to do.
+pub fn check_more(dir: &Path, bytes: u64, what: &str) -> Result<()> {
+    let free = free_mb(dir)?;
+    let needed = bytes.div_ceil(1 << 20);
+    if free >= needed.saturating_add(HEADROOM_MB) {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorCode::PolicyDenied,
+        format!(
+            "{what} needs {needed} MB more on the filesystem holding {}, which has {free} MB \
+             free and keeps {HEADROOM_MB} MB for DynoCap's records and results: free space on \
+             that filesystem (delete checkpoints, destroy sandboxes, or rm --purge finished \
+             tasks), or point DYNOCAP_HOME at a filesystem with more room",
+            dir.display()
+        ),
+    ))
+}
+
 /// Sets aside on the host the room the disk at `image` may fill, `bytes` of guest disk laid
 /// out as `layout`. Nothing is written; what is reserved already costs nothing again (a kept
 /// layer booted over). A filesystem without room is `policy_denied`, as [`check_room`] says it.
@@ -196,13 +225,11 @@ pub fn reserve_with(
             image: image.to_owned(),
             source,
         })?;
-    let (mode, length) = match layout {
-        Layout::Fixed => (0, bytes),
-        Layout::Growing => (
-            libc::FALLOC_FL_KEEP_SIZE,
-            bytes.saturating_add(qcow2_tables(bytes)),
-        ),
+    let mode = match layout {
+        Layout::Fixed => 0,
+        Layout::Growing => libc::FALLOC_FL_KEEP_SIZE,
     };
+    let length = reserved_bytes(bytes, layout);
     let length = i64::try_from(length)
         .map_err(|_| Error::invalid(format!("a disk of {bytes} bytes is too large")))?;
     // SAFETY: fallocate reads its integer arguments and acts on the open descriptor `file`.

@@ -413,7 +413,8 @@ impl Server {
                 self.gate.hold_after(id);
                 self.outbox.send_done(id, &Response::Pong).await
             }
-            Request::Resume => {
+            Request::Resume(req) => {
+                session::set_clock(req.unix_ms);
                 self.gate.release(None);
                 self.outbox.send_done(id, &Response::Pong).await
             }

@@ -127,6 +127,12 @@ pub fn take_identity(hostname: &str, unix_ms: u64) {
     if let Err(err) = nix::unistd::sethostname(hostname) {
         log!("cannot take the hostname {hostname:?}: {err}");
     }
+    set_clock(unix_ms);
+}
+
+/// Sets the guest's wall clock to the host's `unix_ms`: a guest paused for a save (the saved
+/// one and its resumed copy alike) lost the time it stood still.
+pub fn set_clock(unix_ms: u64) {
     let now = nix::sys::time::TimeSpec::from(std::time::Duration::from_millis(unix_ms));
     if let Err(err) = nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, now) {
         log!("cannot set the clock to the host's: {err}");

@@ -25,7 +25,8 @@ pub use io::{FrameReader, FrameWriter};
 pub use message::{
     channel, from_payload, to_payload, BaselineRequest, CloneRequest, ConnectRequest, DiffRequest,
     EgressRequest, ErrorBody, ExecExit, ExecRequest, GuestRequest, Hello, ReceiveFileRequest,
-    RejoinRequest, Request, Response, UnpackRequest, MAX_COMMAND_LEN, PROTOCOL_VERSION,
+    RejoinRequest, Request, Response, ResumeRequest, UnpackRequest, MAX_COMMAND_LEN,
+    PROTOCOL_VERSION,
 };
 
 /// The git attributes of every path while a task's patch is made (the guest's diff) and

@@ -77,9 +77,10 @@ pub enum Request {
     /// or a `Rejoin`: the host saves the guest for a live fork while nothing is in flight on
     /// the channel either way (it sends nothing after this request meanwhile).
     Pause,
-    /// The saved guest's own host, after the save: the agent's frames flow again; answered
-    /// with `Done(Response::Pong)`.
-    Resume,
+    /// The saved guest's own host, after the save: the agent's frames flow again and the
+    /// guest's clock is set to the host's (it stood still while the guest was paused);
+    /// answered with `Done(Response::Pong)`.
+    Resume(ResumeRequest),
     /// Sent on the control stream by the host of a guest resumed from another's save (a live
     /// fork), before anything else: the agent leaves the saved host's session (its commands
     /// run on, their output unread), takes `hostname` and the host's clock (the saved
@@ -92,6 +93,14 @@ pub enum Request {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RejoinRequest {
     pub hostname: String,
+    /// The host's wall clock, milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+}
+
+/// See [`Request::Resume`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResumeRequest {
     /// The host's wall clock, milliseconds since the Unix epoch.
     pub unix_ms: u64,
 }

@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dynocap_proto::{
-    to_payload, Frame, FrameKind, FrameWriter, RejoinRequest, Request, CONTROL_STREAM,
+    to_payload, Frame, FrameKind, FrameWriter, RejoinRequest, Request, ResumeRequest,
+    CONTROL_STREAM,
 };
 use tokio::io::AsyncWrite;
 use tokio::sync::Notify;
@@ -87,7 +88,10 @@ impl AgentConn {
     /// Lets the channel go on after [`AgentConn::pause_for_save`].
     pub async fn resume_after_save(&self) -> Result<()> {
         self.hold.release();
-        tokio::time::timeout(ANSWER_WITHIN, self.ask(&Request::Resume))
+        let request = Request::Resume(ResumeRequest {
+            unix_ms: host_clock_ms(),
+        });
+        tokio::time::timeout(ANSWER_WITHIN, self.ask(&request))
             .await
             .unwrap_or_else(|_| {
                 Err(Error::timeout(
@@ -116,13 +120,9 @@ impl AgentConn {
 /// its clock set to the host's: the first bytes the host writes on the channel; its answer
 /// is the session's `Hello`.
 pub async fn rejoin(write: &mut (impl AsyncWrite + Unpin), hostname: &str) -> Result<()> {
-    let unix_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0);
     let request = Request::Rejoin(RejoinRequest {
         hostname: hostname.to_owned(),
-        unix_ms,
+        unix_ms: host_clock_ms(),
     });
     FrameWriter::new(write)
         .write_frame(&Frame::new(
@@ -134,6 +134,15 @@ pub async fn rejoin(write: &mut (impl AsyncWrite + Unpin), hostname: &str) -> Re
         .map_err(|err| {
             Error::internal(format!("asking the resumed guest's agent to rejoin: {err}"))
         })
+}
+
+/// The host's wall clock, milliseconds since the Unix epoch: what a guest that stood still
+/// for a save is set to.
+fn host_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -16,10 +16,14 @@ Then task starts on a pulled image beside the same start on the built `debian` i
 debian image comes from the tests' shared image cache (DYNOCAP_TEST_IMAGE_CACHE, else
 /var/cache/dynocap-test-images; built there first when missing, which takes minutes), its
 rootfs is pushed as a one-layer image (same files, so only being pulled differs), pulled, and
-`dynocap task start PROJECT --image X --backend jail` alternates between the two ROUNDS times
-(each task removed, untimed, before the next start). `--no-tasks` skips this part.
+`dynocap task start PROJECT --image X --backend B` alternates between the two, after one
+untimed start on each (a VM's first start on an image makes its base disk), ROUNDS times on the
+jail and VM_ROUNDS times on the vm backend (under TCG unless DYNOCAP_VM_ACCEL says otherwise;
+each boot takes seconds, so few rounds), each task removed, untimed, before the next start.
+`--no-tasks` skips this part.
 
-Usage (as root): scripts/bench-pull.py [--dynocap target/release/dynocap] [--rounds 3] [--no-tasks]
+Usage (as root): scripts/bench-pull.py [--dynocap target/release/dynocap] [--rounds 3]
+                 [--backends jail,vm] [--vm-rounds 3] [--no-tasks]
 Needs docker-registry, skopeo, openssl, mmdebstrap (scripts/install-deps.sh). Loopback only.
 """
 
@@ -137,7 +141,8 @@ def timed(cmd, env=None, cpu=None) -> float:
     return wall
 
 
-def bench_task_starts(dynocap: str, env: dict, addr: str, pki: str, work: str, rounds: int) -> None:
+def bench_task_starts(dynocap: str, env: dict, addr: str, pki: str, work: str, rounds: int,
+                      backends: list, vm_rounds: int) -> None:
     """Task starts on the debian image pulled from the registry beside the built one."""
     cache = os.environ.get("DYNOCAP_TEST_IMAGE_CACHE") or "/var/cache/dynocap-test-images"
     home = os.path.join(work, "home-tasks")
@@ -195,28 +200,50 @@ def bench_task_starts(dynocap: str, env: dict, addr: str, pki: str, work: str, r
     run([*git, "add", "-A"])
     run([*git, "commit", "-q", "-m", "first"])
 
-    times = {"debian": [], pulled_ref: []}
-    for n in range(rounds):
-        # Alternating which goes first, so neither always follows the other's teardown.
-        order = ["debian", pulled_ref] if n % 2 == 0 else [pulled_ref, "debian"]
-        for image in order:
-            name = f"t{n}-{'p' if image == pulled_ref else 'd'}"
-            times[image].append(timed([dynocap, "task", "start", project, "--name", name,
-                                       "--image", image, "--backend", "jail"], env=env))
-            subprocess.run([dynocap, "rm", name, "--force", "--purge"], env=env, check=True,
+    for backend in backends:
+        backend_rounds = vm_rounds if backend == "vm" else rounds
+        benv = env
+        if backend == "vm":
+            benv = dict(env, DYNOCAP_VM_ACCEL=env.get("DYNOCAP_VM_ACCEL", "tcg"))
+
+        def start(image: str, name: str) -> float:
+            took = timed([dynocap, "task", "start", project, "--name", name, "--image", image,
+                          "--backend", backend], env=benv)
+            subprocess.run([dynocap, "rm", name, "--force", "--purge"], env=benv, check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.2)
-    d, p = statistics.median(times["debian"]), statistics.median(times[pulled_ref])
-    print(f"task start (jail), median of {rounds}:")
-    print(f"  on the debian image          {d:.2f} s  {[round(t, 2) for t in times['debian']]}")
-    print(f"  on the same rootfs, pulled   {p:.2f} s  {[round(t, 2) for t in times[pulled_ref]]}")
-    print(f"  ratio pulled/debian          {p / d:.2f}x (target <= 1.1x)")
+            return took
+
+        # One untimed start on each first: what a first start makes once per image (a VM's
+        # base disk from the rootfs, its initramfs) is not what this compares.
+        for image in ("debian", pulled_ref):
+            warm = start(image, f"w-{backend}-{'p' if image == pulled_ref else 'd'}")
+            print(f"task starts ({backend}): first start on {image} {warm:.2f} s (untimed warm-up)",
+                  file=sys.stderr)
+        times = {"debian": [], pulled_ref: []}
+        for n in range(backend_rounds):
+            # Alternating which goes first, so neither always follows the other's teardown.
+            order = ["debian", pulled_ref] if n % 2 == 0 else [pulled_ref, "debian"]
+            for image in order:
+                tag = "p" if image == pulled_ref else "d"
+                times[image].append(start(image, f"t{backend}{n}-{tag}"))
+        d, p = statistics.median(times["debian"]), statistics.median(times[pulled_ref])
+        accel = f", {benv['DYNOCAP_VM_ACCEL']}" if backend == "vm" else ""
+        print(f"task start ({backend}{accel}), median of {backend_rounds}, load average "
+              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}:")
+        print(f"  on the debian image          {d:.2f} s  {[round(t, 2) for t in times['debian']]}")
+        print(f"  on the same rootfs, pulled   {p:.2f} s  {[round(t, 2) for t in times[pulled_ref]]}")
+        print(f"  ratio pulled/debian          {p / d:.2f}x (target <= 1.1x)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dynocap", default="target/release/dynocap")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backends", default="jail,vm",
+                        help="the backends the task starts run on, in this order")
+    parser.add_argument("--vm-rounds", type=int, default=3,
+                        help="rounds of the vm task starts (under TCG each boot takes seconds)")
     parser.add_argument("--no-tasks", action="store_true",
                         help="skip the task starts on a pulled image beside the debian image")
     args = parser.parse_args()
@@ -283,7 +310,8 @@ def main() -> int:
               f"{transfer['blobsDownloaded']} blob(s) / {transfer['bytesDownloaded'] / 1e6:.1f} MB downloaded, "
               f"{transfer['layersPresent']} layers already stored")
         if not args.no_tasks:
-            bench_task_starts(dynocap, env, addr, pki, work, args.rounds)
+            bench_task_starts(dynocap, env, addr, pki, work, args.rounds,
+                              args.backends.split(","), args.vm_rounds)
         return 0
     finally:
         registry.kill()

@@ -373,6 +373,33 @@ mod tests {
         assert!(allocated(&growing) >= (8 << 20) + qcow2_tables(8 << 20));
     }
 
+    /// What a checkpoint or fork takes beyond a start's disk: refused with the free space
+    /// named when the filesystem cannot give it and keep the headroom, allowed when it can.
+    #[test]
+    fn more_room_is_refused_naming_the_free_space_or_allowed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let free = free_mb(dir.path()).expect("free");
+        // Far from the edge either way: other writers share the filesystem.
+        let fits = free.saturating_sub(HEADROOM_MB + 1024) << 20;
+        check_more(dir.path(), fits, "this checkpoint").expect("room for it");
+        let too_much = (free + 1024) << 20;
+        let err = check_more(dir.path(), too_much, "this checkpoint").expect_err("no room");
+        assert_eq!(err.code, ErrorCode::PolicyDenied);
+        let needed = format!("this checkpoint needs {} MB more", free + 1024);
+        for needle in [needed.as_str(), "MB free", "rm --purge", "DYNOCAP_HOME"] {
+            assert!(
+                err.message.contains(needle),
+                "{needle:?} not in {}",
+                err.message
+            );
+        }
+        assert_eq!(reserved_bytes(8 << 20, Layout::Fixed), 8 << 20);
+        assert_eq!(
+            reserved_bytes(8 << 20, Layout::Growing),
+            (8 << 20) + qcow2_tables(8 << 20)
+        );
+    }
+
     #[test]
     fn the_tables_bound_covers_every_cluster() {
         // 1 TiB: 16 Mi clusters, 160 MiB of entries.

@@ -56,6 +56,24 @@ pub fn require_qemu(test: &str) -> bool {
 }
 
 fn vm_home(test: &str) -> Option<TestHome> {
+    vm_home_from(test, images::cached_home())
+}
+
+/// A vm home as [`TestHome::on`] makes one, at `path` (on a filesystem of the test's own,
+/// say: the debian image is copied there, the vm cache stays shared). `None` (the test is
+/// skipped) where [`TestHome::on`] skips.
+pub fn vm_home_at(test: &str, path: PathBuf) -> Option<TestHome> {
+    if !require_root(test) {
+        return None;
+    }
+    let home = TestHome::at(path).with_env(
+        "DYNOCAP_IMAGE_CACHE",
+        &images::cache_dir().to_string_lossy(),
+    );
+    vm_home_from(test, home)
+}
+
+fn vm_home_from(test: &str, home: TestHome) -> Option<TestHome> {
     if !require_qemu(test) {
         return None;
     }
@@ -72,7 +90,7 @@ fn vm_home(test: &str) -> Option<TestHome> {
         agent.display()
     );
     let accel = std::env::var("DYNOCAP_VM_ACCEL").unwrap_or_else(|_| "tcg".to_owned());
-    let (home, _) = images::debian_home();
+    home.json(&["image", "build", "debian"]);
     let home = home
         .with_env("DYNOCAP_BACKEND", Backend::Vm.name())
         .with_env("DYNOCAP_VM_ACCEL", &accel)

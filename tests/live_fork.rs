@@ -2,10 +2,34 @@
 //! started as a job in the parent still runs in the fork, and in a second live fork; each
 //! answers on its own hostname while the parent's session goes on; the parent keeps its job,
 //! the forks list none; each finishes with a verified patch of the shared work and its own
-//! change only. On the jail, `--live` is refused, saying it is
-//! the vm backend's, and leaves no fork behind.
+//! change only. Both guests' clocks are the host's right after the fork (the save paused
+//! the parent's, and the fork's stood still from the save to its resume). A live fork of a
+//! `filtered` task is filtered as its parent: an allowed host answers, another is refused.
+//! On the jail, `--live` is refused, saying it is the vm backend's, and leaves no fork behind.
 
+use dynocap_e2e::netfix::*;
 use dynocap_e2e::*;
+
+/// Asserts that the guest clock of task `name` reads the host's, within a few seconds.
+fn assert_clock_is_the_hosts(home: &TestHome, name: &str) {
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs()
+    };
+    let before = now();
+    let guest: u64 = home
+        .task_sh(name, "date +%s")
+        .trim()
+        .parse()
+        .expect("date +%s");
+    let after = now();
+    assert!(
+        guest + 3 >= before && guest <= after + 3,
+        "{name}'s clock reads {guest}, the host's {before}..{after}"
+    );
+}
 
 /// HTTP status of `curl` to the guest's port 8000 from inside task `name`, waiting for the
 /// server to listen.
@@ -40,6 +64,8 @@ fn a_live_fork_keeps_the_running_server_and_finishes_its_own_patch() {
     home.json(&["task", "checkpoint", "p", "before"]);
     let fork = home.json(&["task", "fork", "p", "f", "--live"]);
     assert_eq!(fork["forkedFrom"]["task"], "p", "{fork:#}");
+    assert_clock_is_the_hosts(&home, "p");
+    assert_clock_is_the_hosts(&home, "f");
     // The parent's session went on across the save: its job is running and listed.
     assert_eq!(home.task_sh("p", CURL), "200");
     let jobs = home.json(&["job", "p"]);
@@ -86,6 +112,51 @@ fn a_live_fork_keeps_the_running_server_and_finishes_its_own_patch() {
     assert!(
         patch.contains("+shared") && patch.contains("b/parent.txt") && !patch.contains("fork"),
         "{patch}"
+    );
+}
+
+#[test]
+fn a_live_fork_of_a_filtered_task_is_filtered_too() {
+    let test = "a_live_fork_of_a_filtered_task_is_filtered_too";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let fix = NetFix::start();
+    let home = fix
+        .product_env()
+        .iter()
+        .fold(home, |home, (key, value)| home.with_env(key, value));
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&[
+        "task",
+        "start",
+        &path,
+        "--name",
+        "p",
+        "--network",
+        "filtered",
+    ]);
+    let allowed = format!("curl -sS --fail https://{NPM_HOST}/");
+    assert_eq!(home.task_sh("p", &allowed), "dynocap netfix\n");
+    let fork = home.json(&["task", "fork", "p", "f", "--live"]);
+    assert_eq!(fork["network"], "filtered", "{fork:#}");
+    for name in ["f", "p"] {
+        assert_eq!(home.task_sh(name, &allowed), "dynocap netfix\n", "{name}");
+        let refused = home.exec_in_task(name, &format!("curl -sS https://{GIT_HOST}/"), 60);
+        assert_ne!(refused["exitCode"], 0, "{name}: {refused:#}");
+        assert!(
+            refused["stderr"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("403"),
+            "{name}: {refused:#}"
+        );
+    }
+    assert!(
+        !fix.https.requests().iter().any(|r| r["sni"] == GIT_HOST),
+        "{:#?}",
+        fix.https.requests()
     );
 }
 

@@ -1,7 +1,8 @@
 """A task's checkpoints and forks over MCP with the official SDK: dynocap_checkpoint makes,
 lists, restores (naming the job it ended) and deletes checkpoints; dynocap_task_start with
 fromTask forks a task from its current state and from a checkpoint, each fork finishing with a
-verified patch of the shared work and its own change only; a fork's network passes the host
+verified patch of the shared work and its own change only; on the vm a live fork (live with
+fromTask) keeps the server the source runs as a job; a fork's network passes the host
 policy as any start's, and what a fork keeps of its parent cannot be given with fromTask."""
 
 from __future__ import annotations
@@ -97,3 +98,33 @@ async def test_vm_checkpoint_restore_and_fork_over_mcp(host: Host) -> None:
             "base.txt", "later.txt"]
         assert changed(ok(await s.call_tool("dynocap_task_finish", {"id": "vold"}))) == [
             "base.txt", "old.txt"]
+
+
+async def test_vm_live_fork_over_mcp(host: Host) -> None:
+    """On the vm backend, dynocap_task_start with fromTask and live: the server the source runs
+    as a background job answers in the fork, under the fork's hostname, and the fork finishes
+    with a verified patch of the shared work and its own change only."""
+    from test_vm import vm_env
+
+    env = vm_env(host)
+    app = host.project("vmlive", files={"base.txt": "base\n"})
+    curl = ("for i in $(seq 150); do curl -s -o /dev/null localhost:8000/ && break; sleep 0.2; "
+            "done; curl -s -o /dev/null -w '%{http_code}' localhost:8000/")
+    async with connect(host, env=env) as s:
+        ok(await s.call_tool("dynocap_task_start", {"projectPath": str(app), "name": "lsrc"}))
+        run = lambda name, cmd: s.call_tool("dynocap_task_exec", {"name": name, "command": cmd})  # noqa: E731
+        job = ok(await s.call_tool("dynocap_task_exec", {
+            "name": "lsrc", "background": True, "timeoutSeconds": 900,
+            "command": "cd /tmp && exec python3 -m http.server 8000 --bind 127.0.0.1"}))
+        assert job["running"] is True, job
+        assert ok(await run("lsrc", curl))["stdout"] == "200"
+        assert ok(await run("lsrc", "echo shared >> base.txt"))["exitCode"] == 0
+        fork = ok(await s.call_tool("dynocap_task_start",
+                                    {"fromTask": "lsrc", "live": True, "name": "lfork"}))
+        assert fork["forkedFrom"]["task"] == "lsrc", fork
+        seen = ok(await run("lfork", curl + "; echo; hostname"))
+        assert seen["stdout"] == "200\nlfork\n", seen
+        assert ok(await run("lfork", "echo f > fork.txt"))["exitCode"] == 0
+        assert changed(ok(await s.call_tool("dynocap_task_finish", {"id": "lfork"}))) == [
+            "base.txt", "fork.txt"]
+        assert ok(await run("lsrc", curl))["stdout"] == "200"

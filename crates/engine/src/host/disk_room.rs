@@ -11,6 +11,12 @@
 //! claimed: until then it is nobody's, and its sparse disk holds a few hundred KB. The disk
 //! templates and spares are sparse too and reserve nothing. A destroyed sandbox, and a
 //! finished task (its patch and logs stay, its layer does not), give their room back.
+//!
+//! On the vm a checkpoint or fork freezes the writable layer: the frozen layer keeps the
+//! blocks it holds and gives back its room past them, and the guest's new layer reserves the
+//! disk again. Frozen layers are hard links in every directory using them, so the filesystem
+//! counts each once and frees it with its last link; a freeze, and a fork's new layer, ask
+//! for what they add with [`check_more`] before anything is made.
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import tempfile
 import time
@@ -66,7 +67,9 @@ def main() -> None:
                 bench.dynocap(home, "rm", "--force", "--purge", name)
     cold, live = statistics.median(colds), statistics.median(lives)
     accel = bench.EXTRA_ENV["DYNOCAP_VM_ACCEL"]
-    print(f"vm ({accel}): project of {args.files} files, {args.runs} runs each, medians")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"vm ({accel}): project of {args.files} files, {args.runs} runs each, medians; "
+          f"load average {load}")
     print(f"task start to first exec (cold boot):  {cold * 1000:.0f} ms")
     print(f"task fork --live to first exec:        {live * 1000:.0f} ms  "
           f"= {live / cold:.2f}x a cold boot (target at most 0.5x)")

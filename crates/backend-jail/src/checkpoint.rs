@@ -263,6 +263,24 @@ fn data_bytes(file: &File) -> io::Result<u64> {
     Ok(bytes)
 }
 
+/// In a fork's state dir: its disk is a clone of its source's, sharing extents with it.
+const CLONE_MARK: &str = "disk.clone";
+
+/// Marks the disk in `state_dir` a clone ([`is_clone`]), durably.
+pub fn mark_clone(state_dir: &Path) -> io::Result<()> {
+    let mark = File::create(state_dir.join(CLONE_MARK))?;
+    mark.sync_all()?;
+    File::open(state_dir)?.sync_all()
+}
+
+/// Whether the disk in `state_dir` is a fork's clone of its source's (see [`mark_clone`]): it
+/// reserves nothing of its own when it boots. Its blocks are shared with the source's (whose
+/// reservation made them), and the fork was refused unless the filesystem had room for its
+/// whole disk; a reservation would only allocate again the room its guest has not written.
+pub fn is_clone(state_dir: &Path) -> bool {
+    state_dir.join(CLONE_MARK).exists()
+}
+
 /// Whether the filesystem holding the directory `dir` clones files (shares extents): there a
 /// duplicate of a disk takes no room until either side writes. Probed with two unnamed files.
 pub fn reflinks(dir: &Path) -> bool {

@@ -85,7 +85,9 @@ mod uts;
 pub use cache_disk::{cache_failure, cache_room, CacheRoom};
 pub use caps::{docker_default_mask, DOCKER_DEFAULT};
 pub use cgroup::{CgroupLayoutKind, CgroupVersion, Controller, PARENT as CGROUP_PARENT};
-pub use checkpoint::{allocated_bytes, copy_sparse, reflinks, snapshot_disk, thaw_leftover};
+pub use checkpoint::{
+    allocated_bytes, copy_sparse, is_clone, mark_clone, reflinks, snapshot_disk, thaw_leftover,
+};
 pub use cleanup::{cleanup_leftovers, cleanup_leftovers_keeping_layers};
 pub use disk::{
     disk_failure, disk_image, prepared_disk_image, release_prepared_disk, start_preparing_disk,

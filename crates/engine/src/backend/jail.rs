@@ -475,6 +475,9 @@ impl Guest for JailGuest {
     fn disk_room(&self) -> Option<crate::host::disk_room::DiskRoom> {
         let image = dynocap_backend_jail::disk_image(&self.state_dir);
         match self.disk_bytes {
+            // A fork's clone shares its source's blocks, and was made only with room for its
+            // whole disk: it reserves nothing (see `dynocap_backend_jail::is_clone`).
+            Some(_) if dynocap_backend_jail::is_clone(&self.state_dir) => None,
             Some(bytes) if image.exists() => Some(crate::host::disk_room::DiskRoom {
                 image,
                 bytes,

@@ -419,6 +419,12 @@ pub fn seed_fork(
         }
         failpoint::hit("supervisor.fork.copied")?;
         if let Disk::Copy(_) = disk {
+            // Cloned where the filesystem shares extents (the duplicate falls back to a copy
+            // only where it cannot): the fork reserves nothing of its own when it boots.
+            if dynocap_backend_jail::reflinks(state_dir) {
+                dynocap_backend_jail::mark_clone(&making)
+                    .context("marking the fork's disk a clone")?;
+            }
             // The disk's mount point, as a stopped guest's kept state directory has it.
             std::fs::create_dir(making.join(DISK_MOUNT))
                 .context("creating the fork's disk mount point")?;

@@ -1,0 +1,264 @@
+//! Jail checkpoints and forks on a home whose filesystem shares extents: a small XFS with
+//! reflink that the test makes and loop-mounts (as root; skipped otherwise). There a
+//! checkpoint and a fork clone the frozen disk image (`FICLONE`) instead of copying what the
+//! guest wrote: the checkpoint's and the forks' images share the source's extents (FIEMAP's
+//! shared flag, read with `filefrag`), three forks take next to none of the filesystem's free
+//! space, and each still finishes with a verified patch holding the shared work and its own
+//! change only. A checkpoint restored after the workspace broke gives back the workspace and
+//! what was written outside it. A supervisor killed during a fork's clone (the disk frozen,
+//! the clone made, not yet in place) leaves the source's work, no record and no files of the
+//! fork.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use dynocap_e2e::small_fs::free_mb;
+use dynocap_e2e::*;
+
+/// A small XFS with reflink, loop-mounted for a test's home and unmounted on drop.
+struct XfsFs {
+    mount: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl XfsFs {
+    /// `None` (the test skips) without root or mkfs.xfs.
+    fn new(test: &str, megabytes: u64) -> Option<XfsFs> {
+        if !require_root(test) {
+            return None;
+        }
+        let has_mkfs = ["/usr/sbin/mkfs.xfs", "/sbin/mkfs.xfs"]
+            .iter()
+            .any(|p| Path::new(p).exists());
+        if !has_mkfs {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{test} needs mkfs.xfs (apt-get install xfsprogs)"
+            );
+            eprintln!("SKIPPED {test}: needs mkfs.xfs (apt-get install xfsprogs)");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let image = dir.path().join("home.xfs");
+        let mount = dir.path().join("mnt");
+        std::fs::create_dir(&mount).expect("mountpoint");
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(megabytes << 20))
+            .expect("image");
+        run_ok(
+            "mkfs.xfs",
+            &[
+                "-q".as_ref(),
+                "-m".as_ref(),
+                "reflink=1".as_ref(),
+                image.as_ref(),
+            ],
+        );
+        run_ok(
+            "mount",
+            &[
+                "-o".as_ref(),
+                "loop".as_ref(),
+                image.as_ref(),
+                mount.as_ref(),
+            ],
+        );
+        Some(XfsFs { mount, _dir: dir })
+    }
+
+    fn home(&self) -> TestHome {
+        TestHome::at(self.mount.join("home"))
+    }
+}
+
+impl Drop for XfsFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+    }
+}
+
+fn run_ok(cmd: &str, args: &[&std::ffi::OsStr]) {
+    let status = Command::new(cmd)
+        .args(args)
+        .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+        .status()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(status.success(), "{cmd} {args:?}: {status}");
+}
+
+/// The bytes of `path`'s extents that FIEMAP flags shared (`filefrag -v`).
+fn shared_bytes(path: &Path) -> u64 {
+    let out = Command::new("filefrag")
+        .arg("-v")
+        .arg(path)
+        .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+        .output()
+        .expect("filefrag (e2fsprogs)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let block: u64 = text
+        .lines()
+        .find_map(|l| l.split("blocksize of ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(4096);
+    // "  0:   0..  15:  1234.. 1249:  16:   last,shared,eof"
+    text.lines()
+        .filter(|l| l.contains("shared"))
+        .filter_map(|l| l.split(':').nth(3))
+        .filter_map(|len| len.trim().parse::<u64>().ok())
+        .sum::<u64>()
+        * block
+}
+
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                pending.push(entry.path());
+            }
+            all.push(entry.path());
+        }
+    }
+    all
+}
+
+fn patch_of(finish: &Value) -> String {
+    assert_eq!(finish["verified"], true, "{finish:#}");
+    let path = finish["patchPath"].as_str().expect("patchPath");
+    std::fs::read_to_string(path).expect("patch")
+}
+
+fn files_of(patch: &str) -> Vec<String> {
+    patch
+        .lines()
+        .filter_map(|line| line.strip_prefix("diff --git a/"))
+        .map(|rest| rest.split(" b/").next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+const WRITTEN: u64 = 64_000_000;
+
+#[test]
+fn on_xfs_checkpoints_and_forks_clone_the_disk_and_share_its_extents() {
+    let test = "on_xfs_checkpoints_and_forks_clone_the_disk_and_share_its_extents";
+    let Some(fs) = XfsFs::new(test, 4096) else {
+        return;
+    };
+    let home = fs.home();
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&["task", "start", &path, "--name", "src", "--disk-mb", "512"]);
+    home.task_sh(
+        "src",
+        &format!(
+            "echo shared >> a.txt && mkdir -p ~/deps && head -c {WRITTEN} /dev/urandom > ~/deps/blob && sync"
+        ),
+    );
+    let sum = home.task_sh("src", "md5sum < ~/deps/blob");
+    let made = home.json(&["task", "checkpoint", "src", "good"]);
+    assert!(
+        made["bytes"].as_u64().expect("bytes") >= WRITTEN,
+        "{made:#}"
+    );
+    let src_dir = home.path().join("sandboxes").join(home.sandbox_id("src"));
+    let checkpoint = src_dir.join("checkpoints/good/disk.img");
+    assert!(
+        shared_bytes(&checkpoint) >= WRITTEN,
+        "the checkpoint shares the written extents: {} bytes shared",
+        shared_bytes(&checkpoint)
+    );
+    let log = std::fs::read_to_string(
+        home.path()
+            .join("logs")
+            .join(format!("{}.log", home.sandbox_id("src"))),
+    )
+    .unwrap_or_default();
+    assert!(
+        log.contains("cloned (FICLONE"),
+        "the log says it cloned: {log}"
+    );
+
+    // Broken, restored: the workspace and the install are back.
+    home.task_sh("src", "rm a.txt && echo junk > junk.txt && rm ~/deps/blob");
+    home.json(&["task", "restore", "src", "good"]);
+    assert_eq!(home.task_sh("src", "md5sum < ~/deps/blob"), sum);
+
+    // Three forks take next to nothing of the filesystem: their disks share the source's.
+    let free_before = free_mb(&fs.mount);
+    for fork in ["f1", "f2", "f3"] {
+        home.json(&["task", "fork", "src", fork]);
+    }
+    let f1 = home.path().join("sandboxes").join(home.sandbox_id("f1"));
+    assert!(
+        shared_bytes(&f1.join("disk.img")) >= WRITTEN,
+        "the fork's disk shares the source's extents"
+    );
+    let used = free_before.saturating_sub(free_mb(&fs.mount));
+    assert!(
+        used < WRITTEN >> 20,
+        "three forks took {used} MB, less than one copy of what was written"
+    );
+    for (fork, file) in [("f1", "one.txt"), ("f2", "two.txt"), ("f3", "three.txt")] {
+        assert_eq!(home.task_sh(fork, "md5sum < ~/deps/blob"), sum, "{fork}");
+        home.task_sh(fork, &format!("echo {fork} > {file}"));
+    }
+    for (fork, file) in [("f1", "one.txt"), ("f2", "two.txt"), ("f3", "three.txt")] {
+        let patch = patch_of(&home.json(&["task", "finish", fork]));
+        assert_eq!(files_of(&patch), ["a.txt", file], "{fork}: {patch}");
+        assert!(patch.contains("+shared"), "{fork}: {patch}");
+    }
+    let patch = patch_of(&home.json(&["task", "finish", "src"]));
+    assert_eq!(files_of(&patch), ["a.txt"], "{patch}");
+    assert!(!patch.contains("junk"), "{patch}");
+}
+
+#[test]
+fn on_xfs_a_supervisor_killed_during_a_clone_leaves_the_source_and_no_fork() {
+    let test = "on_xfs_a_supervisor_killed_during_a_clone_leaves_the_source_and_no_fork";
+    let Some(fs) = XfsFs::new(test, 2048) else {
+        return;
+    };
+    let home = fs
+        .home()
+        .with_env("DYNOCAP_FAILPOINTS", "supervisor.fork.copied=kill");
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&["task", "start", &path, "--name", "src", "--disk-mb", "512"]);
+    home.task_sh("src", "echo work >> a.txt");
+    home.json_err(&["task", "fork", "src", "half"]);
+    let listing = home.json(&["ls"]);
+    let names: Vec<&str> = listing["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["src"], "no record of the fork: {listing:#}");
+    let dirs: Vec<String> = std::fs::read_dir(home.path().join("sandboxes"))
+        .expect("sandboxes")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(dirs, [home.sandbox_id("src")], "no files of the fork");
+    let patch = patch_of(&home.json(&["task", "finish", "src"]));
+    assert!(
+        patch.contains("+work"),
+        "the source's work is kept: {patch}"
+    );
+    // The killed clone's temporary went with the source's state once it finished.
+    let leftovers: Vec<_> = walkdir(&home.path().join("sandboxes"))
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(".making-"))
+        .collect();
+    assert!(leftovers.is_empty(), "nothing half-made: {leftovers:?}");
+    assert!(
+        wait_until(10, || !std::fs::read_to_string("/proc/mounts")
+            .unwrap_or_default()
+            .contains(&home.sandbox_id("src"))),
+        "nothing of the source's disk stays mounted"
+    );
+}

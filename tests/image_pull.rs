@@ -6,9 +6,10 @@
 //! own layer (its files hard links to the base's), credentials refused and read from a Docker
 //! config file, registries outside `DYNOCAP_REGISTRIES` refused, a pull killed half-way
 //! leaving no image and resuming, hostile layers refused (a huge sparse file by the size
-//! bound), a registry that stalls (a Python server that accepts and sends nothing, or stops
-//! half-way through a blob) ending the pull after `DYNOCAP_PULL_IDLE_TIMEOUT` with nothing
-//! half-made and a healthy registry completing it, and a pulled image booted in a jail.
+//! bound), a registry that stalls (a Python server that accepts and sends nothing, stops
+//! half-way through a blob, or trickles it) ending the pull after `DYNOCAP_PULL_IDLE_TIMEOUT`
+//! with nothing half-made and a slow but steady registry completing it, and a pulled image
+//! booted in a jail.
 
 use std::io::Write;
 use std::net::{Ipv4Addr, TcpStream};
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dynocap_e2e::images::{allocated_bytes, store_leftovers};
+use dynocap_e2e::images::{allocated_bytes, store_entries, store_leftovers};
 use dynocap_e2e::netfix::{random_loopback, TestCa};
 use dynocap_e2e::oci::{
     busybox_path, huge_header_layer, oci_layer, sparse_gnu_layer, sparse_pax_layer, Layer, Layout,
@@ -510,6 +511,31 @@ fn a_manifest_list_resolves_to_amd64_and_a_killed_pull_resumes() {
         "amd64\n"
     );
     assert!(root.join("extra").is_file() && root.join("bin/busybox").is_file());
+
+    // Killed with every layer stored and the image assembled, just before the rename that
+    // installs it: nothing more is listed, and the next pull installs it from the stored
+    // layers alone, leaving no build directory behind.
+    let out = home
+        .command()
+        .env("DYNOCAP_FAILPOINTS", "image.pull.install=kill")
+        .args(["--json", "image", "pull", "--name", "again", &multi])
+        .output()
+        .expect("spawn");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(libc::SIGKILL),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(images(&home).len(), 1, "a killed install lists nothing new");
+    let again = home.json(&["image", "pull", "--name", "again", &multi]);
+    let t = &again["transfer"];
+    assert_eq!(t["layersPresent"], 3, "{again:#}");
+    assert_eq!(t["blobsDownloaded"], 0, "{again:#}");
+    assert_eq!(images(&home).len(), 2);
+    let entries = store_entries(&home, "again");
+    assert_eq!(entries.len(), 1, "only the installed image: {entries:?}");
+    assert!(store_leftovers(&home).is_empty());
 }
 
 #[test]
@@ -769,11 +795,44 @@ fn a_stalled_registry_ends_the_pull_and_a_healthy_one_completes_it() {
         );
     }
 
-    // The registry answers again: the pull completes, from the layers finished before.
+    // Sends the third layer a hundred bytes a second: alive to every read, too slow to go
+    // on with; the error says how slow and what to raise.
+    let blob_from = |rate: &str| {
+        StallingRegistry::start(&[
+            "blob",
+            certs.server_cert.to_str().expect("utf8"),
+            certs.server_key.to_str().expect("utf8"),
+            layout.dir.to_str().expect("utf8"),
+            &stalled_blob,
+            rate,
+        ])
+    };
+    let trickling = blob_from("100");
+    let (ok, out, took) = pull_with(
+        &home,
+        &stall_ref,
+        &[("DYNOCAP_RESOLVE", &resolve_to(trickling.addr))],
+    );
+    assert!(!ok, "{out:#}");
+    let message = out["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains(&stalled_blob)
+            && message.contains(NAME)
+            && message.contains("bytes/s")
+            && message.contains("raise DYNOCAP_PULL_IDLE_TIMEOUT (now 2 s)"),
+        "{out:#}"
+    );
+    assert!(took < Duration::from_secs(20), "the pull took {took:?}");
+    nothing_half_made("trickle");
+    drop(trickling);
+
+    // Slow but steady (200 kB/s, the floor being 64 KiB per 2 s): the pull completes, from
+    // the layers finished before.
+    let steady = blob_from("200000");
     let (ok, pulled, _) = pull_with(
         &home,
         &stall_ref,
-        &[("DYNOCAP_RESOLVE", &resolve_to(registry.addr))],
+        &[("DYNOCAP_RESOLVE", &resolve_to(steady.addr))],
     );
     assert!(ok, "{pulled:#}");
     let t = &pulled["transfer"];

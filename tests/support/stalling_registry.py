@@ -2,11 +2,13 @@
 
     stalling_registry.py silent ADDR PORT
         accepts every connection and never sends a byte (nor closes it).
-    stalling_registry.py blob ADDR PORT CERT KEY LAYOUT DIGEST
+    stalling_registry.py blob ADDR PORT CERT KEY LAYOUT DIGEST [RATE]
         over TLS (CERT, KEY: the test CA's server certificate), serves the one image of the
         OCI layout LAYOUT as a registry would (`/v2/`, its manifest for any tag or by digest,
         its blobs by digest); of blob DIGEST (`sha256:...`) it sends the headers and half the
-        bytes, then nothing, holding the connection open.
+        bytes, then nothing, holding the connection open. With RATE (bytes per second) it
+        sends all of blob DIGEST instead, but at that rate (a piece every 0.1 s): a trickle,
+        or a registry slow but steady.
 
 Prints "ready" once it listens.
 """
@@ -32,7 +34,7 @@ def silent(addr, port):
         held.append(conn)
 
 
-def blob(addr, port, cert, key, layout, stall):
+def blob(addr, port, cert, key, layout, stall, rate=None):
     with open(os.path.join(layout, "index.json")) as f:
         manifest_desc = json.load(f)["manifests"][0]
 
@@ -82,6 +84,14 @@ def blob(addr, port, cert, key, layout, stall):
                 body = read_blob(digest)
                 if body is None:
                     return self.answer(404, b"{}", "application/json")
+                if digest == stall and rate is not None and self.command != "HEAD":
+                    self.answer(200, body, "application/octet-stream", digest, 0)
+                    piece = max(1, int(rate) // 10)
+                    for at in range(0, len(body), piece):
+                        self.wfile.write(body[at : at + piece])
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                    return
                 if digest == stall:
                     self.answer(200, body, "application/octet-stream", digest, len(body) // 2)
                     sys.stderr.write("stalled %s\n" % digest)
@@ -107,7 +117,7 @@ def main():
     if mode == "silent":
         silent(addr, port)
     elif mode == "blob":
-        blob(addr, port, *sys.argv[4:9])
+        blob(addr, port, *sys.argv[4:10])
     else:
         sys.exit("mode: silent or blob")
 

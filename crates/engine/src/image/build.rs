@@ -205,8 +205,15 @@ impl Staging {
         })
     }
 
-    /// Renames the build into place: the image appears whole or not at all.
+    /// Renames the build into place: the image appears whole or not at all, and durably so.
     pub(super) fn install(mut self, target: &Path) -> Result<()> {
+        // The rename is the image's commit, so what it names must be on the disk first: a
+        // rename a crash keeps ahead of the files' data (ext4 and xfs order neither) would
+        // leave an image that looks installed, and is never made again, with empty or
+        // missing files, image.json included. One syncfs covers the whole tree (an fsync
+        // per file would flush the journal once each); the parent's fsync then makes the
+        // rename itself last.
+        sync_filesystem(&self.path)?;
         fs::rename(&self.path, target).with_context(|| {
             format!(
                 "installing the image {} at {}",
@@ -215,7 +222,7 @@ impl Staging {
             )
         })?;
         self.installed = true;
-        Ok(())
+        sync_dir(target.parent().unwrap_or(Path::new("/")))
     }
 }
 
@@ -227,6 +234,25 @@ impl Drop for Staging {
             }
         }
     }
+}
+
+/// Writes everything written to the filesystem holding `path` to its disk (`syncfs`): the
+/// files and directory entries of a tree about to be installed by a rename.
+pub(super) fn sync_filesystem(path: &Path) -> Result<()> {
+    let dir = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    nix::unistd::syncfs(&dir).map_err(|errno| {
+        Error::internal(format!(
+            "writing {} to its disk (syncfs): {errno}",
+            path.display()
+        ))
+    })
+}
+
+/// Makes the entries of directory `dir` durable (`fsync`): a rename into it done.
+pub(super) fn sync_dir(dir: &Path) -> Result<()> {
+    let file = fs::File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    file.sync_all()
+        .with_context(|| format!("writing the entries of {} to its disk", dir.display()))
 }
 
 /// Removes the `.tmp-*` directories of builds that died. Callers hold the build lock, so no

@@ -117,6 +117,7 @@ pub fn import(
     };
     let layer_store = LayerStore::in_images_dir(store.dir());
     let _shared = layer_store.lock_shared()?;
+    layer_store.sweep_dead_unpacks();
     let mut budget = Budget::new(limits);
     let mut unpacked = Vec::new();
     let total = plan.layers.len();

@@ -194,12 +194,17 @@ impl LayerStore {
             std::process::id(),
             rand::random::<u32>()
         ));
+        // The layer's files reach the disk before the rename that installs it, and the
+        // rename before anything names the layer: a layer is found by its directory alone, so
+        // one a crash left renamed but with its files' data lost would be taken as whole by
+        // every later pull, import and build (see `Staging::install`).
         let result = self
             .unpack_into(&staging, diff_id, tar, limits, cancel)
-            .and_then(|()| before_install());
+            .and_then(|()| before_install())
+            .and_then(|()| super::build::sync_filesystem(&staging));
         let installed = result.and_then(|()| {
             match fs::rename(&staging, self.layer_dir(diff_id)) {
-                Ok(()) => Ok(()),
+                Ok(()) => super::build::sync_dir(&parent.join("sha256")),
                 // Another unpack of the same layer won: theirs is the same content.
                 Err(err) if self.get(diff_id).is_some() => {
                     tracing::debug!("layer {diff_id} installed concurrently: {err}");
@@ -288,6 +293,31 @@ impl LayerStore {
             merge(tree.as_fd(), top.as_fd(), &mut Vec::new(), &implicit)?;
         }
         Ok(())
+    }
+
+    /// Removes what unpacks that died left (`layers/.tmp-<pid>-*` of a process that is
+    /// gone: a pull or import killed half-way), so an interrupted pull leaves nothing
+    /// behind once the next one starts. A live process's unpack keeps its pid in the name.
+    pub fn sweep_dead_unpacks(&self) {
+        let layers = self.layers_dir();
+        let Ok(names) = read_dir_names(&layers) else {
+            return;
+        };
+        for name in names {
+            let Some(rest) = name.strip_prefix(TMP) else {
+                continue;
+            };
+            // `.tmp-rm-*` are the exclusive lock holder's (`free_unused`), which sweeps them.
+            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+                continue;
+            };
+            let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+            if !alive {
+                if let Err(err) = remove_dir(&layers.join(&name)) {
+                    tracing::warn!("{err}");
+                }
+            }
+        }
     }
 
     /// Frees every layer that no diff id (`sha256:<hex>`) `used` gives names, and leftovers

@@ -59,6 +59,8 @@ pub const IDLE_TIMEOUT_ENV: &str = "DYNOCAP_PULL_IDLE_TIMEOUT";
 /// answer) when [`IDLE_TIMEOUT_ENV`] is unset: a registry that stalls ends the pull with an
 /// error instead of holding it forever.
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many idle timeouts the manifest and config may take in all.
+const RESOLVE_WINDOWS: u32 = 4;
 
 /// What the host allows a pull, as the binary read it from its environment.
 #[derive(Debug, Clone, Default)]
@@ -156,10 +158,29 @@ pub async fn pull(
     let client = client(policy.extra_ca.as_deref(), gate.addr, idle)?;
 
     progress(&format!("resolving {reference}"));
-    let (manifest, manifest_digest, config_text, list_digest) = client
-        .pull_manifest_and_config_and_list_digest(&parsed, &auth)
-        .await
-        .map_err(|err| gate.explain(&registry, &client_error(&err, idle)))?;
+    // The manifest and the config are small (a few KiB; at most 4 MiB each): their answers,
+    // the token's and any list's before them, must all come within a few idle timeouts, so
+    // a registry trickling them cannot hold the pull (the layers have their own bound).
+    let resolving = client.pull_manifest_and_config_and_list_digest(&parsed, &auth);
+    let bound = idle * RESOLVE_WINDOWS;
+    let (manifest, manifest_digest, config_text, list_digest) =
+        match tokio::time::timeout(bound, resolving).await {
+            Ok(answer) => {
+                answer.map_err(|err| gate.explain(&registry, &client_error(&err, idle)))?
+            }
+            Err(_) => {
+                return Err(gate.explain(
+                    &registry,
+                    &format!(
+                        "the registry took more than {} s to send the image's manifest and \
+                         config, so the pull gave up on it ({IDLE_TIMEOUT_ENV}, now {} s, \
+                         bounds this at {RESOLVE_WINDOWS} times its value)",
+                        bound.as_secs(),
+                        idle.as_secs()
+                    ),
+                ))
+            }
+        };
     let manifest_digest = Digest::parse(&manifest_digest)?;
     if let Some(wanted) = parsed.digest() {
         // A digest reference names the manifest or the list it was picked from.
@@ -207,6 +228,7 @@ pub async fn pull(
     let layer_store = LayerStore::in_images_dir(images.dir());
     let _shared = layer_store.lock_shared()?;
     sweep_dead_partials(&layer_store.blobs_dir());
+    layer_store.sweep_dead_unpacks();
     let mut transfer = Transfer::default();
     let layers = fetch_layers(
         &client,
@@ -293,6 +315,8 @@ fn install(
         meta,
     )?;
     let target = images.image_dir(name, id);
+    // `image.pull.install=kill`: dies with every layer stored and the image assembled.
+    failpoint::hit("image.pull.install")?;
     staging.install(&target)?;
     let image = images
         .get(name, id)
@@ -358,6 +382,7 @@ async fn fetch_layers(
             store: store.clone(),
             limits,
             idle,
+            registry: reference.resolve_registry().to_owned(),
             semaphore: Arc::clone(&semaphore),
             stopped: Arc::clone(&stopped),
         };
@@ -425,6 +450,7 @@ struct LayerJob {
     store: LayerStore,
     limits: Limits,
     idle: Duration,
+    registry: String,
     semaphore: Arc<tokio::sync::Semaphore>,
     stopped: Arc<AtomicBool>,
 }
@@ -455,6 +481,8 @@ impl LayerJob {
                 store: &self.store,
                 limits: self.limits,
                 stopped: &self.stopped,
+                registry: &self.registry,
+                idle,
                 explain: &explain,
             }
             .run()

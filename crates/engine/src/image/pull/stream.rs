@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
 
 use futures_core::Stream;
 use oci_client::manifest::OciDescriptor;
@@ -26,10 +27,17 @@ use crate::image::layers::{Layer, LayerStore};
 use crate::image::oci::Digest;
 use crate::image::unpack::Limits;
 
+use super::IDLE_TIMEOUT_ENV;
+
 /// Chunks (as the client reads them, up to tens of KiB each) on their way to the unpacker:
 /// enough to ride out a burst, small enough that a slow unpacker slows the download instead
 /// of filling memory.
 const CHUNKS_IN_FLIGHT: usize = 64;
+/// The least a layer's download must bring in each window of [`IDLE_TIMEOUT_ENV`] seconds
+/// (or all that is left of the layer, when that is less): about 1 KiB/s at the default 60 s.
+/// The client's read timeout ends a registry that sends nothing, but one that sends a byte
+/// every few seconds would hold a pull forever; raising the variable lowers the rate asked.
+pub(super) const MIN_BYTES_PER_WINDOW: u64 = 64 << 10;
 
 /// What one layer's download needs.
 pub(super) struct Fetch<'a> {
@@ -43,6 +51,9 @@ pub(super) struct Fetch<'a> {
     pub store: &'a LayerStore,
     pub limits: Limits,
     pub stopped: &'a Arc<AtomicBool>,
+    /// The registry as the reference names it, and [`IDLE_TIMEOUT_ENV`]'s window.
+    pub registry: &'a str,
+    pub idle: Duration,
     /// The client's error in words (its causes, a stall said as such).
     pub explain: &'a (dyn Fn(&(dyn std::error::Error + 'static)) -> String + Sync),
 }
@@ -190,11 +201,30 @@ impl Fetch<'_> {
             .await
             .map_err(|err| failed(&err))?;
         let mut count = 0u64;
-        while let Some(chunk) = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await
-        {
+        let mut window = Window::new(tokio::time::Instant::now(), self.idle, self.size);
+        loop {
+            let next = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx));
+            let chunk = match tokio::time::timeout_at(window.ends, next).await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => break,
+                Err(_) => {
+                    window
+                        .judge(tokio::time::Instant::now(), count)
+                        .map_err(|slow| {
+                            Ended::Failed(Error::invalid(self.too_slow(&slow, count)))
+                        })?;
+                    continue;
+                }
+            };
             let chunk = chunk.map_err(|err| failed(&err))?;
             let bytes = chunk.as_ref();
             count += bytes.len() as u64;
+            let now = tokio::time::Instant::now();
+            if now >= window.ends {
+                window
+                    .judge(now, count)
+                    .map_err(|slow| Ended::Failed(Error::invalid(self.too_slow(&slow, count))))?;
+            }
             if count > self.size {
                 return Err(Ended::Failed(Error::invalid(format!(
                     "downloading layer {}: the registry sent more bytes than the layer's \
@@ -227,6 +257,86 @@ impl Fetch<'_> {
             ))));
         }
         Ok(count)
+    }
+}
+
+impl Fetch<'_> {
+    /// Why the download of a layer the registry trickles ends, and what the host can do.
+    fn too_slow(&self, slow: &Slow, count: u64) -> String {
+        let secs = slow.elapsed.as_secs_f64().max(0.001);
+        if slow.received == 0 {
+            // The words of the client's own read timeout (see `client_error`).
+            return format!(
+                "downloading layer {}: the registry {} sent nothing for {} s, so the pull gave \
+                 up on it ({IDLE_TIMEOUT_ENV} sets how long a pull waits)",
+                self.digest,
+                self.registry,
+                slow.elapsed.as_secs()
+            );
+        }
+        format!(
+            "downloading layer {}: the registry {} sent {} bytes in {:.0} s ({:.0} bytes/s; \
+             {count} of the layer's {} bytes in all), less than the {} bytes (or the rest of \
+             the layer) a pull needs in every {} s, so the pull gave up on it; for a registry \
+             this slow, raise {IDLE_TIMEOUT_ENV} (now {} s)",
+            self.digest,
+            self.registry,
+            slow.received,
+            secs,
+            slow.received as f64 / secs,
+            self.size,
+            MIN_BYTES_PER_WINDOW,
+            self.idle.as_secs(),
+            self.idle.as_secs()
+        )
+    }
+}
+
+/// A layer's download judged by its progress: each window of the idle timeout must bring
+/// [`MIN_BYTES_PER_WINDOW`], or what was left of the layer when the window began.
+#[derive(Debug)]
+struct Window {
+    idle: Duration,
+    size: u64,
+    began: tokio::time::Instant,
+    ends: tokio::time::Instant,
+    /// Bytes downloaded when the window began.
+    at_start: u64,
+}
+
+/// A window that brought too little.
+#[derive(Debug, PartialEq)]
+struct Slow {
+    received: u64,
+    elapsed: Duration,
+}
+
+impl Window {
+    fn new(now: tokio::time::Instant, idle: Duration, size: u64) -> Window {
+        Window {
+            idle,
+            size,
+            began: now,
+            ends: now + idle,
+            at_start: 0,
+        }
+    }
+
+    /// At or after the window's end, with `count` bytes downloaded in all: the next window,
+    /// or why the download is too slow to go on with.
+    fn judge(&mut self, now: tokio::time::Instant, count: u64) -> std::result::Result<(), Slow> {
+        let received = count.saturating_sub(self.at_start);
+        let wanted = MIN_BYTES_PER_WINDOW.min(self.size.saturating_sub(self.at_start));
+        if received < wanted {
+            return Err(Slow {
+                received,
+                elapsed: now.duration_since(self.began),
+            });
+        }
+        self.began = now;
+        self.ends = now + self.idle;
+        self.at_start = count;
+        Ok(())
     }
 }
 
@@ -263,5 +373,45 @@ impl<C: AsRef<[u8]>> Read for Incoming<C> {
                 None => return Ok(0),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_must_bring_the_floor_or_the_rest_of_the_layer() {
+        let idle = Duration::from_secs(2);
+        let t0 = tokio::time::Instant::now();
+        let size = 10 * MIN_BYTES_PER_WINDOW;
+        let mut window = Window::new(t0, idle, size);
+        // A steady download: the floor in each window goes on, window after window.
+        window
+            .judge(t0 + idle, MIN_BYTES_PER_WINDOW)
+            .expect("the floor is enough");
+        assert_eq!(window.ends, t0 + idle * 2);
+        // A trickle: one byte short of the floor in the next window ends it.
+        let slow = window
+            .judge(t0 + idle * 2, 2 * MIN_BYTES_PER_WINDOW - 1)
+            .expect_err("a trickle");
+        assert_eq!(
+            slow,
+            Slow {
+                received: MIN_BYTES_PER_WINDOW - 1,
+                elapsed: idle
+            }
+        );
+        // Less than the floor left: the rest of the layer in the window is enough.
+        let mut window = Window::new(t0, idle, 100);
+        window.judge(t0 + idle, 100).expect("the whole layer");
+        let mut window = Window::new(t0, idle, 100);
+        assert_eq!(
+            window.judge(t0 + idle, 99),
+            Err(Slow {
+                received: 99,
+                elapsed: idle
+            })
+        );
     }
 }

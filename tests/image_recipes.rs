@@ -7,6 +7,7 @@
 //! symlinks wherever they point, never followed on the host), refuses one holding a FIFO, and
 //! is part of the recipe's id: a changed file rebuilds, a touched one does not.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use dynocap_e2e::images::store_entries;
@@ -172,6 +173,26 @@ fn a_recipe_builds_an_image_from_an_imported_base_on_the_jail() {
     ]);
     assert_eq!(built["origin"], "present", "{built:#}");
     assert_eq!(built["image"]["id"], ids[0].as_str());
+
+    // The copied file made executable, its content the same: a new image, the file's mode
+    // in it.
+    let chmod = |mode: u32| {
+        std::fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .expect("chmod")
+    };
+    chmod(0o755);
+    let rebuilt = home.json(&recipe);
+    assert_eq!(rebuilt["origin"], "built", "{rebuilt:#}");
+    assert_ne!(rebuilt["image"]["id"], ids[0].as_str());
+    let copied =
+        Path::new(rebuilt["image"]["path"].as_str().expect("path")).join("rootfs/etc/app/app.conf");
+    assert_eq!(
+        std::fs::metadata(&copied).expect("stat").mode() & 0o7777,
+        0o755,
+        "{}",
+        copied.display()
+    );
+    chmod(0o644);
     std::fs::write(&file, "from = \"bb\"\nnetwrok = \"nat\"\n").expect("write");
     let err = home.json_err(&[
         "image",

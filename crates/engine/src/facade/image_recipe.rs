@@ -18,7 +18,7 @@ use dynocap_proto::files::{FileOp, PutItem, MAX_WRITE};
 use super::sandboxes::OnOutput;
 use crate::facade::sandboxes::Engine;
 use crate::foundation::error::{Error, Result};
-use crate::image::recipe_layer::{self, RecipeSpec, Step, TreeEntry};
+use crate::image::recipe_layer::{self, HostFile, RecipeSpec, Step, TreeEntry};
 use crate::image::store::{BuiltImage, ImageStore};
 use crate::image::unpack::Limits;
 use crate::model::backend_choice::BackendChoice;
@@ -83,8 +83,8 @@ impl Engine {
             ))
         })?;
         let mut copied = Vec::new();
-        // Per step: the host directory a copy step copies, as listed for the id.
-        let mut trees: Vec<Option<Vec<TreeEntry>>> = Vec::new();
+        // Per step: what a copy step copies, as listed for the id.
+        let mut trees: Vec<Option<Copied>> = Vec::new();
         for step in &request.steps {
             check_step(step)?;
             let mut tree = None;
@@ -93,9 +93,11 @@ impl Engine {
                 if host.is_dir() {
                     let (entries, digest) = recipe_layer::host_tree(host, request.limits)?;
                     copied.push(digest);
-                    tree = Some(entries);
+                    tree = Some(Copied::Tree(entries));
                 } else {
-                    copied.push(recipe_layer::file_sha256(host)?);
+                    let file = recipe_layer::host_file(host)?;
+                    copied.push(file.id());
+                    tree = Some(Copied::File(file));
                 }
             }
             trees.push(tree);
@@ -145,7 +147,7 @@ impl Engine {
         &self,
         sandbox: &str,
         request: &RecipeRequest,
-        trees: &[Option<Vec<TreeEntry>>],
+        trees: &[Option<Copied>],
         recipe: &RecipeSpec,
         store: &ImageStore,
         base: &BuiltImage,
@@ -172,8 +174,16 @@ impl Engine {
                     ),
                 ),
                 Step::Copy(host, guest) => match trees.get(n).and_then(Option::as_ref) {
-                    Some(tree) => self.copy_tree_in(sandbox, n, host, guest, tree).await?,
-                    None => self.copy_in(sandbox, n, host, guest).await?,
+                    Some(Copied::Tree(tree)) => {
+                        self.copy_tree_in(sandbox, n, host, guest, tree).await?
+                    }
+                    Some(Copied::File(file)) => self.copy_in(sandbox, n, host, guest, file).await?,
+                    None => {
+                        return Err(Error::internal(format!(
+                            "copy step {} has no listing",
+                            n + 1
+                        )))
+                    }
                 },
             };
             let exec = ExecSpec::new(&command, None, "/", Vec::new(), Some(3600), false)?;
@@ -226,13 +236,30 @@ impl Engine {
     }
 
     /// Puts host file `host` into the sandbox's `/tmp` (as the sandbox user, in pieces the
-    /// file protocol carries) and returns the command that moves it to `guest` as root.
-    async fn copy_in(&self, sandbox: &str, step: usize, host: &str, guest: &str) -> Result<String> {
+    /// file protocol carries) and returns the command that moves it to `guest` as root, with
+    /// the mode the recipe's id was made from. A file whose content is no longer what the id
+    /// was made from stops the build.
+    async fn copy_in(
+        &self,
+        sandbox: &str,
+        step: usize,
+        host: &str,
+        guest: &str,
+        listed: &HostFile,
+    ) -> Result<String> {
+        use sha2::Digest as _;
         let content = std::fs::read(host)
             .map_err(|err| Error::invalid(format!("--copy {host}: reading it: {err}")))?;
-        let mode = std::fs::metadata(host)
-            .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
-            .unwrap_or(0o644);
+        let now: String = sha2::Sha256::digest(&content)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if now != listed.sha256 {
+            return Err(Error::conflict(format!(
+                "--copy {host}:{guest}: {host} changed while the image was built; build again"
+            )));
+        }
+        let mode = listed.mode;
         let mut parts = Vec::new();
         let chunks: Vec<&[u8]> = if content.is_empty() {
             vec![&[]]
@@ -261,6 +288,12 @@ impl Engine {
         );
         Ok(as_root(&[], &script))
     }
+}
+
+/// What a copy step copies, as listed for the recipe's id.
+enum Copied {
+    Tree(Vec<TreeEntry>),
+    File(HostFile),
 }
 
 impl Engine {

@@ -65,8 +65,8 @@ pub struct RecipeSpec {
     pub base_name: String,
     pub base_id: String,
     pub steps: Vec<Step>,
-    /// For each copy step in order: the SHA-256 of a file's content, or a directory's
-    /// [`host_tree`] digest (`tree:…`).
+    /// For each copy step in order: a file's mode and content ([`HostFile::id`],
+    /// `file:…`), or a directory's [`host_tree`] digest (`tree:…`).
     pub copied: Vec<String>,
     pub network: String,
     #[serde(default)]
@@ -89,10 +89,46 @@ impl RecipeSpec {
     }
 }
 
-/// SHA-256 of a host file's content, for a copy step.
-pub fn file_sha256(path: &Path) -> Result<String> {
-    let file = File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    read_sha256(file, path)
+/// A host file a single-file copy step copies, as the recipe's id names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFile {
+    /// Its mode as copied (permissions: set-id bits are never copied).
+    pub mode: u32,
+    /// SHA-256 of its content.
+    pub sha256: String,
+}
+
+impl HostFile {
+    /// Its entry in [`RecipeSpec::copied`]: the mode is part of it, as a copied directory's
+    /// entries' modes are part of its [`host_tree`] digest, so a `chmod +x` rebuilds.
+    pub fn id(&self) -> String {
+        format!("file:{:04o}:{}", self.mode, self.sha256)
+    }
+}
+
+/// The host file `path` (a symlink given as the step's path is followed, as the user named
+/// it) as a copy step copies it: mode and content read through one open file, so both are
+/// of the same file.
+pub fn host_file(path: &Path) -> Result<HostFile> {
+    // Non-blocking: a FIFO is refused below instead of waited on.
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?;
+    if !meta.is_file() {
+        return Err(Error::invalid(format!(
+            "{} is not a regular file or a directory, which a copy copies",
+            path.display()
+        )));
+    }
+    Ok(HostFile {
+        mode: meta.mode() & 0o777,
+        sha256: read_sha256(file, path)?,
+    })
 }
 
 /// Deepest directory a copied tree may have.
@@ -611,6 +647,35 @@ fn is_opaque(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copied_file_is_named_by_its_mode_and_content() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tool.sh");
+        fs::write(&path, "#!/bin/sh\n").expect("write");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).expect("chmod");
+        let first = host_file(&path).expect("file");
+        assert_eq!(first.mode, 0o644);
+        assert!(first.id().starts_with("file:0644:"), "{}", first.id());
+        // Written again with the same content: the same id.
+        fs::write(&path, "#!/bin/sh\n").expect("write");
+        assert_eq!(host_file(&path).expect("file"), first);
+        // chmod +x: another id, the content's digest the same.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
+        let executable = host_file(&path).expect("file");
+        assert_eq!(executable.sha256, first.sha256);
+        assert_ne!(executable.id(), first.id());
+        // Set-id bits are never copied, so they are not part of it.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o4755)).expect("chmod");
+        assert_eq!(host_file(&path).expect("file"), executable);
+        nix::unistd::mkfifo(
+            &dir.path().join("pipe"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .expect("mkfifo");
+        assert!(host_file(&dir.path().join("pipe")).is_err());
+    }
 
     #[test]
     fn the_id_follows_base_steps_and_content_not_the_name() {

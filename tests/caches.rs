@@ -7,7 +7,8 @@
 //! fixed size whose room is set aside on the home's filesystem when it is made: filled, it
 //! fails the task's writes to it with a note in the result and leaves the host's space as it
 //! was; a start the host cannot back with its new cache is refused naming both, and a cache
-//! that exists is counted once, however many tasks of the project use it.
+//! that exists is counted once, however many tasks of the project use it. A vm task's full
+//! or failed cache (a disk of the guest's kernel) is said in its results as a jail's is.
 //!
 //! PyPI is tests/support/tlsfix.rs on a 127.X.Y.Z under its real names through
 //! `DYNOCAP_RESOLVE` and a `filtered` task allowed `@pypi`: nothing leaves loopback. Needs
@@ -319,6 +320,71 @@ fn a_cache_filled_to_its_bound_is_the_tasks_error_and_leaves_the_host_as_it_was(
     );
     home.json(&["task", "finish", "filler"]);
     home.json(&["cache", "rm", "--all"]);
+}
+
+/// The vm says what the jail says of its cache, though the cache is a disk of the guest's
+/// own kernel: filled, the command's result notes it (the agent reads the disk's room), and
+/// an error its filesystem records (ext4's `trigger_fs_error`, written as the guest's root)
+/// is the command's `diskError`, naming the cache. One vm, the cache 64 MB: lean under TCG.
+#[test]
+fn a_vm_tasks_full_or_failed_cache_is_said_in_its_result() {
+    let test = "a_vm_tasks_full_or_failed_cache_is_said_in_its_result";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let home = home.with_env("DYNOCAP_CACHE_MB", "64");
+    let projects = tempfile::tempdir().expect("projects");
+    let app = project(projects.path(), "app");
+    start_plain(&home, "vfull", &app, &[]);
+
+    let filled = home.exec_in_task(
+        "vfull",
+        "dd if=/dev/zero of=$HOME/.cache/pip/fill bs=1M count=100 conv=fsync",
+        300,
+    );
+    assert_ne!(filled["exitCode"], 0, "{filled:#}");
+    let stderr = filled["stderr"].as_str().unwrap_or_default();
+    assert!(stderr.contains("No space left on device"), "{filled:#}");
+    assert!(
+        stderr.contains("the project's package cache is full")
+            && stderr.contains("DYNOCAP_CACHE_MB"),
+        "{filled:#}"
+    );
+    assert!(filled.get("diskError").is_none(), "{filled:#}");
+    // Emptied, it says nothing.
+    let freed = home.exec_in_task("vfull", "rm ~/.cache/pip/fill", 60);
+    assert_eq!(freed["exitCode"], 0, "{freed:#}");
+    assert!(
+        !freed["stderr"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("package cache is full"),
+        "{freed:#}"
+    );
+
+    // The cache disk's filesystem records an error (found by the disk's serial).
+    let failed = home.exec_in_task(
+        "vfull",
+        "sudo sh -c 'for d in /sys/block/*; do \
+           if [ \"$(cat $d/serial 2>/dev/null)\" = dynocap-cache ]; then \
+             echo dynocap-test > /sys/fs/ext4/${d##*/}/trigger_fs_error && echo triggered; \
+           fi; done'",
+        60,
+    );
+    assert_eq!(failed["stdout"], "triggered\n", "{failed:#}");
+    let disk_error = failed["diskError"].as_str().unwrap_or_default();
+    assert!(
+        disk_error.contains("the project's package cache failed")
+            && disk_error.contains("recorded"),
+        "{failed:#}"
+    );
+    assert!(
+        failed["stderr"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("package cache failed"),
+        "{failed:#}"
+    );
 }
 
 /// A start whose new cache the home's filesystem cannot set aside beside its disk is refused,

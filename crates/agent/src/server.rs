@@ -381,6 +381,12 @@ impl Server {
                     .send_done(id, &Response::OomKills { count })
                     .await
             }
+            Request::CacheRoom => {
+                let room = crate::vm_cache::room();
+                self.outbox
+                    .send_done(id, &Response::CacheRoom { room })
+                    .await
+            }
             Request::Sync => {
                 // Registered like any stream, so its id stays taken until its last frame.
                 let _ = self.register(id, false);
@@ -390,7 +396,7 @@ impl Server {
                 self.spawn_stream(id, async move {
                     tokio::task::spawn_blocking(|| {
                         nix::unistd::sync();
-                        crate::disk_health::root_failure()
+                        crate::disk_health::failure()
                     })
                     .await
                     .map_err(|source| DiskRequestError::Worker {
@@ -426,7 +432,7 @@ impl Server {
             Request::DiskHealth => {
                 let _ = self.register(id, false);
                 self.spawn_stream(id, async move {
-                    tokio::task::spawn_blocking(crate::disk_health::root_failure)
+                    tokio::task::spawn_blocking(crate::disk_health::failure)
                         .await
                         .map_err(|source| DiskRequestError::Worker {
                             what: "reading the disk's health",

@@ -9,8 +9,10 @@
 //! and the console says why it has none.
 
 use std::fs;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::mount::{mount, MsFlags};
@@ -119,6 +121,66 @@ pub fn mount_caches(
     Ok(())
 }
 
+/// The cache disk's block device name (`vdb`), found by its serial: `None` in a guest without
+/// one. Looked up once: the disk is attached at boot, before the agent runs.
+pub fn device_name() -> Option<&'static str> {
+    static NAME: OnceLock<Option<String>> = OnceLock::new();
+    NAME.get_or_init(|| {
+        fs::read_dir("/sys/block")
+            .ok()?
+            .flatten()
+            .find_map(|entry| {
+                let serial = fs::read_to_string(entry.path().join("serial")).unwrap_or_default();
+                (serial.trim() == SERIAL).then(|| entry.file_name().to_string_lossy().into_owned())
+            })
+    })
+    .as_deref()
+}
+
+/// The room left on the cache disk, read where the guest has it mounted (its binds: the
+/// first stage's own mount is out of the new root's sight); `None` without a cache disk, or
+/// with one the boot could not mount.
+pub fn room() -> Option<dynocap_proto::CacheRoom> {
+    let device = device_name()?;
+    let dev = fs::read_to_string(Path::new("/sys/block").join(device).join("dev")).ok()?;
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let point = mount_point_of(&mountinfo, dev.trim())?;
+    let stat = nix::sys::statvfs::statvfs(&point).ok()?;
+    Some(dynocap_proto::CacheRoom {
+        free_bytes: stat.blocks_available().saturating_mul(stat.fragment_size()),
+        total_bytes: stat.blocks().saturating_mul(stat.fragment_size()),
+        free_inodes: stat.files_available(),
+    })
+}
+
+/// The first mount point in `mountinfo` (`/proc/self/mountinfo`'s text) of the filesystem on
+/// device `dev` (`major:minor`), its octal escapes (`\040` for a space) undone.
+fn mount_point_of(mountinfo: &str, dev: &str) -> Option<PathBuf> {
+    let line = mountinfo
+        .lines()
+        .find(|line| line.split(' ').nth(2) == Some(dev))?;
+    let escaped = line.split(' ').nth(4)?.as_bytes();
+    let mut path = Vec::with_capacity(escaped.len());
+    let mut i = 0;
+    while i < escaped.len() {
+        let octal = escaped
+            .get(i + 1..i + 4)
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|d| u8::from_str_radix(d, 8).ok());
+        match (escaped[i], octal) {
+            (b'\\', Some(byte)) => {
+                path.push(byte);
+                i += 4;
+            }
+            (byte, _) => {
+                path.push(byte);
+                i += 1;
+            }
+        }
+    }
+    Some(PathBuf::from(std::ffi::OsString::from_vec(path)))
+}
+
 /// The virtio disk whose serial is [`SERIAL`], once it has appeared.
 fn find_disk(wait: Duration) -> Result<PathBuf, String> {
     let deadline = Instant::now() + wait;
@@ -161,6 +223,19 @@ fn make_dir(path: &Path, mode: u32, owner: Option<(u32, u32)>) -> Result<(), Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cache_is_found_where_its_device_is_mounted() {
+        let mountinfo = "22 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n\
+                         40 22 254:16 /pip /home/sandbox\\040user/.cache/pip rw - ext4 /dev/vdb rw\n\
+                         41 22 254:16 /apt /var/cache/apt/archives rw - ext4 /dev/vdb rw\n";
+        assert_eq!(
+            mount_point_of(mountinfo, "254:16"),
+            Some(PathBuf::from("/home/sandbox user/.cache/pip"))
+        );
+        assert_eq!(mount_point_of(mountinfo, "254:0"), Some(PathBuf::from("/")));
+        assert_eq!(mount_point_of(mountinfo, "254:32"), None);
+    }
 
     #[test]
     fn entries_are_read_and_paths_that_climb_are_dropped() {

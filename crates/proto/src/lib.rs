@@ -23,10 +23,10 @@ pub use frame::{
 };
 pub use io::{FrameReader, FrameWriter};
 pub use message::{
-    channel, from_payload, to_payload, BaselineRequest, CloneRequest, ConnectRequest, DiffRequest,
-    EgressRequest, ErrorBody, ExecExit, ExecRequest, GuestRequest, Hello, ReceiveFileRequest,
-    RejoinRequest, Request, Response, ResumeRequest, UnpackRequest, MAX_COMMAND_LEN,
-    PROTOCOL_VERSION,
+    channel, from_payload, to_payload, BaselineRequest, CacheRoom, CloneRequest, ConnectRequest,
+    DiffRequest, EgressRequest, ErrorBody, ExecExit, ExecRequest, GuestRequest, Hello,
+    ReceiveFileRequest, RejoinRequest, Request, Response, ResumeRequest, UnpackRequest,
+    MAX_COMMAND_LEN, PROTOCOL_VERSION,
 };
 
 /// The git attributes of every path while a task's patch is made (the guest's diff) and

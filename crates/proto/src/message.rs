@@ -66,6 +66,10 @@ pub enum Request {
     /// of a raw VM sandbox, whose files need no sync (they do not outlive the machine) but
     /// whose failed disk is still an error of the command, never a silent success.
     DiskHealth,
+    /// The room left on the project's package cache disk the guest mounted (a VM task's:
+    /// a jail's cache is mounted by its supervisor, which reads it on the host), answered
+    /// with `Done(Response::CacheRoom)`; its failures are the disk's (see `DiskHealth`).
+    CacheRoom,
     /// A file operation ([`crate::files`]) done as the sandbox user, answered with
     /// `Done(Response::File)` or an error saying why the guest refused it.
     File(crate::files::FileRequest),
@@ -296,8 +300,21 @@ pub enum Response {
     Synced,
     /// See [`Request::DiskHealth`].
     DiskHealthy,
+    /// See [`Request::CacheRoom`]; `None` for a guest without a package cache.
+    CacheRoom {
+        room: Option<CacheRoom>,
+    },
     /// See [`Request::File`].
     File(crate::files::FileResult),
+}
+
+/// A filesystem's room, as `statvfs` gives it to an unprivileged writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CacheRoom {
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+    pub free_inodes: u64,
 }
 
 /// How an exec ended. Output travelled separately as `Data` frames.

@@ -44,7 +44,9 @@ pub(super) async fn check_disk(shared: &Shared, synced: Result<()>) -> Option<St
 }
 
 /// What the result of a command says when the project's package cache the guest has is
-/// full (a jail's: the supervisor mounted it), if it is.
+/// full, if it is: a jail's read on the host (the supervisor mounted it), a VM task's asked
+/// of its agent (the cache is a disk of the guest kernel's, whose free space only that kernel
+/// knows: the image's own counts on the host lag behind its journal).
 pub(super) async fn cache_full(shared: &Shared) -> Option<String> {
     match &shared.layer_sync {
         LayerSync::HostMount(disk) => {
@@ -54,7 +56,29 @@ pub(super) async fn cache_full(shared: &Shared) -> Option<String> {
                 .ok()
                 .flatten()
         }
+        // Only tasks have a project, so only they have its cache.
+        LayerSync::GuestKernel if shared.task.is_some() => {
+            let room = guest_cache_room(&shared.conn).await?;
+            crate::host::project_cache::full_note(
+                room.free_bytes,
+                room.total_bytes,
+                room.free_inodes,
+            )
+        }
         LayerSync::GuestKernel => None,
+    }
+}
+
+/// The room on the guest's package cache disk, from its agent: `None` without a cache, or
+/// from an agent that predates the request (it answers with an error).
+async fn guest_cache_room(conn: &AgentConn) -> Option<dynocap_proto::CacheRoom> {
+    let stream = conn.open(&dynocap_proto::Request::CacheRoom).await.ok()?;
+    match workspace::finish_stream(stream, "reading the guest's package cache room")
+        .await
+        .ok()?
+    {
+        dynocap_proto::Response::CacheRoom { room } => room,
+        _ => None,
     }
 }
 

@@ -5,8 +5,10 @@
 //! the sandbox, closes the host port (a connection is refused). A host port in use, a guest
 //! port 0 and an address that is not the host's are refused with messages naming the fix, a
 //! `--publish` of a port in use before anything boots. A task started with `--publish` lists
-//! its forward and serves through it until it finishes. One VM case: `run --publish` on the
-//! vm backend, reached with curl.
+//! its forward and serves through it until it finishes. A jail whose supervisor may not join
+//! the guest's network namespace (a failpoint stands in for the missing privilege) carries
+//! its forwards through the agent channel instead, reached with curl. One VM case: `run
+//! --publish` on the vm backend, reached with curl.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
@@ -145,6 +147,13 @@ fn a_server_in_a_none_sandbox_is_reached_through_a_forward_until_it_ends() {
     let dom = chromium_dom(&url);
     assert!(dom.contains(RENDERED), "the rendered DOM: {dom}");
 
+    // A root supervisor splices the connections itself.
+    let log = std::fs::read_to_string(home.log_path(&home.sandbox_id("web"))).unwrap_or_default();
+    assert!(
+        log.contains("spliced"),
+        "the supervisor took the direct path: {log}"
+    );
+
     // Listed by ps and by `port`.
     let ps = home.json(&["ps"]);
     let listed = &ps["sandboxes"][0]["forwards"];
@@ -247,6 +256,54 @@ fn bad_forwards_are_refused_with_the_fix() {
     assert!(!refused(host_port(&forward)), "the forward still listens");
     drop(taken);
     home.json(&["destroy", "bad"]);
+}
+
+/// A jail whose supervisor may not join the guest's network namespace (as one without
+/// `CAP_SYS_ADMIN` may not; the failpoint makes the join fail that way) forwards through the
+/// agent channel, the VM's path: the page and a file of many tunnel windows arrive whole, two
+/// connections at once each get their own bytes, and the supervisor logged the path it took.
+#[test]
+fn a_jail_forward_goes_through_the_agent_when_its_namespace_cannot_be_joined() {
+    let test = "a_jail_forward_goes_through_the_agent_when_its_namespace_cannot_be_joined";
+    let Some(home) = TestHome::on(Backend::Jail, test) else {
+        return;
+    };
+    let home = home.with_env("DYNOCAP_FAILPOINTS", "supervisor.ports.join-netns=error");
+    home.sandbox("relay", &[]);
+    let sum = serve(&home, "relay", 8000);
+    let forward = home.json(&["port", "relay", "8000"]);
+    let url = forward["url"].as_str().expect("url").to_owned();
+    let page = curl_until_served(&url);
+    assert!(page.contains("id=out"), "the page came through: {page}");
+
+    // Two downloads of the 20 MB file at once, each checked whole.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "curl -sS --max-time 60 {url}big | sha256sum & curl -sS --max-time 60 {url}big | sha256sum; wait"
+        ))
+        .output()
+        .expect("curl the big file twice");
+    let sums = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        sums.lines().filter(|line| line.starts_with(&sum)).count(),
+        2,
+        "both copies of the 20 MB file arrived whole: {sums}"
+    );
+
+    let log = std::fs::read_to_string(home.log_path(&home.sandbox_id("relay"))).unwrap_or_default();
+    assert!(
+        log.contains("forwarded connections go through the guest agent")
+            && !log.contains("spliced"),
+        "the supervisor took the agent's path: {log}"
+    );
+
+    let port = host_port(&forward);
+    home.json(&["destroy", "relay"]);
+    assert!(
+        refused(port),
+        "after destroy, the host port refuses connections"
+    );
 }
 
 /// `task start --publish`: the task's forward is in its start's result and in `ls`, serves

@@ -192,8 +192,12 @@ impl Forwards {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if let GuestNetState::Untried(netns) = &mut *state {
-            let started = netns.take().and_then(|netns| match GuestNet::start(netns) {
-                Ok(net) => Some(Arc::new(net)),
+            let started = netns.take().and_then(|netns| match join(netns) {
+                Ok(net) => {
+                    tracing::info!(target: LOG_TARGET,
+                        "forwarded connections are made in the guest's network namespace and spliced");
+                    Some(Arc::new(net))
+                }
                 Err(err) => {
                     tracing::info!(target: LOG_TARGET,
                         "forwarded connections go through the guest agent: joining the guest's network namespace: {err}");
@@ -220,6 +224,16 @@ impl Forwards {
             tracing::warn!(target: LOG_TARGET, "writing {}: {err}", self.file.display());
         }
     }
+}
+
+/// Joins the guest's network namespace for the direct path. A root supervisor always may; the
+/// failpoint stands for one that may not (a supervisor without `CAP_SYS_ADMIN`), so the tests
+/// drive the agent channel's path on a jail too.
+fn join(netns: std::fs::File) -> std::io::Result<GuestNet> {
+    crate::foundation::failpoint::hit("supervisor.ports.join-netns").map_err(|err| {
+        std::io::Error::new(std::io::ErrorKind::PermissionDenied, err.to_string())
+    })?;
+    GuestNet::start(netns)
 }
 
 /// Refuses port 0 where a port must be named.

@@ -5,9 +5,10 @@
 //! shared flag, read with `filefrag`), three forks take next to none of the filesystem's free
 //! space, and each still finishes with a verified patch holding the shared work and its own
 //! change only. A checkpoint restored after the workspace broke gives back the workspace and
-//! what was written outside it. A supervisor killed during a fork's clone (the disk frozen,
-//! the clone made, not yet in place) leaves the source's work, no record and no files of the
-//! fork.
+//! what was written outside it. A supervisor killed during a fork (its disk cloned and synced,
+//! not yet in place) leaves the source's work, no record and no files of the fork. Once the
+//! filesystem is full, a fork's write it cannot back fails in the guest's `fsync` (the fork's
+//! clone sets nothing aside), and the result says the disk failed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -261,4 +262,69 @@ fn on_xfs_a_supervisor_killed_during_a_clone_leaves_the_source_and_no_fork() {
             .contains(&home.sandbox_id("src"))),
         "nothing of the source's disk stays mounted"
     );
+}
+
+/// A fork's clone sets nothing aside: once the home's filesystem is full, its guest's write
+/// fails where the guest sees it (`fsync` in `dd conv=fsync`), never acknowledged and lost.
+#[test]
+fn on_a_full_xfs_a_forks_write_fails_in_its_guest() {
+    let test = "on_a_full_xfs_a_forks_write_fails_in_its_guest";
+    let Some(fs) = XfsFs::new(test, 1600) else {
+        return;
+    };
+    let home = fs.home();
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&["task", "start", &path, "--name", "src", "--disk-mb", "512"]);
+    home.task_sh("src", "echo work >> a.txt");
+    home.json(&["task", "fork", "src", "fork"]);
+    // Every block left taken from the host's side.
+    let ballast = fs.mount.join("ballast");
+    let free = free_mb(&fs.mount);
+    run_ok(
+        "fallocate",
+        &[
+            "-l".as_ref(),
+            format!("{}M", free.saturating_sub(1)).as_ref(),
+            ballast.as_ref(),
+        ],
+    );
+    let _ = Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", fs.mount.join("ballast-small").display()))
+        .arg("bs=4k")
+        .stderr(std::process::Stdio::null())
+        .status();
+    // XFS keeps a few blocks for its own transactions, which no file write gets.
+    assert!(free_mb(&fs.mount) <= 1, "the home's filesystem is full");
+    let out = home
+        .command()
+        .args([
+            "--json",
+            "task",
+            "exec",
+            "fork",
+            "--",
+            "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync",
+        ])
+        .output()
+        .expect("dynocap");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let failed = !out.status.success()
+        || serde_json::from_slice::<Value>(&out.stdout)
+            .ok()
+            .and_then(|v| v["exitCode"].as_i64())
+            .is_some_and(|code| code != 0);
+    assert!(failed, "the write the host cannot back fails: {text}");
+    assert!(
+        text.contains("fsync failed") && text.contains("No space left"),
+        "{text}"
+    );
+    assert!(
+        text.contains("diskError"),
+        "the result says the disk failed: {text}"
+    );
+    let _ = std::fs::remove_file(&ballast);
+    let _ = std::fs::remove_file(fs.mount.join("ballast-small"));
 }

@@ -5,11 +5,21 @@ workspace). Times `task fork` against a fresh `task start` of the same project, 
 checkpoint` against a no-op `task exec`, `task restore`, and the host disk that ten forks take
 against one task (allocated blocks: the forks' copies, and the room each disk reserves).
 
+With --xfs-home MB, the same jail rows for two homes side by side, in alternating rounds: one
+on the host's filesystem as it is (on ext4 here: checkpoints and forks copy what the task
+wrote) and one on an XFS with reflink of MB (sparse) that the bench makes and loop-mounts
+(checkpoints and forks clone the disk image and share its extents). The ten forks' disk is
+then the filesystem's used space that they add (`statvfs`), since allocated blocks count a
+shared extent in every file that has it.
+
 With --vm, the same on the vm backend (QEMU guests of the built debian image, under TCG
 unless DYNOCAP_VM_ACCEL says otherwise): `task checkpoint` (a frozen qcow2 layer) and `task
-fork` (a boot over a new layer) against a cold `task start`, side by side.
+fork` (a boot over a new layer) against a cold `task start`, side by side; then the host disk
+of ten forks of a task against that task's, in its sandbox files with each hard-linked layer
+counted once: allocated (each fork's new layer reserves its whole disk) and data.
 
     sudo scripts/bench-fork.py [--gib 1] [--runs 3]
+    sudo scripts/bench-fork.py --xfs-home 40960 [--gib 1] [--runs 3]
     sudo scripts/bench-fork.py --vm [--gib 0.25] [--runs 2] [--files 2000]
 
 Uses target/debug (or DYNOCAP_BIN_DIR) and DYNOCAP_AGENT like the e2e tests."""
@@ -19,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -84,15 +95,17 @@ def report(args, mib, wrote, starts, forks, from_checkpoint, noops, checkpoints,
     print(f"task restore:                         {med(restores)}")
 
 
-def starts_then_source(home: Path, src: str, args, prefix: str, timeout: str, fill: str):
+def starts_then_source(home: Path, src: str, args, prefix: str, timeout: str, fill: str,
+                       flags: tuple[str, ...] = ()):
     """Times `args.runs` fresh starts of `src` (each removed after), then starts task `src`
     and has it write `args.gib` GiB from `fill` (an install's worth) and times no-op execs in
-    it. Returns (starts, mib written, seconds the write took, no-op exec times)."""
+    it; every start with `flags`. Returns (starts, mib written, seconds the write took, no-op
+    exec times)."""
     starts = []
     for i in range(args.runs):
-        starts.append(timed(home, "task", "start", src, "--name", f"{prefix}{i}"))
+        starts.append(timed(home, "task", "start", src, "--name", f"{prefix}{i}", *flags))
         dynocap(home, "rm", "--force", "--purge", f"{prefix}{i}")
-    dynocap(home, "task", "start", src, "--name", "src")
+    dynocap(home, "task", "start", src, "--name", "src", *flags)
     mib = int(args.gib * 1024)
     t = time.monotonic()
     dynocap(home, "task", "exec", "src", "--timeout", timeout, "--",
@@ -124,7 +137,14 @@ def vm_setup(home: Path) -> None:
 def vm_main(args, home: Path, src: str) -> None:
     """The vm rows: cold starts, then checkpoints and forks of a task that wrote GIB GiB."""
     vm_setup(home)
-    starts, mib, wrote, noops = starts_then_source(home, src, args, "cold", "1200", "/dev/urandom")
+    # The guest's disk holds the image's files too (about 700 MB of the debian image): past
+    # 0.5 GiB written, a disk of 4 GB. A first start, untimed, makes the base disk of that
+    # size if the cache has none yet.
+    flags = ("--disk-mb", "2048" if args.gib <= 0.5 else "4096")
+    dynocap(home, "task", "start", src, "--name", "warm", *flags)
+    dynocap(home, "rm", "--force", "--purge", "warm")
+    starts, mib, wrote, noops = starts_then_source(home, src, args, "cold", "1200", "/dev/urandom",
+                                                   flags)
     checkpoints = [timed(home, "task", "checkpoint", "src", f"c{i}") for i in range(args.runs)]
     forks = []
     for i in range(args.runs):
@@ -132,7 +152,8 @@ def vm_main(args, home: Path, src: str) -> None:
         dynocap(home, "rm", "--force", "--purge", f"fork{i}")
     restore = timed(home, "task", "restore", "src", "c0")
     print(f"vm ({EXTRA_ENV['DYNOCAP_VM_ACCEL']}): project of {args.files} files; the task wrote "
-          f"{mib} MiB in {wrote:.1f} s")
+          f"{mib} MiB in {wrote:.1f} s; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"vm task start (cold, {args.runs} runs):   {med(starts)}")
     print(f"vm task fork (current state):         {med(forks)}  "
           f"= {statistics.median(forks) / statistics.median(starts):.2f}x a cold start")
@@ -141,6 +162,136 @@ def vm_main(args, home: Path, src: str) -> None:
           f"= {statistics.median(checkpoints) / statistics.median(starts):.3f}x a cold start, "
           f"{statistics.median(checkpoints) / statistics.median(noops):.1f}x a no-op exec")
     print(f"vm task restore:                      {restore * 1000:.0f} ms")
+    dynocap(home, "rm", "--force", "--purge", "src")
+    vm_ten_forks(home, src)
+
+
+def layer_files(path: Path) -> tuple[int, int]:
+    """(allocated, data) bytes of the files under `path`, each inode once however many links
+    it has (a frozen layer is linked by the task, its checkpoints and its forks): allocated
+    blocks count a disk's reservation past its end, data only the blocks within its length."""
+    seen, allocated, data = set(), 0, 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except FileNotFoundError:
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            allocated += st.st_blocks * 512
+            data += min(st.st_blocks * 512, st.st_size)
+    return allocated, data
+
+
+def vm_ten_forks(home: Path, src: str) -> None:
+    """The host disk of ten forks of a vm task (the default 2048 MB disk, which the image's
+    files share, 512 MB of memory) that wrote 256 MiB, against that task's, counted in its
+    home's sandbox files."""
+    dynocap(home, "task", "start", src, "--name", "small", "--memory-mb", "512")
+    dynocap(home, "task", "exec", "small", "--timeout", "1200", "--",
+            "mkdir -p ~/deps && head -c 256M /dev/urandom > ~/deps/blob && sync")
+    sandboxes = home / "sandboxes"
+    one_alloc, one_data = layer_files(sandboxes)
+    for i in range(10):
+        dynocap(home, "task", "fork", "small", f"ten{i}")
+    alloc, data = layer_files(sandboxes)
+    ten_alloc, ten_data = alloc - one_alloc, data - one_data
+    print(f"vm host disk, one task (2048 MB disk, 256 MiB written): {one_alloc / 2**20:.0f} MiB "
+          f"allocated, {one_data / 2**20:.0f} MiB of it data")
+    print(f"vm host disk, ten forks of it: {ten_alloc / 2**20:.0f} MiB allocated "
+          f"= {ten_alloc / one_alloc:.2f}x one task (each fork's layer reserves its disk); "
+          f"{ten_data / 2**20:.0f} MiB of data = {ten_data / one_data:.3f}x one task's")
+    for i in range(10):
+        dynocap(home, "rm", "--force", "--purge", f"ten{i}")
+    dynocap(home, "rm", "--force", "--purge", "small")
+
+
+def used(path: Path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def id_shift(home: Path, name: str):
+    """(entries, seconds) of the move of fork `name`'s layer to its host ids, from its log."""
+    tasks = dynocap(home, "ls").get("tasks", [])
+    ids = [t["id"] for t in tasks if t.get("name") == name]
+    if not ids:
+        return None
+    log = home / "logs" / f"{ids[0]}.log"
+    match = re.search(r"moved \d+ of (\d+) entries of the layer .* in (\d+) ms",
+                      log.read_text(errors="replace") if log.exists() else "")
+    return (int(match[1]), int(match[2]) / 1000) if match else None
+
+
+def side_by_side(args, homes: dict[str, Path], src: str) -> None:
+    """The jail rows for each home in `homes` (label: home), in alternating rounds."""
+    t = {label: {k: [] for k in ("start", "noop", "checkpoint", "fork", "restore", "shift")}
+         for label in homes}
+    wrote = {}
+    mib = int(args.gib * 1024)
+    for label, home in homes.items():
+        dynocap(home, "task", "start", src, "--name", "src")
+        w = time.monotonic()
+        dynocap(home, "task", "exec", "src", "--timeout", "600", "--",
+                f"mkdir -p ~/deps && head -c {mib}M /dev/zero > ~/deps/blob && sync")
+        wrote[label] = time.monotonic() - w
+    for i in range(args.runs):
+        for label, home in homes.items():
+            t[label]["start"].append(timed(home, "task", "start", src, "--name", f"fresh{i}"))
+            dynocap(home, "rm", "--force", "--purge", f"fresh{i}")
+            t[label]["noop"] += [timed(home, "task", "exec", "src", "--", "true") for _ in range(2)]
+            t[label]["checkpoint"].append(timed(home, "task", "checkpoint", "src", f"c{i}"))
+            t[label]["fork"].append(timed(home, "task", "fork", "src", f"fork{i}"))
+            t[label]["shift"].append(id_shift(home, f"fork{i}"))
+            dynocap(home, "rm", "--force", "--purge", f"fork{i}")
+            t[label]["restore"].append(timed(home, "task", "restore", "src", f"c{i}"))
+    print(f"project: {args.files} files; the task wrote {mib} MiB; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for label, r in t.items():
+        start, noop = statistics.median(r["start"]), statistics.median(r["noop"])
+        fork, cp = statistics.median(r["fork"]), statistics.median(r["checkpoint"])
+        print(f"[{label}] write {wrote[label]:.1f} s; start {med(r['start'])}, fork {med(r['fork'])}"
+              f" = {fork / start:.3f}x a fresh start; no-op exec {med(r['noop'])}, checkpoint "
+              f"{med(r['checkpoint'])} = {cp / noop:.1f}x a no-op exec; restore {med(r['restore'])}")
+        shifts = [x for x in r["shift"] if x is not None]
+        if shifts:
+            entries, secs = statistics.median(e for e, _ in shifts), statistics.median(s for _, s in shifts)
+            print(f"[{label}] the fork's id shift (in its boot): {entries:.0f} entries in "
+                  f"{secs * 1000:.0f} ms = {secs / fork:.2f} of the fork")
+    for label, home in homes.items():
+        dynocap(home, "rm", "--force", "--purge", "src")
+    # Ten forks of a task with a 1 GB disk that wrote 256 MiB, per home.
+    for label, home in homes.items():
+        before = used(home)
+        dynocap(home, "task", "start", src, "--name", "small", "--disk-mb", "1024")
+        dynocap(home, "task", "exec", "small", "--timeout", "600", "--",
+                "mkdir -p ~/deps && head -c 256M /dev/zero > ~/deps/blob && sync")
+        shared_fs = label != "copy"
+        one = used(home) - before if shared_fs else allocated(home / "sandboxes")
+        after_one = used(home)
+        for i in range(10):
+            dynocap(home, "task", "fork", "small", f"ten{i}")
+        ten = used(home) - after_one if shared_fs else allocated(home / "sandboxes") - one
+        how = "filesystem used space" if shared_fs else "allocated blocks"
+        print(f"[{label}] disk of one task (1024 MB disk, 256 MiB written): {one / 2**20:.0f} MiB; "
+              f"ten forks of it: {ten / 2**20:.0f} MiB = {ten / one:.2f}x one task, the task and its "
+              f"forks {(one + ten) / one:.2f}x ({how})")
+        for i in range(10):
+            dynocap(home, "rm", "--force", "--purge", f"ten{i}")
+        dynocap(home, "rm", "--force", "--purge", "small")
+
+
+def xfs_home(base: Path, megabytes: int) -> Path:
+    """A sparse XFS with reflink of `megabytes`, loop-mounted under `base`."""
+    image, mount = base / "xfs.img", base / "xfs"
+    mount.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(megabytes << 20)
+    subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+    return mount / "h"
 
 
 def main() -> None:
@@ -149,6 +300,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--files", type=int, default=None)
     parser.add_argument("--vm", action="store_true")
+    parser.add_argument("--xfs-home", type=int, default=None, metavar="MB",
+                        help="also bench a home on an XFS with reflink of MB, side by side")
     args = parser.parse_args()
     # TCG is slow: the vm's defaults are smaller.
     defaults = (0.25, 2, 2000) if args.vm else (1.0, 3, 20000)
@@ -159,6 +312,17 @@ def main() -> None:
     home, proj = base / "h", base / "p"
     proj.mkdir()
     project(proj, args.files)
+    if args.xfs_home:
+        homes = {"copy": home, "clone": xfs_home(base, args.xfs_home)}
+        try:
+            side_by_side(args, homes, str(proj))
+        finally:
+            for h in homes.values():
+                for task in dynocap(h, "ls").get("tasks", []):
+                    dynocap(h, "rm", "--force", "--purge", task["id"])
+            subprocess.run(["umount", str(base / "xfs")])
+            subprocess.run(["rm", "-rf", str(base)])
+        return
     if args.vm:
         try:
             vm_main(args, home, str(proj))

@@ -203,7 +203,11 @@ fn copy_unsynced(src: &Path, dest: &Path) -> io::Result<(File, Duplicated, u64)>
         .create_new(true)
         .mode_0600()
         .open(dest)?;
-    match duplicate(&from, &to) {
+    let dir = match dest.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    match duplicate(&from, &to, dir) {
         Ok((how, bytes)) => Ok((to, how, bytes)),
         Err(err) => {
             let _ = fs::remove_file(dest);
@@ -212,11 +216,10 @@ fn copy_unsynced(src: &Path, dest: &Path) -> io::Result<(File, Duplicated, u64)>
     }
 }
 
-/// Clones `from` into the empty `to` (its dirty pages written to disk first: a clone shares
-/// blocks on disk), or copies its data where the filesystem cannot clone. The bytes of data
-/// `to` holds.
-fn duplicate(from: &File, to: &File) -> io::Result<(Duplicated, u64)> {
-    match clone_into(from, to) {
+/// Clones `from` into the empty `to` (in the directory `dir`), or copies its data where the
+/// filesystem cannot clone. The bytes of data `to` holds.
+fn duplicate(from: &File, to: &File, dir: &Path) -> io::Result<(Duplicated, u64)> {
+    match clone_into(from, to, dir) {
         Ok(()) => Ok((Duplicated::Cloned, data_bytes(to)?)),
         Err(errno) if reflink_unsupported(errno) => {
             Ok((Duplicated::Copied(errno), copy_into(from, to)?))
@@ -225,10 +228,15 @@ fn duplicate(from: &File, to: &File) -> io::Result<(Duplicated, u64)> {
     }
 }
 
-/// `FICLONE` of the whole of `from` into `to`, after `from`'s data is on disk.
-fn clone_into(from: &File, to: &File) -> Result<(), Errno> {
-    from.sync_data()
-        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+/// `FICLONE` of the whole of `from` into `to`. A clone shares blocks on disk, so where the
+/// filesystem clones (`dir`'s: see [`reflinks`]) `from`'s dirty pages are written first (the
+/// kernel's clone flushes them too; this makes it explicit). Where it cannot, that write
+/// would only hold a frozen guest longer before the copy, which reads the page cache.
+fn clone_into(from: &File, to: &File, dir: &Path) -> Result<(), Errno> {
+    if reflinks(dir) {
+        from.sync_data()
+            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    }
     // SAFETY: FICLONE reads the source fd number passed by value; both fds are open.
     if unsafe { libc::ioctl(to.as_raw_fd(), FICLONE, from.as_raw_fd()) } == 0 {
         Ok(())
@@ -537,7 +545,7 @@ mod tests {
             File::open(&src).expect("open"),
             File::create(&dest).expect("dest"),
         );
-        let (how, bytes) = duplicate(&from, &to).expect("duplicate");
+        let (how, bytes) = duplicate(&from, &to, tmp.path()).expect("duplicate");
         assert_eq!(bytes, 1 << 20);
         assert_eq!(how == Duplicated::Cloned, reflinks(tmp.path()), "{how:?}");
         assert_eq!(fs::read(&src).expect("src"), fs::read(&dest).expect("dest"));
@@ -585,7 +593,7 @@ mod tests {
                 File::create(&dest).expect("dest"),
             );
             assert_eq!(
-                duplicate(&from, &to).expect("clone"),
+                duplicate(&from, &to, &mnt).expect("clone"),
                 (Duplicated::Cloned, 1 << 20)
             );
             assert_eq!(fs::read(&src).expect("src"), fs::read(&dest).expect("dest"));

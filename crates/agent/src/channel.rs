@@ -44,9 +44,15 @@ impl AsyncRead for ChannelReader {
     ) -> Poll<io::Result<()>> {
         loop {
             let mut guard = ready!(self.0.poll_read_ready(cx))?;
-            let unfilled = buf.initialize_unfilled();
-            match guard.try_io(|fd| Ok(nix::unistd::read(fd.get_ref(), unfilled)?)) {
+            // Into the unfilled part as it is: a large frame's payload is read into its own
+            // buffer's spare capacity, which zeroing first (`initialize_unfilled`) would
+            // clear on every read, again for each short read of the same frame.
+            // SAFETY: nothing de-initializes bytes of it: `read` only writes into it.
+            let unfilled = unsafe { buf.unfilled_mut() };
+            match guard.try_io(|fd| read_uninit(fd.get_ref(), unfilled)) {
                 Ok(Ok(n)) => {
+                    // SAFETY: `read` wrote the first `n` bytes of the unfilled part.
+                    unsafe { buf.assume_init(n) };
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
@@ -57,6 +63,15 @@ impl AsyncRead for ChannelReader {
             }
         }
     }
+}
+
+/// `read(2)` into memory that need not be initialized; the count of bytes it wrote.
+fn read_uninit(fd: &OwnedFd, into: &mut [std::mem::MaybeUninit<u8>]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the pointer and length are those of a live, writable slice; read(2) only
+    // writes bytes into it, which the caller counts as initialized up to the returned count.
+    let n = unsafe { libc::read(fd.as_raw_fd(), into.as_mut_ptr().cast(), into.len()) };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 impl AsyncWrite for ChannelWriter {
@@ -172,6 +187,56 @@ mod tests {
                 reader.read_frame().await.expect("read").as_ref(),
                 Some(expect)
             );
+        }
+        send.await.expect("join");
+    }
+
+    /// Frames read in pieces (the peer writes a few KiB at a time) into recycled payload
+    /// buffers that still hold an earlier frame's bytes come out exactly as sent: each read
+    /// counts only the bytes it wrote.
+    #[tokio::test]
+    async fn frames_read_in_pieces_into_recycled_buffers_come_in_whole() {
+        use dynocap_proto::tunnel::TUNNEL_CHUNK;
+        use dynocap_proto::{Frame, FrameKind, FrameReader};
+        let (ours, theirs) = UnixStream::pair().expect("socketpair");
+        let (reader, _writer) = split(OwnedFd::from(ours)).expect("split");
+        let theirs = tokio::net::UnixStream::from_std({
+            theirs.set_nonblocking(true).expect("nonblocking");
+            theirs
+        })
+        .expect("register");
+        // Buffers of a tunnel frame's size, dirty, in the pool the reader takes from.
+        for _ in 0..4 {
+            let mut dirty = dynocap_proto::buffers::take(TUNNEL_CHUNK + 1);
+            dirty.resize(TUNNEL_CHUNK + 1, 0xee);
+            dynocap_proto::buffers::give(dirty);
+        }
+        let frames: Vec<Frame> = (0..6u8)
+            .map(|n| {
+                let len = TUNNEL_CHUNK + 1 - usize::from(n) * 1000;
+                let payload = (0..len)
+                    .map(|i| u8::try_from(i % 251).expect("under 251") ^ n)
+                    .collect();
+                Frame::new(u32::from(n), FrameKind::Data, payload)
+            })
+            .collect();
+        let sent = frames.clone();
+        let mut theirs = theirs;
+        let send = tokio::spawn(async move {
+            let mut bytes = Vec::new();
+            for frame in &sent {
+                bytes.extend(frame.encode().expect("encode"));
+            }
+            for piece in bytes.chunks(3000) {
+                theirs.write_all(piece).await.expect("write");
+                tokio::task::yield_now().await;
+            }
+        });
+        let mut reader = FrameReader::new(reader);
+        for expect in &frames {
+            let got = reader.read_frame().await.expect("read").expect("a frame");
+            assert!(got == *expect, "frame {} differs", expect.stream);
+            dynocap_proto::buffers::give(got.payload);
         }
         send.await.expect("join");
     }

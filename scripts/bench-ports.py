@@ -3,19 +3,22 @@
 
 The same small server (python3, sending N bytes from one preallocated 1 MiB buffer on each
 connection, or reading N bytes for an upload) runs on the host's loopback and inside a `none`
-jail sandbox behind `dynocap port`; the client here times fetching (and sending) SIZE MiB
-from each, alternating sample by sample after the same pause, and prints the medians and the
-forward's ratio to loopback (the target is at least 0.8x). The sandbox gets --cpus 2, so its
-CPU quota is not what is measured; but its processes (the agent and the guest's server) share
-the `dynocap` cgroup's CPU weight with every other sandbox, while the loopback server competes
-as one process of the host's: on a loaded machine the forward is measured starved. Run it on
-a quiet one (the load average is printed).
+sandbox behind `dynocap port`; the client here times fetching (and sending) SIZE MiB from
+each, alternating sample by sample after the same pause, and prints the medians and each
+forward's ratio to loopback (the target is at least 0.8x on the jail). The sandbox gets
+--cpus 2, so its CPU quota is not what is measured; but its processes (the agent and the
+guest's server) share the `dynocap` cgroup's CPU weight with every other sandbox, while the
+loopback server competes as one process of the host's: on a loaded machine the forward is
+measured starved. Run it on a quiet one (the load average is printed).
 
 Usage (root):
-    scripts/bench-ports.py [DIR]
-DIR holds `dynocap`, `dynocap-core` and the static `dynocap-agent` (default target/release,
-with DYNOCAP_AGENT naming the agent if it is elsewhere). SIZE (MiB, default 256) and SAMPLES
-(default 7) set the work.
+    scripts/bench-ports.py [--vm] [NAME=]DIR [[NAME=]DIR ...]
+Each DIR holds `dynocap`, `dynocap-core` and the static `dynocap-agent` (default
+target/release, with DYNOCAP_AGENT naming the agent if it is elsewhere); several builds (a
+change and the commit before it) are measured side by side, each in its own home and sandbox,
+their samples alternating with loopback's. --vm starts the sandboxes on the vm backend (the
+forward goes through the agent channel; under TCG expect a small fraction of loopback).
+SIZE (MiB, default 256) and SAMPLES (default 7) set the work.
 """
 
 import os
@@ -65,13 +68,14 @@ while True:
 """
 
 
-def once(port, op):
-    """Seconds to move SIZE bytes over one connection to `port`."""
+def once(port, op, size=None):
+    """Seconds to move `size` (default SIZE) bytes over one connection to `port`."""
+    size = SIZE if size is None else size
     buf = memoryview(bytearray(1 << 20))
     start = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port)) as c:
-        c.sendall(f"{op} {SIZE}\n".encode())
-        left = SIZE
+        c.sendall(f"{op} {size}\n".encode())
+        left = size
         if op == "get":
             while left > 0:
                 k = c.recv_into(buf)
@@ -87,16 +91,12 @@ def once(port, op):
 
 
 def wait_for(port):
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while True:
         try:
             once_small(port)
             return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-        except RuntimeError:
+        except (OSError, RuntimeError):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
@@ -115,54 +115,104 @@ def free_port():
         return s.getsockname()[1]
 
 
+class Forward:
+    """A sandbox of the build in `bins` serving SERVER on GUEST_PORT behind a forward, in a
+    home of its own; `port` is the forward's host port."""
+
+    def __init__(self, bins, backend="jail", env=None):
+        self.dynocap = os.path.join(bins, "dynocap")
+        self.home = tempfile.mkdtemp(prefix="dcports")
+        # No command server: it would outlive the run in a home that is deleted.
+        self.env = dict(os.environ, DYNOCAP_HOME=self.home, DYNOCAP_CLI_SERVER="0", **(env or {}))
+        agent = os.path.join(bins, "dynocap-agent")
+        if os.path.isfile(agent):
+            self.env["DYNOCAP_AGENT"] = agent
+        self.env.pop("DYNOCAP_BACKEND", None)
+        image = []
+        try:
+            if backend == "vm":
+                image = ["--image", "debian"]
+                self.vm_setup()
+            self.dc("run", "bench-ports", "--cpus", "2", "--backend", backend, "--ttl", "3600", *image)
+            script = os.path.join(self.home, "server.py")
+            with open(script, "w") as f:
+                f.write(SERVER)
+            self.dc("cp", script, "bench-ports:/tmp/server.py")
+            self.dc("exec", "bench-ports", "--background", "--timeout", "3600", "--",
+                    f"exec python3 /tmp/server.py {GUEST_PORT}")
+            self.forward = self.dc("port", "bench-ports", str(GUEST_PORT)).split()[0]
+            self.port = int(self.forward.split("->")[0].rsplit(":", 1)[1])
+            wait_for(self.port)
+        except BaseException:
+            self.close()
+            raise
+
+    def vm_setup(self):
+        """A VM boots the debian image: built from the tests' image cache when there is one,
+        whose base disk the home shares as tests/support/backend.rs does."""
+        cache = os.environ.get("DYNOCAP_TEST_IMAGE_CACHE") or "/var/cache/dynocap-test-images"
+        if os.path.isdir(cache):
+            self.env["DYNOCAP_IMAGE_CACHE"] = cache
+            shared = os.path.join(cache, "vm-cache", "vm")
+            os.makedirs(shared, exist_ok=True)
+            os.makedirs(os.path.join(self.home, "cache"), exist_ok=True)
+            os.symlink(shared, os.path.join(self.home, "cache", "vm"))
+        # As the tests: TCG unless DYNOCAP_VM_ACCEL says otherwise.
+        self.env.setdefault("DYNOCAP_VM_ACCEL", "tcg")
+        self.dc("image", "build", "debian")
+
+    def dc(self, *args):
+        done = subprocess.run([self.dynocap, *args], env=self.env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"dynocap {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def close(self):
+        subprocess.run([self.dynocap, "destroy", "bench-ports"], env=self.env, capture_output=True)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
 def main():
-    bins = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "target/release")
-    dynocap = os.path.join(bins, "dynocap")
-    home = tempfile.mkdtemp(prefix="dcports")
-    # No command server: it would outlive the run in a home that is deleted.
-    env = dict(os.environ, DYNOCAP_HOME=home, DYNOCAP_CLI_SERVER="0")
-    agent = os.path.join(bins, "dynocap-agent")
-    if "DYNOCAP_AGENT" not in env and os.path.isfile(agent):
-        env["DYNOCAP_AGENT"] = agent
-    env.pop("DYNOCAP_BACKEND", None)
-
-    def dc(*args):
-        return subprocess.run([dynocap, *args], env=env, check=True, capture_output=True, text=True).stdout
-
+    args = sys.argv[1:]
+    backend = "jail"
+    if "--vm" in args:
+        args.remove("--vm")
+        backend = "vm"
+    builds = []
+    for arg in args or ["target/release"]:
+        name, _, path = arg.rpartition("=")
+        builds.append((name or os.path.basename(os.path.normpath(path)), os.path.abspath(path)))
     host_port = free_port()
     host_server = subprocess.Popen([sys.executable, "-c", SERVER, str(host_port)])
+    forwards = []
     try:
-        dc("run", "bench-ports", "--cpus", "2", "--backend", "jail")
-        with open(os.path.join(home, "server.py"), "w") as f:
-            f.write(SERVER)
-        dc("cp", os.path.join(home, "server.py"), "bench-ports:/tmp/server.py")
-        dc("exec", "bench-ports", "--background", "--timeout", "3600", "--",
-           f"exec python3 /tmp/server.py {GUEST_PORT}")
-        forward = dc("port", "bench-ports", str(GUEST_PORT)).split()[0]
-        fwd_port = int(forward.split("->")[0].rsplit(":", 1)[1])
         wait_for(host_port)
-        wait_for(fwd_port)
+        for name, bins in builds:
+            forwards.append((name, Forward(bins, backend)))
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        print(f"{SIZE >> 20} MiB per sample, {SAMPLES} samples each, alternating; "
-              f"forward {forward}; load average {load} on {os.cpu_count()} CPUs")
+        print(f"{SIZE >> 20} MiB per sample, {SAMPLES} samples each, alternating; {backend} "
+              f"sandboxes; load average {load} on {os.cpu_count()} CPUs")
+        targets = [("loopback", host_port)] + [(name, fwd.port) for name, fwd in forwards]
         for op, what in (("get", "download (guest -> host)"), ("put", "upload (host -> guest)")):
-            loop, fwd = [], []
-            once(host_port, op)
-            once(fwd_port, op)
+            times = {name: [] for name, _ in targets}
+            for _, port in targets:
+                once(port, op)
             for _ in range(SAMPLES):
-                time.sleep(PAUSE)
-                loop.append(once(host_port, op))
-                time.sleep(PAUSE)
-                fwd.append(once(fwd_port, op))
+                for name, port in targets:
+                    time.sleep(PAUSE)
+                    times[name].append(once(port, op))
             mib = SIZE / (1 << 20)
-            loop_rate = mib / statistics.median(loop)
-            fwd_rate = mib / statistics.median(fwd)
-            print(f"{what}: loopback {loop_rate:8.0f} MiB/s, forward {fwd_rate:8.0f} MiB/s, "
-                  f"ratio {fwd_rate / loop_rate:.2f}x (median of {SAMPLES})")
+            rates = {name: mib / statistics.median(t) for name, t in times.items()}
+            shown = ", ".join(
+                f"{name} {rate:.0f} MiB/s ({rate / rates['loopback']:.2f}x)"
+                for name, rate in rates.items() if name != "loopback")
+            print(f"{what}: loopback {rates['loopback']:.0f} MiB/s, {shown} (medians of {SAMPLES})")
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"load average at the end {load}")
     finally:
         host_server.kill()
-        subprocess.run([dynocap, "destroy", "bench-ports"], env=env, capture_output=True)
-        shutil.rmtree(home, ignore_errors=True)
+        for _, fwd in forwards:
+            fwd.close()
 
 
 if __name__ == "__main__":

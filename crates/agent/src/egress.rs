@@ -154,6 +154,12 @@ impl Egress {
         if let Some(pem) = &req.ca_bundle {
             write_ca_bundle(pem)?;
         }
+        if req.host_listens {
+            // A jail's supervisor took the port in this network itself: its connections
+            // reach the proxy without passing through here.
+            env.set(proxy_env(port, req.ca_bundle.is_some()));
+            return Ok(Response::Egress { listening: true });
+        }
         let listener = TcpListener::bind(("127.0.0.1", port))
             .await
             .map_err(|source| EgressError::Listen { port, source })?;
@@ -295,6 +301,7 @@ mod tests {
             listen_port: Some(port),
             ca_bundle: None,
             extra_ca: None,
+            host_listens: false,
         }
     }
 
@@ -348,6 +355,7 @@ mod tests {
             listen_port: None,
             ca_bundle: None,
             extra_ca: None,
+            host_listens: false,
         };
         let answer = egress.configure(stopped, &env, &outbox).await;
         assert_eq!(
@@ -357,6 +365,33 @@ mod tests {
         assert!(env.get().is_empty(), "no proxy settings without a listener");
         std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free again");
         assert!(lock(&egress.tunnels).is_empty(), "its tunnels were closed");
+    }
+
+    /// When the host listens in the guest's network itself (a jail's supervisor), commands
+    /// get the proxy settings and the agent leaves the port to the host.
+    #[tokio::test]
+    async fn a_host_listener_gets_the_settings_and_the_port_stays_free() {
+        let (tx, _rx) = mpsc::channel(16);
+        let outbox = Outbox::for_tests(tx);
+        let (egress, env) = (Egress::default(), EgressEnv::default());
+        let port = free_port();
+        let request = EgressRequest {
+            host_listens: true,
+            ..listen(port)
+        };
+        let answer = egress.configure(request, &env, &outbox).await;
+        assert_eq!(
+            answer.expect("configured"),
+            Response::Egress { listening: true }
+        );
+        let proxy = format!("http://127.0.0.1:{port}");
+        assert!(env.get().contains(&("HTTPS_PROXY".to_owned(), proxy)));
+        assert!(
+            egress.listener.lock().unwrap().is_none(),
+            "no listener task"
+        );
+        // The port is free for the host's socket (as free as it was when probed).
+        drop(std::net::TcpListener::bind(("127.0.0.1", port)).expect("nothing bound it"));
     }
 
     /// The host reads what it always read when the listener cannot bind.

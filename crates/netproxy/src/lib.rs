@@ -2,9 +2,11 @@
 //!
 //! Inside a `filtered` guest, clients (curl, npm, git, pip) speak HTTP-proxy protocol to
 //! `127.0.0.1:3128`; each such connection reaches the host as one byte stream, which the
-//! supervisor hands to [`Proxy::serve`]. The proxy decides and relays; it owns no sockets of
-//! its own except the upstream connections it opens, so the jail supervisor and the VM backend
-//! embed it alike.
+//! supervisor hands to [`Proxy::serve`] (a tunnel over the agent channel), or as a TCP socket
+//! of its own, which it hands to [`Proxy::serve_socket`] (a jail, whose supervisor listens in
+//! the guest's network itself). The proxy decides and relays; it owns no sockets of its own
+//! except the upstream connections it opens, so the jail supervisor and the VM backend embed
+//! it alike.
 //!
 //! # One conversation
 //!
@@ -34,7 +36,8 @@
 //!    half-close respected, until both sides end. Until the server's real ServerHello has
 //!    passed and the client has gone encrypted, a watch reads the records both ways: any
 //!    later plaintext ClientHello (the answer to a HelloRetryRequest, or one sent unasked) is
-//!    judged as the first was, before it is forwarded.
+//!    judged as the first was, before it is forwarded. After that nothing reads the bytes: a
+//!    socket client's relay moves them with `splice(2)`, in the kernel.
 //!
 //! Each conversation ends in exactly one [`Decision`], given to the [`DecisionSink`]:
 //! [`JsonlSink`] writes `network.jsonl` (bounded), [`SummarySink`] aggregates a [`Summary`]
@@ -66,7 +69,7 @@
 //! (rules), `resolve` (overrides), `http` (request head and responses), `tls` (ClientHello
 //! parser), `sniff` (first bytes in the tunnel and their judgement), `watch` (later
 //! ClientHellos), `upstream` (resolve, check, connect), `relay` (counted, watched
-//! bidirectional copy), `decision` (decisions and sinks), `jsonl` (the log file),
+//! bidirectional copy), `splice` (the same between two sockets, in the kernel once unwatched), `decision` (decisions and sinks), `jsonl` (the log file),
 //! `summary` (aggregation), `refusals` (refusals per command), `proxy` (the conversation), `fuzzing` (the fuzz targets' bodies).
 
 mod addr;
@@ -82,6 +85,7 @@ mod refusals;
 mod relay;
 mod resolve;
 mod sniff;
+mod splice;
 mod summary;
 mod tls;
 mod upstream;
@@ -105,3 +109,9 @@ pub use tls::{parse_client_hello, ClientHello, Hello, HelloError};
 
 #[cfg(test)]
 mod proxy_tests;
+// The same conversations through `Proxy::serve_socket`, with TCP clients: the file is loaded
+// twice on purpose, and picks its client by the module's name.
+#[cfg(test)]
+#[path = "proxy_tests.rs"]
+#[allow(clippy::duplicate_mod)]
+mod proxy_socket_tests;

@@ -15,6 +15,7 @@ use crate::policy::{Policy, Protocol, Rule};
 use crate::relay::{relay, Counts, RelayError};
 use crate::resolve::ResolveOverrides;
 use crate::sniff;
+use crate::splice::relay_sockets;
 use crate::tls::{fatal_alert, Alert};
 use crate::upstream;
 use crate::watch::TlsWatch;
@@ -116,6 +117,65 @@ impl Refusal {
     }
 }
 
+/// An allowed conversation, its upstream connected and its first bytes judged: what the
+/// relay starts from.
+struct Connected {
+    allowed: Allowed,
+    upstream: tokio::net::TcpStream,
+    /// The client's bytes the proxy read and released, to go upstream first.
+    first: Vec<u8>,
+    watch: Option<TlsWatch>,
+}
+
+/// Why a conversation was allowed, for its decision.
+struct Allowed {
+    rule: Rule,
+    overridden: bool,
+}
+
+impl Allowed {
+    /// The conversation once its relay ended.
+    fn relayed(self, counts: Counts, error: Option<RelayError>) -> Result<Relayed, Refusal> {
+        let error = match error {
+            // A later ClientHello refused mid-relay: the tunnel is refused after all, with
+            // what had passed until then.
+            Some(RelayError::Refused(err)) => {
+                return Err(Refusal {
+                    status: None,
+                    alert: err.alert(),
+                    reason: err.to_string(),
+                    fix: None,
+                    counts,
+                })
+            }
+            Some(RelayError::Io(err)) => Some(err),
+            None => None,
+        };
+        Ok(Relayed {
+            rule: self.rule,
+            overridden: self.overridden,
+            counts,
+            error,
+        })
+    }
+}
+
+/// When a conversation started, for its decision.
+struct Started {
+    /// RFC 3339, in UTC.
+    time: String,
+    instant: Instant,
+}
+
+impl Started {
+    fn now() -> Started {
+        Started {
+            time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            instant: Instant::now(),
+        }
+    }
+}
+
 /// An allowed conversation that ran its relay.
 struct Relayed {
     rule: Rule,
@@ -171,10 +231,50 @@ impl Proxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let started = Instant::now();
-        let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let started = Started::now();
         let mut facts = Facts::default();
-        let outcome = self.converse(&mut client, &mut facts).await;
+        let outcome = match self.converse(&mut client, &mut facts).await {
+            Ok(c) => {
+                let buffer = self.limits.relay_buffer;
+                let (counts, error) =
+                    relay(&mut client, c.upstream, &c.first, buffer, c.watch).await;
+                c.allowed.relayed(counts, error)
+            }
+            Err(refusal) => Err(refusal),
+        };
+        self.decide(&mut client, started, facts, outcome).await
+    }
+
+    /// As [`Proxy::serve`], for a client that is a TCP socket of its own: once nothing reads
+    /// the tunnel's bytes any more (see `splice.rs`), they move between the two sockets in the
+    /// kernel. Refusals, counts and decisions are those of [`Proxy::serve`].
+    pub async fn serve_socket(&self, mut client: tokio::net::TcpStream) -> Decision {
+        let started = Started::now();
+        let mut facts = Facts::default();
+        let outcome = match self.converse(&mut client, &mut facts).await {
+            Ok(c) => {
+                let buffer = self.limits.relay_buffer;
+                let (counts, error) =
+                    relay_sockets(&client, &c.upstream, &c.first, buffer, c.watch).await;
+                c.allowed.relayed(counts, error)
+            }
+            Err(refusal) => Err(refusal),
+        };
+        self.decide(&mut client, started, facts, outcome).await
+    }
+
+    /// Records the conversation's one decision, then tells a refused client why.
+    async fn decide<S>(
+        &self,
+        client: &mut S,
+        started: Started,
+        facts: Facts,
+        outcome: Result<Relayed, Refusal>,
+    ) -> Decision
+    where
+        S: AsyncWrite + Unpin + Send,
+    {
+        let Started { time, instant } = started;
         let (allowed, reason, fix, counts, answer) = match outcome {
             Ok(relayed) => {
                 let mut reason = format!("allowed by {}", relayed.rule);
@@ -218,7 +318,7 @@ impl Proxy {
             bytes_down: counts.down,
             reason,
             protocol: facts.protocol,
-            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            duration_ms: u64::try_from(instant.elapsed().as_millis()).unwrap_or(u64::MAX),
             fix,
         };
         // Recorded before the client hears of the refusal: a command that ends on that
@@ -232,7 +332,7 @@ impl Proxy {
         decision
     }
 
-    async fn converse<S>(&self, client: &mut S, facts: &mut Facts) -> Result<Relayed, Refusal>
+    async fn converse<S>(&self, client: &mut S, facts: &mut Facts) -> Result<Connected, Refusal>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
@@ -325,29 +425,14 @@ impl Proxy {
                 Refusal::close(err.to_string()).with_alert(alert)
             })?;
         facts.addr = Some(upstream.addr);
-
-        let (counts, error) =
-            relay(client, upstream.stream, &first, limits.relay_buffer, watch).await;
-        let error = match error {
-            // A later ClientHello refused mid-relay: the tunnel is refused after all, with
-            // what had passed until then.
-            Some(RelayError::Refused(err)) => {
-                return Err(Refusal {
-                    status: None,
-                    alert: err.alert(),
-                    reason: err.to_string(),
-                    fix: None,
-                    counts,
-                })
-            }
-            Some(RelayError::Io(err)) => Some(err),
-            None => None,
-        };
-        Ok(Relayed {
-            rule,
-            overridden: upstream.overridden,
-            counts,
-            error,
+        Ok(Connected {
+            allowed: Allowed {
+                rule,
+                overridden: upstream.overridden,
+            },
+            upstream: upstream.stream,
+            first,
+            watch,
         })
     }
 

@@ -1,5 +1,7 @@
 //! Tests of whole conversations through [`Proxy::serve`]: the client is an in-memory duplex
 //! stream, upstreams are real TCP listeners on 127.0.0.1 reached through resolve overrides.
+//! They all run a second time as `proxy_socket_tests` (lib.rs), through [`Proxy::serve_socket`]
+//! with a TCP client: every refusal and count holds for both relays.
 //! Refusal tests never reach DNS or the network: they are refused before resolving, or (for
 //! "localhost") resolved from /etc/hosts and refused before connecting. Tests of what must not
 //! connect count the connections their own listener accepted ([`Listener::accepted`]).
@@ -8,12 +10,22 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::tls::build::{client_hello, extension, hello_for, records, sni};
 use crate::*;
+
+/// The client's end of a conversation: in memory, or a TCP socket.
+trait ClientIo: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> ClientIo for T {}
+type Client = Box<dyn ClientIo>;
+
+/// Whether this copy of the tests serves TCP clients with [`Proxy::serve_socket`].
+fn through_socket() -> bool {
+    module_path!().ends_with("proxy_socket_tests")
+}
 
 struct Harness {
     proxy: Arc<Proxy>,
@@ -42,11 +54,27 @@ fn harness_with(policy: Policy, overrides: ResolveOverrides, limits: Limits) -> 
 
 impl Harness {
     /// Starts a conversation; returns the client end and the conversation's decision.
-    fn connect(&self) -> (DuplexStream, JoinHandle<Decision>) {
-        let (client, server) = tokio::io::duplex(256 * 1024);
+    fn connect(&self) -> (Client, JoinHandle<Decision>) {
         let proxy = self.proxy.clone();
+        if through_socket() {
+            // On loopback the connect completes at once and the accept takes it from the
+            // backlog: neither blocks the test's runtime for long.
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (server, _) = listener.accept().unwrap();
+            for socket in [&client, &server] {
+                socket.set_nonblocking(true).unwrap();
+            }
+            let client = tokio::net::TcpStream::from_std(client).unwrap();
+            let server = tokio::net::TcpStream::from_std(server).unwrap();
+            return (
+                Box::new(client),
+                tokio::spawn(async move { proxy.serve_socket(server).await }),
+            );
+        }
+        let (client, server) = tokio::io::duplex(256 * 1024);
         (
-            client,
+            Box::new(client),
             tokio::spawn(async move { proxy.serve(server).await }),
         )
     }
@@ -410,6 +438,28 @@ async fn other_ports_are_refused() {
     assert!(!decision.allowed);
 }
 
+/// A refused client whose request the proxy did not read whole (a body here) still reads
+/// the refusal. Through a socket, the proxy's close with those bytes unread is a reset; the
+/// client reads the answer and the end before it.
+#[tokio::test]
+async fn a_refused_request_with_a_body_still_reads_its_refusal() {
+    let h = harness(policy(&["registry.example"]), ResolveOverrides::none());
+    let body = vec![b'x'; 200_000];
+    let mut sent = format!(
+        "POST http://registry.example/upload HTTP/1.1\r\nHost: registry.example\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    sent.extend_from_slice(&body);
+    let (mut client, decision) = h.connect();
+    // As a real client: the whole request, then the answer, without closing first.
+    client.write_all(&sent).await.unwrap();
+    let mut answer = Vec::new();
+    client.read_to_end(&mut answer).await.unwrap();
+    assert_refused(&answer, "403", "plain HTTP (POST) is refused");
+    assert!(!decision.await.unwrap().allowed);
+}
+
 #[tokio::test]
 async fn plain_http_is_refused() {
     let h = harness(policy(&["registry.example"]), ResolveOverrides::none());
@@ -764,7 +814,7 @@ fn server_hello_record(retry: bool) -> Vec<u8> {
 }
 
 /// Opens a tunnel, sends `first` and reads the 200 and `expect` bytes; returns the client.
-async fn open_tunnel(h: &Harness, first: &[u8], expect: usize) -> (DuplexStream, Vec<u8>) {
+async fn open_tunnel(h: &Harness, first: &[u8], expect: usize) -> (Client, Vec<u8>) {
     let (mut client, _) = h.connect();
     let mut sent = connect_request("registry.example:443");
     sent.extend_from_slice(first);
@@ -1013,4 +1063,8 @@ fn serve_is_send() {
     );
     let (a, _b) = tokio::io::duplex(16);
     check(&proxy, a);
+    fn check_socket(proxy: &Proxy, s: tokio::net::TcpStream) {
+        assert_send(&proxy.serve_socket(s));
+    }
+    let _ = check_socket;
 }

@@ -67,20 +67,20 @@ where
         .await
     }
     .await;
-    let error = result.err().map(|err| {
-        if err.get_ref().is_some_and(|inner| inner.is::<WatchError>()) {
-            let inner = err
-                .into_inner()
-                .expect("checked: the error has an inner error");
-            match inner.downcast::<WatchError>() {
-                Ok(refused) => RelayError::Refused(*refused),
-                Err(other) => RelayError::Io(io::Error::other(other)),
-            }
-        } else {
-            RelayError::Io(err)
-        }
-    });
-    (upstream.counts, error)
+    (upstream.counts, result.err().map(relay_error))
+}
+
+/// The error that ended a relay: the watch's refusal (carried inside an I/O error through the
+/// copy) or the I/O error itself.
+pub(crate) fn relay_error(err: io::Error) -> RelayError {
+    if !err.get_ref().is_some_and(|inner| inner.is::<WatchError>()) {
+        return RelayError::Io(err);
+    }
+    match err.into_inner().map(|inner| inner.downcast::<WatchError>()) {
+        Some(Ok(refused)) => RelayError::Refused(*refused),
+        Some(Err(other)) => RelayError::Io(io::Error::other(other)),
+        None => RelayError::Io(io::Error::other("a relay error without its cause")),
+    }
 }
 
 /// The client's side: what it sends passes the watch, which may hold bytes back until the

@@ -140,6 +140,11 @@ pub struct EgressRequest {
     /// own system CA bundles, so that TLS clients trust them without any variable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extra_ca: Option<String>,
+    /// The host listens on `127.0.0.1:<listen_port>` in the guest's network itself (a jail's
+    /// supervisor, whose socket there carries connections without the agent): the agent gives
+    /// commands the proxy settings but binds nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_listens: bool,
 }
 
 /// See [`Request::Clone`]. The secret fields never appear in logs or command lines.

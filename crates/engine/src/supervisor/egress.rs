@@ -2,14 +2,24 @@
 //! sandbox is created and kept in its record), and, in the supervisor, the proxy that enforces
 //! it for every tunnel the guest opens, with each decision logged to `network.jsonl`.
 //!
+//! On a jail whose network namespace the supervisor may join (a root supervisor), the
+//! proxy's listener is a socket of the supervisor's own in the guest's network
+//! ([`GuestListener`]): a guest's connection reaches the proxy as a socket, with no agent and
+//! no channel between them, and once nothing reads its bytes any more they move in the kernel
+//! (`Proxy::serve_socket`). Otherwise (a VM, a rootless jail) the agent listens and carries
+//! each connection here as a tunnel over its channel.
+//!
 //! The guest decides nothing: its agent only carries connections here. The allowlist comes
 //! from the person running DynoCap (`DYNOCAP_EGRESS_ALLOW`, `--allow-host`, whose entries may
 //! name a registry such as `@pypi`: see `HostPattern::parse_entry`), from DynoCap's defaults
 //! (the npm registry) and from the task's own git host; never from the guest.
 
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use dynocap_netproxy::{
     CommandRefusals, DecisionSink, HostPattern, JsonlSink, Policy, Proxy, RefusalWindow,
@@ -36,6 +46,9 @@ const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Tunnels served at once. The agent opens at most 256; this bounds the host's share even if
 /// something else in the guest spoke for it.
 const MAX_TUNNELS: usize = 512;
+/// Connections the supervisor's own listener in a jail serves at once: the agent's bound when
+/// it listens. A connection beyond it is closed at once.
+const MAX_GUEST_CONNECTIONS: usize = 256;
 /// Largest `DYNOCAP_EXTRA_CA` file.
 const EXTRA_CA_MAX: u64 = 256 * 1024;
 /// Largest bundle sent to the guest: it travels in one request, under the frame bound (1 MiB).
@@ -228,11 +241,18 @@ pub struct Egress {
     extra_ca: Option<String>,
     /// The guest listens and its tunnels come here: a later `open` only swaps the policy.
     listening: AtomicBool,
+    /// The jail's network namespace, where the supervisor makes the listener itself; `None`
+    /// for a VM, or once joining it failed (the agent listens then).
+    netns: Mutex<Option<File>>,
+    /// The supervisor's listener in the guest's network, while open.
+    guest_listener: Mutex<Option<GuestListener>>,
 }
 
 impl Egress {
-    /// A proxy that allows nothing yet, logging to `log` (`network.jsonl`).
-    pub fn new(spec: &EgressSpec, log: &Path) -> Result<Self> {
+    /// A proxy that allows nothing yet, logging to `log` (`network.jsonl`). `netns`: the
+    /// guest's network namespace when it shares the host's kernel (a jail), where the
+    /// supervisor listens itself if it may join it.
+    pub fn new(spec: &EgressSpec, log: &Path, netns: Option<File>) -> Result<Self> {
         let jsonl = JsonlSink::create(log).context(format_args!("creating {}", log.display()))?;
         let summary = Arc::new(SummarySink::new());
         let commands = Arc::new(CommandRefusals::new());
@@ -249,6 +269,8 @@ impl Egress {
             ca_bundle: spec.ca_bundle()?,
             extra_ca: spec.extra_ca_pem()?,
             listening: AtomicBool::new(false),
+            netns: Mutex::new(netns),
+            guest_listener: Mutex::new(None),
         })
     }
 
@@ -259,6 +281,15 @@ impl Egress {
         // the guest's listener and its open tunnels stay as they are.
         if self.listening.swap(true, Ordering::AcqRel) {
             return Ok(());
+        }
+        if let Some(listener) = self.listen_in_guest() {
+            *lock(&self.guest_listener) = Some(listener);
+            let configured = self.configure_guest(conn, Some(PROXY_PORT), true).await;
+            if configured.is_err() {
+                self.listening.store(false, Ordering::Release);
+                drop(lock(&self.guest_listener).take());
+            }
+            return configured;
         }
         let proxy = Arc::clone(&self.proxy);
         let active = Arc::new(AtomicUsize::new(0));
@@ -280,7 +311,7 @@ impl Egress {
             });
         });
         conn.serve_tunnels(handler);
-        let configured = self.configure_guest(conn, Some(PROXY_PORT)).await;
+        let configured = self.configure_guest(conn, Some(PROXY_PORT), false).await;
         if configured.is_err() {
             self.listening.store(false, Ordering::Release);
         }
@@ -292,7 +323,27 @@ impl Egress {
         self.proxy.set_policy(Policy::deny_all());
         self.listening.store(false, Ordering::Release);
         conn.refuse_tunnels();
-        self.configure_guest(conn, None).await
+        // Its open connections end as the agent's tunnels do when it stops listening.
+        drop(lock(&self.guest_listener).take());
+        self.configure_guest(conn, None, false).await
+    }
+
+    /// The supervisor's own listener on the proxy port in the guest's network, serving each
+    /// connection with the proxy; `None` when there is no namespace to join, or joining or
+    /// binding failed (the agent listens then, and says why if it cannot either).
+    fn listen_in_guest(&self) -> Option<GuestListener> {
+        let mut netns = lock(&self.netns);
+        let made = GuestListener::start(netns.as_ref()?, Arc::clone(&self.proxy));
+        match made {
+            Ok(listener) => Some(listener),
+            Err(err) => {
+                tracing::info!(target: LOG_TARGET,
+                    "the agent carries the egress connections: no listener of the supervisor's own in the guest's network ({err})");
+                // Not tried again: a later open of the same sandbox would fail alike.
+                *netns = None;
+                None
+            }
+        }
     }
 
     pub fn summary(&self) -> Summary {
@@ -304,11 +355,19 @@ impl Egress {
         self.commands.open()
     }
 
-    async fn configure_guest(&self, conn: &AgentConn, port: Option<u16>) -> Result<()> {
+    /// Has the agent listen on `port` (or stop), or with `host_listens` only give commands
+    /// the settings for the supervisor's listener.
+    async fn configure_guest(
+        &self,
+        conn: &AgentConn,
+        port: Option<u16>,
+        host_listens: bool,
+    ) -> Result<()> {
         let request = Request::Egress(EgressRequest {
             listen_port: port,
             ca_bundle: port.and(self.ca_bundle.clone()),
             extra_ca: port.and(self.extra_ca.clone()),
+            host_listens,
         });
         let stream = conn.open(&request).await?;
         match crate::supervisor::workspace::finish_stream(stream, "configuring the guest's egress")
@@ -327,6 +386,7 @@ pub async fn join_system_bundles(conn: &AgentConn, extra_ca: String) -> Result<(
         listen_port: None,
         ca_bundle: None,
         extra_ca: Some(extra_ca),
+        host_listens: false,
     });
     let stream = conn.open(&request).await?;
     match crate::supervisor::workspace::finish_stream(stream, "adding the extra CAs to the guest")
@@ -335,6 +395,127 @@ pub async fn join_system_bundles(conn: &AgentConn, extra_ca: String) -> Result<(
         Response::Egress { .. } => Ok(()),
         other => Err(EgressFailure::UnexpectedAnswer(Box::new(other)).into()),
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Each update is one assignment: the value is whole after a panic.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The proxy's listener as a socket of the supervisor's in a jail's network namespace, on
+/// `127.0.0.1:PROXY_PORT` there, and the task serving what it accepts. A jail shares the
+/// host's kernel: a socket made in its namespace is reached by the guest's clients wherever
+/// the process holding it runs. Dropping it closes the listener and ends its open
+/// connections (each still gets its decision).
+struct GuestListener {
+    task: tokio::task::JoinHandle<()>,
+    /// Told when the listener is dropped: the task ends its connections and waits for them.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl GuestListener {
+    fn start(netns: &File, proxy: Arc<Proxy>) -> std::io::Result<Self> {
+        let socket = socket_in(netns)?;
+        let socket = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(socket));
+        // As the agent's listener (tokio's bind): a port just left in TIME_WAIT binds again.
+        socket.set_reuseaddr(true)?;
+        socket.bind(std::net::SocketAddr::from(([127, 0, 0, 1], PROXY_PORT)))?;
+        let listener = socket.listen(1024)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(serve_guest_connections(listener, proxy, stopped));
+        Ok(Self {
+            task,
+            stop: Some(stop),
+        })
+    }
+}
+
+impl Drop for GuestListener {
+    fn drop(&mut self) {
+        match self.stop.take().map(|stop| stop.send(())) {
+            Some(Ok(())) => {}
+            // The task is gone (its runtime ended): nothing to end.
+            _ => self.task.abort(),
+        }
+    }
+}
+
+/// A TCP socket made in the network namespace `netns`, by a short-lived thread that joins it
+/// (a socket belongs to the namespace it was made in; binding and accepting need no more).
+fn socket_in(netns: &File) -> std::io::Result<OwnedFd> {
+    let netns = netns.try_clone()?;
+    std::thread::Builder::new()
+        .name("egress-netns".into())
+        .spawn(move || {
+            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+            let fd = nix::sys::socket::socket(
+                nix::sys::socket::AddressFamily::Inet,
+                nix::sys::socket::SockType::Stream,
+                nix::sys::socket::SockFlag::SOCK_NONBLOCK
+                    | nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+                None,
+            )?;
+            Ok(fd)
+        })?
+        .join()
+        .map_err(|_| std::io::Error::other("the thread joining the guest's network panicked"))?
+        .map_err(|err: nix::Error| std::io::Error::from(err))
+}
+
+/// Accepts the guest's connections and serves each with the proxy until told to stop; then
+/// stops accepting, shuts down the connections still open (their clients see them end, as
+/// when the agent stops listening) and waits for their decisions.
+async fn serve_guest_connections(
+    listener: tokio::net::TcpListener,
+    proxy: Arc<Proxy>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut connections = tokio::task::JoinSet::new();
+    // A second descriptor of each open connection's socket, to shut it down from here.
+    let mut open: HashMap<tokio::task::Id, OwnedFd> = HashMap::new();
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            Some(done) = connections.join_next_with_id(), if !connections.is_empty() => {
+                let id = match done {
+                    Ok((id, ())) => id,
+                    Err(err) => err.id(),
+                };
+                open.remove(&id);
+            }
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(err) => {
+                        // Out of descriptors, say: the guest's clients wait in the backlog.
+                        tracing::warn!(target: LOG_TARGET, "the egress listener: {err}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                if connections.len() >= MAX_GUEST_CONNECTIONS {
+                    tracing::warn!(target: LOG_TARGET, "{MAX_GUEST_CONNECTIONS} egress connections are open; closing a new one");
+                    continue;
+                }
+                let _ = stream.set_nodelay(true);
+                let Ok(second) = stream.as_fd().try_clone_to_owned() else {
+                    tracing::warn!(target: LOG_TARGET, "out of descriptors; closing a new egress connection");
+                    continue;
+                };
+                let proxy = Arc::clone(&proxy);
+                let handle = connections.spawn(async move {
+                    proxy.serve_socket(stream).await;
+                });
+                open.insert(handle.id(), second);
+            }
+        }
+    }
+    drop(listener);
+    for fd in open.values() {
+        // SAFETY: the descriptor is ours (a duplicate), open for the call.
+        unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+    while connections.join_next().await.is_some() {}
 }
 
 /// What failed setting up a sandbox's egress after its request was accepted.

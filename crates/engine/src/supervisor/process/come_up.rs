@@ -212,7 +212,11 @@ pub(super) async fn start(
         None => home.sandbox_dir(&id).join(NETWORK_LOG),
     };
     let egress = match &record.egress {
-        Some(spec) => Some(Arc::new(Egress::new(spec, &egress_log)?)),
+        Some(spec) => Some(Arc::new(Egress::new(
+            spec,
+            &egress_log,
+            guest.network_namespace(),
+        )?)),
         None => None,
     };
 

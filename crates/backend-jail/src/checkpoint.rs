@@ -605,4 +605,82 @@ mod tests {
             std::panic::resume_unwind(panic);
         }
     }
+
+    /// As root: every entry owned by an id of the old range (the layer's root, nested
+    /// directories, a symlink itself, a set-uid file) moves to the same guest id in the new
+    /// range, the set-uid bit stays, a symlink's target is not followed, and an entry of an id
+    /// outside the range is left alone.
+    #[test]
+    fn a_layer_moves_to_the_new_range_entry_by_entry() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var_os("CI").is_none(), "needs root");
+            eprintln!("SKIPPED a_layer_moves_to_the_new_range_entry_by_entry: needs root");
+            return;
+        }
+        let (from, to) = (
+            IdMap::root_mode_at(1).expect("range 1"),
+            IdMap::root_mode_at(2).expect("range 2"),
+        );
+        let host = |map: &IdMap, guest: u32| map.to_host(guest).expect("mapped");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let outside = tmp.path().join("outside");
+        File::create(&outside).expect("outside");
+        let upper = tmp.path().join("upper");
+        let deep = upper.join("home/sandbox/a/b");
+        fs::create_dir_all(&deep).expect("dirs");
+        fs::write(deep.join("file"), b"x").expect("file");
+        fs::write(upper.join("suid"), b"x").expect("suid");
+        std::os::unix::fs::symlink(&outside, upper.join("link")).expect("symlink");
+        fs::write(upper.join("foreign"), b"x").expect("foreign");
+        let own = |path: &Path, guest: u32| {
+            std::os::unix::fs::lchown(path, Some(host(&from, guest)), Some(host(&from, guest)))
+                .expect("chown");
+        };
+        for path in [
+            &upper,
+            &upper.join("home"),
+            &deep,
+            &deep.join("file"),
+            &upper.join("link"),
+        ] {
+            own(path, 1000);
+        }
+        own(&upper.join("suid"), 0);
+        fs::set_permissions(upper.join("suid"), fs::Permissions::from_mode(0o4755)).expect("chmod");
+        std::os::unix::fs::lchown(upper.join("foreign"), Some(4242), Some(4242)).expect("chown");
+        let changed = shift_layer_ids(&upper, &from, &to).expect("shift");
+        assert_eq!(changed, 6);
+        let owner = |path: &Path| {
+            let meta = fs::symlink_metadata(path).expect("stat");
+            (meta.uid(), meta.gid())
+        };
+        for path in [
+            &upper,
+            &upper.join("home"),
+            &deep,
+            &deep.join("file"),
+            &upper.join("link"),
+        ] {
+            assert_eq!(
+                owner(path),
+                (host(&to, 1000), host(&to, 1000)),
+                "{}",
+                path.display()
+            );
+        }
+        assert_eq!(
+            owner(&upper.join("home/sandbox")),
+            (0, 0),
+            "root's own entries stay"
+        );
+        assert_eq!(owner(&upper.join("suid")), (host(&to, 0), host(&to, 0)));
+        let mode = fs::metadata(upper.join("suid")).expect("stat").mode();
+        assert_eq!(mode & 0o7777, 0o4755, "the set-uid bit is kept");
+        assert_eq!(owner(&upper.join("foreign")), (4242, 4242));
+        assert_eq!(
+            owner(&outside),
+            (0, 0),
+            "a symlink's target is not followed"
+        );
+    }
 }

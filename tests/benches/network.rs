@@ -8,7 +8,10 @@
 //!    same server (target: ratio <= 1.3).
 //!
 //! curl's own timers measure 1 and 2, so the exec round trip is not counted; the downloads of
-//! 1 alternate with their baseline. With `DYNOCAP_BENCH_COMPARE=DIR` (a directory holding
+//! 1 alternate with their baseline. Beside 1, the CPU time the sandbox's supervisor and guest
+//! agent spent per download (what the filtered path adds to the client and the server, and
+//! what bounds it on an idle machine) is read from /proc, which the machine's load does not
+//! change. With `DYNOCAP_BENCH_COMPARE=DIR` (a directory holding
 //! another build's `dynocap`, `dynocap-core` and static `dynocap-agent`) that build's sandbox
 //! downloads in the same rotation, for a comparison of two builds in one run. Run with
 //! `scripts/bench.sh` (builds the release binaries first). Needs root.
@@ -17,7 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use dynocap_e2e::bench::{dynocap_ok, release_bins, report, sample};
+use dynocap_e2e::bench::{
+    child_pids, dynocap_ok, release_bins, report, running_supervisors, sample,
+};
 use dynocap_e2e::netfix::{product, scrub_client_env, NetFix, BIG_BYTES, GIT_HOST, OTHER_HOST};
 
 const CONNECTIONS: usize = 50;
@@ -98,22 +103,36 @@ fn main() {
     let download = format!("{curl} -o /dev/null -w '%{{time_total}}\\n' {big}");
     let mut direct_download = Vec::new();
     let mut proxied: Vec<Vec<Duration>> = vec![Vec::new(); builds.len()];
+    let mut relay_cpu: Vec<Vec<Duration>> = vec![Vec::new(); builds.len()];
     for round in 0..=DOWNLOADS {
         let direct = seconds(&on_host(&timed));
-        let through: Vec<Duration> = builds
+        let through: Vec<(Duration, Duration)> = builds
             .iter()
-            .map(|build| seconds(&build.in_sandbox(&fix, &download)))
+            .map(|build| {
+                let relay = build.relay_processes();
+                let before = cpu_time(&relay);
+                let time = seconds(&build.in_sandbox(&fix, &download));
+                (time, cpu_time(&relay).saturating_sub(before))
+            })
             .collect();
         if round > 0 {
             direct_download.push(direct);
-            for (times, time) in proxied.iter_mut().zip(through) {
-                times.push(time);
+            for (i, (time, cpu)) in through.into_iter().enumerate() {
+                proxied[i].push(time);
+                relay_cpu[i].push(cpu);
             }
         }
     }
     let direct_download = sorted(direct_download);
     let mbps = |d: Duration| BIG_BYTES as f64 / 1e6 / d.as_secs_f64();
-    for (build, times) in builds.iter().zip(proxied) {
+    for (build, (times, cpu)) in builds.iter().zip(proxied.into_iter().zip(relay_cpu)) {
+        let cpu = sorted(cpu);
+        println!(
+            "relay CPU per download ({}): supervisor + agent {:.0} ms (median; the exec's own \
+             round trip included)",
+            build.name,
+            cpu[cpu.len() / 2].as_secs_f64() * 1e3
+        );
         let times = sorted(times);
         report(
             &format!("200 MB download through filtered ({})", build.name),
@@ -236,6 +255,28 @@ impl Build {
         dynocap_ok(&self.bins.join("dynocap"), &envs, args)
     }
 
+    /// The sandbox's supervisor and its guest agent: the processes a filtered download
+    /// crosses besides the client and the server.
+    fn relay_processes(&self) -> Vec<i32> {
+        let supervisor = *running_supervisors(self.home.path(), "net")
+            .first()
+            .expect("the sandbox's supervisor");
+        let mut found = vec![supervisor];
+        let mut next = child_pids(supervisor);
+        while let Some(pid) = next.pop() {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.contains("agent") {
+                found.push(pid);
+            }
+            next.extend(child_pids(pid));
+        }
+        assert!(
+            found.len() > 1,
+            "no guest agent under the supervisor {supervisor}"
+        );
+        found
+    }
+
     /// The stdout of `command` run in the build's sandbox (curl's -w output).
     fn in_sandbox(&self, fix: &NetFix, command: &str) -> String {
         let out = self.dynocap(
@@ -246,6 +287,29 @@ impl Build {
         assert_eq!(exec["exitCode"], 0, "{command}: {exec:#}");
         exec["stdout"].as_str().expect("stdout").to_owned()
     }
+}
+
+/// User and system CPU time of the processes `pids` (all their threads), from /proc.
+fn cpu_time(pids: &[i32]) -> Duration {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).expect("clock ticks");
+    let total: u64 = pids
+        .iter()
+        .map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("a live pid");
+            // Fields after the command name (which may hold spaces), from field 3 on:
+            // utime and stime are fields 14 and 15.
+            let rest = &stat[stat.rfind(')').expect("stat's comm") + 2..];
+            let fields: Vec<u64> = rest
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .map(|f| f.parse().expect("a tick count"))
+                .collect();
+            fields.iter().sum::<u64>()
+        })
+        .sum();
+    Duration::from_millis(total * 1000 / ticks)
 }
 
 fn seconds(text: &str) -> Duration {

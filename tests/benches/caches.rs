@@ -3,22 +3,32 @@
 //! project's cache (target: the second at least 3x faster than the first). Side by side in one
 //! run, each round with a project of its own (so a fresh cache), first and second alternating.
 //!
-//! PyPI is tests/support/tlsfix.rs on a 127.X.Y.Z under its real names (`DYNOCAP_RESOLVE`),
-//! reached through `filtered` egress with `--allow-host @pypi`. Two requirement sets, made by
-//! the bench: `PACKAGES` wheels of `WHEEL_MB` MB of incompressible bytes each (a data-science
-//! project's download: numpy, pandas and friends are about that), where the cache saves the
-//! download; and `SDISTS` source distributions with two of those wheels, where it also saves
-//! building the sdists into wheels (pip keeps the wheels it built). Nothing leaves loopback. Run with `scripts/bench.sh` (builds the release binaries first). Needs root.
+//! PyPI is tests/support/tlsfix.rs under its real names (`DYNOCAP_RESOLVE`), reached through
+//! `filtered` egress with `--allow-host @pypi`, two ways in the same run, alternating within
+//! each round: on a 127.X.Y.Z (loopback: the download the cache saves costs next to nothing),
+//! and in a network namespace of the bench's own behind a link shaped like a real uplink
+//! (tests/support/shaped_link.rs: `tc` rate limits each direction to 100 Mbit/s, adding 20 ms
+//! each way where the kernel has `sch_netem`), dynocap then running in the namespace at the
+//! link's other end. Two requirement sets, made by the bench: `PACKAGES` wheels of `WHEEL_MB`
+//! MB of incompressible bytes each (a data-science project's download: numpy, pandas and
+//! friends are about that), where the cache saves the download; and `SDISTS` source
+//! distributions with two of those wheels, where it also saves building the sdists into
+//! wheels (pip keeps the wheels it built). Nothing leaves loopback and the bench's own
+//! namespaces. Run with `scripts/bench.sh` (builds the release binaries first), or after
+//! those builds `cargo bench -p dynocap-e2e --bench caches`. Needs root.
 
+#[path = "../support/shaped_link.rs"]
+mod shaped_link;
 #[path = "../support/tlsfix.rs"]
 mod tlsfix;
 
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use dynocap_e2e::bench::{dynocap_ok, release_bins};
+use dynocap_e2e::bench::{release_bins, stop_command_servers, wait_for_supervisors_to_exit};
 use dynocap_e2e::netfix::product;
+use shaped_link::ShapedLink;
 use tlsfix::TlsFix;
 
 const PYPI: [&str; 2] = ["pypi.org", "files.pythonhosted.org"];
@@ -120,27 +130,39 @@ fn main() {
         .filter(|l| l.starts_with("bench-src-"))
         .collect();
     let mixed: Vec<&str> = sources.iter().chain(&wheels[..2]).copied().collect();
+    let link = ShapedLink::start(&fix, "p");
 
     let work = tempfile::Builder::new()
         .prefix("dccb")
         .tempdir_in("/tmp")
         .expect("temp dir");
-    let home = work.path().join("home");
-    let resolve = fix.resolve(&PYPI);
     let ca = fix.ca_cert.display().to_string();
     let agent = agent.display().to_string();
-    let home_text = home.display().to_string();
-    let envs = [
-        ("DYNOCAP_HOME", home_text.as_str()),
-        ("DYNOCAP_AGENT", agent.as_str()),
-        (product::ENV_RESOLVE, resolve.as_str()),
-        (product::ENV_EXTRA_CA, ca.as_str()),
+    let variant = |name: &'static str, link, resolve| {
+        // A home each: a home's command server, and the supervisors it starts, keep the
+        // network namespace of the client that started them.
+        let home = work.path().join(format!("home-{name}"));
+        Variant::<'_> {
+            name,
+            link,
+            envs: vec![
+                ("DYNOCAP_HOME", home.display().to_string()),
+                ("DYNOCAP_AGENT", agent.clone()),
+                (product::ENV_RESOLVE, resolve),
+                (product::ENV_EXTRA_CA, ca.clone()),
+            ],
+            home,
+        }
+    };
+    let variants = [
+        variant("loopback", None, fix.resolve(&PYPI)),
+        variant("shaped", Some(&link), link.resolve(&PYPI)),
     ];
     let bench = Bench {
         dynocap: &dynocap,
-        envs: &envs,
         fix: &fix,
         work: work.path(),
+        variants: &variants,
     };
     let results = [
         (
@@ -152,119 +174,218 @@ fn main() {
             bench.workload("mixed", &mixed),
         ),
     ];
-    for (what, (first, second)) in results {
-        println!(
-            "pip install -r requirements.txt ({what}) in a filtered task: first {:.2}s, second \
-             task of the project (from its cache) {:.2}s (medians of {ROUNDS}): {:.1}x faster \
-             (target >= 3x)",
-            first.as_secs_f64(),
-            second.as_secs_f64(),
-            first.as_secs_f64() / second.as_secs_f64()
-        );
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    println!("load average at the end: {}", load.join(" "));
+    for (what, medians) in results {
+        for (variant, (first, second)) in variants.iter().zip(medians) {
+            let index = match variant.link {
+                None => "index on loopback".to_owned(),
+                Some(link) => format!("index behind a shaped link: {}", link.shape),
+            };
+            println!(
+                "pip install -r requirements.txt ({what}) in a filtered task, {index}: first \
+                 {:.2}s, second task of the project (from its cache) {:.2}s (medians of \
+                 {ROUNDS}): {:.1}x faster (target >= 3x)",
+                first.as_secs_f64(),
+                second.as_secs_f64(),
+                first.as_secs_f64() / second.as_secs_f64()
+            );
+        }
     }
-    let _ = Command::new(&dynocap)
-        .envs(envs)
-        .args(["cache", "rm", "--all"])
-        .output();
+    for variant in &variants {
+        let _ = bench
+            .dynocap(variant)
+            .args(["cache", "rm", "--all"])
+            .output();
+        stop_command_servers(&variant.home);
+        // The shaped link's namespaces go (on drop, below) only after every process in H.
+        wait_for_supervisors_to_exit(&variant.home, Duration::from_secs(30));
+    }
+}
+
+/// One way the tasks reach the index: its server on loopback, or in `S` behind the shaped
+/// link (dynocap then runs in `H`).
+struct Variant<'a> {
+    name: &'static str,
+    link: Option<&'a ShapedLink>,
+    envs: Vec<(&'static str, String)>,
+    home: PathBuf,
 }
 
 struct Bench<'a> {
     dynocap: &'a Path,
-    envs: &'a [(&'a str, &'a str)],
     fix: &'a TlsFix,
     work: &'a Path,
+    variants: &'a [Variant<'a>],
 }
 
 impl Bench<'_> {
-    /// How many package files (wheels, sdists) the index server has sent.
-    fn package_files(&self) -> usize {
-        self.fix
-            .requests()
+    /// `dynocap` with `variant`'s environment, in `H` for the shaped link.
+    fn dynocap(&self, variant: &Variant) -> Command {
+        let mut cmd = match variant.link {
+            Some(link) => link.command(self.dynocap),
+            None => Command::new(self.dynocap),
+        };
+        cmd.envs(variant.envs.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
+
+    /// `dynocap ARGS`, which must succeed.
+    fn dynocap_ok(&self, variant: &Variant, args: &[&str]) -> Output {
+        let out = self
+            .dynocap(variant)
+            .args(args)
+            .output()
+            .expect("spawn dynocap");
+        assert!(
+            out.status.success(),
+            "dynocap {args:?} ({}): {}{}",
+            variant.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// How many package files (wheels, sdists) the index server `variant` reaches has sent,
+    /// and how many other requests (index pages) it has answered.
+    fn requests(&self, variant: &Variant) -> (usize, usize) {
+        let requests = match variant.link {
+            Some(link) => link.requests(),
+            None => self.fix.requests(),
+        };
+        let files = requests
             .iter()
             .filter(|r| {
                 r["path"]
                     .as_str()
                     .is_some_and(|p| p.ends_with(".whl") || p.ends_with(".tar.gz"))
             })
-            .count()
+            .count();
+        (files, requests.len() - files)
     }
 
-    /// Medians of the first and the second install of `requirements`, each round in a
-    /// project of its own.
-    fn workload(&self, label: &str, requirements: &[&str]) -> (Duration, Duration) {
-        let mut first = Vec::new();
-        let mut second = Vec::new();
+    /// For each variant, the medians of the first and the second install of `requirements`,
+    /// each round in a project of its own; the variants alternate within each round.
+    fn workload(&self, label: &str, requirements: &[&str]) -> Vec<(Duration, Duration)> {
+        let mut times = vec![(Vec::new(), Vec::new()); self.variants.len()];
         for round in 0..ROUNDS {
-            let project = self.work.join(format!("{label}-{round}"));
-            std::fs::create_dir_all(&project).expect("project");
-            let text = requirements.join("\n") + "\n";
-            std::fs::write(project.join("requirements.txt"), text).expect("write");
-            let path = project.to_str().expect("utf-8 path");
-            for (which, times) in [("first", &mut first), ("second", &mut second)] {
-                let name = format!("{label}-{which}-{round}");
-                dynocap_ok(
-                    self.dynocap,
-                    self.envs,
-                    &[
-                        "--json",
-                        "task",
-                        "start",
-                        path,
-                        "--name",
-                        &name,
-                        "--network",
-                        "filtered",
-                        "--allow-host",
-                        "@pypi",
-                        "--disk-mb",
-                        "4096",
-                    ],
-                );
-                let before = self.package_files();
-                let took = install(self.dynocap, self.envs, &name);
-                let fetched = self.package_files() - before;
-                if which == "first" {
-                    assert_eq!(fetched, requirements.len(), "the first install fetches all");
-                } else {
-                    assert_eq!(fetched, 0, "the second install fetched {fetched} files");
-                }
-                println!(
-                    "{label} round {round}: {which} install {:.2}s",
-                    took.as_secs_f64()
-                );
-                times.push(took);
-                dynocap_ok(
-                    self.dynocap,
-                    self.envs,
-                    &["--json", "task", "finish", &name],
-                );
+            let mut order: Vec<usize> = (0..self.variants.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for v in order {
+                let (first, second) = self.round(&self.variants[v], label, round, requirements);
+                times[v].0.push(first);
+                times[v].1.push(second);
             }
         }
-        first.sort();
-        second.sort();
-        (first[ROUNDS / 2], second[ROUNDS / 2])
+        times
+            .into_iter()
+            .map(|(mut first, mut second)| {
+                first.sort();
+                second.sort();
+                (first[ROUNDS / 2], second[ROUNDS / 2])
+            })
+            .collect()
     }
-}
 
-/// One install's wall time, from the host (the exec's round trip included).
-fn install(dynocap: &Path, envs: &[(&str, &str)], task: &str) -> Duration {
-    let start = Instant::now();
-    let out = dynocap_ok(
-        dynocap,
-        envs,
-        &[
-            "--json",
-            "task",
-            "exec",
-            task,
-            "--timeout",
-            "900",
-            "--",
-            INSTALL,
-        ],
-    );
-    let took = start.elapsed();
-    let result: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert_eq!(result["exitCode"], 0, "{result:#}");
-    took
+    /// The first and the second install in a fresh project, whose caches go after.
+    fn round(
+        &self,
+        variant: &Variant,
+        label: &str,
+        round: usize,
+        requirements: &[&str],
+    ) -> (Duration, Duration) {
+        let project = self.work.join(format!("{label}-{}-{round}", variant.name));
+        std::fs::create_dir_all(&project).expect("project");
+        let text = requirements.join("\n") + "\n";
+        std::fs::write(project.join("requirements.txt"), text).expect("write");
+        let path = project.to_str().expect("utf-8 path");
+        let mut took = [Duration::ZERO; 2];
+        for (n, which) in ["first", "second"].into_iter().enumerate() {
+            let name = format!("{label}-{}-{which}-{round}", variant.name);
+            self.dynocap_ok(
+                variant,
+                &[
+                    "--json",
+                    "task",
+                    "start",
+                    path,
+                    "--name",
+                    &name,
+                    "--network",
+                    "filtered",
+                    "--allow-host",
+                    "@pypi",
+                    "--disk-mb",
+                    "2048",
+                ],
+            );
+            let before = self.requests(variant);
+            took[n] = self.install(variant, &name);
+            let after = self.requests(variant);
+            let (fetched, pages) = (after.0 - before.0, after.1 - before.1);
+            if which == "first" {
+                assert_eq!(
+                    fetched,
+                    requirements.len(),
+                    "the first install ({}) fetches all",
+                    variant.name
+                );
+            } else {
+                assert_eq!(
+                    fetched, 0,
+                    "the second install ({}) fetched {fetched} files",
+                    variant.name
+                );
+            }
+            println!(
+                "{label} {} round {round}: {which} install {:.2}s ({fetched} package files, \
+                 {pages} other requests)",
+                variant.name,
+                took[n].as_secs_f64()
+            );
+            self.dynocap_ok(variant, &["--json", "task", "finish", &name]);
+            // A finished task keeps its disk until purged; the project's cache stays.
+            self.dynocap_ok(variant, &["--json", "rm", &name, "--purge"]);
+        }
+        // Each project's cache sets its whole size aside on the host: the rounds' caches
+        // would fill the disk. Its last task's supervisor may still hold it for a moment.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self
+            .dynocap(variant)
+            .args(["cache", "rm", path])
+            .output()
+            .is_ok_and(|out| out.status.success())
+        {
+            assert!(Instant::now() < deadline, "cache rm {path} kept failing");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        (took[0], took[1])
+    }
+
+    /// One install's wall time, from the host (the exec's round trip included).
+    fn install(&self, variant: &Variant, task: &str) -> Duration {
+        let start = Instant::now();
+        let out = self.dynocap_ok(
+            variant,
+            &[
+                "--json",
+                "task",
+                "exec",
+                task,
+                "--timeout",
+                "900",
+                "--",
+                INSTALL,
+            ],
+        );
+        let took = start.elapsed();
+        let result: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(result["exitCode"], 0, "{result:#}");
+        took
+    }
 }

@@ -540,6 +540,8 @@ impl Coded for EgressFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, Read, Write};
+    use std::time::Duration;
 
     fn spec(allow: &str, added: &[&str]) -> Result<EgressSpec> {
         let config = EgressConfig {
@@ -584,5 +586,137 @@ mod tests {
                  the named registries are @npm, @pypi, @crates, @go, @debian, @rubygems, @maven"
             );
         }
+    }
+
+    /// Every decision, in order.
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<dynocap_netproxy::Decision>>);
+
+    impl DecisionSink for Recorded {
+        fn record(&self, decision: &dynocap_netproxy::Decision) {
+            lock(&self.0).push(decision.clone());
+        }
+    }
+
+    /// A network namespace of the test's own with `lo` up (as a jail's), held by a process
+    /// until dropped; `None` without the privilege to make one.
+    struct TestNetns(std::process::Child);
+
+    impl TestNetns {
+        fn new() -> Option<Self> {
+            let mut child = std::process::Command::new("unshare")
+                .args([
+                    "--net",
+                    "sh",
+                    "-c",
+                    "ip link set lo up && echo up && exec sleep 60",
+                ])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .ok()?;
+            let mut line = String::new();
+            let stdout = child.stdout.take()?;
+            std::io::BufReader::new(stdout).read_line(&mut line).ok()?;
+            let netns = Self(child);
+            (line == "up\n").then_some(netns)
+        }
+
+        fn file(&self) -> File {
+            File::open(format!("/proc/{}/ns/net", self.0.id())).expect("the namespace")
+        }
+    }
+
+    impl Drop for TestNetns {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A client in the namespace: connected to the proxy port there.
+    fn client_in(netns: &File) -> std::net::TcpStream {
+        let client = std::net::TcpStream::from(socket_in(netns).expect("a socket"));
+        client.set_nonblocking(false).expect("blocking");
+        let sockaddr = nix::sys::socket::SockaddrIn::new(127, 0, 0, 1, PROXY_PORT);
+        nix::sys::socket::connect(client.as_raw_fd(), &sockaddr).expect("connect to the proxy");
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        client
+    }
+
+    /// The supervisor's listener in a jail's network: a guest's connection there reaches the
+    /// proxy and gets its answer; dropping the listener (the egress closed) ends the
+    /// connections still open, each with its decision, and frees the port.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_listener_in_the_guests_network_serves_and_closes_its_connections() {
+        let Some(netns) = TestNetns::new() else {
+            assert!(!nix::unistd::geteuid().is_root(), "root makes namespaces");
+            return;
+        };
+        let file = netns.file();
+        let recorded = Arc::new(Recorded::default());
+        let proxy = Arc::new(Proxy::new(
+            Policy::https_hosts(&["allowed.example"]).expect("policy"),
+            ResolveOverrides::none(),
+            recorded.clone(),
+        ));
+        let listener = GuestListener::start(&file, proxy).expect("listening in the namespace");
+
+        let refused_file = file.try_clone().expect("dup");
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut client = client_in(&refused_file);
+            client
+                .write_all(b"CONNECT other.example:443 HTTP/1.1\r\nHost: other.example\r\n\r\n")
+                .expect("request");
+            let mut answer = String::new();
+            client.read_to_string(&mut answer).expect("the answer");
+            answer
+        })
+        .await
+        .expect("client");
+        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        assert!(
+            answer.contains("other.example is not on this sandbox's allowlist"),
+            "{answer}"
+        );
+
+        // A connection that sent nothing yet: the proxy waits for its request head.
+        let idle_file = file.try_clone().expect("dup");
+        let mut idle = tokio::task::spawn_blocking(move || client_in(&idle_file))
+            .await
+            .expect("client");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(listener);
+        let ended = tokio::task::spawn_blocking(move || {
+            let mut rest = Vec::new();
+            idle.read_to_end(&mut rest).map(|_| rest)
+        })
+        .await
+        .expect("client");
+        assert!(
+            ended.is_ok(),
+            "the connection ended, not timed out: {ended:?}"
+        );
+        // Its decision is recorded once its task is done.
+        for _ in 0..100 {
+            if lock(&recorded.0).len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let decisions = lock(&recorded.0).clone();
+        assert_eq!(decisions.len(), 2, "{decisions:?}");
+        assert!(decisions.iter().all(|d| !d.allowed), "{decisions:?}");
+        // The port is free again: a new listener binds it.
+        let again = GuestListener::start(
+            &file,
+            Arc::new(Proxy::new(
+                Policy::deny_all(),
+                ResolveOverrides::none(),
+                Arc::new(dynocap_netproxy::NullSink),
+            )),
+        );
+        assert!(again.is_ok(), "{:?}", again.err());
     }
 }

@@ -169,7 +169,12 @@ class Forward:
 
     def close(self):
         subprocess.run([self.dynocap, "destroy", "bench-ports"], env=self.env, capture_output=True)
-        shutil.rmtree(self.home, ignore_errors=True)
+        # A supervisor ending after the destroy answered may still write the catalog.
+        for _ in range(10):
+            shutil.rmtree(self.home, ignore_errors=True)
+            time.sleep(0.2)
+            if not os.path.exists(self.home):
+                break
 
 
 def main():

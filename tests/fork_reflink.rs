@@ -328,3 +328,84 @@ fn on_a_full_xfs_a_forks_write_fails_in_its_guest() {
     let _ = std::fs::remove_file(&ballast);
     let _ = std::fs::remove_file(fs.mount.join("ballast-small"));
 }
+
+/// A directory for a home with a reflink pool (`DYNOCAP_JAIL_POOL_MB`): dropped after the
+/// home (declare it first), it unmounts the pool the home mounted and removes everything.
+struct PoolDir {
+    dir: tempfile::TempDir,
+}
+
+impl PoolDir {
+    fn home(&self, mb: &str) -> TestHome {
+        TestHome::at(self.dir.path().join("h")).with_env("DYNOCAP_JAIL_POOL_MB", mb)
+    }
+}
+
+impl Drop for PoolDir {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg(self.dir.path().join("h/sandboxes"))
+            .status();
+    }
+}
+
+/// On a home on the host's ext4, the reflink pool is an XFS image mounted on its
+/// `sandboxes/` by the first command: checkpoints and forks there clone, three forks take
+/// next to none of its room and finish with their own verified patches. A pool the host
+/// cannot back is refused with `policy_denied`, naming the free space, and leaves no image.
+#[test]
+fn a_reflink_pool_gives_an_ext4_home_clones() {
+    let test = "a_reflink_pool_gives_an_ext4_home_clones";
+    if XfsFs::new(test, 512).is_none() {
+        return;
+    }
+    let pool = PoolDir {
+        dir: tempfile::Builder::new()
+            .prefix("dcpool")
+            .tempdir_in("/tmp")
+            .expect("tempdir"),
+    };
+    let refused = pool.home("100000000").json_err(&["ls"]);
+    assert_eq!(refused["code"], "policy_denied", "{refused:#}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("MB free")),
+        "{refused:#}"
+    );
+    let home_dir = pool.dir.path().join("h");
+    assert!(!home_dir.join("jail-pool.xfs").exists());
+    assert!(!home_dir.join("jail-pool.xfs.making").exists());
+
+    let home = pool.home("2048");
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&["task", "start", &path, "--name", "src", "--disk-mb", "512"]);
+    let sandboxes = home_dir.join("sandboxes");
+    let mounts = std::fs::read_to_string("/proc/mounts").expect("mounts");
+    assert!(
+        mounts.contains(&format!("{} xfs", sandboxes.display())),
+        "the pool is mounted on the home's sandboxes: {mounts}"
+    );
+    home.task_sh(
+        "src",
+        &format!("echo shared >> a.txt && head -c {WRITTEN} /dev/urandom > ~/blob && sync"),
+    );
+    home.json(&["task", "checkpoint", "src", "cp"]);
+    let src_dir = sandboxes.join(home.sandbox_id("src"));
+    assert!(shared_bytes(&src_dir.join("checkpoints/cp/disk.img")) >= WRITTEN);
+    let free_before = free_mb(&sandboxes);
+    for (fork, file) in [("f1", "one.txt"), ("f2", "two.txt"), ("f3", "three.txt")] {
+        home.json(&["task", "fork", "src", fork]);
+        home.task_sh(fork, &format!("echo {fork} > {file}"));
+    }
+    let used = free_before.saturating_sub(free_mb(&sandboxes));
+    assert!(
+        used < WRITTEN >> 20,
+        "three forks took {used} MB of the pool"
+    );
+    for (fork, file) in [("f1", "one.txt"), ("f2", "two.txt"), ("f3", "three.txt")] {
+        let patch = patch_of(&home.json(&["task", "finish", fork]));
+        assert_eq!(files_of(&patch), ["a.txt", file], "{fork}: {patch}");
+    }
+}

@@ -453,11 +453,39 @@ fn copy_range(source: &File, target: &File, offset: i64, len: i64) -> io::Result
             0 => return Err(io::Error::other("the disk template ended early")),
             _ => {
                 let err = io::Error::last_os_error();
+                // Two filesystems of different kinds (the templates on the home's, the disk in
+                // its reflink pool): the kernel does not copy between them, so this process does.
+                if err.raw_os_error() == Some(libc::EXDEV) {
+                    return copy_through(source, target, from, left);
+                }
                 if err.kind() != io::ErrorKind::Interrupted {
                     return Err(err);
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Copies `len` bytes at `offset` of `source` to the same offset of `target` through a buffer.
+fn copy_through(source: &File, target: &File, offset: i64, len: i64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut buffer = vec![0u8; 1 << 20];
+    let (mut at, end) = (
+        u64::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        u64::try_from(offset.saturating_add(len))
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+    );
+    while at < end {
+        let want = usize::try_from(end - at)
+            .unwrap_or(usize::MAX)
+            .min(buffer.len());
+        let n = source.read_at(&mut buffer[..want], at)?;
+        if n == 0 {
+            return Err(io::Error::other("the disk template ended early"));
+        }
+        target.write_all_at(&buffer[..n], at)?;
+        at += n as u64;
     }
     Ok(())
 }

@@ -28,6 +28,8 @@ struct Variables {
     xdg_data_home: Option<OsString>,
     #[arg(long, hide = true, env = "HOME")]
     user_home: Option<OsString>,
+    #[arg(long, hide = true, env = "DYNOCAP_JAIL_POOL_MB")]
+    jail_pool_mb: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_BACKEND")]
     backend: Option<OsString>,
     #[arg(long, hide = true, env = "DYNOCAP_DISK_LIMIT")]
@@ -179,6 +181,7 @@ pub fn from_env() -> Result<Settings, Error> {
             dynocap_home: path(s.dynocap_home),
             xdg_data_home: path(s.xdg_data_home),
             user_home: path(s.user_home),
+            jail_pool_mb: text(s.jail_pool_mb),
         },
         backend: text(s.backend),
         disk_limit: text(s.disk_limit),

@@ -26,6 +26,14 @@ pub struct Home {
 impl Home {
     /// `DYNOCAP_HOME`, else `$XDG_DATA_HOME/dynocap`, else `~/.local/share/dynocap`.
     pub fn from_config(config: &HomeConfig) -> Result<Self> {
+        let home = Self::locate(config)?;
+        if let Some(mb) = crate::host::jail_pool::parse_mb(config.jail_pool_mb.as_deref())? {
+            crate::host::jail_pool::ensure(&home.root, mb)?;
+        }
+        Ok(home)
+    }
+
+    fn locate(config: &HomeConfig) -> Result<Self> {
         let given = |dir: &Option<PathBuf>| dir.clone().filter(|v| !v.as_os_str().is_empty());
         if let Some(dir) = given(&config.dynocap_home) {
             return Self::at(dir);

@@ -12,6 +12,7 @@ pub mod hardened_git;
 pub(crate) mod home;
 pub(crate) mod host_children;
 pub(crate) mod idpool;
+pub(crate) mod jail_pool;
 pub(crate) mod memory;
 pub mod project_cache;
 pub mod spawn;

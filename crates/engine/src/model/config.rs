@@ -70,6 +70,9 @@ pub struct HomeConfig {
     /// `HOME`: the state is in its `.local/share/dynocap`. The user's own
     /// `~/.ssh/known_hosts` there also seeds a clone's.
     pub user_home: Option<PathBuf>,
+    /// `DYNOCAP_JAIL_POOL_MB`: the size of the home's reflink pool (see `host::jail_pool`),
+    /// none without one.
+    pub jail_pool_mb: Option<String>,
 }
 
 /// The images' settings.

@@ -1,0 +1,134 @@
+//! The reflink pool: for a home on a filesystem that cannot share extents (ext4, the common
+//! case), an XFS with reflink in one image file of the home, loop-mounted on the home's
+//! `sandboxes/`, so that the sandboxes' disk images, and their checkpoints and forks, live on
+//! a filesystem where a duplicate is a clone (see `checkpoint`). Like LXD's default
+//! loop-backed storage pool.
+//!
+//! This module formats the pool's image and mounts it; the engine decides when (it is
+//! opt-in: `DYNOCAP_JAIL_POOL_MB`), reserves the image's room and holds the lock under which
+//! the first process that needs the pool mounts it. The mount is made in the caller's mount
+//! namespace, the host's (a process of the CLI or a server, before any supervisor of the home
+//! enters a namespace of its own), so every later supervisor's private namespace inherits it;
+//! the loop device is `LO_FLAGS_AUTOCLEAR`, freed when the mount goes (an unmount, a reboot),
+//! after which the next process that needs the pool mounts it again.
+
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use nix::errno::Errno;
+use nix::mount::{mount, MsFlags};
+
+use crate::error::JailError;
+
+/// `XFS_SUPER_MAGIC` of `<linux/magic.h>`.
+const XFS_MAGIC: i64 = 0x5846_5342;
+
+/// Whether an XFS is mounted on `mountpoint` (a directory of `parent`, on another device).
+pub fn pool_mounted(mountpoint: &Path, parent: &Path) -> Result<bool, JailError> {
+    let dev = |path: &Path| {
+        fs::metadata(path)
+            .map(|meta| meta.dev())
+            .map_err(|e| JailError::io("stat", path, e))
+    };
+    if dev(mountpoint)? == dev(parent)? {
+        return Ok(false);
+    }
+    let fs = nix::sys::statfs::statfs(mountpoint)
+        .map_err(|e| JailError::sys(format!("statfs {}", mountpoint.display()), e))?;
+    #[allow(clippy::useless_conversion)] // the field's type differs between libcs
+    let kind = i64::from(fs.filesystem_type().0);
+    if kind == XFS_MAGIC {
+        Ok(true)
+    } else {
+        Err(JailError::InvalidSpec(format!(
+            "{} is a mount of another filesystem, not the home's reflink pool (an XFS); \
+             unmount it, or unset DYNOCAP_JAIL_POOL_MB",
+            mountpoint.display()
+        )))
+    }
+}
+
+/// Formats `image` (its room already reserved) as XFS with reflink.
+pub fn format_pool(image: &Path) -> Result<(), JailError> {
+    let output = Command::new("mkfs.xfs")
+        .args(["-q", "-f", "-m", "reflink=1"])
+        .arg(image)
+        .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+        .output()
+        .map_err(|e| {
+            JailError::io("run mkfs.xfs for the reflink pool", image, e).hint(
+                "DYNOCAP_JAIL_POOL_MB needs mkfs.xfs: install xfsprogs (apt-get install xfsprogs)",
+            )
+        })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(JailError::InvalidSpec(format!(
+            "mkfs.xfs {} failed ({}): {}",
+            image.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
+    }
+}
+
+/// Mounts the pool's `image` on `mountpoint` (an empty directory) in this process's mount
+/// namespace, through a loop device that clears itself when the mount goes.
+pub fn mount_pool(image: &Path, mountpoint: &Path) -> Result<(), JailError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(
+            JailError::sys("mounting the reflink pool", Errno::EPERM).hint(
+                "the reflink pool (DYNOCAP_JAIL_POOL_MB) is a loop-mounted filesystem: run \
+                 dynocap as root, or unset DYNOCAP_JAIL_POOL_MB",
+            ),
+        );
+    }
+    let empty = fs::read_dir(mountpoint)
+        .map_err(|e| JailError::io("read", mountpoint, e))?
+        .next()
+        .is_none();
+    if !empty {
+        return Err(JailError::InvalidSpec(format!(
+            "{} holds sandboxes on the home's own filesystem: the reflink pool \
+             (DYNOCAP_JAIL_POOL_MB) is mounted there only while it is empty; remove them \
+             (dynocap rm --purge), or unset DYNOCAP_JAIL_POOL_MB",
+            mountpoint.display()
+        )));
+    }
+    // A device still bound to the image (supervisors' namespaces keep a mount of the pool
+    // that was unmounted here) is mounted again: a second device would be a second mount of
+    // the same XFS, which it refuses.
+    let (device, _loop_fd) = match crate::disk::loop_device_of(image) {
+        Some(name) => (Path::new("/dev").join(name), None),
+        None => {
+            let file: File = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(image)
+                .map_err(|e| JailError::io("open the reflink pool", image, e))?;
+            // The loop fd only has to live until the mount holds the device.
+            let (device, fd) = crate::disk::attach_loop(&file)?;
+            (device, Some(fd))
+        }
+    };
+    mount(
+        Some(&device),
+        mountpoint,
+        Some("xfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .map_err(|e| {
+        JailError::sys(
+            format!(
+                "mounting the reflink pool {} on {}",
+                image.display(),
+                mountpoint.display()
+            ),
+            e,
+        )
+    })
+}

@@ -8,7 +8,9 @@ against one task (allocated blocks: the forks' copies, and the room each disk re
 With --xfs-home MB, the same jail rows for two homes side by side, in alternating rounds: one
 on the host's filesystem as it is (on ext4 here: checkpoints and forks copy what the task
 wrote) and one on an XFS with reflink of MB (sparse) that the bench makes and loop-mounts
-(checkpoints and forks clone the disk image and share its extents). The ten forks' disk is
+(checkpoints and forks clone the disk image and share its extents). With --pool MB, the
+second home is on the host's filesystem too, with a reflink pool of MB (DYNOCAP_JAIL_POOL_MB:
+reserved whole on the host). Their tasks' disks are --disk-mb (4096) each. The ten forks' disk is
 then the filesystem's used space that they add (`statvfs`), since allocated blocks count a
 shared extent in every file that has it.
 
@@ -20,6 +22,7 @@ counted once: allocated (each fork's new layer reserves its whole disk) and data
 
     sudo scripts/bench-fork.py [--gib 1] [--runs 3]
     sudo scripts/bench-fork.py --xfs-home 40960 [--gib 1] [--runs 3]
+    sudo scripts/bench-fork.py --pool 16384 [--gib 1] [--runs 3] [--disk-mb 4096]
     sudo scripts/bench-fork.py --vm [--gib 0.25] [--runs 2] [--files 2000]
 
 Uses target/debug (or DYNOCAP_BIN_DIR) and DYNOCAP_AGENT like the e2e tests."""
@@ -41,10 +44,12 @@ BIN = Path(os.environ.get("DYNOCAP_BIN_DIR", ROOT / "target" / "debug")) / "dyno
 IMAGE_CACHE = Path(os.environ.get("DYNOCAP_TEST_IMAGE_CACHE") or "/var/cache/dynocap-test-images")
 # With --vm: the environment of vm sandboxes (see vm_setup).
 EXTRA_ENV: dict[str, str] = {}
+# With --pool: the environment of one home (by its path).
+HOME_ENV: dict[str, dict[str, str]] = {}
 
 
 def dynocap(home: Path, *args: str) -> dict:
-    env = dict(os.environ, DYNOCAP_HOME=str(home), **EXTRA_ENV)
+    env = dict(os.environ, DYNOCAP_HOME=str(home), **EXTRA_ENV, **HOME_ENV.get(str(home), {}))
     out = subprocess.run([str(BIN), "--json", *args], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"dynocap {' '.join(args)} failed: {out.stdout}{out.stderr}")
@@ -232,14 +237,15 @@ def side_by_side(args, homes: dict[str, Path], src: str) -> None:
     wrote = {}
     mib = int(args.gib * 1024)
     for label, home in homes.items():
-        dynocap(home, "task", "start", src, "--name", "src")
+        dynocap(home, "task", "start", src, "--name", "src", "--disk-mb", str(args.disk_mb))
         w = time.monotonic()
         dynocap(home, "task", "exec", "src", "--timeout", "600", "--",
                 f"mkdir -p ~/deps && head -c {mib}M /dev/zero > ~/deps/blob && sync")
         wrote[label] = time.monotonic() - w
     for i in range(args.runs):
         for label, home in homes.items():
-            t[label]["start"].append(timed(home, "task", "start", src, "--name", f"fresh{i}"))
+            t[label]["start"].append(timed(home, "task", "start", src, "--name", f"fresh{i}",
+                                           "--disk-mb", str(args.disk_mb)))
             dynocap(home, "rm", "--force", "--purge", f"fresh{i}")
             t[label]["noop"] += [timed(home, "task", "exec", "src", "--", "true") for _ in range(2)]
             t[label]["checkpoint"].append(timed(home, "task", "checkpoint", "src", f"c{i}"))
@@ -264,16 +270,17 @@ def side_by_side(args, homes: dict[str, Path], src: str) -> None:
         dynocap(home, "rm", "--force", "--purge", "src")
     # Ten forks of a task with a 1 GB disk that wrote 256 MiB, per home.
     for label, home in homes.items():
-        before = used(home)
+        before = used(home / "sandboxes")
         dynocap(home, "task", "start", src, "--name", "small", "--disk-mb", "1024")
         dynocap(home, "task", "exec", "small", "--timeout", "600", "--",
                 "mkdir -p ~/deps && head -c 256M /dev/zero > ~/deps/blob && sync")
         shared_fs = label != "copy"
-        one = used(home) - before if shared_fs else allocated(home / "sandboxes")
-        after_one = used(home)
+        one = used(home / "sandboxes") - before if shared_fs else allocated(home / "sandboxes")
+        after_one = used(home / "sandboxes")
         for i in range(10):
             dynocap(home, "task", "fork", "small", f"ten{i}")
-        ten = used(home) - after_one if shared_fs else allocated(home / "sandboxes") - one
+        ten = (used(home / "sandboxes") - after_one if shared_fs
+               else allocated(home / "sandboxes") - one)
         how = "filesystem used space" if shared_fs else "allocated blocks"
         print(f"[{label}] disk of one task (1024 MB disk, 256 MiB written): {one / 2**20:.0f} MiB; "
               f"ten forks of it: {ten / 2**20:.0f} MiB = {ten / one:.2f}x one task, the task and its "
@@ -302,6 +309,10 @@ def main() -> None:
     parser.add_argument("--vm", action="store_true")
     parser.add_argument("--xfs-home", type=int, default=None, metavar="MB",
                         help="also bench a home on an XFS with reflink of MB, side by side")
+    parser.add_argument("--pool", type=int, default=None, metavar="MB",
+                        help="also bench a home with a reflink pool of MB, side by side")
+    parser.add_argument("--disk-mb", type=int, default=4096,
+                        help="the disk of the side-by-side benches' tasks")
     args = parser.parse_args()
     # TCG is slow: the vm's defaults are smaller.
     defaults = (0.25, 2, 2000) if args.vm else (1.0, 3, 20000)
@@ -312,15 +323,23 @@ def main() -> None:
     home, proj = base / "h", base / "p"
     proj.mkdir()
     project(proj, args.files)
-    if args.xfs_home:
-        homes = {"copy": home, "clone": xfs_home(base, args.xfs_home)}
+    if args.xfs_home or args.pool:
+        if args.pool:
+            second = base / "hp"
+            HOME_ENV[str(second)] = {"DYNOCAP_JAIL_POOL_MB": str(args.pool)}
+            homes = {"copy": home, "pool": second}
+        else:
+            homes = {"copy": home, "clone": xfs_home(base, args.xfs_home)}
         try:
             side_by_side(args, homes, str(proj))
         finally:
             for h in homes.values():
                 for task in dynocap(h, "ls").get("tasks", []):
                     dynocap(h, "rm", "--force", "--purge", task["id"])
-            subprocess.run(["umount", str(base / "xfs")])
+            if args.pool:
+                subprocess.run(["umount", str(base / "hp" / "sandboxes")])
+            else:
+                subprocess.run(["umount", str(base / "xfs")])
             subprocess.run(["rm", "-rf", str(base)])
         return
     if args.vm:

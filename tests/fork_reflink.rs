@@ -27,18 +27,7 @@ struct XfsFs {
 impl XfsFs {
     /// `None` (the test skips) without root or mkfs.xfs.
     fn new(test: &str, megabytes: u64) -> Option<XfsFs> {
-        if !require_root(test) {
-            return None;
-        }
-        let has_mkfs = ["/usr/sbin/mkfs.xfs", "/sbin/mkfs.xfs"]
-            .iter()
-            .any(|p| Path::new(p).exists());
-        if !has_mkfs {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "{test} needs mkfs.xfs (apt-get install xfsprogs)"
-            );
-            eprintln!("SKIPPED {test}: needs mkfs.xfs (apt-get install xfsprogs)");
+        if !can_make_xfs(test) {
             return None;
         }
         let dir = tempfile::tempdir().expect("tempdir");
@@ -72,6 +61,24 @@ impl XfsFs {
     fn home(&self) -> TestHome {
         TestHome::at(self.mount.join("home"))
     }
+}
+
+/// Whether this test can make an XFS (root, mkfs.xfs); says why it skips when not.
+fn can_make_xfs(test: &str) -> bool {
+    if !require_root(test) {
+        return false;
+    }
+    let has_mkfs = ["/usr/sbin/mkfs.xfs", "/sbin/mkfs.xfs"]
+        .iter()
+        .any(|p| Path::new(p).exists());
+    if !has_mkfs {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test} needs mkfs.xfs (apt-get install xfsprogs)"
+        );
+        eprintln!("SKIPPED {test}: needs mkfs.xfs (apt-get install xfsprogs)");
+    }
+    has_mkfs
 }
 
 impl Drop for XfsFs {
@@ -352,11 +359,12 @@ impl Drop for PoolDir {
 /// On a home on the host's ext4, the reflink pool is an XFS image mounted on its
 /// `sandboxes/` by the first command: checkpoints and forks there clone, three forks take
 /// next to none of its room and finish with their own verified patches. A pool the host
-/// cannot back is refused with `policy_denied`, naming the free space, and leaves no image.
+/// cannot back is refused with `policy_denied`, naming the free space, and leaves no image;
+/// so is one whose `sandboxes/` holds some of the home's own, before anything is made.
 #[test]
 fn a_reflink_pool_gives_an_ext4_home_clones() {
     let test = "a_reflink_pool_gives_an_ext4_home_clones";
-    if XfsFs::new(test, 512).is_none() {
+    if !can_make_xfs(test) {
         return;
     }
     let pool = PoolDir {
@@ -376,6 +384,19 @@ fn a_reflink_pool_gives_an_ext4_home_clones() {
     let home_dir = pool.dir.path().join("h");
     assert!(!home_dir.join("jail-pool.xfs").exists());
     assert!(!home_dir.join("jail-pool.xfs.making").exists());
+    // A home whose sandboxes/ holds some of its own: refused before anything is made.
+    let used_home = pool.dir.path().join("used");
+    std::fs::create_dir_all(used_home.join("sandboxes/leftover")).expect("leftover");
+    let refused = TestHome::at(used_home.clone())
+        .with_env("DYNOCAP_JAIL_POOL_MB", "2048")
+        .json_err(&["ls"]);
+    assert!(
+        refused["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("holds sandboxes")),
+        "{refused:#}"
+    );
+    assert!(!used_home.join("jail-pool.xfs").exists());
 
     let home = pool.home("2048");
     let project = one_commit_project("a.txt", "a\n");

@@ -74,17 +74,9 @@ pub fn format_pool(image: &Path) -> Result<(), JailError> {
     }
 }
 
-/// Mounts the pool's `image` on `mountpoint` (an empty directory) in this process's mount
-/// namespace, through a loop device that clears itself when the mount goes.
-pub fn mount_pool(image: &Path, mountpoint: &Path) -> Result<(), JailError> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(
-            JailError::sys("mounting the reflink pool", Errno::EPERM).hint(
-                "the reflink pool (DYNOCAP_JAIL_POOL_MB) is a loop-mounted filesystem: run \
-                 dynocap as root, or unset DYNOCAP_JAIL_POOL_MB",
-            ),
-        );
-    }
+/// Refuses a `mountpoint` that is not empty: the sandboxes on the home's own filesystem there
+/// would be hidden under the pool.
+pub fn check_pool_mountpoint(mountpoint: &Path) -> Result<(), JailError> {
     let empty = fs::read_dir(mountpoint)
         .map_err(|e| JailError::io("read", mountpoint, e))?
         .next()
@@ -97,6 +89,21 @@ pub fn mount_pool(image: &Path, mountpoint: &Path) -> Result<(), JailError> {
             mountpoint.display()
         )));
     }
+    Ok(())
+}
+
+/// Mounts the pool's `image` on `mountpoint` (an empty directory) in this process's mount
+/// namespace, through a loop device that clears itself when the mount goes.
+pub fn mount_pool(image: &Path, mountpoint: &Path) -> Result<(), JailError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(
+            JailError::sys("mounting the reflink pool", Errno::EPERM).hint(
+                "the reflink pool (DYNOCAP_JAIL_POOL_MB) is a loop-mounted filesystem: run \
+                 dynocap as root, or unset DYNOCAP_JAIL_POOL_MB",
+            ),
+        );
+    }
+    check_pool_mountpoint(mountpoint)?;
     // A device still bound to the image (supervisors' namespaces keep a mount of the pool
     // that was unmounted here) is mounted again: a second device would be a second mount of
     // the same XFS, which it refuses.

@@ -54,6 +54,7 @@ pub fn ensure(root: &Path, mb: u64) -> Result<()> {
         return Ok(());
     }
     let image = root.join(IMAGE);
+    dynocap_backend_jail::check_pool_mountpoint(&sandboxes).map_err(jail)?;
     if !image.exists() {
         make(root, &image, mb)?;
     }

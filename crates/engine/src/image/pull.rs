@@ -509,9 +509,21 @@ impl LayerJob {
                     Ok(())
                 }
             };
-            let layer = unpack_blob(file, &media_type, &diff_id, &store, limits, &stop, &|| {
+            // The blob goes as the layer goes in (see `stream`): its pages are then dropped,
+            // not written by the layer's sync.
+            let drop_blob = || -> Result<()> {
+                let _ = std::fs::remove_file(&blob_path);
                 Ok(())
-            })
+            };
+            let layer = unpack_blob(
+                file,
+                &media_type,
+                &diff_id,
+                &store,
+                limits,
+                &stop,
+                &drop_blob,
+            )
             .inspect_err(|_| {
                 // A blob that would not unpack (not a stop): the next pull downloads it
                 // anew, whatever was wrong with it.

@@ -6,7 +6,9 @@
 //! instead of following it, and the blob is never read back. The order of a pull that reads
 //! the whole blob first is kept: the layer goes into the store only once its blob is whole,
 //! checked against its digest (by the client, as the bytes come) and its size, and renamed to
-//! `blobs/sha256/<hex>`; the blob is removed once the layer is in.
+//! `blobs/sha256/<hex>`; the blob is removed as the layer goes in (just before the layer's
+//! files are synced: removed first, its pages are dropped instead of written to the disk by
+//! that sync; a crash in between costs only its download again).
 
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -149,7 +151,9 @@ impl Fetch<'_> {
                     return Err(Error::conflict("the layer's download did not finish"));
                 }
                 // `image.pull.layer2=kill`: dies with layer 2's blob stored but not unpacked.
-                failpoint::hit(&format!("image.pull.layer{}", n + 1))
+                failpoint::hit(&format!("image.pull.layer{}", n + 1))?;
+                let _ = std::fs::remove_file(&blob);
+                Ok(())
             };
             let layer = unpack_blob(
                 reader,

@@ -198,9 +198,6 @@ fn main() {
             .dynocap(variant)
             .args(["cache", "rm", "--all"])
             .output();
-        stop_command_servers(&variant.home);
-        // The shaped link's namespaces go (on drop, below) only after every process in H.
-        wait_for_supervisors_to_exit(&variant.home, Duration::from_secs(30));
     }
 }
 
@@ -211,6 +208,16 @@ struct Variant<'a> {
     link: Option<&'a ShapedLink>,
     envs: Vec<(&'static str, String)>,
     home: PathBuf,
+}
+
+impl Drop for Variant<'_> {
+    /// Ends the home's command server and waits for its supervisors, also when the bench
+    /// panics: the variants drop before the shaped link, whose namespaces go only after
+    /// every process in `H`, and before the directory holding the homes.
+    fn drop(&mut self) {
+        stop_command_servers(&self.home);
+        wait_for_supervisors_to_exit(&self.home, Duration::from_secs(30));
+    }
 }
 
 struct Bench<'a> {

@@ -24,6 +24,7 @@ counted once: allocated (each fork's new layer reserves its whole disk) and data
     sudo scripts/bench-fork.py --xfs-home 40960 [--gib 1] [--runs 3]
     sudo scripts/bench-fork.py --pool 16384 [--gib 1] [--runs 3] [--disk-mb 4096]
     sudo scripts/bench-fork.py --vm [--gib 0.25] [--runs 2] [--files 2000]
+    sudo scripts/bench-fork.py --vm --files 20000 --gib 1    # the issue's shape, on the vm
 
 Uses target/debug (or DYNOCAP_BIN_DIR) and DYNOCAP_AGENT like the e2e tests."""
 

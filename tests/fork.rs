@@ -5,7 +5,8 @@
 //! and their own change only, against the original import; `ls` names each one's parent and
 //! checkpoint. A fork that fails after its copy leaves no record and no files, and its source
 //! runs on; a supervisor killed while its disk is frozen for a checkpoint leaves the task
-//! `unsaved` with its work, which `task finish` recovers (the repair thaws the disk).
+//! `unsaved` with its work, which `task finish` recovers (the repair thaws the disk). A restore
+//! after an upgrade renamed a new binary over the supervisor's runs the supervisor it had.
 //!
 //! On the vm (one task, TCG): a checkpoint is a frozen read-only qcow2 layer holding what was
 //! written, the broken workspace restored from it, and a fork of the restored task's current
@@ -104,6 +105,40 @@ fn a_restored_checkpoint_is_what_the_finish_saves_and_its_running_job_is_ended()
     assert_eq!(files_of(&patch), ["a.txt", "after.txt"], "{patch}");
     assert!(patch.contains("+shared"), "{patch}");
     assert!(!patch.contains("junk"), "{patch}");
+}
+
+/// An upgrade renames a new build over the binary a running supervisor was started from; a
+/// restore then executes the supervisor anew, which must be its own build (the one the
+/// sandbox's state belongs to), not a path that names another file or none.
+#[test]
+fn a_restore_after_the_binary_was_replaced_runs_the_supervisor_it_had() {
+    let test = "a_restore_after_the_binary_was_replaced_runs_the_supervisor_it_had";
+    if !require_root(test) {
+        return;
+    }
+    let bins = tempfile::tempdir().expect("bin dir");
+    let core = bins.path().join("dynocap-core");
+    std::fs::copy(bin_dir().join("dynocap-core"), &core).expect("copy dynocap-core");
+    let project = one_commit_project("a.txt", "a\n");
+    let home = TestHome::new()
+        .with_env("DYNOCAP_BIN", &core.to_string_lossy())
+        .with_env("DYNOCAP_CLI_SERVER", "0");
+    let Some(home) = started(test, home, project.path(), "up") else {
+        return;
+    };
+    home.task_sh("up", "echo kept > kept.txt");
+    home.json(&["task", "checkpoint", "up", "before"]);
+    home.task_sh("up", "rm kept.txt");
+    // The upgrade: a new file renamed over the old path, as package managers install.
+    let upgrade = bins.path().join("dynocap-core.new");
+    std::fs::copy(bin_dir().join("dynocap-core"), &upgrade).expect("copy the upgrade");
+    std::fs::rename(&upgrade, &core).expect("rename the upgrade over the binary");
+
+    let restored = home.json(&["task", "restore", "up", "before"]);
+    assert_eq!(restored["label"], "before", "{restored:#}");
+    assert_eq!(home.task_sh("up", "cat kept.txt"), "kept\n");
+    let finish = home.json(&["task", "finish", "up"]);
+    assert_eq!(files_of(&patch_of(&finish)), ["kept.txt"]);
 }
 
 #[test]

@@ -250,10 +250,13 @@ fn swap_in(state_dir: &std::path::Path, label: &str) -> Result<()> {
 /// Returns only on failure.
 fn exec_again(home: &Home, id: &str) -> Error {
     use std::os::unix::process::CommandExt;
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(err) => return Error::internal(format!("locating the dynocap executable: {err}")),
-    };
+    // The program this process runs, by the kernel's own link to it: the path it was started
+    // from may name another build by now (an upgrade renames a new binary over it, and the
+    // old one's path then reads "... (deleted)"), and this supervisor's state is its own
+    // build's. argv[0] stays the path people and `ps` know it by.
+    let shown_as = std::env::current_exe()
+        .map(|exe| exe.into_os_string())
+        .unwrap_or_else(|_| "dynocap-core".into());
     let null = match std::fs::File::open("/dev/null") {
         Ok(null) => null,
         Err(err) => return Error::internal(format!("opening /dev/null: {err}")),
@@ -271,7 +274,8 @@ fn exec_again(home: &Home, id: &str) -> Error {
             std::io::Error::last_os_error()
         ));
     }
-    let err = std::process::Command::new(exe)
+    let err = std::process::Command::new("/proc/self/exe")
+        .arg0(shown_as)
         .arg("supervise")
         .arg("--home")
         .arg(home.root())

@@ -85,7 +85,7 @@ mod refusals;
 mod relay;
 mod resolve;
 mod sniff;
-mod splice;
+pub mod splice;
 mod summary;
 mod tls;
 mod upstream;

@@ -9,6 +9,9 @@
 //! direction moves them with `splice(2)` through a pipe, so they stay in the kernel. A
 //! tunnel without a watch (SSH, whose version line was judged before) splices from the
 //! start. Counts, half-closes and errors are those of the buffered relay.
+//!
+//! [`splice_both_ways`] is the same kernel copy for two sockets whose bytes nobody reads at
+//! all: a jail's port forwards.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -100,6 +103,45 @@ async fn one_way(
     }
     // Nothing reads the bytes from here on.
     let pipe = Pipe::new(buffer_size)?;
+    let count = |n: usize| {
+        counted.fetch_add(n as u64, Ordering::Relaxed);
+    };
+    match side {
+        Side::Up => splice_until_end(from, to, &pipe, |_| {}, count).await,
+        Side::Down => splice_until_end(from, to, &pipe, count, |_| {}).await,
+    }
+}
+
+/// Moves bytes both ways between `a` and `b` with `splice(2)`, through a pipe of
+/// `pipe_bytes` each way, until both directions have ended; each end is passed on as a
+/// half-close. Returns the bytes moved from `a` to `b` and back. For sockets whose bytes
+/// nobody needs to read (a jail's port forward).
+pub async fn splice_both_ways(
+    a: &TcpStream,
+    b: &TcpStream,
+    pipe_bytes: usize,
+) -> io::Result<(u64, u64)> {
+    async fn one_way(from: &TcpStream, to: &TcpStream, pipe_bytes: usize) -> io::Result<u64> {
+        let pipe = Pipe::new(pipe_bytes)?;
+        let mut moved = 0u64;
+        splice_until_end(from, to, &pipe, |n| moved += n as u64, |_| {}).await?;
+        Ok(moved)
+    }
+    tokio::try_join!(one_way(a, b, pipe_bytes), one_way(b, a, pipe_bytes))
+}
+
+/// `from` → `to` through `pipe` until `from` ends (then `to`'s write half is shut down) or an
+/// error; `read` is told each chunk taken from `from`, `written` each one given to `to`. The
+/// pipe is emptied before the next read, so a read that would block means `from` has nothing
+/// (never a full pipe), and a write that would block means `to` is full: each readiness is
+/// cleared for the right socket.
+async fn splice_until_end(
+    from: &TcpStream,
+    to: &TcpStream,
+    pipe: &Pipe,
+    mut read: impl FnMut(usize),
+    mut written: impl FnMut(usize),
+) -> io::Result<()> {
     loop {
         let filled = loop {
             from.readable().await?;
@@ -115,11 +157,7 @@ async fn one_way(
             end(to);
             return Ok(());
         }
-        if side == Side::Down {
-            counted.fetch_add(filled as u64, Ordering::Relaxed);
-        }
-        // The pipe is emptied before the next read, so a read that would block means `from`
-        // has nothing (never a full pipe), and a write that would block means `to` is full.
+        read(filled);
         let mut left = filled;
         while left > 0 {
             to.writable().await?;
@@ -128,9 +166,7 @@ async fn one_way(
             }) {
                 Ok(n) => {
                     left -= n;
-                    if side == Side::Up {
-                        counted.fetch_add(n as u64, Ordering::Relaxed);
-                    }
+                    written(n);
                 }
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
                 Err(err) => return Err(err),
@@ -212,5 +248,59 @@ impl Pipe {
         let set = unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, wanted) };
         let room = usize::try_from(set).unwrap_or(1 << 16);
         Ok(Pipe { read, write, room })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A connected pair of loopback sockets.
+    async fn pair(listener: &TcpListener) -> (TcpStream, TcpStream) {
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (client.unwrap(), accepted.unwrap().0)
+    }
+
+    #[tokio::test]
+    async fn splicing_carries_both_ways_whole_and_passes_on_half_closes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (mut client, near) = pair(&listener).await;
+        let (far, mut server) = pair(&listener).await;
+        let relayed = tokio::spawn(async move { splice_both_ways(&near, &far, 1 << 20).await });
+
+        // More than a pipe holds, each way at once.
+        let up: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
+        let down: Vec<u8> = (0..3_000_000u32).map(|i| (i % 241) as u8).collect();
+        let (mut client_read, mut client_write) = client.split();
+        let (mut server_read, mut server_write) = server.split();
+        let (got_up, got_down, (), ()) = tokio::join!(
+            async {
+                let mut got = Vec::new();
+                server_read.read_to_end(&mut got).await.unwrap();
+                got
+            },
+            async {
+                let mut got = Vec::new();
+                client_read.read_to_end(&mut got).await.unwrap();
+                got
+            },
+            async {
+                client_write.write_all(&up).await.unwrap();
+                // The client's half-close reaches the server, which still answers.
+                client_write.shutdown().await.unwrap();
+            },
+            async {
+                server_write.write_all(&down).await.unwrap();
+                server_write.shutdown().await.unwrap();
+            },
+        );
+        assert!(got_up == up, "upload arrived whole");
+        assert!(got_down == down, "download arrived whole");
+        let (a_to_b, b_to_a) = relayed.await.unwrap().unwrap();
+        assert_eq!((a_to_b, b_to_a), (up.len() as u64, down.len() as u64));
     }
 }

@@ -139,7 +139,8 @@ impl Default for Topology {
     }
 }
 
-fn run(args: &[&str]) {
+/// Runs `args` (`ip`, `tc`, `nsenter`), failing the test if it fails.
+pub fn run(args: &[&str]) {
     let status = Command::new(args[0])
         .args(&args[1..])
         .status()

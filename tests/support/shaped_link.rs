@@ -23,9 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use dynocap_e2e::netns::run;
 use serde_json::Value;
 
-use crate::tlsfix::TlsFix;
+use crate::tlsfix::{self, TlsFix};
 
 /// Each direction's rate, as `tc` spells it.
 pub const RATE: &str = "100mbit";
@@ -219,32 +220,19 @@ impl ShapedLink {
 
     /// `DYNOCAP_RESOLVE` sending each of `names` to the server in `S` on 443.
     pub fn resolve(&self, names: &[&str]) -> String {
-        names
-            .iter()
-            .map(|name| format!("{name}:443:{}", self.server_addr))
-            .collect::<Vec<_>>()
-            .join(",")
+        tlsfix::resolve_to(names, self.server_addr)
     }
 
     /// Every request the server in `S` answered, as [`TlsFix::requests`].
     pub fn requests(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|entry| entry.get("path").is_some())
-            .collect()
+        tlsfix::requests_in(&self.log)
     }
 }
 
 impl Drop for ShapedLink {
     fn drop(&mut self) {
         for server in &mut self.servers {
-            // SAFETY: kill(2) of the process group this server leads (process_group(0)).
-            unsafe {
-                libc::kill(-(server.id() as i32), libc::SIGKILL);
-            }
-            let _ = server.wait();
+            tlsfix::kill(server);
         }
         for ns in [&self.host, &self.server_ns] {
             let _ = Command::new("ip").args(["netns", "delete", ns]).status();
@@ -265,12 +253,4 @@ fn has_netem() -> bool {
         .is_ok_and(|s| s.success());
     let _ = Command::new("ip").args(["netns", "delete", &ns]).status();
     added
-}
-
-fn run(args: &[&str]) {
-    let status = Command::new(args[0])
-        .args(&args[1..])
-        .status()
-        .unwrap_or_else(|e| panic!("{args:?}: {e} (apt-get install iproute2 util-linux)"));
-    assert!(status.success(), "{args:?} failed: {status}");
 }

@@ -131,21 +131,12 @@ impl TlsFix {
 
     /// `DYNOCAP_RESOLVE` sending each of `names` to this server on 443.
     pub fn resolve(&self, names: &[&str]) -> String {
-        names
-            .iter()
-            .map(|name| format!("{name}:443:{}", self.addr))
-            .collect::<Vec<_>>()
-            .join(",")
+        resolve_to(names, self.addr)
     }
 
     /// Every request answered: `sni`, `host`, `method`, `path`, `status`.
     pub fn requests(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|entry| entry.get("path").is_some())
-            .collect()
+        requests_in(&self.log)
     }
 }
 
@@ -155,7 +146,27 @@ impl Drop for TlsFix {
     }
 }
 
-fn kill(server: &mut Child) {
+/// `DYNOCAP_RESOLVE` sending each of `names` to `addr` on 443.
+pub fn resolve_to(names: &[&str], addr: Ipv4Addr) -> String {
+    names
+        .iter()
+        .map(|name| format!("{name}:443:{addr}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The requests a server of `https_server.py` logged to `log` (its other lines skipped).
+pub fn requests_in(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|entry| entry.get("path").is_some())
+        .collect()
+}
+
+/// Kills the process group `server` leads and reaps it.
+pub fn kill(server: &mut Child) {
     // SAFETY: kill(2) of the process group this server leads (process_group(0)).
     unsafe {
         libc::kill(-(server.id() as i32), libc::SIGKILL);

@@ -259,6 +259,35 @@ fn start_plain(home: &TestHome, name: &str, project: &Path, extra: &[&str]) -> V
 /// A task writing its cache full gets ENOSPC there and a note naming the cache in its result;
 /// the host's free space is what it was (the image's room was set aside when it was made),
 /// and the sandbox's own disk still takes writes.
+/// Asserts that the exec result `filled` failed on a full package cache and says so, naming the
+/// setting to raise, and that it is not taken for a failed disk.
+fn says_the_cache_is_full(filled: &Value) {
+    assert_ne!(filled["exitCode"], 0, "{filled:#}");
+    let stderr = filled["stderr"].as_str().unwrap_or_default();
+    assert!(stderr.contains("No space left on device"), "{filled:#}");
+    assert!(
+        stderr.contains("the project's package cache is full")
+            && stderr.contains("DYNOCAP_CACHE_MB"),
+        "{filled:#}"
+    );
+    assert!(
+        filled.get("diskError").is_none(),
+        "a full cache is no failed disk: {filled:#}"
+    );
+}
+
+/// Asserts that the exec result `freed` succeeded and no longer speaks of a full cache.
+fn says_nothing_of_a_full_cache(freed: &Value) {
+    assert_eq!(freed["exitCode"], 0, "{freed:#}");
+    assert!(
+        !freed["stderr"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("package cache is full"),
+        "{freed:#}"
+    );
+}
+
 #[test]
 fn a_cache_filled_to_its_bound_is_the_tasks_error_and_leaves_the_host_as_it_was() {
     if !dynocap_e2e::require_root("a_cache_filled_to_its_bound_is_the_tasks_error") {
@@ -282,18 +311,7 @@ fn a_cache_filled_to_its_bound_is_the_tasks_error_and_leaves_the_host_as_it_was(
         "dd if=/dev/zero of=$HOME/.cache/pip/fill bs=1M count=200 conv=fsync",
         120,
     );
-    assert_ne!(filled["exitCode"], 0, "{filled:#}");
-    let stderr = filled["stderr"].as_str().unwrap_or_default();
-    assert!(stderr.contains("No space left on device"), "{filled:#}");
-    assert!(
-        stderr.contains("the project's package cache is full")
-            && stderr.contains("DYNOCAP_CACHE_MB"),
-        "{filled:#}"
-    );
-    assert!(
-        filled.get("diskError").is_none(),
-        "a full cache is no failed disk: {filled:#}"
-    );
+    says_the_cache_is_full(&filled);
     let after = fs.free_mb();
     assert!(
         after + 2 >= before,
@@ -310,14 +328,7 @@ fn a_cache_filled_to_its_bound_is_the_tasks_error_and_leaves_the_host_as_it_was(
         "rm ~/.cache/pip/fill && echo x > ~/.cache/pip/y",
         60,
     );
-    assert_eq!(freed["exitCode"], 0, "{freed:#}");
-    assert!(
-        !freed["stderr"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("package cache is full"),
-        "{freed:#}"
-    );
+    says_nothing_of_a_full_cache(&freed);
     home.json(&["task", "finish", "filler"]);
     home.json(&["cache", "rm", "--all"]);
 }
@@ -342,25 +353,10 @@ fn a_vm_tasks_full_or_failed_cache_is_said_in_its_result() {
         "dd if=/dev/zero of=$HOME/.cache/pip/fill bs=1M count=100 conv=fsync",
         300,
     );
-    assert_ne!(filled["exitCode"], 0, "{filled:#}");
-    let stderr = filled["stderr"].as_str().unwrap_or_default();
-    assert!(stderr.contains("No space left on device"), "{filled:#}");
-    assert!(
-        stderr.contains("the project's package cache is full")
-            && stderr.contains("DYNOCAP_CACHE_MB"),
-        "{filled:#}"
-    );
-    assert!(filled.get("diskError").is_none(), "{filled:#}");
+    says_the_cache_is_full(&filled);
     // Emptied, it says nothing.
     let freed = home.exec_in_task("vfull", "rm ~/.cache/pip/fill", 60);
-    assert_eq!(freed["exitCode"], 0, "{freed:#}");
-    assert!(
-        !freed["stderr"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("package cache is full"),
-        "{freed:#}"
-    );
+    says_nothing_of_a_full_cache(&freed);
 
     // The cache disk's filesystem records an error (found by the disk's serial).
     let failed = home.exec_in_task(

@@ -213,20 +213,7 @@ fn an_interrupted_fork_or_checkpoint_leaves_the_source_and_nothing_half_made() {
             .is_some_and(|m| m.contains("supervisor.fork.copied")),
         "{err:#}"
     );
-    let listing = home.json(&["ls"]);
-    let names: Vec<&str> = listing["tasks"]
-        .as_array()
-        .expect("tasks")
-        .iter()
-        .filter_map(|t| t["name"].as_str())
-        .collect();
-    assert_eq!(names, ["src"], "no record of the fork: {listing:#}");
-    let dirs: Vec<String> = std::fs::read_dir(home.path().join("sandboxes"))
-        .expect("sandboxes")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(dirs, [home.sandbox_id("src")], "no files of the fork");
+    home.assert_only_tasks(&["src"]);
     let src_dir = home.path().join("sandboxes").join(home.sandbox_id("src"));
     let leftovers: Vec<_> = std::fs::read_dir(src_dir.join("checkpoints"))
         .map(|d| d.flatten().collect())
@@ -247,9 +234,7 @@ fn an_interrupted_fork_or_checkpoint_leaves_the_source_and_nothing_half_made() {
     let patch = patch_of(&finish);
     assert!(patch.contains("+kept"), "the work is recovered: {patch}");
     assert!(
-        wait_until(10, || !std::fs::read_to_string("/proc/mounts")
-            .unwrap_or_default()
-            .contains(&home.sandbox_id("frozen"))),
+        wait_until(10, || home.none_mounted("frozen")),
         "nothing of the frozen disk stays mounted"
     );
 }
@@ -347,12 +332,7 @@ fn an_interrupted_vm_fork_or_checkpoint_leaves_the_source_whole() {
             .is_some_and(|m| m.contains("supervisor.fork.copied")),
         "{err:#}"
     );
-    let dirs: Vec<String> = std::fs::read_dir(home.path().join("sandboxes"))
-        .expect("sandboxes")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(dirs, [home.sandbox_id("vs")], "no files of the fork");
+    home.assert_only_sandbox_dirs(&["vs"]);
     let state = home.path().join("sandboxes").join(home.sandbox_id("vs"));
     let making: Vec<_> = std::fs::read_dir(state.join("checkpoints"))
         .map(|d| d.flatten().collect())

@@ -238,20 +238,7 @@ fn on_xfs_a_supervisor_killed_during_a_clone_leaves_the_source_and_no_fork() {
     home.json(&["task", "start", &path, "--name", "src", "--disk-mb", "512"]);
     home.task_sh("src", "echo work >> a.txt");
     home.json_err(&["task", "fork", "src", "half"]);
-    let listing = home.json(&["ls"]);
-    let names: Vec<&str> = listing["tasks"]
-        .as_array()
-        .expect("tasks")
-        .iter()
-        .filter_map(|t| t["name"].as_str())
-        .collect();
-    assert_eq!(names, ["src"], "no record of the fork: {listing:#}");
-    let dirs: Vec<String> = std::fs::read_dir(home.path().join("sandboxes"))
-        .expect("sandboxes")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(dirs, [home.sandbox_id("src")], "no files of the fork");
+    home.assert_only_tasks(&["src"]);
     let patch = patch_of(&home.json(&["task", "finish", "src"]));
     assert!(
         patch.contains("+work"),
@@ -264,9 +251,7 @@ fn on_xfs_a_supervisor_killed_during_a_clone_leaves_the_source_and_no_fork() {
         .collect();
     assert!(leftovers.is_empty(), "nothing half-made: {leftovers:?}");
     assert!(
-        wait_until(10, || !std::fs::read_to_string("/proc/mounts")
-            .unwrap_or_default()
-            .contains(&home.sandbox_id("src"))),
+        wait_until(10, || home.none_mounted("src")),
         "nothing of the source's disk stays mounted"
     );
 }
@@ -304,18 +289,14 @@ fn on_a_full_xfs_a_forks_write_fails_in_its_guest() {
         .status();
     // XFS keeps a few blocks for its own transactions, which no file write gets.
     assert!(free_mb(&fs.mount) <= 1, "the home's filesystem is full");
-    let out = home
-        .command()
-        .args([
-            "--json",
-            "task",
-            "exec",
-            "fork",
-            "--",
-            "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync",
-        ])
-        .output()
-        .expect("dynocap");
+    let out = home.run(&[
+        "--json",
+        "task",
+        "exec",
+        "fork",
+        "--",
+        "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync",
+    ]);
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let failed = !out.status.success()

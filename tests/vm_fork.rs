@@ -180,12 +180,7 @@ fn a_deep_chain_of_checkpoints_under_a_job_flattens_and_each_stays_whole() {
 
     // The restore of the oldest ends the job, which was running all along, and names it.
     let restored = home.json(&["task", "restore", "v", "c1"]);
-    let ended: Vec<&str> = restored["jobsEnded"]
-        .as_array()
-        .expect("jobsEnded")
-        .iter()
-        .filter_map(|j| j["job"].as_str())
-        .collect();
+    let ended = names_in(&restored["jobsEnded"], "job");
     assert_eq!(ended, [job.as_str()], "{restored:#}");
     assert_eq!(home.task_sh("v", "ls f*.txt"), "f1.txt\n");
 }

@@ -261,6 +261,35 @@ impl TestHome {
         id
     }
 
+    /// Asserts that `ls` lists exactly the tasks `names` and `sandboxes/` holds only their
+    /// directories: what a failed fork or checkpoint must leave (no record, no files of it).
+    pub fn assert_only_tasks(&self, names: &[&str]) {
+        let listing = self.json(&["ls"]);
+        let listed = names_in(&listing["tasks"], "name");
+        assert_eq!(listed, names, "no record of the fork: {listing:#}");
+        self.assert_only_sandbox_dirs(names);
+    }
+
+    /// Asserts that `sandboxes/` holds only the directories of the sandboxes or tasks `names`.
+    pub fn assert_only_sandbox_dirs(&self, names: &[&str]) {
+        let mut dirs: Vec<String> = std::fs::read_dir(self.path().join("sandboxes"))
+            .expect("sandboxes")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        dirs.sort();
+        let mut ids: Vec<String> = names.iter().map(|n| self.sandbox_id(n)).collect();
+        ids.sort();
+        assert_eq!(dirs, ids, "no files of the fork");
+    }
+
+    /// Whether no mount on the host names sandbox or task `name`'s id (its disk, its layers).
+    pub fn none_mounted(&self, name: &str) -> bool {
+        !std::fs::read_to_string("/proc/mounts")
+            .unwrap_or_default()
+            .contains(&self.sandbox_id(name))
+    }
+
     /// Host pid of the supervisor of sandbox or task `name`, if it has one.
     pub fn supervisor_pid(&self, name: &str) -> Option<i32> {
         let out = Command::new("sqlite3")
@@ -374,6 +403,16 @@ pub fn processes_in_guest_uid_range() -> Vec<(i32, u32, String)> {
         }
     }
     found
+}
+
+/// The string field `field` of each element of the JSON array `list` (elements without it are
+/// skipped): the names in `ls`, the jobs a restore ended.
+pub fn names_in<'a>(list: &'a Value, field: &str) -> Vec<&'a str> {
+    list.as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|t| t[field].as_str())
+        .collect()
 }
 
 /// Polls `check` until it returns true or `secs` pass.

@@ -257,7 +257,8 @@ fn on_xfs_a_supervisor_killed_during_a_clone_leaves_the_source_and_no_fork() {
 }
 
 /// A fork's clone sets nothing aside: once the home's filesystem is full, its guest's write
-/// fails where the guest sees it (`fsync` in `dd conv=fsync`), never acknowledged and lost.
+/// fails where the guest sees it (the write or the `fsync` of `dd conv=fsync`), never
+/// acknowledged and lost.
 #[test]
 fn on_a_full_xfs_a_forks_write_fails_in_its_guest() {
     let test = "on_a_full_xfs_a_forks_write_fails_in_its_guest";
@@ -305,8 +306,15 @@ fn on_a_full_xfs_a_forks_write_fails_in_its_guest() {
             .and_then(|v| v["exitCode"].as_i64())
             .is_some_and(|code| code != 0);
     assert!(failed, "the write the host cannot back fails: {text}");
+    // Which error the guest sees first is a race: the write or its fsync meets the host's
+    // ENOSPC itself, or the disk's filesystem has already turned read-only on an earlier
+    // failed write-back. Either way the write was never acknowledged.
     assert!(
-        text.contains("fsync failed") && text.contains("No space left"),
+        text.contains("fsync failed") || text.contains("error writing"),
+        "the guest's write or fsync failed: {text}"
+    );
+    assert!(
+        text.contains("No space left") || text.contains("Read-only file system"),
         "{text}"
     );
     assert!(

@@ -28,21 +28,6 @@ fn started(test: &str, home: TestHome, project: &std::path::Path, name: &str) ->
     Some(home)
 }
 
-fn patch_of(finish: &Value) -> String {
-    assert_eq!(finish["verified"], true, "{finish:#}");
-    let path = finish["patchPath"].as_str().expect("patchPath");
-    std::fs::read_to_string(path).expect("patch")
-}
-
-/// The paths a patch changes, in order.
-fn files_of(patch: &str) -> Vec<String> {
-    patch
-        .lines()
-        .filter_map(|line| line.strip_prefix("diff --git a/"))
-        .map(|rest| rest.split(" b/").next().unwrap_or_default().to_owned())
-        .collect()
-}
-
 #[test]
 fn a_restored_checkpoint_is_what_the_finish_saves_and_its_running_job_is_ended() {
     let project = one_commit_project("a.txt", "a\n");
@@ -101,8 +86,8 @@ fn a_restored_checkpoint_is_what_the_finish_saves_and_its_running_job_is_ended()
     // The task runs on: new work after the restore is in the patch too.
     home.task_sh("cp", "echo after > after.txt");
     let finish = home.json(&["task", "finish", "cp"]);
-    let patch = patch_of(&finish);
-    assert_eq!(files_of(&patch), ["a.txt", "after.txt"], "{patch}");
+    let patch = verified_patch(&finish);
+    assert_eq!(patch_files(&patch), ["a.txt", "after.txt"], "{patch}");
     assert!(patch.contains("+shared"), "{patch}");
     assert!(!patch.contains("junk"), "{patch}");
 }
@@ -138,7 +123,7 @@ fn a_restore_after_the_binary_was_replaced_runs_the_supervisor_it_had() {
     assert_eq!(restored["label"], "before", "{restored:#}");
     assert_eq!(home.task_sh("up", "cat kept.txt"), "kept\n");
     let finish = home.json(&["task", "finish", "up"]);
-    assert_eq!(files_of(&patch_of(&finish)), ["kept.txt"]);
+    assert_eq!(patch_files(&verified_patch(&finish)), ["kept.txt"]);
 }
 
 #[test]
@@ -191,8 +176,8 @@ fn forks_finish_with_their_own_change_on_top_of_the_shared_work() {
     ];
     for (fork, files) in expect {
         let finish = home.json(&["task", "finish", fork]);
-        let patch = patch_of(&finish);
-        assert_eq!(files_of(&patch), files, "{fork}: {patch}");
+        let patch = verified_patch(&finish);
+        assert_eq!(patch_files(&patch), files, "{fork}: {patch}");
         assert!(patch.contains("+shared"), "{fork}: {patch}");
     }
 }
@@ -231,7 +216,7 @@ fn an_interrupted_fork_or_checkpoint_leaves_the_source_and_nothing_half_made() {
     home.task_sh("frozen", "echo kept >> a.txt");
     home.json_err(&["task", "checkpoint", "frozen", "never"]);
     let finish = home.json(&["task", "finish", "frozen"]);
-    let patch = patch_of(&finish);
+    let patch = verified_patch(&finish);
     assert!(patch.contains("+kept"), "the work is recovered: {patch}");
     assert!(
         wait_until(10, || home.none_mounted("frozen")),
@@ -289,9 +274,9 @@ fn vm_checkpoints_restores_and_forks_are_layers_the_guests_share() {
         "a.txt\nafter.txt\nfork.txt\n4000000\n"
     );
     let finish = home.json(&["task", "finish", "v"]);
-    let patch = patch_of(&finish);
+    let patch = verified_patch(&finish);
     assert_eq!(
-        files_of(&patch),
+        patch_files(&patch),
         ["a.txt", "after.txt", "source.txt"],
         "{patch}"
     );
@@ -302,9 +287,9 @@ fn vm_checkpoints_restores_and_forks_are_layers_the_guests_share() {
     home.json(&["rm", "v", "--force", "--purge"]);
     assert!(!state.exists(), "the source's files are gone");
     let finish = home.json(&["task", "finish", "vf"]);
-    let patch = patch_of(&finish);
+    let patch = verified_patch(&finish);
     assert_eq!(
-        files_of(&patch),
+        patch_files(&patch),
         ["a.txt", "after.txt", "fork.txt"],
         "{patch}"
     );
@@ -346,6 +331,6 @@ fn an_interrupted_vm_fork_or_checkpoint_leaves_the_source_whole() {
 
     home.json_err(&["task", "checkpoint", "vs", "never"]);
     let finish = home.json(&["task", "finish", "vs"]);
-    let patch = patch_of(&finish);
+    let patch = verified_patch(&finish);
     assert!(patch.contains("+more"), "the work is recovered: {patch}");
 }

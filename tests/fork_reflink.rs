@@ -134,20 +134,6 @@ fn walkdir(dir: &Path) -> Vec<PathBuf> {
     all
 }
 
-fn patch_of(finish: &Value) -> String {
-    assert_eq!(finish["verified"], true, "{finish:#}");
-    let path = finish["patchPath"].as_str().expect("patchPath");
-    std::fs::read_to_string(path).expect("patch")
-}
-
-fn files_of(patch: &str) -> Vec<String> {
-    patch
-        .lines()
-        .filter_map(|line| line.strip_prefix("diff --git a/"))
-        .map(|rest| rest.split(" b/").next().unwrap_or_default().to_owned())
-        .collect()
-}
-
 const WRITTEN: u64 = 64_000_000;
 
 #[test]
@@ -215,12 +201,12 @@ fn on_xfs_checkpoints_and_forks_clone_the_disk_and_share_its_extents() {
         home.task_sh(fork, &format!("echo {fork} > {file}"));
     }
     for (fork, file) in [("f1", "one.txt"), ("f2", "two.txt"), ("f3", "three.txt")] {
-        let patch = patch_of(&home.json(&["task", "finish", fork]));
-        assert_eq!(files_of(&patch), ["a.txt", file], "{fork}: {patch}");
+        let patch = verified_patch(&home.json(&["task", "finish", fork]));
+        assert_eq!(patch_files(&patch), ["a.txt", file], "{fork}: {patch}");
         assert!(patch.contains("+shared"), "{fork}: {patch}");
     }
-    let patch = patch_of(&home.json(&["task", "finish", "src"]));
-    assert_eq!(files_of(&patch), ["a.txt"], "{patch}");
+    let patch = verified_patch(&home.json(&["task", "finish", "src"]));
+    assert_eq!(patch_files(&patch), ["a.txt"], "{patch}");
     assert!(!patch.contains("junk"), "{patch}");
 }
 
@@ -239,7 +225,7 @@ fn on_xfs_a_supervisor_killed_during_a_clone_leaves_the_source_and_no_fork() {
     home.task_sh("src", "echo work >> a.txt");
     home.json_err(&["task", "fork", "src", "half"]);
     home.assert_only_tasks(&["src"]);
-    let patch = patch_of(&home.json(&["task", "finish", "src"]));
+    let patch = verified_patch(&home.json(&["task", "finish", "src"]));
     assert!(
         patch.contains("+work"),
         "the source's work is kept: {patch}"
@@ -415,7 +401,7 @@ fn a_reflink_pool_gives_an_ext4_home_clones() {
         "three forks took {used} MB of the pool"
     );
     for (fork, file) in [("f1", "one.txt"), ("f2", "two.txt"), ("f3", "three.txt")] {
-        let patch = patch_of(&home.json(&["task", "finish", fork]));
-        assert_eq!(files_of(&patch), ["a.txt", file], "{fork}: {patch}");
+        let patch = verified_patch(&home.json(&["task", "finish", fork]));
+        assert_eq!(patch_files(&patch), ["a.txt", file], "{fork}: {patch}");
     }
 }

@@ -571,3 +571,19 @@ pub fn sample_project(dir: &Path) {
     write(&dir.join(".git/hooks/pre-commit"), "#!/bin/sh\necho hook\n");
     chmod(&dir.join(".git/hooks/pre-commit"), 0o755);
 }
+
+/// The patch a `task finish` result saved, asserting the finish verified it.
+pub fn verified_patch(finish: &Value) -> String {
+    assert_eq!(finish["verified"], true, "{finish:#}");
+    let path = finish["patchPath"].as_str().expect("patchPath");
+    std::fs::read_to_string(path).expect("patch")
+}
+
+/// The paths a patch changes, in order.
+pub fn patch_files(patch: &str) -> Vec<String> {
+    patch
+        .lines()
+        .filter_map(|line| line.strip_prefix("diff --git a/"))
+        .map(|rest| rest.split(" b/").next().unwrap_or_default().to_owned())
+        .collect()
+}

@@ -636,13 +636,15 @@ mod tests {
             std::os::unix::fs::lchown(path, Some(host(&from, guest)), Some(host(&from, guest)))
                 .expect("chown");
         };
-        for path in [
-            &upper,
-            &upper.join("home"),
-            &deep,
-            &deep.join("file"),
-            &upper.join("link"),
-        ] {
+        // Owned by the sandbox user in `from`, each moved to the same user in `to`.
+        let users = [
+            upper.clone(),
+            upper.join("home"),
+            deep.clone(),
+            deep.join("file"),
+            upper.join("link"),
+        ];
+        for path in &users {
             own(path, 1000);
         }
         own(&upper.join("suid"), 0);
@@ -654,13 +656,7 @@ mod tests {
             let meta = fs::symlink_metadata(path).expect("stat");
             (meta.uid(), meta.gid())
         };
-        for path in [
-            &upper,
-            &upper.join("home"),
-            &deep,
-            &deep.join("file"),
-            &upper.join("link"),
-        ] {
+        for path in &users {
             assert_eq!(
                 owner(path),
                 (host(&to, 1000), host(&to, 1000)),

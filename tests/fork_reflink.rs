@@ -230,12 +230,19 @@ fn on_xfs_a_supervisor_killed_during_a_clone_leaves_the_source_and_no_fork() {
         patch.contains("+work"),
         "the source's work is kept: {patch}"
     );
-    // The killed clone's temporary went with the source's state once it finished.
-    let leftovers: Vec<_> = walkdir(&home.path().join("sandboxes"))
-        .into_iter()
-        .filter(|p| p.to_string_lossy().contains(".making-"))
-        .collect();
-    assert!(leftovers.is_empty(), "nothing half-made: {leftovers:?}");
+    // The killed clone's temporary goes with the source's state directory, which the
+    // finish removes after its reply.
+    let leftovers = || -> Vec<_> {
+        walkdir(&home.path().join("sandboxes"))
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(".making-"))
+            .collect()
+    };
+    assert!(
+        wait_until(10, || leftovers().is_empty()),
+        "nothing half-made: {:?}",
+        leftovers()
+    );
     assert!(
         wait_until(10, || home.none_mounted("src")),
         "nothing of the source's disk stays mounted"

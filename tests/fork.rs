@@ -334,3 +334,66 @@ fn an_interrupted_vm_fork_or_checkpoint_leaves_the_source_whole() {
     let patch = verified_patch(&finish);
     assert!(patch.contains("+more"), "the work is recovered: {patch}");
 }
+
+/// A fork's disk keeps the host ids its first source wrote it under, shown to each fork's
+/// guest as its own through an idmapped mount at every boot over it: the fork's first, a
+/// restore's, a fork of the fork's, and the recovery's after its supervisor was killed. Guest
+/// root's files (a set-uid one among them) stay root's, the sandbox user's private ones stay
+/// readable by that user alone, and what a fork writes is its own.
+#[test]
+fn a_forks_files_are_its_guests_own_at_every_boot() {
+    let test = "a_forks_files_are_its_guests_own_at_every_boot";
+    if !require_root(test) || !dynocap_e2e::images::require_mmdebstrap(test) {
+        return;
+    }
+    let (home, _) = dynocap_e2e::images::debian_home();
+    let project = one_commit_project("base.txt", "base\n");
+    let path = project.path().to_string_lossy();
+    home.json(&["task", "start", &path, "--name", "src", "--image", "debian"]);
+    home.task_sh(
+        "src",
+        "echo shared >> base.txt && echo secret > ~/private && chmod 600 ~/private && \
+         sudo sh -c 'mkdir /srv/kept && cp /bin/true /srv/kept/suid && chmod 4755 /srv/kept/suid'",
+    );
+    let owners = "stat -c '%U %a' ~/private /srv/kept/suid /srv/kept && cat ~/private";
+    let expected = "sandbox 600\nroot 4755\nroot 755\nsecret\n";
+    home.json(&["task", "fork", "src", "f"]);
+    assert_eq!(home.task_sh("f", owners), expected, "the fork's first boot");
+    // Private to the sandbox user, as in its source: root's sudo reads it, nobody else.
+    assert_eq!(
+        home.task_sh(
+            "f",
+            "sudo -u nobody cat ~/private 2>/dev/null || echo refused"
+        ),
+        "refused\n"
+    );
+    home.task_sh(
+        "f",
+        "echo mine > mine.txt && chmod 600 mine.txt && sudo touch /srv/kept/by-fork",
+    );
+    assert_eq!(
+        home.task_sh("f", "stat -c '%U' mine.txt /srv/kept/by-fork"),
+        "sandbox\nroot\n"
+    );
+
+    home.json(&["task", "checkpoint", "f", "c"]);
+    home.task_sh("f", "rm ~/private mine.txt");
+    home.json(&["task", "restore", "f", "c"]);
+    assert_eq!(home.task_sh("f", owners), expected, "a restore's boot");
+
+    home.json(&["task", "fork", "f", "g"]);
+    assert_eq!(home.task_sh("g", owners), expected, "a fork of the fork");
+    assert_eq!(home.task_sh("g", "cat mine.txt"), "mine\n");
+
+    // The recovery reads the workspace as the fork's own: mine.txt is its user's alone.
+    let supervisor = home.supervisor_pid("f").expect("f's supervisor");
+    // SAFETY: kill has no memory preconditions.
+    assert_eq!(unsafe { libc::kill(supervisor, libc::SIGKILL) }, 0);
+    assert!(wait_until(10, || !pid_exists(supervisor)));
+    let patch = verified_patch(&home.json(&["task", "finish", "f"]));
+    assert_eq!(patch_files(&patch), ["base.txt", "mine.txt"], "{patch}");
+    assert!(patch.contains("+mine"), "{patch}");
+    for task in ["g", "src"] {
+        home.json(&["task", "finish", task]);
+    }
+}

@@ -1,6 +1,6 @@
 //! Checkpoints and forks of a jail's disk: a duplicate of the sandbox's ext4 image taken while
-//! its filesystem is frozen, the thaw of a freeze its supervisor did not live to undo, and the
-//! shift of a duplicated layer's owners from one sandbox's host id range to another's.
+//! its filesystem is frozen, and the thaw of a freeze its supervisor did not live to undo. (A
+//! duplicated disk keeps the host ids it was written under: see `idmapped::layer_disk`.)
 //!
 //! Why a duplicate of the whole image: the guest's root is an overlay whose writable layer
 //! lives on the ext4 image, and a mounted overlay's layers cannot be swapped under the guest's
@@ -24,7 +24,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{lchown, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -32,7 +32,6 @@ use nix::errno::Errno;
 use crate::disk::{loop_device_of, DiskPaths};
 use crate::error::JailError;
 use crate::newmount::{FsContext, NODEV, NOSUID};
-use dynocap_host::IdMap;
 
 /// `_IOWR('X', 119, int)` and `_IOWR('X', 120, int)` of `<linux/fs.h>`.
 const FIFREEZE: libc::c_ulong = 0xC004_5877;
@@ -411,49 +410,6 @@ pub fn thaw_leftover(image: &Path) -> Result<(), JailError> {
     Ok(())
 }
 
-/// Moves the owners of every entry of `upper` from the host ids of `from` to those of `to`
-/// (a layer copied from another sandbox, whose id range differs): what the guest saw as its
-/// uid `u` under `from` it sees as `u` under `to`. Entries owned by no id of `from` are left
-/// as they are. Set-id bits, which `chown` clears, are put back. Returns the entries changed.
-pub fn shift_layer_ids(upper: &Path, from: &IdMap, to: &IdMap) -> Result<u64, JailError> {
-    if from == to {
-        return Ok(0);
-    }
-    let started = std::time::Instant::now();
-    let (mut changed, mut seen) = (0u64, 0u64);
-    let mut pending = vec![upper.to_owned()];
-    while let Some(path) = pending.pop() {
-        let meta = fs::symlink_metadata(&path).map_err(|e| JailError::io("stat", &path, e))?;
-        seen += 1;
-        if meta.is_dir() {
-            for entry in fs::read_dir(&path).map_err(|e| JailError::io("read", &path, e))? {
-                let entry = entry.map_err(|e| JailError::io("read", &path, e))?;
-                pending.push(entry.path());
-            }
-        }
-        let uid = from.to_guest(meta.uid()).and_then(|u| to.to_host(u));
-        let gid = from
-            .gid_to_guest(meta.gid())
-            .and_then(|g| to.gid_to_host(g));
-        if uid.is_none() && gid.is_none() {
-            continue;
-        }
-        lchown(&path, uid, gid).map_err(|e| JailError::io("chown", &path, e))?;
-        if !meta.file_type().is_symlink() && meta.mode() & 0o6000 != 0 {
-            fs::set_permissions(&path, fs::Permissions::from_mode(meta.mode() & 0o7777))
-                .map_err(|e| JailError::io("chmod", &path, e))?;
-        }
-        changed += 1;
-    }
-    // What a fork's first boot spends on its ids, for the log (it follows the files written).
-    eprintln!(
-        "dynocap: moved {changed} of {seen} entries of the layer to this sandbox's host ids in \
-         {} ms",
-        started.elapsed().as_millis()
-    );
-    Ok(changed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -604,79 +560,5 @@ mod tests {
         if let Err(panic) = result {
             std::panic::resume_unwind(panic);
         }
-    }
-
-    /// As root: every entry owned by an id of the old range (the layer's root, nested
-    /// directories, a symlink itself, a set-uid file) moves to the same guest id in the new
-    /// range, the set-uid bit stays, a symlink's target is not followed, and an entry of an id
-    /// outside the range is left alone.
-    #[test]
-    fn a_layer_moves_to_the_new_range_entry_by_entry() {
-        if !nix::unistd::geteuid().is_root() {
-            assert!(std::env::var_os("CI").is_none(), "needs root");
-            eprintln!("SKIPPED a_layer_moves_to_the_new_range_entry_by_entry: needs root");
-            return;
-        }
-        let (from, to) = (
-            IdMap::root_mode_at(1).expect("range 1"),
-            IdMap::root_mode_at(2).expect("range 2"),
-        );
-        let host = |map: &IdMap, guest: u32| map.to_host(guest).expect("mapped");
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let outside = tmp.path().join("outside");
-        File::create(&outside).expect("outside");
-        let upper = tmp.path().join("upper");
-        let deep = upper.join("home/sandbox/a/b");
-        fs::create_dir_all(&deep).expect("dirs");
-        fs::write(deep.join("file"), b"x").expect("file");
-        fs::write(upper.join("suid"), b"x").expect("suid");
-        std::os::unix::fs::symlink(&outside, upper.join("link")).expect("symlink");
-        fs::write(upper.join("foreign"), b"x").expect("foreign");
-        let own = |path: &Path, guest: u32| {
-            std::os::unix::fs::lchown(path, Some(host(&from, guest)), Some(host(&from, guest)))
-                .expect("chown");
-        };
-        // Owned by the sandbox user in `from`, each moved to the same user in `to`.
-        let users = [
-            upper.clone(),
-            upper.join("home"),
-            deep.clone(),
-            deep.join("file"),
-            upper.join("link"),
-        ];
-        for path in &users {
-            own(path, 1000);
-        }
-        own(&upper.join("suid"), 0);
-        fs::set_permissions(upper.join("suid"), fs::Permissions::from_mode(0o4755)).expect("chmod");
-        std::os::unix::fs::lchown(upper.join("foreign"), Some(4242), Some(4242)).expect("chown");
-        let changed = shift_layer_ids(&upper, &from, &to).expect("shift");
-        assert_eq!(changed, 6);
-        let owner = |path: &Path| {
-            let meta = fs::symlink_metadata(path).expect("stat");
-            (meta.uid(), meta.gid())
-        };
-        for path in &users {
-            assert_eq!(
-                owner(path),
-                (host(&to, 1000), host(&to, 1000)),
-                "{}",
-                path.display()
-            );
-        }
-        assert_eq!(
-            owner(&upper.join("home/sandbox")),
-            (0, 0),
-            "root's own entries stay"
-        );
-        assert_eq!(owner(&upper.join("suid")), (host(&to, 0), host(&to, 0)));
-        let mode = fs::metadata(upper.join("suid")).expect("stat").mode();
-        assert_eq!(mode & 0o7777, 0o4755, "the set-uid bit is kept");
-        assert_eq!(owner(&upper.join("foreign")), (4242, 4242));
-        assert_eq!(
-            owner(&outside),
-            (0, 0),
-            "a symlink's target is not followed"
-        );
     }
 }

@@ -149,10 +149,9 @@ impl Layers {
                 }
                 fs::create_dir(dir).map_err(|e| JailError::io("create", dir, e))?;
             }
-            if let Some(from) = &spec.layer_ids {
-                crate::checkpoint::shift_layer_ids(&layers.upper, from, ids)?;
-            }
-            let (uid, gid) = ids.init_host_ids();
+            // overlayfs's scratch belongs to the guest's root as the overlay sees it: through
+            // the idmapped disk of a layer written under other ids (see `spawn`), those ids.
+            let (uid, gid) = spec.layer_ids.as_ref().unwrap_or(ids).init_host_ids();
             own(&layers.work, uid, gid, 0o700)?;
             own(
                 &layers.root,

@@ -145,6 +145,11 @@ pub(crate) struct RootPlan {
     /// A detached idmapped clone of `image_root` (see `idmapped`), open in the supervisor
     /// across the clone: the lower layer instead of `image_root` itself.
     pub idmapped_image: Option<std::os::fd::RawFd>,
+    /// A detached idmapped clone of the disk holding `upper` and `work` (a fork's, see
+    /// `idmapped::layer_disk`), open in the supervisor across the clone, with the directory it
+    /// is attached on (the disk's mount point): the overlay's upper and work are then
+    /// looked up through it.
+    pub idmapped_layers: Option<(std::os::fd::RawFd, PathBuf)>,
     /// Detached idmapped clones of the read-write binds' sources (see `idmapped`), open in
     /// the supervisor across the clone, with each one's host path and guest target
     /// (relative to `/`).
@@ -202,6 +207,20 @@ fn is_dir(fd: BorrowedFd<'_>) -> Result<bool, nix::errno::Errno> {
 
 /// Opens every host path in `plan` (see the module doc for why this happens first).
 pub(crate) fn open_host(plan: &RootPlan) -> Result<HostFds, Failure> {
+    if let Some((raw, disk)) = &plan.idmapped_layers {
+        // SAFETY: as for the idmapped image below: the supervisor keeps this fd open until
+        // after the clone, and nothing else in this process uses our copy.
+        let tree = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(*raw) };
+        // Attached over the disk itself in this private mount namespace: every path below
+        // (the layers, the overlay's mount point) resolves through the idmapped clone, and
+        // overlayfs, which clones its layers, finds them in the caller's namespace.
+        newmount::attach(tree.as_fd(), open_dir(disk)?.as_fd()).context(|| {
+            format!(
+                "attaching the idmapped disk of the kept layer on {}",
+                disk.display()
+            )
+        })?;
+    }
     let mountpoint = open_dir(&plan.mountpoint)?;
     let image = match plan.idmapped_image {
         Some(raw) => {

@@ -17,7 +17,7 @@ use crate::cache_disk::CacheMount;
 use crate::caps;
 use crate::cgroup::{CgroupSet, Layout};
 use crate::child::{self, ChildEnds, ChildPlan, EXEC_CGROUP_FD};
-use crate::disk::Disk;
+use crate::disk::{Disk, DiskPaths};
 use crate::error::JailError;
 use crate::idmapped;
 use crate::jail::{Jail, Storage};
@@ -111,6 +111,23 @@ pub(crate) fn spawn(spec: &JailSpec, ids: IdMap) -> Result<Jail, JailError> {
         None
     };
     plan.root.idmapped_image = idmapped_image.as_ref().map(|fd| fd.as_raw_fd());
+    // As the image's: held open across the clone, closed here when `spawn` returns.
+    let idmapped_layers = match &spec.layer_ids {
+        Some(written) if spec.reuse_layers && *written != ids => {
+            let disk_dir = DiskPaths::at(&spec.state_dir).mountpoint;
+            match idmapped::layer_disk(&disk_dir, written, &ids) {
+                Ok(tree) => Some((tree, disk_dir)),
+                Err(e) => {
+                    undo(&layers, &cgroups, &mut disk);
+                    return Err(e);
+                }
+            }
+        }
+        _ => None,
+    };
+    plan.root.idmapped_layers = idmapped_layers
+        .as_ref()
+        .map(|(fd, dir)| (fd.as_raw_fd(), dir.clone()));
     // As the image's: held open across the clone, closed here when `spawn` returns.
     let mut rw_binds: Vec<(PathBuf, PathBuf)> = spec
         .rw_binds
@@ -362,6 +379,7 @@ fn plan(spec: &JailSpec, ids: &IdMap) -> Result<ChildPlan, JailError> {
         cgroups: Vec::new(),
         // Made just before the clone (see `spawn`).
         idmapped_image: None,
+        idmapped_layers: None,
         // Made just before the clone too.
         rw_binds: Vec::new(),
     };

@@ -52,8 +52,9 @@ pub struct JailSpec {
     /// that layer in place.
     pub reuse_layers: bool,
     /// With `reuse_layers`: the id map the kept layer was written under, when it is not this
-    /// jail's own (a layer copied from another sandbox: a fork). Its entries' owners are moved
-    /// to this jail's ids before the guest starts.
+    /// jail's own (a layer duplicated from another sandbox's: a fork's, and every later boot
+    /// of it). The disk is shown to the guest through an idmapped mount from those ids to
+    /// this jail's (see `idmapped::layer_disk`); nothing on it changes owner.
     pub layer_ids: Option<dynocap_host::IdMap>,
     /// Size of the sandbox's disk (an ext4 image under `state_dir`, holding the writable
     /// layer): past it, or past its inodes, the guest's writes fail with ENOSPC. `None` puts

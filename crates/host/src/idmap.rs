@@ -139,6 +139,31 @@ impl IdMap {
         }
     }
 
+    /// The map of an idmapped mount that shows files written under `from`'s host ids as
+    /// `to`'s: on disk (inside) `from`'s host ids, seen (outside) as `to`'s, guest id for
+    /// guest id. How a jail shows a disk whose files another sandbox wrote (a fork's) as its
+    /// own without changing a byte of it. `None` when the two do not map the same guest ids
+    /// (a rootless map, or ranges of different sizes).
+    pub fn between(from: &IdMap, to: &IdMap) -> Option<IdMap> {
+        let same_guests = |a: IdRange, b: IdRange| a.guest == b.guest && a.count == b.count;
+        if from.rootless || to.rootless || !same_guests(from.uids, to.uids) {
+            return None;
+        }
+        if !same_guests(from.gids, to.gids) {
+            return None;
+        }
+        let moved = |a: IdRange, b: IdRange| IdRange {
+            guest: a.host,
+            host: b.host,
+            count: a.count,
+        };
+        Some(IdMap {
+            uids: moved(from.uids, to.uids),
+            gids: moved(from.gids, to.gids),
+            rootless: false,
+        })
+    }
+
     /// The host uid a guest uid is, if it is mapped.
     pub fn to_host(&self, guest_uid: u32) -> Option<u32> {
         self.uids.to_host(guest_uid)
@@ -221,6 +246,34 @@ mod tests {
         assert_eq!(map.init_uid(), 0);
         assert_eq!(map.init_host_ids(), (1_000_000, 1_000_000));
         assert_eq!(map.uids.map_line(), "0 1000000 65536\n");
+    }
+
+    #[test]
+    fn a_map_between_ranges_shows_one_ranges_files_as_the_others() {
+        let from = IdMap::root_mode_at(3).expect("range 3");
+        let to = IdMap::root_mode_at(7).expect("range 7");
+        let between = IdMap::between(&from, &to).expect("same guests");
+        for guest in [0, 1000, 65_535] {
+            let on_disk = from.to_host(guest).expect("mapped");
+            // The mount's "inside" is what the disk holds; "outside" what the jail sees.
+            assert_eq!(between.to_host(on_disk), to.to_host(guest), "{guest}");
+            assert_eq!(
+                between.gid_to_host(on_disk),
+                to.gid_to_host(guest),
+                "{guest}"
+            );
+        }
+        assert_eq!(between.to_host(from.to_host(0).expect("mapped") - 1), None);
+        assert_eq!(
+            between.uids.map_line(),
+            format!(
+                "{} {} 65536\n",
+                1_000_000 + 3 * 65_536,
+                1_000_000 + 7 * 65_536
+            )
+        );
+        assert_eq!(IdMap::between(&from, &IdMap::rootless(1000, 1000)), None);
+        assert_eq!(IdMap::between(&IdMap::rootless(1000, 1000), &to), None);
     }
 
     #[test]

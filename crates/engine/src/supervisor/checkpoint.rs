@@ -15,7 +15,8 @@
 //! chain's links and a new layer over them), the host's pristine copy of what was imported
 //! (`baseline.tar` and its index, hard links: they are never written again) and
 //! [`LAYER_IDS`], the host id range its files were written under, so that its guest boots over
-//! the disk as a recovery does, with its files moved to the fork's own ids. The agent's
+//! the disk as a recovery does, the files shown as the fork's own ids through an idmapped
+//! mount (a fork costs the same whatever the task wrote: nothing is chowned). The agent's
 //! baseline repository is on the disk itself, so the fork's diff and verified patch are
 //! against the original imported state.
 
@@ -32,7 +33,9 @@ use crate::supervisor::workspace::BASELINE_TAR;
 
 /// The directory of a task's checkpoints, inside its state directory.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
-/// In a fork's state directory: the host id range its disk's files were written under.
+/// In a fork's state directory: the host id range its disk's files were written under (its
+/// first source's, the one that was no fork), for the life of the disk: every boot shows them
+/// to the guest as its own through an idmapped mount, and nothing on the disk changes owner.
 pub const LAYER_IDS: &str = "layer-ids";
 /// In a state directory: its next boot is over the disk it holds (a fork's first, or a
 /// task's after a restore), not a fresh one with the project imported.
@@ -436,7 +439,9 @@ pub fn seed_fork(
                     .with_context(|| format!("linking {} for the fork", source.display()))?;
             }
         }
-        dynocap_host::durable::replace(&making.join(LAYER_IDS), id_range.to_string().as_bytes())
+        // The source's disk is written under its own ids, or, a fork itself, its source's.
+        let written = layer_id_range(state_dir).unwrap_or(id_range);
+        dynocap_host::durable::replace(&making.join(LAYER_IDS), written.to_string().as_bytes())
             .context("writing the fork's layer ids")?;
         mark_resume(&making)?;
         std::fs::rename(&making, fork_dir).context("putting the fork's files in place")?;
@@ -471,10 +476,9 @@ pub fn mark_resume(state_dir: &Path) -> Result<()> {
         .context("marking the task to boot over its disk")
 }
 
-/// After a boot over the disk came up: its files are the guest's own from now on (moved to
-/// its ids), and a later boot is a recovery's.
+/// After a boot over the disk came up: a later boot is a recovery's. [`LAYER_IDS`] stays with
+/// the disk.
 pub fn resumed(state_dir: &Path) {
-    let _ = std::fs::remove_file(state_dir.join(LAYER_IDS));
     let _ = std::fs::remove_file(state_dir.join(RESUME));
 }
 

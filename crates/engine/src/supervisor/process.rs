@@ -274,7 +274,8 @@ fn boot(
         pids: spec::PIDS_LIMIT,
         reuse_layer: mode == Mode::Recover || resume,
         id_range,
-        layer_id_range: if resume {
+        // A disk duplicated from another sandbox's keeps that one's ids at every boot over it.
+        layer_id_range: if mode == Mode::Recover || resume {
             crate::supervisor::checkpoint::layer_id_range(&home.sandbox_dir(id))
         } else {
             None

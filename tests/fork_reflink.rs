@@ -412,3 +412,184 @@ fn a_reflink_pool_gives_an_ext4_home_clones() {
         assert_eq!(patch_files(&patch), ["a.txt", file], "{fork}: {patch}");
     }
 }
+
+/// The reflink pool's row of `dynocap --json doctor`.
+fn doctor_pool_row(home: &TestHome) -> Value {
+    let out = home.run(&["--json", "doctor"]);
+    let report: Value = serde_json::from_slice(&out.stdout).expect("doctor --json prints JSON");
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "reflink pool")
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Unmounts a pool a test's home mounted on `0` when dropped (declare it after the
+/// filesystem the home is on, and before the home).
+struct PoolMount(PathBuf);
+
+impl Drop for PoolMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn pool_mounted_on(sandboxes: &Path) -> bool {
+    std::fs::read_to_string("/proc/mounts")
+        .expect("mounts")
+        .contains(&format!("{} xfs", sandboxes.display()))
+}
+
+/// The pool on an ext4 home (a small loop filesystem, so the room it takes and gives back is
+/// the test's own): `doctor` shows it before it is made (and makes nothing), then its size,
+/// room and sandboxes, and warns when it is nearly full; `jail-pool rm` is refused, naming
+/// the task, while the task lives on it; once the task is removed, it unmounts the pool and
+/// deletes its image, giving the room back; the next start with DYNOCAP_JAIL_POOL_MB set makes
+/// it again. An image that does not mount is an error naming the fix, which `jail-pool rm`
+/// then removes.
+#[test]
+fn a_reflink_pool_is_shown_and_removed() {
+    let test = "a_reflink_pool_is_shown_and_removed";
+    if !can_make_xfs(test) {
+        return;
+    }
+    let fs = dynocap_e2e::small_fs::SmallFs::new(2000);
+    let root = fs.mount.join("home");
+    let sandboxes = root.join("sandboxes");
+    let image = root.join("jail-pool.xfs");
+    let _pool = PoolMount(sandboxes.clone());
+    // No package caches: they would take the home's room beside the pool's, and stay.
+    let home = fs.home(&[("DYNOCAP_JAIL_POOL_MB", "1024"), ("DYNOCAP_CACHES", "0")]);
+
+    // Doctor looks only: the pool is configured, not made, and doctor does not make it.
+    let row = doctor_pool_row(&home);
+    assert_eq!(row["status"], "ok", "{row:#}");
+    assert!(
+        row["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("not made yet")),
+        "{row:#}"
+    );
+    assert!(!image.exists(), "doctor made the pool");
+    let free_without_pool = fs.free_mb();
+
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&["task", "start", &path, "--name", "t", "--disk-mb", "256"]);
+    assert!(
+        pool_mounted_on(&sandboxes),
+        "the start made and mounted the pool"
+    );
+    let id = home.sandbox_id("t");
+    let row = doctor_pool_row(&home);
+    assert_eq!(row["status"], "ok", "{row:#}");
+    let detail = row["detail"].as_str().expect("detail");
+    for needle in [
+        "1024 MB",
+        "mounted on",
+        "MB used",
+        "MB free",
+        "1 sandbox on it",
+    ] {
+        assert!(detail.contains(needle), "{needle:?} not in {detail}");
+    }
+    let shown = home.json(&["jail-pool", "show"]);
+    let pool = &shown["pool"];
+    assert_eq!(pool["mounted"], true, "{shown:#}");
+    assert_eq!(pool["imageMB"], 1024, "{shown:#}");
+    assert_eq!(pool["sandboxes"][0]["name"], "t", "{shown:#}");
+    assert_eq!(pool["sandboxes"][0]["id"], id.as_str(), "{shown:#}");
+    let size = pool["room"]["sizeMB"].as_u64().expect("sizeMB");
+    assert!((900..=1024).contains(&size), "{shown:#}");
+
+    // Refused while the task lives on it, naming it; nothing changes.
+    let refused = home.json_err(&["jail-pool", "rm"]);
+    assert_eq!(refused["code"], "conflict", "{refused:#}");
+    let message = refused["message"].as_str().expect("message");
+    for needle in ["task t", id.as_str(), "dynocap rm --force"] {
+        assert!(message.contains(needle), "{needle:?} not in {message}");
+    }
+    assert!(pool_mounted_on(&sandboxes) && image.exists());
+    assert_eq!(home.task_sh("t", "cat a.txt"), "a\n", "the task runs on");
+
+    // Nearly full: a ballast of the host's in the pool (listed as a directory with no record).
+    let free = pool["room"]["freeMB"].as_u64().expect("freeMB");
+    let ballast = sandboxes.join("ballast");
+    let status = Command::new("fallocate")
+        .args(["-l", &format!("{}M", free.saturating_sub(20))])
+        .arg(&ballast)
+        .status()
+        .expect("fallocate");
+    assert!(status.success());
+    let row = doctor_pool_row(&home);
+    assert_eq!(row["status"], "warning", "{row:#}");
+    assert!(
+        row["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("nearly full")),
+        "{row:#}"
+    );
+    assert!(
+        row["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("jail-pool rm")),
+        "{row:#}"
+    );
+    std::fs::remove_file(&ballast).expect("remove the ballast");
+
+    // Once the task is gone, the pool goes: unmounted, its image deleted, its room back.
+    home.json(&["rm", "t", "--force", "--purge"]);
+    assert!(
+        wait_until(60, || std::fs::read_dir(&sandboxes)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false)),
+        "the task's state directory goes with its teardown"
+    );
+    home.wait_for_teardown();
+    let out = home.run(&["jail-pool", "rm"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(said.contains("removed the reflink pool"), "{said}");
+    assert!(
+        said.contains("the next start makes the pool again"),
+        "{said}"
+    );
+    assert!(!image.exists(), "the image is deleted");
+    assert!(!pool_mounted_on(&sandboxes), "the pool is unmounted");
+    // Supervisors of other homes that started while it was mounted hold a copy of the mount
+    // (a private namespace copies every mount) and say so; without them, the room is back.
+    if !said.contains("once pid") {
+        let back = fs.free_mb();
+        assert!(
+            back + 16 >= free_without_pool,
+            "{back} MB free after the removal, {free_without_pool} MB before the pool"
+        );
+    }
+    assert!(doctor_pool_row(&home)["detail"]
+        .as_str()
+        .is_some_and(|d| d.contains("not made yet")));
+    let nothing = home.json(&["jail-pool", "rm"]);
+    assert_eq!(nothing["removed"], false, "{nothing:#}");
+
+    // An image that does not mount: the error names it and the fix, which works.
+    std::fs::File::create(&image)
+        .and_then(|f| f.set_len(600 << 20))
+        .expect("a damaged image");
+    let err = home.json_err(&["ls"]);
+    let message = err["message"].as_str().expect("message");
+    for needle in ["mounting the reflink pool", "dmesg", "dynocap jail-pool rm"] {
+        assert!(message.contains(needle), "{needle:?} not in {message}");
+    }
+    let removed = home.json(&["jail-pool", "rm"]);
+    assert_eq!(removed["removed"], true, "{removed:#}");
+    assert_eq!(removed["unmounted"], false, "{removed:#}");
+
+    // The next start with the variable set makes it again.
+    home.json(&["task", "start", &path, "--name", "t2", "--disk-mb", "256"]);
+    assert!(image.exists() && pool_mounted_on(&sandboxes));
+    assert_eq!(home.task_sh("t2", "cat a.txt"), "a\n");
+    home.json(&["rm", "t2", "--force", "--purge"]);
+    home.wait_for_teardown();
+}

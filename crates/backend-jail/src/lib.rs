@@ -102,7 +102,10 @@ pub use dynocap_host::cgroup::{CgroupProbe, ControllerProbe};
 pub use dynocap_host::{Check, IdMap};
 pub use error::JailError;
 pub use jail::Jail;
-pub use pool::{check_pool_mountpoint, format_pool, mount_pool, pool_mounted};
+pub use pool::{
+    check_pool_mountpoint, format_pool, mount_pool, pool_holders, pool_mounted, unmount_pool,
+    PoolHolder,
+};
 pub use probe::{probe, Probe};
 pub use spec::{
     CacheSpec, CacheSpot, GuestDir, JailSpec, Limits, RoBind, RwBind, AGENT_GUEST_PATH, CHANNEL_FD,

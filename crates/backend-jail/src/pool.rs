@@ -137,5 +137,89 @@ pub fn mount_pool(image: &Path, mountpoint: &Path) -> Result<(), JailError> {
             ),
             e,
         )
+        .hint(MOUNT_FAILED)
+    })
+}
+
+/// What to do when the pool's image does not mount: the kernel's log says why.
+const MOUNT_FAILED: &str = "see the kernel's log (dmesg) for why: a kernel without XFS needs      it (modprobe xfs), a damaged image can be checked with xfs_repair -n on it; or remove the      pool (dynocap jail-pool rm: it is made anew at the next start), or unset      DYNOCAP_JAIL_POOL_MB";
+
+/// A process that has the pool mounted in a mount namespace other than this process's (one
+/// per namespace): a supervisor, whose private namespace took a copy of the pool's mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolHolder {
+    pub pid: i32,
+    /// Its command line, as `ps` shows it.
+    pub command: String,
+}
+
+/// The processes that hold the pool's `image` mounted in mount namespaces other than this
+/// process's, one per namespace: while any does, its filesystem stays whole (its loop device
+/// bound, the image's blocks in use) whatever this namespace unmounts or deletes.
+pub fn pool_holders(image: &Path) -> Vec<PoolHolder> {
+    let Some(device) = crate::disk::loop_device_of(image)
+        .and_then(|name| fs::read_to_string(Path::new("/sys/block").join(name).join("dev")).ok())
+    else {
+        return Vec::new();
+    };
+    let device = device.trim().to_owned();
+    let namespace = |pid: &str| fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    let ours = namespace("self");
+    let mut seen = std::collections::HashSet::new();
+    let mut holders = Vec::new();
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return holders;
+    };
+    for entry in procs.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Some(ns) = namespace(&pid.to_string()) else {
+            continue;
+        };
+        if Some(&ns) == ours.as_ref() || seen.contains(&ns) {
+            continue;
+        }
+        let Ok(mounts) = fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+            continue;
+        };
+        // mountinfo(5): the third field is the mounted filesystem's device, major:minor.
+        let holds = mounts
+            .lines()
+            .any(|line| line.split(' ').nth(2) == Some(device.as_str()));
+        if holds {
+            seen.insert(ns);
+            let command = fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|raw| {
+                    String::from_utf8_lossy(&raw)
+                        .split('\0')
+                        .filter(|arg| !arg.is_empty())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_default();
+            holders.push(PoolHolder { pid, command });
+        }
+    }
+    holders
+}
+
+/// Unmounts the pool from `mountpoint` in this process's mount namespace; its loop device
+/// clears itself once no namespace has it mounted.
+pub fn unmount_pool(mountpoint: &Path) -> Result<(), JailError> {
+    nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()).map_err(|e| {
+        let err = JailError::sys(
+            format!("unmounting the reflink pool from {}", mountpoint.display()),
+            e,
+        );
+        if e == Errno::EBUSY {
+            err.hint(
+                "a process has a file open or its working directory in the pool (`fuser -vm` \
+                 on the mount point names it): end it, then run this again",
+            )
+        } else {
+            err
+        }
     })
 }

@@ -63,6 +63,10 @@ pub enum Command {
     /// Report what this machine supports and what to install or enable; --repair rebuilds a
     /// damaged catalog.
     Doctor(DoctorArgs),
+    /// The home's reflink pool (DYNOCAP_JAIL_POOL_MB: an XFS image mounted on the home's
+    /// sandboxes/, where jail checkpoints and forks clone): show it, or rm it.
+    #[command(subcommand, name = "jail-pool")]
+    JailPool(crate::jail_pool_commands::JailPoolCommand),
     /// Build, import, list and remove guest images (`dynocap image build debian`).
     #[command(subcommand)]
     Image(ImageCommand),

@@ -17,13 +17,14 @@ pub async fn dispatch(cli: Cli, settings: Settings) -> ExitCode {
     let json = cli.json;
     let result = match cli.command {
         Command::Doctor(_)
+        | Command::JailPool(_)
         | Command::Supervise(_)
         | Command::CliServer(_)
         | Command::Completions(_)
         | Command::Man => {
             unreachable!(
-                "doctor, supervise, cli-server, completions and man are dispatched before the \
-                 runtime starts"
+                "doctor, jail-pool, supervise, cli-server, completions and man are dispatched \
+                 before the runtime starts"
             )
         }
         Command::Mcp(args) => {
@@ -79,6 +80,7 @@ async fn with_engine(json: bool, command: Command, config: Config) -> Result<Exi
             unreachable!("served commands are run above")
         }
         Command::Doctor(_)
+        | Command::JailPool(_)
         | Command::Supervise(_)
         | Command::CliServer(_)
         | Command::Mcp(_)

@@ -2,6 +2,10 @@
 //! or enable. Every check is a real probe (open the device, run the tool), not a guess.
 //! `dynocap doctor --repair` rebuilds a damaged catalog instead (`repair.rs`).
 //!
+//! Doctor looks and changes nothing: it reads the home without making or mounting its reflink
+//! pool (`DYNOCAP_JAIL_POOL_MB`), whose row says what the pool is and what the next start
+//! does with it.
+//!
 //! The backends' rows are the backends' own: doctor asks each backend the engine has
 //! (`backend::all`) what this machine must have for it and whether its sandboxes start here,
 //! and names none of them itself.
@@ -100,6 +104,7 @@ pub fn run(json: bool, config: &Config) -> ExitCode {
         "apt-get install mmdebstrap; needed only to build images (dynocap image build debian)",
     ));
     checks.push(images_check(config));
+    checks.extend(jail_pool_check(config));
     checks.push(ceilings_check(config));
     checks.push(backend_check(config, &backends));
     checks.extend(
@@ -147,7 +152,7 @@ fn chosen(config: &Config, backend: &dyn Backend) -> bool {
 /// Built images in this DYNOCAP_HOME, and which one a start gets by default.
 fn images_check(config: &Config) -> Check {
     let default = config.images.default_name();
-    let listed = dynocap_engine::Home::from_config(&config.home).and_then(|home| {
+    let listed = dynocap_engine::Home::without_pool(&config.home).and_then(|home| {
         dynocap_engine::image::store::ImageStore::for_home(&home, None)
             .list()
             .map(|images| (home, images))
@@ -197,6 +202,104 @@ fn images_check(config: &Config) -> Check {
     Check::new("images", false, default_ok, detail, &hint)
 }
 
+/// The home's reflink pool (`DYNOCAP_JAIL_POOL_MB`), when it is configured or made: its
+/// size, whether it is mounted, its used and free room and its sandboxes; a warning when it
+/// is nearly full, left over, of another size than configured, or cannot be made.
+fn jail_pool_check(config: &Config) -> Option<Check> {
+    // A home that cannot be laid out is the images row's to report.
+    let home = dynocap_engine::Home::without_pool(&config.home).ok()?;
+    let pool = dynocap_engine::Engine::new(home, config.clone()).and_then(|e| e.jail_pool());
+    match pool {
+        Ok(pool) => pool.map(|pool| pool_row(&pool)),
+        Err(err) => Some(Check::new(
+            POOL_ROW,
+            false,
+            false,
+            err.message,
+            "fix DYNOCAP_JAIL_POOL_MB (a size in MB), or unset it",
+        )),
+    }
+}
+
+const POOL_ROW: &str = "reflink pool";
+
+fn pool_row(pool: &dynocap_engine::jail_pool::JailPool) -> Check {
+    let state = &pool.pool;
+    let image = state.image.display();
+    let sandboxes = match pool.on_it.len() {
+        0 => "no sandboxes on it".to_owned(),
+        1 => "1 sandbox on it".to_owned(),
+        n => format!("{n} sandboxes on it"),
+    };
+    let shrink = "once it holds no sandbox, `dynocap jail-pool rm` removes it and the next start \
+                  makes it anew of DYNOCAP_JAIL_POOL_MB";
+    let (ok, detail, hint) = match (state.image_mb, state.configured_mb, &state.room) {
+        (None, Some(mb), _) => {
+            let fits =
+                state.home_free_mb >= mb.saturating_add(dynocap_engine::jail_pool::HEADROOM_MB);
+            (
+                fits,
+                format!(
+                    "DYNOCAP_JAIL_POOL_MB={mb}: not made yet; the next start makes {image} \
+                     ({mb} MB set aside; the home's filesystem has {} MB free)",
+                    state.home_free_mb
+                ),
+                "the next start is refused: make DYNOCAP_JAIL_POOL_MB smaller, free space on \
+                 the home's filesystem, or unset DYNOCAP_JAIL_POOL_MB"
+                    .to_owned(),
+            )
+        }
+        (None, None, _) => (
+            false,
+            format!(
+                "mounted on {}, but {image} is gone",
+                state.mountpoint.display()
+            ),
+            "unmount it (umount on that directory) once it holds no sandbox".to_owned(),
+        ),
+        (Some(size), configured, room) => {
+            let mounted = match room {
+                Some(room) => format!(
+                    "mounted on {}: {} MB used, {} MB free ({}% used), {sandboxes}",
+                    state.mountpoint.display(),
+                    room.used_mb,
+                    room.free_mb,
+                    room.used_percent()
+                ),
+                None => "not mounted: the next start mounts it".to_owned(),
+            };
+            let detail = format!("{image}, {size} MB, {mounted}");
+            match (configured, room) {
+                (_, Some(room)) if room.nearly_full() => (
+                    false,
+                    format!("{detail}; nearly full"),
+                    format!(
+                        "a fork's writes (its clone sets nothing aside) and new sandboxes may \
+                         not fit: free room in it (finish tasks, delete checkpoints, destroy \
+                         sandboxes), or make it larger: {shrink}"
+                    ),
+                ),
+                (None, _) => (
+                    false,
+                    format!("{detail}; DYNOCAP_JAIL_POOL_MB is unset"),
+                    format!(
+                        "it is left from DYNOCAP_JAIL_POOL_MB and takes {size} MB of the home's \
+                         filesystem: set DYNOCAP_JAIL_POOL_MB again to use it, or remove it \
+                         (`dynocap jail-pool rm`, once it holds no sandbox)"
+                    ),
+                ),
+                (Some(mb), _) if mb != size => (
+                    false,
+                    format!("{detail}; DYNOCAP_JAIL_POOL_MB={mb}"),
+                    format!("the size is the pool's when it is made: to make it {mb} MB, {shrink}"),
+                ),
+                _ => (true, detail, String::new()),
+            }
+        }
+    };
+    Check::new(POOL_ROW, false, ok, detail, &hint)
+}
+
 /// Which backend sandboxes get here, and why: `DYNOCAP_BACKEND`, or what `auto` picks.
 fn backend_check(config: &Config, backends: &[Box<dyn Backend>]) -> Check {
     let chosen = config.backend.clone().unwrap_or_default();
@@ -230,7 +333,7 @@ fn backend_check(config: &Config, backends: &[Box<dyn Backend>]) -> Check {
             "",
         );
     }
-    match dynocap_engine::Home::from_config(&config.home) {
+    match dynocap_engine::Home::without_pool(&config.home) {
         Ok(home) => {
             let auto = dynocap_engine::backend::auto::choose(&home, &config.images.default_name());
             Check::new(

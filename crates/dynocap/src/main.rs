@@ -14,6 +14,7 @@ mod doctor;
 mod exec_output;
 mod fork_commands;
 mod image_commands;
+mod jail_pool_commands;
 mod job_commands;
 mod logging;
 mod mcp;
@@ -57,6 +58,9 @@ fn main() -> ExitCode {
             return output::ended(doctor::repair(cli.json, &settings.engine))
         }
         cli::Command::Doctor(_) => return output::ended(doctor::run(cli.json, &settings.engine)),
+        cli::Command::JailPool(command) => {
+            return output::ended(jail_pool_commands::run(cli.json, command, &settings.engine))
+        }
         _ => {}
     }
     // One thread for every command, the MCP server included: a command is one request, for

@@ -37,7 +37,7 @@ pub use supervisor::checkpoint;
 // the layers had folders.
 pub use facade::caches;
 pub use facade::image_recipe;
-pub use facade::{apply, ceilings, files, image_admin, pool, ports, repair, standby};
+pub use facade::{apply, ceilings, files, image_admin, jail_pool, pool, ports, repair, standby};
 pub use foundation::{excerpt, git_url, ssh_key, terms};
 pub use model::{config, spec, task_spec};
 pub use store::{catalog, records};

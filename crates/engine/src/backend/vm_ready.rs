@@ -51,7 +51,7 @@ pub(super) fn start_check(config: &Config, chosen: bool) -> Readiness {
     // `vm` chosen, or `auto` deciding for a built default image.
     let default = config.images.default_name();
     let probe = chosen || default != image::DEFAULT_IMAGE;
-    let home = match Home::from_config(&config.home) {
+    let home = match Home::without_pool(&config.home) {
         Ok(home) => home,
         Err(err) => {
             return Readiness::new(

@@ -14,6 +14,7 @@ pub mod forks;
 pub mod image_admin;
 pub mod image_pull;
 pub mod image_recipe;
+pub mod jail_pool;
 pub mod jobs;
 mod live_forks;
 pub mod pool;

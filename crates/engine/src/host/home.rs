@@ -33,6 +33,13 @@ impl Home {
         Ok(home)
     }
 
+    /// The home [`Home::from_config`] gives, without making or mounting its reflink pool: for
+    /// what only looks at the home (`dynocap doctor`) or takes the pool away (`dynocap
+    /// jail-pool rm`).
+    pub fn without_pool(config: &HomeConfig) -> Result<Self> {
+        Self::locate(config)
+    }
+
     fn locate(config: &HomeConfig) -> Result<Self> {
         let given = |dir: &Option<PathBuf>| dir.clone().filter(|v| !v.as_os_str().is_empty());
         if let Some(dir) = given(&config.dynocap_home) {

@@ -310,7 +310,7 @@ pub fn select_as(config: &Config, choice: BackendChoice, image: &str) -> Result<
         BackendChoice::Vm => Ok(Box::new(VmBackend)),
         BackendChoice::Auto => {
             // Without a home there is no built image, so nothing a VM could boot.
-            let auto = crate::host::home::Home::from_config(&config.home)
+            let auto = crate::host::home::Home::without_pool(&config.home)
                 .map(|home| auto::choose(&home, image).backend);
             match auto {
                 Ok(name) => by_name(name),

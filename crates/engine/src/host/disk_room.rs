@@ -141,6 +141,7 @@ pub fn check_room_with_cache(home: &Path, disk_mb: u64, cache_mb: u64) -> Result
 
 fn refusal(home: &Path, disk_mb: u64, cache_mb: u64, free: u64) -> Error {
     let most = free.saturating_sub(HEADROOM_MB).saturating_sub(cache_mb);
+    let elsewhere = elsewhere(home);
     let home = home.display().to_string();
     Error::worded(ErrorCode::PolicyDenied, move |s| {
         let fit = if most >= crate::model::spec::DISK_MB_MIN {
@@ -172,8 +173,7 @@ fn refusal(home: &Path, disk_mb: u64, cache_mb: u64, free: u64) -> Error {
             "{asked} set aside on the filesystem holding {home}, which \
              has {free} MB free and keeps {HEADROOM_MB} MB for DynoCap's records and results: \
              {fit}{cache}, free space on that filesystem (destroy sandboxes, or rm --purge finished \
-             tasks), or point DYNOCAP_HOME at a filesystem with more room; \
-             DYNOCAP_MAX_DISK_MB caps what any one sandbox may ask for"
+             tasks), or {elsewhere}; DYNOCAP_MAX_DISK_MB caps what any one sandbox may ask for"
         )
     })
 }
@@ -201,10 +201,19 @@ pub fn check_more(dir: &Path, bytes: u64, what: &str) -> Result<()> {
             "{what} needs {needed} MB more on the filesystem holding {}, which has {free} MB \
              free and keeps {HEADROOM_MB} MB for DynoCap's records and results: free space on \
              that filesystem (delete checkpoints, destroy sandboxes, or rm --purge finished \
-             tasks), or point DYNOCAP_HOME at a filesystem with more room",
-            dir.display()
+             tasks), or {}",
+            dir.display(),
+            elsewhere(dir)
         ),
     ))
+}
+
+/// The last fix a refusal for room in `dir` offers: a home on a filesystem with more room,
+/// or, when `dir` is on the home's reflink pool (a filesystem of a fixed size that another
+/// home would not change), a larger pool.
+fn elsewhere(dir: &Path) -> String {
+    crate::host::jail_pool::full_hint(dir)
+        .unwrap_or_else(|| "point DYNOCAP_HOME at a filesystem with more room".to_owned())
 }
 
 /// Sets aside on the host the room the disk at `image` may fill, `bytes` of guest disk laid

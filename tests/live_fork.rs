@@ -6,8 +6,11 @@
 //! the parent's, and the fork's stood still from the save to its resume). A live fork of a
 //! `filtered` task is filtered as its parent: an allowed host answers, another is refused.
 //! On the jail, `--live` is refused, saying it is the vm backend's, and leaves no fork behind.
+//! A live fork the host cannot back (its state file does not fit) is refused before the
+//! pause: the parent runs on untouched and nothing half-made is left.
 
 use dynocap_e2e::netfix::*;
+use dynocap_e2e::small_fs::SmallFs;
 use dynocap_e2e::*;
 
 /// Asserts that the guest clock of task `name` reads the host's, within a few seconds.
@@ -176,4 +179,98 @@ fn a_live_fork_of_a_jail_task_is_refused_as_the_vms() {
     let listed = home.json(&["ls"]);
     assert!(!listed.to_string().contains("\"jf\""), "{listed:#}");
     assert_eq!(home.task_sh("j", "cat a.txt"), "a\n", "the source runs on");
+}
+
+/// A home on a small filesystem, nearly filled from the host so that the live fork's state
+/// file (the guest's memory) cannot fit: the fork is refused `policy_denied` before the
+/// pause, naming the room it needs and the fix. The parent was never stopped: its job's
+/// process is alive, it answers, its work is intact and it finishes with its patch; no fork,
+/// no `.making-live-*` and no fork's state directory are left.
+#[test]
+fn a_live_fork_the_host_cannot_back_is_refused_and_the_parent_runs_on() {
+    let test = "a_live_fork_the_host_cannot_back_is_refused_and_the_parent_runs_on";
+    if !require_root(test) {
+        return;
+    }
+    // The debian image (~700 MB copied here), the task's 1 GiB disk and some room to spare.
+    let fs = SmallFs::new(3200);
+    let Some(home) = backend::vm_home_at(test, fs.mount.join("home")) else {
+        return;
+    };
+    let home = home.with_env("DYNOCAP_CACHES", "0");
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&["task", "start", &path, "--name", "p", "--disk-mb", "1024"]);
+    home.task_sh("p", "echo shared >> a.txt && sync");
+    let job = home.json(&[
+        "task",
+        "exec",
+        "p",
+        "--background",
+        "--timeout",
+        "900",
+        "--",
+        "echo $$ > /tmp/sleeper.pid && exec sleep 900",
+    ]);
+    let job = job["job"].as_str().expect("a job id").to_owned();
+    assert!(wait_until(30, || home
+        .task_sh("p", "cat /tmp/sleeper.pid 2>/dev/null || true")
+        .trim()
+        .parse::<u32>()
+        .is_ok()));
+
+    // Less room than the guest's memory (1 GiB by default) needs in the state file.
+    let ballast = fs.mount.join("ballast");
+    let keep = 300;
+    let status = std::process::Command::new("fallocate")
+        .args(["-l", &format!("{}M", fs.free_mb().saturating_sub(keep))])
+        .arg(&ballast)
+        .status()
+        .expect("fallocate");
+    assert!(status.success());
+    assert!(fs.free_mb() <= keep, "{} MB free", fs.free_mb());
+
+    let err = home.json_err(&["task", "fork", "p", "f", "--live"]);
+    assert_eq!(err["code"], "policy_denied", "{err:#}");
+    let message = err["message"].as_str().expect("message");
+    for needle in ["live fork", "needs", "MB more", "MB free", "rm --purge"] {
+        assert!(message.contains(needle), "{needle:?} not in {message}");
+    }
+
+    // Nothing half-made: no fork in the catalog, no fork's directory, no temporary.
+    let listed = home.json(&["ls"]);
+    assert!(!listed.to_string().contains("\"f\""), "{listed:#}");
+    let id = home.sandbox_id("p");
+    home.assert_only_sandbox_dirs(&["p"]);
+    let checkpoints = home.path().join("sandboxes").join(&id).join("checkpoints");
+    let leftovers: Vec<String> = std::fs::read_dir(&checkpoints)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".making-live-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // The parent runs on as it was: its job's process, its work, its session.
+    assert_eq!(
+        home.task_sh(
+            "p",
+            "kill -0 $(cat /tmp/sleeper.pid) && echo alive; cat a.txt"
+        ),
+        "alive\na\nshared\n"
+    );
+    let jobs = home.json(&["job", "p"]);
+    assert!(jobs.to_string().contains(&job), "{jobs:#}");
+    std::fs::remove_file(&ballast).expect("remove the ballast");
+    home.task_sh("p", "echo after > after.txt");
+    let finish = home.json(&["task", "finish", "p"]);
+    let patch = verified_patch(&finish);
+    assert_eq!(patch_files(&patch), ["a.txt", "after.txt"], "{patch}");
+    // The finish replies before its teardown ends.
+    let state_dir = home.path().join("sandboxes").join(&id);
+    assert!(
+        wait_until(60, || !state_dir.exists()),
+        "the task's state directory goes with its teardown"
+    );
 }

@@ -1,12 +1,18 @@
 //! Checkpoints and forks of a vm task (TCG, lean: one task each) beyond tests/fork.rs's:
 //! - the host's room: a checkpoint or fork the home's filesystem cannot back is refused
 //!   (`policy_denied` naming what is free) and leaves the task running; a fork of a checkpoint
-//!   sets aside its own layer only, the frozen chain it shares counting once; the layers go
-//!   with their last user (`rm --purge`), and the room comes back;
+//!   sets nothing aside, the frozen chain it shares counting once; the layers go with their
+//!   last user (`rm --purge`), and the room comes back;
+//! - forks take what they write: three forks (of a checkpoint, of the task as it is, live)
+//!   each hold far less of the host than their disk's size, together less than one disk; once
+//!   the home's filesystem is full, a fork's `dd conv=fsync` fails in its guest (QEMU reports
+//!   the host's ENOSPC to it, never pausing it), while the source, whose layer has its room
+//!   set aside, writes on and finishes with its patch;
 //! - five checkpoints taken while a job runs: the chain past four frozen layers is flattened
 //!   in the background while every checkpoint stays whole, forks of the oldest and the newest
 //!   each hold their own files, and a restore ends the job and names it.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -83,14 +89,14 @@ fn vm_checkpoints_and_forks_take_host_room_once_and_give_it_back() {
         std::fs::remove_file(file).expect("remove the ballast");
     }
 
-    // The fork of the checkpoint sets aside its own layer; the chain (64 MB and more) is the
-    // task's and the checkpoint's already.
+    // The fork of the checkpoint sets nothing aside: its layer holds what its guest writes,
+    // and the chain (64 MB and more) is the task's and the checkpoint's already.
     let before_fork = fs.free_mb();
     home.json(&["task", "fork", "v", "f", "--checkpoint", "a"]);
     let taken = before_fork.saturating_sub(fs.free_mb());
     assert!(
-        (1024..1024 + 40).contains(&taken),
-        "the fork took {taken} MB: its 1 GiB layer, not a copy of the chain"
+        taken < 64,
+        "the fork took {taken} MB: neither its 1 GiB disk's room nor a copy of the chain"
     );
     assert_eq!(
         home.task_sh("f", "cat a.txt; wc -c < ~/blob"),
@@ -104,7 +110,6 @@ fn vm_checkpoints_and_forks_take_host_room_once_and_give_it_back() {
         .filter(|p| p.to_string_lossy().contains("/frozen-"))
         .collect();
     assert!(!frozen.is_empty(), "the fork's chain");
-    use std::os::unix::fs::MetadataExt;
     for layer in &frozen {
         let links = std::fs::metadata(layer).expect("layer").nlink();
         assert!(links >= 3, "{} is linked {links} times", layer.display());
@@ -123,6 +128,145 @@ fn vm_checkpoints_and_forks_take_host_room_once_and_give_it_back() {
     assert!(
         after + 16 >= before_start,
         "the room came back: {after} MB free, {before_start} MB before the task"
+    );
+}
+
+/// Runs `command` in task `name`: whether it (or `task exec` itself) failed, and what was
+/// printed.
+fn failed_exec(home: &TestHome, name: &str, command: &str) -> (bool, String) {
+    let out = home.run(&[
+        "--json",
+        "task",
+        "exec",
+        name,
+        "--timeout",
+        "300",
+        "--",
+        command,
+    ]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let failed = !out.status.success()
+        || serde_json::from_slice::<Value>(&out.stdout)
+            .ok()
+            .and_then(|v| v["exitCode"].as_i64())
+            .is_some_and(|code| code != 0);
+    (failed, text)
+}
+
+#[test]
+fn vm_forks_take_what_they_write_and_a_full_host_fails_their_writes_in_the_guest() {
+    let test = "vm_forks_take_what_they_write_and_a_full_host_fails_their_writes_in_the_guest";
+    if !require_root(test) {
+        return;
+    }
+    // The debian image (~700 MB copied here), the source's 1 GiB disk's room, the live fork's
+    // saved memory (512 MB at most) and room to spare: not four disks' room.
+    let fs = SmallFs::new(3400);
+    let Some(home) = backend::vm_home_at(test, fs.mount.join("home")) else {
+        return;
+    };
+    let home = home.with_env("DYNOCAP_CACHES", "0");
+    let project = one_commit_project("a.txt", "a\n");
+    let path = project.path().to_string_lossy();
+    home.json(&[
+        "task",
+        "start",
+        &path,
+        "--name",
+        "src",
+        "--disk-mb",
+        "1024",
+        "--memory-mb",
+        "512",
+    ]);
+    let wrote = home.exec_in_task(
+        "src",
+        "head -c 32000000 /dev/urandom > ~/blob && echo work >> a.txt && sync",
+        300,
+    );
+    assert_eq!(wrote["exitCode"], 0, "{wrote:#}");
+    home.json(&["task", "checkpoint", "src", "cp"]);
+
+    // Three forks, one of each kind: none sets its disk's room aside.
+    let before = fs.free_mb();
+    home.json(&["task", "fork", "src", "f-cp", "--checkpoint", "cp"]);
+    home.json(&["task", "fork", "src", "f-now"]);
+    home.json(&["task", "fork", "src", "f-live", "--live"]);
+    let forks = ["f-cp", "f-now", "f-live"];
+    for fork in forks {
+        assert_eq!(
+            home.task_sh(
+                fork,
+                &format!("wc -c < ~/blob && echo {fork} > {fork}.txt && sync")
+            ),
+            "32000000\n",
+            "{fork}"
+        );
+        let layer = vm_dir(&home, fork).join("disk.qcow2");
+        let allocated = std::fs::metadata(&layer)
+            .expect("the fork's layer")
+            .blocks()
+            * 512;
+        eprintln!("{fork}'s layer: {} KiB allocated", allocated >> 10);
+        assert!(
+            allocated < 128 << 20,
+            "{fork}'s layer holds {} MiB of the host, far less than its 1024 MiB disk",
+            allocated >> 20
+        );
+    }
+    // The live fork's saved memory included; before, each fork set aside 1 GiB and more.
+    let taken = before.saturating_sub(fs.free_mb());
+    eprintln!("three forks took {taken} MB of the home's filesystem");
+    assert!(
+        taken < 1024,
+        "three forks took {taken} MB of the host, less than one of their 1024 MB disks"
+    );
+
+    // The host full: the source's layer has its room and takes its writes, ...
+    let ballast = fs.fill();
+    let more = home.exec_in_task(
+        "src",
+        "head -c 8000000 /dev/urandom > ~/more && echo more >> a.txt && sync",
+        300,
+    );
+    assert_eq!(more["exitCode"], 0, "the source writes on: {more:#}");
+    // ... a fork's write fails in its guest, which goes on answering.
+    for fork in ["f-cp", "f-live"] {
+        let (failed, text) = failed_exec(
+            &home,
+            fork,
+            "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync",
+        );
+        assert!(
+            failed,
+            "{fork}: the write the host cannot back fails: {text}"
+        );
+        // The write-back meets the host's ENOSPC as a disk error (EIO), or the guest's ext4
+        // has already turned read-only on an earlier one: never acknowledged either way. (A
+        // failed write-back of file data alone is the file's error, not its filesystem's:
+        // the result's `diskError` comes once a metadata or journal write fails too.)
+        assert!(
+            text.contains("fsync failed") || text.contains("error writing"),
+            "{fork}: the guest's write or fsync failed: {text}"
+        );
+        assert!(
+            text.contains("Input/output error") || text.contains("Read-only file system"),
+            "{fork}: {text}"
+        );
+    }
+    for file in ballast {
+        std::fs::remove_file(file).expect("remove the ballast");
+    }
+    assert_eq!(
+        home.task_sh("src", "wc -c < ~/blob; wc -c < ~/more"),
+        "32000000\n8000000\n"
+    );
+    let patch = verified_patch(&home.json(&["task", "finish", "src"]));
+    assert_eq!(patch_files(&patch), ["a.txt"], "{patch}");
+    assert!(
+        patch.contains("+work") && patch.contains("+more"),
+        "{patch}"
     );
 }
 

@@ -26,6 +26,19 @@
 //! between the switch and the rename, which a guest killed with its supervisor had not synced)
 //! and stray files that [`sweep`] removes.
 //!
+//! Who sets room aside for a writable layer. A task started fresh has its disk's whole room
+//! reserved on the host for its writable layer, and again for each new one a freeze or a
+//! restore puts under its guest (see the engine's `disk_room`): its writes never meet a full
+//! host. A fork's layers reserve nothing, as a jail fork's reflinked clone does: the fork's
+//! directory is marked [`UNRESERVED`] ([`mark_unreserved`]) when it is made, from a checkpoint,
+//! from the task as it is, or live, and keeps the mark for its life (its own checkpoints,
+//! restores, recoveries, and its own forks). So ten forks take on the host what they write,
+//! not ten disks; and once the host's filesystem is full, a fork's write meets ENOSPC there.
+//! QEMU then reports the error to the guest (the drive's `werror=report`, see
+//! [`crate::qemu`]), whose write or `fsync` fails (and whose ext4 turns read-only once the
+//! error reaches its metadata): never a write acknowledged and lost, and never QEMU's
+//! default, a guest paused without a word.
+//!
 //! A chain deeper than [`MAX_FROZEN`] frozen layers is flattened in the background: QMP
 //! `block-stream` copies what the layers between the bottom frozen layer and the writable one
 //! hold into the writable one, which then names the bottom layer as its backing file. Only the
@@ -53,6 +66,9 @@ const NEXT: &str = "disk.qcow2.next";
 /// The directory of a task's checkpoints in its state directory, whose `<label>/` each hold
 /// a chain's links: what [`layer_files`] looks in besides `vm/`.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
+/// In a guest's layer directory: its writable layers set nothing aside on the host (a
+/// fork's, see the module doc). Empty; its presence is the mark.
+pub const UNRESERVED: &str = "unreserved";
 /// Frozen layers a chain may have under its writable one before it is flattened.
 pub const MAX_FROZEN: usize = 4;
 /// A chain longer than this is not one of ours (a loop of names, a damaged header).
@@ -96,6 +112,22 @@ pub fn release_dropped(qmp: &mut Qmp, dropped: DroppedFd) -> Result<()> {
         QMP_TIMEOUT,
     )
     .map(drop)
+}
+
+/// Marks the guest's layer directory `dir` [`UNRESERVED`], durably: a fork's, from the moment
+/// it is made.
+pub fn mark_unreserved(dir: &Path) -> Result<()> {
+    let mark = dir.join(UNRESERVED);
+    fs::File::create(&mark)
+        .and_then(|file| file.sync_all())
+        .map_err(|err| VmError::io("marking the disk's layers unreserved at", &mark, err))?;
+    sync_dir(dir);
+    Ok(())
+}
+
+/// Whether the guest's layer directory `dir` is [`UNRESERVED`] (see [`mark_unreserved`]).
+pub fn is_unreserved(dir: &Path) -> bool {
+    dir.join(UNRESERVED).exists()
 }
 
 /// Whether `name` is a frozen layer's file name.
@@ -271,8 +303,8 @@ impl Drop for ChrootLink {
 }
 
 /// Makes the frozen layer `path` what every later user may rely on: its preallocated room
-/// past its end (the running guest's reservation, see the engine's `disk_room`) given back,
-/// and read-only. Returns the bytes it holds.
+/// past its end (the running guest's reservation, see the engine's `disk_room`; none for an
+/// [`UNRESERVED`] layer) given back, and read-only. Returns the bytes it holds.
 fn seal(path: &Path) -> Result<u64> {
     let file = fs::OpenOptions::new()
         .write(true)

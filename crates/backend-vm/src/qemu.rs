@@ -263,12 +263,19 @@ pub fn argv(config: &QemuConfig) -> Vec<OsString> {
         &mut args,
         &["-chardev", &console, "-serial", "chardev:console"],
     );
-    // The root disk. The guest's discards are ignored: the layer's room is reserved on the
-    // host for the sandbox's life (see the engine's `disk_room`), and a discard passed down
-    // would punch it out of the file, for a later write to find the host full.
+    // The root disk. The guest's discards are ignored: a task's layer has its room reserved
+    // on the host for the sandbox's life (see the engine's `disk_room`), and a discard passed
+    // down would punch it out of the file, for a later write to find the host full. A fork's
+    // layer reserves nothing (see `layers`' module doc) and meets a full host as ENOSPC:
+    // QEMU's default for a write error (`werror=enospc`) is to pause the guest, which its
+    // agent and every command in it would wait on without a word. Reported instead, as an
+    // I/O error on the guest's disk, its write or `fsync` fails and its ext4 stops taking
+    // writes (mounted `errors=remount-ro`; the agent's disk health check names it). A read
+    // error is the guest's too (`rerror=report`, the default, said here for the reader).
     args.push("-drive".into());
     args.push(opt_path(
-        "if=none,id=root,format=qcow2,cache=writeback,discard=ignore,file=",
+        "if=none,id=root,format=qcow2,cache=writeback,discard=ignore,werror=report,\
+         rerror=report,file=",
         &config.disk,
     ));
     let blk = format!("virtio-blk-{bus},drive=root");

@@ -174,6 +174,8 @@ impl Vm {
                 spec.disk_bytes,
             )?;
             let _ = fs::remove_file(&paths.disk);
+            // A fresh disk is a task's own, reserved as any (see `layers`' `UNRESERVED`).
+            let _ = fs::remove_file(paths.dir.join(crate::layers::UNRESERVED));
             disk::create_layer(&spec.cache_dir, &base, &paths.disk, spec.disk_bytes)?;
         }
         let tsc_khz = (machine == Machine::Microvm && accel == Accel::Tcg).then(qemu::host_tsc_khz);

@@ -226,11 +226,10 @@ pub trait LayeredDisk: Send + Sync {
     fn freeze(&self) -> Result<(String, u64)>;
     /// The bytes a [`freeze`](Self::freeze) now takes from the host's free space: the
     /// writable layer's data stays, as the frozen layer, and the new layer sets aside the
-    /// disk's room again. Layers frozen before count nothing: they are on the host's disk
+    /// disk's room again (a task started fresh's; a fork's layers set nothing aside, and its
+    /// freeze takes nothing). Layers frozen before count nothing: they are on the host's disk
     /// already, once, however many checkpoints and forks link them.
     fn freeze_cost(&self) -> u64;
-    /// The room a new writable layer over a frozen chain sets aside (a restore's, a fork's).
-    fn layer_room(&self) -> u64;
 }
 
 /// Where a guest's OOM kills are counted, so a command can be told that the memory limit

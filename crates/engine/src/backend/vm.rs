@@ -38,6 +38,9 @@ struct VmGuest {
     paths: VmPaths,
     /// The layer's virtual size, for its reservation.
     disk_bytes: u64,
+    /// Whether the guest's writable layers have the disk's room set aside on the host: a task
+    /// started fresh's do, a fork's do not (`dynocap_backend_vm::layers`' `UNRESERVED`).
+    reserved: bool,
     /// The guest's memory: what a live save's state file may take on the host.
     memory_bytes: u64,
     /// A live fork's resumed guest: the hostname its agent rejoins under.
@@ -167,6 +170,7 @@ impl Backend for VmBackend {
             paths: vm.paths().clone(),
             vm: Arc::new(Mutex::new(Some(vm))),
             disk_bytes: vm_spec.disk_bytes,
+            reserved: !dynocap_backend_vm::layers::is_unreserved(&VmPaths::at(&spec.state_dir).dir),
             memory_bytes: vm_spec.memory_mb.saturating_mul(1 << 20),
             rejoin: resumed.then(|| spec.hostname.clone()),
             usernet,
@@ -283,6 +287,15 @@ fn gone() -> Error {
 }
 
 impl VmGuest {
+    /// The room the guest's writable layer may fill on the host, reserved or not.
+    fn layer_room(&self) -> crate::host::disk_room::DiskRoom {
+        crate::host::disk_room::DiskRoom {
+            image: self.paths.disk.clone(),
+            bytes: self.disk_bytes,
+            layout: crate::host::disk_room::Layout::Growing,
+        }
+    }
+
     /// The Vm, taken out for the guest's end.
     fn take_vm(&self) -> Result<Vm> {
         lock(&self.vm).take().ok_or_else(gone)
@@ -298,11 +311,13 @@ impl Drop for VmGuest {
 }
 
 /// The vm's [`LayeredDisk`]: freezes go through the guest's QMP (see
-/// `dynocap_backend_vm::layers`), and the new writable layer gets the disk's room reserved
-/// as the first one had at boot (the frozen one gives its reservation back).
+/// `dynocap_backend_vm::layers`), and the new writable layer of a task whose layers are
+/// reserved gets the disk's room reserved as the first one had at boot (the frozen one gives
+/// its reservation back); a fork's new layer, as its first, sets nothing aside.
 struct VmLayers {
     vm: SharedVm,
     room: crate::host::disk_room::DiskRoom,
+    reserved: bool,
 }
 
 impl LayeredDisk for VmLayers {
@@ -315,22 +330,26 @@ impl LayeredDisk for VmLayers {
             .ok_or_else(gone)?
             .snapshot_layer()
             .map_err(VmFailure::Freeze)?;
-        self.room.reserve()?;
+        if self.reserved {
+            self.room.reserve()?;
+        }
         Ok((frozen.name, frozen.bytes))
     }
     fn freeze_cost(&self) -> u64 {
-        freeze_cost(&self.room)
-    }
-    fn layer_room(&self) -> u64 {
-        crate::host::disk_room::reserved_bytes(self.room.bytes, self.room.layout)
+        freeze_cost(&self.room, self.reserved)
     }
 }
 
 /// What freezing the writable layer `room` describes takes from the host's free space: its
 /// data stays (the frozen layer keeps its length), its room past that goes back (see
-/// `dynocap_backend_vm::layers`'s `seal`) and the new layer sets aside the whole room again.
-fn freeze_cost(room: &crate::host::disk_room::DiskRoom) -> u64 {
+/// `dynocap_backend_vm::layers`'s `seal`) and, when the layers are `reserved`, the new layer
+/// sets aside the whole room again. An unreserved layer's freeze takes nothing: what it holds
+/// is on the host's disk already, and the new layer holds nothing yet.
+fn freeze_cost(room: &crate::host::disk_room::DiskRoom, reserved: bool) -> u64 {
     use std::os::unix::fs::MetadataExt as _;
+    if !reserved {
+        return 0;
+    }
     let whole = crate::host::disk_room::reserved_bytes(room.bytes, room.layout);
     match std::fs::metadata(&room.image) {
         Ok(meta) => meta
@@ -374,24 +393,17 @@ impl Guest for VmGuest {
     fn pid(&self) -> i32 {
         self.pid
     }
+    /// `None` for a fork's guest: its layers set nothing aside (see [`VmGuest::reserved`]).
     fn disk_room(&self) -> Option<crate::host::disk_room::DiskRoom> {
-        Some(crate::host::disk_room::DiskRoom {
-            image: self.paths.disk.clone(),
-            bytes: self.disk_bytes,
-            layout: crate::host::disk_room::Layout::Growing,
-        })
+        self.reserved.then(|| self.layer_room())
     }
     /// Refused before the pause when the host cannot back what the save makes: the frozen
-    /// layer's data and the parent's new layer ([`freeze_cost`]), the fork's own layer, the
-    /// guest's memory in the state file and the fork's copy of the package cache disk.
+    /// layer's data and the parent's new layer ([`freeze_cost`]), the guest's memory in the
+    /// state file and the fork's copy of the package cache disk. The fork's own layer sets
+    /// nothing aside, as any fork's.
     fn save_live(&mut self, fork_dir: &Path) -> Result<super::LiveSaved> {
-        let room = self.disk_room().ok_or_else(gone)?;
-        let needed = freeze_cost(&room)
-            .saturating_add(crate::host::disk_room::reserved_bytes(
-                room.bytes,
-                room.layout,
-            ))
-            .saturating_add(self.memory_bytes);
+        let room = self.layer_room();
+        let needed = freeze_cost(&room, self.reserved).saturating_add(self.memory_bytes);
         let saved = super::vm_live::save(
             lock(&self.vm).as_mut().ok_or_else(gone)?,
             fork_dir,
@@ -399,7 +411,9 @@ impl Guest for VmGuest {
             needed,
         )?;
         // The parent goes on on a new layer, whose room is reserved as the first one's was.
-        room.reserve()?;
+        if self.reserved {
+            room.reserve()?;
+        }
         Ok(saved)
     }
     fn rejoin_as(&self) -> Option<&str> {
@@ -408,7 +422,8 @@ impl Guest for VmGuest {
     fn layered_disk(&self) -> Option<Arc<dyn LayeredDisk>> {
         Some(Arc::new(VmLayers {
             vm: Arc::clone(&self.vm),
-            room: self.disk_room()?,
+            room: self.layer_room(),
+            reserved: self.reserved,
         }))
     }
     /// A VM's vCPUs and memory are fixed when QEMU starts and its hostname lives in the

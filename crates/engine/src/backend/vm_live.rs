@@ -1,8 +1,9 @@
 //! The vm backend's live forks: a running guest saved with its processes
 //! ([`dynocap_backend_vm::migrate`]) into a fork's state directory, with its disk frozen in
 //! the same pause ([`dynocap_backend_vm::layers`]: the parent goes on on a new layer, the
-//! fork gets the frozen chain's links and a new layer of its own), and the fork's QEMU
-//! resuming it instead of booting.
+//! fork gets the frozen chain's links and a new layer of its own, which sets nothing aside
+//! on the host, as a fork's from a checkpoint does), and the fork's QEMU resuming it instead
+//! of booting.
 //!
 //! A guest with the project's package cache disk (one guest's at a time, and the parent's
 //! goes on changing) gives the fork a sparse copy of it taken in the same pause, the fork's
@@ -19,7 +20,7 @@ use dynocap_backend_vm::qemu::CacheDisk;
 use dynocap_backend_vm::{layers, migrate, Vm, VmError, VmPaths, VmSpec};
 
 use super::LiveSaved;
-use crate::foundation::error::{Error, Result};
+use crate::foundation::error::{Context, Error, Result};
 
 /// How long the save of a guest's memory may take (a few GiB at disk speed).
 const SAVE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -45,13 +46,14 @@ pub(super) fn save(
     crate::host::disk_room::check_more(
         home_dir,
         needed.saturating_add(cache_bytes),
-        "this live fork (the task's disk layer kept as it is, new ones set aside for the \
-         task's disk and the fork's, the guest's memory saved and its package cache disk \
-         copied)",
+        "this live fork (the task's disk layer kept as it is, a new one set aside for the \
+         task's disk, the guest's memory saved and its package cache disk copied)",
     )?;
     let fork = VmPaths::at(fork_dir);
     std::fs::create_dir_all(&fork.dir)
         .map_err(|err| Error::internal(format!("creating {}: {err}", fork.dir.display())))?;
+    // The fork's layers set nothing aside, as any fork's (see `layers`' module doc).
+    layers::mark_unreserved(&fork.dir).context("marking the live fork's disk layers")?;
     let mut dropped = None;
     let saved = migrate::save(
         vm,

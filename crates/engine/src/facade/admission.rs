@@ -23,13 +23,27 @@ impl crate::Engine {
         disk_mb: u64,
         ttl_seconds: u64,
     ) -> Result<()> {
+        self.admit_setting_aside(cpus, memory_mb, disk_mb, ttl_seconds, disk_mb)
+    }
+
+    /// [`admit`](Self::admit) for a sandbox whose disk of `disk_mb` sets `reserved_mb` aside
+    /// on the host when it starts: a vm fork's sets nothing aside (see `disk_room`), and is
+    /// admitted with the headroom free only.
+    pub(crate) fn admit_setting_aside(
+        &self,
+        cpus: u32,
+        memory_mb: u64,
+        disk_mb: u64,
+        ttl_seconds: u64,
+        reserved_mb: u64,
+    ) -> Result<()> {
         let ceilings = Ceilings::from_config(&self.config().ceilings)?;
         ceilings.check_request(cpus, memory_mb, ttl_seconds, Some(disk_mb))?;
         let catalog = self.catalog()?;
         // Records whose supervisor died are not live any more; count only the real ones.
         self.reconcile(&catalog)?;
         ceilings.check_admission(&catalog.list()?)?;
-        crate::host::disk_room::check_room(self.home().root(), disk_mb)?;
+        crate::host::disk_room::check_room(self.home().root(), reserved_mb)?;
         self.bound_sandboxes_memory(&ceilings)
     }
 

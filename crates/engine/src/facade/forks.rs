@@ -147,7 +147,19 @@ impl Engine {
         if spec.live {
             super::live_forks::check(spec, &parent, network)?;
         }
-        self.admit(parent.cpus, parent.memory_mb, parent.disk_mb, ttl)?;
+        // A vm fork's disk layers set nothing aside on the host (see `disk_room`): it needs
+        // only the headroom free. A jail fork's disk, a clone or a copy, is checked whole.
+        let reserved_mb = match crate::backend::BackendChoice::parse(&parent.backend) {
+            Some(crate::backend::BackendChoice::Vm) => 0,
+            _ => parent.disk_mb,
+        };
+        self.admit_setting_aside(
+            parent.cpus,
+            parent.memory_mb,
+            parent.disk_mb,
+            ttl,
+            reserved_mb,
+        )?;
         crate::host::usernet::ensure_available(network)?;
         let parent_detail = TaskDetail::from_json(parent.detail.as_deref())?;
         let egress = match network {

@@ -12,11 +12,24 @@
 //! templates and spares are sparse too and reserve nothing. A destroyed sandbox, and a
 //! finished task (its patch and logs stay, its layer does not), give their room back.
 //!
+//! A fork reserves nothing, on either backend: a jail fork's disk is a reflinked clone of its
+//! source's (where the home's filesystem has reflinks; a copy reserves as any start), and a
+//! vm fork's writable layer grows on the host as its guest writes (`dynocap_backend_vm::
+//! layers`' `UNRESERVED`: its guest's `disk_room` is `None`, for its life, across its own
+//! checkpoints, restores and recoveries). Ten forks take on the host what they write. The
+//! price is the one a jail clone pays: once the host's filesystem is full, a fork's write
+//! fails in its guest (QEMU reports the ENOSPC to the guest as a disk error: its write or
+//! `fsync` fails, and its ext4 turns read-only once the error reaches its metadata), where a
+//! task started fresh writes on into its reservation. A vm fork is admitted with [`HEADROOM_MB`] free, the jail's clone with room
+//! for its whole disk free at that instant (nothing set aside).
+//!
 //! On the vm a checkpoint or fork freezes the writable layer: the frozen layer keeps the
 //! blocks it holds and gives back its room past them, and the guest's new layer reserves the
-//! disk again. Frozen layers are hard links in every directory using them, so the filesystem
-//! counts each once and frees it with its last link; a freeze, and a fork's new layer, ask
-//! for what they add with [`check_more`] before anything is made.
+//! disk again (a task started fresh's; a fork's new layer, as its first, reserves nothing). A
+//! restore puts a new layer over a checkpoint's chain, which the guest's boot reserves as it
+//! reserved its first (a fork's, again, nothing). Frozen layers are hard links in every
+//! directory using them, so the filesystem counts each once and frees it with its last link;
+//! a freeze asks for what it adds with [`check_more`] before anything is made.
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;

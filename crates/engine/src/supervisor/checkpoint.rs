@@ -387,22 +387,20 @@ pub fn seed_fork(
                 disk.snapshot(&making.join(DISK), &mut || Ok(()))?;
             }
             (from, Disk::Layers(disk)) => {
-                // The fork's own layer is counted with the freeze (the facade's admission
-                // checked it alone); the frozen chain counts nothing again.
+                // The fork's own layer sets nothing aside (see `layers`' `UNRESERVED`): only
+                // the source's freeze counts, and the frozen chain counts nothing again.
                 let (cost, what) = match from {
-                    Some(_) => (
-                        disk.layer_room(),
-                        "this fork (a new layer set aside for its disk)",
-                    ),
+                    Some(_) => (0, "this fork"),
                     None => (
-                        disk.freeze_cost().saturating_add(disk.layer_room()),
-                        "this fork (the task's disk layer kept as it is, and new ones set aside \
-                         for the task's disk and the fork's)",
+                        disk.freeze_cost(),
+                        "this fork (the task's disk layer kept as it is, and a new one set \
+                         aside for the task's disk)",
                     ),
                 };
                 crate::host::disk_room::check_more(state_dir, cost, what)?;
                 let vm = vm_dir(&making);
                 std::fs::create_dir_all(&vm).context("creating the fork's vm directory")?;
+                layers::mark_unreserved(&vm).context("marking the fork's disk layers")?;
                 let top = match from {
                     Some(label) => {
                         let top = disk_of(state_dir, label)?;

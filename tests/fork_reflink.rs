@@ -482,6 +482,10 @@ fn a_reflink_pool_is_shown_and_removed() {
         pool_mounted_on(&sandboxes),
         "the start made and mounted the pool"
     );
+    // A sandbox of another home, whose supervisor's private mount namespace copies every
+    // mount there is, this pool's too: its copy must not outlive the pool's removal.
+    let other = TestHome::new();
+    other.sandbox("o", &[]);
     let id = home.sandbox_id("t");
     let row = doctor_pool_row(&home);
     assert_eq!(row["status"], "ok", "{row:#}");
@@ -514,21 +518,28 @@ fn a_reflink_pool_is_shown_and_removed() {
     assert!(pool_mounted_on(&sandboxes) && image.exists());
     assert_eq!(home.task_sh("t", "cat a.txt"), "a\n", "the task runs on");
 
-    // Nearly full: a ballast of the host's in the pool (listed as a directory with no record).
-    let free = pool["room"]["freeMB"].as_u64().expect("freeMB");
+    // A full pool: a ballast of the host's fills it (counted with the task and its fork, as
+    // a directory of the pool's with no record).
+    // Doctor warns; a start the pool cannot back, and a fork's write (its clone set nothing
+    // aside), fail saying the pool is full and how to make it larger.
+    home.json(&["task", "fork", "t", "f"]);
     let ballast = sandboxes.join("ballast");
-    let status = Command::new("fallocate")
-        .args(["-l", &format!("{}M", free.saturating_sub(20))])
-        .arg(&ballast)
-        .status()
-        .expect("fallocate");
-    assert!(status.success());
+    std::fs::create_dir(&ballast).expect("ballast dir");
+    for (n, bs) in ["1M", "4k"].into_iter().enumerate() {
+        let _ = Command::new("dd")
+            .arg("if=/dev/zero")
+            .arg(format!("of={}", ballast.join(n.to_string()).display()))
+            .arg(format!("bs={bs}"))
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+    assert!(free_mb(&sandboxes) <= 1, "the pool is full");
     let row = doctor_pool_row(&home);
     assert_eq!(row["status"], "warning", "{row:#}");
     assert!(
         row["detail"]
             .as_str()
-            .is_some_and(|d| d.contains("nearly full")),
+            .is_some_and(|d| d.contains("nearly full") && d.contains("3 sandboxes")),
         "{row:#}"
     );
     assert!(
@@ -537,7 +548,32 @@ fn a_reflink_pool_is_shown_and_removed() {
             .is_some_and(|h| h.contains("jail-pool rm")),
         "{row:#}"
     );
-    std::fs::remove_file(&ballast).expect("remove the ballast");
+    let out = home.run(&[
+        "--json",
+        "task",
+        "exec",
+        "f",
+        "--",
+        "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync",
+    ]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("diskError"), "the disk failed: {text}");
+    for needle in [
+        "is full",
+        "reflink pool",
+        "jail-pool rm",
+        "DYNOCAP_JAIL_POOL_MB",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in {text}");
+    }
+    let refused = home.json_err(&["task", "start", &path, "--name", "t3", "--disk-mb", "256"]);
+    let message = refused["message"].as_str().expect("message");
+    for needle in ["reflink pool", "jail-pool rm"] {
+        assert!(message.contains(needle), "{needle:?} not in {refused:#}");
+    }
+    std::fs::remove_dir_all(&ballast).expect("remove the ballast");
+    home.json(&["rm", "f", "--force", "--purge"]);
 
     // Once the task is gone, the pool goes: unmounted, its image deleted, its room back.
     home.json(&["rm", "t", "--force", "--purge"]);
@@ -558,15 +594,19 @@ fn a_reflink_pool_is_shown_and_removed() {
     );
     assert!(!image.exists(), "the image is deleted");
     assert!(!pool_mounted_on(&sandboxes), "the pool is unmounted");
-    // Supervisors of other homes that started while it was mounted hold a copy of the mount
-    // (a private namespace copies every mount) and say so; without them, the room is back.
-    if !said.contains("once pid") {
-        let back = fs.free_mb();
-        assert!(
-            back + 16 >= free_without_pool,
-            "{back} MB free after the removal, {free_without_pool} MB before the pool"
-        );
-    }
+    // The other home's supervisor lost its copy with the unmount here: nothing holds the
+    // image, and its room is back.
+    assert!(!said.contains("once pid"), "{said}");
+    assert_eq!(
+        other.sh("o", "echo up"),
+        "up\n",
+        "the other home's sandbox runs on"
+    );
+    let back = fs.free_mb();
+    assert!(
+        back + 16 >= free_without_pool,
+        "{back} MB free after the removal, {free_without_pool} MB before the pool"
+    );
     assert!(doctor_pool_row(&home)["detail"]
         .as_str()
         .is_some_and(|d| d.contains("not made yet")));

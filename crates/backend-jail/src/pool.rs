@@ -10,7 +10,9 @@
 //! namespace, the host's (a process of the CLI or a server, before any supervisor of the home
 //! enters a namespace of its own), so every later supervisor's private namespace inherits it;
 //! the loop device is `LO_FLAGS_AUTOCLEAR`, freed when the mount goes (an unmount, a reboot),
-//! after which the next process that needs the pool mounts it again.
+//! after which the next process that needs the pool mounts it again. It is mounted on a shared
+//! bind mount of `sandboxes/` on itself, so that an unmount here takes the copies the
+//! supervisors' namespaces made of it with it.
 
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -104,6 +106,7 @@ pub fn mount_pool(image: &Path, mountpoint: &Path) -> Result<(), JailError> {
         );
     }
     check_pool_mountpoint(mountpoint)?;
+    share_mountpoint(mountpoint)?;
     // A device still bound to the image (supervisors' namespaces keep a mount of the pool
     // that was unmounted here) is mounted again: a second device would be a second mount of
     // the same XFS, which it refuses.
@@ -138,6 +141,57 @@ pub fn mount_pool(image: &Path, mountpoint: &Path) -> Result<(), JailError> {
             e,
         )
         .hint(MOUNT_FAILED)
+    })
+}
+
+/// Makes `mountpoint` a shared bind mount of itself, the pool's parent mount. Mounts and
+/// unmounts propagate through the parent's peer group: a private namespace copies every mount
+/// there is, the pool's too, and every supervisor's (of any home, see
+/// `disk::enter_private_mount_namespace`) is a slave of the host's; with a shared parent, an
+/// unmount of the pool here takes their copies with it, instead of each holding the pool's
+/// filesystem, and its image's blocks, until it ends.
+fn share_mountpoint(mountpoint: &Path) -> Result<(), JailError> {
+    if !is_mount_point(mountpoint) {
+        mount(
+            Some(mountpoint),
+            mountpoint,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| {
+            JailError::sys(
+                format!("bind-mounting {} on itself", mountpoint.display()),
+                e,
+            )
+        })?;
+    }
+    mount(
+        None::<&str>,
+        mountpoint,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .map_err(|e| JailError::sys(format!("making {} shared", mountpoint.display()), e))
+}
+
+/// Whether `path` is a mount point in this process's mount namespace (mountinfo(5)'s fifth
+/// field, with its octal escapes).
+fn is_mount_point(path: &Path) -> bool {
+    let Ok(path) = fs::canonicalize(path) else {
+        return false;
+    };
+    let escaped = path
+        .to_string_lossy()
+        .replace('\\', "\\134")
+        .replace(' ', "\\040")
+        .replace('\t', "\\011")
+        .replace('\n', "\\012");
+    fs::read_to_string("/proc/self/mountinfo").is_ok_and(|mounts| {
+        mounts
+            .lines()
+            .any(|line| line.split(' ').nth(4) == Some(escaped.as_str()))
     })
 }
 
@@ -205,9 +259,19 @@ pub fn pool_holders(image: &Path) -> Vec<PoolHolder> {
     holders
 }
 
-/// Unmounts the pool from `mountpoint` in this process's mount namespace; its loop device
-/// clears itself once no namespace has it mounted.
+/// Unmounts the pool from `mountpoint` in this process's mount namespace, and from the
+/// namespaces whose copies are slaves of it (see [`share_mountpoint`]), then the shared bind
+/// mount under it; its loop device clears itself once no namespace has it mounted.
 pub fn unmount_pool(mountpoint: &Path) -> Result<(), JailError> {
+    umount(mountpoint)?;
+    // The bind mount the pool was on, if it was (a pool mounted before there was one is not).
+    if is_mount_point(mountpoint) {
+        umount(mountpoint)?;
+    }
+    Ok(())
+}
+
+fn umount(mountpoint: &Path) -> Result<(), JailError> {
     nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()).map_err(|e| {
         let err = JailError::sys(
             format!("unmounting the reflink pool from {}", mountpoint.display()),

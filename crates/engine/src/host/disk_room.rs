@@ -146,10 +146,18 @@ pub fn check_room(home: &Path, disk_mb: u64) -> Result<()> {
 /// made, however many tasks of the project use it).
 pub fn check_room_with_cache(home: &Path, disk_mb: u64, cache_mb: u64) -> Result<()> {
     let free = free_mb(home)?;
-    if free >= disk_mb.saturating_add(cache_mb).saturating_add(HEADROOM_MB) {
-        return Ok(());
+    if free < disk_mb.saturating_add(cache_mb).saturating_add(HEADROOM_MB) {
+        return Err(refusal(home, disk_mb, cache_mb, free));
     }
-    Err(refusal(home, disk_mb, cache_mb, free))
+    // With the home's reflink pool mounted on its `sandboxes/`, the disk goes into the pool:
+    // its own room must hold it too, or the start fails making the sandbox's first file there.
+    if let Some(pool) = crate::host::jail_pool::mounted(home) {
+        let free = free_mb(&pool)?;
+        if free < disk_mb.saturating_add(HEADROOM_MB) {
+            return Err(refusal(&pool, disk_mb, 0, free));
+        }
+    }
+    Ok(())
 }
 
 fn refusal(home: &Path, disk_mb: u64, cache_mb: u64, free: u64) -> Error {

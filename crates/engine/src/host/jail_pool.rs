@@ -282,6 +282,14 @@ pub fn remove(
     })
 }
 
+/// The home's `sandboxes/` at `root`, when its reflink pool is mounted there.
+pub fn mounted(root: &Path) -> Option<PathBuf> {
+    let sandboxes = root.join("sandboxes");
+    dynocap_backend_jail::pool_mounted(&sandboxes, root)
+        .unwrap_or(false)
+        .then_some(sandboxes)
+}
+
 /// When `dir` is on a home's mounted reflink pool: the fix a refusal for room there offers
 /// last, saying that the filesystem out of room is the pool and how to make it larger,
 /// instead of "point DYNOCAP_HOME elsewhere", which does not help a pool of a fixed size.

@@ -29,6 +29,10 @@ pub(super) async fn check_disk(shared: &Shared, synced: Result<()>) -> Option<St
         LayerSync::GuestKernel => None,
     };
     let failure = recorded.or_else(|| synced.err().map(|err| err.message))?;
+    let failure = match pool_full(&shared.home.sandbox_dir(&shared.id)) {
+        Some(note) => format!("{failure}; {note}"),
+        None => failure,
+    };
     if shared.disk_failed.set(failure.clone()).is_ok() {
         tracing::error!(target: LOG_TARGET, "{failure}");
         let note = format!(
@@ -41,6 +45,20 @@ pub(super) async fn check_disk(shared: &Shared, synced: Result<()>) -> Option<St
         }
     }
     Some(failure)
+}
+
+/// When the sandbox's state directory `dir` is on the home's reflink pool and the pool is
+/// full: what the disk's failure adds, that the pool ran out of room and how to give it more.
+/// A fork's clone sets nothing aside (its blocks are its source's until it writes them), so a
+/// full pool fails the fork's next write, which the guest sees as its disk failing.
+fn pool_full(dir: &std::path::Path) -> Option<String> {
+    // XFS keeps a few blocks for its own transactions, which no file write gets.
+    let full = crate::host::disk_room::free_mb(dir).is_ok_and(|free| free <= 1);
+    let hint = crate::host::jail_pool::full_hint(dir).filter(|_| full)?;
+    Some(format!(
+        "the filesystem holding the sandbox's disk is full: free room there (finish tasks, \
+         delete checkpoints, destroy sandboxes), or {hint}"
+    ))
 }
 
 /// What the result of a command says when the project's package cache the guest has is

@@ -4,10 +4,11 @@
 //!   sets nothing aside, the frozen chain it shares counting once; the layers go with their
 //!   last user (`rm --purge`), and the room comes back;
 //! - forks take what they write: three forks (of a checkpoint, of the task as it is, live)
-//!   each hold far less of the host than their disk's size, together less than one disk; once
-//!   the home's filesystem is full, a fork's `dd conv=fsync` fails in its guest (QEMU reports
-//!   the host's ENOSPC to it, never pausing it), while the source, whose layer has its room
-//!   set aside, writes on and finishes with its patch;
+//!   each hold far less of the host than their disk's size, together less than one disk, and
+//!   a fork restored to its own checkpoint still sets nothing aside; once the home's
+//!   filesystem is full, a fork's `dd conv=fsync` fails in its guest (QEMU reports the host's
+//!   ENOSPC to it, never pausing it), the restored fork's too, while the source, whose layer
+//!   has its room set aside, writes on and finishes with its patch;
 //! - five checkpoints taken while a job runs: the chain past four frozen layers is flattened
 //!   in the background while every checkpoint stays whole, forks of the oldest and the newest
 //!   each hold their own files, and a restore ends the job and names it.
@@ -215,6 +216,18 @@ fn vm_forks_take_what_they_write_and_a_full_host_fails_their_writes_in_the_guest
             allocated >> 20
         );
     }
+    // A fork keeps setting nothing aside: its own checkpoint freezes its layer and its restore
+    // boots it over a new one, neither of which reserves its disk.
+    home.json(&["task", "checkpoint", "f-cp", "mine"]);
+    home.json(&["task", "restore", "f-cp", "mine"]);
+    assert_eq!(home.task_sh("f-cp", "cat f-cp.txt"), "f-cp\n");
+    let layer = vm_dir(&home, "f-cp").join("disk.qcow2");
+    let allocated = std::fs::metadata(&layer).expect("the layer").blocks() * 512;
+    assert!(
+        allocated < 128 << 20,
+        "the restored fork's layer holds {} MiB of the host",
+        allocated >> 20
+    );
     // The live fork's saved memory included; before, each fork set aside 1 GiB and more.
     let taken = before.saturating_sub(fs.free_mb());
     eprintln!("three forks took {taken} MB of the home's filesystem");

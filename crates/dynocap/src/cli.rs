@@ -66,7 +66,7 @@ pub enum Command {
     /// The home's reflink pool (DYNOCAP_JAIL_POOL_MB: an XFS image mounted on the home's
     /// sandboxes/, where jail checkpoints and forks clone): show it, or rm it.
     #[command(subcommand, name = "jail-pool")]
-    JailPool(crate::jail_pool_commands::JailPoolCommand),
+    JailPool(JailPoolCommand),
     /// Build, import, list and remove guest images (`dynocap image build debian`).
     #[command(subcommand)]
     Image(ImageCommand),
@@ -80,6 +80,18 @@ pub enum Command {
     /// Internal: serve a home's commands to the `dynocap` client (started by it).
     #[command(hide = true, name = "cli-server")]
     CliServer(CliServerArgs),
+}
+
+/// `dynocap jail-pool` (see `jail_pool_commands`).
+#[derive(Debug, Subcommand)]
+pub enum JailPoolCommand {
+    /// Show the pool: its image and size, whether it is mounted, its used and free room, and
+    /// the sandboxes on it.
+    Show,
+    /// Unmount the pool and delete its image, giving its room back to the home's filesystem;
+    /// refused, naming them, while sandboxes live on it. With DYNOCAP_JAIL_POOL_MB still set,
+    /// the next start makes it again (of that size).
+    Rm,
 }
 
 #[derive(Debug, Args)]

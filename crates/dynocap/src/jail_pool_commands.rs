@@ -6,22 +6,11 @@
 
 use std::process::ExitCode;
 
-use clap::Subcommand;
 use dynocap_engine::jail_pool::JailPool;
 use dynocap_engine::{Config, Engine, Error, Home};
 
+use crate::cli::JailPoolCommand;
 use crate::output::{print_json, sayln};
-
-#[derive(Debug, Subcommand)]
-pub enum JailPoolCommand {
-    /// Show the pool: its image and size, whether it is mounted, its used and free room, and
-    /// the sandboxes on it.
-    Show,
-    /// Unmount the pool and delete its image, giving its room back to the home's filesystem;
-    /// refused, naming them, while sandboxes live on it. With DYNOCAP_JAIL_POOL_MB still set,
-    /// the next start makes it again (of that size).
-    Rm,
-}
 
 pub fn run(json: bool, command: &JailPoolCommand, config: &Config) -> ExitCode {
     match execute(json, command, config) {

@@ -500,6 +500,70 @@ mod tests {
         assert_eq!(one_of(&["auto"]), "auto");
     }
 
+    fn pool(
+        configured: Option<u64>,
+        image_mb: Option<u64>,
+        used_free: Option<(u64, u64)>,
+    ) -> dynocap_engine::jail_pool::JailPool {
+        use dynocap_engine::jail_pool::{JailPool, PoolRoom, PoolState};
+        JailPool {
+            pool: PoolState {
+                image: "/h/jail-pool.xfs".into(),
+                mountpoint: "/h/sandboxes".into(),
+                configured_mb: configured,
+                image_mb,
+                mounted: used_free.is_some(),
+                home_free_mb: 5000,
+                room: used_free.map(|(used_mb, free_mb)| PoolRoom {
+                    size_mb: used_mb + free_mb,
+                    used_mb,
+                    free_mb,
+                }),
+                sandboxes: Vec::new(),
+            },
+            on_it: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_pool_row_warns_when_full_left_over_resized_or_unmakeable() {
+        let ok = pool_row(&pool(Some(2048), Some(2048), Some((100, 1900))));
+        assert_eq!(ok.status, Status::Ok, "{ok:?}");
+        assert!(
+            ok.detail.contains("100 MB used, 1900 MB free (5% used)"),
+            "{ok:?}"
+        );
+
+        let full = pool_row(&pool(Some(2048), Some(2048), Some((1900, 100))));
+        assert_eq!(full.status, Status::Warning, "{full:?}");
+        assert!(full.detail.ends_with("nearly full"), "{full:?}");
+        assert!(full
+            .hint
+            .as_deref()
+            .is_some_and(|h| h.contains("jail-pool rm")));
+
+        let left = pool_row(&pool(None, Some(2048), None));
+        assert_eq!(left.status, Status::Warning, "{left:?}");
+        assert!(left.detail.contains("not mounted") && left.detail.contains("unset"));
+
+        let resized = pool_row(&pool(Some(4096), Some(2048), Some((100, 1900))));
+        assert_eq!(resized.status, Status::Warning, "{resized:?}");
+        assert!(resized
+            .hint
+            .as_deref()
+            .is_some_and(|h| h.contains("4096 MB")));
+
+        let unmade = pool_row(&pool(Some(4096), None, None));
+        assert_eq!(unmade.status, Status::Ok, "{unmade:?}");
+        assert!(unmade.detail.contains("not made yet"), "{unmade:?}");
+        let no_room = pool_row(&pool(Some(8192), None, None));
+        assert_eq!(no_room.status, Status::Warning, "{no_room:?}");
+        assert!(no_room
+            .hint
+            .as_deref()
+            .is_some_and(|h| h.contains("refused")));
+    }
+
     #[test]
     fn every_backend_is_offered_in_the_hint_for_a_bad_setting() {
         let config = Config {

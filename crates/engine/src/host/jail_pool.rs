@@ -369,6 +369,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_home_without_a_pool_shows_none_or_what_the_next_start_makes() {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(root.path().join("sandboxes")).expect("sandboxes");
+        assert_eq!(state(root.path(), None).expect("state"), None);
+        let planned = state(root.path(), Some(2048))
+            .expect("state")
+            .expect("configured");
+        assert_eq!(planned.configured_mb, Some(2048));
+        assert_eq!((planned.image_mb, planned.mounted), (None, false));
+        assert!(planned.room.is_none() && planned.sandboxes.is_empty());
+        // Not a pool: a refusal there keeps its usual fix, and nothing is removed.
+        assert_eq!(full_hint(&root.path().join("sandboxes")), None);
+        let removed = remove(root.path(), None, str::to_owned).expect("remove");
+        assert!(!removed.removed && !removed.unmounted, "{removed:?}");
+    }
+
+    #[test]
+    fn a_pool_is_nearly_full_from_ninety_percent_used() {
+        let room = |used_mb, free_mb| PoolRoom {
+            size_mb: used_mb + free_mb,
+            used_mb,
+            free_mb,
+        };
+        assert_eq!(room(0, 1000).used_percent(), 0);
+        assert!(!room(890, 110).nearly_full());
+        assert!(room(899, 101).nearly_full(), "89.9% rounds up");
+        assert!(room(900, 100).nearly_full());
+        assert_eq!(room(995, 5).used_percent(), 100);
+    }
+
+    #[test]
     fn the_pool_size_is_megabytes_or_nothing() {
         assert_eq!(parse_mb(None).expect("unset"), None);
         assert_eq!(parse_mb(Some(" ")).expect("blank"), None);

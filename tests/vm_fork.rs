@@ -244,7 +244,9 @@ fn vm_forks_take_what_they_write_and_a_full_host_fails_their_writes_in_the_guest
         300,
     );
     assert_eq!(more["exitCode"], 0, "the source writes on: {more:#}");
-    // ... a fork's write fails in its guest, which goes on answering.
+    // ... a fork's write fails in its guest, which goes on answering. (Under QEMU's default
+    // for a write error, `werror=enospc`, the guest pauses instead, and this command's
+    // supervisor stops answering until `task exec` gives up on it minutes later.)
     for fork in ["f-cp", "f-live"] {
         let (failed, text) = failed_exec(
             &home,

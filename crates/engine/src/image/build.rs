@@ -206,7 +206,7 @@ impl Staging {
     }
 
     /// Renames the build into place: the image appears whole or not at all, and durably so.
-    pub(super) fn install(mut self, target: &Path) -> Result<()> {
+    pub(super) fn install(self, target: &Path) -> Result<()> {
         // The rename is the image's commit, so what it names must be on the disk first: a
         // rename a crash keeps ahead of the files' data (ext4 and xfs order neither) would
         // leave an image that looks installed, and is never made again, with empty or
@@ -214,6 +214,12 @@ impl Staging {
         // per file would flush the journal once each); the parent's fsync then makes the
         // rename itself last.
         sync_filesystem(&self.path)?;
+        self.install_synced(target)
+    }
+
+    /// [`Staging::install`] for a caller that has synced the filesystem (`syncfs`) since the
+    /// build was written (a pull, whose one sync covers its layers and its image).
+    pub(super) fn install_synced(mut self, target: &Path) -> Result<()> {
         fs::rename(&self.path, target).with_context(|| {
             format!(
                 "installing the image {} at {}",

@@ -24,7 +24,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::build::{remove_dead_builds, BuildLock, Staging};
 use super::failure::ImageFailure;
-use super::layers::{Layer, LayerStore};
+use super::layers::{Layer, LayerStore, Unpacked};
 use super::oci::{self, Compression, ContainerConfig, Digest};
 use super::sandbox_user::{SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 use super::store::{tree_size, BuiltImage, ImageMeta, ImageSource, ImageStore, META_FILE};
@@ -504,7 +504,6 @@ impl Source {
                 store,
                 limits,
                 stop,
-                &|| Ok(()),
             )?;
             hashing.verify(
                 &format!("layer {}", layer.digest),
@@ -520,15 +519,13 @@ impl Source {
                 store,
                 limits,
                 stop,
-                &|| Ok(()),
             )
         }
     }
 }
 
 /// Unpacks a layer blob (gzip or plain tar, by its media type and first bytes) into the
-/// layer store, checking the tar against `diff_id`; `before_install` as in
-/// [`LayerStore::unpack_then`].
+/// layer store, checking the tar against `diff_id`, and installs it ([`LayerStore::unpack`]).
 pub(super) fn unpack_blob(
     blob: impl Read,
     media_type: &str,
@@ -536,8 +533,26 @@ pub(super) fn unpack_blob(
     store: &LayerStore,
     limits: Limits,
     stop: &dyn Fn() -> Result<()>,
-    before_install: &dyn Fn() -> Result<()>,
 ) -> Result<Layer> {
+    match stage_blob(blob, media_type, diff_id, store, limits, stop)? {
+        Unpacked::Stored(layer) => Ok(layer),
+        Unpacked::Staged(staged) => store
+            .install(vec![staged])?
+            .pop()
+            .ok_or_else(|| Error::internal(format!("layer {diff_id} vanished once unpacked"))),
+    }
+}
+
+/// [`unpack_blob`] without the install: the layer staged ([`LayerStore::stage`]), for a pull
+/// that installs all its layers with one sync.
+pub(super) fn stage_blob(
+    blob: impl Read,
+    media_type: &str,
+    diff_id: &Digest,
+    store: &LayerStore,
+    limits: Limits,
+    stop: &dyn Fn() -> Result<()>,
+) -> Result<Unpacked> {
     let mut raw = BufReader::with_capacity(BLOB_BUFFER, blob);
     let magic = raw
         .fill_buf()
@@ -546,14 +561,13 @@ pub(super) fn unpack_blob(
         // Every member: a gzip file may be several concatenated (valid gzip, and what some
         // image builders write), where `GzDecoder` would stop after the first and the
         // layer's diff id would then not match.
-        Compression::Gzip => store.unpack_then(
+        Compression::Gzip => store.stage(
             diff_id,
             flate2::read::MultiGzDecoder::new(raw),
             limits,
             stop,
-            before_install,
         ),
-        Compression::None => store.unpack_then(diff_id, raw, limits, stop, before_install),
+        Compression::None => store.stage(diff_id, raw, limits, stop),
     }
 }
 
@@ -772,7 +786,6 @@ mod tests {
             &diff_id,
             &store,
             Limits::default(),
-            &|| Ok(()),
             &|| Ok(()),
         )
         .expect("a two-member gzip layer unpacks");

@@ -7,8 +7,10 @@
 //! images/.store/layers/sha256/<diff id>/     one unpacked layer:
 //!     layer.json                             its LayerMeta (what it does to lower layers)
 //!     tree/                                  its own files, never changed once installed
-//! images/.store/layers/.tmp-*                a layer being unpacked
-//! images/.store/blobs/sha256/<digest>        a pulled blob not yet unpacked (resume state)
+//! images/.store/layers/.tmp-*                a layer being unpacked, or unpacked and staged
+//!                                            until its pull installs it with its others
+//! images/.store/blobs/sha256/<digest>        a pulled blob whose layer is not installed yet
+//!                                            (resume state)
 //! images/.store/blobs/.partial-*             a blob being downloaded
 //! ```
 //!
@@ -79,6 +81,62 @@ impl Layer {
     /// The layer's own files.
     pub fn tree(&self) -> PathBuf {
         self.dir.join("tree")
+    }
+}
+
+/// A layer unpacked into `layers/.tmp-*` and checked against its diff id, not yet in the
+/// store: [`LayerStore::install`] puts it in; dropped before, it is removed.
+#[derive(Debug)]
+pub struct StagedLayer {
+    staging: PathBuf,
+    diff_id: Digest,
+    meta: LayerMeta,
+}
+
+impl StagedLayer {
+    /// The layer where it is staged: an image may be assembled from it before it is
+    /// installed (its files are hard-linked, and links follow the inodes through the rename).
+    pub fn layer(&self) -> Layer {
+        Layer {
+            dir: self.staging.clone(),
+            meta: self.meta.clone(),
+        }
+    }
+}
+
+impl Drop for StagedLayer {
+    fn drop(&mut self) {
+        // Gone already once installed (renamed away).
+        if let Err(err) = remove_dir(&self.staging) {
+            tracing::warn!("{err}");
+        }
+    }
+}
+
+/// A layer as [`LayerStore::stage`] left it.
+#[derive(Debug)]
+pub enum Unpacked {
+    /// The store had it already.
+    Stored(Layer),
+    /// Unpacked now, to be installed.
+    Staged(StagedLayer),
+}
+
+impl Unpacked {
+    /// `sha256:<hex>` of the layer's uncompressed tar.
+    pub fn diff_id(&self) -> &str {
+        match self {
+            Unpacked::Stored(layer) => &layer.meta.diff_id,
+            Unpacked::Staged(staged) => &staged.meta.diff_id,
+        }
+    }
+
+    /// The layer where it is now (the store's, or its staging directory).
+    pub fn layer(&self) -> Layer {
+        match self {
+            Unpacked::Stored(layer) => layer.clone(),
+            Unpacked::Staged(staged) => staged.layer(),
+        }
     }
 }
 
@@ -159,9 +217,9 @@ impl LayerStore {
     }
 
     /// Unpacks one layer from its uncompressed tar stream, checking the stream against
-    /// `diff_id`; the layer appears in the store by one rename, whole or not at all. A layer
-    /// the store has already is returned as it is and `tar` is not read. Callers hold
-    /// [`LayerStore::lock_shared`].
+    /// `diff_id`; the layer appears in the store by one rename, whole or not at all, and
+    /// durably ([`LayerStore::install`]). A layer the store has already is returned as it is
+    /// and `tar` is not read. Callers hold [`LayerStore::lock_shared`].
     pub fn unpack(
         &self,
         diff_id: &Digest,
@@ -169,22 +227,29 @@ impl LayerStore {
         limits: Limits,
         cancel: &dyn Fn() -> Result<()>,
     ) -> Result<Layer> {
-        self.unpack_then(diff_id, tar, limits, cancel, &|| Ok(()))
+        match self.stage(diff_id, tar, limits, cancel)? {
+            Unpacked::Stored(layer) => Ok(layer),
+            Unpacked::Staged(staged) => self
+                .install(vec![staged])?
+                .pop()
+                .ok_or_else(|| Error::internal(format!("layer {diff_id} vanished once unpacked"))),
+        }
     }
 
-    /// [`LayerStore::unpack`], with `before_install` run once the tar is unpacked and
-    /// matches `diff_id`, before the layer goes in: its error leaves nothing installed (a
-    /// pull streaming the blob into the unpacker waits there for the download to be whole).
-    pub fn unpack_then(
+    /// Unpacks one layer into a staging directory beside the store's layers and checks it
+    /// against `diff_id`, without putting it in: [`LayerStore::install`] does, for several
+    /// layers at once (a pull's), so their files are synced together. A layer the store has
+    /// already is returned as it is and `tar` is not read. Callers hold
+    /// [`LayerStore::lock_shared`] until the layer is installed.
+    pub fn stage(
         &self,
         diff_id: &Digest,
         tar: impl Read,
         limits: Limits,
         cancel: &dyn Fn() -> Result<()>,
-        before_install: &dyn Fn() -> Result<()>,
-    ) -> Result<Layer> {
+    ) -> Result<Unpacked> {
         if let Some(layer) = self.get(diff_id) {
-            return Ok(layer);
+            return Ok(Unpacked::Stored(layer));
         }
         let parent = self.layers_dir();
         fs::create_dir_all(parent.join("sha256"))
@@ -194,35 +259,74 @@ impl LayerStore {
             std::process::id(),
             rand::random::<u32>()
         ));
-        // The layer's files reach the disk before the rename that installs it, and the
-        // rename before anything names the layer: a layer is found by its directory alone, so
-        // one a crash left renamed but with its files' data lost would be taken as whole by
-        // every later pull, import and build (see `Staging::install`).
-        let result = self
-            .unpack_into(&staging, diff_id, tar, limits, cancel)
-            .and_then(|()| before_install())
-            .and_then(|()| super::build::sync_filesystem(&staging));
-        let installed = result.and_then(|()| {
-            match fs::rename(&staging, self.layer_dir(diff_id)) {
-                Ok(()) => super::build::sync_dir(&parent.join("sha256")),
-                // Another unpack of the same layer won: theirs is the same content.
-                Err(err) if self.get(diff_id).is_some() => {
-                    tracing::debug!("layer {diff_id} installed concurrently: {err}");
-                    Ok(())
+        match self.unpack_into(&staging, diff_id, tar, limits, cancel) {
+            Ok(meta) => Ok(Unpacked::Staged(StagedLayer {
+                staging,
+                diff_id: diff_id.clone(),
+                meta,
+            })),
+            Err(err) => {
+                if let Err(err) = remove_dir(&staging) {
+                    tracing::warn!("{err}");
                 }
-                Err(err) => Err(Error::internal(format!(
-                    "installing layer {diff_id}: {err}"
-                ))),
-            }
-        });
-        if staging.exists() {
-            if let Err(err) = fs::remove_dir_all(&staging) {
-                tracing::warn!("removing {}: {err}", staging.display());
+                Err(err)
             }
         }
-        installed?;
-        self.get(diff_id)
-            .ok_or_else(|| Error::internal(format!("layer {diff_id} vanished once unpacked")))
+    }
+
+    /// Puts staged layers into the store, durably: one `syncfs` for all of them, then their
+    /// renames (see [`LayerStore::install_synced`]).
+    pub fn install(&self, staged: Vec<StagedLayer>) -> Result<Vec<Layer>> {
+        if let Some(first) = staged.first() {
+            super::build::sync_filesystem(&first.staging)?;
+        }
+        self.install_synced(staged)
+    }
+
+    /// Renames staged layers into the store and makes the renames durable (one `fsync` of
+    /// the directory), for a caller that has synced the store's filesystem (`syncfs`) since
+    /// they were unpacked. The layer's files reach the disk before the rename that installs
+    /// it, and the rename before anything names the layer: a layer is found by its directory
+    /// alone, so one a crash left renamed but with its files' data lost would be taken as
+    /// whole by every later pull, import and build (see `Staging::install`).
+    pub fn install_synced(&self, staged: Vec<StagedLayer>) -> Result<Vec<Layer>> {
+        let mut layers = Vec::with_capacity(staged.len());
+        let mut renamed = false;
+        let mut failed = None;
+        for staged in staged {
+            let target = self.layer_dir(&staged.diff_id);
+            match fs::rename(&staged.staging, &target) {
+                Ok(()) => {
+                    renamed = true;
+                    layers.push(Layer {
+                        dir: target,
+                        meta: staged.meta.clone(),
+                    });
+                }
+                // Another unpack of the same layer won: theirs is the same content (and
+                // this one's staging directory goes with `staged`).
+                Err(err) => match self.get(&staged.diff_id) {
+                    Some(layer) => {
+                        tracing::debug!("layer {} installed concurrently: {err}", staged.diff_id);
+                        layers.push(layer);
+                    }
+                    None => {
+                        failed = Some(Error::internal(format!(
+                            "installing layer {}: {err}",
+                            staged.diff_id
+                        )));
+                        break;
+                    }
+                },
+            }
+        }
+        if renamed {
+            super::build::sync_dir(&self.layers_dir().join("sha256"))?;
+        }
+        match failed {
+            Some(err) => Err(err),
+            None => Ok(layers),
+        }
     }
 
     fn unpack_into(
@@ -232,7 +336,7 @@ impl LayerStore {
         tar: impl Read,
         limits: Limits,
         cancel: &dyn Fn() -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<LayerMeta> {
         let tree = staging.join("tree");
         fs::create_dir_all(&tree).with_context(|| format!("creating {}", tree.display()))?;
         let mut root = Root::open_layer(&tree, limits)?;
@@ -248,7 +352,8 @@ impl LayerStore {
         };
         let json = serde_json::to_vec(&meta)
             .map_err(|err| Error::internal(format!("writing layer.json: {err}")))?;
-        fs::write(staging.join(LAYER_META), json).context("writing layer.json")
+        fs::write(staging.join(LAYER_META), json).context("writing layer.json")?;
+        Ok(meta)
     }
 
     /// Makes `rootfs` (an empty directory) the flattened image of `layers`, bottom first.
@@ -642,6 +747,66 @@ mod tests {
         assert!(store
             .get(&Digest::parse(&top.meta.diff_id).expect("d"))
             .is_none());
+    }
+
+    #[test]
+    fn staged_layers_are_unseen_until_installed_together_and_gone_when_dropped() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = LayerStore::in_images_dir(tmp.path());
+        let stage = |tar: Tar| {
+            let bytes = tar.bytes();
+            let diff_id = digest(&bytes);
+            match store
+                .stage(&diff_id, &bytes[..], Limits::default(), &|| Ok(()))
+                .expect("stage")
+            {
+                Unpacked::Staged(staged) => (diff_id, staged),
+                Unpacked::Stored(_) => panic!("the store had it already"),
+            }
+        };
+        let (base_id, base) = stage(Tar::new().file("bin/tool", "t"));
+        let (top_id, top) = stage(Tar::new().file("etc/conf", "c"));
+        let (dropped_id, dropped) = stage(Tar::new().file("gone", "g"));
+        assert!(store.get(&base_id).is_none() && store.get(&top_id).is_none());
+        assert_eq!(
+            read_dir_names(&store.layers_dir().join("sha256"))
+                .expect("ls")
+                .len(),
+            0
+        );
+
+        // An image assembled from them where they are staged keeps its files through the
+        // renames that install them (hard links follow the inodes).
+        let rootfs = tmp.path().join("root");
+        fs::create_dir(&rootfs).expect("mkdir");
+        store
+            .assemble(&[base.layer(), top.layer()], &rootfs)
+            .expect("assemble");
+        let installed = store.install(vec![base, top]).expect("install");
+        assert_eq!(
+            installed.iter().map(|l| l.dir.clone()).collect::<Vec<_>>(),
+            vec![store.layer_dir(&base_id), store.layer_dir(&top_id)]
+        );
+        assert!(store.get(&base_id).is_some() && store.get(&top_id).is_some());
+        let ino = |p: &Path| fs::metadata(p).expect("stat").ino();
+        assert_eq!(
+            ino(&rootfs.join("bin/tool")),
+            ino(&installed[0].tree().join("bin/tool"))
+        );
+
+        // Staged again once stored: the store's own, and nothing is unpacked.
+        let again = store
+            .stage(&base_id, &b"not a tar"[..], Limits::default(), &|| Ok(()))
+            .expect("stored");
+        assert!(matches!(again, Unpacked::Stored(layer) if layer.dir == store.layer_dir(&base_id)));
+
+        // One never installed leaves nothing: no layer, no staging directory.
+        drop(dropped);
+        assert!(store.get(&dropped_id).is_none());
+        assert_eq!(
+            read_dir_names(&store.layers_dir()).expect("ls"),
+            vec!["sha256"]
+        );
     }
 
     #[test]

@@ -10,12 +10,20 @@
 //! memory for the pull only: nothing of them is written.
 //!
 //! Blobs are downloaded to `blobs/.partial-*`, checked against their digests, and renamed to
-//! `blobs/sha256/<hex>`; each layer is unpacked into the layer store (keyed by its diff id)
-//! from the bytes as they arrive ([`stream`]), goes in once its blob is whole, and its blob is
-//! then removed. A layer the store has already is not
-//! downloaded, so an image on a base already pulled fetches only its own layers, and a pull
-//! that was stopped resumes from the blobs and layers it finished. The image itself appears by
-//! one rename, as an import does.
+//! `blobs/sha256/<hex>`; each layer is unpacked (staged beside the layer store, keyed by its
+//! diff id) from the bytes as they arrive ([`stream`]) and kept once its blob is whole. A
+//! layer the store has already is not downloaded, so an image on a base already pulled
+//! fetches only its own layers, and a pull that was stopped resumes from the blobs and layers
+//! it finished.
+//!
+//! Installs are durable, and cost one wait for the disk per pull: once every layer is staged
+//! and the image assembled from them (hard links), one `syncfs` writes all their files, then
+//! the layers are renamed into the store and the image into place, each rename made durable by
+//! an `fsync` of its directory. Each unpacked file's writeback is started as it is closed
+//! ([`unpack`](super::unpack)), so that sync finds most of the pull's data on the disk already
+//! and its wait overlaps the downloads. A pull that fails (or is stopped) still installs the
+//! layers it finished, with a sync of their own, so the next one starts from them; the blobs
+//! of staged layers are removed just before the sync (their pages dropped, never written).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,10 +43,10 @@ use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::build::{remove_dead_builds, BuildLock, Staging};
+use super::build::{remove_dead_builds, sync_filesystem, BuildLock, Staging};
 use super::failure::ImageFailure;
-use super::import::{assemble_image, unpack_blob, Budget};
-use super::layers::{Layer, LayerStore};
+use super::import::{assemble_image, stage_blob, Budget};
+use super::layers::{Layer, LayerStore, StagedLayer, Unpacked};
 use super::oci::{self, Digest};
 use super::store::{self, BuiltImage, ImageMeta, ImageSource, ImageStore};
 use super::unpack::{Limits, Stats};
@@ -230,7 +238,7 @@ pub async fn pull(
     sweep_dead_partials(&layer_store.blobs_dir());
     layer_store.sweep_dead_unpacks();
     let mut transfer = Transfer::default();
-    let layers = fetch_layers(
+    let (fetched, outcome) = fetch_layers(
         &client,
         &parsed,
         &manifest.layers,
@@ -243,8 +251,22 @@ pub async fn pull(
         progress,
         cancel,
     )
-    .await
-    .map_err(|err| gate.wrap(&registry, err))?;
+    .await;
+    if let Err(err) = outcome {
+        // The layers finished go in all the same, so the next pull starts from them.
+        let finished: Vec<Fetched> = fetched.into_iter().flatten().collect();
+        let store = layer_store.clone();
+        match tokio::task::spawn_blocking(move || install_layers(&store, finished)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(kept)) => tracing::warn!("keeping the finished layers of a failed pull: {kept}"),
+            Err(kept) => tracing::warn!("keeping the finished layers of a failed pull: {kept}"),
+        }
+        return Err(gate.wrap(&registry, err));
+    }
+    let fetched = fetched
+        .into_iter()
+        .map(|l| l.ok_or_else(|| Error::internal("a layer went missing")))
+        .collect::<Result<Vec<Fetched>>>()?;
 
     let store_dir = images.dir().to_owned();
     let images = images.clone();
@@ -258,14 +280,17 @@ pub async fn pull(
     let cancelled = cancel.load(Ordering::SeqCst);
     let (image, stats) = tokio::task::spawn_blocking(move || {
         if cancelled {
-            return Err(Error::conflict("the pull was stopped; nothing was kept"));
+            install_layers(&LayerStore::in_images_dir(&store_dir), fetched)?;
+            return Err(Error::conflict(
+                "the pull was stopped; no image was made (the next pull starts from its layers)",
+            ));
         }
         install(
             &images,
             &store_dir,
             &name,
             &id,
-            &layers,
+            fetched,
             limits,
             meta_source,
             image_config,
@@ -281,51 +306,144 @@ pub async fn pull(
     })
 }
 
-/// Assembles the rootfs from `layers` and installs the image by one rename.
+/// A layer of the image as its download left it, and the blob it came from (none for a
+/// layer the store had): kept while the layer is only staged, as what a pull stopped before
+/// the install resumes from.
+struct Fetched {
+    unpacked: Unpacked,
+    blob: Option<PathBuf>,
+}
+
+/// The layers where they are now (bottom first) and those of them still to install. The
+/// staged layers' blobs are removed: their layers are about to be synced, and a blob removed
+/// first has its pages dropped rather than written to the disk by that sync.
+fn release_blobs(fetched: Vec<Fetched>) -> (Vec<Layer>, Vec<StagedLayer>) {
+    let mut layers = Vec::with_capacity(fetched.len());
+    let mut staged = Vec::new();
+    for Fetched { unpacked, blob } in fetched {
+        layers.push(unpacked.layer());
+        if let Unpacked::Staged(layer) = unpacked {
+            if let Some(blob) = blob {
+                let _ = std::fs::remove_file(blob);
+            }
+            staged.push(layer);
+        }
+    }
+    (layers, staged)
+}
+
+/// Installs the staged layers of `fetched` (one sync for all) without making an image.
+fn install_layers(store: &LayerStore, fetched: Vec<Fetched>) -> Result<Vec<Layer>> {
+    let (_, staged) = release_blobs(fetched);
+    store.install(staged)
+}
+
+/// An image assembled from staged and stored layers, its files and theirs synced, not yet
+/// renamed into place; or the image, when the store had it already.
+enum Assembled {
+    Present(Box<BuiltImage>),
+    Built {
+        staging: Staging,
+        stats: Stats,
+        _lock: BuildLock,
+    },
+}
+
+/// Assembles the rootfs from the fetched layers and installs the layers and the image after
+/// one `syncfs` for all of them: the layers by their renames into the store, the image by one
+/// rename, each made durable by an fsync of its directory.
 #[allow(clippy::too_many_arguments)]
 fn install(
     images: &ImageStore,
     store_dir: &Path,
     name: &str,
     id: &str,
-    layers: &[Layer],
+    fetched: Vec<Fetched>,
     limits: Limits,
     source: ImageSource,
     config: Option<oci::ContainerConfig>,
 ) -> Result<(BuiltImage, Stats)> {
+    let layer_store = LayerStore::in_images_dir(store_dir);
+    let (layers, staged) = release_blobs(fetched);
+    let assembled = assemble(
+        images,
+        &layer_store,
+        name,
+        id,
+        &layers,
+        limits,
+        source,
+        config,
+    );
+    // The layers go in whatever became of the image, so the next pull starts from them:
+    // with the image's sync when it was assembled, else with one of their own.
+    let installed = match &assembled {
+        Ok(Assembled::Built { .. }) => layer_store.install_synced(staged),
+        _ => layer_store.install(staged),
+    };
+    let assembled = assembled?;
+    installed?;
+    let (staging, stats) = match assembled {
+        Assembled::Present(image) => return Ok((*image, Stats::default())),
+        Assembled::Built {
+            staging,
+            stats,
+            _lock,
+        } => (staging, stats),
+    };
+    let target = images.image_dir(name, id);
+    // `image.pull.install=kill`: dies with every layer stored and the image assembled.
+    failpoint::hit("image.pull.install")?;
+    staging.install_synced(&target)?;
+    let image = images
+        .get(name, id)
+        .ok_or(ImageFailure::Unreadable { dir: target })?;
+    Ok((image, stats))
+}
+
+/// Makes the image of `layers` (bottom first; staged ones are assembled from where they are
+/// staged: the rootfs hard-links their files, and the links follow the inodes through the
+/// renames that install them) in a staging directory, then syncs the filesystem once for it
+/// and every staged layer. Holds the name's build lock until the image is installed.
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    images: &ImageStore,
+    layer_store: &LayerStore,
+    name: &str,
+    id: &str,
+    layers: &[Layer],
+    limits: Limits,
+    source: ImageSource,
+    config: Option<oci::ContainerConfig>,
+) -> Result<Assembled> {
     let mut budget = Budget::new(limits);
     for layer in layers {
         budget.add(layer)?;
     }
     let parent = images.name_dir(name);
-    let _lock = BuildLock::take(&parent, &|_| {})?;
+    let lock = BuildLock::take(&parent, &|_| {})?;
     if let Some(image) = images.get(name, id) {
-        return Ok((image, Stats::default()));
+        return Ok(Assembled::Present(Box::new(image)));
     }
     remove_dead_builds(&parent)?;
     let staging = Staging::new(&parent)?;
     let rootfs = staging.path.join("rootfs");
     std::fs::create_dir(&rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
     let meta = ImageMeta::layered(name, id, source, config);
-    assemble_image(
-        &LayerStore::in_images_dir(store_dir),
-        layers,
-        &staging.path,
-        limits,
-        meta,
-    )?;
-    let target = images.image_dir(name, id);
-    // `image.pull.install=kill`: dies with every layer stored and the image assembled.
-    failpoint::hit("image.pull.install")?;
-    staging.install(&target)?;
-    let image = images
-        .get(name, id)
-        .ok_or(ImageFailure::Unreadable { dir: target })?;
-    Ok((image, budget.stats))
+    assemble_image(layer_store, layers, &staging.path, limits, meta)?;
+    // The pull's one wait for the disk: the image's files and directories and every layer
+    // staged for it (see `Staging::install` for why before the renames).
+    sync_filesystem(&staging.path)?;
+    Ok(Assembled::Built {
+        staging,
+        stats: budget.stats,
+        _lock: lock,
+    })
 }
 
-/// Downloads the blobs of the layers the store lacks (a few at once) and unpacks each as soon
-/// as it is whole. Returns the layers bottom first.
+/// Downloads the blobs of the layers the store lacks (a few at once) and unpacks each (staged)
+/// as they come. Returns the layers bottom first, each `None` that did not finish, and how the
+/// downloads ended: on an error, the layers that finished are there to install all the same.
 #[allow(clippy::too_many_arguments)]
 async fn fetch_layers(
     client: &Client,
@@ -339,9 +457,44 @@ async fn fetch_layers(
     transfer: &mut Transfer,
     progress: &(dyn Fn(&str) + Sync),
     cancel: &AtomicBool,
-) -> Result<Vec<Layer>> {
+) -> (Vec<Option<Fetched>>, Result<()>) {
     let total = descriptors.len();
-    let mut found: Vec<Option<Layer>> = vec![None; total];
+    let mut found: Vec<Option<Fetched>> = (0..total).map(|_| None).collect();
+    let outcome = start_layers(
+        client,
+        reference,
+        descriptors,
+        diff_ids,
+        store,
+        limits,
+        idle,
+        downloads,
+        transfer,
+        progress,
+        cancel,
+        &mut found,
+    )
+    .await;
+    (found, outcome)
+}
+
+/// [`fetch_layers`], filling `found`.
+#[allow(clippy::too_many_arguments)]
+async fn start_layers(
+    client: &Client,
+    reference: &Reference,
+    descriptors: &[OciDescriptor],
+    diff_ids: &[Digest],
+    store: &LayerStore,
+    limits: Limits,
+    idle: Duration,
+    downloads: &tokio::runtime::Handle,
+    transfer: &mut Transfer,
+    progress: &(dyn Fn(&str) + Sync),
+    cancel: &AtomicBool,
+    found: &mut [Option<Fetched>],
+) -> Result<()> {
+    let total = descriptors.len();
     let mut tasks = tokio::task::JoinSet::new();
     let semaphore = Arc::new(tokio::sync::Semaphore::new(PARALLEL_DOWNLOADS));
     let stopped = Arc::new(AtomicBool::new(false));
@@ -356,7 +509,10 @@ async fn fetch_layers(
                 "layer {}/{total}: {diff_id} already stored",
                 n + 1
             ));
-            found[n] = Some(layer);
+            found[n] = Some(Fetched {
+                unpacked: Unpacked::Stored(layer),
+                blob: None,
+            });
             continue;
         }
         let digest = Digest::parse(&descriptor.digest)?;
@@ -394,7 +550,7 @@ async fn fetch_layers(
             stopped.store(true, Ordering::SeqCst);
         }
         match joined {
-            Ok(Ok((n, layer, resumed, bytes))) => {
+            Ok(Ok((n, fetched, resumed, bytes))) => {
                 if resumed {
                     transfer.blobs_resumed += 1;
                 } else {
@@ -404,14 +560,14 @@ async fn fetch_layers(
                 progress(&format!(
                     "layer {}/{total}: {} {}",
                     n + 1,
-                    layer.meta.diff_id,
+                    fetched.unpacked.diff_id(),
                     if resumed {
                         "unpacked (downloaded before)"
                     } else {
                         "downloaded and unpacked"
                     }
                 ));
-                found[n] = Some(layer);
+                found[n] = Some(fetched);
             }
             Ok(Err(err)) => {
                 stopped.store(true, Ordering::SeqCst);
@@ -429,13 +585,10 @@ async fn fetch_layers(
              downloaded)",
         ));
     }
-    if let Some(err) = first_error {
-        return Err(err);
+    match first_error {
+        Some(err) => Err(err),
+        None => Ok(()),
     }
-    found
-        .into_iter()
-        .map(|l| l.ok_or_else(|| Error::internal("a layer went missing")))
-        .collect()
 }
 
 /// One layer's download and unpacking.
@@ -457,7 +610,7 @@ struct LayerJob {
 
 impl LayerJob {
     /// (index, layer, resumed from a stored blob, bytes downloaded).
-    async fn run(self) -> Result<(usize, Layer, bool, u64)> {
+    async fn run(self) -> Result<(usize, Fetched, bool, u64)> {
         let blob = self.store.blob_path(&self.digest);
         if !blob.is_file() {
             let _permit = self
@@ -470,7 +623,7 @@ impl LayerJob {
             }
             let idle = self.idle;
             let explain = move |err: &(dyn std::error::Error + 'static)| client_error(err, idle);
-            let (layer, bytes) = stream::Fetch {
+            let (unpacked, bytes) = stream::Fetch {
                 n: self.n,
                 client: &self.client,
                 reference: &self.reference,
@@ -487,7 +640,15 @@ impl LayerJob {
             }
             .run()
             .await?;
-            return Ok((self.n, layer, false, bytes));
+            return Ok((
+                self.n,
+                Fetched {
+                    unpacked,
+                    blob: Some(blob),
+                },
+                false,
+                bytes,
+            ));
         }
         // A blob a stopped pull downloaded whole: unpacked from its file.
         failpoint::hit(&format!("image.pull.layer{}", self.n + 1))?;
@@ -499,7 +660,7 @@ impl LayerJob {
             self.limits,
         );
         let blob_path = blob.clone();
-        let layer = tokio::task::spawn_blocking(move || -> Result<Layer> {
+        let unpacked = tokio::task::spawn_blocking(move || -> Result<Unpacked> {
             let file = std::fs::File::open(&blob_path)
                 .with_context(|| format!("opening {}", blob_path.display()))?;
             let stop = || -> Result<()> {
@@ -509,35 +670,34 @@ impl LayerJob {
                     Ok(())
                 }
             };
-            // The blob goes as the layer goes in (see `stream`): its pages are then dropped,
-            // not written by the layer's sync.
-            let drop_blob = || -> Result<()> {
-                let _ = std::fs::remove_file(&blob_path);
-                Ok(())
-            };
-            let layer = unpack_blob(
-                file,
-                &media_type,
-                &diff_id,
-                &store,
-                limits,
-                &stop,
-                &drop_blob,
-            )
-            .inspect_err(|_| {
-                // A blob that would not unpack (not a stop): the next pull downloads it
-                // anew, whatever was wrong with it.
-                if !stopped.load(Ordering::SeqCst) {
+            match stage_blob(file, &media_type, &diff_id, &store, limits, &stop) {
+                // The blob stays until the pull installs the layer (see `release_blobs`).
+                Ok(unpacked @ Unpacked::Staged(_)) => Ok(unpacked),
+                Ok(stored) => {
                     let _ = std::fs::remove_file(&blob_path);
+                    Ok(stored)
                 }
-            })?;
-            // The layer is whole: its blob is no longer needed to resume.
-            let _ = std::fs::remove_file(&blob_path);
-            Ok(layer)
+                Err(err) => {
+                    // A blob that would not unpack (not a stop): the next pull downloads it
+                    // anew, whatever was wrong with it.
+                    if !stopped.load(Ordering::SeqCst) {
+                        let _ = std::fs::remove_file(&blob_path);
+                    }
+                    Err(err)
+                }
+            }
         })
         .await
         .map_err(|err| Error::internal(format!("unpacking a layer failed: {err}")))??;
-        Ok((self.n, layer, true, 0))
+        Ok((
+            self.n,
+            Fetched {
+                unpacked,
+                blob: Some(blob),
+            },
+            true,
+            0,
+        ))
     }
 }
 

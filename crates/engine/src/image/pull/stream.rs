@@ -4,11 +4,12 @@
 //! pull resumes from) and, through a bounded channel, to the layer store's unpacker on a
 //! blocking thread, so gunzip, the diff id's hash and the files' writes overlap the download
 //! instead of following it, and the blob is never read back. The order of a pull that reads
-//! the whole blob first is kept: the layer goes into the store only once its blob is whole,
-//! checked against its digest (by the client, as the bytes come) and its size, and renamed to
-//! `blobs/sha256/<hex>`; the blob is removed as the layer goes in (just before the layer's
-//! files are synced: removed first, its pages are dropped instead of written to the disk by
-//! that sync; a crash in between costs only its download again).
+//! the whole blob first is kept: the layer is kept (staged, see [`LayerStore::stage`]) only
+//! once its blob is whole, checked against its digest (by the client, as the bytes come) and
+//! its size, and renamed to `blobs/sha256/<hex>`. The pull installs its staged layers
+//! together once it has them all (one sync for all their files), and removes their blobs
+//! just before (removed first, their pages are dropped instead of written to the disk by that
+//! sync; a crash in between costs only their download again).
 
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -24,8 +25,8 @@ use tokio::io::AsyncWriteExt;
 
 use crate::foundation::error::{Context, Error, Result};
 use crate::foundation::failpoint;
-use crate::image::import::unpack_blob;
-use crate::image::layers::{Layer, LayerStore};
+use crate::image::import::stage_blob;
+use crate::image::layers::{LayerStore, Unpacked};
 use crate::image::oci::Digest;
 use crate::image::unpack::Limits;
 
@@ -70,8 +71,9 @@ enum Ended {
 }
 
 impl Fetch<'_> {
-    /// Downloads and unpacks the layer; returns it and the bytes downloaded.
-    pub(super) async fn run(&self) -> Result<(Layer, u64)> {
+    /// Downloads and unpacks the layer; returns it (staged, its blob stored, or the store's
+    /// own) and the bytes downloaded.
+    pub(super) async fn run(&self) -> Result<(Unpacked, u64)> {
         let blob = self.store.blob_path(self.digest);
         let dir = blob
             .parent()
@@ -106,21 +108,21 @@ impl Fetch<'_> {
             (Ok(bytes), Ok(layer)) => Ok((layer, bytes)),
             (Err(Ended::Failed(err)), _) => Err(err),
             (_, Err(err)) => Err(err),
-            // Only a layer the store had already: this download's layer goes in only once
-            // the download is whole (`before_install`).
+            // Only a layer the store had already: this download's layer is kept only once
+            // the download is whole (the verdict).
             (Err(Ended::UnpackerGone(bytes)), Ok(layer)) => Ok((layer, bytes)),
         }
     }
 
-    /// The blocking thread unpacking what `incoming` brings into the layer store. Before the
-    /// layer goes in it reads what is left of the stream (bytes after a gzip member's end
+    /// The blocking thread unpacking what `incoming` brings into a staged layer. Before it
+    /// keeps the layer it reads what is left of the stream (bytes after a gzip member's end
     /// are part of the blob too) and waits for the download's verdict.
     fn start_unpacker<C: AsRef<[u8]> + Send + 'static>(
         &self,
         incoming: tokio::sync::mpsc::Receiver<C>,
         verdict: mpsc::Receiver<bool>,
         blob: PathBuf,
-    ) -> tokio::task::JoinHandle<Result<Layer>> {
+    ) -> tokio::task::JoinHandle<Result<Unpacked>> {
         let (store, diff_id, media_type, limits, n) = (
             self.store.clone(),
             self.diff_id.clone(),
@@ -143,33 +145,39 @@ impl Fetch<'_> {
                     Ok(())
                 }
             };
-            let before_install = || -> Result<()> {
-                if let Ok(mut chunks) = incoming.lock() {
-                    while chunks.blocking_recv().is_some() {}
-                }
-                if verdict.recv() != Ok(true) {
-                    return Err(Error::conflict("the layer's download did not finish"));
-                }
-                // `image.pull.layer2=kill`: dies with layer 2's blob stored but not unpacked.
-                failpoint::hit(&format!("image.pull.layer{}", n + 1))?;
-                let _ = std::fs::remove_file(&blob);
-                Ok(())
-            };
-            let layer = unpack_blob(
-                reader,
-                &media_type,
-                &diff_id,
-                &store,
-                limits,
-                &stop,
-                &before_install,
+            let staged = stage_blob(reader, &media_type, &diff_id, &store, limits, &stop).and_then(
+                |unpacked| {
+                    if let Unpacked::Staged(_) = unpacked {
+                        // The rest of the stream (bytes after a gzip member's end are the
+                        // blob's too), and the download's verdict: only a whole, checked
+                        // blob's layer is kept.
+                        if let Ok(mut chunks) = incoming.lock() {
+                            while chunks.blocking_recv().is_some() {}
+                        }
+                        if verdict.recv() != Ok(true) {
+                            return Err(Error::conflict("the layer's download did not finish"));
+                        }
+                        // `image.pull.layer2=kill`: dies with layer 2's blob stored but its
+                        // layer not installed.
+                        failpoint::hit(&format!("image.pull.layer{}", n + 1))?;
+                    }
+                    Ok(unpacked)
+                },
             );
-            // Unpacked, or a blob that would not unpack (not a stop): either way the next pull
-            // does not start from it.
-            if layer.is_ok() || !stopped.load(Ordering::SeqCst) {
-                let _ = std::fs::remove_file(&blob);
+            match &staged {
+                // Staged: the blob stays until the pull installs the layer.
+                Ok(Unpacked::Staged(_)) => {}
+                // Stored already, or a blob that would not unpack (not a stop): either way
+                // the next pull does not start from it.
+                Ok(Unpacked::Stored(_)) => {
+                    let _ = std::fs::remove_file(&blob);
+                }
+                Err(_) if !stopped.load(Ordering::SeqCst) => {
+                    let _ = std::fs::remove_file(&blob);
+                }
+                Err(_) => {}
             }
-            layer
+            staged
         })
     }
 

@@ -11,6 +11,11 @@ alternately and ROUNDS times each:
 
 each into an empty directory / fresh DYNOCAP_HOME, and then `dynocap image pull` of B on a home
 that has A (only B's own layer should be fetched). Prints medians and the ratio.
+`--layers N --layer-mb M` change image A's shape (B keeps sharing all of A's layers but the
+top one): the same bytes in more, smaller layers cost more per-layer work (unpacks, installs).
+`--baseline-dynocap OTHER` times a second build's pull in the same rounds (the two builds'
+order alternating from round to round), so a change is measured against the build before it
+on the same machine at the same time: each build's ratio to skopeo and theirs to each other.
 
 Then task starts on a pulled image beside the same start on the built `debian` image: the
 debian image comes from the tests' shared image cache (DYNOCAP_TEST_IMAGE_CACHE, else
@@ -23,7 +28,9 @@ each boot takes seconds, so few rounds), each task removed, untimed, before the 
 `--no-tasks` skips this part.
 
 Usage (as root): scripts/bench-pull.py [--dynocap target/release/dynocap] [--rounds 3]
-                 [--backends jail,vm] [--vm-rounds 3] [--no-tasks]
+                 [--baseline-dynocap /tmp/dynocap-before] [--layers 5 --layer-mb 20]
+                 [--backends jail,vm]
+                 [--vm-rounds 3] [--no-tasks]
 Needs docker-registry, skopeo, openssl, mmdebstrap (scripts/install-deps.sh). Loopback only.
 """
 
@@ -240,6 +247,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dynocap", default="target/release/dynocap")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=5, help="image A's layers (at least 2)")
+    parser.add_argument("--layer-mb", type=int, default=LAYER_MB, help="MB in each layer")
+    parser.add_argument("--baseline-dynocap", metavar="OTHER",
+                        help="another build (e.g. the one before a change) whose pull of A is "
+                             "timed in the same rounds, alternating with --dynocap's")
     parser.add_argument("--backends", default="jail,vm",
                         help="the backends the task starts run on, in this order")
     parser.add_argument("--vm-rounds", type=int, default=3,
@@ -247,7 +259,10 @@ def main() -> int:
     parser.add_argument("--no-tasks", action="store_true",
                         help="skip the task starts on a pulled image beside the debian image")
     args = parser.parse_args()
+    if args.layers < 2 or args.layer_mb < 1:
+        parser.error("--layers needs at least 2 (B shares all but A's top one), --layer-mb 1")
     dynocap = os.path.abspath(args.dynocap)
+    baseline = os.path.abspath(args.baseline_dynocap) if args.baseline_dynocap else None
     work = tempfile.mkdtemp(prefix="dcbench-pull-")
     addr = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
     pki = os.path.join(work, "pki")
@@ -268,10 +283,12 @@ def main() -> int:
                 if time.monotonic() > deadline:
                     raise SystemExit("the registry did not listen")
                 time.sleep(0.05)
-        print(f"making layers ({5 * LAYER_MB} MB image A, B sharing 4 of its 5 layers)", file=sys.stderr)
-        shared = [layer(n, LAYER_MB) for n in range(4)]
-        image_a = shared + [layer(10, LAYER_MB)]
-        image_b = shared + [layer(20, LAYER_MB)]
+        count, size = args.layers, args.layer_mb
+        print(f"making layers ({count * size} MB image A, B sharing {count - 1} of its {count} "
+              "layers)", file=sys.stderr)
+        shared = [layer(n, size) for n in range(count - 1)]
+        image_a = shared + [layer(1000, size)]
+        image_b = shared + [layer(2000, size)]
         for name, layers in (("a", image_a), ("b", image_b)):
             layout = os.path.join(work, f"layout-{name}")
             write_layout(layout, layers)
@@ -280,7 +297,8 @@ def main() -> int:
         env = dict(os.environ, DYNOCAP_REGISTRIES=f"{NAME}:{PORT}",
                    DYNOCAP_RESOLVE=f"{NAME}:{PORT}:{addr}", DYNOCAP_EXTRA_CA=f"{pki}/ca.pem",
                    DOCKER_CONFIG="/nonexistent")
-        skopeo_times, pull_times = [], []
+        skopeo_times, pull_times, baseline_times = [], [], []
+        load_before = os.getloadavg()
         for n in range(args.rounds):
             dest = os.path.join(work, f"skopeo-{n}")
             skopeo_times.append(timed(["skopeo", "copy", "--quiet", "--src-cert-dir", f"{pki}/certs",
@@ -288,10 +306,17 @@ def main() -> int:
                                       cpu="skopeo"))
             shutil.rmtree(dest)
             home = os.path.join(work, f"home-{n}")
-            pull_times.append(timed([dynocap, "image", "pull", f"{NAME}:{PORT}/bench/a:1"],
-                                    env=dict(env, DYNOCAP_HOME=home), cpu="pull"))
-            if n < args.rounds - 1:
-                shutil.rmtree(home)
+            builds = [(dynocap, pull_times, "pull", home)]
+            if baseline:
+                builds.append((baseline, baseline_times, "baseline", home + "-baseline"))
+                # Alternating which goes first, so neither always follows skopeo.
+                if n % 2 == 1:
+                    builds.reverse()
+            for binary, times, cpu, build_home in builds:
+                times.append(timed([binary, "image", "pull", f"{NAME}:{PORT}/bench/a:1"],
+                                   env=dict(env, DYNOCAP_HOME=build_home), cpu=cpu))
+                if build_home != home or n < args.rounds - 1:
+                    shutil.rmtree(build_home)
         home = os.path.join(work, f"home-{args.rounds - 1}")
         start = time.monotonic()
         out = subprocess.run([dynocap, "--json", "image", "pull", f"{NAME}:{PORT}/bench/b:1"],
@@ -299,14 +324,26 @@ def main() -> int:
         second = time.monotonic() - start
         transfer = json.loads(out.stdout)["transfer"]
         s, p = statistics.median(skopeo_times), statistics.median(pull_times)
-        print(f"image A (~{5 * LAYER_MB} MB, 5 layers), median of {args.rounds}:")
+        print(f"image A (~{count * size} MB, {count} layers), median of {args.rounds}:")
         print(f"  skopeo copy docker:// oci:   {s:.2f} s  {[round(t, 2) for t in skopeo_times]}")
         print(f"  dynocap image pull           {p:.2f} s  {[round(t, 2) for t in pull_times]}")
         print(f"  ratio pull/skopeo            {p / s:.2f}x (target <= 1.2x)")
         cs, cp = statistics.median(CPU["skopeo"]), statistics.median(CPU["pull"])
         print(f"  CPU (user+sys), median       skopeo {cs:.2f} s, pull {cp:.2f} s: {cp / cs:.2f}x "
               "(the registry's own not counted)")
-        print(f"image B (A's 4 base layers + 1 own), on a home holding A: {second:.2f} s, "
+        if baseline:
+            b = statistics.median(baseline_times)
+            cb = statistics.median(CPU["baseline"])
+            print(f"  baseline pull ({args.baseline_dynocap})")
+            print(f"                               {b:.2f} s  {[round(t, 2) for t in baseline_times]}")
+            print(f"  ratio baseline/skopeo        {b / s:.2f}x, CPU {cb:.2f} s: {cb / cs:.2f}x")
+            print(f"  ratio pull/baseline          {p / b:.2f}x wall, {cp / cb:.2f}x CPU; round by "
+                  f"round (same load), median "
+                  f"{statistics.median(x / y for x, y in zip(pull_times, baseline_times)):.2f}x")
+        load_after = os.getloadavg()
+        print(f"  load average (1 min) before/after the rounds: {load_before[0]:.1f} / "
+              f"{load_after[0]:.1f}")
+        print(f"image B (A's {count - 1} base layers + 1 own), on a home holding A: {second:.2f} s, "
               f"{transfer['blobsDownloaded']} blob(s) / {transfer['bytesDownloaded'] / 1e6:.1f} MB downloaded, "
               f"{transfer['layersPresent']} layers already stored")
         if not args.no_tasks:

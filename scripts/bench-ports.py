@@ -19,6 +19,14 @@ change and the commit before it) are measured side by side, each in its own home
 their samples alternating with loopback's. --vm starts the sandboxes on the vm backend (the
 forward goes through the agent channel; under TCG expect a small fraction of loopback).
 SIZE (MiB, default 256) and SAMPLES (default 7) set the work.
+
+Beside each median it prints the CPU time each end took per GiB moved (the server, the
+forward's supervisor, the client here; from /proc/PID/stat around each sample): a figure
+that moves far less with the machine's load than throughput does, so a change to the relay
+can be judged on a busy machine. The kernel charges a loopback receive's softirq to the
+sending process, so each figure holds part of its peer's receive. The times are counted in
+clock ticks (10 ms): the default work gives each figure tens of them, a few MiB none. With
+--vm the guest's server runs inside QEMU, which the figures leave out.
 """
 
 import os
@@ -66,6 +74,42 @@ while True:
         c.sendall(b"ok")
     c.close()
 """
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    """User and system time of `pid` so far (its ended threads included), 0 when it is
+    gone or unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def own_cpu_seconds():
+    return sum(os.times()[:2])
+
+
+def cpu_figure(name, used, gib):
+    """`used` (the server's, the supervisor's and the client's CPU-seconds) per GiB."""
+    server, supervisor, client = (x / gib for x in used)
+    if name == "loopback":
+        return f"{name} {server:.2f} + {client:.2f} = {server + client:.2f}"
+    return f"{name} {server:.2f} + {supervisor:.2f} + {client:.2f} = {server + supervisor + client:.2f}"
 
 
 def once(port, op, size=None):
@@ -143,9 +187,37 @@ class Forward:
             self.forward = self.dc("port", "bench-ports", str(GUEST_PORT)).split()[0]
             self.port = int(self.forward.split("->")[0].rsplit(":", 1)[1])
             wait_for(self.port)
+            self.supervisor, self.server = self.processes()
         except BaseException:
             self.close()
             raise
+
+    def processes(self):
+        """The sandbox's supervisor (the `dynocap-core supervise` with this home) and, on a
+        jail, the guest's server below it; None for what is not found (a VM's server is in
+        the guest's kernel)."""
+        supervisor, servers = None, []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                if b"supervise" in cmdline:
+                    with open(f"/proc/{entry}/environ", "rb") as f:
+                        if f"DYNOCAP_HOME={self.home}\0".encode() in f.read():
+                            supervisor = int(entry)
+                elif b"/tmp/server.py" in cmdline:
+                    servers.append(int(entry))
+            except OSError:
+                continue
+        for pid in servers:
+            ancestor = pid
+            while ancestor not in (None, 0, 1, supervisor):
+                ancestor = parent_of(ancestor)
+            if supervisor is not None and ancestor == supervisor:
+                return supervisor, pid
+        return supervisor, None
 
     def vm_setup(self):
         """A VM boots the debian image: built from the tests' image cache when there is one,
@@ -197,21 +269,31 @@ def main():
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"{SIZE >> 20} MiB per sample, {SAMPLES} samples each, alternating; {backend} "
               f"sandboxes; load average {load} on {os.cpu_count()} CPUs")
-        targets = [("loopback", host_port)] + [(name, fwd.port) for name, fwd in forwards]
+        targets = [("loopback", host_port, host_server.pid, None)] + [
+            (name, fwd.port, fwd.server, fwd.supervisor) for name, fwd in forwards]
         for op, what in (("get", "download (guest -> host)"), ("put", "upload (host -> guest)")):
-            times = {name: [] for name, _ in targets}
-            for _, port in targets:
+            times = {name: [] for name, *_ in targets}
+            # CPU-seconds of the server, the supervisor and the client over the samples.
+            used = {name: [0.0, 0.0, 0.0] for name, *_ in targets}
+            for _, port, *_ in targets:
                 once(port, op)
             for _ in range(SAMPLES):
-                for name, port in targets:
+                for name, port, server, supervisor in targets:
                     time.sleep(PAUSE)
+                    before = (cpu_seconds(server), cpu_seconds(supervisor), own_cpu_seconds())
                     times[name].append(once(port, op))
+                    after = (cpu_seconds(server), cpu_seconds(supervisor), own_cpu_seconds())
+                    for i in range(3):
+                        used[name][i] += after[i] - before[i]
             mib = SIZE / (1 << 20)
             rates = {name: mib / statistics.median(t) for name, t in times.items()}
             shown = ", ".join(
                 f"{name} {rate:.0f} MiB/s ({rate / rates['loopback']:.2f}x)"
                 for name, rate in rates.items() if name != "loopback")
             print(f"{what}: loopback {rates['loopback']:.0f} MiB/s, {shown} (medians of {SAMPLES})")
+            gib = SIZE * SAMPLES / (1 << 30)
+            print("  CPU-seconds per GiB (server + supervisor + client): "
+                  + ", ".join(cpu_figure(name, used[name], gib) for name in times))
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"load average at the end {load}")
     finally:

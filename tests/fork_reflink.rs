@@ -249,8 +249,8 @@ fn on_xfs_a_supervisor_killed_during_a_clone_leaves_the_source_and_no_fork() {
     );
 }
 
-/// A fork's clone sets nothing aside: once the home's filesystem is full, its guest's write
-/// fails where the guest sees it (the write or the `fsync` of `dd conv=fsync`), never
+/// A fork's clone sets nothing aside: it is admitted with less room left than its disk, and
+/// once the home's filesystem is full, its guest's write fails where the guest sees it (the write or the `fsync` of `dd conv=fsync`), never
 /// acknowledged and lost.
 #[test]
 fn on_a_full_xfs_a_forks_write_fails_in_its_guest() {
@@ -258,11 +258,25 @@ fn on_a_full_xfs_a_forks_write_fails_in_its_guest() {
     let Some(fs) = XfsFs::new(test, 1600) else {
         return;
     };
-    let home = fs.home();
+    // No package caches: a second task of the project sets its cache's room aside, which
+    // this test, about the disk, would have to leave free.
+    let home = fs.home().with_env("DYNOCAP_CACHES", "0");
     let project = one_commit_project("a.txt", "a\n");
     let path = project.path().to_string_lossy();
     home.json(&["task", "start", &path, "--name", "src", "--disk-mb", "512"]);
     home.task_sh("src", "echo work >> a.txt");
+    // Less room left than the fork's disk: a clone sets nothing aside, so it is admitted
+    // with the headroom free.
+    let before_fork = fs.mount.join("ballast-before-fork");
+    run_ok(
+        "fallocate",
+        &[
+            "-l".as_ref(),
+            format!("{}M", free_mb(&fs.mount).saturating_sub(200)).as_ref(),
+            before_fork.as_ref(),
+        ],
+    );
+    assert!(free_mb(&fs.mount) < 512, "less room than the fork's disk");
     home.json(&["task", "fork", "src", "fork"]);
     // Every block left taken from the host's side.
     let ballast = fs.mount.join("ballast");

@@ -147,12 +147,15 @@ impl Engine {
         if spec.live {
             super::live_forks::check(spec, &parent, network)?;
         }
-        // A vm fork's disk layers set nothing aside on the host (see `disk_room`): it needs
-        // only the headroom free. A jail fork's disk, a clone or a copy, is checked whole.
-        let reserved_mb = match crate::backend::BackendChoice::parse(&parent.backend) {
-            Some(crate::backend::BackendChoice::Vm) => 0,
-            _ => parent.disk_mb,
+        // A fork whose disk shares its parent's sets nothing aside on the host, and needs
+        // only the headroom free: a vm fork's layers (see `disk_room`), and a jail fork's clone
+        // on a home (or its reflink pool) whose filesystem shares extents. A jail fork's copy
+        // is reserved whole, as any task's disk.
+        let shares_disk = match crate::backend::BackendChoice::parse(&parent.backend) {
+            Some(crate::backend::BackendChoice::Vm) => true,
+            _ => dynocap_backend_jail::reflinks(&self.home().sandbox_dir(&parent.id)),
         };
+        let reserved_mb = if shares_disk { 0 } else { parent.disk_mb };
         self.admit_setting_aside(
             parent.cpus,
             parent.memory_mb,

@@ -335,20 +335,6 @@ pub fn copy_disk(state_dir: &Path, label: &str, dest: &Path) -> Result<u64> {
         .with_context(|| format!("copying the checkpoint to {}", dest.display()))
 }
 
-/// Refuses a fork whose clone of the jail disk `image` the home's filesystem could not back:
-/// the clone reserves nothing new (the source's reservation covers its shared extents), so
-/// the filesystem must have room for the fork's whole disk as its guest overwrites them. A
-/// copy's fork reserves its whole disk when it boots, as any start does.
-fn check_fork_room(state_dir: &Path, image: &Path) -> Result<()> {
-    if !dynocap_backend_jail::reflinks(state_dir) {
-        return Ok(());
-    }
-    let size = std::fs::metadata(image)
-        .with_context(|| format!("reading the size of {}", image.display()))?
-        .len();
-    check_room(state_dir, size)
-}
-
 /// Where a fork's state directory is made before it is renamed into place.
 fn fork_making(state_dir: &Path, fork_id: &str) -> PathBuf {
     dir(state_dir).join(format!("{MAKING}fork-{fork_id}"))
@@ -376,13 +362,14 @@ pub fn seed_fork(
     std::fs::create_dir_all(&making).with_context(|| format!("creating {}", making.display()))?;
     let made = (|| {
         match (from, disk) {
+            // A clone sets nothing aside: its guest's writes take room as they come, and fail
+            // in the guest once the filesystem is full (as a vm fork's). A copy needs room for
+            // what it copies, and its fork reserves its whole disk when it boots.
             (Some(label), Disk::Copy(_)) => {
-                check_fork_room(state_dir, &disk_of(state_dir, label)?)?;
                 copy_disk(state_dir, label, &making.join(DISK))?;
             }
             (None, Disk::Copy(disk)) => {
                 let image = state_dir.join(DISK);
-                check_fork_room(state_dir, &image)?;
                 check_room(state_dir, duplicate_bytes(state_dir, &image))?;
                 disk.snapshot(&making.join(DISK), &mut || Ok(()))?;
             }

@@ -647,3 +647,26 @@ fn a_reflink_pool_is_shown_and_removed() {
     home.json(&["rm", "t2", "--force", "--purge"]);
     home.wait_for_teardown();
 }
+
+/// Without a pool, `doctor` says whether the home's jail checkpoints and forks are clones (a
+/// home on XFS) or copies (a home on ext4), and for the copies what makes them clones; neither
+/// is a warning.
+#[test]
+fn doctor_says_whether_a_homes_forks_clone_or_copy() {
+    let test = "doctor_says_whether_a_homes_forks_clone_or_copy";
+    let Some(xfs) = XfsFs::new(test, 512) else {
+        return;
+    };
+    let row = doctor_pool_row(&xfs.home());
+    assert_eq!(row["status"], "ok", "{row:#}");
+    let detail = row["detail"].as_str().expect("detail");
+    assert!(detail.contains("are clones"), "{detail}");
+
+    let ext4 = dynocap_e2e::small_fs::SmallFs::new(256);
+    let row = doctor_pool_row(&ext4.home(&[]));
+    assert_eq!(row["status"], "ok", "{row:#}");
+    let detail = row["detail"].as_str().expect("detail");
+    for needle in ["cannot share extents", "copies", "DYNOCAP_JAIL_POOL_MB"] {
+        assert!(detail.contains(needle), "{needle:?} not in {detail}");
+    }
+}

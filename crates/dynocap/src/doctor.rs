@@ -208,9 +208,10 @@ fn images_check(config: &Config) -> Check {
 fn jail_pool_check(config: &Config) -> Option<Check> {
     // A home that cannot be laid out is the images row's to report.
     let home = dynocap_engine::Home::without_pool(&config.home).ok()?;
-    let pool = dynocap_engine::Engine::new(home, config.clone()).and_then(|e| e.jail_pool());
-    match pool {
-        Ok(pool) => pool.map(|pool| pool_row(&pool)),
+    let engine = dynocap_engine::Engine::new(home, config.clone()).ok()?;
+    match engine.jail_pool() {
+        Ok(Some(pool)) => Some(pool_row(&pool)),
+        Ok(None) => Some(no_pool_row(engine.jail_disks_clone())),
         Err(err) => Some(Check::new(
             POOL_ROW,
             false,
@@ -222,6 +223,24 @@ fn jail_pool_check(config: &Config) -> Option<Check> {
 }
 
 const POOL_ROW: &str = "reflink pool";
+
+/// A home without a pool: whether the jail's checkpoints and forks clone there anyway (a home
+/// on XFS or btrfs) or copy what each task wrote, and what makes them clones. Information,
+/// not a warning: copies work, at a cost that follows what the task wrote.
+fn no_pool_row(clones: bool) -> Check {
+    let detail = if clones {
+        "none, and none needed: the home's filesystem shares extents, so jail checkpoints and \
+         forks are clones"
+            .to_owned()
+    } else {
+        "none: the home's filesystem cannot share extents (ext4), so a jail checkpoint or fork \
+         copies what the task wrote (seconds per GiB; a fork also sets its whole disk aside); \
+         DYNOCAP_JAIL_POOL_MB=16384 (root, xfsprogs) makes them clones in a pool of that many MB \
+         set aside in the home, as does a home on XFS or btrfs"
+            .to_owned()
+    };
+    Check::new(POOL_ROW, false, true, detail, "")
+}
 
 fn pool_row(pool: &dynocap_engine::jail_pool::JailPool) -> Check {
     let state = &pool.pool;
@@ -492,6 +511,22 @@ fn tool_check(name: &str, required: bool, argv: &[&str], hint: &str) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_home_without_a_pool_is_told_whether_its_forks_clone_or_copy() {
+        let clones = no_pool_row(true);
+        assert!(clones.ok, "{clones:?}");
+        assert!(clones.detail.contains("are clones"), "{clones:?}");
+        let copies = no_pool_row(false);
+        assert!(copies.ok, "copies work: information, not a warning");
+        for needle in [
+            "copies what the task wrote",
+            "DYNOCAP_JAIL_POOL_MB",
+            "XFS or btrfs",
+        ] {
+            assert!(copies.detail.contains(needle), "{needle:?}: {copies:?}");
+        }
+    }
 
     #[test]
     fn one_of_lists_the_choices_as_a_sentence_does() {

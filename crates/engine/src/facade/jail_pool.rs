@@ -37,6 +37,19 @@ pub struct JailPool {
 }
 
 impl Engine {
+    /// Whether the jail's checkpoints and forks on this home are clones (its sandboxes'
+    /// filesystem shares extents: XFS with reflink, btrfs, or the reflink pool mounted on it)
+    /// rather than copies of what each task wrote. Makes and mounts nothing.
+    pub fn jail_disks_clone(&self) -> bool {
+        let sandboxes = self.home().root().join("sandboxes");
+        let dir = if sandboxes.is_dir() {
+            sandboxes
+        } else {
+            self.home().root().to_owned()
+        };
+        dynocap_backend_jail::reflinks(&dir)
+    }
+
     /// The home's reflink pool, if it is configured or made. Makes and mounts nothing.
     pub fn jail_pool(&self) -> Result<Option<JailPool>> {
         let configured = jail_pool::parse_mb(self.config().home.jail_pool_mb.as_deref())?;

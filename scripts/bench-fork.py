@@ -342,7 +342,8 @@ def main() -> None:
                 for task in dynocap(h, "ls").get("tasks", []):
                     dynocap(h, "rm", "--force", "--purge", task["id"])
             if args.pool:
-                subprocess.run(["umount", str(base / "hp" / "sandboxes")])
+                # The pool and the shared bind mount under it, both gone with it.
+                dynocap(homes["pool"], "jail-pool", "rm")
             else:
                 subprocess.run(["umount", str(base / "xfs")])
             subprocess.run(["rm", "-rf", str(base)])

@@ -41,17 +41,11 @@ fn a_restored_checkpoint_is_what_the_finish_saves_and_its_running_job_is_ended()
         "echo shared >> a.txt && mkdir -p ~/deps && head -c 8000000 /dev/urandom > ~/deps/blob",
     );
     // A job writing all along: the checkpoint is taken under it.
-    let job = home.json(&[
-        "task",
-        "exec",
+    let job = home.task_job(
         "cp",
-        "--background",
-        "--timeout",
-        "300",
-        "--",
+        300,
         "i=0; while :; do i=$((i+1)); echo $i > ~/counter; sleep 0.02; done",
-    ]);
-    let job = job["job"].as_str().expect("job id").to_owned();
+    );
     let made = home.json(&["task", "checkpoint", "cp", "good"]);
     assert_eq!(made["label"], "good");
     assert!(

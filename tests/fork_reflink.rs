@@ -297,21 +297,10 @@ fn on_a_full_xfs_a_forks_write_fails_in_its_guest() {
         .status();
     // XFS keeps a few blocks for its own transactions, which no file write gets.
     assert!(free_mb(&fs.mount) <= 1, "the home's filesystem is full");
-    let out = home.run(&[
-        "--json",
-        "task",
-        "exec",
+    let (failed, text) = home.task_exec_outcome(
         "fork",
-        "--",
         "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync",
-    ]);
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    let failed = !out.status.success()
-        || serde_json::from_slice::<Value>(&out.stdout)
-            .ok()
-            .and_then(|v| v["exitCode"].as_i64())
-            .is_some_and(|code| code != 0);
+    );
     assert!(failed, "the write the host cannot back fails: {text}");
     // Which error the guest sees first is a race: the write or its fsync meets the host's
     // ENOSPC itself, or the disk's filesystem has already turned read-only on an earlier
@@ -562,16 +551,8 @@ fn a_reflink_pool_is_shown_and_removed() {
             .is_some_and(|h| h.contains("jail-pool rm")),
         "{row:#}"
     );
-    let out = home.run(&[
-        "--json",
-        "task",
-        "exec",
-        "f",
-        "--",
-        "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync",
-    ]);
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let (_, text) =
+        home.task_exec_outcome("f", "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync");
     assert!(text.contains("diskError"), "the disk failed: {text}");
     for needle in [
         "is full",

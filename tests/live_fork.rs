@@ -10,7 +10,6 @@
 //! pause: the parent runs on untouched and nothing half-made is left.
 
 use dynocap_e2e::netfix::*;
-use dynocap_e2e::small_fs::SmallFs;
 use dynocap_e2e::*;
 
 /// Asserts that the guest clock of task `name` reads the host's, within a few seconds.
@@ -48,17 +47,11 @@ fn a_live_fork_keeps_the_running_server_and_finishes_its_own_patch() {
     let project = one_commit_project("a.txt", "a\n");
     let path = project.path().to_string_lossy();
     home.json(&["task", "start", &path, "--name", "p"]);
-    let job = home.json(&[
-        "task",
-        "exec",
+    let job = home.task_job(
         "p",
-        "--background",
-        "--timeout",
-        "900",
-        "--",
+        900,
         "cd /tmp && echo $$ > /tmp/server.pid && exec python3 -m http.server 8000 --bind 127.0.0.1",
-    ]);
-    let job = job["job"].as_str().expect("a job id").to_owned();
+    );
     assert_eq!(home.task_sh("p", CURL), "200");
     let server = home.task_sh("p", "cat /tmp/server.pid");
     home.task_sh("p", "echo shared >> a.txt");
@@ -189,30 +182,15 @@ fn a_live_fork_of_a_jail_task_is_refused_as_the_vms() {
 #[test]
 fn a_live_fork_the_host_cannot_back_is_refused_and_the_parent_runs_on() {
     let test = "a_live_fork_the_host_cannot_back_is_refused_and_the_parent_runs_on";
-    if !require_root(test) {
-        return;
-    }
     // The debian image (~700 MB copied here), the task's 1 GiB disk and some room to spare.
-    let fs = SmallFs::new(3200);
-    let Some(home) = backend::vm_home_at(test, fs.mount.join("home")) else {
+    let Some((fs, home)) = backend::vm_home_on_small_fs(test, 3200) else {
         return;
     };
-    let home = home.with_env("DYNOCAP_CACHES", "0");
     let project = one_commit_project("a.txt", "a\n");
     let path = project.path().to_string_lossy();
     home.json(&["task", "start", &path, "--name", "p", "--disk-mb", "1024"]);
     home.task_sh("p", "echo shared >> a.txt && sync");
-    let job = home.json(&[
-        "task",
-        "exec",
-        "p",
-        "--background",
-        "--timeout",
-        "900",
-        "--",
-        "echo $$ > /tmp/sleeper.pid && exec sleep 900",
-    ]);
-    let job = job["job"].as_str().expect("a job id").to_owned();
+    let job = home.task_job("p", 900, "echo $$ > /tmp/sleeper.pid && exec sleep 900");
     assert!(wait_until(30, || home
         .task_sh("p", "cat /tmp/sleeper.pid 2>/dev/null || true")
         .trim()

@@ -17,7 +17,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use dynocap_e2e::small_fs::SmallFs;
 use dynocap_e2e::*;
 use serde_json::Value;
 
@@ -57,15 +56,10 @@ fn assert_denied_for_room(err: &Value, what: &str) {
 #[test]
 fn vm_checkpoints_and_forks_take_host_room_once_and_give_it_back() {
     let test = "vm_checkpoints_and_forks_take_host_room_once_and_give_it_back";
-    if !require_root(test) {
-        return;
-    }
     // The debian image (~700 MB copied here), two 1 GiB disks' room and a little more.
-    let fs = SmallFs::new(3400);
-    let Some(home) = backend::vm_home_at(test, fs.mount.join("home")) else {
+    let Some((fs, home)) = backend::vm_home_on_small_fs(test, 3400) else {
         return;
     };
-    let home = home.with_env("DYNOCAP_CACHES", "0");
     let project = one_commit_project("a.txt", "a\n");
     let path = project.path().to_string_lossy();
     let before_start = fs.free_mb();
@@ -132,42 +126,14 @@ fn vm_checkpoints_and_forks_take_host_room_once_and_give_it_back() {
     );
 }
 
-/// Runs `command` in task `name`: whether it (or `task exec` itself) failed, and what was
-/// printed.
-fn failed_exec(home: &TestHome, name: &str, command: &str) -> (bool, String) {
-    let out = home.run(&[
-        "--json",
-        "task",
-        "exec",
-        name,
-        "--timeout",
-        "300",
-        "--",
-        command,
-    ]);
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    let failed = !out.status.success()
-        || serde_json::from_slice::<Value>(&out.stdout)
-            .ok()
-            .and_then(|v| v["exitCode"].as_i64())
-            .is_some_and(|code| code != 0);
-    (failed, text)
-}
-
 #[test]
 fn vm_forks_take_what_they_write_and_a_full_host_fails_their_writes_in_the_guest() {
     let test = "vm_forks_take_what_they_write_and_a_full_host_fails_their_writes_in_the_guest";
-    if !require_root(test) {
-        return;
-    }
     // The debian image (~700 MB copied here), the source's 1 GiB disk's room, the live fork's
     // saved memory (512 MB at most) and room to spare: not four disks' room.
-    let fs = SmallFs::new(3400);
-    let Some(home) = backend::vm_home_at(test, fs.mount.join("home")) else {
+    let Some((fs, home)) = backend::vm_home_on_small_fs(test, 3400) else {
         return;
     };
-    let home = home.with_env("DYNOCAP_CACHES", "0");
     let project = one_commit_project("a.txt", "a\n");
     let path = project.path().to_string_lossy();
     home.json(&[
@@ -248,11 +214,8 @@ fn vm_forks_take_what_they_write_and_a_full_host_fails_their_writes_in_the_guest
     // for a write error, `werror=enospc`, the guest pauses instead, and this command's
     // supervisor stops answering until `task exec` gives up on it minutes later.)
     for fork in ["f-cp", "f-live"] {
-        let (failed, text) = failed_exec(
-            &home,
-            fork,
-            "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync",
-        );
+        let (failed, text) =
+            home.task_exec_outcome(fork, "dd if=/dev/urandom of=big bs=1M count=64 conv=fsync");
         assert!(
             failed,
             "{fork}: the write the host cannot back fails: {text}"
@@ -294,17 +257,11 @@ fn a_deep_chain_of_checkpoints_under_a_job_flattens_and_each_stays_whole() {
     let project = one_commit_project("a.txt", "a\n");
     let path = project.path().to_string_lossy();
     home.json(&["task", "start", &path, "--name", "v"]);
-    let job = home.json(&[
-        "task",
-        "exec",
+    let job = home.task_job(
         "v",
-        "--background",
-        "--timeout",
-        "900",
-        "--",
+        900,
         "i=0; while :; do i=$((i+1)); echo $i > ~/counter; sleep 0.1; done",
-    ]);
-    let job = job["job"].as_str().expect("job id").to_owned();
+    );
     for n in 1..=5 {
         home.task_sh("v", &format!("echo {n} > f{n}.txt"));
         let made = home.json(&["task", "checkpoint", "v", &format!("c{n}")]);

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use crate::small_fs::SmallFs;
 use crate::{bin_dir, images, require_root, TestHome};
 
 /// A backend the tests run on (`DYNOCAP_BACKEND`).
@@ -71,6 +72,19 @@ pub fn vm_home_at(test: &str, path: PathBuf) -> Option<TestHome> {
         &images::cache_dir().to_string_lossy(),
     );
     vm_home_from(test, home)
+}
+
+/// A vm home on a small ext4 of `megabytes` of its own ([`SmallFs`]), for a test of what
+/// DynoCap sets aside on the host, without package caches (their room would stand beside the
+/// disks it measures). `None` (the test skips, saying why) as [`vm_home_at`]. Bind it as
+/// `let (fs, home) = …`: the home goes first, then its filesystem.
+pub fn vm_home_on_small_fs(test: &str, megabytes: u64) -> Option<(SmallFs, TestHome)> {
+    if !require_root(test) {
+        return None;
+    }
+    let fs = SmallFs::new(megabytes);
+    let home = vm_home_at(test, fs.mount.join("home"))?.with_env("DYNOCAP_CACHES", "0");
+    Some((fs, home))
 }
 
 fn vm_home_from(test: &str, home: TestHome) -> Option<TestHome> {

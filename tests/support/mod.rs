@@ -228,6 +228,50 @@ impl TestHome {
     }
 
     /// stdout of a command that must succeed in a task's /workspace (the default deadline).
+    /// Runs `command` in task `name` (up to 300 s): whether it, or `task exec` itself,
+    /// failed, and everything printed (the JSON result and stderr), for a test of how a
+    /// command fails.
+    pub fn task_exec_outcome(&self, name: &str, command: &str) -> (bool, String) {
+        let out = self.run(&[
+            "--json",
+            "task",
+            "exec",
+            name,
+            "--timeout",
+            "300",
+            "--",
+            command,
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let failed = !out.status.success()
+            || serde_json::from_slice::<Value>(&out.stdout)
+                .ok()
+                .and_then(|v| v["exitCode"].as_i64())
+                .is_some_and(|code| code != 0);
+        (failed, text)
+    }
+
+    /// Starts `command` in task `name` as a background job that may run `timeout_secs`;
+    /// returns the job's id.
+    pub fn task_job(&self, name: &str, timeout_secs: u64, command: &str) -> String {
+        let timeout = timeout_secs.to_string();
+        let started = self.json(&[
+            "task",
+            "exec",
+            name,
+            "--background",
+            "--timeout",
+            &timeout,
+            "--",
+            command,
+        ]);
+        started["job"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a job id: {started:#}"))
+            .to_owned()
+    }
+
     pub fn task_sh(&self, name: &str, command: &str) -> String {
         let result = self.exec_in_task(name, command, 30);
         assert_eq!(

@@ -497,14 +497,14 @@ impl Source {
         let (reader, _) = self.reader(&layer.member)?;
         if layer.of_blob {
             let mut hashing = Hashing::new(BufReader::new(reader));
-            let unpacked = unpack_blob(
+            let unpacked = store.install_one(stage_blob(
                 &mut hashing,
                 &layer.media_type,
                 &layer.diff_id,
                 store,
                 limits,
                 stop,
-            )?;
+            )?)?;
             hashing.verify(
                 &format!("layer {}", layer.digest),
                 &layer.digest,
@@ -512,39 +512,22 @@ impl Source {
             )?;
             Ok(unpacked)
         } else {
-            unpack_blob(
+            store.install_one(stage_blob(
                 reader,
                 &layer.media_type,
                 &layer.diff_id,
                 store,
                 limits,
                 stop,
-            )
+            )?)
         }
     }
 }
 
-/// Unpacks a layer blob (gzip or plain tar, by its media type and first bytes) into the
-/// layer store, checking the tar against `diff_id`, and installs it ([`LayerStore::unpack`]).
-pub(super) fn unpack_blob(
-    blob: impl Read,
-    media_type: &str,
-    diff_id: &Digest,
-    store: &LayerStore,
-    limits: Limits,
-    stop: &dyn Fn() -> Result<()>,
-) -> Result<Layer> {
-    match stage_blob(blob, media_type, diff_id, store, limits, stop)? {
-        Unpacked::Stored(layer) => Ok(layer),
-        Unpacked::Staged(staged) => store
-            .install(vec![staged])?
-            .pop()
-            .ok_or_else(|| Error::internal(format!("layer {diff_id} vanished once unpacked"))),
-    }
-}
-
-/// [`unpack_blob`] without the install: the layer staged ([`LayerStore::stage`]), for a pull
-/// that installs all its layers with one sync.
+/// Unpacks a layer blob (gzip or plain tar, by its media type and first bytes) into a staging
+/// directory of the layer store ([`LayerStore::stage`]), checking the tar against `diff_id`:
+/// [`LayerStore::install_one`] puts it in, or a pull's [`LayerStore::install`] with its
+/// others, for one sync.
 pub(super) fn stage_blob(
     blob: impl Read,
     media_type: &str,
@@ -780,7 +763,7 @@ mod tests {
         };
         let tmp = tempfile::tempdir().expect("tempdir");
         let store = LayerStore::in_images_dir(tmp.path());
-        let layer = unpack_blob(
+        let layer = stage_blob(
             &blob[..],
             "application/vnd.oci.image.layer.v1.tar+gzip",
             &diff_id,
@@ -788,6 +771,7 @@ mod tests {
             Limits::default(),
             &|| Ok(()),
         )
+        .and_then(|staged| store.install_one(staged))
         .expect("a two-member gzip layer unpacks");
         assert_eq!(
             fs::read_to_string(layer.tree().join("second")).expect("the second file"),

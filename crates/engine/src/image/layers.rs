@@ -227,12 +227,20 @@ impl LayerStore {
         limits: Limits,
         cancel: &dyn Fn() -> Result<()>,
     ) -> Result<Layer> {
-        match self.stage(diff_id, tar, limits, cancel)? {
+        self.install_one(self.stage(diff_id, tar, limits, cancel)?)
+    }
+
+    /// Puts one layer [`LayerStore::stage`] left into the store, durably (see
+    /// [`LayerStore::install`]); one the store had already is returned as it is.
+    pub fn install_one(&self, unpacked: Unpacked) -> Result<Layer> {
+        match unpacked {
             Unpacked::Stored(layer) => Ok(layer),
-            Unpacked::Staged(staged) => self
-                .install(vec![staged])?
-                .pop()
-                .ok_or_else(|| Error::internal(format!("layer {diff_id} vanished once unpacked"))),
+            Unpacked::Staged(staged) => {
+                let diff_id = staged.diff_id.clone();
+                self.install(vec![staged])?.pop().ok_or_else(|| {
+                    Error::internal(format!("layer {diff_id} vanished once unpacked"))
+                })
+            }
         }
     }
 

@@ -238,7 +238,10 @@ pub async fn pull(
     sweep_dead_partials(&layer_store.blobs_dir());
     layer_store.sweep_dead_unpacks();
     let mut transfer = Transfer::default();
-    let (fetched, outcome) = fetch_layers(
+    // Each layer's slot is `None` until it finished: on an error, those that did are there to
+    // install all the same.
+    let mut fetched: Vec<Option<Fetched>> = manifest.layers.iter().map(|_| None).collect();
+    let outcome = fetch_layers(
         &client,
         &parsed,
         &manifest.layers,
@@ -250,6 +253,7 @@ pub async fn pull(
         &mut transfer,
         progress,
         cancel,
+        &mut fetched,
     )
     .await;
     if let Err(err) = outcome {
@@ -442,45 +446,11 @@ fn assemble(
 }
 
 /// Downloads the blobs of the layers the store lacks (a few at once) and unpacks each (staged)
-/// as they come. Returns the layers bottom first, each `None` that did not finish, and how the
-/// downloads ended: on an error, the layers that finished are there to install all the same.
+/// as they come, into `found` (bottom first; a layer that did not finish stays `None`).
+/// Returns how the downloads ended: on an error, the layers that finished are in `found` to
+/// install all the same.
 #[allow(clippy::too_many_arguments)]
 async fn fetch_layers(
-    client: &Client,
-    reference: &Reference,
-    descriptors: &[OciDescriptor],
-    diff_ids: &[Digest],
-    store: &LayerStore,
-    limits: Limits,
-    idle: Duration,
-    downloads: &tokio::runtime::Handle,
-    transfer: &mut Transfer,
-    progress: &(dyn Fn(&str) + Sync),
-    cancel: &AtomicBool,
-) -> (Vec<Option<Fetched>>, Result<()>) {
-    let total = descriptors.len();
-    let mut found: Vec<Option<Fetched>> = (0..total).map(|_| None).collect();
-    let outcome = start_layers(
-        client,
-        reference,
-        descriptors,
-        diff_ids,
-        store,
-        limits,
-        idle,
-        downloads,
-        transfer,
-        progress,
-        cancel,
-        &mut found,
-    )
-    .await;
-    (found, outcome)
-}
-
-/// [`fetch_layers`], filling `found`.
-#[allow(clippy::too_many_arguments)]
-async fn start_layers(
     client: &Client,
     reference: &Reference,
     descriptors: &[OciDescriptor],

@@ -196,7 +196,10 @@ fn is_mount_point(path: &Path) -> bool {
 }
 
 /// What to do when the pool's image does not mount: the kernel's log says why.
-const MOUNT_FAILED: &str = "see the kernel's log (dmesg) for why: a kernel without XFS needs      it (modprobe xfs), a damaged image can be checked with xfs_repair -n on it; or remove the      pool (dynocap jail-pool rm: it is made anew at the next start), or unset      DYNOCAP_JAIL_POOL_MB";
+const MOUNT_FAILED: &str = "see the kernel's log (dmesg) for why: a kernel without XFS needs \
+    it (modprobe xfs), a damaged image can be checked with xfs_repair -n on it; or remove the \
+    pool (dynocap jail-pool rm: it is made anew at the next start), or unset \
+    DYNOCAP_JAIL_POOL_MB";
 
 /// A process that has the pool mounted in a mount namespace other than this process's (one
 /// per namespace): a supervisor, whose private namespace took a copy of the pool's mount.

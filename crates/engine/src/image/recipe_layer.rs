@@ -207,7 +207,8 @@ impl TreeWalk<'_> {
         for (_, path) in names {
             if self.entries.len() as u64 >= self.limits.max_files {
                 return Err(self.refuse(format!(
-                    "it has more than {} entries, the bound on an image's file count                      (--max-files)",
+                    "it has more than {} entries, the bound on an image's file count \
+                    (--max-files)",
                     self.limits.max_files
                 )));
             }
@@ -258,7 +259,8 @@ impl TreeWalk<'_> {
                 self.bytes = self.bytes.saturating_add(opened.len());
                 if self.bytes > self.limits.max_bytes {
                     return Err(self.refuse(format!(
-                        "its files add up to more than {} bytes, the bound on an image's size                          (--max-bytes)",
+                        "its files add up to more than {} bytes, the bound on an image's size \
+                        (--max-bytes)",
                         self.limits.max_bytes
                     )));
                 }
@@ -277,7 +279,8 @@ impl TreeWalk<'_> {
                     "a device node"
                 };
                 return Err(self.refuse(format!(
-                    "{} is {what}, which a copy does not copy (only directories, files and                      symlinks); leave it out of the directory",
+                    "{} is {what}, which a copy does not copy (only directories, files and \
+                    symlinks); leave it out of the directory",
                     path.display()
                 )));
             }

@@ -104,11 +104,17 @@ def crafted(data, pieces=1, pause=0.0, then_close=False, target=None):
     if status != "200":
         return result(status, drain(sock))
     step = max(1, -(-len(data) // pieces))
-    for i in range(0, len(data), step):
-        sock.sendall(data[i : i + step])
-        time.sleep(pause)
-    if then_close:
-        sock.shutdown(socket.SHUT_WR)
+    try:
+        for i in range(0, len(data), step):
+            sock.sendall(data[i : i + step])
+            time.sleep(pause)
+        if then_close:
+            sock.shutdown(socket.SHUT_WR)
+    except (BrokenPipeError, ConnectionResetError):
+        # The proxy judged what it had, answered and closed while the rest was on its way
+        # (its close with unread bytes resets the connection): its answer is still queued
+        # here to be read.
+        pass
     return result(status, drain(sock))
 
 

@@ -27,8 +27,8 @@ impl crate::Engine {
     }
 
     /// [`admit`](Self::admit) for a sandbox whose disk of `disk_mb` sets `reserved_mb` aside
-    /// on the host when it starts: a vm fork's sets nothing aside (see `disk_room`), and is
-    /// admitted with the headroom free only.
+    /// on the host when it starts: a vm fork's, and a jail fork's clone, set nothing aside
+    /// (see `disk_room`), and are admitted with the headroom free only.
     pub(crate) fn admit_setting_aside(
         &self,
         cpus: u32,

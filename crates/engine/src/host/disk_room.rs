@@ -20,8 +20,9 @@
 //! price is the one a jail clone pays: once the host's filesystem is full, a fork's write
 //! fails in its guest (QEMU reports the ENOSPC to the guest as a disk error: its write or
 //! `fsync` fails, and its ext4 turns read-only once the error reaches its metadata), where a
-//! task started fresh writes on into its reservation. A vm fork is admitted with [`HEADROOM_MB`] free, the jail's clone with room
-//! for its whole disk free at that instant (nothing set aside).
+//! task started fresh writes on into its reservation. A vm fork, and a jail fork's clone, is
+//! admitted with [`HEADROOM_MB`] free; a jail fork's copy with room for what it copies and
+//! for its whole disk, which it reserves when it boots.
 //!
 //! On the vm a checkpoint or fork freezes the writable layer: the frozen layer keeps the
 //! blocks it holds and gives back its room past them, and the guest's new layer reserves the

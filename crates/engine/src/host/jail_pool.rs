@@ -11,8 +11,8 @@
 //!
 //! The user sees it ([`state`]: `dynocap doctor`, `dynocap jail-pool`) and takes it away
 //! ([`remove`]: `dynocap jail-pool rm`), under the same lock: refused while a sandbox lives
-//! on it, otherwise unmounted and its image deleted. A refusal for room on it ([`full_hint`]) says that the filesystem
-//! out of room is the pool, and how to give it more.
+//! on it, otherwise unmounted and its image deleted. A refusal for room on it
+//! ([`full_hint`]) says that the filesystem out of room is the pool, and how to give it more.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -210,7 +210,8 @@ pub struct PoolRemoved {
 }
 
 /// Removes the reflink pool of the home at `root`: refused (`conflict`) while a sandbox lives
-/// on it, naming each as `named` words it; otherwise unmounted and its image deleted. `configured`: `DYNOCAP_JAIL_POOL_MB`, whether the next start makes it again.
+/// on it, naming each as `named` words it; otherwise unmounted and its image deleted.
+/// `configured`: `DYNOCAP_JAIL_POOL_MB`, whether the next start makes it again.
 ///
 /// A start that makes its sandbox's directory between the check and the unmount puts it on
 /// the home's own filesystem, where the pool is then refused until that sandbox goes
@@ -241,8 +242,6 @@ pub fn remove(
                 if held.len() == 1 { "it" } else { "them" },
             )));
         }
-    }
-    if mounted {
         dynocap_backend_jail::unmount_pool(&sandboxes).map_err(jail)?;
     }
     let _ = std::fs::remove_file(root.join(format!("{IMAGE}.making")));

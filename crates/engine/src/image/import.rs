@@ -5,8 +5,10 @@
 //! killed leaves nothing listed (the next import or build removes its leftovers).
 //!
 //! Every blob is checked against its digest while it is read; layers are unpacked by
-//! [`unpack`], which treats them as hostile, into the shared [`layers`] store (each layer once,
-//! by its diff id), and the image's rootfs is assembled from them by hard links.
+//! [`unpack`], which treats them as hostile, into staging directories of the shared [`layers`]
+//! store (each layer once, by its diff id), and the image's rootfs is assembled from them by
+//! hard links. One `syncfs` then covers the layers and the image before the renames that
+//! install them, as a pull's does; the layers of an import that fails go in all the same.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -24,7 +26,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::build::{remove_dead_builds, BuildLock, Staging};
 use super::failure::ImageFailure;
-use super::layers::{Layer, LayerStore, Unpacked};
+use super::layers::{Layer, LayerStore, StagedLayer, Unpacked};
 use super::oci::{self, Compression, ContainerConfig, Digest};
 use super::sandbox_user::{SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID};
 use super::store::{tree_size, BuiltImage, ImageMeta, ImageSource, ImageStore, META_FILE};
@@ -121,23 +123,30 @@ pub fn import(
     let mut budget = Budget::new(limits);
     let mut unpacked = Vec::new();
     let total = plan.layers.len();
-    for (n, layer) in plan.layers.iter().enumerate() {
-        progress(&format!("layer {}/{total}: {}", n + 1, layer.digest));
-        // `image.import.layer2=kill`: dies with layer 1 unpacked, mid-import.
-        failpoint::hit(&format!("image.import.layer{}", n + 1))?;
-        let layer = match layer_store.get(&layer.diff_id) {
-            Some(present) => {
-                // Stored already (by its diff id, checked then): not read again, but the
-                // image must still hold it as a plain file of its own.
-                source.reader(&layer.member)?;
-                present
-            }
-            None => source.unpack_layer(layer, &layer_store, budget.left(), &stop)?,
-        };
-        budget.add(&layer)?;
-        unpacked.push(layer);
+    let unpacking = (|| -> Result<()> {
+        for (n, layer) in plan.layers.iter().enumerate() {
+            progress(&format!("layer {}/{total}: {}", n + 1, layer.digest));
+            // `image.import.layer2=kill`: dies with layer 1 unpacked, mid-import.
+            failpoint::hit(&format!("image.import.layer{}", n + 1))?;
+            let layer = match layer_store.get(&layer.diff_id) {
+                Some(present) => {
+                    // Stored already (by its diff id, checked then): not read again, but the
+                    // image must still hold it as a plain file of its own.
+                    source.reader(&layer.member)?;
+                    Unpacked::Stored(present)
+                }
+                None => source.stage_layer(layer, &layer_store, budget.left(), &stop)?,
+            };
+            budget.add(&layer.layer())?;
+            unpacked.push(layer);
+        }
+        stop()
+    })();
+    if let Err(err) = unpacking {
+        // The layers unpacked go in all the same, so the next import starts from them.
+        keep_layers(&layer_store, unpacked);
+        return Err(err);
     }
-    stop()?;
     let source = ImageSource {
         format: source.format().to_owned(),
         path: path.display().to_string(),
@@ -145,10 +154,21 @@ pub fn import(
         config_digest: plan.config_digest.to_string(),
     };
     let meta = ImageMeta::layered(&name, &id, source, plan.config);
-    assemble_image(&layer_store, &unpacked, &staging.path, limits, meta)?;
-    stop()?;
+    // Staged layers are assembled from where they are staged: the rootfs hard-links their
+    // files, and the links follow the inodes through the renames that install them.
+    let layers: Vec<Layer> = unpacked.iter().map(Unpacked::layer).collect();
+    let assembled =
+        assemble_image(&layer_store, &layers, &staging.path, limits, meta).and_then(|()| stop());
+    if let Err(err) = assembled {
+        keep_layers(&layer_store, unpacked);
+        return Err(err);
+    }
+    // The import's one wait for the disk: the image's files and every layer staged for it
+    // (see `Staging::install` for why before the renames).
+    super::build::sync_filesystem(&staging.path)?;
+    layer_store.install_synced(staged_only(unpacked))?;
     let target = store.image_dir(&name, &id);
-    staging.install(&target)?;
+    staging.install_synced(&target)?;
     let image = store
         .get(&name, &id)
         .ok_or(ImageFailure::Unreadable { dir: target })?;
@@ -157,6 +177,26 @@ pub fn import(
         present: false,
         stats: budget.stats,
     })
+}
+
+/// The layers of `unpacked` that were unpacked now, not found in the store.
+fn staged_only(unpacked: Vec<Unpacked>) -> Vec<StagedLayer> {
+    unpacked
+        .into_iter()
+        .filter_map(|layer| match layer {
+            Unpacked::Staged(staged) => Some(staged),
+            Unpacked::Stored(_) => None,
+        })
+        .collect()
+}
+
+/// Installs the layers a failed import unpacked (one sync for all), so the next import of an
+/// image sharing them does not unpack them again; a failure to is only logged, as the
+/// import's own error is what the user must see.
+fn keep_layers(store: &LayerStore, unpacked: Vec<Unpacked>) {
+    if let Err(err) = store.install(staged_only(unpacked)) {
+        tracing::warn!("keeping the unpacked layers of a failed import: {err}");
+    }
 }
 
 /// An image's bounds, spent layer by layer: a layer the store has already counts as much as
@@ -485,26 +525,26 @@ impl Source {
         })
     }
 
-    /// Unpacks one layer into the layer store, checking its blob digest (OCI) and its diff
-    /// id as it is read.
-    fn unpack_layer(
+    /// Unpacks one layer into a staging directory of the layer store, checking its blob
+    /// digest (OCI) and its diff id as it is read; the import installs it with the image.
+    fn stage_layer(
         &self,
         layer: &LayerRef,
         store: &LayerStore,
         limits: Limits,
         stop: &dyn Fn() -> Result<()>,
-    ) -> Result<Layer> {
+    ) -> Result<Unpacked> {
         let (reader, _) = self.reader(&layer.member)?;
         if layer.of_blob {
             let mut hashing = Hashing::new(BufReader::new(reader));
-            let unpacked = store.install_one(stage_blob(
+            let unpacked = stage_blob(
                 &mut hashing,
                 &layer.media_type,
                 &layer.diff_id,
                 store,
                 limits,
                 stop,
-            )?)?;
+            )?;
             hashing.verify(
                 &format!("layer {}", layer.digest),
                 &layer.digest,
@@ -512,14 +552,14 @@ impl Source {
             )?;
             Ok(unpacked)
         } else {
-            store.install_one(stage_blob(
+            stage_blob(
                 reader,
                 &layer.media_type,
                 &layer.diff_id,
                 store,
                 limits,
                 stop,
-            )?)
+            )
         }
     }
 }

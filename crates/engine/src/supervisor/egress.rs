@@ -208,26 +208,70 @@ fn split_list(text: &str) -> impl Iterator<Item = String> + '_ {
         .map(str::to_owned)
 }
 
-/// Reads and checks `DYNOCAP_EXTRA_CA`: a regular file of PEM certificates.
+/// Reads and checks `DYNOCAP_EXTRA_CA`: a regular file of PEM certificates, each of which
+/// must parse as an X.509 certificate. Returns the certificates alone, PEM again: what joins
+/// the guest's system bundles. Anything else the file holds (a private key beside the
+/// certificate, comments) never reaches the guest, and a block that is not a certificate is
+/// refused here: appended to a bundle it would make OpenSSL refuse the whole bundle, and with
+/// it every TLS connection in the guest.
 fn read_extra_ca(path: &Path) -> Result<String> {
+    use base64::Engine as _;
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::CertificateDer;
+
     let hint = "point DYNOCAP_EXTRA_CA at a PEM file of CA certificates";
-    let meta = std::fs::metadata(path)
-        .context(format_args!("DYNOCAP_EXTRA_CA={}; {hint}", path.display()))?;
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|err| {
+        Error::invalid(format!(
+            "DYNOCAP_EXTRA_CA={shown} cannot be read: {err}; {hint}"
+        ))
+    })?;
     if !meta.is_file() || meta.len() > EXTRA_CA_MAX {
         return Err(Error::invalid(format!(
-            "DYNOCAP_EXTRA_CA={} is not a regular file of at most {EXTRA_CA_MAX} bytes; {hint}",
-            path.display()
+            "DYNOCAP_EXTRA_CA={shown} is not a regular file of at most {EXTRA_CA_MAX} bytes; {hint}"
         )));
     }
-    let text = std::fs::read_to_string(path)
-        .context(format_args!("reading DYNOCAP_EXTRA_CA={}", path.display()))?;
-    if !text.contains("-----BEGIN CERTIFICATE-----") {
+    let bytes = std::fs::read(path).map_err(|err| {
+        Error::invalid(format!(
+            "DYNOCAP_EXTRA_CA={shown} cannot be read: {err}; {hint}"
+        ))
+    })?;
+    let mut pem = String::new();
+    for (index, cert) in CertificateDer::pem_slice_iter(&bytes).enumerate() {
+        let number = index + 1;
+        let cert = cert.map_err(|err| {
+            Error::invalid(format!(
+                "DYNOCAP_EXTRA_CA={shown}: certificate {number} is not valid PEM ({err}); {hint}"
+            ))
+        })?;
+        // webpki's own reading of a trust anchor: what a TLS library makes of it.
+        rustls::RootCertStore::empty()
+            .add(cert.clone())
+            .map_err(|err| {
+                // rustls words every certificate error as a peer's: say only what it found.
+                let found = match err {
+                    rustls::Error::InvalidCertificate(why) => format!("{why:?}"),
+                    other => other.to_string(),
+                };
+                Error::invalid(format!(
+                    "DYNOCAP_EXTRA_CA={shown}: certificate {number} is not an X.509 \
+                     certificate ({found}); {hint}"
+                ))
+            })?;
+        let encoded = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in encoded.as_bytes().chunks(64) {
+            pem.push_str(&String::from_utf8_lossy(line));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    if pem.is_empty() {
         return Err(Error::invalid(format!(
-            "DYNOCAP_EXTRA_CA={} holds no PEM certificate (-----BEGIN CERTIFICATE-----); {hint}",
-            path.display()
+            "DYNOCAP_EXTRA_CA={shown} holds no PEM certificate (-----BEGIN CERTIFICATE-----); {hint}"
         )));
     }
-    Ok(text)
+    Ok(pem)
 }
 
 /// The supervisor's proxy for one sandbox.
@@ -550,6 +594,91 @@ mod tests {
         };
         let added: Vec<String> = added.iter().map(|h| (*h).to_owned()).collect();
         EgressSpec::from_config(&config, true, &added, &[])
+    }
+
+    /// A real CA certificate (EC P-256, made with openssl for these tests; its key is gone).
+    const TEST_CA: &str = "\
+-----BEGIN CERTIFICATE-----\n\
+MIIBlTCCATugAwIBAgIUAqW60ZcbxORpVt/Q/aQ0DHA+aSkwCgYIKoZIzj0EAwIw\n\
+HzEdMBsGA1UEAwwUZHlub2NhcCB1bml0IHRlc3QgQ0EwIBcNMjYxMjA3MTMyMzQw\n\
+WhgPMjEyNjExMTMxMzIzNDBaMB8xHTAbBgNVBAMMFGR5bm9jYXAgdW5pdCB0ZXN0\n\
+IENBMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE5zu3rKKDvJHvVJsinUcv/JOR\n\
+UhxCimytpsfQDIbgph+LK+6ZXPe/wFqPfaxttUukwH6OD5dQLsRz/aOd248lvKNT\n\
+MFEwHQYDVR0OBBYEFJoynBKtuoIVPpdAx5u4Gux0RHdiMB8GA1UdIwQYMBaAFJoy\n\
+nBKtuoIVPpdAx5u4Gux0RHdiMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwID\n\
+SAAwRQIgP5sjbBtDw+oHMn0s2q4mQlQUAQlIeKt8dgZYwfRsk2UCIQCVrYU2OTx5\n\
+aQJhoHQ95ED8a9sFimjsFWbgHaDbxh31wg==\n\
+-----END CERTIFICATE-----\n\
+";
+
+    fn extra_ca(content: &str) -> Result<String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ca.pem");
+        std::fs::write(&path, content).expect("write");
+        read_extra_ca(&path)
+    }
+
+    fn refused(content: &str) -> String {
+        let err = extra_ca(content).expect_err("refused");
+        assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
+        assert!(
+            err.message.contains("point DYNOCAP_EXTRA_CA at a PEM file"),
+            "{err}"
+        );
+        err.message
+    }
+
+    #[test]
+    fn the_extra_ca_is_its_certificates_alone() {
+        // A key kept beside the certificate, and comments, never reach the guest.
+        let file = format!(
+            "# the proxy's CA\n{TEST_CA}\n-----BEGIN PRIVATE KEY-----\n\
+             MC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n"
+        );
+        assert_eq!(extra_ca(&file).expect("read"), TEST_CA);
+        // CRLF line ends and two of them: two certificates, PEM as openssl writes it.
+        let twice = format!("{TEST_CA}{TEST_CA}").replace('\n', "\r\n");
+        assert_eq!(
+            extra_ca(&twice).expect("read"),
+            format!("{TEST_CA}{TEST_CA}")
+        );
+    }
+
+    #[test]
+    fn an_extra_ca_that_is_not_one_is_refused_with_the_reason() {
+        let missing = read_extra_ca(Path::new("/nonexistent/ca.pem")).expect_err("missing");
+        assert_eq!(missing.code, ErrorCode::InvalidArgument, "{missing}");
+        assert!(
+            missing
+                .message
+                .starts_with("DYNOCAP_EXTRA_CA=/nonexistent/ca.pem cannot be read: No such file"),
+            "{missing}"
+        );
+        let message = refused("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+        assert!(
+            message.contains("certificate 1 is not an X.509 certificate (BadEncoding)"),
+            "{message}"
+        );
+        let message = refused(&format!(
+            "{TEST_CA}-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n"
+        ));
+        assert!(
+            message.contains("certificate 2 is not valid PEM"),
+            "{message}"
+        );
+        let message = refused(&TEST_CA.replace("-----END CERTIFICATE-----\n", ""));
+        assert!(
+            message.contains("certificate 1 is not valid PEM"),
+            "{message}"
+        );
+        for nothing in [
+            "",
+            "garbage\n",
+            "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n",
+        ] {
+            let message = refused(nothing);
+            assert!(message.contains("holds no PEM certificate"), "{message}");
+        }
     }
 
     #[test]

@@ -14,11 +14,13 @@ mod direct;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use dynocap_proto::{ConnectRequest, Request};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::foundation::error::{Error, Result};
@@ -33,7 +35,12 @@ pub const FORWARDS_FILE: &str = "forwards.json";
 /// Forwards one sandbox holds at once.
 pub const MAX_FORWARDS: usize = 32;
 /// Connections carried at once over all of a sandbox's forwards (the agent's own bound).
+/// Past it the listeners stop accepting: a further connection waits in the host's listen
+/// backlog until one ends, instead of being closed.
 const MAX_CONNECTIONS: usize = 256;
+/// How long a connection whose guest port nobody listens on is read after its end-of-stream
+/// was sent, so that it closes with a FIN the client reads as an end, not a reset.
+const REFUSED_DRAIN: Duration = Duration::from_secs(5);
 
 /// What a caller asks to forward. The address is checked here too, whoever asked.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -69,7 +76,8 @@ pub struct Forwards {
     guest_net: Mutex<GuestNetState>,
     file: PathBuf,
     list: tokio::sync::Mutex<Vec<Entry>>,
-    active: Arc<AtomicUsize>,
+    /// One permit per connection carried, shared by all the forwards.
+    slots: Arc<Semaphore>,
     /// Set once the sandbox ends: no forward is added after that.
     closed: Mutex<bool>,
 }
@@ -88,7 +96,7 @@ impl Forwards {
             guest_net: Mutex::new(GuestNetState::Untried(netns)),
             file: sandbox_dir.join(FORWARDS_FILE),
             list: tokio::sync::Mutex::new(Vec::new()),
-            active: Arc::new(AtomicUsize::new(0)),
+            slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             closed: Mutex::new(false),
         }
     }
@@ -139,7 +147,7 @@ impl Forwards {
                 conn: self.conn.clone(),
                 guest_net: self.guest_net(),
             },
-            Arc::clone(&self.active),
+            Arc::clone(&self.slots),
         ));
         tracing::info!(target: LOG_TARGET, "forwarding {}", forward.short());
         list.push(Entry {
@@ -275,11 +283,15 @@ struct Route {
 }
 
 impl Route {
-    async fn carry(self, socket: tokio::net::TcpStream, guest_port: u16) -> Result<(), String> {
+    async fn carry(self, socket: TcpStream, guest_port: u16) -> Result<(), String> {
         if let Some(net) = self.guest_net {
-            let guest = net.connect(guest_port).await.map_err(|err| {
-                format!("nothing in the sandbox accepts connections on port {guest_port} (127.0.0.1 or ::1): {err}")
-            })?;
+            let guest = match net.connect(guest_port).await {
+                Ok(guest) => guest,
+                Err(err) => {
+                    close_gently(socket).await;
+                    return Err(format!("nothing in the sandbox accepts connections on port {guest_port} (127.0.0.1 or ::1): {err}"));
+                }
+            };
             return direct::relay(socket, guest)
                 .await
                 .map(|_| ())
@@ -297,49 +309,55 @@ impl Route {
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    guest_port: u16,
-    route: Route,
-    active: Arc<AtomicUsize>,
-) {
+/// Ends a connection the guest refused as the agent's path does: an end-of-stream, then what
+/// the client sent is read until it closes too (or for [`REFUSED_DRAIN`]). Dropping it with
+/// the request it sent unread would answer a reset, which clients report as an error of the
+/// network rather than a closed connection.
+async fn close_gently(mut socket: TcpStream) {
+    if socket.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(REFUSED_DRAIN, async {
+        while matches!(socket.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+async fn accept_loop(listener: TcpListener, guest_port: u16, route: Route, slots: Arc<Semaphore>) {
     // Dropped with this loop: aborting the loop ends its connections too.
     let mut connections = JoinSet::new();
     loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+        // A slot first, then a connection: while every slot is taken, new connections wait
+        // in the listen backlog (both futures may be dropped unfinished safely).
+        let next = async {
+            let slot = Arc::clone(&slots).acquire_owned().await;
+            (slot, listener.accept().await)
+        };
+        let (slot, accepted) = tokio::select! {
+            next = next => next,
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let Ok(slot) = slot else {
+            // The semaphore is never closed; if it were, nothing more could be carried.
+            return;
         };
         let socket = match accepted {
             Ok((socket, _)) => socket,
             Err(err) => {
                 tracing::warn!(target: LOG_TARGET, "accepting on the forward to {guest_port}: {err}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!(target: LOG_TARGET, "{MAX_CONNECTIONS} forwarded connections are open; closing a new one");
-            continue;
-        }
         let _ = socket.set_nodelay(true);
         let route = route.clone();
-        let active = Arc::clone(&active);
         connections.spawn(async move {
-            let _guard = Decrement(active);
+            let _slot = slot;
             if let Err(why) = route.carry(socket, guest_port).await {
                 tracing::debug!(target: LOG_TARGET, "a connection forwarded to {guest_port}: {why}");
             }
         });
-    }
-}
-
-struct Decrement(Arc<AtomicUsize>);
-
-impl Drop for Decrement {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -348,7 +366,7 @@ mod tests {
     use std::time::Duration;
 
     use dynocap_proto::{
-        from_payload, to_payload, Frame, FrameKind, FrameReader, FrameWriter, Hello,
+        from_payload, to_payload, ErrorBody, Frame, FrameKind, FrameReader, FrameWriter, Hello,
         PROTOCOL_VERSION,
     };
 
@@ -432,5 +450,93 @@ mod tests {
         assert!(read_forwards(dir.path()).is_empty());
         let err = forwards.add(&request(9000, 0)).await.unwrap_err();
         assert_eq!(err.code, ErrorCode::Conflict);
+    }
+
+    /// Past [`MAX_CONNECTIONS`] at once a connection waits in the listen backlog and is
+    /// carried once another ends, instead of being closed unanswered.
+    #[tokio::test]
+    async fn connections_past_the_bound_wait_for_a_slot() {
+        let (conn, mut agent, mut agent_writer) = conn().await;
+        let dir = tempfile::tempdir().unwrap();
+        let forwards = Forwards::new(conn, dir.path().to_path_buf(), None);
+        let forward = forwards.add(&request(8000, 0)).await.unwrap();
+        let mut clients = Vec::new();
+        for _ in 0..=MAX_CONNECTIONS {
+            let client = tokio::net::TcpStream::connect(("127.0.0.1", forward.host_port))
+                .await
+                .unwrap();
+            clients.push(client);
+        }
+        let mut opened = Vec::new();
+        while opened.len() < MAX_CONNECTIONS {
+            let frame = agent.read_frame().await.unwrap().unwrap();
+            if frame.kind == FrameKind::Open {
+                opened.push(frame.stream);
+            }
+        }
+        // The agent refuses the first: its slot goes to the connection that waited.
+        let refusal = ErrorBody {
+            message: "connection refused".into(),
+        };
+        agent_writer
+            .write_frame(&Frame::new(
+                opened[0],
+                FrameKind::Error,
+                to_payload(&refusal),
+            ))
+            .await
+            .unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let frame = agent.read_frame().await.unwrap().unwrap();
+                if frame.kind == FrameKind::Open {
+                    return frame;
+                }
+            }
+        })
+        .await
+        .expect("the waiting connection was carried once a slot was free");
+        assert!(!opened.contains(&next.stream));
+        // The waiting client was never closed: its bytes go to that tunnel.
+        clients[MAX_CONNECTIONS].write_all(b"late").await.unwrap();
+        let data = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let frame = agent.read_frame().await.unwrap().unwrap();
+                if frame.kind == FrameKind::Data && frame.stream == next.stream {
+                    return frame;
+                }
+            }
+        })
+        .await
+        .expect("the late client's bytes were carried");
+        assert!(data.payload.ends_with(b"late"), "{:?}", data.payload);
+        forwards.close_all().await;
+    }
+
+    /// On the direct path, a connection to a guest port nobody listens on ends as the agent's
+    /// path ends it: the client that sent a request reads an end of stream, not a reset.
+    #[tokio::test]
+    async fn a_refused_guest_port_closes_the_connection_cleanly() {
+        if !nix::unistd::geteuid().is_root() {
+            // Joining a network namespace needs CAP_SYS_ADMIN; the e2e tests run as root.
+            return;
+        }
+        let (conn, _agent, _agent_writer) = conn().await;
+        let dir = tempfile::tempdir().unwrap();
+        let netns = std::fs::File::open("/proc/self/ns/net").unwrap();
+        let forwards = Forwards::new(conn, dir.path().to_path_buf(), Some(netns));
+        // A port nothing listens on: bound, then closed.
+        let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let guest_port = unused.local_addr().unwrap().port();
+        drop(unused);
+        let forward = forwards.add(&request(guest_port, 0)).await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(("127.0.0.1", forward.host_port))
+            .await
+            .unwrap();
+        client.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+        let mut got = Vec::new();
+        let read = client.read_to_end(&mut got).await;
+        assert_eq!(read.map_err(|e| e.kind()), Ok(0), "a clean end, no bytes");
+        forwards.close_all().await;
     }
 }

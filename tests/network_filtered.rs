@@ -5,8 +5,9 @@
 //!   and every decision lands in `network.jsonl` and the finish summary;
 //! - everything else is refused: hosts off the list, raw IPs, port 80, port 22 to a non-git
 //!   host, SNI mismatch or absence, a name resolving to loopback, DNS, UDP, direct TCP;
-//! - each command's exec result lists what was refused while it ran (`networkRefusals`), the
-//!   CLI prints it after the output, and the client hears the reason and the fix;
+//! - each command's exec result lists what was refused while it ran (`networkRefusals`), a
+//!   job's result too, the CLI prints it after the output, and the client hears the reason and
+//!   the fix;
 //! - `task start --repo` over HTTPS and SSH: the clone is the baseline; the SSH key is used and
 //!   then gone; bad keys are refused; a failed clone leaves nothing behind.
 //!
@@ -460,6 +461,46 @@ fn refusals_reach_the_exec_result_the_cli_and_the_client_on(backend: Backend) {
     let again = home.run(&["exec", "refusals", "--", "true"]);
     assert!(again.status.success(), "{again:?}");
     assert_eq!(String::from_utf8_lossy(&again.stderr), "", "{again:?}");
+
+    // A job's result carries them as an exec's does: `job --json` once it ended, and the
+    // same line after `job --follow`'s output and its state, stdout left to the command.
+    let started = home.run(&[
+        "exec",
+        "refusals",
+        "--background",
+        "--",
+        &format!("curl -sS https://{OTHER_HOST}/; echo done"),
+    ]);
+    assert!(started.status.success(), "{started:?}");
+    let job = String::from_utf8_lossy(&started.stdout).trim().to_owned();
+    let followed = home.run(&["job", "refusals", &job, "--follow"]);
+    assert!(followed.status.success(), "{followed:?}");
+    let stderr = String::from_utf8_lossy(&followed.stderr);
+    assert_eq!(
+        String::from_utf8_lossy(&followed.stdout),
+        "done\n",
+        "{stderr}"
+    );
+    assert!(
+        stderr.ends_with(&format!("dynocap: {job} exited, exit code 0\n{line}")),
+        "{stderr}"
+    );
+    let report = home.json(&["job", "refusals", &job]);
+    let listed = report[field::NETWORK_REFUSALS]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {}: {report:#}", field::NETWORK_REFUSALS));
+    assert_eq!(listed.len(), 1, "{report:#}");
+    assert_eq!(
+        (&listed[0]["host"], &listed[0]["port"], &listed[0]["count"]),
+        (&Value::from(OTHER_HOST), &Value::from(443), &Value::from(1)),
+        "{report:#}"
+    );
+    assert!(
+        listed[0]["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains(&format!("--allow-host {OTHER_HOST}"))),
+        "{report:#}"
+    );
 }
 
 /// A filtered task's allowlist also holds its project's own remotes, when they are on the git

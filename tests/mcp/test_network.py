@@ -147,7 +147,8 @@ async def test_exec_results_list_the_connections_refused_while_they_ran(host: Ho
     """A raw `filtered` sandbox: dynocap_exec's structured result names each refused host with
     its port, reason, count and, for a host off the allowlist, what allows it from here: the
     caller's own allowHosts when DYNOCAP_MCP_EGRESS_ALLOW covers the host, else the server's
-    settings. Following the fix, a new sandbox reaches the host, and its command, refused
+    settings; a job's result (dynocap_job, once it ended) lists them the same way. Following the
+    fix, a new sandbox reaches the host, and its command, refused
     nothing, has no networkRefusals. Every refusal happens at the CONNECT: nothing reaches the
     fixture."""
     env = server_env(host, fix, DYNOCAP_MCP_ALLOW_FILTERED="1", DYNOCAP_MCP_EGRESS_ALLOW=OTHER_HOST)
@@ -177,6 +178,20 @@ async def test_exec_results_list_the_connections_refused_while_they_ran(host: Ho
         assert port["count"] == 1 and "port 8443 is not allowed" in port["reason"], port
         assert "fix" not in port, port
         assert "networkRefusalsOmitted" not in refused, refused
+        # A job's result, once it ended, lists them the same way, the fix spelt for here.
+        started = ok(await s.call_tool("dynocap_exec", {
+            "name": "refusals", "command": f"curl -sS https://{OTHER_HOST}/; echo done",
+            "background": True,
+        }))
+        assert started["running"] is True, started
+        report = started
+        while report["running"]:
+            report = ok(await s.call_tool("dynocap_job", {"name": "refusals", "job": started["job"],
+                                                          "waitSeconds": 30}))
+        assert report["state"] == "exited" and report["stdout"] == "done\n", report
+        assert [(r["host"], r["port"], r["count"]) for r in report["networkRefusals"]] == \
+            [(OTHER_HOST, 443, 1)], report
+        assert report["networkRefusals"][0]["fix"] == other["fix"], report
         assert fix.https_entries()[before:] == []
         ok(await s.call_tool("dynocap_destroy", {"name": "refusals"}))
 

@@ -62,6 +62,11 @@ pub async fn job(engine: &Engine, json: bool, args: JobArgs) -> Result<ExitCode,
                 print_json(&plain(&report));
             } else {
                 print_state(&report);
+                if let Some(result) = &report.result {
+                    streams
+                        .stderr()
+                        .write_str(&crate::exec_output::refusal_notes(result));
+                }
             }
             return Ok(ExitCode::from(exit_code(&report)));
         }
@@ -85,6 +90,19 @@ fn plain(report: &JobReport) -> serde_json::Value {
         }
         if let Some(result) = result {
             fields.insert("oomKilled".into(), serde_json::json!(result.oom_killed));
+            // What the sandbox's network refused while the job ran, as an exec's result has.
+            if !result.network_refusals.is_empty() {
+                fields.insert(
+                    "networkRefusals".into(),
+                    serde_json::json!(result.network_refusals),
+                );
+            }
+            if result.network_refusals_omitted > 0 {
+                fields.insert(
+                    "networkRefusalsOmitted".into(),
+                    serde_json::json!(result.network_refusals_omitted),
+                );
+            }
         }
     }
     value

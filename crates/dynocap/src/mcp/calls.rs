@@ -170,7 +170,11 @@ impl Tools {
                     stderr_offset: args.integer("stderrOffset")?.unwrap_or(0),
                     kill: args.boolean("kill")?.unwrap_or(false),
                 };
-                job_output(self.engine.job(&name, &query).await?)
+                let mut report = self.engine.job(&name, &query).await?;
+                if let Some(result) = report.result.as_deref_mut() {
+                    self.spell_fixes(result);
+                }
+                job_output(report)
             }
             "dynocap_ps" => Output::json(&json!({ "sandboxes": self.engine.ps()? })),
             "dynocap_destroy" => {
@@ -490,6 +494,13 @@ impl Tools {
     /// starts with `allowHosts` when `DYNOCAP_MCP_EGRESS_ALLOW` covers the host, else after
     /// the person running the server changed its environment.
     fn exec_output(&self, mut result: ExecResult) -> Result<Output, Error> {
+        self.spell_fixes(&mut result);
+        Output::json(&result)
+    }
+
+    /// The `fix` of each refusal in `result`, as an MCP caller can act on it (see
+    /// [`Self::exec_output`]): for an exec's result and an ended job's alike.
+    fn spell_fixes(&self, result: &mut ExecResult) {
         for refusal in &mut result.network_refusals {
             if refusal.fix.is_none() {
                 continue;
@@ -517,7 +528,6 @@ impl Tools {
                 )
             });
         }
-        Output::json(&result)
     }
 
     /// Passes an allowed value through; logs and converts a refusal.
@@ -541,8 +551,8 @@ fn job_output(report: JobReport) -> Result<Output, Error> {
     })
 }
 
-/// A job report's JSON: `running`, and the ended command's `oomKilled` and disk error
-/// instead of its whole Exec object (its output is the report's); an error as its message.
+/// A job report's JSON: `running`, and the ended command's `oomKilled`, disk error and
+/// network refusals instead of its whole Exec object (its output is the report's); an error as its message.
 fn job_value(mut report: JobReport) -> Result<Value, Error> {
     let result = report.result.take();
     let error = report.error.take();
@@ -557,6 +567,16 @@ fn job_value(mut report: JobReport) -> Result<Value, Error> {
             fields.insert("oomKilled".into(), json!(result.oom_killed));
             if let Some(disk) = result.disk_error {
                 fields.insert("diskError".into(), json!(disk));
+            }
+            // What the sandbox's network refused while the job ran, as in an Exec object.
+            if !result.network_refusals.is_empty() {
+                fields.insert("networkRefusals".into(), json!(result.network_refusals));
+            }
+            if result.network_refusals_omitted > 0 {
+                fields.insert(
+                    "networkRefusalsOmitted".into(),
+                    json!(result.network_refusals_omitted),
+                );
             }
         }
     }

@@ -137,7 +137,21 @@ fn generated_files_are_summarised_left_out_and_kept_when_asked() {
     assert!(human.contains("left out of the patch"), "{human}");
     assert!(human.contains("--include-generated"), "{human}");
 
-    home.json(&["task", "apply", "py", "--branch", "without"]);
+    // `task apply` says what it left out, in its result and in the commit's message.
+    let applied = home.json(&["task", "apply", "py", "--branch", "without"]);
+    assert_eq!(groups(&applied), expected_groups(), "{applied:#}");
+    assert_eq!(
+        applied["generatedPatchPath"], finished["generatedPatchPath"],
+        "{applied:#}"
+    );
+    assert!(applied.get("generatedIncluded").is_none(), "{applied:#}");
+    let message = git(repo, &["log", "-1", "--format=%B", "without"]);
+    assert!(
+        message.contains("3 generated files the task added")
+            && message.contains("__pycache__/ under pkg")
+            && message.contains("are left out of this commit"),
+        "{message}"
+    );
     let files = tree(repo, "without");
     for edit in EDITS {
         assert!(
@@ -162,7 +176,19 @@ fn generated_files_are_summarised_left_out_and_kept_when_asked() {
     assert!(kept.get("generatedPatchPath").is_none(), "{kept:#}");
     let saved = std::fs::read(kept["patchPath"].as_str().unwrap()).unwrap();
     assert!(String::from_utf8_lossy(&saved).contains("b/pkg/__pycache__/cli.cpython-311.pyc"));
-    home.json(&["task", "apply", "py2", "--branch", "with"]);
+    let applied = home.json(&["task", "apply", "py2", "--branch", "with"]);
+    assert_eq!(applied["generatedIncluded"], true, "{applied:#}");
+    assert_eq!(groups(&applied), expected_groups(), "{applied:#}");
+    let human = String::from_utf8(
+        home.run(&["task", "apply", "py", "--branch", "again"])
+            .stdout,
+    )
+    .unwrap();
+    assert!(
+        human.contains("generated files, left out of the commit")
+            && human.contains("__pycache__/ under pkg: 2 files"),
+        "{human}"
+    );
     let files = tree(repo, "with");
     assert!(
         files

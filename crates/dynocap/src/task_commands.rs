@@ -115,6 +115,19 @@ async fn apply(engine: &Engine, json: bool, args: TaskApplyArgs) -> Result<ExitC
             escape(&p.reason)
         );
     }
+    if !applied.generated.is_empty() {
+        match (&applied.generated_patch_path, applied.generated_included) {
+            (_, true) => {
+                sayln!("generated files, committed (the task finished with --include-generated):")
+            }
+            (Some(path), false) => sayln!(
+                "generated files, left out of the commit (their patch is {}):",
+                escape(path)
+            ),
+            (None, false) => sayln!("generated files, left out of the commit:"),
+        }
+        say!("{}", generated_lines(&applied.generated));
+    }
     sayln!(
         "your current branch and working tree are unchanged; see it with: git -C {} show {}",
         escape(&applied.repository),

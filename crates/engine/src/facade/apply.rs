@@ -19,6 +19,7 @@ mod repo;
 
 use std::path::{Path, PathBuf};
 
+use dynocap_review::generated::GeneratedGroup;
 use dynocap_review::patch::{self, SensitivePath};
 use serde::{Deserialize, Serialize};
 
@@ -59,6 +60,16 @@ pub struct ApplyResult {
     pub files: Vec<String>,
     /// The sensitive paths `--accept-sensitive` let through (empty when there were none).
     pub sensitive_paths_accepted: Vec<SensitivePath>,
+    /// The generated files the task added (docs/tasks.md, "Generated files"), as its finish
+    /// grouped them: left out of the commit unless the finish kept them in its patch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generated: Vec<GeneratedGroup>,
+    /// The finish kept the generated files in the patch: they are in the commit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub generated_included: bool,
+    /// Where the generated entries left out are, as a patch of their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generated_patch_path: Option<String>,
 }
 
 impl Engine {
@@ -238,6 +249,9 @@ impl Job {
             base_commit: self.base.clone(),
             files,
             sensitive_paths_accepted: sensitive,
+            generated: self.result.generated.clone(),
+            generated_included: self.result.generated_included,
+            generated_patch_path: self.result.generated_patch_path.clone(),
         })
     }
 
@@ -259,6 +273,25 @@ impl Job {
             message.push_str("\nSensitive paths, accepted with --accept-sensitive:");
             message.push_str(&list_sensitive(sensitive));
             message.push('\n');
+        }
+        if !result.generated.is_empty() {
+            // Whoever reads the commit learns that the task's tool output is not in it.
+            let files: u64 = result.generated.iter().map(|g| g.files).sum();
+            message.push_str(&format!(
+                "\n{files} generated {} the task added ({}) {}.\n",
+                if files == 1 { "file" } else { "files" },
+                result
+                    .generated
+                    .iter()
+                    .map(|g| format!("{} under {}", g.pattern, sanitize_line(&g.under, 200)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if result.generated_included {
+                    "are in this commit (finished with --include-generated)"
+                } else {
+                    "are left out of this commit"
+                }
+            ));
         }
         message
     }

@@ -100,3 +100,27 @@ async def test_a_project_without_generated_files_has_no_group(host: Host) -> Non
         assert "generated" not in diff and diff["files"] == 1
         finished = ok(await s.call_tool("dynocap_task_finish", {"id": "plain"}))
         assert "generated" not in finished and "generatedPatchPath" not in finished
+
+
+async def test_a_regenerated_lock_file_does_not_hide_the_edits(host: Host) -> None:
+    """A tracked lock file rewritten past the bound sorts before the source edit: the edit is
+    shown whole, the lock file is named in omittedFiles."""
+    lock = "".join(f'    "dep-{i}": "1.0.{i}",\n' for i in range(3000))
+    project = host.project("node", files={
+        "package-lock.json": "{\n" + lock + "}\n",
+        "src/index.js": "module.exports = 1;\n",
+    })
+    async with connect(host) as s:
+        ok(await s.call_tool("dynocap_task_start", {"projectPath": str(project), "name": "lock"}))
+        out = ok(await s.call_tool("dynocap_task_exec", {"name": "lock", "command": (
+            "set -e; sed -i 's/1\\.0\\./2.0./' package-lock.json; "
+            "echo 'module.exports = 2;' > src/index.js")}))
+        assert out["exitCode"] == 0, out
+        diff = await diff_of(s, "lock")
+        assert sorted(c["path"] for c in diff["changes"]) == ["package-lock.json", "src/index.js"]
+        assert diff["omittedFiles"] == ["package-lock.json"], diff["omittedFiles"]
+        assert "b/src/index.js" in diff["patch"] and "+module.exports = 2;" in diff["patch"]
+        assert "package-lock.json" not in diff["patch"]
+        # Asked for alone, the lock file's entry is shown (up to the bound).
+        alone = await s.call_tool("dynocap_diff", {"target": "lock", "paths": ["package-lock.json"]})
+        assert "b/package-lock.json" in alone.structured_content["patch"]

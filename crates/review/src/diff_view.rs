@@ -1,7 +1,8 @@
 //! What a diff shows a model: every changed file with its stats, always, and the patch text
 //! bounded. A 4.7 MB patch sent whole is a 9.5 MB answer that no model can use; the header
-//! (every file, every sensitive path) is small and complete, and the text is cut at a file
-//! boundary past the bound, naming the files left out, or narrowed to the files asked for.
+//! (every file, every sensitive path) is small and complete, and the text holds the whole file
+//! entries that fit in the bound, naming the files left out, or narrowed to the files asked
+//! for.
 //! The text puts first what a reviewer came for: changes to files the project has, then new
 //! text files, then binary entries (generated files are taken out before, by
 //! [`crate::generated`], and summarised as groups).
@@ -43,10 +44,13 @@ pub struct Selection {
     pub stat: bool,
 }
 
-/// Cuts `patch` for showing: whole file entries while they fit in `max_bytes`, in patch order
-/// when all of them fit and in [`rank`] order (patch order within a rank) when not. When the first entry to show is itself larger, its head is shown up to the
-/// bound (at a line end) with a marker, and it is listed as omitted too. A patch the parser
-/// refuses is shown cut at the bound, with no file list.
+/// Cuts `patch` for showing: every wanted entry in patch order when they all fit in
+/// `max_bytes`; when not, the entries that fit whole, in [`rank`] order (patch order within a
+/// rank), an entry too large for the room left being skipped so that the smaller ones after
+/// it still show (a regenerated lock file must not hide the edits beside it). When no text
+/// entry fits whole, the head of the first one is shown up to the bound (at a line end) with a
+/// marker, and it is listed as omitted too. A patch the parser refuses is shown cut at the
+/// bound, with no file list.
 pub fn view(patch_text: &str, max_bytes: usize, selection: &Selection) -> View {
     let Ok(files) = patch::parse(patch_text.as_bytes(), patch_text.len().max(1)) else {
         let mut end = patch_text.len().min(max_bytes);
@@ -82,17 +86,39 @@ pub fn view(patch_text: &str, max_bytes: usize, selection: &Selection) -> View {
     if whole > max_bytes {
         ordered.sort_by_key(|(file, _)| rank(file));
     }
+    // Which entries are shown whole, and which one (if any) by its head.
+    let mut whole_entry = vec![false; ordered.len()];
+    let mut used = 0;
+    let is_text = |file: &FilePatch<'_>| rank(file) < 2;
+    let first_skipped = |whole_entry: &[bool], text_only: bool| {
+        ordered
+            .iter()
+            .zip(whole_entry)
+            .position(|((file, _), whole)| wanted(file) && !whole && (!text_only || is_text(file)))
+    };
+    let mut head_of = None;
+    for text_entries in [true, false] {
+        for (at, (file, text)) in ordered.iter().enumerate() {
+            if wanted(file) && is_text(file) == text_entries && used + text.len() <= max_bytes {
+                whole_entry[at] = true;
+                used += text.len();
+            }
+        }
+        if used == 0 {
+            // Nothing of this kind fits whole: the first entry's head (text before binary)
+            // is shown, which takes the room.
+            head_of = first_skipped(&whole_entry, text_entries);
+            if head_of.is_some() {
+                break;
+            }
+        }
+    }
     let mut shown = String::new();
     let mut omitted = Vec::new();
-    // Once an entry is cut for size, the rest is too: the text is one prefix of the ordered
-    // entries.
-    let mut cut = false;
-    for (file, text) in ordered {
-        let wanted = wanted(file);
-        if wanted && !cut && shown.len() + text.len() <= max_bytes {
+    for (at, ((file, text), whole)) in ordered.iter().zip(&whole_entry).enumerate() {
+        if *whole {
             shown.push_str(text);
-        } else if wanted && !cut && shown.is_empty() {
-            cut = true;
+        } else if head_of == Some(at) {
             let head = head_at_line_end(text, max_bytes);
             shown.push_str(head);
             shown.push_str(&format!(
@@ -101,7 +127,6 @@ pub fn view(patch_text: &str, max_bytes: usize, selection: &Selection) -> View {
             ));
             omitted.push(file.path().to_owned());
         } else {
-            cut |= wanted;
             omitted.push(file.path().to_owned());
         }
     }
@@ -187,16 +212,63 @@ mod tests {
     }
 
     #[test]
-    fn the_header_is_whole_and_the_text_stops_at_a_file_boundary() {
+    fn the_header_is_whole_and_an_entry_too_large_for_the_room_is_skipped() {
         let patch = [entry("a.txt", 10), entry("b.txt", 1000), entry("c.txt", 10)].concat();
         let shown = view(&patch, 2000, &Selection::default());
         assert_eq!(shown.changes.len(), 3);
         assert_eq!(shown.changes[1].additions, 1000);
         assert_eq!(shown.changes[0].status, "added");
-        assert_eq!(shown.patch, entry("a.txt", 10));
-        assert_eq!(shown.omitted, ["b.txt", "c.txt"]);
+        // Whole entries only, at file boundaries; the one that does not fit is left out and
+        // the smaller one after it still shows.
+        assert_eq!(
+            shown.patch,
+            [entry("a.txt", 10), entry("c.txt", 10)].concat()
+        );
+        assert_eq!(shown.omitted, ["b.txt"]);
         let all = view(&patch, usize::MAX, &Selection::default());
         assert_eq!((all.patch.as_str(), all.omitted.len()), (patch.as_str(), 0));
+    }
+
+    /// A regenerated lock file (tracked, text, larger than the bound) sorts before the source
+    /// edit: the edit shows, the lock file is named in `omitted`.
+    #[test]
+    fn a_large_tracked_change_does_not_hide_the_edits_after_it() {
+        let lock = modified_lines("package-lock.json", 3000);
+        let patch = [lock, modified("src/index.js"), entry("src/new.js", 2)].concat();
+        let shown = view(&patch, 2000, &Selection::default());
+        assert_eq!(
+            shown.patch,
+            [modified("src/index.js"), entry("src/new.js", 2)].concat()
+        );
+        assert_eq!(shown.omitted, ["package-lock.json"]);
+    }
+
+    /// When no text entry fits whole, the first one's head is shown rather than binary
+    /// entries that would fit.
+    #[test]
+    fn a_text_head_goes_before_binary_entries() {
+        let patch = [binary("a.bin", 300), entry("big.txt", 5000)].concat();
+        let shown = view(&patch, 1000, &Selection::default());
+        assert!(
+            shown.patch.starts_with("diff --git a/big.txt"),
+            "{}",
+            shown.patch
+        );
+        assert!(!shown.patch.contains("GIT binary patch"), "{}", shown.patch);
+        assert_eq!(shown.omitted, ["big.txt", "a.bin"]);
+        // Binary entries alone: those that fit are shown whole.
+        let binaries = [
+            binary("a.bin", 300),
+            binary("b.bin", 5000),
+            binary("c.bin", 300),
+        ]
+        .concat();
+        let shown = view(&binaries, 1000, &Selection::default());
+        assert_eq!(
+            shown.patch,
+            [binary("a.bin", 300), binary("c.bin", 300)].concat()
+        );
+        assert_eq!(shown.omitted, ["b.bin"]);
     }
 
     #[test]
@@ -225,6 +297,14 @@ mod tests {
     fn modified(name: &str) -> String {
         format!(
             "diff --git a/{name} b/{name}\nindex 1111111..2222222 100644\n--- a/{name}\n+++ b/{name}\n@@ -1 +1 @@\n-x\n+y\n"
+        )
+    }
+
+    fn modified_lines(name: &str, lines: usize) -> String {
+        let old: String = (0..lines).map(|i| format!("-old {i}\n")).collect();
+        let new: String = (0..lines).map(|i| format!("+new {i}\n")).collect();
+        format!(
+            "diff --git a/{name} b/{name}\nindex 1111111..2222222 100644\n--- a/{name}\n+++ b/{name}\n@@ -1,{lines} +1,{lines} @@\n{old}{new}"
         )
     }
 

@@ -315,3 +315,163 @@ fn a_nat_vm_guest_trusts_the_extra_ca_with_no_variable() {
     let test = "a_nat_vm_guest_trusts_the_extra_ca_with_no_variable";
     nat_trusts_the_extra_ca_on(Backend::Vm, test);
 }
+
+/// A stand-in for a distribution's own CAs, whose bundle the extra CA joins: any real
+/// certificate other than the test CA (the agent only appends; nothing here is trusted).
+fn system_certificate() -> String {
+    let other = TlsFix::start(&["system.test"]);
+    std::fs::read_to_string(&other.ca_cert).expect("the other CA")
+}
+
+/// The PEM certificate blocks of `text`, whitespace left out, to compare whatever the lines.
+fn blocks(text: &str) -> Vec<String> {
+    text.split("-----END CERTIFICATE-----")
+        .filter(|b| b.contains("-----BEGIN CERTIFICATE-----"))
+        .map(|b| b.split_whitespace().collect())
+        .collect()
+}
+
+/// An image of busybox with a distribution's CA layout, imported as `name`: Alpine's (the
+/// bundle at Debian's path and `/etc/ssl/cert.pem` a link to it, local CAs in
+/// `/usr/local/share/ca-certificates/`) or Fedora's (the bundle under
+/// `/etc/pki/ca-trust/extracted/`, `/etc/pki/tls/certs/ca-bundle.crt` and `/etc/ssl/certs` links
+/// to it, local CAs in `/etc/pki/ca-trust/source/anchors/`).
+fn import_layout(home: &TestHome, busybox: &std::path::Path, name: &str, system: &str) {
+    use dynocap_e2e::oci::{oci_layer, Layer, Layout};
+    let root = Layer::busybox_root(busybox).applets(&["sh", "cat", "readlink", "ls", "grep"]);
+    let root = match name {
+        "alpine-layout" => root
+            .dir("etc/ssl")
+            .dir("etc/ssl/certs")
+            .file("etc/ssl/certs/ca-certificates.crt", system)
+            .symlink("etc/ssl/cert.pem", "certs/ca-certificates.crt")
+            .dir("usr")
+            .dir("usr/local")
+            .dir("usr/local/share")
+            .dir("usr/local/share/ca-certificates"),
+        "fedora-layout" => root
+            .dir("etc/pki")
+            .dir("etc/pki/ca-trust")
+            .dir("etc/pki/ca-trust/extracted")
+            .dir("etc/pki/ca-trust/extracted/pem")
+            .file("etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", system)
+            .dir("etc/pki/ca-trust/source")
+            .dir("etc/pki/ca-trust/source/anchors")
+            .dir("etc/pki/tls")
+            .dir("etc/pki/tls/certs")
+            .symlink(
+                "etc/pki/tls/certs/ca-bundle.crt",
+                "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+            )
+            .symlink(
+                "etc/pki/tls/cert.pem",
+                "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+            )
+            .dir("etc/ssl")
+            .symlink("etc/ssl/certs", "../pki/tls/certs"),
+        other => panic!("no layout {other}"),
+    };
+    let work = tempfile::tempdir().expect("tempdir");
+    let layout = work.path().join(name);
+    Layout::image(
+        &layout,
+        &[oci_layer(root.bytes(), true)],
+        serde_json::json!({"Env": ["PATH=/bin"]}),
+    );
+    home.json(&[
+        "image",
+        "import",
+        layout.to_str().expect("utf8"),
+        "--name",
+        name,
+    ]);
+}
+
+/// A container image of another distribution than Debian gets the extra CA where that
+/// distribution keeps its bundle (on the vm, booted with the debian image's kernel, which
+/// the vm home has built): the file a link names is written once and every link to it
+/// still is one, the distribution's local CA directory gets a copy for its update tool, and
+/// a `none` sandbox of the same image keeps its bundle as it is.
+fn another_distributions_bundle_on(backend: Backend, test: &str) {
+    let Some(busybox) = dynocap_e2e::oci::require_busybox(test) else {
+        return;
+    };
+    let Some(home) = TestHome::on(backend, test) else {
+        return;
+    };
+    let fix = TlsFix::start(&[NAME]);
+    let extra = std::fs::read_to_string(&fix.ca_cert).expect("the test CA");
+    let system = system_certificate();
+    let home = with_fixture(home, &fix, true);
+    let wanted = [blocks(&system), blocks(&extra)].concat();
+    for (image, bundle, links, anchor) in [
+        (
+            "alpine-layout",
+            "/etc/ssl/certs/ca-certificates.crt",
+            &["/etc/ssl/cert.pem"][..],
+            "/usr/local/share/ca-certificates/dynocap-extra-ca.crt",
+        ),
+        (
+            "fedora-layout",
+            "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+            &[
+                "/etc/pki/tls/certs/ca-bundle.crt",
+                "/etc/pki/tls/cert.pem",
+                "/etc/ssl/certs/ca-bundle.crt",
+            ][..],
+            "/etc/pki/ca-trust/source/anchors/dynocap-extra-ca.pem",
+        ),
+    ] {
+        import_layout(&home, &busybox, image, &system);
+        let box_name = format!("{image}-f");
+        filtered(&home, &box_name, &["--image", image]);
+        let text = home.sh(&box_name, &format!("cat {bundle}"));
+        assert_eq!(blocks(&text), wanted, "{image}: {bundle}, written once");
+        for link in links {
+            assert_eq!(
+                home.sh(&box_name, &format!("cat {link}")),
+                text,
+                "{image}: {link}"
+            );
+        }
+        // Links stay links (a bundle made again by the distribution's tool is read there).
+        let first = links[0];
+        assert!(
+            !home
+                .sh(&box_name, &format!("readlink {first}"))
+                .trim()
+                .is_empty(),
+            "{image}: {first} is no longer a link"
+        );
+        let copy = home.sh(&box_name, &format!("cat {anchor}"));
+        assert_eq!(blocks(&copy), blocks(&extra), "{image}: {anchor}");
+        home.run(&["destroy", &box_name]);
+
+        let plain = format!("{image}-n");
+        home.sandbox(&plain, &["--image", image]);
+        let untouched = home.sh(&plain, &format!("cat {bundle}"));
+        assert_eq!(untouched, system, "{image}: a none sandbox's bundle");
+        assert_eq!(
+            home.sh(&plain, &format!("ls {anchor} 2>/dev/null; true")),
+            "",
+            "{image}"
+        );
+        home.run(&["destroy", &plain]);
+    }
+}
+
+#[test]
+fn another_distributions_bundle_gets_the_extra_ca() {
+    another_distributions_bundle_on(
+        Backend::Jail,
+        "another_distributions_bundle_gets_the_extra_ca",
+    );
+}
+
+#[test]
+fn another_distributions_bundle_gets_the_extra_ca_in_a_vm() {
+    another_distributions_bundle_on(
+        Backend::Vm,
+        "another_distributions_bundle_gets_the_extra_ca_in_a_vm",
+    );
+}

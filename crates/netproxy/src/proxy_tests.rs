@@ -557,6 +557,19 @@ async fn a_name_resolving_to_loopback_is_refused_without_connecting() {
     );
     let addr: SocketAddr = decision.addr.as_deref().unwrap().parse().unwrap();
     assert_eq!(classify(addr.ip()), AddrClass::Loopback);
+    // And what the person running DynoCap can set: the address, as the override spells it.
+    let shown = match addr.ip() {
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+        ip => ip.to_string(),
+    };
+    assert!(
+        decision.reason.ends_with(&format!(
+            "unless the person running DynoCap names the address of a mirror they trust in \
+             DYNOCAP_RESOLVE (localhost:443:{shown})"
+        )),
+        "{}",
+        decision.reason
+    );
     assert_eq!(decision.protocol, Some(Protocol::Tls));
 
     // Without a hello the name is never looked up: the tunnel ends on the missing hello, not

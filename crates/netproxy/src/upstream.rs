@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::addr::{classify, AddrClass};
-use crate::resolve::ResolveOverrides;
+use crate::resolve::{ResolveOverrides, RESOLVE_ENV};
 use crate::tls::Alert;
 
 /// An open upstream connection.
@@ -31,9 +31,12 @@ pub(crate) enum UpstreamError {
     ResolveTimeout { host: String, secs: u64 },
     #[error("{host} has no addresses")]
     NoAddresses { host: String },
-    #[error("{host} resolves to {class} ({ip}){more}; only public addresses are reachable (a resolve override can name a mirror)")]
+    /// What the person running DynoCap can do is said too: name the address (a mirror they
+    /// trust) in the resolve override, which is not class-checked.
+    #[error("{host} resolves to {class} ({ip}){more}; only public addresses are reachable, unless the person running DynoCap names the address of a mirror they trust in {RESOLVE_ENV} ({host}:{port}:{addr})", addr = override_addr(ip))]
     NotPublic {
         host: String,
+        port: u16,
         class: AddrClass,
         ip: std::net::IpAddr,
         more: String,
@@ -50,6 +53,14 @@ pub(crate) enum UpstreamError {
         addr: SocketAddr,
         secs: u64,
     },
+}
+
+/// `ip` as a resolve override spells it: an IPv6 address in brackets.
+fn override_addr(ip: &std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.to_string(),
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+    }
 }
 
 impl UpstreamError {
@@ -169,6 +180,7 @@ async fn resolve_public(
     };
     Err(UpstreamError::NotPublic {
         host: host.to_owned(),
+        port,
         class: classify(first.ip()),
         ip: first.ip(),
         more,

@@ -134,6 +134,41 @@ async def test_files_binary_round_trip_big_read_edit_and_list(host: Host) -> Non
         assert names == [f"{i:04}" for i in range(1, 2346)] and offset == 2345
 
 
+async def test_files_edge_cases_a_caller_meets(host: Host) -> None:
+    """Set-id bits asked for are kept though the write clears them; a /proc file (size 0 until
+    read) reads as cat shows it; an edit that changes nothing, a window that starts inside a
+    character and malformed base64 are refused saying what to send instead."""
+    async with connect(host) as s:
+        ok(await s.call_tool("dynocap_run", {"name": "e", "diskMB": 256}))
+        home = (await sh(s, "e", "echo $HOME")).strip()
+        tool = ok(await s.call_tool("dynocap_write_file", {
+            "name": "e", "path": f"{home}/tool", "content": "#!/bin/sh\n", "mode": "4755"}))
+        assert tool["mode"] == "4755", tool
+        assert (await sh(s, "e", f"stat -c %a {home}/tool")).strip() == "4755"
+        # /proc/version says its size is 0; its text comes whole, and in windows.
+        shown = await sh(s, "e", "cat /proc/version")
+        whole = ok(await s.call_tool("dynocap_read_file", {"name": "e", "path": "/proc/version"}))
+        assert (whole["content"], whole["totalSize"], whole["more"]) == (shown, len(shown), False)
+        part = ok(await s.call_tool("dynocap_read_file", {
+            "name": "e", "path": "/proc/version", "offset": 2, "length": 5}))
+        assert (part["content"], part["nextOffset"], part["more"]) == (shown[2:7], 7, True)
+        await s.call_tool("dynocap_write_file", {"name": "e", "path": f"{home}/t.txt",
+                                                 "content": "héllo\n"})
+        text = err(await s.call_tool("dynocap_edit_file", {
+            "name": "e", "path": f"{home}/t.txt", "oldText": "llo", "newText": "llo"}),
+            "invalid_argument")
+        assert "would change nothing" in text, text
+        text = err(await s.call_tool("dynocap_read_file", {
+            "name": "e", "path": f"{home}/t.txt", "offset": 2}), "invalid_argument")
+        assert "falls inside a UTF-8 character" in text, text
+        text = err(await s.call_tool("dynocap_write_file", {
+            "name": "e", "path": f"{home}/b.bin", "content": "aGk gdGhlcmU=",
+            "encoding": "base64"}), "invalid_argument")
+        assert "standard base64" in text, text
+        assert ok(await s.call_tool("dynocap_exec", {
+            "name": "e", "command": f"test -e {home}/b.bin"}))["exitCode"] == 1
+
+
 async def test_files_act_as_the_sandbox_user(host: Host) -> None:
     async with connect(host) as s:
         ok(await s.call_tool("dynocap_run", {"name": "u"}))

@@ -370,19 +370,24 @@ fn open_regular(path: &Path, write: bool) -> Result<(File, std::fs::Metadata), F
     Ok((file, meta))
 }
 
+/// The most of a file a read looks through when the file's size is not known until it is
+/// read (`/proc` says 0): enough for any of the kernel's own files, and a bound on one call.
+const MAX_STREAMED: u64 = 64 * 1024 * 1024;
+
 fn read(path: &Path, offset: u64, length: u64) -> Result<FileResult, FileError> {
     let (file, meta) = open_regular(path, false)?;
-    let total_size = meta.len();
+    if meta.len() == 0 {
+        return read_streamed(path, &file, offset, length);
+    }
+    let mut total_size = meta.len();
     let want = length.min(MAX_READ).min(total_size.saturating_sub(offset));
     let mut data = vec![0u8; usize::try_from(want).unwrap_or(0)];
-    let mut got = 0usize;
-    while got < data.len() {
-        match file.read_at(&mut data[got..], offset + got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(err) => return io_fail("cannot read", path, err),
-        }
+    let got = read_at_most(path, &file, &mut data, offset)?;
+    if got < data.len() {
+        // The file ended before the size it said (it shrank, or sysfs's page-sized files):
+        // its end is here, so a caller paging on `more` is not sent back for bytes that are
+        // not there.
+        total_size = offset + got as u64;
     }
     data.truncate(got);
     Ok(FileResult::Read {
@@ -390,6 +395,58 @@ fn read(path: &Path, offset: u64, length: u64) -> Result<FileResult, FileError> 
         data,
         offset,
         total_size,
+    })
+}
+
+/// Fills `buf` from `offset` on, short only at the file's end; the bytes read.
+fn read_at_most(path: &Path, file: &File, buf: &mut [u8], offset: u64) -> Result<usize, FileError> {
+    let mut got = 0usize;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return io_fail("cannot read", path, err),
+        }
+    }
+    Ok(got)
+}
+
+/// A file that says it is empty may not be (`/proc/meminfo`, `/proc/self/status`: the
+/// kernel makes their text as they are read): it is read from its start to its end (at most
+/// [`MAX_STREAMED`]), keeping the window asked for, so the answer holds what `cat` would
+/// show and `total_size` says how much there is.
+fn read_streamed(
+    path: &Path,
+    file: &File,
+    offset: u64,
+    length: u64,
+) -> Result<FileResult, FileError> {
+    let end = offset.saturating_add(length.min(MAX_READ));
+    let mut data = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut at = 0u64;
+    while at < MAX_STREAMED {
+        let got = read_at_most(path, file, &mut chunk, at)?;
+        if got == 0 {
+            break;
+        }
+        let (from, to) = (at, at + got as u64);
+        if to > offset && from < end {
+            let lo = usize::try_from(offset.saturating_sub(from)).unwrap_or(0);
+            let hi = usize::try_from(end.min(to) - from).unwrap_or(got);
+            data.extend_from_slice(&chunk[lo..hi]);
+        }
+        at = to;
+        if got < chunk.len() {
+            break;
+        }
+    }
+    Ok(FileResult::Read {
+        path: text(path),
+        data,
+        offset,
+        total_size: at,
     })
 }
 
@@ -429,22 +486,33 @@ fn write(
         Ok(file) => (file, true),
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
             let (file, _) = open_regular(path, true)?;
-            if let Err(err) = file.set_len(0) {
-                return io_fail("cannot truncate", path, err);
-            }
             (file, false)
         }
         Err(err) => return io_fail("cannot create", path, err),
     };
-    // The umask does not decide a mode that was asked for (or the default of a new file).
-    if created || mode.is_some() {
-        let wanted = if created { new_mode } else { mode.unwrap_or(0) };
+    // The umask does not decide a mode that was asked for (or the default of a new file). It
+    // is set before the file is cut, so a mode the user may not set (a file of another user)
+    // leaves the file as it was.
+    let wanted = if created { Some(new_mode) } else { mode };
+    if let Some(wanted) = wanted {
         if let Err(err) = file.set_permissions(std::fs::Permissions::from_mode(wanted)) {
             return io_fail("cannot set the mode of", path, err);
         }
     }
+    if !created {
+        if let Err(err) = file.set_len(0) {
+            return io_fail("cannot truncate", path, err);
+        }
+    }
     if let Err(err) = file.write_all(content) {
         return io_fail("cannot write", path, err);
+    }
+    // A write clears the set-id bits (the kernel's rule for a writer without CAP_FSETID):
+    // those asked for are set again, as `chmod` after the write would.
+    if let Some(wanted) = wanted.filter(|mode| mode & 0o6000 != 0) {
+        if let Err(err) = file.set_permissions(std::fs::Permissions::from_mode(wanted)) {
+            return io_fail("cannot set the mode of", path, err);
+        }
     }
     let mode = match file.metadata() {
         Ok(meta) => meta.mode() & 0o7777,
@@ -716,6 +784,85 @@ mod tests {
         })
         .unwrap_err();
         assert!(refused.0.contains("Permission denied"), "{refused}");
+    }
+
+    /// As the sandbox user: set-id bits asked for survive the write (which clears them), and
+    /// a mode that user may not set (another user's file) refuses the write before the file
+    /// is cut.
+    #[test]
+    fn a_write_keeps_the_set_id_bits_asked_for_and_a_refused_mode_cuts_nothing() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let theirs = dir.path().join("theirs");
+        std::fs::write(&theirs, "kept").unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let config = Config {
+            exec_user: Some(ExecUser {
+                uid: 65534,
+                gid: 65534,
+            }),
+            ..Config::default()
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let run = |op| runtime.block_on(serve(request(dir.path(), op), &config));
+        let write = |path: &str, mode| FileOp::Write {
+            path: path.into(),
+            content: b"#!/bin/sh\n".to_vec(),
+            mode,
+            create_dirs: false,
+        };
+        for (mode, created) in [(0o4755, true), (0o2750, false), (0o755, false)] {
+            let written = run(write("tool", Some(mode))).unwrap();
+            assert!(
+                matches!(written, FileResult::Written { mode: m, created: c, .. } if m == mode && c == created),
+                "{mode:o}: {written:?}"
+            );
+            let meta = std::fs::metadata(dir.path().join("tool")).unwrap();
+            assert_eq!(meta.mode() & 0o7777, mode);
+        }
+        let refused = run(write("theirs", Some(0o600))).unwrap_err();
+        assert!(refused.0.contains("cannot set the mode"), "{refused}");
+        assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "kept");
+    }
+
+    /// A file that says it is empty until read (`/proc`) reads as `cat` shows it, whole or
+    /// in windows, with its real size.
+    #[test]
+    fn a_proc_file_reads_whole_and_in_windows() {
+        let path = "/proc/version";
+        let read = |offset, length| {
+            let result = perform(&request(
+                Path::new("/"),
+                FileOp::Read {
+                    path: path.into(),
+                    offset,
+                    length,
+                },
+            ))
+            .unwrap();
+            let FileResult::Read {
+                data, total_size, ..
+            } = result
+            else {
+                panic!("{result:?}")
+            };
+            (data, total_size)
+        };
+        let (whole, size) = read(0, MAX_READ);
+        assert!(!whole.is_empty());
+        assert_eq!(size, whole.len() as u64);
+        assert!(String::from_utf8_lossy(&whole).starts_with("Linux version"));
+        let (window, size) = read(3, 10);
+        assert_eq!(window, whole[3..13]);
+        assert_eq!(size, whole.len() as u64);
+        let (past, _) = read(size + 5, 10);
+        assert!(past.is_empty());
     }
 
     #[test]

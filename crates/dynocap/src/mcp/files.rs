@@ -185,8 +185,8 @@ pub fn edit_tool() -> ToolDef {
         description: "Replaces exact text in a file of a raw sandbox or task, as the sandbox \
 user: oldText must occur exactly once (the call is refused, saying how many times it occurs, \
 when it is absent or occurs more often: give more surrounding text), or, with replaceAll, at \
-least once. Whitespace and line ends count. For files up to 8 MiB. Returns {path, \
-replacements, size}.",
+least once. Whitespace and line ends count; a newText equal to oldText is refused. For files \
+up to 8 MiB. Returns {path, replacements, size}.",
         params: vec![
             name_param(),
             path_param("File path inside the guest: absolute, or relative to the workspace."),
@@ -296,7 +296,13 @@ pub async fn call(engine: &Engine, args: &Args<'_>) -> Result<Output, Error> {
             let content = if base64_wanted(args)? {
                 base64::engine::general_purpose::STANDARD
                     .decode(text.as_bytes())
-                    .map_err(|err| Error::invalid(format!("content is not base64: {err}")))?
+                    .map_err(|err| {
+                        Error::invalid(format!(
+                            "content is not base64 ({err}): give the bytes in standard base64 \
+                             (A-Z, a-z, 0-9, + and /, padded with =, no spaces or line \
+                             breaks), or text with encoding \"utf8\""
+                        ))
+                    })?
             } else {
                 text.into_bytes()
             };
@@ -314,12 +320,24 @@ pub async fn call(engine: &Engine, args: &Args<'_>) -> Result<Output, Error> {
                 create_dirs: args.boolean("createDirs")?.unwrap_or(false),
             }
         }
-        "dynocap_edit_file" => FileOp::Edit {
-            path,
-            old_text: args.required_string("oldText")?,
-            new_text: args.string("newText")?.unwrap_or_default(),
-            replace_all: args.boolean("replaceAll")?.unwrap_or(false),
-        },
+        "dynocap_edit_file" => {
+            let old_text = args.required_string("oldText")?;
+            let new_text = args.string("newText")?.unwrap_or_default();
+            // As editors' tools do: an edit that would change nothing is a mistake of the
+            // caller's (it meant other text), not a success to report.
+            if !old_text.is_empty() && old_text == new_text {
+                return Err(Error::invalid(
+                    "newText is the same as oldText, so the edit would change nothing; give \
+                     the text that should replace oldText",
+                ));
+            }
+            FileOp::Edit {
+                path,
+                old_text,
+                new_text,
+                replace_all: args.boolean("replaceAll")?.unwrap_or(false),
+            }
+        }
         "dynocap_list_files" => FileOp::List {
             path,
             offset: args.integer("offset")?.unwrap_or(0),
@@ -340,7 +358,38 @@ pub async fn call(engine: &Engine, args: &Args<'_>) -> Result<Output, Error> {
     Ok(Output { structured, text })
 }
 
-/// A result as docs/mcp.md shows it.
+/// Why a read's window is not text, and what to ask instead: an offset that falls inside a
+/// character, a length too short for the character at its start, or bytes that are not
+/// UTF-8 at all.
+fn not_utf8(path: &str, data: &[u8], offset: u64, err: std::str::Utf8Error) -> Error {
+    let at = offset + err.valid_up_to() as u64;
+    let continuation = |b: &u8| b & 0xc0 == 0x80;
+    let inside = data.iter().take_while(|b| continuation(b)).count();
+    if err.valid_up_to() == 0 && inside > 0 && inside < 4 {
+        let rest_is_text = match std::str::from_utf8(&data[inside..]) {
+            Ok(_) => true,
+            Err(rest) => rest.error_len().is_none(),
+        };
+        if rest_is_text {
+            return Error::invalid(format!(
+                "offset {offset} of {path} falls inside a UTF-8 character (its first byte is \
+                 up to 3 bytes before); read from a previous answer's nextOffset, which never \
+                 does, or with encoding \"base64\""
+            ));
+        }
+    }
+    if err.valid_up_to() == 0 && err.error_len().is_none() {
+        return Error::invalid(format!(
+            "length {} ends inside the UTF-8 character at byte {offset} of {path}; ask for at \
+             least 4 bytes",
+            data.len()
+        ));
+    }
+    Error::invalid(format!(
+        "{path} is not UTF-8 text (at byte {at}); read it with encoding \"base64\""
+    ))
+}
+
 /// `dynocap_write_file`'s `mode`: an octal string as its schema's pattern has it (`"755"`,
 /// `"0644"`, up to `"7777"`), or a number that is the bits' value (493 for 0755). A number
 /// above 0o777 is refused: from 512 on such numbers are nearly all octal written as decimal
@@ -381,7 +430,7 @@ fn mode(given: StringOrWhole) -> Result<u32, Error> {
     }
 }
 
-/// `list_offset`: the offset a listing was asked from (its next page starts after it).
+/// A result as docs/mcp.md shows it. `list_offset`: the offset a listing was asked from (its next page starts after it).
 fn shape(result: FileResult, want_base64: bool, list_offset: u64) -> Result<Value, Error> {
     Ok(match result {
         FileResult::Read {
@@ -404,13 +453,7 @@ fn shape(result: FileResult, want_base64: bool, list_offset: u64) -> Result<Valu
                         data.truncate(err.valid_up_to());
                         String::from_utf8_lossy(&data).into_owned()
                     }
-                    Err(err) => {
-                        return Err(Error::invalid(format!(
-                            "{path} is not UTF-8 text (at byte {}); read it with encoding \
-                             \"base64\"",
-                            offset + err.valid_up_to() as u64
-                        )))
-                    }
+                    Err(err) => return Err(not_utf8(&path, &data, offset, err)),
                 }
             };
             let next = offset + data.len() as u64;
@@ -555,5 +598,27 @@ mod tests {
         let cut = read(&[b'a', 0xc3], 0, 3, false).unwrap();
         assert_eq!(cut["content"], "a");
         assert_eq!(cut["nextOffset"], 1);
+        // A window that starts inside a character, or is too short for the one at its
+        // start: the file is text, and the message says what to ask instead.
+        let inside = read("é and more".as_bytes().get(1..).unwrap(), 1, 12, false).unwrap_err();
+        assert!(
+            inside
+                .message
+                .contains("offset 1 of /f falls inside a UTF-8 character"),
+            "{inside}"
+        );
+        let short = read(&[0xc3], 0, 3, false).unwrap_err();
+        assert!(
+            short
+                .message
+                .contains("length 1 ends inside the UTF-8 character at byte 0"),
+            "{short}"
+        );
+        // Bytes that are not UTF-8 at all, at the window's start too: base64.
+        let latin1 = read(&[0xe9, b' ', b'a'], 0, 3, false).unwrap_err();
+        assert!(
+            latin1.message.contains("read it with encoding \"base64\""),
+            "{latin1}"
+        );
     }
 }

@@ -32,6 +32,10 @@ const MAX_DEPTH: usize = 128;
 /// Longest name of one entry (the host's own limit).
 const MAX_NAME: usize = 255;
 
+/// The refusal of `NAME:` with no path, saying what to write.
+const EMPTY_GUEST_PATH: &str = "the guest path after NAME: is empty; write one, such as \
+    box:/tmp/out or box:. (a relative path is in a task's /workspace, a raw sandbox's /)";
+
 /// One side of a copy: `NAME:PATH` is in a sandbox, anything else on the host (a host path
 /// with a colon is written `./a:b`, as with docker).
 #[derive(Debug, PartialEq, Eq)]
@@ -50,12 +54,25 @@ fn side(arg: &str) -> Side {
     }
 }
 
+/// Both sides of a copy, or why they are not one: `-`, which `docker cp` takes for a tar
+/// archive on stdin or stdout, is refused rather than taken for a host file of that name.
+fn sides(source: &str, destination: &str) -> Result<(Side, Side), Error> {
+    if source == "-" || destination == "-" {
+        return Err(Error::invalid(
+            "dynocap cp does not read or write a tar archive through - as docker cp does: \
+             name a host file or directory (a host file named - is written ./-), or run tar \
+             in the sandbox with dynocap exec",
+        ));
+    }
+    Ok((side(source), side(destination)))
+}
+
 pub async fn cp(engine: &Engine, json: bool, args: CpArgs) -> Result<ExitCode, Error> {
     let bounds = Bounds {
         bytes: args.max_bytes,
         entries: args.max_entries,
     };
-    let (report, to) = match (side(&args.source), side(&args.destination)) {
+    let (report, to) = match sides(&args.source, &args.destination)? {
         (Side::Guest { name, path }, Side::Host(dest)) => (
             copy_out(engine, &name, &path, &dest, bounds).await?,
             shown(&dest),
@@ -178,7 +195,7 @@ async fn copy_out(
     bounds: Bounds,
 ) -> Result<Report, Error> {
     if path.is_empty() {
-        return Err(Error::invalid("the guest path is empty"));
+        return Err(Error::invalid(EMPTY_GUEST_PATH));
     }
     // `SRC/.` copies the directory's contents rather than the directory.
     let contents_only = path == "." || path.ends_with("/.");
@@ -648,7 +665,7 @@ async fn copy_in(
     bounds: Bounds,
 ) -> Result<Report, Error> {
     if gdest.is_empty() {
-        return Err(Error::invalid("the guest path is empty"));
+        return Err(Error::invalid(EMPTY_GUEST_PATH));
     }
     let src_text = src.as_os_str().to_string_lossy();
     let contents_only = src_text == "." || src_text.ends_with("/.");
@@ -945,6 +962,18 @@ mod tests {
         assert_eq!(side("./a:b"), Side::Host(PathBuf::from("./a:b")));
         assert_eq!(side("/x"), Side::Host(PathBuf::from("/x")));
         assert_eq!(side(":x"), Side::Host(PathBuf::from(":x")));
+        // docker cp's tar stream is refused, not taken for a file named "-"; ./- is one.
+        for (source, destination) in [("-", "box:/tmp"), ("box:/etc/hosts", "-")] {
+            let err = sides(source, destination).err().map(|e| e.to_string());
+            assert!(
+                err.as_deref().unwrap_or_default().contains("tar archive"),
+                "{err:?}"
+            );
+        }
+        assert!(matches!(
+            sides("box:/etc/hosts", "./-"),
+            Ok((Side::Guest { .. }, Side::Host(_)))
+        ));
         for bad in ["", ".", "..", "a/b", "/", "a\0b"] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }

@@ -38,8 +38,10 @@ use crate::foundation::error::{Context, Error, Result};
 const RECIPE_REVISION: &str = "1";
 /// Beside `image.json`: the recipe a built image was made from.
 pub const RECIPE_FILE: &str = "recipe.json";
-/// Guest directories DynoCap itself keeps in the upper layer, never part of an image.
-const NOT_IMAGE: &[&str] = &["var/lib/dynocap", ".dynocap"];
+/// Guest directories DynoCap itself keeps in the upper layer, never part of an image (the
+/// agent's state, its mountpoint, and `/run/dynocap` where it listens for `sudo`: every
+/// sandbox has them, so a layer holding them would only carry the socket it cannot hold).
+const NOT_IMAGE: &[&str] = &["var/lib/dynocap", ".dynocap", "run/dynocap"];
 /// Ids of one guest: a host id outside this range from the guest's root is not the guest's.
 const GUEST_IDS: u64 = 65_536;
 
@@ -789,12 +791,19 @@ mod tests {
         fs::write(upper.join(".wh.sneaky"), b"").expect("write");
         std::os::unix::fs::symlink("/etc/passwd", upper.join("link")).expect("symlink");
         fs::create_dir_all(upper.join("var/lib/dynocap")).expect("mkdir");
+        fs::create_dir_all(upper.join("run/dynocap")).expect("mkdir");
+        let sock = upper.join("run/dynocap/sudo.sock");
+        let _listening = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
         let whiteout = CString::new(upper.join("etc/gone").as_os_str().as_bytes()).expect("c");
         // SAFETY: a NUL-terminated path; mknod of a 0/0 char device is an overlay whiteout.
         let made = unsafe { libc::mknod(whiteout.as_ptr(), libc::S_IFCHR, 0) };
         let dest = dir.path().join("layer.tar");
         let (_, skipped) = write_layer_tar(&upper, &dest).expect("tar");
         assert_eq!(skipped.reserved_names, 1);
+        assert_eq!(
+            skipped.special, 0,
+            "the sudo socket's directory is DynoCap's own"
+        );
         let mut archive = tar::Archive::new(File::open(&dest).expect("open"));
         let mut names: Vec<String> = archive
             .entries()
@@ -806,7 +815,7 @@ mod tests {
             })
             .collect();
         names.sort();
-        let mut want = vec!["etc", "etc/new", "link", "var", "var/lib"];
+        let mut want = vec!["etc", "etc/new", "link", "run", "var", "var/lib"];
         if made == 0 {
             want.push("etc/.wh.gone");
         }

@@ -855,3 +855,122 @@ fn a_stalled_registry_ends_the_pull_and_a_healthy_one_completes_it() {
         "{err:#}"
     );
 }
+
+/// What a user gets wrong is told with its fix, and a recipe builds on a pulled base: a tag
+/// the registry lacks is `not_found` naming the reference; `debian`, `auto` and `host` name
+/// no pulled image (each already means another one where an image is chosen); a task on an
+/// image without git is refused before anything is made, naming git and the raw sandbox that
+/// needs none; `run --image auto` says it is for a task's project. A recipe on the pulled base
+/// runs its step in a jail of it and makes a layer of what the step wrote, none of DynoCap's
+/// own files (`/run/dynocap`, where the agent's sudo socket is) among it.
+#[test]
+fn mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base() {
+    let test = "mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base";
+    if !require_root(test) || !tools_present(test) {
+        return;
+    }
+    let registry = Registry::start(false);
+    let work = tempfile::tempdir().expect("tempdir");
+    registry.push(
+        &image(&work.path().join("base"), &[base_layer()]),
+        "team/base:1",
+    );
+    let base_ref = reference("team/base:1");
+    let home = registry.home().with_env("DYNOCAP_CACHES", "0");
+
+    let err = home.json_err(&["image", "pull", &reference("team/base:nope")]);
+    assert_eq!(err["code"], "not_found", "{err:#}");
+    let message = err["message"].as_str().expect("msg");
+    assert!(
+        message.contains(&format!("has no image {}", reference("team/base:nope")))
+            && message.contains("tag"),
+        "{err:#}"
+    );
+    for name in ["debian", "auto", "host"] {
+        let err = home.json_err(&["image", "pull", &base_ref, "--name", name]);
+        assert_eq!(err["code"], "invalid_argument", "{err:#}");
+        let message = err["message"].as_str().expect("msg");
+        assert!(
+            message.contains("already means") && message.contains("--name"),
+            "{name}: {err:#}"
+        );
+    }
+    assert!(images(&home).is_empty());
+    home.json(&["image", "pull", &base_ref]);
+
+    let project = dynocap_e2e::one_commit_project("README.md", "hi\n");
+    let path = project.path().to_str().expect("utf8");
+    let err = home.json_err(&[
+        "task",
+        "start",
+        path,
+        "--image",
+        &base_ref,
+        "--disk-mb",
+        "128",
+    ]);
+    assert_eq!(err["code"], "invalid_argument", "{err:#}");
+    let message = err["message"].as_str().expect("msg");
+    assert!(
+        message.contains("has no git")
+            && message.contains(&format!("dynocap run --image {base_ref}")),
+        "{err:#}"
+    );
+    let listed = home.json(&["ls"]);
+    assert_eq!(listed["tasks"], json!([]), "{listed:#}");
+    assert_eq!(listed["sandboxes"], json!([]), "{listed:#}");
+    home.assert_only_sandbox_dirs(&[]);
+    let err = home.json_err(&["run", "x", "--image", "auto", "--disk-mb", "128"]);
+    assert!(
+        err["message"].as_str().expect("msg").contains("task start"),
+        "{err:#}"
+    );
+
+    let err = home.json_err(&[
+        "image", "build", "auto", "--from", &base_ref, "--run", "true",
+    ]);
+    assert!(
+        err["message"]
+            .as_str()
+            .expect("msg")
+            .contains("already means"),
+        "{err:#}"
+    );
+    let out = home.run(&[
+        "image",
+        "build",
+        "tool",
+        "--from",
+        &base_ref,
+        "--run",
+        "echo built > /built",
+        "--disk-mb",
+        "128",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stderr.contains("left out"),
+        "nothing of the step was left out: {stderr}"
+    );
+    let tool = images(&home)
+        .into_iter()
+        .find(|i| i["name"] == "tool")
+        .expect("the built image is listed");
+    assert_eq!(tool["source"]["format"], "recipe", "{tool:#}");
+    let root = rootfs(&tool);
+    assert_eq!(
+        std::fs::read_to_string(root.join("built")).expect("the step's file"),
+        "built\n"
+    );
+    assert!(
+        !root.join("run/dynocap").exists(),
+        "DynoCap's own directory is no part of it"
+    );
+    home.sandbox(
+        "box",
+        &["--image", "tool", "--backend", "jail", "--disk-mb", "128"],
+    );
+    assert_eq!(home.sh("box", "cat /built"), "built\n");
+    home.json(&["destroy", "box"]);
+}

@@ -118,13 +118,14 @@ pub enum ImageCommand {
     /// and shared between images. Credentials: --username/--password-stdin or the Docker
     /// config file; never stored.
     Pull(ImagePullArgs),
-    /// List built and imported images.
+    /// List the images on this host (built, imported and pulled): source, size, bytes shared
+    /// with other images, and the sandboxes using each.
     Ls,
     /// Show one image: its source, size, users and its config (Env, WorkingDir, User,
     /// Entrypoint, Cmd; only Env and WorkingDir are applied, nothing is ever run).
     Inspect(ImageNameArgs),
-    /// Remove a built image (by name: its newest build; or by id); refused while a live
-    /// sandbox uses it.
+    /// Remove an image (by name: its newest build; or by id) and the layers no other image
+    /// uses; refused while a live sandbox uses it.
     Rm(ImageNameArgs),
 }
 
@@ -202,6 +203,13 @@ pub struct ImageBuildArgs {
     /// Refuse a built layer with more than this many files.
     #[arg(long, default_value_t = 2_000_000)]
     pub max_files: u64,
+    /// Memory limit in MiB of the sandbox the steps run in (default 1024).
+    #[arg(long = "memory-mb", value_name = "MB", value_parser = whole_number)]
+    pub memory_mb: Option<u64>,
+    /// Disk limit in MiB of the sandbox the steps run in: what they may write, the new layer
+    /// (64 to 1048576, default 2048). Not part of the recipe's id.
+    #[arg(long = "disk-mb", value_name = "MB", value_parser = whole_number)]
+    pub disk_mb: Option<u64>,
 }
 
 #[derive(Debug, Args)]

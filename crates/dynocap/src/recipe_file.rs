@@ -43,10 +43,32 @@ struct RecipeFile {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 enum FileStep {
     Run(String),
-    Apt(Vec<String>),
+    Apt(Packages),
     Copy(String),
     Env(String),
 }
+
+/// An `apt` step's packages: a list, or one package as a string (`apt = "jq"`), as the
+/// `--apt` flag takes one at a time.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Packages {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Packages {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(package) => vec![package],
+            Self::Many(packages) => packages,
+        }
+    }
+}
+
+/// The TOML parser's words for a `[[step]]` with more than one key, which it says as a
+/// count of elements; the error adds what a step may hold.
+const ONE_KEY_PER_STEP: &str = "wanted exactly 1 element";
 
 /// The request `args` (a recipe build: `--from` or `--file`) make.
 pub fn request(args: &ImageBuildArgs) -> Result<RecipeRequest, Error> {
@@ -61,10 +83,17 @@ pub fn request(args: &ImageBuildArgs) -> Result<RecipeRequest, Error> {
                 Error::invalid(format!("--file {}: reading it: {err}", path.display()))
             })?;
             let file: RecipeFile = toml::from_str(&text).map_err(|err| {
+                let said = err.to_string();
+                let hint = if said.contains(ONE_KEY_PER_STEP) {
+                    "\neach [[step]] holds exactly one of run, apt, copy or env: give each its \
+                     own [[step]]"
+                } else {
+                    ""
+                };
                 Error::invalid(format!(
-                    "--file {}: {}",
+                    "--file {}: {}{hint}",
                     path.display(),
-                    err.to_string().trim_end()
+                    said.trim_end()
                 ))
             })?;
             let dir = path.parent().unwrap_or(Path::new("."));
@@ -72,7 +101,7 @@ pub fn request(args: &ImageBuildArgs) -> Result<RecipeRequest, Error> {
             for step in file.step {
                 steps.push(match step {
                     FileStep::Run(command) => Step::Run(command),
-                    FileStep::Apt(packages) => Step::Apt(packages),
+                    FileStep::Apt(packages) => Step::Apt(packages.into_vec()),
                     FileStep::Copy(pair) => copy_step(&pair, Some(dir))?,
                     FileStep::Env(pair) => env_step(&pair)?,
                 });
@@ -111,6 +140,8 @@ pub fn request(args: &ImageBuildArgs) -> Result<RecipeRequest, Error> {
         network,
         allow_hosts,
         limits,
+        memory_mb: args.memory_mb,
+        disk_mb: args.disk_mb,
         sandbox: dynocap_engine::image_recipe::build_sandbox_name(),
     })
 }
@@ -160,6 +191,13 @@ mod tests {
         assert!(err.contains("netwrok"), "{err}");
         let err = parse("[[step]]\nrum = \"true\"\n").expect_err("typo");
         assert!(err.contains("rum"), "{err}");
+        let err = parse("[[step]]\nrun = \"true\"\nenv = \"A=1\"\n").expect_err("two keys");
+        assert!(err.contains(ONE_KEY_PER_STEP), "{err}");
+        let file = parse("[[step]]\napt = \"jq\"\n").expect("one package as a string");
+        let FileStep::Apt(packages) = file.step.into_iter().next().expect("step") else {
+            panic!("not apt");
+        };
+        assert_eq!(packages.into_vec(), vec!["jq".to_owned()]);
     }
 
     #[test]

@@ -80,23 +80,38 @@ pub struct KernelFiles {
     pub modules: PathBuf,
 }
 
-/// The error for an image that is not built.
-fn not_built(name: &str) -> Error {
+/// The error for an image that is not on this host; `on_host` names the images that are.
+fn not_built(name: &str, on_host: &[String]) -> Error {
+    let mut here = vec![format!("{DEFAULT_IMAGE} (the default)")];
+    for other in on_host {
+        if !here.contains(other) {
+            here.push(other.clone());
+        }
+    }
+    let here = here.join(", ");
     if store::is_reference(name) {
         return Error::invalid(format!(
-            "image \"{name}\" is not on this host; pull it with `dynocap image pull {name}`"
+            "image \"{name}\" is not on this host; pull it with `dynocap image pull {name}` \
+             (images here: {here})"
+        ));
+    }
+    if name == "auto" {
+        return Error::invalid(format!(
+            "image \"auto\" (the image the project's devcontainer.json names) is for `task \
+             start` of a project; name an image here (images here: {here})"
         ));
     }
     if recipe::BUILDABLE.contains(&name) {
         Error::invalid(format!(
             "image \"{name}\" is not built; build it with `dynocap image build {name}` \
-             (or use the default image \"host\")"
+             (images here: {here})"
         ))
     } else {
         Error::invalid(format!(
-            "there is no image named \"{name}\"; images: host (the default), and after \
-             `dynocap image build NAME`: {}",
-            recipe::BUILDABLE.join(", ")
+            "there is no image named \"{}\" on this host (images here: {here}); make it with \
+             `dynocap image pull`, `image import` or `image build` (`dynocap image build \
+             debian` makes the debian image)",
+            oci::printable(name),
         ))
     }
 }
@@ -107,16 +122,23 @@ pub fn resolve(home: &Home, name: &str) -> Result<ImageRef> {
     if name == DEFAULT_IMAGE {
         return Ok(ImageRef::host());
     }
-    if !store::is_name(name) && !store::is_reference(name) {
-        return Err(not_built(name));
-    }
     let store = store::ImageStore::for_home(home, None);
-    match store.list()?.into_iter().rev().find(|i| i.name() == name) {
+    let images = store.list()?;
+    let names = || {
+        images
+            .iter()
+            .map(|i| i.name().to_owned())
+            .collect::<Vec<_>>()
+    };
+    if !store::is_name(name) && !store::is_reference(name) {
+        return Err(not_built(name, &names()));
+    }
+    match images.iter().rev().find(|i| i.name() == name) {
         Some(image) => Ok(ImageRef {
             name: name.to_owned(),
             id: Some(image.id().to_owned()),
         }),
-        None => Err(not_built(name)),
+        None => Err(not_built(name, &names())),
     }
 }
 
@@ -191,6 +213,47 @@ fn in_image(rootfs: &Path, dir: &str) -> bool {
         }
     }
     true
+}
+
+/// Where the guest agent looks for the programs it runs itself, git among them (the
+/// agent's `spawn::BASE_PATH`, relative to the image's root).
+const GUEST_BASE_PATH: &[&str] = &[
+    "usr/local/sbin",
+    "usr/local/bin",
+    "usr/sbin",
+    "usr/bin",
+    "sbin",
+    "bin",
+];
+
+/// Whether the image a record names has an executable `program` where the guest agent looks
+/// for it ([`GUEST_BASE_PATH`]), its links resolved inside the image (`openat2` with
+/// `RESOLVE_IN_ROOT`: never the host's files). `None` when it cannot tell: the `host` image,
+/// an image that is gone (booting it says so), or a kernel without `openat2`.
+pub fn has_program(home: &Home, image: &ImageRef, program: &str) -> Option<bool> {
+    use nix::errno::Errno;
+    use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+    use std::os::fd::AsFd;
+    let id = image.id.as_ref()?;
+    let built = store::ImageStore::for_home(home, None).get(&image.name, id)?;
+    let root = fs::File::open(built.rootfs()).ok()?;
+    for dir in GUEST_BASE_PATH {
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        match openat2(root.as_fd(), &Path::new(dir).join(program), how) {
+            Ok(fd) => {
+                let meta = nix::sys::stat::fstat(&fd).ok()?;
+                let mode = meta.st_mode;
+                if mode & libc::S_IFMT == libc::S_IFREG && mode & 0o111 != 0 {
+                    return Some(true);
+                }
+            }
+            Err(Errno::ENOSYS | Errno::EPERM) => return None,
+            Err(_) => {}
+        }
+    }
+    Some(false)
 }
 
 /// The kernel inside `built`, if it has one.
@@ -414,6 +477,70 @@ mod tests {
         // A second call reuses the skeleton.
         let again = host_image(dir.path()).unwrap();
         assert_eq!(again.root, image.root);
+    }
+
+    #[test]
+    fn a_missing_image_is_told_with_the_images_here_and_how_to_get_it() {
+        let here = vec![
+            "registry.test:5000/team/app:1".to_owned(),
+            "tool".to_owned(),
+        ];
+        let msg = not_built("nosuch", &here).message;
+        assert!(
+            msg.contains("no image named \"nosuch\"")
+                && msg.contains("host (the default), registry.test:5000/team/app:1, tool")
+                && msg.contains("dynocap image pull")
+                && msg.contains("makes the debian image"),
+            "{msg}"
+        );
+        let msg = not_built("registry.test:5000/team/other:1", &here).message;
+        assert!(
+            msg.contains("`dynocap image pull registry.test:5000/team/other:1`"),
+            "{msg}"
+        );
+        let msg = not_built("auto", &here).message;
+        assert!(msg.contains("task"), "{msg}");
+        let msg = not_built("debian", &[]).message;
+        assert!(msg.contains("`dynocap image build debian`"), "{msg}");
+    }
+
+    #[test]
+    fn a_program_is_looked_for_inside_the_image_its_links_resolved_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path().join("home")).unwrap();
+        let id = "ab".repeat(32);
+        fake_build(&home, &id, "2026-01-01T00:00:00Z");
+        let image = resolve(&home, "debian").unwrap();
+        let root = home.images_dir().join("debian").join(&id).join("rootfs");
+        // A link to the host's own git (present on any machine that runs these tests, as
+        // DynoCap needs it) is resolved inside the image, where nothing is.
+        fs::create_dir_all(root.join("usr/local/bin")).unwrap();
+        symlink("/usr/bin/git", root.join("usr/local/bin/git")).unwrap();
+        // A merged /usr: bin is a link.
+        symlink("usr/bin", root.join("bin")).unwrap();
+        assert_eq!(has_program(&home, &image, "git"), Some(false));
+        fs::create_dir_all(root.join("usr/bin")).unwrap();
+        fs::write(root.join("usr/bin/git"), "").unwrap();
+        assert_eq!(
+            has_program(&home, &image, "git"),
+            Some(false),
+            "not executable"
+        );
+        fs::set_permissions(root.join("usr/bin/git"), fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(has_program(&home, &image, "git"), Some(true));
+        fs::remove_file(root.join("usr/bin/git")).unwrap();
+        fs::create_dir_all(root.join("usr/libexec")).unwrap();
+        fs::write(root.join("usr/libexec/git"), "").unwrap();
+        fs::set_permissions(
+            root.join("usr/libexec/git"),
+            fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        // Through the merged /bin, to an absolute link the image's root anchors.
+        fs::remove_file(root.join("usr/local/bin/git")).unwrap();
+        symlink("/usr/libexec/git", root.join("usr/bin/git")).unwrap();
+        assert_eq!(has_program(&home, &image, "git"), Some(true));
+        assert_eq!(has_program(&home, &ImageRef::host(), "git"), None);
     }
 
     /// Installs a fake built image (metadata and an empty rootfs with a kernel's files).

@@ -516,8 +516,13 @@ impl Policy {
         Self::check_image_shape(raw)?;
         let present = raw == HOST_IMAGE || on_host.iter().any(|name| name == raw);
         let shown_on_host = || {
+            // Each name once: a name may have several builds (a tag pulled again after it moved).
             let mut names = vec![HOST_IMAGE.to_owned()];
-            names.extend(on_host.iter().filter(|n| *n != HOST_IMAGE).cloned());
+            for name in on_host {
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
             names.join(", ")
         };
         let Some(entries) = &self.images else {

@@ -99,12 +99,12 @@ impl Engine {
         Ok(info(&image, &self.live_records()?))
     }
 
-    /// Removes a built image, refused while a sandbox needs it.
+    /// Removes an image (built, imported or pulled), refused while a sandbox needs it.
     pub fn image_rm(&self, name_or_id: &str) -> Result<ImageInfo> {
         let store = self.image_store();
         let image = store.find(name_or_id)?.ok_or_else(|| {
             Error::not_found(format!(
-                "no built image named or with id \"{name_or_id}\" (see dynocap image ls)"
+                "no image named or with id \"{name_or_id}\" (see dynocap image ls)"
             ))
         })?;
         let records = self.live_records()?;

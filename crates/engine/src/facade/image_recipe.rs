@@ -35,6 +35,10 @@ pub struct RecipeRequest {
     pub network: Option<String>,
     pub allow_hosts: Vec<String>,
     pub limits: Limits,
+    /// The build sandbox's memory and disk (`None`: a sandbox's defaults); what the steps
+    /// may use, not part of what the image is.
+    pub memory_mb: Option<u64>,
+    pub disk_mb: Option<u64>,
     /// The build sandbox's name ([`build_sandbox_name`]): a caller that is interrupted
     /// destroys it by this name.
     pub sandbox: String,
@@ -65,14 +69,12 @@ impl Engine {
         say: &(dyn Fn(&str) + Send + Sync),
         on_output: OnOutput<'_>,
     ) -> Result<RecipeBuilt> {
-        if !crate::image::store::is_name(&request.name)
-            || request.name == crate::model::image_ref::DEFAULT_IMAGE
-            || crate::image::recipe::BUILDABLE.contains(&request.name.as_str())
-        {
+        if let Some(why) = crate::image::store::unfit_name(&request.name) {
             return Err(Error::invalid(format!(
-                "\"{}\" cannot name a built image: use up to 32 lowercase letters, digits and \
-                 '-' (not \"host\" or \"debian\")",
-                request.name
+                "\"{}\" cannot name a built image: {why}; give another, e.g. `dynocap image \
+                 build mytool --from {}`",
+                crate::image::oci::printable(&request.name),
+                request.base
             )));
         }
         let store = ImageStore::for_home(self.home(), self.config().images.cache_dir());
@@ -118,7 +120,14 @@ impl Engine {
             });
         }
         let sandbox = request.sandbox.as_str();
-        let mut spec = RunSpec::raw(sandbox, Some(&network), Some(3600), None, None, None)?;
+        let mut spec = RunSpec::raw(
+            sandbox,
+            Some(&network),
+            Some(3600),
+            None,
+            request.memory_mb,
+            request.disk_mb,
+        )?;
         spec.allow_hosts = request.allow_hosts.clone();
         spec.image = Some(base.name().to_owned());
         spec.backend = Some(BackendChoice::Jail);

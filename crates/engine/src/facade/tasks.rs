@@ -158,6 +158,14 @@ impl Engine {
             spec.backend,
         )?;
         record.egress = egress;
+        // A task's baseline is a git commit made in the guest: an image without git is told
+        // now, with what to do, rather than after it booted and its agent found none.
+        if crate::image::has_program(self.home(), &record.image, "git") == Some(false) {
+            return Err(TaskFailure::NoGitInImage {
+                image: record.image.name.clone(),
+            }
+            .into());
+        }
         let credentials = credentials
             .as_ref()
             .map(crate::supervisor::clone::credentials_pipe)
@@ -601,6 +609,15 @@ enum TaskFailure {
     /// The start was to hand its supervisor a project directory it never opened: a bug.
     #[error("projectPath {} was not opened before the start", .path.display())]
     ProjectNotOpened { path: std::path::PathBuf },
+    #[error(
+        "image {image} has no git (looked for an executable git in /usr/local/sbin, \
+         /usr/local/bin, /usr/sbin, /usr/bin, /sbin and /bin inside it), and a task records its \
+         baseline as a git commit in the guest: start the task on an image that has git (make \
+         one with `dynocap image build NAME --from {image} --apt git` on a Debian-based image, \
+         or --run with the image's own package manager), or use the image in a raw sandbox \
+         (dynocap run --image {image}, dynocap_run over MCP), which needs no git"
+    )]
+    NoGitInImage { image: String },
     #[error("reading {}: {source}", .path.display())]
     ReadPatch {
         path: std::path::PathBuf,
@@ -617,12 +634,14 @@ enum TaskFailure {
 
 impl Coded for TaskFailure {
     /// The saved results are DynoCap's files on the host: failing to read or remove them is
-    /// not the caller's doing.
+    /// not the caller's doing. An image without git is.
     fn code(&self) -> ErrorCode {
         match self {
             Self::ProjectNotOpened { .. } | Self::ReadPatch { .. } | Self::RemoveResults { .. } => {
                 ErrorCode::Internal
             }
+            // The caller's choice of image: another one, or a raw sandbox.
+            Self::NoGitInImage { .. } => ErrorCode::InvalidArgument,
         }
     }
 }

@@ -68,10 +68,9 @@ pub fn import(
                 .unwrap_or_default(),
         ),
     };
-    if !super::store::is_name(&name) || name == crate::model::image_ref::DEFAULT_IMAGE {
+    if let Some(why) = super::store::unfit_name(&name) {
         return Err(Error::invalid(format!(
-            "\"{}\" cannot name an image: use up to 32 lowercase letters, digits and '-' \
-             (and not \"host\"), e.g. --name mytool",
+            "\"{}\" cannot name an image: {why}; give another with --name, e.g. --name mytool",
             oci::printable(&name)
         )));
     }

@@ -137,10 +137,9 @@ pub async fn pull(
     let parsed = parse_reference(reference)?;
     let name = match name {
         Some(name) => {
-            if !store::is_name(name) || name == crate::model::image_ref::DEFAULT_IMAGE {
+            if let Some(why) = store::unfit_name(name) {
                 return Err(Error::invalid(format!(
-                    "\"{}\" cannot name an image: use up to 32 lowercase letters, digits and \
-                     '-' (and not \"host\"), e.g. --name mytool",
+                    "\"{}\" cannot name an image: {why}; give another with --name, e.g. --name mytool",
                     oci::printable(name)
                 )));
             }
@@ -173,9 +172,12 @@ pub async fn pull(
     let bound = idle * RESOLVE_WINDOWS;
     let (manifest, manifest_digest, config_text, list_digest) =
         match tokio::time::timeout(bound, resolving).await {
-            Ok(answer) => {
-                answer.map_err(|err| gate.explain(&registry, &client_error(&err, idle)))?
-            }
+            Ok(answer) => answer.map_err(|err| {
+                if is_unknown_image(&err) && !gate.refused_any() {
+                    return unknown_image(&registry, reference);
+                }
+                gate.explain(&registry, &client_error(&err, idle))
+            })?,
             Err(_) => {
                 return Err(gate.explain(
                     &registry,
@@ -1028,6 +1030,11 @@ impl RegistryGate {
         })
     }
 
+    /// Whether the gate refused any host this pull tried to reach.
+    fn refused_any(&self) -> bool {
+        self.refused.lock().map(|r| !r.is_empty()).unwrap_or(false)
+    }
+
     /// An error of a download: the refused hosts added when there were any.
     fn wrap(&self, registry: &str, err: Error) -> Error {
         let refused = self.refused.lock().map(|r| !r.is_empty()).unwrap_or(false);
@@ -1061,6 +1068,29 @@ impl RegistryGate {
             ))
         }
     }
+}
+
+/// Whether the registry answered that it has no such repository, tag or digest.
+fn is_unknown_image(err: &oci_client::errors::OciDistributionError) -> bool {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode as C};
+    match err {
+        E::ImageManifestNotFoundError(_) => true,
+        E::RegistryError { envelope, .. } => envelope
+            .errors
+            .iter()
+            .any(|e| matches!(e.code, C::ManifestUnknown | C::NameUnknown)),
+        _ => false,
+    }
+}
+
+/// The error for a reference the registry does not have: `not_found`, saying what to check.
+fn unknown_image(registry: &str, reference: &str) -> Error {
+    Error::not_found(format!(
+        "the registry {registry} has no image {} (it answered that the repository, tag or \
+         digest is unknown): check the reference's repository and tag or digest (`skopeo \
+         list-tags docker://REPOSITORY` lists a repository's tags)",
+        oci::printable(reference)
+    ))
 }
 
 /// The client's words for a registry refusing (or asking for) credentials.
@@ -1149,6 +1179,33 @@ pub fn read_password(mut input: impl std::io::Read) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_registry_without_the_image_is_not_found_saying_what_to_check() {
+        use oci_client::errors::{OciDistributionError, OciEnvelope, OciError, OciErrorCode};
+        let answer = |code| OciDistributionError::RegistryError {
+            envelope: OciEnvelope {
+                errors: vec![OciError {
+                    code,
+                    message: String::new(),
+                    detail: serde_json::Value::Null,
+                }],
+            },
+            url: "https://registry.example/v2/team/tool/manifests/9".to_owned(),
+        };
+        assert!(is_unknown_image(&answer(OciErrorCode::ManifestUnknown)));
+        assert!(is_unknown_image(&answer(OciErrorCode::NameUnknown)));
+        assert!(!is_unknown_image(&answer(OciErrorCode::Unauthorized)));
+        assert!(!is_unknown_image(&answer(OciErrorCode::Denied)));
+        let err = unknown_image("registry.example", "registry.example/team/tool:9");
+        assert_eq!(err.code, crate::foundation::error::ErrorCode::NotFound);
+        assert!(
+            err.message
+                .contains("has no image registry.example/team/tool:9")
+                && err.message.contains("tag"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn references_name_their_registry() {

@@ -288,6 +288,30 @@ pub fn is_id(text: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// Why `name` may not name an image that `image pull`, `image import` or a recipe build
+/// makes (the caller says how to give another), or `None`: it must be a name ([`is_name`])
+/// and none of the words that already mean something where an image is chosen: `host` (the host's own /usr), `debian` (the image
+/// `dynocap image build debian` makes, which another image of that name would stand in for
+/// wherever `debian` is asked for) and `auto` (on `task start`, the image the project's
+/// devcontainer.json names, so an image called that could never be chosen there).
+pub fn unfit_name(name: &str) -> Option<String> {
+    if !is_name(name) {
+        return Some(
+            "a name is up to 32 lowercase letters, digits and '-', not starting with '-'"
+                .to_owned(),
+        );
+    }
+    let why = match name {
+        crate::model::image_ref::DEFAULT_IMAGE => "the host's own /usr",
+        "auto" => "the image the project's devcontainer.json names (on task start)",
+        _ if super::recipe::BUILDABLE.contains(&name) => {
+            "the image `dynocap image build debian` makes"
+        }
+        _ => return None,
+    };
+    Some(format!("\"{name}\" already means {why}"))
+}
+
 /// An image name: a short lowercase word (it names a directory).
 pub fn is_name(text: &str) -> bool {
     !text.is_empty()
@@ -497,6 +521,17 @@ mod tests {
             assert!(!is_reference(bad), "{bad}");
         }
         assert_eq!(dir_name("debian"), "debian");
+    }
+
+    #[test]
+    fn the_words_an_image_choice_reads_name_no_made_image() {
+        for word in ["host", "debian", "auto"] {
+            let why = unfit_name(word).expect(word);
+            assert!(why.contains("already means"), "{why}");
+        }
+        assert!(unfit_name("Tool").expect("shape").contains("lowercase"));
+        assert_eq!(unfit_name("debian-12"), None);
+        assert_eq!(unfit_name("mytool"), None);
     }
 
     #[test]

@@ -516,6 +516,11 @@ fn images_default_to_those_on_the_host() {
     }
     let err = policy.check_image("alpine", &on_host).unwrap_err();
     assert!(err.message.contains("host, debian, tools"), "{err}");
+    // A name with two builds (a tag pulled again after it moved) is offered once.
+    let err = policy
+        .check_image("alpine", &names(&["tools", "debian", "tools"]))
+        .unwrap_err();
+    assert!(err.message.contains("(host, tools, debian)"), "{err}");
     assert!(
         policy.summary().contains("images=(unset"),
         "{}",

@@ -112,6 +112,12 @@ async def test_output_keeps_head_and_tail_and_can_be_bytes(host: Host) -> None:
         # The tail starts at a whole line, not inside one.
         first, second = log["stdout"].split("omitted …]\n", 1)[1].split("\n")[:2]
         assert int(first) + 1 == int(second), (first, second)
+        # The head ends at one: its last line is whole (line N reads N, not the `1` of a cut
+        # `1234`), and the marker follows it with no empty line between.
+        head = log["stdout"].split("[… ", 1)[0]
+        assert head.endswith("\n") and not head.endswith("\n\n"), head[-40:]
+        lines = head.split("\n")[:-1]
+        assert lines[-1] == str(len(lines)), lines[-3:]
         assert "error: the real failure" in log["stderr"] and log["stderr"].endswith("\n50000\n")
         # maxOutputBytes asks for more, within its range.
         more = ok(await s.call_tool("dynocap_exec", {

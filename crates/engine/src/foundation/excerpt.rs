@@ -2,7 +2,9 @@
 //! was dropped between them. A build log's first lines say what ran and its last lines say
 //! why it failed, so both ends are worth more to a reader (and to a model) than the first
 //! megabyte alone. The tail starts at a line: the partial line the cut left at its start is
-//! dropped with the rest (counted as omitted) unless the tail has no other line end.
+//! dropped with the rest (counted as omitted) unless the tail has no other line end. The head
+//! ends at one likewise, so that no piece of a line reads as a line of its own before the
+//! marker (`1` of a cut `12`).
 
 use std::collections::VecDeque;
 
@@ -69,7 +71,8 @@ impl Excerpt {
 
     /// The head, a marker line where bytes were dropped, and the tail. The cut edges are moved
     /// to character boundaries (the bytes moved count as omitted), so UTF-8 text stays text,
-    /// and the tail to the start of a line when it holds a line end before its last byte.
+    /// the head to the end of its last whole line when it holds a line end, and the tail to the
+    /// start of a line when it holds a line end before its last byte.
     pub fn into_bytes(self) -> Vec<u8> {
         let Self {
             mut head,
@@ -83,8 +86,12 @@ impl Excerpt {
             head.extend_from_slice(&tail);
             return head;
         }
-        let partial = incomplete_suffix(&head);
+        let mut partial = incomplete_suffix(&head);
         head.truncate(head.len() - partial);
+        if let Some(newline) = head.iter().rposition(|&b| b == b'\n') {
+            partial += head.len() - (newline + 1);
+            head.truncate(newline + 1);
+        }
         let partial_line = match tail_at_line {
             true => 0,
             false => tail[..tail.len().saturating_sub(1)]
@@ -99,7 +106,14 @@ impl Excerpt {
             .count();
         tail.drain(..partial_line + continuation);
         omitted += (partial + partial_line + continuation) as u64;
-        head.extend_from_slice(marker(omitted).as_bytes());
+        let marker = marker(omitted);
+        // The marker is a line of its own: after a head that ends a line (or is empty) its
+        // leading newline would make an empty line that was never output.
+        let marker = match head.last() {
+            None | Some(b'\n') => &marker[1..],
+            Some(_) => &marker[..],
+        };
+        head.extend_from_slice(marker.as_bytes());
         head.extend_from_slice(&tail);
         head
     }
@@ -224,8 +238,13 @@ mod tests {
                 .replace(',', "")
                 .parse()
                 .unwrap();
-            let shown = text.len() - marker(count).len();
+            // The head ends a line, so the marker has no newline of its own before it.
+            let shown = text.len() - (marker(count).len() - 1);
             assert_eq!(shown as u64 + count, lines.len() as u64, "{text}");
+            assert!(
+                text.starts_with("line 000\n[… "),
+                "chunks of {chunk}: {text}"
+            );
         }
         // A tail of 36 bytes starts right after a line end: it loses nothing.
         let mut e = Excerpt::new(48);
@@ -240,6 +259,38 @@ mod tests {
         e.push(&[b'x'; 100]);
         e.push(b"\n");
         assert!(e.into_bytes().ends_with(b"xxxxxxxxxxx\n"));
+    }
+
+    /// The head ends at its last line end: the piece of the line the cut left (`1` of `12`)
+    /// is counted as omitted instead of reading as a line. A head without a line end (one
+    /// long line) keeps its bytes, the marker on a line of its own after them.
+    #[test]
+    fn the_head_ends_at_a_line() {
+        let numbers: String = (1..=1000).map(|i| format!("{i}\n")).collect();
+        let mut e = Excerpt::new(100);
+        e.push(numbers.as_bytes());
+        let text = String::from_utf8(e.into_bytes()).unwrap();
+        let (head, _) = text.split_once("[… ").unwrap();
+        assert_eq!(head, "1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n11\n", "{text}");
+        assert!(
+            !text.contains("\n\n"),
+            "no empty line that was not output: {text}"
+        );
+
+        let mut e = Excerpt::new(100);
+        e.push(&[b'x'; 1000]);
+        let text = String::from_utf8(e.into_bytes()).unwrap();
+        assert!(
+            text.starts_with(&format!("{}\n[… ", "x".repeat(25))),
+            "{text}"
+        );
+
+        // CRLF lines end at their LF; a cut inside a multibyte character before the last
+        // line end is dropped with the partial line.
+        let mut e = Excerpt::new(40);
+        e.push("é\r\nééééé".repeat(10).as_bytes());
+        let text = String::from_utf8(e.into_bytes()).expect("still UTF-8");
+        assert!(text.starts_with("é\r\n[… "), "{text}");
     }
 
     #[test]

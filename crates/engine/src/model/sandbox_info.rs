@@ -47,17 +47,28 @@ pub struct PortForward {
     pub guest_port: u16,
     pub host_address: String,
     pub host_port: u16,
-    /// `http://ADDRESS:PORT/`, for a person to open (IPv6 addresses in brackets).
+    /// `http://ADDRESS:PORT/`, for a person to open (IPv6 addresses in brackets); a forward
+    /// on every address (`0.0.0.0`, `::`) is given with the loopback address it also listens
+    /// on, which a browser opens (a wildcard address is not one to connect to).
     pub url: String,
 }
 
 impl PortForward {
     pub fn new(guest_port: u16, host: std::net::SocketAddr) -> Self {
+        let reachable = match host.ip() {
+            std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+                std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, host.port()))
+            }
+            std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+                std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, host.port()))
+            }
+            _ => host,
+        };
         Self {
             guest_port,
             host_address: host.ip().to_string(),
             host_port: host.port(),
-            url: format!("http://{host}/"),
+            url: format!("http://{reachable}/"),
         }
     }
 
@@ -87,4 +98,26 @@ pub struct RunningJob {
 /// A time as results show it: RFC 3339, to the second, in UTC.
 pub fn rfc3339(time: chrono::DateTime<chrono::Utc>) -> String {
     time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PortForward;
+
+    #[test]
+    fn a_forward_s_url_is_one_to_open() {
+        let at = |addr: &str| PortForward::new(8000, addr.parse().unwrap());
+        let loopback = at("127.0.0.1:8080");
+        assert_eq!(loopback.url, "http://127.0.0.1:8080/");
+        assert_eq!(loopback.short(), "127.0.0.1:8080->8000");
+        assert_eq!(at("[::1]:8080").url, "http://[::1]:8080/");
+        // Every address: listed as such, opened on loopback.
+        let all = at("0.0.0.0:8080");
+        assert_eq!(
+            (all.host_address.as_str(), all.url.as_str()),
+            ("0.0.0.0", "http://127.0.0.1:8080/")
+        );
+        assert_eq!(all.short(), "0.0.0.0:8080->8000");
+        assert_eq!(at("[::]:8080").url, "http://[::1]:8080/");
+    }
 }

@@ -297,6 +297,19 @@ fn a_finish_says_which_jobs_it_cut_off_and_keeps_their_whole_output() {
         job.as_str(),
         "{summary:#}"
     );
+    // The exec log's entry for it says where its output went, not that it was lost.
+    let log = std::fs::read_to_string(home.path().join("results").join(&id).join("exec.jsonl"))
+        .expect("exec.jsonl");
+    let entry: Value = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|entry| entry["command"] == "seq 1 200000; sleep 320")
+        .expect("the job's exec.jsonl entry");
+    let error = entry["error"].as_str().unwrap_or_default();
+    assert!(
+        !error.contains("lost") && error.contains(&saved.display().to_string()),
+        "{entry:#}"
+    );
     // Said in the text result too.
     let again = text(&home.run(&["task", "finish", "jf"]).stdout);
     assert!(

@@ -138,6 +138,10 @@ async def test_a_finish_says_which_jobs_it_cut_off(host: Host) -> None:
         assert entry["stdoutBytes"] == len(whole)
         summary = json.loads(Path(result["summaryPath"]).read_text())
         assert summary["task"]["jobsCutOff"][0]["job"] == bg["job"]
+        # The job cannot be asked any more; asking says where its output was saved.
+        text = err(await s.call_tool("dynocap_job", {"name": task["id"], "job": bg["job"]}),
+                   "conflict")
+        assert entry["stdoutPath"] in text, text
 
 
 async def test_a_tasks_ttl_says_which_jobs_it_cut_off(host: Host) -> None:

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use crate::facade::sandboxes::{find, unexpected, Engine, Interim};
-use crate::foundation::error::Result;
+use crate::foundation::error::{Error, Result};
+use crate::foundation::terms::Piece;
 use crate::model::sandbox_info::RunningJob;
 use crate::model::spec::ExecSpec;
 use crate::model::task_spec::Progress;
@@ -48,7 +49,9 @@ impl Engine {
 
     /// A job of the live sandbox or task `name`: its state and output since the offsets.
     pub async fn job(&self, name: &str, query: &JobQuery) -> Result<JobReport> {
-        let record = self.live_any(name)?;
+        let record = self
+            .live_any(name)
+            .map_err(|err| self.saved_job_output(name, &query.job, err))?;
         job_reply(
             self.call(&record, &ControlRequest::Job(query.clone()))
                 .await?,
@@ -73,6 +76,34 @@ impl Engine {
             return Vec::new();
         }
         read_running(&self.home().sandbox_dir(&record.id).join(JOBS_DIR))
+    }
+
+    /// `err` (the task no longer runs) with where the task's end saved job `job`'s whole
+    /// output, when it did: the job cannot be asked any more, but its output is there.
+    fn saved_job_output(&self, name: &str, job: &str, mut err: Error) -> Error {
+        // A job id is `job-N`, made by a supervisor; anything else is never part of a path.
+        let well_formed = job
+            .strip_prefix("job-")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        let record = self.catalog().ok().and_then(|c| find(&c, name).ok());
+        let Some(record) = record.filter(|r| well_formed && r.kind == Kind::Task) else {
+            return err;
+        };
+        let saved = self.home().results_dir(&record.id).join(JOBS_DIR);
+        let stdout = saved.join(format!("{job}.stdout"));
+        if !stdout.is_file() {
+            return err;
+        }
+        let note = format!(
+            "; {job}'s whole output, as the task's end left it, is saved in {} and {job}.stderr \
+             beside it",
+            stdout.display()
+        );
+        err.message.push_str(&note);
+        if let Some(words) = err.words.as_mut() {
+            words.push(Piece::Text(note));
+        }
+        err
     }
 
     fn live_any(&self, name: &str) -> Result<Record> {

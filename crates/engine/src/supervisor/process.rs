@@ -578,7 +578,11 @@ async fn serve(
         let _ = std::fs::remove_file(&control_socket);
     }
     let where_saved = match &shared.task {
-        Some(task) => format!("; the task's work is saved in {}", task.files.dir.display()),
+        Some(task) => format!(
+            "; the task's work is saved in {0}, a job's whole output in {0}/{1}",
+            task.files.dir.display(),
+            crate::supervisor::jobs::JOBS_DIR
+        ),
         None => String::new(),
     };
     let _ = shared

@@ -47,7 +47,9 @@ impl Ending {
     /// What a command still running is told when the sandbox ends under it.
     pub(super) fn interrupts(self, what: &str, ttl_seconds: u64) -> String {
         match self {
-            Self::Finished => format!("the task was finished while the command ran; the command was stopped and its output so far is lost{what}"),
+            // Not "its output is lost": a job's is kept (saved beside the task's work), and
+            // an exec's caller had it streamed or holds it in the job's report.
+            Self::Finished => format!("the task was finished while the command ran; the command was stopped{what}"),
             Self::Expired => format!("the sandbox reached the end of its TTL ({ttl_seconds}s) while the command ran; the command was stopped{what}"),
             Self::Destroyed | Self::Signalled => format!("the sandbox was destroyed while the command ran{what}"),
             Self::GuestDied => "the sandbox's guest died while the command ran".to_owned(),

@@ -8,6 +8,7 @@ fill (`dynocap image build debian` finds it there, or builds it once)."""
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -104,6 +105,64 @@ async def test_a_raw_vm_sandbox_boots_with_its_limits_and_leaves_no_qemu(host: H
         assert ok(await s.call_tool("dynocap_destroy", {"name": "guest"})) == {"destroyed": "guest"}
         assert qemus_of(host) == []
         err(await s.call_tool("dynocap_exec", {"name": "guest", "command": "true"}), "not_found")
+
+
+async def test_a_vm_sandboxs_files_and_jobs_over_mcp(host: Host) -> None:
+    """The file tools and jobs on a QEMU guest: binary content round trip, an edit, a listing,
+    a /proc file, the guest's /etc/shadow refused to the sandbox user through a symlink; an
+    exec past the wait bound followed with dynocap_job to its end, and a background job
+    killed."""
+    env = vm_env(host)
+    env["DYNOCAP_MCP_WAIT_SECONDS"] = "2"
+    async with connect(host, env=env) as s:
+        ok(await s.call_tool("dynocap_run", {"name": "vmf", "memoryMB": 512}))
+        home = (await sh(s, "dynocap_exec", "vmf", "echo $HOME"))["stdout"].strip()
+        blob = bytes(range(256)) * 3
+        wrote = ok(await s.call_tool("dynocap_write_file", {
+            "name": "vmf", "path": f"{home}/d/blob.bin", "createDirs": True, "mode": "600",
+            "content": base64.b64encode(blob).decode(), "encoding": "base64"}))
+        assert (wrote["bytes"], wrote["created"], wrote["mode"]) == (len(blob), True, "600")
+        back = ok(await s.call_tool("dynocap_read_file", {
+            "name": "vmf", "path": f"{home}/d/blob.bin", "encoding": "base64",
+            "offset": 256, "length": 300}))
+        assert base64.b64decode(back["content"]) == blob[256:556]
+        assert (back["totalSize"], back["nextOffset"], back["more"]) == (len(blob), 556, True)
+        ok(await s.call_tool("dynocap_write_file", {"name": "vmf", "path": f"{home}/t.txt",
+                                                    "content": "one two\n"}))
+        edited = ok(await s.call_tool("dynocap_edit_file", {
+            "name": "vmf", "path": f"{home}/t.txt", "oldText": "two", "newText": "2"}))
+        assert edited["replacements"] == 1
+        assert (await sh(s, "dynocap_exec", "vmf", f"cat {home}/t.txt"))["stdout"] == "one 2\n"
+        listed = ok(await s.call_tool("dynocap_list_files", {"name": "vmf", "path": home,
+                                                             "depth": 2}))
+        names = {(e["name"], e["type"]) for e in listed["entries"]}
+        assert {("d", "dir"), ("d/blob.bin", "file"), ("t.txt", "file")} <= names, listed
+        version = (await sh(s, "dynocap_exec", "vmf", "cat /proc/version"))["stdout"]
+        read = ok(await s.call_tool("dynocap_read_file", {"name": "vmf", "path": "/proc/version"}))
+        assert read["content"] == version
+        await sh(s, "dynocap_exec", "vmf", f"ln -s /etc/shadow {home}/shadow")
+        text = err(await s.call_tool("dynocap_read_file", {"name": "vmf", "path": f"{home}/shadow"}),
+                   "invalid_argument")
+        assert "Permission denied" in text, text
+
+        # Past the wait bound (2 s here) the exec answers with its job; followed to its end.
+        run = ok(await s.call_tool("dynocap_exec", {
+            "name": "vmf", "command": "echo first; sleep 6; echo last", "timeoutSeconds": 120}))
+        assert run["running"] is True and run["stdout"] == "first\n", run
+        out, report = run["stdoutOffset"], run
+        for _ in range(30):
+            report = ok(await s.call_tool("dynocap_job", {
+                "name": "vmf", "job": run["job"], "waitSeconds": 2, "stdoutOffset": out}))
+            out = report["stdoutOffset"]
+            if not report["running"]:
+                break
+        assert (report["state"], report["exitCode"], report["stdout"]) == ("exited", 0, "last\n")
+        bg = ok(await s.call_tool("dynocap_exec", {
+            "name": "vmf", "command": "sleep 300", "background": True, "timeoutSeconds": 600}))
+        killed = ok(await s.call_tool("dynocap_job", {"name": "vmf", "job": bg["job"],
+                                                      "kill": True}))
+        assert (killed["state"], killed["running"]) == ("killed", False), killed
+        ok(await s.call_tool("dynocap_destroy", {"name": "vmf"}))
 
 
 async def test_a_vm_task_cycle_flags_risky_changes_and_finishes_verified(host: Host) -> None:

@@ -8,7 +8,8 @@
 //! fails the task's writes to it with a note in the result and leaves the host's space as it
 //! was; a start the host cannot back with its new cache is refused naming both, and a cache
 //! that exists is counted once, however many tasks of the project use it. A vm task's full
-//! or failed cache (a disk of the guest's kernel) is said in its results as a jail's is.
+//! or failed cache (a disk of the guest's kernel) is said in its results as a jail's is, and
+//! the next jail formats the image afresh before the host's kernel mounts what it wrote.
 //!
 //! PyPI is tests/support/tlsfix.rs on a 127.X.Y.Z under its real names through
 //! `DYNOCAP_RESOLVE` and a `filtered` task allowed `@pypi`: nothing leaves loopback. Needs
@@ -242,6 +243,70 @@ fn a_vm_task_finds_what_the_projects_previous_task_cached() {
     assert_eq!(seen.trim(), "0");
     home.json(&["task", "finish", "vstranger"]);
     assert_eq!(caches(&home).len(), 2);
+}
+
+/// A vm guest's kernel writes its cache disk's blocks as it likes: the host's kernel never
+/// mounts what it made. The next jail of the project formats the image afresh first (what the
+/// vm cached is gone; it is only downloads), while the room stays set aside, and from then on
+/// jails share the cache as before.
+#[test]
+fn a_jail_after_a_vm_formats_the_cache_afresh_before_mounting_it() {
+    let test = "a_jail_after_a_vm_formats_the_cache_afresh_before_mounting_it";
+    let Some(home) = TestHome::on(Backend::Vm, test) else {
+        return;
+    };
+    let projects = tempfile::tempdir().expect("projects");
+    let app = project(projects.path(), "app");
+    let start = |name: &str, backend: &str| {
+        home.json(&[
+            "task",
+            "start",
+            app.to_str().unwrap(),
+            "--name",
+            name,
+            "--backend",
+            backend,
+        ]);
+    };
+    start("byvm", "vm");
+    home.task_sh("byvm", "echo from-the-vm > ~/.cache/pip/marker");
+    home.json(&["task", "finish", "byvm"]);
+    let listed = caches(&home);
+    let id = listed[0]["id"].as_str().expect("id").to_owned();
+    let dir = home.path().join("caches").join(&id);
+    assert!(
+        dir.join("vm-wrote").exists(),
+        "the vm guest's hold is recorded"
+    );
+    let image = dir.join("cache.img");
+    let allocated = |path: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).expect("image").blocks() * 512
+    };
+    let size = std::fs::metadata(&image).expect("image").len();
+
+    start("byjail", "jail");
+    assert_eq!(
+        home.task_sh("byjail", "ls -A ~/.cache/pip"),
+        "",
+        "the jail mounted what the vm guest wrote"
+    );
+    assert!(!dir.join("vm-wrote").exists());
+    assert!(
+        allocated(&image) >= size,
+        "the image's room stays set aside: {} of {size}",
+        allocated(&image)
+    );
+    assert_eq!(std::fs::metadata(&image).expect("image").len(), size);
+    home.task_sh("byjail", "echo from-a-jail > ~/.cache/pip/marker");
+    home.json(&["task", "finish", "byjail"]);
+    start("again", "jail");
+    assert_eq!(
+        home.task_sh("again", "cat ~/.cache/pip/marker"),
+        "from-a-jail\n"
+    );
+    home.json(&["task", "finish", "again"]);
+    assert_eq!(caches(&home).len(), 1);
 }
 
 fn start_plain(home: &TestHome, name: &str, project: &Path, extra: &[&str]) -> Value {

@@ -53,7 +53,14 @@ impl CacheMount {
         // Held until the mount holds the device.
         let (device, _device_fd) = match shared_device(&image)? {
             Some(found) => found,
-            None => disk::attach_loop(&image)?,
+            None => {
+                // No jail has it: a filesystem a vm guest wrote block by block is made
+                // afresh before the host's kernel mounts it (it is only downloads).
+                if let Some(marker) = &spec.guest_wrote {
+                    reformat_after_guest(&spec.image, marker)?;
+                }
+                disk::attach_loop(&image)?
+            }
         };
         disk::attach_mount(disk::mount_device(&device)?, &spec.mountpoint)?;
         let mut cache = CacheMount {
@@ -126,6 +133,41 @@ impl CacheMount {
 impl Drop for CacheMount {
     fn drop(&mut self) {
         let _ = self.unmount();
+    }
+}
+
+/// Formats `image` afresh when `marker` says a vm guest had it as a disk, then removes the
+/// marker. The image's blocks stay allocated (no discard), so its room stays set aside.
+fn reformat_after_guest(image: &Path, marker: &Path) -> Result<(), JailError> {
+    match fs::symlink_metadata(marker) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(JailError::io("read", marker, e)),
+    }
+    let output = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-m", "0", "-L", "dynocap-cache"])
+        .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
+        .arg(image)
+        .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+        .output()
+        .map_err(|e| JailError::io("run mkfs.ext4 (package e2fsprogs) on", image, e))?;
+    if !output.status.success() {
+        return Err(JailError::InvalidSpec(format!(
+            "formatting the package cache image {} afresh after a vm guest had it: mkfs.ext4: \
+             {}; remove the project's cache with `dynocap cache rm`",
+            image.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    // The new filesystem is on disk before the marker goes: a crash between leaves the
+    // marker, and the next mount formats again.
+    File::open(image)
+        .and_then(|file| file.sync_all())
+        .map_err(|e| JailError::io("sync", image, e))?;
+    match fs::remove_file(marker) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(JailError::io("remove", marker, e)),
     }
 }
 

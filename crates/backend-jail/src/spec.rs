@@ -112,6 +112,11 @@ pub struct CacheSpec {
     /// An earlier format's host directories (`<name>/` of each spot): copied into the image
     /// the first time, then removed.
     pub legacy: Option<PathBuf>,
+    /// A file whose presence says a vm guest had the image as a disk since a jail last
+    /// mounted it: its kernel wrote the image's blocks, so what is there is the guest's
+    /// making, not a filesystem the host's kernel should parse. The image is formatted afresh
+    /// (under its lock, while no jail has it) before it is mounted, and the file removed.
+    pub guest_wrote: Option<PathBuf>,
 }
 
 /// One directory of a package cache.

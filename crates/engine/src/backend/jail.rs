@@ -135,6 +135,7 @@ fn cache_spec(spec: &BootSpec) -> Result<JailCache> {
         mountpoint: cache.mountpoint(),
         spots,
         legacy: cache.legacy_data(),
+        guest_wrote: Some(cache.guest_wrote()),
     };
     Ok(JailCache {
         spec: Some(jail_cache),

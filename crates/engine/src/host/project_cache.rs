@@ -20,7 +20,9 @@
 //! through one loop device) and binds its directories through the guest's id map, so the
 //! files' owners in it are guest ids whatever host id range a sandbox has; the vm attaches
 //! it as a second disk that only its guest mounts. `cache.lock` keeps the two apart: jails
-//! share it, a vm guest has it alone. The caches directory is private to the user running
+//! share it, a vm guest has it alone. A vm guest's kernel writes the image's blocks as it
+//! likes, so after one had it the next jail formats it afresh before mounting it (`vm-wrote`):
+//! the host's kernel never parses a filesystem a guest made block by block. The caches directory is private to the user running
 //! DynoCap (0700), so no host account reaches them.
 //!
 //! An earlier DynoCap kept a cache as plain host directories (`data/<name>/`, unbounded) and
@@ -53,6 +55,10 @@ const IMAGE: &str = "cache.img";
 const LOCK: &str = "cache.lock";
 /// Where a jail's supervisor mounts the image, in its own mount namespace.
 const MOUNTPOINT: &str = "mnt";
+/// Made when a vm guest takes the image as a disk (and for an earlier format's vm disk):
+/// its kernel writes the image's blocks, so the next jail formats it afresh before the
+/// host's kernel mounts it (see the jail backend's `CacheSpec::guest_wrote`).
+const GUEST_WROTE: &str = "vm-wrote";
 /// An earlier format's host directories, one per package manager.
 const LEGACY_DATA: &str = "data";
 /// An earlier format's sparse vm disk, of the image's layout.
@@ -231,6 +237,11 @@ impl ProjectCache {
         self.bytes
     }
 
+    /// The file that says a vm guest had the image since a jail last mounted it.
+    pub fn guest_wrote(&self) -> PathBuf {
+        self.dir.join(GUEST_WROTE)
+    }
+
     /// Where a jail's supervisor mounts the image, in its own mount namespace (an empty
     /// directory on the host).
     pub fn mountpoint(&self) -> PathBuf {
@@ -294,6 +305,7 @@ impl ProjectCache {
         let Some(lock) = self.hold(true)? else {
             return Ok(None);
         };
+        mark_guest_wrote(&self.dir)?;
         let spots = Self::spots(with_apt)
             .map(|spot| format!("{}:{}", spot.name, spot.guest))
             .collect::<Vec<_>>()
@@ -386,9 +398,18 @@ fn adopt_legacy_vm_disk(dir: &Path, image: &Path) -> Result<()> {
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(err) => return Err(err).with_context(|| format!("adopting {}", legacy.display())),
     }
+    // A vm guest's kernel wrote it.
+    mark_guest_wrote(dir)?;
     std::fs::remove_file(&legacy).with_context(|| format!("removing {}", legacy.display()))?;
     let _ = std::fs::remove_file(dir.join("vm.lock"));
     Ok(())
+}
+
+/// Says, durably and before a vm guest gets the image, that its blocks are the guest's.
+fn mark_guest_wrote(dir: &Path) -> Result<()> {
+    let marker = dir.join(GUEST_WROTE);
+    dynocap_host::durable::replace(&marker, b"")
+        .with_context(|| format!("writing {}", marker.display()))
 }
 
 /// Makes the image: a file of `bytes`, formatted (`mkfs.ext4`), its room set aside, then
@@ -651,7 +672,12 @@ mod tests {
         assert!(cache.hold(false).unwrap().is_some());
         assert!(cache.vm_disk(false).unwrap().is_none());
         drop(shared);
+        assert!(!cache.guest_wrote().exists(), "no guest had it yet");
         let vm = cache.vm_disk(true).unwrap().expect("alone");
+        assert!(
+            cache.guest_wrote().exists(),
+            "marked before the guest gets it: the next jail formats it afresh"
+        );
         assert!(vm.spots.contains("pip:.cache/pip"), "{}", vm.spots);
         assert!(cache.hold(false).unwrap().is_none());
         drop(vm);
@@ -699,6 +725,7 @@ mod tests {
         let cache = ProjectCache::prepare(home.path(), &key, 32 << 20).unwrap();
         assert!(!dir.join("vm.img").exists());
         assert_eq!(cache.bytes(), 48 << 20, "the vm disk became the image");
+        assert!(cache.guest_wrote().exists(), "a vm guest's kernel wrote it");
         assert!(std::fs::metadata(cache.image()).unwrap().blocks() * 512 >= 48 << 20);
         assert_eq!(
             cache.legacy_data(),

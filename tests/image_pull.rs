@@ -300,6 +300,28 @@ fn pull_shares_layers_authenticates_and_boots_on_the_jail() {
         "{wrong:#}"
     );
     assert!(images(&home).is_empty());
+    // A Docker config that leaves the registry to a credential helper: the helper is not run,
+    // and the refusal names it and the flags to use instead.
+    let helper = work.path().join("helper");
+    std::fs::create_dir_all(&helper).expect("mkdir");
+    std::fs::write(
+        helper.join("config.json"),
+        json!({"auths": {format!("{NAME}:{PORT}"): {}}, "credsStore": "desktop"}).to_string(),
+    )
+    .expect("write");
+    let out = home
+        .command()
+        .env("DOCKER_CONFIG", &helper)
+        .args(["--json", "image", "pull", &base_ref])
+        .output()
+        .expect("spawn");
+    assert!(!out.status.success());
+    let err: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let message = err["error"]["message"].as_str().expect("msg");
+    assert!(
+        message.contains("docker-credential-desktop") && message.contains("--password-stdin"),
+        "{err:#}"
+    );
 
     // The right one on standard input.
     let (ok, base) = pull_with_password(&home, &[&base_ref], PASSWORD);

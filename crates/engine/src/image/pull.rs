@@ -158,9 +158,16 @@ pub async fn pull(
     let idle = idle_timeout(policy.idle_timeout.as_deref())?;
     let downloads = Downloads::start()?;
     let gate = RegistryGate::start(registries, overrides, downloads.handle())?;
+    // Set when the Docker config keeps this registry's credentials in a helper DynoCap does
+    // not run: said if the registry then refuses the pull.
+    let mut helper_note = None;
     let auth = match credentials {
         Some(c) => RegistryAuth::Basic(c.username, c.password),
-        None => docker_config_auth(policy.docker_config.as_deref(), &registry)?,
+        None => {
+            let found = docker_config_auth(policy.docker_config.as_deref(), &registry)?;
+            helper_note = found.helper_note;
+            found.auth
+        }
     };
     let client = client(policy.extra_ca.as_deref(), gate.addr, idle)?;
 
@@ -176,7 +183,11 @@ pub async fn pull(
                 if is_unknown_image(&err) && !gate.refused_any() {
                     return unknown_image(&registry, reference);
                 }
-                gate.explain(&registry, &client_error(&err, idle))
+                let mut error = gate.explain(&registry, &client_error(&err, idle));
+                if let (Some(note), true) = (&helper_note, is_auth_refusal(&error.message)) {
+                    error.message.push_str(note);
+                }
+                error
             })?,
             Err(_) => {
                 return Err(gate.explain(
@@ -786,15 +797,17 @@ fn not_allowed(registry: &str, value: Option<&str>) -> Error {
 
 /// Credentials for `registry` from a Docker config file's `auths` (`auth`: base64 of
 /// `user:password`), or anonymous. Credential helpers are not run.
-fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<RegistryAuth> {
+fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<ConfigAuth> {
+    let anonymous = |helper_note| ConfigAuth {
+        auth: RegistryAuth::Anonymous,
+        helper_note,
+    };
     let Some(path) = path else {
-        return Ok(RegistryAuth::Anonymous);
+        return Ok(anonymous(None));
     };
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(RegistryAuth::Anonymous)
-        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(anonymous(None)),
         Err(err) => {
             return Err(Error::invalid(format!(
                 "reading the Docker config {}: {err}",
@@ -803,14 +816,24 @@ fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<RegistryAut
         }
     };
     #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
     struct DockerConfig {
         #[serde(default)]
         auths: HashMap<String, AuthEntry>,
+        #[serde(default)]
+        creds_store: Option<String>,
+        #[serde(default)]
+        cred_helpers: HashMap<String, String>,
     }
     #[derive(serde::Deserialize)]
     struct AuthEntry {
         #[serde(default)]
         auth: Option<String>,
+        // What `docker login` writes as `auth`, some tools write as these two.
+        #[serde(default)]
+        username: Option<String>,
+        #[serde(default)]
+        password: Option<String>,
     }
     let config: DockerConfig = serde_json::from_str(&text).map_err(|err| {
         Error::invalid(format!(
@@ -827,11 +850,32 @@ fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<RegistryAut
             || (registry == "index.docker.io"
                 && matches!(key, "docker.io" | "registry-1.docker.io"))
     };
+    let helper = config
+        .cred_helpers
+        .iter()
+        .find(|(k, _)| wanted(k))
+        .map(|(_, helper)| helper)
+        .or(config.creds_store.as_ref());
+    let helper_note = helper.map(|helper| {
+        format!(
+            " (the Docker config {} keeps credentials in the credential helper \
+             docker-credential-{}, which DynoCap does not run: give them with --username and \
+             --password-stdin)",
+            path.display(),
+            oci::printable(helper)
+        )
+    });
     let Some(entry) = config.auths.iter().find(|(k, _)| wanted(k)).map(|(_, v)| v) else {
-        return Ok(RegistryAuth::Anonymous);
+        return Ok(anonymous(helper_note));
     };
     let Some(auth) = &entry.auth else {
-        return Ok(RegistryAuth::Anonymous);
+        return Ok(match (&entry.username, &entry.password) {
+            (Some(user), Some(password)) => ConfigAuth {
+                auth: RegistryAuth::Basic(user.clone(), password.clone()),
+                helper_note: None,
+            },
+            _ => anonymous(helper_note),
+        });
     };
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(auth.trim())
@@ -849,7 +893,17 @@ fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<RegistryAut
             path.display()
         ))
     })?;
-    Ok(RegistryAuth::Basic(user.to_owned(), password.to_owned()))
+    Ok(ConfigAuth {
+        auth: RegistryAuth::Basic(user.to_owned(), password.to_owned()),
+        helper_note: None,
+    })
+}
+
+/// What the Docker config gives a registry: its credentials (else anonymous), and, when it
+/// keeps them in a credential helper instead, a note saying so for a refused pull.
+struct ConfigAuth {
+    auth: RegistryAuth,
+    helper_note: Option<String>,
 }
 
 /// `DYNOCAP_PULL_IDLE_TIMEOUT`: whole seconds from 1 to a day (unset or blank: 60).
@@ -1311,17 +1365,56 @@ mod tests {
             format!(r#"{{"auths":{{"https://registry.example/v1/":{{"auth":"{auth}"}}}}}}"#),
         )
         .expect("write");
-        match docker_config_auth(Some(&path), "registry.example").expect("auth") {
+        match docker_config_auth(Some(&path), "registry.example")
+            .expect("auth")
+            .auth
+        {
             RegistryAuth::Basic(u, p) => assert_eq!((u.as_str(), p.as_str()), ("alice", "s3cret")),
             _ => panic!("not basic"),
         }
         assert!(matches!(
-            docker_config_auth(Some(&path), "other.example").expect("auth"),
+            docker_config_auth(Some(&path), "other.example")
+                .expect("auth")
+                .auth,
             RegistryAuth::Anonymous
         ));
         assert!(matches!(
-            docker_config_auth(Some(&dir.path().join("none.json")), "x").expect("auth"),
+            docker_config_auth(Some(&dir.path().join("none.json")), "x")
+                .expect("auth")
+                .auth,
             RegistryAuth::Anonymous
         ));
+        // The two fields some tools write instead of `auth`.
+        std::fs::write(
+            &path,
+            r#"{"auths":{"registry.example":{"username":"bob","password":"pw"}}}"#,
+        )
+        .expect("write");
+        match docker_config_auth(Some(&path), "registry.example")
+            .expect("auth")
+            .auth
+        {
+            RegistryAuth::Basic(u, p) => assert_eq!((u.as_str(), p.as_str()), ("bob", "pw")),
+            _ => panic!("not basic"),
+        }
+        // Credentials in a helper, which is not run: anonymous, and a note naming it.
+        std::fs::write(
+            &path,
+            r#"{"auths":{"registry.example":{}},"credsStore":"desktop",
+                "credHelpers":{"ghcr.io":"gh"}}"#,
+        )
+        .expect("write");
+        let found = docker_config_auth(Some(&path), "registry.example").expect("auth");
+        assert!(matches!(found.auth, RegistryAuth::Anonymous));
+        let note = found.helper_note.expect("a note");
+        assert!(
+            note.contains("docker-credential-desktop") && note.contains("--password-stdin"),
+            "{note}"
+        );
+        let found = docker_config_auth(Some(&path), "ghcr.io").expect("auth");
+        assert!(found
+            .helper_note
+            .expect("a note")
+            .contains("docker-credential-gh"));
     }
 }

@@ -357,6 +357,29 @@ fn a_task_started_with_publish_serves_through_its_forward() {
     let page = curl_until_served(&url);
     assert!(page.contains("id=out"), "the workspace's page: {page}");
 
+    // A restore executes the supervisor anew and ends the server: the forward is open again
+    // on the same host port, listed once, and serves the server started after it.
+    home.json(&["task", "checkpoint", "site", "c1"]);
+    home.json(&["task", "restore", "site", "c1"]);
+    assert_eq!(
+        home.json(&["port", "site"])["forwards"],
+        Value::Array(vec![forward.clone()]),
+        "the forward after the restore"
+    );
+    assert_eq!(home.json(&["ls"])["tasks"][0]["forwards"][0]["hostPort"], port);
+    home.json(&[
+        "task",
+        "exec",
+        "site",
+        "--background",
+        "--timeout",
+        "600",
+        "--",
+        "exec python3 -m http.server 8000 --bind 127.0.0.1",
+    ]);
+    let page = curl_until_served(&url);
+    assert!(page.contains("id=out"), "served after the restore: {page}");
+
     home.json(&["task", "finish", "site"]);
     assert!(
         refused(port),

@@ -158,6 +158,33 @@ impl Forwards {
         Ok(forward)
     }
 
+    /// Opens again the forwards a restore cut: a restore executes the supervisor anew, which
+    /// closes its listeners, but the task goes on with the forwards it had (on the same host
+    /// addresses and ports, which the list in [`FORWARDS_FILE`] still names). One whose port
+    /// another process took meanwhile is dropped from the list, and logged.
+    pub async fn reopen_saved(&self) {
+        let saved = read_forwards(self.file.parent().unwrap_or(std::path::Path::new(".")));
+        if saved.is_empty() {
+            return;
+        }
+        // Rewritten by the adds below: what could not be opened again is not listed.
+        self.write(&[]);
+        for forward in saved {
+            let Ok(host_address) = forward.host_address.parse::<IpAddr>() else {
+                tracing::warn!(target: LOG_TARGET, "dropping the forward {}: its address does not read", forward.short());
+                continue;
+            };
+            let request = ForwardRequest {
+                guest_port: forward.guest_port,
+                host_port: forward.host_port,
+                host_address,
+            };
+            if let Err(err) = self.add(&request).await {
+                tracing::warn!(target: LOG_TARGET, "the forward {} was not opened again after the restore: {err}", forward.short());
+            }
+        }
+    }
+
     /// Stops the forward of `guest_port`: its listener closes and its connections end.
     pub async fn remove(&self, guest_port: u16) -> Result<PortForward> {
         let mut list = self.list.lock().await;

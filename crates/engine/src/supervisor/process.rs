@@ -408,6 +408,8 @@ async fn serve(
     ready: ReadyPipe,
 ) -> i32 {
     let id = record.id.clone();
+    // A restored task's supervisor is executed anew by the one before it, the task running.
+    let restored = record.state == State::Running;
     let Some(Started {
         mut guest,
         conn,
@@ -425,6 +427,10 @@ async fn serve(
         home.sandbox_dir(&id),
         guest.network_namespace(),
     );
+    if restored {
+        // Before any request is served: the restore's caller finds them open.
+        forwards.reopen_saved().await;
+    }
     let shared = Arc::new(Shared {
         conn,
         task,

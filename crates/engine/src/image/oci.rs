@@ -58,7 +58,13 @@ pub struct Descriptor {
     pub size: u64,
     #[serde(default)]
     pub platform: Option<Platform>,
+    #[serde(default)]
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
+
+/// The annotation an OCI layout's `index.json` names each image by (`skopeo copy …
+/// oci:DIR:TAG` writes TAG there).
+const REF_NAME: &str = "org.opencontainers.image.ref.name";
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct Platform {
@@ -179,9 +185,25 @@ pub fn pick_manifest(index: &Index) -> Result<&Descriptor> {
                     .is_some_and(|p| p.os == "linux" && p.architecture == "amd64")
             })
             .ok_or_else(|| {
+                let tags: Vec<String> = many
+                    .iter()
+                    .filter_map(|d| d.annotations.get(REF_NAME))
+                    .map(|tag| printable(tag))
+                    .collect();
+                if tags.is_empty() {
+                    return Error::invalid(format!(
+                        "the image's index lists {} manifests and none for linux/amd64",
+                        many.len()
+                    ));
+                }
+                // Several images of one layout (tags), none marked with a platform: which is
+                // meant is the user's to say.
                 Error::invalid(format!(
-                    "the image's index lists {} manifests and none for linux/amd64",
-                    many.len()
+                    "the OCI layout holds {} images ({}) and none is marked for linux/amd64, so \
+                     which to import is not clear: copy the one you want into a layout of its \
+                     own (skopeo copy oci:DIR:TAG oci:NEWDIR) and import that",
+                    many.len(),
+                    tags.join(", ")
                 ))
             }),
     }
@@ -454,6 +476,21 @@ mod tests {
         .unwrap();
         assert_eq!(pick_manifest(&index).unwrap().digest, "sha256:2");
         assert!(pick_manifest(&Index { manifests: vec![] }).is_err());
+        // A layout of several tagged images, none with a platform: the tags are named.
+        let tagged: Index = parse_json(
+            br#"{"schemaVersion":2,"manifests":[
+              {"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:1","size":1,
+               "annotations":{"org.opencontainers.image.ref.name":"base"}},
+              {"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:2","size":2,
+               "annotations":{"org.opencontainers.image.ref.name":"app"}}]}"#,
+            "index",
+        )
+        .unwrap();
+        let err = pick_manifest(&tagged).unwrap_err();
+        assert!(
+            err.message.contains("2 images (base, app)") && err.message.contains("oci:DIR:TAG"),
+            "{err}"
+        );
         let config: ImageConfig = parse_json(
             br#"{"architecture":"amd64","os":"linux","config":{"Env":["A=1"],"WorkingDir":"/w",
                 "Cmd":["sh"]},"rootfs":{"type":"layers","diff_ids":["sha256:x"]}}"#,

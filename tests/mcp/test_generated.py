@@ -124,3 +124,54 @@ async def test_a_regenerated_lock_file_does_not_hide_the_edits(host: Host) -> No
         # Asked for alone, the lock file's entry is shown (up to the bound).
         alone = await s.call_tool("dynocap_diff", {"target": "lock", "paths": ["package-lock.json"]})
         assert "b/package-lock.json" in alone.structured_content["patch"]
+
+
+async def test_a_real_test_run_leaves_bytecode_out_of_the_diff_and_the_commit(host: Host) -> None:
+    """The issue's case: a Python project without a .gitignore runs its tests in the task
+    (real bytecode, tens of KB of it, in two __pycache__/ directories). The edits are shown
+    whole in dynocap_diff, the bytecode is a generated group, and neither the finished patch
+    nor `task apply`'s commit holds it; both say what they left out."""
+    modules = {f"idna/table{i}.py": "".join(f"def f{j}(x):\n    return x * {j} + {i}\n"
+                                              for j in range(60)) for i in range(30)}
+    files = {
+        "idna/__init__.py": "".join(f"from . import table{i}\n" for i in range(30)),
+        "idna/cli.py": "def main(argv):\n    return argv[0].encode('ascii')\n",
+        "tests/__init__.py": "",
+        "tests/test_idna_cli.py": ("import unittest\nfrom idna.cli import main\n\n"
+                                   "class T(unittest.TestCase):\n    def test_main(self):\n"
+                                   "        self.assertEqual(main(['a']), b'a')\n"),
+        **modules,
+    }
+    project = host.project("idna", files=files)
+    async with connect(host) as s:
+        ok(await s.call_tool("dynocap_task_start", {"projectPath": str(project), "name": "idna"}))
+        out = ok(await s.call_tool("dynocap_task_exec", {"name": "idna", "command": (
+            "set -e; sed -i \"s/argv\\[0\\]/argv[0].lower()/\" idna/cli.py; "
+            "printf '    def test_lower(self):\\n        self.assertEqual(main([\"A\"]), b\"a\")\\n'"
+            " >> tests/test_idna_cli.py; "
+            "python3 -m unittest discover -s tests -t . 2>&1; "
+            "find . -name '*.pyc' | wc -l")}))
+        assert out["exitCode"] == 0, out
+        assert "OK" in out["stdout"], out
+        pyc_count = int(out["stdout"].strip().splitlines()[-1])
+        assert pyc_count >= 32, out["stdout"]
+
+        diff = await diff_of(s, "idna")
+        assert sorted(c["path"] for c in diff["changes"]) == ["idna/cli.py",
+                                                              "tests/test_idna_cli.py"], diff
+        assert diff["omittedFiles"] == [], diff["omittedFiles"]
+        assert "argv[0].lower()" in diff["patch"] and "test_lower" in diff["patch"]
+        assert "__pycache__" not in diff["patch"] and "GIT binary patch" not in diff["patch"]
+        groups = {(g["pattern"], g["under"]): g for g in diff["generated"]}
+        assert set(groups) == {("__pycache__/", "idna"), ("__pycache__/", "tests")}, groups
+        assert sum(g["files"] for g in groups.values()) == pyc_count
+        assert groups[("__pycache__/", "idna")]["patchBytes"] > 50_000, groups
+
+        finished = ok(await s.call_tool("dynocap_task_finish", {"id": "idna"}))
+        assert finished["verified"] is True and finished["files"] == 2, finished
+        assert "__pycache__" not in Path(finished["patchPath"]).read_text(errors="replace")
+        assert "__pycache__" in Path(finished["generatedPatchPath"]).read_text(errors="replace")
+    applied = host.cli("task", "apply", "idna", "--branch", "agent")
+    assert applied["files"] == ["idna/cli.py", "tests/test_idna_cli.py"], applied
+    assert sum(g["files"] for g in applied["generated"]) == pyc_count, applied
+    assert applied["generatedPatchPath"] == finished["generatedPatchPath"]

@@ -302,6 +302,26 @@ fn nat_trusts_the_extra_ca_on(backend: Backend, test: &str) {
     // No proxy in a nat guest: the CA came alone.
     let env = home.sh("natca", "env | grep -ci '^https_proxy=' || true");
     assert_eq!(env.trim(), "0");
+    // Node.js (npm's TLS) never reads the system bundle: it is told where that bundle is.
+    // The jail's `host` image has the host's node, when the host has one.
+    let has_node = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if backend == Backend::Jail && has_node {
+        let node = home.exec(
+            "natca",
+            &["--timeout", "60"],
+            &format!(
+                "node -e 'require(\"https\").get({{host: \"{NAME}\", path: \"/index.html\", \
+                 lookup: (h, o, cb) => o && o.all ? cb(null, [{{address: \"{SERVER_ADDR}\", family: 4}}]) \
+                 : cb(null, \"{SERVER_ADDR}\", 4)}}, r => r.pipe(process.stdout)).on(\"error\", e => \
+                 {{ console.error(e.message); process.exit(1) }})'"
+            ),
+        );
+        assert_eq!(node["exitCode"], 0, "{node:#}");
+        assert_eq!(node["stdout"], INDEX);
+    }
 }
 
 #[test]

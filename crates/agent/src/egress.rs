@@ -133,15 +133,19 @@ impl Egress {
         env.set(Vec::new());
         // The extra CAs join the system bundles with or without a listener: a `nat` guest
         // gets them alone (no port), a `filtered` one with its listener.
+        // The first system bundle that holds them, for Node below.
+        let mut holding: Option<std::path::PathBuf> = None;
         if let Some(extra) = &req.extra_ca {
             // Where the guest's bundle cannot take them (read-only) the variables still point
             // at the bundle written below: the log says which.
             for outcome in trust::join_system_bundles(extra) {
                 match outcome {
-                    trust::Outcome::Joined(path) => {
-                        log!("the extra CAs joined {}", path.display())
+                    trust::Outcome::Joined(path) | trust::Outcome::Present(path) => {
+                        if trust::is_system_bundle(&path) && holding.is_none() {
+                            holding = Some(path.clone());
+                        }
+                        log!("the extra CAs are in {}", path.display())
                     }
-                    trust::Outcome::Present(_) => {}
                     trust::Outcome::Skipped(path, why) => {
                         log!("the extra CAs did not join {}: {why}", path.display())
                     }
@@ -149,6 +153,14 @@ impl Egress {
             }
         }
         let Some(port) = req.listen_port else {
+            // A `nat` guest's clients read the system bundle, but Node.js (npm, pnpm, yarn)
+            // never does: it trusts its own copy of Mozilla's CAs plus this file.
+            if let Some(bundle) = holding {
+                env.set(vec![(
+                    "NODE_EXTRA_CA_CERTS".to_owned(),
+                    bundle.display().to_string(),
+                )]);
+            }
             return Ok(Response::Egress { listening: false });
         };
         if let Some(pem) = &req.ca_bundle {

@@ -25,6 +25,14 @@ pub const SYSTEM_BUNDLES: &[&str] = &[
     "/etc/ssl/cert.pem",
 ];
 
+/// Whether `path` (as [`join_system_bundles`] reports it: a link followed) is a system
+/// bundle, rather than a local CA directory's copy.
+pub fn is_system_bundle(path: &Path) -> bool {
+    SYSTEM_BUNDLES.iter().any(|bundle| {
+        Path::new(bundle) == path || std::fs::canonicalize(bundle).is_ok_and(|real| real == path)
+    })
+}
+
 /// Where each distribution's bundle tool takes local CAs from, and the file name it wants:
 /// `update-ca-certificates` (Debian, Ubuntu, Alpine: `*.crt`), `update-ca-trust` (Fedora,
 /// RHEL), `trust extract-compat` (Arch), `update-ca-certificates` (openSUSE).
@@ -166,6 +174,19 @@ mod tests {
 
     const A: &str = "-----BEGIN CERTIFICATE-----\nAAAA\nAAAA\n-----END CERTIFICATE-----\n";
     const B: &str = "-----BEGIN CERTIFICATE-----\r\nBBBB\r\n-----END CERTIFICATE-----";
+
+    #[test]
+    fn only_system_bundles_are_named_for_node() {
+        assert!(is_system_bundle(Path::new(
+            "/etc/ssl/certs/ca-certificates.crt"
+        )));
+        assert!(is_system_bundle(Path::new(
+            "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem"
+        )));
+        for anchor in LOCAL_ANCHORS {
+            assert!(!is_system_bundle(Path::new(anchor)), "{anchor}");
+        }
+    }
 
     #[test]
     fn certificates_compare_whatever_their_line_ends() {

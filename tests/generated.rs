@@ -198,3 +198,43 @@ fn generated_files_are_summarised_left_out_and_kept_when_asked() {
         "{files:?}"
     );
 }
+
+/// A task whose only changes are generated files: the finish offers nothing to apply, and
+/// `task apply` says where the files it left out are instead of only "changed nothing".
+#[test]
+fn a_task_that_only_generated_files_says_where_they_are() {
+    if !require_root("a_task_that_only_generated_files_says_where_they_are") {
+        return;
+    }
+    let home = TestHome::new();
+    let repo = tempfile::tempdir().unwrap();
+    let repo = repo.path();
+    project(repo);
+    home.json(&[
+        "task",
+        "start",
+        repo.to_str().unwrap(),
+        "--name",
+        "gen-only",
+    ]);
+    home.task_sh(
+        "gen-only",
+        "mkdir -p pkg/__pycache__ && printf '\\000pyc' > pkg/__pycache__/cli.cpython-311.pyc",
+    );
+    let out = home.run(&["task", "finish", "gen-only"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("the task changed nothing to apply") && !text.contains("dynocap task apply"),
+        "{text}"
+    );
+    let finished = home.json(&["task", "finish", "gen-only"]);
+    assert_eq!(finished["files"], 0, "{finished:#}");
+    let left_out = finished["generatedPatchPath"].as_str().unwrap().to_owned();
+    let err = home.json_err(&["task", "apply", "gen-only"]);
+    assert_eq!(err["code"], "conflict", "{err:#}");
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.contains("changed nothing but generated files") && message.contains(&left_out),
+        "{message}"
+    );
+}

@@ -736,6 +736,8 @@ fn generated_lines(groups: &[dynocap_review::generated::GeneratedGroup]) -> Stri
 fn next_step(result: &FinishResult) -> String {
     let patch = escape(&result.patch_path);
     match result.verify_error {
+        // `task apply` refuses an empty patch: no step to offer.
+        None if result.files == 0 => "the task changed nothing to apply".to_owned(),
         None => format!(
             "apply it to a new branch of your project with: dynocap task apply {} (or by hand: \
              git apply {patch})",

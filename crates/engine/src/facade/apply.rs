@@ -183,9 +183,14 @@ impl Job {
         })?;
         let files = touched_paths(&bytes, result, &patch_path)?;
         if files.is_empty() {
-            return Err(Error::conflict(format!(
-                "task \"{target}\" changed nothing; there is nothing to apply"
-            )));
+            return Err(Error::conflict(match &result.generated_patch_path {
+                Some(left_out) => format!(
+                    "task \"{target}\" changed nothing but generated files, which its finish \
+                     left out of the patch; there is nothing to apply. They are in {left_out} \
+                     (git apply it by hand if you want them)"
+                ),
+                None => format!("task \"{target}\" changed nothing; there is nothing to apply"),
+            }));
         }
 
         let repo = repo::Repo::open(&self.repository)?;

@@ -879,7 +879,8 @@ fn a_stalled_registry_ends_the_pull_and_a_healthy_one_completes_it() {
 }
 
 /// What a user gets wrong is told with its fix, and a recipe builds on a pulled base: a tag
-/// the registry lacks is `not_found` naming the reference; `debian`, `auto` and `host` name
+/// the registry lacks is `not_found` naming the reference, a list of arm64 images only says
+/// it has none for linux/amd64; `debian`, `auto` and `host` name
 /// no pulled image (each already means another one where an image is chosen); a task on an
 /// image without git is refused before anything is made, naming git and the raw sandbox that
 /// needs none; `run --image auto` says it is for a task's project. A recipe on the pulled base
@@ -906,6 +907,34 @@ fn mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base() {
     assert!(
         message.contains(&format!("has no image {}", reference("team/base:nope")))
             && message.contains("tag"),
+        "{err:#}"
+    );
+    // A list of platforms without linux/amd64 is no unknown image: it says what it lacks.
+    let layout = Layout::new(&work.path().join("arm"));
+    let arm = manifest(
+        &layout,
+        &[Layer::new().file("arch", "arm64\n").bytes()],
+        "arm64",
+    );
+    let list = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [arm],
+    }))
+    .expect("json");
+    let list_hex = layout.put(&list);
+    layout.index(vec![json!({
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "digest": format!("sha256:{list_hex}"), "size": list.len()
+    })]);
+    registry.push(&layout, "team/arm:1");
+    let err = home.json_err(&["image", "pull", &reference("team/arm:1")]);
+    assert_eq!(err["code"], "invalid_argument", "{err:#}");
+    assert!(
+        err["message"]
+            .as_str()
+            .expect("msg")
+            .contains("none for linux/amd64"),
         "{err:#}"
     );
     for name in ["debian", "auto", "host"] {

@@ -183,6 +183,11 @@ pub async fn pull(
                 if is_unknown_image(&err) && !gate.refused_any() {
                     return unknown_image(&registry, reference);
                 }
+                if let oci_client::errors::OciDistributionError::ImageManifestNotFoundError(why) =
+                    &err
+                {
+                    return no_amd64(reference, why);
+                }
                 let mut error = gate.explain(&registry, &client_error(&err, idle));
                 if let (Some(note), true) = (&helper_note, is_auth_refusal(&error.message)) {
                     error.message.push_str(note);
@@ -1128,7 +1133,6 @@ impl RegistryGate {
 fn is_unknown_image(err: &oci_client::errors::OciDistributionError) -> bool {
     use oci_client::errors::{OciDistributionError as E, OciErrorCode as C};
     match err {
-        E::ImageManifestNotFoundError(_) => true,
         E::RegistryError { envelope, .. } => envelope
             .errors
             .iter()
@@ -1144,6 +1148,17 @@ fn unknown_image(registry: &str, reference: &str) -> Error {
          digest is unknown): check the reference's repository and tag or digest (`skopeo \
          list-tags docker://REPOSITORY` lists a repository's tags)",
         oci::printable(reference)
+    ))
+}
+
+/// The error for a list of platforms without a linux/amd64 image (the client's own fixed words
+/// for it, `why`, kept).
+fn no_amd64(reference: &str, why: &str) -> Error {
+    Error::invalid(format!(
+        "{} lists images for other platforms only, none for linux/amd64, which DynoCap's \
+         sandboxes run ({}): use a tag or digest of an amd64 image",
+        oci::printable(reference),
+        why
     ))
 }
 
@@ -1251,6 +1266,12 @@ mod tests {
         assert!(is_unknown_image(&answer(OciErrorCode::NameUnknown)));
         assert!(!is_unknown_image(&answer(OciErrorCode::Unauthorized)));
         assert!(!is_unknown_image(&answer(OciErrorCode::Denied)));
+        // A list without this platform is not an unknown image.
+        let platform = OciDistributionError::ImageManifestNotFoundError("no entry".to_owned());
+        assert!(!is_unknown_image(&platform));
+        assert!(no_amd64("r.example/t:1", "no entry")
+            .message
+            .contains("none for linux/amd64"));
         let err = unknown_image("registry.example", "registry.example/team/tool:9");
         assert_eq!(err.code, crate::foundation::error::ErrorCode::NotFound);
         assert!(

@@ -91,7 +91,20 @@ impl Engine {
                     request.guest_port
                 )));
             }
+            let overlaps = |other: &ForwardRequest| {
+                other.host_port == request.host_port
+                    && (other.host_address == request.host_address
+                        || other.host_address.is_unspecified()
+                        || request.host_address.is_unspecified())
+            };
             if request.host_port != 0 {
+                if let Some(other) = requests[..i].iter().find(|other| overlaps(other)) {
+                    return Err(crate::foundation::error::Error::invalid(format!(
+                        "host port {} is published twice (for guest ports {} and {}); give \
+                         each forward its own host port, or 0 for a free one",
+                        request.host_port, other.guest_port, request.guest_port
+                    )));
+                }
                 let wanted = std::net::SocketAddr::new(request.host_address, request.host_port);
                 std::net::TcpListener::bind(wanted)
                     .map_err(|err| crate::supervisor::ports::bind_error(wanted, &err))?;
@@ -120,5 +133,46 @@ fn forward_reply(reply: ControlReply) -> Result<PortForward> {
         ControlReply::Forward(forward) => Ok(forward),
         ControlReply::Error(err) => Err(err),
         other => Err(unexpected(&other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+    use crate::foundation::error::ErrorCode;
+
+    fn request(guest_port: u16, host_port: u16, address: &str) -> ForwardRequest {
+        ForwardRequest {
+            guest_port,
+            host_port,
+            host_address: address.parse::<IpAddr>().unwrap(),
+        }
+    }
+
+    /// One host port for two forwards is refused before anything boots, saying which;
+    /// free ports (0) and distinct addresses are not.
+    #[test]
+    fn a_host_port_published_twice_is_refused_before_the_boot() {
+        let err = Engine::check_publish(&[
+            request(8000, 45999, "127.0.0.1"),
+            request(8001, 45999, "127.0.0.1"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        assert!(
+            err.message.contains("host port 45999 is published twice")
+                && err.message.contains("8000 and 8001"),
+            "{err}"
+        );
+        let err = Engine::check_publish(&[
+            request(8000, 45999, "0.0.0.0"),
+            request(8001, 45999, "127.0.0.1"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
+        Engine::check_publish(&[request(8000, 0, "127.0.0.1"), request(8001, 0, "127.0.0.1")])
+            .unwrap();
     }
 }

@@ -211,10 +211,37 @@ fn bad_forwards_are_refused_with_the_fix() {
         "nothing was started"
     );
 
-    let sandbox = home.sandbox("bad", &["--publish", "9000"]);
+    // One host port for two forwards: refused before anything boots too.
+    let err = home.json_err(&[
+        "run",
+        "early",
+        "--publish",
+        "8000:45999",
+        "--publish",
+        "8001:45999",
+    ]);
+    assert_eq!(err["code"], "invalid_argument", "{err:#}");
+    assert!(
+        home.json(&["ps"])["sandboxes"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "nothing was started"
+    );
+
+    // GUEST:ADDR:HOST listens on the address the user passed (here IPv6's loopback).
+    let sandbox = home.sandbox("bad", &["--publish", "9000", "--publish", "9001:[::1]:0"]);
     let published = &sandbox["forwards"][0];
     assert_eq!(published["guestPort"], 9000, "{sandbox:#}");
+    assert_eq!(published["hostAddress"], "127.0.0.1", "{sandbox:#}");
     assert_ne!(published["hostPort"], 0);
+    let on_v6 = &sandbox["forwards"][1];
+    assert_eq!(on_v6["hostAddress"], "::1", "{sandbox:#}");
+    let v6_port = host_port(on_v6);
+    assert_eq!(on_v6["url"], format!("http://[::1]:{v6_port}/"));
+    assert!(
+        TcpStream::connect(("::1", v6_port)).is_ok(),
+        "listening on ::1"
+    );
 
     let err = home.json_err(&["port", "bad", "8000", &taken_port]);
     assert_eq!(err["code"], "conflict", "{err:#}");
@@ -366,7 +393,10 @@ fn a_task_started_with_publish_serves_through_its_forward() {
         Value::Array(vec![forward.clone()]),
         "the forward after the restore"
     );
-    assert_eq!(home.json(&["ls"])["tasks"][0]["forwards"][0]["hostPort"], port);
+    assert_eq!(
+        home.json(&["ls"])["tasks"][0]["forwards"][0]["hostPort"],
+        port
+    );
     home.json(&[
         "task",
         "exec",

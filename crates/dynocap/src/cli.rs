@@ -388,9 +388,10 @@ pub struct TaskStartArgs {
     #[arg(long = "disk-mb", value_name = "MB", value_parser = whole_number)]
     pub disk_mb: Option<u64>,
     /// Forward 127.0.0.1:HOST on the host to GUEST inside the task's sandbox (repeatable;
-    /// without HOST, or with 0, a free port is chosen and printed).
-    #[arg(long = "publish", short = 'p', value_name = "GUEST[:HOST]", value_parser = crate::port_commands::publish_spec)]
-    pub publish: Vec<(u16, u16)>,
+    /// without HOST, or with 0, a free port is chosen and printed; GUEST:ADDR:HOST listens on
+    /// ADDR instead, e.g. 0.0.0.0 to open it to the network).
+    #[arg(long = "publish", short = 'p', value_name = "GUEST[:[ADDR:]HOST]", value_parser = crate::port_commands::publish_spec)]
+    pub publish: Vec<dynocap_engine::ports::ForwardRequest>,
 }
 
 #[derive(Debug, Args)]
@@ -443,10 +444,11 @@ pub struct RunArgs {
     /// kernel, else jail). Default: DYNOCAP_BACKEND, else auto.
     #[arg(long, value_name = "jail|vm|auto", value_parser = backend_choice)]
     pub backend: Option<dynocap_engine::backend::BackendChoice>,
-    /// Forward 127.0.0.1:HOST on the host to GUEST inside the sandbox (repeatable; without
-    /// HOST, or with 0, a free port is chosen and printed).
-    #[arg(long = "publish", short = 'p', value_name = "GUEST[:HOST]", value_parser = crate::port_commands::publish_spec)]
-    pub publish: Vec<(u16, u16)>,
+    /// Forward 127.0.0.1:HOST on the host to GUEST inside the sandbox (repeatable;
+    /// without HOST, or with 0, a free port is chosen and printed; GUEST:ADDR:HOST listens on
+    /// ADDR instead, e.g. 0.0.0.0 to open it to the network).
+    #[arg(long = "publish", short = 'p', value_name = "GUEST[:[ADDR:]HOST]", value_parser = crate::port_commands::publish_spec)]
+    pub publish: Vec<dynocap_engine::ports::ForwardRequest>,
 }
 
 /// `dynocap exec`: the target is a raw sandbox (a task is refused, and the message says to

@@ -164,7 +164,7 @@ async fn run(engine: &Engine, json: bool, args: RunArgs, streams: &Streams) -> R
     spec.allow_hosts = args.allow_hosts;
     spec.image = args.image;
     spec.backend = args.backend;
-    let publish = crate::port_commands::publish_requests(&args.publish);
+    let publish = args.publish.clone();
     Engine::check_publish(&publish)?;
     // Its supervisor starts up while the checks and the catalog work below run.
     engine.start_a_standby_supervisor(&spec);

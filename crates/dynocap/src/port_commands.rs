@@ -1,5 +1,5 @@
 //! `dynocap port`: a sandbox's or task's port forwards listed, added or removed, and the
-//! `--publish GUEST[:HOST]` values `run` and `task start` take. A forward listens on the host
+//! `--publish GUEST[:[ADDR:]HOST]` values `run` and `task start` take. A forward listens on the host
 //! (127.0.0.1 unless `--address` says otherwise) and carries each connection to the guest
 //! port through the sandbox's agent, in every network mode.
 
@@ -70,18 +70,6 @@ pub async fn port(engine: &Engine, json: bool, args: PortArgs) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
-/// The forwards of a start's `--publish` values, all on 127.0.0.1.
-pub fn publish_requests(published: &[(u16, u16)]) -> Vec<ForwardRequest> {
-    published
-        .iter()
-        .map(|&(guest_port, host_port)| ForwardRequest {
-            guest_port,
-            host_port,
-            host_address: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        })
-        .collect()
-}
-
 /// Lines saying where a start's published ports are, for under its table.
 pub fn forward_lines(name: &str, forwards: &[PortForward]) -> String {
     forwards
@@ -90,20 +78,43 @@ pub fn forward_lines(name: &str, forwards: &[PortForward]) -> String {
         .collect()
 }
 
-/// A `--publish` value: `GUEST` or `GUEST:HOST`.
-pub fn publish_spec(text: &str) -> Result<(u16, u16), String> {
-    let (guest, host) = match text.split_once(':') {
-        Some((guest, host)) => (guest, Some(host)),
+/// The form of a `--publish` value, for its errors.
+const PUBLISH_FORM: &str =
+    "write GUEST[:[ADDR:]HOST], e.g. 8000, 8000:8080 or 8000:0.0.0.0:8080 ([::1] for IPv6)";
+
+/// A `--publish` value: `GUEST`, `GUEST:HOST` (on 127.0.0.1) or `GUEST:ADDR:HOST` (on ADDR,
+/// an IPv6 one in brackets), HOST 0 for a free port.
+pub fn publish_spec(text: &str) -> Result<ForwardRequest, String> {
+    let (guest, rest) = match text.split_once(':') {
+        Some((guest, rest)) => (guest, Some(rest)),
         None => (text, None),
     };
-    let guest = guest_port(guest)
-        .map_err(|err| format!("GUEST {err}; write GUEST[:HOST], e.g. 8000 or 8000:8080"))?;
-    let host = match host {
-        Some(host) => host_port(host)
-            .map_err(|err| format!("HOST {err}; write GUEST[:HOST], e.g. 8000 or 8000:8080"))?,
+    let guest_port = guest_port(guest).map_err(|err| format!("GUEST {err}; {PUBLISH_FORM}"))?;
+    let (address, host) = match rest.map(|rest| rest.rsplit_once(':').ok_or(rest)) {
+        None => (None, None),
+        Some(Err(host)) => (None, Some(host)),
+        Some(Ok((address, host))) => (Some(address), Some(host)),
+    };
+    let host_address = match address {
+        None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        Some(address) => address
+            .strip_prefix('[')
+            .and_then(|inner| inner.strip_suffix(']'))
+            .unwrap_or(address)
+            .parse::<IpAddr>()
+            .map_err(|_| {
+                format!("ADDR {address:?} is not an IP address of this host; {PUBLISH_FORM}")
+            })?,
+    };
+    let host_port = match host {
+        Some(host) => host_port(host).map_err(|err| format!("HOST {err}; {PUBLISH_FORM}"))?,
         None => 0,
     };
-    Ok((guest, host))
+    Ok(ForwardRequest {
+        guest_port,
+        host_port,
+        host_address,
+    })
 }
 
 fn guest_port(text: &str) -> Result<u16, String> {
@@ -133,12 +144,35 @@ mod tests {
 
     #[test]
     fn publish_values_parse_and_bad_ones_say_the_form() {
-        assert_eq!(publish_spec("8000"), Ok((8000, 0)));
-        assert_eq!(publish_spec("8000:8080"), Ok((8000, 8080)));
-        assert_eq!(publish_spec("8000:0"), Ok((8000, 0)));
-        for bad in ["0", "70000", "x", "8000:70000", "8000:", ":8000"] {
+        let at = |guest_port, host_port, address: &str| ForwardRequest {
+            guest_port,
+            host_port,
+            host_address: address.parse().unwrap(),
+        };
+        assert_eq!(publish_spec("8000"), Ok(at(8000, 0, "127.0.0.1")));
+        assert_eq!(publish_spec("8000:8080"), Ok(at(8000, 8080, "127.0.0.1")));
+        assert_eq!(publish_spec("8000:0"), Ok(at(8000, 0, "127.0.0.1")));
+        // An address only when the user passes one.
+        assert_eq!(
+            publish_spec("8000:0.0.0.0:8080"),
+            Ok(at(8000, 8080, "0.0.0.0"))
+        );
+        assert_eq!(publish_spec("8000:[::1]:0"), Ok(at(8000, 0, "::1")));
+        assert_eq!(publish_spec("8000:::1:9000"), Ok(at(8000, 9000, "::1")));
+        for bad in [
+            "0",
+            "70000",
+            "x",
+            "8000:70000",
+            "8000:",
+            ":8000",
+            "8000:localhost:8080",
+            "8000:127.0.0.1:",
+            "8000:127.0.0.1:x",
+            "127.0.0.1:8080:8000",
+        ] {
             let err = publish_spec(bad).expect_err(bad);
-            assert!(err.contains("GUEST[:HOST]"), "{bad}: {err}");
+            assert!(err.contains("GUEST[:[ADDR:]HOST]"), "{bad}: {err}");
         }
     }
 }

@@ -191,7 +191,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
     };
     spec.backend = args.backend;
     spec.no_cache = args.no_cache;
-    let publish = crate::port_commands::publish_requests(&args.publish);
+    let publish = args.publish.clone();
     Engine::check_publish(&publish)?;
     spec.ssh_key_path = args
         .ssh_key

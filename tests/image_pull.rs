@@ -880,7 +880,8 @@ fn a_stalled_registry_ends_the_pull_and_a_healthy_one_completes_it() {
 
 /// What a user gets wrong is told with its fix, and a recipe builds on a pulled base: a tag
 /// the registry lacks is `not_found` naming the reference, a list of arm64 images only says
-/// it has none for linux/amd64; `debian`, `auto` and `host` name
+/// it has none for linux/amd64, a registry of a CA not given names `DYNOCAP_EXTRA_CA` and one
+/// not answering at its address names `DYNOCAP_RESOLVE`; `debian`, `auto` and `host` name
 /// no pulled image (each already means another one where an image is chosen); a task on an
 /// image without git is refused before anything is made, naming git and the raw sandbox that
 /// needs none; `run --image auto` says it is for a task's project. A recipe on the pulled base
@@ -908,6 +909,31 @@ fn mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base() {
         message.contains(&format!("has no image {}", reference("team/base:nope")))
             && message.contains("tag"),
         "{err:#}"
+    );
+    // A registry whose CA the host did not give, and one that does not answer at the address
+    // its name resolves to: each says what to set.
+    let pull_err = |var: &str, value: &str| -> String {
+        let out = home
+            .command()
+            .env(var, value)
+            .args(["--json", "image", "pull", &base_ref])
+            .output()
+            .expect("spawn");
+        assert!(!out.status.success());
+        let err: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        err["error"]["message"].as_str().expect("msg").to_owned()
+    };
+    let message = pull_err("DYNOCAP_EXTRA_CA", "");
+    assert!(
+        message.contains("certificate") && message.contains("set DYNOCAP_EXTRA_CA"),
+        "{message}"
+    );
+    let closed = random_loopback();
+    let message = pull_err("DYNOCAP_RESOLVE", &format!("{NAME}:{PORT}:{closed}"));
+    assert!(
+        message.contains(&format!("could not connect to {NAME}:{PORT}"))
+            && message.contains("DYNOCAP_RESOLVE"),
+        "{message}"
     );
     // A list of platforms without linux/amd64 is no unknown image: it says what it lacks.
     let layout = Layout::new(&work.path().join("arm"));

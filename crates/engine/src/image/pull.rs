@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use dynocap_netproxy::{normalize_host, HostPattern, ResolveOverrides};
+use dynocap_netproxy::{normalize_host, HostPattern, ResolveOverrides, RESOLVE_ENV};
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
@@ -61,6 +61,8 @@ const PULL_REVISION: &str = "1";
 pub const REGISTRIES_ENV: &str = "DYNOCAP_REGISTRIES";
 /// Blobs downloaded at once.
 const PARALLEL_DOWNLOADS: usize = 4;
+/// The variable naming CA certificates a pull trusts besides the system's.
+const EXTRA_CA_ENV: &str = "DYNOCAP_EXTRA_CA";
 /// The variable saying how long a registry may send nothing before a pull gives up on it.
 pub const IDLE_TIMEOUT_ENV: &str = "DYNOCAP_PULL_IDLE_TIMEOUT";
 /// How long a registry may send nothing (while a connection is made, or in the middle of an
@@ -1034,6 +1036,9 @@ impl Drop for Downloads {
 struct RegistryGate {
     addr: SocketAddr,
     refused: Arc<Mutex<Vec<String>>>,
+    /// Allowed hosts the gate could not connect to, each with why (a name that does not
+    /// resolve, a refused connection): the client only sees a failed CONNECT.
+    unreachable: Arc<Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -1059,7 +1064,13 @@ impl RegistryGate {
             .local_addr()
             .context("reading the gate's address")?;
         let refused = Arc::new(Mutex::new(Vec::new()));
-        let shared = Arc::new((policy, overrides, Arc::clone(&refused)));
+        let unreachable = Arc::new(Mutex::new(Vec::new()));
+        let shared = Arc::new((
+            policy,
+            overrides,
+            Arc::clone(&refused),
+            Arc::clone(&unreachable),
+        ));
         let task = runtime.spawn(async move {
             let listener = match TcpListener::from_std(listener) {
                 Ok(listener) => listener,
@@ -1075,8 +1086,12 @@ impl RegistryGate {
                 while tunnels.try_join_next().is_some() {}
                 let shared = Arc::clone(&shared);
                 tunnels.spawn(async move {
-                    let (policy, overrides, refused) = &*shared;
-                    if let Err(err) = serve_connect(stream, policy, overrides, refused).await {
+                    let (policy, overrides, refused, unreachable) = &*shared;
+                    let log = GateLog {
+                        refused,
+                        unreachable,
+                    };
+                    if let Err(err) = serve_connect(stream, policy, overrides, log).await {
                         tracing::debug!("pull gate: {err}");
                     }
                 });
@@ -1085,6 +1100,7 @@ impl RegistryGate {
         Ok(RegistryGate {
             addr,
             refused,
+            unreachable,
             task,
         })
     }
@@ -1094,10 +1110,15 @@ impl RegistryGate {
         self.refused.lock().map(|r| !r.is_empty()).unwrap_or(false)
     }
 
-    /// An error of a download: the refused hosts added when there were any.
+    /// An error of a download: the refused or unreachable hosts added when there were any.
     fn wrap(&self, registry: &str, err: Error) -> Error {
         let refused = self.refused.lock().map(|r| !r.is_empty()).unwrap_or(false);
-        if refused {
+        let unreachable = self
+            .unreachable
+            .lock()
+            .map(|r| !r.is_empty())
+            .unwrap_or(false);
+        if refused || unreachable {
             self.explain(registry, &err.message)
         } else {
             err
@@ -1110,10 +1131,28 @@ impl RegistryGate {
         let refused = self.refused.lock().map(|r| r.clone()).unwrap_or_default();
         let message = redact(message);
         if refused.is_empty() {
-            let hint = if is_auth_refusal(&message) {
+            let unreachable = self
+                .unreachable
+                .lock()
+                .map(|r| r.clone())
+                .unwrap_or_default();
+            let hint = if !unreachable.is_empty() {
+                format!(
+                    "; the pull could not connect to {}: check that the name resolves on this \
+                     host (or give its address in {RESOLVE_ENV}, as host:port:address) and that \
+                     the registry is up",
+                    unreachable.join(", ")
+                )
+            } else if is_auth_refusal(&message) {
                 format!(
                     "; the registry {registry} refused the credentials (or asked for some): give \
                      --username and --password-stdin, or log in in the Docker config file"
+                )
+            } else if is_certificate_refusal(&message) {
+                format!(
+                    "; the registry's TLS certificate is not one this host trusts for \
+                     {registry} (the system's CAs, plus {EXTRA_CA_ENV}): for a registry with a \
+                     CA of its own, set {EXTRA_CA_ENV} to that CA's certificate (PEM)"
                 )
             } else {
                 String::new()
@@ -1168,17 +1207,38 @@ fn is_auth_refusal(message: &str) -> bool {
     lower.contains("401") || lower.contains("unauthorized") || lower.contains("not authorized")
 }
 
+/// The TLS client's words for a certificate it does not accept (an unknown issuer, another
+/// name, expired).
+fn is_certificate_refusal(message: &str) -> bool {
+    message.contains("invalid peer certificate")
+}
+
 /// Nothing of a credential reaches a message: the client's errors may quote a request.
 fn redact(message: &str) -> String {
     let cut: String = message.chars().take(600).collect();
     oci::printable(&cut)
 }
 
+/// Where the gate writes down the hosts it refused and those it could not reach.
+struct GateLog<'a> {
+    refused: &'a Mutex<Vec<String>>,
+    unreachable: &'a Mutex<Vec<String>>,
+}
+
+/// Adds `entry` to `list` once.
+fn note_once(list: &Mutex<Vec<String>>, entry: String) {
+    if let Ok(mut list) = list.lock() {
+        if !list.contains(&entry) {
+            list.push(entry);
+        }
+    }
+}
+
 async fn serve_connect(
     mut client: TcpStream,
     policy: &Registries,
     overrides: &ResolveOverrides,
-    refused: &Mutex<Vec<String>>,
+    log: GateLog<'_>,
 ) -> std::io::Result<()> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
@@ -1197,12 +1257,7 @@ async fn serve_connect(
     let (host, port) = host_port(&target);
     let host = host.to_ascii_lowercase();
     if target.is_empty() || policy.allows(&host, port).is_none() {
-        if let Ok(mut list) = refused.lock() {
-            let shown = oci::printable(&target);
-            if !list.contains(&shown) {
-                list.push(shown);
-            }
-        }
+        note_once(log.refused, oci::printable(&target));
         client
             .write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
             .await?;
@@ -1215,6 +1270,10 @@ async fn serve_connect(
     let mut upstream = match upstream {
         Ok(stream) => stream,
         Err(err) => {
+            note_once(
+                log.unreachable,
+                format!("{} ({err})", oci::printable(&target)),
+            );
             client
                 .write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
                 .await?;

@@ -115,6 +115,46 @@ fn a_background_job_is_listed_and_followed_to_its_end() {
     assert!(table.contains(&job) && table.contains("exited"), "{table}");
 }
 
+/// `--follow` into a pipe writes every byte the job printed, as it printed it: megabytes
+/// that came between two polls, bytes that are not UTF-8, a character split between two
+/// writes. (It printed head and tail, with U+FFFD for such bytes.)
+#[test]
+fn a_followed_job_writes_every_byte_to_a_pipe() {
+    let Some(home) = booted("a_followed_job_writes_every_byte_to_a_pipe", &["jp"]) else {
+        return;
+    };
+    let job = background(
+        &home,
+        "jp",
+        "120",
+        "printf 'ab\\303'; sleep 2; printf '\\251\\n'; seq 1 1000000; printf '\\377\\376\\n'; \
+         seq 1 5000 >&2",
+    );
+    let out: Output = home.run(&["job", "jp", &job, "--follow"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let mut expected = "ab\u{e9}\n".as_bytes().to_vec();
+    for n in 1..=1_000_000 {
+        expected.extend_from_slice(format!("{n}\n").as_bytes());
+    }
+    expected.extend_from_slice(b"\xff\xfe\n");
+    assert!(
+        out.stdout == expected,
+        "{} bytes, {} expected; the end: {:?}",
+        out.stdout.len(),
+        expected.len(),
+        text(&out.stdout[out.stdout.len().saturating_sub(40)..])
+    );
+    let errs: String = (1..=5000).map(|n| format!("{n}\n")).collect();
+    assert!(
+        text(&out.stderr).starts_with(&errs),
+        "{}",
+        text(&out.stderr)
+    );
+    // Followed again once it ended: the same bytes.
+    let again: Output = home.run(&["job", "jp", &job, "--follow"]);
+    assert!(again.stdout == expected, "{} bytes", again.stdout.len());
+}
+
 #[test]
 fn a_job_is_killed_and_other_sandboxes_do_not_see_it() {
     let Some(home) = booted(

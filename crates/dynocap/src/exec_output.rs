@@ -64,6 +64,11 @@ impl<'a> LiveOutput<'a> {
         }
     }
 
+    /// Whether a stream's reader has gone (see [`LiveOutput::reader_gone`]).
+    pub fn is_reader_gone(&self) -> bool {
+        self.reader_gone.load(Ordering::Acquire)
+    }
+
     /// Resolves once a stream's reader has gone (`dynocap exec … | head`): the caller then
     /// drops the command, whose connection closing cancels it in the guest, rather than let
     /// it run on to its timeout for nobody.

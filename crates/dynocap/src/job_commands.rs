@@ -17,6 +17,10 @@ use crate::output::{print_json, say, table, warnln, Streams};
 /// How long one poll of `--follow` waits for the job's end before printing what came.
 const FOLLOW_POLL: Duration = Duration::from_millis(500);
 
+/// The most of each stream one poll of `--follow` carries: it pages through the output, so
+/// every byte is printed as it was, however much came between two polls.
+const FOLLOW_PAGE: u64 = 1024 * 1024;
+
 pub async fn job(engine: &Engine, json: bool, args: JobArgs) -> Result<ExitCode, Error> {
     let Some(id) = args.job else {
         if args.follow || args.kill {
@@ -36,9 +40,13 @@ pub async fn job(engine: &Engine, json: bool, args: JobArgs) -> Result<ExitCode,
         }
         return Ok(ExitCode::SUCCESS);
     };
+    // `--follow` prints every byte as it came (pages of it, base64 on the way); a look at
+    // once prints the head and tail, as an exec's result does. `--json` prints the report.
+    let paged = args.follow && !json;
     let mut query = JobQuery {
         job: id,
         kill: args.kill,
+        page_bytes: if paged { FOLLOW_PAGE } else { 0 },
         ..JobQuery::default()
     };
     let streams = Streams::of_process();
@@ -52,9 +60,31 @@ pub async fn job(engine: &Engine, json: bool, args: JobArgs) -> Result<ExitCode,
             print_json(&plain(&report));
             return Ok(ExitCode::from(exit_code(&report)));
         }
-        if !json {
+        let mut more = false;
+        if report.paged {
+            use base64::Engine as _;
+            for (channel, text) in [
+                (OutputChannel::Stdout, &report.stdout),
+                (OutputChannel::Stderr, &report.stderr),
+            ] {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(text)
+                    .map_err(|err| Error::internal(format!("a job's page is not base64: {err}")))?;
+                // A full page: more may be kept past it, read at once rather than waited for.
+                more |= bytes.len() as u64 >= FOLLOW_PAGE;
+                live.write(channel, &bytes);
+            }
+        } else if !json {
             live.write(OutputChannel::Stdout, report.stdout.as_bytes());
             live.write(OutputChannel::Stderr, report.stderr.as_bytes());
+        }
+        // `dynocap job … --follow | head`: nobody reads on; the job goes on, unfollowed.
+        if args.follow && live.is_reader_gone() {
+            return Ok(ExitCode::from(crate::exec_output::READER_GONE_EXIT));
+        }
+        if more {
+            query.wait_ms = 0;
+            continue;
         }
         if !args.follow || report.state != JobState::Running {
             live.finish();

@@ -169,6 +169,7 @@ impl Tools {
                     stdout_offset: args.integer("stdoutOffset")?.unwrap_or(0),
                     stderr_offset: args.integer("stderrOffset")?.unwrap_or(0),
                     kill: args.boolean("kill")?.unwrap_or(false),
+                    page_bytes: 0,
                 };
                 let mut report = self.engine.job(&name, &query).await?;
                 if let Some(result) = report.result.as_deref_mut() {

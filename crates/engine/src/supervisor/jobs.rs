@@ -153,7 +153,16 @@ pub struct JobQuery {
     /// Kill the job first (SIGTERM, SIGKILL after the grace), then answer once it ended.
     #[serde(default)]
     pub kill: bool,
+    /// Not 0: the output from the offsets as it is, at most this many bytes of each stream
+    /// (and [`PAGE_MAX`]), never cut into a head and a tail and base64-encoded whatever the
+    /// job's encoding, with the offsets where those bytes end: a reader that must have every
+    /// byte (`dynocap job --follow`) pages through it.
+    #[serde(default)]
+    pub page_bytes: u64,
 }
+
+/// The most a [`JobQuery::page_bytes`] answer carries of each stream.
+pub const PAGE_MAX: u64 = 1024 * 1024;
 
 /// A job as a job request answers it: its state and its output since the offsets asked for.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -186,6 +195,10 @@ pub struct JobReport {
     /// The ended command's Exec object (its output bounded as an exec's is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Box<ExecResult>>,
+    /// `stdout` and `stderr` are a page ([`JobQuery::page_bytes`]): base64, whole. A
+    /// supervisor of an earlier build ignores the ask and answers without it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paged: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -735,7 +748,7 @@ impl Job {
     /// The job's state, with its output since `offsets` (stdout, stderr) when asked for.
     pub fn report(&self, offsets: Option<(u64, u64)>) -> JobReport {
         let ended = self.end.borrow().clone();
-        let (stdout_kept, stderr_kept, stdout_dropped, stderr_dropped) = {
+        let (mut stdout_kept, mut stderr_kept, stdout_dropped, stderr_dropped) = {
             let streams = lock(&self.streams);
             (
                 streams[0].kept,
@@ -744,10 +757,17 @@ impl Job {
                 streams[1].dropped,
             )
         };
+        // A running job's text ends at its last whole character: the bytes of one it has
+        // begun are left for the next poll, which reads them from the offset answered here
+        // whole. Cut there, a caller following the offsets got U+FFFD twice for one "é".
+        if ended.is_none() && matches!(self.encoding, OutputEncoding::Utf8) {
+            stdout_kept -= self.unfinished_char(0, stdout_kept);
+            stderr_kept -= self.unfinished_char(1, stderr_kept);
+        }
         let (mut stdout, mut stderr, mut truncated) = (String::new(), String::new(), false);
         if let Some((from_out, from_err)) = offsets {
-            let (out, cut_out) = self.read(0, from_out, stdout_kept);
-            let (err, cut_err) = self.read(1, from_err, stderr_kept);
+            let (out, cut_out) = self.read(0, from_out, stdout_kept, self.limit);
+            let (err, cut_err) = self.read(1, from_err, stderr_kept, self.limit);
             stdout = self.encode(out);
             stderr = self.encode(err);
             truncated = cut_out || cut_err;
@@ -769,6 +789,7 @@ impl Job {
             stderr_dropped,
             error: None,
             result: None,
+            paged: false,
         };
         match ended {
             None => {}
@@ -793,9 +814,67 @@ impl Job {
         report
     }
 
-    /// Bytes `from..to` of a stream, as a head and tail within the job's bound.
-    fn read(&self, index: usize, from: u64, to: u64) -> (Vec<u8>, bool) {
-        let mut excerpt = Excerpt::new(self.limit);
+    /// The job's state with its output from `offsets` as it is, at most `max` bytes of each
+    /// stream ([`JobQuery::page_bytes`]), base64-encoded; the offsets where they end.
+    pub fn page(&self, offsets: (u64, u64), max: u64) -> JobReport {
+        use base64::Engine as _;
+        let mut report = self.report(None);
+        let kept = {
+            let streams = lock(&self.streams);
+            [streams[0].kept, streams[1].kept]
+        };
+        let max = max.clamp(1, PAGE_MAX);
+        let mut pages = [offsets.0, offsets.1]
+            .into_iter()
+            .enumerate()
+            .map(|(index, from)| {
+                let from = from.min(kept[index]);
+                let to = kept[index].min(from.saturating_add(max));
+                let limit = usize::try_from(to - from).unwrap_or(usize::MAX);
+                let (bytes, _) = self.read(index, from, to, limit);
+                let end = from + bytes.len() as u64;
+                (base64::engine::general_purpose::STANDARD.encode(bytes), end)
+            });
+        if let (Some(out), Some(err)) = (pages.next(), pages.next()) {
+            (report.stdout, report.stdout_offset) = out;
+            (report.stderr, report.stderr_offset) = err;
+        }
+        report.truncated = false;
+        report.paged = true;
+        report
+    }
+
+    /// How many of the first `kept` bytes of a stream, at their end, begin a UTF-8
+    /// character not yet whole.
+    fn unfinished_char(&self, index: usize, kept: u64) -> u64 {
+        let from = kept.saturating_sub(3);
+        let path = {
+            let streams = lock(&self.streams);
+            if let Sink::Memory(held) = &streams[index].sink {
+                let at =
+                    |offset: u64| usize::try_from(offset).map_or(held.len(), |n| n.min(held.len()));
+                return unfinished_char(&held[at(from)..at(kept)]) as u64;
+            }
+            streams[index].path.clone()
+        };
+        let mut tail = [0u8; 3];
+        let len = usize::try_from(kept - from).unwrap_or(0);
+        let read = path
+            .and_then(|path| std::fs::File::open(path).ok())
+            .is_some_and(|file| {
+                use std::os::unix::fs::FileExt as _;
+                file.read_exact_at(&mut tail[..len], from).is_ok()
+            });
+        if read {
+            unfinished_char(&tail[..len]) as u64
+        } else {
+            0
+        }
+    }
+
+    /// Bytes `from..to` of a stream, as a head and tail within `limit`.
+    fn read(&self, index: usize, from: u64, to: u64, limit: usize) -> (Vec<u8>, bool) {
+        let mut excerpt = Excerpt::new(limit);
         let from = from.min(to);
         let path = {
             let streams = lock(&self.streams);
@@ -852,10 +931,104 @@ impl Job {
     }
 }
 
+/// The bytes at the end of `tail` that begin a UTF-8 character it does not finish: 0 when it
+/// ends on a whole character or on bytes that start none.
+fn unfinished_char(tail: &[u8]) -> usize {
+    for back in 1..=tail.len().min(3) {
+        let byte = tail[tail.len() - back];
+        if byte & 0xc0 == 0x80 {
+            continue;
+        }
+        let needs = match byte {
+            0xc2..=0xdf => 2,
+            0xe0..=0xef => 3,
+            0xf0..=0xf4 => 4,
+            _ => return 0,
+        };
+        return if back < needs { back } else { 0 };
+    }
+    0
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// Paged, the output comes whole and as it is, from offset to offset, however long.
+    #[test]
+    fn a_paged_reader_gets_every_byte() {
+        use base64::Engine as _;
+        let decode = |text: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .unwrap()
+        };
+        for listed in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let jobs = Jobs::new(dir.path().join("jobs"));
+            let job = jobs.add(&spec("true")).unwrap();
+            if listed {
+                jobs.list_job(&job);
+            }
+            // Far past the job's bound of 16 bytes a read, and not UTF-8.
+            let whole: Vec<u8> = (0..1000u32).map(|n| (n % 251) as u8).collect();
+            job.keep(OutputChannel::Stdout, &whole);
+            job.keep(OutputChannel::Stderr, b"\xff");
+            assert!(job.report(Some((0, 0))).truncated);
+            let (mut got, mut offsets) = (Vec::new(), (0, 0));
+            loop {
+                let page = job.page(offsets, 300);
+                assert!(!page.truncated);
+                let bytes = decode(&page.stdout);
+                assert!(bytes.len() <= 300);
+                got.extend_from_slice(&bytes);
+                if offsets.1 == 0 {
+                    assert_eq!(decode(&page.stderr), b"\xff");
+                }
+                offsets = (page.stdout_offset, page.stderr_offset);
+                if bytes.is_empty() {
+                    break;
+                }
+            }
+            assert_eq!(got, whole, "listed {listed}");
+            assert_eq!(offsets, (1000, 1));
+        }
+    }
+
+    #[test]
+    fn a_character_not_yet_whole_is_left_for_the_next_poll() {
+        assert_eq!(unfinished_char(b"ab\xc3"), 1);
+        assert_eq!(unfinished_char("ab\u{e9}".as_bytes()), 0);
+        assert_eq!(unfinished_char(b"\xe2\x82"), 2);
+        assert_eq!(unfinished_char(b"\xf0\x9f\x98"), 3);
+        assert_eq!(unfinished_char(b"a\x80\x80"), 0);
+        assert_eq!(unfinished_char(b""), 0);
+        // Followed from its offsets while it runs, a job's text comes whole ("é" split
+        // between two writes), in memory and once in its files.
+        for listed in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let jobs = Jobs::new(dir.path().join("jobs"));
+            let job = jobs.add(&spec("true")).unwrap();
+            if listed {
+                jobs.list_job(&job);
+            }
+            job.keep(OutputChannel::Stdout, b"ab\xc3");
+            job.keep(OutputChannel::Stderr, b"\xe2\x82");
+            let first = job.report(Some((0, 0)));
+            assert_eq!(
+                (first.stdout.as_str(), first.stdout_offset),
+                ("ab", 2),
+                "listed {listed}"
+            );
+            assert_eq!((first.stderr.as_str(), first.stderr_offset), ("", 0));
+            job.keep(OutputChannel::Stdout, b"\xa9\n");
+            job.keep(OutputChannel::Stderr, b"\xac");
+            let next = job.report(Some((first.stdout_offset, first.stderr_offset)));
+            assert_eq!((next.stdout.as_str(), next.stdout_offset), ("\u{e9}\n", 5));
+            assert_eq!((next.stderr.as_str(), next.stderr_offset), ("\u{20ac}", 3));
+        }
+    }
 
     fn spec(command: &str) -> ExecSpec {
         ExecSpec::new(command, None, "/", vec![], Some(5), false)

@@ -88,9 +88,11 @@ pub(super) async fn query_job(query: JobQuery, shared: &Shared) -> ControlReply 
     } else if query.wait_ms > 0 {
         job.wait(wait(query.wait_ms), None).await;
     }
-    ControlReply::Job(Box::new(
-        job.report(Some((query.stdout_offset, query.stderr_offset))),
-    ))
+    let offsets = (query.stdout_offset, query.stderr_offset);
+    ControlReply::Job(Box::new(match query.page_bytes {
+        0 => job.report(Some(offsets)),
+        max => job.page(offsets, max),
+    }))
 }
 
 fn wait(ms: u64) -> Duration {

@@ -393,7 +393,9 @@ fn exec_params(target: &'static str, default_cwd: &'static str, cwd: &'static st
             description: "Start the command as a job and return at once with running: true \
                           and its job id; follow it with dynocap_job. Default false: wait for \
                           the command, up to the server's wait bound (DYNOCAP_MCP_WAIT_SECONDS, \
-                          default 45), past which it becomes a job the same way.",
+                          default 45), past which it becomes a job the same way. A job still \
+                          ends at timeoutSeconds (default 30): give a longer one for a server \
+                          or a long build.",
         },
     ]
 }

@@ -44,6 +44,27 @@ pub struct RecipeRequest {
     pub sandbox: String,
 }
 
+/// The error for a recipe's base that is not an image on this host, saying how to get it.
+fn missing_base(base: &str) -> Error {
+    let shown = crate::image::oci::printable(base);
+    if base == crate::model::image_ref::DEFAULT_IMAGE {
+        return Error::invalid(format!(
+            "\"{shown}\" is the host's own /usr, which no recipe builds on: give a pulled, \
+             imported or built image as --from (`dynocap image build debian` makes one)"
+        ));
+    }
+    let how = if crate::image::store::is_reference(base) {
+        format!("pull it first with `dynocap image pull {shown}`")
+    } else if crate::image::recipe::BUILDABLE.contains(&base) {
+        format!("build it first with `dynocap image build {shown}`")
+    } else {
+        "pull, import or build it first".to_owned()
+    };
+    Error::not_found(format!(
+        "no image {shown} on this host to build on: {how} (dynocap image ls lists the images here)"
+    ))
+}
+
 /// A fresh name for a build sandbox.
 pub fn build_sandbox_name() -> String {
     format!("image-build-{:08x}", rand::random::<u32>())
@@ -78,12 +99,9 @@ impl Engine {
             )));
         }
         let store = ImageStore::for_home(self.home(), self.config().images.cache_dir());
-        let base = store.find(&request.base)?.ok_or_else(|| {
-            Error::not_found(format!(
-                "no image {} on this host: pull, import or build it first (dynocap image ls)",
-                request.base
-            ))
-        })?;
+        let base = store
+            .find(&request.base)?
+            .ok_or_else(|| missing_base(&request.base))?;
         let mut copied = Vec::new();
         // Per step: what a copy step copies, as listed for the id.
         let mut trees: Vec<Option<Copied>> = Vec::new();
@@ -507,6 +525,28 @@ fn quote(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_base_says_how_to_get_it() {
+        let err = missing_base("host");
+        assert_eq!(
+            err.code,
+            crate::foundation::error::ErrorCode::InvalidArgument
+        );
+        assert!(err.message.contains("host's own /usr"), "{err}");
+        let err = missing_base("registry.example/team/base:1");
+        assert!(
+            err.message
+                .contains("`dynocap image pull registry.example/team/base:1`"),
+            "{err}"
+        );
+        assert!(missing_base("debian")
+            .message
+            .contains("`dynocap image build debian`"));
+        assert!(missing_base("tool")
+            .message
+            .contains("pull, import or build"));
+    }
 
     #[test]
     fn steps_are_checked_before_anything_runs() {

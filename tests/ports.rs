@@ -417,7 +417,8 @@ fn a_task_started_with_publish_serves_through_its_forward() {
     );
 }
 
-/// The vm backend: the forward crosses the guest's own kernel through the agent.
+/// The vm backend: the forward crosses the guest's own kernel through the agent; curl and
+/// headless Chromium load the page.
 #[test]
 fn a_vm_sandbox_serves_through_a_published_port() {
     let test = "a_vm_sandbox_serves_through_a_published_port";
@@ -432,6 +433,9 @@ fn a_vm_sandbox_serves_through_a_published_port() {
     let url = forward["url"].as_str().expect("url").to_owned();
     let page = curl_until_served(&url);
     assert!(page.contains("id=out"), "{page}");
+    // A real browser renders the page through the VM's forward too.
+    let dom = chromium_dom(&url);
+    assert!(dom.contains(RENDERED), "the rendered DOM: {dom}");
     let out = Command::new("sh")
         .arg("-c")
         .arg(format!("curl -sS --max-time 120 {url}big | sha256sum"))

@@ -364,6 +364,16 @@ fn files_and_directories_go_in_as_the_sandbox_user_never_through_a_guest_symlink
     );
     assert!(message.contains("not a plain file"), "{message}");
     assert_eq!(home.sh("cpi", "ls -A /tmp/elsewhere | wc -l").trim(), "0");
+
+    // A host symlink named as the source is followed, as out of the guest: the copy is a
+    // file of its target's content, under the name typed (it was refused, ELOOP).
+    let named = host.path().join("named");
+    std::os::unix::fs::symlink(host.path().join("one"), &named).expect("symlink");
+    cp(&home, &[&named.to_string_lossy(), "cpi:/tmp/in/named"]);
+    assert_eq!(
+        home.sh("cpi", "test -L /tmp/in/named || cat /tmp/in/named"),
+        "single"
+    );
 }
 
 #[test]

@@ -724,7 +724,8 @@ async fn copy_in(
                 copy.put_dir(&made, Some(meta.mode())).await?;
             }
         }
-        Some(made) => copy.file(src, &made).await?,
+        // The source named is followed as any path typed is (the docs say so of both ways).
+        Some(made) => copy.file(src, &made, true).await?,
     }
     Ok(copy.report)
 }
@@ -838,7 +839,7 @@ impl CopyIn<'_> {
                 }
                 stack.push((path, child, entries.into_iter(), None));
             } else if kind.is_file() {
-                self.file(&path, &child).await?;
+                self.file(&path, &child, false).await?;
             } else if kind.is_symlink() {
                 self.count_entry()?;
                 let target = std::fs::read_link(&path)
@@ -868,14 +869,16 @@ impl CopyIn<'_> {
     }
 
     /// Sends the host file `path` to the guest file `rel` in pieces of at most [`MAX_WRITE`]
-    /// bytes; its mode (without set-id bits) goes with the last piece.
-    async fn file(&mut self, path: &Path, rel: &str) -> Result<(), Error> {
+    /// bytes; its mode (without set-id bits) goes with the last piece. `follow`: `path` is
+    /// the source the user named, followed if a symlink; below it nothing is.
+    async fn file(&mut self, path: &Path, rel: &str, follow: bool) -> Result<(), Error> {
         use std::io::Read as _;
         use std::os::unix::fs::OpenOptionsExt as _;
         self.count_entry()?;
+        let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
         let mut file = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .custom_flags(nofollow | libc::O_NONBLOCK)
             .open(path)
             .map_err(|err| Error::invalid(format!("cannot open {}: {err}", shown(path))))?;
         let meta = file

@@ -2,8 +2,9 @@
 //! bundle, so TLS clients that are told nothing (no `SSL_CERT_FILE`, `CURL_CA_BUNDLE`, apt
 //! `CaInfo`, ...) trust a server it signed: curl, Python and git in the `host` image (whose
 //! bundle is the host's own, bound read-only: the host's file stays as it was), and curl and
-//! apt in the `debian` image, on the jail and on the vm; and in a `nat` sandbox (no proxy) on
-//! both, against the same server in the test's own network namespace.
+//! apt in the `debian` image, on the jail and on the vm (and apt of an image with plain-HTTP
+//! sources and no CA package, as registries' Debian images are); and in a `nat` sandbox (no
+//! proxy) on both, against the same server in the test's own network namespace.
 //!
 //! The server is tests/support/tlsfix.rs on a 127.X address, reached as `trust.test` through
 //! `DYNOCAP_RESOLVE`: nothing leaves loopback. Needs root (and mmdebstrap for the debian
@@ -199,6 +200,49 @@ fn apt_and_curl_in_the_debian_image_trust_the_extra_ca() {
         again["exitCode"], 0,
         "after update-ca-certificates: {again:#}"
     );
+}
+
+/// A Debian image as container registries have it: apt sources over plain `http://` (which
+/// the `filtered` proxy refuses) and no `ca-certificates`, so no system bundle. In a
+/// `filtered` sandbox apt still installs: its sources name the same mirrors over `https://`,
+/// and it verifies them against the bundle the host sent (the extra CA with the host's CAs).
+/// Made from the debian image by a recipe whose steps have no network.
+#[test]
+fn apt_with_plain_http_sources_and_no_ca_package_installs_through_filtered() {
+    let test = "apt_with_plain_http_sources_and_no_ca_package_installs_through_filtered";
+    if !(require_root(test) && require_mmdebstrap(test)) {
+        return;
+    }
+    let fix = TlsFix::start(&[NAME]);
+    serve_apt_repository(&fix);
+    let (home, _) = debian_home();
+    let home = with_fixture(home, &fix, true);
+    let steps = format!(
+        "rm -f /etc/apt/sources.list /etc/apt/sources.list.d/* && \
+         echo 'deb [trusted=yes] http://{NAME}/apt ./' > /etc/apt/sources.list.d/fixture.list && \
+         dpkg --purge --force-depends ca-certificates && \
+         rm -f /etc/ssl/certs/ca-certificates.crt"
+    );
+    home.json(&[
+        "image", "build", "httpdeb", "--from", "debian", "--run", &steps,
+    ]);
+    filtered(&home, "httpdeb", &["--image", "httpdeb"]);
+    assert_eq!(
+        home.sh(
+            "httpdeb",
+            "cat /etc/apt/sources.list.d/fixture.list; test -e /etc/ssl/certs/ca-certificates.crt || echo no-bundle"
+        ),
+        format!("deb [trusted=yes] https://{NAME}/apt ./\nno-bundle\n")
+    );
+    let install = home.exec(
+        "httpdeb",
+        &["--timeout", "180"],
+        "sudo apt-get update && \
+         sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q dynocap-trusted",
+    );
+    assert_eq!(install["exitCode"], 0, "{install:#}");
+    assert!(install.get("networkRefusals").is_none(), "{install:#}");
+    assert_eq!(home.sh("httpdeb", "dynocap-trusted"), "trusted\n");
 }
 
 #[test]

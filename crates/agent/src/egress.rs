@@ -5,8 +5,10 @@
 //! The listener decides nothing: the host's proxy allows or refuses each connection. It
 //! exists only while the host asks for it (a `filtered` sandbox, or a `none` task's clone).
 //! The host's extra CAs also join the guest's own system bundles ([`mod@trust`]), so TLS
-//! clients that read no variable trust them too.
+//! clients that read no variable trust them too, and apt's `http://` sources become
+//! `https://` ones ([`mod@apt`]).
 
+mod apt;
 mod trust;
 
 use std::collections::HashMap;
@@ -165,6 +167,13 @@ impl Egress {
         };
         if let Some(pem) = &req.ca_bundle {
             write_ca_bundle(pem)?;
+        }
+        // The proxy carries HTTPS only: apt's plain-HTTP mirrors would all be refused. apt
+        // reads the system bundle; an image with none (no ca-certificates) has it told where
+        // the bundle the host sent is.
+        let apt_ca = (req.ca_bundle.is_some() && holding.is_none()).then_some(CA_BUNDLE);
+        for line in apt::use_https(apt_ca) {
+            log!("{line}");
         }
         if req.host_listens {
             // A jail's supervisor took the port in this network itself: its connections

@@ -141,7 +141,7 @@ fn join_one(path: &Path, extra: &str, wanted: &[String]) -> Outcome {
 }
 
 /// Writes `content` to a new file beside `path` (mode 0644) and renames it over `path`.
-fn replace(path: &Path, content: &[u8]) -> std::io::Result<()> {
+pub(super) fn replace(path: &Path, content: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("/"));
     let name = path
         .file_name()

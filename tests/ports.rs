@@ -445,3 +445,109 @@ fn a_vm_sandbox_serves_through_a_published_port() {
     home.json(&["destroy", "vmweb"]);
     assert!(refused(host_port(&forward)));
 }
+
+/// A server in the sandbox that reads each connection to its end, then answers how many
+/// bytes it read and closes: a client that half-closes gets its answer.
+const COUNTING_SERVER: &str = r#"
+import socket, threading
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 9100))
+s.listen(1024)
+def answer(c):
+    n = 0
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        n += len(b)
+    c.sendall(b"read %d\n" % n)
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=answer, args=(c,), daemon=True).start()
+"#;
+
+/// Sends `bytes` bytes on `client`, shuts its writing side and reads the answer to the end.
+fn half_close_and_read(mut client: TcpStream, bytes: usize) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    client.set_read_timeout(Some(Duration::from_secs(60)))?;
+    client.write_all(&vec![b'x'; bytes])?;
+    client.shutdown(std::net::Shutdown::Write)?;
+    let mut answer = String::new();
+    client.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+/// Through both paths (spliced, and the agent's tunnel): a client that half-closes still gets
+/// the server's answer, and 300 connections held open at once (past the 256 a sandbox's
+/// forwards carry at a time) are all answered: those past the bound wait in the listen
+/// backlog for a slot instead of being closed.
+#[test]
+fn a_forward_carries_half_closes_and_more_connections_than_its_bound() {
+    let test = "a_forward_carries_half_closes_and_more_connections_than_its_bound";
+    let Some(home) = TestHome::on(Backend::Jail, test) else {
+        return;
+    };
+    carries_half_closes_and_many_connections(&home, "direct");
+    let home = home.with_env("DYNOCAP_FAILPOINTS", "supervisor.ports.join-netns=error");
+    carries_half_closes_and_many_connections(&home, "tunnel");
+}
+
+fn carries_half_closes_and_many_connections(home: &TestHome, name: &str) {
+    {
+        home.sandbox(name, &["--publish", "9100", "--disk-mb", "256"]);
+        let script = COUNTING_SERVER.replace('\'', "'\\''");
+        home.sh(name, &format!("printf '%s' '{script}' > /tmp/count.py"));
+        home.json(&[
+            "exec",
+            name,
+            "--background",
+            "--timeout",
+            "600",
+            "--",
+            "exec python3 /tmp/count.py",
+        ]);
+        let port = host_port(&home.json(&["port", name])["forwards"][0]);
+        let start = Instant::now();
+        let answer = loop {
+            // Until the server listens, the forward closes each connection (the agent's path
+            // with a reset when the request was not all read yet: an error here).
+            let client = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            match half_close_and_read(client, 1 << 20) {
+                Ok(answer) if !answer.is_empty() => break answer,
+                other => assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "{name}: the server never answered: {other:?}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        assert_eq!(
+            answer, "read 1048576\n",
+            "{name}: a half-closed client's answer"
+        );
+
+        let clients: Vec<TcpStream> = (0..300)
+            .map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+            .collect();
+        let answers: Vec<String> = std::thread::scope(|scope| {
+            let running: Vec<_> = clients
+                .into_iter()
+                .enumerate()
+                .map(|(i, client)| {
+                    scope.spawn(move || half_close_and_read(client, i + 1).expect("an answer"))
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|t| t.join().expect("a client thread"))
+                .collect()
+        });
+        for (i, answer) in answers.iter().enumerate() {
+            assert_eq!(answer, &format!("read {}\n", i + 1), "{name}: client {i}");
+        }
+        home.json(&["destroy", name]);
+        assert!(refused(port), "{name}: closed with the sandbox");
+    }
+}

@@ -67,21 +67,28 @@ impl EgressSpec {
         let mut allow: Vec<String> = Vec::new();
         if filtered {
             let configured = config.allow.clone().unwrap_or_default();
+            // Each entry with where it came from: an entry of the host's variable is the
+            // host's to fix, which its error says.
             let entries = DEFAULT_ALLOW
                 .iter()
-                .map(|s| (*s).to_owned())
-                .chain(git_hosts.iter().cloned())
-                .chain(
-                    split_list(&configured)
-                        .map(|e| (e, "DYNOCAP_EGRESS_ALLOW"))
-                        .map(|(e, _)| e),
-                )
-                .chain(added.iter().cloned());
-            for entry in entries {
+                .map(|s| ((*s).to_owned(), false))
+                .chain(git_hosts.iter().map(|h| (h.clone(), false)))
+                .chain(split_list(&configured).map(|e| (e, true)))
+                .chain(added.iter().map(|h| (h.clone(), false)));
+            for (entry, configured) in entries {
                 // The pattern's error names the entry and the fix. A named registry (`@pypi`)
                 // is recorded as its hosts, so the allowlist shown is the one enforced.
-                let patterns = HostPattern::parse_entry(&entry)
-                    .map_err(|err| Error::invalid(format!("egress allowlist: {err}")))?;
+                let patterns = HostPattern::parse_entry(&entry).map_err(|err| {
+                    Error::invalid(if configured {
+                        format!(
+                            "egress allowlist: DYNOCAP_EGRESS_ALLOW={configured_text}: {err}; \
+                             correct or remove the entry in the environment DynoCap runs in",
+                            configured_text = config.allow.as_deref().unwrap_or_default()
+                        )
+                    } else {
+                        format!("egress allowlist: {err}")
+                    })
+                })?;
                 for pattern in patterns {
                     let text = pattern.to_string();
                     if !allow.contains(&text) {
@@ -706,15 +713,22 @@ aQJhoHQ95ED8a9sFimjsFWbgHaDbxh31wg==\n\
 
     #[test]
     fn an_unknown_registry_is_refused_with_the_known_names() {
-        for (allow, added) in [("@foo", &[][..]), ("", &["@foo"][..])] {
-            let err = spec(allow, added).expect_err("refused");
-            assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
-            assert_eq!(
-                err.message,
-                "egress allowlist: allowlist entry \"@foo\": there is no registry named @foo; \
-                 the named registries are @npm, @pypi, @crates, @go, @debian, @rubygems, @maven"
-            );
-        }
+        const REFUSED: &str = "allowlist entry \"@foo\": there is no registry named @foo; \
+             the named registries are @npm, @pypi, @crates, @go, @debian, @rubygems, @maven";
+        let err = spec("", &["@foo"]).expect_err("refused");
+        assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
+        assert_eq!(err.message, format!("egress allowlist: {REFUSED}"));
+        // One of the host's variable says so: the caller cannot fix it (an MCP caller above
+        // all), the person running DynoCap can.
+        let err = spec("pypi.org, @foo", &[]).expect_err("refused");
+        assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
+        assert_eq!(
+            err.message,
+            format!(
+                "egress allowlist: DYNOCAP_EGRESS_ALLOW=pypi.org, @foo: {REFUSED}; correct or \
+                 remove the entry in the environment DynoCap runs in"
+            )
+        );
     }
 
     /// Every decision, in order.

@@ -165,8 +165,9 @@ pub fn choose(project: &Path, on_host: &[String]) -> AutoImage {
         Ok(Some((file, Named::Nothing))) => default(format!("{file} names no image")),
         Ok(Some((file, Named::Build(how)))) => default(format!(
             "{file} builds its container ({how}): a Dockerfile build is needed, which DynoCap \
-             does not do; build the image elsewhere and `dynocap image import` it, or make one \
-             with `dynocap image build NAME --from BASE`, then start with --image NAME"
+             does not do; build the image elsewhere and `dynocap image import` or `image pull` \
+             it, or make one with `dynocap image build NAME --from BASE`, then start the task \
+             on it (--image NAME, or image over MCP)"
         )),
         Ok(Some((file, Named::Image(image)))) => match on_host_as(&image, on_host) {
             Some(name) => AutoImage {
@@ -336,6 +337,11 @@ mod tests {
         let note = build.note.unwrap();
         assert!(
             build.image.is_none() && note.contains("Dockerfile build is needed"),
+            "{note}"
+        );
+        // Read by a CLI user and an MCP caller alike: both ways of naming the image.
+        assert!(
+            note.contains("--image NAME") && note.contains("image over MCP"),
             "{note}"
         );
 

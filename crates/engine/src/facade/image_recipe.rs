@@ -476,6 +476,12 @@ fn check_step(step: &Step) -> Result<()> {
                      '..' (and without a trailing '/')"
                 )));
             }
+            if let Some(own) = recipe_layer::in_dynocap_own(guest) {
+                return Err(Error::invalid(format!(
+                    "--copy {host}:{guest}: /{own} is DynoCap's own directory in every sandbox, \
+                     which no image keeps: copy to another guest path"
+                )));
+            }
             Ok(())
         }
         Step::Env(key, _) => {
@@ -557,6 +563,14 @@ mod tests {
         assert!(check_step(&Step::Env("2X".into(), "x".into())).is_err());
         assert!(check_step(&Step::Copy("/etc/hostname".into(), "/a/../b".into())).is_err());
         assert!(check_step(&Step::Copy("/etc/hostname".into(), "rel".into())).is_err());
+        // Where DynoCap keeps its own files, which no image holds: refused, not dropped.
+        let err =
+            check_step(&Step::Copy("/etc/hostname".into(), "/run/dynocap/x".into())).unwrap_err();
+        assert!(
+            err.message.contains("/run/dynocap is DynoCap's own"),
+            "{err}"
+        );
+        assert!(check_step(&Step::Copy("/etc/hostname".into(), "/run/dynocap-x".into())).is_ok());
         assert!(check_step(&Step::Run(" ".into())).is_err());
     }
 

@@ -42,6 +42,19 @@ pub const RECIPE_FILE: &str = "recipe.json";
 /// agent's state, its mountpoint, and `/run/dynocap` where it listens for `sudo`: every
 /// sandbox has them, so a layer holding them would only carry the socket it cannot hold).
 const NOT_IMAGE: &[&str] = &["var/lib/dynocap", ".dynocap", "run/dynocap"];
+/// The directory of DynoCap's own that absolute guest path `guest` is in or is, if any
+/// (`/run/dynocap`): what a step puts there is no part of the image it builds.
+pub fn in_dynocap_own(guest: &str) -> Option<&'static str> {
+    let parts: Vec<&str> = guest
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    NOT_IMAGE.iter().copied().find(|own| {
+        let own: Vec<&str> = own.split('/').collect();
+        parts.len() >= own.len() && parts[..own.len()] == own[..]
+    })
+}
+
 /// Ids of one guest: a host id outside this range from the guest's root is not the guest's.
 const GUEST_IDS: u64 = 65_536;
 
@@ -780,6 +793,20 @@ mod tests {
                 .contains("sub/pipe is a FIFO, which a copy does not copy"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn dynocaps_own_directories_are_told_by_component() {
+        assert_eq!(in_dynocap_own("/run/dynocap/x"), Some("run/dynocap"));
+        assert_eq!(in_dynocap_own("//run/./dynocap"), Some("run/dynocap"));
+        assert_eq!(in_dynocap_own("/.dynocap/agent"), Some(".dynocap"));
+        assert_eq!(
+            in_dynocap_own("/var/lib/dynocap/x"),
+            Some("var/lib/dynocap")
+        );
+        assert_eq!(in_dynocap_own("/run/dynocap-x"), None);
+        assert_eq!(in_dynocap_own("/dynocap"), None);
+        assert_eq!(in_dynocap_own("/run"), None);
     }
 
     #[test]

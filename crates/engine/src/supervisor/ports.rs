@@ -14,6 +14,7 @@ mod direct;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -310,36 +311,112 @@ struct Route {
 }
 
 impl Route {
-    async fn carry(self, socket: TcpStream, guest_port: u16) -> Result<(), String> {
+    /// Carries `socket` to the guest port until both ends are done. A connection the guest
+    /// refused is handed back, to be closed with [`close_gently`] once its slot is free.
+    async fn carry(
+        self,
+        socket: TcpStream,
+        guest_port: u16,
+    ) -> Result<(), (String, Option<TcpStream>)> {
         if let Some(net) = self.guest_net {
             let guest = match net.connect(guest_port).await {
                 Ok(guest) => guest,
                 Err(err) => {
-                    close_gently(socket).await;
-                    return Err(format!("nothing in the sandbox accepts connections on port {guest_port} (127.0.0.1 or ::1): {err}"));
+                    return Err((format!("nothing in the sandbox accepts connections on port {guest_port} (127.0.0.1 or ::1): {err}"), Some(socket)));
                 }
             };
             return direct::relay(socket, guest)
                 .await
                 .map(|_| ())
-                .map_err(|err| err.to_string());
+                .map_err(|err| (err.to_string(), None));
         }
         let request = Request::Connect(ConnectRequest { port: guest_port });
         let (tunnel, outgoing) = self
             .conn
             .open_tunnel(&request)
             .await
-            .map_err(|err| err.to_string())?;
-        dynocap_proto::tunnel::pump(tunnel, socket, outgoing)
-            .await
-            .map(|_| ())
+            .map_err(|err| (err.to_string(), None))?;
+        // A second descriptor of the socket, so that a connection the guest refused can still
+        // be closed gently once the tunnel has dropped its own.
+        let std_socket = socket
+            .into_std()
+            .map_err(|err| (format!("taking the connection: {err}"), None))?;
+        let kept = std_socket
+            .try_clone()
+            .map_err(|err| (format!("duplicating the connection: {err}"), None))?;
+        let socket = TcpStream::from_std(std_socket)
+            .map_err(|err| (format!("registering the connection: {err}"), None))?;
+        let answered = Arc::new(AtomicBool::new(false));
+        let carried = dynocap_proto::tunnel::pump(
+            tunnel,
+            Answered {
+                inner: socket,
+                answered: Arc::clone(&answered),
+            },
+            outgoing,
+        )
+        .await;
+        match carried {
+            Ok(_) => Ok(()),
+            // Refused before the guest sent a byte (nothing listens on the port): closed as
+            // the direct path closes it. Past the first byte a failure stays a reset, so the
+            // client cannot take a cut answer for a whole one.
+            Err(why) if !answered.load(Ordering::Acquire) => {
+                Err((why, TcpStream::from_std(kept).ok()))
+            }
+            Err(why) => Err((why, None)),
+        }
     }
 }
 
-/// Ends a connection the guest refused as the agent's path does: an end-of-stream, then what
-/// the client sent is read until it closes too (or for [`REFUSED_DRAIN`]). Dropping it with
-/// the request it sent unread would answer a reset, which clients report as an error of the
-/// network rather than a closed connection.
+/// A forwarded connection that notes the first bytes the guest's side wrote to it.
+struct Answered {
+    inner: TcpStream,
+    answered: Arc<AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for Answered {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Answered {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let written = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(written, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.answered.store(true, Ordering::Release);
+        }
+        written
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Ends a connection the guest refused as a server that closes at once would: an
+/// end-of-stream, then what the client sent is read until it closes too (or for
+/// [`REFUSED_DRAIN`]). Dropping it with the request it sent unread would answer a reset, which
+/// clients report as an error of the network rather than a closed connection.
 async fn close_gently(mut socket: TcpStream) {
     if socket.shutdown().await.is_err() {
         return;
@@ -380,9 +457,14 @@ async fn accept_loop(listener: TcpListener, guest_port: u16, route: Route, slots
         let _ = socket.set_nodelay(true);
         let route = route.clone();
         connections.spawn(async move {
-            let _slot = slot;
-            if let Err(why) = route.carry(socket, guest_port).await {
+            let carried = route.carry(socket, guest_port).await;
+            // The slot is for carrying: a refused connection's close need not hold it.
+            drop(slot);
+            if let Err((why, refused)) = carried {
                 tracing::debug!(target: LOG_TARGET, "a connection forwarded to {guest_port}: {why}");
+                if let Some(socket) = refused {
+                    close_gently(socket).await;
+                }
             }
         });
     }
@@ -564,6 +646,49 @@ mod tests {
         let mut got = Vec::new();
         let read = client.read_to_end(&mut got).await;
         assert_eq!(read.map_err(|e| e.kind()), Ok(0), "a clean end, no bytes");
+        forwards.close_all().await;
+    }
+
+    /// On the agent's path, a connection the guest refuses before answering (nothing listens
+    /// on the port) ends as the direct path ends it, though the client sent more than the
+    /// tunnel took in: an end of stream, not a reset.
+    #[tokio::test]
+    async fn a_connection_the_agent_refuses_closes_cleanly() {
+        let (conn, mut agent, mut agent_writer) = conn().await;
+        let dir = tempfile::tempdir().unwrap();
+        let forwards = Forwards::new(conn, dir.path().to_path_buf(), None);
+        let forward = forwards.add(&request(8000, 0)).await.unwrap();
+        let client = tokio::net::TcpStream::connect(("127.0.0.1", forward.host_port))
+            .await
+            .unwrap();
+        let (mut reading, mut writing) = client.into_split();
+        // More than a tunnel's window: some of it is still unread when the refusal comes.
+        let sending = tokio::spawn(async move {
+            let sent = writing.write_all(&vec![b'x'; 8 << 20]).await;
+            let _ = writing.shutdown().await;
+            sent
+        });
+        let open = loop {
+            let frame = agent.read_frame().await.unwrap().unwrap();
+            if frame.kind == FrameKind::Open {
+                break frame;
+            }
+        };
+        let refusal = ErrorBody {
+            message: "nothing listens on port 8000".into(),
+        };
+        agent_writer
+            .write_frame(&Frame::new(
+                open.stream,
+                FrameKind::Error,
+                to_payload(&refusal),
+            ))
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let read = reading.read_to_end(&mut got).await;
+        assert_eq!(read.map_err(|e| e.kind()), Ok(0), "a clean end, no bytes");
+        sending.await.unwrap().expect("everything sent was taken");
         forwards.close_all().await;
     }
 }

@@ -884,7 +884,8 @@ fn a_stalled_registry_ends_the_pull_and_a_healthy_one_completes_it() {
 /// not answering at its address names `DYNOCAP_RESOLVE`; `debian`, `auto` and `host` name
 /// no pulled image (each already means another one where an image is chosen); a task on an
 /// image without git is refused before anything is made, naming git and the raw sandbox that
-/// needs none; `run --image auto` says it is for a task's project. A recipe on the pulled base
+/// needs none, and one whose project names that image (`--image auto`) starts on the default
+/// image, its note saying why; `run --image auto` says it is for a task's project. A recipe on the pulled base
 /// runs its step in a jail of it and makes a layer of what the step wrote, none of DynoCap's
 /// own files (`/run/dynocap`, where the agent's sudo socket is) among it.
 #[test]
@@ -997,6 +998,33 @@ fn mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base() {
     assert_eq!(listed["tasks"], json!([]), "{listed:#}");
     assert_eq!(listed["sandboxes"], json!([]), "{listed:#}");
     home.assert_only_sandbox_dirs(&[]);
+    // Named by the project instead (`--image auto`): the task starts on the default image, and
+    // its note says why.
+    let dot = project.path().join(".devcontainer");
+    std::fs::create_dir(&dot).expect("mkdir");
+    std::fs::write(
+        dot.join("devcontainer.json"),
+        json!({ "image": base_ref }).to_string(),
+    )
+    .expect("write");
+    let task = home.json(&[
+        "task",
+        "start",
+        path,
+        "--image",
+        "auto",
+        "--name",
+        "dc",
+        "--disk-mb",
+        "128",
+    ]);
+    assert_eq!(task["image"], "host", "{task:#}");
+    let note = task["imageNote"].as_str().expect("imageNote");
+    assert!(
+        note.contains(&base_ref) && note.contains("no git"),
+        "{task:#}"
+    );
+    home.json(&["rm", "dc", "--force", "--purge"]);
     let err = home.json_err(&["run", "x", "--image", "auto", "--disk-mb", "128"]);
     assert!(
         err["message"].as_str().expect("msg").contains("task start"),

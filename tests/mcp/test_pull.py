@@ -163,3 +163,25 @@ async def test_an_allowed_reference_is_pulled_on_demand_and_boots(host: Host, re
         text = err(await s.call_tool("dynocap_run", {"name": "x", "image": "elsewhere.test/team/tool:1"}),
                    "invalid_argument")
         assert "DYNOCAP_REGISTRIES" in text, text
+
+
+async def test_a_project_image_without_git_leaves_the_task_on_the_default_image(
+        host: Host, registry: dict[str, str]) -> None:
+    """A task's baseline is a git commit in the guest: when the project's devcontainer.json
+    names an image without git (the registry's busybox image, pulled on demand), the task
+    starts on the server's default image and `imageNote` says why; the same image named in
+    `image` is refused, naming git."""
+    need(STATIC_AGENT.is_file(),
+         f"{STATIC_AGENT} is missing: cargo build --target x86_64-unknown-linux-musl -p dynocap-agent")
+    ref = f"{NAME}:{PORT}/team/tool:1"
+    project = host.project("named", files={"README.md": "hi\n",
+                                           ".devcontainer/devcontainer.json": json.dumps({"image": ref})})
+    env = dict(registry, DYNOCAP_MCP_IMAGES=f"{NAME}:{PORT}/team/", DYNOCAP_AGENT=str(STATIC_AGENT))
+    async with connect(host, env=env) as s:
+        task = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(project), "name": "dc"}))
+        assert task["image"] == "host", task
+        assert ref in task["imageNote"] and "no git" in task["imageNote"], task
+        ok(await s.call_tool("dynocap_rm", {"target": "dc", "force": True, "purge": True}))
+        text = err(await s.call_tool("dynocap_task_start", {"projectPath": str(project), "name": "named",
+                                                            "image": ref}), "invalid_argument")
+        assert "has no git" in text and "dynocap_run" in text, text

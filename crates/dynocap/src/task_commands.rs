@@ -289,18 +289,22 @@ async fn auto_image(engine: &Engine, source: &Source) -> Result<AutoImage, Error
         .as_deref()
         .filter(|r| dynocap_engine::image::store::is_reference(r))
     else {
-        return Ok(auto);
+        return Ok(without_git_fallback(engine, auto));
     };
     warnln!("dynocap: pulling {reference}, which the project's devcontainer.json names");
     let progress = |line: &str| warnln!("image pull: {line}");
     match engine.image_pull_on_demand(reference, &progress).await {
-        Ok(pulled) => Ok(AutoImage {
-            image: Some(pulled.image.name().to_owned()),
-            note: Some(format!(
-                "the image {reference} that the project's devcontainer.json names, pulled now"
-            )),
-            missing: None,
-        }),
+        Ok(pulled) => Ok(without_git_fallback(
+            engine,
+            AutoImage {
+                image: Some(pulled.image.name().to_owned()),
+                note: Some(format!(
+                    "the image {reference} that the project's devcontainer.json names, pulled \
+                     now"
+                )),
+                missing: None,
+            },
+        )),
         Err(err) => Ok(AutoImage {
             note: Some(format!(
                 "the project's devcontainer.json names the image {reference}, which this host \
@@ -309,6 +313,23 @@ async fn auto_image(engine: &Engine, source: &Source) -> Result<AutoImage, Error
             )),
             ..auto
         }),
+    }
+}
+
+/// The project's image, unless it has no git, which a task needs: then the default image,
+/// the note saying why (an image the user names with `--image` is refused instead).
+fn without_git_fallback(engine: &Engine, auto: AutoImage) -> AutoImage {
+    match &auto.image {
+        Some(image) if engine.image_lacks_git(image) => AutoImage {
+            image: None,
+            note: Some(format!(
+                "{}, has no git, which a task needs (its baseline is a git commit in the \
+                 guest); the task runs on the default image",
+                auto.note.as_deref().unwrap_or(image)
+            )),
+            missing: None,
+        },
+        _ => auto,
     }
 }
 

@@ -383,18 +383,18 @@ impl Tools {
             }
         };
         if on_host.contains(&image) {
-            return (Some(image), auto.note);
+            return self.unless_without_git(image, auto.note);
         }
         if !dynocap_engine::image::store::is_reference(&image) {
             return (None, auto.note);
         }
         match self.pull_on_demand(&image).await {
-            Ok(()) => (
-                Some(image.clone()),
-                Some(format!(
+            Ok(()) => {
+                let note = format!(
                     "the image {image} that the project's devcontainer.json names, pulled now"
-                )),
-            ),
+                );
+                self.unless_without_git(image, Some(note))
+            }
             Err(err) => (
                 None,
                 Some(format!(
@@ -404,6 +404,27 @@ impl Tools {
                 )),
             ),
         }
+    }
+
+    /// The project's image and its note, unless the image has no git, which a task needs:
+    /// then the server's default image, the note saying why (an `image` the caller names is
+    /// refused instead).
+    fn unless_without_git(
+        &self,
+        image: String,
+        note: Option<String>,
+    ) -> (Option<String>, Option<String>) {
+        if !self.engine.image_lacks_git(&image) {
+            return (Some(image), note);
+        }
+        (
+            None,
+            Some(format!(
+                "the project's devcontainer.json names the image {image}, which has no git, \
+                 which a task needs (its baseline is a git commit in the guest); the task runs \
+                 on the server's default image"
+            )),
+        )
     }
 
     /// A start's `image` and `allowHosts` and its `network`, judged by the host policy:

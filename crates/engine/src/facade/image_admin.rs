@@ -89,6 +89,14 @@ impl Engine {
             .collect())
     }
 
+    /// Whether image `name` (its newest) is known to have no git where the guest agent looks,
+    /// so a task cannot start on it (its baseline is a git commit in the guest). False when
+    /// it cannot tell (the `host` image, an image not here): the start says so itself.
+    pub fn image_lacks_git(&self, name: &str) -> bool {
+        crate::image::resolve(self.home(), name)
+            .is_ok_and(|image| crate::image::has_program(self.home(), &image, "git") == Some(false))
+    }
+
     /// One image (by name: its newest; or by id), with the sandboxes using it.
     pub fn image_inspect(&self, name_or_id: &str) -> Result<ImageInfo> {
         let image = self.image_store().find(name_or_id)?.ok_or_else(|| {

@@ -479,24 +479,37 @@ fn half_close_and_read(mut client: TcpStream, bytes: usize) -> std::io::Result<S
     Ok(answer)
 }
 
-/// Through both paths (spliced, and the agent's tunnel): a client that half-closes still gets
-/// the server's answer, and 300 connections held open at once (past the 256 a sandbox's
-/// forwards carry at a time) are all answered: those past the bound wait in the listen
-/// backlog for a slot instead of being closed.
+/// Through both paths (spliced, and the agent's tunnel), in `none` and `filtered` sandboxes:
+/// a client that half-closes still gets the server's answer, and 300 connections held open at
+/// once (past the 256 a sandbox's forwards carry at a time) are all answered: those past the
+/// bound wait in the listen backlog for a slot instead of being closed.
 #[test]
 fn a_forward_carries_half_closes_and_more_connections_than_its_bound() {
     let test = "a_forward_carries_half_closes_and_more_connections_than_its_bound";
     let Some(home) = TestHome::on(Backend::Jail, test) else {
         return;
     };
-    carries_half_closes_and_many_connections(&home, "direct");
+    carries_half_closes_and_many_connections(&home, "direct", "none");
+    carries_half_closes_and_many_connections(&home, "direct-filtered", "filtered");
     let home = home.with_env("DYNOCAP_FAILPOINTS", "supervisor.ports.join-netns=error");
-    carries_half_closes_and_many_connections(&home, "tunnel");
+    carries_half_closes_and_many_connections(&home, "tunnel-filtered", "filtered");
 }
 
-fn carries_half_closes_and_many_connections(home: &TestHome, name: &str) {
+/// `network`: the sandbox's mode; a forward reaches the guest's loopback in any of them
+/// (`filtered`'s proxy sends nothing here: the guest asks for no host).
+fn carries_half_closes_and_many_connections(home: &TestHome, name: &str, network: &str) {
     {
-        home.sandbox(name, &["--publish", "9100", "--disk-mb", "256"]);
+        home.sandbox(
+            name,
+            &[
+                "--publish",
+                "9100",
+                "--disk-mb",
+                "256",
+                "--network",
+                network,
+            ],
+        );
         let script = COUNTING_SERVER.replace('\'', "'\\''");
         home.sh(name, &format!("printf '%s' '{script}' > /tmp/count.py"));
         home.json(&[

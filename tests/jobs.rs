@@ -358,6 +358,38 @@ fn a_finish_says_which_jobs_it_cut_off_and_keeps_their_whole_output() {
     );
 }
 
+/// A restore ends the task's jobs and executes its supervisor anew: the ids it gives after
+/// go on from the ones before (it gave job-1 again, and a caller holding the old id read the
+/// new command's output under it), and an old id says what became of it.
+#[test]
+fn a_restore_never_gives_an_old_job_id_again() {
+    let test = "a_restore_never_gives_an_old_job_id_again";
+    if !require_root(test) {
+        return;
+    }
+    let home = TestHome::new();
+    let project = tempfile::tempdir().expect("tempdir");
+    task(&home, project.path(), "jr", &[]);
+    home.json(&["task", "checkpoint", "jr", "ready"]);
+    let before = task_background(&home, "jr", "echo before; sleep 300");
+    let restored = home.json(&["task", "restore", "jr", "ready"]);
+    assert_eq!(
+        restored["jobsEnded"][0]["job"],
+        before.as_str(),
+        "{restored:#}"
+    );
+    let after = task_background(&home, "jr", "echo after");
+    assert_ne!(after, before);
+    let old = home.run(&["job", "jr", &before]);
+    assert_eq!(old.status.code(), Some(1));
+    let message = text(&old.stderr);
+    assert!(
+        message.contains("not_found") && message.contains("restored to a checkpoint"),
+        "{message}"
+    );
+    assert!(text(&old.stdout).is_empty(), "{}", text(&old.stdout));
+}
+
 #[test]
 fn a_tasks_ttl_says_which_jobs_it_cut_off() {
     let test = "a_tasks_ttl_says_which_jobs_it_cut_off";

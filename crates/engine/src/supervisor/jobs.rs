@@ -65,6 +65,14 @@ const COMMAND_SHOWN: usize = 200;
 /// The directory of a sandbox's jobs, in its state directory.
 pub const JOBS_DIR: &str = "jobs";
 
+/// The file in a sandbox's jobs directory that holds the number the next listed job takes.
+///
+/// A restore executes the supervisor anew ([`crate::supervisor::process`]), and a new
+/// supervisor numbered its jobs from `job-1` again: a caller still holding an id of a job the
+/// restore ended then read another command's output under it. Numbers go on from this file
+/// instead, so an id names one job for the sandbox's life.
+const NEXT_ID_FILE: &str = "next-id";
+
 /// The file in a sandbox's jobs directory that lists its running jobs, for `ps` and `ls`.
 ///
 /// `ps` and `ls` read the catalog, never a supervisor: asking each running one would make a
@@ -278,6 +286,8 @@ pub struct Jobs {
     dir: PathBuf,
     /// The next listed job's number.
     next: AtomicU64,
+    /// The first number this supervisor gave: lower ones were a guest's before a restore.
+    first: u64,
     /// The next job's [`Job::seq`].
     seq: AtomicU64,
     list: Mutex<Vec<Arc<Job>>>,
@@ -294,8 +304,14 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Jobs {
     /// Jobs whose output goes under `dir` (created when output first goes to files).
     pub fn new(dir: PathBuf) -> Self {
+        let first = std::fs::read_to_string(dir.join(NEXT_ID_FILE))
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .filter(|n| *n >= 1)
+            .unwrap_or(1);
         Self {
-            next: AtomicU64::new(1),
+            next: AtomicU64::new(first),
+            first,
             seq: AtomicU64::new(1),
             list: Mutex::new(Vec::new()),
             total: Arc::new(AtomicU64::new(0)),
@@ -360,6 +376,7 @@ impl Jobs {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let _ = job.id.set(format!("job-{n}"));
         job.spill(&mut lock(&job.streams));
+        self.save_next_id(n + 1);
         // Under the board's lock, as the job's end removes it (Job::set_ended): either the end
         // came first and nothing is entered, or the end removes what is entered here.
         self.board.change(|running| {
@@ -374,6 +391,19 @@ impl Jobs {
             });
             true
         });
+    }
+
+    /// Records the number the next listed job takes ([`NEXT_ID_FILE`]).
+    fn save_next_id(&self, next: u64) {
+        let path = self.dir.join(NEXT_ID_FILE);
+        let partial = path.with_extension("partial");
+        let written = std::fs::create_dir_all(&self.dir)
+            .and_then(|()| std::fs::write(&partial, format!("{next}\n")))
+            .and_then(|()| std::fs::rename(&partial, &path));
+        if let Err(err) = written {
+            // Only a restore would then number from an earlier id.
+            tracing::warn!("recording the next job id in {}: {err}", path.display());
+        }
     }
 
     /// The call that started `job` has answered: a job it did not list ended within it (its
@@ -397,6 +427,21 @@ impl Jobs {
             .filter(|job| job.is_listed())
             .map(|job| job.id())
             .collect();
+        let before_restore = id
+            .strip_prefix("job-")
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n >= 1 && n < self.first);
+        if before_restore {
+            return Err(Error::not_found(format!(
+                "{id} was a job of this task before it was restored to a checkpoint, which \
+                 ended it (the restore's jobsEnded named it) and did not keep its output; \
+                 the task's jobs since then are {}",
+                match known.len() {
+                    0 => "none".to_owned(),
+                    _ => known.join(", "),
+                }
+            )));
+        }
         Err(Error::not_found(format!(
             "this sandbox has no job \"{}\"{}",
             sanitize_line(id, 64),
@@ -1063,6 +1108,30 @@ mod tests {
         // An offset past what is kept reads nothing.
         let report = job.report(Some((1000, 1000)));
         assert_eq!((report.stdout.as_str(), report.stderr.as_str()), ("", ""));
+    }
+
+    /// A supervisor executed anew (a restore) numbers jobs on from where the last stopped, and
+    /// says what became of the ids before.
+    #[test]
+    fn ids_go_on_across_a_new_supervisor() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(dir.path().join("jobs"));
+        for id in ["job-1", "job-2"] {
+            let job = jobs.add(&spec("true")).unwrap();
+            jobs.list_job(&job);
+            assert_eq!(job.id(), id);
+        }
+        drop(jobs);
+        let again = Jobs::new(dir.path().join("jobs"));
+        let job = again.add(&spec("true")).unwrap();
+        again.list_job(&job);
+        assert_eq!(job.id(), "job-3");
+        let err = again.get("job-1").err().unwrap();
+        assert_eq!(err.code, crate::foundation::error::ErrorCode::NotFound);
+        assert!(err.message.contains("restored to a checkpoint"), "{err}");
+        assert!(err.message.ends_with("since then are job-3"), "{err}");
+        let err = again.get("job-9").err().unwrap();
+        assert!(err.message.contains("has no job \"job-9\""), "{err}");
     }
 
     #[test]

@@ -106,7 +106,7 @@ pub fn forward_schema() -> Value {
             "guestPort": { "type": "integer" },
             "hostAddress": { "type": "string", "description": "127.0.0.1 unless the user chose another address with the CLI." },
             "hostPort": { "type": "integer" },
-            "url": { "type": "string", "description": "http://hostAddress:hostPort/, for the user to open on this host." }
+            "url": { "type": "string", "description": "http://hostAddress:hostPort/ (on 127.0.0.1 for a forward on every address), for the user to open on this host." }
         },
         "required": ["guestPort", "hostAddress", "hostPort", "url"]
     })

@@ -4,8 +4,9 @@
 //! layers, written as OCI layouts and pushed with `skopeo copy`). Pull by tag and by digest,
 //! a manifest list resolved to linux/amd64, a second image on the same base fetching only its
 //! own layer (its files hard links to the base's), credentials refused and read from a Docker
-//! config file, registries outside `DYNOCAP_REGISTRIES` refused, a pull killed half-way
-//! leaving no image and resuming, hostile layers refused (a huge sparse file by the size
+//! config file, Bearer token authentication through a token server of its own
+//! (tests/support/token_server.py), registries outside `DYNOCAP_REGISTRIES` refused, a pull
+//! killed half-way leaving no image and resuming, hostile layers refused (a huge sparse file by the size
 //! bound), a registry that stalls (a Python server that accepts and sends nothing, stops
 //! half-way through a blob, or trickles it) ending the pull after `DYNOCAP_PULL_IDLE_TIMEOUT`
 //! with nothing half-made and a slow but steady registry completing it, and a pulled image
@@ -28,6 +29,9 @@ use dynocap_e2e::{require_root, TestHome};
 use serde_json::{json, Value};
 
 const NAME: &str = "registry.test";
+/// The token server's name (Bearer authentication), on the registry's address.
+const AUTH_NAME: &str = "auth.registry.test";
+const AUTH_PORT: u16 = 5001;
 const PORT: u16 = 5000;
 const USER: &str = "puller";
 const PASSWORD: &str = "right-horse-battery";
@@ -85,7 +89,7 @@ struct Registry {
     certs: PathBuf,
     auth: bool,
     child: Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Registry {
@@ -104,7 +108,7 @@ impl Registry {
         let addr = random_loopback();
         let ca = TestCa::for_names(
             &dir.path().join("pki"),
-            &[NAME],
+            &[NAME, AUTH_NAME],
             addr,
             "DynoCap registry test CA",
         );
@@ -126,35 +130,22 @@ impl Registry {
         } else {
             String::new()
         };
-        let config = format!(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
-             http:\n  addr: {addr}:{PORT}\n  tls:\n    certificate: {}\n    key: {}\n{auth_yaml}",
-            dir.path().join("data").display(),
-            ca.server_cert.display(),
-            ca.server_key.display(),
-        );
-        let config_path = dir.path().join("config.yml");
-        std::fs::write(&config_path, config).expect("write config");
-        let child = Command::new("/usr/bin/docker-registry")
-            .arg("serve")
-            .arg(&config_path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn docker-registry");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect((addr, PORT)).is_err() {
-            assert!(Instant::now() < deadline, "the registry did not listen");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let child = serve(dir.path(), addr, &ca, &auth_yaml);
         Registry {
             addr,
             ca,
             certs,
             auth,
             child,
-            _dir: dir,
+            dir,
         }
+    }
+
+    /// Serves the same storage again, with `auth_yaml` as its `auth:` section.
+    fn restart(&mut self, auth_yaml: &str) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = serve(self.dir.path(), self.addr, &self.ca, auth_yaml);
     }
 
     /// Pushes the layout (all its manifests) as `repo:tag`; returns the pushed manifest digest.
@@ -199,6 +190,33 @@ impl Registry {
             // No Docker config of the machine's own.
             .with_env("DOCKER_CONFIG", "/nonexistent")
     }
+}
+
+/// Starts `docker-registry` on `addr`:[`PORT`] with its storage in `dir`, TLS from `ca`, and
+/// `auth_yaml` (empty: none); returns once it listens.
+fn serve(dir: &Path, addr: Ipv4Addr, ca: &TestCa, auth_yaml: &str) -> Child {
+    let config = format!(
+        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+         http:\n  addr: {addr}:{PORT}\n  tls:\n    certificate: {}\n    key: {}\n{auth_yaml}",
+        dir.join("data").display(),
+        ca.server_cert.display(),
+        ca.server_key.display(),
+    );
+    let config_path = dir.join("config.yml");
+    std::fs::write(&config_path, config).expect("write config");
+    let child = Command::new("/usr/bin/docker-registry")
+        .arg("serve")
+        .arg(&config_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn docker-registry");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect((addr, PORT)).is_err() {
+        assert!(Instant::now() < deadline, "the registry did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
 }
 
 fn reference(repo_tag: &str) -> String {
@@ -1077,5 +1095,137 @@ fn mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base() {
         &["--image", "tool", "--backend", "jail", "--disk-mb", "128"],
     );
     assert_eq!(home.sh("box", "cat /built"), "built\n");
+    home.json(&["destroy", "box"]);
+}
+
+/// `tests/support/token_server.py` on the registry's address, port [`AUTH_PORT`]: Bearer
+/// tokens signed with a key of its own, for `user`:`password` (anything) or anonymous (`pull`
+/// under `pub/` only).
+struct TokenServer {
+    child: Child,
+}
+
+impl Drop for TokenServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn token_authentication_pulls_public_and_private_repositories() {
+    let test = "token_authentication_pulls_public_and_private_repositories";
+    if !require_root(test) || !tools_present(test) {
+        return;
+    }
+    // The images go in with no authentication (skopeo would have to find the token server by
+    // its name, which only DynoCap's DYNOCAP_RESOLVE knows); then the same storage is served
+    // behind token authentication, as Docker Hub and most registries are.
+    let mut registry = Registry::start(false);
+    let work = tempfile::tempdir().expect("tempdir");
+    let layout = image(&work.path().join("tool"), &[base_layer()]);
+    registry.push(&layout, "pub/tool:1");
+    registry.push(&layout, "team/tool:1");
+    let signer_key = work.path().join("signer.key");
+    let signer_cert = work.path().join("signer.pem");
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout"])
+        .arg(&signer_key)
+        .arg("-out")
+        .arg(&signer_cert)
+        .args(["-days", "2", "-subj", "/CN=dynocap test token signer"])
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    registry.restart(&format!(
+        "auth:\n  token:\n    realm: https://{AUTH_NAME}:{AUTH_PORT}/token\n    service: {NAME}\n    \
+         issuer: dynocap-test\n    rootcertbundle: {}\n",
+        signer_cert.display()
+    ));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("support/token_server.py");
+    let _tokens = TokenServer {
+        child: Command::new("python3")
+            .arg(script)
+            .arg(registry.addr.to_string())
+            .arg(AUTH_PORT.to_string())
+            .arg(&registry.ca.server_cert)
+            .arg(&registry.ca.server_key)
+            .arg(&signer_key)
+            .arg(&signer_cert)
+            .args([NAME, USER, PASSWORD])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn python3"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect((registry.addr, AUTH_PORT)).is_err() {
+        assert!(Instant::now() < deadline, "the token server did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let both = |home: TestHome| {
+        home.with_env(
+            "DYNOCAP_RESOLVE",
+            &format!(
+                "{NAME}:{PORT}:{addr},{AUTH_NAME}:{AUTH_PORT}:{addr}",
+                addr = registry.addr
+            ),
+        )
+    };
+    let home = both(registry.home());
+
+    // The token server is another host: outside DYNOCAP_REGISTRIES the pull is refused,
+    // naming it.
+    let err = home.json_err(&["image", "pull", &reference("pub/tool:1")]);
+    assert!(
+        err["message"]
+            .as_str()
+            .expect("msg")
+            .contains(&format!("needed {AUTH_NAME}:{AUTH_PORT}")),
+        "{err:#}"
+    );
+    let home = home.with_env(
+        "DYNOCAP_REGISTRIES",
+        &format!("{NAME}:{PORT},{AUTH_NAME}:{AUTH_PORT}"),
+    );
+    // Anonymous: a token for the public repository; none that opens the private one.
+    let public = home.json(&["image", "pull", &reference("pub/tool:1")]);
+    assert_eq!(public["origin"], "pulled", "{public:#}");
+    let err = home.json_err(&["image", "pull", &reference("team/tool:1")]);
+    assert!(
+        err["message"]
+            .as_str()
+            .expect("msg")
+            .contains("credentials"),
+        "{err:#}"
+    );
+    let (ok, wrong) = pull_with_password(&home, &[&reference("team/tool:1")], "wrong");
+    assert!(!ok, "{wrong:#}");
+    // The right password gets the token server's token, and the pull.
+    let (ok, private) = pull_with_password(&home, &[&reference("team/tool:1")], PASSWORD);
+    assert!(ok, "{private:#}");
+    assert_eq!(private["transfer"]["layersPresent"], 1, "{private:#}");
+    let found = Command::new("grep")
+        .args(["-rl", PASSWORD])
+        .arg(home.path())
+        .output()
+        .expect("grep");
+    assert!(
+        found.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&found.stdout)
+    );
+    home.sandbox(
+        "box",
+        &["--image", &reference("team/tool:1"), "--disk-mb", "64"],
+    );
+    assert_eq!(
+        home.sh("box", "echo from the private image"),
+        "from the private image\n"
+    );
     home.json(&["destroy", "box"]);
 }

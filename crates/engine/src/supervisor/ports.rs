@@ -7,8 +7,14 @@
 //! mode: it reaches the guest's loopback and never changes the guest's network.
 //!
 //! The listeners belong to the supervisor and end with the sandbox ([`Forwards::close_all`]
-//! runs before a destroy answers). The list is also written to [`FORWARDS_FILE`] in the
+//! runs before a destroy answers); a restore, which executes the supervisor anew, opens them
+//! again ([`Forwards::reopen_saved`]). The list is also written to [`FORWARDS_FILE`] in the
 //! sandbox's directory, which listings read without asking the supervisor.
+//!
+//! A sandbox carries at most [`MAX_CONNECTIONS`] connections at once: past it the listeners
+//! stop accepting and the kernel's backlog holds the rest. A connection the guest refuses
+//! (nothing listens on the port) ends as a server closing at once would, with a FIN after
+//! what the client sent is read, on both paths ([`close_gently`]).
 
 mod direct;
 

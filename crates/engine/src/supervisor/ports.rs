@@ -11,10 +11,10 @@
 //! again ([`Forwards::reopen_saved`]). The list is also written to [`FORWARDS_FILE`] in the
 //! sandbox's directory, which listings read without asking the supervisor.
 //!
-//! A sandbox carries at most [`MAX_CONNECTIONS`] connections at once: past it the listeners
+//! A sandbox carries at most `MAX_CONNECTIONS` connections at once: past it the listeners
 //! stop accepting and the kernel's backlog holds the rest. A connection the guest refuses
 //! (nothing listens on the port) ends as a server closing at once would, with a FIN after
-//! what the client sent is read, on both paths ([`close_gently`]).
+//! what the client sent is read, on both paths (`close_gently`).
 
 mod direct;
 

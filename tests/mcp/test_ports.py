@@ -54,6 +54,22 @@ async def test_forwards_are_refused_without_the_hosts_flag(host: Host) -> None:
         # Listing needs no flag.
         assert ok(await s.call_tool("dynocap_port", {"name": "nopub"})) == {"forwards": []}
 
+        # Every other way to open one is refused the same way, before anything starts: a
+        # task's start and a fork of it.
+        project = host.project("site")
+        text = err(await s.call_tool("dynocap_task_start", {
+            "projectPath": str(project), "name": "t", "publish": [{"guestPort": 8000}]}),
+            "policy_denied")
+        assert "DYNOCAP_MCP_ALLOW_PUBLISH=1" in text
+        assert ok(await s.call_tool("dynocap_ls", {}))["tasks"] == []
+        ok(await s.call_tool("dynocap_task_start", {"projectPath": str(project), "name": "t"}))
+        text = err(await s.call_tool("dynocap_task_start", {
+            "fromTask": "t", "name": "t2", "publish": [{"guestPort": 8000}]}), "policy_denied")
+        assert "DYNOCAP_MCP_ALLOW_PUBLISH=1" in text
+        assert [t["name"] for t in ok(await s.call_tool("dynocap_ls", {}))["tasks"]] == ["t"]
+        err(await s.call_tool("dynocap_port", {"name": "t", "guestPort": 8000, "hostPort": 0}),
+            "policy_denied")
+
 
 async def test_a_published_port_reaches_the_sandboxs_server(host: Host) -> None:
     async with connect(host, env=ALLOW) as s:

@@ -334,10 +334,20 @@ impl PoolDir {
 }
 
 impl Drop for PoolDir {
+    /// Detaches the pool and the shared bind mount of `sandboxes/` under it (lazily: a
+    /// supervisor still ending may hold them), so the directory and its 2 GiB image can be
+    /// removed; with either left mounted, its removal failed and kept everything.
     fn drop(&mut self) {
-        let _ = Command::new("umount")
-            .arg(self.dir.path().join("h/sandboxes"))
-            .status();
+        let sandboxes = self.dir.path().join("h/sandboxes");
+        let listed = format!(" {} ", sandboxes.display());
+        for _ in 0..4 {
+            let mounted = std::fs::read_to_string("/proc/mounts")
+                .is_ok_and(|mounts| mounts.contains(&listed));
+            if !mounted {
+                break;
+            }
+            let _ = Command::new("umount").arg("-l").arg(&sandboxes).status();
+        }
     }
 }
 

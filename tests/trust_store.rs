@@ -151,6 +151,14 @@ fn apt_and_curl_in_the_debian_image_trust_the_extra_ca() {
     assert_eq!(fetched["stdout"], INDEX);
     // apt is told nothing about the CA: no Acquire::https::CaInfo, no variable (sudo keeps
     // the caller's environment, so the variables are dropped in the shell sudo runs).
+    assert_eq!(
+        home.sh(
+            "deb",
+            "test -e /etc/apt/apt.conf.d/00dynocap-egress || echo no-ca-setting"
+        ),
+        "no-ca-setting\n",
+        "an image with a system bundle gets no apt CA setting"
+    );
     home.sh(
         "deb",
         &format!(
@@ -243,6 +251,12 @@ fn apt_with_plain_http_sources_and_no_ca_package_installs_through_filtered() {
     assert_eq!(install["exitCode"], 0, "{install:#}");
     assert!(install.get("networkRefusals").is_none(), "{install:#}");
     assert_eq!(home.sh("httpdeb", "dynocap-trusted"), "trusted\n");
+    // What told apt where the CAs are: the bundle the host sent.
+    assert_eq!(
+        home.sh("httpdeb", "cat /etc/apt/apt.conf.d/00dynocap-egress"),
+        "// DynoCap: apt's HTTPS trusts what the sandbox's other clients trust.\n\
+         Acquire::https::CaInfo \"/var/lib/dynocap-egress/ca-certificates.crt\";\n"
+    );
 }
 
 #[test]

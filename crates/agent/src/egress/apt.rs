@@ -64,15 +64,23 @@ pub fn use_https(ca_bundle: Option<&str>) -> Vec<String> {
             Err(err) => said.push(format!("apt: cannot switch {}: {err}", file.display())),
         }
     }
-    if let Some(bundle) = ca_bundle {
-        if Path::new(CONF_DIR).is_dir() {
-            let conf = format!(
-                "// DynoCap: apt's HTTPS trusts what the sandbox's other clients trust.\n\
-                 Acquire::https::CaInfo \"{bundle}\";\n"
-            );
-            if let Err(err) = super::trust::replace(Path::new(CONF_FILE), conf.as_bytes()) {
-                said.push(format!("apt: cannot write {CONF_FILE}: {err}"));
+    let Some(bundle) = ca_bundle else {
+        // One an earlier sandbox wrote (and an image built in it kept) would name a bundle
+        // this one may not have.
+        if std::fs::symlink_metadata(CONF_FILE).is_ok_and(|meta| meta.is_file()) {
+            if let Err(err) = std::fs::remove_file(CONF_FILE) {
+                said.push(format!("apt: cannot remove {CONF_FILE}: {err}"));
             }
+        }
+        return said;
+    };
+    if Path::new(CONF_DIR).is_dir() {
+        let conf = format!(
+            "// DynoCap: apt's HTTPS trusts what the sandbox's other clients trust.\n\
+             Acquire::https::CaInfo \"{bundle}\";\n"
+        );
+        if let Err(err) = super::trust::replace(Path::new(CONF_FILE), conf.as_bytes()) {
+            said.push(format!("apt: cannot write {CONF_FILE}: {err}"));
         }
     }
     said

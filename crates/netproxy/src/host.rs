@@ -464,6 +464,25 @@ mod tests {
         }
     }
 
+    /// The README and docs/network.md give each registry's hosts: the table here, row by row.
+    #[test]
+    fn the_docs_list_each_registrys_hosts_as_the_table_has_them() {
+        let docs = [
+            ("README.md", include_str!("../../../README.md")),
+            ("docs/network.md", include_str!("../../../docs/network.md")),
+        ];
+        for (file, text) in docs {
+            for (name, hosts) in HostPattern::REGISTRIES {
+                let cells: Vec<String> = hosts.iter().map(|h| format!("`{h}`")).collect();
+                let row = format!("| `@{name}` | {} |", cells.join(", "));
+                assert!(
+                    text.lines().any(|line| line.starts_with(&row)),
+                    "{file} has no row {row:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn unknown_registries_are_refused_with_the_known_names() {
         for entry in ["@foo", "@", "@pypi.org", "@ npm"] {

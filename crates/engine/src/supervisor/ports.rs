@@ -438,19 +438,9 @@ async fn accept_loop(listener: TcpListener, guest_port: u16, route: Route, slots
     // Dropped with this loop: aborting the loop ends its connections too.
     let mut connections = JoinSet::new();
     loop {
-        // A slot first, then a connection: while every slot is taken, new connections wait
-        // in the listen backlog (both futures may be dropped unfinished safely).
-        let next = async {
-            let slot = Arc::clone(&slots).acquire_owned().await;
-            (slot, listener.accept().await)
-        };
-        let (slot, accepted) = tokio::select! {
-            next = next => next,
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-        };
-        let Ok(slot) = slot else {
-            // The semaphore is never closed; if it were, nothing more could be carried.
-            return;
         };
         let socket = match accepted {
             Ok((socket, _)) => socket,
@@ -459,6 +449,19 @@ async fn accept_loop(listener: TcpListener, guest_port: u16, route: Route, slots
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
+        };
+        // A slot before the next accept: while every slot is taken, this connection waits
+        // for one and the next ones wait in the listen backlog. (Taken after the accept, so
+        // that an idle forward holds none.)
+        let slot = loop {
+            tokio::select! {
+                slot = Arc::clone(&slots).acquire_owned() => break slot,
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        };
+        let Ok(slot) = slot else {
+            // The semaphore is never closed; if it were, nothing more could be carried.
+            return;
         };
         let _ = socket.set_nodelay(true);
         let route = route.clone();
@@ -575,6 +578,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let forwards = Forwards::new(conn, dir.path().to_path_buf(), None);
         let forward = forwards.add(&request(8000, 0)).await.unwrap();
+        // An idle forward beside it holds no slot: the busy one gets all of them.
+        forwards.add(&request(8001, 0)).await.unwrap();
         let mut clients = Vec::new();
         for _ in 0..=MAX_CONNECTIONS {
             let client = tokio::net::TcpStream::connect(("127.0.0.1", forward.host_port))
@@ -583,12 +588,16 @@ mod tests {
             clients.push(client);
         }
         let mut opened = Vec::new();
-        while opened.len() < MAX_CONNECTIONS {
-            let frame = agent.read_frame().await.unwrap().unwrap();
-            if frame.kind == FrameKind::Open {
-                opened.push(frame.stream);
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while opened.len() < MAX_CONNECTIONS {
+                let frame = agent.read_frame().await.unwrap().unwrap();
+                if frame.kind == FrameKind::Open {
+                    opened.push(frame.stream);
+                }
             }
-        }
+        })
+        .await
+        .expect("every slot carries a connection of the busy forward");
         // The agent refuses the first: its slot goes to the connection that waited.
         let refusal = ErrorBody {
             message: "connection refused".into(),

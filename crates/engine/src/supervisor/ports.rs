@@ -11,8 +11,8 @@
 //! again ([`Forwards::reopen_saved`]). The list is also written to [`FORWARDS_FILE`] in the
 //! sandbox's directory, which listings read without asking the supervisor.
 //!
-//! A sandbox carries at most `MAX_CONNECTIONS` connections at once: past it the listeners
-//! stop accepting and the kernel's backlog holds the rest. A connection the guest refuses
+//! A sandbox carries at most `MAX_CONNECTIONS` connections at once: past it each listener
+//! holds the connection it accepted until a slot is free, and the kernel's backlog the rest. A connection the guest refuses
 //! (nothing listens on the port) ends as a server closing at once would, with a FIN after
 //! what the client sent is read, on both paths (`close_gently`).
 
@@ -42,8 +42,8 @@ pub const FORWARDS_FILE: &str = "forwards.json";
 /// Forwards one sandbox holds at once.
 pub const MAX_FORWARDS: usize = 32;
 /// Connections carried at once over all of a sandbox's forwards (the agent's own bound).
-/// Past it the listeners stop accepting: a further connection waits in the host's listen
-/// backlog until one ends, instead of being closed.
+/// Past it a further connection waits (accepted, or in the host's listen backlog) until one
+/// ends, instead of being closed.
 const MAX_CONNECTIONS: usize = 256;
 /// How long a connection whose guest port nobody listens on is read after its end-of-stream
 /// was sent, so that it closes with a FIN the client reads as an end, not a reset.

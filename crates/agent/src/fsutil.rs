@@ -3,9 +3,10 @@
 //! so swapping a directory for a symlink can only make an operation fail, never redirect it.
 
 use std::ffi::{CStr, CString, OsStr};
-use std::io;
+use std::io::{self, Write as _};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path};
 
 use nix::errno::Errno;
@@ -157,6 +158,35 @@ fn remove_contents_depth(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// Writes `content` to a new file beside `path` (mode 0644, never through a link) and renames
+/// it over `path`: a reader sees the old file or the new one whole, never a half-written one.
+pub fn replace_file(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = dir.join(format!(".{name}.dynocap-{}", std::process::id()));
+    let _ = std::fs::remove_file(&temp);
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&temp)?;
+        file.write_all(content)?;
+        // The mode is exact whatever the agent's umask.
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        file.sync_all()?;
+        std::fs::rename(&temp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written
 }
 
 #[cfg(test)]

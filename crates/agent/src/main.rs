@@ -29,6 +29,7 @@ macro_rules! log {
     }};
 }
 
+mod apt_cache;
 mod bigfiles;
 mod cgroup;
 mod channel;
@@ -357,6 +358,13 @@ fn main() -> ExitCode {
     // Mounts come first: the channel path (/dev/vport…) and /dev/null may only exist after them.
     init::setup();
     init::ensure_stdio_open();
+    // The project's package caches are bound by now: a jail's before the agent ran, a VM's by
+    // its boot stage.
+    if let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") {
+        for line in apt_cache::keep_downloads(&mountinfo) {
+            log!("{line}");
+        }
+    }
     if let Err(err) = reaper::start() {
         log!("cannot start the reaper thread: {err}");
         return ExitCode::from(1);

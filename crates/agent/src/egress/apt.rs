@@ -56,7 +56,7 @@ pub fn use_https(ca_bundle: Option<&str>) -> Vec<String> {
         let Some(switched) = switch_sources(&text, deb822) else {
             continue;
         };
-        match super::trust::replace(&file, switched.as_bytes()) {
+        match crate::fsutil::replace_file(&file, switched.as_bytes()) {
             Ok(()) => said.push(format!(
                 "apt: {} names its mirrors over https:// (the proxy carries HTTPS only)",
                 file.display()
@@ -79,7 +79,7 @@ pub fn use_https(ca_bundle: Option<&str>) -> Vec<String> {
             "// DynoCap: apt's HTTPS trusts what the sandbox's other clients trust.\n\
              Acquire::https::CaInfo \"{bundle}\";\n"
         );
-        if let Err(err) = super::trust::replace(Path::new(CONF_FILE), conf.as_bytes()) {
+        if let Err(err) = crate::fsutil::replace_file(Path::new(CONF_FILE), conf.as_bytes()) {
             said.push(format!("apt: cannot write {CONF_FILE}: {err}"));
         }
     }

@@ -10,9 +10,9 @@
 //! which is why a bundle already holding every extra certificate is not written again. The
 //! host's own files are never written: inside the guest they are read-only.
 
-use std::io::Write as _;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use crate::fsutil::replace_file;
 
 /// System CA bundles, each where a distribution's TLS libraries read it by default: Debian,
 /// Ubuntu, Alpine, Arch, Gentoo; Fedora, RHEL, CentOS (the link, and what it points at);
@@ -100,7 +100,7 @@ pub fn join_system_bundles(extra: &str) -> Vec<Outcome> {
     for anchor in LOCAL_ANCHORS {
         let anchor = Path::new(anchor);
         if anchor.parent().is_some_and(Path::is_dir) {
-            outcomes.push(match replace(anchor, extra.as_bytes()) {
+            outcomes.push(match replace_file(anchor, extra.as_bytes()) {
                 Ok(()) => Outcome::Joined(anchor.to_owned()),
                 Err(err) => Outcome::Skipped(anchor.to_owned(), err.to_string()),
             });
@@ -134,42 +134,16 @@ fn join_one(path: &Path, extra: &str, wanted: &[String]) -> Outcome {
     if !joined.ends_with('\n') {
         joined.push('\n');
     }
-    match replace(path, joined.as_bytes()) {
+    match replace_file(path, joined.as_bytes()) {
         Ok(()) => Outcome::Joined(path.to_owned()),
         Err(err) => Outcome::Skipped(path.to_owned(), err.to_string()),
     }
 }
 
-/// Writes `content` to a new file beside `path` (mode 0644) and renames it over `path`.
-pub(super) fn replace(path: &Path, content: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = dir.join(format!(".{name}.dynocap-{}", std::process::id()));
-    let _ = std::fs::remove_file(&temp);
-    let written = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temp)?;
-        file.write_all(content)?;
-        // The mode is exact whatever the agent's umask.
-        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        file.sync_all()?;
-        std::fs::rename(&temp, path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    written
-}
-
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     const A: &str = "-----BEGIN CERTIFICATE-----\nAAAA\nAAAA\n-----END CERTIFICATE-----\n";

@@ -156,7 +156,8 @@ pub struct HostPattern {
 impl HostPattern {
     /// The named registries an allowlist entry `@name` stands for, and the hosts each
     /// ecosystem's own client reaches over HTTPS to resolve and download packages:
-    /// - `npm`: the registry's metadata and tarballs (`npm`, `pnpm`, `yarn` set to it);
+    /// - `npm`: the registry's metadata and tarballs, as npm and pnpm reach it and as yarn
+    ///   does by default (registry.yarnpkg.com, the same registry under yarn's name);
     /// - `pypi`: the simple index and JSON API (pypi.org), the files (files.pythonhosted.org);
     /// - `crates`: the sparse index, the downloads it points at (static.crates.io) and the
     ///   API whose download URLs redirect there (crates.io);
@@ -167,7 +168,7 @@ impl HostPattern {
     /// - `maven`: Maven Central, by the name Maven uses and by the older one Gradle and
     ///   sbt use.
     pub const REGISTRIES: &'static [(&'static str, &'static [&'static str])] = &[
-        ("npm", &["registry.npmjs.org"]),
+        ("npm", &["registry.npmjs.org", "registry.yarnpkg.com"]),
         ("pypi", &["pypi.org", "files.pythonhosted.org"]),
         (
             "crates",
@@ -443,7 +444,7 @@ mod tests {
         };
         assert_eq!(hosts("@pypi"), ["pypi.org", "files.pythonhosted.org"]);
         assert_eq!(hosts(" @PyPI "), ["pypi.org", "files.pythonhosted.org"]);
-        assert_eq!(hosts("@npm"), ["registry.npmjs.org"]);
+        assert_eq!(hosts("@npm"), ["registry.npmjs.org", "registry.yarnpkg.com"]);
         assert_eq!(
             hosts("@crates"),
             ["index.crates.io", "static.crates.io", "crates.io"]

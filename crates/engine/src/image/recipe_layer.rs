@@ -38,10 +38,20 @@ use crate::foundation::error::{Context, Error, Result};
 const RECIPE_REVISION: &str = "1";
 /// Beside `image.json`: the recipe a built image was made from.
 pub const RECIPE_FILE: &str = "recipe.json";
-/// Guest directories DynoCap itself keeps in the upper layer, never part of an image (the
-/// agent's state, its mountpoint, and `/run/dynocap` where it listens for `sudo`: every
-/// sandbox has them, so a layer holding them would only carry the socket it cannot hold).
-const NOT_IMAGE: &[&str] = &["var/lib/dynocap", ".dynocap", "run/dynocap"];
+/// Guest paths DynoCap itself keeps in the upper layer, never part of an image: the agent's
+/// state, its mountpoint, and `/run/dynocap` where it listens for `sudo` (every sandbox has
+/// them, so a layer holding them would only carry the socket it cannot hold); and what the
+/// agent writes for the sandbox it runs in, which another sandbox of the image must not
+/// inherit: the `filtered` proxy's CA bundle and apt's setting naming it (a `nat` sandbox
+/// would have apt trust a file it lacks), and apt's setting for the project's package cache.
+const NOT_IMAGE: &[&str] = &[
+    "var/lib/dynocap",
+    ".dynocap",
+    "run/dynocap",
+    "var/lib/dynocap-egress",
+    "etc/apt/apt.conf.d/00dynocap-egress",
+    "etc/apt/apt.conf.d/zz-dynocap-package-cache",
+];
 /// The directory of DynoCap's own that absolute guest path `guest` is in or is, if any
 /// (`/run/dynocap`): what a step puts there is no part of the image it builds.
 pub fn in_dynocap_own(guest: &str) -> Option<&'static str> {
@@ -818,6 +828,20 @@ mod tests {
         fs::write(upper.join(".wh.sneaky"), b"").expect("write");
         std::os::unix::fs::symlink("/etc/passwd", upper.join("link")).expect("symlink");
         fs::create_dir_all(upper.join("var/lib/dynocap")).expect("mkdir");
+        fs::create_dir_all(upper.join("var/lib/dynocap-egress")).expect("mkdir");
+        fs::write(
+            upper.join("var/lib/dynocap-egress/ca-certificates.crt"),
+            b"ca",
+        )
+        .expect("write");
+        fs::create_dir_all(upper.join("etc/apt/apt.conf.d")).expect("mkdir");
+        fs::write(upper.join("etc/apt/apt.conf.d/00dynocap-egress"), b"x").expect("write");
+        fs::write(
+            upper.join("etc/apt/apt.conf.d/zz-dynocap-package-cache"),
+            b"x",
+        )
+        .expect("write");
+        fs::write(upper.join("etc/apt/apt.conf.d/99mine"), b"x").expect("write");
         fs::create_dir_all(upper.join("run/dynocap")).expect("mkdir");
         let sock = upper.join("run/dynocap/sudo.sock");
         let _listening = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
@@ -842,7 +866,17 @@ mod tests {
             })
             .collect();
         names.sort();
-        let mut want = vec!["etc", "etc/new", "link", "run", "var", "var/lib"];
+        let mut want = vec![
+            "etc",
+            "etc/apt",
+            "etc/apt/apt.conf.d",
+            "etc/apt/apt.conf.d/99mine",
+            "etc/new",
+            "link",
+            "run",
+            "var",
+            "var/lib",
+        ];
         if made == 0 {
             want.push("etc/.wh.gone");
         }

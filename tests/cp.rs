@@ -184,6 +184,8 @@ fn unreadable_guest_files_and_the_byte_bound_refuse_the_copy() {
         eprintln!("the sandbox user is root here: the unreadable-file case is not run");
     }
     home.sh("cpr", "head -c 300000 /dev/zero > /tmp/z");
+    // A copy that stops leaves the file it would have replaced as it was, and nothing else.
+    std::fs::write(host.path().join("z"), "precious\n").expect("write");
     let message = cp_fails(
         &home,
         &[
@@ -196,6 +198,24 @@ fn unreadable_guest_files_and_the_byte_bound_refuse_the_copy() {
     assert!(
         message.contains("100000 bytes") && message.contains("--max-bytes"),
         "{message}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(host.path().join("z")).expect("read"),
+        "precious\n"
+    );
+    let names: Vec<String> = std::fs::read_dir(host.path())
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["z"], "nothing of the stopped copy is left");
+    // Within the bound the copy replaces it whole.
+    cp(
+        &home,
+        &["cpr:/tmp/z", &host.path().join("z").to_string_lossy()],
+    );
+    assert_eq!(
+        std::fs::read(host.path().join("z")).expect("read"),
+        vec![0u8; 300000]
     );
     home.sh(
         "cpr",

@@ -20,9 +20,10 @@ use std::process::ExitCode;
 use dynocap_engine::files::{FileEntry, FileOp, FileResult, PutItem, MAX_READ, MAX_WRITE};
 use dynocap_engine::{Engine, Error};
 use nix::errno::Errno;
+use nix::fcntl::renameat;
 use nix::fcntl::{open, openat, AtFlags, OFlag};
-use nix::sys::stat::{fchmod, fstat, fstatat, mkdirat, Mode, SFlag};
-use nix::unistd::{ftruncate, symlinkat};
+use nix::sys::stat::{fchmod, fstatat, mkdirat, Mode, SFlag};
+use nix::unistd::{fchown, symlinkat, unlinkat, Gid, Uid, UnlinkatFlags};
 
 use crate::cli::CpArgs;
 use crate::output::{print_json, warnln};
@@ -487,7 +488,9 @@ impl Copy<'_> {
     }
 
     /// Copies the guest file `gpath` to `name` in `dir`, in reads of at most [`MAX_READ`]
-    /// bytes, and gives it `mode` without set-id bits (the guest's, when not given).
+    /// bytes, and gives it `mode` without set-id bits (the guest's, when not given). The bytes
+    /// go to a new file beside `name`, renamed over it once whole: a copy that stops (a bound,
+    /// the sandbox gone) leaves a file already there as it was, and no part of the new one.
     async fn file(
         &mut self,
         dir: BorrowedFd<'_>,
@@ -497,7 +500,7 @@ impl Copy<'_> {
         mode: Option<u32>,
     ) -> Result<(), Error> {
         // Something already there is replaced only when it is a plain file.
-        match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        let existing = match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) if !is_type(st.st_mode, SFlag::S_IFREG) => {
                 return Err(Error::invalid(format!(
                     "{} exists and is not a plain file (a symlink, directory or device); \
@@ -505,29 +508,16 @@ impl Copy<'_> {
                     shown(host)
                 )))
             }
-            Ok(_) | Err(Errno::ENOENT) => {}
+            Ok(st) => Some(st),
+            Err(Errno::ENOENT) => None,
             Err(errno) => return Err(host_error("cannot look at", host, errno)),
-        }
-        let fd = openat(
-            dir,
-            name,
-            OFlag::O_WRONLY
-                | OFlag::O_CREAT
-                | OFlag::O_NOFOLLOW
-                | OFlag::O_NONBLOCK
-                | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o600),
-        )
-        .map_err(|errno| host_error("cannot create", host, errno))?;
-        let st = fstat(&fd).map_err(|errno| host_error("cannot look at", host, errno))?;
-        if !is_type(st.st_mode, SFlag::S_IFREG) {
-            return Err(Error::invalid(format!(
-                "{} is not a plain file; dynocap cp does not write to it",
-                shown(host)
-            )));
-        }
-        ftruncate(&fd, 0).map_err(|errno| host_error("cannot truncate", host, errno))?;
-        let mut out = File::from(fd);
+        };
+        let temp = PartialFile::create(dir, host)?;
+        let mut out = File::from(
+            temp.fd
+                .try_clone()
+                .map_err(|err| Error::invalid(format!("cannot write {}: {err}", shown(host))))?,
+        );
         let mut offset = 0u64;
         let mut guest_mode = mode;
         loop {
@@ -557,7 +547,7 @@ impl Copy<'_> {
             if self.report.bytes > self.bounds.bytes {
                 return Err(Error::invalid(format!(
                     "the copy is larger than {} bytes (the bound --max-bytes sets); it stopped \
-                     in {}",
+                     at {}, which was left as it was",
                     self.bounds.bytes,
                     shown(host)
                 )));
@@ -575,6 +565,15 @@ impl Copy<'_> {
         let mode = guest_mode.unwrap_or(0o644) & 0o777;
         fchmod(out.as_fd(), Mode::from_bits_truncate(mode))
             .map_err(|errno| host_error("cannot set the mode of", host, errno))?;
+        if let Some(st) = existing {
+            // The file it replaces keeps its owner where this user may give it (root may).
+            let _ = fchown(
+                out.as_fd(),
+                Some(Uid::from_raw(st.st_uid)),
+                Some(Gid::from_raw(st.st_gid)),
+            );
+        }
+        temp.install(name)?;
         self.report.files += 1;
         Ok(())
     }
@@ -607,6 +606,60 @@ impl Copy<'_> {
 }
 
 /// Where the page after `entries` (listed from `offset`) starts, when `left_off` more follow.
+/// A file being copied out, under a name of its own in the destination's directory until
+/// [`PartialFile::install`] renames it over its real name; removed when dropped before.
+struct PartialFile<'a> {
+    dir: BorrowedFd<'a>,
+    fd: OwnedFd,
+    name: String,
+    host: PathBuf,
+    installed: bool,
+}
+
+impl<'a> PartialFile<'a> {
+    /// A new file in `dir` (`host` is the name it will have, for messages), made exclusively,
+    /// so nothing there is opened or written through.
+    fn create(dir: BorrowedFd<'a>, host: &Path) -> Result<Self, Error> {
+        static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let name = format!(
+            ".dynocap-cp-{}-{}",
+            std::process::id(),
+            COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let fd = openat(
+            dir,
+            name.as_str(),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|errno| host_error("cannot create", host, errno))?;
+        Ok(Self {
+            dir,
+            fd,
+            name,
+            host: host.to_owned(),
+            installed: false,
+        })
+    }
+
+    /// Renames the whole file over `name`: the entry there (a plain file, checked before; a
+    /// rename never writes through a link swapped in since) is replaced at once.
+    fn install(mut self, name: &str) -> Result<(), Error> {
+        renameat(self.dir, self.name.as_str(), self.dir, name)
+            .map_err(|errno| host_error("cannot put in place", &self.host, errno))?;
+        self.installed = true;
+        Ok(())
+    }
+}
+
+impl Drop for PartialFile<'_> {
+    fn drop(&mut self) {
+        if !self.installed {
+            let _ = unlinkat(self.dir, self.name.as_str(), UnlinkatFlags::NoRemoveDir);
+        }
+    }
+}
+
 fn next_page(offset: u64, entries: &[FileEntry], left_off: u64) -> Option<u64> {
     (left_off > 0).then(|| offset + entries.len() as u64)
 }

@@ -247,6 +247,49 @@ fn pull_with_password(home: &TestHome, args: &[&str], password: &str) -> (bool, 
     (out.status.success(), value)
 }
 
+/// Asserts that the error `err` (the `error` object of a `--json` refusal) says `needle`,
+/// showing the whole error when it does not.
+fn assert_says(err: &Value, needle: &str) {
+    assert!(
+        err["message"].as_str().expect("msg").contains(needle),
+        "{err:#}"
+    );
+}
+
+/// Asserts that no file of `home` holds the registry's password: credentials given on the
+/// command line or read from a Docker config are used for the pull, never stored.
+fn assert_password_not_stored(home: &TestHome) {
+    let found = Command::new("grep")
+        .args(["-rl", PASSWORD])
+        .arg(home.path())
+        .output()
+        .expect("grep");
+    assert!(
+        found.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&found.stdout)
+    );
+}
+
+/// `dynocap --json image pull ARGS` with the failpoint `failpoint` (`NAME=kill`) set: asserts
+/// that the pull died of SIGKILL there, as a pull killed half-way by the user or the OOM
+/// killer would.
+fn pull_killed_at(home: &TestHome, failpoint: &str, args: &[&str]) {
+    let out = home
+        .command()
+        .env("DYNOCAP_FAILPOINTS", failpoint)
+        .args(["--json", "image", "pull"])
+        .args(args)
+        .output()
+        .expect("spawn");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(libc::SIGKILL),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn images(home: &TestHome) -> Vec<Value> {
     home.json(&["image", "ls"])["images"]
         .as_array()
@@ -293,13 +336,7 @@ fn pull_shares_layers_authenticates_and_boots_on_the_jail() {
     let err = TestHome::new()
         .with_env("DYNOCAP_REGISTRIES", "other.example")
         .json_err(&["image", "pull", &base_ref]);
-    assert!(
-        err["message"]
-            .as_str()
-            .expect("msg")
-            .contains("DYNOCAP_REGISTRIES"),
-        "{err:#}"
-    );
+    assert_says(&err, "DYNOCAP_REGISTRIES");
 
     // Anonymous, and a wrong password: refused, saying so; nothing stored.
     let err = home.json_err(&["image", "pull", &base_ref]);
@@ -386,16 +423,7 @@ fn pull_shares_layers_authenticates_and_boots_on_the_jail() {
         "{table}"
     );
     // Nothing of the credentials is in the store.
-    let found = Command::new("grep")
-        .args(["-rl", PASSWORD])
-        .arg(home.path())
-        .output()
-        .expect("grep");
-    assert!(
-        found.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&found.stdout)
-    );
+    assert_password_not_stored(&home);
 
     // By digest, under a name of its own: nothing downloaded again.
     let by_digest = home.json(&[
@@ -428,10 +456,7 @@ fn pull_shares_layers_authenticates_and_boots_on_the_jail() {
         "base\n"
     );
     let err = home.json_err(&["image", "rm", &app_ref]);
-    assert!(
-        err["message"].as_str().expect("msg").contains("in use"),
-        "{err:#}"
-    );
+    assert_says(&err, "in use");
     home.json(&["destroy", "box"]);
 
     // Removing images frees the layers nothing else uses.
@@ -506,18 +531,7 @@ fn a_manifest_list_resolves_to_amd64_and_a_killed_pull_resumes() {
 
     // Killed once layer 2's blob is stored: no image, no half-written blob; the next pull
     // uses what was finished and completes.
-    let out = home
-        .command()
-        .env("DYNOCAP_FAILPOINTS", "image.pull.layer2=kill")
-        .args(["--json", "image", "pull", &multi])
-        .output()
-        .expect("spawn");
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&out.status),
-        Some(libc::SIGKILL),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pull_killed_at(&home, "image.pull.layer2=kill", &[&multi]);
     assert!(images(&home).is_empty(), "a killed pull lists nothing");
     let blobs = home.path().join("images/.store/blobs/sha256");
     assert!(
@@ -555,17 +569,10 @@ fn a_manifest_list_resolves_to_amd64_and_a_killed_pull_resumes() {
     // Killed with every layer stored and the image assembled, just before the rename that
     // installs it: nothing more is listed, and the next pull installs it from the stored
     // layers alone, leaving no build directory behind.
-    let out = home
-        .command()
-        .env("DYNOCAP_FAILPOINTS", "image.pull.install=kill")
-        .args(["--json", "image", "pull", "--name", "again", &multi])
-        .output()
-        .expect("spawn");
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&out.status),
-        Some(libc::SIGKILL),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    pull_killed_at(
+        &home,
+        "image.pull.install=kill",
+        &["--name", "again", &multi],
     );
     assert_eq!(images(&home).len(), 1, "a killed install lists nothing new");
     let again = home.json(&["image", "pull", "--name", "again", &multi]);
@@ -887,13 +894,7 @@ fn a_stalled_registry_ends_the_pull_and_a_healthy_one_completes_it() {
     let err = home
         .with_env("DYNOCAP_PULL_IDLE_TIMEOUT", "soon")
         .json_err(&["image", "pull", &stall_ref]);
-    assert!(
-        err["message"]
-            .as_str()
-            .expect("msg")
-            .contains("DYNOCAP_PULL_IDLE_TIMEOUT"),
-        "{err:#}"
-    );
+    assert_says(&err, "DYNOCAP_PULL_IDLE_TIMEOUT");
 }
 
 /// What a user gets wrong is told with its fix, and a recipe builds on a pulled base: a tag
@@ -975,13 +976,7 @@ fn mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base() {
     registry.push(&layout, "team/arm:1");
     let err = home.json_err(&["image", "pull", &reference("team/arm:1")]);
     assert_eq!(err["code"], "invalid_argument", "{err:#}");
-    assert!(
-        err["message"]
-            .as_str()
-            .expect("msg")
-            .contains("none for linux/amd64"),
-        "{err:#}"
-    );
+    assert_says(&err, "none for linux/amd64");
     for name in ["debian", "auto", "host"] {
         let err = home.json_err(&["image", "pull", &base_ref, "--name", name]);
         assert_eq!(err["code"], "invalid_argument", "{err:#}");
@@ -1044,21 +1039,12 @@ fn mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base() {
     );
     home.json(&["rm", "dc", "--force", "--purge"]);
     let err = home.json_err(&["run", "x", "--image", "auto", "--disk-mb", "128"]);
-    assert!(
-        err["message"].as_str().expect("msg").contains("task start"),
-        "{err:#}"
-    );
+    assert_says(&err, "task start");
 
     let err = home.json_err(&[
         "image", "build", "auto", "--from", &base_ref, "--run", "true",
     ]);
-    assert!(
-        err["message"]
-            .as_str()
-            .expect("msg")
-            .contains("already means"),
-        "{err:#}"
-    );
+    assert_says(&err, "already means");
     let out = home.run(&[
         "image",
         "build",
@@ -1181,13 +1167,7 @@ fn token_authentication_pulls_public_and_private_repositories() {
     // The token server is another host: outside DYNOCAP_REGISTRIES the pull is refused,
     // naming it.
     let err = home.json_err(&["image", "pull", &reference("pub/tool:1")]);
-    assert!(
-        err["message"]
-            .as_str()
-            .expect("msg")
-            .contains(&format!("needed {AUTH_NAME}:{AUTH_PORT}")),
-        "{err:#}"
-    );
+    assert_says(&err, &format!("needed {AUTH_NAME}:{AUTH_PORT}"));
     let home = home.with_env(
         "DYNOCAP_REGISTRIES",
         &format!("{NAME}:{PORT},{AUTH_NAME}:{AUTH_PORT}"),
@@ -1196,29 +1176,14 @@ fn token_authentication_pulls_public_and_private_repositories() {
     let public = home.json(&["image", "pull", &reference("pub/tool:1")]);
     assert_eq!(public["origin"], "pulled", "{public:#}");
     let err = home.json_err(&["image", "pull", &reference("team/tool:1")]);
-    assert!(
-        err["message"]
-            .as_str()
-            .expect("msg")
-            .contains("credentials"),
-        "{err:#}"
-    );
+    assert_says(&err, "credentials");
     let (ok, wrong) = pull_with_password(&home, &[&reference("team/tool:1")], "wrong");
     assert!(!ok, "{wrong:#}");
     // The right password gets the token server's token, and the pull.
     let (ok, private) = pull_with_password(&home, &[&reference("team/tool:1")], PASSWORD);
     assert!(ok, "{private:#}");
     assert_eq!(private["transfer"]["layersPresent"], 1, "{private:#}");
-    let found = Command::new("grep")
-        .args(["-rl", PASSWORD])
-        .arg(home.path())
-        .output()
-        .expect("grep");
-    assert!(
-        found.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&found.stdout)
-    );
+    assert_password_not_stored(&home);
     home.sandbox(
         "box",
         &["--image", &reference("team/tool:1"), "--disk-mb", "64"],

@@ -729,6 +729,43 @@ mod tests {
         }
     }
 
+    /// `dir` listed `depth` levels deep from entry `offset`: the entries and how many were
+    /// left off.
+    fn list(dir: &Path, depth: u32, offset: u64) -> (Vec<FileEntry>, u64) {
+        let listed = perform(&request(
+            dir,
+            FileOp::List {
+                path: ".".into(),
+                depth,
+                offset,
+            },
+        ))
+        .unwrap();
+        let FileResult::Listed {
+            entries, left_off, ..
+        } = listed
+        else {
+            panic!("{listed:?}")
+        };
+        (entries, left_off)
+    }
+
+    /// `op` in `dir` served as the agent serves a sandbox whose user is `nobody`
+    /// (65534:65534): the path where [`serve`] takes on another user's identity.
+    fn serve_as_nobody(dir: &Path, op: FileOp) -> Result<FileResult, FileError> {
+        let config = Config {
+            exec_user: Some(ExecUser {
+                uid: 65534,
+                gid: 65534,
+            }),
+            ..Config::default()
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(serve(request(dir, op), &config))
+    }
+
     /// As root (the agent in a guest), a request for another user runs with that user's
     /// identity: a root-only file is refused, a created file is that user's.
     #[test]
@@ -746,17 +783,7 @@ mod tests {
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
         std::os::unix::fs::symlink(&secret, open.join("link")).unwrap();
-        let config = Config {
-            exec_user: Some(ExecUser {
-                uid: 65534,
-                gid: 65534,
-            }),
-            ..Config::default()
-        };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let run = |op| runtime.block_on(serve(request(&open, op), &config));
+        let run = |op| serve_as_nobody(&open, op);
         let read = |path: &str| FileOp::Read {
             path: path.into(),
             offset: 0,
@@ -800,17 +827,7 @@ mod tests {
         let theirs = dir.path().join("theirs");
         std::fs::write(&theirs, "kept").unwrap();
         std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o666)).unwrap();
-        let config = Config {
-            exec_user: Some(ExecUser {
-                uid: 65534,
-                gid: 65534,
-            }),
-            ..Config::default()
-        };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let run = |op| runtime.block_on(serve(request(dir.path(), op), &config));
+        let run = |op| serve_as_nobody(dir.path(), op);
         let write = |path: &str, mode| FileOp::Write {
             path: path.into(),
             content: b"#!/bin/sh\n".to_vec(),
@@ -937,21 +954,7 @@ mod tests {
             "x x x\n"
         );
         std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link")).unwrap();
-        let listed = perform(&request(
-            dir.path(),
-            FileOp::List {
-                path: ".".into(),
-                depth: 2,
-                offset: 0,
-            },
-        ))
-        .unwrap();
-        let FileResult::Listed {
-            entries, left_off, ..
-        } = listed
-        else {
-            panic!("{listed:?}")
-        };
+        let (entries, left_off) = list(dir.path(), 2, 0);
         assert_eq!(left_off, 0);
         let names: Vec<_> = entries
             .iter()
@@ -977,21 +980,7 @@ mod tests {
             std::fs::write(dir.path().join(format!("f{n:05}")), b"").unwrap();
         }
         let page = |depth: u32, offset: u64| {
-            let listed = perform(&request(
-                dir.path(),
-                FileOp::List {
-                    path: ".".into(),
-                    depth,
-                    offset,
-                },
-            ))
-            .unwrap();
-            let FileResult::Listed {
-                entries, left_off, ..
-            } = listed
-            else {
-                panic!("{listed:?}")
-            };
+            let (entries, left_off) = list(dir.path(), depth, offset);
             let names: Vec<String> = entries.into_iter().map(|e| e.name).collect();
             (names, left_off)
         };

@@ -35,16 +35,11 @@ fn serve(home: &TestHome, name: &str, port: u16) -> String {
              && head -c 20000000 /dev/urandom > /tmp/site/big && sha256sum /tmp/site/big"
         ),
     );
-    let out = home.json(&[
-        "exec",
+    home.job(
         name,
-        "--background",
-        "--timeout",
-        "600",
-        "--",
+        600,
         &format!("exec python3 -m http.server {port} --bind 127.0.0.1 --directory /tmp/site"),
-    ]);
-    assert!(out["job"].is_string(), "a background start: {out:#}");
+    );
     sum.split_whitespace().next().expect("a sum").to_owned()
 }
 
@@ -512,15 +507,7 @@ fn carries_half_closes_and_many_connections(home: &TestHome, name: &str, network
         );
         let script = COUNTING_SERVER.replace('\'', "'\\''");
         home.sh(name, &format!("printf '%s' '{script}' > /tmp/count.py"));
-        home.json(&[
-            "exec",
-            name,
-            "--background",
-            "--timeout",
-            "600",
-            "--",
-            "exec python3 /tmp/count.py",
-        ]);
+        home.job(name, 600, "exec python3 /tmp/count.py");
         let port = host_port(&home.json(&["port", name])["forwards"][0]);
         let start = Instant::now();
         let answer = loop {

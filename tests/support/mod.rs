@@ -252,6 +252,25 @@ impl TestHome {
         (failed, text)
     }
 
+    /// Starts `command` in sandbox `name` as a background job that may run `timeout_secs`
+    /// (`exec --background`, as [`TestHome::task_job`] does for a task); returns the job's id.
+    pub fn job(&self, name: &str, timeout_secs: u64, command: &str) -> String {
+        let timeout = timeout_secs.to_string();
+        let started = self.json(&[
+            "exec",
+            name,
+            "--background",
+            "--timeout",
+            &timeout,
+            "--",
+            command,
+        ]);
+        started["job"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a job id: {started:#}"))
+            .to_owned()
+    }
+
     /// Starts `command` in task `name` as a background job that may run `timeout_secs`;
     /// returns the job's id.
     pub fn task_job(&self, name: &str, timeout_secs: u64, command: &str) -> String {

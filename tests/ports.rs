@@ -365,17 +365,11 @@ fn a_task_started_with_publish_serves_through_its_forward() {
         port
     );
 
-    let out = home.json(&[
-        "task",
-        "exec",
+    home.task_job(
         "site",
-        "--background",
-        "--timeout",
-        "600",
-        "--",
+        600,
         "exec python3 -m http.server 8000 --bind 127.0.0.1",
-    ]);
-    assert!(out["job"].is_string(), "a background start: {out:#}");
+    );
     let page = curl_until_served(&url);
     assert!(page.contains("id=out"), "the workspace's page: {page}");
 
@@ -392,16 +386,11 @@ fn a_task_started_with_publish_serves_through_its_forward() {
         home.json(&["ls"])["tasks"][0]["forwards"][0]["hostPort"],
         port
     );
-    home.json(&[
-        "task",
-        "exec",
+    home.task_job(
         "site",
-        "--background",
-        "--timeout",
-        "600",
-        "--",
+        600,
         "exec python3 -m http.server 8000 --bind 127.0.0.1",
-    ]);
+    );
     let page = curl_until_served(&url);
     assert!(page.contains("id=out"), "served after the restore: {page}");
 

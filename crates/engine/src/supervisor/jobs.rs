@@ -1010,12 +1010,7 @@ mod tests {
                 .unwrap()
         };
         for listed in [false, true] {
-            let dir = tempfile::tempdir().unwrap();
-            let jobs = Jobs::new(dir.path().join("jobs"));
-            let job = jobs.add(&spec("true")).unwrap();
-            if listed {
-                jobs.list_job(&job);
-            }
+            let (_dir, _jobs, job) = a_job(listed);
             // Far past the job's bound of 16 bytes a read, and not UTF-8.
             let whole: Vec<u8> = (0..1000u32).map(|n| (n % 251) as u8).collect();
             job.keep(OutputChannel::Stdout, &whole);
@@ -1052,12 +1047,7 @@ mod tests {
         // Followed from its offsets while it runs, a job's text comes whole ("é" split
         // between two writes), in memory and once in its files.
         for listed in [false, true] {
-            let dir = tempfile::tempdir().unwrap();
-            let jobs = Jobs::new(dir.path().join("jobs"));
-            let job = jobs.add(&spec("true")).unwrap();
-            if listed {
-                jobs.list_job(&job);
-            }
+            let (_dir, _jobs, job) = a_job(listed);
             job.keep(OutputChannel::Stdout, b"ab\xc3");
             job.keep(OutputChannel::Stderr, b"\xe2\x82");
             let first = job.report(Some((0, 0)));
@@ -1073,6 +1063,19 @@ mod tests {
             assert_eq!((next.stdout.as_str(), next.stdout_offset), ("\u{e9}\n", 5));
             assert_eq!((next.stderr.as_str(), next.stderr_offset), ("\u{20ac}", 3));
         }
+    }
+
+    /// A job of `true` on a board of its own (its directory and board returned to be kept);
+    /// `listed`: made a job to everyone, its output then in its files rather than in memory,
+    /// for the tests that read output the same from both places.
+    fn a_job(listed: bool) -> (tempfile::TempDir, Jobs, Arc<Job>) {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(dir.path().join("jobs"));
+        let job = jobs.add(&spec("true")).unwrap();
+        if listed {
+            jobs.list_job(&job);
+        }
+        (dir, jobs, job)
     }
 
     fn spec(command: &str) -> ExecSpec {

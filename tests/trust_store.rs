@@ -124,27 +124,32 @@ fn the_host_image_trusts_the_extra_ca_with_no_variable_and_the_host_file_is_unto
     assert_ne!(agent_view["exitCode"], 0, "{agent_view:#}");
 }
 
-/// A flat apt repository of one package at `https://trust.test/apt/`, served over HTTPS
-/// signed by the extra CA.
-fn serve_apt_repository(fix: &TlsFix) {
+/// For the apt tests: a home with the debian image that trusts the extra CA, and the fixture
+/// server with a flat apt repository of one package (`dynocap-trusted`) at
+/// `https://trust.test/apt/`, served over HTTPS signed by that CA. `None` (the test is
+/// skipped, saying why) without root or mmdebstrap.
+fn debian_and_apt_repository(test: &str) -> Option<(TlsFix, TestHome)> {
+    if !(require_root(test) && require_mmdebstrap(test)) {
+        return None;
+    }
+    let fix = TlsFix::start(&[NAME]);
     dynocap_e2e::images::flat_apt_repository(
         &fix.www().join("apt"),
         fix.dir(),
         "dynocap-trusted",
         "trusted",
     );
+    let (home, _) = debian_home();
+    let home = with_fixture(home, &fix, true);
+    Some((fix, home))
 }
 
 #[test]
 fn apt_and_curl_in_the_debian_image_trust_the_extra_ca() {
     let test = "apt_and_curl_in_the_debian_image_trust_the_extra_ca";
-    if !(require_root(test) && require_mmdebstrap(test)) {
+    let Some((fix, home)) = debian_and_apt_repository(test) else {
         return;
-    }
-    let fix = TlsFix::start(&[NAME]);
-    serve_apt_repository(&fix);
-    let (home, _) = debian_home();
-    let home = with_fixture(home, &fix, true);
+    };
     filtered(&home, "deb", &["--image", "debian"]);
     let fetched = curl(&home, "deb");
     assert_eq!(fetched["exitCode"], 0, "{fetched:#}");
@@ -218,13 +223,9 @@ fn apt_and_curl_in_the_debian_image_trust_the_extra_ca() {
 #[test]
 fn apt_with_plain_http_sources_and_no_ca_package_installs_through_filtered() {
     let test = "apt_with_plain_http_sources_and_no_ca_package_installs_through_filtered";
-    if !(require_root(test) && require_mmdebstrap(test)) {
+    let Some((_fix, home)) = debian_and_apt_repository(test) else {
         return;
-    }
-    let fix = TlsFix::start(&[NAME]);
-    serve_apt_repository(&fix);
-    let (home, _) = debian_home();
-    let home = with_fixture(home, &fix, true);
+    };
     let steps = format!(
         "rm -f /etc/apt/sources.list /etc/apt/sources.list.d/* && \
          echo 'deb [trusted=yes] http://{NAME}/apt ./' > /etc/apt/sources.list.d/fixture.list && \

@@ -255,36 +255,22 @@ impl TestHome {
     /// Starts `command` in sandbox `name` as a background job that may run `timeout_secs`
     /// (`exec --background`, as [`TestHome::task_job`] does for a task); returns the job's id.
     pub fn job(&self, name: &str, timeout_secs: u64, command: &str) -> String {
-        let timeout = timeout_secs.to_string();
-        let started = self.json(&[
-            "exec",
-            name,
-            "--background",
-            "--timeout",
-            &timeout,
-            "--",
-            command,
-        ]);
-        started["job"]
-            .as_str()
-            .unwrap_or_else(|| panic!("a job id: {started:#}"))
-            .to_owned()
+        self.start_job(&["exec"], name, timeout_secs, command)
     }
 
     /// Starts `command` in task `name` as a background job that may run `timeout_secs`;
     /// returns the job's id.
     pub fn task_job(&self, name: &str, timeout_secs: u64, command: &str) -> String {
+        self.start_job(&["task", "exec"], name, timeout_secs, command)
+    }
+
+    /// `dynocap --json EXEC NAME --background --timeout SECS -- COMMAND`, `EXEC` being `exec`
+    /// or `task exec`: the started job's id.
+    fn start_job(&self, exec: &[&str], name: &str, timeout_secs: u64, command: &str) -> String {
         let timeout = timeout_secs.to_string();
-        let started = self.json(&[
-            "task",
-            "exec",
-            name,
-            "--background",
-            "--timeout",
-            &timeout,
-            "--",
-            command,
-        ]);
+        let mut args = exec.to_vec();
+        args.extend_from_slice(&[name, "--background", "--timeout", &timeout, "--", command]);
+        let started = self.json(&args);
         started["job"]
             .as_str()
             .unwrap_or_else(|| panic!("a job id: {started:#}"))

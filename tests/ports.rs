@@ -334,6 +334,18 @@ fn a_jail_forward_goes_through_the_agent_when_its_namespace_cannot_be_joined() {
     );
 }
 
+/// Starts python's http.server on port 8000 in task `name`'s workspace, as a background job
+/// (a restore ends it, so the publish test starts it again after one), and returns the page
+/// `url` serves once it answers.
+fn serve_workspace(home: &TestHome, name: &str, url: &str) -> String {
+    home.task_job(
+        name,
+        600,
+        "exec python3 -m http.server 8000 --bind 127.0.0.1",
+    );
+    curl_until_served(url)
+}
+
 /// `task start --publish`: the task's forward is in its start's result and in `ls`, serves
 /// a server the task runs (on its workspace) and closes when the task finishes.
 #[test]
@@ -365,12 +377,7 @@ fn a_task_started_with_publish_serves_through_its_forward() {
         port
     );
 
-    home.task_job(
-        "site",
-        600,
-        "exec python3 -m http.server 8000 --bind 127.0.0.1",
-    );
-    let page = curl_until_served(&url);
+    let page = serve_workspace(&home, "site", &url);
     assert!(page.contains("id=out"), "the workspace's page: {page}");
 
     // A restore executes the supervisor anew and ends the server: the forward is open again
@@ -386,12 +393,7 @@ fn a_task_started_with_publish_serves_through_its_forward() {
         home.json(&["ls"])["tasks"][0]["forwards"][0]["hostPort"],
         port
     );
-    home.task_job(
-        "site",
-        600,
-        "exec python3 -m http.server 8000 --bind 127.0.0.1",
-    );
-    let page = curl_until_served(&url);
+    let page = serve_workspace(&home, "site", &url);
     assert!(page.contains("id=out"), "served after the restore: {page}");
 
     home.json(&["task", "finish", "site"]);

@@ -21,9 +21,9 @@ fn booted(test: &str, names: &[&str]) -> Option<TestHome> {
     Some(home)
 }
 
-/// `dynocap --json exec NAME --background --timeout SECS -- COMMAND`: the job's id.
+/// `dynocap --json exec NAME --background --timeout SECS -- COMMAND`: the job's id. The
+/// start answers while the command runs (`running`), not once it has ended: no clock needed.
 fn background(home: &TestHome, name: &str, timeout: &str, command: &str) -> String {
-    let started = std::time::Instant::now();
     let value = home.json(&[
         "exec",
         name,
@@ -33,10 +33,6 @@ fn background(home: &TestHome, name: &str, timeout: &str, command: &str) -> Stri
         "--",
         command,
     ]);
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(20),
-        "a background start returns at once"
-    );
     assert_eq!(value["running"], true, "{value:#}");
     let job = value["job"].as_str().expect("a job id").to_owned();
     assert!(job.starts_with("job-"), "{job}");

@@ -105,10 +105,14 @@ impl Engine {
                         request.host_port, other.guest_port, request.guest_port
                     )));
                 }
-                let wanted = std::net::SocketAddr::new(request.host_address, request.host_port);
-                std::net::TcpListener::bind(wanted)
-                    .map_err(|err| crate::supervisor::ports::bind_error(wanted, &err))?;
             }
+        }
+        // Only a list that is right in itself is tried against the host: a mistake in it is
+        // told the same whatever else listens on the machine.
+        for request in requests.iter().filter(|request| request.host_port != 0) {
+            let wanted = std::net::SocketAddr::new(request.host_address, request.host_port);
+            std::net::TcpListener::bind(wanted)
+                .map_err(|err| crate::supervisor::ports::bind_error(wanted, &err))?;
         }
         Ok(())
     }
@@ -151,27 +155,34 @@ mod tests {
         }
     }
 
-    /// One host port for two forwards is refused before anything boots, saying which;
-    /// free ports (0) and distinct addresses are not.
+    /// One host port for two forwards is refused before anything boots, saying which, whether
+    /// or not something on the host listens on it (here something does); free ports (0) and
+    /// distinct addresses are not.
     #[test]
     fn a_host_port_published_twice_is_refused_before_the_boot() {
+        let taken = std::net::TcpListener::bind("0.0.0.0:0").expect("bind");
+        let port = taken.local_addr().expect("addr").port();
         let err = Engine::check_publish(&[
-            request(8000, 45999, "127.0.0.1"),
-            request(8001, 45999, "127.0.0.1"),
+            request(8000, port, "127.0.0.1"),
+            request(8001, port, "127.0.0.1"),
         ])
         .unwrap_err();
-        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
         assert!(
-            err.message.contains("host port 45999 is published twice")
+            err.message
+                .contains(&format!("host port {port} is published twice"))
                 && err.message.contains("8000 and 8001"),
             "{err}"
         );
         let err = Engine::check_publish(&[
-            request(8000, 45999, "0.0.0.0"),
-            request(8001, 45999, "127.0.0.1"),
+            request(8000, port, "0.0.0.0"),
+            request(8001, port, "127.0.0.1"),
         ])
         .unwrap_err();
         assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
+        // Right in itself, the list is then tried against the host.
+        let err = Engine::check_publish(&[request(8000, port, "127.0.0.1")]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::Conflict, "{err}");
         Engine::check_publish(&[request(8000, 0, "127.0.0.1"), request(8001, 0, "127.0.0.1")])
             .unwrap();
     }

@@ -230,14 +230,14 @@ impl Budget {
         self.stats.whiteouts += s.whiteouts;
         if self.stats.bytes > self.limits.max_bytes {
             return Err(Error::invalid(format!(
-                "the image's files add up to more than {} bytes, the bound on an import's size \
+                "the image's files add up to more than {} bytes, the bound on an image's size \
                  (--max-bytes)",
                 self.limits.max_bytes
             )));
         }
         if self.stats.files > self.limits.max_files {
             return Err(Error::invalid(format!(
-                "the image has more than {} files, the bound on an import's file count \
+                "the image has more than {} files, the bound on an image's file count \
                  (--max-files)",
                 self.limits.max_files
             )));

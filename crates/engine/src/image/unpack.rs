@@ -262,7 +262,7 @@ impl Root {
         self.stats.files += 1;
         if self.stats.files > self.limits.max_files {
             return Err(Error::invalid(format!(
-                "the image has more than {} files, the bound on an import's file count \
+                "the image has more than {} files, the bound on an image's file count \
                  (--max-files)",
                 self.limits.max_files
             )));
@@ -386,7 +386,7 @@ impl Root {
 
     fn too_big(&self) -> Error {
         Error::invalid(format!(
-            "the image's files add up to more than {} bytes, the bound on an import's size \
+            "the image's files add up to more than {} bytes, the bound on an image's size \
              (--max-bytes)",
             self.limits.max_bytes
         ))

@@ -100,4 +100,26 @@ fn sudo_takes_assignments_before_the_command() {
         "none unset\nunset\n"
     );
     assert_eq!(home.sh("env", "sudo id -u"), "0\n");
+    // -u naming the caller (by name or id) runs the command as the caller, assignments and
+    // all, as sudo does; another user is refused, naming who is available.
+    let me = home.sh("env", "id -un; id -u");
+    assert_eq!(
+        home.sh(
+            "env",
+            "sudo -u \"$(id -un)\" A=1 sh -c 'echo $A $(id -u)'; sudo -u \"#$(id -u)\" id -un"
+        ),
+        format!(
+            "1 {}\n{}\n",
+            me.lines().nth(1).expect("uid"),
+            me.lines().next().expect("name")
+        )
+    );
+    let other = home.exec("env", &[], "sudo -u nobody id");
+    assert_eq!(other["exitCode"], 1, "{other:#}");
+    assert!(
+        other["stderr"]
+            .as_str()
+            .is_some_and(|e| e.contains("only root (and you)") && e.contains("nobody")),
+        "{other:#}"
+    );
 }

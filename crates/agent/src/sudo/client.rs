@@ -50,32 +50,65 @@ enum Invocation {
         argv: Vec<OsString>,
         assignments: Vec<OsString>,
     },
+    /// `-u` naming the caller: the command runs as the caller, here, with the assignments
+    /// over the caller's environment (sudo itself does no more for it).
+    RunAsCaller {
+        argv: Vec<OsString>,
+        assignments: Vec<OsString>,
+    },
     /// `-v`, `-k`, `-K`: nothing to validate or forget.
     Nothing,
     Usage(String),
 }
 
+/// Who runs `sudo`: `-u` may name them as well as root.
+struct Caller {
+    uid: u32,
+    name: Option<String>,
+}
+
+impl Caller {
+    fn current() -> Self {
+        let uid = nix::unistd::getuid();
+        Self {
+            uid: uid.as_raw(),
+            name: nix::unistd::User::from_uid(uid)
+                .ok()
+                .flatten()
+                .map(|user| user.name),
+        }
+    }
+
+    /// Whether `user` (a name, a uid, or `#uid`) names the caller.
+    fn is(&self, user: &str) -> bool {
+        self.name.as_deref() == Some(user)
+            || user.strip_prefix('#').unwrap_or(user).parse::<u32>() == Ok(self.uid)
+    }
+}
+
 /// Parses the common sudo options. Options that change who or how are refused: there is one
-/// target (root) and no password. `-E` and `--preserve-env` are accepted as they are: the
-/// caller's environment is always kept (but for HOME, USER, LOGNAME, PATH and MAIL, which the
-/// broker sets as root's), which is what they ask for.
-fn parse(args: &[OsString]) -> Invocation {
+/// target (root, or the caller itself) and no password. `-E` and `--preserve-env` are accepted
+/// as they are: the caller's environment is always kept (but for HOME, USER, LOGNAME, PATH and
+/// MAIL, which the broker sets as root's), which is what they ask for.
+fn parse(args: &[OsString], caller: &Caller) -> Invocation {
     let mut rest = args.iter();
     let mut shell = false;
+    let mut as_caller = false;
     while let Some(arg) = rest.next() {
         let text = arg.to_string_lossy();
         match text.as_ref() {
-            "--" => return command(rest.cloned().collect(), shell),
+            "--" => return command(rest.cloned().collect(), shell, as_caller),
             "-E" | "-H" | "-n" | "-S" | "-P" | "--preserve-env" | "--non-interactive"
             | "--set-home" => {}
             _ if text.starts_with("--preserve-env=") => {}
             "-v" | "-k" | "-K" | "--validate" | "--reset-timestamp" => return Invocation::Nothing,
             "-s" | "-i" | "--shell" | "--login" => shell = true,
             "-u" | "--user" => match rest.next().map(|u| u.to_string_lossy().into_owned()) {
-                Some(user) if ["root", "0", "#0"].contains(&user.as_str()) => {}
+                Some(user) if ["root", "0", "#0"].contains(&user.as_str()) => as_caller = false,
+                Some(user) if caller.is(&user) => as_caller = true,
                 Some(user) => {
                     return Invocation::Usage(format!(
-                        "sudo: only root is available in this sandbox, not {user:?}"
+                        "sudo: only root (and you) are available in this sandbox, not {user:?}"
                     ))
                 }
                 None => return Invocation::Usage("sudo: -u needs a user".into()),
@@ -88,16 +121,16 @@ fn parse(args: &[OsString]) -> Invocation {
             _ => {
                 let mut all = vec![arg.clone()];
                 all.extend(rest.cloned());
-                return command(all, shell);
+                return command(all, shell, as_caller);
             }
         }
     }
-    command(Vec::new(), shell)
+    command(Vec::new(), shell, as_caller)
 }
 
 /// The command after the options: `VAR=value` words first (as sudo takes them: any word with
 /// a `=` not at its start), then the command and its arguments.
-fn command(args: Vec<OsString>, shell: bool) -> Invocation {
+fn command(args: Vec<OsString>, shell: bool, as_caller: bool) -> Invocation {
     let mut words = args.into_iter().peekable();
     let mut assignments = Vec::new();
     while let Some(word) = words.next_if(|w| is_assignment(w)) {
@@ -123,7 +156,11 @@ fn command(args: Vec<OsString>, shell: bool) -> Invocation {
         }
         (false, false) => args,
     };
-    Invocation::Run { argv, assignments }
+    if as_caller {
+        Invocation::RunAsCaller { argv, assignments }
+    } else {
+        Invocation::Run { argv, assignments }
+    }
 }
 
 /// Whether sudo reads `word` as an assignment rather than as the command: it has a `=`, and
@@ -134,8 +171,9 @@ fn is_assignment(word: &OsStr) -> bool {
 
 /// The `sudo` client. Returns the command's exit code.
 pub fn client(args: &[OsString]) -> ExitCode {
-    let (argv, assignments) = match parse(args) {
+    let (argv, assignments) = match parse(args, &Caller::current()) {
         Invocation::Run { argv, assignments } => (argv, assignments),
+        Invocation::RunAsCaller { argv, assignments } => return run_here(&argv, &assignments),
         Invocation::Nothing => return ExitCode::SUCCESS,
         Invocation::Usage(message) => {
             let _ = writeln!(std::io::stderr(), "{message}");
@@ -149,6 +187,34 @@ pub fn client(args: &[OsString]) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Runs the command in place of this process, as the caller, with `assignments` (checked
+/// `VAR=value` words) over the caller's environment. Returns only when it cannot be run.
+fn run_here(argv: &[OsString], assignments: &[OsString]) -> ExitCode {
+    use std::os::unix::process::CommandExt as _;
+    let Some((program, args)) = argv.split_first() else {
+        return ExitCode::from(1);
+    };
+    let mut command = std::process::Command::new(program);
+    command.args(args);
+    for assignment in assignments {
+        let bytes = assignment.as_bytes();
+        if let Some(at) = bytes.iter().position(|b| *b == b'=') {
+            command.env(
+                OsStr::from_bytes(&bytes[..at]),
+                OsStr::from_bytes(&bytes[at + 1..]),
+            );
+        }
+    }
+    let err = command.exec();
+    let _ = writeln!(
+        std::io::stderr(),
+        "sudo: {}: {err}",
+        program.to_string_lossy()
+    );
+    // As sudo: 1 when the command could not be run.
+    ExitCode::from(1)
 }
 
 fn run_remote(argv: &[OsString], assignments: &[OsString]) -> Result<i32, ClientError> {
@@ -202,6 +268,17 @@ mod tests {
         args.iter().map(OsString::from).collect()
     }
 
+    /// `parse` as the sandbox user (1000, `sandbox`) runs it.
+    fn parse_as_sandbox(args: &[OsString]) -> Invocation {
+        parse(
+            args,
+            &Caller {
+                uid: 1000,
+                name: Some("sandbox".to_owned()),
+            },
+        )
+    }
+
     fn run(argv: &[&str], assignments: &[&str]) -> Invocation {
         Invocation::Run {
             argv: os(argv),
@@ -212,25 +289,44 @@ mod tests {
     #[test]
     fn common_sudo_command_lines_parse() {
         assert_eq!(
-            parse(&os(&["apt-get", "install", "-y", "jq"])),
+            parse_as_sandbox(&os(&["apt-get", "install", "-y", "jq"])),
             run(&["apt-get", "install", "-y", "jq"], &[])
         );
         assert_eq!(
-            parse(&os(&["-E", "-u", "root", "--", "-weird"])),
+            parse_as_sandbox(&os(&["-E", "-u", "root", "--", "-weird"])),
             run(&["-weird"], &[])
         );
         assert_eq!(
-            parse(&os(&["-s", "id", "-u"])),
+            parse_as_sandbox(&os(&["-s", "id", "-u"])),
             run(&["/bin/sh", "-c", "id -u"], &[])
         );
-        assert_eq!(parse(&os(&["-v"])), Invocation::Nothing);
-        assert!(matches!(parse(&os(&[])), Invocation::Usage(_)));
+        assert_eq!(parse_as_sandbox(&os(&["-v"])), Invocation::Nothing);
+        assert!(matches!(parse_as_sandbox(&os(&[])), Invocation::Usage(_)));
+        // The caller itself, by name or id: the command runs as it, assignments and all.
+        for user in ["sandbox", "1000", "#1000"] {
+            assert_eq!(
+                parse_as_sandbox(&os(&["-u", user, "A=1", "id"])),
+                Invocation::RunAsCaller {
+                    argv: os(&["id"]),
+                    assignments: os(&["A=1"])
+                },
+                "{user}"
+            );
+        }
+        assert_eq!(
+            parse_as_sandbox(&os(&["-u", "sandbox", "-u", "root", "id"])),
+            run(&["id"], &[])
+        );
         assert!(matches!(
-            parse(&os(&["-u", "sandbox", "id"])),
+            parse_as_sandbox(&os(&["-u", "nobody", "id"])),
             Invocation::Usage(_)
         ));
         assert!(matches!(
-            parse(&os(&["-g", "x", "id"])),
+            parse_as_sandbox(&os(&["-u", "1001", "id"])),
+            Invocation::Usage(_)
+        ));
+        assert!(matches!(
+            parse_as_sandbox(&os(&["-g", "x", "id"])),
             Invocation::Usage(_)
         ));
         assert!(invoked_as_sudo(OsStr::new("/usr/local/bin/sudo")));
@@ -240,7 +336,7 @@ mod tests {
     #[test]
     fn assignments_before_the_command_are_the_commands_environment() {
         assert_eq!(
-            parse(&os(&[
+            parse_as_sandbox(&os(&[
                 "DEBIAN_FRONTEND=noninteractive",
                 "apt-get",
                 "install",
@@ -253,17 +349,23 @@ mod tests {
             )
         );
         assert_eq!(
-            parse(&os(&["-E", "--", "A=1", "B=", "_c=x=y", "env"])),
+            parse_as_sandbox(&os(&["-E", "--", "A=1", "B=", "_c=x=y", "env"])),
             run(&["env"], &["A=1", "B=", "_c=x=y"])
         );
         // A word starting with `=` is the command, as in sudo.
-        assert_eq!(parse(&os(&["=x", "A=1"])), run(&["=x", "A=1"], &[]));
         assert_eq!(
-            parse(&os(&["-s", "A=1", "echo", "$A"])),
+            parse_as_sandbox(&os(&["=x", "A=1"])),
+            run(&["=x", "A=1"], &[])
+        );
+        assert_eq!(
+            parse_as_sandbox(&os(&["-s", "A=1", "echo", "$A"])),
             run(&["/bin/sh", "-c", "echo $A"], &["A=1"])
         );
-        assert_eq!(parse(&os(&["-s", "A=1"])), run(&["/bin/bash"], &["A=1"]));
-        let usage = |args: &[&str]| match parse(&os(args)) {
+        assert_eq!(
+            parse_as_sandbox(&os(&["-s", "A=1"])),
+            run(&["/bin/bash"], &["A=1"])
+        );
+        let usage = |args: &[&str]| match parse_as_sandbox(&os(args)) {
             Invocation::Usage(message) => message,
             other => panic!("{args:?} parsed as {other:?}"),
         };

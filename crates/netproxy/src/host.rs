@@ -444,7 +444,10 @@ mod tests {
         };
         assert_eq!(hosts("@pypi"), ["pypi.org", "files.pythonhosted.org"]);
         assert_eq!(hosts(" @PyPI "), ["pypi.org", "files.pythonhosted.org"]);
-        assert_eq!(hosts("@npm"), ["registry.npmjs.org", "registry.yarnpkg.com"]);
+        assert_eq!(
+            hosts("@npm"),
+            ["registry.npmjs.org", "registry.yarnpkg.com"]
+        );
         assert_eq!(
             hosts("@crates"),
             ["index.crates.io", "static.crates.io", "crates.io"]

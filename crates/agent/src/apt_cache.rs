@@ -8,6 +8,7 @@
 //! hook's pattern does not reach; without the cache the file is removed, so an image built in
 //! one sandbox never carries it to another.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 /// Where the project's apt cache is bound.
@@ -19,20 +20,18 @@ const CONF_DIR: &str = "/etc/apt/apt.conf.d";
 /// Read after the image's own files (apt reads them in name order, the last setting wins).
 const CONF_FILE: &str = "/etc/apt/apt.conf.d/zz-dynocap-package-cache";
 
-/// Points apt's downloads at the project's cache when `mountinfo` (this process's
-/// `/proc/self/mountinfo`) shows it bound, or removes that setting when it is not. Returns
-/// what was changed or could not be, for the agent's log; an image without apt changes
-/// nothing.
-pub fn keep_downloads(mountinfo: &str) -> Vec<String> {
+/// Points apt's downloads at the project's cache when `mounted` (this namespace's mount
+/// points, [`crate::init::mounted_targets`]) shows it bound, or removes that setting when it
+/// is not. Returns what was changed or could not be, for the agent's log; an image without
+/// apt changes nothing.
+pub fn keep_downloads(mounted: &HashSet<String>) -> Vec<String> {
     let mut said = Vec::new();
     if !Path::new(CONF_DIR).is_dir() {
         return said;
     }
-    if !is_mount_point(mountinfo, ARCHIVES) {
-        if std::fs::symlink_metadata(CONF_FILE).is_ok_and(|meta| meta.is_file()) {
-            if let Err(err) = std::fs::remove_file(CONF_FILE) {
-                said.push(format!("apt: cannot remove {CONF_FILE}: {err}"));
-            }
+    if !mounted.contains(ARCHIVES) {
+        if let Err(err) = crate::fsutil::remove_if_regular(Path::new(CONF_FILE)) {
+            said.push(format!("apt: cannot remove {CONF_FILE}: {err}"));
         }
         return said;
     }
@@ -68,27 +67,9 @@ fn conf() -> String {
     )
 }
 
-/// Whether `path` is the mount point of a line of `mountinfo` (its fifth field).
-fn is_mount_point(mountinfo: &str, path: &str) -> bool {
-    mountinfo
-        .lines()
-        .any(|line| line.split(' ').nth(4) == Some(path))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_cache_is_seen_only_where_it_is_bound() {
-        let bound = "22 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n\
-                     41 22 254:16 /apt /var/cache/apt/archives rw - ext4 /dev/vdb rw\n";
-        assert!(is_mount_point(bound, ARCHIVES));
-        let elsewhere = "22 1 254:0 / / rw - ext4 /dev/vda rw\n\
-                         41 22 254:16 /apt /var/cache/apt/archives/x rw - ext4 /dev/vdb rw\n\
-                         42 22 254:16 /y /var/cache/apt rw - ext4 /dev/vdb rw\n";
-        assert!(!is_mount_point(elsewhere, ARCHIVES));
-    }
 
     #[test]
     fn the_setting_keeps_downloads_out_of_the_hooks_pattern() {

@@ -160,6 +160,15 @@ fn remove_contents_depth(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
     first_error.map_or(Ok(()), Err)
 }
 
+/// Removes `path` when it is a regular file (a file the agent wrote earlier); anything else
+/// there, a link or a directory, is left alone, and nothing there is no error.
+pub fn remove_if_regular(path: &Path) -> io::Result<()> {
+    if std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_file()) {
+        std::fs::remove_file(path)?;
+    }
+    Ok(())
+}
+
 /// Writes `content` to a new file beside `path` (mode 0644, never through a link) and renames
 /// it over `path`: a reader sees the old file or the new one whole, never a half-written one.
 pub fn replace_file(path: &Path, content: &[u8]) -> std::io::Result<()> {

@@ -105,7 +105,9 @@ fn mount_guest_filesystems() {
     }
 }
 
-fn mounted_targets() -> HashSet<String> {
+/// The mount points of this process's namespace, from `/proc/self/mountinfo` (none when it
+/// cannot be read).
+pub(crate) fn mounted_targets() -> HashSet<String> {
     std::fs::read_to_string("/proc/self/mountinfo")
         .map(|text| parse_mount_points(&text))
         .unwrap_or_default()

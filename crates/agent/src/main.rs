@@ -360,10 +360,8 @@ fn main() -> ExitCode {
     init::ensure_stdio_open();
     // The project's package caches are bound by now: a jail's before the agent ran, a VM's by
     // its boot stage.
-    if let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") {
-        for line in apt_cache::keep_downloads(&mountinfo) {
-            log!("{line}");
-        }
+    for line in apt_cache::keep_downloads(&init::mounted_targets()) {
+        log!("{line}");
     }
     if let Err(err) = reaper::start() {
         log!("cannot start the reaper thread: {err}");

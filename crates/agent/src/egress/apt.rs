@@ -67,10 +67,8 @@ pub fn use_https(ca_bundle: Option<&str>) -> Vec<String> {
     let Some(bundle) = ca_bundle else {
         // One an earlier sandbox wrote (and an image built in it kept) would name a bundle
         // this one may not have.
-        if std::fs::symlink_metadata(CONF_FILE).is_ok_and(|meta| meta.is_file()) {
-            if let Err(err) = std::fs::remove_file(CONF_FILE) {
-                said.push(format!("apt: cannot remove {CONF_FILE}: {err}"));
-            }
+        if let Err(err) = crate::fsutil::remove_if_regular(Path::new(CONF_FILE)) {
+            said.push(format!("apt: cannot remove {CONF_FILE}: {err}"));
         }
         return said;
     };

@@ -151,7 +151,11 @@ mod tests {
         let mut got = [0u8; 5];
         accepted.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"hello");
-        drop(listener);
+        // A port bound without SO_REUSEADDR and not listening: no other test's listener can
+        // take it meanwhile (a dropped listener's port could be, and was, taken in CI).
+        let unheard = tokio::net::TcpSocket::new_v4().unwrap();
+        unheard.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = unheard.local_addr().unwrap().port();
         let refused = net.connect(port).await.unwrap_err();
         assert_eq!(
             refused.kind(),

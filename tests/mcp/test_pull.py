@@ -140,7 +140,7 @@ def registry() -> Iterator[dict[str, str]]:
 async def test_an_allowed_reference_is_pulled_on_demand_and_boots(host: Host, registry: dict[str, str]) -> None:
     """`image` under an allowed prefix and not on the host: pulled, then the sandbox boots it;
     one outside the prefix is refused naming DYNOCAP_MCP_IMAGES, and one whose registry is not
-    in DYNOCAP_REGISTRIES is refused naming that."""
+    in DYNOCAP_REGISTRIES is refused naming that; `@built` does not admit the pulled image."""
     need(STATIC_AGENT.is_file(),
          f"{STATIC_AGENT} is missing: cargo build --target x86_64-unknown-linux-musl -p dynocap-agent")
     ref = f"{NAME}:{PORT}/team/tool:1"
@@ -157,6 +157,12 @@ async def test_an_allowed_reference_is_pulled_on_demand_and_boots(host: Host, re
     images: Any = host.cli("image", "ls")
     assert [i["name"] for i in images["images"]] == [ref], images
     assert images["images"][0]["source"]["format"] == "registry", images
+
+    # `@built` admits what `dynocap image build` made here, not an image pulled as it came.
+    env = dict(registry, DYNOCAP_MCP_IMAGES="@built", DYNOCAP_AGENT=str(STATIC_AGENT))
+    async with connect(host, env=env) as s:
+        text = err(await s.call_tool("dynocap_run", {"name": "x", "image": ref}), "policy_denied")
+        assert "DYNOCAP_MCP_IMAGES=@built" in text and "dynocap image build" in text, text
 
     env = dict(registry, DYNOCAP_MCP_IMAGES="elsewhere.test/team/", DYNOCAP_REGISTRIES="")
     async with connect(host, env=env) as s:

@@ -19,7 +19,7 @@ use dynocap_review::diff_view::{self, Selection};
 use super::args::Args;
 use super::log::Log;
 pub use super::output::Output;
-use super::policy::{Policy, Refusal};
+use super::policy::{HostImages, Policy, Refusal};
 use super::tools::{definitions, ToolDef};
 
 mod forks;
@@ -334,6 +334,19 @@ impl Tools {
         Ok(publish)
     }
 
+    /// The images on this host now (`dynocap image ls`): one built after the server started
+    /// is offered too.
+    fn host_images(&self) -> Result<HostImages, Error> {
+        let mut on_host = HostImages::default();
+        for image in self.engine.image_ls()? {
+            if image.built_here() {
+                on_host.built.push(image.name.clone());
+            }
+            on_host.names.push(image.name);
+        }
+        Ok(on_host)
+    }
+
     /// Pulls an image reference that `DYNOCAP_MCP_IMAGES` allows and the host lacks, as
     /// `dynocap image pull` would: only from `DYNOCAP_REGISTRIES`, with the server user's
     /// Docker config for credentials.
@@ -355,14 +368,14 @@ impl Tools {
         asked: bool,
     ) -> (Option<String>, Option<String>) {
         use dynocap_engine::image::devcontainer;
-        let on_host: Vec<String> = match self.engine.image_ls() {
-            Ok(images) => images.into_iter().map(|image| image.name).collect(),
+        let on_host = match self.host_images() {
+            Ok(images) => images,
             Err(err) => return (None, Some(format!("cannot list the host's images: {err}"))),
         };
         if !asked && matches!(devcontainer::read(project), Ok(None)) {
             return (None, None);
         }
-        let auto = devcontainer::choose(project, &on_host);
+        let auto = devcontainer::choose(project, &on_host.names);
         let Some(wanted) = auto.image.clone().or_else(|| auto.missing.clone()) else {
             return (None, auto.note);
         };
@@ -447,12 +460,7 @@ impl Tools {
             Some(raw) => {
                 // What `dynocap image ls` lists now: an image built after the server started
                 // is offered too.
-                let on_host: Vec<String> = self
-                    .engine
-                    .image_ls()?
-                    .into_iter()
-                    .map(|image| image.name)
-                    .collect();
+                let on_host = self.host_images()?;
                 let image = self.enforce(tool, self.policy.check_image(&raw, &on_host))?;
                 if !on_host.contains(&image) && dynocap_engine::image::store::is_reference(&image) {
                     self.pull_on_demand(&image).await?;

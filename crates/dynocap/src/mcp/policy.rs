@@ -34,7 +34,7 @@ pub const DEFAULT_GIT_HOSTS: &str = "github.com,gitlab.com,bitbucket.org";
 const SSH_KEY_MAX_BYTES: u64 = 64 * 1024;
 /// The image made from the host itself: always on the host (the engine's `DEFAULT_IMAGE`).
 const HOST_IMAGE: &str = dynocap_engine::image::DEFAULT_IMAGE;
-/// The `DYNOCAP_MCP_IMAGES` entry for every image built on this host.
+/// The `DYNOCAP_MCP_IMAGES` entry for every image built on this host (`dynocap image build`).
 const BUILT_ENTRY: &str = "@built";
 /// Longest image name or reference a caller may give (a registry reference with a digest is
 /// well under it).
@@ -207,7 +207,8 @@ pub enum ImageEntry {
     /// An image by its name (`debian`, `host`, a built image's name) or a whole registry
     /// reference (`registry.example/team/tool:1`).
     Name(String),
-    /// `@built`: every image built on this host.
+    /// `@built`: every image built on this host with `dynocap image build` (the `debian`
+    /// image, or a recipe); not one pulled or imported as it is, nor `host`.
     Built,
     /// A registry prefix ending in `/` (`registry.example/team/`): the references under it.
     Prefix(String),
@@ -219,6 +220,23 @@ impl fmt::Display for ImageEntry {
             Self::Name(name) | Self::Prefix(name) => f.write_str(name),
             Self::Built => f.write_str(BUILT_ENTRY),
         }
+    }
+}
+
+/// The images on this host when a call comes (`dynocap image ls`), as the image rules see
+/// them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostImages {
+    /// Every image's name; a name may come more than once (a tag pulled again after it moved).
+    pub names: Vec<String>,
+    /// The names of those built on this host (`dynocap image build`: the `debian` image or a
+    /// recipe), which `@built` admits.
+    pub built: Vec<String>,
+}
+
+impl HostImages {
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name)
     }
 }
 
@@ -507,18 +525,18 @@ impl Policy {
         })
     }
 
-    /// Checks an `image` the caller named, given the names of the images built (or otherwise
-    /// present) on this host (`dynocap image ls`; `host` is always there). Returns the name
-    /// the engine resolves. Unset `DYNOCAP_MCP_IMAGES` offers exactly the images on the host;
-    /// set, an image must match one of its entries. A registry reference that is allowed but
-    /// not on the host is the caller's to pull (within `DYNOCAP_REGISTRIES`).
-    pub fn check_image(&self, raw: &str, on_host: &[String]) -> Result<String, Refusal> {
+    /// Checks an `image` the caller named, given the images on this host when the call comes
+    /// (`dynocap image ls`; `host` is always there). Returns the name the engine resolves.
+    /// Unset `DYNOCAP_MCP_IMAGES` offers exactly the images on the host; set, an image must
+    /// match one of its entries. A registry reference that is allowed but not on the host is
+    /// the caller's to pull (within `DYNOCAP_REGISTRIES`).
+    pub fn check_image(&self, raw: &str, on_host: &HostImages) -> Result<String, Refusal> {
         Self::check_image_shape(raw)?;
-        let present = raw == HOST_IMAGE || on_host.iter().any(|name| name == raw);
+        let present = raw == HOST_IMAGE || on_host.names.iter().any(|name| name == raw);
         let shown_on_host = || {
             // Each name once: a name may have several builds (a tag pulled again after it moved).
             let mut names = vec![HOST_IMAGE.to_owned()];
-            for name in on_host {
+            for name in &on_host.names {
                 if !names.contains(name) {
                     names.push(name.clone());
                 }
@@ -542,8 +560,10 @@ impl Policy {
         };
         let matched = entries.iter().find(|entry| match entry {
             ImageEntry::Name(name) => name == raw,
-            // The host image is made from the host itself, not built.
-            ImageEntry::Built => raw != HOST_IMAGE && present,
+            // Built here from a recipe the host's user ran. The host image is made from the
+            // host itself; a pulled or imported image is someone else's build, which the
+            // host allows by name or registry prefix.
+            ImageEntry::Built => on_host.built.iter().any(|name| name == raw),
             ImageEntry::Prefix(prefix) => raw.starts_with(prefix.as_str()),
         });
         let Some(_) = matched else {
@@ -556,10 +576,19 @@ impl Policy {
                          the user to add {raw} to {ENV_IMAGES} and restart the MCP server"
                     )
                 } else {
+                    // A pulled or imported image that `@built` might seem to cover: say why not.
+                    let not_built = if entries.contains(&ImageEntry::Built) && present {
+                        format!(
+                            " ({BUILT_ENTRY} admits only images built on this host with \
+                             dynocap image build; {raw} was pulled or imported, or is the host)"
+                        )
+                    } else {
+                        String::new()
+                    };
                     format!(
                         "image {raw:?} is refused: it is not among the images this server \
-                         offers ({ENV_IMAGES}={}). Use one of those, or ask the user to add it \
-                         to {ENV_IMAGES} and restart the MCP server",
+                         offers ({ENV_IMAGES}={}){not_built}. Use one of those, or ask the \
+                         user to add it to {ENV_IMAGES} and restart the MCP server",
                         join(entries)
                     )
                 },
@@ -824,7 +853,7 @@ fn build_images(value: &str, warn: &mut dyn FnMut(String)) -> Vec<ImageEntry> {
         let parsed = if entry.eq_ignore_ascii_case(BUILT_ENTRY) {
             Ok(ImageEntry::Built)
         } else if entry.starts_with('@') {
-            Err("the only @ entry is @built (every image built on this host)")
+            Err("the only @ entry is @built (every image built on this host with dynocap image build)")
         } else if let Some(registry) = entry.strip_suffix('/') {
             image_ref_shape(registry).map(|()| ImageEntry::Prefix(entry.to_owned()))
         } else {

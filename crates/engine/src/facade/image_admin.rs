@@ -39,6 +39,16 @@ pub struct ImageInfo {
     pub config: Option<crate::image::oci::ContainerConfig>,
 }
 
+impl ImageInfo {
+    /// Built on this host by `dynocap image build`: the `debian` image (no source) or a
+    /// recipe; not pulled or imported as it came.
+    pub fn built_here(&self) -> bool {
+        self.source
+            .as_ref()
+            .is_none_or(|source| source.format == "recipe")
+    }
+}
+
 /// A sandbox whose guest needs its image's lower layer: running, or keeping a writable layer
 /// that a recovery boots again over the same image.
 fn needs_image(record: &Record) -> bool {

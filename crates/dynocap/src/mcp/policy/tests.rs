@@ -495,17 +495,30 @@ fn names(list: &[&str]) -> Vec<String> {
     list.iter().map(|n| (*n).to_owned()).collect()
 }
 
+/// Images on the host, all built here.
+fn built_images(list: &[&str]) -> HostImages {
+    HostImages {
+        names: names(list),
+        built: names(list),
+    }
+}
+
 #[test]
 fn images_default_to_those_on_the_host() {
     let (policy, _) = images_policy(None);
-    let on_host = names(&["debian", "tools"]);
+    let on_host = built_images(&["debian", "tools"]);
     for name in ["host", "debian", "tools"] {
         assert_eq!(policy.check_image(name, &on_host).unwrap(), name);
     }
     // `host` is always there, whatever the store lists.
-    assert_eq!(policy.check_image("host", &[]).unwrap(), "host");
+    assert_eq!(
+        policy.check_image("host", &HostImages::default()).unwrap(),
+        "host"
+    );
     for refused in ["debian", "registry.example/team/tool:1"] {
-        let err = policy.check_image(refused, &[]).unwrap_err();
+        let err = policy
+            .check_image(refused, &HostImages::default())
+            .unwrap_err();
         assert_eq!(
             (err.code, err.rule),
             (ErrorCode::PolicyDenied, "image.not-on-host"),
@@ -518,7 +531,7 @@ fn images_default_to_those_on_the_host() {
     assert!(err.message.contains("host, debian, tools"), "{err}");
     // A name with two builds (a tag pulled again after it moved) is offered once.
     let err = policy
-        .check_image("alpine", &names(&["tools", "debian", "tools"]))
+        .check_image("alpine", &built_images(&["tools", "debian", "tools"]))
         .unwrap_err();
     assert!(err.message.contains("(host, tools, debian)"), "{err}");
     assert!(
@@ -534,10 +547,15 @@ fn the_images_variable_names_built_and_prefixes() {
         " debian , @BUILT, registry.example/team/ ,,tool.example/x:1",
     ));
     assert!(warnings.is_empty(), "{warnings:?}");
-    let on_host = names(&["tools", "registry.example/team/app:2"]);
+    let on_host = built_images(&["tools", "registry.example/team/app:2"]);
     // A listed name passes whether or not it is built (the engine says how to build it).
-    assert_eq!(policy.check_image("debian", &[]).unwrap(), "debian");
-    // @built: whatever the store lists, but not the host image.
+    assert_eq!(
+        policy
+            .check_image("debian", &HostImages::default())
+            .unwrap(),
+        "debian"
+    );
+    // @built: what was built here, not the host image.
     assert_eq!(policy.check_image("tools", &on_host).unwrap(), "tools");
     let err = policy.check_image("host", &on_host).unwrap_err();
     assert_eq!(err.rule, "image.not-allowed", "{err}");
@@ -587,7 +605,12 @@ fn malformed_images_are_invalid_and_bad_entries_ignored() {
     for warning in &warnings {
         assert!(warning.starts_with(ENV_IMAGES), "{warning}");
     }
-    assert_eq!(policy.check_image("ok/app", &[]).unwrap(), "ok/app");
+    assert_eq!(
+        policy
+            .check_image("ok/app", &HostImages::default())
+            .unwrap(),
+        "ok/app"
+    );
     for bad in [
         "",
         "-x",
@@ -601,7 +624,7 @@ fn malformed_images_are_invalid_and_bad_entries_ignored() {
         "x\n",
         &"a".repeat(256),
     ] {
-        let err = policy.check_image(bad, &[]).unwrap_err();
+        let err = policy.check_image(bad, &HostImages::default()).unwrap_err();
         assert_eq!(
             (err.code, err.rule),
             (ErrorCode::InvalidArgument, "image.shape"),
@@ -610,7 +633,9 @@ fn malformed_images_are_invalid_and_bad_entries_ignored() {
     }
     // Set but empty: the caller may not choose; the default still applies.
     let (empty, _) = images_policy(Some(""));
-    let err = empty.check_image("host", &[]).unwrap_err();
+    let err = empty
+        .check_image("host", &HostImages::default())
+        .unwrap_err();
     assert_eq!(err.rule, "image.not-allowed");
     assert!(err.message.contains("is empty"), "{err}");
     assert!(
@@ -745,4 +770,29 @@ fn allow_hosts_malformed_or_without_filtered_are_invalid() {
     let many: Vec<String> = (0..65).map(|i| format!("h{i}.example.com")).collect();
     let err = policy.parse_allow_hosts("filtered", &many).unwrap_err();
     assert_eq!(err.rule, "allow-hosts.count");
+}
+
+#[test]
+fn built_admits_only_images_built_here() {
+    let (policy, _) = images_policy(Some("@built"));
+    let on_host = HostImages {
+        names: names(&["debian", "tools", "registry.example/team/app:2", "saved"]),
+        built: names(&["debian", "tools"]),
+    };
+    for built in ["debian", "tools"] {
+        assert_eq!(policy.check_image(built, &on_host).unwrap(), built);
+    }
+    // Pulled or imported as it came: someone else's build, which the host names itself.
+    for other in ["registry.example/team/app:2", "saved", "host"] {
+        let err = policy.check_image(other, &on_host).unwrap_err();
+        assert_eq!(
+            (err.code, err.rule),
+            (ErrorCode::PolicyDenied, "image.not-allowed"),
+            "{other}"
+        );
+        assert!(err.message.contains("dynocap image build"), "{err}");
+    }
+    // Not on the host at all: nothing for @built to admit, and no word about builds.
+    let err = policy.check_image("tools2", &on_host).unwrap_err();
+    assert!(!err.message.contains("dynocap image build"), "{err}");
 }

@@ -134,8 +134,23 @@ fn generated_files_are_summarised_left_out_and_kept_when_asked() {
     let ended = home.json(&["task", "diff", "py"]);
     assert_eq!(groups(&ended), expected_groups(), "{ended:#}");
     let human = String::from_utf8(home.run(&["task", "finish", "py"]).stdout).unwrap();
-    assert!(human.contains("left out of the patch"), "{human}");
-    assert!(human.contains("--include-generated"), "{human}");
+    assert!(
+        human.contains("left out of the patch when the task ended") && human.contains("git apply"),
+        "{human}"
+    );
+    // Asked for once the task has ended: too late, and said so, not silently ignored.
+    let late = home.json(&["task", "finish", "py", "--include-generated"]);
+    assert_eq!(late["alreadyFinished"], true, "{late:#}");
+    assert!(late.get("generatedIncluded").is_none(), "{late:#}");
+    let human = String::from_utf8(
+        home.run(&["task", "finish", "py", "--include-generated"])
+            .stdout,
+    )
+    .unwrap();
+    assert!(
+        human.contains("already ended") && !human.contains("finish with --include-generated"),
+        "{human}"
+    );
 
     // `task apply` says what it left out, in its result and in the commit's message.
     let applied = home.json(&["task", "apply", "py", "--branch", "without"]);
@@ -237,4 +252,46 @@ fn a_task_that_only_generated_files_says_where_they_are() {
         message.contains("changed nothing but generated files") && message.contains(&left_out),
         "{message}"
     );
+}
+
+/// A task whose supervisor died keeps its work for `task finish` to recover; a finish that
+/// asks for the generated files gets them from the recovery as from a live task.
+#[test]
+fn a_recovered_task_keeps_generated_files_when_asked() {
+    if !require_root("a_recovered_task_keeps_generated_files_when_asked") {
+        return;
+    }
+    let home = TestHome::new();
+    let repo = tempfile::tempdir().unwrap();
+    project(repo.path());
+    home.json(&[
+        "task",
+        "start",
+        repo.path().to_str().unwrap(),
+        "--name",
+        "lost",
+    ]);
+    home.task_sh("lost", AGENT_SCRIPT);
+    let supervisor = home
+        .supervisor_pid("lost")
+        .expect("a running task has a supervisor");
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(supervisor, libc::SIGKILL) }, 0);
+    assert!(
+        wait_until(20, || {
+            let ls = home.json(&["ls"]);
+            ls["tasks"].as_array().is_some_and(|tasks| {
+                tasks
+                    .iter()
+                    .any(|t| t["name"] == "lost" && t["state"] == "unsaved")
+            })
+        }),
+        "the task did not become unsaved"
+    );
+    let recovered = home.json(&["task", "finish", "lost", "--include-generated"]);
+    assert_eq!(recovered["verified"], true, "{recovered:#}");
+    assert_eq!(recovered["generatedIncluded"], true, "{recovered:#}");
+    assert_eq!(recovered["files"], 8, "{recovered:#}");
+    let saved = std::fs::read(recovered["patchPath"].as_str().unwrap()).unwrap();
+    assert!(String::from_utf8_lossy(&saved).contains("b/pkg/__pycache__/cli.cpython-311.pyc"));
 }

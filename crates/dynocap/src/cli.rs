@@ -572,6 +572,10 @@ pub struct SuperviseArgs {
     /// Boot over the layer an unsaved task kept and save its work, instead of starting anew.
     #[arg(long, requires = "id")]
     pub recover: bool,
+    /// With --recover: keep the generated files in the patch, as `finish --include-generated`
+    /// asked.
+    #[arg(long = "include-generated", requires = "recover")]
+    pub include_generated: bool,
     /// Stand by: wait on this socket for the sandbox to supervise (see the engine's
     /// `standby`), instead of being given it on the command line.
     #[arg(long = "standby-fd", conflicts_with_all = ["id", "ready_fd", "recover"])]

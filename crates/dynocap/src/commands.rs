@@ -328,7 +328,9 @@ pub fn supervise(args: &SuperviseArgs, settings: Settings) -> ExitCode {
         }
     };
     let mode = if args.recover {
-        dynocap_engine::supervisor::Mode::Recover
+        dynocap_engine::supervisor::Mode::Recover {
+            include_generated: args.include_generated,
+        }
     } else {
         dynocap_engine::supervisor::Mode::Start
     };

@@ -695,6 +695,12 @@ fn print_finish(result: &FinishResult) {
     if !result.generated.is_empty() {
         match (&result.generated_patch_path, result.generated_included) {
             (_, true) => sayln!("generated files, kept in the patch (--include-generated):"),
+            // Too late for --include-generated: the task's patch was saved when it ended.
+            (Some(path), false) if result.already_finished => sayln!(
+                "generated files, left out of the patch when the task ended (kept in {}; \
+                 `git apply` it after the task's patch to have them):",
+                escape(path)
+            ),
             (Some(path), false) => sayln!(
                 "generated files, left out of the patch (kept in {}; finish with \
                  --include-generated to keep them in):",

@@ -380,7 +380,16 @@ impl Engine {
             .arg(id)
             .arg("--ready-fd")
             .arg(SUPERVISOR_READY_FD.to_string())
-            .args((mode == Mode::Recover).then_some("--recover"));
+            .args(mode.is_recover().then_some("--recover"))
+            .args(
+                matches!(
+                    mode,
+                    Mode::Recover {
+                        include_generated: true
+                    }
+                )
+                .then_some("--include-generated"),
+            );
         // The supervisor gets stdio, the ready pipe and the project, nothing else of ours.
         let mut inherit = vec![(ready_write.as_raw_fd(), SUPERVISOR_READY_FD)];
         if let Some(project) = handed.project {

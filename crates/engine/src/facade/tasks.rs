@@ -241,8 +241,8 @@ impl Engine {
     /// already ended answers with its saved result; an `unsaved` one is recovered first: a
     /// fresh guest boots over its kept files (no network) and its work is saved as usual.
     /// The generated files the task added are left out of the patch (and listed in the
-    /// result) unless `include_generated`; a task that already ended, or is recovered, keeps
-    /// what its save decided.
+    /// result) unless `include_generated`, which a recovery honours too; a task that already
+    /// ended keeps what its save decided (its result's `generatedIncluded` says which).
     pub async fn task_finish(&self, target: &str, include_generated: bool) -> Result<FinishResult> {
         let catalog = self.catalog()?;
         self.reconcile(&catalog)?;
@@ -282,7 +282,7 @@ impl Engine {
             _ => record,
         };
         match record.state {
-            State::Unsaved => self.recover(&catalog, &record).await,
+            State::Unsaved => self.recover(&catalog, &record, include_generated).await,
             State::Recovering => Err(Error::conflict(format!(
                 "task \"{target}\" is being recovered by another finish; wait for it to complete"
             ))),
@@ -367,7 +367,12 @@ impl Engine {
     }
 
     /// Boots a recovery guest over an unsaved task's kept files and saves its work.
-    async fn recover(&self, catalog: &Catalog, record: &Record) -> Result<FinishResult> {
+    async fn recover(
+        &self,
+        catalog: &Catalog,
+        record: &Record,
+        include_generated: bool,
+    ) -> Result<FinishResult> {
         if !catalog.transition(&record.id, State::Unsaved, State::Recovering, None)? {
             return Err(Error::conflict(format!(
                 "task \"{}\" changed state while its recovery was starting; try again",
@@ -394,7 +399,7 @@ impl Engine {
             .start_supervisor(
                 catalog,
                 &record.id,
-                Mode::Recover,
+                Mode::Recover { include_generated },
                 Via::Spawn(Default::default()),
                 &|_| {},
             )

@@ -64,7 +64,15 @@ pub enum Mode {
     /// Boot a new sandbox (and import a task's project) and serve it until it ends.
     Start,
     /// Boot a guest over the writable layer an `unsaved` task kept, save its work, and end.
-    Recover,
+    /// `include_generated`: the finish that asked for the recovery wants the generated files
+    /// in the patch (`finish --include-generated`), as a finish of the live task would.
+    Recover { include_generated: bool },
+}
+
+impl Mode {
+    pub fn is_recover(self) -> bool {
+        matches!(self, Self::Recover { .. })
+    }
 }
 
 /// What the starter announced, in the supervisor's environment, that it passed on
@@ -117,7 +125,7 @@ pub fn main(
     tracing::info!(target: LOG_TARGET,
         "supervisor for {id} starting (pid {}){}",
         std::process::id(),
-        if mode == Mode::Recover {
+        if mode.is_recover() {
             " to recover the work of an unsaved task"
         } else {
             ""
@@ -152,7 +160,15 @@ pub fn main(
     };
     let code = match mode {
         Mode::Start => runtime.block_on(serve(home, &config, catalog, record, guest, room, ready)),
-        Mode::Recover => runtime.block_on(recover(home, catalog, record, guest, room, ready)),
+        Mode::Recover { include_generated } => runtime.block_on(recover(
+            home,
+            catalog,
+            record,
+            guest,
+            room,
+            ready,
+            include_generated,
+        )),
     };
     tracing::info!(target: LOG_TARGET, "supervisor exiting");
     code
@@ -223,7 +239,7 @@ fn boot(
         // A warm-pool sandbox starts as any raw one; it only ends its start differently.
         Mode::Start if record.state == State::Warming => State::Warming,
         Mode::Start => State::Starting,
-        Mode::Recover => State::Recovering,
+        Mode::Recover { .. } => State::Recovering,
     };
     if record.state != expected {
         return Err(Error::conflict(format!(
@@ -272,10 +288,10 @@ fn boot(
         vm_accel: config.vm_accel.clone(),
         exec_cgroup: config.exec_cgroup.clone(),
         pids: spec::PIDS_LIMIT,
-        reuse_layer: mode == Mode::Recover || resume,
+        reuse_layer: mode.is_recover() || resume,
         id_range,
         // A disk duplicated from another sandbox's keeps that one's ids at every boot over it.
-        layer_id_range: if mode == Mode::Recover || resume {
+        layer_id_range: if mode.is_recover() || resume {
             crate::supervisor::checkpoint::layer_id_range(&home.sandbox_dir(id))
         } else {
             None
@@ -283,19 +299,19 @@ fn boot(
         // Recovery only saves work: no network, whatever the sandbox had.
         network: match mode {
             Mode::Start => record.network,
-            Mode::Recover => spec::Network::None,
+            Mode::Recover { .. } => spec::Network::None,
         },
         extra_ca: match (mode, &record.egress) {
             (Mode::Start, Some(egress)) => egress.extra_ca_pem()?,
             (Mode::Start, None) => {
                 crate::supervisor::egress::direct_extra_ca(&config.egress, record.network)?
             }
-            (Mode::Recover, _) => None,
+            (Mode::Recover { .. }, _) => None,
         },
         project_cache: match mode {
             Mode::Start => project_cache(home, &record, config)?,
             // Recovery only saves work: nothing of the agent's runs, nothing is downloaded.
-            Mode::Recover => None,
+            Mode::Recover { .. } => None,
         },
     };
     let booting = std::time::Instant::now();

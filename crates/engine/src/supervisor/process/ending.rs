@@ -338,6 +338,7 @@ pub(super) async fn recover(
     mut guest: Box<dyn Guest>,
     room: PendingRoom,
     ready: ReadyPipe,
+    include_generated: bool,
 ) -> i32 {
     let id = record.id.clone();
     let prepared = async {
@@ -345,6 +346,8 @@ pub(super) async fn recover(
         let conn = connect_agent(guest.as_mut()).await?;
         let detail = TaskDetail::from_json(record.detail.as_deref())?;
         let task = TaskContext::open(&home, &record, detail.source)?;
+        task.include_generated
+            .store(include_generated, std::sync::atomic::Ordering::Relaxed);
         Ok::<_, Error>((conn, task))
     }
     .await;

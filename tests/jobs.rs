@@ -354,36 +354,128 @@ fn a_finish_says_which_jobs_it_cut_off_and_keeps_their_whole_output() {
     );
 }
 
-/// A restore ends the task's jobs and executes its supervisor anew: the ids it gives after
-/// go on from the ones before (it gave job-1 again, and a caller holding the old id read the
-/// new command's output under it), and an old id says what became of it.
+/// `dynocap --json job NAME JOB` as a Job object, whatever its exit status (the job's).
+fn job_report(home: &TestHome, name: &str, job: &str) -> Value {
+    let out = home.run(&["--json", "job", name, job]);
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("a Job object: {}", text(&out.stderr)))
+}
+
+/// A restore ends the task's jobs and executes its supervisor anew, which takes on the jobs
+/// before it as ended ones: read by their old ids (it knew none of them: their output was
+/// neither readable nor saved at the finish), saved byte for byte with the task's logs at its
+/// end; the ids it gives after go on from them (it gave job-1 again, and a caller holding
+/// the old id read the new command's output under it).
 #[test]
-fn a_restore_never_gives_an_old_job_id_again() {
-    let test = "a_restore_never_gives_an_old_job_id_again";
+fn a_restore_keeps_the_jobs_before_it_and_their_output() {
+    let test = "a_restore_keeps_the_jobs_before_it_and_their_output";
     if !require_root(test) {
         return;
     }
     let home = TestHome::new();
     let project = tempfile::tempdir().expect("tempdir");
-    task(&home, project.path(), "jr", &[]);
+    let id = task(&home, project.path(), "jr", &[]);
     home.json(&["task", "checkpoint", "jr", "ready"]);
-    let before = task_background(&home, "jr", "echo before; sleep 300");
+    // Known bytes, not all of them text, on both streams.
+    let done = task_background(
+        &home,
+        "jr",
+        r"printf 'before\n\000\377\376end'; printf 'to stderr\n' >&2",
+    );
+    let stdout_bytes: &[u8] = b"before\n\x00\xff\xfeend";
+    assert!(
+        wait_until(60, || job_report(&home, "jr", &done)["state"] == "exited"),
+        "the first job ends"
+    );
+    let cut = task_background(&home, "jr", "echo running; sleep 300");
+    assert!(
+        wait_until(60, || job_report(&home, "jr", &cut)["stdoutOffset"] == 8),
+        "the second job's output reaches the host"
+    );
     let restored = home.json(&["task", "restore", "jr", "ready"]);
     assert_eq!(
         restored["jobsEnded"][0]["job"],
-        before.as_str(),
+        cut.as_str(),
         "{restored:#}"
     );
+    assert_eq!(restored["jobsEnded"].as_array().map(Vec::len), Some(1));
     let after = task_background(&home, "jr", "echo after");
-    assert_ne!(after, before);
-    let old = home.run(&["job", "jr", &before]);
-    assert_eq!(old.status.code(), Some(1));
-    let message = text(&old.stderr);
-    assert!(
-        message.contains("not_found") && message.contains("restored to a checkpoint"),
-        "{message}"
+    assert!(after != done && after != cut, "{after}");
+
+    // The old ids read the old jobs: every byte, their state as the restore left it.
+    let followed = home.run(&["job", "jr", &done, "--follow"]);
+    assert_eq!(followed.stdout, stdout_bytes, "{}", text(&followed.stderr));
+    assert_eq!(
+        followed.status.code(),
+        Some(0),
+        "{}",
+        text(&followed.stderr)
     );
-    assert!(text(&old.stdout).is_empty(), "{}", text(&old.stdout));
+    let report = job_report(&home, "jr", &done);
+    assert_eq!(
+        (&report["state"], &report["exitCode"], &report["stderr"]),
+        (
+            &Value::from("exited"),
+            &Value::from(0),
+            &Value::from("to stderr\n")
+        ),
+        "{report:#}"
+    );
+    let report = job_report(&home, "jr", &cut);
+    assert_eq!(
+        (&report["state"], &report["exitCode"], &report["stdout"]),
+        (
+            &Value::from("failed"),
+            &Value::Null,
+            &Value::from("running\n")
+        ),
+        "{report:#}"
+    );
+    let error = report["error"].as_str().unwrap_or_default();
+    assert!(error.contains("restored to its checkpoint"), "{report:#}");
+    let listed = home.json(&["job", "jr"]);
+    let ids: Vec<&str> = listed["jobs"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|job| job["job"].as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [done.as_str(), cut.as_str(), after.as_str()],
+        "{listed:#}"
+    );
+    assert!(
+        wait_until(60, || job_report(&home, "jr", &after)["state"] == "exited"),
+        "the job after the restore ends"
+    );
+
+    // The finish saves them all with the task's logs, the first byte for byte.
+    let result = home.json(&["task", "finish", "jr"]);
+    let saved = home.path().join("results").join(&id).join("jobs");
+    let logged: Vec<&str> = result["jobs"]
+        .as_array()
+        .expect("the jobs' logs")
+        .iter()
+        .filter_map(|log| log["job"].as_str())
+        .collect();
+    assert_eq!(
+        logged,
+        [done.as_str(), cut.as_str(), after.as_str()],
+        "{result:#}"
+    );
+    let read = |job: &str, stream: &str| {
+        std::fs::read(saved.join(format!("{job}.{stream}"))).expect("a saved log")
+    };
+    assert_eq!(read(&done, "stdout"), stdout_bytes);
+    assert_eq!(read(&done, "stderr"), b"to stderr\n");
+    assert_eq!(read(&cut, "stdout"), b"running\n");
+    assert_eq!(read(&after, "stdout"), b"after\n");
+    // The finish cut none of them off: the restore ended the one that ran.
+    assert!(
+        result["jobsCutOff"].as_array().is_none_or(Vec::is_empty),
+        "{result:#}"
+    );
 }
 
 #[test]

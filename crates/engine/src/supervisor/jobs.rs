@@ -13,6 +13,11 @@
 //! when the call has answered. Two files and two rewrites of the running list per exec were
 //! 5–10 % of an MCP run + exec + destroy cycle (docs/performance.md).
 //!
+//! A restore executes the supervisor anew; the jobs it ended, and those that had ended
+//! before, go on as ended jobs of the new one ([`Jobs::hand_over`]): their ids, output and
+//! place in the bound are the sandbox's for its life, and a task's end saves their output
+//! with the others'.
+//!
 //! Output is guest data: it is stored and sliced, never interpreted. Job ids are made here
 //! (`job-N`), are never part of a path, and name jobs of this sandbox only: each sandbox's
 //! supervisor holds its own jobs and answers only on its own socket.
@@ -78,11 +83,21 @@ const NEXT_ID_FILE: &str = "next-id";
 /// `ps` and `ls` read the catalog, never a supervisor: asking each running one would make a
 /// listing as slow as its slowest supervisor, and a stopped (SIGSTOP) or wedged one would
 /// hold it up. So the supervisor writes this small file (at most [`MAX_RUNNING_JOBS`]
-/// entries) whenever a job is listed or a listed job ends, replacing it whole by a rename,
-/// and listings read
-/// it only for a sandbox the catalog says is running: a reader never waits on anyone, and a
-/// dead supervisor's stale file is not read once its record is no longer running.
+/// entries) whenever a job is listed or a listed job ends, replacing it
+/// whole by a rename, and listings read it only for a sandbox the catalog says is running: a
+/// reader never waits on anyone, and a dead supervisor's stale file is not read once its
+/// record is no longer running.
 pub const RUNNING_FILE: &str = "running.json";
+
+/// The file in a sandbox's jobs directory through which a supervisor executed anew for a
+/// restore hands its listed jobs on to the next ([`Jobs::hand_over`]): their ids, states and
+/// where their kept output is. Without it the new supervisor knew none of them: their output,
+/// still on the host, was neither readable by their ids nor saved with the task's logs, and
+/// not counted in [`JOB_OUTPUT_BOUND`] either.
+const HANDED_OVER_FILE: &str = "handed-over.json";
+
+/// The most of [`HANDED_OVER_FILE`] read: [`MAX_KEPT_JOBS`] entries take a few dozen KiB.
+const HANDED_OVER_MAX: u64 = 1024 * 1024;
 
 /// The running jobs listed in the jobs directory `dir`, with how long each has run by now.
 /// No file, or one that does not read: none (a listing never fails on it).
@@ -218,6 +233,32 @@ fn is_zero(n: &u64) -> bool {
 enum Ended {
     Done(Box<ExecResult>),
     Failed(Error),
+    /// Under the supervisor before a restore ([`HANDED_OVER_FILE`]): what it said of it.
+    Before(Box<HandedOver>),
+}
+
+/// A listed job as a supervisor executed anew for a restore hands it on
+/// ([`HANDED_OVER_FILE`]). Its output files are its `seq`'s in the jobs directory: no path
+/// is ever read from the file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct HandedOver {
+    job: String,
+    seq: u64,
+    command: String,
+    started_at: String,
+    duration_ms: u64,
+    /// Never `running`: one the restore cut off is `failed`, with the error saying so.
+    state: JobState,
+    exit_code: Option<i32>,
+    signal: Option<String>,
+    error: Option<Error>,
+    /// Bytes of stdout and of stderr kept in its files, and not kept.
+    kept: [u64; 2],
+    dropped: [u64; 2],
+    /// How its output is read back: its exec's `maxOutputBytes` and `outputEncoding`.
+    max_output_bytes: u64,
+    output_encoding: OutputEncoding,
 }
 
 /// Where a stream's output goes.
@@ -286,8 +327,6 @@ pub struct Jobs {
     dir: PathBuf,
     /// The next listed job's number.
     next: AtomicU64,
-    /// The first number this supervisor gave: lower ones were a guest's before a restore.
-    first: u64,
     /// The next job's [`Job::seq`].
     seq: AtomicU64,
     list: Mutex<Vec<Arc<Job>>>,
@@ -302,24 +341,106 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Jobs {
-    /// Jobs whose output goes under `dir` (created when output first goes to files).
+    /// Jobs whose output goes under `dir` (created when output first goes to files). A
+    /// supervisor executed anew for a restore takes on, as ended jobs, those the one before
+    /// handed over ([`Jobs::hand_over`]), their output counted in [`JOB_OUTPUT_BOUND`] again;
+    /// any other output file there belongs to no job it knows and is removed, so what the
+    /// bound counts is what the host keeps.
     pub fn new(dir: PathBuf) -> Self {
         let first = std::fs::read_to_string(dir.join(NEXT_ID_FILE))
             .ok()
             .and_then(|text| text.trim().parse::<u64>().ok())
             .filter(|n| *n >= 1)
             .unwrap_or(1);
+        let total = Arc::new(AtomicU64::new(0));
+        let board = Arc::new(Board {
+            path: dir.join(RUNNING_FILE),
+            running: Mutex::new(Vec::new()),
+        });
+        let taken: Vec<Arc<Job>> = take_handed_over(&dir, first)
+            .into_iter()
+            .map(|handed| Job::handed_over(&dir, handed, &total, &board))
+            .collect();
+        remove_strays(&dir, &taken);
+        // A new supervisor runs no job yet: the one before may have left its jobs listed
+        // there, cut off by the restore before their ends were written.
+        match std::fs::remove_file(dir.join(RUNNING_FILE)) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => tracing::warn!(
+                "removing the running jobs' list in {}: {err}",
+                dir.display()
+            ),
+            _ => {}
+        }
+        let seq = taken.iter().map(|job| job.seq).max().unwrap_or(0) + 1;
         Self {
             next: AtomicU64::new(first),
-            first,
-            seq: AtomicU64::new(1),
-            list: Mutex::new(Vec::new()),
-            total: Arc::new(AtomicU64::new(0)),
-            board: Arc::new(Board {
-                path: dir.join(RUNNING_FILE),
-                running: Mutex::new(Vec::new()),
-            }),
+            seq: AtomicU64::new(seq),
+            list: Mutex::new(taken),
+            total,
+            board,
             dir,
+        }
+    }
+
+    /// Before this supervisor executes itself anew for a restore to `label`: records its
+    /// listed jobs ([`HANDED_OVER_FILE`]) for the next to take on. Those in `cut_off` (the
+    /// restore's `jobsEnded`), and any not yet seen to end, are recorded as the restore
+    /// ended them. A record that cannot be written is logged: the next supervisor then
+    /// removes their output, as it would any it does not know.
+    pub fn hand_over(&self, cut_off: &[RunningJob], label: &str) {
+        let handed: Vec<HandedOver> = lock(&self.list)
+            .iter()
+            .filter(|job| job.is_listed())
+            .map(|job| {
+                let report = job.report(None);
+                let ended_by_restore = report.state == JobState::Running
+                    || cut_off.iter().any(|c| c.job == report.job);
+                let (kept, dropped) = {
+                    let streams = lock(&job.streams);
+                    (
+                        [streams[0].kept, streams[1].kept],
+                        [streams[0].dropped, streams[1].dropped],
+                    )
+                };
+                let (state, exit_code, signal, error) = if ended_by_restore {
+                    let error = Error::conflict(format!(
+                        "the task was restored to its checkpoint {label:?} while this job ran, \
+                         which ended it; its output up to then is kept"
+                    ));
+                    (JobState::Failed, None, None, Some(error))
+                } else {
+                    (report.state, report.exit_code, report.signal, report.error)
+                };
+                HandedOver {
+                    job: report.job,
+                    seq: job.seq,
+                    command: report.command,
+                    started_at: report.started_at,
+                    duration_ms: report.duration_ms,
+                    state,
+                    exit_code,
+                    signal,
+                    error,
+                    kept,
+                    dropped,
+                    max_output_bytes: job.limit as u64,
+                    output_encoding: job.encoding,
+                }
+            })
+            .collect();
+        let path = self.dir.join(HANDED_OVER_FILE);
+        let written = serde_json::to_vec(&handed)
+            .map_err(std::io::Error::other)
+            .and_then(|text| {
+                std::fs::create_dir_all(&self.dir)?;
+                dynocap_host::durable::replace(&path, &text)
+            });
+        if let Err(err) = written {
+            tracing::warn!(
+                "recording the jobs for the restored supervisor in {}: {err}; their output \
+                 will not be kept",
+                path.display()
+            );
         }
     }
 
@@ -427,15 +548,18 @@ impl Jobs {
             .filter(|job| job.is_listed())
             .map(|job| job.id())
             .collect();
-        let before_restore = id
+        // Every number below the next was given to a listed job, which this sandbox then
+        // remembered until its [`MAX_KEPT_JOBS`] later ones pushed it out (across restores
+        // too: see [`Jobs::hand_over`]).
+        let forgotten = id
             .strip_prefix("job-")
             .and_then(|n| n.parse::<u64>().ok())
-            .is_some_and(|n| n >= 1 && n < self.first);
-        if before_restore {
+            .is_some_and(|n| n >= 1 && n < self.next.load(Ordering::Relaxed));
+        if forgotten {
             return Err(Error::not_found(format!(
-                "{id} was a job of this task before it was restored to a checkpoint, which \
-                 ended it (the restore's jobsEnded named it) and did not keep its output; \
-                 the task's jobs since then are {}",
+                "{id} is no longer kept: a sandbox remembers its last {MAX_KEPT_JOBS} jobs and \
+                 forgets the oldest that ended, with its output, as another starts; its jobs \
+                 are {}",
                 match known.len() {
                     0 => "none".to_owned(),
                     _ => known.join(", "),
@@ -498,6 +622,104 @@ impl Jobs {
                 }
             })
             .collect()
+    }
+}
+
+/// The jobs the supervisor before a restore handed over in `dir` ([`HANDED_OVER_FILE`]),
+/// taking the file away: at most [`MAX_KEPT_JOBS`], the latest, each with an id this sandbox
+/// gave (`job-N`, N below `next`, the next id to give) and a sequence number of its own.
+/// The file is this supervisor's own, but read as any file on the host: bounded, and an entry
+/// that does not hold is left out (its output is then removed as a stray's).
+fn take_handed_over(dir: &std::path::Path, next: u64) -> Vec<HandedOver> {
+    let path = dir.join(HANDED_OVER_FILE);
+    let mut text = Vec::new();
+    let read = std::fs::File::open(&path)
+        .and_then(|file| file.take(HANDED_OVER_MAX + 1).read_to_end(&mut text));
+    match read {
+        Ok(_) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(err) => {
+            tracing::warn!("reading the jobs handed over in {}: {err}", path.display());
+            return Vec::new();
+        }
+    }
+    // Its news is taken: a later supervisor hears only from one that restores again.
+    let _ = std::fs::remove_file(&path);
+    if text.len() as u64 > HANDED_OVER_MAX {
+        tracing::warn!(
+            "the jobs handed over in {} take more than {HANDED_OVER_MAX} bytes; none is taken",
+            path.display()
+        );
+        return Vec::new();
+    }
+    let entries: Vec<HandedOver> = match serde_json::from_slice(&text) {
+        Ok(entries) => entries,
+        Err(err) => {
+            tracing::warn!("the jobs handed over in {}: {err}", path.display());
+            return Vec::new();
+        }
+    };
+    let mut taken: Vec<HandedOver> = Vec::new();
+    for mut entry in entries {
+        let number = entry
+            .job
+            .strip_prefix("job-")
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|n| (1..next).contains(n) && entry.job == format!("job-{n}"));
+        let started_at = chrono::DateTime::parse_from_rfc3339(&entry.started_at).ok();
+        let fresh = !taken
+            .iter()
+            .any(|other| other.job == entry.job || other.seq == entry.seq);
+        let (Some(_), Some(started_at), true, true) = (number, started_at, entry.seq >= 1, fresh)
+        else {
+            tracing::warn!(
+                "a job handed over in {} does not hold (id {:?}, sequence {}); it is not taken",
+                path.display(),
+                sanitize_line(&entry.job, 64),
+                entry.seq
+            );
+            continue;
+        };
+        entry.started_at =
+            crate::model::sandbox_info::rfc3339(started_at.with_timezone(&chrono::Utc));
+        entry.command = sanitize_line(&entry.command, COMMAND_SHOWN);
+        entry.max_output_bytes = entry
+            .max_output_bytes
+            .clamp(1, crate::model::spec::EXEC_OUTPUT_LIMIT);
+        if entry.state == JobState::Running {
+            entry.state = JobState::Failed;
+        }
+        taken.push(entry);
+    }
+    let extra = taken.len().saturating_sub(MAX_KEPT_JOBS);
+    taken.drain(..extra);
+    taken
+}
+
+/// Removes the output files in `dir` of no job in `known`: a job's that ended within its call
+/// before a restore, or one whose hand-over was lost. Only the names output files take
+/// (`N.stdout`, `N.stderr`) are touched.
+fn remove_strays(dir: &std::path::Path, known: &[Arc<Job>]) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some((seq, suffix)) = name.to_str().and_then(|name| name.split_once('.')) else {
+            continue;
+        };
+        let is_output = matches!(suffix, "stdout" | "stderr")
+            && !seq.is_empty()
+            && seq.bytes().all(|b| b.is_ascii_digit());
+        if !is_output || known.iter().any(|job| job.seq.to_string() == seq) {
+            continue;
+        }
+        if let Err(err) = std::fs::remove_file(entry.path()) {
+            tracing::warn!(
+                "removing {}, output of no job: {err}",
+                entry.path().display()
+            );
+        }
     }
 }
 
@@ -586,6 +808,70 @@ fn copy_prefix(
 }
 
 impl Job {
+    /// A job `handed` over by the supervisor before a restore ([`take_handed_over`]): ended,
+    /// listed, its output in its files in `dir`, counted in `total`. A file shorter than the
+    /// record says holds what it holds (the rest counted as dropped); one longer, written to
+    /// after the record was made, is cut to it.
+    fn handed_over(
+        dir: &std::path::Path,
+        handed: HandedOver,
+        total: &Arc<AtomicU64>,
+        board: &Arc<Board>,
+    ) -> Arc<Job> {
+        let streams = [0, 1].map(|i| {
+            let path = dir.join(format!(
+                "{}.{}",
+                handed.seq,
+                if i == 0 { "stdout" } else { "stderr" }
+            ));
+            let on_disk = std::fs::symlink_metadata(&path)
+                .ok()
+                .filter(std::fs::Metadata::is_file)
+                .map(|meta| meta.len());
+            let kept = handed.kept[i].min(on_disk.unwrap_or(0));
+            if on_disk.is_some_and(|len| len > kept) {
+                let cut = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|file| file.set_len(kept));
+                if let Err(err) = cut {
+                    tracing::warn!("cutting {} to its kept output: {err}", path.display());
+                }
+            }
+            total.fetch_add(kept, Ordering::Relaxed);
+            Kept {
+                sink: Sink::Closed,
+                path: on_disk.map(|_| path),
+                kept,
+                dropped: handed.dropped[i].saturating_add(handed.kept[i] - kept),
+            }
+        });
+        let id = OnceLock::new();
+        let _ = id.set(handed.job.clone());
+        let (end, _) = watch::channel(None);
+        Arc::new(Job {
+            id,
+            seq: handed.seq,
+            dir: dir.to_path_buf(),
+            command: handed.command.clone(),
+            started_at: handed.started_at.clone(),
+            started: Instant::now(),
+            limit: usize::try_from(handed.max_output_bytes).unwrap_or(usize::MAX),
+            encoding: handed.output_encoding,
+            terminal: false,
+            streams: Mutex::new(streams),
+            end: {
+                end.send_replace(Some(Ended::Before(Box::new(handed))));
+                end
+            },
+            kill: Notify::new(),
+            killed: AtomicBool::new(false),
+            progress: Mutex::new(None),
+            total: total.clone(),
+            board: board.clone(),
+        })
+    }
+
     /// The job's id; empty until it is listed.
     pub fn id(&self) -> &str {
         self.id.get().map_or("", String::as_str)
@@ -855,6 +1141,13 @@ impl Job {
                 report.state = JobState::Failed;
                 report.error = Some(err);
             }
+            Some(Ended::Before(handed)) => {
+                report.state = handed.state;
+                report.exit_code = handed.exit_code;
+                report.signal = handed.signal;
+                report.duration_ms = handed.duration_ms;
+                report.error = handed.error;
+            }
         }
         report
     }
@@ -1113,8 +1406,7 @@ mod tests {
         assert_eq!((report.stdout.as_str(), report.stderr.as_str()), ("", ""));
     }
 
-    /// A supervisor executed anew (a restore) numbers jobs on from where the last stopped, and
-    /// says what became of the ids before.
+    /// A supervisor executed anew (a restore) numbers jobs on from where the last stopped.
     #[test]
     fn ids_go_on_across_a_new_supervisor() {
         let dir = tempfile::tempdir().unwrap();
@@ -1129,12 +1421,202 @@ mod tests {
         let job = again.add(&spec("true")).unwrap();
         again.list_job(&job);
         assert_eq!(job.id(), "job-3");
+        // Nothing was handed over (no restore recorded them): the ids before are gone.
         let err = again.get("job-1").err().unwrap();
         assert_eq!(err.code, crate::foundation::error::ErrorCode::NotFound);
-        assert!(err.message.contains("restored to a checkpoint"), "{err}");
-        assert!(err.message.ends_with("since then are job-3"), "{err}");
+        assert!(err.message.contains("job-1 is no longer kept"), "{err}");
+        assert!(err.message.ends_with("its jobs are job-3"), "{err}");
         let err = again.get("job-9").err().unwrap();
         assert!(err.message.contains("has no job \"job-9\""), "{err}");
+    }
+
+    fn exited(code: i32) -> Ended {
+        Ended::Done(Box::new(ExecResult {
+            exit_code: Some(code),
+            signal: None,
+            timed_out: false,
+            duration_ms: 7,
+            stdout: Some(String::new()),
+            stderr: Some(String::new()),
+            transcript: None,
+            truncated: false,
+            oom_killed: false,
+            disk_error: None,
+            network_refusals: Vec::new(),
+            network_refusals_omitted: 0,
+        }))
+    }
+
+    /// A restore hands the jobs on to the supervisor executed anew: one that had ended keeps
+    /// its state and exit code, one the restore cut off is failed saying so, both with their
+    /// output, read by their ids, counted in the bound and saved at the task's end; output
+    /// of no job it knows is removed, and a new job's files never overwrite theirs.
+    #[test]
+    fn a_restore_hands_its_jobs_on_with_their_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs_dir = dir.path().join("jobs");
+        let jobs = Jobs::new(jobs_dir.clone());
+        let done = jobs.add(&spec("printf")).unwrap();
+        jobs.list_job(&done);
+        let binary: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+        done.keep(OutputChannel::Stdout, &binary);
+        done.keep(OutputChannel::Stderr, b"warning\n");
+        done.set_ended(exited(3));
+        let cut = jobs.add(&spec("sleep 300")).unwrap();
+        jobs.list_job(&cut);
+        cut.keep(OutputChannel::Stdout, b"started\n");
+        // Within its call when the restore came: its call answered, nobody has its output.
+        let in_call = jobs.add(&spec("yes")).unwrap();
+        in_call.keep(OutputChannel::Stdout, &vec![b'y'; MEMORY_BOUND + 1]);
+        assert!(jobs_dir.join("3.stdout").exists());
+        let cut_off = jobs.running();
+        assert_eq!(cut_off.len(), 1);
+        jobs.hand_over(&cut_off, "ready");
+        let total = jobs.total.load(Ordering::Relaxed) - (MEMORY_BOUND as u64 + 1);
+        drop(jobs);
+
+        assert_eq!(read_running(&jobs_dir).len(), 1);
+        let again = Jobs::new(jobs_dir.clone());
+        assert!(!jobs_dir.join(HANDED_OVER_FILE).exists(), "taken once");
+        assert!(read_running(&jobs_dir).is_empty(), "none runs yet");
+        assert!(!jobs_dir.join("3.stdout").exists(), "a stray is removed");
+        assert_eq!(again.total.load(Ordering::Relaxed), total);
+        let old = again.get("job-1").unwrap();
+        assert!(!old.is_running());
+        let report = old.page((0, 0), PAGE_MAX);
+        assert_eq!(
+            (report.state, report.exit_code, report.duration_ms),
+            (JobState::Exited, Some(3), 7)
+        );
+        use base64::Engine as _;
+        let decode = |text: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .unwrap()
+        };
+        assert_eq!(decode(&report.stdout), binary);
+        assert_eq!(decode(&report.stderr), b"warning\n");
+        let report = again.get("job-2").unwrap().report(Some((0, 0)));
+        assert_eq!((report.state, report.exit_code), (JobState::Failed, None));
+        assert_eq!(report.stdout, "started\n");
+        let error = report.error.unwrap().message;
+        assert!(
+            error.contains("restored to its checkpoint \"ready\""),
+            "{error}"
+        );
+        assert_eq!(report.command, "sleep 300");
+        // A new job goes on from the ids and files before.
+        let new = again.add(&spec("echo new")).unwrap();
+        again.list_job(&new);
+        new.keep(OutputChannel::Stdout, b"new\n");
+        assert_eq!(new.id(), "job-3");
+        assert!(again.running().iter().all(|job| job.job == "job-3"));
+        // The task's end saves them all, byte for byte.
+        let results = dir.path().join("results");
+        let logs = save_logs(&results, again.kept_output(&again.running()));
+        let ids: Vec<&str> = logs.iter().map(|log| log.job.as_str()).collect();
+        assert_eq!(ids, ["job-1", "job-2", "job-3"]);
+        assert_eq!(std::fs::read(results.join("job-1.stdout")).unwrap(), binary);
+        assert_eq!(
+            std::fs::read(results.join("job-2.stdout")).unwrap(),
+            b"started\n"
+        );
+        assert_eq!(
+            std::fs::read(results.join("job-3.stdout")).unwrap(),
+            b"new\n"
+        );
+        // A second restore hands them on again.
+        again.hand_over(&again.running(), "later");
+        drop(again);
+        let third = Jobs::new(jobs_dir.clone());
+        let report = third.get("job-1").unwrap().report(None);
+        assert_eq!(
+            (report.state, report.exit_code),
+            (JobState::Exited, Some(3))
+        );
+        let report = third.get("job-3").unwrap().report(Some((0, 0)));
+        assert_eq!(
+            (report.state, report.stdout.as_str()),
+            (JobState::Failed, "new\n")
+        );
+        // Handed-over jobs are forgotten as any ended one, their files with them.
+        for _ in 0..MAX_KEPT_JOBS - 3 {
+            let job = third.add(&spec("true")).unwrap();
+            third.list_job(&job);
+            job.set_ended(exited(0));
+        }
+        let job = third.add(&spec("true")).unwrap();
+        third.list_job(&job);
+        let err = third.get("job-1").err().unwrap();
+        assert!(err.message.contains("job-1 is no longer kept"), "{err}");
+        assert!(!jobs_dir.join("1.stdout").exists());
+        assert!(third.get("job-2").is_ok());
+    }
+
+    /// The hand-over file is read as any file on the host: an entry that does not hold is
+    /// not taken (and its output is removed), sizes are those of the files, and a file too
+    /// large is not read.
+    #[test]
+    fn a_hand_over_is_read_defensively() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs_dir = dir.path().join("jobs");
+        std::fs::create_dir_all(&jobs_dir).unwrap();
+        std::fs::write(jobs_dir.join(NEXT_ID_FILE), "5\n").unwrap();
+        let entry = |job: &str, seq: u64, kept: u64| {
+            serde_json::json!({
+                "job": job, "seq": seq, "command": "echo \u{1b}[2J", "startedAt":
+                "2026-01-01T00:00:00Z", "durationMs": 1, "state": "running", "exitCode": null,
+                "signal": null, "error": null, "kept": [kept, 0], "dropped": [0, 2],
+                "maxOutputBytes": 0, "outputEncoding": "utf8"
+            })
+        };
+        let entries = serde_json::json!([
+            entry("job-1", 1, 100),
+            entry("job-1", 2, 1),
+            entry("job-2", 1, 1),
+            entry("job-3", 0, 1),
+            entry("job-5", 5, 1),
+            entry("job-03", 6, 1),
+            entry("../job-4", 7, 1),
+            entry("job-4", 4, 2),
+        ]);
+        std::fs::write(
+            jobs_dir.join(HANDED_OVER_FILE),
+            serde_json::to_vec(&entries).unwrap(),
+        )
+        .unwrap();
+        for seq in [1, 2, 4, 5, 6, 7] {
+            std::fs::write(jobs_dir.join(format!("{seq}.stdout")), b"abcd").unwrap();
+        }
+        std::fs::write(jobs_dir.join("notes.txt"), b"not output").unwrap();
+        let jobs = Jobs::new(jobs_dir.clone());
+        let ids: Vec<String> = jobs.list().into_iter().map(|job| job.job).collect();
+        assert_eq!(ids, ["job-1", "job-4"]);
+        // Kept is what the file holds (4 of 100 bytes): the rest is counted as dropped.
+        let report = jobs.get("job-1").unwrap().report(Some((0, 0)));
+        assert_eq!(report.state, JobState::Failed);
+        assert_eq!((report.stdout_offset, report.stdout_dropped), (4, 96));
+        assert_eq!((report.stderr_offset, report.stderr_dropped), (0, 2));
+        assert!(!report.command.contains('\u{1b}'), "{:?}", report.command);
+        // maxOutputBytes 0 reads as 1: a head and a tail of it, not nothing.
+        assert!(report.truncated);
+        // A file longer than its record is cut to it.
+        assert_eq!(std::fs::read(jobs_dir.join("4.stdout")).unwrap(), b"ab");
+        assert_eq!(jobs.total.load(Ordering::Relaxed), 6);
+        for seq in [2, 5, 6, 7] {
+            assert!(!jobs_dir.join(format!("{seq}.stdout")).exists(), "{seq}");
+        }
+        assert!(jobs_dir.join("notes.txt").exists());
+        // Too large a file is not read: nothing is taken, and the output goes.
+        std::fs::write(
+            jobs_dir.join(HANDED_OVER_FILE),
+            vec![b' '; usize::try_from(HANDED_OVER_MAX).unwrap() + 1],
+        )
+        .unwrap();
+        drop(jobs);
+        let jobs = Jobs::new(jobs_dir.clone());
+        assert!(jobs.list().is_empty());
+        assert!(!jobs_dir.join("1.stdout").exists());
     }
 
     #[test]

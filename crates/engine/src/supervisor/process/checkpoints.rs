@@ -178,6 +178,7 @@ pub(super) async fn restore(
          was stopped"
     ));
     let jobs_ended = shared.jobs.running();
+    let cut_off = jobs_ended.clone();
     let commands_ended = clients.len().saturating_sub(jobs_ended.len());
     tracing::info!(target: LOG_TARGET,
         "restoring checkpoint {label}: ending {} job(s) and {commands_ended} command(s)",
@@ -221,6 +222,9 @@ pub(super) async fn restore(
         while clients.join_next().await.is_some() {}
     })
     .await;
+    // The guest is stopped and its commands answered: what the jobs kept is all there. (A
+    // small file written while nothing else is served: the process executes itself next.)
+    shared.jobs.hand_over(&cut_off, label);
     let err = match marked {
         Ok(()) => exec_again(home, id),
         Err(err) => err,

@@ -170,3 +170,40 @@ async def test_a_tasks_ttl_says_which_jobs_it_cut_off(host: Host) -> None:
         entry = saved(result, bg["job"])
         assert entry["cutOff"] is True
         assert Path(entry["stdoutPath"]).read_text() == "before the ttl\n"
+
+
+async def test_sixteen_background_jobs_refuse_a_seventeenth_not_an_exec(host: Host) -> None:
+    # Every MCP exec starts as a job: with 16 background jobs running, even `echo ok` was
+    # refused. The bound is on background jobs; an exec within its call has its own.
+    async with connect(host, env=WAIT) as s:
+        ok(await s.call_tool("dynocap_run", {"name": "many"}))
+        jobs = []
+        for _ in range(16):
+            bg = ok(await s.call_tool("dynocap_exec", {
+                "name": "many", "command": "sleep 300", "background": True,
+                "timeoutSeconds": 600}))
+            assert bg["running"] is True, bg
+            jobs.append(bg["job"])
+        text = err(await s.call_tool("dynocap_exec", {
+            "name": "many", "command": "sleep 300", "background": True,
+            "timeoutSeconds": 600}), "conflict")
+        assert "dynocap_job" in text and "kill" in text, text
+        assert "dynocap job NAME JOB --kill" in text, text
+        quick = ok(await s.call_tool("dynocap_exec", {"name": "many", "command": "echo ok"}))
+        assert (quick["stdout"], quick["exitCode"]) == ("ok\n", 0), quick
+        # One that outlives its call meanwhile (it waits for a file made only once the call
+        # answered) goes on as a 17th job, its output kept, rather than being cut off.
+        late = ok(await s.call_tool("dynocap_exec", {
+            "name": "many", "timeoutSeconds": 120,
+            "command": "echo waiting; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo late"}))
+        assert late["running"] is True and late["job"] not in jobs, late
+        await s.call_tool("dynocap_write_file", {"name": "many", "path": "/tmp/go"})
+        report, rest = await follow(s, "many", late["job"], late["stdoutOffset"])
+        assert (report["state"], late["stdout"] + rest) == ("exited", "waiting\nlate\n")
+        for job in jobs:
+            killed = ok(await s.call_tool("dynocap_job", {"name": "many", "job": job,
+                                                          "kill": True}))
+            assert killed["state"] == "killed", killed
+        bg = ok(await s.call_tool("dynocap_exec", {
+            "name": "many", "command": "true", "background": True}))
+        assert bg["running"] is True, bg

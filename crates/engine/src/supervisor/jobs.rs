@@ -48,8 +48,17 @@ use crate::supervisor::exec::{sanitize_line, ExecResult};
 /// it is counted in the job's `stdoutDropped`/`stderrDropped`, not kept.
 pub const JOB_OUTPUT_BOUND: u64 = 256 * 1024 * 1024;
 
-/// Jobs of one sandbox running at once; a start beyond it is refused.
+/// Listed jobs of one sandbox running at once: a background start beyond it is refused.
+/// Commands within their calls (every MCP exec starts as a job) have their own bound,
+/// [`MAX_IN_CALL_JOBS`], so background servers and watchers never refuse an `ls`.
 pub const MAX_RUNNING_JOBS: usize = 16;
+
+/// Jobs of one sandbox running within their calls, not listed: an exec beyond it is refused.
+/// One that outlives its call is listed even past [`MAX_RUNNING_JOBS`] (killing it, or
+/// dropping its output, would lose what it did), so a sandbox runs at most
+/// `MAX_RUNNING_JOBS + MAX_IN_CALL_JOBS` jobs in all, listed or not: an exec is refused
+/// once that many run.
+pub const MAX_IN_CALL_JOBS: usize = 16;
 
 /// Jobs a sandbox remembers; starting one more forgets the oldest that ended (and its output).
 const MAX_KEPT_JOBS: usize = 64;
@@ -82,8 +91,8 @@ const NEXT_ID_FILE: &str = "next-id";
 ///
 /// `ps` and `ls` read the catalog, never a supervisor: asking each running one would make a
 /// listing as slow as its slowest supervisor, and a stopped (SIGSTOP) or wedged one would
-/// hold it up. So the supervisor writes this small file (at most [`MAX_RUNNING_JOBS`]
-/// entries) whenever a job is listed or a listed job ends, replacing it
+/// hold it up. So the supervisor writes this small file (at most [`MAX_RUNNING_JOBS`] +
+/// [`MAX_IN_CALL_JOBS`] entries) whenever a job is listed or a listed job ends, replacing it
 /// whole by a rename, and listings read it only for a sandbox the catalog says is running: a
 /// reader never waits on anyone, and a dead supervisor's stale file is not read once its
 /// record is no longer running.
@@ -445,13 +454,42 @@ impl Jobs {
     }
 
     /// A new job for `spec`, not started yet (see [`Job::drive`]) and not listed: its output
-    /// stays in memory until [`Jobs::list_job`] or [`Jobs::release`].
-    pub fn add(&self, spec: &ExecSpec) -> Result<Arc<Job>> {
+    /// stays in memory until [`Jobs::list_job`] or [`Jobs::release`]. A `background` one is
+    /// listed at once and counts against [`MAX_RUNNING_JOBS`]; any other, within its call,
+    /// against [`MAX_IN_CALL_JOBS`].
+    pub fn add(&self, spec: &ExecSpec, background: bool) -> Result<Arc<Job>> {
         let mut list = lock(&self.list);
-        let running = list.iter().filter(|job| job.is_running()).count();
-        if running >= MAX_RUNNING_JOBS {
+        let listed: Vec<&str> = list
+            .iter()
+            .filter(|job| job.is_listed() && job.is_running())
+            .map(|job| job.id())
+            .collect();
+        let in_call = list
+            .iter()
+            .filter(|job| !job.is_listed() && job.is_running())
+            .count();
+        let kill_one = "kill one (dynocap_job with kill: true, or `dynocap job NAME JOB --kill`) \
+                        or wait for one to end";
+        if background && listed.len() >= MAX_RUNNING_JOBS {
             return Err(Error::conflict(format!(
-                "this sandbox already runs {running} jobs, the most it runs at once; wait for one to end or kill one"
+                "this sandbox already runs {} jobs ({}), the most it runs in the background at \
+                 once: {kill_one}",
+                listed.len(),
+                listed.join(", ")
+            )));
+        }
+        if !background && in_call >= MAX_IN_CALL_JOBS {
+            return Err(Error::conflict(format!(
+                "this sandbox already runs {in_call} commands within their calls, the most it \
+                 runs at once besides its jobs; wait for one to answer"
+            )));
+        }
+        if !background && listed.len() + in_call >= MAX_RUNNING_JOBS + MAX_IN_CALL_JOBS {
+            return Err(Error::conflict(format!(
+                "this sandbox already runs {} jobs ({}) and {in_call} commands within their \
+                 calls, the most it runs at once: {kill_one}",
+                listed.len(),
+                listed.join(", ")
             )));
         }
         // A job not listed belongs to a call still answering, which releases it itself.
@@ -1364,7 +1402,7 @@ mod tests {
     fn a_job(listed: bool) -> (tempfile::TempDir, Jobs, Arc<Job>) {
         let dir = tempfile::tempdir().unwrap();
         let jobs = Jobs::new(dir.path().join("jobs"));
-        let job = jobs.add(&spec("true")).unwrap();
+        let job = jobs.add(&spec("true"), false).unwrap();
         if listed {
             jobs.list_job(&job);
         }
@@ -1382,7 +1420,7 @@ mod tests {
     fn output_is_read_from_offsets_as_head_and_tail() {
         let dir = tempfile::tempdir().unwrap();
         let jobs = Jobs::new(dir.path().join("jobs"));
-        let job = jobs.add(&spec("true")).unwrap();
+        let job = jobs.add(&spec("true"), false).unwrap();
         job.keep(OutputChannel::Stdout, b"hello\n");
         jobs.list_job(&job);
         assert_eq!(job.id(), "job-1");
@@ -1412,13 +1450,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let jobs = Jobs::new(dir.path().join("jobs"));
         for id in ["job-1", "job-2"] {
-            let job = jobs.add(&spec("true")).unwrap();
+            let job = jobs.add(&spec("true"), false).unwrap();
             jobs.list_job(&job);
             assert_eq!(job.id(), id);
         }
         drop(jobs);
         let again = Jobs::new(dir.path().join("jobs"));
-        let job = again.add(&spec("true")).unwrap();
+        let job = again.add(&spec("true"), false).unwrap();
         again.list_job(&job);
         assert_eq!(job.id(), "job-3");
         // Nothing was handed over (no restore recorded them): the ids before are gone.
@@ -1456,17 +1494,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let jobs_dir = dir.path().join("jobs");
         let jobs = Jobs::new(jobs_dir.clone());
-        let done = jobs.add(&spec("printf")).unwrap();
+        let done = jobs.add(&spec("printf"), true).unwrap();
         jobs.list_job(&done);
         let binary: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
         done.keep(OutputChannel::Stdout, &binary);
         done.keep(OutputChannel::Stderr, b"warning\n");
         done.set_ended(exited(3));
-        let cut = jobs.add(&spec("sleep 300")).unwrap();
+        let cut = jobs.add(&spec("sleep 300"), true).unwrap();
         jobs.list_job(&cut);
         cut.keep(OutputChannel::Stdout, b"started\n");
         // Within its call when the restore came: its call answered, nobody has its output.
-        let in_call = jobs.add(&spec("yes")).unwrap();
+        let in_call = jobs.add(&spec("yes"), false).unwrap();
         in_call.keep(OutputChannel::Stdout, &vec![b'y'; MEMORY_BOUND + 1]);
         assert!(jobs_dir.join("3.stdout").exists());
         let cut_off = jobs.running();
@@ -1506,7 +1544,7 @@ mod tests {
         );
         assert_eq!(report.command, "sleep 300");
         // A new job goes on from the ids and files before.
-        let new = again.add(&spec("echo new")).unwrap();
+        let new = again.add(&spec("echo new"), true).unwrap();
         again.list_job(&new);
         new.keep(OutputChannel::Stdout, b"new\n");
         assert_eq!(new.id(), "job-3");
@@ -1541,11 +1579,11 @@ mod tests {
         );
         // Handed-over jobs are forgotten as any ended one, their files with them.
         for _ in 0..MAX_KEPT_JOBS - 3 {
-            let job = third.add(&spec("true")).unwrap();
+            let job = third.add(&spec("true"), true).unwrap();
             third.list_job(&job);
             job.set_ended(exited(0));
         }
-        let job = third.add(&spec("true")).unwrap();
+        let job = third.add(&spec("true"), true).unwrap();
         third.list_job(&job);
         let err = third.get("job-1").err().unwrap();
         assert!(err.message.contains("job-1 is no longer kept"), "{err}");
@@ -1619,13 +1657,57 @@ mod tests {
         assert!(!jobs_dir.join("1.stdout").exists());
     }
 
+    /// Background jobs have a bound of their own, which in-call execs never meet: a 17th
+    /// background start is refused saying how to free one, an exec within its call is not;
+    /// in-call execs have their own bound, and one that outlives its call is listed past the
+    /// background bound, within the bound on all of them.
+    #[test]
+    fn background_jobs_never_refuse_an_exec_within_its_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(dir.path().join("jobs"));
+        let background: Vec<_> = (0..MAX_RUNNING_JOBS)
+            .map(|_| {
+                let job = jobs.add(&spec("sleep 300"), true).unwrap();
+                jobs.list_job(&job);
+                job
+            })
+            .collect();
+        let err = jobs.add(&spec("sleep 300"), true).err().unwrap();
+        assert_eq!(err.code, crate::foundation::error::ErrorCode::Conflict);
+        assert!(
+            err.message.contains("dynocap_job with kill: true")
+                && err.message.contains("dynocap job NAME JOB --kill")
+                && err.message.contains("job-16"),
+            "{err}"
+        );
+        let in_call: Vec<_> = (0..MAX_IN_CALL_JOBS)
+            .map(|_| jobs.add(&spec("ls"), false).unwrap())
+            .collect();
+        let err = jobs.add(&spec("ls"), false).err().unwrap();
+        assert!(err.message.contains("wait for one to answer"), "{err}");
+        // One outlives its call: listed, the 17th, never killed nor its output dropped.
+        in_call[0].keep(OutputChannel::Stdout, b"still going\n");
+        jobs.list_job(&in_call[0]);
+        assert_eq!(jobs.running().len(), MAX_RUNNING_JOBS + 1);
+        assert_eq!(in_call[0].report(Some((0, 0))).stdout, "still going\n");
+        // Its slot within calls is free, but all of them together are at their bound.
+        let err = jobs.add(&spec("ls"), false).err().unwrap();
+        assert!(err.message.contains("dynocap job NAME JOB --kill"), "{err}");
+        background[0].set_ended(exited(0));
+        let ls = jobs.add(&spec("ls"), false).unwrap();
+        ls.set_ended(exited(0));
+        jobs.release(&ls);
+        // Still 16 listed ones running (the 17th in place of the one that ended).
+        assert!(jobs.add(&spec("sleep 300"), true).is_err());
+    }
+
     #[test]
     fn ids_name_this_sandboxs_jobs_only() {
         let dir = tempfile::tempdir().unwrap();
         let jobs = Jobs::new(dir.path().join("jobs"));
         let err = jobs.get("job-1").err().unwrap();
         assert_eq!(err.code, crate::foundation::error::ErrorCode::NotFound);
-        let job = jobs.add(&spec("true")).unwrap();
+        let job = jobs.add(&spec("true"), false).unwrap();
         assert!(jobs.get("job-1").is_err(), "a job not listed has no id yet");
         jobs.list_job(&job);
         assert!(jobs.get("job-1").is_ok());
@@ -1637,7 +1719,7 @@ mod tests {
     fn the_list_carries_no_output_of_ended_jobs() {
         let dir = tempfile::tempdir().unwrap();
         let jobs = Jobs::new(dir.path().join("jobs"));
-        let job = jobs.add(&spec("echo")).unwrap();
+        let job = jobs.add(&spec("echo"), false).unwrap();
         job.keep(OutputChannel::Stdout, b"out\n");
         jobs.list_job(&job);
         let result = ExecResult {
@@ -1674,8 +1756,8 @@ mod tests {
         let jobs_dir = dir.path().join("jobs");
         assert!(read_running(&jobs_dir).is_empty());
         let jobs = Jobs::new(jobs_dir.clone());
-        let first = jobs.add(&spec("sleep 100")).unwrap();
-        let second = jobs.add(&spec("make -j2")).unwrap();
+        let first = jobs.add(&spec("sleep 100"), false).unwrap();
+        let second = jobs.add(&spec("make -j2"), false).unwrap();
         // Running within their calls, they are no one's jobs yet.
         assert!(!jobs_dir.exists());
         jobs.list_job(&first);
@@ -1700,16 +1782,16 @@ mod tests {
     fn a_tasks_end_saves_each_jobs_whole_output_and_says_which_it_cut_off() {
         let dir = tempfile::tempdir().unwrap();
         let jobs = Jobs::new(dir.path().join("jobs"));
-        let ended = jobs.add(&spec("echo done")).unwrap();
+        let ended = jobs.add(&spec("echo done"), false).unwrap();
         jobs.list_job(&ended);
         // Far more than a job report's 16-byte excerpt: the saved file has all of it.
         let whole = "line of output\n".repeat(1000);
         ended.keep(OutputChannel::Stdout, whole.as_bytes());
         ended.set_ended(Ended::Failed(Error::internal("ended")));
-        let running = jobs.add(&spec("sleep 100")).unwrap();
+        let running = jobs.add(&spec("sleep 100"), false).unwrap();
         jobs.list_job(&running);
         // One that ended within its call is not the task's job: no log of it.
-        let quick = jobs.add(&spec("true")).unwrap();
+        let quick = jobs.add(&spec("true"), false).unwrap();
         quick.keep(OutputChannel::Stdout, b"quick\n");
         quick.set_ended(Ended::Failed(Error::internal("ended")));
         jobs.total.store(JOB_OUTPUT_BOUND - 3, Ordering::Relaxed);
@@ -1742,7 +1824,7 @@ mod tests {
         let jobs_dir = dir.path().join("jobs");
         let jobs = Jobs::new(jobs_dir.clone());
         // Ended within its call: no file, no listing, forgotten once its call answered.
-        let quick = jobs.add(&spec("echo quick")).unwrap();
+        let quick = jobs.add(&spec("echo quick"), false).unwrap();
         quick.keep(OutputChannel::Stdout, b"quick\n");
         assert_eq!(quick.report(Some((0, 0))).stdout, "quick\n");
         quick.set_ended(Ended::Failed(Error::internal("ended")));
@@ -1752,7 +1834,7 @@ mod tests {
         assert_eq!(jobs.total.load(Ordering::Relaxed), 0);
         // Outliving its call: what it held goes to its files, offsets unchanged, and it is
         // listed; releasing a listed job keeps it.
-        let long = jobs.add(&spec("make")).unwrap();
+        let long = jobs.add(&spec("make"), false).unwrap();
         long.keep(OutputChannel::Stdout, b"building\n");
         long.keep(OutputChannel::Stderr, b"warning\n");
         jobs.list_job(&long);
@@ -1771,7 +1853,7 @@ mod tests {
         assert_eq!(on_disk("stderr"), b"warning\n");
         // A command that prints more than memory holds within its call goes to files early,
         // still unlisted, and they go with it when it is released.
-        let chatty = jobs.add(&spec("yes")).unwrap();
+        let chatty = jobs.add(&spec("yes"), false).unwrap();
         let chunk = vec![b'y'; MEMORY_BOUND / 2 + 1];
         chatty.keep(OutputChannel::Stdout, &chunk);
         assert!(!jobs_dir.join("3.stdout").exists());
@@ -1790,7 +1872,7 @@ mod tests {
     fn output_past_the_sandboxs_bound_is_counted_not_kept() {
         let dir = tempfile::tempdir().unwrap();
         let jobs = Jobs::new(dir.path().join("jobs"));
-        let job = jobs.add(&spec("true")).unwrap();
+        let job = jobs.add(&spec("true"), false).unwrap();
         jobs.total.store(JOB_OUTPUT_BOUND - 4, Ordering::Relaxed);
         job.keep(OutputChannel::Stderr, b"12345678");
         let report = job.report(None);

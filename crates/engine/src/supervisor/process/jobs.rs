@@ -41,7 +41,7 @@ pub(super) async fn start_job(
             )))
         }
     };
-    let job = match shared.jobs.add(&spec) {
+    let job = match shared.jobs.add(&spec, wait_ms == 0) {
         Ok(job) => job,
         Err(err) => return ControlReply::Error(err),
     };

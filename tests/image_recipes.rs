@@ -490,3 +490,125 @@ fn a_copied_directory_keeps_modes_and_links_and_its_content_is_the_id() {
     assert!(store_entries(&home, "fifo").is_empty());
     assert_no_sandbox(&home);
 }
+
+/// The entries of `home`'s `images/`, sorted.
+fn images_dir_entries(home: &TestHome) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(home.path().join("images"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// `image rm` of a recipe's image leaves nothing of its name (no build lock, no directory)
+/// and no layer only it used, while the base keeps its own and a rebuild works; a build
+/// killed outright (SIGKILL, so it cannot destroy its sandbox) has its sandbox destroyed by
+/// the next build, which is not blocked by it; and once every image is removed, nothing is
+/// left but the shared layer store's lock.
+#[test]
+fn image_rm_and_a_killed_build_leave_nothing_behind() {
+    let test = "image_rm_and_a_killed_build_leave_nothing_behind";
+    let Some((home, _work)) = home_with_base(test) else {
+        return;
+    };
+    let base_layers = layer_count(&home);
+    let recipe = [
+        "image",
+        "build",
+        "app",
+        "--from",
+        "bb",
+        "--run",
+        "echo made > /etc/made",
+    ];
+    let built = home.json(&recipe);
+    assert_eq!(built["origin"], "built", "{built:#}");
+    assert_eq!(layer_count(&home), base_layers + 1);
+    home.json(&["image", "rm", "app"]);
+    assert!(
+        !home.path().join("images/app").exists(),
+        "images/app is left: {:?}",
+        std::fs::read_dir(home.path().join("images/app"))
+            .map(|rd| rd.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
+    assert_eq!(
+        layer_count(&home),
+        base_layers,
+        "the recipe's layer is freed"
+    );
+    let images = home.json(&["image", "ls"]);
+    let listed = images["images"].as_array().expect("images");
+    assert_eq!(listed.len(), 1, "{images:#}");
+    assert_eq!(listed[0]["name"], "bb");
+    assert_eq!(listed[0]["sharedBytes"], 0, "{images:#}");
+    let again = home.json(&recipe);
+    assert_eq!(again["origin"], "built", "{again:#}");
+    assert_eq!(again["image"]["id"], built["image"]["id"]);
+
+    // Killed mid-step: its sandbox runs on, holding the base.
+    let mut slow = home
+        .command()
+        .args([
+            "image",
+            "build",
+            "slow",
+            "--from",
+            "bb",
+            "--run",
+            "sleep 600",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut waited = 0;
+    while home.json(&["ps"])["sandboxes"]
+        .as_array()
+        .is_none_or(|s| s.is_empty())
+    {
+        assert!(waited < 300, "no build sandbox");
+        waited += 1;
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    slow.kill().expect("SIGKILL");
+    slow.wait().expect("wait");
+    assert_eq!(
+        home.json(&["ps"])["sandboxes"]
+            .as_array()
+            .map_or(0, Vec::len),
+        1,
+        "a killed build cannot destroy its sandbox itself"
+    );
+    let built = home.json(&[
+        "image",
+        "build",
+        "slow",
+        "--from",
+        "bb",
+        "--run",
+        "echo quick",
+    ]);
+    assert_eq!(built["origin"], "built", "{built:#}");
+    assert_no_sandbox(&home);
+
+    for name in ["slow", "app", "bb"] {
+        home.json(&["image", "rm", name]);
+    }
+    assert_eq!(images_dir_entries(&home), vec![".store".to_owned()]);
+    let mut store: Vec<String> = std::fs::read_dir(home.path().join("images/.store"))
+        .expect("read")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    store.sort();
+    assert!(
+        store
+            .iter()
+            .all(|n| ["lock", "layers", "blobs"].contains(&n.as_str())),
+        "{store:?}"
+    );
+    assert_eq!(layer_count(&home), 0);
+}

@@ -52,7 +52,7 @@ pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<
             Ok(ExitCode::SUCCESS)
         }
         ImageCommand::Rm(args) => {
-            let removed = engine.image_rm(&args.name)?;
+            let removed = engine.image_rm(&args.name).await?;
             if json {
                 print_json(&serde_json::json!({ "removed": removed }));
             } else {

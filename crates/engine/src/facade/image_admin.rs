@@ -117,14 +117,19 @@ impl Engine {
         Ok(info(&image, &self.live_records()?))
     }
 
-    /// Removes an image (built, imported or pulled), refused while a sandbox needs it.
-    pub fn image_rm(&self, name_or_id: &str) -> Result<ImageInfo> {
+    /// Removes an image (built, imported or pulled), refused while a sandbox needs it (the
+    /// sandbox of a recipe build that died is destroyed first: it needs no image).
+    pub async fn image_rm(&self, name_or_id: &str) -> Result<ImageInfo> {
+        self.reap_dead_builds().await;
         let store = self.image_store();
-        let image = store.find(name_or_id)?.ok_or_else(|| {
-            Error::not_found(format!(
+        let Some(image) = store.find(name_or_id)? else {
+            // What a build of the name that died left (no image of it was ever installed)
+            // goes all the same.
+            store.remove_name_if_unused(name_or_id)?;
+            return Err(Error::not_found(format!(
                 "no image named or with id \"{name_or_id}\" (see dynocap image ls)"
-            ))
-        })?;
+            )));
+        };
         let records = self.live_records()?;
         let info = info(&image, &records);
         if !info.used_by.is_empty() {

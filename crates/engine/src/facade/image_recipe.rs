@@ -10,6 +10,12 @@
 //! The upper directory is read while the guest still runs but has finished every step (and
 //! synced): the supervisor keeps the sandbox's disk mounted in a mount namespace of its own,
 //! which the host reaches through `/proc/<supervisor>/root`.
+//!
+//! A build that is stopped destroys its sandbox itself; one whose process is killed outright
+//! (SIGKILL) cannot. So every build holds an flock on `images/.build-sandboxes/<sandbox>.lock`
+//! while its sandbox may exist, and the next recipe build or `image rm` destroys the sandbox
+//! of each mark no one holds ([`Engine::reap_dead_builds`]): it would otherwise run its step
+//! on until its TTL, and keep its base image in use.
 
 use std::path::{Path, PathBuf};
 
@@ -78,6 +84,66 @@ pub struct RecipeBuilt {
     pub present: bool,
 }
 
+/// Beside the images: one mark per running recipe build, naming its sandbox.
+const BUILD_MARKS: &str = ".build-sandboxes";
+
+/// A running build's mark: `images/.build-sandboxes/<sandbox>.lock`, flocked for as long as
+/// this value lives, removed when it is dropped (the build over, its sandbox destroyed).
+struct BuildMark {
+    path: PathBuf,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl BuildMark {
+    fn take(images: &Path, sandbox: &str) -> Result<BuildMark> {
+        let dir = images.join(BUILD_MARKS);
+        // Locked under a name no reaper reads, then renamed into place: a mark is never seen
+        // unlocked while its build lives.
+        let staged = dir.join(format!(".{sandbox}.new"));
+        let mut tries = 0;
+        let file = loop {
+            std::fs::create_dir_all(&dir)
+                .map_err(|err| Error::internal(format!("creating {}: {err}", dir.display())))?;
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&staged)
+            {
+                Ok(file) => break file,
+                // The last build's mark going took the directory with it meanwhile.
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound && tries < 8 => tries += 1,
+                Err(err) => {
+                    return Err(Error::internal(format!(
+                        "creating {}: {err}",
+                        staged.display()
+                    )))
+                }
+            }
+        };
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, errno)| {
+                Error::internal(format!("locking {}: {errno}", staged.display()))
+            })?;
+        let path = dir.join(format!("{sandbox}.lock"));
+        std::fs::rename(&staged, &path)
+            .map_err(|err| Error::internal(format!("creating {}: {err}", path.display())))?;
+        Ok(BuildMark { path, _lock: lock })
+    }
+}
+
+impl Drop for BuildMark {
+    fn drop(&mut self) {
+        if let Err(err) = std::fs::remove_file(&self.path) {
+            tracing::warn!("removing {}: {err}", self.path.display());
+        }
+        // The last mark takes the directory with it (another build's keeps it).
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
 /// Where copied files wait (the sandbox user's) before a root step moves them.
 const STEP_USER_DIR: &str = "/tmp";
 
@@ -138,6 +204,8 @@ impl Engine {
             });
         }
         let sandbox = request.sandbox.as_str();
+        self.reap_dead_builds().await;
+        let _mark = BuildMark::take(store.dir(), sandbox)?;
         let mut spec = RunSpec::raw(
             sandbox,
             Some(&network),
@@ -167,6 +235,43 @@ impl Engine {
             image: built?,
             present: false,
         })
+    }
+
+    /// Destroys the sandbox of every recipe build whose process died without destroying it
+    /// (its mark unlocked), and removes the mark. A sandbox that cannot be destroyed now
+    /// keeps its mark, for the next call.
+    pub async fn reap_dead_builds(&self) {
+        let dir = self.home().images_dir().join(BUILD_MARKS);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(sandbox) = name.strip_suffix(".lock") else {
+                continue;
+            };
+            let Ok(file) = std::fs::OpenOptions::new().write(true).open(entry.path()) else {
+                continue;
+            };
+            // Held: its build is running.
+            let Ok(_lock) =
+                nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            else {
+                continue;
+            };
+            match self.destroy(sandbox).await {
+                Ok(_) => tracing::info!("destroyed {sandbox}, the sandbox of a build that died"),
+                Err(err) if err.code == crate::foundation::error::ErrorCode::NotFound => {}
+                Err(err) => {
+                    tracing::warn!("destroying {sandbox}, the sandbox of a build that died: {err}");
+                    continue;
+                }
+            }
+            if let Err(err) = std::fs::remove_file(entry.path()) {
+                tracing::warn!("removing {}: {err}", entry.path().display());
+            }
+        }
+        let _ = std::fs::remove_dir(&dir);
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -152,35 +152,156 @@ pub fn short(id: &str) -> &str {
     id.get(..12).unwrap_or(id)
 }
 
+/// Name of the lock file in `images/<name>/`.
+const BUILD_LOCK: &str = ".build.lock";
+
 /// The store's one-build-at-a-time lock (`images/<name>/.build.lock`, flock).
+///
+/// `image rm` of a name's last image removes the lock file and the name's directory while it
+/// holds the lock ([`BuildLock::remove_name_if_unused`]), so a taker checks, once it holds
+/// the lock, that the file it locked is still the one at the path: if not it locked an
+/// unlinked file, which guards nothing, and takes the lock again on the path's new file.
 pub(super) struct BuildLock {
     _lock: nix::fcntl::Flock<fs::File>,
 }
 
 impl BuildLock {
     pub(super) fn take(parent: &Path, progress: &dyn Fn(&str)) -> Result<BuildLock> {
-        let (file, path) = super::store::open_lock_file(parent, ".build.lock")?;
-        let file = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-        {
-            Ok(lock) => return Ok(BuildLock { _lock: lock }),
-            Err((file, nix::errno::Errno::EWOULDBLOCK)) => file,
-            Err((_, source)) => {
-                return Err(ImageFailure::Lock {
-                    path: path.to_owned(),
-                    source,
-                }
-                .into())
+        let mut told = false;
+        loop {
+            let (file, path) = open_build_lock(parent)?;
+            let file =
+                match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                    Ok(lock) => {
+                        if let Some(lock) = BuildLock::still_linked(lock, &path)? {
+                            return Ok(lock);
+                        }
+                        continue;
+                    }
+                    Err((file, nix::errno::Errno::EWOULDBLOCK)) => file,
+                    Err((_, source)) => return Err(ImageFailure::Lock { path, source }.into()),
+                };
+            if !told {
+                progress("waiting for another build of this image to finish");
+                told = true;
             }
-        };
-        progress("waiting for another build of this image to finish");
-        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(
-            |(_, source)| ImageFailure::Lock {
-                path: path.to_owned(),
-                source,
-            },
-        )?;
-        Ok(BuildLock { _lock: lock })
+            let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(
+                |(_, source)| ImageFailure::Lock {
+                    path: path.clone(),
+                    source,
+                },
+            )?;
+            if let Some(lock) = BuildLock::still_linked(lock, &path)? {
+                return Ok(lock);
+            }
+        }
     }
+
+    /// The lock of `parent` if no one holds it now, without waiting; `None` when a build,
+    /// import or pull of the name is running, or the name has no directory.
+    pub(super) fn try_take(parent: &Path) -> Result<Option<BuildLock>> {
+        if !parent.is_dir() {
+            return Ok(None);
+        }
+        let (file, path) = open_build_lock(parent)?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => BuildLock::still_linked(lock, &path),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, source)) => Err(ImageFailure::Lock { path, source }.into()),
+        }
+    }
+
+    /// `lock` as a held build lock if the file it locked is still at `path`.
+    fn still_linked(lock: nix::fcntl::Flock<fs::File>, path: &Path) -> Result<Option<BuildLock>> {
+        use std::os::unix::fs::MetadataExt;
+        let held = lock
+            .metadata()
+            .with_context(|| format!("reading {}", path.display()))?;
+        Ok(match fs::symlink_metadata(path) {
+            Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => {
+                Some(BuildLock { _lock: lock })
+            }
+            Ok(_) => None,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
+            Err(err) => {
+                return Err(Error::internal(format!(
+                    "reading {}: {err}",
+                    path.display()
+                )))
+            }
+        })
+    }
+
+    /// Removes the name's directory `parent` (this lock's file with it) when it holds nothing
+    /// else: no image, no build (what dead builds left is removed first; the lock is held,
+    /// so no live build owns any of it). A name whose last image is removed leaves nothing.
+    pub(super) fn remove_name_if_unused(self, parent: &Path) -> Result<()> {
+        remove_dead_builds(parent)?;
+        let entries =
+            fs::read_dir(parent).with_context(|| format!("reading {}", parent.display()))?;
+        for entry in entries {
+            let entry = entry.with_context(|| format!("reading {}", parent.display()))?;
+            if entry.file_name() != BUILD_LOCK {
+                return Ok(());
+            }
+        }
+        // Unlinked while held: a taker that opened it meanwhile sees it is gone once it
+        // holds it, and takes the lock on a new file (see `take`).
+        let path = parent.join(BUILD_LOCK);
+        if let Err(err) = fs::remove_file(&path) {
+            if err.kind() != std::io::ErrorKind::NotFound {
+                return Err(Error::internal(format!(
+                    "removing {}: {err}",
+                    path.display()
+                )));
+            }
+        }
+        // A taker may have made a new lock file here since: the directory is then kept.
+        match fs::remove_dir(parent) {
+            Ok(()) => Ok(()),
+            Err(err)
+                if matches!(
+                    err.raw_os_error(),
+                    Some(libc::ENOTEMPTY) | Some(libc::EEXIST) | Some(libc::ENOENT)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(err) => Err(Error::internal(format!(
+                "removing {}: {err}",
+                parent.display()
+            ))),
+        }
+        // `self` (the lock) is released here, once the directory is gone.
+    }
+}
+
+/// Opens (making it and `parent` where missing) the build lock file of `parent`. An `image
+/// rm` removing the directory between the two is met by making it again.
+fn open_build_lock(parent: &Path) -> Result<(fs::File, PathBuf)> {
+    let path = parent.join(BUILD_LOCK);
+    for _ in 0..8 {
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        match fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+        {
+            Ok(file) => return Ok((file, path)),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(err) => {
+                return Err(Error::internal(format!(
+                    "opening {}: {err}",
+                    path.display()
+                )))
+            }
+        }
+    }
+    Err(Error::internal(format!(
+        "opening {}: its directory kept being removed",
+        path.display()
+    )))
 }
 
 /// A build directory that removes itself unless installed.

@@ -12,6 +12,8 @@
 //! images/.store/blobs/sha256/<digest>        a pulled blob whose layer is not installed yet
 //!                                            (resume state)
 //! images/.store/blobs/.partial-*             a blob being downloaded
+//! images/.store/rootfs-layers/<image id>     the diff id of the layer holding a debian
+//!                                            build's whole rootfs (its recipes' base layer)
 //! ```
 //!
 //! A layer is keyed by its diff id (the SHA-256 of its uncompressed tar), checked while it is
@@ -54,6 +56,8 @@ use crate::foundation::error::{Context, Error, Result};
 pub const STORE_DIR: &str = ".store";
 const LAYER_META: &str = "layer.json";
 const TMP: &str = ".tmp-";
+/// Beside `layers/`: per debian build, the layer made of its rootfs ([`LayerStore::rootfs_layer_record`]).
+const ROOTFS_LAYERS: &str = "rootfs-layers";
 
 /// What `layer.json` records about one unpacked layer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,6 +189,12 @@ impl LayerStore {
     }
 
     /// `blobs/`: downloads in progress are `.partial-*` here.
+    /// Where the diff id of the layer made of image `image_id`'s whole rootfs is remembered
+    /// (a debian build, which keeps no layers of its own, as its recipes' base).
+    pub fn rootfs_layer_record(&self, image_id: &str) -> PathBuf {
+        self.dir.join(ROOTFS_LAYERS).join(image_id)
+    }
+
     pub fn blobs_dir(&self) -> PathBuf {
         self.dir.join("blobs")
     }
@@ -468,6 +478,31 @@ impl LayerStore {
                 let _ = fs::remove_file(blobs.join(&entry));
             }
         }
+        // A rootfs layer's record goes with its layer: it names nothing once that is freed.
+        let records = self.dir.join(ROOTFS_LAYERS);
+        for name in read_dir_names(&records)? {
+            let record = records.join(&name);
+            let names_a_layer = fs::read_to_string(&record)
+                .ok()
+                .and_then(|diff| Digest::parse(diff.trim()).ok())
+                .is_some_and(|digest| self.get(&digest).is_some());
+            if !names_a_layer {
+                fs::remove_file(&record)
+                    .with_context(|| format!("removing {}", record.display()))?;
+            }
+        }
+        if let Err(err) = fs::remove_dir(&records) {
+            // Kept while it holds records; absent when no recipe was built on debian.
+            if !matches!(
+                err.raw_os_error(),
+                Some(libc::ENOTEMPTY) | Some(libc::ENOENT)
+            ) {
+                return Err(Error::internal(format!(
+                    "removing {}: {err}",
+                    records.display()
+                )));
+            }
+        }
         Ok(freed)
     }
 }
@@ -745,16 +780,33 @@ mod tests {
         );
         assert_ne!(again.dir, base.dir, "different order, different layer");
 
-        // Freeing keeps the used ones.
+        // Freeing keeps the used ones, and a rootfs layer's record only while its layer is.
+        let kept_record = store.rootfs_layer_record(&"a".repeat(64));
+        let freed_record = store.rootfs_layer_record(&"b".repeat(64));
+        fs::create_dir_all(kept_record.parent().expect("parent")).expect("mkdir");
+        fs::write(&kept_record, &base.meta.diff_id).expect("write");
+        fs::write(&freed_record, &top.meta.diff_id).expect("write");
         let used: HashSet<String> = [base.meta.diff_id.clone()].into();
         let freed = store.free_unused(&|| Ok(used.clone())).expect("free");
         assert_eq!(freed.layers, 2);
+        assert!(kept_record.is_file());
+        assert!(
+            !freed_record.exists(),
+            "the record of a freed layer is gone"
+        );
+
         assert!(store
             .get(&Digest::parse(&base.meta.diff_id).expect("d"))
             .is_some());
         assert!(store
             .get(&Digest::parse(&top.meta.diff_id).expect("d"))
             .is_none());
+        store.free_unused(&|| Ok(HashSet::new())).expect("free");
+        assert!(!kept_record.exists());
+        assert!(
+            !kept_record.parent().expect("parent").exists(),
+            "no records, no directory"
+        );
     }
 
     #[test]

@@ -458,7 +458,7 @@ fn rootfs_layer(
     staging: &Path,
     limits: Limits,
 ) -> Result<super::layers::Layer> {
-    let known = layer_store.dir().join("rootfs-layers").join(base.id());
+    let known = layer_store.rootfs_layer_record(base.id());
     if let Some(layer) = fs::read_to_string(&known)
         .ok()
         .and_then(|diff| Digest::parse(diff.trim()).ok())

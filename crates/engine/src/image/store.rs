@@ -253,6 +253,19 @@ impl ImageStore {
         read_image(&self.image_dir(name, id)).filter(|i| i.name() == name && i.id() == id)
     }
 
+    /// Removes the directory of image name `name` if it holds no image and no build is
+    /// running: the lock and `.tmp-*` a build of a name that never got an image left.
+    pub fn remove_name_if_unused(&self, name: &str) -> Result<()> {
+        if !(is_name(name) || is_reference(name)) {
+            return Ok(());
+        }
+        let parent = self.name_dir(name);
+        match super::build::BuildLock::try_take(&parent)? {
+            Some(lock) => lock.remove_name_if_unused(&parent),
+            None => Ok(()),
+        }
+    }
+
     /// Removes a built image. Callers check that no live sandbox uses it. The directory is
     /// renamed out of sight first, so a concurrent lookup sees the whole image or none of it.
     pub fn remove(&self, image: &BuiltImage) -> Result<()> {
@@ -262,7 +275,13 @@ impl ImageStore {
         let doomed = parent.join(format!("{TMP_PREFIX}rm-{}", image.id()));
         fs::rename(&image.dir, &doomed)
             .with_context(|| format!("removing image {}", image.dir.display()))?;
-        super::build::remove_build_dir(&doomed)
+        super::build::remove_build_dir(&doomed)?;
+        // The name's last image gone, its directory (build lock and what dead builds left)
+        // goes too; a build, import or pull of the name running now keeps it.
+        match super::build::BuildLock::try_take(parent)? {
+            Some(lock) => lock.remove_name_if_unused(parent),
+            None => Ok(()),
+        }
     }
 }
 
@@ -488,6 +507,55 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-rm"))
             .collect();
         assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn removing_a_names_last_image_leaves_nothing_of_the_name() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = ImageStore::at(tmp.path().to_owned(), None);
+        let parent = tmp.path().join("tool");
+        // What builds leave: the lock, and a build that died.
+        drop(super::super::build::BuildLock::take(&parent, &|_| {}).expect("lock"));
+        fs::create_dir_all(parent.join(".tmp-1-dead/rootfs")).expect("mkdir");
+        let one = install(&store, "tool", &"a".repeat(64), "2026-01-01T00:00:00Z");
+        let two = install(&store, "tool", &"b".repeat(64), "2026-02-01T00:00:00Z");
+        store.remove(&one).expect("remove");
+        assert!(
+            parent.join(".build.lock").is_file(),
+            "another image of the name is left"
+        );
+        store.remove(&two).expect("remove");
+        assert!(!parent.exists(), "the name's directory is gone");
+
+        // While a build of the name holds its lock, the directory is that build's.
+        let three = install(&store, "tool", &"c".repeat(64), "2026-03-01T00:00:00Z");
+        let held = super::super::build::BuildLock::take(&parent, &|_| {}).expect("lock");
+        store.remove(&three).expect("remove");
+        assert!(parent.join(".build.lock").is_file());
+        drop(held);
+
+        // A build waiting on the lock of a name being removed takes it again on a new file.
+        let four = install(&store, "tool", &"d".repeat(64), "2026-04-01T00:00:00Z");
+        let held = super::super::build::BuildLock::try_take(&parent)
+            .expect("lock")
+            .expect("free");
+        let waiter = {
+            let parent = parent.clone();
+            std::thread::spawn(move || {
+                super::super::build::BuildLock::take(&parent, &|_| {}).expect("lock")
+            })
+        };
+        fs::rename(&four.dir, tmp.path().join("moved")).expect("rename");
+        held.remove_name_if_unused(&parent)
+            .expect("remove the name");
+        let _lock = waiter.join().expect("waiter");
+        assert!(
+            parent.join(".build.lock").is_file(),
+            "the waiter holds a lock file that is at its path"
+        );
+        assert!(super::super::build::BuildLock::try_take(&parent)
+            .expect("try")
+            .is_none());
     }
 
     #[test]

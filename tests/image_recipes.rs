@@ -612,3 +612,120 @@ fn image_rm_and_a_killed_build_leave_nothing_behind() {
     );
     assert_eq!(layer_count(&home), 0);
 }
+
+/// A recipe built while `DYNOCAP_EXTRA_CA` names a CA, on `nat` and on `filtered`: its steps
+/// trust the CA (the agent joined it into the guest's bundle), but the image keeps the bundle
+/// its recipe made, without it, and none of the agent's anchor file; so a sandbox of the image
+/// started once the CA is no longer configured trusts only what the image itself does, and
+/// one started while it is configured trusts it again.
+#[test]
+fn a_built_image_keeps_none_of_the_hosts_extra_ca() {
+    let test = "a_built_image_keeps_none_of_the_hosts_extra_ca";
+    if !require_root(test) {
+        return;
+    }
+    let Some(busybox) = require_busybox(test) else {
+        return;
+    };
+    let work = tempfile::tempdir().expect("tempdir");
+    let host_ca = dynocap_e2e::netfix::TestCa::generate(
+        &work.path().join("host-ca"),
+        std::net::Ipv4Addr::LOCALHOST,
+    );
+    let system_ca = dynocap_e2e::netfix::TestCa::for_names(
+        &work.path().join("system-ca"),
+        &["system.example"],
+        std::net::Ipv4Addr::LOCALHOST,
+        "An image's own CA",
+    );
+    let system = std::fs::read_to_string(&system_ca.ca_cert).expect("read");
+    let host = std::fs::read_to_string(&host_ca.ca_cert).expect("read");
+    // A line of the host CA's base64: in a bundle only if the certificate is.
+    let host_line = host.lines().nth(1).expect("a PEM body").to_owned();
+    let bundle = "etc/ssl/certs/ca-certificates.crt";
+    let layer = Layer::busybox_root(&busybox)
+        .dir("etc/ssl")
+        .dir("etc/ssl/certs")
+        .file(bundle, &system)
+        .dir("usr")
+        .dir("usr/local")
+        .dir("usr/local/share")
+        .dir("usr/local/share/ca-certificates")
+        .applets(&["sh", "grep", "cat", "echo", "test", "sync"])
+        .bytes();
+    let layout = work.path().join("oci");
+    Layout::image(
+        &layout,
+        &[oci_layer(layer, false)],
+        json!({"Env": ["PATH=/bin"]}),
+    );
+    let home = TestHome::new().with_env(
+        dynocap_e2e::netfix::product::ENV_EXTRA_CA,
+        host_ca.ca_cert.to_str().expect("utf8"),
+    );
+    home.json(&[
+        "image",
+        "import",
+        layout.to_str().expect("utf8"),
+        "--name",
+        "certs",
+    ]);
+    for network in ["nat", "filtered"] {
+        let name = format!("trust-{network}");
+        let built = home.json(&[
+            "image",
+            "build",
+            &name,
+            "--from",
+            "certs",
+            "--network",
+            network,
+            "--run",
+            "grep -c BEGIN /etc/ssl/certs/ca-certificates.crt > /etc/during; echo made > /etc/made",
+        ]);
+        let rootfs = Path::new(built["image"]["path"].as_str().expect("path")).join("rootfs");
+        let read = |rel: &str| std::fs::read_to_string(rootfs.join(rel)).unwrap_or_default();
+        assert_eq!(
+            read("etc/during"),
+            "2\n",
+            "{network}: the build's steps trust the host's CA"
+        );
+        assert_eq!(read("etc/made"), "made\n");
+        let baked = read(bundle);
+        assert!(
+            !baked.contains(&host_line),
+            "{network}: the image's bundle keeps the host's extra CA:\n{baked}"
+        );
+        assert_eq!(baked, system, "{network}: the bundle is the recipe's");
+        assert!(
+            !rootfs
+                .join("usr/local/share/ca-certificates/dynocap-extra-ca.crt")
+                .exists(),
+            "{network}: the agent's anchor file is baked in"
+        );
+    }
+    // Sandboxes of the image: without the CA configured it is not trusted; with it, it is.
+    let out = home
+        .command()
+        .env_remove(dynocap_e2e::netfix::product::ENV_EXTRA_CA)
+        .args(["run", "plain", "--image", "trust-nat", "--network", "nat"])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        home.sh("plain", "grep -c BEGIN /etc/ssl/certs/ca-certificates.crt"),
+        "1\n"
+    );
+    home.sandbox("trusting", &["--image", "trust-nat", "--network", "nat"]);
+    assert_eq!(
+        home.sh(
+            "trusting",
+            "grep -c BEGIN /etc/ssl/certs/ca-certificates.crt"
+        ),
+        "2\n"
+    );
+}

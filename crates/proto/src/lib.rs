@@ -14,6 +14,7 @@ mod io;
 mod message;
 pub mod proxy_env;
 pub mod redact;
+pub mod trust;
 pub mod tunnel;
 
 pub use error::ProtoError;

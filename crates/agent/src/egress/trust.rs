@@ -14,16 +14,8 @@ use std::path::{Path, PathBuf};
 
 use crate::fsutil::replace_file;
 
-/// System CA bundles, each where a distribution's TLS libraries read it by default: Debian,
-/// Ubuntu, Alpine, Arch, Gentoo; Fedora, RHEL, CentOS (the link, and what it points at);
-/// openSUSE; Alpine's and LibreSSL's `cert.pem`.
-pub const SYSTEM_BUNDLES: &[&str] = &[
-    "/etc/ssl/certs/ca-certificates.crt",
-    "/etc/pki/tls/certs/ca-bundle.crt",
-    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
-    "/etc/ssl/ca-bundle.pem",
-    "/etc/ssl/cert.pem",
-];
+use dynocap_proto::trust::LOCAL_ANCHORS;
+pub use dynocap_proto::trust::SYSTEM_BUNDLES;
 
 /// Whether `path` (as [`join_system_bundles`] reports it: a link followed) is a system
 /// bundle, rather than a local CA directory's copy.
@@ -32,16 +24,6 @@ pub fn is_system_bundle(path: &Path) -> bool {
         Path::new(bundle) == path || std::fs::canonicalize(bundle).is_ok_and(|real| real == path)
     })
 }
-
-/// Where each distribution's bundle tool takes local CAs from, and the file name it wants:
-/// `update-ca-certificates` (Debian, Ubuntu, Alpine: `*.crt`), `update-ca-trust` (Fedora,
-/// RHEL), `trust extract-compat` (Arch), `update-ca-certificates` (openSUSE).
-const LOCAL_ANCHORS: &[&str] = &[
-    "/usr/local/share/ca-certificates/dynocap-extra-ca.crt",
-    "/etc/pki/ca-trust/source/anchors/dynocap-extra-ca.pem",
-    "/etc/ca-certificates/trust-source/anchors/dynocap-extra-ca.crt",
-    "/etc/pki/trust/anchors/dynocap-extra-ca.pem",
-];
 
 /// Largest bundle read: distributions' bundles are about 200 KB.
 const BUNDLE_MAX: u64 = 8 << 20;

@@ -203,6 +203,17 @@ impl Engine {
                 present: true,
             });
         }
+        // What the sandbox's agent will join into the guest's trust store, read as the
+        // sandbox is given it: its layer leaves it out again. An unreadable file fails the
+        // start of a sandbox that is given it, saying why; one that is not given it (`none`)
+        // has nothing to leave out.
+        let host_trust = recipe_layer::HostTrust::new(
+            crate::supervisor::egress::direct_extra_ca(
+                &self.config().egress,
+                crate::model::spec::Network::Nat,
+            )
+            .unwrap_or(None),
+        );
         let sandbox = request.sandbox.as_str();
         self.reap_dead_builds().await;
         let _mark = BuildMark::take(store.dir(), sandbox)?;
@@ -225,7 +236,7 @@ impl Engine {
         self.run(&spec).await?;
         let built = self
             .build_in_sandbox(
-                sandbox, request, &trees, &recipe, &store, &base, say, on_output,
+                sandbox, request, &trees, &recipe, &store, &base, host_trust, say, on_output,
             )
             .await;
         if let Err(err) = self.destroy(sandbox).await {
@@ -283,6 +294,7 @@ impl Engine {
         recipe: &RecipeSpec,
         store: &ImageStore,
         base: &BuiltImage,
+        host_trust: recipe_layer::HostTrust,
         say: &(dyn Fn(&str) + Send + Sync),
         on_output: OnOutput<'_>,
     ) -> Result<BuiltImage> {
@@ -354,7 +366,7 @@ impl Engine {
             request.limits,
         );
         let (image, skipped) = tokio::task::spawn_blocking(move || {
-            recipe_layer::install(&store, &name, &base, &recipe, &upper, limits)
+            recipe_layer::install(&store, &name, &base, &recipe, &upper, limits, &host_trust)
         })
         .await
         .map_err(|err| Error::internal(format!("the image build thread failed: {err}")))??;

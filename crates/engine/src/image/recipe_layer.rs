@@ -368,6 +368,7 @@ pub fn install(
     recipe: &RecipeSpec,
     upper: &Path,
     limits: Limits,
+    host_trust: &HostTrust,
 ) -> Result<(BuiltImage, Skipped)> {
     let id = recipe.id();
     let parent = store.dir().join(name);
@@ -393,7 +394,8 @@ pub fn install(
         })?);
     }
     let tar_path = staging.path.join("layer.tar");
-    let (diff_id, skipped) = write_layer_tar(upper, &tar_path)?;
+    let trust = host_trust.for_build(&base.rootfs(), upper);
+    let (diff_id, skipped) = write_layer_tar(upper, &tar_path, &trust)?;
     let tar = File::open(&tar_path).context("reading the built layer")?;
     let fresh = layer_store.get(&diff_id).is_none();
     let layer = layer_store.unpack(&diff_id, tar, limits, &|| Ok(()))?;
@@ -467,7 +469,7 @@ fn rootfs_layer(
         return Ok(layer);
     }
     let tar_path = staging.join("base.tar");
-    let (diff_id, _) = write_layer_tar(&base.rootfs(), &tar_path)?;
+    let (diff_id, _) = write_layer_tar(&base.rootfs(), &tar_path, &BuildTrust::default())?;
     let tar = File::open(&tar_path).context("reading the base's layer")?;
     let layer = layer_store.unpack(&diff_id, tar, limits, &|| Ok(()))?;
     fs::remove_file(&tar_path).context("removing the base's layer tar")?;
@@ -479,8 +481,238 @@ fn rootfs_layer(
     Ok(layer)
 }
 
-/// Writes the layer tar of `upper` to `dest`, hashing it: its diff id.
-fn write_layer_tar(upper: &Path, dest: &Path) -> Result<(Digest, Skipped)> {
+/// The host's extra CAs (`DYNOCAP_EXTRA_CA`, PEM) as the build sandbox's agent was given
+/// them: it joined them into the guest's system bundles and put them in its distribution's
+/// local CA directory, for the build's own downloads. None of that is the recipe's, so none of
+/// it may reach the image: a sandbox of the image trusts what the host configures when it
+/// starts, and an image built while a CA was configured must not trust it for good.
+#[derive(Debug, Clone, Default)]
+pub struct HostTrust {
+    pem: Option<String>,
+}
+
+impl HostTrust {
+    pub fn new(pem: Option<String>) -> HostTrust {
+        HostTrust {
+            pem: pem.filter(|pem| !certificates(pem).is_empty()),
+        }
+    }
+
+    /// What to take out of the layer of a build on `base_rootfs` whose upper directory is
+    /// `upper`: every extra certificate but those the recipe (or its base) installs as a local
+    /// CA of its own, which its bundles then hold of its own accord.
+    fn for_build(&self, base_rootfs: &Path, upper: &Path) -> BuildTrust {
+        let Some(pem) = &self.pem else {
+            return BuildTrust::default();
+        };
+        let mut own = std::collections::HashSet::new();
+        for root in [base_rootfs, upper] {
+            for anchor in dynocap_proto::trust::LOCAL_ANCHORS {
+                let Some(dir) = Path::new(anchor).parent() else {
+                    continue;
+                };
+                own_anchors(root, dir, 2, &mut own);
+            }
+        }
+        BuildTrust {
+            base_rootfs: Some(base_rootfs.to_owned()),
+            text: pem.clone(),
+            strip: certificates(pem)
+                .into_iter()
+                .filter(|cert| !own.contains(cert))
+                .collect(),
+        }
+    }
+}
+
+/// Adds the certificates of the local CA files under guest directory `dir` of `root` (to
+/// `depth` levels; DynoCap's own anchor files left out) to `found`. Nothing is followed: the
+/// upper directory is the guest's.
+fn own_anchors(
+    root: &Path,
+    dir: &Path,
+    depth: usize,
+    found: &mut std::collections::HashSet<String>,
+) {
+    let Some(at) = dir
+        .strip_prefix("/")
+        .ok()
+        .and_then(|rel| dir_in_root(root, rel))
+    else {
+        return;
+    };
+    walk_anchors(&at, depth, found);
+}
+
+/// `root/rel` if each of its components is a directory, none a link: a path inside an image
+/// or an upper directory, which no link of theirs leads out of.
+fn dir_in_root(root: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut at = root.to_owned();
+    for part in rel.components() {
+        at.push(part);
+        if !fs::symlink_metadata(&at).is_ok_and(|m| m.is_dir()) {
+            return None;
+        }
+    }
+    Some(at)
+}
+
+/// The text of file `rel` in `root` (see [`dir_in_root`] and [`read_small`]).
+fn read_in_root(root: &Path, rel: &Path) -> Option<String> {
+    let dir = dir_in_root(root, rel.parent()?)?;
+    read_small(&dir.join(rel.file_name()?))
+}
+
+fn walk_anchors(dir: &Path, depth: usize, found: &mut std::collections::HashSet<String>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name
+            .to_string_lossy()
+            .starts_with(dynocap_proto::trust::ANCHOR_STEM)
+        {
+            continue;
+        }
+        let Ok(meta) = fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        if meta.is_dir() && depth > 1 {
+            walk_anchors(&entry.path(), depth - 1, found);
+        } else if meta.is_file() {
+            if let Some(text) = read_small(&entry.path()) {
+                found.extend(certificates(&text));
+            }
+        }
+    }
+}
+
+/// Largest trust file read: distributions' bundles are about 200 KB.
+const TRUST_FILE_MAX: u64 = 8 << 20;
+
+/// A regular file's text (not through a link), if it is at most [`TRUST_FILE_MAX`] bytes.
+fn read_small(path: &Path) -> Option<String> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > TRUST_FILE_MAX {
+        return None;
+    }
+    let mut text = String::new();
+    io::Read::read_to_string(&mut io::Read::take(file, TRUST_FILE_MAX), &mut text).ok()?;
+    Some(text)
+}
+
+/// The PEM certificate blocks of `text`, each with its whitespace taken out, so the same
+/// certificate compares equal however its lines end (as the agent compares them).
+fn certificates(text: &str) -> Vec<String> {
+    pem_blocks(text)
+        .into_iter()
+        .map(|(start, end)| text[start..end].split_whitespace().collect())
+        .collect()
+}
+
+/// Byte ranges of the PEM certificate blocks of `text`.
+fn pem_blocks(text: &str) -> Vec<(usize, usize)> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(start) = text[from..].find(BEGIN).map(|i| from + i) {
+        let Some(len) = text[start..].find(END) else {
+            break;
+        };
+        let end = start + len + END.len();
+        found.push((start, end));
+        from = end;
+    }
+    found
+}
+
+/// What one build's layer leaves out of the guest's trust store ([`HostTrust::for_build`]).
+#[derive(Debug, Clone, Default)]
+struct BuildTrust {
+    /// The base's rootfs: a bundle's certificates before the build.
+    base_rootfs: Option<PathBuf>,
+    /// The extra CAs' PEM as the agent appended it.
+    text: String,
+    /// Their certificates (whitespace taken out) that are no local CA of the recipe's.
+    strip: std::collections::HashSet<String>,
+}
+
+impl BuildTrust {
+    fn active(&self) -> bool {
+        !self.text.is_empty()
+    }
+
+    /// Whether guest path `guest` is a bundle the extra CAs are taken out of: a system
+    /// bundle, or one Fedora's `update-ca-trust` extracts beside it.
+    fn is_bundle(guest: &Path) -> bool {
+        dynocap_proto::trust::SYSTEM_BUNDLES
+            .iter()
+            .any(|b| Path::new(b) == guest)
+            || (guest.starts_with("/etc/pki/ca-trust/extracted/pem")
+                && guest.extension().is_some_and(|e| e == "pem"))
+    }
+
+    /// Whether the entry at guest path `guest` is the agent's anchor file, or a bundle tool's
+    /// link to it (`/etc/ssl/certs/dynocap-extra-ca.pem`, and its hash link to that).
+    fn is_agents(guest: &Path, link_target: Option<&Path>) -> bool {
+        if dynocap_proto::trust::LOCAL_ANCHORS
+            .iter()
+            .any(|a| Path::new(a) == guest)
+        {
+            return true;
+        }
+        link_target.is_some_and(|target| {
+            target.file_name().is_some_and(|n| {
+                n.to_string_lossy()
+                    .starts_with(dynocap_proto::trust::ANCHOR_STEM)
+            })
+        })
+    }
+
+    /// `bundle` without the extra CAs: the agent's append taken out whole where it is, then
+    /// any of their certificates a bundle tool copied in (from the agent's anchor file).
+    /// `kept` are the certificates the base's bundle at the same path holds: trusted before
+    /// the build, they stay.
+    fn strip(&self, bundle: &str, kept: &[String]) -> String {
+        let mut text = bundle.to_owned();
+        let all_strippable = certificates(&self.text)
+            .iter()
+            .all(|cert| self.strip.contains(cert) && !kept.contains(cert));
+        if all_strippable && !self.text.is_empty() {
+            if let Some(at) = text.rfind(self.text.as_str()) {
+                let mut end = at + self.text.len();
+                if !self.text.ends_with('\n') && text[end..].starts_with('\n') {
+                    end += 1;
+                }
+                text.replace_range(at..end, "");
+            }
+        }
+        for (start, end) in pem_blocks(&text).into_iter().rev() {
+            let cert: String = text[start..end].split_whitespace().collect();
+            if self.strip.contains(&cert) && !kept.contains(&cert) {
+                let mut end = end;
+                if text[end..].starts_with("\r\n") {
+                    end += 2;
+                } else if text[end..].starts_with('\n') {
+                    end += 1;
+                }
+                text.replace_range(start..end, "");
+            }
+        }
+        text
+    }
+}
+
+/// Writes the layer tar of `upper` to `dest`, hashing it: its diff id. What `trust` says
+/// the agent added to the guest's trust store is left out.
+fn write_layer_tar(upper: &Path, dest: &Path, trust: &BuildTrust) -> Result<(Digest, Skipped)> {
     let file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -505,6 +737,7 @@ fn write_layer_tar(upper: &Path, dest: &Path) -> Result<(Digest, Skipped)> {
         base_uid: u64::from(top.uid()),
         base_gid: u64::from(top.gid()),
         skipped: Skipped::default(),
+        trust,
     };
     walk.dir(&mut builder, upper, Path::new(""))?;
     let mut hashing = builder
@@ -534,13 +767,14 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
-struct Walk {
+struct Walk<'a> {
     base_uid: u64,
     base_gid: u64,
     skipped: Skipped,
+    trust: &'a BuildTrust,
 }
 
-impl Walk {
+impl Walk<'_> {
     fn guest_id(host: u32, base: u64) -> u64 {
         let host = u64::from(host);
         if host >= base && host - base < GUEST_IDS {
@@ -614,6 +848,12 @@ impl Walk {
             } else if kind.is_symlink() {
                 let target =
                     fs::read_link(&path).with_context(|| format!("reading {}", path.display()))?;
+                if self.trust.active()
+                    && rel.starts_with("etc/ssl/certs")
+                    && BuildTrust::is_agents(&Path::new("/").join(&rel), Some(&target))
+                {
+                    continue;
+                }
                 let mut header = self.header(&meta, tar::EntryType::Symlink);
                 builder
                     .append_link(&mut header, &rel, &target)
@@ -631,6 +871,33 @@ impl Walk {
                 if !opened.is_file() {
                     self.skipped.special += 1;
                     continue;
+                }
+                let guest = Path::new("/").join(&rel);
+                if self.trust.active() && BuildTrust::is_agents(&guest, None) {
+                    continue;
+                }
+                if self.trust.active() && BuildTrust::is_bundle(&guest) {
+                    if let Some(bundle) = read_small(&path) {
+                        let before = self
+                            .trust
+                            .base_rootfs
+                            .as_deref()
+                            .and_then(|base| read_in_root(base, &rel));
+                        let kept = before.as_deref().map(certificates).unwrap_or_default();
+                        let stripped = self.trust.strip(&bundle, &kept);
+                        if stripped != bundle {
+                            // Just what the base had: the base's file shows through.
+                            if before.as_deref() == Some(stripped.as_str()) {
+                                continue;
+                            }
+                            let mut header = self.header(&opened, tar::EntryType::Regular);
+                            header.set_size(stripped.len() as u64);
+                            builder
+                                .append_data(&mut header, &rel, stripped.as_bytes())
+                                .map_err(io_err)?;
+                            continue;
+                        }
+                    }
                 }
                 let mut header = self.header(&opened, tar::EntryType::Regular);
                 header.set_size(opened.len());
@@ -849,7 +1116,7 @@ mod tests {
         // SAFETY: a NUL-terminated path; mknod of a 0/0 char device is an overlay whiteout.
         let made = unsafe { libc::mknod(whiteout.as_ptr(), libc::S_IFCHR, 0) };
         let dest = dir.path().join("layer.tar");
-        let (_, skipped) = write_layer_tar(&upper, &dest).expect("tar");
+        let (_, skipped) = write_layer_tar(&upper, &dest, &BuildTrust::default()).expect("tar");
         assert_eq!(skipped.reserved_names, 1);
         assert_eq!(
             skipped.special, 0,
@@ -882,5 +1149,111 @@ mod tests {
         }
         want.sort();
         assert_eq!(names, want);
+    }
+
+    fn pem(body: &str) -> String {
+        format!("-----BEGIN CERTIFICATE-----\n{body}\n-----END CERTIFICATE-----\n")
+    }
+
+    /// The layer's entries and their contents (files), by name.
+    fn layer_of(upper: &Path, trust: &BuildTrust, dest: &Path) -> BTreeMap<String, String> {
+        let _ = fs::remove_file(dest);
+        write_layer_tar(upper, dest, trust).expect("tar");
+        let mut archive = tar::Archive::new(File::open(dest).expect("open"));
+        archive
+            .entries()
+            .expect("entries")
+            .map(|e| {
+                let mut e = e.expect("entry");
+                let name = e.path().expect("path").display().to_string();
+                let mut text = String::new();
+                io::Read::read_to_string(&mut e, &mut text).expect("read");
+                (name, text)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_host_extra_cas_the_agent_joined_stay_out_of_the_layer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (base, upper) = (dir.path().join("base"), dir.path().join("upper"));
+        let system = pem("U1lTVEVN");
+        let extra = format!("# the host's CA\n{}", pem("RVhUUkE="));
+        let mine = pem("TUlORQ==");
+        let bundle = "etc/ssl/certs/ca-certificates.crt";
+        for root in [&base, &upper] {
+            fs::create_dir_all(root.join("etc/ssl/certs")).expect("mkdir");
+            fs::create_dir_all(root.join("usr/local/share/ca-certificates")).expect("mkdir");
+        }
+        fs::write(base.join(bundle), &system).expect("write");
+        // What the agent wrote, and what update-ca-certificates made of its anchor.
+        fs::write(upper.join(bundle), format!("{system}{extra}")).expect("write");
+        let anchor = "usr/local/share/ca-certificates/dynocap-extra-ca.crt";
+        fs::write(upper.join(anchor), &extra).expect("write");
+        std::os::unix::fs::symlink(
+            format!("/{anchor}"),
+            upper.join("etc/ssl/certs/dynocap-extra-ca.pem"),
+        )
+        .expect("symlink");
+        std::os::unix::fs::symlink(
+            "dynocap-extra-ca.pem",
+            upper.join("etc/ssl/certs/0a1b2c3d.0"),
+        )
+        .expect("symlink");
+        fs::write(upper.join("etc/made"), "made").expect("write");
+        let host = HostTrust::new(Some(extra.clone()));
+        let dest = dir.path().join("layer.tar");
+
+        let layer = layer_of(&upper, &host.for_build(&base, &upper), &dest);
+        let names: Vec<&str> = layer.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "etc",
+                "etc/made",
+                "etc/ssl",
+                "etc/ssl/certs",
+                "usr",
+                "usr/local",
+                "usr/local/share",
+                "usr/local/share/ca-certificates"
+            ],
+            "the bundle is the base's again (so left to it), the anchor and its links gone"
+        );
+        // Without an extra CA configured, the layer is the upper as it is.
+        assert!(layer_of(
+            &upper,
+            &HostTrust::new(None).for_build(&base, &upper),
+            &dest
+        )
+        .contains_key(anchor));
+
+        // The recipe's own change to the bundle, and a bundle tool's copy of the extra CA
+        // (whitespace of its own): the recipe's stays, the copy goes.
+        let copied = pem("RVhUUkE=").replace('\n', "\r\n");
+        fs::write(upper.join(bundle), format!("{system}{extra}{mine}{copied}")).expect("write");
+        let layer = layer_of(&upper, &host.for_build(&base, &upper), &dest);
+        assert_eq!(layer[bundle], format!("{system}{mine}"));
+
+        // A recipe that installs the same CA as a local CA of its own keeps it trusted.
+        fs::write(
+            upper.join("usr/local/share/ca-certificates/corp.crt"),
+            &extra,
+        )
+        .expect("write");
+        fs::write(upper.join(bundle), format!("{system}{extra}")).expect("write");
+        let layer = layer_of(&upper, &host.for_build(&base, &upper), &dest);
+        assert_eq!(layer[bundle], format!("{system}{extra}"));
+        assert!(
+            !layer.contains_key(anchor),
+            "the agent's own file still goes"
+        );
+
+        // A base that trusted the CA already keeps trusting it.
+        fs::remove_file(upper.join("usr/local/share/ca-certificates/corp.crt")).expect("rm");
+        fs::write(base.join(bundle), format!("{system}{extra}")).expect("write");
+        fs::write(upper.join(bundle), format!("{system}{extra}{mine}")).expect("write");
+        let layer = layer_of(&upper, &host.for_build(&base, &upper), &dest);
+        assert_eq!(layer[bundle], format!("{system}{extra}{mine}"));
     }
 }

@@ -178,6 +178,35 @@ fn a_job_is_killed_and_other_sandboxes_do_not_see_it() {
     assert_eq!(home.sh("jk", "echo alive"), "alive\n");
 }
 
+/// A sandbox runs at most 16 background jobs: a 17th `--background` is refused saying how to
+/// free one, and once one is killed it starts.
+#[test]
+fn a_seventeenth_background_job_is_refused_naming_the_kill() {
+    let Some(home) = booted(
+        "a_seventeenth_background_job_is_refused_naming_the_kill",
+        &["j16"],
+    ) else {
+        return;
+    };
+    let jobs: Vec<String> = (0..16)
+        .map(|_| background(&home, "j16", "600", "sleep 300"))
+        .collect();
+    let args = ["exec", "j16", "--background", "--", "sleep 300"];
+    let err = home.json_err(&args);
+    assert_eq!(err["code"], "conflict", "{err:#}");
+    let message = err["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("dynocap job NAME JOB --kill") && message.contains(&jobs[15]),
+        "{err:#}"
+    );
+    // A command that is not a background job runs all the same.
+    assert_eq!(home.sh("j16", "echo ok"), "ok\n");
+    let out = home.run(&["--json", "job", "j16", &jobs[0], "--kill"]);
+    let report: Value = serde_json::from_slice(&out.stdout).expect("a Job object");
+    assert_eq!(report["state"], "killed", "{report:#}");
+    background(&home, "j16", "600", "sleep 300");
+}
+
 #[test]
 fn a_job_still_running_when_its_sandbox_is_destroyed_is_cut_off() {
     let Some(home) = booted(

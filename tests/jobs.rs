@@ -3,7 +3,8 @@
 //! exit code) and kills one; a job id names nothing in another sandbox; a job still running
 //! when its sandbox is destroyed is cut off, on the host too. `ps` and `ls` list running jobs;
 //! a task's finish and its TTL say which jobs they cut off and keep each job's whole output
-//! in the task's results.
+//! in the task's results; a restore keeps the jobs before it, their output read by their ids
+//! and saved at the finish; a 17th background job is refused, saying how to free one.
 
 use std::process::Output;
 

@@ -1194,3 +1194,136 @@ fn token_authentication_pulls_public_and_private_repositories() {
     );
     home.json(&["destroy", "box"]);
 }
+
+/// `dynocap run` and `task start` pull an `--image` reference the host lacks (`--pull
+/// missing`, the default), with the pull's progress on stderr; `--pull never` keeps the error
+/// that says how to pull it; `--pull always` pulls again and boots the tag's new image; a
+/// registry `DYNOCAP_REGISTRIES` does not allow is refused naming it, and a name that is no
+/// reference is never pulled.
+#[test]
+fn run_and_task_start_pull_a_missing_reference() {
+    let test = "run_and_task_start_pull_a_missing_reference";
+    if !require_root(test) || !tools_present(test) {
+        return;
+    }
+    let registry = Registry::start(false);
+    let work = tempfile::tempdir().expect("tempdir");
+    let version = |v: &str| {
+        vec![
+            base_layer(),
+            Layer::new()
+                .dir("release")
+                .file("release/version", &format!("{v}\n"))
+                .bytes(),
+        ]
+    };
+    let first = registry.push(
+        &image(&work.path().join("v1"), &version("one")),
+        "team/tool:1",
+    );
+    let tool = reference("team/tool:1");
+    let home = registry.home();
+    let run = |name: &str, extra: &[&str]| {
+        home.command()
+            .args(["--json", "run", name, "--image", &tool, "--backend", "jail"])
+            .args(extra)
+            .output()
+            .expect("run")
+    };
+
+    let never = run("never", &["--pull", "never"]);
+    assert!(!never.status.success());
+    let err: Value = serde_json::from_slice(&never.stdout).expect("json");
+    assert_says(&err["error"], "not on this host");
+    assert_says(&err["error"], &format!("dynocap image pull {tool}"));
+    assert!(images(&home).is_empty(), "--pull never pulls nothing");
+
+    let pulled = run("box", &[]);
+    let stderr = String::from_utf8_lossy(&pulled.stderr);
+    assert!(pulled.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("pulling {tool}")), "{stderr}");
+    assert_eq!(home.sh("box", "cat /release/version"), "one\n");
+    let listed = images(&home);
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["source"]["manifestDigest"], first.as_str());
+
+    // The tag moves on: missing boots what the host has, always pulls the new one.
+    let second = registry.push(
+        &image(&work.path().join("v2"), &version("two")),
+        "team/tool:1",
+    );
+    assert_ne!(first, second);
+    let kept = run("kept", &[]);
+    let stderr = String::from_utf8_lossy(&kept.stderr);
+    assert!(kept.status.success(), "{stderr}");
+    assert!(!stderr.contains("pulling"), "{stderr}");
+    assert_eq!(home.sh("kept", "cat /release/version"), "one\n");
+    let again = run("again", &["--pull", "always"]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("pulling {tool} again")),
+        "{stderr}"
+    );
+    assert_eq!(home.sh("again", "cat /release/version"), "two\n");
+    assert!(
+        images(&home)
+            .iter()
+            .any(|i| i["source"]["manifestDigest"] == second.as_str()),
+        "{:#?}",
+        images(&home)
+    );
+
+    // task start pulls too (then refuses this image for having no git, as it would any).
+    registry.push(
+        &image(&work.path().join("v3"), &version("three")),
+        "team/tool:3",
+    );
+    let project = work.path().join("project");
+    std::fs::create_dir_all(&project).expect("mkdir");
+    std::fs::write(project.join("README"), "hi\n").expect("write");
+    let task_tool = reference("team/tool:3");
+    let project_arg = project.to_str().expect("utf8");
+    let never = home.json_err(&[
+        "task",
+        "start",
+        project_arg,
+        "--image",
+        &task_tool,
+        "--pull",
+        "never",
+    ]);
+    assert_says(&never, "not on this host");
+    let out = home
+        .command()
+        .args(["task", "start", project_arg, "--image", &task_tool])
+        .output()
+        .expect("task start");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("pulling {task_tool}")), "{stderr}");
+    assert!(
+        images(&home)
+            .iter()
+            .any(|i| i["name"] == task_tool.as_str()),
+        "task start pulled the image: {stderr}"
+    );
+
+    // A registry the host does not allow, and a name that is no reference.
+    let refused = home
+        .command()
+        .env("DYNOCAP_REGISTRIES", "elsewhere.example")
+        .args([
+            "--json",
+            "run",
+            "refused",
+            "--image",
+            &reference("team/tool:9"),
+        ])
+        .output()
+        .expect("run");
+    assert!(!refused.status.success());
+    let err: Value = serde_json::from_slice(&refused.stdout).expect("json");
+    assert_says(&err["error"], "DYNOCAP_REGISTRIES");
+    let err = home.json_err(&["run", "local", "--image", "host", "--pull", "always"]);
+    assert_says(&err, "registry reference");
+}

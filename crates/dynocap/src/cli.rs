@@ -226,6 +226,17 @@ pub struct PoolArgs {
     pub drain: bool,
 }
 
+/// When `run` and `task start` pull their `--image` (`--pull`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PullWhen {
+    /// When this host lacks the image.
+    Missing,
+    /// Never: an image this host lacks is an error.
+    Never,
+    /// Every time: the registry's image now.
+    Always,
+}
+
 #[derive(Debug, Args)]
 pub struct CompletionsArgs {
     /// The shell: bash, zsh, fish, elvish or powershell.
@@ -361,6 +372,12 @@ pub struct TaskStartArgs {
     /// DYNOCAP_IMAGE names another) or a built image such as debian (`dynocap image build`).
     #[arg(long, value_name = "NAME")]
     pub image: Option<String>,
+    /// When to pull an --image that is a registry reference (registry.example/repo:tag, in
+    /// a registry DYNOCAP_REGISTRIES allows): missing (when this host lacks it; the default),
+    /// never (a missing image is an error) or always (pull it again, and boot what the
+    /// registry has now).
+    #[arg(long, value_name = "missing|never|always", value_enum, default_value_t = PullWhen::Missing)]
+    pub pull: PullWhen,
     /// The backend to boot on: jail (Linux namespaces), vm (a QEMU microVM; needs a built
     /// image with a kernel, e.g. --image debian) or auto (vm where KVM boots the image's
     /// kernel, else jail). Default: DYNOCAP_BACKEND, else auto.
@@ -439,6 +456,12 @@ pub struct RunArgs {
     /// DYNOCAP_IMAGE names another) or a built image such as debian (`dynocap image build`).
     #[arg(long, value_name = "NAME")]
     pub image: Option<String>,
+    /// When to pull an --image that is a registry reference (registry.example/repo:tag, in
+    /// a registry DYNOCAP_REGISTRIES allows): missing (when this host lacks it; the default),
+    /// never (a missing image is an error) or always (pull it again, and boot what the
+    /// registry has now).
+    #[arg(long, value_name = "missing|never|always", value_enum, default_value_t = PullWhen::Missing)]
+    pub pull: PullWhen,
     /// The backend to boot on: jail (Linux namespaces), vm (a QEMU microVM; needs a built
     /// image with a kernel, e.g. --image debian) or auto (vm where KVM boots the image's
     /// kernel, else jail). Default: DYNOCAP_BACKEND, else auto.

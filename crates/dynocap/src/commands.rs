@@ -162,6 +162,8 @@ async fn run(engine: &Engine, json: bool, args: RunArgs, streams: &Streams) -> R
         args.disk_mb,
     )?;
     spec.allow_hosts = args.allow_hosts;
+    let say = |line: &str| streams.stderr().write_str(&format!("{line}\n"));
+    crate::image_commands::pull_for_start(engine, args.image.as_deref(), args.pull, &say).await?;
     spec.image = args.image;
     spec.backend = args.backend;
     let publish = args.publish.clone();

@@ -12,7 +12,7 @@ use dynocap_engine::image::build::{short, Origin};
 use dynocap_engine::image_admin::ImageInfo;
 use dynocap_engine::{Engine, Error};
 
-use crate::cli::{ImageBuildArgs, ImageCommand, ImageImportArgs, ImagePullArgs};
+use crate::cli::{ImageBuildArgs, ImageCommand, ImageImportArgs, ImagePullArgs, PullWhen};
 use crate::output::{print_json, say, sayln, table, warnln};
 
 pub async fn image(engine: Engine, json: bool, command: ImageCommand) -> Result<ExitCode, Error> {
@@ -266,6 +266,74 @@ async fn build_recipe(
         sayln!("image {} ({}) built", image.name(), short(image.id()));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Pulls the image a start names (`run` or `task start --image`) first when `when` says so:
+/// a registry reference this host lacks (`missing`), or one it may have (`always`), as
+/// `dynocap image pull REF` would, its progress lines to `say` (the command's stderr). A name
+/// that is no reference (a built or imported image, `host`) is never pulled; `never` leaves a
+/// missing image to the start, which says how to pull it. A registry `DYNOCAP_REGISTRIES`
+/// does not allow fails the pull, naming the variable. The pull is the on-demand one (no
+/// signal handler of its own: `run` may be served by a long-lived process, whose signals are
+/// not the command's); one stopped half-way resumes from its blobs on the next.
+pub async fn pull_for_start(
+    engine: &Engine,
+    image: Option<&str>,
+    when: PullWhen,
+    say: &(dyn Fn(&str) + Sync),
+) -> Result<(), Error> {
+    let Some(image) = image else {
+        return Ok(());
+    };
+    let reference = dynocap_engine::image::store::is_reference(image);
+    if when == PullWhen::Always && !reference {
+        return Err(Error::invalid(format!(
+            "--pull always needs --image to be a registry reference \
+             (registry.example/repo:tag); \"{}\" is an image of this host's own: leave \
+             --pull out to start on it",
+            dynocap_engine::image::oci::printable(image)
+        )));
+    }
+    if !reference || when == PullWhen::Never {
+        return Ok(());
+    }
+    let present = match engine.image_inspect(image) {
+        Ok(_) => true,
+        Err(err) if err.code == dynocap_engine::ErrorCode::NotFound => false,
+        Err(err) => return Err(err),
+    };
+    if present && when == PullWhen::Missing {
+        return Ok(());
+    }
+    if present {
+        say(&format!("dynocap: pulling {image} again (--pull always)"));
+    } else {
+        say(&format!(
+            "dynocap: pulling {image}, which this host does not have (--pull missing)"
+        ));
+    }
+    let progress = |line: &str| say(&format!("image pull: {line}"));
+    let pulled = engine
+        .image_pull_on_demand(image, &progress)
+        .await
+        .map_err(|err| {
+            let why = if present {
+                "pulling it again failed"
+            } else {
+                "this host does not have it and pulling it failed"
+            };
+            Error::new(err.code, format!("--image {image}: {why}: {}", err.message))
+        })?;
+    say(&format!(
+        "dynocap: {image} is {} ({})",
+        if pulled.present {
+            "up to date"
+        } else {
+            "pulled"
+        },
+        short(pulled.image.id())
+    ));
+    Ok(())
 }
 
 async fn pull(engine: Engine, json: bool, args: ImagePullArgs) -> Result<ExitCode, Error> {

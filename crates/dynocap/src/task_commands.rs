@@ -184,7 +184,9 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
             spec.image = auto.image;
             auto.note
         }
-        _ => {
+        image => {
+            let say = |line: &str| warnln!("{line}");
+            crate::image_commands::pull_for_start(engine, image, args.pull, &say).await?;
             spec.image = args.image;
             None
         }

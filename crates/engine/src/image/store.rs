@@ -272,13 +272,17 @@ impl ImageStore {
         let parent = image.dir.parent().ok_or_else(|| ImageFailure::NoParent {
             dir: image.dir.clone(),
         })?;
+        // The name's lock, unless a build, import or pull of it runs (which keeps the
+        // directory): held through the removal, so that no other holder's sweep of dead
+        // builds takes the `.tmp-rm-*` below for one.
+        let lock = super::build::BuildLock::try_take(parent)?;
         let doomed = parent.join(format!("{TMP_PREFIX}rm-{}", image.id()));
         fs::rename(&image.dir, &doomed)
             .with_context(|| format!("removing image {}", image.dir.display()))?;
         super::build::remove_build_dir(&doomed)?;
         // The name's last image gone, its directory (build lock and what dead builds left)
-        // goes too; a build, import or pull of the name running now keeps it.
-        match super::build::BuildLock::try_take(parent)? {
+        // goes too.
+        match lock {
             Some(lock) => lock.remove_name_if_unused(parent),
             None => Ok(()),
         }

@@ -325,6 +325,9 @@ pub struct Job {
     kill: Notify,
     killed: AtomicBool,
     progress: Mutex<Option<Progress>>,
+    /// How long it ran, set as it ends: a report of an ended job without an Exec object
+    /// (`failed`) says this, not the time since it started.
+    ran: OnceLock<Duration>,
     /// The sandbox's kept job output, shared by its jobs.
     total: Arc<AtomicU64>,
     /// The sandbox's list of running jobs, which the job leaves when it ends.
@@ -518,6 +521,7 @@ impl Jobs {
             kill: Notify::new(),
             killed: AtomicBool::new(false),
             progress: Mutex::new(None),
+            ran: OnceLock::new(),
             total: self.total.clone(),
             board: self.board.clone(),
         });
@@ -905,6 +909,7 @@ impl Job {
             kill: Notify::new(),
             killed: AtomicBool::new(false),
             progress: Mutex::new(None),
+            ran: OnceLock::new(),
             total: total.clone(),
             board: board.clone(),
         })
@@ -938,6 +943,8 @@ impl Job {
 
     /// Records the job's end: waiters see it, listings no longer show it running.
     fn set_ended(&self, ended: Ended) {
+        // Before the end is seen: whoever sees it finds how long the job ran.
+        let _ = self.ran.set(self.started.elapsed());
         self.end.send_replace(Some(ended));
         // The id is read under the board's lock: see Jobs::list_job.
         self.board.change(|running| {
@@ -1178,6 +1185,9 @@ impl Job {
             Some(Ended::Failed(err)) => {
                 report.state = JobState::Failed;
                 report.error = Some(err);
+                if let Some(ran) = self.ran.get() {
+                    report.duration_ms = u64::try_from(ran.as_millis()).unwrap_or(u64::MAX);
+                }
             }
             Some(Ended::Before(handed)) => {
                 report.state = handed.state;
@@ -1866,6 +1876,23 @@ mod tests {
         jobs.release(&chatty);
         assert!(!jobs_dir.join("3.stdout").exists());
         assert_eq!(jobs.list().len(), 1);
+    }
+
+    /// A job that failed ran as long as it ran: its duration does not grow with each report.
+    #[test]
+    fn an_ended_jobs_duration_is_fixed_at_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(dir.path().join("jobs"));
+        let job = jobs.add(&spec("sleep 300"), true).unwrap();
+        jobs.list_job(&job);
+        std::thread::sleep(Duration::from_millis(20));
+        job.set_ended(Ended::Failed(Error::internal("the sandbox ended")));
+        let first = job.report(None);
+        assert_eq!(first.state, JobState::Failed);
+        assert!(first.duration_ms >= 20, "{first:?}");
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(job.report(None).duration_ms, first.duration_ms);
+        assert_eq!(jobs.list()[0].duration_ms, first.duration_ms);
     }
 
     #[test]

@@ -207,3 +207,48 @@ async def test_sixteen_background_jobs_refuse_a_seventeenth_not_an_exec(host: Ho
         bg = ok(await s.call_tool("dynocap_exec", {
             "name": "many", "command": "true", "background": True}))
         assert bg["running"] is True, bg
+
+
+async def done(s, name: str, job: str) -> dict:
+    """dynocap_job until `job` ended; its last answer."""
+    for _ in range(60):
+        report = ok(await s.call_tool("dynocap_job", {"name": name, "job": job, "waitSeconds": 2}))
+        if not report["running"]:
+            return report
+    raise AssertionError(f"job {job} did not end")
+
+
+async def test_an_ended_jobs_output_makes_room_for_a_newer_jobs(host: Host) -> None:
+    # 200 MB, then 100 MB: past the sandbox's 256 MiB of kept job output. The second job's
+    # output used to be dropped (and every later job's) because the first, long ended, held
+    # the room; now the first one's output is forgotten to make room, and it says so.
+    first_len, second_len = 200_000_000, 100_000_000
+    async with connect(host, env=WAIT) as s:
+        task = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(host.project())}))
+        name = task["id"]
+        first = ok(await s.call_tool("dynocap_task_exec", {
+            "name": name, "command": f"head -c {first_len} /dev/zero", "background": True,
+            "timeoutSeconds": 300}))
+        report = await done(s, name, first["job"])
+        assert (report["state"], report["stdoutOffset"]) == ("exited", first_len), report
+        assert "outputEvicted" not in report and "stdoutDropped" not in report, report
+        second = ok(await s.call_tool("dynocap_task_exec", {
+            "name": name, "command": f"head -c {second_len} /dev/zero; echo end",
+            "background": True, "timeoutSeconds": 300}))
+        report = await done(s, name, second["job"])
+        assert (report["state"], report["exitCode"]) == ("exited", 0), report
+        assert report["stdoutOffset"] == second_len + 4, report
+        assert "stdoutDropped" not in report and "outputEvicted" not in report, report
+        assert report["stdout"].endswith("end\n"), report["stdout"][-20:]
+        evicted = ok(await s.call_tool("dynocap_job", {"name": name, "job": first["job"]}))
+        assert evicted["outputEvicted"] is True, evicted
+        assert (evicted["state"], evicted["exitCode"]) == ("exited", 0), evicted
+        assert (evicted["stdoutOffset"], evicted["stdoutDropped"]) == (0, first_len), evicted
+        assert evicted["stdout"] == "", evicted
+        result = ok(await s.call_tool("dynocap_task_finish", {"id": name}))
+        entry = saved(result, first["job"])
+        assert (entry["stdoutBytes"], entry["stdoutDropped"]) == (0, first_len), entry
+        assert Path(entry["stdoutPath"]).stat().st_size == 0
+        entry = saved(result, second["job"])
+        assert entry["stdoutBytes"] == second_len + 4 and "stdoutDropped" not in entry, entry
+        assert Path(entry["stdoutPath"]).stat().st_size == second_len + 4

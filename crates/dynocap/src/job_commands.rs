@@ -177,10 +177,15 @@ fn print_state(report: &JobReport) {
     if report.truncated {
         line.push_str("; output was cut to its head and tail");
     }
-    if report.stdout_dropped + report.stderr_dropped > 0 {
+    let dropped = report.stdout_dropped + report.stderr_dropped;
+    if report.output_evicted {
         line.push_str(&format!(
-            "; {} bytes past the sandbox's bound on kept job output were dropped",
-            report.stdout_dropped + report.stderr_dropped
+            "; its output ({dropped} bytes) was dropped to make room for newer jobs' output \
+             within the sandbox's 256 MiB of kept job output"
+        ));
+    } else if dropped > 0 {
+        line.push_str(&format!(
+            "; {dropped} bytes past the sandbox's bound on kept job output were dropped"
         ));
     }
     warnln!("{line}");

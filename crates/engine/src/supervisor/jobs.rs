@@ -2,7 +2,8 @@
 //! supervisor runs on a connection of its own, so it goes on when its caller stops waiting
 //! (an MCP client's request timeout, `background`), until its own timeout, a kill, or the
 //! sandbox's end. Its whole output is kept on the host, bounded per sandbox
-//! ([`JOB_OUTPUT_BOUND`]: past it bytes are counted, not kept), and is read back from any
+//! ([`JOB_OUTPUT_BOUND`]: past it the oldest ended jobs' output is forgotten to make room, and
+//! only when none holds any are new bytes counted, not kept), and is read back from any
 //! offset as a bounded head and tail, as exec results are.
 //!
 //! Every MCP exec starts as a job, and most end within their call. Such a command is not a job
@@ -25,7 +26,7 @@
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -44,8 +45,12 @@ use crate::model::task_spec::Progress;
 use crate::supervisor::control::{read_message, write_message, ControlReply, ControlRequest};
 use crate::supervisor::exec::{sanitize_line, ExecResult};
 
-/// Output of all of a sandbox's jobs kept on the host, both streams together; what comes past
-/// it is counted in the job's `stdoutDropped`/`stderrDropped`, not kept.
+/// Output of all of a sandbox's jobs kept on the host, both streams together. A job's output
+/// that would go past it makes room first: the oldest ended jobs' output is forgotten, whole
+/// jobs, until it fits ([`Job::make_room`]); those jobs stay listed with their state, their
+/// forgotten bytes counted as dropped. Only when no ended job holds output (running jobs
+/// never lose output to each other) are the new bytes counted in the job's
+/// `stdoutDropped`/`stderrDropped`, not kept.
 pub const JOB_OUTPUT_BOUND: u64 = 256 * 1024 * 1024;
 
 /// Listed jobs of one sandbox running at once: a background start beyond it is refused.
@@ -216,11 +221,17 @@ pub struct JobReport {
     /// Where the next request's output starts: the bytes kept so far.
     pub stdout_offset: u64,
     pub stderr_offset: u64,
-    /// Bytes past the sandbox's bound on kept job output ([`JOB_OUTPUT_BOUND`]), not kept.
+    /// Bytes not kept: past the sandbox's bound on kept job output ([`JOB_OUTPUT_BOUND`]),
+    /// or kept once and forgotten to make room for newer jobs' output (`output_evicted`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub stdout_dropped: u64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub stderr_dropped: u64,
+    /// The ended job's kept output was forgotten to make room for newer jobs' output within
+    /// [`JOB_OUTPUT_BOUND`]: its bytes are counted in `stdout_dropped`/`stderr_dropped`, and
+    /// its state, exit code and Exec object stay.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_evicted: bool,
     /// Why a `failed` job failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<Error>,
@@ -265,6 +276,9 @@ struct HandedOver {
     /// Bytes of stdout and of stderr kept in its files, and not kept.
     kept: [u64; 2],
     dropped: [u64; 2],
+    /// Its output was forgotten to make room for newer jobs' ([`Job::make_room`]).
+    #[serde(default)]
+    output_evicted: bool,
     /// How its output is read back: its exec's `maxOutputBytes` and `outputEncoding`.
     max_output_bytes: u64,
     output_encoding: OutputEncoding,
@@ -328,11 +342,20 @@ pub struct Job {
     /// How long it ran, set as it ends: a report of an ended job without an Exec object
     /// (`failed`) says this, not the time since it started.
     ran: OnceLock<Duration>,
+    /// Its kept output was forgotten to make room for newer jobs' ([`Job::make_room`]); set
+    /// under its streams' lock, with the bytes moved to `dropped`.
+    evicted: AtomicBool,
     /// The sandbox's kept job output, shared by its jobs.
     total: Arc<AtomicU64>,
+    /// The sandbox's jobs ([`Jobs::list`]), where a job whose output meets the bound finds the
+    /// ended ones to forget the output of. Weak: the list holds its jobs.
+    jobs: Weak<JobList>,
     /// The sandbox's list of running jobs, which the job leaves when it ends.
     board: Arc<Board>,
 }
+
+/// A sandbox's jobs, oldest first.
+type JobList = Mutex<Vec<Arc<Job>>>;
 
 /// A sandbox's jobs.
 pub struct Jobs {
@@ -341,7 +364,7 @@ pub struct Jobs {
     next: AtomicU64,
     /// The next job's [`Job::seq`].
     seq: AtomicU64,
-    list: Mutex<Vec<Arc<Job>>>,
+    list: Arc<JobList>,
     total: Arc<AtomicU64>,
     board: Arc<Board>,
 }
@@ -369,9 +392,10 @@ impl Jobs {
             path: dir.join(RUNNING_FILE),
             running: Mutex::new(Vec::new()),
         });
+        let list: Arc<JobList> = Arc::new(Mutex::new(Vec::new()));
         let taken: Vec<Arc<Job>> = take_handed_over(&dir, first)
             .into_iter()
-            .map(|handed| Job::handed_over(&dir, handed, &total, &board))
+            .map(|handed| Job::handed_over(&dir, handed, &total, &list, &board))
             .collect();
         remove_strays(&dir, &taken);
         // A new supervisor runs no job yet: the one before may have left its jobs listed
@@ -384,10 +408,11 @@ impl Jobs {
             _ => {}
         }
         let seq = taken.iter().map(|job| job.seq).max().unwrap_or(0) + 1;
+        *lock(&list) = taken;
         Self {
             next: AtomicU64::new(first),
             seq: AtomicU64::new(seq),
-            list: Mutex::new(taken),
+            list,
             total,
             board,
             dir,
@@ -414,6 +439,7 @@ impl Jobs {
                         [streams[0].dropped, streams[1].dropped],
                     )
                 };
+                let output_evicted = report.output_evicted;
                 let (state, exit_code, signal, error) = if ended_by_restore {
                     let error = Error::conflict(format!(
                         "the task was restored to its checkpoint {label:?} while this job ran, \
@@ -435,6 +461,7 @@ impl Jobs {
                     error,
                     kept,
                     dropped,
+                    output_evicted,
                     max_output_bytes: job.limit as u64,
                     output_encoding: job.encoding,
                 }
@@ -522,7 +549,9 @@ impl Jobs {
             killed: AtomicBool::new(false),
             progress: Mutex::new(None),
             ran: OnceLock::new(),
+            evicted: AtomicBool::new(false),
             total: self.total.clone(),
+            jobs: Arc::downgrade(&self.list),
             board: self.board.clone(),
         });
         list.push(job.clone());
@@ -858,6 +887,7 @@ impl Job {
         dir: &std::path::Path,
         handed: HandedOver,
         total: &Arc<AtomicU64>,
+        jobs: &Arc<JobList>,
         board: &Arc<Board>,
     ) -> Arc<Job> {
         let streams = [0, 1].map(|i| {
@@ -890,6 +920,7 @@ impl Job {
         });
         let id = OnceLock::new();
         let _ = id.set(handed.job.clone());
+        let evicted = AtomicBool::new(handed.output_evicted);
         let (end, _) = watch::channel(None);
         Arc::new(Job {
             id,
@@ -910,7 +941,9 @@ impl Job {
             killed: AtomicBool::new(false),
             progress: Mutex::new(None),
             ran: OnceLock::new(),
+            evicted,
             total: total.clone(),
+            jobs: Arc::downgrade(jobs),
             board: board.clone(),
         })
     }
@@ -1002,15 +1035,15 @@ impl Job {
             OutputChannel::Stdout => 0,
             OutputChannel::Stderr => 1,
         };
-        let mut streams = lock(&self.streams);
         let len = data.len() as u64;
-        let room = match self
-            .total
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
-                Some(total + len.min(JOB_OUTPUT_BOUND.saturating_sub(total)))
-            }) {
-            Ok(before) | Err(before) => len.min(JOB_OUTPUT_BOUND.saturating_sub(before)),
-        };
+        // Reserved before the streams' lock is taken: making room takes other jobs' locks
+        // (see Job::make_room). A forget of this job meanwhile closes its sink, and the
+        // reservation is then given back below as any bytes not written are.
+        let mut room = reserve(&self.total, len);
+        if room < len {
+            room += self.make_room(len - room);
+        }
+        let mut streams = lock(&self.streams);
         let keep = usize::try_from(room).unwrap_or(data.len()).min(data.len());
         if matches!(streams[index].sink, Sink::Memory(_))
             && streams[0].in_memory() + streams[1].in_memory() + keep > MEMORY_BOUND
@@ -1035,6 +1068,54 @@ impl Job {
             self.total.fetch_sub(keep as u64, Ordering::Relaxed);
             stream.dropped += len;
         }
+    }
+
+    /// Reserves up to `want` bytes in the sandbox's bound, forgetting the output of its oldest
+    /// ended listed jobs, whole jobs, oldest first, until they fit or no ended job holds any;
+    /// the bytes reserved. Running jobs never lose kept output to each other: a job's output
+    /// past the bound while only running jobs hold it is dropped, counted, as before.
+    ///
+    /// It cannot deadlock: the only nesting of these locks anywhere is the list's, then a
+    /// job's streams' (here, in [`Jobs::add`], [`Jobs::hand_over`], [`Jobs::kept_output`]),
+    /// never the other way round: [`Job::keep`] calls this before it takes its own streams'
+    /// lock, and no code takes the list's lock while holding a streams' lock. The jobs
+    /// forgotten are ended ones (their streams are no longer written), never this one.
+    fn make_room(&self, want: u64) -> u64 {
+        let Some(jobs) = self.jobs.upgrade() else {
+            return 0;
+        };
+        let list = lock(&jobs);
+        let mut reserved = 0;
+        for job in list.iter() {
+            // Bytes others' output gave back since (an ended job released or forgotten).
+            reserved += reserve(&self.total, want - reserved);
+            if reserved == want {
+                break;
+            }
+            if std::ptr::eq(Arc::as_ptr(job), self) || !job.is_listed() || job.is_running() {
+                continue;
+            }
+            job.evict();
+        }
+        if reserved < want {
+            reserved += reserve(&self.total, want - reserved);
+        }
+        reserved
+    }
+
+    /// Forgets an ended job's kept output to make room for newer jobs' ([`Job::make_room`]):
+    /// its bytes are counted as dropped, it stays listed with its state, and its report says
+    /// why its output is gone.
+    fn evict(&self) {
+        let mut streams = lock(&self.streams);
+        if streams.iter().all(|stream| stream.kept == 0) {
+            return;
+        }
+        for stream in streams.iter_mut() {
+            stream.dropped += stream.kept;
+        }
+        self.evicted.store(true, Ordering::Relaxed);
+        self.forget_locked(&mut streams);
     }
 
     /// Moves what the streams hold in memory to their files, where their output goes from
@@ -1124,13 +1205,14 @@ impl Job {
     /// The job's state, with its output since `offsets` (stdout, stderr) when asked for.
     pub fn report(&self, offsets: Option<(u64, u64)>) -> JobReport {
         let ended = self.end.borrow().clone();
-        let (mut stdout_kept, mut stderr_kept, stdout_dropped, stderr_dropped) = {
+        let (mut stdout_kept, mut stderr_kept, stdout_dropped, stderr_dropped, output_evicted) = {
             let streams = lock(&self.streams);
             (
                 streams[0].kept,
                 streams[1].kept,
                 streams[0].dropped,
                 streams[1].dropped,
+                self.evicted.load(Ordering::Relaxed),
             )
         };
         // A running job's text ends at its last whole character: the bytes of one it has
@@ -1163,6 +1245,7 @@ impl Job {
             stderr_offset: stderr_kept,
             stdout_dropped,
             stderr_dropped,
+            output_evicted,
             error: None,
             result: None,
             paged: false,
@@ -1305,7 +1388,10 @@ impl Job {
 
     /// Drops a job's output, its files with it, giving its room back to the sandbox's bound.
     fn forget(&self) {
-        let mut streams = lock(&self.streams);
+        self.forget_locked(&mut lock(&self.streams));
+    }
+
+    fn forget_locked(&self, streams: &mut [Kept; 2]) {
         for stream in streams.iter_mut() {
             stream.sink = Sink::Closed;
             if let Some(path) = stream.path.take() {
@@ -1314,6 +1400,16 @@ impl Job {
             self.total.fetch_sub(stream.kept, Ordering::Relaxed);
             stream.kept = 0;
         }
+    }
+}
+
+/// Takes up to `want` bytes of the room left in the sandbox's bound (`total` is what its jobs
+/// keep); the bytes taken.
+fn reserve(total: &AtomicU64, want: u64) -> u64 {
+    match total.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
+        Some(total + want.min(JOB_OUTPUT_BOUND.saturating_sub(total)))
+    }) {
+        Ok(before) | Err(before) => want.min(JOB_OUTPUT_BOUND.saturating_sub(before)),
     }
 }
 
@@ -1797,15 +1893,16 @@ mod tests {
         // Far more than a job report's 16-byte excerpt: the saved file has all of it.
         let whole = "line of output\n".repeat(1000);
         ended.keep(OutputChannel::Stdout, whole.as_bytes());
-        ended.set_ended(Ended::Failed(Error::internal("ended")));
         let running = jobs.add(&spec("sleep 100"), false).unwrap();
         jobs.list_job(&running);
         // One that ended within its call is not the task's job: no log of it.
         let quick = jobs.add(&spec("true"), false).unwrap();
         quick.keep(OutputChannel::Stdout, b"quick\n");
         quick.set_ended(Ended::Failed(Error::internal("ended")));
+        // Past the bound while only running jobs hold output: dropped, counted.
         jobs.total.store(JOB_OUTPUT_BOUND - 3, Ordering::Relaxed);
         running.keep(OutputChannel::Stderr, b"errors");
+        ended.set_ended(Ended::Failed(Error::internal("ended")));
         let cut_off = jobs.running();
         assert_eq!(cut_off.len(), 1);
         assert_eq!(cut_off[0].job, "job-2");
@@ -1876,6 +1973,144 @@ mod tests {
         jobs.release(&chatty);
         assert!(!jobs_dir.join("3.stdout").exists());
         assert_eq!(jobs.list().len(), 1);
+    }
+
+    /// A listed job that ended and printed `stdout` and `stderr`.
+    fn ended_job(jobs: &Jobs, stdout: &[u8], stderr: &[u8]) -> Arc<Job> {
+        let job = jobs.add(&spec("make"), true).unwrap();
+        jobs.list_job(&job);
+        job.keep(OutputChannel::Stdout, stdout);
+        job.keep(OutputChannel::Stderr, stderr);
+        job.set_ended(exited(2));
+        job
+    }
+
+    /// At the bound, the oldest ended jobs' output makes room for a new job's, whole jobs,
+    /// oldest first and no more than needed; they stay listed, their bytes counted as
+    /// dropped, saying why. Running jobs never lose output to each other: with only them
+    /// holding output, new bytes are dropped as before.
+    #[test]
+    fn ended_jobs_output_makes_room_for_newer_jobs_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs_dir = dir.path().join("jobs");
+        let jobs = Jobs::new(jobs_dir.clone());
+        let oldest = ended_job(&jobs, &[b'a'; 100], b"warnings\n");
+        let older = ended_job(&jobs, &[b'b'; 50], b"");
+        let running = jobs.add(&spec("sleep 300"), true).unwrap();
+        jobs.list_job(&running);
+        running.keep(OutputChannel::Stdout, &[b'r'; 20]);
+        // As if other output filled the bound up to 30 bytes.
+        jobs.total.store(JOB_OUTPUT_BOUND - 30, Ordering::Relaxed);
+        let new = jobs.add(&spec("cargo build"), true).unwrap();
+        jobs.list_job(&new);
+        new.keep(OutputChannel::Stdout, &[b'n'; 100]);
+        let report = new.report(None);
+        assert_eq!((report.stdout_offset, report.stdout_dropped), (100, 0));
+        // The oldest ended job's output made room, the next one's was not needed.
+        let report = oldest.report(Some((0, 0)));
+        assert!(report.output_evicted, "{report:?}");
+        assert_eq!(
+            (report.state, report.exit_code),
+            (JobState::Exited, Some(2))
+        );
+        assert!(report.result.is_some());
+        assert_eq!((report.stdout_offset, report.stdout_dropped), (0, 100));
+        assert_eq!((report.stderr_offset, report.stderr_dropped), (0, 9));
+        assert_eq!((report.stdout.as_str(), report.stderr.as_str()), ("", ""));
+        assert!(!jobs_dir.join("1.stdout").exists() && !jobs_dir.join("1.stderr").exists());
+        assert_eq!(jobs.get("job-1").unwrap().report(None).stdout_dropped, 100);
+        let report = older.report(Some((0, 0)));
+        assert!(!report.output_evicted);
+        assert!(report.stdout.starts_with('b'), "{report:?}");
+        assert_eq!(report.stdout_offset, 50);
+        assert_eq!(
+            jobs.total.load(Ordering::Relaxed),
+            JOB_OUTPUT_BOUND - 30 - (100 + 9) + 100
+        );
+        // More than the ended jobs hold: the next one's output goes too, the running one's
+        // stays, and what still does not fit is dropped.
+        new.keep(OutputChannel::Stderr, &[b'e'; 200]);
+        let report = new.report(None);
+        assert_eq!((report.stderr_offset, report.stderr_dropped), (89, 111));
+        assert!(older.report(None).output_evicted);
+        running.keep(OutputChannel::Stdout, b"more");
+        let report = running.report(Some((0, 0)));
+        assert!(!report.output_evicted);
+        assert_eq!((report.stdout_offset, report.stdout_dropped), (20, 4));
+        assert_eq!(jobs.total.load(Ordering::Relaxed), JOB_OUTPUT_BOUND);
+        // The list says so, and the task's end counts their bytes as dropped.
+        let listed = jobs.list();
+        let evicted: Vec<&str> = listed
+            .iter()
+            .filter(|job| job.output_evicted)
+            .map(|job| job.job.as_str())
+            .collect();
+        assert_eq!(evicted, ["job-1", "job-2"]);
+        let logs = save_logs(&dir.path().join("results"), jobs.kept_output(&[]));
+        assert_eq!(
+            (
+                logs[0].stdout_bytes,
+                logs[0].stdout_dropped,
+                logs[0].stderr_dropped
+            ),
+            (0, 100, 9)
+        );
+        assert_eq!((logs[1].stdout_bytes, logs[1].stdout_dropped), (0, 50));
+        assert!(std::fs::read(dir.path().join("results/job-1.stdout"))
+            .unwrap()
+            .is_empty());
+        // A restore hands them on as they are.
+        jobs.hand_over(&jobs.running(), "ready");
+        drop((oldest, older, running, new, jobs));
+        let again = Jobs::new(jobs_dir);
+        let report = again.get("job-1").unwrap().report(None);
+        assert!(report.output_evicted);
+        assert_eq!(
+            (report.state, report.stdout_dropped),
+            (JobState::Exited, 100)
+        );
+        assert!(!again.get("job-4").unwrap().report(None).output_evicted);
+    }
+
+    /// Jobs that keep output past the bound while others start, are listed, read and saved
+    /// do not deadlock: making room takes the list's lock, then ended jobs' streams', as
+    /// every other path does.
+    #[test]
+    fn making_room_while_jobs_come_and_go_does_not_deadlock() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Arc::new(Jobs::new(dir.path().join("jobs")));
+        jobs.total.store(JOB_OUTPUT_BOUND - 1000, Ordering::Relaxed);
+        let writers: Vec<_> = (0..2)
+            .map(|_| {
+                let jobs = jobs.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        let job = ended_job(&jobs, &[b'x'; 700], b"");
+                        job.report(Some((0, 0)));
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..200 {
+            let job = jobs.add(&spec("true"), false).unwrap();
+            job.keep(OutputChannel::Stdout, &[b'y'; 300]);
+            let _ = save_logs(&dir.path().join("results"), jobs.kept_output(&[]));
+            job.set_ended(exited(0));
+            jobs.release(&job);
+        }
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        // Every job's output, kept or forgotten, is accounted for.
+        let kept: u64 = jobs
+            .list()
+            .iter()
+            .map(|job| job.stdout_offset + job.stderr_offset)
+            .sum();
+        assert_eq!(
+            jobs.total.load(Ordering::Relaxed),
+            JOB_OUTPUT_BOUND - 1000 + kept
+        );
     }
 
     /// A job that failed ran as long as it ran: its duration does not grow with each report.

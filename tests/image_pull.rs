@@ -1308,6 +1308,26 @@ fn run_and_task_start_pull_a_missing_reference() {
         "task start pulled the image: {stderr}"
     );
 
+    // DYNOCAP_IMAGE naming a reference: a start without --image pulls it alike.
+    registry.push(
+        &image(&work.path().join("v4"), &version("four")),
+        "team/tool:4",
+    );
+    let default_tool = reference("team/tool:4");
+    let out = home
+        .command()
+        .env("DYNOCAP_IMAGE", &default_tool)
+        .args(["--json", "run", "defaulted", "--backend", "jail"])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("pulling {default_tool}")),
+        "{stderr}"
+    );
+    assert_eq!(home.sh("defaulted", "cat /release/version"), "four\n");
+
     // A registry the host does not allow, and a name that is no reference.
     let refused = home
         .command()

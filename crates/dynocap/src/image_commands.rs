@@ -268,7 +268,8 @@ async fn build_recipe(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Pulls the image a start names (`run` or `task start --image`) first when `when` says so:
+/// Pulls the image a start boots (`run` or `task start --image`, else `DYNOCAP_IMAGE`) first
+/// when `when` says so:
 /// a registry reference this host lacks (`missing`), or one it may have (`always`), as
 /// `dynocap image pull REF` would, its progress lines to `say` (the command's stderr). A name
 /// that is no reference (a built or imported image, `host`) is never pulled; `never` leaves a
@@ -282,8 +283,14 @@ pub async fn pull_for_start(
     when: PullWhen,
     say: &(dyn Fn(&str) + Sync),
 ) -> Result<(), Error> {
-    let Some(image) = image else {
-        return Ok(());
+    // No --image: the one the start boots by default (DYNOCAP_IMAGE), pulled alike.
+    let default;
+    let image = match image {
+        Some(image) => image,
+        None => {
+            default = engine.config().images.default_name();
+            default.as_str()
+        }
     };
     let reference = dynocap_engine::image::store::is_reference(image);
     if when == PullWhen::Always && !reference {

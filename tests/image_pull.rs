@@ -1308,6 +1308,61 @@ fn run_and_task_start_pull_a_missing_reference() {
         "task start pulled the image: {stderr}"
     );
 
+    // --image auto: --pull never leaves the image the project names unpulled, the note
+    // saying so; --pull always pulls it again though the host has it (busybox has no git,
+    // so the task then runs on the default image, the note saying why).
+    registry.push(
+        &image(&work.path().join("v5"), &version("five")),
+        "team/tool:5",
+    );
+    let auto_tool = reference("team/tool:5");
+    let auto_project = dynocap_e2e::one_commit_project("README.md", "hi\n");
+    std::fs::write(
+        auto_project.path().join(".devcontainer.json"),
+        json!({ "image": auto_tool }).to_string(),
+    )
+    .expect("write");
+    let auto_path = auto_project.path().to_str().expect("utf8");
+    let task = home.json(&[
+        "task", "start", auto_path, "--image", "auto", "--pull", "never", "--name", "nopull",
+    ]);
+    assert_eq!(task["image"], "host", "{task:#}");
+    let note = task["imageNote"].as_str().expect("imageNote");
+    assert!(note.contains("--pull never"), "{task:#}");
+    assert!(!images(&home)
+        .iter()
+        .any(|i| i["name"] == auto_tool.as_str()));
+    home.json(&["rm", "nopull", "--force", "--purge"]);
+    home.json(&["image", "pull", &auto_tool]);
+    registry.push(
+        &image(&work.path().join("v6"), &version("six")),
+        "team/tool:5",
+    );
+    let out = home
+        .command()
+        .args([
+            "--json", "task", "start", auto_path, "--image", "auto", "--pull", "always", "--name",
+            "autoagain",
+        ])
+        .output()
+        .expect("task start");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("pulling {auto_tool} again")),
+        "{stderr}"
+    );
+    let versions: Vec<Value> = images(&home)
+        .into_iter()
+        .filter(|i| i["name"] == auto_tool.as_str())
+        .collect();
+    assert_eq!(
+        versions.len(),
+        2,
+        "the tag's new image is pulled: {versions:#?}"
+    );
+    home.json(&["rm", "autoagain", "--force", "--purge"]);
+
     // DYNOCAP_IMAGE naming a reference: a start without --image pulls it alike.
     registry.push(
         &image(&work.path().join("v4"), &version("four")),

@@ -180,7 +180,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
     spec.allow_hosts = args.allow_hosts;
     let image_note = match args.image.as_deref() {
         Some(AUTO_IMAGE) => {
-            let auto = auto_image(engine, &spec.source).await?;
+            let auto = auto_image(engine, &spec.source, args.pull).await?;
             spec.image = auto.image;
             auto.note
         }
@@ -272,7 +272,11 @@ const AUTO_IMAGE: &str = "auto";
 /// The image `--image auto` starts on: the one the project's devcontainer.json names, when
 /// this host has it or can pull it (a reference in a registry `DYNOCAP_REGISTRIES` allows);
 /// otherwise the default image, with the reason.
-async fn auto_image(engine: &Engine, source: &Source) -> Result<AutoImage, Error> {
+async fn auto_image(
+    engine: &Engine,
+    source: &Source,
+    pull: crate::cli::PullWhen,
+) -> Result<AutoImage, Error> {
     let Source::ProjectPath(path) = source else {
         return Ok(AutoImage {
             image: None,
@@ -286,13 +290,60 @@ async fn auto_image(engine: &Engine, source: &Source) -> Result<AutoImage, Error
     };
     let on_host: Vec<String> = engine.image_ls()?.into_iter().map(|i| i.name).collect();
     let auto = devcontainer::choose(path, &on_host);
-    let Some(reference) = auto
-        .missing
-        .as_deref()
-        .filter(|r| dynocap_engine::image::store::is_reference(r))
-    else {
-        return Ok(without_git_fallback(engine, auto));
+    // --pull always: the project's image pulled again when it is a registry reference the
+    // host has, so the task boots what the registry has now.
+    let again = (pull == crate::cli::PullWhen::Always)
+        .then_some(auto.image.as_deref())
+        .flatten()
+        .filter(|r| dynocap_engine::image::store::is_reference(r));
+    let (reference, again) = match (auto.missing.as_deref(), again) {
+        (Some(missing), _) => (missing, false),
+        (None, Some(present)) => (present, true),
+        (None, None) => return Ok(without_git_fallback(engine, auto)),
     };
+    if !dynocap_engine::image::store::is_reference(reference) {
+        return Ok(without_git_fallback(engine, auto));
+    }
+    if pull == crate::cli::PullWhen::Never {
+        return Ok(AutoImage {
+            note: Some(format!(
+                "the project's devcontainer.json names the image {reference}, which this host \
+                 does not have, and --pull never pulls nothing; the task runs on the default \
+                 image"
+            )),
+            ..auto
+        });
+    }
+    if again {
+        warnln!(
+            "dynocap: pulling {reference} again (--pull always), which the project's \
+             devcontainer.json names"
+        );
+        let progress = |line: &str| warnln!("image pull: {line}");
+        return Ok(
+            match engine.image_pull_on_demand(reference, &progress).await {
+                Ok(pulled) => without_git_fallback(
+                    engine,
+                    AutoImage {
+                        image: Some(pulled.image.name().to_owned()),
+                        note: Some(format!(
+                            "the image {reference} that the project's devcontainer.json names, \
+                         pulled again now"
+                        )),
+                        missing: None,
+                    },
+                ),
+                Err(err) => AutoImage {
+                    note: Some(format!(
+                        "the image {reference} that the project's devcontainer.json names, as \
+                     this host has it: pulling it again failed ({})",
+                        err.message
+                    )),
+                    ..without_git_fallback(engine, auto)
+                },
+            },
+        );
+    }
     warnln!("dynocap: pulling {reference}, which the project's devcontainer.json names");
     let progress = |line: &str| warnln!("image pull: {line}");
     match engine.image_pull_on_demand(reference, &progress).await {

@@ -704,6 +704,28 @@ fn a_built_image_keeps_none_of_the_hosts_extra_ca() {
             "{network}: the agent's anchor file is baked in"
         );
     }
+    // A `none` build's sandbox is given no extra CA: what its recipe puts in the bundle, the
+    // same certificate included, is the recipe's and stays.
+    let copy = format!("{}:/tmp/corp.pem", host_ca.ca_cert.display());
+    let built = home.json(&[
+        "image",
+        "build",
+        "trust-none",
+        "--from",
+        "certs",
+        "--copy",
+        &copy,
+        "--run",
+        "cat /tmp/corp.pem >> /etc/ssl/certs/ca-certificates.crt",
+    ]);
+    let rootfs = Path::new(built["image"]["path"].as_str().expect("path")).join("rootfs");
+    let baked = std::fs::read_to_string(rootfs.join(bundle)).expect("read");
+    assert_eq!(
+        baked,
+        format!("{system}{host}"),
+        "none: the recipe's own bundle"
+    );
+
     // Sandboxes of the image: without the CA configured it is not trusted; with it, it is.
     let out = home
         .command()

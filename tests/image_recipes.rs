@@ -594,7 +594,50 @@ fn image_rm_and_a_killed_build_leave_nothing_behind() {
     assert_eq!(built["origin"], "built", "{built:#}");
     assert_no_sandbox(&home);
 
-    for name in ["slow", "app", "bb"] {
+    // Killed while it makes the layer: a half-made build directory and the sandbox are left,
+    // and the next build of the name removes both and builds.
+    let killed = home
+        .command()
+        .env("DYNOCAP_FAILPOINTS", "image.recipe.layer=kill")
+        .args([
+            "image",
+            "build",
+            "late",
+            "--from",
+            "bb",
+            "--run",
+            "echo late",
+        ])
+        .output()
+        .expect("spawn");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&killed.status),
+        Some(libc::SIGKILL),
+        "{}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
+    let left = store_entries(&home, "late");
+    assert!(
+        left.len() == 1 && left[0].starts_with(".tmp-"),
+        "killed mid-layer: {left:?}"
+    );
+    let built = home.json(&[
+        "image",
+        "build",
+        "late",
+        "--from",
+        "bb",
+        "--run",
+        "echo late",
+    ]);
+    assert_eq!(built["origin"], "built", "{built:#}");
+    assert_eq!(
+        store_entries(&home, "late"),
+        vec![built["image"]["id"].as_str().expect("id").to_owned()]
+    );
+    assert_no_sandbox(&home);
+
+    for name in ["late", "slow", "app", "bb"] {
         home.json(&["image", "rm", name]);
     }
     assert_eq!(images_dir_entries(&home), vec![".store".to_owned()]);

@@ -380,6 +380,8 @@ pub fn install(
     let staging = Staging::new(&parent)?;
     let layer_store = LayerStore::in_images_dir(store.dir());
     let _shared = layer_store.lock_shared()?;
+    // What a build, pull or import killed mid-unpack left goes now, as a pull's does.
+    layer_store.sweep_dead_unpacks();
     let mut layers = Vec::new();
     if base.meta.layers.is_empty() {
         layers.push(rootfs_layer(&layer_store, base, &staging.path, limits)?);
@@ -396,6 +398,8 @@ pub fn install(
     let tar_path = staging.path.join("layer.tar");
     let trust = host_trust.for_build(&base.rootfs(), upper);
     let (diff_id, skipped) = write_layer_tar(upper, &tar_path, &trust)?;
+    // `image.recipe.layer=kill`: dies with the layer's tar written, before it is unpacked.
+    crate::foundation::failpoint::hit("image.recipe.layer")?;
     let tar = File::open(&tar_path).context("reading the built layer")?;
     let fresh = layer_store.get(&diff_id).is_none();
     let layer = layer_store.unpack(&diff_id, tar, limits, &|| Ok(()))?;

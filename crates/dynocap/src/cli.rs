@@ -369,7 +369,9 @@ pub struct TaskStartArgs {
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
     /// The image to boot: host (the host's own /usr, read-only; the default unless
-    /// DYNOCAP_IMAGE names another) or a built image such as debian (`dynocap image build`).
+    /// DYNOCAP_IMAGE names another), a built, imported or pulled image such as debian
+    /// (`dynocap image ls`), or a registry reference such as registry.example/team/tool:1,
+    /// pulled first when this host lacks it (see --pull).
     #[arg(long, value_name = "NAME")]
     pub image: Option<String>,
     /// When to pull an --image that is a registry reference (registry.example/repo:tag, in
@@ -453,7 +455,9 @@ pub struct RunArgs {
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allow_hosts: Vec<String>,
     /// The image to boot: host (the host's own /usr, read-only; the default unless
-    /// DYNOCAP_IMAGE names another) or a built image such as debian (`dynocap image build`).
+    /// DYNOCAP_IMAGE names another), a built, imported or pulled image such as debian
+    /// (`dynocap image ls`), or a registry reference such as registry.example/team/tool:1,
+    /// pulled first when this host lacks it (see --pull).
     #[arg(long, value_name = "NAME")]
     pub image: Option<String>,
     /// When to pull an --image that is a registry reference (registry.example/repo:tag, in

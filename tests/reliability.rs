@@ -397,6 +397,80 @@ fn a_failed_clean_up_after_a_dead_supervisor_is_noted_and_retried_not_fatal() {
     assert_unsaved_then_recovered(&home, "noted", "+noted-work");
 }
 
+/// A supervisor killed outright leaves its task's jobs' output on the host, and the recovery
+/// that `task finish` runs saves it with the work, under each job's id, byte for byte: the
+/// job that had ended and the one the death cut off (before, the recovery knew no job and
+/// saved none of their output).
+#[test]
+fn a_killed_supervisors_jobs_output_is_saved_by_the_recovery() {
+    if !require_root("a_killed_supervisors_jobs_output_is_saved_by_the_recovery") {
+        return;
+    }
+    let home = TestHome::new();
+    let project = project();
+    start(&home, project.path(), "jobbed", &[]);
+    work(&home, "jobbed", "echo jobbed-work > a.txt");
+    let background = |command: &str| -> String {
+        let started = home.json(&[
+            "task",
+            "exec",
+            "jobbed",
+            "--background",
+            "--timeout",
+            "600",
+            "--",
+            command,
+        ]);
+        started["job"].as_str().expect("a job id").to_owned()
+    };
+    let report = |job: &str| -> Value {
+        let out = home.run(&["--json", "job", "jobbed", job]);
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    };
+    // Bytes that are no text, and more than one write.
+    let ended = background("seq 1 20000; printf '\\377\\000\\376'; echo oops >&2");
+    let cut = background("seq 1 5000; printf 'half'; sleep 300");
+    let mut ended_out: Vec<u8> = (1..=20000)
+        .flat_map(|n| format!("{n}\n").into_bytes())
+        .collect();
+    ended_out.extend_from_slice(b"\xff\x00\xfe");
+    let mut cut_out: Vec<u8> = (1..=5000)
+        .flat_map(|n| format!("{n}\n").into_bytes())
+        .collect();
+    cut_out.extend_from_slice(b"half");
+    assert!(
+        wait_until(60, || report(&ended)["state"] == "exited"
+            && report(&cut)["stdoutOffset"] == cut_out.len() as u64),
+        "the jobs printed: {:#} {:#}",
+        report(&ended),
+        report(&cut)
+    );
+    let supervisor = supervisor_of(&home, "jobbed");
+    signal(supervisor, libc::SIGKILL);
+    assert!(gone(supervisor));
+    let result = assert_unsaved_then_recovered(&home, "jobbed", "+jobbed-work");
+    let entry = |job: &str| -> Value {
+        result["jobs"]
+            .as_array()
+            .and_then(|jobs| jobs.iter().find(|entry| entry["job"] == job))
+            .cloned()
+            .unwrap_or_else(|| panic!("no log of {job}: {result:#}"))
+    };
+    let saved = |entry: &Value, stream: &str| -> Vec<u8> {
+        std::fs::read(entry[format!("{stream}Path")].as_str().unwrap()).unwrap()
+    };
+    let first = entry(&ended);
+    assert!(saved(&first, "stdout") == ended_out, "{first:#}");
+    assert_eq!(saved(&first, "stderr"), b"oops\n");
+    assert_eq!(first.get("cutOff"), None, "{first:#}");
+    let second = entry(&cut);
+    assert!(saved(&second, "stdout") == cut_out, "{second:#}");
+    assert_eq!(second["cutOff"], true, "{second:#}");
+    let cut_off: Vec<&Value> = result["jobsCutOff"].as_array().unwrap().iter().collect();
+    assert_eq!(cut_off.len(), 1, "{result:#}");
+    assert_eq!(cut_off[0]["job"], cut.as_str());
+}
+
 /// A vm task's work is on the host's disk after each command, although the guest's own kernel
 /// caches its writes: its supervisor and its QEMU (stopped first, so that it cannot end by
 /// itself when its channel closes) die, and the kept layer boots again on vm for

@@ -17,7 +17,9 @@
 //! A restore executes the supervisor anew; the jobs it ended, and those that had ended
 //! before, go on as ended jobs of the new one ([`Jobs::hand_over`]): their ids, output and
 //! place in the bound are the sandbox's for its life, and a task's end saves their output
-//! with the others'.
+//! with the others'. A supervisor killed outright keeps an index of its listed jobs
+//! ([`INDEX_FILE`]), by which the recovery of its task saves their output too
+//! ([`Jobs::recovered`]).
 //!
 //! Output is guest data: it is stored and sliced, never interpreted. Job ids are made here
 //! (`job-N`), are never part of a path, and name jobs of this sandbox only: each sandbox's
@@ -113,6 +115,20 @@ const HANDED_OVER_FILE: &str = "handed-over.json";
 /// The most of [`HANDED_OVER_FILE`] read: [`MAX_KEPT_JOBS`] entries take a few dozen KiB.
 const HANDED_OVER_MAX: u64 = 1024 * 1024;
 
+/// The file in a sandbox's jobs directory that indexes its listed jobs: each one's id, the
+/// sequence number that names its output files, whether it ended. A supervisor killed outright
+/// (SIGKILL) leaves its task `unsaved`, and the recovery that `task finish` runs creates no
+/// jobs of its own: without this index nothing mapped the output files to job ids, and the
+/// recovered task's results had none of its jobs' output. The supervisor replaces it whole by
+/// a rename whenever a job is listed, ends, or is forgotten ([`Board::index`]); the recovery
+/// reads it defensively ([`Jobs::recovered`]).
+const INDEX_FILE: &str = "index.json";
+
+/// The most of [`INDEX_FILE`] read, and the most entries taken from it: listed jobs are at
+/// most [`MAX_KEPT_JOBS`] plus those running.
+const INDEX_MAX: u64 = 1024 * 1024;
+const INDEX_MAX_ENTRIES: usize = MAX_KEPT_JOBS + MAX_RUNNING_JOBS + MAX_IN_CALL_JOBS;
+
 /// The running jobs listed in the jobs directory `dir`, with how long each has run by now.
 /// No file, or one that does not read: none (a listing never fails on it).
 pub fn read_running(dir: &std::path::Path) -> Vec<RunningJob> {
@@ -130,13 +146,42 @@ pub fn read_running(dir: &std::path::Path) -> Vec<RunningJob> {
     jobs
 }
 
-/// The supervisor's side of [`RUNNING_FILE`].
+/// The supervisor's side of [`RUNNING_FILE`] and [`INDEX_FILE`]. Neither lock is held while
+/// another of this module's locks is taken (the closures only change the lists and read a
+/// job's end), so they nest under any of them.
 struct Board {
     path: PathBuf,
     running: Mutex<Vec<RunningJob>>,
+    index_path: PathBuf,
+    index: Mutex<Vec<Indexed>>,
+}
+
+/// A listed job in [`INDEX_FILE`]. Its output files are its `seq`'s in the jobs directory: no
+/// path is ever read from the file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Indexed {
+    job: String,
+    seq: u64,
+    command: String,
+    started_at: String,
+    /// It ended before the supervisor did; one that had not was cut off by its death.
+    ended: bool,
+    /// Bytes of stdout and of stderr not kept, as of its listing, its end or its output's
+    /// eviction (what a running job dropped since it was listed is not counted).
+    dropped: [u64; 2],
 }
 
 impl Board {
+    fn new(dir: &std::path::Path) -> Self {
+        Self {
+            path: dir.join(RUNNING_FILE),
+            running: Mutex::new(Vec::new()),
+            index_path: dir.join(INDEX_FILE),
+            index: Mutex::new(Vec::new()),
+        }
+    }
+
     /// Changes the list and, when `change` says it changed it, rewrites the file while holding
     /// it, so writes land in order.
     fn change(&self, change: impl FnOnce(&mut Vec<RunningJob>) -> bool) {
@@ -144,12 +189,7 @@ impl Board {
         if !change(&mut running) {
             return;
         }
-        let partial = self.path.with_extension("json.partial");
-        let written = serde_json::to_vec(&*running)
-            .map_err(std::io::Error::other)
-            .and_then(|text| std::fs::write(&partial, text))
-            .and_then(|()| std::fs::rename(&partial, &self.path));
-        if let Err(err) = written {
+        if let Err(err) = replace_json(&self.path, &*running) {
             // Only listings miss it: the jobs themselves go on.
             tracing::warn!(
                 "updating the running jobs' list {}: {err}",
@@ -157,6 +197,30 @@ impl Board {
             );
         }
     }
+
+    /// Changes the index of listed jobs as [`Board::change`] does the running ones.
+    fn index(&self, change: impl FnOnce(&mut Vec<Indexed>) -> bool) {
+        let mut index = lock(&self.index);
+        if !change(&mut index) {
+            return;
+        }
+        if let Err(err) = replace_json(&self.index_path, &*index) {
+            // Only a recovery after the supervisor's death would miss these jobs' output.
+            tracing::warn!(
+                "updating the jobs' index {}: {err}",
+                self.index_path.display()
+            );
+        }
+    }
+}
+
+/// Replaces the file at `path` with `value`'s JSON whole, by a rename: a reader, or a
+/// supervisor killed midway, never leaves half a file.
+fn replace_json(path: &std::path::Path, value: &impl Serialize) -> std::io::Result<()> {
+    let partial = path.with_extension("json.partial");
+    let text = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    std::fs::write(&partial, text)?;
+    std::fs::rename(&partial, path)
 }
 
 /// Where a job is.
@@ -388,10 +452,7 @@ impl Jobs {
             .filter(|n| *n >= 1)
             .unwrap_or(1);
         let total = Arc::new(AtomicU64::new(0));
-        let board = Arc::new(Board {
-            path: dir.join(RUNNING_FILE),
-            running: Mutex::new(Vec::new()),
-        });
+        let board = Arc::new(Board::new(&dir));
         let list: Arc<JobList> = Arc::new(Mutex::new(Vec::new()));
         let taken: Vec<Arc<Job>> = take_handed_over(&dir, first)
             .into_iter()
@@ -407,6 +468,21 @@ impl Jobs {
             ),
             _ => {}
         }
+        // The index is the new supervisor's from here: the jobs it took on, or none.
+        if taken.is_empty() {
+            match std::fs::remove_file(dir.join(INDEX_FILE)) {
+                Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!("removing the jobs' index in {}: {err}", dir.display())
+                }
+                _ => {}
+            }
+        } else {
+            let entries: Vec<Indexed> = taken.iter().map(|job| job.indexed()).collect();
+            board.index(|index| {
+                *index = entries;
+                true
+            });
+        }
         let seq = taken.iter().map(|job| job.seq).max().unwrap_or(0) + 1;
         *lock(&list) = taken;
         Self {
@@ -417,6 +493,67 @@ impl Jobs {
             board,
             dir,
         }
+    }
+
+    /// The jobs a supervisor killed outright left in `dir`, for the recovery of its task's
+    /// work ([`INDEX_FILE`]): ended jobs, each with the output its files hold, and the ones
+    /// its death cut off (those it had not seen end). Nothing in `dir` is changed: the
+    /// recovery only copies their output into the task's results ([`save_logs`]).
+    pub fn recovered(dir: PathBuf) -> (Self, Vec<RunningJob>) {
+        let board = Arc::new(Board::new(&dir));
+        let total = Arc::new(AtomicU64::new(0));
+        let list: Arc<JobList> = Arc::new(Mutex::new(Vec::new()));
+        let mut cut_off = Vec::new();
+        let jobs: Vec<Arc<Job>> = read_index(&dir)
+            .into_iter()
+            .map(|entry| {
+                if !entry.ended {
+                    cut_off.push(RunningJob {
+                        job: entry.job.clone(),
+                        command: entry.command.clone(),
+                        started_at: entry.started_at.clone(),
+                        running_seconds: 0,
+                    });
+                }
+                // What its files hold is what was kept: nothing has written them since.
+                let kept = [0, 1].map(|i| {
+                    std::fs::symlink_metadata(dir.join(output_name(entry.seq, i)))
+                        .ok()
+                        .filter(std::fs::Metadata::is_file)
+                        .map_or(0, |meta| meta.len())
+                });
+                let handed = HandedOver {
+                    job: entry.job,
+                    seq: entry.seq,
+                    command: entry.command,
+                    started_at: entry.started_at,
+                    duration_ms: 0,
+                    state: JobState::Failed,
+                    exit_code: None,
+                    signal: None,
+                    error: Some(Error::internal(
+                        "the sandbox's supervisor was killed; its output up to then is kept",
+                    )),
+                    kept,
+                    dropped: entry.dropped,
+                    output_evicted: false,
+                    max_output_bytes: crate::model::spec::EXEC_OUTPUT_LIMIT,
+                    output_encoding: OutputEncoding::Utf8,
+                };
+                Job::handed_over(&dir, handed, &total, &list, &board)
+            })
+            .collect();
+        let seq = jobs.iter().map(|job| job.seq).max().unwrap_or(0) + 1;
+        *lock(&list) = jobs;
+        let recovered = Self {
+            next: AtomicU64::new(1),
+            seq: AtomicU64::new(seq),
+            list,
+            total,
+            board,
+            dir,
+        };
+        (recovered, cut_off)
     }
 
     /// Before this supervisor executes itself anew for a restore to `label`: records its
@@ -530,7 +667,12 @@ impl Jobs {
             else {
                 break;
             };
-            list.remove(oldest).forget();
+            let forgotten = list.remove(oldest);
+            forgotten.forget();
+            self.board.index(|index| {
+                index.retain(|entry| entry.job != forgotten.id());
+                true
+            });
         }
         let (end, _) = watch::channel(None);
         let job = Arc::new(Job {
@@ -569,6 +711,14 @@ impl Jobs {
         let _ = job.id.set(format!("job-{n}"));
         job.spill(&mut lock(&job.streams));
         self.save_next_id(n + 1);
+        // Read before the index's lock is taken (see Board); whether it ended is read under
+        // it, as its end marks it (Job::set_ended): either way the index ends up saying so.
+        let mut entry = job.indexed();
+        self.board.index(|index| {
+            entry.ended = !job.is_running();
+            index.push(entry);
+            true
+        });
         // Under the board's lock, as the job's end removes it (Job::set_ended): either the end
         // came first and nothing is entered, or the end removes what is entered here.
         self.board.change(|running| {
@@ -763,6 +913,73 @@ fn take_handed_over(dir: &std::path::Path, next: u64) -> Vec<HandedOver> {
         taken.push(entry);
     }
     let extra = taken.len().saturating_sub(MAX_KEPT_JOBS);
+    taken.drain(..extra);
+    taken
+}
+
+/// The name of a job's output file in its jobs directory: stream 0 is stdout, 1 stderr.
+fn output_name(seq: u64, stream: usize) -> String {
+    format!("{seq}.{}", if stream == 0 { "stdout" } else { "stderr" })
+}
+
+/// The listed jobs in `dir`'s [`INDEX_FILE`], read as any file on the host: bounded, and an
+/// entry that does not hold (an id this module would not make, a sequence number of 0 or
+/// another's, a start that is no time) is left out; the latest [`INDEX_MAX_ENTRIES`]. No
+/// file, or one that does not read: none (a recovery saves the task's work all the same).
+fn read_index(dir: &std::path::Path) -> Vec<Indexed> {
+    let path = dir.join(INDEX_FILE);
+    let mut text = Vec::new();
+    let read =
+        std::fs::File::open(&path).and_then(|file| file.take(INDEX_MAX + 1).read_to_end(&mut text));
+    match read {
+        Ok(_) if text.len() as u64 > INDEX_MAX => {
+            tracing::warn!(
+                "the jobs' index {} takes more than {INDEX_MAX} bytes; it is not read",
+                path.display()
+            );
+            return Vec::new();
+        }
+        Ok(_) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(err) => {
+            tracing::warn!("reading the jobs' index {}: {err}", path.display());
+            return Vec::new();
+        }
+    }
+    let entries: Vec<Indexed> = match serde_json::from_slice(&text) {
+        Ok(entries) => entries,
+        Err(err) => {
+            tracing::warn!("the jobs' index {}: {err}", path.display());
+            return Vec::new();
+        }
+    };
+    let mut taken: Vec<Indexed> = Vec::new();
+    for mut entry in entries {
+        let canonical = entry
+            .job
+            .strip_prefix("job-")
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n >= 1 && entry.job == format!("job-{n}"));
+        let started_at = chrono::DateTime::parse_from_rfc3339(&entry.started_at).ok();
+        let fresh = !taken
+            .iter()
+            .any(|other| other.job == entry.job || other.seq == entry.seq);
+        let (true, Some(started_at), true, true) = (canonical, started_at, entry.seq >= 1, fresh)
+        else {
+            tracing::warn!(
+                "a job in the index {} does not hold (id {:?}, sequence {}); it is left out",
+                path.display(),
+                sanitize_line(&entry.job, 64),
+                entry.seq
+            );
+            continue;
+        };
+        entry.started_at =
+            crate::model::sandbox_info::rfc3339(started_at.with_timezone(&chrono::Utc));
+        entry.command = sanitize_line(&entry.command, COMMAND_SHOWN);
+        taken.push(entry);
+    }
+    let extra = taken.len().saturating_sub(INDEX_MAX_ENTRIES);
     taken.drain(..extra);
     taken
 }
@@ -988,6 +1205,39 @@ impl Job {
             running.retain(|listed| &listed.job != id);
             running.len() != before
         });
+        self.reindex();
+    }
+
+    /// Updates the job's entry in the index: whether it ended, what it dropped.
+    fn reindex(&self) {
+        let Some(id) = self.id.get() else {
+            return;
+        };
+        let now = self.indexed();
+        self.board.index(|index| {
+            let Some(entry) = index.iter_mut().find(|entry| &entry.job == id) else {
+                return false;
+            };
+            entry.ended = now.ended;
+            entry.dropped = now.dropped;
+            true
+        });
+    }
+
+    /// The job's entry in [`INDEX_FILE`], as it stands.
+    fn indexed(&self) -> Indexed {
+        let dropped = {
+            let streams = lock(&self.streams);
+            [streams[0].dropped, streams[1].dropped]
+        };
+        Indexed {
+            job: self.id().to_owned(),
+            seq: self.seq,
+            command: self.command.clone(),
+            started_at: self.started_at.clone(),
+            ended: !self.is_running(),
+            dropped,
+        }
     }
 
     async fn exchange(&self, stream: UnixStream, spec: ExecSpec) -> Ended {
@@ -1116,6 +1366,8 @@ impl Job {
         }
         self.evicted.store(true, Ordering::Relaxed);
         self.forget_locked(&mut streams);
+        drop(streams);
+        self.reindex();
     }
 
     /// Moves what the streams hold in memory to their files, where their output goes from
@@ -2111,6 +2363,109 @@ mod tests {
             jobs.total.load(Ordering::Relaxed),
             JOB_OUTPUT_BOUND - 1000 + kept
         );
+    }
+
+    /// A supervisor killed outright leaves an index of its listed jobs, by which the recovery
+    /// saves each one's output under its id: those it had not seen end are cut off, an
+    /// evicted one's bytes are counted as dropped, a forgotten or unlisted one is not there.
+    #[test]
+    fn a_recovery_saves_the_killed_supervisors_jobs_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs_dir = dir.path().join("jobs");
+        let jobs = Jobs::new(jobs_dir.clone());
+        // Past the bound before any job ended (so nothing made room): dropped, counted.
+        let late = jobs.add(&spec("yes"), false).unwrap();
+        jobs.total.store(JOB_OUTPUT_BOUND - 2, Ordering::Relaxed);
+        late.keep(OutputChannel::Stderr, b"abcd");
+        jobs.total.store(2, Ordering::Relaxed);
+        let binary: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
+        let ended = ended_job(&jobs, &binary, b"warning\n");
+        let running = jobs.add(&spec("make -j2"), true).unwrap();
+        jobs.list_job(&running);
+        running.keep(OutputChannel::Stdout, b"building\n");
+        let evicted = ended_job(&jobs, b"old output", b"");
+        evicted.evict();
+        jobs.list_job(&late);
+        let in_call = jobs.add(&spec("ls"), false).unwrap();
+        in_call.keep(OutputChannel::Stdout, b"not a job\n");
+        // As a SIGKILL leaves them: nothing handed over, nothing released.
+        let (recovered, cut_off) = Jobs::recovered(jobs_dir.clone());
+        let ids: Vec<&str> = cut_off.iter().map(|job| job.job.as_str()).collect();
+        assert_eq!(ids, ["job-2", "job-4"]);
+        assert_eq!(cut_off[0].command, "make -j2");
+        let results = dir.path().join("results");
+        let logs = save_logs(&results, recovered.kept_output(&cut_off));
+        let ids: Vec<&str> = logs.iter().map(|log| log.job.as_str()).collect();
+        assert_eq!(ids, ["job-1", "job-2", "job-3", "job-4"]);
+        assert_eq!(std::fs::read(results.join("job-1.stdout")).unwrap(), binary);
+        assert_eq!(
+            std::fs::read(results.join("job-1.stderr")).unwrap(),
+            b"warning\n"
+        );
+        assert!(!logs[0].cut_off && logs[1].cut_off);
+        assert_eq!(
+            std::fs::read(results.join("job-2.stdout")).unwrap(),
+            b"building\n"
+        );
+        assert_eq!((logs[2].stdout_bytes, logs[2].stdout_dropped), (0, 10));
+        assert_eq!((logs[3].stderr_bytes, logs[3].stderr_dropped), (2, 2));
+        // Nothing in the jobs directory was changed.
+        assert!(jobs_dir.join(INDEX_FILE).exists());
+        // A job forgotten past the 64 kept leaves the index with its output.
+        for _ in 0..MAX_KEPT_JOBS {
+            let job = jobs.add(&spec("true"), true).unwrap();
+            jobs.list_job(&job);
+            job.set_ended(exited(0));
+        }
+        let (recovered, _) = Jobs::recovered(jobs_dir.clone());
+        assert!(recovered.get("job-1").is_err());
+        assert_eq!(recovered.list().len(), jobs.list().len());
+        // A new supervisor (a start, never a recovery's) has an index of its own.
+        drop((ended, running, late, evicted, in_call, jobs));
+        let _new = Jobs::new(jobs_dir.clone());
+        assert!(!jobs_dir.join(INDEX_FILE).exists());
+    }
+
+    /// The index is read as any file on the host: entries that do not hold are left out.
+    #[test]
+    fn a_jobs_index_is_read_defensively() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs_dir = dir.path().join("jobs");
+        std::fs::create_dir_all(&jobs_dir).unwrap();
+        let entry = |job: &str, seq: u64| {
+            serde_json::json!({
+                "job": job, "seq": seq, "command": "echo \u{1b}[2J",
+                "startedAt": "2026-01-01T00:00:00Z", "ended": true, "dropped": [0, 0]
+            })
+        };
+        let entries = serde_json::json!([
+            entry("job-1", 1),
+            entry("job-1", 2),
+            entry("job-2", 1),
+            entry("job-3", 0),
+            entry("job-03", 3),
+            entry("../job-4", 4),
+            entry("job-5", 5),
+        ]);
+        std::fs::write(
+            jobs_dir.join(INDEX_FILE),
+            serde_json::to_vec(&entries).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(jobs_dir.join("5.stdout"), b"five\n").unwrap();
+        // A link is no output file: not followed.
+        std::os::unix::fs::symlink("/etc/hostname", jobs_dir.join("1.stdout")).unwrap();
+        let (recovered, cut_off) = Jobs::recovered(jobs_dir.clone());
+        assert!(cut_off.is_empty());
+        let kept = recovered.kept_output(&[]);
+        let ids: Vec<&str> = kept.iter().map(|job| job.job.as_str()).collect();
+        assert_eq!(ids, ["job-1", "job-5"]);
+        assert!(!kept[0].command.contains('\u{1b}'));
+        let logs = save_logs(&dir.path().join("results"), kept);
+        assert_eq!((logs[0].stdout_bytes, logs[1].stdout_bytes), (0, 5));
+        std::fs::write(jobs_dir.join(INDEX_FILE), b"{not json").unwrap();
+        assert!(Jobs::recovered(jobs_dir.clone()).1.is_empty());
+        assert!(Jobs::recovered(jobs_dir).0.list().is_empty());
     }
 
     /// A job that failed ran as long as it ran: its duration does not grow with each report.

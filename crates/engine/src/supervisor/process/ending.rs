@@ -370,13 +370,16 @@ pub(super) async fn recover(
         done: 0,
         total: None,
     }));
+    // The jobs the killed supervisor listed: their output goes into the results as a
+    // finish's would (the files are named by sequence number; its index maps them to ids).
+    let (jobs, cut_off) = Jobs::recovered(home.sandbox_dir(&id).join(JOBS_DIR));
     match end_task(
         &conn,
         &task,
         guest,
         record.memory_mb,
         Ending::Finished,
-        None,
+        Some((&jobs, cut_off)),
     )
     .await
     {

@@ -656,11 +656,15 @@ fn image_rm_and_a_killed_build_leave_nothing_behind() {
     assert_eq!(layer_count(&home), 0);
 }
 
+/// The base's apt sources in the extra-CA test: plain HTTP, as Debian's images have them.
+const SOURCES: &str = "deb http://deb.debian.org/debian bookworm main\n";
+
 /// A recipe built while `DYNOCAP_EXTRA_CA` names a CA, on `nat` and on `filtered`: its steps
 /// trust the CA (the agent joined it into the guest's bundle), but the image keeps the bundle
 /// its recipe made, without it, and none of the agent's anchor file; so a sandbox of the image
 /// started once the CA is no longer configured trusts only what the image itself does, and
-/// one started while it is configured trusts it again.
+/// one started while it is configured trusts it again. Likewise the `filtered` build's apt
+/// sources, which its agent switched to `https://` for the proxy: the image keeps its base's.
 #[test]
 fn a_built_image_keeps_none_of_the_hosts_extra_ca() {
     let test = "a_built_image_keeps_none_of_the_hosts_extra_ca";
@@ -694,6 +698,8 @@ fn a_built_image_keeps_none_of_the_hosts_extra_ca() {
         .dir("usr/local")
         .dir("usr/local/share")
         .dir("usr/local/share/ca-certificates")
+        .dir("etc/apt")
+        .file("etc/apt/sources.list", SOURCES)
         .applets(&["sh", "grep", "cat", "echo", "test", "sync"])
         .bytes();
     let layout = work.path().join("oci");
@@ -724,7 +730,8 @@ fn a_built_image_keeps_none_of_the_hosts_extra_ca() {
             "--network",
             network,
             "--run",
-            "grep -c BEGIN /etc/ssl/certs/ca-certificates.crt > /etc/during; echo made > /etc/made",
+            "grep -c BEGIN /etc/ssl/certs/ca-certificates.crt > /etc/during; \
+             cat /etc/apt/sources.list > /etc/sources-during; echo made > /etc/made",
         ]);
         let rootfs = Path::new(built["image"]["path"].as_str().expect("path")).join("rootfs");
         let read = |rel: &str| std::fs::read_to_string(rootfs.join(rel)).unwrap_or_default();
@@ -734,6 +741,18 @@ fn a_built_image_keeps_none_of_the_hosts_extra_ca() {
             "{network}: the build's steps trust the host's CA"
         );
         assert_eq!(read("etc/made"), "made\n");
+        if network == "filtered" {
+            assert_eq!(
+                read("etc/sources-during"),
+                SOURCES.replace("http://", "https://"),
+                "the proxy carries HTTPS only: the build's apt uses https://"
+            );
+        }
+        assert_eq!(
+            read("etc/apt/sources.list"),
+            SOURCES,
+            "{network}: the image's apt sources are its base's"
+        );
         let baked = read(bundle);
         assert!(
             !baked.contains(&host_line),

@@ -204,20 +204,22 @@ impl Engine {
             });
         }
         // What the sandbox's agent will join into the guest's trust store (a `nat` or
-        // `filtered` sandbox is given DYNOCAP_EXTRA_CA), read as the sandbox is given it: its
-        // layer leaves it out again. An unreadable file fails the start of the sandbox,
-        // saying why; a `none` sandbox is given nothing, so nothing is left out of its layer.
-        let given =
-            crate::model::spec::Network::parse(&network)? != crate::model::spec::Network::None;
-        let host_trust = recipe_layer::HostTrust::new(if given {
+        // `filtered` sandbox is given DYNOCAP_EXTRA_CA), read as the sandbox is given it, and
+        // whether it switches apt to HTTPS (`filtered`): its layer leaves both out again. An
+        // unreadable file fails the start of the sandbox, saying why; a `none` sandbox is
+        // given nothing, so nothing is left out of its layer.
+        let mode = crate::model::spec::Network::parse(&network)?;
+        let extra_ca = if mode == crate::model::spec::Network::None {
+            None
+        } else {
             crate::supervisor::egress::direct_extra_ca(
                 &self.config().egress,
                 crate::model::spec::Network::Nat,
             )
             .unwrap_or(None)
-        } else {
-            None
-        });
+        };
+        let host_trust =
+            recipe_layer::HostTrust::new(extra_ca, mode == crate::model::spec::Network::Filtered);
         let sandbox = request.sandbox.as_str();
         self.reap_dead_builds().await;
         let _mark = BuildMark::take(store.dir(), sandbox)?;

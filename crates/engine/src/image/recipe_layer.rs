@@ -490,15 +490,23 @@ fn rootfs_layer(
 /// local CA directory, for the build's own downloads. None of that is the recipe's, so none of
 /// it may reach the image: a sandbox of the image trusts what the host configures when it
 /// starts, and an image built while a CA was configured must not trust it for good.
+///
+/// A `filtered` build's agent also switched the guest's `http://` apt sources to `https://`
+/// (the proxy carries HTTPS only): a sources file that is the base's with only that change
+/// is left to the base, so the image's apt reads the mirrors its base named.
 #[derive(Debug, Clone, Default)]
 pub struct HostTrust {
     pem: Option<String>,
+    filtered: bool,
 }
 
 impl HostTrust {
-    pub fn new(pem: Option<String>) -> HostTrust {
+    /// `pem`: the extra CAs the build's sandbox is given; `filtered`: whether it is a
+    /// `filtered` one.
+    pub fn new(pem: Option<String>, filtered: bool) -> HostTrust {
         HostTrust {
             pem: pem.filter(|pem| !certificates(pem).is_empty()),
+            filtered,
         }
     }
 
@@ -507,7 +515,11 @@ impl HostTrust {
     /// CA of its own, which its bundles then hold of its own accord.
     fn for_build(&self, base_rootfs: &Path, upper: &Path) -> BuildTrust {
         let Some(pem) = &self.pem else {
-            return BuildTrust::default();
+            return BuildTrust {
+                base_rootfs: Some(base_rootfs.to_owned()),
+                apt_https: self.filtered,
+                ..BuildTrust::default()
+            };
         };
         let mut own = std::collections::HashSet::new();
         for root in [base_rootfs, upper] {
@@ -520,6 +532,7 @@ impl HostTrust {
         }
         BuildTrust {
             base_rootfs: Some(base_rootfs.to_owned()),
+            apt_https: self.filtered,
             text: pem.clone(),
             strip: certificates(pem)
                 .into_iter()
@@ -646,6 +659,41 @@ struct BuildTrust {
     text: String,
     /// Their certificates (whitespace taken out) that are no local CA of the recipe's.
     strip: std::collections::HashSet<String>,
+    /// The agent switched the guest's apt sources to `https://` (a `filtered` build).
+    apt_https: bool,
+}
+
+/// Whether guest path `guest` is an apt sources file, as the agent switches them.
+fn is_apt_sources(guest: &Path) -> bool {
+    guest == Path::new("/etc/apt/sources.list")
+        || (guest.parent() == Some(Path::new("/etc/apt/sources.list.d"))
+            && guest
+                .extension()
+                .is_some_and(|e| e == "list" || e == "sources"))
+}
+
+/// Whether `now` is `before` with some of its `http://` made `https://` and nothing else
+/// changed: what the agent does to a `filtered` guest's apt sources.
+fn only_made_https(before: &str, now: &str) -> bool {
+    let (before, now) = (before.as_bytes(), now.as_bytes());
+    let (mut i, mut j) = (0, 0);
+    let mut switched = false;
+    while i < before.len() && j < now.len() {
+        if before[i] == now[j] {
+            i += 1;
+            j += 1;
+        } else if before[i..].starts_with(b"://")
+            && now[j..].starts_with(b"s://")
+            && i >= 4
+            && before[i - 4..i].eq_ignore_ascii_case(b"http")
+        {
+            switched = true;
+            j += 1;
+        } else {
+            return false;
+        }
+    }
+    switched && i == before.len() && j == now.len()
 }
 
 impl BuildTrust {
@@ -879,6 +927,18 @@ impl Walk<'_> {
                 let guest = Path::new("/").join(&rel);
                 if self.trust.active() && BuildTrust::is_agents(&guest, None) {
                     continue;
+                }
+                if self.trust.apt_https && is_apt_sources(&guest) {
+                    let before = self
+                        .trust
+                        .base_rootfs
+                        .as_deref()
+                        .and_then(|base| read_in_root(base, &rel));
+                    if let (Some(before), Some(now)) = (before, read_small(&path)) {
+                        if only_made_https(&before, &now) {
+                            continue;
+                        }
+                    }
                 }
                 if self.trust.active() && BuildTrust::is_bundle(&guest) {
                     if let Some(bundle) = read_small(&path) {
@@ -1205,7 +1265,7 @@ mod tests {
         )
         .expect("symlink");
         fs::write(upper.join("etc/made"), "made").expect("write");
-        let host = HostTrust::new(Some(extra.clone()));
+        let host = HostTrust::new(Some(extra.clone()), false);
         let dest = dir.path().join("layer.tar");
 
         let layer = layer_of(&upper, &host.for_build(&base, &upper), &dest);
@@ -1227,7 +1287,7 @@ mod tests {
         // Without an extra CA configured, the layer is the upper as it is.
         assert!(layer_of(
             &upper,
-            &HostTrust::new(None).for_build(&base, &upper),
+            &HostTrust::new(None, false).for_build(&base, &upper),
             &dest
         )
         .contains_key(anchor));
@@ -1259,5 +1319,52 @@ mod tests {
         fs::write(upper.join(bundle), format!("{system}{extra}{mine}")).expect("write");
         let layer = layer_of(&upper, &host.for_build(&base, &upper), &dest);
         assert_eq!(layer[bundle], format!("{system}{extra}{mine}"));
+    }
+
+    #[test]
+    fn a_filtered_builds_switch_of_apt_sources_to_https_stays_out_of_the_layer() {
+        assert!(only_made_https(
+            "deb http://deb.debian.org/debian bookworm main\n",
+            "deb https://deb.debian.org/debian bookworm main\n"
+        ));
+        let deb822 = "Types: deb\nURIs: http://a.example/ http://b.example/\n";
+        assert!(only_made_https(
+            deb822,
+            "Types: deb\nURIs: https://a.example/ http://b.example/\n"
+        ));
+        assert!(!only_made_https(deb822, deb822), "nothing switched");
+        assert!(!only_made_https(
+            "deb http://a.example/ x\n",
+            "deb https://a.example/ x\ndeb https://mine.example/ y\n"
+        ));
+        assert!(!only_made_https("deb ftp://a/ x\n", "deb ftps://a/ x\n"));
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (base, upper) = (dir.path().join("base"), dir.path().join("upper"));
+        for root in [&base, &upper] {
+            fs::create_dir_all(root.join("etc/apt/sources.list.d")).expect("mkdir");
+        }
+        fs::write(
+            base.join("etc/apt/sources.list"),
+            "deb http://a.example/ x\n",
+        )
+        .expect("w");
+        fs::write(
+            upper.join("etc/apt/sources.list"),
+            "deb https://a.example/ x\n",
+        )
+        .expect("w");
+        fs::write(
+            upper.join("etc/apt/sources.list.d/mine.list"),
+            "deb https://mine.example/ y\n",
+        )
+        .expect("w");
+        let dest = dir.path().join("layer.tar");
+        let filtered = HostTrust::new(None, true).for_build(&base, &upper);
+        let layer = layer_of(&upper, &filtered, &dest);
+        assert!(!layer.contains_key("etc/apt/sources.list"), "{layer:?}");
+        assert!(layer.contains_key("etc/apt/sources.list.d/mine.list"));
+        let nat = HostTrust::new(None, false).for_build(&base, &upper);
+        assert!(layer_of(&upper, &nat, &dest).contains_key("etc/apt/sources.list"));
     }
 }

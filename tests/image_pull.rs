@@ -1341,7 +1341,15 @@ fn run_and_task_start_pull_a_missing_reference() {
     let out = home
         .command()
         .args([
-            "--json", "task", "start", auto_path, "--image", "auto", "--pull", "always", "--name",
+            "--json",
+            "task",
+            "start",
+            auto_path,
+            "--image",
+            "auto",
+            "--pull",
+            "always",
+            "--name",
             "autoagain",
         ])
         .output()

@@ -210,6 +210,10 @@ pub struct ImageBuildArgs {
     /// (64 to 1048576, default 2048). Not part of the recipe's id.
     #[arg(long = "disk-mb", value_name = "MB", value_parser = whole_number)]
     pub disk_mb: Option<u64>,
+    /// Seconds the whole build may take, its steps together (60 to 86400, default 3600; a
+    /// recipe file's `timeout`). Not part of the recipe's id.
+    #[arg(long = "timeout", value_name = "SECONDS", value_parser = whole_number)]
+    pub timeout: Option<u64>,
 }
 
 #[derive(Debug, Args)]

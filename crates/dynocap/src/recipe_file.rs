@@ -8,6 +8,7 @@
 //! from = "busybox"             # the base image (or --from)
 //! network = "none"             # none, filtered or nat (or --network)
 //! allow-hosts = ["@debian"]
+//! timeout = 7200               # seconds for the whole build (or --timeout)
 //! [[step]]
 //! copy = "files/app.conf:/etc/app.conf"   # relative host paths: from the file's directory
 //! [[step]]
@@ -35,6 +36,8 @@ struct RecipeFile {
     network: Option<String>,
     #[serde(default)]
     allow_hosts: Vec<String>,
+    /// Seconds the whole build may take (`--timeout` wins).
+    timeout: Option<u64>,
     #[serde(default)]
     step: Vec<FileStep>,
 }
@@ -77,7 +80,7 @@ pub fn request(args: &ImageBuildArgs) -> Result<RecipeRequest, Error> {
         max_files: args.max_files,
     };
     let mut allow_hosts = args.allow_hosts.clone();
-    let (base, network, steps) = match &args.file {
+    let (base, network, steps, timeout) = match &args.file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|err| {
                 Error::invalid(format!("--file {}: reading it: {err}", path.display()))
@@ -113,7 +116,12 @@ pub fn request(args: &ImageBuildArgs) -> Result<RecipeRequest, Error> {
                     path.display()
                 ))
             })?;
-            (base, args.network.clone().or(file.network), steps)
+            let timeout = match (args.timeout, file.timeout) {
+                (Some(flag), _) => Some(flag),
+                (None, Some(seconds)) => Some(file_timeout(path, seconds)?),
+                (None, None) => None,
+            };
+            (base, args.network.clone().or(file.network), steps, timeout)
         }
         None => {
             let base = args.from.clone().ok_or_else(|| {
@@ -130,7 +138,7 @@ pub fn request(args: &ImageBuildArgs) -> Result<RecipeRequest, Error> {
                 steps.push(Step::Apt(args.apt.clone()));
             }
             steps.extend(args.run.iter().cloned().map(Step::Run));
-            (base, args.network.clone(), steps)
+            (base, args.network.clone(), steps, args.timeout)
         }
     };
     Ok(RecipeRequest {
@@ -142,7 +150,23 @@ pub fn request(args: &ImageBuildArgs) -> Result<RecipeRequest, Error> {
         limits,
         memory_mb: args.memory_mb,
         disk_mb: args.disk_mb,
+        timeout_seconds: timeout,
         sandbox: dynocap_engine::image_recipe::build_sandbox_name(),
+    })
+}
+
+/// A recipe file's `timeout`, checked here so its error names the file's key rather than the
+/// flag (the engine checks the flag's).
+fn file_timeout(path: &Path, seconds: u64) -> Result<u64, Error> {
+    dynocap_engine::image_recipe::recipe_timeout(Some(seconds)).map_err(|_| {
+        Error::invalid(format!(
+            "--file {}: timeout = {seconds} is out of range; give seconds from {} to {} \
+             (default {})",
+            path.display(),
+            dynocap_engine::image_recipe::RECIPE_TIMEOUT_MIN,
+            dynocap_engine::image_recipe::RECIPE_TIMEOUT_MAX,
+            dynocap_engine::image_recipe::RECIPE_TIMEOUT_DEFAULT,
+        ))
     })
 }
 
@@ -198,6 +222,55 @@ mod tests {
             panic!("not apt");
         };
         assert_eq!(packages.into_vec(), vec!["jq".to_owned()]);
+    }
+
+    /// `image build` parsed as the command line would be.
+    fn build_args(line: &[&str]) -> Result<ImageBuildArgs, clap::Error> {
+        use clap::Parser as _;
+        let words = ["dynocap", "image", "build"].iter().chain(line);
+        match crate::cli::Cli::try_parse_from(words)?.command {
+            crate::cli::Command::Image(crate::cli::ImageCommand::Build(args)) => Ok(args),
+            other => panic!("not image build: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_build_timeout_comes_from_the_flag_else_the_file() {
+        let args = build_args(&["t", "--from", "bb", "--run", "true"]).expect("parses");
+        assert_eq!(request(&args).expect("request").timeout_seconds, None);
+        let args = build_args(&["t", "--from", "bb", "--timeout", "7200"]).expect("parses");
+        assert_eq!(request(&args).expect("request").timeout_seconds, Some(7200));
+        let err = build_args(&["t", "--from", "bb", "--timeout", "1h"]).expect_err("not a number");
+        assert!(err.to_string().contains("not a whole number"), "{err}");
+        // The range is the engine's (one check for every caller): see `recipe_timeout`.
+        let args = build_args(&["t", "--from", "bb", "--timeout", "59"]).expect("parses");
+        assert_eq!(request(&args).expect("request").timeout_seconds, Some(59));
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let recipe = dir.path().join("r.toml");
+        let file = recipe.to_str().expect("utf8");
+        std::fs::write(&recipe, "from = \"bb\"\ntimeout = 7200\n").expect("write");
+        let args = build_args(&["t", "--file", file]).expect("parses");
+        assert_eq!(request(&args).expect("request").timeout_seconds, Some(7200));
+        // The flag wins over the file, as --from and --network do.
+        let args = build_args(&["t", "--file", file, "--timeout", "120"]).expect("parses");
+        assert_eq!(request(&args).expect("request").timeout_seconds, Some(120));
+        for bad in ["59", "86401"] {
+            std::fs::write(&recipe, format!("from = \"bb\"\ntimeout = {bad}\n")).expect("write");
+            let args = build_args(&["t", "--file", file]).expect("parses");
+            let err = request(&args).expect_err("out of range");
+            assert!(
+                err.message.contains(&format!(
+                    "timeout = {bad} is out of range; give seconds \
+                                               from 60 to 86400"
+                )),
+                "{err}"
+            );
+        }
+        std::fs::write(&recipe, "from = \"bb\"\ntimeout = \"1h\"\n").expect("write");
+        let args = build_args(&["t", "--file", file]).expect("parses");
+        let err = request(&args).expect_err("not a number");
+        assert!(err.message.contains("timeout"), "{err}");
     }
 
     #[test]

@@ -16,6 +16,10 @@
 //! while its sandbox may exist, and the next recipe build or `image rm` destroys the sandbox
 //! of each mark no one holds ([`Engine::reap_dead_builds`]): it would otherwise run its step
 //! on until its TTL, and keep its base image in use.
+//!
+//! A build is bounded in time as a whole (`--timeout`, [`RECIPE_TIMEOUT_DEFAULT`]): its
+//! steps share the bound, each given what is left of it, and the sandbox lives that long
+//! plus [`LAYER_MARGIN`] for making the layer after the last step.
 
 use std::path::{Path, PathBuf};
 
@@ -29,7 +33,22 @@ use crate::image::store::{BuiltImage, ImageStore};
 use crate::image::unpack::Limits;
 use crate::model::backend_choice::BackendChoice;
 use crate::model::lifecycle::Kind;
-use crate::model::spec::{ExecSpec, RunSpec};
+use crate::model::spec::{check_range, ExecSpec, RunSpec, TTL_MAX};
+
+/// The bound in seconds of a whole recipe build (its steps together) without `--timeout`.
+pub const RECIPE_TIMEOUT_DEFAULT: u64 = 3_600;
+/// The shortest bound a build may be given: starting its sandbox and a step take seconds.
+pub const RECIPE_TIMEOUT_MIN: u64 = 60;
+/// The longest: a sandbox's longest life.
+pub const RECIPE_TIMEOUT_MAX: u64 = TTL_MAX;
+/// What the build sandbox lives beyond the build's bound: after the last step come `sync`
+/// (bounded by [`SYNC_TIMEOUT`]) and reading the sandbox's upper directory into a layer,
+/// which needs the sandbox alive; a step that used the whole bound still leaves them time.
+/// Cut so the sandbox's TTL stays within [`TTL_MAX`] and the host's TTL ceiling
+/// ([`sandbox_ttl`]): near those, the margin is what is left below them.
+pub const LAYER_MARGIN: u64 = 900;
+/// `sync` after the last step: the sandbox's disk written out before its layer is read.
+const SYNC_TIMEOUT: u64 = 600;
 
 /// What `image build … --from` was asked for.
 #[derive(Debug, Clone)]
@@ -45,6 +64,9 @@ pub struct RecipeRequest {
     /// may use, not part of what the image is.
     pub memory_mb: Option<u64>,
     pub disk_mb: Option<u64>,
+    /// The bound in seconds of the whole build, its steps together (`None`:
+    /// [`RECIPE_TIMEOUT_DEFAULT`]); like the sandbox's size, not part of the recipe's id.
+    pub timeout_seconds: Option<u64>,
     /// The build sandbox's name ([`build_sandbox_name`]): a caller that is interrupted
     /// destroys it by this name.
     pub sandbox: String,
@@ -164,6 +186,7 @@ impl Engine {
                 request.base
             )));
         }
+        let timeout = recipe_timeout(request.timeout_seconds)?;
         let store = ImageStore::for_home(self.home(), self.config().images.cache_dir());
         let base = store
             .find(&request.base)?
@@ -223,10 +246,13 @@ impl Engine {
         let sandbox = request.sandbox.as_str();
         self.reap_dead_builds().await;
         let _mark = BuildMark::take(store.dir(), sandbox)?;
+        // The build's clock starts with its sandbox, whose TTL runs from here too.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout);
+        let ceiling = crate::facade::ceilings::Ceilings::from_config(&self.config().ceilings)?;
         let mut spec = RunSpec::raw(
             sandbox,
             Some(&network),
-            Some(3600),
+            Some(sandbox_ttl(timeout, ceiling.ttl_seconds)),
             None,
             request.memory_mb,
             request.disk_mb,
@@ -242,7 +268,16 @@ impl Engine {
         self.run(&spec).await?;
         let built = self
             .build_in_sandbox(
-                sandbox, request, &trees, &recipe, &store, &base, host_trust, say, on_output,
+                sandbox,
+                request,
+                &trees,
+                &recipe,
+                &store,
+                &base,
+                host_trust,
+                say,
+                on_output,
+                (deadline, timeout),
             )
             .await;
         if let Err(err) = self.destroy(sandbox).await {
@@ -303,6 +338,7 @@ impl Engine {
         host_trust: recipe_layer::HostTrust,
         say: &(dyn Fn(&str) + Send + Sync),
         on_output: OnOutput<'_>,
+        (deadline, timeout): (std::time::Instant, u64),
     ) -> Result<BuiltImage> {
         let mut env: Vec<(String, String)> = Vec::new();
         let total = request.steps.len();
@@ -336,22 +372,24 @@ impl Engine {
                     }
                 },
             };
-            let exec = ExecSpec::new(&command, None, "/", Vec::new(), Some(3600), false)?;
+            let left = step_timeout(deadline, std::time::Instant::now());
+            let exec = ExecSpec::new(&command, None, "/", Vec::new(), Some(left), false)?;
             let result = self.exec_streaming(sandbox, &exec, on_output).await?;
             if result.exit_code != Some(0) {
                 let how = match (&result.exit_code, &result.signal, result.timed_out) {
-                    (_, _, true) => "timed out".to_owned(),
+                    (_, _, true) => timed_out(left, timeout),
                     (Some(code), _, _) => format!("exited with code {code}"),
                     (None, Some(signal), _) => format!("was killed by {signal}"),
                     (None, None, _) => "failed".to_owned(),
                 };
+                let fix = if result.timed_out { TIMEOUT_FIX } else { "" };
                 return Err(Error::invalid(format!(
-                    "image {}: {label} {how}; nothing was built",
+                    "image {}: {label} {how}; nothing was built{fix}",
                     request.name
                 )));
             }
         }
-        let sync = ExecSpec::new("sync", None, "/", Vec::new(), Some(600), false)?;
+        let sync = ExecSpec::new("sync", None, "/", Vec::new(), Some(SYNC_TIMEOUT), false)?;
         self.exec(sandbox, &sync).await?;
         let record = self.live_record(sandbox, Kind::Raw)?;
         let pid = record
@@ -561,6 +599,45 @@ impl Engine {
     }
 }
 
+/// The build's bound: `timeout_seconds`, else [`RECIPE_TIMEOUT_DEFAULT`], refused (naming
+/// `--timeout` and the range) outside [`RECIPE_TIMEOUT_MIN`] to [`RECIPE_TIMEOUT_MAX`].
+pub fn recipe_timeout(timeout_seconds: Option<u64>) -> Result<u64> {
+    check_range(
+        crate::foundation::terms::Param::TimeoutSeconds,
+        timeout_seconds.unwrap_or(RECIPE_TIMEOUT_DEFAULT),
+        RECIPE_TIMEOUT_MIN,
+        RECIPE_TIMEOUT_MAX,
+    )
+}
+
+/// The build sandbox's TTL for a build bound of `timeout`: the bound plus [`LAYER_MARGIN`],
+/// the margin cut to stay within a sandbox's longest life and the host's TTL ceiling
+/// (`DYNOCAP_MAX_TTL_SECONDS`, `ceiling`). A bound above the ceiling itself is left for the
+/// sandbox's admission to refuse, naming the variable.
+fn sandbox_ttl(timeout: u64, ceiling: u64) -> u64 {
+    timeout
+        .saturating_add(LAYER_MARGIN)
+        .min(TTL_MAX)
+        .min(ceiling.max(timeout))
+}
+
+/// A step's exec timeout: what is left of the build's bound at `now`, whole seconds rounded
+/// up (a step never gets less than it has), at least 1 (an exec's shortest).
+fn step_timeout(deadline: std::time::Instant, now: std::time::Instant) -> u64 {
+    let left = deadline.saturating_duration_since(now);
+    let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+/// How a step that ran out of the build's time failed.
+fn timed_out(step_seconds: u64, timeout: u64) -> String {
+    format!("timed out after {step_seconds} s (what was left of the build's {timeout} s)")
+}
+
+/// What a build whose step timed out is told to do.
+const TIMEOUT_FIX: &str = "; give the build more time with --timeout SECONDS (up to 86400, \
+                           default 3600) or `timeout = SECONDS` in a --file recipe";
+
 fn check_step(step: &Step) -> Result<()> {
     match step {
         Step::Run(command) if command.trim().is_empty() => {
@@ -695,6 +772,51 @@ mod tests {
         );
         assert!(check_step(&Step::Copy("/etc/hostname".into(), "/run/dynocap-x".into())).is_ok());
         assert!(check_step(&Step::Run(" ".into())).is_err());
+    }
+
+    #[test]
+    fn the_build_timeout_defaults_and_is_range_checked() {
+        assert_eq!(recipe_timeout(None).expect("default"), 3_600);
+        assert_eq!(recipe_timeout(Some(60)).expect("min"), 60);
+        assert_eq!(recipe_timeout(Some(86_400)).expect("max"), 86_400);
+        for (bad, bound) in [
+            (59, "below the minimum 60"),
+            (86_401, "above the maximum 86400"),
+        ] {
+            let err = recipe_timeout(Some(bad)).expect_err("out of range");
+            assert_eq!(
+                err.code,
+                crate::foundation::error::ErrorCode::InvalidArgument
+            );
+            assert!(err.message.contains(bound), "{err}");
+            assert!(err.message.contains("from 60 to 86400"), "{err}");
+        }
+    }
+
+    #[test]
+    fn steps_share_the_build_bound_and_get_at_least_a_second() {
+        use std::time::{Duration, Instant};
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(60);
+        assert_eq!(step_timeout(deadline, start), 60);
+        // The sandbox outlives the bound by the margin, within a day and the host's ceiling.
+        assert_eq!(sandbox_ttl(60, 86_400), 960);
+        assert_eq!(sandbox_ttl(86_000, 86_400), 86_400);
+        assert_eq!(sandbox_ttl(3_600, 4_000), 4_000);
+        assert_eq!(sandbox_ttl(3_600, 1_800), 3_600);
+        // A step after 2.5 s of others gets what is left, rounded up.
+        assert_eq!(
+            step_timeout(deadline, start + Duration::from_millis(2_500)),
+            58
+        );
+        assert_eq!(step_timeout(deadline, deadline), 1);
+        assert_eq!(step_timeout(deadline, deadline + Duration::from_secs(5)), 1);
+        assert_eq!(
+            timed_out(58, 60),
+            "timed out after 58 s (what was left of the build's 60 s)"
+        );
+        assert!(TIMEOUT_FIX.contains(&format!("up to {RECIPE_TIMEOUT_MAX}")));
+        assert!(TIMEOUT_FIX.contains(&format!("default {RECIPE_TIMEOUT_DEFAULT}")));
     }
 
     #[test]

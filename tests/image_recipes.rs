@@ -273,6 +273,116 @@ fn a_stopped_build_leaves_no_sandbox_and_no_image() {
     assert_no_sandbox(&home);
 }
 
+/// `--timeout` bounds the whole build: out of range it is refused before anything starts; it
+/// is not part of the recipe (a rebuild with another is up to date); the build sandbox lives
+/// the bound plus the layer's margin; and the steps share it, so a step after a slow one is
+/// given only what is left, and one that runs out fails naming the step, its seconds and the
+/// fix, leaving nothing behind. (The one real timeout takes the shortest bound, 60 s.)
+#[test]
+fn the_build_timeout_bounds_all_steps_together() {
+    let test = "the_build_timeout_bounds_all_steps_together";
+    let Some((home, _work)) = home_with_base(test) else {
+        return;
+    };
+    for (bad, said) in [
+        (
+            "59",
+            "--timeout 59 is below the minimum 60; use a value from 60 to 86400",
+        ),
+        (
+            "86401",
+            "--timeout 86401 is above the maximum 86400; use a value from 60 to 86400",
+        ),
+    ] {
+        let out = home.run(&[
+            "image",
+            "build",
+            "bounded",
+            "--from",
+            "bb",
+            "--run",
+            "true",
+            "--timeout",
+            bad,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains(said), "{stderr}");
+    }
+    assert!(image_ids(&home, "bounded").is_empty());
+    assert_no_sandbox(&home);
+
+    let quick = [
+        "image",
+        "build",
+        "bounded",
+        "--from",
+        "bb",
+        "--run",
+        "echo ok > /ok",
+    ];
+    let built = home.json(&[&quick[..], &["--timeout", "120"]].concat());
+    assert_eq!(built["origin"], "built", "{built:#}");
+    let again = home.json(&[&quick[..], &["--timeout", "86400"]].concat());
+    assert_eq!(again["origin"], "present", "{again:#}");
+    assert_eq!(again["image"]["id"], built["image"]["id"]);
+
+    let layers = layer_count(&home);
+    let build = home
+        .command()
+        .args([
+            "image",
+            "build",
+            "slowpoke",
+            "--from",
+            "bb",
+            "--timeout",
+            "60",
+            "--run",
+            "sleep 3",
+            "--run",
+            "sleep 120",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // The sandbox lives the build's bound plus the margin for making the layer.
+    let started = std::time::Instant::now();
+    let sandbox = loop {
+        let ps = home.json(&["ps"]);
+        if let Some(sandbox) = ps["sandboxes"].as_array().and_then(|s| s.first()) {
+            break sandbox.clone();
+        }
+        assert!(started.elapsed().as_secs() < 30, "no build sandbox: {ps:#}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(sandbox["ttlSeconds"], 60 + 900, "{sandbox:#}");
+    let out = build.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let (_, after) = stderr
+        .split_once("step 2/2 (--run sleep 120) timed out after ")
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let (given, rest) = after
+        .split_once(" s ")
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let given: u64 = given.parse().unwrap_or_else(|_| panic!("{stderr}"));
+    // Step 1 slept 3 s of the 60: step 2 was given what was left, not 60 s of its own.
+    assert!((1..=57).contains(&given), "{stderr}");
+    assert!(
+        rest.starts_with(
+            "(what was left of the build's 60 s); nothing was built; give the build more time \
+             with --timeout SECONDS (up to 86400, default 3600) or `timeout = SECONDS` in a \
+             --file recipe"
+        ),
+        "{stderr}"
+    );
+    assert!(image_ids(&home, "slowpoke").is_empty());
+    assert_eq!(layer_count(&home), layers, "no stray layer");
+    assert_no_sandbox(&home);
+}
+
 /// A recipe's image boots on the vm too (built on the jail, with the debian image's kernel as
 /// an imported image does): the step's file is there and the deleted base file is not.
 #[test]

@@ -334,17 +334,15 @@ impl Tools {
         Ok(publish)
     }
 
-    /// The images on this host now (`dynocap image ls`): one built after the server started
-    /// is offered too.
+    /// The images on this host now (`dynocap image ls`, oldest first): one built after the
+    /// server started is offered too.
     fn host_images(&self) -> Result<HostImages, Error> {
-        let mut on_host = HostImages::default();
-        for image in self.engine.image_ls()? {
-            if image.built_here() {
-                on_host.built.push(image.name.clone());
-            }
-            on_host.names.push(image.name);
-        }
-        Ok(on_host)
+        Ok(HostImages::from_listing(
+            self.engine.image_ls()?.into_iter().map(|image| {
+                let built = image.built_here();
+                (image.name, built)
+            }),
+        ))
     }
 
     /// Pulls an image reference that `DYNOCAP_MCP_IMAGES` allows and the host lacks, as

@@ -229,12 +229,29 @@ impl fmt::Display for ImageEntry {
 pub struct HostImages {
     /// Every image's name; a name may come more than once (a tag pulled again after it moved).
     pub names: Vec<String>,
-    /// The names of those built on this host (`dynocap image build`: the `debian` image or a
-    /// recipe), which `@built` admits.
+    /// The names whose newest image was built on this host (`dynocap image build`: the
+    /// `debian` image or a recipe), which `@built` admits.
     pub built: Vec<String>,
 }
 
 impl HostImages {
+    /// The images `dynocap image ls` lists, oldest first, each as its name and whether it was
+    /// built here. A name counts as built by its newest image only: that is the one a start
+    /// by the name boots, and a name may hold images of both kinds (`dynocap image import
+    /// --name tool` after `dynocap image build tool`), so one older build must not admit an
+    /// import made over it.
+    pub fn from_listing(listing: impl IntoIterator<Item = (String, bool)>) -> Self {
+        let mut on_host = HostImages::default();
+        for (name, built_here) in listing {
+            on_host.built.retain(|built| *built != name);
+            if built_here {
+                on_host.built.push(name.clone());
+            }
+            on_host.names.push(name);
+        }
+        on_host
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.names.iter().any(|n| n == name)
     }

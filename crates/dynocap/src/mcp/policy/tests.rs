@@ -796,3 +796,29 @@ fn built_admits_only_images_built_here() {
     let err = policy.check_image("tools2", &on_host).unwrap_err();
     assert!(!err.message.contains("dynocap image build"), "{err}");
 }
+
+/// A name counts as built by its newest image, the one a start by that name boots: an import
+/// made over a build under the same name is not admitted by `@built`, a rebuild over an
+/// import is.
+#[test]
+fn built_goes_by_a_names_newest_image() {
+    let (policy, _) = images_policy(Some("@built"));
+    // Oldest first, as `dynocap image ls` lists them.
+    let on_host = HostImages::from_listing([
+        ("tool".to_owned(), true),
+        ("app".to_owned(), false),
+        ("tool".to_owned(), false),
+        ("app".to_owned(), true),
+        ("debian".to_owned(), true),
+    ]);
+    assert_eq!(on_host.built, names(&["app", "debian"]));
+    assert_eq!(on_host.names.len(), 5);
+    let err = policy.check_image("tool", &on_host).unwrap_err();
+    assert_eq!(
+        (err.code, err.rule),
+        (ErrorCode::PolicyDenied, "image.not-allowed")
+    );
+    for built in ["app", "debian"] {
+        assert_eq!(policy.check_image(built, &on_host).unwrap(), built);
+    }
+}

@@ -383,6 +383,48 @@ fn the_build_timeout_bounds_all_steps_together() {
     assert_no_sandbox(&home);
 }
 
+/// A build's sandbox lives as long as its bound, so a host whose TTL ceiling
+/// (`DYNOCAP_MAX_TTL_SECONDS`) is below the bound refuses it: the refusal names the build's
+/// `--timeout` (the build has no `--ttl`) and the ceiling, and a build within the ceiling goes
+/// through, its sandbox living no longer than the ceiling.
+#[test]
+fn a_build_bound_above_the_hosts_ttl_ceiling_names_timeout() {
+    let test = "a_build_bound_above_the_hosts_ttl_ceiling_names_timeout";
+    let Some((home, _work)) = home_with_base(test) else {
+        return;
+    };
+    let home = home.with_env("DYNOCAP_MAX_TTL_SECONDS", "600");
+    let build = [
+        "image",
+        "build",
+        "capped",
+        "--from",
+        "bb",
+        "--run",
+        "echo ok > /ok",
+    ];
+    for extra in [&[][..], &["--timeout", "601"][..]] {
+        let out = home.run(&[&build[..], extra].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains("policy_denied"), "{stderr}");
+        assert!(
+            stderr.contains("above the host's ceiling 600 (DYNOCAP_MAX_TTL_SECONDS=600)"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("give the build --timeout 600 or less"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("--ttl"), "{stderr}");
+    }
+    assert!(image_ids(&home, "capped").is_empty());
+    assert_no_sandbox(&home);
+    let built = home.json(&[&build[..], &["--timeout", "600"]].concat());
+    assert_eq!(built["origin"], "built", "{built:#}");
+    assert_no_sandbox(&home);
+}
+
 /// A recipe's image boots on the vm too (built on the jail, with the debian image's kernel as
 /// an imported image does): the step's file is there and the deleted base file is not.
 #[test]

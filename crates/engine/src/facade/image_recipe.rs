@@ -249,6 +249,7 @@ impl Engine {
         // The build's clock starts with its sandbox, whose TTL runs from here too.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout);
         let ceiling = crate::facade::ceilings::Ceilings::from_config(&self.config().ceilings)?;
+        above_ttl_ceiling(timeout, ceiling.ttl_seconds)?;
         let mut spec = RunSpec::raw(
             sandbox,
             Some(&network),
@@ -621,6 +622,31 @@ fn sandbox_ttl(timeout: u64, ceiling: u64) -> u64 {
         .min(ceiling.max(timeout))
 }
 
+/// Refuses a build bound above the host's TTL ceiling (`DYNOCAP_MAX_TTL_SECONDS`, `ceiling`):
+/// the build's sandbox lives at least that long ([`sandbox_ttl`]), and the sandbox's own
+/// refusal would name its TTL, which a build is not given but derives from `--timeout`.
+fn above_ttl_ceiling(timeout: u64, ceiling: u64) -> Result<()> {
+    use crate::facade::ceilings::MAX_TTL_SECONDS;
+    use crate::foundation::terms::Param;
+    if timeout <= ceiling {
+        return Ok(());
+    }
+    Err(Error::worded(
+        crate::foundation::error::ErrorCode::PolicyDenied,
+        |s| {
+            format!(
+                "the build's bound of {timeout} s ({} or `timeout =` in a --file recipe, \
+                 default {RECIPE_TIMEOUT_DEFAULT}) is above the host's ceiling {ceiling} \
+                 ({MAX_TTL_SECONDS}={ceiling}) on a sandbox's life, which its sandbox would \
+                 need; give the build {} {ceiling} or less, or have the person running \
+                 DynoCap raise {MAX_TTL_SECONDS}",
+                s.param(Param::TimeoutSeconds),
+                s.param(Param::TimeoutSeconds),
+            )
+        },
+    ))
+}
+
 /// A step's exec timeout: what is left of the build's bound at `now`, whole seconds rounded
 /// up (a step never gets less than it has), at least 1 (an exec's shortest).
 fn step_timeout(deadline: std::time::Instant, now: std::time::Instant) -> u64 {
@@ -804,6 +830,18 @@ mod tests {
         assert_eq!(sandbox_ttl(86_000, 86_400), 86_400);
         assert_eq!(sandbox_ttl(3_600, 4_000), 4_000);
         assert_eq!(sandbox_ttl(3_600, 1_800), 3_600);
+        // A bound above the ceiling is refused here, naming the bound's own parameter.
+        assert!(above_ttl_ceiling(1_800, 1_800).is_ok());
+        let err = above_ttl_ceiling(3_600, 1_800).unwrap_err();
+        assert_eq!(err.code, crate::foundation::error::ErrorCode::PolicyDenied);
+        assert!(
+            err.message.contains("DYNOCAP_MAX_TTL_SECONDS=1800"),
+            "{err}"
+        );
+        assert!(
+            err.message.contains("timeout_seconds 1800 or less"),
+            "{err}"
+        );
         // A step after 2.5 s of others gets what is left, rounded up.
         assert_eq!(
             step_timeout(deadline, start + Duration::from_millis(2_500)),

@@ -525,7 +525,16 @@ fn rm_releases_names_purges_and_refuses_running_tasks_without_force_on(backend: 
     assert_eq!(home.json_err(&["destroy", "keep"])["code"], "conflict");
     let ls = home.json(&["ls"]);
     assert_eq!(ls["sandboxes"][0]["name"], "rawbox");
-    home.json(&["rm", "keep", "--force", "--purge"]);
+    // Purged, the patch and logs the force saved go with the results: not said to be kept.
+    let said = home.run(&["rm", "keep", "--force", "--purge"]);
+    assert!(said.status.success(), "{said:?}");
+    let said = String::from_utf8_lossy(&said.stdout);
+    assert!(
+        said.contains("ended the running task")
+            && said.contains("deleted its record and results")
+            && !said.contains("kept"),
+        "{said}"
+    );
 }
 
 /// A second use of a name says what holds it and names the command that frees it, for each

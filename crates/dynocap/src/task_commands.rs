@@ -604,8 +604,11 @@ pub async fn rm(engine: &Engine, json: bool, args: RmArgs) -> Result<ExitCode, E
         print_json(&result);
     } else {
         let mut said = Vec::new();
-        if result.destroyed {
-            said.push("ended the running task (patch and logs kept)".to_owned());
+        // Purged, its patch and logs were saved and then deleted with its results.
+        match (result.destroyed, result.purged) {
+            (true, false) => said.push("ended the running task (patch and logs kept)".to_owned()),
+            (true, true) => said.push("ended the running task".to_owned()),
+            _ => {}
         }
         if let Some(name) = &result.released {
             said.push(format!("released the name {name}"));

@@ -262,6 +262,16 @@ fn oci_layout_and_docker_archive_import_and_boot_on_the_jail() {
 
     let refused = home.json_err(&["image", "rm", "tiny"]);
     assert_eq!(refused["code"], "conflict", "{refused:#}");
+    // The host image is no stored image: said so, not "no image named host".
+    let host = home.json_err(&["image", "rm", "host"]);
+    assert_eq!(host["code"], "invalid_argument", "{host:#}");
+    assert!(
+        host["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing to remove"),
+        "{host:#}"
+    );
     home.json(&["destroy", "box"]);
 
     // The same image as a classic docker save archive.

@@ -120,6 +120,11 @@ impl Engine {
     /// Removes an image (built, imported or pulled), refused while a sandbox needs it (the
     /// sandbox of a recipe build that died is destroyed first: it needs no image).
     pub async fn image_rm(&self, name_or_id: &str) -> Result<ImageInfo> {
+        if name_or_id == crate::image::DEFAULT_IMAGE {
+            return Err(Error::invalid(
+                "the host image is made from this host's own system directories when a sandbox                  starts, not stored: there is nothing to remove (dynocap image ls lists the                  images that are)",
+            ));
+        }
         self.reap_dead_builds().await;
         let store = self.image_store();
         let Some(image) = store.find(name_or_id)? else {

@@ -771,11 +771,14 @@ impl Jobs {
             .collect();
         // Every number below the next was given to a listed job, which this sandbox then
         // remembered until its [`MAX_KEPT_JOBS`] later ones pushed it out (across restores
-        // too: see [`Jobs::hand_over`]).
+        // too: see [`Jobs::hand_over`]). Only in the form a supervisor gives (`job-N`, no
+        // sign, no leading zero): `job-01` or `job-+1` never was an id, so it is unknown.
         let forgotten = id
             .strip_prefix("job-")
             .and_then(|n| n.parse::<u64>().ok())
-            .is_some_and(|n| n >= 1 && n < self.next.load(Ordering::Relaxed));
+            .is_some_and(|n| {
+                n >= 1 && n < self.next.load(Ordering::Relaxed) && id == format!("job-{n}")
+            });
         if forgotten {
             return Err(Error::not_found(format!(
                 "{id} is no longer kept: a sandbox remembers its last {MAX_KEPT_JOBS} jobs and \
@@ -1824,6 +1827,29 @@ mod tests {
         assert!(err.message.ends_with("its jobs are job-3"), "{err}");
         let err = again.get("job-9").err().unwrap();
         assert!(err.message.contains("has no job \"job-9\""), "{err}");
+    }
+
+    /// An id not in the form a supervisor gives is unknown, never "no longer kept", though
+    /// its digits name a number this sandbox gave.
+    #[test]
+    fn a_malformed_id_is_unknown_not_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Jobs::new(dir.path().join("jobs"));
+        for _ in 0..2 {
+            let job = jobs.add(&spec("true"), false).unwrap();
+            jobs.list_job(&job);
+        }
+        assert_eq!(jobs.get("job-1").unwrap().id(), "job-1");
+        for id in ["job-01", "job-+1", "job-001", "job-1 "] {
+            let err = jobs.get(id).err().unwrap();
+            assert_eq!(err.code, crate::foundation::error::ErrorCode::NotFound);
+            assert!(
+                err.message
+                    .starts_with(&format!("this sandbox has no job \"{id}\"")),
+                "{id}: {err}"
+            );
+            assert!(err.message.ends_with("its jobs are job-1, job-2"), "{err}");
+        }
     }
 
     fn exited(code: i32) -> Ended {

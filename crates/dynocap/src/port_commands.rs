@@ -26,7 +26,7 @@ pub struct PortArgs {
     pub host_port: Option<u16>,
     /// The host address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 opens
     /// the sandbox's server to the network).
-    #[arg(long, value_name = "ADDR", requires = "guest_port")]
+    #[arg(long, value_name = "ADDR", value_parser = host_address, requires = "guest_port")]
     pub address: Option<IpAddr>,
     /// Stop forwarding this guest port.
     #[arg(long, value_name = "GUESTPORT", value_parser = guest_port)]
@@ -97,14 +97,9 @@ pub fn publish_spec(text: &str) -> Result<ForwardRequest, String> {
     };
     let host_address = match address {
         None => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        Some(address) => address
-            .strip_prefix('[')
-            .and_then(|inner| inner.strip_suffix(']'))
-            .unwrap_or(address)
-            .parse::<IpAddr>()
-            .map_err(|_| {
-                format!("ADDR {address:?} is not an IP address of this host; {PUBLISH_FORM}")
-            })?,
+        Some(address) => {
+            host_address(address).map_err(|err| format!("ADDR {err}; {PUBLISH_FORM}"))?
+        }
     };
     let host_port = match host {
         Some(host) => host_port(host).map_err(|err| format!("HOST {err}; {PUBLISH_FORM}"))?,
@@ -115,6 +110,22 @@ pub fn publish_spec(text: &str) -> Result<ForwardRequest, String> {
         host_port,
         host_address,
     })
+}
+
+/// A host address to listen on, as `--address` and a `--publish` ADDR take it: an IP
+/// address, an IPv6 one bare or in brackets. A host name is not resolved: which of its
+/// addresses a listener would get is the resolver's choice, not the user's.
+fn host_address(text: &str) -> Result<IpAddr, String> {
+    text.strip_prefix('[')
+        .and_then(|inner| inner.strip_suffix(']'))
+        .unwrap_or(text)
+        .parse::<IpAddr>()
+        .map_err(|_| {
+            format!(
+                "{text:?} is not an IP address; give one of this host's addresses, such as \
+                 127.0.0.1 (the default), ::1 or 0.0.0.0 (a host name is not resolved)"
+            )
+        })
 }
 
 fn guest_port(text: &str) -> Result<u16, String> {
@@ -174,5 +185,40 @@ mod tests {
             let err = publish_spec(bad).expect_err(bad);
             assert!(err.contains("GUEST[:[ADDR:]HOST]"), "{bad}: {err}");
         }
+    }
+
+    /// `--address` takes what a `--publish` ADDR takes, an IPv6 address in brackets too,
+    /// and refuses a host name saying what to give instead.
+    #[test]
+    fn address_values_parse_as_publish_addrs_do() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            port: PortArgs,
+        }
+        let parse = |address: &str| {
+            Cli::try_parse_from(["port", "web", "8000", "--address", address])
+                .map(|cli| cli.port.address)
+                .map_err(|err| err.to_string())
+        };
+        for (given, address) in [
+            ("127.0.0.1", "127.0.0.1"),
+            ("0.0.0.0", "0.0.0.0"),
+            ("::1", "::1"),
+            ("[::1]", "::1"),
+        ] {
+            assert_eq!(parse(given), Ok(Some(address.parse().unwrap())), "{given}");
+        }
+        for bad in ["localhost", "example.com", "", "[::1", "127.0.0.1:80"] {
+            let err = parse(bad).expect_err(bad);
+            assert!(
+                err.contains("is not an IP address; give one of this host's addresses"),
+                "{bad}: {err}"
+            );
+        }
+        assert!(publish_spec("8000:localhost:0")
+            .expect_err("a host name")
+            .contains("(a host name is not resolved)"));
     }
 }

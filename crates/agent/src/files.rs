@@ -485,7 +485,10 @@ fn write(
     let (mut file, created) = match created {
         Ok(file) => (file, true),
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
-            let (file, _) = open_regular(path, true)?;
+            let (file, _) = match mode {
+                Some(_) => open_to_set_mode(path)?,
+                None => open_regular(path, true)?,
+            };
             (file, false)
         }
         Err(err) => return io_fail("cannot create", path, err),
@@ -524,6 +527,37 @@ fn write(
         created,
         mode,
     })
+}
+
+/// Opens an existing `path` for a write that sets a mode. A mode is set before the file is
+/// cut, so the file's current mode must not stop the write when the user may change it: a
+/// file of theirs they made read-only (or 000) is opened by giving the owner read and write
+/// for the moment (the write then sets the mode asked for on the open file). A user who may
+/// not change the mode gets `cannot set the mode of`, the file as it was.
+fn open_to_set_mode(path: &Path) -> Result<(File, std::fs::Metadata), FileError> {
+    let denied = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(_) => return open_regular(path, true),
+        Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => err,
+        Err(_) => return open_regular(path, true),
+    };
+    let before = match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => meta.mode() & 0o7777,
+        _ => return io_fail("cannot open", path, denied),
+    };
+    if let Err(err) = std::fs::set_permissions(path, PermissionsExt::from_mode(before | 0o600)) {
+        return io_fail("cannot set the mode of", path, err);
+    }
+    let opened = open_regular(path, true);
+    if opened.is_err() {
+        // Whatever failed, the file keeps the mode it had.
+        let _ = std::fs::set_permissions(path, PermissionsExt::from_mode(before));
+    }
+    opened
 }
 
 /// Where `needle` starts in `haystack`, without overlaps, in order.
@@ -846,6 +880,52 @@ mod tests {
         let refused = run(write("theirs", Some(0o600))).unwrap_err();
         assert!(refused.0.contains("cannot set the mode"), "{refused}");
         assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "kept");
+    }
+
+    /// A file of the user's own that its mode makes read-only (or 000) is written when a
+    /// mode is asked for, as `chmod` then a write would; without a mode it is refused as a
+    /// shell's `>` would be, and a mode another user's file refuses leaves it as it was.
+    #[test]
+    fn a_mode_asked_for_is_set_before_the_files_own_mode_stops_the_write() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let run = |op| serve_as_nobody(dir.path(), op);
+        let write = |path: &str, content: &str, mode| FileOp::Write {
+            path: path.into(),
+            content: content.as_bytes().to_vec(),
+            mode,
+            create_dirs: false,
+        };
+        let mode_of =
+            |name: &str| std::fs::metadata(dir.path().join(name)).unwrap().mode() & 0o7777;
+        run(write("f", "one", Some(0o000))).unwrap();
+        assert_eq!(mode_of("f"), 0o000);
+        let refused = run(write("f", "two", None)).unwrap_err();
+        assert!(refused.0.contains("Permission denied"), "{refused}");
+        assert_eq!(mode_of("f"), 0o000);
+        for (content, mode) in [("three", 0o644), ("four", 0o444), ("five", 0o4555)] {
+            let written = run(write("f", content, Some(mode))).unwrap();
+            assert!(
+                matches!(written, FileResult::Written { mode: m, created: false, .. } if m == mode),
+                "{mode:o}: {written:?}"
+            );
+            assert_eq!(mode_of("f"), mode);
+            assert_eq!(
+                std::fs::read_to_string(dir.path().join("f")).unwrap(),
+                content
+            );
+        }
+        let theirs = dir.path().join("theirs");
+        std::fs::write(&theirs, "kept").unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o444)).unwrap();
+        let refused = run(write("theirs", "x", Some(0o666))).unwrap_err();
+        assert!(refused.0.contains("cannot set the mode"), "{refused}");
+        assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "kept");
+        assert_eq!(mode_of("theirs"), 0o444);
     }
 
     /// A file that says it is empty until read (`/proc`) reads as `cat` shows it, whole or

@@ -167,6 +167,17 @@ async def test_files_edge_cases_a_caller_meets(host: Host) -> None:
         assert "standard base64" in text, text
         assert ok(await s.call_tool("dynocap_exec", {
             "name": "e", "command": f"test -e {home}/b.bin"}))["exitCode"] == 1
+        # Mode 0 (a number) leaves a file its owner cannot open; a write without a mode is
+        # refused as `>` would be, one with a mode sets it first and writes.
+        ro = f"{home}/ro.txt"
+        assert ok(await s.call_tool("dynocap_write_file", {
+            "name": "e", "path": ro, "content": "one", "mode": 0}))["mode"] == "0"
+        err(await s.call_tool("dynocap_write_file", {"name": "e", "path": ro, "content": "two"}),
+            "invalid_argument")
+        for content, mode in (("three", "644"), ("four", "444")):
+            assert ok(await s.call_tool("dynocap_write_file", {
+                "name": "e", "path": ro, "content": content, "mode": mode}))["mode"] == mode
+            assert await sh(s, "e", f"stat -c %a {ro}; cat {ro}") == f"{mode}\n{content}"
 
 
 async def test_files_act_as_the_sandbox_user(host: Host) -> None:

@@ -76,6 +76,10 @@ async def test_background_kill_and_another_sandboxs_job(host: Host) -> None:
         text = err(await s.call_tool("dynocap_job", {"name": "two", "job": job}), "not_found")
         assert "has no job" in text
         err(await s.call_tool("dynocap_job", {"name": "one", "job": "job-999"}), "not_found")
+        # Not the form ids take: unknown, never taken for a job the sandbox forgot.
+        text = err(await s.call_tool("dynocap_job", {"name": "one", "job": "job-0" + job[4:]}),
+                   "not_found")
+        assert "has no job" in text and "no longer kept" not in text, text
         for _ in range(30):
             report = ok(await s.call_tool("dynocap_job", {"name": "one", "job": job,
                                                           "waitSeconds": 1}))

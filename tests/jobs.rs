@@ -422,6 +422,25 @@ fn a_restore_keeps_the_jobs_before_it_and_their_output() {
         wait_until(60, || job_report(&home, "jr", &cut)["stdoutOffset"] == 8),
         "the second job's output reaches the host"
     );
+    // Beside the job, one command runs in the foreground and a client has connected without
+    // asking anything yet: the restore ends the command and the job, and only the command is
+    // counted as one (not the idle connection, not the job's own, not the restore's).
+    let mut foreground = home
+        .command()
+        .args(["task", "exec", "jr", "--", "echo started; sleep 300"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a foreground command");
+    let mut started = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(foreground.stdout.as_mut().expect("piped")),
+        &mut started,
+    )
+    .expect("the foreground command's first line");
+    assert_eq!(started, "started\n");
+    let socket = home.path().join("run").join(format!("{id}.sock"));
+    let idle = std::os::unix::net::UnixStream::connect(&socket).expect("connect to the task");
     let restored = home.json(&["task", "restore", "jr", "ready"]);
     assert_eq!(
         restored["jobsEnded"][0]["job"],
@@ -429,6 +448,16 @@ fn a_restore_keeps_the_jobs_before_it_and_their_output() {
         "{restored:#}"
     );
     assert_eq!(restored["jobsEnded"].as_array().map(Vec::len), Some(1));
+    assert_eq!(restored["commandsEnded"], 1, "{restored:#}");
+    drop(idle);
+    let ended = foreground
+        .wait_with_output()
+        .expect("the foreground command ends");
+    assert!(
+        !ended.status.success() && text(&ended.stderr).contains("restored to its checkpoint"),
+        "{}",
+        text(&ended.stderr)
+    );
     let after = task_background(&home, "jr", "echo after");
     assert!(after != done && after != cut, "{after}");
 

@@ -464,6 +464,7 @@ async fn serve(
                 .join(crate::supervisor::jobs::JOBS_DIR),
         ),
         forwards,
+        execs: std::sync::atomic::AtomicUsize::new(0),
         image_run: image::run_config(&home, &record.image),
     });
     let (end_tx, mut end_rx) = mpsc::channel::<(EndRequest, OwnedWriteHalf)>(16);

@@ -179,7 +179,11 @@ pub(super) async fn restore(
     ));
     let jobs_ended = shared.jobs.running();
     let cut_off = jobs_ended.clone();
-    let commands_ended = clients.len().saturating_sub(jobs_ended.len());
+    // Every job runs as a command served here: the rest are the callers' commands.
+    let commands_ended = shared
+        .execs
+        .load(std::sync::atomic::Ordering::SeqCst)
+        .saturating_sub(jobs_ended.len());
     tracing::info!(target: LOG_TARGET,
         "restoring checkpoint {label}: ending {} job(s) and {commands_ended} command(s)",
         jobs_ended.len()

@@ -57,6 +57,7 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
             ControlReply::from_result(conn.ping().await, |()| ControlReply::Pong)
         }
         ControlRequest::Exec { spec } => 'exec: {
+            let _serving = ServingExec::begin(&shared.execs);
             let spec = match shared.with_image_config(spec) {
                 Ok(spec) => spec,
                 Err(err) => break 'exec ControlReply::Error(err),

@@ -194,10 +194,30 @@ pub(super) struct Shared {
     pub(super) egress: Option<Arc<Egress>>,
     /// Commands that outlive the call that started them.
     pub(super) jobs: crate::supervisor::jobs::Jobs,
+    /// Commands being served now, a job's included: each `Exec` request from its start to its
+    /// answer ([`ServingExec`]). A restore counts the commands it ends from it, not from the
+    /// connections open (an idle one, a job query, the restore's own are none).
+    pub(super) execs: std::sync::atomic::AtomicUsize,
     /// Host listeners carried to guest ports; closed when the sandbox ends.
     pub(super) forwards: crate::supervisor::ports::Forwards,
     /// What the sandbox's image's config asks of every command (its `Env`, `WorkingDir`).
     pub(super) image_run: crate::image::run_config::RunConfig,
+}
+
+/// One command served, counted in [`Shared::execs`] while it lives.
+pub(super) struct ServingExec<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> ServingExec<'a> {
+    pub(super) fn begin(execs: &'a std::sync::atomic::AtomicUsize) -> Self {
+        execs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(execs)
+    }
+}
+
+impl Drop for ServingExec<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Shared {

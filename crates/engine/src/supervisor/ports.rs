@@ -491,6 +491,27 @@ mod tests {
     use super::*;
     use crate::foundation::error::ErrorCode;
 
+    /// The inode of the IPv4 socket listening on `127.0.0.1:port` in this network namespace.
+    fn listening_inode(port: u16) -> Option<u64> {
+        let local = format!("0100007F:{port:04X}");
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        table.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // `0A`: TCP_LISTEN.
+            (fields[1] == local && fields[3] == "0A").then(|| fields[9].parse().unwrap())
+        })
+    }
+
+    /// The inodes of every IPv4 TCP socket in this network namespace.
+    fn sockets() -> Vec<u64> {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        table
+            .lines()
+            .skip(1)
+            .map(|line| line.split_whitespace().nth(9).unwrap().parse().unwrap())
+            .collect()
+    }
+
     /// A connection to an agent played by the test: the supervisor's side, and the frames it
     /// sends the agent.
     async fn conn() -> (
@@ -558,12 +579,14 @@ mod tests {
         assert_eq!(err.code, ErrorCode::Conflict);
         assert!(err.message.contains("is in use"), "{err}");
 
-        // Closed when the sandbox ends: the port refuses connections at once.
+        // Closed when the sandbox ends: its listening socket is gone at once. Looked for by
+        // the socket's inode, not by connecting: the freed port is anyone's, and another
+        // test's listener may take it at once.
+        let listener = listening_inode(forward.host_port).expect("the forward listens");
         forwards.close_all().await;
-        let refused = tokio::net::TcpStream::connect(("127.0.0.1", forward.host_port)).await;
-        assert_eq!(
-            refused.unwrap_err().kind(),
-            std::io::ErrorKind::ConnectionRefused
+        assert!(
+            !sockets().contains(&listener),
+            "the forward's listener outlived the sandbox"
         );
         assert!(read_forwards(dir.path()).is_empty());
         let err = forwards.add(&request(9000, 0)).await.unwrap_err();

@@ -245,8 +245,38 @@ fn vm_checkpoints_restores_and_forks_are_layers_the_guests_share() {
     assert!(meta.nlink() >= 2, "shared with the task's own chain");
 
     home.task_sh("v", "rm -f a.txt ~/deps/blob && echo junk > junk.txt");
+    // A job runs when the guest stops for the restore: it is ended and kept, as on the jail,
+    // and its command's cut-off is not taken for a failure of the task's disk.
+    let job = home.task_job("v", 600, "echo running; sleep 300");
+    // `dynocap job`'s exit status is the job's: read its JSON whatever it is.
+    let job_report = |job: &str| -> Value {
+        let out = home.run(&["--json", "job", "v", job]);
+        serde_json::from_slice(&out.stdout).expect("a Job object")
+    };
+    assert!(
+        wait_until(120, || job_report(&job)["stdout"] == "running\n"),
+        "the job's output reaches the host"
+    );
     let restored = home.json(&["task", "restore", "v", "good"]);
     assert_eq!(restored["label"], "good", "{restored:#}");
+    assert_eq!(
+        restored["jobsEnded"][0]["job"],
+        job.as_str(),
+        "{restored:#}"
+    );
+    assert_eq!(restored["commandsEnded"], 0, "{restored:#}");
+    let report = job_report(&job);
+    assert_eq!(
+        (&report["state"], &report["stdout"]),
+        (&Value::from("failed"), &Value::from("running\n")),
+        "{report:#}"
+    );
+    let record = home.json(&["ls"])["tasks"][0].clone();
+    assert_eq!(
+        (&record["state"], &record["note"]),
+        (&Value::from("running"), &Value::Null),
+        "{record:#}"
+    );
     let after = home.task_sh(
         "v",
         "cat a.txt; test -e junk.txt && echo junk; wc -c < ~/deps/blob",

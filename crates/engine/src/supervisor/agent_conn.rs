@@ -5,7 +5,7 @@
 //! dropped, and the connection's death ends every open stream with an error.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,6 +49,10 @@ pub struct AgentConn {
     tunnel_handler: Arc<Mutex<Option<TunnelHandler>>>,
     /// Tunnels on streams this side opened ([`AgentConn::open_tunnel`]: port forwards).
     host_tunnels: Tunnels,
+    /// Set by the reader once the channel closed, under the routes' lock, before it ends the
+    /// streams open then: a stream opened after is refused instead of waiting for frames no
+    /// one will route (a task's sync after a command the guest's stop cut off, say).
+    closed: Arc<AtomicBool>,
     /// Holds the writer still while the guest is saved for a live fork (see `live_fork`).
     pub(crate) hold: Arc<crate::supervisor::live_fork::WriterHold>,
 }
@@ -113,6 +117,8 @@ impl AgentConn {
         let reader_outgoing = outgoing.clone();
         let host_tunnels: Tunnels = Arc::default();
         let reader_host_tunnels = host_tunnels.clone();
+        let closed = Arc::new(AtomicBool::new(false));
+        let reader_closed = closed.clone();
         tokio::spawn(async move {
             let tunnels: Tunnels = Arc::default();
             loop {
@@ -150,8 +156,12 @@ impl AgentConn {
                         .await;
                 }
             }
-            // Dropping every sender ends every stream.
-            lock(&reader_routes).clear();
+            // Dropping every sender ends every stream; none is opened from now on.
+            {
+                let mut routes = lock(&reader_routes);
+                reader_closed.store(true, Ordering::SeqCst);
+                routes.clear();
+            }
             for (_, inbox) in lock(&tunnels).drain() {
                 inbox.close("the agent channel closed");
             }
@@ -167,10 +177,16 @@ impl AgentConn {
                 next_stream: Arc::new(AtomicU32::new(1)),
                 tunnel_handler,
                 host_tunnels,
+                closed,
                 hold,
             },
             hello,
         ))
+    }
+
+    /// Whether the channel closed: the agent is gone and every request fails.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// From now on, tunnels the guest opens go to `handler`; before, or after
@@ -187,7 +203,13 @@ impl AgentConn {
     pub async fn open(&self, request: &Request) -> Result<AgentStream> {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed) & !GUEST_STREAM_BIT;
         let (tx, incoming) = mpsc::channel(STREAM_QUEUE);
-        lock(&self.routes).insert(id, tx);
+        {
+            let mut routes = lock(&self.routes);
+            if self.closed.load(Ordering::SeqCst) {
+                return Err(agent_gone());
+            }
+            routes.insert(id, tx);
+        }
         let stream = AgentStream {
             id,
             incoming,
@@ -208,7 +230,14 @@ impl AgentConn {
     ) -> Result<(tunnel::Tunnel, mpsc::Sender<Frame>)> {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed) & !GUEST_STREAM_BIT;
         let (inbox, tunnel) = tunnel::open(id);
-        lock(&self.host_tunnels).insert(id, inbox);
+        {
+            // The reader drains these after it marks the channel closed.
+            let mut tunnels = lock(&self.host_tunnels);
+            if self.closed.load(Ordering::SeqCst) {
+                return Err(agent_gone());
+            }
+            tunnels.insert(id, inbox);
+        }
         let open = Frame::new(id, FrameKind::Open, to_payload(request));
         if self.outgoing.send(open).await.is_err() {
             lock(&self.host_tunnels).remove(&id);
@@ -418,5 +447,59 @@ impl Coded for AgentFailure {
             | Self::Protocol { .. }
             | Self::StoppedAnswering => ErrorCode::Internal,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dynocap_proto::{Frame, FrameKind, FrameWriter, Hello, Request, PROTOCOL_VERSION};
+
+    use super::*;
+
+    /// Once the agent's side of the channel is closed (a VM's guest stopped for a restore,
+    /// its writes still accepted until the writer fails), a request made after is refused at
+    /// once: it used to wait forever for frames nothing would route, holding the command that
+    /// made it (a task's sync after a command the stop cut off) and the restore behind it.
+    #[tokio::test]
+    async fn a_stream_opened_after_the_channel_closed_is_refused_not_left_waiting() {
+        let (host, agent) = tokio::io::duplex(1 << 20);
+        let (host_read, host_write) = tokio::io::split(host);
+        // The agent's reading half stays: the supervisor's writes go on being accepted.
+        let (_agent_read, mut agent_write) = tokio::io::split(agent);
+        let hello = Hello {
+            protocol: PROTOCOL_VERSION,
+            agent_version: "test".into(),
+        };
+        FrameWriter::new(&mut agent_write)
+            .write_frame(&Frame::new(0, FrameKind::Hello, to_payload(&hello)))
+            .await
+            .unwrap();
+        let (conn, _) = AgentConn::start(host_read, host_write, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut before = conn.open(&Request::Ping).await.unwrap();
+        tokio::io::AsyncWriteExt::shutdown(&mut agent_write)
+            .await
+            .unwrap();
+        // The stream open when the channel closed ends: the reader has seen the end.
+        assert!(before.next().await.is_none());
+
+        let after = tokio::time::timeout(Duration::from_secs(60), conn.open(&Request::Ping))
+            .await
+            .expect("open answers");
+        assert_eq!(
+            after.err().map(|err| err.message),
+            Some(agent_gone().message)
+        );
+        assert!(conn.is_closed());
+        let pinged = tokio::time::timeout(Duration::from_secs(60), conn.ping())
+            .await
+            .expect("a ping on a closed channel answers rather than waits");
+        assert!(pinged.is_err());
+        let tunnel = conn.open_tunnel(&Request::Ping).await;
+        assert_eq!(
+            tunnel.err().map(|err| err.message),
+            Some(agent_gone().message)
+        );
     }
 }

@@ -135,7 +135,11 @@ pub(super) async fn handle_client(stream: UnixStream, shared: &Shared, main_loop
             // A task's work is on the host's disk when the command returns; a raw sandbox's
             // files do not outlive the machine, but its failed disk is still the command's
             // error (a jail's is read on the host, a VM's asked of its kernel).
+            // A guest going away (its sandbox ending, a restore stopping it, its agent gone)
+            // is not asked: the request would fail, and its failure would read as the disk's.
+            let guest_gone = shared.ending.get().is_some() || conn.is_closed();
             let synced = match (task, &shared.layer_sync) {
+                (_, LayerSync::GuestKernel) if guest_gone => Ok(()),
                 (Some(_), how) => sync_layer(how.clone(), &shared.conn).await,
                 (None, LayerSync::GuestKernel) => guest_disk_health(&shared.conn).await,
                 (None, LayerSync::HostMount(_)) => Ok(()),

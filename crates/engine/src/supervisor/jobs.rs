@@ -112,8 +112,11 @@ pub const RUNNING_FILE: &str = "running.json";
 /// not counted in [`JOB_OUTPUT_BOUND`] either.
 const HANDED_OVER_FILE: &str = "handed-over.json";
 
-/// The most of [`HANDED_OVER_FILE`] read: [`MAX_KEPT_JOBS`] entries take a few dozen KiB.
-const HANDED_OVER_MAX: u64 = 1024 * 1024;
+/// The most of [`HANDED_OVER_FILE`] read. An entry is bounded: its command, error and the
+/// guest's network refusals (16 at most, host and reason bounded) take a few KiB, up to
+/// ~70 KiB where every character needs JSON's `\u` escape; [`MAX_KEPT_JOBS`] of those stay
+/// well below it, so a hostile guest's strings cannot push the file past it.
+const HANDED_OVER_MAX: u64 = 16 * 1024 * 1024;
 
 /// The file in a sandbox's jobs directory that indexes its listed jobs: each one's id, the
 /// sequence number that names its output files, whether it ended. A supervisor killed outright
@@ -346,6 +349,10 @@ struct HandedOver {
     /// How its output is read back: its exec's `maxOutputBytes` and `outputEncoding`.
     max_output_bytes: u64,
     output_encoding: OutputEncoding,
+    /// An ended job's Exec object without its output (which its files hold): what its
+    /// reports say beyond the exit (`oomKilled`, `diskError`, `networkRefusals`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result: Option<Box<ExecResult>>,
 }
 
 /// Where a stream's output goes.
@@ -539,6 +546,7 @@ impl Jobs {
                     output_evicted: false,
                     max_output_bytes: crate::model::spec::EXEC_OUTPUT_LIMIT,
                     output_encoding: OutputEncoding::Utf8,
+                    result: None,
                 };
                 Job::handed_over(&dir, handed, &total, &list, &board)
             })
@@ -577,6 +585,15 @@ impl Jobs {
                     )
                 };
                 let output_evicted = report.output_evicted;
+                let result = report
+                    .result
+                    .filter(|_| !ended_by_restore)
+                    .map(|mut result| {
+                        result.stdout = None;
+                        result.stderr = None;
+                        result.transcript = None;
+                        result
+                    });
                 let (state, exit_code, signal, error) = if ended_by_restore {
                     let error = Error::conflict(format!(
                         "the task was restored to its checkpoint {label:?} while this job ran, \
@@ -601,6 +618,7 @@ impl Jobs {
                     output_evicted,
                     max_output_bytes: job.limit as u64,
                     output_encoding: job.encoding,
+                    result,
                 }
             })
             .collect();
@@ -1533,6 +1551,7 @@ impl Job {
                 report.signal = handed.signal;
                 report.duration_ms = handed.duration_ms;
                 report.error = handed.error;
+                report.result = handed.result;
             }
         }
         report
@@ -1883,7 +1902,20 @@ mod tests {
         let binary: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
         done.keep(OutputChannel::Stdout, &binary);
         done.keep(OutputChannel::Stderr, b"warning\n");
-        done.set_ended(exited(3));
+        let Ended::Done(mut result) = exited(3) else {
+            unreachable!("exited() is a Done")
+        };
+        result.stdout = Some("head of the output".into());
+        result.oom_killed = true;
+        result.disk_error = Some("the sandbox's disk is full".into());
+        result.network_refusals = vec![dynocap_netproxy::NetworkRefusal {
+            host: "pypi.org".into(),
+            port: 443,
+            reason: "not on the allowlist".into(),
+            count: 2,
+            fix: None,
+        }];
+        done.set_ended(Ended::Done(result));
         let cut = jobs.add(&spec("sleep 300"), true).unwrap();
         jobs.list_job(&cut);
         cut.keep(OutputChannel::Stdout, b"started\n");
@@ -1918,8 +1950,24 @@ mod tests {
         };
         assert_eq!(decode(&report.stdout), binary);
         assert_eq!(decode(&report.stderr), b"warning\n");
+        // What its Exec object said beyond the exit, without the output its files hold.
+        let result = report
+            .result
+            .expect("an ended job's Exec object is handed on");
+        assert!(result.oom_killed);
+        assert_eq!(
+            result.disk_error.as_deref(),
+            Some("the sandbox's disk is full")
+        );
+        assert_eq!(result.network_refusals.len(), 1);
+        assert_eq!(result.network_refusals[0].host, "pypi.org");
+        assert_eq!((result.stdout, result.stderr), (None, None));
         let report = again.get("job-2").unwrap().report(Some((0, 0)));
         assert_eq!((report.state, report.exit_code), (JobState::Failed, None));
+        assert!(
+            report.result.is_none(),
+            "cut off by the restore: no Exec object"
+        );
         assert_eq!(report.stdout, "started\n");
         let error = report.error.unwrap().message;
         assert!(

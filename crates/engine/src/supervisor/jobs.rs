@@ -867,74 +867,129 @@ impl Jobs {
     }
 }
 
-/// The jobs the supervisor before a restore handed over in `dir` ([`HANDED_OVER_FILE`]),
-/// taking the file away: at most [`MAX_KEPT_JOBS`], the latest, each with an id this sandbox
-/// gave (`job-N`, N below `next`, the next id to give) and a sequence number of its own.
-/// The file is this supervisor's own, but read as any file on the host: bounded, and an entry
-/// that does not hold is left out (its output is then removed as a stray's).
-fn take_handed_over(dir: &std::path::Path, next: u64) -> Vec<HandedOver> {
-    let path = dir.join(HANDED_OVER_FILE);
+/// A listed job as one of this module's records in a jobs directory names it
+/// ([`HANDED_OVER_FILE`], [`INDEX_FILE`]): what [`read_record`] checks of each entry.
+trait Recorded: serde::de::DeserializeOwned {
+    /// Its id and sequence number.
+    fn id(&self) -> (&str, u64);
+    /// Its start and command, which [`read_record`] puts back in the form this module gives
+    /// them.
+    fn shown(&mut self) -> (&mut String, &mut String);
+}
+
+impl Recorded for HandedOver {
+    fn id(&self) -> (&str, u64) {
+        (&self.job, self.seq)
+    }
+    fn shown(&mut self) -> (&mut String, &mut String) {
+        (&mut self.started_at, &mut self.command)
+    }
+}
+
+impl Recorded for Indexed {
+    fn id(&self) -> (&str, u64) {
+        (&self.job, self.seq)
+    }
+    fn shown(&mut self) -> (&mut String, &mut String) {
+        (&mut self.started_at, &mut self.command)
+    }
+}
+
+/// The entries of the record at `path` (`what`, for the log) that hold, the latest `keep`.
+/// The file is the supervisor's own, but read as any file on the host: more than `max` bytes,
+/// or not one record, and none is read; an entry is left out unless its id is one this module
+/// makes (`job-N`, with `numbered(N)`), its sequence number is above 0 and no other entry's,
+/// and its start is a time. No file: none.
+fn read_record<T: Recorded>(
+    path: &std::path::Path,
+    what: &str,
+    max: u64,
+    numbered: impl Fn(u64) -> bool,
+    keep: usize,
+) -> Vec<T> {
     let mut text = Vec::new();
-    let read = std::fs::File::open(&path)
-        .and_then(|file| file.take(HANDED_OVER_MAX + 1).read_to_end(&mut text));
+    let read = std::fs::File::open(path).and_then(|file| file.take(max + 1).read_to_end(&mut text));
     match read {
+        Ok(_) if text.len() as u64 > max => {
+            tracing::warn!(
+                "{what} {} takes more than {max} bytes; none is taken",
+                path.display()
+            );
+            return Vec::new();
+        }
         Ok(_) => {}
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
         Err(err) => {
-            tracing::warn!("reading the jobs handed over in {}: {err}", path.display());
+            tracing::warn!("reading {what} {}: {err}", path.display());
             return Vec::new();
         }
     }
-    // Its news is taken: a later supervisor hears only from one that restores again.
-    let _ = std::fs::remove_file(&path);
-    if text.len() as u64 > HANDED_OVER_MAX {
-        tracing::warn!(
-            "the jobs handed over in {} take more than {HANDED_OVER_MAX} bytes; none is taken",
-            path.display()
-        );
-        return Vec::new();
-    }
-    let entries: Vec<HandedOver> = match serde_json::from_slice(&text) {
+    let entries: Vec<T> = match serde_json::from_slice(&text) {
         Ok(entries) => entries,
         Err(err) => {
-            tracing::warn!("the jobs handed over in {}: {err}", path.display());
+            tracing::warn!("{what} {}: {err}", path.display());
             return Vec::new();
         }
     };
-    let mut taken: Vec<HandedOver> = Vec::new();
+    let mut taken: Vec<T> = Vec::new();
     for mut entry in entries {
-        let number = entry
-            .job
+        let (job, seq) = entry.id();
+        let ours = job
             .strip_prefix("job-")
             .and_then(|n| n.parse::<u64>().ok())
-            .filter(|n| (1..next).contains(n) && entry.job == format!("job-{n}"));
-        let started_at = chrono::DateTime::parse_from_rfc3339(&entry.started_at).ok();
-        let fresh = !taken
-            .iter()
-            .any(|other| other.job == entry.job || other.seq == entry.seq);
-        let (Some(_), Some(started_at), true, true) = (number, started_at, entry.seq >= 1, fresh)
-        else {
+            .is_some_and(|n| numbered(n) && job == format!("job-{n}"));
+        let fresh = !taken.iter().any(|other| {
+            let (other_job, other_seq) = other.id();
+            other_job == job || other_seq == seq
+        });
+        let (started_at, command) = entry.shown();
+        let started = chrono::DateTime::parse_from_rfc3339(started_at).ok();
+        let (true, Some(started), true, true) = (ours, started, seq >= 1, fresh) else {
+            let (job, seq) = entry.id();
             tracing::warn!(
-                "a job handed over in {} does not hold (id {:?}, sequence {}); it is not taken",
+                "a job in {what} {} does not hold (id {:?}, sequence {seq}); it is left out",
                 path.display(),
-                sanitize_line(&entry.job, 64),
-                entry.seq
+                sanitize_line(job, 64),
             );
             continue;
         };
-        entry.started_at =
-            crate::model::sandbox_info::rfc3339(started_at.with_timezone(&chrono::Utc));
-        entry.command = sanitize_line(&entry.command, COMMAND_SHOWN);
+        *started_at = crate::model::sandbox_info::rfc3339(started.with_timezone(&chrono::Utc));
+        *command = sanitize_line(command, COMMAND_SHOWN);
+        taken.push(entry);
+    }
+    let extra = taken.len().saturating_sub(keep);
+    taken.drain(..extra);
+    taken
+}
+
+/// The jobs the supervisor before a restore handed over in `dir` ([`HANDED_OVER_FILE`]),
+/// taking the file away: at most [`MAX_KEPT_JOBS`], the latest, each with an id this sandbox
+/// gave (`job-N`, N below `next`, the next id to give); one that does not hold is left out
+/// ([`read_record`]: its output is then removed as a stray's).
+fn take_handed_over(dir: &std::path::Path, next: u64) -> Vec<HandedOver> {
+    let path = dir.join(HANDED_OVER_FILE);
+    let mut taken: Vec<HandedOver> = read_record(
+        &path,
+        "the jobs handed over in",
+        HANDED_OVER_MAX,
+        |n| (1..next).contains(&n),
+        MAX_KEPT_JOBS,
+    );
+    // Its news is taken: a later supervisor hears only from one that restores again.
+    match std::fs::remove_file(&path) {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+            tracing::warn!("removing {}: {err}", path.display())
+        }
+        _ => {}
+    }
+    for entry in &mut taken {
         entry.max_output_bytes = entry
             .max_output_bytes
             .clamp(1, crate::model::spec::EXEC_OUTPUT_LIMIT);
         if entry.state == JobState::Running {
             entry.state = JobState::Failed;
         }
-        taken.push(entry);
     }
-    let extra = taken.len().saturating_sub(MAX_KEPT_JOBS);
-    taken.drain(..extra);
     taken
 }
 
@@ -943,66 +998,17 @@ fn output_name(seq: u64, stream: usize) -> String {
     format!("{seq}.{}", if stream == 0 { "stdout" } else { "stderr" })
 }
 
-/// The listed jobs in `dir`'s [`INDEX_FILE`], read as any file on the host: bounded, and an
-/// entry that does not hold (an id this module would not make, a sequence number of 0 or
-/// another's, a start that is no time) is left out; the latest [`INDEX_MAX_ENTRIES`]. No
-/// file, or one that does not read: none (a recovery saves the task's work all the same).
+/// The listed jobs in `dir`'s [`INDEX_FILE`], those that hold ([`read_record`]), the latest
+/// [`INDEX_MAX_ENTRIES`]. No file, or one that does not read: none (a recovery saves the
+/// task's work all the same).
 fn read_index(dir: &std::path::Path) -> Vec<Indexed> {
-    let path = dir.join(INDEX_FILE);
-    let mut text = Vec::new();
-    let read =
-        std::fs::File::open(&path).and_then(|file| file.take(INDEX_MAX + 1).read_to_end(&mut text));
-    match read {
-        Ok(_) if text.len() as u64 > INDEX_MAX => {
-            tracing::warn!(
-                "the jobs' index {} takes more than {INDEX_MAX} bytes; it is not read",
-                path.display()
-            );
-            return Vec::new();
-        }
-        Ok(_) => {}
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
-        Err(err) => {
-            tracing::warn!("reading the jobs' index {}: {err}", path.display());
-            return Vec::new();
-        }
-    }
-    let entries: Vec<Indexed> = match serde_json::from_slice(&text) {
-        Ok(entries) => entries,
-        Err(err) => {
-            tracing::warn!("the jobs' index {}: {err}", path.display());
-            return Vec::new();
-        }
-    };
-    let mut taken: Vec<Indexed> = Vec::new();
-    for mut entry in entries {
-        let canonical = entry
-            .job
-            .strip_prefix("job-")
-            .and_then(|n| n.parse::<u64>().ok())
-            .is_some_and(|n| n >= 1 && entry.job == format!("job-{n}"));
-        let started_at = chrono::DateTime::parse_from_rfc3339(&entry.started_at).ok();
-        let fresh = !taken
-            .iter()
-            .any(|other| other.job == entry.job || other.seq == entry.seq);
-        let (true, Some(started_at), true, true) = (canonical, started_at, entry.seq >= 1, fresh)
-        else {
-            tracing::warn!(
-                "a job in the index {} does not hold (id {:?}, sequence {}); it is left out",
-                path.display(),
-                sanitize_line(&entry.job, 64),
-                entry.seq
-            );
-            continue;
-        };
-        entry.started_at =
-            crate::model::sandbox_info::rfc3339(started_at.with_timezone(&chrono::Utc));
-        entry.command = sanitize_line(&entry.command, COMMAND_SHOWN);
-        taken.push(entry);
-    }
-    let extra = taken.len().saturating_sub(INDEX_MAX_ENTRIES);
-    taken.drain(..extra);
-    taken
+    read_record(
+        &dir.join(INDEX_FILE),
+        "the jobs' index",
+        INDEX_MAX,
+        |n| n >= 1,
+        INDEX_MAX_ENTRIES,
+    )
 }
 
 /// Removes the output files in `dir` of no job in `known`: a job's that ended within its call

@@ -502,14 +502,13 @@ mod tests {
         })
     }
 
-    /// The inodes of every IPv4 TCP socket in this network namespace.
-    fn sockets() -> Vec<u64> {
-        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
-        table
-            .lines()
-            .skip(1)
-            .map(|line| line.split_whitespace().nth(9).unwrap().parse().unwrap())
-            .collect()
+    /// Whether one of this process's descriptors is the socket with `inode`.
+    fn held_here(inode: u64) -> bool {
+        let socket = std::ffi::OsString::from(format!("socket:[{inode}]"));
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == socket))
     }
 
     /// A connection to an agent played by the test: the supervisor's side, and the frames it
@@ -579,13 +578,18 @@ mod tests {
         assert_eq!(err.code, ErrorCode::Conflict);
         assert!(err.message.contains("is in use"), "{err}");
 
-        // Closed when the sandbox ends: its listening socket is gone at once. Looked for by
-        // the socket's inode, not by connecting: the freed port is anyone's, and another
-        // test's listener may take it at once.
+        // Closed when the sandbox ends: this process holds its listening socket no more.
+        // Looked for among this process's descriptors, not by connecting nor in the kernel's
+        // socket table: the freed port is anyone's, and a child another test forked
+        // meanwhile holds a copy of every descriptor until it execs or exits.
         let listener = listening_inode(forward.host_port).expect("the forward listens");
+        assert!(
+            held_here(listener),
+            "the forward's listener is this process's"
+        );
         forwards.close_all().await;
         assert!(
-            !sockets().contains(&listener),
+            !held_here(listener),
             "the forward's listener outlived the sandbox"
         );
         assert!(read_forwards(dir.path()).is_empty());

@@ -207,11 +207,11 @@ async fn import(engine: Engine, json: bool, args: ImageImportArgs) -> Result<Exi
 /// An image's origin for `image ls`: the reference it was pulled by and its manifest digest,
 /// or the file it was imported from.
 fn described_source(source: &dynocap_engine::image::store::ImageSource) -> String {
-    if source.format == "registry" {
+    if source.is_registry() {
         let digest = source.manifest_digest.as_deref().unwrap_or_default();
         let digest = digest.get(..19).unwrap_or(digest);
         format!("pulled {} ({digest})", source.path)
-    } else if source.format == "recipe" {
+    } else if source.is_recipe() {
         format!("built from {}", source.path)
     } else {
         format!("imported {} ({})", source.path, source.format)

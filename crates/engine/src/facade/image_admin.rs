@@ -43,9 +43,7 @@ impl ImageInfo {
     /// Built on this host by `dynocap image build`: the `debian` image (no source) or a
     /// recipe; not pulled or imported as it came.
     pub fn built_here(&self) -> bool {
-        self.source
-            .as_ref()
-            .is_none_or(|source| source.format == "recipe")
+        self.source.as_ref().is_none_or(ImageSource::is_recipe)
     }
 }
 

@@ -316,9 +316,9 @@ impl Source {
 
     fn format(&self) -> &'static str {
         if self.has("index.json") && self.has("oci-layout") && !self.is_tar() {
-            "oci-layout"
+            ImageSource::OCI_LAYOUT
         } else {
-            "docker-archive"
+            ImageSource::DOCKER_ARCHIVE
         }
     }
 

@@ -295,7 +295,7 @@ pub async fn pull(
     let store_dir = images.dir().to_owned();
     let images = images.clone();
     let meta_source = ImageSource {
-        format: "registry".into(),
+        format: ImageSource::REGISTRY.into(),
         path: reference.to_owned(),
         manifest_digest: Some(manifest_digest.to_string()),
         config_digest: config_digest.to_string(),

@@ -419,7 +419,7 @@ pub fn install(
         }
         config.env = (!env.is_empty()).then_some(env);
         let source = ImageSource {
-            format: "recipe".to_owned(),
+            format: ImageSource::RECIPE.to_owned(),
             path: format!("{} ({})", recipe.base_name, recipe.base_id),
             manifest_digest: None,
             config_digest: format!("sha256:{id}"),

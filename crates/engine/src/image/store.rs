@@ -105,7 +105,7 @@ impl ImageMeta {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageSource {
-    /// `oci-layout` or `docker-archive`.
+    /// One of the `ImageSource::*` format names: how the image reached this host.
     pub format: String,
     /// The file or directory imported, as given (made absolute).
     pub path: String,
@@ -114,6 +114,25 @@ pub struct ImageSource {
     pub manifest_digest: Option<String>,
     /// The image config's digest (Docker's image id).
     pub config_digest: String,
+}
+
+impl ImageSource {
+    /// Pulled from a registry by `image pull` (or on demand); `path` is the reference.
+    pub const REGISTRY: &'static str = "registry";
+    /// Built by `image build` from a recipe; `path` is the recipe's description.
+    pub const RECIPE: &'static str = "recipe";
+    /// Imported from an OCI image layout directory.
+    pub const OCI_LAYOUT: &'static str = "oci-layout";
+    /// Imported from a `docker save` archive.
+    pub const DOCKER_ARCHIVE: &'static str = "docker-archive";
+
+    pub fn is_registry(&self) -> bool {
+        self.format == Self::REGISTRY
+    }
+
+    pub fn is_recipe(&self) -> bool {
+        self.format == Self::RECIPE
+    }
 }
 
 /// One built image.

@@ -155,3 +155,58 @@ fn egress_allow_takes_registry_names_and_unknown_ones_are_refused() {
         "{listed:#}"
     );
 }
+
+/// `@go` is every host `go mod download` reaches: the module proxy answers many `.zip`
+/// requests with a `302` to Google Cloud Storage, so a sandbox given `@go` must reach
+/// storage.googleapis.com as well as the proxy and the checksum database, and one without
+/// `@go` none of them.
+#[test]
+fn allow_host_go_reaches_the_proxy_the_checksums_and_the_zips_storage() {
+    if !require_root("allow_host_go_reaches_the_proxy_the_checksums_and_the_zips_storage") {
+        return;
+    }
+    const GO: [&str; 3] = [
+        "proxy.golang.org",
+        "sum.golang.org",
+        "storage.googleapis.com",
+    ];
+    let fix = TlsFix::start(&GO);
+    let zip = "proxy-golang-org-prod/example.com-mod-v1.0.0.zip";
+    let served = fix.www().join(zip);
+    std::fs::create_dir_all(served.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&served, "zip").expect("write");
+    let home = TestHome::new()
+        .with_env(product::ENV_RESOLVE, &fix.resolve(&GO))
+        .with_env(product::ENV_EXTRA_CA, &fix.ca_cert.display().to_string());
+    let fetch_all = GO
+        .iter()
+        .map(|host| format!("curl -sS --max-time 20 -o /dev/null https://{host}/{zip}"))
+        .collect::<Vec<_>>()
+        .join(" && ");
+
+    home.sandbox("plain", &["--network", "filtered"]);
+    let refused = home.exec("plain", &["--timeout", "120"], &fetch_all);
+    assert_ne!(refused["exitCode"], 0, "{refused:#}");
+    assert!(fix.requests().is_empty(), "{:#?}", fix.requests());
+
+    let info = home.sandbox(
+        "go",
+        &["--network", "filtered", product::FLAG_ALLOW_HOST, "@go"],
+    );
+    let shown = allowlist(&info);
+    for host in GO {
+        assert!(shown.contains(&host.to_owned()), "{host}: {shown:?}");
+    }
+    let fetched = home.exec("go", &["--timeout", "120"], &fetch_all);
+    assert_eq!(fetched["exitCode"], 0, "{fetched:#}");
+    assert!(fetched.get("networkRefusals").is_none(), "{fetched:#}");
+    let requests = fix.requests();
+    for host in GO {
+        assert!(
+            requests
+                .iter()
+                .any(|r| r["sni"] == host && r["status"] == 200),
+            "no {host} request: {requests:#?}"
+        );
+    }
+}

@@ -161,7 +161,9 @@ impl HostPattern {
     /// - `pypi`: the simple index and JSON API (pypi.org), the files (files.pythonhosted.org);
     /// - `crates`: the sparse index, the downloads it points at (static.crates.io) and the
     ///   API whose download URLs redirect there (crates.io);
-    /// - `go`: the module proxy and the checksum database `go` checks every module against;
+    /// - `go`: the module proxy, the checksum database `go` checks every module against, and
+    ///   the Cloud Storage host the proxy answers many `.zip` downloads with a `302` to
+    ///   (storage.googleapis.com: without it `go mod download` fails on the redirect);
     /// - `debian`: the archive and security updates (deb.debian.org also serves
     ///   debian-security) for apt with `https://` sources;
     /// - `rubygems`: the gem downloads (rubygems.org) and bundler's compact index;
@@ -174,7 +176,14 @@ impl HostPattern {
             "crates",
             &["index.crates.io", "static.crates.io", "crates.io"],
         ),
-        ("go", &["proxy.golang.org", "sum.golang.org"]),
+        (
+            "go",
+            &[
+                "proxy.golang.org",
+                "sum.golang.org",
+                "storage.googleapis.com",
+            ],
+        ),
         ("debian", &["deb.debian.org", "security.debian.org"]),
         ("rubygems", &["rubygems.org", "index.rubygems.org"]),
         ("maven", &["repo.maven.apache.org", "repo1.maven.org"]),
@@ -452,7 +461,14 @@ mod tests {
             hosts("@crates"),
             ["index.crates.io", "static.crates.io", "crates.io"]
         );
-        assert_eq!(hosts("@go"), ["proxy.golang.org", "sum.golang.org"]);
+        assert_eq!(
+            hosts("@go"),
+            [
+                "proxy.golang.org",
+                "sum.golang.org",
+                "storage.googleapis.com"
+            ]
+        );
         assert_eq!(hosts("@debian"), ["deb.debian.org", "security.debian.org"]);
         assert_eq!(hosts("@rubygems"), ["rubygems.org", "index.rubygems.org"]);
         assert_eq!(

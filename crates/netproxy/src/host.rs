@@ -189,6 +189,25 @@ impl HostPattern {
         ("maven", &["repo.maven.apache.org", "repo1.maven.org"]),
     ];
 
+    /// Hosts of a named registry that serve much besides it: Google Cloud Storage serves
+    /// every public bucket, not only the Go module proxy's zips. A refusal of one of them
+    /// suggests allowing that host alone (see [`HostPattern::registry_of`]), since the one
+    /// who was refused may want a bucket, not Go modules.
+    pub const SHARED_HOSTS: &'static [&'static str] = &["storage.googleapis.com"];
+
+    /// The named registry `host` (canonical) belongs to, for a refusal to suggest instead
+    /// of the host, so that the registry's other hosts come with it: `None` for a host no
+    /// registry names and for one in [`HostPattern::SHARED_HOSTS`].
+    pub fn registry_of(host: &str) -> Option<(&'static str, &'static [&'static str])> {
+        if HostPattern::SHARED_HOSTS.contains(&host) {
+            return None;
+        }
+        HostPattern::REGISTRIES
+            .iter()
+            .find(|(_, hosts)| hosts.contains(&host))
+            .copied()
+    }
+
     /// Parses one allowlist entry: a host pattern (see [`HostPattern::parse`]) or a named
     /// registry (`@pypi`, case-insensitive), which stands for its hosts in
     /// [`HostPattern::REGISTRIES`]. An unknown `@name` is refused with the known names.
@@ -475,6 +494,20 @@ mod tests {
             hosts("@maven"),
             ["repo.maven.apache.org", "repo1.maven.org"]
         );
+        assert_eq!(
+            HostPattern::registry_of("files.pythonhosted.org").map(|(name, _)| name),
+            Some("pypi")
+        );
+        assert_eq!(HostPattern::registry_of("storage.googleapis.com"), None);
+        assert_eq!(HostPattern::registry_of("example.com"), None);
+        for shared in HostPattern::SHARED_HOSTS {
+            assert!(
+                HostPattern::REGISTRIES
+                    .iter()
+                    .any(|(_, hosts)| hosts.contains(shared)),
+                "{shared} is in no registry"
+            );
+        }
         // A plain entry is one pattern, as parse gives it.
         assert_eq!(hosts("*.Example.com"), ["*.example.com"]);
         // Every table entry is a canonical host name: parsed as written.

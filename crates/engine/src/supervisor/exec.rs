@@ -86,7 +86,8 @@ pub fn allow_hint(host: &str) -> String {
 }
 
 /// The allowlist entry that allows a refused host: the named registry it belongs to
-/// (`@pypi` for pypi.org, so that the registry's other hosts come with it), else the host.
+/// (`@pypi` for pypi.org, so that the registry's other hosts come with it), else the host
+/// (a registry's host that serves much else, as storage.googleapis.com, included).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllowEntry<'a> {
     host: &'a str,
@@ -95,10 +96,7 @@ pub struct AllowEntry<'a> {
 
 impl<'a> AllowEntry<'a> {
     pub fn for_host(host: &'a str) -> Self {
-        let registry = dynocap_netproxy::HostPattern::REGISTRIES
-            .iter()
-            .find(|(_, hosts)| hosts.contains(&host))
-            .copied();
+        let registry = dynocap_netproxy::HostPattern::registry_of(host);
         Self { host, registry }
     }
 
@@ -527,6 +525,12 @@ mod tests {
             hint.contains("--allow-host @pypi on `dynocap run`")
                 && hint.contains("adding @pypi to DYNOCAP_EGRESS_ALLOW")
                 && hint.ends_with("; @pypi stands for pypi.org, files.pythonhosted.org"),
+            "{hint}"
+        );
+        // Cloud Storage is on @go's list but serves every bucket: the host alone.
+        let hint = allow_hint("storage.googleapis.com");
+        assert!(
+            hint.contains("--allow-host storage.googleapis.com on") && !hint.contains('@'),
             "{hint}"
         );
         let hint = allow_hint("example.com");

@@ -514,3 +514,76 @@ fn a_new_cache_is_counted_in_a_start_the_host_cannot_back_and_once_per_project()
     home.json(&["task", "finish", "two"]);
     home.json(&["cache", "rm", "--all"]);
 }
+
+/// `dynocap cache rm` finds a project's cache however the user names the project, as `task
+/// start` takes it: a relative directory, `.`, a trailing `/`, a symlink to it (every one
+/// resolved to the canonical directory the cache is for); and `rm --purge --cache` reads its
+/// argument as a task's name only: a task started `--no-cache` takes its project's cache
+/// with it, and a task whose name is another cache's id takes its own project's, not that one.
+#[test]
+fn a_cache_is_found_by_its_project_as_task_start_names_it_and_rm_reads_a_task() {
+    let test = "a_cache_is_found_by_its_project_as_task_start_names_it_and_rm_reads_a_task";
+    let Some(home) = TestHome::on(Backend::Jail, test) else {
+        return;
+    };
+    let projects = tempfile::tempdir().expect("projects");
+    let app = project(projects.path(), "real/app");
+    let other = project(projects.path(), "other");
+    let link = projects.path().join("link");
+    std::os::unix::fs::symlink(&app, &link).expect("symlink");
+    start_plain(&home, "one", &link, &[]);
+    let listed = caches(&home);
+    assert_eq!(
+        listed[0]["project"],
+        app.canonicalize().unwrap().to_str().unwrap()
+    );
+    let id = listed[0]["id"].as_str().expect("id").to_owned();
+
+    // Found (so refused: its task runs) by every name of its directory.
+    let refused = |dir: &Path, target: &str| {
+        let out = home
+            .command()
+            .current_dir(dir)
+            .args(["--json", "cache", "rm", target])
+            .output()
+            .expect("spawn dynocap");
+        let value: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(value["error"]["code"], "conflict", "{target}: {value:#}");
+        assert!(
+            value["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("one")),
+            "{target}: {value:#}"
+        );
+    };
+    let trailing = format!("{}/", app.display());
+    let doubled = format!("{}//app", projects.path().join("real").display());
+    refused(&app, ".");
+    refused(&app, "./");
+    refused(projects.path(), "real/app");
+    refused(projects.path(), "link");
+    refused(projects.path(), &trailing);
+    refused(projects.path(), &doubled);
+    refused(projects.path(), link.to_str().unwrap());
+    let missing = home.json_err(&["cache", "rm", other.to_str().unwrap()]);
+    assert_eq!(missing["code"], "not_found", "{missing:#}");
+
+    // A --no-cache task of the project: rm --purge --cache takes the project's cache.
+    start_plain(&home, "bare", &app, &["--no-cache"]);
+    home.json(&["task", "finish", "one"]);
+    home.json(&["task", "finish", "bare"]);
+    home.json(&["rm", "bare", "--purge", "--cache"]);
+    assert!(caches(&home).is_empty(), "{:#?}", caches(&home));
+
+    // A task named as the app's cache id is a task of the other project.
+    start_plain(&home, "two", &app, &[]);
+    start_plain(&home, &id, &other, &[]);
+    home.json(&["task", "finish", "two"]);
+    home.json(&["task", "finish", &id]);
+    assert_eq!(caches(&home).len(), 2);
+    home.json(&["rm", &id, "--purge", "--cache"]);
+    let left = caches(&home);
+    assert_eq!(left.len(), 1, "{left:#?}");
+    assert_eq!(left[0]["id"], id.as_str(), "{left:#?}");
+    home.json(&["cache", "rm", "--all"]);
+}

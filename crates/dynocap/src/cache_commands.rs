@@ -13,14 +13,16 @@ use crate::output::{print_json, say, sayln, table};
 pub enum CacheCommand {
     /// List the projects' package caches: project, size, last use, tasks.
     Ls,
-    /// Remove a project's package cache (by id, project directory, repository as host/path,
-    /// or a task's name), or every one with --all; refused while a running task has it.
+    /// Remove a project's package cache (by id, project directory, repository URL or
+    /// host/path, or a task's name), or every one with --all; refused while a running task
+    /// has it.
     Rm(CacheRmArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct CacheRmArgs {
-    /// The cache's id, its project (directory, or repository as host/path), or a task of it.
+    /// The cache's id, a task of its project, or its project as `task start` takes it: a
+    /// directory (relative or through a symlink too), or a repository (URL or host/path).
     #[arg(
         value_name = "PROJECT|ID|TASK",
         required_unless_present = "all",

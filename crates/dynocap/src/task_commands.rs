@@ -553,18 +553,20 @@ pub async fn rm(engine: &Engine, json: bool, args: RmArgs) -> Result<ExitCode, E
             }
         }
     }
-    // The project's cache, known before the record that names it goes.
+    // The project's cache, known before the record that names it goes. The name is read as
+    // a task's only: never as a cache's id or project, which `cache rm` also takes.
     let cache = if args.purge {
-        engine.cache_of(&args.name).ok()
+        engine.task_cache(&args.name).ok().flatten()
     } else {
         None
     };
+    // The task's own name, as the cache lists its tasks.
+    let this = engine
+        .task_info(&args.name)
+        .map(|t| t.name.unwrap_or(t.id))
+        .unwrap_or_else(|_| args.name.clone());
     if let (true, Some(cache)) = (args.cache, &cache) {
         // Checked first, so a cache in use refuses the whole command, not half of it.
-        let this = engine
-            .task_info(&args.name)
-            .map(|t| t.name.unwrap_or(t.id))
-            .unwrap_or_else(|_| args.name.clone());
         let others: Vec<&String> = cache.in_use_by.iter().filter(|t| **t != this).collect();
         if !others.is_empty() {
             return Err(Error::conflict(format!(
@@ -580,25 +582,28 @@ pub async fn rm(engine: &Engine, json: bool, args: RmArgs) -> Result<ExitCode, E
         }
     }
     let result = engine.rm(&args.name, args.force, args.purge).await?;
-    if let Some(cache) = &cache {
-        if args.cache {
+    match &cache {
+        Some(cache) if args.cache => {
             engine.cache_rm(Some(&cache.id))?;
             warnln!(
                 "dynocap: removed the package cache of {} ({})",
                 crate::cache_commands::project(cache),
                 crate::cache_commands::size(cache.bytes)
             );
-        } else if cache.tasks.len() <= 1 {
-            // The project's last task is gone; its cache stays for the next one, and says so.
-            warnln!(
-                "dynocap: the package cache of {} ({}, {}) stays for the project's next task; \
-                 `dynocap cache rm {}` removes it",
-                crate::cache_commands::project(cache),
-                crate::cache_commands::size(cache.bytes),
-                cache.path,
-                cache.id
-            );
         }
+        // The project's last task is gone; its cache stays for the next one, and says so.
+        Some(cache) if cache.tasks.iter().all(|t| *t == this) => warnln!(
+            "dynocap: the package cache of {} ({}, {}) stays for the project's next task; \
+             `dynocap cache rm {}` removes it",
+            crate::cache_commands::project(cache),
+            crate::cache_commands::size(cache.bytes),
+            cache.path,
+            cache.id
+        ),
+        None if args.cache && result.purged => {
+            warnln!("dynocap: the task's project has no package cache to remove")
+        }
+        _ => {}
     }
     if json {
         print_json(&result);

@@ -7,9 +7,11 @@ use serde::Serialize;
 
 use crate::facade::sandboxes::{find, rfc3339, Engine};
 use crate::foundation::error::{Error, Result};
-use crate::host::project_cache::{self, CacheInfo};
-use crate::model::task_spec::TaskDetail;
+use crate::foundation::git_url::GitUrl;
+use crate::host::project_cache::{self, CacheInfo, ProjectKey};
+use crate::model::task_spec::{Source, TaskDetail};
 use crate::store::catalog::{Kind, Record};
+use crate::supervisor::import::ProjectDir;
 
 /// One project's cache, as `dynocap cache ls` lists it.
 #[derive(Debug, Clone, Serialize)]
@@ -50,8 +52,10 @@ impl Engine {
             .collect()
     }
 
-    /// The cache of `target`'s project: a task's (name or id), or a cache's id or project
-    /// (its directory or `host/path`), as [`Engine::caches`] lists it.
+    /// The cache of `target`'s project: a cache's id or its project as [`Engine::caches`]
+    /// lists it, else a task's (name or id), else a project named as `task start` names one
+    /// (a directory, relative, through symlinks or with a trailing `/`, resolved as the
+    /// import resolves it; or a repository URL, in any spelling of the same repository).
     pub fn cache_of(&self, target: &str) -> Result<CacheEntry> {
         let caches = self.caches()?;
         let matching: Vec<&CacheEntry> = caches
@@ -61,26 +65,41 @@ impl Engine {
         if let [one] = matching[..] {
             return Ok(one.clone());
         }
-        let catalog = self.catalog()?;
-        if let Ok(record) = find(&catalog, target) {
+        if let Some(record) = self.catalog()?.find(target)? {
             if record.kind == Kind::Task {
-                let detail = TaskDetail::from_json(record.detail.as_deref())?;
-                let Some(id) = detail.cache else {
-                    return Err(Error::not_found(format!(
-                        "task \"{target}\" was started without package caches"
-                    )));
-                };
-                return caches.into_iter().find(|c| c.id == id).ok_or_else(|| {
+                return task_cache_in(caches, &record)?.ok_or_else(|| {
                     Error::not_found(format!(
-                        "the package cache of task \"{target}\"'s project is gone already"
+                        "task \"{target}\"'s project has no package cache (none was made, or \
+                         it was removed)"
                     ))
                 });
             }
         }
+        if let Some(key) = project_named(target) {
+            let id = key.id();
+            return caches.into_iter().find(|c| c.id == id).ok_or_else(|| {
+                Error::not_found(format!(
+                    "the project {} has no package cache; `dynocap cache ls` lists them",
+                    key.project
+                ))
+            });
+        }
         Err(Error::not_found(format!(
             "no package cache is for \"{target}\"; `dynocap cache ls` lists them (an id, a \
-             project directory, a repository as host/path, or a task's name)"
+             project directory, a repository, or a task's name)"
         )))
+    }
+
+    /// The cache of the project of the task `task` (name or id), whether or not that task
+    /// itself had it (a `--no-cache` task's project may have one): `None` when the project
+    /// has none, or `task` is a raw sandbox. Unlike [`Engine::cache_of`], `task` is only ever
+    /// read as a task, never as a cache's id or project.
+    pub fn task_cache(&self, task: &str) -> Result<Option<CacheEntry>> {
+        let record = find(&*self.catalog()?, task)?;
+        if record.kind != Kind::Task {
+            return Ok(None);
+        }
+        task_cache_in(self.caches()?, &record)
     }
 
     /// Removes the cache of `target` (see [`Engine::cache_of`]), or every cache (`None`).
@@ -135,4 +154,32 @@ impl Engine {
             in_use_by,
         }
     }
+}
+
+/// The cache of `record`'s (a task's) project, among `caches`.
+fn task_cache_in(caches: Vec<CacheEntry>, record: &Record) -> Result<Option<CacheEntry>> {
+    let detail = TaskDetail::from_json(record.detail.as_deref())?;
+    // The project's, from where the task came from; the cache it had, for a source
+    // today's rules no longer read.
+    let Some(id) = ProjectKey::for_source(&detail.start.source)
+        .map(|key| key.id())
+        .or(detail.cache)
+    else {
+        return Ok(None);
+    };
+    Ok(caches.into_iter().find(|c| c.id == id))
+}
+
+/// The project `target` names as `task start` would take it: an existing directory (made
+/// absolute against the working directory, then opened as a task's import opens it, every
+/// symlink resolved), else a repository URL. `None` for anything else.
+fn project_named(target: &str) -> Option<ProjectKey> {
+    let path = std::path::Path::new(target);
+    if let Ok(absolute) = std::path::absolute(path) {
+        if let Ok(dir) = ProjectDir::open(&absolute) {
+            return ProjectKey::for_source(&Source::ProjectPath(dir.path().to_path_buf()));
+        }
+    }
+    let url = GitUrl::parse(target).ok()?;
+    ProjectKey::for_source(&Source::RepositoryUrl(url))
 }

@@ -587,3 +587,37 @@ fn a_cache_is_found_by_its_project_as_task_start_names_it_and_rm_reads_a_task() 
     assert_eq!(left[0]["id"], id.as_str(), "{left:#?}");
     home.json(&["cache", "rm", "--all"]);
 }
+
+/// A project directory whose path is not UTF-8 (here behind a UTF-8 symlink, as MCP would
+/// name it) is refused at the start, saying why: its task could not be recorded, and its
+/// cache could not be told apart from another such directory's.
+#[test]
+fn a_project_whose_path_is_not_utf8_is_refused_with_the_reason() {
+    use std::os::unix::ffi::OsStrExt;
+    let test = "a_project_whose_path_is_not_utf8_is_refused_with_the_reason";
+    let Some(home) = TestHome::on(Backend::Jail, test) else {
+        return;
+    };
+    let projects = tempfile::tempdir().expect("projects");
+    let odd = projects
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    std::fs::create_dir(&odd).expect("mkdir");
+    std::fs::write(odd.join("f"), "x\n").expect("write");
+    let link = projects.path().join("link");
+    std::os::unix::fs::symlink(&odd, &link).expect("symlink");
+    let err = home.json_err(&["task", "start", link.to_str().unwrap(), "--name", "odd"]);
+    assert_eq!(err["code"], "invalid_argument", "{err:#}");
+    assert!(
+        err["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not UTF-8") && m.contains("rename")),
+        "{err:#}"
+    );
+    assert!(caches(&home).is_empty());
+    let listed = home.json(&["ls"]);
+    assert!(
+        listed["tasks"].as_array().is_some_and(Vec::is_empty),
+        "{listed:#}"
+    );
+}

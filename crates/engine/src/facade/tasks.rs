@@ -70,6 +70,17 @@ impl Engine {
         }
         match (&spec.source, &project) {
             (Source::ProjectPath(_), Some(dir)) => {
+                // The task's record, and its project's package cache, name the project by
+                // this path as text: one that is not UTF-8 could be neither recorded nor told
+                // apart from another spelled with the same replacement characters.
+                if dir.path().to_str().is_none() {
+                    return Err(Error::invalid(format!(
+                        "the project directory {} has a path that is not UTF-8 (every symlink \
+                         resolved), which DynoCap cannot record; rename it, or the directories \
+                         above it, to UTF-8 names",
+                        dir.path().display()
+                    )));
+                }
                 start.source = Source::ProjectPath(dir.path().to_path_buf());
             }
             (Source::ProjectPath(path), None) => {

@@ -295,3 +295,49 @@ fn a_recovered_task_keeps_generated_files_when_asked() {
     let saved = std::fs::read(recovered["patchPath"].as_str().unwrap()).unwrap();
     assert!(String::from_utf8_lossy(&saved).contains("b/pkg/__pycache__/cli.cpython-311.pyc"));
 }
+
+/// A project that ignores `__pycache__/` and `*.log` in its `.git/info/exclude` (not in a
+/// `.gitignore`): the import leaves such files out, and so do the task's diff and patch when
+/// the task makes them. They are the project's ignored files, not generated ones to count,
+/// and `task apply` does not commit them.
+#[test]
+fn what_the_projects_info_exclude_ignores_stays_out_of_the_diff() {
+    if !require_root("what_the_projects_info_exclude_ignores_stays_out_of_the_diff") {
+        return;
+    }
+    let home = TestHome::new();
+    let repo = tempfile::tempdir().unwrap();
+    let repo = repo.path();
+    project(repo);
+    write(&repo.join(".git/info/exclude"), "__pycache__/\n*.log\n");
+    write(&repo.join("host.log"), "not imported\n");
+    home.json(&["task", "start", repo.to_str().unwrap(), "--name", "excl"]);
+    home.task_sh(
+        "excl",
+        "set -e; test ! -e host.log
+         printf 'def main():\\n    return 2\\n' > pkg/cli.py
+         mkdir -p pkg/__pycache__ && printf '\\000pyc' > pkg/__pycache__/cli.cpython-311.pyc
+         echo run > test.log",
+    );
+    let diff = home.json(&["task", "diff", "excl"]);
+    assert!(diff.get("generated").is_none(), "{diff:#}");
+    assert_eq!(diff["files"], 1, "{diff:#}");
+    let patch = diff["patch"].as_str().unwrap();
+    assert!(patch.contains("b/pkg/cli.py"), "{patch}");
+    assert!(
+        !patch.contains("__pycache__") && !patch.contains("test.log"),
+        "{patch}"
+    );
+    let finished = home.json(&["task", "finish", "excl", "--include-generated"]);
+    assert_eq!(finished["files"], 1, "{finished:#}");
+    let saved = std::fs::read_to_string(finished["patchPath"].as_str().unwrap()).unwrap();
+    assert!(
+        !saved.contains("__pycache__") && !saved.contains("test.log"),
+        "{saved}"
+    );
+    home.json(&["task", "apply", "excl", "--branch", "excl"]);
+    // The commit changes pkg/cli.py and adds nothing.
+    assert_eq!(tree(repo, "excl"), tree(repo, "main"));
+    let changed = git(repo, &["diff", "--name-only", "main", "excl"]);
+    assert_eq!(changed.trim(), "pkg/cli.py");
+}

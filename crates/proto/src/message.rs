@@ -222,6 +222,11 @@ pub struct BaselineRequest {
     pub head: Option<String>,
     pub owner_uid: u32,
     pub owner_gid: u32,
+    /// The project's own ignore rules from its git directory (`info/exclude`), which the
+    /// import honoured: the private repository's diffs honour them too. Sent only when set,
+    /// so the request stays readable by an agent that predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude: Option<String>,
 }
 
 /// See [`Request::Diff`].

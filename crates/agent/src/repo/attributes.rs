@@ -145,29 +145,42 @@ pub(super) async fn count_lines_now(
     Ok(counter.counts())
 }
 
-/// Replaces `baseline.git/info/attributes` in the private directory. The directory belongs
-/// to the sandbox user, so every step is relative to a descriptor, follows no symlink, and
-/// makes a new file rather than writing into whatever has the name.
+/// Replaces `baseline.git/info/attributes` in the private directory.
 pub(super) fn write_attributes(private: BorrowedFd<'_>, text: &[u8]) -> Result<(), RepoError> {
-    let fail = RepoError::CreateAttributes;
+    write_info(private, c"attributes", text)
+}
+
+/// Replaces `baseline.git/info/NAME` in the private directory. The directory belongs to the
+/// sandbox user, so every step is relative to a descriptor, follows no symlink, and makes a
+/// new file rather than writing into whatever has the name.
+pub(super) fn write_info(
+    private: BorrowedFd<'_>,
+    name: &std::ffi::CStr,
+    text: &[u8],
+) -> Result<(), RepoError> {
+    let what = name.to_string_lossy().into_owned();
+    let fail = |source| RepoError::CreateInfo {
+        what: what.clone(),
+        source,
+    };
     let repo = fsutil::open_dir_at(private, BASELINE_REPO).map_err(fail)?;
     match nix::sys::stat::mkdirat(repo.as_fd(), c"info", Mode::from_bits_truncate(0o755)) {
         Ok(()) | Err(Errno::EEXIST) => {}
         Err(err) => return Err(fail(err)),
     }
     let info = fsutil::open_dir_at(repo.as_fd(), c"info").map_err(fail)?;
-    match unlinkat(info.as_fd(), c"attributes", UnlinkatFlags::NoRemoveDir) {
+    match unlinkat(info.as_fd(), name, UnlinkatFlags::NoRemoveDir) {
         Ok(()) | Err(Errno::ENOENT) => {}
         Err(err) => return Err(fail(err)),
     }
     let fd = openat(
         info.as_fd(),
-        c"attributes",
+        name,
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o644),
     )
     .map_err(fail)?;
     File::from(fd)
         .write_all(text)
-        .map_err(RepoError::WriteAttributes)
+        .map_err(|source| RepoError::WriteInfo { what, source })
 }

@@ -11,7 +11,7 @@ use dynocap_proto::{BaselineRequest, Response, NEUTRAL_ATTRIBUTES};
 use nix::sys::stat::{fstatat, Mode};
 use tokio::sync::{mpsc, Mutex};
 
-use super::attributes::write_attributes;
+use super::attributes::{write_attributes, write_info};
 use super::error::RepoError;
 use super::index::{add_all, Storage};
 use super::private::{hand_over, write_note, Private};
@@ -92,7 +92,9 @@ pub async fn baseline(
         user_repository(git, &workspace, user, head.as_ref(), bundle, stop).await?;
         replacing = true;
         *tracker = journal.await.map_err(RepoError::Worker)?;
-        let (commit, largest) = record_baseline(git, &private, &workspace, user, stop).await?;
+        let exclude = req.exclude.as_deref().map(str::as_bytes);
+        let (commit, largest) =
+            record_baseline(git, &private, &workspace, user, exclude, stop).await?;
         write_note(&state_fd, BASELINE_COMMIT, commit.as_bytes())?;
         // Without the note, every diff sizes its changed files with git.
         if let Some(largest) = largest {
@@ -134,7 +136,9 @@ pub async fn baseline(
 }
 
 /// Makes the private repository afresh, owned by `owner` (the sandbox user; `None` when that
-/// is the agent itself), and commits the whole work tree as the baseline. Returns the commit,
+/// is the agent itself), with `exclude` (the project's own `info/exclude`, from the host) as
+/// its `info/exclude`, so that its diffs leave out what the project ignores there as the
+/// import did, and commits the whole work tree as the baseline. Returns the commit,
 /// and the size of its largest file as the index records it (`None`, logged, if the index
 /// cannot be read: diffs then size their files with git).
 pub(super) async fn record_baseline(
@@ -142,9 +146,11 @@ pub(super) async fn record_baseline(
     private: &Private,
     workspace: &Path,
     owner: Option<ExecUser>,
+    exclude: Option<&[u8]>,
     stop: &mut mpsc::Receiver<Stop>,
 ) -> Result<(String, Option<u64>), RepoError> {
     let state_dir = private.state_dir.clone();
+    let exclude = exclude.map(<[u8]>::to_vec);
     blocking(move || {
         let fd = statedir::open_state_dir(&state_dir)?;
         for name in BASELINE_FILES {
@@ -174,6 +180,9 @@ pub(super) async fn record_baseline(
             fsutil::open_dir_at(state.as_fd(), BASELINE_DIR).map_err(RepoError::OpenPrivate)?;
         // Before the baseline is added: its blobs are the files' bytes, as the diffs' are.
         write_attributes(dir.as_fd(), NEUTRAL_ATTRIBUTES.as_bytes())?;
+        if let Some(exclude) = &exclude {
+            write_info(dir.as_fd(), c"exclude", exclude)?;
+        }
         match owner {
             Some(owner) => hand_over(dir.as_fd(), owner, 0),
             None => Ok(()),

@@ -89,10 +89,10 @@ pub enum RepoError {
     Guard(#[from] GuardError),
     #[error(transparent)]
     IndexMemo(#[from] MemoError),
-    #[error("cannot write the private repository's attributes: {0}")]
-    CreateAttributes(#[source] Errno),
-    #[error("cannot write the private repository's attributes: {0}")]
-    WriteAttributes(#[source] io::Error),
+    #[error("cannot write the private repository's info/{what}: {source}")]
+    CreateInfo { what: String, source: Errno },
+    #[error("cannot write the private repository's info/{what}: {source}")]
+    WriteInfo { what: String, source: io::Error },
     #[error("cannot record the {what}: {source}")]
     CreateNote { what: String, source: Errno },
     #[error("cannot record the {what}: {source}")]

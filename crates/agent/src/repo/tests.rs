@@ -35,7 +35,7 @@ async fn a_baseline_without_attr_source_support() {
     statedir::open_state_dir(&state).expect("state dir");
     let private = Private::new(&state);
     let (_tx, mut stop) = mpsc::channel(1);
-    let commit = match record_baseline(&git, &private, &ws, None, &mut stop).await {
+    let commit = match record_baseline(&git, &private, &ws, None, None, &mut stop).await {
         Ok(commit) => commit,
         Err(err) => panic!("{err:?}"),
     };
@@ -47,6 +47,7 @@ async fn a_baseline_without_attr_source_support() {
         },
         &private,
         &ws,
+        None,
         None,
         &mut stop,
     )
@@ -142,7 +143,7 @@ async fn a_guarded_git_is_the_sandbox_user_and_out_of_its_reach() {
     std::os::unix::fs::chown(ws.join("a.txt"), Some(1000), Some(1000)).expect("chown");
     let state = dir.path().join("state");
     let private = Private::new(&state);
-    let (commit, _) = record_baseline(git, &private, &ws, Some(user), &mut stop)
+    let (commit, _) = record_baseline(git, &private, &ws, Some(user), None, &mut stop)
         .await
         .expect("baseline");
     let opened = private

@@ -259,7 +259,7 @@ pub async fn clone_repository(
     let head = (history == History::None)
         .then(|| branch.as_ref().map(|b| format!("refs/heads/{b}")))
         .flatten();
-    workspace::record_baseline(conn, None, head).await?;
+    workspace::record_baseline(conn, None, head, None).await?;
     Ok(SourceInfo {
         project_path: None,
         repository_url: Some(strip_userinfo(url)),

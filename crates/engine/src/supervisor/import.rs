@@ -452,6 +452,63 @@ pub fn write_bundle(plan: &ImportPlan, dir: &Path) -> Result<Option<PathBuf>, Im
     Ok(Some(path))
 }
 
+/// Largest `info/exclude` taken to the guest: far above any hand-written one.
+const MAX_LOCAL_EXCLUDES: u64 = 1024 * 1024;
+
+/// The repository's own ignore rules kept in its git directory (`info/exclude`, found as
+/// git finds it), which the listing honoured: handed to the guest, they keep a file the
+/// project ignores so out of the task's patch when the task makes one, as a `.gitignore`'s
+/// rules do. `None` when the project is not a git work tree or has no such file; one that
+/// cannot be read, is larger than [`MAX_LOCAL_EXCLUDES`] or is not UTF-8 is left behind,
+/// and said why (the caller logs it).
+pub fn local_excludes(plan: &ImportPlan) -> Result<Option<String>, String> {
+    use std::io::Read as _;
+    if !plan.is_git {
+        return Ok(None);
+    }
+    let out = hardened(&plan.options, plan.root_fd.as_fd())
+        .args(["rev-parse", "--git-path", "info/exclude"])
+        .run()
+        .map_err(|err| format!("cannot locate info/exclude: {err}"))?;
+    let path = out.strip_suffix(b"\n").unwrap_or(&out);
+    // Relative to the root git ran in, or absolute (a git directory elsewhere beneath it).
+    let root = plan.root.as_os_str().as_bytes();
+    let rel = match path.strip_prefix(root) {
+        Some(rest) if path.starts_with(b"/") => rest.strip_prefix(b"/").unwrap_or(rest),
+        _ if path.starts_with(b"/") => {
+            return Err(format!(
+                "{} is outside the project",
+                String::from_utf8_lossy(path)
+            ))
+        }
+        _ => path,
+    };
+    let shown = || plan.root.join(OsStr::from_bytes(rel)).display().to_string();
+    let (file, size, _) = match beneath::open_regular(plan.root_fd.as_fd(), rel, plan.resolver) {
+        Ok(opened) => opened,
+        Err(beneath::OpenFileError::Errno(Errno::ENOENT | Errno::ENOTDIR)) => return Ok(None),
+        Err(_) => {
+            return Err(format!(
+                "{} is not a regular file beneath the project",
+                shown()
+            ))
+        }
+    };
+    if size > MAX_LOCAL_EXCLUDES {
+        return Err(format!(
+            "{} is {size} bytes, more than the {MAX_LOCAL_EXCLUDES} taken",
+            shown()
+        ));
+    }
+    let mut text = Vec::new();
+    file.take(MAX_LOCAL_EXCLUDES)
+        .read_to_end(&mut text)
+        .map_err(|err| format!("cannot read {}: {err}", shown()))?;
+    String::from_utf8(text)
+        .map(Some)
+        .map_err(|_| format!("{} is not UTF-8", shown()))
+}
+
 /// The ref `HEAD` is on (`refs/heads/...`), or the commit it names when detached: the
 /// baseline the guest's history starts from.
 pub fn head_name(plan: &ImportPlan) -> Result<String, ImportError> {

@@ -240,7 +240,27 @@ pub async fn import(
     notes.extend(summary.notes);
     let with_history = bundle.is_some();
     progress(step("recording the baseline the diff is taken against"));
-    record_baseline(conn, bundle, if with_history { head } else { None }).await?;
+    let exclude = {
+        let plan = plan.clone();
+        tokio::task::spawn_blocking(move || import::local_excludes(&plan))
+            .await
+            .context("reading info/exclude")?
+            .unwrap_or_else(|why| {
+                tracing::warn!(
+                    target: LOG_TARGET,
+                    "the project's own ignore rules stay on the host: {why}; a file they \
+                     match that the task makes shows in its diff"
+                );
+                None
+            })
+    };
+    record_baseline(
+        conn,
+        bundle,
+        if with_history { head } else { None },
+        exclude,
+    )
+    .await?;
     // Only an accelerator (see `index_baseline`): a failure was logged, nothing to report.
     let _ = indexing.await;
     Ok(Imported {
@@ -254,11 +274,13 @@ pub async fn import(
 }
 
 /// Has the agent make the workspace's repository (from the history `bundle`, if any; a
-/// clone's own is kept) and record the baseline every diff is taken against.
+/// clone's own is kept) and record the baseline every diff is taken against, ignoring what
+/// `exclude` (the project's `info/exclude`) ignores as well as its `.gitignore` files.
 pub async fn record_baseline(
     conn: &AgentConn,
     bundle: Option<String>,
     head: Option<String>,
+    exclude: Option<String>,
 ) -> Result<()> {
     let stream = conn
         .open(&Request::Baseline(BaselineRequest {
@@ -267,6 +289,7 @@ pub async fn record_baseline(
             bundle,
             owner_uid: SANDBOX_UID,
             owner_gid: SANDBOX_GID,
+            exclude,
         }))
         .await?;
     match finish_stream(stream, "recording the baseline").await? {

@@ -277,6 +277,7 @@ async fn baseline(
         head: head.map(Into::into),
         owner_uid: sb.uid,
         owner_gid: sb.gid,
+        exclude: None,
     });
     host.open(&request).await.1.collect().await
 }
@@ -1490,6 +1491,52 @@ async fn files_ignored_later_stay_tracked() {
     assert_eq!(String::from_utf8_lossy(&again), text_patch);
 }
 
+/// The project's own `info/exclude`, handed over with the baseline, is honoured as a
+/// `.gitignore` is: new files it matches stay out of every diff (the journal's and a full
+/// scan's); a file of the baseline it matches is still tracked.
+#[tokio::test]
+async fn the_projects_info_exclude_keeps_new_files_out() {
+    let sb = Sandbox::new();
+    let host = Host::start(sb.config.clone()).await;
+    let src = sb.path("src");
+    for (rel, data) in [("keep.txt", "keep\n"), ("old.log", "imported\n")] {
+        let path = src.join(rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, data).expect("write");
+    }
+    let ws = sb.ws();
+    assert!(unpack(&host, &sb, &ws, &tar_of(&src), 1 << 30)
+        .await
+        .done
+        .is_some());
+    let request = Request::Baseline(BaselineRequest {
+        workspace: text(&ws),
+        bundle: None,
+        head: None,
+        owner_uid: sb.uid,
+        owner_gid: sb.gid,
+        exclude: Some("# local\n*.log\n__pycache__/\n".into()),
+    });
+    commit_of(&host.open(&request).await.1.collect().await);
+    as_user(
+        &host,
+        &ws,
+        "echo more >> old.log && echo new > new.log && mkdir -p pkg/__pycache__ \
+         && echo x > pkg/__pycache__/a.pyc && echo edit >> keep.txt",
+    )
+    .await;
+    for outcome in [diff(&host, &ws, 1 << 30).await, full_diff(&host, &ws).await] {
+        let patch = String::from_utf8_lossy(&patch_of(&outcome)).into_owned();
+        assert!(patch.contains("b/keep.txt\n"), "{patch}");
+        assert!(
+            patch.contains("b/old.log\n"),
+            "a tracked file stays: {patch}"
+        );
+        assert!(!patch.contains("new.log"), "{patch}");
+        assert!(!patch.contains("__pycache__"), "{patch}");
+    }
+}
+
 /// Git over the workspace reads as the sandbox user: what that user cannot read (here a
 /// root-only file and a symlink into the agent's state directory) never reaches the patch.
 /// As root, git would have added both contents; the symlink race of a real attack only
@@ -1709,6 +1756,7 @@ async fn cancelled_baseline_and_diff_clean_up() {
         head: Some("refs/heads/feature".into()),
         owner_uid: sb.uid,
         owner_gid: sb.gid,
+        exclude: None,
     });
     let (id, rx) = host.open(&request).await;
     host.send(Frame::new(id, FrameKind::Cancel, vec![])).await;

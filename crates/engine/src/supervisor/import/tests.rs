@@ -221,6 +221,43 @@ fn git_tree_brings_tracked_and_unignored_untracked_as_they_are_now() {
     assert!(summary.notes.is_empty(), "{:?}", summary.notes);
 }
 
+/// The rules of the project's `info/exclude` are read for the guest (its diffs leave out what
+/// the listing left out); a plain tree or a repository without the file has none, and one too
+/// large is left behind, said why.
+#[test]
+fn local_excludes_are_the_repositorys_info_exclude() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = tmp.path().join("repo");
+    new_repo(&repo);
+    write(&repo.join("a.txt"), "a\n");
+    let _ = fs::remove_file(repo.join(".git/info/exclude"));
+    assert_eq!(
+        local_excludes(&plan(&repo, History::None).expect("plan")),
+        Ok(None)
+    );
+    write(&repo.join(".git/info/exclude"), "*.log\n__pycache__/\n");
+    let planned = plan(&repo, History::None).expect("plan");
+    assert_eq!(
+        local_excludes(&planned),
+        Ok(Some("*.log\n__pycache__/\n".to_owned()))
+    );
+    write(
+        &repo.join(".git/info/exclude"),
+        &"x".repeat(usize::try_from(MAX_LOCAL_EXCLUDES).expect("usize") + 1),
+    );
+    let err = local_excludes(&plan(&repo, History::None).expect("plan")).expect_err("too large");
+    assert!(
+        err.contains("info/exclude is") && err.contains("bytes"),
+        "{err}"
+    );
+    let plain = tmp.path().join("plain");
+    write(&plain.join("a.txt"), "a\n");
+    assert_eq!(
+        local_excludes(&plan(&plain, History::None).expect("plan")),
+        Ok(None)
+    );
+}
+
 #[test]
 fn symlinks_come_as_symlinks_and_are_never_traversed() {
     let tmp = tempfile::tempdir().expect("tempdir");

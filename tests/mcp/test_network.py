@@ -207,6 +207,33 @@ async def test_exec_results_list_the_connections_refused_while_they_ran(host: Ho
         ok(await s.call_tool("dynocap_destroy", {"name": "allowed"}))
 
 
+async def test_a_registry_host_the_server_allows_alone_is_fixed_by_that_host(host: Host, fix: NetFix) -> None:
+    """DYNOCAP_MCP_EGRESS_ALLOW=pypi.org covers pypi.org but not @pypi (files.pythonhosted.org
+    is outside it): the refusal of pypi.org tells the caller the allowHosts it can pass, the
+    host, and what the whole registry needs; the refusal of files.pythonhosted.org, which the
+    caller cannot add, names the server's setting. The fix given is one the server accepts.
+    Both refusals happen at the CONNECT: no name is resolved."""
+    env = server_env(host, fix, DYNOCAP_MCP_ALLOW_FILTERED="1", DYNOCAP_MCP_EGRESS_ALLOW="pypi.org")
+    async with connect(host, env=env) as s:
+        ok(await s.call_tool("dynocap_run", {"name": "partial", "network": "filtered"}))
+        refused = ok(await s.call_tool("dynocap_exec", {
+            "name": "partial",
+            "command": "curl -sS https://pypi.org/simple/; curl -sS https://files.pythonhosted.org/",
+            "timeoutSeconds": 60,
+        }))
+        fixes = {r["host"]: r["fix"] for r in refused["networkRefusals"]}
+        assert set(fixes) == {"pypi.org", "files.pythonhosted.org"}, refused
+        assert fixes["pypi.org"].startswith('start a new sandbox with allowHosts: ["pypi.org"]'), fixes
+        assert "add @pypi to DYNOCAP_MCP_EGRESS_ALLOW" in fixes["pypi.org"], fixes
+        assert fixes["files.pythonhosted.org"].startswith(
+            "the person running this MCP server can allow it: add @pypi to DYNOCAP_MCP_EGRESS_ALLOW"), fixes
+        ok(await s.call_tool("dynocap_destroy", {"name": "partial"}))
+        followed = ok(await s.call_tool("dynocap_run", {"name": "followed", "network": "filtered",
+                                                        "allowHosts": ["pypi.org"]}))
+        assert "pypi.org" in followed["egressAllowlist"], followed
+        ok(await s.call_tool("dynocap_destroy", {"name": "followed"}))
+
+
 def files_containing(root: Path, needle: bytes) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and needle in p.read_bytes()]
 

@@ -527,24 +527,36 @@ impl Tools {
     }
 
     /// The `fix` of each refusal in `result`, as an MCP caller can act on it (see
-    /// [`Self::exec_output`]): for an exec's result and an ended job's alike.
+    /// [`Self::exec_output`]): for an exec's result and an ended job's alike. A registry's
+    /// host (pypi.org) is fixed by the registry (`@pypi`) when the server's list covers all
+    /// of it; when it covers the host alone, by the host, saying what the rest needs.
     fn spell_fixes(&self, result: &mut ExecResult) {
+        let callable = |wanted: String| {
+            self.policy
+                .parse_allow_hosts("filtered", &[wanted])
+                .and_then(|parsed| self.policy.check_allow_hosts(&parsed))
+                .is_ok()
+        };
         for refusal in &mut result.network_refusals {
             if refusal.fix.is_none() {
                 continue;
             }
             let entry = dynocap_engine::exec::AllowEntry::for_host(&refusal.host);
-            let wanted = [entry.to_string()];
-            let callable = self
-                .policy
-                .parse_allow_hosts("filtered", &wanted)
-                .and_then(|parsed| self.policy.check_allow_hosts(&parsed))
-                .is_ok();
-            refusal.fix = Some(if callable {
+            let registry = entry.to_string() != refusal.host;
+            refusal.fix = Some(if callable(entry.to_string()) {
                 format!(
                     "start a new sandbox with allowHosts: [\"{entry}\"] (dynocap_run, \
                      dynocap_task_start): the host's DYNOCAP_MCP_EGRESS_ALLOW allows it{}",
                     entry.note()
+                )
+            } else if registry && callable(refusal.host.clone()) {
+                format!(
+                    "start a new sandbox with allowHosts: [\"{host}\"] (dynocap_run, \
+                     dynocap_task_start): the host's DYNOCAP_MCP_EGRESS_ALLOW allows it, but \
+                     not all of {entry}; for the whole registry, the person running this MCP \
+                     server can add {entry} to DYNOCAP_MCP_EGRESS_ALLOW{}",
+                    entry.note(),
+                    host = refusal.host,
                 )
             } else {
                 format!(

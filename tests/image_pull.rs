@@ -955,7 +955,8 @@ fn mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base() {
             && message.contains("DYNOCAP_RESOLVE"),
         "{message}"
     );
-    // A list of platforms without linux/amd64 is no unknown image: it says what it lacks.
+    // A list of platforms without linux/amd64 is no unknown image: it says what it lacks
+    // and the platforms it has.
     let layout = Layout::new(&work.path().join("arm"));
     let arm = manifest(
         &layout,
@@ -976,7 +977,7 @@ fn mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base() {
     registry.push(&layout, "team/arm:1");
     let err = home.json_err(&["image", "pull", &reference("team/arm:1")]);
     assert_eq!(err["code"], "invalid_argument", "{err:#}");
-    assert_says(&err, "none for linux/amd64");
+    assert_says(&err, "(linux/arm64), none for linux/amd64");
     for name in ["debian", "auto", "host"] {
         let err = home.json_err(&["image", "pull", &base_ref, "--name", name]);
         assert_eq!(err["code"], "invalid_argument", "{err:#}");

@@ -72,6 +72,20 @@ pub struct Platform {
     pub architecture: String,
     #[serde(default)]
     pub os: String,
+    #[serde(default)]
+    pub variant: Option<String>,
+}
+
+impl std::fmt::Display for Platform {
+    /// `os/architecture[/variant]`, as `docker --platform` spells it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let variant = self.variant.as_deref().filter(|v| !v.is_empty());
+        let text = match variant {
+            Some(variant) => format!("{}/{}/{variant}", self.os, self.architecture),
+            None => format!("{}/{}", self.os, self.architecture),
+        };
+        f.write_str(&printable(&text))
+    }
 }
 
 /// `index.json` of a layout, or an image index blob.
@@ -148,8 +162,9 @@ pub enum Compression {
 pub fn compression(media_type: &str, magic: &[u8]) -> Result<Compression> {
     if media_type.ends_with("+zstd") || magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
         return Err(Error::invalid(
-            "this image has a zstd-compressed layer, which dynocap image import does not \
-             support yet (re-export it with gzip layers, e.g. skopeo copy --dest-compress-format gzip)",
+            "this image has a zstd-compressed layer, which DynoCap does not unpack yet (image \
+             pull and import read gzip and plain tar layers): use the image with gzip layers \
+             (skopeo copy --dest-compress-format gzip recompresses one)",
         ));
     }
     if magic.starts_with(&[0x1f, 0x8b]) {
@@ -165,7 +180,8 @@ pub fn compression(media_type: &str, magic: &[u8]) -> Result<Compression> {
         || media_type == "application/vnd.docker.image.rootfs.diff.tar";
     if !known_plain {
         return Err(Error::invalid(format!(
-            "a layer has the media type \"{}\", which dynocap image import does not support",
+            "a layer has the media type \"{}\", which DynoCap does not unpack (image pull and \
+             import read gzip and plain tar layers)",
             printable(media_type)
         )));
     }
@@ -191,8 +207,24 @@ pub fn pick_manifest(index: &Index) -> Result<&Descriptor> {
                     .map(|tag| printable(tag))
                     .collect();
                 if tags.is_empty() {
+                    let mut platforms: Vec<String> = Vec::new();
+                    for platform in many.iter().filter_map(|d| d.platform.as_ref()) {
+                        let platform = platform.to_string();
+                        // Attestation manifests (buildx) are marked unknown/unknown.
+                        if platform != "unknown/unknown" && !platforms.contains(&platform) {
+                            platforms.push(platform);
+                        }
+                    }
+                    let listed = if platforms.is_empty() {
+                        "none marked with a platform".to_owned()
+                    } else {
+                        platforms.join(", ")
+                    };
                     return Error::invalid(format!(
-                        "the image's index lists {} manifests and none for linux/amd64",
+                        "the image's index lists {} manifests for other platforms only \
+                         ({listed}), none for linux/amd64, which DynoCap's sandboxes run: \
+                         export its linux/amd64 image instead \
+                         (skopeo --override-arch amd64 copy …)",
                         many.len()
                     ));
                 }
@@ -476,6 +508,24 @@ mod tests {
         .unwrap();
         assert_eq!(pick_manifest(&index).unwrap().digest, "sha256:2");
         assert!(pick_manifest(&Index { manifests: vec![] }).is_err());
+        // A list of other platforms only: they are named.
+        let arm: Index = parse_json(
+            br#"{"schemaVersion":2,"manifests":[
+              {"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:1","size":1,
+               "platform":{"architecture":"arm64","os":"linux","variant":"v8"}},
+              {"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:2","size":2,
+               "platform":{"architecture":"arm","os":"linux","variant":"v7"}},
+              {"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:3","size":3,
+               "platform":{"architecture":"unknown","os":"unknown"}}]}"#,
+            "index",
+        )
+        .unwrap();
+        let err = pick_manifest(&arm).unwrap_err();
+        assert!(
+            err.message
+                .contains("(linux/arm64/v8, linux/arm/v7), none for linux/amd64"),
+            "{err}"
+        );
         // A layout of several tagged images, none with a platform: the tags are named.
         let tagged: Index = parse_json(
             br#"{"schemaVersion":2,"manifests":[

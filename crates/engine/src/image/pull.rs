@@ -171,7 +171,8 @@ pub async fn pull(
             found.auth
         }
     };
-    let client = client(policy.extra_ca.as_deref(), gate.addr, idle)?;
+    let offered = Offered::default();
+    let client = client(policy.extra_ca.as_deref(), gate.addr, idle, offered.clone())?;
 
     progress(&format!("resolving {reference}"));
     // The manifest and the config are small (a few KiB; at most 4 MiB each): their answers,
@@ -185,10 +186,10 @@ pub async fn pull(
                 if is_unknown_image(&err) && !gate.refused_any() {
                     return unknown_image(&registry, reference);
                 }
-                if let oci_client::errors::OciDistributionError::ImageManifestNotFoundError(why) =
+                if let oci_client::errors::OciDistributionError::ImageManifestNotFoundError(_) =
                     &err
                 {
-                    return no_amd64(reference, why);
+                    return no_amd64(reference, &offered.platforms());
                 }
                 let mut error = gate.explain(&registry, &client_error(&err, idle));
                 if let (Some(note), true) = (&helper_note, is_auth_refusal(&error.message)) {
@@ -960,7 +961,12 @@ fn client_error(err: &(dyn std::error::Error + 'static), idle: Duration) -> Stri
     }
 }
 
-fn client(extra_ca: Option<&Path>, gate: SocketAddr, idle: Duration) -> Result<Client> {
+fn client(
+    extra_ca: Option<&Path>,
+    gate: SocketAddr,
+    idle: Duration,
+    offered: Offered,
+) -> Result<Client> {
     // reqwest is built without a default crypto provider (no aws-lc C build): ring's.
     // Deprecated only for lacking post-quantum key exchange, which a pull (public image
     // bytes, checked against their digests) does not need.
@@ -979,7 +985,7 @@ fn client(extra_ca: Option<&Path>, gate: SocketAddr, idle: Duration) -> Result<C
     let config = ClientConfig {
         protocol: ClientProtocol::Https,
         extra_root_certificates: extra,
-        platform_resolver: Some(Box::new(oci_client::client::linux_amd64_resolver)),
+        platform_resolver: Some(Box::new(move |entries| offered.resolve(entries))),
         // Both bound a stall: the connection's (its TCP, the gate's tunnel and the TLS
         // handshake) as a whole, and each read of an answer, the blobs' bodies too.
         connect_timeout: Some(idle),
@@ -1190,15 +1196,65 @@ fn unknown_image(registry: &str, reference: &str) -> Error {
     ))
 }
 
-/// The error for a list of platforms without a linux/amd64 image (the client's own fixed words
-/// for it, `why`, kept).
-fn no_amd64(reference: &str, why: &str) -> Error {
+/// The error for a manifest list without a linux/amd64 image: the platforms it has, as the
+/// list named them (`offered`, empty when the list's linux/amd64 entry was itself a list).
+fn no_amd64(reference: &str, offered: &[String]) -> Error {
+    let reference = oci::printable(reference);
+    let amd64 = |p: &String| {
+        p.strip_prefix(LINUX_AMD64)
+            .is_some_and(|variant| variant.is_empty() || variant.starts_with('/'))
+    };
+    if offered.iter().any(amd64) {
+        return Error::invalid(format!(
+            "{reference} is a list whose linux/amd64 entry is another list, not an image; \
+             DynoCap follows one level: use the digest of the amd64 image itself \
+             (REPOSITORY@sha256:…)"
+        ));
+    }
+    let listed = if offered.is_empty() {
+        "none marked with a platform".to_owned()
+    } else {
+        offered.join(", ")
+    };
     Error::invalid(format!(
-        "{} lists images for other platforms only, none for linux/amd64, which DynoCap's \
-         sandboxes run ({}): use a tag or digest of an amd64 image",
-        oci::printable(reference),
-        why
+        "{reference} lists images for other platforms only ({listed}), none for linux/amd64, \
+         which DynoCap's sandboxes run: use a tag or digest of an amd64 image"
     ))
+}
+
+/// The platform a pull picks from a manifest list.
+const LINUX_AMD64: &str = "linux/amd64";
+
+/// The platforms of the manifest list a pull met (`os/architecture[/variant]`, in the list's
+/// order, attestation entries' `unknown/unknown` left out), kept by the client's platform
+/// resolver for the error of a list that has no linux/amd64 image.
+#[derive(Clone, Default)]
+struct Offered(Arc<Mutex<Vec<String>>>);
+
+impl Offered {
+    /// oci-client's `linux_amd64_resolver`, noting what the list offers.
+    fn resolve(&self, entries: &[oci_client::manifest::ImageIndexEntry]) -> Option<String> {
+        let mut platforms = Vec::new();
+        for platform in entries.iter().filter_map(|e| e.platform.as_ref()) {
+            let mut text = format!("{}/{}", platform.os, platform.architecture);
+            if let Some(variant) = platform.variant.as_deref().filter(|v| !v.is_empty()) {
+                text.push('/');
+                text.push_str(variant);
+            }
+            let text = oci::printable(&text);
+            if text != "unknown/unknown" && !platforms.contains(&text) {
+                platforms.push(text);
+            }
+        }
+        if let Ok(mut offered) = self.0.lock() {
+            *offered = platforms;
+        }
+        oci_client::client::linux_amd64_resolver(entries)
+    }
+
+    fn platforms(&self) -> Vec<String> {
+        self.0.lock().map(|p| p.clone()).unwrap_or_default()
+    }
 }
 
 /// The client's words for a registry refusing (or asking for) credentials.
@@ -1328,7 +1384,7 @@ mod tests {
         // A list without this platform is not an unknown image.
         let platform = OciDistributionError::ImageManifestNotFoundError("no entry".to_owned());
         assert!(!is_unknown_image(&platform));
-        assert!(no_amd64("r.example/t:1", "no entry")
+        assert!(no_amd64("r.example/t:1", &[])
             .message
             .contains("none for linux/amd64"));
         let err = unknown_image("registry.example", "registry.example/team/tool:9");
@@ -1433,6 +1489,48 @@ mod tests {
             client_error(&refused, idle),
             "error sending request: connection refused"
         );
+    }
+
+    #[test]
+    fn a_list_without_amd64_is_refused_naming_the_platforms_it_has() {
+        let entry = |arch: &str, variant: Option<&str>| {
+            serde_json::from_value::<oci_client::manifest::ImageIndexEntry>(serde_json::json!({
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": format!("sha256:{}", arch.len().to_string().repeat(64)),
+                "size": 1,
+                "platform": {"os": if arch == "unknown" { "unknown" } else { "linux" },
+                             "architecture": arch, "variant": variant},
+            }))
+            .expect("entry")
+        };
+        let offered = Offered::default();
+        let list = [
+            entry("arm64", Some("v8")),
+            entry("arm", Some("v7")),
+            entry("s390x", None),
+            entry("unknown", None),
+        ];
+        assert_eq!(offered.resolve(&list), None);
+        assert_eq!(
+            offered.platforms(),
+            ["linux/arm64/v8", "linux/arm/v7", "linux/s390x"],
+            "an attestation's unknown/unknown is not a platform"
+        );
+        let err = no_amd64("r.example/t:1", &offered.platforms());
+        assert!(
+            err.message
+                .contains("(linux/arm64/v8, linux/arm/v7, linux/s390x), none for linux/amd64"),
+            "{err}"
+        );
+        // An amd64 entry (of any variant) is picked, as oci-client's own resolver picks it.
+        let with_amd64 = [entry("arm64", None), entry("amd64", Some("v3"))];
+        assert_eq!(
+            offered.resolve(&with_amd64).as_deref(),
+            Some(with_amd64[1].digest.as_str())
+        );
+        // Picked, but a list itself: said as such, not as a missing platform.
+        let err = no_amd64("r.example/t:1", &offered.platforms());
+        assert!(err.message.contains("another list"), "{err}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 """The file tools over MCP with the official SDK, against real sandboxes: binary content written
 and read back in base64, a 50 MB file read in pieces from offsets, edits refused when oldText is
 absent or ambiguous, listings with depth and a long one read page by page, a guest symlink to /etc/shadow refused by the guest's
-own permissions (the tools act as the sandbox user), and a task's relative paths and log."""
+own permissions (the tools act as the sandbox user, and the agent's own /proc entries are as closed
+to them as to that user's commands), and a task's relative paths and log."""
 
 from __future__ import annotations
 
@@ -206,6 +207,21 @@ async def test_files_act_as_the_sandbox_user(host: Host) -> None:
             "name": "u", "path": "/etc/passwd", "oldText": "root", "newText": "toor",
             "replaceAll": True}), "invalid_argument")
         assert "Permission denied" in text, text
+        # The agent's own /proc entries (PID 1: its descriptors, one of them its cgroup's
+        # directory outside the guest's tree; its root; its memory map) are refused as they
+        # are to the sandbox user's commands, and /proc/self is the operation's own.
+        for path, tool, command in [("/proc/1/fd", "dynocap_list_files", "ls"),
+                                    ("/proc/1/fd/4", "dynocap_list_files", "ls"),
+                                    ("/proc/1/root", "dynocap_list_files", "ls"),
+                                    ("/proc/1/maps", "dynocap_read_file", "cat")]:
+            refused = ok(await s.call_tool("dynocap_exec", {
+                "name": "u", "command": f"{command} {path}"}))
+            assert refused["exitCode"] != 0, refused
+            text = err(await s.call_tool(tool, {"name": "u", "path": path}), "invalid_argument")
+            assert "Permission denied" in text, (path, text)
+        status = ok(await s.call_tool("dynocap_read_file", {
+            "name": "u", "path": "/proc/self/status"}))["content"]
+        assert "\nPid:\t" in status and "\nPid:\t1\n" not in status, status
         # A name that is no sandbox is not_found.
         err(await s.call_tool("dynocap_read_file", {"name": "nope", "path": "/etc/hostname"}),
             "not_found")

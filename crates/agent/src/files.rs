@@ -1,29 +1,39 @@
 //! The file operations of [`dynocap_proto::files`], done as the sandbox user.
 //!
-//! Each request runs on a thread of its own that first takes the sandbox user's filesystem
-//! identity (`setfsuid`/`setfsgid` and its groups, through the raw system calls, which change
-//! only the calling thread), so every open, create and permission check is the guest kernel's
-//! for that user, exactly as for its commands: a symlink to `/etc/shadow` fails to open as
-//! it would for `cat`. The thread then ends, and its identity with it; no other thread of
-//! the agent ever runs with it.
+//! When the sandbox user is not the agent's own user, each request runs in a helper process
+//! of its own (the agent's binary as `dynocap-agent file-op UID:GID`, the request on its
+//! stdin, the answer on its stdout), which first takes that user's filesystem identity
+//! (`setfsuid`/`setfsgid` and its groups) and empties its capability sets, so every open,
+//! create and permission check is the guest kernel's for that user, exactly as for its
+//! commands: a symlink to `/etc/shadow` fails to open as it would for `cat`.
+//!
+//! A process, not a thread of the agent: the kernel lets a thread into its own process's
+//! `/proc` entries whatever its credentials (`/proc/1/fd`, `/proc/1/root`, `/proc/1/maps` of
+//! the agent, PID 1, pass the ptrace check for "same thread group"), and through the agent's
+//! descriptors that would reach what the sandbox user's commands cannot (the agent's cgroup
+//! directory, outside the guest's tree). The helper is another thread group, so those checks
+//! are made against the sandbox user's identity as for any command, and its own `/proc/self`
+//! is its own, as `cat`'s is.
 
+use std::ffi::CString;
 use std::fs::{File, OpenOptions};
-use std::io::{Read as _, Write as _};
+use std::io::{Read as _, Seek as _, Write as _};
 use std::os::unix::fs::{DirBuilderExt as _, FileExt as _};
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use dynocap_proto::files::{
-    FileEntry, FileOp, FileRequest, FileResult, PutItem, MAX_EDIT_FILE, MAX_LIST_DEPTH,
-    MAX_LIST_ENTRIES, MAX_PATH, MAX_READ, MAX_WRITE,
+    FileEntry, FileOp, FileRequest, FileResult, HelperAnswer, PutItem, MAX_EDIT_FILE,
+    MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_PATH, MAX_READ, MAX_WRITE,
 };
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::memfd::MFdFlags;
 use nix::sys::stat::{Mode, SFlag};
 use std::os::fd::OwnedFd;
 
 use crate::config::Config;
-use crate::spawn::ExecUser;
+use crate::spawn::{ChildSpec, ExecUser};
 
 /// Entries a listing looks at, listed or counted, before it stops counting.
 const MAX_VISITED: u64 = 200_000;
@@ -41,29 +51,161 @@ fn io_fail<T>(what: &str, path: &Path, err: std::io::Error) -> Result<T, FileErr
     fail(format!("{what} {}: {err}", path.display()))
 }
 
-/// Performs `request` as the sandbox user on a thread of its own.
+/// The agent's first argument that makes it the helper of one file operation.
+pub const HELPER_ARG: &str = "file-op";
+
+/// Most bytes of a request the helper reads: a write's or a put's content in base64 inside
+/// JSON, with its paths.
+const MAX_REQUEST: u64 = 4 * 1024 * 1024;
+
+/// Most bytes of an answer the agent takes from the helper: a listing of
+/// [`MAX_LIST_ENTRIES`] entries whose names and targets are as long as paths may be, with
+/// JSON's escapes.
+const MAX_ANSWER: usize = 64 * 1024 * 1024;
+
+/// Performs `request` as the sandbox user: in a helper process when that user is not the
+/// agent's own, else on a thread of the agent's.
 pub async fn serve(request: FileRequest, config: &Config) -> Result<FileResult, FileError> {
     let user = config
         .exec_user
         .filter(|user| user.uid != nix::unistd::geteuid().as_raw());
+    match user {
+        Some(user) => in_helper(&request, user).await,
+        None => on_thread(request).await,
+    }
+}
+
+/// The agent's own identity: the operation needs no change of user.
+async fn on_thread(request: FileRequest) -> Result<FileResult, FileError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("file-op".into())
         .spawn(move || {
-            let result = become_user(user).and_then(|()| perform(&request));
-            let _ = tx.send(result);
+            let _ = tx.send(perform(&request));
         })
         .map_err(|err| FileError(format!("cannot start the file operation: {err}")))?;
     rx.await
         .unwrap_or_else(|_| fail("the file operation stopped without an answer"))
 }
 
-/// Gives the calling thread `user`'s filesystem identity, or refuses: an operation never
-/// runs as the agent's own user when the sandbox has another.
-fn become_user(user: Option<ExecUser>) -> Result<(), FileError> {
-    let Some(user) = user else {
-        return Ok(());
+/// Runs `request` in a helper process that acts as `user` (see the module's doc), through
+/// the agent's own spawn path and reaper.
+async fn in_helper(request: &FileRequest, user: ExecUser) -> Result<FileResult, FileError> {
+    let started =
+        |err: &dyn std::fmt::Display| FileError(format!("cannot start the file operation: {err}"));
+    let input = request.to_json().map_err(|err| started(&err))?;
+    let stdin = nix::sys::memfd::memfd_create(c"dynocap-file-op", MFdFlags::MFD_CLOEXEC)
+        .map_err(|err| started(&err))?;
+    let mut file = File::from(stdin);
+    file.write_all(&input)
+        .and_then(|()| file.seek(std::io::SeekFrom::Start(0)).map(|_| ()))
+        .map_err(|err| started(&err))?;
+    let spec = ChildSpec {
+        // The child's own link to the agent's binary: it works whatever path the binary has
+        // in the guest's tree, or if that path is gone.
+        program: c"/proc/self/exe".to_owned(),
+        argv: vec![
+            c"dynocap-agent".to_owned(),
+            CString::new(HELPER_ARG).map_err(|err| started(&err))?,
+            CString::new(format!("{}:{}", user.uid, user.gid)).map_err(|err| started(&err))?,
+        ],
+        env: crate::command::env_list([("PATH", crate::spawn::BASE_PATH)])
+            .map_err(|err| started(&err))?,
+        cwd: c"/".to_owned(),
+        terminal: false,
+        // The helper starts as the agent and gives itself the user's identity (see
+        // `become_user`), as a thread of the agent did: the same checks, in another process.
+        user: None,
+        stdin: Some(OwnedFd::from(file)),
+        cgroup: None,
+        extra_group: None,
+        stdio: None,
     };
+    // Nothing stops a file operation but its own end (or the request being dropped, which
+    // kills the helper).
+    let (_keep, mut stop) = tokio::sync::mpsc::channel(1);
+    let (out, finished) = crate::command::run(&spec, MAX_ANSWER, &mut stop)
+        .await
+        .map_err(|err| FileError(format!("the file operation failed: {err}")))?;
+    if !finished.success() {
+        return fail(format!(
+            "the file operation failed: {}",
+            finished.describe()
+        ));
+    }
+    match HelperAnswer::from_json(&out) {
+        Ok(HelperAnswer::Done(result)) => Ok(result),
+        Ok(HelperAnswer::Refused(message)) => Err(FileError(message)),
+        Err(err) => fail(format!(
+            "the file operation answered what is not an answer: {err}"
+        )),
+    }
+}
+
+/// `dynocap-agent file-op UID:GID`: reads one request on stdin, performs it as `UID:GID`
+/// and prints the answer on stdout. Run by the agent only (see [`in_helper`]).
+pub fn helper_main(args: &[std::ffi::OsString]) -> std::process::ExitCode {
+    let user = match args {
+        [user] => user.to_str().and_then(|text| {
+            let (uid, gid) = text.split_once(':')?;
+            Some(ExecUser {
+                uid: uid.parse().ok()?,
+                gid: gid.parse().ok()?,
+            })
+        }),
+        _ => None,
+    };
+    let Some(user) = user else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "usage: dynocap-agent {HELPER_ARG} UID:GID (the agent runs it, a request on stdin)"
+        );
+        return std::process::ExitCode::from(2);
+    };
+    let mut input = Vec::new();
+    let answer = match std::io::stdin()
+        .lock()
+        .take(MAX_REQUEST + 1)
+        .read_to_end(&mut input)
+    {
+        Err(err) => HelperAnswer::Refused(format!("cannot read the file operation: {err}")),
+        Ok(_) if input.len() as u64 > MAX_REQUEST => HelperAnswer::Refused(format!(
+            "the file operation is larger than {MAX_REQUEST} bytes"
+        )),
+        Ok(_) => answer(&input, user),
+    };
+    let written = answer
+        .to_json()
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&bytes).and_then(|()| out.flush())
+        });
+    match written {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            let _ = writeln!(std::io::stderr(), "cannot write the answer: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The helper's work, from the request's bytes to its answer: on the calling thread, whose
+/// identity becomes `user`'s.
+fn answer(input: &[u8], user: ExecUser) -> HelperAnswer {
+    let request = match FileRequest::from_json(input) {
+        Ok(request) => request,
+        Err(err) => return HelperAnswer::Refused(format!("the file operation is garbled: {err}")),
+    };
+    match become_user(user).and_then(|()| perform(&request)) {
+        Ok(result) => HelperAnswer::Done(result),
+        Err(FileError(message)) => HelperAnswer::Refused(message),
+    }
+}
+
+/// Gives the calling thread (the helper's only one) `user`'s filesystem identity, or
+/// refuses: an operation never runs as the agent's own user when the sandbox has another.
+fn become_user(user: ExecUser) -> Result<(), FileError> {
     let groups = [user.gid as libc::gid_t];
     // SAFETY: raw system calls with valid arguments (a one-element array that outlives the
     // call, plain ids); the raw calls change this thread's credentials only, which is the
@@ -784,20 +926,23 @@ mod tests {
         (entries, left_off)
     }
 
-    /// `op` in `dir` served as the agent serves a sandbox whose user is `nobody`
-    /// (65534:65534): the path where [`serve`] takes on another user's identity.
+    /// `op` in `dir` done as the helper does it for a sandbox whose user is `nobody`
+    /// (65534:65534): from the request's bytes to its answer, on a thread of its own (whose
+    /// identity becomes that user's, as the helper's does). The helper's start is the agent's
+    /// spawn path, which the e2e tests (tests/mcp/test_files.py) drive.
     fn serve_as_nobody(dir: &Path, op: FileOp) -> Result<FileResult, FileError> {
-        let config = Config {
-            exec_user: Some(ExecUser {
-                uid: 65534,
-                gid: 65534,
-            }),
-            ..Config::default()
+        let input = request(dir, op).to_json().unwrap();
+        let user = ExecUser {
+            uid: 65534,
+            gid: 65534,
         };
-        tokio::runtime::Builder::new_current_thread()
-            .build()
+        match std::thread::spawn(move || answer(&input, user))
+            .join()
             .unwrap()
-            .block_on(serve(request(dir, op), &config))
+        {
+            HelperAnswer::Done(result) => Ok(result),
+            HelperAnswer::Refused(message) => Err(FileError(message)),
+        }
     }
 
     /// As root (the agent in a guest), a request for another user runs with that user's

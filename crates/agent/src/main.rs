@@ -5,6 +5,7 @@
 //! dynocap-agent --channel-fd N [--cgroup-fd N] [--exec-user UID:GID] [--home DIR]
 //! dynocap-agent --channel-path PATH [--cgroup-fd N] [--exec-user UID:GID] [--home DIR]
 //! sudo COMMAND [ARG...]     (under that name: the client of `--sudo-broker`, see `sudo`)
+//! dynocap-agent file-op UID:GID   (started by the agent for one file operation, see `files`)
 //! ```
 //!
 //! In a VM the kernel starts the agent as the initramfs' `/init` with `--vm-boot` first:
@@ -319,6 +320,14 @@ fn main() -> ExitCode {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         return proxy_connect::run(&args);
+    }
+    // The helper of one file operation, which the agent starts for each (see `files`).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == files::HELPER_ARG)
+    {
+        let args: Vec<OsString> = std::env::args_os().skip(2).collect();
+        return files::helper_main(&args);
     }
     // The VM backend's initramfs runs us as /init with this flag: boot the disk first.
     if std::env::args_os()

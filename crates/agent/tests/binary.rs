@@ -339,3 +339,112 @@ fn a_windowed_exec_waits_for_credit_without_stalling_the_channel() {
     let status = wait_with_deadline(&mut child, Duration::from_secs(30));
     assert_eq!(status.code(), Some(0));
 }
+
+/// One file request on `stream`: its result, or the refusal's message.
+fn file_op(
+    host: &mut Host,
+    stream: u32,
+    op: dynocap_proto::files::FileOp,
+) -> Result<dynocap_proto::files::FileResult, String> {
+    let request = dynocap_proto::files::FileRequest {
+        cwd: "/".into(),
+        op,
+    };
+    host.send(&Frame::new(
+        stream,
+        FrameKind::Open,
+        to_payload(&Request::File(request)),
+    ));
+    let frame = host.recv();
+    assert_eq!(frame.stream, stream);
+    match frame.kind {
+        FrameKind::Done => match from_payload::<Response>("response", &frame.payload) {
+            Ok(Response::File(result)) => Ok(result),
+            other => panic!("not a file result: {other:?}"),
+        },
+        FrameKind::Error => Err(
+            from_payload::<dynocap_proto::ErrorBody>("error", &frame.payload)
+                .expect("error body")
+                .message,
+        ),
+        other => panic!("unexpected {other:?}: {frame:?}"),
+    }
+}
+
+/// The file operations of a sandbox whose user is not the agent's run as that user in a
+/// process of their own: the agent's own `/proc` entries (its descriptors, its root, its
+/// memory map), which the kernel opens to any thread of the agent whatever its
+/// credentials, are refused as they are to that user's commands, and what a write creates
+/// belongs to that user.
+#[test]
+fn file_operations_cannot_reach_into_the_agents_own_proc_entries() {
+    use dynocap_proto::files::{FileOp, FileResult};
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (the agent switches to another user)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let (ours, theirs) = UnixStream::pair().expect("socketpair");
+    let mut child = start_agent(&theirs, &["--exec-user", "65534:65534"]);
+    drop(theirs);
+    ours.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let mut host = Host {
+        sock: ours,
+        decoder: FrameDecoder::new(),
+    };
+    assert_eq!(host.recv().kind, FrameKind::Hello);
+    let agent = child.id();
+    let list = |path: String| FileOp::List {
+        path,
+        depth: 1,
+        offset: 0,
+    };
+    let refused = file_op(&mut host, 1, list(format!("/proc/{agent}/fd"))).unwrap_err();
+    assert!(refused.contains("Permission denied"), "{refused}");
+    let refused = file_op(&mut host, 2, list(format!("/proc/{agent}/root/"))).unwrap_err();
+    assert!(refused.contains("Permission denied"), "{refused}");
+    let read = |path: String| FileOp::Read {
+        path,
+        offset: 0,
+        length: 100,
+    };
+    let refused = file_op(&mut host, 3, read(format!("/proc/{agent}/maps"))).unwrap_err();
+    assert!(refused.contains("Permission denied"), "{refused}");
+    // /proc/self is the operation's own, as it is `cat`'s.
+    let own = FileOp::Read {
+        path: "/proc/self/status".into(),
+        offset: 0,
+        length: 64 * 1024,
+    };
+    let FileResult::Read { data, .. } = file_op(&mut host, 4, own).expect("own status") else {
+        panic!("not a read")
+    };
+    let status = String::from_utf8_lossy(&data);
+    assert!(
+        status.contains("\nPid:\t") && !status.contains(&format!("\nPid:\t{agent}\n")),
+        "{status}"
+    );
+    let made = dir.path().join("made");
+    let written = file_op(
+        &mut host,
+        5,
+        FileOp::Write {
+            path: made.to_string_lossy().into_owned(),
+            content: b"x".to_vec(),
+            mode: None,
+            create_dirs: false,
+        },
+    )
+    .expect("write");
+    assert!(matches!(written, FileResult::Written { created: true, .. }));
+    let meta = std::fs::metadata(&made).expect("made");
+    assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+    host.sock
+        .shutdown(std::net::Shutdown::Write)
+        .expect("half-close");
+    let status = wait_with_deadline(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0));
+}

@@ -246,6 +246,37 @@ pub struct FileEntry {
     pub error: Option<String>,
 }
 
+/// What the agent's helper process for one file operation (`dynocap-agent file-op`) prints
+/// on its stdout: the operation's result, or why it was refused. The helper is the agent's
+/// own binary on both ends, so this never crosses to the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum HelperAnswer {
+    Done(FileResult),
+    Refused(String),
+}
+
+impl FileRequest {
+    /// The request as the helper reads it on its stdin.
+    pub fn to_json(&self) -> Result<Vec<u8>, String> {
+        serde_json::to_vec(self).map_err(|err| err.to_string())
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<Self, String> {
+        serde_json::from_slice(bytes).map_err(|err| err.to_string())
+    }
+}
+
+impl HelperAnswer {
+    pub fn to_json(&self) -> Result<Vec<u8>, String> {
+        serde_json::to_vec(self).map_err(|err| err.to_string())
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<Self, String> {
+        serde_json::from_slice(bytes).map_err(|err| err.to_string())
+    }
+}
+
 mod base64_bytes {
     use base64::Engine as _;
 

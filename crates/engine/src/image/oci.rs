@@ -274,7 +274,9 @@ pub fn member_path(text: &str) -> Result<String> {
 /// What one layer entry does to the root filesystem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Nothing (the root directory itself, `./`).
+    /// Nothing: the root directory itself (`./`), or aufs bookkeeping (`.wh..wh.plnk`,
+    /// `.wh..wh.aufs`, `.wh..wh.orph` and what is beneath them), which names no file of the
+    /// image and which Docker and containerd skip too.
     Skip,
     /// Create or replace the entry at this path (components, none empty, `.` or `..`).
     Put(Vec<Vec<u8>>),
@@ -286,6 +288,8 @@ pub enum Action {
 
 const WHITEOUT: &[u8] = b".wh.";
 const OPAQUE: &[u8] = b".wh..wh..opq";
+/// The prefix of aufs's own entries (the opaque marker shares it).
+const AUFS_META: &[u8] = b".wh..wh.";
 
 /// The components of a layer entry's path: relative to the root, never leaving it.
 pub fn entry_components(raw: &[u8]) -> Result<Vec<Vec<u8>>> {
@@ -312,13 +316,16 @@ pub fn classify(raw: &[u8]) -> Result<Action> {
     let Some(last) = parts.pop() else {
         return Ok(Action::Skip);
     };
+    if parts.iter().any(|p| p.starts_with(AUFS_META)) {
+        return Ok(Action::Skip);
+    }
     if last == OPAQUE {
         return Ok(Action::Opaque { dir: parts });
     }
+    if last.starts_with(AUFS_META) {
+        return Ok(Action::Skip);
+    }
     if let Some(name) = last.strip_prefix(WHITEOUT) {
-        if name.starts_with(WHITEOUT) {
-            return Err(bad_path(raw, "is an aufs metadata whiteout, not supported"));
-        }
         if name.is_empty() || name == b"." || name == b".." {
             return Err(bad_path(raw, "is a whiteout of no file, \".\" or \"..\""));
         }
@@ -414,15 +421,22 @@ mod tests {
                 dir: parts(&["opt"])
             }
         );
-        for bad in [
-            &b"etc/.wh..."[..],
-            b".wh..",
-            b"a/.wh.",
-            b"a/.wh..wh.plnk",
-            b"../.wh.x",
-        ] {
+        for bad in [&b"etc/.wh..."[..], b".wh..", b"a/.wh.", b"../.wh.x"] {
             assert!(classify(bad).is_err(), "{bad:?}");
         }
+        // aufs's bookkeeping (layers Docker made on aufs have it) names no file: skipped, as
+        // Docker and containerd skip it, and so is what lies beneath it.
+        for aufs in [
+            &b".wh..wh.plnk/"[..],
+            b".wh..wh.aufs",
+            b"./.wh..wh.orph/",
+            b".wh..wh.plnk/12345.67",
+            b"a/.wh..wh.plnk",
+            b".wh..wh.plnk/.wh..wh..opq",
+        ] {
+            assert_eq!(classify(aufs).unwrap(), Action::Skip, "{aufs:?}");
+        }
+        assert!(classify(b".wh..wh.plnk/../../x").is_err());
     }
 
     /// Names made of the characters that matter (separators, dots, whiteout prefixes, NUL):

@@ -740,6 +740,28 @@ pub(super) mod tests {
         assert_eq!(root.stats.setid_cleared, 1);
     }
 
+    /// A layer Docker made on aufs carries aufs's bookkeeping at its root: the layer
+    /// unpacks (as Docker and containerd unpack it) with none of it in the image.
+    #[test]
+    fn aufs_bookkeeping_is_left_out() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut root = Root::open(tmp.path(), Limits::default()).expect("root");
+        let layer = Layer::new()
+            .entry(tar::EntryType::Directory, ".wh..wh.plnk", "", 0o700, b"")
+            .file(".wh..wh.plnk/123.456", "linked")
+            .entry(tar::EntryType::Directory, ".wh..wh.orph", "", 0o700, b"")
+            .file(".wh..wh.aufs", "")
+            .file("etc/app", "a");
+        apply(&mut root, layer).expect("an aufs-made layer unpacks");
+        let mut names: Vec<String> = std::fs::read_dir(tmp.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["etc"]);
+        assert_eq!(root.stats.files, 1);
+    }
+
     #[test]
     fn hostile_entries_are_refused_and_nothing_lands_outside() {
         let outside = tempfile::tempdir().expect("tempdir");

@@ -2,10 +2,13 @@
 //! directory a build sandbox wrote, made into one layer of the shared layer store, and the new
 //! image assembled from the base's layers plus that one.
 //!
-//! The upper directory is HOSTILE: the guest wrote it. It is walked without following any
-//! symlink and turned into an ordinary OCI layer tar (an overlay whiteout, a 0/0 character
-//! device, becomes `.wh.NAME`; an opaque directory, `user.overlay.opaque=y` or its `trusted.`
-//! twin, gets `.wh..wh..opq`), which [`LayerStore::unpack`] then checks with the very rules of
+//! The upper directory is HOSTILE: the guest wrote it, and a process a step started may still
+//! be changing it while it is read. It is walked from open directory descriptors, each entry
+//! opened by name without following a symlink (no path below the upper is ever resolved, so a
+//! directory swapped for a link midway never leads the walk to the host's files), and turned
+//! into an ordinary OCI layer tar (an overlay whiteout, a 0/0 character device, becomes
+//! `.wh.NAME`; an opaque directory, `user.overlay.opaque=y` or its `trusted.` twin, gets
+//! `.wh..wh..opq`), which [`LayerStore::unpack`] then checks with the very rules of
 //! a pulled layer: names confined to the root, no device nodes, set-id bits cleared, bounds.
 //! Host ids are mapped back to the guest's by the upper directory's own owner (the host id of
 //! the guest's root). Other device nodes, fifos, sockets and names the layer format reserves
@@ -15,10 +18,10 @@
 //! host side is the user's, but it is walked without following a symlink all the same, so a
 //! link in it is copied as a link and never brings in what it points at.
 
-use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -624,6 +627,23 @@ fn read_small(path: &Path) -> Option<String> {
     Some(text)
 }
 
+/// The text of the open regular file `file` as [`read_small`] reads it, from its start; the
+/// file is left at its start again, to be copied whole after.
+fn read_small_open(file: &mut File) -> Option<String> {
+    use io::Seek as _;
+    let len = file.metadata().ok()?.len();
+    let text = (len <= TRUST_FILE_MAX)
+        .then(|| {
+            let mut text = String::new();
+            io::Read::read_to_string(&mut io::Read::take(&mut *file, TRUST_FILE_MAX), &mut text)
+                .ok()
+                .map(|_| text)
+        })
+        .flatten();
+    file.seek(io::SeekFrom::Start(0)).ok()?;
+    text
+}
+
 /// The PEM certificate blocks of `text`, each with its whitespace taken out, so the same
 /// certificate compares equal however its lines end (as the agent compares them).
 fn certificates(text: &str) -> Vec<String> {
@@ -778,20 +798,24 @@ fn write_layer_tar(upper: &Path, dest: &Path, trust: &BuildTrust) -> Result<(Dig
     let mut builder = tar::Builder::new(hashing);
     builder.mode(tar::HeaderMode::Complete);
     builder.follow_symlinks(false);
-    let top =
-        fs::symlink_metadata(upper).with_context(|| format!("reading {}", upper.display()))?;
-    if !top.is_dir() {
-        return Err(Error::internal(
-            "the build's upper layer is not a directory",
-        ));
-    }
+    // The upper directory's own path is the host's; below it, everything is reached from an
+    // open directory by name (see `Walk`).
+    let top = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(upper)
+        .with_context(|| format!("reading {}", upper.display()))?;
+    let meta = top
+        .metadata()
+        .with_context(|| format!("reading {}", upper.display()))?;
     let mut walk = Walk {
-        base_uid: u64::from(top.uid()),
-        base_gid: u64::from(top.gid()),
+        base_uid: u64::from(meta.uid()),
+        base_gid: u64::from(meta.gid()),
         skipped: Skipped::default(),
         trust,
+        upper,
     };
-    walk.dir(&mut builder, upper, Path::new(""))?;
+    walk.dir(&mut builder, &top, Path::new(""))?;
     let mut hashing = builder
         .into_inner()
         .map_err(|e| Error::internal(format!("writing the built layer: {e}")))?;
@@ -819,11 +843,18 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
+/// The walk of an upper directory into a layer tar. A process a step started may still be
+/// running in the guest and changing the upper while it is read, so no path below the upper
+/// is ever resolved: each entry is opened by name from its open parent directory, without
+/// following a link, and what is written is what that descriptor shows. A directory swapped
+/// for a link midway is never entered (a path through it would lead to the host's files).
 struct Walk<'a> {
     base_uid: u64,
     base_gid: u64,
     skipped: Skipped,
     trust: &'a BuildTrust,
+    /// The upper directory's path, for messages.
+    upper: &'a Path,
 }
 
 impl Walk<'_> {
@@ -847,18 +878,49 @@ impl Walk<'_> {
         header
     }
 
+    /// The error for an entry that changed between two looks at it: a process the steps
+    /// started is still running in the build's sandbox.
+    fn changed(&self, rel: &Path) -> Error {
+        Error::conflict(format!(
+            "/{} changed in the build's sandbox while its layer was read ({}): a process a \
+             step started is still running there; end it in the step that starts it (do not \
+             leave it in the background), then build again",
+            rel.display(),
+            self.upper.display()
+        ))
+    }
+
+    /// Writes the entries of the open directory `dir`, at `rel` in the layer, in name order.
     fn dir<W: Write>(
         &mut self,
         builder: &mut tar::Builder<W>,
-        host: &Path,
+        dir: &File,
         rel: &Path,
     ) -> Result<()> {
-        let mut names: BTreeMap<Vec<u8>, PathBuf> = BTreeMap::new();
-        for entry in fs::read_dir(host).with_context(|| format!("listing {}", host.display()))? {
-            let entry = entry.with_context(|| format!("listing {}", host.display()))?;
-            names.insert(entry.file_name().as_bytes().to_vec(), entry.path());
+        let listed = |err: nix::errno::Errno| {
+            Error::internal(format!(
+                "listing /{} of the build's upper directory: {err}",
+                rel.display()
+            ))
+        };
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        let mut listing = nix::dir::Dir::openat(
+            dir.as_fd(),
+            ".",
+            nix::fcntl::OFlag::O_RDONLY
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(listed)?;
+        for entry in listing.iter() {
+            let name = entry.map_err(listed)?.file_name().to_bytes().to_vec();
+            if name != b"." && name != b".." {
+                names.push(name);
+            }
         }
-        for (name, path) in names {
+        names.sort();
+        for name in names {
             let rel = rel.join(std::ffi::OsStr::from_bytes(&name));
             if NOT_IMAGE.iter().any(|n| rel == Path::new(n)) {
                 continue;
@@ -867,23 +929,41 @@ impl Walk<'_> {
                 self.skipped.reserved_names += 1;
                 continue;
             }
-            let meta = fs::symlink_metadata(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
+            // The entry itself (a link is not followed), as `lstat` would see it; gone
+            // meanwhile, the upper is changing.
+            let entry = match open_entry(dir, &name, libc::O_PATH) {
+                Ok(entry) => entry,
+                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {
+                    return Err(self.changed(&rel))
+                }
+                Err(err) => {
+                    return Err(Error::internal(format!(
+                        "reading /{} of the build's upper directory: {err}",
+                        rel.display()
+                    )))
+                }
+            };
+            let meta = entry
+                .metadata()
+                .with_context(|| format!("reading /{}", rel.display()))?;
             let kind = meta.file_type();
             let io_err = |e: io::Error| Error::internal(format!("writing the built layer: {e}"));
             if kind.is_dir() {
+                // The very directory looked at: "." from its own descriptor.
+                let opened = open_entry(&entry, b".", libc::O_RDONLY | libc::O_DIRECTORY)
+                    .with_context(|| format!("reading /{}", rel.display()))?;
                 let mut header = self.header(&meta, tar::EntryType::Directory);
                 builder
                     .append_data(&mut header, &rel, io::empty())
                     .map_err(io_err)?;
-                if is_opaque(&path) {
+                if is_opaque(&opened) {
                     let mut header = self.header(&meta, tar::EntryType::Regular);
                     header.set_mode(0o644);
                     builder
                         .append_data(&mut header, rel.join(".wh..wh..opq"), io::empty())
                         .map_err(io_err)?;
                 }
-                self.dir(builder, &path, &rel)?;
+                self.dir(builder, &opened, &rel)?;
             } else if kind.is_char_device() && meta.rdev() == 0 {
                 let mut header = self.header(&meta, tar::EntryType::Regular);
                 header.set_mode(0o644);
@@ -898,8 +978,12 @@ impl Walk<'_> {
                     )
                     .map_err(io_err)?;
             } else if kind.is_symlink() {
-                let target =
-                    fs::read_link(&path).with_context(|| format!("reading {}", path.display()))?;
+                // The link looked at, by its own descriptor (an empty path).
+                let target = nix::fcntl::readlinkat(entry.as_fd(), "")
+                    .map(PathBuf::from)
+                    .map_err(|err| {
+                        Error::internal(format!("reading the link /{}: {err}", rel.display()))
+                    })?;
                 if self.trust.active()
                     && rel.starts_with("etc/ssl/certs")
                     && BuildTrust::is_agents(&Path::new("/").join(&rel), Some(&target))
@@ -911,18 +995,15 @@ impl Walk<'_> {
                     .append_link(&mut header, &rel, &target)
                     .map_err(io_err)?;
             } else if kind.is_file() {
-                // O_NOFOLLOW: the guest may still be racing a swap of this name for a link.
-                let file = fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                    .open(&path)
-                    .with_context(|| format!("reading {}", path.display()))?;
+                // Opened by name again to read it (an `O_PATH` descriptor reads nothing): it
+                // must be the file looked at, not what the guest put in its place since.
+                let mut file = open_entry(dir, &name, libc::O_RDONLY | libc::O_NONBLOCK)
+                    .map_err(|_| self.changed(&rel))?;
                 let opened = file
                     .metadata()
-                    .with_context(|| format!("reading {}", path.display()))?;
-                if !opened.is_file() {
-                    self.skipped.special += 1;
-                    continue;
+                    .with_context(|| format!("reading /{}", rel.display()))?;
+                if (opened.dev(), opened.ino()) != (meta.dev(), meta.ino()) {
+                    return Err(self.changed(&rel));
                 }
                 let guest = Path::new("/").join(&rel);
                 if self.trust.active() && BuildTrust::is_agents(&guest, None) {
@@ -934,14 +1015,14 @@ impl Walk<'_> {
                         .base_rootfs
                         .as_deref()
                         .and_then(|base| read_in_root(base, &rel));
-                    if let (Some(before), Some(now)) = (before, read_small(&path)) {
+                    if let (Some(before), Some(now)) = (before, read_small_open(&mut file)) {
                         if only_made_https(&before, &now) {
                             continue;
                         }
                     }
                 }
                 if self.trust.active() && BuildTrust::is_bundle(&guest) {
-                    if let Some(bundle) = read_small(&path) {
+                    if let Some(bundle) = read_small_open(&mut file) {
                         let before = self
                             .trust
                             .base_rootfs
@@ -965,9 +1046,14 @@ impl Walk<'_> {
                 }
                 let mut header = self.header(&opened, tar::EntryType::Regular);
                 header.set_size(opened.len());
-                // Bounded to the size the header declares, whatever the file grows to.
+                // Exactly the size the header declares, whatever the file grows or shrinks
+                // to meanwhile (short, the rest is zeros): the tar stays well formed.
+                let content = io::Read::take(
+                    io::Read::chain(io::Read::take(file, opened.len()), io::repeat(0)),
+                    opened.len(),
+                );
                 builder
-                    .append_data(&mut header, &rel, io::Read::take(file, opened.len()))
+                    .append_data(&mut header, &rel, content)
                     .map_err(io_err)?;
             } else {
                 self.skipped.special += 1;
@@ -977,11 +1063,24 @@ impl Walk<'_> {
     }
 }
 
-/// `user.overlay.opaque` (the jail mounts with `userxattr`) or `trusted.overlay.opaque` is `y`.
-fn is_opaque(path: &Path) -> bool {
-    let Ok(cpath) = CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
+/// Opens `name` in the open directory `dir` with `flags` (and `O_NOFOLLOW`, `O_CLOEXEC`,
+/// `O_NOCTTY`): a link is never followed, and never left for a later lookup to follow.
+fn open_entry(dir: &File, name: &[u8], flags: libc::c_int) -> io::Result<File> {
+    let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY;
+    // SAFETY: `dir` is an open descriptor and `name` a NUL-terminated string, both alive
+    // across the call; the descriptor returned is owned by the `File` made from it below.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened by this call and is owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// `user.overlay.opaque` (the jail mounts with `userxattr`) or `trusted.overlay.opaque` is `y`
+/// on the open directory `dir`.
+fn is_opaque(dir: &File) -> bool {
     ["user.overlay.opaque", "trusted.overlay.opaque"]
         .iter()
         .any(|attr| {
@@ -989,11 +1088,11 @@ fn is_opaque(path: &Path) -> bool {
                 return false;
             };
             let mut value = [0u8; 4];
-            // SAFETY: both strings are NUL-terminated and live across the call; the buffer is
-            // ours and its length is passed; lgetxattr never follows a symlink.
+            // SAFETY: `dir` is an open descriptor and the name NUL-terminated, both alive
+            // across the call; the buffer is ours and its length is passed.
             let n = unsafe {
-                libc::lgetxattr(
-                    cpath.as_ptr(),
+                libc::fgetxattr(
+                    dir.as_raw_fd(),
                     cattr.as_ptr(),
                     value.as_mut_ptr().cast(),
                     value.len(),
@@ -1006,6 +1105,7 @@ fn is_opaque(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn a_copied_file_is_named_by_its_mode_and_content() {
@@ -1179,6 +1279,19 @@ mod tests {
         let whiteout = CString::new(upper.join("etc/gone").as_os_str().as_bytes()).expect("c");
         // SAFETY: a NUL-terminated path; mknod of a 0/0 char device is an overlay whiteout.
         let made = unsafe { libc::mknod(whiteout.as_ptr(), libc::S_IFCHR, 0) };
+        // A directory the guest removed and made again: overlay marks it opaque.
+        fs::create_dir(upper.join("opaque")).expect("mkdir");
+        let opaque = CString::new(upper.join("opaque").as_os_str().as_bytes()).expect("c");
+        // SAFETY: NUL-terminated path and name, and a buffer of the length passed.
+        let marked = unsafe {
+            libc::setxattr(
+                opaque.as_ptr(),
+                c"user.overlay.opaque".as_ptr(),
+                b"y".as_ptr().cast(),
+                1,
+                0,
+            )
+        };
         let dest = dir.path().join("layer.tar");
         let (_, skipped) = write_layer_tar(&upper, &dest, &BuildTrust::default()).expect("tar");
         assert_eq!(skipped.reserved_names, 1);
@@ -1204,6 +1317,7 @@ mod tests {
             "etc/apt/apt.conf.d/99mine",
             "etc/new",
             "link",
+            "opaque",
             "run",
             "var",
             "var/lib",
@@ -1211,8 +1325,72 @@ mod tests {
         if made == 0 {
             want.push("etc/.wh.gone");
         }
+        if marked == 0 {
+            want.push("opaque/.wh..wh..opq");
+        }
         want.sort();
         assert_eq!(names, want);
+    }
+
+    /// A process a step left running swaps a directory of the upper for a link to a host
+    /// directory while the layer is read (an exchange, so the name is never missing): whatever
+    /// the timing, nothing of the host directory reaches the layer (the walk may fail, saying
+    /// the upper changed). Walked by path, the walk listed and read the host's files through
+    /// the link in a good share of tries.
+    #[test]
+    fn a_directory_swapped_for_a_link_while_read_brings_in_nothing_of_the_host() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host = dir.path().join("host");
+        fs::create_dir(&host).expect("mkdir");
+        fs::write(host.join("zzz"), b"HOST SECRET").expect("write");
+        let upper = dir.path().join("upper");
+        fs::create_dir_all(upper.join("x/d")).expect("mkdir");
+        fs::write(upper.join("x/d/aaa"), vec![b'a'; 1 << 16]).expect("write");
+        fs::write(upper.join("x/d/zzz"), b"guest").expect("write");
+        std::os::unix::fs::symlink(&host, upper.join("x/l")).expect("symlink");
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let racer = {
+            let stop = stop.clone();
+            let (d, l) = (upper.join("x/d"), upper.join("x/l"));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    nix::fcntl::renameat2(
+                        nix::fcntl::AT_FDCWD,
+                        &d,
+                        nix::fcntl::AT_FDCWD,
+                        &l,
+                        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                    )
+                    .expect("exchange");
+                }
+            })
+        };
+        let dest = dir.path().join("layer.tar");
+        let (mut written, mut leaked) = (0, None);
+        for _ in 0..300 {
+            let _ = fs::remove_file(&dest);
+            if write_layer_tar(&upper, &dest, &BuildTrust::default()).is_err() {
+                continue;
+            }
+            written += 1;
+            let mut archive = tar::Archive::new(File::open(&dest).expect("open"));
+            for entry in archive.entries().expect("entries") {
+                let mut entry = entry.expect("entry");
+                let mut content = Vec::new();
+                io::Read::read_to_end(&mut entry, &mut content).expect("read");
+                if content.windows(11).any(|w| w == b"HOST SECRET") {
+                    leaked = Some(entry.path().expect("path").display().to_string());
+                }
+            }
+            if leaked.is_some() {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        racer.join().expect("racer");
+        assert_eq!(leaked, None, "the host's file reached the layer");
+        assert!(written > 0, "no walk got through");
     }
 
     fn pem(body: &str) -> String {

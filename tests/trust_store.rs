@@ -554,3 +554,44 @@ fn another_distributions_bundle_gets_the_extra_ca_in_a_vm() {
         "another_distributions_bundle_gets_the_extra_ca_in_a_vm",
     );
 }
+
+/// A relative `DYNOCAP_EXTRA_CA` names the file beside the caller, but the home's command
+/// server works from `/` (and a supervisor or the MCP server from wherever it started): it
+/// is refused, saying to give the absolute path, whether the command runs in a process of
+/// its own (the first, or with the server switched off) or is served, and nothing is made.
+#[test]
+fn a_relative_extra_ca_is_refused_however_the_command_runs() {
+    if !require_root("a_relative_extra_ca_is_refused_however_the_command_runs") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = dynocap_e2e::netfix::TestCa::for_names(
+        dir.path(),
+        &[NAME],
+        std::net::Ipv4Addr::LOCALHOST,
+        "relative path test CA",
+    );
+    assert_eq!(ca.ca_cert, dir.path().join("ca.pem"));
+    let home = TestHome::new().with_env(product::ENV_EXTRA_CA, "ca.pem");
+    // The first starts the server; the later ones are served, but for the one told not to.
+    for server in ["1", "1", "0", "1"] {
+        let out = home
+            .command()
+            .current_dir(dir.path())
+            .env("DYNOCAP_CLI_SERVER", server)
+            .args(["--json", "run", "relative", "--network", "filtered"])
+            .output()
+            .expect("spawn dynocap");
+        assert!(!out.status.success(), "server {server}: {out:?}");
+        let err: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(err["error"]["code"], "invalid_argument", "{err:#}");
+        assert_eq!(
+            err["error"]["message"],
+            "DYNOCAP_EXTRA_CA=ca.pem is a relative path, which DynoCap's long-lived processes \
+             would read from another directory than yours; give the file's absolute path",
+            "server {server}"
+        );
+    }
+    let listed = home.json(&["ps"]);
+    assert_eq!(listed["sandboxes"], serde_json::json!([]), "{listed:#}");
+}

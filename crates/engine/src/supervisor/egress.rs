@@ -228,6 +228,16 @@ fn read_extra_ca(path: &Path) -> Result<String> {
 
     let hint = "point DYNOCAP_EXTRA_CA at a PEM file of CA certificates";
     let shown = path.display();
+    // Read by processes that do not share the caller's working directory (the command
+    // server works from `/`, a sandbox's supervisor reads it again as it boots or restores
+    // it, the MCP server from wherever its client started it): a relative path would name
+    // a different file in each.
+    if path.is_relative() {
+        return Err(Error::invalid(format!(
+            "DYNOCAP_EXTRA_CA={shown} is a relative path, which DynoCap's long-lived processes \
+             would read from another directory than yours; give the file's absolute path"
+        )));
+    }
     let meta = std::fs::metadata(path).map_err(|err| {
         Error::invalid(format!(
             "DYNOCAP_EXTRA_CA={shown} cannot be read: {err}; {hint}"
@@ -661,6 +671,18 @@ aQJhoHQ95ED8a9sFimjsFWbgHaDbxh31wg==\n\
                 .starts_with("DYNOCAP_EXTRA_CA=/nonexistent/ca.pem cannot be read: No such file"),
             "{missing}"
         );
+        for relative in ["ca.pem", "./ca.pem", "~/ca.pem"] {
+            let err = read_extra_ca(Path::new(relative)).expect_err("relative");
+            assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
+            assert_eq!(
+                err.message,
+                format!(
+                    "DYNOCAP_EXTRA_CA={relative} is a relative path, which DynoCap's \
+                     long-lived processes would read from another directory than yours; give \
+                     the file's absolute path"
+                )
+            );
+        }
         let message = refused("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
         assert!(
             message.contains("certificate 1 is not an X.509 certificate (BadEncoding)"),

@@ -1,6 +1,7 @@
 //! `sudo VAR=value COMMAND` in a debian guest, as a user types it: the assignments set the
 //! command's environment (over root's HOME and PATH too), a name sudo would not take is
-//! refused with the reason, and nothing set this way outlives the command.
+//! refused with the reason, and nothing set this way outlives the command. Options are read
+//! as sudo's getopt reads them, and `sudo -s` hands its shell each word whole.
 
 use dynocap_e2e::images::{debian_home, require_mmdebstrap};
 use dynocap_e2e::require_root;
@@ -100,6 +101,28 @@ fn sudo_takes_assignments_before_the_command() {
         "none unset\nunset\n"
     );
     assert_eq!(home.sh("env", "sudo id -u"), "0\n");
+    // Options as sudo's getopt reads them: clustered, attached, long with `=`; `-k` with a
+    // command runs it (it only forgets cached credentials, and there are none).
+    assert_eq!(
+        home.sh(
+            "env",
+            "sudo -nE id -u; sudo -uroot id -u; sudo --user=root id -u; sudo -k id -u"
+        ),
+        "0\n0\n0\n0\n"
+    );
+    let validate = home.exec("env", &[], "sudo -v touch /ran");
+    assert_eq!(validate["exitCode"], 1, "{validate:#}");
+    assert_eq!(validate["stderr"], "sudo: -v takes no command\n");
+    // `sudo -s` hands the shell each word whole, escaped as sudo escapes it: one file named
+    // with a space, and a `;` that is an argument, not a second command.
+    assert_eq!(
+        home.sh(
+            "env",
+            "cd /tmp && sudo -s touch 'a b' && ls -1 /tmp | grep -c '^a b$'; \
+             sudo -s echo 'x;' 'id -u' '$HOME'"
+        ),
+        "1\nx; id -u /root\n"
+    );
     // -u naming the caller (by name or id) runs the command as the caller, assignments and
     // all, as sudo does; another user is refused, naming who is available.
     let me = home.sh("env", "id -un; id -u");

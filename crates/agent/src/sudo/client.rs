@@ -4,7 +4,7 @@
 use std::ffi::{OsStr, OsString};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::ExitCode;
@@ -86,46 +86,161 @@ impl Caller {
     }
 }
 
-/// Parses the common sudo options. Options that change who or how are refused: there is one
+/// The options read so far.
+#[derive(Default)]
+struct Options {
+    /// `-s`/`-i`: the command runs through a shell (a shell alone without one).
+    shell: bool,
+    /// `-u` named the caller.
+    as_caller: bool,
+    /// `-v` or `-K`, which take no command: there is nothing to validate or forget.
+    alone: Option<&'static str>,
+    /// `-k`: nothing cached to forget; alone it does nothing, with a command it runs it.
+    reset: bool,
+}
+
+impl Options {
+    /// Applies the option `letter` (a long option's short one), with its value when it takes
+    /// one. An option that changes who or how beyond this is refused.
+    fn apply(&mut self, letter: u8, value: Option<String>, caller: &Caller) -> Result<(), String> {
+        match letter {
+            b'E' | b'H' | b'n' | b'S' | b'P' | b'p' => {}
+            b's' | b'i' => self.shell = true,
+            b'v' => self.alone = Some("-v"),
+            b'K' => self.alone = Some("-K"),
+            b'k' => self.reset = true,
+            b'u' => match value {
+                Some(user) if ["root", "0", "#0"].contains(&user.as_str()) => {
+                    self.as_caller = false
+                }
+                Some(user) if caller.is(&user) => self.as_caller = true,
+                Some(user) => {
+                    return Err(format!(
+                        "sudo: only root (and you) are available in this sandbox, not {user:?}"
+                    ))
+                }
+                None => return Err("sudo: -u needs a user".into()),
+            },
+            other => {
+                return Err(format!(
+                    "sudo: option -{} is not supported by DynoCap's sudo; use `sudo COMMAND \
+                     [ARG...]`",
+                    char::from(other).escape_default()
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The short options that take a value (`-u USER`, `-uUSER`; `-p PROMPT`, ignored).
+const WITH_VALUE: &[u8] = b"up";
+
+/// Long options with the short one each stands for.
+const LONG: &[(&str, u8)] = &[
+    ("preserve-env", b'E'),
+    ("set-home", b'H'),
+    ("non-interactive", b'n'),
+    ("stdin", b'S'),
+    ("preserve-groups", b'P'),
+    ("prompt", b'p'),
+    ("shell", b's'),
+    ("login", b'i'),
+    ("validate", b'v'),
+    ("remove-timestamp", b'K'),
+    ("reset-timestamp", b'k'),
+    ("user", b'u'),
+];
+
+/// Parses the common sudo options as sudo does (getopt: `-nE` is `-n -E`, `-uroot` and
+/// `--user=root` are `-u root`). Options that change who or how are refused: there is one
 /// target (root, or the caller itself) and no password. `-E` and `--preserve-env` are accepted
 /// as they are: the caller's environment is always kept (but for HOME, USER, LOGNAME, PATH and
 /// MAIL, which the broker sets as root's), which is what they ask for.
 fn parse(args: &[OsString], caller: &Caller) -> Invocation {
     let mut rest = args.iter();
-    let mut shell = false;
-    let mut as_caller = false;
-    while let Some(arg) = rest.next() {
-        let text = arg.to_string_lossy();
-        match text.as_ref() {
-            "--" => return command(rest.cloned().collect(), shell, as_caller),
-            "-E" | "-H" | "-n" | "-S" | "-P" | "--preserve-env" | "--non-interactive"
-            | "--set-home" => {}
-            _ if text.starts_with("--preserve-env=") => {}
-            "-v" | "-k" | "-K" | "--validate" | "--reset-timestamp" => return Invocation::Nothing,
-            "-s" | "-i" | "--shell" | "--login" => shell = true,
-            "-u" | "--user" => match rest.next().map(|u| u.to_string_lossy().into_owned()) {
-                Some(user) if ["root", "0", "#0"].contains(&user.as_str()) => as_caller = false,
-                Some(user) if caller.is(&user) => as_caller = true,
-                Some(user) => {
-                    return Invocation::Usage(format!(
-                        "sudo: only root (and you) are available in this sandbox, not {user:?}"
-                    ))
-                }
-                None => return Invocation::Usage("sudo: -u needs a user".into()),
-            },
-            _ if text.starts_with('-') && text.len() > 1 => {
-                return Invocation::Usage(format!(
-                    "sudo: option {text} is not supported by DynoCap's sudo; use `sudo COMMAND [ARG...]`"
-                ))
-            }
-            _ => {
-                let mut all = vec![arg.clone()];
-                all.extend(rest.cloned());
-                return command(all, shell, as_caller);
-            }
+    let mut options = Options::default();
+    let words: Vec<OsString> = loop {
+        let Some(arg) = rest.next() else {
+            break Vec::new();
+        };
+        let bytes = arg.as_bytes();
+        let applied = if bytes == b"--" {
+            break rest.cloned().collect();
+        } else if let Some(long) = bytes.strip_prefix(b"--") {
+            long_option(long, &mut rest, &mut options, caller)
+        } else if bytes.len() > 1 && bytes[0] == b'-' {
+            short_options(&bytes[1..], &mut rest, &mut options, caller)
+        } else {
+            let mut all = vec![arg.clone()];
+            all.extend(rest.cloned());
+            break all;
+        };
+        if let Err(message) = applied {
+            return Invocation::Usage(message);
         }
+    };
+    match options.alone {
+        Some(_) if words.is_empty() => return Invocation::Nothing,
+        Some(option) => return Invocation::Usage(format!("sudo: {option} takes no command")),
+        None => {}
     }
-    command(Vec::new(), shell, as_caller)
+    // `-k` alone forgets nothing; with a command (or -s) it runs it, as sudo does.
+    if options.reset && words.is_empty() && !options.shell {
+        return Invocation::Nothing;
+    }
+    command(words, options.shell, options.as_caller)
+}
+
+/// One cluster of short options (`-nE`, `-Eu root`, `-uroot`), without its `-`.
+fn short_options(
+    cluster: &[u8],
+    rest: &mut std::slice::Iter<'_, OsString>,
+    options: &mut Options,
+    caller: &Caller,
+) -> Result<(), String> {
+    for (at, letter) in cluster.iter().enumerate() {
+        if WITH_VALUE.contains(letter) {
+            let attached = &cluster[at + 1..];
+            let value = if attached.is_empty() {
+                rest.next().map(|v| v.to_string_lossy().into_owned())
+            } else {
+                Some(String::from_utf8_lossy(attached).into_owned())
+            };
+            return options.apply(*letter, value, caller);
+        }
+        options.apply(*letter, None, caller)?;
+    }
+    Ok(())
+}
+
+/// One long option (`--user=root`, `--user root`, `--login`), without its `--`.
+fn long_option(
+    long: &[u8],
+    rest: &mut std::slice::Iter<'_, OsString>,
+    options: &mut Options,
+    caller: &Caller,
+) -> Result<(), String> {
+    let text = String::from_utf8_lossy(long);
+    let (name, attached) = match text.split_once('=') {
+        Some((name, value)) => (name, Some(value.to_owned())),
+        None => (text.as_ref(), None),
+    };
+    let Some(&(_, letter)) = LONG.iter().find(|(long, _)| *long == name) else {
+        return Err(format!(
+            "sudo: option --{} is not supported by DynoCap's sudo; use `sudo COMMAND [ARG...]`",
+            name.escape_default()
+        ));
+    };
+    let value = match (WITH_VALUE.contains(&letter), attached) {
+        (true, Some(value)) => Some(value),
+        (true, None) => rest.next().map(|v| v.to_string_lossy().into_owned()),
+        // A list of the variables to keep: every one is kept.
+        (false, Some(_)) if letter == b'E' => None,
+        (false, Some(_)) => return Err(format!("sudo: option --{name} takes no value")),
+        (false, None) => None,
+    };
+    options.apply(letter, value, caller)
 }
 
 /// The command after the options: `VAR=value` words first (as sudo takes them: any word with
@@ -145,15 +260,9 @@ fn command(args: Vec<OsString>, shell: bool, as_caller: bool) -> Invocation {
         (true, false) => {
             return Invocation::Usage("usage: sudo [VAR=value...] COMMAND [ARG...]".into())
         }
-        (false, true) => {
-            // `sudo -s CMD ARGS`: the shell runs the words as one command line.
-            let line = args
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-                .join(" ");
-            vec!["/bin/sh".into(), "-c".into(), line.into()]
-        }
+        // `sudo -s CMD ARGS`: the shell runs the words as one command line, each word as it
+        // was given.
+        (false, true) => vec!["/bin/sh".into(), "-c".into(), shell_line(&args)],
         (false, false) => args,
     };
     if as_caller {
@@ -161,6 +270,26 @@ fn command(args: Vec<OsString>, shell: bool, as_caller: bool) -> Invocation {
     } else {
         Invocation::Run { argv, assignments }
     }
+}
+
+/// The command line `sudo -s` gives the shell: the words joined by spaces, every ASCII byte
+/// but letters, digits, `_`, `-` and `$` escaped by a backslash, as sudo escapes them. So
+/// each word reaches the command as one argument (`sudo -s touch 'a b'` makes one file), and
+/// `$VAR` is expanded by root's shell.
+fn shell_line(words: &[OsString]) -> OsString {
+    let mut line = Vec::new();
+    for (i, word) in words.iter().enumerate() {
+        if i > 0 {
+            line.push(b' ');
+        }
+        for &byte in word.as_bytes() {
+            if byte.is_ascii() && !(byte.is_ascii_alphanumeric() || b"_-$".contains(&byte)) {
+                line.push(b'\\');
+            }
+            line.push(byte);
+        }
+    }
+    OsString::from_vec(line)
 }
 
 /// Whether sudo reads `word` as an assignment rather than as the command: it has a `=`, and
@@ -331,6 +460,68 @@ mod tests {
         ));
         assert!(invoked_as_sudo(OsStr::new("/usr/local/bin/sudo")));
         assert!(!invoked_as_sudo(OsStr::new("/.dynocap/agent")));
+    }
+
+    #[test]
+    fn options_are_read_as_sudo_reads_them() {
+        // Clustered, attached and long forms, as getopt reads them.
+        for args in [
+            &["-nE", "id"][..],
+            &["-uroot", "id"],
+            &["--user=root", "id"],
+            &["--user", "root", "id"],
+            &["-Eu", "root", "id"],
+            &["-HEnu#0", "id"],
+            &["--preserve-env=PATH,HOME", "--non-interactive", "id"],
+            &["-p", "", "id"],
+            &["--prompt=[sudo] ", "-S", "id"],
+            &["-k", "id"],
+            &["--reset-timestamp", "id"],
+        ] {
+            assert_eq!(parse_as_sandbox(&os(args)), run(&["id"], &[]), "{args:?}");
+        }
+        assert_eq!(
+            parse_as_sandbox(&os(&["-Eusandbox", "id"])),
+            Invocation::RunAsCaller {
+                argv: os(&["id"]),
+                assignments: Vec::new()
+            }
+        );
+        // -k alone forgets nothing; -v and -K take no command.
+        for args in [&["-k"][..], &["-v"], &["-K"], &["--validate"]] {
+            assert_eq!(parse_as_sandbox(&os(args)), Invocation::Nothing, "{args:?}");
+        }
+        let usage = |args: &[&str]| match parse_as_sandbox(&os(args)) {
+            Invocation::Usage(message) => message,
+            other => panic!("{args:?} parsed as {other:?}"),
+        };
+        assert_eq!(usage(&["-v", "id"]), "sudo: -v takes no command");
+        assert_eq!(usage(&["-K", "id"]), "sudo: -K takes no command");
+        assert!(usage(&["-Eg", "x", "id"]).starts_with("sudo: option -g is not supported"));
+        assert!(usage(&["--group=x", "id"]).starts_with("sudo: option --group is not supported"));
+        assert_eq!(
+            usage(&["--login=x", "id"]),
+            "sudo: option --login takes no value"
+        );
+        assert_eq!(usage(&["-u"]), "sudo: -u needs a user");
+        assert!(usage(&["-unobody", "id"]).contains("not \"nobody\""));
+    }
+
+    #[test]
+    fn a_shells_command_line_keeps_each_word_whole() {
+        assert_eq!(
+            parse_as_sandbox(&os(&[
+                "-s", "touch", "a b", "it's", "$HOME", ";", "x\\y", "é"
+            ])),
+            run(
+                &["/bin/sh", "-c", "touch a\\ b it\\'s $HOME \\; x\\\\y é"],
+                &[]
+            )
+        );
+        assert_eq!(
+            parse_as_sandbox(&os(&["-i", "-k", "echo", "-n"])),
+            run(&["/bin/sh", "-c", "echo -n"], &[])
+        );
     }
 
     #[test]

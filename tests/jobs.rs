@@ -112,6 +112,39 @@ fn a_background_job_is_listed_and_followed_to_its_end() {
     assert!(table.contains(&job) && table.contains("exited"), "{table}");
 }
 
+/// `--json job NAME JOB --follow` waits for the job's end and prints its report of the whole
+/// output, as `--json job NAME JOB` after the end does. (It printed only what its last poll
+/// read: `two`, without the `one` its first look had taken.)
+#[test]
+fn a_job_followed_with_json_reports_its_whole_output() {
+    let Some(home) = booted(
+        "a_job_followed_with_json_reports_its_whole_output",
+        &["jj"],
+    ) else {
+        return;
+    };
+    let job = background(&home, "jj", "60", "echo one; sleep 3; echo two");
+    // `one` is out before the follow starts: its first look reads it.
+    assert!(
+        wait_until(30, || home.json(&["job", "jj", &job])["stdout"] == "one\n"),
+        "the job printed nothing"
+    );
+    let followed = home.json(&["job", "jj", &job, "--follow"]);
+    assert_eq!(
+        (
+            &followed["state"],
+            &followed["stdout"],
+            &followed["stdoutOffset"]
+        ),
+        (
+            &Value::from("exited"),
+            &Value::from("one\ntwo\n"),
+            &Value::from(8)
+        ),
+        "{followed:#}"
+    );
+}
+
 /// `--follow` into a pipe writes every byte the job printed, as it printed it: megabytes
 /// that came between two polls, bytes that are not UTF-8, a character split between two
 /// writes. (It printed head and tail, with U+FFFD for such bytes.)

@@ -54,8 +54,12 @@ pub async fn job(engine: &Engine, json: bool, args: JobArgs) -> Result<ExitCode,
     loop {
         let report = engine.job(&args.name, &query).await?;
         query.kill = false;
-        query.stdout_offset = report.stdout_offset;
-        query.stderr_offset = report.stderr_offset;
+        // `--json` prints one report (with `--follow`, at the end): of the whole output, as
+        // a look once the job ended gives it, so the offsets stay at its start.
+        if !json {
+            query.stdout_offset = report.stdout_offset;
+            query.stderr_offset = report.stderr_offset;
+        }
         if json && !args.follow {
             print_json(&plain(&report));
             return Ok(ExitCode::from(exit_code(&report)));

@@ -4,7 +4,8 @@
 //! when its sandbox is destroyed is cut off, on the host too. `ps` and `ls` list running jobs;
 //! a task's finish and its TTL say which jobs they cut off and keep each job's whole output
 //! in the task's results; a restore keeps the jobs before it, their output read by their ids
-//! and saved at the finish; a 17th background job is refused, saying how to free one.
+//! and saved at the finish; a 17th background job is refused, saying how to free one;
+//! `--json --follow` reports the whole output at the end.
 
 use std::process::Output;
 
@@ -117,10 +118,7 @@ fn a_background_job_is_listed_and_followed_to_its_end() {
 /// read: `two`, without the `one` its first look had taken.)
 #[test]
 fn a_job_followed_with_json_reports_its_whole_output() {
-    let Some(home) = booted(
-        "a_job_followed_with_json_reports_its_whole_output",
-        &["jj"],
-    ) else {
+    let Some(home) = booted("a_job_followed_with_json_reports_its_whole_output", &["jj"]) else {
         return;
     };
     let job = background(&home, "jj", "60", "echo one; sleep 3; echo two");

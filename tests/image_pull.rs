@@ -978,6 +978,18 @@ fn mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base() {
     let err = home.json_err(&["image", "pull", &reference("team/arm:1")]);
     assert_eq!(err["code"], "invalid_argument", "{err:#}");
     assert_says(&err, "(linux/arm64), none for linux/amd64");
+    // Docker's short forms and a missing tag are told as the reference to write.
+    for (short, full) in [
+        ("debian:12", "docker.io/library/debian:12"),
+        ("team/tool:1", "docker.io/team/tool:1"),
+    ] {
+        let err = home.json_err(&["image", "pull", short]);
+        assert_eq!(err["code"], "invalid_argument", "{err:#}");
+        assert_says(&err, full);
+    }
+    let untagged = reference("team/arm");
+    let err = home.json_err(&["image", "pull", &untagged]);
+    assert_says(&err, &format!("{untagged}:latest"));
     for name in ["debian", "auto", "host"] {
         let err = home.json_err(&["image", "pull", &base_ref, "--name", name]);
         assert_eq!(err["code"], "invalid_argument", "{err:#}");

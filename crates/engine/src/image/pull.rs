@@ -721,10 +721,9 @@ fn hex(bytes: &[u8]) -> String {
 pub fn parse_reference(text: &str) -> Result<Reference> {
     if !store::is_reference(text) {
         return Err(Error::invalid(format!(
-            "\"{}\" is not an image reference DynoCap pulls: give the registry, the \
-             repository and a tag or digest, e.g. registry.example/team/tool:1 or \
-             docker.io/library/alpine:3",
-            oci::printable(text)
+            "\"{}\" is not an image reference DynoCap pulls: {}",
+            oci::printable(text),
+            unfit_reference(text)
         )));
     }
     text.parse::<Reference>().map_err(|err| {
@@ -733,6 +732,71 @@ pub fn parse_reference(text: &str) -> Result<Reference> {
             oci::printable(text)
         ))
     })
+}
+
+/// What is wrong with `text`, which [`store::is_reference`] refused, said as what to write
+/// instead: Docker's short forms (`alpine:3`, `team/tool:1`) name no registry, a reference
+/// without a tag does not mean `:latest` here, and names are lowercase.
+fn unfit_reference(text: &str) -> String {
+    const FORM: &str = "give the registry, the repository and a tag or digest, e.g. \
+                        registry.example/team/tool:1 or docker.io/library/alpine:3";
+    let (rest, digest) = match text.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (text, None),
+    };
+    if digest.is_some_and(|d| Digest::parse(d).is_err()) {
+        return format!("its digest is not sha256: and 64 lowercase hex digits; {FORM}");
+    }
+    let Some((first, path)) = rest.split_once('/') else {
+        return short_form(text);
+    };
+    // Docker's rule for the first component naming a registry: a `.`, a port, or localhost.
+    let names_registry = first.contains(['.', ':']) || first.eq_ignore_ascii_case("localhost");
+    if !names_registry {
+        return short_form(text);
+    }
+    if first.bytes().any(|b| b.is_ascii_uppercase()) {
+        return format!(
+            "write the registry's host in lowercase ({})",
+            oci::printable(&first.to_ascii_lowercase())
+        );
+    }
+    let last = path.rsplit('/').next().unwrap_or(path);
+    let (repo, tag) = match path.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => (repo, Some(tag)),
+        _ => (path, None),
+    };
+    if repo.bytes().any(|b| b.is_ascii_uppercase()) {
+        return format!(
+            "repository names are lowercase ({}/{})",
+            oci::printable(first),
+            oci::printable(&repo.to_ascii_lowercase())
+        );
+    }
+    if tag.is_none() && digest.is_none() && !last.is_empty() {
+        return format!(
+            "it has no tag or digest, and DynoCap does not assume :latest; write the one \
+             meant, e.g. {}:latest",
+            oci::printable(text)
+        );
+    }
+    FORM.to_owned()
+}
+
+/// The words for a Docker Hub short form (`alpine:3`, `team/tool:1`): the reference written
+/// out.
+fn short_form(text: &str) -> String {
+    let full = if text.contains('/') {
+        format!("docker.io/{text}")
+    } else {
+        format!("docker.io/library/{text}")
+    };
+    format!(
+        "it names no registry, and DynoCap pulls only references that write theirs out (no \
+         default registry): for Docker Hub that is {} (with index.docker.io, auth.docker.io \
+         and the host its blobs come from in {REGISTRIES_ENV})",
+        oci::printable(&full)
+    )
 }
 
 fn host_port(registry: &str) -> (String, u16) {
@@ -1414,6 +1478,30 @@ mod tests {
             "r.example/../x:1",
         ] {
             assert!(parse_reference(bad).is_err(), "{bad}");
+        }
+        // Each mistake is told with what to write instead.
+        let said = |text: &str| parse_reference(text).expect_err(text).message;
+        for (text, needle) in [
+            ("debian:12", "docker.io/library/debian:12"),
+            ("debian", "docker.io/library/debian"),
+            ("team/tool:1", "docker.io/team/tool:1"),
+            (
+                "registry.example:5000/team/tool",
+                "registry.example:5000/team/tool:latest",
+            ),
+            (
+                "registry.example/Team/Tool:1",
+                "lowercase (registry.example/team/tool)",
+            ),
+            ("Registry.Example/x:1", "lowercase (registry.example)"),
+            ("registry.example/x@sha256:abc", "64 lowercase hex digits"),
+            (
+                "registry.example/x:1:2",
+                "e.g. registry.example/team/tool:1",
+            ),
+        ] {
+            let message = said(text);
+            assert!(message.contains(needle), "{text}: {message}");
         }
         assert_eq!(host_port("127.0.0.5:5000"), ("127.0.0.5".into(), 5000));
         assert_eq!(

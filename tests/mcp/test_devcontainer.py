@@ -45,3 +45,38 @@ async def test_the_project_names_its_image(host: Host) -> None:
         assert task["image"] == "host", task
         assert "debian" in task["imageNote"] and "DYNOCAP_MCP_IMAGES" in task["imageNote"], task
         ok(await s.call_tool("dynocap_rm", {"target": "dc2", "force": True, "purge": True}))
+
+
+async def test_where_the_project_keeps_its_configuration(host: Host) -> None:
+    """Beyond the usual file: a byte order mark, the one configuration in a sub-folder of
+    .devcontainer/ (used), several of them (none used: the note lists them), and an `image`
+    with a variable, which is not substituted from the server's environment."""
+    env = build_debian_from_cache(host)
+    folder = host.project("folder", files={
+        ".devcontainer/rust/devcontainer.json": "\ufeff" + DEVCONTAINER,
+    })
+    several = host.project("several", files={
+        ".devcontainer/rust/devcontainer.json": DEVCONTAINER,
+        ".devcontainer/node/devcontainer.json": DEVCONTAINER,
+    })
+    variable = host.project("variable", files={
+        ".devcontainer.json": '{"image": "${localEnv:DYNOCAP_TEST_IMAGE}"}',
+    })
+    async with connect(host, env={**env, "DYNOCAP_TEST_IMAGE": "debian"}) as s:
+        task = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(folder), "name": "f"}))
+        assert task["image"] == "debian", task
+        assert ".devcontainer/rust/devcontainer.json" in task["imageNote"], task
+        ok(await s.call_tool("dynocap_rm", {"target": "f", "force": True, "purge": True}))
+
+        task = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(several), "name": "s"}))
+        note = task["imageNote"]
+        assert task["image"] == "host", task
+        assert "2 devcontainer configurations" in note, note
+        assert ".devcontainer/node/devcontainer.json" in note and ".devcontainer/rust/devcontainer.json" in note, note
+        ok(await s.call_tool("dynocap_rm", {"target": "s", "force": True, "purge": True}))
+
+        task = ok(await s.call_tool("dynocap_task_start", {"projectPath": str(variable), "name": "v"}))
+        note = task["imageNote"]
+        assert task["image"] == "host", task
+        assert "does not substitute" in note and "${localEnv:DYNOCAP_TEST_IMAGE}" in note, note
+        ok(await s.call_tool("dynocap_rm", {"target": "v", "force": True, "purge": True}))

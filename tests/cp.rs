@@ -107,7 +107,8 @@ fn guest_symlinks_and_fifos_never_reach_outside_the_destination() {
     home.sh(
         "cph",
         "mkdir -p /tmp/h/d && cd /tmp/h && ln -s /etc/passwd evil && ln -s ../../.. up \
-         && mkfifo pipe && echo data > d/file && ln -s ../../../canary d/canary",
+         && mkfifo pipe && echo data > d/file && ln -s ../../../canary d/canary \
+         && echo latin > \"$(printf 'caf\\351')\" && ln -s \"$(printf 't\\377')\" odd",
     );
     let host = tempfile::tempdir().expect("tempdir");
     let canary = host.path().join("canary");
@@ -133,6 +134,19 @@ fn guest_symlinks_and_fifos_never_reach_outside_the_destination() {
     assert!(
         stderr.contains("skipped") && stderr.contains("pipe"),
         "{stderr}"
+    );
+    // Names and targets that are not UTF-8 are skipped with a note, and the rest of the
+    // tree still comes out.
+    assert!(
+        stderr.contains("caf\u{fffd}\": its guest name or symlink target is not UTF-8")
+            && stderr.contains("odd\": its guest name or symlink target is not UTF-8"),
+        "{stderr}"
+    );
+    assert!(std::fs::symlink_metadata(dest.join("odd")).is_err());
+    assert_eq!(
+        std::fs::read_dir(&dest).expect("ls").count(),
+        3,
+        "evil, up and d only"
     );
     assert_eq!(std::fs::read(&canary).expect("canary"), b"untouched");
     let mut names: Vec<_> = std::fs::read_dir(host.path())

@@ -109,9 +109,9 @@ async def test_a_raw_vm_sandbox_boots_with_its_limits_and_leaves_no_qemu(host: H
 
 async def test_a_vm_sandboxs_files_and_jobs_over_mcp(host: Host) -> None:
     """The file tools and jobs on a QEMU guest: binary content round trip, an edit, a listing,
-    a /proc file, the guest's /etc/shadow refused to the sandbox user through a symlink; an
-    exec past the wait bound followed with dynocap_job to its end, and a background job
-    killed."""
+    a /proc file, the guest's /etc/shadow (and the agent's /proc/1/fd) refused to the sandbox
+    user; an exec past the wait bound followed with dynocap_job to its end, and a background
+    job killed."""
     env = vm_env(host)
     env["DYNOCAP_MCP_WAIT_SECONDS"] = "2"
     async with connect(host, env=env) as s:
@@ -142,6 +142,10 @@ async def test_a_vm_sandboxs_files_and_jobs_over_mcp(host: Host) -> None:
         assert read["content"] == version
         await sh(s, "dynocap_exec", "vmf", f"ln -s /etc/shadow {home}/shadow")
         text = err(await s.call_tool("dynocap_read_file", {"name": "vmf", "path": f"{home}/shadow"}),
+                   "invalid_argument")
+        assert "Permission denied" in text, text
+        # The agent, the guest's PID 1, keeps its own /proc entries from them too.
+        text = err(await s.call_tool("dynocap_list_files", {"name": "vmf", "path": "/proc/1/fd"}),
                    "invalid_argument")
         assert "Permission denied" in text, text
 

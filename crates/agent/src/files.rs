@@ -865,17 +865,22 @@ impl Listing {
                 self.skip -= 1;
                 None
             } else if self.entries.len() < MAX_LIST_ENTRIES as usize {
+                let target = file_type
+                    .is_symlink()
+                    .then(|| std::fs::read_link(&full).ok())
+                    .flatten();
+                let not_utf8 = name.to_str().is_none()
+                    || target
+                        .as_ref()
+                        .is_some_and(|target| target.to_str().is_none());
                 self.entries.push(FileEntry {
                     name: shown.clone(),
                     kind: kind.into(),
                     size: meta.len(),
                     mode: meta.mode() & 0o7777,
-                    target: file_type
-                        .is_symlink()
-                        .then(|| std::fs::read_link(&full).ok())
-                        .flatten()
-                        .map(|target| target.to_string_lossy().into_owned()),
+                    target: target.map(|target| target.to_string_lossy().into_owned()),
                     error: None,
+                    not_utf8,
                 });
                 Some(self.entries.len() - 1)
             } else {
@@ -1195,6 +1200,31 @@ mod tests {
             ]
         );
         assert_eq!(entries[0].target.as_deref(), Some("/etc/passwd"));
+    }
+
+    /// A name or a symlink target that is not UTF-8 is listed with U+FFFD and flagged, so
+    /// that a copy knows the name listed reaches nothing.
+    #[test]
+    fn names_and_targets_that_are_not_utf8_are_flagged() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let odd = std::ffi::OsStr::from_bytes(b"caf\xe9");
+        std::fs::write(dir.path().join(odd), b"").unwrap();
+        std::os::unix::fs::symlink(odd, dir.path().join("link")).unwrap();
+        std::fs::write(dir.path().join("plain"), b"").unwrap();
+        let (entries, _) = list(dir.path(), 1, 0);
+        let flags: Vec<_> = entries
+            .iter()
+            .map(|e| (e.name.as_str(), e.target.as_deref(), e.not_utf8))
+            .collect();
+        assert_eq!(
+            flags,
+            [
+                ("caf\u{fffd}", None, true),
+                ("link", Some("caf\u{fffd}"), true),
+                ("plain", None, false)
+            ]
+        );
     }
 
     #[test]

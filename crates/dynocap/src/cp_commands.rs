@@ -413,7 +413,8 @@ impl Copy<'_> {
                     let (entries, left_off) = self.list(&frame.guest, offset).await?;
                     if entries.is_empty() && left_off > 0 {
                         return Err(Error::invalid(format!(
-                            "the guest listed no entries of {:?} from {offset} on, yet said                              {left_off} follow; nothing more is copied",
+                            "the guest listed no entries of {:?} from {offset} on, yet said \
+                             {left_off} follow; nothing more is copied",
                             frame.guest
                         )));
                     }
@@ -432,6 +433,16 @@ impl Copy<'_> {
             self.count_entry()?;
             let name = check_name(&entry.name)?.to_owned();
             let host_path = frame.host.join(&name);
+            if entry.not_utf8 {
+                // Its name as listed is not its name in the guest (or its target is not its
+                // target): nothing can be read or made faithfully under it.
+                self.report.notes.push(format!(
+                    "skipped {}: its guest name or symlink target is not UTF-8, which dynocap \
+                     cp does not copy",
+                    shown(&host_path)
+                ));
+                continue;
+            }
             let guest_path = guest_join(&frame.guest, &name);
             match entry.kind.as_str() {
                 "file" => {

@@ -244,6 +244,10 @@ pub struct FileEntry {
     /// The directory was not descended into (unreadable to the sandbox user).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The entry's own name, or a symlink's target, is not UTF-8: `name` and `target` show
+    /// U+FFFD for the bytes that are not, so they name no file and no request can reach it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_utf8: bool,
 }
 
 /// What the agent's helper process for one file operation (`dynocap-agent file-op`) prints

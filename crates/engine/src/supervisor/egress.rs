@@ -41,8 +41,6 @@ const LOG_TARGET: &str = "dynocap_engine::egress";
 pub const PROXY_PORT: u16 = 3128;
 /// Hosts every `filtered` sandbox may reach: the registry npm uses by default.
 pub const DEFAULT_ALLOW: &[&str] = &["registry.npmjs.org"];
-/// The system CA bundle the guest's extra CAs are added to (Debian's path).
-const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Tunnels served at once. The agent opens at most 256; this bounds the host's share even if
 /// something else in the guest spoke for it.
 const MAX_TUNNELS: usize = 512;
@@ -150,19 +148,34 @@ impl EgressSpec {
             return Ok(None);
         };
         let extra = read_extra_ca(extra)?;
-        let mut bundle = std::fs::read_to_string(SYSTEM_CA_BUNDLE).unwrap_or_default();
+        let (path, mut bundle) = host_system_bundle(dynocap_proto::trust::SYSTEM_BUNDLES);
         if !bundle.is_empty() && !bundle.ends_with('\n') {
             bundle.push('\n');
         }
         bundle.push_str(&extra);
         if bundle.len() > CA_BUNDLE_MAX {
             return Err(Error::invalid(format!(
-                "the guest's CA bundle ({SYSTEM_CA_BUNDLE} plus DYNOCAP_EXTRA_CA) is {} bytes, over the {CA_BUNDLE_MAX} one request carries; give DYNOCAP_EXTRA_CA only the CAs the sandbox needs",
+                "the guest's CA bundle ({} plus DYNOCAP_EXTRA_CA) is {} bytes, over the {CA_BUNDLE_MAX} one request carries; give DYNOCAP_EXTRA_CA only the CAs the sandbox needs",
+                path.unwrap_or("the host's system CA bundle"),
                 bundle.len()
             )));
         }
         Ok(Some(bundle))
     }
+}
+
+/// The host's own system CA bundle, which the guest's CA variables name with the extra CAs
+/// added: the first of `candidates` (the places distributions keep it, Debian's first) that
+/// holds anything, so a Fedora or openSUSE host's public CAs are in it as a Debian host's
+/// are. With none, the bundle is the extra CAs alone.
+fn host_system_bundle<'a>(candidates: &[&'a str]) -> (Option<&'a str>, String) {
+    candidates
+        .iter()
+        .find_map(|path| {
+            let text = std::fs::read_to_string(path).ok()?;
+            (!text.trim().is_empty()).then_some((Some(*path), text))
+        })
+        .unwrap_or_default()
 }
 
 /// The extra CAs (`DYNOCAP_EXTRA_CA`, checked) a sandbox without an egress record gets in
@@ -643,6 +656,22 @@ aQJhoHQ95ED8a9sFimjsFWbgHaDbxh31wg==\n\
             "{err}"
         );
         err.message
+    }
+
+    #[test]
+    fn the_hosts_bundle_is_found_wherever_its_distribution_keeps_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let at = |name: &str| dir.path().join(name).display().to_string();
+        let (debian, empty, fedora) = (at("debian.crt"), at("empty.crt"), at("fedora.crt"));
+        std::fs::write(&empty, "\n").expect("write");
+        std::fs::write(&fedora, TEST_CA).expect("write");
+        // Debian's path missing, an empty file skipped: the next that holds CAs.
+        let candidates = [debian.as_str(), empty.as_str(), fedora.as_str()];
+        assert_eq!(
+            host_system_bundle(&candidates),
+            (Some(fedora.as_str()), TEST_CA.to_owned())
+        );
+        assert_eq!(host_system_bundle(&candidates[..2]), (None, String::new()));
     }
 
     #[test]

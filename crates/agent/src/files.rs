@@ -633,6 +633,16 @@ fn write(
             };
             (file, false)
         }
+        Err(err)
+            if err.kind() == std::io::ErrorKind::NotFound
+                && !create_dirs
+                && path.parent().is_some_and(|parent| !parent.exists()) =>
+        {
+            return fail(format!(
+                "cannot create {}: its directory does not exist; set createDirs to create it",
+                path.display()
+            ))
+        }
         Err(err) => return io_fail("cannot create", path, err),
     };
     // The umask does not decide a mode that was asked for (or the default of a new file). It
@@ -1200,6 +1210,33 @@ mod tests {
             ]
         );
         assert_eq!(entries[0].target.as_deref(), Some("/etc/passwd"));
+    }
+
+    /// A write under a missing directory says how to have it made; a dangling symlink where
+    /// the file would be is not taken for a missing directory.
+    #[test]
+    fn a_write_under_a_missing_directory_says_to_set_create_dirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |path: &str| {
+            perform(&request(
+                dir.path(),
+                FileOp::Write {
+                    path: path.into(),
+                    content: b"x".to_vec(),
+                    mode: None,
+                    create_dirs: false,
+                },
+            ))
+        };
+        let err = write("no/such/f").unwrap_err();
+        assert!(
+            err.0
+                .ends_with("no/such/f: its directory does not exist; set createDirs to create it"),
+            "{err}"
+        );
+        std::os::unix::fs::symlink("gone/x", dir.path().join("dangling")).unwrap();
+        let err = write("dangling").unwrap_err();
+        assert!(err.0.contains("No such file or directory"), "{err}");
     }
 
     /// A name or a symlink target that is not UTF-8 is listed with U+FFFD and flagged, so

@@ -25,7 +25,6 @@
 //! layers it finished, with a sync of their own, so the next one starts from them; the blobs
 //! of staged layers are removed just before the sync (their pages dropped, never written).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -890,12 +889,13 @@ fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<ConfigAuth>
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct DockerConfig {
+        // Sorted, so that of several keys naming one registry the same is used every time.
         #[serde(default)]
-        auths: HashMap<String, AuthEntry>,
+        auths: std::collections::BTreeMap<String, AuthEntry>,
         #[serde(default)]
         creds_store: Option<String>,
         #[serde(default)]
-        cred_helpers: HashMap<String, String>,
+        cred_helpers: std::collections::BTreeMap<String, String>,
     }
     #[derive(serde::Deserialize)]
     struct AuthEntry {
@@ -906,6 +906,10 @@ fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<ConfigAuth>
         username: Option<String>,
         #[serde(default)]
         password: Option<String>,
+        // `docker login` with an OAuth token (Azure, some SSO setups): a refresh token for
+        // the registry's token service, which DynoCap does not exchange.
+        #[serde(default)]
+        identitytoken: Option<String>,
     }
     let config: DockerConfig = serde_json::from_str(&text).map_err(|err| {
         Error::invalid(format!(
@@ -937,10 +941,28 @@ fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<ConfigAuth>
             oci::printable(helper)
         )
     });
-    let Some(entry) = config.auths.iter().find(|(k, _)| wanted(k)).map(|(_, v)| v) else {
+    // The key written as the registry itself first, as Docker looks it up.
+    let entry = config
+        .auths
+        .get(registry)
+        .or_else(|| config.auths.iter().find(|(k, _)| wanted(k)).map(|(_, v)| v));
+    let Some(entry) = entry else {
         return Ok(anonymous(helper_note));
     };
-    let Some(auth) = &entry.auth else {
+    if entry
+        .identitytoken
+        .as_deref()
+        .is_some_and(|t| !t.is_empty())
+    {
+        return Ok(anonymous(Some(format!(
+            " (the Docker config {} holds an identity token for {registry}, from a login \
+             with an OAuth token, which DynoCap does not exchange: give a user and password \
+             or access token with --username and --password-stdin)",
+            path.display()
+        ))));
+    }
+    // Docker reads an empty `auth` as no credentials (`docker logout` can leave one).
+    let Some(auth) = entry.auth.as_ref().filter(|a| !a.trim().is_empty()) else {
         return Ok(match (&entry.username, &entry.password) {
             (Some(user), Some(password)) => ConfigAuth {
                 auth: RegistryAuth::Basic(user.clone(), password.clone()),
@@ -1682,5 +1704,77 @@ mod tests {
             .helper_note
             .expect("a note")
             .contains("docker-credential-gh"));
+        // An empty `auth` is no credentials, as Docker reads it: anonymous, not an error.
+        std::fs::write(&path, r#"{"auths":{"registry.example":{"auth":""}}}"#).expect("write");
+        let found = docker_config_auth(Some(&path), "registry.example").expect("empty auth");
+        assert!(matches!(found.auth, RegistryAuth::Anonymous));
+        // An OAuth identity token is not sent as a password: anonymous, and a note saying so.
+        let token_user = base64::engine::general_purpose::STANDARD.encode("<token>:");
+        std::fs::write(
+            &path,
+            format!(
+                r#"{{"auths":{{"registry.example":{{"auth":"{token_user}",
+                    "identitytoken":"eyJ.refresh"}}}}}}"#
+            ),
+        )
+        .expect("write");
+        let found = docker_config_auth(Some(&path), "registry.example").expect("token");
+        assert!(matches!(found.auth, RegistryAuth::Anonymous));
+        let note = found.helper_note.expect("a note");
+        assert!(
+            note.contains("identity token") && note.contains("--password-stdin"),
+            "{note}"
+        );
+        // Several keys for one registry: the one written as the registry wins, every time.
+        let entry = |user: &str| {
+            let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:pw"));
+            format!(r#"{{"auth":"{auth}"}}"#)
+        };
+        std::fs::write(
+            &path,
+            format!(
+                r#"{{"auths":{{"https://registry.example/v1/":{},"registry.example":{},
+                    "http://registry.example":{}}}}}"#,
+                entry("url"),
+                entry("exact"),
+                entry("http")
+            ),
+        )
+        .expect("write");
+        match docker_config_auth(Some(&path), "registry.example")
+            .expect("auth")
+            .auth
+        {
+            RegistryAuth::Basic(u, _) => assert_eq!(u, "exact"),
+            _ => panic!("not basic"),
+        }
+        // A port is part of the key.
+        std::fs::write(
+            &path,
+            format!(
+                r#"{{"auths":{{"https://registry.example:5000":{}}}}}"#,
+                entry("ported")
+            ),
+        )
+        .expect("write");
+        assert!(matches!(
+            docker_config_auth(Some(&path), "registry.example")
+                .expect("auth")
+                .auth,
+            RegistryAuth::Anonymous
+        ));
+        match docker_config_auth(Some(&path), "registry.example:5000")
+            .expect("auth")
+            .auth
+        {
+            RegistryAuth::Basic(u, _) => assert_eq!(u, "ported"),
+            _ => panic!("not basic"),
+        }
+        // A file that is not JSON is an error naming the file.
+        std::fs::write(&path, "{\"auths\": {").expect("write");
+        let err = docker_config_auth(Some(&path), "registry.example")
+            .err()
+            .expect("malformed");
+        assert!(err.message.contains("is not valid"), "{err}");
     }
 }

@@ -965,3 +965,38 @@ fn a_built_image_keeps_none_of_the_hosts_extra_ca() {
         "2\n"
     );
 }
+
+/// A recipe whose base is named by the name it makes would build on its own last result each
+/// time (a new layer on every run, never up to date): refused before anything starts, saying
+/// how to pin the base. Pinned by its id, the base is fixed and the same recipe is up to date.
+#[test]
+fn a_recipe_named_as_its_base_is_refused_unless_the_base_is_pinned() {
+    let test = "a_recipe_named_as_its_base_is_refused_unless_the_base_is_pinned";
+    let Some((home, _work)) = home_with_base(test) else {
+        return;
+    };
+    let base = image_ids(&home, "bb");
+    let err = home.json_err(&["image", "build", "bb", "--from", "bb", "--run", "true"]);
+    let message = err["message"].as_str().unwrap_or_default();
+    assert_eq!(err["code"], "invalid_argument", "{err:#}");
+    assert!(
+        message.contains("--from bb names the image this recipe makes")
+            && message.contains(&format!("--from {}", &base[0][..12])),
+        "{err:#}"
+    );
+    assert_eq!(image_ids(&home, "bb"), base, "nothing was built");
+    assert_no_sandbox(&home);
+
+    let pinned = [
+        "image",
+        "build",
+        "bb",
+        "--from",
+        &base[0][..12],
+        "--run",
+        "echo 1 > /n",
+    ];
+    assert_eq!(home.json(&pinned)["origin"], "built");
+    assert_eq!(home.json(&pinned)["origin"], "present");
+    assert_eq!(image_ids(&home, "bb").len(), 2);
+}

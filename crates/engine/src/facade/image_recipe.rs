@@ -93,6 +93,23 @@ fn missing_base(base: &str) -> Error {
     ))
 }
 
+/// Refuses a recipe whose base is named by the name the recipe makes (`image build tool
+/// --from tool`): a name stands for its newest image, so each build would be on the last
+/// one's result, stacking a layer every time and never up to date. A base given by its id is
+/// pinned, so building it under its own name is a recipe like any other.
+fn check_not_own_base(request: &RecipeRequest, base: &BuiltImage) -> Result<()> {
+    if request.base != request.name {
+        return Ok(());
+    }
+    let shown = crate::image::oci::printable(&request.name);
+    Err(Error::invalid(format!(
+        "image {shown}: --from {shown} names the image this recipe makes, so each build would \
+         start from the last one's result and add another layer (never up to date); give the \
+         result another name, or pin the base by its id (--from {}, see dynocap image ls)",
+        &base.id()[..12]
+    )))
+}
+
 /// A fresh name for a build sandbox.
 pub fn build_sandbox_name() -> String {
     format!("image-build-{:08x}", rand::random::<u32>())
@@ -191,6 +208,7 @@ impl Engine {
         let base = store
             .find(&request.base)?
             .ok_or_else(|| missing_base(&request.base))?;
+        check_not_own_base(request, &base)?;
         let mut copied = Vec::new();
         // Per step: what a copy step copies, as listed for the id.
         let mut trees: Vec<Option<Copied>> = Vec::new();

@@ -567,6 +567,14 @@ fn a_cache_is_found_by_its_project_as_task_start_names_it_and_rm_reads_a_task() 
     refused(projects.path(), link.to_str().unwrap());
     let missing = home.json_err(&["cache", "rm", other.to_str().unwrap()]);
     assert_eq!(missing["code"], "not_found", "{missing:#}");
+    // A repository URL is read as its project: a path in a login's home is that user's.
+    let repository = home.json_err(&["cache", "rm", "alice@example.org:app.git"]);
+    assert!(
+        repository["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the project alice@example.org/app has no package cache")),
+        "{repository:#}"
+    );
 
     // A --no-cache task of the project: rm --purge --cache takes the project's cache.
     start_plain(&home, "bare", &app, &["--no-cache"]);

@@ -159,15 +159,16 @@ impl Engine {
 /// The cache of `record`'s (a task's) project, among `caches`.
 fn task_cache_in(caches: Vec<CacheEntry>, record: &Record) -> Result<Option<CacheEntry>> {
     let detail = TaskDetail::from_json(record.detail.as_deref())?;
-    // The project's, from where the task came from; the cache it had, for a source
-    // today's rules no longer read.
-    let Some(id) = ProjectKey::for_source(&detail.start.source)
-        .map(|key| key.id())
-        .or(detail.cache)
-    else {
-        return Ok(None);
-    };
-    Ok(caches.into_iter().find(|c| c.id == id))
+    // The project's, from where the task came from; else the cache it had (an earlier
+    // version named its project otherwise, or today's rules no longer read its source).
+    let ids = [
+        ProjectKey::for_source(&detail.start.source).map(|key| key.id()),
+        detail.cache,
+    ];
+    Ok(ids
+        .into_iter()
+        .flatten()
+        .find_map(|id| caches.iter().find(|c| c.id == id).cloned()))
 }
 
 /// The project `target` names as `task start` would take it: an existing directory (made

@@ -272,6 +272,11 @@ impl GitUrl {
         &self.host
     }
 
+    /// The ssh login name (`git` of `git@github.com:team/app`), if the URL names one.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
     /// The path on the host, as written (`/team/app.git`, or `team/app.git` scp-like).
     pub fn path(&self) -> &str {
         &self.path

@@ -7,8 +7,9 @@
 //! A project is named by where its tasks come from: the canonical project directory of a
 //! local task (every symlink resolved, as the import opens it), or the repository of a
 //! clone, as host and path (`github.com/team/app`: scheme, user, port, a trailing `/` and
-//! `.git` left out, so `https://` and `ssh://` clones of one repository share it). The
-//! directory's name is a hash of that ([`ProjectKey::id`]); `project.json` in it says
+//! `.git` left out, so `https://` and `ssh://` clones of one repository share it; but a path
+//! in an ssh login's home, `alice@host:app`, keeps its user other than `git`: `bob@host:app`
+//! is another repository). The directory's name is a hash of that ([`ProjectKey::id`]); `project.json` in it says
 //! which project it is.
 //!
 //! The cache itself is `cache.img`, an ext4 image of a fixed size (`DYNOCAP_CACHE_MB`) whose
@@ -140,9 +141,24 @@ impl ProjectKey {
             Source::RepositoryUrl(url) => {
                 let path = url.path().trim_start_matches('/').trim_end_matches('/');
                 let path = path.strip_suffix(".git").unwrap_or(path);
+                // A path in the login user's home (`alice@host:app`, `ssh://alice@host/~/app`)
+                // is that user's repository: another user's `app` is another project. Forges
+                // log everyone in as `git` and map the path to one repository, whatever the
+                // transport, so theirs stay `host/path`.
+                let home = in_login_home(url);
+                let user = url
+                    .user()
+                    .filter(|user| *user != "git" && home)
+                    .map(|user| format!("{user}@"))
+                    .unwrap_or_default();
+                // `~/app` and `app` are one place in the home.
+                let path = match path.strip_prefix("~/") {
+                    Some(rest) if home => rest,
+                    _ => path,
+                };
                 Some(Self {
                     kind: "repository".to_owned(),
-                    project: format!("{}/{}", url.host(), path.trim_end_matches('/')),
+                    project: format!("{user}{}/{}", url.host(), path.trim_end_matches('/')),
                 })
             }
             Source::RefusedUrl(_) => None,
@@ -160,6 +176,21 @@ impl ProjectKey {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect()
+    }
+}
+
+/// Whether the URL's path is in the login user's home, as ssh and git read it: an scp-like
+/// path not starting with `/` (or with `~/`), or an `ssh://` path starting with `/~/`; not
+/// `~user/…`, which names its user.
+fn in_login_home(url: &crate::foundation::git_url::GitUrl) -> bool {
+    use crate::foundation::git_url::Transport;
+    let path = url.path();
+    match url.transport() {
+        Transport::Scp => {
+            !path.starts_with('/') && (!path.starts_with('~') || path.starts_with("~/"))
+        }
+        Transport::Ssh => path == "/~" || path.starts_with("/~/"),
+        Transport::Https => false,
     }
 }
 
@@ -634,6 +665,33 @@ mod tests {
         assert_eq!(https, repo("git@github.com:team/app.git"));
         assert_ne!(https.id(), repo("https://github.com/team/other").id());
         assert!(is_cache_id(&https.id()), "{}", https.id());
+    }
+
+    #[test]
+    fn two_users_repositories_in_their_homes_are_two_projects() {
+        let alice = repo("alice@example.org:app.git");
+        assert_eq!(alice.project, "alice@example.org/app");
+        assert_ne!(alice.id(), repo("bob@example.org:app.git").id());
+        assert_eq!(alice, repo("ssh://alice@example.org/~/app"));
+        assert_ne!(alice.id(), repo("https://example.org/app").id());
+        // A path that names its place is the same repository whoever logs in.
+        assert_eq!(
+            repo("alice@example.org:/srv/git/app"),
+            repo("bob@example.org:/srv/git/app")
+        );
+        assert_eq!(
+            repo("alice@example.org:/srv/git/app").project,
+            "example.org/srv/git/app"
+        );
+        assert_eq!(
+            repo("ssh://alice@example.org/~carol/app"),
+            repo("bob@example.org:~carol/app")
+        );
+        // Forges' `git` login: one repository however it is spelled.
+        assert_eq!(
+            repo("git@example.org:team/app").project,
+            "example.org/team/app"
+        );
     }
 
     #[test]

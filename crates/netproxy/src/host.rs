@@ -120,6 +120,12 @@ pub enum PatternError {
         registry_names()
     )]
     UnknownRegistry { entry: String },
+    /// `@name:port`: a named registry's hosts are reached on 443, as every allowlist host.
+    #[error(
+        "allowlist entry {entry:?}: a named registry takes no port; write @{name}, which \
+         stands for its hosts on port 443"
+    )]
+    RegistryWithPort { entry: String, name: String },
     /// `@name` given where one host is expected (a clone's host), not a list.
     #[error(
         "allowlist entry {entry:?} names a registry of several hosts; give one host name here, \
@@ -215,13 +221,23 @@ impl HostPattern {
         let Some(name) = entry.trim().strip_prefix('@') else {
             return HostPattern::parse(entry).map(|pattern| vec![pattern]);
         };
-        let hosts = HostPattern::REGISTRIES
-            .iter()
-            .find(|(known, _)| known.eq_ignore_ascii_case(name))
-            .map(|(_, hosts)| *hosts)
-            .ok_or_else(|| PatternError::UnknownRegistry {
+        let known = |name: &str| {
+            HostPattern::REGISTRIES
+                .iter()
+                .find(|(known, _)| known.eq_ignore_ascii_case(name))
+        };
+        if let Some((name, _)) = name.split_once(':').and_then(|(base, _)| known(base)) {
+            return Err(PatternError::RegistryWithPort {
                 entry: entry.trim().to_owned(),
-            })?;
+                name: (*name).to_owned(),
+            });
+        }
+        let hosts =
+            known(name)
+                .map(|(_, hosts)| *hosts)
+                .ok_or_else(|| PatternError::UnknownRegistry {
+                    entry: entry.trim().to_owned(),
+                })?;
         hosts.iter().map(|host| HostPattern::parse(host)).collect()
     }
 
@@ -508,6 +524,21 @@ mod tests {
                 "{shared} is in no registry"
             );
         }
+        // A port is refused naming the entry to write; an unknown name with one is unknown.
+        for entry in ["@pypi:443", "@PyPI:8443"] {
+            let err = HostPattern::parse_entry(entry).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "allowlist entry {entry:?}: a named registry takes no port; write @pypi, \
+                     which stands for its hosts on port 443"
+                )
+            );
+        }
+        assert!(matches!(
+            HostPattern::parse_entry("@foo:443"),
+            Err(PatternError::UnknownRegistry { .. })
+        ));
         // A plain entry is one pattern, as parse gives it.
         assert_eq!(hosts("*.Example.com"), ["*.example.com"]);
         // Every table entry is a canonical host name: parsed as written.

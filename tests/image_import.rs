@@ -377,6 +377,17 @@ fn hostile_layers_are_refused_and_nothing_lands_outside() {
             "symlink",
         ),
         (
+            // Across layers: the lower layer's symlink is not replaced by a directory of the
+            // upper layer's entry (which would hide all it led to), nor followed.
+            "symlinked parent from a lower layer",
+            vec![
+                oci_layer(Layer::new().symlink("d", &outside_path).bytes(), false),
+                oci_layer(Layer::new().file("d/x", "x").bytes(), false),
+            ],
+            &[],
+            "symlink",
+        ),
+        (
             "whiteout of ..",
             vec![oci_layer(
                 Layer::new().file("etc/.wh...", "").bytes(),

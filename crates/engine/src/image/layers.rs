@@ -599,6 +599,20 @@ fn merge_entry(
         .map_err(|e| fs_error("reading", &show(path), e))?;
     let existing = stat_at(into, name)?;
     if is_type(st.st_mode, SFlag::S_IFDIR) {
+        // A directory the layer holds only as the parent of its entries, where a lower layer
+        // left a symlink or a file: the layer's entries go through that, which is refused as
+        // it is within one layer (no symlink is followed), not made a directory in its place,
+        // which would hide everything the symlink led to (`bin -> usr/bin` and a layer
+        // putting `bin/tool` would leave a `/bin` holding only `tool`).
+        let lower_not_dir = existing.is_some_and(|e| !is_type(e.st_mode, SFlag::S_IFDIR));
+        if lower_not_dir && implicit.contains(&*path) {
+            return Err(Error::invalid(format!(
+                "a layer entry goes through {}, which a lower layer made a symlink or a file; \
+                 refusing to follow it (the layer must name the path the link leads to, or \
+                 put a directory there itself)",
+                printable(path)
+            )));
+        }
         let (sub_into, was_dir) = dir_here(into, name, existing, path)?;
         // A directory the layer has only as a parent keeps a lower layer's owner and mode.
         if !was_dir || !implicit.contains(&*path) {
@@ -697,6 +711,64 @@ mod tests {
         store
             .unpack(&digest(&bytes), &bytes[..], Limits::default(), &|| Ok(()))
             .expect("unpack")
+    }
+
+    /// A layer whose entries go through a lower layer's symlink (`bin -> usr/bin`, then
+    /// `bin/tool` with no `bin` of its own) is refused, as within one layer: the symlink is
+    /// neither followed nor replaced by a directory holding only the new entry. A layer that
+    /// puts a directory there itself replaces the symlink, as Docker does.
+    #[test]
+    fn a_layer_through_a_lower_layers_symlink_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = LayerStore::in_images_dir(tmp.path());
+        let base = unpack(
+            &store,
+            Tar::new()
+                .file("usr/bin/sh", "sh")
+                .entry(tar::EntryType::Symlink, "bin", "usr/bin", 0o777, b"")
+                .file("etc/conf", "c"),
+        );
+        let through = unpack(&store, Tar::new().file("bin/tool", "t"));
+        let rootfs = tmp.path().join("through");
+        fs::create_dir(&rootfs).expect("mkdir");
+        let err = store
+            .assemble(&[base.clone(), through], &rootfs)
+            .expect_err("through a symlink");
+        assert!(
+            err.message.contains("/bin") && err.message.contains("symlink"),
+            "{err}"
+        );
+        assert!(!tmp.path().join("usr/bin/tool").exists());
+        // Through a lower layer's file: refused too (Docker cannot make it either).
+        let over_file = unpack(&store, Tar::new().file("etc/conf/x", "x"));
+        let rootfs = tmp.path().join("over-file");
+        fs::create_dir(&rootfs).expect("mkdir");
+        assert!(store.assemble(&[base.clone(), over_file], &rootfs).is_err());
+        // A directory of the layer's own, or a whiteout first, replaces the symlink.
+        for (what, tar) in [
+            ("a dir entry", Tar::new().dir("bin").file("bin/tool", "t")),
+            (
+                "a whiteout",
+                Tar::new().file(".wh.bin", "").file("bin/tool", "t"),
+            ),
+        ] {
+            let layer = unpack(&store, tar);
+            let rootfs = tmp.path().join(what.replace(' ', "-"));
+            fs::create_dir(&rootfs).expect("mkdir");
+            store.assemble(&[base.clone(), layer], &rootfs).expect(what);
+            let bin = fs::symlink_metadata(rootfs.join("bin")).expect("bin");
+            assert!(bin.is_dir(), "{what}");
+            assert!(rootfs.join("bin/tool").is_file() && rootfs.join("usr/bin/sh").is_file());
+        }
+        // Below a directory the lower layer has: the usual case.
+        let beside = unpack(&store, Tar::new().file("usr/bin/tool", "t"));
+        let rootfs = tmp.path().join("beside");
+        fs::create_dir(&rootfs).expect("mkdir");
+        store.assemble(&[base, beside], &rootfs).expect("beside");
+        assert!(
+            rootfs.join("bin/tool").is_file(),
+            "reached through the symlink"
+        );
     }
 
     #[test]

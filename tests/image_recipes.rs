@@ -1000,3 +1000,55 @@ fn a_recipe_named_as_its_base_is_refused_unless_the_base_is_pinned() {
     assert_eq!(home.json(&pinned)["origin"], "present");
     assert_eq!(image_ids(&home, "bb").len(), 2);
 }
+
+/// A single file larger than one piece of the file protocol is copied in pieces and put
+/// together whole, byte for byte; one larger than `--max-bytes` allows an image is refused
+/// before the build starts, naming the flag.
+#[test]
+fn a_large_copied_file_arrives_whole_and_is_bounded_by_max_bytes() {
+    let test = "a_large_copied_file_arrives_whole_and_is_bounded_by_max_bytes";
+    let Some((home, work)) = home_with_base(test) else {
+        return;
+    };
+    // Three pieces and a bit, no two alike, so a piece out of order shows.
+    let content: Vec<u8> = (0..(3 * 512 * 1024 + 4321) as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let big = work.path().join("big.bin");
+    std::fs::write(&big, &content).expect("write");
+    let copy = format!("{}:/opt/big.bin", big.display());
+
+    let err = home.json_err(&[
+        "image",
+        "build",
+        "big",
+        "--from",
+        "bb",
+        "--copy",
+        &copy,
+        "--max-bytes",
+        "1000000",
+    ]);
+    let message = err["message"].as_str().unwrap_or_default();
+    // Refused as listed, before the build's sandbox starts (not by the layer's unpacking).
+    assert!(
+        message.contains("--max-bytes")
+            && message.contains(&format!("big.bin: it is {} bytes", content.len())),
+        "{err:#}"
+    );
+    assert!(image_ids(&home, "big").is_empty());
+    assert_no_sandbox(&home);
+
+    let built = home.json(&["image", "build", "big", "--from", "bb", "--copy", &copy]);
+    assert_eq!(built["origin"], "built", "{built:#}");
+    let copied =
+        Path::new(built["image"]["path"].as_str().expect("path")).join("rootfs/opt/big.bin");
+    let got = std::fs::read(&copied).expect("the copied file");
+    assert!(
+        got == content,
+        "{} differs ({} bytes)",
+        copied.display(),
+        got.len()
+    );
+    assert_no_sandbox(&home);
+}

@@ -21,6 +21,7 @@
 //! steps share the bound, each given what is left of it, and the sandbox lives that long
 //! plus [`LAYER_MARGIN`] for making the layer after the last step.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use dynocap_proto::files::{FileOp, PutItem, MAX_WRITE};
@@ -222,7 +223,7 @@ impl Engine {
                     copied.push(digest);
                     tree = Some(Copied::Tree(entries));
                 } else {
-                    let file = recipe_layer::host_file(host)?;
+                    let file = recipe_layer::host_file(host, request.limits)?;
                     copied.push(file.id());
                     tree = Some(Copied::File(file));
                 }
@@ -443,9 +444,9 @@ impl Engine {
     }
 
     /// Puts host file `host` into the sandbox's `/tmp` (as the sandbox user, in pieces the
-    /// file protocol carries) and returns the command that moves it to `guest` as root, with
-    /// the mode the recipe's id was made from. A file whose content is no longer what the id
-    /// was made from stops the build.
+    /// file protocol carries, read one at a time) and returns the command that moves it to
+    /// `guest` as root, with the mode the recipe's id was made from. A file whose content is no
+    /// longer what the id was made from stops the build.
     async fn copy_in(
         &self,
         sandbox: &str,
@@ -455,9 +456,45 @@ impl Engine {
         listed: &HostFile,
     ) -> Result<String> {
         use sha2::Digest as _;
-        let content = std::fs::read(host)
+        use std::io::Read as _;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(host)
             .map_err(|err| Error::invalid(format!("--copy {host}: reading it: {err}")))?;
-        let now: String = sha2::Sha256::digest(&content)
+        let mut hasher = sha2::Sha256::new();
+        let mut parts = 0usize;
+        loop {
+            let mut piece = Vec::with_capacity(MAX_WRITE);
+            (&mut file)
+                .take(MAX_WRITE as u64)
+                .read_to_end(&mut piece)
+                .map_err(|err| Error::invalid(format!("--copy {host}: reading it: {err}")))?;
+            hasher.update(&piece);
+            // An empty file is one empty part; otherwise a short piece is the last.
+            let last = piece.len() < MAX_WRITE;
+            if piece.is_empty() && parts > 0 {
+                break;
+            }
+            // Numbered so that the shell's `*` lists them in order.
+            let path = format!("{STEP_USER_DIR}/.dynocap-copy-{step}/{parts:08}");
+            self.file(
+                sandbox,
+                FileOp::Write {
+                    path,
+                    content: piece,
+                    mode: Some(0o600),
+                    create_dirs: true,
+                },
+            )
+            .await?;
+            parts += 1;
+            if last {
+                break;
+            }
+        }
+        let now: String = hasher
+            .finalize()
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
@@ -467,31 +504,13 @@ impl Engine {
             )));
         }
         let mode = listed.mode;
-        let mut parts = Vec::new();
-        let chunks: Vec<&[u8]> = if content.is_empty() {
-            vec![&[]]
-        } else {
-            content.chunks(MAX_WRITE).collect()
-        };
-        for (k, chunk) in chunks.into_iter().enumerate() {
-            let path = format!("{STEP_USER_DIR}/.dynocap-copy-{step}-{k}");
-            self.file(
-                sandbox,
-                FileOp::Write {
-                    path: path.clone(),
-                    content: chunk.to_vec(),
-                    mode: Some(0o600),
-                    create_dirs: false,
-                },
-            )
-            .await?;
-            parts.push(path);
-        }
+        // The pieces by a pattern, not each by name: a large file has thousands, more than
+        // one argument of `sh -c` may hold.
+        let stage = quote(&format!("{STEP_USER_DIR}/.dynocap-copy-{step}"));
         let script = format!(
-            "set -e; mkdir -p -- \"$(dirname -- {dest})\"; cat {parts} > {dest}; rm -f {parts}; \
-             chown 0:0 {dest}; chmod {mode:o} {dest}",
+            "set -e; mkdir -p -- \"$(dirname -- {dest})\"; cat {stage}/* > {dest}; \
+             rm -rf -- {stage}; chown 0:0 {dest}; chmod {mode:o} {dest}",
             dest = quote(guest),
-            parts = parts.iter().map(|p| quote(p)).collect::<Vec<_>>().join(" "),
         );
         Ok(as_root(&[], &script))
     }

@@ -136,8 +136,9 @@ impl HostFile {
 
 /// The host file `path` (a symlink given as the step's path is followed, as the user named
 /// it) as a copy step copies it: mode and content read through one open file, so both are
-/// of the same file.
-pub fn host_file(path: &Path) -> Result<HostFile> {
+/// of the same file. A file larger than `limits` allows an image (`--max-bytes`) is refused
+/// before it is read.
+pub fn host_file(path: &Path, limits: Limits) -> Result<HostFile> {
     // Non-blocking: a FIFO is refused below instead of waited on.
     let file = fs::OpenOptions::new()
         .read(true)
@@ -151,6 +152,15 @@ pub fn host_file(path: &Path) -> Result<HostFile> {
         return Err(Error::invalid(format!(
             "{} is not a regular file or a directory, which a copy copies",
             path.display()
+        )));
+    }
+    if meta.len() > limits.max_bytes {
+        return Err(Error::invalid(format!(
+            "copying {}: it is {} bytes, more than {}, the bound on an image's size \
+             (--max-bytes)",
+            path.display(),
+            meta.len(),
+            limits.max_bytes
         )));
     }
     Ok(HostFile {
@@ -1114,26 +1124,37 @@ mod tests {
         let path = dir.path().join("tool.sh");
         fs::write(&path, "#!/bin/sh\n").expect("write");
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).expect("chmod");
-        let first = host_file(&path).expect("file");
+        let limits = Limits {
+            max_bytes: 1 << 20,
+            max_files: 10,
+        };
+        let first = host_file(&path, limits).expect("file");
         assert_eq!(first.mode, 0o644);
         assert!(first.id().starts_with("file:0644:"), "{}", first.id());
         // Written again with the same content: the same id.
         fs::write(&path, "#!/bin/sh\n").expect("write");
-        assert_eq!(host_file(&path).expect("file"), first);
+        assert_eq!(host_file(&path, limits).expect("file"), first);
         // chmod +x: another id, the content's digest the same.
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
-        let executable = host_file(&path).expect("file");
+        let executable = host_file(&path, limits).expect("file");
         assert_eq!(executable.sha256, first.sha256);
         assert_ne!(executable.id(), first.id());
         // Set-id bits are never copied, so they are not part of it.
         fs::set_permissions(&path, fs::Permissions::from_mode(0o4755)).expect("chmod");
-        assert_eq!(host_file(&path).expect("file"), executable);
+        assert_eq!(host_file(&path, limits).expect("file"), executable);
         nix::unistd::mkfifo(
             &dir.path().join("pipe"),
             nix::sys::stat::Mode::from_bits_truncate(0o644),
         )
         .expect("mkfifo");
-        assert!(host_file(&dir.path().join("pipe")).is_err());
+        assert!(host_file(&dir.path().join("pipe"), limits).is_err());
+        // Larger than an image may be: refused before it is read, naming the bound.
+        let big = dir.path().join("big");
+        File::create(&big)
+            .and_then(|f| f.set_len((1 << 20) + 1))
+            .expect("sparse file");
+        let err = host_file(&big, limits).expect_err("too large");
+        assert!(err.message.contains("--max-bytes"), "{err}");
     }
 
     #[test]

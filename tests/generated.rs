@@ -341,3 +341,62 @@ fn what_the_projects_info_exclude_ignores_stays_out_of_the_diff() {
     let changed = git(repo, &["diff", "--name-only", "main", "excl"]);
     assert_eq!(changed.trim(), "pkg/cli.py");
 }
+
+/// The issue's case on a working copy where the tests already ran: the project's
+/// `pkg/__pycache__/` is there, neither tracked nor ignored, so it comes with the import, and
+/// the task's test run rewrites it. Those changes are generated as new files are: grouped in
+/// the diff, left out of the patch, and `task apply` commits the edit (it refused, the patch
+/// touching the user's untracked `.pyc` files).
+#[test]
+fn changes_to_untracked_bytecode_the_import_brought_are_generated() {
+    if !require_root("changes_to_untracked_bytecode_the_import_brought_are_generated") {
+        return;
+    }
+    let home = TestHome::new();
+    let repo = tempfile::tempdir().unwrap();
+    let repo = repo.path();
+    project(repo);
+    write(
+        &repo.join("pkg/__pycache__/cli.cpython-311.pyc"),
+        "old bytecode\n",
+    );
+    write(
+        &repo.join("pkg/__pycache__/gone.cpython-311.pyc"),
+        "stale\n",
+    );
+    home.json(&["task", "start", repo.to_str().unwrap(), "--name", "local"]);
+    home.task_sh(
+        "local",
+        "set -e; test -e pkg/__pycache__/cli.cpython-311.pyc
+         printf 'def main():\\n    return 2\\n' > pkg/cli.py
+         printf '\\000new' > pkg/__pycache__/cli.cpython-311.pyc
+         rm pkg/__pycache__/gone.cpython-311.pyc
+         printf '\\000pyc' > pkg/__pycache__/__init__.cpython-311.pyc",
+    );
+    let diff = home.json(&["task", "diff", "local"]);
+    assert_eq!(
+        groups(&diff),
+        [("__pycache__/".to_owned(), "pkg".to_owned(), 3)],
+        "{diff:#}"
+    );
+    assert_eq!(diff["files"], 1, "{diff:#}");
+    assert!(
+        !diff["patch"].as_str().unwrap().contains("__pycache__"),
+        "{diff:#}"
+    );
+    let finished = home.json(&["task", "finish", "local"]);
+    assert_eq!(
+        (&finished["verified"], &finished["files"]),
+        (&Value::from(true), &Value::from(1)),
+        "{finished:#}"
+    );
+    let applied = home.json(&["task", "apply", "local", "--branch", "local"]);
+    assert_eq!(groups(&applied), groups(&finished), "{applied:#}");
+    let changed = git(repo, &["diff", "--name-only", "main", "local"]);
+    assert_eq!(changed.trim(), "pkg/cli.py");
+    // The user's own bytecode is as it was.
+    assert_eq!(
+        std::fs::read_to_string(repo.join("pkg/__pycache__/cli.cpython-311.pyc")).unwrap(),
+        "old bytecode\n"
+    );
+}

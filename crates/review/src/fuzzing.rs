@@ -96,7 +96,7 @@ pub fn patch_review(data: &[u8]) {
 /// The split into kept and generated entries: the two parts cover the patch exactly, and
 /// each reads back as the entries it was given (what finish verifies is what it kept).
 fn generated_split(data: &[u8], files: &[FilePatch<'_>]) {
-    let split = generated::split(data, files, &|dir| dir.len() % 2 == 0);
+    let split = generated::split(data, files, &|dir: &str| dir.len().is_multiple_of(2));
     let mut ranges: Vec<_> = split.kept.iter().chain(&split.generated).cloned().collect();
     ranges.sort_by_key(|r| r.start);
     let mut end = 0;

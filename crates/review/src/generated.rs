@@ -4,10 +4,13 @@
 //!
 //! A project without a `.gitignore` for `__pycache__/` that runs its tests in a task ends up
 //! with a patch full of base85 `.pyc` entries: they bury the real edits in a bounded diff and
-//! would be committed by `task apply`. Only what the task *added* can be generated: a file
-//! the baseline has (the project tracks it) shows as a change, never as generated, and
-//! neither does anything beneath a generated-looking directory the baseline has files in
-//! (a project that commits its `target/` owns it). Ignored files never reach the patch.
+//! would be committed by `task apply`. Only what the project does not track can be
+//! generated: a file the task added, or one the baseline has untracked (the `__pycache__/`
+//! of a local test run, which the import brought as git neither tracks nor ignores it, and
+//! which the task's test run rewrites). A tracked file shows as a change, never as
+//! generated, and neither does anything beneath a generated-looking directory the project
+//! tracks files in (a project that commits its `target/` owns it). Ignored files never reach
+//! the patch.
 //!
 //! The table is kept short on purpose: a name is in it only when a directory or file of that
 //! name is, in practice, never hand-written source. `dist/` and `build/` are not (libraries
@@ -193,19 +196,46 @@ pub fn rule_for(path: &str) -> Option<Matched<'_>> {
     None
 }
 
-/// Whether `file` is generated: added by the task (not a rename or copy of a file the
-/// baseline has), under the table, and not beneath a directory the baseline has files in.
-/// `tracks_beneath(dir)` says whether the baseline has anything beneath `dir`.
-pub fn generated<'f>(
-    file: &'f FilePatch<'_>,
-    tracks_beneath: &dyn Fn(&str) -> bool,
-) -> Option<Matched<'f>> {
-    if !file.is_new || file.is_rename || file.is_copy {
+/// What the project has, as the generated rules ask it.
+pub trait Project {
+    /// Whether the project tracks anything beneath the directory `dir`: such a directory is
+    /// its own.
+    fn tracks_beneath(&self, dir: &str) -> bool;
+    /// Whether `path`, a file the baseline has, is one the project does not track.
+    fn untracked(&self, path: &str) -> bool;
+}
+
+/// A closure saying which directories the project tracks files beneath, for a baseline of
+/// tracked files only.
+impl<F: Fn(&str) -> bool> Project for F {
+    fn tracks_beneath(&self, dir: &str) -> bool {
+        self(dir)
+    }
+
+    fn untracked(&self, _path: &str) -> bool {
+        false
+    }
+}
+
+/// Whether `file` is generated: added by the task, or a change to or the deletion of a file
+/// the baseline has untracked (never a rename or copy), under the table, and not beneath a
+/// directory the project tracks files in.
+pub fn generated<'f>(file: &'f FilePatch<'_>, project: &dyn Project) -> Option<Matched<'f>> {
+    if file.is_rename || file.is_copy {
         return None;
     }
-    let matched = rule_for(file.new_path.as_deref()?)?;
+    let path = if file.is_new {
+        file.new_path.as_deref()?
+    } else {
+        let path = file.path();
+        if !project.untracked(path) {
+            return None;
+        }
+        path
+    };
+    let matched = rule_for(path)?;
     match matched.dir {
-        Some(dir) if tracks_beneath(dir) => None,
+        Some(dir) if project.tracks_beneath(dir) => None,
         _ => Some(matched),
     }
 }
@@ -246,11 +276,7 @@ impl Split {
 }
 
 /// Splits `patch` (whose entries the parser read as `files`) into kept and generated entries.
-pub fn split(
-    patch: &[u8],
-    files: &[FilePatch<'_>],
-    tracks_beneath: &dyn Fn(&str) -> bool,
-) -> Split {
+pub fn split(patch: &[u8], files: &[FilePatch<'_>], project: &dyn Project) -> Split {
     let sections = sections(patch, files);
     let mut split = Split::default();
     let mut groups: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
@@ -260,7 +286,7 @@ pub fn split(
         push_merged(&mut split.kept, 0..patch.len());
     }
     for (file, range) in files.iter().zip(sections) {
-        match generated(file, tracks_beneath) {
+        match generated(file, project) {
             Some(matched) => {
                 let group = groups
                     .entry((matched.rule.pattern, matched.top))
@@ -485,11 +511,69 @@ mod tests {
         assert_eq!(patch::parse(left.as_bytes(), left.len()).unwrap().len(), 3);
     }
 
+    fn binary_modified(name: &str) -> String {
+        format!(
+            "diff --git a/{name} b/{name}\nindex 1111111111111111111111111111111111111111..3333333333333333333333333333333333333333 100644\nGIT binary patch\nliteral 3\nKcmZQzWB>pF00aO6\n\nliteral 3\nKcmZQzWB>pF00aO6\n\n"
+        )
+    }
+
+    fn deleted(name: &str) -> String {
+        format!(
+            "diff --git a/{name} b/{name}\ndeleted file mode 100644\nindex 1111111..0000000\n--- a/{name}\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n"
+        )
+    }
+
+    /// A project whose baseline has a local test run's bytecode, untracked: the task's run
+    /// rewrites it. What the project does not track is generated, changed or deleted as well
+    /// as added; a tracked file under the same directory, and a change to a tracked `.pyc`,
+    /// are not.
+    #[test]
+    fn changes_to_untracked_baseline_files_are_generated() {
+        struct Baseline;
+        impl Project for Baseline {
+            fn tracks_beneath(&self, dir: &str) -> bool {
+                dir == "kept/__pycache__"
+            }
+            fn untracked(&self, path: &str) -> bool {
+                // `kept/__pycache__/` also holds a file the project tracks: it is its own.
+                (path.starts_with("pkg/") && path != "pkg/cli.py")
+                    || path == "kept/__pycache__/notes.txt"
+            }
+        }
+        let text = [
+            binary_modified("pkg/__pycache__/cli.cpython-311.pyc"),
+            modified("pkg/cli.py"),
+            deleted("pkg/__pycache__/old.cpython-311.pyc"),
+            binary_modified("pkg/x.pyc"),
+            binary_modified("tracked.pyc"),
+            modified("kept/__pycache__/notes.txt"),
+        ]
+        .concat();
+        let files = patch::parse(text.as_bytes(), text.len()).unwrap();
+        let split = split(text.as_bytes(), &files, &Baseline);
+        let kept = String::from_utf8(Split::join(text.as_bytes(), &split.kept)).unwrap();
+        assert_eq!(
+            kept,
+            [
+                modified("pkg/cli.py"),
+                binary_modified("tracked.pyc"),
+                modified("kept/__pycache__/notes.txt")
+            ]
+            .concat()
+        );
+        let groups: Vec<(&str, &str, u64)> = split
+            .groups
+            .iter()
+            .map(|g| (g.pattern.as_str(), g.under.as_str(), g.files))
+            .collect();
+        assert_eq!(groups, [("*.pyc", "pkg", 1), ("__pycache__/", "pkg", 2)]);
+    }
+
     #[test]
     fn a_patch_without_generated_files_is_kept_whole() {
         let text = [modified("a.py"), added("b.py")].concat();
         let files = patch::parse(text.as_bytes(), text.len()).unwrap();
-        let split = split(text.as_bytes(), &files, &|_| false);
+        let split = split(text.as_bytes(), &files, &|_: &str| false);
         assert_eq!(split.kept, vec![0..text.len()]);
         assert!(split.generated.is_empty() && split.groups.is_empty());
         let empty = split_empty();
@@ -497,6 +581,6 @@ mod tests {
     }
 
     fn split_empty() -> Split {
-        split(b"", &[], &|_| false)
+        split(b"", &[], &|_: &str| false)
     }
 }

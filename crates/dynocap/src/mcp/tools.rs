@@ -635,7 +635,7 @@ bits, unusual or look-alike names), each with path, kind and reason. The header 
 every changed file (changes: path, status, additions, deletions, binary); the patch text is \
 cut at a file boundary past 64 KiB, changes to files the project has first, then new text \
 files, then binary ones; omittedFiles names the files left out: ask for them with paths. \
-Files the task added under directories tools generate (__pycache__/, *.pyc, .pytest_cache/, \
+Files the task wrote under directories tools generate (__pycache__/, *.pyc, .pytest_cache/, \
 node_modules/, .venv/, a root target/ and the like) that the project neither tracks nor \
 ignores are not patched: generated lists them as groups (pattern, under, files, patchBytes), \
 and dynocap_task_finish leaves them out. stat: true returns the header only. A task that ended shows the patch it saved. \
@@ -1249,7 +1249,7 @@ fn diff_schema() -> Value {
                 "items": { "type": "string" },
                 "description": "Files whose patch text is not in patch (past the 64 KiB bound, or not among paths)."
             },
-            "generated": generated_schema("Files the task added under directories tools generate, that the project neither tracks nor ignores: not in patch, changes or the counts, and left out by dynocap_task_finish unless includeGenerated. Absent when there are none."),
+            "generated": generated_schema("Files the task wrote (added, or changed or deleted where the import brought them untracked) under directories tools generate, that the project neither tracks nor ignores: not in patch, changes or the counts, and left out by dynocap_task_finish unless includeGenerated. Absent when there are none."),
             "patch": { "type": "string", "description": "Unified diff, git diff --binary format: whole file entries, cut at a file boundary." }
         },
         "required": ["files", "additions", "deletions", "sensitivePaths", "patch"]

@@ -13,7 +13,7 @@
 //!
 //! A fork's new state directory gets the disk (the jail's copy, or the vm's `vm/` with the
 //! chain's links and a new layer over them), the host's pristine copy of what was imported
-//! (`baseline.tar` and its index, hard links: they are never written again) and
+//! (`baseline.tar`, its index and `baseline.untracked`, hard links: never written again) and
 //! [`LAYER_IDS`], the host id range its files were written under, so that its guest boots over
 //! the disk as a recovery does, the files shown as the fork's own ids through an idmapped
 //! mount (a fork costs the same whatever the task wrote: nothing is chowned). The agent's
@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{HostDisk, LayeredDisk};
 use crate::foundation::error::{Context, Error, Result};
 use crate::foundation::failpoint;
-use crate::supervisor::workspace::BASELINE_TAR;
+use crate::supervisor::workspace::{BASELINE_TAR, BASELINE_UNTRACKED};
 
 /// The directory of a task's checkpoints, inside its state directory.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
@@ -417,7 +417,11 @@ pub fn seed_fork(
             std::fs::create_dir(making.join(DISK_MOUNT))
                 .context("creating the fork's disk mount point")?;
         }
-        for name in [BASELINE_TAR.to_owned(), format!("{BASELINE_TAR}.idx")] {
+        for name in [
+            BASELINE_TAR.to_owned(),
+            format!("{BASELINE_TAR}.idx"),
+            BASELINE_UNTRACKED.to_owned(),
+        ] {
             let source = state_dir.join(&name);
             if source.exists() {
                 std::fs::hard_link(&source, making.join(&name))

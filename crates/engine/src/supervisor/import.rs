@@ -91,6 +91,12 @@ pub struct ImportPlan {
     pub bytes: u64,
     /// Things found but left out, and why.
     pub notes: Vec<Note>,
+    /// The files that come untracked (git does not track them, nor ignore them) under the
+    /// table of generated files ([`dynocap_review::generated`]), such as the `__pycache__/`
+    /// of a local test run, and the directories between each and its generated directory:
+    /// the project does not own them, so the task's changes to them are generated too.
+    /// Sorted; empty for a plain tree.
+    pub untracked_generated: Vec<String>,
     /// Sorted by path bytes, so a directory precedes what it holds; unique.
     entries: Vec<Entry>,
     /// The root, opened once (`O_PATH`): every later read resolves beneath this descriptor.
@@ -330,6 +336,7 @@ fn plan_from(
         resolver,
         entries: BTreeMap::new(),
         notes: Vec::new(),
+        untracked_generated: std::collections::BTreeSet::new(),
         visited: HashSet::new(),
     };
     let is_git = if lister.has_git(b"") {
@@ -350,7 +357,12 @@ fn plan_from(
         History::None
     };
 
-    let Lister { entries, notes, .. } = lister;
+    let Lister {
+        entries,
+        notes,
+        untracked_generated,
+        ..
+    } = lister;
     let (mut files, mut bytes) = (0u64, 0u64);
     let entries: Vec<Entry> = entries
         .into_iter()
@@ -379,6 +391,7 @@ fn plan_from(
         files,
         bytes,
         notes,
+        untracked_generated: untracked_generated.into_iter().collect(),
         entries,
         root_fd,
         resolver,
@@ -698,6 +711,8 @@ struct Lister<'a> {
     resolver: Resolver,
     entries: BTreeMap<Vec<u8>, EntryKind>,
     notes: Vec<Note>,
+    /// See [`ImportPlan::untracked_generated`].
+    untracked_generated: std::collections::BTreeSet<String>,
     /// (device, inode) of directories walked, against bind-mount loops.
     visited: HashSet<(libc::dev_t, libc::ino_t)>,
 }
@@ -736,11 +751,13 @@ impl Lister<'_> {
             let gitlink = meta.starts_with(b"160000 ");
             *listed.entry(path).or_default() |= gitlink;
         }
+        let mut untracked: HashSet<&[u8]> = HashSet::new();
         for path in others.split(|b| *b == 0).filter(|r| !r.is_empty()) {
             match path.strip_suffix(b"/") {
                 Some(dir) => *listed.entry(dir).or_default() = true,
                 None => {
                     listed.entry(path).or_default();
+                    untracked.insert(path);
                 }
             }
         }
@@ -763,10 +780,33 @@ impl Lister<'_> {
                 Kind::Dir if nested => self.list_nested(full, depth)?,
                 // A tracked path that is now a directory: what it holds comes via `--others`.
                 Kind::Dir => {}
-                kind => self.add(full, kind, || probe.read_link()),
+                kind => {
+                    if untracked.contains(path) {
+                        self.untracked(&full);
+                    }
+                    self.add(full, kind, || probe.read_link());
+                }
             }
         }
         Ok(())
+    }
+
+    /// Records `path`, which comes untracked, when it is under the table of generated files,
+    /// with the directories between it and its generated directory.
+    fn untracked(&mut self, path: &[u8]) {
+        let Ok(path) = std::str::from_utf8(path) else {
+            return;
+        };
+        let Some(matched) = dynocap_review::generated::rule_for(path) else {
+            return;
+        };
+        // A rule on file names (`*.pyc`) has no directory: the file's own are the project's.
+        if let Some(dir) = matched.dir {
+            for (at, _) in path.match_indices('/').filter(|(at, _)| *at > dir.len()) {
+                self.untracked_generated.insert(path[..at].to_owned());
+            }
+        }
+        self.untracked_generated.insert(path.to_owned());
     }
 
     /// A submodule or nested repository at `dir`: listed by its own git, its `.git` left out.

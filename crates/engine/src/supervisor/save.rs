@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dynocap_review::generated::{self, GeneratedGroup, Split};
+use dynocap_review::generated::{self, GeneratedGroup, Project, Split};
 use dynocap_review::patch::{self, DiffSummary};
 use serde::Serialize;
 
@@ -143,9 +143,9 @@ pub struct TaskFacts<'a> {
     pub network: Option<serde_json::Value>,
     /// Keep the generated files in the patch (`--include-generated`).
     pub include_generated: bool,
-    /// Whether the baseline has anything beneath a directory: such a directory is the
-    /// project's own, never generated.
-    pub tracks_beneath: &'a dyn Fn(&str) -> bool,
+    /// What the project tracks in the baseline: which files the generated rules may leave
+    /// out.
+    pub project: &'a dyn Project,
     /// The jobs the task's end cut off.
     pub jobs_cut_off: Vec<RunningJob>,
     /// The task's jobs, their output saved in the results.
@@ -154,9 +154,9 @@ pub struct TaskFacts<'a> {
 
 /// The generated entries of `patch` and the rest, or `None` when it has none (or cannot be
 /// read: the review then says why, of the whole patch).
-pub fn split_generated(patch: &[u8], tracks_beneath: &dyn Fn(&str) -> bool) -> Option<Split> {
+pub fn split_generated(patch: &[u8], project: &dyn Project) -> Option<Split> {
     let files = patch::parse(patch, patch.len().max(1)).ok()?;
-    let split = generated::split(patch, &files, tracks_beneath);
+    let split = generated::split(patch, &files, project);
     (!split.generated.is_empty()).then_some(split)
 }
 
@@ -175,7 +175,7 @@ fn leave_out_generated(
     let Some(map) = map_file(&patch_path) else {
         return Ok((Vec::new(), None));
     };
-    match split_generated(&map, facts.tracks_beneath) {
+    match split_generated(&map, facts.project) {
         Some(split) if facts.include_generated => Ok((split.groups, None)),
         Some(split) => {
             write_ranges_durably(&generated_path, &map, &split.generated)?;
@@ -185,7 +185,7 @@ fn leave_out_generated(
         None if facts.include_generated => Ok((Vec::new(), None)),
         None => Ok(
             match map_file(&generated_path)
-                .and_then(|left_out| split_generated(&left_out, facts.tracks_beneath))
+                .and_then(|left_out| split_generated(&left_out, facts.project))
             {
                 Some(split) => (split.groups, shown_path()),
                 None => (Vec::new(), None),
@@ -429,7 +429,7 @@ mod tests {
             scratch: &scratch,
             network: None,
             include_generated,
-            tracks_beneath: &|_| false,
+            project: &|_: &str| false,
             jobs_cut_off: Vec::new(),
             jobs: Vec::new(),
         };
@@ -483,7 +483,7 @@ mod tests {
             scratch: &dir.path().join("scratch"),
             network: None,
             include_generated: false,
-            tracks_beneath: &|_| false,
+            project: &|_: &str| false,
             jobs_cut_off: Vec::new(),
             jobs: Vec::new(),
         };

@@ -34,6 +34,9 @@ pub use baseline_files::BaselineIndex;
 pub const WORKSPACE: &str = "/workspace";
 /// The host's copy of the imported tree, in the sandbox's state directory.
 pub const BASELINE_TAR: &str = "baseline.tar";
+/// Beside it: the files of the baseline the project does not track that fall under the
+/// table of generated files (NUL-separated, see [`import::ImportPlan::untracked_generated`]).
+pub const BASELINE_UNTRACKED: &str = "baseline.untracked";
 /// Largest project the guest accepts (bytes of file content).
 const MAX_IMPORT_BYTES: u64 = 64 * 1024 * 1024 * 1024;
 const BUNDLE_NAME: &str = "history.bundle";
@@ -239,6 +242,12 @@ pub async fn import(
     };
     notes.extend(summary.notes);
     let with_history = bundle.is_some();
+    if !plan.untracked_generated.is_empty() {
+        let list = plan.untracked_generated.join("\0");
+        let path = state_dir.join(BASELINE_UNTRACKED);
+        dynocap_host::durable::replace(&path, list.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     progress(step("recording the baseline the diff is taken against"));
     let exclude = {
         let plan = plan.clone();

@@ -258,6 +258,41 @@ fn local_excludes_are_the_repositorys_info_exclude() {
     );
 }
 
+/// The untracked files that come under the generated table are listed (with the directories
+/// between each and its generated directory), for the diff to treat the task's changes to
+/// them as generated; tracked, ignored and other untracked files are not, nor is anything of
+/// a plain tree.
+#[test]
+fn untracked_files_under_the_generated_table_are_listed() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = tmp.path().join("repo");
+    new_repo(&repo);
+    write(&repo.join(".gitignore"), "ignored/\n");
+    write(&repo.join("kept/__pycache__/notes.txt"), "tracked\n");
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "one"]);
+    write(&repo.join("kept/__pycache__/new.pyc"), "untracked\n");
+    write(&repo.join("pkg/__pycache__/sub/a.pyc"), "untracked\n");
+    write(&repo.join("lib/x.pyc"), "untracked\n");
+    write(&repo.join("notes.md"), "untracked, not generated\n");
+    write(&repo.join("ignored/__pycache__/b.pyc"), "ignored\n");
+    let planned = plan(&repo, History::None).expect("plan");
+    assert_eq!(
+        planned.untracked_generated,
+        [
+            "kept/__pycache__/new.pyc",
+            "lib/x.pyc",
+            "pkg/__pycache__/sub",
+            "pkg/__pycache__/sub/a.pyc"
+        ]
+    );
+    fs::remove_dir_all(repo.join(".git")).expect("rm .git");
+    assert!(plan(&repo, History::None)
+        .expect("plan")
+        .untracked_generated
+        .is_empty());
+}
+
 #[test]
 fn symlinks_come_as_symlinks_and_are_never_traversed() {
     let tmp = tempfile::tempdir().expect("tempdir");

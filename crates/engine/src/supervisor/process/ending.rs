@@ -254,7 +254,7 @@ pub(super) async fn finalize(
             scratch: &state_dir.join("verify"),
             network,
             include_generated,
-            tracks_beneath: &|dir| baseline.tracks_beneath(dir),
+            project: &*baseline,
             jobs_cut_off,
             jobs,
         };

@@ -247,7 +247,7 @@ impl TaskContext {
         let mut patch = workspace::diff(conn, self.line_diff_budget).await?;
         let baseline = self.baseline();
         // Generated files are summarised, not shown: as `finish` leaves them out.
-        let generated = match save::split_generated(&patch, &|dir| baseline.tracks_beneath(dir)) {
+        let generated = match save::split_generated(&patch, &*baseline) {
             Some(split) => {
                 patch = Split::join(&patch, &split.kept);
                 split.groups

@@ -36,6 +36,9 @@ pub struct BaselineIndex {
     /// Every kept file, from one pass over the tar: set at load without an index, or on the
     /// first lookup that finds the index wrong.
     read_through: OnceLock<HashMap<String, Vec<u8>>>,
+    /// The baseline's files the project does not track under the generated table, with the
+    /// directories between them and their generated directory (`baseline.untracked`).
+    untracked: HashSet<String>,
 }
 
 impl BaselineIndex {
@@ -47,6 +50,7 @@ impl BaselineIndex {
                     tar: tar_path.to_owned(),
                     index: Some(index),
                     read_through: OnceLock::new(),
+                    untracked: untracked_beside(tar_path),
                 })
             }
             Err(IndexError::Missing(_)) => {}
@@ -64,15 +68,19 @@ impl BaselineIndex {
             tar: tar_path.to_owned(),
             index: None,
             read_through: OnceLock::from(files),
+            untracked: untracked_beside(tar_path),
         })
     }
 
-    /// Whether the baseline has anything beneath the directory `dir`: such a directory is the
-    /// project's own, never generated ([`dynocap_review::generated`]). Without a sound index
-    /// the answer is yes, which keeps the files in the patch as they always were.
+    /// Whether the baseline has anything the project tracks beneath the directory `dir`:
+    /// such a directory is the project's own, never generated
+    /// ([`dynocap_review::generated`]). Without a sound index the answer is yes, which keeps
+    /// the files in the patch as they always were.
     pub fn tracks_beneath(&self, dir: &str) -> bool {
         match (&self.index, self.read_through.get()) {
-            (Some(index), None) => index.beneath(dir).next().is_some(),
+            (Some(index), None) => index
+                .beneath(dir)
+                .any(|(name, _)| !self.untracked.contains(name)),
             _ => true,
         }
     }
@@ -96,6 +104,35 @@ impl BaselineIndex {
             })
             .get(path)
             .cloned()
+    }
+}
+
+impl dynocap_review::generated::Project for BaselineIndex {
+    fn tracks_beneath(&self, dir: &str) -> bool {
+        BaselineIndex::tracks_beneath(self, dir)
+    }
+
+    fn untracked(&self, path: &str) -> bool {
+        self.untracked.contains(path)
+    }
+}
+
+/// The list the import wrote beside the baseline copy (see [`super::BASELINE_UNTRACKED`]);
+/// empty when there is none (a plain tree, nothing untracked under the table, or a task made
+/// before it was written).
+fn untracked_beside(tar_path: &Path) -> HashSet<String> {
+    let path = tar_path.with_file_name(super::BASELINE_UNTRACKED);
+    match std::fs::read(&path) {
+        Ok(list) => list
+            .split(|b| *b == 0)
+            .filter(|name| !name.is_empty())
+            .map(|name| String::from_utf8_lossy(name).into_owned())
+            .collect(),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => HashSet::new(),
+        Err(err) => {
+            tracing::warn!(target: LOG_TARGET, "reading {}: {err}", path.display());
+            HashSet::new()
+        }
     }
 }
 

@@ -629,3 +629,48 @@ fn a_project_whose_path_is_not_utf8_is_refused_with_the_reason() {
         "{listed:#}"
     );
 }
+
+/// A start that never becomes a task (here a clone of a repository nothing serves: its host
+/// resolves to a loopback address nobody listens on) keeps no cache for its project: a
+/// mistyped repository, started again and again, must not leave image after image with its
+/// whole size set aside on the host. A project's cache made before stays.
+#[test]
+fn a_failed_start_of_a_new_project_leaves_no_cache() {
+    let test = "a_failed_start_of_a_new_project_leaves_no_cache";
+    let Some(home) = TestHome::on(Backend::Jail, test) else {
+        return;
+    };
+    let home = home.with_env(product::ENV_RESOLVE, "example.org:443:127.83.41.7");
+    let projects = tempfile::tempdir().expect("projects");
+    let app = project(projects.path(), "app");
+    start_plain(&home, "kept", &app, &[]);
+    home.json(&["task", "finish", "kept"]);
+    for name in ["typo1", "typo2"] {
+        let err = home.json_err(&[
+            "task",
+            "start",
+            "--repo",
+            "https://example.org/team/none",
+            "--name",
+            name,
+        ]);
+        assert!(
+            err["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("example.org/team/none")),
+            "{err:#}"
+        );
+        let listed = caches(&home);
+        assert_eq!(listed.len(), 1, "{listed:#?}");
+        assert_eq!(
+            listed[0]["tasks"],
+            serde_json::json!(["kept"]),
+            "{listed:#?}"
+        );
+    }
+    let dirs = std::fs::read_dir(home.path().join("caches"))
+        .expect("caches dir")
+        .count();
+    assert_eq!(dirs, 1, "only the kept project's cache directory is left");
+    home.json(&["cache", "rm", "--all"]);
+}

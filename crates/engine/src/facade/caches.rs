@@ -8,9 +8,10 @@ use serde::Serialize;
 use crate::facade::sandboxes::{find, rfc3339, Engine};
 use crate::foundation::error::{Error, Result};
 use crate::foundation::git_url::GitUrl;
+use crate::host::home::Home;
 use crate::host::project_cache::{self, CacheInfo, ProjectKey};
 use crate::model::task_spec::{Source, TaskDetail};
-use crate::store::catalog::{Kind, Record};
+use crate::store::catalog::{Catalog, Kind, Record};
 use crate::supervisor::import::ProjectDir;
 
 /// One project's cache, as `dynocap cache ls` lists it.
@@ -183,4 +184,62 @@ fn project_named(target: &str) -> Option<ProjectKey> {
     }
     let url = GitUrl::parse(target).ok()?;
     ProjectKey::for_source(&Source::RepositoryUrl(url))
+}
+
+/// A task start's hold on the package cache it is about to make for a new project: dropped
+/// armed (the start failed, or was dropped before it finished), it removes that cache when
+/// no task in the catalog names it and no guest has it, so a start that never became a task
+/// (a mistyped repository, an unreadable project) leaves no image with its whole size set
+/// aside on the host. A cache that was there before the start is never its to remove.
+pub(crate) struct NewCacheGuard {
+    home: Home,
+    /// The cache this start makes; `None` once the start succeeded, or when it makes none.
+    id: Option<String>,
+}
+
+impl NewCacheGuard {
+    /// Before a start that gives its task the cache `id` (if any).
+    pub(crate) fn new(home: &Home, id: Option<&str>) -> Self {
+        let new = id.filter(|id| {
+            let dir = project_cache::caches_dir(home.root()).join(id);
+            matches!(std::fs::symlink_metadata(dir), Err(err) if err.kind() == std::io::ErrorKind::NotFound)
+        });
+        Self {
+            home: home.clone(),
+            id: new.map(str::to_owned),
+        }
+    }
+
+    /// The start made its task: the cache is the project's from now on.
+    pub(crate) fn disarm(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for NewCacheGuard {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        // Another start of the project at once has a record naming it from its beginning.
+        let Ok(records) = Catalog::open(&self.home).and_then(|catalog| catalog.list()) else {
+            return;
+        };
+        let named = records.iter().filter(|r| r.kind == Kind::Task).any(|r| {
+            TaskDetail::from_json(r.detail.as_deref())
+                .is_ok_and(|detail| detail.cache.as_deref() == Some(id.as_str()))
+        });
+        if named {
+            return;
+        }
+        match project_cache::remove_unheld(self.home.root(), &id) {
+            Ok(true) => tracing::info!(
+                "removed the package cache {id} that a failed task start made for its project"
+            ),
+            Ok(false) => {}
+            Err(err) => tracing::warn!(
+                "removing the package cache {id} that a failed task start made: {err}"
+            ),
+        }
+    }
 }

@@ -156,6 +156,7 @@ impl Engine {
             fork: None,
             cache,
         };
+        let detail_cache = detail.cache.clone();
         let mut record = self.new_record(
             Kind::Task,
             spec.name.clone(),
@@ -185,7 +186,11 @@ impl Engine {
             project: project.as_ref().map(ProjectDir::as_fd),
             credentials: credentials.as_ref().map(AsFd::as_fd),
         };
+        // A cache this start makes goes again if the start fails.
+        let new_cache =
+            crate::facade::caches::NewCacheGuard::new(self.home(), detail_cache.as_deref());
         let record = self.launch_with(record, handed, progress).await?;
+        new_cache.disarm();
         // Tasks boot afresh (the pool holds raw sandboxes); the pool yields their room.
         self.rebalance_pool().await;
         task_info(&record)

@@ -632,6 +632,33 @@ pub fn remove(root: &Path, id: &str) -> Result<bool> {
     }
 }
 
+/// Deletes the cache `id` as [`remove`] does, unless a guest has it now (a supervisor holds
+/// its `cache.lock`, shared or alone): `false` then, or when there was none. The lock is held
+/// while it goes, so no jail or vm guest takes it meanwhile.
+pub fn remove_unheld(root: &Path, id: &str) -> Result<bool> {
+    use std::os::fd::AsRawFd;
+    if !is_cache_id(id) {
+        return Err(Error::invalid(format!("{id:?} is not a cache id")));
+    }
+    let path = caches_dir(root).join(id).join(LOCK);
+    let lock = match std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+    {
+        Ok(lock) => Some(lock),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
+        Err(err) => return Err(err).with_context(|| format!("opening {}", path.display())),
+    };
+    if let Some(lock) = &lock {
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Ok(false);
+        }
+    }
+    remove(root, id)
+}
+
 fn make_dirs_writable(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let mut pending = vec![dir.to_path_buf()];
@@ -744,8 +771,16 @@ mod tests {
         assert_eq!(listed[0].key.as_ref(), Some(&key));
         assert!(listed[0].bytes >= bytes, "{listed:?}");
         assert!(listed[0].last_used.is_some());
+        // Not while a guest has it.
+        let held = cache.hold(false).unwrap().expect("shared");
+        assert!(!remove_unheld(home.path(), &key.id()).unwrap());
+        assert!(cache.image().is_file());
+        drop(held);
+        assert!(remove_unheld(home.path(), &key.id()).unwrap());
+        let _ = ProjectCache::prepare(home.path(), &key, bytes).unwrap();
         assert!(remove(home.path(), &key.id()).unwrap());
         assert!(!remove(home.path(), &key.id()).unwrap());
+        assert!(!remove_unheld(home.path(), &key.id()).unwrap());
         assert!(list(home.path()).unwrap().is_empty());
         assert!(remove(home.path(), "../x").is_err());
     }

@@ -567,6 +567,22 @@ fn hostile_layers_are_refused_and_nothing_lands_outside() {
     );
     assert!(images(&home).is_empty());
 
+    // An image for another platform (a layout of one manifest, its config arm64) is refused
+    // as a pull refuses it, not imported to fail with "exec format error" in the sandbox.
+    let arm_dir = work.path().join("arm64");
+    let arm = Layout::new(&arm_dir);
+    let manifest = arm.manifest(&[oci_layer(base.clone(), true)], "arm64", run_config());
+    arm.index(vec![manifest.descriptor]);
+    let err = import_err(&home, &arm_dir, "bad");
+    assert!(
+        err["message"]
+            .as_str()
+            .expect("message")
+            .contains("is for linux/arm64"),
+        "{err:#}"
+    );
+    assert!(images(&home).is_empty());
+
     assert_eq!(std::fs::read_dir(outside.path()).expect("read").count(), 0);
     for escaped in ["/abs-escape", "/escape", "/tmp/escape", "/shadow"] {
         assert!(!Path::new(escaped).exists(), "{escaped}");

@@ -438,6 +438,7 @@ impl Source {
             &self.json_member(&config_digest.blob_path(), Some(&config_digest))?,
             "config",
         )?;
+        config.check_platform("this image")?;
         let diff_ids = diff_ids(&config, manifest.layers.len())?;
         let layers = manifest
             .layers
@@ -493,6 +494,7 @@ impl Source {
             &self.json_member(&config_member, Some(&config_digest))?,
             "config",
         )?;
+        config.check_platform("this image")?;
         let diff_ids = config.rootfs.clone().unwrap_or_default().diff_ids;
         if diff_ids.len() != entry.layers.len() {
             return Err(Error::invalid(format!(

@@ -125,6 +125,24 @@ pub struct ImageConfig {
     pub rootfs: Option<RootFs>,
 }
 
+impl ImageConfig {
+    /// Refuses an image whose config says it is for another platform than linux/amd64 (what
+    /// DynoCap's sandboxes run; a config that names none is taken as such). `what` names the
+    /// image in the error.
+    pub fn check_platform(&self, what: &str) -> Result<()> {
+        let other = |field: &str, want: &str| !field.is_empty() && field != want;
+        if other(&self.os, "linux") || other(&self.architecture, "amd64") {
+            return Err(Error::invalid(format!(
+                "{what} is for {}/{} (its config says so); DynoCap's sandboxes run linux/amd64 \
+                 images: use the image's linux/amd64 variant",
+                printable(&self.os),
+                printable(&self.architecture)
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct RootFs {
     #[serde(default)]
@@ -561,6 +579,15 @@ mod tests {
             "config",
         )
         .unwrap();
+        config.check_platform("the image").expect("linux/amd64");
+        let unnamed: ImageConfig = parse_json(b"{}", "config").unwrap();
+        unnamed
+            .check_platform("the image")
+            .expect("no platform named");
+        let arm: ImageConfig =
+            parse_json(br#"{"architecture":"arm64","os":"linux"}"#, "config").unwrap();
+        let err = arm.check_platform("the image").unwrap_err();
+        assert!(err.message.contains("is for linux/arm64"), "{err}");
         let run = config.config.unwrap();
         assert_eq!(run.env, Some(vec!["A=1".to_owned()]));
         assert_eq!(run.working_dir.as_deref(), Some("/w"));

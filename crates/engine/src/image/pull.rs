@@ -232,14 +232,7 @@ pub async fn pull(
         )));
     }
     let config: oci::ImageConfig = oci::parse_json(config_text.as_bytes(), "config")?;
-    if (!config.os.is_empty() && config.os != "linux")
-        || (!config.architecture.is_empty() && config.architecture != "amd64")
-    {
-        return Err(Error::invalid(format!(
-            "{reference} is an image for {}/{}; DynoCap runs linux/amd64 images",
-            config.os, config.architecture
-        )));
-    }
+    config.check_platform(&oci::printable(reference))?;
     let diff_ids = super::import::diff_ids(&config, manifest.layers.len())?;
 
     let id = hex(&Sha256::digest(

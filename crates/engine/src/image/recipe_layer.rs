@@ -556,8 +556,9 @@ impl HostTrust {
 }
 
 /// Adds the certificates of the local CA files under guest directory `dir` of `root` (to
-/// `depth` levels; DynoCap's own anchor files left out) to `found`. Nothing is followed: the
-/// upper directory is the guest's.
+/// `depth` levels; DynoCap's own anchor files left out) to `found`. Nothing is followed and no
+/// path below `root` resolved (see [`Walk`]): the upper directory is the guest's, and may be
+/// changing.
 fn own_anchors(
     root: &Path,
     dir: &Path,
@@ -574,15 +575,20 @@ fn own_anchors(
     walk_anchors(&at, depth, found);
 }
 
-/// `root/rel` if each of its components is a directory, none a link: a path inside an image
-/// or an upper directory, which no link of theirs leads out of.
-fn dir_in_root(root: &Path, rel: &Path) -> Option<PathBuf> {
-    let mut at = root.to_owned();
+/// The directory `rel` of `root` (an image's rootfs or an upper directory, whose own path is
+/// the host's), opened one component at a time from `root`, none a link: no link of theirs
+/// leads out of them.
+fn dir_in_root(root: &Path, rel: &Path) -> Option<File> {
+    let mut at = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(root)
+        .ok()?;
     for part in rel.components() {
-        at.push(part);
-        if !fs::symlink_metadata(&at).is_ok_and(|m| m.is_dir()) {
+        let std::path::Component::Normal(name) = part else {
             return None;
-        }
+        };
+        at = open_entry(&at, name.as_bytes(), libc::O_RDONLY | libc::O_DIRECTORY).ok()?;
     }
     Some(at)
 }
@@ -590,28 +596,48 @@ fn dir_in_root(root: &Path, rel: &Path) -> Option<PathBuf> {
 /// The text of file `rel` in `root` (see [`dir_in_root`] and [`read_small`]).
 fn read_in_root(root: &Path, rel: &Path) -> Option<String> {
     let dir = dir_in_root(root, rel.parent()?)?;
-    read_small(&dir.join(rel.file_name()?))
+    let mut file = open_regular(&dir, rel.file_name()?.as_bytes())?;
+    read_small(&mut file)
 }
 
-fn walk_anchors(dir: &Path, depth: usize, found: &mut std::collections::HashSet<String>) {
-    let Ok(entries) = fs::read_dir(dir) else {
+/// The regular file `name` of the open directory `dir`, opened for reading without following
+/// a link (nor waiting on a FIFO): `None` for anything else.
+fn open_regular(dir: &File, name: &[u8]) -> Option<File> {
+    let file = open_entry(dir, name, libc::O_RDONLY | libc::O_NONBLOCK).ok()?;
+    file.metadata().ok()?.is_file().then_some(file)
+}
+
+fn walk_anchors(dir: &File, depth: usize, found: &mut std::collections::HashSet<String>) {
+    let Ok(mut listing) = nix::dir::Dir::openat(
+        dir.as_fd(),
+        ".",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) else {
         return;
     };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        if name
-            .to_string_lossy()
-            .starts_with(dynocap_proto::trust::ANCHOR_STEM)
-        {
+    let names: Vec<Vec<u8>> = listing
+        .iter()
+        .flatten()
+        .map(|entry| entry.file_name().to_bytes().to_vec())
+        .filter(|name| name != b"." && name != b"..")
+        .collect();
+    for name in names {
+        if name.starts_with(dynocap_proto::trust::ANCHOR_STEM.as_bytes()) {
             continue;
         }
-        let Ok(meta) = fs::symlink_metadata(entry.path()) else {
+        let Ok(entry) = open_entry(dir, &name, libc::O_PATH) else {
+            continue;
+        };
+        let Ok(meta) = entry.metadata() else {
             continue;
         };
         if meta.is_dir() && depth > 1 {
-            walk_anchors(&entry.path(), depth - 1, found);
+            if let Ok(sub) = open_entry(&entry, b".", libc::O_RDONLY | libc::O_DIRECTORY) {
+                walk_anchors(&sub, depth - 1, found);
+            }
         } else if meta.is_file() {
-            if let Some(text) = read_small(&entry.path()) {
+            if let Some(text) = open_regular(dir, &name).and_then(|mut f| read_small(&mut f)) {
                 found.extend(certificates(&text));
             }
         }
@@ -621,25 +647,9 @@ fn walk_anchors(dir: &Path, depth: usize, found: &mut std::collections::HashSet<
 /// Largest trust file read: distributions' bundles are about 200 KB.
 const TRUST_FILE_MAX: u64 = 8 << 20;
 
-/// A regular file's text (not through a link), if it is at most [`TRUST_FILE_MAX`] bytes.
-fn read_small(path: &Path) -> Option<String> {
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() > TRUST_FILE_MAX {
-        return None;
-    }
-    let mut text = String::new();
-    io::Read::read_to_string(&mut io::Read::take(file, TRUST_FILE_MAX), &mut text).ok()?;
-    Some(text)
-}
-
-/// The text of the open regular file `file` as [`read_small`] reads it, from its start; the
-/// file is left at its start again, to be copied whole after.
-fn read_small_open(file: &mut File) -> Option<String> {
+/// The text of the open regular file `file`, from its start, if it is at most
+/// [`TRUST_FILE_MAX`] bytes; the file is left at its start again, to be copied whole after.
+fn read_small(file: &mut File) -> Option<String> {
     use io::Seek as _;
     let len = file.metadata().ok()?.len();
     let text = (len <= TRUST_FILE_MAX)
@@ -1025,14 +1035,14 @@ impl Walk<'_> {
                         .base_rootfs
                         .as_deref()
                         .and_then(|base| read_in_root(base, &rel));
-                    if let (Some(before), Some(now)) = (before, read_small_open(&mut file)) {
+                    if let (Some(before), Some(now)) = (before, read_small(&mut file)) {
                         if only_made_https(&before, &now) {
                             continue;
                         }
                     }
                 }
                 if self.trust.active() && BuildTrust::is_bundle(&guest) {
-                    if let Some(bundle) = read_small_open(&mut file) {
+                    if let Some(bundle) = read_small(&mut file) {
                         let before = self
                             .trust
                             .base_rootfs

@@ -402,7 +402,7 @@ impl Engine {
                     (None, Some(signal), _) => format!("was killed by {signal}"),
                     (None, None, _) => "failed".to_owned(),
                 };
-                let fix = if result.timed_out { TIMEOUT_FIX } else { "" };
+                let fix = failure_fix(step, &recipe.network, result.timed_out, result.exit_code);
                 return Err(Error::invalid(format!(
                     "image {}: {label} {how}; nothing was built{fix}",
                     request.name
@@ -701,6 +701,29 @@ fn timed_out(step_seconds: u64, timeout: u64) -> String {
 const TIMEOUT_FIX: &str = "; give the build more time with --timeout SECONDS (up to 86400, \
                            default 3600) or `timeout = SECONDS` in a --file recipe";
 
+/// What a build whose step failed is told to do, if anything is clear: more time for one
+/// that timed out; the network for an `--apt` step that apt-get failed (its code 100) in a
+/// build without one, where it reached no mirror.
+fn failure_fix(
+    step: &Step,
+    network: &str,
+    timed_out: bool,
+    exit_code: Option<i32>,
+) -> &'static str {
+    if timed_out {
+        TIMEOUT_FIX
+    } else if matches!(step, Step::Apt(_)) && network == "none" && exit_code == Some(100) {
+        APT_OFFLINE_FIX
+    } else {
+        ""
+    }
+}
+
+/// What a build whose `--apt` step failed without a network is told to do.
+const APT_OFFLINE_FIX: &str = "; the steps ran with --network none (the default), so apt \
+                               reached no mirror: give the build --network nat, or --network \
+                               filtered with --allow-host @debian (or the base's mirror)";
+
 fn check_step(step: &Step) -> Result<()> {
     match step {
         Step::Run(command) if command.trim().is_empty() => {
@@ -892,6 +915,19 @@ mod tests {
         );
         assert!(TIMEOUT_FIX.contains(&format!("up to {RECIPE_TIMEOUT_MAX}")));
         assert!(TIMEOUT_FIX.contains(&format!("default {RECIPE_TIMEOUT_DEFAULT}")));
+    }
+
+    #[test]
+    fn a_failed_step_is_told_the_fix_that_is_clear() {
+        let apt = Step::Apt(vec!["jq".into()]);
+        assert_eq!(failure_fix(&apt, "none", false, Some(100)), APT_OFFLINE_FIX);
+        assert!(APT_OFFLINE_FIX.contains("--network nat"));
+        // apt-get missing (127), or a network given: nothing to say about the network.
+        assert_eq!(failure_fix(&apt, "none", false, Some(127)), "");
+        assert_eq!(failure_fix(&apt, "nat", false, Some(100)), "");
+        let run = Step::Run("apt-get update".into());
+        assert_eq!(failure_fix(&run, "none", false, Some(100)), "");
+        assert_eq!(failure_fix(&run, "none", true, None), TIMEOUT_FIX);
     }
 
     #[test]

@@ -878,6 +878,18 @@ fn build_images(value: &str, warn: &mut dyn FnMut(String)) -> Vec<ImageEntry> {
         };
         match parsed {
             Ok(parsed) => {
+                // A name with a `/` is a registry reference, which has a tag or digest: one
+                // without matches no image, and was most likely meant as a prefix.
+                if let ImageEntry::Name(name) = &parsed {
+                    if name.contains('/') && !dynocap_engine::image::store::is_reference(name) {
+                        warn(format!(
+                            "{ENV_IMAGES}: {name:?} names no image (a registry reference has a \
+                             :tag or @sha256:digest, and an image name on this host has no /), \
+                             so it admits nothing; for every image under it, write the prefix \
+                             {name}/"
+                        ));
+                    }
+                }
                 if !entries.contains(&parsed) {
                     entries.push(parsed);
                 }

@@ -596,6 +596,42 @@ fn the_images_variable_names_built_and_prefixes() {
     );
 }
 
+/// An entry that looks like a prefix but lacks its `/` is an exact name, which no image can
+/// have: said at start, and a sibling with the same start is not admitted by it.
+#[test]
+fn a_prefix_without_its_slash_is_a_name_and_is_said_to_admit_nothing() {
+    let (policy, warnings) = images_policy(Some(
+        "reg.example/team,reg.example:5000/x/,reg.example/ok/tool:1",
+    ));
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with(ENV_IMAGES) && warnings[0].contains("reg.example/team/"),
+        "{warnings:?}"
+    );
+    for outside in [
+        "reg.example/team-evil/x:1",
+        "reg.example/teamx:1",
+        "reg.example/team/x:1",
+        "reg.example:50001/x/y:1",
+        "reg.example/x/y:1",
+    ] {
+        let err = policy
+            .check_image(outside, &HostImages::default())
+            .unwrap_err();
+        assert_eq!(err.rule, "image.not-allowed", "{outside}");
+    }
+    for inside in [
+        "reg.example:5000/x/y:1",
+        "reg.example:5000/x/y@sha256:00ff",
+        "reg.example/ok/tool:1",
+    ] {
+        assert_eq!(
+            policy.check_image(inside, &HostImages::default()).unwrap(),
+            inside
+        );
+    }
+}
+
 #[test]
 fn malformed_images_are_invalid_and_bad_entries_ignored() {
     let (policy, warnings) = images_policy(Some(

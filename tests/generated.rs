@@ -400,3 +400,52 @@ fn changes_to_untracked_bytecode_the_import_brought_are_generated() {
         "old bytecode\n"
     );
 }
+
+/// An install that leaves a `node_modules/` of about 100 MB, past the 64 MiB a shown diff
+/// holds: its entries are counted as they arrive, not kept, so the diff shows the edit and
+/// the group (it failed whole, naming the bound), and the finish leaves them out as always.
+#[test]
+fn a_generated_directory_past_the_diffs_bound_does_not_fail_the_diff() {
+    if !require_root("a_generated_directory_past_the_diffs_bound_does_not_fail_the_diff") {
+        return;
+    }
+    let home = TestHome::new();
+    let repo = tempfile::tempdir().unwrap();
+    let repo = repo.path();
+    project(repo);
+    home.json(&["task", "start", repo.to_str().unwrap(), "--name", "big"]);
+    let result = home.exec_in_task(
+        "big",
+        "set -e; printf 'def main():\\n    return 2\\n' > pkg/cli.py
+         mkdir -p node_modules/big
+         for i in 1 2 3 4 5 6 7 8; do head -c 9000000 /dev/urandom | base64 > node_modules/big/f$i.js; done",
+        120,
+    );
+    assert_eq!(result["exitCode"], 0, "{result:#}");
+    let diff = home.json(&["task", "diff", "big"]);
+    assert_eq!(diff["files"], 1, "{diff:#}");
+    assert!(
+        diff["patch"].as_str().unwrap().contains("b/pkg/cli.py"),
+        "{diff:#}"
+    );
+    let group = &diff["generated"][0];
+    assert_eq!(
+        (&group["pattern"], &group["under"], &group["files"]),
+        (
+            &Value::from("node_modules/"),
+            &Value::from("."),
+            &Value::from(8)
+        ),
+        "{diff:#}"
+    );
+    assert!(
+        group["patchBytes"].as_u64().unwrap() > 64 * 1024 * 1024,
+        "{diff:#}"
+    );
+    let finished = home.json(&["task", "finish", "big"]);
+    assert_eq!(
+        (&finished["verified"], &finished["files"]),
+        (&Value::from(true), &Value::from(1)),
+        "{finished:#}"
+    );
+}

@@ -310,6 +310,203 @@ pub fn split(patch: &[u8], files: &[FilePatch<'_>], project: &dyn Project) -> Sp
     split
 }
 
+/// A patch judged as it streams in: the entries [`generated`] names are counted as groups and
+/// dropped, the rest kept up to a bound, so that a `node_modules/` of hundreds of MiB neither
+/// fills memory nor the bound of a shown diff (it made the whole diff fail). An entry is held
+/// until it is judged: when whole, or, past [`Sieve::JUDGE_AT`] bytes, by its header (the
+/// lines before its `---`, hunks or binary data, which say its paths and whether it is new).
+/// Entries start at lines beginning `diff --git `, as git's own reader takes them (no line of
+/// a hunk or of base85 data can begin so).
+pub struct Sieve<'p> {
+    project: &'p (dyn Project + Sync),
+    max_kept: usize,
+    kept: Vec<u8>,
+    /// The start of a line not yet ended.
+    line: Vec<u8>,
+    /// The entry not yet judged, from its `diff --git` line.
+    entry: Vec<u8>,
+    /// How the current entry was judged: `None` while it is held (or before the first).
+    current: Option<Judged>,
+    groups: BTreeMap<(&'static str, String), (u64, u64)>,
+    over: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Judged {
+    Kept,
+    Generated(&'static str, String),
+}
+
+impl<'p> Sieve<'p> {
+    /// Bytes of one entry held before it is judged by its header.
+    pub const JUDGE_AT: usize = 64 * 1024;
+    /// A line start held before it is passed on: longer than any `diff --git` line git
+    /// writes for a path it can write.
+    const LINE_HELD: usize = 64 * 1024;
+
+    /// Keeps at most `max_kept` bytes; past them, [`Sieve::over`] says so and no more is kept.
+    pub fn new(project: &'p (dyn Project + Sync), max_kept: usize) -> Self {
+        Self {
+            project,
+            max_kept,
+            kept: Vec::new(),
+            line: Vec::new(),
+            entry: Vec::new(),
+            current: Some(Judged::Kept),
+            groups: BTreeMap::new(),
+            over: false,
+        }
+    }
+
+    /// Takes the next bytes of the patch.
+    pub fn push(&mut self, mut data: &[u8]) {
+        while let Some(newline) = data.iter().position(|&b| b == b'\n') {
+            let (line, rest) = data.split_at(newline + 1);
+            if self.line.is_empty() {
+                self.take_line(line);
+            } else {
+                let mut whole = std::mem::take(&mut self.line);
+                whole.extend_from_slice(line);
+                self.take_line(&whole);
+            }
+            data = rest;
+        }
+        self.line.extend_from_slice(data);
+        // A line start that cannot begin an entry, or too long to, goes on at once.
+        let header = b"diff --git ";
+        let can_begin = self.line.len() < Self::LINE_HELD
+            && header.starts_with(&self.line[..self.line.len().min(header.len())]);
+        if !can_begin {
+            let line = std::mem::take(&mut self.line);
+            self.add(&line);
+        }
+    }
+
+    /// Whether the kept entries went past the bound.
+    pub fn over(&self) -> bool {
+        self.over
+    }
+
+    /// The kept patch and the generated groups (sorted by pattern, then directory).
+    pub fn finish(mut self) -> (Vec<u8>, Vec<GeneratedGroup>) {
+        let line = std::mem::take(&mut self.line);
+        self.add(&line);
+        self.judge();
+        let groups = self
+            .groups
+            .into_iter()
+            .map(|((pattern, under), (files, bytes))| GeneratedGroup {
+                pattern: pattern.to_owned(),
+                under,
+                files,
+                patch_bytes: bytes,
+            })
+            .collect();
+        (self.kept, groups)
+    }
+
+    fn take_line(&mut self, line: &[u8]) {
+        if line.starts_with(b"diff --git ") {
+            self.judge();
+            self.current = None;
+        }
+        self.add(line);
+    }
+
+    fn add(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        match &self.current {
+            Some(Judged::Kept) => self.keep(bytes),
+            Some(Judged::Generated(pattern, under)) => {
+                let group = self.groups.entry((pattern, under.clone())).or_default();
+                group.1 += bytes.len() as u64;
+            }
+            None => {
+                self.entry.extend_from_slice(bytes);
+                if self.entry.len() >= Self::JUDGE_AT {
+                    self.judge();
+                }
+            }
+        }
+    }
+
+    fn keep(&mut self, bytes: &[u8]) {
+        if self.kept.len() + bytes.len() > self.max_kept {
+            self.over = true;
+        }
+        if !self.over {
+            self.kept.extend_from_slice(bytes);
+        }
+    }
+
+    /// Judges the held entry (if any), whole or by its header, and passes it on.
+    fn judge(&mut self) {
+        if self.current.is_some() || self.entry.is_empty() {
+            return;
+        }
+        let entry = std::mem::take(&mut self.entry);
+        let judged = match judge_entry(&entry, self.project) {
+            Some((pattern, under)) => {
+                self.groups.entry((pattern, under.clone())).or_default().0 += 1;
+                Judged::Generated(pattern, under)
+            }
+            None => Judged::Kept,
+        };
+        self.current = Some(judged);
+        self.add(&entry);
+    }
+}
+
+/// The group `entry` falls in when generated, `None` when kept: parsed whole while it is
+/// held whole, else by its header (as the entry of an empty file git writes, or of a change
+/// between two empty binary files). What the parser cannot read is kept, for the review to
+/// say why.
+fn judge_entry(entry: &[u8], project: &dyn Project) -> Option<(&'static str, String)> {
+    let group = |text: &[u8]| -> Result<Option<(&'static str, String)>, ()> {
+        let files = crate::patch::parse(text, text.len()).map_err(drop)?;
+        Ok(files
+            .first()
+            .and_then(|file| generated(file, project))
+            .map(|matched| (matched.rule.pattern, matched.top.to_owned())))
+    };
+    if entry.len() < Sieve::JUDGE_AT {
+        return group(entry).ok().flatten();
+    }
+    let header = entry_header(entry);
+    group(header)
+        .or_else(|()| {
+            let mut empty = header.to_vec();
+            empty.extend_from_slice(EMPTY_BINARY_BODY);
+            group(&empty)
+        })
+        .ok()
+        .flatten()
+}
+
+/// The body of a change between two empty binary files.
+const EMPTY_BINARY_BODY: &[u8] =
+    b"GIT binary patch\nliteral 0\nHcmV?d00001\n\nliteral 0\nHcmV?d00001\n\n";
+
+/// An entry's header: its lines before the first `---`, hunk or binary data line (all of it
+/// when there is none).
+fn entry_header(entry: &[u8]) -> &[u8] {
+    let mut at = 0;
+    for line in entry.split_inclusive(|&b| b == b'\n') {
+        if at > 0
+            && (line.starts_with(b"--- ")
+                || line.starts_with(b"@@")
+                || line.starts_with(b"GIT binary patch")
+                || line.starts_with(b"Binary files "))
+        {
+            break;
+        }
+        at += line.len();
+    }
+    &entry[..at]
+}
+
 fn push_merged(ranges: &mut Vec<Range<usize>>, range: Range<usize>) {
     if range.is_empty() {
         return;
@@ -578,6 +775,97 @@ mod tests {
         assert!(split.generated.is_empty() && split.groups.is_empty());
         let empty = split_empty();
         assert_eq!((empty.kept.len(), empty.groups.len()), (0, 0));
+    }
+
+    /// The sieve, fed in pieces of any size, keeps and groups what [`split`] does, and an
+    /// entry larger than [`Sieve::JUDGE_AT`] is judged by its header, generated or not.
+    #[test]
+    fn the_sieve_judges_as_split_does() {
+        let big_generated = added_lines("node_modules/big/index.js", 20_000);
+        let big_kept = added_lines("src/big.js", 20_000);
+        let text = [
+            modified("pkg/cli.py"),
+            binary_added("pkg/__pycache__/cli.cpython-311.pyc"),
+            big_generated.clone(),
+            added("pkg/new.py"),
+            binary_modified("pkg/__pycache__/old.cpython-311.pyc"),
+            deleted("pkg/__pycache__/gone.cpython-311.pyc"),
+            modified("target/foo"),
+            added("target/bar"),
+            big_kept.clone(),
+            added("x.pyc"),
+            big_binary_modified("pkg/__pycache__/big.cpython-311.pyc"),
+            modified_lines("pkg/__pycache__/notes.txt", 20_000),
+        ]
+        .concat();
+        assert!(big_generated.len() > Sieve::JUDGE_AT && big_kept.len() > Sieve::JUDGE_AT);
+        struct Baseline;
+        impl Project for Baseline {
+            fn tracks_beneath(&self, dir: &str) -> bool {
+                dir == "target"
+            }
+            fn untracked(&self, path: &str) -> bool {
+                path.contains("__pycache__")
+            }
+        }
+        let files = patch::parse(text.as_bytes(), text.len()).unwrap();
+        let split = split(text.as_bytes(), &files, &Baseline);
+        let kept = Split::join(text.as_bytes(), &split.kept);
+        // The two large pycache entries are generated too.
+        assert_eq!(split.groups.iter().map(|g| g.files).sum::<u64>(), 7);
+        for piece in [1, 7, 4096, text.len()] {
+            let mut sieve = Sieve::new(&Baseline, usize::MAX);
+            for chunk in text.as_bytes().chunks(piece) {
+                sieve.push(chunk);
+            }
+            assert!(!sieve.over());
+            let (sieved, groups) = sieve.finish();
+            assert_eq!(
+                String::from_utf8_lossy(&sieved)
+                    .lines()
+                    .filter(|l| l.starts_with("diff"))
+                    .collect::<Vec<_>>(),
+                String::from_utf8_lossy(&kept)
+                    .lines()
+                    .filter(|l| l.starts_with("diff"))
+                    .collect::<Vec<_>>(),
+                "pieces of {piece}"
+            );
+            assert!(sieved == kept, "pieces of {piece}");
+            assert_eq!(groups, split.groups, "pieces of {piece}");
+        }
+        // Past its bound the sieve says so; the generated entries never count against it.
+        let mut sieve = Sieve::new(&Baseline, kept.len() - 1);
+        sieve.push(text.as_bytes());
+        assert!(sieve.over());
+        let mut sieve = Sieve::new(&Baseline, kept.len());
+        sieve.push(text.as_bytes());
+        assert!(!sieve.over());
+    }
+
+    fn big_binary_modified(name: &str) -> String {
+        // Shape-checked, not decoded: `z` says 52 bytes, in 65 base85 characters.
+        let data: String = (0..2000)
+            .map(|_| format!("z{}\n", "0".repeat(65)))
+            .collect();
+        format!(
+            "diff --git a/{name} b/{name}\nindex 1111111111111111111111111111111111111111..3333333333333333333333333333333333333333 100644\nGIT binary patch\nliteral 104000\n{data}\nliteral 3\nKcmZQzWB>pF00aO6\n\n"
+        )
+    }
+
+    fn modified_lines(name: &str, lines: usize) -> String {
+        let old: String = (0..lines).map(|i| format!("-old {i}\n")).collect();
+        let new: String = (0..lines).map(|i| format!("+new {i}\n")).collect();
+        format!(
+            "diff --git a/{name} b/{name}\nindex 1111111..2222222 100644\n--- a/{name}\n+++ b/{name}\n@@ -1,{lines} +1,{lines} @@\n{old}{new}"
+        )
+    }
+
+    fn added_lines(name: &str, lines: usize) -> String {
+        let body: String = (0..lines).map(|i| format!("+line {i}\n")).collect();
+        format!(
+            "diff --git a/{name} b/{name}\nnew file mode 100644\nindex 0000000..1111111\n--- /dev/null\n+++ b/{name}\n@@ -0,0 +1,{lines} @@\n{body}"
+        )
     }
 
     fn split_empty() -> Split {

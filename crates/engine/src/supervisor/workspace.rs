@@ -15,6 +15,7 @@ use dynocap_proto::{
     channel, from_payload, BaselineRequest, DiffRequest, FrameKind, ReceiveFileRequest, Request,
     Response, UnpackRequest,
 };
+use dynocap_review::generated::{GeneratedGroup, Project, Sieve};
 use dynocap_review::patch::DEFAULT_MAX_PATCH_BYTES;
 
 use crate::foundation::error::{Coded, Context, Error, ErrorCode, Result};
@@ -317,14 +318,66 @@ pub enum Scan {
     Everything,
 }
 
-/// The patch baseline → current working tree, as the guest's agent computes it, in memory:
-/// for showing it (`task diff`), so bounded by [`DEFAULT_MAX_PATCH_BYTES`]. Saving the work
-/// uses [`diff_into`] without a bound.
-pub async fn diff(conn: &AgentConn, line_diff_budget: u64) -> Result<Vec<u8>> {
-    let mut patch = Vec::new();
-    let max = u64::try_from(DEFAULT_MAX_PATCH_BYTES).unwrap_or(u64::MAX);
-    diff_into(conn, &mut patch, Some(max), line_diff_budget, Scan::Changed).await?;
-    Ok(patch)
+/// The patch baseline → current working tree, as the guest's agent computes it, in memory,
+/// for showing it (`task diff`): the entries [`generated`](dynocap_review::generated) names
+/// are left out as they arrive and returned as groups, the rest bounded by
+/// [`DEFAULT_MAX_PATCH_BYTES`] (a `node_modules/` of hundreds of MiB does not make the diff
+/// fail). Saving the work uses [`diff_into`] without a bound.
+pub async fn diff(
+    conn: &AgentConn,
+    line_diff_budget: u64,
+    project: &(dyn Project + Sync),
+) -> Result<(Vec<u8>, Vec<GeneratedGroup>)> {
+    let mut sieving = Sieving(Sieve::new(project, DEFAULT_MAX_PATCH_BYTES));
+    match diff_into(conn, &mut sieving, None, line_diff_budget, Scan::Changed).await {
+        Ok(_) => Ok(sieving.0.finish()),
+        Err(_) if sieving.0.over() => Err(too_large(DEFAULT_MAX_PATCH_BYTES as u64)),
+        Err(err) => Err(err),
+    }
+}
+
+/// A [`Sieve`] as the sink of [`diff_into`]: a write past its bound fails, which ends the
+/// agent's diff.
+struct Sieving<'p>(Sieve<'p>);
+
+impl tokio::io::AsyncWrite for Sieving<'_> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let sieve = &mut self.get_mut().0;
+        sieve.push(buf);
+        std::task::Poll::Ready(if sieve.over() {
+            Err(std::io::Error::other("the shown diff's bound is reached"))
+        } else {
+            Ok(buf.len())
+        })
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// A diff over the bound of a shown one: what to do instead.
+fn too_large(max: u64) -> Error {
+    Error::invalid(format!(
+        "the diff is over the {} MiB that a diff shows; the work is not lost: task finish saves \
+         the whole patch, whatever its size. To see a smaller diff, delete large files from \
+         /workspace or list them in its .gitignore",
+        max / (1024 * 1024)
+    ))
 }
 
 /// What one file's line diff may take in a guest of `memory_mb`: a quarter of it, the rest
@@ -369,13 +422,7 @@ where
                     let len = u64::try_from(data.len()).unwrap_or(u64::MAX);
                     if let Some(max) = max_bytes.filter(|&max| written.saturating_add(len) > max) {
                         let _ = stream.cancel().await;
-                        return Err(Error::invalid(format!(
-                            "the diff is over the {} MiB that a diff shows; the work is not lost: \
-                             task finish saves the whole patch, whatever its size. To see a \
-                             smaller diff, delete generated or large files from /workspace or list \
-                             them in its .gitignore",
-                            max / (1024 * 1024)
-                        )));
+                        return Err(too_large(max));
                     }
                     if let Err(err) = out.write_all(data).await {
                         let _ = stream.cancel().await;

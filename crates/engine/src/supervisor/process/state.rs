@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use dynocap_review::generated::Split;
 use dynocap_review::patch::{self, DEFAULT_MAX_PATCH_BYTES};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixListener;
@@ -26,7 +25,7 @@ use crate::supervisor::egress::Egress;
 use crate::supervisor::exec::ExecResult;
 use crate::supervisor::finish;
 use crate::supervisor::oom::OomWatch;
-use crate::supervisor::save::{self, ResultFiles};
+use crate::supervisor::save::ResultFiles;
 use crate::supervisor::starter_watch::StarterWatch;
 use crate::supervisor::workspace::{self, BaselineIndex, BASELINE_TAR};
 
@@ -244,16 +243,9 @@ pub(super) struct Started {
 
 impl TaskContext {
     pub(super) async fn diff(&self, conn: &AgentConn) -> Result<DiffResult> {
-        let mut patch = workspace::diff(conn, self.line_diff_budget).await?;
         let baseline = self.baseline();
         // Generated files are summarised, not shown: as `finish` leaves them out.
-        let generated = match save::split_generated(&patch, &*baseline) {
-            Some(split) => {
-                patch = Split::join(&patch, &split.kept);
-                split.groups
-            }
-            None => Vec::new(),
-        };
+        let (patch, generated) = workspace::diff(conn, self.line_diff_budget, &*baseline).await?;
         let summary = patch::summarize(&patch, DEFAULT_MAX_PATCH_BYTES, &|path| baseline.get(path))
             .map_err(|err| {
                 Error::invalid(format!("the patch from the sandbox was refused: {err}"))

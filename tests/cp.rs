@@ -8,7 +8,8 @@
 //! link) arrive owned by the sandbox user with their modes, and a guest symlink at a name the
 //! copy makes is refused rather than followed. A task copies relative to its /workspace.
 //! A directory of 5,000 files (more than one guest listing carries, at two levels) goes out
-//! and in whole, and only `--max-entries` stops such a copy, both ways round. On the vm
+//! and in whole, and only `--max-entries` stops such a copy, both ways round. A host directory
+//! swapped for a symlink while a copy in runs never leads it out of the source. On the vm
 //! backend, a file and a directory go out and in, and a guest symlink pointing out of the
 //! destination arrives as a symlink, never followed.
 
@@ -407,6 +408,76 @@ fn files_and_directories_go_in_as_the_sandbox_user_never_through_a_guest_symlink
     assert_eq!(
         home.sh("cpi", "test -L /tmp/in/named || cat /tmp/in/named"),
         "single"
+    );
+}
+
+/// A host directory in the source of a copy in that is swapped for a symlink to a secret
+/// directory while the copy runs (a thread exchanges the two with `renameat2`, as an attacker
+/// who can write in the source tree would) never leads the copy through the symlink: the
+/// secret never reaches the guest. Each copy may come out whole or stop with an error; what
+/// the guest holds is never the secret. (Before the copy walked the tree by descriptor, about
+/// one copy in seven here carried the secret in.)
+#[test]
+fn a_copy_in_is_never_led_out_of_the_source_by_a_directory_swapped_for_a_symlink() {
+    let Some(home) = booted(
+        "a_copy_in_is_never_led_out_of_the_source_by_a_directory_swapped_for_a_symlink",
+        "cpr",
+    ) else {
+        return;
+    };
+    let host = tempfile::tempdir().expect("tempdir");
+    let (src, secret, swap) = (
+        host.path().join("src"),
+        host.path().join("secret"),
+        host.path().join("swap"),
+    );
+    std::fs::create_dir_all(src.join("a")).expect("mkdir");
+    for n in 0..5 {
+        std::fs::write(src.join("a").join(format!("f{n}")), "plain\n").expect("write");
+    }
+    std::fs::create_dir_all(&secret).expect("mkdir");
+    std::fs::write(secret.join("s"), "SECRET\n").expect("secret");
+    std::fs::create_dir_all(&swap).expect("mkdir");
+    std::os::unix::fs::symlink(&secret, swap.join("a")).expect("symlink");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let exchanger = {
+        let stop = std::sync::Arc::clone(&stop);
+        let one =
+            std::ffi::CString::new(src.join("a").to_string_lossy().into_owned()).expect("path");
+        let other =
+            std::ffi::CString::new(swap.join("a").to_string_lossy().into_owned()).expect("path");
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: renameat2 reads two NUL-terminated paths that outlive the call.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_renameat2,
+                        libc::AT_FDCWD,
+                        one.as_ptr(),
+                        libc::AT_FDCWD,
+                        other.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    );
+                }
+            }
+        })
+    };
+    let mut carried = 0;
+    for _ in 0..40 {
+        home.sh("cpr", "rm -rf /tmp/dst");
+        let _ = home.run(&["cp", &src.to_string_lossy(), "cpr:/tmp/dst"]);
+        if home
+            .sh("cpr", "grep -rl SECRET /tmp/dst 2>/dev/null || true")
+            .contains("dst")
+        {
+            carried += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    exchanger.join().expect("exchanger");
+    assert_eq!(
+        carried, 0,
+        "copies that carried the host's secret into the guest"
     );
 }
 

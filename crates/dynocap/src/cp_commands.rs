@@ -789,7 +789,15 @@ async fn copy_in(
             }
         }
         // The source named is followed as any path typed is (the docs say so of both ways).
-        Some(made) => copy.file(src, &made, true).await?,
+        Some(made) => {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(src)
+                .map_err(|err| Error::invalid(format!("cannot open {}: {err}", shown(src))))?;
+            copy.file(file, src, &made).await?
+        }
     }
     Ok(copy.report)
 }
@@ -848,66 +856,93 @@ impl CopyIn<'_> {
 
     /// Copies the entries of the host directory `dir` into the guest directory `rel`, depth
     /// first; symlinks are copied as symlinks, anything but files, directories and symlinks
-    /// is skipped with a note.
+    /// is skipped with a note. `dir` (named by the user) is opened as any path is; below it
+    /// every entry is looked at, opened and descended into relative to its directory's
+    /// descriptor without following a symlink, so a directory swapped for a symlink while the
+    /// copy runs is not followed out of the tree (docker cp's CVE-2018-15664 the other way
+    /// round).
     async fn fill_dir(&mut self, dir: &Path, rel: &str) -> Result<(), Error> {
-        // Each level: its host path, its guest path, its entries left, and the directory
-        // made below it whose mode is set once it is filled.
+        // Each level: its descriptor, its host path (for messages), its guest path, its
+        // entries left, and the directory made below it whose mode is set once it is filled.
         type Level = (
+            OwnedFd,
             PathBuf,
             String,
-            std::vec::IntoIter<PathBuf>,
+            std::vec::IntoIter<std::ffi::OsString>,
             Option<(String, u32)>,
         );
+        let top = open(
+            dir,
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|errno| host_error("cannot open", dir, errno))?;
+        let entries = self.sorted_entries(&top, dir)?;
         let mut stack: Vec<Level> = vec![(
+            top,
             dir.to_owned(),
             rel.to_owned(),
-            self.sorted_entries(dir)?.into_iter(),
+            entries.into_iter(),
             None,
         )];
         loop {
             let depth = stack.len();
-            let Some((_, rel, entries, _)) = stack.last_mut() else {
+            let Some((fd, host, rel, entries, _)) = stack.last_mut() else {
                 break;
             };
-            let Some(path) = entries.next() else {
+            let Some(name) = entries.next() else {
                 stack.pop();
-                if let Some((_, _, _, pending)) = stack.last_mut() {
+                if let Some((_, _, _, _, pending)) = stack.last_mut() {
                     if let Some((made, mode)) = pending.take() {
                         self.put_dir(&made, Some(mode)).await?;
                     }
                 }
                 continue;
             };
+            let path = host.join(&name);
             let rel = rel.clone();
-            let Some(name) = path.file_name().and_then(OsStr::to_str) else {
+            let Some(name) = name.to_str() else {
                 self.report
                     .notes
                     .push(format!("skipped {}: its name is not UTF-8", shown(&path)));
                 continue;
             };
             let child = rel_join(&rel, check_name(name)?);
-            let meta = std::fs::symlink_metadata(&path)
-                .map_err(|err| Error::invalid(format!("{}: {err}", shown(&path))))?;
-            let kind = meta.file_type();
-            if kind.is_dir() {
+            let st = fstatat(&*fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|errno| host_error("cannot look at", &path, errno))?;
+            if is_type(st.st_mode, SFlag::S_IFDIR) {
                 if depth >= MAX_DEPTH {
                     return Err(Error::invalid(format!(
                         "{} is more than {MAX_DEPTH} directories deep; dynocap cp stops there",
                         shown(&path)
                     )));
                 }
+                let sub = openat(
+                    &*fd,
+                    name,
+                    OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|errno| host_error("cannot open", &path, errno))?;
                 let created = self.put_dir(&child, None).await?;
-                let entries = self.sorted_entries(&path)?;
+                let entries = self.sorted_entries(&sub, &path)?;
                 if let Some(level) = stack.last_mut() {
-                    level.3 = created.then(|| (child.clone(), meta.mode()));
+                    level.4 = created.then(|| (child.clone(), st.st_mode & 0o7777));
                 }
-                stack.push((path, child, entries.into_iter(), None));
-            } else if kind.is_file() {
-                self.file(&path, &child, false).await?;
-            } else if kind.is_symlink() {
+                stack.push((sub, path, child, entries.into_iter(), None));
+            } else if is_type(st.st_mode, SFlag::S_IFREG) {
+                let file = openat(
+                    &*fd,
+                    name,
+                    OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|errno| host_error("cannot open", &path, errno))?;
+                self.file(File::from(file), &path, &child).await?;
+            } else if is_type(st.st_mode, SFlag::S_IFLNK) {
                 self.count_entry()?;
-                let target = std::fs::read_link(&path)
-                    .map_err(|err| Error::invalid(format!("{}: {err}", shown(&path))))?;
+                let target = nix::fcntl::readlinkat(&*fd, name)
+                    .map_err(|errno| host_error("cannot read the symlink", &path, errno))?;
                 let Some(target) = target.to_str() else {
                     self.report
                         .notes
@@ -932,19 +967,12 @@ impl CopyIn<'_> {
         Ok(())
     }
 
-    /// Sends the host file `path` to the guest file `rel` in pieces of at most [`MAX_WRITE`]
-    /// bytes; its mode (without set-id bits) goes with the last piece. `follow`: `path` is
-    /// the source the user named, followed if a symlink; below it nothing is.
-    async fn file(&mut self, path: &Path, rel: &str, follow: bool) -> Result<(), Error> {
+    /// Sends the open host file `file` (at `path`, for messages) to the guest file `rel` in
+    /// pieces of at most [`MAX_WRITE`] bytes; its mode (without set-id bits) goes with the last
+    /// piece.
+    async fn file(&mut self, mut file: File, path: &Path, rel: &str) -> Result<(), Error> {
         use std::io::Read as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
         self.count_entry()?;
-        let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nofollow | libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|err| Error::invalid(format!("cannot open {}: {err}", shown(path))))?;
         let meta = file
             .metadata()
             .map_err(|err| Error::invalid(format!("{}: {err}", shown(path))))?;
@@ -994,19 +1022,29 @@ impl CopyIn<'_> {
 
 /// A host directory's entries, in name order.
 impl CopyIn<'_> {
-    /// The host directory `dir`'s entries, sorted: read whole (to sort them), so a directory
-    /// with more entries than the copy may still make is refused as it is read, before the
-    /// copy's memory grows past its bound.
-    fn sorted_entries(&self, dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    /// The entries of the open host directory `dir` (at `path`, for messages), sorted: read
+    /// whole (to sort them), so a directory with more entries than the copy may still make is
+    /// refused as it is read, before the copy's memory grows past its bound.
+    fn sorted_entries(&self, dir: &OwnedFd, path: &Path) -> Result<Vec<std::ffi::OsString>, Error> {
+        use std::os::unix::ffi::OsStrExt as _;
         let room = self.report.room(self.bounds);
-        let listing_error =
-            |err: std::io::Error| Error::invalid(format!("cannot list {}: {err}", shown(dir)));
+        let listing_error = |errno: Errno| host_error("cannot list", path, errno);
+        let mut reader = nix::dir::Dir::from_fd(
+            dir.try_clone()
+                .map_err(|err| Error::invalid(format!("cannot list {}: {err}", shown(path))))?,
+        )
+        .map_err(listing_error)?;
         let mut entries = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(listing_error)? {
+        for entry in reader.iter() {
+            let entry = entry.map_err(listing_error)?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
             if entries.len() as u64 >= room {
                 return Err(too_many(self.bounds));
             }
-            entries.push(entry.map_err(listing_error)?.path());
+            entries.push(OsStr::from_bytes(name).to_owned());
         }
         entries.sort();
         Ok(entries)

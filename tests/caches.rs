@@ -674,3 +674,44 @@ fn a_failed_start_of_a_new_project_leaves_no_cache() {
     assert_eq!(dirs, 1, "only the kept project's cache directory is left");
     home.json(&["cache", "rm", "--all"]);
 }
+
+/// `cache rm` asks the cache's lock as well as the catalog: a cache a supervisor still holds
+/// (here the test holds its lock, shared, as a jail's supervisor does from the guest's boot to
+/// its end) is not removed under it, even when no task of the catalog runs; `--all` says which
+/// it removed before.
+#[test]
+fn cache_rm_leaves_a_cache_a_supervisor_still_holds() {
+    let test = "cache_rm_leaves_a_cache_a_supervisor_still_holds";
+    let Some(home) = TestHome::on(Backend::Jail, test) else {
+        return;
+    };
+    let projects = tempfile::tempdir().expect("projects");
+    let app = project(projects.path(), "app");
+    start_plain(&home, "one", &app, &[]);
+    home.json(&["task", "finish", "one"]);
+    let id = caches(&home)[0]["id"].as_str().expect("id").to_owned();
+    let lock = std::fs::File::open(home.path().join("caches").join(&id).join("cache.lock"))
+        .expect("the cache's lock");
+    let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockSharedNonblock)
+        .map_err(|(_, e)| e)
+        .expect("shared, as a jail's supervisor holds it");
+    for args in [&["cache", "rm", id.as_str()][..], &["cache", "rm", "--all"]] {
+        let err = home.json_err(args);
+        assert_eq!(err["code"], "conflict", "{err:#}");
+        assert!(
+            err["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("held by a sandbox's supervisor")),
+            "{err:#}"
+        );
+    }
+    assert!(home
+        .path()
+        .join("caches")
+        .join(&id)
+        .join("cache.img")
+        .is_file());
+    drop(held);
+    home.json(&["cache", "rm", &id]);
+    assert!(caches(&home).is_empty());
+}

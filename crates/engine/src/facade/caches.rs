@@ -117,10 +117,37 @@ impl Engine {
                 busy.in_use_by.join(", ")
             )));
         }
-        for cache in &chosen {
-            project_cache::remove(self.home().root(), &cache.id)?;
+        // A guest may have it still where the catalog says none runs (a supervisor ending
+        // after its record did, a start not yet recorded): its lock says so, and is held
+        // while the cache goes, so no guest takes it meanwhile.
+        let mut removed = Vec::new();
+        for cache in chosen {
+            if !project_cache::remove_unheld(self.home().root(), &cache.id)?
+                && project_cache::caches_dir(self.home().root())
+                    .join(&cache.id)
+                    .exists()
+            {
+                let done = if removed.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (removed before it: {})",
+                        removed
+                            .iter()
+                            .map(|c: &CacheEntry| c.project.as_deref().unwrap_or(&c.id).to_owned())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                return Err(Error::conflict(format!(
+                    "the package cache of {} is held by a sandbox's supervisor still (a task \
+                     starting or ending); try again once it is done{done}",
+                    cache.project.as_deref().unwrap_or(&cache.id)
+                )));
+            }
+            removed.push(cache);
         }
-        Ok(CacheRmResult { removed: chosen })
+        Ok(CacheRmResult { removed })
     }
 
     fn entry(&self, info: CacheInfo, records: &[Record]) -> CacheEntry {

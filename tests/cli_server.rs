@@ -1073,3 +1073,87 @@ fn a_server_killed_mid_command_gives_a_json_error_with_json() {
         "{error}"
     );
 }
+
+/// Runs `dynocap ARGS` for `home` from `cwd`, with `env` on top of the home's own.
+fn from_dir(home: &TestHome, cwd: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    home.command()
+        .current_dir(cwd)
+        .envs(env.iter().copied())
+        .args(args)
+        .output()
+        .expect("spawn dynocap")
+}
+
+#[test]
+fn a_relative_home_is_the_commands_directorys_and_no_server_makes_another() {
+    if !require_root("a_relative_home_is_the_commands_directorys") {
+        return;
+    }
+    let home = TestHome::new();
+    let cwd = home.path();
+    // A name of its own, so that a stray directory at `/` is this test's to see and remove.
+    let relative = format!("dc-relative-home-{}", std::process::id());
+    let stray = Path::new("/").join(&relative);
+    for _ in 0..4 {
+        let out = from_dir(&home, cwd, &[("DYNOCAP_HOME", &relative)], &["ps"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let made_at_root = stray.exists();
+    if made_at_root {
+        let _ = std::fs::remove_dir_all(&stray);
+    }
+    assert!(
+        !made_at_root,
+        "a command server made the relative home {relative} at / instead of in the command's directory"
+    );
+    assert!(
+        cwd.join(&relative).join("run").is_dir(),
+        "the home is where the command ran"
+    );
+    assert!(
+        wait_until(10, || command_servers(&cwd.join(&relative)).is_empty()),
+        "a server listens for a relative home"
+    );
+}
+
+#[test]
+fn a_relative_agent_path_is_refused_by_the_command_and_never_served() {
+    if !require_root("a_relative_agent_path_is_refused_by_the_command_and_never_served") {
+        return;
+    }
+    let home = TestHome::new();
+    let env = [("DYNOCAP_AGENT", "dynocap-agent")];
+    // Commands that a server would serve: none may be, since the server works from `/`,
+    // where the path names another file than in the command's directory.
+    for _ in 0..3 {
+        let out = from_dir(&home, home.path(), &env, &["ps"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        wait_until(10, || command_servers(home.path()).is_empty()),
+        "a command server serves an environment with a relative DYNOCAP_AGENT"
+    );
+    let out = from_dir(
+        &home,
+        home.path(),
+        &env,
+        &["run", "relagent", "--ttl", "60"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("DYNOCAP_AGENT=dynocap-agent is a relative path")
+            && stderr.contains("absolute path"),
+        "{stderr}"
+    );
+}

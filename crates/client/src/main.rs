@@ -85,13 +85,9 @@ fn through_server(core: &Path, args: &[OsString]) -> Option<ExitCode> {
     if !subcommand.is_some_and(|name| SERVED.iter().any(|served| name == *served)) {
         return None;
     }
-    let home = rendezvous::home_dir(|name| std::env::var_os(name))?;
-    // The server works from `/`: it is given the socket by its full path.
-    let home = if home.is_absolute() {
-        home
-    } else {
-        std::env::current_dir().ok()?.join(home)
-    };
+    // A relative home is this directory's: the server, which works from `/`, would not serve
+    // it (see `serve` in dynocap-core), so none is looked for or started.
+    let home = rendezvous::home_dir(|name| std::env::var_os(name)).filter(|h| h.is_absolute())?;
     let run_dir = home.join("run");
     let context = rendezvous::Context::of_this_process();
     let socket_path = rendezvous::socket_path(&run_dir, core, &context).ok()?;

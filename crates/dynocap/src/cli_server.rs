@@ -69,6 +69,18 @@ const ENDING: [Signal; 4] = [
 /// Serves the home whose `run/` directory holds `socket`, until idle. Must be called while
 /// this process has one thread, before anything opens a descriptor.
 pub fn serve(socket: &Path, settings: Settings) -> ExitCode {
+    // This server works from `/`, where a relative path means another file than in its
+    // clients' directories; their commands run in processes of their own instead. Nothing
+    // is made first: the home such a path names is the clients' to make.
+    let relative = settings.relative_paths();
+    if !relative.is_empty() {
+        eprintln!(
+            "dynocap cli-server: not serving: {} set to a relative path; commands run \
+             in their own processes (set an absolute path to have them served)",
+            relative.join(", ")
+        );
+        return ExitCode::FAILURE;
+    }
     let idle = idle_setting(settings.cli_server_idle.as_deref());
     let config = settings.engine;
     // What the first client's process held (a shell's redirections, a build's jobserver

@@ -117,6 +117,33 @@ pub struct Settings {
     pub cli_server_idle: Option<OsString>,
 }
 
+impl Settings {
+    /// The variables set to a relative path. Each process reads such a path against its own
+    /// working directory, so a process that works elsewhere than the command it serves (the
+    /// command server works from `/`) would use another home, agent or file than that
+    /// command's own process: the command server refuses to serve such an environment.
+    pub fn relative_paths(&self) -> Vec<&'static str> {
+        let config = &self.engine;
+        [
+            ("DYNOCAP_HOME", &config.home.dynocap_home),
+            ("XDG_DATA_HOME", &config.home.xdg_data_home),
+            ("HOME", &config.home.user_home),
+            ("DYNOCAP_IMAGE_CACHE", &config.images.cache),
+            ("DOCKER_CONFIG", &config.images.docker_config),
+            ("DYNOCAP_AGENT", &config.agent),
+            ("DYNOCAP_BIN", &config.supervisor_exe),
+            ("DYNOCAP_EXTRA_CA", &config.egress.extra_ca),
+        ]
+        .into_iter()
+        .filter(|(_, path)| {
+            path.as_deref()
+                .is_some_and(|path| !path.as_os_str().is_empty() && path.is_relative())
+        })
+        .map(|(name, _)| name)
+        .collect()
+    }
+}
+
 /// The MCP server's host policy and log file, as given: the server checks each value when it
 /// starts and says in its log what it did with one it did not understand.
 #[derive(Debug, Clone, Default)]
@@ -238,6 +265,23 @@ mod tests {
             assert!(arg.get_env().is_some(), "{} has no variable", arg.get_id());
             assert!(!arg.is_positional(), "{}", arg.get_id());
         }
+    }
+
+    #[test]
+    fn relative_paths_name_their_variables() {
+        let mut settings = Settings {
+            engine: Config::default(),
+            log: crate::logging::Settings::parse(None, None),
+            mcp: McpSettings::default(),
+            cli_server_idle: None,
+        };
+        settings.engine.home.dynocap_home = Some(PathBuf::from("/abs/home"));
+        settings.engine.home.user_home = Some(PathBuf::from(""));
+        assert!(settings.relative_paths().is_empty());
+        settings.engine.home.dynocap_home = Some(PathBuf::from("state"));
+        settings.engine.agent = Some(PathBuf::from("./dynocap-agent"));
+        settings.engine.images.docker_config = Some(PathBuf::from("/root/.docker/config.json"));
+        assert_eq!(settings.relative_paths(), ["DYNOCAP_HOME", "DYNOCAP_AGENT"]);
     }
 
     #[test]

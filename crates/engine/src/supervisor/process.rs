@@ -378,6 +378,9 @@ fn project_cache(
 /// The agent binary: `DYNOCAP_AGENT`, else `dynocap-agent` beside this executable.
 pub fn agent_binary(config: &Config) -> Result<PathBuf> {
     if let Some(path) = config.agent.clone().filter(|v| !v.as_os_str().is_empty()) {
+        if path.is_relative() {
+            return Err(ProcessFailure::AgentRelative { path }.into());
+        }
         if path.is_file() {
             return Ok(path);
         }

@@ -13,6 +13,12 @@ pub(super) enum ProcessFailure {
         .path.display()
     )]
     AgentNotAFile { path: PathBuf },
+    /// A relative `DYNOCAP_AGENT`, which each process would read against its own directory.
+    #[error(
+        "DYNOCAP_AGENT={} is a relative path; give the agent binary's absolute path",
+        .path.display()
+    )]
+    AgentRelative { path: PathBuf },
     /// Where the agent binary was looked for, beside the running executable.
     #[error(
         "the guest agent {} is missing; install dynocap-agent next to dynocap or set \
@@ -60,6 +66,7 @@ impl Coded for ProcessFailure {
     fn code(&self) -> ErrorCode {
         match self {
             Self::AgentNotAFile { .. }
+            | Self::AgentRelative { .. }
             | Self::AgentMissing { .. }
             | Self::Runtime(_)
             | Self::FinalDiffOnFailedDisk { .. }

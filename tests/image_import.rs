@@ -5,6 +5,7 @@
 //! killed half-way leaving nothing listed, the next one succeeding.
 
 use std::path::Path;
+use std::process::Command;
 
 use dynocap_e2e::images::{allocated_bytes, store_entries, store_leftovers};
 use dynocap_e2e::oci::{
@@ -91,7 +92,7 @@ fn write_docker(path: &Path, layers: &[Vec<u8>]) {
     let config = config(&diff_ids);
     let config_name = format!("{}.json", sha256(&config));
     let mut archive = tar::Builder::new(Vec::new());
-    let mut add = |name: &str, data: &[u8]| {
+    let add = |archive: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
         let mut header = tar::Header::new_ustar();
         header.set_size(data.len() as u64);
         header.set_mode(0o644);
@@ -100,18 +101,31 @@ fn write_docker(path: &Path, layers: &[Vec<u8>]) {
             .append_data(&mut header, name, data)
             .expect("append");
     };
-    add(&config_name, &config);
+    add(&mut archive, &config_name, &config);
     let mut names = Vec::new();
     for (n, layer) in layers.iter().enumerate() {
         let name = format!("{n}/layer.tar");
-        add(&name, layer);
+        // A layer that comes again (the same diff id) is written once, the later one a
+        // symlink to it, as Docker's `docker save` writes it.
+        match layers[..n].iter().position(|earlier| earlier == layer) {
+            Some(first) => {
+                let mut header = tar::Header::new_ustar();
+                header.set_entry_type(tar::EntryType::Symlink);
+                header.set_size(0);
+                header.set_mode(0o777);
+                archive
+                    .append_link(&mut header, &name, format!("../{first}/layer.tar"))
+                    .expect("append link");
+            }
+            None => add(&mut archive, &name, layer),
+        }
         names.push(name);
     }
     let manifest = serde_json::to_vec(&json!([
         {"Config": config_name, "RepoTags": ["tiny:1"], "Layers": names}
     ]))
     .expect("json");
-    add("manifest.json", &manifest);
+    add(&mut archive, "manifest.json", &manifest);
     std::fs::write(path, archive.into_inner().expect("tar")).expect("write archive");
 }
 
@@ -324,6 +338,72 @@ fn oci_layout_and_docker_archive_import_and_boot_on_the_jail() {
     home.json(&["image", "rm", "tiny"]);
     home.json(&["image", "rm", "tiny-docker"]);
     home.json(&["image", "rm", "newer"]);
+    assert!(images(&home).is_empty());
+}
+
+/// A classic `docker save` archive of an image with a layer twice (the empty layer, say):
+/// Docker writes the second `layer.tar` as a symlink to the first, which the import reads as
+/// that member; a symlinked member naming anything outside the archive names nothing.
+#[test]
+fn a_docker_archive_with_a_repeated_layer_imports() {
+    let test = "a_docker_archive_with_a_repeated_layer_imports";
+    if !require_root(test) {
+        return;
+    }
+    let Some(busybox) = busybox(test) else { return };
+    let home = TestHome::new();
+    let work = tempfile::tempdir().expect("tempdir");
+    let empty = Layer::new().bytes();
+    let archive = work.path().join("repeated.tar");
+    write_docker(
+        &archive,
+        &[base_layer(&busybox), empty.clone(), upper_layer(), empty],
+    );
+    let listing = Command::new("tar")
+        .arg("tvf")
+        .arg(&archive)
+        .output()
+        .expect("tar");
+    assert!(
+        String::from_utf8_lossy(&listing.stdout).contains("3/layer.tar -> ../1/layer.tar"),
+        "the archive holds the link Docker writes"
+    );
+    let imported = import(&home, &archive, "repeated");
+    let rootfs = Path::new(imported["image"]["path"].as_str().expect("path")).join("rootfs");
+    assert!(rootfs.join("bin/busybox").is_file() && rootfs.join("opt/upper").is_file());
+
+    // A member linked outside the archive (or to a host path) is not read: the layer it
+    // stands for is missing.
+    for target in ["../../../../etc/passwd", "/etc/passwd"] {
+        let mut tar = tar::Builder::new(Vec::new());
+        let original = std::fs::read(&archive).expect("read");
+        let mut old = tar::Archive::new(&original[..]);
+        for entry in old.entries().expect("entries") {
+            let mut entry = entry.expect("entry");
+            let path = entry.path().expect("path").into_owned();
+            let mut header = entry.header().clone();
+            if path == Path::new("3/layer.tar") {
+                tar.append_link(&mut header, &path, target).expect("link");
+            } else {
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut entry, &mut data).expect("read");
+                tar.append_data(&mut header, &path, &data[..])
+                    .expect("append");
+            }
+        }
+        let hostile = work.path().join("hostile.tar");
+        std::fs::write(&hostile, tar.into_inner().expect("tar")).expect("write");
+        let err = import_err(&home, &hostile, "bad");
+        assert!(
+            err["message"]
+                .as_str()
+                .expect("message")
+                .contains("3/layer.tar, which is not in it"),
+            "{target}: {err:#}"
+        );
+        assert!(store_entries(&home, "bad").is_empty(), "{target}");
+    }
+    home.json(&["image", "rm", "repeated"]);
     assert!(images(&home).is_empty());
 }
 

@@ -278,6 +278,28 @@ enum Source {
     },
 }
 
+/// The member a symlink member `name` of an archive names: `target` taken relative to
+/// `name`'s directory, inside the archive (an absolute target, or one whose `..` leaves the
+/// archive, names none: nothing outside the archive is ever read).
+fn link_member(name: &str, target: &[u8]) -> Option<String> {
+    let target = std::str::from_utf8(target).ok()?;
+    if target.starts_with('/') {
+        return None;
+    }
+    let mut parts: Vec<&str> = name.split('/').collect();
+    parts.pop();
+    for part in target.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            part => parts.push(part),
+        }
+    }
+    oci::member_path(&parts.join("/")).ok()
+}
+
 impl Source {
     fn open(path: &Path) -> Result<Source> {
         let meta = fs::metadata(path).map_err(|err| {
@@ -298,15 +320,32 @@ impl Source {
                 path.display()
             ))
         };
+        // Symlinked members (name, target): a classic `docker save` writes a layer that
+        // comes twice (the same diff id, such as the empty layer) once, and the second
+        // `<id>/layer.tar` as a symlink to the first.
+        let mut links = Vec::new();
         for entry in archive.entries().map_err(not_tar)? {
             let entry = entry.map_err(not_tar)?;
-            if !entry.header().entry_type().is_file() {
+            let kind = entry.header().entry_type();
+            if !kind.is_file() && !kind.is_symlink() {
                 continue;
             }
             let Ok(name) = oci::member_path(&String::from_utf8_lossy(&entry.path_bytes())) else {
                 continue;
             };
+            if kind.is_symlink() {
+                if let Some(target) = entry.link_name_bytes() {
+                    links.push((name, target.into_owned()));
+                }
+                continue;
+            }
             members.insert(name, (entry.raw_file_position(), entry.size()));
+        }
+        for (name, target) in links {
+            let found = link_member(&name, &target).and_then(|t| members.get(&t).copied());
+            if let Some(found) = found {
+                members.entry(name).or_insert(found);
+            }
         }
         Ok(Source::Tar {
             path: path.to_owned(),
@@ -785,6 +824,22 @@ mod tests {
         let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         encoder.write_all(bytes).expect("gzip");
         encoder.finish().expect("gzip")
+    }
+
+    #[test]
+    fn a_symlinked_member_names_a_member_of_the_archive_only() {
+        assert_eq!(
+            link_member("b/layer.tar", b"../a/layer.tar").as_deref(),
+            Some("a/layer.tar")
+        );
+        assert_eq!(
+            link_member("b/layer.tar", b"./x/../layer.tar").as_deref(),
+            Some("b/layer.tar")
+        );
+        assert_eq!(link_member("b/layer.tar", b"../../etc/passwd"), None);
+        assert_eq!(link_member("layer.tar", b"../x"), None);
+        assert_eq!(link_member("b/layer.tar", b"/etc/passwd"), None);
+        assert_eq!(link_member("b/layer.tar", b".."), None);
     }
 
     /// A layer gzipped as two concatenated members unpacks whole, and matches its diff id.

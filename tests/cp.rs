@@ -109,7 +109,8 @@ fn guest_symlinks_and_fifos_never_reach_outside_the_destination() {
         "cph",
         "mkdir -p /tmp/h/d && cd /tmp/h && ln -s /etc/passwd evil && ln -s ../../.. up \
          && mkfifo pipe && echo data > d/file && ln -s ../../../canary d/canary \
-         && echo latin > \"$(printf 'caf\\351')\" && ln -s \"$(printf 't\\377')\" odd",
+         && echo latin > \"$(printf 'caf\\351')\" && ln -s \"$(printf 't\\377')\" odd \
+         && ln -s \"$(head -c 3000 /dev/zero | tr '\\0' '\\377')\" long",
     );
     let host = tempfile::tempdir().expect("tempdir");
     let canary = host.path().join("canary");
@@ -136,11 +137,12 @@ fn guest_symlinks_and_fifos_never_reach_outside_the_destination() {
         stderr.contains("skipped") && stderr.contains("pipe"),
         "{stderr}"
     );
-    // Names and targets that are not UTF-8 are skipped with a note, and the rest of the
-    // tree still comes out.
+    // Names and targets that are not UTF-8 (one of 3000 such bytes, whose U+FFFDs are longer
+    // than a path) are skipped with a note, and the rest of the tree still comes out.
     assert!(
         stderr.contains("caf\u{fffd}\": its guest name or symlink target is not UTF-8")
-            && stderr.contains("odd\": its guest name or symlink target is not UTF-8"),
+            && stderr.contains("odd\": its guest name or symlink target is not UTF-8")
+            && stderr.contains("long\": its guest name or symlink target is not UTF-8"),
         "{stderr}"
     );
     assert!(std::fs::symlink_metadata(dest.join("odd")).is_err());

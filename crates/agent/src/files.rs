@@ -817,12 +817,35 @@ fn list(path: &Path, depth: u32, offset: u64) -> Result<FileResult, FileError> {
     if let Err(err) = std::fs::read_dir(path) {
         return io_fail("cannot list", path, err);
     }
-    listing.walk(path, "", depth);
+    listing.walk(path, "", false, depth);
     Ok(FileResult::Listed {
         path: text(path),
         entries: listing.entries,
         left_off: listing.left_off,
     })
+}
+
+/// `text` as UTF-8, and whether it had to be changed to be: each byte that is not UTF-8 shows
+/// as U+FFFD (three bytes), cut to [`MAX_PATH`] bytes so that a name or target of bytes that
+/// are not text is still a listing's entry the host accepts.
+fn lossy(text: &std::ffi::OsStr) -> (String, bool) {
+    match text.to_str() {
+        Some(text) => (text.to_owned(), false),
+        None => {
+            let mut shown = text.to_string_lossy().into_owned();
+            cut_to_path(&mut shown);
+            (shown, true)
+        }
+    }
+}
+
+/// Cuts `text` to at most [`MAX_PATH`] bytes, at a character's start.
+fn cut_to_path(text: &mut String) {
+    let mut end = text.len().min(MAX_PATH);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
 }
 
 struct Listing {
@@ -834,9 +857,10 @@ struct Listing {
 }
 
 impl Listing {
-    /// Lists `dir`'s entries (names under `prefix`), then descends into its directories, never
-    /// through a symlink. Returns why `dir` could not be read.
-    fn walk(&mut self, dir: &Path, prefix: &str, depth: u32) -> Option<String> {
+    /// Lists `dir`'s entries (names under `prefix`, which `lossy_prefix` says is not the
+    /// real one), then descends into its directories, never through a symlink. Returns why
+    /// `dir` could not be read.
+    fn walk(&mut self, dir: &Path, prefix: &str, lossy_prefix: bool, depth: u32) -> Option<String> {
         let reader = match std::fs::read_dir(dir) {
             Ok(reader) => reader,
             Err(err) => return Some(err.to_string()),
@@ -857,7 +881,11 @@ impl Listing {
             }
             self.visited += 1;
             let full = dir.join(&name);
-            let shown = format!("{prefix}{}", name.to_string_lossy());
+            let (own, lossy_name) = lossy(&name);
+            let mut shown = format!("{prefix}{own}");
+            // Only names shown with U+FFFD grow past a path's length (8 levels of 255 bytes
+            // that are not text): cut, as `lossy` cuts one.
+            cut_to_path(&mut shown);
             let Ok(meta) = std::fs::symlink_metadata(&full) else {
                 continue;
             };
@@ -879,16 +907,15 @@ impl Listing {
                     .is_symlink()
                     .then(|| std::fs::read_link(&full).ok())
                     .flatten();
-                let not_utf8 = name.to_str().is_none()
-                    || target
-                        .as_ref()
-                        .is_some_and(|target| target.to_str().is_none());
+                let target = target.map(|target| lossy(target.as_os_str()));
+                let not_utf8 =
+                    lossy_prefix || lossy_name || target.as_ref().is_some_and(|(_, lossy)| *lossy);
                 self.entries.push(FileEntry {
                     name: shown.clone(),
                     kind: kind.into(),
                     size: meta.len(),
                     mode: meta.mode() & 0o7777,
-                    target: target.map(|target| target.to_string_lossy().into_owned()),
+                    target: target.map(|(target, _)| target),
                     error: None,
                     not_utf8,
                 });
@@ -898,7 +925,12 @@ impl Listing {
                 None
             };
             if file_type.is_dir() && depth > 1 {
-                let error = self.walk(&full, &format!("{shown}/"), depth - 1);
+                let error = self.walk(
+                    &full,
+                    &format!("{shown}/"),
+                    lossy_prefix || lossy_name,
+                    depth - 1,
+                );
                 if let (Some(index), Some(error)) = (index, error) {
                     self.entries[index].error = Some(error);
                 }
@@ -1249,7 +1281,16 @@ mod tests {
         std::fs::write(dir.path().join(odd), b"").unwrap();
         std::os::unix::fs::symlink(odd, dir.path().join("link")).unwrap();
         std::fs::write(dir.path().join("plain"), b"").unwrap();
+        // A target of 3000 bytes that are not text: listed, cut to a path's length.
+        std::os::unix::fs::symlink(
+            std::ffi::OsStr::from_bytes(&[0xff; 3000]),
+            dir.path().join("long"),
+        )
+        .unwrap();
         let (entries, _) = list(dir.path(), 1, 0);
+        let long = entries.iter().find(|e| e.name == "long").unwrap();
+        assert!(long.not_utf8 && long.target.as_ref().unwrap().len() <= MAX_PATH);
+        let entries: Vec<_> = entries.into_iter().filter(|e| e.name != "long").collect();
         let flags: Vec<_> = entries
             .iter()
             .map(|e| (e.name.as_str(), e.target.as_deref(), e.not_utf8))
@@ -1262,6 +1303,16 @@ mod tests {
                 ("plain", None, false)
             ]
         );
+        // Below a directory whose name is not UTF-8, no name listed is a real one.
+        std::fs::create_dir(dir.path().join(std::ffi::OsStr::from_bytes(b"d\xff"))).unwrap();
+        std::fs::write(
+            dir.path().join(std::ffi::OsStr::from_bytes(b"d\xff/in")),
+            b"",
+        )
+        .unwrap();
+        let (entries, _) = list(dir.path(), 2, 0);
+        let inner = entries.iter().find(|e| e.name == "d\u{fffd}/in").unwrap();
+        assert!(inner.not_utf8);
     }
 
     #[test]

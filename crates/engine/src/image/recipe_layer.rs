@@ -835,7 +835,7 @@ fn write_layer_tar(upper: &Path, dest: &Path, trust: &BuildTrust) -> Result<(Dig
         trust,
         upper,
     };
-    walk.dir(&mut builder, &top, Path::new(""))?;
+    walk.walk(&mut builder, top)?;
     let mut hashing = builder
         .into_inner()
         .map_err(|e| Error::internal(format!("writing the built layer: {e}")))?;
@@ -862,6 +862,10 @@ impl<W: Write> Write for HashingWriter<W> {
         self.inner.flush()
     }
 }
+
+/// The deepest directory a built layer may have: far beyond what images hold, well within the
+/// walk's descriptors (one per level) and stack.
+const MAX_LAYER_DEPTH: usize = 256;
 
 /// The walk of an upper directory into a layer tar. A process a step started may still be
 /// running in the guest and changing the upper while it is read, so no path below the upper
@@ -910,177 +914,220 @@ impl Walk<'_> {
         ))
     }
 
-    /// Writes the entries of the open directory `dir`, at `rel` in the layer, in name order.
-    fn dir<W: Write>(
+    /// Writes the tree of the open upper directory `top`, each directory before what it
+    /// holds and names in byte order. Iterative, one open directory per level: a guest may
+    /// nest directories deeper than any stack would hold.
+    fn walk<W: Write>(&mut self, builder: &mut tar::Builder<W>, top: File) -> Result<()> {
+        struct Level {
+            dir: File,
+            rel: PathBuf,
+            names: std::vec::IntoIter<Vec<u8>>,
+        }
+        let names = list_names(&top, Path::new(""))?;
+        let mut stack = vec![Level {
+            dir: top,
+            rel: PathBuf::new(),
+            names: names.into_iter(),
+        }];
+        while let Some(level) = stack.last_mut() {
+            let Some(name) = level.names.next() else {
+                stack.pop();
+                continue;
+            };
+            let rel = level.rel.join(std::ffi::OsStr::from_bytes(&name));
+            let Some(sub) = self.entry(builder, &level.dir, &name, &rel)? else {
+                continue;
+            };
+            // `stack.len()` directories below the upper.
+            if stack.len() > MAX_LAYER_DEPTH {
+                return Err(Error::invalid(format!(
+                    "the build made /{}… more than {MAX_LAYER_DEPTH} directories deep, deeper \
+                     than a built layer may be",
+                    super::oci::printable(&rel.to_string_lossy())
+                )));
+            }
+            let names = list_names(&sub, &rel)?;
+            stack.push(Level {
+                dir: sub,
+                rel,
+                names: names.into_iter(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes entry `name` of the open directory `dir`, at `rel` in the layer; a directory's
+    /// own descriptor is returned, for the walk to go into.
+    fn entry<W: Write>(
         &mut self,
         builder: &mut tar::Builder<W>,
         dir: &File,
+        name: &[u8],
         rel: &Path,
-    ) -> Result<()> {
-        let listed = |err: nix::errno::Errno| {
-            Error::internal(format!(
-                "listing /{} of the build's upper directory: {err}",
-                rel.display()
-            ))
-        };
-        let mut names: Vec<Vec<u8>> = Vec::new();
-        let mut listing = nix::dir::Dir::openat(
-            dir.as_fd(),
-            ".",
-            nix::fcntl::OFlag::O_RDONLY
-                | nix::fcntl::OFlag::O_DIRECTORY
-                | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(listed)?;
-        for entry in listing.iter() {
-            let name = entry.map_err(listed)?.file_name().to_bytes().to_vec();
-            if name != b"." && name != b".." {
-                names.push(name);
-            }
+    ) -> Result<Option<File>> {
+        if NOT_IMAGE.iter().any(|n| rel == Path::new(n)) {
+            return Ok(None);
         }
-        names.sort();
-        for name in names {
-            let rel = rel.join(std::ffi::OsStr::from_bytes(&name));
-            if NOT_IMAGE.iter().any(|n| rel == Path::new(n)) {
-                continue;
+        if name.starts_with(b".wh.") {
+            self.skipped.reserved_names += 1;
+            return Ok(None);
+        }
+        // The entry itself (a link is not followed), as `lstat` would see it; gone
+        // meanwhile, the upper is changing.
+        let entry = match open_entry(dir, name, libc::O_PATH) {
+            Ok(entry) => entry,
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Err(self.changed(rel)),
+            Err(err) => {
+                return Err(Error::internal(format!(
+                    "reading /{} of the build's upper directory: {err}",
+                    rel.display()
+                )))
             }
-            if name.starts_with(b".wh.") {
-                self.skipped.reserved_names += 1;
-                continue;
-            }
-            // The entry itself (a link is not followed), as `lstat` would see it; gone
-            // meanwhile, the upper is changing.
-            let entry = match open_entry(dir, &name, libc::O_PATH) {
-                Ok(entry) => entry,
-                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {
-                    return Err(self.changed(&rel))
-                }
-                Err(err) => {
-                    return Err(Error::internal(format!(
-                        "reading /{} of the build's upper directory: {err}",
-                        rel.display()
-                    )))
-                }
-            };
-            let meta = entry
-                .metadata()
+        };
+        let meta = entry
+            .metadata()
+            .with_context(|| format!("reading /{}", rel.display()))?;
+        let kind = meta.file_type();
+        let io_err = |e: io::Error| Error::internal(format!("writing the built layer: {e}"));
+        if kind.is_dir() {
+            // The very directory looked at: "." from its own descriptor.
+            let opened = open_entry(&entry, b".", libc::O_RDONLY | libc::O_DIRECTORY)
                 .with_context(|| format!("reading /{}", rel.display()))?;
-            let kind = meta.file_type();
-            let io_err = |e: io::Error| Error::internal(format!("writing the built layer: {e}"));
-            if kind.is_dir() {
-                // The very directory looked at: "." from its own descriptor.
-                let opened = open_entry(&entry, b".", libc::O_RDONLY | libc::O_DIRECTORY)
-                    .with_context(|| format!("reading /{}", rel.display()))?;
-                let mut header = self.header(&meta, tar::EntryType::Directory);
-                builder
-                    .append_data(&mut header, &rel, io::empty())
-                    .map_err(io_err)?;
-                if is_opaque(&opened) {
-                    let mut header = self.header(&meta, tar::EntryType::Regular);
-                    header.set_mode(0o644);
-                    builder
-                        .append_data(&mut header, rel.join(".wh..wh..opq"), io::empty())
-                        .map_err(io_err)?;
-                }
-                self.dir(builder, &opened, &rel)?;
-            } else if kind.is_char_device() && meta.rdev() == 0 {
+            drop(entry);
+            let mut header = self.header(&meta, tar::EntryType::Directory);
+            builder
+                .append_data(&mut header, rel, io::empty())
+                .map_err(io_err)?;
+            if is_opaque(&opened) {
                 let mut header = self.header(&meta, tar::EntryType::Regular);
                 header.set_mode(0o644);
-                let mut wh = b".wh.".to_vec();
-                wh.extend_from_slice(&name);
-                let parent = rel.parent().unwrap_or(Path::new(""));
                 builder
-                    .append_data(
-                        &mut header,
-                        parent.join(std::ffi::OsStr::from_bytes(&wh)),
-                        io::empty(),
-                    )
+                    .append_data(&mut header, rel.join(".wh..wh..opq"), io::empty())
                     .map_err(io_err)?;
-            } else if kind.is_symlink() {
-                // The link looked at, by its own descriptor (an empty path).
-                let target = nix::fcntl::readlinkat(entry.as_fd(), "")
-                    .map(PathBuf::from)
-                    .map_err(|err| {
-                        Error::internal(format!("reading the link /{}: {err}", rel.display()))
-                    })?;
-                if self.trust.active()
-                    && rel.starts_with("etc/ssl/certs")
-                    && BuildTrust::is_agents(&Path::new("/").join(&rel), Some(&target))
-                {
-                    continue;
+            }
+            return Ok(Some(opened));
+        } else if kind.is_char_device() && meta.rdev() == 0 {
+            let mut header = self.header(&meta, tar::EntryType::Regular);
+            header.set_mode(0o644);
+            let mut wh = b".wh.".to_vec();
+            wh.extend_from_slice(name);
+            let parent = rel.parent().unwrap_or(Path::new(""));
+            builder
+                .append_data(
+                    &mut header,
+                    parent.join(std::ffi::OsStr::from_bytes(&wh)),
+                    io::empty(),
+                )
+                .map_err(io_err)?;
+        } else if kind.is_symlink() {
+            // The link looked at, by its own descriptor (an empty path).
+            let target = nix::fcntl::readlinkat(entry.as_fd(), "")
+                .map(PathBuf::from)
+                .map_err(|err| {
+                    Error::internal(format!("reading the link /{}: {err}", rel.display()))
+                })?;
+            if self.trust.active()
+                && rel.starts_with("etc/ssl/certs")
+                && BuildTrust::is_agents(&Path::new("/").join(rel), Some(&target))
+            {
+                return Ok(None);
+            }
+            let mut header = self.header(&meta, tar::EntryType::Symlink);
+            builder
+                .append_link(&mut header, rel, &target)
+                .map_err(io_err)?;
+        } else if kind.is_file() {
+            // Opened by name again to read it (an `O_PATH` descriptor reads nothing): it
+            // must be the file looked at, not what the guest put in its place since.
+            let mut file = open_entry(dir, name, libc::O_RDONLY | libc::O_NONBLOCK)
+                .map_err(|_| self.changed(rel))?;
+            let opened = file
+                .metadata()
+                .with_context(|| format!("reading /{}", rel.display()))?;
+            if (opened.dev(), opened.ino()) != (meta.dev(), meta.ino()) {
+                return Err(self.changed(rel));
+            }
+            let guest = Path::new("/").join(rel);
+            if self.trust.active() && BuildTrust::is_agents(&guest, None) {
+                return Ok(None);
+            }
+            if self.trust.apt_https && is_apt_sources(&guest) {
+                let before = self
+                    .trust
+                    .base_rootfs
+                    .as_deref()
+                    .and_then(|base| read_in_root(base, rel));
+                if let (Some(before), Some(now)) = (before, read_small(&mut file)) {
+                    if only_made_https(&before, &now) {
+                        return Ok(None);
+                    }
                 }
-                let mut header = self.header(&meta, tar::EntryType::Symlink);
-                builder
-                    .append_link(&mut header, &rel, &target)
-                    .map_err(io_err)?;
-            } else if kind.is_file() {
-                // Opened by name again to read it (an `O_PATH` descriptor reads nothing): it
-                // must be the file looked at, not what the guest put in its place since.
-                let mut file = open_entry(dir, &name, libc::O_RDONLY | libc::O_NONBLOCK)
-                    .map_err(|_| self.changed(&rel))?;
-                let opened = file
-                    .metadata()
-                    .with_context(|| format!("reading /{}", rel.display()))?;
-                if (opened.dev(), opened.ino()) != (meta.dev(), meta.ino()) {
-                    return Err(self.changed(&rel));
-                }
-                let guest = Path::new("/").join(&rel);
-                if self.trust.active() && BuildTrust::is_agents(&guest, None) {
-                    continue;
-                }
-                if self.trust.apt_https && is_apt_sources(&guest) {
+            }
+            if self.trust.active() && BuildTrust::is_bundle(&guest) {
+                if let Some(bundle) = read_small(&mut file) {
                     let before = self
                         .trust
                         .base_rootfs
                         .as_deref()
-                        .and_then(|base| read_in_root(base, &rel));
-                    if let (Some(before), Some(now)) = (before, read_small(&mut file)) {
-                        if only_made_https(&before, &now) {
-                            continue;
+                        .and_then(|base| read_in_root(base, rel));
+                    let kept = before.as_deref().map(certificates).unwrap_or_default();
+                    let stripped = self.trust.strip(&bundle, &kept);
+                    if stripped != bundle {
+                        // Just what the base had: the base's file shows through.
+                        if before.as_deref() == Some(stripped.as_str()) {
+                            return Ok(None);
                         }
+                        let mut header = self.header(&opened, tar::EntryType::Regular);
+                        header.set_size(stripped.len() as u64);
+                        builder
+                            .append_data(&mut header, rel, stripped.as_bytes())
+                            .map_err(io_err)?;
+                        return Ok(None);
                     }
                 }
-                if self.trust.active() && BuildTrust::is_bundle(&guest) {
-                    if let Some(bundle) = read_small(&mut file) {
-                        let before = self
-                            .trust
-                            .base_rootfs
-                            .as_deref()
-                            .and_then(|base| read_in_root(base, &rel));
-                        let kept = before.as_deref().map(certificates).unwrap_or_default();
-                        let stripped = self.trust.strip(&bundle, &kept);
-                        if stripped != bundle {
-                            // Just what the base had: the base's file shows through.
-                            if before.as_deref() == Some(stripped.as_str()) {
-                                continue;
-                            }
-                            let mut header = self.header(&opened, tar::EntryType::Regular);
-                            header.set_size(stripped.len() as u64);
-                            builder
-                                .append_data(&mut header, &rel, stripped.as_bytes())
-                                .map_err(io_err)?;
-                            continue;
-                        }
-                    }
-                }
-                let mut header = self.header(&opened, tar::EntryType::Regular);
-                header.set_size(opened.len());
-                // Exactly the size the header declares, whatever the file grows or shrinks
-                // to meanwhile (short, the rest is zeros): the tar stays well formed.
-                let content = io::Read::take(
-                    io::Read::chain(io::Read::take(file, opened.len()), io::repeat(0)),
-                    opened.len(),
-                );
-                builder
-                    .append_data(&mut header, &rel, content)
-                    .map_err(io_err)?;
-            } else {
-                self.skipped.special += 1;
             }
+            let mut header = self.header(&opened, tar::EntryType::Regular);
+            header.set_size(opened.len());
+            // Exactly the size the header declares, whatever the file grows or shrinks
+            // to meanwhile (short, the rest is zeros): the tar stays well formed.
+            let content = io::Read::take(
+                io::Read::chain(io::Read::take(file, opened.len()), io::repeat(0)),
+                opened.len(),
+            );
+            builder
+                .append_data(&mut header, rel, content)
+                .map_err(io_err)?;
+        } else {
+            self.skipped.special += 1;
         }
-        Ok(())
+        Ok(None)
     }
+}
+
+/// The names in the open directory `dir` (at `rel`, for messages), in byte order.
+fn list_names(dir: &File, rel: &Path) -> Result<Vec<Vec<u8>>> {
+    let listed = |err: nix::errno::Errno| {
+        Error::internal(format!(
+            "listing /{} of the build's upper directory: {err}",
+            rel.display()
+        ))
+    };
+    let mut listing = nix::dir::Dir::openat(
+        dir.as_fd(),
+        ".",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(listed)?;
+    let mut names = Vec::new();
+    for entry in listing.iter() {
+        let name = entry.map_err(listed)?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 /// Opens `name` in the open directory `dir` with `flags` (and `O_NOFOLLOW`, `O_CLOEXEC`,
@@ -1422,6 +1469,50 @@ mod tests {
         racer.join().expect("racer");
         assert_eq!(leaked, None, "the host's file reached the layer");
         assert!(written > 0, "no walk got through");
+    }
+
+    /// A guest can nest directories far deeper than a path may be long; the walk, which
+    /// holds a descriptor and a stack frame per level, refuses past a depth of its own
+    /// instead of running out of either.
+    #[test]
+    fn an_upper_nested_too_deep_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let upper = dir.path().join("upper");
+        fs::create_dir(&upper).expect("mkdir");
+        // Made one level at a time from the last one's descriptor: the whole path is too
+        // long for any one call.
+        let mut at = File::open(&upper).expect("open");
+        for _ in 0..MAX_LAYER_DEPTH + 1 {
+            nix::sys::stat::mkdirat(
+                at.as_fd(),
+                "d",
+                nix::sys::stat::Mode::from_bits_truncate(0o755),
+            )
+            .expect("mkdirat");
+            at = open_entry(&at, b"d", libc::O_RDONLY | libc::O_DIRECTORY).expect("open");
+        }
+        let dest = dir.path().join("layer.tar");
+        let err = write_layer_tar(&upper, &dest, &BuildTrust::default()).expect_err("too deep");
+        assert!(
+            err.message
+                .contains(&format!("more than {MAX_LAYER_DEPTH} directories deep")),
+            "{err}"
+        );
+        // Within the bound, written whole.
+        let deep = (0..MAX_LAYER_DEPTH)
+            .map(|_| "d")
+            .collect::<Vec<_>>()
+            .join("/");
+        let mut at = File::open(&upper).expect("open");
+        for _ in 0..MAX_LAYER_DEPTH - 1 {
+            at = open_entry(&at, b"d", libc::O_RDONLY | libc::O_DIRECTORY).expect("open");
+        }
+        nix::unistd::unlinkat(at.as_fd(), "d/d", nix::unistd::UnlinkatFlags::RemoveDir)
+            .expect("rmdir");
+        let _ = fs::remove_file(&dest);
+        let entries = layer_of(&upper, &BuildTrust::default(), &dest);
+        assert_eq!(entries.len(), MAX_LAYER_DEPTH);
+        assert!(entries.contains_key(&deep));
     }
 
     fn pem(body: &str) -> String {

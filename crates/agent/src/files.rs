@@ -786,12 +786,25 @@ fn edit(
         from = at + old_text.len();
     }
     edited.extend_from_slice(&content[from..]);
+    // A longer text takes its room first: on a full disk the edit is refused before a byte
+    // changes (a filesystem without fallocate goes on, and the write below can still fail).
+    if edited.len() > content.len() {
+        let length = libc::off_t::try_from(edited.len()).unwrap_or(libc::off_t::MAX);
+        match nix::fcntl::fallocate(&file, nix::fcntl::FallocateFlags::empty(), 0, length) {
+            Ok(()) | Err(Errno::EOPNOTSUPP) => {}
+            Err(errno) => return errno_fail("cannot make room for the edit in", path, errno),
+        }
+    }
     // Written over the old bytes, then cut to length: a failed write never leaves the file
-    // emptied first.
+    // emptied first, and one that stops part-way puts the old bytes back (they fit in the
+    // room they had), so a refused edit leaves the file as it was.
     if let Err(err) = file
         .write_all_at(&edited, 0)
         .and_then(|()| file.set_len(edited.len() as u64))
     {
+        let _ = file
+            .write_all_at(&content, 0)
+            .and_then(|()| file.set_len(content.len() as u64));
         return io_fail("cannot write", path, err);
     }
     Ok(FileResult::Edited {

@@ -448,3 +448,54 @@ fn file_operations_cannot_reach_into_the_agents_own_proc_entries() {
     let status = wait_with_deadline(&mut child, Duration::from_secs(30));
     assert_eq!(status.code(), Some(0));
 }
+
+/// An edit that grows a file on a full disk is refused with the file as it was: its room is
+/// taken before a byte changes (before, the write stopped part-way and left the file cut,
+/// new text over old). The helper is run as the agent runs it, in a mount namespace of its
+/// own with a 64 KiB tmpfs that the test fills.
+#[test]
+fn an_edit_refused_on_a_full_disk_leaves_the_file_as_it_was() {
+    use dynocap_proto::files::{FileOp, FileRequest};
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (a tmpfs in a mount namespace)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let original = dir.path().join("original");
+    std::fs::write(
+        &original,
+        format!("{}MARK{}", "A".repeat(8000), "B".repeat(8000)),
+    )
+    .expect("original");
+    let request = dir.path().join("request.json");
+    let edit = FileRequest {
+        cwd: "/".into(),
+        op: FileOp::Edit {
+            path: mnt.join("f").to_string_lossy().into_owned(),
+            old_text: "MARK".into(),
+            new_text: "N".repeat(20_000),
+            replace_all: false,
+        },
+    };
+    std::fs::write(&request, edit.to_json().expect("json")).expect("request");
+    let script = format!(
+        "mount -t tmpfs -o size=64k none {mnt} && cp {original} {mnt}/f \
+         && {{ dd if=/dev/zero of={mnt}/fill bs=1k 2>/dev/null; true; }} \
+         && {AGENT} file-op 0:0 < {request} && echo && cmp {original} {mnt}/f && echo same",
+        mnt = mnt.display(),
+        original = original.display(),
+        request = request.display(),
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .output()
+        .expect("unshare");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("No space left on device") && stdout.ends_with("same\n"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -874,7 +874,9 @@ fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<ConfigAuth>
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(anonymous(None)),
         Err(err) => {
             return Err(Error::invalid(format!(
-                "reading the Docker config {}: {err}",
+                "reading the Docker config {}: {err}; a pull reads it for the registry's \
+                 credentials: make it readable, set DOCKER_CONFIG to another directory, or \
+                 give --username and --password-stdin (then it is not read)",
                 path.display()
             )))
         }
@@ -906,7 +908,9 @@ fn docker_config_auth(path: Option<&Path>, registry: &str) -> Result<ConfigAuth>
     }
     let config: DockerConfig = serde_json::from_str(&text).map_err(|err| {
         Error::invalid(format!(
-            "the Docker config {} is not valid: {err}",
+            "the Docker config {} is not valid: {err}; a pull reads it for the registry's \
+             credentials: correct it, set DOCKER_CONFIG to the directory of a valid \
+             config.json, or give --username and --password-stdin (then it is not read)",
             path.display()
         ))
     })?;
@@ -1768,6 +1772,9 @@ mod tests {
         let err = docker_config_auth(Some(&path), "registry.example")
             .err()
             .expect("malformed");
-        assert!(err.message.contains("is not valid"), "{err}");
+        assert!(
+            err.message.contains("is not valid") && err.message.contains("DOCKER_CONFIG"),
+            "{err}"
+        );
     }
 }

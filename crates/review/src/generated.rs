@@ -321,8 +321,11 @@ pub struct Sieve<'p> {
     project: &'p (dyn Project + Sync),
     max_kept: usize,
     kept: Vec<u8>,
-    /// The start of a line not yet ended.
+    /// The start of a line not yet ended, held while it may begin an entry.
     line: Vec<u8>,
+    /// The start of the line being read was passed on: what follows until its end is not a
+    /// line start.
+    mid_line: bool,
     /// The entry not yet judged, from its `diff --git` line.
     entry: Vec<u8>,
     /// How the current entry was judged: `None` while it is held (or before the first).
@@ -351,6 +354,7 @@ impl<'p> Sieve<'p> {
             max_kept,
             kept: Vec::new(),
             line: Vec::new(),
+            mid_line: false,
             entry: Vec::new(),
             current: Some(Judged::Kept),
             groups: BTreeMap::new(),
@@ -362,7 +366,11 @@ impl<'p> Sieve<'p> {
     pub fn push(&mut self, mut data: &[u8]) {
         while let Some(newline) = data.iter().position(|&b| b == b'\n') {
             let (line, rest) = data.split_at(newline + 1);
-            if self.line.is_empty() {
+            if self.mid_line {
+                // The rest of a line passed on: never the start of an entry.
+                self.mid_line = false;
+                self.add(line);
+            } else if self.line.is_empty() {
                 self.take_line(line);
             } else {
                 let mut whole = std::mem::take(&mut self.line);
@@ -370,6 +378,10 @@ impl<'p> Sieve<'p> {
                 self.take_line(&whole);
             }
             data = rest;
+        }
+        if self.mid_line {
+            self.add(data);
+            return;
         }
         self.line.extend_from_slice(data);
         // A line start that cannot begin an entry, or too long to, goes on at once.
@@ -379,6 +391,7 @@ impl<'p> Sieve<'p> {
         if !can_begin {
             let line = std::mem::take(&mut self.line);
             self.add(&line);
+            self.mid_line = true;
         }
     }
 
@@ -783,8 +796,15 @@ mod tests {
     fn the_sieve_judges_as_split_does() {
         let big_generated = added_lines("node_modules/big/index.js", 20_000);
         let big_kept = added_lines("src/big.js", 20_000);
+        // A line of a kept entry that holds `diff --git` past its start (after a long run,
+        // or where a piece ends) is not an entry of its own.
+        let tricky = format!(
+            "diff --git a/notes.txt b/notes.txt\nnew file mode 100644\nindex 0000000..1111111\n--- /dev/null\n+++ b/notes.txt\n@@ -0,0 +1,2 @@\n+{}diff --git a/pkg/__pycache__/x.pyc b/pkg/__pycache__/x.pyc\n+xdiff --git a/pkg/__pycache__/y.pyc b/pkg/__pycache__/y.pyc\n",
+            "a".repeat(Sieve::LINE_HELD)
+        );
         let text = [
             modified("pkg/cli.py"),
+            tricky,
             binary_added("pkg/__pycache__/cli.cpython-311.pyc"),
             big_generated.clone(),
             added("pkg/new.py"),

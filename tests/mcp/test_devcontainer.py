@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import Host, connect, ok
+from netfix import GIT_HOST, NetFix
 from test_choices import build_debian_from_cache
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("root_needed")]
@@ -80,3 +81,15 @@ async def test_where_the_project_keeps_its_configuration(host: Host) -> None:
         assert task["image"] == "host", task
         assert "does not substitute" in note and "${localEnv:DYNOCAP_TEST_IMAGE}" in note, note
         ok(await s.call_tool("dynocap_rm", {"target": "v", "force": True, "purge": True}))
+
+
+async def test_auto_on_a_cloned_task_says_why_it_has_no_project_image(host: Host, fix: NetFix) -> None:
+    """`image: "auto"` asked for on a task cloned from repositoryUrl: there is no project on
+    the host to read a devcontainer.json from, and the result says so."""
+    env = {**fix.product_env(host.env()["DYNOCAP_RESOLVE"]), "DYNOCAP_MCP_GIT_HOSTS": GIT_HOST}
+    async with connect(host, env=env) as s:
+        task = ok(await s.call_tool("dynocap_task_start", {"repositoryUrl": fix.https_repo_url(),
+                                                           "name": "cloned", "image": "auto"}))
+        assert task["image"] == "host", task
+        assert "repositoryUrl" in task["imageNote"] and "devcontainer.json" in task["imageNote"], task
+        ok(await s.call_tool("dynocap_rm", {"target": "cloned", "force": True, "purge": True}))

@@ -311,6 +311,13 @@ impl Tools {
             let (image, note) = self.project_image(dir.path(), choice.auto_asked).await;
             spec.image = image;
             image_note = note;
+        } else if project.is_none() && choice.auto_asked {
+            // Asked for, the reason it could not be had is in the result, as for a project.
+            image_note = Some(
+                "a task cloned from repositoryUrl has no project on this host to read a \
+                 devcontainer.json from; the task runs on the server's default image"
+                    .to_owned(),
+            );
         }
         let publish = self.publish(args)?;
         let mut info = self.engine.task_start_in(&spec, project, progress).await?;

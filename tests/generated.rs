@@ -162,7 +162,7 @@ fn generated_files_are_summarised_left_out_and_kept_when_asked() {
     assert!(applied.get("generatedIncluded").is_none(), "{applied:#}");
     let message = git(repo, &["log", "-1", "--format=%B", "without"]);
     assert!(
-        message.contains("3 generated files the task added")
+        message.contains("3 generated files the task wrote")
             && message.contains("__pycache__/ under pkg")
             && message.contains("are left out of this commit"),
         "{message}"

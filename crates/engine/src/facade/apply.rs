@@ -60,7 +60,7 @@ pub struct ApplyResult {
     pub files: Vec<String>,
     /// The sensitive paths `--accept-sensitive` let through (empty when there were none).
     pub sensitive_paths_accepted: Vec<SensitivePath>,
-    /// The generated files the task added (docs/tasks.md, "Generated files"), as its finish
+    /// The generated files the task wrote (docs/tasks.md, "Generated files"), as its finish
     /// grouped them: left out of the commit unless the finish kept them in its patch.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub generated: Vec<GeneratedGroup>,
@@ -283,7 +283,7 @@ impl Job {
             // Whoever reads the commit learns that the task's tool output is not in it.
             let files: u64 = result.generated.iter().map(|g| g.files).sum();
             message.push_str(&format!(
-                "\n{files} generated {} the task added ({}) {}.\n",
+                "\n{files} generated {} the task wrote ({}) {}.\n",
                 if files == 1 { "file" } else { "files" },
                 result
                     .generated

@@ -297,6 +297,11 @@ pub fn choose(project: &Path, on_host: &[String]) -> AutoImage {
                  --image NAME (or image over MCP)",
                 printable(&image)
             )),
+            // DynoCap's own name, which its built image stands for (Docker Hub's is no other).
+            None if super::recipe::BUILDABLE.contains(&image.as_str()) => default(format!(
+                "{file} names the image {image}, which this host has not built (`dynocap image \
+                 build {image}` makes it)"
+            )),
             None => match pullable(&image) {
                 Some(reference) => AutoImage {
                     missing: Some(reference.clone()),
@@ -564,6 +569,12 @@ mod tests {
             assert!(chosen.missing.is_none(), "{bad}: {note}");
             assert!(note.contains("is not an image reference"), "{bad}: {note}");
         }
+        // DynoCap's own `debian` is built, not pulled from Docker Hub.
+        std::fs::write(&file, r#"{"image": "debian"}"#).unwrap();
+        let chosen = choose(project.path(), &[]);
+        let note = chosen.note.unwrap();
+        assert!(chosen.missing.is_none(), "{note}");
+        assert!(note.contains("`dynocap image build debian`"), "{note}");
         // Docker Hub's short names, as Docker reads them: what a pull would fetch.
         for (short, long) in [
             ("rust:1", "docker.io/library/rust:1"),

@@ -384,6 +384,12 @@ fn changes_to_untracked_bytecode_the_import_brought_are_generated() {
         !diff["patch"].as_str().unwrap().contains("__pycache__"),
         "{diff:#}"
     );
+    // A fork judges its files against the same baseline, the untracked ones included.
+    home.json(&["task", "fork", "local", "local-fork"]);
+    let forked = home.json(&["task", "diff", "local-fork"]);
+    assert_eq!(groups(&forked), groups(&diff), "{forked:#}");
+    assert_eq!(forked["files"], 1, "{forked:#}");
+    home.json(&["task", "finish", "local-fork"]);
     let finished = home.json(&["task", "finish", "local"]);
     assert_eq!(
         (&finished["verified"], &finished["files"]),

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{HostDisk, LayeredDisk};
 use crate::foundation::error::{Context, Error, Result};
 use crate::foundation::failpoint;
-use crate::supervisor::workspace::{BASELINE_TAR, BASELINE_UNTRACKED};
+use crate::supervisor::workspace::BASELINE_HOST_FILES;
 
 /// The directory of a task's checkpoints, inside its state directory.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
@@ -417,14 +417,10 @@ pub fn seed_fork(
             std::fs::create_dir(making.join(DISK_MOUNT))
                 .context("creating the fork's disk mount point")?;
         }
-        for name in [
-            BASELINE_TAR.to_owned(),
-            format!("{BASELINE_TAR}.idx"),
-            BASELINE_UNTRACKED.to_owned(),
-        ] {
-            let source = state_dir.join(&name);
+        for name in BASELINE_HOST_FILES {
+            let source = state_dir.join(name);
             if source.exists() {
-                std::fs::hard_link(&source, making.join(&name))
+                std::fs::hard_link(&source, making.join(name))
                     .with_context(|| format!("linking {} for the fork", source.display()))?;
             }
         }

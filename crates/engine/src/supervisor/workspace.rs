@@ -38,6 +38,9 @@ pub const BASELINE_TAR: &str = "baseline.tar";
 /// Beside it: the files of the baseline the project does not track that fall under the
 /// table of generated files (NUL-separated, see [`import::ImportPlan::untracked_generated`]).
 pub const BASELINE_UNTRACKED: &str = "baseline.untracked";
+/// The host's files of the baseline, which a fork links into its own state directory (they
+/// are never written again).
+pub const BASELINE_HOST_FILES: [&str; 3] = [BASELINE_TAR, "baseline.tar.idx", BASELINE_UNTRACKED];
 /// Largest project the guest accepts (bytes of file content).
 const MAX_IMPORT_BYTES: u64 = 64 * 1024 * 1024 * 1024;
 const BUNDLE_NAME: &str = "history.bundle";

@@ -23,7 +23,7 @@ use crate::backend::LiveSaved;
 use crate::foundation::error::{Context, Error, Result};
 use crate::supervisor::checkpoint::{self, CHECKPOINTS_DIR};
 use crate::supervisor::control::ControlReply;
-use crate::supervisor::workspace::BASELINE_TAR;
+use crate::supervisor::workspace::BASELINE_HOST_FILES;
 
 use super::state::*;
 
@@ -77,10 +77,10 @@ async fn make(shared: &Shared, main_loop: &MainLoop, fork_id: &str) -> Result<Li
     std::fs::create_dir_all(&making).with_context(|| format!("creating {}", making.display()))?;
     let made = async {
         let saved = save(shared, main_loop, &making).await?;
-        for name in [BASELINE_TAR.to_owned(), format!("{BASELINE_TAR}.idx")] {
-            let source = state_dir.join(&name);
+        for name in BASELINE_HOST_FILES {
+            let source = state_dir.join(name);
             if source.exists() {
-                std::fs::hard_link(&source, making.join(&name))
+                std::fs::hard_link(&source, making.join(name))
                     .with_context(|| format!("linking {} for the fork", source.display()))?;
             }
         }

@@ -890,6 +890,40 @@ fn a_stalled_registry_ends_the_pull_and_a_healthy_one_completes_it() {
     assert_eq!(images(&home).len(), 1);
     assert!(store_leftovers(&home).is_empty());
 
+    // A registry that sends a layer's download to a plain-HTTP address (an internal
+    // service, say): the pull never connects there, whatever host it names, and says why.
+    let internal = random_loopback();
+    let listener = std::net::TcpListener::bind((internal, 8080)).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let redirecting = StallingRegistry::start(&[
+        "redirect",
+        certs.server_cert.to_str().expect("utf8"),
+        certs.server_key.to_str().expect("utf8"),
+        layout.dir.to_str().expect("utf8"),
+        &stalled_blob,
+        &format!("http://{internal}:8080/latest/meta-data"),
+    ]);
+    let fresh = registry.home();
+    let (ok, out, _) = pull_with(
+        &fresh,
+        &stall_ref,
+        &[("DYNOCAP_RESOLVE", &resolve_to(redirecting.addr))],
+    );
+    assert!(!ok, "{out:#}");
+    let message = out["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains(&format!("http://{internal}:8080, over plain HTTP")),
+        "{out:#}"
+    );
+    assert!(
+        listener
+            .accept()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        "the pull connected to the plain-HTTP address"
+    );
+    assert!(images(&fresh).is_empty() && store_leftovers(&fresh).is_empty());
+    drop(redirecting);
+
     // A value that is not whole seconds is refused, naming the variable.
     let err = home
         .with_env("DYNOCAP_PULL_IDLE_TIMEOUT", "soon")

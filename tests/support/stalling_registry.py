@@ -9,6 +9,8 @@
         bytes, then nothing, holding the connection open. With RATE (bytes per second) it
         sends all of blob DIGEST instead, but at that rate (a piece every 0.1 s): a trickle,
         or a registry slow but steady.
+    stalling_registry.py redirect ADDR PORT CERT KEY LAYOUT DIGEST URL
+        as `blob`, but answers blob DIGEST with a redirect (307) to URL.
 
 Prints "ready" once it listens.
 """
@@ -34,7 +36,7 @@ def silent(addr, port):
         held.append(conn)
 
 
-def blob(addr, port, cert, key, layout, stall, rate=None):
+def blob(addr, port, cert, key, layout, stall, rate=None, redirect=None):
     with open(os.path.join(layout, "index.json")) as f:
         manifest_desc = json.load(f)["manifests"][0]
 
@@ -84,6 +86,12 @@ def blob(addr, port, cert, key, layout, stall, rate=None):
                 body = read_blob(digest)
                 if body is None:
                     return self.answer(404, b"{}", "application/json")
+                if digest == stall and redirect is not None:
+                    self.send_response(307)
+                    self.send_header("Location", redirect)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if digest == stall and rate is not None and self.command != "HEAD":
                     self.answer(200, body, "application/octet-stream", digest, 0)
                     piece = max(1, int(rate) // 10)
@@ -118,8 +126,11 @@ def main():
         silent(addr, port)
     elif mode == "blob":
         blob(addr, port, *sys.argv[4:10])
+    elif mode == "redirect":
+        cert, key, layout, stall, url = sys.argv[4:9]
+        blob(addr, port, cert, key, layout, stall, redirect=url)
     else:
-        sys.exit("mode: silent or blob")
+        sys.exit("mode: silent, blob or redirect")
 
 
 if __name__ == "__main__":

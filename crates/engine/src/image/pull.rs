@@ -1074,6 +1074,9 @@ fn client(
         connect_timeout: Some(idle),
         read_timeout: Some(idle),
         https_proxy: Some(format!("http://{gate}")),
+        // Plain-HTTP requests too (a redirect, or a layer's `urls`, to an http:// address):
+        // without this they would go out directly, past the gate and its list.
+        http_proxy: Some(format!("http://{gate}")),
         max_concurrent_download: PARALLEL_DOWNLOADS,
         ..ClientConfig::default()
     };
@@ -1248,10 +1251,21 @@ impl RegistryGate {
             };
             Error::invalid(format!("pulling from {registry}: {message}{hint}"))
         } else {
+            let (plain, listed): (Vec<String>, Vec<String>) = refused
+                .into_iter()
+                .partition(|host| host.starts_with("http://") || host.starts_with("a plain"));
+            if !plain.is_empty() {
+                return Error::invalid(format!(
+                    "pulling from {registry}: the registry sent the pull to {}, over plain \
+                     HTTP, which a pull never uses (only HTTPS to the hosts in \
+                     {REGISTRIES_ENV}); the registry or the image is at fault ({message})",
+                    plain.join(", ")
+                ));
+            }
             Error::invalid(format!(
                 "pulling from {registry}: the pull needed {}, not in {REGISTRIES_ENV}; the host \
                  must add it ({message})",
-                refused.join(", ")
+                listed.join(", ")
             ))
         }
     }
@@ -1388,11 +1402,26 @@ async fn serve_connect(
         head.push(byte[0]);
     }
     let text = String::from_utf8_lossy(&head);
-    let target = text
-        .strip_prefix("CONNECT ")
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or("")
-        .to_owned();
+    let Some(connect) = text.strip_prefix("CONNECT ") else {
+        // A plain-HTTP request (the client sends those here too, so that none goes out
+        // directly): a registry's redirect or a layer's `urls` to an http:// address, which
+        // a pull never follows, whatever host it names. Only its origin is kept, for the
+        // error: a redirect's query may carry a signature.
+        let url = text.split_whitespace().nth(1).unwrap_or("");
+        let origin = url
+            .strip_prefix("http://")
+            .and_then(|rest| rest.split(['/', '?', '#']).next())
+            .map_or_else(
+                || "a plain-HTTP address".to_owned(),
+                |host| format!("http://{host}"),
+            );
+        note_once(log.refused, oci::printable(&origin));
+        client
+            .write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            .await?;
+        return Ok(());
+    };
+    let target = connect.split_whitespace().next().unwrap_or("").to_owned();
     let (host, port) = host_port(&target);
     let host = host.to_ascii_lowercase();
     if target.is_empty() || policy.allows(&host, port).is_none() {

@@ -387,6 +387,17 @@ fn files_and_directories_go_in_as_the_sandbox_user_never_through_a_guest_symlink
         )
     );
 
+    // A destination ending in / names a directory to copy into: a missing one and a file
+    // are refused, each saying which.
+    let one = host.path().join("one").to_string_lossy().into_owned();
+    let message = cp_fails(&home, &[&one, "cpi:/tmp/in/missing/"]);
+    assert!(
+        message.contains("ends with / but is no directory") && message.contains("No such file"),
+        "{message}"
+    );
+    let message = cp_fails(&home, &[&one, "cpi:/tmp/in/f/"]);
+    assert!(message.contains("Not a directory"), "{message}");
+
     // A guest symlink where the copy makes a directory or a file: refused, not followed.
     home.sh(
         "cpi",

@@ -741,7 +741,7 @@ async fn copy_in(
             shown(src)
         )));
     }
-    let dest_is_dir = engine
+    let listed = engine
         .file(
             name,
             FileOp::List {
@@ -750,8 +750,8 @@ async fn copy_in(
                 offset: 0,
             },
         )
-        .await
-        .is_ok();
+        .await;
+    let dest_is_dir = listed.is_ok();
     let base = src.file_name().and_then(OsStr::to_str).unwrap_or("");
     let (root, made) = if dest_is_dir && meta.is_dir() && (contents_only || base.is_empty()) {
         (gdest.to_owned(), None)
@@ -759,8 +759,11 @@ async fn copy_in(
         (gdest.to_owned(), Some(check_name(base)?.to_owned()))
     } else {
         if gdest.ends_with('/') && !meta.is_dir() {
+            // The guest's own words say which: missing, or not a directory.
+            let why = listed.err().map(|err| err.message).unwrap_or_default();
             return Err(Error::invalid(format!(
-                "the destination directory {name}:{gdest} does not exist"
+                "the destination {name}:{gdest} ends with / but is no directory to copy \
+                 into: {why}"
             )));
         }
         let path = Path::new(gdest.trim_end_matches('/'));

@@ -208,8 +208,8 @@ fn answer(input: &[u8], user: ExecUser) -> HelperAnswer {
 fn become_user(user: ExecUser) -> Result<(), FileError> {
     let groups = [user.gid as libc::gid_t];
     // SAFETY: raw system calls with valid arguments (a one-element array that outlives the
-    // call, plain ids); the raw calls change this thread's credentials only, which is the
-    // point: libc's wrappers would change every thread of the agent.
+    // call, plain ids); the raw calls change this thread's credentials only (libc's wrappers
+    // would change every thread of the process: the helper has one, a unit test's has many).
     let (set_groups, _, _) = unsafe {
         (
             libc::syscall(libc::SYS_setgroups, 1 as libc::c_long, groups.as_ptr()),

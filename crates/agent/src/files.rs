@@ -645,6 +645,14 @@ fn write(
         }
         Err(err) => return io_fail("cannot create", path, err),
     };
+    // Room for the content is taken before the file changes: on a full disk the write is
+    // refused with a file that was there as it was, and a new one not left behind.
+    if let Err(errno) = take_room(&file, content.len()) {
+        if created {
+            let _ = std::fs::remove_file(path);
+        }
+        return errno_fail("cannot make room for the content of", path, errno);
+    }
     // The umask does not decide a mode that was asked for (or the default of a new file). It
     // is set before the file is cut, so a mode the user may not set (a file of another user)
     // leaves the file as it was.
@@ -710,6 +718,26 @@ fn open_to_set_mode(path: &Path) -> Result<(File, std::fs::Metadata), FileError>
         let _ = std::fs::set_permissions(path, PermissionsExt::from_mode(before));
     }
     opened
+}
+
+/// Gives `file` the disk blocks for `length` bytes without changing its size or content
+/// (`fallocate` with `FALLOC_FL_KEEP_SIZE`), so that writing that much cannot stop part-way
+/// on a full disk. A filesystem without `fallocate` is not refused: its writes are left to
+/// fail as they would.
+fn take_room(file: &File, length: usize) -> Result<(), Errno> {
+    if length == 0 {
+        return Ok(());
+    }
+    let length = libc::off_t::try_from(length).unwrap_or(libc::off_t::MAX);
+    match nix::fcntl::fallocate(
+        file,
+        nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        0,
+        length,
+    ) {
+        Ok(()) | Err(Errno::EOPNOTSUPP) => Ok(()),
+        Err(errno) => Err(errno),
+    }
 }
 
 /// Where `needle` starts in `haystack`, without overlaps, in order.
@@ -787,13 +815,9 @@ fn edit(
     }
     edited.extend_from_slice(&content[from..]);
     // A longer text takes its room first: on a full disk the edit is refused before a byte
-    // changes (a filesystem without fallocate goes on, and the write below can still fail).
-    if edited.len() > content.len() {
-        let length = libc::off_t::try_from(edited.len()).unwrap_or(libc::off_t::MAX);
-        match nix::fcntl::fallocate(&file, nix::fcntl::FallocateFlags::empty(), 0, length) {
-            Ok(()) | Err(Errno::EOPNOTSUPP) => {}
-            Err(errno) => return errno_fail("cannot make room for the edit in", path, errno),
-        }
+    // changes.
+    if let Err(errno) = take_room(&file, edited.len()) {
+        return errno_fail("cannot make room for the edit in", path, errno);
     }
     // Written over the old bytes, then cut to length: a failed write never leaves the file
     // emptied first, and one that stops part-way puts the old bytes back (they fit in the

@@ -449,12 +449,13 @@ fn file_operations_cannot_reach_into_the_agents_own_proc_entries() {
     assert_eq!(status.code(), Some(0));
 }
 
-/// An edit that grows a file on a full disk is refused with the file as it was: its room is
-/// taken before a byte changes (before, the write stopped part-way and left the file cut,
-/// new text over old). The helper is run as the agent runs it, in a mount namespace of its
-/// own with a 64 KiB tmpfs that the test fills.
+/// An edit that grows a file, or a write of a whole file, on a full disk is refused with the
+/// file as it was (and a new file not left behind): its room is taken before a byte changes
+/// (before, the edit stopped part-way and left the file cut, new text over old, and the write
+/// left it empty). The helper is run as the agent runs it, in a mount namespace of its own
+/// with a 64 KiB tmpfs that the test fills.
 #[test]
-fn an_edit_refused_on_a_full_disk_leaves_the_file_as_it_was() {
+fn an_edit_or_write_refused_on_a_full_disk_leaves_the_file_as_it_was() {
     use dynocap_proto::files::{FileOp, FileRequest};
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: needs root (a tmpfs in a mount namespace)");
@@ -469,24 +470,48 @@ fn an_edit_refused_on_a_full_disk_leaves_the_file_as_it_was() {
         format!("{}MARK{}", "A".repeat(8000), "B".repeat(8000)),
     )
     .expect("original");
-    let request = dir.path().join("request.json");
-    let edit = FileRequest {
-        cwd: "/".into(),
-        op: FileOp::Edit {
-            path: mnt.join("f").to_string_lossy().into_owned(),
+    let in_mnt = |name: &str| mnt.join(name).to_string_lossy().into_owned();
+    let ops = [
+        FileOp::Edit {
+            path: in_mnt("f"),
             old_text: "MARK".into(),
             new_text: "N".repeat(20_000),
             replace_all: false,
         },
-    };
-    std::fs::write(&request, edit.to_json().expect("json")).expect("request");
+        FileOp::Write {
+            path: in_mnt("f"),
+            content: vec![b'W'; 40_000],
+            mode: None,
+            create_dirs: false,
+        },
+        FileOp::Write {
+            path: in_mnt("new"),
+            content: vec![b'W'; 40_000],
+            mode: None,
+            create_dirs: false,
+        },
+    ];
+    let mut helpers = String::new();
+    for (n, op) in ops.into_iter().enumerate() {
+        let request = dir.path().join(format!("request{n}.json"));
+        let json = FileRequest {
+            cwd: "/".into(),
+            op,
+        }
+        .to_json()
+        .expect("json");
+        std::fs::write(&request, json).expect("request");
+        helpers.push_str(&format!(
+            "{AGENT} file-op 0:0 < {} && echo && ",
+            request.display()
+        ));
+    }
     let script = format!(
         "mount -t tmpfs -o size=64k none {mnt} && cp {original} {mnt}/f \
          && {{ dd if=/dev/zero of={mnt}/fill bs=1k 2>/dev/null; true; }} \
-         && {AGENT} file-op 0:0 < {request} && echo && cmp {original} {mnt}/f && echo same",
+         && {helpers} cmp {original} {mnt}/f && test ! -e {mnt}/new && echo same",
         mnt = mnt.display(),
         original = original.display(),
-        request = request.display(),
     );
     let out = Command::new("unshare")
         .args(["-m", "sh", "-c", &script])
@@ -494,7 +519,7 @@ fn an_edit_refused_on_a_full_disk_leaves_the_file_as_it_was() {
         .expect("unshare");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("No space left on device") && stdout.ends_with("same\n"),
+        stdout.matches("No space left on device").count() == 3 && stdout.ends_with("same\n"),
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -1024,6 +1024,10 @@ fn mistakes_are_told_with_the_fix_and_a_recipe_builds_on_a_pulled_base() {
     let untagged = reference("team/arm");
     let err = home.json_err(&["image", "pull", &untagged]);
     assert_says(&err, &format!("{untagged}:latest"));
+    // A registry named without a dot but with a port (a compose service) is one, as Docker
+    // reads it: this one is refused only for not being in the variable.
+    let err = home.json_err(&["image", "pull", "registry:5000/team/tool:1"]);
+    assert_says(&err, "registry registry:5000 is not in DYNOCAP_REGISTRIES");
     for name in ["debian", "auto", "host"] {
         let err = home.json_err(&["image", "pull", &base_ref, "--name", name]);
         assert_eq!(err["code"], "invalid_argument", "{err:#}");

@@ -1518,6 +1518,14 @@ mod tests {
             .expect("digest ref");
         assert_eq!(r.registry(), "127.0.0.5:5000");
         assert!(parse_reference("127.0.0.5:5000/base@sha256:abc").is_err());
+        // A host without a dot names a registry when it has a port, as Docker reads it (a
+        // compose service `registry:5000`), and the variable can list it.
+        let r = parse_reference("registry:5000/team/tool:1").expect("dotless host with a port");
+        assert_eq!(r.registry(), "registry:5000");
+        assert_eq!(r.repository(), "team/tool");
+        let listed = allowed_registries(Some("registry:5000")).expect("list");
+        assert!(listed.allows("registry", 5000).is_some());
+        assert!(listed.allows("registry", 443).is_none());
         for bad in [
             "alpine",
             "alpine:3",

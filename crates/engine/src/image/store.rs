@@ -377,7 +377,8 @@ pub fn dir_name(name: &str) -> String {
 
 /// An image reference that names its registry, as `dynocap image pull` takes it and an
 /// image pulled under it is named: `registry.example[:port]/repo/path[:tag][@sha256:<hex>]`.
-/// The registry is a host with a `.` (or `localhost`) and an optional port; repository
+/// The registry is a host with a `.` (or `localhost`) and an optional port, or any host
+/// with a port (`registry:5000`, as Docker reads a first component with a port); repository
 /// components are lowercase letters, digits and `._-`, not starting with a separator; a tag
 /// is up to 128 of letters, digits and `._-`; at most 255 bytes in all.
 pub fn is_reference(text: &str) -> bool {
@@ -401,7 +402,7 @@ pub fn is_reference(text: &str) -> bool {
         Some((host, port)) => (host, Some(port)),
         None => (registry, None),
     };
-    let host_ok = (host.contains('.') || host == "localhost")
+    let host_ok = (host.contains('.') || host == "localhost" || port.is_some())
         && host.split('.').all(|l| {
             !l.is_empty()
                 && l.bytes()
@@ -588,6 +589,7 @@ mod tests {
             "registry.example/team/tool:1".to_owned(),
             "127.0.0.5:5000/base:latest".to_owned(),
             "localhost/x:1".to_owned(),
+            "registry:5000/team/tool:1".to_owned(),
             format!("registry.example/tool@{digest}"),
             format!("registry.example/tool:1@{digest}"),
         ] {
@@ -607,6 +609,9 @@ mod tests {
             "registry.example//tool:1",
             "registry.example/tool@sha256:abc",
             "registry.example/tool:-x",
+            "registry/tool:1",
+            "registry:/tool:1",
+            "Registry:5000/tool:1",
             "debian",
         ] {
             assert!(!is_reference(bad), "{bad}");

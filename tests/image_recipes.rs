@@ -5,7 +5,9 @@
 //! failing step fails the build naming the step and its exit code, with nothing left behind.
 //! A `--copy` of a host directory copies it whole (modes, nested directories, symlinks as
 //! symlinks wherever they point, never followed on the host), refuses one holding a FIFO, and
-//! is part of the recipe's id: a changed file rebuilds, a touched one does not.
+//! is part of the recipe's id: a changed file rebuilds, a touched one does not. A large single
+//! file arrives whole and is bounded by --max-bytes; a directory made again hides the base's
+//! entries; a recipe named as its base is refused unless the base is pinned by id.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -1051,4 +1053,28 @@ fn a_large_copied_file_arrives_whole_and_is_bounded_by_max_bytes() {
         got.len()
     );
     assert_no_sandbox(&home);
+}
+
+/// A directory a step removes and makes again is opaque in the sandbox's overlay: the built
+/// layer says so (`.wh..wh..opq`), so the image has only the new directory's entries, none of
+/// the base's.
+#[test]
+fn a_directory_made_again_hides_the_bases_entries() {
+    let test = "a_directory_made_again_hides_the_bases_entries";
+    let Some((home, _work)) = home_with_base(test) else {
+        return;
+    };
+    let built = home.json(&[
+        "image",
+        "build",
+        "fresh",
+        "--from",
+        "bb",
+        "--run",
+        "rm -rf /data && mkdir /data && echo new > /data/new",
+    ]);
+    assert_eq!(built["origin"], "built", "{built:#}");
+    home.sandbox("box", &["--image", "fresh", "--backend", "jail"]);
+    assert_eq!(home.sh("box", "ls /data"), "new\n");
+    home.json(&["destroy", "box"]);
 }

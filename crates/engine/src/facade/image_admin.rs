@@ -120,7 +120,9 @@ impl Engine {
     pub async fn image_rm(&self, name_or_id: &str) -> Result<ImageInfo> {
         if name_or_id == crate::image::DEFAULT_IMAGE {
             return Err(Error::invalid(
-                "the host image is made from this host's own system directories when a sandbox                  starts, not stored: there is nothing to remove (dynocap image ls lists the                  images that are)",
+                "the host image is made from this host's own system directories when a sandbox \
+                 starts, not stored: there is nothing to remove (dynocap image ls lists the \
+                 images that are)",
             ));
         }
         self.reap_dead_builds().await;

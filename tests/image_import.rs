@@ -840,7 +840,8 @@ fn a_task_starts_on_an_imported_image() {
 }
 
 /// A container image carries no kernel: on the vm backend it boots with the kernel of the
-/// debian image built on the same host, its own files as the root.
+/// debian image built on the same host (or of the image `--kernel` names), its own files as
+/// the root.
 #[test]
 fn an_imported_image_boots_in_a_vm_with_the_debian_images_kernel() {
     let test = "an_imported_image_boots_in_a_vm_with_the_debian_images_kernel";
@@ -884,5 +885,65 @@ fn an_imported_image_boots_in_a_vm_with_the_debian_images_kernel() {
     );
     let release = home.sh("tinyvm", "busybox uname -r");
     assert_eq!(release.trim(), kernel, "the debian image's kernel runs it");
+    // The lender is recorded with the sandbox: a recovery boots the same kernel, and the
+    // debian image is in use while the sandbox needs it.
+    assert_eq!(info["kernel"], "debian", "{info:#}");
+    let err = home.json_err(&["image", "rm", "debian"]);
+    let message = err["message"].as_str().unwrap_or_default();
+    assert!(message.contains("in use by tinyvm"), "{err:#}");
     home.json(&["destroy", "tinyvm"]);
+
+    // A kernel the person names: that image's, though another image with a kernel is newer
+    // (a recipe on debian keeps debian's kernel).
+    home.json(&[
+        "image", "build", "kern2", "--from", "debian", "--env", "K=2",
+    ]);
+    let refused = |args: &[&str], says: &str| {
+        let err = home.json_err(args);
+        assert_eq!(err["code"], "invalid_argument", "{err:#}");
+        let message = err["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{args:?}: {err:#}");
+    };
+    let tiny = ["run", "named", "--image", "tiny"];
+    refused(
+        &[&tiny[..], &["--backend", "jail", "--kernel", "debian"]].concat(),
+        "add --backend vm",
+    );
+    let project = work.path().join("project");
+    std::fs::create_dir_all(&project).expect("mkdir project");
+    std::fs::write(project.join("README"), "a project\n").expect("write README");
+    let project = project.to_string_lossy().into_owned();
+    refused(
+        &[
+            "task",
+            "start",
+            &project,
+            "--name",
+            "kt",
+            "--image",
+            "tiny",
+            "--backend",
+            "jail",
+            "--kernel",
+            "debian",
+        ],
+        "add --backend vm",
+    );
+    refused(
+        &[&tiny[..], &["--backend", "vm", "--kernel", "tiny"]].concat(),
+        "image \"tiny\" carries no kernel",
+    );
+    refused(
+        &[&tiny[..], &["--backend", "vm", "--kernel", "nosuch"]].concat(),
+        "no image named \"nosuch\"",
+    );
+    let info = home.json(&[&tiny[..], &["--backend", "vm", "--kernel", "debian"]].concat());
+    assert_eq!(info["kernel"], "debian", "{info:#}");
+    assert_eq!(home.sh("named", "busybox uname -r").trim(), kernel);
+    // The newer image lends nothing to it: it goes; the named one stays in use.
+    home.json(&["image", "rm", "kern2"]);
+    let err = home.json_err(&["image", "rm", "debian"]);
+    let message = err["message"].as_str().unwrap_or_default();
+    assert!(message.contains("in use by named"), "{err:#}");
+    home.json(&["destroy", "named"]);
 }

@@ -389,6 +389,11 @@ pub struct TaskStartArgs {
     /// kernel, else jail). Default: DYNOCAP_BACKEND, else auto.
     #[arg(long, value_name = "jail|vm|auto", value_parser = backend_choice)]
     pub backend: Option<dynocap_engine::backend::BackendChoice>,
+    /// The built image whose kernel the vm boots (one that has a kernel, e.g. debian: `dynocap
+    /// image ls` shows each image's). Default: the image's own kernel, else, for a container
+    /// image, which carries none, the newest image's that has one. vm backend only.
+    #[arg(long, value_name = "IMAGE")]
+    pub kernel: Option<String>,
     /// Leave the project's package caches out: the task downloads afresh and keeps nothing
     /// for the project's next task.
     #[arg(long = "no-cache")]
@@ -475,6 +480,11 @@ pub struct RunArgs {
     /// kernel, else jail). Default: DYNOCAP_BACKEND, else auto.
     #[arg(long, value_name = "jail|vm|auto", value_parser = backend_choice)]
     pub backend: Option<dynocap_engine::backend::BackendChoice>,
+    /// The built image whose kernel the vm boots (one that has a kernel, e.g. debian: `dynocap
+    /// image ls` shows each image's). Default: the image's own kernel, else, for a container
+    /// image, which carries none, the newest image's that has one. vm backend only.
+    #[arg(long, value_name = "IMAGE")]
+    pub kernel: Option<String>,
     /// Forward 127.0.0.1:HOST on the host to GUEST inside the sandbox (repeatable;
     /// without HOST, or with 0, a free port is chosen and printed; GUEST:ADDR:HOST listens on
     /// ADDR instead, e.g. 0.0.0.0 to open it to the network).

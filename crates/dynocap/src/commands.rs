@@ -166,6 +166,7 @@ async fn run(engine: &Engine, json: bool, args: RunArgs, streams: &Streams) -> R
     crate::image_commands::pull_for_start(engine, args.image.as_deref(), args.pull, &say).await?;
     spec.image = args.image;
     spec.backend = args.backend;
+    spec.kernel = args.kernel;
     let publish = args.publish.clone();
     Engine::check_publish(&publish)?;
     // Its supervisor starts up while the checks and the catalog work below run.

@@ -192,6 +192,7 @@ async fn start(engine: &Engine, json: bool, args: TaskStartArgs) -> Result<ExitC
         }
     };
     spec.backend = args.backend;
+    spec.kernel = args.kernel;
     spec.no_cache = args.no_cache;
     let publish = args.publish.clone();
     Engine::check_publish(&publish)?;

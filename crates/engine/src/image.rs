@@ -17,7 +17,7 @@ pub(crate) use failure::ImageFailure;
 
 use crate::foundation::error::{Context, Error, Result};
 use crate::host::home::Home;
-pub use crate::model::image_ref::{ImageRef, DEFAULT_IMAGE};
+pub use crate::model::image_ref::{ImageRef, KernelRef, DEFAULT_IMAGE};
 
 pub mod build;
 mod customise;
@@ -134,11 +134,30 @@ pub fn resolve(home: &Home, name: &str) -> Result<ImageRef> {
         return Err(not_built(name, &names()));
     }
     match images.iter().rev().find(|i| i.name() == name) {
-        Some(image) => Ok(ImageRef {
-            name: name.to_owned(),
-            id: Some(image.id().to_owned()),
-        }),
+        Some(image) => Ok(ImageRef::built(name, image.id())),
         None => Err(not_built(name, &names())),
+    }
+}
+
+/// Resolves the image named to lend its kernel (`--kernel NAME`): the newest build of a
+/// built image that carries a kernel.
+pub fn resolve_kernel(home: &Home, name: &str) -> Result<KernelRef> {
+    let found = resolve(home, name)?;
+    let built = found
+        .id
+        .as_ref()
+        .and_then(|id| store::ImageStore::for_home(home, None).get(&found.name, id));
+    match built {
+        Some(built) if kernel_files(&built).is_some() => Ok(KernelRef {
+            name: found.name,
+            id: built.id().to_owned(),
+        }),
+        _ => Err(Error::invalid(format!(
+            "image \"{}\" carries no kernel to boot a vm with; name an image that has one \
+             (`dynocap image ls` shows each image's kernel; `dynocap image build debian` \
+             makes one)",
+            oci::printable(name)
+        ))),
     }
 }
 
@@ -161,11 +180,27 @@ pub fn open(home: &Home, image: &ImageRef) -> Result<Image> {
         owned_by_host_root: true,
         guest_sudo: built.meta.guest_sudo,
         id: Some(built.id().to_owned()),
-        kernel: match kernel_files(&built) {
-            Some(own) => Some(own),
-            None => lent_kernel(home),
+        kernel: match &image.kernel {
+            Some(named) => Some(named_kernel(home, named)?),
+            None => kernel_files(&built).or_else(|| lent_kernel(home)),
         },
     })
+}
+
+/// The kernel of the image a record names to lend it (see [`resolve_kernel`]).
+fn named_kernel(home: &Home, named: &KernelRef) -> Result<KernelFiles> {
+    store::ImageStore::for_home(home, None)
+        .get(&named.name, &named.id)
+        .as_ref()
+        .and_then(kernel_files)
+        .ok_or_else(|| {
+            ImageFailure::Gone {
+                name: named.name.clone(),
+                short_id: build::short(&named.id).to_owned(),
+                images_dir: home.images_dir(),
+            }
+            .into()
+        })
 }
 
 /// What the config of the image a record names asks of its commands (nothing for `host`, a
@@ -268,7 +303,31 @@ fn kernel_files(built: &store::BuiltImage) -> Option<KernelFiles> {
     })
 }
 
-/// For an image without a kernel: the kernel of the newest image on this host that has one.
+/// The image whose kernel a vm boots `image` with when it carries none of its own (a
+/// container image): the newest image on this host that has one. Recorded when the sandbox
+/// is created, as its image is, so that a recovery boots the same kernel and `image rm`
+/// knows the sandbox needs that image. `None` for an image with a kernel of its own, for
+/// `host`, and when no image here has one (the boot then says what to build).
+pub fn lent_kernel_ref(home: &Home, image: &ImageRef) -> Option<KernelRef> {
+    let id = image.id.as_ref()?;
+    let store = store::ImageStore::for_home(home, None);
+    if kernel_files(&store.get(&image.name, id)?).is_some() {
+        return None;
+    }
+    let images = store.list().ok()?;
+    // Oldest first: the newest build with a kernel lends it.
+    images
+        .iter()
+        .rev()
+        .find(|other| kernel_files(other).is_some())
+        .map(|lender| KernelRef {
+            name: lender.name().to_owned(),
+            id: lender.id().to_owned(),
+        })
+}
+
+/// For an image without a kernel: the kernel of the newest image on this host that has one
+/// (a record made before the lender was recorded).
 /// Container images carry no kernel; DynoCap's guest kernel (the debian image's) boots them.
 fn lent_kernel(home: &Home) -> Option<KernelFiles> {
     let images = store::ImageStore::for_home(home, None).list().ok()?;
@@ -595,15 +654,13 @@ mod tests {
             serde_json::to_string(&meta).unwrap(),
         )
         .unwrap();
-        let tiny = ImageRef {
-            name: "tiny".into(),
-            id: Some(id),
-        };
+        let tiny = ImageRef::built("tiny", id);
         assert_eq!(
             open(&home, &tiny).unwrap().kernel,
             None,
             "nothing to lend yet"
         );
+        assert_eq!(lent_kernel_ref(&home, &tiny), None);
 
         let (old, new) = ("1".repeat(64), "2".repeat(64));
         fake_build(&home, &old, "2026-01-01T00:00:00Z");
@@ -617,6 +674,39 @@ mod tests {
             lent.vmlinuz,
             lender.join("boot/vmlinuz-6.1.0-9-cloud-amd64")
         );
+
+        // What a new sandbox's record keeps: the lender, by id.
+        let recorded = lent_kernel_ref(&home, &tiny).expect("a lender");
+        assert_eq!(
+            (recorded.name.as_str(), recorded.id.as_str()),
+            ("debian", new.as_str())
+        );
+        assert_eq!(
+            lent_kernel_ref(&home, &ImageRef::built("debian", old.clone())),
+            None
+        );
+        assert_eq!(lent_kernel_ref(&home, &ImageRef::host()), None);
+
+        // A kernel the person names: that image's, not the newest one's.
+        let err = resolve_kernel(&home, "tiny").unwrap_err();
+        assert!(err.message.contains("carries no kernel"), "{err}");
+        let err = resolve_kernel(&home, "host").unwrap_err();
+        assert!(err.message.contains("carries no kernel"), "{err}");
+        let named = resolve_kernel(&home, "debian").unwrap();
+        assert_eq!(named.id, new, "the newest build of the image named");
+        let mut with_old = tiny.clone();
+        with_old.kernel = Some(KernelRef {
+            name: "debian".into(),
+            id: old.clone(),
+        });
+        let image = open(&home, &with_old).unwrap();
+        assert_eq!(image.root, imported.join("rootfs"), "still its own root");
+        let old_root = home.images_dir().join("debian").join(&old).join("rootfs");
+        assert_eq!(image.kernel.expect("the named kernel").root, old_root);
+        // Gone from the host: said, never another kernel instead.
+        fs::remove_dir_all(home.images_dir().join("debian").join(&old)).unwrap();
+        let err = open(&home, &with_old).unwrap_err();
+        assert!(err.message.contains("is gone"), "{err}");
     }
 
     #[test]
@@ -636,14 +726,7 @@ mod tests {
         assert_eq!(picked.id.as_deref(), Some(new.as_str()));
 
         // A record keeps its id: the older build is what it boots, whatever is newer.
-        let image = open(
-            &home,
-            &ImageRef {
-                name: "debian".into(),
-                id: Some(old.clone()),
-            },
-        )
-        .unwrap();
+        let image = open(&home, &ImageRef::built("debian", old.clone())).unwrap();
         let rootfs = home.images_dir().join("debian").join(&old).join("rootfs");
         assert_eq!(image.root, rootfs);
         assert!(image.ro_binds.is_empty() && image.owned_by_host_root && image.guest_sudo);
@@ -662,10 +745,7 @@ mod tests {
         let host = open(&home, &ImageRef::host()).unwrap();
         assert!(!host.guest_sudo && !host.owned_by_host_root && host.kernel.is_none());
 
-        let gone = ImageRef {
-            name: "debian".into(),
-            id: Some("3".repeat(64)),
-        };
+        let gone = ImageRef::built("debian", "3".repeat(64));
         let err = open(&home, &gone).unwrap_err();
         assert!(err.message.contains("dynocap image build debian"), "{err}");
     }

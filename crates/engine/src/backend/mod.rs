@@ -35,7 +35,7 @@ use crate::model::config::Config;
 use crate::model::spec::Network;
 
 pub use jail::JailBackend;
-pub use vm::VmBackend;
+pub use vm::{VmBackend, NAME as VM};
 
 /// Everything a backend needs to boot one guest.
 #[derive(Debug, Clone)]

@@ -51,9 +51,12 @@ struct VmGuest {
     _cache_lock: Option<std::fs::File>,
 }
 
+/// The backend's name, as records and `--backend` spell it.
+pub const NAME: &str = "vm";
+
 impl Backend for VmBackend {
     fn name(&self) -> &'static str {
-        "vm"
+        NAME
     }
 
     fn start_check(

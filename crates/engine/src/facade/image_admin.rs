@@ -213,7 +213,7 @@ fn info(image: &BuiltImage, records: &[Record]) -> ImageInfo {
         shared_bytes: shared_bytes(image),
         used_by: records
             .iter()
-            .filter(|r| r.image.id.as_deref() == Some(image.id()))
+            .filter(|r| r.image.needs(image.id()))
             .map(|r| r.name.clone().unwrap_or_else(|| r.id.clone()))
             .collect(),
         path: image.dir.display().to_string(),

@@ -32,6 +32,8 @@ fn pool_spec() -> RunSpec {
 fn fits(spec: &RunSpec) -> bool {
     spec.network == Network::None
         && spec.allow_hosts.is_empty()
+        // The pool boots with the image's own kernel or the one lent.
+        && spec.kernel.is_none()
         && spec.disk_mb == pool_spec().disk_mb
 }
 
@@ -151,7 +153,11 @@ impl Engine {
             None => crate::backend::select_for(self.config(), &image_name)?,
         }
         .name();
-        let image = crate::image::resolve(self.home(), &image_name)?;
+        let mut image = crate::image::resolve(self.home(), &image_name)?;
+        // As the pool's records have it (see `new_record`).
+        if backend == crate::backend::VM {
+            image.kernel = crate::image::lent_kernel_ref(self.home(), &image);
+        }
         let Some(record) = catalog.claim_pooled(backend, &image, |record| {
             record.name = Some(spec.name.clone());
             record.state = State::Running;

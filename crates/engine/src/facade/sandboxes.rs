@@ -52,6 +52,7 @@ impl SandboxInfo {
             egress_allowlist: egress_allowlist(record),
             image: record.image.name.clone(),
             image_id: record.image.id.clone(),
+            kernel: record.image.kernel.as_ref().map(|k| k.name.clone()),
             note: record.note.clone(),
             jobs: Vec::new(),
             forwards: Vec::new(),
@@ -189,9 +190,27 @@ impl Engine {
             spec.image.as_deref(),
             spec.backend,
         )?;
+        self.name_kernel(&mut record, spec.kernel.as_deref())?;
         record.egress = egress;
         let record = self.launch(record, &|_| {}).await?;
         Ok(SandboxInfo::from_record(&record))
+    }
+
+    /// Records the image `kernel` names (`--kernel`) as the one whose kernel the sandbox's vm
+    /// boots, resolved now as its image is.
+    pub(crate) fn name_kernel(&self, record: &mut Record, kernel: Option<&str>) -> Result<()> {
+        let Some(kernel) = kernel else {
+            return Ok(());
+        };
+        if record.backend != crate::backend::VM {
+            return Err(Error::invalid(format!(
+                "--kernel names the kernel a vm boots, and this sandbox's backend is {}, \
+                 which boots none: add --backend vm, or leave --kernel out",
+                record.backend
+            )));
+        }
+        record.image.kernel = Some(crate::image::resolve_kernel(&self.home, kernel)?);
+        Ok(())
     }
 
     /// A fresh `starting` record for a new sandbox.
@@ -220,6 +239,10 @@ impl Engine {
             Some(choice) => crate::backend::select_as(self.config(), choice, &image.name)?,
             None => crate::backend::select_for(self.config(), &image.name)?,
         };
+        let mut image = image;
+        if backend.name() == crate::backend::VM {
+            image.kernel = crate::image::lent_kernel_ref(&self.home, &image);
+        }
         let now = chrono::Utc::now();
         let ttl = chrono::TimeDelta::seconds(i64::try_from(ttl_seconds).unwrap_or(i64::MAX));
         Ok(Record {

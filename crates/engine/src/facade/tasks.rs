@@ -169,6 +169,7 @@ impl Engine {
             spec.image.as_deref(),
             spec.backend,
         )?;
+        self.name_kernel(&mut record, spec.kernel.as_deref())?;
         record.egress = egress;
         // A task's baseline is a git commit made in the guest: an image without git is told
         // now, with what to do, rather than after it booted and its agent found none.
@@ -616,6 +617,7 @@ fn task_info(record: &Record) -> Result<TaskInfo> {
         egress_allowlist: crate::facade::sandboxes::egress_allowlist(record),
         image: record.image.name.clone(),
         image_id: record.image.id.clone(),
+        kernel: record.image.kernel.as_ref().map(|k| k.name.clone()),
         forked_from: detail.fork.clone(),
         image_note: None,
         jobs: Vec::new(),

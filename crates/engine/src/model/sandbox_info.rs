@@ -28,6 +28,10 @@ pub struct SandboxInfo {
     /// The built image's content id (none for `host`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_id: Option<String>,
+    /// The image whose kernel its vm boots when not the image's own: named (`--kernel`), or
+    /// lent to a container image by the newest image on the host that has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
     /// What a running sandbox lost and what to do (its network ended), when that needs saying.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,

@@ -92,6 +92,10 @@ pub struct RunSpec {
     /// The backend to boot on (`--backend`); `None`: `DYNOCAP_BACKEND`, else `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<crate::model::backend_choice::BackendChoice>,
+    /// The built image whose kernel a vm boots (`--kernel`); `None`: the image's own, else
+    /// the newest image's that has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
 }
 
 impl RunSpec {
@@ -123,6 +127,7 @@ impl RunSpec {
             allow_hosts: Vec::new(),
             image: None,
             backend: None,
+            kernel: None,
         })
     }
 }

@@ -174,6 +174,10 @@ pub struct TaskInfo {
     /// The built image's content id (none for `host`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_id: Option<String>,
+    /// The image whose kernel its vm boots when not the image's own: named (`--kernel`), or
+    /// lent to a container image by the newest image on the host that has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
     /// How a start that let the project choose (`--image auto`, the MCP default) chose the
     /// image: the devcontainer.json that named it, or why the task is on the default image.
     /// Only in the start's own result.

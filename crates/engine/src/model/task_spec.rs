@@ -86,6 +86,10 @@ pub struct TaskStartSpec {
     /// The backend to boot on (`--backend`); `None`: `DYNOCAP_BACKEND`, else `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<crate::model::backend_choice::BackendChoice>,
+    /// The built image whose kernel a vm boots (`--kernel`); `None`: the image's own, else
+    /// the newest image's that has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
     /// Leave the project's package caches out (`--no-cache`): the task downloads afresh and
     /// writes into no cache.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -154,6 +158,7 @@ impl TaskStartSpec {
             allow_hosts: Vec::new(),
             image: None,
             backend: None,
+            kernel: None,
             ssh_key_path: None,
             no_cache: false,
         })

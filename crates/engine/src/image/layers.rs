@@ -48,7 +48,7 @@ use serde::{Deserialize, Serialize};
 use super::oci::Digest;
 use super::unpack::{
     create_file, dir_here, fs_error, is_type, link_here, list_dir, open_dir, remove_tree, show,
-    stat_at, Hashing, LayerRecord, Limits, Parts, Root, Stats,
+    stat_at, too_deep, Hashing, LayerRecord, Limits, Parts, Root, Stats, MAX_DIR_DEPTH,
 };
 use crate::foundation::error::{Context, Error, Result};
 
@@ -413,7 +413,7 @@ impl LayerStore {
             let top = root
                 .walk(&[], false)?
                 .ok_or_else(|| Error::internal("the rootfs vanished"))?;
-            merge(tree.as_fd(), top.as_fd(), &mut Vec::new(), &implicit)?;
+            merge(tree, top, &implicit)?;
         }
         Ok(())
     }
@@ -571,30 +571,64 @@ fn printable(parts: &Parts) -> String {
     super::oci::printable(&String::from_utf8_lossy(&show(parts)))
 }
 
-/// Puts the entries of the layer directory `from` into the rootfs directory `into`,
-/// replacing what lower layers left there. `path` is `from`'s path in the layer.
-fn merge(
-    from: BorrowedFd<'_>,
-    into: BorrowedFd<'_>,
-    path: &mut Parts,
-    implicit: &HashSet<&Parts>,
-) -> Result<()> {
-    for name in list_dir(from)? {
-        path.push(name.clone());
-        let result = merge_entry(from, into, &name, path, implicit);
-        path.pop();
-        result?;
+/// Puts the layer's tree (the open directory `tree`) into the rootfs (`top`), replacing what
+/// lower layers left there. Iterative, holding the two open directories of each level: the
+/// unpacker bounds a layer's depth ([`MAX_DIR_DEPTH`]), and a layer stored before it did is
+/// refused past that bound here rather than walked as deep as it goes.
+fn merge(tree: OwnedFd, top: OwnedFd, implicit: &HashSet<&Parts>) -> Result<()> {
+    struct Level {
+        from: OwnedFd,
+        into: OwnedFd,
+        names: std::vec::IntoIter<Vec<u8>>,
+    }
+    let names = list_dir(tree.as_fd())?;
+    let mut stack = vec![Level {
+        from: tree,
+        into: top,
+        names: names.into_iter(),
+    }];
+    // The path of the entry being merged: one component per level below the top.
+    let mut path: Parts = Vec::new();
+    while let Some(level) = stack.last_mut() {
+        let Some(name) = level.names.next() else {
+            stack.pop();
+            path.pop();
+            continue;
+        };
+        path.push(name);
+        let (from, into) = (level.from.as_fd(), level.into.as_fd());
+        match merge_entry(from, into, &path, implicit)? {
+            Some((sub_from, sub_into)) => {
+                // `stack.len()` directories deep, counting this one.
+                if stack.len() > MAX_DIR_DEPTH {
+                    return Err(too_deep(&path, "a stored layer is"));
+                }
+                let names = list_dir(sub_from.as_fd())?;
+                stack.push(Level {
+                    from: sub_from,
+                    into: sub_into,
+                    names: names.into_iter(),
+                });
+            }
+            None => {
+                path.pop();
+            }
+        }
     }
     Ok(())
 }
 
+/// Puts the entry `path` (its last component named in `from`) into `into`; a directory's two
+/// open descriptors (the layer's and the rootfs's) are returned, for [`merge`] to go into.
 fn merge_entry(
     from: BorrowedFd<'_>,
     into: BorrowedFd<'_>,
-    name: &[u8],
-    path: &mut Parts,
+    path: &Parts,
     implicit: &HashSet<&Parts>,
-) -> Result<()> {
+) -> Result<Option<(OwnedFd, OwnedFd)>> {
+    let Some(name) = path.last() else {
+        return Ok(None);
+    };
     let st = fstatat(from, OsStr::from_bytes(name), AtFlags::AT_SYMLINK_NOFOLLOW)
         .map_err(|e| fs_error("reading", &show(path), e))?;
     let existing = stat_at(into, name)?;
@@ -605,7 +639,7 @@ fn merge_entry(
         // which would hide everything the symlink led to (`bin -> usr/bin` and a layer
         // putting `bin/tool` would leave a `/bin` holding only `tool`).
         let lower_not_dir = existing.is_some_and(|e| !is_type(e.st_mode, SFlag::S_IFDIR));
-        if lower_not_dir && implicit.contains(&*path) {
+        if lower_not_dir && implicit.contains(path) {
             return Err(Error::invalid(format!(
                 "a layer entry goes through {}, which a lower layer made a symlink or a file; \
                  refusing to follow it (the layer must name the path the link leads to, or \
@@ -615,11 +649,11 @@ fn merge_entry(
         }
         let (sub_into, was_dir) = dir_here(into, name, existing, path)?;
         // A directory the layer has only as a parent keeps a lower layer's owner and mode.
-        if !was_dir || !implicit.contains(&*path) {
+        if !was_dir || !implicit.contains(path) {
             own(&sub_into, &st, path)?;
         }
         let sub_from = open_dir(from, name).map_err(|e| fs_error("opening", &show(path), e))?;
-        return merge(sub_from.as_fd(), sub_into.as_fd(), path, implicit);
+        return Ok(Some((sub_from, sub_into)));
     }
     remove_tree(into, name)?;
     if is_type(st.st_mode, SFlag::S_IFLNK) {
@@ -634,6 +668,7 @@ fn merge_entry(
             Some(Gid::from_raw(st.st_gid)),
             AtFlags::AT_SYMLINK_NOFOLLOW,
         )
+        .map(|()| None)
         .map_err(|e| fs_error("chowning", &show(path), e));
     }
     if !is_type(st.st_mode, SFlag::S_IFREG) {
@@ -651,9 +686,9 @@ fn merge_entry(
         OsStr::from_bytes(name),
         AtFlags::empty(),
     ) {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(None),
         // Too many links to one inode (tens of thousands of images on one layer): a copy.
-        Err(Errno::EMLINK) => copy_file(from, into, name, &st, path),
+        Err(Errno::EMLINK) => copy_file(from, into, name, &st, path).map(|()| None),
         Err(e) => Err(fs_error("linking", &show(path), e)),
     }
 }
@@ -979,6 +1014,55 @@ mod tests {
                 .expect("ls")
                 .len(),
             0
+        );
+    }
+
+    /// Assembly walks a layer's tree without recursing: one as deep as the unpacker allows is
+    /// assembled whole, and one stored deeper (by a version before the bound) is refused
+    /// naming the bound instead of overflowing the stack, as 1000 levels did.
+    #[test]
+    fn assembly_takes_the_deepest_layer_and_refuses_a_deeper_one() {
+        use crate::image::unpack::MAX_DIR_DEPTH;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = LayerStore::in_images_dir(tmp.path());
+        let nested = |levels: usize| vec!["d"; levels].join("/");
+        let deepest = unpack(
+            &store,
+            Tar::new().long(
+                tar::EntryType::Regular,
+                &format!("{}/f", nested(MAX_DIR_DEPTH)),
+            ),
+        );
+        let rootfs = tmp.path().join("root");
+        fs::create_dir(&rootfs).expect("mkdir");
+        store
+            .assemble(std::slice::from_ref(&deepest), &rootfs)
+            .expect("as deep as the bound");
+        let file = rootfs.join(nested(MAX_DIR_DEPTH)).join("f");
+        assert_eq!(
+            fs::metadata(&file).expect("the deepest file").ino(),
+            fs::metadata(deepest.tree().join(nested(MAX_DIR_DEPTH)).join("f"))
+                .expect("the layer's")
+                .ino()
+        );
+
+        let old = Layer {
+            dir: tmp.path().join("old-layer"),
+            meta: LayerMeta {
+                diff_id: format!("sha256:{}", "0".repeat(64)),
+                stats: Stats::default(),
+                size_bytes: 0,
+                record: LayerRecord::default(),
+            },
+        };
+        fs::create_dir_all(old.tree().join(nested(1000))).expect("a deep tree");
+        let rootfs = tmp.path().join("deeper");
+        fs::create_dir(&rootfs).expect("mkdir");
+        let err = store.assemble(&[old], &rootfs).expect_err("too deep");
+        assert!(
+            err.message
+                .contains(&format!("more than {MAX_DIR_DEPTH} directories deep")),
+            "{err}"
         );
     }
 

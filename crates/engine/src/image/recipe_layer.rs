@@ -863,9 +863,10 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
-/// The deepest directory a built layer may have: far beyond what images hold, well within the
-/// walk's descriptors (one per level) and stack.
-const MAX_LAYER_DEPTH: usize = 256;
+/// The deepest directory a built layer may have: the bound every layer is unpacked within
+/// (a deeper one would be refused once made), well within the walk's descriptors (one per
+/// level).
+const MAX_LAYER_DEPTH: usize = super::unpack::MAX_DIR_DEPTH;
 
 /// The walk of an upper directory into a layer tar. A process a step started may still be
 /// running in the guest and changing the upper while it is read, so no path below the upper

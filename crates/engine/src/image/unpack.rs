@@ -6,7 +6,8 @@
 //! (one the layer made, or a lower layer's) is ever followed while creating or removing an
 //! entry. Hard links may only name files already beneath the root (resolved the same way),
 //! device nodes and fifos are not created (counted), set-id bits are cleared, and the bytes
-//! and entries written are bounded.
+//! and entries written are bounded, and so is how deep a layer's directories nest
+//! ([`MAX_DIR_DEPTH`]).
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -29,6 +30,13 @@ use crate::foundation::error::{Error, Result};
 
 /// Bytes of a file's content written at once.
 const COPY_BUFFER: usize = 256 << 10;
+
+/// The deepest a directory of an image may be, in directories below the root: far beyond
+/// what real images hold (the kernel's `PATH_MAX` of 4096 bytes allows few paths deeper), and
+/// it bounds every later walk of the tree (assembly, removal, the vm's disk) to as many levels
+/// and open descriptors. A layer nesting deeper is refused at its first entry past it, before
+/// anything of that entry is made. Recipe builds make layers within the same bound.
+pub(crate) const MAX_DIR_DEPTH: usize = 256;
 
 /// Bounds on what one import may write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,7 +191,24 @@ impl Root {
             cancel()?;
             let entry = entry.map_err(|err| Error::invalid(format!("reading a layer: {err}")))?;
             let path = entry.path_bytes().into_owned();
-            match oci::classify(&path)? {
+            let action = oci::classify(&path)?;
+            // The directories the entry needs: its parents, and itself for a directory.
+            let (dirs, parts) = match &action {
+                Action::Skip => (0, None),
+                Action::Whiteout { dir, .. } => (dir.len(), Some(dir)),
+                Action::Opaque { dir } => (dir.len(), Some(dir)),
+                Action::Put(parts) => (
+                    parts.len() - usize::from(!entry.header().entry_type().is_dir()),
+                    Some(parts),
+                ),
+            };
+            if dirs > MAX_DIR_DEPTH {
+                return Err(too_deep(
+                    parts.map_or(&[][..], |p| &p[..]),
+                    "a layer entry is",
+                ));
+            }
+            match action {
                 Action::Skip => {}
                 Action::Whiteout { dir, name } => {
                     self.stats.whiteouts += 1;
@@ -220,8 +245,12 @@ impl Root {
                 }
                 Action::Put(parts) => {
                     self.put(entry, &parts)?;
-                    for end in 1..=parts.len() {
-                        written.insert(parts[..end].to_vec());
+                    // Longest first: a path already there has its ancestors there too, so
+                    // each entry costs its new paths, not a copy of every ancestor's.
+                    for end in (1..=parts.len()).rev() {
+                        if !written.insert(parts[..end].to_vec()) {
+                            break;
+                        }
                     }
                 }
             }
@@ -584,6 +613,16 @@ pub(super) fn show(parts: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
+/// The refusal of a tree nesting deeper than [`MAX_DIR_DEPTH`] at `parts` (cut short).
+pub(super) fn too_deep(parts: &[Vec<u8>], what: &str) -> Error {
+    let shown = &parts[..parts.len().min(MAX_DIR_DEPTH + 1)];
+    Error::invalid(format!(
+        "{what} more than {MAX_DIR_DEPTH} directories deep ({}…), deeper than an image may \
+         be; refusing the image",
+        display(shown)
+    ))
+}
+
 /// A path for messages.
 fn display(parts: &[Vec<u8>]) -> String {
     oci::printable(&String::from_utf8_lossy(&show(parts)))
@@ -669,6 +708,20 @@ pub(super) mod tests {
         }
         pub(crate) fn bytes(self) -> Vec<u8> {
             self.0.into_inner().expect("tar")
+        }
+        /// An entry whose name may be longer than a header holds (a GNU long-name entry
+        /// before it, as tar writes one).
+        pub(crate) fn long(mut self, kind: tar::EntryType, path: &str) -> Self {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_mode(if kind.is_dir() { 0o755 } else { 0o644 });
+            header.set_uid(u64::from(nix::unistd::geteuid().as_raw()));
+            header.set_gid(u64::from(nix::unistd::getegid().as_raw()));
+            header.set_size(0);
+            self.0
+                .append_data(&mut header, path, io::empty())
+                .expect("append");
+            self
         }
         /// A symlink `d` to `outside`, then a file written through it: must land nowhere.
         pub(crate) fn through_symlink_to(outside: &std::path::Path) -> Self {
@@ -760,6 +813,98 @@ pub(super) mod tests {
         names.sort();
         assert_eq!(names, ["etc"]);
         assert_eq!(root.stats.files, 1);
+    }
+
+    /// `d/d/…` `levels` directories deep.
+    fn nested(levels: usize) -> String {
+        vec!["d"; levels].join("/")
+    }
+
+    /// A layer may nest directories [`MAX_DIR_DEPTH`] deep and no deeper: past that, its
+    /// first entry needing a deeper directory (listed, implied by a file's path, or the
+    /// directory of a whiteout or opaque marker) is refused naming the bound, and nothing
+    /// past it is made. Before the bound, a layer 3000 deep took minutes to unpack and
+    /// overflowed the stack when assembled.
+    #[test]
+    fn a_layer_nesting_past_the_depth_bound_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut within = Layer::new();
+        for level in 1..=MAX_DIR_DEPTH {
+            within = within.long(tar::EntryType::Directory, &nested(level));
+        }
+        let deepest = format!("{}/f", nested(MAX_DIR_DEPTH));
+        within = within.long(tar::EntryType::Regular, &deepest);
+        let mut root = Root::open(tmp.path(), Limits::default()).expect("root");
+        apply(&mut root, within).expect("as deep as the bound");
+        let mut dir = File::open(tmp.path()).expect("open root");
+        for _ in 0..MAX_DIR_DEPTH {
+            dir = File::from(open_dir(dir.as_fd(), b"d").expect("a level"));
+        }
+        assert!(stat_at(dir.as_fd(), b"f").expect("stat").is_some());
+        let past = nested(MAX_DIR_DEPTH + 1);
+        let cases = [
+            (
+                "a directory",
+                Layer::new().long(tar::EntryType::Directory, &past),
+            ),
+            (
+                "a file's parents",
+                Layer::new().long(tar::EntryType::Regular, &format!("{past}/f")),
+            ),
+            (
+                "a symlink's parents",
+                Layer::new().long(tar::EntryType::Symlink, &format!("{past}/l")),
+            ),
+            (
+                "a whiteout's directory",
+                Layer::new().long(tar::EntryType::Regular, &format!("{past}/.wh.f")),
+            ),
+            (
+                "an opaque directory",
+                Layer::new().long(tar::EntryType::Regular, &format!("{past}/.wh..wh..opq")),
+            ),
+            (
+                "thousands of levels",
+                Layer::new().long(tar::EntryType::Regular, &format!("{}/f", nested(3000))),
+            ),
+        ];
+        for (what, layer) in cases {
+            let bytes = layer.bytes();
+            for store in [false, true] {
+                let tmp = tempfile::tempdir().expect("tempdir");
+                let mut root = if store {
+                    Root::open_layer(tmp.path(), Limits::default())
+                } else {
+                    Root::open(tmp.path(), Limits::default())
+                }
+                .expect("root");
+                let err = root.apply_layer(&bytes[..], &|| Ok(())).expect_err(what);
+                assert!(
+                    err.message
+                        .contains(&format!("more than {MAX_DIR_DEPTH} directories deep")),
+                    "{what}: {err}"
+                );
+                assert_eq!(
+                    err.code,
+                    crate::foundation::error::ErrorCode::InvalidArgument
+                );
+                // Refused before anything of the entry was made.
+                assert_eq!(
+                    std::fs::read_dir(tmp.path()).expect("ls").count(),
+                    0,
+                    "{what}"
+                );
+            }
+        }
+        // The entry past the bound is refused where it comes, after those within it.
+        let mut one_more = Layer::new();
+        for level in 1..=MAX_DIR_DEPTH + 1 {
+            one_more = one_more.long(tar::EntryType::Directory, &nested(level));
+        }
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut root = Root::open(tmp.path(), Limits::default()).expect("root");
+        assert!(apply(&mut root, one_more).is_err());
+        assert_eq!(root.stats.files, MAX_DIR_DEPTH as u64);
     }
 
     #[test]

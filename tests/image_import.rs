@@ -9,7 +9,7 @@ use std::process::Command;
 
 use dynocap_e2e::images::{allocated_bytes, store_entries, store_leftovers};
 use dynocap_e2e::oci::{
-    image_config, oci_layer, require_busybox as busybox, sha256, sparse_gnu_layer,
+    image_config, nested_layer, oci_layer, require_busybox as busybox, sha256, sparse_gnu_layer,
     sparse_pax_layer, Layer, Layout, OciLayer,
 };
 use dynocap_e2e::{require_root, TestHome};
@@ -405,6 +405,55 @@ fn a_docker_archive_with_a_repeated_layer_imports() {
     }
     home.json(&["image", "rm", "repeated"]);
     assert!(images(&home).is_empty());
+}
+
+/// A layer may nest directories 256 deep: such an image imports whole and is removed whole.
+/// One nesting thousands deep (which aborted the import, its assembly overflowing the stack)
+/// is refused naming the bound, leaving nothing listed or stored of it.
+#[test]
+fn a_layer_nested_past_the_depth_bound_is_refused_and_one_within_it_imports() {
+    let test = "a_layer_nested_past_the_depth_bound_is_refused_and_one_within_it_imports";
+    if !require_root(test) {
+        return;
+    }
+    let home = TestHome::new();
+    let work = tempfile::tempdir().expect("tempdir");
+    for levels in [257, 3000] {
+        let layout = work.path().join(format!("deep{levels}"));
+        write_oci(&layout, &[oci_layer(nested_layer(levels), true)]);
+        let err = import_err(&home, &layout, "deep");
+        assert_eq!(err["code"], "invalid_argument", "{levels}: {err:#}");
+        let message = err["message"].as_str().expect("message");
+        assert!(
+            message.contains("more than 256 directories deep") && message.contains("/d/d/d"),
+            "{levels}: {err:#}"
+        );
+        assert!(images(&home).is_empty(), "{levels}");
+        assert!(store_entries(&home, "deep").is_empty(), "{levels}");
+        assert!(
+            store_leftovers(&home).is_empty(),
+            "{levels}: {:?}",
+            store_leftovers(&home)
+        );
+    }
+    let layout = work.path().join("deep256");
+    write_oci(&layout, &[oci_layer(nested_layer(256), true)]);
+    let imported = import(&home, &layout, "deep");
+    let rootfs = Path::new(imported["image"]["path"].as_str().expect("path")).join("rootfs");
+    let deepest = rootfs.join(vec!["d"; 256].join("/")).join("f");
+    assert_eq!(
+        std::fs::read_to_string(&deepest).expect("the deepest file"),
+        "deep\n"
+    );
+    home.json(&["image", "rm", "deep"]);
+    assert!(images(&home).is_empty());
+    assert!(!rootfs.exists());
+    assert!(
+        std::fs::read_dir(home.path().join("images/.store/layers/sha256"))
+            .map_or(0, |dir| dir.count())
+            == 0,
+        "the layer is freed with its image"
+    );
 }
 
 #[test]

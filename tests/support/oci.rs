@@ -120,6 +120,30 @@ impl Layer {
     }
 }
 
+/// A layer of `levels` nested directories `d/d/…`, each listed, and a file `f` in the
+/// deepest; names longer than a header holds go in GNU long-name entries, as tar writes them.
+pub fn nested_layer(levels: usize) -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut append = |kind: tar::EntryType, path: &str, data: &[u8]| {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(kind);
+        header.set_mode(if kind.is_dir() { 0o755 } else { 0o644 });
+        header.set_size(data.len() as u64);
+        header.set_mtime(1_700_000_000);
+        tar.append_data(&mut header, path, data).expect("append");
+    };
+    let mut path = String::new();
+    for _ in 0..levels {
+        if !path.is_empty() {
+            path.push('/');
+        }
+        path.push('d');
+        append(tar::EntryType::Directory, &path, b"");
+    }
+    append(tar::EntryType::Regular, &format!("{path}/f"), b"deep\n");
+    tar.into_inner().expect("tar")
+}
+
 /// A layer of one regular file `name` whose header claims `size` bytes while the layer holds
 /// 1 KiB after it: a bomb that only its header makes large.
 pub fn huge_header_layer(name: &str, size: u64) -> Vec<u8> {

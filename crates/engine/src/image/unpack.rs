@@ -129,6 +129,10 @@ pub struct Root {
     /// ([`super::layers`]): what the layer does to the layers below it is recorded here, for
     /// assembly, instead of being applied.
     layer: Option<RefCell<LayerRecord>>,
+    /// A layer root's directories made only as parents so far ([`LayerRecord::implicit_dirs`]
+    /// once done): a set, as each directory entry takes its path out, and a list would cost
+    /// every entry a pass over all of them.
+    implicit: RefCell<HashSet<Parts>>,
 }
 
 /// A path below the root, as components.
@@ -164,6 +168,7 @@ impl Root {
             limits,
             stats: Stats::default(),
             layer: None,
+            implicit: RefCell::default(),
         })
     }
 
@@ -177,7 +182,15 @@ impl Root {
 
     /// What a layer root recorded (empty for a rootfs).
     pub fn into_record(self) -> LayerRecord {
-        self.layer.map(RefCell::into_inner).unwrap_or_default()
+        let Some(record) = self.layer else {
+            return LayerRecord::default();
+        };
+        let mut record = record.into_inner();
+        // Sorted, parents before their children, so `layer.json` follows the layer alone.
+        let mut implicit: Vec<Parts> = self.implicit.into_inner().into_iter().collect();
+        implicit.sort();
+        record.implicit_dirs = implicit;
+        record
     }
 
     /// Applies one layer's tar stream. `cancel` is polled between entries.
@@ -313,9 +326,7 @@ impl Root {
         }
         let existing = stat_at(parent, name)?;
         if kind.is_dir() {
-            if let Some(record) = &self.layer {
-                record.borrow_mut().implicit_dirs.retain(|d| d != parts);
-            }
+            self.implicit.borrow_mut().remove(parts);
             let (dir, _) = dir_here(parent, name, existing, parts)?;
             fchown(&dir, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
                 .map_err(|e| fs_error("chowning", &show(parts), e))?;
@@ -461,11 +472,8 @@ impl Root {
                         Mode::from_bits_truncate(0o755),
                     )
                     .map_err(|e| fs_error("creating", &show(&parts[..=depth]), e))?;
-                    if let Some(record) = &self.layer {
-                        record
-                            .borrow_mut()
-                            .implicit_dirs
-                            .push(parts[..=depth].to_vec());
+                    if self.layer.is_some() {
+                        self.implicit.borrow_mut().insert(parts[..=depth].to_vec());
                     }
                     open_dir(current.as_fd(), part)
                 }
@@ -905,6 +913,27 @@ pub(super) mod tests {
         let mut root = Root::open(tmp.path(), Limits::default()).expect("root");
         assert!(apply(&mut root, one_more).is_err());
         assert_eq!(root.stats.files, MAX_DIR_DEPTH as u64);
+    }
+
+    /// A layer root records the directories it made only as parents, in path order, less
+    /// those the layer lists itself (before or after their entries).
+    #[test]
+    fn a_layer_records_the_directories_it_holds_only_as_parents() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut root = Root::open_layer(tmp.path(), Limits::default()).expect("root");
+        let layer = Layer::new()
+            .file("z/y/f", "f")
+            .file("a/b/c/f", "f")
+            .dir("a/b")
+            .dir("m")
+            .file("m/n/f", "f");
+        apply(&mut root, layer).expect("apply");
+        let parts =
+            |path: &str| -> Parts { path.split('/').map(|p| p.as_bytes().to_vec()).collect() };
+        assert_eq!(
+            root.into_record().implicit_dirs,
+            ["a", "a/b/c", "m/n", "z", "z/y"].map(parts).to_vec()
+        );
     }
 
     #[test]

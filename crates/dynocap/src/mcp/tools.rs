@@ -673,7 +673,7 @@ a summary. Returns the Finish object (verified, verifyError, patchPath, logPath,
 files, additions, deletions, sensitivePaths). Show sensitivePaths to the user before the \
 patch is applied. When verified is false, do not apply the patch or offer to: tell the user \
 verifyError (what failed) and to inspect the patch at patchPath (e.g. less <patchPath>) before \
-doing anything with it. Files the task added under directories tools generate (the groups \
+doing anything with it. Files the task wrote under directories tools generate (the groups \
 dynocap_diff lists as generated) are left out of the patch unless includeGenerated: generated \
 says what was left out and generatedPatchPath where it is kept. The record stays listed by \
 dynocap_ls until dynocap_rm.",
@@ -1309,7 +1309,7 @@ fn finish_schema() -> Value {
             "additions": { "type": "integer" },
             "deletions": { "type": "integer" },
             "sensitivePaths": sensitive_paths_schema(),
-            "generated": generated_schema("Files the task added under directories tools generate. Left out of the patch (kept at generatedPatchPath) unless generatedIncluded. Absent when there were none."),
+            "generated": generated_schema("Files the task wrote under directories tools generate (added, or changed or deleted where the import brought them untracked). Left out of the patch (kept at generatedPatchPath) unless generatedIncluded. Absent when there were none."),
             "generatedIncluded": { "type": "boolean", "description": "includeGenerated was asked: the generated files are in the patch. Absent otherwise." },
             "generatedPatchPath": { "type": "string", "description": "The generated entries left out, as a patch of their own. Absent when none were left out." },
             "jobsCutOff": running_jobs_schema("Jobs still running when the task ended (this finish, or its TTL), which its end cut off. Absent when none was."),

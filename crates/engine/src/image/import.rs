@@ -217,7 +217,7 @@ impl Budget {
     pub(super) fn left(&self) -> Limits {
         Limits {
             max_bytes: self.limits.max_bytes.saturating_sub(self.stats.bytes),
-            max_files: self.limits.max_files.saturating_sub(self.stats.files),
+            max_files: self.limits.max_files.saturating_sub(self.stats.counted()),
         }
     }
 
@@ -228,6 +228,7 @@ impl Budget {
         self.stats.devices_skipped += s.devices_skipped;
         self.stats.setid_cleared += s.setid_cleared;
         self.stats.whiteouts += s.whiteouts;
+        self.stats.implicit_dirs += s.implicit_dirs;
         if self.stats.bytes > self.limits.max_bytes {
             return Err(Error::invalid(format!(
                 "the image's files add up to more than {} bytes, the bound on an image's size \
@@ -235,12 +236,8 @@ impl Budget {
                 self.limits.max_bytes
             )));
         }
-        if self.stats.files > self.limits.max_files {
-            return Err(Error::invalid(format!(
-                "the image has more than {} files, the bound on an image's file count \
-                 (--max-files)",
-                self.limits.max_files
-            )));
+        if self.stats.counted() > self.limits.max_files {
+            return Err(self.stats.too_many(self.limits.max_files));
         }
         Ok(())
     }

@@ -7,9 +7,13 @@
 //! entry. Hard links may only name files already beneath the root (resolved the same way),
 //! device nodes and fifos are not created (counted), set-id bits are cleared, and the bytes
 //! and entries written are bounded, and so is how deep a layer's directories nest
-//! ([`MAX_DIR_DEPTH`]).
+//! ([`MAX_DIR_DEPTH`]). The entry bound counts every inode the layer makes and every marker
+//! it leaves ([`Stats::counted`]): a directory made only as a parent of an entry the layer
+//! lists is as much an entry as a listed one, or a layer could list a few files under deep
+//! chains of directories it never names and make hundreds of directories (and as many paths
+//! held in memory and in `layer.json`) for each entry counted.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs::File;
@@ -43,7 +47,7 @@ pub(crate) const MAX_DIR_DEPTH: usize = 256;
 pub struct Limits {
     /// File content bytes, all layers together.
     pub max_bytes: u64,
-    /// Entries created, all layers together.
+    /// Entries, all layers together, as [`Stats::counted`] counts them.
     pub max_files: u64,
 }
 
@@ -66,7 +70,37 @@ pub struct Stats {
     pub devices_skipped: u64,
     /// Files and directories whose setuid/setgid bits were cleared.
     pub setid_cleared: u64,
+    /// Whiteouts and opaque markers.
     pub whiteouts: u64,
+    /// Directories made only as parents of entries, which the layers do not list. Absent
+    /// from a `layer.json` written before they were counted: 0 there.
+    #[serde(default)]
+    pub implicit_dirs: u64,
+}
+
+impl Stats {
+    /// What counts against [`Limits::max_files`]: the entries made, the directories made only
+    /// as their parents, and the whiteouts and opaque markers.
+    pub fn counted(&self) -> u64 {
+        self.files
+            .saturating_add(self.implicit_dirs)
+            .saturating_add(self.whiteouts)
+    }
+
+    /// The refusal of an image whose entries went past `max_files`: what was left of
+    /// `--max-files` for the layers counted in `self`.
+    pub(super) fn too_many(&self, max_files: u64) -> Error {
+        Error::invalid(format!(
+            "the image has more files than --max-files, the bound on an image's file count, \
+             allows: {} counted ({} entries, {} directories made only as their parents, {} \
+             whiteouts and opaque markers) where {max_files} were left; raise --max-files if \
+             the image is trusted",
+            self.counted(),
+            self.files,
+            self.implicit_dirs,
+            self.whiteouts
+        ))
+    }
 }
 
 /// A reader that hashes (SHA-256) and counts what passes through it.
@@ -133,6 +167,9 @@ pub struct Root {
     /// once done): a set, as each directory entry takes its path out, and a list would cost
     /// every entry a pass over all of them.
     implicit: RefCell<HashSet<Parts>>,
+    /// Directories [`Root::walk`] made as parents, for [`Stats::implicit_dirs`] (`walk`
+    /// borrows the root shared).
+    parents_made: Cell<u64>,
 }
 
 /// A path below the root, as components.
@@ -169,6 +206,7 @@ impl Root {
             stats: Stats::default(),
             layer: None,
             implicit: RefCell::default(),
+            parents_made: Cell::new(0),
         })
     }
 
@@ -224,7 +262,7 @@ impl Root {
             match action {
                 Action::Skip => {}
                 Action::Whiteout { dir, name } => {
-                    self.stats.whiteouts += 1;
+                    self.count_whiteout()?;
                     let mut full = dir.clone();
                     full.push(name.clone());
                     if written.contains(&full) {
@@ -239,7 +277,7 @@ impl Root {
                     }
                 }
                 Action::Opaque { dir } => {
-                    self.stats.whiteouts += 1;
+                    self.count_whiteout()?;
                     if let Some(record) = &self.layer {
                         // Everything in this layer's directory is the layer's own.
                         record.borrow_mut().opaques.push(dir);
@@ -267,6 +305,23 @@ impl Root {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Counts a whiteout or opaque marker, refusing one past the bound before it is recorded
+    /// or applied.
+    fn count_whiteout(&mut self) -> Result<()> {
+        self.stats.whiteouts += 1;
+        self.check_count()
+    }
+
+    /// Takes in the directories made as parents since the last call, and refuses the layer
+    /// if what is counted is past [`Limits::max_files`].
+    fn check_count(&mut self) -> Result<()> {
+        self.stats.implicit_dirs = self.parents_made.get();
+        if self.stats.counted() > self.limits.max_files {
+            return Err(self.stats.too_many(self.limits.max_files));
         }
         Ok(())
     }
@@ -301,19 +356,21 @@ impl Root {
                 )));
             }
         }
-        self.stats.files += 1;
-        if self.stats.files > self.limits.max_files {
-            return Err(Error::invalid(format!(
-                "the image has more than {} files, the bound on an image's file count \
-                 (--max-files)",
-                self.limits.max_files
-            )));
+        if kind.is_dir() && self.implicit.borrow_mut().remove(parts) {
+            // Made as a parent earlier in this layer and counted then: now it is an entry.
+            self.parents_made
+                .set(self.parents_made.get().saturating_sub(1));
         }
+        self.stats.files += 1;
+        self.check_count()?;
         let (parent_parts, name) = parts.split_at(parts.len() - 1);
         let name = &name[0];
+        // The parents it makes count too: past the bound, the layer stops here, at most
+        // `MAX_DIR_DEPTH` directories over it.
         let parent = self
             .walk(parent_parts, true)?
             .ok_or_else(|| Error::internal("a created directory vanished"))?;
+        self.check_count()?;
         let parent = parent.as_fd();
         let shown = || display(parts);
         let uid = u32::try_from(header.uid().unwrap_or(0))
@@ -326,7 +383,6 @@ impl Root {
         }
         let existing = stat_at(parent, name)?;
         if kind.is_dir() {
-            self.implicit.borrow_mut().remove(parts);
             let (dir, _) = dir_here(parent, name, existing, parts)?;
             fchown(&dir, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
                 .map_err(|e| fs_error("chowning", &show(parts), e))?;
@@ -472,6 +528,7 @@ impl Root {
                         Mode::from_bits_truncate(0o755),
                     )
                     .map_err(|e| fs_error("creating", &show(&parts[..=depth]), e))?;
+                    self.parents_made.set(self.parents_made.get() + 1);
                     if self.layer.is_some() {
                         self.implicit.borrow_mut().insert(parts[..=depth].to_vec());
                     }
@@ -995,6 +1052,116 @@ pub(super) mod tests {
             .file("d", "");
         let err = apply(&mut root, many).expect_err("files");
         assert!(err.message.contains("--max-files"), "{err}");
+    }
+
+    /// Each file under `x<i>/` and the directories `dirs[i]` names below it, none listed.
+    fn unlisted_parents(dirs: &[&str]) -> Layer {
+        dirs.iter()
+            .enumerate()
+            .fold(Layer::new(), |layer, (i, dirs)| {
+                layer.file(&format!("x{i}/{dirs}/f"), "")
+            })
+    }
+
+    /// Both unpack modes: into a rootfs, and into a layer's own directory of the store.
+    fn both_modes(limits: Limits, layer: impl Fn() -> Layer) -> [(Result<()>, Stats); 2] {
+        [false, true].map(|own| {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let mut root = if own {
+                Root::open_layer(tmp.path(), limits)
+            } else {
+                Root::open(tmp.path(), limits)
+            }
+            .expect("root");
+            let result = apply(&mut root, layer());
+            (result, root.stats.clone())
+        })
+    }
+
+    #[test]
+    fn directories_made_only_as_parents_count_against_max_files() {
+        let limits = Limits {
+            max_bytes: 1 << 20,
+            max_files: 10,
+        };
+        // 2 files and 8 directories they need (x0 a b c d, x1 a b): exactly the bound.
+        for (result, stats) in both_modes(limits, || unlisted_parents(&["a/b/c/d", "a/b"])) {
+            result.expect("within the bound");
+            assert_eq!((stats.files, stats.implicit_dirs), (2, 8));
+            assert_eq!(stats.counted(), 10);
+        }
+        // One directory more is one past it, though the layer lists only 2 entries.
+        for (result, stats) in both_modes(limits, || unlisted_parents(&["a/b/c/d", "a/b/c"])) {
+            let err = result.expect_err("past the bound");
+            assert_eq!(
+                err.code,
+                crate::foundation::error::ErrorCode::InvalidArgument
+            );
+            assert!(
+                err.message.contains("--max-files")
+                    && err.message.contains("11 counted")
+                    && err
+                        .message
+                        .contains("2 entries, 9 directories made only as their parents"),
+                "{err}"
+            );
+            assert_eq!(stats.counted(), 11);
+        }
+        // Deep chains: the first entry past the bound stops the layer, its parents made.
+        let deep = vec!["a"; 40].join("/");
+        for (result, stats) in both_modes(limits, || unlisted_parents(&[&deep, &deep])) {
+            result.expect_err("a chain past the bound");
+            assert_eq!((stats.files, stats.implicit_dirs), (1, 41));
+        }
+    }
+
+    #[test]
+    fn a_directory_listed_after_its_entries_counts_once_in_a_layer() {
+        let limits = Limits {
+            max_bytes: 1 << 20,
+            max_files: 3,
+        };
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut root = Root::open_layer(tmp.path(), limits).expect("root");
+        // d and d/e made as parents of the file, then listed: 3 entries, no parent-only.
+        let layer = Layer::new().file("d/e/f", "").dir("d/e").dir("d");
+        apply(&mut root, layer).expect("three entries");
+        assert_eq!((root.stats.files, root.stats.implicit_dirs), (3, 0));
+        assert!(root.into_record().implicit_dirs.is_empty());
+    }
+
+    #[test]
+    fn whiteouts_and_opaque_markers_count_against_max_files() {
+        let limits = Limits {
+            max_bytes: 1 << 20,
+            max_files: 3,
+        };
+        let markers = || {
+            Layer::new()
+                .file(".wh.a", "")
+                .file(".wh.b", "")
+                .file("o/.wh..wh..opq", "")
+        };
+        for (result, stats) in both_modes(limits, markers) {
+            result.expect("3 markers");
+            assert_eq!((stats.files, stats.whiteouts, stats.counted()), (0, 3, 3));
+        }
+        for (result, stats) in both_modes(limits, || markers().file("p/.wh..wh..opq", "")) {
+            let err = result.expect_err("4 markers");
+            assert!(
+                err.message.contains("--max-files")
+                    && err.message.contains("4 whiteouts and opaque markers"),
+                "{err}"
+            );
+            assert_eq!(stats.whiteouts, 4);
+        }
+    }
+
+    #[test]
+    fn stats_of_a_layer_stored_before_parents_counted_still_read() {
+        let stored = r#"{"bytes":5,"files":2,"devicesSkipped":0,"setidCleared":1,"whiteouts":3}"#;
+        let stats: Stats = serde_json::from_str(stored).expect("an older layer.json's stats");
+        assert_eq!((stats.implicit_dirs, stats.counted()), (0, 5));
     }
 
     /// A GNU sparse entry (type `S`) of `real` bytes holding 512 stored ones at its end.

@@ -165,8 +165,8 @@ pub struct Root {
     layer: Option<RefCell<LayerRecord>>,
     /// A layer root's directories made only as parents so far ([`LayerRecord::implicit_dirs`]
     /// once done): a set, as each directory entry takes its path out, and a list would cost
-    /// every entry a pass over all of them.
-    implicit: RefCell<HashSet<Parts>>,
+    /// every entry a pass over all of them. Joined ([`joined`]), as [`Written`] is.
+    implicit: RefCell<HashSet<Box<[u8]>>>,
     /// Directories [`Root::walk`] made as parents, for [`Stats::implicit_dirs`] (`walk`
     /// borrows the root shared).
     parents_made: Cell<u64>,
@@ -189,8 +189,21 @@ pub struct LayerRecord {
 }
 
 /// Paths this layer has put (and their ancestors): a whiteout or opaque marker removes only
-/// what lower layers left.
-type Written = HashSet<Vec<Vec<u8>>>;
+/// what lower layers left. Each path is held as its components joined by `/` ([`joined`]):
+/// one allocation of its length, where components apart cost an allocation each, and a layer
+/// of deep paths holds one per directory it puts or needs.
+type Written = HashSet<Box<[u8]>>;
+
+/// A path below the root as one byte string: its components joined by `/`, which no component
+/// holds ([`oci::classify`] splits names on it), so [`split`] gives them back.
+fn joined(parts: &[Vec<u8>]) -> Box<[u8]> {
+    parts.join(&b'/').into_boxed_slice()
+}
+
+/// The components of a [`joined`] path.
+fn split(path: &[u8]) -> Parts {
+    path.split(|b| *b == b'/').map(<[u8]>::to_vec).collect()
+}
 
 impl Root {
     pub fn open(path: &Path, limits: Limits) -> Result<Root> {
@@ -225,7 +238,12 @@ impl Root {
         };
         let mut record = record.into_inner();
         // Sorted, parents before their children, so `layer.json` follows the layer alone.
-        let mut implicit: Vec<Parts> = self.implicit.into_inner().into_iter().collect();
+        let mut implicit: Vec<Parts> = self
+            .implicit
+            .into_inner()
+            .into_iter()
+            .map(|path| split(&path))
+            .collect();
         implicit.sort();
         record.implicit_dirs = implicit;
         record
@@ -265,7 +283,7 @@ impl Root {
                     self.count_whiteout()?;
                     let mut full = dir.clone();
                     full.push(name.clone());
-                    if written.contains(&full) {
+                    if written.contains(&joined(&full)) {
                         continue;
                     }
                     if let Some(record) = &self.layer {
@@ -289,7 +307,7 @@ impl Root {
                     for name in list_dir(dir_fd.as_fd())? {
                         let mut full = dir.clone();
                         full.push(name.clone());
-                        if !written.contains(&full) {
+                        if !written.contains(&joined(&full)) {
                             remove_tree(dir_fd.as_fd(), &name)?;
                         }
                     }
@@ -298,10 +316,14 @@ impl Root {
                     self.put(entry, &parts)?;
                     // Longest first: a path already there has its ancestors there too, so
                     // each entry costs its new paths, not a copy of every ancestor's.
-                    for end in (1..=parts.len()).rev() {
-                        if !written.insert(parts[..end].to_vec()) {
+                    let path = joined(&parts);
+                    let mut end = path.len();
+                    for part in parts.iter().rev() {
+                        if !written.insert(path[..end].into()) {
                             break;
                         }
+                        // Past this component and the `/` before it.
+                        end = end.saturating_sub(part.len() + 1);
                     }
                 }
             }
@@ -356,7 +378,7 @@ impl Root {
                 )));
             }
         }
-        if kind.is_dir() && self.implicit.borrow_mut().remove(parts) {
+        if kind.is_dir() && self.implicit.borrow_mut().remove(&joined(parts)) {
             // Made as a parent earlier in this layer and counted then: now it is an entry.
             self.parents_made
                 .set(self.parents_made.get().saturating_sub(1));
@@ -530,7 +552,7 @@ impl Root {
                     .map_err(|e| fs_error("creating", &show(&parts[..=depth]), e))?;
                     self.parents_made.set(self.parents_made.get() + 1);
                     if self.layer.is_some() {
-                        self.implicit.borrow_mut().insert(parts[..=depth].to_vec());
+                        self.implicit.borrow_mut().insert(joined(&parts[..=depth]));
                     }
                     open_dir(current.as_fd(), part)
                 }
@@ -1155,6 +1177,28 @@ pub(super) mod tests {
             );
             assert_eq!(stats.whiteouts, 4);
         }
+    }
+
+    #[test]
+    fn a_whiteout_spares_the_parents_of_what_its_own_layer_put() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut root = Root::open(tmp.path(), Limits::default()).expect("root");
+        let lower = Layer::new()
+            .file("d/e/old", "o")
+            .file("d/x", "x")
+            .file("d/ex", "x");
+        apply(&mut root, lower).expect("lower");
+        // d/e is this layer's (a parent of its entry): its whiteout is not of a lower layer's.
+        let upper = Layer::new()
+            .file("d/e/f/g", "g")
+            .file("d/.wh.e", "")
+            .file("d/.wh.x", "")
+            .file("d/.wh.ex", "");
+        apply(&mut root, upper).expect("upper");
+        assert!(tmp.path().join("d/e/old").exists());
+        assert!(tmp.path().join("d/e/f/g").exists());
+        assert!(!tmp.path().join("d/x").exists());
+        assert!(!tmp.path().join("d/ex").exists());
     }
 
     #[test]

@@ -47,8 +47,8 @@ use serde::{Deserialize, Serialize};
 
 use super::oci::Digest;
 use super::unpack::{
-    create_file, dir_here, fs_error, is_type, link_here, list_dir, open_dir, remove_tree, show,
-    stat_at, too_deep, Hashing, LayerRecord, Limits, Parts, Root, Stats, MAX_DIR_DEPTH,
+    create_file, dir_here, fs_error, is_type, joined, link_here, list_dir, open_dir, remove_tree,
+    show, stat_at, too_deep, Hashing, LayerRecord, Limits, Parts, Root, Stats, MAX_DIR_DEPTH,
 };
 use crate::foundation::error::{Context, Error, Result};
 
@@ -407,7 +407,7 @@ impl LayerStore {
             for (link, target) in &record.links {
                 link_lower(&root, link, target)?;
             }
-            let implicit: HashSet<&Parts> = record.implicit_dirs.iter().collect();
+            let implicit: HashSet<&[u8]> = record.implicit_dirs.0.iter().map(|p| &p[..]).collect();
             let tree = open_dir(root_fd(&layer.tree())?.as_fd(), b".")
                 .map_err(|e| fs_error("opening", layer.tree().as_os_str().as_bytes(), e))?;
             let top = root
@@ -575,7 +575,7 @@ fn printable(parts: &Parts) -> String {
 /// lower layers left there. Iterative, holding the two open directories of each level: the
 /// unpacker bounds a layer's depth ([`MAX_DIR_DEPTH`]), and a layer stored before it did is
 /// refused past that bound here rather than walked as deep as it goes.
-fn merge(tree: OwnedFd, top: OwnedFd, implicit: &HashSet<&Parts>) -> Result<()> {
+fn merge(tree: OwnedFd, top: OwnedFd, implicit: &HashSet<&[u8]>) -> Result<()> {
     struct Level {
         from: OwnedFd,
         into: OwnedFd,
@@ -624,7 +624,7 @@ fn merge_entry(
     from: BorrowedFd<'_>,
     into: BorrowedFd<'_>,
     path: &Parts,
-    implicit: &HashSet<&Parts>,
+    implicit: &HashSet<&[u8]>,
 ) -> Result<Option<(OwnedFd, OwnedFd)>> {
     let Some(name) = path.last() else {
         return Ok(None);
@@ -639,7 +639,8 @@ fn merge_entry(
         // which would hide everything the symlink led to (`bin -> usr/bin` and a layer
         // putting `bin/tool` would leave a `/bin` holding only `tool`).
         let lower_not_dir = existing.is_some_and(|e| !is_type(e.st_mode, SFlag::S_IFDIR));
-        if lower_not_dir && implicit.contains(path) {
+        let is_implicit = implicit.contains(&joined(path)[..]);
+        if lower_not_dir && is_implicit {
             return Err(Error::invalid(format!(
                 "a layer entry goes through {}, which a lower layer made a symlink or a file; \
                  refusing to follow it (the layer must name the path the link leads to, or \
@@ -649,7 +650,7 @@ fn merge_entry(
         }
         let (sub_into, was_dir) = dir_here(into, name, existing, path)?;
         // A directory the layer has only as a parent keeps a lower layer's owner and mode.
-        if !was_dir || !implicit.contains(path) {
+        if !was_dir || !is_implicit {
             own(&sub_into, &st, path)?;
         }
         let sub_from = open_dir(from, name).map_err(|e| fs_error("opening", &show(path), e))?;
@@ -843,6 +844,7 @@ mod tests {
             .meta
             .record
             .implicit_dirs
+            .to_parts()
             .contains(&vec![b"usr".to_vec()]));
         // The store's layer holds no whiteout files.
         assert!(!top.tree().join("etc").exists());

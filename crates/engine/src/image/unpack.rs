@@ -185,7 +185,64 @@ pub struct LayerRecord {
     pub opaques: Vec<Parts>,
     /// (link, target): the target is in a lower layer.
     pub links: Vec<(Parts, Parts)>,
-    pub implicit_dirs: Vec<Parts>,
+    pub implicit_dirs: JoinedPaths,
+}
+
+/// Paths held [`joined`], one allocation each however deep (a layer may hold a directory per
+/// entry it is allowed, each up to [`MAX_DIR_DEPTH`] deep), and written and read as a list of
+/// paths of components, as [`Parts`] are: a `layer.json` reads the same either way.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JoinedPaths(pub Vec<Box<[u8]>>);
+
+impl JoinedPaths {
+    /// The paths as components.
+    pub fn to_parts(&self) -> Vec<Parts> {
+        self.0.iter().map(|path| split(path)).collect()
+    }
+}
+
+impl serde::Serialize for JoinedPaths {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        struct Components<'a>(&'a [u8]);
+        impl serde::Serialize for Components<'_> {
+            fn serialize<S: serde::Serializer>(
+                &self,
+                serializer: S,
+            ) -> std::result::Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.split(|b| *b == b'/'))
+            }
+        }
+        serializer.collect_seq(self.0.iter().map(|path| Components(path)))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for JoinedPaths {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        struct Paths;
+        impl<'de> serde::de::Visitor<'de> for Paths {
+            type Value = JoinedPaths;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of paths, each a list of components")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<JoinedPaths, A::Error> {
+                // One path's components at a time, joined as they come.
+                let mut paths = Vec::new();
+                while let Some(parts) = seq.next_element::<Parts>()? {
+                    paths.push(joined(&parts));
+                }
+                Ok(JoinedPaths(paths))
+            }
+        }
+        deserializer.deserialize_seq(Paths)
+    }
 }
 
 /// Paths this layer has put (and their ancestors): a whiteout or opaque marker removes only
@@ -196,7 +253,7 @@ type Written = HashSet<Box<[u8]>>;
 
 /// A path below the root as one byte string: its components joined by `/`, which no component
 /// holds ([`oci::classify`] splits names on it), so [`split`] gives them back.
-fn joined(parts: &[Vec<u8>]) -> Box<[u8]> {
+pub(super) fn joined(parts: &[Vec<u8>]) -> Box<[u8]> {
     parts.join(&b'/').into_boxed_slice()
 }
 
@@ -238,14 +295,10 @@ impl Root {
         };
         let mut record = record.into_inner();
         // Sorted, parents before their children, so `layer.json` follows the layer alone.
-        let mut implicit: Vec<Parts> = self
-            .implicit
-            .into_inner()
-            .into_iter()
-            .map(|path| split(&path))
-            .collect();
-        implicit.sort();
-        record.implicit_dirs = implicit;
+        let mut implicit: Vec<Box<[u8]>> = self.implicit.into_inner().into_iter().collect();
+        // In component order, as `Parts` sort (`/` is not the least byte).
+        implicit.sort_by(|a, b| a.split(|c| *c == b'/').cmp(b.split(|c| *c == b'/')));
+        record.implicit_dirs = JoinedPaths(implicit);
         record
     }
 
@@ -1010,7 +1063,7 @@ pub(super) mod tests {
         let parts =
             |path: &str| -> Parts { path.split('/').map(|p| p.as_bytes().to_vec()).collect() };
         assert_eq!(
-            root.into_record().implicit_dirs,
+            root.into_record().implicit_dirs.to_parts(),
             ["a", "a/b/c", "m/n", "z", "z/y"].map(parts).to_vec()
         );
     }
@@ -1149,7 +1202,7 @@ pub(super) mod tests {
         let layer = Layer::new().file("d/e/f", "").dir("d/e").dir("d");
         apply(&mut root, layer).expect("three entries");
         assert_eq!((root.stats.files, root.stats.implicit_dirs), (3, 0));
-        assert!(root.into_record().implicit_dirs.is_empty());
+        assert!(root.into_record().implicit_dirs.0.is_empty());
     }
 
     #[test]
@@ -1199,6 +1252,21 @@ pub(super) mod tests {
         assert!(tmp.path().join("d/e/f/g").exists());
         assert!(!tmp.path().join("d/x").exists());
         assert!(!tmp.path().join("d/ex").exists());
+    }
+
+    #[test]
+    fn joined_paths_read_and_write_as_lists_of_components() {
+        let parts: Vec<Parts> = vec![
+            vec![b"usr".to_vec()],
+            vec![b"usr".to_vec(), b"l\xffb".to_vec(), b"x".to_vec()],
+        ];
+        let written = serde_json::to_string(&parts).expect("parts");
+        let paths: JoinedPaths = serde_json::from_str(&written).expect("as a layer.json has them");
+        assert_eq!(paths.0[1][..], b"usr/l\xffb/x"[..]);
+        assert_eq!(paths.to_parts(), parts);
+        assert_eq!(serde_json::to_string(&paths).expect("paths"), written);
+        let empty: JoinedPaths = serde_json::from_str("[]").expect("none");
+        assert_eq!(serde_json::to_string(&empty).expect("none"), "[]");
     }
 
     #[test]

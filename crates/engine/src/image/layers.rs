@@ -388,14 +388,14 @@ impl LayerStore {
         )?;
         for layer in layers {
             let record = &layer.meta.record;
-            for dir in &record.opaques {
-                if let Some(fd) = root.walk(dir, false)? {
+            for dir in record.opaques.iter() {
+                if let Some(fd) = root.walk(&dir, false)? {
                     for name in list_dir(fd.as_fd())? {
                         remove_tree(fd.as_fd(), &name)?;
                     }
                 }
             }
-            for gone in &record.whiteouts {
+            for gone in record.whiteouts.iter() {
                 if let Some((name, dir)) = gone.split_last() {
                     if let Some(fd) = root.walk(dir, false)? {
                         remove_tree(fd.as_fd(), name)?;
@@ -808,6 +808,24 @@ mod tests {
     }
 
     #[test]
+    fn an_opaque_marker_at_the_root_hides_every_lower_entry() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = LayerStore::in_images_dir(tmp.path());
+        let base = unpack(&store, Tar::new().file("old", "o").file("etc/keep", "k"));
+        let top = unpack(&store, Tar::new().file(".wh..wh..opq", "").file("new", "n"));
+        assert_eq!(top.meta.record.opaques.to_parts(), vec![Parts::new()]);
+        let rootfs = tmp.path().join("rootfs");
+        fs::create_dir(&rootfs).expect("mkdir");
+        store.assemble(&[base, top], &rootfs).expect("assemble");
+        let mut names: Vec<_> = fs::read_dir(&rootfs)
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["new"]);
+    }
+
+    #[test]
     fn images_share_their_base_layer_by_hard_links() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let store = LayerStore::in_images_dir(tmp.path());
@@ -837,7 +855,7 @@ mod tests {
                 .entry(tar::EntryType::Symlink, "lib", "usr/lib", 0o777, b""),
         );
         assert_eq!(
-            top.meta.record.whiteouts,
+            top.meta.record.whiteouts.to_parts(),
             vec![vec![b"etc".to_vec(), b"gone".to_vec()]]
         );
         assert!(top

@@ -181,8 +181,8 @@ pub type Parts = Vec<Vec<u8>>;
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LayerRecord {
-    pub whiteouts: Vec<Parts>,
-    pub opaques: Vec<Parts>,
+    pub whiteouts: JoinedPaths,
+    pub opaques: JoinedPaths,
     /// (link, target): the target is in a lower layer.
     pub links: Vec<(Parts, Parts)>,
     pub implicit_dirs: JoinedPaths,
@@ -195,9 +195,14 @@ pub struct LayerRecord {
 pub struct JoinedPaths(pub Vec<Box<[u8]>>);
 
 impl JoinedPaths {
+    /// The paths as components, one at a time.
+    pub fn iter(&self) -> impl Iterator<Item = Parts> + '_ {
+        self.0.iter().map(|path| split(path))
+    }
+
     /// The paths as components.
     pub fn to_parts(&self) -> Vec<Parts> {
-        self.0.iter().map(|path| split(path)).collect()
+        self.iter().collect()
     }
 }
 
@@ -212,7 +217,7 @@ impl serde::Serialize for JoinedPaths {
                 &self,
                 serializer: S,
             ) -> std::result::Result<S::Ok, S::Error> {
-                serializer.collect_seq(self.0.split(|b| *b == b'/'))
+                serializer.collect_seq(components(self.0))
             }
         }
         serializer.collect_seq(self.0.iter().map(|path| Components(path)))
@@ -257,9 +262,15 @@ pub(super) fn joined(parts: &[Vec<u8>]) -> Box<[u8]> {
     parts.join(&b'/').into_boxed_slice()
 }
 
-/// The components of a [`joined`] path.
+/// The components of a [`joined`] path: none for the root (an opaque marker's directory may
+/// be the root), which joins to nothing.
+fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
+    path.split(|b| *b == b'/').filter(move |_| !path.is_empty())
+}
+
+/// The components of a [`joined`] path, owned.
 fn split(path: &[u8]) -> Parts {
-    path.split(|b| *b == b'/').map(<[u8]>::to_vec).collect()
+    components(path).map(<[u8]>::to_vec).collect()
 }
 
 impl Root {
@@ -297,7 +308,7 @@ impl Root {
         // Sorted, parents before their children, so `layer.json` follows the layer alone.
         let mut implicit: Vec<Box<[u8]>> = self.implicit.into_inner().into_iter().collect();
         // In component order, as `Parts` sort (`/` is not the least byte).
-        implicit.sort_by(|a, b| a.split(|c| *c == b'/').cmp(b.split(|c| *c == b'/')));
+        implicit.sort_by(|a, b| components(a).cmp(components(b)));
         record.implicit_dirs = JoinedPaths(implicit);
         record
     }
@@ -340,7 +351,7 @@ impl Root {
                         continue;
                     }
                     if let Some(record) = &self.layer {
-                        record.borrow_mut().whiteouts.push(full);
+                        record.borrow_mut().whiteouts.0.push(joined(&full));
                         continue;
                     }
                     if let Some(dir_fd) = self.walk(&dir, false)? {
@@ -351,7 +362,7 @@ impl Root {
                     self.count_whiteout()?;
                     if let Some(record) = &self.layer {
                         // Everything in this layer's directory is the layer's own.
-                        record.borrow_mut().opaques.push(dir);
+                        record.borrow_mut().opaques.0.push(joined(&dir));
                         continue;
                     }
                     let Some(dir_fd) = self.walk(&dir, false)? else {
@@ -1257,12 +1268,13 @@ pub(super) mod tests {
     #[test]
     fn joined_paths_read_and_write_as_lists_of_components() {
         let parts: Vec<Parts> = vec![
+            vec![],
             vec![b"usr".to_vec()],
             vec![b"usr".to_vec(), b"l\xffb".to_vec(), b"x".to_vec()],
         ];
         let written = serde_json::to_string(&parts).expect("parts");
         let paths: JoinedPaths = serde_json::from_str(&written).expect("as a layer.json has them");
-        assert_eq!(paths.0[1][..], b"usr/l\xffb/x"[..]);
+        assert_eq!(paths.0[2][..], b"usr/l\xffb/x"[..]);
         assert_eq!(paths.to_parts(), parts);
         assert_eq!(serde_json::to_string(&paths).expect("paths"), written);
         let empty: JoinedPaths = serde_json::from_str("[]").expect("none");

@@ -146,7 +146,8 @@ pub struct ImagePullArgs {
     /// Refuse an image whose files add up to more than this many bytes.
     #[arg(long, default_value_t = 16 << 30)]
     pub max_bytes: u64,
-    /// Refuse an image with more than this many files.
+    /// Refuse an image with more than this many entries: files, directories (those a layer
+    /// makes only as parents included), whiteouts.
     #[arg(long, default_value_t = 2_000_000)]
     pub max_files: u64,
 }
@@ -161,7 +162,8 @@ pub struct ImageImportArgs {
     /// Refuse an image whose files add up to more than this many bytes.
     #[arg(long, default_value_t = 16 << 30)]
     pub max_bytes: u64,
-    /// Refuse an image with more than this many files.
+    /// Refuse an image with more than this many entries: files, directories (those a layer
+    /// makes only as parents included), whiteouts.
     #[arg(long, default_value_t = 2_000_000)]
     pub max_files: u64,
 }

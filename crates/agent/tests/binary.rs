@@ -21,6 +21,16 @@ struct Host {
 }
 
 impl Host {
+    /// Half-closes the host's end, as the supervisor does at shutdown: the agent must then
+    /// exit 0, within a deadline.
+    fn end_and_expect_a_clean_exit(&self, child: &mut Child) {
+        self.sock
+            .shutdown(std::net::Shutdown::Write)
+            .expect("half-close");
+        let status = wait_with_deadline(child, Duration::from_secs(30));
+        assert_eq!(status.code(), Some(0));
+    }
+
     fn send(&mut self, frame: &Frame) {
         self.sock
             .write_all(&frame.encode().expect("encode"))
@@ -155,11 +165,7 @@ fn serves_a_socketpair_and_exits_cleanly_on_eof() {
     let fds: Vec<&str> = lines.collect();
     assert_eq!(fds, ["0", "1", "2"], "{stdout:?}");
 
-    host.sock
-        .shutdown(std::net::Shutdown::Write)
-        .expect("half-close");
-    let status = wait_with_deadline(&mut child, Duration::from_secs(30));
-    assert_eq!(status.code(), Some(0));
+    host.end_and_expect_a_clean_exit(&mut child);
 }
 
 #[test]
@@ -236,11 +242,7 @@ fn as_pid_1_it_reaps_orphans_and_ends_cleanly() {
         assert!(Instant::now() < until, "zombies remain: {zombies}");
     }
     // EOF: the agent kills everything left (the setsid sleep too) and exits 0.
-    host.sock
-        .shutdown(std::net::Shutdown::Write)
-        .expect("half-close");
-    let status = wait_with_deadline(&mut child, Duration::from_secs(30));
-    assert_eq!(status.code(), Some(0));
+    host.end_and_expect_a_clean_exit(&mut child);
 }
 
 /// A flow-controlled exec sends no more output than its window until the host returns
@@ -333,11 +335,7 @@ fn a_windowed_exec_waits_for_credit_without_stalling_the_channel() {
     );
     assert_eq!(received, TOTAL, "every byte came");
 
-    host.sock
-        .shutdown(std::net::Shutdown::Write)
-        .expect("half-close");
-    let status = wait_with_deadline(&mut child, Duration::from_secs(30));
-    assert_eq!(status.code(), Some(0));
+    host.end_and_expect_a_clean_exit(&mut child);
 }
 
 /// One file request on `stream`: its result, or the refusal's message.
@@ -442,11 +440,7 @@ fn file_operations_cannot_reach_into_the_agents_own_proc_entries() {
     assert!(matches!(written, FileResult::Written { created: true, .. }));
     let meta = std::fs::metadata(&made).expect("made");
     assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
-    host.sock
-        .shutdown(std::net::Shutdown::Write)
-        .expect("half-close");
-    let status = wait_with_deadline(&mut child, Duration::from_secs(30));
-    assert_eq!(status.code(), Some(0));
+    host.end_and_expect_a_clean_exit(&mut child);
 }
 
 /// An edit that grows a file, or a write of a whole file, on a full disk is refused with the

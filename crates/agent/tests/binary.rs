@@ -51,10 +51,30 @@ impl Host {
 }
 
 /// Starts the agent with `theirs` as descriptor 3.
-fn start_agent(theirs: &UnixStream, extra: &[&str]) -> Child {
+/// The agent with `extra` arguments, its channel on descriptor 3.
+fn agent_command(extra: &[&str]) -> Command {
     let mut cmd = Command::new(AGENT);
     cmd.args(["--channel-fd", "3"]).args(extra);
-    spawn_with_fd3(cmd, theirs)
+    cmd
+}
+
+fn start_agent(theirs: &UnixStream, extra: &[&str]) -> Child {
+    spawn_with_fd3(agent_command(extra), theirs)
+}
+
+/// Starts `cmd` with one end of a socketpair as its descriptor 3: the host's end, read with a
+/// deadline, and the child.
+fn connect(cmd: Command) -> (Host, Child) {
+    let (ours, theirs) = UnixStream::pair().expect("socketpair");
+    let child = spawn_with_fd3(cmd, &theirs);
+    drop(theirs);
+    ours.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let host = Host {
+        sock: ours,
+        decoder: FrameDecoder::new(),
+    };
+    (host, child)
 }
 
 /// Spawns `cmd` with `theirs` as its descriptor 3.
@@ -130,15 +150,7 @@ fn wait_with_deadline(child: &mut Child, limit: Duration) -> std::process::ExitS
 
 #[test]
 fn serves_a_socketpair_and_exits_cleanly_on_eof() {
-    let (ours, theirs) = UnixStream::pair().expect("socketpair");
-    let mut child = start_agent(&theirs, &["--home", "/tmp"]);
-    drop(theirs);
-    ours.set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    let mut host = Host {
-        sock: ours,
-        decoder: FrameDecoder::new(),
-    };
+    let (mut host, mut child) = connect(agent_command(&["--home", "/tmp"]));
 
     let hello = host.recv();
     assert_eq!((hello.stream, hello.kind), (0, FrameKind::Hello));
@@ -207,7 +219,6 @@ fn as_pid_1_it_reaps_orphans_and_ends_cleanly() {
         eprintln!("skipped: cannot create a pid namespace here");
         return;
     }
-    let (ours, theirs) = UnixStream::pair().expect("socketpair");
     let mut cmd = Command::new("unshare");
     cmd.args([
         "--fork",
@@ -217,14 +228,7 @@ fn as_pid_1_it_reaps_orphans_and_ends_cleanly() {
         "--channel-fd",
         "3",
     ]);
-    let mut child = spawn_with_fd3(cmd, &theirs);
-    drop(theirs);
-    ours.set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    let mut host = Host {
-        sock: ours,
-        decoder: FrameDecoder::new(),
-    };
+    let (mut host, mut child) = connect(cmd);
     assert_eq!(host.recv().kind, FrameKind::Hello);
 
     let command =
@@ -251,15 +255,7 @@ fn as_pid_1_it_reaps_orphans_and_ends_cleanly() {
 fn a_windowed_exec_waits_for_credit_without_stalling_the_channel() {
     use dynocap_proto::exec_window;
 
-    let (ours, theirs) = UnixStream::pair().expect("socketpair");
-    let mut child = start_agent(&theirs, &["--home", "/tmp"]);
-    drop(theirs);
-    ours.set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    let mut host = Host {
-        sock: ours,
-        decoder: FrameDecoder::new(),
-    };
+    let (mut host, mut child) = connect(agent_command(&["--home", "/tmp"]));
     assert_eq!(host.recv().kind, FrameKind::Hello);
 
     const TOTAL: usize = 20_000_000;
@@ -384,15 +380,7 @@ fn file_operations_cannot_reach_into_the_agents_own_proc_entries() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let (ours, theirs) = UnixStream::pair().expect("socketpair");
-    let mut child = start_agent(&theirs, &["--exec-user", "65534:65534"]);
-    drop(theirs);
-    ours.set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    let mut host = Host {
-        sock: ours,
-        decoder: FrameDecoder::new(),
-    };
+    let (mut host, mut child) = connect(agent_command(&["--exec-user", "65534:65534"]));
     assert_eq!(host.recv().kind, FrameKind::Hello);
     let agent = child.id();
     let list = |path: String| FileOp::List {

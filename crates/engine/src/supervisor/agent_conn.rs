@@ -450,9 +450,36 @@ impl Coded for AgentFailure {
     }
 }
 
+/// A connection to an agent the test plays: the supervisor's side, started on its Hello, and
+/// the agent's two halves of the channel.
+#[cfg(test)]
+pub(crate) async fn connected_to_a_test_agent() -> (
+    AgentConn,
+    tokio::io::ReadHalf<tokio::io::DuplexStream>,
+    tokio::io::WriteHalf<tokio::io::DuplexStream>,
+) {
+    use dynocap_proto::{Frame, FrameKind, FrameWriter, Hello, PROTOCOL_VERSION};
+
+    let (host, agent) = tokio::io::duplex(1 << 20);
+    let (host_read, host_write) = tokio::io::split(host);
+    let (agent_read, mut agent_write) = tokio::io::split(agent);
+    let hello = Hello {
+        protocol: PROTOCOL_VERSION,
+        agent_version: "test".into(),
+    };
+    FrameWriter::new(&mut agent_write)
+        .write_frame(&Frame::new(0, FrameKind::Hello, to_payload(&hello)))
+        .await
+        .unwrap();
+    let (conn, _) = AgentConn::start(host_read, host_write, Duration::from_secs(5))
+        .await
+        .unwrap();
+    (conn, agent_read, agent_write)
+}
+
 #[cfg(test)]
 mod tests {
-    use dynocap_proto::{Frame, FrameKind, FrameWriter, Hello, Request, PROTOCOL_VERSION};
+    use dynocap_proto::Request;
 
     use super::*;
 
@@ -462,21 +489,8 @@ mod tests {
     /// made it (a task's sync after a command the stop cut off) and the restore behind it.
     #[tokio::test]
     async fn a_stream_opened_after_the_channel_closed_is_refused_not_left_waiting() {
-        let (host, agent) = tokio::io::duplex(1 << 20);
-        let (host_read, host_write) = tokio::io::split(host);
         // The agent's reading half stays: the supervisor's writes go on being accepted.
-        let (_agent_read, mut agent_write) = tokio::io::split(agent);
-        let hello = Hello {
-            protocol: PROTOCOL_VERSION,
-            agent_version: "test".into(),
-        };
-        FrameWriter::new(&mut agent_write)
-            .write_frame(&Frame::new(0, FrameKind::Hello, to_payload(&hello)))
-            .await
-            .unwrap();
-        let (conn, _) = AgentConn::start(host_read, host_write, Duration::from_secs(5))
-            .await
-            .unwrap();
+        let (conn, _agent_read, mut agent_write) = connected_to_a_test_agent().await;
         let mut before = conn.open(&Request::Ping).await.unwrap();
         tokio::io::AsyncWriteExt::shutdown(&mut agent_write)
             .await

@@ -484,8 +484,7 @@ mod tests {
     use std::time::Duration;
 
     use dynocap_proto::{
-        from_payload, to_payload, ErrorBody, Frame, FrameKind, FrameReader, FrameWriter, Hello,
-        PROTOCOL_VERSION,
+        from_payload, to_payload, ErrorBody, Frame, FrameKind, FrameReader, FrameWriter,
     };
 
     use super::*;
@@ -519,22 +518,13 @@ mod tests {
         // Held for the test's length: the agent's side never closes.
         FrameWriter<tokio::io::WriteHalf<tokio::io::DuplexStream>>,
     ) {
-        let (host, agent) = tokio::io::duplex(1 << 20);
-        let (host_read, host_write) = tokio::io::split(host);
-        let (agent_read, agent_write) = tokio::io::split(agent);
-        let mut writer = FrameWriter::new(agent_write);
-        let hello = Hello {
-            protocol: PROTOCOL_VERSION,
-            agent_version: "test".into(),
-        };
-        writer
-            .write_frame(&Frame::new(0, FrameKind::Hello, to_payload(&hello)))
-            .await
-            .unwrap();
-        let (conn, _) = AgentConn::start(host_read, host_write, Duration::from_secs(5))
-            .await
-            .unwrap();
-        (conn, FrameReader::new(agent_read), writer)
+        let (conn, agent_read, agent_write) =
+            crate::supervisor::agent_conn::connected_to_a_test_agent().await;
+        (
+            conn,
+            FrameReader::new(agent_read),
+            FrameWriter::new(agent_write),
+        )
     }
 
     fn request(guest_port: u16, host_port: u16) -> ForwardRequest {

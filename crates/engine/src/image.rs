@@ -308,31 +308,41 @@ fn kernel_files(built: &store::BuiltImage) -> Option<KernelFiles> {
 /// is created, as its image is, so that a recovery boots the same kernel and `image rm`
 /// knows the sandbox needs that image. `None` for an image with a kernel of its own, for
 /// `host`, and when no image here has one (the boot then says what to build).
-pub fn lent_kernel_ref(home: &Home, image: &ImageRef) -> Option<KernelRef> {
+fn lent_kernel_ref(home: &Home, image: &ImageRef) -> Option<KernelRef> {
     let id = image.id.as_ref()?;
-    let store = store::ImageStore::for_home(home, None);
-    if kernel_files(&store.get(&image.name, id)?).is_some() {
+    if kernel_files(&store::ImageStore::for_home(home, None).get(&image.name, id)?).is_some() {
         return None;
     }
-    let images = store.list().ok()?;
-    // Oldest first: the newest build with a kernel lends it.
+    kernel_lender(home).map(|lender| KernelRef {
+        name: lender.name().to_owned(),
+        id: lender.id().to_owned(),
+    })
+}
+
+/// The newest image on this host that has a kernel: the one that lends it.
+fn kernel_lender(home: &Home) -> Option<store::BuiltImage> {
+    let images = store::ImageStore::for_home(home, None).list().ok()?;
+    // Oldest first.
     images
-        .iter()
+        .into_iter()
         .rev()
-        .find(|other| kernel_files(other).is_some())
-        .map(|lender| KernelRef {
-            name: lender.name().to_owned(),
-            id: lender.id().to_owned(),
-        })
+        .find(|image| kernel_files(image).is_some())
+}
+
+/// The kernel a vm boots `image` with, as its record is to keep it (see [`ImageRef::kernel`]):
+/// on the vm, the one lent to an image without its own; on a backend that boots no kernel,
+/// none.
+pub fn recorded_kernel(home: &Home, image: &ImageRef, backend: &str) -> Option<KernelRef> {
+    (backend == crate::backend::VM)
+        .then(|| lent_kernel_ref(home, image))
+        .flatten()
 }
 
 /// For an image without a kernel: the kernel of the newest image on this host that has one
 /// (a record made before the lender was recorded).
 /// Container images carry no kernel; DynoCap's guest kernel (the debian image's) boots them.
 fn lent_kernel(home: &Home) -> Option<KernelFiles> {
-    let images = store::ImageStore::for_home(home, None).list().ok()?;
-    // Oldest first: the newest build with a kernel lends it.
-    images.iter().rev().find_map(kernel_files)
+    kernel_lender(home).as_ref().and_then(kernel_files)
 }
 
 /// Bump when the skeleton's content changes, so old skeletons are rebuilt.

@@ -240,9 +240,7 @@ impl Engine {
             None => crate::backend::select_for(self.config(), &image.name)?,
         };
         let mut image = image;
-        if backend.name() == crate::backend::VM {
-            image.kernel = crate::image::lent_kernel_ref(&self.home, &image);
-        }
+        image.kernel = crate::image::recorded_kernel(&self.home, &image, backend.name());
         let now = chrono::Utc::now();
         let ttl = chrono::TimeDelta::seconds(i64::try_from(ttl_seconds).unwrap_or(i64::MAX));
         Ok(Record {

@@ -308,7 +308,7 @@ fn kernel_files(built: &store::BuiltImage) -> Option<KernelFiles> {
 /// is created, as its image is, so that a recovery boots the same kernel and `image rm`
 /// knows the sandbox needs that image. `None` for an image with a kernel of its own, for
 /// `host`, and when no image here has one (the boot then says what to build).
-fn lent_kernel_ref(home: &Home, image: &ImageRef) -> Option<KernelRef> {
+pub fn lent_kernel_ref(home: &Home, image: &ImageRef) -> Option<KernelRef> {
     let id = image.id.as_ref()?;
     if kernel_files(&store::ImageStore::for_home(home, None).get(&image.name, id)?).is_some() {
         return None;
@@ -327,15 +327,6 @@ fn kernel_lender(home: &Home) -> Option<store::BuiltImage> {
         .into_iter()
         .rev()
         .find(|image| kernel_files(image).is_some())
-}
-
-/// The kernel a vm boots `image` with, as its record is to keep it (see [`ImageRef::kernel`]):
-/// on the vm, the one lent to an image without its own; on a backend that boots no kernel,
-/// none.
-pub fn recorded_kernel(home: &Home, image: &ImageRef, backend: &str) -> Option<KernelRef> {
-    (backend == crate::backend::VM)
-        .then(|| lent_kernel_ref(home, image))
-        .flatten()
 }
 
 /// For an image without a kernel: the kernel of the newest image on this host that has one

@@ -155,7 +155,7 @@ impl Engine {
         .name();
         let mut image = crate::image::resolve(self.home(), &image_name)?;
         // As the pool's records have it (see `new_record`).
-        image.kernel = crate::image::recorded_kernel(self.home(), &image, backend);
+        image.kernel = self.recorded_kernel(&image, backend);
         let Some(record) = catalog.claim_pooled(backend, &image, |record| {
             record.name = Some(spec.name.clone());
             record.state = State::Running;

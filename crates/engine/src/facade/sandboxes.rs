@@ -196,6 +196,19 @@ impl Engine {
         Ok(SandboxInfo::from_record(&record))
     }
 
+    /// The kernel a sandbox of `image` on `backend` boots, as its record is to keep it (see
+    /// `ImageRef::kernel`): on the vm, the one lent to an image without its own; on a
+    /// backend that boots no kernel, none.
+    pub(crate) fn recorded_kernel(
+        &self,
+        image: &crate::image::ImageRef,
+        backend: &str,
+    ) -> Option<crate::image::KernelRef> {
+        (backend == crate::backend::VM)
+            .then(|| crate::image::lent_kernel_ref(&self.home, image))
+            .flatten()
+    }
+
     /// Records the image `kernel` names (`--kernel`) as the one whose kernel the sandbox's vm
     /// boots, resolved now as its image is.
     pub(crate) fn name_kernel(&self, record: &mut Record, kernel: Option<&str>) -> Result<()> {
@@ -240,7 +253,7 @@ impl Engine {
             None => crate::backend::select_for(self.config(), &image.name)?,
         };
         let mut image = image;
-        image.kernel = crate::image::recorded_kernel(&self.home, &image, backend.name());
+        image.kernel = self.recorded_kernel(&image, backend.name());
         let now = chrono::Utc::now();
         let ttl = chrono::TimeDelta::seconds(i64::try_from(ttl_seconds).unwrap_or(i64::MAX));
         Ok(Record {
